@@ -1,0 +1,24 @@
+# Two entry points for a fresh machine: `make run` (the main job) and `make test` (the suite).
+# Each builds the virtual environment first if it is missing or older than pyproject.toml.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.netcl-installed
+
+.PHONY: run test install bench-cpu clean
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e ".[pocl,test]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: $(STAMP)
+	$(VENV)/bin/netcl demo
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+clean:
+	rm -rf $(VENV) build *.egg-info

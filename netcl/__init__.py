@@ -1,0 +1,8 @@
+"""netcl: deep learning from first principles on PyOpenCL, on any OpenCL device."""
+
+from netcl import errors
+from netcl.core.device import manager
+from netcl.core.tensor import Tensor
+
+__version__ = "0.1.0"
+__all__ = ["Tensor", "errors", "manager", "__version__"]

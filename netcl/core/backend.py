@@ -1,0 +1,435 @@
+"""OpenCL backend: queues, program build and cache (memory and disk), kernel launch, transfers.
+
+Every pyopencl call that can fail on user input goes through here, so raw OpenCL errors turn
+into netcl exceptions (see netcl.errors) before they reach a user.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import sys
+import tempfile
+import threading
+import time
+import warnings
+from collections.abc import Sequence
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyopencl as cl
+
+from netcl import config, profiling
+from netcl.errors import DeviceError, KernelBuildError, KernelLaunchError, OutOfMemoryError
+
+CL_STD = "-cl-std=CL1.2"
+
+_OOM_CODES = {-4, -5}  # MEM_OBJECT_ALLOCATION_FAILURE, OUT_OF_RESOURCES (NVIDIA's OOM on launch)
+
+
+def is_oom(exc: BaseException) -> bool:
+    code = getattr(exc, "code", None)
+    if code is None and getattr(exc, "args", None):
+        code = getattr(exc.args[0], "code", None)
+    if callable(code):
+        code = code()
+    return code in _OOM_CODES or "MEM_OBJECT_ALLOCATION_FAILURE" in str(exc)
+
+
+class Queue:
+    """An in-order OpenCL command queue on one device: the wire every tensor and launch uses."""
+
+    def __init__(self, device: Any, profiling: bool = False):
+        self.device = device
+        self.profiling = profiling
+        props = cl.command_queue_properties.PROFILING_ENABLE if profiling else 0
+        try:
+            self.cl = cl.CommandQueue(device.context, device.cl_device, properties=props)
+        except cl.Error as exc:
+            raise DeviceError(f"could not create a command queue on {device.describe()}: {exc}") from exc
+        self._staging = None
+        self._lock = threading.Lock()
+
+    @property
+    def context(self) -> cl.Context:
+        return self.device.context
+
+    @property
+    def staging(self):
+        """This queue's pinned staging buffers (made on first use)."""
+        with self._lock:
+            if self._staging is None:
+                from netcl.core.memory import PinnedStaging
+
+                self._staging = PinnedStaging(self)
+            return self._staging
+
+    def finish(self) -> None:
+        """Wait until everything enqueued on this queue is done."""
+        try:
+            self.cl.finish()
+        except cl.Error as exc:
+            raise KernelLaunchError(f"a command on {self.device.describe()} failed: {exc}") from exc
+
+    synchronize = finish
+
+    def __repr__(self) -> str:
+        return f"Queue({self.device.describe()}{', profiling' if self.profiling else ''})"
+
+
+def as_queue(q: Any) -> Queue:
+    """Accept a netcl Queue (or a DeviceHandle, meaning its default queue)."""
+    if isinstance(q, Queue):
+        return q
+    if hasattr(q, "queue") and isinstance(getattr(q, "queue"), Queue):
+        return q.queue
+    raise DeviceError(
+        f"expected a netcl Queue (device.queue or device.new_queue()), got {type(q).__name__}; "
+        "raw pyopencl queues are not accepted because netcl owns each device's context"
+    )
+
+
+# -- launch counters (tests use them to prove fusion) ------------------------------------------
+_counter_lock = threading.Lock()
+_launches = 0
+
+
+def launch_count() -> int:
+    """How many kernels netcl has launched in this process."""
+    return _launches
+
+
+class count_launches:
+    """Context manager: `with count_launches() as c: ...; c.count` is the launches inside."""
+
+    def __enter__(self) -> count_launches:
+        self._start = _launches
+        self.count = 0
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.count = _launches - self._start
+
+    @property
+    def so_far(self) -> int:
+        return _launches - self._start
+
+
+# -- program sources and builds ----------------------------------------------------------------
+def kernel_source(filename: str) -> str:
+    """Text of a package kernel file, e.g. kernel_source("copy.cl")."""
+    try:
+        return resources.files("netcl.kernels").joinpath(filename).read_text()
+    except FileNotFoundError as exc:
+        raise KernelBuildError(f"no kernel file netcl/kernels/{filename}") from exc
+
+
+def format_options(defines: dict[str, Any] | None = None, extra: Sequence[str] = ()) -> tuple[str, ...]:
+    """Build options: the OpenCL C standard, then -DNAME=VALUE for each define, then `extra`."""
+    opts = [CL_STD]
+    for name, value in sorted((defines or {}).items()):
+        opts.append(f"-D{name}" if value is None else f"-D{name}={value}")
+    opts.extend(extra)
+    return tuple(opts)
+
+
+_ERROR_LINE = re.compile(r":(\d+):(\d+):\s*(?:fatal\s+)?error", re.IGNORECASE)
+
+
+def _offending_lines(log: str, source: str, context: int = 1) -> str:
+    lines = source.splitlines()
+    shown: list[str] = []
+    seen: set[int] = set()
+    for match in _ERROR_LINE.finditer(log):
+        line_no = int(match.group(1))
+        for n in range(max(1, line_no - context), min(len(lines), line_no + context) + 1):
+            if n in seen:
+                continue
+            seen.add(n)
+            marker = ">>" if n == line_no else "  "
+            shown.append(f"{marker} {n:4d} | {lines[n - 1]}")
+        if len(seen) > 40:
+            break
+    return "\n".join(shown)
+
+
+class BuildStats:
+    """Counts and seconds per build kind: 'source' (compiled), 'disk' (binary loaded), 'memory'."""
+
+    def __init__(self) -> None:
+        self.counts = {"source": 0, "disk": 0, "memory": 0}
+        self.seconds = {"source": 0.0, "disk": 0.0, "memory": 0.0}
+
+    def add(self, kind: str, seconds: float) -> None:
+        self.counts[kind] += 1
+        self.seconds[kind] += seconds
+
+
+build_stats = BuildStats()
+
+
+class Program:
+    """A built program on one device, handing out thread-safe Kernel wrappers by name."""
+
+    def __init__(self, device: Any, program: cl.Program, name: str, source: str):
+        self.device = device
+        self.cl = program
+        self.name = name
+        self.source = source
+        self._kernels: dict[str, Kernel] = {}
+        self._lock = threading.Lock()
+
+    def kernel(self, kernel_name: str) -> Kernel:
+        with self._lock:
+            k = self._kernels.get(kernel_name)
+            if k is None:
+                try:
+                    k = Kernel(self, cl.Kernel(self.cl, kernel_name))
+                except cl.Error as exc:
+                    raise KernelBuildError(
+                        f"program {self.name} has no kernel {kernel_name!r}: {exc}"
+                    ) from exc
+                self._kernels[kernel_name] = k
+            return k
+
+    def __getattr__(self, kernel_name: str) -> Kernel:
+        if kernel_name.startswith("_"):
+            raise AttributeError(kernel_name)
+        return self.kernel(kernel_name)
+
+
+_programs: dict[tuple, Program] = {}
+_programs_lock = threading.Lock()
+_build_locks: dict[tuple, threading.Lock] = {}
+
+
+def _device_fingerprint(device: Any) -> str:
+    d = device.cl_device
+    return "|".join([device.platform_name, device.platform.version, d.name, d.driver_version, d.version])
+
+
+def _disk_path(device: Any, source: str, options: tuple[str, ...]) -> Path:
+    h = hashlib.sha256()
+    for part in (_device_fingerprint(device), source, "\0".join(options), cl.VERSION_TEXT):
+        h.update(part.encode())
+        h.update(b"\0")
+    return config.cache_dir() / "programs" / f"{h.hexdigest()}.bin"
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def _build_from_source(device: Any, source: str, options: tuple[str, ...], name: str) -> cl.Program:
+    try:
+        prg = cl.Program(device.context, source)
+        with warnings.catch_warnings():  # compiler chatter is shown with NETCL_DEBUG=2, not warned
+            warnings.simplefilter("ignore", cl.CompilerWarning)
+            prg.build(options=list(options), devices=[device.cl_device])
+        return prg
+    except cl.Error as exc:
+        try:
+            log = prg.get_build_info(device.cl_device, cl.program_build_info.LOG)  # type: ignore[possibly-undefined]
+        except Exception:
+            log = str(exc)
+        log = log.strip() or str(exc)
+        lines = _offending_lines(log, source)
+        msg = [f"OpenCL program {name} failed to build on {device.describe()}", f"options: {' '.join(options)}"]
+        msg.append("build log:\n" + "\n".join(log.splitlines()[:40]))
+        if lines:
+            msg.append("source:\n" + lines)
+        raise KernelBuildError("\n".join(msg), log=log, source=source, options=options) from None
+
+
+def _build_from_binary(device: Any, binary: bytes, options: tuple[str, ...]) -> cl.Program | None:
+    try:
+        prg = cl.Program(device.context, [device.cl_device], [binary])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", cl.CompilerWarning)
+            prg.build(options=list(options), devices=[device.cl_device])
+        return prg
+    except (cl.Error, ValueError, TypeError):
+        return None
+
+
+def build_program(
+    device: Any,
+    source: str,
+    options: Sequence[str] = (CL_STD,),
+    name: str = "<generated>",
+) -> Program:
+    """Build `source` for `device` with `options`, cached in memory and as a binary on disk."""
+    options = tuple(options)
+    digest = hashlib.sha256(source.encode()).hexdigest()
+    key = (id(device), digest, options)
+    program = _programs.get(key)
+    if program is not None:
+        build_stats.add("memory", 0.0)
+        return program
+    with _programs_lock:
+        lock = _build_locks.setdefault(key, threading.Lock())
+    with lock:
+        program = _programs.get(key)
+        if program is not None:
+            return program
+        t0 = time.perf_counter()
+        prg = None
+        kind = "source"
+        path = _disk_path(device, source, options) if config.disk_cache_enabled() else None
+        if path is not None and path.exists():
+            prg = _build_from_binary(device, path.read_bytes(), options)
+            kind = "disk" if prg is not None else "source"
+        if prg is None:
+            prg = _build_from_source(device, source, options, name)
+            if path is not None:
+                try:
+                    binaries = prg.get_info(cl.program_info.BINARIES)
+                    if binaries and binaries[0]:
+                        _write_atomic(path, bytes(binaries[0]))
+                except (cl.Error, OSError):
+                    pass  # a cache that cannot be written only costs a rebuild next time
+        build_stats.add(kind, time.perf_counter() - t0)
+        program = Program(device, prg, name, source)
+        _programs[key] = program
+        if config.debug_level() >= 2:
+            print(f"[netcl] built {name} ({kind}) options={' '.join(options)}\n{source}", file=sys.stderr)
+        return program
+
+
+def load_program(device: Any, filename: str, defines: dict[str, Any] | None = None) -> Program:
+    """Build the package kernel file `filename` specialised by -D `defines`."""
+    return build_program(device, kernel_source(filename), format_options(defines), name=filename)
+
+
+def clear_memory_cache() -> None:
+    """Forget built programs held in memory (disk binaries stay)."""
+    with _programs_lock:
+        _programs.clear()
+
+
+# -- launching ---------------------------------------------------------------------------------
+def round_up(n: int, multiple: int) -> int:
+    return ((n + multiple - 1) // multiple) * multiple
+
+
+class Kernel:
+    """A kernel of a built program. Launches are thread-safe (args are set under a lock)."""
+
+    def __init__(self, program: Program, kernel: cl.Kernel):
+        self.program = program
+        self.cl = kernel
+        self.name = kernel.function_name
+        self._lock = threading.Lock()
+        self._max_wg: int | None = None
+
+    @property
+    def max_work_group_size(self) -> int:
+        if self._max_wg is None:
+            dev = self.program.device
+            self._max_wg = int(
+                self.cl.get_work_group_info(cl.kernel_work_group_info.WORK_GROUP_SIZE, dev.cl_device)
+            )
+        return self._max_wg
+
+    def legal_local_size(self, global_size: Sequence[int], local_size: Sequence[int] | None) -> tuple | None:
+        """Check (or, for 1-D launches without one, choose) a work-group size the device accepts."""
+        caps = self.program.device.capabilities
+        limit = min(self.max_work_group_size, caps.max_work_group_size)
+        if local_size is None:
+            if len(global_size) == 1:
+                size = 1
+                while size * 2 <= min(limit, 256):
+                    size *= 2
+                return (size,)
+            return None
+        total = int(np.prod(local_size))
+        if total > limit or any(l > m for l, m in zip(local_size, caps.max_work_item_sizes)):
+            raise KernelLaunchError(
+                f"work-group {tuple(local_size)} is too large for kernel {self.name} on "
+                f"{self.program.device.describe()} (at most {limit} work-items, per dimension "
+                f"{caps.max_work_item_sizes})"
+            )
+        return tuple(int(x) for x in local_size)
+
+    def __call__(
+        self,
+        queue: Queue,
+        global_size: Sequence[int],
+        local_size: Sequence[int] | None,
+        *args: Any,
+        wait_for: Sequence[cl.Event] | None = None,
+    ) -> cl.Event:
+        """Enqueue on `queue`; global sizes are rounded up to multiples of the local size, so a
+        kernel must bound-check its own work-items."""
+        global _launches
+        if queue.device is not self.program.device:
+            raise DeviceError(
+                f"kernel {self.name} was built for {self.program.device.describe()} but launched on "
+                f"{queue.device.describe()}"
+            )
+        global_size = tuple(int(max(1, g)) for g in global_size)
+        local = self.legal_local_size(global_size, local_size)
+        if local is not None:
+            global_size = tuple(round_up(g, l) for g, l in zip(global_size, local))
+        event = self._enqueue(queue, global_size, local, args, wait_for)
+        with _counter_lock:
+            _launches += 1
+        if queue.profiling:
+            profiling.record(self.name, event)
+        if config.debug_level() >= 1:
+            print(f"[netcl] launch {self.name} global={global_size} local={local}", file=sys.stderr)
+        return event
+
+    def _enqueue(self, queue, global_size, local, args, wait_for) -> cl.Event:
+        for attempt in (0, 1):
+            try:
+                with self._lock:
+                    self.cl.set_args(*args)
+                    return cl.enqueue_nd_range_kernel(queue.cl, self.cl, global_size, local, wait_for=wait_for)
+            except cl.Error as exc:
+                if is_oom(exc) and attempt == 0:
+                    queue.device.pool.empty_cache()
+                    continue
+                if is_oom(exc):
+                    raise OutOfMemoryError(
+                        f"launching {self.name} on {queue.device.describe()} ran out of device memory "
+                        f"({exc}); {queue.device.pool.describe_usage()}. Try a smaller batch, or free "
+                        "tensors you no longer need."
+                    ) from None
+                raise KernelLaunchError(
+                    f"launching {self.name} (global {global_size}, local {local}) on "
+                    f"{queue.device.describe()} failed: {exc}"
+                ) from None
+        raise AssertionError("unreachable")
+
+
+def enqueue_copy(queue: Queue, dst: Any, src: Any, **kwargs: Any) -> cl.Event:
+    """pyopencl.enqueue_copy with netcl's errors (out of memory retried once after emptying the cache)."""
+    for attempt in (0, 1):
+        try:
+            return cl.enqueue_copy(queue.cl, dst, src, **kwargs)
+        except cl.Error as exc:
+            if is_oom(exc) and attempt == 0:
+                queue.device.pool.empty_cache()
+                continue
+            if is_oom(exc):
+                raise OutOfMemoryError(
+                    f"a copy on {queue.device.describe()} ran out of device memory; "
+                    f"{queue.device.pool.describe_usage()}"
+                ) from None
+            raise KernelLaunchError(f"a copy on {queue.device.describe()} failed: {exc}") from None
+    raise AssertionError("unreachable")

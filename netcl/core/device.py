@@ -1,0 +1,327 @@
+"""Device discovery: the DeviceManager `manager`, DeviceHandle, and what each device can do."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyopencl as cl
+
+from netcl import config
+from netcl.errors import DeviceError, NoPlatformError
+
+_KIND_ORDER = ("gpu", "accelerator", "cpu")
+
+
+def _device_kind(dev: cl.Device) -> str:
+    t = dev.type
+    if t & cl.device_type.GPU:
+        return "gpu"
+    if t & cl.device_type.ACCELERATOR:
+        return "accelerator"
+    if t & cl.device_type.CPU:
+        return "cpu"
+    return "other"
+
+
+def _query(fn, default):
+    try:
+        return fn()
+    except (cl.Error, AttributeError, TypeError, ValueError):
+        return default
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What one OpenCL device offers, read once from the driver (and a probe kernel for fp16)."""
+
+    kind: str
+    opencl_version: str
+    opencl_c_version: str
+    driver_version: str
+    fp16_extension: bool
+    fp64: bool
+    global_mem: int
+    max_alloc: int
+    local_mem: int
+    local_mem_dedicated: bool
+    compute_units: int
+    max_clock_mhz: int
+    max_work_group_size: int
+    max_work_item_sizes: tuple[int, ...]
+    preferred_vector_width: dict[str, int]
+    subgroup_sizes: tuple[int, ...]
+    extensions: frozenset[str] = field(repr=False)
+
+    @classmethod
+    def read(cls, dev: cl.Device) -> Capabilities:
+        exts = frozenset(dev.extensions.split())
+        widths = {}
+        for name in ("char", "short", "int", "long", "half", "float", "double"):
+            widths[name] = int(_query(lambda n=name: getattr(dev, f"preferred_vector_width_{n}"), 0))
+        subgroups: tuple[int, ...] = ()
+        if "cl_intel_required_subgroup_size" in exts:
+            subgroups = tuple(_query(lambda: dev.sub_group_sizes_intel, ()))
+        elif "cl_nv_device_attribute_query" in exts:
+            warp = _query(lambda: dev.warp_size_nv, 0)
+            subgroups = (int(warp),) if warp else ()
+        elif "cl_amd_device_attribute_query" in exts:
+            wave = _query(lambda: dev.wavefront_width_amd, 0)
+            subgroups = (int(wave),) if wave else ()
+        return cls(
+            kind=_device_kind(dev),
+            opencl_version=dev.version,
+            opencl_c_version=_query(lambda: dev.opencl_c_version, ""),
+            driver_version=dev.driver_version,
+            fp16_extension="cl_khr_fp16" in exts,
+            fp64="cl_khr_fp64" in exts or bool(_query(lambda: dev.double_fp_config, 0)),
+            global_mem=int(dev.global_mem_size),
+            max_alloc=int(dev.max_mem_alloc_size),
+            local_mem=int(dev.local_mem_size),
+            local_mem_dedicated=dev.local_mem_type == cl.device_local_mem_type.LOCAL,
+            compute_units=int(dev.max_compute_units),
+            max_clock_mhz=int(_query(lambda: dev.max_clock_frequency, 0)),
+            max_work_group_size=int(dev.max_work_group_size),
+            max_work_item_sizes=tuple(int(x) for x in dev.max_work_item_sizes),
+            preferred_vector_width=widths,
+            subgroup_sizes=subgroups,
+            extensions=exts,
+        )
+
+
+_FP16_PROBE = r"""
+#pragma OPENCL EXTENSION cl_khr_fp16 : enable
+__kernel void probe(__global const half *a, __global half *out) {
+    half x = a[0], y = a[1];
+    out[0] = x * y + (half)0.5f;
+    out[1] = x / y;
+    out[2] = x - y;
+}
+"""
+
+
+class DeviceHandle:
+    """One OpenCL device: its context, default queue, buffer pool and capabilities.
+
+    Handles are made by the manager, one per device, so every caller shares a context.
+    """
+
+    def __init__(self, platform: cl.Platform, device: cl.Device, index: tuple[int, int]):
+        self.platform = platform
+        self.cl_device = device
+        self.index = index
+        self.capabilities = Capabilities.read(device)
+        self._lock = threading.RLock()
+        self._context: cl.Context | None = None
+        self._queue = None
+        self._pool = None
+        self._fp16: bool | None = None
+
+    # -- identity -------------------------------------------------------------------------
+    @property
+    def device_name(self) -> str:
+        return self.cl_device.name.strip()
+
+    @property
+    def platform_name(self) -> str:
+        return self.platform.name.strip()
+
+    @property
+    def backend(self) -> str:
+        """Platform and OpenCL version, e.g. 'NVIDIA CUDA, OpenCL 3.0 CUDA 12.4'."""
+        return f"{self.platform_name}, {self.capabilities.opencl_version.strip()}"
+
+    @property
+    def kind(self) -> str:
+        return self.capabilities.kind
+
+    @property
+    def spec(self) -> str:
+        return f"{self.index[0]}:{self.index[1]}"
+
+    def describe(self) -> str:
+        return f"[{self.spec}] {self.device_name} ({self.kind}, {self.platform_name})"
+
+    def __repr__(self) -> str:
+        return f"DeviceHandle({self.describe()})"
+
+    # -- lazily made OpenCL objects ---------------------------------------------------------
+    @property
+    def context(self) -> cl.Context:
+        with self._lock:
+            if self._context is None:
+                try:
+                    self._context = cl.Context([self.cl_device])
+                except cl.Error as exc:
+                    raise DeviceError(f"could not open a context on {self.describe()}: {exc}") from exc
+            return self._context
+
+    @property
+    def queue(self):
+        """The device's default command queue (a netcl Queue)."""
+        with self._lock:
+            if self._queue is None:
+                self._queue = self.new_queue()
+            return self._queue
+
+    def new_queue(self, profiling: bool | None = None):
+        """A new in-order command queue on this device (profiling follows NETCL_PROFILE by default)."""
+        from netcl.core.backend import Queue
+
+        return Queue(self, profiling=config.profiling() if profiling is None else profiling)
+
+    @property
+    def pool(self):
+        """The BufferPool of this device's context."""
+        with self._lock:
+            if self._pool is None:
+                from netcl.core.memory import BufferPool
+
+                self._pool = BufferPool(self)
+            return self._pool
+
+    # -- capabilities that need a kernel -----------------------------------------------------
+    @property
+    def fp16(self) -> bool:
+        """float16 arithmetic: cl_khr_fp16 is advertised *and* a probe kernel computes correctly."""
+        if self._fp16 is None:
+            self._fp16 = self.capabilities.fp16_extension and self._probe_fp16()
+        return self._fp16
+
+    @property
+    def fp64(self) -> bool:
+        return self.capabilities.fp64
+
+    def _probe_fp16(self) -> bool:
+        try:
+            ctx = self.context
+            prg = cl.Program(ctx, _FP16_PROBE).build()
+            q = cl.CommandQueue(ctx, self.cl_device)
+            a = np.array([1.5, 0.75], dtype=np.float16)
+            mf = cl.mem_flags
+            a_buf = cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=a)
+            out = np.zeros(3, dtype=np.float16)
+            out_buf = cl.Buffer(ctx, mf.WRITE_ONLY, out.nbytes)
+            prg.probe(q, (1,), None, a_buf, out_buf)
+            cl.enqueue_copy(q, out, out_buf)
+            q.finish()
+        except cl.Error:
+            return False
+        want = np.array([1.5 * 0.75 + 0.5, 1.5 / 0.75, 0.75], dtype=np.float16)
+        return bool(np.array_equal(out, want))
+
+    def synchronize(self) -> None:
+        if self._queue is not None:
+            self._queue.finish()
+
+
+def _no_platform_message() -> str:
+    return (
+        "no OpenCL platform was found on this machine. Install a driver: "
+        "`pip install \"netcl[pocl]\"` gives a CPU device (PoCL) anywhere; "
+        "a GPU needs its vendor's OpenCL driver (NVIDIA, AMD ROCm, Intel compute-runtime)."
+    )
+
+
+def _get_platforms() -> list[cl.Platform]:
+    try:
+        return list(cl.get_platforms())
+    except cl.Error as exc:
+        if "PLATFORM_NOT_FOUND" in str(exc) or getattr(exc, "code", None) == -1001:
+            return []
+        raise DeviceError(f"OpenCL platform discovery failed: {exc}") from exc
+
+
+class DeviceManager:
+    """Finds every OpenCL platform and device; picks the default one (see `default`)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._handles: list[DeviceHandle] | None = None
+        self._defaults: dict[str, DeviceHandle] = {}
+
+    def devices(self) -> list[DeviceHandle]:
+        """Every device of every platform, in platform order (index `P:D`)."""
+        with self._lock:
+            if self._handles is None:
+                handles = []
+                for p_index, platform in enumerate(_get_platforms()):
+                    try:
+                        devs = platform.get_devices()
+                    except cl.Error:
+                        devs = []
+                    for d_index, dev in enumerate(devs):
+                        handles.append(DeviceHandle(platform, dev, (p_index, d_index)))
+                self._handles = handles
+            return list(self._handles)
+
+    def refresh(self) -> None:
+        """Forget what was discovered (handles already given out keep working)."""
+        with self._lock:
+            self._handles = None
+            self._defaults.clear()
+
+    def _require_devices(self) -> list[DeviceHandle]:
+        handles = self.devices()
+        if not handles:
+            raise NoPlatformError(_no_platform_message())
+        return handles
+
+    def listing(self) -> str:
+        return "\n".join("  " + h.describe() for h in self.devices()) or "  (none)"
+
+    def get(self, spec: str) -> DeviceHandle:
+        """The device named by `spec`: auto, gpu, cpu, accelerator, `P:D`, or a name fragment."""
+        handles = self._require_devices()
+        raw = spec.strip()
+        key = raw.lower()
+        if key == "auto":
+            for kind in _KIND_ORDER:
+                for h in handles:
+                    if h.kind == kind:
+                        return h
+            return handles[0]
+        if key in _KIND_ORDER:
+            for h in handles:
+                if h.kind == key:
+                    return h
+            raise DeviceError(f"no {key} device is present; devices here:\n{self.listing()}")
+        if ":" in key:
+            parts = key.split(":")
+            if len(parts) == 2 and all(p.strip().isdigit() for p in parts):
+                want = (int(parts[0]), int(parts[1]))
+                for h in handles:
+                    if h.index == want:
+                        return h
+                raise DeviceError(f"no device at index {raw}; devices here:\n{self.listing()}")
+        for h in handles:
+            hay = f"{h.platform_name} {h.device_name} {h.cl_device.vendor}".lower()
+            if key and key in hay:
+                return h
+        raise DeviceError(
+            f"unknown device {raw!r} (from NETCL_DEVICE or the program). Use auto, gpu, cpu, "
+            f"accelerator, P:D indices, or a name fragment. Devices here:\n{self.listing()}"
+        )
+
+    def default(self, kind: str = "auto") -> DeviceHandle:
+        """The device programs use: NETCL_DEVICE when set, otherwise `kind`.
+
+        "auto" prefers a GPU, then an accelerator, then the CPU.
+        """
+        spec = config.device_spec() or kind
+        with self._lock:
+            if spec not in self._defaults:
+                self._defaults[spec] = self.get(spec)
+            return self._defaults[spec]
+
+    def handle_for(self, cl_device: Any) -> DeviceHandle:
+        """The handle of a pyopencl Device (to adopt queues made outside netcl)."""
+        for h in self.devices():
+            if h.cl_device == cl_device:
+                return h
+        raise DeviceError(f"{cl_device!r} is not one of the devices netcl found:\n{self.listing()}")
+
+
+manager = DeviceManager()

@@ -1,0 +1,72 @@
+"""The dtypes netcl stores, their OpenCL C names, and the checks that guard them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from netcl.errors import DTypeError
+
+float16 = np.dtype(np.float16)
+float32 = np.dtype(np.float32)
+float64 = np.dtype(np.float64)
+int32 = np.dtype(np.int32)
+int64 = np.dtype(np.int64)
+uint8 = np.dtype(np.uint8)
+bool_ = np.dtype(np.bool_)
+
+SUPPORTED: tuple[np.dtype, ...] = (float16, float32, float64, int32, int64, uint8, bool_)
+
+# The OpenCL C type a kernel uses to *store* each dtype. float16 is stored as `half` and read
+# with vload_half/vstore_half (core OpenCL), so it needs no cl_khr_fp16; bool is one byte.
+_CL_STORAGE = {
+    float16: "half",
+    float32: "float",
+    float64: "double",
+    int32: "int",
+    int64: "long",
+    uint8: "uchar",
+    bool_: "uchar",
+}
+
+# Same-sized unsigned integer types: kernels that only move bytes (copies) use these.
+_CL_BITS = {1: "uchar", 2: "ushort", 4: "uint", 8: "ulong"}
+
+
+def normalize(dtype: Any) -> np.dtype:
+    """Return the numpy dtype for `dtype` (a numpy dtype, type or name), or raise DTypeError."""
+    try:
+        dt = np.dtype(dtype)
+    except TypeError as exc:
+        raise DTypeError(f"{dtype!r} is not a dtype; netcl supports {names()}") from exc
+    if dt not in SUPPORTED:
+        raise DTypeError(f"dtype {dt} is not supported; netcl supports {names()}")
+    return dt
+
+
+def names() -> str:
+    return ", ".join(str(d) for d in SUPPORTED)
+
+
+def cl_storage_type(dtype: np.dtype) -> str:
+    """OpenCL C type that holds one element of `dtype` in a buffer."""
+    return _CL_STORAGE[normalize(dtype)]
+
+
+def cl_bits_type(itemsize: int) -> str:
+    """Unsigned integer OpenCL C type of `itemsize` bytes (for dtype-agnostic copies)."""
+    return _CL_BITS[itemsize]
+
+
+def is_floating(dtype: np.dtype) -> bool:
+    return np.dtype(dtype).kind == "f"
+
+
+def check_supported_on(dtype: np.dtype, device: Any) -> None:
+    """Refuse float64 on a device without cl_khr_fp64, naming the device."""
+    if np.dtype(dtype) == float64 and not device.capabilities.fp64:
+        raise DTypeError(
+            f"float64 is not supported on {device.device_name} (no cl_khr_fp64); "
+            "use float32, or pick a device with fp64 (see `netcl devices`)"
+        )

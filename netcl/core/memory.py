@@ -1,0 +1,241 @@
+"""Device memory: the BufferPool caching allocator (one per context) and pinned host staging."""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Any
+
+import numpy as np
+import pyopencl as cl
+
+from netcl.core.backend import enqueue_copy, is_oom
+from netcl.errors import DeviceError, OutOfMemoryError
+
+MIN_BLOCK = 256
+
+
+def size_class(nbytes: int) -> int:
+    """Round a request up to its cache class: 256 B minimum, then four classes per power of two
+    (2^k, 1.25, 1.5, 1.75 x 2^k), so a cached block wastes at most 25%."""
+    n = max(int(nbytes), MIN_BLOCK)
+    if n <= 4096:
+        return (n + MIN_BLOCK - 1) // MIN_BLOCK * MIN_BLOCK
+    top = 1 << (n.bit_length() - 1)
+    step = top // 4
+    return (n + step - 1) // step * step
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return f"{n} B"
+
+
+class Storage:
+    """One device allocation from a pool; Tensors (and views) share it. Its buffer goes back to
+    the pool when the last Tensor referring to it is garbage-collected."""
+
+    __slots__ = ("buffer", "nbytes", "capacity", "queue", "pool", "_finalizer", "__weakref__")
+
+    def __init__(self, pool: BufferPool, buffer: cl.Buffer, nbytes: int, capacity: int, queue: Any):
+        self.buffer = buffer
+        self.nbytes = nbytes
+        self.capacity = capacity
+        self.queue = queue
+        self.pool = pool
+        self._finalizer = weakref.finalize(self, pool._release, buffer, capacity, queue)
+
+
+class BufferPool:
+    """Caching allocator of one device's context, by size class.
+
+    Freed blocks are kept per queue: a block freed by queue A may still be read by A's pending
+    kernels, so it is reused by A (in order, hence safely) and by other queues only after
+    `empty_cache()` has waited for everything.
+    """
+
+    def __init__(self, device: Any):
+        self.device = device
+        self._lock = threading.RLock()
+        self._free: dict[Any, dict[int, list[cl.Buffer]]] = {}
+        self.in_use = 0
+        self.cached = 0
+        self.peak = 0
+        self.allocations = 0  # blocks asked of OpenCL
+        self.requests = 0
+        self.hits = 0
+
+    # The one place that asks OpenCL for memory (tests replace it to force failures).
+    def _create_buffer(self, nbytes: int) -> cl.Buffer:
+        return cl.Buffer(self.device.context, cl.mem_flags.READ_WRITE, nbytes)
+
+    def allocate(self, nbytes: int, queue: Any) -> Storage:
+        """A Storage of at least `nbytes` for use on `queue`."""
+        nbytes = int(nbytes)
+        if nbytes < 0:
+            raise ValueError(f"cannot allocate {nbytes} bytes")
+        caps = self.device.capabilities
+        if nbytes > caps.max_alloc:
+            raise OutOfMemoryError(self._oom_message(nbytes, "it is larger than one allocation may be"))
+        cap = min(size_class(nbytes), max(caps.max_alloc, MIN_BLOCK))
+        with self._lock:
+            self.requests += 1
+            bucket = self._free.get(queue, {}).get(cap)
+            if bucket:
+                buf = bucket.pop()
+                self.cached -= cap
+                self.hits += 1
+            else:
+                buf = self._create_with_retry(cap, nbytes)
+                self.allocations += 1
+            self.in_use += cap
+            self.peak = max(self.peak, self.in_use)
+        return Storage(self, buf, nbytes, cap, queue)
+
+    def _create_with_retry(self, cap: int, nbytes: int) -> cl.Buffer:
+        for attempt in (0, 1):
+            try:
+                return self._create_buffer(cap)
+            except (cl.Error, MemoryError) as exc:
+                if not (isinstance(exc, MemoryError) or is_oom(exc)):
+                    raise DeviceError(f"allocating {nbytes} bytes on {self.device.describe()} failed: {exc}")
+                if attempt == 0:
+                    self.empty_cache()
+                    continue
+                raise OutOfMemoryError(self._oom_message(nbytes, "the device refused it")) from None
+        raise AssertionError("unreachable")
+
+    def _release(self, buffer: cl.Buffer, capacity: int, queue: Any) -> None:
+        with self._lock:
+            self.in_use -= capacity
+            self._free.setdefault(queue, {}).setdefault(capacity, []).append(buffer)
+            self.cached += capacity
+
+    def empty_cache(self) -> None:
+        """Give every cached block back to OpenCL (after the queues that used them finish)."""
+        with self._lock:
+            for queue, buckets in self._free.items():
+                try:
+                    queue.finish()
+                except Exception:
+                    pass
+                for bufs in buckets.values():
+                    for buf in bufs:
+                        buf.release()
+            self._free.clear()
+            self.cached = 0
+
+    def stats(self) -> dict[str, int]:
+        """Bytes in use and cached (by size class), peak in use, and allocation counts."""
+        with self._lock:
+            return {
+                "in_use": self.in_use,
+                "cached": self.cached,
+                "peak": self.peak,
+                "allocations": self.allocations,
+                "requests": self.requests,
+                "hits": self.hits,
+            }
+
+    def reset_peak(self) -> None:
+        with self._lock:
+            self.peak = self.in_use
+
+    def describe_usage(self) -> str:
+        return f"netcl holds {_fmt_bytes(self.in_use)} in use and {_fmt_bytes(self.cached)} cached"
+
+    def _oom_message(self, nbytes: int, why: str) -> str:
+        caps = self.device.capabilities
+        return (
+            f"out of memory on {self.device.describe()}: asked for {_fmt_bytes(nbytes)} ({nbytes} bytes) "
+            f"and {why}. Device total {_fmt_bytes(caps.global_mem)}, largest single allocation "
+            f"{_fmt_bytes(caps.max_alloc)}; {self.describe_usage()}. Try a smaller batch or model, "
+            "delete tensors you no longer need, call pool.empty_cache(), or pick a device with more "
+            "memory (NETCL_DEVICE)."
+        )
+
+
+class PinnedStaging:
+    """Two pinned (CL_MEM_ALLOC_HOST_PTR, kept mapped) host buffers per queue, used in turn so a
+    host memcpy into one overlaps the DMA out of the other."""
+
+    CHUNK = 8 << 20
+
+    def __init__(self, queue: Any):
+        self.queue = queue
+        self._lock = threading.Lock()
+        self._slots: list[list[Any]] = []  # [cl.Buffer, mapped uint8 array, pending event]
+
+    def _ensure(self) -> None:
+        if self._slots:
+            return
+        ctx = self.queue.context
+        flags = cl.mem_flags.READ_WRITE | cl.mem_flags.ALLOC_HOST_PTR
+        for _ in range(2):
+            buf = cl.Buffer(ctx, flags, self.CHUNK)
+            host, _ev = cl.enqueue_map_buffer(
+                self.queue.cl, buf, cl.map_flags.READ | cl.map_flags.WRITE, 0, (self.CHUNK,), np.uint8
+            )
+            self._slots.append([buf, host, None])
+        self.queue.cl.finish()
+
+    def write(self, dst: cl.Buffer, dst_offset: int, src: np.ndarray) -> None:
+        """Copy the bytes of contiguous `src` to `dst` at `dst_offset`; returns once `src` may be
+        reused (the last DMA may still be in flight: later commands on the queue are ordered)."""
+        data = src.reshape(-1).view(np.uint8)
+        with self._lock:
+            self._ensure()
+            for i, start in enumerate(range(0, data.size, self.CHUNK)):
+                slot = self._slots[i % 2]
+                if slot[2] is not None:
+                    slot[2].wait()
+                n = min(self.CHUNK, data.size - start)
+                np.copyto(slot[1][:n], data[start : start + n])
+                slot[2] = enqueue_copy(
+                    self.queue, dst, slot[1][:n], dst_offset=dst_offset + start, is_blocking=False
+                )
+
+    def read(self, out: np.ndarray, src: cl.Buffer, src_offset: int) -> None:
+        """Fill contiguous `out` with bytes of `src` from `src_offset` (waits for them)."""
+        data = out.reshape(-1).view(np.uint8)
+        with self._lock:
+            self._ensure()
+            starts = list(range(0, data.size, self.CHUNK))
+            events: list[Any] = [None] * len(starts)
+
+            def issue(i: int) -> None:
+                n = min(self.CHUNK, data.size - starts[i])
+                events[i] = enqueue_copy(
+                    self.queue, self._slots[i % 2][1][:n], src, src_offset=src_offset + starts[i],
+                    is_blocking=False,
+                )
+
+            if starts:
+                issue(0)
+            for i, start in enumerate(starts):
+                if i + 1 < len(starts):
+                    issue(i + 1)
+                events[i].wait()
+                n = min(self.CHUNK, data.size - start)
+                np.copyto(data[start : start + n], self._slots[i % 2][1][:n])
+            for slot in self._slots:
+                slot[2] = None
+
+
+def pinned_empty(queue: Any, shape: tuple[int, ...], dtype: Any = np.float32) -> np.ndarray:
+    """A host array in pinned (page-locked, mapped) memory: transfers from it need no staging copy.
+
+    The returned array keeps its OpenCL buffer alive.
+    """
+    dt = np.dtype(dtype)
+    nbytes = max(int(np.prod(shape)) * dt.itemsize, 1)
+    buf = cl.Buffer(queue.context, cl.mem_flags.READ_WRITE | cl.mem_flags.ALLOC_HOST_PTR, nbytes)
+    host, _ev = cl.enqueue_map_buffer(
+        queue.cl, buf, cl.map_flags.READ | cl.map_flags.WRITE, 0, (nbytes,), np.uint8
+    )
+    queue.cl.finish()
+    arr = host[: int(np.prod(shape)) * dt.itemsize].view(dt).reshape(shape)
+    return arr

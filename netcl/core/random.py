@@ -1,0 +1,142 @@
+"""Device-side random numbers from Philox4x32-10: reproducible from a seed on any device.
+
+Each call draws from (seed, counter): a Generator advances its counter past what it used, so
+successive calls give fresh numbers and the same seed replays the same sequence. Uniform and
+integer bits are identical on every device; normals use the device's log/sin/cos and so agree
+across devices to a few ulp.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+
+from netcl.core import dtypes
+from netcl.core.backend import as_queue, load_program
+from netcl.core.tensor import Tensor, _normalize_shape
+from netcl.errors import DTypeError, ShapeError
+
+_KIND = {"uniform": 0, "normal": 1, "integer": 2}
+
+
+class Generator:
+    """A Philox stream: 64-bit seed (the key) and a 64-bit counter of 128-bit blocks used."""
+
+    def __init__(self, seed: int = 0):
+        self._lock = threading.Lock()
+        self.manual_seed(seed)
+
+    def manual_seed(self, seed: int) -> Generator:
+        self.seed = int(seed) & 0xFFFFFFFFFFFFFFFF
+        self.counter = 0
+        return self
+
+    def take(self, blocks: int) -> int:
+        """Reserve `blocks` counter values; returns the first."""
+        with self._lock:
+            start = self.counter
+            self.counter = (self.counter + blocks) & 0xFFFFFFFFFFFFFFFF
+            return start
+
+    def state_dict(self) -> dict[str, int]:
+        return {"seed": self.seed, "counter": self.counter}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.seed = int(state["seed"])
+        self.counter = int(state["counter"])
+
+
+default_generator = Generator(0)
+
+
+def manual_seed(seed: int) -> Generator:
+    """Reseed the default generator (used when no seed or generator is given)."""
+    return default_generator.manual_seed(seed)
+
+
+def _pick_generator(seed: int | None, generator: Generator | None) -> Generator:
+    if seed is not None and generator is not None:
+        raise ValueError("pass either seed= or generator=, not both")
+    if seed is not None:
+        return Generator(seed)
+    return generator if generator is not None else default_generator
+
+
+def _launch(q: Any, shape: Any, dtype: Any, kind: str, gen: Generator,
+            low: float = 0.0, high: float = 1.0, int_low: int = 0, int_range: int = 1) -> Tensor:
+    queue = as_queue(q)
+    dt = dtypes.normalize(dtype)
+    out = Tensor.empty(queue, _normalize_shape(shape), dt)
+    n = out.size
+    is_double = dt == dtypes.float64
+    wide = dt == dtypes.int64
+    if kind == "integer":
+        per_item = 2 if wide else 4
+    elif is_double:
+        per_item = 2
+    else:
+        per_item = 4
+    items = (n + per_item - 1) // per_item
+    counter0 = gen.take(max(items, 1))
+    if n == 0:
+        return out
+    defines: dict[str, Any] = {
+        "OUT": dtypes.cl_storage_type(dt),
+        "KIND": _KIND[kind],
+        "PER_ITEM": per_item,
+        "SCALAR": "double" if is_double else "float",
+    }
+    if is_double:
+        defines.update(USE_FP64=None, IS_DOUBLE=None)
+    if dt == dtypes.float16:
+        defines["IS_HALF"] = None
+    if wide:
+        defines["IS_WIDE"] = None
+    prg = load_program(queue.device, "random.cl", defines)
+    scalar = np.float64 if is_double else np.float32
+    prg.philox_fill(
+        queue, (items,), None,
+        out.buffer, np.int64(0), np.int64(n),
+        np.uint32(gen.seed & 0xFFFFFFFF), np.uint32(gen.seed >> 32), np.uint64(counter0),
+        scalar(low), scalar(high), np.int64(int_low), np.uint64(int_range),
+    )
+    return out
+
+
+def rand(q: Any, shape: Any, dtype: Any = np.float32, low: float = 0.0, high: float = 1.0,
+         seed: int | None = None, generator: Generator | None = None) -> Tensor:
+    """Uniform numbers in [low, high) (24 random bits for float32, 53 for float64, 11 for float16)."""
+    dt = dtypes.normalize(dtype)
+    if not dtypes.is_floating(dt):
+        raise DTypeError(f"rand makes floating-point numbers, not {dt}; use randint for integers")
+    return _launch(q, shape, dt, "uniform", _pick_generator(seed, generator), low=low, high=high)
+
+
+def randn(q: Any, shape: Any, dtype: Any = np.float32, mean: float = 0.0, std: float = 1.0,
+          seed: int | None = None, generator: Generator | None = None) -> Tensor:
+    """Normal numbers N(mean, std^2) by the Box-Muller transform."""
+    dt = dtypes.normalize(dtype)
+    if not dtypes.is_floating(dt):
+        raise DTypeError(f"randn makes floating-point numbers, not {dt}")
+    return _launch(q, shape, dt, "normal", _pick_generator(seed, generator), low=mean, high=std)
+
+
+def randint(q: Any, low: int, high: int, shape: Any, dtype: Any = np.int32,
+            seed: int | None = None, generator: Generator | None = None) -> Tensor:
+    """Integers in [low, high). int32 maps 32 random bits, int64 maps 64 (multiply-high: the bias
+    is below range / 2^32, resp. range / 2^64)."""
+    dt = dtypes.normalize(dtype)
+    if dt not in (dtypes.int32, dtypes.int64):
+        raise DTypeError(f"randint makes int32 or int64, not {dt}")
+    low, high = int(low), int(high)
+    if high <= low:
+        raise ShapeError(f"randint needs low < high, got low={low}, high={high}")
+    info = np.iinfo(dt)
+    if low < info.min or high - 1 > info.max:
+        raise DTypeError(f"[{low}, {high}) does not fit in {dt}")
+    span = high - low
+    if dt == dtypes.int32 and span > 1 << 32:
+        raise DTypeError(f"randint range {span} is too wide for int32")
+    return _launch(q, shape, dt, "integer", _pick_generator(seed, generator), int_low=low, int_range=span)

@@ -1,0 +1,596 @@
+"""Tensor: a view (shape, strides, offset, dtype) over device memory owned by one queue.
+
+A Tensor records no history (autograd wraps it in Nodes). Views share memory; `contiguous()`
+copies only when the layout needs it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pyopencl as cl
+import pyopencl.cltypes as cltypes
+
+from netcl.core import dtypes
+from netcl.core.backend import Queue, as_queue, enqueue_copy, load_program
+from netcl.core.memory import Storage
+from netcl.errors import DeviceMismatchError, DTypeError, ShapeError
+
+MAX_DIMS = 8
+_REPR_LIMIT = 1000
+
+
+def _normalize_shape(shape: Any) -> tuple[int, ...]:
+    if isinstance(shape, (int, np.integer)):
+        shape = (int(shape),)
+    try:
+        out = tuple(int(s) for s in shape)
+    except TypeError as exc:
+        raise ShapeError(f"shape must be an int or a sequence of ints, got {shape!r}") from exc
+    if any(s < 0 for s in out):
+        raise ShapeError(f"shape {out} has a negative dimension")
+    if len(out) > MAX_DIMS:
+        raise ShapeError(f"shape {out} has {len(out)} dimensions; netcl supports at most {MAX_DIMS}")
+    return out
+
+
+def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
+    """Row-major strides in elements."""
+    strides = []
+    acc = 1
+    for s in reversed(shape):
+        strides.append(acc)
+        acc *= max(s, 1)
+    return tuple(reversed(strides))
+
+
+def check_same_queue(*tensors: Tensor) -> Queue:
+    """The one queue all `tensors` share, or DeviceMismatchError naming the two that differ."""
+    first = tensors[0]
+    for t in tensors[1:]:
+        if t.queue is not first.queue:
+            same_device = t.queue.device is first.queue.device
+            raise DeviceMismatchError(
+                f"tensors of two different {'queues' if same_device else 'devices'} met in one "
+                f"operation: {first.queue!r} and {t.queue!r}. Move one with "
+                "`.to(queue)` first"
+            )
+    return first.queue
+
+
+class Tensor:
+    """An n-dimensional array in device memory (cl_mem), owned by one command queue.
+
+    Attributes: shape, strides (in elements, may be negative or zero), offset (in elements),
+    dtype (numpy dtype), queue, device, storage.
+    """
+
+    __array_priority__ = 1000  # so ndarray (op) Tensor defers to Tensor's reflected operators
+
+    def __init__(
+        self,
+        storage: Storage,
+        shape: tuple[int, ...],
+        strides: tuple[int, ...],
+        offset: int,
+        dtype: np.dtype,
+        queue: Queue,
+    ):
+        self.storage = storage
+        self.shape = shape
+        self.strides = strides
+        self.offset = offset
+        self.dtype = dtype
+        self.queue = queue
+
+    # -- construction -----------------------------------------------------------------------
+    @classmethod
+    def empty(cls, q: Any, shape: Any, dtype: Any = np.float32) -> Tensor:
+        """Uninitialised contiguous tensor."""
+        queue = as_queue(q)
+        dt = dtypes.normalize(dtype)
+        dtypes.check_supported_on(dt, queue.device)
+        shp = _normalize_shape(shape)
+        nbytes = math.prod(shp) * dt.itemsize
+        storage = queue.device.pool.allocate(nbytes, queue)
+        return cls(storage, shp, contiguous_strides(shp), 0, dt, queue)
+
+    @classmethod
+    def full(cls, q: Any, shape: Any, value: Any, dtype: Any = np.float32) -> Tensor:
+        """Tensor filled with `value` (converted to `dtype`, as NumPy would)."""
+        t = cls.empty(q, shape, dtype)
+        t.fill_(value)
+        return t
+
+    @classmethod
+    def zeros(cls, q: Any, shape: Any, dtype: Any = np.float32) -> Tensor:
+        return cls.full(q, shape, 0, dtype)
+
+    @classmethod
+    def ones(cls, q: Any, shape: Any, dtype: Any = np.float32) -> Tensor:
+        return cls.full(q, shape, 1, dtype)
+
+    @classmethod
+    def from_host(cls, q: Any, array: Any, dtype: Any = None) -> Tensor:
+        """Copy a host array (anything np.asarray accepts) to a new contiguous tensor on `q`.
+
+        The host array may be changed as soon as this returns.
+        """
+        arr = np.asarray(array)
+        if dtype is not None:
+            arr = arr.astype(dtypes.normalize(dtype), copy=False)
+        elif arr.dtype not in dtypes.SUPPORTED:
+            raise DTypeError(
+                f"host array has dtype {arr.dtype}, which netcl does not store; pass dtype= "
+                f"(one of {dtypes.names()}) or convert it first"
+            )
+        t = cls.empty(q, arr.shape, arr.dtype)
+        if t.nbytes:
+            t._write_contiguous(np.ascontiguousarray(arr))
+        return t
+
+    @classmethod
+    def like(cls, other: Tensor, dtype: Any = None) -> Tensor:
+        return cls.empty(other.queue, other.shape, other.dtype if dtype is None else dtype)
+
+    # random numbers are in netcl.core.random; these forward there for convenience
+    @classmethod
+    def rand(cls, q: Any, shape: Any, dtype: Any = np.float32, **kwargs: Any) -> Tensor:
+        from netcl.core import random
+
+        return random.rand(q, shape, dtype, **kwargs)
+
+    @classmethod
+    def randn(cls, q: Any, shape: Any, dtype: Any = np.float32, **kwargs: Any) -> Tensor:
+        from netcl.core import random
+
+        return random.randn(q, shape, dtype, **kwargs)
+
+    @classmethod
+    def randint(cls, q: Any, low: int, high: int, shape: Any, dtype: Any = np.int32, **kwargs: Any) -> Tensor:
+        from netcl.core import random
+
+        return random.randint(q, low, high, shape, dtype, **kwargs)
+
+    # -- basic properties -------------------------------------------------------------------
+    @property
+    def device(self) -> Any:
+        return self.queue.device
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def itemsize(self) -> int:
+        return self.dtype.itemsize
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    @property
+    def buffer(self) -> cl.Buffer:
+        return self.storage.buffer
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of a 0-d tensor")
+        return self.shape[0]
+
+    def is_contiguous(self) -> bool:
+        expected = 1
+        for size, stride in zip(reversed(self.shape), reversed(self.strides)):
+            if size != 1 and stride != expected:
+                return False
+            expected *= size
+        return True
+
+    def _span(self) -> tuple[int, int]:
+        """Lowest and highest element index (relative to the buffer) this view touches."""
+        if self.size == 0:
+            return self.offset, self.offset
+        lo = hi = self.offset
+        for size, stride in zip(self.shape, self.strides):
+            if stride > 0:
+                hi += (size - 1) * stride
+            else:
+                lo += (size - 1) * stride
+        return lo, hi
+
+    # -- host transfers ---------------------------------------------------------------------
+    def _write_contiguous(self, arr: np.ndarray, pinned: bool = True) -> None:
+        byte_offset = self.offset * self.itemsize
+        if pinned and arr.nbytes >= (64 << 10):
+            self.queue.staging.write(self.buffer, byte_offset, arr)
+        else:
+            enqueue_copy(self.queue, self.buffer, arr, dst_offset=byte_offset, is_blocking=True)
+
+    def to_host(self, pinned: bool = True) -> np.ndarray:
+        """Copy to a new NumPy array (waits for pending work on the queue)."""
+        src = self if self.is_contiguous() else self.contiguous()
+        out = np.empty(self.shape, dtype=self.dtype)
+        if out.nbytes == 0:
+            return out
+        byte_offset = src.offset * src.itemsize
+        if pinned and out.nbytes >= (64 << 10):
+            self.queue.staging.read(out, src.buffer, byte_offset)
+        else:
+            enqueue_copy(self.queue, out, src.buffer, src_offset=byte_offset, is_blocking=True)
+        return out
+
+    numpy = to_host
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        arr = self.to_host()
+        return arr if dtype is None else arr.astype(dtype)
+
+    def item(self) -> Any:
+        if self.size != 1:
+            raise ShapeError(f"item() needs a tensor of one element, this one has shape {self.shape}")
+        return self.to_host().reshape(()).item()
+
+    def tolist(self) -> Any:
+        return self.to_host().tolist()
+
+    def copy_from_host(self, array: Any) -> Tensor:
+        """Overwrite this tensor's elements from a host array of the same shape (in place)."""
+        arr = np.asarray(array)
+        if arr.shape != self.shape:
+            raise ShapeError(f"host array of shape {arr.shape} cannot fill a tensor of shape {self.shape}")
+        arr = np.ascontiguousarray(arr.astype(self.dtype, copy=False))
+        if self.is_contiguous():
+            if arr.nbytes:
+                self._write_contiguous(arr)
+        else:
+            self.copy_(Tensor.from_host(self.queue, arr))
+        return self
+
+    def fill_(self, value: Any) -> Tensor:
+        """Set every element to `value` (in place)."""
+        with np.errstate(all="ignore"):
+            pattern = np.array(value).astype(self.dtype)
+        if self.size == 0:
+            return self
+        if self.is_contiguous():
+            try:
+                cl.enqueue_fill_buffer(
+                    self.queue.cl, self.buffer, pattern.reshape(1),
+                    self.offset * self.itemsize, self.nbytes,
+                )
+            except cl.Error:
+                self.copy_from_host(np.full(self.shape, pattern, dtype=self.dtype))
+        else:
+            self.copy_(Tensor.full(self.queue, self.shape, pattern, self.dtype))
+        return self
+
+    # -- copies -------------------------------------------------------------------------------
+    def copy_(self, src: Tensor) -> Tensor:
+        """Copy `src` (same shape and dtype, any layout) into this tensor's elements."""
+        check_same_queue(self, src)
+        if src.shape != self.shape:
+            raise ShapeError(f"cannot copy a tensor of shape {src.shape} into one of shape {self.shape}")
+        if src.dtype != self.dtype:
+            raise DTypeError(f"cannot copy {src.dtype} into {self.dtype} (cast it first)")
+        strided_copy(self, src)
+        return self
+
+    def contiguous(self) -> Tensor:
+        """This tensor if already row-major contiguous, else a contiguous copy."""
+        if self.is_contiguous():
+            return self
+        return self.clone()
+
+    def clone(self) -> Tensor:
+        """A contiguous copy with its own memory."""
+        out = Tensor.empty(self.queue, self.shape, self.dtype)
+        strided_copy(out, self)
+        return out
+
+    def to(self, queue: Any) -> Tensor:
+        """This tensor on another queue (through the host when the device differs)."""
+        target = as_queue(queue)
+        if target is self.queue:
+            return self
+        if target.device is self.device:
+            self.queue.finish()  # the other queue must see this one's writes
+            out = Tensor.empty(target, self.shape, self.dtype)
+            src = self.contiguous()
+            self.queue.finish()
+            if out.nbytes:
+                enqueue_copy(target, out.buffer, src.buffer, src_offset=src.offset * src.itemsize,
+                             byte_count=out.nbytes)
+            return out
+        return Tensor.from_host(target, self.to_host())
+
+    # -- views ----------------------------------------------------------------------------------
+    def _view(self, shape: tuple[int, ...], strides: tuple[int, ...], offset: int) -> Tensor:
+        return Tensor(self.storage, shape, strides, offset, self.dtype, self.queue)
+
+    def _infer_shape(self, shape: Any) -> tuple[int, ...]:
+        if len(shape) == 1 and not isinstance(shape[0], (int, np.integer)):
+            shape = tuple(shape[0])
+        shape = tuple(int(s) for s in shape)
+        if shape.count(-1) > 1:
+            raise ShapeError(f"only one dimension may be -1 in {shape}")
+        if -1 in shape:
+            known = math.prod(s for s in shape if s != -1)
+            if known == 0 or self.size % known:
+                raise ShapeError(f"cannot reshape a tensor of shape {self.shape} into {shape}")
+            shape = tuple(self.size // known if s == -1 else s for s in shape)
+        if any(s < 0 for s in shape) or math.prod(shape) != self.size:
+            raise ShapeError(
+                f"cannot reshape a tensor of shape {self.shape} ({self.size} elements) into {shape}"
+            )
+        return _normalize_shape(shape)
+
+    def _view_strides(self, shape: tuple[int, ...]) -> tuple[int, ...] | None:
+        """Strides that show this tensor's elements in `shape` without a copy, if any exist."""
+        if self.is_contiguous():
+            return contiguous_strides(shape)
+        # group old dims into runs that are contiguous among themselves, then split new dims over them
+        old = [(s, st) for s, st in zip(self.shape, self.strides) if s != 1]
+        new_strides: list[int] = []
+        oi = 0
+        ni = 0
+        new = list(shape)
+        while ni < len(new):
+            if new[ni] == 1:
+                new_strides.append(1)
+                ni += 1
+                continue
+            if oi >= len(old):
+                return None
+            # take old dims until their product covers the new dims taken
+            chunk_old = [old[oi]]
+            prod_old = old[oi][0]
+            oi += 1
+            chunk_new = [ni]
+            prod_new = new[ni]
+            ni += 1
+            while prod_old != prod_new:
+                if prod_old < prod_new:
+                    if oi >= len(old):
+                        return None
+                    chunk_old.append(old[oi])
+                    prod_old *= old[oi][0]
+                    oi += 1
+                else:
+                    if ni >= len(new):
+                        return None
+                    chunk_new.append(ni)
+                    prod_new *= new[ni]
+                    ni += 1
+            for (s_a, st_a), (s_b, st_b) in zip(chunk_old, chunk_old[1:]):
+                if st_a != st_b * s_b:
+                    return None
+            stride = chunk_old[-1][1]
+            placed = []
+            for idx in reversed(chunk_new):
+                placed.append(stride if new[idx] != 1 else 1)
+                stride *= new[idx]
+            new_strides.extend(reversed(placed))
+        if oi != len(old):
+            return None
+        return tuple(new_strides)
+
+    def view(self, *shape: Any) -> Tensor:
+        """The same memory seen in another shape; ShapeError when that needs a copy."""
+        shp = self._infer_shape(shape)
+        strides = self._view_strides(shp)
+        if strides is None:
+            raise ShapeError(
+                f"a tensor of shape {self.shape} with strides {self.strides} cannot be viewed as "
+                f"{shp} without a copy; use reshape() (copies when needed) or contiguous() first"
+            )
+        return self._view(shp, strides, self.offset)
+
+    def reshape(self, *shape: Any) -> Tensor:
+        """A view when the layout allows it, else a contiguous copy in the new shape."""
+        shp = self._infer_shape(shape)
+        strides = self._view_strides(shp)
+        if strides is not None:
+            return self._view(shp, strides, self.offset)
+        c = self.contiguous()
+        return c._view(shp, contiguous_strides(shp), c.offset)
+
+    def _axis(self, axis: int) -> int:
+        nd = self.ndim
+        if not -nd <= axis < nd:
+            raise ShapeError(f"axis {axis} is out of range for a tensor of shape {self.shape}")
+        return axis % nd
+
+    def permute(self, *dims: Any) -> Tensor:
+        if len(dims) == 1 and not isinstance(dims[0], (int, np.integer)):
+            dims = tuple(dims[0])
+        axes = tuple(self._axis(int(d)) for d in dims)
+        if sorted(axes) != list(range(self.ndim)):
+            raise ShapeError(f"permute needs each of the {self.ndim} axes once, got {tuple(dims)}")
+        return self._view(tuple(self.shape[a] for a in axes), tuple(self.strides[a] for a in axes), self.offset)
+
+    def transpose(self, dim0: int = -2, dim1: int = -1) -> Tensor:
+        """Swap two axes (the last two by default)."""
+        if self.ndim < 2:
+            return self
+        a, b = self._axis(dim0), self._axis(dim1)
+        order = list(range(self.ndim))
+        order[a], order[b] = order[b], order[a]
+        return self.permute(order)
+
+    @property
+    def T(self) -> Tensor:
+        """All axes reversed (NumPy's .T)."""
+        return self.permute(tuple(reversed(range(self.ndim))))
+
+    def squeeze(self, axis: int | None = None) -> Tensor:
+        if axis is None:
+            keep = [i for i, s in enumerate(self.shape) if s != 1]
+        else:
+            ax = self._axis(axis)
+            if self.shape[ax] != 1:
+                raise ShapeError(f"cannot squeeze axis {axis} of size {self.shape[ax]}")
+            keep = [i for i in range(self.ndim) if i != ax]
+        return self._view(tuple(self.shape[i] for i in keep), tuple(self.strides[i] for i in keep), self.offset)
+
+    def unsqueeze(self, axis: int) -> Tensor:
+        nd = self.ndim + 1
+        if not -nd <= axis < nd:
+            raise ShapeError(f"axis {axis} is out of range for unsqueeze of shape {self.shape}")
+        axis %= nd
+        shape = list(self.shape)
+        strides = list(self.strides)
+        shape.insert(axis, 1)
+        strides.insert(axis, strides[axis] * self.shape[axis] if axis < self.ndim else 1)
+        return self._view(tuple(shape), tuple(strides), self.offset)
+
+    def expand(self, *shape: Any) -> Tensor:
+        """Broadcast view to `shape` (stride 0 along expanded axes; -1 keeps a size)."""
+        if len(shape) == 1 and not isinstance(shape[0], (int, np.integer)):
+            shape = tuple(shape[0])
+        shape = tuple(int(s) for s in shape)
+        if len(shape) < self.ndim:
+            raise ShapeError(f"cannot expand shape {self.shape} to fewer dimensions {shape}")
+        lead = len(shape) - self.ndim
+        new_strides = []
+        new_shape = []
+        for i, target in enumerate(shape):
+            if i < lead:
+                if target < 0:
+                    raise ShapeError(f"-1 is not allowed for a new leading axis in expand to {shape}")
+                new_shape.append(target)
+                new_strides.append(0)
+                continue
+            size, stride = self.shape[i - lead], self.strides[i - lead]
+            if target == -1 or target == size:
+                new_shape.append(size)
+                new_strides.append(stride)
+            elif size == 1:
+                new_shape.append(target)
+                new_strides.append(0)
+            else:
+                raise ShapeError(f"cannot expand shape {self.shape} to {shape}: axis {i} has size {size}")
+        return self._view(_normalize_shape(new_shape), tuple(new_strides), self.offset)
+
+    def __getitem__(self, index: Any) -> Tensor:
+        """Basic indexing: ints, slices (any step), Ellipsis and None; the result is a view."""
+        if not isinstance(index, tuple):
+            index = (index,)
+        for item in index:
+            if not (item is None or item is Ellipsis or isinstance(item, (slice, int, np.integer))):
+                raise ShapeError(
+                    f"index {item!r} ({type(item).__name__}) is not basic indexing; use ints, slices, "
+                    "... and None (gather/index_select/masked ops live in netcl.ops)"
+                )
+        n_ellipsis = sum(1 for i in index if i is Ellipsis)
+        if n_ellipsis > 1:
+            raise ShapeError("an index can only have a single ellipsis ('...')")
+        n_real = sum(1 for i in index if i is not None and i is not Ellipsis)
+        if n_real > self.ndim:
+            raise ShapeError(f"too many indices ({n_real}) for a tensor of shape {self.shape}")
+        if n_ellipsis:
+            at = index.index(Ellipsis)
+            index = index[:at] + (slice(None),) * (self.ndim - n_real) + index[at + 1 :]
+        else:
+            index = index + (slice(None),) * (self.ndim - n_real)
+        shape: list[int] = []
+        strides: list[int] = []
+        offset = self.offset
+        dim = 0
+        for item in index:
+            if item is None:
+                shape.append(1)
+                strides.append(0)
+                continue
+            size, stride = self.shape[dim], self.strides[dim]
+            if isinstance(item, slice):
+                start, stop, step = item.indices(size)
+                if step == 0:
+                    raise ShapeError("slice step cannot be zero")
+                length = len(range(start, stop, step))
+                if length > 0:
+                    offset += start * stride
+                shape.append(length)
+                strides.append(stride * step)
+            else:
+                i = int(item)
+                if not -size <= i < size:
+                    raise ShapeError(f"index {i} is out of bounds for axis {dim} with size {size}")
+                offset += (i % size) * stride
+            dim += 1
+        return self._view(_normalize_shape(shape), tuple(strides), offset)
+
+    # -- misc --------------------------------------------------------------------------------
+    def synchronize(self) -> None:
+        self.queue.finish()
+
+    def __repr__(self) -> str:
+        where = self.device.device_name
+        if self.size <= _REPR_LIMIT:
+            body = np.array2string(self.to_host(), separator=", ", prefix="Tensor(")
+            return f"Tensor({body}, dtype={self.dtype}, device='{where}')"
+        return f"Tensor(shape={self.shape}, dtype={self.dtype}, device='{where}')"
+
+    def __bool__(self) -> bool:
+        if self.size != 1:
+            raise ShapeError(
+                f"the truth value of a tensor with {self.size} elements is ambiguous; use any()/all()"
+            )
+        return bool(self.item())
+
+
+# -- the strided copy kernel ---------------------------------------------------------------------
+def _coalesce(shape: Sequence[int], *stride_sets: Sequence[int]) -> tuple[list[int], list[list[int]]]:
+    """Drop size-1 axes and merge neighbours that are contiguous in every stride set."""
+    dims = [i for i, s in enumerate(shape) if s != 1]
+    out_shape: list[int] = []
+    out_strides: list[list[int]] = [[] for _ in stride_sets]
+    for i in dims:
+        if out_shape and all(st[-1] == ss[i] * shape[i] for st, ss in zip(out_strides, stride_sets)):
+            out_shape[-1] *= shape[i]
+            for st, ss in zip(out_strides, stride_sets):
+                st[-1] = ss[i]
+        else:
+            out_shape.append(shape[i])
+            for st, ss in zip(out_strides, stride_sets):
+                st.append(ss[i])
+    return out_shape, out_strides
+
+
+def _long4x2(values: Sequence[int], fill: int) -> tuple[np.ndarray, np.ndarray]:
+    padded = list(values) + [fill] * (MAX_DIMS - len(values))
+    return cltypes.make_long4(*padded[:4]), cltypes.make_long4(*padded[4:])
+
+
+def strided_copy(dst: Tensor, src: Tensor) -> None:
+    """dst[...] = src[...] for tensors of equal shape and itemsize, any strides (one launch)."""
+    n = dst.size
+    if n == 0:
+        return
+    if dst.storage is src.storage:
+        (d_lo, d_hi), (s_lo, s_hi) = dst._span(), src._span()
+        if d_lo <= s_hi and s_lo <= d_hi:  # overlapping memory: go through a temporary
+            src = src.clone()
+    shape, (dst_strides, src_strides) = _coalesce(dst.shape, dst.strides, src.strides)
+    if not shape:
+        shape, dst_strides, src_strides = [1], [1], [1]
+    if len(shape) == 1 and dst_strides[0] == 1 and src_strides[0] == 1:
+        enqueue_copy(
+            dst.queue, dst.buffer, src.buffer,
+            src_offset=src.offset * src.itemsize, dst_offset=dst.offset * dst.itemsize,
+            byte_count=n * dst.itemsize,
+        )
+        return
+    prg = load_program(dst.device, "copy.cl", {"T": dtypes.cl_bits_type(dst.itemsize), "NDIM": len(shape)})
+    prg.strided_copy(
+        dst.queue, (n,), None,
+        dst.buffer, np.int64(dst.offset), *_long4x2(dst_strides, 0),
+        src.buffer, np.int64(src.offset), *_long4x2(src_strides, 0),
+        *_long4x2(shape, 1), np.int64(n),
+    )

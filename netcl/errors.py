@@ -1,0 +1,45 @@
+"""netcl's exception hierarchy: every error a public call raises is one of these."""
+
+from __future__ import annotations
+
+
+class NetclError(Exception):
+    """Base of every exception netcl raises on purpose."""
+
+
+class DeviceError(NetclError):
+    """A device could not be found, opened or used (also: an OpenCL call failed)."""
+
+
+class NoPlatformError(DeviceError):
+    """No OpenCL platform is installed on this machine."""
+
+
+class DeviceMismatchError(DeviceError, ValueError):
+    """Tensors of two different queues or devices met in one operation."""
+
+
+class OutOfMemoryError(DeviceError, MemoryError):
+    """The device could not hold an allocation, even after netcl emptied its cache."""
+
+
+class ShapeError(NetclError, ValueError):
+    """A shape, axis, index or stride does not fit the operation."""
+
+
+class DTypeError(NetclError, TypeError):
+    """A dtype is unsupported, or unsupported on this device, or the combination is."""
+
+
+class KernelBuildError(NetclError):
+    """An OpenCL program failed to compile; carries the build log and the offending source lines."""
+
+    def __init__(self, message: str, *, log: str = "", source: str = "", options: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.log = log
+        self.source = source
+        self.options = options
+
+
+class KernelLaunchError(DeviceError):
+    """Enqueueing a kernel or a transfer failed for a reason other than memory."""
