@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 import time
 
 import numpy as np
 
 from netcl.errors import NetclError
+
+# Modules that add their own subcommands (e.g. `netcl tune`, `netcl train`): each has register(sub).
+_SUBCOMMAND_MODULES: list[str] = []
 
 
 def _fmt_bytes(n: int) -> str:
@@ -81,6 +85,9 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("devices", help="list OpenCL platforms and devices").set_defaults(func=cmd_devices)
     sub.add_parser("demo", help="list devices and run a small computation").set_defaults(func=cmd_demo)
+    for module_name in _SUBCOMMAND_MODULES:
+        # each module defines register(subparsers), adding its commands (kept beside the code they run)
+        importlib.import_module(module_name).register(sub)
     args = parser.parse_args(argv)
     try:
         return args.func(args)
