@@ -1,0 +1,27 @@
+"""Text tokenization for netcl: byte-level BPE with regex pre-splitting, tokenizer files, chat templates.
+
+Pure host code (no OpenCL); importing it does not import the rest of netcl.
+"""
+
+from .bpe import BPETokenizer
+from .chat import CHATML, LLAMA3, PLAIN, ChatFormat, ChatTemplate
+from .errors import SpecialTokenError, TokenizerFileError, UnknownTokenError
+from .formats import bytes_to_unicode
+from .patterns import CL100K_PATTERN, GPT2_PATTERN, NAMED_PATTERNS, O200K_PATTERN
+
+__all__ = [
+    "CHATML",
+    "CL100K_PATTERN",
+    "GPT2_PATTERN",
+    "LLAMA3",
+    "NAMED_PATTERNS",
+    "O200K_PATTERN",
+    "PLAIN",
+    "BPETokenizer",
+    "ChatFormat",
+    "ChatTemplate",
+    "SpecialTokenError",
+    "TokenizerFileError",
+    "UnknownTokenError",
+    "bytes_to_unicode",
+]

@@ -1,0 +1,391 @@
+"""Byte-level BPE tokenizer: regex pre-splitting, rank-based merging, special tokens, train/save/load.
+
+Token ids are ranks (tiktoken's convention): the id of a multi-byte token is also its merge priority.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Literal
+
+import regex
+
+from . import formats
+from .errors import SpecialTokenError, UnknownTokenError
+from .merge import byte_pair_split
+from .patterns import compile_pattern, resolve_pattern
+from .training import learn_merges
+
+AllowedSpecial = Literal["none_raise", "none", "all"] | Iterable[str]
+
+#: Default bound on the chunk -> ids cache (entries). When full the cache is emptied and refilled.
+DEFAULT_CACHE_SIZE = 200_000
+
+
+def _special_regex(tokens: Iterable[str]) -> regex.Pattern:
+    # Longest first so that a token that is a prefix of another never wins the alternation.
+    ordered = sorted(tokens, key=lambda t: (-len(t), t))
+    return regex.compile("|".join(regex.escape(t) for t in ordered))
+
+
+class BPETokenizer:
+    """Byte-level BPE: text -> pre-split chunks (regex) -> UTF-8 bytes -> merges by rank -> ids.
+
+    Args:
+        ranks: token bytes -> id. Must contain all 256 single bytes. Ids of merged tokens are their merge
+            priority: inside a chunk the adjacent pair whose concatenation has the lowest id merges first
+            (leftmost on ties), exactly tiktoken's ``byte_pair_merge``.
+        pattern: pre-split regex source, a name from ``NAMED_PATTERNS`` ('gpt2', 'cl100k', 'o200k'), or
+            None for no pre-splitting.
+        special_tokens: control-token string -> id; ids must not collide with ``ranks``.
+        name: free-form label.
+        merges: optional ``[((left_id, right_id), new_id), ...]`` kept for inspection (set by `train`).
+        merge_priority: optional bytes -> priority used for merging when it differs from the id
+            (Hugging Face files whose ids do not follow merge order). Defaults to ``ranks``.
+        cache_size: bound on the chunk -> ids cache.
+    """
+
+    def __init__(
+        self,
+        ranks: Mapping[bytes, int],
+        pattern: str | None,
+        special_tokens: Mapping[str, int] | None = None,
+        *,
+        name: str = "",
+        merges: Sequence[tuple[tuple[int, int], int]] | None = None,
+        merge_priority: Mapping[bytes, int] | None = None,
+        cache_size: int = DEFAULT_CACHE_SIZE,
+    ) -> None:
+        if not isinstance(ranks, Mapping):
+            raise TypeError(f"ranks must be a mapping bytes -> int, got {type(ranks).__name__}")
+        self._encoder: dict[bytes, int] = {}
+        for token, rank in ranks.items():
+            if not isinstance(token, bytes) or not isinstance(rank, int) or rank < 0:
+                raise TypeError(f"ranks must map bytes to non-negative int, got {token!r} -> {rank!r}")
+            self._encoder[token] = rank
+        missing = [b for b in range(256) if bytes([b]) not in self._encoder]
+        if missing:
+            raise ValueError(
+                f"byte-level BPE needs all 256 single bytes in ranks; {len(missing)} missing "
+                f"(first: {missing[0]:#04x})"
+            )
+        self._decoder: dict[int, bytes] = {rank: token for token, rank in self._encoder.items()}
+        if len(self._decoder) != len(self._encoder):
+            raise ValueError("ranks has duplicate ids: every token needs its own id")
+        self._special: dict[str, int] = {}
+        for token, tid in (special_tokens or {}).items():
+            if not isinstance(token, str) or not token:
+                raise TypeError(f"special tokens must be non-empty str, got {token!r}")
+            if not isinstance(tid, int) or tid < 0:
+                raise TypeError(f"special token {token!r} needs a non-negative int id, got {tid!r}")
+            if tid in self._decoder:
+                raise ValueError(f"special token {token!r} id {tid} collides with an ordinary token id")
+            self._special[token] = tid
+            self._decoder[tid] = token.encode("utf-8")
+        if len(self._special) != len(set(self._special.values())):
+            raise ValueError("two special tokens share an id")
+        self._priority = self._encoder if merge_priority is None else dict(merge_priority)
+        self.pattern = resolve_pattern(pattern)
+        self._split = compile_pattern(self.pattern).findall if self.pattern is not None else None
+        self.name = name
+        self.merges = list(merges) if merges is not None else None
+        self._cache: dict[str, tuple[int, ...]] = {}
+        self._cache_size = int(cache_size)
+        self._special_regexes: dict[frozenset[str], regex.Pattern] = {}
+
+    # ------------------------------------------------------------------ vocabulary
+
+    @property
+    def n_vocab(self) -> int:
+        """One past the largest id (ordinary or special): the embedding table size a model needs."""
+        return max(self._decoder) + 1
+
+    @property
+    def special_tokens(self) -> dict[str, int]:
+        """A copy of the special-token string -> id map."""
+        return dict(self._special)
+
+    @property
+    def ranks(self) -> dict[bytes, int]:
+        """A copy of the ordinary token bytes -> id map."""
+        return dict(self._encoder)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """Bytes of one token (a special token's UTF-8 string)."""
+        return self.decode_bytes([token_id])
+
+    def special_id(self, token: str) -> int:
+        """Id of a special token, with an error listing the known ones if it is absent."""
+        try:
+            return self._special[token]
+        except KeyError:
+            known = ", ".join(sorted(self._special)) or "none"
+            raise KeyError(f"special token {token!r} is not in this tokenizer (has: {known})") from None
+
+    def __repr__(self) -> str:
+        return (
+            f"BPETokenizer(name={self.name!r}, n_vocab={self.n_vocab}, "
+            f"specials={len(self._special)}, pattern={'None' if self.pattern is None else 'set'})"
+        )
+
+    # ------------------------------------------------------------------ encoding
+
+    def _encode_chunk(self, chunk: str) -> tuple[int, ...]:
+        data = chunk.encode("utf-8")
+        tid = self._encoder.get(data)
+        if tid is not None:
+            ids: tuple[int, ...] = (tid,)
+        else:
+            starts = byte_pair_split(data, self._priority)
+            encoder = self._encoder
+            ids = tuple([encoder[data[s:e]] for s, e in itertools.pairwise(starts)])
+        cache = self._cache
+        if len(cache) >= self._cache_size:
+            cache.clear()
+        cache[chunk] = ids
+        return ids
+
+    def encode_ordinary(self, text: str) -> list[int]:
+        """Encode ``text`` with every special-token string treated as plain text.
+
+        Lone surrogates (not encodable as UTF-8) are replaced by U+FFFD first, as tiktoken does.
+        """
+        if not isinstance(text, str):
+            raise TypeError(f"text must be str, got {type(text).__name__}")
+        try:
+            return self._encode_ordinary(text)
+        except UnicodeEncodeError:
+            text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+            return self._encode_ordinary(text)
+
+    def _encode_ordinary(self, text: str) -> list[int]:
+        if not text:
+            return []
+        chunks = self._split(text) if self._split is not None else [text]
+        out: list[int] = []
+        extend = out.extend
+        get = self._cache.get
+        encode_chunk = self._encode_chunk
+        for chunk in chunks:
+            ids = get(chunk)
+            if ids is None:
+                ids = encode_chunk(chunk)
+            extend(ids)
+        return out
+
+    def _special_sets(self, allowed_special: AllowedSpecial) -> tuple[frozenset[str], frozenset[str]]:
+        """(tokens to emit as control tokens, tokens whose presence is an error)."""
+        everything = frozenset(self._special)
+        if isinstance(allowed_special, str):
+            if allowed_special == "none_raise":
+                return frozenset(), everything
+            if allowed_special == "none":
+                return frozenset(), frozenset()
+            if allowed_special == "all":
+                return everything, frozenset()
+            raise ValueError(
+                f"allowed_special must be 'none_raise', 'none', 'all' or a set of special-token strings, "
+                f"got {allowed_special!r}"
+            )
+        try:
+            allowed = frozenset(allowed_special)
+        except TypeError:
+            raise TypeError(
+                f"allowed_special must be 'none_raise', 'none', 'all' or a set of str, "
+                f"got {type(allowed_special).__name__}"
+            ) from None
+        unknown = allowed - everything
+        if unknown:
+            raise ValueError(f"allowed_special names tokens this tokenizer lacks: {sorted(unknown)}")
+        return allowed, everything - allowed
+
+    def _regex_for(self, tokens: frozenset[str]) -> regex.Pattern:
+        pat = self._special_regexes.get(tokens)
+        if pat is None:
+            pat = self._special_regexes[tokens] = _special_regex(tokens)
+        return pat
+
+    def encode(self, text: str, *, allowed_special: AllowedSpecial = "none_raise") -> list[int]:
+        """Encode ``text`` to ids.
+
+        ``allowed_special`` says what a special-token string inside ``text`` becomes:
+
+        - ``"none_raise"`` (default): raise `SpecialTokenError` if any special-token string occurs
+          (tiktoken's ``disallowed_special="all"``), so untrusted text can't smuggle in control tokens;
+        - ``"none"``: encode every occurrence as plain text (same as `encode_ordinary`);
+        - ``"all"``: every special-token string becomes its control id;
+        - a set of strings: those become control ids, any other special-token string raises.
+        """
+        if not isinstance(text, str):
+            raise TypeError(f"text must be str, got {type(text).__name__}")
+        allowed, disallowed = self._special_sets(allowed_special)
+        if disallowed:
+            found = self._regex_for(disallowed).search(text)
+            if found:
+                raise SpecialTokenError(found.group(), found.start())
+        if not allowed:
+            return self.encode_ordinary(text)
+        out: list[int] = []
+        start = 0
+        for match in self._regex_for(allowed).finditer(text):
+            out.extend(self.encode_ordinary(text[start : match.start()]))
+            out.append(self._special[match.group()])
+            start = match.end()
+        out.extend(self.encode_ordinary(text[start:]))
+        return out
+
+    def encode_batch(
+        self, texts: Sequence[str], *, allowed_special: AllowedSpecial = "none_raise"
+    ) -> list[list[int]]:
+        """Encode each text, in order, in this thread.
+
+        No thread pool: the merge loop is Python holding the GIL, so threads would add overhead without
+        parallelism. For many cores, split the batch across processes.
+        """
+        if isinstance(texts, str):
+            raise TypeError("encode_batch takes a sequence of str; use encode() for a single str")
+        return [self.encode(text, allowed_special=allowed_special) for text in texts]
+
+    # ------------------------------------------------------------------ decoding
+
+    def decode_bytes(self, ids: Iterable[int]) -> bytes:
+        """Exact bytes of ``ids`` concatenated (special tokens as their UTF-8 strings)."""
+        ids = list(ids)
+        decoder = self._decoder
+        try:
+            return b"".join([decoder[i] for i in ids])
+        except (KeyError, TypeError):
+            for pos, tid in enumerate(ids):
+                try:
+                    decoder[tid]
+                except (KeyError, TypeError):
+                    raise UnknownTokenError(
+                        f"token id {tid!r} at position {pos} is not in the vocabulary "
+                        f"(ids are in 0..{self.n_vocab - 1}, {len(decoder)} of them assigned)"
+                    ) from None
+            raise
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Decode to str; byte sequences that are not valid UTF-8 become U+FFFD (errors='replace')."""
+        return self.decode_bytes(ids).decode("utf-8", errors="replace")
+
+    # ------------------------------------------------------------------ training
+
+    @classmethod
+    def train(
+        cls,
+        text_or_files: str | os.PathLike | Iterable[str | os.PathLike],
+        vocab_size: int,
+        *,
+        pattern: str | None = "cl100k",
+        special_tokens: Iterable[str] = (),
+        verbose: bool = False,
+        progress: bool = False,
+        name: str = "",
+    ) -> BPETokenizer:
+        """Learn a byte-level BPE vocabulary of ``vocab_size`` ids (256 bytes + merges + specials).
+
+        ``text_or_files``: a str is the training text itself; a path (``os.PathLike``) or an iterable of
+        paths names UTF-8 files. The text is pre-split with ``pattern``; identical chunks are counted once
+        with their frequency. Special-token strings are cut out of the text so they are never learned.
+        Ids: 0..255 are the bytes, then merges in order, then the special tokens in the order given
+        (right after the last learned token if training ran out of pairs early). Tie rule: see
+        `learn_merges` (highest count, then smallest (left id, right id)).
+        """
+        specials = list(special_tokens)
+        if isinstance(specials, str) or any(not isinstance(s, str) or not s for s in specials):
+            raise TypeError("special_tokens must be an iterable of non-empty str")
+        if len(set(specials)) != len(specials):
+            raise ValueError(f"special_tokens has duplicates: {specials}")
+        if not isinstance(vocab_size, int) or isinstance(vocab_size, bool):
+            raise TypeError(f"vocab_size must be int, got {type(vocab_size).__name__}")
+        if vocab_size < 256 + len(specials):
+            raise ValueError(
+                f"vocab_size {vocab_size} is smaller than 256 byte tokens + {len(specials)} special tokens "
+                f"= {256 + len(specials)}"
+            )
+        pattern = resolve_pattern(pattern)
+        split = compile_pattern(pattern).findall if pattern is not None else (lambda t: [t] if t else [])
+        cutter = _special_regex(specials) if specials else None
+        counts: Counter[str] = Counter()
+        for text in _iter_texts(text_or_files):
+            for part in cutter.split(text) if cutter is not None else (text,):
+                counts.update(split(part))
+        chunk_counts: Counter[bytes] = Counter()
+        for chunk, count in counts.items():
+            chunk_counts[chunk.encode("utf-8", "replace")] += count
+        vocab = [bytes([b]) for b in range(256)]
+        merges = learn_merges(
+            chunk_counts, vocab, vocab_size - 256 - len(specials), progress=progress, verbose=verbose
+        )
+        ranks = {token: i for i, token in enumerate(vocab)}
+        special_ids = {token: len(vocab) + i for i, token in enumerate(specials)}
+        return cls(ranks, pattern, special_ids, name=name, merges=merges)
+
+    # ------------------------------------------------------------------ files
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write netcl's JSON format (see `formats.write_netcl`)."""
+        formats.write_netcl(path, self._encoder, self.pattern, self._special, self.name, self.merges)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> BPETokenizer:
+        """Read a file written by `save`."""
+        data = formats.read_netcl(path)
+        return cls(data.ranks, data.pattern, data.special_tokens, name=data.name, merges=data.merges)
+
+    def save_tiktoken(self, path: str | os.PathLike) -> None:
+        """Write the ordinary ranks as a ``.tiktoken`` file (pattern and specials are not part of it)."""
+        formats.write_tiktoken(path, self._encoder)
+
+    @classmethod
+    def from_tiktoken(
+        cls,
+        path: str | os.PathLike,
+        *,
+        pattern: str | None,
+        special_tokens: Mapping[str, int] | None = None,
+        name: str = "",
+    ) -> BPETokenizer:
+        """Load a ``.tiktoken`` rank file; the pattern and special tokens must be given (the file lacks them)."""
+        return cls(formats.read_tiktoken(path), pattern, special_tokens, name=name or Path(path).stem)
+
+    def save_hf(self, path: str | os.PathLike) -> None:
+        """Write a Hugging Face ``tokenizer.json`` (byte-level BPE, merges derived from the ranks)."""
+        formats.write_hf(path, self._encoder, self.pattern, self._special)
+
+    @classmethod
+    def from_hf(cls, path: str | os.PathLike, *, name: str = "") -> BPETokenizer:
+        """Load a Hugging Face byte-level BPE ``tokenizer.json``; added tokens become special tokens."""
+        data = formats.read_hf(path)
+        return cls(
+            data.ranks,
+            data.pattern,
+            data.special_tokens,
+            name=name or data.name,
+            merge_priority=data.merge_priority,
+        )
+
+
+def _iter_texts(source: str | os.PathLike | Iterable[str | os.PathLike]) -> Iterable[str]:
+    if isinstance(source, str):
+        yield source
+        return
+    paths = [source] if isinstance(source, os.PathLike) else source
+    try:
+        paths = list(paths)
+    except TypeError:
+        raise TypeError(
+            f"text_or_files must be a str (the text), a path, or an iterable of paths; got {type(source).__name__}"
+        ) from None
+    for path in paths:
+        if not isinstance(path, (str, os.PathLike)):
+            raise TypeError(f"training file list holds a {type(path).__name__}, expected str or path")
+        try:
+            yield Path(path).read_text(encoding="utf-8")
+        except UnicodeDecodeError as err:
+            raise ValueError(f"training file {path} is not valid UTF-8: {err}") from err

@@ -1,0 +1,179 @@
+"""Multi-turn chat templates (ChatML, Llama-3, plain) that encode a dialog to ids plus a loss mask.
+
+Role names and message contents are always encoded as plain text, so a message that contains a
+special-token string can never inject a control token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from .bpe import BPETokenizer
+
+ROLES = ("system", "user", "assistant")
+
+
+@dataclass(frozen=True)
+class ChatTemplate:
+    """How one turn is laid out. ``{role}`` in a text piece is replaced by the message's role.
+
+    A turn is ``header`` pieces, the content, ``end_of_turn`` (a special token) then ``after_turn`` text.
+    A piece written ``<special:NAME>`` is the special token NAME; anything else is plain text.
+    """
+
+    name: str
+    header: tuple[str, ...]
+    end_of_turn: str
+    after_turn: str = ""
+    begin: str | None = None
+    strip_content: bool = False
+
+    def specials(self) -> list[str]:
+        """Special tokens this template needs."""
+        needed = [p[len("<special:") : -1] for p in self.header if p.startswith("<special:")]
+        needed.append(self.end_of_turn)
+        if self.begin is not None:
+            needed.insert(0, self.begin)
+        return needed
+
+
+def _special(token: str) -> str:
+    return f"<special:{token}>"
+
+
+#: ``<|im_start|>{role}\n{content}<|im_end|>\n``
+CHATML = ChatTemplate("chatml", (_special("<|im_start|>"), "{role}\n"), "<|im_end|>", after_turn="\n")
+#: ``<|begin_of_text|>`` once, then ``<|start_header_id|>{role}<|end_header_id|>\n\n{content}<|eot_id|>``;
+#: content is stripped of surrounding whitespace as Meta's reference ``ChatFormat`` does.
+LLAMA3 = ChatTemplate(
+    "llama3",
+    (_special("<|start_header_id|>"), "{role}", _special("<|end_header_id|>"), "\n\n"),
+    "<|eot_id|>",
+    begin="<|begin_of_text|>",
+    strip_content=True,
+)
+#: ``{role}: {content}<|endoftext|>\n``: no template tokens beyond the end-of-text token most vocabularies have.
+PLAIN = ChatTemplate("plain", ("{role}: ",), "<|endoftext|>", after_turn="\n")
+
+TEMPLATES: dict[str, ChatTemplate] = {t.name: t for t in (CHATML, LLAMA3, PLAIN)}
+
+
+class ChatFormat:
+    """Encode dialogs for a tokenizer with a template ('chatml', 'llama3', 'plain' or a `ChatTemplate`).
+
+    Loss mask choice: 1 on the tokens of assistant contents and on the assistant's end-of-turn special
+    token (the model must learn to stop), 0 elsewhere: system/user turns, every header (so role names
+    are never trained on), the text after the end-of-turn token, and the generation prompt.
+    """
+
+    def __init__(self, tokenizer: BPETokenizer, template: str | ChatTemplate = "chatml") -> None:
+        if not isinstance(tokenizer, BPETokenizer):
+            raise TypeError(f"tokenizer must be a BPETokenizer, got {type(tokenizer).__name__}")
+        if isinstance(template, str):
+            if template not in TEMPLATES:
+                raise ValueError(f"unknown chat template {template!r}; choose one of {sorted(TEMPLATES)}")
+            template = TEMPLATES[template]
+        if not isinstance(template, ChatTemplate):
+            raise TypeError(f"template must be a name or ChatTemplate, got {type(template).__name__}")
+        specials = tokenizer.special_tokens
+        missing = [t for t in template.specials() if t not in specials]
+        if missing:
+            raise ValueError(
+                f"chat template {template.name!r} needs special tokens {missing} that the tokenizer lacks "
+                f"(it has {sorted(specials) or 'none'}); add them as special_tokens when training or loading"
+            )
+        self.tokenizer = tokenizer
+        self.template = template
+        self._ids = {t: specials[t] for t in template.specials()}
+
+    def _piece_ids(self, piece: str, role: str) -> list[int]:
+        if piece.startswith("<special:"):
+            return [self._ids[piece[len("<special:") : -1]]]
+        return self.tokenizer.encode_ordinary(piece.replace("{role}", role))
+
+    def _header(self, role: str) -> list[int]:
+        return [i for piece in self.template.header for i in self._piece_ids(piece, role)]
+
+    def encode_dialog(
+        self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = False
+    ) -> tuple[list[int], list[int]]:
+        """Return ``(ids, loss_mask)``, two lists of equal length; mask values are 0 or 1.
+
+        ``messages``: ``[{"role": "system"|"user"|"assistant", "content": str}, ...]``; a system message
+        may only come first. ``add_generation_prompt`` appends the assistant header so a model continues
+        with the reply (not allowed when the last message is already the assistant's).
+        """
+        _validate(messages, add_generation_prompt)
+        template = self.template
+        ids: list[int] = []
+        mask: list[int] = []
+        if template.begin is not None:
+            ids.append(self._ids[template.begin])
+            mask.append(0)
+        end = self._ids[template.end_of_turn]
+        after = self.tokenizer.encode_ordinary(template.after_turn)
+        for message in messages:
+            role, content = message["role"], message["content"]
+            trained = 1 if role == "assistant" else 0
+            header = self._header(role)
+            if template.strip_content:
+                content = content.strip()
+            body = self.tokenizer.encode_ordinary(content)
+            ids += header
+            mask += [0] * len(header)
+            ids += body
+            ids.append(end)
+            mask += [trained] * (len(body) + 1)
+            ids += after
+            mask += [0] * len(after)
+        if add_generation_prompt:
+            header = self._header("assistant")
+            ids += header
+            mask += [0] * len(header)
+        return ids, mask
+
+    def render(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = False) -> str:
+        """The dialog as text (special tokens written out); for display, not for encoding."""
+        _validate(messages, add_generation_prompt)
+        template = self.template
+
+        def header(role: str) -> str:
+            return "".join(
+                p[len("<special:") : -1] if p.startswith("<special:") else p.replace("{role}", role)
+                for p in template.header
+            )
+
+        out = [template.begin or ""]
+        for m in messages:
+            content = m["content"].strip() if template.strip_content else m["content"]
+            out.append(header(m["role"]) + content + template.end_of_turn + template.after_turn)
+        if add_generation_prompt:
+            out.append(header("assistant"))
+        return "".join(out)
+
+
+def _validate(messages: Sequence[Mapping[str, str]], add_generation_prompt: bool) -> None:
+    if isinstance(messages, (str, bytes, Mapping)) or not isinstance(messages, Sequence):
+        raise TypeError(
+            f"messages must be a list of {{'role', 'content'}} dicts, got {type(messages).__name__}"
+        )
+    if not messages:
+        raise ValueError("messages is empty: a dialog needs at least one message")
+    for i, message in enumerate(messages):
+        if not isinstance(message, Mapping):
+            raise TypeError(
+                f"messages[{i}] must be a dict with 'role' and 'content', got {type(message).__name__}"
+            )
+        for key in ("role", "content"):
+            if key not in message:
+                raise ValueError(f"messages[{i}] has no {key!r} key (keys: {sorted(message)})")
+        role, content = message["role"], message["content"]
+        if role not in ROLES:
+            raise ValueError(f"messages[{i}] has role {role!r}; roles are {list(ROLES)}")
+        if not isinstance(content, str):
+            raise TypeError(f"messages[{i}]['content'] must be str, got {type(content).__name__}")
+        if role == "system" and i != 0:
+            raise ValueError(f"messages[{i}] is a system message; only the first message may be one")
+    if add_generation_prompt and messages[-1]["role"] == "assistant":
+        raise ValueError("add_generation_prompt=True but the last message is already the assistant's")

@@ -1,0 +1,53 @@
+"""Pre-split regular expressions of the GPT-2, cl100k and o200k tokenizers (for the `regex` package).
+
+BPE never merges across the boundaries these patterns draw, so a tokenizer's pattern is part of its identity.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import regex
+
+#: GPT-2 / r50k / p50k. Same language as OpenAI's original
+#: ``'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+``, written with
+#: possessive quantifiers as tiktoken does (faster, identical splits).
+GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
+
+#: cl100k_base (GPT-3.5/4): case-insensitive contractions, numbers in groups of at most 3 digits,
+#: punctuation runs keep trailing newlines.
+CL100K_PATTERN = (
+    r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+"""
+    r"""|\s++$|\s*[\r\n]|\s+(?!\S)|\s"""
+)
+
+#: o200k_base (GPT-4o): words split at case changes, contractions attached to the word.
+O200K_PATTERN = (
+    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"""
+    r"""|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"""
+    r"""|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
+
+#: Names accepted wherever a pattern is expected.
+NAMED_PATTERNS: dict[str, str] = {"gpt2": GPT2_PATTERN, "cl100k": CL100K_PATTERN, "o200k": O200K_PATTERN}
+
+
+def resolve_pattern(pattern: str | None) -> str | None:
+    """Return the regex source for ``pattern``: a key of `NAMED_PATTERNS`, a regex source, or None.
+
+    None means "no pre-splitting": the whole text (between special tokens) is one chunk.
+    """
+    if pattern is None:
+        return None
+    if not isinstance(pattern, str):
+        raise TypeError(f"pattern must be a str or None, got {type(pattern).__name__}")
+    return NAMED_PATTERNS.get(pattern, pattern)
+
+
+@lru_cache(maxsize=32)
+def compile_pattern(pattern: str) -> regex.Pattern:
+    """Compile a pre-split pattern, naming it in the error if it is not a valid `regex` expression."""
+    try:
+        return regex.compile(pattern)
+    except regex.error as err:
+        raise ValueError(f"invalid pre-split pattern {pattern!r}: {err}") from err
