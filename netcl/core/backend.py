@@ -136,24 +136,15 @@ def format_options(defines: dict[str, Any] | None = None, extra: Sequence[str] =
     return tuple(opts)
 
 
-_ERROR_LINE = re.compile(r":(\d+):(\d+):\s*(?:fatal\s+)?error", re.IGNORECASE)
+# clang-style "<file>:LINE:COL: error" (NVIDIA, Oclgrind) and PoCL's "error: <file>:LINE:COL:"
+_ERROR_LINE = re.compile(r":(\d+):\d+:\s*(?:fatal\s+)?error|error:\s*\S*?:(\d+):\d+:", re.IGNORECASE)
 
 
 def _offending_lines(log: str, source: str, context: int = 1) -> str:
     lines = source.splitlines()
-    shown: list[str] = []
-    seen: set[int] = set()
-    for match in _ERROR_LINE.finditer(log):
-        line_no = int(match.group(1))
-        for n in range(max(1, line_no - context), min(len(lines), line_no + context) + 1):
-            if n in seen:
-                continue
-            seen.add(n)
-            marker = ">>" if n == line_no else "  "
-            shown.append(f"{marker} {n:4d} | {lines[n - 1]}")
-        if len(seen) > 40:
-            break
-    return "\n".join(shown)
+    errors = sorted({int(m.group(1) or m.group(2)) for m in _ERROR_LINE.finditer(log)})[:20]
+    shown_numbers = sorted({n for e in errors for n in range(max(1, e - context), min(len(lines), e + context) + 1)})
+    return "\n".join(f"{'>>' if n in errors else '  '} {n:4d} | {lines[n - 1]}" for n in shown_numbers)
 
 
 class BuildStats:
@@ -243,7 +234,9 @@ def _build_from_source(device: Any, source: str, options: tuple[str, ...], name:
         return prg
     except cl.Error as exc:
         try:
-            log = prg.get_build_info(device.cl_device, cl.program_build_info.LOG)  # type: ignore[possibly-undefined]
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                log = prg.get_build_info(device.cl_device, cl.program_build_info.LOG)  # type: ignore[possibly-undefined]
         except Exception:
             log = str(exc)
         log = log.strip() or str(exc)

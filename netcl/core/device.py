@@ -138,6 +138,11 @@ class DeviceHandle:
         return self.capabilities.kind
 
     @property
+    def is_simulator(self) -> bool:
+        """Oclgrind and the like: correct but very slow, so never picked unless named."""
+        return "oclgrind" in self.platform_name.lower()
+
+    @property
     def spec(self) -> str:
         return f"{self.index[0]}:{self.index[1]}"
 
@@ -277,14 +282,15 @@ class DeviceManager:
         handles = self._require_devices()
         raw = spec.strip()
         key = raw.lower()
+        real = [h for h in handles if not h.is_simulator] or handles
         if key == "auto":
             for kind in _KIND_ORDER:
-                for h in handles:
+                for h in real:
                     if h.kind == kind:
                         return h
-            return handles[0]
+            return real[0]
         if key in _KIND_ORDER:
-            for h in handles:
+            for h in real:
                 if h.kind == key:
                     return h
             raise DeviceError(f"no {key} device is present; devices here:\n{self.listing()}")
@@ -296,7 +302,7 @@ class DeviceManager:
                     if h.index == want:
                         return h
                 raise DeviceError(f"no device at index {raw}; devices here:\n{self.listing()}")
-        for h in handles:
+        for h in sorted(handles, key=lambda h: h.is_simulator):
             hay = f"{h.platform_name} {h.device_name} {h.cl_device.vendor}".lower()
             if key and key in hay:
                 return h
@@ -308,7 +314,7 @@ class DeviceManager:
     def default(self, kind: str = "auto") -> DeviceHandle:
         """The device programs use: NETCL_DEVICE when set, otherwise `kind`.
 
-        "auto" prefers a GPU, then an accelerator, then the CPU.
+        "auto" prefers a GPU, then an accelerator, then the CPU; simulators (Oclgrind) only when named.
         """
         spec = config.device_spec() or kind
         with self._lock:

@@ -1,0 +1,153 @@
+"""Program build and caches, build errors, launch legality, thread safety, profiling."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import uuid
+
+import numpy as np
+import pytest
+
+from netcl import profiling
+from netcl.core import backend
+from netcl.core.backend import Queue, as_queue, build_program, count_launches, format_options, load_program
+from netcl.core.tensor import Tensor
+from netcl.errors import DeviceError, KernelBuildError, KernelLaunchError
+
+SCALE = """
+__kernel void scale(__global float *x, const float a, const int n) {
+    int i = get_global_id(0);
+    if (i < n) x[i] = x[i] * a + OFFSET;
+}
+"""
+
+
+def test_defines_specialise_and_memory_cache_hits(device, queue):
+    prg = build_program(device, SCALE, format_options({"OFFSET": "1.0f"}), name="scale")
+    again = build_program(device, SCALE, format_options({"OFFSET": "1.0f"}), name="scale")
+    other = build_program(device, SCALE, format_options({"OFFSET": "2.0f"}), name="scale")
+    assert prg is again and prg is not other
+    x = Tensor.from_host(queue, np.arange(37, dtype=np.float32))
+    other.scale(queue, (37,), None, x.buffer, np.float32(3.0), np.int32(37))
+    np.testing.assert_array_equal(x.to_host(), np.arange(37, dtype=np.float32) * 3 + 2)
+
+
+def test_disk_cache_serves_a_second_process(tmp_path):
+    src = SCALE.replace("scale", "scale_" + uuid.uuid4().hex[:8])
+    code = f"""
+import sys, numpy as np
+from netcl.core.device import manager
+from netcl.core.backend import build_program, format_options, build_stats
+d = manager.default()
+build_program(d, {src!r}, format_options({{"OFFSET": "0.0f"}}))
+print(build_stats.counts["source"], build_stats.counts["disk"])
+"""
+    env = {"NETCL_CACHE_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    import os
+
+    env = {**os.environ, **env}
+    first = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    second = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
+    assert first.stdout.split() == ["1", "0"]
+    assert second.stdout.split() == ["0", "1"]
+    assert list((tmp_path / "programs").glob("*.bin"))
+
+
+def test_build_error_carries_log_and_offending_line(device):
+    bad = "__kernel void broken(__global float *x) {\n    x[0] = 1.0f\n    undefined_fn(x);\n}\n"
+    with pytest.raises(KernelBuildError) as err:
+        build_program(device, bad, name="broken.cl")
+    e = err.value
+    assert e.log and "broken.cl" in str(e)
+    assert ">>    2 |     x[0] = 1.0f" in str(e) and ">>    3 |     undefined_fn(x);" in str(e)
+    assert e.source == bad
+
+
+def test_missing_kernel_name_and_file(device):
+    prg = build_program(device, SCALE, format_options({"OFFSET": "0.0f"}))
+    with pytest.raises(KernelBuildError, match="no kernel 'nope'"):
+        prg.kernel("nope")
+    with pytest.raises(KernelBuildError, match="no kernel file"):
+        load_program(device, "does_not_exist.cl")
+
+
+def test_illegal_local_size_is_refused(device, queue):
+    prg = build_program(device, SCALE, format_options({"OFFSET": "0.0f"}))
+    x = Tensor.zeros(queue, (8,))
+    too_big = device.capabilities.max_work_group_size * 2
+    with pytest.raises(KernelLaunchError, match="too large"):
+        prg.scale(queue, (too_big,), (too_big,), x.buffer, np.float32(1), np.int32(8))
+
+
+def test_global_size_rounds_up_to_local(device, queue):
+    prg = build_program(device, SCALE, format_options({"OFFSET": "1.0f"}))
+    x = Tensor.zeros(queue, (13,))
+    prg.scale(queue, (13,), (8,), x.buffer, np.float32(1), np.int32(13))
+    np.testing.assert_array_equal(x.to_host(), np.ones(13, np.float32))
+
+
+def test_launch_on_other_device_queue_is_refused(device):
+    class Fake:
+        pass
+
+    other_device = Fake()
+    other_device.describe = lambda: "[9:9] elsewhere"
+    fake_queue = Fake()
+    fake_queue.device = other_device
+    prg = build_program(device, SCALE, format_options({"OFFSET": "0.0f"}))
+    with pytest.raises(DeviceError, match="was built for"):
+        prg.scale(fake_queue, (1,), None)
+
+
+def test_raw_pyopencl_queue_is_refused(queue):
+    with pytest.raises(DeviceError, match="netcl Queue"):
+        as_queue(queue.cl)
+    assert as_queue(queue.device) is queue
+
+
+def test_threads_launch_on_one_device(device, queue):
+    prg = build_program(device, SCALE, format_options({"OFFSET": "0.0f"}))
+    n, threads, rounds = 1000, 4, 25
+    tensors = [Tensor.ones(queue, (n,)) for _ in range(threads)]
+    errors = []
+
+    def work(t):
+        try:
+            for _ in range(rounds):
+                prg.scale(queue, (n,), None, t.buffer, np.float32(1.5), np.int32(n))
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    pool = [threading.Thread(target=work, args=(t,)) for t in tensors]
+    with count_launches() as c:
+        for th in pool:
+            th.start()
+        for th in pool:
+            th.join()
+    assert not errors
+    assert c.count == threads * rounds
+    for t in tensors:
+        np.testing.assert_allclose(t.to_host(), np.full(n, 1.5**rounds, np.float32), rtol=1e-5)
+
+
+def test_profiling_table_counts_launches(device):
+    q = Queue(device, profiling=True)
+    prg = build_program(device, SCALE, format_options({"OFFSET": "0.0f"}))
+    x = Tensor.ones(q, (64,))
+    profiling.reset()
+    for _ in range(3):
+        prg.scale(q, (64,), None, x.buffer, np.float32(2), np.int32(64))
+    rows = {name: (calls, total) for name, calls, total, _ in profiling.table()}
+    assert rows["scale"][0] == 3 and rows["scale"][1] > 0
+    assert "scale" in profiling.report(file=open("/dev/null", "w"))
+
+
+def test_offending_lines_extraction():
+    src = "a\nb\nc\nd\n"
+    shown = backend._offending_lines("<source>:3:1: error: bad", src)
+    assert ">>    3 | c" in shown and "2 | b" in shown
+    pocl_style = backend._offending_lines("error: /tmp/x.cl:1:2: bad", src)
+    assert ">>    1 | a" in pocl_style

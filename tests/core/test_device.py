@@ -1,0 +1,93 @@
+"""Device discovery, NETCL_DEVICE selection, capabilities, and the no-platform message."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from netcl.core import device as device_mod
+from netcl.core.device import DeviceManager, manager
+from netcl.errors import DeviceError, NoPlatformError
+
+
+def test_auto_picks_a_device_with_a_queue(device):
+    assert device.queue.device is device
+    assert device.device_name
+    assert device.capabilities.opencl_version in device.backend
+    assert device.capabilities.global_mem >= device.capabilities.max_alloc > 0
+    assert device.capabilities.compute_units >= 1
+    assert device.capabilities.max_work_group_size >= 1
+
+
+def test_auto_prefers_gpu_then_accelerator_then_cpu():
+    kinds = [h.kind for h in manager.devices() if not h.is_simulator]
+    want = next((k for k in ("gpu", "accelerator", "cpu") if k in kinds), kinds[0])
+    assert manager.get("auto").kind == want
+
+
+def test_same_handle_for_same_device(device):
+    assert manager.get(device.spec) is device
+    assert manager.get(device.kind) is manager.get(device.kind)
+
+
+@pytest.mark.parametrize("spec_of", [lambda h: h.spec, lambda h: h.kind, lambda h: h.device_name.split()[0].lower()])
+def test_netcl_device_overrides_default(monkeypatch, device, spec_of):
+    monkeypatch.setenv("NETCL_DEVICE", spec_of(device))
+    fresh = DeviceManager()
+    fresh._handles = manager.devices()
+    assert fresh.default("gpu") is device  # the environment wins over the program's choice
+
+
+def test_unknown_netcl_device_lists_what_exists(monkeypatch, device):
+    monkeypatch.setenv("NETCL_DEVICE", "no-such-vendor-xyz")
+    fresh = DeviceManager()
+    fresh._handles = manager.devices()
+    with pytest.raises(DeviceError) as err:
+        fresh.default()
+    msg = str(err.value)
+    assert "no-such-vendor-xyz" in msg and device.device_name in msg and "P:D" in msg
+
+
+def test_bad_index_and_missing_kind(device):
+    with pytest.raises(DeviceError, match="no device at index 97:3"):
+        manager.get("97:3")
+    present = {h.kind for h in manager.devices() if not h.is_simulator}
+    missing = next((k for k in ("gpu", "accelerator", "cpu") if k not in present), None)
+    if missing is not None:
+        with pytest.raises(DeviceError, match=f"no {missing} device"):
+            manager.get(missing)
+
+
+def test_no_platform_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(device_mod, "_get_platforms", lambda: [])
+    with pytest.raises(NoPlatformError) as err:
+        DeviceManager().default()
+    assert "pocl" in str(err.value) and "driver" in str(err.value)
+
+
+def test_fp16_flag_needs_extension_and_probe(device):
+    if not device.capabilities.fp16_extension:
+        assert device.fp16 is False
+    else:
+        assert device._probe_fp16() == device.fp16
+
+
+def test_devices_cli_marks_default(device):
+    out = subprocess.run([sys.executable, "-m", "netcl.cli", "devices"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    line = next(ln for ln in out.stdout.splitlines() if "<- default" in ln)
+    assert device.device_name in line
+    assert "fp64" in out.stdout and "largest allocation" in out.stdout
+
+
+def test_devices_cli_without_platform(tmp_path):
+    # A process whose platform discovery finds nothing prints the install hint, not an OpenCL code.
+    code = (
+        "import netcl.core.device as d; d._get_platforms = lambda: []; "
+        "import sys; from netcl.cli import main; sys.exit(main(['devices']))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1
+    assert "pocl" in out.stderr and "PLATFORM_NOT_FOUND" not in out.stderr

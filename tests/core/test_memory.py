@@ -1,0 +1,145 @@
+"""BufferPool: size classes, reuse, stats, no leaks, out-of-memory handling; pinned staging."""
+
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import pyopencl as cl
+import pytest
+
+from netcl.core.memory import BufferPool, pinned_empty, size_class
+from netcl.core.tensor import Tensor
+from netcl.errors import OutOfMemoryError
+
+
+def test_size_classes_waste_at_most_a_quarter():
+    for n in [0, 1, 255, 256, 257, 4095, 4097, 10_000, 123_457, 1 << 20, (1 << 20) + 1, 987_654_321]:
+        c = size_class(n)
+        assert c >= max(n, 256)
+        assert c <= max(256, n * 1.25 + 256)
+    assert size_class(5000) == size_class(5100)
+
+
+def test_freed_tensors_return_to_pool_and_are_reused(device, queue):
+    pool = device.pool
+    gc.collect()
+    before = pool.stats()
+    t = Tensor.empty(queue, (1000, 3))
+    mid = pool.stats()
+    assert mid["in_use"] >= before["in_use"] + 12000
+    del t
+    gc.collect()
+    after_free = pool.stats()
+    assert after_free["in_use"] == before["in_use"]
+    assert after_free["cached"] >= size_class(12000)
+    allocations = pool.stats()["allocations"]
+    t2 = Tensor.empty(queue, (3000,), np.float32)
+    assert pool.stats()["allocations"] == allocations  # served from the cache
+    assert pool.stats()["hits"] > after_free["hits"]
+    del t2
+
+
+def test_views_keep_the_buffer_alive(device, queue):
+    a = Tensor.from_host(queue, np.arange(100, dtype=np.float32))
+    v = a[10:20]
+    del a
+    gc.collect()
+    np.testing.assert_array_equal(v.to_host(), np.arange(10, 20, dtype=np.float32))
+
+
+def test_no_leak_over_ten_thousand_steps(device, queue):
+    pool = device.pool
+    gc.collect()
+    start = pool.stats()
+    x = Tensor.zeros(queue, (64,))
+    for _ in range(10_000):
+        y = Tensor.empty(queue, (64,))
+        x = y
+    del x, y
+    gc.collect()
+    end = pool.stats()
+    assert end["in_use"] == start["in_use"]
+    assert end["allocations"] - start["allocations"] <= 2
+
+
+def test_stats_peak_and_empty_cache(device, queue):
+    pool = device.pool
+    t = Tensor.empty(queue, (1 << 18,))
+    assert pool.stats()["peak"] >= pool.stats()["in_use"] >= 1 << 20
+    del t
+    gc.collect()
+    assert pool.stats()["cached"] > 0
+    pool.empty_cache()
+    assert pool.stats()["cached"] == 0
+
+
+def test_request_above_largest_allocation_fails_before_opencl(device, queue):
+    huge = device.capabilities.max_alloc + 1
+    with pytest.raises(OutOfMemoryError) as err:
+        Tensor.empty(queue, (huge,), np.uint8)
+    msg = str(err.value)
+    assert str(huge) in msg and "largest single allocation" in msg and "Try" in msg
+
+
+class _Refusing(BufferPool):
+    """A pool whose device refuses the first `refusals` allocations."""
+
+    def __init__(self, device, refusals):
+        super().__init__(device)
+        self.refusals = refusals
+        self.emptied = 0
+
+    def _create_buffer(self, nbytes):
+        if self.refusals > 0:
+            self.refusals -= 1
+            raise MemoryError("forced allocation failure")
+        return super()._create_buffer(nbytes)
+
+    def empty_cache(self):
+        self.emptied += 1
+        super().empty_cache()
+
+
+def test_forced_failure_empties_cache_and_retries_once(device, queue):
+    pool = _Refusing(device, refusals=1)
+    s = pool.allocate(4096, queue)
+    assert pool.emptied == 1 and s.capacity >= 4096
+
+
+def test_forced_failure_twice_raises_out_of_memory_with_numbers(device, queue):
+    pool = _Refusing(device, refusals=2)
+    with pytest.raises(OutOfMemoryError) as err:
+        pool.allocate(5000, queue)
+    msg = str(err.value)
+    assert "5000 bytes" in msg and "Device total" in msg and "in use" in msg and "cached" in msg
+    assert pool.emptied == 1
+    assert pool.stats()["in_use"] == 0  # nothing was lost or half-counted
+
+
+def test_opencl_refusal_code_is_translated(device, queue):
+    class ClRefusing(BufferPool):
+        def _create_buffer(self, nbytes):
+            raise cl.MemoryError("clCreateBuffer failed: MEM_OBJECT_ALLOCATION_FAILURE")
+
+    with pytest.raises(OutOfMemoryError):
+        ClRefusing(device).allocate(1024, queue)
+
+
+def test_pinned_host_array_round_trip(queue):
+    host = pinned_empty(queue, (300, 7), np.float32)
+    host[...] = np.arange(2100, dtype=np.float32).reshape(300, 7)
+    t = Tensor.from_host(queue, host)
+    np.testing.assert_array_equal(t.to_host(), host)
+
+
+@pytest.mark.parametrize("pinned", [True, False])
+def test_large_transfers_chunked_through_staging(queue, pinned, rng):
+    n = (8 << 20) // 4 * 2 + 12345  # more than two staging chunks, not a multiple of one
+    a = rng.standard_normal(n).astype(np.float32)
+    t = Tensor.empty(queue, (n,))
+    t._write_contiguous(a, pinned=pinned)
+    a[:] = 0  # the caller may reuse its array as soon as the copy returns
+    back = t.to_host(pinned=pinned)
+    np.testing.assert_array_equal(back[:5], t[:5].to_host())
+    assert np.count_nonzero(back) > n * 0.99
