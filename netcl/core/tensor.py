@@ -206,9 +206,14 @@ class Tensor:
         return lo, hi
 
     # -- host transfers ---------------------------------------------------------------------
+    def _staged(self, nbytes: int, pinned: bool) -> bool:
+        # Pinned staging pays where a bus separates host and device; a CPU device shares host memory,
+        # so there it would only add a memcpy (bench/transfer.py measures both).
+        return pinned and nbytes >= (64 << 10) and self.device.kind != "cpu"
+
     def _write_contiguous(self, arr: np.ndarray, pinned: bool = True) -> None:
         byte_offset = self.offset * self.itemsize
-        if pinned and arr.nbytes >= (64 << 10):
+        if self._staged(arr.nbytes, pinned):
             self.queue.staging.write(self.buffer, byte_offset, arr)
         else:
             enqueue_copy(self.queue, self.buffer, arr, dst_offset=byte_offset, is_blocking=True)
@@ -220,7 +225,7 @@ class Tensor:
         if out.nbytes == 0:
             return out
         byte_offset = src.offset * src.itemsize
-        if pinned and out.nbytes >= (64 << 10):
+        if self._staged(out.nbytes, pinned):
             self.queue.staging.read(out, src.buffer, byte_offset)
         else:
             enqueue_copy(self.queue, out, src.buffer, src_offset=byte_offset, is_blocking=True)
