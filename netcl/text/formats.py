@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import regex
+
 from .errors import TokenizerFileError
 from .patterns import GPT2_PATTERN
 
@@ -192,9 +194,7 @@ def _find_pre_tokenizer_pattern(node: Any, path: str | os.PathLike) -> tuple[str
         if "Regex" in pattern:
             regex_source = pattern["Regex"]
         elif "String" in pattern:
-            import regex as _regex
-
-            regex_source = _regex.escape(pattern["String"])
+            regex_source = regex.escape(pattern["String"])
         else:
             raise TokenizerFileError(f"{path}: Split pre-tokenizer without a pattern")
         if node.get("behavior", "Isolated") != "Isolated" or node.get("invert", False):
@@ -300,12 +300,22 @@ def split_in_two(token: bytes, ranks: dict[bytes, int]) -> tuple[bytes, bytes] |
     return (parts[0], parts[1]) if len(parts) == 2 else None
 
 
+def onig_compatible(pattern: str) -> str:
+    """Rewrite a pattern so Hugging Face's Oniguruma engine reads it as the `regex` package does.
+
+    Oniguruma has ``?+ *+ ++`` as possessive quantifiers but parses ``{1,3}+`` as "one or more of
+    {1,3}", which changes cl100k's digit groups. A possessive counted repeat that ends an alternative
+    (next is ``|``, ``)`` or the end) matches exactly like the greedy one, so its ``+`` is dropped there.
+    """
+    return regex.sub(r"(?<!\\)(\{\d+(?:,\d*)?\})\+(?=\||\)|$)", r"\1", pattern)
+
+
 def write_hf(
     path: str | os.PathLike, ranks: dict[bytes, int], pattern: str | None, special_tokens: dict[str, int]
 ) -> None:
     """Write a Hugging Face ``tokenizer.json`` for byte-level BPE.
 
-    Merges are derived from the ranks (tiktoken's conversion): each multi-byte token, in rank order, is
+    The pre-split pattern goes through `onig_compatible`. Merges are derived from the ranks (tiktoken's conversion): each multi-byte token, in rank order, is
     split by merging its bytes with lower-ranked tokens only; the two final parts form its merge.
     """
     encode_chars = bytes_to_unicode()
@@ -323,7 +333,12 @@ def write_hf(
     if pattern is None:
         pre_tokenizer: dict[str, Any] = byte_level
     else:
-        split = {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": False}
+        split = {
+            "type": "Split",
+            "pattern": {"Regex": onig_compatible(pattern)},
+            "behavior": "Isolated",
+            "invert": False,
+        }
         pre_tokenizer = {"type": "Sequence", "pretokenizers": [split, byte_level]}
     doc = {
         "version": "1.0",
