@@ -1,0 +1,421 @@
+"""2-D convolution (NCHW): conv2d with its backward passes, conv_transpose2d, and the algorithm pick.
+
+Algorithms: 'direct' (register-blocked, barrier-free: the CPU shape), 'depthwise' (direct with one
+channel per work-item row), 'winograd' (F(2x2,3x3) for 3x3 stride-1 dilation-1 groups-1),
+'im2col' (im2col + the GEMM of netcl.ops.matmul). 'auto' picks by heuristic, after asking the
+tuning database (netcl.tune) when it exists.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from netcl.core import dtypes
+from netcl.core.backend import load_program
+from netcl.core.tensor import Tensor, check_same_queue
+from netcl.errors import DTypeError, ShapeError
+
+ALGORITHMS = ("auto", "direct", "depthwise", "winograd", "im2col")
+ACTIVATIONS = {None: 0, "relu": 1}
+_WINO_KB = 4
+
+
+# -- argument checks -----------------------------------------------------------------------------
+def _pair(value: Any, name: str, minimum: int) -> tuple[int, int]:
+    if isinstance(value, (int, np.integer)):
+        pair = (int(value), int(value))
+    else:
+        try:
+            pair = tuple(int(v) for v in value)
+        except TypeError:
+            raise ShapeError(f"{name} must be an int or a pair of ints, got {value!r}") from None
+        if len(pair) != 2:
+            raise ShapeError(f"{name} must be an int or a pair of ints, got {value!r}")
+    if min(pair) < minimum:
+        raise ShapeError(f"{name}={pair} must be >= {minimum}")
+    return pair  # type: ignore[return-value]
+
+
+def _float_dtype(op: str, *tensors: Tensor) -> np.dtype:
+    dt = tensors[0].dtype
+    for t in tensors:
+        if t.dtype != dt:
+            raise DTypeError(f"{op}: all tensors must share one dtype, got {[str(t.dtype) for t in tensors]}")
+    if dt not in (dtypes.float32, dtypes.float64):
+        raise DTypeError(f"{op} supports float32 and float64 tensors, got {dt}")
+    return dt
+
+
+def _defines(dt: np.dtype, **extra: Any) -> dict[str, Any]:
+    d: dict[str, Any] = {"T": dtypes.cl_storage_type(dt)}
+    if dt == dtypes.float64:
+        d["USE_FP64"] = None
+    d.update(extra)
+    return d
+
+
+def _activation(activation: str | None) -> int:
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {list(ACTIVATIONS)}, got {activation!r}")
+    return ACTIVATIONS[activation]
+
+
+def _output_size(size: int, k: int, s: int, p: int, d: int) -> int:
+    return (size + 2 * p - d * (k - 1) - 1) // s + 1
+
+
+class ConvParams:
+    """Checked geometry of one convolution: shapes, stride, padding, dilation, groups."""
+
+    def __init__(self, x_shape: Sequence[int], w_shape: Sequence[int], stride: Any, padding: Any,
+                 dilation: Any, groups: int, op: str = "conv2d"):
+        if len(x_shape) != 4:
+            raise ShapeError(f"{op}: input must be 4-D (N, C, H, W), got shape {tuple(x_shape)}")
+        if len(w_shape) != 4:
+            raise ShapeError(f"{op}: weight must be 4-D (K, C/groups, KH, KW), got shape {tuple(w_shape)}")
+        self.N, self.C, self.H, self.W = (int(v) for v in x_shape)
+        self.K, cg, self.KH, self.KW = (int(v) for v in w_shape)
+        if not isinstance(groups, (int, np.integer)) or groups < 1:
+            raise ShapeError(f"{op}: groups must be a positive int, got {groups!r}")
+        self.G = int(groups)
+        if self.C % self.G:
+            raise ShapeError(f"{op}: input channels C={self.C} (input shape {tuple(x_shape)}) are not "
+                             f"divisible by groups={self.G}")
+        if self.K % self.G:
+            raise ShapeError(f"{op}: output channels K={self.K} (weight shape {tuple(w_shape)}) are not "
+                             f"divisible by groups={self.G}")
+        if cg != self.C // self.G:
+            raise ShapeError(f"{op}: weight shape {tuple(w_shape)} has {cg} input channels per group but the "
+                             f"input shape {tuple(x_shape)} with groups={self.G} needs {self.C // self.G}; "
+                             "weight must be (K, C/groups, KH, KW)")
+        if self.KH < 1 or self.KW < 1:
+            raise ShapeError(f"{op}: kernel size {(self.KH, self.KW)} from weight shape {tuple(w_shape)} is empty")
+        self.SH, self.SW = _pair(stride, "stride", 1)
+        self.DH, self.DW = _pair(dilation, "dilation", 1)
+        if isinstance(padding, str):
+            if padding == "valid":
+                padding = 0
+            elif padding == "same":
+                if (self.SH, self.SW) != (1, 1):
+                    raise ShapeError(f"{op}: padding='same' needs stride 1, got stride {(self.SH, self.SW)}")
+                eh, ew = self.DH * (self.KH - 1), self.DW * (self.KW - 1)
+                if eh % 2 or ew % 2:
+                    raise ShapeError(f"{op}: padding='same' needs an even dilated kernel extent, got "
+                                     f"{(eh + 1, ew + 1)}; pad explicitly")
+                padding = (eh // 2, ew // 2)
+            else:
+                raise ShapeError(f"{op}: padding must be an int, a pair, 'same' or 'valid', got {padding!r}")
+        self.PH, self.PW = _pair(padding, "padding", 0)
+        self.OH = _output_size(self.H, self.KH, self.SH, self.PH, self.DH)
+        self.OW = _output_size(self.W, self.KW, self.SW, self.PW, self.DW)
+        if self.OH < 1 or self.OW < 1:
+            raise ShapeError(
+                f"{op}: kernel {(self.KH, self.KW)} with dilation {(self.DH, self.DW)} does not fit the input "
+                f"{(self.H, self.W)} padded by {(self.PH, self.PW)} (output would be {(self.OH, self.OW)}); "
+                "use a smaller kernel or more padding"
+            )
+
+    @property
+    def Cg(self) -> int:
+        return self.C // self.G
+
+    @property
+    def Kg(self) -> int:
+        return self.K // self.G
+
+    @property
+    def output_shape(self) -> tuple[int, int, int, int]:
+        return (self.N, self.K, self.OH, self.OW)
+
+    def geometry(self) -> list[np.int32]:
+        """Kernel arguments N..G in the order every conv kernel takes them."""
+        vals = (self.N, self.C, self.H, self.W, self.K, self.OH, self.OW, self.KH, self.KW,
+                self.SH, self.SW, self.PH, self.PW, self.DH, self.DW, self.G)
+        return [np.int32(v) for v in vals]
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.N * self.K * self.OH * self.OW * self.Cg * self.KH * self.KW
+
+    def key(self) -> tuple:
+        return (self.N, self.C, self.H, self.W, self.K, self.KH, self.KW, self.SH, self.SW, self.PH, self.PW,
+                self.DH, self.DW, self.G)
+
+
+# -- algorithm choice ----------------------------------------------------------------------------
+def _tuned_algorithm(device: Any, p: ConvParams, dt: np.dtype) -> str | None:
+    """Hook into the per-device tuning database (netcl.tune), if the GEMM engineer's module has one."""
+    try:
+        from netcl import tune  # noqa: PLC0415
+    except ImportError:
+        return None
+    lookup = getattr(tune, "lookup", None)
+    if lookup is None:
+        return None
+    try:
+        found = lookup(device, "conv2d.algorithm", (str(dt),) + p.key())
+    except Exception:  # a tuning database that cannot answer must never break a convolution
+        return None
+    return found if found in ALGORITHMS[1:] else None
+
+
+def _have_matmul() -> bool:
+    try:
+        from netcl.ops import matmul as _m  # noqa: F401, PLC0415
+    except ImportError:
+        return False
+    return hasattr(_m, "matmul")
+
+
+def winograd_applicable(p: ConvParams) -> bool:
+    return (p.KH, p.KW, p.SH, p.SW, p.DH, p.DW, p.G) == (3, 3, 1, 1, 1, 1, 1)
+
+
+def select_algorithm(device: Any, p: ConvParams, dt: np.dtype) -> str:
+    """The algorithm 'auto' uses for this geometry on this device."""
+    tuned = _tuned_algorithm(device, p, dt)
+    if tuned is not None and (tuned != "winograd" or winograd_applicable(p)) and (
+        tuned != "im2col" or _have_matmul()
+    ):
+        return tuned
+    if p.G > 1 and p.Cg == 1:
+        return "depthwise"
+    if winograd_applicable(p) and p.C >= 8 and p.K >= 8:
+        return "winograd"
+    if device.capabilities.kind != "cpu" and p.G == 1 and _have_matmul():
+        return "im2col"
+    return "direct"
+
+
+# -- forward -------------------------------------------------------------------------------------
+def _direct_tiles(device: Any, p: ConvParams, depthwise: bool) -> tuple[int, int]:
+    if depthwise:
+        return 1, 8
+    kb = 8 if p.Kg >= 8 else (4 if p.Kg >= 4 else 1)
+    return kb, 4 if device.capabilities.kind == "cpu" else 2
+
+
+def _conv_direct(x: Tensor, w: Tensor, bias: Tensor | None, out: Tensor, p: ConvParams, act: int,
+                 depthwise: bool) -> None:
+    kb, owb = _direct_tiles(x.device, p, depthwise)
+    prg = load_program(x.device, "conv_direct.cl", _defines(x.dtype, KB=kb, OWB=owb, ACTIVATION=act))
+    kblocks = p.G * math.ceil(p.Kg / kb)
+    b = bias if bias is not None else out
+    prg.conv2d_direct(x.queue, (math.ceil(p.OW / owb), p.OH, p.N * kblocks), None,
+                      x.buffer, np.int64(x.offset), w.buffer, np.int64(w.offset), b.buffer, np.int64(b.offset),
+                      np.int32(bias is not None), out.buffer, np.int64(out.offset), *p.geometry())
+
+
+def winograd_transform_weight(w: Tensor, kb: int = _WINO_KB) -> Tensor:
+    """U = G g G^T for every (k, c) filter of a (K, C, 3, 3) weight, laid out (C, K rounded up to kb, 16)."""
+    K, C = w.shape[0], w.shape[1]
+    kpad = math.ceil(K / kb) * kb
+    u = Tensor.zeros(w.queue, (C, kpad, 16), w.dtype)
+    prg = load_program(w.device, "winograd.cl", _defines(w.dtype, KB=kb))
+    prg.winograd_filter_2x2_3x3(w.queue, (K * C,), None, w.buffer, np.int64(w.offset), u.buffer,
+                                np.int32(K), np.int32(C), np.int32(kpad))
+    return u
+
+
+def _conv_winograd(x: Tensor, w: Tensor, bias: Tensor | None, out: Tensor, p: ConvParams, act: int) -> None:
+    kb = _WINO_KB
+    u = winograd_transform_weight(w, kb)
+    kpad = u.shape[1]
+    prg = load_program(x.device, "winograd.cl", _defines(x.dtype, KB=kb, ACTIVATION=act))
+    b = bias if bias is not None else out
+    prg.winograd_2x2_3x3(x.queue, (math.ceil(p.OW / 2), math.ceil(p.OH / 2), p.N * (kpad // kb)), None,
+                         x.buffer, np.int64(x.offset), u.buffer, b.buffer, np.int64(b.offset),
+                         np.int32(bias is not None), out.buffer, np.int64(out.offset),
+                         np.int32(p.N), np.int32(p.C), np.int32(p.H), np.int32(p.W), np.int32(p.K),
+                         np.int32(kpad), np.int32(p.OH), np.int32(p.OW), np.int32(p.PH), np.int32(p.PW))
+
+
+def _im2col_chunk(p: ConvParams, itemsize: int, budget: int = 256 << 20) -> int:
+    per_image = p.C * p.KH * p.KW * p.OH * p.OW * itemsize
+    return max(1, min(p.N, budget // max(per_image, 1)))
+
+
+def _im2col(x: Tensor, p: ConvParams, n0: int, nb: int) -> Tensor:
+    cols = Tensor.empty(x.queue, (nb, p.G, p.Cg * p.KH * p.KW, p.OH * p.OW), x.dtype)
+    prg = load_program(x.device, "im2col.cl", _defines(x.dtype))
+    g = p.geometry()
+    prg.im2col(x.queue, (p.OH * p.OW, p.Cg * p.KH * p.KW, nb * p.G), None, x.buffer, np.int64(x.offset),
+               cols.buffer, np.int32(n0), np.int32(nb), g[1], g[2], g[3], *g[5:])
+    return cols
+
+
+def _conv_im2col(x: Tensor, w: Tensor, bias: Tensor | None, out: Tensor, p: ConvParams,
+                 activation: str | None) -> None:
+    from netcl.ops import matmul as mm  # noqa: PLC0415
+
+    wg = w.reshape(p.G, p.Kg, p.Cg * p.KH * p.KW)
+    chunk = _im2col_chunk(p, x.itemsize)
+    for n0 in range(0, p.N, chunk):
+        nb = min(chunk, p.N - n0)
+        cols = _im2col(x, p, n0, nb)
+        # y[n, g] (Kg x OHOW) = w[g] @ cols[n, g]; the bias runs along rows, so compute the transpose
+        # (OHOW x Kg) = cols^T @ w^T where bias is per column, and write it through a transposed view.
+        target = out[n0:n0 + nb].reshape(nb, p.G, p.Kg, p.OH * p.OW)
+        res = mm.matmul_epilogue(cols.transpose(-1, -2), wg.transpose(-1, -2), bias=(
+            bias.reshape(p.G, 1, p.Kg) if bias is not None else None), activation=activation)
+        target.copy_(res.transpose(-1, -2))
+
+
+def conv2d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 1, padding: Any = 0,
+           dilation: Any = 1, groups: int = 1, activation: str | None = None,
+           algorithm: str = "auto") -> Tensor:
+    """y = act(conv(x, weight) + bias), NCHW; weight (K, C/groups, KH, KW), bias (K,).
+
+    activation: None or 'relu' (fused into the kernel's output stage). algorithm: one of ALGORITHMS.
+    """
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
+    act = _activation(activation)
+    tensors = (x, weight) if bias is None else (x, weight, bias)
+    check_same_queue(*tensors)
+    dt = _float_dtype("conv2d", *tensors)
+    p = ConvParams(x.shape, weight.shape, stride, padding, dilation, groups)
+    if bias is not None and tuple(bias.shape) != (p.K,):
+        raise ShapeError(f"conv2d: bias must have shape ({p.K},) for weight shape {weight.shape}, got {bias.shape}")
+    algo = select_algorithm(x.device, p, dt) if algorithm == "auto" else algorithm
+    if algo == "winograd" and not winograd_applicable(p):
+        raise ShapeError(f"conv2d: algorithm='winograd' needs a 3x3 kernel, stride 1, dilation 1, groups 1; "
+                         f"got kernel {(p.KH, p.KW)}, stride {(p.SH, p.SW)}, dilation {(p.DH, p.DW)}, "
+                         f"groups {p.G}")
+    if algo == "depthwise" and p.Cg != 1:
+        raise ShapeError(f"conv2d: algorithm='depthwise' needs groups == C (one input channel per group); "
+                         f"got C={p.C}, groups={p.G}")
+    if algo == "im2col" and not _have_matmul():
+        algo = "direct"  # the GEMM is not available in this build
+    x, weight = x.contiguous(), weight.contiguous()
+    bias = bias.contiguous() if bias is not None else None
+    out = Tensor.empty(x.queue, p.output_shape, dt)
+    if out.size == 0:
+        return out
+    if algo == "winograd":
+        _conv_winograd(x, weight, bias, out, p, act)
+    elif algo == "im2col":
+        _conv_im2col(x, weight, bias, out, p, activation)
+    else:
+        _conv_direct(x, weight, bias, out, p, act, depthwise=(algo == "depthwise"))
+    return out
+
+
+def conv2d_relu(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 1, padding: Any = 0,
+                dilation: Any = 1, groups: int = 1, algorithm: str = "auto") -> Tensor:
+    """relu(conv2d(x, weight) + bias) with the bias and relu in the convolution's output stage."""
+    return conv2d(x, weight, bias, stride, padding, dilation, groups, activation="relu", algorithm=algorithm)
+
+
+# -- backward ------------------------------------------------------------------------------------
+def _check_grad_out(op: str, grad_out: Tensor, p: ConvParams) -> None:
+    if tuple(grad_out.shape) != p.output_shape:
+        raise ShapeError(f"{op}: grad_out has shape {tuple(grad_out.shape)} but the convolution's output "
+                         f"shape is {p.output_shape}")
+
+
+def conv2d_backward_input(grad_out: Tensor, weight: Tensor, input_shape: Sequence[int], stride: Any = 1,
+                          padding: Any = 0, dilation: Any = 1, groups: int = 1) -> Tensor:
+    """d(loss)/d(x) of conv2d, shape `input_shape`: a transposed convolution of grad_out by weight."""
+    check_same_queue(grad_out, weight)
+    dt = _float_dtype("conv2d_backward_input", grad_out, weight)
+    p = ConvParams(tuple(input_shape), weight.shape, stride, padding, dilation, groups,
+                   op="conv2d_backward_input")
+    _check_grad_out("conv2d_backward_input", grad_out, p)
+    gx = Tensor.empty(grad_out.queue, (p.N, p.C, p.H, p.W), dt)
+    if gx.size:
+        _backward_input_into(grad_out.contiguous(), weight.contiguous(), None, gx, p, 0)
+    return gx
+
+
+def _backward_input_into(gy: Tensor, w: Tensor, bias: Tensor | None, gx: Tensor, p: ConvParams, act: int) -> None:
+    prg = load_program(gy.device, "conv_direct.cl", _defines(gy.dtype, ACTIVATION=act))
+    b = bias if bias is not None else gx
+    prg.conv2d_backward_input(gy.queue, (p.W, p.H, p.N * p.C), None, gy.buffer, np.int64(gy.offset),
+                              w.buffer, np.int64(w.offset), b.buffer, np.int64(b.offset),
+                              np.int32(bias is not None), gx.buffer, np.int64(gx.offset), *p.geometry())
+
+
+def conv2d_backward_weight(x: Tensor, grad_out: Tensor, weight_shape: Sequence[int], stride: Any = 1,
+                           padding: Any = 0, dilation: Any = 1, groups: int = 1) -> Tensor:
+    """d(loss)/d(weight) of conv2d, shape `weight_shape` (K, C/groups, KH, KW)."""
+    check_same_queue(x, grad_out)
+    dt = _float_dtype("conv2d_backward_weight", x, grad_out)
+    p = ConvParams(x.shape, tuple(weight_shape), stride, padding, dilation, groups, op="conv2d_backward_weight")
+    _check_grad_out("conv2d_backward_weight", grad_out, p)
+    gw = Tensor.empty(x.queue, (p.K, p.Cg, p.KH, p.KW), dt)
+    x, grad_out = x.contiguous(), grad_out.contiguous()
+    prg = load_program(x.device, "conv_direct.cl", _defines(dt))
+    prg.conv2d_backward_weight(x.queue, (p.Cg * p.KH * p.KW, p.K), None, x.buffer, np.int64(x.offset),
+                               grad_out.buffer, np.int64(grad_out.offset), gw.buffer, np.int64(gw.offset),
+                               *p.geometry())
+    return gw
+
+
+def conv2d_backward_bias(grad_out: Tensor) -> Tensor:
+    """d(loss)/d(bias) of conv2d: grad_out summed over N, H, W -> (K,)."""
+    if grad_out.ndim != 4:
+        raise ShapeError(f"conv2d_backward_bias: grad_out must be 4-D (N, K, OH, OW), got {grad_out.shape}")
+    dt = _float_dtype("conv2d_backward_bias", grad_out)
+    g = grad_out.contiguous()
+    n, k, oh, ow = g.shape
+    gb = Tensor.empty(g.queue, (k,), dt)
+    prg = load_program(g.device, "conv_direct.cl", _defines(dt))
+    prg.conv2d_backward_bias(g.queue, (k,), None, g.buffer, np.int64(g.offset), gb.buffer, np.int64(0),
+                             np.int32(n), np.int32(k), np.int32(oh * ow))
+    return gb
+
+
+# -- transposed convolution ----------------------------------------------------------------------
+def conv_transpose2d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 1, padding: Any = 0,
+                     output_padding: Any = 0, groups: int = 1, dilation: Any = 1,
+                     activation: str | None = None) -> Tensor:
+    """Transposed convolution (the gradient of conv2d w.r.t. its input), PyTorch's layout:
+    x (N, Cin, H, W), weight (Cin, Cout/groups, KH, KW), bias (Cout,) -> (N, Cout, Hout, Wout) with
+    Hout = (H - 1)*stride - 2*padding + dilation*(KH - 1) + output_padding + 1.
+    """
+    act = _activation(activation)
+    tensors = (x, weight) if bias is None else (x, weight, bias)
+    check_same_queue(*tensors)
+    dt = _float_dtype("conv_transpose2d", *tensors)
+    if x.ndim != 4 or weight.ndim != 4:
+        raise ShapeError(f"conv_transpose2d: input and weight must be 4-D, got {x.shape} and {weight.shape}")
+    if not isinstance(groups, (int, np.integer)) or groups < 1:
+        raise ShapeError(f"conv_transpose2d: groups must be a positive int, got {groups!r}")
+    n, cin, h, w_ = x.shape
+    if weight.shape[0] != cin:
+        raise ShapeError(f"conv_transpose2d: weight shape {weight.shape} must start with the input's "
+                         f"{cin} channels (input shape {x.shape}); weight is (Cin, Cout/groups, KH, KW)")
+    if cin % groups:
+        raise ShapeError(f"conv_transpose2d: input channels {cin} (input shape {x.shape}) are not divisible by "
+                         f"groups={groups}")
+    cout = weight.shape[1] * groups
+    kh, kw = weight.shape[2], weight.shape[3]
+    sh, sw = _pair(stride, "stride", 1)
+    ph, pw = _pair(padding, "padding", 0)
+    dh, dw = _pair(dilation, "dilation", 1)
+    oph, opw = _pair(output_padding, "output_padding", 0)
+    if oph >= max(sh, dh) or opw >= max(sw, dw):
+        raise ShapeError(f"conv_transpose2d: output_padding {(oph, opw)} must be smaller than stride "
+                         f"{(sh, sw)} or dilation {(dh, dw)}")
+    hout = (h - 1) * sh - 2 * ph + dh * (kh - 1) + oph + 1
+    wout = (w_ - 1) * sw - 2 * pw + dw * (kw - 1) + opw + 1
+    if hout < 1 or wout < 1:
+        raise ShapeError(f"conv_transpose2d: output size {(hout, wout)} from input {x.shape}, kernel {(kh, kw)}, "
+                         f"stride {(sh, sw)}, padding {(ph, pw)} is empty")
+    if bias is not None and tuple(bias.shape) != (cout,):
+        raise ShapeError(f"conv_transpose2d: bias must have shape ({cout},), got {bias.shape}")
+    # the forward conv this transposes maps (N, Cout, Hout, Wout) -> (N, Cin, H, W) with weight (Cin, Cout/g, ..)
+    p = ConvParams((n, cout, hout, wout), weight.shape, (sh, sw), (ph, pw), (dh, dw), groups,
+                   op="conv_transpose2d")
+    if (p.OH, p.OW) != (h, w_):
+        raise ShapeError(f"conv_transpose2d: inconsistent geometry: input {x.shape} vs derived {p.output_shape}")
+    out = Tensor.empty(x.queue, (n, cout, hout, wout), dt)
+    if out.size:
+        _backward_input_into(x.contiguous(), weight.contiguous(), bias.contiguous() if bias is not None else None,
+                             out, p, act)
+    return out

@@ -1,0 +1,223 @@
+"""conv2d forward/backward, conv_transpose2d, algorithms, Winograd's error bound, errors (netcl/ops/conv.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from netcl.core.tensor import Tensor
+from netcl.errors import DTypeError, ShapeError
+from netcl.ops import conv as C
+from tests.reference import assert_close
+
+
+# -- float64 NumPy references --------------------------------------------------------------------
+def _geom(x_shape, w_shape, stride, pad, dil):
+    (sh, sw), (ph, pw), (dh, dw) = stride, pad, dil
+    _, _, h, w = x_shape
+    _, _, kh, kw = w_shape
+    oh = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+    ow = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    return oh, ow
+
+
+def _windows(kh, kw, stride, dil, oh, ow):
+    (sh, sw), (dh, dw) = stride, dil
+    for i in range(kh):
+        for j in range(kw):
+            yield i, j, np.s_[:, :, i * dh: i * dh + sh * (oh - 1) + 1: sh, j * dw: j * dw + sw * (ow - 1) + 1: sw]
+
+
+def ref_conv(x, w, b=None, stride=(1, 1), pad=(0, 0), dil=(1, 1), groups=1, relu=False):
+    x, w = x.astype(np.float64), w.astype(np.float64)
+    n, c, _, _ = x.shape
+    k, cg, kh, kw = w.shape
+    oh, ow = _geom(x.shape, w.shape, stride, pad, dil)
+    xp = np.pad(x, ((0, 0), (0, 0), (pad[0], pad[0]), (pad[1], pad[1])))
+    out = np.zeros((n, k, oh, ow))
+    kg = k // groups
+    for g in range(groups):
+        xg = xp[:, g * cg:(g + 1) * cg]
+        for i, j, sl in _windows(kh, kw, stride, dil, oh, ow):
+            out[:, g * kg:(g + 1) * kg] += np.einsum("nchw,kc->nkhw", xg[sl], w[g * kg:(g + 1) * kg, :, i, j])
+    if b is not None:
+        out += b.astype(np.float64)[None, :, None, None]
+    return np.maximum(out, 0) if relu else out
+
+
+def ref_conv_backward(x_shape, w, gy, stride=(1, 1), pad=(0, 0), dil=(1, 1), groups=1, x=None):
+    """(grad_x, grad_w) of conv2d by the adjoint of ref_conv's sums."""
+    n, c, h, wd = x_shape
+    k, cg, kh, kw = w.shape
+    oh, ow = gy.shape[2:]
+    kg = k // groups
+    gxp = np.zeros((n, c, h + 2 * pad[0], wd + 2 * pad[1]))
+    gw = np.zeros(w.shape)
+    xp = None if x is None else np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pad[0], pad[0]), (pad[1], pad[1])))
+    for g in range(groups):
+        cs, ks = slice(g * cg, (g + 1) * cg), slice(g * kg, (g + 1) * kg)
+        for i, j, sl in _windows(kh, kw, stride, dil, oh, ow):
+            gxp[:, cs][sl] += np.einsum("nkhw,kc->nchw", gy[:, ks], w[ks, :, i, j])
+            if xp is not None:
+                gw[ks, :, i, j] = np.einsum("nkhw,nchw->kc", gy[:, ks], xp[:, cs][sl])
+    gx = gxp[:, :, pad[0]:pad[0] + h, pad[1]:pad[1] + wd]
+    return gx, gw
+
+
+def _data(rng, shape, dt=np.float32):
+    return rng.standard_normal(shape).astype(dt)
+
+
+# -- forward -------------------------------------------------------------------------------------
+CASES = [
+    # (N, C, H, W), (K, Cg, KH, KW), stride, padding, dilation, groups, algorithm
+    ((2, 3, 7, 9), (5, 3, 3, 3), 1, 1, 1, 1, "direct"),
+    ((1, 4, 13, 11), (17, 4, 3, 2), 2, (1, 2), 2, 1, "direct"),
+    ((3, 6, 9, 8), (9, 2, 3, 3), (1, 2), 1, 1, 3, "auto"),        # grouped
+    ((2, 5, 10, 7), (10, 1, 3, 3), 1, 1, 1, 5, "auto"),           # depthwise, multiplier 2
+    ((2, 9, 11, 13), (7, 9, 3, 3), 1, 1, 1, 1, "winograd"),
+    ((1, 8, 6, 5), (8, 8, 3, 3), 1, 0, 1, 1, "winograd"),         # odd output, no padding
+    ((2, 3, 5, 5), (4, 3, 1, 1), 1, 0, 1, 1, "auto"),             # 1x1
+]
+
+
+@pytest.mark.parametrize("xs,ws,stride,pad,dil,groups,algo", CASES)
+def test_conv2d_forward_matches_reference(queue, rng, xs, ws, stride, pad, dil, groups, algo):
+    x, w, b = _data(rng, xs), _data(rng, ws), _data(rng, (ws[0],))
+    p = C.ConvParams(xs, ws, stride, pad, dil, groups)
+    out = C.conv2d(Tensor.from_host(queue, x), Tensor.from_host(queue, w), Tensor.from_host(queue, b),
+                   stride=stride, padding=pad, dilation=dil, groups=groups, algorithm=algo)
+    want = ref_conv(x, w, b, (p.SH, p.SW), (p.PH, p.PW), (p.DH, p.DW), groups)
+    assert_close(out, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("algo", ["direct", "winograd", "im2col"])
+def test_conv2d_relu_fused_and_no_bias(queue, rng, algo):
+    x, w, b = _data(rng, (2, 8, 9, 7)), _data(rng, (8, 8, 3, 3)), _data(rng, (8,))
+    xt, wt = Tensor.from_host(queue, x), Tensor.from_host(queue, w)
+    out = C.conv2d_relu(xt, wt, Tensor.from_host(queue, b), padding=1, algorithm=algo)
+    assert_close(out, ref_conv(x, w, b, pad=(1, 1), relu=True), rtol=1e-4, atol=1e-4)
+    out = C.conv2d(xt, wt, padding=1, algorithm=algo)
+    assert_close(out, ref_conv(x, w, pad=(1, 1)), rtol=1e-4, atol=1e-4)
+
+
+def test_conv2d_float64_and_noncontiguous_input(queue, rng):
+    x = _data(rng, (2, 7, 6, 3), np.float64)  # stored NHWC, viewed as NCHW
+    w = _data(rng, (4, 3, 2, 3), np.float64)
+    xt = Tensor.from_host(queue, x).permute(0, 3, 1, 2)
+    out = C.conv2d(xt, Tensor.from_host(queue, w), stride=(2, 1), padding=1)
+    assert_close(out, ref_conv(x.transpose(0, 3, 1, 2), w, stride=(2, 1), pad=(1, 1)), rtol=1e-12, atol=1e-12)
+
+
+def test_auto_picks_by_shape(device):
+    assert C.select_algorithm(device, C.ConvParams((1, 8, 8, 8), (8, 1, 3, 3), 1, 1, 1, 8), np.float32) == "depthwise"
+    assert C.select_algorithm(device, C.ConvParams((1, 16, 8, 8), (16, 16, 3, 3), 1, 1, 1, 1), np.float32) == "winograd"
+    assert C.select_algorithm(device, C.ConvParams((1, 16, 8, 8), (16, 16, 3, 3), 2, 1, 1, 1), np.float32) != "winograd"
+
+
+def test_winograd_error_bound(queue, rng):
+    """Winograd F(2x2,3x3) error, stated: |y - y_exact| <= 4 * eps32 * sqrt(9C) * (|x| conv |w|).
+
+    The bound is relative to the conv of absolute values (the error scale of any float32 dot
+    product of length 9C); direct float32 convolution meets the same bound with ~2x margin less.
+    """
+    xs, ws = (2, 32, 14, 13), (16, 32, 3, 3)
+    x, w = _data(rng, xs), _data(rng, ws)
+    xt, wt = Tensor.from_host(queue, x), Tensor.from_host(queue, w)
+    exact = ref_conv(x, w, pad=(1, 1))
+    scale = ref_conv(np.abs(x), np.abs(w), pad=(1, 1))
+    eps = np.finfo(np.float32).eps
+    bound = 4 * eps * np.sqrt(9 * xs[1]) * scale
+    wino = C.conv2d(xt, wt, padding=1, algorithm="winograd").to_host().astype(np.float64)
+    direct = C.conv2d(xt, wt, padding=1, algorithm="direct").to_host().astype(np.float64)
+    assert np.all(np.abs(wino - exact) <= bound), np.max(np.abs(wino - exact) / bound)
+    assert np.all(np.abs(direct - exact) <= bound)
+    # and Winograd is at most a small constant worse than direct on the same data
+    assert np.max(np.abs(wino - exact) / scale) <= 8 * max(np.max(np.abs(direct - exact) / scale), eps)
+
+
+# -- backward ------------------------------------------------------------------------------------
+BACKWARD_CASES = [
+    ((2, 3, 7, 6), (4, 3, 3, 3), 1, 1, 1, 1),
+    ((1, 4, 9, 8), (6, 2, 3, 2), 2, (2, 1), (1, 2), 2),
+    ((2, 3, 5, 6), (3, 1, 3, 3), 1, 1, 1, 3),
+]
+
+
+@pytest.mark.parametrize("xs,ws,stride,pad,dil,groups", BACKWARD_CASES)
+def test_conv2d_backward_matches_adjoint(queue, rng, xs, ws, stride, pad, dil, groups):
+    p = C.ConvParams(xs, ws, stride, pad, dil, groups)
+    x, w = _data(rng, xs, np.float64), _data(rng, ws, np.float64)
+    gy = _data(rng, p.output_shape, np.float64)
+    gx_ref, gw_ref = ref_conv_backward(xs, w, gy, (p.SH, p.SW), (p.PH, p.PW), (p.DH, p.DW), groups, x=x)
+    kw = dict(stride=stride, padding=pad, dilation=dil, groups=groups)
+    gyt = Tensor.from_host(queue, gy)
+    gx = C.conv2d_backward_input(gyt, Tensor.from_host(queue, w), xs, **kw)
+    gw = C.conv2d_backward_weight(Tensor.from_host(queue, x), gyt, ws, **kw)
+    assert_close(gx, gx_ref, rtol=1e-12, atol=1e-12)
+    assert_close(gw, gw_ref, rtol=1e-12, atol=1e-12)
+    assert_close(C.conv2d_backward_bias(gyt), gy.sum(axis=(0, 2, 3)), rtol=1e-12, atol=1e-12)
+
+
+def test_conv2d_backward_finite_differences(queue, rng):
+    """Directional derivative of L = sum(conv(x, w) * gy) agrees with the analytic gradients (float64)."""
+    xs, ws, kw = (1, 2, 5, 4), (3, 2, 3, 2), dict(stride=(2, 1), padding=1, dilation=(1, 2))
+    x, w = _data(rng, xs, np.float64), _data(rng, ws, np.float64)
+    p = C.ConvParams(xs, ws, **kw, groups=1)
+    gy = _data(rng, p.output_shape, np.float64)
+
+    def loss(xa, wa):
+        return float(np.sum(C.conv2d(Tensor.from_host(queue, xa), Tensor.from_host(queue, wa), **kw).to_host() * gy))
+
+    gyt = Tensor.from_host(queue, gy)
+    gx = C.conv2d_backward_input(gyt, Tensor.from_host(queue, w), xs, **kw).to_host()
+    gw = C.conv2d_backward_weight(Tensor.from_host(queue, x), gyt, ws, **kw).to_host()
+    dx, dw, h = _data(rng, xs, np.float64), _data(rng, ws, np.float64), 1e-6
+    fd_x = (loss(x + h * dx, w) - loss(x - h * dx, w)) / (2 * h)
+    fd_w = (loss(x, w + h * dw) - loss(x, w - h * dw)) / (2 * h)
+    assert fd_x == pytest.approx(np.sum(gx * dx), rel=1e-7)
+    assert fd_w == pytest.approx(np.sum(gw * dw), rel=1e-7)
+
+
+@pytest.mark.parametrize("stride,pad,outpad,dil,groups", [(2, 1, 1, 1, 1), (1, 0, 0, 2, 2), (3, 2, 2, 1, 1)])
+def test_conv_transpose2d_is_conv_adjoint(queue, rng, stride, pad, outpad, dil, groups):
+    x = _data(rng, (2, 4, 5, 3), np.float64)
+    w = _data(rng, (4, 3, 3, 2), np.float64)  # (Cin, Cout/groups, KH, KW)
+    b = _data(rng, (3 * groups,), np.float64)
+    out = C.conv_transpose2d(Tensor.from_host(queue, x), Tensor.from_host(queue, w), Tensor.from_host(queue, b),
+                             stride=stride, padding=pad, output_padding=outpad, groups=groups, dilation=dil)
+    hout = (5 - 1) * stride - 2 * pad + dil * 2 + outpad + 1
+    wout = (3 - 1) * stride - 2 * pad + dil * 1 + outpad + 1
+    want, _ = ref_conv_backward((2, 3 * groups, hout, wout), w, x, (stride,) * 2, (pad,) * 2, (dil,) * 2, groups)
+    assert_close(out, want + b[None, :, None, None], rtol=1e-12, atol=1e-12)
+
+
+# -- errors --------------------------------------------------------------------------------------
+def test_conv2d_errors_name_the_fault(queue):
+    x = Tensor.zeros(queue, (1, 6, 5, 5))
+    with pytest.raises(ShapeError, match=r"groups=4"):
+        C.conv2d(x, Tensor.zeros(queue, (4, 1, 3, 3)), groups=4)
+    with pytest.raises(ShapeError, match=r"weight shape \(4, 2, 3, 3\).*\(1, 6, 5, 5\)"):
+        C.conv2d(x, Tensor.zeros(queue, (4, 2, 3, 3)))
+    with pytest.raises(ShapeError, match=r"kernel \(7, 7\).*padding"):
+        C.conv2d(x, Tensor.zeros(queue, (4, 6, 7, 7)))
+    with pytest.raises(ShapeError, match=r"stride"):
+        C.conv2d(x, Tensor.zeros(queue, (4, 6, 3, 3)), stride=0)
+    with pytest.raises(ShapeError, match=r"padding"):
+        C.conv2d(x, Tensor.zeros(queue, (4, 6, 3, 3)), padding=-1)
+    with pytest.raises(ShapeError, match=r"4-D"):
+        C.conv2d(Tensor.zeros(queue, (6, 5, 5)), Tensor.zeros(queue, (4, 6, 3, 3)))
+    with pytest.raises(ShapeError, match=r"winograd"):
+        C.conv2d(x, Tensor.zeros(queue, (4, 6, 3, 3)), stride=2, algorithm="winograd")
+    with pytest.raises(ShapeError, match=r"bias"):
+        C.conv2d(x, Tensor.zeros(queue, (4, 6, 3, 3)), Tensor.zeros(queue, (5,)))
+    with pytest.raises(DTypeError):
+        C.conv2d(x, Tensor.zeros(queue, (4, 6, 3, 3), np.float64))
+    with pytest.raises(ShapeError, match=r"grad_out"):
+        C.conv2d_backward_input(Tensor.zeros(queue, (1, 4, 2, 2)), Tensor.zeros(queue, (4, 6, 3, 3)), x.shape)
+
+
+def test_padding_same(queue, rng):
+    x, w = _data(rng, (1, 2, 6, 5)), _data(rng, (3, 2, 3, 5))
+    out = C.conv2d(Tensor.from_host(queue, x), Tensor.from_host(queue, w), padding="same")
+    assert_close(out, ref_conv(x, w, pad=(1, 2)), rtol=1e-4, atol=1e-4)
