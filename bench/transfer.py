@@ -61,9 +61,11 @@ def bandwidth_rows(dev, sizes_mb, repeat):
             "h2d pageable": h2d(pageable),
             "h2d pinned": h2d(pinned),
             "h2d netcl from_host (staged)": lambda: (t._write_contiguous(pageable, pinned=True), q.finish()),
+            "h2d netcl from_host (pinned src)": lambda: (t._write_contiguous(pinned, pinned=True), q.finish()),
             "d2h pageable": d2h(out_pageable),
             "d2h pinned": d2h(pinned),
-            "d2h netcl to_host (staged)": lambda: t.to_host(pinned=True),
+            "d2h netcl to_host": lambda: t.to_host(),
+            "d2h netcl to_host(out=pinned)": lambda: t.to_host(out=pinned),
             "d2d copy (read+write)": lambda: (enqueue_copy(q, t2.buffer, buf, byte_count=nbytes), q.finish()),
         }
         for name, fn in cases.items():

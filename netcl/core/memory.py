@@ -225,6 +225,16 @@ class PinnedStaging:
                 slot[2] = None
 
 
+def is_pinned(arr: np.ndarray) -> bool:
+    """True when `arr` lives in a mapped OpenCL buffer (e.g. from pinned_empty): DMA reads it directly."""
+    base = arr
+    while base is not None:
+        if isinstance(base, cl.MemoryMap):
+            return True
+        base = getattr(base, "base", None)
+    return False
+
+
 def pinned_empty(queue: Any, shape: tuple[int, ...], dtype: Any = np.float32) -> np.ndarray:
     """A host array in pinned (page-locked, mapped) memory: transfers from it need no staging copy.
 

@@ -16,7 +16,7 @@ import pyopencl.cltypes as cltypes
 
 from netcl.core import dtypes
 from netcl.core.backend import Queue, as_queue, enqueue_copy, load_program
-from netcl.core.memory import Storage
+from netcl.core.memory import Storage, is_pinned
 from netcl.errors import DeviceMismatchError, DTypeError, ShapeError
 
 MAX_DIMS = 8
@@ -206,29 +206,36 @@ class Tensor:
         return lo, hi
 
     # -- host transfers ---------------------------------------------------------------------
-    def _staged(self, nbytes: int, pinned: bool) -> bool:
-        # Pinned staging pays where a bus separates host and device; a CPU device shares host memory,
-        # so there it would only add a memcpy (bench/transfer.py measures both).
-        return pinned and nbytes >= (64 << 10) and self.device.kind != "cpu"
+    def _staged(self, arr: np.ndarray, pinned: bool) -> bool:
+        # Host->device writes go through pinned staging where a bus separates host and device: the
+        # copy is then asynchronous and the caller's array is free at once. A CPU device shares host
+        # memory (staging would only add a memcpy), and an array already in pinned memory is DMA'd
+        # as it is. Reads use the driver's own path: measured on the H200, staging the read-back
+        # through a host memcpy was slower than it (bench/NOTES.md).
+        return pinned and arr.nbytes >= (64 << 10) and self.device.kind != "cpu" and not is_pinned(arr)
 
     def _write_contiguous(self, arr: np.ndarray, pinned: bool = True) -> None:
         byte_offset = self.offset * self.itemsize
-        if self._staged(arr.nbytes, pinned):
+        if self._staged(arr, pinned):
             self.queue.staging.write(self.buffer, byte_offset, arr)
         else:
             enqueue_copy(self.queue, self.buffer, arr, dst_offset=byte_offset, is_blocking=True)
 
-    def to_host(self, pinned: bool = True) -> np.ndarray:
-        """Copy to a new NumPy array (waits for pending work on the queue)."""
+    def to_host(self, out: np.ndarray | None = None) -> np.ndarray:
+        """Copy to a NumPy array (waits for pending work on the queue). Pass `out` (e.g. a pinned
+        array from netcl.core.memory.pinned_empty) to reuse host memory."""
         src = self if self.is_contiguous() else self.contiguous()
-        out = np.empty(self.shape, dtype=self.dtype)
+        if out is None:
+            out = np.empty(self.shape, dtype=self.dtype)
+        elif out.shape != self.shape or out.dtype != self.dtype or not out.flags.c_contiguous:
+            raise ShapeError(
+                f"out must be a C-contiguous {self.dtype} array of shape {self.shape}, got "
+                f"{out.dtype} {out.shape}"
+            )
         if out.nbytes == 0:
             return out
         byte_offset = src.offset * src.itemsize
-        if self._staged(out.nbytes, pinned):
-            self.queue.staging.read(out, src.buffer, byte_offset)
-        else:
-            enqueue_copy(self.queue, out, src.buffer, src_offset=byte_offset, is_blocking=True)
+        enqueue_copy(self.queue, out, src.buffer, src_offset=byte_offset, is_blocking=True)
         return out
 
     numpy = to_host

@@ -62,7 +62,8 @@ def test_build_error_carries_log_and_offending_line(device):
         build_program(device, bad, name="broken.cl")
     e = err.value
     assert e.log and "broken.cl" in str(e)
-    assert ">>    2 |     x[0] = 1.0f" in str(e) and ">>    3 |     undefined_fn(x);" in str(e)
+    # line 2 is an error for every compiler; line 3 is an error for clang, a warning for NVIDIA's
+    assert ">>    2 |     x[0] = 1.0f" in str(e) and "3 |     undefined_fn(x);" in str(e)
     assert e.source == bad
 
 

@@ -8,9 +8,9 @@ import numpy as np
 import pyopencl as cl
 import pytest
 
-from netcl.core.memory import BufferPool, pinned_empty, size_class
+from netcl.core.memory import BufferPool, is_pinned, pinned_empty, size_class
 from netcl.core.tensor import Tensor
-from netcl.errors import OutOfMemoryError
+from netcl.errors import OutOfMemoryError, ShapeError
 
 
 def test_size_classes_waste_at_most_a_quarter():
@@ -128,9 +128,14 @@ def test_opencl_refusal_code_is_translated(device, queue):
 
 def test_pinned_host_array_round_trip(queue):
     host = pinned_empty(queue, (300, 7), np.float32)
+    assert is_pinned(host) and is_pinned(host[3:]) and not is_pinned(np.zeros(3))
     host[...] = np.arange(2100, dtype=np.float32).reshape(300, 7)
     t = Tensor.from_host(queue, host)
-    np.testing.assert_array_equal(t.to_host(), host)
+    back = pinned_empty(queue, (300, 7), np.float32)
+    assert t.to_host(out=back) is back
+    np.testing.assert_array_equal(back, host)
+    with pytest.raises(ShapeError, match="out must be"):
+        t.to_host(out=np.empty((7, 300), np.float32))
 
 
 @pytest.mark.parametrize("pinned", [True, False])
@@ -148,5 +153,5 @@ def test_large_transfers_chunked_through_staging(queue, pinned, rng):
     if pinned:
         queue.staging.read(back, t.buffer, 0)
     else:
-        back = t.to_host(pinned=False)
+        back = t.to_host()
     np.testing.assert_array_equal(back, want)
