@@ -1,2 +1,3 @@
 """Host-side op entry points: shape checks, dtype rules, kernel choice (re-exported here)."""
 from netcl.ops.conv import conv2d, conv2d_relu, conv2d_backward_input, conv2d_backward_weight, conv2d_backward_bias, conv_transpose2d  # noqa: E501
+from netcl.ops.pool import max_pool2d, max_pool2d_backward, avg_pool2d, avg_pool2d_backward, adaptive_avg_pool2d, adaptive_avg_pool2d_backward, global_avg_pool2d  # noqa: E501

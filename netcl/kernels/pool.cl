@@ -1,0 +1,159 @@
+// 2-D pooling (NCHW), forward and backward: max (with argmax indices), average, adaptive average.
+//
+// Forward kernels: global (OW, OH, N*C); one work-item computes one output element from its
+//   window (reads the window, writes one value; max also writes the flat index ih*W + iw of the
+//   maximum inside its (n, c) plane, PyTorch's convention; padding never wins a max).
+// Backward kernels are gathers (no atomics): global (W, H, N*C); one work-item sums, for its
+//   input element, the output gradients of every window that contains it (for max: whose saved
+//   index points at it). Windows are walked through (kh, kw) so each (oh, ow) is met once.
+// Geometry: KH KW kernel, SH SW stride, PH PW padding, DH DW dilation (max only; average uses 1).
+// Average divisor: count_include_pad ? window clipped to the padded input : valid elements only.
+
+#ifdef USE_FP64
+#pragma OPENCL EXTENSION cl_khr_fp64 : enable
+#endif
+
+#ifndef T
+#define T float            // storage type
+#endif
+#ifndef ACC
+#define ACC T              // accumulation type
+#endif
+
+#define PLANE_ARGS const int NC, const int H, const int W, const int OH, const int OW
+#define WIN_ARGS const int KH, const int KW, const int SH, const int SW, const int PH, const int PW, \
+                 const int DH, const int DW
+
+__kernel void max_pool2d(__global const T *x, const long x_off, __global T *y, __global long *idx,
+                         PLANE_ARGS, WIN_ARGS)
+{
+    const int ow = get_global_id(0), oh = get_global_id(1), z = get_global_id(2);
+    if (ow >= OW || oh >= OH || z >= NC) return;
+    const __global T *xp = x + x_off + (long)z * H * W;
+    T best = 0;
+    long best_i = -1;
+    for (int kh = 0; kh < KH; ++kh) {
+        const int ih = oh * SH - PH + kh * DH;
+        if (ih < 0 || ih >= H) continue;
+        for (int kw = 0; kw < KW; ++kw) {
+            const int iw = ow * SW - PW + kw * DW;
+            if (iw < 0 || iw >= W) continue;
+            const T v = xp[(long)ih * W + iw];
+            if (best_i < 0 || v > best || (isnan(v) && !isnan(best))) {  // NaN wins, as in PyTorch
+                best = v;
+                best_i = (long)ih * W + iw;
+            }
+        }
+    }
+    const long o = ((long)z * OH + oh) * OW + ow;
+    y[o] = best;
+    idx[o] = best_i;
+}
+
+__kernel void max_pool2d_backward(__global const T *gy, const long gy_off, __global const long *idx,
+                                  __global T *gx, PLANE_ARGS, WIN_ARGS)
+{
+    const int iw = get_global_id(0), ih = get_global_id(1), z = get_global_id(2);
+    if (iw >= W || ih >= H || z >= NC) return;
+    const long self = (long)ih * W + iw;
+    const long base = (long)z * OH * OW;
+    ACC acc = (ACC)0;
+    for (int kh = 0; kh < KH; ++kh) {
+        const int th = ih + PH - kh * DH;
+        if (th < 0 || th % SH) continue;
+        const int oh = th / SH;
+        if (oh >= OH) continue;
+        for (int kw = 0; kw < KW; ++kw) {
+            const int tw = iw + PW - kw * DW;
+            if (tw < 0 || tw % SW) continue;
+            const int ow = tw / SW;
+            if (ow >= OW) continue;
+            const long o = base + (long)oh * OW + ow;
+            if (idx[o] == self) acc += (ACC)gy[gy_off + o];
+        }
+    }
+    gx[(long)z * H * W + self] = (T)acc;
+}
+
+inline int avg_divisor(const int oh, const int ow, const int H, const int W, const int KH, const int KW,
+                       const int SH, const int SW, const int PH, const int PW, const int include_pad)
+{
+    const int hs = oh * SH - PH, ws = ow * SW - PW;
+    int he = min(hs + KH, H + PH), we = min(ws + KW, W + PW);
+    if (include_pad) return (he - hs) * (we - ws);
+    return (min(he, H) - max(hs, 0)) * (min(we, W) - max(ws, 0));
+}
+
+__kernel void avg_pool2d(__global const T *x, const long x_off, __global T *y, PLANE_ARGS, WIN_ARGS,
+                         const int include_pad)
+{
+    const int ow = get_global_id(0), oh = get_global_id(1), z = get_global_id(2);
+    if (ow >= OW || oh >= OH || z >= NC) return;
+    const __global T *xp = x + x_off + (long)z * H * W;
+    ACC acc = (ACC)0;
+    const int hs = oh * SH - PH, ws = ow * SW - PW;
+    for (int ih = max(hs, 0); ih < min(hs + KH, H); ++ih)
+        for (int iw = max(ws, 0); iw < min(ws + KW, W); ++iw) acc += (ACC)xp[(long)ih * W + iw];
+    const int div = avg_divisor(oh, ow, H, W, KH, KW, SH, SW, PH, PW, include_pad);
+    y[((long)z * OH + oh) * OW + ow] = (T)(acc / (ACC)max(div, 1));
+}
+
+__kernel void avg_pool2d_backward(__global const T *gy, const long gy_off, __global T *gx, PLANE_ARGS, WIN_ARGS,
+                                  const int include_pad)
+{
+    const int iw = get_global_id(0), ih = get_global_id(1), z = get_global_id(2);
+    if (iw >= W || ih >= H || z >= NC) return;
+    const __global T *gp = gy + gy_off + (long)z * OH * OW;
+    ACC acc = (ACC)0;
+    for (int kh = 0; kh < KH; ++kh) {
+        const int th = ih + PH - kh;
+        if (th < 0 || th % SH) continue;
+        const int oh = th / SH;
+        if (oh >= OH) continue;
+        for (int kw = 0; kw < KW; ++kw) {
+            const int tw = iw + PW - kw;
+            if (tw < 0 || tw % SW) continue;
+            const int ow = tw / SW;
+            if (ow >= OW) continue;
+            const int div = avg_divisor(oh, ow, H, W, KH, KW, SH, SW, PH, PW, include_pad);
+            acc += (ACC)gp[oh * OW + ow] / (ACC)max(div, 1);
+        }
+    }
+    gx[((long)z * H + ih) * W + iw] = (T)acc;
+}
+
+// Adaptive average: output cell (oh, ow) averages rows [floor(oh*H/OH), ceil((oh+1)*H/OH)) and
+// the matching columns (PyTorch's windows). Global average pooling is OH = OW = 1.
+__kernel void adaptive_avg_pool2d(__global const T *x, const long x_off, __global T *y, PLANE_ARGS)
+{
+    const int ow = get_global_id(0), oh = get_global_id(1), z = get_global_id(2);
+    if (ow >= OW || oh >= OH || z >= NC) return;
+    const int hs = (oh * H) / OH, he = ((oh + 1) * H + OH - 1) / OH;
+    const int ws = (ow * W) / OW, we = ((ow + 1) * W + OW - 1) / OW;
+    const __global T *xp = x + x_off + (long)z * H * W;
+    ACC acc = (ACC)0;
+    for (int ih = hs; ih < he; ++ih)
+        for (int iw = ws; iw < we; ++iw) acc += (ACC)xp[(long)ih * W + iw];
+    y[((long)z * OH + oh) * OW + ow] = (T)(acc / (ACC)((he - hs) * (we - ws)));
+}
+
+__kernel void adaptive_avg_pool2d_backward(__global const T *gy, const long gy_off, __global T *gx, PLANE_ARGS)
+{
+    const int iw = get_global_id(0), ih = get_global_id(1), z = get_global_id(2);
+    if (iw >= W || ih >= H || z >= NC) return;
+    const __global T *gp = gy + gy_off + (long)z * OH * OW;
+    ACC acc = (ACC)0;
+    // candidate output rows: those whose window [hs, he) contains ih
+    for (int oh = (ih * OH) / H; oh < OH; ++oh) {
+        const int hs = (oh * H) / OH, he = ((oh + 1) * H + OH - 1) / OH;
+        if (hs > ih) break;
+        if (ih >= he) continue;
+        for (int ow = (iw * OW) / W; ow < OW; ++ow) {
+            const int ws = (ow * W) / OW, we = ((ow + 1) * W + OW - 1) / OW;
+            if (ws > iw) break;
+            if (iw >= we) continue;
+            acc += (ACC)gp[oh * OW + ow] / (ACC)((he - hs) * (we - ws));
+        }
+    }
+    gx[((long)z * H + ih) * W + iw] = (T)acc;
+}

@@ -1,0 +1,189 @@
+"""2-D pooling (NCHW): max with indices, average (count_include_pad), adaptive/global average; backward."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from netcl.core import dtypes
+from netcl.core.backend import load_program
+from netcl.core.tensor import Tensor, check_same_queue
+from netcl.errors import DTypeError, ShapeError
+from netcl.ops.conv import _defines, _pair
+
+
+def _check_input(op: str, x: Tensor) -> None:
+    if x.ndim != 4:
+        raise ShapeError(f"{op}: input must be 4-D (N, C, H, W), got shape {x.shape}")
+    if x.dtype not in (dtypes.float32, dtypes.float64):
+        raise DTypeError(f"{op} supports float32 and float64 tensors, got {x.dtype}")
+
+
+class PoolParams:
+    """Checked geometry of a pooling window over an (N, C, H, W) input."""
+
+    def __init__(self, op: str, shape: Sequence[int], kernel_size: Any, stride: Any, padding: Any,
+                 dilation: Any = 1, ceil_mode: bool = False):
+        self.N, self.C, self.H, self.W = (int(v) for v in shape)
+        self.KH, self.KW = _pair(kernel_size, "kernel_size", 1)
+        self.SH, self.SW = _pair(kernel_size if stride is None else stride, "stride", 1)
+        self.PH, self.PW = _pair(padding, "padding", 0)
+        self.DH, self.DW = _pair(dilation, "dilation", 1)
+        if 2 * self.PH > self.KH or 2 * self.PW > self.KW:
+            raise ShapeError(f"{op}: padding {(self.PH, self.PW)} must be at most half the kernel size "
+                             f"{(self.KH, self.KW)}")
+        self.OH = self._out(self.H, self.KH, self.SH, self.PH, self.DH, ceil_mode)
+        self.OW = self._out(self.W, self.KW, self.SW, self.PW, self.DW, ceil_mode)
+        if self.OH < 1 or self.OW < 1:
+            raise ShapeError(f"{op}: kernel {(self.KH, self.KW)} (dilation {(self.DH, self.DW)}) does not fit "
+                             f"the input {(self.H, self.W)} padded by {(self.PH, self.PW)}")
+
+    @staticmethod
+    def _out(size: int, k: int, s: int, p: int, d: int, ceil_mode: bool) -> int:
+        span = size + 2 * p - d * (k - 1) - 1
+        if span < 0:
+            return 0
+        out = (span + (s - 1 if ceil_mode else 0)) // s + 1
+        if ceil_mode and (out - 1) * s >= size + p:  # the last window must start inside the input
+            out -= 1
+        return out
+
+    @property
+    def output_shape(self) -> tuple[int, int, int, int]:
+        return (self.N, self.C, self.OH, self.OW)
+
+    def args(self) -> list[np.int32]:
+        vals = (self.N * self.C, self.H, self.W, self.OH, self.OW, self.KH, self.KW, self.SH, self.SW,
+                self.PH, self.PW, self.DH, self.DW)
+        return [np.int32(v) for v in vals]
+
+
+def max_pool2d(x: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0, dilation: Any = 1,
+               ceil_mode: bool = False) -> tuple[Tensor, Tensor]:
+    """(out, indices): window maxima and, as int64, each maximum's flat index ih*W + iw in its plane."""
+    _check_input("max_pool2d", x)
+    p = PoolParams("max_pool2d", x.shape, kernel_size, stride, padding, dilation, ceil_mode)
+    x = x.contiguous()
+    out = Tensor.empty(x.queue, p.output_shape, x.dtype)
+    idx = Tensor.empty(x.queue, p.output_shape, np.int64)
+    if out.size:
+        prg = load_program(x.device, "pool.cl", _defines(x.dtype))
+        prg.max_pool2d(x.queue, (p.OW, p.OH, p.N * p.C), None, x.buffer, np.int64(x.offset), out.buffer,
+                       idx.buffer, *p.args())
+    return out, idx
+
+
+def max_pool2d_backward(grad_out: Tensor, indices: Tensor, input_shape: Sequence[int], kernel_size: Any,
+                        stride: Any = None, padding: Any = 0, dilation: Any = 1,
+                        ceil_mode: bool = False) -> Tensor:
+    """Gradient of max_pool2d w.r.t. its input: each output's gradient goes to its argmax."""
+    check_same_queue(grad_out, indices)
+    _check_input("max_pool2d_backward", grad_out)
+    if len(input_shape) != 4:
+        raise ShapeError(f"max_pool2d_backward: input_shape must be 4-D, got {tuple(input_shape)}")
+    p = PoolParams("max_pool2d_backward", input_shape, kernel_size, stride, padding, dilation, ceil_mode)
+    if tuple(grad_out.shape) != p.output_shape or tuple(indices.shape) != p.output_shape:
+        raise ShapeError(f"max_pool2d_backward: grad_out {grad_out.shape} and indices {indices.shape} must both "
+                         f"have the pooled shape {p.output_shape}")
+    if indices.dtype != dtypes.int64:
+        raise DTypeError(f"max_pool2d_backward: indices must be int64 (from max_pool2d), got {indices.dtype}")
+    gy, idx = grad_out.contiguous(), indices.contiguous()
+    gx = Tensor.empty(gy.queue, tuple(input_shape), gy.dtype)
+    if gx.size:
+        prg = load_program(gy.device, "pool.cl", _defines(gy.dtype))
+        # idx must start at offset 0 for the kernel: copy it if it is a view into a larger buffer
+        if idx.offset:
+            idx = idx.clone()
+        prg.max_pool2d_backward(gy.queue, (p.W, p.H, p.N * p.C), None, gy.buffer, np.int64(gy.offset),
+                                idx.buffer, gx.buffer, *p.args())
+    return gx
+
+
+def avg_pool2d(x: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0, ceil_mode: bool = False,
+               count_include_pad: bool = True) -> Tensor:
+    """Window means; with count_include_pad the zero padding counts in the divisor (PyTorch's default)."""
+    _check_input("avg_pool2d", x)
+    p = PoolParams("avg_pool2d", x.shape, kernel_size, stride, padding, 1, ceil_mode)
+    x = x.contiguous()
+    out = Tensor.empty(x.queue, p.output_shape, x.dtype)
+    if out.size:
+        prg = load_program(x.device, "pool.cl", _defines(x.dtype))
+        prg.avg_pool2d(x.queue, (p.OW, p.OH, p.N * p.C), None, x.buffer, np.int64(x.offset), out.buffer,
+                       *p.args(), np.int32(bool(count_include_pad)))
+    return out
+
+
+def avg_pool2d_backward(grad_out: Tensor, input_shape: Sequence[int], kernel_size: Any, stride: Any = None,
+                        padding: Any = 0, ceil_mode: bool = False, count_include_pad: bool = True) -> Tensor:
+    """Gradient of avg_pool2d w.r.t. its input."""
+    _check_input("avg_pool2d_backward", grad_out)
+    if len(input_shape) != 4:
+        raise ShapeError(f"avg_pool2d_backward: input_shape must be 4-D, got {tuple(input_shape)}")
+    p = PoolParams("avg_pool2d_backward", input_shape, kernel_size, stride, padding, 1, ceil_mode)
+    if tuple(grad_out.shape) != p.output_shape:
+        raise ShapeError(f"avg_pool2d_backward: grad_out {grad_out.shape} must have the pooled shape "
+                         f"{p.output_shape}")
+    gy = grad_out.contiguous()
+    gx = Tensor.empty(gy.queue, tuple(input_shape), gy.dtype)
+    if gx.size:
+        prg = load_program(gy.device, "pool.cl", _defines(gy.dtype))
+        prg.avg_pool2d_backward(gy.queue, (p.W, p.H, p.N * p.C), None, gy.buffer, np.int64(gy.offset), gx.buffer,
+                                *p.args(), np.int32(bool(count_include_pad)))
+    return gx
+
+
+def _adaptive_size(output_size: Any, h: int, w: int) -> tuple[int, int]:
+    if isinstance(output_size, (int, np.integer)):
+        output_size = (output_size, output_size)
+    try:
+        oh, ow = output_size
+    except (TypeError, ValueError):
+        raise ShapeError(f"output_size must be an int or a pair, got {output_size!r}") from None
+    oh, ow = h if oh is None else int(oh), w if ow is None else int(ow)
+    if oh < 1 or ow < 1:
+        raise ShapeError(f"adaptive_avg_pool2d: output_size {(oh, ow)} must be positive")
+    return oh, ow
+
+
+def _adaptive_args(n: int, c: int, h: int, w: int, oh: int, ow: int) -> list[np.int32]:
+    return [np.int32(v) for v in (n * c, h, w, oh, ow)]
+
+
+def adaptive_avg_pool2d(x: Tensor, output_size: Any) -> Tensor:
+    """Average over PyTorch's adaptive windows to (N, C, *output_size); output_size=1 is global pooling."""
+    _check_input("adaptive_avg_pool2d", x)
+    n, c, h, w = x.shape
+    oh, ow = _adaptive_size(output_size, h, w)
+    if h == 0 or w == 0:
+        raise ShapeError(f"adaptive_avg_pool2d: input {x.shape} has an empty plane")
+    x = x.contiguous()
+    out = Tensor.empty(x.queue, (n, c, oh, ow), x.dtype)
+    if out.size:
+        prg = load_program(x.device, "pool.cl", _defines(x.dtype))
+        prg.adaptive_avg_pool2d(x.queue, (ow, oh, n * c), None, x.buffer, np.int64(x.offset), out.buffer,
+                                *_adaptive_args(n, c, h, w, oh, ow))
+    return out
+
+
+def adaptive_avg_pool2d_backward(grad_out: Tensor, input_shape: Sequence[int]) -> Tensor:
+    """Gradient of adaptive_avg_pool2d w.r.t. its input of shape `input_shape`."""
+    _check_input("adaptive_avg_pool2d_backward", grad_out)
+    if len(input_shape) != 4 or tuple(input_shape[:2]) != tuple(grad_out.shape[:2]):
+        raise ShapeError(f"adaptive_avg_pool2d_backward: input_shape {tuple(input_shape)} must be 4-D with the "
+                         f"same N, C as grad_out {grad_out.shape}")
+    n, c, h, w = (int(v) for v in input_shape)
+    oh, ow = grad_out.shape[2:]
+    gy = grad_out.contiguous()
+    gx = Tensor.empty(gy.queue, (n, c, h, w), gy.dtype)
+    if gx.size:
+        prg = load_program(gy.device, "pool.cl", _defines(gy.dtype))
+        prg.adaptive_avg_pool2d_backward(gy.queue, (w, h, n * c), None, gy.buffer, np.int64(gy.offset),
+                                         gx.buffer, *_adaptive_args(n, c, h, w, oh, ow))
+    return gx
+
+
+def global_avg_pool2d(x: Tensor) -> Tensor:
+    """Mean over H and W, kept as (N, C, 1, 1)."""
+    return adaptive_avg_pool2d(x, 1)
