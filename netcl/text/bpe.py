@@ -149,6 +149,10 @@ class BPETokenizer:
         cache[chunk] = ids
         return ids
 
+    def clear_cache(self) -> None:
+        """Forget the chunk -> ids cache (results never depend on it; benchmarks use this for cold runs)."""
+        self._cache.clear()
+
     def encode_ordinary(self, text: str) -> list[int]:
         """Encode ``text`` with every special-token string treated as plain text.
 
