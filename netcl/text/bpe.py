@@ -40,7 +40,8 @@ class BPETokenizer:
             priority: inside a chunk the adjacent pair whose concatenation has the lowest id merges first
             (leftmost on ties), exactly tiktoken's ``byte_pair_merge``.
         pattern: pre-split regex source, a name from ``NAMED_PATTERNS`` ('gpt2', 'cl100k', 'o200k'), or
-            None for no pre-splitting.
+            None for no pre-splitting (the whole text between special tokens is one chunk: merging is then
+            quadratic in its length, so use None only for small inputs such as the textbook examples).
         special_tokens: control-token string -> id; ids must not collide with ``ranks``.
         name: free-form label.
         merges: optional ``[((left_id, right_id), new_id), ...]`` kept for inspection (set by `train`).
