@@ -1,0 +1,329 @@
+"""The autograd engine: Node (a Tensor plus how it was made), Parameter, Tape, no_grad, backward.
+
+Ops record Nodes only inside `with Tape()` and only when an input requires a gradient, so code
+that runs outside a tape (evaluation) builds no graph. `tape.backward(loss)` sorts the graph
+topologically from the loss, runs each node's local rule once in reverse order, sums the
+gradients of nodes used more than once, and frees each rule's saved tensors right after it ran.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from netcl.core.tensor import Tensor
+from netcl.errors import NetclError, ShapeError
+
+BackwardFn = Callable[[Tensor], Sequence[Tensor | None]]
+
+
+class _State(threading.local):
+    def __init__(self) -> None:
+        self.tapes: list[Tape] = []
+        self.grad_enabled = True
+
+
+_state = _State()
+
+
+def _ops():
+    import netcl.ops as ops  # ops sit beside autograd's layer; imported late so this module loads alone
+
+    return ops
+
+
+class Node:
+    """A Tensor in the autograd graph.
+
+    `.value` is the Tensor, `.grad` the accumulated gradient Tensor (leaves, parameters and
+    nodes that called retain_grad()), `.requires_grad` whether gradients flow to it.
+    """
+
+    __slots__ = ("value", "grad", "requires_grad", "_parents", "_backward", "_op", "_retain", "_freed",
+                 "__weakref__")
+    __array_priority__ = 1001
+
+    def __init__(self, value: Tensor, requires_grad: bool = False):
+        if not isinstance(value, Tensor):
+            raise TypeError(f"a Node wraps a netcl Tensor, got {type(value).__name__}; use ag.tensor(t)")
+        self.value = value
+        self.grad: Tensor | None = None
+        self.requires_grad = bool(requires_grad)
+        self._parents: tuple[Node, ...] = ()
+        self._backward: BackwardFn | None = None
+        self._op = "leaf"
+        self._retain = False
+        self._freed = False
+
+    # -- tensor-like properties -------------------------------------------------------------
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.value.shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.value.dtype
+
+    @property
+    def ndim(self) -> int:
+        return self.value.ndim
+
+    @property
+    def size(self) -> int:
+        return self.value.size
+
+    @property
+    def queue(self):
+        return self.value.queue
+
+    @property
+    def is_leaf(self) -> bool:
+        return self._backward is None and not self._freed
+
+    def numpy(self) -> np.ndarray:
+        return self.value.to_host()
+
+    def item(self) -> Any:
+        return self.value.item()
+
+    def retain_grad(self) -> Node:
+        """Keep this (non-leaf) node's gradient in `.grad` after backward."""
+        self._retain = True
+        return self
+
+    def detach(self) -> Node:
+        """The same value, cut off from the graph."""
+        return Node(self.value)
+
+    def zero_grad(self) -> None:
+        self.grad = None
+
+    def __len__(self) -> int:
+        return len(self.value)
+
+    def __repr__(self) -> str:
+        flag = ", requires_grad=True" if self.requires_grad else ""
+        return f"Node(shape={self.shape}, dtype={self.dtype}, op={self._op}{flag})"
+
+
+class Parameter(Node):
+    """A trainable leaf that lives across tapes; its `.grad` accumulates until zero_grad()."""
+
+    __slots__ = ()
+
+    def __init__(self, value: Tensor, requires_grad: bool = True):
+        super().__init__(value, requires_grad=requires_grad)
+        self._op = "parameter"
+
+    def __repr__(self) -> str:
+        return f"Parameter(shape={self.shape}, dtype={self.dtype})"
+
+
+def tensor(t: Tensor | Node, requires_grad: bool = False) -> Node:
+    """Wrap a raw Tensor into a leaf Node (a Node passes through, gaining requires_grad if asked)."""
+    if isinstance(t, Node):
+        if requires_grad and not t.requires_grad:
+            if not t.is_leaf:
+                raise NetclError("requires_grad can only be switched on for a leaf node")
+            t.requires_grad = True
+        return t
+    if not isinstance(t, Tensor):
+        raise TypeError(
+            f"ag.tensor wraps a netcl Tensor, got {type(t).__name__}; make one with Tensor.from_host(q, array)"
+        )
+    return Node(t, requires_grad=requires_grad)
+
+
+def as_node(x: Any) -> Node:
+    if isinstance(x, Node):
+        return x
+    if isinstance(x, Tensor):
+        return Node(x)
+    raise TypeError(f"expected a Node or Tensor, got {type(x).__name__}")
+
+
+# -- recording ------------------------------------------------------------------------------
+def current_tape() -> Tape | None:
+    return _state.tapes[-1] if _state.tapes else None
+
+
+def is_grad_enabled() -> bool:
+    return _state.grad_enabled
+
+
+def is_recording() -> bool:
+    """True inside a Tape with gradients enabled: ops on nodes that require grad build a graph."""
+    return _state.grad_enabled and bool(_state.tapes)
+
+
+def record(value: Tensor, parents: Sequence[Node], backward: BackwardFn, op: str) -> Node:
+    """The node for `value` made from `parents`; `backward(grad)` returns one gradient per parent
+    (None where none flows). Outside a tape, or when no parent requires grad, a plain node."""
+    if not (_state.grad_enabled and _state.tapes) or not any(p.requires_grad for p in parents):
+        return Node(value)
+    node = Node(value, requires_grad=True)
+    node._parents = tuple(parents)
+    node._backward = backward
+    node._op = op
+    _state.tapes[-1]._count += 1
+    return node
+
+
+def needs_grad(*nodes: Node) -> bool:
+    """Whether a graph will be recorded for an op on `nodes` (rules skip saving work otherwise)."""
+    return _state.grad_enabled and bool(_state.tapes) and any(n.requires_grad for n in nodes)
+
+
+class no_grad(contextlib.ContextDecorator):
+    """Context manager and decorator: ops inside record nothing."""
+
+    def __enter__(self) -> no_grad:
+        self._prev = _state.grad_enabled
+        _state.grad_enabled = False
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _state.grad_enabled = self._prev
+
+
+class enable_grad(contextlib.ContextDecorator):
+    def __enter__(self) -> enable_grad:
+        self._prev = _state.grad_enabled
+        _state.grad_enabled = True
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _state.grad_enabled = self._prev
+
+
+# -- backward -------------------------------------------------------------------------------
+def _topological_order(root: Node) -> list[Node]:
+    """Nodes that need a gradient, parents before children (iterative post-order DFS)."""
+    order: list[Node] = []
+    visited: set[int] = set()
+    stack: list[tuple[Node, bool]] = [(root, False)]
+    while stack:
+        node, expanded = stack.pop()
+        if expanded:
+            order.append(node)
+            continue
+        if id(node) in visited:
+            continue
+        visited.add(id(node))
+        stack.append((node, True))
+        for parent in node._parents:
+            if parent.requires_grad and id(parent) not in visited:
+                stack.append((parent, False))
+    return order
+
+
+def _accumulate(a: Tensor, b: Tensor) -> Tensor:
+    return _ops().add(a, b)
+
+
+def backward(root: Node, grad: Tensor | None = None) -> None:
+    """Run reverse-mode differentiation from `root` (seeded with ones, or `grad`)."""
+    if not isinstance(root, Node):
+        raise TypeError(f"backward needs a Node, got {type(root).__name__}")
+    if not root.requires_grad:
+        raise NetclError(
+            "backward: this node does not require grad, so nothing was recorded. Run the forward pass "
+            "inside `with ag.Tape() as tape:` with at least one parameter or ag.tensor(..., requires_grad=True)"
+        )
+    if root._freed:
+        raise NetclError("backward: this graph was already differentiated and its saved tensors freed; "
+                         "record the forward pass again")
+    if grad is None:
+        if root.size != 1:
+            raise ShapeError(
+                f"backward without a gradient needs a one-element output, got shape {root.shape}; pass "
+                "grad= with the output's shape"
+            )
+        grad = Tensor.full(root.queue, root.shape, 1.0, root.dtype)
+    elif grad.shape != root.shape:
+        raise ShapeError(f"backward: grad of shape {grad.shape} does not match the output shape {root.shape}")
+    grads: dict[int, Tensor] = {id(root): grad}
+    claimed: set[int] = set()  # storages handed to a leaf's .grad this pass: never shared between two
+    with no_grad():
+        for node in reversed(_topological_order(root)):
+            g = grads.pop(id(node), None)
+            if g is None:
+                continue
+            fn = node._backward
+            if fn is None:  # a leaf: parameters and ag.tensor(..., requires_grad=True)
+                if node._freed:
+                    continue
+                _store_leaf_grad(node, g, claimed)
+                continue
+            if node._retain:
+                node.grad = g if node.grad is None else _accumulate(node.grad, g)
+            parent_grads = fn(g)
+            parents = node._parents
+            node._backward = None  # frees the tensors the rule saved
+            node._parents = ()
+            node._freed = True
+            if len(parent_grads) != len(parents):
+                raise NetclError(f"backward rule of {node._op} returned {len(parent_grads)} gradients "
+                                 f"for {len(parents)} inputs")
+            for parent, pg in zip(parents, parent_grads):
+                if pg is None or not parent.requires_grad:
+                    continue
+                if pg.shape != parent.shape:
+                    raise ShapeError(f"backward rule of {node._op} made a gradient of shape {pg.shape} "
+                                     f"for an input of shape {parent.shape}")
+                key = id(parent)
+                prev = grads.get(key)
+                grads[key] = pg if prev is None else _accumulate(prev, pg)
+
+
+def _store_leaf_grad(node: Node, g: Tensor, claimed: set[int]) -> None:
+    if g.dtype != node.dtype:
+        g = _ops().cast(g, node.dtype)
+    if node.grad is None:
+        if not g.is_contiguous() or id(g.storage) in claimed:
+            g = g.clone()  # optimizers and clip_grad_norm_ update .grad in place: it must own its memory
+        claimed.add(id(g.storage))
+        node.grad = g
+    else:
+        node.grad = _accumulate(node.grad, g)
+        claimed.add(id(node.grad.storage))
+
+
+class Tape:
+    """`with Tape() as tape:` records the ops of the block; `tape.backward(loss)` differentiates."""
+
+    def __init__(self) -> None:
+        self._count = 0
+
+    def __enter__(self) -> Tape:
+        _state.tapes.append(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self in _state.tapes:
+            _state.tapes.remove(self)
+
+    @property
+    def recorded(self) -> int:
+        """How many nodes were recorded on this tape."""
+        return self._count
+
+    def backward(self, loss: Node, grad: Tensor | None = None) -> None:
+        """Accumulate d(loss)/d(leaf) into every leaf's `.grad` (seed: ones, or `grad`)."""
+        backward(loss, grad)
+
+    def gradient(self, loss: Node, wrt: Sequence[Node]) -> list[Tensor | None]:
+        """Gradients of `loss` with respect to `wrt` (leaves), returned instead of kept in .grad."""
+        saved = [n.grad for n in wrt]
+        for n in wrt:
+            n.grad = None
+        try:
+            backward(loss)
+            return [n.grad for n in wrt]
+        finally:
+            for n, s in zip(wrt, saved):
+                n.grad = s

@@ -1,0 +1,193 @@
+/* Fused losses: each loss is ONE launch forward (loss values and the mean/sum in the same
+ * kernel) and ONE launch backward.
+ *
+ * Class losses (cross-entropy = log-softmax + NLL fused, and NLL on log-probabilities), for
+ * x of shape (rows, classes) contiguous and integer labels (rows,):
+ *   class_loss_forward   one work-group of WG work-items (global = local = WG). Work-item l
+ *                        takes rows l, l+WG, ...: max, sum of exp, logsumexp (kept in lse[row]
+ *                        for backward), the row's loss; then a fixed-order tree in local memory
+ *                        adds the losses and the counted rows, so the result is reproducible.
+ *                        Reads x once per pass (3 passes over a row: max, exp-sum, label).
+ *   class_loss_backward  2-D global (classes, rows), one work-item per element of grad_x:
+ *                        d = softmax - (1 - eps) * onehot - eps / C, scaled by the incoming
+ *                        gradient (divided by the counted rows for the mean). Reads x, lse.
+ * Pointwise losses (KIND 1 mse, 2 l1, 3 smooth_l1, 4 binary cross-entropy with logits) of
+ * input a and target b, same shape, contiguous:
+ *   pointwise_loss_forward   one work-group, strided loop then tree (as above); reduction
+ *                            'none' writes the n values instead.
+ *   pointwise_loss_backward  1-D, one work-item per element: grad_a and (HAS_GRAD_B) grad_b.
+ * Reductions: 0 none, 1 mean, 2 sum. Ignored rows (label == ignore_index) give loss 0 and
+ * gradient 0 and are not counted. A label outside [0, classes) makes the loss NaN.
+ *
+ * Defines: T (float|double; USE_FP64), LABEL (int|long), MODE (1 cross-entropy, 2 nll),
+ *          KIND (pointwise), WG (work-group size, power of two, default 256).
+ */
+#ifdef USE_FP64
+#pragma OPENCL EXTENSION cl_khr_fp64 : enable
+#endif
+#ifndef T
+#define T float
+#endif
+#ifndef LABEL
+#define LABEL int
+#endif
+#ifndef MODE
+#define MODE 1
+#endif
+#ifndef KIND
+#define KIND 1
+#endif
+#ifndef WG
+#define WG 256
+#endif
+
+/* Sums two per-work-item values over the work-group in a fixed order; result in a[0], b[0]. */
+inline void tree_sum2(__local T* a, __local T* b, int lid) {
+    for (int stride = WG / 2; stride > 0; stride >>= 1) {
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (lid < stride) { a[lid] += a[lid + stride]; b[lid] += b[lid + stride]; }
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+}
+
+__kernel void class_loss_forward(
+    __global const T* x, long x_off, long rows, long classes,
+    __global const LABEL* labels, long lab_off, long ignore_index, T smoothing, int reduction,
+    __global T* out, __global T* lse, __global T* count)
+{
+    __local T part_loss[WG];
+    __local T part_count[WG];
+    int lid = get_local_id(0);
+    T loss_sum = (T)0, counted = (T)0;
+    for (long r = lid; r < rows; r += WG) {
+        __global const T* row = x + x_off + r * classes;
+        long label = (long)labels[lab_off + r];
+        T row_loss = (T)0;
+        T row_lse = (T)0;
+        if (label != ignore_index) {
+#if MODE == 1
+            T m = row[0];
+            for (long c = 1; c < classes; ++c) m = fmax(m, row[c]);
+            T s = (T)0, sx = (T)0;
+            for (long c = 0; c < classes; ++c) { s += exp(row[c] - m); sx += row[c]; }
+            row_lse = m + log(s);
+            if (label >= 0 && label < classes) {
+                T nll = row_lse - row[label];
+                row_loss = ((T)1 - smoothing) * nll + smoothing * (row_lse - sx / (T)classes);
+            } else {
+                row_loss = NAN;
+            }
+#else
+            row_loss = (label >= 0 && label < classes) ? -row[label] : NAN;
+#endif
+            counted += (T)1;
+        }
+        lse[r] = row_lse;
+        if (reduction == 0) out[r] = row_loss;
+        loss_sum += row_loss;
+    }
+    if (reduction == 0) {
+        if (lid == 0) count[0] = (T)1;
+        return;
+    }
+    part_loss[lid] = loss_sum;
+    part_count[lid] = counted;
+    tree_sum2(part_loss, part_count, lid);
+    if (lid == 0) {
+        count[0] = part_count[0];
+        out[0] = reduction == 1 ? part_loss[0] / part_count[0] : part_loss[0];
+    }
+}
+
+__kernel void class_loss_backward(
+    __global const T* x, long x_off, long rows, long classes,
+    __global const LABEL* labels, long lab_off, long ignore_index, T smoothing, int reduction,
+    __global const T* lse, __global const T* count, __global const T* grad_out, long grad_out_off,
+    __global T* grad_x)
+{
+    long c = get_global_id(0);
+    long r = get_global_id(1);
+    if (c >= classes || r >= rows) return;
+    long label = (long)labels[lab_off + r];
+    long idx = r * classes + c;
+    if (label == ignore_index) { grad_x[idx] = (T)0; return; }
+    T scale = reduction == 0 ? grad_out[grad_out_off + r]
+            : (reduction == 1 ? grad_out[grad_out_off] / count[0] : grad_out[grad_out_off]);
+    T onehot = c == label ? (T)1 : (T)0;
+#if MODE == 1
+    T p = exp(x[x_off + idx] - lse[r]);
+    T d = p - ((T)1 - smoothing) * onehot - smoothing / (T)classes;
+#else
+    T d = -onehot;
+#endif
+    grad_x[idx] = scale * d;
+}
+
+inline T pointwise_value(T a, T b, T beta) {
+#if KIND == 1
+    T d = a - b; return d * d;
+#elif KIND == 2
+    return fabs(a - b);
+#elif KIND == 3
+    T d = fabs(a - b);
+    return d < beta ? (T)0.5 * d * d / beta : d - (T)0.5 * beta;
+#else
+    /* max(a, 0) - a * b + log(1 + exp(-|a|)): stable for logits of any size */
+    return fmax(a, (T)0) - a * b + log1p(exp(-fabs(a)));
+#endif
+}
+
+/* d loss / d a (the target's gradient is its negative, except for KIND 4 where it is -a). */
+inline T pointwise_grad(T a, T b, T beta) {
+#if KIND == 1
+    return (T)2 * (a - b);
+#elif KIND == 2
+    T d = a - b; return d > (T)0 ? (T)1 : (d < (T)0 ? (T)-1 : (T)0);
+#elif KIND == 3
+    T d = a - b;
+    if (fabs(d) < beta) return d / beta;
+    return d > (T)0 ? (T)1 : (d < (T)0 ? (T)-1 : (T)0);
+#else
+    return (T)1 / ((T)1 + exp(-a)) - b;
+#endif
+}
+
+__kernel void pointwise_loss_forward(
+    __global const T* a, long a_off, __global const T* b, long b_off, long n, T beta, int reduction,
+    __global T* out)
+{
+    __local T part[WG];
+    __local T unused[WG];
+    int lid = get_local_id(0);
+    T s = (T)0;
+    for (long i = lid; i < n; i += WG) {
+        T v = pointwise_value(a[a_off + i], b[b_off + i], beta);
+        if (reduction == 0) out[i] = v;
+        s += v;
+    }
+    if (reduction == 0) return;
+    part[lid] = s;
+    unused[lid] = (T)0;
+    tree_sum2(part, unused, lid);
+    if (lid == 0) out[0] = reduction == 1 ? part[0] / (T)n : part[0];
+}
+
+__kernel void pointwise_loss_backward(
+    __global const T* a, long a_off, __global const T* b, long b_off, long n, T beta, int reduction,
+    __global const T* grad_out, long grad_out_off, __global T* grad_a, __global T* grad_b)
+{
+    long i = get_global_id(0);
+    if (i >= n) return;
+    T scale = reduction == 0 ? grad_out[grad_out_off + i]
+            : (reduction == 1 ? grad_out[grad_out_off] / (T)n : grad_out[grad_out_off]);
+    T av = a[a_off + i], bv = b[b_off + i];
+    T d = scale * pointwise_grad(av, bv, beta);
+    grad_a[i] = d;
+#ifdef HAS_GRAD_B
+#if KIND == 4
+    grad_b[i] = -scale * av;
+#else
+    grad_b[i] = -d;
+#endif
+#endif
+}

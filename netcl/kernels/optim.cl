@@ -1,0 +1,192 @@
+/* Fused optimizer updates: one launch updates up to N_TENSORS parameters (PyTorch's formulas).
+ *
+ * Work layout: 1-D, one work-item per parameter element over all tensors of the launch laid end
+ * to end (global size = n0 + n1 + ...); a work-item finds its tensor by walking the sizes.
+ * Memory: reads each grad, reads and writes each parameter and its state buffers (s1..s3), once.
+ *
+ * Defines:
+ *   T          storage/arithmetic type: float or double (USE_FP64 enables cl_khr_fp64)
+ *   N_TENSORS  tensors per launch, 1..8
+ *   OPT        1 SGD (s1 momentum buffer), 2 Adam/AdamW (s1 exp_avg, s2 exp_avg_sq),
+ *              3 RMSProp (s1 square_avg, s2 grad_avg, s3 momentum buffer)
+ * Scalars (all T unless noted):
+ *   SGD     lr, momentum, dampening, weight_decay, nesterov (int), first_step (int: buf = g)
+ *   Adam    lr, beta1, beta2, eps, weight_decay, decoupled (int: AdamW), bias_correction1,
+ *           sqrt(bias_correction2)
+ *   RMSProp lr, alpha, eps, weight_decay, momentum, centered (int)
+ */
+#ifdef USE_FP64
+#pragma OPENCL EXTENSION cl_khr_fp64 : enable
+#endif
+
+#ifndef T
+#define T float
+#endif
+#ifndef N_TENSORS
+#define N_TENSORS 1
+#endif
+#ifndef OPT
+#define OPT 2
+#endif
+
+#define TENSOR_ARGS(i) __global T* p##i, long po##i, __global const T* g##i, long go##i, \
+    __global T* sa##i, __global T* sb##i, __global T* sc##i, long n##i
+
+#if OPT == 1
+#define HYPER_ARGS T lr, T momentum, T dampening, T weight_decay, int nesterov, int first_step
+inline void update(__global T* p, __global const T* g, __global T* sa, __global T* sb, __global T* sc,
+                   long i, long j, HYPER_ARGS) {
+    T grad = g[j];
+    T param = p[i];
+    if (weight_decay != (T)0) grad = grad + weight_decay * param;
+    if (momentum != (T)0) {
+        T buf = first_step ? grad : momentum * sa[i] + ((T)1 - dampening) * grad;
+        sa[i] = buf;
+        grad = nesterov ? grad + momentum * buf : buf;
+    }
+    p[i] = param - lr * grad;
+}
+#define HYPER_PASS lr, momentum, dampening, weight_decay, nesterov, first_step
+
+#elif OPT == 2
+#define HYPER_ARGS T lr, T beta1, T beta2, T eps, T weight_decay, int decoupled, T bias_correction1, \
+    T bias_correction2_sqrt
+inline void update(__global T* p, __global const T* g, __global T* sa, __global T* sb, __global T* sc,
+                   long i, long j, HYPER_ARGS) {
+    T grad = g[j];
+    T param = p[i];
+    if (weight_decay != (T)0) {
+        if (decoupled) param = param * ((T)1 - lr * weight_decay);
+        else grad = grad + weight_decay * param;
+    }
+    T m = sa[i] + ((T)1 - beta1) * (grad - sa[i]);          /* exp_avg.lerp_(grad, 1 - beta1) */
+    T v = beta2 * sb[i] + ((T)1 - beta2) * grad * grad;
+    sa[i] = m;
+    sb[i] = v;
+    T denom = sqrt(v) / bias_correction2_sqrt + eps;
+    p[i] = param - (lr / bias_correction1) * (m / denom);
+}
+#define HYPER_PASS lr, beta1, beta2, eps, weight_decay, decoupled, bias_correction1, bias_correction2_sqrt
+
+#elif OPT == 3
+#define HYPER_ARGS T lr, T alpha, T eps, T weight_decay, T momentum, int centered
+inline void update(__global T* p, __global const T* g, __global T* sa, __global T* sb, __global T* sc,
+                   long i, long j, HYPER_ARGS) {
+    T grad = g[j];
+    T param = p[i];
+    if (weight_decay != (T)0) grad = grad + weight_decay * param;
+    T sq = alpha * sa[i] + ((T)1 - alpha) * grad * grad;
+    sa[i] = sq;
+    T avg;
+    if (centered) {
+        T ga = sb[i] + ((T)1 - alpha) * (grad - sb[i]);      /* grad_avg.lerp_(grad, 1 - alpha) */
+        sb[i] = ga;
+        avg = sqrt(sq - ga * ga) + eps;
+    } else {
+        avg = sqrt(sq) + eps;
+    }
+    if (momentum > (T)0) {
+        T buf = momentum * sc[i] + grad / avg;
+        sc[i] = buf;
+        p[i] = param - lr * buf;
+    } else {
+        p[i] = param - lr * (grad / avg);
+    }
+}
+#define HYPER_PASS lr, alpha, eps, weight_decay, momentum, centered
+#endif
+
+/* State buffers are contiguous from 0, parameters and grads may start at an offset (po, go). */
+#define TRY(i) if (k < n##i) { \
+        update(p##i + po##i, g##i + go##i, sa##i, sb##i, sc##i, k, k, HYPER_PASS); return; } \
+    k -= n##i;
+
+__kernel void optimizer_step(
+    TENSOR_ARGS(0)
+#if N_TENSORS > 1
+    , TENSOR_ARGS(1)
+#endif
+#if N_TENSORS > 2
+    , TENSOR_ARGS(2)
+#endif
+#if N_TENSORS > 3
+    , TENSOR_ARGS(3)
+#endif
+#if N_TENSORS > 4
+    , TENSOR_ARGS(4)
+#endif
+#if N_TENSORS > 5
+    , TENSOR_ARGS(5)
+#endif
+#if N_TENSORS > 6
+    , TENSOR_ARGS(6)
+#endif
+#if N_TENSORS > 7
+    , TENSOR_ARGS(7)
+#endif
+    , HYPER_ARGS)
+{
+    long k = get_global_id(0);
+    TRY(0)
+#if N_TENSORS > 1
+    TRY(1)
+#endif
+#if N_TENSORS > 2
+    TRY(2)
+#endif
+#if N_TENSORS > 3
+    TRY(3)
+#endif
+#if N_TENSORS > 4
+    TRY(4)
+#endif
+#if N_TENSORS > 5
+    TRY(5)
+#endif
+#if N_TENSORS > 6
+    TRY(6)
+#endif
+#if N_TENSORS > 7
+    TRY(7)
+#endif
+}
+
+/* ---- gradient-norm clipping ------------------------------------------------------------------
+ * sum_squares: one work-group of WG items sums x[off + i]^2 over n elements into partial[slot]
+ *   (global = local = WG; a fixed-order tree so the result is reproducible).
+ * clip_coef: one work-item adds partial[0..count) (fixed order), writes norm[0] = sqrt(sum) and
+ *   norm[1] = min(1, max_norm / (norm + 1e-6)).
+ * scale_by: x[off + i] *= norm[1] for i < n (1-D, one work-item per element).
+ */
+#ifndef WG
+#define WG 256
+#endif
+
+__kernel void sum_squares(__global const T* x, long off, long n, __global T* partial, int slot) {
+    __local T acc[WG];
+    int lid = get_local_id(0);
+    T s = (T)0;
+    for (long i = lid; i < n; i += WG) { T v = x[off + i]; s += v * v; }
+    acc[lid] = s;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int stride = WG / 2; stride > 0; stride >>= 1) {
+        if (lid < stride) acc[lid] += acc[lid + stride];
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    if (lid == 0) partial[slot] = acc[0];
+}
+
+__kernel void clip_coef(__global const T* partial, int count, T max_norm, __global T* norm) {
+    if (get_global_id(0) != 0) return;
+    T s = (T)0;
+    for (int i = 0; i < count; ++i) s += partial[i];
+    T total = sqrt(s);
+    norm[0] = total;
+    T coef = max_norm / (total + (T)1e-6);
+    norm[1] = coef < (T)1 ? coef : (T)1;
+}
+
+__kernel void scale_by(__global T* x, long off, long n, __global const T* norm) {
+    long i = get_global_id(0);
+    if (i < n) x[off + i] *= norm[1];
+}

@@ -1,0 +1,22 @@
+"""Optimizers (one fused kernel launch per chunk of parameters), schedulers and gradient clipping."""
+
+from netcl.optim.adam import Adam, AdamW
+from netcl.optim.clip import clip_grad_norm_
+from netcl.optim.optimizer import Optimizer
+from netcl.optim.rmsprop import RMSProp, RMSprop
+from netcl.optim.scheduler import (
+    CosineAnnealing,
+    CosineAnnealingLR,
+    LRScheduler,
+    OneCycle,
+    OneCycleLR,
+    ReduceLROnPlateau,
+    StepLR,
+    WarmupCosine,
+)
+from netcl.optim.sgd import SGD, Momentum
+
+__all__ = [
+    "Adam", "AdamW", "CosineAnnealing", "CosineAnnealingLR", "LRScheduler", "Momentum", "OneCycle", "OneCycleLR",
+    "Optimizer", "RMSProp", "RMSprop", "ReduceLROnPlateau", "SGD", "StepLR", "WarmupCosine", "clip_grad_norm_",
+]

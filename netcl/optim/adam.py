@@ -1,0 +1,43 @@
+"""Adam (L2 weight decay added to the gradient) and AdamW (decoupled weight decay), PyTorch's formulas."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+from netcl.optim.optimizer import Optimizer, _bias_corrections
+
+
+class Adam(Optimizer):
+    """m = lerp(m, g, 1 - b1); v = b2 v + (1 - b2) g^2;
+    p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)."""
+
+    kind = 2
+    state_names = ("exp_avg", "exp_avg_sq")
+    decoupled = False
+
+    def __init__(self, params: Iterable[Any], lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8, weight_decay: float = 0.0):
+        if lr < 0 or eps < 0 or weight_decay < 0:
+            raise ValueError(f"{type(self).__name__} needs lr, eps, weight_decay >= 0")
+        if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
+            raise ValueError(f"betas must be in [0, 1), got {betas}")
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
+
+    def _hyper(self, group: dict[str, Any], step: int, scalar: type, items: list) -> tuple:
+        beta1, beta2 = group["betas"]
+        bc1, bc2_sqrt = _bias_corrections(beta1, beta2, step)
+        return (scalar(group["lr"]), scalar(beta1), scalar(beta2), scalar(group["eps"]),
+                scalar(group["weight_decay"]), np.int32(self.decoupled), scalar(bc1), scalar(bc2_sqrt))
+
+
+class AdamW(Adam):
+    """Adam with decoupled weight decay: p *= 1 - lr wd before the Adam update (default wd 0.01)."""
+
+    decoupled = True
+
+    def __init__(self, params: Iterable[Any], lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8, weight_decay: float = 1e-2):
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)

@@ -1,0 +1,170 @@
+"""Optimizer updates against NumPy re-implementations of PyTorch's formulas, over several steps."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import netcl.autograd as ag
+from netcl import optim
+from netcl.core.backend import count_launches
+from netcl.core.tensor import Tensor
+
+SHAPES = [(7, 3), (17,), (1,), (2, 3, 5)]
+
+
+def _sgd(p, g, st, step, lr, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False):
+    g = g + weight_decay * p if weight_decay else g
+    if momentum:
+        buf = g.copy() if step == 1 else momentum * st["buf"] + (1 - dampening) * g
+        st["buf"] = buf
+        g = g + momentum * buf if nesterov else buf
+    return p - lr * g
+
+
+def _adam(p, g, st, step, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, decoupled=False):
+    b1, b2 = betas
+    if weight_decay:
+        if decoupled:
+            p = p * (1 - lr * weight_decay)
+        else:
+            g = g + weight_decay * p
+    st["m"] = st.get("m", 0) * b1 + (1 - b1) * g
+    st["v"] = st.get("v", 0) * b2 + (1 - b2) * g * g
+    bc1, bc2 = 1 - b1**step, 1 - b2**step
+    return p - lr / bc1 * st["m"] / (np.sqrt(st["v"]) / math.sqrt(bc2) + eps)
+
+
+def _rmsprop(p, g, st, step, lr, alpha=0.99, eps=1e-8, weight_decay=0.0, momentum=0.0, centered=False):
+    g = g + weight_decay * p if weight_decay else g
+    st["sq"] = alpha * st.get("sq", 0) + (1 - alpha) * g * g
+    if centered:
+        st["ga"] = alpha * st.get("ga", 0) + (1 - alpha) * g
+        avg = np.sqrt(st["sq"] - st["ga"] ** 2) + eps
+    else:
+        avg = np.sqrt(st["sq"]) + eps
+    if momentum:
+        st["buf"] = momentum * st.get("buf", 0) + g / avg
+        return p - lr * st["buf"]
+    return p - lr * g / avg
+
+
+CASES = [
+    (optim.SGD, _sgd, dict(lr=0.1)),
+    (optim.SGD, _sgd, dict(lr=0.05, momentum=0.9, dampening=0.1, weight_decay=0.01)),
+    (optim.SGD, _sgd, dict(lr=0.05, momentum=0.8, nesterov=True, weight_decay=0.02)),
+    (optim.Momentum, _sgd, dict(lr=0.05, momentum=0.9)),
+    (optim.Adam, _adam, dict(lr=0.01, weight_decay=0.05)),
+    (optim.AdamW, lambda *a, **k: _adam(*a, decoupled=True, **k), dict(lr=0.01, betas=(0.8, 0.99), weight_decay=0.1)),
+    (optim.RMSProp, _rmsprop, dict(lr=0.01)),
+    (optim.RMSProp, _rmsprop, dict(lr=0.01, momentum=0.9, centered=True, weight_decay=0.01)),
+    (optim.RMSProp, _rmsprop, dict(lr=0.01, momentum=0.5)),
+]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("cls,ref,hyper", CASES, ids=lambda v: getattr(v, "__name__", "") if callable(v) else "")
+def test_matches_numpy_reference(queue, rng, dtype, cls, ref, hyper):
+    host = [rng.standard_normal(s) for s in SHAPES]
+    params = [ag.Parameter(Tensor.from_host(queue, h.astype(dtype))) for h in host]
+    opt = cls(params, **hyper)
+    states = [dict() for _ in host]
+    want = [h.astype(dtype).astype(np.float64) for h in host]
+    for step in range(1, 5):
+        grads = [rng.standard_normal(s) for s in SHAPES]
+        for p, g in zip(params, grads):
+            p.grad = Tensor.from_host(queue, g.astype(dtype))
+        opt.step()
+        opt.zero_grad()
+        want = [ref(w, g.astype(dtype).astype(np.float64), st, step, **hyper) for w, g, st in zip(want, grads, states)]
+    tol = dict(rtol=2e-5, atol=2e-6) if dtype == np.float32 else dict(rtol=1e-12, atol=1e-13)
+    for p, w in zip(params, want):
+        np.testing.assert_allclose(p.value.to_host(), w, **tol)
+
+
+def test_one_launch_for_up_to_eight_parameters(queue, rng):
+    params = [ag.Parameter(Tensor.from_host(queue, rng.standard_normal(s).astype(np.float32))) for s in SHAPES * 3]
+    for p in params:
+        p.grad = Tensor.ones(queue, p.shape)
+    opt = optim.AdamW(params)
+    opt.step()  # makes the state
+    with count_launches() as c:
+        opt.step()
+    assert c.count == 2  # 12 parameters: 8 + 4
+
+
+def test_parameters_without_grad_are_skipped(queue):
+    a = ag.Parameter(Tensor.ones(queue, (3,)))
+    b = ag.Parameter(Tensor.ones(queue, (2,)))
+    a.grad = Tensor.full(queue, (3,), 2.0)
+    optim.SGD([a, b], lr=0.5).step()
+    np.testing.assert_array_equal(a.value.to_host(), [0, 0, 0])
+    np.testing.assert_array_equal(b.value.to_host(), [1, 1])
+
+
+def test_param_groups_and_state_dict_round_trip(queue, rng):
+    hosts = [rng.standard_normal((4, 3)), rng.standard_normal(5)]
+
+    def make():
+        ps = [ag.Parameter(Tensor.from_host(queue, h.astype(np.float32))) for h in hosts]
+        return ps, optim.Adam([{"params": ps[:1]}, {"params": ps[1:], "lr": 0.1}], lr=0.01)
+
+    grads = [[rng.standard_normal(h.shape).astype(np.float32) for h in hosts] for _ in range(4)]
+    ps_a, opt_a = make()
+    for gs in grads:
+        for p, g in zip(ps_a, gs):
+            p.grad = Tensor.from_host(queue, g)
+        opt_a.step()
+    ps_b, opt_b = make()
+    for gs in grads[:2]:
+        for p, g in zip(ps_b, gs):
+            p.grad = Tensor.from_host(queue, g)
+        opt_b.step()
+    sd = opt_b.state_dict()
+    assert sd["param_groups"][1]["lr"] == 0.1 and sd["state"][0]["step"] == 2
+    ps_c, opt_c = make()
+    for p, q in zip(ps_c, ps_b):
+        p.value = q.value.clone()
+    opt_c.load_state_dict(sd)
+    for gs in grads[2:]:
+        for p, g in zip(ps_c, gs):
+            p.grad = Tensor.from_host(queue, g)
+        opt_c.step()
+    for p, q in zip(ps_a, ps_c):
+        np.testing.assert_array_equal(p.value.to_host(), q.value.to_host())
+
+
+def test_load_state_dict_rejects_wrong_shapes(queue):
+    p = ag.Parameter(Tensor.ones(queue, (3,)))
+    opt = optim.Adam([p])
+    bad = {"state": {0: {"step": 1, "exp_avg": np.zeros(4), "exp_avg_sq": np.zeros(3)}},
+           "param_groups": opt.state_dict()["param_groups"]}
+    with pytest.raises(ValueError, match=r"exp_avg.*\(4,\).*\(3,\)"):
+        opt.load_state_dict(bad)
+
+
+def test_invalid_hyperparameters():
+    with pytest.raises(ValueError, match="Nesterov"):
+        optim.SGD([ag.Parameter.__new__(ag.Parameter)], lr=0.1, nesterov=True)
+    with pytest.raises(ValueError, match="empty"):
+        optim.Adam([])
+
+
+def test_clip_grad_norm(queue, rng):
+    grads = [rng.standard_normal(s) for s in SHAPES]
+    params = [ag.Parameter(Tensor.zeros(queue, s, np.float64)) for s in SHAPES]
+    for p, g in zip(params, grads):
+        p.grad = Tensor.from_host(queue, g)
+    total = math.sqrt(sum(float((g**2).sum()) for g in grads))
+    norm = optim.clip_grad_norm_(params, max_norm=1.5)
+    np.testing.assert_allclose(norm.to_host(), [total], rtol=1e-12)
+    coef = 1.5 / (total + 1e-6)
+    for p, g in zip(params, grads):
+        np.testing.assert_allclose(p.grad.to_host(), g * coef, rtol=1e-12)
+    # under the limit nothing changes
+    norm2 = optim.clip_grad_norm_(params, max_norm=100.0)
+    np.testing.assert_allclose(norm2.to_host(), [1.5], rtol=1e-6)
+    for p, g in zip(params, grads):
+        np.testing.assert_allclose(p.grad.to_host(), g * coef, rtol=1e-12)
