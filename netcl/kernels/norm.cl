@@ -1,0 +1,253 @@
+// Normalisation layers, one launch per direction: LayerNorm / RMSNorm / GroupNorm (row kernels)
+// and BatchNorm2d (channel kernels), forward and backward, with optional fused relu.
+//
+// Row norms see the input as ROWS x L contiguous rows; every row is normalised on its own:
+//   LayerNorm: rows = prod(leading dims), L = prod(normalized_shape), parameter of element i is i.
+//   GroupNorm: rows = N*G, L = (C/G)*HW (a group of one sample is contiguous in NCHW), parameter of
+//   element i of row r is ((r % G)*L + i) / HW, i.e. its channel. Written generally as
+//   param(r, i) = ((r % PG)*L + i) / PDIV with (PG, PDIV) = (1, 1) for LayerNorm, (G, HW) for GroupNorm.
+//   RMSNorm (rms=1) skips the mean: y = x * rsqrt(mean(x^2) + eps) * w.
+// row_norm_forward: global (ROWS*LOCAL), local (LOCAL); one work-group per row: two-pass mean and
+//   variance in ACC (sum, then sum of squared deviations: no cancellation), then writes y, mean, rstd.
+// row_norm_backward: global ((ROWS + ceil(NPARAM/LOCAL))*LOCAL), local (LOCAL). Work-groups below
+//   ROWS each take one row and write grad_x; the rest each take LOCAL parameters and write grad_w,
+//   grad_b by summing over the rows that use them. One launch, no atomics.
+// batch_norm_forward/backward: global (C*LOCAL), local (LOCAL); one work-group per channel walks
+//   its N*HW elements (training: batch statistics, two passes; eval: running statistics).
+// LOCAL is 1 on CPUs (no barrier cost, rows spread over cores) and 128-256 on GPUs.
+// Memory: forward reads x (twice; three times for training BatchNorm) and writes y once;
+//   backward reads x and grad_y twice, writes grad_x once.
+
+#ifdef USE_FP64
+#pragma OPENCL EXTENSION cl_khr_fp64 : enable
+#endif
+
+#ifndef T
+#define T float            // storage type
+#endif
+#ifndef ACC
+#define ACC float          // accumulation type (float for float32 storage, double for float64)
+#endif
+#ifndef LOCAL
+#define LOCAL 1            // work-group size, a power of two
+#endif
+#ifndef RELU
+#define RELU 0             // 1: fuse relu into the output (forward) / mask grad by it (backward)
+#endif
+
+#define LD(p, i) ((ACC)(p)[i])
+
+inline ACC group_sum(ACC v, __local ACC *scratch)
+{
+#if LOCAL == 1
+    return v;
+#else
+    const int lid = get_local_id(0);
+    scratch[lid] = v;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int s = LOCAL / 2; s > 0; s >>= 1) {
+        if (lid < s) scratch[lid] += scratch[lid + s];
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    const ACC r = scratch[0];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    return r;
+#endif
+}
+
+__kernel void row_norm_forward(__global const T *x, const long x_off, __global const T *w, __global const T *b,
+                               const int has_w, const int has_b, __global T *y, __global T *mean_out,
+                               __global T *rstd_out, const int ROWS, const int L, const int PG, const int PDIV,
+                               const int rms, const ACC eps)
+{
+    __local ACC scratch[LOCAL];
+    const int r = get_group_id(0), lid = get_local_id(0);
+    if (r >= ROWS) return;
+    const __global T *xr = x + x_off + (long)r * L;
+    ACC mean = (ACC)0;
+    if (!rms) {
+        ACC s = (ACC)0;
+        for (int i = lid; i < L; i += LOCAL) s += LD(xr, i);
+        mean = group_sum(s, scratch) / (ACC)L;
+    }
+    ACC ss = (ACC)0;
+    for (int i = lid; i < L; i += LOCAL) {
+        const ACC d = LD(xr, i) - mean;
+        ss += d * d;
+    }
+    const ACC rstd = rsqrt(group_sum(ss, scratch) / (ACC)L + eps);
+    const int pbase = (r % PG) * L;
+    __global T *yr = y + (long)r * L;
+    for (int i = lid; i < L; i += LOCAL) {
+        ACC v = (LD(xr, i) - mean) * rstd;
+        const int p = (pbase + i) / PDIV;
+        if (has_w) v *= LD(w, p);
+        if (has_b) v += LD(b, p);
+#if RELU
+        v = fmax(v, (ACC)0);
+#endif
+        yr[i] = (T)v;
+    }
+    if (lid == 0) {
+        mean_out[r] = (T)mean;
+        rstd_out[r] = (T)rstd;
+    }
+}
+
+__kernel void row_norm_backward(__global const T *gy, const long gy_off, __global const T *x, const long x_off,
+                                __global const T *w, const int has_w, __global const T *mean_in,
+                                __global const T *rstd_in, __global T *gx, __global T *gw, __global T *gb,
+                                const int ROWS, const int L, const int PG, const int PDIV, const int NPARAM,
+                                const int rms)
+{
+    __local ACC scratch[LOCAL];
+    const int grp = get_group_id(0), lid = get_local_id(0);
+    if (grp < ROWS) {
+        const int r = grp;
+        const __global T *xr = x + x_off + (long)r * L;
+        const __global T *gr = gy + gy_off + (long)r * L;
+        const ACC mean = rms ? (ACC)0 : LD(mean_in, r), rstd = LD(rstd_in, r);
+        const int pbase = (r % PG) * L;
+        ACC s1 = (ACC)0, s2 = (ACC)0;  // sum(g'), sum(g' * xhat) with g' = gy * w
+        for (int i = lid; i < L; i += LOCAL) {
+            ACC g = LD(gr, i);
+            if (has_w) g *= LD(w, (pbase + i) / PDIV);
+            s1 += g;
+            s2 += g * (LD(xr, i) - mean) * rstd;
+        }
+        s1 = rms ? (ACC)0 : group_sum(s1, scratch) / (ACC)L;
+        s2 = group_sum(s2, scratch) / (ACC)L;
+        __global T *gxr = gx + (long)r * L;
+        for (int i = lid; i < L; i += LOCAL) {
+            ACC g = LD(gr, i);
+            if (has_w) g *= LD(w, (pbase + i) / PDIV);
+            const ACC xhat = (LD(xr, i) - mean) * rstd;
+            gxr[i] = (T)(rstd * (g - s1 - xhat * s2));
+        }
+        return;
+    }
+    // parameter part: one work-item per parameter, summing over the rows and elements that use it
+    const int p = (grp - ROWS) * LOCAL + lid;
+    if (p >= NPARAM) return;
+    const int g = (p * PDIV) / L;        // row residue (group) that holds parameter p
+    const int i0 = p * PDIV - g * L;     // its first element inside such a row
+    ACC sw = (ACC)0, sb = (ACC)0;
+    for (int r = g; r < ROWS; r += PG) {
+        const ACC mean = rms ? (ACC)0 : LD(mean_in, r), rstd = LD(rstd_in, r);
+        const __global T *xr = x + x_off + (long)r * L + i0;
+        const __global T *gr = gy + gy_off + (long)r * L + i0;
+        for (int i = 0; i < PDIV; ++i) {
+            const ACC gv = LD(gr, i);
+            sw += gv * (LD(xr, i) - mean) * rstd;
+            sb += gv;
+        }
+    }
+    gw[p] = (T)sw;
+    gb[p] = (T)sb;
+}
+
+// BatchNorm2d over (N, C, HW). save_mean/save_invstd get the statistics used (batch or running).
+__kernel void batch_norm_forward(__global const T *x, const long x_off, __global const T *w, __global const T *b,
+                                 const int has_w, const int has_b, __global T *rmean, __global T *rvar,
+                                 const int has_running, __global T *y, __global T *save_mean,
+                                 __global T *save_invstd, const int N, const int C, const int HW,
+                                 const int training, const ACC momentum, const ACC eps)
+{
+    __local ACC scratch[LOCAL];
+    const int c = get_group_id(0), lid = get_local_id(0);
+    if (c >= C) return;
+    const long M = (long)N * HW;
+    ACC mean, invstd;
+    if (training) {
+        ACC s = (ACC)0;
+        for (int n = 0; n < N; ++n) {
+            const __global T *xp = x + x_off + ((long)n * C + c) * HW;
+            for (int i = lid; i < HW; i += LOCAL) s += LD(xp, i);
+        }
+        mean = group_sum(s, scratch) / (ACC)M;
+        ACC ss = (ACC)0;
+        for (int n = 0; n < N; ++n) {
+            const __global T *xp = x + x_off + ((long)n * C + c) * HW;
+            for (int i = lid; i < HW; i += LOCAL) {
+                const ACC d = LD(xp, i) - mean;
+                ss += d * d;
+            }
+        }
+        const ACC var = group_sum(ss, scratch) / (ACC)M;
+        invstd = rsqrt(var + eps);
+        if (lid == 0 && has_running) {
+            const ACC unbiased = M > 1 ? var * (ACC)M / (ACC)(M - 1) : var;
+            rmean[c] = (T)(((ACC)1 - momentum) * LD(rmean, c) + momentum * mean);
+            rvar[c] = (T)(((ACC)1 - momentum) * LD(rvar, c) + momentum * unbiased);
+        }
+    } else {
+        mean = LD(rmean, c);
+        invstd = rsqrt(LD(rvar, c) + eps);
+    }
+    const ACC scale = has_w ? LD(w, c) * invstd : invstd;
+    const ACC shift = (has_b ? LD(b, c) : (ACC)0) - mean * scale;
+    for (int n = 0; n < N; ++n) {
+        const __global T *xp = x + x_off + ((long)n * C + c) * HW;
+        __global T *yp = y + ((long)n * C + c) * HW;
+        for (int i = lid; i < HW; i += LOCAL) {
+            ACC v = LD(xp, i) * scale + shift;
+#if RELU
+            v = fmax(v, (ACC)0);
+#endif
+            yp[i] = (T)v;
+        }
+    }
+    if (lid == 0) {
+        save_mean[c] = (T)mean;
+        save_invstd[c] = (T)invstd;
+    }
+}
+
+__kernel void batch_norm_backward(__global const T *gy, const long gy_off, __global const T *x, const long x_off,
+                                  __global const T *w, __global const T *b, const int has_w, const int has_b,
+                                  __global const T *save_mean, __global const T *save_invstd,
+                                  __global T *gx, __global T *gw, __global T *gb,
+                                  const int N, const int C, const int HW, const int training)
+{
+    __local ACC scratch[LOCAL];
+    const int c = get_group_id(0), lid = get_local_id(0);
+    if (c >= C) return;
+    const long M = (long)N * HW;
+    const ACC mean = LD(save_mean, c), invstd = LD(save_invstd, c);
+    const ACC wc = has_w ? LD(w, c) : (ACC)1;
+#if RELU
+    const ACC bc = has_b ? LD(b, c) : (ACC)0;
+#define GRAD(gp, xp, i) ((((LD(xp, i) - mean) * invstd * wc + bc) > (ACC)0) ? LD(gp, i) : (ACC)0)
+#else
+#define GRAD(gp, xp, i) LD(gp, i)
+#endif
+    ACC sg = (ACC)0, sgx = (ACC)0;  // sum(gy), sum(gy * xhat)
+    for (int n = 0; n < N; ++n) {
+        const long base = ((long)n * C + c) * HW;
+        const __global T *xp = x + x_off + base;
+        const __global T *gp = gy + gy_off + base;
+        for (int i = lid; i < HW; i += LOCAL) {
+            const ACC g = GRAD(gp, xp, i);
+            sg += g;
+            sgx += g * (LD(xp, i) - mean) * invstd;
+        }
+    }
+    sg = group_sum(sg, scratch);
+    sgx = group_sum(sgx, scratch);
+    const ACC k = wc * invstd;
+    const ACC mg = training ? sg / (ACC)M : (ACC)0, mgx = training ? sgx / (ACC)M : (ACC)0;
+    for (int n = 0; n < N; ++n) {
+        const long base = ((long)n * C + c) * HW;
+        const __global T *xp = x + x_off + base;
+        const __global T *gp = gy + gy_off + base;
+        __global T *gxp = gx + base;
+        for (int i = lid; i < HW; i += LOCAL) {
+            const ACC xhat = (LD(xp, i) - mean) * invstd;
+            gxp[i] = (T)(k * (GRAD(gp, xp, i) - mg - xhat * mgx));
+        }
+    }
+    if (lid == 0) {
+        gw[c] = (T)sgx;
+        gb[c] = (T)sg;
+    }
+}

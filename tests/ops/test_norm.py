@@ -1,0 +1,214 @@
+"""Norms forward against float64 NumPy, backward by finite differences in float64 (netcl/ops/norm.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from netcl.core.tensor import Tensor
+from netcl.errors import DTypeError, ShapeError
+from netcl.ops import norm as Nm
+from tests.reference import assert_close
+
+
+def _t(queue, a):
+    return None if a is None else Tensor.from_host(queue, a)
+
+
+def _directional(loss, args, grads, rng, h=1e-6):
+    """Check <grad_i, d_i> against central differences of loss along a random direction per argument."""
+    for i, g in enumerate(grads):
+        if g is None:
+            continue
+        d = rng.standard_normal(args[i].shape)
+        plus = list(args)
+        minus = list(args)
+        plus[i] = args[i] + h * d
+        minus[i] = args[i] - h * d
+        fd = (loss(*plus) - loss(*minus)) / (2 * h)
+        assert fd == pytest.approx(float(np.sum(g * d)), rel=1e-6, abs=1e-9), f"argument {i}"
+
+
+# -- BatchNorm -----------------------------------------------------------------------------------
+def ref_bn(x, w, b, mean, var, eps):
+    shp = (1, -1) + (1,) * (x.ndim - 2)
+    return (x - mean.reshape(shp)) / np.sqrt(var.reshape(shp) + eps) * w.reshape(shp) + b.reshape(shp)
+
+
+@pytest.mark.parametrize("dt,shape", [(np.float32, (3, 5, 7, 9)), (np.float64, (2, 3, 5)), (np.float32, (17, 4))])
+def test_batch_norm_training_and_running_stats(queue, rng, dt, shape):
+    x = (rng.standard_normal(shape) * 3 + 1).astype(dt)
+    c = shape[1]
+    w, b = rng.standard_normal(c).astype(dt), rng.standard_normal(c).astype(dt)
+    rm, rv = rng.standard_normal(c).astype(dt), rng.random(c).astype(dt) + 0.5
+    rmt, rvt = _t(queue, rm), _t(queue, rv)
+    out, sm, si = Nm.batch_norm(_t(queue, x), _t(queue, w), _t(queue, b), rmt, rvt, True, momentum=0.2, eps=1e-5)
+    axes = (0,) + tuple(range(2, len(shape)))
+    x64 = x.astype(np.float64)
+    mean, var = x64.mean(axis=axes), x64.var(axis=axes)
+    m = x.size // c
+    tol = dict(rtol=1e-5, atol=1e-5) if dt == np.float32 else {}
+    assert_close(out, ref_bn(x64, w, b, mean, var, 1e-5), dt, **tol)
+    assert_close(sm, mean, dt, **tol)
+    assert_close(si, 1 / np.sqrt(var + 1e-5), dt, **tol)
+    assert_close(rmt, 0.8 * rm + 0.2 * mean, dt, **tol)
+    assert_close(rvt, 0.8 * rv + 0.2 * var * m / (m - 1), dt, **tol)
+    # eval uses the running statistics and leaves them alone
+    out_eval, _, _ = Nm.batch_norm(_t(queue, x), _t(queue, w), _t(queue, b), rmt, rvt, False)
+    rm2, rv2 = rmt.to_host().astype(np.float64), rvt.to_host().astype(np.float64)
+    assert_close(out_eval, ref_bn(x64, w, b, rm2, rv2, 1e-5), dt, **tol)
+    assert_close(rmt, rm2, dt)
+
+
+@pytest.mark.parametrize("training", [True, False])
+@pytest.mark.parametrize("relu", [False, True])
+def test_batch_norm_backward_finite_differences(queue, rng, training, relu):
+    x = rng.standard_normal((3, 2, 4, 3))
+    w, b, gy = rng.standard_normal(2), rng.standard_normal(2), rng.standard_normal(x.shape)
+    rm, rv = rng.standard_normal(2), rng.random(2) + 0.5
+    act = "relu" if relu else None
+
+    def loss(xa, wa, ba):
+        out, _, _ = Nm.batch_norm(_t(queue, xa), _t(queue, wa), _t(queue, ba), _t(queue, rm), _t(queue, rv),
+                                  training, activation=act)
+        return float(np.sum(out.to_host() * gy))
+
+    _, sm, si = Nm.batch_norm(_t(queue, x), _t(queue, w), _t(queue, b), _t(queue, rm), _t(queue, rv), training,
+                              activation=act)
+    gx, gw, gb = Nm.batch_norm_backward(_t(queue, gy), _t(queue, x), _t(queue, w), sm, si, training,
+                                        bias=_t(queue, b), activation=act)
+    _directional(loss, (x, w, b), (gx.to_host(), gw.to_host(), gb.to_host()), rng)
+
+
+def test_batch_norm_relu_matches_composition(queue, rng):
+    x = rng.standard_normal((4, 3, 5, 5)).astype(np.float32)
+    w, b = rng.standard_normal(3).astype(np.float32), rng.standard_normal(3).astype(np.float32)
+    out, _, _ = Nm.batch_norm_relu(_t(queue, x), _t(queue, w), _t(queue, b), None, None, True)
+    x64 = x.astype(np.float64)
+    want = np.maximum(ref_bn(x64, w, b, x64.mean(axis=(0, 2, 3)), x64.var(axis=(0, 2, 3)), 1e-5), 0)
+    assert_close(out, want, rtol=1e-5, atol=1e-5)
+
+
+# -- LayerNorm / RMSNorm / GroupNorm ---------------------------------------------------------------
+def ref_ln(x, nd, w, b, eps):
+    axes = tuple(range(x.ndim - nd, x.ndim))
+    y = (x - x.mean(axis=axes, keepdims=True)) / np.sqrt(x.var(axis=axes, keepdims=True) + eps)
+    return y * (1 if w is None else w) + (0 if b is None else b)
+
+
+@pytest.mark.parametrize("dt", [np.float32, np.float64])
+def test_layer_norm_forward(queue, rng, dt):
+    x = (rng.standard_normal((3, 7, 33)) * 2 + 5).astype(dt)
+    w, b = rng.standard_normal(33).astype(dt), rng.standard_normal(33).astype(dt)
+    out, mean, rstd = Nm.layer_norm(_t(queue, x), 33, _t(queue, w), _t(queue, b))
+    tol = dict(rtol=1e-5, atol=1e-5) if dt == np.float32 else {}
+    x64 = x.astype(np.float64)
+    assert_close(out, ref_ln(x64, 1, w, b, 1e-5), dt, **tol)
+    assert_close(mean, x64.mean(axis=-1), dt, **tol)
+    assert_close(rstd, 1 / np.sqrt(x64.var(axis=-1) + 1e-5), dt, **tol)
+    out2, _, _ = Nm.layer_norm(_t(queue, x), (7, 33))  # two normalised dims, no affine
+    assert_close(out2, ref_ln(x64, 2, None, None, 1e-5), dt, **tol)
+
+
+@pytest.mark.parametrize("affine", [True, False])
+def test_layer_norm_backward_finite_differences(queue, rng, affine):
+    x = rng.standard_normal((5, 3, 7))
+    w, b = (rng.standard_normal((3, 7)), rng.standard_normal((3, 7))) if affine else (None, None)
+    gy = rng.standard_normal(x.shape)
+
+    def loss(xa, wa=None, ba=None):
+        return float(np.sum(Nm.layer_norm(_t(queue, xa), (3, 7), _t(queue, wa), _t(queue, ba))[0].to_host() * gy))
+
+    _, mean, rstd = Nm.layer_norm(_t(queue, x), (3, 7), _t(queue, w), _t(queue, b))
+    gx, gw, gb = Nm.layer_norm_backward(_t(queue, gy), _t(queue, x), (3, 7), mean, rstd, _t(queue, w), _t(queue, b))
+    if affine:
+        _directional(loss, (x, w, b), (gx.to_host(), gw.to_host(), gb.to_host()), rng)
+    else:
+        assert gw is None and gb is None
+        _directional(loss, (x,), (gx.to_host(),), rng)
+
+
+def test_rms_norm_forward_backward(queue, rng):
+    x = rng.standard_normal((4, 17))
+    w, gy = rng.standard_normal(17), rng.standard_normal((4, 17))
+    out, rstd = Nm.rms_norm(_t(queue, x), 17, _t(queue, w), eps=1e-6)
+    r = 1 / np.sqrt((x * x).mean(axis=-1, keepdims=True) + 1e-6)
+    assert_close(out, x * r * w)
+    assert_close(rstd, r[:, 0])
+
+    def loss(xa, wa):
+        return float(np.sum(Nm.rms_norm(_t(queue, xa), 17, _t(queue, wa))[0].to_host() * gy))
+
+    gx, gw = Nm.rms_norm_backward(_t(queue, gy), _t(queue, x), 17, rstd, _t(queue, w))
+    _directional(loss, (x, w), (gx.to_host(), gw.to_host()), rng)
+    out32, _ = Nm.rms_norm(_t(queue, x.astype(np.float32)), 17, _t(queue, w.astype(np.float32)))
+    assert_close(out32, x * r * w, rtol=1e-5, atol=1e-5)
+
+
+def ref_gn(x, g, w, b, eps):
+    n, c = x.shape[:2]
+    xr = x.reshape(n, g, -1)
+    y = ((xr - xr.mean(axis=-1, keepdims=True)) / np.sqrt(xr.var(axis=-1, keepdims=True) + eps)).reshape(x.shape)
+    shp = (1, c) + (1,) * (x.ndim - 2)
+    return y * w.reshape(shp) + b.reshape(shp)
+
+
+def test_group_norm_forward_backward(queue, rng):
+    x = rng.standard_normal((2, 6, 5, 3))
+    w, b, gy = rng.standard_normal(6), rng.standard_normal(6), rng.standard_normal(x.shape)
+    out, mean, rstd = Nm.group_norm(_t(queue, x), 3, _t(queue, w), _t(queue, b))
+    assert_close(out, ref_gn(x, 3, w, b, 1e-5))
+    assert mean.shape == (2, 3)
+
+    def loss(xa, wa, ba):
+        return float(np.sum(Nm.group_norm(_t(queue, xa), 3, _t(queue, wa), _t(queue, ba))[0].to_host() * gy))
+
+    gx, gw, gb = Nm.group_norm_backward(_t(queue, gy), _t(queue, x), 3, mean, rstd, _t(queue, w), _t(queue, b))
+    _directional(loss, (x, w, b), (gx.to_host(), gw.to_host(), gb.to_host()), rng)
+    x32 = x.astype(np.float32)
+    out32, _, _ = Nm.group_norm(_t(queue, x32), 2, _t(queue, w.astype(np.float32)), _t(queue, b.astype(np.float32)))
+    assert_close(out32, ref_gn(x32.astype(np.float64), 2, w, b, 1e-5), rtol=1e-5, atol=1e-5)
+
+
+def test_norm_errors(queue):
+    x = Tensor.zeros(queue, (2, 6, 4))
+    with pytest.raises(ShapeError, match="num_groups=4"):
+        Nm.group_norm(x, 4)
+    with pytest.raises(ShapeError, match="normalized_shape"):
+        Nm.layer_norm(x, 5)
+    with pytest.raises(ShapeError, match="weight"):
+        Nm.layer_norm(x, 4, Tensor.zeros(queue, (5,)))
+    with pytest.raises(ShapeError, match="running_mean"):
+        Nm.batch_norm(x, None, None, None, None, False)
+    with pytest.raises(ShapeError, match=r"weight must have shape \(6,\)"):
+        Nm.batch_norm(x, Tensor.zeros(queue, (4,)), None, None, None, True)
+    with pytest.raises(DTypeError):
+        Nm.rms_norm(Tensor.zeros(queue, (2, 3), np.int32), 3)
+
+
+def test_work_group_reduction_path(queue, rng, monkeypatch):
+    """The GPU shape (a work-group of LOCAL items reducing in local memory), run on this device."""
+    monkeypatch.setattr(Nm, "local_size_override", 16)
+    x = rng.standard_normal((3, 4, 5, 7))
+    w, b, gy = rng.standard_normal(4), rng.standard_normal(4), rng.standard_normal(x.shape)
+    out, sm, si = Nm.batch_norm(_t(queue, x), _t(queue, w), _t(queue, b), None, None, True)
+    mean, var = x.mean(axis=(0, 2, 3)), x.var(axis=(0, 2, 3))
+    assert_close(out, ref_bn(x, w, b, mean, var, 1e-5))
+    gx, gw, gb = Nm.batch_norm_backward(_t(queue, gy), _t(queue, x), _t(queue, w), sm, si, True)
+    xhat = ref_bn(x, np.ones(4), np.zeros(4), mean, var, 1e-5)
+    assert_close(gb, gy.sum(axis=(0, 2, 3)))
+    assert_close(gw, (gy * xhat).sum(axis=(0, 2, 3)))
+    m = x.size // 4
+    shp = (1, 4, 1, 1)
+    want_gx = (w / np.sqrt(var + 1e-5)).reshape(shp) / m * (
+        m * gy - gy.sum(axis=(0, 2, 3)).reshape(shp) - xhat * (gy * xhat).sum(axis=(0, 2, 3)).reshape(shp))
+    assert_close(gx, want_gx, rtol=1e-10, atol=1e-12)
+    lw, lb = rng.standard_normal(35), rng.standard_normal(35)
+    xl = x.reshape(12, 35)
+    out, mean_l, rstd_l = Nm.layer_norm(_t(queue, xl), 35, _t(queue, lw), _t(queue, lb))
+    assert_close(out, ref_ln(xl, 1, lw, lb, 1e-5))
+    gyl = gy.reshape(12, 35)
+    _, gw_l, gb_l = Nm.layer_norm_backward(_t(queue, gyl), _t(queue, xl), 35, mean_l, rstd_l, _t(queue, lw),
+                                           _t(queue, lb))
+    assert_close(gb_l, gyl.sum(axis=0))
+    assert_close(gw_l, (gyl * ref_ln(xl, 1, None, None, 1e-5)).sum(axis=0), rtol=1e-10, atol=1e-12)
