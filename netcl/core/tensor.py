@@ -7,6 +7,7 @@ copies only when the layout needs it.
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -61,14 +62,54 @@ def check_same_queue(*tensors: Tensor) -> Queue:
     return first.queue
 
 
+# -- pending results (netcl.jit's automatic fusion) ----------------------------------------------
+# A Tensor made by an elementwise op may hold `_pending` (an object with .realize(tensor)) instead
+# of storage: it is computed when its storage is first needed. Pending tensors register here as
+# readers of the storages their expression reads, so that anyone touching such a storage (to write
+# it in place, e.g. an optimizer step) first has them computed from the old contents.
+_pending_readers: dict[int, dict[int, weakref.ref]] = {}
+
+
+def register_pending_reader(tensor: Tensor, storages: Sequence[Storage]) -> None:
+    tid = id(tensor)
+    keys = [id(s) for s in storages]
+
+    def forget(_ref: object, keys: list[int] = keys, tid: int = tid) -> None:
+        for k in keys:
+            readers = _pending_readers.get(k)
+            if readers is not None:
+                readers.pop(tid, None)
+                if not readers:
+                    _pending_readers.pop(k, None)
+
+    ref = weakref.ref(tensor, forget)
+    for k in keys:
+        _pending_readers.setdefault(k, {})[tid] = ref
+    tensor._pending_forget = lambda: forget(None)
+
+
+def realize_pending_readers(storage: Storage) -> None:
+    """Compute every pending tensor that reads `storage` (before it is written)."""
+    readers = _pending_readers.pop(id(storage), None)
+    if not readers:
+        return
+    for ref in list(readers.values()):
+        t = ref()
+        if t is not None and t._pending is not None:
+            t._pending.realize(t)
+
+
 class Tensor:
     """An n-dimensional array in device memory (cl_mem), owned by one command queue.
 
     Attributes: shape, strides (in elements, may be negative or zero), offset (in elements),
-    dtype (numpy dtype), queue, device, storage.
+    dtype (numpy dtype), queue, device, storage. A result of an elementwise op may be *pending*
+    (see netcl.jit.lazy): its storage is allocated and computed on first access of `storage`,
+    `buffer`, a view, or a host read; `realize()` forces it.
     """
 
     __array_priority__ = 1000  # so ndarray (op) Tensor defers to Tensor's reflected operators
+    _pending: Any = None  # netcl.jit.lazy.Pending while the result is not computed yet
 
     def __init__(
         self,
@@ -177,8 +218,31 @@ class Tensor:
         return self.size * self.dtype.itemsize
 
     @property
+    def storage(self) -> Storage:
+        if self._pending is not None:
+            self._pending.realize(self)
+        st = self._storage
+        if _pending_readers and id(st) in _pending_readers:
+            realize_pending_readers(st)
+        return st
+
+    @storage.setter
+    def storage(self, value: Storage) -> None:
+        self._storage = value
+
+    @property
     def buffer(self) -> cl.Buffer:
         return self.storage.buffer
+
+    def realize(self) -> Tensor:
+        """Compute this tensor now if it is a pending (fused, not yet launched) result."""
+        if self._pending is not None:
+            self._pending.realize(self)
+        return self
+
+    @property
+    def is_pending(self) -> bool:
+        return self._pending is not None
 
     def __len__(self) -> int:
         if not self.shape:
@@ -324,7 +388,9 @@ class Tensor:
 
     # -- views ----------------------------------------------------------------------------------
     def _view(self, shape: tuple[int, ...], strides: tuple[int, ...], offset: int) -> Tensor:
-        return Tensor(self.storage, shape, strides, offset, self.dtype, self.queue)
+        if self._pending is not None:
+            self._pending.realize(self)
+        return Tensor(self._storage, shape, strides, offset, self.dtype, self.queue)
 
     def _infer_shape(self, shape: Any) -> tuple[int, ...]:
         if len(shape) == 1 and not isinstance(shape[0], (int, np.integer)):
@@ -537,6 +603,198 @@ class Tensor:
                 offset += (i % size) * stride
             dim += 1
         return self._view(_normalize_shape(shape), tuple(strides), offset)
+
+    # -- operators (netcl.ops, imported lazily: core does not depend on ops) -----------------
+    def _op(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        from netcl import ops
+
+        return getattr(ops, name)(*args, **kwargs)
+
+    def __add__(self, other: Any) -> Tensor:
+        return self._op("add", self, other)
+
+    def __radd__(self, other: Any) -> Tensor:
+        return self._op("add", other, self)
+
+    def __sub__(self, other: Any) -> Tensor:
+        return self._op("sub", self, other)
+
+    def __rsub__(self, other: Any) -> Tensor:
+        return self._op("sub", other, self)
+
+    def __mul__(self, other: Any) -> Tensor:
+        return self._op("mul", self, other)
+
+    def __rmul__(self, other: Any) -> Tensor:
+        return self._op("mul", other, self)
+
+    def __truediv__(self, other: Any) -> Tensor:
+        return self._op("div", self, other)
+
+    def __rtruediv__(self, other: Any) -> Tensor:
+        return self._op("div", other, self)
+
+    def __floordiv__(self, other: Any) -> Tensor:
+        return self._op("floor_divide", self, other)
+
+    def __rfloordiv__(self, other: Any) -> Tensor:
+        return self._op("floor_divide", other, self)
+
+    def __mod__(self, other: Any) -> Tensor:
+        return self._op("remainder", self, other)
+
+    def __rmod__(self, other: Any) -> Tensor:
+        return self._op("remainder", other, self)
+
+    def __pow__(self, other: Any) -> Tensor:
+        return self._op("pow", self, other)
+
+    def __rpow__(self, other: Any) -> Tensor:
+        return self._op("pow", other, self)
+
+    def __matmul__(self, other: Any) -> Tensor:
+        return self._op("matmul", self, other)
+
+    def __rmatmul__(self, other: Any) -> Tensor:
+        return self._op("matmul", other, self)
+
+    def __neg__(self) -> Tensor:
+        return self._op("neg", self)
+
+    def __pos__(self) -> Tensor:
+        return self
+
+    def __abs__(self) -> Tensor:
+        return self._op("abs", self)
+
+    def __invert__(self) -> Tensor:
+        return self._op("logical_not", self)
+
+    def __and__(self, other: Any) -> Tensor:
+        return self._op("logical_and", self, other)
+
+    def __or__(self, other: Any) -> Tensor:
+        return self._op("logical_or", self, other)
+
+    def __xor__(self, other: Any) -> Tensor:
+        return self._op("logical_xor", self, other)
+
+    def __lt__(self, other: Any) -> Tensor:
+        return self._op("lt", self, other)
+
+    def __le__(self, other: Any) -> Tensor:
+        return self._op("le", self, other)
+
+    def __gt__(self, other: Any) -> Tensor:
+        return self._op("gt", self, other)
+
+    def __ge__(self, other: Any) -> Tensor:
+        return self._op("ge", self, other)
+
+    def __eq__(self, other: Any) -> Tensor:  # type: ignore[override]
+        if not isinstance(other, (Tensor, bool, int, float, np.number, np.bool_)):
+            return NotImplemented
+        return self._op("eq", self, other)
+
+    def __ne__(self, other: Any) -> Tensor:  # type: ignore[override]
+        if not isinstance(other, (Tensor, bool, int, float, np.number, np.bool_)):
+            return NotImplemented
+        return self._op("ne", self, other)
+
+    __hash__ = object.__hash__  # tensors stay usable as dict keys (identity), as in PyTorch
+
+    def __iadd__(self, other: Any) -> Tensor:
+        return self._inplace("add", other)
+
+    def __isub__(self, other: Any) -> Tensor:
+        return self._inplace("sub", other)
+
+    def __imul__(self, other: Any) -> Tensor:
+        return self._inplace("mul", other)
+
+    def __itruediv__(self, other: Any) -> Tensor:
+        return self._inplace("div", other)
+
+    def _inplace(self, name: str, other: Any) -> Tensor:
+        """self[...] = op(self, other) written into this tensor's memory (one launch)."""
+        result = self._op(name, self, other)
+        self._op("setitem", self, Ellipsis, result)
+        return self
+
+    def astype(self, dtype: Any) -> Tensor:
+        return self._op("cast", self, dtype)
+
+    def sum(self, axis: Any = None, keepdims: bool = False, dtype: Any = None) -> Tensor:
+        return self._op("sum", self, axis=axis, keepdims=keepdims, dtype=dtype)
+
+    def mean(self, axis: Any = None, keepdims: bool = False) -> Tensor:
+        return self._op("mean", self, axis=axis, keepdims=keepdims)
+
+    def prod(self, axis: Any = None, keepdims: bool = False) -> Tensor:
+        return self._op("prod", self, axis=axis, keepdims=keepdims)
+
+    def max(self, axis: Any = None, keepdims: bool = False) -> Tensor:
+        return self._op("max", self, axis=axis, keepdims=keepdims)
+
+    def min(self, axis: Any = None, keepdims: bool = False) -> Tensor:
+        return self._op("min", self, axis=axis, keepdims=keepdims)
+
+    def argmax(self, axis: Any = None, keepdims: bool = False) -> Tensor:
+        return self._op("argmax", self, axis=axis, keepdims=keepdims)
+
+    def argmin(self, axis: Any = None, keepdims: bool = False) -> Tensor:
+        return self._op("argmin", self, axis=axis, keepdims=keepdims)
+
+    def var(self, axis: Any = None, keepdims: bool = False, ddof: int = 0) -> Tensor:
+        return self._op("var", self, axis=axis, keepdims=keepdims, ddof=ddof)
+
+    def std(self, axis: Any = None, keepdims: bool = False, ddof: int = 0) -> Tensor:
+        return self._op("std", self, axis=axis, keepdims=keepdims, ddof=ddof)
+
+    def any(self, axis: Any = None, keepdims: bool = False) -> Tensor:
+        return self._op("any", self, axis=axis, keepdims=keepdims)
+
+    def all(self, axis: Any = None, keepdims: bool = False) -> Tensor:
+        return self._op("all", self, axis=axis, keepdims=keepdims)
+
+    def logsumexp(self, axis: Any = None, keepdims: bool = False) -> Tensor:
+        return self._op("logsumexp", self, axis=axis, keepdims=keepdims)
+
+    def softmax(self, axis: int = -1) -> Tensor:
+        return self._op("softmax", self, axis=axis)
+
+    def log_softmax(self, axis: int = -1) -> Tensor:
+        return self._op("log_softmax", self, axis=axis)
+
+    def cumsum(self, axis: int) -> Tensor:
+        return self._op("cumsum", self, axis)
+
+    def exp(self) -> Tensor:
+        return self._op("exp", self)
+
+    def log(self) -> Tensor:
+        return self._op("log", self)
+
+    def sqrt(self) -> Tensor:
+        return self._op("sqrt", self)
+
+    def tanh(self) -> Tensor:
+        return self._op("tanh", self)
+
+    def sigmoid(self) -> Tensor:
+        return self._op("sigmoid", self)
+
+    def relu(self) -> Tensor:
+        return self._op("relu", self)
+
+    def abs(self) -> Tensor:
+        return self._op("abs", self)
+
+    def clamp(self, min: Any = None, max: Any = None) -> Tensor:  # noqa: A002
+        return self._op("clamp", self, min, max)
+
+    def __setitem__(self, index: Any, value: Any) -> None:
+        self._op("setitem", self, index, value)
 
     # -- misc --------------------------------------------------------------------------------
     def synchronize(self) -> None:

@@ -1,0 +1,317 @@
+"""OpenCL C code generation for elementwise graphs: node -> C statement, and whole kernels.
+
+A graph is first flattened (`flatten`) into a hashable description: nodes in topological order,
+each (op, operand positions, dtype name, attr) with leaves and params replaced by slot numbers.
+That description is the structural key of the kernel cache, and the only input of the generator,
+so one description always yields one source text.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from netcl.core import dtypes
+from netcl.jit import ir
+
+PREAMBLE = r"""
+#ifdef NC_FP64
+#pragma OPENCL EXTENSION cl_khr_fp64 : enable
+#endif
+/* round a float to the nearest half and back: float16 intermediates behave as stored ones */
+inline float nc_rh(float x) { ushort h; vstore_half_rte(x, 0, (__private half *)&h);
+                              return vload_half(0, (__private const half *)&h); }
+inline int nc_ipow_int(int a, int b) {
+    if (b < 0) return a == 1 ? 1 : (a == -1 ? ((b & 1) ? -1 : 1) : 0);
+    int r = 1; while (b) { if (b & 1) r *= a; a *= a; b >>= 1; } return r; }
+inline long nc_ipow_long(long a, long b) {
+    if (b < 0) return a == 1 ? 1 : (a == -1 ? ((b & 1) ? -1 : 1) : 0);
+    long r = 1; while (b) { if (b & 1) r *= a; a *= a; b >>= 1; } return r; }
+inline uchar nc_ipow_uchar(uchar a, uchar b) {
+    uchar r = 1; while (b) { if (b & 1) r *= a; a *= a; b >>= 1; } return r; }
+"""
+
+
+def flatten(outputs: list[ir.Node]) -> tuple[tuple, list[Any], list[tuple[Any, np.dtype]]]:
+    """(description, leaf tensors in slot order, params (value, dtype) in slot order).
+
+    Leaves that are the same Tensor object share one slot."""
+    order = ir.walk(outputs)
+    pos: dict[int, int] = {}
+    leaves: list[Any] = []
+    leaf_slot: dict[int, int] = {}
+    params: list[tuple[Any, np.dtype]] = []
+    desc = []
+    for i, node in enumerate(order):
+        pos[id(node)] = i
+        if node.op == "leaf":
+            key = id(node.attr)
+            if key not in leaf_slot:
+                leaf_slot[key] = len(leaves)
+                leaves.append(node.attr)
+            attr: Any = leaf_slot[key]
+        elif node.op == "param":
+            attr = len(params)
+            params.append((node.attr, node.dtype))
+        else:
+            attr = node.attr
+        desc.append((node.op, tuple(pos[id(a)] for a in node.args), node.dtype.str, attr))
+    out_pos = tuple(pos[id(o)] for o in outputs)
+    return (tuple(desc), out_pos), leaves, params
+
+
+def c_literal(value: Any, dt: np.dtype) -> str:
+    ct = ir.COMPUTE_TYPE[dt]
+    if dt.kind == "f":
+        v = float(value)
+        if np.isnan(v):
+            return f"(({ct})NAN)"
+        if np.isinf(v):
+            return f"(({ct})INFINITY)" if v > 0 else f"(-({ct})INFINITY)"
+        text = repr(v)
+        return f"(({ct}){text})" if ct == "double" else f"(({ct}){text}f)"
+    if dt == dtypes.bool_:
+        return "((uchar)1)" if value else "((uchar)0)"
+    return f"(({ct}){int(value)}{'L' if ct == 'long' else ''})"
+
+
+def _op_expr(op: str, a: list[str], dt: np.dtype, in_dt: list[np.dtype]) -> str:
+    """C expression for one op on operands `a` (already in their compute types)."""
+    ct = ir.COMPUTE_TYPE[dt]
+    flt = dt.kind == "f"
+    one, zero = f"(({ct})1)", f"(({ct})0)"
+    x = a[0] if a else ""
+    simple = {
+        "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "div": "({0} / {1})",
+        "exp": "exp({0})", "log": "log({0})", "log1p": "log1p({0})", "expm1": "expm1({0})",
+        "sqrt": "sqrt({0})", "rsqrt": "rsqrt({0})", "sin": "sin({0})", "cos": "cos({0})",
+        "tan": "tan({0})", "tanh": "tanh({0})", "erf": "erf({0})", "atan2": "atan2({0}, {1})",
+        "floor": "floor({0})", "ceil": "ceil({0})", "round": "rint({0})", "trunc": "trunc({0})",
+        "square": "({0} * {0})", "where": "({0} ? {1} : {2})",
+        "eq": "({0} == {1})", "ne": "({0} != {1})", "lt": "({0} < {1})", "le": "({0} <= {1})",
+        "gt": "({0} > {1})", "ge": "({0} >= {1})",
+        "logical_and": "({0} && {1})", "logical_or": "({0} || {1})", "logical_xor": "(!{0} != !{1})",
+        "logical_not": "(!{0})",
+    }
+    if op in simple:
+        return simple[op].format(*a)
+    if op == "neg":
+        return f"(-{x})"
+    if op == "abs":
+        if flt:
+            return f"fabs({x})"
+        return x if dt in (dtypes.uint8, dtypes.bool_) else f"({x} < 0 ? -{x} : {x})"
+    if op == "pow":
+        return f"pow({a[0]}, {a[1]})" if flt else f"nc_ipow_{ct}({a[0]}, {a[1]})"
+    if op == "sigmoid":
+        return f"({one} / ({one} + exp(-{x})))"
+    if op == "silu":
+        return f"({x} / ({one} + exp(-{x})))"
+    if op == "relu":
+        return f"({x} < {zero} ? {zero} : {x})"
+    if op == "leaky_relu":
+        return f"({a[0]} < {zero} ? {a[0]} * {a[1]} : {a[0]})"
+    if op == "gelu":
+        return f"(({ct})0.5 * {x} * ({one} + erf({x} * ({ct})0.7071067811865476)))"
+    if op == "gelu_tanh":
+        return (f"(({ct})0.5 * {x} * ({one} + tanh(({ct})0.7978845608028654 * "
+                f"({x} + ({ct})0.044715 * {x} * {x} * {x}))))")
+    if op == "softplus":
+        return f"(fmax({x}, {zero}) + log1p(exp(-fabs({x}))))"
+    if op == "reciprocal":
+        return f"({one} / {x})"
+    if op == "sign":
+        if flt:
+            return f"({x} > {zero} ? {one} : ({x} < {zero} ? -{one} : {x}))"
+        return f"({x} > {zero} ? {one} : ({x} < {zero} ? -{one} : {zero}))"
+    if op in ("maximum", "minimum"):
+        cmp = ">" if op == "maximum" else "<"
+        if flt:
+            return f"(({a[0]} {cmp} {a[1]} || isnan({a[0]})) ? {a[0]} : {a[1]})"
+        return f"({a[0]} {cmp} {a[1]} ? {a[0]} : {a[1]})"
+    if op == "floor_divide":
+        if flt:
+            return f"floor({a[0]} / {a[1]})"
+        return (f"({a[1]} == 0 ? {zero} : ({a[0]} / {a[1]} - "
+                f"((({a[0]} % {a[1]}) != 0) && (({a[0]} < 0) != ({a[1]} < 0)))))")
+    if op == "remainder":
+        if flt:
+            return f"({a[0]} - floor({a[0]} / {a[1]}) * {a[1]})"
+        return (f"({a[1]} == 0 ? {zero} : ((({a[0]} % {a[1]}) != 0 && (({a[0]} % {a[1]}) < 0) != ({a[1]} < 0))"
+                f" ? ({a[0]} % {a[1]}) + {a[1]} : ({a[0]} % {a[1]})))")
+    if op in ("isnan", "isinf", "isfinite"):
+        return f"{op}({x})" if in_dt[0].kind == "f" else ("((uchar)1)" if op == "isfinite" else "((uchar)0)")
+    if op == "cast":
+        if dt == dtypes.bool_:
+            return f"({x} != 0)"
+        return f"(({ct}){x})"
+    raise KeyError(op)
+
+
+def emit_nodes(desc: tuple, leaf_value, index_value, suffix: str = "") -> tuple[list[str], list[str]]:
+    """C statements computing every node of `desc`; returns (lines, variable name per node).
+
+    `leaf_value(slot)` and `index_value(axis_from_right)` give C expressions (in compute type)."""
+    lines: list[str] = []
+    names: list[str] = []
+    for i, (op, args, dt_str, attr) in enumerate(desc):
+        dt = np.dtype(dt_str)
+        ct = ir.COMPUTE_TYPE[dt]
+        name = f"v{i}{suffix}"
+        if op == "leaf":
+            expr = leaf_value(attr)
+        elif op == "param":
+            expr = f"p{attr}"
+        elif op == "const":
+            expr = c_literal(attr, dt)
+        elif op == "index":
+            expr = f"(({ct}){index_value(attr)})"
+        else:
+            in_dt = [np.dtype(desc[j][2]) for j in args]
+            expr = _op_expr(op, [names[j] for j in args], dt, in_dt)
+            if dt == dtypes.float16:
+                expr = f"nc_rh({expr})"
+        lines.append(f"const {ct} {name} = {expr};")
+        names.append(name)
+    return lines, names
+
+
+# -- memory access helpers -------------------------------------------------------------------
+def load_scalar(dt: np.dtype, ptr: str, idx: str) -> str:
+    """C expression reading element `idx` of buffer `ptr` (storage of `dt`) in compute type."""
+    if dt == dtypes.float16:
+        return f"vload_half({idx}, {ptr})"
+    if dt == dtypes.bool_:
+        return f"(uchar)({ptr}[{idx}] != 0)"
+    return f"{ptr}[{idx}]"
+
+
+def store_scalar(dt: np.dtype, ptr: str, idx: str, value: str) -> str:
+    if dt == dtypes.float16:
+        return f"vstore_half_rte({value}, {idx}, {ptr});"
+    return f"{ptr}[{idx}] = {value};"
+
+
+def load_vector(dt: np.dtype, ptr: str, idx: str, vec: int) -> str:
+    """Vector load of `vec` consecutive elements starting at element `idx` (any alignment)."""
+    if dt == dtypes.float16:
+        return f"vload_half{vec}(0, {ptr} + {idx})"
+    return f"vload{vec}(0, {ptr} + {idx})"
+
+
+def vector_type(dt: np.dtype, vec: int) -> str:
+    return f"{ir.COMPUTE_TYPE[dt]}{vec}"
+
+
+def store_vector(dt: np.dtype, ptr: str, idx: str, value: str, vec: int) -> str:
+    if dt == dtypes.float16:
+        return f"vstore_half{vec}_rte({value}, 0, {ptr} + {idx});"
+    return f"vstore{vec}({value}, 0, {ptr} + {idx});"
+
+
+LANES = "0123456789abcdef"
+
+
+def needs_fp64(desc: tuple, leaf_dtypes: list[np.dtype], out_dtypes: list[np.dtype]) -> bool:
+    return any(d[2] == dtypes.float64.str for d in desc) or dtypes.float64 in leaf_dtypes + out_dtypes
+
+
+def elementwise_source(key: tuple) -> str:
+    """Kernel `ew` for one elementwise key (see runner.plan for the fields).
+
+    Work layout: 1-D grid-stride loop. With VEC > 1 (every operand contiguous or a broadcast
+    scalar) a work-item handles VEC consecutive elements per step with vector loads/stores, and
+    the tail (n % VEC) is done one element per work-item; otherwise each step decomposes the
+    flat output index into an NDIM-dimensional coordinate and reads every strided operand through
+    its own strides."""
+    (desc, out_pos), leaf_layouts, out_layouts, ndim, vec, idx_t = key
+    ps = []
+    for s, (dt_str, kind) in enumerate(out_layouts):
+        dt = np.dtype(dt_str)
+        ps.append(f"__global {dtypes.cl_storage_type(dt)} *out{s}")
+        ps.append(f"const {idx_t} out{s}_off")
+        if kind == "g":
+            ps += [f"const {idx_t} out{s}_s{d}" for d in range(ndim)]
+    for s, (dt_str, kind) in enumerate(leaf_layouts):
+        dt = np.dtype(dt_str)
+        ps.append(f"__global const {dtypes.cl_storage_type(dt)} *in{s}")
+        ps.append(f"const {idx_t} in{s}_off")
+        if kind == "g":
+            ps += [f"const {idx_t} in{s}_s{d}" for d in range(ndim)]
+    n_params = sum(1 for d in desc if d[0] == "param")
+    param_types = {d[3]: ir.COMPUTE_TYPE[np.dtype(d[2])] for d in desc if d[0] == "param"}
+    ps += [f"const {param_types[p]} p{p}" for p in range(n_params)]
+    ps.append(f"const {idx_t} n")
+    ps += [f"const {idx_t} d{k}" for k in range(ndim)]
+    body: list[str] = []
+    # broadcast scalars: read once
+    for s, (dt_str, kind) in enumerate(leaf_layouts):
+        if kind == "s":
+            body.append(f"const {ir.COMPUTE_TYPE[np.dtype(dt_str)]} S{s} = "
+                        f"{load_scalar(np.dtype(dt_str), f'in{s}', f'in{s}_off')};")
+    body.append(f"const {idx_t} gsize = get_global_size(0);")
+    body.append(f"const {idx_t} gid = get_global_id(0);")
+
+    def scalar_step(index_var: str) -> list[str]:
+        lines = []
+        has_index = any(d[0] == "index" for d in desc)
+        general = any(k == "g" for _, k in leaf_layouts + out_layouts) or has_index
+        if general:
+            lines.append(f"{idx_t} r = {index_var};")
+            for k in range(ndim - 1, 0, -1):
+                lines.append(f"const {idx_t} c{k} = r % d{k}; r /= d{k};")
+            lines.append(f"const {idx_t} c0 = r;")
+
+        def off(prefix: str, s: int, kind: str) -> str:
+            if kind == "c":
+                return f"{prefix}{s}_off + {index_var}"
+            if kind == "s":
+                return f"{prefix}{s}_off"
+            return f"{prefix}{s}_off + " + " + ".join(f"c{k} * {prefix}{s}_s{k}" for k in range(ndim))
+
+        def leaf_value(slot: int) -> str:
+            dt_str, kind = leaf_layouts[slot]
+            if kind == "s":
+                return f"S{slot}"
+            return load_scalar(np.dtype(dt_str), f"in{slot}", off("in", slot, kind))
+
+        lines_e, names = emit_nodes(desc, leaf_value, lambda ax: f"c{ndim - ax}")
+        lines += lines_e
+        for s, (dt_str, kind) in enumerate(out_layouts):
+            lines.append(store_scalar(np.dtype(dt_str), f"out{s}", off("out", s, kind), names[out_pos[s]]))
+        return lines
+
+    if vec > 1:
+        body.append(f"const {idx_t} nvec = n / {vec};")
+        body.append(f"for ({idx_t} iv = gid; iv < nvec; iv += gsize) {{")
+        body.append(f"  const {idx_t} i = iv * {vec};")
+        for s, (dt_str, kind) in enumerate(leaf_layouts):
+            if kind == "c":
+                dt = np.dtype(dt_str)
+                body.append(f"  const {vector_type(dt, vec)} V{s} = "
+                            f"{load_vector(dt, f'in{s}', f'in{s}_off + i', vec)};")
+        lane_names = []
+        for lane in range(vec):
+            def leaf_value(slot: int, lane: int = lane) -> str:
+                dt_str, kind = leaf_layouts[slot]
+                if kind == "s":
+                    return f"S{slot}"
+                v = f"V{slot}.s{LANES[lane]}"
+                return f"(uchar)({v} != 0)" if np.dtype(dt_str) == dtypes.bool_ else v
+
+            lines_e, names = emit_nodes(desc, leaf_value, lambda ax: "0", suffix=f"_{lane}")
+            body += ["  " + ln for ln in lines_e]
+            lane_names.append(names)
+        for s, (dt_str, kind) in enumerate(out_layouts):
+            dt = np.dtype(dt_str)
+            vals = ", ".join(lane_names[lane][out_pos[s]] for lane in range(vec))
+            body.append(f"  {store_vector(dt, f'out{s}', f'out{s}_off + i', f'({vector_type(dt, vec)})({vals})', vec)}")
+        body.append("}")
+        body.append(f"for ({idx_t} i = nvec * {vec} + gid; i < n; i += gsize) {{")
+    else:
+        body.append(f"for ({idx_t} i = gid; i < n; i += gsize) {{")
+    body += ["  " + ln for ln in scalar_step("i")]
+    body.append("}")
+    src = PREAMBLE + "\n__kernel void ew(" + ",\n    ".join(ps) + ")\n{\n    " + "\n    ".join(body) + "\n}\n"
+    return src

@@ -1,0 +1,186 @@
+"""The elementwise expression IR: immutable nodes (leaves, scalars, ops, casts) and dtype promotion.
+
+A graph is a DAG of `Node`s. Leaves refer to Tensors (read in place through their strides,
+broadcast to the output shape), `param` nodes are runtime scalars (a kernel argument, so
+`x * 2.0` and `x * 3.0` share one kernel), `const` nodes are literals baked into the source,
+`index` nodes are the output coordinate along an axis (counted from the right, so they survive
+broadcasting). Every node knows its result dtype; builders in this module apply netcl's
+promotion rules (see netcl.ops.elementwise for the user-facing statement of them).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from netcl.core import dtypes
+from netcl.errors import DTypeError
+
+F16, F32, F64 = dtypes.float16, dtypes.float32, dtypes.float64
+I32, I64, U8, BOOL = dtypes.int32, dtypes.int64, dtypes.uint8, dtypes.bool_
+
+# OpenCL C type each dtype is *computed* in (float16 is stored as half, computed as float).
+COMPUTE_TYPE = {F16: "float", F32: "float", F64: "double", I32: "int", I64: "long", U8: "uchar", BOOL: "uchar"}
+# numpy scalar type a runtime scalar argument of each dtype is passed as.
+ARG_TYPE = {F16: np.float32, F32: np.float32, F64: np.float64, I32: np.int32, I64: np.int64,
+            U8: np.uint8, BOOL: np.uint8}
+
+
+class Node:
+    """One value of an elementwise graph. `attr` is op-specific (leaf tensor, param value,
+    const value, index axis); it is part of the structural key except for leaves and params."""
+
+    __slots__ = ("args", "attr", "dtype", "op", "size")
+
+    def __init__(self, op: str, args: tuple[Node, ...], dtype: np.dtype, attr: Any = None):
+        self.op = op
+        self.args = args
+        self.dtype = dtype
+        self.attr = attr
+        self.size = 1 + sum(a.size for a in args)  # tree size: bounds how much inlining we do
+
+    def __repr__(self) -> str:
+        if self.op == "leaf":
+            return f"leaf{tuple(self.attr.shape)}:{self.dtype}"
+        if self.op in ("param", "const", "index"):
+            return f"{self.op}({self.attr!r}):{self.dtype}"
+        return f"{self.op}({', '.join(map(repr, self.args))}):{self.dtype}"
+
+
+# -- op table --------------------------------------------------------------------------------
+UNARY_FLOAT = ("exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "sin", "cos", "tan", "tanh", "erf",
+               "sigmoid", "gelu", "gelu_tanh", "silu", "softplus", "reciprocal")
+UNARY_SAME = ("neg", "abs", "relu", "square", "sign", "floor", "ceil", "round", "trunc")
+BINARY_ARITH = ("add", "sub", "mul", "div", "pow", "maximum", "minimum", "leaky_relu", "atan2",
+                "floor_divide", "remainder")
+COMPARE = ("eq", "ne", "lt", "le", "gt", "ge")
+LOGICAL = ("logical_and", "logical_or", "logical_xor")
+UNARY_BOOL = ("logical_not", "isnan", "isinf", "isfinite")
+
+
+def is_float(dt: np.dtype) -> bool:
+    return dt.kind == "f"
+
+
+def _category(dt: np.dtype) -> int:
+    return 0 if dt == BOOL else (2 if dt.kind == "f" else 1)
+
+
+def promote(a: np.dtype, b: np.dtype) -> np.dtype:
+    """Result dtype of two tensor dtypes: NumPy's result_type within a category, but a float meeting
+    an integer keeps the float's width (int32 + float16 -> float16, int64 + float32 -> float32),
+    as PyTorch does."""
+    ca, cb = _category(a), _category(b)
+    if ca == cb:
+        return np.result_type(a, b)
+    return a if ca > cb else b
+
+
+def promote_weak(tensor_dt: np.dtype, value: Any) -> np.dtype:
+    """Result dtype of a tensor dtype meeting a Python scalar ("weak": it adopts the tensor's dtype
+    unless it is of a higher category: bool < int < float)."""
+    if isinstance(value, (bool, np.bool_)):
+        return tensor_dt
+    if isinstance(value, (int, np.integer)):
+        return tensor_dt if _category(tensor_dt) >= 1 else I32
+    if isinstance(value, (float, np.floating)):
+        return tensor_dt if is_float(tensor_dt) else F32
+    raise DTypeError(f"cannot use a {type(value).__name__} ({value!r}) as a tensor operand")
+
+
+def scalar_dtype(value: Any) -> np.dtype:
+    """dtype of a Python scalar when no tensor fixes it."""
+    if isinstance(value, (bool, np.bool_)):
+        return BOOL
+    if isinstance(value, (int, np.integer)):
+        return I32 if -(2**31) <= int(value) < 2**31 else I64
+    if isinstance(value, (float, np.floating)):
+        return F32
+    raise DTypeError(f"cannot use a {type(value).__name__} ({value!r}) as a tensor operand")
+
+
+# -- builders --------------------------------------------------------------------------------
+def leaf(tensor: Any) -> Node:
+    return Node("leaf", (), tensor.dtype, tensor)
+
+
+def param(value: Any, dtype: np.dtype) -> Node:
+    return Node("param", (), np.dtype(dtype), value)
+
+
+def const(value: Any, dtype: np.dtype) -> Node:
+    """A literal baked into the kernel source (for structural constants such as 0.5 in gelu)."""
+    return Node("const", (), np.dtype(dtype), value)
+
+
+def index(axis_from_right: int, dtype: np.dtype = I64) -> Node:
+    """The output coordinate along axis `-axis_from_right` (1 = last axis)."""
+    return Node("index", (), np.dtype(dtype), int(axis_from_right))
+
+
+def cast(x: Node, dtype: Any) -> Node:
+    dt = np.dtype(dtype)
+    if x.dtype == dt:
+        return x
+    if x.op in ("param", "const"):
+        return Node(x.op, (), dt, x.attr)
+    return Node("cast", (x,), dt)
+
+
+def unary(op: str, x: Node) -> Node:
+    if op in UNARY_FLOAT:
+        dt = x.dtype if is_float(x.dtype) else F32
+        return Node(op, (cast(x, dt),), dt)
+    if op in UNARY_SAME:
+        if x.dtype == BOOL and op in ("neg", "sign"):
+            raise DTypeError(f"{op} is not defined for bool tensors; use logical_not (or cast first)")
+        if not is_float(x.dtype) and op in ("floor", "ceil", "round", "trunc"):
+            return x
+        return Node(op, (x,), x.dtype)
+    if op in UNARY_BOOL:
+        return Node(op, (x,), BOOL)
+    raise DTypeError(f"unknown unary op {op!r}")
+
+
+def binary(op: str, a: Node, b: Node, dtype: np.dtype | None = None) -> Node:
+    """Build a binary op; `dtype` is the promoted operand dtype (computed from a and b if None)."""
+    dt = promote(a.dtype, b.dtype) if dtype is None else np.dtype(dtype)
+    if op in COMPARE:
+        return Node(op, (cast(a, dt), cast(b, dt)), BOOL)
+    if op in LOGICAL:
+        return Node(op, (cast(a, BOOL), cast(b, BOOL)), BOOL)
+    if op in ("div", "atan2") and not is_float(dt):
+        dt = F32
+    if dt == BOOL and op in ("sub", "pow", "floor_divide", "remainder"):
+        raise DTypeError(f"{op} is not defined for two bool operands; cast one of them first")
+    if op == "leaky_relu":
+        return Node(op, (cast(a, dt), cast(b, dt)), dt)
+    if op not in BINARY_ARITH:
+        raise DTypeError(f"unknown binary op {op!r}")
+    return Node(op, (cast(a, dt), cast(b, dt)), dt)
+
+
+def where(c: Node, a: Node, b: Node, dtype: np.dtype | None = None) -> Node:
+    dt = promote(a.dtype, b.dtype) if dtype is None else np.dtype(dtype)
+    return Node("where", (cast(c, BOOL), cast(a, dt), cast(b, dt)), dt)
+
+
+def walk(outputs: list[Node]) -> list[Node]:
+    """Nodes reachable from `outputs`, each once, operands before users (topological order)."""
+    order: list[Node] = []
+    seen: set[int] = set()
+    stack: list[tuple[Node, bool]] = [(n, False) for n in reversed(outputs)]
+    while stack:
+        node, expanded = stack.pop()
+        if id(node) in seen:
+            continue
+        if expanded or not node.args:
+            seen.add(id(node))
+            order.append(node)
+            continue
+        stack.append((node, True))
+        for a in reversed(node.args):
+            if id(a) not in seen:
+                stack.append((a, False))
+    return order

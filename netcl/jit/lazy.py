@@ -1,0 +1,157 @@
+"""Automatic fusion: elementwise results stay *pending* expressions until something needs memory.
+
+How it works. An elementwise op (netcl.ops.elementwise) on Tensors returns a Tensor with no
+storage whose `_pending` holds the expression (`Pending`). An op consuming a pending tensor inlines
+its expression instead of reading memory, so a chain `((x * 2 + 1).exp() * y).tanh()` becomes one
+expression and one kernel. The kernel runs when the result's storage is needed: `.storage` /
+`.buffer` access (every non-elementwise op and host read goes through these), a view, or
+`realize()`. Reductions take a pending input's expression as their prologue.
+
+Correctness rules:
+- An intermediate that Python still references when its consumer is computed is stored by the
+  same launch as an extra output (same shape) or computed on its own first (other shape); one that
+  is touched later without that recomputes itself: correct either way.
+- A pending tensor is registered as a reader of the storages its expression reads; any access to
+  such a storage's `.buffer` (e.g. an in-place write) first computes the pending readers, so they
+  see the old contents (netcl.core.tensor.realize_pending_readers).
+- Graphs are bounded (`MAX_NODES`, `MAX_LEAVES`): beyond that an operand is realised, not inlined.
+- `NETCL_FUSION=0` (config.fusion_enabled()) makes every op launch at once; results are identical
+  because float16 intermediates are rounded to half in fused kernels exactly as if stored.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Any
+
+from netcl import config
+from netcl.core.tensor import Tensor, contiguous_strides, register_pending_reader
+from netcl.errors import NetclError
+from netcl.jit import ir
+from netcl.jit.runner import run_elementwise
+
+MAX_NODES = 160
+MAX_LEAVES = 14
+
+_state = threading.local()
+
+
+def tracing() -> bool:
+    return getattr(_state, "tracing", 0) > 0
+
+
+class trace_mode:
+    """Inside: elementwise ops stay symbolic whatever NETCL_FUSION says (used by `fuse`)."""
+
+    def __enter__(self) -> None:
+        _state.tracing = getattr(_state, "tracing", 0) + 1
+
+    def __exit__(self, *exc: object) -> None:
+        _state.tracing -= 1
+
+
+def lazy_enabled() -> bool:
+    return tracing() or config.fusion_enabled()
+
+
+class Pending:
+    """The not-yet-computed value of a Tensor: its expression and the pending tensors inlined in it."""
+
+    __slots__ = ("expr", "inlined", "leaves")
+
+    def __init__(self, expr: ir.Node, inlined: list[weakref.ref], leaves: list[Tensor]):
+        self.expr = expr
+        self.inlined = inlined
+        self.leaves = leaves
+
+    def realize(self, tensor: Tensor) -> None:
+        realize(tensor)
+
+
+class TraceError(NetclError):
+    """A function under netcl.jit.fuse did something that is not elementwise on its inputs."""
+
+
+def _leaf_tensors(expr: ir.Node) -> list[Tensor]:
+    seen: dict[int, Tensor] = {}
+    for node in ir.walk([expr]):
+        if node.op == "leaf":
+            seen.setdefault(id(node.attr), node.attr)
+    return list(seen.values())
+
+
+def operand(t: Tensor, inlined: list[weakref.ref]) -> ir.Node:
+    """The IR node standing for tensor `t` in a new expression (inlining `t` if it is pending)."""
+    pending = t._pending
+    if pending is not None:
+        if pending.expr.op == "input":  # a placeholder of a trace
+            return pending.expr
+        if pending.expr.size <= MAX_NODES and len(pending.leaves) <= MAX_LEAVES:
+            inlined.append(weakref.ref(t))
+            inlined.extend(pending.inlined)
+            return pending.expr
+        t.realize()
+    return ir.leaf(t)
+
+
+def make_result(expr: ir.Node, shape: tuple[int, ...], queue: Any, inlined: list[weakref.ref]) -> Tensor:
+    """A Tensor for `expr`: pending when fusion is on, else computed now (one launch)."""
+    if expr.op == "leaf" and expr.attr.shape == shape and expr.attr.is_contiguous():
+        pass  # identity expression: still return a new tensor (ops never alias their input)
+    out = Tensor(None, shape, contiguous_strides(shape), 0, expr.dtype, queue)  # type: ignore[arg-type]
+    if lazy_enabled():
+        leaves = _leaf_tensors(expr)
+        if expr.size > MAX_NODES or len(leaves) > MAX_LEAVES:
+            if tracing():
+                raise TraceError(f"a fused function grew past {MAX_NODES} nodes / {MAX_LEAVES} tensors")
+        else:
+            out._pending = Pending(expr, inlined, leaves)
+            register_pending_reader(out, [t._storage for t in leaves])
+            return out
+    out._storage = queue.device.pool.allocate(out.nbytes, queue)
+    run_elementwise([(expr, out)])
+    return out
+
+
+def realize(tensor: Tensor) -> None:
+    """Compute a pending tensor (plus any still-referenced pending intermediates of the same shape,
+    in the same launch)."""
+    pending = tensor._pending
+    if pending is None:
+        return
+    if pending.expr.op == "input" or _has_inputs(pending.expr):
+        raise TraceError(
+            "a function traced by netcl.jit.fuse needed the value of a traced tensor (a host read, a "
+            "view, or a non-elementwise op); fuse only elementwise work, call the rest outside"
+        )
+    tensor._pending = None
+    queue = tensor.queue
+    outputs = [(pending.expr, tensor)]
+    done = {id(tensor)}
+    for ref in pending.inlined:
+        other = ref()
+        if other is None or other._pending is None or id(other) in done:
+            continue
+        done.add(id(other))
+        if other.shape == tensor.shape:
+            outputs.append((other._pending.expr, other))
+            other._pending = None
+        else:
+            other.realize()
+    for _, t in outputs:
+        t._storage = queue.device.pool.allocate(t.nbytes, queue)
+    run_elementwise(outputs)
+    for _, t in outputs:
+        forget = t.__dict__.pop("_pending_forget", None)
+        if forget is not None:
+            forget()
+
+
+def _has_inputs(expr: ir.Node) -> bool:
+    return any(n.op == "input" for n in ir.walk([expr]))
+
+
+def expression_of(t: Tensor, inlined: list[weakref.ref] | None = None) -> ir.Node:
+    """The IR of `t` (its pending expression, or a leaf) for consumers like reductions."""
+    return operand(t, inlined if inlined is not None else [])

@@ -1,0 +1,140 @@
+"""Plan, build (cached) and launch one elementwise kernel for a list of output expressions.
+
+`run_elementwise([(expr, out_tensor), ...])` is the single entry point: every output has the same
+shape; leaves are read in place through their own strides, broadcast to that shape.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from typing import Any
+
+import numpy as np
+
+from netcl.core.backend import build_program, format_options
+from netcl.core.tensor import Tensor, _coalesce, contiguous_strides
+from netcl.jit import codegen, ir
+
+VEC = 4
+_INT_LIMIT = 2**31 - 1
+
+_kernels: dict[tuple, Any] = {}
+_kernels_lock = threading.Lock()
+
+
+def broadcast_strides(t: Tensor, shape: tuple[int, ...]) -> list[int]:
+    """Element strides of `t` seen as `shape` (right-aligned broadcasting: size-1 axes get 0)."""
+    lead = len(shape) - t.ndim
+    out = []
+    for d in range(len(shape)):
+        ld = d - lead
+        if ld < 0 or t.shape[ld] == 1:
+            out.append(0)
+        else:
+            out.append(t.strides[ld])
+    return out
+
+
+def _extent(offset: int, shape: list[int], strides: list[int]) -> int:
+    return abs(offset) + sum((s - 1) * abs(st) for s, st in zip(shape, strides))
+
+
+def _overlaps(a: Tensor, b: Tensor) -> bool:
+    (a_lo, a_hi), (b_lo, b_hi) = a._span(), b._span()
+    return a_lo <= b_hi and b_lo <= a_hi
+
+
+def _kind(strides: list[int], contiguous: tuple[int, ...], shape: list[int]) -> str:
+    if all(st == 0 or s == 1 for st, s in zip(strides, shape)):
+        return "s"
+    if all(st == c or s == 1 for st, c, s in zip(strides, contiguous, shape)):
+        return "c"
+    return "g"
+
+
+def launch_config(device: Any, work: int) -> tuple[int, int | None]:
+    """(global size, local size) of a 1-D grid-stride launch over `work` items."""
+    caps = device.capabilities
+    if caps.kind == "gpu":
+        local = 256
+        groups = max(1, min(-(-work // local), caps.compute_units * 8))
+        return groups * local, local
+    # CPU (PoCL): a few work-groups per core, each a long vectorisable loop
+    return max(1, min(work, caps.compute_units * 4 * 256)), None
+
+
+def get_kernel(device: Any, key: tuple, leaf_dtypes: list[np.dtype], out_dtypes: list[np.dtype]) -> Any:
+    cache_key = (id(device), key)
+    k = _kernels.get(cache_key)
+    if k is None:
+        src = codegen.elementwise_source(key)
+        defines = {"NC_FP64": None} if codegen.needs_fp64(key[0][0], leaf_dtypes, out_dtypes) else {}
+        prg = build_program(device, src, format_options(defines), name="jit_elementwise")
+        k = prg.kernel("ew")
+        with _kernels_lock:
+            _kernels[cache_key] = k
+    return k
+
+
+def run_elementwise(outputs: list[tuple[ir.Node, Tensor]]) -> None:
+    """Compute every `expr` into its `out` tensor (same shape for all) in one kernel launch."""
+    out_tensors = [t for _, t in outputs]
+    shape = out_tensors[0].shape
+    n = math.prod(shape)
+    if n == 0:
+        return
+    (desc, out_pos), leaves, params = codegen.flatten([e for e, _ in outputs])
+    queue = out_tensors[0].queue
+    device = queue.device
+    # an output sharing memory with a leaf read through another mapping must not race with it
+    for i, t in enumerate(leaves):
+        for o in out_tensors:
+            if t._storage is o._storage and _overlaps(t, o):
+                same = t.offset == o.offset and broadcast_strides(t, shape) == list(o.strides)
+                if not same:
+                    leaves[i] = t.clone()
+                    break
+    has_index = any(d[0] == "index" for d in desc)
+    out_strides = [list(o.strides) for o in out_tensors]
+    leaf_strides = [broadcast_strides(t, shape) for t in leaves]
+    if has_index:
+        cshape = list(shape) or [1]
+        sets = [s or [0] for s in out_strides + leaf_strides]
+    else:
+        cshape, sets = _coalesce(shape, *out_strides, *leaf_strides)
+        if not cshape:
+            cshape, sets = [1], [[1] for _ in sets]
+    ndim = len(cshape)
+    contig = contiguous_strides(cshape)
+    out_sets, leaf_sets = sets[: len(out_tensors)], sets[len(out_tensors):]
+    out_layouts = tuple((o.dtype.str, _kind(s, contig, cshape) if _kind(s, contig, cshape) != "s" else "g")
+                        for o, s in zip(out_tensors, out_sets))
+    leaf_layouts = tuple((t.dtype.str, _kind(s, contig, cshape)) for t, s in zip(leaves, leaf_sets))
+    all_flat = all(k != "g" for _, k in out_layouts + leaf_layouts) and not has_index
+    vec = VEC if all_flat and n >= VEC else 1
+    extents = [n] + [_extent(o.offset, cshape, s) for o, s in zip(out_tensors, out_sets)]
+    extents += [_extent(t.offset, cshape, s) for t, s in zip(leaves, leaf_sets)]
+    idx_t = "int" if max(extents) < _INT_LIMIT - 16 * 1024 * 1024 else "long"
+    key = ((desc, out_pos), leaf_layouts, out_layouts, ndim, vec, idx_t)
+    kernel = get_kernel(device, key, [t.dtype for t in leaves], [o.dtype for o in out_tensors])
+    it = np.int32 if idx_t == "int" else np.int64
+    args: list[Any] = []
+    for o, s, (_, kind) in zip(out_tensors, out_sets, out_layouts):
+        args += [o.buffer, it(o.offset)]
+        if kind == "g":
+            args += [it(x) for x in s]
+    for t, s, (_, kind) in zip(leaves, leaf_sets, leaf_layouts):
+        args += [t._storage.buffer, it(t.offset)]
+        if kind == "g":
+            args += [it(x) for x in s]
+    for value, dt in params:
+        if dt == ir.F16:
+            value = np.float16(value)
+        with np.errstate(all="ignore"):
+            args.append(ir.ARG_TYPE[dt](value))
+    args.append(it(n))
+    args += [it(d) for d in cshape]
+    work = n // vec if vec > 1 else n
+    gsize, lsize = launch_config(device, work)
+    kernel(queue, (gsize,), None if lsize is None else (lsize,), *args)
