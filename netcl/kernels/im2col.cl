@@ -4,7 +4,8 @@
 //   (zero outside the image), ih = oh*SH - PH + kh*DH, iw = ow*SW - PW + kw*DW, for a chunk of
 //   NB images starting at n0. Then y[n, g] (Kg x OH*OW) = w[g] (Kg x Cg*KH*KW) @ cols[n, g].
 //   Layout: global (OH*OW, Cg*KH*KW, NB*G); one work-item writes one column element (reads are
-//   coalesced along ow on GPUs, writes fully coalesced).
+//   coalesced along ow on GPUs, writes fully coalesced). ones_row=1 appends a row of ones
+//   (R = Cg*KH*KW + 1) so a bias column in the weight matrix adds the bias inside the GEMM.
 // col2im: gx[n0 + b, g*Cg + c, ih, iw] = sum over (kh, kw) with a valid output position of
 //   cols[b, g, (c*KH + kh)*KW + kw, oh*OW + ow]: a gather, no atomics.
 //   Layout: global (W, H, NB*C); one work-item per input element.
@@ -21,7 +22,7 @@
 #endif
 
 __kernel void im2col(__global const T *x, const long x_off, __global T *cols, const int n0, const int NB,
-                     const int C, const int H, const int W, const int OH, const int OW,
+                     const int ones_row, const int C, const int H, const int W, const int OH, const int OW,
                      const int KH, const int KW, const int SH, const int SW, const int PH, const int PW,
                      const int DH, const int DW, const int G)
 {
@@ -29,8 +30,12 @@ __kernel void im2col(__global const T *x, const long x_off, __global T *cols, co
     const int r = get_global_id(1);
     const int bg = get_global_id(2);
     const int Cg = C / G;
-    const int R = Cg * KH * KW;
+    const int R = Cg * KH * KW + ones_row;
     if (p >= OH * OW || r >= R || bg >= NB * G) return;
+    if (ones_row && r == R - 1) {
+        cols[(((long)bg * R) + r) * OH * OW + p] = (T)1;
+        return;
+    }
     const int b = bg / G, g = bg - (bg / G) * G;
     const int c = r / (KH * KW), kh = (r / KW) % KH, kw = r % KW;
     const int oh = p / OW, ow = p - (p / OW) * OW;

@@ -147,20 +147,35 @@ class ConvParams:
 
 
 # -- algorithm choice ----------------------------------------------------------------------------
+TUNE_FAMILY = "conv2d_algorithm"
+
+
+def _tune_key(p: ConvParams, dt: np.dtype) -> str:
+    return f"{np.dtype(dt).name}:" + "x".join(str(v) for v in p.key())
+
+
 def _tuned_algorithm(device: Any, p: ConvParams, dt: np.dtype) -> str | None:
-    """Hook into the per-device tuning database (netcl.tune), if the GEMM engineer's module has one."""
+    """The algorithm stored for this geometry in the per-device tuning database (netcl.tune), if any."""
     try:
-        from netcl import tune  # noqa: PLC0415
+        from netcl.tune import lookup  # noqa: PLC0415
     except ImportError:
         return None
-    lookup = getattr(tune, "lookup", None)
-    if lookup is None:
-        return None
     try:
-        found = lookup(device, "conv2d.algorithm", (str(dt),) + p.key())
+        found = lookup(device, TUNE_FAMILY, _tune_key(p, dt))
     except Exception:  # a tuning database that cannot answer must never break a convolution
         return None
-    return found if found in ALGORITHMS[1:] else None
+    algo = (found or {}).get("algorithm")
+    return algo if algo in ALGORITHMS[1:] else None
+
+
+def record_algorithm(device: Any, x_shape: Sequence[int], w_shape: Sequence[int], dt: Any, algorithm: str,
+                     stride: Any = 1, padding: Any = 0, dilation: Any = 1, groups: int = 1,
+                     **measured: Any) -> None:
+    """Store the winning algorithm for one geometry (bench/conv.py --tune calls this)."""
+    from netcl.tune import database_for  # noqa: PLC0415
+
+    p = ConvParams(x_shape, w_shape, stride, padding, dilation, groups)
+    database_for(device).put(TUNE_FAMILY, _tune_key(p, np.dtype(dt)), {"algorithm": algorithm}, **measured)
 
 
 def _have_matmul() -> bool:
@@ -234,35 +249,49 @@ def _conv_winograd(x: Tensor, w: Tensor, bias: Tensor | None, out: Tensor, p: Co
                          np.int32(kpad), np.int32(p.OH), np.int32(p.OW), np.int32(p.PH), np.int32(p.PW))
 
 
-def _im2col_chunk(p: ConvParams, itemsize: int, budget: int = 256 << 20) -> int:
-    per_image = p.C * p.KH * p.KW * p.OH * p.OW * itemsize
+def _im2col_chunk(device: Any, p: ConvParams, itemsize: int) -> int:
+    budget = min(device.capabilities.max_alloc // 2, 1 << 30)
+    per_image = p.C * (p.KH * p.KW + 1) * p.OH * p.OW * itemsize
     return max(1, min(p.N, budget // max(per_image, 1)))
 
 
-def _im2col(x: Tensor, p: ConvParams, n0: int, nb: int) -> Tensor:
-    cols = Tensor.empty(x.queue, (nb, p.G, p.Cg * p.KH * p.KW, p.OH * p.OW), x.dtype)
+def _im2col(x: Tensor, p: ConvParams, n0: int, nb: int, ones_row: bool = False) -> Tensor:
+    """cols (nb, G, Cg*KH*KW [+1 row of ones], OH*OW) of images n0..n0+nb-1."""
+    rows = p.Cg * p.KH * p.KW + int(ones_row)
+    cols = Tensor.empty(x.queue, (nb, p.G, rows, p.OH * p.OW), x.dtype)
     prg = load_program(x.device, "im2col.cl", _defines(x.dtype))
     g = p.geometry()
-    prg.im2col(x.queue, (p.OH * p.OW, p.Cg * p.KH * p.KW, nb * p.G), None, x.buffer, np.int64(x.offset),
-               cols.buffer, np.int32(n0), np.int32(nb), g[1], g[2], g[3], *g[5:])
+    prg.im2col(x.queue, (p.OH * p.OW, rows, nb * p.G), None, x.buffer, np.int64(x.offset),
+               cols.buffer, np.int32(n0), np.int32(nb), np.int32(ones_row), g[1], g[2], g[3], *g[5:])
     return cols
 
 
-def _conv_im2col(x: Tensor, w: Tensor, bias: Tensor | None, out: Tensor, p: ConvParams,
-                 activation: str | None) -> None:
+def _conv_im2col(x: Tensor, w: Tensor, bias: Tensor | None, p: ConvParams, activation: str | None) -> Tensor:
+    """y[n, g] (Kg x OH*OW) = w[g] (Kg x R) @ cols[n, g] (R x OH*OW): the GEMM writes NCHW directly.
+
+    The bias runs along the GEMM's rows, so it rides inside the product: w gets a bias column and
+    cols a row of ones (R+1), and the GEMM epilogue applies the activation: one GEMM launch.
+    """
     from netcl.ops import matmul as mm  # noqa: PLC0415
 
-    wg = w.reshape(p.G, p.Kg, p.Cg * p.KH * p.KW)
-    chunk = _im2col_chunk(p, x.itemsize)
+    r = p.Cg * p.KH * p.KW
+    wg = w.reshape(p.G, p.Kg, r)
+    if bias is not None:
+        wb = Tensor.empty(w.queue, (p.G, p.Kg, r + 1), w.dtype)
+        wb[:, :, :r].copy_(wg)
+        wb[:, :, r:].copy_(bias.reshape(p.G, p.Kg, 1))
+        wg = wb
+    chunk = _im2col_chunk(x.device, p, x.itemsize)
+    if chunk >= p.N:
+        cols = _im2col(x, p, 0, p.N, ones_row=bias is not None)
+        return mm.matmul_epilogue(wg, cols, activation=activation).reshape(p.output_shape)
+    out = Tensor.empty(x.queue, p.output_shape, x.dtype)
     for n0 in range(0, p.N, chunk):
         nb = min(chunk, p.N - n0)
-        cols = _im2col(x, p, n0, nb)
-        # y[n, g] (Kg x OHOW) = w[g] @ cols[n, g]; the bias runs along rows, so compute the transpose
-        # (OHOW x Kg) = cols^T @ w^T where bias is per column, and write it through a transposed view.
-        target = out[n0:n0 + nb].reshape(nb, p.G, p.Kg, p.OH * p.OW)
-        res = mm.matmul_epilogue(cols.transpose(-1, -2), wg.transpose(-1, -2), bias=(
-            bias.reshape(p.G, 1, p.Kg) if bias is not None else None), activation=activation)
-        target.copy_(res.transpose(-1, -2))
+        cols = _im2col(x, p, n0, nb, ones_row=bias is not None)
+        res = mm.matmul_epilogue(wg, cols, activation=activation)
+        out[n0:n0 + nb].copy_(res.reshape(nb, p.K, p.OH, p.OW))
+    return out
 
 
 def conv2d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 1, padding: Any = 0,
@@ -293,13 +322,13 @@ def conv2d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 
         algo = "direct"  # the GEMM is not available in this build
     x, weight = x.contiguous(), weight.contiguous()
     bias = bias.contiguous() if bias is not None else None
+    if algo == "im2col" and p.N * p.K * p.OH * p.OW:
+        return _conv_im2col(x, weight, bias, p, activation)
     out = Tensor.empty(x.queue, p.output_shape, dt)
     if out.size == 0:
         return out
     if algo == "winograd":
         _conv_winograd(x, weight, bias, out, p, act)
-    elif algo == "im2col":
-        _conv_im2col(x, weight, bias, out, p, activation)
     else:
         _conv_direct(x, weight, bias, out, p, act, depthwise=(algo == "depthwise"))
     return out

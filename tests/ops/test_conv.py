@@ -78,6 +78,7 @@ CASES = [
     ((2, 9, 11, 13), (7, 9, 3, 3), 1, 1, 1, 1, "winograd"),
     ((1, 8, 6, 5), (8, 8, 3, 3), 1, 0, 1, 1, "winograd"),         # odd output, no padding
     ((2, 3, 5, 5), (4, 3, 1, 1), 1, 0, 1, 1, "auto"),             # 1x1
+    ((3, 6, 9, 8), (9, 2, 3, 2), (2, 1), (1, 0), (1, 2), 3, "im2col"),
 ]
 
 
@@ -99,6 +100,14 @@ def test_conv2d_relu_fused_and_no_bias(queue, rng, algo):
     assert_close(out, ref_conv(x, w, b, pad=(1, 1), relu=True), rtol=1e-4, atol=1e-4)
     out = C.conv2d(xt, wt, padding=1, algorithm=algo)
     assert_close(out, ref_conv(x, w, pad=(1, 1)), rtol=1e-4, atol=1e-4)
+
+
+def test_im2col_in_chunks(queue, rng, monkeypatch):
+    monkeypatch.setattr(C, "_im2col_chunk", lambda device, p, itemsize: 2)
+    x, w, b = _data(rng, (5, 4, 6, 7)), _data(rng, (6, 4, 3, 3)), _data(rng, (6,))
+    out = C.conv2d_relu(Tensor.from_host(queue, x), Tensor.from_host(queue, w), Tensor.from_host(queue, b),
+                        stride=2, padding=1, algorithm="im2col")
+    assert_close(out, ref_conv(x, w, b, (2, 2), (1, 1), relu=True), rtol=1e-4, atol=1e-4)
 
 
 def test_conv2d_float64_and_noncontiguous_input(queue, rng):
