@@ -55,3 +55,8 @@ def cache_dir() -> Path:
     from platformdirs import user_cache_dir
 
     return Path(user_cache_dir("netcl"))
+
+
+def tuning_enabled() -> bool:
+    """NETCL_TUNING=0 ignores the tuning database (kernels use their per-device defaults)."""
+    return _flag("NETCL_TUNING", True)

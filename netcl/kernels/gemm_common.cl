@@ -1,0 +1,120 @@
+// Shared prelude of the GEMM kernels (gemm_direct.cl, gemm_cpu.cl, gemm_tiled.cl): storage and
+// accumulation types per dtype, loads/stores, and the fused epilogue. The host prepends this text to
+// each GEMM kernel file before building (one program per file and define set).
+//
+// Every GEMM computes, for each batch z, row m and column n of C:
+//   acc      = sum_k A[z, m, k] * B[z, k, n]            (accumulated in ACC_T: float, or double)
+//   y        = ALPHA * acc (+ bias[n])
+//   y        = activation(y)                             (none, relu, gelu, gelu_tanh, silu)
+//   C[z,m,n] = y (+ residual[z, m, n])
+//
+// Build options shared by all GEMM kernels:
+//   DTYPE_F16 / DTYPE_F32 / DTYPE_F64   storage dtype of A, B, C, bias and residual (one of them)
+//   HAS_BIAS      add bias[n] (bias is a vector over columns with element stride bias_stride)
+//   HAS_RESIDUAL  add residual[z, m, n] after the activation (any strides)
+//   ACT           0 none, 1 relu, 2 gelu (erf), 3 gelu_tanh, 4 silu
+
+#if defined(DTYPE_F64)
+#pragma OPENCL EXTENSION cl_khr_fp64 : enable
+typedef double STORE_T;   // element type in memory
+typedef double ACC_T;     // accumulation type
+typedef double2 ACC2;
+typedef double4 ACC4;
+typedef double8 ACC8;
+typedef double16 ACC16;
+#define LOAD1(i, p) ((p)[i])
+#define STORE1(v, i, p) ((p)[i] = (v))
+#define LOADV(W, i, p) GEMM_CAT(vload, W)(i, p)
+#define STOREV(W, v, i, p) GEMM_CAT(vstore, W)(v, i, p)
+#elif defined(DTYPE_F16)
+typedef half STORE_T;     // half is legal as a pointer target without cl_khr_fp16
+typedef float ACC_T;
+typedef float2 ACC2;
+typedef float4 ACC4;
+typedef float8 ACC8;
+typedef float16 ACC16;
+#define LOAD1(i, p) vload_half(i, p)
+#define STORE1(v, i, p) vstore_half_rte(v, i, p)
+#define LOADV(W, i, p) GEMM_CAT(vload_half, W)(i, p)
+#define STOREV(W, v, i, p) GEMM_CAT(GEMM_CAT(vstore_half, W), _rte)(v, i, p)
+#else
+#ifndef DTYPE_F32
+#define DTYPE_F32
+#endif
+typedef float STORE_T;
+typedef float ACC_T;
+typedef float2 ACC2;
+typedef float4 ACC4;
+typedef float8 ACC8;
+typedef float16 ACC16;
+#define LOAD1(i, p) ((p)[i])
+#define STORE1(v, i, p) ((p)[i] = (v))
+#define LOADV(W, i, p) GEMM_CAT(vload, W)(i, p)
+#define STOREV(W, v, i, p) GEMM_CAT(vstore, W)(v, i, p)
+#endif
+
+#define GEMM_CAT_(a, b) a##b
+#define GEMM_CAT(a, b) GEMM_CAT_(a, b)
+
+#ifndef ACT
+#define ACT 0
+#endif
+
+inline ACC_T gemm_activation(ACC_T y)
+{
+#if ACT == 1
+    return fmax(y, (ACC_T)0);
+#elif ACT == 2
+    return (ACC_T)0.5 * y * ((ACC_T)1 + erf(y * (ACC_T)0.70710678118654752440));
+#elif ACT == 3
+    const ACC_T inner = (ACC_T)0.79788456080286535588 * (y + (ACC_T)0.044715 * y * y * y);
+    return (ACC_T)0.5 * y * ((ACC_T)1 + tanh(inner));
+#elif ACT == 4
+    return y / ((ACC_T)1 + exp(-y));
+#else
+    return y;
+#endif
+}
+
+// y = act(alpha * acc + bias[n]) + residual[m, n]; `bias` and `residual` already point at batch z.
+inline ACC_T gemm_epilogue(ACC_T acc, const int m, const int n, const ACC_T alpha,
+                           __global const STORE_T *bias, const long bias_stride,
+                           __global const STORE_T *residual, const long res_rs, const long res_cs)
+{
+    ACC_T y = alpha * acc;
+#ifdef HAS_BIAS
+    y += (ACC_T)LOAD1(n * bias_stride, bias);
+#endif
+    y = gemm_activation(y);
+#ifdef HAS_RESIDUAL
+    y += (ACC_T)LOAD1(m * res_rs + n * res_cs, residual);
+#endif
+    return y;
+}
+
+// The argument list every GEMM kernel takes (the host passes the same tuple to each variant).
+// Strides and offsets are in elements. Batch z = z1 * nb_inner + z2 adds z1 * stride1 + z2 * stride2
+// to each operand's offset; bs_ab = (A stride1, A stride2, B stride1, B stride2), bs_cr likewise for C
+// and the residual. `bias` and `residual` are ignored unless HAS_BIAS / HAS_RESIDUAL are defined.
+#define GEMM_ARGS                                                                                   \
+    const int M, const int N, const int K,                                                          \
+    __global const STORE_T *A, const long a_off, const long a_rs, const long a_ks,                  \
+    __global const STORE_T *B, const long b_off, const long b_ks, const long b_ns,                  \
+    __global STORE_T *C, const long c_off, const long c_rs,                                         \
+    __global const STORE_T *bias, const long bias_off, const long bias_stride,                      \
+    __global const STORE_T *residual, const long res_off, const long res_rs, const long res_cs,     \
+    const ACC_T alpha, const int nb_inner, const long4 bs_ab, const long4 bs_cr
+
+// Move every operand pointer to batch `z` (call once at the top of a kernel).
+#define GEMM_SELECT_BATCH(z)                                                                        \
+    do {                                                                                            \
+        const long z1_ = (long)(z) / nb_inner, z2_ = (long)(z) % nb_inner;                          \
+        A += a_off + z1_ * bs_ab.s0 + z2_ * bs_ab.s1;                                               \
+        B += b_off + z1_ * bs_ab.s2 + z2_ * bs_ab.s3;                                               \
+        C += c_off + z1_ * bs_cr.s0 + z2_ * bs_cr.s1;                                               \
+        residual += res_off + z1_ * bs_cr.s2 + z2_ * bs_cr.s3;                                      \
+        bias += bias_off;                                                                           \
+    } while (0)
+
+#define GEMM_EPILOGUE(acc, m, n) \
+    gemm_epilogue((acc), (m), (n), alpha, bias, bias_stride, residual, res_rs, res_cs)

@@ -1,0 +1,114 @@
+// GEMM for CPU devices (PoCL and other CPU OpenCL drivers): C = epilogue(A @ B), see gemm_common.cl.
+// Layout: global (ceil(N/NB), ceil(M/MB), batch), local (1, 1, 1): one work-item owns an MB x NB block
+// of C and computes it alone, without barriers. For each chunk of KC values of k it packs B's KC x NB
+// block into local scratch as NB/VN panels of KC x VN (zero-padded past N; a plain vector copy when B's
+// columns are contiguous), then runs a register-blocked micro-kernel: RM rows x VN columns of C held in
+// RM vectors of VN floats, one vector FMA per row per k, A's values broadcast straight from global
+// memory (row indices past M are clamped, their results discarded). Partial sums of a block live in a
+// local MB x NB scratch between K chunks; the last chunk applies the epilogue and writes C.
+// Reads A, B (, bias, residual); writes C. Local scratch: (KC*NB + MB*NB) accumulator-sized values.
+// Tuning knobs:
+//   MB  rows of C per work-item (default 64)
+//   NB  columns of C per work-item, a multiple of VN (default 64)
+//   KC  k values per cache block; B's packed KC x VN panel should fit in L1 (default 256)
+//   RM  rows of the register block (default 6)
+//   VN  columns of the register block = vector width: 4, 8 or 16 (default 16)
+// Layout flags (set by the host): B_NCONTIG when B's columns are contiguous (b_ns == 1).
+
+#ifndef MB
+#define MB 64
+#endif
+#ifndef NB
+#define NB 64
+#endif
+#ifndef KC
+#define KC 256
+#endif
+#ifndef RM
+#define RM 6
+#endif
+#ifndef VN
+#define VN 16
+#endif
+
+#define VT GEMM_CAT(ACC, VN)
+
+__kernel __attribute__((reqd_work_group_size(1, 1, 1)))
+void gemm_cpu(GEMM_ARGS)
+{
+    // vector-typed scratch: aligned, so the hot loop reads it with plain vector loads (no vloadn calls)
+    __local VT Bp[KC * (NB / VN)];
+    __local VT Cp[MB * (NB / VN)];
+    const int n0 = get_group_id(0) * NB;
+    const int m0 = get_group_id(1) * MB;
+    GEMM_SELECT_BATCH(get_group_id(2));
+    const int mlen = min(MB, M - m0);
+    const int nlen = min(NB, N - n0);
+    const int npanels = (nlen + VN - 1) / VN;
+
+    for (int k0 = 0; k0 < K || k0 == 0; k0 += KC) {
+        const int kl = min(KC, K - k0);
+        const bool first = k0 == 0;
+        const bool last = k0 + KC >= K;
+
+        // pack B[k0 : k0+kl, n0 : n0+nlen] as panels of kl x VN
+        for (int p = 0; p < npanels; ++p) {
+            const int n = n0 + p * VN;
+            __local VT *dstv = Bp + p * KC;
+            __local ACC_T *dst = (__local ACC_T *)dstv;
+            __global const STORE_T *src = B + k0 * b_ks + n * b_ns;
+            if (n + VN <= N) {
+#ifdef B_NCONTIG
+                for (int k = 0; k < kl; ++k)
+                    dstv[k] = LOADV(VN, 0, src + k * b_ks);
+#else
+                for (int k = 0; k < kl; ++k)
+                    for (int j = 0; j < VN; ++j)
+                        dst[k * VN + j] = (ACC_T)LOAD1(k * b_ks + j * b_ns, src);
+#endif
+            } else {
+                const int valid = N - n;
+                for (int k = 0; k < kl; ++k)
+                    for (int j = 0; j < VN; ++j)
+                        dst[k * VN + j] = j < valid ? (ACC_T)LOAD1(k * b_ks + j * b_ns, src) : (ACC_T)0;
+            }
+        }
+
+        for (int p = 0; p < npanels; ++p) {
+            const int n = n0 + p * VN;
+            __local const VT *panel = Bp + p * KC;
+            for (int i = 0; i < mlen; i += RM) {
+                __global const STORE_T *arow[RM];
+                VT acc[RM];
+#pragma unroll
+                for (int r = 0; r < RM; ++r) {
+                    arow[r] = A + min(m0 + i + r, M - 1) * a_rs + k0 * a_ks;
+                    acc[r] = first ? (VT)0 : Cp[min(i + r, MB - 1) * (NB / VN) + p];
+                }
+                for (int k = 0; k < kl; ++k) {
+                    const VT bv = panel[k];
+#pragma unroll
+                    for (int r = 0; r < RM; ++r)
+                        acc[r] += (VT)((ACC_T)LOAD1(k * a_ks, arow[r])) * bv;
+                }
+                if (!last) {
+#pragma unroll
+                    for (int r = 0; r < RM; ++r)
+                        if (i + r < MB) Cp[(i + r) * (NB / VN) + p] = acc[r];
+                } else {
+                    const int rows = min(RM, mlen - i);
+                    const int cols = min(VN, N - n);
+#pragma unroll
+                    for (int r = 0; r < RM; ++r) {
+                        if (r >= rows) break;
+                        ACC_T vals[VN];
+                        GEMM_CAT(vstore, VN)(acc[r], 0, vals);
+                        const int m = m0 + i + r;
+                        for (int j = 0; j < cols; ++j)
+                            STORE1(GEMM_EPILOGUE(vals[j], m, n + j), m * c_rs + n + j, C);
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,380 @@
+"""Matrix multiplication: matmul, matmul_epilogue and linear, on the GEMM kernels of kernels/gemm*.cl.
+
+Operands are read in place whatever their layout (transposed views included); batch dimensions
+broadcast like NumPy's matmul. Three kernel variants, picked per device class and shape:
+"direct" (one work-item per output, any strides: small and skinny shapes), "cpu" (register-blocked
+wide-vector kernel without barriers, for CPU devices) and "tiled" (local-memory double-buffered tiles,
+for GPUs). Their tile parameters come from the tuning database when `netcl tune` has measured them,
+else from the per-device-class defaults below.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from pyopencl import cltypes
+
+from netcl.core import dtypes
+from netcl.core.backend import build_program, format_options, kernel_source
+from netcl.core.tensor import Tensor, check_same_queue
+from netcl.errors import DTypeError, ShapeError
+
+ACTIVATIONS: dict[str | None, int] = {None: 0, "none": 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "silu": 4}
+VARIANTS = ("direct", "cpu", "tiled")
+_FLOAT_DTYPES = (dtypes.float16, dtypes.float32, dtypes.float64)
+_DTYPE_DEFINE = {dtypes.float16: "DTYPE_F16", dtypes.float32: "DTYPE_F32", dtypes.float64: "DTYPE_F64"}
+
+# Default tile parameters per variant (and dtype where it matters). Each knob's meaning is in the
+# header of its kernel file. `netcl tune` overrides these per device.
+DEFAULTS: dict[str, dict[str, dict[str, int]]] = {
+    "direct": {"any": {"UNROLL": 4}},
+    "cpu": {
+        "float32": {"MB": 64, "NB": 64, "KC": 256, "RM": 6, "VN": 16},
+        "float16": {"MB": 64, "NB": 64, "KC": 256, "RM": 6, "VN": 16},
+        "float64": {"MB": 64, "NB": 32, "KC": 256, "RM": 4, "VN": 8},
+    },
+    "tiled": {
+        "float32": {"BM": 128, "BN": 128, "BK": 16, "TX": 16, "TY": 16, "VW": 4, "PADA": 4, "PADB": 4},
+        "float16": {"BM": 128, "BN": 128, "BK": 16, "TX": 16, "TY": 16, "VW": 4, "PADA": 4, "PADB": 4},
+        "float64": {"BM": 64, "BN": 64, "BK": 16, "TX": 16, "TY": 16, "VW": 2, "PADA": 2, "PADB": 2},
+    },
+}
+_KERNEL_FILES = {"direct": "gemm_direct.cl", "cpu": "gemm_cpu.cl", "tiled": "gemm_tiled.cl"}
+
+
+def default_params(variant: str, dtype: Any) -> dict[str, int]:
+    table = DEFAULTS[variant]
+    return dict(table.get(np.dtype(dtype).name, table.get("any", {})))
+
+
+def tuned_params(device: Any, variant: str, dtype: Any) -> dict[str, int]:
+    """The parameters netcl uses for `variant` on `device`: tuned when stored, else the defaults."""
+    from netcl.tune.database import lookup
+
+    params = default_params(variant, dtype)
+    stored = lookup(device, f"gemm_{variant}", np.dtype(dtype).name)
+    if stored:
+        params.update({k: int(v) for k, v in stored.items() if k in params})
+    return params
+
+
+def choose_variant(device: Any, m: int, n: int, k: int) -> str:
+    """Which kernel a problem of this size gets on `device` (its class decides)."""
+    if device.capabilities.kind == "cpu":
+        if m < 4 or n < 4 or m * n * k <= 32 * 32 * 32:
+            return "direct"
+        return "cpu"
+    if m < 16 or n < 16 or m * n * k <= 64 * 64 * 64:
+        return "direct"
+    return "tiled"
+
+
+# -- program building -------------------------------------------------------------------------------
+def _program(device: Any, variant: str, defines: dict[str, Any]):
+    source = kernel_source("gemm_common.cl") + "\n" + kernel_source(_KERNEL_FILES[variant])
+    return build_program(device, source, format_options(defines, ("-cl-mad-enable",)), name=_KERNEL_FILES[variant])
+
+
+# -- shapes and layouts -------------------------------------------------------------------------------
+def _broadcast_batch(a_shape: tuple[int, ...], b_shape: tuple[int, ...], a_full: tuple, b_full: tuple) -> tuple:
+    n = max(len(a_shape), len(b_shape))
+    pa = (1,) * (n - len(a_shape)) + tuple(a_shape)
+    pb = (1,) * (n - len(b_shape)) + tuple(b_shape)
+    out = []
+    for x, y in zip(pa, pb):
+        if x != y and x != 1 and y != 1:
+            raise ShapeError(
+                f"matmul: batch dimensions of a {a_full} and b {b_full} do not broadcast "
+                f"({a_shape} vs {b_shape})"
+            )
+        out.append(max(x, y) if min(x, y) != 0 else 0)
+    return tuple(out)
+
+
+def _batch_strides(t: Tensor, batch: tuple[int, ...]) -> list[int]:
+    """Strides of t's leading (batch) dims aligned to `batch`, 0 where t broadcasts."""
+    own_shape, own_strides = t.shape[:-2], t.strides[:-2]
+    lead = len(batch) - len(own_shape)
+    out = [0] * lead
+    for size, stride in zip(own_shape, own_strides):
+        out.append(0 if size == 1 else stride)
+    return out
+
+
+def _collapse(batch: tuple[int, ...], stride_sets: list[list[int]]) -> tuple[list[int], list[list[int]]]:
+    """Drop size-1 batch dims and merge neighbours that are contiguous in every operand."""
+    shape: list[int] = []
+    out: list[list[int]] = [[] for _ in stride_sets]
+    for i, size in enumerate(batch):
+        if size == 1:
+            continue
+        if shape and all(o[-1] == s[i] * size for o, s in zip(out, stride_sets)):
+            shape[-1] *= size
+            for o, s in zip(out, stride_sets):
+                o[-1] = s[i]
+        else:
+            shape.append(size)
+            for o, s in zip(out, stride_sets):
+                o.append(s[i])
+    return shape, out
+
+
+def _matrix_strides(rows: int, cols: int, row_stride: int, col_stride: int) -> tuple[int, int]:
+    """Canonical strides of a rows x cols matrix (strides of size-1 dims are free to choose)."""
+    if cols == 1:
+        col_stride = 1
+    if rows == 1:
+        row_stride = max(cols, 1) if col_stride == 1 else 1
+    return row_stride, col_stride
+
+
+def _tiled_layout(rows: int, cols: int, row_stride: int, col_stride: int) -> bool | None:
+    """For the tiled kernel: False = row-major (cols contiguous), True = transposed, None = neither."""
+    rs, cs = _matrix_strides(rows, cols, row_stride, col_stride)
+    if cs == 1 and rs >= cols:
+        return False
+    if rs == 1 and cs >= rows:
+        return True
+    return None
+
+
+@dataclass
+class _Problem:
+    a: Tensor
+    b: Tensor
+    out: Tensor
+    bias: Tensor | None
+    residual: Tensor | None
+    activation: int
+    alpha: float
+    m: int
+    n: int
+    k: int
+    batch: tuple[int, ...]
+    squeeze: tuple[int, ...]  # axes of the result removed because an operand was 1-D
+
+
+def _as_float_dtype(a: Tensor, b: Tensor, extra: Sequence[tuple[str, Tensor | None]]) -> np.dtype:
+    if a.dtype != b.dtype:
+        raise DTypeError(f"matmul: a is {a.dtype} and b is {b.dtype}; cast one so both match")
+    if a.dtype not in _FLOAT_DTYPES:
+        raise DTypeError(f"matmul supports float16, float32 and float64, got {a.dtype}; cast first")
+    for name, t in extra:
+        if t is not None and t.dtype != a.dtype:
+            raise DTypeError(f"matmul: {name} is {t.dtype} but the operands are {a.dtype}")
+    dtypes.check_supported_on(a.dtype, a.device)
+    return a.dtype
+
+
+def _prepare(
+    a: Tensor, b: Tensor, bias: Tensor | None, residual: Tensor | None, activation: Any, alpha: float
+) -> _Problem:
+    if not isinstance(a, Tensor) or not isinstance(b, Tensor):
+        raise DTypeError(f"matmul takes netcl Tensors, got {type(a).__name__} and {type(b).__name__}")
+    check_same_queue(*[t for t in (a, b, bias, residual) if t is not None])
+    _as_float_dtype(a, b, [("bias", bias), ("residual", residual)])
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {[k for k in ACTIVATIONS if k]}, or None; got {activation!r}")
+    if a.ndim == 0 or b.ndim == 0:
+        raise ShapeError(f"matmul needs operands of at least 1 dimension, got shapes {a.shape} and {b.shape}")
+    a_full, b_full = a.shape, b.shape
+    squeeze = []
+    if a.ndim == 1:
+        a = a.unsqueeze(0)
+        squeeze.append(-2)
+    if b.ndim == 1:
+        b = b.unsqueeze(1)
+        squeeze.append(-1)
+    m, k = a.shape[-2:]
+    k2, n = b.shape[-2:]
+    if k != k2:
+        raise ShapeError(
+            f"matmul: inner dimensions differ: a has shape {a_full} (K={k}) and b has shape {b_full} (K={k2})"
+        )
+    batch = _broadcast_batch(a.shape[:-2], b.shape[:-2], a_full, b_full)
+    out = Tensor.empty(a.queue, batch + (m, n), a.dtype)
+    if bias is not None and (bias.ndim != 1 or bias.shape[0] != n):
+        raise ShapeError(f"bias must have shape ({n},) for an output of shape {out.shape}, got {bias.shape}")
+    if residual is not None:
+        try:
+            residual = residual.expand(out.shape)
+        except ShapeError:
+            raise ShapeError(
+                f"residual of shape {residual.shape} does not broadcast to the output shape {out.shape}"
+            ) from None
+    return _Problem(a, b, out, bias, residual, ACTIVATIONS[activation], float(alpha), m, n, k, batch,
+                    tuple(squeeze))
+
+
+# -- launching ----------------------------------------------------------------------------------------
+def _launch(p: _Problem, variant: str, params: dict[str, int] | None = None) -> None:
+    device = p.out.device
+    queue = p.out.queue
+    a, b = p.a, p.b
+    if variant == "tiled":
+        # the tiled kernel needs one unit stride per operand; other layouts are copied first
+        if _tiled_layout(p.m, p.k, a.strides[-2], a.strides[-1]) is None:
+            a = a.contiguous()
+        if _tiled_layout(p.k, p.n, b.strides[-2], b.strides[-1]) is None:
+            b = b.contiguous()
+    a_rs, a_ks = _matrix_strides(p.m, p.k, a.strides[-2], a.strides[-1])
+    b_ks, b_ns = _matrix_strides(p.k, p.n, b.strides[-2], b.strides[-1])
+    out = p.out
+    res = p.residual
+    res_rs, res_cs = (res.strides[-2], res.strides[-1]) if res is not None else (0, 0)
+
+    stride_sets = [
+        _batch_strides(a, p.batch),
+        _batch_strides(b, p.batch),
+        list(out.strides[:-2]),
+        _batch_strides(res, p.batch) if res is not None else [0] * len(p.batch),
+    ]
+    shape, (a_bs, b_bs, c_bs, r_bs) = _collapse(p.batch, stride_sets)
+    # the kernel walks two batch levels; any further (outer) levels are walked here
+    outer_shape, inner_shape = shape[:-2], shape[-2:]
+    n_inner_levels = len(inner_shape)
+    pad = 2 - n_inner_levels
+    inner_shape = [1] * pad + inner_shape
+    a_in, b_in, c_in, r_in = ([0] * pad + s[len(outer_shape):] for s in (a_bs, b_bs, c_bs, r_bs))
+    nb_inner = inner_shape[1]
+    nbatch = inner_shape[0] * inner_shape[1]
+
+    dt = out.dtype
+    defines: dict[str, Any] = {_DTYPE_DEFINE[dt]: None, "ACT": p.activation}
+    if p.bias is not None:
+        defines["HAS_BIAS"] = None
+    if res is not None:
+        defines["HAS_RESIDUAL"] = None
+    tile = tuned_params(device, variant, dt) if params is None else {**default_params(variant, dt), **params}
+    defines.update(tile)
+    if variant == "cpu" and b_ns == 1:
+        defines["B_NCONTIG"] = None
+    if variant == "tiled":
+        defines["A_TRANS"] = int(not (a_ks == 1 and a_rs >= p.k))
+        defines["B_TRANS"] = int(not (b_ns == 1 and b_ks >= p.n))
+    kernel = getattr(_program(device, variant, defines), f"gemm_{variant}")
+
+    if variant == "direct":
+        lx = min(64, 1 << max(0, (p.n - 1).bit_length()))
+        ly = max(1, min(256 // lx, 1 << max(0, (p.m - 1).bit_length())))
+        gsize, lsize = (p.n, p.m, nbatch), ((lx, ly, 1) if device.capabilities.kind != "cpu" else None)
+    elif variant == "cpu":
+        gsize = (-(-p.n // tile["NB"]), -(-p.m // tile["MB"]), nbatch)
+        lsize = (1, 1, 1)
+    else:
+        gsize = (-(-p.n // tile["BN"]) * tile["TX"], -(-p.m // tile["BM"]) * tile["TY"], nbatch)
+        lsize = (tile["TX"], tile["TY"], 1)
+
+    acc_type = np.float64 if dt == dtypes.float64 else np.float32
+    bias_t = p.bias if p.bias is not None else out
+    res_t = res if res is not None else out
+    i64 = np.int64
+    for outer in np.ndindex(*outer_shape) if outer_shape else [()]:
+        extra = [sum(i * s[j] for j, i in enumerate(outer)) for s in (a_bs, b_bs, c_bs, r_bs)]
+        kernel(
+            queue, gsize, lsize,
+            np.int32(p.m), np.int32(p.n), np.int32(p.k),
+            a.buffer, i64(a.offset + extra[0]), i64(a_rs), i64(a_ks),
+            b.buffer, i64(b.offset + extra[1]), i64(b_ks), i64(b_ns),
+            out.buffer, i64(out.offset + extra[2]), i64(out.strides[-2]),
+            bias_t.buffer, i64(bias_t.offset), i64(bias_t.strides[0] if p.bias is not None else 0),
+            res_t.buffer, i64(res_t.offset + (extra[3] if res is not None else 0)), i64(res_rs), i64(res_cs),
+            acc_type(p.alpha), np.int32(nb_inner),
+            cltypes.make_long4(a_in[0], a_in[1], b_in[0], b_in[1]),
+            cltypes.make_long4(c_in[0], c_in[1], r_in[0], r_in[1]),
+        )
+
+
+def _finish(p: _Problem) -> Tensor:
+    out = p.out
+    for axis in p.squeeze:
+        out = out.squeeze(axis)
+    return out
+
+
+def gemm(
+    a: Tensor,
+    b: Tensor,
+    bias: Tensor | None = None,
+    activation: str | None = None,
+    residual: Tensor | None = None,
+    alpha: float = 1.0,
+    *,
+    variant: str | None = None,
+    params: dict[str, int] | None = None,
+) -> Tensor:
+    """matmul_epilogue with an explicit kernel `variant` and tile `params` (tests, tuning, benchmarks)."""
+    p = _prepare(a, b, bias, residual, activation, alpha)
+    if p.out.size == 0:
+        return _finish(p)
+    if variant is None:
+        variant = choose_variant(p.out.device, p.m, p.n, p.k)
+    elif variant not in VARIANTS:
+        raise ValueError(f"unknown GEMM variant {variant!r}; one of {VARIANTS}")
+    if p.k == 0 and variant == "tiled":
+        variant = "direct"
+    _launch(p, variant, params)
+    return _finish(p)
+
+
+def matmul(a: Tensor, b: Tensor) -> Tensor:
+    """a @ b for (..., M, K) and (..., K, N) (1-D operands as in NumPy), batch dims broadcast.
+
+    Transposed or sliced views are read in place. float16 (float32 accumulation), float32, float64.
+    """
+    return gemm(a, b)
+
+
+def matmul_epilogue(
+    a: Tensor,
+    b: Tensor,
+    bias: Tensor | None = None,
+    activation: str | None = None,
+    residual: Tensor | None = None,
+    alpha: float = 1.0,
+) -> Tensor:
+    """activation(alpha * (a @ b) + bias) + residual in one launch.
+
+    bias has shape (N,) (added per column); activation is None, 'relu', 'gelu', 'gelu_tanh' or
+    'silu'; residual broadcasts to the output shape and is added after the activation.
+    """
+    return gemm(a, b, bias, activation, residual, alpha)
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, activation: str | None = None) -> Tensor:
+    """x @ weight.T + bias (then activation), weight shaped (out_features, in_features) like PyTorch.
+
+    The weight is read transposed in place (no copy). x is (..., in_features).
+    """
+    if not isinstance(weight, Tensor) or weight.ndim != 2:
+        shape = getattr(weight, "shape", None)
+        raise ShapeError(f"linear: weight must be 2-D (out_features, in_features), got shape {shape}")
+    if not isinstance(x, Tensor) or x.ndim < 1 or x.shape[-1] != weight.shape[1]:
+        raise ShapeError(
+            f"linear: x of shape {getattr(x, 'shape', None)} does not end in in_features={weight.shape[1]} "
+            f"of weight {weight.shape}"
+        )
+    return gemm(x, weight.transpose(0, 1), bias, activation)
+
+
+def flops(m: int, n: int, k: int, batch: int = 1) -> float:
+    """Floating-point operations of a GEMM (multiply and add counted separately)."""
+    return 2.0 * m * n * k * batch
+
+
+__all__ = [
+    "ACTIVATIONS",
+    "DEFAULTS",
+    "VARIANTS",
+    "choose_variant",
+    "default_params",
+    "flops",
+    "gemm",
+    "linear",
+    "matmul",
+    "matmul_epilogue",
+    "tuned_params",
+]

@@ -1,0 +1,220 @@
+"""matmul / matmul_epilogue / linear / fused GEMMs against float64 NumPy on odd shapes and layouts."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from netcl.core.backend import count_launches
+from netcl.core.tensor import Tensor
+from netcl.errors import DTypeError, ShapeError
+from netcl.ops import linear, linear_relu, matmul, matmul_bias_relu, matmul_epilogue
+from netcl.ops.matmul import choose_variant, gemm
+
+# A small tiled configuration: the GPU kernel's logic (double buffering, edges, both layouts) is
+# checked on the CPU device too, where the default 128 x 128 tiles would only cost compile time.
+SMALL_TILED = {"BM": 32, "BN": 32, "BK": 8, "TX": 8, "TY": 8, "VW": 4, "PADA": 4, "PADB": 4}
+SMALL_CPU = {"MB": 24, "NB": 32, "KC": 64, "RM": 5, "VN": 16}  # several K chunks and ragged blocks
+
+
+def _eps(dtype) -> float:
+    return float(np.finfo(np.dtype(dtype)).eps)
+
+
+def check(got: Tensor, want: np.ndarray, dtype=np.float32, k: int = 1) -> None:
+    """Compare with a float64 reference; the absolute slack grows with the reduction length K."""
+    out = got.to_host() if hasattr(got, "to_host") else np.asarray(got)
+    assert out.shape == want.shape, f"shape {out.shape} != {want.shape}"
+    assert out.dtype == np.dtype(dtype)
+    if np.dtype(dtype) == np.float16:
+        rtol, atol = 2e-3, 2e-3 * math.sqrt(max(k, 1))
+    else:
+        rtol, atol = 10 * _eps(dtype), 10 * _eps(dtype) * max(k, 1)
+    np.testing.assert_allclose(out.astype(np.float64), want, rtol=rtol, atol=atol)
+
+
+def host(rng, shape, dtype=np.float32) -> np.ndarray:
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def dev(queue, arr, transposed=False) -> Tensor:
+    """arr on the device; with transposed=True stored as arr.T and viewed back (swapped strides)."""
+    if transposed:
+        return Tensor.from_host(queue, np.ascontiguousarray(np.swapaxes(arr, -1, -2))).transpose(-1, -2)
+    return Tensor.from_host(queue, arr)
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 1, 1), (7, 33, 130), (130, 257, 33), (33, 7, 257), (257, 130, 7)])
+def test_matmul_odd_shapes(queue, rng, m, n, k):
+    a, b = host(rng, (m, k)), host(rng, (k, n))
+    check(matmul(dev(queue, a), dev(queue, b)), a.astype(np.float64) @ b, k=k)
+
+
+@pytest.mark.parametrize("variant,params", [("direct", None), ("cpu", SMALL_CPU), ("tiled", SMALL_TILED)])
+@pytest.mark.parametrize("ta,tb", [(False, False), (False, True), (True, False), (True, True)])
+def test_every_variant_and_layout(queue, rng, variant, params, ta, tb):
+    m, n, k = 67, 45, 130
+    a, b = host(rng, (m, k)), host(rng, (k, n))
+    A, B = dev(queue, a, ta), dev(queue, b, tb)
+    assert (A.strides[-2] == 1) == ta and (B.strides[-2] == 1) == tb
+    check(gemm(A, B, variant=variant, params=params), a.astype(np.float64) @ b, k=k)
+
+
+@pytest.mark.parametrize("variant,params", [("direct", None), ("cpu", SMALL_CPU), ("tiled", SMALL_TILED)])
+def test_strided_views_and_offsets(queue, rng, variant, params):
+    base_a, base_b = host(rng, (90, 81)), host(rng, (70, 99))
+    A = Tensor.from_host(queue, base_a)[3::2, 5:70]  # row stride 162, column stride 1, offset
+    B = Tensor.from_host(queue, base_b)[1:66, ::3]   # column stride 3: neither layout is contiguous
+    a, b = base_a[3::2, 5:70], base_b[1:66, ::3]
+    check(gemm(A, B, variant=variant, params=params), a.astype(np.float64) @ b, k=65)
+
+
+def test_batch_broadcasting(queue, rng):
+    a, b = host(rng, (2, 1, 7, 33)), host(rng, (3, 33, 17))
+    got = matmul(dev(queue, a), dev(queue, b))
+    assert got.shape == (2, 3, 7, 17)
+    check(got, np.matmul(a.astype(np.float64), b), k=33)
+
+
+def test_batch_over_two_levels_and_host_loop(queue, rng):
+    # (2, 3, 4) batch with b broadcast over the middle axis: cannot collapse into one stride
+    a, b = host(rng, (2, 3, 4, 9, 10)), host(rng, (2, 1, 4, 10, 11))
+    check(matmul(dev(queue, a), dev(queue, b)), np.matmul(a.astype(np.float64), b), k=10)
+
+
+@pytest.mark.parametrize("variant,params", [("cpu", SMALL_CPU), ("tiled", SMALL_TILED)])
+def test_batched_transposed_operands(queue, rng, variant, params):
+    a, b = host(rng, (3, 40, 37)), host(rng, (3, 37, 35))
+    got = gemm(dev(queue, a, True), dev(queue, b, True), variant=variant, params=params)
+    check(got, np.matmul(a.astype(np.float64), b), k=37)
+
+
+def test_one_dimensional_operands(queue, rng):
+    v, mat, w = host(rng, (13,)), host(rng, (13, 6)), host(rng, (6,))
+    check(matmul(dev(queue, v), dev(queue, mat)), v.astype(np.float64) @ mat, k=13)
+    check(matmul(dev(queue, mat), dev(queue, w)), mat.astype(np.float64) @ w, k=6)
+    check(matmul(dev(queue, v), dev(queue, v)), np.array(v.astype(np.float64) @ v), k=13)
+
+
+def test_empty_and_zero_k(queue, rng):
+    a, b = np.zeros((5, 0), np.float32), np.zeros((0, 4), np.float32)
+    check(matmul(dev(queue, a), dev(queue, b)), np.zeros((5, 4)))
+    bias = host(rng, (4,))
+    check(matmul_epilogue(dev(queue, a), dev(queue, b), bias=dev(queue, bias)),
+          np.broadcast_to(bias.astype(np.float64), (5, 4)))
+    assert matmul(Tensor.empty(queue, (0, 3)), Tensor.empty(queue, (3, 4))).shape == (0, 4)
+
+
+@pytest.mark.parametrize("variant,params", [(None, None), ("tiled", SMALL_TILED)])
+def test_float16_storage_float32_accumulation(queue, rng, variant, params):
+    m, n, k = 33, 130, 257
+    a, b = host(rng, (m, k), np.float16), host(rng, (k, n), np.float16)
+    got = gemm(dev(queue, a), dev(queue, b, True), variant=variant, params=params)
+    check(got, a.astype(np.float64) @ b.astype(np.float64), np.float16, k=k)
+
+
+def test_float64(device, queue, rng):
+    if not device.capabilities.fp64:
+        with pytest.raises(DTypeError, match="float64"):
+            Tensor.from_host(queue, np.ones((2, 2)))
+        return
+    m, n, k = 35, 130, 257
+    a, b = rng.standard_normal((m, k)), rng.standard_normal((k, n))
+    check(matmul(dev(queue, a, True), dev(queue, b)), a @ b, np.float64, k=k)
+
+
+def _gelu(x):
+    from math import erf
+
+    return 0.5 * x * (1 + np.vectorize(erf)(x / np.sqrt(2)))
+
+
+REFERENCE_ACT = {
+    None: lambda y: y,
+    "relu": lambda y: np.maximum(y, 0),
+    "gelu": _gelu,
+    "gelu_tanh": lambda y: 0.5 * y * (1 + np.tanh(np.sqrt(2 / np.pi) * (y + 0.044715 * y**3))),
+    "silu": lambda y: y / (1 + np.exp(-y)),
+}
+
+
+@pytest.mark.parametrize("activation", list(REFERENCE_ACT))
+def test_epilogue_bias_activation_residual_alpha(queue, rng, activation):
+    m, n, k = 37, 70, 33
+    a, b, bias, res = host(rng, (m, k)), host(rng, (k, n)), host(rng, (n,)), host(rng, (m, n))
+    want = REFERENCE_ACT[activation](0.5 * (a.astype(np.float64) @ b) + bias) + res
+    with count_launches() as launches:
+        got = matmul_epilogue(dev(queue, a), dev(queue, b), bias=dev(queue, bias), activation=activation,
+                              residual=dev(queue, res), alpha=0.5)
+    assert launches.count == 1
+    check(got, want, k=k)
+
+
+@pytest.mark.parametrize("variant,params", [("direct", None), ("tiled", SMALL_TILED)])
+def test_epilogue_other_variants_with_broadcast_residual(queue, rng, variant, params):
+    a, b, bias, res = host(rng, (2, 19, 21)), host(rng, (21, 23)), host(rng, (23,)), host(rng, (19, 1))
+    Bias = Tensor.from_host(queue, np.repeat(bias, 2))[::2]  # strided bias
+    got = gemm(dev(queue, a), dev(queue, b), Bias, "gelu_tanh", dev(queue, res), 2.0, variant=variant,
+               params=params)
+    y = 2.0 * np.matmul(a.astype(np.float64), b) + bias
+    check(got, REFERENCE_ACT["gelu_tanh"](y) + res, k=21)
+
+
+def test_linear_reads_weight_transposed_in_place(queue, rng):
+    x, w, bias = host(rng, (2, 5, 33)), host(rng, (17, 33)), host(rng, (17,))
+    W = dev(queue, w)
+    with count_launches() as launches:
+        got = linear(dev(queue, x), W, dev(queue, bias))
+    assert launches.count == 1  # no transpose copy, no separate bias add
+    check(got, x.astype(np.float64) @ w.T + bias, k=33)
+    check(linear(dev(queue, x), W), x.astype(np.float64) @ w.T, k=33)
+
+
+def test_linear_relu_and_matmul_bias_relu_one_launch(queue, rng):
+    x, w, bias = host(rng, (9, 40)), host(rng, (24, 40)), host(rng, (24,))
+    X, W, Bias = dev(queue, x), dev(queue, w), dev(queue, bias)
+    with count_launches() as launches:
+        y1 = linear_relu(X, W, Bias)
+        y2 = matmul_bias_relu(X, dev(queue, w.T.copy()), Bias)
+    assert launches.count == 2
+    want = np.maximum(x.astype(np.float64) @ w.T + bias, 0)
+    check(y1, want, k=40)
+    check(y2, want, k=40)
+
+
+def test_variant_choice_by_device_class(device):
+    assert choose_variant(device, 1, 512, 512) == "direct"
+    big = choose_variant(device, 1024, 1024, 1024)
+    assert big == ("cpu" if device.capabilities.kind == "cpu" else "tiled")
+
+
+# -- errors ---------------------------------------------------------------------------------------------
+def test_inner_dimension_mismatch_names_both_shapes(queue):
+    with pytest.raises(ShapeError, match=r"\(4, 5\).*\(6, 3\)"):
+        matmul(Tensor.zeros(queue, (4, 5)), Tensor.zeros(queue, (6, 3)))
+
+
+def test_bad_batch_broadcast_names_both_shapes(queue):
+    with pytest.raises(ShapeError, match=r"\(2, 4, 5\).*\(3, 5, 6\)"):
+        matmul(Tensor.zeros(queue, (2, 4, 5)), Tensor.zeros(queue, (3, 5, 6)))
+
+
+def test_dtype_errors(queue):
+    with pytest.raises(DTypeError, match="float32.*float16|float16.*float32"):
+        matmul(Tensor.zeros(queue, (2, 2)), Tensor.zeros(queue, (2, 2), np.float16))
+    with pytest.raises(DTypeError, match="int32"):
+        matmul(Tensor.zeros(queue, (2, 2), np.int32), Tensor.zeros(queue, (2, 2), np.int32))
+
+
+def test_epilogue_argument_errors(queue):
+    a, b = Tensor.zeros(queue, (3, 4)), Tensor.zeros(queue, (4, 5))
+    with pytest.raises(ShapeError, match=r"bias must have shape \(5,\)"):
+        matmul_epilogue(a, b, bias=Tensor.zeros(queue, (4,)))
+    with pytest.raises(ShapeError, match="residual"):
+        matmul_epilogue(a, b, residual=Tensor.zeros(queue, (2, 5)))
+    with pytest.raises(ValueError, match="activation"):
+        matmul_epilogue(a, b, activation="tanh")
+    with pytest.raises(ShapeError, match="in_features"):
+        linear(Tensor.zeros(queue, (3, 4)), Tensor.zeros(queue, (5, 6)))
