@@ -1,0 +1,59 @@
+"""Python operators and tensor-like methods on Node, forwarding to the differentiable ops.
+
+`==` is left as identity (Nodes are used as dict keys and in lists); use ag.eq for elementwise equality.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from netcl.autograd import elementwise as ew
+from netcl.autograd import movement as mv
+from netcl.autograd import nnops
+from netcl.autograd import reduce as rd
+from netcl.autograd.engine import Node
+
+
+def _reflected(fn):
+    return lambda self, other: fn(other, self)
+
+
+def install() -> None:
+    N = Node
+    N.__add__ = lambda s, o: ew.add(s, o)
+    N.__radd__ = _reflected(ew.add)
+    N.__sub__ = lambda s, o: ew.sub(s, o)
+    N.__rsub__ = _reflected(ew.sub)
+    N.__mul__ = lambda s, o: ew.mul(s, o)
+    N.__rmul__ = _reflected(ew.mul)
+    N.__truediv__ = lambda s, o: ew.div(s, o)
+    N.__rtruediv__ = _reflected(ew.div)
+    N.__pow__ = lambda s, o: ew.pow(s, o)
+    N.__rpow__ = _reflected(ew.pow)
+    N.__neg__ = lambda s: ew.neg(s)
+    N.__abs__ = lambda s: ew.abs(s)
+    N.__matmul__ = lambda s, o: nnops.matmul(s, o)
+    N.__rmatmul__ = _reflected(nnops.matmul)
+    N.__lt__ = lambda s, o: ew.lt(s, o)
+    N.__le__ = lambda s, o: ew.le(s, o)
+    N.__gt__ = lambda s, o: ew.gt(s, o)
+    N.__ge__ = lambda s, o: ew.ge(s, o)
+    N.__getitem__ = lambda s, idx: mv.getitem(s, idx)
+    for name in ("exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "square", "reciprocal", "sin", "cos", "tanh",
+                 "sigmoid", "relu", "silu", "softplus", "neg", "abs"):
+        setattr(N, name, getattr(ew, name))
+    N.gelu = ew.gelu
+    N.leaky_relu = ew.leaky_relu
+    N.clamp = ew.clamp
+    N.cast = ew.cast
+    N.astype = ew.cast
+    N.pow = ew.pow
+    for name in ("sum", "mean", "max", "min", "softmax", "log_softmax", "logsumexp", "var", "std"):
+        setattr(N, name, getattr(rd, name))
+    for name in ("reshape", "view", "flatten", "permute", "transpose", "squeeze", "unsqueeze", "expand",
+                 "contiguous", "split", "chunk"):
+        setattr(N, name, getattr(mv, name))
+    N.matmul = nnops.matmul
+    N.T = property(lambda s: mv.permute(s, tuple(reversed(range(s.ndim)))))
+
+

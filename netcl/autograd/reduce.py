@@ -1,0 +1,133 @@
+"""Reductions and softmax on Nodes, each with its backward rule beside it."""
+
+from __future__ import annotations
+
+import builtins
+import math
+from typing import Any
+
+from netcl.autograd.engine import Node, _ops, as_node, record
+from netcl.core.tensor import Tensor
+
+
+def _axes(axis: Any, ndim: int) -> tuple[int, ...]:
+    if axis is None:
+        return tuple(range(ndim))
+    if isinstance(axis, int):
+        axis = (axis,)
+    return tuple(sorted(a % ndim for a in axis))
+
+
+def _keepdims_shape(shape: tuple[int, ...], axes: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(1 if i in axes else s for i, s in enumerate(shape))
+
+
+def _expand_back(g: Tensor, in_shape: tuple[int, ...], axes: tuple[int, ...]) -> Tensor:
+    """A reduced gradient seen at the input's shape (stride-0 view: no copy)."""
+    return g.reshape(_keepdims_shape(in_shape, axes)).expand(in_shape)
+
+
+def sum(x: Node, axis: Any = None, keepdims: bool = False) -> Node:  # noqa: A001
+    x = as_node(x)
+    xv = x.value
+    axes = _axes(axis, xv.ndim)
+    out = _ops().sum(xv, axis=axis, keepdims=keepdims)
+    return record(out, (x,), lambda g: (_expand_back(g, xv.shape, axes),), "sum")
+
+
+def mean(x: Node, axis: Any = None, keepdims: bool = False) -> Node:
+    x = as_node(x)
+    xv = x.value
+    axes = _axes(axis, xv.ndim)
+    count = math.prod(xv.shape[a] for a in axes) or 1
+    out = _ops().mean(xv, axis=axis, keepdims=keepdims)
+    return record(out, (x,), lambda g: (_expand_back(_ops().mul(g, 1.0 / count), xv.shape, axes),), "mean")
+
+
+def _extremum(name: str, x: Node, axis: Any, keepdims: bool) -> Node:
+    """Gradient split evenly among the elements equal to the extremum."""
+    ops = _ops()
+    x = as_node(x)
+    xv = x.value
+    axes = _axes(axis, xv.ndim)
+    out = getattr(ops, name)(xv, axis=axis, keepdims=keepdims)
+
+    def backward(g: Tensor):
+        hit = ops.eq(xv, _expand_back(out, xv.shape, axes))
+        ties = ops.sum(ops.cast(hit, xv.dtype), axis=tuple(axes), keepdims=True)
+        share = ops.div(g.reshape(_keepdims_shape(xv.shape, axes)), ties)
+        return (ops.where(hit, share, 0.0),)
+
+    return record(out, (x,), backward, name)
+
+
+def max(x: Node, axis: Any = None, keepdims: bool = False) -> Node:  # noqa: A001
+    return _extremum("max", x, axis, keepdims)
+
+
+def min(x: Node, axis: Any = None, keepdims: bool = False) -> Node:  # noqa: A001
+    return _extremum("min", x, axis, keepdims)
+
+
+def softmax(x: Node, axis: int = -1) -> Node:
+    """d x = y (g - sum(g y))."""
+    ops = _ops()
+    x = as_node(x)
+    out = ops.softmax(x.value, axis=axis)
+
+    def backward(g: Tensor):
+        dot = ops.sum(ops.mul(g, out), axis=axis, keepdims=True)
+        return (ops.mul(out, ops.sub(g, dot)),)
+
+    return record(out, (x,), backward, "softmax")
+
+
+def log_softmax(x: Node, axis: int = -1) -> Node:
+    """d x = g - exp(y) sum(g)."""
+    ops = _ops()
+    x = as_node(x)
+    out = ops.log_softmax(x.value, axis=axis)
+
+    def backward(g: Tensor):
+        total = ops.sum(g, axis=axis, keepdims=True)
+        return (ops.sub(g, ops.mul(ops.exp(out), total)),)
+
+    return record(out, (x,), backward, "log_softmax")
+
+
+def logsumexp(x: Node, axis: Any = None, keepdims: bool = False) -> Node:
+    """d x = g exp(x - lse)."""
+    ops = _ops()
+    x = as_node(x)
+    xv = x.value
+    axes = _axes(axis, xv.ndim)
+    out = ops.logsumexp(xv, axis=axis, keepdims=keepdims)
+
+    def backward(g: Tensor):
+        lse = _expand_back(out, xv.shape, axes)
+        return (ops.mul(_expand_back(g, xv.shape, axes), ops.exp(ops.sub(xv, lse))),)
+
+    return record(out, (x,), backward, "logsumexp")
+
+
+def var(x: Node, axis: Any = None, keepdims: bool = False, correction: int = 1) -> Node:
+    """d x = 2 (x - mean) g / (n - correction)."""
+    ops = _ops()
+    x = as_node(x)
+    xv = x.value
+    axes = _axes(axis, xv.ndim)
+    n = math.prod(xv.shape[a] for a in axes) or 1
+    out = ops.var(xv, axis=axis, keepdims=keepdims, correction=correction)
+
+    def backward(g: Tensor):
+        mu = ops.mean(xv, axis=axes, keepdims=True)
+        scale = 2.0 / builtins.max(n - correction, 1)
+        return (ops.mul(ops.mul(ops.sub(xv, mu), scale), _expand_back(g, xv.shape, axes)),)
+
+    return record(out, (x,), backward, "var")
+
+
+def std(x: Node, axis: Any = None, keepdims: bool = False, correction: int = 1) -> Node:
+    from netcl.autograd.elementwise import sqrt
+
+    return sqrt(var(x, axis=axis, keepdims=keepdims, correction=correction))

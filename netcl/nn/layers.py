@@ -1,0 +1,354 @@
+"""Layers: one small class each, the math and shapes in its docstring (PyTorch's names and defaults).
+
+Layers with parameters take the queue first: Linear(q, in_features, out_features).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import netcl.autograd as ag
+from netcl.autograd.engine import Node, Parameter, as_node
+from netcl.core import random
+from netcl.core.backend import as_queue
+from netcl.nn import init
+from netcl.nn.module import Module
+
+
+def _pair(v: Any) -> tuple[int, int]:
+    return (int(v), int(v)) if isinstance(v, int) else (int(v[0]), int(v[1]))
+
+
+class Linear(Module):
+    """y = x W^T + b; x (..., in_features) -> y (..., out_features); W (out, in), b (out,).
+
+    Init as PyTorch: W ~ kaiming_uniform(a=sqrt(5)) = U(+-1/sqrt(in)), b ~ U(+-1/sqrt(in))."""
+
+    def __init__(self, q: Any, in_features: int, out_features: int, bias: bool = True, dtype: Any = "float32",
+                 generator: random.Generator | None = None):
+        super().__init__()
+        q = as_queue(q)
+        self.in_features, self.out_features = int(in_features), int(out_features)
+        self.weight = Parameter(init.kaiming_uniform(q, (self.out_features, self.in_features), dtype=dtype,
+                                                     generator=generator))
+        bound = 1.0 / math.sqrt(self.in_features) if self.in_features else 0.0
+        self.bias = Parameter(init.uniform(q, (self.out_features,), bound, dtype, generator)) if bias else None
+
+    def forward(self, x: Node, activation: str | None = None) -> Node:
+        return ag.linear(x, self.weight, self.bias, activation=activation)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+class Conv2d(Module):
+    """NCHW convolution: x (N, C_in, H, W) -> (N, C_out, OH, OW); W (C_out, C_in/groups, KH, KW).
+
+    Init as PyTorch: kaiming_uniform(a=sqrt(5)) for W, U(+-1/sqrt(fan_in)) for b."""
+
+    def __init__(self, q: Any, in_channels: int, out_channels: int, kernel_size: Any, stride: Any = 1,
+                 padding: Any = 0, dilation: Any = 1, groups: int = 1, bias: bool = True, dtype: Any = "float32",
+                 generator: random.Generator | None = None):
+        super().__init__()
+        q = as_queue(q)
+        if in_channels % groups or out_channels % groups:
+            raise ValueError(f"Conv2d: in_channels {in_channels} and out_channels {out_channels} must be divisible "
+                             f"by groups {groups}")
+        self.in_channels, self.out_channels = int(in_channels), int(out_channels)
+        self.kernel_size, self.stride = _pair(kernel_size), _pair(stride)
+        self.padding, self.dilation, self.groups = _pair(padding), _pair(dilation), int(groups)
+        shape = (self.out_channels, self.in_channels // groups, *self.kernel_size)
+        self.weight = Parameter(init.kaiming_uniform(q, shape, dtype=dtype, generator=generator))
+        fan_in, _ = init.fans(shape)
+        self.bias = Parameter(init.uniform(q, (self.out_channels,), 1.0 / math.sqrt(fan_in), dtype, generator)) \
+            if bias else None
+
+    def forward(self, x: Node, activation: str | None = None) -> Node:
+        return ag.conv2d(x, self.weight, self.bias, stride=self.stride, padding=self.padding,
+                         dilation=self.dilation, groups=self.groups, activation=activation)
+
+    def extra_repr(self) -> str:
+        return (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}, "
+                f"padding={self.padding}")
+
+
+class BatchNorm2d(Module):
+    """y = (x - mean) / sqrt(var + eps) * weight + bias over (N, H, W) per channel of (N, C, H, W).
+
+    Training uses batch statistics and updates running_mean/running_var (momentum, unbiased var);
+    eval uses the running statistics. weight = 1, bias = 0 initially."""
+
+    def __init__(self, q: Any, num_features: int, eps: float = 1e-5, momentum: float = 0.1, affine: bool = True,
+                 track_running_stats: bool = True, dtype: Any = "float32"):
+        super().__init__()
+        q = as_queue(q)
+        self.num_features, self.eps, self.momentum = int(num_features), float(eps), float(momentum)
+        self.weight = Parameter(init.ones(q, (num_features,), dtype)) if affine else None
+        self.bias = Parameter(init.zeros(q, (num_features,), dtype)) if affine else None
+        self.track_running_stats = track_running_stats
+        if track_running_stats:
+            self.register_buffer("running_mean", init.zeros(q, (num_features,), dtype))
+            self.register_buffer("running_var", init.ones(q, (num_features,), dtype))
+        else:
+            self.register_buffer("running_mean", None)
+            self.register_buffer("running_var", None)
+
+    def forward(self, x: Node, activation: str | None = None) -> Node:
+        training = self.training or not self.track_running_stats
+        return ag.batch_norm(x, self.weight, self.bias, self.running_mean, self.running_var, training,
+                             self.momentum, self.eps, activation=activation)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_features}, eps={self.eps}, momentum={self.momentum}"
+
+
+BatchNorm1d = BatchNorm2d  # the op normalises axis 1 of (N, C, *): (N, C) and (N, C, L) work too
+
+
+class LayerNorm(Module):
+    """Normalise over the trailing `normalized_shape` dims, then * weight + bias (ones, zeros)."""
+
+    def __init__(self, q: Any, normalized_shape: Any, eps: float = 1e-5, elementwise_affine: bool = True,
+                 bias: bool = True, dtype: Any = "float32"):
+        super().__init__()
+        q = as_queue(q)
+        shape = (int(normalized_shape),) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+        self.normalized_shape, self.eps = shape, float(eps)
+        self.weight = Parameter(init.ones(q, shape, dtype)) if elementwise_affine else None
+        self.bias = Parameter(init.zeros(q, shape, dtype)) if elementwise_affine and bias else None
+
+    def forward(self, x: Node) -> Node:
+        return ag.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+
+    def extra_repr(self) -> str:
+        return f"{self.normalized_shape}, eps={self.eps}"
+
+
+class RMSNorm(Module):
+    """x / sqrt(mean(x^2) + eps) * weight over the trailing dims."""
+
+    def __init__(self, q: Any, normalized_shape: Any, eps: float = 1e-6, dtype: Any = "float32"):
+        super().__init__()
+        shape = (int(normalized_shape),) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+        self.normalized_shape, self.eps = shape, float(eps)
+        self.weight = Parameter(init.ones(as_queue(q), shape, dtype))
+
+    def forward(self, x: Node) -> Node:
+        return ag.rms_norm(x, self.normalized_shape, self.weight, self.eps)
+
+
+class Embedding(Module):
+    """Rows of a (num_embeddings, embedding_dim) table, W ~ N(0, 1): ids (...) -> (..., embedding_dim)."""
+
+    def __init__(self, q: Any, num_embeddings: int, embedding_dim: int, dtype: Any = "float32",
+                 generator: random.Generator | None = None):
+        super().__init__()
+        self.num_embeddings, self.embedding_dim = int(num_embeddings), int(embedding_dim)
+        self.weight = Parameter(init.normal(as_queue(q), (self.num_embeddings, self.embedding_dim), dtype=dtype,
+                                            generator=generator))
+
+    def forward(self, ids: Any) -> Node:
+        return ag.embedding(self.weight, ids)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}"
+
+
+class Dropout(Module):
+    """Zero elements with probability p in training (scaling the rest by 1/(1-p)); identity in eval.
+    Masks come from a Philox Generator (default: netcl.core.random.default_generator)."""
+
+    def __init__(self, p: float = 0.5, generator: random.Generator | None = None):
+        super().__init__()
+        if not 0.0 <= p <= 1.0:
+            raise ValueError(f"Dropout probability must be in [0, 1], got {p}")
+        self.p = float(p)
+        self.generator = generator
+
+    def forward(self, x: Node) -> Node:
+        gen = self.generator if self.generator is not None else random.default_generator
+        return ag.dropout(x, self.p, self.training, generator=gen)
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"
+
+
+class MaxPool2d(Module):
+    """Window maxima over (N, C, H, W); stride defaults to the kernel size."""
+
+    def __init__(self, kernel_size: Any, stride: Any = None, padding: Any = 0, dilation: Any = 1,
+                 ceil_mode: bool = False):
+        super().__init__()
+        self.kernel_size, self.stride, self.padding = kernel_size, stride, padding
+        self.dilation, self.ceil_mode = dilation, ceil_mode
+
+    def forward(self, x: Node) -> Node:
+        return ag.max_pool2d(x, self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode)
+
+    def extra_repr(self) -> str:
+        return f"kernel_size={self.kernel_size}, stride={self.stride}"
+
+
+class AvgPool2d(Module):
+    """Window means over (N, C, H, W)."""
+
+    def __init__(self, kernel_size: Any, stride: Any = None, padding: Any = 0, ceil_mode: bool = False,
+                 count_include_pad: bool = True):
+        super().__init__()
+        self.kernel_size, self.stride, self.padding = kernel_size, stride, padding
+        self.ceil_mode, self.count_include_pad = ceil_mode, count_include_pad
+
+    def forward(self, x: Node) -> Node:
+        return ag.avg_pool2d(x, self.kernel_size, self.stride, self.padding, self.ceil_mode, self.count_include_pad)
+
+
+class AdaptiveAvgPool2d(Module):
+    """Average to a fixed (OH, OW) whatever the input size."""
+
+    def __init__(self, output_size: Any):
+        super().__init__()
+        self.output_size = output_size
+
+    def forward(self, x: Node) -> Node:
+        return ag.adaptive_avg_pool2d(x, self.output_size)
+
+
+class Flatten(Module):
+    """Merge dims start_dim..end_dim: (N, C, H, W) -> (N, C*H*W) by default (a view)."""
+
+    def __init__(self, start_dim: int = 1, end_dim: int = -1):
+        super().__init__()
+        self.start_dim, self.end_dim = start_dim, end_dim
+
+    def forward(self, x: Node) -> Node:
+        return ag.flatten(as_node(x), self.start_dim, self.end_dim)
+
+
+class Identity(Module):
+    def forward(self, x: Node) -> Node:
+        return x
+
+
+class ReLU(Module):
+    """max(x, 0). After Linear/Conv2d/BatchNorm2d in a Sequential it is fused into that op."""
+
+    fusable = "relu"
+
+    def forward(self, x: Node) -> Node:
+        return ag.relu(x)
+
+
+class LeakyReLU(Module):
+    def __init__(self, negative_slope: float = 0.01):
+        super().__init__()
+        self.negative_slope = float(negative_slope)
+
+    def forward(self, x: Node) -> Node:
+        return ag.leaky_relu(x, self.negative_slope)
+
+
+class GELU(Module):
+    """x Phi(x) (approximate='none') or the tanh approximation."""
+
+    def __init__(self, approximate: str = "none"):
+        super().__init__()
+        self.approximate = approximate
+
+    def forward(self, x: Node) -> Node:
+        return ag.gelu(x, self.approximate)
+
+
+class SiLU(Module):
+    def forward(self, x: Node) -> Node:
+        return ag.silu(x)
+
+
+class Tanh(Module):
+    def forward(self, x: Node) -> Node:
+        return ag.tanh(x)
+
+
+class Sigmoid(Module):
+    def forward(self, x: Node) -> Node:
+        return ag.sigmoid(x)
+
+
+class Softmax(Module):
+    def __init__(self, dim: int = -1):
+        super().__init__()
+        self.dim = dim
+
+    def forward(self, x: Node) -> Node:
+        return ag.softmax(x, self.dim)
+
+
+_FUSES_RELU = (Linear, Conv2d, BatchNorm2d)
+
+
+class Sequential(Module):
+    """Modules applied in order; children are named '0', '1', ... (state_dict keys '0.weight').
+
+    A ReLU right after a Linear, Conv2d or BatchNorm2d runs inside that op's kernel (one launch)."""
+
+    def __init__(self, *modules: Module):
+        super().__init__()
+        for i, m in enumerate(modules):
+            if not isinstance(m, Module):
+                raise TypeError(f"Sequential takes Modules, argument {i} is {type(m).__name__}")
+            self._modules[str(i)] = m
+
+    def __getitem__(self, i: int) -> Module:
+        return list(self._modules.values())[i]
+
+    def __len__(self) -> int:
+        return len(self._modules)
+
+    def __iter__(self):
+        return iter(self._modules.values())
+
+    def append(self, m: Module) -> Sequential:
+        self._modules[str(len(self._modules))] = m
+        return self
+
+    def forward(self, x: Any) -> Any:
+        mods = list(self._modules.values())
+        i = 0
+        while i < len(mods):
+            m = mods[i]
+            nxt = mods[i + 1] if i + 1 < len(mods) else None
+            if isinstance(nxt, ReLU) and isinstance(m, _FUSES_RELU):
+                x = m(x, activation="relu")
+                i += 2
+                continue
+            x = m(x)
+            i += 1
+        return x
+
+
+class ModuleList(Module):
+    """A list of Modules registered as children '0', '1', ..."""
+
+    def __init__(self, modules: Any = ()):
+        super().__init__()
+        for m in modules:
+            self.append(m)
+
+    def append(self, m: Module) -> ModuleList:
+        self._modules[str(len(self._modules))] = m
+        return self
+
+    def extend(self, modules: Any) -> ModuleList:
+        for m in modules:
+            self.append(m)
+        return self
+
+    def __getitem__(self, i: int) -> Module:
+        return list(self._modules.values())[i]
+
+    def __len__(self) -> int:
+        return len(self._modules)
+
+    def __iter__(self):
+        return iter(self._modules.values())
+

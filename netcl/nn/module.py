@@ -1,0 +1,223 @@
+"""Module: the container of Parameters, buffers and sub-modules (PyTorch's names and dotted keys).
+
+Assigning a Parameter or a Module to an attribute registers it; `state_dict()` maps dotted names
+('0.weight', 'features.3.running_mean') to Tensors; `load_state_dict(strict=True)` checks every
+key, shape and dtype before it copies anything, and lists all problems in one error.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from netcl.autograd.engine import Parameter
+from netcl.core.backend import as_queue
+from netcl.core.tensor import Tensor
+from netcl.errors import NetclError
+
+
+class StateDictError(NetclError, KeyError):
+    """load_state_dict found missing or unexpected keys, or shapes/dtypes that do not match."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class Module:
+    """Base class of every layer. Subclasses set attributes in __init__ and define forward()."""
+
+    def __init__(self) -> None:
+        object.__setattr__(self, "_parameters", OrderedDict())
+        object.__setattr__(self, "_buffers", OrderedDict())
+        object.__setattr__(self, "_modules", OrderedDict())
+        object.__setattr__(self, "training", True)
+
+    # -- registration ---------------------------------------------------------------------------
+    def __setattr__(self, name: str, value: Any) -> None:
+        if "_parameters" not in self.__dict__:
+            raise NetclError(f"{type(self).__name__}.__init__ must call super().__init__() before setting {name!r}")
+        for table in (self._parameters, self._buffers, self._modules):
+            table.pop(name, None)
+        if isinstance(value, Parameter):
+            self._parameters[name] = value
+        elif isinstance(value, Module):
+            self._modules[name] = value
+        else:
+            object.__setattr__(self, name, value)
+
+    def __getattr__(self, name: str) -> Any:
+        d = self.__dict__
+        for table in ("_parameters", "_buffers", "_modules"):
+            if table in d and name in d[table]:
+                return d[table][name]
+        raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        for table in (self._parameters, self._buffers, self._modules):
+            if name in table:
+                del table[name]
+                return
+        object.__delattr__(self, name)
+
+    def register_parameter(self, name: str, param: Parameter | None) -> None:
+        if param is None:
+            self._parameters.pop(name, None)
+            object.__setattr__(self, name, None)
+        else:
+            self.__setattr__(name, param)
+
+    def register_buffer(self, name: str, tensor: Tensor | None) -> None:
+        """A Tensor that is part of the state (saved, moved by to()) but not trained, e.g. running_mean."""
+        if tensor is not None and not isinstance(tensor, Tensor):
+            raise TypeError(f"buffer {name!r} must be a netcl Tensor, got {type(tensor).__name__}")
+        self.__dict__.pop(name, None)
+        self._buffers[name] = tensor
+
+    def add_module(self, name: str, module: Module) -> None:
+        self._modules[name] = module
+
+    # -- traversal ------------------------------------------------------------------------------
+    def named_modules(self, prefix: str = "") -> Iterator[tuple[str, Module]]:
+        yield prefix, self
+        for name, m in self._modules.items():
+            if m is not None:
+                yield from m.named_modules(f"{prefix}.{name}" if prefix else name)
+
+    def modules(self) -> Iterator[Module]:
+        for _, m in self.named_modules():
+            yield m
+
+    def children(self) -> Iterator[Module]:
+        yield from (m for m in self._modules.values() if m is not None)
+
+    def named_parameters(self, prefix: str = "") -> Iterator[tuple[str, Parameter]]:
+        seen: set[int] = set()
+        for mod_name, m in self.named_modules(prefix):
+            for name, p in m._parameters.items():
+                if p is not None and id(p) not in seen:
+                    seen.add(id(p))
+                    yield (f"{mod_name}.{name}" if mod_name else name), p
+
+    def parameters(self) -> list[Parameter]:
+        return [p for _, p in self.named_parameters()]
+
+    def named_buffers(self, prefix: str = "") -> Iterator[tuple[str, Tensor]]:
+        for mod_name, m in self.named_modules(prefix):
+            for name, b in m._buffers.items():
+                if b is not None:
+                    yield (f"{mod_name}.{name}" if mod_name else name), b
+
+    def buffers(self) -> list[Tensor]:
+        return [b for _, b in self.named_buffers()]
+
+    # -- modes and devices -------------------------------------------------------------------------
+    def train(self, mode: bool = True) -> Module:
+        for m in self.modules():
+            object.__setattr__(m, "training", bool(mode))
+        return self
+
+    def eval(self) -> Module:
+        return self.train(False)
+
+    def to(self, queue: Any) -> Module:
+        """Move every parameter and buffer to `queue` (gradients are dropped)."""
+        q = as_queue(queue)
+        for m in self.modules():
+            for p in m._parameters.values():
+                if p is not None:
+                    p.value = p.value.to(q)
+                    p.grad = None
+            for name, b in list(m._buffers.items()):
+                if b is not None:
+                    m._buffers[name] = b.to(q)
+        return self
+
+    def zero_grad(self) -> None:
+        for p in self.parameters():
+            p.grad = None
+
+    def requires_grad_(self, flag: bool = True) -> Module:
+        for p in self.parameters():
+            p.requires_grad = flag
+        return self
+
+    def num_parameters(self) -> int:
+        return sum(p.size for p in self.parameters())
+
+    # -- state -----------------------------------------------------------------------------------
+    def state_dict(self) -> OrderedDict[str, Tensor]:
+        """Dotted name -> Tensor (parameters' values and buffers; the tensors themselves, not copies)."""
+        out: OrderedDict[str, Tensor] = OrderedDict()
+        for mod_name, m in self.named_modules():
+            for name, p in m._parameters.items():
+                if p is not None:
+                    out[f"{mod_name}.{name}" if mod_name else name] = p.value
+            for name, b in m._buffers.items():
+                if b is not None:
+                    out[f"{mod_name}.{name}" if mod_name else name] = b
+        return out
+
+    def load_state_dict(self, state_dict: dict[str, Any], strict: bool = True) -> tuple[list[str], list[str]]:
+        """Copy values (Tensors or NumPy arrays) into parameters and buffers, in place.
+
+        Returns (missing, unexpected) keys. With strict=True any missing or unexpected key raises
+        StateDictError; a shape or dtype mismatch always does. Nothing is copied if anything is wrong.
+        """
+        own = self.state_dict()
+        missing = [k for k in own if k not in state_dict]
+        unexpected = [k for k in state_dict if k not in own]
+        problems = []
+        for k, target in own.items():
+            if k not in state_dict:
+                continue
+            src = state_dict[k]
+            shape = tuple(src.shape) if hasattr(src, "shape") else np.shape(src)
+            dtype = src.dtype if hasattr(src, "dtype") else np.asarray(src).dtype
+            if shape != target.shape:
+                problems.append(f"{k}: shape {shape} in the state dict, {target.shape} in the model")
+            elif np.dtype(dtype) != target.dtype:
+                problems.append(f"{k}: dtype {np.dtype(dtype)} in the state dict, {target.dtype} in the model")
+        if problems or (strict and (missing or unexpected)):
+            lines = [f"load_state_dict into {type(self).__name__} failed:"]
+            if missing:
+                lines.append(f"  missing keys ({len(missing)}): {', '.join(missing)}")
+            if unexpected:
+                lines.append(f"  unexpected keys ({len(unexpected)}): {', '.join(unexpected)}")
+            if problems:
+                lines.append(f"  mismatched ({len(problems)}):")
+                lines.extend(f"    {p}" for p in problems)
+            raise StateDictError("\n".join(lines))
+        for k, target in own.items():
+            if k in state_dict:
+                src = state_dict[k]
+                if isinstance(src, Tensor):
+                    src = src.to(target.queue) if src.queue is not target.queue else src
+                    target.copy_(src)
+                else:
+                    target.copy_from_host(np.asarray(src))
+        return missing, unexpected
+
+    # -- calling ---------------------------------------------------------------------------------
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} defines no forward()")
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.forward(*args, **kwargs)
+
+    def extra_repr(self) -> str:
+        return ""
+
+    def __repr__(self) -> str:
+        lines = [f"{type(self).__name__}({self.extra_repr()}"]
+        if self._modules:
+            lines[0] = lines[0]
+            for name, m in self._modules.items():
+                child = repr(m).replace("\n", "\n  ")
+                lines.append(f"  ({name}): {child}")
+            lines.append(")")
+            return "\n".join(lines)
+        return lines[0] + ")"
+

@@ -1,0 +1,128 @@
+"""The tape: recording, reverse topological order, accumulation, no_grad, parameters across tapes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import netcl.autograd as ag
+from netcl.core.tensor import Tensor
+from netcl.errors import NetclError, ShapeError
+
+
+def _leaf(queue, arr, grad=True):
+    return ag.tensor(Tensor.from_host(queue, np.asarray(arr, dtype=np.float64)), requires_grad=grad)
+
+
+def test_reused_node_accumulates(queue):
+    # y = x*x + x*3 + x: the leaf is used four times; dy/dx = 2x + 4
+    x = _leaf(queue, [1.0, -2.0, 0.5])
+    with ag.Tape() as tape:
+        y = x * x + x * 3 + x
+        loss = y.sum()
+    tape.backward(loss)
+    np.testing.assert_allclose(x.grad.to_host(), [6.0, 0.0, 5.0])
+
+
+def test_diamond_graph_visits_each_node_once(queue):
+    # a -> b, c (both from a) -> d = b * c; d/da = 2 * 3 * 2 a = 12 a... with b = 2a, c = 3a: d = 6 a^2
+    a = _leaf(queue, [1.5, -1.0])
+    with ag.Tape() as tape:
+        b = a * 2
+        c = a * 3
+        d = (b * c).sum()
+    tape.backward(d)
+    np.testing.assert_allclose(a.grad.to_host(), 12 * np.array([1.5, -1.0]))
+
+
+def test_parameter_grads_accumulate_across_tapes_until_zero_grad(queue):
+    w = ag.Parameter(Tensor.from_host(queue, np.array([2.0, 3.0])))
+    for _ in range(2):
+        with ag.Tape() as tape:
+            loss = (w * w).sum()
+        tape.backward(loss)
+    np.testing.assert_allclose(w.grad.to_host(), 2 * 2 * np.array([2.0, 3.0]))
+    w.zero_grad()
+    assert w.grad is None
+
+
+def test_two_leaves_sharing_a_gradient_get_their_own_memory(queue):
+    a, b = _leaf(queue, [1.0, 2.0]), _leaf(queue, [3.0, 4.0])
+    with ag.Tape() as tape:
+        loss = (a + b).sum()
+    tape.backward(loss)
+    assert a.grad.storage is not b.grad.storage
+    a.grad.fill_(7.0)
+    np.testing.assert_allclose(b.grad.to_host(), [1.0, 1.0])
+
+
+def test_no_grad_and_outside_tape_record_nothing(queue):
+    x = _leaf(queue, [1.0, 2.0])
+    y = x * 2  # outside a tape
+    assert not y.requires_grad and y.is_leaf
+    with ag.Tape():
+        with ag.no_grad():
+            z = x * 2
+    assert not z.requires_grad
+
+    @ag.no_grad()
+    def f(v):
+        return v * 3
+
+    with ag.Tape():
+        assert not f(x).requires_grad
+        assert (x * 3).requires_grad
+
+
+def test_saved_tensors_are_freed_and_second_backward_refuses(queue):
+    x = _leaf(queue, [1.0, 2.0])
+    with ag.Tape() as tape:
+        y = x.exp()
+        loss = y.sum()
+    tape.backward(loss)
+    assert y._backward is None and y._parents == ()
+    with pytest.raises(NetclError, match="already differentiated"):
+        tape.backward(loss)
+
+
+def test_backward_errors(queue):
+    x = _leaf(queue, [1.0, 2.0])
+    with ag.Tape() as tape:
+        y = x * 2
+    with pytest.raises(ShapeError, match="one-element"):
+        tape.backward(y)
+    const = ag.tensor(Tensor.ones(queue, (1,)))
+    with pytest.raises(NetclError, match="does not require grad"):
+        tape.backward(const)
+    with pytest.raises(TypeError, match="netcl Tensor"):
+        ag.tensor(np.ones(3))
+
+
+def test_seeded_backward_and_retain_grad(queue):
+    x = _leaf(queue, [1.0, 2.0, 3.0])
+    with ag.Tape() as tape:
+        y = (x * x).retain_grad()
+        z = y * 2
+    tape.backward(z, Tensor.from_host(queue, np.array([1.0, 0.5, -1.0])))
+    np.testing.assert_allclose(y.grad.to_host(), [2.0, 1.0, -2.0])
+    np.testing.assert_allclose(x.grad.to_host(), [4.0, 4.0, -12.0])
+
+
+def test_gradient_returns_without_touching_grad(queue):
+    x = _leaf(queue, [1.0, 2.0])
+    with ag.Tape() as tape:
+        loss = (x * x).sum()
+    (g,) = tape.gradient(loss, [x])
+    np.testing.assert_allclose(g.to_host(), [2.0, 4.0])
+    assert x.grad is None
+
+
+def test_deep_chain_does_not_recurse(queue):
+    x = _leaf(queue, [1.0])
+    with ag.Tape() as tape:
+        y = x
+        for _ in range(3000):
+            y = y + 0.0
+        loss = y.sum()
+    tape.backward(loss)
+    np.testing.assert_allclose(x.grad.to_host(), [1.0])
