@@ -6,3 +6,4 @@ from netcl.ops.movement import *  # noqa: F401,F403,E402  (JIT/elementwise engin
 from netcl.ops.norm import batch_norm, batch_norm_relu, batch_norm_backward, layer_norm, layer_norm_backward, rms_norm, rms_norm_backward, group_norm, group_norm_backward  # noqa: E501
 from netcl.ops.matmul import matmul, matmul_epilogue, linear  # noqa: E402  (GEMM engineer)
 from netcl.ops.fused import linear_relu, matmul_bias_relu  # noqa: E402  (GEMM engineer)
+from netcl.ops.reduce import *  # noqa: F401,F403,E402  (JIT/elementwise engineer)

@@ -1,0 +1,518 @@
+"""Generated reduction-shaped kernels with a fused elementwise prologue.
+
+One template covers reductions (sum, prod, max, min, argmax, argmin, any, all, logsumexp), the
+row-wise ops built on a reduction (softmax, log_softmax), prefix sums (cumsum) and small top-k.
+The value reduced is an elementwise expression (netcl.jit.ir) over leaves read in place, so
+`(x * x).sum(axis)` or `softmax(x / t)` is one launch.
+
+The input expression has a logical shape; its axes split into kept axes (M outputs, coordinate
+`o`) and reduced axes (R elements, flat coordinate `r`, row-major over the reduced axes, so argmax
+over all axes is NumPy's flat index). Work layout (`plan`):
+- "row", L > 1 (GPU): one work-group of L work-items per (output, part); work-items stride the
+  part's range by L (W consecutive elements each with vector loads when the reduced axis is
+  contiguous), then combine in local memory with a tree.
+- "row", L = 1 (CPU): one work-item per (output, part), a serial loop with W accumulators
+  (vector loads) combined at the end; no barriers.
+- "col" (GPU, kept axis innermost): one work-item per (output, part), adjacent work-items on
+  adjacent outputs so reads coalesce.
+With P > 1 parts, partial states go to a scratch buffer and a second launch combines them. Each
+part covers at most `MAX_CHUNK` elements, so the serial error is bounded and float16/float32
+accumulate in float32 (float64 in double, integers in long).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from typing import Any
+
+import numpy as np
+
+from netcl.core import dtypes
+from netcl.core.backend import build_program, format_options
+from netcl.core.tensor import Tensor, _coalesce
+from netcl.jit import codegen, ir
+from netcl.jit.runner import broadcast_strides
+
+MAX_CHUNK = 1 << 14
+# Tests set this to "gpu" to run the GPU layouts (local-memory trees) on the PoCL CPU device.
+FORCE_KIND: str | None = None
+_kernels: dict[tuple, Any] = {}
+_lock = threading.Lock()
+
+# reducer -> (state fields as (name, type-kind)), where type-kind 'acc' is the accumulator type
+# and 'long' the index type.
+_FIELDS = {
+    "sum": [("a", "acc")], "prod": [("a", "acc")], "max": [("a", "acc")], "min": [("a", "acc")],
+    "any": [("a", "acc")], "all": [("a", "acc")],
+    "argmax": [("a", "acc"), ("i", "long")], "argmin": [("a", "acc"), ("i", "long")],
+    "lse": [("m", "acc"), ("s", "acc")],
+}
+
+
+def acc_dtype(reducer: str, dt: np.dtype) -> np.dtype:
+    """dtype the state of `reducer` over values of `dt` is kept in."""
+    if reducer in ("any", "all"):
+        return ir.BOOL
+    if dt.kind == "f":
+        return ir.F64 if dt == ir.F64 else ir.F32
+    if reducer in ("sum", "prod"):
+        return ir.I64
+    if reducer == "lse":
+        return ir.F32
+    return dt
+
+
+def _lowest(dt: np.dtype, highest: bool = False) -> str:
+    ct = ir.COMPUTE_TYPE[dt]
+    if dt.kind == "f":
+        return f"(({ct})INFINITY)" if highest else f"(-({ct})INFINITY)"
+    info = np.iinfo(dt if dt != ir.BOOL else np.uint8)
+    return codegen.c_literal(info.max if highest else info.min, dt)
+
+
+def _init(reducer: str, acc: np.dtype) -> dict[str, str]:
+    ct = ir.COMPUTE_TYPE[acc]
+    return {
+        "sum": {"a": f"(({ct})0)"}, "prod": {"a": f"(({ct})1)"},
+        "max": {"a": _lowest(acc)}, "min": {"a": _lowest(acc, True)},
+        "any": {"a": "((uchar)0)"}, "all": {"a": "((uchar)1)"},
+        "argmax": {"a": _lowest(acc), "i": "-1L"}, "argmin": {"a": _lowest(acc, True), "i": "-1L"},
+        "lse": {"m": f"(-({ct})INFINITY)", "s": f"(({ct})0)"},
+    }[reducer]
+
+
+def _update(reducer: str, acc: np.dtype, s: str, v: str, idx: str) -> str:
+    """C statement folding value `v` (already acc type) with flat reduced index `idx` into state `s`."""
+    flt = acc.kind == "f"
+    nan = (lambda x: f"isnan({x})") if flt else (lambda x: "0")
+    if reducer == "sum":
+        return f"{s}a += {v};"
+    if reducer == "prod":
+        return f"{s}a *= {v};"
+    if reducer in ("max", "min"):
+        cmp = ">" if reducer == "max" else "<"
+        return f"if ({v} {cmp} {s}a || {nan(v)}) {s}a = {v};"
+    if reducer in ("argmax", "argmin"):
+        cmp = ">" if reducer == "argmax" else "<"
+        return (f"if ({s}i < 0 || ({v} {cmp} {s}a && !{nan(s + 'a')}) || ({nan(v)} && !{nan(s + 'a')})) "
+                f"{{ {s}a = {v}; {s}i = {idx}; }}")
+    if reducer == "any":
+        return f"{s}a = {s}a | ({v} != 0);"
+    if reducer == "all":
+        return f"{s}a = {s}a & ({v} != 0);"
+    if reducer == "lse":
+        ct = ir.COMPUTE_TYPE[acc]
+        return (f"if ({v} > {s}m) {{ {s}s = {s}s * exp({s}m - {v}) + ({ct})1; {s}m = {v}; }} "
+                f"else if ({s}m != -({ct})INFINITY || {v} != {v}) {{ {s}s += exp({v} - {s}m); }}")
+    raise KeyError(reducer)
+
+
+def _combine(reducer: str, acc: np.dtype, s: str, t: str) -> str:
+    """C statement folding state `t` into state `s` (t covers later or interleaved indices)."""
+    flt = acc.kind == "f"
+    nan = (lambda x: f"isnan({x})") if flt else (lambda x: "0")
+    if reducer in ("sum", "prod", "max", "min", "any", "all"):
+        return _update(reducer, acc, s, f"{t}a", "")
+    if reducer in ("argmax", "argmin"):
+        cmp = ">" if reducer == "argmax" else "<"
+        better = (f"({t}a {cmp} {s}a && !{nan(s + 'a')}) || ({nan(t + 'a')} && !{nan(s + 'a')}) || "
+                  f"(({t}a == {s}a || ({nan(t + 'a')} && {nan(s + 'a')})) && {t}i < {s}i)")
+        return f"if ({t}i >= 0 && ({s}i < 0 || {better})) {{ {s}a = {t}a; {s}i = {t}i; }}"
+    if reducer == "lse":
+        ct = ir.COMPUTE_TYPE[acc]
+        return (f"if ({t}m > {s}m) {{ {s}s = {s}s * exp({s}m - {t}m) + {t}s; {s}m = {t}m; }} "
+                f"else if ({t}m != -({ct})INFINITY || {t}m != {t}m) {{ {s}s += {t}s * exp({t}m - {s}m); }}")
+    raise KeyError(reducer)
+
+
+def _finalize(reducer: str, acc: np.dtype, s: str, mode_extra: dict) -> str:
+    """C expression of the reduction's result from state `s`."""
+    if reducer in ("argmax", "argmin"):
+        return f"{s}i"
+    if reducer == "lse":
+        return f"({s}m + log({s}s))"
+    if mode_extra.get("mean"):
+        return f"({s}a / ({ir.COMPUTE_TYPE[acc]})RT)"
+    return f"{s}a"
+
+
+# -- layout ---------------------------------------------------------------------------------
+def split_layout(shape: tuple[int, ...], axes: tuple[int, ...], stride_sets: list[list[int]]):
+    """Coalesced (kept sizes, [kept strides per set]), (reduced sizes, [reduced strides per set])."""
+    kept_axes = [d for d in range(len(shape)) if d not in axes]
+    k_shape, k_sets = _coalesce([shape[d] for d in kept_axes], *[[s[d] for d in kept_axes] for s in stride_sets])
+    r_shape, r_sets = _coalesce([shape[d] for d in axes], *[[s[d] for d in axes] for s in stride_sets])
+    if not k_shape:
+        k_shape, k_sets = [1], [[0] for _ in stride_sets]
+    if not r_shape:
+        r_shape, r_sets = [1], [[0] for _ in stride_sets]
+    return (k_shape, k_sets), (r_shape, r_sets)
+
+
+def _rkind(r_strides: list[int], r_shape: list[int]) -> str:
+    if all(s == 0 or n == 1 for s, n in zip(r_strides, r_shape)):
+        return "s"
+    if len(r_shape) == 1 and r_strides[0] == 1:
+        return "c"
+    return "g"
+
+
+def source(key: tuple) -> str:
+    (mode, reducer, (desc, out_pos), leaf_dts, leaf_rkinds, knd, rnd, L, W, order, acc_str, out_str,
+     stage2, topk_k, idx_t, mean, out_rkind) = key
+    acc = np.dtype(acc_str)
+    out_dt = np.dtype(out_str)
+    act = ir.COMPUTE_TYPE[acc]
+    fields = _FIELDS[reducer] if reducer else []
+    ftype = {"acc": act, "long": "long"}
+    ps: list[str] = []
+    if mode in ("reduce",):
+        ps.append(f"__global {dtypes.cl_storage_type(out_dt)} *out")
+    else:
+        ps.append(f"__global {dtypes.cl_storage_type(out_dt)} *out")
+        ps.append(f"const {idx_t} out_off")
+        ps += [f"const {idx_t} out_k{d}" for d in range(knd)] + [f"const {idx_t} out_r{d}" for d in range(rnd)]
+        if mode == "topk":
+            ps.append("__global long *out_idx")
+    for name, kind in fields:
+        ps.append(f"__global {ftype[kind]} *part_{name}")
+    if stage2:
+        for name, kind in fields:
+            ps.append(f"__global const {ftype[kind]} *in_{name}")
+    else:
+        for s, dt_str in enumerate(leaf_dts):
+            ps.append(f"__global const {dtypes.cl_storage_type(np.dtype(dt_str))} *in{s}")
+            ps.append(f"const {idx_t} in{s}_off")
+            ps += [f"const {idx_t} in{s}_k{d}" for d in range(knd)]
+            ps += [f"const {idx_t} in{s}_r{d}" for d in range(rnd)]
+        n_params = sum(1 for d in desc if d[0] == "param")
+        ptypes = {d[3]: ir.COMPUTE_TYPE[np.dtype(d[2])] for d in desc if d[0] == "param"}
+        ps += [f"const {ptypes[p]} p{p}" for p in range(n_params)]
+    ps += [f"const {idx_t} M", f"const {idx_t} R", f"const {idx_t} P", f"const {idx_t} chunk", f"const {idx_t} RT"]
+    ps += [f"const {idx_t} kd{d}" for d in range(knd)] + [f"const {idx_t} rd{d}" for d in range(rnd)]
+    b: list[str] = []
+    if L > 1:
+        b.append(f"const {idx_t} g = get_group_id(0); const {idx_t} lid = get_local_id(0);")
+    else:
+        b.append(f"const {idx_t} g = get_global_id(0); const {idx_t} lid = 0;")
+    b.append("if (g >= M * P) return;")
+    if order == "col":
+        b.append(f"const {idx_t} o = g % M; const {idx_t} part = g / M;")
+    else:
+        b.append(f"const {idx_t} o = g / P; const {idx_t} part = g % P;")
+    b.append(f"const {idx_t} start = part * chunk; const {idx_t} end = min(R, start + chunk);")
+    # kept coordinates -> base offsets
+    b.append(f"{idx_t} ko = o;")
+    for d in range(knd - 1, 0, -1):
+        b.append(f"const {idx_t} k{d} = ko % kd{d}; ko /= kd{d};")
+    b.append(f"const {idx_t} k0 = ko;")
+    if not stage2:
+        for s in range(len(leaf_dts)):
+            b.append(f"const {idx_t} base{s} = in{s}_off + " + " + ".join(f"k{d} * in{s}_k{d}" for d in range(knd)) + ";")
+    if mode != "reduce":
+        b.append(f"const {idx_t} obase = out_off + " + " + ".join(f"k{d} * out_k{d}" for d in range(knd)) + ";")
+
+    def leaf_value_at(r: str, lane: int | None = None):
+        def fn(slot: int) -> str:
+            dt = np.dtype(leaf_dts[slot])
+            kind = leaf_rkinds[slot]
+            if kind == "s":
+                return f"S{slot}"
+            if lane is not None:
+                v = f"V{slot}.s{codegen.LANES[lane]}"
+                return f"(uchar)({v} != 0)" if dt == dtypes.bool_ else v
+            if kind == "c":
+                return codegen.load_scalar(dt, f"in{slot}", f"base{slot} + {r}")
+            return codegen.load_scalar(dt, f"in{slot}", f"base{slot} + " +
+                                       " + ".join(f"rc{d} * in{slot}_r{d}" for d in range(rnd)))
+        return fn
+
+    def r_coords(r: str) -> list[str]:
+        if rnd == 1 or all(k != "g" for k in leaf_rkinds) and out_rkind != "g":
+            if rnd == 1:
+                return [f"const {idx_t} rc0 = {r};"]
+            return []
+        lines = [f"{idx_t} rr = {r};"]
+        for d in range(rnd - 1, 0, -1):
+            lines.append(f"const {idx_t} rc{d} = rr % rd{d}; rr /= rd{d};")
+        lines.append(f"const {idx_t} rc0 = rr;")
+        return lines
+
+    def value_lines(r: str, suffix: str = "") -> tuple[list[str], str]:
+        """Statements computing the prologue value at reduced index r; returns (lines, var)."""
+        if stage2:
+            return [], ""
+        lines = r_coords(r)
+        body, names = codegen.emit_nodes(desc, leaf_value_at(r), lambda ax: "0", suffix=suffix)
+        return lines + body, names[out_pos[0]]
+
+    if not stage2:
+        for s, dt_str in enumerate(leaf_dts):
+            if leaf_rkinds[s] == "s":
+                b.append(f"const {ir.COMPUTE_TYPE[np.dtype(dt_str)]} S{s} = "
+                         f"{codegen.load_scalar(np.dtype(dt_str), f'in{s}', f'base{s}')};")
+
+    def declare_state(prefix: str) -> list[str]:
+        init = _init(reducer, acc)
+        return [f"{ftype[k]} {prefix}{n} = {init[n]};" for n, k in fields]
+
+    def fold_main(prefix: str) -> list[str]:
+        """Loop over this work-item's share of [start, end) folding into state `prefix`."""
+        lines: list[str] = []
+        if stage2:
+            lines.append(f"for ({idx_t} r = start + lid; r < end; r += {L}) {{")
+            lines += ["  " + ln for ln in declare_state("t_")]
+            for n, _ in fields:
+                lines.append(f"  t_{n} = in_{n}[o * R + r];")
+            lines.append("  " + _combine(reducer, acc, prefix, "t_"))
+            lines.append("}")
+            return lines
+        tail_start = "start"
+        if W > 1:
+            lanes = [f"l{j}_" for j in range(W)]
+            for ln in lanes:
+                lines += declare_state(ln)
+            lines.append(f"const {idx_t} nfull = (end - start) / {W};")
+            lines.append(f"for ({idx_t} it = lid; it < nfull; it += {L}) {{")
+            lines.append(f"  const {idx_t} r = start + it * {W};")
+            for s, dt_str in enumerate(leaf_dts):
+                if leaf_rkinds[s] == "c":
+                    dt = np.dtype(dt_str)
+                    lines.append(f"  const {codegen.vector_type(dt, W)} V{s} = "
+                                 f"{codegen.load_vector(dt, f'in{s}', f'base{s} + r', W)};")
+            for j in range(W):
+                body, names = codegen.emit_nodes(desc, leaf_value_at("r", lane=j), lambda ax: "0", suffix=f"_{j}")
+                lines += ["  " + x for x in body]
+                v = f"(({act}){names[out_pos[0]]})"
+                lines.append("  " + _update(reducer, acc, lanes[j], v, f"(r + {j})"))
+            lines.append("}")
+            for j in range(W):
+                lines.append(_combine(reducer, acc, prefix, lanes[j]))
+            tail_start = f"start + nfull * {W}"
+        lines.append(f"for ({idx_t} r = {tail_start} + lid; r < end; r += {L}) {{")
+        vl, var = value_lines("r")
+        lines += ["  " + x for x in vl]
+        lines.append("  " + _update(reducer, acc, prefix, f"(({act}){var})", "r"))
+        lines.append("}")
+        return lines
+
+    def local_tree(prefix: str) -> list[str]:
+        if L == 1:
+            return []
+        lines = [f"__local {ftype[k]} sh_{n}[{L}];" for n, k in fields]
+        lines += [f"sh_{n}[lid] = {prefix}{n};" for n, _ in fields]
+        lines.append("barrier(CLK_LOCAL_MEM_FENCE);")
+        lines.append(f"for (int s = {L // 2}; s > 0; s >>= 1) {{")
+        lines.append("  if (lid < s) {")
+        lines += [f"    {ftype[k]} x_{n} = sh_{n}[lid]; {ftype[k]} y_{n} = sh_{n}[lid + s];" for n, k in fields]
+        lines.append("    " + _combine(reducer, acc, "x_", "y_"))
+        lines += [f"    sh_{n}[lid] = x_{n};" for n, _ in fields]
+        lines.append("  }")
+        lines.append("  barrier(CLK_LOCAL_MEM_FENCE);")
+        lines.append("}")
+        lines += [f"{prefix}{n} = sh_{n}[0];" for n, _ in fields]
+        return lines
+
+    if mode == "reduce":
+        b += declare_state("st_")
+        b += fold_main("st_")
+        b += local_tree("st_")
+        b.append("if (lid == 0) {")
+        b.append("  if (P > 1) {")
+        b += [f"    part_{n}[o * P + part] = st_{n};" for n, _ in fields]
+        b.append("  } else {")
+        res = _finalize(reducer, acc, "st_", {"mean": mean})
+        b.append("    " + codegen.store_scalar(out_dt, "out", "o", f"(({ir.COMPUTE_TYPE[out_dt]}){res})"))
+        b.append("  }")
+        b.append("}")
+    elif mode in ("softmax", "log_softmax"):
+        b += declare_state("st_")
+        b += fold_main("st_")
+        b += local_tree("st_")
+        b.append(f"for ({idx_t} r = start + lid; r < end; r += {L}) {{")
+        vl, var = value_lines("r")
+        b += ["  " + x for x in vl]
+        oc = "obase + r * out_r0" if out_rkind != "g" else "obase + " + " + ".join(f"rc{d} * out_r{d}" for d in range(rnd))
+        if mode == "softmax":
+            val = f"exp(({act}){var} - st_m) / st_s"
+        else:
+            val = f"(({act}){var} - st_m - log(st_s))"
+        b.append("  " + codegen.store_scalar(out_dt, "out", oc, f"(({ir.COMPUTE_TYPE[out_dt]})({val}))"))
+        b.append("}")
+    elif mode == "scan":
+        b += declare_state("st_")
+        b.append(f"for ({idx_t} r = start; r < end; r += 1) {{")
+        vl, var = value_lines("r")
+        b += ["  " + x for x in vl]
+        b.append("  " + _update(reducer, acc, "st_", f"(({act}){var})", "r"))
+        oc = "obase + r * out_r0" if out_rkind != "g" else "obase + " + " + ".join(f"rc{d} * out_r{d}" for d in range(rnd))
+        b.append("  " + codegen.store_scalar(out_dt, "out", oc, f"(({ir.COMPUTE_TYPE[out_dt]})st_a)"))
+        b.append("}")
+    elif mode == "topk":
+        k = topk_k
+        b.append(f"{act} tv[{k}]; long ti[{k}];")
+        b.append(f"for (int j = 0; j < {k}; ++j) {{ tv[j] = {_lowest(acc)}; ti[j] = -1; }}")
+        b.append(f"for ({idx_t} r = start; r < end; r += 1) {{")
+        vl, var = value_lines("r")
+        b += ["  " + x for x in vl]
+        b.append(f"  const {act} v = ({act}){var};")
+        nanv = "isnan(v)" if acc.kind == "f" else "0"
+        nant = "isnan(tv[j - 1])" if acc.kind == "f" else "0"
+        # insert v keeping tv sorted descending (NaN first, ties by lower index first)
+        b.append(f"  if (ti[{k - 1}] >= 0 && !({nanv} && !{nant.replace('j - 1', str(k - 1))}) && "
+                 f"!(v > tv[{k - 1}])) continue;")
+        b.append(f"  int j = {k - 1};")
+        b.append(f"  while (j > 0 && (ti[j - 1] < 0 || ({nanv} && !{nant}) || (!{nanv} && v > tv[j - 1]))) "
+                 "{ tv[j] = tv[j - 1]; ti[j] = ti[j - 1]; --j; }")
+        b.append("  tv[j] = v; ti[j] = r;")
+        b.append("}")
+        b.append(f"for (int j = 0; j < {k}; ++j) {{")
+        b.append("  " + codegen.store_scalar(out_dt, "out", "obase + j * out_r0", f"(({ir.COMPUTE_TYPE[out_dt]})tv[j])"))
+        b.append("  out_idx[(obase - out_off) + j * out_r0] = ti[j];")
+        b.append("}")
+    fp64 = acc == ir.F64 or out_dt == ir.F64 or any(np.dtype(d) == ir.F64 for d in leaf_dts) or \
+        any(d[2] == ir.F64.str for d in desc)
+    head = "#define NC_FP64\n" if fp64 else ""
+    return head + codegen.PREAMBLE + "\n__kernel void red(" + ",\n    ".join(ps) + ")\n{\n    " + \
+        "\n    ".join(b) + "\n}\n"
+
+
+def _kernel(device: Any, key: tuple) -> Any:
+    ck = (id(device), key)
+    k = _kernels.get(ck)
+    if k is None:
+        prg = build_program(device, source(key), format_options({}), name=f"jit_{key[0]}_{key[1]}")
+        k = prg.kernel("red")
+        with _lock:
+            _kernels[ck] = k
+    return k
+
+
+def run(
+    mode: str,
+    reducer: str,
+    expr: ir.Node,
+    in_shape: tuple[int, ...],
+    axes: tuple[int, ...],
+    out: Tensor,
+    queue: Any,
+    *,
+    mean: bool = False,
+    out_idx: Tensor | None = None,
+    topk_k: int = 0,
+) -> None:
+    """Launch `mode` ('reduce', 'softmax', 'log_softmax', 'scan', 'topk') of `expr` (logical
+    shape `in_shape`) over `axes` into `out` (contiguous: M values for 'reduce'; in_shape for
+    softmax/scan; in_shape with the axis cut to k for topk)."""
+    device = queue.device
+    caps = device.capabilities
+    (desc, out_pos), leaves, params = codegen.flatten([expr])
+    stride_sets = [broadcast_strides(t, in_shape) for t in leaves]
+    if mode != "reduce":
+        stride_sets.append(list(out.strides))
+    (k_shape, k_sets), (r_shape, r_sets) = split_layout(in_shape, axes, stride_sets)
+    M = math.prod(k_shape)
+    R = math.prod(r_shape)
+    if M == 0:
+        return
+    leaf_rk = tuple(_rkind(s, r_shape) for s in r_sets[: len(leaves)])
+    out_rkind = _rkind(r_sets[-1], r_shape) if mode != "reduce" else "c"
+    if mode != "reduce" and out_rkind == "s":
+        out_rkind = "g"
+    acc = acc_dtype(reducer or "sum", expr.dtype)
+    gpu = (FORCE_KIND or caps.kind) == "gpu"
+    vec_ok = all(k in "sc" for k in leaf_rk) and not any(d[0] == "index" for d in desc)
+    inner_kept = bool(in_shape) and (len(in_shape) - 1) not in axes and in_shape[-1] > 1
+    if mode in ("scan", "topk"):
+        L, W, order = 1, 1, "col" if gpu else "row"
+    elif gpu and inner_kept and M >= 256:
+        L, W, order = 1, 1, "col"
+    elif gpu:
+        L, W, order = 256 if R >= 256 else (64 if R >= 64 else 1), (4 if vec_ok else 1), "row"
+        if L == 1:
+            order = "col"
+    else:
+        L, W, order = 1, (8 if vec_ok and R >= 16 else 1), "row"
+    # parts: enough parallel work, and a bounded serial chunk
+    if mode == "reduce":
+        target = caps.compute_units * (8 if gpu else 4)
+        if order == "col":
+            target = caps.compute_units * 2048 if gpu else target
+        want = max(1, -(-target // M))
+        P = max(1, min(want, -(-R // 4096)))
+        P = max(P, -(-R // MAX_CHUNK))
+    else:
+        P = 1
+    chunk = -(-R // P) if R else 0
+    if W > 1:
+        chunk = -(-chunk // W) * W
+        P = max(1, -(-R // chunk)) if R else 1
+    extents = [M * R * 2, M * P]
+    for t, ks, rs in zip(leaves, k_sets, r_sets):
+        extents.append(abs(t.offset) + sum((n - 1) * abs(s) for n, s in zip(k_shape, ks))
+                       + sum((n - 1) * abs(s) for n, s in zip(r_shape, rs)))
+    idx_t = "int" if max(extents) < 2**31 - 2**24 else "long"
+    it = np.int32 if idx_t == "int" else np.int64
+    fields = _FIELDS[reducer] if reducer else []
+    out_dt = out.dtype
+    key = (mode, reducer, (desc, out_pos), tuple(t.dtype.str for t in leaves), leaf_rk, len(k_shape),
+           len(r_shape), L, W, order, acc.str, out_dt.str, False, topk_k, idx_t, mean, out_rkind)
+    kernel = _kernel(device, key)
+    parts = []
+    if P > 1:
+        for _, kind in fields:
+            dt = ir.I64 if kind == "long" else acc
+            parts.append(Tensor.empty(queue, (M * P,), dt))
+    args: list[Any] = []
+    if mode == "reduce":
+        args.append(out.buffer if P == 1 else parts[0].buffer)
+    else:
+        args += [out.buffer, it(out.offset)] + [it(s) for s in k_sets[-1]] + [it(s) for s in r_sets[-1]]
+        if mode == "topk":
+            args.append(out_idx.buffer)
+    for i, _ in enumerate(fields):
+        args.append(parts[i].buffer if P > 1 else out.buffer)
+    for t, ks, rs in zip(leaves, k_sets, r_sets):
+        args += [t._storage.buffer, it(t.offset)] + [it(s) for s in ks] + [it(s) for s in rs]
+    for value, dt in params:
+        if dt == ir.F16:
+            value = np.float16(value)
+        with np.errstate(all="ignore"):
+            args.append(ir.ARG_TYPE[dt](value))
+    args += [it(M), it(R), it(P), it(chunk), it(R)] + [it(s) for s in k_shape] + [it(s) for s in r_shape]
+    groups = M * P
+    if L > 1:
+        kernel(queue, (groups * L,), (L,), *args)
+    else:
+        kernel(queue, (groups,), None, *args)
+    if P > 1:
+        _stage2(queue, reducer, acc, parts, out, M, P, mean, R)
+
+
+def _stage2(queue: Any, reducer: str, acc: np.dtype, parts: list[Tensor], out: Tensor, M: int, P: int,
+            mean: bool, R_total: int) -> None:
+    device = queue.device
+    gpu = (FORCE_KIND or device.capabilities.kind) == "gpu"
+    L = (256 if P >= 256 else 64) if gpu and P >= 64 else 1
+    idx_t = "int" if M * P < 2**31 - 2**24 else "long"
+    it = np.int32 if idx_t == "int" else np.int64
+    key = ("reduce", reducer, ((), (0,)), (), (), 1, 1, L, 1, "row", acc.str, out.dtype.str, True, 0, idx_t,
+           mean, "c")
+    src_key = key
+    ck = (id(device), src_key)
+    k = _kernels.get(ck)
+    if k is None:
+        src = source(key)
+        prg = build_program(device, src, format_options({}), name=f"jit_reduce2_{reducer}")
+        k = prg.kernel("red")
+        with _lock:
+            _kernels[ck] = k
+    args: list[Any] = [out.buffer]
+    args += [out.buffer for _ in parts]  # unused partial outputs (P == 1 in stage 2)
+    args += [p.buffer for p in parts]
+    args += [it(M), it(P), it(1), it(P), it(R_total), it(M), it(P)]
+    if L > 1:
+        k(queue, (M * L,), (L,), *args)
+    else:
+        k(queue, (M,), None, *args)

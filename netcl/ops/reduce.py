@@ -1,0 +1,239 @@
+"""Reductions and reduction-shaped ops: sum mean prod max min argmax argmin var std logsumexp any
+all, softmax log_softmax, cumsum, topk.
+
+All take `axis=None|int|tuple` (None = every axis) and `keepdims`. A pending elementwise input is
+fused into the reduction kernel as its prologue: `(x * x).sum(1)` is one launch.
+Result dtypes (NumPy/PyTorch): sum/prod/cumsum of bool or integers -> int64, of floats -> the same
+dtype (float16 and float32 accumulate in float32, float64 in double); mean/var/std/logsumexp/softmax
+of integers -> float32; argmax/argmin/topk indices -> int64 (first occurrence on ties; NaN counts as
+the maximum, as in NumPy); any/all -> bool; max/min keep the dtype and propagate NaN.
+"""
+
+from __future__ import annotations
+
+import builtins
+import math
+from typing import Any
+
+import numpy as np
+
+from netcl.core import dtypes
+from netcl.core.tensor import Tensor
+from netcl.errors import DTypeError, ShapeError
+from netcl.jit import ir, lazy
+from netcl.jit import reduce as jreduce
+
+__all__ = [
+    "all",
+    "any",
+    "argmax",
+    "argmin",
+    "cumsum",
+    "log_softmax",
+    "logsumexp",
+    "max",
+    "mean",
+    "min",
+    "normalize_axes",
+    "prod",
+    "softmax",
+    "std",
+    "sum",
+    "topk",
+    "var",
+]
+
+
+def normalize_axes(op: str, shape: tuple[int, ...], axis: Any) -> tuple[int, ...]:
+    """Sorted non-negative axes; ShapeError naming the axis and the shape when out of range."""
+    nd = len(shape)
+    if axis is None:
+        return tuple(range(nd))
+    items = tuple(axis) if isinstance(axis, (tuple, list)) else (axis,)
+    out = []
+    for a in items:
+        if not isinstance(a, (int, np.integer)):
+            raise ShapeError(f"{op}: axis must be an int or a tuple of ints, got {axis!r}")
+        if not -nd <= a < builtins.max(nd, 1):
+            raise ShapeError(f"{op}: axis {a} is out of range for a tensor of shape {shape}")
+        out.append(int(a) % builtins.max(nd, 1))
+    if len(set(out)) != len(out):
+        raise ShapeError(f"{op}: axis {axis!r} repeats an axis (shape {shape})")
+    return tuple(sorted(out)) if nd else ()
+
+
+def _prologue(x: Tensor) -> ir.Node:
+    if not isinstance(x, Tensor):
+        raise DTypeError(f"expected a Tensor, got {type(x).__name__}")
+    if x._pending is not None and x._pending.expr.op != "input":
+        if builtins.any(n.op == "index" for n in ir.walk([x._pending.expr])):
+            x.realize()
+    return lazy.operand(x, [])
+
+
+def _out_shape(shape: tuple[int, ...], axes: tuple[int, ...], keepdims: bool) -> tuple[int, ...]:
+    if keepdims:
+        return tuple(1 if d in axes else s for d, s in enumerate(shape))
+    return tuple(s for d, s in enumerate(shape) if d not in axes)
+
+
+def _reduce(op: str, reducer: str, x: Tensor, axis: Any, keepdims: bool, out_dtype: np.dtype,
+            value_dtype: np.dtype | None = None, mean: bool = False) -> Tensor:
+    expr = _prologue(x)
+    if value_dtype is not None:
+        expr = ir.cast(expr, value_dtype)
+    axes = normalize_axes(op, x.shape, axis)
+    R = math.prod(x.shape[d] for d in axes)
+    if R == 0 and reducer in ("max", "min", "argmax", "argmin"):
+        raise ShapeError(f"{op}: cannot reduce over a zero-size axis (shape {x.shape}, axis {axis})")
+    out = Tensor.empty(x.queue, _out_shape(x.shape, axes, keepdims), out_dtype)
+    jreduce.run("reduce", reducer, expr, x.shape, axes, out, x.queue, mean=mean)
+    return out
+
+
+def _int_to_float(dt: np.dtype) -> np.dtype:
+    return dt if dt.kind == "f" else ir.F32
+
+
+def _sum_dtype(dt: np.dtype) -> np.dtype:
+    return dt if dt.kind == "f" else ir.I64
+
+
+def sum(x: Tensor, axis: Any = None, keepdims: bool = False, dtype: Any = None) -> Tensor:
+    """Sum over `axis`."""
+    out_dt = dtypes.normalize(dtype) if dtype is not None else _sum_dtype(x.dtype)
+    vdt = out_dt if (dtype is not None and out_dt.kind == "f") else None
+    return _reduce("sum", "sum", x, axis, keepdims, out_dt, vdt)
+
+
+def mean(x: Tensor, axis: Any = None, keepdims: bool = False) -> Tensor:
+    """Arithmetic mean over `axis` (NaN for an empty axis)."""
+    dt = _int_to_float(x.dtype)
+    return _reduce("mean", "sum", x, axis, keepdims, dt, dt, mean=True)
+
+
+def prod(x: Tensor, axis: Any = None, keepdims: bool = False) -> Tensor:
+    """Product over `axis`."""
+    return _reduce("prod", "prod", x, axis, keepdims, _sum_dtype(x.dtype))
+
+
+def max(x: Tensor, axis: Any = None, keepdims: bool = False) -> Tensor:
+    """Maximum over `axis` (NaN if any element is NaN)."""
+    return _reduce("max", "max", x, axis, keepdims, x.dtype)
+
+
+def min(x: Tensor, axis: Any = None, keepdims: bool = False) -> Tensor:
+    """Minimum over `axis` (NaN if any element is NaN)."""
+    return _reduce("min", "min", x, axis, keepdims, x.dtype)
+
+
+def _single_axis(op: str, x: Tensor, axis: Any) -> Any:
+    if axis is None or isinstance(axis, (int, np.integer)):
+        return axis
+    raise ShapeError(f"{op}: axis must be None or one int, got {axis!r}")
+
+
+def argmax(x: Tensor, axis: Any = None, keepdims: bool = False) -> Tensor:
+    """Index (int64) of the first maximum along `axis` (flat index when axis is None)."""
+    return _reduce("argmax", "argmax", x, _single_axis("argmax", x, axis), keepdims, ir.I64)
+
+
+def argmin(x: Tensor, axis: Any = None, keepdims: bool = False) -> Tensor:
+    """Index (int64) of the first minimum along `axis` (flat index when axis is None)."""
+    return _reduce("argmin", "argmin", x, _single_axis("argmin", x, axis), keepdims, ir.I64)
+
+
+def any(x: Tensor, axis: Any = None, keepdims: bool = False) -> Tensor:
+    """True where any element along `axis` is nonzero."""
+    return _reduce("any", "any", x, axis, keepdims, ir.BOOL, ir.BOOL)
+
+
+def all(x: Tensor, axis: Any = None, keepdims: bool = False) -> Tensor:
+    """True where every element along `axis` is nonzero."""
+    return _reduce("all", "all", x, axis, keepdims, ir.BOOL, ir.BOOL)
+
+
+def logsumexp(x: Tensor, axis: Any = None, keepdims: bool = False) -> Tensor:
+    """log(sum(exp(x))) over `axis`, computed in one pass with a running maximum."""
+    dt = _int_to_float(x.dtype)
+    return _reduce("logsumexp", "lse", x, axis, keepdims, dt, dt)
+
+
+def var(x: Tensor, axis: Any = None, keepdims: bool = False, ddof: int = 0) -> Tensor:
+    """Variance over `axis`: mean of squared deviations from the mean (two passes), / (n - ddof)."""
+    axes = normalize_axes("var", x.shape, axis)
+    n = math.prod(x.shape[d] for d in axes)
+    xf = x if x.dtype.kind == "f" else x.astype(ir.F32)
+    m = mean(xf, axes, keepdims=True)
+    d = xf - m
+    s = sum(d * d, axes, keepdims=keepdims)
+    return s / float(n - ddof) if n - ddof > 0 else s * float("nan")
+
+
+def std(x: Tensor, axis: Any = None, keepdims: bool = False, ddof: int = 0) -> Tensor:
+    """Standard deviation: sqrt(var)."""
+    from netcl.ops.elementwise import sqrt
+
+    return sqrt(var(x, axis, keepdims, ddof))
+
+
+def _rowwise(op: str, mode: str, x: Tensor, axis: int) -> Tensor:
+    if not isinstance(axis, (int, np.integer)):
+        raise ShapeError(f"{op}: axis must be one int, got {axis!r}")
+    expr = _prologue(x)
+    if x.ndim == 0:
+        raise ShapeError(f"{op}: needs at least one axis (got a 0-d tensor)")
+    ax = normalize_axes(op, x.shape, axis)
+    dt = _int_to_float(x.dtype)
+    out = Tensor.empty(x.queue, x.shape, dt)
+    if out.size:
+        jreduce.run(mode, "lse", ir.cast(expr, dt), x.shape, ax, out, x.queue)
+    return out
+
+
+def softmax(x: Tensor, axis: int = -1) -> Tensor:
+    """exp(x - max) / sum(exp(x - max)) along `axis` (one kernel: online max and sum, then write)."""
+    return _rowwise("softmax", "softmax", x, axis)
+
+
+def log_softmax(x: Tensor, axis: int = -1) -> Tensor:
+    """x - logsumexp(x) along `axis` (one kernel)."""
+    return _rowwise("log_softmax", "log_softmax", x, axis)
+
+
+def cumsum(x: Tensor, axis: int) -> Tensor:
+    """Inclusive prefix sum along `axis` (int64 for integer/bool input, like NumPy)."""
+    if not isinstance(axis, (int, np.integer)):
+        raise ShapeError(f"cumsum: axis must be one int, got {axis!r}")
+    expr = _prologue(x)
+    if x.ndim == 0:
+        x = x.reshape(1)
+        expr = lazy.operand(x, [])
+    ax = normalize_axes("cumsum", x.shape, axis)
+    out = Tensor.empty(x.queue, x.shape, _sum_dtype(x.dtype))
+    if out.size:
+        jreduce.run("scan", "sum", expr, x.shape, ax, out, x.queue)
+    return out
+
+
+TOPK_MAX = 64
+
+
+def topk(x: Tensor, k: int, axis: int = -1) -> tuple[Tensor, Tensor]:
+    """The k largest values along `axis`, sorted descending, and their int64 indices (ties: lower
+    index first). Meant for small k (at most 64): each row is scanned once with a sorted buffer."""
+    expr = _prologue(x)
+    if x.ndim == 0:
+        raise ShapeError("topk: needs at least one axis (got a 0-d tensor)")
+    (ax,) = normalize_axes("topk", x.shape, axis)
+    n = x.shape[ax]
+    if not 1 <= k <= n:
+        raise ShapeError(f"topk: k={k} must be between 1 and the axis size {n} (shape {x.shape}, axis {axis})")
+    if k > TOPK_MAX:
+        raise ShapeError(f"topk: k={k} is above the supported {TOPK_MAX}; sort on the host for large k")
+    shape = tuple(k if d == ax else s for d, s in enumerate(x.shape))
+    values = Tensor.empty(x.queue, shape, x.dtype)
+    indices = Tensor.empty(x.queue, shape, ir.I64)
+    if values.size:
+        jreduce.run("topk", "max", expr, x.shape, (ax,), values, x.queue, out_idx=indices, topk_k=int(k))
+    return values, indices
