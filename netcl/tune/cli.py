@@ -1,0 +1,74 @@
+"""`netcl tune`: measure kernel tile configurations on this device and store the winners."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import numpy as np
+
+
+def _parse_size(text: str) -> tuple[int, int, int]:
+    parts = [int(p) for p in text.lower().replace("^3", "").split("x")]
+    if len(parts) == 1:
+        parts *= 3
+    if len(parts) != 3 or min(parts) <= 0:
+        raise argparse.ArgumentTypeError(f"size must be N or MxNxK, got {text!r}")
+    return parts[0], parts[1], parts[2]
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from netcl.core.device import manager
+    from netcl.ops.matmul import flops
+    from netcl.tune.database import database_for
+    from netcl.tune.gemm import candidates, default_size, tune_gemm
+
+    device = manager.get(args.device) if args.device else manager.default("auto")
+    db = database_for(device)
+    if args.show:
+        print(f"tuning database of {device.describe()}: {db.path}")
+        print(json.dumps(db.entries(), indent=2, sort_keys=True) if db.entries() else "  (empty)")
+        return 0
+    if args.reset:
+        db.remove("gemm_cpu")
+        db.remove("gemm_tiled")
+        print(f"removed GEMM entries from {db.path}")
+        return 0
+    variant = "cpu" if device.capabilities.kind == "cpu" else "tiled"
+    size = args.size or default_size(device, args.quick)
+    print(f"tuning GEMM ({variant} kernel) on {device.describe()}, size {size[0]}x{size[1]}x{size[2]}")
+    for dtype_name in args.dtype:
+        dt = np.dtype(dtype_name)
+        if dt == np.float64 and not device.capabilities.fp64:
+            print(f"  {dtype_name}: skipped (no fp64 on this device)")
+            continue
+        cands = candidates(device, variant, dt, args.quick)
+        if args.limit:
+            cands = cands[: args.limit]
+        print(f"  {dtype_name}: {len(cands)} candidates")
+        result = tune_gemm(device, dt, quick=args.quick, size=size, variant=variant, store=not args.dry_run,
+                           verbose=args.verbose, candidate_list=cands)
+        if result.best is None:
+            print(f"  {dtype_name}: every candidate failed; keeping the defaults")
+            continue
+        default_s = result.timings[0][1]
+        best_gf = flops(*size) / result.best_seconds / 1e9
+        default_gf = flops(*size) / default_s / 1e9 if default_s != float("inf") else 0.0
+        print(f"  {dtype_name}: best {result.best} {best_gf:.1f} GFLOP/s (default {default_gf:.1f})")
+    if not args.dry_run:
+        print(f"stored in {db.path}")
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("tune", help="measure kernel configurations on this device (GEMM)")
+    p.add_argument("--quick", action="store_true", help="fewer candidates and a smaller problem")
+    p.add_argument("--dtype", nargs="+", default=["float32"], choices=["float16", "float32", "float64"])
+    p.add_argument("--size", type=_parse_size, default=None, help="problem size N or MxNxK")
+    p.add_argument("--device", default=None, help="device spec (default: NETCL_DEVICE or auto)")
+    p.add_argument("--limit", type=int, default=0, help="measure at most this many candidates")
+    p.add_argument("--dry-run", action="store_true", help="measure but store nothing")
+    p.add_argument("--show", action="store_true", help="print this device's tuning database and exit")
+    p.add_argument("--reset", action="store_true", help="forget this device's GEMM entries and exit")
+    p.add_argument("-v", "--verbose", action="store_true", help="print every candidate's time")
+    p.set_defaults(func=cmd_tune)
