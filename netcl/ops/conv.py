@@ -201,8 +201,8 @@ def select_algorithm(device: Any, p: ConvParams, dt: np.dtype) -> str:
         return "depthwise"
     if winograd_applicable(p) and p.C >= 8 and p.K >= 8:
         return "winograd"
-    if device.capabilities.kind != "cpu" and p.G == 1 and _have_matmul():
-        return "im2col"
+    if p.G == 1 and _have_matmul():
+        return "im2col"  # on PoCL too: measured 9 GFLOP/s vs 1.7 for the direct kernel (bench/NOTES_conv.md)
     return "direct"
 
 
@@ -242,7 +242,11 @@ def _conv_winograd(x: Tensor, w: Tensor, bias: Tensor | None, out: Tensor, p: Co
     kpad = u.shape[1]
     prg = load_program(x.device, "winograd.cl", _defines(x.dtype, KB=kb, ACTIVATION=act))
     b = bias if bias is not None else out
-    prg.winograd_2x2_3x3(x.queue, (math.ceil(p.OW / 2), math.ceil(p.OH / 2), p.N * (kpad // kb)), None,
+    z = p.N * (kpad // kb)
+    # PoCL: work-groups along the channel-block axis share input tiles in cache (measured 13 vs 5 GFLOP/s
+    # against the driver's pick); GPUs: the driver's choice.
+    local = (1, 1, min(8, z)) if x.device.capabilities.kind == "cpu" else None
+    prg.winograd_2x2_3x3(x.queue, (math.ceil(p.OW / 2), math.ceil(p.OH / 2), z), local,
                          x.buffer, np.int64(x.offset), u.buffer, b.buffer, np.int64(b.offset),
                          np.int32(bias is not None), out.buffer, np.int64(out.offset),
                          np.int32(p.N), np.int32(p.C), np.int32(p.H), np.int32(p.W), np.int32(p.K),
