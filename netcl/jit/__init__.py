@@ -1,7 +1,18 @@
-"""netcl.jit: the elementwise expression IR, its OpenCL C generator, kernel cache and fusion."""
+"""netcl.jit: the elementwise expression IR, its OpenCL C generator, kernel cache and fusion.
 
-from netcl.jit import ir
+- `netcl.jit.ir`: IR nodes and builders (dtype promotion); `codegen`: IR -> OpenCL C;
+  `run_elementwise([(expr, out), ...])`: one launch for several same-shape outputs.
+- `fuse`: decorator tracing an elementwise function into one kernel, with `.backward(inputs,
+  grad_outputs)` computed by one more kernel (symbolic differentiation, `autodiff.vjp`).
+- Automatic fusion (netcl.jit.lazy): elementwise ops return pending tensors; a chain runs as one
+  launch when its result is needed. NETCL_FUSION=0 turns it off.
+"""
+
+from netcl.jit import autodiff, codegen, ir
+from netcl.jit.autodiff import vjp
+from netcl.jit.fuse import FusedFunction, fuse, substitute
 from netcl.jit.lazy import Pending, TraceError, trace_mode
 from netcl.jit.runner import run_elementwise
 
-__all__ = ["Pending", "TraceError", "ir", "run_elementwise", "trace_mode"]
+__all__ = ["FusedFunction", "Pending", "TraceError", "autodiff", "codegen", "fuse", "ir", "run_elementwise",
+           "substitute", "trace_mode", "vjp"]

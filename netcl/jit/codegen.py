@@ -61,6 +61,17 @@ def flatten(outputs: list[ir.Node]) -> tuple[tuple, list[Any], list[tuple[Any, n
     return (tuple(desc), out_pos), leaves, params
 
 
+def check_no_inputs(desc: tuple) -> None:
+    """A traced placeholder reaching a kernel means a fused function did non-elementwise work."""
+    if any(d[0] == "input" for d in desc):
+        from netcl.jit.lazy import TraceError
+
+        raise TraceError(
+            "a function traced by netcl.jit.fuse used a traced tensor in a non-elementwise op (a "
+            "reduction, view or host read); fuse only elementwise work and call the rest outside"
+        )
+
+
 def c_literal(value: Any, dt: np.dtype) -> str:
     ct = ir.COMPUTE_TYPE[dt]
     if dt.kind == "f":

@@ -408,6 +408,7 @@ def run(
     device = queue.device
     caps = device.capabilities
     (desc, out_pos), leaves, params = codegen.flatten([expr])
+    codegen.check_no_inputs(desc)
     stride_sets = [broadcast_strides(t, in_shape) for t in leaves]
     if mode != "reduce":
         stride_sets.append(list(out.strides))

@@ -85,6 +85,7 @@ def run_elementwise(outputs: list[tuple[ir.Node, Tensor]]) -> None:
     if n == 0:
         return
     (desc, out_pos), leaves, params = codegen.flatten([e for e, _ in outputs])
+    codegen.check_no_inputs(desc)
     queue = out_tensors[0].queue
     device = queue.device
     # an output sharing memory with a leaf read through another mapping must not race with it
