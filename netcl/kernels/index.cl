@@ -1,0 +1,99 @@
+// Index-driven data movement: gather along an axis (also index_select / embedding) and scatter_add.
+//
+// gather_axis: out[c] = x[c with c[AXIS] replaced by idx(c)], idx(c) = index[ioff + sum c_d * is_d]
+//   (index strides may be 0: index_select broadcasts a 1-D index over the other axes). Negative
+//   indices count from the end; indices still out of range give 0 (netcl checks on the host when
+//   asked, see ops.movement). Layout: 1-D, one work-item per output element (bound-checked).
+//   Reads x (any strides) and index; writes out (contiguous).
+// scatter_add_atomic: out[dst(c)] += src[c] for every element c of index's shape, where dst(c) is c
+//   with c[AXIS] replaced by index(c); float via a compare-and-swap loop on the 32-bit pattern,
+//   int via atomic_add. Order of additions is not fixed (non-deterministic rounding for floats).
+// scatter_add_sorted: deterministic variant: the host sorts destinations; work-item s adds the
+//   contributions src[order[k]] for k in [seg[s], seg[s+1]) in order into out[dest[s]].
+// Build options: -DT=<storage type> -DIT=<index storage type: int or long> -DNDIM=<1..8>
+//   -DAXIS=<axis> -DACC=<accumulate type>; -DIS_HALF for float16 (vload_half/vstore_half);
+//   -DSCATTER_ATOMIC (+ -DATOMIC_FLOAT for float32) compiles scatter_add_atomic (int32/float32 only).
+// Shapes/strides arrive as two long4 each (unused dims: size 1, stride 0), in elements.
+
+#ifdef NC_FP64
+#pragma OPENCL EXTENSION cl_khr_fp64 : enable
+#endif
+
+#ifdef IS_HALF
+#define LOAD(p, i) vload_half((i), (p))
+#define STORE(v, i, p) vstore_half_rte((v), (i), (p))
+#else
+#define LOAD(p, i) ((ACC)(p)[i])
+#define STORE(v, i, p) ((p)[i] = (T)(v))
+#endif
+
+#define UNPACK(name, lo, hi) long name[8]; vstore4(lo, 0, name); vstore4(hi, 1, name);
+
+__kernel void gather_axis(__global T *out, __global const T *x, const long xoff, const long4 xs_lo,
+                          const long4 xs_hi, __global const IT *index, const long ioff,
+                          const long4 is_lo, const long4 is_hi, const long4 shape_lo,
+                          const long4 shape_hi, const long axis_size, const long n)
+{
+    const long gid = get_global_id(0);
+    if (gid >= n) return;
+    UNPACK(sh, shape_lo, shape_hi) UNPACK(xs, xs_lo, xs_hi) UNPACK(is, is_lo, is_hi)
+    long rest = gid, xo = xoff, io = ioff;
+    for (int d = NDIM - 1; d >= 0; --d) {
+        const long c = rest % sh[d];
+        rest /= sh[d];
+        io += c * is[d];
+        if (d != AXIS) xo += c * xs[d];
+    }
+    long k = (long)index[io];
+    if (k < 0) k += axis_size;
+    if (k < 0 || k >= axis_size) { STORE((ACC)0, gid, out); return; }
+    STORE(LOAD(x, xo + k * xs[AXIS]), gid, out);
+}
+
+#ifdef SCATTER_ATOMIC
+#ifdef ATOMIC_FLOAT
+inline void atomic_add_value(volatile __global T *p, T v) {
+    union { uint u; float f; } old, upd;
+    do {
+        old.f = *p;
+        upd.f = old.f + v;
+    } while (atomic_cmpxchg((volatile __global uint *)p, old.u, upd.u) != old.u);
+}
+#else
+inline void atomic_add_value(volatile __global T *p, T v) { atomic_add(p, v); }
+#endif
+
+__kernel void scatter_add_atomic(__global T *out, const long4 os_lo, const long4 os_hi,
+                                 __global const T *src, const long soff, const long4 ss_lo,
+                                 const long4 ss_hi, __global const IT *index, const long ioff,
+                                 const long4 is_lo, const long4 is_hi, const long4 shape_lo,
+                                 const long4 shape_hi, const long axis_size, const long n)
+{
+    const long gid = get_global_id(0);
+    if (gid >= n) return;
+    UNPACK(sh, shape_lo, shape_hi) UNPACK(os, os_lo, os_hi) UNPACK(ss, ss_lo, ss_hi)
+    UNPACK(is, is_lo, is_hi)
+    long rest = gid, oo = 0, so = soff, io = ioff;
+    for (int d = NDIM - 1; d >= 0; --d) {
+        const long c = rest % sh[d];
+        rest /= sh[d];
+        io += c * is[d];
+        so += c * ss[d];
+        if (d != AXIS) oo += c * os[d];
+    }
+    long k = (long)index[io];
+    if (k < 0) k += axis_size;
+    if (k < 0 || k >= axis_size) return;
+    atomic_add_value((volatile __global T *)(out + oo + k * os[AXIS]), src[so]);
+}
+#endif  // SCATTER_ATOMIC
+
+__kernel void scatter_add_sorted(__global T *out, __global const T *src, __global const long *dest,
+                                 __global const long *order, __global const long *seg, const long nseg)
+{
+    const long s = get_global_id(0);
+    if (s >= nseg) return;
+    ACC acc = LOAD(out, dest[s]);
+    for (long k = seg[s]; k < seg[s + 1]; ++k) acc += LOAD(src, order[k]);
+    STORE(acc, dest[s], out);
+}

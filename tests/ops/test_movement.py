@@ -1,0 +1,140 @@
+"""Data movement and indexing ops against NumPy (exact: they move values)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from netcl import ops
+from netcl.core.backend import count_launches
+from netcl.core.tensor import Tensor
+from netcl.errors import DTypeError, ShapeError
+
+
+def T(queue, a):
+    return Tensor.from_host(queue, np.asarray(a))
+
+
+def test_setitem(queue, rng):
+    a = rng.standard_normal((7, 9)).astype(np.float32)
+    x = T(queue, a)
+    x[2:5, ::3] = 1.5
+    a[2:5, ::3] = 1.5
+    b = rng.standard_normal((9,)).astype(np.float32)
+    x[-1] = T(queue, b) * 2.0
+    a[-1] = b * 2.0
+    x[:, 1] = T(queue, np.arange(7, dtype=np.int32))  # cast on assignment
+    a[:, 1] = np.arange(7)
+    np.testing.assert_array_equal(x.to_host(), a)
+    mask = a > 0.5
+    x[T(queue, mask)] = 0.0
+    a[mask] = 0.0
+    np.testing.assert_array_equal(x.to_host(), a)
+    with pytest.raises(ShapeError, match=r"\(9,\) and \(4,\)"):
+        x[0] = T(queue, np.zeros(4, np.float32))
+
+
+def test_setitem_fuses_value(queue, rng):
+    a = rng.standard_normal((5, 6)).astype(np.float32)
+    x = T(queue, a)
+    y = T(queue, a.copy())
+    with count_launches() as n:
+        x[1:4] = ops.exp(y[1:4]) + 1.0
+    assert n.count == 1
+    a[1:4] = np.exp(a[1:4]) + 1.0
+    np.testing.assert_allclose(x.to_host(), a, rtol=1e-6)
+
+
+def test_concat_stack_split_chunk(queue, rng):
+    a = rng.standard_normal((3, 4)).astype(np.float32)
+    b = rng.standard_normal((3, 2)).astype(np.float32)
+    c = rng.integers(0, 9, size=(3, 1)).astype(np.int32)
+    out = ops.concat([T(queue, a), T(queue, b).T.T, T(queue, c)], axis=1)
+    np.testing.assert_array_equal(out.to_host(), np.concatenate([a, b, c], 1))
+    assert out.dtype == np.float32
+    s = ops.stack([T(queue, a), T(queue, a * 2)], axis=1)
+    np.testing.assert_array_equal(s.to_host(), np.stack([a, a * 2], 1))
+    parts = ops.split(T(queue, a), 3, axis=1)
+    assert [p.shape for p in parts] == [(3, 3), (3, 1)]
+    np.testing.assert_array_equal(parts[1].to_host(), a[:, 3:])
+    parts = ops.split(T(queue, a), [1, 2], axis=0)
+    np.testing.assert_array_equal(parts[1].to_host(), a[1:])
+    ch = ops.chunk(T(queue, np.arange(7)), 3)
+    assert [c.shape for c in ch] == [(3,), (3,), (1,)]
+    with pytest.raises(ShapeError, match=r"\(3, 4\) and \(2, 2\)"):
+        ops.concat([T(queue, a), T(queue, np.zeros((2, 2), np.float32))], axis=1)
+
+
+def test_pad(queue, rng):
+    a = rng.standard_normal((2, 5, 6)).astype(np.float32)
+    x = T(queue, a)
+    np.testing.assert_array_equal(ops.pad(x, (1, 2), value=7.0).to_host(),
+                                  np.pad(a, ((0, 0), (0, 0), (1, 2)), constant_values=7.0))
+    np.testing.assert_array_equal(ops.pad(x, (2, 1, 3, 0), mode="reflect").to_host(),
+                                  np.pad(a, ((0, 0), (3, 0), (2, 1)), mode="reflect"))
+    np.testing.assert_array_equal(ops.pad(x, (1, 1, 1, 1), mode="replicate").to_host(),
+                                  np.pad(a, ((0, 0), (1, 1), (1, 1)), mode="edge"))
+    with pytest.raises(ShapeError, match="reflect"):
+        ops.pad(x, (6, 0), mode="reflect")
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int64])
+def test_gather_index_select_take_embedding(queue, rng, dtype):
+    a = (rng.standard_normal((5, 7)) * 10).astype(dtype)
+    x = T(queue, a)
+    idx = rng.integers(-5, 5, size=(3, 7))
+    got = ops.gather(x, 0, T(queue, idx.astype(np.int64)))
+    np.testing.assert_array_equal(got.to_host(), np.take_along_axis(a, idx % 5, 0))
+    idx1 = rng.integers(0, 7, size=(4, 2)).astype(np.int32)
+    np.testing.assert_array_equal(ops.gather(x, 1, T(queue, idx1)).to_host(), np.take_along_axis(a[:4], idx1, 1))
+    sel = np.array([4, 0, 4, 2], np.int32)
+    np.testing.assert_array_equal(ops.index_select(x.T, 1, T(queue, sel)).to_host(), a.T[:, sel])
+    np.testing.assert_array_equal(ops.take(x, T(queue, np.array([[0, 34], [8, 3]]))).to_host(),
+                                  np.take(a, [[0, 34], [8, 3]]))
+    ids = np.array([[1, 4, 4], [0, 2, 3]], np.int32)
+    np.testing.assert_array_equal(ops.embedding(x, T(queue, ids)).to_host(), a[ids])
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_scatter_add(queue, rng, deterministic):
+    a = rng.standard_normal((6, 4)).astype(np.float32)
+    src = rng.standard_normal((9, 4)).astype(np.float32)
+    idx = rng.integers(0, 6, size=(9, 4))
+    got = ops.scatter_add(T(queue, a), 0, T(queue, idx), T(queue, src), deterministic=deterministic)
+    want = a.astype(np.float64).copy()
+    for i in range(9):
+        for j in range(4):
+            want[idx[i, j], j] += src[i, j]
+    np.testing.assert_allclose(got.to_host(), want, rtol=1e-5, atol=1e-6)
+    if deterministic:
+        again = ops.scatter_add(T(queue, a), 0, T(queue, idx), T(queue, src), deterministic=True)
+        np.testing.assert_array_equal(again.to_host(), got.to_host())
+    i32 = ops.scatter_add(T(queue, np.zeros(5, np.int32)), 0, T(queue, np.array([1, 1, 4])),
+                          T(queue, np.array([2, 3, 5], np.int32)), deterministic=deterministic)
+    np.testing.assert_array_equal(i32.to_host(), [0, 5, 0, 0, 5])
+    with pytest.raises(DTypeError, match="int32 or int64"):
+        ops.scatter_add(T(queue, a), 0, T(queue, idx.astype(np.float32)), T(queue, src))
+
+
+def test_masked_fill_tril_triu(queue, rng):
+    a = rng.standard_normal((2, 4, 6)).astype(np.float32)
+    x = T(queue, a)
+    for k in (-1, 0, 2):
+        np.testing.assert_array_equal(ops.tril(x, k).to_host(), np.tril(a, k))
+        np.testing.assert_array_equal(ops.triu(x, k).to_host(), np.triu(a, k))
+    causal = ops.triu(T(queue, np.ones((4, 4), np.bool_)), 1)
+    np.testing.assert_array_equal(ops.masked_fill(T(queue, a[0, :, :4]), causal, -np.inf).to_host(),
+                                  np.where(np.triu(np.ones((4, 4), bool), 1), -np.inf, a[0, :, :4]))
+
+
+def test_arange_one_hot_repeat(queue, rng):
+    np.testing.assert_array_equal(ops.arange(queue, 7).to_host(), np.arange(7))
+    np.testing.assert_allclose(ops.arange(queue, 1.0, 2.0, 0.25).to_host(), np.arange(1.0, 2.0, 0.25))
+    np.testing.assert_array_equal(ops.arange(queue, 10, 0, -3).to_host(), np.arange(10, 0, -3))
+    ids = np.array([[0, 3], [2, 1]], np.int32)
+    oh = ops.one_hot(T(queue, ids), 4)
+    assert oh.dtype == np.int64
+    np.testing.assert_array_equal(oh.to_host(), np.eye(4, dtype=np.int64)[ids])
+    a = rng.standard_normal((2, 3)).astype(np.float32)
+    np.testing.assert_array_equal(ops.repeat(T(queue, a), 2, 1, 3).to_host(), np.tile(a, (2, 1, 3)))
+    np.testing.assert_array_equal(ops.repeat(T(queue, a), (3, 2)).to_host(), np.tile(a, (3, 2)))
