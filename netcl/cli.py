@@ -12,7 +12,7 @@ import numpy as np
 from netcl.errors import NetclError
 
 # Modules that add their own subcommands (e.g. `netcl tune`, `netcl train`): each has register(sub).
-_SUBCOMMAND_MODULES: list[str] = ["netcl.tune.cli"]
+_SUBCOMMAND_MODULES: list[str] = ["netcl.tune.cli", "netcl.train.main"]
 
 
 def _fmt_bytes(n: int) -> str:

@@ -1,12 +1,15 @@
 /* Fused optimizer updates: one launch updates up to N_TENSORS parameters (PyTorch's formulas).
  *
- * Work layout: 1-D, one work-item per parameter element over all tensors of the launch laid end
- * to end (global size = n0 + n1 + ...); a work-item finds its tensor by walking the sizes.
+ * Work layout: 1-D, one work-item per chunk of ITEMS consecutive elements of one tensor, over all
+ * tensors of the launch laid end to end (global size = sum of ceil(n_i / ITEMS)); a work-item finds
+ * its tensor by walking the chunk counts. ITEMS is 1 on GPUs (coalesced) and 64 on CPUs (few
+ * work-groups, a vectorisable loop).
  * Memory: reads each grad, reads and writes each parameter and its state buffers (s1..s3), once.
  *
  * Defines:
  *   T          storage/arithmetic type: float or double (USE_FP64 enables cl_khr_fp64)
  *   N_TENSORS  tensors per launch, 1..8
+ *   ITEMS      consecutive elements per work-item (default 1)
  *   OPT        1 SGD (s1 momentum buffer), 2 Adam/AdamW (s1 exp_avg, s2 exp_avg_sq),
  *              3 RMSProp (s1 square_avg, s2 grad_avg, s3 momentum buffer)
  * Scalars (all T unless noted):
@@ -96,10 +99,19 @@ inline void update(__global T* p, __global const T* g, __global T* sa, __global 
 #define HYPER_PASS lr, alpha, eps, weight_decay, momentum, centered
 #endif
 
-/* State buffers are contiguous from 0, parameters and grads may start at an offset (po, go). */
-#define TRY(i) if (k < n##i) { \
-        update(p##i + po##i, g##i + go##i, sa##i, sb##i, sc##i, k, k, HYPER_PASS); return; } \
-    k -= n##i;
+#ifndef ITEMS
+#define ITEMS 1
+#endif
+
+/* State buffers are contiguous from 0, parameters and grads may start at an offset (po, go).
+ * Work-item k takes ITEMS consecutive elements of one tensor (its k-th chunk over all tensors). */
+#define TRY(i) { long chunks = (n##i + ITEMS - 1) / ITEMS; \
+    if (k < chunks) { \
+        long end = min((k + 1) * ITEMS, n##i); \
+        for (long j = k * ITEMS; j < end; ++j) \
+            update(p##i + po##i, g##i + go##i, sa##i, sb##i, sc##i, j, j, HYPER_PASS); \
+        return; } \
+    k -= chunks; }
 
 __kernel void optimizer_step(
     TENSOR_ARGS(0)

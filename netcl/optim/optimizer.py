@@ -98,7 +98,8 @@ class Optimizer:
         p0 = items[0][0].value
         queue = p0.queue
         defines = kernels.float_defines(p0.dtype, type(self).__name__)
-        defines.update(N_TENSORS=len(items), OPT=self.kind)
+        items_per = 1 if queue.device.capabilities.kind == "gpu" else 64
+        defines.update(N_TENSORS=len(items), OPT=self.kind, ITEMS=items_per)
         prg = kernels.program(queue.device, "optim.cl", defines)
         args: list[Any] = []
         total = 0
@@ -120,7 +121,7 @@ class Optimizer:
             bufs = [s.buffer if s is not None else v.buffer for s in states]
             bufs += [v.buffer] * (3 - len(bufs))
             args += [v.buffer, np.int64(v.offset), g.buffer, np.int64(g.offset), *bufs, np.int64(v.size)]
-            total += v.size
+            total += -(-v.size // items_per)
         scalar = kernels.scalar_type(p0.dtype)
         args += self._hyper(group, step, scalar, items)
         if total:

@@ -1,0 +1,93 @@
+"""The training loop behind `netcl train`: models, one step, an epoch, evaluation (reusable from tests)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+import netcl.autograd as ag
+from netcl import nn
+from netcl.core.tensor import Tensor
+from netcl.data import DataLoader
+
+
+def build_model(kind: str, q: Any, image_shape: tuple[int, ...], classes: int) -> nn.Module:
+    """'cnn': two 3x3 conv + relu + 2x2 max-pool stages, then a 128-unit hidden layer;
+    'mlp': the seed's 784-256-128-10 shape (input size follows the images)."""
+    c, h, w = image_shape
+    if kind == "mlp":
+        return nn.Sequential(
+            nn.Flatten(),
+            nn.Linear(q, c * h * w, 256), nn.ReLU(),
+            nn.Linear(q, 256, 128), nn.ReLU(),
+            nn.Linear(q, 128, classes),
+        )
+    if kind == "cnn":
+        flat = 32 * (h // 4) * (w // 4)
+        return nn.Sequential(
+            nn.Conv2d(q, c, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(q, 16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Flatten(),
+            nn.Linear(q, flat, 128), nn.ReLU(),
+            nn.Linear(q, 128, classes),
+        )
+    raise ValueError(f"unknown model {kind!r}; choose cnn or mlp")
+
+
+def train_step(model: nn.Module, optimizer: Any, x: Tensor, y: Tensor, scheduler: Any = None) -> Tensor:
+    """Forward, backward, update; returns the loss Tensor (1,) without waiting for it."""
+    with ag.Tape() as tape:
+        loss = ag.cross_entropy(model(ag.tensor(x)), ag.tensor(y))
+    tape.backward(loss)
+    optimizer.step()
+    optimizer.zero_grad()
+    if scheduler is not None:
+        scheduler.step()
+    return loss.value
+
+
+def train_epoch(model: nn.Module, optimizer: Any, loader: DataLoader, scheduler: Any = None,
+                progress: Callable[[int, float | None], None] | None = None, report_every: int = 20) -> list[float]:
+    """One pass over `loader`; returns the per-step losses (read from the device in batches)."""
+    model.train()
+    pending: list[Tensor] = []
+    losses: list[float] = []
+    for i, (x, y) in enumerate(loader):
+        pending.append(train_step(model, optimizer, x, y, scheduler))
+        if (i + 1) % report_every == 0 or i + 1 == len(loader):
+            values = [float(t.to_host()[0]) for t in pending]
+            losses.extend(values)
+            pending.clear()
+            if progress is not None:
+                progress(len(values), values[-1])
+    return losses
+
+
+@ag.no_grad()
+def evaluate(model: nn.Module, x: np.ndarray, y: np.ndarray, q: Any, batch_size: int = 500) -> float:
+    """Top-1 accuracy of `model` on host arrays (model in eval mode, nothing recorded)."""
+    from netcl import ops
+
+    model.eval()
+    correct = 0
+    for start in range(0, len(y), batch_size):
+        xb = Tensor.from_host(q, x[start : start + batch_size])
+        pred = ops.argmax(model(ag.tensor(xb)).value, axis=-1).to_host()
+        correct += int((pred == y[start : start + batch_size]).sum())
+    model.train()
+    return correct / max(len(y), 1)
+
+
+class Throughput:
+    """Samples per second over a sliding window of steps."""
+
+    def __init__(self) -> None:
+        self.t0 = time.perf_counter()
+        self.samples = 0
+
+    def add(self, n: int) -> float:
+        self.samples += n
+        return self.samples / max(time.perf_counter() - self.t0, 1e-9)
