@@ -86,11 +86,18 @@ def pow(a: Operand, b: Operand) -> Node:  # noqa: A001
     ops = _ops()
 
     def grads(g, x, y, o):
-        if isinstance(y, Tensor):
+        if not isinstance(x, Tensor):
+            ga = None
+        elif isinstance(y, Tensor):
             ga = ops.mul(g, ops.mul(y, ops.pow(x, ops.sub(y, 1))))
         else:
             ga = ops.mul(g, ops.mul(ops.pow(x, y - 1), y)) if y != 0 else ops.mul(g, 0.0)
-        gb = ops.mul(g, ops.mul(o, ops.log(x))) if isinstance(y, Tensor) else None
+        if not isinstance(y, Tensor):
+            gb = None
+        elif isinstance(x, Tensor):
+            gb = ops.mul(g, ops.mul(o, ops.log(x)))
+        else:
+            gb = ops.mul(g, ops.mul(o, math.log(x)))
         return ga, gb
 
     return _binary("pow", a, b, grads)

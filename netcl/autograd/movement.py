@@ -86,9 +86,19 @@ def getitem(x: Node, index: Any) -> Node:
 def concat(xs: list[Node], axis: int = 0) -> Node:
     """Join along `axis`; each input's gradient is its slice of g (a view)."""
     nodes = [as_node(x) for x in xs]
-    out = _ops().concat([n.value for n in nodes], axis=axis)
-    ax = axis % out.ndim
+    ax = axis % nodes[0].ndim
     sizes = [n.shape[ax] for n in nodes]
+    ops = _ops()
+    if hasattr(ops, "concat"):
+        out = ops.concat([n.value for n in nodes], axis=axis)
+    else:  # until netcl.ops has concat: one assignment per piece into the joined tensor
+        first = nodes[0].value
+        shape = first.shape[:ax] + (sum(sizes),) + first.shape[ax + 1 :]
+        out = Tensor.empty(first.queue, shape, first.dtype)
+        start = 0
+        for n, size in zip(nodes, sizes):
+            ops.assign(out[(slice(None),) * ax + (slice(start, start + size),)], n.value)
+            start += size
 
     def backward(g: Tensor):
         grads, start = [], 0

@@ -110,24 +110,24 @@ def logsumexp(x: Node, axis: Any = None, keepdims: bool = False) -> Node:
     return record(out, (x,), backward, "logsumexp")
 
 
-def var(x: Node, axis: Any = None, keepdims: bool = False, correction: int = 1) -> Node:
-    """d x = 2 (x - mean) g / (n - correction)."""
+def var(x: Node, axis: Any = None, keepdims: bool = False, ddof: int = 0) -> Node:
+    """Variance / (n - ddof) (NumPy's default ddof=0); d x = 2 (x - mean) g / (n - ddof)."""
     ops = _ops()
     x = as_node(x)
     xv = x.value
     axes = _axes(axis, xv.ndim)
     n = math.prod(xv.shape[a] for a in axes) or 1
-    out = ops.var(xv, axis=axis, keepdims=keepdims, correction=correction)
+    out = ops.var(xv, axis=axis, keepdims=keepdims, ddof=ddof)
 
     def backward(g: Tensor):
         mu = ops.mean(xv, axis=axes, keepdims=True)
-        scale = 2.0 / builtins.max(n - correction, 1)
+        scale = 2.0 / builtins.max(n - ddof, 1)
         return (ops.mul(ops.mul(ops.sub(xv, mu), scale), _expand_back(g, xv.shape, axes)),)
 
     return record(out, (x,), backward, "var")
 
 
-def std(x: Node, axis: Any = None, keepdims: bool = False, correction: int = 1) -> Node:
+def std(x: Node, axis: Any = None, keepdims: bool = False, ddof: int = 0) -> Node:
     from netcl.autograd.elementwise import sqrt
 
-    return sqrt(var(x, axis=axis, keepdims=keepdims, correction=correction))
+    return sqrt(var(x, axis=axis, keepdims=keepdims, ddof=ddof))
