@@ -123,7 +123,7 @@ def tune_gemm(
     result = tune_family(device, f"gemm_{variant}", dt.name, cands, bench, store=False, verbose=verbose)
     if store and result.best is not None:
         gflops = flops(*size) / result.best_seconds / 1e9
-        default_seconds = dict((tuple(sorted(c.items())), s) for c, s in result.timings).get(
+        default_seconds = {tuple(sorted(c.items())): s for c, s in result.timings}.get(
             tuple(sorted(cands[0].items()))
         )
         database_for(device).put(
