@@ -72,6 +72,21 @@ def choose_variant(device: Any, m: int, n: int, k: int) -> str:
     return "tiled"
 
 
+def _fit_local_memory(tile: dict[str, int], dtype: np.dtype, local_mem: int) -> dict[str, int]:
+    """Shrink the tiled kernel's k tile (then its padding) until both buffers fit the device."""
+    tile = dict(tile)
+    item = 8 if dtype == dtypes.float64 else 4
+
+    def need() -> int:
+        return 2 * tile["BK"] * (tile["BM"] + tile["PADA"] + tile["BN"] + tile["PADB"]) * item
+
+    while need() > local_mem and tile["BK"] > 4:
+        tile["BK"] //= 2
+    if need() > local_mem:
+        tile["PADA"] = tile["PADB"] = 0
+    return tile
+
+
 # -- program building -------------------------------------------------------------------------------
 def _program(device: Any, variant: str, defines: dict[str, Any]):
     source = kernel_source("gemm_common.cl") + "\n" + kernel_source(_KERNEL_FILES[variant])
@@ -249,6 +264,8 @@ def _launch(p: _Problem, variant: str, params: dict[str, int] | None = None) -> 
     if res is not None:
         defines["HAS_RESIDUAL"] = None
     tile = tuned_params(device, variant, dt) if params is None else {**default_params(variant, dt), **params}
+    if variant == "tiled":
+        tile = _fit_local_memory(tile, dt, device.capabilities.local_mem)
     defines.update(tile)
     if variant == "cpu" and b_ns == 1:
         defines["B_NCONTIG"] = None
