@@ -58,14 +58,22 @@ def median_time(fn, sync, repeats: int) -> float:
 
 
 # -- contenders ---------------------------------------------------------------------------------------
+def _stored(q, arr, transposed: bool) -> Tensor:
+    """arr on the device; transposed=True keeps arr.T in memory and views it back (read in place)."""
+    if transposed:
+        return Tensor.from_host(q, np.ascontiguousarray(arr.T)).T
+    return Tensor.from_host(q, arr)
+
+
 class Netcl:
-    def __init__(self, device, shape, dtype, params=None, label="netcl"):
+    def __init__(self, device, shape, dtype, params=None, label="netcl", layout="NN"):
         m, n, k = shape
         q = device.queue
         rng = np.random.default_rng(0)
         self.a_host = rng.standard_normal((m, k), dtype=np.float32).astype(dtype)
         self.b_host = rng.standard_normal((k, n), dtype=np.float32).astype(dtype)
-        self.a, self.b = Tensor.from_host(q, self.a_host), Tensor.from_host(q, self.b_host)
+        self.a = _stored(q, self.a_host, layout[0] == "T")
+        self.b = _stored(q, self.b_host, layout[1] == "T")
         self.q, self.params, self.label = q, params, label
         self.variant = choose_variant(device, m, n, k)
 
@@ -86,7 +94,7 @@ class Netcl:
 class Torch:
     label = "torch"
 
-    def __init__(self, shape, dtype, cuda: bool, threads: int):
+    def __init__(self, shape, dtype, cuda: bool, threads: int, layout: str = "NN"):
         import torch
 
         self.torch = torch
@@ -101,8 +109,10 @@ class Torch:
             dev = "cpu"
             self.label = f"torch-cpu ({threads} threads)"
         tdt = {np.float32: torch.float32, np.float16: torch.float16, np.float64: torch.float64}[np.dtype(dtype).type]
-        self.a = torch.randn(m, k, device=dev, dtype=tdt)
-        self.b = torch.randn(k, n, device=dev, dtype=tdt)
+        self.a = torch.randn(k, m, device=dev, dtype=tdt).T if layout[0] == "T" else torch.randn(
+            m, k, device=dev, dtype=tdt)
+        self.b = torch.randn(n, k, device=dev, dtype=tdt).T if layout[1] == "T" else torch.randn(
+            k, n, device=dev, dtype=tdt)
         self.cuda = cuda
 
     def run(self):
@@ -239,6 +249,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shapes", nargs="+", type=parse_shape, help="MxNxK (or N) problem sizes")
     p.add_argument("--dtype", default="float32", choices=["float16", "float32", "float64"])
     p.add_argument("--repeats", type=int, default=None)
+    p.add_argument("--layout", default="NN", choices=["NN", "NT", "TN", "TT"],
+                   help="T = operand stored transposed and read in place (NT is linear's x @ W.T)")
     p.add_argument("--configs", default=None,
                    help="tile configs for netcl: JSON list/dict, a JSON file, 'auto' or 'quick' (tuning lists)")
     p.add_argument("--store-best", action="store_true", help="store the best --configs entry in the tuning DB")
@@ -279,13 +291,14 @@ def main(argv: list[str] | None = None) -> int:
         m, n, k = shape
         gflop = flops(m, n, k) / 1e9
         nbytes = dtype.itemsize * (m * k + k * n + m * n)
-        row = {"shape": list(shape), "gflop": gflop, "bytes": nbytes, "dtype": dtype.name, "gflops": {}}
+        row = {"shape": list(shape), "gflop": gflop, "bytes": nbytes, "dtype": dtype.name, "layout": args.layout,
+               "gflops": {}}
         contenders = []
-        nets = [Netcl(device, shape, dtype, c, f"netcl cfg{i}") for i, c in enumerate(configs)] if configs \
-            else [Netcl(device, shape, dtype)]
+        nets = [Netcl(device, shape, dtype, c, f"netcl cfg{i}", args.layout) for i, c in enumerate(configs)] \
+            if configs else [Netcl(device, shape, dtype, layout=args.layout)]
         contenders += nets
         if "torch" in peers:
-            contenders.append(Torch(shape, dtype, cuda, caps.compute_units))
+            contenders.append(Torch(shape, dtype, cuda, caps.compute_units, args.layout))
         if "numpy" in peers:
             contenders.append(Numpy(shape, dtype))
         # warm-up (builds kernels), then round-robin timing
@@ -350,7 +363,7 @@ def print_row(row: dict) -> None:
     m, n, k = row["shape"]
     best = row["netcl_best"]
     net = best["gflops"]
-    print(f"\n{m}x{n}x{k} {row['dtype']} ({row['gflop']:.1f} GFLOP, {row['bytes'] / 1e6:.1f} MB)  "
+    print(f"\n{m}x{n}x{k} {row['dtype']} {row['layout']} ({row['gflop']:.1f} GFLOP, {row['bytes'] / 1e6:.1f} MB)  "
           f"netcl kernel {best['variant']} {best['params']}  max rel. error {row['netcl_error']:.1e}")
     print(f"  {'contender':58s} {'GFLOP/s':>10s} {'netcl / it':>11s}")
     for label, gf in sorted(row["gflops"].items(), key=lambda kv: -kv[1]):

@@ -6,14 +6,16 @@
 // RM vectors of VN floats, one vector FMA per row per k, A's values broadcast straight from global
 // memory (row indices past M are clamped, their results discarded). Partial sums of a block live in a
 // local MB x NB scratch between K chunks; the last chunk applies the epilogue and writes C.
-// Reads A, B (, bias, residual); writes C. Local scratch: (KC*NB + MB*NB) accumulator-sized values.
+// Reads A, B (, bias, residual); writes C. Local scratch: (KC*NB + MB*NB (+ KC*MB)) accumulator values.
 // Tuning knobs:
 //   MB  rows of C per work-item (default 64)
 //   NB  columns of C per work-item, a multiple of VN (default 64)
 //   KC  k values per cache block; B's packed KC x VN panel should fit in L1 (default 256)
 //   RM  rows of the register block (default 6)
 //   VN  columns of the register block = vector width: 4, 8 or 16 (default 16)
-// Layout flags (set by the host): B_NCONTIG when B's columns are contiguous (b_ns == 1).
+// Layout flags (set by the host): B_NCONTIG when B's columns are contiguous (b_ns == 1), B_KCONTIG
+// when B's k is (b_ks == 1: a transposed view such as linear's weight); A_MCONTIG when A's rows
+// are contiguous (a_rs == 1): A's block is then packed k-major into local scratch too.
 
 #ifndef MB
 #define MB 64
@@ -39,6 +41,9 @@ void gemm_cpu(GEMM_ARGS)
     // vector-typed scratch: aligned, so the hot loop reads it with plain vector loads (no vloadn calls)
     __local VT Bp[KC * (NB / VN)];
     __local VT Cp[MB * (NB / VN)];
+#ifdef A_MCONTIG
+    __local ACC_T Ap[KC * MB];  // A's block, k-major (A is a transposed view: columns contiguous)
+#endif
     const int n0 = get_group_id(0) * NB;
     const int m0 = get_group_id(1) * MB;
     GEMM_SELECT_BATCH(get_group_id(2));
@@ -61,6 +66,13 @@ void gemm_cpu(GEMM_ARGS)
 #ifdef B_NCONTIG
                 for (int k = 0; k < kl; ++k)
                     dstv[k] = LOADV(VN, 0, src + k * b_ks);
+#elif defined(B_KCONTIG)
+                // B is a transposed view (e.g. linear's weight): each column is contiguous along k
+                for (int j = 0; j < VN; ++j) {
+                    __global const STORE_T *col = src + j * b_ns;
+                    for (int k = 0; k < kl; ++k)
+                        dst[k * VN + j] = (ACC_T)LOAD1(k, col);
+                }
 #else
                 for (int k = 0; k < kl; ++k)
                     for (int j = 0; j < VN; ++j)
@@ -74,22 +86,39 @@ void gemm_cpu(GEMM_ARGS)
             }
         }
 
+#ifdef A_MCONTIG
+        for (int k = 0; k < kl; ++k) {
+            __global const STORE_T *src = A + (k0 + k) * a_ks + m0;
+            for (int mm = 0; mm < mlen; ++mm) Ap[k * MB + mm] = (ACC_T)LOAD1(mm, src);
+        }
+#endif
+
         for (int p = 0; p < npanels; ++p) {
             const int n = n0 + p * VN;
             __local const VT *panel = Bp + p * KC;
             for (int i = 0; i < mlen; i += RM) {
+#ifdef A_MCONTIG
+                __local const ACC_T *arow[RM];
+#define A_AT(r, k) arow[r][(k) * MB]
+#else
                 __global const STORE_T *arow[RM];
+#define A_AT(r, k) (ACC_T)LOAD1((k) * a_ks, arow[r])
+#endif
                 VT acc[RM];
 #pragma unroll
                 for (int r = 0; r < RM; ++r) {
+#ifdef A_MCONTIG
+                    arow[r] = Ap + min(i + r, mlen - 1);
+#else
                     arow[r] = A + min(m0 + i + r, M - 1) * a_rs + k0 * a_ks;
+#endif
                     acc[r] = first ? (VT)0 : Cp[min(i + r, MB - 1) * (NB / VN) + p];
                 }
                 for (int k = 0; k < kl; ++k) {
                     const VT bv = panel[k];
 #pragma unroll
                     for (int r = 0; r < RM; ++r)
-                        acc[r] += (VT)((ACC_T)LOAD1(k * a_ks, arow[r])) * bv;
+                        acc[r] += (VT)(A_AT(r, k)) * bv;
                 }
                 if (!last) {
 #pragma unroll

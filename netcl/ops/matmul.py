@@ -32,8 +32,8 @@ _DTYPE_DEFINE = {dtypes.float16: "DTYPE_F16", dtypes.float32: "DTYPE_F32", dtype
 DEFAULTS: dict[str, dict[str, dict[str, int]]] = {
     "direct": {"any": {"UNROLL": 4}},
     "cpu": {
-        "float32": {"MB": 64, "NB": 64, "KC": 256, "RM": 6, "VN": 16},
-        "float16": {"MB": 64, "NB": 64, "KC": 256, "RM": 6, "VN": 16},
+        "float32": {"MB": 120, "NB": 64, "KC": 256, "RM": 5, "VN": 16},
+        "float16": {"MB": 120, "NB": 64, "KC": 256, "RM": 5, "VN": 16},
         "float64": {"MB": 64, "NB": 32, "KC": 256, "RM": 4, "VN": 8},
     },
     "tiled": {
@@ -269,6 +269,10 @@ def _launch(p: _Problem, variant: str, params: dict[str, int] | None = None) -> 
     defines.update(tile)
     if variant == "cpu" and b_ns == 1:
         defines["B_NCONTIG"] = None
+    elif variant == "cpu" and b_ks == 1:
+        defines["B_KCONTIG"] = None
+    if variant == "cpu" and a_rs == 1 and a_ks != 1:
+        defines["A_MCONTIG"] = None
     if variant == "tiled":
         defines["A_TRANS"] = int(not (a_ks == 1 and a_rs >= p.k))
         defines["B_TRANS"] = int(not (b_ns == 1 and b_ks >= p.n))
