@@ -51,8 +51,8 @@ def parse_log(text: str) -> list[tuple[str, str, str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("pytest_args", nargs="*", help="pytest selection (default: tests/oclgrind)")
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                usage="%(prog)s [--no-races] [--uninitialized] [--show N] [pytest args ...]")
     p.add_argument("--no-races", action="store_true", help="skip data-race detection (faster)")
     p.add_argument("--uninitialized", action="store_true", help="also report reads of uninitialized memory")
     p.add_argument("--show", type=int, default=20, help="print at most this many diagnostics in full")
@@ -71,8 +71,8 @@ def main(argv: list[str] | None = None) -> int:
         env["OCLGRIND_DATA_RACES"] = "1"
     if args.uninitialized:
         env["OCLGRIND_UNINITIALIZED"] = "1"
-    selection = [*args.pytest_args, *passthrough]
-    if not args.pytest_args:
+    selection = list(passthrough)  # everything else is pytest's, in order (paths, -k EXPR, -x ...)
+    if not any(Path(a.split("::")[0]).exists() for a in selection if not a.startswith("-")):
         selection.insert(0, str(ROOT / "tests" / "oclgrind"))
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "oclgrind_exact_alloc", "-p", "no:cacheprovider",
            "-s", *selection]

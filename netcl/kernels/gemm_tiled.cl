@@ -97,7 +97,12 @@ inline void gemm_tiled_fetch(const int tid, const int m0, const int n0, const in
         const int kk = e % BK, mm = e / BK;     // consecutive work-items: consecutive k (contiguous)
 #endif
         const int m = m0 + mm, k = k0 + kk;
-        ra[i] = (e < BM * BK && m < M && k < K) ? (ACC_T)LOAD1(m * a_rs + k * a_ks, A) : (ACC_T)0;
+#if A_TRANS
+        const long at = m + k * a_ks;           // a_rs == 1
+#else
+        const long at = m * a_rs + k;           // a_ks == 1
+#endif
+        ra[i] = (e < BM * BK && m < M && k < K) ? (ACC_T)LOAD1(at, A) : (ACC_T)0;
     }
 #pragma unroll
     for (int i = 0; i < LB; ++i) {
@@ -108,7 +113,12 @@ inline void gemm_tiled_fetch(const int tid, const int m0, const int n0, const in
         const int nn = e % BN, kk = e / BN;
 #endif
         const int n = n0 + nn, k = k0 + kk;
-        rb[i] = (e < BK * BN && n < N && k < K) ? (ACC_T)LOAD1(k * b_ks + n * b_ns, B) : (ACC_T)0;
+#if B_TRANS
+        const long at = k + n * b_ns;           // b_ks == 1
+#else
+        const long at = k * b_ks + n;           // b_ns == 1
+#endif
+        rb[i] = (e < BK * BN && n < N && k < K) ? (ACC_T)LOAD1(at, B) : (ACC_T)0;
     }
 }
 
