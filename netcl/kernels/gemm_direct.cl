@@ -24,3 +24,24 @@ __kernel void gemm_direct(GEMM_ARGS)
         acc = mad((ACC_T)LOAD1(k * a_ks, a), (ACC_T)LOAD1(k * b_ks, b), acc);
     STORE1(GEMM_EPILOGUE(acc, m, n), m * c_rs + n, C);
 }
+
+// Split-K finish: C[m, n] = epilogue(sum over s of partial[s, m, n]) for the S partial products that a
+// split-K GEMM wrote to a contiguous (S, M, N) accumulator-typed workspace (used when M x N alone has too
+// few tiles to fill a GPU). Layout: global (N, M, 1); one work-item per element of C.
+// Reads the workspace (, bias, residual); writes C. Same argument tail as GEMM_ARGS after C.
+__kernel void gemm_reduce_splits(const int S, const int M, const int N, __global const ACC_T *partial,
+                                 __global STORE_T *C, const long c_off, const long c_rs,
+                                 __global const STORE_T *bias, const long bias_off, const long bias_stride,
+                                 __global const STORE_T *residual, const long res_off, const long res_rs,
+                                 const long res_cs, const ACC_T alpha)
+{
+    const int n = get_global_id(0);
+    const int m = get_global_id(1);
+    if (n >= N || m >= M) return;
+    bias += bias_off;
+    residual += res_off;
+    const long plane = (long)M * N;
+    ACC_T acc = 0;
+    for (int s = 0; s < S; ++s) acc += partial[s * plane + (long)m * N + n];
+    STORE1(gemm_epilogue(acc, m, n, alpha, bias, bias_stride, residual, res_rs, res_cs), c_off + m * c_rs + n, C);
+}

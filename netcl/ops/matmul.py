@@ -10,6 +10,7 @@ else from the per-device-class defaults below.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -225,7 +226,7 @@ def _prepare(
 
 
 # -- launching ----------------------------------------------------------------------------------------
-def _launch(p: _Problem, variant: str, params: dict[str, int] | None = None) -> None:
+def _launch(p: _Problem, variant: str, params: dict[str, int] | None = None, splits: int | None = None) -> None:
     device = p.out.device
     queue = p.out.queue
     a, b = p.a, p.b
@@ -276,6 +277,11 @@ def _launch(p: _Problem, variant: str, params: dict[str, int] | None = None) -> 
     if variant == "tiled":
         defines["A_TRANS"] = int(not (a_ks == 1 and a_rs >= p.k))
         defines["B_TRANS"] = int(not (b_ns == 1 and b_ks >= p.n))
+    if variant == "tiled" and splits is None:
+        splits = choose_splits(device, p, tile)
+    if splits and splits > 1:
+        _launch_split_k(p, a, b, (a_rs, a_ks, b_ks, b_ns), defines, tile, splits)
+        return
     kernel = getattr(_program(device, variant, defines), f"gemm_{variant}")
 
     if variant == "direct":
@@ -309,6 +315,77 @@ def _launch(p: _Problem, variant: str, params: dict[str, int] | None = None) -> 
         )
 
 
+def choose_splits(device: Any, p: _Problem, tile: dict[str, int]) -> int:
+    """How many slices of K a tiled GEMM runs side by side: more than 1 only when M x N alone gives
+    too few work-groups to fill the device (skinny problems such as 256 x 4096 x 4096)."""
+    if device.capabilities.kind == "cpu" or p.out.dtype == dtypes.float16 or math.prod(p.batch) != 1:
+        return 1
+    tiles = -(-p.m // tile["BM"]) * -(-p.n // tile["BN"])
+    target = 2 * device.capabilities.compute_units
+    if tiles * 10 >= target * 9:
+        return 1
+    best = 1
+    for s in (2, 4, 8, 16):
+        if p.k % s or p.k // s < 256:
+            break
+        best = s
+        if tiles * s * 10 >= target * 9:
+            break
+    return best
+
+
+def _launch_split_k(
+    p: _Problem, a: Tensor, b: Tensor, strides: tuple[int, int, int, int], defines: dict[str, Any],
+    tile: dict[str, int], splits: int,
+) -> None:
+    """Split-K: `splits` tiled GEMMs over K/splits slices (as a batch) into an accumulator-typed
+    workspace, then one reduction launch that sums the slices and applies the epilogue."""
+    a_rs, a_ks, b_ks, b_ns = strides
+    if p.k % splits:
+        raise ShapeError(f"split-K needs K={p.k} divisible by {splits}")
+    queue, device, out, dt = p.out.queue, p.out.device, p.out, p.out.dtype
+    chunk = p.k // splits
+    acc_dt = dtypes.float64 if dt == dtypes.float64 else dtypes.float32
+    acc_type = acc_dt.type
+    work = Tensor.empty(queue, (splits, p.m, p.n), acc_dt)
+    gemm_defines = {k: v for k, v in defines.items() if k not in ("HAS_BIAS", "HAS_RESIDUAL")}
+    gemm_defines["ACT"] = 0
+    gemm_defines.pop(_DTYPE_DEFINE[dt])
+    gemm_defines[_DTYPE_DEFINE[acc_dt]] = None  # partial sums are stored at accumulator precision
+    if dt != acc_dt:
+        raise DTypeError(f"split-K runs for float32/float64 only, got {dt}")
+    kernel = _program(device, "tiled", gemm_defines).gemm_tiled
+    i64 = np.int64
+    gsize = (-(-p.n // tile["BN"]) * tile["TX"], -(-p.m // tile["BM"]) * tile["TY"], splits)
+    kernel(
+        queue, gsize, (tile["TX"], tile["TY"], 1),
+        np.int32(p.m), np.int32(p.n), np.int32(chunk),
+        a.buffer, i64(a.offset), i64(a_rs), i64(a_ks),
+        b.buffer, i64(b.offset), i64(b_ks), i64(b_ns),
+        work.buffer, i64(work.offset), i64(p.n),
+        work.buffer, i64(0), i64(0), work.buffer, i64(0), i64(0), i64(0),
+        acc_type(1.0), np.int32(splits),
+        cltypes.make_long4(0, chunk * a_ks, 0, chunk * b_ks),
+        cltypes.make_long4(0, p.m * p.n, 0, 0),
+    )
+    reduce_defines = {k: v for k, v in defines.items() if k in ("HAS_BIAS", "HAS_RESIDUAL", "ACT")}
+    reduce_defines[_DTYPE_DEFINE[dt]] = None
+    reducer = _program(device, "direct", reduce_defines).gemm_reduce_splits
+    bias_t = p.bias if p.bias is not None else out
+    res = p.residual
+    res_t = res if res is not None else out
+    lx = min(64, 1 << max(0, (p.n - 1).bit_length()))
+    reducer(
+        queue, (p.n, p.m, 1), (lx, max(1, min(256 // lx, 4)), 1) if device.capabilities.kind != "cpu" else None,
+        np.int32(splits), np.int32(p.m), np.int32(p.n), work.buffer,
+        out.buffer, i64(out.offset), i64(out.strides[-2]),
+        bias_t.buffer, i64(bias_t.offset), i64(bias_t.strides[0] if p.bias is not None else 0),
+        res_t.buffer, i64(res_t.offset), i64(res.strides[-2] if res is not None else 0),
+        i64(res.strides[-1] if res is not None else 0),
+        acc_type(p.alpha),
+    )
+
+
 def _finish(p: _Problem) -> Tensor:
     out = p.out
     for axis in p.squeeze:
@@ -326,8 +403,10 @@ def gemm(
     *,
     variant: str | None = None,
     params: dict[str, int] | None = None,
+    splits: int | None = None,
 ) -> Tensor:
-    """matmul_epilogue with an explicit kernel `variant` and tile `params` (tests, tuning, benchmarks)."""
+    """matmul_epilogue with an explicit kernel `variant`, tile `params` and (tiled only) K `splits`
+    (tests, tuning, benchmarks); None means netcl's own choice."""
     p = _prepare(a, b, bias, residual, activation, alpha)
     if p.out.size == 0:
         return _finish(p)
@@ -337,7 +416,9 @@ def gemm(
         raise ValueError(f"unknown GEMM variant {variant!r}; one of {VARIANTS}")
     if p.k == 0 and variant == "tiled":
         variant = "direct"
-    _launch(p, variant, params)
+    if splits is not None and splits > 1 and (variant != "tiled" or math.prod(p.batch) != 1):
+        raise ValueError("split-K is for the tiled variant on unbatched problems")
+    _launch(p, variant, params, splits)
     return _finish(p)
 
 

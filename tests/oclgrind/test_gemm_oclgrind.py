@@ -57,3 +57,14 @@ def test_tiled_default_config(queue):
     b = rng.standard_normal((21, 66)).astype(np.float32)
     got = gemm(Tensor.from_host(queue, a), Tensor.from_host(queue, b), variant="tiled")
     np.testing.assert_allclose(got.to_host(), a.astype(np.float64) @ b, rtol=1e-5, atol=1e-5)
+
+
+def test_split_k_and_reduction(queue):
+    rng = np.random.default_rng(6)
+    a = rng.standard_normal((13, 24)).astype(np.float32)
+    b = rng.standard_normal((24, 10)).astype(np.float32)
+    bias = rng.standard_normal(10).astype(np.float32)
+    got = gemm(Tensor.from_host(queue, a), _operand(queue, b, True), Tensor.from_host(queue, bias), "relu",
+               variant="tiled", params=CONFIGS[2][1], splits=3)
+    np.testing.assert_allclose(got.to_host(), np.maximum(a.astype(np.float64) @ b + bias, 0), rtol=1e-5,
+                               atol=1e-5)

@@ -218,3 +218,28 @@ def test_epilogue_argument_errors(queue):
         matmul_epilogue(a, b, activation="tanh")
     with pytest.raises(ShapeError, match="in_features"):
         linear(Tensor.zeros(queue, (3, 4)), Tensor.zeros(queue, (5, 6)))
+
+
+@pytest.mark.parametrize("ta,tb", [(False, False), (True, True)])
+def test_split_k_with_epilogue(queue, rng, ta, tb):
+    m, n, k = 37, 29, 96
+    a, b, bias, res = host(rng, (m, k)), host(rng, (k, n)), host(rng, (n,)), host(rng, (m, n))
+    got = gemm(dev(queue, a, ta), dev(queue, b, tb), dev(queue, bias), "relu", dev(queue, res), 1.5,
+               variant="tiled", params=SMALL_TILED, splits=4)
+    check(got, np.maximum(1.5 * (a.astype(np.float64) @ b) + bias, 0) + res, k=k)
+
+
+def test_split_k_choice_fills_a_gpu_only_for_skinny_problems(queue):
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from netcl.ops.matmul import _prepare, choose_splits
+
+    h200_like = SimpleNamespace(capabilities=SimpleNamespace(kind="gpu", compute_units=132))
+    tile = {"BM": 128, "BN": 128}
+    p = _prepare(Tensor.zeros(queue, (2, 3)), Tensor.zeros(queue, (3, 2)), None, None, None, 1.0)
+    assert choose_splits(h200_like, replace(p, m=4096, n=4096, k=4096), tile) == 1
+    assert choose_splits(h200_like, replace(p, m=256, n=4096, k=4096), tile) == 4  # 64 tiles -> 256
+    assert choose_splits(h200_like, replace(p, m=256, n=4096, k=300), tile) == 1   # K too short
+    cpu = SimpleNamespace(capabilities=SimpleNamespace(kind="cpu", compute_units=2))
+    assert choose_splits(cpu, replace(p, m=256, n=4096, k=4096), tile) == 1
