@@ -337,11 +337,22 @@ def main(argv: list[str] | None = None) -> int:
                              "gflops": row["gflops"][best.label]}
         if configs:
             row["configs"] = [{"params": c.params, "gflops": row["gflops"].get(c.label)} for c in nets]
-            best_config = best.params
         row["limits"] = device_limits(device, gflop, nbytes)
         results.append(row)
         print_row(row)
 
+    if configs:
+        # the config with the best geometric mean over all shapes (a failed run counts as 0.01 GFLOP/s)
+        rows = [r for r in results if r.get("configs")]
+        scores = [
+            statistics.geometric_mean([max(r["configs"][i]["gflops"] or 0.01, 0.01) for r in rows])
+            for i in range(len(configs))
+        ] if rows else []
+        if scores:
+            best_index = max(range(len(configs)), key=scores.__getitem__)
+            best_config = configs[best_index]
+            print(f"\nbest config over {len(rows)} shape(s): {json.dumps(best_config)} "
+                  f"(geometric mean {scores[best_index]:.1f} GFLOP/s)")
     if args.store_best and best_config is not None:
         from netcl.tune.database import database_for
 
