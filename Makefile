@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 run: $(STAMP)
-	$(VENV)/bin/netcl demo
+	$(VENV)/bin/netcl train
 
 test: $(STAMP)
 	$(PY) -m pytest

