@@ -407,6 +407,9 @@ def gemm(
 ) -> Tensor:
     """matmul_epilogue with an explicit kernel `variant`, tile `params` and (tiled only) K `splits`
     (tests, tuning, benchmarks); None means netcl's own choice."""
+    folded = _fold_batch_into_rows(a, b, bias, activation, residual, alpha, variant, params, splits)
+    if folded is not None:
+        return folded
     p = _prepare(a, b, bias, residual, activation, alpha)
     if p.out.size == 0:
         return _finish(p)
@@ -420,6 +423,23 @@ def gemm(
         raise ValueError("split-K is for the tiled variant on unbatched problems")
     _launch(p, variant, params, splits)
     return _finish(p)
+
+
+def _fold_batch_into_rows(a, b, bias, activation, residual, alpha, variant, params, splits) -> Tensor | None:
+    """(..., M, K) @ (K, N) with a's batch dims laid out like rows is one (prod(...)*M, K) GEMM: one
+    launch with big tiles instead of a batch of thin ones (linear layers on (batch, tokens, features))."""
+    if not (isinstance(a, Tensor) and isinstance(b, Tensor)) or b.ndim != 2 or a.ndim <= 2:
+        return None
+    if a.shape[-1] != b.shape[0] or a.size == 0 or b.size == 0:
+        return None  # the general path reports the error (naming the shapes given) or handles it
+    try:
+        rows = a.view(-1, a.shape[-1])
+        out_shape = a.shape[:-1] + (b.shape[1],)
+        res_rows = None if residual is None else residual.expand(out_shape).view(-1, b.shape[1])
+    except ShapeError:
+        return None  # batch strides that do not merge into rows (or a broadcast residual): batched path
+    out = gemm(rows, b, bias, activation, res_rows, alpha, variant=variant, params=params, splits=splits)
+    return out.view(out_shape)
 
 
 def matmul(a: Tensor, b: Tensor) -> Tensor:

@@ -243,3 +243,15 @@ def test_split_k_choice_fills_a_gpu_only_for_skinny_problems(queue):
     assert choose_splits(h200_like, replace(p, m=256, n=4096, k=300), tile) == 1   # K too short
     cpu = SimpleNamespace(capabilities=SimpleNamespace(kind="cpu", compute_units=2))
     assert choose_splits(cpu, replace(p, m=256, n=4096, k=4096), tile) == 1
+
+
+def test_linear_on_tokens_is_one_row_gemm(queue, rng):
+    x, w, res = host(rng, (3, 7, 20)), host(rng, (11, 20)), host(rng, (3, 7, 11))
+    with count_launches() as launches:
+        got = matmul_epilogue(dev(queue, x), dev(queue, w).T, residual=dev(queue, res))
+    assert launches.count == 1 and got.shape == (3, 7, 11)
+    check(got, x.astype(np.float64) @ w.T + res, k=20)
+    # batch dims that do not merge into rows (a sliced batch) still go through the batched path
+    big = host(rng, (3, 9, 20))
+    check(matmul(Tensor.from_host(queue, big)[:, 1:8], dev(queue, w).T), big[:, 1:8].astype(np.float64) @ w.T,
+          k=20)
