@@ -45,3 +45,38 @@ __kernel void gemm_reduce_splits(const int S, const int M, const int N, __global
     for (int s = 0; s < S; ++s) acc += partial[s * plane + (long)m * N + n];
     STORE1(gemm_epilogue(acc, m, n, alpha, bias, bias_stride, residual, res_rs, res_cs), c_off + m * c_rs + n, C);
 }
+
+// Dot-product GEMM for GPUs on thin problems whose operands are both contiguous along K (x @ W.T
+// with few rows of x, e.g. decoding one token): gemm_direct would read W across rows (uncoalesced).
+// Layout: local (DOT_WG, 1, 1), global (N * DOT_WG, M, batch); a work-group computes one C[z, m, n]:
+// its work-items stride over k (neighbours read neighbouring k of both rows), then a local-memory
+// tree reduction. Reads A, B (, bias, residual); writes C.
+// Tuning knobs:
+//   DOT_WG  work-items per output, a power of two (default 64)
+
+#ifndef DOT_WG
+#define DOT_WG 64
+#endif
+
+__kernel __attribute__((reqd_work_group_size(DOT_WG, 1, 1)))
+void gemm_dot(GEMM_ARGS)
+{
+    __local ACC_T part[DOT_WG];
+    const int lid = get_local_id(0);
+    const int n = get_group_id(0);
+    const int m = get_group_id(1);
+    GEMM_SELECT_BATCH(get_group_id(2));
+    __global const STORE_T *a = A + m * a_rs;
+    __global const STORE_T *b = B + n * b_ns;
+    ACC_T acc = 0;
+    if (n < N && m < M)
+        for (int k = lid; k < K; k += DOT_WG)
+            acc = mad((ACC_T)LOAD1(k * a_ks, a), (ACC_T)LOAD1(k * b_ks, b), acc);
+    part[lid] = acc;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int s = DOT_WG / 2; s > 0; s >>= 1) {
+        if (lid < s) part[lid] += part[lid + s];
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    if (lid == 0 && n < N && m < M) STORE1(GEMM_EPILOGUE(part[0], m, n), m * c_rs + n, C);
+}

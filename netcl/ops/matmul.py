@@ -24,7 +24,7 @@ from netcl.core.tensor import Tensor, check_same_queue
 from netcl.errors import DTypeError, ShapeError
 
 ACTIVATIONS: dict[str | None, int] = {None: 0, "none": 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "silu": 4}
-VARIANTS = ("direct", "cpu", "tiled")
+VARIANTS = ("direct", "dot", "cpu", "tiled")
 _FLOAT_DTYPES = (dtypes.float16, dtypes.float32, dtypes.float64)
 _DTYPE_DEFINE = {dtypes.float16: "DTYPE_F16", dtypes.float32: "DTYPE_F32", dtypes.float64: "DTYPE_F64"}
 
@@ -32,6 +32,7 @@ _DTYPE_DEFINE = {dtypes.float16: "DTYPE_F16", dtypes.float32: "DTYPE_F32", dtype
 # header of its kernel file. `netcl tune` overrides these per device.
 DEFAULTS: dict[str, dict[str, dict[str, int]]] = {
     "direct": {"any": {"UNROLL": 4}},
+    "dot": {"any": {"DOT_WG": 64}},
     "cpu": {
         "float32": {"MB": 120, "NB": 64, "KC": 256, "RM": 5, "VN": 16},
         "float16": {"MB": 120, "NB": 64, "KC": 256, "RM": 5, "VN": 16},
@@ -43,7 +44,7 @@ DEFAULTS: dict[str, dict[str, dict[str, int]]] = {
         "float64": {"BM": 64, "BN": 64, "BK": 16, "TX": 16, "TY": 16, "VW": 2, "PADA": 2, "PADB": 2},
     },
 }
-_KERNEL_FILES = {"direct": "gemm_direct.cl", "cpu": "gemm_cpu.cl", "tiled": "gemm_tiled.cl"}
+_KERNEL_FILES = {"direct": "gemm_direct.cl", "dot": "gemm_direct.cl", "cpu": "gemm_cpu.cl", "tiled": "gemm_tiled.cl"}
 
 
 def default_params(variant: str, dtype: Any) -> dict[str, int]:
@@ -284,7 +285,9 @@ def _launch(p: _Problem, variant: str, params: dict[str, int] | None = None, spl
         return
     kernel = getattr(_program(device, variant, defines), f"gemm_{variant}")
 
-    if variant == "direct":
+    if variant == "dot":
+        gsize, lsize = (p.n * tile["DOT_WG"], p.m, nbatch), (tile["DOT_WG"], 1, 1)
+    elif variant == "direct":
         lx = min(64, 1 << max(0, (p.n - 1).bit_length()))
         ly = max(1, min(256 // lx, 1 << max(0, (p.m - 1).bit_length())))
         gsize, lsize = (p.n, p.m, nbatch), ((lx, ly, 1) if device.capabilities.kind != "cpu" else None)
@@ -313,6 +316,12 @@ def _launch(p: _Problem, variant: str, params: dict[str, int] | None = None, spl
             cltypes.make_long4(a_in[0], a_in[1], b_in[0], b_in[1]),
             cltypes.make_long4(c_in[0], c_in[1], r_in[0], r_in[1]),
         )
+
+
+def _k_contiguous(p: _Problem) -> bool:
+    _, a_ks = _matrix_strides(p.m, p.k, p.a.strides[-2], p.a.strides[-1])
+    b_ks, _ = _matrix_strides(p.k, p.n, p.b.strides[-2], p.b.strides[-1])
+    return a_ks == 1 and b_ks == 1
 
 
 def choose_splits(device: Any, p: _Problem, tile: dict[str, int]) -> int:
@@ -415,6 +424,8 @@ def gemm(
         return _finish(p)
     if variant is None:
         variant = choose_variant(p.out.device, p.m, p.n, p.k)
+        if variant == "direct" and p.out.device.capabilities.kind != "cpu" and p.k >= 256 and _k_contiguous(p):
+            variant = "dot"  # GPU, thin, both operands contiguous along K: coalesce along K instead
     elif variant not in VARIANTS:
         raise ValueError(f"unknown GEMM variant {variant!r}; one of {VARIANTS}")
     if p.k == 0 and variant == "tiled":

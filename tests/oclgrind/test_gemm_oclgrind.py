@@ -11,6 +11,7 @@ from netcl.ops.matmul import gemm
 
 CONFIGS = [
     ("direct", None),
+    ("dot", {"DOT_WG": 8}),
     ("cpu", {"MB": 10, "NB": 16, "KC": 8, "RM": 5, "VN": 8}),  # ragged blocks, 3 k chunks
     ("tiled", {"BM": 16, "BN": 16, "BK": 4, "TX": 4, "TY": 4, "VW": 2, "PADA": 2, "PADB": 2}),
     ("tiled", {"BM": 32, "BN": 16, "BK": 8, "TX": 4, "TY": 8, "VW": 4, "PADA": 0, "PADB": 4}),

@@ -52,7 +52,8 @@ def test_matmul_odd_shapes(queue, rng, m, n, k):
     check(matmul(dev(queue, a), dev(queue, b)), a.astype(np.float64) @ b, k=k)
 
 
-@pytest.mark.parametrize("variant,params", [("direct", None), ("cpu", SMALL_CPU), ("tiled", SMALL_TILED)])
+@pytest.mark.parametrize("variant,params", [("direct", None), ("dot", {"DOT_WG": 16}), ("cpu", SMALL_CPU),
+                                            ("tiled", SMALL_TILED)])
 @pytest.mark.parametrize("ta,tb", [(False, False), (False, True), (True, False), (True, True)])
 def test_every_variant_and_layout(queue, rng, variant, params, ta, tb):
     m, n, k = 67, 45, 130
