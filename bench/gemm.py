@@ -199,6 +199,11 @@ def run_tinygrad(device, shape, dtype, repeats: int, timeout: int) -> dict:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout} s"}
+    finally:
+        if "PYOPENCL_HOME" in env and env["PYOPENCL_HOME"] != os.environ.get("PYOPENCL_HOME"):
+            import shutil
+
+            shutil.rmtree(env["PYOPENCL_HOME"], ignore_errors=True)
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[7:])
