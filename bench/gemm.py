@@ -261,11 +261,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--store-best", action="store_true", help="store the best --configs entry in the tuning DB")
     p.add_argument("--peers", default="torch,numpy,tinygrad", help="comma list of torch,numpy,tinygrad")
     p.add_argument("--tinygrad-timeout", type=int, default=900)
+    p.add_argument("--nv-verbose", action="store_true",
+                   help="NVIDIA: build with -cl-nv-verbose and print registers/spills of each GEMM build")
     p.add_argument("--json", default=str(ROOT / "bench" / "results" / "gemm.json"))
     args = p.parse_args(argv)
 
     device = manager.default("auto")
     caps = device.capabilities
+    if args.nv_verbose:
+        import netcl.ops.matmul as _
+
+        sys.modules["netcl.ops.matmul"].NV_VERBOSE = True
     on_gpu = (caps.kind != "cpu" or args.gpu) and not args.cpu
     shapes = args.shapes or (GPU_SHAPES if on_gpu else CPU_SHAPES)
     dtype = np.dtype(args.dtype)

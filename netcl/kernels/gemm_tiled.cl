@@ -81,72 +81,55 @@ typedef GEMM_CAT(ACC, VW) VEC_T;
 #error "gemm_tiled: BM must be a multiple of TY*VW, BN of TX*VW, and PADA/PADB multiples of VW"
 #endif
 
-// Fetch this work-item's share of the A and B tiles starting at k0 into registers (zero outside).
-inline void gemm_tiled_fetch(const int tid, const int m0, const int n0, const int k0,
-                             const int M, const int N, const int K,
-                             __global const STORE_T *A, const long a_rs, const long a_ks,
-                             __global const STORE_T *B, const long b_ks, const long b_ns,
-                             ACC_T *ra, ACC_T *rb)
-{
-#pragma unroll
-    for (int i = 0; i < LA; ++i) {
-        const int e = tid + i * NT;
+// Fetch this work-item's share of the A and B tiles starting at k0 into registers ra, rb (zero outside).
+// Macros rather than functions: the register arrays must never be addressed through a pointer.
 #if A_TRANS
-        const int mm = e % BM, kk = e / BM;     // consecutive work-items: consecutive m (contiguous)
+#define A_TILE_COORDS(e, mm, kk) const int mm = (e) % BM, kk = (e) / BM   /* neighbours: consecutive m */
+#define A_OFFSET(m, k) ((m) + (k) * a_ks)                                 /* a_rs == 1 */
 #else
-        const int kk = e % BK, mm = e / BK;     // consecutive work-items: consecutive k (contiguous)
+#define A_TILE_COORDS(e, mm, kk) const int kk = (e) % BK, mm = (e) / BK   /* neighbours: consecutive k */
+#define A_OFFSET(m, k) ((m) * a_rs + (k))                                 /* a_ks == 1 */
 #endif
-        const int m = m0 + mm, k = k0 + kk;
-#if A_TRANS
-        const long at = m + k * a_ks;           // a_rs == 1
-#else
-        const long at = m * a_rs + k;           // a_ks == 1
-#endif
-        ra[i] = (e < BM * BK && m < M && k < K) ? (ACC_T)LOAD1(at, A) : (ACC_T)0;
-    }
-#pragma unroll
-    for (int i = 0; i < LB; ++i) {
-        const int e = tid + i * NT;
 #if B_TRANS
-        const int kk = e % BK, nn = e / BK;
+#define B_TILE_COORDS(e, nn, kk) const int kk = (e) % BK, nn = (e) / BK
+#define B_OFFSET(k, n) ((k) + (n) * b_ns)                                 /* b_ks == 1 */
 #else
-        const int nn = e % BN, kk = e / BN;
+#define B_TILE_COORDS(e, nn, kk) const int nn = (e) % BN, kk = (e) / BN
+#define B_OFFSET(k, n) ((k) * b_ks + (n))                                 /* b_ns == 1 */
 #endif
-        const int n = n0 + nn, k = k0 + kk;
-#if B_TRANS
-        const long at = k + n * b_ns;           // b_ks == 1
-#else
-        const long at = k * b_ks + n;           // b_ns == 1
-#endif
-        rb[i] = (e < BK * BN && n < N && k < K) ? (ACC_T)LOAD1(at, B) : (ACC_T)0;
-    }
-}
 
-// Store the fetched registers into local buffers As, Bs (k-major: [k][m] and [k][n]).
-inline void gemm_tiled_stage(const int tid, const ACC_T *ra, const ACC_T *rb,
-                             __local ACC_T *As, __local ACC_T *Bs)
-{
-#pragma unroll
-    for (int i = 0; i < LA; ++i) {
-        const int e = tid + i * NT;
-#if A_TRANS
-        const int mm = e % BM, kk = e / BM;
-#else
-        const int kk = e % BK, mm = e / BK;
-#endif
-        if (e < BM * BK) As[kk * (LDA_L * VW) + mm] = ra[i];
-    }
-#pragma unroll
-    for (int i = 0; i < LB; ++i) {
-        const int e = tid + i * NT;
-#if B_TRANS
-        const int kk = e % BK, nn = e / BK;
-#else
-        const int nn = e % BN, kk = e / BN;
-#endif
-        if (e < BK * BN) Bs[kk * (LDB_L * VW) + nn] = rb[i];
-    }
-}
+#define GEMM_TILED_FETCH(k0)                                                                        \
+    do {                                                                                            \
+        _Pragma("unroll") for (int i = 0; i < LA; ++i) {                                            \
+            const int e = tid + i * NT;                                                             \
+            A_TILE_COORDS(e, mm, kk);                                                               \
+            const int m = m0 + mm, k = (k0) + kk;                                                   \
+            ra[i] = (e < BM * BK && m < M && k < K) ? (ACC_T)LOAD1(A_OFFSET((long)m, k), A) : (ACC_T)0; \
+        }                                                                                           \
+        _Pragma("unroll") for (int i = 0; i < LB; ++i) {                                            \
+            const int e = tid + i * NT;                                                             \
+            B_TILE_COORDS(e, nn, kk);                                                               \
+            const int n = n0 + nn, k = (k0) + kk;                                                   \
+            rb[i] = (e < BK * BN && n < N && k < K) ? (ACC_T)LOAD1(B_OFFSET((long)k, n), B) : (ACC_T)0; \
+        }                                                                                           \
+    } while (0)
+
+// Store the fetched registers into local tiles As, Bs (k-major: [k][m] and [k][n]).
+#define GEMM_TILED_STAGE(As_, Bs_)                                                                  \
+    do {                                                                                            \
+        __local ACC_T *as_ = (__local ACC_T *)(As_);                                                \
+        __local ACC_T *bs_ = (__local ACC_T *)(Bs_);                                                \
+        _Pragma("unroll") for (int i = 0; i < LA; ++i) {                                            \
+            const int e = tid + i * NT;                                                             \
+            A_TILE_COORDS(e, mm, kk);                                                               \
+            if (e < BM * BK) as_[kk * (LDA_L * VW) + mm] = ra[i];                                   \
+        }                                                                                           \
+        _Pragma("unroll") for (int i = 0; i < LB; ++i) {                                            \
+            const int e = tid + i * NT;                                                             \
+            B_TILE_COORDS(e, nn, kk);                                                               \
+            if (e < BK * BN) bs_[kk * (LDB_L * VW) + nn] = rb[i];                                   \
+        }                                                                                           \
+    } while (0)
 
 __kernel __attribute__((reqd_work_group_size(TX, TY, 1)))
 void gemm_tiled(GEMM_ARGS)
@@ -166,14 +149,14 @@ void gemm_tiled(GEMM_ARGS)
 
     ACC_T ra[LA], rb[LB];
     const int ntiles = (K + BK - 1) / BK;
-    gemm_tiled_fetch(tid, m0, n0, 0, M, N, K, A, a_rs, a_ks, B, b_ks, b_ns, ra, rb);
-    gemm_tiled_stage(tid, ra, rb, (__local ACC_T *)As, (__local ACC_T *)Bs);
+    GEMM_TILED_FETCH(0);
+    GEMM_TILED_STAGE(As, Bs);
     barrier(CLK_LOCAL_MEM_FENCE);
 
     for (int t = 0; t < ntiles; ++t) {
         const int cur = t & 1;
         if (t + 1 < ntiles)
-            gemm_tiled_fetch(tid, m0, n0, (t + 1) * BK, M, N, K, A, a_rs, a_ks, B, b_ks, b_ns, ra, rb);
+            GEMM_TILED_FETCH((t + 1) * BK);
         __local const VEC_T *as = As + cur * (BK * LDA_L);
         __local const VEC_T *bs = Bs + cur * (BK * LDB_L);
 #pragma unroll
@@ -195,8 +178,7 @@ void gemm_tiled(GEMM_ARGS)
                 for (int j = 0; j < TN; ++j) acc[i][j] = mad(a[i], b[j], acc[i][j]);
         }
         if (t + 1 < ntiles)
-            gemm_tiled_stage(tid, ra, rb, (__local ACC_T *)(As + (cur ^ 1) * (BK * LDA_L)),
-                             (__local ACC_T *)(Bs + (cur ^ 1) * (BK * LDB_L)));
+            GEMM_TILED_STAGE(As + (cur ^ 1) * (BK * LDA_L), Bs + (cur ^ 1) * (BK * LDB_L));
         barrier(CLK_LOCAL_MEM_FENCE);
     }
 

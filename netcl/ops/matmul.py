@@ -39,9 +39,12 @@ DEFAULTS: dict[str, dict[str, dict[str, int]]] = {
         "float64": {"MB": 64, "NB": 32, "KC": 256, "RM": 4, "VN": 8},
     },
     "tiled": {
-        "float32": {"BM": 128, "BN": 128, "BK": 16, "TX": 16, "TY": 16, "VW": 4, "PADA": 4, "PADB": 4},
-        "float16": {"BM": 128, "BN": 128, "BK": 16, "TX": 16, "TY": 16, "VW": 4, "PADA": 4, "PADB": 4},
-        "float64": {"BM": 64, "BN": 64, "BK": 16, "TX": 16, "TY": 16, "VW": 2, "PADA": 2, "PADB": 2},
+        "float32": {"BM": 128, "BN": 128, "BK": 16, "TX": 16, "TY": 16, "VW": 4, "PADA": 4, "PADB": 4,
+                    "MAXRREG": 0},
+        "float16": {"BM": 128, "BN": 128, "BK": 16, "TX": 16, "TY": 16, "VW": 4, "PADA": 4, "PADB": 4,
+                    "MAXRREG": 0},
+        "float64": {"BM": 64, "BN": 64, "BK": 16, "TX": 16, "TY": 16, "VW": 2, "PADA": 2, "PADB": 2,
+                    "MAXRREG": 0},
     },
 }
 _KERNEL_FILES = {"direct": "gemm_direct.cl", "dot": "gemm_direct.cl", "cpu": "gemm_cpu.cl", "tiled": "gemm_tiled.cl"}
@@ -90,9 +93,30 @@ def _fit_local_memory(tile: dict[str, int], dtype: np.dtype, local_mem: int) -> 
 
 
 # -- program building -------------------------------------------------------------------------------
+# Set by bench/gemm.py --nv-verbose: build with NVIDIA's -cl-nv-verbose and print the build log
+# (registers per work-item, spills) of each GEMM program built.
+NV_VERBOSE = False
+
+
 def _program(device: Any, variant: str, defines: dict[str, Any]):
+    """Build a GEMM kernel file (after the shared prelude). The non-define knob MAXRREG (NVIDIA only)
+    caps registers per work-item via -cl-nv-maxrregcount, so more work-groups fit on an SM."""
+    defines = dict(defines)
+    extra = ["-cl-mad-enable"]
+    max_regs = defines.pop("MAXRREG", 0)
+    nvidia = "cl_nv_compiler_options" in device.capabilities.extensions
+    if nvidia and max_regs:
+        extra.append(f"-cl-nv-maxrregcount={int(max_regs)}")
+    if nvidia and NV_VERBOSE:
+        extra.append("-cl-nv-verbose")
     source = kernel_source("gemm_common.cl") + "\n" + kernel_source(_KERNEL_FILES[variant])
-    return build_program(device, source, format_options(defines, ("-cl-mad-enable",)), name=_KERNEL_FILES[variant])
+    prg = build_program(device, source, format_options(defines, tuple(extra)), name=_KERNEL_FILES[variant])
+    if nvidia and NV_VERBOSE:
+        import pyopencl as cl
+
+        log = prg.cl.get_build_info(device.cl_device, cl.program_build_info.LOG).strip()
+        print(f"[netcl] {variant} {defines}: {log or '(no log: loaded from the binary cache)'}")
+    return prg
 
 
 # -- shapes and layouts -------------------------------------------------------------------------------

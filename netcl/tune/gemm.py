@@ -38,9 +38,11 @@ def _tiled_candidates(device: Any, dtype: np.dtype, quick: bool) -> list[dict[st
     caps = device.capabilities
     out = [default_params("tiled", dtype)]
     grid = [
-        # BM, BN, BK, TX, TY, VW, PAD
+        # BM, BN, BK, TX, TY, VW, PAD (, MAXRREG: NVIDIA register cap per work-item)
         (128, 128, 16, 16, 16, 4, 4),
         (128, 128, 8, 16, 16, 4, 4),
+        (128, 64, 16, 8, 16, 4, 4),   # 128 work-items of 8x8: more work-groups per compute unit
+        (128, 128, 16, 16, 16, 4, 4, 128),
         (128, 128, 16, 16, 16, 4, 0),
         (128, 128, 32, 16, 16, 4, 4),
         (64, 64, 16, 16, 16, 4, 4),
@@ -55,10 +57,18 @@ def _tiled_candidates(device: Any, dtype: np.dtype, quick: bool) -> list[dict[st
         (256, 128, 8, 16, 16, 4, 4),
         (128, 256, 8, 16, 16, 4, 4),
         (64, 64, 8, 8, 8, 4, 4),
+        (64, 128, 16, 16, 8, 4, 4),
+        (128, 64, 8, 8, 16, 4, 4),
+        (128, 128, 8, 16, 16, 4, 4, 128),
+        (128, 64, 16, 8, 16, 4, 4, 168),
     ]
     if quick:
-        grid = grid[:6]
-    for bm, bn, bk, tx, ty, vw, pad in grid:
+        grid = grid[:7]
+    nvidia = "cl_nv_compiler_options" in caps.extensions
+    for bm, bn, bk, tx, ty, vw, pad, *regs in grid:
+        max_regs = regs[0] if regs else 0
+        if max_regs and not nvidia:
+            continue
         if dtype == np.float64 and vw > 2:
             vw, pad = 2, 2
         if bm % (ty * vw) or bn % (tx * vw) or tx * ty > caps.max_work_group_size:
@@ -66,6 +76,8 @@ def _tiled_candidates(device: Any, dtype: np.dtype, quick: bool) -> list[dict[st
         if 2 * bk * (bm + pad + bn + pad) * item > caps.local_mem:
             continue
         cand = {"BM": bm, "BN": bn, "BK": bk, "TX": tx, "TY": ty, "VW": vw, "PADA": pad, "PADB": pad}
+        if max_regs:
+            cand["MAXRREG"] = max_regs
         if cand not in out:
             out.append(cand)
     return out
