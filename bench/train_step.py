@@ -89,12 +89,23 @@ def torch_step(model_kind: str, gpu: bool, repeat: int) -> tuple[float, str]:
     torch.backends.cudnn.allow_tf32 = False
     nn = torch.nn
     if model_kind == "mlp":
-        model = nn.Sequential(nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 128), nn.ReLU(), nn.Linear(128, 10))
+        model = nn.Sequential(
+            nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 128), nn.ReLU(), nn.Linear(128, 10)
+        )
         shape = (BATCH[model_kind], 784)
     else:
-        model = nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-                              nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
-                              nn.Linear(32 * 7 * 7, 128), nn.ReLU(), nn.Linear(128, 10))
+        model = nn.Sequential(
+            nn.Conv2d(1, 16, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(16, 32, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Flatten(),
+            nn.Linear(32 * 7 * 7, 128),
+            nn.ReLU(),
+            nn.Linear(128, 10),
+        )
         shape = (BATCH[model_kind], 1, 28, 28)
     model = model.to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=1e-4)
@@ -166,7 +177,9 @@ def tinygrad_step(model_kind: str, gpu: bool, repeat: int) -> tuple[float | None
     if "OPENCL_PATH" not in env and bundled and not glob.glob("/usr/lib*/**/libOpenCL.so*", recursive=True):
         env["OPENCL_PATH"] = bundled[0]
     try:
-        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+        proc = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env
+        )
     except subprocess.TimeoutExpired:
         return None, "timed out"
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
@@ -197,8 +210,12 @@ def main() -> int:
         flops = step_flops(kind, BATCH[kind])
         entry: dict = {"model": kind, "batch": BATCH[kind], "step_gflop": flops / 1e9}
         t = netcl_step(kind, q, repeat)
-        entry["netcl"] = {"device": dev.device_name, "ms": t * 1e3, "steps_per_s": 1 / t,
-                          "gflops": flops / t / 1e9}
+        entry["netcl"] = {
+            "device": dev.device_name,
+            "ms": t * 1e3,
+            "steps_per_s": 1 / t,
+            "gflops": flops / t / 1e9,
+        }
         if "torch" not in skip:
             try:
                 tt, label = torch_step(kind, args.gpu, repeat)
@@ -208,8 +225,11 @@ def main() -> int:
                 entry["pytorch"] = {"note": f"unavailable: {type(exc).__name__}: {exc}"[:140]}
         if "tinygrad" not in skip:
             tg, label = tinygrad_step(kind, args.gpu, repeat)
-            entry["tinygrad"] = {"device": label, "ms": None if tg is None else tg * 1e3,
-                                 "steps_per_s": None if tg is None else 1 / tg}
+            entry["tinygrad"] = {
+                "device": label,
+                "ms": None if tg is None else tg * 1e3,
+                "steps_per_s": None if tg is None else 1 / tg,
+            }
             if tg:
                 entry["netcl_over_tinygrad"] = t / tg
         rows.append(entry)
@@ -223,10 +243,14 @@ def main() -> int:
             if r is None:
                 continue
             ms = r.get("ms")
-            ratio = {"pytorch": e.get("netcl_over_pytorch"), "tinygrad": e.get("netcl_over_tinygrad")}.get(impl)
-            print(f"{e['model']:<6}{e['batch']:>6}  {impl:<9}{str(r.get('device', r.get('note', '-')))[:33]:<34}"
-                  f"{(f'{ms:.2f}' if ms else '-'):>9}{(f'{1e3 / ms:.1f}' if ms else '-'):>9}"
-                  f"{(f'{ratio:.2f}x' if ratio else ''):>9}")
+            ratio = {"pytorch": e.get("netcl_over_pytorch"), "tinygrad": e.get("netcl_over_tinygrad")}.get(
+                impl
+            )
+            print(
+                f"{e['model']:<6}{e['batch']:>6}  {impl:<9}{str(r.get('device', r.get('note', '-')))[:33]:<34}"
+                f"{(f'{ms:.2f}' if ms else '-'):>9}{(f'{1e3 / ms:.1f}' if ms else '-'):>9}"
+                f"{(f'{ratio:.2f}x' if ratio else ''):>9}"
+            )
         print(f"      step = {e['step_gflop']:.3f} GFLOP; netcl reaches {e['netcl']['gflops']:.1f} GFLOP/s")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -18,8 +18,9 @@ def test_example_text_is_the_seed_verbatim():
 
 
 def test_seed_example_runs():
-    proc = subprocess.run([sys.executable, str(EXAMPLE)], capture_output=True, text=True, timeout=300,
-                          cwd=EXAMPLE.parent.parent)
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLE)], capture_output=True, text=True, timeout=300, cwd=EXAMPLE.parent.parent
+    )
     assert proc.returncode == 0, proc.stderr
     assert "Active Device:" in proc.stdout
     match = re.search(r"Step completed\. Batch loss: (\S+)", proc.stdout)

@@ -30,7 +30,9 @@ def sum_to_shape(g: Tensor, shape: tuple[int, ...]) -> Tensor:
     if g.shape == shape:
         return g
     lead = g.ndim - len(shape)
-    axes = tuple(range(lead)) + tuple(lead + i for i, s in enumerate(shape) if s == 1 and g.shape[lead + i] != 1)
+    axes = tuple(range(lead)) + tuple(
+        lead + i for i, s in enumerate(shape) if s == 1 and g.shape[lead + i] != 1
+    )
     if not axes:
         return g.reshape(shape)
     return _ops().sum(g, axis=axes, keepdims=False).reshape(shape)
@@ -77,8 +79,7 @@ def mul(a: Operand, b: Operand) -> Node:
 
 def div(a: Operand, b: Operand) -> Node:
     ops = _ops()
-    return _binary("div", a, b,
-                   lambda g, x, y, o: (ops.div(g, y), ops.neg(ops.div(ops.mul(g, o), y))))
+    return _binary("div", a, b, lambda g, x, y, o: (ops.div(g, y), ops.neg(ops.div(ops.mul(g, o), y))))
 
 
 def pow(a: Operand, b: Operand) -> Node:  # noqa: A001
@@ -203,8 +204,12 @@ def relu(x: Operand) -> Node:
 
 def leaky_relu(x: Operand, negative_slope: float = 0.01) -> Node:
     ops = _ops()
-    return _unary("leaky_relu", x, lambda g, v, o: ops.where(ops.gt(v, 0), g, ops.mul(g, negative_slope)),
-                  negative_slope)
+    return _unary(
+        "leaky_relu",
+        x,
+        lambda g, v, o: ops.where(ops.gt(v, 0), g, ops.mul(g, negative_slope)),
+        negative_slope,
+    )
 
 
 def silu(x: Operand) -> Node:
@@ -235,8 +240,10 @@ def gelu(x: Operand, approximate: str = "none") -> Node:
             inner = ops.mul(ops.add(v, ops.mul(ops.mul(ops.mul(v, v), v), 0.044715)), _SQRT_2_OVER_PI)
             t = ops.tanh(inner)
             dinner = ops.mul(ops.add(1.0, ops.mul(ops.mul(v, v), 3 * 0.044715)), _SQRT_2_OVER_PI)
-            d = ops.add(ops.mul(ops.add(1.0, t), 0.5),
-                        ops.mul(ops.mul(ops.mul(v, 0.5), ops.sub(1.0, ops.mul(t, t))), dinner))
+            d = ops.add(
+                ops.mul(ops.add(1.0, t), 0.5),
+                ops.mul(ops.mul(ops.mul(v, 0.5), ops.sub(1.0, ops.mul(t, t))), dinner),
+            )
         else:
             cdf = ops.mul(ops.add(1.0, ops.erf(ops.mul(v, 1.0 / math.sqrt(2.0)))), 0.5)
             pdf = ops.mul(ops.exp(ops.mul(ops.mul(v, v), -0.5)), _INV_SQRT_2PI)
@@ -289,8 +296,9 @@ def cast(x: Operand, dtype: Any) -> Node:
     return record(out, (x,), lambda g: (_ops().cast(g, xv.dtype),), "cast")
 
 
-def dropout(x: Operand, p: float = 0.5, training: bool = True, seed: int | None = None,
-            generator: Any = None) -> Node:
+def dropout(
+    x: Operand, p: float = 0.5, training: bool = True, seed: int | None = None, generator: Any = None
+) -> Node:
     """Zero each element with probability p and scale the rest by 1 / (1 - p) (Philox masks)."""
     x = as_node(x)
     if not training or p == 0.0:

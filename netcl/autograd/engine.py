@@ -43,8 +43,17 @@ class Node:
     nodes that called retain_grad()), `.requires_grad` whether gradients flow to it.
     """
 
-    __slots__ = ("value", "grad", "requires_grad", "_parents", "_backward", "_op", "_retain", "_freed",
-                 "__weakref__")
+    __slots__ = (
+        "value",
+        "grad",
+        "requires_grad",
+        "_parents",
+        "_backward",
+        "_op",
+        "_retain",
+        "_freed",
+        "__weakref__",
+    )
     __array_priority__ = 1001
 
     def __init__(self, value: Tensor, requires_grad: bool = False):
@@ -235,8 +244,10 @@ def backward(root: Node, grad: Tensor | None = None) -> None:
             "inside `with ag.Tape() as tape:` with at least one parameter or ag.tensor(..., requires_grad=True)"
         )
     if root._freed:
-        raise NetclError("backward: this graph was already differentiated and its saved tensors freed; "
-                         "record the forward pass again")
+        raise NetclError(
+            "backward: this graph was already differentiated and its saved tensors freed; "
+            "record the forward pass again"
+        )
     if grad is None:
         if root.size != 1:
             raise ShapeError(
@@ -267,14 +278,18 @@ def backward(root: Node, grad: Tensor | None = None) -> None:
             node._parents = ()
             node._freed = True
             if len(parent_grads) != len(parents):
-                raise NetclError(f"backward rule of {node._op} returned {len(parent_grads)} gradients "
-                                 f"for {len(parents)} inputs")
+                raise NetclError(
+                    f"backward rule of {node._op} returned {len(parent_grads)} gradients "
+                    f"for {len(parents)} inputs"
+                )
             for parent, pg in zip(parents, parent_grads):
                 if pg is None or not parent.requires_grad:
                     continue
                 if pg.shape != parent.shape:
-                    raise ShapeError(f"backward rule of {node._op} made a gradient of shape {pg.shape} "
-                                     f"for an input of shape {parent.shape}")
+                    raise ShapeError(
+                        f"backward rule of {node._op} made a gradient of shape {pg.shape} "
+                        f"for an input of shape {parent.shape}"
+                    )
                 key = id(parent)
                 prev = grads.get(key)
                 grads[key] = pg if prev is None else _accumulate(prev, pg)

@@ -26,12 +26,15 @@ def _reduction_code(reduction: str) -> int:
         raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}") from None
 
 
-def _class_loss(x: Node, labels: Any, mode: int, ignore_index: int, smoothing: float, reduction: str,
-                name: str) -> Node:
+def _class_loss(
+    x: Node, labels: Any, mode: int, ignore_index: int, smoothing: float, reduction: str, name: str
+) -> Node:
     x = as_node(x)
     lab = labels.value if isinstance(labels, Node) else labels
     if not isinstance(lab, Tensor):
-        raise TypeError(f"{name}: labels must be a netcl Tensor or Node of integers, got {type(lab).__name__}")
+        raise TypeError(
+            f"{name}: labels must be a netcl Tensor or Node of integers, got {type(lab).__name__}"
+        )
     xv = x.value
     queue = check_same_queue(xv, lab)
     if lab.dtype not in (np.dtype(np.int32), np.dtype(np.int64)):
@@ -56,8 +59,17 @@ def _class_loss(x: Node, labels: Any, mode: int, ignore_index: int, smoothing: f
     out = Tensor.empty(queue, lab.shape if red == 0 else (1,), xv.dtype)
     lse = Tensor.empty(queue, (max(rows, 1),), xv.dtype)
     count = Tensor.empty(queue, (1,), xv.dtype)
-    common = (xc.buffer, np.int64(xc.offset), np.int64(rows), np.int64(classes),
-              labc.buffer, np.int64(labc.offset), np.int64(ignore_index), scalar(smoothing), np.int32(red))
+    common = (
+        xc.buffer,
+        np.int64(xc.offset),
+        np.int64(rows),
+        np.int64(classes),
+        labc.buffer,
+        np.int64(labc.offset),
+        np.int64(ignore_index),
+        scalar(smoothing),
+        np.int32(red),
+    )
     prg.class_loss_forward(queue, (wg,), (wg,), *common, out.buffer, lse.buffer, count.buffer)
 
     saved = (xc, labc, lse, count)  # the closure keeps these alive: `common` holds only raw buffers
@@ -66,15 +78,25 @@ def _class_loss(x: Node, labels: Any, mode: int, ignore_index: int, smoothing: f
         assert saved
         gc = g.contiguous()
         grad = Tensor.empty(queue, xv.shape, xv.dtype)
-        prg.class_loss_backward(queue, (classes, max(rows, 1)), None, *common, lse.buffer, count.buffer,
-                                gc.buffer, np.int64(gc.offset), grad.buffer)
+        prg.class_loss_backward(
+            queue,
+            (classes, max(rows, 1)),
+            None,
+            *common,
+            lse.buffer,
+            count.buffer,
+            gc.buffer,
+            np.int64(gc.offset),
+            grad.buffer,
+        )
         return (grad,)
 
     return record(out, (x,), backward, name)
 
 
-def cross_entropy(logits: Node, labels: Any, ignore_index: int = -100, label_smoothing: float = 0.0,
-                  reduction: str = "mean") -> Node:
+def cross_entropy(
+    logits: Node, labels: Any, ignore_index: int = -100, label_smoothing: float = 0.0, reduction: str = "mean"
+) -> Node:
     """Softmax cross-entropy of logits (..., C) against integer labels (...): log-softmax and NLL
     fused in one launch. Rows whose label is ignore_index count for nothing; label_smoothing mixes
     the one-hot target with the uniform distribution (PyTorch's definition)."""
@@ -110,8 +132,15 @@ def _pointwise_loss(a: Any, b: Any, kind: str, reduction: str, beta: float = 1.0
     prg = kernels.program(queue.device, "loss.cl", defines)
     scalar = kernels.scalar_type(av.dtype)
     ac, bc = av.contiguous(), bv.contiguous()
-    args = (ac.buffer, np.int64(ac.offset), bc.buffer, np.int64(bc.offset), np.int64(n), scalar(beta),
-            np.int32(red))
+    args = (
+        ac.buffer,
+        np.int64(ac.offset),
+        bc.buffer,
+        np.int64(bc.offset),
+        np.int64(n),
+        scalar(beta),
+        np.int32(red),
+    )
     out = Tensor.empty(queue, av.shape if red == 0 else (1,), av.dtype)
     prg.pointwise_loss_forward(queue, (wg,), (wg,), *args, out.buffer)
 
@@ -122,8 +151,9 @@ def _pointwise_loss(a: Any, b: Any, kind: str, reduction: str, beta: float = 1.0
         gc = g.contiguous()
         grad_a = Tensor.empty(queue, av.shape, av.dtype)
         grad_b = Tensor.empty(queue, av.shape, av.dtype) if want_b else grad_a
-        prg.pointwise_loss_backward(queue, (max(n, 1),), None, *args, gc.buffer, np.int64(gc.offset),
-                                    grad_a.buffer, grad_b.buffer)
+        prg.pointwise_loss_backward(
+            queue, (max(n, 1),), None, *args, gc.buffer, np.int64(gc.offset), grad_a.buffer, grad_b.buffer
+        )
         return (grad_a if a.requires_grad else None, grad_b if want_b else None)
 
     return record(out, (a, b), backward, kind)

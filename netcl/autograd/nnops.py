@@ -105,16 +105,25 @@ def linear_relu(x: Node, weight: Node, bias: Node | None = None) -> Node:
     return linear(x, weight, bias, activation="relu")
 
 
-def conv2d(x: Node, weight: Node, bias: Node | None = None, stride: Any = 1, padding: Any = 0,
-           dilation: Any = 1, groups: int = 1, activation: str | None = None) -> Node:
+def conv2d(
+    x: Node,
+    weight: Node,
+    bias: Node | None = None,
+    stride: Any = 1,
+    padding: Any = 0,
+    dilation: Any = 1,
+    groups: int = 1,
+    activation: str | None = None,
+) -> Node:
     """NCHW convolution (relu epilogue optional); backward through conv2d_backward_input/weight/bias."""
     ops = _ops()
     x, weight = as_node(x), as_node(weight)
     bias = as_node(bias) if bias is not None else None
     xv, wv = x.value, weight.value
     bv = bias.value if bias is not None else None
-    out = ops.conv2d(xv, wv, bv, stride=stride, padding=padding, dilation=dilation, groups=groups,
-                     activation=activation)
+    out = ops.conv2d(
+        xv, wv, bv, stride=stride, padding=padding, dilation=dilation, groups=groups, activation=activation
+    )
     parents = (x, weight) if bias is None else (x, weight, bias)
     geometry = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
 
@@ -136,8 +145,9 @@ def _as_pair(v: Any) -> tuple[int, int]:
     return (int(v), int(v)) if isinstance(v, (int,)) else (int(v[0]), int(v[1]))
 
 
-def _conv_grad_input(g: Tensor, w: Tensor, x_shape: tuple[int, ...], stride: Any, padding: Any, dilation: Any,
-                     groups: int) -> Tensor:
+def _conv_grad_input(
+    g: Tensor, w: Tensor, x_shape: tuple[int, ...], stride: Any, padding: Any, dilation: Any, groups: int
+) -> Tensor:
     """d x of a convolution. With stride 1, dilation 1, one group it is the forward convolution of g
     with the spatially flipped, in/out-swapped weight and padding k - 1 - p, which runs on conv2d's
     fastest path (measured 6x faster than conv2d_backward_input on PoCL); otherwise the dedicated kernel."""
@@ -149,16 +159,23 @@ def _conv_grad_input(g: Tensor, w: Tensor, x_shape: tuple[int, ...], stride: Any
         gx = ops.conv2d(g, flipped, None, stride=1, padding=(kh - 1 - ph, kw - 1 - pw))
         if gx.shape == tuple(x_shape):
             return gx
-    return ops.conv2d_backward_input(g, w, x_shape, stride=stride, padding=padding, dilation=dilation,
-                                     groups=groups)
+    return ops.conv2d_backward_input(
+        g, w, x_shape, stride=stride, padding=padding, dilation=dilation, groups=groups
+    )
 
 
 def conv2d_relu(x: Node, weight: Node, bias: Node | None = None, **kwargs: Any) -> Node:
     return conv2d(x, weight, bias, activation="relu", **kwargs)
 
 
-def max_pool2d(x: Node, kernel_size: Any, stride: Any = None, padding: Any = 0, dilation: Any = 1,
-               ceil_mode: bool = False) -> Node:
+def max_pool2d(
+    x: Node,
+    kernel_size: Any,
+    stride: Any = None,
+    padding: Any = 0,
+    dilation: Any = 1,
+    ceil_mode: bool = False,
+) -> Node:
     """Window maxima; the gradient goes to each window's argmax (indices saved by the forward)."""
     ops = _ops()
     x = as_node(x)
@@ -167,19 +184,33 @@ def max_pool2d(x: Node, kernel_size: Any, stride: Any = None, padding: Any = 0, 
     shape = xv.shape
 
     def backward(g: Tensor):
-        return (ops.max_pool2d_backward(g, indices, shape, kernel_size, stride, padding, dilation, ceil_mode),)
+        return (
+            ops.max_pool2d_backward(g, indices, shape, kernel_size, stride, padding, dilation, ceil_mode),
+        )
 
     return record(out, (x,), backward, "max_pool2d")
 
 
-def avg_pool2d(x: Node, kernel_size: Any, stride: Any = None, padding: Any = 0, ceil_mode: bool = False,
-               count_include_pad: bool = True) -> Node:
+def avg_pool2d(
+    x: Node,
+    kernel_size: Any,
+    stride: Any = None,
+    padding: Any = 0,
+    ceil_mode: bool = False,
+    count_include_pad: bool = True,
+) -> Node:
     ops = _ops()
     x = as_node(x)
     shape = x.shape
     out = ops.avg_pool2d(x.value, kernel_size, stride, padding, ceil_mode, count_include_pad)
-    return record(out, (x,), lambda g: (ops.avg_pool2d_backward(g, shape, kernel_size, stride, padding, ceil_mode,
-                                                                 count_include_pad),), "avg_pool2d")
+    return record(
+        out,
+        (x,),
+        lambda g: (
+            ops.avg_pool2d_backward(g, shape, kernel_size, stride, padding, ceil_mode, count_include_pad),
+        ),
+        "avg_pool2d",
+    )
 
 
 def adaptive_avg_pool2d(x: Node, output_size: Any) -> Node:
@@ -198,9 +229,17 @@ def _optional(n: Node | None) -> Tensor | None:
     return n.value if n is not None else None
 
 
-def batch_norm(x: Node, weight: Node | None, bias: Node | None, running_mean: Tensor | None,
-               running_var: Tensor | None, training: bool, momentum: float = 0.1, eps: float = 1e-5,
-               activation: str | None = None) -> Node:
+def batch_norm(
+    x: Node,
+    weight: Node | None,
+    bias: Node | None,
+    running_mean: Tensor | None,
+    running_var: Tensor | None,
+    training: bool,
+    momentum: float = 0.1,
+    eps: float = 1e-5,
+    activation: str | None = None,
+) -> Node:
     """BatchNorm over axis 1 (running stats updated in place when training); relu optionally fused."""
     norm = _norm_ops()
     x = as_node(x)
@@ -208,13 +247,15 @@ def batch_norm(x: Node, weight: Node | None, bias: Node | None, running_mean: Te
     bias = as_node(bias) if bias is not None else None
     xv = x.value
     wv, bv = _optional(weight), _optional(bias)
-    out, save_mean, save_invstd = norm.batch_norm(xv, wv, bv, running_mean, running_var, training, momentum, eps,
-                                                  activation=activation)
+    out, save_mean, save_invstd = norm.batch_norm(
+        xv, wv, bv, running_mean, running_var, training, momentum, eps, activation=activation
+    )
     parents = tuple(n for n in (x, weight, bias) if n is not None)
 
     def backward(g: Tensor):
-        gx, gw, gb = norm.batch_norm_backward(g, xv, wv, save_mean, save_invstd, training, bias=bv,
-                                              activation=activation)
+        gx, gw, gb = norm.batch_norm_backward(
+            g, xv, wv, save_mean, save_invstd, training, bias=bv, activation=activation
+        )
         grads = [gx]
         if weight is not None:
             grads.append(gw)
@@ -225,8 +266,9 @@ def batch_norm(x: Node, weight: Node | None, bias: Node | None, running_mean: Te
     return record(out, parents, backward, "batch_norm")
 
 
-def layer_norm(x: Node, normalized_shape: Any, weight: Node | None = None, bias: Node | None = None,
-               eps: float = 1e-5) -> Node:
+def layer_norm(
+    x: Node, normalized_shape: Any, weight: Node | None = None, bias: Node | None = None, eps: float = 1e-5
+) -> Node:
     norm = _norm_ops()
     x = as_node(x)
     weight = as_node(weight) if weight is not None else None
@@ -257,8 +299,9 @@ def rms_norm(x: Node, normalized_shape: Any, weight: Node | None = None, eps: fl
     return record(out, parents, backward, "rms_norm")
 
 
-def group_norm(x: Node, num_groups: int, weight: Node | None = None, bias: Node | None = None,
-               eps: float = 1e-5) -> Node:
+def group_norm(
+    x: Node, num_groups: int, weight: Node | None = None, bias: Node | None = None, eps: float = 1e-5
+) -> Node:
     norm = _norm_ops()
     x = as_node(x)
     weight = as_node(weight) if weight is not None else None
@@ -287,13 +330,33 @@ def embedding(weight: Node, ids: Any) -> Node:
     def backward(g: Tensor):
         flat_ids = idv.reshape(-1)
         g2 = g.reshape(-1, wv.shape[1])
-        return (ops.embedding_backward(g2, flat_ids, wv.shape[0]) if hasattr(ops, "embedding_backward")
-                else ops.scatter_add(Tensor.zeros(wv.queue, wv.shape, g.dtype), 0,
-                                     flat_ids.reshape(-1, 1).expand(-1, wv.shape[1]), g2),)
+        return (
+            ops.embedding_backward(g2, flat_ids, wv.shape[0])
+            if hasattr(ops, "embedding_backward")
+            else ops.scatter_add(
+                Tensor.zeros(wv.queue, wv.shape, g.dtype),
+                0,
+                flat_ids.reshape(-1, 1).expand(-1, wv.shape[1]),
+                g2,
+            ),
+        )
 
     return record(out, (weight,), backward, "embedding")
 
 
-__all__ = ["matmul", "linear", "linear_relu", "conv2d", "conv2d_relu", "max_pool2d", "avg_pool2d",
-           "adaptive_avg_pool2d", "batch_norm", "layer_norm", "rms_norm", "group_norm", "embedding",
-           "needs_grad"]
+__all__ = [
+    "matmul",
+    "linear",
+    "linear_relu",
+    "conv2d",
+    "conv2d_relu",
+    "max_pool2d",
+    "avg_pool2d",
+    "adaptive_avg_pool2d",
+    "batch_norm",
+    "layer_norm",
+    "rms_norm",
+    "group_norm",
+    "embedding",
+    "needs_grad",
+]

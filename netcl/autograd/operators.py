@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-from typing import Any
 
 from netcl.autograd import elementwise as ew
 from netcl.autograd import movement as mv
@@ -39,8 +38,25 @@ def install() -> None:
     N.__gt__ = lambda s, o: ew.gt(s, o)
     N.__ge__ = lambda s, o: ew.ge(s, o)
     N.__getitem__ = lambda s, idx: mv.getitem(s, idx)
-    for name in ("exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "square", "reciprocal", "sin", "cos", "tanh",
-                 "sigmoid", "relu", "silu", "softplus", "neg", "abs"):
+    for name in (
+        "exp",
+        "log",
+        "log1p",
+        "expm1",
+        "sqrt",
+        "rsqrt",
+        "square",
+        "reciprocal",
+        "sin",
+        "cos",
+        "tanh",
+        "sigmoid",
+        "relu",
+        "silu",
+        "softplus",
+        "neg",
+        "abs",
+    ):
         setattr(N, name, getattr(ew, name))
     N.gelu = ew.gelu
     N.leaky_relu = ew.leaky_relu
@@ -50,10 +66,19 @@ def install() -> None:
     N.pow = ew.pow
     for name in ("sum", "mean", "max", "min", "softmax", "log_softmax", "logsumexp", "var", "std"):
         setattr(N, name, getattr(rd, name))
-    for name in ("reshape", "view", "flatten", "permute", "transpose", "squeeze", "unsqueeze", "expand",
-                 "contiguous", "split", "chunk"):
+    for name in (
+        "reshape",
+        "view",
+        "flatten",
+        "permute",
+        "transpose",
+        "squeeze",
+        "unsqueeze",
+        "expand",
+        "contiguous",
+        "split",
+        "chunk",
+    ):
         setattr(N, name, getattr(mv, name))
     N.matmul = nnops.matmul
     N.T = property(lambda s: mv.permute(s, tuple(reversed(range(s.ndim)))))
-
-

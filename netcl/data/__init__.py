@@ -12,5 +12,15 @@ from netcl.data.datasets import (
 )
 from netcl.data.loader import ArrayDataset, DataLoader
 
-__all__ = ["ArrayDataset", "DataLoader", "DatasetUnavailable", "Split", "load_digits", "load_fashion_mnist",
-           "load_idx_dataset", "load_mnist", "locate", "read_idx"]
+__all__ = [
+    "ArrayDataset",
+    "DataLoader",
+    "DatasetUnavailable",
+    "Split",
+    "load_digits",
+    "load_fashion_mnist",
+    "load_idx_dataset",
+    "load_mnist",
+    "locate",
+    "read_idx",
+]

@@ -150,8 +150,13 @@ def load_idx_dataset(name: str, data_dir: str | os.PathLike | None = None, downl
     def images(a: np.ndarray) -> np.ndarray:
         return ((a.astype(np.float32) / 255.0 - mean) / std)[:, None, :, :]
 
-    return Split(name, images(arrays["train_images"]), arrays["train_labels"].astype(np.int32),
-                 images(arrays["test_images"]), arrays["test_labels"].astype(np.int32))
+    return Split(
+        name,
+        images(arrays["train_images"]),
+        arrays["train_labels"].astype(np.int32),
+        images(arrays["test_images"]),
+        arrays["test_labels"].astype(np.int32),
+    )
 
 
 def load_fashion_mnist(data_dir: str | os.PathLike | None = None, download: bool = True) -> Split:

@@ -47,8 +47,16 @@ class DataLoader:
     device without blocking. Each iteration is one epoch; set_epoch(e) picks the epoch (the loader
     also counts epochs itself)."""
 
-    def __init__(self, dataset: ArrayDataset | Sequence[np.ndarray], batch_size: int, queue: Any,
-                 shuffle: bool = False, seed: int = 0, drop_last: bool = False, prefetch: int = 2):
+    def __init__(
+        self,
+        dataset: ArrayDataset | Sequence[np.ndarray],
+        batch_size: int,
+        queue: Any,
+        shuffle: bool = False,
+        seed: int = 0,
+        drop_last: bool = False,
+        prefetch: int = 2,
+    ):
         self.dataset = dataset if isinstance(dataset, ArrayDataset) else ArrayDataset(*dataset)
         if batch_size <= 0:
             raise ValueError(f"batch_size must be positive, got {batch_size}")

@@ -81,8 +81,16 @@ def _host(t: Any) -> np.ndarray:
     return np.ascontiguousarray(arr)
 
 
-def save_checkpoint(path: str | os.PathLike, model: Any = None, optimizer: Any = None, scheduler: Any = None,
-                    step: int = 0, epoch: int = 0, loader: Any = None, extra: dict[str, Any] | None = None) -> None:
+def save_checkpoint(
+    path: str | os.PathLike,
+    model: Any = None,
+    optimizer: Any = None,
+    scheduler: Any = None,
+    step: int = 0,
+    epoch: int = 0,
+    loader: Any = None,
+    extra: dict[str, Any] | None = None,
+) -> None:
     """Write everything needed to resume training to `path` (atomically)."""
     tensors: dict[str, np.ndarray] = {}
     meta: dict[str, Any] = {"format": FORMAT, "step": int(step), "epoch": int(epoch), "extra": extra or {}}
@@ -92,8 +100,11 @@ def save_checkpoint(path: str | os.PathLike, model: Any = None, optimizer: Any =
         meta["model_keys"] = list(model.state_dict().keys())
     if optimizer is not None:
         sd = optimizer.state_dict()
-        optim_meta: dict[str, Any] = {"type": type(optimizer).__name__, "param_groups": sd["param_groups"],
-                                      "state": {}}
+        optim_meta: dict[str, Any] = {
+            "type": type(optimizer).__name__,
+            "param_groups": sd["param_groups"],
+            "state": {},
+        }
         for idx, st in sd["state"].items():
             entry = {}
             for name, value in st.items():
@@ -134,8 +145,14 @@ def read_checkpoint(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dic
     return tensors, meta
 
 
-def load_checkpoint(path: str | os.PathLike, model: Any = None, optimizer: Any = None, scheduler: Any = None,
-                    loader: Any = None, restore_rng: bool = True) -> dict[str, Any]:
+def load_checkpoint(
+    path: str | os.PathLike,
+    model: Any = None,
+    optimizer: Any = None,
+    scheduler: Any = None,
+    loader: Any = None,
+    restore_rng: bool = True,
+) -> dict[str, Any]:
     """Restore what was saved into the given objects; returns the metadata (step, epoch, extra...).
 
     Every check (model keys, shapes, dtypes; optimizer type and state shapes) runs before the
@@ -144,7 +161,7 @@ def load_checkpoint(path: str | os.PathLike, model: Any = None, optimizer: Any =
     if model is not None:
         if "model_keys" not in meta:
             raise CheckpointError(f"{path} holds no model")
-        state = {k[len("model/"):]: v for k, v in tensors.items() if k.startswith("model/")}
+        state = {k[len("model/") :]: v for k, v in tensors.items() if k.startswith("model/")}
         own = model.state_dict()
         problems = []
         missing = [k for k in own if k not in state]
@@ -161,7 +178,9 @@ def load_checkpoint(path: str | os.PathLike, model: Any = None, optimizer: Any =
                 elif a.dtype != t.dtype:
                     problems.append(f"{k}: dtype {a.dtype} in the checkpoint, {t.dtype} in the model")
         if problems:
-            raise CheckpointError(f"checkpoint {path} does not fit {type(model).__name__}:\n  " + "\n  ".join(problems))
+            raise CheckpointError(
+                f"checkpoint {path} does not fit {type(model).__name__}:\n  " + "\n  ".join(problems)
+            )
     if optimizer is not None:
         om = meta.get("optimizer")
         if om is None:

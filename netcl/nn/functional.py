@@ -3,7 +3,7 @@
 They are the differentiable ops of netcl.autograd under PyTorch's functional names.
 """
 
-from netcl.autograd import (  # noqa: F401
+from netcl.autograd import (
     adaptive_avg_pool2d,
     avg_pool2d,
     batch_norm,
@@ -35,3 +35,36 @@ from netcl.autograd import (  # noqa: F401
     softplus,
     tanh,
 )
+
+__all__ = [
+    "adaptive_avg_pool2d",
+    "avg_pool2d",
+    "batch_norm",
+    "binary_cross_entropy_with_logits",
+    "conv2d",
+    "cross_entropy",
+    "dropout",
+    "embedding",
+    "gelu",
+    "group_norm",
+    "l1",
+    "l1_loss",
+    "layer_norm",
+    "leaky_relu",
+    "linear",
+    "log_softmax",
+    "max_pool2d",
+    "mse",
+    "mse_loss",
+    "nll",
+    "nll_loss",
+    "relu",
+    "rms_norm",
+    "sigmoid",
+    "silu",
+    "smooth_l1",
+    "smooth_l1_loss",
+    "softmax",
+    "softplus",
+    "tanh",
+]

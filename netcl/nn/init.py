@@ -21,13 +21,16 @@ def fans(shape: tuple[int, ...]) -> tuple[int, int]:
     return shape[1] * receptive, shape[0] * receptive
 
 
-def uniform(q: Any, shape: tuple[int, ...], bound: float, dtype: Any = "float32", generator: Any = None) -> Tensor:
+def uniform(
+    q: Any, shape: tuple[int, ...], bound: float, dtype: Any = "float32", generator: Any = None
+) -> Tensor:
     """U(-bound, bound)."""
     return random.rand(q, shape, dtype, low=-bound, high=bound, generator=generator)
 
 
-def kaiming_uniform(q: Any, shape: tuple[int, ...], a: float = math.sqrt(5), dtype: Any = "float32",
-                    generator: Any = None) -> Tensor:
+def kaiming_uniform(
+    q: Any, shape: tuple[int, ...], a: float = math.sqrt(5), dtype: Any = "float32", generator: Any = None
+) -> Tensor:
     """U(-b, b) with b = gain * sqrt(3 / fan_in), gain = sqrt(2 / (1 + a^2)); a = sqrt(5) gives
     PyTorch's default for Linear and Conv (b = 1 / sqrt(fan_in))."""
     fan_in, _ = fans(shape)
@@ -36,14 +39,21 @@ def kaiming_uniform(q: Any, shape: tuple[int, ...], a: float = math.sqrt(5), dty
     return uniform(q, shape, bound, dtype, generator)
 
 
-def xavier_uniform(q: Any, shape: tuple[int, ...], gain: float = 1.0, dtype: Any = "float32",
-                   generator: Any = None) -> Tensor:
+def xavier_uniform(
+    q: Any, shape: tuple[int, ...], gain: float = 1.0, dtype: Any = "float32", generator: Any = None
+) -> Tensor:
     fan_in, fan_out = fans(shape)
     return uniform(q, shape, gain * math.sqrt(6.0 / (fan_in + fan_out)), dtype, generator)
 
 
-def normal(q: Any, shape: tuple[int, ...], std: float = 1.0, mean: float = 0.0, dtype: Any = "float32",
-           generator: Any = None) -> Tensor:
+def normal(
+    q: Any,
+    shape: tuple[int, ...],
+    std: float = 1.0,
+    mean: float = 0.0,
+    dtype: Any = "float32",
+    generator: Any = None,
+) -> Tensor:
     return random.randn(q, shape, dtype, mean=mean, std=std, generator=generator)
 
 

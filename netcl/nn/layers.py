@@ -25,21 +25,33 @@ class Linear(Module):
 
     Init as PyTorch: W ~ kaiming_uniform(a=sqrt(5)) = U(+-1/sqrt(in)), b ~ U(+-1/sqrt(in))."""
 
-    def __init__(self, q: Any, in_features: int, out_features: int, bias: bool = True, dtype: Any = "float32",
-                 generator: random.Generator | None = None):
+    def __init__(
+        self,
+        q: Any,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        dtype: Any = "float32",
+        generator: random.Generator | None = None,
+    ):
         super().__init__()
         q = as_queue(q)
         self.in_features, self.out_features = int(in_features), int(out_features)
-        self.weight = Parameter(init.kaiming_uniform(q, (self.out_features, self.in_features), dtype=dtype,
-                                                     generator=generator))
+        self.weight = Parameter(
+            init.kaiming_uniform(q, (self.out_features, self.in_features), dtype=dtype, generator=generator)
+        )
         bound = 1.0 / math.sqrt(self.in_features) if self.in_features else 0.0
-        self.bias = Parameter(init.uniform(q, (self.out_features,), bound, dtype, generator)) if bias else None
+        self.bias = (
+            Parameter(init.uniform(q, (self.out_features,), bound, dtype, generator)) if bias else None
+        )
 
     def forward(self, x: Node, activation: str | None = None) -> Node:
         return ag.linear(x, self.weight, self.bias, activation=activation)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+        )
 
 
 class Conv2d(Module):
@@ -47,30 +59,56 @@ class Conv2d(Module):
 
     Init as PyTorch: kaiming_uniform(a=sqrt(5)) for W, U(+-1/sqrt(fan_in)) for b."""
 
-    def __init__(self, q: Any, in_channels: int, out_channels: int, kernel_size: Any, stride: Any = 1,
-                 padding: Any = 0, dilation: Any = 1, groups: int = 1, bias: bool = True, dtype: Any = "float32",
-                 generator: random.Generator | None = None):
+    def __init__(
+        self,
+        q: Any,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: Any,
+        stride: Any = 1,
+        padding: Any = 0,
+        dilation: Any = 1,
+        groups: int = 1,
+        bias: bool = True,
+        dtype: Any = "float32",
+        generator: random.Generator | None = None,
+    ):
         super().__init__()
         q = as_queue(q)
         if in_channels % groups or out_channels % groups:
-            raise ValueError(f"Conv2d: in_channels {in_channels} and out_channels {out_channels} must be divisible "
-                             f"by groups {groups}")
+            raise ValueError(
+                f"Conv2d: in_channels {in_channels} and out_channels {out_channels} must be divisible "
+                f"by groups {groups}"
+            )
         self.in_channels, self.out_channels = int(in_channels), int(out_channels)
         self.kernel_size, self.stride = _pair(kernel_size), _pair(stride)
         self.padding, self.dilation, self.groups = _pair(padding), _pair(dilation), int(groups)
         shape = (self.out_channels, self.in_channels // groups, *self.kernel_size)
         self.weight = Parameter(init.kaiming_uniform(q, shape, dtype=dtype, generator=generator))
         fan_in, _ = init.fans(shape)
-        self.bias = Parameter(init.uniform(q, (self.out_channels,), 1.0 / math.sqrt(fan_in), dtype, generator)) \
-            if bias else None
+        self.bias = (
+            Parameter(init.uniform(q, (self.out_channels,), 1.0 / math.sqrt(fan_in), dtype, generator))
+            if bias
+            else None
+        )
 
     def forward(self, x: Node, activation: str | None = None) -> Node:
-        return ag.conv2d(x, self.weight, self.bias, stride=self.stride, padding=self.padding,
-                         dilation=self.dilation, groups=self.groups, activation=activation)
+        return ag.conv2d(
+            x,
+            self.weight,
+            self.bias,
+            stride=self.stride,
+            padding=self.padding,
+            dilation=self.dilation,
+            groups=self.groups,
+            activation=activation,
+        )
 
     def extra_repr(self) -> str:
-        return (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}, "
-                f"padding={self.padding}")
+        return (
+            f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}, "
+            f"padding={self.padding}"
+        )
 
 
 class BatchNorm2d(Module):
@@ -79,8 +117,16 @@ class BatchNorm2d(Module):
     Training uses batch statistics and updates running_mean/running_var (momentum, unbiased var);
     eval uses the running statistics. weight = 1, bias = 0 initially."""
 
-    def __init__(self, q: Any, num_features: int, eps: float = 1e-5, momentum: float = 0.1, affine: bool = True,
-                 track_running_stats: bool = True, dtype: Any = "float32"):
+    def __init__(
+        self,
+        q: Any,
+        num_features: int,
+        eps: float = 1e-5,
+        momentum: float = 0.1,
+        affine: bool = True,
+        track_running_stats: bool = True,
+        dtype: Any = "float32",
+    ):
         super().__init__()
         q = as_queue(q)
         self.num_features, self.eps, self.momentum = int(num_features), float(eps), float(momentum)
@@ -96,8 +142,17 @@ class BatchNorm2d(Module):
 
     def forward(self, x: Node, activation: str | None = None) -> Node:
         training = self.training or not self.track_running_stats
-        return ag.batch_norm(x, self.weight, self.bias, self.running_mean, self.running_var, training,
-                             self.momentum, self.eps, activation=activation)
+        return ag.batch_norm(
+            x,
+            self.weight,
+            self.bias,
+            self.running_mean,
+            self.running_var,
+            training,
+            self.momentum,
+            self.eps,
+            activation=activation,
+        )
 
     def extra_repr(self) -> str:
         return f"{self.num_features}, eps={self.eps}, momentum={self.momentum}"
@@ -109,8 +164,15 @@ BatchNorm1d = BatchNorm2d  # the op normalises axis 1 of (N, C, *): (N, C) and (
 class LayerNorm(Module):
     """Normalise over the trailing `normalized_shape` dims, then * weight + bias (ones, zeros)."""
 
-    def __init__(self, q: Any, normalized_shape: Any, eps: float = 1e-5, elementwise_affine: bool = True,
-                 bias: bool = True, dtype: Any = "float32"):
+    def __init__(
+        self,
+        q: Any,
+        normalized_shape: Any,
+        eps: float = 1e-5,
+        elementwise_affine: bool = True,
+        bias: bool = True,
+        dtype: Any = "float32",
+    ):
         super().__init__()
         q = as_queue(q)
         shape = (int(normalized_shape),) if isinstance(normalized_shape, int) else tuple(normalized_shape)
@@ -141,12 +203,21 @@ class RMSNorm(Module):
 class Embedding(Module):
     """Rows of a (num_embeddings, embedding_dim) table, W ~ N(0, 1): ids (...) -> (..., embedding_dim)."""
 
-    def __init__(self, q: Any, num_embeddings: int, embedding_dim: int, dtype: Any = "float32",
-                 generator: random.Generator | None = None):
+    def __init__(
+        self,
+        q: Any,
+        num_embeddings: int,
+        embedding_dim: int,
+        dtype: Any = "float32",
+        generator: random.Generator | None = None,
+    ):
         super().__init__()
         self.num_embeddings, self.embedding_dim = int(num_embeddings), int(embedding_dim)
-        self.weight = Parameter(init.normal(as_queue(q), (self.num_embeddings, self.embedding_dim), dtype=dtype,
-                                            generator=generator))
+        self.weight = Parameter(
+            init.normal(
+                as_queue(q), (self.num_embeddings, self.embedding_dim), dtype=dtype, generator=generator
+            )
+        )
 
     def forward(self, ids: Any) -> Node:
         return ag.embedding(self.weight, ids)
@@ -177,8 +248,14 @@ class Dropout(Module):
 class MaxPool2d(Module):
     """Window maxima over (N, C, H, W); stride defaults to the kernel size."""
 
-    def __init__(self, kernel_size: Any, stride: Any = None, padding: Any = 0, dilation: Any = 1,
-                 ceil_mode: bool = False):
+    def __init__(
+        self,
+        kernel_size: Any,
+        stride: Any = None,
+        padding: Any = 0,
+        dilation: Any = 1,
+        ceil_mode: bool = False,
+    ):
         super().__init__()
         self.kernel_size, self.stride, self.padding = kernel_size, stride, padding
         self.dilation, self.ceil_mode = dilation, ceil_mode
@@ -193,14 +270,22 @@ class MaxPool2d(Module):
 class AvgPool2d(Module):
     """Window means over (N, C, H, W)."""
 
-    def __init__(self, kernel_size: Any, stride: Any = None, padding: Any = 0, ceil_mode: bool = False,
-                 count_include_pad: bool = True):
+    def __init__(
+        self,
+        kernel_size: Any,
+        stride: Any = None,
+        padding: Any = 0,
+        ceil_mode: bool = False,
+        count_include_pad: bool = True,
+    ):
         super().__init__()
         self.kernel_size, self.stride, self.padding = kernel_size, stride, padding
         self.ceil_mode, self.count_include_pad = ceil_mode, count_include_pad
 
     def forward(self, x: Node) -> Node:
-        return ag.avg_pool2d(x, self.kernel_size, self.stride, self.padding, self.ceil_mode, self.count_include_pad)
+        return ag.avg_pool2d(
+            x, self.kernel_size, self.stride, self.padding, self.ceil_mode, self.count_include_pad
+        )
 
 
 class AdaptiveAvgPool2d(Module):
@@ -351,4 +436,3 @@ class ModuleList(Module):
 
     def __iter__(self):
         return iter(self._modules.values())
-

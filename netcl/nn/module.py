@@ -38,7 +38,9 @@ class Module:
     # -- registration ---------------------------------------------------------------------------
     def __setattr__(self, name: str, value: Any) -> None:
         if "_parameters" not in self.__dict__:
-            raise NetclError(f"{type(self).__name__}.__init__ must call super().__init__() before setting {name!r}")
+            raise NetclError(
+                f"{type(self).__name__}.__init__ must call super().__init__() before setting {name!r}"
+            )
         for table in (self._parameters, self._buffers, self._modules):
             table.pop(name, None)
         if isinstance(value, Parameter):
@@ -179,7 +181,9 @@ class Module:
             if shape != target.shape:
                 problems.append(f"{k}: shape {shape} in the state dict, {target.shape} in the model")
             elif np.dtype(dtype) != target.dtype:
-                problems.append(f"{k}: dtype {np.dtype(dtype)} in the state dict, {target.dtype} in the model")
+                problems.append(
+                    f"{k}: dtype {np.dtype(dtype)} in the state dict, {target.dtype} in the model"
+                )
         if problems or (strict and (missing or unexpected)):
             lines = [f"load_state_dict into {type(self).__name__} failed:"]
             if missing:
@@ -220,4 +224,3 @@ class Module:
             lines.append(")")
             return "\n".join(lines)
         return lines[0] + ")"
-

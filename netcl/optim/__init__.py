@@ -17,6 +17,20 @@ from netcl.optim.scheduler import (
 from netcl.optim.sgd import SGD, Momentum
 
 __all__ = [
-    "Adam", "AdamW", "CosineAnnealing", "CosineAnnealingLR", "LRScheduler", "Momentum", "OneCycle", "OneCycleLR",
-    "Optimizer", "RMSProp", "RMSprop", "ReduceLROnPlateau", "SGD", "StepLR", "WarmupCosine", "clip_grad_norm_",
+    "Adam",
+    "AdamW",
+    "CosineAnnealing",
+    "CosineAnnealingLR",
+    "LRScheduler",
+    "Momentum",
+    "OneCycle",
+    "OneCycleLR",
+    "Optimizer",
+    "RMSProp",
+    "RMSprop",
+    "ReduceLROnPlateau",
+    "SGD",
+    "StepLR",
+    "WarmupCosine",
+    "clip_grad_norm_",
 ]

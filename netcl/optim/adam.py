@@ -18,8 +18,14 @@ class Adam(Optimizer):
     state_names = ("exp_avg", "exp_avg_sq")
     decoupled = False
 
-    def __init__(self, params: Iterable[Any], lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-8, weight_decay: float = 0.0):
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+    ):
         if lr < 0 or eps < 0 or weight_decay < 0:
             raise ValueError(f"{type(self).__name__} needs lr, eps, weight_decay >= 0")
         if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
@@ -29,8 +35,16 @@ class Adam(Optimizer):
     def _hyper(self, group: dict[str, Any], step: int, scalar: type, items: list) -> tuple:
         beta1, beta2 = group["betas"]
         bc1, bc2_sqrt = _bias_corrections(beta1, beta2, step)
-        return (scalar(group["lr"]), scalar(beta1), scalar(beta2), scalar(group["eps"]),
-                scalar(group["weight_decay"]), np.int32(self.decoupled), scalar(bc1), scalar(bc2_sqrt))
+        return (
+            scalar(group["lr"]),
+            scalar(beta1),
+            scalar(beta2),
+            scalar(group["eps"]),
+            scalar(group["weight_decay"]),
+            np.int32(self.decoupled),
+            scalar(bc1),
+            scalar(bc2_sqrt),
+        )
 
 
 class AdamW(Adam):
@@ -38,6 +52,12 @@ class AdamW(Adam):
 
     decoupled = True
 
-    def __init__(self, params: Iterable[Any], lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-8, weight_decay: float = 1e-2):
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 1e-2,
+    ):
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)

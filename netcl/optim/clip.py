@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
 import numpy as np
 
@@ -36,11 +35,21 @@ def clip_grad_norm_(parameters: Iterable[Node], max_norm: float, norm_type: floa
     norm = Tensor.empty(queue, (2,), dtype)
     contiguous = [g if g.is_contiguous() else g.contiguous() for g in grads]
     for slot, g in enumerate(contiguous):
-        prg.sum_squares(queue, (wg,), (wg,), g.buffer, np.int64(g.offset), np.int64(g.size), partial.buffer,
-                        np.int32(slot))
+        prg.sum_squares(
+            queue,
+            (wg,),
+            (wg,),
+            g.buffer,
+            np.int64(g.offset),
+            np.int64(g.size),
+            partial.buffer,
+            np.int32(slot),
+        )
     prg.clip_coef(queue, (1,), (1,), partial.buffer, np.int32(len(grads)), scalar(max_norm), norm.buffer)
     for p_grad, g in zip(grads, contiguous):
         if g is not p_grad:
             raise NetclError("clip_grad_norm_: gradients must be contiguous to be scaled in place")
-        prg.scale_by(queue, (max(g.size, 1),), None, g.buffer, np.int64(g.offset), np.int64(g.size), norm.buffer)
+        prg.scale_by(
+            queue, (max(g.size, 1),), None, g.buffer, np.int64(g.offset), np.int64(g.size), norm.buffer
+        )
     return norm[0:1]

@@ -110,11 +110,14 @@ class Optimizer:
                 raise NetclError(f"{type(self).__name__}: parameter of shape {v.shape} is not contiguous")
             g = p.grad
             if g.shape != v.shape:
-                raise ShapeError(f"{type(self).__name__}: gradient of shape {g.shape} for a parameter of "
-                                 f"shape {v.shape}")
+                raise ShapeError(
+                    f"{type(self).__name__}: gradient of shape {g.shape} for a parameter of shape {v.shape}"
+                )
             if g.dtype != v.dtype or g.queue is not queue:
-                raise NetclError(f"{type(self).__name__}: gradient ({g.dtype}, {g.queue!r}) does not match "
-                                 f"its parameter ({v.dtype}, {queue!r})")
+                raise NetclError(
+                    f"{type(self).__name__}: gradient ({g.dtype}, {g.queue!r}) does not match "
+                    f"its parameter ({v.dtype}, {queue!r})"
+                )
             g = g if g.is_contiguous() else g.contiguous()
             keep.append(g)
             states = self._slots(st)
@@ -155,12 +158,15 @@ class Optimizer:
         """Restore hyperparameters and state saved by state_dict() (shapes are checked)."""
         groups = state_dict["param_groups"]
         if len(groups) != len(self.param_groups):
-            raise ValueError(f"state_dict has {len(groups)} parameter groups, this optimizer has "
-                             f"{len(self.param_groups)}")
+            raise ValueError(
+                f"state_dict has {len(groups)} parameter groups, this optimizer has {len(self.param_groups)}"
+            )
         for saved, group in zip(groups, self.param_groups):
             if len(saved["params"]) != len(group["params"]):
-                raise ValueError(f"a saved parameter group has {len(saved['params'])} parameters, "
-                                 f"this one has {len(group['params'])}")
+                raise ValueError(
+                    f"a saved parameter group has {len(saved['params'])} parameters, "
+                    f"this one has {len(group['params'])}"
+                )
         params = self._index()
         new_state: dict[int, dict[str, Any]] = {}
         for idx, st in state_dict["state"].items():
@@ -172,13 +178,18 @@ class Optimizer:
             for name in self.state_names:
                 arr = st.get(name)
                 if arr is None:
-                    entry[name] = None if name == "momentum_buffer" else Tensor.zeros(
-                        p.value.queue, p.value.shape, p.value.dtype)
+                    entry[name] = (
+                        None
+                        if name == "momentum_buffer"
+                        else Tensor.zeros(p.value.queue, p.value.shape, p.value.dtype)
+                    )
                     continue
                 arr = arr.to_host() if isinstance(arr, Tensor) else np.asarray(arr)
                 if arr.shape != p.value.shape:
-                    raise ShapeError(f"optimizer state {name!r} of parameter {idx} has shape {arr.shape}, "
-                                     f"the parameter has shape {p.value.shape}")
+                    raise ShapeError(
+                        f"optimizer state {name!r} of parameter {idx} has shape {arr.shape}, "
+                        f"the parameter has shape {p.value.shape}"
+                    )
                 entry[name] = Tensor.from_host(p.value.queue, arr.astype(p.value.dtype, copy=False))
             new_state[id(p)] = entry
         for saved, group in zip(groups, self.param_groups):

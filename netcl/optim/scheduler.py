@@ -81,11 +81,18 @@ class WarmupCosine(LRScheduler):
     """Linear warm-up over `warmup_steps` (lr = base (t + 1) / warmup_steps), then cosine decay to
     eta_min at `total_steps`, and eta_min after."""
 
-    def __init__(self, optimizer: Optimizer, warmup_steps: int, total_steps: int, eta_min: float = 0.0,
-                 last_epoch: int = -1):
+    def __init__(
+        self,
+        optimizer: Optimizer,
+        warmup_steps: int,
+        total_steps: int,
+        eta_min: float = 0.0,
+        last_epoch: int = -1,
+    ):
         if warmup_steps < 0 or total_steps <= warmup_steps:
-            raise ValueError(f"WarmupCosine needs 0 <= warmup_steps < total_steps, got {warmup_steps}, "
-                             f"{total_steps}")
+            raise ValueError(
+                f"WarmupCosine needs 0 <= warmup_steps < total_steps, got {warmup_steps}, {total_steps}"
+            )
         self.warmup_steps = int(warmup_steps)
         self.total_steps = int(total_steps)
         self.eta_min = float(eta_min)
@@ -105,12 +112,24 @@ class OneCycle(LRScheduler):
     max_lr over pct_start of total_steps, then down to initial / final_div_factor. With
     cycle_momentum, momentum (or Adam's beta1) moves the opposite way between base and max."""
 
-    def __init__(self, optimizer: Optimizer, max_lr: float | list[float], total_steps: int,
-                 pct_start: float = 0.3, anneal_strategy: str = "cos", cycle_momentum: bool = True,
-                 base_momentum: float = 0.85, max_momentum: float = 0.95, div_factor: float = 25.0,
-                 final_div_factor: float = 1e4, last_epoch: int = -1):
+    def __init__(
+        self,
+        optimizer: Optimizer,
+        max_lr: float | list[float],
+        total_steps: int,
+        pct_start: float = 0.3,
+        anneal_strategy: str = "cos",
+        cycle_momentum: bool = True,
+        base_momentum: float = 0.85,
+        max_momentum: float = 0.95,
+        div_factor: float = 25.0,
+        final_div_factor: float = 1e4,
+        last_epoch: int = -1,
+    ):
         if total_steps <= 0 or not 0 <= pct_start <= 1:
-            raise ValueError(f"OneCycle needs total_steps > 0 and pct_start in [0, 1], got {total_steps}, {pct_start}")
+            raise ValueError(
+                f"OneCycle needs total_steps > 0 and pct_start in [0, 1], got {total_steps}, {pct_start}"
+            )
         if anneal_strategy not in ("cos", "linear"):
             raise ValueError(f"anneal_strategy must be 'cos' or 'linear', got {anneal_strategy!r}")
         groups = optimizer.param_groups
@@ -153,8 +172,11 @@ class OneCycle(LRScheduler):
         super().step()
         if self.cycle_momentum:
             i, pct = self._phase(self.last_epoch)
-            m = (self._anneal(self.max_momentum, self.base_momentum, pct) if i == 0
-                 else self._anneal(self.base_momentum, self.max_momentum, pct))
+            m = (
+                self._anneal(self.max_momentum, self.base_momentum, pct)
+                if i == 0
+                else self._anneal(self.base_momentum, self.max_momentum, pct)
+            )
             for g in self.optimizer.param_groups:
                 if "betas" in g:
                     g["betas"] = (m, g["betas"][1])
@@ -169,9 +191,18 @@ class ReduceLROnPlateau:
     """Multiply lr by `factor` when the metric given to step(metric) has not improved (by threshold,
     'rel' or 'abs', in 'min' or 'max' mode) for `patience` epochs; then wait `cooldown` epochs."""
 
-    def __init__(self, optimizer: Optimizer, mode: str = "min", factor: float = 0.1, patience: int = 10,
-                 threshold: float = 1e-4, threshold_mode: str = "rel", cooldown: int = 0, min_lr: float = 0.0,
-                 eps: float = 1e-8):
+    def __init__(
+        self,
+        optimizer: Optimizer,
+        mode: str = "min",
+        factor: float = 0.1,
+        patience: int = 10,
+        threshold: float = 1e-4,
+        threshold_mode: str = "rel",
+        cooldown: int = 0,
+        min_lr: float = 0.0,
+        eps: float = 1e-8,
+    ):
         if factor >= 1.0:
             raise ValueError(f"ReduceLROnPlateau: factor must be < 1, got {factor}")
         if mode not in ("min", "max") or threshold_mode not in ("rel", "abs"):
@@ -188,9 +219,15 @@ class ReduceLROnPlateau:
 
     def _is_better(self, value: float) -> bool:
         if self.mode == "min":
-            bound = self.best * (1 - self.threshold) if self.threshold_mode == "rel" else self.best - self.threshold
+            bound = (
+                self.best * (1 - self.threshold)
+                if self.threshold_mode == "rel"
+                else self.best - self.threshold
+            )
             return value < bound
-        bound = self.best * (1 + self.threshold) if self.threshold_mode == "rel" else self.best + self.threshold
+        bound = (
+            self.best * (1 + self.threshold) if self.threshold_mode == "rel" else self.best + self.threshold
+        )
         return value > bound
 
     def step(self, metric: float) -> None:

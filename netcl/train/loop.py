@@ -21,17 +21,24 @@ def build_model(kind: str, q: Any, image_shape: tuple[int, ...], classes: int) -
     if kind == "mlp":
         return nn.Sequential(
             nn.Flatten(),
-            nn.Linear(q, c * h * w, 256), nn.ReLU(),
-            nn.Linear(q, 256, 128), nn.ReLU(),
+            nn.Linear(q, c * h * w, 256),
+            nn.ReLU(),
+            nn.Linear(q, 256, 128),
+            nn.ReLU(),
             nn.Linear(q, 128, classes),
         )
     if kind == "cnn":
         flat = 32 * (h // 4) * (w // 4)
         return nn.Sequential(
-            nn.Conv2d(q, c, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(q, 16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(q, c, 16, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(q, 16, 32, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
             nn.Flatten(),
-            nn.Linear(q, flat, 128), nn.ReLU(),
+            nn.Linear(q, flat, 128),
+            nn.ReLU(),
             nn.Linear(q, 128, classes),
         )
     raise ValueError(f"unknown model {kind!r}; choose cnn or mlp")
@@ -49,8 +56,14 @@ def train_step(model: nn.Module, optimizer: Any, x: Tensor, y: Tensor, scheduler
     return loss.value
 
 
-def train_epoch(model: nn.Module, optimizer: Any, loader: DataLoader, scheduler: Any = None,
-                progress: Callable[[int, float | None], None] | None = None, report_every: int = 20) -> list[float]:
+def train_epoch(
+    model: nn.Module,
+    optimizer: Any,
+    loader: DataLoader,
+    scheduler: Any = None,
+    progress: Callable[[int, float | None], None] | None = None,
+    report_every: int = 20,
+) -> list[float]:
     """One pass over `loader`; returns the per-step losses (read from the device in batches)."""
     model.train()
     pending: list[Tensor] = []

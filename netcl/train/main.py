@@ -17,19 +17,30 @@ from netcl.errors import NetclError
 
 
 def register(subparsers: Any) -> None:
-    p = subparsers.add_parser("train", help="train a small CNN on Fashion-MNIST (digits if unavailable)",
-                              description=__doc__)
+    p = subparsers.add_parser(
+        "train", help="train a small CNN on Fashion-MNIST (digits if unavailable)", description=__doc__
+    )
     p.add_argument("--model", choices=("cnn", "mlp"), default="cnn")
-    p.add_argument("--dataset", choices=("auto", "fashion-mnist", "mnist", "digits"), default="auto",
-                   help="auto: Fashion-MNIST if its files can be found or downloaded, else digits")
+    p.add_argument(
+        "--dataset",
+        choices=("auto", "fashion-mnist", "mnist", "digits"),
+        default="auto",
+        help="auto: Fashion-MNIST if its files can be found or downloaded, else digits",
+    )
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--weight-decay", type=float, default=1e-4)
-    p.add_argument("--train-limit", type=int, default=20000,
-                   help="train on the first N training images (default 20000 keeps the default run to a few "
-                        "minutes on a 2-core CPU; 0 = all)")
-    p.add_argument("--device", default="auto", help="auto, gpu, cpu, a name fragment or P:D (see netcl devices)")
+    p.add_argument(
+        "--train-limit",
+        type=int,
+        default=20000,
+        help="train on the first N training images (default 20000 keeps the default run to a few "
+        "minutes on a 2-core CPU; 0 = all)",
+    )
+    p.add_argument(
+        "--device", default="auto", help="auto, gpu, cpu, a name fragment or P:D (see netcl devices)"
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--data-dir", default=None, help="directory with the IDX files (gz or raw)")
     p.add_argument("--out", default="runs/train", help="directory for checkpoint.safetensors, metrics, plot")
@@ -65,7 +76,7 @@ def plot_curves(history: dict[str, Any], path: Path, title: str) -> None:
     if len(history["loss"]) >= 20:
         k = max(len(history["loss"]) // 50, 5)
         smooth = np.convolve(history["loss"], np.ones(k) / k, mode="valid")
-        ax1.plot(steps[k - 1:], smooth, lw=1.5, label=f"mean of {k}")
+        ax1.plot(steps[k - 1 :], smooth, lw=1.5, label=f"mean of {k}")
     ax1.set_xlabel("step")
     ax1.set_ylabel("training loss")
     ax1.set_yscale("log")
@@ -103,8 +114,10 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     ckpt = out / "checkpoint.safetensors"
-    log(f"netcl train: {args.model} on {data.name} ({len(y_train)} train / {len(data.y_test)} test images "
-        f"{'x'.join(map(str, data.image_shape))}) on {dev.device_name} ({dev.backend})")
+    log(
+        f"netcl train: {args.model} on {data.name} ({len(y_train)} train / {len(data.y_test)} test images "
+        f"{'x'.join(map(str, data.image_shape))}) on {dev.device_name} ({dev.backend})"
+    )
 
     random.manual_seed(args.seed)
     model = build_model(args.model, q, data.image_shape, data.classes)
@@ -120,13 +133,21 @@ def run(args: argparse.Namespace) -> int:
         start_epoch = int(meta["epoch"])
         history = meta["extra"].get("history", history)
         log(f"resumed from {ckpt} at epoch {start_epoch} (step {meta['step']})")
-    log(f"model: {model.num_parameters():,} parameters; optimizer AdamW lr={args.lr}, cosine schedule, "
-        f"batch {args.batch_size}, {len(loader)} steps per epoch")
+    log(
+        f"model: {model.num_parameters():,} parameters; optimizer AdamW lr={args.lr}, cosine schedule, "
+        f"batch {args.batch_size}, {len(loader)} steps per epoch"
+    )
 
     for epoch in range(start_epoch, args.epochs):
         loader.set_epoch(epoch)
-        bar = tqdm(total=len(loader), desc=f"epoch {epoch + 1}/{args.epochs}", unit="step",
-                   disable=args.no_progress, file=sys.stderr, dynamic_ncols=True)
+        bar = tqdm(
+            total=len(loader),
+            desc=f"epoch {epoch + 1}/{args.epochs}",
+            unit="step",
+            disable=args.no_progress,
+            file=sys.stderr,
+            dynamic_ncols=True,
+        )
         t0 = time.perf_counter()
 
         def progress(n: int, loss: float | None) -> None:
@@ -143,18 +164,36 @@ def run(args: argparse.Namespace) -> int:
         history["test_accuracy"].append(acc)
         history["epoch_seconds"].append(seconds)
         history["samples_per_second"].append(len(loader) * args.batch_size / seconds)
-        log(f"epoch {epoch + 1}: mean loss {np.mean(losses):.4f}, test accuracy {acc * 100:.2f}%, "
-            f"{seconds:.1f} s ({history['samples_per_second'][-1]:,.0f} images/s)")
-        save_checkpoint(ckpt, model, opt, sched, step=(epoch + 1) * len(loader), epoch=epoch + 1, loader=loader,
-                        extra={"history": history, "model": args.model, "dataset": data.name})
+        log(
+            f"epoch {epoch + 1}: mean loss {np.mean(losses):.4f}, test accuracy {acc * 100:.2f}%, "
+            f"{seconds:.1f} s ({history['samples_per_second'][-1]:,.0f} images/s)"
+        )
+        save_checkpoint(
+            ckpt,
+            model,
+            opt,
+            sched,
+            step=(epoch + 1) * len(loader),
+            epoch=epoch + 1,
+            loader=loader,
+            extra={"history": history, "model": args.model, "dataset": data.name},
+        )
     plot = out / "curves.png"
     if history["test_accuracy"]:
         plot_curves(history, plot, f"netcl {args.model} on {data.name}")
-    metrics = {"model": args.model, "dataset": data.name, "device": dev.device_name, "epochs": args.epochs,
-               "batch_size": args.batch_size, "lr": args.lr, "seed": args.seed,
-               "final_test_accuracy": history["test_accuracy"][-1] if history["test_accuracy"] else None,
-               "test_accuracy": history["test_accuracy"], "epoch_seconds": history["epoch_seconds"],
-               "samples_per_second": history["samples_per_second"]}
+    metrics = {
+        "model": args.model,
+        "dataset": data.name,
+        "device": dev.device_name,
+        "epochs": args.epochs,
+        "batch_size": args.batch_size,
+        "lr": args.lr,
+        "seed": args.seed,
+        "final_test_accuracy": history["test_accuracy"][-1] if history["test_accuracy"] else None,
+        "test_accuracy": history["test_accuracy"],
+        "epoch_seconds": history["epoch_seconds"],
+        "samples_per_second": history["samples_per_second"],
+    }
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2))
     log(f"checkpoint {ckpt}\nplot {plot}\nmetrics {out / 'metrics.json'}")
     return 0

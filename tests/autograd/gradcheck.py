@@ -15,9 +15,17 @@ import netcl.autograd as ag
 from netcl.core.tensor import Tensor
 
 
-def check_grads(queue, f: Callable[..., ag.Node], inputs: Sequence[np.ndarray], wrt: Sequence[int] | None = None,
-                eps: float = 1e-6, rtol: float = 1e-6, atol: float = 1e-8, seed: int = 0,
-                extra: Sequence[Tensor] = ()) -> None:
+def check_grads(
+    queue,
+    f: Callable[..., ag.Node],
+    inputs: Sequence[np.ndarray],
+    wrt: Sequence[int] | None = None,
+    eps: float = 1e-6,
+    rtol: float = 1e-6,
+    atol: float = 1e-8,
+    seed: int = 0,
+    extra: Sequence[Tensor] = (),
+) -> None:
     rng = np.random.default_rng(seed)
     arrays = [np.asarray(a, dtype=np.float64) for a in inputs]
     wrt = list(range(len(arrays))) if wrt is None else list(wrt)
@@ -29,7 +37,9 @@ def check_grads(queue, f: Callable[..., ag.Node], inputs: Sequence[np.ndarray], 
     out0 = forward(arrays)
     w = rng.standard_normal(out0.shape)
     with ag.Tape() as tape:
-        nodes = [ag.tensor(Tensor.from_host(queue, a), requires_grad=(i in wrt)) for i, a in enumerate(arrays)]
+        nodes = [
+            ag.tensor(Tensor.from_host(queue, a), requires_grad=(i in wrt)) for i, a in enumerate(arrays)
+        ]
         out = f(*nodes, *extra)
     tape.backward(out, Tensor.from_host(queue, w.astype(out.dtype)))
     for i in wrt:
@@ -44,5 +54,10 @@ def check_grads(queue, f: Callable[..., ag.Node], inputs: Sequence[np.ndarray], 
             down = float(np.sum(w * forward(arrays)))
             flat[j] = keep
             numeric.reshape(-1)[j] = (up - down) / (2 * eps)
-        np.testing.assert_allclose(analytic, numeric, rtol=rtol, atol=atol,
-                                   err_msg=f"gradient of input {i} (shape {arrays[i].shape})")
+        np.testing.assert_allclose(
+            analytic,
+            numeric,
+            rtol=rtol,
+            atol=atol,
+            err_msg=f"gradient of input {i} (shape {arrays[i].shape})",
+        )

@@ -22,26 +22,47 @@ def rnd(*shape):
 
 
 UNARY = {
-    "neg": (ag.neg, rnd), "exp": (ag.exp, rnd), "log": (ag.log, pos), "log1p": (ag.log1p, pos),
-    "expm1": (ag.expm1, rnd), "sqrt": (ag.sqrt, pos), "rsqrt": (ag.rsqrt, pos), "square": (ag.square, rnd),
-    "reciprocal": (ag.reciprocal, pos), "abs": (ag.abs, rnd), "sin": (ag.sin, rnd), "cos": (ag.cos, rnd),
-    "tanh": (ag.tanh, rnd), "sigmoid": (ag.sigmoid, rnd), "relu": (ag.relu, rnd), "silu": (ag.silu, rnd),
-    "softplus": (ag.softplus, rnd), "gelu": (ag.gelu, rnd),
+    "neg": (ag.neg, rnd),
+    "exp": (ag.exp, rnd),
+    "log": (ag.log, pos),
+    "log1p": (ag.log1p, pos),
+    "expm1": (ag.expm1, rnd),
+    "sqrt": (ag.sqrt, pos),
+    "rsqrt": (ag.rsqrt, pos),
+    "square": (ag.square, rnd),
+    "reciprocal": (ag.reciprocal, pos),
+    "abs": (ag.abs, rnd),
+    "sin": (ag.sin, rnd),
+    "cos": (ag.cos, rnd),
+    "tanh": (ag.tanh, rnd),
+    "sigmoid": (ag.sigmoid, rnd),
+    "relu": (ag.relu, rnd),
+    "silu": (ag.silu, rnd),
+    "softplus": (ag.softplus, rnd),
+    "gelu": (ag.gelu, rnd),
     "gelu_tanh": (lambda x: ag.gelu(x, approximate="tanh"), rnd),
     "leaky_relu": (lambda x: ag.leaky_relu(x, 0.1), rnd),
     "clamp": (lambda x: ag.clamp(x, -0.5, 0.7), rnd),
-    "pow_scalar": (lambda x: x ** 3, rnd),
-    "rpow_scalar": (lambda x: 2.0 ** x, rnd),
-    "sum": (lambda x: x.sum(axis=1), rnd), "sum_all": (lambda x: x.sum(), rnd),
+    "pow_scalar": (lambda x: x**3, rnd),
+    "rpow_scalar": (lambda x: 2.0**x, rnd),
+    "sum": (lambda x: x.sum(axis=1), rnd),
+    "sum_all": (lambda x: x.sum(), rnd),
     "mean": (lambda x: x.mean(axis=(0, 2), keepdims=True), rnd),
-    "max": (lambda x: x.max(axis=-1), rnd), "min": (lambda x: x.min(axis=0), rnd),
-    "softmax": (lambda x: ag.softmax(x, axis=1), rnd), "log_softmax": (lambda x: ag.log_softmax(x, -1), rnd),
+    "max": (lambda x: x.max(axis=-1), rnd),
+    "min": (lambda x: x.min(axis=0), rnd),
+    "softmax": (lambda x: ag.softmax(x, axis=1), rnd),
+    "log_softmax": (lambda x: ag.log_softmax(x, -1), rnd),
     "logsumexp": (lambda x: ag.logsumexp(x, axis=2), rnd),
-    "var": (lambda x: ag.var(x, axis=1), rnd), "std": (lambda x: ag.std(x, axis=(1, 2)), rnd),
-    "reshape": (lambda x: x.reshape(4, 6) * 1.5, rnd), "transpose": (lambda x: x.transpose(0, 2) * 2, rnd),
-    "permute": (lambda x: x.permute(2, 0, 1).exp(), rnd), "T": (lambda x: x.T.tanh(), rnd),
-    "getitem": (lambda x: x[1:, ::2, 1] * 3, rnd), "flatten": (lambda x: ag.flatten(x).sigmoid(), rnd),
-    "expand": (lambda x: x[:, :1].expand(2, 5, 4) * 1.0, rnd), "unsqueeze": (lambda x: x.unsqueeze(1) * 2, rnd),
+    "var": (lambda x: ag.var(x, axis=1), rnd),
+    "std": (lambda x: ag.std(x, axis=(1, 2)), rnd),
+    "reshape": (lambda x: x.reshape(4, 6) * 1.5, rnd),
+    "transpose": (lambda x: x.transpose(0, 2) * 2, rnd),
+    "permute": (lambda x: x.permute(2, 0, 1).exp(), rnd),
+    "T": (lambda x: x.T.tanh(), rnd),
+    "getitem": (lambda x: x[1:, ::2, 1] * 3, rnd),
+    "flatten": (lambda x: ag.flatten(x).sigmoid(), rnd),
+    "expand": (lambda x: x[:, :1].expand(2, 5, 4) * 1.0, rnd),
+    "unsqueeze": (lambda x: x.unsqueeze(1) * 2, rnd),
     "cast": (lambda x: ag.cast(x, np.float32).cast(np.float64), rnd),
 }
 
@@ -58,8 +79,9 @@ BINARY = {
     "sub_broadcast": (lambda a, b: a - b, (3, 1), (1, 4)),
     "mul_broadcast": (lambda a, b: a * b, (2, 3, 4), (3, 1)),
     "div": (lambda a, b: a / b, (3, 4), (3, 4)),
-    "pow": (lambda a, b: a ** b, (3, 4), (3, 4)),
-    "maximum": (ag.maximum, (3, 4), (3, 4)), "minimum": (ag.minimum, (3, 4), (4,)),
+    "pow": (lambda a, b: a**b, (3, 4), (3, 4)),
+    "maximum": (ag.maximum, (3, 4), (3, 4)),
+    "minimum": (ag.minimum, (3, 4), (4,)),
     "where": (lambda a, b: ag.where(ag.gt(a, 0.0), a, b), (3, 4), (3, 4)),
     "matmul": (lambda a, b: a @ b, (3, 5), (5, 4)),
     "matmul_batched": (lambda a, b: a @ b, (2, 3, 5), (5, 2)),
@@ -102,10 +124,17 @@ def test_batch_norm(queue):
     c = 3
     rm = Tensor.zeros(queue, (c,), np.float64)
     rv = Tensor.ones(queue, (c,), np.float64)
-    check_grads(queue, lambda x, w, b: ag.batch_norm(x, w, b, None, None, True), [rnd(4, c, 3, 2), rnd(c), rnd(c)])
-    check_grads(queue, lambda x, w, b: ag.batch_norm(x, w, b, rm, rv, False), [rnd(4, c, 3, 2), rnd(c), rnd(c)])
-    check_grads(queue, lambda x, w, b: ag.batch_norm(x, w, b, None, None, True, activation="relu"),
-                [rnd(4, c, 3, 2), rnd(c), pos(c)])
+    check_grads(
+        queue, lambda x, w, b: ag.batch_norm(x, w, b, None, None, True), [rnd(4, c, 3, 2), rnd(c), rnd(c)]
+    )
+    check_grads(
+        queue, lambda x, w, b: ag.batch_norm(x, w, b, rm, rv, False), [rnd(4, c, 3, 2), rnd(c), rnd(c)]
+    )
+    check_grads(
+        queue,
+        lambda x, w, b: ag.batch_norm(x, w, b, None, None, True, activation="relu"),
+        [rnd(4, c, 3, 2), rnd(c), pos(c)],
+    )
 
 
 def test_row_norms(queue):

@@ -35,8 +35,12 @@ def test_cross_entropy_value(queue, rng, dtype, reduction):
     x = rng.standard_normal((37, 11)) * 3
     y = rng.integers(0, 11, size=37).astype(np.int32)
     y[[3, 8]] = -100
-    loss = ag.cross_entropy(ag.tensor(Tensor.from_host(queue, x.astype(dtype))), Tensor.from_host(queue, y),
-                            label_smoothing=0.1, reduction=reduction)
+    loss = ag.cross_entropy(
+        ag.tensor(Tensor.from_host(queue, x.astype(dtype))),
+        Tensor.from_host(queue, y),
+        label_smoothing=0.1,
+        reduction=reduction,
+    )
     want = _ce_reference(x, y, smoothing=0.1, reduction=reduction)
     assert loss.shape == want.shape
     assert_close(loss.value, want, dtype, rtol=1e-5 if dtype == np.float32 else 1e-12)
@@ -62,8 +66,12 @@ def test_cross_entropy_seed_shape_and_one_launch_each_way(queue, rng):
 def test_cross_entropy_grad(queue, rng, smoothing, reduction):
     x = rng.standard_normal((7, 5))
     y = Tensor.from_host(queue, np.array([0, 4, -100, 2, 2, 1, 3], dtype=np.int32))
-    check_grads(queue, lambda a, lab: ag.cross_entropy(a, lab, label_smoothing=smoothing, reduction=reduction),
-                [x], extra=[y])
+    check_grads(
+        queue,
+        lambda a, lab: ag.cross_entropy(a, lab, label_smoothing=smoothing, reduction=reduction),
+        [x],
+        extra=[y],
+    )
 
 
 def test_cross_entropy_leading_axes_and_ignore_index(queue, rng):
@@ -92,7 +100,9 @@ def test_class_loss_errors(queue):
     with pytest.raises(ValueError, match="reduction"):
         ag.cross_entropy(x, Tensor.zeros(queue, (4,), np.int32), reduction="avg")
     with pytest.raises(DTypeError, match="float32 and float64"):
-        ag.cross_entropy(ag.tensor(Tensor.zeros(queue, (4, 3), np.int32)), Tensor.zeros(queue, (4,), np.int32))
+        ag.cross_entropy(
+            ag.tensor(Tensor.zeros(queue, (4, 3), np.int32)), Tensor.zeros(queue, (4,), np.int32)
+        )
 
 
 def _pointwise_reference(kind, a, b, beta=1.0):
@@ -113,8 +123,12 @@ def test_pointwise_losses(queue, rng, kind):
     fn = getattr(ag, kind)
     extra = {"beta": 0.7} if kind == "smooth_l1" else {}
     for reduction in ("mean", "sum", "none"):
-        got = fn(ag.tensor(Tensor.from_host(queue, a)), ag.tensor(Tensor.from_host(queue, b)),
-                 reduction=reduction, **extra)
+        got = fn(
+            ag.tensor(Tensor.from_host(queue, a)),
+            ag.tensor(Tensor.from_host(queue, b)),
+            reduction=reduction,
+            **extra,
+        )
         ref = _pointwise_reference(kind, a, b, **extra)
         want = ref if reduction == "none" else np.array([ref.mean() if reduction == "mean" else ref.sum()])
         assert_close(got.value, want, np.float64)

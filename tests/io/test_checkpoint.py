@@ -47,7 +47,9 @@ def test_round_trip(queue, tmp_path):
         np.testing.assert_array_equal(_params(m2)[k], v)
     assert opt2.param_groups[0]["lr"] == opt.param_groups[0]["lr"]
     assert opt2.state_dict()["state"][0]["step"] == 1
-    np.testing.assert_array_equal(opt2.state_dict()["state"][1]["exp_avg"], opt.state_dict()["state"][1]["exp_avg"])
+    np.testing.assert_array_equal(
+        opt2.state_dict()["state"][1]["exp_avg"], opt.state_dict()["state"][1]["exp_avg"]
+    )
     assert random.default_generator.state_dict() == rng_state
     tensors, _ = read_checkpoint(path)
     assert "model/0.weight" in tensors and "optim/0/exp_avg" in tensors
@@ -62,8 +64,10 @@ def test_refuses_mismatches(queue, tmp_path):
         m = _model(queue)
         load_checkpoint(path, m, optim.Adam(m.parameters()))
     with pytest.raises(CheckpointError, match="missing keys: 3.weight, 3.bias"):
-        load_checkpoint(path, nn.Sequential(nn.Linear(queue, 4, 5), nn.ReLU(), nn.Linear(queue, 5, 3),
-                                            nn.Linear(queue, 3, 3)))
+        load_checkpoint(
+            path,
+            nn.Sequential(nn.Linear(queue, 4, 5), nn.ReLU(), nn.Linear(queue, 5, 3), nn.Linear(queue, 3, 3)),
+        )
     (tmp_path / "junk").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json}")
     with pytest.raises(CheckpointError, match="not a readable"):
         load_checkpoint(tmp_path / "junk", _model(queue))

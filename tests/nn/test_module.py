@@ -29,8 +29,17 @@ class Block(nn.Module):
 
 def test_dotted_state_dict_keys_and_parameters(queue):
     b = Block(queue)
-    assert list(b.state_dict()) == ["body.0.weight", "body.0.bias", "body.2.weight", "norm.weight", "norm.bias",
-                                    "norm.running_mean", "norm.running_var", "extra.0.weight", "extra.0.bias"]
+    assert list(b.state_dict()) == [
+        "body.0.weight",
+        "body.0.bias",
+        "body.2.weight",
+        "norm.weight",
+        "norm.bias",
+        "norm.running_mean",
+        "norm.running_var",
+        "extra.0.weight",
+        "extra.0.bias",
+    ]
     assert [n for n, _ in b.named_parameters()] == [k for k in b.state_dict() if "running" not in k]
     assert b.body[0].weight.shape == (5, 7)  # (out, in) like PyTorch
     assert b.num_parameters() == 7 * 5 + 5 + 5 * 3 + 3 + 3 + 9 + 3
@@ -104,9 +113,15 @@ def test_sequential_fuses_relu_into_linear(queue, rng):
 def test_layers_forward(queue, rng):
     x = rng.standard_normal((2, 3, 6, 6)).astype(np.float32)
     xn = ag.tensor(Tensor.from_host(queue, x))
-    np.testing.assert_allclose(nn.MaxPool2d(2)(xn).value.to_host(), x.reshape(2, 3, 3, 2, 3, 2).max(axis=(3, 5)))
-    np.testing.assert_allclose(nn.AvgPool2d(3)(xn).value.to_host(), x.reshape(2, 3, 2, 3, 2, 3).mean(axis=(3, 5)),
-                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        nn.MaxPool2d(2)(xn).value.to_host(), x.reshape(2, 3, 3, 2, 3, 2).max(axis=(3, 5))
+    )
+    np.testing.assert_allclose(
+        nn.AvgPool2d(3)(xn).value.to_host(),
+        x.reshape(2, 3, 2, 3, 2, 3).mean(axis=(3, 5)),
+        rtol=1e-5,
+        atol=1e-6,
+    )
     assert nn.Flatten()(xn).shape == (2, 108)
     np.testing.assert_allclose(nn.Tanh()(xn).value.to_host(), np.tanh(x), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(nn.LeakyReLU(0.2)(xn).value.to_host(), np.where(x > 0, x, 0.2 * x), rtol=1e-6)
@@ -119,8 +134,9 @@ def test_layers_forward(queue, rng):
     np.testing.assert_allclose(bn.running_mean.to_host(), 0.1 * mu.reshape(3), rtol=1e-4, atol=1e-6)
     ln = nn.LayerNorm(queue, 6)
     z = ln(xn).value.to_host()
-    np.testing.assert_allclose(z, (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-5),
-                               rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(
+        z, (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-5), rtol=1e-4, atol=1e-4
+    )
 
 
 def test_dropout_train_and_eval(queue):

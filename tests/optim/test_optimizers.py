@@ -57,7 +57,11 @@ CASES = [
     (optim.SGD, _sgd, dict(lr=0.05, momentum=0.8, nesterov=True, weight_decay=0.02)),
     (optim.Momentum, _sgd, dict(lr=0.05, momentum=0.9)),
     (optim.Adam, _adam, dict(lr=0.01, weight_decay=0.05)),
-    (optim.AdamW, lambda *a, **k: _adam(*a, decoupled=True, **k), dict(lr=0.01, betas=(0.8, 0.99), weight_decay=0.1)),
+    (
+        optim.AdamW,
+        lambda *a, **k: _adam(*a, decoupled=True, **k),
+        dict(lr=0.01, betas=(0.8, 0.99), weight_decay=0.1),
+    ),
     (optim.RMSProp, _rmsprop, dict(lr=0.01)),
     (optim.RMSProp, _rmsprop, dict(lr=0.01, momentum=0.9, centered=True, weight_decay=0.01)),
     (optim.RMSProp, _rmsprop, dict(lr=0.01, momentum=0.5)),
@@ -65,7 +69,9 @@ CASES = [
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("cls,ref,hyper", CASES, ids=lambda v: getattr(v, "__name__", "") if callable(v) else "")
+@pytest.mark.parametrize(
+    "cls,ref,hyper", CASES, ids=lambda v: getattr(v, "__name__", "") if callable(v) else ""
+)
 def test_matches_numpy_reference(queue, rng, dtype, cls, ref, hyper):
     host = [rng.standard_normal(s) for s in SHAPES]
     params = [ag.Parameter(Tensor.from_host(queue, h.astype(dtype))) for h in host]
@@ -78,14 +84,19 @@ def test_matches_numpy_reference(queue, rng, dtype, cls, ref, hyper):
             p.grad = Tensor.from_host(queue, g.astype(dtype))
         opt.step()
         opt.zero_grad()
-        want = [ref(w, g.astype(dtype).astype(np.float64), st, step, **hyper) for w, g, st in zip(want, grads, states)]
+        want = [
+            ref(w, g.astype(dtype).astype(np.float64), st, step, **hyper)
+            for w, g, st in zip(want, grads, states)
+        ]
     tol = dict(rtol=2e-5, atol=2e-6) if dtype == np.float32 else dict(rtol=1e-12, atol=1e-13)
     for p, w in zip(params, want):
         np.testing.assert_allclose(p.value.to_host(), w, **tol)
 
 
 def test_one_launch_for_up_to_eight_parameters(queue, rng):
-    params = [ag.Parameter(Tensor.from_host(queue, rng.standard_normal(s).astype(np.float32))) for s in SHAPES * 3]
+    params = [
+        ag.Parameter(Tensor.from_host(queue, rng.standard_normal(s).astype(np.float32))) for s in SHAPES * 3
+    ]
     for p in params:
         p.grad = Tensor.ones(queue, p.shape)
     opt = optim.AdamW(params)
@@ -139,8 +150,10 @@ def test_param_groups_and_state_dict_round_trip(queue, rng):
 def test_load_state_dict_rejects_wrong_shapes(queue):
     p = ag.Parameter(Tensor.ones(queue, (3,)))
     opt = optim.Adam([p])
-    bad = {"state": {0: {"step": 1, "exp_avg": np.zeros(4), "exp_avg_sq": np.zeros(3)}},
-           "param_groups": opt.state_dict()["param_groups"]}
+    bad = {
+        "state": {0: {"step": 1, "exp_avg": np.zeros(4), "exp_avg_sq": np.zeros(3)}},
+        "param_groups": opt.state_dict()["param_groups"],
+    }
     with pytest.raises(ValueError, match=r"exp_avg.*\(4,\).*\(3,\)"):
         opt.load_state_dict(bad)
 

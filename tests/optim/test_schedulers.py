@@ -63,12 +63,15 @@ def test_reduce_on_plateau(opt):
         assert opt.param_groups[0]["lr"] == lr
 
 
-@pytest.mark.parametrize("make", [
-    lambda o: optim.StepLR(o, 3),
-    lambda o: optim.CosineAnnealing(o, 10),
-    lambda o: optim.WarmupCosine(o, 3, 10),
-    lambda o: optim.OneCycle(o, 1.0, 20),
-])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda o: optim.StepLR(o, 3),
+        lambda o: optim.CosineAnnealing(o, 10),
+        lambda o: optim.WarmupCosine(o, 3, 10),
+        lambda o: optim.OneCycle(o, 1.0, 20),
+    ],
+)
 def test_scheduler_state_dict(queue, make):
     o1 = optim.SGD([ag.Parameter(Tensor.ones(queue, (1,)))], lr=1.0, momentum=0.9)
     s1 = make(o1)

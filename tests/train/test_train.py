@@ -66,9 +66,22 @@ def test_resume_is_bitwise_identical(queue, digits, tmp_path):
 
 def test_netcl_train_command_and_resume(tmp_path, capsys):
     out = tmp_path / "run"
+
     def args(epochs):
-        return ["train", "--dataset", "digits", "--model", "mlp", "--epochs", str(epochs), "--batch-size", "64",
-                "--out", str(out), "--no-progress"]
+        return [
+            "train",
+            "--dataset",
+            "digits",
+            "--model",
+            "mlp",
+            "--epochs",
+            str(epochs),
+            "--batch-size",
+            "64",
+            "--out",
+            str(out),
+            "--no-progress",
+        ]
 
     assert main(args(1)) == 0
     assert (out / "checkpoint.safetensors").exists() and (out / "curves.png").stat().st_size > 1000
