@@ -117,16 +117,18 @@ class BufferPool:
     def empty_cache(self) -> None:
         """Give every cached block back to OpenCL (after the queues that used them finish)."""
         with self._lock:
-            for queue, buckets in self._free.items():
+            # swap first: a finalizer that runs during the loop (GC in this thread) files its block
+            # into the new dict instead of changing the one being walked
+            free, self._free = self._free, {}
+            self.cached = 0
+            for queue, buckets in free.items():
                 try:
                     queue.finish()
-                except Exception:
+                except Exception:  # a failed queue must not keep its memory
                     pass
                 for bufs in buckets.values():
                     for buf in bufs:
                         buf.release()
-            self._free.clear()
-            self.cached = 0
 
     def stats(self) -> dict[str, int]:
         """Bytes in use and cached (by size class), peak in use, and allocation counts."""
@@ -242,10 +244,17 @@ def pinned_empty(queue: Any, shape: tuple[int, ...], dtype: Any = np.float32) ->
     """
     dt = np.dtype(dtype)
     nbytes = max(int(np.prod(shape)) * dt.itemsize, 1)
-    buf = cl.Buffer(queue.context, cl.mem_flags.READ_WRITE | cl.mem_flags.ALLOC_HOST_PTR, nbytes)
-    host, _ev = cl.enqueue_map_buffer(
-        queue.cl, buf, cl.map_flags.READ | cl.map_flags.WRITE, 0, (nbytes,), np.uint8
-    )
-    queue.cl.finish()
+    try:
+        buf = cl.Buffer(queue.context, cl.mem_flags.READ_WRITE | cl.mem_flags.ALLOC_HOST_PTR, nbytes)
+        host, _ev = cl.enqueue_map_buffer(
+            queue.cl, buf, cl.map_flags.READ | cl.map_flags.WRITE, 0, (nbytes,), np.uint8
+        )
+        queue.cl.finish()
+    except cl.Error as exc:
+        if is_oom(exc):
+            raise OutOfMemoryError(
+                f"could not pin {_fmt_bytes(nbytes)} of host memory for {queue.device.describe()}: {exc}"
+            ) from None
+        raise DeviceError(f"pinned host allocation on {queue.device.describe()} failed: {exc}") from None
     arr = host[: int(np.prod(shape)) * dt.itemsize].view(dt).reshape(shape)
     return arr
