@@ -3,11 +3,18 @@
 // im2col: cols[b, g, (c*KH + kh)*KW + kw, oh*OW + ow] = x[n0 + b, g*Cg + c, ih, iw]
 //   (zero outside the image), ih = oh*SH - PH + kh*DH, iw = ow*SW - PW + kw*DW, for a chunk of
 //   NB images starting at n0. Then y[n, g] (Kg x OH*OW) = w[g] (Kg x Cg*KH*KW) @ cols[n, g].
-//   Layout: global (OH*OW, Cg*KH*KW, NB*G); one work-item writes one column element (reads are
-//   coalesced along ow on GPUs, writes fully coalesced). ones_row=1 appends a row of ones
-//   (R = Cg*KH*KW + 1) so a bias column in the weight matrix adds the bias inside the GEMM.
+//   The row (b, g, r) starts at element b*SB + g*SG + r*SR of cols and holds OH*OW contiguous
+//   values: (SB, SG, SR) = (G*R*P, R*P, P) is the per-image layout (NB, G, R, P);
+//   (P, R*NB*P, NB*P) is the batch-inner layout (G, R, NB*P) whose rows run over all images
+//   (the weight gradient's GEMM sums over its K = NB*P without a separate reduction).
+//   im2col (GPUs): global (OH*OW, R, NB*G); one work-item writes one element (coalesced).
+//   im2col_rows (CPUs): global (R, NB*G); one work-item writes one whole row of OH*OW values as
+//   runs (zeros / copied input row / zeros per oh), no div/mod inside the loop: PoCL vectorises
+//   the copy and each row's input lines stay in L1.
+//   ones_row=1 appends a row of ones (R = Cg*KH*KW + 1) so a bias column in the weight matrix
+//   adds the bias inside the GEMM.
 // col2im: gx[n0 + b, g*Cg + c, ih, iw] = sum over (kh, kw) with a valid output position of
-//   cols[b, g, (c*KH + kh)*KW + kw, oh*OW + ow]: a gather, no atomics.
+//   cols[b, g, (c*KH + kh)*KW + kw, oh*OW + ow] (per-image layout): a gather, no atomics.
 //   Layout: global (W, H, NB*C); one work-item per input element.
 
 #ifdef USE_FP64
@@ -21,8 +28,8 @@
 #define ACC T
 #endif
 
-__kernel void im2col(__global const T *x, const long x_off, __global T *cols, const int n0, const int NB,
-                     const int ones_row, const int C, const int H, const int W, const int OH, const int OW,
+__kernel void im2col(__global const T *x, const long x_off, __global T *cols, const long SB, const long SG,
+                     const long SR, const int n0, const int NB, const int ones_row, const int C, const int H, const int W, const int OH, const int OW,
                      const int KH, const int KW, const int SH, const int SW, const int PH, const int PW,
                      const int DH, const int DW, const int G)
 {
@@ -32,18 +39,61 @@ __kernel void im2col(__global const T *x, const long x_off, __global T *cols, co
     const int Cg = C / G;
     const int R = Cg * KH * KW + ones_row;
     if (p >= OH * OW || r >= R || bg >= NB * G) return;
+    const int b = bg / G, g = bg - (bg / G) * G;
+    __global T *dst = cols + b * SB + g * SG + r * SR + p;
     if (ones_row && r == R - 1) {
-        cols[(((long)bg * R) + r) * OH * OW + p] = (T)1;
+        *dst = (T)1;
         return;
     }
-    const int b = bg / G, g = bg - (bg / G) * G;
     const int c = r / (KH * KW), kh = (r / KW) % KH, kw = r % KW;
     const int oh = p / OW, ow = p - (p / OW) * OW;
     const int ih = oh * SH - PH + kh * DH, iw = ow * SW - PW + kw * DW;
     T v = (T)0;
     if (ih >= 0 && ih < H && iw >= 0 && iw < W)
         v = x[x_off + ((((long)(n0 + b) * C) + (long)g * Cg + c) * H + ih) * W + iw];
-    cols[(((long)bg * R) + r) * OH * OW + p] = v;
+    *dst = v;
+}
+
+__kernel void im2col_rows(__global const T *x, const long x_off, __global T *cols, const long SB, const long SG,
+                          const long SR, const int n0, const int NB, const int ones_row, const int C,
+                          const int H, const int W, const int OH, const int OW, const int KH, const int KW,
+                          const int SH, const int SW, const int PH, const int PW, const int DH, const int DW,
+                          const int G)
+{
+    const int r = get_global_id(0);
+    const int bg = get_global_id(1);
+    const int Cg = C / G;
+    const int R = Cg * KH * KW + ones_row;
+    if (r >= R || bg >= NB * G) return;
+    const int b = bg / G, g = bg - (bg / G) * G;
+    __global T *dst = cols + b * SB + g * SG + r * SR;
+    const int P = OH * OW;
+    if (ones_row && r == R - 1) {
+        for (int i = 0; i < P; ++i) dst[i] = (T)1;
+        return;
+    }
+    const int c = r / (KH * KW), kh = (r / KW) % KH, kw = r % KW;
+    const __global T *xc = x + x_off + (((long)(n0 + b) * C) + (long)g * Cg + c) * H * W;
+    const int iw0 = kw * DW - PW;                       // iw = iw0 + ow*SW
+    // valid ow range: 0 <= iw0 + ow*SW < W
+    const int lo = iw0 >= 0 ? 0 : min(OW, (-iw0 + SW - 1) / SW);
+    const int hi = iw0 >= W ? 0 : min(OW, (W - 1 - iw0) / SW + 1);
+    for (int oh = 0; oh < OH; ++oh) {
+        __global T *d = dst + oh * OW;
+        const int ih = oh * SH - PH + kh * DH;
+        if (ih < 0 || ih >= H || hi <= lo) {
+            for (int ow = 0; ow < OW; ++ow) d[ow] = (T)0;
+            continue;
+        }
+        const __global T *src = xc + (long)ih * W + iw0;
+        for (int ow = 0; ow < lo; ++ow) d[ow] = (T)0;
+        if (SW == 1) {
+            for (int ow = lo; ow < hi; ++ow) d[ow] = src[ow];
+        } else {
+            for (int ow = lo; ow < hi; ++ow) d[ow] = src[ow * SW];
+        }
+        for (int ow = hi; ow < OW; ++ow) d[ow] = (T)0;
+    }
 }
 
 __kernel void col2im(__global const T *cols, __global T *gx, const long gx_off, const int n0, const int NB,

@@ -6,6 +6,11 @@
 // Backward kernels are gathers (no atomics): global (W, H, N*C); one work-item sums, for its
 //   input element, the output gradients of every window that contains it (for max: whose saved
 //   index points at it). Windows are walked through (kh, kw) so each (oh, ow) is met once.
+// max_pool2d_backward_plane (CPUs): global (N*C); one work-item owns one (n, c) plane: it zeroes
+//   the plane's H*W gradients and adds each of the plane's OH*OW output gradients at its saved
+//   index (a scatter inside the plane, so no other work-item can collide: no atomics). O(H*W +
+//   OH*OW) per plane, sequential reads and writes that stay in L1, no div/mod; overlapping
+//   windows just add twice, in output order.
 // Geometry: KH KW kernel, SH SW stride, PH PW padding, DH DW dilation (max only; average uses 1).
 // Average divisor: count_include_pad ? window clipped to the padded input : valid elements only.
 
@@ -73,6 +78,21 @@ __kernel void max_pool2d_backward(__global const T *gy, const long gy_off, __glo
         }
     }
     gx[(long)z * H * W + self] = (T)acc;
+}
+
+__kernel void max_pool2d_backward_plane(__global const T *gy, const long gy_off, __global const long *idx,
+                                        __global T *gx, const int NC, const int HW, const int OHW)
+{
+    const int z = get_global_id(0);
+    if (z >= NC) return;
+    __global T *gp = gx + (long)z * HW;
+    const __global T *g = gy + gy_off + (long)z * OHW;
+    const __global long *ip = idx + (long)z * OHW;
+    for (int i = 0; i < HW; ++i) gp[i] = (T)0;
+    for (int o = 0; o < OHW; ++o) {
+        const long i = ip[o];
+        if (i >= 0 && i < HW) gp[i] += g[o];
+    }
 }
 
 inline int avg_divisor(const int oh, const int ow, const int H, const int W, const int KH, const int KW,

@@ -8,6 +8,7 @@ tuning database (netcl.tune) when it exists.
 
 from __future__ import annotations
 
+import importlib
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -178,12 +179,17 @@ def record_algorithm(device: Any, x_shape: Sequence[int], w_shape: Sequence[int]
     database_for(device).put(TUNE_FAMILY, _tune_key(p, np.dtype(dt)), {"algorithm": algorithm}, **measured)
 
 
-def _have_matmul() -> bool:
+def _matmul_module() -> Any:
+    """netcl.ops.matmul the module (netcl.ops re-exports a function of the same name, so
+    `from netcl.ops import matmul` would give the function), or None when it is not built."""
     try:
-        from netcl.ops import matmul as _m  # noqa: F401, PLC0415
+        return importlib.import_module("netcl.ops.matmul")
     except ImportError:
-        return False
-    return hasattr(_m, "matmul")
+        return None
+
+
+def _have_matmul() -> bool:
+    return hasattr(_matmul_module(), "matmul_epilogue")
 
 
 def winograd_applicable(p: ConvParams) -> bool:
@@ -199,8 +205,9 @@ def select_algorithm(device: Any, p: ConvParams, dt: np.dtype) -> str:
         return tuned
     if p.G > 1 and p.Cg == 1:
         return "depthwise"
-    if winograd_applicable(p) and p.C >= 8 and p.K >= 8:
-        return "winograd"
+    cpu = device.capabilities.kind == "cpu"
+    if winograd_applicable(p) and p.C >= 8 and p.K >= 8 and not (cpu and p.G == 1 and _have_matmul()):
+        return "winograd"  # GPUs: 2x im2col on the H200; on PoCL im2col + GEMM is 2.7x Winograd
     if p.G == 1 and _have_matmul():
         return "im2col"  # on PoCL too: measured 9 GFLOP/s vs 1.7 for the direct kernel (bench/NOTES_conv.md)
     return "direct"
@@ -259,14 +266,28 @@ def _im2col_chunk(device: Any, p: ConvParams, itemsize: int) -> int:
     return max(1, min(p.N, budget // max(per_image, 1)))
 
 
-def _im2col(x: Tensor, p: ConvParams, n0: int, nb: int, ones_row: bool = False) -> Tensor:
-    """cols (nb, G, Cg*KH*KW [+1 row of ones], OH*OW) of images n0..n0+nb-1."""
+def _im2col(x: Tensor, p: ConvParams, n0: int, nb: int, ones_row: bool = False,
+            batch_inner: bool = False) -> Tensor:
+    """cols of images n0..n0+nb-1, R = Cg*KH*KW [+1 row of ones] rows of P = OH*OW positions each:
+    (nb, G, R, P) per image, or with batch_inner (G, R, nb*P) (every image's positions in one row)."""
     rows = p.Cg * p.KH * p.KW + int(ones_row)
-    cols = Tensor.empty(x.queue, (nb, p.G, rows, p.OH * p.OW), x.dtype)
+    P = p.OH * p.OW
+    if batch_inner:
+        cols = Tensor.empty(x.queue, (p.G, rows, nb * P), x.dtype)
+        sb, sg, sr = P, rows * nb * P, nb * P
+    else:
+        cols = Tensor.empty(x.queue, (nb, p.G, rows, P), x.dtype)
+        sb, sg, sr = p.G * rows * P, rows * P, P
+    if cols.size == 0:
+        return cols
     prg = load_program(x.device, "im2col.cl", _defines(x.dtype))
     g = p.geometry()
-    prg.im2col(x.queue, (p.OH * p.OW, rows, nb * p.G), None, x.buffer, np.int64(x.offset),
-               cols.buffer, np.int32(n0), np.int32(nb), np.int32(ones_row), g[1], g[2], g[3], *g[5:])
+    args = (x.buffer, np.int64(x.offset), cols.buffer, np.int64(sb), np.int64(sg), np.int64(sr),
+            np.int32(n0), np.int32(nb), np.int32(ones_row), g[1], g[2], g[3], *g[5:])
+    if x.device.capabilities.kind == "cpu":
+        prg.im2col_rows(x.queue, (rows, nb * p.G), None, *args)
+    else:
+        prg.im2col(x.queue, (P, rows, nb * p.G), None, *args)
     return cols
 
 
@@ -276,7 +297,7 @@ def _conv_im2col(x: Tensor, w: Tensor, bias: Tensor | None, p: ConvParams, activ
     The bias runs along the GEMM's rows, so it rides inside the product: w gets a bias column and
     cols a row of ones (R+1), and the GEMM epilogue applies the activation: one GEMM launch.
     """
-    from netcl.ops import matmul as mm  # noqa: PLC0415
+    mm = _matmul_module()
 
     r = p.Cg * p.KH * p.KW
     wg = w.reshape(p.G, p.Kg, r)
@@ -352,17 +373,47 @@ def _check_grad_out(op: str, grad_out: Tensor, p: ConvParams) -> None:
 
 
 def conv2d_backward_input(grad_out: Tensor, weight: Tensor, input_shape: Sequence[int], stride: Any = 1,
-                          padding: Any = 0, dilation: Any = 1, groups: int = 1) -> Tensor:
-    """d(loss)/d(x) of conv2d, shape `input_shape`: a transposed convolution of grad_out by weight."""
+                          padding: Any = 0, dilation: Any = 1, groups: int = 1,
+                          algorithm: str = "auto") -> Tensor:
+    """d(loss)/d(x) of conv2d, shape `input_shape`: a transposed convolution of grad_out by weight.
+
+    algorithm: 'gemm' (cols[n, g] = w[g]^T (R x Kg) @ gy[n, g] (Kg x P), then col2im), 'direct'
+    (the gather kernel), or 'auto' (gemm when netcl.ops.matmul exists and the layer is not depthwise).
+    """
+    if algorithm not in ("auto", "gemm", "direct"):
+        raise ValueError(f"algorithm must be 'auto', 'gemm' or 'direct', got {algorithm!r}")
     check_same_queue(grad_out, weight)
     dt = _float_dtype("conv2d_backward_input", grad_out, weight)
     p = ConvParams(tuple(input_shape), weight.shape, stride, padding, dilation, groups,
                    op="conv2d_backward_input")
     _check_grad_out("conv2d_backward_input", grad_out, p)
     gx = Tensor.empty(grad_out.queue, (p.N, p.C, p.H, p.W), dt)
-    if gx.size:
-        _backward_input_into(grad_out.contiguous(), weight.contiguous(), None, gx, p, 0)
+    if gx.size == 0:
+        return gx
+    gy, w = grad_out.contiguous(), weight.contiguous()
+    use_gemm = algorithm == "gemm" or (algorithm == "auto" and _have_matmul() and p.Cg * p.Kg > 1)
+    if use_gemm and p.OH * p.OW:
+        _backward_input_gemm(gy, w, gx, p)
+    else:
+        _backward_input_into(gy, w, None, gx, p, 0)
     return gx
+
+
+def _backward_input_gemm(gy: Tensor, w: Tensor, gx: Tensor, p: ConvParams) -> None:
+    """cols[n, g] (R x P) = w[g]^T (R x Kg) @ gy[n, g] (Kg x P) (the weight's transpose read in
+    place, batch-broadcast over n), then col2im gathers cols back into gx; chunked over images."""
+    mm = _matmul_module()
+
+    r, P = p.Cg * p.KH * p.KW, p.OH * p.OW
+    wt = w.reshape(p.G, p.Kg, r).transpose(1, 2)                              # (G, R, Kg)
+    chunk = _im2col_chunk(gy.device, p, gy.itemsize)
+    prg = load_program(gy.device, "im2col.cl", _defines(gy.dtype))
+    g = p.geometry()
+    for n0 in range(0, p.N, chunk):
+        nb = min(chunk, p.N - n0)
+        cols = mm.matmul(wt, gy[n0:n0 + nb].reshape(nb, p.G, p.Kg, P))        # (nb, G, R, P)
+        prg.col2im(gy.queue, (p.W, p.H, nb * p.C), None, cols.buffer, gx.buffer, np.int64(gx.offset),
+                   np.int32(n0), np.int32(nb), g[1], g[2], g[3], *g[5:])
 
 
 def _backward_input_into(gy: Tensor, w: Tensor, bias: Tensor | None, gx: Tensor, p: ConvParams, act: int) -> None:
@@ -374,19 +425,53 @@ def _backward_input_into(gy: Tensor, w: Tensor, bias: Tensor | None, gx: Tensor,
 
 
 def conv2d_backward_weight(x: Tensor, grad_out: Tensor, weight_shape: Sequence[int], stride: Any = 1,
-                           padding: Any = 0, dilation: Any = 1, groups: int = 1) -> Tensor:
-    """d(loss)/d(weight) of conv2d, shape `weight_shape` (K, C/groups, KH, KW)."""
+                           padding: Any = 0, dilation: Any = 1, groups: int = 1,
+                           algorithm: str = "auto") -> Tensor:
+    """d(loss)/d(weight) of conv2d, shape `weight_shape` (K, C/groups, KH, KW).
+
+    algorithm: 'gemm' (im2col + one GEMM per group whose K dimension runs over every image and
+    position: gw[g] = gy[:, g] (Kg x N*P) @ cols[g]^T (N*P x R)), 'direct' (the gather kernel: one
+    work-item per weight element), or 'auto' (gemm when netcl.ops.matmul exists).
+    """
+    if algorithm not in ("auto", "gemm", "direct"):
+        raise ValueError(f"algorithm must be 'auto', 'gemm' or 'direct', got {algorithm!r}")
     check_same_queue(x, grad_out)
     dt = _float_dtype("conv2d_backward_weight", x, grad_out)
     p = ConvParams(x.shape, tuple(weight_shape), stride, padding, dilation, groups, op="conv2d_backward_weight")
     _check_grad_out("conv2d_backward_weight", grad_out, p)
-    gw = Tensor.empty(x.queue, (p.K, p.Cg, p.KH, p.KW), dt)
     x, grad_out = x.contiguous(), grad_out.contiguous()
+    if algorithm == "gemm" or (algorithm == "auto" and _have_matmul()):
+        if p.N * p.OH * p.OW == 0:
+            return Tensor.zeros(x.queue, (p.K, p.Cg, p.KH, p.KW), dt)
+        return _backward_weight_gemm(x, grad_out, p)
+    gw = Tensor.empty(x.queue, (p.K, p.Cg, p.KH, p.KW), dt)
     prg = load_program(x.device, "conv_direct.cl", _defines(dt))
     prg.conv2d_backward_weight(x.queue, (p.Cg * p.KH * p.KW, p.K), None, x.buffer, np.int64(x.offset),
                                grad_out.buffer, np.int64(grad_out.offset), gw.buffer, np.int64(gw.offset),
                                *p.geometry())
     return gw
+
+
+def _backward_weight_gemm(x: Tensor, gy: Tensor, p: ConvParams) -> Tensor:
+    """gw[g] (Kg x R) = sum over image chunks of gy[chunk, g] (Kg x nb*P) @ cols[g]^T (nb*P x R).
+
+    cols is written batch-inner, (G, R, nb*P), so its transpose is read in place with unit stride
+    along the GEMM's K; gy is permuted once to (G, Kg, nb*P). Later chunks accumulate through the
+    GEMM's residual epilogue (no separate reduction launch)."""
+    mm = _matmul_module()
+
+    r, P = p.Cg * p.KH * p.KW, p.OH * p.OW
+    chunk = _im2col_chunk(x.device, p, x.itemsize)
+    # gy (N, K, OH, OW) -> (G, Kg, N*P) is the im2col of a 1x1 convolution over gy: the same row-copy
+    # kernel (a generic strided copy measured 2x slower than the GEMM it feeds on PoCL)
+    gp = ConvParams(gy.shape, (p.K, p.Kg, 1, 1), 1, 0, 1, p.G, op="conv2d_backward_weight")
+    gw = None
+    for n0 in range(0, p.N, chunk):
+        nb = min(chunk, p.N - n0)
+        cols = _im2col(x, p, n0, nb, batch_inner=True)                        # (G, R, nb*P)
+        g = _im2col(gy, gp, n0, nb, batch_inner=True)                        # (G, Kg, nb*P)
+        gw = mm.matmul_epilogue(g, cols.transpose(1, 2), residual=gw)        # (G, Kg, R)
+    return gw.reshape(p.K, p.Cg, p.KH, p.KW)
 
 
 def conv2d_backward_bias(grad_out: Tensor) -> Tensor:

@@ -77,8 +77,14 @@ def max_pool2d(x: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0
 
 def max_pool2d_backward(grad_out: Tensor, indices: Tensor, input_shape: Sequence[int], kernel_size: Any,
                         stride: Any = None, padding: Any = 0, dilation: Any = 1,
-                        ceil_mode: bool = False) -> Tensor:
-    """Gradient of max_pool2d w.r.t. its input: each output's gradient goes to its argmax."""
+                        ceil_mode: bool = False, algorithm: str = "auto") -> Tensor:
+    """Gradient of max_pool2d w.r.t. its input: each output's gradient goes to its argmax.
+
+    algorithm: 'gather' (one work-item per input element walks the windows containing it: GPUs),
+    'plane' (one work-item per (n, c) plane scatters through the indices: CPUs), 'auto' by device.
+    """
+    if algorithm not in ("auto", "gather", "plane"):
+        raise ValueError(f"algorithm must be 'auto', 'gather' or 'plane', got {algorithm!r}")
     check_same_queue(grad_out, indices)
     _check_input("max_pool2d_backward", grad_out)
     if len(input_shape) != 4:
@@ -96,8 +102,15 @@ def max_pool2d_backward(grad_out: Tensor, indices: Tensor, input_shape: Sequence
         # idx must start at offset 0 for the kernel: copy it if it is a view into a larger buffer
         if idx.offset:
             idx = idx.clone()
-        prg.max_pool2d_backward(gy.queue, (p.W, p.H, p.N * p.C), None, gy.buffer, np.int64(gy.offset),
-                                idx.buffer, gx.buffer, *p.args())
+        if algorithm == "plane" or (algorithm == "auto" and gy.device.capabilities.kind == "cpu"):
+            # CPUs: one work-item per plane scatters through the saved indices (measured 35 ms -> see
+            # bench/NOTES.md for the gather at batch 128 on PoCL)
+            prg.max_pool2d_backward_plane(gy.queue, (p.N * p.C,), None, gy.buffer, np.int64(gy.offset),
+                                          idx.buffer, gx.buffer, np.int32(p.N * p.C), np.int32(p.H * p.W),
+                                          np.int32(p.OH * p.OW))
+        else:
+            prg.max_pool2d_backward(gy.queue, (p.W, p.H, p.N * p.C), None, gy.buffer, np.int64(gy.offset),
+                                    idx.buffer, gx.buffer, *p.args())
     return gx
 
 

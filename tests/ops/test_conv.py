@@ -120,7 +120,9 @@ def test_conv2d_float64_and_noncontiguous_input(queue, rng):
 
 def test_auto_picks_by_shape(device):
     assert C.select_algorithm(device, C.ConvParams((1, 8, 8, 8), (8, 1, 3, 3), 1, 1, 1, 8), np.float32) == "depthwise"
-    assert C.select_algorithm(device, C.ConvParams((1, 16, 8, 8), (16, 16, 3, 3), 1, 1, 1, 1), np.float32) == "winograd"
+    # 3x3 stride 1: Winograd on GPUs, im2col + GEMM on CPUs (2.7x Winograd on PoCL, bench/NOTES.md)
+    want = "im2col" if device.capabilities.kind == "cpu" else "winograd"
+    assert C.select_algorithm(device, C.ConvParams((1, 16, 8, 8), (16, 16, 3, 3), 1, 1, 1, 1), np.float32) == want
     assert C.select_algorithm(device, C.ConvParams((1, 16, 8, 8), (16, 16, 3, 3), 2, 1, 1, 1), np.float32) != "winograd"
 
 
@@ -150,22 +152,55 @@ BACKWARD_CASES = [
     ((2, 3, 7, 6), (4, 3, 3, 3), 1, 1, 1, 1),
     ((1, 4, 9, 8), (6, 2, 3, 2), 2, (2, 1), (1, 2), 2),
     ((2, 3, 5, 6), (3, 1, 3, 3), 1, 1, 1, 3),
+    ((3, 1, 17, 13), (5, 1, 3, 3), 3, 0, 2, 1),                 # stride 3, dilation 2, C=1, odd sizes
+    ((1, 5, 4, 7), (7, 5, 1, 1), 1, 0, 1, 1),                   # 1x1
+    ((3, 2, 6, 5), (2, 2, 5, 4), (1, 2), (2, 3), 1, 1),         # kernel wider than the padding walks
 ]
 
 
+@pytest.mark.parametrize("algo", ["gemm", "direct"])
 @pytest.mark.parametrize("xs,ws,stride,pad,dil,groups", BACKWARD_CASES)
-def test_conv2d_backward_matches_adjoint(queue, rng, xs, ws, stride, pad, dil, groups):
+def test_conv2d_backward_matches_adjoint(queue, rng, xs, ws, stride, pad, dil, groups, algo):
     p = C.ConvParams(xs, ws, stride, pad, dil, groups)
     x, w = _data(rng, xs, np.float64), _data(rng, ws, np.float64)
     gy = _data(rng, p.output_shape, np.float64)
     gx_ref, gw_ref = ref_conv_backward(xs, w, gy, (p.SH, p.SW), (p.PH, p.PW), (p.DH, p.DW), groups, x=x)
-    kw = dict(stride=stride, padding=pad, dilation=dil, groups=groups)
+    kw = dict(stride=stride, padding=pad, dilation=dil, groups=groups, algorithm=algo)
     gyt = Tensor.from_host(queue, gy)
     gx = C.conv2d_backward_input(gyt, Tensor.from_host(queue, w), xs, **kw)
     gw = C.conv2d_backward_weight(Tensor.from_host(queue, x), gyt, ws, **kw)
     assert_close(gx, gx_ref, rtol=1e-12, atol=1e-12)
     assert_close(gw, gw_ref, rtol=1e-12, atol=1e-12)
     assert_close(C.conv2d_backward_bias(gyt), gy.sum(axis=(0, 2, 3)), rtol=1e-12, atol=1e-12)
+
+
+def test_conv2d_backward_gemm_float32_chunked(queue, rng, monkeypatch):
+    """The GEMM backward paths over image chunks (grad_weight accumulates through the residual
+    epilogue), float32, non-contiguous grad_out, against the float64 adjoint."""
+    monkeypatch.setattr(C, "_im2col_chunk", lambda device, p, itemsize: 2)
+    xs, ws, kw = (5, 6, 9, 7), (4, 3, 3, 3), dict(stride=(2, 1), padding=(1, 2), dilation=(2, 1), groups=2)
+    p = C.ConvParams(xs, ws, **kw)
+    x, w = _data(rng, xs), _data(rng, ws)
+    gy = _data(rng, (p.N, p.OH, p.OW, p.K))                         # stored NHWC, viewed NCHW
+    gyt = Tensor.from_host(queue, gy).permute(0, 3, 1, 2)
+    gy = gy.transpose(0, 3, 1, 2).astype(np.float64)
+    gx_ref, gw_ref = ref_conv_backward(xs, w.astype(np.float64), gy, (p.SH, p.SW), (p.PH, p.PW), (p.DH, p.DW),
+                                       p.G, x=x)
+    gx = C.conv2d_backward_input(gyt, Tensor.from_host(queue, w), xs, algorithm="gemm", **kw)
+    gw = C.conv2d_backward_weight(Tensor.from_host(queue, x), gyt, ws, algorithm="gemm", **kw)
+    assert_close(gx, gx_ref, rtol=1e-4, atol=1e-4)
+    assert_close(gw, gw_ref, rtol=1e-4, atol=1e-4)
+
+
+def test_im2col_layouts_agree(queue, rng):
+    """The per-image (nb, G, R, P) and batch-inner (G, R, nb*P) layouts hold the same columns."""
+    xs, ws = (3, 4, 7, 6), (4, 2, 3, 2)
+    p = C.ConvParams(xs, ws, (2, 1), (1, 1), (1, 2), 2)
+    x = Tensor.from_host(queue, _data(rng, xs))
+    per_image = C._im2col(x, p, 1, 2).to_host()                     # images 1, 2
+    inner = C._im2col(x, p, 1, 2, batch_inner=True).to_host()
+    r, P = p.Cg * p.KH * p.KW, p.OH * p.OW
+    np.testing.assert_array_equal(inner.reshape(p.G, r, 2, P).transpose(2, 0, 1, 3), per_image)
 
 
 def test_conv2d_backward_finite_differences(queue, rng):

@@ -64,12 +64,13 @@ def ref_adaptive(x, oh, ow):
     return out
 
 
-MAX_CASES = [((2, 3, 7, 9), 3, 2, 1, 1, False), ((1, 2, 8, 5), (2, 3), (2, 1), (1, 0), (2, 1), True),
+MAX_CASES = [((2, 3, 7, 9), 3, 2, 1, 1, False), ((3, 5, 9, 11), 2, 2, 0, 1, False), ((1, 2, 8, 5), (2, 3), (2, 1), (1, 0), (2, 1), True),
              ((1, 1, 5, 5), 2, None, 0, 1, True)]
 
 
+@pytest.mark.parametrize("algo", ["gather", "plane"])
 @pytest.mark.parametrize("shape,k,s,p,d,ceil_mode", MAX_CASES)
-def test_max_pool2d_forward_backward(queue, rng, shape, k, s, p, d, ceil_mode):
+def test_max_pool2d_forward_backward(queue, rng, shape, k, s, p, d, ceil_mode, algo):
     x = rng.standard_normal(shape)
     pair = lambda v: (v, v) if isinstance(v, int) else v  # noqa: E731
     want, want_idx = ref_max_pool(x, pair(k), pair(k if s is None else s), pair(p), pair(d), ceil_mode)
@@ -77,7 +78,8 @@ def test_max_pool2d_forward_backward(queue, rng, shape, k, s, p, d, ceil_mode):
     assert_close(out, want)
     np.testing.assert_array_equal(idx.to_host(), want_idx)
     gy = rng.standard_normal(want.shape)
-    gx = P.max_pool2d_backward(Tensor.from_host(queue, gy), idx, shape, k, s, p, d, ceil_mode).to_host()
+    gx = P.max_pool2d_backward(Tensor.from_host(queue, gy), idx, shape, k, s, p, d, ceil_mode,
+                               algorithm=algo).to_host()
     ref = np.zeros(shape).reshape(shape[0], shape[1], -1)
     for (a, b, i, j), flat in np.ndenumerate(want_idx):
         ref[a, b, flat] += gy[a, b, i, j]
