@@ -18,7 +18,6 @@ import uuid
 from pathlib import Path
 
 import numpy as np
-import pyopencl as cl
 
 from netcl.core.backend import enqueue_copy
 from netcl.core.device import manager
@@ -72,7 +71,6 @@ def bandwidth_rows(dev, sizes_mb, repeat):
             sec = median_seconds(fn, repeat)
             moved = 2 * nbytes if name.startswith("d2d") else nbytes
             rows.append({"case": name, "mb": mb, "seconds": sec, "gb_per_s": moved / sec / 1e9})
-        del pinned
     return rows
 
 

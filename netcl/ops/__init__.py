@@ -1,4 +1,5 @@
 """Host-side op entry points: shape checks, dtype rules, kernel choice (re-exported here)."""
+# ruff: noqa: F401  (this module exists to re-export)
 from netcl.ops.conv import conv2d, conv2d_relu, conv2d_backward_input, conv2d_backward_weight, conv2d_backward_bias, conv_transpose2d  # noqa: E501
 from netcl.ops.pool import max_pool2d, max_pool2d_backward, avg_pool2d, avg_pool2d_backward, adaptive_avg_pool2d, adaptive_avg_pool2d_backward, global_avg_pool2d  # noqa: E501
 from netcl.ops.elementwise import *  # noqa: F401,F403,E402  (JIT/elementwise engineer)
