@@ -87,13 +87,22 @@ def test_conv2d_forward(queue, xs, ws, stride, pad, dil, groups, algo):
 
 @pytest.mark.parametrize("kind", ["cpu", "gpu"])
 def test_im2col_both_layouts(device, queue, monkeypatch, kind):
-    """im2col (GPU layout) and im2col_rows (CPU layout) whatever the device reports."""
+    """The GPU (one work-item per element) and CPU (whole rows/planes) im2col/col2im kernels, whatever
+    the device reports."""
     monkeypatch.setattr(device, "capabilities", dataclasses.replace(device.capabilities, kind=kind))
     rng = np.random.default_rng(2)
     x, w = rng.standard_normal((2, 3, 5, 4)), rng.standard_normal((2, 3, 2, 3))
     got = ops.conv2d(dev(queue, x.astype(np.float32)), dev(queue, w.astype(np.float32)), None, (1, 2), (2, 1),
                      (2, 1), 1, algorithm="im2col")
     close(got, conv_ref(x, w, None, (1, 2), (2, 1), (2, 1), 1), 1e-4, 1e-4)
+    # the backward GEMM paths: col2im / col2im_plane and the batch-inner im2col
+    gy = rng.standard_normal(got.shape)
+    gx_ref, gw_ref = conv_grads_ref(x, w, gy, (1, 2), (2, 1), (2, 1), 1)
+    gyt = dev(queue, gy.astype(np.float32))
+    close(_call(ops.conv2d_backward_input, gyt, dev(queue, w.astype(np.float32)), x.shape, (1, 2), (2, 1),
+                (2, 1), 1, algorithm="gemm"), gx_ref, 1e-4, 1e-4)
+    close(_call(ops.conv2d_backward_weight, dev(queue, x.astype(np.float32)), gyt, w.shape, (1, 2), (2, 1),
+                (2, 1), 1, algorithm="gemm"), gw_ref, 1e-4, 1e-4)
 
 
 @pytest.mark.parametrize("xs,ws,stride,pad,dil,groups,algo", CONVS[:3])
