@@ -150,11 +150,13 @@ def _conv_grad_input(
 ) -> Tensor:
     """d x of a convolution. With stride 1, dilation 1, one group it is the forward convolution of g
     with the spatially flipped, in/out-swapped weight and padding k - 1 - p, which runs on conv2d's
-    fastest path (measured 6x faster than conv2d_backward_input on PoCL); otherwise the dedicated kernel."""
+    fastest path on GPUs (Winograd); otherwise, and on CPUs, conv2d_backward_input (GEMM + col2im:
+    1.3x the flipped convolution on PoCL, bench/NOTES.md)."""
     ops = _ops()
     (sh, sw), (dh, dw), (ph, pw) = _as_pair(stride), _as_pair(dilation), _as_pair(padding)
     kh, kw = w.shape[2], w.shape[3]
-    if (sh, sw, dh, dw, groups) == (1, 1, 1, 1, 1) and ph <= kh - 1 and pw <= kw - 1:
+    gpu = g.device.capabilities.kind != "cpu"
+    if gpu and (sh, sw, dh, dw, groups) == (1, 1, 1, 1, 1) and ph <= kh - 1 and pw <= kw - 1:
         flipped = w[:, :, ::-1, ::-1].permute(1, 0, 2, 3).contiguous()
         gx = ops.conv2d(g, flipped, None, stride=1, padding=(kh - 1 - ph, kw - 1 - pw))
         if gx.shape == tuple(x_shape):

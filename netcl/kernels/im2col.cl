@@ -15,7 +15,10 @@
 //   adds the bias inside the GEMM.
 // col2im: gx[n0 + b, g*Cg + c, ih, iw] = sum over (kh, kw) with a valid output position of
 //   cols[b, g, (c*KH + kh)*KW + kw, oh*OW + ow] (per-image layout): a gather, no atomics.
-//   Layout: global (W, H, NB*C); one work-item per input element.
+//   Layout: global (W, H, NB*C); one work-item per input element (GPUs).
+// col2im_plane (CPUs): the same sum; global (NB*C), one work-item owns one (b, c) input plane:
+//   it zeroes it, then adds each of its KH*KW column rows back as unit-stride runs (the inverse of
+//   im2col_rows: no div/mod in the loops, the plane stays in L1; nothing else writes the plane).
 
 #ifdef USE_FP64
 #pragma OPENCL EXTENSION cl_khr_fp64 : enable
@@ -124,4 +127,34 @@ __kernel void col2im(__global const T *cols, __global T *gx, const long gx_off, 
         }
     }
     gx[gx_off + ((((long)(n0 + b) * C) + c) * H + ih) * W + iw] = (T)acc;
+}
+
+__kernel void col2im_plane(__global const T *cols, __global T *gx, const long gx_off, const int n0, const int NB,
+                           const int C, const int H, const int W, const int OH, const int OW,
+                           const int KH, const int KW, const int SH, const int SW, const int PH, const int PW,
+                           const int DH, const int DW, const int G)
+{
+    const int bc = get_global_id(0);
+    if (bc >= NB * C) return;
+    const int b = bc / C, c = bc - (bc / C) * C;
+    const int Cg = C / G, g = c / Cg, cl = c - g * Cg;
+    const int P = OH * OW;
+    const __global T *cb = cols + (((long)b * G + g) * Cg + cl) * KH * KW * P;
+    __global T *gp = gx + gx_off + ((long)(n0 + b) * C + c) * H * W;
+    for (int i = 0; i < H * W; ++i) gp[i] = (T)0;
+    for (int kh = 0; kh < KH; ++kh) {
+        for (int kw = 0; kw < KW; ++kw) {
+            const __global T *src = cb + (kh * KW + kw) * P;
+            const int iw0 = kw * DW - PW;
+            const int lo = iw0 >= 0 ? 0 : min(OW, (-iw0 + SW - 1) / SW);
+            const int hi = iw0 >= W ? 0 : min(OW, (W - 1 - iw0) / SW + 1);
+            for (int oh = 0; oh < OH; ++oh) {
+                const int ih = oh * SH - PH + kh * DH;
+                if (ih < 0 || ih >= H) continue;
+                __global T *d = gp + (long)ih * W + iw0;
+                const __global T *s = src + oh * OW;
+                for (int ow = lo; ow < hi; ++ow) d[ow * SW] += s[ow];
+            }
+        }
+    }
 }

@@ -266,6 +266,12 @@ def _im2col_chunk(device: Any, p: ConvParams, itemsize: int) -> int:
     return max(1, min(p.N, budget // max(per_image, 1)))
 
 
+def _row_kernels(device: Any) -> bool:
+    """CPUs get the im2col/col2im kernels where one work-item copies whole rows (PoCL pays per
+    work-item and vectorises unit-stride loops); GPUs one work-item per element (coalesced)."""
+    return device.capabilities.kind == "cpu"
+
+
 def _im2col(x: Tensor, p: ConvParams, n0: int, nb: int, ones_row: bool = False,
             batch_inner: bool = False) -> Tensor:
     """cols of images n0..n0+nb-1, R = Cg*KH*KW [+1 row of ones] rows of P = OH*OW positions each:
@@ -284,7 +290,7 @@ def _im2col(x: Tensor, p: ConvParams, n0: int, nb: int, ones_row: bool = False,
     g = p.geometry()
     args = (x.buffer, np.int64(x.offset), cols.buffer, np.int64(sb), np.int64(sg), np.int64(sr),
             np.int32(n0), np.int32(nb), np.int32(ones_row), g[1], g[2], g[3], *g[5:])
-    if x.device.capabilities.kind == "cpu":
+    if _row_kernels(x.device):
         prg.im2col_rows(x.queue, (rows, nb * p.G), None, *args)
     else:
         prg.im2col(x.queue, (P, rows, nb * p.G), None, *args)
@@ -412,8 +418,13 @@ def _backward_input_gemm(gy: Tensor, w: Tensor, gx: Tensor, p: ConvParams) -> No
     for n0 in range(0, p.N, chunk):
         nb = min(chunk, p.N - n0)
         cols = mm.matmul(wt, gy[n0:n0 + nb].reshape(nb, p.G, p.Kg, P))        # (nb, G, R, P)
-        prg.col2im(gy.queue, (p.W, p.H, nb * p.C), None, cols.buffer, gx.buffer, np.int64(gx.offset),
-                   np.int32(n0), np.int32(nb), g[1], g[2], g[3], *g[5:])
+        args = (cols.buffer, gx.buffer, np.int64(gx.offset), np.int32(n0), np.int32(nb), g[1], g[2], g[3], *g[5:])
+        if cols.offset:
+            cols = cols.clone()  # the kernels index cols from element 0
+        if _row_kernels(gy.device):
+            prg.col2im_plane(gy.queue, (nb * p.C,), None, *args)
+        else:
+            prg.col2im(gy.queue, (p.W, p.H, nb * p.C), None, *args)
 
 
 def _backward_input_into(gy: Tensor, w: Tensor, bias: Tensor | None, gx: Tensor, p: ConvParams, act: int) -> None:
@@ -456,11 +467,9 @@ def _backward_weight_gemm(x: Tensor, gy: Tensor, p: ConvParams) -> Tensor:
     """gw[g] (Kg x R) = sum over image chunks of gy[chunk, g] (Kg x nb*P) @ cols[g]^T (nb*P x R).
 
     cols is written batch-inner, (G, R, nb*P), so its transpose is read in place with unit stride
-    along the GEMM's K; gy is permuted once to (G, Kg, nb*P). Later chunks accumulate through the
+    along the GEMM's K; gy is copied once to (G, Kg, nb*P). Later chunks accumulate through the
     GEMM's residual epilogue (no separate reduction launch)."""
     mm = _matmul_module()
-
-    r, P = p.Cg * p.KH * p.KW, p.OH * p.OW
     chunk = _im2col_chunk(x.device, p, x.itemsize)
     # gy (N, K, OH, OW) -> (G, Kg, N*P) is the im2col of a 1x1 convolution over gy: the same row-copy
     # kernel (a generic strided copy measured 2x slower than the GEMM it feeds on PoCL)
