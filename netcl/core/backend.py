@@ -319,6 +319,15 @@ def round_up(n: int, multiple: int) -> int:
     return ((n + multiple - 1) // multiple) * multiple
 
 
+def _arg_key(a: Any) -> Any:
+    """What decides whether a kernel argument must be set again (None: always set it)."""
+    if isinstance(a, (np.generic, np.ndarray)):
+        return (a.dtype.str, a.tobytes())
+    if isinstance(a, cl.MemoryObjectHolder):
+        return a
+    return None
+
+
 class Kernel:
     """A kernel of a built program. Launches are thread-safe (args are set under a lock)."""
 
@@ -328,6 +337,7 @@ class Kernel:
         self.name = kernel.function_name
         self._lock = threading.Lock()
         self._max_wg: int | None = None
+        self._last_args: list[Any] | None = None
 
     @property
     def max_work_group_size(self) -> int:
@@ -387,11 +397,31 @@ class Kernel:
             print(f"[netcl] launch {self.name} global={global_size} local={local}", file=sys.stderr)
         return event
 
+    def _set_args(self, args: Sequence[Any]) -> None:
+        """Set only the arguments that differ from this kernel's previous launch: some drivers (PoCL)
+        spend ~10 us per by-value clSetKernelArg, which is most of a small launch's host cost.
+        Memory objects compare by identity (the previous ones are kept referenced, so an identity
+        match is the same cl_mem); numpy scalars and vectors by dtype and bytes."""
+        last = self._last_args
+        if last is None or len(last) != len(args):
+            self.cl.set_args(*args)
+            self._last_args = [_arg_key(a) for a in args]
+            return
+        for i, a in enumerate(args):
+            key = _arg_key(a)
+            if key is None or key != last[i] or (key.__class__ is not tuple and key is not last[i]):
+                self.cl.set_arg(i, a)
+                last[i] = key
+
     def _enqueue(self, queue, global_size, local, args, wait_for) -> cl.Event:
         for attempt in (0, 1):
             try:
                 with self._lock:
-                    self.cl.set_args(*args)
+                    try:
+                        self._set_args(args)
+                    except BaseException:
+                        self._last_args = None
+                        raise
                     return cl.enqueue_nd_range_kernel(queue.cl, self.cl, global_size, local, wait_for=wait_for)
             except cl.Error as exc:
                 if is_oom(exc) and attempt == 0:

@@ -10,6 +10,7 @@ else from the per-device-class defaults below.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -55,12 +56,35 @@ def default_params(variant: str, dtype: Any) -> dict[str, int]:
     return dict(table.get(np.dtype(dtype).name, table.get("any", {})))
 
 
+# Host-side caches of the launch path (a training step calls gemm a few times per step, where
+# re-reading kernel sources, hashing them and resolving the tuning file's path cost ~0.3-1 ms a call).
+_db_cache: dict[tuple, Any] = {}
+_program_cache: dict[tuple, Any] = {}
+
+
+def _database(device: Any) -> Any:
+    """The tuning database of `device` (resolved once per device and cache directory), or None when
+    NETCL_TUNING=0. The database object itself re-reads its file when it changes on disk."""
+    import os
+
+    from netcl import config
+
+    if not config.tuning_enabled():
+        return None
+    key = (id(device), os.environ.get("NETCL_CACHE_DIR", ""))
+    db = _db_cache.get(key)
+    if db is None:
+        from netcl.tune.database import database_for
+
+        db = _db_cache[key] = database_for(device)
+    return db
+
+
 def tuned_params(device: Any, variant: str, dtype: Any) -> dict[str, int]:
     """The parameters netcl uses for `variant` on `device`: tuned when stored, else the defaults."""
-    from netcl.tune.database import lookup
-
     params = default_params(variant, dtype)
-    stored = lookup(device, f"gemm_{variant}", np.dtype(dtype).name)
+    db = _database(device)
+    stored = db.get(f"gemm_{variant}", np.dtype(dtype).name) if db is not None else None
     if stored:
         params.update({k: int(v) for k, v in stored.items() if k in params})
     return params
@@ -101,6 +125,10 @@ NV_VERBOSE = False
 def _program(device: Any, variant: str, defines: dict[str, Any]):
     """Build a GEMM kernel file (after the shared prelude). The non-define knob MAXRREG (NVIDIA only)
     caps registers per work-item via -cl-nv-maxrregcount, so more work-groups fit on an SM."""
+    key = (id(device), variant, tuple(sorted(defines.items())), NV_VERBOSE)
+    prg = _program_cache.get(key)
+    if prg is not None:
+        return prg
     defines = dict(defines)
     extra = ["-cl-mad-enable"]
     max_regs = defines.pop("MAXRREG", 0)
@@ -116,6 +144,7 @@ def _program(device: Any, variant: str, defines: dict[str, Any]):
 
         log = prg.cl.get_build_info(device.cl_device, cl.program_build_info.LOG).strip()
         print(f"[netcl] {variant} {defines}: {log or '(no log: loaded from the binary cache)'}")
+    _program_cache[key] = prg
     return prg
 
 
@@ -337,9 +366,16 @@ def _launch(p: _Problem, variant: str, params: dict[str, int] | None = None, spl
             bias_t.buffer, i64(bias_t.offset), i64(bias_t.strides[0] if p.bias is not None else 0),
             res_t.buffer, i64(res_t.offset + (extra[3] if res is not None else 0)), i64(res_rs), i64(res_cs),
             acc_type(p.alpha), np.int32(nb_inner),
-            cltypes.make_long4(a_in[0], a_in[1], b_in[0], b_in[1]),
-            cltypes.make_long4(c_in[0], c_in[1], r_in[0], r_in[1]),
+            _long4(a_in[0], a_in[1], b_in[0], b_in[1]),
+            _long4(c_in[0], c_in[1], r_in[0], r_in[1]),
         )
+
+
+@functools.lru_cache(maxsize=256)
+def _long4(x: int, y: int, z: int, w: int) -> Any:
+    """cltypes.make_long4, cached: it costs ~25 us a call (it evals a constructor) and the batch
+    strides repeat from call to call. The returned array is only read (passed as a kernel arg)."""
+    return cltypes.make_long4(x, y, z, w)
 
 
 def _k_contiguous(p: _Problem) -> bool:
