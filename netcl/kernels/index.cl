@@ -53,11 +53,11 @@ __kernel void gather_axis(__global T *out, __global const T *x, const long xoff,
 #ifdef SCATTER_ATOMIC
 #ifdef ATOMIC_FLOAT
 inline void atomic_add_value(volatile __global T *p, T v) {
-    union { uint u; float f; } old, upd;
-    do {
-        old.f = *p;
-        upd.f = old.f + v;
-    } while (atomic_cmpxchg((volatile __global uint *)p, old.u, upd.u) != old.u);
+    /* every access atomic (a plain first read would race with other work-items' cmpxchg) */
+    volatile __global uint *pu = (volatile __global uint *)p;
+    uint seen = atomic_or(pu, 0u), prev;
+    while ((prev = atomic_cmpxchg(pu, seen, as_uint(as_float(seen) + v))) != seen)
+        seen = prev;
 }
 #else
 inline void atomic_add_value(volatile __global T *p, T v) { atomic_add(p, v); }
