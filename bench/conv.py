@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from netcl.core.device import manager  # noqa: E402
 from netcl.core.tensor import Tensor  # noqa: E402
 from netcl.ops import conv as C  # noqa: E402
+from netcl.ops import pool as P  # noqa: E402
 
 
 def median_seconds(fn, finish, repeat: int, warmup: int = 2) -> float:
@@ -66,6 +67,58 @@ path = tempfile.mktemp(suffix=".npy")
 np.save(path, fn().numpy())
 print(json.dumps({{"device": dev, "seconds": statistics.median(ts), "path": path}}))
 """
+
+
+def backward_rows(args, dev, q, x, w, repeat: int, skip: set) -> list[dict]:
+    """grad_weight and grad_input of the same convolution (GEMM path vs the direct gather kernels vs
+    PyTorch's convolution_backward), and max_pool2d 2x2's backward (plane scatter vs gather)."""
+    rng = np.random.default_rng(1)
+    n, k, hw = x.shape[0], w.shape[0], x.shape[2]
+    gy = rng.standard_normal((n, k, hw, hw)).astype(np.float32)
+    xt, wt, gyt = Tensor.from_host(q, x), Tensor.from_host(q, w), Tensor.from_host(q, gy)
+    flops = 2.0 * n * k * hw * hw * x.shape[1] * 9
+    rows: list[dict] = []
+    refs: dict = {}
+    if "torch" not in skip:
+        try:
+            import torch
+
+            tdev = "cuda" if args.gpu and torch.cuda.is_available() else "cpu"
+            sync = torch.cuda.synchronize if tdev == "cuda" else (lambda: None)
+            tx, tw_, tg = (torch.from_numpy(a).to(tdev) for a in (x, w, gy))
+            for what, mask in (("grad_weight", [False, True, False]), ("grad_input", [True, False, False])):
+                fn = lambda m=mask: torch.ops.aten.convolution_backward(  # noqa: E731
+                    tg, tx, tw_, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1, m)
+                s = median_seconds(fn, sync, repeat)
+                res = fn()
+                refs[what] = (res[1] if what == "grad_weight" else res[0]).cpu().numpy().astype(np.float64)
+                rows.append({"op": what, "impl": "pytorch", "ms": s * 1e3, "gflops": flops / s / 1e9})
+        except Exception as exc:  # a missing peer is reported, not fatal
+            rows.append({"op": "conv backward", "impl": "pytorch", "ms": None, "note": f"unavailable: {exc}"[:160]})
+    for algo in ("gemm", "direct"):
+        for what, fn in (
+            ("grad_weight", lambda a=algo: C.conv2d_backward_weight(xt, gyt, w.shape, padding=1, algorithm=a)),
+            ("grad_input", lambda a=algo: C.conv2d_backward_input(gyt, wt, x.shape, padding=1, algorithm=a)),
+        ):
+            # the direct gather kernels are slow (seconds per call at the GPU size): few repeats
+            s = median_seconds(fn, q.finish, repeat if algo == "gemm" else min(repeat, 3), warmup=1)
+            row = {"op": what, "impl": f"netcl {algo}", "ms": s * 1e3, "gflops": flops / s / 1e9}
+            if what in refs:
+                ref = refs[what]
+                row["max_rel_err"] = float(np.max(np.abs(fn().to_host() - ref)) / np.max(np.abs(ref)))
+            rows.append(row)
+    _, idx = P.max_pool2d(xt, 2)
+    for algo in ("plane", "gather"):
+        pooled = Tensor.from_host(q, rng.standard_normal(idx.shape).astype(np.float32))
+        fn = lambda a=algo: P.max_pool2d_backward(pooled, idx, x.shape, 2, algorithm=a)  # noqa: E731
+        s = median_seconds(fn, q.finish, repeat)
+        rows.append({"op": "max_pool2d_backward 2x2", "impl": f"netcl {algo}", "ms": s * 1e3, "gflops": None})
+    print(f"backward of the same convolution ({flops / 1e9:.2f} GFLOP each) and of max_pool2d 2x2 on x:")
+    print(f"{'op':26s} {'impl':16s} {'ms':>9s} {'GFLOP/s':>9s} {'rel err':>9s}  note")
+    for r in rows:
+        print(f"{r['op']:26s} {r['impl']:16s} {r['ms'] if r['ms'] is not None else float('nan'):9.3f} "
+              f"{r.get('gflops') or float('nan'):9.1f} {r.get('max_rel_err', float('nan')):9.1e}  {r.get('note', '')}")
+    return rows
 
 
 def main() -> int:
@@ -187,7 +240,8 @@ def main() -> int:
     print(f"limits: FLOPs/peak and bytes/bandwidth of the device; this device has {caps.compute_units} compute "
           f"units at {caps.max_clock_mhz} MHz; minimum traffic {nbytes / 1e6:.1f} MB "
           f"(at 100 GB/s: {nbytes / 1e8:.3f} ms), so the work is compute-bound")
-    result = {"bench": "conv", "shape": {"N": n, "C": c, "K": k, "H": hw, "W": hw, "kernel": 3, "padding": 1},
+    backward = backward_rows(args, dev, q, x, w, repeat, skip)
+    result = {"bench": "conv", "backward": backward, "shape": {"N": n, "C": c, "K": k, "H": hw, "W": hw, "kernel": 3, "padding": 1},
               "flops": flops, "min_bytes": nbytes, "netcl_device": dev.describe(), "gpu": args.gpu,
               "repeat": repeat, "host": platform.node(), "rows": rows}
     out_path = Path(args.out)
