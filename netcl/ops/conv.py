@@ -418,9 +418,9 @@ def _backward_input_gemm(gy: Tensor, w: Tensor, gx: Tensor, p: ConvParams) -> No
     for n0 in range(0, p.N, chunk):
         nb = min(chunk, p.N - n0)
         cols = mm.matmul(wt, gy[n0:n0 + nb].reshape(nb, p.G, p.Kg, P))        # (nb, G, R, P)
+        if cols.offset or not cols.is_contiguous():
+            cols = cols.clone()  # the kernels index a contiguous cols from element 0
         args = (cols.buffer, gx.buffer, np.int64(gx.offset), np.int32(n0), np.int32(nb), g[1], g[2], g[3], *g[5:])
-        if cols.offset:
-            cols = cols.clone()  # the kernels index cols from element 0
         if _row_kernels(gy.device):
             prg.col2im_plane(gy.queue, (nb * p.C,), None, *args)
         else:
