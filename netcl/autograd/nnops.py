@@ -92,11 +92,16 @@ def linear(x: Node, weight: Node, bias: Node | None = None, activation: str | No
             g = _relu_mask(g, out)
         g2 = g.reshape(-1, out_features)
         gx = mm.matmul(g2, wv).reshape(xv.shape) if x.requires_grad else None
-        gw = mm.matmul(g2.transpose(0, 1), xv.reshape(-1, in_features)) if weight.requires_grad else None
-        grads = [gx, gw]
-        if bias is not None:
-            grads.append(sum_rows(g2) if bias.requires_grad else None)
-        return tuple(grads)
+        gw = gb = None
+        want_b = bias is not None and bias.requires_grad
+        if weight.requires_grad and want_b:
+            # g^T x and the column sums of g in one launch where the CPU GEMM runs (gb None elsewhere)
+            gw, gb = mm.matmul_rowsum(g2.transpose(0, 1), xv.reshape(-1, in_features))
+        elif weight.requires_grad:
+            gw = mm.matmul(g2.transpose(0, 1), xv.reshape(-1, in_features))
+        if want_b and gb is None:
+            gb = sum_rows(g2)
+        return (gx, gw) if bias is None else (gx, gw, gb)
 
     return record(out, parents, backward, "linear" if activation is None else "linear_relu")
 

@@ -319,15 +319,6 @@ def round_up(n: int, multiple: int) -> int:
     return ((n + multiple - 1) // multiple) * multiple
 
 
-def _arg_key(a: Any) -> Any:
-    """What decides whether a kernel argument must be set again (None: always set it)."""
-    if isinstance(a, (np.generic, np.ndarray)):
-        return (a.dtype.str, a.tobytes())
-    if isinstance(a, cl.MemoryObjectHolder):
-        return a
-    return None
-
-
 class Kernel:
     """A kernel of a built program. Launches are thread-safe (args are set under a lock)."""
 
@@ -398,20 +389,24 @@ class Kernel:
         return event
 
     def _set_args(self, args: Sequence[Any]) -> None:
-        """Set only the arguments that differ from this kernel's previous launch: some drivers (PoCL)
-        spend ~10 us per by-value clSetKernelArg, which is most of a small launch's host cost.
-        Memory objects compare by identity (the previous ones are kept referenced, so an identity
-        match is the same cl_mem); numpy scalars and vectors by dtype and bytes."""
+        """Set the arguments, skipping by-value ones (numpy scalars and vectors) equal to this
+        kernel's previous launch: PoCL spends ~10 us per by-value clSetKernelArg, most of a small
+        launch's host cost. Memory objects are always set (cheap; and no reference to them is kept,
+        so a freed buffer is never held here nor mistaken for a new one at the same address)."""
         last = self._last_args
         if last is None or len(last) != len(args):
             self.cl.set_args(*args)
-            self._last_args = [_arg_key(a) for a in args]
+            self._last_args = [a if isinstance(a, (np.generic, np.ndarray)) else None for a in args]
             return
+        set_arg = self.cl.set_arg
         for i, a in enumerate(args):
-            key = _arg_key(a)
-            if key is None or key != last[i] or (key.__class__ is not tuple and key is not last[i]):
-                self.cl.set_arg(i, a)
-                last[i] = key
+            prev = last[i]
+            if prev is not None and (
+                a is prev or (type(a) is type(prev) and a.dtype == prev.dtype and a.tobytes() == prev.tobytes())
+            ):
+                continue
+            set_arg(i, a)
+            last[i] = a if isinstance(a, (np.generic, np.ndarray)) else None
 
     def _enqueue(self, queue, global_size, local, args, wait_for) -> cl.Event:
         for attempt in (0, 1):

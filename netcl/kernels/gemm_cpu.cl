@@ -16,6 +16,10 @@
 // Layout flags (set by the host): B_NCONTIG when B's columns are contiguous (b_ns == 1), B_KCONTIG
 // when B's k is (b_ks == 1: a transposed view such as linear's weight); A_MCONTIG when A's rows
 // are contiguous (a_rs == 1): A's block is then packed k-major into local scratch too.
+// ROWSUM_A (unbatched launches only): the work-groups of the first column block also write the row
+// sums of A, rowsum[m] = sum_k A[m, k], into the `bias` buffer (at bias_off, stride bias_stride),
+// which is then an output and not added to C (HAS_BIAS must be off). This is a linear layer's bias
+// gradient (A = g^T) computed in the weight-gradient launch instead of a reduction launch of its own.
 
 #ifndef MB
 #define MB 64
@@ -50,6 +54,10 @@ void gemm_cpu(GEMM_ARGS)
     const int mlen = min(MB, M - m0);
     const int nlen = min(NB, N - n0);
     const int npanels = (nlen + VN - 1) / VN;
+#ifdef ROWSUM_A
+    __local ACC_T Rs[MB];  // running row sums of A's block (first column block only)
+    const bool do_rowsum = get_group_id(0) == 0;
+#endif
 
     for (int k0 = 0; k0 < K || k0 == 0; k0 += KC) {
         const int kl = min(KC, K - k0);
@@ -90,6 +98,21 @@ void gemm_cpu(GEMM_ARGS)
         for (int k = 0; k < kl; ++k) {
             __global const STORE_T *src = A + (k0 + k) * a_ks + m0;
             for (int mm = 0; mm < mlen; ++mm) Ap[k * MB + mm] = (ACC_T)LOAD1(mm, src);
+        }
+#endif
+#ifdef ROWSUM_A
+        if (do_rowsum) {
+            for (int mm = 0; mm < mlen; ++mm) {
+                ACC_T s = first ? (ACC_T)0 : Rs[mm];
+#ifdef A_MCONTIG
+                for (int k = 0; k < kl; ++k) s += Ap[k * MB + mm];
+#else
+                __global const STORE_T *row = A + (m0 + mm) * a_rs + k0 * a_ks;
+                for (int k = 0; k < kl; ++k) s += (ACC_T)LOAD1(k * a_ks, row);
+#endif
+                Rs[mm] = s;
+                if (last) STORE1(s, (m0 + mm) * bias_stride, (__global STORE_T *)bias);
+            }
         }
 #endif
 

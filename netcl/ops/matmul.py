@@ -35,8 +35,10 @@ DEFAULTS: dict[str, dict[str, dict[str, int]]] = {
     "direct": {"any": {"UNROLL": 4}},
     "dot": {"any": {"DOT_WG": 64}},
     "cpu": {
-        "float32": {"MB": 120, "NB": 64, "KC": 256, "RM": 5, "VN": 16},
-        "float16": {"MB": 120, "NB": 64, "KC": 256, "RM": 5, "VN": 16},
+        # MB=NB=64: enough work-groups for 2+ cores on training-sized GEMMs (256 x 256 x 784 gives 16);
+        # KC=512 keeps K <= 512 in one chunk (no partial-sum round trips through local memory)
+        "float32": {"MB": 64, "NB": 64, "KC": 512, "RM": 5, "VN": 16},
+        "float16": {"MB": 64, "NB": 64, "KC": 512, "RM": 5, "VN": 16},
         "float64": {"MB": 64, "NB": 32, "KC": 256, "RM": 4, "VN": 8},
     },
     "tiled": {
@@ -280,7 +282,10 @@ def _prepare(
 
 
 # -- launching ----------------------------------------------------------------------------------------
-def _launch(p: _Problem, variant: str, params: dict[str, int] | None = None, splits: int | None = None) -> None:
+def _launch(
+    p: _Problem, variant: str, params: dict[str, int] | None = None, splits: int | None = None,
+    rowsum: Tensor | None = None,
+) -> None:
     device = p.out.device
     queue = p.out.queue
     a, b = p.a, p.b
@@ -328,6 +333,8 @@ def _launch(p: _Problem, variant: str, params: dict[str, int] | None = None, spl
         defines["B_KCONTIG"] = None
     if variant == "cpu" and a_rs == 1 and a_ks != 1:
         defines["A_MCONTIG"] = None
+    if rowsum is not None:
+        defines["ROWSUM_A"] = None  # cpu variant only (see matmul_rowsum): row sums of A into `rowsum`
     if variant == "tiled":
         defines["A_TRANS"] = int(not (a_ks == 1 and a_rs >= p.k))
         defines["B_TRANS"] = int(not (b_ns == 1 and b_ks >= p.n))
@@ -352,7 +359,8 @@ def _launch(p: _Problem, variant: str, params: dict[str, int] | None = None, spl
         lsize = (tile["TX"], tile["TY"], 1)
 
     acc_type = np.float64 if dt == dtypes.float64 else np.float32
-    bias_t = p.bias if p.bias is not None else out
+    bias_t = p.bias if p.bias is not None else (rowsum if rowsum is not None else out)
+    bias_stride = bias_t.strides[0] if (p.bias is not None or rowsum is not None) else 0
     res_t = res if res is not None else out
     i64 = np.int64
     for outer in np.ndindex(*outer_shape) if outer_shape else [()]:
@@ -363,7 +371,7 @@ def _launch(p: _Problem, variant: str, params: dict[str, int] | None = None, spl
             a.buffer, i64(a.offset + extra[0]), i64(a_rs), i64(a_ks),
             b.buffer, i64(b.offset + extra[1]), i64(b_ks), i64(b_ns),
             out.buffer, i64(out.offset + extra[2]), i64(out.strides[-2]),
-            bias_t.buffer, i64(bias_t.offset), i64(bias_t.strides[0] if p.bias is not None else 0),
+            bias_t.buffer, i64(bias_t.offset), i64(bias_stride),
             res_t.buffer, i64(res_t.offset + (extra[3] if res is not None else 0)), i64(res_rs), i64(res_cs),
             acc_type(p.alpha), np.int32(nb_inner),
             _long4(a_in[0], a_in[1], b_in[0], b_in[1]),
@@ -519,6 +527,22 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
     Transposed or sliced views are read in place. float16 (float32 accumulation), float32, float64.
     """
     return gemm(a, b)
+
+
+def matmul_rowsum(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor | None]:
+    """(a @ b, row sums of a) for 2-D a (M, K) and b (K, N), in one launch where the CPU kernel runs
+    (a linear layer's weight and bias gradients: a = g^T). Returns (a @ b, None) when the problem
+    takes another kernel (GPU, tiny shapes); the caller then sums a's rows itself."""
+    if not (isinstance(a, Tensor) and isinstance(b, Tensor)) or a.ndim != 2 or b.ndim != 2:
+        return matmul(a, b), None
+    if a.device.capabilities.kind != "cpu" or choose_variant(a.device, a.shape[0], b.shape[1], a.shape[1]) != "cpu":
+        return gemm(a, b), None
+    p = _prepare(a, b, None, None, None, 1.0)
+    if p.out.size == 0:
+        return _finish(p), None
+    rowsum = Tensor.empty(p.out.queue, (p.m,), p.out.dtype)
+    _launch(p, "cpu", rowsum=rowsum)
+    return _finish(p), rowsum
 
 
 def matmul_epilogue(
