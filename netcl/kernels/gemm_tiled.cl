@@ -16,9 +16,17 @@
 //   TX, TY   work-group shape; TX*TY work-items, each computing (BM/TY) x (BN/TX) (default 16 x 16)
 //   VW       vector width of local-memory reads: 1, 2, 4 or 8 (default 4)
 //   PADA, PADB  padding (multiples of VW) added to a local row to spread banks (default 4)
+//   WX       compute layout: 32 consecutive work-items (one NVIDIA warp) take a WX x (32/WX) patch of
+//            the TX x TY grid (default 0 = TX: plain row-major ids)
 // Layout flags (set by the host): A_TRANS=1 when A's rows are contiguous along M (A is a transposed
 // view, a_rs == 1), else A's k is contiguous (a_ks == 1); B_TRANS=1 when B's k is contiguous (b_ks == 1),
 // else B's columns are (b_ns == 1).
+// GVEC (set by the host when every operand offset, non-unit stride and batch stride is a multiple of 4
+// elements; float32/float64 only): tiles that lie wholly inside the matrices (m0 + BM <= M, n0 + BN <= N,
+// k0 + BK <= K; the decision is uniform per work-group) are fetched with aligned 4-wide global loads
+// (float4: one 128-bit load per 4 elements, no bound checks); edge tiles take the scalar guarded path.
+// A 4-wide load along k is transposed into the k-major local tile with 4 scalar stores; along m or n it
+// is stored as one vector.
 
 #ifndef BM
 #define BM 128
@@ -77,8 +85,110 @@ typedef GEMM_CAT(ACC, VW) VEC_T;
 #endif
 #endif
 
+#if !defined(WX) || WX == 0
+#undef WX
+#define WX TX
+#endif
+#if WX != TX && ((NT % 32) || (TX % WX) || (32 % WX) || (TY % (32 / WX)))
+#error "gemm_tiled: WX must divide TX and 32, and 32/WX must divide TY (work-group a multiple of 32)"
+#endif
+
 #if (BM % (TY * VW)) || (BN % (TX * VW)) || (PADA % VW) || (PADB % VW)
 #error "gemm_tiled: BM must be a multiple of TY*VW, BN of TX*VW, and PADA/PADB multiples of VW"
+#endif
+
+#if defined(GVEC) && (defined(DTYPE_F16) || (BM % 4) || (BN % 4) || (BK % 4))
+#undef GVEC   /* vector fetch needs whole float4s in every tile dimension (and 4-byte+ elements) */
+#endif
+#ifdef GVEC
+#define LA4 ((BM * BK / 4 + NT - 1) / NT)   // 4-wide A loads each work-item issues per tile
+#define LB4 ((BK * BN / 4 + NT - 1) / NT)
+#define RA_N (LA > 4 * LA4 ? LA : 4 * LA4)
+#define RB_N (LB > 4 * LB4 ? LB : 4 * LB4)
+#define GLOAD4(off, p) (*(__global const ACC4 *)((p) + (off)))   /* host guarantees alignment */
+#if ((BM + PADA) % 4) == 0 && VW >= 4
+#define LSTORE4_A(v, at) (*(__local ACC4 *)(as_ + (at)) = (v))
+#else
+#define LSTORE4_A(v, at) do { as_[(at)] = (v).s0; as_[(at) + 1] = (v).s1; as_[(at) + 2] = (v).s2; \
+                              as_[(at) + 3] = (v).s3; } while (0)
+#endif
+#if ((BN + PADB) % 4) == 0 && VW >= 4
+#define LSTORE4_B(v, at) (*(__local ACC4 *)(bs_ + (at)) = (v))
+#else
+#define LSTORE4_B(v, at) do { bs_[(at)] = (v).s0; bs_[(at) + 1] = (v).s1; bs_[(at) + 2] = (v).s2; \
+                              bs_[(at) + 3] = (v).s3; } while (0)
+#endif
+// 4-wide coordinates of load q (q-th float4 of the tile): the contiguous dimension varies fastest.
+#if A_TRANS
+#define A_VEC_COORDS(q, mm, kk) const int mm = 4 * ((q) % (BM / 4)), kk = (q) / (BM / 4)
+#else
+#define A_VEC_COORDS(q, mm, kk) const int kk = 4 * ((q) % (BK / 4)), mm = (q) / (BK / 4)
+#endif
+#if B_TRANS
+#define B_VEC_COORDS(q, nn, kk) const int kk = 4 * ((q) % (BK / 4)), nn = (q) / (BK / 4)
+#else
+#define B_VEC_COORDS(q, nn, kk) const int nn = 4 * ((q) % (BN / 4)), kk = (q) / (BN / 4)
+#endif
+
+// Interior tile at k0: every work-item loads its float4s (no bounds checks).
+#define GEMM_TILED_FETCH_VEC(k0)                                                                    \
+    do {                                                                                            \
+        _Pragma("unroll") for (int i = 0; i < LA4; ++i) {                                           \
+            const int q = tid + i * NT;                                                             \
+            A_VEC_COORDS(q, mm, kk);                                                                \
+            if (q < BM * BK / 4) {                                                                  \
+                const ACC4 v_ = GLOAD4(A_OFFSET((long)(m0 + mm), (k0) + kk), A);                    \
+                ra[4 * i] = v_.s0; ra[4 * i + 1] = v_.s1; ra[4 * i + 2] = v_.s2; ra[4 * i + 3] = v_.s3; \
+            }                                                                                       \
+        }                                                                                           \
+        _Pragma("unroll") for (int i = 0; i < LB4; ++i) {                                           \
+            const int q = tid + i * NT;                                                             \
+            B_VEC_COORDS(q, nn, kk);                                                                \
+            if (q < BK * BN / 4) {                                                                  \
+                const ACC4 v_ = GLOAD4(B_OFFSET((long)((k0) + kk), n0 + nn), B);                    \
+                rb[4 * i] = v_.s0; rb[4 * i + 1] = v_.s1; rb[4 * i + 2] = v_.s2; rb[4 * i + 3] = v_.s3; \
+            }                                                                                       \
+        }                                                                                           \
+    } while (0)
+
+#define GEMM_TILED_STAGE_VEC(As_, Bs_)                                                              \
+    do {                                                                                            \
+        __local ACC_T *as_ = (__local ACC_T *)(As_);                                                \
+        __local ACC_T *bs_ = (__local ACC_T *)(Bs_);                                                \
+        _Pragma("unroll") for (int i = 0; i < LA4; ++i) {                                           \
+            const int q = tid + i * NT;                                                             \
+            A_VEC_COORDS(q, mm, kk);                                                                \
+            if (q < BM * BK / 4) {                                                                  \
+                if (A_TRANS) {                                                                      \
+                    LSTORE4_A(((ACC4)(ra[4 * i], ra[4 * i + 1], ra[4 * i + 2], ra[4 * i + 3])),      \
+                              kk * (LDA_L * VW) + mm);                                              \
+                } else {                                                                            \
+                    as_[(kk + 0) * (LDA_L * VW) + mm] = ra[4 * i];                                  \
+                    as_[(kk + 1) * (LDA_L * VW) + mm] = ra[4 * i + 1];                              \
+                    as_[(kk + 2) * (LDA_L * VW) + mm] = ra[4 * i + 2];                              \
+                    as_[(kk + 3) * (LDA_L * VW) + mm] = ra[4 * i + 3];                              \
+                }                                                                                   \
+            }                                                                                       \
+        }                                                                                           \
+        _Pragma("unroll") for (int i = 0; i < LB4; ++i) {                                           \
+            const int q = tid + i * NT;                                                             \
+            B_VEC_COORDS(q, nn, kk);                                                                \
+            if (q < BK * BN / 4) {                                                                  \
+                if (!B_TRANS) {                                                                     \
+                    LSTORE4_B(((ACC4)(rb[4 * i], rb[4 * i + 1], rb[4 * i + 2], rb[4 * i + 3])),      \
+                              kk * (LDB_L * VW) + nn);                                              \
+                } else {                                                                            \
+                    bs_[(kk + 0) * (LDB_L * VW) + nn] = rb[4 * i];                                  \
+                    bs_[(kk + 1) * (LDB_L * VW) + nn] = rb[4 * i + 1];                              \
+                    bs_[(kk + 2) * (LDB_L * VW) + nn] = rb[4 * i + 2];                              \
+                    bs_[(kk + 3) * (LDB_L * VW) + nn] = rb[4 * i + 3];                              \
+                }                                                                                   \
+            }                                                                                       \
+        }                                                                                           \
+    } while (0)
+#else
+#define RA_N LA
+#define RB_N LB
 #endif
 
 // Fetch this work-item's share of the A and B tiles starting at k0 into registers ra, rb (zero outside).
@@ -136,8 +246,15 @@ void gemm_tiled(GEMM_ARGS)
 {
     __local VEC_T As[2 * BK * LDA_L];
     __local VEC_T Bs[2 * BK * LDB_L];
+    const int tid = get_local_id(1) * TX + get_local_id(0);   // linear id: drives the tile fetch
+#if WX == TX
     const int tx = get_local_id(0), ty = get_local_id(1);
-    const int tid = ty * TX + tx;
+#else
+    // compute position: each group of 32 consecutive work-items covers a WX x (32/WX) patch of
+    // the TX x TY grid, so one warp reads fewer distinct local-memory vectors per k step
+    const int lane = tid % 32, warp = tid / 32;
+    const int tx = (warp % (TX / WX)) * WX + lane % WX, ty = (warp / (TX / WX)) * (32 / WX) + lane / WX;
+#endif
     const int m0 = get_group_id(1) * BM, n0 = get_group_id(0) * BN;
     GEMM_SELECT_BATCH(get_group_id(2));
 
@@ -147,14 +264,30 @@ void gemm_tiled(GEMM_ARGS)
 #pragma unroll
         for (int j = 0; j < TN; ++j) acc[i][j] = 0;
 
-    ACC_T ra[LA], rb[LB];
+    ACC_T ra[RA_N], rb[RB_N];   // this work-item's share of the next tile (scalar or 4-wide fetch)
     const int ntiles = (K + BK - 1) / BK;
-    GEMM_TILED_FETCH(0);
-    GEMM_TILED_STAGE(As, Bs);
+#ifdef GVEC
+    const bool inner = m0 + BM <= M && n0 + BN <= N;   // uniform per work-group
+    bool vec = inner && BK <= K;                        // tile 0 fetched 4-wide
+    if (vec) {
+        GEMM_TILED_FETCH_VEC(0);
+        GEMM_TILED_STAGE_VEC(As, Bs);
+    } else
+#endif
+    {
+        GEMM_TILED_FETCH(0);
+        GEMM_TILED_STAGE(As, Bs);
+    }
     barrier(CLK_LOCAL_MEM_FENCE);
 
     for (int t = 0; t < ntiles; ++t) {
         const int cur = t & 1;
+#ifdef GVEC
+        vec = inner && (t + 2) * BK <= K;   // tile t+1 lies wholly inside
+        if (vec)
+            GEMM_TILED_FETCH_VEC((t + 1) * BK);
+        else
+#endif
         if (t + 1 < ntiles)
             GEMM_TILED_FETCH((t + 1) * BK);
         __local const VEC_T *as = As + cur * (BK * LDA_L);
@@ -177,6 +310,11 @@ void gemm_tiled(GEMM_ARGS)
 #pragma unroll
                 for (int j = 0; j < TN; ++j) acc[i][j] = mad(a[i], b[j], acc[i][j]);
         }
+#ifdef GVEC
+        if (vec)
+            GEMM_TILED_STAGE_VEC(As + (cur ^ 1) * (BK * LDA_L), Bs + (cur ^ 1) * (BK * LDB_L));
+        else
+#endif
         if (t + 1 < ntiles)
             GEMM_TILED_STAGE(As + (cur ^ 1) * (BK * LDA_L), Bs + (cur ^ 1) * (BK * LDB_L));
         barrier(CLK_LOCAL_MEM_FENCE);

@@ -42,12 +42,14 @@ DEFAULTS: dict[str, dict[str, dict[str, int]]] = {
         "float64": {"MB": 64, "NB": 32, "KC": 256, "RM": 4, "VN": 8},
     },
     "tiled": {
+        # float32: best of two H200 sweeps (bench/logs/h200-2026-11-29/gemm_gvec_sweep*.txt): 0.89-0.90x
+        # cuBLAS FP32 at 4096^3 with 4-wide global loads (GVEC) and warps as 8 x 4 patches (WX=8)
         "float32": {"BM": 128, "BN": 128, "BK": 16, "TX": 16, "TY": 16, "VW": 4, "PADA": 4, "PADB": 4,
-                    "MAXRREG": 0},
+                    "MAXRREG": 0, "GVEC": 1, "WX": 8},
         "float16": {"BM": 128, "BN": 128, "BK": 16, "TX": 16, "TY": 16, "VW": 4, "PADA": 4, "PADB": 4,
-                    "MAXRREG": 0},
+                    "MAXRREG": 0, "WX": 8},
         "float64": {"BM": 64, "BN": 64, "BK": 16, "TX": 16, "TY": 16, "VW": 2, "PADA": 2, "PADB": 2,
-                    "MAXRREG": 0},
+                    "MAXRREG": 0, "GVEC": 1, "WX": 0},
     },
 }
 _KERNEL_FILES = {"direct": "gemm_direct.cl", "dot": "gemm_direct.cl", "cpu": "gemm_cpu.cl", "tiled": "gemm_tiled.cl"}
@@ -136,7 +138,7 @@ def _program(device: Any, variant: str, defines: dict[str, Any]):
     max_regs = defines.pop("MAXRREG", 0)
     nvidia = "cl_nv_compiler_options" in device.capabilities.extensions
     if nvidia and max_regs:
-        extra.append(f"-cl-nv-maxrregcount={int(max_regs)}")
+        extra.append(f"-cl-nv-maxrregcount {int(max_regs)}")  # cl_nv_compiler_options spelling
     if nvidia and NV_VERBOSE:
         extra.append("-cl-nv-verbose")
     source = kernel_source("gemm_common.cl") + "\n" + kernel_source(_KERNEL_FILES[variant])
@@ -326,6 +328,9 @@ def _launch(
     tile = tuned_params(device, variant, dt) if params is None else {**default_params(variant, dt), **params}
     if variant == "tiled":
         tile = _fit_local_memory(tile, dt, device.capabilities.local_mem)
+        wx, tx, ty = tile.get("WX", 0), tile["TX"], tile["TY"]
+        if wx and ((tx * ty) % 32 or tx % wx or 32 % wx or ty % (32 // wx)):
+            tile["WX"] = 0  # the warp remap does not fit this work-group shape: plain row-major ids
     defines.update(tile)
     if variant == "cpu" and b_ns == 1:
         defines["B_NCONTIG"] = None
@@ -338,6 +343,11 @@ def _launch(
     if variant == "tiled":
         defines["A_TRANS"] = int(not (a_ks == 1 and a_rs >= p.k))
         defines["B_TRANS"] = int(not (b_ns == 1 and b_ks >= p.n))
+        defines.pop("GVEC", None)
+        if tile.get("GVEC", 1) and dt != dtypes.float16 and all(
+            v % 4 == 0 for v in (a.offset, b.offset, a_rs * a_ks, b_ks * b_ns, *a_bs, *b_bs)
+        ):
+            defines["GVEC"] = None  # interior tiles fetched with aligned 4-wide global loads
     if variant == "tiled" and splits is None:
         splits = choose_splits(device, p, tile)
     if splits and splits > 1:
@@ -427,6 +437,8 @@ def _launch_split_k(
     work = Tensor.empty(queue, (splits, p.m, p.n), acc_dt)
     gemm_defines = {k: v for k, v in defines.items() if k not in ("HAS_BIAS", "HAS_RESIDUAL")}
     gemm_defines["ACT"] = 0
+    if (chunk * a_ks) % 4 or (chunk * b_ks) % 4:
+        gemm_defines.pop("GVEC", None)  # slice starts must stay 4-aligned for the 4-wide loads
     gemm_defines.pop(_DTYPE_DEFINE[dt])
     gemm_defines[_DTYPE_DEFINE[acc_dt]] = None  # partial sums are stored at accumulator precision
     if dt != acc_dt:

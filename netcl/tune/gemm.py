@@ -38,34 +38,29 @@ def _tiled_candidates(device: Any, dtype: np.dtype, quick: bool) -> list[dict[st
     caps = device.capabilities
     out = [default_params("tiled", dtype)]
     grid = [
-        # BM, BN, BK, TX, TY, VW, PAD (, MAXRREG: NVIDIA register cap per work-item)
-        (128, 128, 16, 16, 16, 4, 4),
-        (128, 128, 8, 16, 16, 4, 4),
-        (128, 64, 16, 8, 16, 4, 4),   # 128 work-items of 8x8: more work-groups per compute unit
-        (128, 128, 16, 16, 16, 4, 4, 128),
-        (128, 128, 16, 16, 16, 4, 0),
-        (128, 128, 32, 16, 16, 4, 4),
-        (64, 64, 16, 16, 16, 4, 4),
-        (64, 64, 32, 16, 16, 4, 4),
-        (128, 64, 16, 16, 16, 4, 4),
-        (64, 128, 16, 16, 16, 4, 4),
-        (128, 128, 16, 32, 8, 4, 4),
-        (128, 128, 16, 8, 32, 4, 4),
-        (64, 64, 16, 8, 8, 4, 4),
-        (128, 128, 16, 16, 16, 2, 2),
-        (128, 128, 8, 16, 16, 8, 8),
-        (256, 128, 8, 16, 16, 4, 4),
-        (128, 256, 8, 16, 16, 4, 4),
-        (64, 64, 8, 8, 8, 4, 4),
-        (64, 128, 16, 16, 8, 4, 4),
-        (128, 64, 8, 8, 16, 4, 4),
-        (128, 128, 8, 16, 16, 4, 4, 128),
-        (128, 64, 16, 8, 16, 4, 4, 168),
+        # BM, BN, BK, TX, TY, VW, PAD (, WX: warp patch width, MAXRREG: NVIDIA register cap)
+        # ordered by the H200 sweeps of 2026-11-29 (bench/logs/h200-2026-11-29/gemm_gvec_sweep*.txt)
+        (128, 128, 16, 16, 16, 4, 4, 8),
+        (128, 128, 16, 16, 16, 4, 4, 4),
+        (128, 128, 16, 16, 16, 4, 4, 0),
+        (128, 128, 16, 32, 8, 4, 4, 8),
+        (64, 128, 16, 16, 8, 4, 4, 8),
+        (128, 128, 8, 16, 16, 4, 4, 8),
+        (128, 64, 16, 8, 16, 4, 4, 0),
+        (128, 256, 8, 16, 16, 4, 4, 8),
+        (256, 128, 8, 16, 16, 4, 4, 8),
+        (128, 256, 16, 16, 16, 4, 0, 8),
+        (64, 64, 16, 16, 16, 4, 4, 8),
+        (64, 64, 8, 8, 8, 4, 4, 0),
+        (128, 128, 16, 16, 16, 2, 2, 8),
+        (128, 128, 16, 8, 32, 4, 4, 0),
+        (128, 128, 16, 16, 16, 4, 4, 8, 128),
+        (128, 64, 16, 8, 16, 4, 4, 4, 128),
     ]
     if quick:
         grid = grid[:7]
     nvidia = "cl_nv_compiler_options" in caps.extensions
-    for bm, bn, bk, tx, ty, vw, pad, *regs in grid:
+    for bm, bn, bk, tx, ty, vw, pad, wx, *regs in grid:
         max_regs = regs[0] if regs else 0
         if max_regs and not nvidia:
             continue
@@ -75,7 +70,7 @@ def _tiled_candidates(device: Any, dtype: np.dtype, quick: bool) -> list[dict[st
             continue
         if 2 * bk * (bm + pad + bn + pad) * item > caps.local_mem:
             continue
-        cand = {"BM": bm, "BN": bn, "BK": bk, "TX": tx, "TY": ty, "VW": vw, "PADA": pad, "PADB": pad}
+        cand = {"BM": bm, "BN": bn, "BK": bk, "TX": tx, "TY": ty, "VW": vw, "PADA": pad, "PADB": pad, "WX": wx}
         if max_regs:
             cand["MAXRREG"] = max_regs
         if cand not in out:
