@@ -399,11 +399,11 @@ class Kernel:
             self._last_args = [a if isinstance(a, (np.generic, np.ndarray)) else None for a in args]
             return
         set_arg = self.cl.set_arg
+        generic = np.generic
         for i, a in enumerate(args):
             prev = last[i]
-            if prev is not None and (
-                a is prev or (type(a) is type(prev) and a.dtype == prev.dtype and a.tobytes() == prev.tobytes())
-            ):
+            # same numpy scalar type and value (vectors such as long4: the same object) -> skip
+            if prev is not None and (a is prev or (type(a) is type(prev) and isinstance(a, generic) and a == prev)):
                 continue
             set_arg(i, a)
             last[i] = a if isinstance(a, (np.generic, np.ndarray)) else None
