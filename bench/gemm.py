@@ -7,7 +7,9 @@ Sweep:       python bench/gemm.py --gpu --configs auto --store-best   # tile can
 
 Prints one table (median GFLOP/s over repeats after warm-up, and netcl's ratio to each peer) and
 writes JSON to bench/results/gemm.json. In-process contenders are timed round-robin (one run of each
-per round) so a busy machine slows them alike; tinygrad runs in a subprocess on the same OpenCL
+per round, each timed call preceded by one untimed call of the same contender so the switch between
+OpenCL's and torch's GPU contexts is not charged to either; --no-settle times it too) so a busy machine
+slows them alike; tinygrad runs in a subprocess on the same OpenCL
 platform (DEV=CL). On CUDA machines torch runs with TF32 off (true FP32), like netcl.
 """
 
@@ -261,6 +263,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--store-best", action="store_true", help="store the best --configs entry in the tuning DB")
     p.add_argument("--peers", default="torch,numpy,tinygrad", help="comma list of torch,numpy,tinygrad")
     p.add_argument("--tinygrad-timeout", type=int, default=900)
+    p.add_argument("--no-settle", dest="settle", action="store_false",
+                   help="time each contender's first call of a round too (no untimed call before it)")
     p.add_argument("--nv-verbose", action="store_true",
                    help="NVIDIA: build with -cl-nv-verbose and print registers/spills of each GEMM build")
     p.add_argument("--json", default=str(ROOT / "bench" / "results" / "gemm.json"))
@@ -324,6 +328,12 @@ def main(argv: list[str] | None = None) -> int:
         samples: dict[str, list[float]] = {c.label: [] for c in ok}
         for _ in range(repeats):
             for c in ok:
+                if args.settle:
+                    # one untimed call first: on a GPU shared by OpenCL (netcl, tinygrad) and torch's CUDA
+                    # context, the first launch after the other context ran pays a context switch (about
+                    # 0.2 ms on the H200), which would be charged to whoever follows the other in the round
+                    c.run()
+                    c.sync()
                 t0 = time.perf_counter()
                 c.run()
                 c.sync()

@@ -138,7 +138,9 @@ def _program(device: Any, variant: str, defines: dict[str, Any]):
     max_regs = defines.pop("MAXRREG", 0)
     nvidia = "cl_nv_compiler_options" in device.capabilities.extensions
     if nvidia and max_regs:
-        extra.append(f"-cl-nv-maxrregcount {int(max_regs)}")  # cl_nv_compiler_options spelling
+        # NVIDIA's OpenCL accepts this spelling but its ptxas did not cap registers on the H200 (215-221
+        # used with =128); "-cl-nv-maxrregcount 128" fails to build. Kept as a knob for other drivers.
+        extra.append(f"-cl-nv-maxrregcount={int(max_regs)}")
     if nvidia and NV_VERBOSE:
         extra.append("-cl-nv-verbose")
     source = kernel_source("gemm_common.cl") + "\n" + kernel_source(_KERNEL_FILES[variant])
@@ -286,7 +288,7 @@ def _prepare(
 # -- launching ----------------------------------------------------------------------------------------
 def _launch(
     p: _Problem, variant: str, params: dict[str, int] | None = None, splits: int | None = None,
-    rowsum: Tensor | None = None,
+    rowsum: Tensor | None = None, record: list | None = None,
 ) -> None:
     device = p.out.device
     queue = p.out.queue
@@ -375,8 +377,7 @@ def _launch(
     i64 = np.int64
     for outer in np.ndindex(*outer_shape) if outer_shape else [()]:
         extra = [sum(i * s[j] for j, i in enumerate(outer)) for s in (a_bs, b_bs, c_bs, r_bs)]
-        kernel(
-            queue, gsize, lsize,
+        args = (
             np.int32(p.m), np.int32(p.n), np.int32(p.k),
             a.buffer, i64(a.offset + extra[0]), i64(a_rs), i64(a_ks),
             b.buffer, i64(b.offset + extra[1]), i64(b_ks), i64(b_ns),
@@ -387,6 +388,9 @@ def _launch(
             _long4(a_in[0], a_in[1], b_in[0], b_in[1]),
             _long4(c_in[0], c_in[1], r_in[0], r_in[1]),
         )
+        if record is not None and not outer_shape and a is p.a and b is p.b:
+            record.append((kernel, gsize, lsize, list(args)))  # one in-place launch: replayable
+        kernel(queue, gsize, lsize, *args)
 
 
 @functools.lru_cache(maxsize=256)
@@ -496,11 +500,23 @@ def gemm(
 ) -> Tensor:
     """matmul_epilogue with an explicit kernel `variant`, tile `params` and (tiled only) K `splits`
     (tests, tuning, benchmarks); None means netcl's own choice."""
+    fast = variant is None and params is None and splits is None
+    if fast:
+        key = _replay_key(a, b, bias, residual, activation, alpha)
+        hit = _replays.get(key) if key is not None else None
+        if hit is not None:
+            return _replay(hit, a, b, bias, residual)
     folded = _fold_batch_into_rows(a, b, bias, activation, residual, alpha, variant, params, splits)
     if folded is not None:
         return folded
     p = _prepare(a, b, bias, residual, activation, alpha)
     if p.out.size == 0:
+        return _finish(p)
+    if fast and key is not None and not p.squeeze:
+        record: list = []
+        _launch(p, _auto_variant(p), None, None, record=record)
+        if len(record) == 1:
+            _replays[key] = (*record[0], p.out.shape)
         return _finish(p)
     if variant is None:
         variant = choose_variant(p.out.device, p.m, p.n, p.k)
@@ -514,6 +530,62 @@ def gemm(
         raise ValueError("split-K is for the tiled variant on unbatched problems")
     _launch(p, variant, params, splits)
     return _finish(p)
+
+
+# -- replay of repeated launches ---------------------------------------------------------------------
+# A training step calls gemm with the same shapes, strides and epilogue every step. The first call
+# goes through _prepare/_launch (variant choice, tuning lookup, program, sizes); when that ended in a
+# single in-place launch, the kernel and its sizes are remembered under the problem's signature, and
+# later calls only allocate the output and enqueue (~0.1 ms less host time per call on PoCL). The
+# signature holds everything the choice depended on: shapes, strides, dtype, epilogue, offsets mod 16
+# (aligned-load variants), the device and the tuning database's state.
+_replays: dict[tuple, tuple] = {}
+
+
+def _auto_variant(p: _Problem) -> str:
+    variant = choose_variant(p.out.device, p.m, p.n, p.k)
+    if variant == "direct" and p.out.device.capabilities.kind != "cpu" and p.k >= 256 and _k_contiguous(p):
+        variant = "dot"  # GPU, thin, both operands contiguous along K: coalesce along K instead
+    if p.k == 0 and variant == "tiled":
+        variant = "direct"
+    return variant
+
+
+def _replay_key(a: Any, b: Any, bias: Any, residual: Any, activation: Any, alpha: float) -> tuple | None:
+    if not (isinstance(a, Tensor) and isinstance(b, Tensor)) or a.ndim < 2 or b.ndim < 2:
+        return None
+    if a.queue is not b.queue or a.dtype != b.dtype or (activation not in ACTIVATIONS and activation != "rowsum"):
+        return None
+    extra: list[Any] = []
+    for t in (bias, residual):
+        if t is None:
+            extra.append(None)
+        elif not isinstance(t, Tensor) or t.queue is not a.queue or t.dtype != a.dtype:
+            return None
+        else:
+            extra.append((t.shape, t.strides, t.offset % 16))
+    db = _database(a.device)
+    return (
+        id(a.queue), a.dtype, a.shape, a.strides, a.offset % 16, b.shape, b.strides, b.offset % 16,
+        *extra, activation, float(alpha), id(db), getattr(db, "_mtime", None),
+    )
+
+
+def _replay(
+    hit: tuple, a: Tensor, b: Tensor, bias: Tensor | None, residual: Tensor | None, rowsum: Tensor | None = None
+) -> Tensor:
+    kernel, gsize, lsize, args, out_shape = hit
+    out = Tensor.empty(a.queue, out_shape, a.dtype)
+    bias_t = bias if bias is not None else (rowsum if rowsum is not None else out)
+    res_t = residual if residual is not None else out
+    args = list(args)  # the stored list stays the template (launches may come from several threads)
+    args[3], args[4] = a.buffer, np.int64(a.offset)
+    args[7], args[8] = b.buffer, np.int64(b.offset)
+    args[11], args[12] = out.buffer, np.int64(out.offset)
+    args[14], args[15] = bias_t.buffer, np.int64(bias_t.offset)
+    args[17], args[18] = res_t.buffer, np.int64(res_t.offset)
+    kernel(a.queue, gsize, lsize, *args)
+    return out
 
 
 def _fold_batch_into_rows(a, b, bias, activation, residual, alpha, variant, params, splits) -> Tensor | None:
@@ -549,11 +621,19 @@ def matmul_rowsum(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor | None]:
         return matmul(a, b), None
     if a.device.capabilities.kind != "cpu" or choose_variant(a.device, a.shape[0], b.shape[1], a.shape[1]) != "cpu":
         return gemm(a, b), None
+    key = _replay_key(a, b, None, None, "rowsum", 1.0)
+    hit = _replays.get(key) if key is not None else None
+    if hit is not None:
+        rowsum = Tensor.empty(a.queue, (a.shape[0],), a.dtype)
+        return _replay(hit, a, b, None, None, rowsum), rowsum
     p = _prepare(a, b, None, None, None, 1.0)
     if p.out.size == 0:
         return _finish(p), None
     rowsum = Tensor.empty(p.out.queue, (p.m,), p.out.dtype)
-    _launch(p, "cpu", rowsum=rowsum)
+    record: list = []
+    _launch(p, "cpu", rowsum=rowsum, record=record)
+    if key is not None and len(record) == 1:
+        _replays[key] = (*record[0], p.out.shape)
     return _finish(p), rowsum
 
 

@@ -54,8 +54,6 @@ def _tiled_candidates(device: Any, dtype: np.dtype, quick: bool) -> list[dict[st
         (64, 64, 8, 8, 8, 4, 4, 0),
         (128, 128, 16, 16, 16, 2, 2, 8),
         (128, 128, 16, 8, 32, 4, 4, 0),
-        (128, 128, 16, 16, 16, 4, 4, 8, 128),
-        (128, 64, 16, 8, 16, 4, 4, 4, 128),
     ]
     if quick:
         grid = grid[:7]
