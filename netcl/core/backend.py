@@ -329,6 +329,7 @@ class Kernel:
         self._lock = threading.Lock()
         self._max_wg: int | None = None
         self._last_args: list[Any] | None = None
+        self._sizes: dict[tuple, tuple] = {}  # (global, local) asked -> (global rounded, local checked)
 
     @property
     def max_work_group_size(self) -> int:
@@ -375,10 +376,17 @@ class Kernel:
                 f"kernel {self.name} was built for {self.program.device.describe()} but launched on "
                 f"{queue.device.describe()}"
             )
-        global_size = tuple(int(max(1, g)) for g in global_size)
-        local = self.legal_local_size(global_size, local_size)
-        if local is not None:
-            global_size = tuple(round_up(g, l) for g, l in zip(global_size, local))
+        key = (tuple(global_size), None if local_size is None else tuple(local_size))
+        sizes = self._sizes.get(key)
+        if sizes is None:  # the same launch geometry recurs every step: checked once
+            gs = tuple(int(max(1, g)) for g in global_size)
+            local = self.legal_local_size(gs, local_size)
+            if local is not None:
+                gs = tuple(round_up(g, l) for g, l in zip(gs, local))
+            sizes = (gs, local)
+            if len(self._sizes) < 4096:
+                self._sizes[key] = sizes
+        global_size, local = sizes
         event = self._enqueue(queue, global_size, local, args, wait_for)
         with _counter_lock:
             _launches += 1
