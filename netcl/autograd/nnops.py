@@ -90,15 +90,20 @@ def linear(x: Node, weight: Node, bias: Node | None = None, activation: str | No
     def backward(g: Tensor):
         if activation == "relu":
             g = _relu_mask(g, out)
-        g2 = g.reshape(-1, out_features)
-        gx = mm.matmul(g2, wv).reshape(xv.shape) if x.requires_grad else None
+        # 2-D inputs (the common case) need no reshapes: each costs a view's construction per step
+        g2 = g if g.ndim == 2 else g.reshape(-1, out_features)
+        x2 = xv if xv.ndim == 2 else xv.reshape(-1, in_features)
+        gx = None
+        if x.requires_grad:
+            gx = mm.matmul(g2, wv)
+            gx = gx if xv.ndim == 2 else gx.reshape(xv.shape)
         gw = gb = None
         want_b = bias is not None and bias.requires_grad
         if weight.requires_grad and want_b:
             # g^T x and the column sums of g in one launch where the CPU GEMM runs (gb None elsewhere)
-            gw, gb = mm.matmul_rowsum(g2.transpose(0, 1), xv.reshape(-1, in_features))
+            gw, gb = mm.matmul_rowsum(g2.transpose(0, 1), x2)
         elif weight.requires_grad:
-            gw = mm.matmul(g2.transpose(0, 1), xv.reshape(-1, in_features))
+            gw = mm.matmul(g2.transpose(0, 1), x2)
         if want_b and gb is None:
             gb = sum_rows(g2)
         return (gx, gw) if bias is None else (gx, gw, gb)

@@ -35,10 +35,12 @@ DEFAULTS: dict[str, dict[str, dict[str, int]]] = {
     "direct": {"any": {"UNROLL": 4}},
     "dot": {"any": {"DOT_WG": 64}},
     "cpu": {
-        # MB=NB=64: enough work-groups for 2+ cores on training-sized GEMMs (256 x 256 x 784 gives 16);
-        # KC=512 keeps K <= 512 in one chunk (no partial-sum round trips through local memory)
-        "float32": {"MB": 64, "NB": 64, "KC": 512, "RM": 5, "VN": 16},
-        "float16": {"MB": 64, "NB": 64, "KC": 512, "RM": 5, "VN": 16},
+        # MB=128, NB=64: 128 divides the batch-sized M of training GEMMs (256: no ragged row block) and
+        # a transposed B (linear's weight) is packed by half as many work-groups as with MB=64;
+        # 256 x 256 x 784 still gives 8 work-groups. KC=512 keeps K <= 512 in one chunk (no
+        # partial-sum round trips through local memory). Seed-MLP GEMMs: 2.3 ms/step vs 2.8 (64x64).
+        "float32": {"MB": 128, "NB": 64, "KC": 512, "RM": 5, "VN": 16},
+        "float16": {"MB": 128, "NB": 64, "KC": 512, "RM": 5, "VN": 16},
         "float64": {"MB": 64, "NB": 32, "KC": 256, "RM": 4, "VN": 8},
     },
     "tiled": {
