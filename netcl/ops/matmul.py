@@ -460,8 +460,8 @@ def _launch_split_k(
         work.buffer, i64(work.offset), i64(p.n),
         work.buffer, i64(0), i64(0), work.buffer, i64(0), i64(0), i64(0),
         acc_type(1.0), np.int32(splits),
-        cltypes.make_long4(0, chunk * a_ks, 0, chunk * b_ks),
-        cltypes.make_long4(0, p.m * p.n, 0, 0),
+        _long4(0, chunk * a_ks, 0, chunk * b_ks),
+        _long4(0, p.m * p.n, 0, 0),
     )
     reduce_defines = {k: v for k, v in defines.items() if k in ("HAS_BIAS", "HAS_RESIDUAL", "ACT")}
     reduce_defines[_DTYPE_DEFINE[dt]] = None
