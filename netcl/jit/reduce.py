@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from netcl.config import _int
 from netcl.core import dtypes
 from netcl.core.backend import build_program, format_options
 from netcl.core.tensor import Tensor, _coalesce
@@ -35,6 +36,19 @@ from netcl.jit import codegen, ir
 from netcl.jit.runner import broadcast_strides
 
 MAX_CHUNK = 1 << 14
+# GPU knobs (NETCL_RED_* environment variables; bench/elementwise.py --sweep times them):
+# work-groups per compute unit for a full reduction, vector width of the loads, loop unroll
+# (independent loads in flight per work-item), and the longest serial sum one accumulator lane
+# may do (the error bound: the old 16384-element chunks, 4096 per lane of a float4 in the CPU path).
+RED_GROUPS_PER_CU = _int("NETCL_RED_GROUPS_PER_CU", 4)
+RED_VEC = _int("NETCL_RED_VEC", 4)
+RED_UNROLL = _int("NETCL_RED_UNROLL", 4)
+MAX_SERIAL = 2048
+# softmax/log_softmax with the row held in registers (1 read + 1 write) when a row has at most
+# L * W * SOFTMAX_REG elements; 0 (default: the variant crashed under PoCL, unverified on GPUs) keeps
+# the online max/sum pass + a second read of the row
+SOFTMAX_REG = _int("NETCL_SOFTMAX_REG", 0)
+ALIGNED = bool(_int("NETCL_RED_ALIGNED", 1))
 # Tests set this to "gpu" to run the GPU layouts (local-memory trees) on the PoCL CPU device.
 FORCE_KIND: str | None = None
 _kernels: dict[tuple, Any] = {}
@@ -160,7 +174,8 @@ def _rkind(r_strides: list[int], r_shape: list[int]) -> str:
 
 def source(key: tuple) -> str:
     (mode, reducer, (desc, out_pos), leaf_dts, leaf_rkinds, knd, rnd, L, W, order, acc_str, out_str,
-     stage2, topk_k, idx_t, mean, out_rkind) = key
+     stage2, topk_k, idx_t, mean, out_rkind, aligned, unroll, kreg) = key
+    load_v = codegen.load_vector_aligned if aligned else codegen.load_vector
     acc = np.dtype(acc_str)
     out_dt = np.dtype(out_str)
     act = ir.COMPUTE_TYPE[acc]
@@ -274,13 +289,15 @@ def source(key: tuple) -> str:
             for ln in lanes:
                 lines += declare_state(ln)
             lines.append(f"const {idx_t} nfull = (end - start) / {W};")
+            if unroll > 1:
+                lines.append(f"#pragma unroll {unroll}")
             lines.append(f"for ({idx_t} it = lid; it < nfull; it += {L}) {{")
             lines.append(f"  const {idx_t} r = start + it * {W};")
             for s, dt_str in enumerate(leaf_dts):
                 if leaf_rkinds[s] == "c":
                     dt = np.dtype(dt_str)
                     lines.append(f"  const {codegen.vector_type(dt, W)} V{s} = "
-                                 f"{codegen.load_vector(dt, f'in{s}', f'base{s} + r', W)};")
+                                 f"{load_v(dt, f'in{s}', f'base{s} + r', W)};")
             for j in range(W):
                 body, names = codegen.emit_nodes(desc, leaf_value_at("r", lane=j), lambda ax: "0", suffix=f"_{j}")
                 lines += ["  " + x for x in body]
@@ -326,6 +343,9 @@ def source(key: tuple) -> str:
         b.append("    " + codegen.store_scalar(out_dt, "out", "o", f"(({ir.COMPUTE_TYPE[out_dt]}){res})"))
         b.append("  }")
         b.append("}")
+    elif mode in ("softmax", "log_softmax") and kreg:
+        b += _softmax_registers(mode, desc, out_pos, leaf_dts, leaf_rkinds, L, W, kreg, act, out_dt, idx_t,
+                                load_v, aligned, leaf_value_at)
     elif mode in ("softmax", "log_softmax"):
         b += declare_state("st_")
         b += fold_main("st_")
@@ -376,6 +396,70 @@ def source(key: tuple) -> str:
     head = "#define NC_FP64\n" if fp64 else ""
     return head + codegen.PREAMBLE + "\n__kernel void red(" + ",\n    ".join(ps) + ")\n{\n    " + \
         "\n    ".join(b) + "\n}\n"
+
+
+def _softmax_registers(mode, desc, out_pos, leaf_dts, leaf_rkinds, L, W, K, act, out_dt, idx_t, load_v,
+                       aligned, leaf_value_at) -> list[str]:
+    """Row held in registers: work-item `lid` keeps vectors k * L + lid (k < K) of W elements; max
+    and sum of exp through two local-memory trees; one read and one write of the row."""
+    oct_ = ir.COMPUTE_TYPE[out_dt]
+    b: list[str] = [f"{act} mx = -INFINITY;"]
+    for k in range(K):
+        b.append(f"const {idx_t} r{k} = ({k} * {L} + lid) * {W};")
+        b.append(" ".join(f"{act} x{k}_{j};" for j in range(W)))
+        b.append(f"if (r{k} + {W} <= R) {{")
+        for s, dt_str in enumerate(leaf_dts):
+            if leaf_rkinds[s] == "c":
+                dt = np.dtype(dt_str)
+                b.append(f"  const {codegen.vector_type(dt, W)} V{s} = {load_v(dt, f'in{s}', f'base{s} + r{k}', W)};")
+        for j in range(W):
+            body, names = codegen.emit_nodes(desc, leaf_value_at(f"r{k}", lane=j), lambda ax: "0", suffix=f"_{k}_{j}")
+            b += ["  " + x for x in body]
+            b.append(f"  x{k}_{j} = ({act}){names[out_pos[0]]};")
+        b.append("} else {")
+        for j in range(W):
+            b.append(f"  x{k}_{j} = -INFINITY;")
+            b.append(f"  if (r{k} + {j} < R) {{")
+            body, names = codegen.emit_nodes(desc, leaf_value_at(f"(r{k} + {j})"), lambda ax: "0", suffix=f"_{k}_{j}t")
+            b += ["    " + x for x in body]
+            b.append(f"    x{k}_{j} = ({act}){names[out_pos[0]]};")
+            b.append("  }")
+        b.append("}")
+        b += [f"mx = fmax(mx, x{k}_{j});" for j in range(W)]
+
+    def tree(var: str, op: str) -> list[str]:
+        return [f"shr[lid] = {var};", "barrier(CLK_LOCAL_MEM_FENCE);",
+                f"for (int s = {L // 2}; s > 0; s >>= 1) {{",
+                f"  if (lid < s) shr[lid] = {op.format('shr[lid]', 'shr[lid + s]')};",
+                "  barrier(CLK_LOCAL_MEM_FENCE);", "}", f"{var} = shr[0];", "barrier(CLK_LOCAL_MEM_FENCE);"]
+
+    b.append(f"__local {act} shr[{L}];")
+    b += tree("mx", "fmax({0}, {1})")
+    b.append(f"{act} sm = 0;")
+    for k in range(K):
+        for j in range(W):
+            if mode == "softmax":
+                b.append(f"x{k}_{j} = exp(x{k}_{j} - mx); sm += x{k}_{j};")
+            else:
+                b.append(f"sm += exp(x{k}_{j} - mx);")
+    b += tree("sm", "({0} + {1})")
+    if mode == "softmax":
+        b.append(f"const {act} inv = ({act})1 / sm;")
+        val = "(x{k}_{j} * inv)"
+    else:
+        b.append(f"const {act} sub = mx + log(sm);")
+        val = "(x{k}_{j} - sub)"
+    store_v = codegen.store_vector_aligned if aligned else codegen.store_vector
+    for k in range(K):
+        vals = ", ".join(f"(({oct_}){val.format(k=k, j=j)})" for j in range(W))
+        b.append(f"if (r{k} + {W} <= R) {{")
+        b.append("  " + store_v(out_dt, "out", f"obase + r{k}", f"({codegen.vector_type(out_dt, W)})({vals})", W))
+        b.append("} else {")
+        for j in range(W):
+            b.append(f"  if (r{k} + {j} < R) " + codegen.store_scalar(
+                out_dt, "out", f"obase + r{k} + {j}", f"(({oct_}){val.format(k=k, j=j)})"))
+        b.append("}")
+    return b
 
 
 def _kernel(device: Any, key: tuple) -> Any:
@@ -430,13 +514,19 @@ def run(
     elif gpu and inner_kept and M >= 256:
         L, W, order = 1, 1, "col"
     elif gpu:
-        L, W, order = 256 if R >= 256 else (64 if R >= 64 else 1), (4 if vec_ok else 1), "row"
+        L, W, order = 256 if R >= 256 else (64 if R >= 64 else 1), (RED_VEC if vec_ok else 1), "row"
         if L == 1:
             order = "col"
     else:
         L, W, order = 1, (8 if vec_ok and R >= 16 else 1), "row"
     # parts: enough parallel work, and a bounded serial chunk
-    if mode == "reduce":
+    if mode == "reduce" and gpu and order == "row" and L > 1:
+        # a few work-groups per compute unit, each a long run of vector loads (MAX_SERIAL bounds
+        # what one accumulator lane adds serially), then a tiny second launch over the partials
+        want = max(1, -(-caps.compute_units * RED_GROUPS_PER_CU // M))
+        P = max(1, min(want, -(-R // (L * W * 8))))
+        P = max(P, -(-R // (MAX_SERIAL * L * W)))
+    elif mode == "reduce":
         target = caps.compute_units * (8 if gpu else 4)
         if order == "col":
             target = caps.compute_units * 2048 if gpu else target
@@ -457,8 +547,18 @@ def run(
     it = np.int32 if idx_t == "int" else np.int64
     fields = _FIELDS[reducer] if reducer else []
     out_dt = out.dtype
+    aligned = ALIGNED and W > 1 and chunk % W == 0 and all(
+        t.offset % W == 0 and all(x % W == 0 for x in ks)
+        for t, ks, rk in zip(leaves, k_sets, leaf_rk) if rk == "c")
+    kreg = 0
+    if mode in ("softmax", "log_softmax") and gpu and L > 1 and W > 1 and len(r_shape) == 1 and \
+            out_rkind == "c" and R <= L * W * SOFTMAX_REG:
+        kreg = -(-R // (L * W))
+        aligned = aligned and out.offset % W == 0 and all(x % W == 0 for x in k_sets[-1])
+    unroll = RED_UNROLL if gpu and L > 1 else 1
     key = (mode, reducer, (desc, out_pos), tuple(t.dtype.str for t in leaves), leaf_rk, len(k_shape),
-           len(r_shape), L, W, order, acc.str, out_dt.str, False, topk_k, idx_t, mean, out_rkind)
+           len(r_shape), L, W, order, acc.str, out_dt.str, False, topk_k, idx_t, mean, out_rkind, aligned,
+           unroll, kreg)
     kernel = _kernel(device, key)
     parts = []
     if P > 1:
@@ -499,7 +599,7 @@ def _stage2(queue: Any, reducer: str, acc: np.dtype, parts: list[Tensor], out: T
     idx_t = "int" if M * P < 2**31 - 2**24 else "long"
     it = np.int32 if idx_t == "int" else np.int64
     key = ("reduce", reducer, ((), (0,)), (), (), 1, 1, L, 1, "row", acc.str, out.dtype.str, True, 0, idx_t,
-           mean, "c")
+           mean, "c", False, 1, 0)
     src_key = key
     ck = (id(device), src_key)
     k = _kernels.get(ck)

@@ -12,11 +12,19 @@ from typing import Any
 
 import numpy as np
 
+from netcl.config import _int
 from netcl.core.backend import build_program, format_options
 from netcl.core.tensor import Tensor, _coalesce, contiguous_strides
 from netcl.jit import codegen, ir
 
-VEC_GPU = 4  # float4 loads/stores per work-item on GPUs
+VEC_GPU = _int("NETCL_EW_VEC", 4)  # float4 loads/stores per work-item on GPUs
+# GPU launch: work-groups of GPU_LOCAL; GPU_GROUPS_PER_CU > 0 caps the grid at that many groups per
+# compute unit (grid-stride loop); 0 = one vector step per work-item (no cap: the hardware
+# scheduler balances many small groups, no tail wave when registers limit occupancy)
+GPU_LOCAL = _int("NETCL_EW_LOCAL", 256)
+GPU_GROUPS_PER_CU = _int("NETCL_EW_GROUPS_PER_CU", 0)
+# aligned vector loads (pointer casts) when every contiguous operand's offset is a multiple of VEC
+ALIGNED = bool(_int("NETCL_EW_ALIGNED", 1))
 VEC_CPU = 8  # wide loads for PoCL when the graph is only cheap arithmetic
 # ops that PoCL turns into scalar library calls: with them, one element per work-item lets PoCL's
 # work-group vectoriser use its vector math instead (measured 2x faster than unrolled lanes)
@@ -62,8 +70,10 @@ def launch_config(device: Any, work: int) -> tuple[int, int | None]:
     """(global size, local size) of a 1-D grid-stride launch over `work` items."""
     caps = device.capabilities
     if caps.kind == "gpu":
-        local = 256
-        groups = max(1, min(-(-work // local), caps.compute_units * 8))
+        local = GPU_LOCAL
+        groups = max(1, -(-work // local))
+        if GPU_GROUPS_PER_CU > 0:
+            groups = min(groups, caps.compute_units * GPU_GROUPS_PER_CU)
         return groups * local, local
     # CPU (PoCL): one step per work-item; PoCL runs work-groups as vectorised loops over work-items
     # (a grid-stride loop inside the kernel defeats that: measured 10x slower)
@@ -131,7 +141,10 @@ def run_elementwise(outputs: list[tuple[ir.Node, Tensor]]) -> None:
     extents = [n] + [_extent(o.offset, cshape, s) for o, s in zip(out_tensors, out_sets)]
     extents += [_extent(t.offset, cshape, s) for t, s in zip(leaves, leaf_sets)]
     idx_t = "int" if max(extents) < _INT_LIMIT - 16 * 1024 * 1024 else "long"
-    key = ((desc, out_pos), leaf_layouts, out_layouts, ndim, vec, idx_t)
+    aligned = ALIGNED and vec > 1 and all(
+        t.offset % vec == 0 for t, (_, k) in zip(list(out_tensors) + list(leaves), out_layouts + leaf_layouts)
+        if k == "c")
+    key = ((desc, out_pos), leaf_layouts, out_layouts, ndim, vec, idx_t, aligned)
     kernel = get_kernel(device, key, [t.dtype for t in leaves], [o.dtype for o in out_tensors])
     it = np.int32 if idx_t == "int" else np.int64
     args: list[Any] = []

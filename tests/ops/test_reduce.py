@@ -145,3 +145,36 @@ def test_empty_and_errors(queue):
         ops.sum(x, (1, -1))
     with pytest.raises(ShapeError, match="k=5"):
         ops.topk(x, 5)
+
+
+@pytest.mark.parametrize("softmax_reg", [0])
+def test_softmax_long_rows(queue, rng, layout, monkeypatch, softmax_reg):
+    """Rows long enough for the GPU work-group layouts, with tails that are not a multiple of the
+    vector width and unaligned views. (The row-in-registers variant, SOFTMAX_REG > 0, crashes
+    PoCL's compiler-generated code here, so it stays off by default and untested on CPU.)"""
+    monkeypatch.setattr(jreduce, "SOFTMAX_REG", softmax_reg)
+    for shape in ((3, 130), (2, 2100)):
+        a = (rng.standard_normal(shape) * 3).astype(np.float32)
+        full = Tensor.from_host(queue, a)
+        for x, arr in ((full, a), (full[:, 1:], a[:, 1:])):
+            d = arr.astype(np.float64)
+            with np.errstate(invalid="ignore"):
+                m = d.max(-1, keepdims=True)
+                e = np.exp(d - m)
+                ref = e / e.sum(-1, keepdims=True)
+                lref = d - m - np.log(e.sum(-1, keepdims=True))
+            assert_close(ops.softmax(x, -1), ref, np.float32, rtol=1e-5, atol=1e-7)
+            assert_close(ops.log_softmax(x, -1), lref, np.float32, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("vec", [4, 8])
+def test_sum_vector_widths_unaligned(queue, rng, layout, monkeypatch, vec):
+    monkeypatch.setattr(jreduce, "RED_VEC", vec)
+    a = rng.uniform(-1, 1, size=(70_001,)).astype(np.float32)
+    x = Tensor.from_host(queue, a)
+    for view, arr in ((x, a), (x[1:], a[1:]), (x[3:-2], a[3:-2])):
+        assert_close(ops.sum(view), arr.astype(np.float64).sum(), np.float32, rtol=2e-6, atol=1e-4)
+        assert_close(ops.max(view), arr.max(), np.float32)
+    m = rng.standard_normal((5, 1001)).astype(np.float32)
+    assert_close(ops.sum(Tensor.from_host(queue, m), 1), m.astype(np.float64).sum(1), np.float32, rtol=1e-5,
+                 atol=1e-5)
