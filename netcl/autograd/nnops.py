@@ -8,6 +8,7 @@ saved output: where(y > 0, g, 0), which the JIT fuses into the next kernel's inp
 from __future__ import annotations
 
 import importlib
+import weakref
 from typing import Any
 
 from netcl.autograd.elementwise import sum_to_shape
@@ -24,6 +25,14 @@ def _mm():
 def _relu_mask(g: Tensor, out: Tensor) -> Tensor:
     ops = _ops()
     return ops.where(ops.gt(out, 0), g, 0.0)
+
+
+# Nodes made by linear(..., activation="relu") -> their output: a linear layer fed by one folds the
+# producer's relu backward into its own input-gradient GEMM (where(out > 0, g W, 0) in one launch) and
+# tags that gradient tensor, so the producer's backward skips its separate mask launch. The mask is
+# idempotent, so a gradient that lost the tag (summed with another path's) is simply masked again.
+_RELU_OUT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_MASKED_FOR = "_netcl_relu_masked_for"
 
 
 def sum_rows(g2: Tensor) -> Tensor:
@@ -87,14 +96,20 @@ def linear(x: Node, weight: Node, bias: Node | None = None, activation: str | No
     parents = (x, weight) if bias is None else (x, weight, bias)
     in_features, out_features = wv.shape[1], wv.shape[0]
 
+    x_relu_out = _RELU_OUT.get(x) if xv.ndim == 2 else None  # x made by a linear+relu: fold its mask
+
     def backward(g: Tensor):
-        if activation == "relu":
+        if activation == "relu" and getattr(g, _MASKED_FOR, None) is not out:
             g = _relu_mask(g, out)
         # 2-D inputs (the common case) need no reshapes: each costs a view's construction per step
         g2 = g if g.ndim == 2 else g.reshape(-1, out_features)
         x2 = xv if xv.ndim == 2 else xv.reshape(-1, in_features)
         gx = None
-        if x.requires_grad:
+        if x.requires_grad and x_relu_out is not None:
+            gx, masked = mm.matmul_relu_mask(g2, wv, x_relu_out)
+            if masked:
+                setattr(gx, _MASKED_FOR, x_relu_out)
+        elif x.requires_grad:
             gx = mm.matmul(g2, wv)
             gx = gx if xv.ndim == 2 else gx.reshape(xv.shape)
         gw = gb = None
@@ -108,7 +123,10 @@ def linear(x: Node, weight: Node, bias: Node | None = None, activation: str | No
             gb = sum_rows(g2)
         return (gx, gw) if bias is None else (gx, gw, gb)
 
-    return record(out, parents, backward, "linear" if activation is None else "linear_relu")
+    node = record(out, parents, backward, "linear" if activation is None else "linear_relu")
+    if activation == "relu" and node.requires_grad:
+        _RELU_OUT[node] = out
+    return node
 
 
 def linear_relu(x: Node, weight: Node, bias: Node | None = None) -> Node:

@@ -20,6 +20,8 @@
 // sums of A, rowsum[m] = sum_k A[m, k], into the `bias` buffer (at bias_off, stride bias_stride),
 // which is then an output and not added to C (HAS_BIAS must be off). This is a linear layer's bias
 // gradient (A = g^T) computed in the weight-gradient launch instead of a reduction launch of its own.
+// MASK_RESIDUAL (HAS_RESIDUAL off): the `residual` operand is a mask instead: C = residual > 0 ? y : 0
+// (a ReLU's backward, where(out > 0, g @ W, 0), in the GEMM that makes g @ W).
 
 #ifndef MB
 #define MB 64
@@ -156,8 +158,14 @@ void gemm_cpu(GEMM_ARGS)
                         ACC_T vals[VN];
                         GEMM_CAT(vstore, VN)(acc[r], 0, vals);
                         const int m = m0 + i + r;
-                        for (int j = 0; j < cols; ++j)
+                        for (int j = 0; j < cols; ++j) {
+#ifdef MASK_RESIDUAL
+                            const bool keep = (ACC_T)LOAD1(m * res_rs + (n + j) * res_cs, residual) > (ACC_T)0;
+                            STORE1(keep ? GEMM_EPILOGUE(vals[j], m, n + j) : (ACC_T)0, m * c_rs + n + j, C);
+#else
                             STORE1(GEMM_EPILOGUE(vals[j], m, n + j), m * c_rs + n + j, C);
+#endif
+                        }
                     }
                 }
             }

@@ -290,7 +290,7 @@ def _prepare(
 # -- launching ----------------------------------------------------------------------------------------
 def _launch(
     p: _Problem, variant: str, params: dict[str, int] | None = None, splits: int | None = None,
-    rowsum: Tensor | None = None, record: list | None = None,
+    rowsum: Tensor | None = None, record: list | None = None, mask_residual: bool = False,
 ) -> None:
     device = p.out.device
     queue = p.out.queue
@@ -344,6 +344,9 @@ def _launch(
         defines["A_MCONTIG"] = None
     if rowsum is not None:
         defines["ROWSUM_A"] = None  # cpu variant only (see matmul_rowsum): row sums of A into `rowsum`
+    if mask_residual:  # cpu variant only (see matmul_relu_mask): the residual slot holds a mask
+        defines.pop("HAS_RESIDUAL", None)
+        defines["MASK_RESIDUAL"] = None
     if variant == "tiled":
         defines["A_TRANS"] = int(not (a_ks == 1 and a_rs >= p.k))
         defines["B_TRANS"] = int(not (b_ns == 1 and b_ks >= p.n))
@@ -556,7 +559,9 @@ def _auto_variant(p: _Problem) -> str:
 def _replay_key(a: Any, b: Any, bias: Any, residual: Any, activation: Any, alpha: float) -> tuple | None:
     if not (isinstance(a, Tensor) and isinstance(b, Tensor)) or a.ndim < 2 or b.ndim < 2:
         return None
-    if a.queue is not b.queue or a.dtype != b.dtype or (activation not in ACTIVATIONS and activation != "rowsum"):
+    if a.queue is not b.queue or a.dtype != b.dtype or (
+        activation not in ACTIVATIONS and activation not in ("rowsum", "relumask")
+    ):
         return None
     extra: list[Any] = []
     for t in (bias, residual):
@@ -637,6 +642,32 @@ def matmul_rowsum(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor | None]:
     if key is not None and len(record) == 1:
         _replays[key] = (*record[0], p.out.shape)
     return _finish(p), rowsum
+
+
+def matmul_relu_mask(a: Tensor, b: Tensor, mask: Tensor) -> tuple[Tensor, bool]:
+    """where(mask > 0, a @ b, 0) for 2-D a, b and mask shaped like the product (a ReLU's backward
+    folded into the GEMM that makes the incoming gradient), in one launch where the CPU kernel runs.
+    Returns (result, True), or (a @ b, False) when the problem takes another kernel: the caller then
+    applies the mask itself."""
+    if (
+        not (isinstance(a, Tensor) and isinstance(b, Tensor) and isinstance(mask, Tensor))
+        or a.ndim != 2 or b.ndim != 2 or mask.shape != (a.shape[0], b.shape[1])
+        or a.device.capabilities.kind != "cpu"
+        or choose_variant(a.device, a.shape[0], b.shape[1], a.shape[1]) != "cpu"
+    ):
+        return gemm(a, b), False
+    key = _replay_key(a, b, None, mask, "relumask", 1.0)
+    hit = _replays.get(key) if key is not None else None
+    if hit is not None:
+        return _replay(hit, a, b, None, mask), True
+    p = _prepare(a, b, None, mask, None, 1.0)
+    if p.out.size == 0:
+        return _finish(p), True
+    record: list = []
+    _launch(p, "cpu", record=record, mask_residual=True)
+    if key is not None and len(record) == 1:
+        _replays[key] = (*record[0], p.out.shape)
+    return _finish(p), True
 
 
 def matmul_epilogue(
