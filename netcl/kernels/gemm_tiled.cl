@@ -18,6 +18,7 @@
 //   PADA, PADB  padding (multiples of VW) added to a local row to spread banks (default 4)
 //   WX       compute layout: 32 consecutive work-items (one NVIDIA warp) take a WX x (32/WX) patch of
 //            the TX x TY grid (default 0 = TX: plain row-major ids)
+//   GM       grouped block order for L2 reuse: GM block-rows per group (default 0: row-major order)
 // Layout flags (set by the host): A_TRANS=1 when A's rows are contiguous along M (A is a transposed
 // view, a_rs == 1), else A's k is contiguous (a_ks == 1); B_TRANS=1 when B's k is contiguous (b_ks == 1),
 // else B's columns are (b_ns == 1).
@@ -85,6 +86,9 @@ typedef GEMM_CAT(ACC, VW) VEC_T;
 #endif
 #endif
 
+#ifndef GM
+#define GM 0
+#endif
 #if !defined(WX) || WX == 0
 #undef WX
 #define WX TX
@@ -255,7 +259,16 @@ void gemm_tiled(GEMM_ARGS)
     const int lane = tid % 32, warp = tid / 32;
     const int tx = (warp % (TX / WX)) * WX + lane % WX, ty = (warp / (TX / WX)) * (32 / WX) + lane / WX;
 #endif
+#if GM > 0
+    // grouped block order: consecutive work-groups walk GM block-rows down one block-column before
+    // moving right, so the blocks resident at one time share A rows and B columns in the L2 cache
+    const int npn = get_num_groups(0), npm = get_num_groups(1);
+    const int pid = get_group_id(1) * npn + get_group_id(0), width = GM * npn;
+    const int first_m = (pid / width) * GM, gsz = min(npm - first_m, GM);
+    const int m0 = (first_m + (pid % width) % gsz) * BM, n0 = ((pid % width) / gsz) * BN;
+#else
     const int m0 = get_group_id(1) * BM, n0 = get_group_id(0) * BN;
+#endif
     GEMM_SELECT_BATCH(get_group_id(2));
 
     ACC_T acc[TM][TN];

@@ -47,7 +47,7 @@ DEFAULTS: dict[str, dict[str, dict[str, int]]] = {
         # float32: best of two H200 sweeps (bench/logs/h200-2026-11-29/gemm_gvec_sweep*.txt): 0.89-0.90x
         # cuBLAS FP32 at 4096^3 with 4-wide global loads (GVEC) and warps as 8 x 4 patches (WX=8)
         "float32": {"BM": 128, "BN": 128, "BK": 16, "TX": 16, "TY": 16, "VW": 4, "PADA": 4, "PADB": 4,
-                    "MAXRREG": 0, "GVEC": 1, "WX": 8},
+                    "MAXRREG": 0, "GVEC": 1, "WX": 8, "GM": 0},
         "float16": {"BM": 128, "BN": 128, "BK": 16, "TX": 16, "TY": 16, "VW": 4, "PADA": 4, "PADB": 4,
                     "MAXRREG": 0, "WX": 8},
         "float64": {"BM": 64, "BN": 64, "BK": 16, "TX": 16, "TY": 16, "VW": 2, "PADA": 2, "PADB": 2,

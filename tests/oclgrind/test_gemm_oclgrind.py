@@ -54,7 +54,7 @@ def test_gemm_kernels_other_dtypes(device, queue, variant, params, dtype):
 
 @pytest.mark.parametrize("params", [
     CONFIGS[4][1],
-    {"BM": 32, "BN": 32, "BK": 8, "TX": 8, "TY": 8, "VW": 4, "PADA": 4, "PADB": 4, "WX": 4},  # warp remap
+    {"BM": 32, "BN": 32, "BK": 8, "TX": 8, "TY": 8, "VW": 4, "PADA": 4, "PADB": 4, "WX": 4, "GM": 2},  # remaps
 ])
 @pytest.mark.parametrize("ta,tb", [(False, False), (True, True)])
 def test_tiled_four_wide_fetch(queue, params, ta, tb):

@@ -269,9 +269,14 @@ def test_tiled_four_wide_fetch_interior_and_edges(queue, rng, monkeypatch, ta, t
     monkeypatch.setattr(mm, "_program", lambda dev_, var, d: built.append(dict(d)) or real(dev_, var, d))
     m, n, k = 72, 76, 132  # interior 32 x 32 x 8 tiles plus a ragged block in every dimension
     a, b = host(rng, (m, k)), host(rng, (k, n))
-    check(gemm(dev(queue, a, ta), dev(queue, b, tb), variant="tiled", params={**SMALL_TILED, "WX": 4}),
+    check(gemm(dev(queue, a, ta), dev(queue, b, tb), variant="tiled", params={**SMALL_TILED, "WX": 4, "GM": 2}),
           a.astype(np.float64) @ b, k=k)
     assert "GVEC" in built[-1] and built[-1]["WX"] == 4  # warps as 4 x 8 patches of the 8 x 8 grid
+    # grouped block order over a 5 x 5 grid of blocks (a partial last group of rows)
+    m2, n2 = 150, 140
+    a2, b2 = host(rng, (m2, k)), host(rng, (k, n2))
+    check(gemm(dev(queue, a2, ta), dev(queue, b2, tb), variant="tiled", params={**SMALL_TILED, "GM": 2}),
+          a2.astype(np.float64) @ b2, k=k)
     # a 4-misaligned offset falls back to the scalar path
     base = host(rng, (m, k + 1))
     check(gemm(Tensor.from_host(queue, base)[:, 1:], dev(queue, b, tb), variant="tiled", params=SMALL_TILED),
