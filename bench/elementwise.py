@@ -3,6 +3,10 @@ tinygrad, in one run.
 
 CPU (PoCL):  .venv/bin/python bench/elementwise.py
 GPU:         python bench/elementwise.py --gpu          (bash bench/gpu_run.sh 300 elementwise)
+GPU sweep:   python bench/elementwise.py --gpu --sweep  (or NETCL_BENCH_SWEEP=1 bash bench/gpu_run.sh 300 elementwise)
+             times netcl's launch knobs (NETCL_EW_*, NETCL_RED_*, NETCL_SOFTMAX_REG: see netcl/jit/runner.py
+             and reduce.py) for add / chain / sum / softmax, each variant in a child process (a crashing
+             variant cannot end the run), checks its answers, prints the best per workload.
 
 Workloads (float32): large add (x + y), a 9-op chain (fused: one kernel; unfused: NETCL_FUSION=0,
 one kernel per op), sum of a large vector, softmax over rows. Each is reported as achieved GB/s
@@ -103,6 +107,99 @@ def copy_bandwidth(q, nbytes: int, repeats: int) -> float:
     dst = Tensor.empty(q, (nbytes // 4,), np.float32)
     t = median_time(lambda: enqueue_copy(q, dst.buffer, src.buffer, byte_count=nbytes), q.finish, repeats, 5)
     return 2 * nbytes / t
+
+
+# -- knob sweep (GPU) ---------------------------------------------------------------------------------
+SWEEP = [
+    # (label, env, works)
+    ("default", {}, "add,chain_fused,sum,softmax"),
+    ("ew cap 8 groups/CU", {"NETCL_EW_GROUPS_PER_CU": "8"}, "add,chain_fused"),
+    ("ew cap 16 groups/CU", {"NETCL_EW_GROUPS_PER_CU": "16"}, "add,chain_fused"),
+    ("ew cap 32 groups/CU", {"NETCL_EW_GROUPS_PER_CU": "32"}, "add,chain_fused"),
+    ("ew unaligned vload4", {"NETCL_EW_ALIGNED": "0"}, "add,chain_fused"),
+    ("ew unaligned vload4, cap 8/CU (old)", {"NETCL_EW_ALIGNED": "0", "NETCL_EW_GROUPS_PER_CU": "8"}, "add,chain_fused"),
+    ("ew vec 8", {"NETCL_EW_VEC": "8"}, "add,chain_fused"),
+    ("ew vec 2", {"NETCL_EW_VEC": "2"}, "add,chain_fused"),
+    ("ew vec 1", {"NETCL_EW_VEC": "1"}, "add,chain_fused"),
+    ("ew local 128", {"NETCL_EW_LOCAL": "128"}, "add,chain_fused"),
+    ("ew local 512", {"NETCL_EW_LOCAL": "512"}, "add,chain_fused"),
+    ("red 2 groups/CU", {"NETCL_RED_GROUPS_PER_CU": "2"}, "sum"),
+    ("red 8 groups/CU", {"NETCL_RED_GROUPS_PER_CU": "8"}, "sum"),
+    ("red 16 groups/CU", {"NETCL_RED_GROUPS_PER_CU": "16"}, "sum"),
+    ("red 32 groups/CU", {"NETCL_RED_GROUPS_PER_CU": "32"}, "sum"),
+    ("red unroll 1", {"NETCL_RED_UNROLL": "1"}, "sum"),
+    ("red unroll 8", {"NETCL_RED_UNROLL": "8"}, "sum"),
+    ("red vec 8", {"NETCL_RED_VEC": "8"}, "sum,softmax"),
+    ("red vec 8, 8 groups/CU", {"NETCL_RED_VEC": "8", "NETCL_RED_GROUPS_PER_CU": "8"}, "sum"),
+    ("red unaligned vload", {"NETCL_RED_ALIGNED": "0"}, "sum,softmax"),
+    ("softmax row in registers", {"NETCL_SOFTMAX_REG": "8"}, "softmax"),
+    ("softmax row in registers, vec 8", {"NETCL_SOFTMAX_REG": "8", "NETCL_RED_VEC": "8"}, "softmax"),
+]
+
+
+def worker(works: list[str], cfg: dict) -> dict:
+    """Time netcl only for `works` (knobs come from the environment) and check the answers."""
+    q = manager.default("auto").queue
+    rng = np.random.default_rng(0)
+    n = cfg["n"]
+    ha = rng.standard_normal(n, dtype=np.float32)
+    hb = rng.standard_normal(n, dtype=np.float32)
+    a, b = Tensor.from_host(q, ha), Tensor.from_host(q, hb)
+    res: dict = {}
+    r, i = cfg["repeats"], cfg["inner"]
+    if "add" in works:
+        res["add"] = median_time(lambda: (a + b).realize(), q.finish, r, i)
+        got = (a + b).realize().to_host()
+        res["add_ok"] = bool(np.array_equal(got, ha + hb))
+    if "chain_fused" in works:
+        res["chain_fused"] = median_time(lambda: chain(a, b, ops).realize(), q.finish, r, i)
+        got = chain(a, b, ops).realize().to_host()[: 1 << 20]
+        want = chain(ha[: 1 << 20].astype(np.float64), hb[: 1 << 20].astype(np.float64), np)
+        # compare squares: the final sqrt turns an absolute float32 error near 0 into a large relative one
+        res["chain_fused_ok"] = bool(np.allclose(got.astype(np.float64) ** 2, want ** 2, rtol=1e-5, atol=1e-6))
+    if "sum" in works:
+        res["sum"] = median_time(lambda: ops.sum(a), q.finish, r, i)
+        got = float(ops.sum(a).to_host())
+        res["sum_ok"] = bool(abs(got - ha.astype(np.float64).sum()) < 1e-5 * np.abs(ha).sum())
+    if "softmax" in works:
+        hs = rng.standard_normal((cfg["rows"], cfg["cols"]), dtype=np.float32)
+        s = Tensor.from_host(q, hs)
+        res["softmax"] = median_time(lambda: ops.softmax(s, -1), q.finish, r, i)
+        got = ops.softmax(s, -1).to_host()
+        rows = hs[[0, 1, -1]].astype(np.float64)
+        e = np.exp(rows - rows.max(1, keepdims=True))
+        res["softmax_ok"] = bool(np.allclose(got[[0, 1, -1]], e / e.sum(1, keepdims=True), rtol=1e-5, atol=1e-8))
+    return res
+
+
+def sweep(cfg: dict, copy_bw: float, timeout: int, gpu: bool) -> list[dict]:
+    rows = []
+    print(f"knob sweep (netcl only, GB/s, % of copy {copy_bw / 1e9:.0f} GB/s; '!' = wrong answer):")
+    for label, env, works in SWEEP:
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", works] + (["--gpu"] if gpu else [])
+        try:
+            proc = subprocess.run(cmd, env=dict(os.environ, **env), capture_output=True, text=True, timeout=timeout)
+            out = next((json.loads(ln[7:]) for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
+            err = None if out else f"exit {proc.returncode}: " + " | ".join((proc.stderr or "").strip().splitlines()[-2:])[:200]
+        except subprocess.TimeoutExpired:
+            out, err = None, f"timed out after {timeout} s"
+        row = {"label": label, "env": env, "works": works.split(","), "error": err, "gbps": {}, "ok": {}}
+        if out:
+            for w in row["works"]:
+                row["gbps"][w] = bytes_of(w, cfg) / out[w] / 1e9
+                row["ok"][w] = out.get(w + "_ok", True)
+        rows.append(row)
+        cells = "  ".join(f"{w} {row['gbps'][w]:7.1f} ({100 * row['gbps'][w] * 1e9 / copy_bw:3.0f}%)"
+                          f"{'' if row['ok'][w] else '!'}" for w in row["gbps"])
+        print(f"  {label:<38} {cells or err}", flush=True)
+    print("best per workload (correct answers only):")
+    for w in ("add", "chain_fused", "sum", "softmax"):
+        cands = [r for r in rows if w in r["gbps"] and r["ok"][w]]
+        if cands:
+            best = max(cands, key=lambda r: r["gbps"][w])
+            print(f"  {w:<12} {best['gbps'][w]:7.1f} GB/s ({100 * best['gbps'][w] * 1e9 / copy_bw:.0f}% of copy)  "
+                  f"{best['label']}  env={best['env']}")
+    return rows
 
 
 # -- peers --------------------------------------------------------------------------------------------
@@ -207,7 +304,17 @@ def main() -> None:
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "elementwise.json"))
     p.add_argument("--peers", default="numpy,torch,tinygrad")
     p.add_argument("--tinygrad-timeout", type=int, default=300)
+    p.add_argument("--sweep", action="store_true", default=os.environ.get("NETCL_BENCH_SWEEP", "") not in ("", "0"),
+                   help="also time netcl's launch knobs, one child process per variant (NETCL_BENCH_SWEEP=1)")
+    p.add_argument("--sweep-timeout", type=int, default=60, help="seconds per sweep variant")
+    p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.worker:
+        dev = manager.default("auto")
+        cfg = sizes(args.gpu or dev.capabilities.kind == "gpu")
+        cfg["repeats"] = min(cfg["repeats"], 10)
+        print("RESULT " + json.dumps(worker(args.worker.split(","), cfg)))
+        return
     device = manager.default("auto")
     q = device.queue
     gpu = args.gpu or device.capabilities.kind == "gpu"
@@ -252,7 +359,8 @@ def main() -> None:
             print(f"{k}: {results[k]['error']}")
         if "device" in results[k]:
             print(f"{k}: {results[k]['device']}")
-    report = {"device": device.describe(), "kind": device.capabilities.kind, "sizes": cfg,
+    sweep_rows = sweep(cfg, copy_bw, args.sweep_timeout, gpu) if args.sweep else None
+    report = {"device": device.describe(), "sweep": sweep_rows, "kind": device.capabilities.kind, "sizes": cfg,
               "copy_bandwidth_gbps": copy_bw / 1e9, "work": rows, "fused_vs_unfused": fused_gain,
               "raw": results, "targets": {"gpu_fraction_of_copy": TARGETS_GPU, "gpu_fused_vs_unfused": 4.0,
                                           "cpu_vs_numpy": {"add": 0.8, "sum": 0.8}},
