@@ -411,7 +411,11 @@ class Kernel:
         for i, a in enumerate(args):
             prev = last[i]
             # same numpy scalar type and value (vectors such as long4: the same object) -> skip
-            if prev is not None and (a is prev or (type(a) is type(prev) and isinstance(a, generic) and a == prev)):
+            if prev is not None and (
+                a is prev
+                or (type(a) is type(prev) and isinstance(a, generic) and a == prev
+                    and (a != 0 or np.signbit(a) == np.signbit(prev)))  # -0.0 == 0.0, but not bitwise
+            ):
                 continue
             set_arg(i, a)
             last[i] = a if isinstance(a, (np.generic, np.ndarray)) else None

@@ -152,3 +152,15 @@ def test_offending_lines_extraction():
     assert ">>    3 | c" in shown and "2 | b" in shown
     pocl_style = backend._offending_lines("error: /tmp/x.cl:1:2: bad", src)
     assert ">>    1 | a" in pocl_style
+
+
+def test_argument_reuse_keeps_the_sign_of_zero(device, queue):
+    prg = build_program(device, SCALE, format_options({"OFFSET": "0.0f"}))
+    x = Tensor.ones(queue, (4,))
+    prg.scale(queue, (4,), None, x.buffer, np.float32(0.0), np.int32(4))
+    prg.scale(queue, (4,), None, x.buffer, np.float32(-0.0), np.int32(4))  # 0 * -0 = -0
+    assert np.all(np.signbit(x.to_host()))
+    y = Tensor.ones(queue, (4,))
+    prg.scale(queue, (4,), None, y.buffer, np.float32(3.0), np.int32(4))
+    prg.scale(queue, (4,), None, y.buffer, np.float32(3.0), np.int32(2))  # only the first two again
+    np.testing.assert_array_equal(y.to_host(), np.array([9, 9, 3, 3], np.float32))
