@@ -155,10 +155,10 @@ def test_offending_lines_extraction():
 
 
 def test_argument_reuse_keeps_the_sign_of_zero(device, queue):
-    prg = build_program(device, SCALE, format_options({"OFFSET": "0.0f"}))
+    prg = build_program(device, SCALE, format_options({"OFFSET": "-0.0f"}))  # x + -0 keeps x's sign
     x = Tensor.ones(queue, (4,))
-    prg.scale(queue, (4,), None, x.buffer, np.float32(0.0), np.int32(4))
-    prg.scale(queue, (4,), None, x.buffer, np.float32(-0.0), np.int32(4))  # 0 * -0 = -0
+    prg.scale(queue, (4,), None, x.buffer, np.float32(0.0), np.int32(4))  # +0
+    prg.scale(queue, (4,), None, x.buffer, np.float32(-0.0), np.int32(4))  # +0 * -0 = -0
     assert np.all(np.signbit(x.to_host()))
     y = Tensor.ones(queue, (4,))
     prg.scale(queue, (4,), None, y.buffer, np.float32(3.0), np.int32(4))
