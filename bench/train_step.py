@@ -54,7 +54,8 @@ def median_seconds(fn, finish, repeat: int, warmup: int = 3) -> float:
     return statistics.median(times)
 
 
-def netcl_step(model_kind: str, q, repeat: int) -> float:
+def netcl_step(model_kind: str, q, repeat: int) -> tuple[float, int, float]:
+    """(median seconds per step, kernel launches per step, median host seconds to enqueue a step)."""
     random.manual_seed(0)
     if model_kind == "mlp":  # the seed's model, on flat inputs
         from netcl.nn import Linear, ReLU, Sequential
@@ -76,7 +77,19 @@ def netcl_step(model_kind: str, q, repeat: int) -> float:
         opt.step()
         opt.zero_grad()
 
-    return median_seconds(step, q.finish, repeat)
+    seconds = median_seconds(step, q.finish, repeat)
+    from netcl.core.backend import count_launches
+
+    with count_launches() as c:
+        step()
+    q.finish()
+    host = []
+    for _ in range(max(3, repeat // 2)):  # host time alone: enqueue one step on an idle queue
+        t0 = time.perf_counter()
+        step()
+        host.append(time.perf_counter() - t0)
+        q.finish()
+    return seconds, c.count, statistics.median(host)
 
 
 def torch_step(model_kind: str, gpu: bool, repeat: int) -> tuple[float, str]:
@@ -209,10 +222,12 @@ def main() -> int:
     for kind in args.models.split(","):
         flops = step_flops(kind, BATCH[kind])
         entry: dict = {"model": kind, "batch": BATCH[kind], "step_gflop": flops / 1e9}
-        t = netcl_step(kind, q, repeat)
+        t, launches, host = netcl_step(kind, q, repeat)
         entry["netcl"] = {
             "device": dev.device_name,
             "ms": t * 1e3,
+            "launches_per_step": launches,
+            "host_enqueue_ms": host * 1e3,
             "steps_per_s": 1 / t,
             "gflops": flops / t / 1e9,
         }
@@ -251,7 +266,10 @@ def main() -> int:
                 f"{(f'{ms:.2f}' if ms else '-'):>9}{(f'{1e3 / ms:.1f}' if ms else '-'):>9}"
                 f"{(f'{ratio:.2f}x' if ratio else ''):>9}"
             )
-        print(f"      step = {e['step_gflop']:.3f} GFLOP; netcl reaches {e['netcl']['gflops']:.1f} GFLOP/s")
+        print(
+            f"      step = {e['step_gflop']:.3f} GFLOP; netcl reaches {e['netcl']['gflops']:.1f} GFLOP/s; "
+            f"{e['netcl']['launches_per_step']} launches/step, host enqueue {e['netcl']['host_enqueue_ms']:.2f} ms"
+        )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"repeat": repeat, "gpu": args.gpu, "rows": rows}, indent=2))
