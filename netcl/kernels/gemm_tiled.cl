@@ -6,9 +6,10 @@
 // K is walked in tiles of BK: the A (BM x BK) and B (BK x BN) tiles are staged k-major in local memory,
 // double-buffered: while the work-group multiplies tile t out of one buffer, each work-item has already
 // fetched its share of tile t+1 from global memory into registers, stores it to the other buffer, and one
-// barrier per tile separates the phases. Global loads are scalar and coalesced along whichever dimension
-// of the operand is contiguous; out-of-range rows, columns and k are read as zero. Results pass the fused
-// epilogue and are written with bound checks. Reads A, B (, bias, residual); writes C.
+// barrier per tile separates the phases. Global loads are coalesced along whichever dimension of the
+// operand is contiguous: 4-wide on interior tiles when GVEC is set, else scalar with out-of-range rows,
+// columns and k read as zero. Results pass the fused epilogue and are written with bound checks.
+// Reads A, B (, bias, residual); writes C. Work-group order may be regrouped (GM), warps remapped (WX).
 // Local memory: 2 * BK * ((BM + PADA) + (BN + PADB)) accumulator-sized values.
 // Tuning knobs:
 //   BM, BN   block tile of C per work-group (default 128 x 128)

@@ -44,14 +44,15 @@ DEFAULTS: dict[str, dict[str, dict[str, int]]] = {
         "float64": {"MB": 64, "NB": 32, "KC": 256, "RM": 4, "VN": 8},
     },
     "tiled": {
-        # float32: best of two H200 sweeps (bench/logs/h200-2026-11-29/gemm_gvec_sweep*.txt): 0.89-0.90x
-        # cuBLAS FP32 at 4096^3 with 4-wide global loads (GVEC) and warps as 8 x 4 patches (WX=8)
+        # float32: best of five H200 sweeps (bench/logs/h200-2026-11-29/gemm_gvec_sweep*.txt): 4-wide
+        # global loads (GVEC), warps as 8 x 4 patches (WX=8), blocks in groups of 16 rows (GM=16);
+        # 40.0 TFLOP/s at 4096^3 = 0.80x cuBLAS FP32 (bench/logs/h200-2026-11-29/gemm_final_best.txt)
         "float32": {"BM": 128, "BN": 128, "BK": 16, "TX": 16, "TY": 16, "VW": 4, "PADA": 4, "PADB": 4,
-                    "MAXRREG": 0, "GVEC": 1, "WX": 8, "GM": 0},
+                    "MAXRREG": 0, "GVEC": 1, "WX": 8, "GM": 16},
         "float16": {"BM": 128, "BN": 128, "BK": 16, "TX": 16, "TY": 16, "VW": 4, "PADA": 4, "PADB": 4,
-                    "MAXRREG": 0, "WX": 8},
+                    "MAXRREG": 0, "WX": 8, "GM": 16},
         "float64": {"BM": 64, "BN": 64, "BK": 16, "TX": 16, "TY": 16, "VW": 2, "PADA": 2, "PADB": 2,
-                    "MAXRREG": 0, "GVEC": 1, "WX": 0},
+                    "MAXRREG": 0, "GVEC": 1, "WX": 0, "GM": 0},
     },
 }
 _KERNEL_FILES = {"direct": "gemm_direct.cl", "dot": "gemm_direct.cl", "cpu": "gemm_cpu.cl", "tiled": "gemm_tiled.cl"}

@@ -38,9 +38,11 @@ def _tiled_candidates(device: Any, dtype: np.dtype, quick: bool) -> list[dict[st
     caps = device.capabilities
     out = [default_params("tiled", dtype)]
     grid = [
-        # BM, BN, BK, TX, TY, VW, PAD (, WX: warp patch width, MAXRREG: NVIDIA register cap)
-        # ordered by the H200 sweeps of 2026-11-29 (bench/logs/h200-2026-11-29/gemm_gvec_sweep*.txt)
+        # BM, BN, BK, TX, TY, VW, PAD, WX (warp patch width) (, MAXRREG: NVIDIA register cap)
+        # ordered by the H200 sweeps of 2026-11-29 (bench/logs/h200-2026-11-29/gemm_gvec_sweep*.txt);
+        # GM (grouped block order) and GVEC are inherited from the defaults
         (128, 128, 16, 16, 16, 4, 4, 8),
+        (128, 128, 8, 8, 16, 4, 4, 4),
         (128, 128, 16, 16, 16, 4, 4, 4),
         (128, 128, 16, 16, 16, 4, 4, 0),
         (128, 128, 16, 32, 8, 4, 4, 8),
