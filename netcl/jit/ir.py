@@ -31,7 +31,7 @@ class Node:
     """One value of an elementwise graph. `attr` is op-specific (leaf tensor, param value,
     const value, index axis); it is part of the structural key except for leaves and params."""
 
-    __slots__ = ("args", "attr", "dtype", "op", "size")
+    __slots__ = ("args", "attr", "dtype", "info", "op", "size")
 
     def __init__(self, op: str, args: tuple[Node, ...], dtype: np.dtype, attr: Any = None):
         self.op = op
@@ -39,6 +39,7 @@ class Node:
         self.dtype = dtype
         self.attr = attr
         self.size = 1 + sum(a.size for a in args)  # tree size: bounds how much inlining we do
+        self.info: Any = None  # memo of netcl.jit.lazy: (leaf tensors, reaches a trace input)
 
     def __repr__(self) -> str:
         if self.op == "leaf":

@@ -73,12 +73,30 @@ class TraceError(NetclError):
     """A function under netcl.jit.fuse did something that is not elementwise on its inputs."""
 
 
+def _info(expr: ir.Node) -> tuple[tuple[Tensor, ...], bool]:
+    """(distinct leaf tensors in walk order, whether a trace input is reachable), memoised on the
+    nodes: building a chain op by op stays linear instead of re-walking the whole graph per op."""
+    info = expr.info
+    if info is None:
+        if expr.op == "leaf":
+            info = ((expr.attr,), False)
+        elif not expr.args:
+            info = ((), expr.op == "input")
+        else:
+            seen: dict[int, Tensor] = {}
+            has_input = False
+            for a in expr.args:
+                ts, hi = _info(a)
+                has_input = has_input or hi
+                for t in ts:
+                    seen.setdefault(id(t), t)
+            info = (tuple(seen.values()), has_input)
+        expr.info = info
+    return info
+
+
 def _leaf_tensors(expr: ir.Node) -> list[Tensor]:
-    seen: dict[int, Tensor] = {}
-    for node in ir.walk([expr]):
-        if node.op == "leaf":
-            seen.setdefault(id(node.attr), node.attr)
-    return list(seen.values())
+    return list(_info(expr)[0])
 
 
 def operand(t: Tensor, inlined: list[weakref.ref]) -> ir.Node:
@@ -149,7 +167,7 @@ def realize(tensor: Tensor) -> None:
 
 
 def _has_inputs(expr: ir.Node) -> bool:
-    return any(n.op == "input" for n in ir.walk([expr]))
+    return _info(expr)[1]
 
 
 def expression_of(t: Tensor, inlined: list[weakref.ref] | None = None) -> ir.Node:

@@ -45,9 +45,8 @@ RED_VEC = _int("NETCL_RED_VEC", 4)
 RED_UNROLL = _int("NETCL_RED_UNROLL", 4)
 MAX_SERIAL = 2048
 # softmax/log_softmax with the row held in registers (1 read + 1 write) when a row has at most
-# L * W * SOFTMAX_REG elements; 0 (default: the variant crashed under PoCL, unverified on GPUs) keeps
-# the online max/sum pass + a second read of the row
-SOFTMAX_REG = _int("NETCL_SOFTMAX_REG", 0)
+# L * W * SOFTMAX_REG elements (GPU layouts); 0 keeps the online max/sum pass + a second read
+SOFTMAX_REG = _int("NETCL_SOFTMAX_REG", 8)
 ALIGNED = bool(_int("NETCL_RED_ALIGNED", 1))
 # Tests set this to "gpu" to run the GPU layouts (local-memory trees) on the PoCL CPU device.
 FORCE_KIND: str | None = None
@@ -207,11 +206,14 @@ def source(key: tuple) -> str:
     ps += [f"const {idx_t} M", f"const {idx_t} R", f"const {idx_t} P", f"const {idx_t} chunk", f"const {idx_t} RT"]
     ps += [f"const {idx_t} kd{d}" for d in range(knd)] + [f"const {idx_t} rd{d}" for d in range(rnd)]
     b: list[str] = []
+    if kreg:
+        b.append(f"__local {act} shr[{L}];")
     if L > 1:
         b.append(f"const {idx_t} g = get_group_id(0); const {idx_t} lid = get_local_id(0);")
     else:
         b.append(f"const {idx_t} g = get_global_id(0); const {idx_t} lid = 0;")
-    b.append("if (g >= M * P) return;")
+    if not kreg:  # (the register softmax launches exactly M groups; PoCL corrupted its heap with this
+        b.append("if (g >= M * P) return;")  # early return ahead of the barriers)
     if order == "col":
         b.append(f"const {idx_t} o = g % M; const {idx_t} part = g / M;")
     else:
@@ -406,7 +408,7 @@ def _softmax_registers(mode, desc, out_pos, leaf_dts, leaf_rkinds, L, W, K, act,
     b: list[str] = [f"{act} mx = -INFINITY;"]
     for k in range(K):
         b.append(f"const {idx_t} r{k} = ({k} * {L} + lid) * {W};")
-        b.append(" ".join(f"{act} x{k}_{j};" for j in range(W)))
+        b.append(" ".join(f"{act} x{k}_{j} = -INFINITY;" for j in range(W)))
         b.append(f"if (r{k} + {W} <= R) {{")
         for s, dt_str in enumerate(leaf_dts):
             if leaf_rkinds[s] == "c":
@@ -418,7 +420,6 @@ def _softmax_registers(mode, desc, out_pos, leaf_dts, leaf_rkinds, L, W, K, act,
             b.append(f"  x{k}_{j} = ({act}){names[out_pos[0]]};")
         b.append("} else {")
         for j in range(W):
-            b.append(f"  x{k}_{j} = -INFINITY;")
             b.append(f"  if (r{k} + {j} < R) {{")
             body, names = codegen.emit_nodes(desc, leaf_value_at(f"(r{k} + {j})"), lambda ax: "0", suffix=f"_{k}_{j}t")
             b += ["    " + x for x in body]
@@ -433,7 +434,6 @@ def _softmax_registers(mode, desc, out_pos, leaf_dts, leaf_rkinds, L, W, K, act,
                 f"  if (lid < s) shr[lid] = {op.format('shr[lid]', 'shr[lid + s]')};",
                 "  barrier(CLK_LOCAL_MEM_FENCE);", "}", f"{var} = shr[0];", "barrier(CLK_LOCAL_MEM_FENCE);"]
 
-    b.append(f"__local {act} shr[{L}];")
     b += tree("mx", "fmax({0}, {1})")
     b.append(f"{act} sm = 0;")
     for k in range(K):

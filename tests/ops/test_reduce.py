@@ -147,11 +147,10 @@ def test_empty_and_errors(queue):
         ops.topk(x, 5)
 
 
-@pytest.mark.parametrize("softmax_reg", [0])
+@pytest.mark.parametrize("softmax_reg", [8, 0])
 def test_softmax_long_rows(queue, rng, layout, monkeypatch, softmax_reg):
-    """Rows long enough for the GPU work-group layouts, with tails that are not a multiple of the
-    vector width and unaligned views. (The row-in-registers variant, SOFTMAX_REG > 0, crashes
-    PoCL's compiler-generated code here, so it stays off by default and untested on CPU.)"""
+    """Rows long enough for the GPU work-group layouts (row in registers, and the two-pass path),
+    with tails that are not a multiple of the vector width, and unaligned views."""
     monkeypatch.setattr(jreduce, "SOFTMAX_REG", softmax_reg)
     for shape in ((3, 130), (2, 2100)):
         a = (rng.standard_normal(shape) * 3).astype(np.float32)
