@@ -525,9 +525,7 @@ def gemm(
             _replays[key] = (*record[0], p.out.shape)
         return _finish(p)
     if variant is None:
-        variant = choose_variant(p.out.device, p.m, p.n, p.k)
-        if variant == "direct" and p.out.device.capabilities.kind != "cpu" and p.k >= 256 and _k_contiguous(p):
-            variant = "dot"  # GPU, thin, both operands contiguous along K: coalesce along K instead
+        variant = _auto_variant(p)  # the one place netcl picks a kernel (the replay path uses it too)
     elif variant not in VARIANTS:
         raise ValueError(f"unknown GEMM variant {variant!r}; one of {VARIANTS}")
     if p.k == 0 and variant == "tiled":
