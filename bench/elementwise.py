@@ -132,8 +132,8 @@ SWEEP = [
     ("red vec 8", {"NETCL_RED_VEC": "8"}, "sum,softmax"),
     ("red vec 8, 8 groups/CU", {"NETCL_RED_VEC": "8", "NETCL_RED_GROUPS_PER_CU": "8"}, "sum"),
     ("red unaligned vload", {"NETCL_RED_ALIGNED": "0"}, "sum,softmax"),
-    ("softmax row in registers", {"NETCL_SOFTMAX_REG": "8"}, "softmax"),
-    ("softmax row in registers, vec 8", {"NETCL_SOFTMAX_REG": "8", "NETCL_RED_VEC": "8"}, "softmax"),
+    ("softmax two passes (old)", {"NETCL_SOFTMAX_REG": "0"}, "softmax"),
+    ("softmax two passes, vec 8", {"NETCL_SOFTMAX_REG": "0", "NETCL_RED_VEC": "8"}, "softmax"),
 ]
 
 
@@ -147,19 +147,31 @@ def worker(works: list[str], cfg: dict) -> dict:
     a, b = Tensor.from_host(q, ha), Tensor.from_host(q, hb)
     res: dict = {}
     r, i = cfg["repeats"], cfg["inner"]
+
+    def host_us(name: str, fn) -> None:
+        """Enqueue-only host time per call: when it nears the device time the run is host-bound."""
+        q.finish()
+        t0 = time.perf_counter()
+        for _ in range(10):
+            fn()
+        res[name + "_host_us"] = (time.perf_counter() - t0) / 10 * 1e6
+        q.finish()
     if "add" in works:
         res["add"] = median_time(lambda: (a + b).realize(), q.finish, r, i)
         got = (a + b).realize().to_host()
         res["add_ok"] = bool(np.array_equal(got, ha + hb))
+        host_us("add", lambda: (a + b).realize())
     if "chain_fused" in works:
         res["chain_fused"] = median_time(lambda: chain(a, b, ops).realize(), q.finish, r, i)
         got = chain(a, b, ops).realize().to_host()[: 1 << 20]
         want = chain(ha[: 1 << 20].astype(np.float64), hb[: 1 << 20].astype(np.float64), np)
+        host_us("chain_fused", lambda: chain(a, b, ops).realize())
         # compare squares: the final sqrt turns an absolute float32 error near 0 into a large relative one
         res["chain_fused_ok"] = bool(np.allclose(got.astype(np.float64) ** 2, want ** 2, rtol=1e-5, atol=1e-6))
     if "sum" in works:
         res["sum"] = median_time(lambda: ops.sum(a), q.finish, r, i)
         got = float(ops.sum(a).to_host())
+        host_us("sum", lambda: ops.sum(a))
         res["sum_ok"] = bool(abs(got - ha.astype(np.float64).sum()) < 1e-5 * np.abs(ha).sum())
     if "softmax" in works:
         hs = rng.standard_normal((cfg["rows"], cfg["cols"]), dtype=np.float32)
@@ -168,6 +180,7 @@ def worker(works: list[str], cfg: dict) -> dict:
         got = ops.softmax(s, -1).to_host()
         rows = hs[[0, 1, -1]].astype(np.float64)
         e = np.exp(rows - rows.max(1, keepdims=True))
+        host_us("softmax", lambda: ops.softmax(s, -1))
         res["softmax_ok"] = bool(np.allclose(got[[0, 1, -1]], e / e.sum(1, keepdims=True), rtol=1e-5, atol=1e-8))
     return res
 
@@ -178,20 +191,28 @@ def sweep(cfg: dict, copy_bw: float, timeout: int, gpu: bool) -> list[dict]:
     for label, env, works in SWEEP:
         cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", works] + (["--gpu"] if gpu else [])
         try:
-            proc = subprocess.run(cmd, env=dict(os.environ, **env), capture_output=True, text=True, timeout=timeout)
+            proc = subprocess.run(cmd, env=dict(os.environ, **env), capture_output=True, text=True, timeout=timeout,
+                                  check=False)
             out = next((json.loads(ln[7:]) for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
             err = None if out else f"exit {proc.returncode}: " + " | ".join((proc.stderr or "").strip().splitlines()[-2:])[:200]
         except subprocess.TimeoutExpired:
             out, err = None, f"timed out after {timeout} s"
-        row = {"label": label, "env": env, "works": works.split(","), "error": err, "gbps": {}, "ok": {}}
+        row = {"label": label, "env": env, "works": works.split(","), "error": err, "gbps": {}, "ok": {},
+               "device_us": {}, "host_us": {}}
         if out:
             for w in row["works"]:
                 row["gbps"][w] = bytes_of(w, cfg) / out[w] / 1e9
                 row["ok"][w] = out.get(w + "_ok", True)
+                row["device_us"][w] = out[w] * 1e6
+                row["host_us"][w] = out.get(w + "_host_us")
         rows.append(row)
         cells = "  ".join(f"{w} {row['gbps'][w]:7.1f} ({100 * row['gbps'][w] * 1e9 / copy_bw:3.0f}%)"
                           f"{'' if row['ok'][w] else '!'}" for w in row["gbps"])
         print(f"  {label:<38} {cells or err}", flush=True)
+        if label == "default" and out:
+            print("  " + " " * 38 + " per call: " + "  ".join(
+                f"{w} {row['device_us'][w]:.0f} us (host enqueue {row['host_us'][w]:.0f} us)" for w in row["gbps"]),
+                flush=True)
     print("best per workload (correct answers only):")
     for w in ("add", "chain_fused", "sum", "softmax"):
         cands = [r for r in rows if w in r["gbps"] and r["ok"][w]]
