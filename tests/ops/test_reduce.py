@@ -177,3 +177,14 @@ def test_sum_vector_widths_unaligned(queue, rng, layout, monkeypatch, vec):
     m = rng.standard_normal((5, 1001)).astype(np.float32)
     assert_close(ops.sum(Tensor.from_host(queue, m), 1), m.astype(np.float64).sum(1), np.float32, rtol=1e-5,
                  atol=1e-5)
+
+
+def test_softmax_nan_row_registers(queue, monkeypatch):
+    """A NaN poisons its whole row (as in NumPy/PyTorch) in the row-in-registers GPU variant."""
+    monkeypatch.setattr(jreduce, "FORCE_KIND", "gpu")
+    monkeypatch.setattr(jreduce, "SOFTMAX_REG", 8)
+    a = np.linspace(-3, 3, 3 * 130, dtype=np.float32).reshape(3, 130)
+    a[1, 5] = np.nan
+    y = ops.softmax(Tensor.from_host(queue, a), -1).to_host()
+    assert np.isnan(y[1]).all() and not np.isnan(y[[0, 2]]).any()
+    np.testing.assert_allclose(y[[0, 2]].sum(1), 1.0, rtol=1e-5)
