@@ -6,6 +6,7 @@ copies only when the layout needs it.
 
 from __future__ import annotations
 
+import functools
 import math
 import weakref
 from collections.abc import Sequence
@@ -834,6 +835,13 @@ def _coalesce(shape: Sequence[int], *stride_sets: Sequence[int]) -> tuple[list[i
 
 
 def _long4x2(values: Sequence[int], fill: int) -> tuple[np.ndarray, np.ndarray]:
+    return _long4x2_cached(tuple(int(v) for v in values), fill)
+
+
+@functools.lru_cache(maxsize=1024)
+def _long4x2_cached(values: tuple[int, ...], fill: int) -> tuple[np.ndarray, np.ndarray]:
+    """cltypes.make_long4 evals a constructor (~50 us a call); the strides and shapes of copies
+    repeat from step to step. The returned arrays are only read (passed as kernel args)."""
     padded = list(values) + [fill] * (MAX_DIMS - len(values))
     return cltypes.make_long4(*padded[:4]), cltypes.make_long4(*padded[4:])
 

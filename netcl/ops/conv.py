@@ -16,13 +16,31 @@ from typing import Any
 import numpy as np
 
 from netcl.core import dtypes
-from netcl.core.backend import load_program
+from netcl.core import backend as _backend
 from netcl.core.tensor import Tensor, check_same_queue
 from netcl.errors import DTypeError, ShapeError
 
 ALGORITHMS = ("auto", "direct", "depthwise", "winograd", "im2col")
 ACTIVATIONS = {None: 0, "relu": 1}
 _WINO_KB = 4
+
+
+# -- host-side caches -----------------------------------------------------------------------------
+# A training step calls each conv/pool/norm op with the same shapes every step; backend.load_program
+# re-reads and hashes the kernel source on every call (~0.2 ms on the host), so the built Program is
+# kept here by (device, file, defines). pool.py and norm.py load their programs through this too.
+_programs: dict[tuple, tuple] = {}
+
+
+def load_program(device: Any, filename: str, defines: dict[str, Any] | None = None) -> Any:
+    """backend.load_program, memoised per (device, file, defines)."""
+    key = (id(device), filename, tuple(sorted((defines or {}).items())))
+    hit = _programs.get(key)
+    if hit is not None and hit[0] is device:
+        return hit[1]
+    prg = _backend.load_program(device, filename, defines)
+    _programs[key] = (device, prg)
+    return prg
 
 
 # -- argument checks -----------------------------------------------------------------------------
@@ -132,11 +150,15 @@ class ConvParams:
     def output_shape(self) -> tuple[int, int, int, int]:
         return (self.N, self.K, self.OH, self.OW)
 
-    def geometry(self) -> list[np.int32]:
-        """Kernel arguments N..G in the order every conv kernel takes them."""
-        vals = (self.N, self.C, self.H, self.W, self.K, self.OH, self.OW, self.KH, self.KW,
-                self.SH, self.SW, self.PH, self.PW, self.DH, self.DW, self.G)
-        return [np.int32(v) for v in vals]
+    def geometry(self) -> tuple[np.int32, ...]:
+        """Kernel arguments N..G in the order every conv kernel takes them (built once per instance:
+        instances are shared through _params, and kernel args are only read)."""
+        geom = self.__dict__.get("_geometry")
+        if geom is None:
+            vals = (self.N, self.C, self.H, self.W, self.K, self.OH, self.OW, self.KH, self.KW,
+                    self.SH, self.SW, self.PH, self.PW, self.DH, self.DW, self.G)
+            geom = self._geometry = tuple(np.int32(v) for v in vals)
+        return geom
 
     @property
     def flops(self) -> int:
@@ -145,6 +167,25 @@ class ConvParams:
     def key(self) -> tuple:
         return (self.N, self.C, self.H, self.W, self.K, self.KH, self.KW, self.SH, self.SW, self.PH, self.PW,
                 self.DH, self.DW, self.G)
+
+
+_params_cache: dict[tuple, ConvParams] = {}
+
+
+def _params(x_shape: Sequence[int], w_shape: Sequence[int], stride: Any, padding: Any, dilation: Any,
+            groups: Any, op: str = "conv2d") -> ConvParams:
+    """ConvParams(...), shared between calls with the same arguments (a training step repeats them);
+    the checks run on the first call, so invalid arguments still raise every time (never cached)."""
+    try:
+        key = (tuple(x_shape), tuple(w_shape), stride, padding, dilation, groups, type(groups), op)
+        hit = _params_cache.get(key)
+    except TypeError:  # unhashable arguments (lists): no sharing
+        return ConvParams(x_shape, w_shape, stride, padding, dilation, groups, op)
+    if hit is None:
+        hit = ConvParams(x_shape, w_shape, stride, padding, dilation, groups, op)
+        if len(_params_cache) < 4096:
+            _params_cache[key] = hit
+    return hit
 
 
 # -- algorithm choice ----------------------------------------------------------------------------
@@ -194,6 +235,27 @@ def _have_matmul() -> bool:
 
 def winograd_applicable(p: ConvParams) -> bool:
     return (p.KH, p.KW, p.SH, p.SW, p.DH, p.DW, p.G) == (3, 3, 1, 1, 1, 1, 1)
+
+
+_algorithm_cache: dict[tuple, str] = {}
+
+
+def _auto_algorithm(device: Any, p: ConvParams, dt: np.dtype) -> str:
+    """select_algorithm memoised per (device, geometry, dtype, tuning database state): the database
+    lookup formats a key and takes a lock every call. The state is the database object resolved by
+    netcl.ops.matmul and its file's mtime as last read in this process (like gemm's replay key)."""
+    mm = _matmul_module()
+    db_of = getattr(mm, "_database", None)
+    if db_of is None:
+        return select_algorithm(device, p, dt)
+    db = db_of(device)
+    key = (id(device), p.key(), np.dtype(dt).str, id(db), getattr(db, "_mtime", None))
+    algo = _algorithm_cache.get(key)
+    if algo is None:
+        algo = select_algorithm(device, p, dt)
+        if getattr(db, "_mtime", None) == key[-1] and len(_algorithm_cache) < 4096:
+            _algorithm_cache[key] = algo
+    return algo
 
 
 def select_algorithm(device: Any, p: ConvParams, dt: np.dtype) -> str:
@@ -338,10 +400,10 @@ def conv2d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 
     tensors = (x, weight) if bias is None else (x, weight, bias)
     check_same_queue(*tensors)
     dt = _float_dtype("conv2d", *tensors)
-    p = ConvParams(x.shape, weight.shape, stride, padding, dilation, groups)
+    p = _params(x.shape, weight.shape, stride, padding, dilation, groups)
     if bias is not None and tuple(bias.shape) != (p.K,):
         raise ShapeError(f"conv2d: bias must have shape ({p.K},) for weight shape {weight.shape}, got {bias.shape}")
-    algo = select_algorithm(x.device, p, dt) if algorithm == "auto" else algorithm
+    algo = _auto_algorithm(x.device, p, dt) if algorithm == "auto" else algorithm
     if algo == "winograd" and not winograd_applicable(p):
         raise ShapeError(f"conv2d: algorithm='winograd' needs a 3x3 kernel, stride 1, dilation 1, groups 1; "
                          f"got kernel {(p.KH, p.KW)}, stride {(p.SH, p.SW)}, dilation {(p.DH, p.DW)}, "
@@ -390,8 +452,8 @@ def conv2d_backward_input(grad_out: Tensor, weight: Tensor, input_shape: Sequenc
         raise ValueError(f"algorithm must be 'auto', 'gemm' or 'direct', got {algorithm!r}")
     check_same_queue(grad_out, weight)
     dt = _float_dtype("conv2d_backward_input", grad_out, weight)
-    p = ConvParams(tuple(input_shape), weight.shape, stride, padding, dilation, groups,
-                   op="conv2d_backward_input")
+    p = _params(tuple(input_shape), weight.shape, stride, padding, dilation, groups,
+                op="conv2d_backward_input")
     _check_grad_out("conv2d_backward_input", grad_out, p)
     gx = Tensor.empty(grad_out.queue, (p.N, p.C, p.H, p.W), dt)
     if gx.size == 0:
@@ -448,7 +510,7 @@ def conv2d_backward_weight(x: Tensor, grad_out: Tensor, weight_shape: Sequence[i
         raise ValueError(f"algorithm must be 'auto', 'gemm' or 'direct', got {algorithm!r}")
     check_same_queue(x, grad_out)
     dt = _float_dtype("conv2d_backward_weight", x, grad_out)
-    p = ConvParams(x.shape, tuple(weight_shape), stride, padding, dilation, groups, op="conv2d_backward_weight")
+    p = _params(x.shape, tuple(weight_shape), stride, padding, dilation, groups, op="conv2d_backward_weight")
     _check_grad_out("conv2d_backward_weight", grad_out, p)
     x, grad_out = x.contiguous(), grad_out.contiguous()
     if algorithm == "gemm" or (algorithm == "auto" and _have_matmul()):
@@ -473,7 +535,7 @@ def _backward_weight_gemm(x: Tensor, gy: Tensor, p: ConvParams) -> Tensor:
     chunk = _im2col_chunk(x.device, p, x.itemsize)
     # gy (N, K, OH, OW) -> (G, Kg, N*P) is the im2col of a 1x1 convolution over gy: the same row-copy
     # kernel (a generic strided copy measured 2x slower than the GEMM it feeds on PoCL)
-    gp = ConvParams(gy.shape, (p.K, p.Kg, 1, 1), 1, 0, 1, p.G, op="conv2d_backward_weight")
+    gp = _params(gy.shape, (p.K, p.Kg, 1, 1), 1, 0, 1, p.G, op="conv2d_backward_weight")
     gw = None
     for n0 in range(0, p.N, chunk):
         nb = min(chunk, p.N - n0)

@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 
 from netcl.core import dtypes
-from netcl.core.backend import load_program
 from netcl.core.tensor import Tensor, check_same_queue
 from netcl.errors import DTypeError, ShapeError
+from netcl.ops.conv import load_program
 
 
 def _float_dtype(op: str, *tensors: Tensor | None) -> np.dtype:

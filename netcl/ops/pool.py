@@ -8,10 +8,9 @@ from typing import Any
 import numpy as np
 
 from netcl.core import dtypes
-from netcl.core.backend import load_program
 from netcl.core.tensor import Tensor, check_same_queue
 from netcl.errors import DTypeError, ShapeError
-from netcl.ops.conv import _defines, _pair
+from netcl.ops.conv import _defines, _pair, load_program
 
 
 def _check_input(op: str, x: Tensor) -> None:
