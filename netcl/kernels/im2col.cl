@@ -19,6 +19,9 @@
 // col2im_plane (CPUs): the same sum; global (NB*C), one work-item owns one (b, c) input plane:
 //   it zeroes it, then adds each of its KH*KW column rows back as unit-stride runs (the inverse of
 //   im2col_rows: no div/mod in the loops, the plane stays in L1; nothing else writes the plane).
+// weight_bias: wb[k, j] = j < R ? w[k, j] : b[k]: the (K, R+1) weight matrix with the bias as its
+//   last column (pairs with ones_row above). global (R+1, K); one work-item copies one element.
+//   Reads K*R + K values of w and b, writes K*(R+1): one launch instead of two strided copies.
 
 #ifdef USE_FP64
 #pragma OPENCL EXTENSION cl_khr_fp64 : enable
@@ -157,4 +160,13 @@ __kernel void col2im_plane(__global const T *cols, __global T *gx, const long gx
             }
         }
     }
+}
+
+__kernel void weight_bias(__global const T *w, const long w_off, __global const T *b, const long b_off,
+                          __global T *wb, const int K, const int R)
+{
+    const int j = get_global_id(0);
+    const int k = get_global_id(1);
+    if (j > R || k >= K) return;
+    wb[(long)k * (R + 1) + j] = j < R ? w[w_off + (long)k * R + j] : b[b_off + k];
 }

@@ -369,10 +369,11 @@ def _conv_im2col(x: Tensor, w: Tensor, bias: Tensor | None, p: ConvParams, activ
 
     r = p.Cg * p.KH * p.KW
     wg = w.reshape(p.G, p.Kg, r)
-    if bias is not None:
+    if bias is not None:  # w and bias are contiguous here (conv2d made them so)
         wb = Tensor.empty(w.queue, (p.G, p.Kg, r + 1), w.dtype)
-        wb[:, :, :r].copy_(wg)
-        wb[:, :, r:].copy_(bias.reshape(p.G, p.Kg, 1))
+        prg = load_program(w.device, "im2col.cl", _defines(w.dtype))
+        prg.weight_bias(w.queue, (r + 1, p.K), None, w.buffer, np.int64(w.offset), bias.buffer,
+                        np.int64(bias.offset), wb.buffer, np.int32(p.K), np.int32(r))
         wg = wb
     chunk = _im2col_chunk(x.device, p, x.itemsize)
     if chunk >= p.N:
