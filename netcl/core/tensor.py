@@ -71,22 +71,41 @@ def check_same_queue(*tensors: Tensor) -> Queue:
 _pending_readers: dict[int, dict[int, weakref.ref]] = {}
 
 
+class _ReaderRef(weakref.ref):
+    """Weak reference to a pending tensor that also knows where it is registered (no per-tensor
+    closure: registering is on the hot path of every lazy elementwise op)."""
+
+    __slots__ = ("keys", "tid")
+
+
+def _forget_reader(ref: _ReaderRef) -> None:
+    tid = ref.tid
+    for k in ref.keys:
+        readers = _pending_readers.get(k)
+        if readers is not None:
+            readers.pop(tid, None)
+            if not readers:
+                _pending_readers.pop(k, None)
+
+
 def register_pending_reader(tensor: Tensor, storages: Sequence[Storage]) -> None:
-    tid = id(tensor)
-    keys = [id(s) for s in storages]
-
-    def forget(_ref: object, keys: list[int] = keys, tid: int = tid) -> None:
-        for k in keys:
-            readers = _pending_readers.get(k)
-            if readers is not None:
-                readers.pop(tid, None)
-                if not readers:
-                    _pending_readers.pop(k, None)
-
-    ref = weakref.ref(tensor, forget)
+    ref = _ReaderRef(tensor, _forget_reader)
+    ref.tid = tid = id(tensor)
+    ref.keys = keys = [id(s) for s in storages]
     for k in keys:
-        _pending_readers.setdefault(k, {})[tid] = ref
-    tensor._pending_forget = lambda: forget(None)
+        readers = _pending_readers.get(k)
+        if readers is None:
+            _pending_readers[k] = {tid: ref}
+        else:
+            readers[tid] = ref
+    tensor._pending_forget = ref
+
+
+def forget_pending_reader(tensor: Tensor) -> None:
+    """Unregister a pending tensor that has been computed (see register_pending_reader)."""
+    ref = tensor.__dict__.pop("_pending_forget", None)
+    if ref is not None:
+        _forget_reader(ref)
 
 
 def realize_pending_readers(storage: Storage) -> None:

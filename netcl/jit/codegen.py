@@ -36,7 +36,48 @@ inline uchar nc_ipow_uchar(uchar a, uchar b) {
 def flatten(outputs: list[ir.Node]) -> tuple[tuple, list[Any], list[tuple[Any, np.dtype]]]:
     """(description, leaf tensors in slot order, params (value, dtype) in slot order).
 
-    Leaves that are the same Tensor object share one slot."""
+    Nodes are numbered in ir.walk's order (operands before users, first visit first). Leaves that
+    are the same Tensor object share one slot."""
+    pos: dict[int, int] = {}
+    leaves: list[Any] = []
+    leaf_slot: dict[int, int] = {}
+    params: list[tuple[Any, np.dtype]] = []
+    desc: list[tuple] = []
+
+    def visit(node: ir.Node) -> int:
+        p = pos.get(id(node))
+        if p is not None:
+            return p
+        op = node.op
+        if node.args:
+            argpos = tuple([visit(x) for x in node.args])
+            attr: Any = node.attr
+        else:
+            argpos = ()
+            if op == "leaf":
+                key = id(node.attr)
+                attr = leaf_slot.get(key)
+                if attr is None:
+                    attr = leaf_slot[key] = len(leaves)
+                    leaves.append(node.attr)
+            elif op == "param":
+                attr = len(params)
+                params.append((node.attr, node.dtype))
+            else:
+                attr = node.attr
+        p = pos[id(node)] = len(desc)
+        desc.append((op, argpos, node.dtype.str, attr))
+        return p
+
+    try:
+        out_pos = tuple([visit(o) for o in outputs])
+    except RecursionError:
+        return _flatten_iterative(outputs)
+    return (tuple(desc), out_pos), leaves, params
+
+
+def _flatten_iterative(outputs: list[ir.Node]) -> tuple[tuple, list[Any], list[tuple[Any, np.dtype]]]:
+    """flatten for graphs deeper than Python's recursion limit (same result)."""
     order = ir.walk(outputs)
     pos: dict[int, int] = {}
     leaves: list[Any] = []

@@ -38,7 +38,10 @@ class Node:
         self.args = args
         self.dtype = dtype
         self.attr = attr
-        self.size = 1 + sum(a.size for a in args)  # tree size: bounds how much inlining we do
+        size = 1  # tree size: bounds how much inlining we do
+        for a in args:
+            size += a.size
+        self.size = size
         self.info: Any = None  # memo of netcl.jit.lazy: (leaf tensors, reaches a trace input)
 
     def __repr__(self) -> str:
@@ -72,6 +75,8 @@ def promote(a: np.dtype, b: np.dtype) -> np.dtype:
     """Result dtype of two tensor dtypes: NumPy's result_type within a category, but a float meeting
     an integer keeps the float's width (int32 + float16 -> float16, int64 + float32 -> float32),
     as PyTorch does."""
+    if a is b:
+        return a
     ca, cb = _category(a), _category(b)
     if ca == cb:
         return np.result_type(a, b)
@@ -107,7 +112,7 @@ def leaf(tensor: Any) -> Node:
 
 
 def param(value: Any, dtype: np.dtype) -> Node:
-    return Node("param", (), np.dtype(dtype), value)
+    return Node("param", (), dtype if isinstance(dtype, np.dtype) else np.dtype(dtype), value)
 
 
 def const(value: Any, dtype: np.dtype) -> Node:

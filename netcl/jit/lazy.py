@@ -21,12 +21,13 @@ Correctness rules:
 
 from __future__ import annotations
 
+import os
 import threading
 import weakref
 from typing import Any
 
 from netcl import config
-from netcl.core.tensor import Tensor, contiguous_strides, register_pending_reader
+from netcl.core.tensor import Tensor, contiguous_strides, forget_pending_reader, register_pending_reader
 from netcl.errors import NetclError
 from netcl.jit import ir
 from netcl.jit.runner import run_elementwise
@@ -51,8 +52,21 @@ class trace_mode:
         _state.tracing -= 1
 
 
+# NETCL_FUSION is read on every op; when it is unset (the usual case) the lookup goes straight to
+# the environment's own dict, skipping os.environ's str encoding (CPython on POSIX)
+_ENV_DATA = getattr(os.environ, "_data", None) if os.name == "posix" else None
+_FUSION_KEY = os.environ.encodekey("NETCL_FUSION") if _ENV_DATA is not None else None
+
+
 def lazy_enabled() -> bool:
-    return tracing() or config.fusion_enabled()
+    if getattr(_state, "tracing", 0) > 0:
+        return True
+    if _ENV_DATA is not None and _FUSION_KEY not in _ENV_DATA:
+        return True
+    return config.fusion_enabled()
+
+
+_contiguous: dict[tuple[int, ...], tuple[int, ...]] = {}
 
 
 class Pending:
@@ -115,11 +129,16 @@ def operand(t: Tensor, inlined: list[weakref.ref]) -> ir.Node:
 
 def make_result(expr: ir.Node, shape: tuple[int, ...], queue: Any, inlined: list[weakref.ref]) -> Tensor:
     """A Tensor for `expr`: pending when fusion is on, else computed now (one launch)."""
-    if expr.op == "leaf" and expr.attr.shape == shape and expr.attr.is_contiguous():
-        pass  # identity expression: still return a new tensor (ops never alias their input)
-    out = Tensor(None, shape, contiguous_strides(shape), 0, expr.dtype, queue)  # type: ignore[arg-type]
+    strides = _contiguous.get(shape)
+    if strides is None:
+        strides = contiguous_strides(shape)
+        if len(_contiguous) < 4096:
+            _contiguous[shape] = strides
+    # (an identity expression still gets a new tensor: ops never alias their input)
+    out = Tensor(None, shape, strides, 0, expr.dtype, queue)  # type: ignore[arg-type]
     if lazy_enabled():
-        leaves = _leaf_tensors(expr)
+        info = expr.info
+        leaves = (info if info is not None else _info(expr))[0]
         if expr.size > MAX_NODES or len(leaves) > MAX_LEAVES:
             if tracing():
                 raise TraceError(f"a fused function grew past {MAX_NODES} nodes / {MAX_LEAVES} tensors")
@@ -161,9 +180,7 @@ def realize(tensor: Tensor) -> None:
         t._storage = queue.device.pool.allocate(t.nbytes, queue)
     run_elementwise(outputs)
     for _, t in outputs:
-        forget = t.__dict__.pop("_pending_forget", None)
-        if forget is not None:
-            forget()
+        forget_pending_reader(t)
 
 
 def _has_inputs(expr: ir.Node) -> bool:

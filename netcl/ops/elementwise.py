@@ -97,6 +97,9 @@ __all__ = [
 
 def broadcast_shapes(op: str, *shapes: tuple[int, ...]) -> tuple[int, ...]:
     """NumPy broadcasting of `shapes`, or ShapeError naming the op and the shapes."""
+    first = shapes[0] if shapes else ()
+    if all(s == first for s in shapes):
+        return tuple(first)
     nd = max((len(s) for s in shapes), default=0)
     out = []
     for d in range(nd):
