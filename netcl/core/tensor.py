@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import math
+import sys
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -626,8 +627,9 @@ class Tensor:
 
     # -- operators (netcl.ops, imported lazily: core does not depend on ops) -----------------
     def _op(self, name: str, *args: Any, **kwargs: Any) -> Any:
-        from netcl import ops
-
+        ops = sys.modules.get("netcl.ops")
+        if ops is None:
+            from netcl import ops
         return getattr(ops, name)(*args, **kwargs)
 
     def __add__(self, other: Any) -> Tensor:

@@ -63,6 +63,10 @@ LOGICAL = ("logical_and", "logical_or", "logical_xor")
 UNARY_BOOL = ("logical_not", "isnan", "isinf", "isfinite")
 
 
+_UNARY_FLOAT, _UNARY_SAME, _UNARY_BOOL = frozenset(UNARY_FLOAT), frozenset(UNARY_SAME), frozenset(UNARY_BOOL)
+_COMPARE, _LOGICAL, _BINARY_ARITH = frozenset(COMPARE), frozenset(LOGICAL), frozenset(BINARY_ARITH)
+
+
 def is_float(dt: np.dtype) -> bool:
     return dt.kind == "f"
 
@@ -135,26 +139,27 @@ def cast(x: Node, dtype: Any) -> Node:
 
 
 def unary(op: str, x: Node) -> Node:
-    if op in UNARY_FLOAT:
+    if op in _UNARY_FLOAT:
         dt = x.dtype if is_float(x.dtype) else F32
         return Node(op, (cast(x, dt),), dt)
-    if op in UNARY_SAME:
+    if op in _UNARY_SAME:
         if x.dtype == BOOL and op in ("neg", "sign"):
             raise DTypeError(f"{op} is not defined for bool tensors; use logical_not (or cast first)")
         if not is_float(x.dtype) and op in ("floor", "ceil", "round", "trunc"):
             return x
         return Node(op, (x,), x.dtype)
-    if op in UNARY_BOOL:
+    if op in _UNARY_BOOL:
         return Node(op, (x,), BOOL)
     raise DTypeError(f"unknown unary op {op!r}")
 
 
 def binary(op: str, a: Node, b: Node, dtype: np.dtype | None = None) -> Node:
     """Build a binary op; `dtype` is the promoted operand dtype (computed from a and b if None)."""
-    dt = promote(a.dtype, b.dtype) if dtype is None else np.dtype(dtype)
-    if op in COMPARE:
+    dt = promote(a.dtype, b.dtype) if dtype is None else (
+        dtype if isinstance(dtype, np.dtype) else np.dtype(dtype))
+    if op in _COMPARE:
         return Node(op, (cast(a, dt), cast(b, dt)), BOOL)
-    if op in LOGICAL:
+    if op in _LOGICAL:
         return Node(op, (cast(a, BOOL), cast(b, BOOL)), BOOL)
     if op in ("div", "atan2") and not is_float(dt):
         dt = F32
@@ -162,13 +167,14 @@ def binary(op: str, a: Node, b: Node, dtype: np.dtype | None = None) -> Node:
         raise DTypeError(f"{op} is not defined for two bool operands; cast one of them first")
     if op == "leaky_relu":
         return Node(op, (cast(a, dt), cast(b, dt)), dt)
-    if op not in BINARY_ARITH:
+    if op not in _BINARY_ARITH:
         raise DTypeError(f"unknown binary op {op!r}")
     return Node(op, (cast(a, dt), cast(b, dt)), dt)
 
 
 def where(c: Node, a: Node, b: Node, dtype: np.dtype | None = None) -> Node:
-    dt = promote(a.dtype, b.dtype) if dtype is None else np.dtype(dtype)
+    dt = promote(a.dtype, b.dtype) if dtype is None else (
+        dtype if isinstance(dtype, np.dtype) else np.dtype(dtype))
     return Node("where", (cast(c, BOOL), cast(a, dt), cast(b, dt)), dt)
 
 

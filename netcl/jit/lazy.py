@@ -96,7 +96,14 @@ def _info(expr: ir.Node) -> tuple[tuple[Tensor, ...], bool]:
             info = ((expr.attr,), False)
         elif not expr.args:
             info = ((), expr.op == "input")
+        elif len(expr.args) == 1:
+            info = _info(expr.args[0])
         else:
+            infos = [_info(a) for a in expr.args]
+            first = infos[0]
+            if all(i[0] is first[0] or not i[0] for i in infos):  # nothing new past the first operand
+                expr.info = info = (first[0], any(i[1] for i in infos))
+                return info
             seen: dict[int, Tensor] = {}
             has_input = False
             for a in expr.args:

@@ -133,26 +133,34 @@ def elementwise(op: str, build: Any, *operands: Operand, dtype: np.dtype | None 
     """Apply `build(*nodes)` (an IR builder) to tensors/scalars with broadcasting.
 
     Scalars become runtime params of dtype `dtype` or, if None, of the weak-promoted dtype."""
+    tensors = []
     for x in operands:
-        _check_operand(op, x)
-    tensors = [x for x in operands if isinstance(x, Tensor)]
+        if isinstance(x, Tensor):
+            tensors.append(x)
+        else:
+            _check_operand(op, x)
     if not tensors:
         raise DTypeError(f"{op}: at least one operand must be a Tensor")
-    queue = check_same_queue(*tensors)
-    shape = broadcast_shapes(op, *(t.shape for t in tensors))
+    if len(tensors) == 1:
+        queue, shape = tensors[0].queue, tensors[0].shape
+    else:
+        queue = check_same_queue(*tensors)
+        shape = broadcast_shapes(op, *(t.shape for t in tensors))
     if dtype is None:
         dt = tensors[0].dtype
         for t in tensors[1:]:
             dt = ir.promote(dt, t.dtype)
-        for x in operands:
-            if not isinstance(x, Tensor):
-                dt = ir.promote_weak(dt, x)
+        if len(tensors) != len(operands):
+            for x in operands:
+                if not isinstance(x, Tensor):
+                    dt = ir.promote_weak(dt, x)
     else:
         dt = np.dtype(dtype)
     inlined: list[weakref.ref] = []
     nodes = [lazy.operand(x, inlined) if isinstance(x, Tensor) else ir.param(x, dt) for x in operands]
     expr = build(*nodes, dt)
-    dtypes.check_supported_on(expr.dtype, queue.device)
+    if expr.dtype == ir.F64:
+        dtypes.check_supported_on(expr.dtype, queue.device)
     return lazy.make_result(expr, shape, queue, inlined)
 
 
