@@ -188,6 +188,48 @@ def _params(x_shape: Sequence[int], w_shape: Sequence[int], stride: Any, padding
     return hit
 
 
+# Checked calls: a training step repeats each call with the same shapes, strides, dtypes, queues and
+# parameters. The first call runs every check and the algorithm choice; later calls with the same
+# signature reuse its result (ConvParams, algorithm) and go straight to allocation and launches, which
+# are the same launches with the same arguments (results stay bit-identical). Offsets are not part
+# of the signature: no check or choice depends on them, and every launch passes them afresh.
+_checked: dict[tuple, Any] = {}
+
+
+def _shape_key(shape: Any) -> Any:
+    """A shape argument as a hashable key part (lists become tuples; anything odd stays as given)."""
+    return tuple(shape) if isinstance(shape, (list, tuple)) else shape
+
+
+def _tsig(t: Any) -> tuple | None:
+    """What checks see of a tensor (AttributeError for non-tensors: the slow path reports them)."""
+    return None if t is None else (id(t.queue), t.shape, t.strides, t.dtype)
+
+
+def _checked_key(op: str, tensors: tuple, *params: Any) -> tuple | None:
+    try:
+        key = (op, *(_tsig(t) for t in tensors), *params)
+        hash(key)
+    except (AttributeError, TypeError):
+        return None
+    return key
+
+
+def _remember(key: tuple | None, value: Any) -> Any:
+    if key is not None and len(_checked) < 4096:
+        _checked[key] = value
+    return value
+
+
+def _db_state(device: Any) -> tuple:
+    """The tuning database state the 'auto' algorithm depends on (see _auto_algorithm)."""
+    db_of = getattr(_matmul_module(), "_database", None)
+    if db_of is None:
+        return (None,)
+    db = db_of(device)
+    return (id(db), getattr(db, "_mtime", None))
+
+
 # -- algorithm choice ----------------------------------------------------------------------------
 TUNE_FAMILY = "conv2d_algorithm"
 
@@ -334,29 +376,45 @@ def _row_kernels(device: Any) -> bool:
     return device.capabilities.kind == "cpu"
 
 
+_im2col_plans: dict[tuple, tuple] = {}
+
+
 def _im2col(x: Tensor, p: ConvParams, n0: int, nb: int, ones_row: bool = False,
             batch_inner: bool = False) -> Tensor:
     """cols of images n0..n0+nb-1, R = Cg*KH*KW [+1 row of ones] rows of P = OH*OW positions each:
-    (nb, G, R, P) per image, or with batch_inner (G, R, nb*P) (every image's positions in one row)."""
+    (nb, G, R, P) per image, or with batch_inner (G, R, nb*P) (every image's positions in one row).
+    The launch (kernel, sizes, scalar arguments) is built once per (device, dtype, geometry, chunk)."""
+    key = (id(x.device), x.dtype, p, n0, nb, ones_row, batch_inner, _row_kernels(x.device))
+    plan = _im2col_plans.get(key)
+    if plan is None or plan[0] is not x.device:
+        plan = _im2col_plan(x, p, n0, nb, ones_row, batch_inner)
+        if len(_im2col_plans) < 4096:
+            _im2col_plans[key] = plan
+    _, shape, kernel, gsize, tail = plan
+    cols = Tensor.empty(x.queue, shape, x.dtype)
+    if kernel is not None:
+        kernel(x.queue, gsize, None, x.buffer, np.int64(x.offset), cols.buffer, *tail)
+    return cols
+
+
+def _im2col_plan(x: Tensor, p: ConvParams, n0: int, nb: int, ones_row: bool, batch_inner: bool) -> tuple:
     rows = p.Cg * p.KH * p.KW + int(ones_row)
     P = p.OH * p.OW
     if batch_inner:
-        cols = Tensor.empty(x.queue, (p.G, rows, nb * P), x.dtype)
+        shape = (p.G, rows, nb * P)
         sb, sg, sr = P, rows * nb * P, nb * P
     else:
-        cols = Tensor.empty(x.queue, (nb, p.G, rows, P), x.dtype)
+        shape = (nb, p.G, rows, P)
         sb, sg, sr = p.G * rows * P, rows * P, P
-    if cols.size == 0:
-        return cols
+    if math.prod(shape) == 0:
+        return (x.device, shape, None, None, None)
     prg = load_program(x.device, "im2col.cl", _defines(x.dtype))
     g = p.geometry()
-    args = (x.buffer, np.int64(x.offset), cols.buffer, np.int64(sb), np.int64(sg), np.int64(sr),
+    tail = (np.int64(sb), np.int64(sg), np.int64(sr),
             np.int32(n0), np.int32(nb), np.int32(ones_row), g[1], g[2], g[3], *g[5:])
     if _row_kernels(x.device):
-        prg.im2col_rows(x.queue, (rows, nb * p.G), None, *args)
-    else:
-        prg.im2col(x.queue, (P, rows, nb * p.G), None, *args)
-    return cols
+        return (x.device, shape, prg.im2col_rows, (rows, nb * p.G), tail)
+    return (x.device, shape, prg.im2col, (P, rows, nb * p.G), tail)
 
 
 def _conv_im2col(x: Tensor, w: Tensor, bias: Tensor | None, p: ConvParams, activation: str | None) -> Tensor:
@@ -395,6 +453,32 @@ def conv2d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 
 
     activation: None or 'relu' (fused into the kernel's output stage). algorithm: one of ALGORITHMS.
     """
+    key = _checked_key("conv2d", (x, weight, bias), stride, padding, dilation, groups, activation, algorithm)
+    if key is not None and algorithm == "auto":
+        key += _db_state(x.device)
+    hit = _checked.get(key) if key is not None else None
+    if hit is not None:
+        p, algo, act, dt = hit
+    else:
+        p, algo, act, dt = _remember(key, _conv2d_checks(x, weight, bias, stride, padding, dilation, groups,
+                                                         activation, algorithm))
+    x, weight = x.contiguous(), weight.contiguous()
+    bias = bias.contiguous() if bias is not None else None
+    if algo == "im2col" and p.N * p.K * p.OH * p.OW:
+        return _conv_im2col(x, weight, bias, p, activation)
+    out = Tensor.empty(x.queue, p.output_shape, dt)
+    if out.size == 0:
+        return out
+    if algo == "winograd":
+        _conv_winograd(x, weight, bias, out, p, act)
+    else:
+        _conv_direct(x, weight, bias, out, p, act, depthwise=(algo == "depthwise"))
+    return out
+
+
+def _conv2d_checks(x: Tensor, weight: Tensor, bias: Tensor | None, stride: Any, padding: Any, dilation: Any,
+                   groups: int, activation: str | None, algorithm: str) -> tuple:
+    """conv2d's argument checks and algorithm choice -> (ConvParams, algorithm, activation code, dtype)."""
     if algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
     act = _activation(activation)
@@ -414,18 +498,7 @@ def conv2d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 
                          f"got C={p.C}, groups={p.G}")
     if algo == "im2col" and not _have_matmul():
         algo = "direct"  # the GEMM is not available in this build
-    x, weight = x.contiguous(), weight.contiguous()
-    bias = bias.contiguous() if bias is not None else None
-    if algo == "im2col" and p.N * p.K * p.OH * p.OW:
-        return _conv_im2col(x, weight, bias, p, activation)
-    out = Tensor.empty(x.queue, p.output_shape, dt)
-    if out.size == 0:
-        return out
-    if algo == "winograd":
-        _conv_winograd(x, weight, bias, out, p, act)
-    else:
-        _conv_direct(x, weight, bias, out, p, act, depthwise=(algo == "depthwise"))
-    return out
+    return p, algo, act, dt
 
 
 def conv2d_relu(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 1, padding: Any = 0,
@@ -449,18 +522,24 @@ def conv2d_backward_input(grad_out: Tensor, weight: Tensor, input_shape: Sequenc
     algorithm: 'gemm' (cols[n, g] = w[g]^T (R x Kg) @ gy[n, g] (Kg x P), then col2im), 'direct'
     (the gather kernel), or 'auto' (gemm when netcl.ops.matmul exists and the layer is not depthwise).
     """
-    if algorithm not in ("auto", "gemm", "direct"):
-        raise ValueError(f"algorithm must be 'auto', 'gemm' or 'direct', got {algorithm!r}")
-    check_same_queue(grad_out, weight)
-    dt = _float_dtype("conv2d_backward_input", grad_out, weight)
-    p = _params(tuple(input_shape), weight.shape, stride, padding, dilation, groups,
-                op="conv2d_backward_input")
-    _check_grad_out("conv2d_backward_input", grad_out, p)
+    key = _checked_key("conv2d_backward_input", (grad_out, weight), _shape_key(input_shape), stride, padding,
+                       dilation, groups, algorithm)
+    hit = _checked.get(key) if key is not None else None
+    if hit is None:
+        if algorithm not in ("auto", "gemm", "direct"):
+            raise ValueError(f"algorithm must be 'auto', 'gemm' or 'direct', got {algorithm!r}")
+        check_same_queue(grad_out, weight)
+        dt = _float_dtype("conv2d_backward_input", grad_out, weight)
+        p = _params(tuple(input_shape), weight.shape, stride, padding, dilation, groups,
+                    op="conv2d_backward_input")
+        _check_grad_out("conv2d_backward_input", grad_out, p)
+        use_gemm = algorithm == "gemm" or (algorithm == "auto" and _have_matmul() and p.Cg * p.Kg > 1)
+        hit = _remember(key, (p, dt, use_gemm))
+    p, dt, use_gemm = hit
     gx = Tensor.empty(grad_out.queue, (p.N, p.C, p.H, p.W), dt)
     if gx.size == 0:
         return gx
     gy, w = grad_out.contiguous(), weight.contiguous()
-    use_gemm = algorithm == "gemm" or (algorithm == "auto" and _have_matmul() and p.Cg * p.Kg > 1)
     if use_gemm and p.OH * p.OW:
         _backward_input_gemm(gy, w, gx, p)
     else:
@@ -507,12 +586,18 @@ def conv2d_backward_weight(x: Tensor, grad_out: Tensor, weight_shape: Sequence[i
     position: gw[g] = gy[:, g] (Kg x N*P) @ cols[g]^T (N*P x R)), 'direct' (the gather kernel: one
     work-item per weight element), or 'auto' (gemm when netcl.ops.matmul exists).
     """
-    if algorithm not in ("auto", "gemm", "direct"):
-        raise ValueError(f"algorithm must be 'auto', 'gemm' or 'direct', got {algorithm!r}")
-    check_same_queue(x, grad_out)
-    dt = _float_dtype("conv2d_backward_weight", x, grad_out)
-    p = _params(x.shape, tuple(weight_shape), stride, padding, dilation, groups, op="conv2d_backward_weight")
-    _check_grad_out("conv2d_backward_weight", grad_out, p)
+    key = _checked_key("conv2d_backward_weight", (x, grad_out), _shape_key(weight_shape), stride, padding,
+                       dilation, groups, algorithm)
+    hit = _checked.get(key) if key is not None else None
+    if hit is None:
+        if algorithm not in ("auto", "gemm", "direct"):
+            raise ValueError(f"algorithm must be 'auto', 'gemm' or 'direct', got {algorithm!r}")
+        check_same_queue(x, grad_out)
+        dt = _float_dtype("conv2d_backward_weight", x, grad_out)
+        p = _params(x.shape, tuple(weight_shape), stride, padding, dilation, groups, op="conv2d_backward_weight")
+        _check_grad_out("conv2d_backward_weight", grad_out, p)
+        hit = _remember(key, (p, dt))
+    p, dt = hit
     x, grad_out = x.contiguous(), grad_out.contiguous()
     if algorithm == "gemm" or (algorithm == "auto" and _have_matmul()):
         if p.N * p.OH * p.OW == 0:

@@ -280,3 +280,32 @@ def test_padding_same(queue, rng):
     x, w = _data(rng, (1, 2, 6, 5)), _data(rng, (3, 2, 3, 5))
     out = C.conv2d(Tensor.from_host(queue, x), Tensor.from_host(queue, w), padding="same")
     assert_close(out, ref_conv(x, w, pad=(1, 2)), rtol=1e-4, atol=1e-4)
+
+
+def test_repeated_calls_reuse_checks_bitwise(queue, rng):
+    """The second call with one signature skips the checks and the choice (a cached plan): same
+    launches, bit-identical results, also for a view at another offset; bad arguments still raise."""
+    xs, ws = (3, 4, 9, 7), (6, 4, 3, 3)
+    x = rng.standard_normal(xs).astype(np.float32)
+    w = rng.standard_normal(ws).astype(np.float32)
+    b = rng.standard_normal(6).astype(np.float32)
+    xt, wt, bt = Tensor.from_host(queue, x), Tensor.from_host(queue, w), Tensor.from_host(queue, b)
+    big = Tensor.from_host(queue, np.concatenate([rng.standard_normal(xs).astype(np.float32), x]))
+    xo = big[3:]  # same shape and strides as xt, offset 3*4*9*7
+    assert xo.offset and xo.strides == xt.strides
+
+    def run(xx):
+        y = C.conv2d(xx, wt, bt, 1, 1)
+        gy = y.contiguous()
+        return (y.to_host(), C.conv2d_backward_input(gy, wt, xs, 1, 1).to_host(),
+                C.conv2d_backward_weight(xx, gy, ws, 1, 1).to_host())
+
+    first = run(xt)
+    for again in (run(xt), run(xo)):
+        for a, r in zip(first, again):
+            np.testing.assert_array_equal(a, r)
+    assert_close(first[0], ref_conv(x, w, b, pad=(1, 1)), np.float32)
+    with pytest.raises(ShapeError):
+        C.conv2d(xt, wt, bt, 1, 1, groups=3)
+    with pytest.raises(ShapeError):
+        C.conv2d_backward_input(Tensor.from_host(queue, first[0][:, :5].copy()), wt, xs, 1, 1)
