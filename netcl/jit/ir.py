@@ -90,6 +90,8 @@ def promote(a: np.dtype, b: np.dtype) -> np.dtype:
 def promote_weak(tensor_dt: np.dtype, value: Any) -> np.dtype:
     """Result dtype of a tensor dtype meeting a Python scalar ("weak": it adopts the tensor's dtype
     unless it is of a higher category: bool < int < float)."""
+    if type(value) is float and tensor_dt.kind == "f":
+        return tensor_dt
     if isinstance(value, (bool, np.bool_)):
         return tensor_dt
     if isinstance(value, (int, np.integer)):
@@ -130,8 +132,8 @@ def index(axis_from_right: int, dtype: np.dtype = I64) -> Node:
 
 
 def cast(x: Node, dtype: Any) -> Node:
-    dt = np.dtype(dtype)
-    if x.dtype == dt:
+    dt = dtype if isinstance(dtype, np.dtype) else np.dtype(dtype)
+    if x.dtype is dt or x.dtype == dt:
         return x
     if x.op in ("param", "const"):
         return Node(x.op, (), dt, x.attr)

@@ -35,18 +35,22 @@ from netcl.jit.runner import run_elementwise
 MAX_NODES = 160
 MAX_LEAVES = 14
 
-_state = threading.local()
+class _State(threading.local):
+    tracing = 0  # class default: reading it in a fresh thread needs no getattr fallback
+
+
+_state = _State()
 
 
 def tracing() -> bool:
-    return getattr(_state, "tracing", 0) > 0
+    return _state.tracing > 0
 
 
 class trace_mode:
     """Inside: elementwise ops stay symbolic whatever NETCL_FUSION says (used by `fuse`)."""
 
     def __enter__(self) -> None:
-        _state.tracing = getattr(_state, "tracing", 0) + 1
+        _state.tracing += 1
 
     def __exit__(self, *exc: object) -> None:
         _state.tracing -= 1
@@ -59,7 +63,7 @@ _FUSION_KEY = os.environ.encodekey("NETCL_FUSION") if _ENV_DATA is not None else
 
 
 def lazy_enabled() -> bool:
-    if getattr(_state, "tracing", 0) > 0:
+    if _state.tracing > 0:
         return True
     if _ENV_DATA is not None and _FUSION_KEY not in _ENV_DATA:
         return True
