@@ -340,7 +340,8 @@ def winograd_transform_weight(w: Tensor, kb: int = _WINO_KB) -> Tensor:
     """U = G g G^T for every (k, c) filter of a (K, C, 3, 3) weight, laid out (C, K rounded up to kb, 16)."""
     K, C = w.shape[0], w.shape[1]
     kpad = math.ceil(K / kb) * kb
-    u = Tensor.zeros(w.queue, (C, kpad, 16), w.dtype)
+    # the padding rows (k >= K) must be zero; without any, the kernel writes every element
+    u = (Tensor.empty if kpad == K else Tensor.zeros)(w.queue, (C, kpad, 16), w.dtype)
     prg = load_program(w.device, "winograd.cl", _defines(w.dtype, KB=kb))
     prg.winograd_filter_2x2_3x3(w.queue, (K * C,), None, w.buffer, np.int64(w.offset), u.buffer,
                                 np.int32(K), np.int32(C), np.int32(kpad))
@@ -555,18 +556,34 @@ def _backward_input_gemm(gy: Tensor, w: Tensor, gx: Tensor, p: ConvParams) -> No
     r, P = p.Cg * p.KH * p.KW, p.OH * p.OW
     wt = w.reshape(p.G, p.Kg, r).transpose(1, 2)                              # (G, R, Kg)
     chunk = _im2col_chunk(gy.device, p, gy.itemsize)
-    prg = load_program(gy.device, "im2col.cl", _defines(gy.dtype))
-    g = p.geometry()
     for n0 in range(0, p.N, chunk):
         nb = min(chunk, p.N - n0)
         cols = mm.matmul(wt, gy[n0:n0 + nb].reshape(nb, p.G, p.Kg, P))        # (nb, G, R, P)
         if cols.offset or not cols.is_contiguous():
             cols = cols.clone()  # the kernels index a contiguous cols from element 0
-        args = (cols.buffer, gx.buffer, np.int64(gx.offset), np.int32(n0), np.int32(nb), g[1], g[2], g[3], *g[5:])
-        if _row_kernels(gy.device):
-            prg.col2im_plane(gy.queue, (nb * p.C,), None, *args)
+        kernel, gsize, tail = _col2im_plan(gy, p, n0, nb)
+        kernel(gy.queue, gsize, None, cols.buffer, gx.buffer, np.int64(gx.offset), *tail)
+
+
+_col2im_plans: dict[tuple, tuple] = {}
+
+
+def _col2im_plan(gy: Tensor, p: ConvParams, n0: int, nb: int) -> tuple:
+    """(kernel, global size, scalar arguments after gx_off) of one col2im chunk, built once."""
+    rows = _row_kernels(gy.device)
+    key = (id(gy.device), gy.dtype, p, n0, nb, rows)
+    plan = _col2im_plans.get(key)
+    if plan is None or plan[0] is not gy.device:
+        prg = load_program(gy.device, "im2col.cl", _defines(gy.dtype))
+        g = p.geometry()
+        tail = (np.int32(n0), np.int32(nb), g[1], g[2], g[3], *g[5:])
+        if rows:
+            plan = (gy.device, prg.col2im_plane, (nb * p.C,), tail)
         else:
-            prg.col2im(gy.queue, (p.W, p.H, nb * p.C), None, *args)
+            plan = (gy.device, prg.col2im, (p.W, p.H, nb * p.C), tail)
+        if len(_col2im_plans) < 4096:
+            _col2im_plans[key] = plan
+    return plan[1:]
 
 
 def _backward_input_into(gy: Tensor, w: Tensor, bias: Tensor | None, gx: Tensor, p: ConvParams, act: int) -> None:

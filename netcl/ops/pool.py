@@ -53,17 +53,40 @@ class PoolParams:
     def output_shape(self) -> tuple[int, int, int, int]:
         return (self.N, self.C, self.OH, self.OW)
 
-    def args(self) -> list[np.int32]:
-        vals = (self.N * self.C, self.H, self.W, self.OH, self.OW, self.KH, self.KW, self.SH, self.SW,
-                self.PH, self.PW, self.DH, self.DW)
-        return [np.int32(v) for v in vals]
+    def args(self) -> tuple[np.int32, ...]:
+        """The kernels' geometry arguments (built once: instances are shared through _params)."""
+        args = self.__dict__.get("_args")
+        if args is None:
+            vals = (self.N * self.C, self.H, self.W, self.OH, self.OW, self.KH, self.KW, self.SH, self.SW,
+                    self.PH, self.PW, self.DH, self.DW)
+            args = self._args = tuple(np.int32(v) for v in vals)
+        return args
+
+
+_params_cache: dict[tuple, PoolParams] = {}
+
+
+def _params(op: str, shape: Sequence[int], kernel_size: Any, stride: Any, padding: Any,
+            dilation: Any = 1, ceil_mode: bool = False) -> PoolParams:
+    """PoolParams(...), shared between calls with the same arguments (a training step repeats them);
+    invalid arguments raise every time (they are never cached)."""
+    try:
+        key = (op, tuple(shape), kernel_size, stride, padding, dilation, ceil_mode)
+        hit = _params_cache.get(key)
+    except TypeError:  # unhashable arguments (lists): no sharing
+        return PoolParams(op, shape, kernel_size, stride, padding, dilation, ceil_mode)
+    if hit is None:
+        hit = PoolParams(op, shape, kernel_size, stride, padding, dilation, ceil_mode)
+        if len(_params_cache) < 4096:
+            _params_cache[key] = hit
+    return hit
 
 
 def max_pool2d(x: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0, dilation: Any = 1,
                ceil_mode: bool = False) -> tuple[Tensor, Tensor]:
     """(out, indices): window maxima and, as int64, each maximum's flat index ih*W + iw in its plane."""
     _check_input("max_pool2d", x)
-    p = PoolParams("max_pool2d", x.shape, kernel_size, stride, padding, dilation, ceil_mode)
+    p = _params("max_pool2d", x.shape, kernel_size, stride, padding, dilation, ceil_mode)
     x = x.contiguous()
     out = Tensor.empty(x.queue, p.output_shape, x.dtype)
     idx = Tensor.empty(x.queue, p.output_shape, np.int64)
@@ -88,7 +111,7 @@ def max_pool2d_backward(grad_out: Tensor, indices: Tensor, input_shape: Sequence
     _check_input("max_pool2d_backward", grad_out)
     if len(input_shape) != 4:
         raise ShapeError(f"max_pool2d_backward: input_shape must be 4-D, got {tuple(input_shape)}")
-    p = PoolParams("max_pool2d_backward", input_shape, kernel_size, stride, padding, dilation, ceil_mode)
+    p = _params("max_pool2d_backward", input_shape, kernel_size, stride, padding, dilation, ceil_mode)
     if tuple(grad_out.shape) != p.output_shape or tuple(indices.shape) != p.output_shape:
         raise ShapeError(f"max_pool2d_backward: grad_out {grad_out.shape} and indices {indices.shape} must both "
                          f"have the pooled shape {p.output_shape}")
@@ -117,7 +140,7 @@ def avg_pool2d(x: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0
                count_include_pad: bool = True) -> Tensor:
     """Window means; with count_include_pad the zero padding counts in the divisor (PyTorch's default)."""
     _check_input("avg_pool2d", x)
-    p = PoolParams("avg_pool2d", x.shape, kernel_size, stride, padding, 1, ceil_mode)
+    p = _params("avg_pool2d", x.shape, kernel_size, stride, padding, 1, ceil_mode)
     x = x.contiguous()
     out = Tensor.empty(x.queue, p.output_shape, x.dtype)
     if out.size:
@@ -133,7 +156,7 @@ def avg_pool2d_backward(grad_out: Tensor, input_shape: Sequence[int], kernel_siz
     _check_input("avg_pool2d_backward", grad_out)
     if len(input_shape) != 4:
         raise ShapeError(f"avg_pool2d_backward: input_shape must be 4-D, got {tuple(input_shape)}")
-    p = PoolParams("avg_pool2d_backward", input_shape, kernel_size, stride, padding, 1, ceil_mode)
+    p = _params("avg_pool2d_backward", input_shape, kernel_size, stride, padding, 1, ceil_mode)
     if tuple(grad_out.shape) != p.output_shape:
         raise ShapeError(f"avg_pool2d_backward: grad_out {grad_out.shape} must have the pooled shape "
                          f"{p.output_shape}")
