@@ -14,6 +14,12 @@ one kernel per op), sum of a large vector, softmax over rows. Each is reported a
 device's own buffer->buffer copy bandwidth (enqueue_copy, 2 x bytes / time) measured in the same
 run; the bound for all of them is memory bandwidth (FLOPs are a few per byte). Prints one table and
 writes JSON to bench/results/elementwise.json (or --out).
+
+Host cost only:  python bench/elementwise.py --host   (tiny tensors, so the device time is negligible:
+             Python + driver enqueue time per call of add / 9-op chain (build + realize) / sum /
+             softmax, best of 5 rounds of 300 calls; on PoCL set POCL_MAX_PTHREAD_COUNT=1 so PoCL's
+             worker threads do not compete with Python for the 2 cores). Writes
+             bench/results/elementwise_host.json (or --out).
 """
 
 from __future__ import annotations
@@ -319,6 +325,43 @@ def bench_tinygrad(device, cfg, timeout: int) -> dict:
     return {"error": f"exit {proc.returncode}: {' | '.join(tail)[:300]}"}
 
 
+def host_only(out: str) -> None:
+    """Per-call host time of the repeated-structure workloads on tiny tensors (see the docstring)."""
+    device = manager.default("auto")
+    q = device.queue
+    rng = np.random.default_rng(0)
+    a = Tensor.from_host(q, rng.standard_normal(256, dtype=np.float32))
+    b = Tensor.from_host(q, rng.standard_normal(256, dtype=np.float32))
+    s = Tensor.from_host(q, rng.standard_normal((8, 32), dtype=np.float32))
+    works = {
+        "add": lambda: (a + b).realize(),
+        "chain_fused": lambda: chain(a, b, ops).realize(),
+        "chain_build_only": lambda: chain(a, b, ops),
+        "sum": lambda: ops.sum(a),
+        "softmax": lambda: ops.softmax(s, -1),
+    }
+    res = {}
+    for name, fn in works.items():
+        for _ in range(30):
+            fn()
+        q.finish()
+        best = float("inf")
+        for _ in range(5):
+            t0 = time.perf_counter()
+            for _ in range(300):
+                fn()
+            best = min(best, (time.perf_counter() - t0) / 300 * 1e6)
+            q.finish()
+        res[name] = best
+        print(f"{name:18s} host {best:7.1f} us per call")
+    print(f"device: {device.describe()}")
+    path = Path(out if out != str(ROOT / "bench" / "results" / "elementwise.json")
+                else ROOT / "bench" / "results" / "elementwise_host.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"device": device.describe(), "host_us": res}, indent=2))
+    print(f"wrote {path}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--gpu", action="store_true", help="GPU sizes (64M-element vectors, 16384x4096 softmax)")
@@ -328,8 +371,12 @@ def main() -> None:
     p.add_argument("--sweep", action="store_true", default=os.environ.get("NETCL_BENCH_SWEEP", "") not in ("", "0"),
                    help="also time netcl's launch knobs, one child process per variant (NETCL_BENCH_SWEEP=1)")
     p.add_argument("--sweep-timeout", type=int, default=60, help="seconds per sweep variant")
+    p.add_argument("--host", action="store_true", help="only the host cost per call, on tiny tensors")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.host:
+        host_only(args.out)
+        return
     if args.worker:
         dev = manager.default("auto")
         cfg = sizes(args.gpu or dev.capabilities.kind == "gpu")
