@@ -493,7 +493,7 @@ def run(
     (desc, out_pos), leaves, params = codegen.flatten([expr])
     pkey = (id(device), FORCE_KIND, mode, reducer, desc, out_pos, expr.dtype, in_shape, axes, mean, topk_k,
             out_idx is None, out.strides, out.offset, out.dtype,
-            tuple((t.shape, t.strides, t.offset, t.dtype) for t in leaves))
+            tuple([(t.shape, t.strides, t.offset, t.dtype) for t in leaves]))
     plan = _plans.get(pkey)
     if plan is None:
         codegen.check_no_inputs(desc)

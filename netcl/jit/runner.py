@@ -119,9 +119,14 @@ def run_elementwise(outputs: list[tuple[ir.Node, Tensor]]) -> None:
     The launch plan (kernel, by-value layout arguments, geometry) is cached per structural key:
     the graph description plus every operand's shape/strides/offset/dtype. A repeat of the same
     structure only collects buffers (and converts params whose values changed) and enqueues."""
-    out_tensors = [t for _, t in outputs]
+    if len(outputs) == 1:
+        expr, out = outputs[0]
+        out_tensors = [out]
+        (desc, out_pos), leaves, params = codegen.flatten([expr])
+    else:
+        out_tensors = [t for _, t in outputs]
+        (desc, out_pos), leaves, params = codegen.flatten([e for e, _ in outputs])
     shape = out_tensors[0].shape
-    (desc, out_pos), leaves, params = codegen.flatten([e for e, _ in outputs])
     # an output sharing memory with a leaf read through another mapping must not race with it
     for i, t in enumerate(leaves):
         st = t._storage
@@ -134,8 +139,8 @@ def run_elementwise(outputs: list[tuple[ir.Node, Tensor]]) -> None:
     queue = out_tensors[0].queue
     device = queue.device
     pkey = (id(device), desc, out_pos, shape,
-            tuple((o.strides, o.offset, o.dtype) for o in out_tensors),
-            tuple((t.shape, t.strides, t.offset, t.dtype) for t in leaves))
+            tuple([(o.strides, o.offset, o.dtype) for o in out_tensors]),
+            tuple([(t.shape, t.strides, t.offset, t.dtype) for t in leaves]))
     plan = _plans.get(pkey)
     if plan is None:
         if math.prod(shape) == 0:
