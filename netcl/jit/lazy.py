@@ -101,12 +101,17 @@ def _info(expr: ir.Node) -> tuple[tuple[Tensor, ...], bool]:
         elif not expr.args:
             info = ((), expr.op == "input")
         elif len(expr.args) == 1:
-            info = _info(expr.args[0])
+            a = expr.args[0]
+            info = a.info or _info(a)
         else:
-            infos = [_info(a) for a in expr.args]
+            infos = [a.info or _info(a) for a in expr.args]
             first = infos[0]
-            if all(i[0] is first[0] or not i[0] for i in infos):  # nothing new past the first operand
-                expr.info = info = (first[0], any(i[1] for i in infos))
+            f0 = first[0]
+            for i in infos:
+                if i[0] is not f0 and i[0]:
+                    break
+            else:  # nothing new past the first operand
+                expr.info = info = (f0, any(i[1] for i in infos))
                 return info
             seen: dict[int, Tensor] = {}
             has_input = False
@@ -148,8 +153,7 @@ def make_result(expr: ir.Node, shape: tuple[int, ...], queue: Any, inlined: list
     # (an identity expression still gets a new tensor: ops never alias their input)
     out = Tensor(None, shape, strides, 0, expr.dtype, queue)  # type: ignore[arg-type]
     if lazy_enabled():
-        info = expr.info
-        leaves = (info if info is not None else _info(expr))[0]
+        leaves = (expr.info or _info(expr))[0]
         if expr.size > MAX_NODES or len(leaves) > MAX_LEAVES:
             if tracing():
                 raise TraceError(f"a fused function grew past {MAX_NODES} nodes / {MAX_LEAVES} tensors")
