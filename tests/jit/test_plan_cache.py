@@ -1,0 +1,68 @@
+"""Launch-plan caches (netcl.jit.runner / netcl.jit.reduce): a repeat of the same structure reuses
+the plan; anything that changes the launch (param values, buffers, offsets, strides) must not."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from netcl import ops
+from netcl.core.tensor import Tensor
+from netcl.jit import codegen, ir, reduce as jreduce, runner
+from tests.reference import assert_close
+
+
+def test_repeat_reuses_plan_and_sees_new_buffers_and_params(queue, rng):
+    ha, hb = rng.standard_normal(37).astype(np.float32), rng.standard_normal(37).astype(np.float32)
+    a, b = Tensor.from_host(queue, ha), Tensor.from_host(queue, hb)
+    (a * 2.0 + b).realize()
+    n_plans = len(runner._plans)
+    for scale in (2.0, 3.0, 3.0, -0.5):  # same structure: one plan, new param values honoured
+        hc = rng.standard_normal(37).astype(np.float32)
+        c = Tensor.from_host(queue, hc)
+        got = (c * scale + b).to_host()
+        np.testing.assert_array_equal(got, hc * np.float32(scale) + hb)
+    assert len(runner._plans) == n_plans
+
+
+def test_signed_zero_param_is_not_mistaken_for_the_previous_one(queue):
+    x = Tensor.from_host(queue, np.ones(5, np.float32))
+    assert not np.signbit((x * 0.0).to_host()).any()
+    assert np.signbit((x * -0.0).to_host()).all()
+    assert not np.signbit((x * 0.0).to_host()).any()
+
+
+def test_views_at_other_offsets_and_strides_get_their_own_plan(queue, rng):
+    h = rng.standard_normal((7, 17)).astype(np.float32)
+    x = Tensor.from_host(queue, h)
+    for view, ref in ((x[1:], h[1:]), (x[2:], h[2:]), (x[:, 3:], h[:, 3:]), (x.T, h.T), (x[1:], h[1:])):
+        assert_close(ops.exp(view * 0.5), np.exp(ref.astype(np.float64) * 0.5), np.float32)
+        assert_close(ops.sum(view, axis=-1), ref.astype(np.float64).sum(-1), np.float32)
+        assert_close(ops.softmax(view, -1), _softmax(ref.astype(np.float64)), np.float32)
+
+
+def test_reduction_repeat_with_gpu_layout_and_partials(queue, rng, monkeypatch):
+    monkeypatch.setattr(jreduce, "FORCE_KIND", "gpu")  # multi-part sum: stage two on every repeat
+    for _ in range(3):
+        h = rng.standard_normal(70001).astype(np.float32)
+        x = Tensor.from_host(queue, h)
+        assert_close(ops.sum(x * 2.0), (h.astype(np.float64) * 2).sum(), np.float32)
+
+
+def test_flatten_matches_walk_order_on_shared_subgraphs(queue):
+    t = [Tensor.from_host(queue, np.ones(3, np.float32)) for _ in range(2)]
+    la, lb = ir.leaf(t[0]), ir.leaf(t[1])
+    s = ir.binary("add", la, ir.param(1.0, ir.F32))
+    e = ir.binary("mul", ir.unary("exp", s), ir.binary("sub", s, ir.leaf(t[0])))
+    deep = lb
+    for _ in range(3000):  # deeper than Python's recursion limit: the iterative fallback
+        deep = ir.unary("neg", deep)
+    for outs in ([e], [e, s], [deep, e]):
+        got = codegen.flatten(outs)
+        want = codegen._flatten_iterative(outs)
+        assert got[0] == want[0] and got[2] == want[2]
+        assert [id(x) for x in got[1]] == [id(x) for x in want[1]]
+
+
+def _softmax(a):
+    e = np.exp(a - a.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
