@@ -7,7 +7,8 @@ import numpy as np
 
 from netcl import ops
 from netcl.core.tensor import Tensor
-from netcl.jit import codegen, ir, reduce as jreduce, runner
+from netcl.jit import codegen, ir, runner
+from netcl.jit import reduce as jreduce
 from tests.reference import assert_close
 
 
