@@ -33,6 +33,16 @@ inline uchar nc_ipow_uchar(uchar a, uchar b) {
 """
 
 
+_DTYPE_STR: dict[np.dtype, str] = {}  # dtype.str builds a new string on every access (~0.4 us)
+
+
+def _dtype_str(dt: np.dtype) -> str:
+    s = _DTYPE_STR.get(dt)
+    if s is None:
+        s = _DTYPE_STR[dt] = dt.str
+    return s
+
+
 def flatten(outputs: list[ir.Node]) -> tuple[tuple, list[Any], list[tuple[Any, np.dtype]]]:
     """(description, leaf tensors in slot order, params (value, dtype) in slot order).
 
@@ -43,6 +53,7 @@ def flatten(outputs: list[ir.Node]) -> tuple[tuple, list[Any], list[tuple[Any, n
     leaf_slot: dict[int, int] = {}
     params: list[tuple[Any, np.dtype]] = []
     desc: list[tuple] = []
+    dstrs = _DTYPE_STR
 
     def visit(node: ir.Node) -> int:
         p = pos.get(id(node))
@@ -66,7 +77,11 @@ def flatten(outputs: list[ir.Node]) -> tuple[tuple, list[Any], list[tuple[Any, n
             else:
                 attr = node.attr
         p = pos[id(node)] = len(desc)
-        desc.append((op, argpos, node.dtype.str, attr))
+        dt = node.dtype
+        dstr = dstrs.get(dt)
+        if dstr is None:
+            dstr = _dtype_str(dt)
+        desc.append((op, argpos, dstr, attr))
         return p
 
     try:
