@@ -199,6 +199,23 @@ def _check_index(op: str, index: Tensor) -> None:
         raise DTypeError(f"{op}: index must be int32 or int64, got {index.dtype}")
 
 
+def _check_bounds(op: str, index: Tensor, size: int, what: str = "axis size", negative: bool = True) -> None:
+    """Raise ShapeError if an index lies outside [-size, size) (negatives count from the end, as in
+    NumPy) or, with negative=False, outside [0, size). Costs two small reductions and a host read:
+    an out-of-range id is a bug that must not turn into silent zeros."""
+    if index.size == 0:
+        return
+    from netcl.ops import reduce as _reduce
+
+    low = int(_reduce.min(index).to_host())
+    high = int(_reduce.max(index).to_host())
+    first = -size if negative else 0
+    if low < first or high >= size:
+        raise ShapeError(
+            f"{op}: indices must lie in [{first}, {size}) ({what} {size}), but they range over [{low}, {high}]"
+        )
+
+
 def _gather(x: Tensor, axis: int, index: Tensor, out_shape: tuple[int, ...], index_strides: list[int]) -> Tensor:
     out = Tensor.empty(x.queue, out_shape, x.dtype)
     n = out.size
@@ -223,6 +240,7 @@ def gather(x: Tensor, axis: int, index: Tensor) -> Tensor:
     ax = _axis("gather", x.ndim, axis, x.shape)
     if index.ndim != x.ndim or any(i > s for d, (i, s) in enumerate(zip(index.shape, x.shape)) if d != ax):
         raise ShapeError(f"gather: index of shape {index.shape} does not fit x of shape {x.shape} on axis {axis}")
+    _check_bounds("gather", index, x.shape[ax])
     return _gather(x, ax, index, index.shape, list(index.strides))
 
 
@@ -235,6 +253,7 @@ def index_select(x: Tensor, axis: int, index: Tensor) -> Tensor:
     ax = _axis("index_select", x.ndim, axis, x.shape)
     shape = tuple(index.shape[0] if d == ax else s for d, s in enumerate(x.shape))
     istrides = [index.strides[0] if d == ax else 0 for d in range(x.ndim)]
+    _check_bounds("index_select", index, x.shape[ax])
     return _gather(x, ax, index, shape, istrides)
 
 
@@ -271,6 +290,7 @@ def scatter_add(x: Tensor, axis: int, index: Tensor, src: Tensor, deterministic:
     if any(i > s for i, s in zip(index.shape, src.shape)) or any(
             i > s for d, (i, s) in enumerate(zip(index.shape, x.shape)) if d != ax):
         raise ShapeError(f"scatter_add: index of shape {index.shape} does not fit src {src.shape} / x {x.shape}")
+    _check_bounds("scatter_add", index, x.shape[ax])
     out = x.clone()
     n = index.size
     if n == 0:
@@ -365,6 +385,7 @@ def one_hot(ids: Tensor, num_classes: int, dtype: Any = np.int64) -> Tensor:
     dt = dtypes.normalize(dtype)
     from netcl.ops.elementwise import elementwise
 
+    _check_bounds("one_hot", ids, int(num_classes), "num_classes", negative=False)
     shape = ids.shape + (int(num_classes),)
     col = ids.reshape(*ids.shape, 1).expand(*shape)
 

@@ -138,3 +138,22 @@ def test_arange_one_hot_repeat(queue, rng):
     a = rng.standard_normal((2, 3)).astype(np.float32)
     np.testing.assert_array_equal(ops.repeat(T(queue, a), 2, 1, 3).to_host(), np.tile(a, (2, 1, 3)))
     np.testing.assert_array_equal(ops.repeat(T(queue, a), (3, 2)).to_host(), np.tile(a, (3, 2)))
+
+
+@pytest.mark.parametrize("bad", [-6, 5])
+def test_out_of_range_indices_raise(queue, bad):
+    x = Tensor.from_host(queue, np.arange(15, dtype=np.float32).reshape(5, 3))
+    idx = Tensor.from_host(queue, np.array([0, bad, 2], dtype=np.int64))
+    with pytest.raises(ShapeError, match=r"\[-5, 5\)"):
+        ops.index_select(x, 0, idx)
+    with pytest.raises(ShapeError, match="embedding|index_select"):
+        ops.embedding(x, idx)
+    with pytest.raises(ShapeError, match="gather"):
+        ops.gather(x, 0, Tensor.from_host(queue, np.array([[bad, 0, 1]], dtype=np.int64)))
+    with pytest.raises(ShapeError, match="scatter_add"):
+        ops.scatter_add(x, 0, Tensor.from_host(queue, np.array([[bad, 0, 1]], dtype=np.int64)),
+                        Tensor.ones(queue, (1, 3)))
+    with pytest.raises(ShapeError, match="num_classes"):
+        ops.one_hot(idx, 5)
+    with pytest.raises(ShapeError, match=r"\[0, 5\)"):
+        ops.one_hot(Tensor.from_host(queue, np.array([-1, 0], dtype=np.int64)), 5)
