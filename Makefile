@@ -19,6 +19,7 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest
+	$(PY) scripts/oclgrind_check.py  # every kernel under Oclgrind: no out-of-bounds access, no race
 
 clean:
 	rm -rf $(VENV) build *.egg-info
