@@ -18,8 +18,8 @@ run: $(STAMP)
 	$(VENV)/bin/netcl train
 
 test: $(STAMP)
+	$(PY) scripts/oclgrind_check.py -q  # every kernel under Oclgrind: no out-of-bounds access, no race
 	$(PY) -m pytest
-	$(PY) scripts/oclgrind_check.py  # every kernel under Oclgrind: no out-of-bounds access, no race
 
 clean:
 	rm -rf $(VENV) build *.egg-info
