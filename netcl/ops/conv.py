@@ -299,7 +299,7 @@ def select_algorithm(device: Any, p: ConvParams, dt: np.dtype) -> str:
     if winograd_applicable(p) and p.C >= 8 and p.K >= 8 and not (cpu and p.G == 1 and _have_matmul()):
         return "winograd"  # GPUs: 2x im2col on the H200; on PoCL im2col + GEMM is 2.7x Winograd
     if p.G == 1 and _have_matmul():
-        return "im2col"  # on PoCL too: measured 9 GFLOP/s vs 1.7 for the direct kernel (bench/NOTES_conv.md)
+        return "im2col"  # on PoCL too: measured 9 GFLOP/s vs 1.7 for the direct kernel (bench/NOTES.md, convolution section)
     return "direct"
 
 
