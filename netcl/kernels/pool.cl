@@ -55,6 +55,76 @@ __kernel void max_pool2d(__global const T *x, const long x_off, __global T *y, _
     idx[o] = best_i;
 }
 
+// max_pool2d_rows (CPUs): global (OH, N*C); one work-item computes one output row (z, oh): for each
+//   kernel row kh it walks the input row left to right with an incrementing column (no div/mod),
+//   keeping the row's running maxima in y/idx (written once per kh pass, read back from L1).
+//   Same results and NaN rule as max_pool2d (first maximum in (kh, kw) order wins ties).
+__kernel void max_pool2d_rows(__global const T *x, const long x_off, __global T *y, __global long *idx,
+                              PLANE_ARGS, WIN_ARGS)
+{
+    const int oh = get_global_id(0), z = get_global_id(1);
+    if (oh >= OH || z >= NC) return;
+    const __global T *xp = x + x_off + (long)z * H * W;
+    const long o0 = ((long)z * OH + oh) * OW;
+    __global T *yr = y + o0;
+    __global long *ir = idx + o0;
+    for (int ow = 0; ow < OW; ++ow) ir[ow] = -1;
+    const int ih0 = oh * SH - PH;
+    for (int kh = 0; kh < KH; ++kh) {
+        const int ih = ih0 + kh * DH;
+        if (ih < 0 || ih >= H) continue;
+        const __global T *xr = xp + (long)ih * W;
+        const long rbase = (long)ih * W;
+        int iw0 = -PW;
+        for (int ow = 0; ow < OW; ++ow, iw0 += SW) {
+            T best = yr[ow];
+            long best_i = ir[ow];
+            int iw = iw0;
+            for (int kw = 0; kw < KW; ++kw, iw += DW) {
+                if (iw < 0 || iw >= W) continue;
+                const T v = xr[iw];
+                if (best_i < 0 || v > best || (isnan(v) && !isnan(best))) {
+                    best = v;
+                    best_i = rbase + iw;
+                }
+            }
+            yr[ow] = best;
+            ir[ow] = best_i;
+        }
+    }
+    for (int ow = 0; ow < OW; ++ow) if (ir[ow] < 0) yr[ow] = (T)0;
+}
+
+// max_pool2d_2x2 (CPUs, kernel 2 stride 2, no padding, dilation 1: the usual CNN pool): global
+//   (OH, N*C); one work-item computes one output row from two input rows with vload2 loads (no
+//   bounds checks inside the row: 2*OW <= W). Same tie/NaN rule as max_pool2d.
+inline void mp_take(const T v, const long i, T *best, long *bi)
+{
+    if (v > *best || (isnan(v) && !isnan(*best))) { *best = v; *bi = i; }
+}
+
+__kernel void max_pool2d_2x2(__global const T *x, const long x_off, __global T *y, __global long *idx,
+                             PLANE_ARGS)
+{
+    const int oh = get_global_id(0), z = get_global_id(1);
+    if (oh >= OH || z >= NC) return;
+    const long r0 = (long)(2 * oh) * W;
+    const __global T *x0 = x + x_off + (long)z * H * W + r0;
+    const __global T *x1 = x0 + W;
+    const long o0 = ((long)z * OH + oh) * OW;
+    for (int ow = 0; ow < OW; ++ow) {
+        const int iw = 2 * ow;
+        const T a0 = x0[iw], a1 = x0[iw + 1], b0 = x1[iw], b1 = x1[iw + 1];
+        T best = a0;
+        long bi = r0 + iw;
+        mp_take(a1, r0 + iw + 1, &best, &bi);
+        mp_take(b0, r0 + W + iw, &best, &bi);
+        mp_take(b1, r0 + W + iw + 1, &best, &bi);
+        y[o0 + ow] = best;
+        idx[o0 + ow] = bi;
+    }
+}
+
 __kernel void max_pool2d_backward(__global const T *gy, const long gy_off, __global const long *idx,
                                   __global T *gx, PLANE_ARGS, WIN_ARGS)
 {

@@ -65,7 +65,7 @@ def ref_adaptive(x, oh, ow):
 
 
 MAX_CASES = [((2, 3, 7, 9), 3, 2, 1, 1, False), ((3, 5, 9, 11), 2, 2, 0, 1, False), ((1, 2, 8, 5), (2, 3), (2, 1), (1, 0), (2, 1), True),
-             ((1, 1, 5, 5), 2, None, 0, 1, True)]
+             ((1, 1, 5, 5), 2, None, 0, 1, True), ((2, 3, 7, 9), 2, 2, 0, 1, False)]  # last: the 2x2 kernel
 
 
 @pytest.mark.parametrize("algo", ["gather", "plane"])
@@ -74,7 +74,8 @@ def test_max_pool2d_forward_backward(queue, rng, shape, k, s, p, d, ceil_mode, a
     x = rng.standard_normal(shape)
     pair = lambda v: (v, v) if isinstance(v, int) else v  # noqa: E731
     want, want_idx = ref_max_pool(x, pair(k), pair(k if s is None else s), pair(p), pair(d), ceil_mode)
-    out, idx = P.max_pool2d(Tensor.from_host(queue, x), k, s, p, d, ceil_mode)
+    fwd = "element" if algo == "gather" else "rows"  # each forward kernel once per case too
+    out, idx = P.max_pool2d(Tensor.from_host(queue, x), k, s, p, d, ceil_mode, algorithm=fwd)
     assert_close(out, want)
     np.testing.assert_array_equal(idx.to_host(), want_idx)
     gy = rng.standard_normal(want.shape)
@@ -84,6 +85,18 @@ def test_max_pool2d_forward_backward(queue, rng, shape, k, s, p, d, ceil_mode, a
     for (a, b, i, j), flat in np.ndenumerate(want_idx):
         ref[a, b, flat] += gy[a, b, i, j]
     assert_close(gx, ref.reshape(shape))
+
+
+@pytest.mark.parametrize("algo", ["element", "rows"])
+def test_max_pool2d_ties_float32(queue, algo):
+    x = np.zeros((1, 2, 5, 7), np.float32)  # all ties: the first element of each window wins
+    x[0, 1, 1, 2] = 1.0
+    out, idx = P.max_pool2d(Tensor.from_host(queue, x), 3, 2, 1, algorithm=algo)
+    want, want_idx = ref_max_pool(x.astype(np.float64), (3, 3), (2, 2), (1, 1))
+    np.testing.assert_array_equal(out.to_host(), want.astype(np.float32))
+    np.testing.assert_array_equal(idx.to_host(), want_idx)
+    with pytest.raises(ValueError):
+        P.max_pool2d(Tensor.from_host(queue, x), 2, algorithm="bogus")
 
 
 def test_max_pool2d_float32_noncontiguous(queue, rng):
