@@ -282,3 +282,24 @@ def test_tiled_four_wide_fetch_interior_and_edges(queue, rng, monkeypatch, ta, t
     check(gemm(Tensor.from_host(queue, base)[:, 1:], dev(queue, b, tb), variant="tiled", params=SMALL_TILED),
           base[:, 1:].astype(np.float64) @ b, k=k)
     assert "GVEC" not in built[-1]
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_cpu_split_k_long_k(device, queue, rng, dtype):
+    """Skinny GEMM with a long K (a conv weight gradient) on CPUs: K split into slices + a reduction."""
+    if dtype == np.float64 and not device.capabilities.fp64:
+        pytest.skip("no fp64 on this device")
+    mm = sys.modules["netcl.ops.matmul"]
+    m, n, k = 7, 3, 3 * 8192 + 16 * 17  # odd rows/cols; K divisible by 16, not a power of two
+    a = rng.standard_normal((m, k))
+    bt = rng.standard_normal((n, k))  # B read in place as a transposed view (K-contiguous)
+    bias = rng.standard_normal(n)
+    ta = Tensor.from_host(queue, a.astype(dtype))
+    tb = Tensor.from_host(queue, bt.astype(dtype)).T
+    p = mm._prepare(ta, tb, None, None, None, 1.0)
+    assert mm.choose_cpu_splits(p, "cpu") == (16 if device.capabilities.kind == "cpu" else 0)
+    out = matmul_epilogue(ta, tb, bias=Tensor.from_host(queue, bias.astype(dtype)), activation="relu")
+    a, bt, bias = (v.astype(dtype).astype(np.float64) for v in (a, bt, bias))  # the stored values
+    check(out, np.maximum(a @ bt.T + bias, 0), dtype, k)
+    off = Tensor.from_host(queue, np.concatenate([np.zeros(5), a.ravel()]).astype(dtype))[5:].reshape(m, k)
+    check(gemm(off, tb, variant="cpu"), a @ bt.T, dtype, k)  # offset operand, explicit variant
