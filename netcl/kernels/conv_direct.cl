@@ -12,7 +12,8 @@
 //   which adds bias[c] and the activation. Layout: global (W, H, N*C), one work-item per element.
 // conv2d_backward_weight: gw[k,c,kh,kw] = sum_{n,oh,ow} gy[n,k,oh,ow] * x[n,g*Cg+c,ih,iw].
 //   Layout: global (Cg*KH*KW, K), one work-item per weight element.
-// conv2d_backward_bias: gb[k] = sum_{n,oh,ow} gy[n,k,oh,ow]; global (K), one work-item per k.
+// conv2d_backward_bias: gb[k] = sum_{n,oh,ow} gy[n,k,oh,ow]; global (K * BWG), local (BWG): one work-group
+//   per k, strided partial sums then a tree reduction.
 //
 // All tensors are contiguous NCHW / (K, Cg, KH, KW), with element offsets. Accumulation in ACC.
 
@@ -167,15 +168,28 @@ __kernel void conv2d_backward_weight(__global const T *x, const long x_off, __gl
     gw[gw_off + (long)k * Cg * KH * KW + i] = (T)acc;
 }
 
-__kernel void conv2d_backward_bias(__global const T *gy, const long gy_off, __global T *gb, const long gb_off,
-                                   const int N, const int K, const int HW)
+#ifndef BWG
+#define BWG 256            // conv2d_backward_bias: work-items per output channel (a power of two)
+#endif
+
+__kernel __attribute__((reqd_work_group_size(BWG, 1, 1)))
+void conv2d_backward_bias(__global const T *gy, const long gy_off, __global T *gb, const long gb_off,
+                          const int N, const int K, const int HW)
 {
-    const int k = get_global_id(0);
-    if (k >= K) return;
+    // work-group k sums plane k of every image: work-item l takes elements l, l + BWG, ... of each
+    // plane (coalesced), then a tree reduction in local memory (fixed order: deterministic)
+    __local ACC part[BWG];
+    const int k = get_group_id(0), l = get_local_id(0);
     ACC acc = (ACC)0;
     for (int n = 0; n < N; ++n) {
         const __global T *p = gy + gy_off + ((long)n * K + k) * HW;
-        for (int i = 0; i < HW; ++i) acc += (ACC)p[i];
+        for (int i = l; i < HW; i += BWG) acc += (ACC)p[i];
     }
-    gb[gb_off + k] = (T)acc;
+    part[l] = acc;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int s = BWG / 2; s > 0; s >>= 1) {
+        if (l < s) part[l] += part[l + s];
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    if (l == 0) gb[gb_off + k] = (T)part[0];
 }

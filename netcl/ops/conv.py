@@ -642,8 +642,11 @@ def conv2d_backward_bias(grad_out: Tensor) -> Tensor:
     g = grad_out.contiguous()
     n, k, oh, ow = g.shape
     gb = Tensor.empty(g.queue, (k,), dt)
-    prg = load_program(g.device, "conv_direct.cl", _defines(dt))
-    prg.conv2d_backward_bias(g.queue, (k,), None, g.buffer, np.int64(g.offset), gb.buffer, np.int64(0),
+    # one work-group per channel: 256 work-items on GPUs (a 128x16x28x28 gradient took 1.3 ms with one
+    # work-item per channel on the H200), 8 on CPUs (PoCL vectorises across them)
+    wg = 8 if g.device.capabilities.kind == "cpu" else 256
+    prg = load_program(g.device, "conv_direct.cl", {**_defines(dt), "BWG": wg})
+    prg.conv2d_backward_bias(g.queue, (k * wg,), (wg,), g.buffer, np.int64(g.offset), gb.buffer, np.int64(0),
                              np.int32(n), np.int32(k), np.int32(oh * ow))
     return gb
 

@@ -1,0 +1,91 @@
+"""Host cost of one kernel launch with 25 arguments (the tiled GEMM's signature), by the way the
+arguments are set: pyopencl's per-argument set_arg, its one-call _set_arg_multi, netcl's Kernel
+(skips unchanged by-value arguments), and setting nothing (the enqueue alone).
+
+    python bench/launch_cost.py [--gpu] [--n 2000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+import pyopencl as cl  # noqa: E402
+
+from netcl.core.backend import build_program  # noqa: E402
+from netcl.core.device import manager  # noqa: E402
+
+SRC = """
+__kernel void k25(int m, int n, int k, __global float *a, long ao, long ars, long aks,
+                  __global float *b, long bo, long bks, long bns, __global float *c, long co, long crs,
+                  __global float *bias, long bio, long bis, __global float *r, long ro, long rrs, long rcs,
+                  float alpha, int nb, long4 s1, long4 s2)
+{ if (get_global_id(0) == 0 && m < 0) c[co] = alpha; }
+"""
+
+
+def per_call(fn, n: int) -> float:
+    for _ in range(50):
+        fn()
+    samples = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        samples.append((time.perf_counter() - t0) / n)
+    return statistics.median(samples)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--gpu", action="store_true")
+    ap.add_argument("--n", type=int, default=2000)
+    args = ap.parse_args()
+    dev = manager.get("gpu" if args.gpu else "auto")
+    q = dev.queue
+    prg = build_program(dev, SRC)
+    kern = prg.k25
+    raw: cl.Kernel = kern.cl
+    bufs = [cl.Buffer(dev.context, cl.mem_flags.READ_WRITE, 4096) for _ in range(5)]
+    i32, i64 = np.int32, np.int64
+    from pyopencl import cltypes
+
+    s4 = cltypes.make_long4(0, 0, 0, 0)
+    vals = (i32(1), i32(1), i32(1), bufs[0], i64(0), i64(1), i64(1), bufs[1], i64(0), i64(1), i64(1),
+            bufs[2], i64(0), i64(1), bufs[3], i64(0), i64(0), bufs[4], i64(0), i64(0), i64(0),
+            np.float32(1.0), i32(1), s4, s4)
+    multi = tuple(x for i, v in enumerate(vals) for x in (i, v))
+    gs, ls = (64,), (64,)
+    enqueue = cl.enqueue_nd_range_kernel
+    raw.set_args(*vals)
+    rows = []
+
+    def bench(label, fn):
+        t = per_call(fn, args.n)
+        q.finish()
+        rows.append((label, t))
+
+    bench("set_arg x25 (no enqueue)", lambda: [raw.set_arg(i, v) for i, v in enumerate(vals)])
+    bench("_set_arg_multi (no enqueue)", lambda: raw._set_arg_multi(multi))
+    bench("set_arg buffers only x5 (no enqueue)", lambda: [raw.set_arg(i, vals[i]) for i in (3, 7, 11, 14, 17)])
+    bench("cl.enqueue_nd_range_kernel alone", lambda: enqueue(q.cl, raw, gs, ls))
+    bench("_cl.enqueue_nd_range_kernel alone", lambda: cl._cl.enqueue_nd_range_kernel(q.cl, raw, gs, ls, None, None))
+    bench("netcl Kernel.__call__ (same args)", lambda: kern(q, gs, ls, *vals))
+    bench("netcl Kernel.__call__ (20 new scalars)", lambda: kern(q, gs, ls, *[
+        v if isinstance(v, (cl.MemoryObject, np.ndarray)) else type(v)(v + 0) for v in vals]))
+    bench("set_args(*25) + enqueue", lambda: (raw.set_args(*vals), enqueue(q.cl, raw, gs, ls)))
+    q.finish()
+    print(f"{dev.device_name}: host seconds per call, median of 5 x {args.n}")
+    for label, t in rows:
+        print(f"  {label:42s} {t * 1e6:8.2f} us")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
