@@ -369,7 +369,15 @@ class Kernel:
                 while size * 2 <= min(limit, 256):
                     size *= 2
                 return (size,)
-            return None
+            if caps.kind == "cpu":
+                return None  # PoCL's own pick (it vectorises across the work-group)
+            # GPUs, 2-D/3-D grids whose first axis is the contiguous one: up to 64 work-items along it,
+            # then along the second, 256 in all. NVIDIA's own pick for im2col's (positions, rows, images)
+            # grid ran it ~6x slower (1.03 ms for 462 MB written on the H200).
+            cap = min(limit, 256)
+            lx = min(64, cap, 1 << max(0, (int(global_size[0]) - 1).bit_length()))
+            ly = max(1, min(cap // lx, caps.max_work_item_sizes[1], 1 << max(0, (int(global_size[1]) - 1).bit_length())))
+            return (lx, ly) + (1,) * (len(global_size) - 2)
         total = int(np.prod(local_size))
         if total > limit or any(l > m for l, m in zip(local_size, caps.max_work_item_sizes)):
             raise KernelLaunchError(
