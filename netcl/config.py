@@ -6,15 +6,27 @@ import os
 from pathlib import Path
 
 
+_ENV_DATA = getattr(os.environ, "_data", None) if os.name == "posix" else None
+
+
+def env(name: str, default: str | None = None) -> str | None:
+    """os.environ.get(name, default), about 10x cheaper on POSIX (launches read NETCL_DEBUG each
+    time): the environment mapping's own bytes dict, which os.environ and monkeypatch keep current."""
+    if isinstance(_ENV_DATA, dict):
+        raw = _ENV_DATA.get(name.encode())
+        return default if raw is None else raw.decode("utf-8", "surrogateescape")
+    return os.environ.get(name, default)
+
+
 def _flag(name: str, default: bool = False) -> bool:
-    raw = os.environ.get(name)
+    raw = env(name)
     if raw is None or raw == "":
         return default
     return raw.strip().lower() not in ("0", "false", "no", "off")
 
 
 def _int(name: str, default: int) -> int:
-    raw = os.environ.get(name, "")
+    raw = env(name, "")
     try:
         return int(raw) if raw.strip() else default
     except ValueError:
@@ -49,7 +61,7 @@ def disk_cache_enabled() -> bool:
 
 def cache_dir() -> Path:
     """NETCL_CACHE_DIR: where program binaries and tuning results live (default: the user cache)."""
-    raw = os.environ.get("NETCL_CACHE_DIR", "").strip()
+    raw = env("NETCL_CACHE_DIR", "").strip()
     if raw:
         return Path(raw).expanduser()
     from platformdirs import user_cache_dir

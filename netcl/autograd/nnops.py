@@ -8,6 +8,8 @@ saved output: where(y > 0, g, 0), which the JIT fuses into the next kernel's inp
 from __future__ import annotations
 
 import importlib
+import math
+import sys
 import weakref
 from typing import Any
 
@@ -19,7 +21,7 @@ from netcl.errors import ShapeError
 
 def _mm():
     # by module path: netcl.ops re-exports a function named `matmul` that shadows the submodule attribute
-    return importlib.import_module("netcl.ops.matmul")
+    return sys.modules.get("netcl.ops.matmul") or importlib.import_module("netcl.ops.matmul")
 
 
 def _relu_mask(g: Tensor, out: Tensor) -> Tensor:
@@ -177,14 +179,17 @@ def _conv_grad_input(
     g: Tensor, w: Tensor, x_shape: tuple[int, ...], stride: Any, padding: Any, dilation: Any, groups: int
 ) -> Tensor:
     """d x of a convolution. With stride 1, dilation 1, one group it is the forward convolution of g
-    with the spatially flipped, in/out-swapped weight and padding k - 1 - p, which runs on conv2d's
-    fastest path on GPUs (Winograd); otherwise, and on CPUs, conv2d_backward_input (GEMM + col2im:
-    1.3x the flipped convolution on PoCL, bench/NOTES.md)."""
+    with the spatially flipped, in/out-swapped weight and padding k - 1 - p, which runs on Winograd
+    where that pays (large convolutions on GPUs); otherwise conv2d_backward_input (GEMM + col2im: 2
+    launches, and 1.3x the flipped convolution on PoCL, bench/NOTES.md)."""
     ops = _ops()
     (sh, sw), (dh, dw), (ph, pw) = _as_pair(stride), _as_pair(dilation), _as_pair(padding)
     kh, kw = w.shape[2], w.shape[3]
-    gpu = g.device.capabilities.kind != "cpu"
-    if gpu and (sh, sw, dh, dw, groups) == (1, 1, 1, 1, 1) and ph <= kh - 1 and pw <= kw - 1:
+    flipped_ok = (sh, sw, dh, dw, groups) == (1, 1, 1, 1, 1) and ph <= kh - 1 and pw <= kw - 1
+    from netcl.ops.conv import winograd_pays
+
+    flops = 2 * math.prod(x_shape) * w.shape[0] * kh * kw  # the flipped convolution's output is x-shaped
+    if flipped_ok and kh == kw == 3 and winograd_pays(g.device, flops):
         flipped = w[:, :, ::-1, ::-1].permute(1, 0, 2, 3).contiguous()
         gx = ops.conv2d(g, flipped, None, stride=1, padding=(kh - 1 - ph, kw - 1 - pw))
         if gx.shape == tuple(x_shape):
@@ -252,7 +257,7 @@ def adaptive_avg_pool2d(x: Node, output_size: Any) -> Node:
 
 
 def _norm_ops():
-    return importlib.import_module("netcl.ops.norm")
+    return sys.modules.get("netcl.ops.norm") or importlib.import_module("netcl.ops.norm")
 
 
 def _optional(n: Node | None) -> Tensor | None:

@@ -40,6 +40,9 @@ def _normalize_shape(shape: Any) -> tuple[int, ...]:
     return out
 
 
+_empty_plans: dict[tuple, tuple] = {}  # (shape, dtype) as given -> (shape, strides, nbytes, dtype) checked
+
+
 def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
     """Row-major strides in elements."""
     strides = []
@@ -153,12 +156,21 @@ class Tensor:
     def empty(cls, q: Any, shape: Any, dtype: Any = np.float32) -> Tensor:
         """Uninitialised contiguous tensor."""
         queue = as_queue(q)
-        dt = dtypes.normalize(dtype)
-        dtypes.check_supported_on(dt, queue.device)
-        shp = _normalize_shape(shape)
-        nbytes = math.prod(shp) * dt.itemsize
+        try:
+            plan = _empty_plans.get((shape, dtype)) if type(shape) is tuple else None
+        except TypeError:  # unhashable entries: the checks below explain what is wrong
+            plan, shape = None, list(shape)
+        if plan is None:  # checked once per (shape, dtype): a training step repeats its shapes
+            dt = dtypes.normalize(dtype)
+            shp = _normalize_shape(shape)
+            plan = (shp, contiguous_strides(shp), math.prod(shp) * dt.itemsize, dt)
+            if type(shape) is tuple and len(_empty_plans) < 8192:
+                _empty_plans[(shape, dtype)] = plan
+        shp, strides, nbytes, dt = plan
+        if dt.itemsize == 8 and dt.kind == "f":
+            dtypes.check_supported_on(dt, queue.device)
         storage = queue.device.pool.allocate(nbytes, queue)
-        return cls(storage, shp, contiguous_strides(shp), 0, dt, queue)
+        return cls(storage, shp, strides, 0, dt, queue)
 
     @classmethod
     def full(cls, q: Any, shape: Any, value: Any, dtype: Any = np.float32) -> Tensor:

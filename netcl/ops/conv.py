@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -251,7 +252,7 @@ def _matmul_module() -> Any:
     """netcl.ops.matmul the module (netcl.ops re-exports a function of the same name, so
     `from netcl.ops import matmul` would give the function), or None when it is not built."""
     try:
-        return importlib.import_module("netcl.ops.matmul")
+        return sys.modules.get("netcl.ops.matmul") or importlib.import_module("netcl.ops.matmul")
     except ImportError:
         return None
 
@@ -285,6 +286,17 @@ def _auto_algorithm(device: Any, p: ConvParams, dt: np.dtype) -> str:
     return algo
 
 
+# Below this many (direct-convolution) FLOPs a GPU convolution is launch-bound: im2col + GEMM's 2-3
+# launches beat Winograd's 4 (filter, input, GEMM, output transforms).
+WINOGRAD_MIN_FLOPS = 1 << 30
+
+
+def winograd_pays(device: Any, flops: int) -> bool:
+    """Whether Winograd (through the GEMM) beats im2col + GEMM for a 3x3 convolution of `flops`
+    (direct count): on GPUs for large ones; never on CPUs (PoCL: im2col 1.3-1.8x faster)."""
+    return device.capabilities.kind != "cpu" and flops >= WINOGRAD_MIN_FLOPS
+
+
 def select_algorithm(device: Any, p: ConvParams, dt: np.dtype) -> str:
     """The algorithm 'auto' uses for this geometry on this device."""
     tuned = _tuned_algorithm(device, p, dt)
@@ -294,9 +306,9 @@ def select_algorithm(device: Any, p: ConvParams, dt: np.dtype) -> str:
         return tuned
     if p.G > 1 and p.Cg == 1:
         return "depthwise"
-    cpu = device.capabilities.kind == "cpu"
-    if winograd_applicable(p) and p.C >= 8 and p.K >= 8 and not (cpu and p.G == 1 and _have_matmul()):
-        return "winograd"  # GPUs: 2x im2col on the H200; on PoCL im2col + GEMM is 2.7x Winograd
+    if winograd_applicable(p) and p.C >= 8 and p.K >= 8 and (
+            not _have_matmul() or winograd_pays(device, 2 * p.N * p.K * p.Cg * 9 * p.OH * p.OW)):
+        return "winograd"  # GPUs, large: 3.2x im2col on the H200; on PoCL im2col + GEMM is 1.3-1.8x Winograd
     if p.G == 1 and _have_matmul():
         return "im2col"  # on PoCL too: measured 9 GFLOP/s vs 1.7 for the direct kernel (bench/NOTES.md, convolution section)
     return "direct"

@@ -72,13 +72,11 @@ _program_cache: dict[tuple, Any] = {}
 def _database(device: Any) -> Any:
     """The tuning database of `device` (resolved once per device and cache directory), or None when
     NETCL_TUNING=0. The database object itself re-reads its file when it changes on disk."""
-    import os
-
     from netcl import config
 
     if not config.tuning_enabled():
         return None
-    key = (id(device), os.environ.get("NETCL_CACHE_DIR", ""))
+    key = (id(device), config.env("NETCL_CACHE_DIR", ""))
     db = _db_cache.get(key)
     if db is None:
         from netcl.tune.database import database_for
