@@ -357,7 +357,8 @@ def _launch(
     if variant == "tiled" and splits is None:
         splits = choose_splits(device, p, tile)
     if splits and splits > 1:
-        _launch_split_k(p, a, b, (a_rs, a_ks, b_ks, b_ns), defines, tile, splits)
+        _launch_split_k(p, a, b, (a_rs, a_ks, b_ks, b_ns), defines, tile, splits,
+                        record if a is p.a and b is p.b else None)
         return
     kernel = getattr(_program(device, variant, defines), f"gemm_{variant}")
 
@@ -393,7 +394,7 @@ def _launch(
             _long4(c_in[0], c_in[1], r_in[0], r_in[1]),
         )
         if record is not None and not outer_shape and a is p.a and b is p.b:
-            record.append((kernel, gsize, lsize, list(args)))  # one in-place launch: replayable
+            record.append((kernel, gsize, lsize, list(args), _GEMM_PATCHES))  # in place: replayable
         kernel(queue, gsize, lsize, *args)
 
 
@@ -431,10 +432,11 @@ def choose_splits(device: Any, p: _Problem, tile: dict[str, int]) -> int:
 
 def _launch_split_k(
     p: _Problem, a: Tensor, b: Tensor, strides: tuple[int, int, int, int], defines: dict[str, Any],
-    tile: dict[str, int], splits: int,
+    tile: dict[str, int], splits: int, record: list | None = None,
 ) -> None:
     """Split-K: `splits` tiled GEMMs over K/splits slices (as a batch) into an accumulator-typed
-    workspace, then one reduction launch that sums the slices and applies the epilogue."""
+    workspace, then one reduction launch that sums the slices and applies the epilogue. With
+    `record`, both launches are appended (with the workspace's shape) for replay."""
     a_rs, a_ks, b_ks, b_ns = strides
     if p.k % splits:
         raise ShapeError(f"split-K needs K={p.k} divisible by {splits}")
@@ -454,8 +456,8 @@ def _launch_split_k(
     kernel = _program(device, "tiled", gemm_defines).gemm_tiled
     i64 = np.int64
     gsize = (-(-p.n // tile["BN"]) * tile["TX"], -(-p.m // tile["BM"]) * tile["TY"], splits)
-    kernel(
-        queue, gsize, (tile["TX"], tile["TY"], 1),
+    lsize = (tile["TX"], tile["TY"], 1)
+    args = (
         np.int32(p.m), np.int32(p.n), np.int32(chunk),
         a.buffer, i64(a.offset), i64(a_rs), i64(a_ks),
         b.buffer, i64(b.offset), i64(b_ks), i64(b_ns),
@@ -465,6 +467,9 @@ def _launch_split_k(
         _long4(0, chunk * a_ks, 0, chunk * b_ks),
         _long4(0, p.m * p.n, 0, 0),
     )
+    kernel(queue, gsize, lsize, *args)
+    if record is not None:
+        record.append((kernel, gsize, lsize, list(args), _SPLIT_GEMM_PATCHES, work.shape, acc_dt))
     reduce_defines = {k: v for k, v in defines.items() if k in ("HAS_BIAS", "HAS_RESIDUAL", "ACT")}
     reduce_defines[_DTYPE_DEFINE[dt]] = None
     reducer = _program(device, "direct", reduce_defines).gemm_reduce_splits
@@ -472,8 +477,8 @@ def _launch_split_k(
     res = p.residual
     res_t = res if res is not None else out
     lx = min(64, 1 << max(0, (p.n - 1).bit_length()))
-    reducer(
-        queue, (p.n, p.m, 1), (lx, max(1, min(256 // lx, 4)), 1) if device.capabilities.kind != "cpu" else None,
+    gsize, lsize = (p.n, p.m, 1), (lx, max(1, min(256 // lx, 4)), 1) if device.capabilities.kind != "cpu" else None
+    args = (
         np.int32(splits), np.int32(p.m), np.int32(p.n), work.buffer,
         out.buffer, i64(out.offset), i64(out.strides[-2]),
         bias_t.buffer, i64(bias_t.offset), i64(bias_t.strides[0] if p.bias is not None else 0),
@@ -481,6 +486,9 @@ def _launch_split_k(
         i64(res.strides[-1] if res is not None else 0),
         acc_type(p.alpha),
     )
+    reducer(queue, gsize, lsize, *args)
+    if record is not None:
+        record.append((reducer, gsize, lsize, list(args), _SPLIT_REDUCE_PATCHES))
 
 
 # CPU split-K. A skinny GEMM with a long K (a convolution's weight gradient: M = 16/32 output
@@ -579,8 +587,7 @@ def gemm(
     if fast and key is not None and not p.squeeze:
         record: list = []
         _launch(p, _auto_variant(p), None, None, record=record)
-        if len(record) == 1:
-            _replays[key] = (*record[0], p.out.shape)
+        _remember_replay(key, record, p)
         return _finish(p)
     if variant is None:
         variant = _auto_variant(p)  # the one place netcl picks a kernel (the replay path uses it too)
@@ -635,20 +642,45 @@ def _replay_key(a: Any, b: Any, bias: Any, residual: Any, activation: Any, alpha
     )
 
 
+# Which arguments of a recorded launch change from call to call: (index, tensor role, offset?). The
+# roles: the operands a and b, the fresh output, the split-K workspace, the bias slot (bias, or the
+# row-sum output, or the output itself as a placeholder) and the residual slot (residual or output).
+_GEMM_PATCHES = ((3, "a", 0), (4, "a", 1), (7, "b", 0), (8, "b", 1), (11, "out", 0), (12, "out", 1),
+                 (14, "bias", 0), (15, "bias", 1), (17, "res", 0), (18, "res", 1))
+_SPLIT_GEMM_PATCHES = ((3, "a", 0), (4, "a", 1), (7, "b", 0), (8, "b", 1), (11, "work", 0), (14, "work", 0),
+                       (17, "work", 0))
+_SPLIT_REDUCE_PATCHES = ((3, "work", 0), (4, "out", 0), (5, "out", 1), (7, "bias", 0), (8, "bias", 1),
+                         (10, "res", 0), (11, "res", 1))
+
+
+def _remember_replay(key: tuple | None, record: list, p: _Problem) -> None:
+    """Keep a call's launches for replay when they were all recorded: one in-place GEMM, or split-K's
+    GEMM + reduction (an operand copy or a batch loop records nothing, or not everything)."""
+    if key is None or not record or len(record) > 2 or (len(record) == 2 and len(record[0]) != 7):
+        return
+    work = record[0][5:7] if len(record[0]) == 7 else None
+    if len(_replays) < 4096:
+        _replays[key] = (tuple(r[:5] for r in record), p.out.shape, work)
+
+
 def _replay(
     hit: tuple, a: Tensor, b: Tensor, bias: Tensor | None, residual: Tensor | None, rowsum: Tensor | None = None
 ) -> Tensor:
-    kernel, gsize, lsize, args, out_shape = hit
+    launches, out_shape, work_spec = hit
     out = Tensor.empty(a.queue, out_shape, a.dtype)
-    bias_t = bias if bias is not None else (rowsum if rowsum is not None else out)
-    res_t = residual if residual is not None else out
-    args = list(args)  # the stored list stays the template (launches may come from several threads)
-    args[3], args[4] = a.buffer, np.int64(a.offset)
-    args[7], args[8] = b.buffer, np.int64(b.offset)
-    args[11], args[12] = out.buffer, np.int64(out.offset)
-    args[14], args[15] = bias_t.buffer, np.int64(bias_t.offset)
-    args[17], args[18] = res_t.buffer, np.int64(res_t.offset)
-    kernel(a.queue, gsize, lsize, *args)
+    roles = {
+        "a": a, "b": b, "out": out,
+        "work": Tensor.empty(a.queue, *work_spec) if work_spec is not None else None,
+        "bias": bias if bias is not None else (rowsum if rowsum is not None else out),
+        "res": residual if residual is not None else out,
+    }
+    i64 = np.int64
+    for kernel, gsize, lsize, template, patches in launches:
+        args = list(template)  # the stored list stays the template (launches may come from several threads)
+        for i, role, offset in patches:
+            t = roles[role]
+            args[i] = i64(t.offset) if offset else t.buffer
+        kernel(a.queue, gsize, lsize, *args)
     return out
 
 
@@ -696,8 +728,8 @@ def matmul_rowsum(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor | None]:
     rowsum = Tensor.empty(p.out.queue, (p.m,), p.out.dtype)
     record: list = []
     _launch(p, "cpu", rowsum=rowsum, record=record)
-    if key is not None and len(record) == 1:
-        _replays[key] = (*record[0], p.out.shape)
+    if key is not None:
+        _remember_replay(key, record, p)
     return _finish(p), rowsum
 
 
@@ -722,8 +754,8 @@ def matmul_relu_mask(a: Tensor, b: Tensor, mask: Tensor) -> tuple[Tensor, bool]:
         return _finish(p), True
     record: list = []
     _launch(p, "cpu", record=record, mask_residual=True)
-    if key is not None and len(record) == 1:
-        _replays[key] = (*record[0], p.out.shape)
+    if key is not None:
+        _remember_replay(key, record, p)
     return _finish(p), True
 
 

@@ -303,3 +303,29 @@ def test_cpu_split_k_long_k(device, queue, rng, dtype):
     check(out, np.maximum(a @ bt.T + bias, 0), dtype, k)
     off = Tensor.from_host(queue, np.concatenate([np.zeros(5), a.ravel()]).astype(dtype))[5:].reshape(m, k)
     check(gemm(off, tb, variant="cpu"), a @ bt.T, dtype, k)  # offset operand, explicit variant
+
+
+def test_split_k_calls_are_replayed(queue, rng, monkeypatch):
+    """A repeated split-K problem (the GPU's choice for skinny shapes, forced here) skips the host
+    path on later calls: both launches (GEMM into the workspace, reduction with the epilogue) are
+    replayed with the new operands, output and workspace, and the results stay right."""
+    mm = sys.modules["netcl.ops.matmul"]
+    real = mm.tuned_params
+    monkeypatch.setattr(mm, "choose_variant", lambda dev_, m, n, k: "tiled")
+    monkeypatch.setattr(mm, "choose_splits", lambda dev_, p, tile: 2)
+    monkeypatch.setattr(mm, "tuned_params",
+                        lambda d, v, dt: {**real(d, v, dt), **SMALL_TILED} if v == "tiled" else real(d, v, dt))
+    monkeypatch.setattr(mm, "_replays", {})
+    calls = []
+    real_launch = mm._launch
+    monkeypatch.setattr(mm, "_launch", lambda *a, **kw: calls.append(1) or real_launch(*a, **kw))
+    m, n, k = 37, 29, 96
+    for _ in range(3):
+        a, b, bias, res = host(rng, (m, k)), host(rng, (k, n)), host(rng, (n,)), host(rng, (m, n))
+        with count_launches() as c:
+            got = matmul_epilogue(dev(queue, a), dev(queue, b), dev(queue, bias), "relu", dev(queue, res))
+        check(got, np.maximum(a.astype(np.float64) @ b + bias, 0) + res, k=k)
+        assert c.count == 2  # GEMM into the workspace + reduction
+    assert len(calls) == 1  # the host path ran once; the later calls were replays
+    (launches, _, work), = mm._replays.values()
+    assert len(launches) == 2 and work[0] == (2, m, n)
