@@ -338,6 +338,9 @@ def round_up(n: int, multiple: int) -> int:
     return ((n + multiple - 1) // multiple) * multiple
 
 
+_INT_SCALARS = frozenset({np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64, np.uint64})
+
+
 class Kernel:
     """A kernel of a built program. Launches are thread-safe (args are set under a lock)."""
 
@@ -438,7 +441,11 @@ class Kernel:
         scalar = (np.generic, np.ndarray)
         for i, a in enumerate(args):
             j = 2 * i
-            if a is last[j] and a is not None:  # the very object set last time (cached argument tuples)
+            prev = last[j]
+            if a is prev and a is not None:  # the very object set last time (cached argument tuples)
+                continue
+            if type(a) is type(prev) and type(a) in _INT_SCALARS and a == prev:  # equal ints are equal bits
+                last[j] = a
                 continue
             if isinstance(a, scalar):
                 raw = a.tobytes()
