@@ -20,6 +20,9 @@
 //   WX       compute layout: 32 consecutive work-items (one NVIDIA warp) take a WX x (32/WX) patch of
 //            the TX x TY grid (default 0 = TX: plain row-major ids)
 //   GM       grouped block order for L2 reuse: GM block-rows per group (default 0: row-major order)
+//   KU       unroll factor of the k loop over a staged tile (default BK: fully unrolled)
+//   INNER    1: when BM | M, BN | N and BK | K (and GVEC), the host defines ALL_INNER and the guarded
+//            scalar fetch is not compiled at all (default 0)
 // Layout flags (set by the host): A_TRANS=1 when A's rows are contiguous along M (A is a transposed
 // view, a_rs == 1), else A's k is contiguous (a_ks == 1); B_TRANS=1 when B's k is contiguous (b_ks == 1),
 // else B's columns are (b_ns == 1).
@@ -90,6 +93,11 @@ typedef GEMM_CAT(ACC, VW) VEC_T;
 #ifndef GM
 #define GM 0
 #endif
+#ifndef KU
+#define KU BK          /* unroll of the k loop over a local tile (BK: fully) */
+#endif
+#define GEMM_PRAGMA(x) _Pragma(#x)
+#define GEMM_UNROLL(n) GEMM_PRAGMA(unroll n)
 #if !defined(WX) || WX == 0
 #undef WX
 #define WX TX
@@ -280,7 +288,12 @@ void gemm_tiled(GEMM_ARGS)
 
     ACC_T ra[RA_N], rb[RB_N];   // this work-item's share of the next tile (scalar or 4-wide fetch)
     const int ntiles = (K + BK - 1) / BK;
-#ifdef GVEC
+#if defined(GVEC) && defined(ALL_INNER)
+    // the host saw that BM | M, BN | N and BK | K: every tile is interior, no scalar path at all
+    GEMM_TILED_FETCH_VEC(0);
+    GEMM_TILED_STAGE_VEC(As, Bs);
+    if (0)
+#elif defined(GVEC)
     const bool inner = m0 + BM <= M && n0 + BN <= N;   // uniform per work-group
     bool vec = inner && BK <= K;                        // tile 0 fetched 4-wide
     if (vec) {
@@ -296,17 +309,23 @@ void gemm_tiled(GEMM_ARGS)
 
     for (int t = 0; t < ntiles; ++t) {
         const int cur = t & 1;
-#ifdef GVEC
+#if defined(GVEC) && defined(ALL_INNER)
+        const bool vec = t + 1 < ntiles;
+        if (vec)
+            GEMM_TILED_FETCH_VEC((t + 1) * BK);
+#elif defined(GVEC)
         vec = inner && (t + 2) * BK <= K;   // tile t+1 lies wholly inside
         if (vec)
             GEMM_TILED_FETCH_VEC((t + 1) * BK);
         else
 #endif
+#if !(defined(GVEC) && defined(ALL_INNER))
         if (t + 1 < ntiles)
             GEMM_TILED_FETCH((t + 1) * BK);
+#endif
         __local const VEC_T *as = As + cur * (BK * LDA_L);
         __local const VEC_T *bs = Bs + cur * (BK * LDB_L);
-#pragma unroll
+        GEMM_UNROLL(KU)
         for (int kk = 0; kk < BK; ++kk) {
             ACC_T a[TM], b[TN];
 #pragma unroll
@@ -327,10 +346,14 @@ void gemm_tiled(GEMM_ARGS)
 #ifdef GVEC
         if (vec)
             GEMM_TILED_STAGE_VEC(As + (cur ^ 1) * (BK * LDA_L), Bs + (cur ^ 1) * (BK * LDB_L));
+#ifndef ALL_INNER
         else
 #endif
+#endif
+#if !(defined(GVEC) && defined(ALL_INNER))
         if (t + 1 < ntiles)
             GEMM_TILED_STAGE(As + (cur ^ 1) * (BK * LDA_L), Bs + (cur ^ 1) * (BK * LDB_L));
+#endif
         barrier(CLK_LOCAL_MEM_FENCE);
     }
 

@@ -44,11 +44,13 @@ DEFAULTS: dict[str, dict[str, dict[str, int]]] = {
         "float64": {"MB": 64, "NB": 32, "KC": 256, "RM": 4, "VN": 8},
     },
     "tiled": {
-        # float32: best of five H200 sweeps (bench/logs/h200-2026-11-29/gemm_gvec_sweep*.txt): 4-wide
-        # global loads (GVEC), warps as 8 x 4 patches (WX=8), blocks in groups of 16 rows (GM=16);
-        # 40.0 TFLOP/s at 4096^3 = 0.80x cuBLAS FP32 (bench/logs/h200-2026-11-29/gemm_final_best.txt)
-        "float32": {"BM": 128, "BN": 128, "BK": 16, "TX": 16, "TY": 16, "VW": 4, "PADA": 4, "PADB": 4,
-                    "MAXRREG": 0, "GVEC": 1, "WX": 8, "GM": 16},
+        # float32: best of seven H200 sweeps (bench/logs/h200-2026-11-29/gemm_*sweep*.txt): 4-wide
+        # global loads (GVEC), warps as 8 x 4 patches (WX=8), blocks in groups of 8 rows (GM=8); tile-
+        # divisible problems compile without the edge path (INNER) at BK=8: 128 registers, two
+        # work-groups per SM, 43.4 TFLOP/s at 4096^3 = 0.86x cuBLAS FP32 (sweep7); problems with edge
+        # tiles keep the guarded kernel at BK=16 (BKE), 221 registers, 41 TFLOP/s
+        "float32": {"BM": 128, "BN": 128, "BK": 8, "TX": 16, "TY": 16, "VW": 4, "PADA": 4, "PADB": 4,
+                    "MAXRREG": 0, "GVEC": 1, "WX": 8, "GM": 8, "INNER": 1, "BKE": 16},
         "float16": {"BM": 128, "BN": 128, "BK": 16, "TX": 16, "TY": 16, "VW": 4, "PADA": 4, "PADB": 4,
                     "MAXRREG": 0, "WX": 8, "GM": 16},
         "float64": {"BM": 64, "BN": 64, "BK": 16, "TX": 16, "TY": 16, "VW": 2, "PADA": 2, "PADB": 2,
@@ -354,8 +356,19 @@ def _launch(
             v % 4 == 0 for v in (a.offset, b.offset, a_rs * a_ks, b_ks * b_ns, *a_bs, *b_bs)
         ):
             defines["GVEC"] = None  # interior tiles fetched with aligned 4-wide global loads
+        inner = bool(defines.pop("INNER", 0)) and "GVEC" in defines
+        edge_bk = defines.pop("BKE", 0)
     if variant == "tiled" and splits is None:
         splits = choose_splits(device, p, tile)
+    if variant == "tiled":
+        depth = p.k // splits if splits and splits > 1 and p.k % splits == 0 else p.k
+        if inner and _all_inner(p.m, p.n, depth, tile):
+            defines["ALL_INNER"] = None  # no edge tiles: the guarded scalar path is not compiled
+        elif inner and edge_bk and edge_bk != tile["BK"]:
+            # problems with edge tiles take the guarded kernel with its own k tile (BKE): on the H200
+            # BK=8 runs 43 TFLOP/s edge-free (128 registers, 2 work-groups per SM) but 38 guarded
+            tile = _fit_local_memory({**tile, "BK": edge_bk}, dt, device.capabilities.local_mem)
+            defines.update({k: tile[k] for k in ("BK", "PADA", "PADB")})
     if splits and splits > 1:
         _launch_split_k(p, a, b, (a_rs, a_ks, b_ks, b_ns), defines, tile, splits,
                         record if a is p.a and b is p.b else None)
@@ -396,6 +409,11 @@ def _launch(
         if record is not None and not outer_shape and a is p.a and b is p.b:
             record.append((kernel, gsize, lsize, list(args), _GEMM_PATCHES))  # in place: replayable
         kernel(queue, gsize, lsize, *args)
+
+
+def _all_inner(m: int, n: int, k: int, tile: dict[str, int]) -> bool:
+    """Whether every BM x BN x BK tile of an m x n x k problem lies wholly inside it."""
+    return m % tile["BM"] == 0 and n % tile["BN"] == 0 and k % tile["BK"] == 0
 
 
 @functools.lru_cache(maxsize=256)

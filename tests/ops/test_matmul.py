@@ -329,3 +329,19 @@ def test_split_k_calls_are_replayed(queue, rng, monkeypatch):
     assert len(calls) == 1  # the host path ran once; the later calls were replays
     (launches, _, work), = mm._replays.values()
     assert len(launches) == 2 and work[0] == (2, m, n)
+
+
+def test_tile_divisible_problems_take_the_edge_free_kernel(queue, rng, monkeypatch):
+    """INNER=1: a problem whose every tile is interior compiles without the guarded path (ALL_INNER,
+    at BK); one with edge tiles keeps the guarded kernel at its own k tile BKE. Both are exact."""
+    mm = sys.modules["netcl.ops.matmul"]
+    built = []
+    real = mm._program
+    monkeypatch.setattr(mm, "_program", lambda dev_, var, d: built.append(dict(d)) or real(dev_, var, d))
+    params = {**SMALL_TILED, "INNER": 1, "BKE": 16}
+    for (m, n, k), inner in (((64, 96, 48), True), ((72, 76, 132), False), ((64, 96, 44), False)):
+        a, b = host(rng, (m, k)), host(rng, (k, n))
+        check(gemm(dev(queue, a), dev(queue, b), variant="tiled", params=params), a.astype(np.float64) @ b, k=k)
+        assert ("ALL_INNER" in built[-1]) == inner
+        assert built[-1]["BK"] == (8 if inner else 16)
+        assert "INNER" not in built[-1] and "BKE" not in built[-1]
