@@ -54,8 +54,9 @@ def median_seconds(fn, finish, repeat: int, warmup: int = 3) -> float:
     return statistics.median(times)
 
 
-def netcl_step(model_kind: str, q, repeat: int) -> tuple[float, int, float]:
-    """(median seconds per step, kernel launches per step, median host seconds to enqueue a step)."""
+def netcl_step(model_kind: str, q, repeat: int) -> tuple[float, int, float, float, float]:
+    """(median seconds per eager step, kernel launches per step, median host seconds to enqueue an
+    eager step, median seconds per step replayed from a netcl.graph.Graph, its host seconds)."""
     random.manual_seed(0)
     if model_kind == "mlp":  # the seed's model, on flat inputs
         from netcl.nn import Linear, ReLU, Sequential
@@ -83,13 +84,23 @@ def netcl_step(model_kind: str, q, repeat: int) -> tuple[float, int, float]:
     with count_launches() as c:
         step()
     q.finish()
-    host = []
-    for _ in range(max(3, repeat // 2)):  # host time alone: enqueue one step on an idle queue
-        t0 = time.perf_counter()
+    def host_seconds(fn) -> float:
+        host = []
+        for _ in range(max(3, repeat // 2)):  # host time alone: enqueue one step on an idle queue
+            t0 = time.perf_counter()
+            fn()
+            host.append(time.perf_counter() - t0)
+            q.finish()
+        return statistics.median(host)
+
+    host = host_seconds(step)
+    from netcl.graph import Graph  # the same step recorded once, then replayed (see netcl/graph.py)
+
+    graph = Graph()
+    with graph.capture():
         step()
-        host.append(time.perf_counter() - t0)
-        q.finish()
-    return seconds, c.count, statistics.median(host)
+    graph_seconds = median_seconds(graph.replay, q.finish, repeat)
+    return seconds, c.count, host, graph_seconds, host_seconds(graph.replay)
 
 
 def torch_step(model_kind: str, gpu: bool, repeat: int) -> tuple[float, str]:
@@ -222,7 +233,7 @@ def main() -> int:
     for kind in args.models.split(","):
         flops = step_flops(kind, BATCH[kind])
         entry: dict = {"model": kind, "batch": BATCH[kind], "step_gflop": flops / 1e9}
-        t, launches, host = netcl_step(kind, q, repeat)
+        t, launches, host, tg_, host_g = netcl_step(kind, q, repeat)
         entry["netcl"] = {
             "device": dev.device_name,
             "ms": t * 1e3,
@@ -231,11 +242,14 @@ def main() -> int:
             "steps_per_s": 1 / t,
             "gflops": flops / t / 1e9,
         }
+        entry["netcl graph"] = {"device": dev.device_name, "ms": tg_ * 1e3, "host_enqueue_ms": host_g * 1e3,
+                                "steps_per_s": 1 / tg_}
         if "torch" not in skip:
             try:
                 tt, label = torch_step(kind, args.gpu, repeat)
                 entry["pytorch"] = {"device": label, "ms": tt * 1e3, "steps_per_s": 1 / tt}
                 entry["netcl_over_pytorch"] = t / tt
+                entry["netcl_graph_over_pytorch"] = tg_ / tt
             except Exception as exc:  # a missing peer is reported, not fatal
                 entry["pytorch"] = {"note": f"unavailable: {type(exc).__name__}: {exc}"[:140]}
         if "tinygrad" not in skip:
@@ -251,25 +265,26 @@ def main() -> int:
 
     print(f"training step (forward + cross-entropy + backward + AdamW), median of {repeat} after warm-up")
     print(f"netcl device: {dev.describe()}; host: {platform.processor() or platform.machine()}")
-    print(f"{'model':<6}{'batch':>6}  {'impl':<9}{'device':<34}{'ms/step':>9}{'steps/s':>9}{'netcl/x':>9}")
+    print(f"{'model':<6}{'batch':>6}  {'impl':<12}{'device':<34}{'ms/step':>9}{'steps/s':>9}{'netcl/x':>9}")
     for e in rows:
-        for impl in ("netcl", "pytorch", "tinygrad"):
+        for impl in ("netcl", "netcl graph", "pytorch", "tinygrad"):
             r = e.get(impl)
             if r is None:
                 continue
             ms = r.get("ms")
-            ratio = {"pytorch": e.get("netcl_over_pytorch"), "tinygrad": e.get("netcl_over_tinygrad")}.get(
-                impl
-            )
+            ratio = {"pytorch": e.get("netcl_over_pytorch"), "tinygrad": e.get("netcl_over_tinygrad"),
+                     "netcl graph": e.get("netcl_graph_over_pytorch")}.get(impl)
             print(
-                f"{e['model']:<6}{e['batch']:>6}  {impl:<9}{str(r.get('device', r.get('note', '-')))[:33]:<34}"
+                f"{e['model']:<6}{e['batch']:>6}  {impl:<12}{str(r.get('device', r.get('note', '-')))[:33]:<34}"
                 f"{(f'{ms:.2f}' if ms else '-'):>9}{(f'{1e3 / ms:.1f}' if ms else '-'):>9}"
                 f"{(f'{ratio:.2f}x' if ratio else ''):>9}"
             )
         print(
             f"      step = {e['step_gflop']:.3f} GFLOP; netcl reaches {e['netcl']['gflops']:.1f} GFLOP/s; "
-            f"{e['netcl']['launches_per_step']} launches/step, host enqueue {e['netcl']['host_enqueue_ms']:.2f} ms"
+            f"{e['netcl']['launches_per_step']} launches/step, host enqueue {e['netcl']['host_enqueue_ms']:.2f} ms "
+            f"(graph replay {e['netcl graph']['host_enqueue_ms']:.2f} ms)"
         )
+    print("netcl/x: netcl's eager step over the peer's; on the 'netcl graph' row, the replayed step over PyTorch's")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"repeat": repeat, "gpu": args.gpu, "rows": rows}, indent=2))

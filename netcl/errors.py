@@ -43,3 +43,8 @@ class KernelBuildError(NetclError):
 
 class KernelLaunchError(DeviceError):
     """Enqueueing a kernel or a transfer failed for a reason other than memory."""
+
+
+class GraphCaptureError(NetclError):
+    """Something inside `Graph.capture()` cannot be recorded for replay (a host transfer, another
+    queue, a nested capture), or a replay was asked of a graph that cannot give one."""

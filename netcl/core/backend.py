@@ -92,9 +92,45 @@ def as_queue(q: Any) -> Queue:
     )
 
 
+# -- graph capture hooks (netcl.graph) ----------------------------------------------------------
+# While a thread runs `with graph.capture():`, every launch, device copy and fill it enqueues is also
+# handed to that graph (netcl.graph.Graph), which replays them later without the Python that made them.
+_capture = threading.local()
+
+
+def capturing() -> Any:
+    """The netcl.graph.Graph recording this thread's work, or None."""
+    return getattr(_capture, "graph", None)
+
+
+def _set_capturing(graph: Any) -> None:
+    _capture.graph = graph
+
+
+class capture_paused:
+    """`with capture_paused():` runs its work now without recording it into an active graph capture:
+    one-time setup inside a captured step (an optimizer creating its zeroed state) that a replay
+    must not redo."""
+
+    def __enter__(self) -> capture_paused:
+        self._graph = getattr(_capture, "graph", None)
+        _capture.graph = None
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _capture.graph = self._graph
+
+
 # -- launch counters (tests use them to prove fusion) ------------------------------------------
 _counter_lock = threading.Lock()
 _launches = 0
+
+
+def _count(n: int) -> None:
+    """Add `n` launches made outside Kernel.__call__ (graph replays) to the counter."""
+    global _launches
+    with _counter_lock:
+        _launches += n
 
 
 def launch_count() -> int:
@@ -418,6 +454,9 @@ class Kernel:
                 self._sizes[key] = sizes
         global_size, local = sizes
         event = self._enqueue(queue, global_size, local, args, wait_for)
+        graph = getattr(_capture, "graph", None)
+        if graph is not None:
+            graph._record_launch(self, queue, global_size, local, args)
         with _counter_lock:
             _launches += 1
         if queue.profiling:
@@ -495,7 +534,11 @@ class Kernel:
 
 
 def enqueue_copy(queue: Queue, dst: Any, src: Any, **kwargs: Any) -> cl.Event:
-    """pyopencl.enqueue_copy with netcl's errors (out of memory retried once after emptying the cache)."""
+    """pyopencl.enqueue_copy with netcl's errors (out of memory retried once after emptying the cache).
+    Under a graph capture, device-to-device copies are recorded; host transfers are refused."""
+    graph = getattr(_capture, "graph", None)
+    if graph is not None:
+        graph._record_copy(queue, dst, src, kwargs)  # raises GraphCaptureError for host memory
     for attempt in (0, 1):
         try:
             return cl.enqueue_copy(queue.cl, dst, src, **kwargs)

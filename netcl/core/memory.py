@@ -73,6 +73,9 @@ class BufferPool:
         self.allocations = 0  # blocks asked of OpenCL
         self.requests = 0
         self.hits = 0
+        # buffers a live netcl.graph.Graph replays into: never handed out again while it lives
+        # (id(buffer) -> how many graphs hold it; the graph keeps the buffer objects alive)
+        self._graph_held: dict[int, int] = {}
 
     # The one place that asks OpenCL for memory (tests replace it to force failures).
     def _create_buffer(self, nbytes: int) -> cl.Buffer:
@@ -117,8 +120,25 @@ class BufferPool:
     def _release(self, buffer: cl.Buffer, capacity: int, queue: Any) -> None:
         with self._lock:
             self.in_use -= capacity
+            if self._graph_held and id(buffer) in self._graph_held:
+                return  # a graph still writes here: dropped, freed when the graph is
             self._free.setdefault(queue, {}).setdefault(capacity, []).append(buffer)
             self.cached += capacity
+
+    def hold_for_graph(self, buffers: Any) -> None:
+        """Keep `buffers` out of the free lists while a graph that replays into them lives."""
+        with self._lock:
+            for buf in buffers:
+                self._graph_held[id(buf)] = self._graph_held.get(id(buf), 0) + 1
+
+    def release_from_graph(self, buffers: Any) -> None:
+        with self._lock:
+            for buf in buffers:
+                left = self._graph_held.get(id(buf), 0) - 1
+                if left > 0:
+                    self._graph_held[id(buf)] = left
+                else:
+                    self._graph_held.pop(id(buf), None)
 
     def empty_cache(self) -> None:
         """Give every cached block back to OpenCL (after the queues that used them finish)."""

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from netcl.core import dtypes
-from netcl.core.backend import as_queue, load_program
+from netcl.core.backend import as_queue, capturing, load_program
 from netcl.core.tensor import Tensor, _normalize_shape
 from netcl.errors import DTypeError, ShapeError
 
@@ -65,7 +65,8 @@ def _pick_generator(seed: int | None, generator: Generator | None) -> Generator:
 
 
 def _launch(q: Any, shape: Any, dtype: Any, kind: str, gen: Generator,
-            low: float = 0.0, high: float = 1.0, int_low: int = 0, int_range: int = 1) -> Tensor:
+            low: float = 0.0, high: float = 1.0, int_low: int = 0, int_range: int = 1,
+            refresh: bool = True) -> Tensor:
     queue = as_queue(q)
     dt = dtypes.normalize(dtype)
     out = Tensor.empty(queue, _normalize_shape(shape), dt)
@@ -102,6 +103,13 @@ def _launch(q: Any, shape: Any, dtype: Any, kind: str, gen: Generator,
         np.uint32(gen.seed & 0xFFFFFFFF), np.uint32(gen.seed >> 32), np.uint64(counter0),
         scalar(low), scalar(high), np.int64(int_low), np.uint64(int_range),
     )
+    graph = capturing()
+    if graph is not None and refresh:  # a replay draws the next numbers of the stream (a seed= call: the same)
+        def next_draw(args: list, gen: Generator = gen, blocks: int = max(items, 1)) -> None:
+            args[3], args[4] = np.uint32(gen.seed & 0xFFFFFFFF), np.uint32(gen.seed >> 32)
+            args[5] = np.uint64(gen.take(blocks))
+
+        graph.on_replay(next_draw)
     return out
 
 
@@ -111,7 +119,8 @@ def rand(q: Any, shape: Any, dtype: Any = np.float32, low: float = 0.0, high: fl
     dt = dtypes.normalize(dtype)
     if not dtypes.is_floating(dt):
         raise DTypeError(f"rand makes floating-point numbers, not {dt}; use randint for integers")
-    return _launch(q, shape, dt, "uniform", _pick_generator(seed, generator), low=low, high=high)
+    return _launch(q, shape, dt, "uniform", _pick_generator(seed, generator), low=low, high=high,
+                   refresh=seed is None)
 
 
 def randn(q: Any, shape: Any, dtype: Any = np.float32, mean: float = 0.0, std: float = 1.0,
@@ -120,7 +129,8 @@ def randn(q: Any, shape: Any, dtype: Any = np.float32, mean: float = 0.0, std: f
     dt = dtypes.normalize(dtype)
     if not dtypes.is_floating(dt):
         raise DTypeError(f"randn makes floating-point numbers, not {dt}")
-    return _launch(q, shape, dt, "normal", _pick_generator(seed, generator), low=mean, high=std)
+    return _launch(q, shape, dt, "normal", _pick_generator(seed, generator), low=mean, high=std,
+                   refresh=seed is None)
 
 
 def randint(q: Any, low: int, high: int, shape: Any, dtype: Any = np.int32,
@@ -139,4 +149,5 @@ def randint(q: Any, low: int, high: int, shape: Any, dtype: Any = np.int32,
     span = high - low
     if dt == dtypes.int32 and span > 1 << 32:
         raise DTypeError(f"randint range {span} is too wide for int32")
-    return _launch(q, shape, dt, "integer", _pick_generator(seed, generator), int_low=low, int_range=span)
+    return _launch(q, shape, dt, "integer", _pick_generator(seed, generator), int_low=low, int_range=span,
+                   refresh=seed is None)

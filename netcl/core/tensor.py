@@ -18,7 +18,7 @@ import pyopencl as cl
 import pyopencl.cltypes as cltypes
 
 from netcl.core import dtypes
-from netcl.core.backend import Queue, as_queue, enqueue_copy, load_program
+from netcl.core.backend import Queue, as_queue, capturing, enqueue_copy, load_program
 from netcl.core.memory import Storage, is_pinned
 from netcl.errors import DeviceMismatchError, DTypeError, ShapeError
 
@@ -374,6 +374,10 @@ class Tensor:
                     self.queue.cl, self.buffer, pattern.reshape(1),
                     self.offset * self.itemsize, self.nbytes,
                 )
+                graph = capturing()
+                if graph is not None:
+                    graph._record_fill(self.queue, self.buffer, pattern.reshape(1), self.offset * self.itemsize,
+                                       self.nbytes)
             except cl.Error:
                 self.copy_from_host(np.full(self.shape, pattern, dtype=self.dtype))
         else:

@@ -14,6 +14,7 @@ import numpy as np
 
 from netcl.autograd import kernels
 from netcl.autograd.engine import Node
+from netcl.core import backend
 from netcl.core.tensor import Tensor
 from netcl.errors import NetclError, ShapeError
 
@@ -82,8 +83,9 @@ class Optimizer:
         st = self.state.get(id(p))
         if st is None:
             st = {"step": 0}
-            for name in self.state_names:
-                st[name] = Tensor.zeros(p.value.queue, p.value.shape, p.value.dtype)
+            with backend.capture_paused():  # made once: a graph replay must not zero it again
+                for name in self.state_names:
+                    st[name] = Tensor.zeros(p.value.queue, p.value.shape, p.value.dtype)
             self.state[id(p)] = st
         return st
 
@@ -126,9 +128,21 @@ class Optimizer:
             args += [v.buffer, np.int64(v.offset), g.buffer, np.int64(g.offset), *bufs, np.int64(v.size)]
             total += -(-v.size // items_per)
         scalar = kernels.scalar_type(p0.dtype)
+        fixed = len(args)
         args += self._hyper(group, step, scalar, items)
         if total:
             prg.optimizer_step(queue, (total,), None, *args)
+            graph = backend.capturing()
+            if graph is not None:  # each replay is the next step: new step count, current lr
+                graph.on_replay(lambda a: self._replay_step(a, fixed, group, scalar, items))
+
+    def _replay_step(self, args: list, fixed: int, group: dict[str, Any], scalar: type, items: list) -> None:
+        """Before a graph replays this launch: advance the step count of its parameters and put the
+        hyperparameters of that step (the group's current lr, bias corrections) into its arguments."""
+        step = items[0][1]["step"] + 1
+        args[fixed:] = self._hyper(group, step, scalar, items)
+        for _, st in items:
+            st["step"] = step
 
     # -- state -------------------------------------------------------------------------------------
     def _index(self) -> list[Node]:
