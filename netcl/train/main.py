@@ -46,6 +46,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--out", default="runs/train", help="directory for checkpoint.safetensors, metrics, plot")
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.safetensors")
     p.add_argument("--no-progress", action="store_true", help="no progress bars (plain lines)")
+    p.add_argument("--eager", action="store_true",
+                   help="run every step op by op (default: record the step once and replay it, netcl.graph)")
     p.set_defaults(func=run)
 
 
@@ -100,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
     from netcl.core.device import manager
     from netcl.data import DataLoader
     from netcl.io import load_checkpoint, save_checkpoint
-    from netcl.train.loop import build_model, evaluate, train_epoch
+    from netcl.train.loop import GraphedStep, build_model, evaluate, train_epoch
 
     def log(msg: str) -> None:
         tqdm.write(msg) if not args.no_progress else print(msg, flush=True)
@@ -136,7 +138,9 @@ def run(args: argparse.Namespace) -> int:
     log(
         f"model: {model.num_parameters():,} parameters; optimizer AdamW lr={args.lr}, cosine schedule, "
         f"batch {args.batch_size}, {len(loader)} steps per epoch"
+        f"{', eager steps' if args.eager else ', step recorded once and replayed (--eager: op by op)'}"
     )
+    graphed = None if args.eager else GraphedStep(model, opt, sched)
 
     for epoch in range(start_epoch, args.epochs):
         loader.set_epoch(epoch)
@@ -155,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
             rate = bar.n * args.batch_size / max(time.perf_counter() - t0, 1e-9)
             bar.set_postfix(loss=f"{loss:.4f}", img_s=f"{rate:,.0f}")
 
-        losses = train_epoch(model, opt, loader, sched, progress)
+        losses = train_epoch(model, opt, loader, sched, progress, step=graphed)
         q.finish()
         seconds = time.perf_counter() - t0
         bar.close()

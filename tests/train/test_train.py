@@ -12,7 +12,7 @@ from netcl.cli import main
 from netcl.core import random
 from netcl.data import DataLoader, load_digits
 from netcl.io import load_checkpoint, save_checkpoint
-from netcl.train import build_model, evaluate, train_epoch
+from netcl.train import GraphedStep, build_model, evaluate, train_epoch
 
 
 @pytest.fixture(scope="module")
@@ -37,28 +37,35 @@ def test_digits_mlp_reaches_97_percent(queue, digits):
 def _setup(queue, digits):
     random.manual_seed(3)
     model = build_model("cnn", queue, digits.image_shape, 10)
-    loader = DataLoader((digits.x_train[:320], digits.y_train[:320]), 32, queue, shuffle=True, seed=5)
+    # 330 images in batches of 32: ten full batches and a partial one (which a GraphedStep runs eagerly)
+    loader = DataLoader((digits.x_train[:330], digits.y_train[:330]), 32, queue, shuffle=True, seed=5)
     opt = optim.AdamW(model.parameters(), lr=3e-3)
     sched = optim.CosineAnnealing(opt, T_max=2 * len(loader))
     return model, loader, opt, sched
 
 
-def test_resume_is_bitwise_identical(queue, digits, tmp_path):
+@pytest.mark.parametrize("graphed", [False, True])
+def test_resume_is_bitwise_identical(queue, digits, tmp_path, graphed):
+    """2 epochs straight (eager) == 1 epoch + save + load + 1 epoch, bit for bit; with graphed=True the
+    interrupted run records its step and replays it (netcl train's default), in both halves."""
     model, loader, opt, sched = _setup(queue, digits)
     for epoch in range(2):
         loader.set_epoch(epoch)
         train_epoch(model, opt, loader, sched)
     straight = {k: v.to_host() for k, v in model.state_dict().items()}
 
+    def epoch_of(model, loader, opt, sched):
+        train_epoch(model, opt, loader, sched, step=GraphedStep(model, opt, sched) if graphed else None)
+
     model, loader, opt, sched = _setup(queue, digits)
     loader.set_epoch(0)
-    train_epoch(model, opt, loader, sched)
+    epoch_of(model, loader, opt, sched)
     save_checkpoint(tmp_path / "c.safetensors", model, opt, sched, epoch=1, loader=loader)
 
     model, loader, opt, sched = _setup(queue, digits)  # fresh objects, different from the saved ones
     meta = load_checkpoint(tmp_path / "c.safetensors", model, opt, sched, loader)
     loader.set_epoch(meta["epoch"])
-    train_epoch(model, opt, loader, sched)
+    epoch_of(model, loader, opt, sched)
     resumed = {k: v.to_host() for k, v in model.state_dict().items()}
     for k in straight:
         assert np.array_equal(straight[k], resumed[k]), k
