@@ -26,7 +26,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 import pyopencl as cl  # noqa: E402
 
-import netcl.autograd as ag  # noqa: E402
 from netcl import optim, profiling  # noqa: E402
 from netcl.core import backend, random  # noqa: E402
 from netcl.core.device import manager  # noqa: E402
@@ -44,7 +43,7 @@ def make_step(what: str, q):
         w = Tensor.from_host(q, (rng.standard_normal((k, c, 3, 3)) / np.sqrt(9 * c)).astype(np.float32))
         algo = os.environ.get("CONV_ALGO", "winograd")
         return lambda: C.conv2d(x, w, padding=1, algorithm=algo)
-    from netcl.train.loop import build_model
+    from netcl.train.loop import build_model, train_step
 
     batch, shape = (256, (784,)) if what == "mlp" else (128, (1, 28, 28))
     model = build_model(what, q, (1, 28, 28), 10)
@@ -53,14 +52,7 @@ def make_step(what: str, q):
     y = Tensor.from_host(q, rng.integers(0, 10, batch).astype(np.int32))
     del shape
 
-    def step() -> None:
-        with ag.Tape() as tape:
-            loss = ag.cross_entropy(model(ag.tensor(x)), ag.tensor(y))
-        tape.backward(loss)
-        opt.step()
-        opt.zero_grad()
-
-    return step
+    return lambda: train_step(model, opt, x, y)
 
 
 def main() -> int:
