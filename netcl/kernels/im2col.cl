@@ -7,7 +7,8 @@
 //   values: (SB, SG, SR) = (G*R*P, R*P, P) is the per-image layout (NB, G, R, P);
 //   (P, R*NB*P, NB*P) is the batch-inner layout (G, R, NB*P) whose rows run over all images
 //   (the weight gradient's GEMM sums over its K = NB*P without a separate reduction).
-//   im2col (GPUs): global (OH*OW, R, NB*G); one work-item writes one element (coalesced).
+//   im2col (GPUs): global (OH*OW, Cg + ones_row, NB*G); one work-item writes the KH*KW elements of one
+//   input channel at one position (coalesced across positions).
 //   im2col_rows (CPUs): global (R, NB*G); one work-item writes one whole row of OH*OW values as
 //   runs (zeros / copied input row / zeros per oh), no div/mod inside the loop: PoCL vectorises
 //   the copy and each row's input lines stay in L1.
@@ -39,25 +40,30 @@ __kernel void im2col(__global const T *x, const long x_off, __global T *cols, co
                      const int KH, const int KW, const int SH, const int SW, const int PH, const int PW,
                      const int DH, const int DW, const int G)
 {
+    // one work-item per (position, input channel, image/group): it writes that channel's KH*KW rows
+    // at its position (coalesced across positions); the index arithmetic is paid once, not per tap
     const int p = get_global_id(0);
-    const int r = get_global_id(1);
+    const int c = get_global_id(1);
     const int bg = get_global_id(2);
     const int Cg = C / G;
-    const int R = Cg * KH * KW + ones_row;
-    if (p >= OH * OW || r >= R || bg >= NB * G) return;
+    if (p >= OH * OW || c >= Cg + ones_row || bg >= NB * G) return;
     const int b = bg / G, g = bg - (bg / G) * G;
-    __global T *dst = cols + b * SB + g * SG + r * SR + p;
-    if (ones_row && r == R - 1) {
-        *dst = (T)1;
+    __global T *dst = cols + b * SB + g * SG + p;
+    if (c == Cg) {   // the row of ones after the Cg*KH*KW data rows
+        dst[(long)Cg * KH * KW * SR] = (T)1;
         return;
     }
-    const int c = r / (KH * KW), kh = (r / KW) % KH, kw = r % KW;
     const int oh = p / OW, ow = p - (p / OW) * OW;
-    const int ih = oh * SH - PH + kh * DH, iw = ow * SW - PW + kw * DW;
-    T v = (T)0;
-    if (ih >= 0 && ih < H && iw >= 0 && iw < W)
-        v = x[x_off + ((((long)(n0 + b) * C) + (long)g * Cg + c) * H + ih) * W + iw];
-    *dst = v;
+    const __global T *xc = x + x_off + (((long)(n0 + b) * C) + (long)g * Cg + c) * H * W;
+    dst += (long)c * KH * KW * SR;
+    for (int kh = 0; kh < KH; ++kh) {
+        const int ih = oh * SH - PH + kh * DH;
+        const bool row_in = ih >= 0 && ih < H;
+        for (int kw = 0; kw < KW; ++kw) {
+            const int iw = ow * SW - PW + kw * DW;
+            dst[(long)(kh * KW + kw) * SR] = (row_in && iw >= 0 && iw < W) ? xc[(long)ih * W + iw] : (T)0;
+        }
+    }
 }
 
 __kernel void im2col_rows(__global const T *x, const long x_off, __global T *cols, const long SB, const long SG,

@@ -427,7 +427,7 @@ def _im2col_plan(x: Tensor, p: ConvParams, n0: int, nb: int, ones_row: bool, bat
             np.int32(n0), np.int32(nb), np.int32(ones_row), g[1], g[2], g[3], *g[5:])
     if _row_kernels(x.device):
         return (x.device, shape, prg.im2col_rows, (rows, nb * p.G), tail, None)
-    return (x.device, shape, prg.im2col, (P, rows, nb * p.G), tail, None)
+    return (x.device, shape, prg.im2col, (P, p.Cg + int(ones_row), nb * p.G), tail, None)
 
 
 def _conv_im2col(x: Tensor, w: Tensor, bias: Tensor | None, p: ConvParams, activation: str | None) -> Tensor:
