@@ -11,6 +11,7 @@
 // Build options shared by all GEMM kernels:
 //   DTYPE_F16 / DTYPE_F32 / DTYPE_F64   storage dtype of A, B, C, bias and residual (one of them)
 //   HAS_BIAS      add bias[n] (bias is a vector over columns with element stride bias_stride)
+//   BIAS_ROWS     with HAS_BIAS: add bias[m] instead (a vector over rows: a convolution's per-channel bias)
 //   HAS_RESIDUAL  add residual[z, m, n] after the activation (any strides)
 //   ACT           0 none, 1 relu, 2 gelu (erf), 3 gelu_tanh, 4 silu
 
@@ -76,13 +77,16 @@ inline ACC_T gemm_activation(ACC_T y)
 #endif
 }
 
-// y = act(alpha * acc + bias[n]) + residual[m, n]; `bias` and `residual` already point at batch z.
+// y = act(alpha * acc + bias[n] (bias[m] with BIAS_ROWS)) + residual[m, n]; `bias` and `residual` already
+// point at batch z.
 inline ACC_T gemm_epilogue(ACC_T acc, const int m, const int n, const ACC_T alpha,
                            __global const STORE_T *bias, const long bias_stride,
                            __global const STORE_T *residual, const long res_rs, const long res_cs)
 {
     ACC_T y = alpha * acc;
-#ifdef HAS_BIAS
+#if defined(HAS_BIAS) && defined(BIAS_ROWS)
+    y += (ACC_T)LOAD1(m * bias_stride, bias);
+#elif defined(HAS_BIAS)
     y += (ACC_T)LOAD1(n * bias_stride, bias);
 #endif
     y = gemm_activation(y);

@@ -433,28 +433,37 @@ def _im2col_plan(x: Tensor, p: ConvParams, n0: int, nb: int, ones_row: bool, bat
 def _conv_im2col(x: Tensor, w: Tensor, bias: Tensor | None, p: ConvParams, activation: str | None) -> Tensor:
     """y[n, g] (Kg x OH*OW) = w[g] (Kg x R) @ cols[n, g] (R x OH*OW): the GEMM writes NCHW directly.
 
-    The bias runs along the GEMM's rows, so it rides inside the product: w gets a bias column and
-    cols a row of ones (R+1), and the GEMM epilogue applies the activation: one GEMM launch.
+    The bias runs along the GEMM's rows: with one group the GEMM adds it per row in its epilogue
+    (bias_rows); with several, w gets a bias column and cols a row of ones (R+1), since the bias then
+    differs between the batched GEMMs. The epilogue applies the activation: one GEMM launch.
     """
     mm = _matmul_module()
 
     r = p.Cg * p.KH * p.KW
     wg = w.reshape(p.G, p.Kg, r)
-    if bias is not None:  # w and bias are contiguous here (conv2d made them so)
+    ones_row = bias is not None and p.G > 1
+    row_bias = bias if bias is not None and not ones_row else None
+    if ones_row:  # w and bias are contiguous here (conv2d made them so)
         wb = Tensor.empty(w.queue, (p.G, p.Kg, r + 1), w.dtype)
         prg = load_program(w.device, "im2col.cl", _defines(w.dtype))
         prg.weight_bias(w.queue, (r + 1, p.K), None, w.buffer, np.int64(w.offset), bias.buffer,
                         np.int64(bias.offset), wb.buffer, np.int32(p.K), np.int32(r))
         wg = wb
+    if row_bias is not None:
+        wg = wg.reshape(p.Kg, r)  # one group: a plain (K, R) matrix, shared by every image
     chunk = _im2col_chunk(x.device, p, x.itemsize)
     if chunk >= p.N:
-        cols = _im2col(x, p, 0, p.N, ones_row=bias is not None)
-        return mm.matmul_epilogue(wg, cols, activation=activation).reshape(p.output_shape)
+        cols = _im2col(x, p, 0, p.N, ones_row=ones_row)
+        if row_bias is not None:
+            cols = cols.reshape(p.N, r, p.OH * p.OW)
+        return mm.gemm(wg, cols, row_bias, activation, bias_rows=row_bias is not None).reshape(p.output_shape)
     out = Tensor.empty(x.queue, p.output_shape, x.dtype)
     for n0 in range(0, p.N, chunk):
         nb = min(chunk, p.N - n0)
-        cols = _im2col(x, p, n0, nb, ones_row=bias is not None)
-        res = mm.matmul_epilogue(wg, cols, activation=activation)
+        cols = _im2col(x, p, n0, nb, ones_row=ones_row)
+        if row_bias is not None:
+            cols = cols.reshape(nb, r, p.OH * p.OW)
+        res = mm.gemm(wg, cols, row_bias, activation, bias_rows=row_bias is not None)
         out[n0:n0 + nb].copy_(res.reshape(nb, p.K, p.OH, p.OW))
     return out
 

@@ -234,6 +234,7 @@ class _Problem:
     k: int
     batch: tuple[int, ...]
     squeeze: tuple[int, ...]  # axes of the result removed because an operand was 1-D
+    bias_rows: bool = False  # the bias runs along M (one value per output row) instead of N
 
 
 def _as_float_dtype(a: Tensor, b: Tensor, extra: Sequence[tuple[str, Tensor | None]]) -> np.dtype:
@@ -249,7 +250,8 @@ def _as_float_dtype(a: Tensor, b: Tensor, extra: Sequence[tuple[str, Tensor | No
 
 
 def _prepare(
-    a: Tensor, b: Tensor, bias: Tensor | None, residual: Tensor | None, activation: Any, alpha: float
+    a: Tensor, b: Tensor, bias: Tensor | None, residual: Tensor | None, activation: Any, alpha: float,
+    bias_rows: bool = False,
 ) -> _Problem:
     if not isinstance(a, Tensor) or not isinstance(b, Tensor):
         raise DTypeError(f"matmul takes netcl Tensors, got {type(a).__name__} and {type(b).__name__}")
@@ -275,8 +277,10 @@ def _prepare(
         )
     batch = _broadcast_batch(a.shape[:-2], b.shape[:-2], a_full, b_full)
     out = Tensor.empty(a.queue, batch + (m, n), a.dtype)
-    if bias is not None and (bias.ndim != 1 or bias.shape[0] != n):
-        raise ShapeError(f"bias must have shape ({n},) for an output of shape {out.shape}, got {bias.shape}")
+    along = m if bias_rows else n
+    if bias is not None and (bias.ndim != 1 or bias.shape[0] != along):
+        raise ShapeError(f"bias must have shape ({along},) for an output of shape {out.shape}"
+                         f"{' (a bias per row)' if bias_rows else ''}, got {bias.shape}")
     if residual is not None:
         try:
             residual = residual.expand(out.shape)
@@ -285,7 +289,7 @@ def _prepare(
                 f"residual of shape {residual.shape} does not broadcast to the output shape {out.shape}"
             ) from None
     return _Problem(a, b, out, bias, residual, ACTIVATIONS[activation], float(alpha), m, n, k, batch,
-                    tuple(squeeze))
+                    tuple(squeeze), bias_rows and bias is not None)
 
 
 # -- launching ----------------------------------------------------------------------------------------
@@ -328,6 +332,8 @@ def _launch(
     defines: dict[str, Any] = {_DTYPE_DEFINE[dt]: None, "ACT": p.activation}
     if p.bias is not None:
         defines["HAS_BIAS"] = None
+        if p.bias_rows:
+            defines["BIAS_ROWS"] = None
     if res is not None:
         defines["HAS_RESIDUAL"] = None
     tile = tuned_params(device, variant, dt) if params is None else {**default_params(variant, dt), **params}
@@ -463,7 +469,7 @@ def _launch_split_k(
     acc_dt = dtypes.float64 if dt == dtypes.float64 else dtypes.float32
     acc_type = acc_dt.type
     work = Tensor.empty(queue, (splits, p.m, p.n), acc_dt)
-    gemm_defines = {k: v for k, v in defines.items() if k not in ("HAS_BIAS", "HAS_RESIDUAL")}
+    gemm_defines = {k: v for k, v in defines.items() if k not in ("HAS_BIAS", "BIAS_ROWS", "HAS_RESIDUAL")}
     gemm_defines["ACT"] = 0
     if (chunk * a_ks) % 4 or (chunk * b_ks) % 4:
         gemm_defines.pop("GVEC", None)  # slice starts must stay 4-aligned for the 4-wide loads
@@ -488,7 +494,7 @@ def _launch_split_k(
     kernel(queue, gsize, lsize, *args)
     if record is not None:
         record.append((kernel, gsize, lsize, list(args), _SPLIT_GEMM_PATCHES, work.shape, acc_dt))
-    reduce_defines = {k: v for k, v in defines.items() if k in ("HAS_BIAS", "HAS_RESIDUAL", "ACT")}
+    reduce_defines = {k: v for k, v in defines.items() if k in ("HAS_BIAS", "BIAS_ROWS", "HAS_RESIDUAL", "ACT")}
     reduce_defines[_DTYPE_DEFINE[dt]] = None
     reducer = _program(device, "direct", reduce_defines).gemm_reduce_splits
     bias_t = p.bias if p.bias is not None else out
@@ -547,6 +553,8 @@ def _launch_cpu_split_k(p: _Problem, splits: int) -> None:
     defines: dict[str, Any] = {_DTYPE_DEFINE[dt]: None, "ACT": p.activation}
     if p.bias is not None:
         defines["HAS_BIAS"] = None
+        if p.bias_rows:
+            defines["BIAS_ROWS"] = None
     if p.residual is not None:
         defines["HAS_RESIDUAL"] = None
     reducer = _program(device, "direct", defines).gemm_reduce_splits
@@ -583,19 +591,23 @@ def gemm(
     variant: str | None = None,
     params: dict[str, int] | None = None,
     splits: int | None = None,
+    bias_rows: bool = False,
 ) -> Tensor:
     """matmul_epilogue with an explicit kernel `variant`, tile `params` and (tiled only) K `splits`
-    (tests, tuning, benchmarks); None means netcl's own choice."""
+    (tests, tuning, benchmarks); None means netcl's own choice. bias_rows=True takes a bias of shape
+    (M,), one value per output row (a convolution's bias in y = W @ cols), shared by every batch."""
+    bias_rows = bias_rows and bias is not None
     fast = variant is None and params is None and splits is None
     if fast:
-        key = _replay_key(a, b, bias, residual, activation, alpha)
+        key = _replay_key(a, b, bias, residual, activation, alpha, bias_rows)
         hit = _replays.get(key) if key is not None else None
         if hit is not None:
             return _replay(hit, a, b, bias, residual)
-    folded = _fold_batch_into_rows(a, b, bias, activation, residual, alpha, variant, params, splits)
-    if folded is not None:
-        return folded
-    p = _prepare(a, b, bias, residual, activation, alpha)
+    if not bias_rows:  # folding the batch into rows would change which row a bias value belongs to
+        folded = _fold_batch_into_rows(a, b, bias, activation, residual, alpha, variant, params, splits)
+        if folded is not None:
+            return folded
+    p = _prepare(a, b, bias, residual, activation, alpha, bias_rows)
     if p.out.size == 0:
         return _finish(p)
     if (variant in (None, "cpu") and params is None and splits is None
@@ -638,7 +650,8 @@ def _auto_variant(p: _Problem) -> str:
     return variant
 
 
-def _replay_key(a: Any, b: Any, bias: Any, residual: Any, activation: Any, alpha: float) -> tuple | None:
+def _replay_key(a: Any, b: Any, bias: Any, residual: Any, activation: Any, alpha: float,
+                bias_rows: bool = False) -> tuple | None:
     if not (isinstance(a, Tensor) and isinstance(b, Tensor)) or a.ndim < 2 or b.ndim < 2:
         return None
     if a.queue is not b.queue or a.dtype != b.dtype or (
@@ -656,7 +669,7 @@ def _replay_key(a: Any, b: Any, bias: Any, residual: Any, activation: Any, alpha
     db = _database(a.device)
     return (
         id(a.queue), a.dtype, a.shape, a.strides, a.offset % 16, b.shape, b.strides, b.offset % 16,
-        *extra, activation, float(alpha), id(db), getattr(db, "_mtime", None),
+        *extra, activation, float(alpha), bias_rows, id(db), getattr(db, "_mtime", None),
     )
 
 

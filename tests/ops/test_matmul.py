@@ -345,3 +345,23 @@ def test_tile_divisible_problems_take_the_edge_free_kernel(queue, rng, monkeypat
         assert ("ALL_INNER" in built[-1]) == inner
         assert built[-1]["BK"] == (8 if inner else 16)
         assert "INNER" not in built[-1] and "BKE" not in built[-1]
+
+
+@pytest.mark.parametrize("variant,params", [(None, None), ("direct", None), ("cpu", SMALL_CPU),
+                                            ("tiled", SMALL_TILED)])
+def test_bias_per_row(queue, rng, variant, params):
+    """bias_rows=True adds bias[m] (a convolution's per-channel bias in y = W @ cols), broadcast over a
+    batch of right operands, with the activation after it; split-K's reduction applies it too."""
+    m, n, k = 37, 29, 40
+    a, b, bias = host(rng, (m, k)), host(rng, (3, k, n)), host(rng, (m,))
+    want = np.maximum(a.astype(np.float64) @ b + bias[:, None], 0)
+    for _ in range(2):  # the second auto call replays the first one's launch
+        got = gemm(dev(queue, a), dev(queue, b), dev(queue, bias), "relu", variant=variant, params=params,
+                   bias_rows=True)
+        check(got, want, k=k)
+    if variant == "tiled":
+        got = gemm(dev(queue, a), dev(queue, b[0]), dev(queue, bias), variant="tiled", params=params, splits=2,
+                   bias_rows=True)
+        check(got, a.astype(np.float64) @ b[0] + bias[:, None], k=k)
+    with pytest.raises(ShapeError, match=r"bias must have shape \(37,\).*per row"):
+        gemm(dev(queue, a), dev(queue, b), dev(queue, host(rng, (n,))), bias_rows=True)
