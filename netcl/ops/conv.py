@@ -650,7 +650,37 @@ def conv2d_backward_weight(x: Tensor, grad_out: Tensor, weight_shape: Sequence[i
 
 
 def _backward_weight_gemm(x: Tensor, gy: Tensor, p: ConvParams) -> Tensor:
-    """gw[g] (Kg x R) = sum over image chunks of gy[chunk, g] (Kg x nb*P) @ cols[g]^T (nb*P x R).
+    if x.device.capabilities.kind != "cpu":
+        return _backward_weight_batched(x, gy, p)
+    return _backward_weight_rows(x, gy, p)
+
+
+def _backward_weight_batched(x: Tensor, gy: Tensor, p: ConvParams) -> Tensor:
+    """GPUs: gw[g] (Kg x R) = sum over images n of gy[n, g] (Kg x P) @ cols[n, g]^T (P x R): one batched
+    GEMM over the images (gy read in place, cols in the forward's per-image layout, tile-divisible
+    shapes take the edge-free kernel) into a (nb, G, Kg, R) workspace, then one sum over the images.
+    On the H200 this replaced the 1x1 im2col that transposed gy into the single long-K GEMM's layout
+    (one pass over gy and one launch less; bench/NOTES.md)."""
+    from netcl.ops.elementwise import add
+    from netcl.ops.reduce import sum as sum_
+
+    mm = _matmul_module()
+    r = p.Cg * p.KH * p.KW
+    per_image = max(p.K * r, p.G * r * p.OH * p.OW) * x.itemsize
+    budget = min(x.device.capabilities.max_alloc // 4, 1 << 28)
+    chunk = max(1, min(p.N, _im2col_chunk(x.device, p, x.itemsize), budget // max(per_image, 1)))
+    gw = None
+    for n0 in range(0, p.N, chunk):
+        nb = min(chunk, p.N - n0)
+        cols = _im2col(x, p, n0, nb)                                              # (nb, G, R, P)
+        g = gy[n0:n0 + nb].reshape(nb, p.G, p.Kg, p.OH * p.OW)                   # a view
+        part = sum_(mm.matmul(g, cols.transpose(2, 3)), axis=0)                  # (G, Kg, R)
+        gw = part if gw is None else add(gw, part)
+    return gw.reshape(p.K, p.Cg, p.KH, p.KW)
+
+
+def _backward_weight_rows(x: Tensor, gy: Tensor, p: ConvParams) -> Tensor:
+    """CPUs: gw[g] (Kg x R) = sum over image chunks of gy[chunk, g] (Kg x nb*P) @ cols[g]^T (nb*P x R).
 
     cols is written batch-inner, (G, R, nb*P), so its transpose is read in place with unit stride
     along the GEMM's K; gy is copied once to (G, Kg, nb*P). Later chunks accumulate through the

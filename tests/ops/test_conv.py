@@ -209,6 +209,21 @@ def test_gpu_shaped_im2col_col2im(queue, rng, monkeypatch):
     assert_close(C.conv2d_backward_weight(xt, gyt, ws, algorithm="gemm", **kw), gw_ref, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("chunk", [None, 2])
+@pytest.mark.parametrize("xs,ws,stride,pad,dil,groups", BACKWARD_CASES)
+def test_weight_gradient_as_batched_gemm(queue, rng, monkeypatch, xs, ws, stride, pad, dil, groups, chunk):
+    """The GPUs' weight gradient (one GEMM batched over images, then a sum over them; in image chunks
+    that accumulate) against the float64 adjoint, run here on the test device."""
+    if chunk:
+        monkeypatch.setattr(C, "_im2col_chunk", lambda device, p, itemsize: chunk)
+    p = C.ConvParams(xs, ws, stride, pad, dil, groups)
+    x, w, gy = _data(rng, xs, np.float64), _data(rng, ws, np.float64), _data(rng, p.output_shape, np.float64)
+    _, gw_ref = ref_conv_backward(xs, w, gy, (p.SH, p.SW), (p.PH, p.PW), (p.DH, p.DW), groups, x=x)
+    gw = C._backward_weight_batched(Tensor.from_host(queue, x), Tensor.from_host(queue, gy), p)
+    assert gw.shape == tuple(ws)
+    assert_close(gw, gw_ref, rtol=1e-12, atol=1e-12)
+
+
 def test_im2col_layouts_agree(queue, rng):
     """The per-image (nb, G, R, P) and batch-inner (G, R, nb*P) layouts hold the same columns."""
     xs, ws = (3, 4, 7, 6), (4, 2, 3, 2)
