@@ -301,22 +301,29 @@ def batch_norm(
     return record(out, parents, backward, "batch_norm")
 
 
-def layer_norm(
-    x: Node, normalized_shape: Any, weight: Node | None = None, bias: Node | None = None, eps: float = 1e-5
-) -> Node:
+def _affine_norm(op: str, x: Node, arg: Any, weight: Node | None, bias: Node | None, eps: float) -> Node:
+    """layer_norm / group_norm (`arg`: normalized_shape / num_groups): the op's forward saves mean and
+    rstd; its backward gives d x, d weight, d bias."""
     norm = _norm_ops()
+    forward, backward_op = getattr(norm, op), getattr(norm, f"{op}_backward")
     x = as_node(x)
     weight = as_node(weight) if weight is not None else None
     bias = as_node(bias) if bias is not None else None
     xv, wv, bv = x.value, _optional(weight), _optional(bias)
-    out, mean, rstd = norm.layer_norm(xv, normalized_shape, wv, bv, eps)
+    out, mean, rstd = forward(xv, arg, wv, bv, eps)
     parents = tuple(n for n in (x, weight, bias) if n is not None)
 
     def backward(g: Tensor):
-        gx, gw, gb = norm.layer_norm_backward(g, xv, normalized_shape, mean, rstd, wv, bv)
+        gx, gw, gb = backward_op(g, xv, arg, mean, rstd, wv, bv)
         return tuple([gx] + ([gw] if weight is not None else []) + ([gb] if bias is not None else []))
 
-    return record(out, parents, backward, "layer_norm")
+    return record(out, parents, backward, op)
+
+
+def layer_norm(
+    x: Node, normalized_shape: Any, weight: Node | None = None, bias: Node | None = None, eps: float = 1e-5
+) -> Node:
+    return _affine_norm("layer_norm", x, normalized_shape, weight, bias, eps)
 
 
 def rms_norm(x: Node, normalized_shape: Any, weight: Node | None = None, eps: float = 1e-6) -> Node:
@@ -337,19 +344,7 @@ def rms_norm(x: Node, normalized_shape: Any, weight: Node | None = None, eps: fl
 def group_norm(
     x: Node, num_groups: int, weight: Node | None = None, bias: Node | None = None, eps: float = 1e-5
 ) -> Node:
-    norm = _norm_ops()
-    x = as_node(x)
-    weight = as_node(weight) if weight is not None else None
-    bias = as_node(bias) if bias is not None else None
-    xv, wv, bv = x.value, _optional(weight), _optional(bias)
-    out, mean, rstd = norm.group_norm(xv, num_groups, wv, bv, eps)
-    parents = tuple(n for n in (x, weight, bias) if n is not None)
-
-    def backward(g: Tensor):
-        gx, gw, gb = norm.group_norm_backward(g, xv, num_groups, mean, rstd, wv, bv)
-        return tuple([gx] + ([gw] if weight is not None else []) + ([gb] if bias is not None else []))
-
-    return record(out, parents, backward, "group_norm")
+    return _affine_norm("group_norm", x, num_groups, weight, bias, eps)
 
 
 def embedding(weight: Node, ids: Any) -> Node:
