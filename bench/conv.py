@@ -12,10 +12,8 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -26,19 +24,12 @@ from netcl.core.device import manager  # noqa: E402
 from netcl.core.tensor import Tensor  # noqa: E402
 from netcl.ops import conv as C  # noqa: E402
 from netcl.ops import pool as P  # noqa: E402
+from netcl.tune.tuner import time_callable  # noqa: E402
 
 
 def median_seconds(fn, finish, repeat: int, warmup: int = 2) -> float:
-    for _ in range(warmup):
-        fn()
-    finish()
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        finish()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    """Median seconds of fn() + finish() after warm-up (netcl.tune's timer)."""
+    return time_callable(fn, finish, repeat, warmup)
 
 
 def numpy_conv(x: np.ndarray, w: np.ndarray, pad: int) -> np.ndarray:

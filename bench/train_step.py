@@ -28,6 +28,7 @@ from netcl.core import random  # noqa: E402
 from netcl.core.device import manager  # noqa: E402
 from netcl.core.tensor import Tensor  # noqa: E402
 from netcl.train.loop import build_model  # noqa: E402
+from netcl.tune.tuner import time_callable  # noqa: E402
 
 BATCH = {"mlp": 256, "cnn": 128}
 
@@ -42,16 +43,8 @@ def step_flops(model: str, batch: int) -> float:
 
 
 def median_seconds(fn, finish, repeat: int, warmup: int = 3) -> float:
-    for _ in range(warmup):
-        fn()
-    finish()
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        finish()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    """Median seconds of fn() + finish() after warm-up (netcl.tune's timer)."""
+    return time_callable(fn, finish, repeat, warmup)
 
 
 def netcl_step(model_kind: str, q, repeat: int) -> tuple[float, int, float, float, float]:
