@@ -388,6 +388,9 @@ class Kernel:
         self._max_wg: int | None = None
         self._last_args: list[Any] | None = None
         self._sizes: dict[tuple, tuple] = {}  # (global, local) asked -> (global rounded, local checked)
+        # pyopencl's setter of a by-value argument from raw bytes (set_arg on a pyopencl without it)
+        self._set_raw = getattr(kernel, "_set_arg_buf", None) or (
+            lambda i, raw: kernel.set_arg(i, np.frombuffer(raw, np.uint8)))
 
     @property
     def max_work_group_size(self) -> int:
@@ -496,15 +499,6 @@ class Kernel:
             else:
                 set_arg(i, a)
                 last[j] = last[j + 1] = None
-
-    @property
-    def _set_raw(self) -> Any:
-        """pyopencl's setter of a by-value argument from raw bytes (falls back to set_arg on a
-        pyopencl without it)."""
-        setter = getattr(self.cl, "_set_arg_buf", None)
-        if setter is None:  # pragma: no cover - older/newer pyopencl
-            return lambda i, raw: self.cl.set_arg(i, np.frombuffer(raw, np.uint8))
-        return setter
 
     def _enqueue(self, queue, global_size, local, args, wait_for) -> cl.Event:
         for attempt in (0, 1):
