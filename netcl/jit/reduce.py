@@ -33,7 +33,7 @@ from netcl.core import dtypes
 from netcl.core.backend import build_program, format_options
 from netcl.core.tensor import Tensor, _coalesce
 from netcl.jit import codegen, ir
-from netcl.jit.runner import broadcast_strides
+from netcl.jit.runner import broadcast_strides, memo_params_args
 
 MAX_CHUNK = 1 << 14
 # GPU knobs (NETCL_RED_* environment variables; bench/elementwise.py --sweep times them):
@@ -521,19 +521,7 @@ def run(
         args.append(t._storage.buffer)
         args += stat
     if params:
-        raw = [v for v, _ in params]
-        last = memo[0]
-        if last is not None and len(last[0]) == len(raw) and all(x is y for x, y in zip(raw, last[0])):
-            args += last[1]
-        else:
-            conv = []
-            for value, dt in params:
-                if dt == ir.F16:
-                    value = np.float16(value)
-                with np.errstate(all="ignore"):
-                    conv.append(ir.ARG_TYPE[dt](value))
-            memo[0] = (raw, conv)
-            args += conv
+        args += memo_params_args(params, memo)
     args += tail
     kernel(queue, gsize, lsize, *args)
     if P > 1:

@@ -103,6 +103,19 @@ _plans: dict[tuple, tuple] = {}
 _PLAN_LIMIT = 4096
 
 
+def memo_params_args(params: list[tuple[Any, np.dtype]], memo: list) -> list[Any]:
+    """The kernel arguments of runtime params. They are usually the same Python objects call after call
+    (literals): memo[0] keeps the last objects and their numpy scalars, reused when every value is
+    the identical object of last time."""
+    raw = [v for v, _ in params]
+    last = memo[0]
+    if last is not None and len(last[0]) == len(raw) and all(a is b for a, b in zip(raw, last[0])):
+        return last[1]
+    conv = _params_args(params)
+    memo[0] = (raw, conv)
+    return conv
+
+
 def _params_args(params: list[tuple[Any, np.dtype]]) -> list[Any]:
     args = []
     for value, dt in params:
@@ -159,16 +172,7 @@ def run_elementwise(outputs: list[tuple[ir.Node, Tensor]]) -> None:
         args.append(t._storage.buffer)
         args += stat
     if params:
-        # params are usually the same Python objects call after call (literals): reuse their
-        # numpy scalars when every value is the identical object of last time
-        raw = [v for v, _ in params]
-        last = memo[0]
-        if last is not None and len(last[0]) == len(raw) and all(a is b for a, b in zip(raw, last[0])):
-            args += last[1]
-        else:
-            conv = _params_args(params)
-            memo[0] = (raw, conv)
-            args += conv
+        args += memo_params_args(params, memo)
     args += tail
     kernel(queue, gsize, lsize, *args)
 
