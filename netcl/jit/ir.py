@@ -22,6 +22,7 @@ I32, I64, U8, BOOL = dtypes.int32, dtypes.int64, dtypes.uint8, dtypes.bool_
 
 # OpenCL C type each dtype is *computed* in (float16 is stored as half, computed as float).
 COMPUTE_TYPE = {F16: "float", F32: "float", F64: "double", I32: "int", I64: "long", U8: "uchar", BOOL: "uchar"}
+COMPUTE_SIZE = {F16: 4, F32: 4, F64: 8, I32: 4, I64: 8, U8: 1, BOOL: 1}  # bytes of one COMPUTE_TYPE value
 # numpy scalar type a runtime scalar argument of each dtype is passed as.
 ARG_TYPE = {F16: np.float32, F32: np.float32, F64: np.float64, I32: np.int32, I64: np.int64,
             U8: np.uint8, BOOL: np.uint8}

@@ -25,7 +25,12 @@ GPU_LOCAL = _int("NETCL_EW_LOCAL", 256)
 GPU_GROUPS_PER_CU = _int("NETCL_EW_GROUPS_PER_CU", 0)
 # aligned vector loads (pointer casts) when every contiguous operand's offset is a multiple of VEC
 ALIGNED = bool(_int("NETCL_EW_ALIGNED", 1))
-VEC_CPU = 8  # wide loads for PoCL when the graph is only cheap arithmetic
+VEC_CPU = 8  # wide loads for PoCL when the graph is only cheap arithmetic ...
+# ... but never wider than 32 bytes (double4, long4). PoCL 3.0 (LLVM 14) on AVX-512 CPUs that LLVM 14
+# does not know (AMD Zen 4, "znver3" to it) links the AVX-512 kernel library into code generated for
+# a CPU without AVX-512, and every library call taking or returning a 512-bit vector (convert_double8,
+# vload16, vstore16, fma on float16, ...) is miscompiled or aborts LLVM ("Do not know how to scalarize").
+CPU_VECTOR_BYTES = 32
 # ops that PoCL turns into scalar library calls: with them, one element per work-item lets PoCL's
 # work-group vectoriser use its vector math instead (measured 2x faster than unrolled lanes)
 _SCALAR_MATH = {"exp", "log", "log1p", "expm1", "sin", "cos", "tan", "tanh", "erf", "sigmoid", "gelu",
@@ -80,10 +85,14 @@ def launch_config(device: Any, work: int) -> tuple[int, int | None]:
     return max(1, work), None
 
 
-def choose_vec(device: Any, desc: tuple) -> int:
+def choose_vec(device: Any, desc: tuple, dtypes: list[np.dtype]) -> int:
+    """Elements per vector load/store of a flat elementwise kernel over operands of `dtypes`."""
     if device.capabilities.kind == "gpu":
         return VEC_GPU
-    return 1 if any(d[0] in _SCALAR_MATH for d in desc) else VEC_CPU
+    if any(d[0] in _SCALAR_MATH for d in desc):
+        return 1
+    widest = max((ir.COMPUTE_SIZE[np.dtype(dt)] for dt in dtypes), default=4)
+    return max(1, min(VEC_CPU, CPU_VECTOR_BYTES // widest))
 
 
 def get_kernel(device: Any, key: tuple, leaf_dtypes: list[np.dtype], out_dtypes: list[np.dtype]) -> Any:
@@ -197,7 +206,7 @@ def _plan(device: Any, shape: tuple[int, ...], desc: tuple, out_pos: tuple, out_
                         for o, s in zip(out_tensors, out_sets))
     leaf_layouts = tuple((t.dtype.str, _kind(s, contig, cshape)) for t, s in zip(leaves, leaf_sets))
     all_flat = all(k != "g" for _, k in out_layouts + leaf_layouts) and not has_index
-    vec = choose_vec(device, desc) if all_flat else 1
+    vec = choose_vec(device, desc, [t.dtype for t in leaves + out_tensors]) if all_flat else 1
     if n < vec:
         vec = 1
     extents = [n] + [_extent(o.offset, cshape, s) for o, s in zip(out_tensors, out_sets)]

@@ -41,6 +41,22 @@
 
 #define VT GEMM_CAT(ACC, VN)
 
+// No OpenCL library call here takes or returns a VT when VN * sizeof(ACC_T) is 64 bytes (float16,
+// double8): PoCL 3.0 (LLVM 14) on AVX-512 CPUs that LLVM 14 does not know (AMD Zen 4, "znver3" to it)
+// links its AVX-512 kernel library into code generated for a CPU without AVX-512, and a 512-bit vector
+// passed to or returned from a library function is then miscompiled or aborts LLVM. So a VN-wide load
+// is assembled from 4-wide ones, and lanes are read through a union; plain vector arithmetic is fine.
+#if VN == 4
+#define LOAD_VT(p) LOADV(4, 0, p)
+#elif VN == 8
+#define LOAD_VT(p) ((VT)(LOADV(4, 0, p), LOADV(4, 1, p)))
+#elif VN == 16
+#define LOAD_VT(p) ((VT)(LOADV(4, 0, p), LOADV(4, 1, p), LOADV(4, 2, p), LOADV(4, 3, p)))
+#else
+#error "VN must be 4, 8 or 16"
+#endif
+typedef union { VT v; ACC_T s[VN]; } vt_lanes;
+
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void gemm_cpu(GEMM_ARGS)
 {
@@ -75,7 +91,7 @@ void gemm_cpu(GEMM_ARGS)
             if (n + VN <= N) {
 #ifdef B_NCONTIG
                 for (int k = 0; k < kl; ++k)
-                    dstv[k] = LOADV(VN, 0, src + k * b_ks);
+                    dstv[k] = LOAD_VT(src + k * b_ks);
 #elif defined(B_KCONTIG)
                 // B is a transposed view (e.g. linear's weight): each column is contiguous along k
                 for (int j = 0; j < VN; ++j) {
@@ -155,8 +171,9 @@ void gemm_cpu(GEMM_ARGS)
 #pragma unroll
                     for (int r = 0; r < RM; ++r) {
                         if (r >= rows) break;
-                        ACC_T vals[VN];
-                        GEMM_CAT(vstore, VN)(acc[r], 0, vals);
+                        vt_lanes lanes;
+                        lanes.v = acc[r];
+                        const ACC_T *vals = lanes.s;
                         const int m = m0 + i + r;
                         for (int j = 0; j < cols; ++j) {
 #ifdef MASK_RESIDUAL

@@ -3,7 +3,7 @@
  * Work layout: 1-D, one work-item per chunk of ITEMS consecutive elements of one tensor, over all
  * tensors of the launch laid end to end (global size = sum of ceil(n_i / ITEMS)); a work-item finds
  * its tensor by walking the chunk counts. ITEMS is 1 on GPUs (coalesced) and 64 on CPUs (few
- * work-groups, a vectorisable loop; Adam/AdamW run that loop 8 lanes at a time: float8/double8).
+ * work-groups, a vectorisable loop; Adam/AdamW run that loop 8 or 4 lanes at a time: float8/double4).
  * Memory: reads each grad, reads and writes each parameter and its state buffers (s1..s3), once.
  *
  * Defines:
@@ -71,30 +71,39 @@ inline void update(__global T* p, __global const T* g, __global T* sa, __global 
 }
 #define HYPER_PASS lr, beta1, beta2, eps, weight_decay, decoupled, bias_correction1, bias_correction2_sqrt
 
-/* The same update over elements [j0, j1) of one tensor, 8 lanes at a time (ITEMS > 1: CPUs, where
+/* The same update over elements [j0, j1) of one tensor, LANES at a time (ITEMS > 1: CPUs, where
  * the per-element form runs as scalar code: sqrt and the division dominate). Same expressions per
- * lane as update(); the tail that does not fill 8 lanes goes through update(). */
-#define VT8 OPT_VEC8(T)
-#define OPT_VEC8_(t) t##8
-#define OPT_VEC8(t) OPT_VEC8_(t)
+ * lane as update(); the tail that does not fill the lanes goes through update(). Vectors stay at 32
+ * bytes (float8, double4): PoCL 3.0 (LLVM 14) miscompiles or aborts on library calls (vloadn, sqrt)
+ * with 512-bit vectors on AVX-512 CPUs it does not know (see gemm_cpu.cl). */
+#ifdef USE_FP64
+#define LANES 4
+#else
+#define LANES 8
+#endif
+#define OPT_CAT_(a, b) a##b
+#define OPT_CAT(a, b) OPT_CAT_(a, b)
+#define VT OPT_CAT(T, LANES)
+#define VLOAD OPT_CAT(vload, LANES)
+#define VSTORE OPT_CAT(vstore, LANES)
 #define HAS_RANGE_UPDATE 1
 inline void update_range(__global T* p, __global const T* g, __global T* sa, __global T* sb, __global T* sc,
                          long j0, long j1, HYPER_ARGS) {
     long j = j0;
-    for (; j + 8 <= j1; j += 8) {
-        VT8 grad = vload8(0, g + j);
-        VT8 param = vload8(0, p + j);
+    for (; j + LANES <= j1; j += LANES) {
+        VT grad = VLOAD(0, g + j);
+        VT param = VLOAD(0, p + j);
         if (weight_decay != (T)0) {
             if (decoupled) param = param * ((T)1 - lr * weight_decay);
             else grad = grad + weight_decay * param;
         }
-        VT8 m0 = vload8(0, sa + j);
-        VT8 m = m0 + ((T)1 - beta1) * (grad - m0);
-        VT8 v = beta2 * vload8(0, sb + j) + ((T)1 - beta2) * grad * grad;
-        vstore8(m, 0, sa + j);
-        vstore8(v, 0, sb + j);
-        VT8 denom = sqrt(v) / bias_correction2_sqrt + eps;
-        vstore8(param - (lr / bias_correction1) * (m / denom), 0, p + j);
+        VT m0 = VLOAD(0, sa + j);
+        VT m = m0 + ((T)1 - beta1) * (grad - m0);
+        VT v = beta2 * VLOAD(0, sb + j) + ((T)1 - beta2) * grad * grad;
+        VSTORE(m, 0, sa + j);
+        VSTORE(v, 0, sb + j);
+        VT denom = sqrt(v) / bias_correction2_sqrt + eps;
+        VSTORE(param - (lr / bias_correction1) * (m / denom), 0, p + j);
     }
     for (; j < j1; ++j) update(p, g, sa, sb, sc, j, j, HYPER_PASS);
 }
