@@ -24,6 +24,7 @@ def _fmt_bytes(n: int) -> str:
 def cmd_devices(args: argparse.Namespace) -> int:
     """Print every platform and device with its capabilities; mark the one "auto" picks."""
     from netcl import config
+    from netcl.core import variants
     from netcl.core.device import manager
 
     handles = manager.devices()
@@ -54,6 +55,11 @@ def cmd_devices(args: argparse.Namespace) -> int:
         print(f"      precision   fp64 {'yes' if c.fp64 else 'no'}, fp16 arithmetic {fp16}")
         widths = ", ".join(f"{k} {v}" for k, v in c.preferred_vector_width.items())
         print(f"      vectors     {widths}")
+        store = variants.verdicts(h)
+        for key, reason in store.rejected().items():
+            print(f"      rejected    {key.rsplit(' | ', 1)[0]}: {reason}")
+        if store.rejected():
+            print(f"                  (kernel variants this device's compiler failed on; {store.path})")
     if config.device_spec():
         print(f"NETCL_DEVICE={config.device_spec()}")
     return 0

@@ -41,6 +41,10 @@ class KernelBuildError(NetclError):
         self.options = options
 
 
+class KernelVariantWarning(UserWarning):
+    """A kernel variant does not build or run correctly on a device; netcl uses another one."""
+
+
 class KernelLaunchError(DeviceError):
     """Enqueueing a kernel or a transfer failed for a reason other than memory."""
 

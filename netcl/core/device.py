@@ -10,6 +10,7 @@ import numpy as np
 import pyopencl as cl
 
 from netcl import config
+from netcl.core import variants
 from netcl.errors import DeviceError, NoPlatformError
 
 _KIND_ORDER = ("gpu", "accelerator", "cpu")
@@ -200,26 +201,41 @@ class DeviceHandle:
         return self.capabilities.fp64
 
     def _probe_fp16(self) -> bool:
-        try:
-            ctx = self.context
-            prg = cl.Program(ctx, _FP16_PROBE).build()
-            q = cl.CommandQueue(ctx, self.cl_device)
-            a = np.array([1.5, 0.75], dtype=np.float16)
-            mf = cl.mem_flags
-            a_buf = cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=a)
-            out = np.zeros(3, dtype=np.float16)
-            out_buf = cl.Buffer(ctx, mf.WRITE_ONLY, out.nbytes)
-            prg.probe(q, (1,), None, a_buf, out_buf)
-            cl.enqueue_copy(q, out, out_buf)
-            q.finish()
-        except cl.Error:
-            return False
-        want = np.array([1.5 * 0.75 + 0.5, 1.5 / 0.75, 0.75], dtype=np.float16)
-        return bool(np.array_equal(out, want))
+        """Half arithmetic is code a CPU compiler can abort the process on (LLVM), so the probe kernel
+        runs in a child process once per device; the verdict is kept with the kernel variants'."""
+        if variants.in_probe_child():
+            check_fp16_arithmetic(self)
+            return True
+        store = variants.verdicts(self)
+        key = "fp16 arithmetic | probe kernel | " + variants.source_digest(_FP16_PROBE)[:16]
+        verdict = store.get(key)
+        if verdict is None:
+            ok, reason = variants.run_probe(self, "netcl.core.device:check_fp16_arithmetic", ())
+            store.put(key, ok, reason)
+            return ok
+        return bool(verdict["ok"])
 
     def synchronize(self) -> None:
         if self._queue is not None:
             self._queue.finish()
+
+
+def check_fp16_arithmetic(device: DeviceHandle) -> None:
+    """Run the fp16 probe kernel on `device`; raise unless it computes what NumPy's float16 does."""
+    ctx = device.context
+    prg = cl.Program(ctx, _FP16_PROBE).build()
+    q = cl.CommandQueue(ctx, device.cl_device)
+    a = np.array([1.5, 0.75], dtype=np.float16)
+    mf = cl.mem_flags
+    a_buf = cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=a)
+    out = np.zeros(3, dtype=np.float16)
+    out_buf = cl.Buffer(ctx, mf.WRITE_ONLY, out.nbytes)
+    prg.probe(q, (1,), None, a_buf, out_buf)
+    cl.enqueue_copy(q, out, out_buf)
+    q.finish()
+    want = np.array([1.5 * 0.75 + 0.5, 1.5 / 0.75, 0.75], dtype=np.float16)
+    if not np.array_equal(out, want):
+        raise AssertionError(f"fp16 arithmetic on {device.describe()} gave {out}, not {want}")
 
 
 def _no_platform_message() -> str:

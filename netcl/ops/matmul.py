@@ -22,7 +22,8 @@ from pyopencl import cltypes
 from netcl.core import dtypes
 from netcl.core.backend import build_program, format_options, kernel_source
 from netcl.core.tensor import Tensor, check_same_queue
-from netcl.errors import DTypeError, ShapeError
+from netcl.core.variants import Variant, first_usable, source_digest
+from netcl.errors import DTypeError, KernelBuildError, ShapeError
 
 ACTIVATIONS: dict[str | None, int] = {None: 0, "none": 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "silu": 4}
 VARIANTS = ("direct", "dot", "cpu", "tiled")
@@ -130,14 +131,15 @@ NV_VERBOSE = False
 
 
 def _program(device: Any, variant: str, defines: dict[str, Any]):
-    """Build a GEMM kernel file (after the shared prelude). The non-define knob MAXRREG (NVIDIA only)
-    caps registers per work-item via -cl-nv-maxrregcount, so more work-groups fit on an SM."""
+    """Build a GEMM kernel file (after the shared prelude). Two knobs are build options, not defines:
+    MAXRREG (NVIDIA only) caps registers per work-item via -cl-nv-maxrregcount, so more work-groups
+    fit on an SM; MAD_ENABLE=0 builds without -cl-mad-enable (the last resort of a variant chain)."""
     key = (id(device), variant, tuple(sorted(defines.items())), NV_VERBOSE)
     prg = _program_cache.get(key)
     if prg is not None:
         return prg
     defines = dict(defines)
-    extra = ["-cl-mad-enable"]
+    extra = ["-cl-mad-enable"] if defines.pop("MAD_ENABLE", 1) else []
     max_regs = defines.pop("MAXRREG", 0)
     nvidia = "cl_nv_compiler_options" in device.capabilities.extensions
     if nvidia and max_regs:
@@ -155,6 +157,155 @@ def _program(device: Any, variant: str, defines: dict[str, Any]):
         print(f"[netcl] {variant} {defines}: {log or '(no log: loaded from the binary cache)'}")
     _program_cache[key] = prg
     return prg
+
+
+# -- variants a device may not build or run (netcl.core.variants) ----------------------------------
+# The cpu kernel with 512-bit vectors (VN=16 float, VN=8 double) is the risky one: PoCL 3.0 (LLVM 14)
+# on AVX-512 CPUs that LLVM 14 does not know (AMD Zen 4, "znver3" to it) generates code for a CPU without
+# AVX-512 but links the AVX-512 kernel library, and a 512-bit vector crossing a library call is then
+# miscompiled or aborts LLVM in the middle of a launch. gemm_cpu.cl avoids such calls now, and a
+# variant this wide is still run first in a child process (probe_variant) before this process builds it.
+CPU_SAFE_VECTOR_BYTES = 32
+# A tiled configuration that any OpenCL GPU should build (small tiles, no padding, no vector fetch):
+# what the chain falls back to when the tuned or per-class defaults do not build on a device.
+_SAFE_TILED = {"BM": 64, "BN": 64, "BK": 16, "TX": 16, "TY": 16, "PADA": 0, "PADB": 0, "MAXRREG": 0,
+               "GVEC": 0, "WX": 0, "GM": 0, "INNER": 0, "BKE": 0}
+_usable: dict[tuple, dict[str, int] | None] = {}
+_digests: dict[str, str] = {}
+
+
+def _acc_size(dt: np.dtype) -> int:
+    return 8 if dt == dtypes.float64 else 4
+
+
+def variant_chain(variant: str, dt: np.dtype, requested: dict[str, int]) -> list[dict[str, int]]:
+    """Tile parameters to try for `variant`, best first: `requested`, then narrower vectors (cpu) or
+    the per-class defaults and a small safe tile (tiled), then the last of these without -cl-mad-enable."""
+    chain = [dict(requested)]
+    if variant == "cpu":
+        asked = requested["VN"]
+        for lanes in (CPU_SAFE_VECTOR_BYTES // _acc_size(dt), 4):
+            if lanes < asked or asked not in (4, 8, 16):
+                chain.append({**requested, "VN": lanes})
+    elif variant == "tiled":
+        chain.append(default_params("tiled", dt))
+        vw = 2 if dt == dtypes.float64 else 4
+        chain.append({**default_params("tiled", dt), **{k: v for k, v in _SAFE_TILED.items()
+                                                         if k in default_params("tiled", dt)}, "VW": vw})
+    else:
+        return chain
+    chain.append({**chain[-1], "MAD_ENABLE": 0})
+    unique: list[dict[str, int]] = []
+    for c in chain:
+        if c not in unique:
+            unique.append(c)
+    return unique
+
+
+def _fit_device(device: Any, variant: str, dt: np.dtype, tile: dict[str, int]) -> dict[str, int]:
+    """`tile` adjusted to what the device and the kernel's own rules allow (tiled: local memory, warps)."""
+    if variant != "tiled":
+        return tile
+    tile = _fit_local_memory(tile, dt, device.capabilities.local_mem)
+    wx, tx, ty = tile.get("WX", 0), tile["TX"], tile["TY"]
+    if wx and ((tx * ty) % 32 or tx % wx or 32 % wx or ty % (32 // wx)):
+        tile["WX"] = 0  # the warp remap does not fit this work-group shape: plain row-major ids
+    return tile
+
+
+def _variant(device: Any, variant: str, dt: np.dtype, tile: dict[str, int]) -> Variant:
+    """The netcl.core.variants description of `variant` with `tile` (its build makes the plain define set)."""
+    name = _KERNEL_FILES[variant]
+    digest = _digests.get(name)
+    if digest is None:
+        digest = _digests[name] = source_digest(kernel_source("gemm_common.cl"), kernel_source(name))
+    defines = {_DTYPE_DEFINE[dt]: None, "ACT": 0, **tile}
+    label = f"{dt.name} " + " ".join(f"{k}={v}" for k, v in sorted(tile.items()))
+    options = format_options({k: v for k, v in defines.items() if k not in ("MAD_ENABLE", "MAXRREG")},
+                             ("-cl-mad-enable",) if tile.get("MAD_ENABLE", 1) else ())
+    probe = None
+    risky_key = None
+    if variant == "cpu" and device.capabilities.kind == "cpu" and tile["VN"] * _acc_size(dt) > CPU_SAFE_VECTOR_BYTES:
+        probe = ("netcl.ops.matmul:probe_variant", (variant, dt.name, tile))
+        risky_key = f"gemm_cpu | {dt.name} {tile['VN']}-wide vectors, mad {tile.get('MAD_ENABLE', 1)} | {digest[:16]}"
+    return Variant(f"gemm_{variant}", label, options, digest,
+                   build=lambda: _program(device, variant, defines).kernel(f"gemm_{variant}"),
+                   probe=probe, probe_key=risky_key, payload=tile)
+
+
+def usable_params(device: Any, variant: str, dtype: Any, params: dict[str, int] | None = None,
+                  required: bool = True) -> dict[str, int] | None:
+    """The tile parameters `variant` runs with on `device`: `params` (over the defaults) exactly as given,
+    or else the tuned ones, or the first of their fallback chain (variant_chain) that this device
+    builds (and, for risky ones, runs correctly in a probe). When none works: KernelBuildError, or
+    None with required=False (the caller then takes the direct kernel)."""
+    dt = np.dtype(dtype)
+    requested = {**default_params(variant, dt), **params} if params is not None else tuned_params(device, variant, dt)
+    if variant in ("direct", "dot"):
+        return requested
+    key = (id(device), variant, dt, tuple(sorted(requested.items())), params is None)
+    if key in _usable:
+        found = _usable[key]
+        if found is None and required:
+            raise KernelBuildError(f"no variant of gemm_{variant} works on {device.describe()} (see the "
+                                   "warnings printed when it was tried)")
+        return None if found is None else dict(found)
+    chain = variant_chain(variant, dt, requested) if params is None else [requested]
+    chain = [_fit_device(device, variant, dt, t) for t in chain]
+    try:
+        chosen, _ = first_usable(device, [_variant(device, variant, dt, t) for t in chain])
+        found = chosen.payload
+    except KernelBuildError:
+        _usable[key] = None
+        if required:
+            raise
+        return None
+    _usable[key] = found
+    return dict(found)
+
+
+def probe_variant(device: Any, variant: str, dtype_name: str, tile: dict[str, int]) -> None:
+    """Run GEMM `variant` with `tile` on small odd problems in every layout and epilogue it is compiled
+    differently for, and raise AssertionError where a result is not NumPy's. The probe of a risky
+    variant (netcl.core.variants runs it in a child process: a compiler crash ends only the child)."""
+    dt = np.dtype(dtype_name)
+    q = device.queue
+    rng = np.random.default_rng(0)
+    tol = {"float16": 2e-2, "float32": 2e-4, "float64": 1e-10}[dt.name]
+    m, n, k = 133, 70, 600  # ragged row and column blocks, more than one k chunk for KC < 600
+
+    def dev(a: np.ndarray) -> Tensor:
+        return Tensor.from_host(q, a.astype(dt))
+
+    def near(got: Tensor, want: np.ndarray, what: str) -> None:
+        got_h = got.to_host().astype(np.float64)
+        scale = max(1.0, float(np.abs(want).max()))
+        err = float(np.abs(got_h - want).max())
+        if not err <= tol * scale * np.sqrt(k):
+            raise AssertionError(f"gemm_{variant} {dtype_name} {tile}: {what} is off by {err:.3g}")
+
+    a, b = rng.standard_normal((m, k)), rng.standard_normal((k, n))
+    a64, b64 = a.astype(dt).astype(np.float64), b.astype(dt).astype(np.float64)
+    bias, res = rng.standard_normal(n), rng.standard_normal((m, n))
+    bias64, res64 = bias.astype(dt).astype(np.float64), res.astype(dt).astype(np.float64)
+    run = functools.partial(gemm, variant=variant, params=tile)
+    near(run(dev(a), dev(b)), a64 @ b64, "a @ b")
+    near(run(dev(a), dev(b.T.copy()).transpose(0, 1)), a64 @ b64, "a @ b (b transposed in place)")
+    near(run(dev(a.T.copy()).transpose(0, 1), dev(b)), a64 @ b64, "a @ b (a transposed in place)")
+    wide = dev(np.repeat(b, 2, axis=1))[:, ::2]
+    near(run(dev(a), wide), a64 @ b64, "a @ b (b strided)")
+    near(run(dev(a), dev(b), dev(bias), "relu", dev(res), 0.5),
+         np.maximum(0.5 * (a64 @ b64) + bias64, 0) + res64, "relu(0.5 a @ b + bias) + residual")
+    near(run(dev(np.stack([a, a[::-1]])), dev(b)), np.stack([a64, a64[::-1]]) @ b64, "batched a @ b")
+    if variant == "cpu":
+        p = _prepare(dev(a), dev(b), None, None, None, 1.0)
+        rowsum = Tensor.empty(q, (m,), dt)
+        _launch(p, variant, tile, rowsum=rowsum)
+        near(p.out, a64 @ b64, "a @ b with row sums")
+        near(rowsum, a64.sum(axis=1), "row sums of a")
+        p = _prepare(dev(a), dev(b), None, dev(res), None, 1.0)
+        _launch(p, variant, tile, mask_residual=True)
+        near(p.out, np.where(res64 > 0, a64 @ b64, 0), "a @ b masked by residual > 0")
 
 
 # -- shapes and layouts -------------------------------------------------------------------------------
@@ -336,12 +487,7 @@ def _launch(
             defines["BIAS_ROWS"] = None
     if res is not None:
         defines["HAS_RESIDUAL"] = None
-    tile = tuned_params(device, variant, dt) if params is None else {**default_params(variant, dt), **params}
-    if variant == "tiled":
-        tile = _fit_local_memory(tile, dt, device.capabilities.local_mem)
-        wx, tx, ty = tile.get("WX", 0), tile["TX"], tile["TY"]
-        if wx and ((tx * ty) % 32 or tx % wx or 32 % wx or ty % (32 // wx)):
-            tile["WX"] = 0  # the warp remap does not fit this work-group shape: plain row-major ids
+    tile = usable_params(device, variant, dt, params)
     defines.update(tile)
     if variant == "cpu" and b_ns == 1:
         defines["B_NCONTIG"] = None
@@ -531,8 +677,8 @@ def choose_cpu_splits(p: _Problem, variant: str) -> int:
         return 0
     if p.out.dtype not in (dtypes.float32, dtypes.float64) or p.k < CPU_SPLIT_MIN_K:
         return 0
-    tile = tuned_params(p.out.device, "cpu", p.out.dtype)
-    if -(-p.m // tile["MB"]) * -(-p.n // tile["NB"]) > CPU_SPLIT_MAX_BLOCKS:
+    tile = usable_params(p.out.device, "cpu", p.out.dtype, required=False)
+    if tile is None or -(-p.m // tile["MB"]) * -(-p.n // tile["NB"]) > CPU_SPLIT_MAX_BLOCKS:
         return 0
     for s in (16, 8, 4, 2):
         if p.k % s == 0 and p.k // s >= 1024:
@@ -647,6 +793,8 @@ def _auto_variant(p: _Problem) -> str:
         variant = "dot"  # GPU, thin, both operands contiguous along K: coalesce along K instead
     if p.k == 0 and variant == "tiled":
         variant = "direct"
+    if variant in ("cpu", "tiled") and usable_params(p.out.device, variant, p.out.dtype, required=False) is None:
+        variant = "direct"  # no variant of the blocked kernel builds here (each rejection was warned)
     return variant
 
 
@@ -839,4 +987,5 @@ __all__ = [
     "matmul",
     "matmul_epilogue",
     "tuned_params",
+    "usable_params",
 ]
