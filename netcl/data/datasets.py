@@ -118,11 +118,24 @@ def _download(name: str, target: Path) -> dict[str, Path]:
 
 
 def locate(name: str, data_dir: str | os.PathLike | None = None, download: bool = True) -> dict[str, Path]:
-    """Paths of the four IDX files of `name` ('fashion-mnist' or 'mnist'), or DatasetUnavailable."""
+    """Paths of the four IDX files of `name` ('fashion-mnist' or 'mnist'), or DatasetUnavailable.
+
+    With `data_dir`, only that directory (and its `name` subdirectory) is searched, and nothing is
+    downloaded: data the caller pointed at is never silently replaced by another copy."""
     if name not in _URLS:
         raise ValueError(f"unknown dataset {name!r}; known: {sorted(_URLS)}")
+    if data_dir is not None:
+        places = [Path(data_dir), Path(data_dir) / name]
+        for place in places:
+            found = _find(place)
+            if found:
+                return found
+        raise DatasetUnavailable(
+            f"{name} IDX files ({', '.join(s + '[.gz]' for s in _FILES.values())}) are not in {data_dir} "
+            f"(nor in {places[1]})"
+        )
     cache = config.cache_dir() / "datasets" / name
-    places = ([Path(data_dir), Path(data_dir) / name] if data_dir else []) + _SYSTEM_DIRS[name] + [cache]
+    places = _SYSTEM_DIRS[name] + [cache]
     for place in places:
         found = _find(place)
         if found:

@@ -31,6 +31,11 @@ class LRScheduler:
 
     def step(self) -> None:
         self.last_epoch += 1
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Set each group's lr for the current step (again, after a change to the schedule itself: a
+        longer T_max when a resumed run trains further)."""
         for group, base in zip(self.optimizer.param_groups, self.base_lrs):
             group["lr"] = self.lr_at(base, self.last_epoch, group)
         self._last_lr = [g["lr"] for g in self.optimizer.param_groups]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -15,36 +16,92 @@ import numpy as np
 
 from netcl.errors import NetclError
 
+# Defaults per dataset, so the job ends on a result worth showing whichever one it found (2-core PoCL
+# CPU device: Fashion-MNIST CNN 2 x 20000 images ~87% in a few minutes; the 1437 digits at batch 32
+# for 15 epochs ~97% in seconds, where batch 128 for 2 epochs stopped at 63% after 22 steps).
+DATASET_DEFAULTS: dict[str, dict[str, Any]] = {
+    "fashion-mnist": {"epochs": 2, "batch_size": 128, "lr": 2e-3, "train_limit": 20000},
+    "mnist": {"epochs": 2, "batch_size": 128, "lr": 2e-3, "train_limit": 20000},
+    "digits": {"epochs": 15, "batch_size": 32, "lr": 3e-3, "train_limit": 0},
+}
+# What a checkpoint records of its run, and what a resumed run must keep.
+RUN_SETTINGS = ("model", "dataset", "batch_size", "lr", "weight_decay", "train_limit", "seed")
+DEFAULT_OUT = Path("runs/train")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _float_at_least(low: float, strict: bool):
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not math.isfinite(value) or value < low or (strict and value == low):
+            raise argparse.ArgumentTypeError(f"must be a finite number {'>' if strict else '>='} {low:g}, got {text}")
+        return value
+
+    return parse
+
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "train", help="train a small CNN on Fashion-MNIST (digits if unavailable)", description=__doc__
     )
-    p.add_argument("--model", choices=("cnn", "mlp"), default="cnn")
+    p.add_argument("--model", choices=("cnn", "mlp"), default=None, help="cnn (default) or mlp")
     p.add_argument(
         "--dataset",
         choices=("auto", "fashion-mnist", "mnist", "digits"),
-        default="auto",
-        help="auto: Fashion-MNIST if its files can be found or downloaded, else digits",
+        default=None,
+        help="auto (default): Fashion-MNIST if its files can be found or downloaded, else digits",
     )
-    p.add_argument("--epochs", type=int, default=2)
-    p.add_argument("--batch-size", type=int, default=128)
-    p.add_argument("--lr", type=float, default=2e-3)
-    p.add_argument("--weight-decay", type=float, default=1e-4)
+    p.add_argument("--epochs", type=_positive_int, default=None,
+                   help="epochs in all (default per dataset: Fashion-MNIST/MNIST 2, digits 15; with --resume: "
+                   "the checkpoint's)")
+    p.add_argument("--batch-size", type=_positive_int, default=None,
+                   help="default per dataset: 128, digits 32")
+    p.add_argument("--lr", type=_float_at_least(0.0, strict=True), default=None,
+                   help="peak learning rate of the cosine schedule (default 2e-3, digits 3e-3)")
+    p.add_argument("--weight-decay", type=_float_at_least(0.0, strict=False), default=None,
+                   help="AdamW weight decay (default 1e-4)")
     p.add_argument(
         "--train-limit",
-        type=int,
-        default=20000,
-        help="train on the first N training images (default 20000 keeps the default run to a few "
-        "minutes on a 2-core CPU; 0 = all)",
+        type=_count,
+        default=None,
+        help="train on the first N training images (default 20000 for Fashion-MNIST/MNIST, which keeps the "
+        "default run to a few minutes on a 2-core CPU; 0 = all)",
     )
     p.add_argument(
         "--device", default="auto", help="auto, gpu, cpu, a name fragment or P:D (see netcl devices)"
     )
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--data-dir", default=None, help="directory with the IDX files (gz or raw)")
-    p.add_argument("--out", default="runs/train", help="directory for checkpoint.safetensors, metrics, plot")
-    p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.safetensors")
+    p.add_argument("--seed", type=_count, default=None, help="random seed (default 0)")
+    p.add_argument("--data-dir", default=None,
+                   help="directory with the IDX files (gz or raw); only this directory is searched")
+    p.add_argument("--out", default=None,
+                   help="directory for checkpoint.safetensors, metrics.json and curves.png (default runs/train, "
+                   "or runs/train-2, -3, ... when it holds an earlier run)")
+    p.add_argument("--resume", nargs="?", const=True, default=None, metavar="CHECKPOINT",
+                   help="continue a run: from CHECKPOINT, from OUT/checkpoint.safetensors, or from the latest "
+                   "run under runs/; --epochs may raise the total (the cosine schedule is stretched to it)")
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier run in OUT instead of refusing")
     p.add_argument("--no-progress", action="store_true", help="no progress bars (plain lines)")
     p.add_argument("--eager", action="store_true",
                    help="run every step op by op (default: record the step once and replay it, netcl.graph)")
@@ -56,12 +113,14 @@ def load_data(dataset: str, data_dir: str | None, log: Any) -> Any:
 
     if dataset == "digits":
         return load_digits()
-    names = ["fashion-mnist"] if dataset == "auto" else [dataset]
+    if data_dir is not None and not Path(data_dir).is_dir():
+        raise NetclError(f"--data-dir {data_dir}: no such directory")
+    name = "fashion-mnist" if dataset == "auto" else dataset
     try:
-        return load_idx_dataset(names[0], data_dir)
+        return load_idx_dataset(name, data_dir)
     except DatasetUnavailable as exc:
-        if dataset != "auto":
-            raise
+        if dataset != "auto" or data_dir is not None:
+            raise  # the user asked for this data (or this directory): no silent substitute
         log(f"Fashion-MNIST is not available: {exc}\n-> training on scikit-learn's bundled digits instead.")
         return load_digits()
 
@@ -94,6 +153,84 @@ def plot_curves(history: dict[str, Any], path: Path, title: str) -> None:
     plt.close(fig)
 
 
+def _holds_run(directory: Path) -> bool:
+    return (directory / "checkpoint.safetensors").exists() or (directory / "metrics.json").exists()
+
+
+def _default_runs() -> list[Path]:
+    """runs/train, runs/train-2, ... that hold a run, in the order they were numbered."""
+    found = [DEFAULT_OUT] if _holds_run(DEFAULT_OUT) else []
+    numbered = []
+    for p in DEFAULT_OUT.parent.glob(DEFAULT_OUT.name + "-*"):
+        suffix = p.name[len(DEFAULT_OUT.name) + 1 :]
+        if suffix.isdigit() and _holds_run(p):
+            numbered.append((int(suffix), p))
+    return found + [p for _, p in sorted(numbered)]
+
+
+def _fresh_default_out() -> Path:
+    if not _holds_run(DEFAULT_OUT):
+        return DEFAULT_OUT
+    n = 2
+    while (DEFAULT_OUT.parent / f"{DEFAULT_OUT.name}-{n}").exists():
+        n += 1
+    return DEFAULT_OUT.parent / f"{DEFAULT_OUT.name}-{n}"
+
+
+def _plan_output(args: argparse.Namespace, log: Any) -> tuple[Path, Path | None, dict[str, Any]]:
+    """(output directory, checkpoint to resume from or None, the settings that checkpoint recorded)."""
+    from netcl.io.checkpoint import read_checkpoint
+
+    if args.resume is None:
+        if args.out is None:
+            out = _fresh_default_out()
+            if out != DEFAULT_OUT:
+                log(f"{DEFAULT_OUT} holds an earlier run: this one goes to {out} (--resume continues the "
+                    "latest run, --out picks a directory)")
+            return out, None, {}
+        out = Path(args.out)
+        if _holds_run(out) and not args.overwrite:
+            raise NetclError(f"--out {out} already holds a run; pass --resume to continue it, --overwrite to "
+                             "replace it, or another --out")
+        return out, None, {}
+    if isinstance(args.resume, str):
+        ckpt = Path(args.resume)
+    elif args.out is not None:
+        ckpt = Path(args.out) / "checkpoint.safetensors"
+    else:
+        runs = [r for r in _default_runs() if (r / "checkpoint.safetensors").exists()]
+        if not runs:
+            raise NetclError(f"--resume: no earlier run under {DEFAULT_OUT.parent}/ to continue; run without "
+                             "--resume first, or give the checkpoint's path")
+        ckpt = runs[-1] / "checkpoint.safetensors"
+    if not ckpt.is_file():
+        raise NetclError(f"--resume: no checkpoint at {ckpt}; run without --resume first")
+    _, meta = read_checkpoint(ckpt)
+    saved = dict(meta.get("extra", {}).get("args", {}))
+    saved["epochs_done"] = int(meta.get("epoch", 0))
+    return (Path(args.out) if args.out is not None else ckpt.parent), ckpt, saved
+
+
+def _settings(args: argparse.Namespace, saved: dict[str, Any], dataset_name: str) -> dict[str, Any]:
+    """The run's settings: given ones, else the resumed checkpoint's, else the dataset's defaults."""
+    given = {"model": args.model, "batch_size": args.batch_size, "lr": args.lr,
+             "weight_decay": args.weight_decay, "train_limit": args.train_limit, "seed": args.seed}
+    flags = {"model": "--model", "batch_size": "--batch-size", "lr": "--lr", "weight_decay": "--weight-decay",
+             "train_limit": "--train-limit", "seed": "--seed"}
+    out: dict[str, Any] = {}
+    for key, value in given.items():
+        if key in saved and value is not None and value != saved[key]:
+            raise NetclError(f"{flags[key]} {value} differs from the resumed run's {saved[key]}; a resumed run "
+                             f"keeps its settings (leave {flags[key]} out, or start a new run)")
+        out[key] = value if value is not None else saved.get(key)
+    defaults = {"model": "cnn", "weight_decay": 1e-4, "seed": 0, **DATASET_DEFAULTS[dataset_name]}
+    for key, value in out.items():
+        if value is None:
+            out[key] = defaults[key]
+    out["epochs"] = args.epochs or saved.get("epochs") or defaults["epochs"]
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
@@ -107,46 +244,67 @@ def run(args: argparse.Namespace) -> int:
     def log(msg: str) -> None:
         tqdm.write(msg) if not args.no_progress else print(msg, flush=True)
 
+    out, resume_from, saved = _plan_output(args, log)
+    dataset = args.dataset or "auto"
+    if saved.get("dataset"):  # a resumed run keeps the data it was trained on
+        if dataset not in ("auto", saved["dataset"]):
+            raise NetclError(f"--dataset {dataset} differs from the resumed run's {saved['dataset']}")
+        dataset = saved["dataset"]
     dev = manager.default(args.device)
     q = dev.queue
-    data = load_data(args.dataset, args.data_dir, log)
+    data = load_data(dataset, args.data_dir, log)
+    s = _settings(args, saved, data.name)
+    done = saved.get("epochs_done", 0)
+    if resume_from is not None and done >= s["epochs"]:
+        log(f"{resume_from} has already trained {done} of {s['epochs']} epochs: nothing to do; pass --epochs N "
+            f"(N > {done}) to train further. Nothing was written.")
+        return 0
     x_train, y_train = data.x_train, data.y_train
-    if args.train_limit:
-        x_train, y_train = x_train[: args.train_limit], y_train[: args.train_limit]
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    if s["train_limit"]:
+        x_train, y_train = x_train[: s["train_limit"]], y_train[: s["train_limit"]]
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise NetclError(f"cannot create the output directory {out}: {exc.strerror or exc}") from None
     ckpt = out / "checkpoint.safetensors"
     log(
-        f"netcl train: {args.model} on {data.name} ({len(y_train)} train / {len(data.y_test)} test images "
-        f"{'x'.join(map(str, data.image_shape))}) on {dev.device_name} ({dev.backend})"
+        f"netcl train: {s['model']} on {data.name} ({len(y_train)} train / {len(data.y_test)} test images "
+        f"{'x'.join(map(str, data.image_shape))}) on {dev.device_name} ({dev.backend}); writing to {out}"
     )
 
-    random.manual_seed(args.seed)
-    model = build_model(args.model, q, data.image_shape, data.classes)
-    loader = DataLoader((x_train, y_train), args.batch_size, q, shuffle=True, seed=args.seed, drop_last=True)
-    opt = optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
-    sched = optim.CosineAnnealing(opt, T_max=max(args.epochs * len(loader), 1))
+    random.manual_seed(s["seed"])
+    model = build_model(s["model"], q, data.image_shape, data.classes)
+    loader = DataLoader((x_train, y_train), s["batch_size"], q, shuffle=True, seed=s["seed"], drop_last=True)
+    if len(loader) == 0:
+        raise NetclError(f"--batch-size {s['batch_size']} is larger than the {len(y_train)} training images")
+    opt = optim.AdamW(model.parameters(), lr=s["lr"], weight_decay=s["weight_decay"])
+    total_steps = s["epochs"] * len(loader)
+    sched = optim.CosineAnnealing(opt, T_max=total_steps)
     history: dict[str, Any] = {"loss": [], "test_accuracy": [], "epoch_seconds": [], "samples_per_second": []}
     start_epoch = 0
-    if args.resume:
-        if not ckpt.exists():
-            raise NetclError(f"--resume: no checkpoint at {ckpt}; run without --resume first")
-        meta = load_checkpoint(ckpt, model, opt, sched, loader)
+    if resume_from is not None:
+        meta = load_checkpoint(resume_from, model, opt, sched, loader)
         start_epoch = int(meta["epoch"])
         history = meta["extra"].get("history", history)
-        log(f"resumed from {ckpt} at epoch {start_epoch} (step {meta['step']})")
+        if sched.T_max != total_steps:
+            log(f"the cosine schedule now spans {s['epochs']} epochs ({total_steps} steps; it spanned "
+                f"{sched.T_max}): the learning rate continues along the longer schedule")
+            sched.T_max = total_steps
+            sched.refresh()
+        log(f"resumed from {resume_from} at epoch {start_epoch} (step {meta['step']}), lr {opt.param_groups[0]['lr']:.3g}")
     log(
-        f"model: {model.num_parameters():,} parameters; optimizer AdamW lr={args.lr}, cosine schedule, "
-        f"batch {args.batch_size}, {len(loader)} steps per epoch"
+        f"model: {model.num_parameters():,} parameters; optimizer AdamW lr={s['lr']}, cosine schedule, "
+        f"batch {s['batch_size']}, {len(loader)} steps per epoch"
         f"{', eager steps' if args.eager else ', step recorded once and replayed (--eager: op by op)'}"
     )
     graphed = None if args.eager else GraphedStep(model, opt, sched)
-
-    for epoch in range(start_epoch, args.epochs):
+    run_args = {**{k: s[k] for k in RUN_SETTINGS if k != "dataset"}, "dataset": data.name, "epochs": s["epochs"]}
+    written: list[Path] = []
+    for epoch in range(start_epoch, s["epochs"]):
         loader.set_epoch(epoch)
         bar = tqdm(
             total=len(loader),
-            desc=f"epoch {epoch + 1}/{args.epochs}",
+            desc=f"epoch {epoch + 1}/{s['epochs']}",
             unit="step",
             disable=args.no_progress,
             file=sys.stderr,
@@ -156,7 +314,7 @@ def run(args: argparse.Namespace) -> int:
 
         def progress(n: int, loss: float | None) -> None:
             bar.update(n)
-            rate = bar.n * args.batch_size / max(time.perf_counter() - t0, 1e-9)
+            rate = bar.n * s["batch_size"] / max(time.perf_counter() - t0, 1e-9)
             bar.set_postfix(loss=f"{loss:.4f}", img_s=f"{rate:,.0f}")
 
         losses = train_epoch(model, opt, loader, sched, progress, step=graphed)
@@ -167,37 +325,34 @@ def run(args: argparse.Namespace) -> int:
         history["loss"].extend(losses)
         history["test_accuracy"].append(acc)
         history["epoch_seconds"].append(seconds)
-        history["samples_per_second"].append(len(loader) * args.batch_size / seconds)
+        history["samples_per_second"].append(len(loader) * s["batch_size"] / seconds)
         log(
             f"epoch {epoch + 1}: mean loss {np.mean(losses):.4f}, test accuracy {acc * 100:.2f}%, "
             f"{seconds:.1f} s ({history['samples_per_second'][-1]:,.0f} images/s)"
         )
         save_checkpoint(
-            ckpt,
-            model,
-            opt,
-            sched,
-            step=(epoch + 1) * len(loader),
-            epoch=epoch + 1,
-            loader=loader,
-            extra={"history": history, "model": args.model, "dataset": data.name},
+            ckpt, model, opt, sched, step=(epoch + 1) * len(loader), epoch=epoch + 1, loader=loader,
+            extra={"history": history, "model": s["model"], "dataset": data.name, "args": run_args},
         )
+        if ckpt not in written:
+            written.append(ckpt)
     plot = out / "curves.png"
-    if history["test_accuracy"]:
-        plot_curves(history, plot, f"netcl {args.model} on {data.name}")
+    plot_curves(history, plot, f"netcl {s['model']} on {data.name}")
+    written.append(plot)
     metrics = {
-        "model": args.model,
+        "model": s["model"],
         "dataset": data.name,
         "device": dev.device_name,
-        "epochs": args.epochs,
-        "batch_size": args.batch_size,
-        "lr": args.lr,
-        "seed": args.seed,
-        "final_test_accuracy": history["test_accuracy"][-1] if history["test_accuracy"] else None,
+        "epochs": s["epochs"],
+        "batch_size": s["batch_size"],
+        "lr": s["lr"],
+        "seed": s["seed"],
+        "final_test_accuracy": history["test_accuracy"][-1],
         "test_accuracy": history["test_accuracy"],
         "epoch_seconds": history["epoch_seconds"],
         "samples_per_second": history["samples_per_second"],
     }
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2))
-    log(f"checkpoint {ckpt}\nplot {plot}\nmetrics {out / 'metrics.json'}")
+    written.append(out / "metrics.json")
+    log("\n".join(f"wrote {p}" for p in written))
     return 0

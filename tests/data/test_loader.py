@@ -70,7 +70,10 @@ def test_read_idx_gz_and_raw(tmp_path, rng):
 def test_missing_dataset_message(tmp_path, monkeypatch):
     monkeypatch.setenv("NETCL_CACHE_DIR", str(tmp_path / "cache"))
     with pytest.raises(DatasetUnavailable, match="--data-dir"):
-        locate("mnist", tmp_path, download=False)
+        locate("mnist", None, download=False)
+    # a directory the caller names is the only place searched: no other copy, no download
+    with pytest.raises(DatasetUnavailable, match=f"are not in {tmp_path}"):
+        locate("mnist", tmp_path, download=True)
 
 
 def test_digits_split():
