@@ -19,7 +19,7 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(PY) scripts/oclgrind_check.py -q  # every kernel under Oclgrind: no out-of-bounds access, no race
-	$(PY) -m pytest
+	$(PY) scripts/test_matrix.py $(PYTEST_ARGS)  # the suite on each OpenCL CPU driver: PyPI's PoCL, Debian's, forced targets
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,163 @@
+#!/usr/bin/env python
+"""Run the test suite once per OpenCL CPU driver of this machine, side by side, and print the matrix.
+
+    .venv/bin/python scripts/test_matrix.py [pytest args ...]      (what `make test` runs)
+
+A kernel that one compiler builds can abort another (PyPI's PoCL 3.0 with LLVM 14 and Debian's PoCL 3.1
+with LLVM 15 differ, and each compiles for the CPU it finds), so every driver gets the whole suite:
+
+  pocl-pypi          PyPI's PoCL (the `pocl` extra) alone: the ICD loader is pointed at an empty vendors
+                     folder, so no system driver is seen
+  pocl-system        each system PoCL (an /etc/OpenCL/vendors/*.icd naming libpocl) alone: the loader is
+                     pointed at that .icd file
+  pocl-system@TARGET the kernel-heavy tests on that PoCL forced to another CPU target it ships
+                     (POCL_KERNELLIB_NAME; PoCL 3.1+), for each of AVX-512 and AVX2 that this CPU can run
+                     but PoCL would not pick itself: AVX2 code generation on an AVX-512 machine, say.
+                     (PyPI's PoCL 3.0 cannot be forced: it always compiles for the CPU it finds.)
+
+With no PoCL at all (a machine with a vendor driver only), the suite runs once in the environment as is.
+Configurations run two at a time (one per core on CI's machines), each writing its own log under
+$TMPDIR; the script prints each one's result and, for a failure, the end of its log. Exit status 1 if any
+configuration failed.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+VENDORS = Path("/etc/OpenCL/vendors")
+# the tests that build and run every kernel family on small shapes (the forced-target runs)
+KERNEL_TESTS = ["tests/oclgrind", "tests/ops/test_matmul.py", "tests/jit", "tests/optim"]
+# PoCL's x86-64 kernel-library variants and the CPU flags each needs, widest first
+TARGETS = {"avx512": ("avx512f", "avx512bw", "avx512vl", "avx512dq"), "avx2": ("avx2", "fma", "f16c")}
+
+
+@dataclass
+class Config:
+    name: str
+    what: str
+    env: dict[str, str]
+    tests: list[str] = field(default_factory=list)
+    log: Path | None = None
+    proc: subprocess.Popen | None = None
+    started: float = 0.0
+    seconds: float = 0.0
+
+
+def cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    m = re.search(r"^flags\s*:(.*)$", text, re.MULTILINE)
+    return set(m.group(1).split()) if m else set()
+
+
+def system_pocls() -> list[Path]:
+    if not VENDORS.is_dir():
+        return []
+    return sorted(p for p in VENDORS.glob("*.icd") if "pocl" in p.read_text(errors="replace").lower())
+
+
+def pypi_pocl() -> bool:
+    try:
+        import pocl_binary_distribution  # noqa: F401  (only asked whether it is installed)
+    except ImportError:
+        return False
+    return True
+
+
+def pocl_targets(icd: Path) -> list[str]:
+    """Kernel-library targets the PoCL of `icd` ships and this CPU runs, except the widest (its own pick)."""
+    flags = cpu_flags()
+    runnable = [t for t, need in TARGETS.items() if all(f in flags for f in need)]
+    lib_dirs = [Path("/usr/share/pocl"), Path("/usr/local/share/pocl")]
+    shipped = [t for t in runnable if any(d.glob(f"kernel-*-{t}.bc") for d in lib_dirs if d.is_dir())]
+    return shipped[1:] if shipped and shipped[0] == runnable[0] else []
+
+
+def configurations(empty_vendors: Path) -> list[Config]:
+    base = {k: v for k, v in os.environ.items() if k not in ("OCL_ICD_VENDORS", "OCL_ICD_FILENAMES")}
+    configs = []
+    if pypi_pocl():
+        configs.append(Config("pocl-pypi", "PyPI's PoCL alone", {**base, "OCL_ICD_VENDORS": str(empty_vendors)}))
+    systems = system_pocls()
+    for icd in systems:
+        suffix = "" if len(systems) == 1 else f"-{icd.stem}"
+        configs.append(Config(f"pocl-system{suffix}", f"the system PoCL of {icd} alone",
+                              {**base, "OCL_ICD_VENDORS": str(icd)}))
+    for icd in systems:
+        suffix = "" if len(systems) == 1 else f"-{icd.stem}"
+        for target in pocl_targets(icd):
+            configs.append(Config(f"pocl-system{suffix}@{target}", f"the kernel tests, system PoCL forced to {target}",
+                                  {**base, "OCL_ICD_VENDORS": str(icd), "POCL_KERNELLIB_NAME": target},
+                                  list(KERNEL_TESTS)))
+    if not configs:
+        configs.append(Config("default", "the OpenCL drivers as installed", dict(os.environ)))
+    return configs
+
+
+def progress(log: Path) -> str:
+    try:
+        found = re.findall(r"\[\s*(\d+)%\]", log.read_text(errors="replace"))
+    except OSError:
+        return "?"
+    return f"{found[-1]}%" if found else "starting"
+
+
+def summary(log: Path) -> str:
+    text = log.read_text(errors="replace") if log.exists() else ""
+    lines = [ln.strip("= ") for ln in text.splitlines() if re.search(r"\b(passed|failed|error|no tests ran)\b", ln)]
+    return lines[-1] if lines else "(no pytest summary: see the log)"
+
+
+def main(argv: list[str]) -> int:
+    logs = Path(tempfile.mkdtemp(prefix="netcl-test-matrix-"))
+    empty = logs / "no-vendors"
+    empty.mkdir()
+    configs = configurations(empty)
+    jobs = max(1, min(2, os.cpu_count() or 1))
+    print(f"test matrix ({jobs} at a time, logs in {logs}):")
+    for c in configs:
+        print(f"  {c.name:<22} {c.what}")
+    sys.stdout.flush()
+    pending, running, done = list(configs), [], []
+    last_note = time.time()
+    while pending or running:
+        while pending and len(running) < jobs:
+            c = pending.pop(0)
+            c.log = logs / f"{c.name.replace('@', '-at-')}.log"
+            cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *c.tests, *argv]  # -q from pyproject
+            c.started = time.time()
+            with open(c.log, "w") as f:
+                c.proc = subprocess.Popen(cmd, cwd=ROOT, env=c.env, stdout=f, stderr=subprocess.STDOUT)
+            running.append(c)
+        time.sleep(1.0)
+        for c in list(running):
+            if c.proc is not None and c.proc.poll() is not None:
+                c.seconds = time.time() - c.started
+                running.remove(c)
+                done.append(c)
+                state = "ok  " if c.proc.returncode == 0 else "FAIL"
+                print(f"{state} {c.name:<22} {summary(c.log)}  [{c.seconds:.0f} s]", flush=True)
+        if running and time.time() - last_note > 60:
+            last_note = time.time()
+            print("  ... " + ", ".join(f"{c.name} {progress(c.log)}" for c in running), flush=True)
+    failed = [c for c in done if c.proc is not None and c.proc.returncode != 0]
+    for c in failed:
+        tail = c.log.read_text(errors="replace").splitlines()[-80:]
+        print(f"\n==== {c.name} ({c.what}) failed; the end of {c.log}:\n" + "\n".join(tail))
+    print(f"\n{len(done) - len(failed)} of {len(done)} configurations passed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
