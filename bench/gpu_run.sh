@@ -1,12 +1,22 @@
 #!/usr/bin/env bash
-# One call on the GPU machine: register NVIDIA's OpenCL driver (.gpu/setup.sh, see README), then run
-# the device tests and the named benchmarks, each under its own time limit, logs and JSON into $OUT.
+# One call on a GPU machine: run the device tests and the named benchmarks, each under its own time
+# limit, logs and JSON into $OUT (default bench/results). The GPU's OpenCL driver must be visible to
+# pyopencl: either registered with the ICD loader as usual, or through an optional .gpu/setup.sh in the
+# checkout, sourced first when present (a script that installs pyopencl and registers a driver that
+# is not registered system-wide, as on the project's lent GPU machines).
 #   usage (GPU machine, repo root): bash bench/gpu_run.sh SECONDS_PER_BENCH [tests] [bench ...]
 set -u
 limit=${1:-120}; shift || true
 out=${OUT:-bench/results}
 mkdir -p "$out"
-source .gpu/setup.sh > "$out/setup.txt" 2>&1 || { cat "$out/setup.txt"; exit 1; }
+if [ -f .gpu/setup.sh ]; then
+  source .gpu/setup.sh > "$out/setup.txt" 2>&1 || { cat "$out/setup.txt"; exit 1; }
+fi
+if ! python3 -c "import pyopencl as cl, sys; sys.exit(not any(d.type & cl.device_type.GPU for p in cl.get_platforms() for d in p.get_devices()))" 2>/dev/null; then
+  echo "bench/gpu_run.sh: python3 sees no OpenCL GPU (is pyopencl installed, and the GPU driver registered with the" >&2
+  echo "ICD loader? see README, 'Running on a GPU'; a .gpu/setup.sh in the checkout is sourced first when present)" >&2
+  exit 2
+fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} NETCL_CACHE_DIR=/tmp/netcl-cache PYTHONUNBUFFERED=1
 python3 -m netcl.cli devices > "$out/devices.txt" 2>&1
 for what in "$@"; do

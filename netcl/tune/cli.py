@@ -61,7 +61,11 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("tune", help="measure kernel configurations on this device (GEMM)")
+    p = subparsers.add_parser(
+        "tune", help="measure kernel configurations on this device (GEMM)",
+        description="Measure GEMM tile configurations on one device and store the fastest per dtype in that "
+        "device's tuning database (NETCL_CACHE_DIR); later programs use them instead of the defaults "
+        "(NETCL_TUNING=0 ignores them). A configuration the device's compiler rejects is skipped.")
     p.add_argument("--quick", action="store_true", help="fewer candidates and a smaller problem")
     p.add_argument("--dtype", nargs="+", default=["float32"], choices=["float16", "float32", "float64"])
     p.add_argument("--size", type=_parse_size, default=None, help="problem size N or MxNxK")
