@@ -7,15 +7,24 @@ from typing import Any
 
 import numpy as np
 
+from netcl.optim.arguments import Pair, Real
 from netcl.optim.optimizer import Optimizer, _bias_corrections
 
 
 class Adam(Optimizer):
     """m = lerp(m, g, 1 - b1); v = b2 v + (1 - b2) g^2;
-    p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)."""
+    p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps).
+
+    lr, eps, weight_decay are finite and >= 0; betas a pair in [0, 1)."""
 
     kind = 2
-    state_names = ("exp_avg", "exp_avg_sq")
+    hyper = {
+        "lr": Real(0),
+        "betas": Pair(Real(0, 1, high_open=True)),
+        "eps": Real(0),
+        "weight_decay": Real(0),
+    }
+    slot_names = ("exp_avg", "exp_avg_sq")
     decoupled = False
 
     def __init__(
@@ -26,11 +35,7 @@ class Adam(Optimizer):
         eps: float = 1e-8,
         weight_decay: float = 0.0,
     ):
-        if lr < 0 or eps < 0 or weight_decay < 0:
-            raise ValueError(f"{type(self).__name__} needs lr, eps, weight_decay >= 0")
-        if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
-            raise ValueError(f"betas must be in [0, 1), got {betas}")
-        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
 
     def _hyper(self, group: dict[str, Any], step: int, scalar: type, items: list) -> tuple:
         beta1, beta2 = group["betas"]

@@ -2,12 +2,15 @@
 
 Each step launches kernels/optim.cl's `optimizer_step` once per chunk of up to 8 parameters that
 share a queue, a dtype and a step count (so usually once or twice per step for a whole model).
+Hyperparameters are checked where they enter (constructor, parameter groups, load_state_dict) and
+again at each step, since param_groups is a plain dict users and schedulers write to.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -16,38 +19,88 @@ from netcl.autograd import kernels
 from netcl.autograd.engine import Node
 from netcl.core import backend
 from netcl.core.tensor import Tensor
-from netcl.errors import NetclError, ShapeError
+from netcl.errors import DTypeError, GraphCaptureError, NetclError, ShapeError
+from netcl.optim.arguments import Count, Real, is_count
 
 MAX_TENSORS_PER_LAUNCH = 8
 
+# Keys schedulers keep in a parameter group beside the optimizer's own hyperparameters.
+SCHEDULE_KEYS: dict[str, Callable[[Any, str], Any]] = {
+    "initial_lr": Real(0),
+    "max_lr": Real(0),
+    "min_lr": Real(0),
+}
+
+
+@dataclass
+class _Loaded:
+    """A state_dict that passed every check, ready to be put in place."""
+
+    groups: list[dict[str, Any]]  # hyperparameters per group (without 'params')
+    state: dict[int, dict[str, Any]]  # id(param) -> {'step': int, name: host array cast to its dtype}
+
 
 class Optimizer:
-    """Base class: subclasses set `kind` (kernel OPT code), `state_names` and `_hyper(group, step)`."""
+    """Base class: subclasses set `kind` (kernel OPT code), `hyper` (each hyperparameter's check),
+    `slot_names` (state tensors in the kernel's slot order) and `_hyper(group, step, ...)`."""
 
     kind = 0
-    state_names: tuple[str, ...] = ()
+    hyper: dict[str, Callable[[Any, str], Any]] = {}
+    slot_names: tuple[str, ...] = ()
+    # state a saved entry may lack: it is made afresh at the next step (SGD's momentum buffer, as in
+    # PyTorch); any other missing state of a parameter that has taken steps is a malformed state_dict
+    lazy_state: tuple[str, ...] = ()
 
     def __init__(self, params: Iterable[Any], defaults: dict[str, Any]):
-        self.defaults = dict(defaults)
-        params = list(params)
-        if not params:
-            raise ValueError("optimizer got an empty parameter list")
-        groups = params if isinstance(params[0], dict) else [{"params": params}]
+        name = type(self).__name__
+        self.defaults = self._check_group(dict(defaults), name)
+        groups = _group_dicts(params, name)
         self.param_groups: list[dict[str, Any]] = []
         seen: set[int] = set()
-        for g in groups:
-            group = dict(self.defaults)
-            group.update(g)
-            group["params"] = list(g["params"])
-            for p in group["params"]:
-                if not isinstance(p, Node):
-                    raise TypeError(f"optimizers take Parameters (Nodes), got {type(p).__name__}")
-                if id(p) in seen:
-                    raise ValueError("a parameter appears in more than one parameter group")
-                seen.add(id(p))
+        for i, g in enumerate(groups):
+            where = f"{name}: param_groups[{i}]"
+            if "params" not in g:
+                raise ValueError(
+                    f"{where} has no 'params' entry; a parameter group is a dict like "
+                    "{'params': [p1, p2], 'lr': 0.1}"
+                )
+            unknown = [k for k in g if k != "params" and k not in self.defaults and k not in SCHEDULE_KEYS]
+            if unknown:
+                raise ValueError(
+                    f"{where} has unknown key(s) {', '.join(map(repr, unknown))}; "
+                    f"{name} takes {', '.join(self.defaults)}"
+                )
+            group = self._check_group(
+                {**self.defaults, **{k: v for k, v in g.items() if k != "params"}}, where
+            )
+            group["params"] = _group_params(g["params"], where, seen)
             self.param_groups.append(group)
-        # per parameter: {"step": int, name: Tensor | None}
+        # per parameter: {"step": int, name: Tensor}
         self.state: dict[int, dict[str, Any]] = {}
+        self._fresh: set[int] = set()  # parameters whose state tensors were just made (zeros)
+
+    # -- checks -----------------------------------------------------------------------------------
+    def _check_group(self, values: Mapping[str, Any], where: str) -> dict[str, Any]:
+        """The group's hyperparameters checked (betas as a tuple), or TypeError/ValueError naming one."""
+        out = dict(values)
+        for key, check in self.hyper.items():
+            if key not in values:
+                raise ValueError(
+                    f"{where} has no {key!r}; {type(self).__name__} needs {', '.join(self.hyper)}"
+                )
+            out[key] = check(values[key], f"{where}: {key}")
+        for key, check in SCHEDULE_KEYS.items():
+            if key in values:
+                out[key] = check(values[key], f"{where}: {key}")
+        self._check_combination(out, where)
+        return out
+
+    def _check_combination(self, group: dict[str, Any], where: str) -> None:
+        """Rules between hyperparameters of one group (subclasses)."""
+
+    def _state_names(self, group: dict[str, Any]) -> tuple[str, ...]:
+        """State tensors a parameter of this group needs for its next step."""
+        return self.slot_names
 
     # -- user API -------------------------------------------------------------------------------
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -61,37 +114,69 @@ class Optimizer:
 
     def step(self) -> None:
         """Update every parameter that has a gradient (one fused launch per chunk of parameters)."""
+        name = type(self).__name__
+        for i, group in enumerate(self.param_groups):
+            self._check_group(group, f"{name}.step: param_groups[{i}]")
+            for p in group["params"]:
+                if p.grad is not None:
+                    self._check_grad(p)
         for group in self.param_groups:
             chunks: dict[tuple, list[tuple[Node, dict[str, Any]]]] = {}
             for p in group["params"]:
                 if p.grad is None:
                     continue
-                st = self._state_for(p)
+                st = self._state_for(p, group)
                 key = self._chunk_key(p, st)
                 chunks.setdefault(key, []).append((p, st))
             for (queue_id, dtype, step, *_), items in chunks.items():
                 for start in range(0, len(items), MAX_TENSORS_PER_LAUNCH):
                     self._launch(group, items[start : start + MAX_TENSORS_PER_LAUNCH], step + 1)
-                for _, st in items:
+                for p, st in items:
                     st["step"] = step + 1
+                    self._fresh.discard(id(p))
 
     # -- machinery --------------------------------------------------------------------------------
-    def _chunk_key(self, p: Node, st: dict[str, Any]) -> tuple:
-        return (id(p.value.queue), str(p.value.dtype), st["step"])
+    def _check_grad(self, p: Node) -> None:
+        """A parameter and its gradient fit an update (checked before any state is made)."""
+        v, g = p.value, p.grad
+        if not v.is_contiguous():
+            raise NetclError(f"{type(self).__name__}: parameter of shape {v.shape} is not contiguous")
+        if not isinstance(g, Tensor):
+            raise TypeError(
+                f"{type(self).__name__}: the gradient of a parameter of shape {v.shape} is a "
+                f"{type(g).__name__}, not a Tensor"
+            )
+        if g.shape != v.shape:
+            raise ShapeError(
+                f"{type(self).__name__}: gradient of shape {g.shape} for a parameter of shape {v.shape}"
+            )
+        if g.dtype != v.dtype or g.queue is not v.queue:
+            raise NetclError(
+                f"{type(self).__name__}: gradient ({g.dtype}, {g.queue!r}) does not match "
+                f"its parameter ({v.dtype}, {v.queue!r})"
+            )
 
-    def _state_for(self, p: Node) -> dict[str, Any]:
+    def _chunk_key(self, p: Node, st: dict[str, Any]) -> tuple:
+        return (id(p.value.queue), str(p.value.dtype), st["step"], id(p) in self._fresh)
+
+    def _state_for(self, p: Node, group: dict[str, Any]) -> dict[str, Any]:
+        """The parameter's state, with every tensor its group needs now (made as zeros when missing:
+        at the first step, or when a hyperparameter such as momentum was switched on later)."""
         st = self.state.get(id(p))
         if st is None:
             st = {"step": 0}
-            with backend.capture_paused():  # made once: a graph replay must not zero it again
-                for name in self.state_names:
-                    st[name] = Tensor.zeros(p.value.queue, p.value.shape, p.value.dtype)
             self.state[id(p)] = st
+        missing = [name for name in self._state_names(group) if st.get(name) is None]
+        if missing:
+            with backend.capture_paused():  # made once: a graph replay must not zero it again
+                for name in missing:
+                    st[name] = Tensor.zeros(p.value.queue, p.value.shape, p.value.dtype)
+            self._fresh.add(id(p))
         return st
 
     def _slots(self, st: dict[str, Any]) -> list[Any]:
-        """State tensors in the kernel's slot order (sa, sb, sc)."""
-        return [st.get(name) for name in self.state_names]
+        """State tensors in the kernel's slot order (sa, sb, sc); None where this parameter keeps none."""
+        return [st.get(name) for name in self.slot_names]
 
     def _hyper(self, group: dict[str, Any], step: int, scalar: type, items: list) -> tuple:
         raise NotImplementedError
@@ -108,22 +193,11 @@ class Optimizer:
         keep = []
         for p, st in items:
             v = p.value
-            if not v.is_contiguous():
-                raise NetclError(f"{type(self).__name__}: parameter of shape {v.shape} is not contiguous")
-            g = p.grad
-            if g.shape != v.shape:
-                raise ShapeError(
-                    f"{type(self).__name__}: gradient of shape {g.shape} for a parameter of shape {v.shape}"
-                )
-            if g.dtype != v.dtype or g.queue is not queue:
-                raise NetclError(
-                    f"{type(self).__name__}: gradient ({g.dtype}, {g.queue!r}) does not match "
-                    f"its parameter ({v.dtype}, {queue!r})"
-                )
-            g = g if g.is_contiguous() else g.contiguous()
+            g = p.grad if p.grad.is_contiguous() else p.grad.contiguous()
             keep.append(g)
-            states = self._slots(st)
-            bufs = [s.buffer if s is not None else v.buffer for s in states]
+            # a slot this group does not use gets the parameter's buffer as a placeholder: the
+            # kernel never touches it (_state_for made every slot the group's settings use)
+            bufs = [s.buffer if s is not None else v.buffer for s in self._slots(st)]
             bufs += [v.buffer] * (3 - len(bufs))
             args += [v.buffer, np.int64(v.offset), g.buffer, np.int64(g.offset), *bufs, np.int64(v.size)]
             total += -(-v.size // items_per)
@@ -134,11 +208,27 @@ class Optimizer:
             prg.optimizer_step(queue, (total,), None, *args)
             graph = backend.capturing()
             if graph is not None:  # each replay is the next step: new step count, current lr
-                graph.on_replay(lambda a: self._replay_step(a, fixed, group, scalar, items))
+                kept = set.intersection(
+                    *({n for n in self.slot_names if st.get(n) is not None} for _, st in items)
+                )
+                graph.on_replay(lambda a: self._replay_step(a, fixed, group, scalar, items, kept))
 
-    def _replay_step(self, args: list, fixed: int, group: dict[str, Any], scalar: type, items: list) -> None:
-        """Before a graph replays this launch: advance the step count of its parameters and put the
-        hyperparameters of that step (the group's current lr, bias corrections) into its arguments."""
+    def _replay_step(
+        self, args: list, fixed: int, group: dict[str, Any], scalar: type, items: list, kept: set[str]
+    ) -> None:
+        """Before a graph replays this launch: check the group's hyperparameters as step() does,
+        advance the step count of its parameters and put the hyperparameters of that step (the
+        group's current lr, bias corrections) into its arguments."""
+        name = type(self).__name__
+        index = next((i for i, g in enumerate(self.param_groups) if g is group), "?")
+        self._check_group(group, f"{name} (graph replay): param_groups[{index}]")
+        missing = [n for n in self._state_names(group) if n not in kept]
+        if missing:
+            raise GraphCaptureError(
+                f"{name}: param_groups[{index}] now needs {', '.join(missing)}, which the captured step "
+                "keeps no buffer for (a hyperparameter such as momentum was switched on after the "
+                "capture); capture the step again"
+            )
         step = items[0][1]["step"] + 1
         args[fixed:] = self._hyper(group, step, scalar, items)
         for _, st in items:
@@ -169,52 +259,243 @@ class Optimizer:
         return {"state": state, "param_groups": groups}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restore hyperparameters and state saved by state_dict() (shapes are checked)."""
+        """Restore hyperparameters and state saved by state_dict().
+
+        Everything is checked first (structure, hyperparameters, which optimizer saved it, state
+        names, shapes, dtypes); on any error the optimizer is left exactly as it was."""
+        loaded = self._check_state_dict(state_dict)
+        new_state: dict[int, dict[str, Any]] = {}
+        params = {id(p): p for p in self._index()}
+        for pid, st in loaded.state.items():
+            p = params[pid]
+            new_state[pid] = {
+                k: (Tensor.from_host(p.value.queue, v) if isinstance(v, np.ndarray) else v)
+                for k, v in st.items()
+            }
+        for values, group in zip(loaded.groups, self.param_groups):
+            group.update(values)
+        self.state = new_state
+        self._fresh.clear()
+
+    def _check_state_dict(self, state_dict: Any) -> _Loaded:
+        """Check a state_dict against this optimizer without changing anything (load_state_dict and
+        load_checkpoint call it before they touch anything)."""
+        name = type(self).__name__
+        where = f"{name}.load_state_dict"
+        if not isinstance(state_dict, Mapping):
+            raise TypeError(
+                f"{where}: state_dict must be a dict with 'state' and 'param_groups' (what state_dict() "
+                f"returns), got {type(state_dict).__name__}"
+            )
+        for key in ("state", "param_groups"):
+            if key not in state_dict:
+                raise ValueError(
+                    f"{where}: state_dict has no {key!r} entry (it needs 'state' and 'param_groups')"
+                )
+        extra = [k for k in state_dict if k not in ("state", "param_groups")]
+        if extra:
+            raise ValueError(
+                f"{where}: state_dict has unknown key(s) {', '.join(map(repr, extra))}; "
+                "it holds 'state' and 'param_groups'"
+            )
         groups = state_dict["param_groups"]
+        if not isinstance(groups, (list, tuple)):
+            raise TypeError(f"{where}: 'param_groups' must be a list of dicts, got {type(groups).__name__}")
         if len(groups) != len(self.param_groups):
             raise ValueError(
-                f"state_dict has {len(groups)} parameter groups, this optimizer has {len(self.param_groups)}"
+                f"{where}: state_dict has {len(groups)} parameter groups, this optimizer has "
+                f"{len(self.param_groups)}"
             )
-        for saved, group in zip(groups, self.param_groups):
-            if len(saved["params"]) != len(group["params"]):
+        new_groups = []
+        param_of: dict[int, Node] = {}  # saved index -> this optimizer's parameter
+        group_of: dict[int, dict[str, Any]] = {}  # saved index -> hyperparameters it will step with
+        for i, (saved, group) in enumerate(zip(groups, self.param_groups)):
+            at = f"{where}: param_groups[{i}]"
+            if not isinstance(saved, Mapping):
+                raise TypeError(f"{at} must be a dict, got {type(saved).__name__}")
+            if "params" not in saved:
+                raise ValueError(f"{at} has no 'params' entry (the indices of its parameters)")
+            indices = saved["params"]
+            if not isinstance(indices, (list, tuple)) or not all(is_count(j) for j in indices):
+                raise TypeError(f"{at}: 'params' must be a list of parameter indices (ints), got {indices!r}")
+            if len(indices) != len(group["params"]):
                 raise ValueError(
-                    f"a saved parameter group has {len(saved['params'])} parameters, "
-                    f"this one has {len(group['params'])}"
+                    f"{at} has {len(indices)} parameters, this optimizer's group has {len(group['params'])}"
                 )
-        params = self._index()
-        new_state: dict[int, dict[str, Any]] = {}
-        for idx, st in state_dict["state"].items():
-            idx = int(idx)
-            if not 0 <= idx < len(params):
-                raise ValueError(f"optimizer state names parameter {idx}, but there are {len(params)}")
-            p = params[idx]
-            entry: dict[str, Any] = {"step": int(st.get("step", 0))}
-            for name in self.state_names:
-                arr = st.get(name)
-                if arr is None:
-                    entry[name] = (
-                        None
-                        if name == "momentum_buffer"
-                        else Tensor.zeros(p.value.queue, p.value.shape, p.value.dtype)
+            keys = {k for k in saved if k != "params"}
+            unknown = sorted(keys - set(self.defaults) - set(SCHEDULE_KEYS))
+            if unknown:
+                owner = _owners_of(set(unknown), "hyper")
+                if owner:
+                    raise ValueError(
+                        f"{at} holds {', '.join(unknown)}: hyperparameters of {owner}, not of {name} "
+                        "(is this the state_dict of another optimizer?)"
                     )
+                raise ValueError(
+                    f"{at} has unknown key(s) {', '.join(map(repr, unknown))}; {name} keeps "
+                    f"{', '.join(self.defaults)}"
+                )
+            values = self._check_group({k: saved[k] for k in keys}, at)
+            new_groups.append(values)
+            merged = {**group, **values}
+            for j, p in zip(indices, group["params"]):
+                j = int(j)
+                if j in param_of:
+                    raise ValueError(f"{at}: parameter index {j} is listed more than once")
+                param_of[j] = p
+                group_of[j] = merged
+        state = state_dict["state"]
+        if not isinstance(state, Mapping):
+            raise TypeError(
+                f"{where}: 'state' must be a dict of parameter index -> dict, got {type(state).__name__}"
+            )
+        new_state: dict[int, dict[str, Any]] = {}
+        for key, st in state.items():
+            idx = _state_index(key)
+            if idx is None:
+                raise TypeError(f"{where}: state key {key!r} is not a parameter index (an int)")
+            at = f"{where}: state[{idx}]"
+            if idx not in param_of:
+                raise ValueError(
+                    f"{at}: optimizer state names parameter {idx}, but no parameter group lists it "
+                    f"(they list {len(param_of)} parameters)"
+                )
+            if not isinstance(st, Mapping):
+                raise TypeError(f"{at} must be a dict of 'step' and state tensors, got {type(st).__name__}")
+            unknown = sorted(k for k in st if k != "step" and k not in self.slot_names)
+            if unknown:
+                owner = _owners_of(set(unknown), "slots")
+                if owner:
+                    raise ValueError(
+                        f"{at} holds {', '.join(unknown)}: state of {owner}, not of {name} "
+                        "(is this the state_dict of another optimizer?)"
+                    )
+                raise ValueError(
+                    f"{at} has unknown entries {', '.join(map(repr, unknown))}; {name} keeps 'step' and "
+                    f"{', '.join(self.slot_names) or 'no tensors'}"
+                )
+            step = Count(0)(st.get("step", 0), f"{at}['step']")
+            p = param_of[idx]
+            entry: dict[str, Any] = {"step": step}
+            for slot in self.slot_names:
+                if st.get(slot) is None:
                     continue
-                arr = arr.to_host() if isinstance(arr, Tensor) else np.asarray(arr)
+                arr = st[slot]
+                try:
+                    arr = arr.to_host() if isinstance(arr, Tensor) else np.asarray(arr)
+                except (TypeError, ValueError):
+                    raise TypeError(f"{at}[{slot!r}] is not an array: {type(arr).__name__}") from None
+                if arr.dtype.kind != "f":
+                    raise DTypeError(
+                        f"{at}[{slot!r}] has dtype {arr.dtype}; optimizer state is floating point "
+                        f"(the parameter is {p.value.dtype})"
+                    )
                 if arr.shape != p.value.shape:
                     raise ShapeError(
-                        f"optimizer state {name!r} of parameter {idx} has shape {arr.shape}, "
+                        f"{at}: optimizer state {slot!r} of parameter {idx} has shape {arr.shape}, "
                         f"the parameter has shape {p.value.shape}"
                     )
-                entry[name] = Tensor.from_host(p.value.queue, arr.astype(p.value.dtype, copy=False))
+                entry[slot] = arr.astype(p.value.dtype, copy=False)
+            if step > 0:
+                missing = [
+                    n for n in self._state_names(group_of[idx]) if n not in entry and n not in self.lazy_state
+                ]
+                if missing:
+                    raise ValueError(
+                        f"{at} has taken {step} steps but holds no {', '.join(map(repr, missing))}, which "
+                        f"{name} needs with these hyperparameters"
+                    )
             new_state[id(p)] = entry
-        for saved, group in zip(groups, self.param_groups):
-            for k, v in saved.items():
-                if k != "params":
-                    group[k] = v
-        self.state = new_state
+        return _Loaded(new_groups, new_state)
 
     def __repr__(self) -> str:
         hyper = ", ".join(f"{k}={v}" for k, v in self.defaults.items())
         return f"{type(self).__name__}({hyper})"
+
+
+def _group_dicts(params: Any, name: str) -> list[Mapping[str, Any]]:
+    """The parameter groups given to a constructor: a list of Parameters is one group."""
+    what = f"{name}: params must be an iterable of Parameters or of parameter-group dicts"
+    if isinstance(params, (Node, Tensor)):
+        raise TypeError(f"{what}, got a single {type(params).__name__}; pass a list: [param]")
+    if isinstance(params, Mapping):
+        raise TypeError(f"{what}, got a single dict; pass a list of groups: [{{'params': [...], ...}}]")
+    if isinstance(params, (set, frozenset)):
+        raise TypeError(f"{what} in a fixed order (a list), not a set: a set's order changes between runs")
+    if isinstance(params, (str, bytes, np.ndarray)):
+        raise TypeError(f"{what}, got {type(params).__name__}")
+    try:
+        items = list(params)
+    except TypeError:
+        raise TypeError(f"{what}, got {type(params).__name__}") from None
+    if not items:
+        raise ValueError(f"{name}: optimizer got an empty parameter list")
+    dicts = [isinstance(g, Mapping) for g in items]
+    if any(dicts) and not all(dicts):
+        i = dicts.index(not dicts[0])
+        raise TypeError(
+            f"{name}: params[{i}] is a {type(items[i]).__name__} but params[0] is a "
+            f"{type(items[0]).__name__}; give a list of Parameters or a list of parameter-group dicts"
+        )
+    return items if dicts[0] else [{"params": items}]
+
+
+def _group_params(value: Any, where: str, seen: set[int]) -> list[Node]:
+    """A group's 'params' as a list of distinct leaf Nodes (a single Parameter is a list of one)."""
+    if isinstance(value, Node):
+        value = [value]
+    elif isinstance(value, (set, frozenset)):
+        raise TypeError(f"{where}: 'params' must be in a fixed order (a list), not a set")
+    elif isinstance(value, (str, bytes, Mapping, Tensor, np.ndarray)):
+        raise TypeError(f"{where}: 'params' must be a list of Parameters, got {type(value).__name__}")
+    try:
+        items = list(value)
+    except TypeError:
+        raise TypeError(
+            f"{where}: 'params' must be a list of Parameters, got {type(value).__name__}"
+        ) from None
+    for j, p in enumerate(items):
+        if not isinstance(p, Node):
+            hint = "; wrap a Tensor as netcl.autograd.Parameter(t)" if isinstance(p, Tensor) else ""
+            raise TypeError(
+                f"{where}: params[{j}] is a {type(p).__name__}; optimizers take Parameters "
+                f"(netcl.autograd.Parameter){hint}"
+            )
+        if not p.is_leaf:
+            raise ValueError(
+                f"{where}: params[{j}] is not a leaf of the graph (it was computed by {p._op!r}); "
+                "optimizers update leaves such as Parameters"
+            )
+        if id(p) in seen:
+            raise ValueError(
+                f"{where}: params[{j}] appears more than once: a parameter belongs to one parameter "
+                "group, once"
+            )
+        seen.add(id(p))
+    return items
+
+
+def _state_index(key: Any) -> int | None:
+    """A state key as a parameter index: an int, or its decimal string (a state_dict that went
+    through JSON)."""
+    if is_count(key) and key >= 0:
+        return int(key)
+    if isinstance(key, str) and key.isascii() and key.isdigit():
+        return int(key)
+    return None
+
+
+def _owners_of(names: set[str], what: str) -> str:
+    """'Adam/AdamW': the optimizer classes whose hyperparameters (or state tensors) include `names`."""
+    found: list[str] = []
+    todo = list(Optimizer.__subclasses__())
+    while todo:
+        cls = todo.pop(0)
+        todo.extend(cls.__subclasses__())
+        have = set(cls.hyper) if what == "hyper" else set(cls.slot_names)
+        if names <= have and cls.__name__ not in found:
+            found.append(cls.__name__)
+    return "/".join(found)
 
 
 def _bias_corrections(beta1: float, beta2: float, step: int) -> tuple[float, float]:

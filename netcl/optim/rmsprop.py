@@ -7,14 +7,26 @@ from typing import Any
 
 import numpy as np
 
+from netcl.optim.arguments import Flag, Real
 from netcl.optim.optimizer import Optimizer
 
 
 class RMSProp(Optimizer):
     """sq = a sq + (1 - a) g^2; avg = sqrt(sq - ga^2 (centered)) + eps;
-    buf = mu buf + g / avg, p -= lr buf (momentum) or p -= lr g / avg."""
+    buf = mu buf + g / avg, p -= lr buf (momentum) or p -= lr g / avg.
+
+    lr, eps, weight_decay, momentum are finite and >= 0; alpha in [0, 1]."""
 
     kind = 3
+    hyper = {
+        "lr": Real(0),
+        "alpha": Real(0, 1),
+        "eps": Real(0),
+        "weight_decay": Real(0),
+        "momentum": Real(0),
+        "centered": Flag(),
+    }
+    slot_names = ("square_avg", "grad_avg", "momentum_buffer")
 
     def __init__(
         self,
@@ -26,23 +38,20 @@ class RMSProp(Optimizer):
         momentum: float = 0.0,
         centered: bool = False,
     ):
-        if lr < 0 or eps < 0 or weight_decay < 0 or momentum < 0 or not 0 <= alpha <= 1:
-            raise ValueError("RMSProp needs lr, eps, weight_decay, momentum >= 0 and alpha in [0, 1]")
         super().__init__(
             params,
             dict(
                 lr=lr, alpha=alpha, eps=eps, weight_decay=weight_decay, momentum=momentum, centered=centered
             ),
         )
-        names = ["square_avg"]
-        if any(g["centered"] for g in self.param_groups):
-            names.append("grad_avg")
-        if any(g["momentum"] for g in self.param_groups):
-            names.append("momentum_buffer")
-        self.state_names = tuple(names)
 
-    def _slots(self, st: dict[str, Any]) -> list[Any]:
-        return [st.get("square_avg"), st.get("grad_avg"), st.get("momentum_buffer")]
+    def _state_names(self, group: dict[str, Any]) -> tuple[str, ...]:
+        names = ["square_avg"]
+        if group["centered"]:
+            names.append("grad_avg")
+        if group["momentum"] > 0:
+            names.append("momentum_buffer")
+        return tuple(names)
 
     def _hyper(self, group: dict[str, Any], step: int, scalar: type, items: list) -> tuple:
         return (

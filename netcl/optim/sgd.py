@@ -7,14 +7,27 @@ from typing import Any
 
 import numpy as np
 
+from netcl.optim.arguments import Flag, Real
 from netcl.optim.optimizer import Optimizer
 
 
 class SGD(Optimizer):
     """PyTorch's SGD: g += wd p; buf = g (first step) or mu buf + (1 - dampening) g;
-    g = g + mu buf (nesterov) or buf; p -= lr g."""
+    g = g + mu buf (nesterov) or buf; p -= lr g.
+
+    lr, momentum, weight_decay are finite and >= 0, dampening in [0, 1]; the momentum buffer is made
+    at the first step with momentum != 0 (also when a scheduler or load_state_dict turns it on)."""
 
     kind = 1
+    hyper = {
+        "lr": Real(0),
+        "momentum": Real(0),
+        "dampening": Real(0, 1),
+        "weight_decay": Real(0),
+        "nesterov": Flag(),
+    }
+    slot_names = ("momentum_buffer",)
+    lazy_state = ("momentum_buffer",)
 
     def __init__(
         self,
@@ -25,26 +38,31 @@ class SGD(Optimizer):
         weight_decay: float = 0.0,
         nesterov: bool = False,
     ):
-        if lr < 0 or momentum < 0 or weight_decay < 0:
-            raise ValueError(
-                f"SGD needs lr, momentum, weight_decay >= 0 (got {lr}, {momentum}, {weight_decay})"
-            )
-        if nesterov and (momentum <= 0 or dampening != 0):
-            raise ValueError("Nesterov momentum needs momentum > 0 and dampening 0")
         super().__init__(
             params,
             dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay, nesterov=nesterov),
         )
-        self.state_names = ("momentum_buffer",) if any(g["momentum"] for g in self.param_groups) else ()
+
+    def _check_combination(self, group: dict[str, Any], where: str) -> None:
+        if group["nesterov"] and (group["momentum"] <= 0 or group["dampening"] != 0):
+            raise ValueError(
+                f"{where}: Nesterov momentum needs momentum > 0 and dampening 0 "
+                f"(got momentum={group['momentum']!r}, dampening={group['dampening']!r})"
+            )
+
+    def _state_names(self, group: dict[str, Any]) -> tuple[str, ...]:
+        return ("momentum_buffer",) if group["momentum"] != 0 else ()
 
     def _hyper(self, group: dict[str, Any], step: int, scalar: type, items: list) -> tuple:
+        # a momentum buffer just made (zeros) starts as the gradient itself, as PyTorch's does
+        first = all(id(p) in self._fresh for p, _ in items)
         return (
             scalar(group["lr"]),
             scalar(group["momentum"]),
             scalar(group["dampening"]),
             scalar(group["weight_decay"]),
             np.int32(bool(group["nesterov"])),
-            np.int32(step == 1),
+            np.int32(first),
         )
 
 
