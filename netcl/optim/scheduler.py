@@ -2,20 +2,82 @@
 
 Each sets `group['lr']` of its optimizer; call `step()` once per epoch (or per batch for the
 per-step schedules). Every scheduler has state_dict()/load_state_dict() of plain numbers.
+Settings are checked in the constructor and again in load_state_dict (sizes are integers, never
+truncated: TypeError for 2.5 or '10'; ValueError for values out of range), before anything changes.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 from typing import Any
 
+import numpy as np
+
+from netcl.optim.arguments import Choice, Count, Flag, Real, Reals
 from netcl.optim.optimizer import Optimizer
 
+Check = Callable[[Any, str], Any]
 
-class LRScheduler:
+
+def _check_optimizer(name: str, optimizer: Any) -> None:
+    if not isinstance(optimizer, Optimizer):
+        raise TypeError(f"{name}: optimizer must be a netcl Optimizer, got {type(optimizer).__name__}")
+
+
+class _StateChecks:
+    """state_dict()/load_state_dict() for schedulers whose state is their attributes; load_state_dict
+    checks every entry with the rule of its attribute (`_rules()`) and the rules between them
+    (`_check_combination`) before it changes anything."""
+
+    optimizer: Optimizer
+
+    def _rules(self) -> dict[str, Check]:
+        raise NotImplementedError
+
+    def _check_combination(self, values: dict[str, Any], where: str) -> None:
+        """Rules between settings (subclasses)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "optimizer"}
+
+    def _check_state_dict(self, state: Any) -> dict[str, Any]:
+        """The checked state (lists copied), or TypeError/ValueError naming the entry; changes nothing."""
+        name = type(self).__name__
+        where = f"{name}.load_state_dict"
+        if not isinstance(state, Mapping):
+            raise TypeError(
+                f"{where}: state must be a dict (what state_dict() returns), got {type(state).__name__}"
+            )
+        rules = self._rules()
+        unknown = sorted(k for k in state if k not in rules and k != "optimizer")
+        if unknown:
+            raise ValueError(
+                f"{where}: unknown entries {', '.join(map(repr, unknown))} (is this the state of another "
+                f"scheduler?); {name} keeps {', '.join(rules)}"
+            )
+        missing = [k for k in rules if k not in state]
+        if missing:
+            raise ValueError(f"{where}: state has no {', '.join(map(repr, missing))}")
+        values = {k: rule(state[k], f"{where}: {k}") for k, rule in rules.items()}
+        self._check_combination(values, where)
+        return values
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what state_dict() returned (checked first: on error nothing changes)."""
+        values = self._check_state_dict(state)
+        self.__dict__.update(values)
+        for group, lr in zip(self.optimizer.param_groups, self._last_lr):
+            group["lr"] = lr
+
+
+class LRScheduler(_StateChecks):
     """Closed-form schedule: lr_i = f(base_lr_i, step). `last_epoch` counts step() calls."""
 
     def __init__(self, optimizer: Optimizer, last_epoch: int = -1):
+        name = type(self).__name__
+        _check_optimizer(name, optimizer)
+        last_epoch = Count(-1)(last_epoch, f"{name}: last_epoch")
         self.optimizer = optimizer
         for group in optimizer.param_groups:
             group.setdefault("initial_lr", group["lr"])
@@ -40,43 +102,47 @@ class LRScheduler:
             group["lr"] = self.lr_at(base, self.last_epoch, group)
         self._last_lr = [g["lr"] for g in self.optimizer.param_groups]
 
-    def state_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k != "optimizer"}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.__dict__.update({k: v for k, v in state.items() if k != "optimizer"})
-        if "base_lrs" in state:
-            self.base_lrs = list(state["base_lrs"])
-        for group, lr in zip(self.optimizer.param_groups, self._last_lr):
-            group["lr"] = lr
+    def _rules(self) -> dict[str, Check]:
+        n = len(self.optimizer.param_groups)
+        return {
+            "base_lrs": Reals(Real(0), n),
+            "last_epoch": Count(-1),
+            "_last_lr": Reals(Real(0), n),
+        }
 
 
 class StepLR(LRScheduler):
-    """lr = base * gamma ** (epoch // step_size)."""
+    """lr = base * gamma ** (epoch // step_size); step_size an integer >= 1, gamma a number >= 0."""
 
     def __init__(self, optimizer: Optimizer, step_size: int, gamma: float = 0.1, last_epoch: int = -1):
-        if step_size <= 0:
-            raise ValueError(f"StepLR: step_size must be positive, got {step_size}")
-        self.step_size = int(step_size)
-        self.gamma = float(gamma)
+        _check_optimizer("StepLR", optimizer)
+        self.step_size = Count(1)(step_size, "StepLR: step_size")
+        self.gamma = float(Real(0)(gamma, "StepLR: gamma"))
         super().__init__(optimizer, last_epoch)
 
     def lr_at(self, base_lr: float, step: int, group: dict[str, Any]) -> float:
         return base_lr * self.gamma ** (step // self.step_size)
 
+    def _rules(self) -> dict[str, Check]:
+        return {"step_size": Count(1), "gamma": Real(0), **super()._rules()}
+
 
 class CosineAnnealing(LRScheduler):
-    """lr = eta_min + (base - eta_min) (1 + cos(pi t / T_max)) / 2 (PyTorch's closed form), periodic in t."""
+    """lr = eta_min + (base - eta_min) (1 + cos(pi t / T_max)) / 2 (PyTorch's closed form), periodic in t.
+
+    T_max is an integer >= 1, eta_min a number >= 0."""
 
     def __init__(self, optimizer: Optimizer, T_max: int, eta_min: float = 0.0, last_epoch: int = -1):
-        if T_max <= 0:
-            raise ValueError(f"CosineAnnealing: T_max must be positive, got {T_max}")
-        self.T_max = int(T_max)
-        self.eta_min = float(eta_min)
+        _check_optimizer("CosineAnnealing", optimizer)
+        self.T_max = Count(1)(T_max, "CosineAnnealing: T_max")
+        self.eta_min = float(Real(0)(eta_min, "CosineAnnealing: eta_min"))
         super().__init__(optimizer, last_epoch)
 
     def lr_at(self, base_lr: float, step: int, group: dict[str, Any]) -> float:
         return self.eta_min + (base_lr - self.eta_min) * (1 + math.cos(math.pi * step / self.T_max)) / 2
+
+    def _rules(self) -> dict[str, Check]:
+        return {"T_max": Count(1), "eta_min": Real(0), **super()._rules()}
 
 
 CosineAnnealingLR = CosineAnnealing
@@ -84,7 +150,7 @@ CosineAnnealingLR = CosineAnnealing
 
 class WarmupCosine(LRScheduler):
     """Linear warm-up over `warmup_steps` (lr = base (t + 1) / warmup_steps), then cosine decay to
-    eta_min at `total_steps`, and eta_min after."""
+    eta_min at `total_steps`, and eta_min after. Integers 0 <= warmup_steps < total_steps."""
 
     def __init__(
         self,
@@ -94,14 +160,23 @@ class WarmupCosine(LRScheduler):
         eta_min: float = 0.0,
         last_epoch: int = -1,
     ):
-        if warmup_steps < 0 or total_steps <= warmup_steps:
-            raise ValueError(
-                f"WarmupCosine needs 0 <= warmup_steps < total_steps, got {warmup_steps}, {total_steps}"
-            )
-        self.warmup_steps = int(warmup_steps)
-        self.total_steps = int(total_steps)
-        self.eta_min = float(eta_min)
+        _check_optimizer("WarmupCosine", optimizer)
+        values = {
+            "warmup_steps": Count(0)(warmup_steps, "WarmupCosine: warmup_steps"),
+            "total_steps": Count(1)(total_steps, "WarmupCosine: total_steps"),
+        }
+        self._check_combination(values, "WarmupCosine")
+        self.warmup_steps = values["warmup_steps"]
+        self.total_steps = values["total_steps"]
+        self.eta_min = float(Real(0)(eta_min, "WarmupCosine: eta_min"))
         super().__init__(optimizer, last_epoch)
+
+    def _check_combination(self, values: dict[str, Any], where: str) -> None:
+        if values["total_steps"] <= values["warmup_steps"]:
+            raise ValueError(
+                f"{where} needs 0 <= warmup_steps < total_steps, got {values['warmup_steps']}, "
+                f"{values['total_steps']}"
+            )
 
     def lr_at(self, base_lr: float, step: int, group: dict[str, Any]) -> float:
         if step < self.warmup_steps:
@@ -111,11 +186,17 @@ class WarmupCosine(LRScheduler):
         progress = (step - self.warmup_steps) / (self.total_steps - self.warmup_steps)
         return self.eta_min + (base_lr - self.eta_min) * (1 + math.cos(math.pi * progress)) / 2
 
+    def _rules(self) -> dict[str, Check]:
+        return {"warmup_steps": Count(0), "total_steps": Count(1), "eta_min": Real(0), **super()._rules()}
+
 
 class OneCycle(LRScheduler):
     """PyTorch's OneCycleLR (two phases, cosine or linear annealing): from max_lr / div_factor up to
     max_lr over pct_start of total_steps, then down to initial / final_div_factor. With
-    cycle_momentum, momentum (or Adam's beta1) moves the opposite way between base and max."""
+    cycle_momentum, momentum (or Adam's beta1) moves the opposite way between base and max.
+
+    max_lr is a number >= 0 or one per parameter group; total_steps an integer >= 1; pct_start in
+    [0, 1]; div_factor and final_div_factor > 0; the momenta >= 0 (< 1 where they become beta1)."""
 
     def __init__(
         self,
@@ -131,15 +212,26 @@ class OneCycle(LRScheduler):
         final_div_factor: float = 1e4,
         last_epoch: int = -1,
     ):
-        if total_steps <= 0 or not 0 <= pct_start <= 1:
-            raise ValueError(
-                f"OneCycle needs total_steps > 0 and pct_start in [0, 1], got {total_steps}, {pct_start}"
-            )
-        if anneal_strategy not in ("cos", "linear"):
-            raise ValueError(f"anneal_strategy must be 'cos' or 'linear', got {anneal_strategy!r}")
+        _check_optimizer("OneCycle", optimizer)
+        Count(-1)(last_epoch, "OneCycle: last_epoch")  # checked before the groups are written to
         groups = optimizer.param_groups
-        max_lrs = max_lr if isinstance(max_lr, (list, tuple)) else [max_lr] * len(groups)
-        self.total_steps = int(total_steps)
+        if isinstance(max_lr, (list, tuple)):
+            max_lrs = Reals(Real(0), len(groups))(max_lr, "OneCycle: max_lr (one per parameter group)")
+        else:
+            max_lrs = [Real(0)(max_lr, "OneCycle: max_lr")] * len(groups)
+        total_steps = Count(1)(total_steps, "OneCycle: total_steps")
+        pct_start = Real(0, 1)(pct_start, "OneCycle: pct_start")
+        anneal_strategy = Choice("cos", "linear")(anneal_strategy, "OneCycle: anneal_strategy")
+        cycle_momentum = Flag()(cycle_momentum, "OneCycle: cycle_momentum")
+        div_factor = Real(0, low_open=True)(div_factor, "OneCycle: div_factor")
+        final_div_factor = Real(0, low_open=True)(final_div_factor, "OneCycle: final_div_factor")
+        self.cycle_momentum = cycle_momentum and any(("momentum" in g or "betas" in g) for g in groups)
+        # the momenta become Adam's beta1 (in [0, 1)) or SGD/RMSProp's momentum (>= 0)
+        betas = self.cycle_momentum and any("betas" in g for g in groups)
+        momentum = Real(0, 1, high_open=True) if betas else Real(0)
+        self.base_momentum = momentum(base_momentum, "OneCycle: base_momentum")
+        self.max_momentum = momentum(max_momentum, "OneCycle: max_momentum")
+        self.total_steps = total_steps
         self.anneal_strategy = anneal_strategy
         self.phase_ends = [float(pct_start * total_steps) - 1, float(total_steps - 1)]
         for g, m in zip(groups, max_lrs):
@@ -147,9 +239,6 @@ class OneCycle(LRScheduler):
             g["max_lr"] = m
             g["min_lr"] = g["initial_lr"] / final_div_factor
         self.max_lrs = list(max_lrs)
-        self.cycle_momentum = cycle_momentum and any(("momentum" in g or "betas" in g) for g in groups)
-        self.base_momentum = base_momentum
-        self.max_momentum = max_momentum
         super().__init__(optimizer, last_epoch)
 
     def _anneal(self, start: float, end: float, pct: float) -> float:
@@ -188,13 +277,50 @@ class OneCycle(LRScheduler):
                 elif "momentum" in g:
                     g["momentum"] = m
 
+    def _rules(self) -> dict[str, Check]:
+        n = len(self.optimizer.param_groups)
+        return {
+            "total_steps": Count(1),
+            "anneal_strategy": Choice("cos", "linear"),
+            "phase_ends": Reals(Real(-1), 2),
+            "max_lrs": Reals(Real(0), n),
+            "cycle_momentum": Flag(),
+            "base_momentum": Real(0),
+            "max_momentum": Real(0),
+            **super()._rules(),
+        }
+
+    def _check_combination(self, values: dict[str, Any], where: str) -> None:
+        if values["cycle_momentum"] and any("betas" in g for g in self.optimizer.param_groups):
+            for key in ("base_momentum", "max_momentum"):
+                Real(0, 1, high_open=True)(values[key], f"{where}: {key} (it becomes beta1)")
+        start, end = values["phase_ends"]
+        if not start <= end == values["total_steps"] - 1:
+            raise ValueError(
+                f"{where}: phase_ends {values['phase_ends']} do not fit total_steps={values['total_steps']} "
+                f"(they are [pct_start * total_steps - 1, total_steps - 1])"
+            )
+
 
 OneCycleLR = OneCycle
 
 
-class ReduceLROnPlateau:
+class ReduceLROnPlateau(_StateChecks):
     """Multiply lr by `factor` when the metric given to step(metric) has not improved (by threshold,
-    'rel' or 'abs', in 'min' or 'max' mode) for `patience` epochs; then wait `cooldown` epochs."""
+    'rel' or 'abs', in 'min' or 'max' mode) for `patience` epochs; then wait `cooldown` epochs.
+
+    factor is in [0, 1); patience and cooldown integers >= 0; threshold, min_lr and eps numbers >= 0."""
+
+    _SETTINGS: dict[str, Check] = {
+        "mode": Choice("min", "max"),
+        "factor": Real(0, 1, high_open=True),
+        "patience": Count(0),
+        "threshold": Real(0),
+        "threshold_mode": Choice("rel", "abs"),
+        "cooldown": Count(0),
+        "min_lr": Real(0),
+        "eps": Real(0),
+    }
 
     def __init__(
         self,
@@ -208,14 +334,22 @@ class ReduceLROnPlateau:
         min_lr: float = 0.0,
         eps: float = 1e-8,
     ):
-        if factor >= 1.0:
-            raise ValueError(f"ReduceLROnPlateau: factor must be < 1, got {factor}")
-        if mode not in ("min", "max") or threshold_mode not in ("rel", "abs"):
-            raise ValueError(f"mode must be min|max and threshold_mode rel|abs, got {mode}, {threshold_mode}")
+        _check_optimizer("ReduceLROnPlateau", optimizer)
+        given = dict(
+            mode=mode,
+            factor=factor,
+            patience=patience,
+            threshold=threshold,
+            threshold_mode=threshold_mode,
+            cooldown=cooldown,
+            min_lr=min_lr,
+            eps=eps,
+        )
+        s = {k: rule(given[k], f"ReduceLROnPlateau: {k}") for k, rule in self._SETTINGS.items()}
         self.optimizer = optimizer
-        self.mode, self.factor, self.patience = mode, float(factor), int(patience)
-        self.threshold, self.threshold_mode = float(threshold), threshold_mode
-        self.cooldown, self.min_lr, self.eps = int(cooldown), float(min_lr), float(eps)
+        self.mode, self.factor, self.patience = s["mode"], float(s["factor"]), s["patience"]
+        self.threshold, self.threshold_mode = float(s["threshold"]), s["threshold_mode"]
+        self.cooldown, self.min_lr, self.eps = s["cooldown"], float(s["min_lr"]), float(s["eps"])
         self.best = math.inf if mode == "min" else -math.inf
         self.num_bad_epochs = 0
         self.cooldown_counter = 0
@@ -236,7 +370,15 @@ class ReduceLROnPlateau:
         return value > bound
 
     def step(self, metric: float) -> None:
-        value = float(metric)
+        """One epoch's metric: a number (or anything float() takes but a str or bool). NaN counts as no
+        improvement, as in PyTorch."""
+        what = f"ReduceLROnPlateau.step: metric must be a number, got {type(metric).__name__}"
+        if isinstance(metric, (str, bytes, bool, np.bool_)):
+            raise TypeError(f"{what} {metric!r}")
+        try:
+            value = float(metric)
+        except (TypeError, ValueError):
+            raise TypeError(what) from None
         self.last_epoch += 1
         if self._is_better(value):
             self.best = value
@@ -258,10 +400,12 @@ class ReduceLROnPlateau:
     def get_last_lr(self) -> list[float]:
         return list(self._last_lr)
 
-    def state_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k != "optimizer"}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.__dict__.update({k: v for k, v in state.items() if k != "optimizer"})
-        for g, lr in zip(self.optimizer.param_groups, self._last_lr):
-            g["lr"] = lr
+    def _rules(self) -> dict[str, Check]:
+        return {
+            **self._SETTINGS,
+            "best": Real(allow_inf=True),
+            "num_bad_epochs": Count(0),
+            "cooldown_counter": Count(0),
+            "last_epoch": Count(0),
+            "_last_lr": Reals(Real(0), len(self.optimizer.param_groups)),
+        }
