@@ -5,7 +5,7 @@ Pure host code (no OpenCL); importing it does not import the rest of netcl.
 
 from .bpe import BPETokenizer
 from .chat import CHATML, LLAMA3, PLAIN, ChatFormat, ChatTemplate
-from .errors import SpecialTokenError, TokenizerFileError, UnknownTokenError
+from .errors import SpecialTokenError, TokenIdTypeError, TokenizerFileError, UnknownTokenError
 from .formats import bytes_to_unicode
 from .patterns import CL100K_PATTERN, GPT2_PATTERN, NAMED_PATTERNS, O200K_PATTERN
 
@@ -21,6 +21,7 @@ __all__ = [
     "ChatFormat",
     "ChatTemplate",
     "SpecialTokenError",
+    "TokenIdTypeError",
     "TokenizerFileError",
     "UnknownTokenError",
     "bytes_to_unicode",

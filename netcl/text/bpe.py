@@ -6,6 +6,7 @@ Token ids are ranks (tiktoken's convention): the id of a multi-byte token is als
 from __future__ import annotations
 
 import itertools
+import operator
 import os
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -15,7 +16,7 @@ from typing import Literal
 import regex
 
 from . import formats
-from .errors import SpecialTokenError, UnknownTokenError
+from .errors import SpecialTokenError, TokenIdTypeError, UnknownTokenError
 from .merge import byte_pair_split
 from .patterns import compile_pattern, resolve_pattern
 from .training import learn_merges
@@ -258,16 +259,19 @@ class BPETokenizer:
     # ------------------------------------------------------------------ decoding
 
     def decode_bytes(self, ids: Iterable[int]) -> bytes:
-        """Exact bytes of ``ids`` concatenated (special tokens as their UTF-8 strings)."""
-        ids = list(ids)
+        """Exact bytes of ``ids`` concatenated (special tokens as their UTF-8 strings).
+
+        ``ids``: Python ints, NumPy integer scalars, or a 1-D integer array. A float, a bool or any other
+        non-integer raises `TokenIdTypeError` (a TypeError), an id outside the vocabulary
+        `UnknownTokenError`.
+        """
+        ids = _token_ids(ids)
         decoder = self._decoder
         try:
             return b"".join([decoder[i] for i in ids])
-        except (KeyError, TypeError):
+        except KeyError:
             for pos, tid in enumerate(ids):
-                try:
-                    decoder[tid]
-                except (KeyError, TypeError):
+                if tid not in decoder:
                     raise UnknownTokenError(
                         f"token id {tid!r} at position {pos} is not in the vocabulary "
                         f"(ids are in 0..{self.n_vocab - 1}, {len(decoder)} of them assigned)"
@@ -374,6 +378,42 @@ class BPETokenizer:
             name=name or data.name,
             merge_priority=data.merge_priority,
         )
+
+
+def _token_ids(ids: Iterable[int]) -> list[int]:
+    """``ids`` as a list of Python ints; anything that is not an integer raises, naming it and where it is."""
+    if isinstance(ids, (str, bytes, bytearray)):
+        raise TypeError(
+            f"decode takes a sequence of int token ids, got {type(ids).__name__}; "
+            "to turn text into ids use encode()"
+        )
+    dtype = getattr(ids, "dtype", None)
+    kind = getattr(dtype, "kind", None)
+    if kind is not None and hasattr(ids, "tolist"):  # a NumPy array (or alike): check the dtype once
+        if kind not in ("i", "u"):
+            raise TokenIdTypeError(f"token ids must be integers; got an array of dtype {dtype}")
+        if getattr(ids, "ndim", 1) != 1:
+            raise TypeError(f"token ids must be a 1-D array, got shape {getattr(ids, 'shape', '?')}")
+        return ids.tolist()
+    try:
+        ids = list(ids)
+    except TypeError:
+        raise TypeError(f"decode takes an iterable of int token ids, got {type(ids).__name__}") from None
+    if set(map(type, ids)) <= {int}:
+        return ids
+    checked = []
+    for pos, tid in enumerate(ids):
+        if not isinstance(tid, bool):
+            try:
+                checked.append(operator.index(tid))  # int subclasses, NumPy integer scalars
+                continue
+            except TypeError:
+                pass
+        raise TokenIdTypeError(
+            f"token id {tid!r} at position {pos} is a {type(tid).__name__}, not an integer; "
+            "decode takes int ids (Python int, NumPy integer scalars or an integer array)"
+        )
+    return checked
 
 
 def _iter_texts(source: str | os.PathLike | Iterable[str | os.PathLike]) -> Iterable[str]:

@@ -1,9 +1,11 @@
-"""Exceptions raised by netcl.text; all subclass ValueError so callers may catch either."""
+"""Exceptions raised by netcl.text; all are `netcl.errors.NetclError` and ValueError (or TypeError) too."""
 
 from __future__ import annotations
 
+from netcl.errors import NetclError
 
-class SpecialTokenError(ValueError):
+
+class SpecialTokenError(NetclError, ValueError):
     """Text holds a special-token string that the caller did not allow.
 
     Attributes: ``token`` (the special-token string) and ``position`` (its character offset in the text).
@@ -19,9 +21,14 @@ class SpecialTokenError(ValueError):
         )
 
 
-class UnknownTokenError(ValueError):
+class UnknownTokenError(NetclError, ValueError):
     """A token id that is not in the vocabulary was given to decode."""
 
 
-class TokenizerFileError(ValueError):
-    """A tokenizer file is malformed or uses a feature netcl does not support; the message names the line."""
+class TokenIdTypeError(UnknownTokenError, TypeError):
+    """A value given to decode as a token id is not an integer (a float, a bool, a str, ...)."""
+
+
+class TokenizerFileError(NetclError, ValueError):
+    """A tokenizer file is malformed or uses a feature netcl does not support; the message names the file
+    and the line or field."""

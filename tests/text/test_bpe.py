@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from netcl.text import BPETokenizer, SpecialTokenError, UnknownTokenError
+from netcl.text import BPETokenizer, SpecialTokenError, TokenIdTypeError, UnknownTokenError
 from netcl.text.merge import byte_pair_split
 
 from .conftest import DATA
@@ -230,3 +230,60 @@ def test_constructor_validates_ranks():
         BPETokenizer(ranks | {b"ab": 3}, "gpt2")
     with pytest.raises(TypeError, match="ranks must map bytes"):
         BPETokenizer(ranks | {"ab": 300}, "gpt2")
+
+
+# ---------------------------------------------------------------------- decode: what counts as a token id
+
+
+def test_decode_accepts_numpy_integers(cl100k, tiktoken_cl100k):
+    np = pytest.importorskip("numpy")
+    text = "decode NumPy ids: 日本語 😀"
+    ids = tiktoken_cl100k.encode(text)
+    for dtype in (np.int64, np.int32, np.uint32):
+        assert cl100k.decode(np.array(ids, dtype=dtype)) == text
+        assert cl100k.decode([dtype(i) for i in ids]) == text
+    assert cl100k.decode(np.array([], dtype=np.int64)) == ""
+
+
+@pytest.mark.parametrize(
+    "ids, words",
+    [
+        ([1.0, True], r"token id 1\.0 at position 0 is a float"),
+        ([5, True], "token id True at position 1 is a bool"),
+        ([5, "7"], "token id '7' at position 1 is a str"),
+        ([None], "token id None at position 0 is a NoneType"),
+    ],
+)
+def test_decode_rejects_non_integer_ids(small, ids, words):
+    for call in (small.decode, small.decode_bytes):
+        with pytest.raises(TypeError, match=words) as info:
+            call(ids)
+        assert isinstance(info.value, TokenIdTypeError)
+
+
+def test_decode_rejects_non_integer_arrays_and_containers(small):
+    np = pytest.importorskip("numpy")
+    with pytest.raises(TokenIdTypeError, match="dtype float64"):
+        small.decode(np.array([1.0, 2.0]))
+    with pytest.raises(TokenIdTypeError, match="dtype bool"):
+        small.decode(np.array([True]))
+    with pytest.raises(TypeError, match="is a float64"):
+        small.decode([np.float64(1.0)])
+    with pytest.raises(TypeError, match="is a bool"):
+        small.decode([np.True_])
+    with pytest.raises(TypeError, match=r"1-D array, got shape \(1, 2\)"):
+        small.decode(np.array([[1, 2]]))
+    with pytest.raises(TypeError, match="use encode"):
+        small.decode("hello")
+    with pytest.raises(TypeError, match="use encode"):
+        small.decode(b"hello")
+    with pytest.raises(TypeError, match="iterable of int token ids, got int"):
+        small.decode(5)
+
+
+@pytest.mark.parametrize("bad_id", [-1, 10**6, 599 + 100])
+def test_decode_out_of_vocabulary_ids(small, bad_id):
+    with pytest.raises(UnknownTokenError, match=f"token id {bad_id} at position 2 is not in the vocabulary"):
+        small.decode([1, 2, bad_id])
+    with pytest.raises(UnknownTokenError, match=f"token id {bad_id} at position 0"):
+        small.token_bytes(bad_id)

@@ -1,4 +1,5 @@
-"""netcl.text is pure host code: no pyopencl, no other netcl module, and netcl does not import it eagerly."""
+"""netcl.text is pure host code: no pyopencl, no other netcl module but the exception hierarchy (netcl.errors,
+stdlib only), and netcl does not import it eagerly."""
 
 from __future__ import annotations
 
@@ -7,26 +8,39 @@ import subprocess
 import sys
 from pathlib import Path
 
+import netcl.errors
 import netcl.text
 
 PACKAGE = Path(netcl.text.__file__).parent
 
 
-def test_modules_import_only_stdlib_regex_tqdm_and_each_other():
+def _imported_roots(node: ast.AST) -> set[str]:
+    if isinstance(node, ast.Import):
+        return {alias.name.split(".")[0] for alias in node.names}
+    if isinstance(node, ast.ImportFrom) and node.level == 0:
+        return {node.module.split(".")[0]}
+    return set()
+
+
+def test_netcl_errors_imports_only_stdlib():
+    # netcl.text's exceptions derive from netcl.errors.NetclError; that module must stay import-free.
+    tree = ast.parse((PACKAGE.parent / "errors.py").read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        foreign = {r for r in _imported_roots(node) if r not in sys.stdlib_module_names}
+        assert not foreign, f"netcl/errors.py imports {sorted(foreign)}"
+
+
+def test_modules_import_only_stdlib_regex_tqdm_netcl_errors_and_each_other():
     allowed = {"regex", "tqdm"}
     for path in sorted(PACKAGE.glob("*.py")):
         tree = ast.parse(path.read_text(encoding="utf-8"))
         assert ast.get_docstring(tree), f"{path.name} has no module docstring"
         for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
-                roots = {alias.name.split(".")[0] for alias in node.names}
-            elif isinstance(node, ast.ImportFrom):
-                if node.level > 0:
-                    continue  # relative: inside netcl.text
-                roots = {node.module.split(".")[0]}
-            else:
-                continue
-            foreign = {r for r in roots if r not in allowed and r not in sys.stdlib_module_names}
+            if isinstance(node, ast.ImportFrom) and node.module == "netcl.errors":
+                continue  # the exception hierarchy (checked above); relative imports stay inside netcl.text
+            foreign = {
+                r for r in _imported_roots(node) if r not in allowed and r not in sys.stdlib_module_names
+            }
             assert not foreign, f"{path.name} imports {sorted(foreign)}"
 
 
@@ -41,6 +55,14 @@ def test_public_api_is_exported():
     ):
         assert name in netcl.text.__all__ and hasattr(netcl.text, name)
     assert issubclass(netcl.text.SpecialTokenError, ValueError)
+    for error in (
+        netcl.text.SpecialTokenError,
+        netcl.text.UnknownTokenError,
+        netcl.text.TokenIdTypeError,
+        netcl.text.TokenizerFileError,
+    ):
+        assert issubclass(error, netcl.errors.NetclError) and issubclass(error, ValueError), error
+    assert issubclass(netcl.text.TokenIdTypeError, TypeError)
 
 
 def test_importing_netcl_does_not_import_text():
