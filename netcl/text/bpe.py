@@ -18,7 +18,7 @@ import regex
 from . import formats
 from .errors import SpecialTokenError, TokenIdTypeError, UnknownTokenError
 from .merge import byte_pair_split
-from .patterns import compile_pattern, resolve_pattern
+from .patterns import pre_splitter, resolve_pattern
 from .training import learn_merges
 
 AllowedSpecial = Literal["none_raise", "none", "all"] | Iterable[str]
@@ -41,8 +41,8 @@ class BPETokenizer:
             priority: inside a chunk the adjacent pair whose concatenation has the lowest id merges first
             (leftmost on ties), exactly tiktoken's ``byte_pair_merge``.
         pattern: pre-split regex source, a name from ``NAMED_PATTERNS`` ('gpt2', 'cl100k', 'o200k'), or
-            None for no pre-splitting (the whole text between special tokens is one chunk: merging is then
-            quadratic in its length, so use None only for small inputs such as the textbook examples).
+            None for no pre-splitting (the whole text between special tokens is one chunk). Text that no
+            match covers becomes a chunk of its own, so no character is ever dropped.
         special_tokens: control-token string -> id; ids must not collide with ``ranks``.
         name: free-form label.
         merges: optional ``[((left_id, right_id), new_id), ...]`` kept for inspection (set by `train`).
@@ -92,7 +92,7 @@ class BPETokenizer:
             raise ValueError("two special tokens share an id")
         self._priority = self._encoder if merge_priority is None else dict(merge_priority)
         self.pattern = resolve_pattern(pattern)
-        self._split = compile_pattern(self.pattern).findall if self.pattern is not None else None
+        self._split = pre_splitter(self.pattern)
         self.name = name
         self.merges = list(merges) if merges is not None else None
         self._cache: dict[str, tuple[int, ...]] = {}
@@ -171,7 +171,7 @@ class BPETokenizer:
     def _encode_ordinary(self, text: str) -> list[int]:
         if not text:
             return []
-        chunks = self._split(text) if self._split is not None else [text]
+        chunks = self._split(text)
         out: list[int] = []
         extend = out.extend
         get = self._cache.get
@@ -318,7 +318,7 @@ class BPETokenizer:
                 f"= {256 + len(specials)}"
             )
         pattern = resolve_pattern(pattern)
-        split = compile_pattern(pattern).findall if pattern is not None else (lambda t: [t] if t else [])
+        split = pre_splitter(pattern)
         cutter = _special_regex(specials) if specials else None
         counts: Counter[str] = Counter()
         for text in _iter_texts(text_or_files):

@@ -1,10 +1,12 @@
 """Pre-split regular expressions of the GPT-2, cl100k and o200k tokenizers (for the `regex` package).
 
 BPE never merges across the boundaries these patterns draw, so a tokenizer's pattern is part of its identity.
+`pre_splitter` cuts text into pieces with a pattern, losslessly: text no match covers is a piece of its own.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import lru_cache
 
 import regex
@@ -51,3 +53,39 @@ def compile_pattern(pattern: str) -> regex.Pattern:
         return regex.compile(pattern)
     except regex.error as err:
         raise ValueError(f"invalid pre-split pattern {pattern!r}: {err}") from err
+
+
+def pre_splitter(pattern: str | None) -> Callable[[str], list[str]]:
+    """A function text -> pieces whose concatenation is always the text.
+
+    The pieces are the pattern's matches (whole matches: capturing groups do not matter) and, between
+    them, each stretch of text no match covers, as its own piece (Hugging Face's ``Split`` pre-tokenizer
+    with behavior "Isolated"). The built-in patterns cover all text, so there the pieces are exactly
+    ``findall``'s. A pattern that matches the empty string may leave empty pieces (they encode to nothing).
+    None: the whole text is one piece (no piece for empty text).
+    """
+    if pattern is None:
+        return lambda text: [text] if text else []
+    compiled = compile_pattern(pattern)
+    findall, finditer = compiled.findall, compiled.finditer
+
+    def split(text: str) -> list[str]:
+        if not compiled.groups:
+            pieces = findall(text)
+            # Matches never overlap, so they cover the text exactly when their lengths add up to it.
+            if sum(map(len, pieces)) == len(text):
+                return pieces
+        pieces = []
+        covered = 0
+        for match in finditer(text):
+            start, end = match.span()
+            if start > covered:
+                pieces.append(text[covered:start])
+            if end > start:
+                pieces.append(text[start:end])
+            covered = end
+        if covered < len(text):
+            pieces.append(text[covered:])
+        return pieces
+
+    return split
