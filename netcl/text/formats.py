@@ -1,6 +1,7 @@
 """Tokenizer files: netcl's own JSON, tiktoken ``.tiktoken`` rank files, Hugging Face ``tokenizer.json``.
 
-Readers return plain data (ranks, pattern, special tokens); `BPETokenizer` builds itself from it.
+Readers return plain data (ranks, pattern, special tokens); `BPETokenizer` builds itself from it. Readers
+check every field they use and raise `TokenizerFileError` naming the file and the line or field.
 """
 
 from __future__ import annotations
@@ -10,7 +11,9 @@ import binascii
 import itertools
 import json
 import os
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +36,161 @@ class TokenizerData:
     name: str = ""
     merges: list[tuple[tuple[int, int], int]] | None = None
     merge_priority: dict[bytes, int] | None = None
+
+
+# ---------------------------------------------------------------------- checks shared by the readers
+
+
+def _json_type(value: Any) -> str:
+    """How a JSON value is called in messages: object, list, string, number, true/false, null."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true/false"
+    return {dict: "object", list: "list", str: "string", int: "number", float: "number"}.get(
+        type(value), type(value).__name__
+    )
+
+
+def _is_id(value: Any) -> bool:
+    """A token id: a non-negative int that is not a bool (JSON true must not pass for 1)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _collect_ranks(
+    path: str | os.PathLike, entries: Iterable[tuple[bytes, int, Any]], describe: Callable[[Any], str]
+) -> dict[bytes, int]:
+    """Build token bytes -> id from ``(bytes, id, where)``: one id per byte string, one byte string per id,
+    no empty token, all 256 single bytes. ``describe(where)`` names the line or field in a message."""
+    items = list(entries)
+    ranks = {token: tid for token, tid, _ in items}
+    if len(ranks) != len(items) or len(set(ranks.values())) != len(items) or b"" in ranks:
+        _raise_first_clash(path, items, describe)
+    missing = [b for b in range(256) if bytes([b]) not in ranks]
+    if missing:
+        raise TokenizerFileError(
+            f"{path}: {len(missing)} of the 256 single-byte tokens are missing (first: {bytes(missing[:1])!r}); "
+            "byte-level BPE needs every byte as a token"
+        )
+    return ranks
+
+
+def _raise_first_clash(
+    path: str | os.PathLike, items: list[tuple[bytes, int, Any]], describe: Callable[[Any], str]
+) -> None:
+    seen_token: dict[bytes, tuple[int, Any]] = {}
+    seen_id: dict[int, tuple[bytes, Any]] = {}
+    for token, tid, where in items:
+        if not token:
+            raise TokenizerFileError(
+                f"{path}: {describe(where)}: the empty byte string cannot be a token (id {tid})"
+            )
+        if token in seen_token:
+            other_id, other_where = seen_token[token]
+            raise TokenizerFileError(
+                f"{path}: {describe(where)} gives the byte string {token!r} id {tid}, but {describe(other_where)} "
+                f"already gave it id {other_id}: one byte string may have only one id"
+            )
+        if tid in seen_id:
+            other, other_where = seen_id[tid]
+            raise TokenizerFileError(
+                f"{path}: {describe(where)} gives id {tid} to {token!r}, but {describe(other_where)} already "
+                f"gave it to {other!r}: one id may name only one token"
+            )
+        seen_token[token] = (tid, where)
+        seen_id[tid] = (token, where)
+
+
+def _check_pattern(path: str | os.PathLike, where: str, pattern: Any) -> str:
+    if not isinstance(pattern, str):
+        raise TokenizerFileError(f"{path}: {where} must be a regex string, got {_json_type(pattern)}")
+    try:
+        regex.compile(pattern)
+    except regex.error as err:
+        raise TokenizerFileError(f"{path}: {where} is not a valid regex ({err}): {pattern!r}") from None
+    return pattern
+
+
+def _check_specials(
+    path: str | os.PathLike, specials: dict[str, int], where: dict[str, str], ranks: dict[bytes, int]
+) -> None:
+    """Special tokens: distinct ids that no ordinary token uses."""
+    ordinary = {tid: token for token, tid in ranks.items()}
+    seen: dict[int, str] = {}
+    for token, tid in specials.items():
+        if tid in seen:
+            raise TokenizerFileError(
+                f"{path}: {where[token]} gives id {tid} to the special token {token!r}, but "
+                f"{where[seen[tid]]} already gave it to {seen[tid]!r}: one id may name only one token"
+            )
+        if tid in ordinary:
+            raise TokenizerFileError(
+                f"{path}: {where[token]}: special token {token!r} has id {tid}, which the ordinary token "
+                f"{ordinary[tid]!r} already has"
+            )
+        seen[tid] = token
+
+
+class _DuplicateKeys:
+    """``object_pairs_hook`` for json.loads that remembers objects with a repeated key (json keeps the last
+    silently; a tokenizer file that maps one token to two ids must not load)."""
+
+    def __init__(self) -> None:
+        self.found: dict[int, tuple[str, Any, Any]] = {}
+
+    def __call__(self, pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        obj = dict(pairs)
+        if len(obj) != len(pairs):
+            first: dict[str, Any] = {}
+            for key, value in pairs:
+                if key in first:
+                    self.found[id(obj)] = (key, first[key], value)
+                    break
+                first[key] = value
+        return obj
+
+    def raise_first(self, path: str | os.PathLike, doc: Any) -> None:
+        """Raise for the first object (in document order) with a repeated key, naming its field."""
+        stack: list[tuple[Any, str]] = [(doc, "")]
+        while stack:
+            node, where = stack.pop()
+            if isinstance(node, dict):
+                if id(node) in self.found:
+                    key, a, b = self.found[id(node)]
+                    field_name = where or "the top-level object"
+                    token = _byte_level_bytes(key) if where == "model.vocab" else None
+                    meaning = f": two ids for the byte string {token!r}" if token is not None else ""
+                    raise TokenizerFileError(
+                        f"{path}: {field_name} has the key {key!r} twice (values {a!r} and {b!r}){meaning}; "
+                        "each key may appear once"
+                    )
+                children = [(v, f"{where}.{k}" if where else k) for k, v in node.items()]
+            elif isinstance(node, list):
+                children = [(v, f"{where}[{i}]") for i, v in enumerate(node)]
+            else:
+                continue
+            stack.extend(reversed(children))
+
+
+def _load_json(path: str | os.PathLike) -> Any:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise TokenizerFileError(f"{path}: not UTF-8 text ({err})") from err
+    duplicates = _DuplicateKeys()
+    try:
+        doc = json.loads(text, object_pairs_hook=duplicates)
+    except json.JSONDecodeError as err:
+        raise TokenizerFileError(
+            f"{path}: line {err.lineno} column {err.colno}: invalid JSON: {err.msg}"
+        ) from err
+    except RecursionError:
+        raise TokenizerFileError(f"{path}: JSON nested too deeply to be a tokenizer file") from None
+    if duplicates.found:
+        duplicates.raise_first(path, doc)
+    if not isinstance(doc, dict):
+        raise TokenizerFileError(f"{path}: the top level must be a JSON object, got {_json_type(doc)}")
+    return doc
 
 
 # ---------------------------------------------------------------------- netcl JSON
@@ -68,64 +226,77 @@ def write_netcl(
     Path(path).write_text(json.dumps(doc, ensure_ascii=False, indent=0), encoding="utf-8")
 
 
-def _load_json(path: str | os.PathLike) -> Any:
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except UnicodeDecodeError as err:
-        raise TokenizerFileError(f"{path}: not UTF-8 text ({err})") from err
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as err:
-        raise TokenizerFileError(
-            f"{path}: line {err.lineno} column {err.colno}: invalid JSON: {err.msg}"
-        ) from err
-
-
 def read_netcl(path: str | os.PathLike) -> TokenizerData:
     """Read a file written by `write_netcl`; errors name the entry that is wrong."""
     doc = _load_json(path)
-    if not isinstance(doc, dict) or doc.get("format") != NETCL_FORMAT:
+    if doc.get("format") != NETCL_FORMAT:
         raise TokenizerFileError(f'{path}: not a netcl tokenizer file (expected "format": "{NETCL_FORMAT}")')
     if doc.get("version") != NETCL_VERSION:
         raise TokenizerFileError(
             f"{path}: unsupported version {doc.get('version')!r} (this netcl reads {NETCL_VERSION})"
         )
-    ranks: dict[bytes, int] = {}
     tokens = doc.get("tokens")
     if not isinstance(tokens, list):
-        raise TokenizerFileError(f'{path}: "tokens" must be a list of [id, base64]')
-    for i, entry in enumerate(tokens):
-        try:
-            rank, b64 = entry
-            if not isinstance(rank, int):
-                raise TypeError
-            ranks[base64.b64decode(b64, validate=True)] = rank
-        except (TypeError, ValueError, binascii.Error):
-            raise TokenizerFileError(
-                f"{path}: tokens[{i}] = {entry!r} is not [int id, base64 string]"
-            ) from None
+        raise TokenizerFileError(f'{path}: "tokens" must be a list of [id, base64], got {_json_type(tokens)}')
+
+    def entries() -> Iterable[tuple[bytes, int, int]]:
+        for i, entry in enumerate(tokens):
+            try:
+                rank, b64 = entry
+                if not _is_id(rank) or not isinstance(b64, str):
+                    raise TypeError
+                yield base64.b64decode(b64, validate=True), rank, i
+            except (TypeError, ValueError, binascii.Error):
+                raise TokenizerFileError(
+                    f"{path}: tokens[{i}] = {entry!r} is not [int id, base64 string]"
+                ) from None
+
+    ranks = _collect_ranks(path, entries(), lambda i: f"tokens[{i}]")
     pattern = doc.get("pattern")
-    if pattern is not None and not isinstance(pattern, str):
-        raise TokenizerFileError(f'{path}: "pattern" must be a string or null')
+    if pattern is not None:
+        _check_pattern(path, '"pattern"', pattern)
     specials = doc.get("special_tokens", {})
-    if not isinstance(specials, dict) or not all(isinstance(v, int) for v in specials.values()):
-        raise TokenizerFileError(f'{path}: "special_tokens" must map str to int')
+    if not isinstance(specials, dict):
+        raise TokenizerFileError(
+            f'{path}: "special_tokens" must be an object of str -> id, got {_json_type(specials)}'
+        )
+    for token, tid in specials.items():
+        if not token or not _is_id(tid):
+            raise TokenizerFileError(
+                f'{path}: "special_tokens" entry {token!r}: {tid!r} must be a non-empty token with a '
+                "non-negative int id"
+            )
+    _check_specials(path, specials, {t: f'"special_tokens"[{t!r}]' for t in specials}, ranks)
+    name = doc.get("name", "")
+    if not isinstance(name, str):
+        raise TokenizerFileError(f'{path}: "name" must be a string, got {_json_type(name)}')
     merges = doc.get("merges")
     if merges is not None:
-        try:
-            merges = [((int(a), int(b)), int(new)) for a, b, new in merges]
-        except (TypeError, ValueError):
-            raise TokenizerFileError(f'{path}: "merges" must be a list of [left, right, new] ids') from None
-    return TokenizerData(ranks, pattern, specials, str(doc.get("name", "")), merges)
+        if not isinstance(merges, list):
+            raise TokenizerFileError(f'{path}: "merges" must be a list of [left, right, new] ids or null')
+        known = set(ranks.values())
+        for i, entry in enumerate(merges):
+            if not (
+                isinstance(entry, list) and len(entry) == 3 and all(_is_id(t) and t in known for t in entry)
+            ):
+                raise TokenizerFileError(
+                    f'{path}: "merges"[{i}] = {entry!r} is not [left, right, new] with ids of ordinary tokens'
+                )
+        merges = [((a, b), new) for a, b, new in merges]
+    return TokenizerData(ranks, pattern, specials, name, merges)
 
 
 # ---------------------------------------------------------------------- tiktoken
 
 
 def read_tiktoken(path: str | os.PathLike) -> dict[bytes, int]:
-    """Read a ``.tiktoken`` file: one ``base64(token) rank`` per line; blank lines are skipped."""
-    ranks: dict[bytes, int] = {}
-    with open(path, "rb") as fh:
+    """Read a ``.tiktoken`` file: one ``base64(token) rank`` per line; blank lines are skipped.
+
+    Ranks need not be contiguous (tiktoken does not require it), but each byte string may appear once and
+    each rank once, and all 256 single bytes must be there.
+    """
+
+    def entries(fh: Iterable[bytes]) -> Iterable[tuple[bytes, int, int]]:
         for lineno, line in enumerate(fh, 1):
             if not line.strip():
                 continue
@@ -133,12 +304,19 @@ def read_tiktoken(path: str | os.PathLike) -> dict[bytes, int]:
             try:
                 if len(parts) != 2:
                     raise ValueError(f"expected 2 fields, got {len(parts)}")
-                ranks[base64.b64decode(parts[0], validate=True)] = int(parts[1])
+                if not parts[1].isdigit():
+                    raise ValueError(
+                        f"the rank {parts[1].decode('ascii', 'replace')!r} is not a non-negative integer"
+                    )
+                token = base64.b64decode(parts[0], validate=True)
             except (ValueError, binascii.Error) as err:
                 raise TokenizerFileError(
                     f"{path}: line {lineno}: expected 'base64-token rank', got {line[:80]!r} ({err})"
                 ) from None
-    return ranks
+            yield token, int(parts[1]), lineno
+
+    with open(path, "rb") as fh:
+        return _collect_ranks(path, entries(fh), lambda lineno: f"line {lineno}")
 
 
 def write_tiktoken(path: str | os.PathLike, ranks: dict[bytes, int]) -> None:
@@ -173,41 +351,101 @@ def bytes_to_unicode() -> dict[int, str]:
     return mapping
 
 
-def _find_pre_tokenizer_pattern(node: Any, path: str | os.PathLike) -> tuple[str | None, bool]:
-    """(Split regex if any, whether a ByteLevel pre-tokenizer with use_regex is present)."""
-    if node is None:
-        return None, False
+def _byte_level_bytes(token: str) -> bytes | None:
+    """The bytes a byte-level vocabulary string stands for; None if a character is outside the alphabet."""
+    decode_char = _byte_level_decoder()
+    try:
+        return bytes([decode_char[ch] for ch in token])
+    except KeyError:
+        return None
+
+
+@lru_cache(maxsize=1)
+def _byte_level_decoder() -> dict[str, int]:
+    return {ch: b for b, ch in bytes_to_unicode().items()}
+
+
+def _check_bool(path: str | os.PathLike, node: dict, key: str, where: str, default: bool) -> bool:
+    value = node.get(key, default)
+    if not isinstance(value, bool):
+        raise TokenizerFileError(
+            f"{path}: {where}.{key} must be true or false, got {_json_type(value)} {value!r}"
+        )
+    return value
+
+
+def _pre_tokenizer_parts(
+    node: Any, path: str | os.PathLike, where: str
+) -> list[tuple[str, str | None, bool]]:
+    """Flatten a pre-tokenizer into ``[(where, Split regex or None for ByteLevel, ByteLevel use_regex)]``."""
+    if not isinstance(node, dict):
+        allowed = "an object or null" if where == "pre_tokenizer" else "an object"
+        raise TokenizerFileError(f"{path}: {where} must be {allowed}, got {_json_type(node)}")
     kind = node.get("type")
     if kind == "Sequence":
-        found: str | None = None
-        byte_regex = False
-        for child in node.get("pretokenizers", []):
-            pat, uses = _find_pre_tokenizer_pattern(child, path)
-            if pat is not None:
-                if found is not None:
-                    raise TokenizerFileError(f"{path}: several Split pre-tokenizers are not supported")
-                found = pat
-            byte_regex = byte_regex or uses
-        return found, byte_regex
-    if kind == "Split":
-        pattern = node.get("pattern", {})
-        if "Regex" in pattern:
-            regex_source = pattern["Regex"]
-        elif "String" in pattern:
-            regex_source = regex.escape(pattern["String"])
-        else:
-            raise TokenizerFileError(f"{path}: Split pre-tokenizer without a pattern")
-        if node.get("behavior", "Isolated") != "Isolated" or node.get("invert", False):
+        children = node.get("pretokenizers")
+        if not isinstance(children, list):
             raise TokenizerFileError(
-                f"{path}: Split behavior {node.get('behavior')!r} invert={node.get('invert')} is not supported "
+                f"{path}: {where}.pretokenizers must be a list of pre-tokenizers, got {_json_type(children)}"
+            )
+        parts = []
+        for i, child in enumerate(children):
+            parts += _pre_tokenizer_parts(child, path, f"{where}.pretokenizers[{i}]")
+        return parts
+    if kind == "Split":
+        pattern = node.get("pattern")
+        if not isinstance(pattern, dict) or len(pattern) != 1 or not ({"Regex", "String"} & set(pattern)):
+            raise TokenizerFileError(
+                f'{path}: {where}.pattern must be {{"Regex": str}} or {{"String": str}}, got {pattern!r}'
+            )
+        ((pattern_kind, source),) = pattern.items()
+        if not isinstance(source, str):
+            raise TokenizerFileError(
+                f"{path}: {where}.pattern.{pattern_kind} must be a string, got {_json_type(source)}"
+            )
+        regex_source = source if pattern_kind == "Regex" else regex.escape(source)
+        _check_pattern(path, f"{where}.pattern.{pattern_kind}", regex_source)
+        behavior = node.get("behavior", "Isolated")
+        invert = _check_bool(path, node, "invert", where, False)
+        if behavior != "Isolated" or invert:
+            raise TokenizerFileError(
+                f"{path}: {where}: Split behavior {behavior!r} invert={invert} is not supported "
                 "(only Isolated, invert=false)"
             )
-        return regex_source, False
+        return [(where, regex_source, False)]
     if kind == "ByteLevel":
-        if node.get("add_prefix_space", False):
-            raise TokenizerFileError(f"{path}: ByteLevel add_prefix_space=true is not supported")
-        return None, bool(node.get("use_regex", True))
-    raise TokenizerFileError(f"{path}: pre-tokenizer type {kind!r} is not supported (byte-level BPE only)")
+        if _check_bool(path, node, "add_prefix_space", where, False):
+            raise TokenizerFileError(f"{path}: {where}: ByteLevel add_prefix_space=true is not supported")
+        return [(where, None, _check_bool(path, node, "use_regex", where, True))]
+    raise TokenizerFileError(
+        f"{path}: {where}: pre-tokenizer type {kind!r} is not supported (byte-level BPE only: Split, ByteLevel, "
+        "Sequence)"
+    )
+
+
+def _pre_tokenizer_pattern(node: Any, path: str | os.PathLike) -> str | None:
+    """The pre-split regex a ``pre_tokenizer`` amounts to: one Split's; else GPT-2's (ByteLevel with
+    use_regex, or no pre-tokenizer at all); else None (ByteLevel without its regex: no pre-splitting)."""
+    if node is None:
+        return GPT2_PATTERN
+    parts = _pre_tokenizer_parts(node, path, "pre_tokenizer")
+    splits = [(i, where, source) for i, (where, source, _) in enumerate(parts) if source is not None]
+    byte_regex = [(i, where) for i, (where, source, uses) in enumerate(parts) if uses]
+    if len(splits) > 1:
+        raise TokenizerFileError(f"{path}: {splits[1][1]}: several Split pre-tokenizers are not supported")
+    if not splits:
+        return GPT2_PATTERN if byte_regex else None
+    index, where, source = splits[0]
+    if byte_regex:
+        raise TokenizerFileError(
+            f"{path}: {byte_regex[0][1]}: ByteLevel with use_regex=true beside the Split at {where} splits "
+            "twice; netcl supports one regex (set use_regex to false)"
+        )
+    if any(i < index for i, (_, s, _) in enumerate(parts) if s is None):
+        raise TokenizerFileError(
+            f"{path}: {where}: a Split after ByteLevel matches byte-level characters, not text; not supported"
+        )
+    return source
 
 
 def read_hf(path: str | os.PathLike) -> TokenizerData:
@@ -217,24 +455,55 @@ def read_hf(path: str | os.PathLike) -> TokenizerData:
     ``["a", "b"]``) gives the token ``a+b`` merge priority ``256 + i``; when priorities follow id order (as
     in GPT-2 or Llama-3 files) the ids themselves are used. The pre-split regex is the ``Split``
     pre-tokenizer's, else GPT-2's (for ``ByteLevel`` with ``use_regex`` or no pre-tokenizer). Every entry
-    of ``added_tokens`` becomes a special token. Normalizers and ``byte_fallback`` are refused.
+    of ``added_tokens`` becomes a special token. Normalizers, ``byte_fallback``, dropout and subword
+    prefixes/suffixes are refused.
     """
     doc = _load_json(path)
-    model = doc.get("model") if isinstance(doc, dict) else None
-    if not isinstance(model, dict) or model.get("type", "BPE") != "BPE":
-        raise TokenizerFileError(
-            f'{path}: "model" must be a BPE model, got {None if model is None else model.get("type")!r}'
-        )
-    if model.get("byte_fallback"):
+    model = doc.get("model")
+    if not isinstance(model, dict):
+        raise TokenizerFileError(f"{path}: model must be an object (a BPE model), got {_json_type(model)}")
+    kind = model.get("type", "BPE")
+    if kind != "BPE":
+        raise TokenizerFileError(f"{path}: model.type is {kind!r}: netcl reads only a byte-level BPE model")
+    if _check_bool(path, model, "byte_fallback", "model", False):
         raise TokenizerFileError(f"{path}: byte_fallback BPE (SentencePiece-style) is not byte-level BPE")
-    if doc.get("normalizer") is not None:
-        raise TokenizerFileError(f"{path}: normalizer {doc['normalizer'].get('type')!r} is not supported")
+    for key in ("continuing_subword_prefix", "end_of_word_suffix"):
+        if model.get(key) not in (None, ""):
+            raise TokenizerFileError(
+                f"{path}: model.{key} = {model[key]!r} is not supported (byte-level BPE has none)"
+            )
+    dropout = model.get("dropout")
+    if dropout not in (None, 0, 0.0) or isinstance(dropout, bool):
+        raise TokenizerFileError(
+            f"{path}: model.dropout = {dropout!r}: BPE dropout (random merges) is not supported; use null"
+        )
+    normalizer = doc.get("normalizer")
+    if normalizer is not None:
+        kind = normalizer.get("type") if isinstance(normalizer, dict) else None
+        raise TokenizerFileError(
+            f"{path}: normalizer {kind!r} is not supported (null only)"
+            if kind is not None
+            else f"{path}: normalizer must be null (or an object), got {_json_type(normalizer)}"
+        )
     vocab = model.get("vocab")
+    if not isinstance(vocab, dict):
+        raise TokenizerFileError(
+            f"{path}: model.vocab must be an object of token -> id, got {_json_type(vocab)}"
+        )
     merges = model.get("merges", [])
-    if not isinstance(vocab, dict) or not isinstance(merges, list):
-        raise TokenizerFileError(f'{path}: model needs a "vocab" object and a "merges" list')
+    if not isinstance(merges, list):
+        raise TokenizerFileError(
+            f'{path}: model.merges must be a list of "a b" strings or ["a", "b"] pairs, got {_json_type(merges)}'
+        )
+    added_tokens = doc.get("added_tokens")
+    if added_tokens is None:
+        added_tokens = []
+    if not isinstance(added_tokens, list):
+        raise TokenizerFileError(
+            f"{path}: added_tokens must be a list of objects, got {_json_type(added_tokens)}"
+        )
 
-    decode_char = {ch: b for b, ch in bytes_to_unicode().items()}
+    decode_char = _byte_level_decoder()
 
     def to_bytes(token: str, where: str) -> bytes:
         try:
@@ -244,39 +513,80 @@ def read_hf(path: str | os.PathLike) -> TokenizerData:
                 f"{path}: {where}: {token!r} has character {err.args[0]!r} outside the byte-level alphabet"
             ) from None
 
-    specials = {}
-    for i, added in enumerate(doc.get("added_tokens") or []):
-        try:
-            specials[added["content"]] = int(added["id"])
-        except (KeyError, TypeError, ValueError):
-            raise TokenizerFileError(f'{path}: added_tokens[{i}] needs "content" and "id"') from None
-    special_ids = set(specials.values())
+    specials: dict[str, int] = {}
+    special_where: dict[str, str] = {}
+    content_by_id: dict[int, str] = {}
+    for i, added in enumerate(added_tokens):
+        where = f"added_tokens[{i}]"
+        if not isinstance(added, dict):
+            raise TokenizerFileError(
+                f'{path}: {where} must be an object with "content" and "id", got {_json_type(added)}'
+            )
+        content, tid = added.get("content"), added.get("id")
+        if not isinstance(content, str) or not content:
+            raise TokenizerFileError(f"{path}: {where}.content must be a non-empty string, got {content!r}")
+        if not _is_id(tid):
+            raise TokenizerFileError(f"{path}: {where}.id must be a non-negative integer, got {tid!r}")
+        if content in specials:
+            raise TokenizerFileError(
+                f"{path}: {where} gives {content!r} id {tid}, but {special_where[content]} already gave it "
+                f"id {specials[content]}: one token may have only one id"
+            )
+        for key in ("special", "single_word", "lstrip", "rstrip", "normalized"):
+            if key in added:
+                _check_bool(path, added, key, where, False)
+        specials[content] = tid
+        special_where[content] = where
+        content_by_id.setdefault(tid, content)
 
-    ranks: dict[bytes, int] = {}
-    for token, tid in vocab.items():
-        if tid in special_ids:
-            continue
-        if not isinstance(tid, int):
-            raise TokenizerFileError(f"{path}: vocab[{token!r}] = {tid!r} is not an int id")
-        ranks[to_bytes(token, "vocab")] = tid
+    def vocab_field(token: str) -> str:
+        return f"model.vocab[{token!r}]"
+
+    def vocab_entries() -> Iterable[tuple[bytes, int, str]]:
+        for token, tid in vocab.items():
+            if not _is_id(tid):
+                raise TokenizerFileError(
+                    f"{path}: {vocab_field(token)} = {tid!r} is not an int id (a non-negative integer)"
+                )
+            if tid in content_by_id:
+                # GPT-2 style files list added tokens in the vocab too, under the same id: skip those.
+                content = content_by_id[tid]
+                if token != content and _byte_level_bytes(token) != content.encode("utf-8"):
+                    raise TokenizerFileError(
+                        f"{path}: {vocab_field(token)} has id {tid}, which {special_where[content]} gives to "
+                        f"{content!r}: one id may name only one token"
+                    )
+                continue
+            try:
+                yield bytes([decode_char[ch] for ch in token]), tid, token
+            except KeyError:
+                to_bytes(token, vocab_field(token))  # raises, naming the character
+
+    ranks = _collect_ranks(path, vocab_entries(), vocab_field)
+    _check_specials(path, specials, special_where, ranks)
 
     priority: dict[bytes, int] = {bytes([b]): b - 256 for b in range(256)}  # below every merge
     for i, merge in enumerate(merges):
+        where = f"model.merges[{i}]"
         parts = merge.split(" ") if isinstance(merge, str) else merge
-        if not isinstance(parts, list) or len(parts) != 2:
-            raise TokenizerFileError(f"{path}: merges[{i}] = {merge!r} is not a pair")
-        merged = to_bytes(parts[0], f"merges[{i}]") + to_bytes(parts[1], f"merges[{i}]")
+        if not isinstance(parts, list) or len(parts) != 2 or not all(isinstance(p, str) and p for p in parts):
+            raise TokenizerFileError(
+                f'{path}: {where} = {merge!r} is not a pair ("a b" or ["a", "b"] of two vocab tokens)'
+            )
+        left, right = to_bytes(parts[0], where), to_bytes(parts[1], where)
+        for part, token in zip(parts, (left, right), strict=True):
+            if token not in ranks:
+                raise TokenizerFileError(f"{path}: {where} = {merge!r}: {part!r} is not in model.vocab")
+        merged = left + right
         if merged not in ranks:
-            raise TokenizerFileError(f"{path}: merges[{i}] = {merge!r} makes a token missing from the vocab")
+            raise TokenizerFileError(f"{path}: {where} = {merge!r} makes a token missing from the vocab")
         priority.setdefault(merged, 256 + i)
     merged_tokens = sorted((p, ranks[t]) for t, p in priority.items() if len(t) > 1)
     ids_follow_merges = all(a[1] < b[1] for a, b in itertools.pairwise(merged_tokens))
     # A vocab token no merge produces can only be reached by the whole-chunk fast path; keep it out of merging.
     reachable = {t: (ranks[t] if ids_follow_merges else p) for t, p in priority.items()}
 
-    pattern, byte_regex = _find_pre_tokenizer_pattern(doc.get("pre_tokenizer"), path)
-    if pattern is None and (byte_regex or doc.get("pre_tokenizer") is None):
-        pattern = GPT2_PATTERN
+    pattern = _pre_tokenizer_pattern(doc.get("pre_tokenizer"), path)
     name = Path(path).parent.name if Path(path).name == "tokenizer.json" else Path(path).stem
     return TokenizerData(ranks, pattern, specials, name, None, reachable)
 
