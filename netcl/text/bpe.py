@@ -27,6 +27,11 @@ AllowedSpecial = Literal["none_raise", "none", "all"] | Iterable[str]
 DEFAULT_CACHE_SIZE = 200_000
 
 
+def _is_int(value: object) -> bool:
+    """A Python int that is not a bool (True == 1 would pass for an id or a size otherwise)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _special_regex(tokens: Iterable[str]) -> regex.Pattern:
     # Longest first so that a token that is a prefix of another never wins the alternation.
     ordered = sorted(tokens, key=lambda t: (-len(t), t))
@@ -65,38 +70,66 @@ class BPETokenizer:
         if not isinstance(ranks, Mapping):
             raise TypeError(f"ranks must be a mapping bytes -> int, got {type(ranks).__name__}")
         self._encoder: dict[bytes, int] = {}
+        self._decoder: dict[int, bytes] = {}
         for token, rank in ranks.items():
-            if not isinstance(token, bytes) or not isinstance(rank, int) or rank < 0:
+            if not isinstance(token, bytes) or not _is_int(rank) or rank < 0:
                 raise TypeError(f"ranks must map bytes to non-negative int, got {token!r} -> {rank!r}")
+            if not token:
+                raise ValueError(
+                    f"ranks maps the empty byte string to id {rank}; a token needs at least one byte"
+                )
+            if rank in self._decoder:
+                raise ValueError(
+                    f"ranks has duplicate ids: {self._decoder[rank]!r} and {token!r} both have id {rank}; "
+                    "every token needs its own id"
+                )
             self._encoder[token] = rank
+            self._decoder[rank] = token
         missing = [b for b in range(256) if bytes([b]) not in self._encoder]
         if missing:
             raise ValueError(
                 f"byte-level BPE needs all 256 single bytes in ranks; {len(missing)} missing "
                 f"(first: {missing[0]:#04x})"
             )
-        self._decoder: dict[int, bytes] = {rank: token for token, rank in self._encoder.items()}
-        if len(self._decoder) != len(self._encoder):
-            raise ValueError("ranks has duplicate ids: every token needs its own id")
+        if special_tokens is None:
+            special_tokens = {}
+        if not isinstance(special_tokens, Mapping):
+            raise TypeError(
+                f"special_tokens must be a mapping str -> int id, got {type(special_tokens).__name__}"
+            )
         self._special: dict[str, int] = {}
-        for token, tid in (special_tokens or {}).items():
+        special_by_id: dict[int, str] = {}
+        for token, tid in special_tokens.items():
             if not isinstance(token, str) or not token:
                 raise TypeError(f"special tokens must be non-empty str, got {token!r}")
-            if not isinstance(tid, int) or tid < 0:
+            if not _is_int(tid) or tid < 0:
                 raise TypeError(f"special token {token!r} needs a non-negative int id, got {tid!r}")
+            if tid in special_by_id:
+                raise ValueError(
+                    f"two special tokens share an id: {special_by_id[tid]!r} and {token!r} -> {tid}"
+                )
             if tid in self._decoder:
-                raise ValueError(f"special token {token!r} id {tid} collides with an ordinary token id")
+                raise ValueError(
+                    f"special token {token!r} id {tid} collides with an ordinary token id "
+                    f"(token {self._decoder[tid]!r})"
+                )
+            special_by_id[tid] = token
             self._special[token] = tid
+        for tid, token in special_by_id.items():
             self._decoder[tid] = token.encode("utf-8")
-        if len(self._special) != len(set(self._special.values())):
-            raise ValueError("two special tokens share an id")
-        self._priority = self._encoder if merge_priority is None else dict(merge_priority)
+        self._priority = self._encoder if merge_priority is None else _check_priority(merge_priority, ranks)
         self.pattern = resolve_pattern(pattern)
         self._split = pre_splitter(self.pattern)
+        if not isinstance(name, str):
+            raise TypeError(f"name must be str, got {type(name).__name__}")
         self.name = name
-        self.merges = list(merges) if merges is not None else None
+        self.merges = _check_merges(merges, self._encoder) if merges is not None else None
+        if not _is_int(cache_size):
+            raise TypeError(f"cache_size must be an int number of entries, got {cache_size!r}")
+        if cache_size < 0:
+            raise ValueError(f"cache_size must be >= 0, got {cache_size}")
         self._cache: dict[str, tuple[int, ...]] = {}
-        self._cache_size = int(cache_size)
+        self._cache_size = cache_size
         self._special_regexes: dict[frozenset[str], regex.Pattern] = {}
 
     # ------------------------------------------------------------------ vocabulary
@@ -193,9 +226,14 @@ class BPETokenizer:
                 return frozenset(), frozenset()
             if allowed_special == "all":
                 return everything, frozenset()
+            hint = (
+                f"; to allow that one token pass {{{allowed_special!r}}}"
+                if allowed_special in self._special
+                else ""
+            )
             raise ValueError(
                 f"allowed_special must be 'none_raise', 'none', 'all' or a set of special-token strings, "
-                f"got {allowed_special!r}"
+                f"got {allowed_special!r}{hint}"
             )
         try:
             allowed = frozenset(allowed_special)
@@ -204,9 +242,17 @@ class BPETokenizer:
                 f"allowed_special must be 'none_raise', 'none', 'all' or a set of str, "
                 f"got {type(allowed_special).__name__}"
             ) from None
+        for token in allowed:
+            if not isinstance(token, str):
+                raise TypeError(
+                    f"allowed_special holds {token!r}, a {type(token).__name__}; special tokens are str"
+                )
         unknown = allowed - everything
         if unknown:
-            raise ValueError(f"allowed_special names tokens this tokenizer lacks: {sorted(unknown)}")
+            known = ", ".join(sorted(everything)) or "none"
+            raise ValueError(
+                f"allowed_special names tokens this tokenizer lacks: {sorted(unknown)} (it has: {known})"
+            )
         return allowed, everything - allowed
 
     def _regex_for(self, tokens: frozenset[str]) -> regex.Pattern:
@@ -254,6 +300,13 @@ class BPETokenizer:
         """
         if isinstance(texts, str):
             raise TypeError("encode_batch takes a sequence of str; use encode() for a single str")
+        try:
+            texts = list(texts)
+        except TypeError:
+            raise TypeError(f"encode_batch takes a sequence of str, got {type(texts).__name__}") from None
+        for i, text in enumerate(texts):
+            if not isinstance(text, str):
+                raise TypeError(f"texts[{i}] must be str, got {type(text).__name__}")
         return [self.encode(text, allowed_special=allowed_special) for text in texts]
 
     # ------------------------------------------------------------------ decoding
@@ -305,18 +358,34 @@ class BPETokenizer:
         (right after the last learned token if training ran out of pairs early). Tie rule: see
         `learn_merges` (highest count, then smallest (left id, right id)).
         """
-        specials = list(special_tokens)
-        if isinstance(specials, str) or any(not isinstance(s, str) or not s for s in specials):
-            raise TypeError("special_tokens must be an iterable of non-empty str")
+        if isinstance(special_tokens, (str, bytes)):
+            raise TypeError(
+                f"special_tokens must be an iterable of str, got the single {type(special_tokens).__name__} "
+                f"{special_tokens!r}; wrap it in a list"
+            )
+        try:
+            specials = list(special_tokens)
+        except TypeError:
+            raise TypeError(
+                f"special_tokens must be an iterable of non-empty str, got {type(special_tokens).__name__}"
+            ) from None
+        for token in specials:
+            if not isinstance(token, str) or not token:
+                raise TypeError(f"special_tokens must be non-empty str, got {token!r}")
         if len(set(specials)) != len(specials):
             raise ValueError(f"special_tokens has duplicates: {specials}")
-        if not isinstance(vocab_size, int) or isinstance(vocab_size, bool):
-            raise TypeError(f"vocab_size must be int, got {type(vocab_size).__name__}")
+        if not _is_int(vocab_size):
+            raise TypeError(
+                f"vocab_size must be int, got {type(vocab_size).__name__} {vocab_size!r} "
+                "(sizes are never rounded)"
+            )
         if vocab_size < 256 + len(specials):
             raise ValueError(
                 f"vocab_size {vocab_size} is smaller than 256 byte tokens + {len(specials)} special tokens "
                 f"= {256 + len(specials)}"
             )
+        if not isinstance(name, str):
+            raise TypeError(f"name must be str, got {type(name).__name__}")
         pattern = resolve_pattern(pattern)
         split = pre_splitter(pattern)
         cutter = _special_regex(specials) if specials else None
@@ -416,10 +485,56 @@ def _token_ids(ids: Iterable[int]) -> list[int]:
     return checked
 
 
+def _check_priority(priority: Mapping[bytes, int], ranks: Mapping[bytes, int]) -> dict[bytes, int]:
+    if not isinstance(priority, Mapping):
+        raise TypeError(f"merge_priority must be a mapping bytes -> int, got {type(priority).__name__}")
+    checked: dict[bytes, int] = {}
+    for token, value in priority.items():
+        if not isinstance(token, bytes) or not _is_int(value):
+            raise TypeError(f"merge_priority must map bytes to int, got {token!r} -> {value!r}")
+        if token not in ranks:
+            raise ValueError(
+                f"merge_priority has {token!r}, which is not in ranks: merging may only make tokens "
+                "the vocabulary has"
+            )
+        checked[token] = value
+    return checked
+
+
+def _check_merges(
+    merges: Iterable[tuple[tuple[int, int], int]], encoder: Mapping[bytes, int]
+) -> list[tuple[tuple[int, int], int]]:
+    if isinstance(merges, (str, bytes)) or not isinstance(merges, Iterable):
+        raise TypeError(
+            f"merges must be a list of ((left_id, right_id), new_id), got {type(merges).__name__}"
+        )
+    ordinary = set(encoder.values())
+    checked = []
+    for i, entry in enumerate(merges):
+        try:
+            (left, right), new = entry
+        except (TypeError, ValueError):
+            raise TypeError(f"merges[{i}] = {entry!r} is not ((left_id, right_id), new_id)") from None
+        for tid in (left, right, new):
+            if not _is_int(tid):
+                raise TypeError(f"merges[{i}] = {entry!r} holds {tid!r}, which is not an int id")
+            if tid not in ordinary:
+                raise ValueError(
+                    f"merges[{i}] = {entry!r} names id {tid}, which is not an ordinary token's id"
+                )
+        checked.append(((left, right), new))
+    return checked
+
+
 def _iter_texts(source: str | os.PathLike | Iterable[str | os.PathLike]) -> Iterable[str]:
     if isinstance(source, str):
         yield source
         return
+    if isinstance(source, (bytes, bytearray)):
+        raise TypeError(
+            f"text_or_files must be a str (the text), a path, or an iterable of paths; got "
+            f"{type(source).__name__}: decode bytes to str first"
+        )
     paths = [source] if isinstance(source, os.PathLike) else source
     try:
         paths = list(paths)

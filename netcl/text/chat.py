@@ -29,6 +29,33 @@ class ChatTemplate:
     begin: str | None = None
     strip_content: bool = False
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str):
+            raise TypeError(f"ChatTemplate name must be str, got {type(self.name).__name__}")
+        if not isinstance(self.header, tuple) or not all(isinstance(p, str) for p in self.header):
+            raise TypeError(
+                f"ChatTemplate {self.name!r}: header must be a tuple of str pieces, got {self.header!r}"
+            )
+        for piece in self.header:
+            if piece.startswith("<special:") and (not piece.endswith(">") or piece == "<special:>"):
+                raise ValueError(
+                    f"ChatTemplate {self.name!r}: header piece {piece!r} must be written <special:TOKEN>"
+                )
+        for field_name in ("end_of_turn", "begin"):
+            value = getattr(self, field_name)
+            if (value is not None or field_name == "end_of_turn") and (
+                not isinstance(value, str) or not value
+            ):
+                raise TypeError(
+                    f"ChatTemplate {self.name!r}: {field_name} must be a special-token string, got {value!r}"
+                )
+        if not isinstance(self.after_turn, str):
+            raise TypeError(f"ChatTemplate {self.name!r}: after_turn must be str, got {self.after_turn!r}")
+        if not isinstance(self.strip_content, bool):
+            raise TypeError(
+                f"ChatTemplate {self.name!r}: strip_content must be True or False, got {self.strip_content!r}"
+            )
+
     def specials(self) -> list[str]:
         """Special tokens this template needs."""
         needed = [p[len("<special:") : -1] for p in self.header if p.startswith("<special:")]
@@ -154,6 +181,11 @@ class ChatFormat:
 
 
 def _validate(messages: Sequence[Mapping[str, str]], add_generation_prompt: bool) -> None:
+    if not isinstance(add_generation_prompt, bool):
+        raise TypeError(
+            f"add_generation_prompt must be True or False, got {type(add_generation_prompt).__name__} "
+            f"{add_generation_prompt!r}"
+        )
     if isinstance(messages, (str, bytes, Mapping)) or not isinstance(messages, Sequence):
         raise TypeError(
             f"messages must be a list of {{'role', 'content'}} dicts, got {type(messages).__name__}"
@@ -167,8 +199,13 @@ def _validate(messages: Sequence[Mapping[str, str]], add_generation_prompt: bool
             )
         for key in ("role", "content"):
             if key not in message:
-                raise ValueError(f"messages[{i}] has no {key!r} key (keys: {sorted(message)})")
+                keys = ", ".join(sorted(repr(k) for k in message)) or "none"
+                raise ValueError(f"messages[{i}] has no {key!r} key (keys: {keys})")
         role, content = message["role"], message["content"]
+        if not isinstance(role, str):
+            raise TypeError(
+                f"messages[{i}]['role'] must be str, got {type(role).__name__} {role!r}; roles are {list(ROLES)}"
+            )
         if role not in ROLES:
             raise ValueError(f"messages[{i}] has role {role!r}; roles are {list(ROLES)}")
         if not isinstance(content, str):

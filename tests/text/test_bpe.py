@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import re
 
 import pytest
 from hypothesis import given, settings
@@ -287,3 +288,100 @@ def test_decode_out_of_vocabulary_ids(small, bad_id):
         small.decode([1, 2, bad_id])
     with pytest.raises(UnknownTokenError, match=f"token id {bad_id} at position 0"):
         small.token_bytes(bad_id)
+
+
+# ---------------------------------------------------------------------- encode: arguments
+
+
+def test_encode_arguments_are_checked(small):
+    for call in (small.encode, small.encode_ordinary):
+        for bad in (None, 3, b"bytes", ["a"]):
+            with pytest.raises(TypeError, match=f"text must be str, got {type(bad).__name__}"):
+                call(bad)
+    with pytest.raises(TypeError, match=r"texts\[1\] must be str, got int"):
+        small.encode_batch(["a", 3])
+    with pytest.raises(TypeError, match="sequence of str, got NoneType"):
+        small.encode_batch(None)
+    assert small.encode_batch(t for t in ("a", "b")) == [small.encode("a"), small.encode("b")]
+
+
+@pytest.mark.parametrize(
+    "allowed, error, words",
+    [
+        ({1}, TypeError, "allowed_special holds 1, a int"),
+        ({"<|endoftext|>", 2.5}, TypeError, "allowed_special holds 2.5"),
+        ({"<|nope|>"}, ValueError, r"lacks: \['<\|nope\|>'\] \(it has: <\|endoftext\|>, <\|im_end\|>"),
+        ("<|endoftext|>", ValueError, r"to allow that one token pass \{'<\|endoftext\|>'\}"),
+        (None, TypeError, "got NoneType"),
+        ([["<|endoftext|>"]], TypeError, "allowed_special must be"),
+    ],
+)
+def test_allowed_special_is_checked(small, allowed, error, words):
+    with pytest.raises(error, match=words):
+        small.encode("x", allowed_special=allowed)
+
+
+# ---------------------------------------------------------------------- constructor and train arguments
+
+BYTES = {bytes([b]): b for b in range(256)}
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, words",
+    [
+        ({"ranks": BYTES | {b"ab": True}}, TypeError, "non-negative int, got b'ab' -> True"),
+        ({"ranks": BYTES | {b"ab": 3.0}}, TypeError, "got b'ab' -> 3.0"),
+        ({"ranks": BYTES | {b"": 300}}, ValueError, "empty byte string to id 300"),
+        ({"ranks": BYTES | {b"ab": 97}}, ValueError, "duplicate ids: b'a' and b'ab' both have id 97"),
+        ({"special_tokens": ["<s>"]}, TypeError, "special_tokens must be a mapping str -> int id, got list"),
+        ({"special_tokens": {"<s>": True}}, TypeError, "'<s>' needs a non-negative int id, got True"),
+        ({"special_tokens": {"<s>": 300, "</s>": 300}}, ValueError, "share an id: '<s>' and '</s>' -> 300"),
+        ({"special_tokens": {"<s>": 97}}, ValueError, r"collides with an ordinary token id \(token b'a'\)"),
+        ({"cache_size": 1.5}, TypeError, "cache_size must be an int number of entries, got 1.5"),
+        ({"cache_size": "100"}, TypeError, "got '100'"),
+        ({"cache_size": -1}, ValueError, "cache_size must be >= 0"),
+        ({"name": 3}, TypeError, "name must be str, got int"),
+        ({"merge_priority": {b"zz": 1}}, ValueError, "merge_priority has b'zz', which is not in ranks"),
+        ({"merge_priority": {b"ab": 1.0}}, TypeError, "merge_priority must map bytes to int"),
+        (
+            {"merges": [(97, 98)]},
+            TypeError,
+            r"merges\[0\] = \(97, 98\) is not \(\(left_id, right_id\), new_id\)",
+        ),
+        ({"merges": [((97, 98), 999)]}, ValueError, "names id 999, which is not an ordinary token's id"),
+        ({"merges": [((97, 98.0), 256)]}, TypeError, "holds 98.0"),
+        ({"pattern": 5}, TypeError, "pattern must be a str or None, got int"),
+    ],
+)
+def test_constructor_arguments_are_checked(kwargs, error, words):
+    args = {"ranks": BYTES | {b"ab": 256}, "pattern": "gpt2"} | kwargs
+    ranks, pattern = args.pop("ranks"), args.pop("pattern")
+    with pytest.raises(error, match=words):
+        BPETokenizer(ranks, pattern, **args)
+
+
+@pytest.mark.parametrize(
+    "args, kwargs, error, words",
+    [
+        (("abc", "300"), {}, TypeError, "vocab_size must be int, got str '300'"),
+        (("abc", 300.0), {}, TypeError, r"got float 300\.0 \(sizes are never rounded\)"),
+        (("abc", True), {}, TypeError, "got bool True"),
+        (("abc", 255), {}, ValueError, "smaller than 256 byte tokens"),
+        (
+            ("abc", 300),
+            {"special_tokens": "<|endoftext|>"},
+            TypeError,
+            re.escape("single str '<|endoftext|>'; wrap it in a list"),
+        ),
+        (("abc", 300), {"special_tokens": None}, TypeError, "iterable of non-empty str, got NoneType"),
+        (("abc", 300), {"special_tokens": ["<a>", ""]}, TypeError, "non-empty str, got ''"),
+        (("abc", 300), {"special_tokens": [7]}, TypeError, "non-empty str, got 7"),
+        ((b"abc", 300), {}, TypeError, "decode bytes to str first"),
+        (([b"a.txt"], 300), {}, TypeError, "training file list holds a bytes"),
+        (("abc", 300), {"name": None}, TypeError, "name must be str, got NoneType"),
+        (("abc", 300), {"pattern": 3}, TypeError, "pattern must be a str or None"),
+    ],
+)
+def test_train_arguments_are_checked(args, kwargs, error, words):
+    with pytest.raises(error, match=words):
+        BPETokenizer.train(*args, **kwargs)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from netcl.text import BPETokenizer, ChatFormat
+from netcl.text import BPETokenizer, ChatFormat, ChatTemplate
 
 from .conftest import DATA
 
@@ -140,6 +140,12 @@ def test_missing_special_tokens_error():
             "only the first",
         ),
         (["user: hi"], TypeError, r"messages\[0\] must be a dict"),
+        ([{"role": None, "content": "x"}], TypeError, r"\['role'\] must be str, got NoneType"),
+        ([{"role": ["user"], "content": "x"}], TypeError, r"\['role'\] must be str, got list"),
+        ([{"role": "User", "content": "x"}], ValueError, "role 'User'; roles are"),
+        ([{"role": "user", "content": None}], TypeError, r"\['content'\] must be str, got NoneType"),
+        ([{"role": "user", "content": b"x"}], TypeError, r"\['content'\] must be str, got bytes"),
+        ([{1: "user", "content": "x"}], ValueError, "no 'role' key \\(keys: 'content', 1\\)"),
     ],
 )
 def test_message_validation(tok, messages, error, words):
@@ -147,6 +153,43 @@ def test_message_validation(tok, messages, error, words):
         ChatFormat(tok, "chatml").encode_dialog(messages)
 
 
+def test_render_validates_like_encode(tok):
+    chat = ChatFormat(tok, "chatml")
+    with pytest.raises(TypeError, match=r"\['role'\] must be str, got NoneType"):
+        chat.render([{"role": None, "content": "x"}])
+    with pytest.raises(TypeError, match="add_generation_prompt must be True or False"):
+        chat.render(DIALOG[:2], add_generation_prompt="yes")
+    # A tuple of messages is a valid sequence: same ids as the list.
+    assert chat.encode_dialog(tuple(DIALOG)) == chat.encode_dialog(DIALOG)
+
+
 def test_generation_prompt_after_assistant_is_an_error(tok):
     with pytest.raises(ValueError, match="already the assistant's"):
         ChatFormat(tok, "chatml").encode_dialog(DIALOG, add_generation_prompt=True)
+
+
+@pytest.mark.parametrize("flag", ["yes", 1, None])
+def test_generation_prompt_flag_must_be_bool(tok, flag):
+    with pytest.raises(TypeError, match="add_generation_prompt must be True or False"):
+        ChatFormat(tok, "chatml").encode_dialog(DIALOG[:2], add_generation_prompt=flag)
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, words",
+    [
+        ({"header": "<|im_start|>{role}"}, TypeError, "header must be a tuple of str pieces"),
+        ({"header": ("{role}", 3)}, TypeError, "header must be a tuple of str pieces"),
+        ({"header": ("<special:>", "{role}")}, ValueError, "must be written <special:TOKEN>"),
+        ({"end_of_turn": ""}, TypeError, "end_of_turn must be a special-token string"),
+        ({"end_of_turn": None}, TypeError, "end_of_turn must be a special-token string"),
+        ({"begin": ""}, TypeError, "begin must be a special-token string"),
+        ({"after_turn": None}, TypeError, "after_turn must be str"),
+        ({"strip_content": "no"}, TypeError, "strip_content must be True or False"),
+        ({"name": 5}, TypeError, "name must be str"),
+    ],
+)
+def test_template_fields_are_checked(kwargs, error, words):
+    fields = {"name": "custom", "header": ("<special:<|im_start|>>", "{role}\n"), "end_of_turn": "<|im_end|>"}
+    with pytest.raises(error, match=words):
+        ChatTemplate(**(fields | kwargs))
+    assert ChatTemplate(**fields).specials() == ["<|im_start|>", "<|im_end|>"]
