@@ -8,9 +8,12 @@ directory, where they are downloaded when the network allows.
 from __future__ import annotations
 
 import gzip
+import math
+import numbers
 import os
 import struct
 import urllib.request
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,7 +44,19 @@ class Split:
 
 
 def load_digits(test_fraction: float = 0.2, seed: int = 0) -> Split:
-    """scikit-learn's 1797 8x8 digits (0..16 scaled to [0, 1], then standardised), a fixed split."""
+    """scikit-learn's 1797 8x8 digits (0..16 scaled to [0, 1], then standardised), a fixed split.
+
+    test_fraction is a number in (0, 1) that leaves both splits non-empty; seed an integer >= 0."""
+    if not isinstance(test_fraction, numbers.Real) or isinstance(test_fraction, (bool, np.bool_)):
+        raise TypeError(
+            f"load_digits: test_fraction must be a number in (0, 1), got {type(test_fraction).__name__}"
+        )
+    if not 0 < test_fraction < 1:
+        raise ValueError(f"load_digits: test_fraction must be in (0, 1), got {test_fraction!r}")
+    if not isinstance(seed, numbers.Integral) or isinstance(seed, (bool, np.bool_)):
+        raise TypeError(f"load_digits: seed must be an integer >= 0, got {type(seed).__name__} {seed!r}")
+    if seed < 0:
+        raise ValueError(f"load_digits: seed must be an integer >= 0, got {seed}")
     try:
         from sklearn.datasets import load_digits as sk_digits
     except ImportError as exc:
@@ -51,6 +66,11 @@ def load_digits(test_fraction: float = 0.2, seed: int = 0) -> Split:
     y = d.target.astype(np.int32)
     perm = np.random.default_rng(seed).permutation(len(y))
     n_test = int(round(len(y) * test_fraction))
+    if not 0 < n_test < len(y):
+        raise ValueError(
+            f"load_digits: test_fraction={test_fraction!r} leaves {n_test} of {len(y)} samples for testing; "
+            "both splits need at least one"
+        )
     test, train = perm[:n_test], perm[n_test:]
     mean, std = x[train].mean(), x[train].std()
     x = (x - mean) / std
@@ -72,22 +92,74 @@ _SYSTEM_DIRS = {"fashion-mnist": [Path("/usr/share/datasets/fashion-mnist")], "m
 _STATS = {"fashion-mnist": (0.2860, 0.3530), "mnist": (0.1307, 0.3081)}
 
 
+# IDX data type codes (the third byte of the magic number); netcl reads unsigned bytes
+_IDX_TYPES = {
+    0x08: "unsigned byte",
+    0x09: "signed byte",
+    0x0B: "int16",
+    0x0C: "int32",
+    0x0D: "float32",
+    0x0E: "float64",
+}
+_IDX_MAX_DIMS = 4
+
+
 def read_idx(path: str | os.PathLike) -> np.ndarray:
-    """An IDX array (ubyte data), gzip-compressed or raw."""
+    """An IDX array (ubyte data, 1 to 4 dimensions), gzip-compressed (told by its first bytes) or raw.
+
+    A file that is truncated, corrupt, or not an unsigned-byte IDX file raises NetclError naming the
+    file, what its header promised and what it holds."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"read_idx: path must be a str or a path, got {type(path).__name__}")
     p = Path(path)
-    opener = gzip.open if p.suffix == ".gz" else open
-    with opener(p, "rb") as f:
-        data = f.read()
+    raw = p.read_bytes()
+    if raw[:2] == b"\x1f\x8b":
+        try:
+            data = gzip.decompress(raw)
+        except EOFError:
+            raise NetclError(
+                f"{p}: the gzip data ends early (the file is truncated at {len(raw)} bytes); "
+                "get the file again"
+            ) from None
+        except (OSError, zlib.error) as exc:
+            raise NetclError(f"{p}: corrupt gzip data ({exc}); get the file again") from None
+    elif p.suffix == ".gz":
+        raise NetclError(
+            f"{p} is named .gz but is not gzip data (it starts with {raw[:4].hex() or 'nothing'})"
+        )
+    else:
+        data = raw
     if len(data) < 4:
-        raise NetclError(f"{p} is too short to be an IDX file")
-    zero, dtype_code, ndim = struct.unpack(">HBB", data[:4])
-    if zero != 0 or dtype_code != 0x08:
-        raise NetclError(f"{p} is not an unsigned-byte IDX file (magic {data[:4].hex()})")
-    dims = struct.unpack(f">{ndim}I", data[4 : 4 + 4 * ndim])
-    body = np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim)
-    if body.size != int(np.prod(dims)):
-        raise NetclError(f"{p}: header says {dims} ({int(np.prod(dims))} bytes), file holds {body.size}")
-    return body.reshape(dims)
+        raise NetclError(
+            f"{p} is too short to be an IDX file: {len(data)} bytes, the header alone needs 4 or more"
+        )
+    code, ndim = data[2], data[3]
+    if data[:2] != b"\0\0" or code not in _IDX_TYPES:
+        raise NetclError(
+            f"{p} is not an IDX file: it starts with {data[:4].hex()}, an IDX file with 0000 and a type"
+        )
+    if code != 0x08:
+        raise NetclError(
+            f"{p} holds {_IDX_TYPES[code]} data (IDX type 0x{code:02x}); netcl reads unsigned-byte "
+            "(0x08) IDX files"
+        )
+    if not 1 <= ndim <= _IDX_MAX_DIMS:
+        raise NetclError(f"{p}: the IDX header says {ndim} dimensions; netcl reads 1 to {_IDX_MAX_DIMS}")
+    start = 4 + 4 * ndim
+    if len(data) < start:
+        raise NetclError(
+            f"{p} is truncated: a {ndim}-dimensional IDX header needs {start} bytes, the file holds "
+            f"{len(data)}"
+        )
+    dims = struct.unpack(f">{ndim}I", data[4:start])
+    expected = math.prod(dims)
+    found = len(data) - start
+    if found != expected:
+        why = "truncated" if found < expected else "extra bytes after the data"
+        raise NetclError(
+            f"{p}: the header says shape {dims} ({expected} bytes of data), the file holds {found} ({why})"
+        )
+    return np.frombuffer(data, dtype=np.uint8, offset=start).reshape(dims)
 
 
 def _find(directory: Path) -> dict[str, Path] | None:
@@ -122,8 +194,14 @@ def locate(name: str, data_dir: str | os.PathLike | None = None, download: bool 
 
     With `data_dir`, only that directory (and its `name` subdirectory) is searched, and nothing is
     downloaded: data the caller pointed at is never silently replaced by another copy."""
+    if not isinstance(name, str):
+        raise TypeError(f"locate: name must be a dataset name (str), got {type(name).__name__}")
     if name not in _URLS:
         raise ValueError(f"unknown dataset {name!r}; known: {sorted(_URLS)}")
+    if data_dir is not None and not isinstance(data_dir, (str, os.PathLike)):
+        raise TypeError(f"locate: data_dir must be a str or a path, got {type(data_dir).__name__}")
+    if not isinstance(download, (bool, np.bool_)):
+        raise TypeError(f"locate: download must be True or False, got {type(download).__name__} {download!r}")
     if data_dir is not None:
         places = [Path(data_dir), Path(data_dir) / name]
         for place in places:
@@ -159,6 +237,7 @@ def load_idx_dataset(name: str, data_dir: str | os.PathLike | None = None, downl
     files = locate(name, data_dir, download)
     mean, std = _STATS[name]
     arrays = {k: read_idx(p) for k, p in files.items()}
+    _check_split(files, arrays, classes=10)
 
     def images(a: np.ndarray) -> np.ndarray:
         return ((a.astype(np.float32) / 255.0 - mean) / std)[:, None, :, :]
@@ -170,6 +249,32 @@ def load_idx_dataset(name: str, data_dir: str | os.PathLike | None = None, downl
         images(arrays["test_images"]),
         arrays["test_labels"].astype(np.int32),
     )
+
+
+def _check_split(files: dict[str, Path], arrays: dict[str, np.ndarray], classes: int) -> None:
+    """Images (N, H, W) with N labels in [0, classes) per split, one image size for both splits."""
+    for split in ("train", "test"):
+        images, labels = arrays[f"{split}_images"], arrays[f"{split}_labels"]
+        if images.ndim != 3:
+            raise NetclError(
+                f"{files[f'{split}_images']}: images are (N, H, W), the file holds shape {images.shape}"
+            )
+        if labels.ndim != 1:
+            raise NetclError(
+                f"{files[f'{split}_labels']}: labels are (N,), the file holds shape {labels.shape}"
+            )
+        if len(labels) != len(images):
+            raise NetclError(
+                f"{files[f'{split}_labels']} holds {len(labels)} labels, {files[f'{split}_images']} "
+                f"{len(images)} images"
+            )
+        if labels.size and int(labels.max()) >= classes:
+            raise NetclError(
+                f"{files[f'{split}_labels']}: label {int(labels.max())} is out of range for {classes} classes"
+            )
+    train, test = arrays["train_images"].shape[1:], arrays["test_images"].shape[1:]
+    if train != test:
+        raise NetclError(f"training images are {train}, test images {test} ({files['test_images']})")
 
 
 def load_fashion_mnist(data_dir: str | os.PathLike | None = None, download: bool = True) -> Split:
