@@ -52,6 +52,10 @@ def _write_bytes(f: Any, data: bytes) -> None:
 
 def atomic_write(path: str | os.PathLike, data: bytes) -> None:
     """Replace `path` by `data` so that at every instant `path` is either the old or the new file."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"atomic_write: path must be a str or a path, got {type(path).__name__}")
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise TypeError(f"atomic_write: data must be bytes, got {type(data).__name__}")
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")

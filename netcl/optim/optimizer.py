@@ -20,7 +20,7 @@ from netcl.autograd.engine import Node
 from netcl.core import backend
 from netcl.core.tensor import Tensor
 from netcl.errors import DTypeError, GraphCaptureError, NetclError, ShapeError
-from netcl.optim.arguments import Count, Real, is_count
+from netcl.optim.arguments import Count, Flag, Real, is_count
 
 MAX_TENSORS_PER_LAUNCH = 8
 
@@ -56,7 +56,7 @@ class Optimizer:
         self.defaults = self._check_group(dict(defaults), name)
         groups = _group_dicts(params, name)
         self.param_groups: list[dict[str, Any]] = []
-        seen: set[int] = set()
+        seen: dict[int, int] = {}  # id(param) -> index of its group
         for i, g in enumerate(groups):
             where = f"{name}: param_groups[{i}]"
             if "params" not in g:
@@ -73,7 +73,7 @@ class Optimizer:
             group = self._check_group(
                 {**self.defaults, **{k: v for k, v in g.items() if k != "params"}}, where
             )
-            group["params"] = _group_params(g["params"], where, seen)
+            group["params"] = _group_params(g["params"], where, seen, i)
             self.param_groups.append(group)
         # per parameter: {"step": int, name: Tensor}
         self.state: dict[int, dict[str, Any]] = {}
@@ -105,6 +105,7 @@ class Optimizer:
     # -- user API -------------------------------------------------------------------------------
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Forget the accumulated gradients (set_to_none=False fills them with zeros instead)."""
+        set_to_none = Flag()(set_to_none, f"{type(self).__name__}.zero_grad: set_to_none")
         for group in self.param_groups:
             for p in group["params"]:
                 if set_to_none or p.grad is None:
@@ -117,7 +118,12 @@ class Optimizer:
         name = type(self).__name__
         for i, group in enumerate(self.param_groups):
             self._check_group(group, f"{name}.step: param_groups[{i}]")
-            for p in group["params"]:
+            for j, p in enumerate(group["params"]):
+                if not isinstance(p, Node):
+                    raise TypeError(
+                        f"{name}.step: param_groups[{i}]['params'][{j}] is a {type(p).__name__}, not a "
+                        "Parameter (was the list changed after the optimizer was made?)"
+                    )
                 if p.grad is not None:
                     self._check_grad(p)
         for group in self.param_groups:
@@ -440,7 +446,7 @@ def _group_dicts(params: Any, name: str) -> list[Mapping[str, Any]]:
     return items if dicts[0] else [{"params": items}]
 
 
-def _group_params(value: Any, where: str, seen: set[int]) -> list[Node]:
+def _group_params(value: Any, where: str, seen: dict[int, int], index: int) -> list[Node]:
     """A group's 'params' as a list of distinct leaf Nodes (a single Parameter is a list of one)."""
     if isinstance(value, Node):
         value = [value]
@@ -467,11 +473,13 @@ def _group_params(value: Any, where: str, seen: set[int]) -> list[Node]:
                 "optimizers update leaves such as Parameters"
             )
         if id(p) in seen:
+            if seen[id(p)] == index:
+                raise ValueError(f"{where}: params[{j}] appears twice in this parameter group")
             raise ValueError(
-                f"{where}: params[{j}] appears more than once: a parameter belongs to one parameter "
-                "group, once"
+                f"{where}: params[{j}] is also in param_groups[{seen[id(p)]}]: a parameter cannot be in "
+                "more than one parameter group"
             )
-        seen.add(id(p))
+        seen[id(p)] = index
     return items
 
 

@@ -14,7 +14,7 @@ from safetensors.numpy import load_file, save_file
 from netcl import nn, optim
 from netcl.core import random
 from netcl.data import DataLoader
-from netcl.io import CheckpointError, load_checkpoint, read_checkpoint, save_checkpoint
+from netcl.io import CheckpointError, atomic_write, load_checkpoint, read_checkpoint, save_checkpoint
 
 
 def _model(queue):
@@ -401,6 +401,14 @@ def test_paths_that_are_not_files(queue, tmp_path):
         load_checkpoint(tmp_path, _model(queue))
     with pytest.raises(TypeError, match="path must be a str or a path, got int"):
         read_checkpoint(3)
+
+
+def test_atomic_write_arguments(tmp_path):
+    with pytest.raises(TypeError, match="data must be bytes, got str"):
+        atomic_write(tmp_path / "f", "text")
+    with pytest.raises(TypeError, match="path must be a str or a path, got NoneType"):
+        atomic_write(None, b"x")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_valid_checkpoint_restores_everything(queue, saved):

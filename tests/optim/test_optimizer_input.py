@@ -145,6 +145,21 @@ def test_nesterov_rules_apply_to_groups_and_loaded_state(queue):
     assert opt.param_groups[0]["momentum"] == 0.9
 
 
+def test_step_and_zero_grad_check_what_they_find(queue):
+    p = _param(queue)
+    p.grad = Tensor.ones(queue, (3,))
+    opt = optim.SGD([p], lr=0.1)
+    opt.param_groups[0]["params"].append("w")
+    with pytest.raises(
+        TypeError, match=r"step: param_groups\[0\]\['params'\]\[1\] is a str, not a Parameter"
+    ):
+        opt.step()
+    np.testing.assert_array_equal(p.value.to_host(), [1.0, 1.0, 1.0])
+    with pytest.raises(TypeError, match="zero_grad: set_to_none must be True or False, got str 'no'"):
+        opt.zero_grad(set_to_none="no")
+    assert p.grad is not None
+
+
 def test_valid_numbers_of_every_kind_are_kept(queue):
     opt = optim.Adam([_param(queue)], lr=np.float32(0.5), betas=[0, np.float64(0.5)], eps=0, weight_decay=2)
     g = opt.param_groups[0]
@@ -184,9 +199,9 @@ def test_constructor_rejects_malformed_params(queue):
         (
             [{"params": [p]}, {"params": [q, p]}],
             ValueError,
-            r"param_groups\[1\]: params\[1\] appears more than once",
+            r"param_groups\[1\]: params\[1\] is also in param_groups\[0\]: a parameter cannot be",
         ),
-        ([p, q, p], ValueError, r"params\[2\] appears more than once"),
+        ([p, q, p], ValueError, r"params\[2\] appears twice in this parameter group"),
     ]
     for params, error, words in cases:
         with pytest.raises(error, match=words):
