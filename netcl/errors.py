@@ -27,6 +27,19 @@ class ShapeError(NetclError, ValueError):
     """A shape, axis, index or stride does not fit the operation."""
 
 
+class IndexingError(ShapeError, IndexError):
+    """An index that does not fit: out of range, too many, or not an index at all (NumPy's IndexError)."""
+
+
+class SizeTypeError(ShapeError, TypeError):
+    """A size, shape or axis that is not an integer (2.7, 2.0, '12', None): a TypeError, as in NumPy and
+    PyTorch, and a ShapeError."""
+
+
+class ScalarOverflowError(NetclError, OverflowError):
+    """A Python scalar does not fit the dtype it meets (300 for uint8, 2**40 for int32), as NumPy raises."""
+
+
 class DTypeError(NetclError, TypeError):
     """A dtype is unsupported, or unsupported on this device, or the combination is."""
 

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from netcl.core.tensor import Tensor
-from netcl.errors import NetclError, ShapeError
+from netcl.errors import DTypeError, NetclError, ShapeError
 
 BackwardFn = Callable[[Tensor], Sequence[Tensor | None]]
 
@@ -59,6 +59,8 @@ class Node:
     def __init__(self, value: Tensor, requires_grad: bool = False):
         if not isinstance(value, Tensor):
             raise TypeError(f"a Node wraps a netcl Tensor, got {type(value).__name__}; use ag.tensor(t)")
+        if requires_grad:
+            _check_differentiable(value)
         self.value = value
         self.grad: Tensor | None = None
         self.requires_grad = bool(requires_grad)
@@ -119,6 +121,14 @@ class Node:
         return f"Node(shape={self.shape}, dtype={self.dtype}, op={self._op}{flag})"
 
 
+def _check_differentiable(value: Tensor) -> None:
+    if value.dtype.kind != "f":
+        raise DTypeError(
+            f"only floating-point tensors can require gradients, got {value.dtype} (shape {value.shape}); "
+            "cast it first (x.astype(np.float32)), or leave requires_grad off for index tensors"
+        )
+
+
 class Parameter(Node):
     """A trainable leaf that lives across tapes; its `.grad` accumulates until zero_grad()."""
 
@@ -138,6 +148,7 @@ def tensor(t: Tensor | Node, requires_grad: bool = False) -> Node:
         if requires_grad and not t.requires_grad:
             if not t.is_leaf:
                 raise NetclError("requires_grad can only be switched on for a leaf node")
+            _check_differentiable(t.value)
             t.requires_grad = True
         return t
     if not isinstance(t, Tensor):
@@ -234,8 +245,18 @@ def _accumulate(a: Tensor, b: Tensor) -> Tensor:
     return _ops().add(a, b)
 
 
-def backward(root: Node, grad: Tensor | None = None) -> None:
-    """Run reverse-mode differentiation from `root` (seeded with ones, or `grad`)."""
+_FREED = (
+    "backward: part of this graph was already differentiated and the tensors its rules saved were freed "
+    "(node {op}); pass retain_graph=True to the first backward to differentiate the same graph again, or "
+    "record the forward pass again"
+)
+
+
+def backward(root: Node, grad: Tensor | None = None, retain_graph: bool = False,
+             _targets: dict[int, Node] | None = None) -> None:
+    """Run reverse-mode differentiation from `root` (seeded with ones, or `grad`). Each rule's saved
+    tensors are freed after it runs unless `retain_graph`; reaching a freed node again is an error
+    (PyTorch's rule), never a silently missing gradient."""
     if not isinstance(root, Node):
         raise TypeError(f"backward needs a Node, got {type(root).__name__}")
     if not root.requires_grad:
@@ -244,10 +265,7 @@ def backward(root: Node, grad: Tensor | None = None) -> None:
             "inside `with ag.Tape() as tape:` with at least one parameter or ag.tensor(..., requires_grad=True)"
         )
     if root._freed:
-        raise NetclError(
-            "backward: this graph was already differentiated and its saved tensors freed; "
-            "record the forward pass again"
-        )
+        raise NetclError(_FREED.format(op=root._op))
     if grad is None:
         if root.size != 1:
             raise ShapeError(
@@ -255,28 +273,40 @@ def backward(root: Node, grad: Tensor | None = None) -> None:
                 "grad= with the output's shape"
             )
         grad = Tensor.full(root.queue, root.shape, 1.0, root.dtype)
+    elif not isinstance(grad, Tensor):
+        raise TypeError(f"backward: grad must be a netcl Tensor, got {type(grad).__name__}")
     elif grad.shape != root.shape:
         raise ShapeError(f"backward: grad of shape {grad.shape} does not match the output shape {root.shape}")
+    elif grad.dtype.kind != "f":
+        raise DTypeError(f"backward: grad must be floating point like the output ({root.dtype}), got {grad.dtype}")
+    order = _topological_order(root)
+    freed = next((n for n in order if n._freed), None)
+    if freed is not None:  # checked before any rule runs: a refused backward changes nothing
+        raise NetclError(_FREED.format(op=freed._op))
     grads: dict[int, Tensor] = {id(root): grad}
     claimed: set[int] = set()  # storages handed to a leaf's .grad this pass: never shared between two
     with no_grad():
-        for node in reversed(_topological_order(root)):
+        for node in reversed(order):
             g = grads.pop(id(node), None)
             if g is None:
                 continue
+            if _targets is not None and id(node) in _targets:
+                node.grad = g if node.grad is None else _accumulate(node.grad, g)
+                if node._backward is None:
+                    continue
             fn = node._backward
             if fn is None:  # a leaf: parameters and ag.tensor(..., requires_grad=True)
-                if node._freed:
-                    continue
-                _store_leaf_grad(node, g, claimed)
+                if _targets is None:
+                    _store_leaf_grad(node, g, claimed)
                 continue
-            if node._retain:
+            if node._retain and _targets is None:
                 node.grad = g if node.grad is None else _accumulate(node.grad, g)
             parent_grads = fn(g)
             parents = node._parents
-            node._backward = None  # frees the tensors the rule saved
-            node._parents = ()
-            node._freed = True
+            if not retain_graph:
+                node._backward = None  # frees the tensors the rule saved
+                node._parents = ()
+                node._freed = True
             if len(parent_grads) != len(parents):
                 raise NetclError(
                     f"backward rule of {node._op} returned {len(parent_grads)} gradients "
@@ -327,17 +357,32 @@ class Tape:
         """How many nodes were recorded on this tape."""
         return self._count
 
-    def backward(self, loss: Node, grad: Tensor | None = None) -> None:
-        """Accumulate d(loss)/d(leaf) into every leaf's `.grad` (seed: ones, or `grad`)."""
-        backward(loss, grad)
+    def backward(self, loss: Node, grad: Tensor | None = None, retain_graph: bool = False) -> None:
+        """Accumulate d(loss)/d(leaf) into every leaf's `.grad` (seed: ones, or `grad`). The graph is
+        freed as it goes unless `retain_graph` (needed to differentiate it, or a part of it, again)."""
+        backward(loss, grad, retain_graph)
 
-    def gradient(self, loss: Node, wrt: Sequence[Node]) -> list[Tensor | None]:
-        """Gradients of `loss` with respect to `wrt` (leaves), returned instead of kept in .grad."""
+    def gradient(self, loss: Node, wrt: Sequence[Node], grad: Tensor | None = None,
+                 retain_graph: bool = False, allow_unused: bool = False) -> list[Tensor | None]:
+        """d(loss)/d(each of `wrt`), leaves or intermediate nodes, returned instead of accumulated into
+        any `.grad` (torch.autograd.grad). A node of `wrt` that does not require grad is an error; one
+        the loss does not depend on is too, unless allow_unused (then its gradient is None)."""
+        wrt = list(wrt)
+        for i, n in enumerate(wrt):
+            if not isinstance(n, Node):
+                raise TypeError(f"gradient: wrt[{i}] is a {type(n).__name__}, not a Node")
+            if not n.requires_grad:
+                raise NetclError(f"gradient: wrt[{i}] ({n!r}) does not require grad, so it has no gradient")
+        reached = {id(n) for n in _topological_order(loss)} if isinstance(loss, Node) else set()
+        unused = [i for i, n in enumerate(wrt) if id(n) not in reached]
+        if unused and not allow_unused:
+            raise NetclError(f"gradient: wrt{unused} is not used in computing the loss (pass allow_unused=True "
+                             "to get None for it)")
         saved = [n.grad for n in wrt]
         for n in wrt:
             n.grad = None
         try:
-            backward(loss)
+            backward(loss, grad, retain_graph, _targets={id(n): n for n in wrt})
             return [n.grad for n in wrt]
         finally:
             for n, s in zip(wrt, saved):

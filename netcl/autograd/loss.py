@@ -13,10 +13,15 @@ import numpy as np
 
 from netcl.autograd import kernels
 from netcl.autograd.engine import Node, as_node, needs_grad, record
+from netcl.core.backend import device_check
 from netcl.core.tensor import Tensor, check_same_queue
 from netcl.errors import DTypeError, ShapeError
 
 _REDUCTIONS = {"none": 0, "mean": 1, "sum": 2}
+# what the class-loss kernels report for a label outside [0, C) other than ignore_index
+_LABEL_CHECK = {name: device_check(f"{name}: label {{value}} in row {{row}} is outside [0, {{limit}}) (the number "
+                                   "of classes); labels must be class indices, or ignore_index to skip a row")
+                for name in ("cross_entropy", "nll")}
 
 
 def _reduction_code(reduction: str) -> int:
@@ -57,7 +62,7 @@ def _class_loss(
     xc = xv.contiguous()
     labc = lab.contiguous()
     out = Tensor.empty(queue, lab.shape if red == 0 else (1,), xv.dtype)
-    lse = Tensor.empty(queue, (max(rows, 1),), xv.dtype)
+    stats = Tensor.empty(queue, (max(rows, 1), 2), xv.dtype)  # per row: max and log-sum-exp of x - max
     count = Tensor.empty(queue, (1,), xv.dtype)
     common = (
         xc.buffer,
@@ -70,9 +75,10 @@ def _class_loss(
         scalar(smoothing),
         np.int32(red),
     )
-    prg.class_loss_forward(queue, (wg,), (wg,), *common, out.buffer, lse.buffer, count.buffer)
+    prg.class_loss_forward(queue, (wg,), (wg,), *common, out.buffer, stats.buffer, count.buffer,
+                           queue.check_buffer(), _LABEL_CHECK[name])
 
-    saved = (xc, labc, lse, count)  # the closure keeps these alive: `common` holds only raw buffers
+    saved = (xc, labc, stats, count)  # the closure keeps these alive: `common` holds only raw buffers
 
     def backward(g: Tensor) -> tuple[Tensor | None]:
         assert saved
@@ -83,7 +89,7 @@ def _class_loss(
             (classes, max(rows, 1)),
             None,
             *common,
-            lse.buffer,
+            stats.buffer,
             count.buffer,
             gc.buffer,
             np.int64(gc.offset),

@@ -15,8 +15,9 @@ from typing import Any
 
 from netcl.autograd.elementwise import sum_to_shape
 from netcl.autograd.engine import Node, _ops, as_node, needs_grad, record
+from netcl.core import shapes
 from netcl.core.tensor import Tensor
-from netcl.errors import ShapeError
+from netcl.errors import DTypeError, ShapeError
 
 
 def _mm():
@@ -171,10 +172,6 @@ def conv2d(
     return record(out, parents, backward, "conv2d" if activation is None else "conv2d_relu")
 
 
-def _as_pair(v: Any) -> tuple[int, int]:
-    return (int(v), int(v)) if isinstance(v, (int,)) else (int(v[0]), int(v[1]))
-
-
 def _conv_grad_input(
     g: Tensor, w: Tensor, x_shape: tuple[int, ...], stride: Any, padding: Any, dilation: Any, groups: int
 ) -> Tensor:
@@ -183,7 +180,8 @@ def _conv_grad_input(
     where that pays (large convolutions on GPUs); otherwise conv2d_backward_input (GEMM + col2im: 2
     launches, and 1.3x the flipped convolution on PoCL, bench/NOTES.md)."""
     ops = _ops()
-    (sh, sw), (dh, dw), (ph, pw) = _as_pair(stride), _as_pair(dilation), _as_pair(padding)
+    (sh, sw), (dh, dw), (ph, pw) = shapes.pair(stride, "stride"), shapes.pair(dilation, "dilation"), \
+        shapes.pair(padding, "padding")
     kh, kw = w.shape[2], w.shape[3]
     flipped_ok = (sh, sw, dh, dw, groups) == (1, 1, 1, 1, 1) and ph <= kh - 1 and pw <= kw - 1
     from netcl.ops.conv import winograd_pays
@@ -353,7 +351,8 @@ def embedding(weight: Node, ids: Any) -> Node:
     weight = as_node(weight)
     idv = ids.value if isinstance(ids, Node) else ids
     if not isinstance(idv, Tensor) or idv.dtype.kind not in "iu":
-        raise ShapeError(f"embedding: ids must be an integer Tensor, got {getattr(idv, 'dtype', type(idv))}")
+        raise DTypeError(f"embedding: ids must be an integer Tensor (int32 or int64), got "
+                         f"{getattr(idv, 'dtype', type(idv).__name__)}")
     wv = weight.value
     out = ops.embedding(wv, idv)
 

@@ -23,7 +23,7 @@ import numpy as np
 import pyopencl as cl
 
 from netcl import config, profiling
-from netcl.errors import DeviceError, KernelBuildError, KernelLaunchError, OutOfMemoryError
+from netcl.errors import DeviceError, KernelBuildError, KernelLaunchError, OutOfMemoryError, ShapeError
 
 CL_STD = "-cl-std=CL1.2"
 
@@ -52,10 +52,44 @@ class Queue:
             raise DeviceError(f"could not create a command queue on {device.describe()}: {exc}") from exc
         self._staging = None
         self._lock = threading.Lock()
+        self._checks: cl.Buffer | None = None
 
     @property
     def context(self) -> cl.Context:
         return self.device.context
+
+    def check_buffer(self) -> cl.Buffer:
+        """This queue's device-check record: CHECK_WORDS int32 that a kernel fills when it meets input it
+        cannot honour (a class label outside [0, C), say): [code, value low, value high, row, limit].
+        The first kernel to fail wins (atomic_cmpxchg on the code); the next host read on this queue
+        raises it (`raise_device_errors`). Made zeroed on first use, so queues whose kernels never
+        check pay nothing."""
+        with self._lock:
+            if self._checks is None:
+                zeros = np.zeros(CHECK_WORDS, np.int32)
+                try:
+                    self._checks = cl.Buffer(self.context, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR,
+                                             hostbuf=zeros)
+                except cl.Error as exc:
+                    raise DeviceError(f"could not allocate the check record on {self.device.describe()}: "
+                                      f"{exc}") from exc
+            return self._checks
+
+    def raise_device_errors(self) -> None:
+        """Raise what a kernel recorded in the check record since the last look (and clear it)."""
+        if self._checks is None:
+            return
+        record = np.empty(CHECK_WORDS, np.int32)
+        cl.enqueue_copy(self.cl, record, self._checks, is_blocking=True)
+        if record[0] == 0:
+            return
+        cl.enqueue_copy(self.cl, self._checks, np.zeros(CHECK_WORDS, np.int32), is_blocking=True)
+        message = _check_messages[record[0] - 1] if 0 < record[0] <= len(_check_messages) else "unknown check"
+        value = int(np.uint32(record[1])) | (int(record[2]) << 32)
+        raise ShapeError(
+            message.format(value=value, row=int(record[3]), limit=int(record[4]))
+            + " (found by a kernel on the device; results computed since that launch are not valid)"
+        )
 
     @property
     def staging(self):
@@ -78,6 +112,19 @@ class Queue:
 
     def __repr__(self) -> str:
         return f"Queue({self.device.describe()}{', profiling' if self.profiling else ''})"
+
+
+# -- device-side input checks (Queue.check_buffer) -------------------------------------------------------
+CHECK_WORDS = 8
+_check_messages: list[str] = []
+
+
+def device_check(message: str) -> np.int32:
+    """The code a kernel reports a failed check under; `message` is formatted with value, row, limit
+    when the host raises it, e.g. "cross_entropy: label {value} in row {row} is outside [0, {limit})"."""
+    if message not in _check_messages:
+        _check_messages.append(message)
+    return np.int32(_check_messages.index(message) + 1)
 
 
 def as_queue(q: Any) -> Queue:
@@ -158,14 +205,29 @@ class count_launches:
 _sources: dict[str, str] = {}
 
 
+_INCLUDE = re.compile(r'^#include "([\w.]+)"[ \t]*$', re.MULTILINE)
+
+
 def kernel_source(filename: str) -> str:
-    """Text of a package kernel file, e.g. kernel_source("copy.cl") (read once per process)."""
+    """Text of a package kernel file, e.g. kernel_source("copy.cl") (read once per process), with its
+    `#include "other.cl"` lines replaced by those package files (once each), so a helper shared by
+    several kernel files (checks.cl) is written once and every program is one self-contained text."""
     text = _sources.get(filename)
     if text is None:
         try:
             text = resources.files("netcl.kernels").joinpath(filename).read_text()
         except FileNotFoundError as exc:
             raise KernelBuildError(f"no kernel file netcl/kernels/{filename}") from exc
+        seen = {filename}
+
+        def expand(m: re.Match) -> str:
+            name = m.group(1)
+            if name in seen:
+                return f"/* {name} already included */"
+            seen.add(name)
+            return _INCLUDE.sub(expand, kernel_source(name))
+
+        text = _INCLUDE.sub(expand, text)
         _sources[filename] = text
     return text
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from netcl.errors import DTypeError
+from netcl.errors import DTypeError, ScalarOverflowError
 
 float16 = np.dtype(np.float16)
 float32 = np.dtype(np.float32)
@@ -43,6 +43,21 @@ def normalize(dtype: Any) -> np.dtype:
     if dt not in SUPPORTED:
         raise DTypeError(f"dtype {dt} is not supported; netcl supports {names()}")
     return dt
+
+
+def check_scalar_fits(value: Any, dtype: np.dtype, what: str = "value") -> None:
+    """Refuse a Python (or NumPy) integer that `dtype`, an integer dtype, cannot hold, as NumPy 2 does
+    (300 for uint8, 2**40 for int32): the alternative is a silently wrapped value."""
+    if dtype.kind not in "iu" or isinstance(value, (bool, np.bool_)):
+        return
+    if not isinstance(value, (int, np.integer)):
+        return
+    info = np.iinfo(dtype)
+    if not info.min <= int(value) <= info.max:
+        raise ScalarOverflowError(
+            f"{what} {int(value)} does not fit {dtype} (range [{info.min}, {info.max}]); use a wider dtype "
+            "or a value in range"
+        )
 
 
 def names() -> str:

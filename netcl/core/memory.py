@@ -98,11 +98,25 @@ class BufferPool:
                 self.cached -= cap
                 self.hits += 1
             else:
+                self._check_total(cap, nbytes)
                 buf = self._create_with_retry(cap, nbytes)
                 self.allocations += 1
             self.in_use += cap
             self.peak = max(self.peak, self.in_use)
         return Storage(self, buf, nbytes, cap, queue)
+
+    def _check_total(self, cap: int, nbytes: int) -> None:
+        """Refuse a block that, with what netcl already holds, exceeds the device's global memory. Drivers
+        that allocate lazily (PoCL) would otherwise accept it and fail later, elsewhere."""
+        total = self.device.capabilities.global_mem
+        if self.in_use + self.cached + cap <= total:
+            return
+        if self.cached:
+            self.empty_cache()  # cached blocks are ours to give back first
+            if self.in_use + cap <= total:
+                return
+        raise OutOfMemoryError(self._oom_message(
+            nbytes, f"netcl already holds {_fmt_bytes(self.in_use)} of the device's {_fmt_bytes(total)}"))
 
     def _create_with_retry(self, cap: int, nbytes: int) -> cl.Buffer:
         for attempt in (0, 1):

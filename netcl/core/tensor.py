@@ -17,30 +17,28 @@ import numpy as np
 import pyopencl as cl
 import pyopencl.cltypes as cltypes
 
-from netcl.core import dtypes
+from netcl.core import dtypes, shapes
 from netcl.core.backend import Queue, as_queue, capturing, enqueue_copy, load_program
 from netcl.core.memory import Storage, is_pinned
-from netcl.errors import DeviceMismatchError, DTypeError, ShapeError
+from netcl.errors import DeviceMismatchError, DTypeError, IndexingError, ShapeError
 
 MAX_DIMS = 8
 _REPR_LIMIT = 1000
 
 
 def _normalize_shape(shape: Any) -> tuple[int, ...]:
-    if isinstance(shape, (int, np.integer)):
-        shape = (int(shape),)
-    try:
-        out = tuple(int(s) for s in shape)
-    except TypeError as exc:
-        raise ShapeError(f"shape must be an int or a sequence of ints, got {shape!r}") from exc
-    if any(s < 0 for s in out):
-        raise ShapeError(f"shape {out} has a negative dimension")
+    out = shapes.shape(shape)
     if len(out) > MAX_DIMS:
         raise ShapeError(f"shape {out} has {len(out)} dimensions; netcl supports at most {MAX_DIMS}")
     return out
 
 
 _empty_plans: dict[tuple, tuple] = {}  # (shape, dtype) as given -> (shape, strides, nbytes, dtype) checked
+
+
+def _is_new_axis(item: Any) -> bool:
+    """None, True and False in an index add an axis (of 1, 1 and 0 elements) instead of taking one."""
+    return item is None or isinstance(item, (bool, np.bool_))
 
 
 def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
@@ -333,6 +331,7 @@ class Tensor:
             return out
         byte_offset = src.offset * src.itemsize
         enqueue_copy(self.queue, out, src.buffer, src_offset=byte_offset, is_blocking=True)
+        self.queue.raise_device_errors()
         return out
 
     numpy = to_host
@@ -364,6 +363,7 @@ class Tensor:
 
     def fill_(self, value: Any) -> Tensor:
         """Set every element to `value` (in place)."""
+        dtypes.check_scalar_fits(value, self.dtype, "fill value")
         with np.errstate(all="ignore"):
             pattern = np.array(value).astype(self.dtype)
         if self.size == 0:
@@ -430,9 +430,7 @@ class Tensor:
         return Tensor(self._storage, shape, strides, offset, self.dtype, self.queue)
 
     def _infer_shape(self, shape: Any) -> tuple[int, ...]:
-        if len(shape) == 1 and not isinstance(shape[0], (int, np.integer)):
-            shape = tuple(shape[0])
-        shape = tuple(int(s) for s in shape)
+        shape = shapes.sizes(shapes.varargs(shape), "shape", minimum=-1)
         if shape.count(-1) > 1:
             raise ShapeError(f"only one dimension may be -1 in {shape}")
         if -1 in shape:
@@ -516,16 +514,12 @@ class Tensor:
         c = self.contiguous()
         return c._view(shp, contiguous_strides(shp), c.offset)
 
-    def _axis(self, axis: int) -> int:
-        nd = self.ndim
-        if not -nd <= axis < nd:
-            raise ShapeError(f"axis {axis} is out of range for a tensor of shape {self.shape}")
-        return axis % nd
+    def _axis(self, axis: Any) -> int:
+        return shapes.axis(axis, self.ndim, shape_of=self.shape)
 
     def permute(self, *dims: Any) -> Tensor:
-        if len(dims) == 1 and not isinstance(dims[0], (int, np.integer)):
-            dims = tuple(dims[0])
-        axes = tuple(self._axis(int(d)) for d in dims)
+        dims = shapes.varargs(dims)
+        axes = tuple(self._axis(d) for d in dims)
         if sorted(axes) != list(range(self.ndim)):
             raise ShapeError(f"permute needs each of the {self.ndim} axes once, got {tuple(dims)}")
         return self._view(tuple(self.shape[a] for a in axes), tuple(self.strides[a] for a in axes), self.offset)
@@ -555,10 +549,7 @@ class Tensor:
         return self._view(tuple(self.shape[i] for i in keep), tuple(self.strides[i] for i in keep), self.offset)
 
     def unsqueeze(self, axis: int) -> Tensor:
-        nd = self.ndim + 1
-        if not -nd <= axis < nd:
-            raise ShapeError(f"axis {axis} is out of range for unsqueeze of shape {self.shape}")
-        axis %= nd
+        axis = shapes.axis(axis, self.ndim + 1, "unsqueeze axis", shape_of=self.shape)
         shape = list(self.shape)
         strides = list(self.strides)
         shape.insert(axis, 1)
@@ -567,9 +558,7 @@ class Tensor:
 
     def expand(self, *shape: Any) -> Tensor:
         """Broadcast view to `shape` (stride 0 along expanded axes; -1 keeps a size)."""
-        if len(shape) == 1 and not isinstance(shape[0], (int, np.integer)):
-            shape = tuple(shape[0])
-        shape = tuple(int(s) for s in shape)
+        shape = shapes.sizes(shapes.varargs(shape), "expand shape", minimum=-1)
         if len(shape) < self.ndim:
             raise ShapeError(f"cannot expand shape {self.shape} to fewer dimensions {shape}")
         lead = len(shape) - self.ndim
@@ -594,21 +583,22 @@ class Tensor:
         return self._view(_normalize_shape(new_shape), tuple(new_strides), self.offset)
 
     def __getitem__(self, index: Any) -> Tensor:
-        """Basic indexing: ints, slices (any step), Ellipsis and None; the result is a view."""
+        """Basic indexing: ints, slices (any step), Ellipsis, None and bool scalars (NumPy's: True adds an
+        axis of 1 like None, False one of 0); the result is a view."""
         if not isinstance(index, tuple):
             index = (index,)
         for item in index:
-            if not (item is None or item is Ellipsis or isinstance(item, (slice, int, np.integer))):
-                raise ShapeError(
+            if not (item is None or item is Ellipsis or isinstance(item, (slice, int, np.integer, np.bool_))):
+                raise IndexingError(
                     f"index {item!r} ({type(item).__name__}) is not basic indexing; use ints, slices, "
-                    "... and None (gather/index_select/masked ops live in netcl.ops)"
+                    "..., None and bools (gather/index_select/masked ops live in netcl.ops)"
                 )
         n_ellipsis = sum(1 for i in index if i is Ellipsis)
         if n_ellipsis > 1:
-            raise ShapeError("an index can only have a single ellipsis ('...')")
-        n_real = sum(1 for i in index if i is not None and i is not Ellipsis)
+            raise IndexingError("an index can only have a single ellipsis ('...')")
+        n_real = sum(1 for i in index if not _is_new_axis(i) and i is not Ellipsis)
         if n_real > self.ndim:
-            raise ShapeError(f"too many indices ({n_real}) for a tensor of shape {self.shape}")
+            raise IndexingError(f"too many indices ({n_real}) for a tensor of shape {self.shape}")
         if n_ellipsis:
             at = index.index(Ellipsis)
             index = index[:at] + (slice(None),) * (self.ndim - n_real) + index[at + 1 :]
@@ -619,15 +609,13 @@ class Tensor:
         offset = self.offset
         dim = 0
         for item in index:
-            if item is None:
-                shape.append(1)
+            if _is_new_axis(item):
+                shape.append(0 if item is False or item is np.False_ else 1)
                 strides.append(0)
                 continue
             size, stride = self.shape[dim], self.strides[dim]
             if isinstance(item, slice):
                 start, stop, step = item.indices(size)
-                if step == 0:
-                    raise ShapeError("slice step cannot be zero")
                 length = len(range(start, stop, step))
                 if length > 0:
                     offset += start * stride
@@ -636,7 +624,7 @@ class Tensor:
             else:
                 i = int(item)
                 if not -size <= i < size:
-                    raise ShapeError(f"index {i} is out of bounds for axis {dim} with size {size}")
+                    raise IndexingError(f"index {i} is out of bounds for axis {dim} with size {size}")
                 offset += (i % size) * stride
             dim += 1
         return self._view(_normalize_shape(shape), tuple(strides), offset)

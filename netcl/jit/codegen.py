@@ -203,13 +203,15 @@ def _op_expr(op: str, a: list[str], dt: np.dtype, in_dt: list[np.dtype]) -> str:
     if op == "floor_divide":
         if flt:
             return f"floor({a[0]} / {a[1]})"
-        return (f"({a[1]} == 0 ? {zero} : ({a[0]} / {a[1]} - "
-                f"((({a[0]} % {a[1]}) != 0) && (({a[0]} < 0) != ({a[1]} < 0)))))")
+        # b == 0 gives 0 (NumPy's result); b == -1 negates in unsigned arithmetic, so MIN // -1 wraps as
+        # in NumPy instead of trapping (x86 division faults on it, killing a CPU device's process)
+        return (f"({a[1]} == 0 ? {zero} : ({a[1]} == ({ct})-1 ? ({ct})(({_unsigned(ct)})0 - ({_unsigned(ct)}){a[0]}) : "
+                f"({a[0]} / {a[1]} - ((({a[0]} % {a[1]}) != 0) && (({a[0]} < 0) != ({a[1]} < 0))))))")
     if op == "remainder":
         if flt:
             return f"({a[0]} - floor({a[0]} / {a[1]}) * {a[1]})"
-        return (f"({a[1]} == 0 ? {zero} : ((({a[0]} % {a[1]}) != 0 && (({a[0]} % {a[1]}) < 0) != ({a[1]} < 0))"
-                f" ? ({a[0]} % {a[1]}) + {a[1]} : ({a[0]} % {a[1]})))")
+        return (f"(({a[1]} == 0 || {a[1]} == ({ct})-1) ? {zero} : ((({a[0]} % {a[1]}) != 0 && "
+                f"(({a[0]} % {a[1]}) < 0) != ({a[1]} < 0)) ? ({a[0]} % {a[1]}) + {a[1]} : ({a[0]} % {a[1]})))")
     if op in ("isnan", "isinf", "isfinite"):
         return f"{op}({x})" if in_dt[0].kind == "f" else ("((uchar)1)" if op == "isfinite" else "((uchar)0)")
     if op == "cast":
@@ -217,6 +219,10 @@ def _op_expr(op: str, a: list[str], dt: np.dtype, in_dt: list[np.dtype]) -> str:
             return f"({x} != 0)"
         return f"(({ct}){x})"
     raise KeyError(op)
+
+
+def _unsigned(ct: str) -> str:
+    return {"int": "uint", "long": "ulong", "uchar": "uchar"}[ct]
 
 
 def emit_nodes(desc: tuple, leaf_value, index_value, suffix: str = "") -> tuple[list[str], list[str]]:

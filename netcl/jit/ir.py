@@ -119,7 +119,11 @@ def leaf(tensor: Any) -> Node:
 
 
 def param(value: Any, dtype: np.dtype) -> Node:
-    return Node("param", (), dtype if isinstance(dtype, np.dtype) else np.dtype(dtype), value)
+    """A runtime scalar argument (a Python number in an elementwise op); an integer that `dtype`
+    cannot hold is refused here, at the op, as NumPy does."""
+    dt = dtype if isinstance(dtype, np.dtype) else np.dtype(dtype)
+    dtypes.check_scalar_fits(value, dt, "scalar")
+    return Node("param", (), dt, value)
 
 
 def const(value: Any, dtype: np.dtype) -> Node:
@@ -137,6 +141,8 @@ def cast(x: Node, dtype: Any) -> Node:
     if x.dtype is dt or x.dtype == dt:
         return x
     if x.op in ("param", "const"):
+        if x.op == "param":
+            dtypes.check_scalar_fits(x.attr, dt, "scalar")
         return Node(x.op, (), dt, x.attr)
     return Node("cast", (x,), dt)
 

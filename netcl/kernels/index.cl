@@ -3,8 +3,11 @@
 // gather_axis: out[c] = x[c with c[AXIS] replaced by idx(c)], idx(c) = index[ioff + sum c_d * is_d]
 //   (index strides may be 0: index_select broadcasts a 1-D index over the other axes). Negative
 //   indices count from the end; indices still out of range give 0 (netcl checks on the host when
-//   asked, see ops.movement). Layout: 1-D, one work-item per output element (bound-checked).
-//   Reads x (any strides) and index; writes out (contiguous).
+//   asked, see ops.movement). With DEVICE_CHECK (embedding) there is no counting from the end: an
+//   index outside [0, axis_size) gives 0 and is reported in the queue's check record (checks.cl;
+//   row = the output element's position along the axes before AXIS+1), with no host round trip, so
+//   the launch can be recorded in a graph. Layout: 1-D, one work-item per output element
+//   (bound-checked). Reads x (any strides) and index; writes out (contiguous).
 // scatter_add_atomic: out[dst(c)] += src[c] for every element c of index's shape, where dst(c) is c
 //   with c[AXIS] replaced by index(c); float via a compare-and-swap loop on the 32-bit pattern,
 //   int via atomic_add. Order of additions is not fixed (non-deterministic rounding for floats).
@@ -27,12 +30,18 @@
 #define STORE(v, i, p) ((p)[i] = (T)(v))
 #endif
 
+#include "checks.cl"
+
 #define UNPACK(name, lo, hi) long name[8]; vstore4(lo, 0, name); vstore4(hi, 1, name);
 
 __kernel void gather_axis(__global T *out, __global const T *x, const long xoff, const long4 xs_lo,
                           const long4 xs_hi, __global const IT *index, const long ioff,
                           const long4 is_lo, const long4 is_hi, const long4 shape_lo,
-                          const long4 shape_hi, const long axis_size, const long n)
+                          const long4 shape_hi, const long axis_size, const long n
+#ifdef DEVICE_CHECK
+                          , __global int *err, const int err_code, const long row_width
+#endif
+                          )
 {
     const long gid = get_global_id(0);
     if (gid >= n) return;
@@ -45,8 +54,16 @@ __kernel void gather_axis(__global T *out, __global const T *x, const long xoff,
         if (d != AXIS) xo += c * xs[d];
     }
     long k = (long)index[io];
+#ifdef DEVICE_CHECK
+    if (k < 0 || k >= axis_size) {
+        if (gid % row_width == 0) report_check(err, err_code, k, gid / row_width, axis_size);
+        STORE((ACC)0, gid, out);
+        return;
+    }
+#else
     if (k < 0) k += axis_size;
     if (k < 0 || k >= axis_size) { STORE((ACC)0, gid, out); return; }
+#endif
     STORE(LOAD(x, xo + k * xs[AXIS]), gid, out);
 }
 
@@ -67,7 +84,11 @@ __kernel void scatter_add_atomic(__global T *out, const long4 os_lo, const long4
                                  __global const T *src, const long soff, const long4 ss_lo,
                                  const long4 ss_hi, __global const IT *index, const long ioff,
                                  const long4 is_lo, const long4 is_hi, const long4 shape_lo,
-                                 const long4 shape_hi, const long axis_size, const long n)
+                                 const long4 shape_hi, const long axis_size, const long n
+#ifdef DEVICE_CHECK
+                          , __global int *err, const int err_code, const long row_width
+#endif
+                          )
 {
     const long gid = get_global_id(0);
     if (gid >= n) return;

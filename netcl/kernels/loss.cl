@@ -4,20 +4,25 @@
  * Class losses (cross-entropy = log-softmax + NLL fused, and NLL on log-probabilities), for
  * x of shape (rows, classes) contiguous and integer labels (rows,):
  *   class_loss_forward   one work-group of WG work-items (global = local = WG). Work-item l
- *                        takes rows l, l+WG, ...: max, sum of exp, logsumexp (kept in lse[row]
- *                        for backward), the row's loss; then a fixed-order tree in local memory
- *                        adds the losses and the counted rows, so the result is reproducible.
- *                        Reads x once per pass (3 passes over a row: max, exp-sum, label).
+ *                        takes rows l, l+WG, ...: the row max m and log s, s = sum exp(x - m)
+ *                        (kept in stats[2 row], stats[2 row + 1] for backward), the row's loss
+ *                        log s - (x[label] - m); then a fixed-order tree in local memory adds the
+ *                        losses and the counted rows, so the result is reproducible. Reads x once
+ *                        per pass (3 passes over a row: max, exp-sum, label).
  *   class_loss_backward  2-D global (classes, rows), one work-item per element of grad_x:
- *                        d = softmax - (1 - eps) * onehot - eps / C, scaled by the incoming
- *                        gradient (divided by the counted rows for the mean). Reads x, lse.
+ *                        d = softmax - (1 - eps) * onehot - eps / C, softmax = exp((x - m) - log s),
+ *                        scaled by the incoming gradient (divided by the counted rows for the
+ *                        mean). Reads x, stats.
+ * m and log s stay apart: with logits of large magnitude, lse = m + log s rounds to the ulp of m
+ * (6e-5 at 1000), and exp(x - lse) carried that error into every probability; x - m is exact.
  * Pointwise losses (KIND 1 mse, 2 l1, 3 smooth_l1, 4 binary cross-entropy with logits) of
  * input a and target b, same shape, contiguous:
  *   pointwise_loss_forward   one work-group, strided loop then tree (as above); reduction
  *                            'none' writes the n values instead.
  *   pointwise_loss_backward  1-D, one work-item per element: grad_a and (HAS_GRAD_B) grad_b.
  * Reductions: 0 none, 1 mean, 2 sum. Ignored rows (label == ignore_index) give loss 0 and
- * gradient 0 and are not counted. A label outside [0, classes) makes the loss NaN.
+ * gradient 0 and are not counted. A label outside [0, classes) makes the loss NaN and is reported in
+ * the queue's check record `err` under `err_code` (the host raises it at the next read).
  *
  * Defines: T (float|double; USE_FP64), LABEL (int|long), MODE (1 cross-entropy, 2 nll),
  *          KIND (pointwise), WG (work-group size, power of two, default 256).
@@ -50,10 +55,12 @@ inline void tree_sum2(__local T* a, __local T* b, int lid) {
     barrier(CLK_LOCAL_MEM_FENCE);
 }
 
+#include "checks.cl"
+
 __kernel void class_loss_forward(
     __global const T* x, long x_off, long rows, long classes,
     __global const LABEL* labels, long lab_off, long ignore_index, T smoothing, int reduction,
-    __global T* out, __global T* lse, __global T* count)
+    __global T* out, __global T* stats, __global T* count, __global int* err, int err_code)
 {
     __local T part_loss[WG];
     __local T part_count[WG];
@@ -63,26 +70,29 @@ __kernel void class_loss_forward(
         __global const T* row = x + x_off + r * classes;
         long label = (long)labels[lab_off + r];
         T row_loss = (T)0;
-        T row_lse = (T)0;
+        T m = (T)0, log_s = (T)0;
         if (label != ignore_index) {
+            const bool valid = label >= 0 && label < classes;
+            if (!valid) report_check(err, err_code, label, r, classes);
 #if MODE == 1
-            T m = row[0];
+            m = row[0];
             for (long c = 1; c < classes; ++c) m = fmax(m, row[c]);
-            T s = (T)0, sx = (T)0;
-            for (long c = 0; c < classes; ++c) { s += exp(row[c] - m); sx += row[c]; }
-            row_lse = m + log(s);
-            if (label >= 0 && label < classes) {
-                T nll = row_lse - row[label];
-                row_loss = ((T)1 - smoothing) * nll + smoothing * (row_lse - sx / (T)classes);
+            T s = (T)0, sxm = (T)0;
+            for (long c = 0; c < classes; ++c) { s += exp(row[c] - m); sxm += row[c] - m; }
+            log_s = log(s);
+            if (valid) {
+                T nll = log_s - (row[label] - m);
+                row_loss = ((T)1 - smoothing) * nll + smoothing * (log_s - sxm / (T)classes);
             } else {
                 row_loss = NAN;
             }
 #else
-            row_loss = (label >= 0 && label < classes) ? -row[label] : NAN;
+            row_loss = valid ? -row[label] : NAN;
 #endif
             counted += (T)1;
         }
-        lse[r] = row_lse;
+        stats[2 * r] = m;
+        stats[2 * r + 1] = log_s;
         if (reduction == 0) out[r] = row_loss;
         loss_sum += row_loss;
     }
@@ -102,7 +112,7 @@ __kernel void class_loss_forward(
 __kernel void class_loss_backward(
     __global const T* x, long x_off, long rows, long classes,
     __global const LABEL* labels, long lab_off, long ignore_index, T smoothing, int reduction,
-    __global const T* lse, __global const T* count, __global const T* grad_out, long grad_out_off,
+    __global const T* stats, __global const T* count, __global const T* grad_out, long grad_out_off,
     __global T* grad_x)
 {
     long c = get_global_id(0);
@@ -115,7 +125,7 @@ __kernel void class_loss_backward(
             : (reduction == 1 ? grad_out[grad_out_off] / count[0] : grad_out[grad_out_off]);
     T onehot = c == label ? (T)1 : (T)0;
 #if MODE == 1
-    T p = exp(x[x_off + idx] - lse[r]);
+    T p = exp((x[x_off + idx] - stats[2 * r]) - stats[2 * r + 1]);
     T d = p - ((T)1 - smoothing) * onehot - smoothing / (T)classes;
 #else
     T d = -onehot;

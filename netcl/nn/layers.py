@@ -6,18 +6,27 @@ Layers with parameters take the queue first: Linear(q, in_features, out_features
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any
 
 import netcl.autograd as ag
 from netcl.autograd.engine import Node, Parameter, as_node
-from netcl.core import random
+from netcl.core import random, shapes
 from netcl.core.backend import as_queue
 from netcl.nn import init
 from netcl.nn.module import Module
 
 
-def _pair(v: Any) -> tuple[int, int]:
-    return (int(v), int(v)) if isinstance(v, int) else (int(v[0]), int(v[1]))
+def _normalized_shape(value: Any) -> tuple[int, ...]:
+    return shapes.shape(value, "normalized_shape")
+
+
+def _probability(p: Any, what: str) -> float:
+    if isinstance(p, bool) or not isinstance(p, numbers.Real):
+        raise TypeError(f"{what} must be a number in [0, 1], got {p!r} ({type(p).__name__})")
+    if not 0.0 <= p <= 1.0:  # NaN fails this too
+        raise ValueError(f"{what} must be in [0, 1], got {p}")
+    return float(p)
 
 
 class Linear(Module):
@@ -36,7 +45,8 @@ class Linear(Module):
     ):
         super().__init__()
         q = as_queue(q)
-        self.in_features, self.out_features = int(in_features), int(out_features)
+        self.in_features = shapes.size(in_features, "Linear: in_features")
+        self.out_features = shapes.size(out_features, "Linear: out_features")
         self.weight = Parameter(
             init.kaiming_uniform(q, (self.out_features, self.in_features), dtype=dtype, generator=generator)
         )
@@ -75,15 +85,19 @@ class Conv2d(Module):
     ):
         super().__init__()
         q = as_queue(q)
-        if in_channels % groups or out_channels % groups:
+        self.in_channels = shapes.size(in_channels, "Conv2d: in_channels")
+        self.out_channels = shapes.size(out_channels, "Conv2d: out_channels")
+        self.groups = shapes.size(groups, "Conv2d: groups", minimum=1)
+        self.kernel_size = shapes.pair(kernel_size, "Conv2d: kernel_size", minimum=1)
+        self.stride = shapes.pair(stride, "Conv2d: stride", minimum=1)
+        self.padding = shapes.pair(padding, "Conv2d: padding", minimum=0)
+        self.dilation = shapes.pair(dilation, "Conv2d: dilation", minimum=1)
+        if self.in_channels % self.groups or self.out_channels % self.groups:
             raise ValueError(
                 f"Conv2d: in_channels {in_channels} and out_channels {out_channels} must be divisible "
                 f"by groups {groups}"
             )
-        self.in_channels, self.out_channels = int(in_channels), int(out_channels)
-        self.kernel_size, self.stride = _pair(kernel_size), _pair(stride)
-        self.padding, self.dilation, self.groups = _pair(padding), _pair(dilation), int(groups)
-        shape = (self.out_channels, self.in_channels // groups, *self.kernel_size)
+        shape = (self.out_channels, self.in_channels // self.groups, *self.kernel_size)
         self.weight = Parameter(init.kaiming_uniform(q, shape, dtype=dtype, generator=generator))
         fan_in, _ = init.fans(shape)
         self.bias = (
@@ -129,7 +143,8 @@ class BatchNorm2d(Module):
     ):
         super().__init__()
         q = as_queue(q)
-        self.num_features, self.eps, self.momentum = int(num_features), float(eps), float(momentum)
+        num_features = shapes.size(num_features, "BatchNorm: num_features")
+        self.num_features, self.eps, self.momentum = num_features, float(eps), float(momentum)
         self.weight = Parameter(init.ones(q, (num_features,), dtype)) if affine else None
         self.bias = Parameter(init.zeros(q, (num_features,), dtype)) if affine else None
         self.track_running_stats = track_running_stats
@@ -175,7 +190,7 @@ class LayerNorm(Module):
     ):
         super().__init__()
         q = as_queue(q)
-        shape = (int(normalized_shape),) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+        shape = _normalized_shape(normalized_shape)
         self.normalized_shape, self.eps = shape, float(eps)
         self.weight = Parameter(init.ones(q, shape, dtype)) if elementwise_affine else None
         self.bias = Parameter(init.zeros(q, shape, dtype)) if elementwise_affine and bias else None
@@ -192,7 +207,7 @@ class RMSNorm(Module):
 
     def __init__(self, q: Any, normalized_shape: Any, eps: float = 1e-6, dtype: Any = "float32"):
         super().__init__()
-        shape = (int(normalized_shape),) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+        shape = _normalized_shape(normalized_shape)
         self.normalized_shape, self.eps = shape, float(eps)
         self.weight = Parameter(init.ones(as_queue(q), shape, dtype))
 
@@ -212,7 +227,8 @@ class Embedding(Module):
         generator: random.Generator | None = None,
     ):
         super().__init__()
-        self.num_embeddings, self.embedding_dim = int(num_embeddings), int(embedding_dim)
+        self.num_embeddings = shapes.size(num_embeddings, "Embedding: num_embeddings")
+        self.embedding_dim = shapes.size(embedding_dim, "Embedding: embedding_dim")
         self.weight = Parameter(
             init.normal(
                 as_queue(q), (self.num_embeddings, self.embedding_dim), dtype=dtype, generator=generator
@@ -232,9 +248,7 @@ class Dropout(Module):
 
     def __init__(self, p: float = 0.5, generator: random.Generator | None = None):
         super().__init__()
-        if not 0.0 <= p <= 1.0:
-            raise ValueError(f"Dropout probability must be in [0, 1], got {p}")
-        self.p = float(p)
+        self.p = _probability(p, "Dropout probability")
         self.generator = generator
 
     def forward(self, x: Node) -> Node:
@@ -257,8 +271,11 @@ class MaxPool2d(Module):
         ceil_mode: bool = False,
     ):
         super().__init__()
-        self.kernel_size, self.stride, self.padding = kernel_size, stride, padding
-        self.dilation, self.ceil_mode = dilation, ceil_mode
+        self.kernel_size = shapes.pair(kernel_size, "MaxPool2d: kernel_size", minimum=1)
+        self.stride = self.kernel_size if stride is None else shapes.pair(stride, "MaxPool2d: stride", minimum=1)
+        self.padding = shapes.pair(padding, "MaxPool2d: padding", minimum=0)
+        self.dilation = shapes.pair(dilation, "MaxPool2d: dilation", minimum=1)
+        self.ceil_mode = ceil_mode
 
     def forward(self, x: Node) -> Node:
         return ag.max_pool2d(x, self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode)
@@ -279,7 +296,9 @@ class AvgPool2d(Module):
         count_include_pad: bool = True,
     ):
         super().__init__()
-        self.kernel_size, self.stride, self.padding = kernel_size, stride, padding
+        self.kernel_size = shapes.pair(kernel_size, "AvgPool2d: kernel_size", minimum=1)
+        self.stride = self.kernel_size if stride is None else shapes.pair(stride, "AvgPool2d: stride", minimum=1)
+        self.padding = shapes.pair(padding, "AvgPool2d: padding", minimum=0)
         self.ceil_mode, self.count_include_pad = ceil_mode, count_include_pad
 
     def forward(self, x: Node) -> Node:
@@ -293,7 +312,7 @@ class AdaptiveAvgPool2d(Module):
 
     def __init__(self, output_size: Any):
         super().__init__()
-        self.output_size = output_size
+        self.output_size = shapes.pair(output_size, "AdaptiveAvgPool2d: output_size", minimum=1)
 
     def forward(self, x: Node) -> Node:
         return ag.adaptive_avg_pool2d(x, self.output_size)
@@ -304,7 +323,8 @@ class Flatten(Module):
 
     def __init__(self, start_dim: int = 1, end_dim: int = -1):
         super().__init__()
-        self.start_dim, self.end_dim = start_dim, end_dim
+        self.start_dim = shapes.size(start_dim, "Flatten: start_dim", minimum=None)
+        self.end_dim = shapes.size(end_dim, "Flatten: end_dim", minimum=None)
 
     def forward(self, x: Node) -> Node:
         return ag.flatten(as_node(x), self.start_dim, self.end_dim)
@@ -393,6 +413,8 @@ class Sequential(Module):
         return iter(self._modules.values())
 
     def append(self, m: Module) -> Sequential:
+        if not isinstance(m, Module):
+            raise TypeError(f"Sequential.append takes a Module, got {type(m).__name__}")
         self._modules[str(len(self._modules))] = m
         return self
 
@@ -420,6 +442,8 @@ class ModuleList(Module):
             self.append(m)
 
     def append(self, m: Module) -> ModuleList:
+        if not isinstance(m, Module):
+            raise TypeError(f"ModuleList takes Modules, got {type(m).__name__}")
         self._modules[str(len(self._modules))] = m
         return self
 

@@ -37,18 +37,45 @@ class Module:
 
     # -- registration ---------------------------------------------------------------------------
     def __setattr__(self, name: str, value: Any) -> None:
-        if "_parameters" not in self.__dict__:
+        """PyTorch's rules: a Parameter or Module value registers under `name` (whatever `name` held
+        before, a None placeholder included); a name that holds a parameter, module or buffer takes
+        only its own kind or None; anything else is a plain attribute."""
+        d = self.__dict__
+        if "_parameters" not in d:
             raise NetclError(
                 f"{type(self).__name__}.__init__ must call super().__init__() before setting {name!r}"
             )
-        for table in (self._parameters, self._buffers, self._modules):
-            table.pop(name, None)
+        params, buffers, modules = d["_parameters"], d["_buffers"], d["_modules"]
         if isinstance(value, Parameter):
-            self._parameters[name] = value
+            self._forget(name, keep=params)
+            params[name] = value
+        elif name in params:
+            if value is not None:
+                raise TypeError(f"cannot assign {type(value).__name__} as parameter {name!r} of "
+                                f"{type(self).__name__} (a Parameter or None expected)")
+            params[name] = None
         elif isinstance(value, Module):
-            self._modules[name] = value
+            self._forget(name, keep=modules)
+            modules[name] = value
+        elif name in modules:
+            if value is not None:
+                raise TypeError(f"cannot assign {type(value).__name__} as child module {name!r} of "
+                                f"{type(self).__name__} (a Module or None expected)")
+            modules[name] = None
+        elif name in buffers:
+            if value is not None and not isinstance(value, Tensor):
+                raise TypeError(f"cannot assign {type(value).__name__} as buffer {name!r} of "
+                                f"{type(self).__name__} (a netcl Tensor or None expected)")
+            buffers[name] = value
         else:
             object.__setattr__(self, name, value)
+
+    def _forget(self, name: str, keep: dict) -> None:
+        """Drop `name` from every table but `keep`, and from the plain attributes."""
+        self.__dict__.pop(name, None)
+        for table in (self._parameters, self._buffers, self._modules):
+            if table is not keep:
+                table.pop(name, None)
 
     def __getattr__(self, name: str) -> Any:
         d = self.__dict__
@@ -64,21 +91,40 @@ class Module:
                 return
         object.__delattr__(self, name)
 
+    def _check_name(self, name: Any, kind: str) -> None:
+        if not isinstance(name, str):
+            raise TypeError(f"{kind} name must be a str, got {type(name).__name__}")
+        if not name or "." in name:
+            raise KeyError(f"{kind} name {name!r} must be non-empty and contain no '.'")
+        if hasattr(type(self), name) or (name in self.__dict__ and name not in ("training",)):
+            raise KeyError(f"attribute {name!r} of {type(self).__name__} already exists: it cannot also be a {kind}")
+
     def register_parameter(self, name: str, param: Parameter | None) -> None:
-        if param is None:
-            self._parameters.pop(name, None)
-            object.__setattr__(self, name, None)
-        else:
-            self.__setattr__(name, param)
+        """Register `param` (a Parameter, or None for a placeholder) under `name`."""
+        if param is not None and not isinstance(param, Parameter):
+            raise TypeError(f"cannot register {type(param).__name__} as parameter {name!r} (a Parameter or "
+                            "None expected; wrap a Tensor in ag.Parameter)")
+        if name not in self._parameters:
+            self._check_name(name, "parameter")
+        self._forget(name, keep=self._parameters)
+        self._parameters[name] = param
 
     def register_buffer(self, name: str, tensor: Tensor | None) -> None:
         """A Tensor that is part of the state (saved, moved by to()) but not trained, e.g. running_mean."""
         if tensor is not None and not isinstance(tensor, Tensor):
             raise TypeError(f"buffer {name!r} must be a netcl Tensor, got {type(tensor).__name__}")
-        self.__dict__.pop(name, None)
+        if name not in self._buffers:
+            self._check_name(name, "buffer")
+        self._forget(name, keep=self._buffers)
         self._buffers[name] = tensor
 
-    def add_module(self, name: str, module: Module) -> None:
+    def add_module(self, name: str, module: Module | None) -> None:
+        """Register `module` (or None) as the child `name`."""
+        if module is not None and not isinstance(module, Module):
+            raise TypeError(f"cannot add {type(module).__name__} as child module {name!r} (a Module expected)")
+        if name not in self._modules:
+            self._check_name(name, "module")
+        self._forget(name, keep=self._modules)
         self._modules[name] = module
 
     # -- traversal ------------------------------------------------------------------------------
@@ -168,6 +214,9 @@ class Module:
         Returns (missing, unexpected) keys. With strict=True any missing or unexpected key raises
         StateDictError; a shape or dtype mismatch always does. Nothing is copied if anything is wrong.
         """
+        if not hasattr(state_dict, "keys") or not hasattr(state_dict, "__getitem__"):
+            raise TypeError(f"load_state_dict takes a mapping of name -> Tensor or array, got "
+                            f"{type(state_dict).__name__}")
         own = self.state_dict()
         missing = [k for k in own if k not in state_dict]
         unexpected = [k for k in state_dict if k not in own]

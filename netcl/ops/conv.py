@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from netcl.core import dtypes
+from netcl.core import dtypes, shapes
 from netcl.core import backend as _backend
 from netcl.core.tensor import Tensor, check_same_queue
 from netcl.errors import DTypeError, ShapeError
@@ -30,21 +30,6 @@ load_program = _backend.load_program
 
 
 # -- argument checks -----------------------------------------------------------------------------
-def _pair(value: Any, name: str, minimum: int) -> tuple[int, int]:
-    if isinstance(value, (int, np.integer)):
-        pair = (int(value), int(value))
-    else:
-        try:
-            pair = tuple(int(v) for v in value)
-        except TypeError:
-            raise ShapeError(f"{name} must be an int or a pair of ints, got {value!r}") from None
-        if len(pair) != 2:
-            raise ShapeError(f"{name} must be an int or a pair of ints, got {value!r}")
-    if min(pair) < minimum:
-        raise ShapeError(f"{name}={pair} must be >= {minimum}")
-    return pair  # type: ignore[return-value]
-
-
 def _float_dtype(op: str, *tensors: Tensor) -> np.dtype:
     dt = tensors[0].dtype
     for t in tensors:
@@ -84,9 +69,7 @@ class ConvParams:
             raise ShapeError(f"{op}: weight must be 4-D (K, C/groups, KH, KW), got shape {tuple(w_shape)}")
         self.N, self.C, self.H, self.W = (int(v) for v in x_shape)
         self.K, cg, self.KH, self.KW = (int(v) for v in w_shape)
-        if not isinstance(groups, (int, np.integer)) or groups < 1:
-            raise ShapeError(f"{op}: groups must be a positive int, got {groups!r}")
-        self.G = int(groups)
+        self.G = shapes.size(groups, f"{op}: groups", minimum=1)
         if self.C % self.G:
             raise ShapeError(f"{op}: input channels C={self.C} (input shape {tuple(x_shape)}) are not "
                              f"divisible by groups={self.G}")
@@ -99,8 +82,8 @@ class ConvParams:
                              "weight must be (K, C/groups, KH, KW)")
         if self.KH < 1 or self.KW < 1:
             raise ShapeError(f"{op}: kernel size {(self.KH, self.KW)} from weight shape {tuple(w_shape)} is empty")
-        self.SH, self.SW = _pair(stride, "stride", 1)
-        self.DH, self.DW = _pair(dilation, "dilation", 1)
+        self.SH, self.SW = shapes.pair(stride, "stride", 1)
+        self.DH, self.DW = shapes.pair(dilation, "dilation", 1)
         if isinstance(padding, str):
             if padding == "valid":
                 padding = 0
@@ -114,7 +97,7 @@ class ConvParams:
                 padding = (eh // 2, ew // 2)
             else:
                 raise ShapeError(f"{op}: padding must be an int, a pair, 'same' or 'valid', got {padding!r}")
-        self.PH, self.PW = _pair(padding, "padding", 0)
+        self.PH, self.PW = shapes.pair(padding, "padding", 0)
         self.OH = _output_size(self.H, self.KH, self.SH, self.PH, self.DH)
         self.OW = _output_size(self.W, self.KW, self.SW, self.PW, self.DW)
         if self.OH < 1 or self.OW < 1:
@@ -163,7 +146,8 @@ def _params(x_shape: Sequence[int], w_shape: Sequence[int], stride: Any, padding
     """ConvParams(...), shared between calls with the same arguments (a training step repeats them);
     the checks run on the first call, so invalid arguments still raise every time (never cached)."""
     try:
-        key = (tuple(x_shape), tuple(w_shape), stride, padding, dilation, groups, type(groups), op)
+        # repr: 2 and 2.0 (or (2, 2) and (2.0, 2.0)) hash alike, but only the int is a valid size
+        key = (tuple(x_shape), tuple(w_shape), repr((stride, padding, dilation, groups)), op)
         hit = _params_cache.get(key)
     except TypeError:  # unhashable arguments (lists): no sharing
         return ConvParams(x_shape, w_shape, stride, padding, dilation, groups, op)
@@ -194,7 +178,7 @@ def _tsig(t: Any) -> tuple | None:
 
 def _checked_key(op: str, tensors: tuple, *params: Any) -> tuple | None:
     try:
-        key = (op, *(_tsig(t) for t in tensors), *params)
+        key = (op, *(_tsig(t) for t in tensors), repr(params))  # repr: 2 and 2.0 must not share a key
         hash(key)
     except (AttributeError, TypeError):
         return None
@@ -741,10 +725,10 @@ def conv_transpose2d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stri
                          f"groups={groups}")
     cout = weight.shape[1] * groups
     kh, kw = weight.shape[2], weight.shape[3]
-    sh, sw = _pair(stride, "stride", 1)
-    ph, pw = _pair(padding, "padding", 0)
-    dh, dw = _pair(dilation, "dilation", 1)
-    oph, opw = _pair(output_padding, "output_padding", 0)
+    sh, sw = shapes.pair(stride, "stride", 1)
+    ph, pw = shapes.pair(padding, "padding", 0)
+    dh, dw = shapes.pair(dilation, "dilation", 1)
+    oph, opw = shapes.pair(output_padding, "output_padding", 0)
     if oph >= max(sh, dh) or opw >= max(sw, dw):
         raise ShapeError(f"conv_transpose2d: output_padding {(oph, opw)} must be smaller than stride "
                          f"{(sh, sw)} or dilation {(dh, dw)}")

@@ -189,7 +189,19 @@ div = _binary("div")
 true_divide = div
 floor_divide = _binary("floor_divide")
 remainder = _binary("remainder")
-pow = _binary("pow")
+_pow = _binary("pow")
+
+
+def pow(a: Operand, b: Operand) -> Tensor:  # noqa: A001
+    """Elementwise a ** b with broadcasting. An integer base with a negative integer *scalar* exponent
+    is refused as NumPy refuses it; tensor exponents follow PyTorch (1 ** -n = 1, (-1) ** -n = +-1, else 0)."""
+    if (isinstance(a, Tensor) and a.dtype.kind in "iub" and isinstance(b, (int, np.integer))
+            and not isinstance(b, (bool, np.bool_)) and b < 0):
+        raise ValueError(f"pow: integers to negative integer powers are not allowed ({a.dtype} ** {b}); "
+                         "cast the base to a float dtype first")
+    return _pow(a, b)
+
+
 maximum = _binary("maximum")
 minimum = _binary("minimum")
 atan2 = _binary("atan2")

@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from netcl.core import dtypes
-from netcl.core.backend import load_program
+from netcl.core import dtypes, shapes
+from netcl.core.backend import device_check, load_program
 from netcl.core.tensor import MAX_DIMS, Tensor, _long4x2, check_same_queue
 from netcl.errors import DTypeError, ShapeError
 from netcl.jit import ir, lazy
@@ -64,9 +64,7 @@ def setitem(x: Tensor, index: Any, value: Any) -> Tensor:
 
 
 def _axis(op: str, ndim: int, axis: int, shape: tuple[int, ...]) -> int:
-    if not isinstance(axis, (int, np.integer)) or not -ndim <= axis < ndim:
-        raise ShapeError(f"{op}: axis {axis!r} is out of range for a tensor of shape {shape}")
-    return int(axis) % ndim
+    return shapes.axis(axis, ndim, f"{op}: axis", shape_of=shape)
 
 
 def concat(tensors: Any, axis: int = 0) -> Tensor:
@@ -116,14 +114,12 @@ def split(x: Tensor, split_size_or_sections: Any, axis: int = 0) -> list[Tensor]
     list of sizes (PyTorch's torch.split)."""
     ax = _axis("split", x.ndim, axis, x.shape)
     n = x.shape[ax]
-    if isinstance(split_size_or_sections, (int, np.integer)):
-        size = int(split_size_or_sections)
-        if size <= 0:
-            raise ShapeError(f"split: split size must be positive, got {size}")
+    if not isinstance(split_size_or_sections, (list, tuple)):
+        size = shapes.size(split_size_or_sections, "split: split size", minimum=1)
         sizes = [min(size, n - i) for i in range(0, n, size)] or [0]
     else:
-        sizes = [int(s) for s in split_size_or_sections]
-        if sum(sizes) != n or any(s < 0 for s in sizes):
+        sizes = list(shapes.sizes(split_size_or_sections, "split: section size"))
+        if sum(sizes) != n:
             raise ShapeError(f"split: sizes {sizes} do not add up to axis {axis} of size {n} (shape {x.shape})")
     out, at = [], 0
     for s in sizes:
@@ -134,8 +130,7 @@ def split(x: Tensor, split_size_or_sections: Any, axis: int = 0) -> list[Tensor]
 
 def chunk(x: Tensor, chunks: int, axis: int = 0) -> list[Tensor]:
     """Split into `chunks` views of ceil(n / chunks) elements along `axis` (torch.chunk)."""
-    if chunks <= 0:
-        raise ShapeError(f"chunk: chunks must be positive, got {chunks}")
+    chunks = shapes.size(chunks, "chunk: chunks", minimum=1)
     ax = _axis("chunk", x.ndim, axis, x.shape)
     return split(x, max(1, -(-x.shape[ax] // chunks)), ax)
 
@@ -144,7 +139,7 @@ def pad(x: Tensor, pad: Any, mode: str = "constant", value: Any = 0) -> Tensor:
     """Pad like torch.nn.functional.pad: `pad` = (left, right) for the last axis, then the axis
     before it, ...; mode 'constant' (with `value`), 'reflect' (mirror without repeating the edge)
     or 'replicate'."""
-    p = [int(v) for v in pad]
+    p = list(shapes.sizes(pad, "pad: padding", minimum=None))
     if len(p) % 2 or len(p) // 2 > x.ndim:
         raise ShapeError(f"pad: {tuple(p)} must hold (left, right) pairs for at most {x.ndim} axes")
     if any(v < 0 for v in p):
@@ -216,18 +211,26 @@ def _check_bounds(op: str, index: Tensor, size: int, what: str = "axis size", ne
         )
 
 
-def _gather(x: Tensor, axis: int, index: Tensor, out_shape: tuple[int, ...], index_strides: list[int]) -> Tensor:
+def _gather(x: Tensor, axis: int, index: Tensor, out_shape: tuple[int, ...], index_strides: list[int],
+            check: np.int32 | None = None) -> Tensor:
+    """The gather_axis launch. With `check` (a device_check code) indices outside [0, size) are reported
+    by the kernel in the queue's check record instead of being checked on the host first."""
     out = Tensor.empty(x.queue, out_shape, x.dtype)
     n = out.size
     if n == 0:
         return out
     nd = len(out_shape)
     index.realize()
-    prg = _index_program(x.device, x.dtype, index.dtype, nd, axis)
+    extra_args: tuple = ()
+    if check is not None:
+        prg = _index_program(x.device, x.dtype, index.dtype, nd, axis, {"DEVICE_CHECK": None})
+        extra_args = (x.queue.check_buffer(), check, np.int64(math.prod(out_shape[axis + 1:])))
+    else:
+        prg = _index_program(x.device, x.dtype, index.dtype, nd, axis)
     prg.gather_axis(
         x.queue, (n,), None, out.buffer, x.buffer, np.int64(x.offset), *_long4x2(list(x.strides), 0),
         index.buffer, np.int64(index.offset), *_long4x2(index_strides, 0), *_long4x2(list(out_shape), 1),
-        np.int64(x.shape[axis]), np.int64(n),
+        np.int64(x.shape[axis]), np.int64(n), *extra_args,
     )
     return out
 
@@ -266,11 +269,19 @@ def take(x: Tensor, index: Tensor) -> Tensor:
 
 def embedding(weight: Tensor, ids: Tensor) -> Tensor:
     """Rows of `weight` (vocab, dim) picked by integer `ids` of any shape: out (*ids.shape, dim)."""
-    if weight.ndim != 2:
-        raise ShapeError(f"embedding: weight must be 2-D (vocab, dim), got shape {weight.shape}")
+    if not isinstance(weight, Tensor) or weight.ndim != 2:
+        raise ShapeError(f"embedding: weight must be a 2-D Tensor (vocab, dim), got {getattr(weight, 'shape', weight)}")
     _check_index("embedding", ids)
-    rows = index_select(weight, 0, ids.reshape(ids.size))
+    check_same_queue(weight, ids)
+    flat = ids.reshape(ids.size)
+    # ids outside [0, vocab) (negatives included, as in PyTorch) are reported by the kernel itself: no
+    # host round trip, so an embedding can be recorded in a graph (netcl.graph)
+    rows = _gather(weight, 0, flat, (flat.shape[0], weight.shape[1]), [flat.strides[0], 0], _EMBEDDING_CHECK)
     return rows.reshape(*ids.shape, weight.shape[1])
+
+
+_EMBEDDING_CHECK = device_check("embedding: id {value} at position {row} is outside [0, {limit}) (the "
+                                "number of embeddings)")
 
 
 def scatter_add(x: Tensor, axis: int, index: Tensor, src: Tensor, deterministic: bool = False) -> Tensor:
@@ -361,11 +372,22 @@ def arange(q: Any, start: Any, stop: Any = None, step: Any = 1, dtype: Any = Non
     """start, start + step, ... below stop (NumPy's arange; int32 for ints, else float32)."""
     if stop is None:
         start, stop = 0, start
+    for name, v in (("start", start), ("stop", stop), ("step", step)):
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
+            raise TypeError(f"arange: {name} must be a number, got {v!r} ({type(v).__name__})")
+        if not math.isfinite(v):
+            raise ShapeError(f"arange: {name} must be finite, got {v}")
     if step == 0:
         raise ShapeError("arange: step must not be zero")
     n = max(0, math.ceil((stop - start) / step))
     if dtype is None:
-        dt = dtypes.int32 if all(isinstance(v, (int, np.integer)) for v in (start, stop, step)) else dtypes.float32
+        if all(isinstance(v, (int, np.integer)) for v in (start, stop, step)):
+            # int32 like netcl's other integer defaults, int64 where a value would not fit (as NumPy's)
+            last = start + (n - 1) * step if n else start
+            info = np.iinfo(np.int32)
+            dt = dtypes.int32 if all(info.min <= int(v) <= info.max for v in (start, last)) else dtypes.int64
+        else:
+            dt = dtypes.float32
     else:
         dt = dtypes.normalize(dtype)
     cdt = dt if dt.kind == "f" else dtypes.int64
@@ -380,8 +402,7 @@ def arange(q: Any, start: Any, stop: Any = None, step: Any = 1, dtype: Any = Non
 def one_hot(ids: Tensor, num_classes: int, dtype: Any = np.int64) -> Tensor:
     """(*ids.shape, num_classes) with 1 at each id's position (int64 by default, like PyTorch)."""
     _check_index("one_hot", ids)
-    if num_classes <= 0:
-        raise ShapeError(f"one_hot: num_classes must be positive, got {num_classes}")
+    num_classes = shapes.size(num_classes, "one_hot: num_classes", minimum=1)
     dt = dtypes.normalize(dtype)
     from netcl.ops.elementwise import elementwise
 
@@ -397,9 +418,7 @@ def one_hot(ids: Tensor, num_classes: int, dtype: Any = np.int64) -> Tensor:
 
 def repeat(x: Tensor, *reps: Any) -> Tensor:
     """Tile x: torch.Tensor.repeat(*reps) (np.tile); reps may add leading axes."""
-    if len(reps) == 1 and not isinstance(reps[0], (int, np.integer)):
-        reps = tuple(reps[0])
-    reps = tuple(int(r) for r in reps)
+    reps = shapes.sizes(shapes.varargs(reps), "repeat: repeats", minimum=None)
     if len(reps) < x.ndim:
         raise ShapeError(f"repeat: {len(reps)} repeats for a tensor of {x.ndim} dims (shape {x.shape})")
     if any(r < 0 for r in reps):

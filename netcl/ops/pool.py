@@ -7,10 +7,10 @@ from typing import Any
 
 import numpy as np
 
-from netcl.core import dtypes
+from netcl.core import dtypes, shapes
 from netcl.core.tensor import Tensor, check_same_queue
 from netcl.errors import DTypeError, ShapeError
-from netcl.ops.conv import _defines, _pair, load_program
+from netcl.ops.conv import _defines, load_program
 
 
 def _check_input(op: str, x: Tensor) -> None:
@@ -26,10 +26,10 @@ class PoolParams:
     def __init__(self, op: str, shape: Sequence[int], kernel_size: Any, stride: Any, padding: Any,
                  dilation: Any = 1, ceil_mode: bool = False):
         self.N, self.C, self.H, self.W = (int(v) for v in shape)
-        self.KH, self.KW = _pair(kernel_size, "kernel_size", 1)
-        self.SH, self.SW = _pair(kernel_size if stride is None else stride, "stride", 1)
-        self.PH, self.PW = _pair(padding, "padding", 0)
-        self.DH, self.DW = _pair(dilation, "dilation", 1)
+        self.KH, self.KW = shapes.pair(kernel_size, "kernel_size", 1)
+        self.SH, self.SW = shapes.pair(kernel_size if stride is None else stride, "stride", 1)
+        self.PH, self.PW = shapes.pair(padding, "padding", 0)
+        self.DH, self.DW = shapes.pair(dilation, "dilation", 1)
         if 2 * self.PH > self.KH or 2 * self.PW > self.KW:
             raise ShapeError(f"{op}: padding {(self.PH, self.PW)} must be at most half the kernel size "
                              f"{(self.KH, self.KW)}")
@@ -71,7 +71,8 @@ def _params(op: str, shape: Sequence[int], kernel_size: Any, stride: Any, paddin
     """PoolParams(...), shared between calls with the same arguments (a training step repeats them);
     invalid arguments raise every time (they are never cached)."""
     try:
-        key = (op, tuple(shape), kernel_size, stride, padding, dilation, ceil_mode)
+        # repr: 2 and 2.0 hash alike, but only the int is a valid size
+        key = (op, tuple(shape), repr((kernel_size, stride, padding, dilation)), ceil_mode)
         hit = _params_cache.get(key)
     except TypeError:  # unhashable arguments (lists): no sharing
         return PoolParams(op, shape, kernel_size, stride, padding, dilation, ceil_mode)

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from netcl.core import dtypes
+from netcl.core import dtypes, shapes
 from netcl.core.tensor import Tensor
 from netcl.errors import DTypeError, ShapeError
 from netcl.jit import ir, lazy
@@ -52,8 +52,7 @@ def normalize_axes(op: str, shape: tuple[int, ...], axis: Any) -> tuple[int, ...
     items = tuple(axis) if isinstance(axis, (tuple, list)) else (axis,)
     out = []
     for a in items:
-        if not isinstance(a, (int, np.integer)):
-            raise ShapeError(f"{op}: axis must be an int or a tuple of ints, got {axis!r}")
+        a = shapes.size(a, f"{op}: axis", minimum=None)
         if not -nd <= a < builtins.max(nd, 1):
             raise ShapeError(f"{op}: axis {a} is out of range for a tensor of shape {shape}")
         out.append(int(a) % builtins.max(nd, 1))
@@ -167,7 +166,7 @@ def var(x: Tensor, axis: Any = None, keepdims: bool = False, ddof: int = 0) -> T
     m = mean(xf, axes, keepdims=True)
     d = xf - m
     s = sum(d * d, axes, keepdims=keepdims)
-    return s / float(n - ddof) if n - ddof > 0 else s * float("nan")
+    return s / float(builtins.max(n - ddof, 0))  # NumPy's: ddof >= n divides by 0 (inf, or nan for 0 / 0)
 
 
 def std(x: Tensor, axis: Any = None, keepdims: bool = False, ddof: int = 0) -> Tensor:
@@ -178,8 +177,7 @@ def std(x: Tensor, axis: Any = None, keepdims: bool = False, ddof: int = 0) -> T
 
 
 def _rowwise(op: str, mode: str, x: Tensor, axis: int) -> Tensor:
-    if not isinstance(axis, (int, np.integer)):
-        raise ShapeError(f"{op}: axis must be one int, got {axis!r}")
+    shapes.size(axis, f"{op}: axis", minimum=None)
     expr = _prologue(x)
     if x.ndim == 0:
         raise ShapeError(f"{op}: needs at least one axis (got a 0-d tensor)")
@@ -227,6 +225,7 @@ def topk(x: Tensor, k: int, axis: int = -1) -> tuple[Tensor, Tensor]:
         raise ShapeError("topk: needs at least one axis (got a 0-d tensor)")
     (ax,) = normalize_axes("topk", x.shape, axis)
     n = x.shape[ax]
+    k = shapes.size(k, "topk: k")
     if not 1 <= k <= n:
         raise ShapeError(f"topk: k={k} must be between 1 and the axis size {n} (shape {x.shape}, axis {axis})")
     if k > TOPK_MAX:

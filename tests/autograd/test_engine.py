@@ -7,7 +7,7 @@ import pytest
 
 import netcl.autograd as ag
 from netcl.core.tensor import Tensor
-from netcl.errors import NetclError, ShapeError
+from netcl.errors import DTypeError, NetclError, ShapeError
 
 
 def _leaf(queue, arr, grad=True):
@@ -126,3 +126,60 @@ def test_deep_chain_does_not_recurse(queue):
         loss = y.sum()
     tape.backward(loss)
     np.testing.assert_allclose(x.grad.to_host(), [1.0])
+
+
+def _shared_intermediate(queue):
+    x = ag.tensor(Tensor.from_host(queue, np.array([1.0, 2.0], np.float32)), requires_grad=True)
+    with ag.Tape() as tape:
+        h = x * 2
+        y = ag.sum(h)
+        z = ag.sum(h * 3)
+    return x, tape, y, z
+
+
+def test_backward_through_a_freed_intermediate_raises_and_retain_graph_allows_it(queue):
+    """PyTorch's rule: the first backward frees what the rules saved; a second backward that reaches a
+    freed node is an error (it used to return x.grad from the first pass only), unless retain_graph."""
+    x, tape, y, z = _shared_intermediate(queue)
+    tape.backward(y)
+    with pytest.raises(NetclError, match="retain_graph=True"):
+        tape.backward(z)
+    np.testing.assert_array_equal(x.grad.to_host(), [2.0, 2.0])  # the refused pass changed nothing
+    x, tape, y, z = _shared_intermediate(queue)
+    tape.backward(y, retain_graph=True)
+    tape.backward(z)
+    np.testing.assert_array_equal(x.grad.to_host(), [8.0, 8.0])
+
+
+def test_only_floating_tensors_require_grad(queue):
+    ints = Tensor.from_host(queue, np.array([1, 2], np.int32))
+    with pytest.raises(DTypeError, match="only floating-point tensors can require gradients, got int32"):
+        ag.tensor(ints, requires_grad=True)
+    with pytest.raises(DTypeError, match="floating"):
+        ag.Parameter(ints)
+    node = ag.tensor(ints)
+    with pytest.raises(DTypeError, match="floating"):
+        ag.tensor(node, requires_grad=True)
+    x = ag.tensor(Tensor.from_host(queue, np.array([1.0], np.float32)), requires_grad=True)
+    with ag.Tape() as tape:
+        y = x * 2
+    with pytest.raises(DTypeError, match="grad must be floating point"):
+        tape.backward(y, ints[:1])
+
+
+def test_gradient_of_intermediate_nodes_and_its_errors(queue):
+    x = ag.tensor(Tensor.from_host(queue, np.array([1.0, 2.0, 3.0], np.float32)), requires_grad=True)
+    with ag.Tape() as tape:
+        h = x * x
+        y = ag.sum(h * 2)
+    gx, gh = tape.gradient(y, [x, h], retain_graph=True)
+    np.testing.assert_array_equal(gx.to_host(), [4.0, 8.0, 12.0])
+    np.testing.assert_array_equal(gh.to_host(), [2.0, 2.0, 2.0])
+    assert x.grad is None and h.grad is None  # returned, not accumulated
+    const = ag.tensor(Tensor.from_host(queue, np.ones(3, np.float32)))
+    with pytest.raises(NetclError, match="does not require grad"):
+        tape.gradient(y, [const])
+    w = ag.tensor(Tensor.from_host(queue, np.ones(1, np.float32)), requires_grad=True)
+    with pytest.raises(NetclError, match="not used in computing the loss"):
+        tape.gradient(y, [w])
+    assert tape.gradient(y, [x, w], allow_unused=True)[1] is None

@@ -155,3 +155,26 @@ def test_large_transfers_chunked_through_staging(queue, pinned, rng):
     else:
         back = t.to_host()
     np.testing.assert_array_equal(back, want)
+
+
+def test_requests_beyond_the_device_total_are_refused_when_made(device, queue):
+    """Drivers that allocate lazily (PoCL) accept blocks beyond the device's memory and fail later,
+    elsewhere; the pool refuses them at the request, naming the numbers, after giving back its cache."""
+    import dataclasses
+    import types
+
+    small = dataclasses.replace(device.capabilities, global_mem=1 << 20, max_alloc=1 << 19)
+    fake = types.SimpleNamespace(context=device.context, capabilities=small, describe=device.describe)
+    pool = BufferPool(fake)
+    a = pool.allocate(400 << 10, queue)
+    b = pool.allocate(400 << 10, queue)
+    with pytest.raises(OutOfMemoryError) as err:
+        pool.allocate(400 << 10, queue)
+    assert "netcl already holds 896.0 KiB of the device's 1.0 MiB" in str(err.value)  # 2 x 448 KiB blocks
+    del b  # back to the cache: the next request reuses it, and a larger one empties the cache first
+    c = pool.allocate(400 << 10, queue)
+    assert pool.stats()["hits"] == 1
+    del c
+    d = pool.allocate(500 << 10, queue)
+    assert pool.stats()["cached"] == 0 and d.capacity >= 500 << 10
+    del a, d

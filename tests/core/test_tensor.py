@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from netcl.core.tensor import Tensor, check_same_queue
-from netcl.errors import DeviceMismatchError, DTypeError, ShapeError
+from netcl.errors import DeviceMismatchError, DTypeError, ScalarOverflowError, ShapeError
 
 ALL_DTYPES = [np.float16, np.float32, np.float64, np.int32, np.int64, np.uint8, np.bool_]
 
@@ -196,3 +196,34 @@ def test_item_and_bool(queue):
     with pytest.raises(ShapeError, match="ambiguous"):
         bool(Tensor.zeros(queue, (2,)))
     assert bool(Tensor.ones(queue, (1,))) is True
+
+
+def test_bool_scalar_indices_add_an_axis_as_in_numpy(queue):
+    a = np.arange(6.0, dtype=np.float32).reshape(2, 3)
+    x = Tensor.from_host(queue, a)
+    for index in (True, False, np.True_, (slice(None), True), (Ellipsis, False, 1), (None, True, 0)):
+        got = x[index]
+        assert got.shape == a[index].shape, index
+        np.testing.assert_array_equal(got.to_host(), a[index])
+
+
+@pytest.mark.parametrize("index,words", [(1.5, "1.5"), (5, "out of bounds"), ("a", "'a'"), ((0, 0, 0), "too many")])
+def test_bad_indices_are_index_errors(queue, index, words):
+    x = Tensor.from_host(queue, np.zeros((2, 3), np.float32))
+    with pytest.raises(IndexError, match=words):
+        x[index]
+
+
+@pytest.mark.parametrize("make", [
+    lambda q: Tensor.full(q, (2,), 300, dtype=np.uint8),
+    lambda q: Tensor.full(q, (2,), -1, dtype=np.uint8),
+    lambda q: Tensor.from_host(q, np.array([1, 2], np.int32)) + 2**40,
+    lambda q: Tensor.from_host(q, np.array([1, 2], np.uint8)) * 256,
+    lambda q: Tensor.zeros(q, (2,), np.int32).fill_(2**31),
+])
+def test_integer_scalars_that_do_not_fit_are_refused_at_the_op(queue, make):
+    """NumPy 2 raises OverflowError; netcl raises it where the value enters (it used to wrap, or to
+    raise a bare OverflowError at the later host read)."""
+    with pytest.raises(ScalarOverflowError, match="does not fit"):
+        make(queue)
+    assert issubclass(ScalarOverflowError, OverflowError)

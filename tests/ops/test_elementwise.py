@@ -243,3 +243,24 @@ def test_errors(queue, device):
     z = Tensor.from_host(other, np.zeros((3, 4), np.float32))
     with pytest.raises(DeviceMismatchError, match="Queue"):
         ops.mul(x, z)
+
+
+def test_integer_division_edges_match_numpy(queue):
+    """Floor semantics for negative operands, 0 for a zero divisor, and MIN // -1 wrapping as in NumPy
+    (x86 traps on that division: on a CPU device it used to be able to kill the process)."""
+    a = np.array([-7, 7, -7, 7, -2**31, 5, 0], np.int32)
+    b = np.array([3, -3, -3, 3, -1, 0, -1], np.int32)
+    ta, tb = Tensor.from_host(queue, a), Tensor.from_host(queue, b)
+    with np.errstate(all="ignore"):
+        np.testing.assert_array_equal((ta // tb).to_host(), a // b)
+        np.testing.assert_array_equal((ta % tb).to_host(), a % b)
+        np.testing.assert_array_equal((ta // -1).to_host(), a // -1)
+
+
+def test_integer_powers_follow_numpy_and_pytorch(queue):
+    x = Tensor.from_host(queue, np.array([2, 1, -1, -2], np.int32))
+    np.testing.assert_array_equal((x ** 3).to_host(), np.array([8, 1, -1, -8], np.int32))
+    with pytest.raises(ValueError, match="negative integer powers"):
+        x ** -1  # NumPy's refusal for a negative scalar exponent
+    e = Tensor.from_host(queue, np.array([-1, -2, -3, 2], np.int32))
+    np.testing.assert_array_equal((x ** e).to_host(), [0, 1, -1, 4])  # tensor exponents: PyTorch's values

@@ -188,3 +188,14 @@ def test_softmax_nan_row_registers(queue, monkeypatch):
     y = ops.softmax(Tensor.from_host(queue, a), -1).to_host()
     assert np.isnan(y[1]).all() and not np.isnan(y[[0, 2]]).any()
     np.testing.assert_allclose(y[[0, 2]].sum(1), 1.0, rtol=1e-5)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # NumPy's "Degrees of freedom <= 0"
+@pytest.mark.parametrize("ddof", [3, 4])
+def test_var_with_ddof_at_or_past_the_count_is_numpys(queue, ddof):
+    """n - ddof <= 0 divides by 0 as NumPy does: inf, or nan where every value equals the mean."""
+    a = np.array([[1.0, 2.0, 4.0], [5.0, 5.0, 5.0]], np.float32)
+    x = Tensor.from_host(queue, a)
+    with np.errstate(all="ignore"):
+        np.testing.assert_array_equal(ops.var(x, axis=1, ddof=ddof).to_host(), np.var(a, axis=1, ddof=ddof))
+        np.testing.assert_array_equal(ops.std(x, axis=1, ddof=ddof).to_host(), np.std(a, axis=1, ddof=ddof))

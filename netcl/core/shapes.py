@@ -1,0 +1,96 @@
+"""Sizes, shapes and axes as users give them: integers only, checked where they enter.
+
+NumPy and PyTorch refuse a size that is not an integer (2.7, 2.0, '12', None) with a TypeError rather
+than truncating it; netcl does the same everywhere a size, a shape or an axis is taken, through these
+helpers. Integers are anything `operator.index` takes: int, NumPy integers (and bool, as in NumPy).
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Sequence
+from typing import Any
+
+from netcl.errors import ShapeError, SizeTypeError
+
+
+def _kind(value: Any) -> str:
+    return type(value).__name__
+
+
+def size(value: Any, what: str = "size", minimum: int | None = 0) -> int:
+    """`value` as an int: SizeTypeError (a TypeError) when it is not an integer, ShapeError (a
+    ValueError) when it is below `minimum` (None: no lower bound)."""
+    try:
+        n = operator.index(value)
+    except TypeError:
+        raise SizeTypeError(f"{what} must be an integer, got {value!r} ({_kind(value)})") from None
+    if minimum is not None and n < minimum:
+        raise ShapeError(f"{what} must be at least {minimum}, got {n}")
+    return n
+
+
+def sizes(values: Any, what: str = "size", minimum: int | None = 0) -> tuple[int, ...]:
+    """A tuple of sizes from a sequence of them (each checked as `size`)."""
+    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) and not hasattr(values, "__iter__"):
+        raise SizeTypeError(f"{what} must be a sequence of integers, got {values!r} ({_kind(values)})")
+    return tuple(size(v, what, minimum) for v in values)
+
+
+def shape(value: Any, what: str = "shape") -> tuple[int, ...]:
+    """A shape from an int or a sequence of ints, every dimension >= 0."""
+    if isinstance(value, (str, bytes)):
+        raise SizeTypeError(f"{what} must be an integer or a sequence of integers, got {value!r} ({_kind(value)})")
+    try:
+        return (operator.index(value),) if _is_integer(value) else tuple(_dimension(v, value, what) for v in value)
+    except TypeError as exc:
+        if isinstance(exc, SizeTypeError):
+            raise
+        raise SizeTypeError(
+            f"{what} must be an integer or a sequence of integers, got {value!r} ({_kind(value)})"
+        ) from None
+
+
+def varargs(args: tuple) -> tuple:
+    """The sizes of `f(2, 3)` or `f((2, 3))` (reshape, view, expand, permute, repeat)."""
+    if len(args) == 1 and not _is_integer(args[0]) and not isinstance(args[0], (str, bytes)) \
+            and hasattr(args[0], "__iter__"):
+        return tuple(args[0])
+    return tuple(args)
+
+
+def _is_integer(value: Any) -> bool:
+    try:
+        operator.index(value)
+    except TypeError:
+        return False
+    return True
+
+
+def _dimension(v: Any, whole: Any, what: str) -> int:
+    try:
+        n = operator.index(v)
+    except TypeError:
+        raise SizeTypeError(f"{what} {whole!r} has a dimension that is not an integer: {v!r} ({_kind(v)})") from None
+    if n < 0:
+        raise ShapeError(f"{what} {tuple(whole)} has a negative dimension ({n})")
+    return n
+
+
+def pair(value: Any, what: str, minimum: int | None = 0) -> tuple[int, int]:
+    """(h, w) from one size or two (kernel sizes, strides, paddings, dilations)."""
+    if _is_integer(value):
+        n = size(value, what, minimum)
+        return n, n
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__len__") or len(value) != 2:
+        raise SizeTypeError(f"{what} must be an integer or a pair of integers, got {value!r} ({_kind(value)})")
+    return size(value[0], what, minimum), size(value[1], what, minimum)
+
+
+def axis(value: Any, ndim: int, what: str = "axis", shape_of: Sequence[int] | None = None) -> int:
+    """A non-negative axis of an `ndim`-dimensional tensor from one that may count from the end."""
+    a = size(value, what, minimum=None)
+    if not -ndim <= a < ndim:
+        where = f"a tensor of shape {tuple(shape_of)}" if shape_of is not None else f"{ndim} dimensions"
+        raise ShapeError(f"{what} {a} is out of range for {where}")
+    return a % ndim

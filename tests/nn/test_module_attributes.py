@@ -1,0 +1,96 @@
+"""Module attributes behave as in PyTorch's nn.Module (the patterns of its own tests): None placeholders,
+replacing a child, reassigning a buffer, deleting attributes, and the errors for values of the wrong kind."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import netcl.autograd as ag
+from netcl import nn
+from netcl.core.tensor import Tensor
+
+
+def _param(queue, *values):
+    return ag.Parameter(Tensor.from_host(queue, np.array(values, np.float32)))
+
+
+class Block(nn.Module):
+    def __init__(self, q, downsample: bool):
+        super().__init__()
+        self.conv = nn.Linear(q, 2, 2)
+        self.downsample = None  # the ResNet pattern: a placeholder, replaced when needed
+        if downsample:
+            self.downsample = nn.Sequential(nn.Linear(q, 2, 2))
+
+    def forward(self, x):
+        y = self.conv(x)
+        return y if self.downsample is None else y + self.downsample(x)
+
+
+def test_none_placeholder_then_module(queue):
+    b = Block(queue, downsample=True)
+    assert isinstance(b.downsample, nn.Sequential)
+    assert sorted(n for n, _ in b.named_parameters()) == [
+        "conv.bias", "conv.weight", "downsample.0.bias", "downsample.0.weight"]
+    x = ag.tensor(Tensor.from_host(queue, np.ones((3, 2), np.float32)))
+    want = b.conv(x).value.to_host() + b.downsample(x).value.to_host()
+    np.testing.assert_allclose(b(x).value.to_host(), want, rtol=1e-6)
+    plain = Block(queue, downsample=False)
+    assert plain.downsample is None and "downsample" not in dict(plain.named_modules())
+
+
+def test_plain_value_then_parameter_and_back(queue):
+    m = nn.Module()
+    m.w = 3
+    m.w = _param(queue, 1.0)
+    assert isinstance(m.w, ag.Parameter) and list(m.state_dict()) == ["w"]
+    with pytest.raises(TypeError, match="cannot assign int as parameter 'w'"):
+        m.w = 4  # PyTorch: a Parameter or None expected
+    m.w = None
+    assert m.w is None and list(m.state_dict()) == [] and [n for n, _ in m.named_parameters()] == []
+    del m.w
+    m.w = 7  # after deleting it, the name is free for a plain value
+    assert m.w == 7 and list(m.state_dict()) == []
+
+
+def test_buffers_take_tensors_or_none(queue):
+    m = nn.Module()
+    m.register_buffer("running", Tensor.zeros(queue, (2,)))
+    m.running = Tensor.from_host(queue, np.array([5.0, 6.0], np.float32))  # replaces the buffer
+    np.testing.assert_array_equal(m.state_dict()["running"].to_host(), [5.0, 6.0])
+    with pytest.raises(TypeError, match="buffer 'running'"):
+        m.running = 5.0
+    m.running = None
+    assert m.running is None and "running" not in m.state_dict()
+    m.plain = Tensor.zeros(queue, (1,))  # a Tensor assigned to a new name is a plain attribute
+    assert "plain" not in m.state_dict()
+
+
+def test_replacing_and_deleting_children(queue):
+    b = Block(queue, downsample=True)
+    b.conv = nn.Linear(queue, 2, 5)
+    assert b.conv.weight.shape == (5, 2) and b.state_dict()["conv.weight"].shape == (5, 2)
+    with pytest.raises(TypeError, match="child module 'conv'"):
+        b.conv = "linear"
+    del b.downsample
+    assert not hasattr(b, "downsample")
+    assert sorted(b.state_dict()) == ["conv.bias", "conv.weight"]
+    b.conv = None
+    assert b.conv is None and list(b.state_dict()) == []
+
+
+def test_register_functions_check_their_arguments(queue):
+    m = nn.Module()
+    with pytest.raises(TypeError, match="cannot register Tensor as parameter 'w'"):
+        m.register_parameter("w", Tensor.zeros(queue, (1,)))
+    with pytest.raises(KeyError, match="'a.b'"):
+        m.register_buffer("a.b", Tensor.zeros(queue, (1,)))
+    with pytest.raises(TypeError, match="cannot add int as child module 'x'"):
+        m.add_module("x", 3)
+    m.register_parameter("bias", None)  # a placeholder, as in PyTorch
+    assert m.bias is None and list(m.state_dict()) == []
+    m.bias = _param(queue, 2.0)
+    assert list(m.state_dict()) == ["bias"]
+    with pytest.raises(TypeError, match="list"):
+        m.load_state_dict([("bias", np.zeros(1, np.float32))])
