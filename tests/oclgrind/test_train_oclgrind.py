@@ -133,3 +133,20 @@ def test_clip_grad_norm(queue):
     close(optim.clip_grad_norm_(params, max_norm=1.5), [total], 1e-5, 1e-5)
     for p, g in zip(params, grads):
         close(p.grad, g * 1.5 / (total + 1e-6), 1e-5, 1e-5)
+
+
+def test_device_checks_report_bad_labels_and_ids(queue):
+    """The check record (checks.cl): several work-items meet bad input at once, one wins the atomic and
+    writes the record; the host raises it at the next read."""
+    from netcl import ops
+    from netcl.errors import ShapeError
+
+    x = ag.tensor(dev(queue, np.zeros((300, 5), np.float32)), requires_grad=True)
+    labels = np.arange(300) % 9  # labels 5..8 are out of range in many rows (and work-items)
+    with pytest.raises(ShapeError, match=r"cross_entropy: label [5-8] in row \d+ is outside \[0, 5\)"):
+        ag.cross_entropy(x, dev(queue, labels.astype(np.int32))).value.to_host()
+    weight = dev(queue, np.ones((4, 3), np.float32))
+    ids = dev(queue, np.array([[0, 7, -1], [3, 9, 2]], np.int64))
+    with pytest.raises(ShapeError, match=r"embedding: id (7|-1|9) at position \d is outside \[0, 4\)"):
+        ops.embedding(weight, ids).to_host()
+    close(ops.embedding(weight, dev(queue, np.array([1, 3], np.int64))), np.ones((2, 3)))
