@@ -3,6 +3,8 @@ the built-in patterns, whole matches when a pattern has capturing groups; round 
 
 from __future__ import annotations
 
+import random
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -63,6 +65,25 @@ def test_builtin_patterns_give_findall_pieces(pattern, corpus):
     # They cover all text, so the pieces (and the ids) are exactly those of findall, as before.
     sample = corpus[:120_000]
     assert pre_splitter(pattern)(sample) == compile_pattern(pattern).findall(sample)
+
+
+@pytest.mark.parametrize(
+    "pattern", [GPT2_PATTERN, CL100K_PATTERN, O200K_PATTERN], ids=["gpt2", "cl100k", "o200k"]
+)
+def test_builtin_patterns_cover_every_code_point(pattern):
+    # The BMP and the assigned part of the supplementary planes, shuffled so that every class meets every
+    # other (surrogates excluded: encode replaces them first).
+    chars = [chr(c) for c in (*range(0xD800), *range(0xE000, 0x10000), *range(0x10000, 0x32000, 3))]
+    random.Random(0).shuffle(chars)
+    text = "".join(chars)
+    assert "".join(compile_pattern(pattern).findall(text)) == text
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(), st.sampled_from([GPT2_PATTERN, CL100K_PATTERN, O200K_PATTERN]))
+def test_builtin_patterns_cover_random_text(text, pattern):
+    # pre_splitter returns findall itself for these: that is only lossless if they never skip a character.
+    assert "".join(compile_pattern(pattern).findall(text)) == text
 
 
 @pytest.mark.parametrize("pattern", PARTIAL_PATTERNS)
