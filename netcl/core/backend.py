@@ -233,8 +233,10 @@ def kernel_source(filename: str) -> str:
 
 
 def format_options(defines: dict[str, Any] | None = None, extra: Sequence[str] = ()) -> tuple[str, ...]:
-    """Build options: the OpenCL C standard, then -DNAME=VALUE for each define, then `extra`."""
-    opts = [CL_STD]
+    """Build options: the OpenCL C standard, then -DNAME=VALUE for each define, then `extra`. Compiler
+    warnings are off (-w, a standard option) unless NETCL_DEBUG >= 2: PoCL prints a bare "1 warning
+    generated." for each one (an unroll pragma it could not honour, say), which tells a user nothing."""
+    opts = [CL_STD] if config.debug_level() >= 2 else [CL_STD, "-w"]
     for name, value in sorted((defines or {}).items()):
         opts.append(f"-D{name}" if value is None else f"-D{name}={value}")
     opts.extend(extra)

@@ -105,9 +105,13 @@ def _update(reducer: str, acc: np.dtype, s: str, v: str, idx: str) -> str:
         return f"{s}a *= {v};"
     if reducer in ("max", "min"):
         cmp = ">" if reducer == "max" else "<"
+        if not flt:  # integers have no NaN: no constant operand for clang to warn about
+            return f"if ({v} {cmp} {s}a) {s}a = {v};"
         return f"if ({v} {cmp} {s}a || {nan(v)}) {s}a = {v};"
     if reducer in ("argmax", "argmin"):
         cmp = ">" if reducer == "argmax" else "<"
+        if not flt:
+            return f"if ({s}i < 0 || {v} {cmp} {s}a) {{ {s}a = {v}; {s}i = {idx}; }}"
         return (f"if ({s}i < 0 || ({v} {cmp} {s}a && !{nan(s + 'a')}) || ({nan(v)} && !{nan(s + 'a')})) "
                 f"{{ {s}a = {v}; {s}i = {idx}; }}")
     if reducer == "any":
@@ -129,8 +133,11 @@ def _combine(reducer: str, acc: np.dtype, s: str, t: str) -> str:
         return _update(reducer, acc, s, f"{t}a", "")
     if reducer in ("argmax", "argmin"):
         cmp = ">" if reducer == "argmax" else "<"
-        better = (f"({t}a {cmp} {s}a && !{nan(s + 'a')}) || ({nan(t + 'a')} && !{nan(s + 'a')}) || "
-                  f"(({t}a == {s}a || ({nan(t + 'a')} && {nan(s + 'a')})) && {t}i < {s}i)")
+        if flt:
+            better = (f"({t}a {cmp} {s}a && !{nan(s + 'a')}) || ({nan(t + 'a')} && !{nan(s + 'a')}) || "
+                      f"(({t}a == {s}a || ({nan(t + 'a')} && {nan(s + 'a')})) && {t}i < {s}i)")
+        else:
+            better = f"({t}a {cmp} {s}a) || ({t}a == {s}a && {t}i < {s}i)"
         return f"if ({t}i >= 0 && ({s}i < 0 || {better})) {{ {s}a = {t}a; {s}i = {t}i; }}"
     if reducer == "lse":
         ct = ir.COMPUTE_TYPE[acc]
