@@ -1,133 +1,335 @@
-"""Symbolic reverse-mode differentiation of elementwise expressions (one rule per op).
+"""netcl's one table of elementwise derivatives, and symbolic reverse-mode differentiation over it.
 
-`vjp(outputs, grads)` returns, for every `input` node reachable from `outputs`, an expression for
-sum_j grad_j * d output_j / d input: the whole backward is again one elementwise graph, so it runs
-as one kernel. Gradients flow only through floating-point values; comparisons, floor/ceil/round,
-sign and integer casts pass none (as in PyTorch).
+`rules(op, args, out, g)` is the only place an elementwise op's derivative is written. Given IR
+expressions for the op's operands (`args`), for its value (`out`: a saved output, or the op's node
+itself) and for the gradient arriving at it (`g`), it returns one gradient expression per operand
+(None where no gradient flows). Its two users:
+
+- `vjp(outputs, grads)` differentiates a whole elementwise graph; `@netcl.jit.fuse` runs the result
+  as one kernel.
+- netcl.autograd's elementwise ops trace the netcl.ops function into IR and call `vjp` with their
+  saved output standing for the op's value, so rules that use the output (exp: g * out) read it
+  instead of recomputing the forward.
+
+Semantics are PyTorch's, also at the edges: comparisons, floor/ceil/round/trunc/sign and integer
+casts pass no gradient; d/da a**b is 0 where b == 0 and d/db a**b is 0 where a == 0 and b >= 0;
+relu passes nothing where its output is <= 0 (NaN passes), abs nothing at 0 or NaN; maximum and
+minimum of two tensors send half the gradient to each side of a tie and all of it to both at NaN;
+against a scalar (a `param` or `const`: clamp's bounds, or maximum(x, 0.5), which netcl.ops makes
+the same IR) the full gradient passes where the bound holds (x >= min, x <= max; none at NaN), as
+torch.clamp; atan2 passes 0 at (0, 0).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 
 from netcl.jit import ir
 from netcl.jit.ir import Node
 
-_NO_GRAD = {"eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor", "logical_not",
-            "isnan", "isinf", "isfinite", "floor", "ceil", "round", "trunc", "sign", "floor_divide"}
+# rule(args, out, g) -> one gradient expression (or None) per operand
+Rule = Callable[[Sequence[Node], Node, Node], list[Node | None]]
+
+RULES: dict[str, Rule] = {}
+NO_GRADIENT = frozenset({"eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor",
+                         "logical_not", "isnan", "isinf", "isfinite", "floor", "ceil", "round", "trunc",
+                         "sign", "floor_divide"})
 
 
-def _c(v: float, dt) -> Node:
-    return ir.const(v, dt)
+def rules(op: str, args: Sequence[Node], out: Node, g: Node) -> list[Node | None]:
+    """Gradient expressions for each operand of elementwise op `op` (None: no gradient).
+
+    `args`: the op's operands as IR (already cast to the op's dtype, as netcl.jit.ir's builders make
+    them); `out`: an expression for the op's value (its dtype is the op's dtype); `g`: the gradient
+    of the op's value. Raises NotImplementedError for an op without a rule."""
+    rule = RULES.get(op)
+    if rule is None:
+        raise NotImplementedError(
+            f"no derivative rule for elementwise op {op!r}; add one to netcl.jit.autodiff.RULES")
+    return rule(args, out, g)
+
+
+def _rule(*ops: str) -> Callable[[Rule], Rule]:
+    def register(fn: Rule) -> Rule:
+        for op in ops:
+            RULES[op] = fn
+        return fn
+
+    return register
+
+
+# -- expression helpers (the result dtype is the floating operand's) ------------------------------
+def _c(v: float, like: Node) -> Node:
+    return ir.const(v, like.dtype)
 
 
 def _b(op: str, a: Node, b: Node) -> Node:
     return ir.binary(op, a, b, a.dtype if a.dtype.kind == "f" else b.dtype)
 
 
-def _u(op: str, a: Node) -> Node:
-    return ir.unary(op, a)
+def _mul(a: Node, b: Node) -> Node:
+    return _b("mul", a, b)
 
 
-def _rules(node: Node, g: Node) -> list[Node | None]:
-    """Adjoint contributions for each operand of `node` given its adjoint `g` (None: no gradient)."""
-    op, a = node.op, node.args
-    dt = node.dtype
-    x = a[0] if a else None
-    mul, add, sub, div = (lambda p, q: _b("mul", p, q)), (lambda p, q: _b("add", p, q)), \
-        (lambda p, q: _b("sub", p, q)), (lambda p, q: _b("div", p, q))
-    one = _c(1.0, dt)
-    if op == "add":
-        return [g, g]
-    if op == "sub":
-        return [g, _u("neg", g)]
-    if op == "mul":
-        return [mul(g, a[1]), mul(g, a[0])]
-    if op == "div":
-        return [div(g, a[1]), _u("neg", div(mul(g, node), a[1]))]
-    if op == "neg":
-        return [_u("neg", g)]
-    if op == "abs":
-        return [mul(g, _u("sign", x))]
-    if op == "pow":
-        ga = mul(g, mul(a[1], _b("pow", a[0], sub(a[1], one))))
-        gb = None if a[1].op in ("param", "const") else mul(g, mul(node, _u("log", a[0])))
-        return [ga, gb]
-    if op == "exp":
-        return [mul(g, node)]
-    if op == "log":
-        return [div(g, x)]
-    if op == "log1p":
-        return [div(g, add(x, one))]
-    if op == "expm1":
-        return [mul(g, add(node, one))]
-    if op == "sqrt":
-        return [div(mul(g, _c(0.5, dt)), node)]
-    if op == "rsqrt":
-        return [mul(g, mul(_c(-0.5, dt), mul(node, mul(node, node))))]
-    if op == "sin":
-        return [mul(g, _u("cos", x))]
-    if op == "cos":
-        return [_u("neg", mul(g, _u("sin", x)))]
-    if op == "tan":
-        return [mul(g, add(one, mul(node, node)))]
-    if op == "tanh":
-        return [mul(g, sub(one, mul(node, node)))]
-    if op == "erf":
-        return [mul(g, mul(_c(2 / math.sqrt(math.pi), dt), _u("exp", _u("neg", mul(x, x)))))]
-    if op == "sigmoid":
-        return [mul(g, mul(node, sub(one, node)))]
-    if op == "silu":
-        s = _u("sigmoid", x)
-        return [mul(g, mul(s, add(one, mul(x, sub(one, s)))))]
-    if op == "softplus":
-        return [mul(g, _u("sigmoid", x))]
-    if op == "relu":
-        return [ir.where(_b("gt", x, _c(0.0, dt)), g, _c(0.0, dt))]
-    if op == "leaky_relu":
-        return [ir.where(_b("gt", x, _c(0.0, dt)), g, mul(g, a[1])), None]
-    if op == "gelu":
-        cdf = mul(_c(0.5, dt), add(one, _u("erf", mul(x, _c(1 / math.sqrt(2), dt)))))
-        pdf = mul(_c(1 / math.sqrt(2 * math.pi), dt), _u("exp", mul(_c(-0.5, dt), mul(x, x))))
-        return [mul(g, add(cdf, mul(x, pdf)))]
-    if op == "gelu_tanh":
-        k, c = math.sqrt(2 / math.pi), 0.044715
-        t = _u("tanh", mul(_c(k, dt), add(x, mul(_c(c, dt), mul(x, mul(x, x))))))
-        left = mul(_c(0.5, dt), add(one, t))
-        right = mul(mul(_c(0.5, dt), x), mul(sub(one, mul(t, t)),
-                                              mul(_c(k, dt), add(one, mul(_c(3 * c, dt), mul(x, x))))))
-        return [mul(g, add(left, right))]
-    if op == "square":
-        return [mul(g, mul(_c(2.0, dt), x))]
-    if op == "reciprocal":
-        return [_u("neg", mul(g, mul(node, node)))]
-    if op in ("maximum", "minimum"):
-        cmp = "gt" if op == "maximum" else "lt"
-        zero = _c(0.0, dt)
-        if a[1].op in ("param", "const"):  # clamp: the gradient passes where the bound is not exceeded
-            keep = _u("logical_not", _b(cmp, a[1], a[0]))
-            return [ir.where(keep, g, zero), None]
-        half = mul(g, _c(0.5, dt))
-        ga = ir.where(_b(cmp, a[0], a[1]), g, ir.where(_b("eq", a[0], a[1]), half, zero))
-        gb = ir.where(_b(cmp, a[1], a[0]), g, ir.where(_b("eq", a[0], a[1]), half, zero))
-        return [ga, gb]
-    if op == "where":
-        zero = _c(0.0, dt)
-        return [None, ir.where(a[0], g, zero), ir.where(a[0], zero, g)]
-    if op == "cast":
-        return [ir.cast(g, x.dtype)] if x.dtype.kind == "f" else [None]
-    if op == "atan2":
-        den = add(mul(a[0], a[0]), mul(a[1], a[1]))
-        return [div(mul(g, a[1]), den), _u("neg", div(mul(g, a[0]), den))]
-    if op == "remainder":
-        return [g, _u("neg", mul(g, _u("floor", div(a[0], a[1]))))]
-    if op in _NO_GRAD:
-        return [None] * len(a)
-    raise NotImplementedError(f"no derivative rule for elementwise op {op!r}")
+def _add(a: Node, b: Node) -> Node:
+    return _b("add", a, b)
 
 
-def vjp(outputs: list[Node], grads: list[Node]) -> dict[object, Node]:
-    """{input slot: adjoint expression} for every floating `input` node reachable from outputs."""
+def _sub(a: Node, b: Node) -> Node:
+    return _b("sub", a, b)
+
+
+def _div(a: Node, b: Node) -> Node:
+    return _b("div", a, b)
+
+
+def _neg(a: Node) -> Node:
+    return ir.unary("neg", a)
+
+
+def _where(cond: Node, a: Node, b: Node) -> Node:
+    return ir.where(cond, a, b)
+
+
+def _fixed(x: Node) -> bool:
+    """A scalar of the kernel (a Python number in the op), not a tensor: it gets no gradient."""
+    return x.op in ("param", "const")
+
+
+# -- arithmetic -----------------------------------------------------------------------------------
+@_rule("add")
+def _d_add(args, out, g):
+    return [g, g]
+
+
+@_rule("sub")
+def _d_sub(args, out, g):
+    return [g, _neg(g)]
+
+
+@_rule("mul")
+def _d_mul(args, out, g):
+    a, b = args
+    return [_mul(g, b), _mul(g, a)]
+
+
+@_rule("div")
+def _d_div(args, out, g):
+    b = args[1]
+    return [_div(g, b), _neg(_div(_mul(g, out), b))]
+
+
+@_rule("neg")
+def _d_neg(args, out, g):
+    return [_neg(g)]
+
+
+@_rule("abs")
+def _d_abs(args, out, g):
+    (x,) = args
+    zero = _c(0.0, g)
+    return [_where(_b("gt", x, zero), g, _where(_b("lt", x, zero), _neg(g), zero))]
+
+
+@_rule("pow")
+def _d_pow(args, out, g):
+    """b a^(b-1), 0 where b == 0; a^b log a, 0 where a == 0 and b >= 0 (PyTorch's pow_backward)."""
+    a, b = args
+    zero, one = _c(0.0, g), _c(1.0, g)
+    ga = _where(_b("eq", b, zero), zero, _mul(g, _mul(b, _b("pow", a, _sub(b, one)))))
+    if _fixed(b):
+        return [ga, None]
+    base_zero = ir.binary("logical_and", _b("eq", a, zero), _b("ge", b, zero))
+    gb = _where(base_zero, zero, _mul(g, _mul(out, ir.unary("log", a))))
+    return [ga, gb]
+
+
+def _extremum(lose: str, holds: str) -> Rule:
+    """maximum (lose="lt", holds="ge") or minimum (lose="gt", holds="le")."""
+
+    def rule(args, out, g):
+        a, b = args
+        zero = _c(0.0, g)
+        if _fixed(a) and _fixed(b):
+            return [None, None]
+        if _fixed(b):  # clamp(x, min=b) / clamp(x, max=b): the full gradient where the bound holds
+            return [_where(_b(holds, a, b), g, zero), None]
+        if _fixed(a):
+            return [None, _where(_b(holds, b, a), g, zero)]
+        split = _where(_b("eq", a, b), _mul(g, _c(0.5, g)), g)
+        return [_where(_b(lose, a, b), zero, split), _where(_b(lose, b, a), zero, split)]
+
+    return rule
+
+
+RULES["maximum"] = _extremum("lt", "ge")
+RULES["minimum"] = _extremum("gt", "le")
+
+
+# -- float math (rules that use `out` read the saved output instead of recomputing) ---------------
+@_rule("exp")
+def _d_exp(args, out, g):
+    return [_mul(g, out)]
+
+
+@_rule("log")
+def _d_log(args, out, g):
+    return [_div(g, args[0])]
+
+
+@_rule("log1p")
+def _d_log1p(args, out, g):
+    return [_div(g, _add(args[0], _c(1.0, g)))]
+
+
+@_rule("expm1")
+def _d_expm1(args, out, g):
+    return [_mul(g, _add(out, _c(1.0, g)))]
+
+
+@_rule("sqrt")
+def _d_sqrt(args, out, g):
+    return [_div(_mul(g, _c(0.5, g)), out)]
+
+
+@_rule("rsqrt")
+def _d_rsqrt(args, out, g):
+    return [_mul(g, _mul(_c(-0.5, g), _mul(out, _mul(out, out))))]
+
+
+@_rule("square")
+def _d_square(args, out, g):
+    return [_mul(g, _mul(_c(2.0, g), args[0]))]
+
+
+@_rule("reciprocal")
+def _d_reciprocal(args, out, g):
+    return [_neg(_mul(g, _mul(out, out)))]
+
+
+@_rule("sin")
+def _d_sin(args, out, g):
+    return [_mul(g, ir.unary("cos", args[0]))]
+
+
+@_rule("cos")
+def _d_cos(args, out, g):
+    return [_neg(_mul(g, ir.unary("sin", args[0])))]
+
+
+@_rule("tan")
+def _d_tan(args, out, g):
+    return [_mul(g, _add(_c(1.0, g), _mul(out, out)))]
+
+
+@_rule("tanh")
+def _d_tanh(args, out, g):
+    return [_mul(g, _sub(_c(1.0, g), _mul(out, out)))]
+
+
+@_rule("erf")
+def _d_erf(args, out, g):
+    (x,) = args
+    return [_mul(g, _mul(_c(2 / math.sqrt(math.pi), g), ir.unary("exp", _neg(_mul(x, x)))))]
+
+
+@_rule("atan2")
+def _d_atan2(args, out, g):
+    a, b = args
+    zero = _c(0.0, g)
+    den = _add(_mul(a, a), _mul(b, b))
+    origin = _b("eq", den, zero)
+    return [_where(origin, zero, _div(_mul(g, b), den)), _where(origin, zero, _neg(_div(_mul(g, a), den)))]
+
+
+@_rule("remainder")
+def _d_remainder(args, out, g):
+    a, b = args
+    return [g, _neg(_mul(g, ir.unary("floor", _div(a, b))))]
+
+
+# -- activations ----------------------------------------------------------------------------------
+@_rule("sigmoid")
+def _d_sigmoid(args, out, g):
+    return [_mul(g, _mul(out, _sub(_c(1.0, g), out)))]
+
+
+@_rule("silu")
+def _d_silu(args, out, g):
+    """x sigmoid(x): s (1 + x (1 - s))."""
+    (x,) = args
+    s = ir.unary("sigmoid", x)
+    one = _c(1.0, g)
+    return [_mul(g, _mul(s, _add(one, _mul(x, _sub(one, s)))))]
+
+
+@_rule("softplus")
+def _d_softplus(args, out, g):
+    return [_mul(g, ir.unary("sigmoid", args[0]))]
+
+
+@_rule("relu")
+def _d_relu(args, out, g):
+    zero = _c(0.0, g)
+    return [_where(_b("le", out, zero), zero, g)]
+
+
+@_rule("leaky_relu")
+def _d_leaky_relu(args, out, g):
+    x, slope = args
+    return [_where(_b("gt", x, _c(0.0, g)), g, _mul(g, slope)), None]
+
+
+@_rule("gelu")
+def _d_gelu(args, out, g):
+    """x Phi(x): Phi(x) + x phi(x)."""
+    (x,) = args
+    cdf = _mul(_c(0.5, g), _add(_c(1.0, g), ir.unary("erf", _mul(x, _c(1 / math.sqrt(2), g)))))
+    pdf = _mul(_c(1 / math.sqrt(2 * math.pi), g), ir.unary("exp", _mul(_c(-0.5, g), _mul(x, x))))
+    return [_mul(g, _add(cdf, _mul(x, pdf)))]
+
+
+@_rule("gelu_tanh")
+def _d_gelu_tanh(args, out, g):
+    """0.5 x (1 + tanh(k (x + c x^3))), differentiated as written."""
+    (x,) = args
+    k, c = math.sqrt(2 / math.pi), 0.044715
+    one, half = _c(1.0, g), _c(0.5, g)
+    t = ir.unary("tanh", _mul(_c(k, g), _add(x, _mul(_c(c, g), _mul(x, _mul(x, x))))))
+    left = _mul(half, _add(one, t))
+    dinner = _mul(_c(k, g), _add(one, _mul(_c(3 * c, g), _mul(x, x))))
+    right = _mul(_mul(half, x), _mul(_sub(one, _mul(t, t)), dinner))
+    return [_mul(g, _add(left, right))]
+
+
+# -- selection and conversion ---------------------------------------------------------------------
+@_rule("where")
+def _d_where(args, out, g):
+    cond = args[0]
+    zero = _c(0.0, g)
+    return [None, _where(cond, g, zero), _where(cond, zero, g)]
+
+
+@_rule("cast")
+def _d_cast(args, out, g):
+    (x,) = args
+    return [ir.cast(g, x.dtype)] if x.dtype.kind == "f" else [None]
+
+
+def _d_none(args, out, g):
+    return [None] * len(args)
+
+
+for _op in NO_GRADIENT:
+    RULES[_op] = _d_none
+
+
+def vjp(outputs: list[Node], grads: list[Node], values: dict[int, Node] | None = None) -> dict[object, Node]:
+    """{input slot: adjoint expression} for every floating `input` node reachable from outputs.
+
+    `values` maps id(node) of nodes whose value is already computed (autograd's saved output) to an
+    expression standing for it: rules that use their op's value read that instead of the node."""
     order = ir.walk(outputs)
     adj: dict[int, Node] = {}
     for o, g in zip(outputs, grads):
@@ -145,7 +347,8 @@ def vjp(outputs: list[Node], grads: list[Node]) -> dict[object, Node]:
             continue
         if not node.args or node.dtype.kind != "f" and node.op != "cast":
             continue
-        for arg, contrib in zip(node.args, _rules(node, g)):
+        out = values.get(id(node), node) if values else node
+        for arg, contrib in zip(node.args, rules(node.op, node.args, out, g)):
             if contrib is None or arg.dtype.kind != "f" or arg.op in ("param", "const", "index"):
                 continue
             contrib = ir.cast(contrib, arg.dtype)
