@@ -7,7 +7,7 @@ import pytest
 
 import netcl.autograd as ag
 from netcl import nn, optim
-from netcl.core import random
+from netcl.ops import random
 from netcl.core.backend import capturing, count_launches
 from netcl.core.tensor import Tensor
 from netcl.errors import GraphCaptureError

@@ -307,7 +307,7 @@ def dropout(
         if p == 1.0:
             return mul(x, 0.0)
         raise ValueError(f"dropout probability must be in [0, 1], got {p}")
-    from netcl.core import random
+    from netcl.ops import random
 
     ops = _ops()
     xv = x.value

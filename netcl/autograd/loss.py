@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from netcl.autograd import kernels
+from netcl import kernels
 from netcl.autograd.engine import Node, as_node, needs_grad, record
 from netcl.core.backend import device_check
 from netcl.core.tensor import Tensor, check_same_queue
@@ -57,7 +57,7 @@ def _class_loss(
     defines = kernels.float_defines(xv.dtype, name)
     wg = kernels.work_group(queue.device)
     defines.update(LABEL="int" if lab.dtype == np.int32 else "long", MODE=mode, WG=wg)
-    prg = kernels.program(queue.device, "loss.cl", defines)
+    prg = kernels.program(queue.device, "loss.cl", **defines)
     scalar = kernels.scalar_type(xv.dtype)
     xc = xv.contiguous()
     labc = lab.contiguous()
@@ -135,7 +135,7 @@ def _pointwise_loss(a: Any, b: Any, kind: str, reduction: str, beta: float = 1.0
     defines.update(KIND=_KINDS[kind], WG=wg)
     if want_b:
         defines["HAS_GRAD_B"] = None
-    prg = kernels.program(queue.device, "loss.cl", defines)
+    prg = kernels.program(queue.device, "loss.cl", **defines)
     scalar = kernels.scalar_type(av.dtype)
     ac, bc = av.contiguous(), bv.contiguous()
     args = (

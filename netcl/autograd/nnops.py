@@ -15,6 +15,7 @@ from typing import Any
 
 from netcl.autograd.elementwise import sum_to_shape
 from netcl.autograd.engine import Node, _ops, as_node, needs_grad, record
+from netcl import kernels
 from netcl.core import shapes
 from netcl.core.tensor import Tensor
 from netcl.errors import DTypeError, ShapeError
@@ -74,18 +75,14 @@ def matmul(a: Node, b: Node) -> Node:
     return record(out, (a, b), backward, "matmul")
 
 
-_ACTIVATIONS = (None, "relu", "gelu", "gelu_tanh", "silu")
-
-
 def linear(x: Node, weight: Node, bias: Node | None = None, activation: str | None = None) -> Node:
     """activation(x @ weight.T + bias), weight (out, in) like PyTorch; relu is fused into the GEMM.
 
     Backward: g_x = g W, g_W = g^T x (x flattened to 2-D), g_b = column sums of g."""
     from netcl.autograd import elementwise as ew
 
-    if activation not in _ACTIVATIONS:
-        raise ValueError(f"linear: activation must be one of {_ACTIVATIONS}, got {activation!r}")
-    if activation not in (None, "relu"):
+    kernels.activation(activation)  # ValueError naming the choices (netcl.kernels.ACTIVATIONS)
+    if activation not in (None, "none", "relu"):
         z = linear(x, weight, bias)
         if activation == "silu":
             return ew.silu(z)

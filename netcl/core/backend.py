@@ -7,6 +7,7 @@ into netcl exceptions (see netcl.errors) before they reach a user.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import sys
@@ -15,7 +16,6 @@ import threading
 import time
 import warnings
 from collections.abc import Sequence
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -201,37 +201,7 @@ class count_launches:
         return _launches - self._start
 
 
-# -- program sources and builds ----------------------------------------------------------------
-_sources: dict[str, str] = {}
-
-
-_INCLUDE = re.compile(r'^#include "([\w.]+)"[ \t]*$', re.MULTILINE)
-
-
-def kernel_source(filename: str) -> str:
-    """Text of a package kernel file, e.g. kernel_source("copy.cl") (read once per process), with its
-    `#include "other.cl"` lines replaced by those package files (once each), so a helper shared by
-    several kernel files (checks.cl) is written once and every program is one self-contained text."""
-    text = _sources.get(filename)
-    if text is None:
-        try:
-            text = resources.files("netcl.kernels").joinpath(filename).read_text()
-        except FileNotFoundError as exc:
-            raise KernelBuildError(f"no kernel file netcl/kernels/{filename}") from exc
-        seen = {filename}
-
-        def expand(m: re.Match) -> str:
-            name = m.group(1)
-            if name in seen:
-                return f"/* {name} already included */"
-            seen.add(name)
-            return _INCLUDE.sub(expand, kernel_source(name))
-
-        text = _INCLUDE.sub(expand, text)
-        _sources[filename] = text
-    return text
-
-
+# -- program builds (netcl.kernels is the one way in: it keeps the built programs) ---------------
 def format_options(defines: dict[str, Any] | None = None, extra: Sequence[str] = ()) -> tuple[str, ...]:
     """Build options: the OpenCL C standard, then -DNAME=VALUE for each define, then `extra`. Compiler
     warnings are off (-w, a standard option) unless NETCL_DEBUG >= 2: PoCL prints a bare "1 warning
@@ -270,13 +240,17 @@ build_stats = BuildStats()
 
 
 class Program:
-    """A built program on one device, handing out thread-safe Kernel wrappers by name."""
+    """A built program on one device, handing out thread-safe Kernel wrappers by name. `arg_names`
+    maps each kernel to its argument names (from the compiler, kept with the binary on disk), so
+    kernels can be launched with named arguments."""
 
-    def __init__(self, device: Any, program: cl.Program, name: str, source: str):
+    def __init__(self, device: Any, program: cl.Program, name: str, source: str,
+                 arg_names: dict[str, tuple[str, ...]] | None = None):
         self.device = device
         self.cl = program
         self.name = name
         self.source = source
+        self.arg_names = arg_names or {}
         self._kernels: dict[str, Kernel] = {}
         self._lock = threading.Lock()
 
@@ -285,7 +259,7 @@ class Program:
             k = self._kernels.get(kernel_name)
             if k is None:
                 try:
-                    k = Kernel(self, cl.Kernel(self.cl, kernel_name))
+                    k = Kernel(self, cl.Kernel(self.cl, kernel_name), self.arg_names.get(kernel_name))
                 except cl.Error as exc:
                     raise KernelBuildError(
                         f"program {self.name} has no kernel {kernel_name!r}: {exc}"
@@ -299,9 +273,10 @@ class Program:
         return self.kernel(kernel_name)
 
 
-_programs: dict[tuple, Program] = {}
-_programs_lock = threading.Lock()
 _build_locks: dict[tuple, threading.Lock] = {}
+_build_locks_lock = threading.Lock()
+# Programs are built with argument info, so kernels can be launched with named arguments
+ARG_INFO = "-cl-kernel-arg-info"
 
 
 def _device_fingerprint(device: Any) -> str:
@@ -366,71 +341,60 @@ def _build_from_binary(device: Any, binary: bytes, options: tuple[str, ...]) -> 
         return None
 
 
-def build_program(
-    device: Any,
-    source: str,
-    options: Sequence[str] = (CL_STD,),
-    name: str = "<generated>",
-) -> Program:
-    """Build `source` for `device` with `options`, cached in memory and as a binary on disk."""
+def _read_arg_names(prg: cl.Program) -> dict[str, tuple[str, ...]]:
+    """Kernel name -> argument names, as the compiler reports them (empty where it does not)."""
+    out: dict[str, tuple[str, ...]] = {}
+    try:
+        kernels = prg.all_kernels()
+    except cl.Error:
+        return out
+    for k in kernels:
+        try:
+            out[k.function_name] = tuple(
+                k.get_arg_info(i, cl.kernel_arg_info.NAME) for i in range(k.num_args))
+        except (cl.Error, AttributeError):
+            pass
+    return out
+
+
+def build_program(device: Any, source: str, options: Sequence[str] = (CL_STD,), name: str = "<generated>") -> Program:
+    """Build `source` for `device` (or load its binary from the disk cache). Not cached in memory:
+    netcl.kernels is the one place that keeps built programs (and the way everyone gets one)."""
     options = tuple(options)
-    digest = hashlib.sha256(source.encode()).hexdigest()
-    key = (id(device), digest, options)
-    program = _programs.get(key)
-    if program is not None:
-        build_stats.add("memory", 0.0)
-        return program
-    with _programs_lock:
-        lock = _build_locks.setdefault(key, threading.Lock())
+    if ARG_INFO not in options:
+        options = options + (ARG_INFO,)
+    path = _disk_path(device, source, options) if config.disk_cache_enabled() else None
+    lock_key = (id(device), str(path) if path is not None else hashlib.sha256(source.encode()).hexdigest(), options)
+    with _build_locks_lock:
+        lock = _build_locks.setdefault(lock_key, threading.Lock())
     with lock:
-        program = _programs.get(key)
-        if program is not None:
-            return program
         t0 = time.perf_counter()
         prg = None
         kind = "source"
-        path = _disk_path(device, source, options) if config.disk_cache_enabled() else None
+        arg_names: dict[str, tuple[str, ...]] = {}
         if path is not None and path.exists():
             prg = _build_from_binary(device, path.read_bytes(), options)
-            kind = "disk" if prg is not None else "source"
+            if prg is not None:
+                kind = "disk"
+                try:
+                    arg_names = {k: tuple(v) for k, v in json.loads(path.with_suffix(".args").read_text()).items()}
+                except (OSError, ValueError, AttributeError):
+                    arg_names = _read_arg_names(prg)
         if prg is None:
             prg = _build_from_source(device, source, options, name)
+            arg_names = _read_arg_names(prg)
             if path is not None:
                 try:
                     binaries = prg.get_info(cl.program_info.BINARIES)
                     if binaries and binaries[0]:
+                        _write_atomic(path.with_suffix(".args"), json.dumps(arg_names).encode())
                         _write_atomic(path, bytes(binaries[0]))
                 except (cl.Error, OSError):
                     pass  # a cache that cannot be written only costs a rebuild next time
         build_stats.add(kind, time.perf_counter() - t0)
-        program = Program(device, prg, name, source)
-        _programs[key] = program
         if config.debug_level() >= 2:
             print(f"[netcl] built {name} ({kind}) options={' '.join(options)}\n{source}", file=sys.stderr)
-        return program
-
-
-_file_programs: dict[tuple, Program] = {}
-
-
-def load_program(device: Any, filename: str, defines: dict[str, Any] | None = None) -> Program:
-    """Build the package kernel file `filename` specialised by -D `defines`.
-
-    Ops call this on every launch, so a repeat is one dict lookup: no re-reading, re-hashing or
-    option formatting (measured at ~0.2 ms a call before this memo)."""
-    key = (id(device), filename, tuple(sorted((defines or {}).items())))
-    program = _file_programs.get(key)
-    if program is None or program.device is not device:
-        program = build_program(device, kernel_source(filename), format_options(defines), name=filename)
-        _file_programs[key] = program
-    return program
-
-
-def clear_memory_cache() -> None:
-    """Forget built programs held in memory (disk binaries stay)."""
-    with _programs_lock:
-        _programs.clear()
-        _file_programs.clear()
+        return Program(device, prg, name, source, arg_names)
 
 
 # -- launching ---------------------------------------------------------------------------------
@@ -442,12 +406,16 @@ _INT_SCALARS = frozenset({np.int8, np.uint8, np.int16, np.uint16, np.int32, np.u
 
 
 class Kernel:
-    """A kernel of a built program. Launches are thread-safe (args are set under a lock)."""
+    """A kernel of a built program. Launches are thread-safe (args are set under a lock). Arguments go
+    by position or by name (`k(q, gsize, lsize, x=buf, n=np.int32(5))`, the kernel's own parameter
+    names), never both in one call."""
 
-    def __init__(self, program: Program, kernel: cl.Kernel):
+    def __init__(self, program: Program, kernel: cl.Kernel, arg_names: tuple[str, ...] | None = None):
         self.program = program
         self.cl = kernel
         self.name = kernel.function_name
+        self.arg_names: tuple[str, ...] = tuple(arg_names or ())
+        self.arg_index = {n: i for i, n in enumerate(self.arg_names)}
         self._lock = threading.Lock()
         self._max_wg: int | None = None
         self._last_args: list[Any] | None = None
@@ -500,10 +468,13 @@ class Kernel:
         local_size: Sequence[int] | None,
         *args: Any,
         wait_for: Sequence[cl.Event] | None = None,
+        **named: Any,
     ) -> cl.Event:
         """Enqueue on `queue`; global sizes are rounded up to multiples of the local size, so a
         kernel must bound-check its own work-items."""
         global _launches
+        if named:
+            args = self.positional(args, named)
         if queue.device is not self.program.device:
             raise DeviceError(
                 f"kernel {self.name} was built for {self.program.device.describe()} but launched on "
@@ -531,6 +502,22 @@ class Kernel:
         if config.debug_level() >= 1:
             print(f"[netcl] launch {self.name} global={global_size} local={local}", file=sys.stderr)
         return event
+
+    def positional(self, args: Sequence[Any], named: dict[str, Any]) -> tuple:
+        """The argument tuple for `named` arguments (KernelLaunchError naming what is missing or unknown)."""
+        if args:
+            raise KernelLaunchError(f"kernel {self.name}: pass arguments by position or by name, not both")
+        if not self.arg_names:
+            raise KernelLaunchError(f"kernel {self.name}: its argument names are unknown on "
+                                    f"{self.program.device.describe()}; pass arguments by position")
+        unknown = sorted(set(named) - set(self.arg_index))
+        missing = [n for n in self.arg_names if n not in named]
+        if unknown or missing:
+            raise KernelLaunchError(f"kernel {self.name}({', '.join(self.arg_names)}): "
+                                    + (f"unknown arguments {unknown}" if unknown else "")
+                                    + ("; " if unknown and missing else "")
+                                    + (f"missing arguments {missing}" if missing else ""))
+        return tuple(named[n] for n in self.arg_names)
 
     def _set_args(self, args: Sequence[Any]) -> None:
         """Set the arguments. By-value ones (numpy scalars and vectors) go in as their bytes through

@@ -6,19 +6,16 @@ copies only when the layout needs it.
 
 from __future__ import annotations
 
-import functools
 import math
-import sys
 import weakref
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import pyopencl as cl
-import pyopencl.cltypes as cltypes
 
 from netcl.core import dtypes, shapes
-from netcl.core.backend import Queue, as_queue, capturing, enqueue_copy, load_program
+from netcl.core.backend import Queue, as_queue, capturing, enqueue_copy
 from netcl.core.memory import Storage, is_pinned
 from netcl.errors import DeviceMismatchError, DTypeError, IndexingError, ShapeError
 
@@ -208,25 +205,6 @@ class Tensor:
     def like(cls, other: Tensor, dtype: Any = None) -> Tensor:
         return cls.empty(other.queue, other.shape, other.dtype if dtype is None else dtype)
 
-    # random numbers are in netcl.core.random; these forward there for convenience
-    @classmethod
-    def rand(cls, q: Any, shape: Any, dtype: Any = np.float32, **kwargs: Any) -> Tensor:
-        from netcl.core import random
-
-        return random.rand(q, shape, dtype, **kwargs)
-
-    @classmethod
-    def randn(cls, q: Any, shape: Any, dtype: Any = np.float32, **kwargs: Any) -> Tensor:
-        from netcl.core import random
-
-        return random.randn(q, shape, dtype, **kwargs)
-
-    @classmethod
-    def randint(cls, q: Any, low: int, high: int, shape: Any, dtype: Any = np.int32, **kwargs: Any) -> Tensor:
-        from netcl.core import random
-
-        return random.randint(q, low, high, shape, dtype, **kwargs)
-
     # -- basic properties -------------------------------------------------------------------
     @property
     def device(self) -> Any:
@@ -384,29 +362,7 @@ class Tensor:
             self.copy_(Tensor.full(self.queue, self.shape, pattern, self.dtype))
         return self
 
-    # -- copies -------------------------------------------------------------------------------
-    def copy_(self, src: Tensor) -> Tensor:
-        """Copy `src` (same shape and dtype, any layout) into this tensor's elements."""
-        check_same_queue(self, src)
-        if src.shape != self.shape:
-            raise ShapeError(f"cannot copy a tensor of shape {src.shape} into one of shape {self.shape}")
-        if src.dtype != self.dtype:
-            raise DTypeError(f"cannot copy {src.dtype} into {self.dtype} (cast it first)")
-        strided_copy(self, src)
-        return self
-
-    def contiguous(self) -> Tensor:
-        """This tensor if already row-major contiguous, else a contiguous copy."""
-        if self.is_contiguous():
-            return self
-        return self.clone()
-
-    def clone(self) -> Tensor:
-        """A contiguous copy with its own memory."""
-        out = Tensor.empty(self.queue, self.shape, self.dtype)
-        strided_copy(out, self)
-        return out
-
+    # -- copies (copy_, contiguous and clone launch a kernel: netcl.ops.copy installs them) -----------
     def to(self, queue: Any) -> Tensor:
         """This tensor on another queue (through the host when the device differs)."""
         target = as_queue(queue)
@@ -629,198 +585,9 @@ class Tensor:
             dim += 1
         return self._view(_normalize_shape(shape), tuple(strides), offset)
 
-    # -- operators (netcl.ops, imported lazily: core does not depend on ops) -----------------
-    def _op(self, name: str, *args: Any, **kwargs: Any) -> Any:
-        ops = sys.modules.get("netcl.ops")
-        if ops is None:
-            from netcl import ops
-        return getattr(ops, name)(*args, **kwargs)
-
-    def __add__(self, other: Any) -> Tensor:
-        return self._op("add", self, other)
-
-    def __radd__(self, other: Any) -> Tensor:
-        return self._op("add", other, self)
-
-    def __sub__(self, other: Any) -> Tensor:
-        return self._op("sub", self, other)
-
-    def __rsub__(self, other: Any) -> Tensor:
-        return self._op("sub", other, self)
-
-    def __mul__(self, other: Any) -> Tensor:
-        return self._op("mul", self, other)
-
-    def __rmul__(self, other: Any) -> Tensor:
-        return self._op("mul", other, self)
-
-    def __truediv__(self, other: Any) -> Tensor:
-        return self._op("div", self, other)
-
-    def __rtruediv__(self, other: Any) -> Tensor:
-        return self._op("div", other, self)
-
-    def __floordiv__(self, other: Any) -> Tensor:
-        return self._op("floor_divide", self, other)
-
-    def __rfloordiv__(self, other: Any) -> Tensor:
-        return self._op("floor_divide", other, self)
-
-    def __mod__(self, other: Any) -> Tensor:
-        return self._op("remainder", self, other)
-
-    def __rmod__(self, other: Any) -> Tensor:
-        return self._op("remainder", other, self)
-
-    def __pow__(self, other: Any) -> Tensor:
-        return self._op("pow", self, other)
-
-    def __rpow__(self, other: Any) -> Tensor:
-        return self._op("pow", other, self)
-
-    def __matmul__(self, other: Any) -> Tensor:
-        return self._op("matmul", self, other)
-
-    def __rmatmul__(self, other: Any) -> Tensor:
-        return self._op("matmul", other, self)
-
-    def __neg__(self) -> Tensor:
-        return self._op("neg", self)
-
-    def __pos__(self) -> Tensor:
-        return self
-
-    def __abs__(self) -> Tensor:
-        return self._op("abs", self)
-
-    def __invert__(self) -> Tensor:
-        return self._op("logical_not", self)
-
-    def __and__(self, other: Any) -> Tensor:
-        return self._op("logical_and", self, other)
-
-    def __or__(self, other: Any) -> Tensor:
-        return self._op("logical_or", self, other)
-
-    def __xor__(self, other: Any) -> Tensor:
-        return self._op("logical_xor", self, other)
-
-    def __lt__(self, other: Any) -> Tensor:
-        return self._op("lt", self, other)
-
-    def __le__(self, other: Any) -> Tensor:
-        return self._op("le", self, other)
-
-    def __gt__(self, other: Any) -> Tensor:
-        return self._op("gt", self, other)
-
-    def __ge__(self, other: Any) -> Tensor:
-        return self._op("ge", self, other)
-
-    def __eq__(self, other: Any) -> Tensor:  # type: ignore[override]
-        if not isinstance(other, (Tensor, bool, int, float, np.number, np.bool_)):
-            return NotImplemented
-        return self._op("eq", self, other)
-
-    def __ne__(self, other: Any) -> Tensor:  # type: ignore[override]
-        if not isinstance(other, (Tensor, bool, int, float, np.number, np.bool_)):
-            return NotImplemented
-        return self._op("ne", self, other)
-
+    # Python operators (+, @, ==, +=, ...) and math methods (sum, exp, ...) are netcl.ops functions, installed
+    # on Tensor by netcl.ops.operators when netcl.ops is imported (importing anything of netcl imports it).
     __hash__ = object.__hash__  # tensors stay usable as dict keys (identity), as in PyTorch
-
-    def __iadd__(self, other: Any) -> Tensor:
-        return self._inplace("add", other)
-
-    def __isub__(self, other: Any) -> Tensor:
-        return self._inplace("sub", other)
-
-    def __imul__(self, other: Any) -> Tensor:
-        return self._inplace("mul", other)
-
-    def __itruediv__(self, other: Any) -> Tensor:
-        return self._inplace("div", other)
-
-    def _inplace(self, name: str, other: Any) -> Tensor:
-        """self[...] = op(self, other) written into this tensor's memory (one launch)."""
-        result = self._op(name, self, other)
-        self._op("setitem", self, Ellipsis, result)
-        return self
-
-    def astype(self, dtype: Any) -> Tensor:
-        return self._op("cast", self, dtype)
-
-    def sum(self, axis: Any = None, keepdims: bool = False, dtype: Any = None) -> Tensor:
-        return self._op("sum", self, axis=axis, keepdims=keepdims, dtype=dtype)
-
-    def mean(self, axis: Any = None, keepdims: bool = False) -> Tensor:
-        return self._op("mean", self, axis=axis, keepdims=keepdims)
-
-    def prod(self, axis: Any = None, keepdims: bool = False) -> Tensor:
-        return self._op("prod", self, axis=axis, keepdims=keepdims)
-
-    def max(self, axis: Any = None, keepdims: bool = False) -> Tensor:
-        return self._op("max", self, axis=axis, keepdims=keepdims)
-
-    def min(self, axis: Any = None, keepdims: bool = False) -> Tensor:
-        return self._op("min", self, axis=axis, keepdims=keepdims)
-
-    def argmax(self, axis: Any = None, keepdims: bool = False) -> Tensor:
-        return self._op("argmax", self, axis=axis, keepdims=keepdims)
-
-    def argmin(self, axis: Any = None, keepdims: bool = False) -> Tensor:
-        return self._op("argmin", self, axis=axis, keepdims=keepdims)
-
-    def var(self, axis: Any = None, keepdims: bool = False, ddof: int = 0) -> Tensor:
-        return self._op("var", self, axis=axis, keepdims=keepdims, ddof=ddof)
-
-    def std(self, axis: Any = None, keepdims: bool = False, ddof: int = 0) -> Tensor:
-        return self._op("std", self, axis=axis, keepdims=keepdims, ddof=ddof)
-
-    def any(self, axis: Any = None, keepdims: bool = False) -> Tensor:
-        return self._op("any", self, axis=axis, keepdims=keepdims)
-
-    def all(self, axis: Any = None, keepdims: bool = False) -> Tensor:
-        return self._op("all", self, axis=axis, keepdims=keepdims)
-
-    def logsumexp(self, axis: Any = None, keepdims: bool = False) -> Tensor:
-        return self._op("logsumexp", self, axis=axis, keepdims=keepdims)
-
-    def softmax(self, axis: int = -1) -> Tensor:
-        return self._op("softmax", self, axis=axis)
-
-    def log_softmax(self, axis: int = -1) -> Tensor:
-        return self._op("log_softmax", self, axis=axis)
-
-    def cumsum(self, axis: int) -> Tensor:
-        return self._op("cumsum", self, axis)
-
-    def exp(self) -> Tensor:
-        return self._op("exp", self)
-
-    def log(self) -> Tensor:
-        return self._op("log", self)
-
-    def sqrt(self) -> Tensor:
-        return self._op("sqrt", self)
-
-    def tanh(self) -> Tensor:
-        return self._op("tanh", self)
-
-    def sigmoid(self) -> Tensor:
-        return self._op("sigmoid", self)
-
-    def relu(self) -> Tensor:
-        return self._op("relu", self)
-
-    def abs(self) -> Tensor:
-        return self._op("abs", self)
-
-    def clamp(self, min: Any = None, max: Any = None) -> Tensor:  # noqa: A002
-        return self._op("clamp", self, min, max)
-
-    def __setitem__(self, index: Any, value: Any) -> None:
-        self._op("setitem", self, index, value)
 
     # -- misc --------------------------------------------------------------------------------
     def synchronize(self) -> None:
@@ -841,7 +608,7 @@ class Tensor:
         return bool(self.item())
 
 
-# -- the strided copy kernel ---------------------------------------------------------------------
+# -- layout helpers ------------------------------------------------------------------------------
 def _coalesce(shape: Sequence[int], *stride_sets: Sequence[int]) -> tuple[list[int], list[list[int]]]:
     """Drop size-1 axes and merge neighbours that are contiguous in every stride set."""
     dims = [i for i, s in enumerate(shape) if s != 1]
@@ -857,43 +624,3 @@ def _coalesce(shape: Sequence[int], *stride_sets: Sequence[int]) -> tuple[list[i
             for st, ss in zip(out_strides, stride_sets):
                 st.append(ss[i])
     return out_shape, out_strides
-
-
-def _long4x2(values: Sequence[int], fill: int) -> tuple[np.ndarray, np.ndarray]:
-    return _long4x2_cached(tuple(int(v) for v in values), fill)
-
-
-@functools.lru_cache(maxsize=1024)
-def _long4x2_cached(values: tuple[int, ...], fill: int) -> tuple[np.ndarray, np.ndarray]:
-    """cltypes.make_long4 evals a constructor (~50 us a call); the strides and shapes of copies
-    repeat from step to step. The returned arrays are only read (passed as kernel args)."""
-    padded = list(values) + [fill] * (MAX_DIMS - len(values))
-    return cltypes.make_long4(*padded[:4]), cltypes.make_long4(*padded[4:])
-
-
-def strided_copy(dst: Tensor, src: Tensor) -> None:
-    """dst[...] = src[...] for tensors of equal shape and itemsize, any strides (one launch)."""
-    n = dst.size
-    if n == 0:
-        return
-    if dst.storage is src.storage:
-        (d_lo, d_hi), (s_lo, s_hi) = dst._span(), src._span()
-        if d_lo <= s_hi and s_lo <= d_hi:  # overlapping memory: go through a temporary
-            src = src.clone()
-    shape, (dst_strides, src_strides) = _coalesce(dst.shape, dst.strides, src.strides)
-    if not shape:
-        shape, dst_strides, src_strides = [1], [1], [1]
-    if len(shape) == 1 and dst_strides[0] == 1 and src_strides[0] == 1:
-        enqueue_copy(
-            dst.queue, dst.buffer, src.buffer,
-            src_offset=src.offset * src.itemsize, dst_offset=dst.offset * dst.itemsize,
-            byte_count=n * dst.itemsize,
-        )
-        return
-    prg = load_program(dst.device, "copy.cl", {"T": dtypes.cl_bits_type(dst.itemsize), "NDIM": len(shape)})
-    prg.strided_copy(
-        dst.queue, (n,), None,
-        dst.buffer, np.int64(dst.offset), *_long4x2(dst_strides, 0),
-        src.buffer, np.int64(src.offset), *_long4x2(src_strides, 0),
-        *_long4x2(shape, 1), np.int64(n),
-    )

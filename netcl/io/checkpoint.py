@@ -21,7 +21,7 @@ from safetensors import SafetensorError
 from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 
-from netcl.core import random
+from netcl.ops import random
 from netcl.core.tensor import Tensor
 from netcl.errors import NetclError
 

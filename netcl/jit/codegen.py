@@ -19,7 +19,7 @@ PREAMBLE = r"""
 /* no a*b+c -> fma contraction: a fused graph must round exactly like the same ops run one by one
    (NETCL_FUSION=0) and like NumPy; NVIDIA's compiler contracts by default */
 #pragma OPENCL FP_CONTRACT OFF
-#ifdef NC_FP64
+#ifdef USE_FP64
 #pragma OPENCL EXTENSION cl_khr_fp64 : enable
 #endif
 /* round a float to the nearest half and back: float16 intermediates behave as stored ones */

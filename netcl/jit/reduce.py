@@ -23,14 +23,13 @@ accumulate in float32 (float64 in double, integers in long).
 from __future__ import annotations
 
 import math
-import threading
 from typing import Any
 
 import numpy as np
 
 from netcl.config import _int
 from netcl.core import dtypes
-from netcl.core.backend import build_program, format_options
+from netcl import kernels
 from netcl.core.tensor import Tensor, _coalesce
 from netcl.jit import codegen, ir
 from netcl.jit.runner import broadcast_strides, memo_params_args
@@ -50,8 +49,6 @@ SOFTMAX_REG = _int("NETCL_SOFTMAX_REG", 8)
 ALIGNED = bool(_int("NETCL_RED_ALIGNED", 1))
 # Tests set this to "gpu" to run the GPU layouts (local-memory trees) on the PoCL CPU device.
 FORCE_KIND: str | None = None
-_kernels: dict[tuple, Any] = {}
-_lock = threading.Lock()
 
 # reducer -> (state fields as (name, type-kind)), where type-kind 'acc' is the accumulator type
 # and 'long' the index type.
@@ -402,7 +399,7 @@ def source(key: tuple) -> str:
         b.append("}")
     fp64 = acc == ir.F64 or out_dt == ir.F64 or any(np.dtype(d) == ir.F64 for d in leaf_dts) or \
         any(d[2] == ir.F64.str for d in desc)
-    head = "#define NC_FP64\n" if fp64 else ""
+    head = "#define USE_FP64\n" if fp64 else ""
     return head + codegen.PREAMBLE + "\n__kernel void red(" + ",\n    ".join(ps) + ")\n{\n    " + \
         "\n    ".join(b) + "\n}\n"
 
@@ -470,14 +467,8 @@ def _softmax_registers(mode, desc, out_pos, leaf_dts, leaf_rkinds, L, W, K, act,
 
 
 def _kernel(device: Any, key: tuple) -> Any:
-    ck = (id(device), key)
-    k = _kernels.get(ck)
-    if k is None:
-        prg = build_program(device, source(key), format_options({}), name=f"jit_{key[0]}_{key[1]}")
-        k = prg.kernel("red")
-        with _lock:
-            _kernels[ck] = k
-    return k
+    """The reduction kernel of structural `key` (netcl.kernels keeps it; the source is generated once)."""
+    return kernels.generated(device, key, lambda: source(key), f"jit_{key[0]}_{key[1]}").kernel("red")
 
 
 def run(
@@ -629,15 +620,7 @@ def _stage2(queue: Any, reducer: str, acc: np.dtype, parts: list[Tensor], out: T
     it = np.int32 if idx_t == "int" else np.int64
     key = ("reduce", reducer, ((), (0,)), (), (), 1, 1, L, 1, "row", acc.str, out.dtype.str, True, 0, idx_t,
            mean, "c", False, 1, 0)
-    src_key = key
-    ck = (id(device), src_key)
-    k = _kernels.get(ck)
-    if k is None:
-        src = source(key)
-        prg = build_program(device, src, format_options({}), name=f"jit_reduce2_{reducer}")
-        k = prg.kernel("red")
-        with _lock:
-            _kernels[ck] = k
+    k = kernels.generated(device, key, lambda: source(key), f"jit_reduce2_{reducer}").kernel("red")
     args: list[Any] = [out.buffer]
     args += [out.buffer for _ in parts]  # unused partial outputs (P == 1 in stage 2)
     args += [p.buffer for p in parts]

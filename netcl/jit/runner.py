@@ -7,13 +7,12 @@ shape; leaves are read in place through their own strides, broadcast to that sha
 from __future__ import annotations
 
 import math
-import threading
 from typing import Any
 
 import numpy as np
 
 from netcl.config import _int
-from netcl.core.backend import build_program, format_options
+from netcl import kernels
 from netcl.core.tensor import Tensor, _coalesce, contiguous_strides
 from netcl.jit import codegen, ir
 
@@ -37,8 +36,6 @@ _SCALAR_MATH = {"exp", "log", "log1p", "expm1", "sin", "cos", "tan", "tanh", "er
                 "gelu_tanh", "silu", "softplus", "pow", "atan2", "sqrt", "rsqrt"}
 _INT_LIMIT = 2**31 - 1
 
-_kernels: dict[tuple, Any] = {}
-_kernels_lock = threading.Lock()
 
 
 def broadcast_strides(t: Tensor, shape: tuple[int, ...]) -> list[int]:
@@ -96,16 +93,10 @@ def choose_vec(device: Any, desc: tuple, dtypes: list[np.dtype]) -> int:
 
 
 def get_kernel(device: Any, key: tuple, leaf_dtypes: list[np.dtype], out_dtypes: list[np.dtype]) -> Any:
-    cache_key = (id(device), key)
-    k = _kernels.get(cache_key)
-    if k is None:
-        src = codegen.elementwise_source(key)
-        defines = {"NC_FP64": None} if codegen.needs_fp64(key[0][0], leaf_dtypes, out_dtypes) else {}
-        prg = build_program(device, src, format_options(defines), name="jit_elementwise")
-        k = prg.kernel("ew")
-        with _kernels_lock:
-            _kernels[cache_key] = k
-    return k
+    """The elementwise kernel of structural `key` (netcl.kernels keeps it; the source is generated once)."""
+    defines = {"USE_FP64": None} if codegen.needs_fp64(key[0][0], leaf_dtypes, out_dtypes) else {}
+    return kernels.generated(device, key, lambda: codegen.elementwise_source(key), "jit_elementwise",
+                             **defines).kernel("ew")
 
 
 _plans: dict[tuple, tuple] = {}

@@ -17,9 +17,7 @@
 //
 // All tensors are contiguous NCHW / (K, Cg, KH, KW), with element offsets. Accumulation in ACC.
 
-#ifdef USE_FP64
-#pragma OPENCL EXTENSION cl_khr_fp64 : enable
-#endif
+#include "common.cl"
 
 #ifndef T
 #define T float            // storage type
@@ -33,14 +31,11 @@
 #ifndef OWB
 #define OWB 4              // output columns per work-item (register block columns)
 #endif
-#ifndef ACTIVATION
-#define ACTIVATION 0       // 0: none, 1: relu (fused into the output stage)
-#endif
-
-#if ACTIVATION == 1
-#define ACT(v) fmax((v), (ACC)0)
+// ACT (common.cl): ACT_NONE or ACT_RELU, fused into the output stage
+#if ACT == ACT_RELU
+#define APPLY_ACT(v) fmax((v), (ACC)0)
 #else
-#define ACT(v) (v)
+#define APPLY_ACT(v) (v)
 #endif
 
 __kernel void conv2d_direct(__global const T *x, const long x_off, __global const T *w, const long w_off,
@@ -97,7 +92,7 @@ __kernel void conv2d_direct(__global const T *x, const long x_off, __global cons
         const ACC b = has_bias ? (ACC)bias[b_off + k] : (ACC)0;
         __global T *yrow = y + y_off + (((long)n * K + k) * OH + oh) * OW;
         for (int j = 0; j < OWB; ++j)
-            if (ow0 + j < OW) yrow[ow0 + j] = (T)ACT(acc[kk][j] + b);
+            if (ow0 + j < OW) yrow[ow0 + j] = (T)APPLY_ACT(acc[kk][j] + b);
     }
 }
 
@@ -134,7 +129,7 @@ __kernel void conv2d_backward_input(__global const T *gy, const long gy_off, __g
         }
     }
     if (has_bias) acc += (ACC)bias[b_off + c];
-    gx[gx_off + (((long)n * C + c) * H + ih) * W + iw] = (T)ACT(acc);
+    gx[gx_off + (((long)n * C + c) * H + ih) * W + iw] = (T)APPLY_ACT(acc);
 }
 
 __kernel void conv2d_backward_weight(__global const T *x, const long x_off, __global const T *gy,

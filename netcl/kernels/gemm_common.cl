@@ -9,14 +9,16 @@
 //   C[z,m,n] = y (+ residual[z, m, n])
 //
 // Build options shared by all GEMM kernels:
-//   DTYPE_F16 / DTYPE_F32 / DTYPE_F64   storage dtype of A, B, C, bias and residual (one of them)
+//   IS_HALF / USE_FP64 (common.cl)    storage dtype of A, B, C, bias and residual: half or double
+//                                      (float32 when neither)
 //   HAS_BIAS      add bias[n] (bias is a vector over columns with element stride bias_stride)
 //   BIAS_ROWS     with HAS_BIAS: add bias[m] instead (a vector over rows: a convolution's per-channel bias)
 //   HAS_RESIDUAL  add residual[z, m, n] after the activation (any strides)
-//   ACT           0 none, 1 relu, 2 gelu (erf), 3 gelu_tanh, 4 silu
+//   ACT           ACT_NONE, ACT_RELU, ACT_GELU (erf), ACT_GELU_TANH, ACT_SILU (common.cl)
 
-#if defined(DTYPE_F64)
-#pragma OPENCL EXTENSION cl_khr_fp64 : enable
+#include "common.cl"
+
+#if defined(USE_FP64)
 typedef double STORE_T;   // element type in memory
 typedef double ACC_T;     // accumulation type
 typedef double2 ACC2;
@@ -27,7 +29,7 @@ typedef double16 ACC16;
 #define STORE1(v, i, p) ((p)[i] = (v))
 #define LOADV(W, i, p) GEMM_CAT(vload, W)(i, p)
 #define STOREV(W, v, i, p) GEMM_CAT(vstore, W)(v, i, p)
-#elif defined(DTYPE_F16)
+#elif defined(IS_HALF)
 typedef half STORE_T;     // half is legal as a pointer target without cl_khr_fp16
 typedef float ACC_T;
 typedef float2 ACC2;
@@ -39,9 +41,6 @@ typedef float16 ACC16;
 #define LOADV(W, i, p) GEMM_CAT(vload_half, W)(i, p)
 #define STOREV(W, v, i, p) GEMM_CAT(GEMM_CAT(vstore_half, W), _rte)(v, i, p)
 #else
-#ifndef DTYPE_F32
-#define DTYPE_F32
-#endif
 typedef float STORE_T;
 typedef float ACC_T;
 typedef float2 ACC2;
@@ -57,20 +56,16 @@ typedef float16 ACC16;
 #define GEMM_CAT_(a, b) a##b
 #define GEMM_CAT(a, b) GEMM_CAT_(a, b)
 
-#ifndef ACT
-#define ACT 0
-#endif
-
 inline ACC_T gemm_activation(ACC_T y)
 {
-#if ACT == 1
+#if ACT == ACT_RELU
     return fmax(y, (ACC_T)0);
-#elif ACT == 2
+#elif ACT == ACT_GELU
     return (ACC_T)0.5 * y * ((ACC_T)1 + erf(y * (ACC_T)0.70710678118654752440));
-#elif ACT == 3
+#elif ACT == ACT_GELU_TANH
     const ACC_T inner = (ACC_T)0.79788456080286535588 * (y + (ACC_T)0.044715 * y * y * y);
     return (ACC_T)0.5 * y * ((ACC_T)1 + tanh(inner));
-#elif ACT == 4
+#elif ACT == ACT_SILU
     return y / ((ACC_T)1 + exp(-y));
 #else
     return y;

@@ -23,6 +23,8 @@
 // MASK_RESIDUAL (HAS_RESIDUAL off): the `residual` operand is a mask instead: C = residual > 0 ? y : 0
 // (a ReLU's backward, where(out > 0, g @ W, 0), in the GEMM that makes g @ W).
 
+#include "gemm_common.cl"
+
 #ifndef MB
 #define MB 64
 #endif

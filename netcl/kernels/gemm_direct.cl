@@ -6,6 +6,8 @@
 // Tuning knobs:
 //   UNROLL  K-loop unroll factor hint (default 4)
 
+#include "gemm_common.cl"
+
 #ifndef UNROLL
 #define UNROLL 4
 #endif

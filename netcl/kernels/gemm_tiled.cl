@@ -33,6 +33,8 @@
 // A 4-wide load along k is transposed into the k-major local tile with 4 scalar stores; along m or n it
 // is stored as one vector.
 
+#include "gemm_common.cl"
+
 #ifndef BM
 #define BM 128
 #endif
@@ -110,7 +112,7 @@ typedef GEMM_CAT(ACC, VW) VEC_T;
 #error "gemm_tiled: BM must be a multiple of TY*VW, BN of TX*VW, and PADA/PADB multiples of VW"
 #endif
 
-#if defined(GVEC) && (defined(DTYPE_F16) || (BM % 4) || (BN % 4) || (BK % 4))
+#if defined(GVEC) && (defined(IS_HALF) || (BM % 4) || (BN % 4) || (BK % 4))
 #undef GVEC   /* vector fetch needs whole float4s in every tile dimension (and 4-byte+ elements) */
 #endif
 #ifdef GVEC

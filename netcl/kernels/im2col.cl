@@ -24,9 +24,7 @@
 //   last column (pairs with ones_row above). global (R+1, K); one work-item copies one element.
 //   Reads K*R + K values of w and b, writes K*(R+1): one launch instead of two strided copies.
 
-#ifdef USE_FP64
-#pragma OPENCL EXTENSION cl_khr_fp64 : enable
-#endif
+#include "common.cl"
 
 #ifndef T
 #define T float

@@ -13,14 +13,12 @@
 //   int via atomic_add. Order of additions is not fixed (non-deterministic rounding for floats).
 // scatter_add_sorted: deterministic variant: the host sorts destinations; work-item s adds the
 //   contributions src[order[k]] for k in [seg[s], seg[s+1]) in order into out[dest[s]].
-// Build options: -DT=<storage type> -DIT=<index storage type: int or long> -DNDIM=<1..8>
-//   -DAXIS=<axis> -DACC=<accumulate type>; -DIS_HALF for float16 (vload_half/vstore_half);
+// Build options: T, ACC, IS_HALF, USE_FP64 (common.cl), -DIT=<index storage type: int or long>
+//   -DNDIM=<1..8> -DAXIS=<axis>;
 //   -DSCATTER_ATOMIC (+ -DATOMIC_FLOAT for float32) compiles scatter_add_atomic (int32/float32 only).
 // Shapes/strides arrive as two long4 each (unused dims: size 1, stride 0), in elements.
 
-#ifdef NC_FP64
-#pragma OPENCL EXTENSION cl_khr_fp64 : enable
-#endif
+#include "common.cl"
 
 #ifdef IS_HALF
 #define LOAD(p, i) vload_half((i), (p))

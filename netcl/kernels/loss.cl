@@ -27,9 +27,7 @@
  * Defines: T (float|double; USE_FP64), LABEL (int|long), MODE (1 cross-entropy, 2 nll),
  *          KIND (pointwise), WG (work-group size, power of two, default 256).
  */
-#ifdef USE_FP64
-#pragma OPENCL EXTENSION cl_khr_fp64 : enable
-#endif
+#include "common.cl"
 #ifndef T
 #define T float
 #endif

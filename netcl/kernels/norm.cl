@@ -18,9 +18,7 @@
 // Memory: forward reads x (twice; three times for training BatchNorm) and writes y once;
 //   backward reads x and grad_y twice, writes grad_x once.
 
-#ifdef USE_FP64
-#pragma OPENCL EXTENSION cl_khr_fp64 : enable
-#endif
+#include "common.cl"
 
 #ifndef T
 #define T float            // storage type
@@ -31,9 +29,7 @@
 #ifndef LOCAL
 #define LOCAL 1            // work-group size, a power of two
 #endif
-#ifndef RELU
-#define RELU 0             // 1: fuse relu into the output (forward) / mask grad by it (backward)
-#endif
+// ACT (common.cl): ACT_RELU fuses a relu into the output (forward) / masks the gradient by it (backward)
 
 #define LD(p, i) ((ACC)(p)[i])
 
@@ -83,7 +79,7 @@ __kernel void row_norm_forward(__global const T *x, const long x_off, __global c
         const int p = (pbase + i) / PDIV;
         if (has_w) v *= LD(w, p);
         if (has_b) v += LD(b, p);
-#if RELU
+#if ACT == ACT_RELU
         v = fmax(v, (ACC)0);
 #endif
         yr[i] = (T)v;
@@ -191,7 +187,7 @@ __kernel void batch_norm_forward(__global const T *x, const long x_off, __global
         __global T *yp = y + ((long)n * C + c) * HW;
         for (int i = lid; i < HW; i += LOCAL) {
             ACC v = LD(xp, i) * scale + shift;
-#if RELU
+#if ACT == ACT_RELU
             v = fmax(v, (ACC)0);
 #endif
             yp[i] = (T)v;
@@ -215,7 +211,7 @@ __kernel void batch_norm_backward(__global const T *gy, const long gy_off, __glo
     const long M = (long)N * HW;
     const ACC mean = LD(save_mean, c), invstd = LD(save_invstd, c);
     const ACC wc = has_w ? LD(w, c) : (ACC)1;
-#if RELU
+#if ACT == ACT_RELU
     const ACC bc = has_b ? LD(b, c) : (ACC)0;
 #define GRAD(gp, xp, i) ((((LD(xp, i) - mean) * invstd * wc + bc) > (ACC)0) ? LD(gp, i) : (ACC)0)
 #else

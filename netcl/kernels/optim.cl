@@ -18,9 +18,7 @@
  *           sqrt(bias_correction2)
  *   RMSProp lr, alpha, eps, weight_decay, momentum, centered (int)
  */
-#ifdef USE_FP64
-#pragma OPENCL EXTENSION cl_khr_fp64 : enable
-#endif
+#include "common.cl"
 
 #ifndef T
 #define T float

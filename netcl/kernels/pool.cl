@@ -14,9 +14,7 @@
 // Geometry: KH KW kernel, SH SW stride, PH PW padding, DH DW dilation (max only; average uses 1).
 // Average divisor: count_include_pad ? window clipped to the padded input : valid elements only.
 
-#ifdef USE_FP64
-#pragma OPENCL EXTENSION cl_khr_fp64 : enable
-#endif
+#include "common.cl"
 
 #ifndef T
 #define T float            // storage type

@@ -2,12 +2,11 @@
 // Random123, curand and JAX. Bits depend only on (seed, counter), never on the device.
 // Layout: 1-D; work-item g hashes counter (offset + g) with key (seed) into 4 uint32 words and
 // writes PER_ITEM outputs (out[PER_ITEM*g + j]), bound-checked against n.
-// Build options: -DOUT=<float|double|half|int|long> -DSCALAR=<float|double: type of low/high> -DKIND=<0 uniform, 1 normal, 2 integer>
+// Build options: T, IS_HALF, USE_FP64 (common.cl) for the output; -DSCALAR=<float|double: type of low/high>
+// -DKIND=<0 uniform, 1 normal, 2 integer>
 //                -DPER_ITEM=<outputs per work-item>.
 
-#ifdef USE_FP64
-#pragma OPENCL EXTENSION cl_khr_fp64 : enable
-#endif
+#include "common.cl"
 
 #define PHILOX_M0 0xD2511F53u
 #define PHILOX_M1 0xCD9E8D57u
@@ -28,7 +27,7 @@ inline uint4 philox4x32_10(uint4 c, uint2 k)
 // uniform in [0, 1) with 24 bits (exact in float)
 inline float u24(uint x) { return (float)(x >> 8) * 0x1.0p-24f; }
 
-__kernel void philox_fill(__global OUT *out, const long out_offset, const long n,
+__kernel void philox_fill(__global T *out, const long out_offset, const long n,
                           const uint seed_lo, const uint seed_hi, const ulong counter0,
                           const SCALAR low, const SCALAR high, const long int_low, const ulong int_range)
 {
@@ -36,10 +35,10 @@ __kernel void philox_fill(__global OUT *out, const long out_offset, const long n
     const ulong ctr = counter0 + (ulong)g;
     const uint4 w = philox4x32_10((uint4)((uint)ctr, (uint)(ctr >> 32), 0u, 0u), (uint2)(seed_lo, seed_hi));
     uint words[4] = {w.x, w.y, w.z, w.w};
-    __global OUT *dst = out + out_offset;
+    __global T *dst = out + out_offset;
     const long base = (long)PER_ITEM * g;
 #if KIND == 0
-  #if defined(IS_DOUBLE)
+  #if defined(USE_FP64)
     // two 53-bit uniforms (NumPy's construction: 27 + 26 bits)
     for (int j = 0; j < 2; ++j) {
         if (base + j < n) {
@@ -60,7 +59,7 @@ __kernel void philox_fill(__global OUT *out, const long out_offset, const long n
         if (base + j < n) dst[base + j] = (float)low + ((float)high - (float)low) * u24(words[j]);
   #endif
 #elif KIND == 1
-  #if defined(IS_DOUBLE)
+  #if defined(USE_FP64)
     {
         const ulong a0 = words[0] >> 5, b0 = words[1] >> 6, a1 = words[2] >> 5, b1 = words[3] >> 6;
         const double u1 = ((double)a0 * 67108864.0 + (double)b0 + 1.0) * 0x1.0p-53;  // (0, 1]
@@ -93,12 +92,12 @@ __kernel void philox_fill(__global OUT *out, const long out_offset, const long n
     for (int j = 0; j < 2; ++j)
         if (base + j < n) {
             const ulong x = ((ulong)words[2 * j] << 32) | (ulong)words[2 * j + 1];
-            dst[base + j] = (OUT)(int_low + (long)mul_hi(x, int_range));
+            dst[base + j] = (T)(int_low + (long)mul_hi(x, int_range));
         }
   #else
     for (int j = 0; j < 4; ++j)
         if (base + j < n)
-            dst[base + j] = (OUT)(int_low + (long)(((ulong)words[j] * int_range) >> 32));
+            dst[base + j] = (T)(int_low + (long)(((ulong)words[j] * int_range) >> 32));
   #endif
 #endif
 }

@@ -16,25 +16,21 @@
 // Error: the transforms use only +-1 and 1/2, so each output carries a few more roundings than
 // direct convolution; tests/ops/test_conv.py measures it and bounds it.
 
-#ifdef USE_FP64
-#pragma OPENCL EXTENSION cl_khr_fp64 : enable
-#endif
+#include "common.cl"
 
 #ifndef T
 #define T float            // storage type (float or double)
-#endif
-#ifndef ACTIVATION
-#define ACTIVATION 0       // 0: none, 1: relu
 #endif
 
 #define CAT(a, b) a##b
 #define VEC(t, n) CAT(t, n)
 #define T4 VEC(T, 4)
 
-#if ACTIVATION == 1
-#define ACT(v) fmax((v), (T)0)
+// ACT (common.cl): ACT_NONE or ACT_RELU
+#if ACT == ACT_RELU
+#define APPLY_ACT(v) fmax((v), (T)0)
 #else
-#define ACT(v) (v)
+#define APPLY_ACT(v) (v)
 #endif
 
 __kernel void winograd_filter_2x2_3x3(__global const T *w, const long w_off, __global T *u,
@@ -120,10 +116,10 @@ __kernel void winograd_output_2x2_3x3(__global const T *m, __global const T *bia
     const int oh0 = th * 2, ow0 = tw * 2;
     __global T *yk = y + y_off + ((long)(n0 + n) * K + k) * OH * OW;
     const bool right = ow0 + 1 < OW;
-    yk[(long)oh0 * OW + ow0] = ACT(y00);
-    if (right) yk[(long)oh0 * OW + ow0 + 1] = ACT(y01);
+    yk[(long)oh0 * OW + ow0] = APPLY_ACT(y00);
+    if (right) yk[(long)oh0 * OW + ow0 + 1] = APPLY_ACT(y01);
     if (oh0 + 1 < OH) {
-        yk[(long)(oh0 + 1) * OW + ow0] = ACT(y10);
-        if (right) yk[(long)(oh0 + 1) * OW + ow0 + 1] = ACT(y11);
+        yk[(long)(oh0 + 1) * OW + ow0] = APPLY_ACT(y10);
+        if (right) yk[(long)(oh0 + 1) * OW + ow0 + 1] = APPLY_ACT(y11);
     }
 }

@@ -1,7 +1,7 @@
-"""Parameter initialisers (PyTorch's formulas), drawn on the device from netcl.core.random's Philox.
+"""Parameter initialisers (PyTorch's formulas), drawn on the device from netcl.ops.random's Philox.
 
 Each takes an optional Generator; without one the default generator is used, so
-`netcl.core.random.manual_seed(s)` makes model initialisation reproducible.
+`netcl.ops.random.manual_seed(s)` makes model initialisation reproducible.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from netcl.core import random
+from netcl.ops import random
 from netcl.core.tensor import Tensor
 
 

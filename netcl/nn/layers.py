@@ -11,7 +11,8 @@ from typing import Any
 
 import netcl.autograd as ag
 from netcl.autograd.engine import Node, Parameter, as_node
-from netcl.core import random, shapes
+from netcl.core import shapes
+from netcl.ops import random
 from netcl.core.backend import as_queue
 from netcl.nn import init
 from netcl.nn.module import Module
@@ -244,7 +245,7 @@ class Embedding(Module):
 
 class Dropout(Module):
     """Zero elements with probability p in training (scaling the rest by 1/(1-p)); identity in eval.
-    Masks come from a Philox Generator (default: netcl.core.random.default_generator)."""
+    Masks come from a Philox Generator (default: netcl.ops.random.default_generator)."""
 
     def __init__(self, p: float = 0.5, generator: random.Generator | None = None):
         super().__init__()

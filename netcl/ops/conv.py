@@ -17,16 +17,14 @@ from typing import Any
 import numpy as np
 
 from netcl.core import dtypes, shapes
-from netcl.core import backend as _backend
 from netcl.core.tensor import Tensor, check_same_queue
 from netcl.errors import DTypeError, ShapeError
+from netcl import kernels
 
 ALGORITHMS = ("auto", "direct", "depthwise", "winograd", "im2col")
-ACTIVATIONS = {None: 0, "relu": 1}
+ACTIVATIONS = (None, "relu")  # what the direct and Winograd kernels fuse (kernels.ACTIVATIONS names)
 
 
-# backend.load_program is a dict lookup on a repeat; pool.py and norm.py import it from here.
-load_program = _backend.load_program
 
 
 # -- argument checks -----------------------------------------------------------------------------
@@ -40,18 +38,10 @@ def _float_dtype(op: str, *tensors: Tensor) -> np.dtype:
     return dt
 
 
-def _defines(dt: np.dtype, **extra: Any) -> dict[str, Any]:
-    d: dict[str, Any] = {"T": dtypes.cl_storage_type(dt)}
-    if dt == dtypes.float64:
-        d["USE_FP64"] = None
-    d.update(extra)
-    return d
-
-
-def _activation(activation: str | None) -> int:
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"activation must be one of {list(ACTIVATIONS)}, got {activation!r}")
-    return ACTIVATIONS[activation]
+def _activation(activation: str | None) -> str | None:
+    """`activation` checked against what these kernels fuse (kernels.program takes the name)."""
+    kernels.activation(activation, allowed=ACTIVATIONS)
+    return activation
 
 
 def _output_size(size: int, k: int, s: int, p: int, d: int) -> int:
@@ -306,10 +296,10 @@ def _direct_tiles(device: Any, p: ConvParams, depthwise: bool) -> tuple[int, int
     return kb, 4 if device.capabilities.kind == "cpu" else 2
 
 
-def _conv_direct(x: Tensor, w: Tensor, bias: Tensor | None, out: Tensor, p: ConvParams, act: int,
+def _conv_direct(x: Tensor, w: Tensor, bias: Tensor | None, out: Tensor, p: ConvParams, act: str | None,
                  depthwise: bool) -> None:
     kb, owb = _direct_tiles(x.device, p, depthwise)
-    prg = load_program(x.device, "conv_direct.cl", _defines(x.dtype, KB=kb, OWB=owb, ACTIVATION=act))
+    prg = kernels.program(x.device, "conv_direct.cl", dtype=x.dtype, act=act, KB=kb, OWB=owb)
     kblocks = p.G * math.ceil(p.Kg / kb)
     b = bias if bias is not None else out
     prg.conv2d_direct(x.queue, (math.ceil(p.OW / owb), p.OH, p.N * kblocks), None,
@@ -321,7 +311,7 @@ def winograd_transform_weight(w: Tensor) -> Tensor:
     """U = G g G^T for every (k, c) filter of a (K, C, 3, 3) weight: (16, K, C), 16 K x C matrices."""
     K, C = w.shape[0], w.shape[1]
     u = Tensor.empty(w.queue, (16, K, C), w.dtype)
-    prg = load_program(w.device, "winograd.cl", _defines(w.dtype))
+    prg = kernels.program(w.device, "winograd.cl", dtype=w.dtype)
     prg.winograd_filter_2x2_3x3(w.queue, (K * C,), None, w.buffer, np.int64(w.offset), u.buffer,
                                 np.int32(K), np.int32(C), np.int64(K * C), np.int64(C), np.int64(1))
     return u
@@ -336,13 +326,13 @@ def _winograd_chunk(device: Any, p: ConvParams, itemsize: int) -> int:
     return max(1, min(p.N, budget // max(per_image, 1)))
 
 
-def _conv_winograd(x: Tensor, w: Tensor, bias: Tensor | None, out: Tensor, p: ConvParams, act: int) -> None:
+def _conv_winograd(x: Tensor, w: Tensor, bias: Tensor | None, out: Tensor, p: ConvParams, act: str | None) -> None:
     """Input transform -> 16 batched GEMMs U[e] (K x C) @ V[e] (C x tiles) -> output transform (bias and
     activation there), over chunks of images. The GEMM is netcl's tuned one, so Winograd gains what it
     does on every device (2.25x fewer multiply-adds) on top of it."""
     mm = _matmul_module()
     u = winograd_transform_weight(w)
-    prg = load_program(x.device, "winograd.cl", _defines(x.dtype, ACTIVATION=act))
+    prg = kernels.program(x.device, "winograd.cl", dtype=x.dtype, act=act)
     th, tw = math.ceil(p.OH / 2), math.ceil(p.OW / 2)
     tt = th * tw
     b = bias if bias is not None else out
@@ -405,7 +395,7 @@ def _im2col_plan(x: Tensor, p: ConvParams, n0: int, nb: int, ones_row: bool, bat
         sb, sg, sr = p.G * rows * P, rows * P, P
     if math.prod(shape) == 0:
         return (x.device, shape, None, None, None, None)
-    prg = load_program(x.device, "im2col.cl", _defines(x.dtype))
+    prg = kernels.program(x.device, "im2col.cl", dtype=x.dtype)
     g = p.geometry()
     tail = (np.int64(sb), np.int64(sg), np.int64(sr),
             np.int32(n0), np.int32(nb), np.int32(ones_row), g[1], g[2], g[3], *g[5:])
@@ -429,7 +419,7 @@ def _conv_im2col(x: Tensor, w: Tensor, bias: Tensor | None, p: ConvParams, activ
     row_bias = bias if bias is not None and not ones_row else None
     if ones_row:  # w and bias are contiguous here (conv2d made them so)
         wb = Tensor.empty(w.queue, (p.G, p.Kg, r + 1), w.dtype)
-        prg = load_program(w.device, "im2col.cl", _defines(w.dtype))
+        prg = kernels.program(w.device, "im2col.cl", dtype=w.dtype)
         prg.weight_bias(w.queue, (r + 1, p.K), None, w.buffer, np.int64(w.offset), bias.buffer,
                         np.int64(bias.offset), wb.buffer, np.int32(p.K), np.int32(r))
         wg = wb
@@ -549,7 +539,7 @@ def conv2d_backward_input(grad_out: Tensor, weight: Tensor, input_shape: Sequenc
     if use_gemm and p.OH * p.OW:
         _backward_input_gemm(gy, w, gx, p)
     else:
-        _backward_input_into(gy, w, None, gx, p, 0)
+        _backward_input_into(gy, w, None, gx, p, None)
     return gx
 
 
@@ -579,7 +569,7 @@ def _col2im_plan(gy: Tensor, p: ConvParams, n0: int, nb: int) -> tuple:
     key = (id(gy.device), gy.dtype, p, n0, nb, rows)
     plan = _col2im_plans.get(key)
     if plan is None or plan[0] is not gy.device:
-        prg = load_program(gy.device, "im2col.cl", _defines(gy.dtype))
+        prg = kernels.program(gy.device, "im2col.cl", dtype=gy.dtype)
         g = p.geometry()
         tail = (np.int32(n0), np.int32(nb), g[1], g[2], g[3], *g[5:])
         if rows:
@@ -591,8 +581,9 @@ def _col2im_plan(gy: Tensor, p: ConvParams, n0: int, nb: int) -> tuple:
     return plan[1:]
 
 
-def _backward_input_into(gy: Tensor, w: Tensor, bias: Tensor | None, gx: Tensor, p: ConvParams, act: int) -> None:
-    prg = load_program(gy.device, "conv_direct.cl", _defines(gy.dtype, ACTIVATION=act))
+def _backward_input_into(gy: Tensor, w: Tensor, bias: Tensor | None, gx: Tensor, p: ConvParams,
+                         act: str | None) -> None:
+    prg = kernels.program(gy.device, "conv_direct.cl", dtype=gy.dtype, act=act)
     b = bias if bias is not None else gx
     prg.conv2d_backward_input(gy.queue, (p.W, p.H, p.N * p.C), None, gy.buffer, np.int64(gy.offset),
                               w.buffer, np.int64(w.offset), b.buffer, np.int64(b.offset),
@@ -626,7 +617,7 @@ def conv2d_backward_weight(x: Tensor, grad_out: Tensor, weight_shape: Sequence[i
             return Tensor.zeros(x.queue, (p.K, p.Cg, p.KH, p.KW), dt)
         return _backward_weight_gemm(x, grad_out, p)
     gw = Tensor.empty(x.queue, (p.K, p.Cg, p.KH, p.KW), dt)
-    prg = load_program(x.device, "conv_direct.cl", _defines(dt))
+    prg = kernels.program(x.device, "conv_direct.cl", dtype=dt)
     prg.conv2d_backward_weight(x.queue, (p.Cg * p.KH * p.KW, p.K), None, x.buffer, np.int64(x.offset),
                                grad_out.buffer, np.int64(grad_out.offset), gw.buffer, np.int64(gw.offset),
                                *p.geometry())
@@ -694,7 +685,7 @@ def conv2d_backward_bias(grad_out: Tensor) -> Tensor:
     # one work-group per channel: 256 work-items on GPUs (a 128x16x28x28 gradient took 1.3 ms with one
     # work-item per channel on the H200), 8 on CPUs (PoCL vectorises across them)
     wg = 8 if g.device.capabilities.kind == "cpu" else 256
-    prg = load_program(g.device, "conv_direct.cl", {**_defines(dt), "BWG": wg})
+    prg = kernels.program(g.device, "conv_direct.cl", dtype=dt, BWG=wg)
     prg.conv2d_backward_bias(g.queue, (k * wg,), (wg,), g.buffer, np.int64(g.offset), gb.buffer, np.int64(0),
                              np.int32(n), np.int32(k), np.int32(oh * ow))
     return gb

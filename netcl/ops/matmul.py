@@ -20,15 +20,15 @@ import numpy as np
 from pyopencl import cltypes
 
 from netcl.core import dtypes
-from netcl.core.backend import build_program, format_options, kernel_source
+from netcl import kernels
+from netcl.core.backend import format_options
 from netcl.core.tensor import Tensor, check_same_queue
 from netcl.core.variants import Variant, first_usable, source_digest
 from netcl.errors import DTypeError, KernelBuildError, ShapeError
 
-ACTIVATIONS: dict[str | None, int] = {None: 0, "none": 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "silu": 4}
+ACTIVATIONS = kernels.ACTIVATIONS  # the epilogue activations, by name
 VARIANTS = ("direct", "dot", "cpu", "tiled")
 _FLOAT_DTYPES = (dtypes.float16, dtypes.float32, dtypes.float64)
-_DTYPE_DEFINE = {dtypes.float16: "DTYPE_F16", dtypes.float32: "DTYPE_F32", dtypes.float64: "DTYPE_F64"}
 
 # Default tile parameters per variant (and dtype where it matters). Each knob's meaning is in the
 # header of its kernel file. `netcl tune` overrides these per device.
@@ -69,7 +69,6 @@ def default_params(variant: str, dtype: Any) -> dict[str, int]:
 # Host-side caches of the launch path (a training step calls gemm a few times per step, where
 # re-reading kernel sources, hashing them and resolving the tuning file's path cost ~0.3-1 ms a call).
 _db_cache: dict[tuple, Any] = {}
-_program_cache: dict[tuple, Any] = {}
 
 
 def _database(device: Any) -> Any:
@@ -130,32 +129,33 @@ def _fit_local_memory(tile: dict[str, int], dtype: np.dtype, local_mem: int) -> 
 NV_VERBOSE = False
 
 
+_nv_logged: set[tuple] = set()
+
+
 def _program(device: Any, variant: str, defines: dict[str, Any]):
-    """Build a GEMM kernel file (after the shared prelude). Two knobs are build options, not defines:
-    MAXRREG (NVIDIA only) caps registers per work-item via -cl-nv-maxrregcount, so more work-groups
-    fit on an SM; MAD_ENABLE=0 builds without -cl-mad-enable (the last resort of a variant chain)."""
-    key = (id(device), variant, tuple(sorted(defines.items())), NV_VERBOSE)
-    prg = _program_cache.get(key)
-    if prg is not None:
-        return prg
+    """A GEMM kernel file (it includes gemm_common.cl) through netcl.kernels. Four knobs are not plain
+    defines: DTYPE (the storage dtype: kernels.dtype_defines), ACT (the epilogue activation's name),
+    MAD_ENABLE=0 (builds without -cl-mad-enable: the last resort of a variant chain) and MAXRREG (NVIDIA
+    only: caps registers per work-item through -cl-nv-maxrregcount, so more work-groups fit on an SM)."""
     defines = dict(defines)
-    extra = ["-cl-mad-enable"] if defines.pop("MAD_ENABLE", 1) else []
+    dtype = defines.pop("DTYPE")
+    act = defines.pop("ACT", None)
+    extra: tuple[str, ...] = ("-cl-mad-enable",) if defines.pop("MAD_ENABLE", 1) else ()
     max_regs = defines.pop("MAXRREG", 0)
     nvidia = "cl_nv_compiler_options" in device.capabilities.extensions
     if nvidia and max_regs:
         # NVIDIA's OpenCL accepts this spelling but its ptxas did not cap registers on the H200 (215-221
         # used with =128); "-cl-nv-maxrregcount 128" fails to build. Kept as a knob for other drivers.
-        extra.append(f"-cl-nv-maxrregcount={int(max_regs)}")
+        extra += (f"-cl-nv-maxrregcount={int(max_regs)}",)
     if nvidia and NV_VERBOSE:
-        extra.append("-cl-nv-verbose")
-    source = kernel_source("gemm_common.cl") + "\n" + kernel_source(_KERNEL_FILES[variant])
-    prg = build_program(device, source, format_options(defines, tuple(extra)), name=_KERNEL_FILES[variant])
-    if nvidia and NV_VERBOSE:
-        import pyopencl as cl
+        extra += ("-cl-nv-verbose",)
+    prg = kernels.program(device, _KERNEL_FILES[variant], dtype=dtype, act=act, options=extra, **defines)
+    if nvidia and NV_VERBOSE and (id(prg), variant) not in _nv_logged:
+        _nv_logged.add((id(prg), variant))
+        import pyopencl as cl  # noqa: PLC0415  (a bench-only diagnostic)
 
         log = prg.cl.get_build_info(device.cl_device, cl.program_build_info.LOG).strip()
         print(f"[netcl] {variant} {defines}: {log or '(no log: loaded from the binary cache)'}")
-    _program_cache[key] = prg
     return prg
 
 
@@ -218,10 +218,11 @@ def _variant(device: Any, variant: str, dt: np.dtype, tile: dict[str, int]) -> V
     name = _KERNEL_FILES[variant]
     digest = _digests.get(name)
     if digest is None:
-        digest = _digests[name] = source_digest(kernel_source("gemm_common.cl"), kernel_source(name))
-    defines = {_DTYPE_DEFINE[dt]: None, "ACT": 0, **tile}
+        digest = _digests[name] = source_digest(kernels.source(name))
+    defines = {**tile}
     label = f"{dt.name} " + " ".join(f"{k}={v}" for k, v in sorted(tile.items()))
-    options = format_options({k: v for k, v in defines.items() if k not in ("MAD_ENABLE", "MAXRREG")},
+    options = format_options({**kernels.dtype_defines(dt), **{k: v for k, v in defines.items()
+                                                              if k not in ("MAD_ENABLE", "MAXRREG")}},
                              ("-cl-mad-enable",) if tile.get("MAD_ENABLE", 1) else ())
     probe = None
     risky_key = None
@@ -229,7 +230,7 @@ def _variant(device: Any, variant: str, dt: np.dtype, tile: dict[str, int]) -> V
         probe = ("netcl.ops.matmul:probe_variant", (variant, dt.name, tile))
         risky_key = f"gemm_cpu | {dt.name} {tile['VN']}-wide vectors, mad {tile.get('MAD_ENABLE', 1)} | {digest[:16]}"
     return Variant(f"gemm_{variant}", label, options, digest,
-                   build=lambda: _program(device, variant, defines).kernel(f"gemm_{variant}"),
+                   build=lambda: _program(device, variant, {"DTYPE": dt, **defines}).kernel(f"gemm_{variant}"),
                    probe=probe, probe_key=risky_key, payload=tile)
 
 
@@ -378,7 +379,7 @@ class _Problem:
     out: Tensor
     bias: Tensor | None
     residual: Tensor | None
-    activation: int
+    activation: str | None  # the epilogue activation's name (kernels.ACTIVATIONS)
     alpha: float
     m: int
     n: int
@@ -408,8 +409,7 @@ def _prepare(
         raise DTypeError(f"matmul takes netcl Tensors, got {type(a).__name__} and {type(b).__name__}")
     check_same_queue(*[t for t in (a, b, bias, residual) if t is not None])
     _as_float_dtype(a, b, [("bias", bias), ("residual", residual)])
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"activation must be one of {[k for k in ACTIVATIONS if k]}, or None; got {activation!r}")
+    kernels.activation(activation)  # ValueError naming the choices
     if a.ndim == 0 or b.ndim == 0:
         raise ShapeError(f"matmul needs operands of at least 1 dimension, got shapes {a.shape} and {b.shape}")
     a_full, b_full = a.shape, b.shape
@@ -439,7 +439,7 @@ def _prepare(
             raise ShapeError(
                 f"residual of shape {residual.shape} does not broadcast to the output shape {out.shape}"
             ) from None
-    return _Problem(a, b, out, bias, residual, ACTIVATIONS[activation], float(alpha), m, n, k, batch,
+    return _Problem(a, b, out, bias, residual, None if activation == "none" else activation, float(alpha), m, n, k, batch,
                     tuple(squeeze), bias_rows and bias is not None)
 
 
@@ -480,7 +480,7 @@ def _launch(
     nbatch = inner_shape[0] * inner_shape[1]
 
     dt = out.dtype
-    defines: dict[str, Any] = {_DTYPE_DEFINE[dt]: None, "ACT": p.activation}
+    defines: dict[str, Any] = {"DTYPE": dt, "ACT": p.activation}
     if p.bias is not None:
         defines["HAS_BIAS"] = None
         if p.bias_rows:
@@ -616,13 +616,12 @@ def _launch_split_k(
     acc_type = acc_dt.type
     work = Tensor.empty(queue, (splits, p.m, p.n), acc_dt)
     gemm_defines = {k: v for k, v in defines.items() if k not in ("HAS_BIAS", "BIAS_ROWS", "HAS_RESIDUAL")}
-    gemm_defines["ACT"] = 0
+    gemm_defines["ACT"] = None
     if (chunk * a_ks) % 4 or (chunk * b_ks) % 4:
         gemm_defines.pop("GVEC", None)  # slice starts must stay 4-aligned for the 4-wide loads
-    gemm_defines.pop(_DTYPE_DEFINE[dt])
-    gemm_defines[_DTYPE_DEFINE[acc_dt]] = None  # partial sums are stored at accumulator precision
     if dt != acc_dt:
         raise DTypeError(f"split-K runs for float32/float64 only, got {dt}")
+    gemm_defines["DTYPE"] = acc_dt  # partial sums are stored at accumulator precision
     kernel = _program(device, "tiled", gemm_defines).gemm_tiled
     i64 = np.int64
     gsize = (-(-p.n // tile["BN"]) * tile["TX"], -(-p.m // tile["BM"]) * tile["TY"], splits)
@@ -641,7 +640,7 @@ def _launch_split_k(
     if record is not None:
         record.append((kernel, gsize, lsize, list(args), _SPLIT_GEMM_PATCHES, work.shape, acc_dt))
     reduce_defines = {k: v for k, v in defines.items() if k in ("HAS_BIAS", "BIAS_ROWS", "HAS_RESIDUAL", "ACT")}
-    reduce_defines[_DTYPE_DEFINE[dt]] = None
+    reduce_defines["DTYPE"] = dt
     reducer = _program(device, "direct", reduce_defines).gemm_reduce_splits
     bias_t = p.bias if p.bias is not None else out
     res = p.residual
@@ -696,7 +695,7 @@ def _launch_cpu_split_k(p: _Problem, splits: int) -> None:
     av = a._view((splits, p.m, chunk), (chunk * a_ks, a_rs, a_ks), a.offset)  # K slices as a batch
     bv = b._view((splits, chunk, p.n), (chunk * b_ks, b_ks, b_ns), b.offset)
     work = gemm(av, bv, variant="cpu")  # (splits, m, n), contiguous, in the operands' dtype (f32/f64)
-    defines: dict[str, Any] = {_DTYPE_DEFINE[dt]: None, "ACT": p.activation}
+    defines: dict[str, Any] = {"DTYPE": dt, "ACT": p.activation}
     if p.bias is not None:
         defines["HAS_BIAS"] = None
         if p.bias_rows:

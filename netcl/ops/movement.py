@@ -14,8 +14,10 @@ from typing import Any
 import numpy as np
 
 from netcl.core import dtypes, shapes
-from netcl.core.backend import device_check, load_program
-from netcl.core.tensor import MAX_DIMS, Tensor, _long4x2, check_same_queue
+from netcl.core.backend import device_check
+from netcl.core.tensor import MAX_DIMS, Tensor, check_same_queue
+from netcl.ops.copy import long4x2 as _long4x2
+from netcl import kernels
 from netcl.errors import DTypeError, ShapeError
 from netcl.jit import ir, lazy
 from netcl.jit.runner import run_elementwise
@@ -177,14 +179,8 @@ def pad(x: Tensor, pad: Any, mode: str = "constant", value: Any = 0) -> Tensor:
 
 
 def _index_program(device: Any, dt: np.dtype, it: np.dtype, ndim: int, axis: int, extra: dict | None = None):
-    defines = {"T": dtypes.cl_storage_type(dt), "IT": dtypes.cl_storage_type(it), "NDIM": ndim, "AXIS": axis,
-               "ACC": ir.COMPUTE_TYPE[dt]}
-    if dt == dtypes.float16:
-        defines["IS_HALF"] = None
-    if dt == dtypes.float64:
-        defines["NC_FP64"] = None
-    defines.update(extra or {})
-    return load_program(device, "index.cl", defines)
+    return kernels.program(device, "index.cl", dtype=dt, IT=dtypes.cl_storage_type(it), NDIM=ndim, AXIS=axis,
+                           **(extra or {}))
 
 
 def _check_index(op: str, index: Tensor) -> None:

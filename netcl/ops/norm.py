@@ -18,7 +18,7 @@ import numpy as np
 from netcl.core import dtypes
 from netcl.core.tensor import Tensor, check_same_queue
 from netcl.errors import DTypeError, ShapeError
-from netcl.ops.conv import load_program
+from netcl import kernels
 
 
 def _float_dtype(op: str, *tensors: Tensor | None) -> np.dtype:
@@ -45,12 +45,7 @@ def _local_size(device: Any) -> int:
 
 
 def _program(device: Any, dt: np.dtype, relu: bool = False):
-    defines: dict[str, Any] = {"T": dtypes.cl_storage_type(dt), "LOCAL": _local_size(device),
-                               "RELU": int(relu)}
-    defines["ACC"] = "double" if dt == dtypes.float64 else "float"
-    if dt == dtypes.float64:
-        defines["USE_FP64"] = None
-    return load_program(device, "norm.cl", defines)
+    return kernels.program(device, "norm.cl", dtype=dt, act="relu" if relu else None, LOCAL=_local_size(device))
 
 
 def _scalar(dt: np.dtype, v: float):

@@ -10,7 +10,7 @@ import numpy as np
 from netcl.core import dtypes, shapes
 from netcl.core.tensor import Tensor, check_same_queue
 from netcl.errors import DTypeError, ShapeError
-from netcl.ops.conv import _defines, load_program
+from netcl import kernels
 
 
 def _check_input(op: str, x: Tensor) -> None:
@@ -98,7 +98,7 @@ def max_pool2d(x: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0
     out = Tensor.empty(x.queue, p.output_shape, x.dtype)
     idx = Tensor.empty(x.queue, p.output_shape, np.int64)
     if out.size:
-        prg = load_program(x.device, "pool.cl", _defines(x.dtype))
+        prg = kernels.program(x.device, "pool.cl", dtype=x.dtype)
         rows = algorithm == "rows" or (algorithm == "auto" and x.device.capabilities.kind == "cpu")
         if rows and (p.KH, p.KW, p.SH, p.SW, p.PH, p.PW, p.DH, p.DW) == (2, 2, 2, 2, 0, 0, 1, 1) \
                 and 2 * p.OH <= p.H and 2 * p.OW <= p.W:  # ceil_mode may add a partial last window
@@ -137,7 +137,7 @@ def max_pool2d_backward(grad_out: Tensor, indices: Tensor, input_shape: Sequence
     gy, idx = grad_out.contiguous(), indices.contiguous()
     gx = Tensor.empty(gy.queue, tuple(input_shape), gy.dtype)
     if gx.size:
-        prg = load_program(gy.device, "pool.cl", _defines(gy.dtype))
+        prg = kernels.program(gy.device, "pool.cl", dtype=gy.dtype)
         # idx must start at offset 0 for the kernel: copy it if it is a view into a larger buffer
         if idx.offset:
             idx = idx.clone()
@@ -161,7 +161,7 @@ def avg_pool2d(x: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0
     x = x.contiguous()
     out = Tensor.empty(x.queue, p.output_shape, x.dtype)
     if out.size:
-        prg = load_program(x.device, "pool.cl", _defines(x.dtype))
+        prg = kernels.program(x.device, "pool.cl", dtype=x.dtype)
         prg.avg_pool2d(x.queue, (p.OW, p.OH, p.N * p.C), None, x.buffer, np.int64(x.offset), out.buffer,
                        *p.args(), np.int32(bool(count_include_pad)))
     return out
@@ -180,7 +180,7 @@ def avg_pool2d_backward(grad_out: Tensor, input_shape: Sequence[int], kernel_siz
     gy = grad_out.contiguous()
     gx = Tensor.empty(gy.queue, tuple(input_shape), gy.dtype)
     if gx.size:
-        prg = load_program(gy.device, "pool.cl", _defines(gy.dtype))
+        prg = kernels.program(gy.device, "pool.cl", dtype=gy.dtype)
         prg.avg_pool2d_backward(gy.queue, (p.W, p.H, p.N * p.C), None, gy.buffer, np.int64(gy.offset), gx.buffer,
                                 *p.args(), np.int32(bool(count_include_pad)))
     return gx
@@ -213,7 +213,7 @@ def adaptive_avg_pool2d(x: Tensor, output_size: Any) -> Tensor:
     x = x.contiguous()
     out = Tensor.empty(x.queue, (n, c, oh, ow), x.dtype)
     if out.size:
-        prg = load_program(x.device, "pool.cl", _defines(x.dtype))
+        prg = kernels.program(x.device, "pool.cl", dtype=x.dtype)
         prg.adaptive_avg_pool2d(x.queue, (ow, oh, n * c), None, x.buffer, np.int64(x.offset), out.buffer,
                                 *_adaptive_args(n, c, h, w, oh, ow))
     return out
@@ -230,7 +230,7 @@ def adaptive_avg_pool2d_backward(grad_out: Tensor, input_shape: Sequence[int]) -
     gy = grad_out.contiguous()
     gx = Tensor.empty(gy.queue, (n, c, h, w), gy.dtype)
     if gx.size:
-        prg = load_program(gy.device, "pool.cl", _defines(gy.dtype))
+        prg = kernels.program(gy.device, "pool.cl", dtype=gy.dtype)
         prg.adaptive_avg_pool2d_backward(gy.queue, (w, h, n * c), None, gy.buffer, np.int64(gy.offset),
                                          gx.buffer, *_adaptive_args(n, c, h, w, oh, ow))
     return gx

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from netcl.autograd import kernels
+from netcl import kernels
 from netcl.autograd.engine import Node
 from netcl.core.tensor import Tensor
 from netcl.errors import NetclError
@@ -62,7 +62,7 @@ def clip_grad_norm_(
     defines = kernels.float_defines(dtype, "clip_grad_norm_")
     wg = kernels.work_group(queue.device)
     defines.update(WG=wg)
-    prg = kernels.program(queue.device, "optim.cl", defines)
+    prg = kernels.program(queue.device, "optim.cl", **defines)
     scalar = kernels.scalar_type(dtype)
     partial = Tensor.empty(queue, (len(grads),), dtype)
     norm = Tensor.empty(queue, (2,), dtype)

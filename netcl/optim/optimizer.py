@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from netcl.autograd import kernels
+from netcl import kernels
 from netcl.autograd.engine import Node
 from netcl.core import backend
 from netcl.core.tensor import Tensor
@@ -193,7 +193,7 @@ class Optimizer:
         defines = kernels.float_defines(p0.dtype, type(self).__name__)
         items_per = 1 if queue.device.capabilities.kind == "gpu" else 64
         defines.update(N_TENSORS=len(items), OPT=self.kind, ITEMS=items_per)
-        prg = kernels.program(queue.device, "optim.cl", defines)
+        prg = kernels.program(queue.device, "optim.cl", **defines)
         args: list[Any] = []
         total = 0
         keep = []

@@ -235,7 +235,7 @@ def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from netcl import optim
-    from netcl.core import random
+    from netcl.ops import random
     from netcl.core.device import manager
     from netcl.data import DataLoader
     from netcl.io import load_checkpoint, save_checkpoint

@@ -144,7 +144,7 @@ def test_row_norms(queue):
 
 
 def test_dropout_matches_its_mask(queue):
-    from netcl.core.random import Generator
+    from netcl.ops.random import Generator
 
     x = rnd(50, 40)
     out = ag.dropout(ag.tensor(Tensor.from_host(queue, x)), 0.3, generator=Generator(5))

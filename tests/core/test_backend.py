@@ -12,7 +12,8 @@ import pytest
 
 from netcl import profiling
 from netcl.core import backend
-from netcl.core.backend import Queue, as_queue, build_program, count_launches, format_options, load_program
+from netcl import kernels
+from netcl.core.backend import Queue, as_queue, count_launches
 from netcl.core.tensor import Tensor
 from netcl.errors import DeviceError, KernelBuildError, KernelLaunchError
 
@@ -25,9 +26,9 @@ __kernel void scale(__global float *x, const float a, const int n) {
 
 
 def test_defines_specialise_and_memory_cache_hits(device, queue):
-    prg = build_program(device, SCALE, format_options({"OFFSET": "1.0f"}), name="scale")
-    again = build_program(device, SCALE, format_options({"OFFSET": "1.0f"}), name="scale")
-    other = build_program(device, SCALE, format_options({"OFFSET": "2.0f"}), name="scale")
+    prg = kernels.build(device, SCALE, "scale", OFFSET="1.0f")
+    again = kernels.build(device, SCALE, "scale", OFFSET="1.0f")
+    other = kernels.build(device, SCALE, "scale", OFFSET="2.0f")
     assert prg is again and prg is not other
     x = Tensor.from_host(queue, np.arange(37, dtype=np.float32))
     other.scale(queue, (37,), None, x.buffer, np.float32(3.0), np.int32(37))
@@ -39,9 +40,10 @@ def test_disk_cache_serves_a_second_process(tmp_path):
     code = f"""
 import sys, numpy as np
 from netcl.core.device import manager
-from netcl.core.backend import build_program, format_options, build_stats
+from netcl import kernels
+from netcl.core.backend import build_stats
 d = manager.default()
-build_program(d, {src!r}, format_options({{"OFFSET": "0.0f"}}))
+kernels.build(d, {src!r}, OFFSET="0.0f")
 print(build_stats.counts["source"], build_stats.counts["disk"])
 """
     env = {"NETCL_CACHE_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"}
@@ -59,7 +61,7 @@ print(build_stats.counts["source"], build_stats.counts["disk"])
 def test_build_error_carries_log_and_offending_line(device):
     bad = "__kernel void broken(__global float *x) {\n    x[0] = 1.0f\n    undefined_fn(x);\n}\n"
     with pytest.raises(KernelBuildError) as err:
-        build_program(device, bad, name="broken.cl")
+        kernels.build(device, bad, "broken.cl")
     e = err.value
     assert e.log and "broken.cl" in str(e)
     # line 2 is an error for every compiler; line 3 is an error for clang, a warning for NVIDIA's
@@ -68,15 +70,15 @@ def test_build_error_carries_log_and_offending_line(device):
 
 
 def test_missing_kernel_name_and_file(device):
-    prg = build_program(device, SCALE, format_options({"OFFSET": "0.0f"}))
+    prg = kernels.build(device, SCALE, OFFSET="0.0f")
     with pytest.raises(KernelBuildError, match="no kernel 'nope'"):
         prg.kernel("nope")
     with pytest.raises(KernelBuildError, match="no kernel file"):
-        load_program(device, "does_not_exist.cl")
+        kernels.program(device, "does_not_exist.cl")
 
 
 def test_illegal_local_size_is_refused(device, queue):
-    prg = build_program(device, SCALE, format_options({"OFFSET": "0.0f"}))
+    prg = kernels.build(device, SCALE, OFFSET="0.0f")
     x = Tensor.zeros(queue, (8,))
     too_big = device.capabilities.max_work_group_size * 2
     with pytest.raises(KernelLaunchError, match="too large"):
@@ -84,7 +86,7 @@ def test_illegal_local_size_is_refused(device, queue):
 
 
 def test_global_size_rounds_up_to_local(device, queue):
-    prg = build_program(device, SCALE, format_options({"OFFSET": "1.0f"}))
+    prg = kernels.build(device, SCALE, OFFSET="1.0f")
     x = Tensor.zeros(queue, (13,))
     prg.scale(queue, (13,), (8,), x.buffer, np.float32(1), np.int32(13))
     np.testing.assert_array_equal(x.to_host(), np.ones(13, np.float32))
@@ -98,7 +100,7 @@ def test_launch_on_other_device_queue_is_refused(device):
     other_device.describe = lambda: "[9:9] elsewhere"
     fake_queue = Fake()
     fake_queue.device = other_device
-    prg = build_program(device, SCALE, format_options({"OFFSET": "0.0f"}))
+    prg = kernels.build(device, SCALE, OFFSET="0.0f")
     with pytest.raises(DeviceError, match="was built for"):
         prg.scale(fake_queue, (1,), None)
 
@@ -110,7 +112,7 @@ def test_raw_pyopencl_queue_is_refused(queue):
 
 
 def test_threads_launch_on_one_device(device, queue):
-    prg = build_program(device, SCALE, format_options({"OFFSET": "0.0f"}))
+    prg = kernels.build(device, SCALE, OFFSET="0.0f")
     n, threads, rounds = 1000, 4, 25
     tensors = [Tensor.ones(queue, (n,)) for _ in range(threads)]
     errors = []
@@ -136,7 +138,7 @@ def test_threads_launch_on_one_device(device, queue):
 
 def test_profiling_table_counts_launches(device):
     q = Queue(device, profiling=True)
-    prg = build_program(device, SCALE, format_options({"OFFSET": "0.0f"}))
+    prg = kernels.build(device, SCALE, OFFSET="0.0f")
     x = Tensor.ones(q, (64,))
     profiling.reset()
     for _ in range(3):
@@ -155,7 +157,7 @@ def test_offending_lines_extraction():
 
 
 def test_argument_reuse_keeps_the_sign_of_zero(device, queue):
-    prg = build_program(device, SCALE, format_options({"OFFSET": "-0.0f"}))  # x + -0 keeps x's sign
+    prg = kernels.build(device, SCALE, OFFSET="-0.0f")  # x + -0 keeps x's sign
     x = Tensor.ones(queue, (4,))
     prg.scale(queue, (4,), None, x.buffer, np.float32(0.0), np.int32(4))  # +0
     prg.scale(queue, (4,), None, x.buffer, np.float32(-0.0), np.int32(4))  # +0 * -0 = -0

@@ -13,7 +13,8 @@ import pytest
 
 from netcl.cli import main
 from netcl.core import variants
-from netcl.core.backend import build_program, format_options
+from netcl import kernels
+from netcl.core.backend import format_options
 from netcl.core.tensor import Tensor
 from netcl.errors import KernelBuildError, KernelVariantWarning
 
@@ -46,7 +47,7 @@ def fill_variant(device, width: int, builds: list, **kw) -> variants.Variant:
 
     def build():
         builds.append(width)
-        return build_program(device, SOURCE, options, name="fill.cl").kernel("fill")
+        return kernels.build(device, SOURCE, "fill.cl", WIDTH=width).kernel("fill")
 
     return variants.Variant("fill", f"WIDTH={width}", options, variants.source_digest(SOURCE), build,
                             payload=width, **kw)

@@ -11,7 +11,7 @@ import pytest
 
 import netcl.io.checkpoint as ckpt_mod
 from netcl import nn, optim
-from netcl.core import random
+from netcl.ops import random
 from netcl.io import CheckpointError, load_checkpoint, read_checkpoint, save_checkpoint
 
 

@@ -12,7 +12,7 @@ from safetensors import safe_open
 from safetensors.numpy import load_file, save_file
 
 from netcl import nn, optim
-from netcl.core import random
+from netcl.ops import random
 from netcl.data import DataLoader
 from netcl.io import CheckpointError, atomic_write, load_checkpoint, read_checkpoint, save_checkpoint
 

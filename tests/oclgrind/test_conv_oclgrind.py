@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from netcl import ops
-from netcl.core.backend import load_program
+from netcl import kernels
 from netcl.core.tensor import Tensor
 from netcl.ops import conv as conv_mod
 from tests.oclgrind.cases import close, dev, oclgrind_only
@@ -131,7 +131,7 @@ def test_col2im_kernel(queue):
     rng = np.random.default_rng(4)
     cols = rng.standard_normal((1, groups, R, P))
     gx = Tensor.zeros(queue, xs, np.float32)
-    prg = load_program(queue.device, "im2col.cl", conv_mod._defines(np.dtype(np.float32)))
+    prg = kernels.program(queue.device, "im2col.cl", dtype=np.float32)
     g = p.geometry()
     prg.col2im(queue, (p.W, p.H, p.C), None, dev(queue, cols.astype(np.float32)).buffer, gx.buffer,
                np.int64(0), np.int32(1), np.int32(1), g[1], g[2], g[3], *g[5:])

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from netcl.core import random as nrandom
+from netcl.ops import random as nrandom
 from netcl.core.tensor import Tensor
 from tests.oclgrind.cases import oclgrind_only
 

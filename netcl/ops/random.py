@@ -1,4 +1,4 @@
-"""Device-side random numbers from Philox4x32-10: reproducible from a seed on any device.
+"""Device-side random numbers from Philox4x32-10: reproducible from a seed on any device (random.cl).
 
 Each call draws from (seed, counter): a Generator advances its counter past what it used, so
 successive calls give fresh numbers and the same seed replays the same sequence. Uniform and
@@ -13,8 +13,9 @@ from typing import Any
 
 import numpy as np
 
+from netcl import kernels
 from netcl.core import dtypes
-from netcl.core.backend import as_queue, capturing, load_program
+from netcl.core.backend import as_queue, capturing
 from netcl.core.tensor import Tensor, _normalize_shape
 from netcl.errors import DTypeError, ShapeError
 
@@ -83,19 +84,9 @@ def _launch(q: Any, shape: Any, dtype: Any, kind: str, gen: Generator,
     counter0 = gen.take(max(items, 1))
     if n == 0:
         return out
-    defines: dict[str, Any] = {
-        "OUT": dtypes.cl_storage_type(dt),
-        "KIND": _KIND[kind],
-        "PER_ITEM": per_item,
-        "SCALAR": "double" if is_double else "float",
-    }
-    if is_double:
-        defines.update(USE_FP64=None, IS_DOUBLE=None)
-    if dt == dtypes.float16:
-        defines["IS_HALF"] = None
-    if wide:
-        defines["IS_WIDE"] = None
-    prg = load_program(queue.device, "random.cl", defines)
+    extra: dict[str, Any] = {"IS_WIDE": None} if wide else {}
+    prg = kernels.program(queue.device, "random.cl", dtype=dt, KIND=_KIND[kind], PER_ITEM=per_item,
+                          SCALAR="double" if is_double else "float", **extra)
     scalar = np.float64 if is_double else np.float32
     prg.philox_fill(
         queue, (items,), None,
@@ -151,3 +142,11 @@ def randint(q: Any, low: int, high: int, shape: Any, dtype: Any = np.int32,
         raise DTypeError(f"randint range {span} is too wide for int32")
     return _launch(q, shape, dt, "integer", _pick_generator(seed, generator), int_low=low, int_range=span,
                    refresh=seed is None)
+
+
+def install() -> None:
+    """Tensor.rand / randn / randint: these functions as classmethods (Tensor.randn(q, shape, seed=0))."""
+    Tensor.rand = classmethod(lambda cls, q, shape, dtype=np.float32, **kw: rand(q, shape, dtype, **kw))
+    Tensor.randn = classmethod(lambda cls, q, shape, dtype=np.float32, **kw: randn(q, shape, dtype, **kw))
+    Tensor.randint = classmethod(
+        lambda cls, q, low, high, shape, dtype=np.int32, **kw: randint(q, low, high, shape, dtype, **kw))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from netcl.core import random
+from netcl.ops import random
 from netcl.core.tensor import Tensor
 from netcl.errors import DTypeError, ShapeError
 

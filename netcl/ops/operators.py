@@ -1,0 +1,82 @@
+"""Tensor's Python operators (+, -, *, /, //, %, **, @, comparisons, &, |, ^, ~, in-place forms, item
+assignment) and its math methods (sum, mean, exp, softmax, ...): netcl.ops functions, installed on Tensor
+here, the way netcl.autograd.operators installs Node's. Core's Tensor knows nothing of ops.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from netcl.core.tensor import Tensor
+from netcl.ops import elementwise as ew
+from netcl.ops import movement as mv
+from netcl.ops import reduce as rd
+from netcl.ops.matmul import matmul
+
+# dunder -> op, for `x <op> y` and (reflected) `y <op> x`
+_BINARY = {"__add__": ew.add, "__sub__": ew.sub, "__mul__": ew.mul, "__truediv__": ew.div,
+           "__floordiv__": ew.floor_divide, "__mod__": ew.remainder, "__pow__": ew.pow, "__matmul__": matmul,
+           "__and__": ew.logical_and, "__or__": ew.logical_or, "__xor__": ew.logical_xor,
+           "__lt__": ew.lt, "__le__": ew.le, "__gt__": ew.gt, "__ge__": ew.ge}
+_REFLECTED = {"__radd__": ew.add, "__rsub__": ew.sub, "__rmul__": ew.mul, "__rtruediv__": ew.div,
+              "__rfloordiv__": ew.floor_divide, "__rmod__": ew.remainder, "__rpow__": ew.pow,
+              "__rmatmul__": matmul}
+_UNARY = {"__neg__": ew.neg, "__abs__": ew.abs, "__invert__": ew.logical_not}
+_INPLACE = {"__iadd__": ew.add, "__isub__": ew.sub, "__imul__": ew.mul, "__itruediv__": ew.div}
+# methods that take the tensor first and pass the rest through (x.sum(axis=1), x.clamp(0, 1), ...)
+_METHODS = {"sum": rd.sum, "mean": rd.mean, "prod": rd.prod, "max": rd.max, "min": rd.min, "argmax": rd.argmax,
+            "argmin": rd.argmin, "var": rd.var, "std": rd.std, "any": rd.any, "all": rd.all,
+            "logsumexp": rd.logsumexp, "softmax": rd.softmax, "log_softmax": rd.log_softmax,
+            "cumsum": rd.cumsum, "exp": ew.exp, "log": ew.log, "sqrt": ew.sqrt, "tanh": ew.tanh,
+            "sigmoid": ew.sigmoid, "relu": ew.relu, "abs": ew.abs, "clamp": ew.clamp, "astype": ew.cast}
+_SCALARS = (Tensor, bool, int, float, np.number, np.bool_)
+
+
+def _method(fn: Callable[..., Any]) -> Callable[..., Any]:
+    def method(self: Tensor, *args: Any, **kwargs: Any) -> Any:
+        return fn(self, *args, **kwargs)
+
+    method.__name__ = fn.__name__
+    method.__doc__ = fn.__doc__
+    return method
+
+
+def _reflected(fn: Callable[..., Any]) -> Callable[..., Any]:
+    return lambda self, other: fn(other, self)
+
+
+def _inplace(fn: Callable[..., Any]) -> Callable[..., Any]:
+    def op(self: Tensor, other: Any) -> Tensor:
+        """self[...] = op(self, other), written into this tensor's memory (one launch)."""
+        mv.setitem(self, Ellipsis, fn(self, other))
+        return self
+
+    return op
+
+
+def _eq(self: Tensor, other: Any) -> Any:
+    return ew.eq(self, other) if isinstance(other, _SCALARS) else NotImplemented
+
+
+def _ne(self: Tensor, other: Any) -> Any:
+    return ew.ne(self, other) if isinstance(other, _SCALARS) else NotImplemented
+
+
+def install() -> None:
+    for name, fn in _BINARY.items():
+        setattr(Tensor, name, _method(fn))
+    for name, fn in _REFLECTED.items():
+        setattr(Tensor, name, _reflected(fn))
+    for name, fn in _UNARY.items():
+        setattr(Tensor, name, _method(fn))
+    for name, fn in _INPLACE.items():
+        setattr(Tensor, name, _inplace(fn))
+    for name, fn in _METHODS.items():
+        setattr(Tensor, name, _method(fn))
+    Tensor.__eq__ = _eq  # type: ignore[method-assign]
+    Tensor.__ne__ = _ne  # type: ignore[method-assign]
+    Tensor.__pos__ = lambda self: self
+    Tensor.__setitem__ = lambda self, index, value: mv.setitem(self, index, value)
