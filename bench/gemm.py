@@ -32,7 +32,8 @@ sys.path.insert(0, str(ROOT))
 
 from netcl.core.device import manager
 from netcl.core.tensor import Tensor
-from netcl.ops.matmul import choose_variant, flops, gemm, tuned_params
+from netcl.ops.gemm import choose_variant, flops, gemm, tuned_params
+from netcl.ops.gemm import variants as gemm_variants
 
 CPU_SHAPES = [(1024, 1024, 1024)]
 GPU_SHAPES = [(4096, 4096, 4096), (8192, 8192, 1024), (256, 4096, 4096)]
@@ -276,9 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     device = manager.default("auto")
     caps = device.capabilities
     if args.nv_verbose:
-        import netcl.ops.matmul as _
-
-        sys.modules["netcl.ops.matmul"].NV_VERBOSE = True
+        gemm_variants.NV_VERBOSE = True
     on_gpu = (caps.kind != "cpu" or args.gpu) and not args.cpu
     shapes = args.shapes or (GPU_SHAPES if on_gpu else CPU_SHAPES)
     dtype = np.dtype(args.dtype)
@@ -378,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\nbest config over {len(rows)} shape(s): {json.dumps(best_config)} "
                   f"(geometric mean {scores[best_index]:.1f} GFLOP/s)")
     if args.store_best and best_config is not None:
-        from netcl.tune.database import database_for
+        from netcl.kernels.tuning import database_for
 
         variant = "cpu" if caps.kind == "cpu" else "tiled"
         database_for(device).put(f"gemm_{variant}", dtype.name, best_config, source="bench/gemm.py",

@@ -72,7 +72,7 @@ def netcl_step(model_kind: str, q, repeat: int) -> tuple[float, int, float, floa
         opt.zero_grad()
 
     seconds = median_seconds(step, q.finish, repeat)
-    from netcl.core.backend import count_launches
+    from netcl.profiling import count_launches
 
     with count_launches() as c:
         step()

@@ -25,25 +25,30 @@ the graph (the allocator never hands it out again) until the graph is closed or 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pyopencl as cl
 
-from netcl.core import backend
+from netcl.core import backend, capture
 from netcl.errors import GraphCaptureError
 
 
-class Graph:
-    """Recorded device work of one queue; see the module docstring."""
+class Graph(capture.Recording):
+    """Recorded device work of one queue (netcl.core.capture.Recording), captured by a user around a
+    whole step; see the module docstring."""
+
+    is_graph = True
 
     def __init__(self) -> None:
-        self.queue: Any = None
-        self._ops: list[tuple] = []  # ("k", kernel, global, local, args) | ("copy", ...) | ("fill", ...)
-        self._refresh: list[tuple[int, Callable[[list], None]]] = []
+        super().__init__()
         self._buffers: dict[int, Any] = {}  # id -> buffer object the recorded work touches
         self._held_pools: dict[int, Any] = {}
         self._state = "empty"  # empty -> capturing -> ready (-> closed)
+
+    @property
+    def _ops(self) -> list:
+        return self.ops
 
     # -- capture ----------------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -51,32 +56,21 @@ class Graph:
         """Record the work this thread enqueues inside the block (which also runs, once)."""
         if self._state != "empty":
             raise GraphCaptureError(f"this graph was already captured ({self._state}); make a new Graph")
-        if backend.capturing() is not None:
+        if capture.capturing() is not None:
             raise GraphCaptureError("graph captures cannot be nested")
         self.queue = queue if queue is None else backend.as_queue(queue)
         self._state = "capturing"
-        backend._set_capturing(self)
         try:
-            yield self
+            with capture.recording(self):
+                yield self
         except BaseException:
             self._state = "failed"
             self._release_buffers()
             raise
-        finally:
-            backend._set_capturing(None)
-        if not self._ops:
+        if not self.ops:
             self._state = "failed"
             raise GraphCaptureError("nothing was enqueued inside the capture: there is nothing to replay")
         self._state = "ready"
-
-    def _check_queue(self, queue: Any, what: str) -> None:
-        if self.queue is None:
-            self.queue = queue
-        elif queue is not self.queue:
-            raise GraphCaptureError(
-                f"{what} on a second queue inside one capture; a graph replays on one queue "
-                f"({self.queue!r}, got {queue!r})"
-            )
 
     def _hold(self, queue: Any, *objs: Any) -> None:
         pool = queue.device.pool
@@ -88,70 +82,37 @@ class Graph:
             self._held_pools[id(pool)] = pool
 
     def _record_launch(self, kernel: Any, queue: Any, global_size: tuple, local: Any, args: tuple) -> None:
-        self._check_queue(queue, f"kernel {kernel.name} launched")
+        super()._record_launch(kernel, queue, global_size, local, args)
         self._hold(queue, *args)
-        self._ops.append(("k", kernel, global_size, local, list(args)))
 
     def _record_copy(self, queue: Any, dst: Any, src: Any, kwargs: dict) -> None:
-        if not (isinstance(dst, cl.MemoryObject) and isinstance(src, cl.MemoryObject)):
-            raise GraphCaptureError(
-                "a host transfer (to_host, from_host, copy_from_host, .item()...) inside a graph capture: "
-                "a replay cannot redo it. Copy inputs into the captured tensors before replay() and read "
-                "results after it"
-            )
-        self._check_queue(queue, "a copy")
+        super()._record_copy(queue, dst, src, kwargs)
         self._hold(queue, dst, src)
-        self._ops.append(("copy", dst, src, dict(kwargs)))
 
     def _record_fill(self, queue: Any, buffer: Any, pattern: Any, offset: int, nbytes: int) -> None:
-        self._check_queue(queue, "a fill")
+        super()._record_fill(queue, buffer, pattern, offset, nbytes)
         self._hold(queue, buffer)
-        self._ops.append(("fill", buffer, pattern.copy(), offset, nbytes))
 
-    def on_replay(self, refresh: Callable[[list], None]) -> None:
+    def on_replay(self, refresh: Any) -> None:
         """Call `refresh(args)` before each replay with the argument list of the launch just recorded,
         to update scalars the owner keeps on the host (step counts, learning rates, RNG counters)."""
-        if self._state != "capturing" or not self._ops or self._ops[-1][0] != "k":
+        if self._state != "capturing":
             raise GraphCaptureError("on_replay() belongs right after a kernel launch inside a capture")
-        self._refresh.append((len(self._ops) - 1, refresh))
+        super().on_replay(refresh)
 
     # -- replay -----------------------------------------------------------------------------------
-    def replay(self) -> None:
+    def replay(self, bind: dict[str, Any] | None = None) -> None:
         """Enqueue the recorded work again (asynchronously, like the ops themselves)."""
         if self._state != "ready":
             raise GraphCaptureError(f"replay() needs a captured graph; this one is {self._state}")
-        if backend.capturing() is not None:
+        if capture.capturing() is not None:
             raise GraphCaptureError("replay() inside a capture would record nothing; replay outside it")
-        ops = self._ops
-        for index, refresh in self._refresh:
-            refresh(ops[index][4])
-        q = self.queue
-        launched = 0
-        for op in ops:
-            if op[0] == "k":
-                _, kernel, global_size, local, args = op
-                event = kernel._enqueue(q, global_size, local, args, None)
-                if q.profiling:
-                    backend.profiling.record(kernel.name, event)
-                launched += 1
-            elif op[0] == "copy":
-                cl.enqueue_copy(q.cl, op[1], op[2], **op[3])
-            else:
-                cl.enqueue_fill_buffer(q.cl, op[1], op[2], op[3], op[4])
-        backend._count(launched)
-
-    @property
-    def launches(self) -> int:
-        """Kernel launches per replay."""
-        return sum(1 for op in self._ops if op[0] == "k")
-
-    def __len__(self) -> int:
-        return len(self._ops)
+        super().replay(bind)
 
     # -- lifetime ---------------------------------------------------------------------------------
     def close(self) -> None:
         """Forget the recorded work and give its buffers back to the allocator's normal life."""
-        self._ops.clear()
+        self.ops.clear()
         self._refresh.clear()
         self._release_buffers()
         if self._state != "empty":
@@ -171,4 +132,4 @@ class Graph:
             pass
 
     def __repr__(self) -> str:
-        return f"Graph({self._state}, {self.launches} launches, {len(self._ops)} ops)"
+        return f"Graph({self._state}, {self.launches} launches, {len(self.ops)} ops)"

@@ -1,6 +1,6 @@
-"""Per-kernel timing: with NETCL_PROFILE=1 every launch is timed with OpenCL events.
-
-`netcl.profiling.table()` returns (and `report()` prints) name, calls, total and mean time.
+"""Instrumentation: per-kernel timing (NETCL_PROFILE=1 times every launch with OpenCL events;
+`netcl.profiling.table()` returns and `report()` prints name, calls, total and mean time) and the launch
+counter (`with count_launches() as c: ...; c.count`, which tests use to prove fusion).
 """
 
 from __future__ import annotations
@@ -59,3 +59,36 @@ def report(file: Any = None) -> str:
     text = "\n".join(lines)
     print(text, file=file)
     return text
+
+
+# -- launch counter ---------------------------------------------------------------------------------
+_counter_lock = threading.Lock()
+_launches = 0
+
+
+def count_launch(n: int = 1) -> None:
+    """Count `n` kernel launches (the backend counts each launch; a graph replay counts its own)."""
+    global _launches
+    with _counter_lock:
+        _launches += n
+
+
+def launch_count() -> int:
+    """How many kernels netcl has launched in this process."""
+    return _launches
+
+
+class count_launches:
+    """Context manager: `with count_launches() as c: ...; c.count` is the launches inside."""
+
+    def __enter__(self) -> count_launches:
+        self._start = _launches
+        self.count = 0
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.count = _launches - self._start
+
+    @property
+    def so_far(self) -> int:
+        return _launches - self._start

@@ -8,7 +8,8 @@ import pytest
 import netcl.autograd as ag
 from netcl import nn, optim
 from netcl.ops import random
-from netcl.core.backend import capturing, count_launches
+from netcl.core.capture import capturing
+from netcl.profiling import count_launches
 from netcl.core.tensor import Tensor
 from netcl.errors import GraphCaptureError
 from netcl.graph import Graph

@@ -10,7 +10,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from netcl.autograd.engine import Node, _ops, as_node, record
+from netcl import ops
+from netcl.ops import random
+from netcl.autograd.engine import Node, as_node, record
 from netcl.core.tensor import Tensor
 
 Operand = Any
@@ -35,7 +37,7 @@ def sum_to_shape(g: Tensor, shape: tuple[int, ...]) -> Tensor:
     )
     if not axes:
         return g.reshape(shape)
-    return _ops().sum(g, axis=axes, keepdims=False).reshape(shape)
+    return ops.sum(g, axis=axes, keepdims=False).reshape(shape)
 
 
 def _parents(*xs: Operand) -> tuple[Node, ...]:
@@ -44,7 +46,6 @@ def _parents(*xs: Operand) -> tuple[Node, ...]:
 
 def _binary(name: str, a: Operand, b: Operand, grads) -> Node:
     """Record op `name`(a, b); grads(g, av, bv, out) -> (grad_a, grad_b) before unbroadcasting."""
-    ops = _ops()
     av, bv = _value(a), _value(b)
     out = getattr(ops, name)(av, bv)
     a_node = isinstance(a, (Node, Tensor))
@@ -69,22 +70,19 @@ def add(a: Operand, b: Operand) -> Node:
 
 
 def sub(a: Operand, b: Operand) -> Node:
-    return _binary("sub", a, b, lambda g, x, y, o: (g, _ops().neg(g)))
+    return _binary("sub", a, b, lambda g, x, y, o: (g, ops.neg(g)))
 
 
 def mul(a: Operand, b: Operand) -> Node:
-    ops = _ops()
     return _binary("mul", a, b, lambda g, x, y, o: (ops.mul(g, y), ops.mul(g, x)))
 
 
 def div(a: Operand, b: Operand) -> Node:
-    ops = _ops()
     return _binary("div", a, b, lambda g, x, y, o: (ops.div(g, y), ops.neg(ops.div(ops.mul(g, o), y))))
 
 
 def pow(a: Operand, b: Operand) -> Node:  # noqa: A001
     """a ** b; d/da = b a^(b-1), d/db = a^b log a."""
-    ops = _ops()
 
     def grads(g, x, y, o):
         if not isinstance(x, Tensor):
@@ -106,7 +104,6 @@ def pow(a: Operand, b: Operand) -> Node:  # noqa: A001
 
 def maximum(a: Operand, b: Operand) -> Node:
     """Ties send half the gradient to each side (as PyTorch)."""
-    ops = _ops()
 
     def grads(g, x, y, o):
         half = ops.mul(g, 0.5)
@@ -118,7 +115,6 @@ def maximum(a: Operand, b: Operand) -> Node:
 
 
 def minimum(a: Operand, b: Operand) -> Node:
-    ops = _ops()
 
     def grads(g, x, y, o):
         half = ops.mul(g, 0.5)
@@ -133,77 +129,71 @@ def _unary(name: str, x: Operand, grad, *args: Any, **kwargs: Any) -> Node:
     """Record a unary op; grad(g, xv, out) -> grad_x."""
     x = as_node(x)
     xv = x.value
-    out = getattr(_ops(), name)(xv, *args, **kwargs)
+    out = getattr(ops, name)(xv, *args, **kwargs)
     return record(out, (x,), lambda g: (grad(g, xv, out),), name)
 
 
 def neg(x: Operand) -> Node:
-    return _unary("neg", x, lambda g, v, o: _ops().neg(g))
+    return _unary("neg", x, lambda g, v, o: ops.neg(g))
 
 
 def exp(x: Operand) -> Node:
-    return _unary("exp", x, lambda g, v, o: _ops().mul(g, o))
+    return _unary("exp", x, lambda g, v, o: ops.mul(g, o))
 
 
 def log(x: Operand) -> Node:
-    return _unary("log", x, lambda g, v, o: _ops().div(g, v))
+    return _unary("log", x, lambda g, v, o: ops.div(g, v))
 
 
 def log1p(x: Operand) -> Node:
-    return _unary("log1p", x, lambda g, v, o: _ops().div(g, _ops().add(v, 1.0)))
+    return _unary("log1p", x, lambda g, v, o: ops.div(g, ops.add(v, 1.0)))
 
 
 def expm1(x: Operand) -> Node:
-    return _unary("expm1", x, lambda g, v, o: _ops().mul(g, _ops().add(o, 1.0)))
+    return _unary("expm1", x, lambda g, v, o: ops.mul(g, ops.add(o, 1.0)))
 
 
 def sqrt(x: Operand) -> Node:
-    return _unary("sqrt", x, lambda g, v, o: _ops().div(_ops().mul(g, 0.5), o))
+    return _unary("sqrt", x, lambda g, v, o: ops.div(ops.mul(g, 0.5), o))
 
 
 def rsqrt(x: Operand) -> Node:
-    ops = _ops()
     return _unary("rsqrt", x, lambda g, v, o: ops.mul(g, ops.mul(ops.mul(o, ops.mul(o, o)), -0.5)))
 
 
 def square(x: Operand) -> Node:
-    return _unary("square", x, lambda g, v, o: _ops().mul(g, _ops().mul(v, 2.0)))
+    return _unary("square", x, lambda g, v, o: ops.mul(g, ops.mul(v, 2.0)))
 
 
 def reciprocal(x: Operand) -> Node:
-    ops = _ops()
     return _unary("reciprocal", x, lambda g, v, o: ops.neg(ops.mul(g, ops.mul(o, o))))
 
 
 def abs(x: Operand) -> Node:  # noqa: A001
-    return _unary("abs", x, lambda g, v, o: _ops().mul(g, _ops().sign(v)))
+    return _unary("abs", x, lambda g, v, o: ops.mul(g, ops.sign(v)))
 
 
 def sin(x: Operand) -> Node:
-    return _unary("sin", x, lambda g, v, o: _ops().mul(g, _ops().cos(v)))
+    return _unary("sin", x, lambda g, v, o: ops.mul(g, ops.cos(v)))
 
 
 def cos(x: Operand) -> Node:
-    return _unary("cos", x, lambda g, v, o: _ops().neg(_ops().mul(g, _ops().sin(v))))
+    return _unary("cos", x, lambda g, v, o: ops.neg(ops.mul(g, ops.sin(v))))
 
 
 def tanh(x: Operand) -> Node:
-    ops = _ops()
     return _unary("tanh", x, lambda g, v, o: ops.mul(g, ops.sub(1.0, ops.mul(o, o))))
 
 
 def sigmoid(x: Operand) -> Node:
-    ops = _ops()
     return _unary("sigmoid", x, lambda g, v, o: ops.mul(g, ops.mul(o, ops.sub(1.0, o))))
 
 
 def relu(x: Operand) -> Node:
-    ops = _ops()
     return _unary("relu", x, lambda g, v, o: ops.where(ops.gt(o, 0), g, 0.0))
 
 
 def leaky_relu(x: Operand, negative_slope: float = 0.01) -> Node:
-    ops = _ops()
     return _unary(
         "leaky_relu",
         x,
@@ -214,7 +204,6 @@ def leaky_relu(x: Operand, negative_slope: float = 0.01) -> Node:
 
 def silu(x: Operand) -> Node:
     """x sigmoid(x); d/dx = s (1 + x (1 - s))."""
-    ops = _ops()
 
     def grad(g, v, o):
         s = ops.sigmoid(v)
@@ -224,7 +213,7 @@ def silu(x: Operand) -> Node:
 
 
 def softplus(x: Operand) -> Node:
-    return _unary("softplus", x, lambda g, v, o: _ops().mul(g, _ops().sigmoid(v)))
+    return _unary("softplus", x, lambda g, v, o: ops.mul(g, ops.sigmoid(v)))
 
 
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
@@ -233,7 +222,6 @@ _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
 def gelu(x: Operand, approximate: str = "none") -> Node:
     """x Phi(x): d/dx = Phi(x) + x phi(x); the tanh form differentiates its own formula."""
-    ops = _ops()
 
     def grad(g, v, o):
         if approximate == "tanh":
@@ -255,7 +243,6 @@ def gelu(x: Operand, approximate: str = "none") -> Node:
 
 def clamp(x: Operand, min: float | None = None, max: float | None = None) -> Node:  # noqa: A002
     """Gradient passes where min <= x <= max."""
-    ops = _ops()
 
     def grad(g, v, o):
         inside = ops.eq(o, v)
@@ -266,7 +253,6 @@ def clamp(x: Operand, min: float | None = None, max: float | None = None) -> Nod
 
 def where(cond: Any, a: Operand, b: Operand) -> Node:
     """a where cond else b; cond is never differentiated."""
-    ops = _ops()
     c = _value(cond)
     av, bv = _value(a), _value(b)
     out = ops.where(c, av, bv)
@@ -290,10 +276,10 @@ def cast(x: Operand, dtype: Any) -> Node:
     """Gradient is cast back to the input's dtype (integer inputs get none)."""
     x = as_node(x)
     xv = x.value
-    out = _ops().cast(xv, dtype)
+    out = ops.cast(xv, dtype)
     if xv.dtype.kind != "f" or out.dtype.kind != "f":
         return Node(out)
-    return record(out, (x,), lambda g: (_ops().cast(g, xv.dtype),), "cast")
+    return record(out, (x,), lambda g: (ops.cast(g, xv.dtype),), "cast")
 
 
 def dropout(
@@ -307,9 +293,7 @@ def dropout(
         if p == 1.0:
             return mul(x, 0.0)
         raise ValueError(f"dropout probability must be in [0, 1], got {p}")
-    from netcl.ops import random
 
-    ops = _ops()
     xv = x.value
     u = random.rand(xv.queue, xv.shape, xv.dtype, seed=seed, generator=generator)
     scale = 1.0 / (1.0 - p)
@@ -321,7 +305,7 @@ def dropout(
 # comparisons give boolean Nodes that carry no gradient
 def _compare(name: str):
     def fn(a: Operand, b: Operand) -> Node:
-        return Node(getattr(_ops(), name)(_value(a), _value(b)))
+        return Node(getattr(ops, name)(_value(a), _value(b)))
 
     fn.__name__ = name
     return fn

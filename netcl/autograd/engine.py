@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from netcl import ops
 from netcl.core.tensor import Tensor
 from netcl.errors import DTypeError, NetclError, ShapeError
 
@@ -28,12 +29,6 @@ class _State(threading.local):
 
 
 _state = _State()
-
-
-def _ops():
-    import netcl.ops as ops  # ops sit beside autograd's layer; imported late so this module loads alone
-
-    return ops
 
 
 class Node:
@@ -242,7 +237,7 @@ def _topological_order(root: Node) -> list[Node]:
 
 
 def _accumulate(a: Tensor, b: Tensor) -> Tensor:
-    return _ops().add(a, b)
+    return ops.add(a, b)
 
 
 _FREED = (
@@ -327,7 +322,7 @@ def backward(root: Node, grad: Tensor | None = None, retain_graph: bool = False,
 
 def _store_leaf_grad(node: Node, g: Tensor, claimed: set[int]) -> None:
     if g.dtype != node.dtype:
-        g = _ops().cast(g, node.dtype)
+        g = ops.cast(g, node.dtype)
     if node.grad is None:
         if not g.is_contiguous() or id(g.storage) in claimed:
             g = g.clone()  # optimizers and clip_grad_norm_ update .grad in place: it must own its memory

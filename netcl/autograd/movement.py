@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from netcl.autograd.engine import Node, _ops, as_node, record
+from netcl import ops
+from netcl.autograd.engine import Node, as_node, record
 from netcl.autograd.elementwise import sum_to_shape
 from netcl.core.tensor import Tensor
 
@@ -77,7 +78,7 @@ def getitem(x: Node, index: Any) -> Node:
 
     def backward(g: Tensor):
         full = Tensor.zeros(xv.queue, xv.shape, g.dtype)
-        _ops().setitem(full, index, g)
+        ops.setitem(full, index, g)
         return (full,)
 
     return record(out, (x,), backward, "getitem")
@@ -88,7 +89,6 @@ def concat(xs: list[Node], axis: int = 0) -> Node:
     nodes = [as_node(x) for x in xs]
     ax = axis % nodes[0].ndim
     sizes = [n.shape[ax] for n in nodes]
-    ops = _ops()
     if hasattr(ops, "concat"):
         out = ops.concat([n.value for n in nodes], axis=axis)
     else:  # until netcl.ops has concat: one assignment per piece into the joined tensor

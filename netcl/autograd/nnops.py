@@ -7,27 +7,23 @@ saved output: where(y > 0, g, 0), which the JIT fuses into the next kernel's inp
 
 from __future__ import annotations
 
-import importlib
 import math
-import sys
 import weakref
 from typing import Any
 
+from netcl import kernels, ops
+from netcl.autograd import elementwise as ew
 from netcl.autograd.elementwise import sum_to_shape
-from netcl.autograd.engine import Node, _ops, as_node, needs_grad, record
-from netcl import kernels
+from netcl.autograd.engine import Node, as_node, needs_grad, record
+from netcl.autograd.movement import reshape
 from netcl.core import shapes
 from netcl.core.tensor import Tensor
 from netcl.errors import DTypeError, ShapeError
-
-
-def _mm():
-    # by module path: netcl.ops re-exports a function named `matmul` that shadows the submodule attribute
-    return sys.modules.get("netcl.ops.matmul") or importlib.import_module("netcl.ops.matmul")
+from netcl.ops import gemm as mm
+from netcl.ops import norm
 
 
 def _relu_mask(g: Tensor, out: Tensor) -> Tensor:
-    ops = _ops()
     return ops.where(ops.gt(out, 0), g, 0.0)
 
 
@@ -41,17 +37,11 @@ _MASKED_FOR = "_netcl_relu_masked_for"
 
 def sum_rows(g2: Tensor) -> Tensor:
     """Column sums of a 2-D gradient (the bias gradient)."""
-    ops = _ops()
-    if hasattr(ops, "sum"):
-        return ops.sum(g2, axis=0)
-    ones = Tensor.ones(g2.queue, (1, g2.shape[0]), g2.dtype)
-    return _mm().matmul(ones, g2).reshape(g2.shape[1])
+    return ops.sum(g2, axis=0)
 
 
 def matmul(a: Node, b: Node) -> Node:
     """a @ b with NumPy's rules (1-D operands, batch broadcasting); grads g b^T and a^T g."""
-    from netcl.autograd.movement import reshape
-
     a, b = as_node(a), as_node(b)
     if a.ndim == 1 or b.ndim == 1:
         a2 = reshape(a, (1, a.shape[0])) if a.ndim == 1 else a
@@ -64,7 +54,6 @@ def matmul(a: Node, b: Node) -> Node:
             shape = shape[:-1]
         return reshape(out, shape)
     av, bv = a.value, b.value
-    mm = _mm()
     out = mm.matmul(av, bv)
 
     def backward(g: Tensor):
@@ -79,8 +68,6 @@ def linear(x: Node, weight: Node, bias: Node | None = None, activation: str | No
     """activation(x @ weight.T + bias), weight (out, in) like PyTorch; relu is fused into the GEMM.
 
     Backward: g_x = g W, g_W = g^T x (x flattened to 2-D), g_b = column sums of g."""
-    from netcl.autograd import elementwise as ew
-
     kernels.activation(activation)  # ValueError naming the choices (netcl.kernels.ACTIVATIONS)
     if activation not in (None, "none", "relu"):
         z = linear(x, weight, bias)
@@ -91,7 +78,6 @@ def linear(x: Node, weight: Node, bias: Node | None = None, activation: str | No
     bias = as_node(bias) if bias is not None else None
     xv, wv = x.value, weight.value
     bv = bias.value if bias is not None else None
-    mm = _mm()
     out = mm.linear(xv, wv, bv, activation=activation)
     parents = (x, weight) if bias is None else (x, weight, bias)
     in_features, out_features = wv.shape[1], wv.shape[0]
@@ -144,7 +130,6 @@ def conv2d(
     activation: str | None = None,
 ) -> Node:
     """NCHW convolution (relu epilogue optional); backward through conv2d_backward_input/weight/bias."""
-    ops = _ops()
     x, weight = as_node(x), as_node(weight)
     bias = as_node(bias) if bias is not None else None
     xv, wv = x.value, weight.value
@@ -159,7 +144,7 @@ def conv2d(
         if activation == "relu":
             g = _relu_mask(g, out)
         g = g.contiguous()
-        gx = _conv_grad_input(g, wv, xv.shape, **geometry) if x.requires_grad else None
+        gx = ops.conv2d_backward_input(g, wv, xv.shape, **geometry) if x.requires_grad else None
         gw = ops.conv2d_backward_weight(xv, g, wv.shape, **geometry) if weight.requires_grad else None
         grads = [gx, gw]
         if bias is not None:
@@ -167,31 +152,6 @@ def conv2d(
         return tuple(grads)
 
     return record(out, parents, backward, "conv2d" if activation is None else "conv2d_relu")
-
-
-def _conv_grad_input(
-    g: Tensor, w: Tensor, x_shape: tuple[int, ...], stride: Any, padding: Any, dilation: Any, groups: int
-) -> Tensor:
-    """d x of a convolution. With stride 1, dilation 1, one group it is the forward convolution of g
-    with the spatially flipped, in/out-swapped weight and padding k - 1 - p, which runs on Winograd
-    where that pays (large convolutions on GPUs); otherwise conv2d_backward_input (GEMM + col2im: 2
-    launches, and 1.3x the flipped convolution on PoCL, bench/NOTES.md)."""
-    ops = _ops()
-    (sh, sw), (dh, dw), (ph, pw) = shapes.pair(stride, "stride"), shapes.pair(dilation, "dilation"), \
-        shapes.pair(padding, "padding")
-    kh, kw = w.shape[2], w.shape[3]
-    flipped_ok = (sh, sw, dh, dw, groups) == (1, 1, 1, 1, 1) and ph <= kh - 1 and pw <= kw - 1
-    from netcl.ops.conv import winograd_pays
-
-    flops = 2 * math.prod(x_shape) * w.shape[0] * kh * kw  # the flipped convolution's output is x-shaped
-    if flipped_ok and kh == kw == 3 and winograd_pays(g.device, flops):
-        flipped = w[:, :, ::-1, ::-1].permute(1, 0, 2, 3).contiguous()
-        gx = ops.conv2d(g, flipped, None, stride=1, padding=(kh - 1 - ph, kw - 1 - pw))
-        if gx.shape == tuple(x_shape):
-            return gx
-    return ops.conv2d_backward_input(
-        g, w, x_shape, stride=stride, padding=padding, dilation=dilation, groups=groups
-    )
 
 
 def conv2d_relu(x: Node, weight: Node, bias: Node | None = None, **kwargs: Any) -> Node:
@@ -207,7 +167,6 @@ def max_pool2d(
     ceil_mode: bool = False,
 ) -> Node:
     """Window maxima; the gradient goes to each window's argmax (indices saved by the forward)."""
-    ops = _ops()
     x = as_node(x)
     xv = x.value
     out, indices = ops.max_pool2d(xv, kernel_size, stride, padding, dilation, ceil_mode)
@@ -229,7 +188,6 @@ def avg_pool2d(
     ceil_mode: bool = False,
     count_include_pad: bool = True,
 ) -> Node:
-    ops = _ops()
     x = as_node(x)
     shape = x.shape
     out = ops.avg_pool2d(x.value, kernel_size, stride, padding, ceil_mode, count_include_pad)
@@ -244,15 +202,10 @@ def avg_pool2d(
 
 
 def adaptive_avg_pool2d(x: Node, output_size: Any) -> Node:
-    ops = _ops()
     x = as_node(x)
     shape = x.shape
     out = ops.adaptive_avg_pool2d(x.value, output_size)
     return record(out, (x,), lambda g: (ops.adaptive_avg_pool2d_backward(g, shape),), "adaptive_avg_pool2d")
-
-
-def _norm_ops():
-    return sys.modules.get("netcl.ops.norm") or importlib.import_module("netcl.ops.norm")
 
 
 def _optional(n: Node | None) -> Tensor | None:
@@ -271,7 +224,6 @@ def batch_norm(
     activation: str | None = None,
 ) -> Node:
     """BatchNorm over axis 1 (running stats updated in place when training); relu optionally fused."""
-    norm = _norm_ops()
     x = as_node(x)
     weight = as_node(weight) if weight is not None else None
     bias = as_node(bias) if bias is not None else None
@@ -299,7 +251,6 @@ def batch_norm(
 def _affine_norm(op: str, x: Node, arg: Any, weight: Node | None, bias: Node | None, eps: float) -> Node:
     """layer_norm / group_norm (`arg`: normalized_shape / num_groups): the op's forward saves mean and
     rstd; its backward gives d x, d weight, d bias."""
-    norm = _norm_ops()
     forward, backward_op = getattr(norm, op), getattr(norm, f"{op}_backward")
     x = as_node(x)
     weight = as_node(weight) if weight is not None else None
@@ -322,7 +273,6 @@ def layer_norm(
 
 
 def rms_norm(x: Node, normalized_shape: Any, weight: Node | None = None, eps: float = 1e-6) -> Node:
-    norm = _norm_ops()
     x = as_node(x)
     weight = as_node(weight) if weight is not None else None
     xv, wv = x.value, _optional(weight)
@@ -344,7 +294,6 @@ def group_norm(
 
 def embedding(weight: Node, ids: Any) -> Node:
     """Rows of weight (V, D) picked by integer ids (...); the gradient is scatter-added into (V, D)."""
-    ops = _ops()
     weight = as_node(weight)
     idv = ids.value if isinstance(ids, Node) else ids
     if not isinstance(idv, Tensor) or idv.dtype.kind not in "iu":
@@ -356,16 +305,8 @@ def embedding(weight: Node, ids: Any) -> Node:
     def backward(g: Tensor):
         flat_ids = idv.reshape(-1)
         g2 = g.reshape(-1, wv.shape[1])
-        return (
-            ops.embedding_backward(g2, flat_ids, wv.shape[0])
-            if hasattr(ops, "embedding_backward")
-            else ops.scatter_add(
-                Tensor.zeros(wv.queue, wv.shape, g.dtype),
-                0,
-                flat_ids.reshape(-1, 1).expand(-1, wv.shape[1]),
-                g2,
-            ),
-        )
+        index = flat_ids.reshape(-1, 1).expand(-1, wv.shape[1])
+        return (ops.scatter_add(Tensor.zeros(wv.queue, wv.shape, g.dtype), 0, index, g2),)
 
     return record(out, (weight,), backward, "embedding")
 

@@ -6,7 +6,9 @@ import builtins
 import math
 from typing import Any
 
-from netcl.autograd.engine import Node, _ops, as_node, record
+from netcl import ops
+from netcl.autograd.elementwise import sqrt
+from netcl.autograd.engine import Node, as_node, record
 from netcl.core.tensor import Tensor
 
 
@@ -31,7 +33,7 @@ def sum(x: Node, axis: Any = None, keepdims: bool = False) -> Node:  # noqa: A00
     x = as_node(x)
     xv = x.value
     axes = _axes(axis, xv.ndim)
-    out = _ops().sum(xv, axis=axis, keepdims=keepdims)
+    out = ops.sum(xv, axis=axis, keepdims=keepdims)
     return record(out, (x,), lambda g: (_expand_back(g, xv.shape, axes),), "sum")
 
 
@@ -40,13 +42,12 @@ def mean(x: Node, axis: Any = None, keepdims: bool = False) -> Node:
     xv = x.value
     axes = _axes(axis, xv.ndim)
     count = math.prod(xv.shape[a] for a in axes) or 1
-    out = _ops().mean(xv, axis=axis, keepdims=keepdims)
-    return record(out, (x,), lambda g: (_expand_back(_ops().mul(g, 1.0 / count), xv.shape, axes),), "mean")
+    out = ops.mean(xv, axis=axis, keepdims=keepdims)
+    return record(out, (x,), lambda g: (_expand_back(ops.mul(g, 1.0 / count), xv.shape, axes),), "mean")
 
 
 def _extremum(name: str, x: Node, axis: Any, keepdims: bool) -> Node:
     """Gradient split evenly among the elements equal to the extremum."""
-    ops = _ops()
     x = as_node(x)
     xv = x.value
     axes = _axes(axis, xv.ndim)
@@ -71,7 +72,6 @@ def min(x: Node, axis: Any = None, keepdims: bool = False) -> Node:  # noqa: A00
 
 def softmax(x: Node, axis: int = -1) -> Node:
     """d x = y (g - sum(g y))."""
-    ops = _ops()
     x = as_node(x)
     out = ops.softmax(x.value, axis=axis)
 
@@ -84,7 +84,6 @@ def softmax(x: Node, axis: int = -1) -> Node:
 
 def log_softmax(x: Node, axis: int = -1) -> Node:
     """d x = g - exp(y) sum(g)."""
-    ops = _ops()
     x = as_node(x)
     out = ops.log_softmax(x.value, axis=axis)
 
@@ -97,7 +96,6 @@ def log_softmax(x: Node, axis: int = -1) -> Node:
 
 def logsumexp(x: Node, axis: Any = None, keepdims: bool = False) -> Node:
     """d x = g exp(x - lse)."""
-    ops = _ops()
     x = as_node(x)
     xv = x.value
     axes = _axes(axis, xv.ndim)
@@ -112,7 +110,6 @@ def logsumexp(x: Node, axis: Any = None, keepdims: bool = False) -> Node:
 
 def var(x: Node, axis: Any = None, keepdims: bool = False, ddof: int = 0) -> Node:
     """Variance / (n - ddof) (NumPy's default ddof=0); d x = 2 (x - mean) g / (n - ddof)."""
-    ops = _ops()
     x = as_node(x)
     xv = x.value
     axes = _axes(axis, xv.ndim)
@@ -128,6 +125,4 @@ def var(x: Node, axis: Any = None, keepdims: bool = False, ddof: int = 0) -> Nod
 
 
 def std(x: Node, axis: Any = None, keepdims: bool = False, ddof: int = 0) -> Node:
-    from netcl.autograd.elementwise import sqrt
-
     return sqrt(var(x, axis=axis, keepdims=keepdims, ddof=ddof))

@@ -1,11 +1,11 @@
 """The layer everything stands on: devices, the OpenCL backend, memory, Tensor, dtypes."""
 
-from netcl.core.backend import Queue, count_launches, launch_count
+from netcl.core.backend import Queue
 from netcl.core.device import Capabilities, DeviceHandle, DeviceManager, manager
 from netcl.core.memory import BufferPool, pinned_empty
 from netcl.core.tensor import Tensor
 
 __all__ = [
     "BufferPool", "Capabilities", "DeviceHandle", "DeviceManager", "Queue", "Tensor",
-    "count_launches", "launch_count", "manager", "pinned_empty",
+    "manager", "pinned_empty",
 ]

@@ -23,6 +23,7 @@ import numpy as np
 import pyopencl as cl
 
 from netcl import config, profiling
+from netcl.core import capture
 from netcl.errors import DeviceError, KernelBuildError, KernelLaunchError, OutOfMemoryError, ShapeError
 
 CL_STD = "-cl-std=CL1.2"
@@ -50,7 +51,7 @@ class Queue:
             self.cl = cl.CommandQueue(device.context, device.cl_device, properties=props)
         except cl.Error as exc:
             raise DeviceError(f"could not create a command queue on {device.describe()}: {exc}") from exc
-        self._staging = None
+        self._staging: Any = None  # pinned staging buffers (netcl.core.memory.staging makes them)
         self._lock = threading.Lock()
         self._checks: cl.Buffer | None = None
 
@@ -91,16 +92,6 @@ class Queue:
             + " (found by a kernel on the device; results computed since that launch are not valid)"
         )
 
-    @property
-    def staging(self):
-        """This queue's pinned staging buffers (made on first use)."""
-        with self._lock:
-            if self._staging is None:
-                from netcl.core.memory import PinnedStaging
-
-                self._staging = PinnedStaging(self)
-            return self._staging
-
     def finish(self) -> None:
         """Wait until everything enqueued on this queue is done."""
         try:
@@ -137,68 +128,6 @@ def as_queue(q: Any) -> Queue:
         f"expected a netcl Queue (device.queue or device.new_queue()), got {type(q).__name__}; "
         "raw pyopencl queues are not accepted because netcl owns each device's context"
     )
-
-
-# -- graph capture hooks (netcl.graph) ----------------------------------------------------------
-# While a thread runs `with graph.capture():`, every launch, device copy and fill it enqueues is also
-# handed to that graph (netcl.graph.Graph), which replays them later without the Python that made them.
-_capture = threading.local()
-
-
-def capturing() -> Any:
-    """The netcl.graph.Graph recording this thread's work, or None."""
-    return getattr(_capture, "graph", None)
-
-
-def _set_capturing(graph: Any) -> None:
-    _capture.graph = graph
-
-
-class capture_paused:
-    """`with capture_paused():` runs its work now without recording it into an active graph capture:
-    one-time setup inside a captured step (an optimizer creating its zeroed state) that a replay
-    must not redo."""
-
-    def __enter__(self) -> capture_paused:
-        self._graph = getattr(_capture, "graph", None)
-        _capture.graph = None
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        _capture.graph = self._graph
-
-
-# -- launch counters (tests use them to prove fusion) ------------------------------------------
-_counter_lock = threading.Lock()
-_launches = 0
-
-
-def _count(n: int) -> None:
-    """Add `n` launches made outside Kernel.__call__ (graph replays) to the counter."""
-    global _launches
-    with _counter_lock:
-        _launches += n
-
-
-def launch_count() -> int:
-    """How many kernels netcl has launched in this process."""
-    return _launches
-
-
-class count_launches:
-    """Context manager: `with count_launches() as c: ...; c.count` is the launches inside."""
-
-    def __enter__(self) -> count_launches:
-        self._start = _launches
-        self.count = 0
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.count = _launches - self._start
-
-    @property
-    def so_far(self) -> int:
-        return _launches - self._start
 
 
 # -- program builds (netcl.kernels is the one way in: it keeps the built programs) ---------------
@@ -472,7 +401,6 @@ class Kernel:
     ) -> cl.Event:
         """Enqueue on `queue`; global sizes are rounded up to multiples of the local size, so a
         kernel must bound-check its own work-items."""
-        global _launches
         if named:
             args = self.positional(args, named)
         if queue.device is not self.program.device:
@@ -492,11 +420,9 @@ class Kernel:
                 self._sizes[key] = sizes
         global_size, local = sizes
         event = self._enqueue(queue, global_size, local, args, wait_for)
-        graph = getattr(_capture, "graph", None)
-        if graph is not None:
-            graph._record_launch(self, queue, global_size, local, args)
-        with _counter_lock:
-            _launches += 1
+        for rec in capture.active():  # graph captures and ops' replay templates
+            rec._record_launch(self, queue, global_size, local, args)
+        profiling.count_launch()
         if queue.profiling:
             profiling.record(self.name, event)
         if config.debug_level() >= 1:
@@ -581,9 +507,8 @@ class Kernel:
 def enqueue_copy(queue: Queue, dst: Any, src: Any, **kwargs: Any) -> cl.Event:
     """pyopencl.enqueue_copy with netcl's errors (out of memory retried once after emptying the cache).
     Under a graph capture, device-to-device copies are recorded; host transfers are refused."""
-    graph = getattr(_capture, "graph", None)
-    if graph is not None:
-        graph._record_copy(queue, dst, src, kwargs)  # raises GraphCaptureError for host memory
+    for rec in capture.active():
+        rec._record_copy(queue, dst, src, kwargs)  # a graph raises GraphCaptureError for host memory
     for attempt in (0, 1):
         try:
             return cl.enqueue_copy(queue.cl, dst, src, **kwargs)

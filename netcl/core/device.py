@@ -11,6 +11,8 @@ import pyopencl as cl
 
 from netcl import config
 from netcl.core import variants
+from netcl.core.backend import Queue
+from netcl.core.memory import BufferPool
 from netcl.errors import DeviceError, NoPlatformError
 
 _KIND_ORDER = ("gpu", "accelerator", "cpu")
@@ -172,10 +174,8 @@ class DeviceHandle:
                 self._queue = self.new_queue()
             return self._queue
 
-    def new_queue(self, profiling: bool | None = None):
+    def new_queue(self, profiling: bool | None = None) -> Queue:
         """A new in-order command queue on this device (profiling follows NETCL_PROFILE by default)."""
-        from netcl.core.backend import Queue
-
         return Queue(self, profiling=config.profiling() if profiling is None else profiling)
 
     @property
@@ -183,8 +183,6 @@ class DeviceHandle:
         """The BufferPool of this device's context."""
         with self._lock:
             if self._pool is None:
-                from netcl.core.memory import BufferPool
-
                 self._pool = BufferPool(self)
             return self._pool
 

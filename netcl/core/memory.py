@@ -200,6 +200,14 @@ class BufferPool:
         )
 
 
+def staging(queue: Any) -> PinnedStaging:
+    """`queue`'s pinned staging buffers (made on first use)."""
+    with queue._lock:
+        if queue._staging is None:
+            queue._staging = PinnedStaging(queue)
+        return queue._staging
+
+
 class PinnedStaging:
     """Two pinned (CL_MEM_ALLOC_HOST_PTR, kept mapped) host buffers per queue, used in turn so a
     host memcpy into one overlaps the DMA out of the other."""

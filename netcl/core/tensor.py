@@ -7,16 +7,15 @@ copies only when the layout needs it.
 from __future__ import annotations
 
 import math
-import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 import pyopencl as cl
 
-from netcl.core import dtypes, shapes
-from netcl.core.backend import Queue, as_queue, capturing, enqueue_copy
-from netcl.core.memory import Storage, is_pinned
+from netcl.core import capture, dtypes, shapes
+from netcl.core.backend import Queue, as_queue, enqueue_copy
+from netcl.core.memory import Storage, is_pinned, staging
 from netcl.errors import DeviceMismatchError, DTypeError, IndexingError, ShapeError
 
 MAX_DIMS = 8
@@ -62,60 +61,13 @@ def check_same_queue(*tensors: Tensor) -> Queue:
     return first.queue
 
 
-# -- pending results (netcl.jit's automatic fusion) ----------------------------------------------
-# A Tensor made by an elementwise op may hold `_pending` (an object with .realize(tensor)) instead
-# of storage: it is computed when its storage is first needed. Pending tensors register here as
-# readers of the storages their expression reads, so that anyone touching such a storage (to write
-# it in place, e.g. an optimizer step) first has them computed from the old contents.
-_pending_readers: dict[int, dict[int, weakref.ref]] = {}
-
-
-class _ReaderRef(weakref.ref):
-    """Weak reference to a pending tensor that also knows where it is registered (no per-tensor
-    closure: registering is on the hot path of every lazy elementwise op)."""
-
-    __slots__ = ("keys", "tid")
-
-
-def _forget_reader(ref: _ReaderRef) -> None:
-    tid = ref.tid
-    for k in ref.keys:
-        readers = _pending_readers.get(k)
-        if readers is not None:
-            readers.pop(tid, None)
-            if not readers:
-                _pending_readers.pop(k, None)
-
-
-def register_pending_reader(tensor: Tensor, storages: Sequence[Storage]) -> None:
-    ref = _ReaderRef(tensor, _forget_reader)
-    ref.tid = tid = id(tensor)
-    ref.keys = keys = [id(s) for s in storages]
-    for k in keys:
-        readers = _pending_readers.get(k)
-        if readers is None:
-            _pending_readers[k] = {tid: ref}
-        else:
-            readers[tid] = ref
-    tensor._pending_forget = ref
-
-
-def forget_pending_reader(tensor: Tensor) -> None:
-    """Unregister a pending tensor that has been computed (see register_pending_reader)."""
-    ref = tensor.__dict__.pop("_pending_forget", None)
-    if ref is not None:
-        _forget_reader(ref)
-
-
-def realize_pending_readers(storage: Storage) -> None:
-    """Compute every pending tensor that reads `storage` (before it is written)."""
-    readers = _pending_readers.pop(id(storage), None)
-    if not readers:
-        return
-    for ref in list(readers.values()):
-        t = ref()
-        if t is not None and t._pending is not None:
-            t._pending.realize(t)
+# -- before-access hook (netcl.jit's pending readers) ---------------------------------------------
+# A Tensor made by an elementwise op may hold `_pending` (an object with .realize(tensor)) instead of
+# storage: it is computed when its storage is first needed (netcl.jit.lazy). Pending tensors read other
+# tensors' storages; before anyone touches such a storage (to write it in place, e.g. an optimizer step)
+# they must be computed from the old contents. The jit registers a callback here for each storage read
+# by a pending tensor: id(storage) -> callback(storage), called (and removed by the jit) on first access.
+before_access: dict[int, Callable[[Storage], None]] = {}
 
 
 class Tensor:
@@ -231,8 +183,10 @@ class Tensor:
         if self._pending is not None:
             self._pending.realize(self)
         st = self._storage
-        if _pending_readers and id(st) in _pending_readers:
-            realize_pending_readers(st)
+        if before_access:
+            hook = before_access.get(id(st))
+            if hook is not None:
+                hook(st)
         return st
 
     @storage.setter
@@ -290,7 +244,7 @@ class Tensor:
     def _write_contiguous(self, arr: np.ndarray, pinned: bool = True) -> None:
         byte_offset = self.offset * self.itemsize
         if self._staged(arr, pinned):
-            self.queue.staging.write(self.buffer, byte_offset, arr)
+            staging(self.queue).write(self.buffer, byte_offset, arr)
         else:
             enqueue_copy(self.queue, self.buffer, arr, dst_offset=byte_offset, is_blocking=True)
 
@@ -352,10 +306,9 @@ class Tensor:
                     self.queue.cl, self.buffer, pattern.reshape(1),
                     self.offset * self.itemsize, self.nbytes,
                 )
-                graph = capturing()
-                if graph is not None:
-                    graph._record_fill(self.queue, self.buffer, pattern.reshape(1), self.offset * self.itemsize,
-                                       self.nbytes)
+                for rec in capture.active():
+                    rec._record_fill(self.queue, self.buffer, pattern.reshape(1), self.offset * self.itemsize,
+                                     self.nbytes)
             except cl.Error:
                 self.copy_from_host(np.full(self.shape, pattern, dtype=self.dtype))
         else:

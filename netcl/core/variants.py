@@ -22,7 +22,6 @@ log and what to install.
 from __future__ import annotations
 
 import hashlib
-import importlib
 import json
 import os
 import subprocess
@@ -188,7 +187,7 @@ def run_probe(device: Any, function: str, args: Sequence[Any], timeout: float | 
         env = {**os.environ, PROBE_ENV: "1", "POCL_CACHE_DIR": tmp, "NETCL_DISK_CACHE": "0"}
         try:
             proc = subprocess.run(
-                [sys.executable, "-m", "netcl.core.variants", json.dumps(request)],
+                [sys.executable, "-m", "netcl.core.probe", json.dumps(request)],
                 capture_output=True, text=True, env=env, timeout=timeout or PROBE_TIMEOUT_S,
             )
         except subprocess.TimeoutExpired:
@@ -198,21 +197,6 @@ def run_probe(device: Any, function: str, args: Sequence[Any], timeout: float | 
     if proc.returncode == 0 and proc.stdout.strip().endswith("probe ok"):
         return True, ""
     return False, _reason_from(proc.stderr + proc.stdout, proc.returncode)
-
-
-def _probe_main(argv: list[str]) -> int:
-    """Child side of run_probe: find the device by fingerprint, call the probe, say `probe ok`."""
-    from netcl.core.device import manager
-
-    request = json.loads(argv[0])
-    device = next((h for h in manager.devices() if fingerprint(h) == request["fingerprint"]), None)
-    if device is None:
-        print(f"error: no device with fingerprint {request['fingerprint']!r} in the probe process", file=sys.stderr)
-        return 2
-    module_name, func_name = request["function"].split(":")
-    getattr(importlib.import_module(module_name), func_name)(device, *request["args"])
-    print("probe ok", flush=True)
-    return 0
 
 
 # -- choosing a variant ------------------------------------------------------------------------------
@@ -294,6 +278,3 @@ def _warn(device: Any, bad: Variant, reason: str, instead: Variant | None, store
         KernelVariantWarning, filename="netcl", lineno=0, module="netcl.core.variants",
     )
 
-
-if __name__ == "__main__":
-    sys.exit(_probe_main(sys.argv[1:]))

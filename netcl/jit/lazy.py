@@ -13,7 +13,7 @@ Correctness rules:
   is touched later without that recomputes itself: correct either way.
 - A pending tensor is registered as a reader of the storages its expression reads; any access to
   such a storage's `.buffer` (e.g. an in-place write) first computes the pending readers, so they
-  see the old contents (netcl.core.tensor.realize_pending_readers).
+  see the old contents (the registry below, behind core's `before_access` hook).
 - Graphs are bounded (`MAX_NODES`, `MAX_LEAVES`): beyond that an operand is realised, not inlined.
 - `NETCL_FUSION=0` (config.fusion_enabled()) makes every op launch at once; results are identical
   because float16 intermediates are rounded to half in fused kernels exactly as if stored.
@@ -27,13 +27,73 @@ import weakref
 from typing import Any
 
 from netcl import config
-from netcl.core.tensor import Tensor, contiguous_strides, forget_pending_reader, register_pending_reader
+from netcl.core import tensor as _tensor
+from netcl.core.memory import Storage
+from netcl.core.tensor import Tensor, contiguous_strides
 from netcl.errors import NetclError
 from netcl.jit import ir
 from netcl.jit.runner import run_elementwise
 
 MAX_NODES = 160
 MAX_LEAVES = 14
+
+
+# -- pending readers ----------------------------------------------------------------------------------
+# Pending tensors register as readers of the storages their expression reads; core's Tensor.storage calls
+# `_tensor.before_access[id(storage)]` before handing such a storage out, which computes them first.
+_pending_readers: dict[int, dict[int, weakref.ref]] = {}
+
+
+class _ReaderRef(weakref.ref):
+    """Weak reference to a pending tensor that also knows where it is registered (no per-tensor
+    closure: registering is on the hot path of every lazy elementwise op)."""
+
+    __slots__ = ("keys", "tid")
+
+
+def _forget_reader(ref: _ReaderRef) -> None:
+    tid = ref.tid
+    for k in ref.keys:
+        readers = _pending_readers.get(k)
+        if readers is not None:
+            readers.pop(tid, None)
+            if not readers:
+                _pending_readers.pop(k, None)
+                _tensor.before_access.pop(k, None)
+
+
+def register_pending_reader(tensor: Tensor, storages: list[Storage]) -> None:
+    ref = _ReaderRef(tensor, _forget_reader)
+    ref.tid = tid = id(tensor)
+    ref.keys = keys = [id(s) for s in storages]
+    hooks = _tensor.before_access
+    for k in keys:
+        readers = _pending_readers.get(k)
+        if readers is None:
+            _pending_readers[k] = {tid: ref}
+            hooks[k] = realize_pending_readers
+        else:
+            readers[tid] = ref
+    tensor._pending_forget = ref
+
+
+def forget_pending_reader(tensor: Tensor) -> None:
+    """Unregister a pending tensor that has been computed (see register_pending_reader)."""
+    ref = tensor.__dict__.pop("_pending_forget", None)
+    if ref is not None:
+        _forget_reader(ref)
+
+
+def realize_pending_readers(storage: Storage) -> None:
+    """Compute every pending tensor that reads `storage` (before it is written)."""
+    readers = _pending_readers.pop(id(storage), None)
+    _tensor.before_access.pop(id(storage), None)
+    if not readers:
+        return
+    for ref in list(readers.values()):
+        t = ref()
+        if t is not None and t._pending is not None:
+            t._pending.realize(t)
 
 class _State(threading.local):
     tracing = 0  # class default: reading it in a fresh thread needs no getattr fallback

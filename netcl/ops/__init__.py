@@ -10,7 +10,7 @@ from netcl.ops.pool import max_pool2d, max_pool2d_backward, avg_pool2d, avg_pool
 from netcl.ops.elementwise import *  # noqa: F403
 from netcl.ops.movement import *  # noqa: F403
 from netcl.ops.norm import batch_norm, batch_norm_relu, batch_norm_backward, layer_norm, layer_norm_backward, rms_norm, rms_norm_backward, group_norm, group_norm_backward
-from netcl.ops.matmul import matmul, matmul_epilogue, linear
+from netcl.ops.gemm import matmul, matmul_epilogue, linear
 from netcl.ops.fused import linear_relu, matmul_bias_relu
 from netcl.ops.random import rand, randint, randn
 from netcl.ops.reduce import *  # noqa: F403

@@ -2,24 +2,26 @@
 
 Algorithms: 'direct' (register-blocked, barrier-free: the CPU shape), 'depthwise' (direct with one
 channel per work-item row), 'winograd' (F(2x2,3x3) for 3x3 stride-1 dilation-1 groups-1),
-'im2col' (im2col + the GEMM of netcl.ops.matmul). 'auto' picks by heuristic, after asking the
-tuning database (netcl.tune) when it exists.
+'im2col' (im2col + the GEMM of netcl.ops.gemm). 'auto' picks by heuristic, after asking the
+tuning database (netcl.kernels.tuning) when it exists.
 """
 
 from __future__ import annotations
 
-import importlib
 import math
-import sys
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from netcl import kernels
 from netcl.core import dtypes, shapes
 from netcl.core.tensor import Tensor, check_same_queue
 from netcl.errors import DTypeError, ShapeError
-from netcl import kernels
+from netcl.kernels import tuning
+from netcl.ops import gemm as mm
+from netcl.ops.elementwise import add
+from netcl.ops.reduce import sum as sum_
 
 ALGORITHMS = ("auto", "direct", "depthwise", "winograd", "im2col")
 ACTIVATIONS = (None, "relu")  # what the direct and Winograd kernels fuse (kernels.ACTIVATIONS names)
@@ -183,11 +185,7 @@ def _remember(key: tuple | None, value: Any) -> Any:
 
 def _db_state(device: Any) -> tuple:
     """The tuning database state the 'auto' algorithm depends on (see _auto_algorithm)."""
-    db_of = getattr(_matmul_module(), "_database", None)
-    if db_of is None:
-        return (None,)
-    db = db_of(device)
-    return (id(db), getattr(db, "_mtime", None))
+    return tuning.state(device)
 
 
 # -- algorithm choice ----------------------------------------------------------------------------
@@ -201,11 +199,7 @@ def _tune_key(p: ConvParams, dt: np.dtype) -> str:
 def _tuned_algorithm(device: Any, p: ConvParams, dt: np.dtype) -> str | None:
     """The algorithm stored for this geometry in the per-device tuning database (netcl.tune), if any."""
     try:
-        from netcl.tune import lookup  # noqa: PLC0415
-    except ImportError:
-        return None
-    try:
-        found = lookup(device, TUNE_FAMILY, _tune_key(p, dt))
+        found = tuning.lookup(device, TUNE_FAMILY, _tune_key(p, dt))
     except Exception:  # a tuning database that cannot answer must never break a convolution
         return None
     algo = (found or {}).get("algorithm")
@@ -216,23 +210,8 @@ def record_algorithm(device: Any, x_shape: Sequence[int], w_shape: Sequence[int]
                      stride: Any = 1, padding: Any = 0, dilation: Any = 1, groups: int = 1,
                      **measured: Any) -> None:
     """Store the winning algorithm for one geometry (bench/conv.py --tune calls this)."""
-    from netcl.tune import database_for  # noqa: PLC0415
-
     p = ConvParams(x_shape, w_shape, stride, padding, dilation, groups)
-    database_for(device).put(TUNE_FAMILY, _tune_key(p, np.dtype(dt)), {"algorithm": algorithm}, **measured)
-
-
-def _matmul_module() -> Any:
-    """netcl.ops.matmul the module (netcl.ops re-exports a function of the same name, so
-    `from netcl.ops import matmul` would give the function), or None when it is not built."""
-    try:
-        return sys.modules.get("netcl.ops.matmul") or importlib.import_module("netcl.ops.matmul")
-    except ImportError:
-        return None
-
-
-def _have_matmul() -> bool:
-    return hasattr(_matmul_module(), "matmul_epilogue")
+    tuning.database_for(device).put(TUNE_FAMILY, _tune_key(p, np.dtype(dt)), {"algorithm": algorithm}, **measured)
 
 
 def winograd_applicable(p: ConvParams) -> bool:
@@ -244,18 +223,13 @@ _algorithm_cache: dict[tuple, str] = {}
 
 def _auto_algorithm(device: Any, p: ConvParams, dt: np.dtype) -> str:
     """select_algorithm memoised per (device, geometry, dtype, tuning database state): the database
-    lookup formats a key and takes a lock every call. The state is the database object resolved by
-    netcl.ops.matmul and its file's mtime as last read in this process (like gemm's replay key)."""
-    mm = _matmul_module()
-    db_of = getattr(mm, "_database", None)
-    if db_of is None:
-        return select_algorithm(device, p, dt)
-    db = db_of(device)
-    key = (id(device), p.key(), np.dtype(dt).str, id(db), getattr(db, "_mtime", None))
+    lookup formats a key and takes a lock every call. The state is netcl.kernels.tuning.state (like the
+    GEMM template key)."""
+    key = (id(device), p.key(), np.dtype(dt).str, *tuning.state(device))
     algo = _algorithm_cache.get(key)
     if algo is None:
         algo = select_algorithm(device, p, dt)
-        if getattr(db, "_mtime", None) == key[-1] and len(_algorithm_cache) < 4096:
+        if tuning.state(device)[-1] == key[-1] and len(_algorithm_cache) < 4096:
             _algorithm_cache[key] = algo
     return algo
 
@@ -274,16 +248,14 @@ def winograd_pays(device: Any, flops: int) -> bool:
 def select_algorithm(device: Any, p: ConvParams, dt: np.dtype) -> str:
     """The algorithm 'auto' uses for this geometry on this device."""
     tuned = _tuned_algorithm(device, p, dt)
-    if tuned is not None and (tuned != "winograd" or winograd_applicable(p)) and (
-        tuned != "im2col" or _have_matmul()
-    ):
+    if tuned is not None and (tuned != "winograd" or winograd_applicable(p)):
         return tuned
     if p.G > 1 and p.Cg == 1:
         return "depthwise"
-    if winograd_applicable(p) and p.C >= 8 and p.K >= 8 and (
-            not _have_matmul() or winograd_pays(device, 2 * p.N * p.K * p.Cg * 9 * p.OH * p.OW)):
+    if winograd_applicable(p) and p.C >= 8 and p.K >= 8 and winograd_pays(
+            device, 2 * p.N * p.K * p.Cg * 9 * p.OH * p.OW):
         return "winograd"  # GPUs, large: 3.2x im2col on the H200; on PoCL im2col + GEMM is 1.3-1.8x Winograd
-    if p.G == 1 and _have_matmul():
+    if p.G == 1:
         return "im2col"  # on PoCL too: measured 9 GFLOP/s vs 1.7 for the direct kernel (bench/NOTES.md, convolution section)
     return "direct"
 
@@ -330,7 +302,6 @@ def _conv_winograd(x: Tensor, w: Tensor, bias: Tensor | None, out: Tensor, p: Co
     """Input transform -> 16 batched GEMMs U[e] (K x C) @ V[e] (C x tiles) -> output transform (bias and
     activation there), over chunks of images. The GEMM is netcl's tuned one, so Winograd gains what it
     does on every device (2.25x fewer multiply-adds) on top of it."""
-    mm = _matmul_module()
     u = winograd_transform_weight(w)
     prg = kernels.program(x.device, "winograd.cl", dtype=x.dtype, act=act)
     th, tw = math.ceil(p.OH / 2), math.ceil(p.OW / 2)
@@ -411,7 +382,6 @@ def _conv_im2col(x: Tensor, w: Tensor, bias: Tensor | None, p: ConvParams, activ
     (bias_rows); with several, w gets a bias column and cols a row of ones (R+1), since the bias then
     differs between the batched GEMMs. The epilogue applies the activation: one GEMM launch.
     """
-    mm = _matmul_module()
 
     r = p.Cg * p.KH * p.KW
     wg = w.reshape(p.G, p.Kg, r)
@@ -492,8 +462,6 @@ def _conv2d_checks(x: Tensor, weight: Tensor, bias: Tensor | None, stride: Any, 
     if algo == "depthwise" and p.Cg != 1:
         raise ShapeError(f"conv2d: algorithm='depthwise' needs groups == C (one input channel per group); "
                          f"got C={p.C}, groups={p.G}")
-    if algo == "im2col" and not _have_matmul():
-        algo = "direct"  # the GEMM is not available in this build
     return p, algo, act, dt
 
 
@@ -516,27 +484,46 @@ def conv2d_backward_input(grad_out: Tensor, weight: Tensor, input_shape: Sequenc
     """d(loss)/d(x) of conv2d, shape `input_shape`: a transposed convolution of grad_out by weight.
 
     algorithm: 'gemm' (cols[n, g] = w[g]^T (R x Kg) @ gy[n, g] (Kg x P), then col2im), 'direct'
-    (the gather kernel), or 'auto' (gemm when netcl.ops.matmul exists and the layer is not depthwise).
+    (the gather kernel), 'flipped' (stride 1, dilation 1, one group, padding below the kernel size: the
+    forward convolution of grad_out with the spatially flipped, in/out-swapped weight and padding
+    k - 1 - p, on whatever algorithm conv2d picks), or 'auto': flipped where it runs on Winograd and
+    Winograd pays (3x3 kernels, large convolutions on GPUs), else gemm unless the layer is depthwise
+    (on PoCL gemm + col2im is 1.3x the flipped convolution, bench/NOTES.md).
     """
     key = _checked_key("conv2d_backward_input", (grad_out, weight), _shape_key(input_shape), stride, padding,
                        dilation, groups, algorithm)
     hit = _checked.get(key) if key is not None else None
     if hit is None:
-        if algorithm not in ("auto", "gemm", "direct"):
-            raise ValueError(f"algorithm must be 'auto', 'gemm' or 'direct', got {algorithm!r}")
+        if algorithm not in ("auto", "gemm", "direct", "flipped"):
+            raise ValueError(f"algorithm must be 'auto', 'gemm', 'direct' or 'flipped', got {algorithm!r}")
         check_same_queue(grad_out, weight)
         dt = _float_dtype("conv2d_backward_input", grad_out, weight)
         p = _params(tuple(input_shape), weight.shape, stride, padding, dilation, groups,
                     op="conv2d_backward_input")
         _check_grad_out("conv2d_backward_input", grad_out, p)
-        use_gemm = algorithm == "gemm" or (algorithm == "auto" and _have_matmul() and p.Cg * p.Kg > 1)
-        hit = _remember(key, (p, dt, use_gemm))
-    p, dt, use_gemm = hit
+        flippable = ((p.SH, p.SW, p.DH, p.DW, p.G) == (1, 1, 1, 1, 1) and p.PH <= p.KH - 1
+                     and p.PW <= p.KW - 1)
+        if algorithm == "flipped" and not flippable:
+            raise ShapeError(f"conv2d_backward_input: algorithm='flipped' needs stride 1, dilation 1, one group "
+                             f"and padding below the kernel size; got stride {(p.SH, p.SW)}, dilation "
+                             f"{(p.DH, p.DW)}, groups {p.G}, padding {(p.PH, p.PW)}, kernel {(p.KH, p.KW)}")
+        algo = algorithm
+        if algorithm == "auto":
+            flops = 2 * p.N * p.C * p.H * p.W * p.K * p.KH * p.KW  # the flipped convolution's output is x-shaped
+            if flippable and p.KH == p.KW == 3 and winograd_pays(grad_out.device, flops):
+                algo = "flipped"
+            else:
+                algo = "gemm" if p.Cg * p.Kg > 1 else "direct"
+        hit = _remember(key, (p, dt, algo))
+    p, dt, algo = hit
+    if algo == "flipped":
+        flipped = weight[:, :, ::-1, ::-1].permute(1, 0, 2, 3).contiguous()
+        return conv2d(grad_out, flipped, None, stride=1, padding=(p.KH - 1 - p.PH, p.KW - 1 - p.PW))
     gx = Tensor.empty(grad_out.queue, (p.N, p.C, p.H, p.W), dt)
     if gx.size == 0:
         return gx
     gy, w = grad_out.contiguous(), weight.contiguous()
-    if use_gemm and p.OH * p.OW:
+    if algo == "gemm" and p.OH * p.OW:
         _backward_input_gemm(gy, w, gx, p)
     else:
         _backward_input_into(gy, w, None, gx, p, None)
@@ -546,7 +533,6 @@ def conv2d_backward_input(grad_out: Tensor, weight: Tensor, input_shape: Sequenc
 def _backward_input_gemm(gy: Tensor, w: Tensor, gx: Tensor, p: ConvParams) -> None:
     """cols[n, g] (R x P) = w[g]^T (R x Kg) @ gy[n, g] (Kg x P) (the weight's transpose read in
     place, batch-broadcast over n), then col2im gathers cols back into gx; chunked over images."""
-    mm = _matmul_module()
 
     r, P = p.Cg * p.KH * p.KW, p.OH * p.OW
     wt = w.reshape(p.G, p.Kg, r).transpose(1, 2)                              # (G, R, Kg)
@@ -597,7 +583,7 @@ def conv2d_backward_weight(x: Tensor, grad_out: Tensor, weight_shape: Sequence[i
 
     algorithm: 'gemm' (im2col + one GEMM per group whose K dimension runs over every image and
     position: gw[g] = gy[:, g] (Kg x N*P) @ cols[g]^T (N*P x R)), 'direct' (the gather kernel: one
-    work-item per weight element), or 'auto' (gemm when netcl.ops.matmul exists).
+    work-item per weight element), or 'auto' (gemm).
     """
     key = _checked_key("conv2d_backward_weight", (x, grad_out), _shape_key(weight_shape), stride, padding,
                        dilation, groups, algorithm)
@@ -612,7 +598,7 @@ def conv2d_backward_weight(x: Tensor, grad_out: Tensor, weight_shape: Sequence[i
         hit = _remember(key, (p, dt))
     p, dt = hit
     x, grad_out = x.contiguous(), grad_out.contiguous()
-    if algorithm == "gemm" or (algorithm == "auto" and _have_matmul()):
+    if algorithm == "gemm" or algorithm == "auto":
         if p.N * p.OH * p.OW == 0:
             return Tensor.zeros(x.queue, (p.K, p.Cg, p.KH, p.KW), dt)
         return _backward_weight_gemm(x, grad_out, p)
@@ -636,10 +622,6 @@ def _backward_weight_batched(x: Tensor, gy: Tensor, p: ConvParams) -> Tensor:
     shapes take the edge-free kernel) into a (nb, G, Kg, R) workspace, then one sum over the images.
     On the H200 this replaced the 1x1 im2col that transposed gy into the single long-K GEMM's layout
     (one pass over gy and one launch less; bench/NOTES.md)."""
-    from netcl.ops.elementwise import add
-    from netcl.ops.reduce import sum as sum_
-
-    mm = _matmul_module()
     r = p.Cg * p.KH * p.KW
     per_image = max(p.K * r, p.G * r * p.OH * p.OW) * x.itemsize
     budget = min(x.device.capabilities.max_alloc // 4, 1 << 28)
@@ -660,7 +642,6 @@ def _backward_weight_rows(x: Tensor, gy: Tensor, p: ConvParams) -> Tensor:
     cols is written batch-inner, (G, R, nb*P), so its transpose is read in place with unit stride
     along the GEMM's K; gy is copied once to (G, Kg, nb*P). Later chunks accumulate through the
     GEMM's residual epilogue (no separate reduction launch)."""
-    mm = _matmul_module()
     chunk = _im2col_chunk(x.device, p, x.itemsize)
     # gy (N, K, OH, OW) -> (G, Kg, N*P) is the im2col of a 1x1 convolution over gy: the same row-copy
     # kernel (a generic strided copy measured 2x slower than the GEMM it feeds on PoCL)

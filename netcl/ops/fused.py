@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from netcl.core.tensor import Tensor
-from netcl.ops.matmul import linear, matmul_epilogue
+from netcl.ops.gemm import linear, matmul_epilogue
 
 
 def linear_relu(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:

@@ -14,7 +14,7 @@ from netcl.core.tensor import Tensor
 from netcl.ops import elementwise as ew
 from netcl.ops import movement as mv
 from netcl.ops import reduce as rd
-from netcl.ops.matmul import matmul
+from netcl.ops.gemm import matmul
 
 # dunder -> op, for `x <op> y` and (reflected) `y <op> x`
 _BINARY = {"__add__": ew.add, "__sub__": ew.sub, "__mul__": ew.mul, "__truediv__": ew.div,

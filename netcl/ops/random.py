@@ -15,7 +15,8 @@ import numpy as np
 
 from netcl import kernels
 from netcl.core import dtypes
-from netcl.core.backend import as_queue, capturing
+from netcl.core.backend import as_queue
+from netcl.core.capture import capturing
 from netcl.core.tensor import Tensor, _normalize_shape
 from netcl.errors import DTypeError, ShapeError
 

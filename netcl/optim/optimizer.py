@@ -17,7 +17,7 @@ import numpy as np
 
 from netcl import kernels
 from netcl.autograd.engine import Node
-from netcl.core import backend
+from netcl.core import capture
 from netcl.core.tensor import Tensor
 from netcl.errors import DTypeError, GraphCaptureError, NetclError, ShapeError
 from netcl.optim.arguments import Count, Flag, Real, is_count
@@ -174,7 +174,7 @@ class Optimizer:
             self.state[id(p)] = st
         missing = [name for name in self._state_names(group) if st.get(name) is None]
         if missing:
-            with backend.capture_paused():  # made once: a graph replay must not zero it again
+            with capture.capture_paused():  # made once: a graph replay must not zero it again
                 for name in missing:
                     st[name] = Tensor.zeros(p.value.queue, p.value.shape, p.value.dtype)
             self._fresh.add(id(p))
@@ -212,7 +212,7 @@ class Optimizer:
         args += self._hyper(group, step, scalar, items)
         if total:
             prg.optimizer_step(queue, (total,), None, *args)
-            graph = backend.capturing()
+            graph = capture.capturing()
             if graph is not None:  # each replay is the next step: new step count, current lr
                 kept = set.intersection(
                     *({n for n in self.slot_names if st.get(n) is not None} for _, st in items)

@@ -7,6 +7,11 @@ import json
 
 import numpy as np
 
+from netcl.core.device import manager
+from netcl.kernels.tuning import database_for
+from netcl.ops.gemm import flops
+from netcl.tune.gemm import candidates, default_size, tune_gemm
+
 
 def _parse_size(text: str) -> tuple[int, int, int]:
     parts = [int(p) for p in text.lower().replace("^3", "").split("x")]
@@ -18,11 +23,6 @@ def _parse_size(text: str) -> tuple[int, int, int]:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from netcl.core.device import manager
-    from netcl.ops.matmul import flops
-    from netcl.tune.database import database_for
-    from netcl.tune.gemm import candidates, default_size, tune_gemm
-
     device = manager.get(args.device) if args.device else manager.default("auto")
     db = database_for(device)
     if args.show:

@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 
 from netcl.core.tensor import Tensor
-from netcl.ops.matmul import default_params, flops, gemm
-from netcl.tune.database import database_for
+from netcl.kernels.tuning import database_for
+from netcl.ops.gemm import default_params, flops, gemm
 from netcl.tune.tuner import TuneResult, time_callable, tune_family
 
 
@@ -36,10 +36,10 @@ def _cpu_candidates(dtype: np.dtype, quick: bool) -> list[dict[str, int]]:
 def _tiled_candidates(device: Any, dtype: np.dtype, quick: bool) -> list[dict[str, int]]:
     item = 8 if dtype == np.float64 else 4
     caps = device.capabilities
-    out = [default_params("tiled", dtype)]
+    out = [default_params("tiled", dtype, device)]
     grid = [
         # BM, BN, BK, TX, TY, VW, PAD, WX (warp patch width) (, MAXRREG: NVIDIA register cap)
-        # ordered by the H200 sweeps of 2026-11-29 (bench/logs/h200-2026-11-29/gemm_gvec_sweep*.txt);
+        # ordered by the H200 sweeps of 2026-11-29 (bench/NOTES.md, GEMM);
         # GM (grouped block order) and GVEC are inherited from the defaults
         (128, 128, 16, 16, 16, 4, 4, 8),
         (128, 128, 8, 8, 16, 4, 4, 4),
@@ -85,7 +85,7 @@ def candidates(device: Any, variant: str, dtype: Any, quick: bool = False) -> li
         return _cpu_candidates(dt, quick)
     if variant == "tiled":
         return _tiled_candidates(device, dt, quick)
-    return [default_params(variant, dt)]
+    return [default_params(variant, dt, device)]
 
 
 def default_size(device: Any, quick: bool) -> tuple[int, int, int]:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from netcl.errors import NetclError
-from netcl.tune.database import database_for
+from netcl.kernels.tuning import database_for
 
 Candidate = dict[str, Any]
 

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import importlib
 
 import numpy as np
 import pytest
 
 import netcl.autograd as ag
-from netcl.core.backend import count_launches
+from netcl.profiling import count_launches
 from netcl.core.tensor import Tensor
 from tests.reference import assert_close
 
-mm = importlib.import_module("netcl.ops.matmul")
+from netcl.ops import gemm as mm
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import netcl.autograd as ag
-from netcl.core.backend import count_launches
+from netcl.profiling import count_launches
 from netcl.core.tensor import Tensor
 from netcl.errors import DTypeError, ShapeError
 from tests.autograd.gradcheck import check_grads

@@ -13,7 +13,8 @@ import pytest
 from netcl import profiling
 from netcl.core import backend
 from netcl import kernels
-from netcl.core.backend import Queue, as_queue, count_launches
+from netcl.core.backend import Queue, as_queue
+from netcl.profiling import count_launches
 from netcl.core.tensor import Tensor
 from netcl.errors import DeviceError, KernelBuildError, KernelLaunchError
 

@@ -8,7 +8,7 @@ import numpy as np
 import pyopencl as cl
 import pytest
 
-from netcl.core.memory import BufferPool, is_pinned, pinned_empty, size_class
+from netcl.core.memory import BufferPool, is_pinned, pinned_empty, size_class, staging
 from netcl.core.tensor import Tensor
 from netcl.errors import OutOfMemoryError, ShapeError
 
@@ -145,13 +145,13 @@ def test_large_transfers_chunked_through_staging(queue, pinned, rng):
     want = a.copy()
     t = Tensor.empty(queue, (n,))
     if pinned:  # drive the staging path directly: from_host skips it on CPU devices
-        queue.staging.write(t.buffer, 0, a)
+        staging(queue).write(t.buffer, 0, a)
     else:
         t._write_contiguous(a, pinned=False)
     a[:] = 0  # the caller may reuse its array as soon as the copy returns
     back = np.empty_like(a)
     if pinned:
-        queue.staging.read(back, t.buffer, 0)
+        staging(queue).read(back, t.buffer, 0)
     else:
         back = t.to_host()
     np.testing.assert_array_equal(back, want)

@@ -3,7 +3,6 @@ in a child process (a crash there ends only the child), and the final error's te
 
 from __future__ import annotations
 
-import importlib
 import sys
 import textwrap
 import warnings
@@ -18,7 +17,8 @@ from netcl.core.backend import format_options
 from netcl.core.tensor import Tensor
 from netcl.errors import KernelBuildError, KernelVariantWarning
 
-mm = importlib.import_module("netcl.ops.matmul")  # the module (netcl.ops.matmul is also a function's name)
+from netcl.ops.gemm import api, variants as gemm_variants
+from netcl.ops.gemm.problem import _prepare
 
 SOURCE = """
 #ifndef WIDTH
@@ -147,37 +147,37 @@ def test_a_probe_that_passes_runs_once_per_device_and_construct(device, probe_mo
 def test_gemm_falls_back_from_a_tile_that_does_not_build(device, queue, monkeypatch):
     """The GEMM chain: a tuned tile this device cannot build (VN=3: the kernel's #error) gives way to the
     next of its chain, with one warning, and the result is still right."""
-    real = mm.tuned_params
-    monkeypatch.setattr(mm, "tuned_params",
+    real = gemm_variants.tuned_params
+    monkeypatch.setattr(gemm_variants, "tuned_params",
                         lambda d, v, dt: {**real(d, v, dt), "VN": 3} if v == "cpu" else real(d, v, dt))
-    monkeypatch.setattr(mm, "_usable", {})
-    monkeypatch.setattr(mm, "_replays", {})
+    monkeypatch.setattr(gemm_variants, "_usable", {})
+    monkeypatch.setattr(api, "_templates", {})
     rng = np.random.default_rng(0)
     a, b = rng.standard_normal((70, 33)).astype(np.float32), rng.standard_normal((33, 45)).astype(np.float32)
     with pytest.warns(KernelVariantWarning, match=r"kernel gemm_cpu \(float32 .*VN=3.*VN must be 4, 8 or 16"):
-        got = mm.gemm(Tensor.from_host(queue, a), Tensor.from_host(queue, b), variant="cpu")
+        got = api.gemm(Tensor.from_host(queue, a), Tensor.from_host(queue, b), variant="cpu")
     np.testing.assert_allclose(got.to_host(), a.astype(np.float64) @ b, rtol=1e-5, atol=1e-5)
-    assert mm.usable_params(device, "cpu", np.float32)["VN"] == mm.CPU_SAFE_VECTOR_BYTES // 4  # 8 floats
+    assert gemm_variants.usable_params(device, "cpu", np.float32)["VN"] == gemm_variants.CPU_SAFE_VECTOR_BYTES // 4  # 8 floats
 
 
 def test_gemm_takes_the_direct_kernel_when_no_blocked_variant_builds(device, queue, monkeypatch):
-    monkeypatch.setattr(mm, "variant_chain", lambda variant, dt, requested: [{**requested, "VN": 3}])
-    monkeypatch.setattr(mm, "tuned_params", lambda d, v, dt: {**mm.default_params(v, dt), "BM": 24, "TY": 5})
-    monkeypatch.setattr(mm, "_usable", {})
-    monkeypatch.setattr(mm, "_replays", {})
+    monkeypatch.setattr(gemm_variants, "variant_chain", lambda variant, dt, requested, device=None: [{**requested, "VN": 3}])
+    monkeypatch.setattr(gemm_variants, "tuned_params", lambda d, v, dt: {**gemm_variants.default_params(v, dt), "BM": 24, "TY": 5})
+    monkeypatch.setattr(gemm_variants, "_usable", {})
+    monkeypatch.setattr(api, "_templates", {})
     rng = np.random.default_rng(1)
     a, b = rng.standard_normal((130, 70)).astype(np.float32), rng.standard_normal((70, 90)).astype(np.float32)
     with pytest.warns(KernelVariantWarning, match="and no other variant works"):
-        got = mm.matmul(Tensor.from_host(queue, a), Tensor.from_host(queue, b))
+        got = api.matmul(Tensor.from_host(queue, a), Tensor.from_host(queue, b))
     np.testing.assert_allclose(got.to_host(), a.astype(np.float64) @ b, rtol=1e-5, atol=1e-5)
-    assert mm._auto_variant(mm._prepare(Tensor.from_host(queue, a), Tensor.from_host(queue, b), None, None,
-                                        None, 1.0)) == "direct"
+    assert api._auto_variant(_prepare(Tensor.from_host(queue, a), Tensor.from_host(queue, b), None, None,
+                                      None, 1.0)) == "direct"
 
 
 def test_explicit_tile_that_does_not_build_is_an_error_naming_it(device, queue):
     x = Tensor.zeros(queue, (40, 40))
     with pytest.warns(KernelVariantWarning), pytest.raises(KernelBuildError) as err:
-        mm.gemm(x, x, variant="cpu", params={"VN": 3})
+        api.gemm(x, x, variant="cpu", params={"VN": 3})
     assert "no variant of gemm_cpu works on" in str(err.value) and "VN must be 4, 8 or 16" in str(err.value)
 
 

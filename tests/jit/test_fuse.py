@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from netcl import ops
-from netcl.core.backend import count_launches
+from netcl.profiling import count_launches
 from netcl.core.tensor import Tensor
 from netcl.jit import TraceError, fuse
 from tests.reference import assert_close

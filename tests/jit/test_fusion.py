@@ -7,7 +7,7 @@ import pytest
 
 from netcl import ops
 from netcl import kernels
-from netcl.core.backend import count_launches
+from netcl.profiling import count_launches
 from netcl.core.tensor import Tensor
 from netcl.jit import codegen, ir, runner
 from tests.reference import assert_close

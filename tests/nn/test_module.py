@@ -10,7 +10,7 @@ import pytest
 import netcl.autograd as ag
 from netcl import nn
 from netcl.ops import random
-from netcl.core.backend import count_launches
+from netcl.profiling import count_launches
 from netcl.core.tensor import Tensor
 from tests.autograd.gradcheck import check_grads
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from netcl.core.tensor import Tensor
-from netcl.ops.matmul import gemm
+from netcl.ops.gemm import gemm
 
 CONFIGS = [
     ("direct", None),

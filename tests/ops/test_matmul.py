@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import math
-import sys
 
 import numpy as np
 import pytest
 
-from netcl.core.backend import count_launches
+from netcl.profiling import count_launches
 from netcl.core.tensor import Tensor
 from netcl.errors import DTypeError, ShapeError
 from netcl.ops import linear, linear_relu, matmul, matmul_bias_relu, matmul_epilogue
-from netcl.ops.matmul import choose_variant, gemm
+from netcl.ops.gemm import api, choose_variant, gemm, splitk, variants
+from netcl.ops.gemm import launch as gemm_launch
+from netcl.ops.gemm.problem import _prepare
 
 # A small tiled configuration: the GPU kernel's logic (double buffering, edges, both layouts) is
 # checked on the CPU device too, where the default 128 x 128 tiles would only cost compile time.
@@ -235,7 +236,7 @@ def test_split_k_choice_fills_a_gpu_only_for_skinny_problems(queue):
     from dataclasses import replace
     from types import SimpleNamespace
 
-    from netcl.ops.matmul import _prepare, choose_splits
+    choose_splits = splitk.choose_splits
 
     h200_like = SimpleNamespace(capabilities=SimpleNamespace(kind="gpu", compute_units=132))
     tile = {"BM": 128, "BN": 128}
@@ -263,10 +264,9 @@ def test_linear_on_tokens_is_one_row_gemm(queue, rng):
 def test_tiled_four_wide_fetch_interior_and_edges(queue, rng, monkeypatch, ta, tb):
     """Aligned operands take the tiled kernel's 4-wide global loads (GVEC) on interior tiles and the
     guarded scalar path on the edge tiles of M, N and K; both must agree with the reference."""
-    mm = sys.modules["netcl.ops.matmul"]
     built = []
-    real = mm._program
-    monkeypatch.setattr(mm, "_program", lambda dev_, var, d: built.append(dict(d)) or real(dev_, var, d))
+    real = gemm_launch._program
+    monkeypatch.setattr(gemm_launch, "_program", lambda dev_, var, d: built.append(dict(d)) or real(dev_, var, d))
     m, n, k = 72, 76, 132  # interior 32 x 32 x 8 tiles plus a ragged block in every dimension
     a, b = host(rng, (m, k)), host(rng, (k, n))
     check(gemm(dev(queue, a, ta), dev(queue, b, tb), variant="tiled", params={**SMALL_TILED, "WX": 4, "GM": 2}),
@@ -289,15 +289,14 @@ def test_cpu_split_k_long_k(device, queue, rng, dtype):
     """Skinny GEMM with a long K (a conv weight gradient) on CPUs: K split into slices + a reduction."""
     if dtype == np.float64 and not device.capabilities.fp64:
         pytest.skip("no fp64 on this device")
-    mm = sys.modules["netcl.ops.matmul"]
     m, n, k = 7, 3, 3 * 8192 + 16 * 17  # odd rows/cols; K divisible by 16, not a power of two
     a = rng.standard_normal((m, k))
     bt = rng.standard_normal((n, k))  # B read in place as a transposed view (K-contiguous)
     bias = rng.standard_normal(n)
     ta = Tensor.from_host(queue, a.astype(dtype))
     tb = Tensor.from_host(queue, bt.astype(dtype)).T
-    p = mm._prepare(ta, tb, None, None, None, 1.0)
-    assert mm.choose_cpu_splits(p, "cpu") == (16 if device.capabilities.kind == "cpu" else 0)
+    p = _prepare(ta, tb, None, None, None, 1.0)
+    assert splitk.choose_cpu_splits(p, "cpu") == (16 if device.capabilities.kind == "cpu" else 0)
     out = matmul_epilogue(ta, tb, bias=Tensor.from_host(queue, bias.astype(dtype)), activation="relu")
     a, bt, bias = (v.astype(dtype).astype(np.float64) for v in (a, bt, bias))  # the stored values
     check(out, np.maximum(a @ bt.T + bias, 0), dtype, k)
@@ -309,16 +308,15 @@ def test_split_k_calls_are_replayed(queue, rng, monkeypatch):
     """A repeated split-K problem (the GPU's choice for skinny shapes, forced here) skips the host
     path on later calls: both launches (GEMM into the workspace, reduction with the epilogue) are
     replayed with the new operands, output and workspace, and the results stay right."""
-    mm = sys.modules["netcl.ops.matmul"]
-    real = mm.tuned_params
-    monkeypatch.setattr(mm, "choose_variant", lambda dev_, m, n, k: "tiled")
-    monkeypatch.setattr(mm, "choose_splits", lambda dev_, p, tile: 2)
-    monkeypatch.setattr(mm, "tuned_params",
+    real = variants.tuned_params
+    monkeypatch.setattr(api, "choose_variant", lambda dev_, m, n, k: "tiled")
+    monkeypatch.setattr(splitk, "choose_splits", lambda dev_, p, tile: 2)
+    monkeypatch.setattr(variants, "tuned_params",
                         lambda d, v, dt: {**real(d, v, dt), **SMALL_TILED} if v == "tiled" else real(d, v, dt))
-    monkeypatch.setattr(mm, "_replays", {})
+    monkeypatch.setattr(api, "_templates", {})
     calls = []
-    real_launch = mm._launch
-    monkeypatch.setattr(mm, "_launch", lambda *a, **kw: calls.append(1) or real_launch(*a, **kw))
+    real_launch = api.launch
+    monkeypatch.setattr(api, "launch", lambda *a, **kw: calls.append(1) or real_launch(*a, **kw))
     m, n, k = 37, 29, 96
     for _ in range(3):
         a, b, bias, res = host(rng, (m, k)), host(rng, (k, n)), host(rng, (n,)), host(rng, (m, n))
@@ -327,17 +325,16 @@ def test_split_k_calls_are_replayed(queue, rng, monkeypatch):
         check(got, np.maximum(a.astype(np.float64) @ b + bias, 0) + res, k=k)
         assert c.count == 2  # GEMM into the workspace + reduction
     assert len(calls) == 1  # the host path ran once; the later calls were replays
-    (launches, _, work), = mm._replays.values()
-    assert len(launches) == 2 and work[0] == (2, m, n)
+    (template, _, work), = api._templates.values()
+    assert template.launches == 2 and work[0] == (2, m, n)
 
 
 def test_tile_divisible_problems_take_the_edge_free_kernel(queue, rng, monkeypatch):
     """INNER=1: a problem whose every tile is interior compiles without the guarded path (ALL_INNER,
     at BK); one with edge tiles keeps the guarded kernel at its own k tile BKE. Both are exact."""
-    mm = sys.modules["netcl.ops.matmul"]
     built = []
-    real = mm._program
-    monkeypatch.setattr(mm, "_program", lambda dev_, var, d: built.append(dict(d)) or real(dev_, var, d))
+    real = gemm_launch._program
+    monkeypatch.setattr(gemm_launch, "_program", lambda dev_, var, d: built.append(dict(d)) or real(dev_, var, d))
     params = {**SMALL_TILED, "INNER": 1, "BKE": 16}
     for (m, n, k), inner in (((64, 96, 48), True), ((72, 76, 132), False), ((64, 96, 44), False)):
         a, b = host(rng, (m, k)), host(rng, (k, n))

@@ -4,14 +4,14 @@ first call's kernel and sizes, with the new operands' buffers and offsets."""
 from __future__ import annotations
 
 import importlib
+import math
 
 import numpy as np
 
-from netcl.core.backend import count_launches
 from netcl.core.tensor import Tensor
+from netcl.ops import gemm as mm
+from netcl.profiling import count_launches
 from tests.reference import assert_close
-
-mm = importlib.import_module("netcl.ops.matmul")
 
 
 ATOL = 1e-4  # float32 sums of ~30 standard-normal products (cancellation near zero)
@@ -59,3 +59,26 @@ def test_replay_keys_differ_by_layout_and_epilogue(queue, rng):
         assert_close(out, _ref(a_np, b_np), np.float32, atol=ATOL)
         if rowsum is not None:
             assert_close(rowsum, a_np.astype(np.float64).sum(axis=1), np.float32, atol=ATOL)
+
+
+def test_repeated_problems_replay_their_template(queue, rng, monkeypatch):
+    """The second call of a problem skips the host path (netcl.ops.gemm.launch): its recorded template is
+    replayed with the new operands, output, bias and residual bound to the slots."""
+    api = importlib.import_module("netcl.ops.gemm.api")
+    monkeypatch.setattr(api, "_templates", {})
+    calls = []
+    real_launch = api.launch
+    monkeypatch.setattr(api, "launch", lambda *a, **kw: calls.append(1) or real_launch(*a, **kw))
+    base = rng.standard_normal((50, 33)).astype(np.float32)
+    w = rng.standard_normal((33, 40)).astype(np.float32)
+    bias, res = rng.standard_normal(40).astype(np.float32), rng.standard_normal((20, 40)).astype(np.float32)
+    big = Tensor.from_host(queue, base)
+    for start in (0, 12, 28):  # the same layout at other offsets (12*33 and 28*33 are both 12 mod 16)
+        x = big[start:start + 20]
+        got = mm.matmul_epilogue(x, Tensor.from_host(queue, w), Tensor.from_host(queue, bias), "gelu",
+                                 Tensor.from_host(queue, res))
+        want = _ref(base[start:start + 20], w) + bias
+        want = 0.5 * want * (1 + np.vectorize(math.erf)(want / math.sqrt(2))) + res
+        assert_close(got, want, np.float32, atol=ATOL)
+    keys = {k[4] for k in api._templates}  # a's offset mod 16 is part of the key
+    assert len(calls) == len(api._templates) == len(keys) == 2

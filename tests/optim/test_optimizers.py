@@ -9,7 +9,7 @@ import pytest
 
 import netcl.autograd as ag
 from netcl import optim
-from netcl.core.backend import count_launches
+from netcl.profiling import count_launches
 from netcl.core.tensor import Tensor
 
 SHAPES = [(7, 3), (17,), (1,), (2, 3, 5)]

@@ -10,7 +10,7 @@ import pytest
 from netcl.cli import main as netcl_main
 from netcl.core.tensor import Tensor
 from netcl.errors import KernelBuildError
-from netcl.ops.matmul import choose_variant, default_params, gemm, tuned_params
+from netcl.ops.gemm import choose_variant, default_params, gemm, tuned_params
 from netcl.tune import database_for, lookup, tune_family
 
 

@@ -1,4 +1,5 @@
-"""The per-device tuning database: one JSON file per device under config.cache_dir()/tuning.
+"""The per-device tuning database (what `netcl tune` measured, read by the ops that pick kernel parameters):
+one JSON file per device under config.cache_dir()/tuning.
 
 Entries are keyed by kernel family (e.g. "gemm_tiled") and a problem key (e.g. "float32"); each holds
 the winning define set and what was measured. Files are written atomically (temp file + rename), so a
@@ -144,8 +145,31 @@ def database_for(device: Any) -> TuningDatabase:
         return db
 
 
-def lookup(device: Any, family: str, key: str) -> dict[str, Any] | None:
-    """Tuned defines for (family, key) on `device`, or None (then callers use their defaults)."""
+# The database the ops read, per device and cache directory: an op asks on every call (a training step
+# calls gemm a few times per step) and resolving the file's path costs ~0.3 ms.
+_active: dict[tuple, TuningDatabase] = {}
+
+
+def active_database(device: Any) -> TuningDatabase | None:
+    """The database the ops read for `device`, or None when NETCL_TUNING=0. The object re-reads its file
+    when it changes on disk."""
     if not config.tuning_enabled():
         return None
-    return database_for(device).get(family, key)
+    key = (id(device), config.env("NETCL_CACHE_DIR", ""))
+    db = _active.get(key)
+    if db is None:
+        db = _active[key] = database_for(device)
+    return db
+
+
+def state(device: Any) -> tuple:
+    """What a cached choice made from the database depends on: which database, and its file's mtime as
+    last read in this process (part of the GEMM template and convolution algorithm keys)."""
+    db = active_database(device)
+    return (id(db), getattr(db, "_mtime", None))
+
+
+def lookup(device: Any, family: str, key: str) -> dict[str, Any] | None:
+    """Tuned defines for (family, key) on `device`, or None (then callers use their defaults)."""
+    db = active_database(device)
+    return None if db is None else db.get(family, key)

@@ -1,0 +1,208 @@
+"""Recording device work, and replaying it without the Python that made it.
+
+While a thread records (`with recording(rec):`), every kernel launch, device copy and fill it enqueues
+is also handed to each active Recording; `rec.replay()` enqueues the same work again, in order. Kernel
+arguments that change from replay to replay are *slots*: right after a launch, its launcher names them
+(`name_slots(a=("A", "a_off"))`: the tensor bound to slot `a` gives the kernel's arguments A (its
+buffer) and a_off (its offset)), and `replay(bind={"a": tensor})` fills them in. This one mechanism
+serves netcl.graph.Graph (a user's whole training step, recorded once) and the ops that replay their
+own launches from call to call (the GEMM's fast path: netcl.ops.gemm).
+
+Recordings nest: a GEMM recording its template inside a user's graph capture sends its launches to
+both. `capturing()` answers the innermost *graph* (the recording ops must not do host transfers in,
+and that refreshes step counts and random counters at each replay).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import pyopencl as cl
+
+from netcl import profiling
+from netcl.errors import GraphCaptureError
+
+
+class _State(threading.local):
+    def __init__(self) -> None:
+        self.stack: list[Recording] = []
+        self.paused = 0
+
+
+_state = _State()
+
+
+class Recording:
+    """Device work of one queue: ("k", kernel, global, local, args, slots) | ("copy", dst, src, kwargs) |
+    ("fill", buffer, pattern, offset, nbytes). `is_graph` marks a user-level graph (see capturing())."""
+
+    is_graph = False
+
+    def __init__(self) -> None:
+        self.replayable = True
+        self.queue: Any = None
+        self.ops: list[list[Any]] = []
+        self._refresh: list[tuple[int, Callable[[list], None]]] = []
+
+    # -- recording (called by the backend while this recording is active) ------------------------
+    def _check_queue(self, queue: Any, what: str) -> None:
+        if self.queue is None:
+            self.queue = queue
+        elif queue is not self.queue:
+            raise GraphCaptureError(
+                f"{what} on a second queue inside one capture; a recording replays on one queue "
+                f"({self.queue!r}, got {queue!r})"
+            )
+
+    def _record_launch(self, kernel: Any, queue: Any, global_size: tuple, local: Any, args: tuple) -> None:
+        self._check_queue(queue, f"kernel {kernel.name} launched")
+        self.ops.append(["k", kernel, global_size, local, list(args), None])
+
+    def _record_copy(self, queue: Any, dst: Any, src: Any, kwargs: dict) -> None:
+        if not (isinstance(dst, cl.MemoryObject) and isinstance(src, cl.MemoryObject)):
+            if not self.is_graph:  # an op's own template: it just cannot be replayed
+                self.replayable = False
+                return
+            raise GraphCaptureError(
+                "a host transfer (to_host, from_host, copy_from_host, .item()...) inside a graph capture: "
+                "a replay cannot redo it. Copy inputs into the captured tensors before replay() and read "
+                "results after it"
+            )
+        self._check_queue(queue, "a copy")
+        self.ops.append(["copy", dst, src, dict(kwargs)])
+
+    def _record_fill(self, queue: Any, buffer: Any, pattern: Any, offset: int, nbytes: int) -> None:
+        self._check_queue(queue, "a fill")
+        self.ops.append(["fill", buffer, pattern.copy(), offset, nbytes])
+
+    def _last_launch(self, what: str) -> list[Any]:
+        if not self.ops or self.ops[-1][0] != "k":
+            raise GraphCaptureError(f"{what} belongs right after a kernel launch inside a capture")
+        return self.ops[-1]
+
+    def _name_slots(self, slots: dict[str, Any]) -> None:
+        op = self._last_launch("name_slots()")
+        kernel = op[1]
+        resolved = []
+        for slot, names in slots.items():
+            for arg_names in (names if isinstance(names, list) else [names]):
+                try:
+                    resolved.append((slot, tuple(kernel.arg_index[n] for n in arg_names)))
+                except KeyError as exc:
+                    raise GraphCaptureError(f"kernel {kernel.name} has no argument {exc.args[0]!r} "
+                                            f"(its arguments: {', '.join(kernel.arg_names)})") from None
+        op[5] = tuple(resolved)
+
+    @property
+    def slotted(self) -> bool:
+        """Every recorded op is a kernel launch whose changing arguments are named slots (an op's template
+        that a replay can rebind completely)."""
+        return self.replayable and bool(self.ops) and all(op[0] == "k" and op[5] for op in self.ops)
+
+    def unbind(self) -> None:
+        """Drop what the slots were bound to while recording (an op's template then keeps no buffer alive;
+        every replay binds all its slots)."""
+        for op in self.ops:
+            if op[0] == "k" and op[5]:
+                for _, positions in op[5]:
+                    for i in positions:
+                        op[4][i] = None
+
+    def on_replay(self, refresh: Callable[[list], None]) -> None:
+        """Call `refresh(args)` before each replay with the argument list of the launch just recorded,
+        to update scalars the owner keeps on the host (step counts, learning rates, RNG counters)."""
+        self._last_launch("on_replay()")
+        self._refresh.append((len(self.ops) - 1, refresh))
+
+    # -- replay -------------------------------------------------------------------------------------
+    def replay(self, bind: dict[str, Any] | None = None) -> None:
+        """Enqueue the recorded work again (asynchronously, like the ops themselves); `bind` gives the
+        Tensor of each named slot (its buffer and offset go into the slot's arguments)."""
+        ops = self.ops
+        for index, refresh in self._refresh:
+            refresh(ops[index][4])
+        q = self.queue
+        launched = 0
+        for op in ops:
+            if op[0] == "k":
+                _, kernel, global_size, local, args, slots = op
+                if slots and bind:
+                    args = list(args)
+                    for slot, positions in slots:
+                        t = bind[slot]
+                        args[positions[0]] = t.buffer
+                        if len(positions) > 1:
+                            args[positions[1]] = np.int64(t.offset)
+                if not self.is_graph:  # an op's template: a launch like any other (recorded, counted, ...)
+                    kernel(q, global_size, local, *args)
+                    continue
+                event = kernel._enqueue(q, global_size, local, args, None)
+                if q.profiling:
+                    profiling.record(kernel.name, event)
+                launched += 1
+            elif op[0] == "copy":
+                cl.enqueue_copy(q.cl, op[1], op[2], **op[3])
+            else:
+                cl.enqueue_fill_buffer(q.cl, op[1], op[2], op[3], op[4])
+        profiling.count_launch(launched)
+
+    @property
+    def launches(self) -> int:
+        """Kernel launches per replay."""
+        return sum(1 for op in self.ops if op[0] == "k")
+
+    def __len__(self) -> int:
+        return len(self.ops)
+
+
+# -- the active recordings of this thread -----------------------------------------------------------------
+def active() -> list[Recording]:
+    """The recordings this thread's work goes to (empty while none, or while paused)."""
+    return [] if _state.paused else _state.stack
+
+
+def capturing() -> Recording | None:
+    """The innermost user-level graph recording this thread's work (netcl.graph.Graph), or None."""
+    if _state.paused:
+        return None
+    for rec in reversed(_state.stack):
+        if rec.is_graph:
+            return rec
+    return None
+
+
+@contextlib.contextmanager
+def recording(rec: Recording) -> Iterator[Recording]:
+    """Send this thread's device work to `rec` (too) inside the block."""
+    _state.stack.append(rec)
+    try:
+        yield rec
+    finally:
+        _state.stack.remove(rec)
+
+
+def name_slots(**slots: Any) -> None:
+    """Name the arguments of the launch just made that the innermost op recording (not a graph) rebinds
+    at replay: slot=(buffer argument, offset argument), or (buffer argument,), or a list of such tuples
+    when one tensor feeds several arguments (kernel parameter names). Outer recordings keep the launch
+    as made (unslotted: an op template around another op's launches is then not `slotted`)."""
+    for rec in reversed(active()):
+        if not rec.is_graph:
+            rec._name_slots(slots)
+            return
+
+
+class capture_paused:
+    """`with capture_paused():` runs its work now without recording it: one-time setup inside a captured
+    step (an optimizer creating its zeroed state) that a replay must not redo."""
+
+    def __enter__(self) -> capture_paused:
+        _state.paused += 1
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _state.paused -= 1

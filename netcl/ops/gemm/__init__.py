@@ -1,0 +1,42 @@
+"""Matrix multiplication on the GEMM kernels of kernels/gemm_*.cl: matmul, matmul_epilogue, linear.
+
+Operands are read in place whatever their layout (transposed views included); batch dimensions
+broadcast like NumPy's matmul. One idea per module:
+
+- api: the entry points, netcl's choice of kernel, and the replay of repeated calls;
+- problem: operands, layouts and epilogue, checked before anything is enqueued;
+- variants: the four kernels, their tile parameters per device class, tuning, fallback chains;
+- launch: one problem onto one kernel (defines, geometry, named arguments and replay slots);
+- splitk: K split across work-groups when M x N alone cannot fill the device.
+"""
+# ruff: noqa: F401  (this module exists to re-export)
+from netcl.ops.gemm.api import gemm, linear, matmul, matmul_epilogue, matmul_relu_mask, matmul_rowsum
+from netcl.ops.gemm.problem import flops
+from netcl.ops.gemm.variants import (
+    ACTIVATIONS,
+    DEFAULTS,
+    VARIANTS,
+    choose_variant,
+    default_params,
+    device_class,
+    tuned_params,
+    usable_params,
+)
+
+__all__ = [
+    "ACTIVATIONS",
+    "DEFAULTS",
+    "VARIANTS",
+    "choose_variant",
+    "default_params",
+    "device_class",
+    "flops",
+    "gemm",
+    "linear",
+    "matmul",
+    "matmul_epilogue",
+    "matmul_relu_mask",
+    "matmul_rowsum",
+    "tuned_params",
+    "usable_params",
+]

@@ -1,0 +1,295 @@
+"""matmul, matmul_epilogue, linear and gemm: the GEMM entry points, netcl's choice of kernel, and the fast
+path of repeated calls.
+
+A training step calls gemm with the same shapes, strides and epilogue every step. The first call goes
+through the whole path (checks, variant choice, tuning lookup, program, launch geometry) while a
+netcl.core.capture.Recording records its launches; when they all ran on the operands in place (slots
+named by netcl.ops.gemm.launch), the recording is kept as a template under the problem's signature and
+later calls only allocate the output and replay it with their own tensors bound to the slots (~0.1 ms
+less host time per call on PoCL). The signature holds everything the choice depended on: shapes,
+strides, dtype, epilogue, offsets mod 16 (aligned-load variants), the device and the tuning database's
+state.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import numpy as np
+
+from netcl.core import capture
+from netcl.core.tensor import Tensor
+from netcl.errors import ShapeError
+from netcl.kernels import ACTIVATIONS, tuning
+from netcl.ops.gemm import splitk
+from netcl.ops.gemm.launch import launch
+from netcl.ops.gemm.problem import _finish, _k_contiguous, _prepare, _Problem
+from netcl.ops.gemm.variants import VARIANTS, choose_variant, usable_params
+
+
+def gemm(
+    a: Tensor,
+    b: Tensor,
+    bias: Tensor | None = None,
+    activation: str | None = None,
+    residual: Tensor | None = None,
+    alpha: float = 1.0,
+    *,
+    variant: str | None = None,
+    params: dict[str, int] | None = None,
+    splits: int | None = None,
+    bias_rows: bool = False,
+) -> Tensor:
+    """matmul_epilogue with an explicit kernel `variant`, tile `params` and (tiled only) K `splits`
+    (tests, tuning, benchmarks); None means netcl's own choice. bias_rows=True takes a bias of shape
+    (M,), one value per output row (a convolution's bias in y = W @ cols), shared by every batch."""
+    bias_rows = bias_rows and bias is not None
+    fast = variant is None and params is None and splits is None
+    if fast:
+        key = _template_key(a, b, bias, residual, activation, alpha, bias_rows)
+        hit = _templates.get(key) if key is not None else None
+        if hit is not None:
+            return _replay(hit, a, b, bias, residual)
+    if not bias_rows:  # folding the batch into rows would change which row a bias value belongs to
+        folded = _fold_batch_into_rows(a, b, bias, activation, residual, alpha, variant, params, splits)
+        if folded is not None:
+            return folded
+    p = _prepare(a, b, bias, residual, activation, alpha, bias_rows)
+    if p.out.size == 0:
+        return _finish(p)
+    if (variant in (None, "cpu") and params is None and splits is None
+            and (cpu_splits := splitk.choose_cpu_splits(p, variant or _auto_variant(p)))):
+        av, bv = splitk.cpu_slices(p, cpu_splits)
+        work = gemm(av, bv, variant="cpu")  # (splits, m, n), contiguous, in the operands' dtype (f32/f64)
+        splitk.reduce_splits(p, work, cpu_splits)
+        return _finish(p)
+    if fast and key is not None:
+        _record(key, p, _auto_variant(p))
+        return _finish(p)
+    if variant is None:
+        variant = _auto_variant(p)
+    elif variant not in VARIANTS:
+        raise ValueError(f"unknown GEMM variant {variant!r}; one of {VARIANTS}")
+    if p.k == 0 and variant == "tiled":
+        variant = "direct"
+    if splits is not None and splits > 1 and (variant != "tiled" or math.prod(p.batch) != 1):
+        raise ValueError("split-K is for the tiled variant on unbatched problems")
+    launch(p, variant, params, splits)
+    return _finish(p)
+
+
+def _auto_variant(p: _Problem) -> str:
+    """The one place netcl picks a kernel for a problem (the fast path records its choice)."""
+    variant = choose_variant(p.out.device, p.m, p.n, p.k)
+    if variant == "direct" and p.out.device.capabilities.kind != "cpu" and p.k >= 256 and _k_contiguous(p):
+        variant = "dot"  # GPU, thin, both operands contiguous along K: coalesce along K instead
+    if p.k == 0 and variant == "tiled":
+        variant = "direct"
+    if variant in ("cpu", "tiled") and usable_params(p.out.device, variant, p.out.dtype, required=False) is None:
+        variant = "direct"  # no variant of the blocked kernel builds here (each rejection was warned)
+    return variant
+
+
+# -- the fast path: templates of repeated calls (module docstring) ---------------------------------------
+_templates: dict[tuple, tuple[capture.Recording, tuple, Any]] = {}
+
+
+def _template_key(a: Any, b: Any, bias: Any, residual: Any, activation: Any, alpha: float,
+                  bias_rows: bool = False) -> tuple | None:
+    if not (isinstance(a, Tensor) and isinstance(b, Tensor)) or a.ndim < 2 or b.ndim < 2:
+        return None
+    if a.queue is not b.queue or a.dtype != b.dtype or (
+        activation not in ACTIVATIONS and activation not in ("rowsum", "relumask")
+    ):
+        return None
+    extra: list[Any] = []
+    for t in (bias, residual):
+        if t is None:
+            extra.append(None)
+        elif not isinstance(t, Tensor) or t.queue is not a.queue or t.dtype != a.dtype:
+            return None
+        else:
+            extra.append((t.shape, t.strides, t.offset % 16))
+    return (
+        id(a.queue), a.dtype, a.shape, a.strides, a.offset % 16, b.shape, b.strides, b.offset % 16,
+        *extra, activation, float(alpha), bias_rows, *tuning.state(a.device),
+    )
+
+
+def _record(key: tuple, p: _Problem, variant: str, **options: Any) -> None:
+    """Launch `p` while recording; keep the recording as the template of `key` when a replay can rebind
+    all of it (every launch on the operands in place, its slots named)."""
+    rec = capture.Recording()
+    with capture.recording(rec):
+        work = launch(p, variant, **options)
+    if rec.slotted and len(_templates) < 4096:
+        rec.unbind()
+        _templates[key] = (rec, p.out.shape, None if work is None else (work.shape, work.dtype))
+
+
+def _replay(hit: tuple, a: Tensor, b: Tensor, bias: Tensor | None, residual: Tensor | None,
+            rowsum: Tensor | None = None) -> Tensor:
+    rec, out_shape, work_spec = hit
+    out = Tensor.empty(a.queue, out_shape, a.dtype)
+    bind = {"a": a, "b": b, "out": out,
+            "bias": bias if bias is not None else (rowsum if rowsum is not None else out),
+            "res": residual if residual is not None else out}
+    if work_spec is not None:
+        bind["work"] = Tensor.empty(a.queue, *work_spec)
+    rec.replay(bind)
+    return out
+
+
+def _fold_batch_into_rows(a, b, bias, activation, residual, alpha, variant, params, splits) -> Tensor | None:
+    """(..., M, K) @ (K, N) with a's batch dims laid out like rows is one (prod(...)*M, K) GEMM: one
+    launch with big tiles instead of a batch of thin ones (linear layers on (batch, tokens, features))."""
+    if not (isinstance(a, Tensor) and isinstance(b, Tensor)) or b.ndim != 2 or a.ndim <= 2:
+        return None
+    if a.shape[-1] != b.shape[0] or a.size == 0 or b.size == 0:
+        return None  # the general path reports the error (naming the shapes given) or handles it
+    try:
+        rows = a.view(-1, a.shape[-1])
+        out_shape = a.shape[:-1] + (b.shape[1],)
+        res_rows = None if residual is None else residual.expand(out_shape).view(-1, b.shape[1])
+    except ShapeError:
+        return None  # batch strides that do not merge into rows (or a broadcast residual): batched path
+    out = gemm(rows, b, bias, activation, res_rows, alpha, variant=variant, params=params, splits=splits)
+    return out.view(out_shape)
+
+
+# -- the public entry points --------------------------------------------------------------------------
+def matmul(a: Tensor, b: Tensor) -> Tensor:
+    """a @ b for (..., M, K) and (..., K, N) (1-D operands as in NumPy), batch dims broadcast.
+
+    Transposed or sliced views are read in place. float16 (float32 accumulation), float32, float64.
+    """
+    return gemm(a, b)
+
+
+def matmul_rowsum(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor | None]:
+    """(a @ b, row sums of a) for 2-D a (M, K) and b (K, N), in one launch where the CPU kernel runs
+    (a linear layer's weight and bias gradients: a = g^T). Returns (a @ b, None) when the problem
+    takes another kernel (GPU, tiny shapes); the caller then sums a's rows itself."""
+    if not (isinstance(a, Tensor) and isinstance(b, Tensor)) or a.ndim != 2 or b.ndim != 2:
+        return matmul(a, b), None
+    if a.device.capabilities.kind != "cpu" or choose_variant(a.device, a.shape[0], b.shape[1], a.shape[1]) != "cpu":
+        return gemm(a, b), None
+    key = _template_key(a, b, None, None, "rowsum", 1.0)
+    hit = _templates.get(key) if key is not None else None
+    if hit is not None:
+        rowsum = Tensor.empty(a.queue, (a.shape[0],), a.dtype)
+        return _replay(hit, a, b, None, None, rowsum), rowsum
+    p = _prepare(a, b, None, None, None, 1.0)
+    if p.out.size == 0:
+        return _finish(p), None
+    rowsum = Tensor.empty(p.out.queue, (p.m,), p.out.dtype)
+    if key is not None:
+        _record(key, p, "cpu", rowsum=rowsum)
+    else:
+        launch(p, "cpu", rowsum=rowsum)
+    return _finish(p), rowsum
+
+
+def matmul_relu_mask(a: Tensor, b: Tensor, mask: Tensor) -> tuple[Tensor, bool]:
+    """where(mask > 0, a @ b, 0) for 2-D a, b and mask shaped like the product (a ReLU's backward
+    folded into the GEMM that makes the incoming gradient), in one launch where the CPU kernel runs.
+    Returns (result, True), or (a @ b, False) when the problem takes another kernel: the caller then
+    applies the mask itself."""
+    if (
+        not (isinstance(a, Tensor) and isinstance(b, Tensor) and isinstance(mask, Tensor))
+        or a.ndim != 2 or b.ndim != 2 or mask.shape != (a.shape[0], b.shape[1])
+        or a.device.capabilities.kind != "cpu"
+        or choose_variant(a.device, a.shape[0], b.shape[1], a.shape[1]) != "cpu"
+    ):
+        return gemm(a, b), False
+    key = _template_key(a, b, None, mask, "relumask", 1.0)
+    hit = _templates.get(key) if key is not None else None
+    if hit is not None:
+        return _replay(hit, a, b, None, mask), True
+    p = _prepare(a, b, None, mask, None, 1.0)
+    if p.out.size == 0:
+        return _finish(p), True
+    if key is not None:
+        _record(key, p, "cpu", mask_residual=True)
+    else:
+        launch(p, "cpu", mask_residual=True)
+    return _finish(p), True
+
+
+def matmul_epilogue(
+    a: Tensor,
+    b: Tensor,
+    bias: Tensor | None = None,
+    activation: str | None = None,
+    residual: Tensor | None = None,
+    alpha: float = 1.0,
+) -> Tensor:
+    """activation(alpha * (a @ b) + bias) + residual in one launch.
+
+    bias has shape (N,) (added per column); activation is None, 'relu', 'gelu', 'gelu_tanh' or
+    'silu'; residual broadcasts to the output shape and is added after the activation.
+    """
+    return gemm(a, b, bias, activation, residual, alpha)
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, activation: str | None = None) -> Tensor:
+    """x @ weight.T + bias (then activation), weight shaped (out_features, in_features) like PyTorch.
+
+    The weight is read transposed in place (no copy). x is (..., in_features).
+    """
+    if not isinstance(weight, Tensor) or weight.ndim != 2:
+        shape = getattr(weight, "shape", None)
+        raise ShapeError(f"linear: weight must be 2-D (out_features, in_features), got shape {shape}")
+    if not isinstance(x, Tensor) or x.ndim < 1 or x.shape[-1] != weight.shape[1]:
+        raise ShapeError(
+            f"linear: x of shape {getattr(x, 'shape', None)} does not end in in_features={weight.shape[1]} "
+            f"of weight {weight.shape}"
+        )
+    return gemm(x, weight.transpose(0, 1), bias, activation)
+
+
+# -- the probe of a risky variant (netcl.core.variants runs it in a child process) -----------------------
+def probe_variant(device: Any, variant: str, dtype_name: str, tile: dict[str, int]) -> None:
+    """Run GEMM `variant` with `tile` on small odd problems in every layout and epilogue it is compiled
+    differently for, and raise AssertionError where a result is not NumPy's. The probe of a risky
+    variant (netcl.core.variants runs it in a child process: a compiler crash ends only the child)."""
+    dt = np.dtype(dtype_name)
+    q = device.queue
+    rng = np.random.default_rng(0)
+    tol = {"float16": 2e-2, "float32": 2e-4, "float64": 1e-10}[dt.name]
+    m, n, k = 133, 70, 600  # ragged row and column blocks, more than one k chunk for KC < 600
+
+    def dev(a: np.ndarray) -> Tensor:
+        return Tensor.from_host(q, a.astype(dt))
+
+    def near(got: Tensor, want: np.ndarray, what: str) -> None:
+        got_h = got.to_host().astype(np.float64)
+        scale = max(1.0, float(np.abs(want).max()))
+        err = float(np.abs(got_h - want).max())
+        if not err <= tol * scale * np.sqrt(k):
+            raise AssertionError(f"gemm_{variant} {dtype_name} {tile}: {what} is off by {err:.3g}")
+
+    a, b = rng.standard_normal((m, k)), rng.standard_normal((k, n))
+    a64, b64 = a.astype(dt).astype(np.float64), b.astype(dt).astype(np.float64)
+    bias, res = rng.standard_normal(n), rng.standard_normal((m, n))
+    bias64, res64 = bias.astype(dt).astype(np.float64), res.astype(dt).astype(np.float64)
+    run = functools.partial(gemm, variant=variant, params=tile)
+    near(run(dev(a), dev(b)), a64 @ b64, "a @ b")
+    near(run(dev(a), dev(b.T.copy()).transpose(0, 1)), a64 @ b64, "a @ b (b transposed in place)")
+    near(run(dev(a.T.copy()).transpose(0, 1), dev(b)), a64 @ b64, "a @ b (a transposed in place)")
+    wide = dev(np.repeat(b, 2, axis=1))[:, ::2]
+    near(run(dev(a), wide), a64 @ b64, "a @ b (b strided)")
+    near(run(dev(a), dev(b), dev(bias), "relu", dev(res), 0.5),
+         np.maximum(0.5 * (a64 @ b64) + bias64, 0) + res64, "relu(0.5 a @ b + bias) + residual")
+    near(run(dev(np.stack([a, a[::-1]])), dev(b)), np.stack([a64, a64[::-1]]) @ b64, "batched a @ b")
+    if variant == "cpu":
+        p = _prepare(dev(a), dev(b), None, None, None, 1.0)
+        rowsum = Tensor.empty(q, (m,), dt)
+        launch(p, variant, tile, rowsum=rowsum)
+        near(p.out, a64 @ b64, "a @ b with row sums")
+        near(rowsum, a64.sum(axis=1), "row sums of a")
+        p = _prepare(dev(a), dev(b), None, dev(res), None, 1.0)
+        launch(p, variant, tile, mask_residual=True)
+        near(p.out, np.where(res64 > 0, a64 @ b64, 0), "a @ b masked by residual > 0")

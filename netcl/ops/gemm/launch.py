@@ -1,0 +1,142 @@
+"""One GEMM problem (netcl.ops.gemm.problem) onto one kernel variant: the compile-time layout and epilogue
+defines, the launch geometry, the arguments by name, and the slots a replay rebinds."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from netcl.core import capture, dtypes
+from netcl.core.tensor import Tensor
+from netcl.ops.gemm import splitk
+from netcl.ops.gemm.problem import _batch_strides, _collapse, _long4, _matrix_strides, _Problem, _tiled_layout
+from netcl.ops.gemm.variants import _fit_local_memory, _program, usable_params
+
+
+def _all_inner(m: int, n: int, k: int, tile: dict[str, int]) -> bool:
+    """Whether every BM x BN x BK tile of an m x n x k problem lies wholly inside it."""
+    return m % tile["BM"] == 0 and n % tile["BN"] == 0 and k % tile["BK"] == 0
+
+
+def launch(
+    p: _Problem, variant: str, params: dict[str, int] | None = None, splits: int | None = None,
+    rowsum: Tensor | None = None, mask_residual: bool = False,
+) -> Tensor | None:
+    """Enqueue `p` on `variant` (tile `params` over the tuned ones; `splits` K slices, tiled only, None:
+    netcl's choice). `rowsum` (cpu only) also receives the row sums of A; `mask_residual` (cpu only) makes
+    the residual a mask (out = where(mask > 0, a @ b, 0)). Each launch names its slots (a, b, out, bias,
+    res; split-K also work) for a recording (netcl.core.capture). Returns split-K's workspace, else None."""
+    device = p.out.device
+    queue = p.out.queue
+    a, b = p.a, p.b
+    if variant == "tiled":
+        # the tiled kernel needs one unit stride per operand; other layouts are copied first
+        if _tiled_layout(p.m, p.k, a.strides[-2], a.strides[-1]) is None:
+            a = a.contiguous()
+        if _tiled_layout(p.k, p.n, b.strides[-2], b.strides[-1]) is None:
+            b = b.contiguous()
+    a_rs, a_ks = _matrix_strides(p.m, p.k, a.strides[-2], a.strides[-1])
+    b_ks, b_ns = _matrix_strides(p.k, p.n, b.strides[-2], b.strides[-1])
+    out = p.out
+    res = p.residual
+    res_rs, res_cs = (res.strides[-2], res.strides[-1]) if res is not None else (0, 0)
+
+    stride_sets = [
+        _batch_strides(a, p.batch),
+        _batch_strides(b, p.batch),
+        list(out.strides[:-2]),
+        _batch_strides(res, p.batch) if res is not None else [0] * len(p.batch),
+    ]
+    shape, (a_bs, b_bs, c_bs, r_bs) = _collapse(p.batch, stride_sets)
+    # the kernel walks two batch levels; any further (outer) levels are walked here
+    outer_shape, inner_shape = shape[:-2], shape[-2:]
+    pad = 2 - len(inner_shape)
+    inner_shape = [1] * pad + inner_shape
+    a_in, b_in, c_in, r_in = ([0] * pad + s[len(outer_shape):] for s in (a_bs, b_bs, c_bs, r_bs))
+    nb_inner = inner_shape[1]
+    nbatch = inner_shape[0] * inner_shape[1]
+
+    dt = out.dtype
+    defines: dict[str, Any] = {"DTYPE": dt, "ACT": p.activation}
+    if p.bias is not None:
+        defines["HAS_BIAS"] = None
+        if p.bias_rows:
+            defines["BIAS_ROWS"] = None
+    if res is not None:
+        defines["HAS_RESIDUAL"] = None
+    tile = usable_params(device, variant, dt, params)
+    defines.update(tile)
+    if variant == "cpu" and b_ns == 1:
+        defines["B_NCONTIG"] = None
+    elif variant == "cpu" and b_ks == 1:
+        defines["B_KCONTIG"] = None
+    if variant == "cpu" and a_rs == 1 and a_ks != 1:
+        defines["A_MCONTIG"] = None
+    if rowsum is not None:
+        defines["ROWSUM_A"] = None  # cpu variant only (see matmul_rowsum): row sums of A into `rowsum`
+    if mask_residual:  # cpu variant only (see matmul_relu_mask): the residual slot holds a mask
+        defines.pop("HAS_RESIDUAL", None)
+        defines["MASK_RESIDUAL"] = None
+    if variant == "tiled":
+        defines["A_TRANS"] = int(not (a_ks == 1 and a_rs >= p.k))
+        defines["B_TRANS"] = int(not (b_ns == 1 and b_ks >= p.n))
+        defines.pop("GVEC", None)
+        if tile.get("GVEC", 1) and dt != dtypes.float16 and all(
+            v % 4 == 0 for v in (a.offset, b.offset, a_rs * a_ks, b_ks * b_ns, *a_bs, *b_bs)
+        ):
+            defines["GVEC"] = None  # interior tiles fetched with aligned 4-wide global loads
+        inner = bool(defines.pop("INNER", 0)) and "GVEC" in defines
+        edge_bk = defines.pop("BKE", 0)
+        if splits is None:
+            splits = splitk.choose_splits(device, p, tile)
+        depth = p.k // splits if splits > 1 and p.k % splits == 0 else p.k
+        if inner and _all_inner(p.m, p.n, depth, tile):
+            defines["ALL_INNER"] = None  # no edge tiles: the guarded scalar path is not compiled
+        elif inner and edge_bk and edge_bk != tile["BK"]:
+            # problems with edge tiles take the guarded kernel with its own k tile (BKE): on the H200
+            # BK=8 runs 43 TFLOP/s edge-free (128 registers, 2 work-groups per SM) but 38 guarded
+            tile = _fit_local_memory({**tile, "BK": edge_bk}, dt, device.capabilities.local_mem)
+            defines.update({k: tile[k] for k in ("BK", "PADA", "PADB")})
+        if splits > 1:
+            return splitk.tiled_split(p, a, b, (a_rs, a_ks, b_ks, b_ns), defines, tile, splits)
+    kernel = getattr(_program(device, variant, defines), f"gemm_{variant}")
+
+    if variant == "dot":
+        gsize, lsize = (p.n * tile["DOT_WG"], p.m, nbatch), (tile["DOT_WG"], 1, 1)
+    elif variant == "direct":
+        lx = min(64, 1 << max(0, (p.n - 1).bit_length()))
+        ly = max(1, min(256 // lx, 1 << max(0, (p.m - 1).bit_length())))
+        gsize, lsize = (p.n, p.m, nbatch), ((lx, ly, 1) if device.capabilities.kind != "cpu" else None)
+    elif variant == "cpu":
+        gsize = (-(-p.n // tile["NB"]), -(-p.m // tile["MB"]), nbatch)
+        lsize = (1, 1, 1)
+    else:
+        gsize = (-(-p.n // tile["BN"]) * tile["TX"], -(-p.m // tile["BM"]) * tile["TY"], nbatch)
+        lsize = (tile["TX"], tile["TY"], 1)
+
+    acc_type = np.float64 if dt == dtypes.float64 else np.float32
+    bias_t = p.bias if p.bias is not None else (rowsum if rowsum is not None else out)
+    bias_stride = bias_t.strides[0] if (p.bias is not None or rowsum is not None) else 0
+    res_t = res if res is not None else out
+    i64 = np.int64
+    for outer in np.ndindex(*outer_shape) if outer_shape else [()]:
+        extra = [sum(i * s[j] for j, i in enumerate(outer)) for s in (a_bs, b_bs, c_bs, r_bs)]
+        kernel(
+            queue, gsize, lsize,
+            M=np.int32(p.m), N=np.int32(p.n), K=np.int32(p.k),
+            A=a.buffer, a_off=i64(a.offset + extra[0]), a_rs=i64(a_rs), a_ks=i64(a_ks),
+            B=b.buffer, b_off=i64(b.offset + extra[1]), b_ks=i64(b_ks), b_ns=i64(b_ns),
+            C=out.buffer, c_off=i64(out.offset + extra[2]), c_rs=i64(out.strides[-2]),
+            bias=bias_t.buffer, bias_off=i64(bias_t.offset), bias_stride=i64(bias_stride),
+            residual=res_t.buffer, res_off=i64(res_t.offset + (extra[3] if res is not None else 0)),
+            res_rs=i64(res_rs), res_cs=i64(res_cs),
+            alpha=acc_type(p.alpha), nb_inner=np.int32(nb_inner),
+            bs_ab=_long4(a_in[0], a_in[1], b_in[0], b_in[1]), bs_cr=_long4(c_in[0], c_in[1], r_in[0], r_in[1]),
+        )
+        # a replay rebinds these (an operand copied above, or batch levels walked here, leave launches
+        # without slots: the recording is then not replayable, netcl.ops.gemm.api)
+        if not outer_shape:
+            capture.name_slots(a=("A", "a_off"), b=("B", "b_off"), out=("C", "c_off"),
+                               bias=("bias", "bias_off"), res=("residual", "res_off"))
+    return None

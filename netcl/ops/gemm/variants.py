@@ -1,0 +1,262 @@
+"""GEMM kernel variants, their tile parameters per device class, and which ones a device can use.
+
+Four kernels (gemm_*.cl): "direct" (one work-item per output element, any strides: small and skinny
+shapes), "dot" (a work-group per output element along K: thin GPU problems), "cpu" (register-blocked wide
+vectors, no barriers: CPU devices) and "tiled" (local-memory tiles: GPUs). Their parameters come from the
+per-device tuning database when `netcl tune` has measured them, else from the defaults of the device's
+class below; `usable_params` walks a variant's fallback chain when a device's compiler rejects (or, for
+risky variants, miscompiles) a configuration (netcl.core.variants).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from netcl import config, kernels
+from netcl.core import dtypes
+from netcl.core.backend import format_options
+from netcl.core.variants import Variant, first_usable, source_digest
+from netcl.errors import KernelBuildError
+from netcl.kernels import tuning
+
+ACTIVATIONS = kernels.ACTIVATIONS  # the epilogue activations, by name
+VARIANTS = ("direct", "dot", "cpu", "tiled")
+_KERNEL_FILES = {"direct": "gemm_direct.cl", "dot": "gemm_direct.cl", "cpu": "gemm_cpu.cl", "tiled": "gemm_tiled.cl"}
+
+# Default tile parameters per variant and dtype: the values of NVIDIA GPUs and CPUs (where they were
+# measured), with CLASS_DEFAULTS adjusting them for other device classes. Each knob's meaning is in the
+# header of its kernel file. `netcl tune` overrides these per device.
+DEFAULTS: dict[str, dict[str, dict[str, int]]] = {
+    "direct": {"any": {"UNROLL": 4}},
+    "dot": {"any": {"DOT_WG": 64}},
+    "cpu": {
+        # MB=128, NB=64: 128 divides the batch-sized M of training GEMMs (256: no ragged row block) and
+        # a transposed B (linear's weight) is packed by half as many work-groups as with MB=64;
+        # 256 x 256 x 784 still gives 8 work-groups. KC=512 keeps K <= 512 in one chunk (no
+        # partial-sum round trips through local memory). Seed-MLP GEMMs: 2.3 ms/step vs 2.8 (64x64).
+        # VN=16 (float) / 8 (double): 1.24x the 8 / 4-wide kernel at 1024^3 on AVX-512 (bench/NOTES.md).
+        "float32": {"MB": 128, "NB": 64, "KC": 512, "RM": 5, "VN": 16},
+        "float16": {"MB": 128, "NB": 64, "KC": 512, "RM": 5, "VN": 16},
+        "float64": {"MB": 64, "NB": 32, "KC": 256, "RM": 4, "VN": 8},
+    },
+    "tiled": {
+        # float32: the best of seven H200 sweeps (bench/NOTES.md, GEMM): 4-wide global loads (GVEC), warps
+        # as 8 x 4 patches (WX=8), blocks in groups of 8 rows (GM=8); tile-divisible problems compile
+        # without the edge path (INNER) at BK=8: 128 registers, two work-groups per SM, 43.4 TFLOP/s at
+        # 4096^3 = 0.86x cuBLAS FP32; problems with edge tiles keep the guarded kernel at BK=16 (BKE)
+        "float32": {"BM": 128, "BN": 128, "BK": 8, "TX": 16, "TY": 16, "VW": 4, "PADA": 4, "PADB": 4,
+                    "MAXRREG": 0, "GVEC": 1, "WX": 8, "GM": 8, "INNER": 1, "BKE": 16},
+        "float16": {"BM": 128, "BN": 128, "BK": 16, "TX": 16, "TY": 16, "VW": 4, "PADA": 4, "PADB": 4,
+                    "MAXRREG": 0, "WX": 8, "GM": 16},
+        "float64": {"BM": 64, "BN": 64, "BK": 16, "TX": 16, "TY": 16, "VW": 2, "PADA": 2, "PADB": 2,
+                    "MAXRREG": 0, "GVEC": 1, "WX": 0, "GM": 0},
+    },
+}
+# Adjustments per device class (see device_class). GPUs other than NVIDIA's (unmeasured so far: `netcl
+# tune` finds their own): no warp-shaped id remap (WX assumes 32-wide warps), and 64 x 64 blocks, which
+# need fewer registers and less local memory than the H200's 128 x 128.
+CLASS_DEFAULTS: dict[str, dict[str, dict[str, dict[str, int]]]] = {
+    "gpu": {"tiled": {"float32": {"BM": 64, "BN": 64, "BK": 16, "WX": 0, "BKE": 0},
+                      "float16": {"BM": 64, "BN": 64, "WX": 0}}},
+}
+
+
+def device_class(device: Any) -> str:
+    """The device's class: "cpu", "nvidia" (NVIDIA's OpenCL driver) or "gpu" (any other GPU or accelerator)."""
+    caps = device.capabilities
+    if caps.kind == "cpu":
+        return "cpu"
+    if "cl_nv_compiler_options" in caps.extensions or "nvidia" in device.platform_name.lower():
+        return "nvidia"
+    return "gpu"
+
+
+def default_params(variant: str, dtype: Any, device: Any = None) -> dict[str, int]:
+    """The default tile parameters of `variant` for `dtype` (on `device`'s class when given)."""
+    name = np.dtype(dtype).name
+    table = DEFAULTS[variant]
+    params = dict(table.get(name, table.get("any", {})))
+    if device is not None:
+        params.update(CLASS_DEFAULTS.get(device_class(device), {}).get(variant, {}).get(name, {}))
+    return params
+
+
+def tuned_params(device: Any, variant: str, dtype: Any) -> dict[str, int]:
+    """The parameters netcl uses for `variant` on `device`: tuned when stored, else the class defaults."""
+    params = default_params(variant, dtype, device)
+    db = tuning.active_database(device)
+    stored = db.get(f"gemm_{variant}", np.dtype(dtype).name) if db is not None else None
+    if stored:
+        params.update({k: int(v) for k, v in stored.items() if k in params})
+    return params
+
+
+def choose_variant(device: Any, m: int, n: int, k: int) -> str:
+    """Which kernel a problem of this size gets on `device` (its class decides)."""
+    if device.capabilities.kind == "cpu":
+        if m < 4 or n < 4 or m * n * k <= 32 * 32 * 32:
+            return "direct"
+        return "cpu"
+    if m < 16 or n < 16 or m * n * k <= 64 * 64 * 64:
+        return "direct"
+    return "tiled"
+
+
+def _fit_local_memory(tile: dict[str, int], dtype: np.dtype, local_mem: int) -> dict[str, int]:
+    """Shrink the tiled kernel's k tile (then its padding) until both buffers fit the device."""
+    tile = dict(tile)
+    item = 8 if dtype == dtypes.float64 else 4
+
+    def need() -> int:
+        return 2 * tile["BK"] * (tile["BM"] + tile["PADA"] + tile["BN"] + tile["PADB"]) * item
+
+    while need() > local_mem and tile["BK"] > 4:
+        tile["BK"] //= 2
+    if need() > local_mem:
+        tile["PADA"] = tile["PADB"] = 0
+    return tile
+
+# -- program building -------------------------------------------------------------------------------
+# Set by bench/gemm.py --nv-verbose: build with NVIDIA's -cl-nv-verbose and print the build log
+# (registers per work-item, spills) of each GEMM program built.
+NV_VERBOSE = False
+
+_nv_logged: set[tuple] = set()
+
+
+def _program(device: Any, variant: str, defines: dict[str, Any]):
+    """A GEMM kernel file (it includes gemm_common.cl) through netcl.kernels. Four knobs are not plain
+    defines: DTYPE (the storage dtype: kernels.dtype_defines), ACT (the epilogue activation's name),
+    MAD_ENABLE=0 (builds without -cl-mad-enable: the last resort of a variant chain) and MAXRREG (NVIDIA
+    only: caps registers per work-item through -cl-nv-maxrregcount, so more work-groups fit on an SM)."""
+    defines = dict(defines)
+    dtype = defines.pop("DTYPE")
+    act = defines.pop("ACT", None)
+    extra: tuple[str, ...] = ("-cl-mad-enable",) if defines.pop("MAD_ENABLE", 1) else ()
+    max_regs = defines.pop("MAXRREG", 0)
+    nvidia = "cl_nv_compiler_options" in device.capabilities.extensions
+    if nvidia and max_regs:
+        # NVIDIA's OpenCL accepts this spelling but its ptxas did not cap registers on the H200 (215-221
+        # used with =128); "-cl-nv-maxrregcount 128" fails to build. Kept as a knob for other drivers.
+        extra += (f"-cl-nv-maxrregcount={int(max_regs)}",)
+    if nvidia and NV_VERBOSE:
+        extra += ("-cl-nv-verbose",)
+    prg = kernels.program(device, _KERNEL_FILES[variant], dtype=dtype, act=act, options=extra, **defines)
+    if nvidia and NV_VERBOSE and (id(prg), variant) not in _nv_logged:
+        _nv_logged.add((id(prg), variant))
+        import pyopencl as cl  # noqa: PLC0415  (a bench-only diagnostic)
+
+        log = prg.cl.get_build_info(device.cl_device, cl.program_build_info.LOG).strip()
+        print(f"[netcl] {variant} {defines}: {log or '(no log: loaded from the binary cache)'}")
+    return prg
+
+# -- variants a device may not build or run (netcl.core.variants) ----------------------------------
+# The cpu kernel with 512-bit vectors (VN=16 float, VN=8 double) is the risky one: PoCL 3.0 (LLVM 14)
+# on AVX-512 CPUs that LLVM 14 does not know (AMD Zen 4, "znver3" to it) generates code for a CPU without
+# AVX-512 but links the AVX-512 kernel library, and a 512-bit vector crossing a library call is then
+# miscompiled or aborts LLVM in the middle of a launch. gemm_cpu.cl avoids such calls now, and a
+# variant this wide is still run first in a child process (probe_variant) before this process builds it.
+CPU_SAFE_VECTOR_BYTES = 32
+
+# A tiled configuration that any OpenCL GPU should build (small tiles, no padding, no vector fetch):
+# what the chain falls back to when the tuned or per-class defaults do not build on a device.
+_SAFE_TILED = {"BM": 64, "BN": 64, "BK": 16, "TX": 16, "TY": 16, "PADA": 0, "PADB": 0, "MAXRREG": 0,
+               "GVEC": 0, "WX": 0, "GM": 0, "INNER": 0, "BKE": 0}
+
+_usable: dict[tuple, dict[str, int] | None] = {}
+
+_digests: dict[str, str] = {}
+
+
+def _acc_size(dt: np.dtype) -> int:
+    return 8 if dt == dtypes.float64 else 4
+
+
+def variant_chain(variant: str, dt: np.dtype, requested: dict[str, int], device: Any = None) -> list[dict[str, int]]:
+    """Tile parameters to try for `variant`, best first: `requested`, then narrower vectors (cpu) or
+    the per-class defaults and a small safe tile (tiled), then the last of these without -cl-mad-enable."""
+    chain = [dict(requested)]
+    if variant == "cpu":
+        asked = requested["VN"]
+        for lanes in (CPU_SAFE_VECTOR_BYTES // _acc_size(dt), 4):
+            if lanes < asked or asked not in (4, 8, 16):
+                chain.append({**requested, "VN": lanes})
+    elif variant == "tiled":
+        chain.append(default_params("tiled", dt, device))
+        vw = 2 if dt == dtypes.float64 else 4
+        base = default_params("tiled", dt)
+        chain.append({**base, **{k: v for k, v in _SAFE_TILED.items() if k in base}, "VW": vw})
+    else:
+        return chain
+    chain.append({**chain[-1], "MAD_ENABLE": 0})
+    unique: list[dict[str, int]] = []
+    for c in chain:
+        if c not in unique:
+            unique.append(c)
+    return unique
+
+
+def _fit_device(device: Any, variant: str, dt: np.dtype, tile: dict[str, int]) -> dict[str, int]:
+    """`tile` adjusted to what the device and the kernel's own rules allow (tiled: local memory, warps)."""
+    if variant != "tiled":
+        return tile
+    tile = _fit_local_memory(tile, dt, device.capabilities.local_mem)
+    wx, tx, ty = tile.get("WX", 0), tile["TX"], tile["TY"]
+    if wx and ((tx * ty) % 32 or tx % wx or 32 % wx or ty % (32 // wx)):
+        tile["WX"] = 0  # the warp remap does not fit this work-group shape: plain row-major ids
+    return tile
+
+
+def _variant(device: Any, variant: str, dt: np.dtype, tile: dict[str, int]) -> Variant:
+    """The netcl.core.variants description of `variant` with `tile` (its build makes the plain define set)."""
+    name = _KERNEL_FILES[variant]
+    digest = _digests.get(name)
+    if digest is None:
+        digest = _digests[name] = source_digest(kernels.source(name))
+    defines = {**tile}
+    label = f"{dt.name} " + " ".join(f"{k}={v}" for k, v in sorted(tile.items()))
+    options = format_options({**kernels.dtype_defines(dt), **{k: v for k, v in defines.items()
+                                                              if k not in ("MAD_ENABLE", "MAXRREG")}},
+                             ("-cl-mad-enable",) if tile.get("MAD_ENABLE", 1) else ())
+    probe = None
+    risky_key = None
+    if variant == "cpu" and device.capabilities.kind == "cpu" and tile["VN"] * _acc_size(dt) > CPU_SAFE_VECTOR_BYTES:
+        probe = ("netcl.ops.gemm.api:probe_variant", (variant, dt.name, tile))
+        risky_key = f"gemm_cpu | {dt.name} {tile['VN']}-wide vectors, mad {tile.get('MAD_ENABLE', 1)} | {digest[:16]}"
+    return Variant(f"gemm_{variant}", label, options, digest,
+                   build=lambda: _program(device, variant, {"DTYPE": dt, **defines}).kernel(f"gemm_{variant}"),
+                   probe=probe, probe_key=risky_key, payload=tile)
+
+
+def usable_params(device: Any, variant: str, dtype: Any, params: dict[str, int] | None = None,
+                  required: bool = True) -> dict[str, int] | None:
+    """The tile parameters `variant` runs with on `device`: `params` (over the defaults) exactly as given,
+    or else the tuned ones, or the first of their fallback chain (variant_chain) that this device
+    builds (and, for risky ones, runs correctly in a probe). When none works: KernelBuildError, or
+    None with required=False (the caller then takes the direct kernel)."""
+    dt = np.dtype(dtype)
+    requested = ({**default_params(variant, dt, device), **params} if params is not None
+                 else tuned_params(device, variant, dt))
+    if variant in ("direct", "dot"):
+        return requested
+    key = (id(device), variant, dt, tuple(sorted(requested.items())), params is None)
+    if key in _usable:
+        found = _usable[key]
+        if found is None and required:
+            raise KernelBuildError(f"no variant of gemm_{variant} works on {device.describe()} (see the "
+                                   "warnings printed when it was tried)")
+        return None if found is None else dict(found)
+    chain = variant_chain(variant, dt, requested, device) if params is None else [requested]
+    chain = [_fit_device(device, variant, dt, t) for t in chain]
+    try:
+        chosen, _ = first_usable(device, [_variant(device, variant, dt, t) for t in chain])
+        found = chosen.payload
+    except KernelBuildError:
+        _usable[key] = None
+        if required:
+            raise
+        return None
+    _usable[key] = found
+    return dict(found)
