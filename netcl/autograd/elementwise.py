@@ -1,30 +1,37 @@
-"""Elementwise ops on Nodes, each with its backward rule beside it.
+"""Elementwise ops on Nodes: the forward is the netcl.ops function, the backward comes from netcl's one
+derivative table (netcl.jit.autodiff). Each op below is one line: `exp = differentiable(ops.exp)`.
 
-Operands may be Nodes, raw Tensors (constants) or Python numbers. Broadcast inputs get their
-gradient summed back to their own shape. The backward expressions are elementwise too, so the
-JIT fuses each rule into one kernel (e.g. relu's `where(y > 0, g, 0)`).
+Recording an op traces its netcl.ops function into IR once per signature (operand dtypes, scalar
+values), differentiates that with `autodiff.vjp` (the saved output standing for the op's value, so
+exp's gradient reads exp(x) instead of recomputing it) and keeps the gradient expressions. Backward
+substitutes the saved tensors and the incoming gradient into them; each operand's gradient is a
+pending Tensor (netcl.jit.lazy) that fuses into whatever consumes it, summed back to the operand's
+shape where it was broadcast (`sum_to_shape`).
+
+Operands may be Nodes, raw Tensors (constants) or Python numbers (kernel scalars). Only Nodes that
+require grad get a gradient; an op with a non-float result (a comparison) records no graph. Only
+the tensors that the needed gradient expressions read are kept for backward (exp keeps its output,
+add keeps nothing, mul keeps the other operand).
 """
 
 from __future__ import annotations
 
-import math
+import inspect
+import weakref
+from collections.abc import Callable
 from typing import Any
 
 from netcl import ops
-from netcl.ops import random
-from netcl.autograd.engine import Node, as_node, record
-from netcl.core.tensor import Tensor
+from netcl.autograd.engine import Node, as_node, needs_grad, record
+from netcl.core.tensor import Tensor, contiguous_strides
+from netcl.jit import autodiff, ir, lazy
+from netcl.jit.fuse import substitute
 
-Operand = Any
+Operand = Any  # a Node, a Tensor (a constant) or a Python number
 
 
 def _value(x: Operand) -> Any:
     return x.value if isinstance(x, Node) else x
-
-
-def _shape(x: Operand) -> tuple[int, ...] | None:
-    v = _value(x)
-    return v.shape if isinstance(v, Tensor) else None
 
 
 def sum_to_shape(g: Tensor, shape: tuple[int, ...]) -> Tensor:
@@ -40,246 +47,157 @@ def sum_to_shape(g: Tensor, shape: tuple[int, ...]) -> Tensor:
     return ops.sum(g, axis=axes, keepdims=False).reshape(shape)
 
 
-def _parents(*xs: Operand) -> tuple[Node, ...]:
-    return tuple(as_node(x) for x in xs if isinstance(x, (Node, Tensor)))
+# -- the traced derivative of one function and signature --------------------------------------------
+class _Derivative:
+    """Gradient expressions of one elementwise function for one signature, over `input` slots:
+    0..n-1 the tensor operands, n the gradient of the output, n + 1 the output itself."""
+
+    __slots__ = ("_reads", "g_slot", "grads", "out_slot")
+
+    def __init__(self, grads: dict[Any, ir.Node], n: int):
+        self.grads = grads
+        self.g_slot = n
+        self.out_slot = n + 1
+        self._reads: dict[tuple[int, ...], tuple[int, ...]] = {}
+
+    def reads(self, wanted: tuple[int, ...]) -> tuple[int, ...]:
+        """Slots (operands, output; not the gradient) that the gradients of `wanted` read."""
+        slots = self._reads.get(wanted)
+        if slots is None:
+            found = {n.attr for n in ir.walk([self.grads[i] for i in wanted]) if n.op == "input"}
+            slots = self._reads[wanted] = tuple(sorted(found - {self.g_slot}))
+        return slots
 
 
-def _binary(name: str, a: Operand, b: Operand, grads) -> Node:
-    """Record op `name`(a, b); grads(g, av, bv, out) -> (grad_a, grad_b) before unbroadcasting."""
-    av, bv = _value(a), _value(b)
-    out = getattr(ops, name)(av, bv)
-    a_node = isinstance(a, (Node, Tensor))
-    b_node = isinstance(b, (Node, Tensor))
-    parents = _parents(a, b)
-    a_shape, b_shape = _shape(a), _shape(b)
+_derivatives: dict[tuple, _Derivative] = {}
+_DERIVATIVES_LIMIT = 4096
 
-    def backward(g: Tensor):
-        ga, gb = grads(g, av, bv, out)
-        result = []
-        if a_node:
-            result.append(sum_to_shape(ga, a_shape) if ga is not None and parents[0].requires_grad else None)
-        if b_node:
-            result.append(sum_to_shape(gb, b_shape) if gb is not None and parents[-1].requires_grad else None)
-        return tuple(result)
+
+def _signature_of(x: Any) -> tuple:
+    if isinstance(x, Tensor):
+        return (x.dtype,)  # shapes never change an elementwise expression
+    return (type(x), repr(x))  # repr tells -0.0 from 0.0, and a NaN matches itself
+
+
+def _placeholder(t: Tensor, slot: int) -> Tensor:
+    """A Tensor standing for operand `slot` while a function is traced (as netcl.jit.fuse traces)."""
+    p = Tensor(None, t.shape, contiguous_strides(t.shape), 0, t.dtype, t.queue)  # type: ignore[arg-type]
+    p._pending = lazy.Pending(ir.Node("input", (), t.dtype, slot), [], [])
+    return p
+
+
+def _trace(fn: Callable[..., Tensor], args: list[Any], kwargs: dict[str, Any]) -> _Derivative:
+    n = 0
+
+    def stand_in(x: Any) -> Any:
+        nonlocal n
+        if not isinstance(x, Tensor):
+            return x
+        n += 1
+        return _placeholder(x, n - 1)
+
+    traced_args = [stand_in(a) for a in args]
+    traced_kwargs = {k: stand_in(v) for k, v in kwargs.items()}
+    with lazy.trace_mode():
+        expr = lazy.expression_of(fn(*traced_args, **traced_kwargs))
+    grad = ir.Node("input", (), expr.dtype, n)
+    out = ir.Node("input", (), expr.dtype, n + 1)
+    return _Derivative(autodiff.vjp([expr], [grad], values={id(expr): out}), n)
+
+
+def _derivative(fn: Callable[..., Tensor], args: list[Any], kwargs: dict[str, Any]) -> _Derivative:
+    key = (fn, tuple([_signature_of(a) for a in args]),
+           tuple([(k, _signature_of(v)) for k, v in kwargs.items()]))
+    d = _derivatives.get(key)
+    if d is None:
+        d = _trace(fn, args, kwargs)
+        if len(_derivatives) >= _DERIVATIVES_LIMIT:  # e.g. a scalar that changes every step
+            _derivatives.clear()
+        _derivatives[key] = d
+    return d
+
+
+# -- recording --------------------------------------------------------------------------------------
+def _record(fn: Callable[..., Tensor], name: str, args: tuple, kwargs: dict[str, Any]) -> Node:
+    values = [_value(a) for a in args]
+    kw_values = {k: _value(v) for k, v in kwargs.items()}
+    out = fn(*values, **kw_values)
+    operands = [x for x in (*args, *kwargs.values()) if isinstance(x, (Node, Tensor))]
+    parents = tuple([as_node(x) for x in operands])
+    if out.dtype.kind != "f" or not needs_grad(*parents):
+        return Node(out)
+    d = _derivative(fn, values, kw_values)
+    wanted = tuple([i for i, p in enumerate(parents) if p.requires_grad and i in d.grads])
+    tensors = [_value(x) for x in operands]
+    saved = {s: out if s == d.out_slot else tensors[s] for s in d.reads(wanted)}
+    shapes = [t.shape for t in tensors]
+    dtypes = [t.dtype for t in tensors]
+    out_dtype = out.dtype
+
+    def backward(g: Tensor) -> list[Tensor | None]:
+        return _gradients(d, wanted, saved, shapes, dtypes, out_dtype, g)
 
     return record(out, parents, backward, name)
 
 
-def add(a: Operand, b: Operand) -> Node:
-    return _binary("add", a, b, lambda g, x, y, o: (g, g))
-
-
-def sub(a: Operand, b: Operand) -> Node:
-    return _binary("sub", a, b, lambda g, x, y, o: (g, ops.neg(g)))
-
-
-def mul(a: Operand, b: Operand) -> Node:
-    return _binary("mul", a, b, lambda g, x, y, o: (ops.mul(g, y), ops.mul(g, x)))
-
-
-def div(a: Operand, b: Operand) -> Node:
-    return _binary("div", a, b, lambda g, x, y, o: (ops.div(g, y), ops.neg(ops.div(ops.mul(g, o), y))))
-
-
-def pow(a: Operand, b: Operand) -> Node:  # noqa: A001
-    """a ** b; d/da = b a^(b-1), d/db = a^b log a."""
-
-    def grads(g, x, y, o):
-        if not isinstance(x, Tensor):
-            ga = None
-        elif isinstance(y, Tensor):
-            ga = ops.mul(g, ops.mul(y, ops.pow(x, ops.sub(y, 1))))
+def _gradients(d: _Derivative, wanted: tuple[int, ...], saved: dict[int, Tensor], shapes: list, dtypes: list,
+               out_dtype: Any, g: Tensor) -> list[Tensor | None]:
+    """One pending gradient per wanted operand (None for the others)."""
+    inlined: list = []
+    mapping = {s: lazy.operand(t, inlined) for s, t in saved.items()}
+    mapping[d.g_slot] = ir.cast(lazy.operand(g, inlined), out_dtype)
+    exprs = substitute([d.grads[i] for i in wanted], mapping)
+    grads: list[Tensor | None] = [None] * len(shapes)
+    made = []
+    for i, expr in zip(wanted, exprs):
+        traced = d.grads[i]
+        if traced.op == "input" and traced.attr == d.g_slot and g.dtype == dtypes[i]:
+            grads[i] = g  # add, sub: the gradient passes unchanged (no copy)
         else:
-            ga = ops.mul(g, ops.mul(ops.pow(x, y - 1), y)) if y != 0 else ops.mul(g, 0.0)
-        if not isinstance(y, Tensor):
-            gb = None
-        elif isinstance(x, Tensor):
-            gb = ops.mul(g, ops.mul(o, ops.log(x)))
-        else:
-            gb = ops.mul(g, ops.mul(o, math.log(x)))
-        return ga, gb
-
-    return _binary("pow", a, b, grads)
-
-
-def maximum(a: Operand, b: Operand) -> Node:
-    """Ties send half the gradient to each side (as PyTorch)."""
-
-    def grads(g, x, y, o):
-        half = ops.mul(g, 0.5)
-        ga = ops.where(ops.gt(x, y), g, ops.where(ops.eq(x, y), half, 0.0))
-        gb = ops.where(ops.lt(x, y), g, ops.where(ops.eq(x, y), half, 0.0))
-        return ga, gb
-
-    return _binary("maximum", a, b, grads)
-
-
-def minimum(a: Operand, b: Operand) -> Node:
-
-    def grads(g, x, y, o):
-        half = ops.mul(g, 0.5)
-        ga = ops.where(ops.lt(x, y), g, ops.where(ops.eq(x, y), half, 0.0))
-        gb = ops.where(ops.gt(x, y), g, ops.where(ops.eq(x, y), half, 0.0))
-        return ga, gb
-
-    return _binary("minimum", a, b, grads)
-
-
-def _unary(name: str, x: Operand, grad, *args: Any, **kwargs: Any) -> Node:
-    """Record a unary op; grad(g, xv, out) -> grad_x."""
-    x = as_node(x)
-    xv = x.value
-    out = getattr(ops, name)(xv, *args, **kwargs)
-    return record(out, (x,), lambda g: (grad(g, xv, out),), name)
-
-
-def neg(x: Operand) -> Node:
-    return _unary("neg", x, lambda g, v, o: ops.neg(g))
-
-
-def exp(x: Operand) -> Node:
-    return _unary("exp", x, lambda g, v, o: ops.mul(g, o))
-
-
-def log(x: Operand) -> Node:
-    return _unary("log", x, lambda g, v, o: ops.div(g, v))
-
-
-def log1p(x: Operand) -> Node:
-    return _unary("log1p", x, lambda g, v, o: ops.div(g, ops.add(v, 1.0)))
-
-
-def expm1(x: Operand) -> Node:
-    return _unary("expm1", x, lambda g, v, o: ops.mul(g, ops.add(o, 1.0)))
-
-
-def sqrt(x: Operand) -> Node:
-    return _unary("sqrt", x, lambda g, v, o: ops.div(ops.mul(g, 0.5), o))
-
-
-def rsqrt(x: Operand) -> Node:
-    return _unary("rsqrt", x, lambda g, v, o: ops.mul(g, ops.mul(ops.mul(o, ops.mul(o, o)), -0.5)))
-
-
-def square(x: Operand) -> Node:
-    return _unary("square", x, lambda g, v, o: ops.mul(g, ops.mul(v, 2.0)))
-
-
-def reciprocal(x: Operand) -> Node:
-    return _unary("reciprocal", x, lambda g, v, o: ops.neg(ops.mul(g, ops.mul(o, o))))
-
-
-def abs(x: Operand) -> Node:  # noqa: A001
-    return _unary("abs", x, lambda g, v, o: ops.mul(g, ops.sign(v)))
-
-
-def sin(x: Operand) -> Node:
-    return _unary("sin", x, lambda g, v, o: ops.mul(g, ops.cos(v)))
-
-
-def cos(x: Operand) -> Node:
-    return _unary("cos", x, lambda g, v, o: ops.neg(ops.mul(g, ops.sin(v))))
-
-
-def tanh(x: Operand) -> Node:
-    return _unary("tanh", x, lambda g, v, o: ops.mul(g, ops.sub(1.0, ops.mul(o, o))))
-
-
-def sigmoid(x: Operand) -> Node:
-    return _unary("sigmoid", x, lambda g, v, o: ops.mul(g, ops.mul(o, ops.sub(1.0, o))))
-
-
-def relu(x: Operand) -> Node:
-    return _unary("relu", x, lambda g, v, o: ops.where(ops.gt(o, 0), g, 0.0))
-
-
-def leaky_relu(x: Operand, negative_slope: float = 0.01) -> Node:
-    return _unary(
-        "leaky_relu",
-        x,
-        lambda g, v, o: ops.where(ops.gt(v, 0), g, ops.mul(g, negative_slope)),
-        negative_slope,
-    )
-
-
-def silu(x: Operand) -> Node:
-    """x sigmoid(x); d/dx = s (1 + x (1 - s))."""
-
-    def grad(g, v, o):
-        s = ops.sigmoid(v)
-        return ops.mul(g, ops.mul(s, ops.add(1.0, ops.mul(v, ops.sub(1.0, s)))))
-
-    return _unary("silu", x, grad)
-
-
-def softplus(x: Operand) -> Node:
-    return _unary("softplus", x, lambda g, v, o: ops.mul(g, ops.sigmoid(v)))
-
-
-_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
-_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
-
-
-def gelu(x: Operand, approximate: str = "none") -> Node:
-    """x Phi(x): d/dx = Phi(x) + x phi(x); the tanh form differentiates its own formula."""
-
-    def grad(g, v, o):
-        if approximate == "tanh":
-            inner = ops.mul(ops.add(v, ops.mul(ops.mul(ops.mul(v, v), v), 0.044715)), _SQRT_2_OVER_PI)
-            t = ops.tanh(inner)
-            dinner = ops.mul(ops.add(1.0, ops.mul(ops.mul(v, v), 3 * 0.044715)), _SQRT_2_OVER_PI)
-            d = ops.add(
-                ops.mul(ops.add(1.0, t), 0.5),
-                ops.mul(ops.mul(ops.mul(v, 0.5), ops.sub(1.0, ops.mul(t, t))), dinner),
-            )
-        else:
-            cdf = ops.mul(ops.add(1.0, ops.erf(ops.mul(v, 1.0 / math.sqrt(2.0)))), 0.5)
-            pdf = ops.mul(ops.exp(ops.mul(ops.mul(v, v), -0.5)), _INV_SQRT_2PI)
-            d = ops.add(cdf, ops.mul(v, pdf))
-        return ops.mul(g, d)
-
-    return _unary("gelu", x, grad, approximate=approximate)
-
-
-def clamp(x: Operand, min: float | None = None, max: float | None = None) -> Node:  # noqa: A002
-    """Gradient passes where min <= x <= max."""
-
-    def grad(g, v, o):
-        inside = ops.eq(o, v)
-        return ops.where(inside, g, 0.0)
-
-    return _unary("clamp", x, grad, min=min, max=max)
-
-
-def where(cond: Any, a: Operand, b: Operand) -> Node:
-    """a where cond else b; cond is never differentiated."""
-    c = _value(cond)
-    av, bv = _value(a), _value(b)
-    out = ops.where(c, av, bv)
-    a_node = isinstance(a, (Node, Tensor))
-    b_node = isinstance(b, (Node, Tensor))
-    parents = _parents(a, b)
-    a_shape, b_shape = _shape(a), _shape(b)
-
-    def backward(g: Tensor):
-        result = []
-        if a_node:
-            result.append(sum_to_shape(ops.where(c, g, 0.0), a_shape) if parents[0].requires_grad else None)
-        if b_node:
-            result.append(sum_to_shape(ops.where(c, 0.0, g), b_shape) if parents[-1].requires_grad else None)
-        return tuple(result)
-
-    return record(out, parents, backward, "where")
-
-
-def cast(x: Operand, dtype: Any) -> Node:
-    """Gradient is cast back to the input's dtype (integer inputs get none)."""
-    x = as_node(x)
-    xv = x.value
-    out = ops.cast(xv, dtype)
-    if xv.dtype.kind != "f" or out.dtype.kind != "f":
-        return Node(out)
-    return record(out, (x,), lambda g: (ops.cast(g, xv.dtype),), "cast")
+            grads[i] = lazy.make_result(expr, g.shape, g.queue, inlined)
+            made.append(grads[i])
+    if len(made) > 1:
+        # siblings: whichever is computed first computes the others still pending in the same launch
+        inlined.extend(weakref.ref(t) for t in made)
+    for i in wanted:
+        grads[i] = sum_to_shape(grads[i], shapes[i])
+    return grads
+
+
+def apply(fn: Callable[..., Tensor], /, *args: Any, **kwargs: Any) -> Node:
+    """`fn(*args, **kwargs)` on the values of Node operands, recorded as one node whose backward is one
+    fused kernel. `fn` is elementwise work on Tensors (netcl.ops calls; a composite is fine) and should
+    be a module-level function: traces are cached by it, the operand dtypes and the scalar values."""
+    return _record(fn, fn.__name__, args, kwargs)
+
+
+def _node_signature(fn: Callable[..., Tensor]) -> inspect.Signature:
+    sig = inspect.signature(fn)
+    params = [p.replace(annotation="Operand") if p.annotation in ("Tensor", "Operand") else p
+              for p in sig.parameters.values()]
+    return sig.replace(parameters=params, return_annotation="Node")
+
+
+def differentiable(fn: Callable[..., Tensor], gradient: str = "") -> Callable[..., Node]:
+    """The op on Nodes for `fn`, an elementwise function of netcl.ops: same parameters, operands may
+    be Nodes, and the result is a Node recorded with its gradient from netcl.jit.autodiff.
+    `gradient`: a sentence for the docstring where the derivative has a convention worth stating."""
+    name = fn.__name__
+
+    def op(*args: Any, **kwargs: Any) -> Node:
+        return _record(fn, name, args, kwargs)
+
+    op.__name__ = op.__qualname__ = name
+    op.__module__ = __name__
+    summary = (fn.__doc__ or f"Elementwise {name}.").strip()
+    op.__doc__ = f"{summary}\n\nOn Nodes: differentiable, the gradient from netcl.jit.autodiff's table. {gradient}"
+    op.__signature__ = _node_signature(fn)  # type: ignore[attr-defined]
+    return op
+
+
+# -- dropout: a mask drawn here, then an elementwise op like the others ---------------------------------
+def _dropout_scale(x: Tensor, keep: Tensor, scale: float) -> Tensor:
+    return ops.where(keep, ops.mul(x, scale), 0.0)
 
 
 def dropout(
@@ -293,22 +211,73 @@ def dropout(
         if p == 1.0:
             return mul(x, 0.0)
         raise ValueError(f"dropout probability must be in [0, 1], got {p}")
-
     xv = x.value
-    u = random.rand(xv.queue, xv.shape, xv.dtype, seed=seed, generator=generator)
-    scale = 1.0 / (1.0 - p)
-    keep = ops.ge(u, p)
-    out = ops.where(keep, ops.mul(xv, scale), 0.0)
-    return record(out, (x,), lambda g: (ops.where(keep, ops.mul(g, scale), 0.0),), "dropout")
+    u = ops.rand(xv.queue, xv.shape, xv.dtype, seed=seed, generator=generator)
+    return _record(_dropout_scale, "dropout", (x, ops.ge(u, p), 1.0 / (1.0 - p)), {})
 
 
-# comparisons give boolean Nodes that carry no gradient
-def _compare(name: str):
-    def fn(a: Operand, b: Operand) -> Node:
-        return Node(getattr(ops, name)(_value(a), _value(b)))
-
-    fn.__name__ = name
-    return fn
+_EXTREMUM_TIES = ("Ties between two tensors send half the gradient to each side and NaN sends all of it to "
+                  "both (as PyTorch); against a Python number, a fixed bound, the full gradient passes where "
+                  "the bound holds (as torch.clamp: maximum(x, s) is clamp(x, min=s)).")
 
 
-eq, ne, lt, le, gt, ge = (_compare(n) for n in ("eq", "ne", "lt", "le", "gt", "ge"))
+# -- the ops (the names of netcl.ops; the builtins they shadow are not used below) ----------------------
+add = differentiable(ops.add)
+sub = differentiable(ops.sub)
+mul = differentiable(ops.mul)
+div = differentiable(ops.div)
+true_divide = div
+floor_divide = differentiable(ops.floor_divide)
+remainder = differentiable(ops.remainder)
+pow = differentiable(ops.pow, "d/da = b a^(b-1), 0 where b == 0; d/db = a^b log a, 0 where a == 0, b >= 0.")
+maximum = differentiable(ops.maximum, _EXTREMUM_TIES)
+minimum = differentiable(ops.minimum, _EXTREMUM_TIES)
+atan2 = differentiable(ops.atan2)
+
+neg = differentiable(ops.neg)
+abs = differentiable(ops.abs, "The gradient is sign(x) g, 0 at 0 and NaN.")
+exp = differentiable(ops.exp)
+log = differentiable(ops.log)
+log1p = differentiable(ops.log1p)
+expm1 = differentiable(ops.expm1)
+sqrt = differentiable(ops.sqrt)
+rsqrt = differentiable(ops.rsqrt)
+square = differentiable(ops.square)
+reciprocal = differentiable(ops.reciprocal)
+sin = differentiable(ops.sin)
+cos = differentiable(ops.cos)
+tan = differentiable(ops.tan)
+tanh = differentiable(ops.tanh)
+erf = differentiable(ops.erf)
+sign = differentiable(ops.sign)
+floor = differentiable(ops.floor)
+ceil = differentiable(ops.ceil)
+round = differentiable(ops.round)
+trunc = differentiable(ops.trunc)
+
+sigmoid = differentiable(ops.sigmoid)
+relu = differentiable(ops.relu, "No gradient where the output is <= 0 (so none at 0).")
+leaky_relu = differentiable(ops.leaky_relu)
+silu = differentiable(ops.silu)
+softplus = differentiable(ops.softplus)
+gelu = differentiable(ops.gelu)
+clamp = differentiable(ops.clamp, "The gradient passes where min <= x <= max (none at NaN).")
+
+where = differentiable(ops.where, "cond is never differentiated.")
+masked_fill = differentiable(ops.masked_fill)
+cast = differentiable(ops.cast, "The gradient is cast back to the input's dtype; an integer result records none.")
+
+# comparisons and logical ops give boolean Nodes that carry no gradient
+eq = differentiable(ops.eq)
+ne = differentiable(ops.ne)
+lt = differentiable(ops.lt)
+le = differentiable(ops.le)
+gt = differentiable(ops.gt)
+ge = differentiable(ops.ge)
+logical_and = differentiable(ops.logical_and)
+logical_or = differentiable(ops.logical_or)
+logical_xor = differentiable(ops.logical_xor)
+logical_not = differentiable(ops.logical_not)
+isnan = differentiable(ops.isnan)
+isinf = differentiable(ops.isinf)
+isfinite = differentiable(ops.isfinite)

@@ -1,19 +1,25 @@
-"""netcl.jit.autodiff, the one derivative table: every rule through @netcl.jit.fuse's symbolic backward
-against float64 NumPy central differences on odd shapes with broadcasting, PyTorch's conventions at
-ties, kinks, zeros and NaN, and the table's coverage."""
+"""netcl.jit.autodiff, the one derivative table: every rule through both of its users (netcl.autograd on
+Nodes, @netcl.jit.fuse's symbolic backward) against float64 NumPy central differences on odd shapes
+with broadcasting, PyTorch's conventions at ties, kinks, zeros and NaN, and the table's coverage."""
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import math
 from collections.abc import Callable
 
 import numpy as np
 import pytest
 
+import netcl.autograd as ag
 from netcl import ops
+from netcl.autograd import elementwise as ag_ew
 from netcl.core.tensor import Tensor
 from netcl.jit import autodiff, fuse
 from tests.reference import assert_close
+
+ops_ew = importlib.import_module("netcl.ops.elementwise")  # netcl.ops.elementwise is also a function's name
 
 R = np.random.default_rng(2024)
 ERF = np.vectorize(math.erf)
@@ -39,8 +45,8 @@ def gelu_tanh(x):
 UNARY = (3, 17)
 A, B = (2, 3, 17), (3, 1)  # b broadcasts along two axes
 
-# IR op -> (netcl function of (module, *operands), NumPy float64 forward, input makers and shapes);
-# the module is netcl.ops.
+# IR op -> (netcl function of Tensors, NumPy float64 forward, input makers and shapes). The autograd
+# path calls the netcl.autograd function of the same name, the fuse path the netcl.ops one.
 Case = tuple[Callable, Callable, list[tuple[Callable, tuple]]]
 CASES: dict[str, Case] = {
     "add": (lambda m, a, b: m.add(a, b), np.add, [(rnd, A), (rnd, B)]),
@@ -118,6 +124,14 @@ def _device_arrays(arrays: list[np.ndarray], dtype) -> list[np.ndarray]:
     return [a.astype(dtype) if a.dtype.kind == "f" else a for a in arrays]
 
 
+def _autograd_grads(queue, fn, arrays, w):
+    with ag.Tape() as tape:
+        nodes = [ag.tensor(Tensor.from_host(queue, a), requires_grad=a.dtype.kind == "f") for a in arrays]
+        out = fn(ag_ew, *nodes)
+    tape.backward(out, Tensor.from_host(queue, w.astype(out.dtype)))
+    return out, [n.grad if n.requires_grad else None for n in nodes]
+
+
 def _fused_grads(queue, fn, arrays, w):
     f = fuse(lambda *xs: fn(ops, *xs))
     tensors = [Tensor.from_host(queue, a) for a in arrays]
@@ -125,7 +139,7 @@ def _fused_grads(queue, fn, arrays, w):
     return out, f.backward(tensors, Tensor.from_host(queue, w.astype(out.dtype)))
 
 
-PATHS = {"fuse": _fused_grads}
+PATHS = {"autograd": _autograd_grads, "fuse": _fused_grads}
 
 
 def _check_paths(queue, name, case, dtype, rtol, atol):
@@ -166,6 +180,17 @@ def test_every_rule_has_a_case():
     assert differentiable == set(CASES), (
         f"rules without a both-paths case: {sorted(differentiable - set(CASES))}; "
         f"cases without a rule: {sorted(set(CASES) - differentiable)}")
+
+
+def test_every_elementwise_op_of_ops_is_differentiable_in_autograd():
+    """A new elementwise op needs no backward code in autograd: `name = differentiable(ops.name)`."""
+    names = [n for n in ops_ew.__all__ if n not in ("broadcast_shapes", "elementwise")]
+    missing = [n for n in names if not hasattr(ag_ew, n)]
+    assert not missing, f"add `name = differentiable(ops.name)` to netcl/autograd/elementwise.py for {missing}"
+    for n in names:
+        theirs = inspect.signature(getattr(ops, n)).parameters
+        ours = inspect.signature(getattr(ag_ew, n)).parameters
+        assert [(p.name, p.default) for p in ours.values()] == [(p.name, p.default) for p in theirs.values()], n
 
 
 # -- PyTorch's conventions where a derivative is not unique (ties, kinks, zeros, NaN) -------------------
@@ -220,6 +245,15 @@ def test_piecewise_constant_ops_pass_no_gradient(queue, name):
     for path, run in PATHS.items():
         _, (g,) = run(queue, fn, [x], w)
         assert_close(g, w, np.float64, err_msg=path)
+
+
+def test_comparisons_and_logical_ops_record_no_graph(queue):
+    x = ag.tensor(Tensor.from_host(queue, rnd((3, 5))), requires_grad=True)
+    with ag.Tape() as tape:
+        results = [ag_ew.gt(x, 0.0), ag_ew.eq(x, x), ag_ew.isnan(x), ag_ew.logical_not(ag_ew.lt(x, 1.0)),
+                   ag_ew.cast(x, np.int32)]
+    assert tape.recorded == 0
+    assert all(not r.requires_grad for r in results)
 
 
 def test_unknown_op_names_the_table():
