@@ -18,6 +18,8 @@ run: $(STAMP)
 	$(VENV)/bin/netcl train
 
 test: $(STAMP)
+	$(VENV)/bin/ruff check .  # the rule set in pyproject.toml ([tool.ruff.lint])
+	$(VENV)/bin/lint-imports  # the layers of docs/DESIGN.md, and no import cycles ([tool.importlinter])
 	$(PY) scripts/oclgrind_check.py -q  # every kernel under Oclgrind: no out-of-bounds access, no race
 	$(PY) scripts/test_matrix.py $(PYTEST_ARGS)  # the suite on each OpenCL CPU driver: PyPI's PoCL, Debian's, forced targets
 

@@ -213,7 +213,8 @@ def main() -> int:
     first = next((r for r in rows if r["gflops"]), None)
     print(f"conv2d 3x3 pad 1 forward, float32: N={n} C={c} K={k} H=W={hw}; {flops / 1e9:.2f} GFLOP, "
           f"{nbytes / 1e6:.1f} MB min traffic; netcl device: {dev.describe()}")
-    print(f"{'impl':34s} {'device':28s} {'ms':>9s} {'GFLOP/s':>9s} {'vs ' + (first['impl'][:14] if first else '-'):>18s}"
+    print(f"{'impl':34s} {'device':28s} {'ms':>9s} {'GFLOP/s':>9s} "
+          f"{'vs ' + (first['impl'][:14] if first else '-'):>18s}"
           f" {'rel err':>9s}  note")
     for r in rows:
         ratio = r["gflops"] / first["gflops"] if r["gflops"] and first else None
@@ -232,7 +233,8 @@ def main() -> int:
           f"units at {caps.max_clock_mhz} MHz; minimum traffic {nbytes / 1e6:.1f} MB "
           f"(at 100 GB/s: {nbytes / 1e8:.3f} ms), so the work is compute-bound")
     backward = backward_rows(args, dev, q, x, w, repeat, skip)
-    result = {"bench": "conv", "backward": backward, "shape": {"N": n, "C": c, "K": k, "H": hw, "W": hw, "kernel": 3, "padding": 1},
+    result = {"bench": "conv", "backward": backward,
+              "shape": {"N": n, "C": c, "K": k, "H": hw, "W": hw, "kernel": 3, "padding": 1},
               "flops": flops, "min_bytes": nbytes, "netcl_device": dev.describe(), "gpu": args.gpu,
               "repeat": repeat, "host": platform.node(), "rows": rows}
     out_path = Path(args.out)

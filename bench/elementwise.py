@@ -123,7 +123,8 @@ SWEEP = [
     ("ew cap 16 groups/CU", {"NETCL_EW_GROUPS_PER_CU": "16"}, "add,chain_fused"),
     ("ew cap 32 groups/CU", {"NETCL_EW_GROUPS_PER_CU": "32"}, "add,chain_fused"),
     ("ew unaligned vload4", {"NETCL_EW_ALIGNED": "0"}, "add,chain_fused"),
-    ("ew unaligned vload4, cap 8/CU (old)", {"NETCL_EW_ALIGNED": "0", "NETCL_EW_GROUPS_PER_CU": "8"}, "add,chain_fused"),
+    ("ew unaligned vload4, cap 8/CU (old)", {"NETCL_EW_ALIGNED": "0", "NETCL_EW_GROUPS_PER_CU": "8"},
+     "add,chain_fused"),
     ("ew vec 8", {"NETCL_EW_VEC": "8"}, "add,chain_fused"),
     ("ew vec 2", {"NETCL_EW_VEC": "2"}, "add,chain_fused"),
     ("ew vec 1", {"NETCL_EW_VEC": "1"}, "add,chain_fused"),
@@ -200,7 +201,8 @@ def sweep(cfg: dict, copy_bw: float, timeout: int, gpu: bool) -> list[dict]:
             proc = subprocess.run(cmd, env=dict(os.environ, **env), capture_output=True, text=True, timeout=timeout,
                                   check=False)
             out = next((json.loads(ln[7:]) for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
-            err = None if out else f"exit {proc.returncode}: " + " | ".join((proc.stderr or "").strip().splitlines()[-2:])[:200]
+            err = None if out else f"exit {proc.returncode}: " + " | ".join(
+                (proc.stderr or "").strip().splitlines()[-2:])[:200]
         except subprocess.TimeoutExpired:
             out, err = None, f"timed out after {timeout} s"
         row = {"label": label, "env": env, "works": works.split(","), "error": err, "gbps": {}, "ok": {},
@@ -241,7 +243,8 @@ def bench_numpy(cfg) -> dict:
         return e / e.sum(1, keepdims=True)
 
     r, nothing = cfg["repeats"], (lambda: None)
-    return {"add": median_time(lambda: a + b, nothing, r), "chain_unfused": median_time(lambda: chain(a, b, np), nothing, r),
+    return {"add": median_time(lambda: a + b, nothing, r),
+            "chain_unfused": median_time(lambda: chain(a, b, np), nothing, r),
             "sum": median_time(lambda: a.sum(), nothing, r), "softmax": median_time(lambda: softmax(s), nothing, r)}
 
 

@@ -412,7 +412,8 @@ def print_row(row: dict) -> None:
         print("  configs:")
         for c in row["configs"]:
             gf = c["gflops"]
-            print(f"    {json.dumps(c['params'])}: {gf:.1f} GFLOP/s" if gf else f"    {json.dumps(c['params'])}: failed")
+            print(f"    {json.dumps(c['params'])}: {gf:.1f} GFLOP/s" if gf
+                  else f"    {json.dumps(c['params'])}: failed")
 
 
 if __name__ == "__main__":

@@ -113,7 +113,8 @@ def main() -> int:
     finally:
         cl.enqueue_nd_range_kernel, cl.enqueue_copy, backend.Kernel._set_args = real_enqueue, real_copy, real_set_args
     del real_buffer
-    print(f"\nwall per step {statistics.median(walls) * 1e3:.3f} ms, host enqueue {statistics.median(hosts) * 1e3:.3f} ms")
+    print(f"\nwall per step {statistics.median(walls) * 1e3:.3f} ms, "
+          f"host enqueue {statistics.median(hosts) * 1e3:.3f} ms")
     for name in inside:
         if counts[name]:
             print(f"  inside {name:26s} {inside[name] / args.steps * 1e3:7.3f} ms/step over "

@@ -195,7 +195,8 @@ def main() -> None:
     if args.train_32k_mb > 0:
         train.append(train_row(args.train_32k_mb, 32768))
     print(
-        f"\n{'train (cl100k pattern, stdlib .py)':<36}{'MB':>7}{'vocab':>8}{'seconds':>10}{'bytes/token (held out)':>25}"
+        f"\n{'train (cl100k pattern, stdlib .py)':<36}{'MB':>7}{'vocab':>8}{'seconds':>10}"
+        f"{'bytes/token (held out)':>25}"
     )
     for t in train:
         print(

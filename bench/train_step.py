@@ -24,9 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import netcl.autograd as ag  # noqa: E402
 from netcl import optim  # noqa: E402
-from netcl.ops import random  # noqa: E402
 from netcl.core.device import manager  # noqa: E402
 from netcl.core.tensor import Tensor  # noqa: E402
+from netcl.ops import random  # noqa: E402
 from netcl.train.loop import build_model  # noqa: E402
 from netcl.tune.tuner import time_callable  # noqa: E402
 

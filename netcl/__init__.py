@@ -1,7 +1,6 @@
 """netcl: deep learning from first principles on PyOpenCL, on any OpenCL device."""
 
-from netcl import errors
-from netcl import ops  # noqa: F401  (installs Tensor's operators and kernel-backed methods)
+from netcl import errors, ops  # noqa: F401  (importing ops installs Tensor's operators and kernel-backed methods)
 from netcl.core.device import manager
 from netcl.core.tensor import Tensor
 

@@ -1,37 +1,32 @@
-"""The `netcl` command: devices, demo, and (as their issues land) train and tune."""
+"""The `netcl` command: devices, demo, train and tune."""
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 import time
 
 import numpy as np
 
+from netcl import config
+from netcl.core import variants
+from netcl.core.device import manager, no_platform_message
+from netcl.core.memory import format_bytes
+from netcl.core.tensor import Tensor
 from netcl.errors import NetclError
+from netcl.train import main as train_main
+from netcl.tune import cli as tune_cli
 
-# Modules that add their own subcommands (e.g. `netcl tune`, `netcl train`): each has register(sub).
-_SUBCOMMAND_MODULES: list[str] = ["netcl.tune.cli", "netcl.train.main"]
-
-
-def _fmt_bytes(n: int) -> str:
-    from netcl.core.memory import _fmt_bytes as fmt
-
-    return fmt(n)
+# Modules that add their own subcommands (`netcl tune`, `netcl train`): each has register(subparsers),
+# kept beside the code its commands run.
+_SUBCOMMAND_MODULES = (tune_cli, train_main)
 
 
 def cmd_devices(args: argparse.Namespace) -> int:
     """Print every platform and device with its capabilities; mark the one "auto" picks."""
-    from netcl import config
-    from netcl.core import variants
-    from netcl.core.device import manager
-
     handles = manager.devices()
     if not handles:
-        from netcl.core.device import _no_platform_message
-
-        print("netcl: " + _no_platform_message(), file=sys.stderr)
+        print("netcl: " + no_platform_message(), file=sys.stderr)
         return 1
     try:
         chosen = manager.default("auto")
@@ -47,8 +42,8 @@ def cmd_devices(args: argparse.Namespace) -> int:
         mark = "  <- default" if h is chosen else ""
         print(f"  [{h.spec}] {h.device_name} ({c.kind}){mark}")
         print(f"      OpenCL      {c.opencl_version.strip()} / {c.opencl_c_version.strip()}, driver {c.driver_version}")
-        print(f"      memory      global {_fmt_bytes(c.global_mem)}, largest allocation {_fmt_bytes(c.max_alloc)}, "
-              f"local {_fmt_bytes(c.local_mem)}{'' if c.local_mem_dedicated else ' (emulated in global)'}")
+        print(f"      memory      global {format_bytes(c.global_mem)}, largest allocation {format_bytes(c.max_alloc)}, "
+              f"local {format_bytes(c.local_mem)}{'' if c.local_mem_dedicated else ' (emulated in global)'}")
         print(f"      compute     {c.compute_units} units @ {c.max_clock_mhz} MHz, work-group <= "
               f"{c.max_work_group_size}, subgroups {list(c.subgroup_sizes) or 'n/a'}")
         fp16 = "yes" if h.fp16 else ("extension only (probe failed)" if c.fp16_extension else "no (storage only)")
@@ -67,9 +62,6 @@ def cmd_devices(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """List devices, then run a small computation on the default device and check it."""
-    from netcl.core.device import manager
-    from netcl.core.tensor import Tensor
-
     cmd_devices(args)
     dev = manager.default("auto")
     q = dev.queue
@@ -91,9 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("devices", help="list OpenCL platforms and devices").set_defaults(func=cmd_devices)
     sub.add_parser("demo", help="list devices and run a small computation").set_defaults(func=cmd_demo)
-    for module_name in _SUBCOMMAND_MODULES:
-        # each module defines register(subparsers), adding its commands (kept beside the code they run)
-        importlib.import_module(module_name).register(sub)
+    for module in _SUBCOMMAND_MODULES:
+        module.register(sub)
     args = parser.parse_args(argv)
     try:
         return args.func(args)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import platformdirs
 
 _ENV_DATA = getattr(os.environ, "_data", None) if os.name == "posix" else None
 
@@ -25,12 +26,17 @@ def _flag(name: str, default: bool = False) -> bool:
     return raw.strip().lower() not in ("0", "false", "no", "off")
 
 
-def _int(name: str, default: int) -> int:
+def _int(name: str, default: int, minimum: int = 0) -> int:
     raw = env(name, "")
-    try:
-        return int(raw) if raw.strip() else default
-    except ValueError:
+    if not raw.strip():
         return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r}: expected an integer >= {minimum} (unset it for {default})") from None
+    if value < minimum:
+        raise ValueError(f"{name}={raw!r}: expected an integer >= {minimum} (unset it for {default})")
+    return value
 
 
 def device_spec() -> str | None:
@@ -64,9 +70,32 @@ def cache_dir() -> Path:
     raw = env("NETCL_CACHE_DIR", "").strip()
     if raw:
         return Path(raw).expanduser()
-    from platformdirs import user_cache_dir
+    return Path(platformdirs.user_cache_dir("netcl"))
 
-    return Path(user_cache_dir("netcl"))
+
+# Launch shapes of the JIT's elementwise and reduction kernels on GPUs, read once when netcl.jit loads.
+# bench/elementwise.py --sweep times other values (one child process each); the defaults are its winners
+# on the H200 (bench/NOTES.md, elementwise). name: (default, smallest allowed, meaning)
+JIT_KNOBS: dict[str, tuple[int, int, str]] = {
+    "NETCL_EW_VEC": (4, 1, "elements per vector load and store of an elementwise work-item (1, 2, 4, 8, 16)"),
+    "NETCL_EW_LOCAL": (256, 1, "work-group size of elementwise kernels"),
+    "NETCL_EW_GROUPS_PER_CU": (0, 0, "elementwise work-groups per compute unit, then a grid-stride loop (0: no cap)"),
+    "NETCL_EW_ALIGNED": (1, 0, "1: aligned vector loads where every operand's offset allows them"),
+    "NETCL_RED_GROUPS_PER_CU": (4, 1, "work-groups per compute unit of a full reduction"),
+    "NETCL_RED_VEC": (4, 1, "elements per vector load of a reduction (1, 2, 4, 8, 16)"),
+    "NETCL_RED_UNROLL": (4, 1, "loads in flight per reduction work-item (loop unroll)"),
+    "NETCL_RED_ALIGNED": (1, 0, "1: aligned vector loads in reductions where offsets allow them"),
+    "NETCL_SOFTMAX_REG": (8, 0, "softmax rows of up to 256 x 4 x this many elements stay in registers (0: never)"),
+}
+
+
+def jit_knob(name: str) -> int:
+    """The value of one of JIT_KNOBS (ValueError naming the variable when it is not a valid integer)."""
+    default, minimum, _ = JIT_KNOBS[name]
+    value = _int(name, default, minimum)
+    if name.endswith("_VEC") and value not in (1, 2, 4, 8, 16):
+        raise ValueError(f"{name}={value}: an OpenCL vector width, one of 1, 2, 4, 8, 16 (unset it for {default})")
+    return value
 
 
 def tuning_enabled() -> bool:

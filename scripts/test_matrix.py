@@ -23,6 +23,7 @@ configuration failed.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import subprocess
@@ -68,11 +69,7 @@ def system_pocls() -> list[Path]:
 
 
 def pypi_pocl() -> bool:
-    try:
-        import pocl_binary_distribution  # noqa: F401  (only asked whether it is installed)
-    except ImportError:
-        return False
-    return True
+    return importlib.util.find_spec("pocl_binary_distribution") is not None
 
 
 def pocl_targets(icd: Path) -> list[str]:

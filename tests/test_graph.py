@@ -7,12 +7,12 @@ import pytest
 
 import netcl.autograd as ag
 from netcl import nn, optim
-from netcl.ops import random
 from netcl.core.capture import capturing
-from netcl.profiling import count_launches
 from netcl.core.tensor import Tensor
 from netcl.errors import GraphCaptureError
 from netcl.graph import Graph
+from netcl.ops import random
+from netcl.profiling import count_launches
 from netcl.train.loop import build_model
 
 

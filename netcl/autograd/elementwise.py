@@ -1,5 +1,6 @@
 """Elementwise ops on Nodes: the forward is the netcl.ops function, the backward comes from netcl's one
-derivative table (netcl.jit.autodiff). Each op below is one line: `exp = differentiable(ops.exp)`.
+derivative table (netcl.jit.autodiff). Every elementwise function of netcl.ops is an op here, same name
+and parameters, made by `differentiable(ops.exp)` (the bottom of this module).
 
 Recording an op traces its netcl.ops function into IR once per signature (operand dtypes, scalar
 values), differentiates that with `autodiff.vjp` (the saved output standing for the op's value, so
@@ -26,6 +27,7 @@ from netcl.autograd.engine import Node, as_node, needs_grad, record
 from netcl.core.tensor import Tensor, contiguous_strides
 from netcl.jit import autodiff, ir, lazy
 from netcl.jit.fuse import substitute
+from netcl.ops import elementwise as ops_elementwise
 
 Operand = Any  # a Node, a Tensor (a constant) or a Python number
 
@@ -209,7 +211,7 @@ def dropout(
         return x
     if not 0.0 <= p < 1.0:
         if p == 1.0:
-            return mul(x, 0.0)
+            return _record(ops.mul, "mul", (x, 0.0), {})
         raise ValueError(f"dropout probability must be in [0, 1], got {p}")
     xv = x.value
     u = ops.rand(xv.queue, xv.shape, xv.dtype, seed=seed, generator=generator)
@@ -221,63 +223,20 @@ _EXTREMUM_TIES = ("Ties between two tensors send half the gradient to each side 
                   "the bound holds (as torch.clamp: maximum(x, s) is clamp(x, min=s)).")
 
 
-# -- the ops (the names of netcl.ops; the builtins they shadow are not used below) ----------------------
-add = differentiable(ops.add)
-sub = differentiable(ops.sub)
-mul = differentiable(ops.mul)
-div = differentiable(ops.div)
-true_divide = div
-floor_divide = differentiable(ops.floor_divide)
-remainder = differentiable(ops.remainder)
-pow = differentiable(ops.pow, "d/da = b a^(b-1), 0 where b == 0; d/db = a^b log a, 0 where a == 0, b >= 0.")
-maximum = differentiable(ops.maximum, _EXTREMUM_TIES)
-minimum = differentiable(ops.minimum, _EXTREMUM_TIES)
-atan2 = differentiable(ops.atan2)
+# -- the ops: every elementwise function of netcl.ops, on Nodes (same name, same parameters) ----------------
+# A new function in netcl.ops.elementwise (its __all__) is an op here with no line of its own; a sentence
+# for its docstring goes below where its derivative has a convention worth stating.
+_CONVENTIONS = {
+    "pow": "d/da = b a^(b-1), 0 where b == 0; d/db = a^b log a, 0 where a == 0, b >= 0.",
+    "maximum": _EXTREMUM_TIES,
+    "minimum": _EXTREMUM_TIES,
+    "abs": "The gradient is sign(x) g, 0 at 0 and NaN.",
+    "relu": "No gradient where the output is <= 0 (so none at 0).",
+    "clamp": "The gradient passes where min <= x <= max (none at NaN).",
+    "where": "cond is never differentiated.",
+    "cast": "The gradient is cast back to the input's dtype; an integer result records none.",
+}
+OPS = tuple(name for name in ops_elementwise.__all__ if name != "broadcast_shapes")
+globals().update({name: differentiable(getattr(ops_elementwise, name), _CONVENTIONS.get(name, "")) for name in OPS})
 
-neg = differentiable(ops.neg)
-abs = differentiable(ops.abs, "The gradient is sign(x) g, 0 at 0 and NaN.")
-exp = differentiable(ops.exp)
-log = differentiable(ops.log)
-log1p = differentiable(ops.log1p)
-expm1 = differentiable(ops.expm1)
-sqrt = differentiable(ops.sqrt)
-rsqrt = differentiable(ops.rsqrt)
-square = differentiable(ops.square)
-reciprocal = differentiable(ops.reciprocal)
-sin = differentiable(ops.sin)
-cos = differentiable(ops.cos)
-tan = differentiable(ops.tan)
-tanh = differentiable(ops.tanh)
-erf = differentiable(ops.erf)
-sign = differentiable(ops.sign)
-floor = differentiable(ops.floor)
-ceil = differentiable(ops.ceil)
-round = differentiable(ops.round)
-trunc = differentiable(ops.trunc)
-
-sigmoid = differentiable(ops.sigmoid)
-relu = differentiable(ops.relu, "No gradient where the output is <= 0 (so none at 0).")
-leaky_relu = differentiable(ops.leaky_relu)
-silu = differentiable(ops.silu)
-softplus = differentiable(ops.softplus)
-gelu = differentiable(ops.gelu)
-clamp = differentiable(ops.clamp, "The gradient passes where min <= x <= max (none at NaN).")
-
-where = differentiable(ops.where, "cond is never differentiated.")
-masked_fill = differentiable(ops.masked_fill)
-cast = differentiable(ops.cast, "The gradient is cast back to the input's dtype; an integer result records none.")
-
-# comparisons and logical ops give boolean Nodes that carry no gradient
-eq = differentiable(ops.eq)
-ne = differentiable(ops.ne)
-lt = differentiable(ops.lt)
-le = differentiable(ops.le)
-gt = differentiable(ops.gt)
-ge = differentiable(ops.ge)
-logical_and = differentiable(ops.logical_and)
-logical_or = differentiable(ops.logical_or)
-logical_xor = differentiable(ops.logical_xor)
-logical_not = differentiable(ops.logical_not)
-isnan = differentiable(ops.isnan)
-isinf = differentiable(ops.isinf)
-isfinite = differentiable(ops.isfinite)
+__all__ = ["apply", "differentiable", "dropout", "sum_to_shape", *OPS]

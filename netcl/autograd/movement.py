@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from netcl import ops
-from netcl.autograd.engine import Node, as_node, record
 from netcl.autograd.elementwise import sum_to_shape
+from netcl.autograd.engine import Node, as_node, record
 from netcl.core.tensor import Tensor
 
 

@@ -7,7 +7,6 @@ saved output: where(y > 0, g, 0), which the JIT fuses into the next kernel's inp
 
 from __future__ import annotations
 
-import math
 import weakref
 from typing import Any
 
@@ -16,9 +15,8 @@ from netcl.autograd import elementwise as ew
 from netcl.autograd.elementwise import sum_to_shape
 from netcl.autograd.engine import Node, as_node, needs_grad, record
 from netcl.autograd.movement import reshape
-from netcl.core import shapes
 from netcl.core.tensor import Tensor
-from netcl.errors import DTypeError, ShapeError
+from netcl.errors import DTypeError
 from netcl.ops import gemm as mm
 from netcl.ops import norm
 

@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-
 from netcl.autograd import elementwise as ew
 from netcl.autograd import movement as mv
 from netcl.autograd import nnops

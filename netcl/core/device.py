@@ -236,7 +236,7 @@ def check_fp16_arithmetic(device: DeviceHandle) -> None:
         raise AssertionError(f"fp16 arithmetic on {device.describe()} gave {out}, not {want}")
 
 
-def _no_platform_message() -> str:
+def no_platform_message() -> str:
     return (
         "no OpenCL platform was found on this machine. Install a driver: "
         "`pip install \"netcl[pocl]\"` gives a CPU device (PoCL) anywhere; "
@@ -285,7 +285,7 @@ class DeviceManager:
     def _require_devices(self) -> list[DeviceHandle]:
         handles = self.devices()
         if not handles:
-            raise NoPlatformError(_no_platform_message())
+            raise NoPlatformError(no_platform_message())
         return handles
 
     def listing(self) -> str:

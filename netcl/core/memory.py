@@ -25,7 +25,7 @@ def size_class(nbytes: int) -> int:
     return (n + step - 1) // step * step
 
 
-def _fmt_bytes(n: float) -> str:
+def format_bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":
             return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
@@ -116,7 +116,7 @@ class BufferPool:
             if self.in_use + cap <= total:
                 return
         raise OutOfMemoryError(self._oom_message(
-            nbytes, f"netcl already holds {_fmt_bytes(self.in_use)} of the device's {_fmt_bytes(total)}"))
+            nbytes, f"netcl already holds {format_bytes(self.in_use)} of the device's {format_bytes(total)}"))
 
     def _create_with_retry(self, cap: int, nbytes: int) -> cl.Buffer:
         for attempt in (0, 1):
@@ -124,7 +124,7 @@ class BufferPool:
                 return self._create_buffer(cap)
             except (cl.Error, MemoryError) as exc:
                 if not (isinstance(exc, MemoryError) or is_oom(exc)):
-                    raise DeviceError(f"allocating {nbytes} bytes on {self.device.describe()} failed: {exc}")
+                    raise DeviceError(f"allocating {nbytes} bytes on {self.device.describe()} failed: {exc}") from exc
                 if attempt == 0:
                     self.empty_cache()
                     continue
@@ -187,14 +187,14 @@ class BufferPool:
             self.peak = self.in_use
 
     def describe_usage(self) -> str:
-        return f"netcl holds {_fmt_bytes(self.in_use)} in use and {_fmt_bytes(self.cached)} cached"
+        return f"netcl holds {format_bytes(self.in_use)} in use and {format_bytes(self.cached)} cached"
 
     def _oom_message(self, nbytes: int, why: str) -> str:
         caps = self.device.capabilities
         return (
-            f"out of memory on {self.device.describe()}: asked for {_fmt_bytes(nbytes)} ({nbytes} bytes) "
-            f"and {why}. Device total {_fmt_bytes(caps.global_mem)}, largest single allocation "
-            f"{_fmt_bytes(caps.max_alloc)}; {self.describe_usage()}. Try a smaller batch or model, "
+            f"out of memory on {self.device.describe()}: asked for {format_bytes(nbytes)} ({nbytes} bytes) "
+            f"and {why}. Device total {format_bytes(caps.global_mem)}, largest single allocation "
+            f"{format_bytes(caps.max_alloc)}; {self.describe_usage()}. Try a smaller batch or model, "
             "delete tensors you no longer need, call pool.empty_cache(), or pick a device with more "
             "memory (NETCL_DEVICE)."
         )
@@ -301,7 +301,7 @@ def pinned_empty(queue: Any, shape: tuple[int, ...], dtype: Any = np.float32) ->
     except cl.Error as exc:
         if is_oom(exc):
             raise OutOfMemoryError(
-                f"could not pin {_fmt_bytes(nbytes)} of host memory for {queue.device.describe()}: {exc}"
+                f"could not pin {format_bytes(nbytes)} of host memory for {queue.device.describe()}: {exc}"
             ) from None
         raise DeviceError(f"pinned host allocation on {queue.device.describe()} failed: {exc}") from None
     arr = host[: int(np.prod(shape)) * dt.itemsize].view(dt).reshape(shape)

@@ -390,7 +390,7 @@ class Tensor:
                     chunk_new.append(ni)
                     prod_new *= new[ni]
                     ni += 1
-            for (s_a, st_a), (s_b, st_b) in zip(chunk_old, chunk_old[1:]):
+            for (_, st_a), (s_b, st_b) in zip(chunk_old, chunk_old[1:]):
                 if st_a != st_b * s_b:
                     return None
             stride = chunk_old[-1][1]

@@ -57,8 +57,8 @@ def load_digits(test_fraction: float = 0.2, seed: int = 0) -> Split:
         raise TypeError(f"load_digits: seed must be an integer >= 0, got {type(seed).__name__} {seed!r}")
     if seed < 0:
         raise ValueError(f"load_digits: seed must be an integer >= 0, got {seed}")
-    try:
-        from sklearn.datasets import load_digits as sk_digits
+    try:  # scikit-learn takes ~1 s to import: only when the digits are asked for
+        from sklearn.datasets import load_digits as sk_digits  # noqa: PLC0415
     except ImportError as exc:
         raise DatasetUnavailable("the digits dataset needs scikit-learn: pip install scikit-learn") from exc
     d = sk_digits()

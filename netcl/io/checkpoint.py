@@ -21,9 +21,9 @@ from safetensors import SafetensorError
 from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 
-from netcl.ops import random
 from netcl.core.tensor import Tensor
 from netcl.errors import NetclError
+from netcl.ops import random
 
 FORMAT = "netcl-checkpoint-1"
 _CHUNK = 1 << 20

@@ -11,7 +11,8 @@
 from netcl.jit import autodiff, codegen, ir
 from netcl.jit.autodiff import vjp
 from netcl.jit.fuse import FusedFunction, fuse, substitute
-from netcl.jit.lazy import Pending, TraceError, trace_mode
+from netcl.jit.ir import TraceError
+from netcl.jit.lazy import Pending, trace_mode
 from netcl.jit.runner import run_elementwise
 
 __all__ = ["FusedFunction", "Pending", "TraceError", "autodiff", "codegen", "fuse", "ir", "run_elementwise",

@@ -123,9 +123,7 @@ def _flatten_iterative(outputs: list[ir.Node]) -> tuple[tuple, list[Any], list[t
 def check_no_inputs(desc: tuple) -> None:
     """A traced placeholder reaching a kernel means a fused function did non-elementwise work."""
     if any(d[0] == "input" for d in desc):
-        from netcl.jit.lazy import TraceError
-
-        raise TraceError(
+        raise ir.TraceError(
             "a function traced by netcl.jit.fuse used a traced tensor in a non-elementwise op (a "
             "reduction, view or host read); fuse only elementwise work and call the rest outside"
         )
@@ -398,7 +396,7 @@ def elementwise_source(key: tuple) -> str:
             lines_e, names = emit_nodes(desc, leaf_value, lambda ax: "0", suffix=f"_{lane}")
             body += ["  " + ln for ln in lines_e]
             lane_names.append(names)
-        for s, (dt_str, kind) in enumerate(out_layouts):
+        for s, (dt_str, _) in enumerate(out_layouts):
             dt = np.dtype(dt_str)
             vals = ", ".join(lane_names[lane][out_pos[s]] for lane in range(vec))
             body.append(f"  {store_v(dt, f'out{s}', f'out{s}_off + i', f'({vector_type(dt, vec)})({vals})', vec)}")

@@ -35,6 +35,7 @@ import numpy as np
 from netcl.core.tensor import Tensor, check_same_queue, contiguous_strides
 from netcl.errors import ShapeError
 from netcl.jit import autodiff, ir, lazy
+from netcl.jit import reduce as jreduce
 from netcl.jit.runner import run_elementwise
 
 
@@ -133,7 +134,7 @@ class FusedFunction:
         exprs = []
         for o in outs:
             if not isinstance(o, Tensor):
-                raise lazy.TraceError(f"a fused function must return Tensors, got {type(o).__name__}")
+                raise ir.TraceError(f"a fused function must return Tensors, got {type(o).__name__}")
             pend = o._pending
             exprs.append(pend.expr if pend is not None else ir.leaf(o))
         tr = Trace(exprs, [o.shape for o in outs], slot, [t.shape for t in tensors],
@@ -159,8 +160,6 @@ class FusedFunction:
 
     def backward(self, inputs: Any, grad_outputs: Any) -> list[Tensor | None]:
         """Gradients of sum_j <grad_outputs[j], output_j> w.r.t. each tensor input (see module doc)."""
-        from netcl.ops.reduce import sum as reduce_sum
-
         args = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
         tr = self.trace(args)
         tensors = [a for a in args if isinstance(a, Tensor)]
@@ -190,11 +189,16 @@ class FusedFunction:
         for i, e in zip(slots, exprs):
             if tr.in_shapes[i] == full:
                 continue
-            pending = lazy.make_result(e, full, queue, [])
             lead = len(full) - len(tr.in_shapes[i])
             axes = tuple(range(lead)) + tuple(
                 lead + d for d, s in enumerate(tr.in_shapes[i]) if s == 1 and full[lead + d] != 1)
-            results[i] = reduce_sum(pending, axes, keepdims=False).reshape(tr.in_shapes[i])
+            # the broadcast input's gradient: summed over its broadcast axes by the reduction engine
+            pending = lazy.make_result(e, full, queue, [])
+            if any(n.op == "index" for n in ir.walk([e])):
+                pending.realize()  # position-dependent expressions are computed before they are reduced
+            summed = Tensor.empty(queue, tuple(s for d, s in enumerate(full) if d not in axes), e.dtype)
+            jreduce.run("reduce", "sum", lazy.operand(pending, []), full, axes, summed, queue)
+            results[i] = summed.reshape(tr.in_shapes[i])
         for i in range(tr.n_inputs):
             if results[i] is None and tr.in_dtypes[i].kind == "f" and i not in grads:
                 results[i] = Tensor.zeros(queue, tr.in_shapes[i], tr.in_dtypes[i])

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from netcl.core import dtypes
-from netcl.errors import DTypeError
+from netcl.errors import DTypeError, NetclError
 
 F16, F32, F64 = dtypes.float16, dtypes.float32, dtypes.float64
 I32, I64, U8, BOOL = dtypes.int32, dtypes.int64, dtypes.uint8, dtypes.bool_
@@ -26,6 +26,10 @@ COMPUTE_SIZE = {F16: 4, F32: 4, F64: 8, I32: 4, I64: 8, U8: 1, BOOL: 1}  # bytes
 # numpy scalar type a runtime scalar argument of each dtype is passed as.
 ARG_TYPE = {F16: np.float32, F32: np.float32, F64: np.float64, I32: np.int32, I64: np.int64,
             U8: np.uint8, BOOL: np.uint8}
+
+
+class TraceError(NetclError):
+    """A function under netcl.jit.fuse did something that is not elementwise on its inputs."""
 
 
 class Node:

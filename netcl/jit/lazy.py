@@ -21,7 +21,6 @@ Correctness rules:
 
 from __future__ import annotations
 
-import os
 import threading
 import weakref
 from typing import Any
@@ -30,7 +29,6 @@ from netcl import config
 from netcl.core import tensor as _tensor
 from netcl.core.memory import Storage
 from netcl.core.tensor import Tensor, contiguous_strides
-from netcl.errors import NetclError
 from netcl.jit import ir
 from netcl.jit.runner import run_elementwise
 
@@ -93,7 +91,7 @@ def realize_pending_readers(storage: Storage) -> None:
     for ref in list(readers.values()):
         t = ref()
         if t is not None and t._pending is not None:
-            t._pending.realize(t)
+            realize(t)
 
 class _State(threading.local):
     tracing = 0  # class default: reading it in a fresh thread needs no getattr fallback
@@ -116,18 +114,9 @@ class trace_mode:
         _state.tracing -= 1
 
 
-# NETCL_FUSION is read on every op; when it is unset (the usual case) the lookup goes straight to
-# the environment's own dict, skipping os.environ's str encoding (CPython on POSIX)
-_ENV_DATA = getattr(os.environ, "_data", None) if os.name == "posix" else None
-_FUSION_KEY = os.environ.encodekey("NETCL_FUSION") if _ENV_DATA is not None else None
-
-
 def lazy_enabled() -> bool:
-    if _state.tracing > 0:
-        return True
-    if _ENV_DATA is not None and _FUSION_KEY not in _ENV_DATA:
-        return True
-    return config.fusion_enabled()
+    """Whether elementwise ops stay pending (read on every op: config.env is the cheap lookup)."""
+    return _state.tracing > 0 or config.fusion_enabled()
 
 
 _contiguous: dict[tuple[int, ...], tuple[int, ...]] = {}
@@ -144,11 +133,8 @@ class Pending:
         self.leaves = leaves
 
     def realize(self, tensor: Tensor) -> None:
+        """Compute `tensor` (core's Tensor calls this when it needs the storage)."""
         realize(tensor)
-
-
-class TraceError(NetclError):
-    """A function under netcl.jit.fuse did something that is not elementwise on its inputs."""
 
 
 def _info(expr: ir.Node) -> tuple[tuple[Tensor, ...], bool]:
@@ -185,10 +171,6 @@ def _info(expr: ir.Node) -> tuple[tuple[Tensor, ...], bool]:
     return info
 
 
-def _leaf_tensors(expr: ir.Node) -> list[Tensor]:
-    return list(_info(expr)[0])
-
-
 def operand(t: Tensor, inlined: list[weakref.ref]) -> ir.Node:
     """The IR node standing for tensor `t` in a new expression (inlining `t` if it is pending)."""
     pending = t._pending
@@ -216,7 +198,7 @@ def make_result(expr: ir.Node, shape: tuple[int, ...], queue: Any, inlined: list
         leaves = (expr.info or _info(expr))[0]
         if expr.size > MAX_NODES or len(leaves) > MAX_LEAVES:
             if tracing():
-                raise TraceError(f"a fused function grew past {MAX_NODES} nodes / {MAX_LEAVES} tensors")
+                raise ir.TraceError(f"a fused function grew past {MAX_NODES} nodes / {MAX_LEAVES} tensors")
         else:
             out._pending = Pending(expr, inlined, leaves)
             register_pending_reader(out, [t._storage for t in leaves])
@@ -233,7 +215,7 @@ def realize(tensor: Tensor) -> None:
     if pending is None:
         return
     if pending.expr.op == "input" or _has_inputs(pending.expr):
-        raise TraceError(
+        raise ir.TraceError(
             "a function traced by netcl.jit.fuse needed the value of a traced tensor (a host read, a "
             "view, or a non-elementwise op); fuse only elementwise work, call the rest outside"
         )

@@ -27,9 +27,9 @@ from typing import Any
 
 import numpy as np
 
-from netcl.config import _int
-from netcl.core import dtypes
 from netcl import kernels
+from netcl.config import jit_knob
+from netcl.core import dtypes
 from netcl.core.tensor import Tensor, _coalesce
 from netcl.jit import codegen, ir
 from netcl.jit.runner import broadcast_strides, memo_params_args
@@ -39,14 +39,14 @@ MAX_CHUNK = 1 << 14
 # work-groups per compute unit for a full reduction, vector width of the loads, loop unroll
 # (independent loads in flight per work-item), and the longest serial sum one accumulator lane
 # may do (the error bound: the old 16384-element chunks, 4096 per lane of a float4 in the CPU path).
-RED_GROUPS_PER_CU = _int("NETCL_RED_GROUPS_PER_CU", 4)
-RED_VEC = _int("NETCL_RED_VEC", 4)
-RED_UNROLL = _int("NETCL_RED_UNROLL", 4)
+RED_GROUPS_PER_CU = jit_knob("NETCL_RED_GROUPS_PER_CU")
+RED_VEC = jit_knob("NETCL_RED_VEC")
+RED_UNROLL = jit_knob("NETCL_RED_UNROLL")
 MAX_SERIAL = 2048
 # softmax/log_softmax with the row held in registers (1 read + 1 write) when a row has at most
 # L * W * SOFTMAX_REG elements (GPU layouts); 0 keeps the online max/sum pass + a second read
-SOFTMAX_REG = _int("NETCL_SOFTMAX_REG", 8)
-ALIGNED = bool(_int("NETCL_RED_ALIGNED", 1))
+SOFTMAX_REG = jit_knob("NETCL_SOFTMAX_REG")
+ALIGNED = bool(jit_knob("NETCL_RED_ALIGNED"))
 # Tests set this to "gpu" to run the GPU layouts (local-memory trees) on the PoCL CPU device.
 FORCE_KIND: str | None = None
 
@@ -230,7 +230,8 @@ def source(key: tuple) -> str:
     b.append(f"const {idx_t} k0 = ko;")
     if not stage2:
         for s in range(len(leaf_dts)):
-            b.append(f"const {idx_t} base{s} = in{s}_off + " + " + ".join(f"k{d} * in{s}_k{d}" for d in range(knd)) + ";")
+            b.append(f"const {idx_t} base{s} = in{s}_off + "
+                     + " + ".join(f"k{d} * in{s}_k{d}" for d in range(knd)) + ";")
     if mode != "reduce":
         b.append(f"const {idx_t} obase = out_off + " + " + ".join(f"k{d} * out_k{d}" for d in range(knd)) + ";")
 
@@ -359,7 +360,8 @@ def source(key: tuple) -> str:
         b.append(f"for ({idx_t} r = start + lid; r < end; r += {L}) {{")
         vl, var = value_lines("r")
         b += ["  " + x for x in vl]
-        oc = "obase + r * out_r0" if out_rkind != "g" else "obase + " + " + ".join(f"rc{d} * out_r{d}" for d in range(rnd))
+        oc = ("obase + r * out_r0" if out_rkind != "g"
+              else "obase + " + " + ".join(f"rc{d} * out_r{d}" for d in range(rnd)))
         if mode == "softmax":
             val = f"exp(({act}){var} - st_m) / st_s"
         else:
@@ -372,7 +374,8 @@ def source(key: tuple) -> str:
         vl, var = value_lines("r")
         b += ["  " + x for x in vl]
         b.append("  " + _update(reducer, acc, "st_", f"(({act}){var})", "r"))
-        oc = "obase + r * out_r0" if out_rkind != "g" else "obase + " + " + ".join(f"rc{d} * out_r{d}" for d in range(rnd))
+        oc = ("obase + r * out_r0" if out_rkind != "g"
+              else "obase + " + " + ".join(f"rc{d} * out_r{d}" for d in range(rnd)))
         b.append("  " + codegen.store_scalar(out_dt, "out", oc, f"(({ir.COMPUTE_TYPE[out_dt]})st_a)"))
         b.append("}")
     elif mode == "topk":
@@ -394,7 +397,8 @@ def source(key: tuple) -> str:
         b.append("  tv[j] = v; ti[j] = r;")
         b.append("}")
         b.append(f"for (int j = 0; j < {k}; ++j) {{")
-        b.append("  " + codegen.store_scalar(out_dt, "out", "obase + j * out_r0", f"(({ir.COMPUTE_TYPE[out_dt]})tv[j])"))
+        b.append("  " + codegen.store_scalar(out_dt, "out", "obase + j * out_r0",
+                                             f"(({ir.COMPUTE_TYPE[out_dt]})tv[j])"))
         b.append("  out_idx[(obase - out_off) + j * out_r0] = ti[j];")
         b.append("}")
     fp64 = acc == ir.F64 or out_dt == ir.F64 or any(np.dtype(d) == ir.F64 for d in leaf_dts) or \

@@ -11,19 +11,19 @@ from typing import Any
 
 import numpy as np
 
-from netcl.config import _int
 from netcl import kernels
+from netcl.config import jit_knob
 from netcl.core.tensor import Tensor, _coalesce, contiguous_strides
 from netcl.jit import codegen, ir
 
-VEC_GPU = _int("NETCL_EW_VEC", 4)  # float4 loads/stores per work-item on GPUs
+VEC_GPU = jit_knob("NETCL_EW_VEC")  # float4 loads/stores per work-item on GPUs
 # GPU launch: work-groups of GPU_LOCAL; GPU_GROUPS_PER_CU > 0 caps the grid at that many groups per
 # compute unit (grid-stride loop); 0 = one vector step per work-item (no cap: the hardware
 # scheduler balances many small groups, no tail wave when registers limit occupancy)
-GPU_LOCAL = _int("NETCL_EW_LOCAL", 256)
-GPU_GROUPS_PER_CU = _int("NETCL_EW_GROUPS_PER_CU", 0)
+GPU_LOCAL = jit_knob("NETCL_EW_LOCAL")
+GPU_GROUPS_PER_CU = jit_knob("NETCL_EW_GROUPS_PER_CU")
 # aligned vector loads (pointer casts) when every contiguous operand's offset is a multiple of VEC
-ALIGNED = bool(_int("NETCL_EW_ALIGNED", 1))
+ALIGNED = bool(jit_knob("NETCL_EW_ALIGNED"))
 VEC_CPU = 8  # wide loads for PoCL when the graph is only cheap arithmetic ...
 # ... but never wider than 32 bytes (double4, long4). PoCL 3.0 (LLVM 14) on AVX-512 CPUs that LLVM 14
 # does not know (AMD Zen 4, "znver3" to it) links the AVX-512 kernel library into code generated for

@@ -10,13 +10,14 @@
  *   T          storage/arithmetic type: float or double (USE_FP64 enables cl_khr_fp64)
  *   N_TENSORS  tensors per launch, 1..8
  *   ITEMS      consecutive elements per work-item (default 1)
- *   OPT        1 SGD (s1 momentum buffer), 2 Adam/AdamW (s1 exp_avg, s2 exp_avg_sq),
- *              3 RMSProp (s1 square_avg, s2 grad_avg, s3 momentum buffer)
- * Scalars (all T unless noted):
- *   SGD     lr, momentum, dampening, weight_decay, nesterov (int), first_step (int: buf = g)
- *   Adam    lr, beta1, beta2, eps, weight_decay, decoupled (int: AdamW), bias_correction1,
- *           sqrt(bias_correction2)
- *   RMSProp lr, alpha, eps, weight_decay, momentum, centered (int)
+ *   OPT        the rule, by name (netcl.ops.update passes the name, never its value):
+ *              OPT_SGD (sa momentum buffer), OPT_ADAM (Adam/AdamW: sa exp_avg, sb exp_avg_sq),
+ *              OPT_RMSPROP (sa square_avg, sb grad_avg, sc momentum buffer)
+ * Scalars (HYPER_ARGS, all T unless noted; the host passes them by these names):
+ *   OPT_SGD     lr, momentum, dampening, weight_decay, nesterov (int), first_step (int: buf = g)
+ *   OPT_ADAM    lr, beta1, beta2, eps, weight_decay, decoupled (int: AdamW), bias_correction1,
+ *               bias_correction2_sqrt
+ *   OPT_RMSPROP lr, alpha, eps, weight_decay, momentum, centered (int)
  */
 #include "common.cl"
 
@@ -26,14 +27,17 @@
 #ifndef N_TENSORS
 #define N_TENSORS 1
 #endif
+#define OPT_SGD 1
+#define OPT_ADAM 2
+#define OPT_RMSPROP 3
 #ifndef OPT
-#define OPT 2
+#define OPT OPT_ADAM  /* the clipping programs compile an update rule too */
 #endif
 
 #define TENSOR_ARGS(i) __global T* p##i, long po##i, __global const T* g##i, long go##i, \
     __global T* sa##i, __global T* sb##i, __global T* sc##i, long n##i
 
-#if OPT == 1
+#if OPT == OPT_SGD
 #define HYPER_ARGS T lr, T momentum, T dampening, T weight_decay, int nesterov, int first_step
 inline void update(__global T* p, __global const T* g, __global T* sa, __global T* sb, __global T* sc,
                    long i, long j, HYPER_ARGS) {
@@ -49,7 +53,7 @@ inline void update(__global T* p, __global const T* g, __global T* sa, __global 
 }
 #define HYPER_PASS lr, momentum, dampening, weight_decay, nesterov, first_step
 
-#elif OPT == 2
+#elif OPT == OPT_ADAM
 #define HYPER_ARGS T lr, T beta1, T beta2, T eps, T weight_decay, int decoupled, T bias_correction1, \
     T bias_correction2_sqrt
 inline void update(__global T* p, __global const T* g, __global T* sa, __global T* sb, __global T* sc,
@@ -106,7 +110,7 @@ inline void update_range(__global T* p, __global const T* g, __global T* sa, __g
     for (; j < j1; ++j) update(p, g, sa, sb, sc, j, j, HYPER_PASS);
 }
 
-#elif OPT == 3
+#elif OPT == OPT_RMSPROP
 #define HYPER_ARGS T lr, T alpha, T eps, T weight_decay, T momentum, int centered
 inline void update(__global T* p, __global const T* g, __global T* sa, __global T* sb, __global T* sc,
                    long i, long j, HYPER_ARGS) {

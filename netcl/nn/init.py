@@ -9,8 +9,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from netcl.ops import random
 from netcl.core.tensor import Tensor
+from netcl.ops import random
 
 
 def fans(shape: tuple[int, ...]) -> tuple[int, int]:

@@ -12,10 +12,10 @@ from typing import Any
 import netcl.autograd as ag
 from netcl.autograd.engine import Node, Parameter, as_node
 from netcl.core import shapes
-from netcl.ops import random
 from netcl.core.backend import as_queue
 from netcl.nn import init
 from netcl.nn.module import Module
+from netcl.ops import random
 
 
 def _normalized_shape(value: Any) -> tuple[int, ...]:

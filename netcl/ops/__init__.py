@@ -5,13 +5,38 @@ numbers: netcl.ops.operators, netcl.ops.copy, netcl.ops.random); `import netcl` 
 """
 # ruff: noqa: F401, E501  (this module exists to re-export)
 from netcl.ops import copy, operators, random
-from netcl.ops.conv import conv2d, conv2d_relu, conv2d_backward_input, conv2d_backward_weight, conv2d_backward_bias, conv_transpose2d
-from netcl.ops.pool import max_pool2d, max_pool2d_backward, avg_pool2d, avg_pool2d_backward, adaptive_avg_pool2d, adaptive_avg_pool2d_backward, global_avg_pool2d
+from netcl.ops.conv import (
+    conv2d,
+    conv2d_backward_bias,
+    conv2d_backward_input,
+    conv2d_backward_weight,
+    conv2d_relu,
+    conv_transpose2d,
+)
 from netcl.ops.elementwise import *  # noqa: F403
-from netcl.ops.movement import *  # noqa: F403
-from netcl.ops.norm import batch_norm, batch_norm_relu, batch_norm_backward, layer_norm, layer_norm_backward, rms_norm, rms_norm_backward, group_norm, group_norm_backward
-from netcl.ops.gemm import matmul, matmul_epilogue, linear
 from netcl.ops.fused import linear_relu, matmul_bias_relu
+from netcl.ops.gemm import linear, matmul, matmul_epilogue
+from netcl.ops.movement import *  # noqa: F403
+from netcl.ops.norm import (
+    batch_norm,
+    batch_norm_backward,
+    batch_norm_relu,
+    group_norm,
+    group_norm_backward,
+    layer_norm,
+    layer_norm_backward,
+    rms_norm,
+    rms_norm_backward,
+)
+from netcl.ops.pool import (
+    adaptive_avg_pool2d,
+    adaptive_avg_pool2d_backward,
+    avg_pool2d,
+    avg_pool2d_backward,
+    global_avg_pool2d,
+    max_pool2d,
+    max_pool2d_backward,
+)
 from netcl.ops.random import rand, randint, randn
 from netcl.ops.reduce import *  # noqa: F403
 

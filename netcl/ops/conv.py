@@ -256,7 +256,8 @@ def select_algorithm(device: Any, p: ConvParams, dt: np.dtype) -> str:
             device, 2 * p.N * p.K * p.Cg * 9 * p.OH * p.OW):
         return "winograd"  # GPUs, large: 3.2x im2col on the H200; on PoCL im2col + GEMM is 1.3-1.8x Winograd
     if p.G == 1:
-        return "im2col"  # on PoCL too: measured 9 GFLOP/s vs 1.7 for the direct kernel (bench/NOTES.md, convolution section)
+        # on PoCL too: measured 9 GFLOP/s vs 1.7 for the direct kernel (bench/NOTES.md, convolution section)
+        return "im2col"
     return "direct"
 
 

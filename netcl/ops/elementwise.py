@@ -45,7 +45,6 @@ __all__ = [
     "clamp",
     "cos",
     "div",
-    "elementwise",
     "eq",
     "erf",
     "exp",
@@ -129,8 +128,9 @@ def _check_operand(op: str, x: Any) -> None:
         raise DTypeError(f"{op}: operands must be Tensors or Python numbers, got {type(x).__name__}")
 
 
-def elementwise(op: str, build: Any, *operands: Operand, dtype: np.dtype | None = None) -> Tensor:
-    """Apply `build(*nodes)` (an IR builder) to tensors/scalars with broadcasting.
+def from_ir(op: str, build: Any, *operands: Operand, dtype: np.dtype | None = None) -> Tensor:
+    """The elementwise op `build(*nodes)` (an IR builder) on tensors/scalars, with broadcasting (how
+    every op of this module and movement's triangular masks are made).
 
     Scalars become runtime params of dtype `dtype` or, if None, of the weak-promoted dtype."""
     tensors = []
@@ -166,7 +166,7 @@ def elementwise(op: str, build: Any, *operands: Operand, dtype: np.dtype | None 
 
 def _binary(op: str) -> Any:
     def fn(a: Operand, b: Operand) -> Tensor:
-        return elementwise(op, lambda x, y, dt: ir.binary(op, x, y, dt), a, b)
+        return from_ir(op, lambda x, y, dt: ir.binary(op, x, y, dt), a, b)
 
     fn.__name__ = op
     fn.__doc__ = f"Elementwise {op}(a, b) with broadcasting and netcl's promotion rules."
@@ -175,7 +175,7 @@ def _binary(op: str) -> Any:
 
 def _unary(op: str) -> Any:
     def fn(x: Tensor) -> Tensor:
-        return elementwise(op, lambda n, dt: ir.unary(op, n), x)
+        return from_ir(op, lambda n, dt: ir.unary(op, n), x)
 
     fn.__name__ = op
     fn.__doc__ = f"Elementwise {op}(x)."
@@ -247,7 +247,7 @@ isfinite = _unary("isfinite")
 
 def leaky_relu(x: Tensor, negative_slope: float = 0.01) -> Tensor:
     """x if x >= 0 else negative_slope * x."""
-    return elementwise("leaky_relu", lambda n, s, dt: ir.binary("leaky_relu", n, s, dt), x,
+    return from_ir("leaky_relu", lambda n, s, dt: ir.binary("leaky_relu", n, s, dt), x,
                        float(negative_slope), dtype=x.dtype if ir.is_float(x.dtype) else ir.F32)
 
 
@@ -256,7 +256,7 @@ def gelu(x: Tensor, approximate: str = "none") -> Tensor:
     if approximate not in ("none", "tanh"):
         raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
     op = "gelu" if approximate == "none" else "gelu_tanh"
-    return elementwise("gelu", lambda n, dt: ir.unary(op, n), x)
+    return from_ir("gelu", lambda n, dt: ir.unary(op, n), x)
 
 
 def clamp(x: Tensor, min: Operand = None, max: Operand = None) -> Tensor:
@@ -276,7 +276,7 @@ def clamp(x: Tensor, min: Operand = None, max: Operand = None) -> Tensor:
             out = ir.binary("minimum", out, ns[k], dt)
         return out
 
-    return elementwise("clamp", build, *ops)
+    return from_ir("clamp", build, *ops)
 
 
 def where(cond: Operand, a: Operand, b: Operand) -> Tensor:
@@ -299,7 +299,7 @@ def where(cond: Operand, a: Operand, b: Operand) -> Tensor:
             c = ir.param(bool(c.attr), ir.BOOL)
         return ir.where(c, x, y, dt)
 
-    return elementwise("where", build, cond, a, b, dtype=dt)
+    return from_ir("where", build, cond, a, b, dtype=dt)
 
 
 def masked_fill(x: Tensor, mask: Tensor, value: Any) -> Tensor:
@@ -309,11 +309,11 @@ def masked_fill(x: Tensor, mask: Tensor, value: Any) -> Tensor:
     out_shape = broadcast_shapes("masked_fill", x.shape, mask.shape)
     if out_shape != x.shape:
         raise ShapeError(f"masked_fill: mask of shape {mask.shape} does not broadcast to x's shape {x.shape}")
-    return elementwise("masked_fill", lambda c, v, n, dt: ir.where(c, v, n, dt), mask, value, x,
+    return from_ir("masked_fill", lambda c, v, n, dt: ir.where(c, v, n, dt), mask, value, x,
                        dtype=x.dtype)
 
 
 def cast(x: Tensor, dtype: Any) -> Tensor:
     """x converted to `dtype` (float -> int truncates toward zero; nonzero -> True for bool)."""
     dt = dtypes.normalize(dtype)
-    return elementwise("cast", lambda n, _dt: ir.cast(n, dt) if n.dtype != dt else ir.Node("cast", (n,), dt), x)
+    return from_ir("cast", lambda n, _dt: ir.cast(n, dt) if n.dtype != dt else ir.Node("cast", (n,), dt), x)

@@ -13,15 +13,16 @@ from typing import Any
 
 import numpy as np
 
-from netcl.core import dtypes, shapes
-from netcl.core.backend import device_check
-from netcl.core.tensor import MAX_DIMS, Tensor, check_same_queue
-from netcl.ops.copy import long4x2 as _long4x2
 from netcl import kernels
+from netcl.core import dtypes, shapes
+from netcl.core.backend import as_queue, device_check
+from netcl.core.tensor import MAX_DIMS, Tensor, check_same_queue
 from netcl.errors import DTypeError, ShapeError
 from netcl.jit import ir, lazy
 from netcl.jit.runner import run_elementwise
-from netcl.ops.elementwise import _is_scalar, broadcast_shapes
+from netcl.ops import reduce as _reduce
+from netcl.ops.copy import long4x2 as _long4x2
+from netcl.ops.elementwise import _is_scalar, broadcast_shapes, from_ir, where
 
 __all__ = ["arange", "assign", "chunk", "concat", "embedding", "gather", "index_select", "one_hot", "pad",
            "repeat", "scatter_add", "setitem", "split", "stack", "take", "tril", "triu"]
@@ -59,8 +60,6 @@ def setitem(x: Tensor, index: Any, value: Any) -> Tensor:
                              "(use scatter_add / index ops for integer indices)")
         if index.shape != x.shape:
             raise ShapeError(f"setitem: mask of shape {index.shape} does not match tensor of shape {x.shape}")
-        from netcl.ops.elementwise import where
-
         return assign(x, where(index, value, x))
     return assign(x[index], value)
 
@@ -196,8 +195,6 @@ def _check_bounds(op: str, index: Tensor, size: int, what: str = "axis size", ne
     an out-of-range id is a bug that must not turn into silent zeros."""
     if index.size == 0:
         return
-    from netcl.ops import reduce as _reduce
-
     low = int(_reduce.min(index).to_host())
     high = int(_reduce.max(index).to_host())
     first = -size if negative else 0
@@ -344,14 +341,12 @@ def scatter_add(x: Tensor, axis: int, index: Tensor, src: Tensor, deterministic:
 def _tri(op: str, x: Tensor, k: int, lower: bool) -> Tensor:
     if x.ndim < 2:
         raise ShapeError(f"{op}: needs at least 2 dimensions, got shape {x.shape}")
-    from netcl.ops.elementwise import elementwise
-
     def build(n: ir.Node, dt: np.dtype) -> ir.Node:
         diff = ir.binary("sub", ir.index(1), ir.index(2), ir.I64)  # column - row
         keep = ir.binary("le" if lower else "ge", diff, ir.const(int(k), ir.I64), ir.I64)
         return ir.where(keep, n, ir.const(0, n.dtype), n.dtype)
 
-    return elementwise(op, build, x)
+    return from_ir(op, build, x)
 
 
 def tril(x: Tensor, k: int = 0) -> Tensor:
@@ -389,8 +384,6 @@ def arange(q: Any, start: Any, stop: Any = None, step: Any = 1, dtype: Any = Non
     cdt = dt if dt.kind == "f" else dtypes.int64
     expr = ir.binary("add", ir.param(start, cdt),
                      ir.binary("mul", ir.cast(ir.index(1), cdt), ir.param(step, cdt), cdt), cdt)
-    from netcl.core.backend import as_queue
-
     queue = as_queue(q)
     return lazy.make_result(ir.cast(expr, dt), (n,), queue, [])
 
@@ -400,8 +393,6 @@ def one_hot(ids: Tensor, num_classes: int, dtype: Any = np.int64) -> Tensor:
     _check_index("one_hot", ids)
     num_classes = shapes.size(num_classes, "one_hot: num_classes", minimum=1)
     dt = dtypes.normalize(dtype)
-    from netcl.ops.elementwise import elementwise
-
     _check_bounds("one_hot", ids, int(num_classes), "num_classes", negative=False)
     shape = ids.shape + (int(num_classes),)
     col = ids.reshape(*ids.shape, 1).expand(*shape)
@@ -409,7 +400,7 @@ def one_hot(ids: Tensor, num_classes: int, dtype: Any = np.int64) -> Tensor:
     def build(n: ir.Node, _dt: np.dtype) -> ir.Node:
         return ir.cast(ir.binary("eq", n, ir.index(1), ir.I64), dt)
 
-    return elementwise("one_hot", build, col)
+    return from_ir("one_hot", build, col)
 
 
 def repeat(x: Tensor, *reps: Any) -> Tensor:

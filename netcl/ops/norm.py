@@ -15,10 +15,10 @@ from typing import Any
 
 import numpy as np
 
+from netcl import kernels
 from netcl.core import dtypes
 from netcl.core.tensor import Tensor, check_same_queue
 from netcl.errors import DTypeError, ShapeError
-from netcl import kernels
 
 
 def _float_dtype(op: str, *tensors: Tensor | None) -> np.dtype:

@@ -7,10 +7,10 @@ from typing import Any
 
 import numpy as np
 
+from netcl import kernels
 from netcl.core import dtypes, shapes
 from netcl.core.tensor import Tensor, check_same_queue
 from netcl.errors import DTypeError, ShapeError
-from netcl import kernels
 
 
 def _check_input(op: str, x: Tensor) -> None:

@@ -22,6 +22,7 @@ from netcl.core.tensor import Tensor
 from netcl.errors import DTypeError, ShapeError
 from netcl.jit import ir, lazy
 from netcl.jit import reduce as jreduce
+from netcl.ops.elementwise import sqrt
 
 __all__ = [
     "all",
@@ -171,8 +172,6 @@ def var(x: Tensor, axis: Any = None, keepdims: bool = False, ddof: int = 0) -> T
 
 def std(x: Tensor, axis: Any = None, keepdims: bool = False, ddof: int = 0) -> Tensor:
     """Standard deviation: sqrt(var)."""
-    from netcl.ops.elementwise import sqrt
-
     return sqrt(var(x, axis, keepdims, ddof))
 
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-import numpy as np
-
 from netcl.optim.arguments import Pair, Real
 from netcl.optim.optimizer import Optimizer, _bias_corrections
 
@@ -17,7 +15,7 @@ class Adam(Optimizer):
 
     lr, eps, weight_decay are finite and >= 0; betas a pair in [0, 1)."""
 
-    kind = 2
+    rule = "adam"
     hyper = {
         "lr": Real(0),
         "betas": Pair(Real(0, 1, high_open=True)),
@@ -37,19 +35,11 @@ class Adam(Optimizer):
     ):
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
 
-    def _hyper(self, group: dict[str, Any], step: int, scalar: type, items: list) -> tuple:
+    def _hyper(self, group: dict[str, Any], step: int, items: list) -> dict[str, Any]:
         beta1, beta2 = group["betas"]
         bc1, bc2_sqrt = _bias_corrections(beta1, beta2, step)
-        return (
-            scalar(group["lr"]),
-            scalar(beta1),
-            scalar(beta2),
-            scalar(group["eps"]),
-            scalar(group["weight_decay"]),
-            np.int32(self.decoupled),
-            scalar(bc1),
-            scalar(bc2_sqrt),
-        )
+        return dict(lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"],
+                    decoupled=bool(self.decoupled), bias_correction1=bc1, bias_correction2_sqrt=bc2_sqrt)
 
 
 class AdamW(Adam):

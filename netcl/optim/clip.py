@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 
-import numpy as np
-
-from netcl import kernels
 from netcl.autograd.engine import Node
 from netcl.core.tensor import Tensor
-from netcl.errors import NetclError
+from netcl.ops import update
 from netcl.optim.arguments import Flag, Real
 
 
@@ -46,48 +42,4 @@ def clip_grad_norm_(
     for i, p in enumerate(params):
         if not isinstance(p, Node):
             raise TypeError(f"clip_grad_norm_: parameters[{i}] is a {type(p).__name__}, not a Parameter")
-    grads = [p.grad for p in params if p.grad is not None]
-    if not grads:
-        raise NetclError("clip_grad_norm_: no parameter has a gradient (call backward first)")
-    queue = grads[0].queue
-    dtype = grads[0].dtype
-    for g in grads:
-        if g.queue is not queue or g.dtype != dtype:
-            raise NetclError("clip_grad_norm_: all gradients must share one queue and one dtype")
-        if not g.is_contiguous():
-            raise NetclError(
-                f"clip_grad_norm_: a gradient of shape {g.shape} is not contiguous; gradients are scaled "
-                "in place, so they must be contiguous"
-            )
-    defines = kernels.float_defines(dtype, "clip_grad_norm_")
-    wg = kernels.work_group(queue.device)
-    defines.update(WG=wg)
-    prg = kernels.program(queue.device, "optim.cl", **defines)
-    scalar = kernels.scalar_type(dtype)
-    partial = Tensor.empty(queue, (len(grads),), dtype)
-    norm = Tensor.empty(queue, (2,), dtype)
-    for slot, g in enumerate(grads):
-        prg.sum_squares(
-            queue,
-            (wg,),
-            (wg,),
-            g.buffer,
-            np.int64(g.offset),
-            np.int64(g.size),
-            partial.buffer,
-            np.int32(slot),
-        )
-    prg.clip_coef(queue, (1,), (1,), partial.buffer, np.int32(len(grads)), scalar(max_norm), norm.buffer)
-    if error_if_nonfinite:
-        total = float(norm.to_host()[0])
-        if not math.isfinite(total):
-            raise NetclError(
-                f"clip_grad_norm_: the total norm of order {norm_type} of the gradients is {total}, so "
-                "they cannot be clipped; the gradients were left as they are (error_if_nonfinite=False "
-                "scales them anyway)"
-            )
-    for g in grads:
-        prg.scale_by(
-            queue, (max(g.size, 1),), None, g.buffer, np.int64(g.offset), np.int64(g.size), norm.buffer
-        )
-    return norm[0:1]
+    return update.clip_grad_norm([p.grad for p in params if p.grad is not None], max_norm, error_if_nonfinite)

@@ -15,14 +15,13 @@ from typing import Any
 
 import numpy as np
 
-from netcl import kernels
 from netcl.autograd.engine import Node
 from netcl.core import capture
 from netcl.core.tensor import Tensor
 from netcl.errors import DTypeError, GraphCaptureError, NetclError, ShapeError
+from netcl.ops import update
+from netcl.ops.update import MAX_TENSORS_PER_LAUNCH
 from netcl.optim.arguments import Count, Flag, Real, is_count
-
-MAX_TENSORS_PER_LAUNCH = 8
 
 # Keys schedulers keep in a parameter group beside the optimizer's own hyperparameters.
 SCHEDULE_KEYS: dict[str, Callable[[Any, str], Any]] = {
@@ -41,10 +40,10 @@ class _Loaded:
 
 
 class Optimizer:
-    """Base class: subclasses set `kind` (kernel OPT code), `hyper` (each hyperparameter's check),
-    `slot_names` (state tensors in the kernel's slot order) and `_hyper(group, step, ...)`."""
+    """Base class: subclasses set `rule` (the update rule of netcl.ops.update), `hyper` (each
+    hyperparameter's check), `slot_names` (the rule's state tensors) and `_hyper(group, step, items)`."""
 
-    kind = 0
+    rule = ""
     hyper: dict[str, Callable[[Any, str], Any]] = {}
     slot_names: tuple[str, ...] = ()
     # state a saved entry may lack: it is made afresh at the next step (SGD's momentum buffer, as in
@@ -134,7 +133,7 @@ class Optimizer:
                 st = self._state_for(p, group)
                 key = self._chunk_key(p, st)
                 chunks.setdefault(key, []).append((p, st))
-            for (queue_id, dtype, step, *_), items in chunks.items():
+            for (_, _, step, *_), items in chunks.items():
                 for start in range(0, len(items), MAX_TENSORS_PER_LAUNCH):
                     self._launch(group, items[start : start + MAX_TENSORS_PER_LAUNCH], step + 1)
                 for p, st in items:
@@ -180,51 +179,25 @@ class Optimizer:
             self._fresh.add(id(p))
         return st
 
-    def _slots(self, st: dict[str, Any]) -> list[Any]:
-        """State tensors in the kernel's slot order (sa, sb, sc); None where this parameter keeps none."""
-        return [st.get(name) for name in self.slot_names]
-
-    def _hyper(self, group: dict[str, Any], step: int, scalar: type, items: list) -> tuple:
+    def _hyper(self, group: dict[str, Any], step: int, items: list) -> dict[str, Any]:
+        """The update's scalars for `step`, by the kernel's parameter names (netcl.ops.update)."""
         raise NotImplementedError
 
     def _launch(self, group: dict[str, Any], items: list[tuple[Node, dict[str, Any]]], step: int) -> None:
-        p0 = items[0][0].value
-        queue = p0.queue
-        defines = kernels.float_defines(p0.dtype, type(self).__name__)
-        items_per = 1 if queue.device.capabilities.kind == "gpu" else 64
-        defines.update(N_TENSORS=len(items), OPT=self.kind, ITEMS=items_per)
-        prg = kernels.program(queue.device, "optim.cl", **defines)
-        args: list[Any] = []
-        total = 0
-        keep = []
-        for p, st in items:
-            v = p.value
-            g = p.grad if p.grad.is_contiguous() else p.grad.contiguous()
-            keep.append(g)
-            # a slot this group does not use gets the parameter's buffer as a placeholder: the
-            # kernel never touches it (_state_for made every slot the group's settings use)
-            bufs = [s.buffer if s is not None else v.buffer for s in self._slots(st)]
-            bufs += [v.buffer] * (3 - len(bufs))
-            args += [v.buffer, np.int64(v.offset), g.buffer, np.int64(g.offset), *bufs, np.int64(v.size)]
-            total += -(-v.size // items_per)
-        scalar = kernels.scalar_type(p0.dtype)
-        fixed = len(args)
-        args += self._hyper(group, step, scalar, items)
-        if total:
-            prg.optimizer_step(queue, (total,), None, *args)
-            graph = capture.capturing()
-            if graph is not None:  # each replay is the next step: new step count, current lr
-                kept = set.intersection(
-                    *({n for n in self.slot_names if st.get(n) is not None} for _, st in items)
-                )
-                graph.on_replay(lambda a: self._replay_step(a, fixed, group, scalar, items, kept))
+        grads = [p.grad if p.grad.is_contiguous() else p.grad.contiguous() for p, _ in items]
+        # a slot this group does not use stays None (_state_for made every slot its settings use)
+        states = [[st.get(name) for name in self.slot_names] for _, st in items]
+        refresh = None
+        if capture.capturing() is not None:  # each replay is the next step: new step count, current lr
+            kept = set.intersection(*({n for n in self.slot_names if st.get(n) is not None} for _, st in items))
+            refresh = lambda: self._replay_step(group, items, kept)  # noqa: E731
+        update.optimizer_step(self.rule, [p.value for p, _ in items], grads, states,
+                              self._hyper(group, step, items), refresh)
 
-    def _replay_step(
-        self, args: list, fixed: int, group: dict[str, Any], scalar: type, items: list, kept: set[str]
-    ) -> None:
+    def _replay_step(self, group: dict[str, Any], items: list, kept: set[str]) -> dict[str, Any]:
         """Before a graph replays this launch: check the group's hyperparameters as step() does,
-        advance the step count of its parameters and put the hyperparameters of that step (the
-        group's current lr, bias corrections) into its arguments."""
+        advance the step count of its parameters and give the hyperparameters of that step (the
+        group's current lr, bias corrections)."""
         name = type(self).__name__
         index = next((i for i, g in enumerate(self.param_groups) if g is group), "?")
         self._check_group(group, f"{name} (graph replay): param_groups[{index}]")
@@ -236,9 +209,9 @@ class Optimizer:
                 "capture); capture the step again"
             )
         step = items[0][1]["step"] + 1
-        args[fixed:] = self._hyper(group, step, scalar, items)
         for _, st in items:
             st["step"] = step
+        return self._hyper(group, step, items)
 
     # -- state -------------------------------------------------------------------------------------
     def _index(self) -> list[Node]:

@@ -5,8 +5,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-import numpy as np
-
 from netcl.optim.arguments import Flag, Real
 from netcl.optim.optimizer import Optimizer
 
@@ -17,7 +15,7 @@ class RMSProp(Optimizer):
 
     lr, eps, weight_decay, momentum are finite and >= 0; alpha in [0, 1]."""
 
-    kind = 3
+    rule = "rmsprop"
     hyper = {
         "lr": Real(0),
         "alpha": Real(0, 1),
@@ -53,15 +51,9 @@ class RMSProp(Optimizer):
             names.append("momentum_buffer")
         return tuple(names)
 
-    def _hyper(self, group: dict[str, Any], step: int, scalar: type, items: list) -> tuple:
-        return (
-            scalar(group["lr"]),
-            scalar(group["alpha"]),
-            scalar(group["eps"]),
-            scalar(group["weight_decay"]),
-            scalar(group["momentum"]),
-            np.int32(bool(group["centered"])),
-        )
+    def _hyper(self, group: dict[str, Any], step: int, items: list) -> dict[str, Any]:
+        return dict(lr=group["lr"], alpha=group["alpha"], eps=group["eps"], weight_decay=group["weight_decay"],
+                    momentum=group["momentum"], centered=bool(group["centered"]))
 
 
 RMSprop = RMSProp

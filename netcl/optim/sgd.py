@@ -5,8 +5,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-import numpy as np
-
 from netcl.optim.arguments import Flag, Real
 from netcl.optim.optimizer import Optimizer
 
@@ -18,7 +16,7 @@ class SGD(Optimizer):
     lr, momentum, weight_decay are finite and >= 0, dampening in [0, 1]; the momentum buffer is made
     at the first step with momentum != 0 (also when a scheduler or load_state_dict turns it on)."""
 
-    kind = 1
+    rule = "sgd"
     hyper = {
         "lr": Real(0),
         "momentum": Real(0),
@@ -53,17 +51,11 @@ class SGD(Optimizer):
     def _state_names(self, group: dict[str, Any]) -> tuple[str, ...]:
         return ("momentum_buffer",) if group["momentum"] != 0 else ()
 
-    def _hyper(self, group: dict[str, Any], step: int, scalar: type, items: list) -> tuple:
+    def _hyper(self, group: dict[str, Any], step: int, items: list) -> dict[str, Any]:
         # a momentum buffer just made (zeros) starts as the gradient itself, as PyTorch's does
         first = all(id(p) in self._fresh for p, _ in items)
-        return (
-            scalar(group["lr"]),
-            scalar(group["momentum"]),
-            scalar(group["dampening"]),
-            scalar(group["weight_decay"]),
-            np.int32(bool(group["nesterov"])),
-            np.int32(first),
-        )
+        return dict(lr=group["lr"], momentum=group["momentum"], dampening=group["dampening"],
+                    weight_decay=group["weight_decay"], nesterov=bool(group["nesterov"]), first_step=first)
 
 
 class Momentum(SGD):

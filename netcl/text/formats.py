@@ -625,8 +625,9 @@ def write_hf(
 ) -> None:
     """Write a Hugging Face ``tokenizer.json`` for byte-level BPE.
 
-    The pre-split pattern goes through `onig_compatible`. Merges are derived from the ranks (tiktoken's conversion): each multi-byte token, in rank order, is
-    split by merging its bytes with lower-ranked tokens only; the two final parts form its merge.
+    The pre-split pattern goes through `onig_compatible`. Merges are derived from the ranks (tiktoken's conversion):
+    each multi-byte token, in rank order, is split by merging its bytes with lower-ranked tokens only; the two final
+    parts form its merge.
     """
     encode_chars = bytes_to_unicode()
 

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 import netcl.autograd as ag
-from netcl import nn
+from netcl import nn, ops
 from netcl.core.tensor import Tensor
 from netcl.data import DataLoader
+from netcl.graph import Graph
 
 
 def build_model(kind: str, q: Any, image_shape: tuple[int, ...], classes: int) -> nn.Module:
@@ -70,8 +70,6 @@ class GraphedStep:
         self.loss: Tensor | None = None
 
     def __call__(self, x: Tensor, y: Tensor) -> Tensor:
-        from netcl.graph import Graph
-
         if self.graph is None:
             self.x, self.y = x.clone(), y.clone()
             self.graph = Graph()
@@ -116,8 +114,6 @@ def train_epoch(
 @ag.no_grad()
 def evaluate(model: nn.Module, x: np.ndarray, y: np.ndarray, q: Any, batch_size: int = 500) -> float:
     """Top-1 accuracy of `model` on host arrays (model in eval mode, nothing recorded)."""
-    from netcl import ops
-
     model.eval()
     correct = 0
     for start in range(0, len(y), batch_size):
@@ -126,15 +122,3 @@ def evaluate(model: nn.Module, x: np.ndarray, y: np.ndarray, q: Any, batch_size:
         correct += int((pred == y[start : start + batch_size]).sum())
     model.train()
     return correct / max(len(y), 1)
-
-
-class Throughput:
-    """Samples per second over a sliding window of steps."""
-
-    def __init__(self) -> None:
-        self.t0 = time.perf_counter()
-        self.samples = 0
-
-    def add(self, n: int) -> float:
-        self.samples += n
-        return self.samples / max(time.perf_counter() - self.t0, 1e-9)

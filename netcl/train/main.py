@@ -13,8 +13,16 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tqdm import tqdm
 
+from netcl import optim
+from netcl.core.device import manager
+from netcl.data import DataLoader, DatasetUnavailable, load_digits, load_idx_dataset
 from netcl.errors import NetclError
+from netcl.io import load_checkpoint, save_checkpoint
+from netcl.io.checkpoint import read_checkpoint
+from netcl.ops import random
+from netcl.train.loop import GraphedStep, build_model, evaluate, train_epoch
 
 # Defaults per dataset, so the job ends on a result worth showing whichever one it found (2-core PoCL
 # CPU device: Fashion-MNIST CNN 2 x 20000 images ~87% in a few minutes; the 1437 digits at batch 32
@@ -109,8 +117,6 @@ def register(subparsers: Any) -> None:
 
 
 def load_data(dataset: str, data_dir: str | None, log: Any) -> Any:
-    from netcl.data import DatasetUnavailable, load_digits, load_idx_dataset
-
     if dataset == "digits":
         return load_digits()
     if data_dir is not None and not Path(data_dir).is_dir():
@@ -126,10 +132,12 @@ def load_data(dataset: str, data_dir: str | None, log: Any) -> Any:
 
 
 def plot_curves(history: dict[str, Any], path: Path, title: str) -> None:
-    import matplotlib
+    # matplotlib takes ~0.5 s to import: deferred to the end of a run (and the non-interactive backend set
+    # before pyplot loads)
+    import matplotlib  # noqa: PLC0415
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # noqa: PLC0415
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
     steps = np.arange(1, len(history["loss"]) + 1)
@@ -179,8 +187,6 @@ def _fresh_default_out() -> Path:
 
 def _plan_output(args: argparse.Namespace, log: Any) -> tuple[Path, Path | None, dict[str, Any]]:
     """(output directory, checkpoint to resume from or None, the settings that checkpoint recorded)."""
-    from netcl.io.checkpoint import read_checkpoint
-
     if args.resume is None:
         if args.out is None:
             out = _fresh_default_out()
@@ -232,15 +238,6 @@ def _settings(args: argparse.Namespace, saved: dict[str, Any], dataset_name: str
 
 
 def run(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
-    from netcl import optim
-    from netcl.ops import random
-    from netcl.core.device import manager
-    from netcl.data import DataLoader
-    from netcl.io import load_checkpoint, save_checkpoint
-    from netcl.train.loop import GraphedStep, build_model, evaluate, train_epoch
-
     def log(msg: str) -> None:
         tqdm.write(msg) if not args.no_progress else print(msg, flush=True)
 
@@ -291,7 +288,8 @@ def run(args: argparse.Namespace) -> int:
                 f"{sched.T_max}): the learning rate continues along the longer schedule")
             sched.T_max = total_steps
             sched.refresh()
-        log(f"resumed from {resume_from} at epoch {start_epoch} (step {meta['step']}), lr {opt.param_groups[0]['lr']:.3g}")
+        log(f"resumed from {resume_from} at epoch {start_epoch} (step {meta['step']}), "
+            f"lr {opt.param_groups[0]['lr']:.3g}")
     log(
         f"model: {model.num_parameters():,} parameters; optimizer AdamW lr={s['lr']}, cosine schedule, "
         f"batch {s['batch_size']}, {len(loader)} steps per epoch"
@@ -312,7 +310,7 @@ def run(args: argparse.Namespace) -> int:
         )
         t0 = time.perf_counter()
 
-        def progress(n: int, loss: float | None) -> None:
+        def progress(n: int, loss: float | None, bar: Any = bar, t0: float = t0) -> None:
             bar.update(n)
             rate = bar.n * s["batch_size"] / max(time.perf_counter() - t0, 1e-9)
             bar.set_postfix(loss=f"{loss:.4f}", img_s=f"{rate:,.0f}")

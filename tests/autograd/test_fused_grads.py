@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 
 import netcl.autograd as ag
-from netcl.profiling import count_launches
 from netcl.core.tensor import Tensor
-from tests.reference import assert_close
-
 from netcl.ops import gemm as mm
+from netcl.profiling import count_launches
+from tests.reference import assert_close
 
 
 @pytest.mark.parametrize(

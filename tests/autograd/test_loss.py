@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 import netcl.autograd as ag
-from netcl.profiling import count_launches
 from netcl.core.tensor import Tensor
 from netcl.errors import DTypeError, ShapeError
+from netcl.profiling import count_launches
 from tests.autograd.gradcheck import check_grads
 from tests.reference import assert_close
 

@@ -10,13 +10,12 @@ import uuid
 import numpy as np
 import pytest
 
-from netcl import profiling
+from netcl import kernels, profiling
 from netcl.core import backend
-from netcl import kernels
 from netcl.core.backend import Queue, as_queue
-from netcl.profiling import count_launches
 from netcl.core.tensor import Tensor
 from netcl.errors import DeviceError, KernelBuildError, KernelLaunchError
+from netcl.profiling import count_launches
 
 SCALE = """
 __kernel void scale(__global float *x, const float a, const int n) {

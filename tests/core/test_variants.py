@@ -10,14 +10,14 @@ import warnings
 import numpy as np
 import pytest
 
+from netcl import kernels
 from netcl.cli import main
 from netcl.core import variants
-from netcl import kernels
 from netcl.core.backend import format_options
 from netcl.core.tensor import Tensor
 from netcl.errors import KernelBuildError, KernelVariantWarning
-
-from netcl.ops.gemm import api, variants as gemm_variants
+from netcl.ops.gemm import api
+from netcl.ops.gemm import variants as gemm_variants
 from netcl.ops.gemm.problem import _prepare
 
 SOURCE = """
@@ -157,12 +157,15 @@ def test_gemm_falls_back_from_a_tile_that_does_not_build(device, queue, monkeypa
     with pytest.warns(KernelVariantWarning, match=r"kernel gemm_cpu \(float32 .*VN=3.*VN must be 4, 8 or 16"):
         got = api.gemm(Tensor.from_host(queue, a), Tensor.from_host(queue, b), variant="cpu")
     np.testing.assert_allclose(got.to_host(), a.astype(np.float64) @ b, rtol=1e-5, atol=1e-5)
-    assert gemm_variants.usable_params(device, "cpu", np.float32)["VN"] == gemm_variants.CPU_SAFE_VECTOR_BYTES // 4  # 8 floats
+    # 8 floats
+    assert gemm_variants.usable_params(device, "cpu", np.float32)["VN"] == gemm_variants.CPU_SAFE_VECTOR_BYTES // 4
 
 
 def test_gemm_takes_the_direct_kernel_when_no_blocked_variant_builds(device, queue, monkeypatch):
-    monkeypatch.setattr(gemm_variants, "variant_chain", lambda variant, dt, requested, device=None: [{**requested, "VN": 3}])
-    monkeypatch.setattr(gemm_variants, "tuned_params", lambda d, v, dt: {**gemm_variants.default_params(v, dt), "BM": 24, "TY": 5})
+    monkeypatch.setattr(gemm_variants, "variant_chain",
+                        lambda variant, dt, requested, device=None: [{**requested, "VN": 3}])
+    monkeypatch.setattr(gemm_variants, "tuned_params",
+                        lambda d, v, dt: {**gemm_variants.default_params(v, dt), "BM": 24, "TY": 5})
     monkeypatch.setattr(gemm_variants, "_usable", {})
     monkeypatch.setattr(api, "_templates", {})
     rng = np.random.default_rng(1)

@@ -24,7 +24,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.quiet:
         for r in results:
             if r.outcome != "ok":
-                print(f"\n[{r.outcome}] {r.case.area}/{r.case.name}: {r.detail.strip().splitlines()[0][:300] if r.detail else ''}")
+                print(f"\n[{r.outcome}] {r.case.area}/{r.case.name}: "
+                      f"{r.detail.strip().splitlines()[0][:300] if r.detail else ''}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump([{"area": r.case.area, "name": r.case.name, "outcome": r.outcome, "detail": r.detail}

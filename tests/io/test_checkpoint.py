@@ -11,8 +11,8 @@ import pytest
 
 import netcl.io.checkpoint as ckpt_mod
 from netcl import nn, optim
-from netcl.ops import random
 from netcl.io import CheckpointError, load_checkpoint, read_checkpoint, save_checkpoint
+from netcl.ops import random
 
 
 def _model(queue, hidden=5):

@@ -12,9 +12,9 @@ from safetensors import safe_open
 from safetensors.numpy import load_file, save_file
 
 from netcl import nn, optim
-from netcl.ops import random
 from netcl.data import DataLoader
 from netcl.io import CheckpointError, atomic_write, load_checkpoint, read_checkpoint, save_checkpoint
+from netcl.ops import random
 
 
 def _model(queue):

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from netcl import ops
-from netcl.profiling import count_launches
 from netcl.core.tensor import Tensor
 from netcl.jit import TraceError, fuse
+from netcl.profiling import count_launches
 from tests.reference import assert_close
 
 

@@ -5,11 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from netcl import ops
-from netcl import kernels
-from netcl.profiling import count_launches
+from netcl import kernels, ops
 from netcl.core.tensor import Tensor
-from netcl.jit import codegen, ir, runner
+from netcl.jit import codegen, ir
+from netcl.profiling import count_launches
 from tests.reference import assert_close
 
 

@@ -9,9 +9,9 @@ import pytest
 
 import netcl.autograd as ag
 from netcl import nn
+from netcl.core.tensor import Tensor
 from netcl.ops import random
 from netcl.profiling import count_launches
-from netcl.core.tensor import Tensor
 from tests.autograd.gradcheck import check_grads
 
 

@@ -11,8 +11,7 @@ import math
 import numpy as np
 import pytest
 
-from netcl import ops
-from netcl import kernels
+from netcl import kernels, ops
 from netcl.core.tensor import Tensor
 from netcl.ops import conv as conv_mod
 from tests.oclgrind.cases import close, dev, oclgrind_only

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from netcl.ops import random as nrandom
 from netcl.core.tensor import Tensor
+from netcl.ops import random as nrandom
 from tests.oclgrind.cases import oclgrind_only
 
 pytestmark = oclgrind_only

@@ -18,7 +18,8 @@ pytestmark = oclgrind_only
 def test_elementwise_layouts(queue):
     rng = np.random.default_rng(15)
     a, b, c = rng.standard_normal((3, 7)), rng.standard_normal((7,)), rng.standard_normal((3, 1))
-    ta, tb, tc = strided(queue, a.astype(np.float32)), dev(queue, b.astype(np.float32)), dev(queue, c.astype(np.float32))
+    ta, tb, tc = (strided(queue, a.astype(np.float32)), dev(queue, b.astype(np.float32)),
+                  dev(queue, c.astype(np.float32)))
     close(ops.add(ta, tb), a + b)  # strided + broadcast row
     close(ops.mul(ops.exp(ta), tc), np.exp(a) * c)  # broadcast column
     close(ops.where(ops.gt(ta, 0.0), ops.sigmoid(ta), ops.tanh(tb)), np.where(a > 0, 1 / (1 + np.exp(-a)), np.tanh(b)))

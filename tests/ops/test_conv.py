@@ -123,7 +123,8 @@ def test_auto_picks_by_shape(device):
     # 3x3 stride 1: Winograd on GPUs when large, im2col + GEMM on CPUs (1.3-1.8x Winograd on PoCL) and
     # for small convolutions (launch-bound: fewer launches)
     big = C.ConvParams((32, 128, 56, 56), (128, 128, 3, 3), 1, 1, 1, 1)
-    assert C.select_algorithm(device, big, np.float32) == ("im2col" if device.capabilities.kind == "cpu" else "winograd")
+    assert C.select_algorithm(device, big, np.float32) == (
+        "im2col" if device.capabilities.kind == "cpu" else "winograd")
     assert C.select_algorithm(device, C.ConvParams((1, 16, 8, 8), (16, 16, 3, 3), 1, 1, 1, 1), np.float32) == "im2col"
     assert C.select_algorithm(device, C.ConvParams((1, 16, 8, 8), (16, 16, 3, 3), 2, 1, 1, 1), np.float32) != "winograd"
 

@@ -7,13 +7,13 @@ import math
 import numpy as np
 import pytest
 
-from netcl.profiling import count_launches
 from netcl.core.tensor import Tensor
 from netcl.errors import DTypeError, ShapeError
 from netcl.ops import linear, linear_relu, matmul, matmul_bias_relu, matmul_epilogue
 from netcl.ops.gemm import api, choose_variant, gemm, splitk, variants
 from netcl.ops.gemm import launch as gemm_launch
 from netcl.ops.gemm.problem import _prepare
+from netcl.profiling import count_launches
 
 # A small tiled configuration: the GPU kernel's logic (double buffering, edges, both layouts) is
 # checked on the CPU device too, where the default 128 x 128 tiles would only cost compile time.

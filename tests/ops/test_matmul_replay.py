@@ -13,7 +13,6 @@ from netcl.ops import gemm as mm
 from netcl.profiling import count_launches
 from tests.reference import assert_close
 
-
 ATOL = 1e-4  # float32 sums of ~30 standard-normal products (cancellation near zero)
 
 
@@ -54,7 +53,8 @@ def test_replay_keys_differ_by_layout_and_epilogue(queue, rng):
         assert_close(mm.matmul(a, b), _ref(a_np, b_np), np.float32, atol=ATOL)
         assert_close(mm.matmul(a, bt), _ref(a_np, b_np), np.float32, atol=ATOL)
         assert_close(mm.matmul_epilogue(a, b, alpha=2.0), 2 * _ref(a_np, b_np), np.float32, atol=ATOL)
-        assert_close(mm.matmul_epilogue(a, b, activation="relu"), np.maximum(_ref(a_np, b_np), 0), np.float32, atol=ATOL)
+        assert_close(mm.matmul_epilogue(a, b, activation="relu"), np.maximum(_ref(a_np, b_np), 0), np.float32,
+                     atol=ATOL)
         out, rowsum = mm.matmul_rowsum(a, b)
         assert_close(out, _ref(a_np, b_np), np.float32, atol=ATOL)
         if rowsum is not None:

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from netcl import ops
-from netcl.profiling import count_launches
 from netcl.core.tensor import Tensor
 from netcl.errors import DTypeError, ShapeError
+from netcl.profiling import count_launches
 
 
 def T(queue, a):

@@ -64,7 +64,8 @@ def ref_adaptive(x, oh, ow):
     return out
 
 
-MAX_CASES = [((2, 3, 7, 9), 3, 2, 1, 1, False), ((3, 5, 9, 11), 2, 2, 0, 1, False), ((1, 2, 8, 5), (2, 3), (2, 1), (1, 0), (2, 1), True),
+MAX_CASES = [((2, 3, 7, 9), 3, 2, 1, 1, False), ((3, 5, 9, 11), 2, 2, 0, 1, False),
+             ((1, 2, 8, 5), (2, 3), (2, 1), (1, 0), (2, 1), True),
              ((1, 1, 5, 5), 2, None, 0, 1, True), ((2, 3, 7, 9), 2, 2, 0, 1, False)]  # last: the 2x2 kernel
 
 
@@ -106,7 +107,8 @@ def test_max_pool2d_float32_noncontiguous(queue, rng):
 
 
 @pytest.mark.parametrize("include_pad", [True, False])
-@pytest.mark.parametrize("shape,k,s,p,ceil_mode", [((2, 3, 7, 9), 3, 2, 1, False), ((1, 2, 6, 5), (3, 2), 2, (1, 1), True)])
+@pytest.mark.parametrize("shape,k,s,p,ceil_mode",
+                         [((2, 3, 7, 9), 3, 2, 1, False), ((1, 2, 6, 5), (3, 2), 2, (1, 1), True)])
 def test_avg_pool2d_forward_and_adjoint_backward(queue, rng, shape, k, s, p, ceil_mode, include_pad):
     x = rng.standard_normal(shape)
     pair = lambda v: (v, v) if isinstance(v, int) else v  # noqa: E731
@@ -120,7 +122,8 @@ def test_avg_pool2d_forward_and_adjoint_backward(queue, rng, shape, k, s, p, cei
     # and one coordinate checked directly
     e = np.zeros(shape)
     e[0, 0, 1, 1] = 1.0
-    assert gx[0, 0, 1, 1] == pytest.approx(np.sum(ref_avg_pool(e, pair(k), pair(s), pair(p), include_pad, ceil_mode) * gy))
+    assert gx[0, 0, 1, 1] == pytest.approx(
+        np.sum(ref_avg_pool(e, pair(k), pair(s), pair(p), include_pad, ceil_mode) * gy))
 
 
 @pytest.mark.parametrize("shape,size", [((2, 3, 7, 9), (3, 4)), ((1, 2, 5, 6), 1), ((1, 1, 4, 3), (7, 5))])

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from netcl.ops import random
 from netcl.core.tensor import Tensor
 from netcl.errors import DTypeError, ShapeError
+from netcl.ops import random
 
 M0, M1, W0, W1 = 0xD2511F53, 0xCD9E8D57, 0x9E3779B9, 0xBB67AE85
 MASK = 0xFFFFFFFF

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from netcl import ops
-from netcl.profiling import count_launches
 from netcl.core.tensor import Tensor
 from netcl.errors import ShapeError
 from netcl.jit import reduce as jreduce
+from netcl.profiling import count_launches
 from tests.reference import assert_close
 
 

@@ -9,8 +9,8 @@ import pytest
 
 import netcl.autograd as ag
 from netcl import optim
-from netcl.profiling import count_launches
 from netcl.core.tensor import Tensor
+from netcl.profiling import count_launches
 
 SHAPES = [(7, 3), (17,), (1,), (2, 3, 5)]
 

@@ -73,8 +73,9 @@ def test_llama3_layout_strips_content_and_masks_eot(tok):
     dialog = [{"role": "user", "content": "  hi  "}, {"role": "assistant", "content": "\nhello\n"}]
     ids, mask = chat.encode_dialog(dialog)
     sp = tok.special_id
-    header = lambda role: [sp("<|start_header_id|>"), *tok.encode_ordinary(role), sp("<|end_header_id|>"),
-                           *tok.encode_ordinary("\n\n")]  # fmt: skip
+    def header(role: str) -> list[int]:
+        return [sp("<|start_header_id|>"), *tok.encode_ordinary(role), sp("<|end_header_id|>"),
+                *tok.encode_ordinary("\n\n")]
     expected = [sp("<|begin_of_text|>"), *header("user"), *tok.encode_ordinary("hi"), sp("<|eot_id|>")]
     expected += [*header("assistant"), *tok.encode_ordinary("hello"), sp("<|eot_id|>")]
     assert ids == expected

@@ -9,9 +9,9 @@ import pytest
 
 from netcl import optim
 from netcl.cli import main
-from netcl.ops import random
 from netcl.data import DataLoader, load_digits
 from netcl.io import load_checkpoint, save_checkpoint
+from netcl.ops import random
 from netcl.train import GraphedStep, build_model, evaluate, train_epoch
 
 

@@ -150,8 +150,8 @@ def _prepare(
             raise ShapeError(
                 f"residual of shape {residual.shape} does not broadcast to the output shape {out.shape}"
             ) from None
-    return _Problem(a, b, out, bias, residual, None if activation == "none" else activation, float(alpha), m, n, k, batch,
-                    tuple(squeeze), bias_rows and bias is not None)
+    return _Problem(a, b, out, bias, residual, None if activation == "none" else activation, float(alpha), m, n, k,
+                    batch, tuple(squeeze), bias_rows and bias is not None)
 
 
 def _finish(p: _Problem) -> Tensor:

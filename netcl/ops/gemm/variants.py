@@ -13,8 +13,9 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import pyopencl as cl
 
-from netcl import config, kernels
+from netcl import kernels
 from netcl.core import dtypes
 from netcl.core.backend import format_options
 from netcl.core.variants import Variant, first_usable, source_digest
@@ -146,11 +147,10 @@ def _program(device: Any, variant: str, defines: dict[str, Any]):
     prg = kernels.program(device, _KERNEL_FILES[variant], dtype=dtype, act=act, options=extra, **defines)
     if nvidia and NV_VERBOSE and (id(prg), variant) not in _nv_logged:
         _nv_logged.add((id(prg), variant))
-        import pyopencl as cl  # noqa: PLC0415  (a bench-only diagnostic)
-
         log = prg.cl.get_build_info(device.cl_device, cl.program_build_info.LOG).strip()
         print(f"[netcl] {variant} {defines}: {log or '(no log: loaded from the binary cache)'}")
     return prg
+
 
 # -- variants a device may not build or run (netcl.core.variants) ----------------------------------
 # The cpu kernel with 512-bit vectors (VN=16 float, VN=8 double) is the risky one: PoCL 3.0 (LLVM 14)
