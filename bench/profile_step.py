@@ -27,9 +27,10 @@ import numpy as np  # noqa: E402
 import pyopencl as cl  # noqa: E402
 
 from netcl import optim, profiling  # noqa: E402
-from netcl.core import backend, random  # noqa: E402
+from netcl.core import backend  # noqa: E402
 from netcl.core.device import manager  # noqa: E402
 from netcl.core.tensor import Tensor  # noqa: E402
+from netcl.ops import random  # noqa: E402
 
 
 def make_step(what: str, q):

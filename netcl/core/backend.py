@@ -434,9 +434,15 @@ class Kernel:
         """The argument tuple for `named` arguments (KernelLaunchError naming what is missing or unknown)."""
         if args:
             raise KernelLaunchError(f"kernel {self.name}: pass arguments by position or by name, not both")
-        if not self.arg_names:
+        names = self.arg_names
+        if not names:
             raise KernelLaunchError(f"kernel {self.name}: its argument names are unknown on "
                                     f"{self.program.device.describe()}; pass arguments by position")
+        if len(named) == len(names):  # the usual case: every argument, each once (on the launch path)
+            try:
+                return tuple([named[n] for n in names])
+            except KeyError:
+                pass
         unknown = sorted(set(named) - set(self.arg_index))
         missing = [n for n in self.arg_names if n not in named]
         if unknown or missing:

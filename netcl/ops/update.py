@@ -25,6 +25,9 @@ RULES: dict[str, tuple[str, ...]] = {
     "rmsprop": ("square_avg", "grad_avg", "momentum_buffer"),
 }
 MAX_TENSORS_PER_LAUNCH = 8  # optim.cl's N_TENSORS
+# optim.cl's TENSOR_ARGS(i): parameter, its offset, gradient, its offset, three state slots, length
+_TENSOR_ARGS = [tuple(f"{name}{i}" for name in ("p", "po", "g", "go", "sa", "sb", "sc", "n"))
+                for i in range(MAX_TENSORS_PER_LAUNCH)]
 
 
 def _scalars(hyper: dict[str, Any], dtype: np.dtype) -> dict[str, Any]:
@@ -58,9 +61,8 @@ def optimizer_step(rule: str, params: Sequence[Tensor], grads: Sequence[Tensor],
             raise NetclError(f"optimizer_step: parameter {i} ({v.shape}, {v.dtype}) and its gradient ({g.shape}, "
                              f"{g.dtype}) must be contiguous, of one shape, and share the first's queue and dtype")
         slots = [s.buffer if s is not None else v.buffer for s in st] + [v.buffer] * (3 - len(st))
-        named.update({f"p{i}": v.buffer, f"po{i}": np.int64(v.offset), f"g{i}": g.buffer,
-                      f"go{i}": np.int64(g.offset), f"sa{i}": slots[0], f"sb{i}": slots[1], f"sc{i}": slots[2],
-                      f"n{i}": np.int64(v.size)})
+        named.update(zip(_TENSOR_ARGS[i], (v.buffer, np.int64(v.offset), g.buffer, np.int64(g.offset), *slots,
+                                           np.int64(v.size))))
         total += -(-v.size // items)
     if not total:
         return

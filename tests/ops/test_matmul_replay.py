@@ -82,3 +82,22 @@ def test_repeated_problems_replay_their_template(queue, rng, monkeypatch):
         assert_close(got, want, np.float32, atol=ATOL)
     keys = {k[4] for k in api._templates}  # a's offset mod 16 is part of the key
     assert len(calls) == len(api._templates) == len(keys) == 2
+
+
+def test_pending_operands_do_not_spoil_the_template(queue, rng, monkeypatch):
+    """An operand that is still a pending elementwise result (a gradient masked by relu) is computed before
+    the first call records its template, so the template holds the GEMM alone and later calls replay it."""
+    from netcl import ops
+
+    api = importlib.import_module("netcl.ops.gemm.api")
+    monkeypatch.setattr(api, "_templates", {})
+    calls = []
+    real_launch = api.launch
+    monkeypatch.setattr(api, "launch", lambda *a, **kw: calls.append(1) or real_launch(*a, **kw))
+    for _ in range(3):
+        a_np, b_np = rng.standard_normal((40, 33)).astype(np.float32), rng.standard_normal((33, 24)).astype(np.float32)
+        a = ops.relu(Tensor.from_host(queue, a_np))
+        assert a.is_pending  # (automatic fusion is on in the suite)
+        assert_close(mm.matmul(a, Tensor.from_host(queue, b_np)), _ref(np.maximum(a_np, 0), b_np), np.float32,
+                     atol=ATOL)
+    assert len(calls) == 1 and len(api._templates) == 1

@@ -121,6 +121,9 @@ def _template_key(a: Any, b: Any, bias: Any, residual: Any, activation: Any, alp
 def _record(key: tuple, p: _Problem, variant: str, **options: Any) -> None:
     """Launch `p` while recording; keep the recording as the template of `key` when a replay can rebind
     all of it (every launch on the operands in place, its slots named)."""
+    for t in (p.a, p.b, p.bias, p.residual):
+        if t is not None:
+            t.realize()  # a pending operand (netcl.jit.lazy) is computed now, not inside the recording
     rec = capture.Recording()
     with capture.recording(rec):
         work = launch(p, variant, **options)
