@@ -382,3 +382,20 @@ class Tape:
         finally:
             for n, s in zip(wrt, saved):
                 n.grad = s
+
+
+__all__ = [
+    "Node",
+    "Parameter",
+    "Tape",
+    "as_node",
+    "backward",
+    "current_tape",
+    "enable_grad",
+    "is_grad_enabled",
+    "is_recording",
+    "needs_grad",
+    "no_grad",
+    "record",
+    "tensor",
+]

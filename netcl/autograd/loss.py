@@ -75,3 +75,17 @@ def binary_cross_entropy_with_logits(input: Node, target: Node, reduction: str =
 mse_loss = mse
 l1_loss = l1
 smooth_l1_loss = smooth_l1
+
+
+__all__ = [
+    "binary_cross_entropy_with_logits",
+    "cross_entropy",
+    "l1",
+    "l1_loss",
+    "mse",
+    "mse_loss",
+    "nll",
+    "nll_loss",
+    "smooth_l1",
+    "smooth_l1_loss",
+]

@@ -136,3 +136,22 @@ def split(x: Node, sizes: int | list[int], axis: int = 0) -> list[Node]:
 def chunk(x: Node, chunks: int, axis: int = 0) -> list[Node]:
     size = -(-x.shape[axis % x.ndim] // chunks)
     return split(x, size, axis)
+
+
+__all__ = [
+    "cat",
+    "chunk",
+    "concat",
+    "contiguous",
+    "expand",
+    "flatten",
+    "getitem",
+    "permute",
+    "reshape",
+    "split",
+    "squeeze",
+    "stack",
+    "transpose",
+    "unsqueeze",
+    "view",
+]

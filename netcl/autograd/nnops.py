@@ -13,7 +13,7 @@ from typing import Any
 from netcl import kernels, ops
 from netcl.autograd import elementwise as ew
 from netcl.autograd.elementwise import sum_to_shape
-from netcl.autograd.engine import Node, as_node, needs_grad, record
+from netcl.autograd.engine import Node, as_node, record
 from netcl.autograd.movement import reshape
 from netcl.core.tensor import Tensor
 from netcl.errors import DTypeError
@@ -310,18 +310,17 @@ def embedding(weight: Node, ids: Any) -> Node:
 
 
 __all__ = [
-    "matmul",
-    "linear",
-    "linear_relu",
+    "adaptive_avg_pool2d",
+    "avg_pool2d",
+    "batch_norm",
     "conv2d",
     "conv2d_relu",
-    "max_pool2d",
-    "avg_pool2d",
-    "adaptive_avg_pool2d",
-    "batch_norm",
-    "layer_norm",
-    "rms_norm",
-    "group_norm",
     "embedding",
-    "needs_grad",
+    "group_norm",
+    "layer_norm",
+    "linear",
+    "linear_relu",
+    "matmul",
+    "max_pool2d",
+    "rms_norm",
 ]

@@ -126,3 +126,16 @@ def var(x: Node, axis: Any = None, keepdims: bool = False, ddof: int = 0) -> Nod
 
 def std(x: Node, axis: Any = None, keepdims: bool = False, ddof: int = 0) -> Node:
     return sqrt(var(x, axis=axis, keepdims=keepdims, ddof=ddof))
+
+
+__all__ = [
+    "log_softmax",
+    "logsumexp",
+    "max",
+    "mean",
+    "min",
+    "softmax",
+    "std",
+    "sum",
+    "var",
+]

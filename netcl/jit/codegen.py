@@ -150,22 +150,9 @@ def _op_expr(op: str, a: list[str], dt: np.dtype, in_dt: list[np.dtype]) -> str:
     flt = dt.kind == "f"
     one, zero = f"(({ct})1)", f"(({ct})0)"
     x = a[0] if a else ""
-    simple = {
-        "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "div": "({0} / {1})",
-        "exp": "exp({0})", "log": "log({0})", "log1p": "log1p({0})", "expm1": "expm1({0})",
-        "sqrt": "sqrt({0})", "rsqrt": "rsqrt({0})", "sin": "sin({0})", "cos": "cos({0})",
-        "tan": "tan({0})", "tanh": "tanh({0})", "erf": "erf({0})", "atan2": "atan2({0}, {1})",
-        "floor": "floor({0})", "ceil": "ceil({0})", "round": "rint({0})", "trunc": "trunc({0})",
-        "square": "({0} * {0})", "where": "({0} ? {1} : {2})",
-        "eq": "({0} == {1})", "ne": "({0} != {1})", "lt": "({0} < {1})", "le": "({0} <= {1})",
-        "gt": "({0} > {1})", "ge": "({0} >= {1})",
-        "logical_and": "({0} && {1})", "logical_or": "({0} || {1})", "logical_xor": "(!{0} != !{1})",
-        "logical_not": "(!{0})",
-    }
-    if op in simple:
-        return simple[op].format(*a)
-    if op == "neg":
-        return f"(-{x})"
+    template = ir.C_EXPRESSIONS.get(op)
+    if template is not None:
+        return template.format(*a)
     if op == "abs":
         if flt:
             return f"fabs({x})"

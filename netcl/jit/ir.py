@@ -58,14 +58,38 @@ class Node:
 
 
 # -- op table --------------------------------------------------------------------------------
-UNARY_FLOAT = ("exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "sin", "cos", "tan", "tanh", "erf",
-               "sigmoid", "gelu", "gelu_tanh", "silu", "softplus", "reciprocal")
-UNARY_SAME = ("neg", "abs", "relu", "square", "sign", "floor", "ceil", "round", "trunc")
-BINARY_ARITH = ("add", "sub", "mul", "div", "pow", "maximum", "minimum", "leaky_relu", "atan2",
-                "floor_divide", "remainder")
-COMPARE = ("eq", "ne", "lt", "le", "gt", "ge")
-LOGICAL = ("logical_and", "logical_or", "logical_xor")
-UNARY_BOOL = ("logical_not", "isnan", "isinf", "isfinite")
+# Every elementwise op by its dtype rule, with the OpenCL C expression over its operands ({0}, {1}) when
+# that expression is the same for every dtype; None where netcl.jit.codegen writes it per dtype. A new
+# op is one entry here, its derivative in netcl.jit.autodiff and its function in netcl.ops.elementwise.
+UNARY_FLOAT: dict[str, str | None] = {  # float result (int/bool input computes in float32)
+    "exp": "exp({0})", "log": "log({0})", "log1p": "log1p({0})", "expm1": "expm1({0})", "sqrt": "sqrt({0})",
+    "rsqrt": "rsqrt({0})", "sin": "sin({0})", "cos": "cos({0})", "tan": "tan({0})", "tanh": "tanh({0})",
+    "erf": "erf({0})", "sigmoid": None, "gelu": None, "gelu_tanh": None, "silu": None, "softplus": None,
+    "reciprocal": None,
+}
+UNARY_SAME: dict[str, str | None] = {  # the input's dtype
+    "neg": "(-{0})", "abs": None, "relu": None, "square": "({0} * {0})", "sign": None, "floor": "floor({0})",
+    "ceil": "ceil({0})", "round": "rint({0})", "trunc": "trunc({0})",
+}
+BINARY_ARITH: dict[str, str | None] = {  # the promoted dtype
+    "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "div": "({0} / {1})", "pow": None,
+    "maximum": None, "minimum": None, "leaky_relu": None, "atan2": "atan2({0}, {1})", "floor_divide": None,
+    "remainder": None,
+}
+COMPARE: dict[str, str | None] = {  # bool
+    "eq": "({0} == {1})", "ne": "({0} != {1})", "lt": "({0} < {1})", "le": "({0} <= {1})", "gt": "({0} > {1})",
+    "ge": "({0} >= {1})",
+}
+LOGICAL: dict[str, str | None] = {  # bool
+    "logical_and": "({0} && {1})", "logical_or": "({0} || {1})", "logical_xor": "(!{0} != !{1})",
+}
+UNARY_BOOL: dict[str, str | None] = {"logical_not": "(!{0})", "isnan": None, "isinf": None, "isfinite": None}
+# the C expression of every op that has one whatever the dtype (where, cast: see codegen)
+C_EXPRESSIONS: dict[str, str] = {
+    op: c for table in (UNARY_FLOAT, UNARY_SAME, BINARY_ARITH, COMPARE, LOGICAL, UNARY_BOOL)
+    for op, c in table.items() if c is not None
+}
+C_EXPRESSIONS["where"] = "({0} ? {1} : {2})"
 
 
 _UNARY_FLOAT, _UNARY_SAME, _UNARY_BOOL = frozenset(UNARY_FLOAT), frozenset(UNARY_SAME), frozenset(UNARY_BOOL)

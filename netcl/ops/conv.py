@@ -722,3 +722,13 @@ def conv_transpose2d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stri
         _backward_input_into(x.contiguous(), weight.contiguous(), bias.contiguous() if bias is not None else None,
                              out, p, act)
     return out
+
+
+__all__ = [
+    "conv2d",
+    "conv2d_backward_bias",
+    "conv2d_backward_input",
+    "conv2d_backward_weight",
+    "conv2d_relu",
+    "conv_transpose2d",
+]

@@ -10,7 +10,6 @@ Statistics are accumulated in float32 for float32 tensors and float64 for float6
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -301,7 +300,14 @@ def group_norm_backward(grad_out: Tensor, x: Tensor, num_groups: int, mean: Tens
     return gx, gw if weight is not None else None, gb if bias is not None else None
 
 
-__all__: Sequence[str] = (
-    "batch_norm", "batch_norm_relu", "batch_norm_backward", "layer_norm", "layer_norm_backward",
-    "rms_norm", "rms_norm_backward", "group_norm", "group_norm_backward",
-)
+__all__ = [
+    "batch_norm",
+    "batch_norm_backward",
+    "batch_norm_relu",
+    "group_norm",
+    "group_norm_backward",
+    "layer_norm",
+    "layer_norm_backward",
+    "rms_norm",
+    "rms_norm_backward",
+]

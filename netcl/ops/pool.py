@@ -239,3 +239,14 @@ def adaptive_avg_pool2d_backward(grad_out: Tensor, input_shape: Sequence[int]) -
 def global_avg_pool2d(x: Tensor) -> Tensor:
     """Mean over H and W, kept as (N, C, 1, 1)."""
     return adaptive_avg_pool2d(x, 1)
+
+
+__all__ = [
+    "adaptive_avg_pool2d",
+    "adaptive_avg_pool2d_backward",
+    "avg_pool2d",
+    "avg_pool2d_backward",
+    "global_avg_pool2d",
+    "max_pool2d",
+    "max_pool2d_backward",
+]

@@ -151,3 +151,13 @@ def install() -> None:
     Tensor.randn = classmethod(lambda cls, q, shape, dtype=np.float32, **kw: randn(q, shape, dtype, **kw))
     Tensor.randint = classmethod(
         lambda cls, q, low, high, shape, dtype=np.int32, **kw: randint(q, low, high, shape, dtype, **kw))
+
+
+__all__ = [
+    "Generator",
+    "default_generator",
+    "manual_seed",
+    "rand",
+    "randint",
+    "randn",
+]

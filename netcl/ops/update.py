@@ -8,6 +8,7 @@ the kernel's own parameter names (lr=..., beta1=...), never as positions both si
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -18,12 +19,8 @@ from netcl.core import capture
 from netcl.core.tensor import Tensor
 from netcl.errors import NetclError
 
-# the update rules and their per-parameter state tensors, in the kernel's slot order (sa, sb, sc)
-RULES: dict[str, tuple[str, ...]] = {
-    "sgd": ("momentum_buffer",),
-    "adam": ("exp_avg", "exp_avg_sq"),
-    "rmsprop": ("square_avg", "grad_avg", "momentum_buffer"),
-}
+# the update rules optim.cl defines (OPT_SGD, OPT_ADAM, ...), read from the file itself: one list, C's
+_RULES = frozenset(m.lower() for m in re.findall(r"^#define OPT_([A-Z0-9_]+) \d+$", kernels.source("optim.cl"), re.M))
 MAX_TENSORS_PER_LAUNCH = 8  # optim.cl's N_TENSORS
 # optim.cl's TENSOR_ARGS(i): parameter, its offset, gradient, its offset, three state slots, length
 _TENSOR_ARGS = [tuple(f"{name}{i}" for name in ("p", "po", "g", "go", "sa", "sb", "sc", "n"))
@@ -39,12 +36,13 @@ def _scalars(hyper: dict[str, Any], dtype: np.dtype) -> dict[str, Any]:
 def optimizer_step(rule: str, params: Sequence[Tensor], grads: Sequence[Tensor],
                    states: Sequence[Sequence[Tensor | None]], hyper: dict[str, Any],
                    refresh: Callable[[], dict[str, Any]] | None = None) -> None:
-    """One launch of update `rule` over up to 8 contiguous parameters of one queue and dtype (updated in
-    place), their gradients, and each one's state tensors in RULES order (None where its hyperparameters
-    use none: the kernel does not touch that slot). `hyper` gives the rule's scalars by their kernel
+    """One launch of update `rule` (an OPT_ name of optim.cl, lower case: "sgd", "adam", "rmsprop") over up
+    to 8 contiguous parameters of one queue and dtype (updated in place), their gradients, and each one's
+    state tensors in the rule's slot order (sa, sb, sc; None where its hyperparameters use none: the
+    kernel does not touch that slot). `hyper` gives the rule's scalars by their kernel
     names. Under a graph capture, `refresh()` gives the scalars of each replay (the next step's)."""
-    if rule not in RULES:
-        raise ValueError(f"update rule must be one of {tuple(RULES)}, got {rule!r}")
+    if rule not in _RULES:
+        raise ValueError(f"update rule must be one of {sorted(_RULES)} (optim.cl's OPT_ names), got {rule!r}")
     if not 0 < len(params) <= MAX_TENSORS_PER_LAUNCH or not len(params) == len(grads) == len(states):
         raise ValueError(f"optimizer_step: 1 to {MAX_TENSORS_PER_LAUNCH} parameters with one gradient and one "
                          f"state list each, got {len(params)}, {len(grads)} and {len(states)}")
