@@ -2,7 +2,8 @@
 
 from netcl import errors, ops  # noqa: F401  (importing ops installs Tensor's operators and kernel-backed methods)
 from netcl.core.device import manager
+from netcl.core.memory import memory_summary
 from netcl.core.tensor import Tensor
 
 __version__ = "0.1.0"
-__all__ = ["Tensor", "errors", "manager", "__version__"]
+__all__ = ["Tensor", "errors", "manager", "memory_summary", "__version__"]

@@ -46,8 +46,14 @@ def device_spec() -> str | None:
 
 
 def profiling() -> bool:
-    """NETCL_PROFILE=1: time every launch with OpenCL events (queues made after it is set)."""
+    """NETCL_PROFILE=1 (or a path ending in .json): profile the whole program (netcl.profiling)."""
     return _flag("NETCL_PROFILE")
+
+
+def profile_trace() -> str | None:
+    """NETCL_PROFILE=PATH.json: where a whole-program profile writes its Chrome trace at exit (else None)."""
+    raw = (env("NETCL_PROFILE") or "").strip()
+    return raw if raw.lower().endswith(".json") else None
 
 
 def debug_level() -> int:

@@ -45,15 +45,31 @@ class Queue:
 
     def __init__(self, device: Any, profiling: bool = False):
         self.device = device
-        self.profiling = profiling
-        props = cl.command_queue_properties.PROFILING_ENABLE if profiling else 0
-        try:
-            self.cl = cl.CommandQueue(device.context, device.cl_device, properties=props)
-        except cl.Error as exc:
-            raise DeviceError(f"could not create a command queue on {device.describe()}: {exc}") from exc
+        self.profiling = profiling  # made with event timing: its launches go to the process-wide profile
+        self.timed = profiling  # its OpenCL queue records event times now (a profile may switch it)
+        self.cl = self._make(profiling)
         self._staging: Any = None  # pinned staging buffers (netcl.core.memory.staging makes them)
         self._lock = threading.Lock()
         self._checks: cl.Buffer | None = None
+
+    def _make(self, timed: bool) -> cl.CommandQueue:
+        props = cl.command_queue_properties.PROFILING_ENABLE if timed else 0
+        try:
+            return cl.CommandQueue(self.device.context, self.device.cl_device, properties=props)
+        except cl.Error as exc:
+            raise DeviceError(f"could not create a command queue on {self.device.describe()}: {exc}") from exc
+
+    def set_timing(self, timed: bool) -> None:
+        """Make this queue record event times, or stop (netcl.profiling.profile() switches queues made
+        without them for its duration: OpenCL fixes a queue's properties, so the work enqueued so far is
+        finished and a new OpenCL queue of the same device and context takes over, in order)."""
+        timed = timed or self.profiling
+        with self._lock:
+            if timed == self.timed:
+                return
+            self.finish()
+            self.cl = self._make(timed)
+            self.timed = timed
 
     @property
     def context(self) -> cl.Context:
@@ -420,12 +436,14 @@ class Kernel:
             if len(self._sizes) < 4096:
                 self._sizes[key] = sizes
         global_size, local = sizes
+        timed = profiling.active
+        t0 = profiling.before(queue) if timed else None
         event = self._enqueue(queue, global_size, local, args, wait_for)
         for rec in capture.active():  # graph captures and ops' replay templates
             rec._record_launch(self, queue, global_size, local, args)
         profiling.count_launch()
-        if queue.profiling:
-            profiling.record(self.name, event)
+        if timed or queue.profiling:
+            profiling.launched(self, queue, event, t0)
         if config.debug_level() >= 1:
             print(f"[netcl] launch {self.name} global={global_size} local={local}", file=sys.stderr)
         return event
@@ -502,7 +520,7 @@ class Kernel:
                     raise OutOfMemoryError(
                         f"launching {self.name} on {queue.device.describe()} ran out of device memory "
                         f"({exc}); {queue.device.pool.describe_usage()}. Try a smaller batch, or free "
-                        "tensors you no longer need."
+                        f"tensors you no longer need.\n{queue.device.pool.summary()}"
                     ) from None
                 raise KernelLaunchError(
                     f"launching {self.name} (global {global_size}, local {local}) on "
@@ -516,9 +534,14 @@ def enqueue_copy(queue: Queue, dst: Any, src: Any, **kwargs: Any) -> cl.Event:
     Under a graph capture, device-to-device copies are recorded; host transfers are refused."""
     for rec in capture.active():
         rec._record_copy(queue, dst, src, kwargs)  # a graph raises GraphCaptureError for host memory
+    timed = profiling.active
+    t0 = profiling.before(queue) if timed else None
     for attempt in (0, 1):
         try:
-            return cl.enqueue_copy(queue.cl, dst, src, **kwargs)
+            event = cl.enqueue_copy(queue.cl, dst, src, **kwargs)
+            if timed or queue.profiling:
+                profiling.copied(queue, event, t0, dst, src, kwargs, cl)
+            return event
         except cl.Error as exc:
             if is_oom(exc) and attempt == 0:
                 queue.device.pool.empty_cache()

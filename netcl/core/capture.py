@@ -38,7 +38,8 @@ _state = _State()
 
 class Recording:
     """Device work of one queue: ("k", kernel, global, local, args, slots) | ("copy", dst, src, kwargs) |
-    ("fill", buffer, pattern, offset, nbytes). `is_graph` marks a user-level graph (see capturing())."""
+    ("fill", buffer, pattern, offset, nbytes); a launch ends with its profiling site (netcl.profiling) or
+    None. `is_graph` marks a user-level graph (see capturing())."""
 
     is_graph = False
 
@@ -60,7 +61,12 @@ class Recording:
 
     def _record_launch(self, kernel: Any, queue: Any, global_size: tuple, local: Any, args: tuple) -> None:
         self._check_queue(queue, f"kernel {kernel.name} launched")
-        self.ops.append(["k", kernel, global_size, local, list(args), None])
+        # the launch's op, scope and declared work, for the profile of its replays (ops declare work while
+        # recording, see declaring(); without a profile running, the backend does not consume it: done here)
+        site = profiling.recorded_site()
+        if not profiling.active:
+            profiling.take_work()
+        self.ops.append(["k", kernel, global_size, local, list(args), None, site])
 
     def _record_copy(self, queue: Any, dst: Any, src: Any, kwargs: dict) -> None:
         if not (isinstance(dst, cl.MemoryObject) and isinstance(src, cl.MemoryObject)):
@@ -126,29 +132,44 @@ class Recording:
         for index, refresh in self._refresh:
             refresh(ops[index][4])
         q = self.queue
+        if not self.is_graph:
+            self._replay_template(bind)
+            return
         launched = 0
-        for op in ops:
+        timed = profiling.active
+        with profiling.host_span("Graph.replay", "graph"):
+            t0 = None
+            for op in ops:
+                if timed:
+                    t0 = profiling.before(q)
+                if op[0] == "k":
+                    event = op[1]._enqueue(q, op[2], op[3], _bound(op, bind), None)
+                    if timed or q.profiling:
+                        profiling.launched(op[1], q, event, t0, op[6] or ("graph replay", "", None))
+                    launched += 1
+                elif op[0] == "copy":
+                    event = cl.enqueue_copy(q.cl, op[1], op[2], **op[3])
+                    if timed or q.profiling:
+                        profiling.copied(q, event, t0, op[1], op[2], op[3], cl)
+                else:
+                    event = cl.enqueue_fill_buffer(q.cl, op[1], op[2], op[3], op[4])
+                    if timed or q.profiling:
+                        profiling.filled(q, event, t0, op[4])
+        profiling.count_launch(launched)
+
+    def _replay_template(self, bind: dict[str, Any] | None) -> None:
+        """An op's template: each launch like any other (recorded, counted, profiled), its slots bound."""
+        q = self.queue
+        for op in self.ops:
             if op[0] == "k":
-                _, kernel, global_size, local, args, slots = op
-                if slots and bind:
-                    args = list(args)
-                    for slot, positions in slots:
-                        t = bind[slot]
-                        args[positions[0]] = t.buffer
-                        if len(positions) > 1:
-                            args[positions[1]] = np.int64(t.offset)
-                if not self.is_graph:  # an op's template: a launch like any other (recorded, counted, ...)
-                    kernel(q, global_size, local, *args)
-                    continue
-                event = kernel._enqueue(q, global_size, local, args, None)
-                if q.profiling:
-                    profiling.record(kernel.name, event)
-                launched += 1
+                site = op[6]
+                if site is not None and site[2] is not None and profiling.active:
+                    profiling.work(*site[2])  # the work its op declared when it was recorded
+                op[1](q, op[2], op[3], *_bound(op, bind))
             elif op[0] == "copy":
                 cl.enqueue_copy(q.cl, op[1], op[2], **op[3])
             else:
                 cl.enqueue_fill_buffer(q.cl, op[1], op[2], op[3], op[4])
-        profiling.count_launch(launched)
 
     @property
     def launches(self) -> int:
@@ -159,10 +180,29 @@ class Recording:
         return len(self.ops)
 
 
+def _bound(op: list, bind: dict[str, Any] | None) -> list:
+    """A recorded launch's arguments with the tensors of `bind` in its named slots."""
+    args, slots = op[4], op[5]
+    if slots and bind:
+        args = list(args)
+        for slot, positions in slots:
+            t = bind[slot]
+            args[positions[0]] = t.buffer
+            if len(positions) > 1:
+                args[positions[1]] = np.int64(t.offset)
+    return args
+
+
 # -- the active recordings of this thread -----------------------------------------------------------------
 def active() -> list[Recording]:
     """The recordings this thread's work goes to (empty while none, or while paused)."""
     return [] if _state.paused else _state.stack
+
+
+def declaring() -> bool:
+    """Whether an op should declare the work of its next launch (netcl.profiling.work): while profiling,
+    and while this thread records (a replay may be profiled later)."""
+    return profiling.active or bool(_state.stack and not _state.paused)
 
 
 def capturing() -> Recording | None:

@@ -1,13 +1,16 @@
-"""Device memory: the BufferPool caching allocator (one per context) and pinned host staging."""
+"""Device memory: the BufferPool caching allocator (one per context), its summary (`memory_summary()`),
+and pinned host staging."""
 
 from __future__ import annotations
 
 import threading
+import weakref
 from typing import Any
 
 import numpy as np
 import pyopencl as cl
 
+from netcl import profiling
 from netcl.core.backend import enqueue_copy, is_oom
 from netcl.errors import DeviceError, OutOfMemoryError
 
@@ -37,20 +40,22 @@ class Storage:
     """One device allocation from a pool; Tensors (and views) share it. Its buffer goes back to
     the pool when the last Tensor referring to it is garbage-collected."""
 
-    __slots__ = ("buffer", "nbytes", "capacity", "queue", "pool", "__weakref__")
+    __slots__ = ("buffer", "nbytes", "capacity", "queue", "pool", "site", "__weakref__")
 
-    def __init__(self, pool: BufferPool, buffer: cl.Buffer, nbytes: int, capacity: int, queue: Any):
+    def __init__(self, pool: BufferPool, buffer: cl.Buffer, nbytes: int, capacity: int, queue: Any,
+                 site: str | None = None):
         self.buffer = buffer
         self.nbytes = nbytes
         self.capacity = capacity
         self.queue = queue
         self.pool = pool
+        self.site = site  # where it was allocated (netcl.profiling.site()), recorded while profiling
 
     def __del__(self) -> None:
         # __del__ rather than weakref.finalize: a training step allocates ~40 Storages, and a
         # finalizer object costs ~2 us more per allocation than this method
         try:
-            self.pool._release(self.buffer, self.capacity, self.queue)
+            self.pool._release(self.buffer, self.capacity, self.queue, self.site)
         except Exception:  # interpreter shutdown: modules may already be torn down
             pass
 
@@ -76,6 +81,11 @@ class BufferPool:
         # buffers a live netcl.graph.Graph replays into: never handed out again while it lives
         # (id(buffer) -> how many graphs hold it; the graph keeps the buffer objects alive)
         self._graph_held: dict[int, int] = {}
+        # per size range (the block size's power of two): [in use, cached, peak in use, blocks in use]
+        self._ranges: dict[int, list[int]] = {}
+        # per allocation site (recorded while profiling): [in use, peak in use, blocks in use, allocations]
+        self._sites: dict[str, list[int]] = {}
+        _pools.add(self)
 
     # The one place that asks OpenCL for memory (tests replace it to force failures).
     def _create_buffer(self, nbytes: int) -> cl.Buffer:
@@ -90,20 +100,39 @@ class BufferPool:
         if nbytes > caps.max_alloc:
             raise OutOfMemoryError(self._oom_message(nbytes, "it is larger than one allocation may be"))
         cap = min(size_class(nbytes), max(caps.max_alloc, MIN_BLOCK))
+        site = profiling.site() if profiling.active else None
         with self._lock:
             self.requests += 1
             bucket = self._free.get(queue, {}).get(cap)
+            rng = self._ranges.get(cap.bit_length())
+            if rng is None:
+                rng = self._ranges[cap.bit_length()] = [0, 0, 0, 0]
             if bucket:
                 buf = bucket.pop()
                 self.cached -= cap
+                rng[1] -= cap
                 self.hits += 1
             else:
                 self._check_total(cap, nbytes)
                 buf = self._create_with_retry(cap, nbytes)
                 self.allocations += 1
             self.in_use += cap
-            self.peak = max(self.peak, self.in_use)
-        return Storage(self, buf, nbytes, cap, queue)
+            rng[0] += cap
+            rng[3] += 1
+            if rng[0] > rng[2]:
+                rng[2] = rng[0]
+            if self.in_use > self.peak:
+                self.peak = self.in_use
+            if site is not None:
+                entry = self._sites.get(site)
+                if entry is None:
+                    entry = self._sites[site] = [0, 0, 0, 0]
+                entry[0] += cap
+                entry[2] += 1
+                entry[3] += 1
+                if entry[0] > entry[1]:
+                    entry[1] = entry[0]
+        return Storage(self, buf, nbytes, cap, queue, site)
 
     def _check_total(self, cap: int, nbytes: int) -> None:
         """Refuse a block that, with what netcl already holds, exceeds the device's global memory. Drivers
@@ -116,7 +145,8 @@ class BufferPool:
             if self.in_use + cap <= total:
                 return
         raise OutOfMemoryError(self._oom_message(
-            nbytes, f"netcl already holds {format_bytes(self.in_use)} of the device's {format_bytes(total)}"))
+            nbytes, f"netcl already holds {format_bytes(self.in_use)} of the device's {format_bytes(total)}",
+            summary=True))
 
     def _create_with_retry(self, cap: int, nbytes: int) -> cl.Buffer:
         for attempt in (0, 1):
@@ -128,16 +158,24 @@ class BufferPool:
                 if attempt == 0:
                     self.empty_cache()
                     continue
-                raise OutOfMemoryError(self._oom_message(nbytes, "the device refused it")) from None
+                raise OutOfMemoryError(self._oom_message(nbytes, "the device refused it", summary=True)) from None
         raise AssertionError("unreachable")
 
-    def _release(self, buffer: cl.Buffer, capacity: int, queue: Any) -> None:
+    def _release(self, buffer: cl.Buffer, capacity: int, queue: Any, site: str | None = None) -> None:
         with self._lock:
             self.in_use -= capacity
+            rng = self._ranges[capacity.bit_length()]
+            rng[0] -= capacity
+            rng[3] -= 1
+            if site is not None:
+                entry = self._sites[site]
+                entry[0] -= capacity
+                entry[2] -= 1
             if self._graph_held and id(buffer) in self._graph_held:
                 return  # a graph still writes here: dropped, freed when the graph is
             self._free.setdefault(queue, {}).setdefault(capacity, []).append(buffer)
             self.cached += capacity
+            rng[1] += capacity
 
     def hold_for_graph(self, buffers: Any) -> None:
         """Keep `buffers` out of the free lists while a graph that replays into them lives."""
@@ -161,6 +199,8 @@ class BufferPool:
             # into the new dict instead of changing the one being walked
             free, self._free = self._free, {}
             self.cached = 0
+            for rng in self._ranges.values():
+                rng[1] = 0
             for queue, buckets in free.items():
                 try:
                     queue.finish()
@@ -183,21 +223,87 @@ class BufferPool:
             }
 
     def reset_peak(self) -> None:
+        """Peaks (in all, per size range, per site) start again from what is in use now."""
         with self._lock:
             self.peak = self.in_use
+            for rng in self._ranges.values():
+                rng[2] = rng[0]
+            for entry in self._sites.values():
+                entry[1] = entry[0]
+
+    def size_ranges(self) -> list[dict[str, int]]:
+        """Per block-size range [2^(k-1), 2^k) bytes: low, high, in_use, cached, peak (bytes), blocks in use."""
+        with self._lock:
+            return [{"low": 1 << (k - 1), "high": 1 << k, "in_use": r[0], "cached": r[1], "peak": r[2],
+                     "blocks": r[3]} for k, r in sorted(self._ranges.items())]
+
+    def sites(self) -> list[dict[str, Any]]:
+        """Per allocation site ("scope / op", recorded while netcl.profiling runs): in_use, peak (bytes),
+        blocks in use, allocations; largest peak first."""
+        with self._lock:
+            rows = [{"site": k, "in_use": v[0], "peak": v[1], "blocks": v[2], "allocations": v[3]}
+                    for k, v in self._sites.items()]
+        return sorted(rows, key=lambda r: (-r["peak"], r["site"]))
+
+    def summary(self, top: int = 15) -> str:
+        """A table like torch.cuda.memory_summary: totals, then in use / cached / peak per block-size range,
+        then the allocation sites recorded while profiling (the op and module scope that allocated)."""
+        st = self.stats()
+        caps = self.device.capabilities
+        lines = [f"netcl memory on {self.device.describe()}: {format_bytes(st['in_use'])} in use, "
+                 f"{format_bytes(st['cached'])} cached, peak {format_bytes(st['peak'])} in use "
+                 f"(device {format_bytes(caps.global_mem)}); {st['requests']} requests, {st['hits']} from the "
+                 f"cache, {st['allocations']} OpenCL allocations"]
+        ranges = [r for r in self.size_ranges() if r["in_use"] or r["cached"] or r["peak"]]
+        if ranges:
+            lines.append(f"  {'block size':<21}  {'in use':>10}  {'cached':>10}  {'peak':>10}  {'blocks':>6}")
+            for r in ranges:
+                label = f"{format_bytes(r['low'])} - {format_bytes(r['high'])}"
+                lines.append(f"  {label:<21}  {format_bytes(r['in_use']):>10}  {format_bytes(r['cached']):>10}  "
+                             f"{format_bytes(r['peak']):>10}  {r['blocks']:>6}")
+        sites = self.sites()
+        if sites:
+            width = min(max(len(s["site"]) for s in sites[:top]), 60)
+            lines.append(f"  {'allocated by (scope / op)':<{width}}  {'in use':>10}  {'peak':>10}  {'allocs':>7}")
+            for s in sites[:top]:
+                lines.append(f"  {s['site'][:width]:<{width}}  {format_bytes(s['in_use']):>10}  "
+                             f"{format_bytes(s['peak']):>10}  {s['allocations']:>7}")
+            if len(sites) > top:
+                lines.append(f"  ({len(sites) - top} more sites)")
+        else:
+            lines.append("  (allocation sites are recorded while netcl.profiling.profile() or NETCL_PROFILE=1 runs)")
+        return "\n".join(lines)
 
     def describe_usage(self) -> str:
         return f"netcl holds {format_bytes(self.in_use)} in use and {format_bytes(self.cached)} cached"
 
-    def _oom_message(self, nbytes: int, why: str) -> str:
+    def _oom_message(self, nbytes: int, why: str, summary: bool = False) -> str:
+        """The error text; with `summary` (the device is full, rather than one request too large) it ends
+        with summary(), which says what holds the memory."""
         caps = self.device.capabilities
-        return (
+        text = (
             f"out of memory on {self.device.describe()}: asked for {format_bytes(nbytes)} ({nbytes} bytes) "
             f"and {why}. Device total {format_bytes(caps.global_mem)}, largest single allocation "
             f"{format_bytes(caps.max_alloc)}; {self.describe_usage()}. Try a smaller batch or model, "
             "delete tensors you no longer need, call pool.empty_cache(), or pick a device with more "
             "memory (NETCL_DEVICE)."
         )
+        return text + "\n" + self.summary() if summary else text
+
+
+_pools: weakref.WeakSet[BufferPool] = weakref.WeakSet()
+
+
+def memory_summary(device: Any = None) -> str:
+    """BufferPool in use / cached / peak by block size and by allocation site, for `device` (a DeviceHandle,
+    a Queue or a Tensor) or for every device netcl has allocated on."""
+    if device is not None:
+        device = getattr(device, "device", device)  # a Queue or a Tensor: its device
+        return device.pool.summary()
+    pools = sorted(_pools, key=lambda p: p.device.describe())
+    if not pools:
+        return "netcl memory: nothing allocated on any device yet"
+    return "\n\n".join(p.summary() for p in pools)
 
 
 def staging(queue: Any) -> PinnedStaging:

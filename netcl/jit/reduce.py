@@ -27,12 +27,12 @@ from typing import Any
 
 import numpy as np
 
-from netcl import kernels
+from netcl import kernels, profiling
 from netcl.config import jit_knob
-from netcl.core import dtypes
+from netcl.core import capture, dtypes
 from netcl.core.tensor import Tensor, _coalesce
 from netcl.jit import codegen, ir
-from netcl.jit.runner import broadcast_strides, memo_params_args
+from netcl.jit.runner import broadcast_strides, declared_work, memo_params_args
 
 MAX_CHUNK = 1 << 14
 # GPU knobs (NETCL_RED_* environment variables; bench/elementwise.py --sweep times them):
@@ -525,6 +525,10 @@ def run(
     if params:
         args += memo_params_args(params, memo)
     args += tail
+    if capture.declaring():  # the expression's work plus one combining operation per input element
+        n = math.prod(in_shape)
+        flops, nbytes = declared_work(desc, n, leaves, out.nbytes + (out_idx.nbytes if out_idx is not None else 0))
+        profiling.work(flops + n, nbytes)
     kernel(queue, gsize, lsize, *args)
     if P > 1:
         _stage2(queue, reducer, acc, parts, out, M, P, mean, R)

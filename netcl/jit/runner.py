@@ -11,8 +11,9 @@ from typing import Any
 
 import numpy as np
 
-from netcl import kernels
+from netcl import kernels, profiling
 from netcl.config import jit_knob
+from netcl.core import capture
 from netcl.core.tensor import Tensor, _coalesce, contiguous_strides
 from netcl.jit import codegen, ir
 
@@ -174,7 +175,16 @@ def run_elementwise(outputs: list[tuple[ir.Node, Tensor]]) -> None:
     if params:
         args += memo_params_args(params, memo)
     args += tail
+    if capture.declaring():
+        profiling.work(*declared_work(desc, math.prod(shape), leaves, sum(o.nbytes for o in out_tensors)))
     kernel(queue, gsize, lsize, *args)
+
+
+def declared_work(desc: tuple, n: int, leaves: list[Tensor], out_bytes: int) -> tuple[float, float]:
+    """(FLOPs, compulsory bytes) of a generated kernel over `n` elements, for the profiler: one operation per
+    element for each node of the expression with operands, every leaf read and every output written once."""
+    ops = sum(1 for d in desc if d[1])
+    return float(ops * n), float(out_bytes + sum(t.nbytes for t in leaves))
 
 
 def _plan(device: Any, shape: tuple[int, ...], desc: tuple, out_pos: tuple, out_tensors: list[Tensor],

@@ -7,11 +7,17 @@ from typing import Any
 
 import numpy as np
 
+from netcl import profiling
 from netcl.core import capture, dtypes
 from netcl.core.tensor import Tensor
 from netcl.ops.gemm import splitk
 from netcl.ops.gemm.problem import _batch_strides, _collapse, _long4, _matrix_strides, _Problem, _tiled_layout
 from netcl.ops.gemm.variants import _fit_local_memory, _program, usable_params
+
+
+def gemm_work(m: int, n: int, k: int, batch: int, itemsize: int, residual: bool = False) -> tuple[float, float]:
+    """(FLOPs, compulsory bytes) of one GEMM launch, for the profiler: A, B read and C written once."""
+    return 2.0 * m * n * k * batch, float((m * k + k * n + m * n * (2 if residual else 1)) * batch * itemsize)
 
 
 def _all_inner(m: int, n: int, k: int, tile: dict[str, int]) -> bool:
@@ -122,6 +128,8 @@ def launch(
     i64 = np.int64
     for outer in np.ndindex(*outer_shape) if outer_shape else [()]:
         extra = [sum(i * s[j] for j, i in enumerate(outer)) for s in (a_bs, b_bs, c_bs, r_bs)]
+        if capture.declaring():
+            profiling.work(*gemm_work(p.m, p.n, p.k, nbatch, dt.itemsize, res is not None))
         kernel(
             queue, gsize, lsize,
             M=np.int32(p.m), N=np.int32(p.n), K=np.int32(p.k),

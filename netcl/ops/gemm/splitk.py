@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from netcl import profiling
 from netcl.core import capture, dtypes
 from netcl.core.tensor import Tensor
 from netcl.errors import DTypeError, ShapeError
@@ -80,6 +81,9 @@ def tiled_split(p: _Problem, a: Tensor, b: Tensor, strides: tuple[int, int, int,
     gemm_defines["DTYPE"] = acc_dt  # partial sums are stored at accumulator precision
     kernel = _program(p.out.device, "tiled", gemm_defines).gemm_tiled
     i64 = np.int64
+    if capture.declaring():  # the K slices as a batch: A and B read once, `splits` partial products written
+        profiling.work(2.0 * p.m * p.n * p.k,
+                       float((p.m * p.k + p.k * p.n) * dt.itemsize + splits * p.m * p.n * acc_dt.itemsize))
     kernel(
         p.out.queue, (-(-p.n // tile["BN"]) * tile["TX"], -(-p.m // tile["BM"]) * tile["TY"], splits),
         (tile["TX"], tile["TY"], 1),
@@ -125,6 +129,8 @@ def reduce_splits(p: _Problem, work: Tensor, splits: int) -> None:
     lx = min(64, 1 << max(0, (p.n - 1).bit_length()))
     local = (lx, max(1, min(256 // lx, 4)), 1) if device.capabilities.kind != "cpu" else None
     i64 = np.int64
+    if capture.declaring():  # S partial sums per output read, one output written
+        profiling.work(float(splits * p.m * p.n), float(p.m * p.n * (splits * work.itemsize + dt.itemsize)))
     reducer(
         out.queue, (p.n, p.m, 1), local,
         S=np.int32(splits), M=np.int32(p.m), N=np.int32(p.n), partial=work.buffer,
