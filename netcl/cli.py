@@ -1,14 +1,15 @@
-"""The `netcl` command: devices, demo, train and tune."""
+"""The `netcl` command: devices, demo, profile, train and tune."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
-from netcl import config
+from netcl import config, profiling
 from netcl.core import variants
 from netcl.core.device import manager, no_platform_message
 from netcl.core.memory import format_bytes
@@ -78,11 +79,30 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+def cmd_profile(args: argparse.Namespace) -> int:
+    """Run a script under netcl.profiling: its tables on stderr, its Chrome trace written."""
+    script = Path(args.script)
+    if not script.is_file():
+        raise NetclError(f"netcl profile: no script {script}")
+    trace = Path(args.trace) if args.trace else Path(f"{script.stem}.trace.json")
+    status, _ = profiling.run_script(str(script), list(args.args), trace, top=args.top)
+    return status
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="netcl", description="netcl: deep learning on any OpenCL device")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("devices", help="list OpenCL platforms and devices").set_defaults(func=cmd_devices)
     sub.add_parser("demo", help="list devices and run a small computation").set_defaults(func=cmd_demo)
+    p = sub.add_parser("profile", help="run a Python script under the profiler: tables and a Chrome trace",
+                       description="Run SCRIPT [ARGS] as __main__ under netcl.profiling.profile(): print the device "
+                       "time per kernel, op and module scope, and write the timeline as Chrome trace-event JSON "
+                       "(open it in Perfetto or chrome://tracing).")
+    p.add_argument("--trace", default=None, help="where the trace goes (default: SCRIPT's name + .trace.json here)")
+    p.add_argument("--top", type=int, default=25, help="rows per table (default 25)")
+    p.add_argument("script", help="the Python script to run")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
+    p.set_defaults(func=cmd_profile)
     for module in _SUBCOMMAND_MODULES:
         module.register(sub)
     args = parser.parse_args(argv)

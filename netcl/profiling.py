@@ -101,8 +101,9 @@ def _classify(module: str) -> int:
         return _STOP  # the user's code: the op is the outermost netcl frame below it
     if module in ("netcl.jit.fuse", "netcl.jit.autodiff"):
         return _OP  # @jit.fuse functions are ops of their own
-    if module == "netcl.autograd.engine":
-        return _SKIP  # the backward walk: its rules (closures named `op.<locals>.backward`) are the ops
+    if module in ("netcl.autograd.engine", "netcl.graph"):
+        return _SKIP  # the backward walk (its rules, closures named `op.<locals>.backward`, are the ops);
+        # a graph recording a launch
     if parts[1] in _INNER:
         return _SKIP
     return _OP if parts[1] in _OPS else _STOP

@@ -1,6 +1,6 @@
 """`netcl train`: train a small CNN (or the seed's MLP) on Fashion-MNIST, or on scikit-learn's digits
 when Fashion-MNIST cannot be had; progress bars, per-epoch test accuracy, checkpoints, --resume,
-and a PNG of the loss and accuracy curves."""
+a PNG of the loss and accuracy curves, and TensorBoard scalars with --tensorboard DIR."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from netcl.errors import NetclError
 from netcl.io import load_checkpoint, save_checkpoint
 from netcl.io.checkpoint import read_checkpoint
 from netcl.ops import random
+from netcl.train import tensorboard
 from netcl.train.loop import GraphedStep, build_model, evaluate, train_epoch
 
 # Defaults per dataset, so the job ends on a result worth showing whichever one it found (2-core PoCL
@@ -113,6 +114,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bars (plain lines)")
     p.add_argument("--eager", action="store_true",
                    help="run every step op by op (default: record the step once and replay it, netcl.graph)")
+    tensorboard.add_argument(p)
     p.set_defaults(func=run)
 
 
@@ -298,6 +300,7 @@ def run(args: argparse.Namespace) -> int:
     graphed = None if args.eager else GraphedStep(model, opt, sched)
     run_args = {**{k: s[k] for k in RUN_SETTINGS if k != "dataset"}, "dataset": data.name, "epochs": s["epochs"]}
     written: list[Path] = []
+    tb = tensorboard.open_writer(args.tensorboard)  # flushed after each epoch, closed at the end
     for epoch in range(start_epoch, s["epochs"]):
         loader.set_epoch(epoch)
         bar = tqdm(
@@ -310,10 +313,14 @@ def run(args: argparse.Namespace) -> int:
         )
         t0 = time.perf_counter()
 
-        def progress(n: int, loss: float | None, bar: Any = bar, t0: float = t0) -> None:
+        def progress(n: int, loss: float | None, bar: Any = bar, t0: float = t0, epoch: int = epoch,
+                     done: list[int] = [0]) -> None:  # noqa: B006  (steps done this epoch: a bar may be off)
             bar.update(n)
-            rate = bar.n * s["batch_size"] / max(time.perf_counter() - t0, 1e-9)
+            done[0] += n
+            rate = done[0] * s["batch_size"] / max(time.perf_counter() - t0, 1e-9)
             bar.set_postfix(loss=f"{loss:.4f}", img_s=f"{rate:,.0f}")
+            tb.log(epoch * len(loader) + done[0], {"train/loss": loss, "train/learning_rate": opt.param_groups[0]["lr"],
+                                                   "train/images_per_second": rate})
 
         losses = train_epoch(model, opt, loader, sched, progress, step=graphed)
         q.finish()
@@ -328,15 +335,21 @@ def run(args: argparse.Namespace) -> int:
             f"epoch {epoch + 1}: mean loss {np.mean(losses):.4f}, test accuracy {acc * 100:.2f}%, "
             f"{seconds:.1f} s ({history['samples_per_second'][-1]:,.0f} images/s)"
         )
+        tb.log((epoch + 1) * len(loader), {"test/accuracy": acc, "train/epoch_mean_loss": float(np.mean(losses)),
+                                           "train/epoch_images_per_second": history["samples_per_second"][-1]})
+        tb.flush()
         save_checkpoint(
             ckpt, model, opt, sched, step=(epoch + 1) * len(loader), epoch=epoch + 1, loader=loader,
             extra={"history": history, "model": s["model"], "dataset": data.name, "args": run_args},
         )
         if ckpt not in written:
             written.append(ckpt)
+    tb.close()
     plot = out / "curves.png"
     plot_curves(history, plot, f"netcl {s['model']} on {data.name}")
     written.append(plot)
+    if args.tensorboard:
+        written.append(Path(args.tensorboard))
     metrics = {
         "model": s["model"],
         "dataset": data.name,
