@@ -4,6 +4,8 @@ Ops record Nodes only inside `with Tape()` and only when an input requires a gra
 that runs outside a tape (evaluation) builds no graph. `tape.backward(loss)` sorts the graph
 topologically from the loss, runs each node's local rule once in reverse order, sums the
 gradients of nodes used more than once, and frees each rule's saved tensors right after it ran.
+A leaf's post-accumulate hooks run as soon as its `.grad` is final for the pass, and callbacks queued
+during a pass run when it ends (what netcl.distributed's gradient buckets start and finish on).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from netcl import ops
+from netcl.core import dtypes
 from netcl.core.tensor import Tensor
 from netcl.errors import DTypeError, NetclError, ShapeError
 
@@ -26,6 +29,7 @@ class _State(threading.local):
     def __init__(self) -> None:
         self.tapes: list[Tape] = []
         self.grad_enabled = True
+        self.callbacks: list[Callable[[], None]] | None = None  # queued during a backward pass
 
 
 _state = _State()
@@ -47,6 +51,7 @@ class Node:
         "_op",
         "_retain",
         "_freed",
+        "_hooks",
         "__weakref__",
     )
     __array_priority__ = 1001
@@ -64,6 +69,7 @@ class Node:
         self._op = "leaf"
         self._retain = False
         self._freed = False
+        self._hooks: list[Callable[[Node], None]] | None = None
 
     # -- tensor-like properties -------------------------------------------------------------
     @property
@@ -108,6 +114,19 @@ class Node:
     def zero_grad(self) -> None:
         self.grad = None
 
+    def register_post_accumulate_grad_hook(self, hook: Callable[[Node], None]) -> HookHandle:
+        """Call `hook(node)` during backward right after this leaf's `.grad` is final for the pass (its
+        gradient from every path summed and accumulated), while the rest of backward is still to run.
+        Returns a handle whose remove() unregisters it."""
+        if not callable(hook):
+            raise TypeError(f"a gradient hook must be callable, got {type(hook).__name__}")
+        if self._backward is not None or self._freed:
+            raise NetclError(f"post-accumulate gradient hooks belong on leaves (parameters), not on {self!r}")
+        if self._hooks is None:
+            self._hooks = []
+        self._hooks.append(hook)
+        return HookHandle(self._hooks, hook)
+
     def __len__(self) -> int:
         return len(self.value)
 
@@ -116,8 +135,27 @@ class Node:
         return f"Node(shape={self.shape}, dtype={self.dtype}, op={self._op}{flag})"
 
 
+class HookHandle:
+    """What register_post_accumulate_grad_hook returns: remove() unregisters the hook."""
+
+    def __init__(self, hooks: list, hook: Callable) -> None:
+        self._hooks, self._hook = hooks, hook
+
+    def remove(self) -> None:
+        if self._hook in self._hooks:
+            self._hooks.remove(self._hook)
+
+
+def queue_callback(callback: Callable[[], None]) -> None:
+    """Run `callback()` when the backward pass now running ends (after every gradient is stored), e.g. from
+    a post-accumulate hook; callbacks queued by callbacks run too, in order. Outside backward: an error."""
+    if _state.callbacks is None:
+        raise NetclError("queue_callback: no backward pass is running (call it from a gradient hook)")
+    _state.callbacks.append(callback)
+
+
 def _check_differentiable(value: Tensor) -> None:
-    if value.dtype.kind != "f":
+    if not dtypes.is_floating(value.dtype):
         raise DTypeError(
             f"only floating-point tensors can require gradients, got {value.dtype} (shape {value.shape}); "
             "cast it first (x.astype(np.float32)), or leave requires_grad off for index tensors"
@@ -272,7 +310,7 @@ def backward(root: Node, grad: Tensor | None = None, retain_graph: bool = False,
         raise TypeError(f"backward: grad must be a netcl Tensor, got {type(grad).__name__}")
     elif grad.shape != root.shape:
         raise ShapeError(f"backward: grad of shape {grad.shape} does not match the output shape {root.shape}")
-    elif grad.dtype.kind != "f":
+    elif not dtypes.is_floating(grad.dtype):
         raise DTypeError(f"backward: grad must be floating point like the output ({root.dtype}), got {grad.dtype}")
     order = _topological_order(root)
     freed = next((n for n in order if n._freed), None)
@@ -280,44 +318,59 @@ def backward(root: Node, grad: Tensor | None = None, retain_graph: bool = False,
         raise NetclError(_FREED.format(op=freed._op))
     grads: dict[int, Tensor] = {id(root): grad}
     claimed: set[int] = set()  # storages handed to a leaf's .grad this pass: never shared between two
-    with no_grad():
-        for node in reversed(order):
-            g = grads.pop(id(node), None)
-            if g is None:
+    outer_callbacks, _state.callbacks = _state.callbacks, []
+    try:
+        with no_grad():
+            _run_rules(order, grads, claimed, retain_graph, _targets)
+            while _state.callbacks:
+                _state.callbacks.pop(0)()
+    finally:
+        _state.callbacks = outer_callbacks
+
+
+def _run_rules(order: list[Node], grads: dict[int, Tensor], claimed: set[int], retain_graph: bool,
+               _targets: dict[int, Node] | None) -> None:
+    """The pass itself: each node's rule once, in reverse topological order (see backward)."""
+    for node in reversed(order):
+        g = grads.pop(id(node), None)
+        if g is None:
+            continue
+        if _targets is not None and id(node) in _targets:
+            node.grad = g if node.grad is None else _accumulate(node.grad, g)
+            if node._backward is None:
                 continue
-            if _targets is not None and id(node) in _targets:
-                node.grad = g if node.grad is None else _accumulate(node.grad, g)
-                if node._backward is None:
-                    continue
-            fn = node._backward
-            if fn is None:  # a leaf: parameters and ag.tensor(..., requires_grad=True)
-                if _targets is None:
-                    _store_leaf_grad(node, g, claimed)
+        fn = node._backward
+        if fn is None:  # a leaf: parameters and ag.tensor(..., requires_grad=True)
+            if _targets is None:
+                _store_leaf_grad(node, g, claimed)
+                if node._hooks:
+                    for hook in tuple(node._hooks):
+                        hook(node)
+            continue
+        if node._retain and _targets is None:
+            node.grad = g if node.grad is None else _accumulate(node.grad, g)
+        parent_grads = fn(g)
+        parents = node._parents
+        if not retain_graph:
+            node._backward = None  # frees the tensors the rule saved
+            node._parents = ()
+            node._freed = True
+        if len(parent_grads) != len(parents):
+            raise NetclError(
+                f"backward rule of {node._op} returned {len(parent_grads)} gradients "
+                f"for {len(parents)} inputs"
+            )
+        for parent, pg in zip(parents, parent_grads):
+            if pg is None or not parent.requires_grad:
                 continue
-            if node._retain and _targets is None:
-                node.grad = g if node.grad is None else _accumulate(node.grad, g)
-            parent_grads = fn(g)
-            parents = node._parents
-            if not retain_graph:
-                node._backward = None  # frees the tensors the rule saved
-                node._parents = ()
-                node._freed = True
-            if len(parent_grads) != len(parents):
-                raise NetclError(
-                    f"backward rule of {node._op} returned {len(parent_grads)} gradients "
-                    f"for {len(parents)} inputs"
+            if pg.shape != parent.shape:
+                raise ShapeError(
+                    f"backward rule of {node._op} made a gradient of shape {pg.shape} "
+                    f"for an input of shape {parent.shape}"
                 )
-            for parent, pg in zip(parents, parent_grads):
-                if pg is None or not parent.requires_grad:
-                    continue
-                if pg.shape != parent.shape:
-                    raise ShapeError(
-                        f"backward rule of {node._op} made a gradient of shape {pg.shape} "
-                        f"for an input of shape {parent.shape}"
-                    )
-                key = id(parent)
-                prev = grads.get(key)
-                grads[key] = pg if prev is None else _accumulate(prev, pg)
+            key = id(parent)
+            prev = grads.get(key)
+            grads[key] = pg if prev is None else _accumulate(prev, pg)
 
 
 def _store_leaf_grad(node: Node, g: Tensor, claimed: set[int]) -> None:
@@ -385,6 +438,7 @@ class Tape:
 
 
 __all__ = [
+    "HookHandle",
     "Node",
     "Parameter",
     "Tape",
@@ -396,6 +450,7 @@ __all__ = [
     "is_recording",
     "needs_grad",
     "no_grad",
+    "queue_callback",
     "record",
     "tensor",
 ]
