@@ -47,6 +47,7 @@ class _Local(threading.local):
     def __init__(self) -> None:
         self.scopes: list[str] = []  # module / user scope labels, innermost last
         self.root: Any = None  # the outermost module being called (its named_modules() name the others)
+        self.modules = 0  # modules being called on this thread (0: the next one called is a root)
         self.work: tuple[float, float] | None = None  # declared by an op for its next launch
 
 
@@ -179,7 +180,7 @@ _module_names: dict[int, tuple[Any, dict[int, str]]] = {}  # id(root module) -> 
 
 def _module_label(module: Any, scopes: list[str]) -> str:
     cls = type(module).__name__
-    if not scopes:
+    if not _local.modules:
         entry = _module_names.get(id(module))
         if entry is None or entry[0] is not module:
             paths = {id(m): name for name, m in module.named_modules()}
@@ -199,12 +200,14 @@ def call_module(module: Any, args: tuple, kwargs: dict) -> Any:
     scopes = _local.scopes
     label = _module_label(module, scopes)
     scopes.append(label)
+    _local.modules += 1
     t0 = _now()
     try:
         return module.forward(*args, **kwargs)
     finally:
         t1 = _now()
         scopes.pop()
+        _local.modules -= 1
         _host_span(label, "module", t0, t1)
 
 
@@ -301,17 +304,9 @@ def filled(queue: Any, event: Any, t0: int | None, nbytes: int) -> None:
         s._add(rec)
 
 
-@contextlib.contextmanager
-def host_span(name: str, cat: str = "host") -> Iterator[None]:
-    """A host span on the trace (graph replays use it); nothing when not profiling."""
-    if not active:
-        yield
-        return
-    t0 = _now()
-    try:
-        yield
-    finally:
-        _host_span(name, cat, t0, _now())
+def span(name: str, cat: str, t0: int) -> None:
+    """A host span from `t0` (host ns) to now on the trace (graph replays add theirs while profiling)."""
+    _host_span(name, cat, t0, _now())
 
 
 # -- a profile ---------------------------------------------------------------------------------------------

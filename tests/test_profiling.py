@@ -96,6 +96,9 @@ def test_ops_and_module_scopes_label_launches(queue, batch):
     with profiling.profile() as prof2, profiling.scope("my block"):
         ops.sum(batch[0]).to_host()
     assert {s["scope"] for s in prof2.device_spans()} == {"my block"}
+    with profiling.profile() as prof3, profiling.scope("step"):  # modules inside a user scope keep their names
+        model(ag.tensor(batch[0])).value.to_host()
+    assert {"step", "Sequential", "0 (Linear)", "2 (Linear)"} <= {name for name, *_ in prof3.host_spans()}
 
 
 def test_module_call_outside_a_profile_pushes_nothing(queue, batch):

@@ -137,24 +137,25 @@ class Recording:
             return
         launched = 0
         timed = profiling.active
-        with profiling.host_span("Graph.replay", "graph"):
-            t0 = None
-            for op in ops:
-                if timed:
-                    t0 = profiling.before(q)
-                if op[0] == "k":
-                    event = op[1]._enqueue(q, op[2], op[3], _bound(op, bind), None)
-                    if timed or q.profiling:
-                        profiling.launched(op[1], q, event, t0, op[6] or ("graph replay", "", None))
-                    launched += 1
-                elif op[0] == "copy":
-                    event = cl.enqueue_copy(q.cl, op[1], op[2], **op[3])
-                    if timed or q.profiling:
-                        profiling.copied(q, event, t0, op[1], op[2], op[3], cl)
-                else:
-                    event = cl.enqueue_fill_buffer(q.cl, op[1], op[2], op[3], op[4])
-                    if timed or q.profiling:
-                        profiling.filled(q, event, t0, op[4])
+        start = t0 = profiling.before(q) if timed else None
+        for op in ops:
+            if timed:
+                t0 = profiling.before(q)
+            if op[0] == "k":
+                event = op[1]._enqueue(q, op[2], op[3], _bound(op, bind), None)
+                if timed or q.profiling:
+                    profiling.launched(op[1], q, event, t0, op[6] or ("graph replay", "", None))
+                launched += 1
+            elif op[0] == "copy":
+                event = cl.enqueue_copy(q.cl, op[1], op[2], **op[3])
+                if timed or q.profiling:
+                    profiling.copied(q, event, t0, op[1], op[2], op[3], cl)
+            else:
+                event = cl.enqueue_fill_buffer(q.cl, op[1], op[2], op[3], op[4])
+                if timed or q.profiling:
+                    profiling.filled(q, event, t0, op[4])
+        if timed:
+            profiling.span("Graph.replay", "graph", start)
         profiling.count_launch(launched)
 
     def _replay_template(self, bind: dict[str, Any] | None) -> None:
