@@ -7,25 +7,7 @@
 //                -DPER_ITEM=<outputs per work-item>.
 
 #include "common.cl"
-
-#define PHILOX_M0 0xD2511F53u
-#define PHILOX_M1 0xCD9E8D57u
-#define PHILOX_W0 0x9E3779B9u
-#define PHILOX_W1 0xBB67AE85u
-
-inline uint4 philox4x32_10(uint4 c, uint2 k)
-{
-    for (int r = 0; r < 10; ++r) {
-        const uint hi0 = mul_hi(PHILOX_M0, c.x), lo0 = PHILOX_M0 * c.x;
-        const uint hi1 = mul_hi(PHILOX_M1, c.z), lo1 = PHILOX_M1 * c.z;
-        c = (uint4)(hi1 ^ c.y ^ k.x, lo1, hi0 ^ c.w ^ k.y, lo0);
-        k += (uint2)(PHILOX_W0, PHILOX_W1);
-    }
-    return c;
-}
-
-// uniform in [0, 1) with 24 bits (exact in float)
-inline float u24(uint x) { return (float)(x >> 8) * 0x1.0p-24f; }
+#include "philox.cl"
 
 __kernel void philox_fill(__global T *out, const long out_offset, const long n,
                           const uint seed_lo, const uint seed_hi, const ulong counter0,

@@ -6,6 +6,7 @@ numbers: netcl.ops.operators, netcl.ops.copy, netcl.ops.random); `import netcl` 
 """
 # ruff: noqa: F401  (this module exists to re-export)
 from netcl.ops import copy, operators, random
+from netcl.ops.attention import *  # noqa: F403
 from netcl.ops.conv import *  # noqa: F403
 from netcl.ops.elementwise import *  # noqa: F403
 from netcl.ops.fused import *  # noqa: F403

@@ -1,0 +1,393 @@
+"""Streaming (flash) attention: softmax(q k^T * scale + mask) v without ever holding an S x S matrix.
+
+    out, lse = flash_attention_forward(q, k, v, causal=True)
+    dq, dk, dv = flash_attention_backward(q, k, v, out, lse, grad_out, causal=True)
+
+Layout as PyTorch's scaled_dot_product_attention: q (B, Hq, Sq, D), k and v (B, Hkv, Sk, D) with Hkv
+dividing Hq (grouped-query attention: query head h reads kv head h // (Hq // Hkv)). Any strides: rows are
+read in place when the last axis is contiguous (q, k, v as views of a fused projection cost no copy),
+else through one contiguous copy. out is (B, Hq, Sq, D) in q's dtype; lse, the log-sum-exp of each row's
+scores, is (B, Hq, Sq) float32 (float64 for float64 inputs), the one thing the backward pass keeps.
+
+The forward streams keys through an online softmax (a running max and sum per query row); the backward
+recomputes the probabilities per tile from lse: one pass for dq (which first writes delta =
+rowsum(grad_out * out)), one for dk and dv (no atomics). Kernels (netcl/kernels/attention_*.cl): the CPU
+variant (work-group size 1, a block of rows per work-item in private memory) runs on every device until
+the GPU variant (local-memory tiles) lands.
+
+Options:
+- scale: default 1 / sqrt(D).
+- causal: query i attends key j iff j <= i + (L - Sq), L the number of valid keys (bottom-right aligned, as
+  a KV cache needs; for Sq == Sk the usual lower triangle).
+- kv_len: None (all Sk keys valid) or an int32 Tensor of shape (1,) or (B,) on the device holding L per
+  batch (clamped to [0, Sk]); the kernels read it, so a recorded decode step replays with a new length.
+- mask: a bool Tensor (True = attend) or a float Tensor added to the scores, broadcastable to
+  (B, Hq, Sq, Sk), read in place through its strides (a (B, 1, 1, Sk) padding mask costs no S x S). The
+  mask gets no gradient.
+- A query row with no key it may attend gets output 0, lse -inf and zero gradients (PyTorch gives NaN).
+- dropout_p: dropout on the probabilities (kept ones scaled by 1 / (1 - p)) from Philox numbers of a
+  `DropoutDraw`: the forward draws fresh counters from its generator on every call (and at every replay
+  of a recorded graph), the backward given the same draw regenerates the same mask.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from netcl import kernels
+from netcl.core import capture, dtypes
+from netcl.core.tensor import Tensor, check_same_queue
+from netcl.errors import DTypeError, ShapeError
+from netcl.ops.elementwise import cast
+from netcl.ops.random import Generator, default_generator
+
+__all__ = [
+    "DropoutDraw",
+    "attention_dropout_mask",
+    "flash_attention",
+    "flash_attention_backward",
+    "flash_attention_forward",
+]
+
+MAX_HEAD_DIM = 256
+_FLOATS = (dtypes.float16, dtypes.float32, dtypes.float64)
+
+# Which kernels run: None = by device class ("cpu" on CPU devices, "gpu" elsewhere). Tests set it to run
+# the GPU kernels on the CPU device.
+variant_override: str | None = None
+
+# Tile knobs per variant (their meanings: the headers of attention_cpu.cl / attention_gpu.cl).
+CPU_TILES = {"BQ": 4, "BK": 16, "BKV": 8}
+
+
+class DropoutDraw:
+    """Which Philox numbers one attention call's dropout reads: the generator's key (`seed`) and the first
+    of the counters reserved for it (`counter`, one per query row). The forward fills it (fresh counters
+    from `generator` on every call; inside a graph capture, again at every replay); pass the same object
+    to the backward, which regenerates the forward's mask from it."""
+
+    def __init__(self, generator: Generator | None = None):
+        if generator is not None and not isinstance(generator, Generator):
+            raise TypeError(f"generator must be a netcl.ops.random.Generator, got {type(generator).__name__}")
+        self.generator = generator if generator is not None else default_generator
+        self.seed: int | None = None
+        self.counter: int | None = None
+        self.rows: int | None = None
+
+    def take(self, rows: int) -> None:
+        """Reserve counters for `rows` query rows (a new mask)."""
+        self.seed = self.generator.seed
+        self.counter = self.generator.take(max(rows, 1))
+        self.rows = rows
+
+    def args(self) -> dict[str, Any]:
+        return {"seed_lo": np.uint32(self.seed & 0xFFFFFFFF), "seed_hi": np.uint32(self.seed >> 32),
+                "counter0": np.uint64(self.counter)}
+
+    def __repr__(self) -> str:
+        return f"DropoutDraw(seed={self.seed}, counter={self.counter}, rows={self.rows})"
+
+
+# -- checks ----------------------------------------------------------------------------------------------
+class _Problem:
+    """The checked shapes, dtype and options of one attention call."""
+
+    def __init__(self, op: str, q: Any, k: Any, v: Any, causal: Any, scale: Any, mask: Any, dropout_p: Any,
+                 kv_len: Any):
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            if not isinstance(t, Tensor):
+                raise TypeError(f"{op}: {name} must be a Tensor, got {type(t).__name__}")
+            if t.ndim != 4:
+                raise ShapeError(f"{op}: {name} must be 4-D (batch, heads, sequence, head_dim), got shape {t.shape}")
+        check_same_queue(q, k, v)
+        if not (q.dtype == k.dtype == v.dtype):
+            raise DTypeError(f"{op}: q, k and v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+        if q.dtype not in _FLOATS:
+            raise DTypeError(f"{op} supports float16, float32 and float64 tensors, got {q.dtype}")
+        if q.dtype == dtypes.float64:
+            dtypes.check_supported_on(q.dtype, q.device)
+        B, HQ, SQ, D = q.shape
+        if k.shape != v.shape:
+            raise ShapeError(f"{op}: k and v must have one shape, got {k.shape} and {v.shape}")
+        Bk, HKV, SK, Dk = k.shape
+        if Bk != B or Dk != D:
+            raise ShapeError(f"{op}: k and v must be (batch={B}, kv_heads, keys, head_dim={D}) like q {q.shape}, "
+                             f"got {k.shape}")
+        if HKV == 0 or HQ % HKV:
+            raise ShapeError(f"{op}: the kv heads ({HKV}) must divide the query heads ({HQ}) "
+                             f"(q {q.shape}, k {k.shape})")
+        if not 1 <= D <= MAX_HEAD_DIM:
+            raise ShapeError(f"{op}: head_dim must be between 1 and {MAX_HEAD_DIM}, got {D} (q {q.shape})")
+        if not isinstance(causal, (bool, np.bool_)):
+            raise TypeError(f"{op}: causal must be True or False, got {causal!r}")
+        if scale is None:
+            scale = 1.0 / math.sqrt(D)
+        if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, (int, float, np.floating, np.integer)):
+            raise TypeError(f"{op}: scale must be a number or None, got {scale!r}")
+        if not math.isfinite(float(scale)):
+            raise ValueError(f"{op}: scale must be finite, got {scale}")
+        if isinstance(dropout_p, (bool, np.bool_)) or not isinstance(dropout_p, (int, float, np.floating)):
+            raise TypeError(f"{op}: dropout_p must be a number in [0, 1), got {dropout_p!r}")
+        if not 0.0 <= float(dropout_p) < 1.0:
+            raise ValueError(f"{op}: dropout_p must be in [0, 1), got {dropout_p}")
+        self.q, self.k, self.v = q, k, v
+        self.queue, self.device, self.dtype = q.queue, q.device, q.dtype
+        self.B, self.HQ, self.HKV, self.SQ, self.SK, self.D = B, HQ, HKV, SQ, SK, D
+        self.group = HQ // HKV
+        self.causal = bool(causal)
+        self.scale = float(scale)
+        self.dropout_p = float(dropout_p)
+        self.mask, self.mask_kind = self._check_mask(op, mask)
+        self.kv_len = self._check_kv_len(op, kv_len)
+
+    def _check_mask(self, op: str, mask: Any) -> tuple[Tensor | None, str]:
+        if mask is None:
+            return None, "MASK_NONE"
+        if not isinstance(mask, Tensor):
+            raise TypeError(f"{op}: mask must be a bool or float Tensor, got {type(mask).__name__}")
+        check_same_queue(self.q, mask)
+        full = (self.B, self.HQ, self.SQ, self.SK)
+        if mask.ndim > 4:
+            raise ShapeError(f"{op}: mask of shape {mask.shape} does not broadcast to (B, Hq, Sq, Sk) = {full}")
+        lead = (1,) * (4 - mask.ndim)
+        for have, want in zip(lead + tuple(mask.shape), full, strict=True):
+            if have not in (1, want):
+                raise ShapeError(f"{op}: mask of shape {mask.shape} does not broadcast to (B, Hq, Sq, Sk) = {full}")
+        if mask.dtype == dtypes.bool_:
+            kind = "MASK_BOOL"
+        elif mask.dtype in _FLOATS:
+            kind = "MASK_ADD"
+            if mask.dtype != self.dtype:
+                mask = cast(mask, self.dtype)  # (the mask's own size: broadcasting happens in the kernel)
+        else:
+            raise DTypeError(f"{op}: mask must be bool (True = attend) or a float dtype (added to the scores), "
+                             f"got {mask.dtype}")
+        return mask.reshape(lead + tuple(mask.shape)).expand(*full), kind
+
+    def _check_kv_len(self, op: str, kv_len: Any) -> Tensor | None:
+        if kv_len is None:
+            return None
+        if not isinstance(kv_len, Tensor):
+            raise TypeError(f"{op}: kv_len must be None or an int32 Tensor of shape (1,) or ({self.B},) on the "
+                            f"device (e.g. Tensor.from_host(queue, np.array([L], np.int32))), got "
+                            f"{type(kv_len).__name__}")
+        check_same_queue(self.q, kv_len)
+        if kv_len.dtype != dtypes.int32:
+            raise DTypeError(f"{op}: kv_len must be an int32 Tensor, got {kv_len.dtype}")
+        if kv_len.shape not in ((1,), (self.B,)):
+            raise ShapeError(f"{op}: kv_len must have shape (1,) or (batch,) = ({self.B},), got {kv_len.shape}")
+        return kv_len
+
+    # -- kernel arguments ----------------------------------------------------------------------------
+    def program(self, variant: str) -> Any:
+        tiles = CPU_TILES
+        return kernels.program(self.device, f"attention_{variant}.cl", dtype=self.dtype, HEAD_DIM=self.D,
+                               MASK=self.mask_kind, **tiles)
+
+    def common_args(self, draw: DropoutDraw | None) -> dict[str, Any]:
+        acc = kernels.scalar_type(self.dtype)
+        args: dict[str, Any] = {}
+        for name, t in (("q", self.q), ("k", self.k), ("v", self.v)):
+            args.update(_row_args(name, t))
+        mask = self.mask
+        if mask is None:
+            args.update(mask=self.q.buffer, mask_off=np.int64(0), mask_sb=np.int64(0), mask_sh=np.int64(0),
+                        mask_si=np.int64(0), mask_sj=np.int64(0))
+        else:
+            sb, sh, si, sj = (np.int64(s) for s in mask.strides)
+            args.update(mask=mask.buffer, mask_off=np.int64(mask.offset), mask_sb=sb, mask_sh=sh, mask_si=si,
+                        mask_sj=sj)
+        kv_len = self.kv_len
+        if kv_len is None:
+            args.update(kv_len=self.q.buffer, kv_len_off=np.int64(0), has_kv_len=np.int32(0),
+                        kv_len_stride=np.int64(0))
+        else:
+            stride = kv_len.strides[0] if kv_len.shape[0] > 1 else 0
+            args.update(kv_len=kv_len.buffer, kv_len_off=np.int64(kv_len.offset), has_kv_len=np.int32(1),
+                        kv_len_stride=np.int64(stride))
+        args.update(HQ=np.int32(self.HQ), GROUP=np.int32(self.group), SQ=np.int32(self.SQ),
+                    SK=np.int32(self.SK), causal=np.int32(self.causal), scale=acc(self.scale))
+        if draw is None:
+            args.update(drop_threshold=np.uint32(0), drop_scale=acc(1.0), seed_lo=np.uint32(0),
+                        seed_hi=np.uint32(0), counter0=np.uint64(0))
+        else:
+            args.update(drop_threshold=_drop_threshold(self.dropout_p), drop_scale=acc(1.0 / (1.0 - self.dropout_p)),
+                        **draw.args())
+        return args
+
+
+def _row_args(name: str, t: Tensor) -> dict[str, Any]:
+    """The (buffer, offset, batch/head/row strides) arguments of a (B, H, S, D) operand; its rows must be
+    contiguous (the caller made a copy where they were not)."""
+    sb, sh, ss, _ = t.strides
+    return {name: t.buffer, f"{name}_off": np.int64(t.offset), f"{name}_sb": np.int64(sb),
+            f"{name}_sh": np.int64(sh), f"{name}_ss": np.int64(ss)}
+
+
+def _rows_contiguous(t: Tensor) -> Tensor:
+    """t itself when its last axis is contiguous (read in place), else a contiguous copy."""
+    if t.shape[-1] == 1 or t.strides[-1] == 1:
+        return t
+    return t.contiguous()
+
+
+def _drop_threshold(p: float) -> np.uint32:
+    """Keep iff a 24-bit uniform draw >= this: probability 1 - threshold / 2**24 (= 1 - p to 2**-24)."""
+    return np.uint32(min(round(p * (1 << 24)), (1 << 24) - 1))
+
+
+def _variant(device: Any) -> str:
+    if variant_override is not None:
+        return variant_override
+    return "cpu"
+
+
+def _refresh_dropout_on_replay(draw: DropoutDraw, kernel: Any, draws: bool) -> None:
+    """Inside a graph capture: before each replay, the forward's launch takes fresh counters (`draws`) and
+    every launch of the call reads the draw's current ones (refreshes run in recording order)."""
+    graph = capture.capturing()
+    if graph is None:
+        return
+    index = kernel.arg_index
+    rows = draw.rows
+
+    def refresh(args: list) -> None:
+        if draws:
+            draw.take(rows)
+        for name, value in draw.args().items():
+            args[index[name]] = value
+
+    graph.on_replay(refresh)
+
+
+# -- forward ---------------------------------------------------------------------------------------------
+def flash_attention_forward(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, scale: float | None = None,
+                            mask: Tensor | None = None, dropout_p: float = 0.0, generator: Generator | None = None,
+                            kv_len: Tensor | None = None,
+                            dropout_draw: DropoutDraw | None = None) -> tuple[Tensor, Tensor]:
+    """(out, lse) of attention (module docstring). With dropout_p > 0 the mask comes from `dropout_draw`
+    (filled with fresh counters here; keep it for flash_attention_backward), or from a new draw of
+    `generator` (default: the default generator) when none is given."""
+    op = "flash_attention"
+    if generator is not None and dropout_draw is not None:
+        raise ValueError(f"{op}: pass generator= or dropout_draw= (which holds its generator), not both")
+    if dropout_draw is not None and not isinstance(dropout_draw, DropoutDraw):
+        raise TypeError(f"{op}: dropout_draw must be a DropoutDraw, got {type(dropout_draw).__name__}")
+    pr = _Problem(op, _rows_contiguous(q), _rows_contiguous(k), _rows_contiguous(v), causal, scale, mask,
+                  dropout_p, kv_len)
+    acc_dtype = dtypes.float64 if pr.dtype == dtypes.float64 else dtypes.float32
+    out = Tensor.empty(pr.queue, (pr.B, pr.HQ, pr.SQ, pr.D), pr.dtype)
+    lse = Tensor.empty(pr.queue, (pr.B, pr.HQ, pr.SQ), acc_dtype)
+    draw = None
+    if pr.dropout_p > 0:
+        draw = dropout_draw if dropout_draw is not None else DropoutDraw(generator)
+        draw.take(pr.B * pr.HQ * pr.SQ)
+    if out.size == 0:
+        return out, lse
+    variant = _variant(pr.device)
+    prg = pr.program(variant)
+    args = pr.common_args(draw)
+    kernel = prg.attention_forward_cpu
+    tiles = CPU_TILES
+    kernel(pr.queue, (-(-pr.SQ // tiles["BQ"]), pr.HQ, pr.B), (1, 1, 1), out=out.buffer, lse=lse.buffer, **args)
+    if draw is not None:
+        _refresh_dropout_on_replay(draw, kernel, draws=True)
+    return out, lse
+
+
+def flash_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, scale: float | None = None,
+                    mask: Tensor | None = None, dropout_p: float = 0.0, generator: Generator | None = None,
+                    kv_len: Tensor | None = None) -> Tensor:
+    """softmax(q k^T * scale + mask) v, (B, Hq, Sq, D) (module docstring; no S x S memory)."""
+    return flash_attention_forward(q, k, v, causal=causal, scale=scale, mask=mask, dropout_p=dropout_p,
+                                   generator=generator, kv_len=kv_len)[0]
+
+
+# -- backward --------------------------------------------------------------------------------------------
+def flash_attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, grad_out: Tensor, *,
+                             causal: bool = False, scale: float | None = None, mask: Tensor | None = None,
+                             dropout_p: float = 0.0, kv_len: Tensor | None = None,
+                             dropout_draw: DropoutDraw | None = None, need_dq: bool = True,
+                             need_dkv: bool = True) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+    """(dq, dk, dv) of flash_attention_forward's `out` for `grad_out`, given its `out` and `lse` and the same
+    options (and, with dropout, the same DropoutDraw). need_dq / need_dkv skip a pass (its results None).
+    Shapes and dtypes: those of q, k, v."""
+    op = "flash_attention_backward"
+    pr = _Problem(op, _rows_contiguous(q), _rows_contiguous(k), _rows_contiguous(v), causal, scale, mask,
+                  dropout_p, kv_len)
+    full = (pr.B, pr.HQ, pr.SQ, pr.D)
+    for name, t in (("out", out), ("grad_out", grad_out)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{op}: {name} must be a Tensor, got {type(t).__name__}")
+        if tuple(t.shape) != full or t.dtype != pr.dtype:
+            raise ShapeError(f"{op}: {name} must be a {pr.dtype} tensor of q's shape {full}, got {t.dtype} "
+                             f"{t.shape}")
+    acc_dtype = dtypes.float64 if pr.dtype == dtypes.float64 else dtypes.float32
+    if not isinstance(lse, Tensor) or tuple(lse.shape) != full[:3] or lse.dtype != acc_dtype:
+        got = f"{lse.dtype} {lse.shape}" if isinstance(lse, Tensor) else type(lse).__name__
+        raise ShapeError(f"{op}: lse must be the forward's {acc_dtype} tensor of shape {full[:3]}, got {got}")
+    check_same_queue(q, out, lse, grad_out)
+    draw = None
+    if pr.dropout_p > 0:
+        if not isinstance(dropout_draw, DropoutDraw) or dropout_draw.counter is None:
+            raise ValueError(f"{op}: dropout_p > 0 needs dropout_draw=, the DropoutDraw the forward used (its "
+                             "mask is regenerated from it)")
+        if dropout_draw.rows != pr.B * pr.HQ * pr.SQ:
+            raise ShapeError(f"{op}: dropout_draw was drawn for {dropout_draw.rows} query rows, this call has "
+                             f"{pr.B * pr.HQ * pr.SQ}")
+        draw = dropout_draw
+    dq = Tensor.empty(pr.queue, full, pr.dtype) if need_dq else None
+    dk = Tensor.empty(pr.queue, (pr.B, pr.HKV, pr.SK, pr.D), pr.dtype) if need_dkv else None
+    dv = Tensor.empty(pr.queue, (pr.B, pr.HKV, pr.SK, pr.D), pr.dtype) if need_dkv else None
+    if pr.B * pr.HQ * pr.SQ * pr.D == 0 or pr.SK == 0:
+        for t in (dq, dk, dv):
+            if t is not None and t.size:
+                t.fill_(0)
+        return dq, dk, dv
+    g, out = _rows_contiguous(grad_out), _rows_contiguous(out)
+    lse = lse if lse.offset == 0 and lse.is_contiguous() else lse.clone()
+    delta = Tensor.empty(pr.queue, full[:3], acc_dtype)  # rowsum(grad_out * out), written by the dq pass
+    variant = _variant(pr.device)
+    prg = pr.program(variant)
+    args = pr.common_args(draw)
+    args.update(_row_args("grad_out", g))
+    args.update(_row_args("out", out))
+    args.update(lse=lse.buffer, delta=delta.buffer)
+    tiles = CPU_TILES
+    kernel = prg.attention_backward_dq_cpu
+    kernel(pr.queue, (-(-pr.SQ // tiles["BQ"]), pr.HQ, pr.B), (1, 1, 1), dq=(dq if dq is not None else delta).buffer,
+           do_dq=np.int32(dq is not None), **args)
+    if draw is not None:
+        _refresh_dropout_on_replay(draw, kernel, draws=False)
+    if dk is not None:
+        kernel = prg.attention_backward_dkdv_cpu
+        kernel(pr.queue, (-(-pr.SK // tiles["BKV"]), pr.HKV, pr.B), (1, 1, 1), dk=dk.buffer, dv=dv.buffer,
+               **args)
+        if draw is not None:
+            _refresh_dropout_on_replay(draw, kernel, draws=False)
+    return dq, dk, dv
+
+
+# -- inspection ------------------------------------------------------------------------------------------
+def attention_dropout_mask(queue: Any, draw: DropoutDraw, shape: tuple[int, int, int, int],
+                           dropout_p: float) -> Tensor:
+    """The keep-mask (bool, `shape` = (B, Hq, Sq, Sk)) that attention with `dropout_p` and `draw` (as filled by
+    its forward) applies: True where a probability is kept (and scaled by 1 / (1 - p)). For tests and
+    inspection only: it is the S x S matrix the attention kernels never store."""
+    if not isinstance(draw, DropoutDraw) or draw.counter is None:
+        raise ValueError("attention_dropout_mask: draw must be a DropoutDraw filled by a forward call")
+    B, HQ, SQ, SK = (int(s) for s in shape)
+    if B * HQ * SQ != draw.rows:
+        raise ShapeError(f"attention_dropout_mask: the draw covers {draw.rows} query rows, shape {shape} has "
+                         f"{B * HQ * SQ}")
+    keep = Tensor.empty(queue, (B, HQ, SQ, SK), dtypes.bool_)
+    if keep.size:
+        prg = kernels.program(keep.device, "attention_dropout.cl", dtype=dtypes.float32)
+        prg.attention_dropout_keep(keep.queue, (-(-SK // 4), SQ, B * HQ), None, keep=keep.buffer, BH=np.int32(B * HQ),
+                                   SQ=np.int32(SQ),
+                                   SK=np.int32(SK), drop_threshold=_drop_threshold(float(dropout_p)),
+                                   **draw.args())
+    return keep

@@ -1,0 +1,46 @@
+"""Attention kernels under Oclgrind: attention_cpu.cl's forward, dq and dk/dv passes and
+attention_dropout.cl's keep-mask on small odd shapes (rows and keys not multiples of the blocks, GQA, a
+strided bool mask, kv_len, causal, dropout, a head dim that is not a multiple of the vector width)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import netcl.ops as ops
+from netcl.ops import attention as attn
+from netcl.ops.random import Generator
+from tests.oclgrind.cases import close, dev, oclgrind_only
+from tests.ops.test_attention import reference
+
+pytestmark = oclgrind_only
+
+
+@pytest.mark.parametrize("variant", ["cpu"])
+@pytest.mark.parametrize("D", [12, 32])
+def test_attention_forward_backward(queue, variant, D):
+    rng = np.random.default_rng(3)
+    B, HQ, HKV, SQ, SK, p = 2, 2, 1, 5, 11, 0.25
+    q = rng.standard_normal((B, HQ, SQ, D)).astype(np.float32)
+    k = rng.standard_normal((B, HKV, SK, D)).astype(np.float32)
+    v = rng.standard_normal((B, HKV, SK, D)).astype(np.float32)
+    g = rng.standard_normal((B, HQ, SQ, D)).astype(np.float32)
+    mask = rng.random((B, 1, SK, SQ)) < 0.8
+    lengths = np.array([SK, 7], np.int32)
+    old = attn.variant_override
+    attn.variant_override = variant
+    try:
+        nq, nk, nv, ng = dev(queue, q), dev(queue, k), dev(queue, v), dev(queue, g)
+        nmask = dev(queue, mask).transpose(-2, -1)
+        opts = dict(causal=True, mask=nmask, kv_len=dev(queue, lengths), dropout_p=p)
+        draw = attn.DropoutDraw(Generator(1))
+        out, lse = ops.flash_attention_forward(nq, nk, nv, dropout_draw=draw, **opts)
+        grads = ops.flash_attention_backward(nq, nk, nv, out, lse, ng, dropout_draw=draw, **opts)
+        keep = attn.attention_dropout_mask(queue, draw, (B, HQ, SQ, SK), p).to_host()
+    finally:
+        attn.variant_override = old
+    want = reference(q, k, v, causal=True, mask=mask.transpose(0, 1, 3, 2), kv_len=lengths, keep=keep,
+                     dropout_p=p, grad_out=g)
+    close(out, want[0], 1e-4, 1e-4)
+    for got, ref in zip(grads, want[2:], strict=True):
+        close(got, ref, 1e-4, 1e-4)

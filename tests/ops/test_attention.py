@@ -1,0 +1,441 @@
+"""netcl.ops.attention: flash attention forward and backward against float64 NumPy (causal, GQA, masks,
+kv_len, dropout, float16 storage, strided inputs), against torch's scaled_dot_product_attention, the
+memory bound at S=8192, graph replay, and bad input."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import netcl.ops as ops
+from netcl.core.tensor import Tensor
+from netcl.errors import DeviceMismatchError, DTypeError, ShapeError
+from netcl.graph import Graph
+from netcl.ops import attention as attn
+from netcl.ops.random import Generator
+
+
+# -- the float64 NumPy reference -----------------------------------------------------------------------
+def reference(q, k, v, *, causal=False, scale=None, mask=None, kv_len=None, keep=None, dropout_p=0.0, grad_out=None):
+    """(out, lse) and, with grad_out, (dq, dk, dv) of attention in float64, straight from the definition."""
+    q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
+    B, HQ, SQ, D = q.shape
+    HKV, SK = k.shape[1], k.shape[2]
+    group = HQ // HKV
+    scale = 1 / math.sqrt(D) if scale is None else scale
+    kr, vr = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
+    s = q @ kr.transpose(0, 1, 3, 2) * scale
+    L = np.full(B, SK) if kv_len is None else np.clip(np.broadcast_to(np.asarray(kv_len), (B,)), 0, SK)
+    i = np.arange(SQ)[:, None]
+    j = np.arange(SK)[None, :]
+    allowed = np.ones((B, HQ, SQ, SK), bool)
+    for b in range(B):
+        allowed[b] &= j < L[b]
+        if causal:
+            allowed[b] &= j <= i + L[b] - SQ
+    if mask is not None:
+        mask = np.asarray(mask)
+        if mask.dtype == bool:
+            allowed &= np.broadcast_to(mask, allowed.shape)
+        else:
+            s = s + mask.astype(np.float64)
+    s = np.where(allowed, s, -np.inf)
+    m = s.max(-1, keepdims=True)
+    empty = ~np.isfinite(m)
+    e = np.where(empty, 0.0, np.exp(s - np.where(empty, 0.0, m)))
+    total = e.sum(-1, keepdims=True)
+    p = np.where(total > 0, e / np.where(total > 0, total, 1), 0.0)
+    lse = np.where(total[..., 0] > 0, (m + np.log(np.where(total > 0, total, 1)))[..., 0], -np.inf)
+    z = np.ones_like(p) if keep is None else np.asarray(keep, np.float64) / (1 - dropout_p)
+    out = (p * z) @ vr
+    if grad_out is None:
+        return out, lse
+    g = np.asarray(grad_out, np.float64)
+    dvr = (p * z).transpose(0, 1, 3, 2) @ g
+    dp = (g @ vr.transpose(0, 1, 3, 2)) * z
+    delta = (g * out).sum(-1, keepdims=True)
+    ds = p * (dp - delta)
+    dq = ds @ kr * scale
+    dkr = ds.transpose(0, 1, 3, 2) @ q * scale
+    fold = lambda a: a.reshape(B, HKV, group, SK, D).sum(2)  # noqa: E731
+    return out, lse, dq, fold(dkr), fold(dvr)
+
+
+def dev(queue, a, dtype=None):
+    a = np.asarray(a)
+    return Tensor.from_host(queue, np.ascontiguousarray(a.astype(dtype) if dtype is not None else a))
+
+
+def inputs(rng, B, HQ, HKV, SQ, SK, D, dtype=np.float32):
+    q = rng.standard_normal((B, HQ, SQ, D)).astype(dtype)
+    k = rng.standard_normal((B, HKV, SK, D)).astype(dtype)
+    v = rng.standard_normal((B, HKV, SK, D)).astype(dtype)
+    g = rng.standard_normal((B, HQ, SQ, D)).astype(dtype)
+    return q, k, v, g
+
+
+TOL = {np.float32: dict(rtol=2e-4, atol=2e-5), np.float64: dict(rtol=1e-10, atol=1e-12),
+       np.float16: dict(rtol=2e-2, atol=4e-3)}
+
+
+def check(queue, q, k, v, g, *, dtype=np.float32, tol=None, backward=True, **opts):
+    """Run forward (+ backward) on the device and compare every result with the reference."""
+    tol = tol or TOL[dtype]
+    nq, nk, nv, ng = (dev(queue, a, dtype) for a in (q, k, v, g))
+    dev_opts = dict(opts)
+    host_opts = {key: val for key, val in opts.items() if key not in ("mask", "kv_len")}
+    if "mask" in opts:
+        host_opts["mask"] = opts["mask"].to_host()
+    if "kv_len" in opts:
+        host_opts["kv_len"] = opts["kv_len"].to_host()
+    # the reference sees what the device sees: inputs rounded to `dtype`
+    want = reference(*(a.astype(dtype) for a in (q, k, v)), grad_out=g.astype(dtype) if backward else None,
+                     **host_opts)
+    out, lse = ops.flash_attention_forward(nq, nk, nv, **dev_opts)
+    np.testing.assert_allclose(out.to_host().astype(np.float64), want[0], **tol)
+    np.testing.assert_allclose(lse.to_host().astype(np.float64), want[1], rtol=tol["rtol"], atol=tol["atol"])
+    if backward:
+        grads = ops.flash_attention_backward(nq, nk, nv, out, lse, ng, **dev_opts)
+        for name, got, ref in zip(("dq", "dk", "dv"), grads, want[2:], strict=True):
+            scale = max(np.abs(ref).max(), 1.0)
+            np.testing.assert_allclose(got.to_host().astype(np.float64), ref, rtol=tol["rtol"],
+                                       atol=tol["atol"] * scale, err_msg=name)
+    return out, lse
+
+
+# -- shapes, causal, GQA ---------------------------------------------------------------------------
+@pytest.mark.parametrize("B,HQ,HKV,SQ,SK,D", [
+    (1, 1, 1, 1, 1, 32),
+    (2, 2, 2, 17, 17, 64),
+    (1, 4, 2, 17, 129, 32),     # GQA, more keys than queries
+    (1, 2, 1, 129, 17, 64),     # more queries than keys (causal rows with no key)
+    (2, 3, 1, 5, 40, 128),
+    (1, 1, 1, 9, 23, 20),       # a head dim that is not a multiple of the vector width
+])
+@pytest.mark.parametrize("causal", [False, True])
+def test_forward_backward_float32(queue, rng, B, HQ, HKV, SQ, SK, D, causal):
+    check(queue, *inputs(rng, B, HQ, HKV, SQ, SK, D), causal=causal)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_float64_exact(queue, rng, causal):
+    check(queue, *inputs(rng, 2, 4, 2, 17, 33, 32, np.float64), dtype=np.float64, causal=causal, scale=0.3)
+
+
+def test_long_sequence(queue, rng):
+    check(queue, *inputs(rng, 1, 2, 1, 1000, 1000, 64), causal=True)
+
+
+def test_float16_storage(queue, rng):
+    q, k, v, g = inputs(rng, 1, 2, 1, 33, 47, 64)
+    out, lse = check(queue, q, k, v, g, dtype=np.float16, causal=True)
+    assert out.dtype == np.float16 and lse.dtype == np.float32
+
+
+# -- masks -----------------------------------------------------------------------------------------
+def test_bool_padding_mask(queue, rng):
+    B, SK = 3, 29
+    q, k, v, g = inputs(rng, B, 2, 2, 11, SK, 32)
+    lengths = np.array([29, 7, 1])
+    pad = (np.arange(SK)[None, :] < lengths[:, None]).reshape(B, 1, 1, SK)
+    check(queue, q, k, v, g, mask=dev(queue, pad))
+
+
+def test_bool_mask_with_fully_masked_rows(queue, rng):
+    q, k, v, g = inputs(rng, 2, 2, 1, 13, 21, 32)
+    mask = rng.random((2, 2, 13, 21)) < 0.6
+    mask[0, 1, 3] = False           # a row that attends nothing: output 0, lse -inf, gradients 0
+    mask[1, :, 7] = False
+    out, lse = check(queue, q, k, v, g, mask=dev(queue, mask), causal=True)
+    assert np.all(out.to_host()[0, 1, 3] == 0) and lse.to_host()[0, 1, 3] == -np.inf
+
+
+def test_float_mask_broadcast(queue, rng):
+    q, k, v, g = inputs(rng, 2, 4, 2, 19, 23, 64)
+    bias = rng.standard_normal((19, 23)).astype(np.float32)   # (Sq, Sk): broadcast over batch and heads
+    bias[4, :] = -np.inf                                        # a fully masked row
+    bias[5, ::2] = -np.inf
+    out, _ = check(queue, q, k, v, g, mask=dev(queue, bias))
+    assert np.all(out.to_host()[:, :, 4] == 0)
+
+
+def test_float_mask_of_another_dtype_and_strided(queue, rng):
+    q, k, v, g = inputs(rng, 2, 2, 2, 9, 12, 32)
+    wide = rng.standard_normal((2, 1, 12, 9)).astype(np.float64)  # read transposed: a strided view
+    mask = dev(queue, wide).transpose(-2, -1)
+    check(queue, q, k, v, g, mask=mask, causal=True)
+
+
+def test_padding_mask_costs_no_square_buffer(queue, rng):
+    """A (B, 1, 1, Sk) mask is read in place: the forward allocates only out and lse."""
+    B, H, S, D = 1, 2, 512, 32
+    q, k, v, _ = inputs(rng, B, H, H, S, S, D)
+    nq, nk, nv = dev(queue, q), dev(queue, k), dev(queue, v)
+    pad = dev(queue, np.ones((B, 1, 1, S), bool))
+    queue.finish()
+    pool = queue.device.pool
+    pool.reset_peak()
+    before = pool.stats()["in_use"]
+    out, lse = ops.flash_attention_forward(nq, nk, nv, mask=pad)
+    queue.finish()
+    assert pool.stats()["peak"] - before <= out.nbytes + lse.nbytes + 4096
+
+
+# -- kv_len (a KV cache) ---------------------------------------------------------------------------
+def test_kv_len_per_batch_causal(queue, rng):
+    q, k, v, g = inputs(rng, 3, 2, 1, 4, 40, 32)
+    lengths = dev(queue, np.array([40, 13, 0], np.int32))   # batch 2 has no keys: zeros
+    out, lse = check(queue, q, k, v, g, kv_len=lengths, causal=True)
+    assert np.all(out.to_host()[2] == 0) and np.all(lse.to_host()[2] == -np.inf)
+
+
+def test_kv_len_shared_decode_step(queue, rng):
+    q, k, v, g = inputs(rng, 2, 4, 2, 1, 64, 64)
+    check(queue, q, k, v, g, kv_len=dev(queue, np.array([37], np.int32)), causal=True)
+
+
+def test_kv_len_view_with_offset_and_clamp(queue, rng):
+    q, k, v, g = inputs(rng, 2, 1, 1, 3, 10, 32)
+    table = dev(queue, np.array([5, 99, 4, 3], np.int32))   # 99 is clamped to Sk
+    check(queue, q, k, v, g, kv_len=table[1:3], causal=True)
+
+
+def test_kv_len_replayed_graph_reads_new_length(queue, rng):
+    """A recorded decode step reads kv_len on the device: a replay after writing a new length needs no
+    Python and gives what an eager call with that length gives."""
+    q, k, v, _ = inputs(rng, 1, 2, 2, 1, 48, 32)
+    nq, nk, nv = dev(queue, q), dev(queue, k), dev(queue, v)
+    length = dev(queue, np.array([5], np.int32))
+    graph = Graph()
+    with graph.capture():
+        out = ops.flash_attention(nq, nk, nv, causal=True, kv_len=length)
+    for n in (5, 17, 48):
+        length.copy_from_host(np.array([n], np.int32))
+        graph.replay()
+        want, _ = reference(q, k, v, causal=True, kv_len=[n])
+        np.testing.assert_allclose(out.to_host(), want, rtol=2e-4, atol=2e-5)
+
+
+# -- dropout ---------------------------------------------------------------------------------------
+def test_dropout_matches_reference_with_its_keep_mask(queue, rng):
+    B, HQ, HKV, SQ, SK, D, p = 2, 4, 2, 17, 23, 32, 0.3
+    q, k, v, g = inputs(rng, B, HQ, HKV, SQ, SK, D)
+    nq, nk, nv, ng = (dev(queue, a) for a in (q, k, v, g))
+    draw = attn.DropoutDraw(Generator(7))
+    out, lse = ops.flash_attention_forward(nq, nk, nv, causal=True, dropout_p=p, dropout_draw=draw)
+    keep = attn.attention_dropout_mask(queue, draw, (B, HQ, SQ, SK), p).to_host()
+    assert 0.6 < keep.mean() < 0.8
+    want = reference(q, k, v, causal=True, keep=keep, dropout_p=p, grad_out=g)
+    np.testing.assert_allclose(out.to_host(), want[0], rtol=2e-4, atol=2e-5)
+    np.testing.assert_allclose(lse.to_host(), want[1], rtol=2e-4, atol=2e-5)
+    grads = ops.flash_attention_backward(nq, nk, nv, out, lse, ng, causal=True, dropout_p=p, dropout_draw=draw)
+    for got, ref in zip(grads, want[2:], strict=True):
+        np.testing.assert_allclose(got.to_host(), ref, rtol=2e-4, atol=2e-5 * max(1, np.abs(ref).max()))
+
+
+def test_dropout_statistics_and_fresh_draws(queue, rng):
+    B, H, S, D, p = 1, 2, 64, 32, 0.25
+    q, k, v, _ = inputs(rng, B, H, H, S, S, D)
+    nq, nk, nv = dev(queue, q), dev(queue, k), dev(queue, v)
+    gen = Generator(11)
+    d1, d2 = attn.DropoutDraw(gen), attn.DropoutDraw(gen)
+    o1 = ops.flash_attention_forward(nq, nk, nv, dropout_p=p, dropout_draw=d1)[0].to_host()
+    o2 = ops.flash_attention_forward(nq, nk, nv, dropout_p=p, dropout_draw=d2)[0].to_host()
+    k1 = attn.attention_dropout_mask(queue, d1, (B, H, S, S), p).to_host()
+    k2 = attn.attention_dropout_mask(queue, d2, (B, H, S, S), p).to_host()
+    assert abs(k1.mean() - (1 - p)) < 0.02 and abs(k2.mean() - (1 - p)) < 0.02
+    assert 0.45 < (k1 == k2).mean() < 0.8            # independent masks agree ~ p^2 + (1-p)^2 = 0.625
+    assert not np.allclose(o1, o2)
+    # the expectation over masks is the undropped output: mean of many draws approaches it
+    plain = ops.flash_attention(nq, nk, nv).to_host()
+    mean = np.mean([ops.flash_attention(nq, nk, nv, dropout_p=p, generator=gen).to_host() for _ in range(40)], 0)
+    assert np.abs(mean - plain).mean() < 0.25 * np.abs(plain).mean()
+    # the same seed replays the same mask
+    again = ops.flash_attention(nq, nk, nv, dropout_p=p, generator=Generator(11))
+    np.testing.assert_array_equal(again.to_host(), o1)
+
+
+def test_dropout_draw_refreshed_at_graph_replay(queue, rng):
+    """Inside a recorded graph every replay draws a new mask, and the backward reads the same one."""
+    B, H, S, D, p = 1, 2, 9, 32, 0.4
+    q, k, v, g = inputs(rng, B, H, H, S, S, D)
+    nq, nk, nv, ng = (dev(queue, a) for a in (q, k, v, g))
+    draw = attn.DropoutDraw(Generator(5))
+    graph = Graph()
+    with graph.capture():
+        out, lse = ops.flash_attention_forward(nq, nk, nv, dropout_p=p, dropout_draw=draw)
+        dq, dk, dv = ops.flash_attention_backward(nq, nk, nv, out, lse, ng, dropout_p=p, dropout_draw=draw)
+    seen = set()
+    for _ in range(3):
+        graph.replay()
+        seen.add(draw.counter)
+        keep = attn.attention_dropout_mask(queue, draw, (B, H, S, S), p).to_host()
+        want = reference(q, k, v, keep=keep, dropout_p=p, grad_out=g)
+        for got, ref in zip((out, lse, dq, dk, dv), want, strict=True):
+            np.testing.assert_allclose(got.to_host(), ref, rtol=2e-4, atol=2e-5 * max(1, np.abs(ref).max()))
+    assert len(seen) == 3
+
+
+# -- layouts ---------------------------------------------------------------------------------------
+def test_strided_views_of_a_fused_projection(queue, rng):
+    """q, k, v as (B, S, 3, H, D) -> (B, H, S, D) views: rows are read in place."""
+    B, S, H, D = 2, 19, 3, 32
+    qkv = rng.standard_normal((B, S, 3, H, D)).astype(np.float32)
+    g = rng.standard_normal((B, H, S, D)).astype(np.float32)
+    t = dev(queue, qkv)
+    nq, nk, nv = (t[:, :, n].permute(0, 2, 1, 3) for n in range(3))
+    assert not nq.is_contiguous()
+    host = [qkv[:, :, n].transpose(0, 2, 1, 3) for n in range(3)]
+    want = reference(*host, causal=True, grad_out=g)
+    out, lse = ops.flash_attention_forward(nq, nk, nv, causal=True)
+    np.testing.assert_allclose(out.to_host(), want[0], rtol=2e-4, atol=2e-5)
+    grads = ops.flash_attention_backward(nq, nk, nv, out, lse, dev(queue, g), causal=True)
+    for got, ref in zip(grads, want[2:], strict=True):
+        np.testing.assert_allclose(got.to_host(), ref, rtol=2e-4, atol=2e-5 * max(1, np.abs(ref).max()))
+
+
+def test_non_contiguous_last_axis_is_copied(queue, rng):
+    q, k, v, g = inputs(rng, 1, 2, 1, 7, 9, 32)
+    wide = np.concatenate([k, k], axis=-1)
+    nk = dev(queue, np.ascontiguousarray(np.stack([k, k], -1).reshape(1, 1, 9, 64)))[..., ::2]
+    assert nk.strides[-1] == 2 and wide.shape[-1] == 64
+    want = reference(q, k, v, grad_out=g)
+    nq, nv, ng = dev(queue, q), dev(queue, v), dev(queue, g)
+    out, lse = ops.flash_attention_forward(nq, nk, nv)
+    np.testing.assert_allclose(out.to_host(), want[0], rtol=2e-4, atol=2e-5)
+    _, dk, _ = ops.flash_attention_backward(nq, nk, nv, out, lse, ng)
+    np.testing.assert_allclose(dk.to_host(), want[3], rtol=2e-4, atol=2e-5 * np.abs(want[3]).max())
+
+
+def test_empty_sizes(queue, rng):
+    q, k, v, g = inputs(rng, 1, 2, 1, 3, 0, 32)
+    out, lse = ops.flash_attention_forward(dev(queue, q), dev(queue, k), dev(queue, v))
+    assert np.all(out.to_host() == 0) and np.all(lse.to_host() == -np.inf)
+    dq, dk, dv = ops.flash_attention_backward(dev(queue, q), dev(queue, k), dev(queue, v), out, lse, dev(queue, g))
+    assert np.all(dq.to_host() == 0) and dk.shape == (1, 1, 0, 32)
+    q0 = dev(queue, np.zeros((1, 2, 0, 32), np.float32))
+    out0, lse0 = ops.flash_attention_forward(q0, dev(queue, k), dev(queue, v))
+    assert out0.shape == (1, 2, 0, 32) and lse0.shape == (1, 2, 0)
+
+
+# -- the real reference: torch ---------------------------------------------------------------------
+@pytest.mark.parametrize("case", ["plain", "causal", "bool_mask", "float_mask", "gqa", "scale"])
+def test_against_torch_sdpa(queue, rng, case):
+    torch = pytest.importorskip("torch")
+    F = torch.nn.functional
+    B, HQ, HKV, S, D = 2, 4, 4, 33, 64
+    if case == "gqa":
+        HKV = 2
+    q, k, v, g = inputs(rng, B, HQ, HKV, S, S, D)
+    opts, topts = {}, {}
+    if case == "causal":
+        opts["causal"] = topts["is_causal"] = True
+    if case == "bool_mask":
+        m = rng.random((B, 1, S, S)) < 0.7
+        m[..., 0] = True  # torch gives NaN for rows with nothing to attend; netcl gives 0
+        opts["mask"], topts["attn_mask"] = dev(queue, m), torch.from_numpy(m)
+    if case == "float_mask":
+        m = rng.standard_normal((1, HQ, S, S)).astype(np.float32)
+        opts["mask"], topts["attn_mask"] = dev(queue, m), torch.from_numpy(m.astype(np.float64))
+    if case == "scale":
+        opts["scale"] = topts["scale"] = 0.05
+    if case == "gqa":
+        topts["enable_gqa"] = True
+    tq, tk, tv = (torch.from_numpy(a.astype(np.float64)).requires_grad_() for a in (q, k, v))
+    tout = F.scaled_dot_product_attention(tq, tk, tv, **topts)
+    tout.backward(torch.from_numpy(g.astype(np.float64)))
+    nq, nk, nv = dev(queue, q), dev(queue, k), dev(queue, v)
+    out, lse = ops.flash_attention_forward(nq, nk, nv, **opts)
+    np.testing.assert_allclose(out.to_host(), tout.detach().numpy(), rtol=2e-4, atol=2e-5)
+    grads = ops.flash_attention_backward(nq, nk, nv, out, lse, dev(queue, g), **opts)
+    for got, t in zip(grads, (tq, tk, tv), strict=True):
+        ref = t.grad.numpy()
+        np.testing.assert_allclose(got.to_host(), ref, rtol=2e-4, atol=2e-5 * max(1, np.abs(ref).max()))
+
+
+# -- memory: nothing of size S x S -----------------------------------------------------------------
+def test_memory_at_8192_holds_no_square_matrix(queue, rng):
+    """S=8192, 8 heads, D=64: forward and backward allocate O(S D) per head; one S x S float32 matrix of one
+    head alone would be 256 MiB."""
+    B, H, S, D = 1, 8, 8192, 64
+    q, k, v, g = (rng.standard_normal((B, H, S, D)).astype(np.float32) for _ in range(4))
+    nq, nk, nv, ng = dev(queue, q), dev(queue, k), dev(queue, v), dev(queue, g)
+    queue.finish()
+    pool = queue.device.pool
+    pool.reset_peak()
+    before = pool.stats()["in_use"]
+    length = dev(queue, np.array([S], np.int32))
+    out, lse = ops.flash_attention_forward(nq, nk, nv, causal=True, kv_len=length)
+    dq, dk, dv = ops.flash_attention_backward(nq, nk, nv, out, lse, ng, causal=True, kv_len=length)
+    queue.finish()
+    peak = pool.stats()["peak"] - before
+    tensor = B * H * S * D * 4
+    assert peak <= 4 * tensor + 4 * B * H * S * 4 + (1 << 20), peak   # out, dq, dk, dv + lse and delta
+    assert peak < S * S * 4
+    # spot-check rows against the reference (the full S x S reference is too big for a test)
+    rows = np.array([0, 1, 4095, 8191])
+    s = q[0][:, rows].astype(np.float64) @ k[0].transpose(0, 2, 1) / math.sqrt(D)
+    s = np.where(np.arange(S)[None, None, :] <= rows[None, :, None], s, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    np.testing.assert_allclose(out.to_host()[0][:, rows], p @ v[0], rtol=1e-3, atol=1e-4)
+    assert np.isfinite(dk.to_host()).all() and np.isfinite(dq.to_host()).all()
+
+
+# -- bad input -------------------------------------------------------------------------------------
+def test_bad_input(queue, rng):
+    q, k, v, _ = inputs(rng, 1, 4, 2, 5, 6, 32)
+    nq, nk, nv = dev(queue, q), dev(queue, k), dev(queue, v)
+    with pytest.raises(ShapeError, match="4-D"):
+        ops.flash_attention(nq[0], nk, nv)
+    with pytest.raises(ShapeError, match="kv heads"):
+        ops.flash_attention(nq, dev(queue, rng.standard_normal((1, 3, 6, 32)).astype(np.float32)),
+                            dev(queue, rng.standard_normal((1, 3, 6, 32)).astype(np.float32)))
+    with pytest.raises(ShapeError, match="one shape"):
+        ops.flash_attention(nq, nk, nv[:, :, :5])
+    with pytest.raises(ShapeError, match="head_dim"):
+        ops.flash_attention(nq, dev(queue, np.zeros((1, 2, 6, 16), np.float32)),
+                            dev(queue, np.zeros((1, 2, 6, 16), np.float32)))
+    with pytest.raises(ShapeError, match="between 1 and 256"):
+        big = dev(queue, np.zeros((1, 1, 2, 300), np.float32))
+        ops.flash_attention(big, big, big)
+    with pytest.raises(DTypeError, match="share one dtype"):
+        ops.flash_attention(nq, nk, dev(queue, v.astype(np.float64)))
+    with pytest.raises(DTypeError, match="float16, float32 and float64"):
+        i = dev(queue, np.zeros((1, 1, 2, 4), np.int32))
+        ops.flash_attention(i, i, i)
+    with pytest.raises(ShapeError, match="does not broadcast"):
+        ops.flash_attention(nq, nk, nv, mask=dev(queue, np.ones((5, 5), bool)))
+    with pytest.raises(DTypeError, match="mask must be bool"):
+        ops.flash_attention(nq, nk, nv, mask=dev(queue, np.ones((5, 6), np.int32)))
+    with pytest.raises(TypeError, match="kv_len must be None or an int32 Tensor"):
+        ops.flash_attention(nq, nk, nv, kv_len=3)
+    with pytest.raises(DTypeError, match="int32"):
+        ops.flash_attention(nq, nk, nv, kv_len=dev(queue, np.array([3], np.int64)))
+    with pytest.raises(ShapeError, match="kv_len must have shape"):
+        ops.flash_attention(nq, nk, nv, kv_len=dev(queue, np.array([3, 4], np.int32)))
+    with pytest.raises(ValueError, match="dropout_p"):
+        ops.flash_attention(nq, nk, nv, dropout_p=1.0)
+    with pytest.raises(TypeError, match="causal"):
+        ops.flash_attention(nq, nk, nv, causal="yes")
+    with pytest.raises(ValueError, match="scale must be finite"):
+        ops.flash_attention(nq, nk, nv, scale=float("inf"))
+    with pytest.raises(ValueError, match="not both"):
+        ops.flash_attention_forward(nq, nk, nv, dropout_p=0.1, generator=Generator(1),
+                                    dropout_draw=attn.DropoutDraw())
+    out, lse = ops.flash_attention_forward(nq, nk, nv, dropout_p=0.1)
+    with pytest.raises(ValueError, match="DropoutDraw the forward used"):
+        ops.flash_attention_backward(nq, nk, nv, out, lse, out, dropout_p=0.1)
+    with pytest.raises(ShapeError, match="grad_out must be"):
+        ops.flash_attention_backward(nq, nk, nv, out, lse, out[:, :, :3])
+    with pytest.raises(ShapeError, match="lse must be"):
+        ops.flash_attention_backward(nq, nk, nv, out, out, out)
+
+
+def test_tensors_of_two_devices_or_queues(queue, device, rng):
+    q, k, v, _ = inputs(rng, 1, 1, 1, 2, 2, 32)
+    other = device.new_queue()
+    with pytest.raises(DeviceMismatchError):
+        ops.flash_attention(dev(queue, q), Tensor.from_host(other, k), dev(queue, v))
