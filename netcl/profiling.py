@@ -28,6 +28,7 @@ import sys
 import threading
 import time
 import traceback
+import weakref
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
@@ -40,7 +41,7 @@ active = False
 
 _now = time.perf_counter_ns
 _lock = threading.RLock()
-_sessions: list[Profile] = []
+_sessions: list[Profile] = []  # replaced, never changed in place: hooks iterate it without the lock
 
 
 class _Local(threading.local):
@@ -175,24 +176,28 @@ def recorded_site() -> tuple[str, str, tuple[float, float] | None]:
 
 
 # -- module and user scopes ---------------------------------------------------------------------------------
-_module_names: dict[int, tuple[Any, dict[int, str]]] = {}  # id(root module) -> (root, id(module) -> path)
+# id(root module) -> (weak reference to it, id(module) -> dotted path from its named_modules())
+_module_names: dict[int, tuple[Any, dict[int, str]]] = {}
+
+
+def _paths(root: Any, refresh: bool = False) -> dict[int, str]:
+    entry = _module_names.get(id(root))
+    if entry is None or entry[0]() is not root or refresh:
+        entry = _module_names[id(root)] = (weakref.ref(root), {id(m): n for n, m in root.named_modules()})
+    return entry[1]
 
 
 def _module_label(module: Any, scopes: list[str]) -> str:
     cls = type(module).__name__
     if not _local.modules:
-        entry = _module_names.get(id(module))
-        if entry is None or entry[0] is not module:
-            paths = {id(m): name for name, m in module.named_modules()}
-            _module_names[id(module)] = (module, paths)
+        _paths(module)
         _local.root = module
         return cls
     root = _local.root
-    entry = _module_names.get(id(root)) if root is not None else None
-    path = entry[1].get(id(module)) if entry is not None else None
-    if not path:
-        return f"{scopes[-1]}/{cls}"
-    return f"{path} ({cls})"
+    path = _paths(root).get(id(module))
+    if path is None:  # a module added since, or one called that the root does not hold
+        path = _paths(root, refresh=True).get(id(module))
+    return f"{path} ({cls})" if path else f"{scopes[-1]}/{cls}"
 
 
 def call_module(module: Any, args: tuple, kwargs: dict) -> Any:
@@ -208,6 +213,8 @@ def call_module(module: Any, args: tuple, kwargs: dict) -> Any:
         t1 = _now()
         scopes.pop()
         _local.modules -= 1
+        if not _local.modules:
+            _local.root = None
         _host_span(label, "module", t0, t1)
 
 
@@ -349,12 +356,12 @@ class Profile:
 
     # -- recording --------------------------------------------------------------------------------
     def __enter__(self) -> Profile:
-        global active
+        global active, _sessions
         with _lock:
             if self in _sessions:
                 raise RuntimeError("this profile is already active")
             self.t_start = _now()
-            _sessions.append(self)
+            _sessions = [*_sessions, self]
             active = True
         return self
 
@@ -363,11 +370,11 @@ class Profile:
 
     def stop(self) -> None:
         """Stop recording (waits for the recorded events) and give queues back their own timing setting."""
-        global active
+        global active, _sessions
         with _lock:
             if self not in _sessions:
                 return
-            _sessions.remove(self)
+            _sessions = [s for s in _sessions if s is not self]
             active = bool(_sessions)
             self.t_end = _now()
             if not active:

@@ -133,6 +133,22 @@ def test_declared_work_gives_rates(queue, rng):
     assert "GFLOP/s" in text and "matmul" in text and "gemm_" in text
 
 
+def test_convolutions_declare_their_work(queue, rng):
+    x = Tensor.from_host(queue, rng.standard_normal((2, 3, 9, 7)).astype(np.float32))
+    w = Tensor.from_host(queue, rng.standard_normal((5, 3, 3, 3)).astype(np.float32))
+    with profiling.profile() as prof:
+        direct = ops.conv2d(x, w, padding=1, algorithm="direct")
+        cols = ops.conv2d(x, w, padding=1, algorithm="im2col")
+        queue.finish()
+    np.testing.assert_allclose(direct.to_host(), cols.to_host(), rtol=1e-4, atol=1e-4)
+    spans = [s for s in prof.device_spans() if s["op"] == "conv2d"]
+    flops = 2 * 2 * 5 * 9 * 7 * 3 * 3 * 3
+    assert [s["flops"] for s in spans if s["name"] == "conv2d_direct"] == [flops]
+    im2col = [s for s in spans if s["name"].startswith("im2col")]
+    assert im2col and all(s["bytes"] >= x.nbytes for s in im2col)
+    assert sum(s["flops"] or 0 for s in spans if s["name"].startswith("gemm")) == flops  # the GEMM's share
+
+
 def test_transfers_are_timed_with_their_bytes(queue, rng):
     host = rng.standard_normal((31, 7)).astype(np.float32)
     with profiling.profile() as prof:

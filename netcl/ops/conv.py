@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from netcl import kernels
-from netcl.core import dtypes, shapes
+from netcl import kernels, profiling
+from netcl.core import capture, dtypes, shapes
 from netcl.core.tensor import Tensor, check_same_queue
 from netcl.errors import DTypeError, ShapeError
 from netcl.kernels import tuning
@@ -275,6 +275,8 @@ def _conv_direct(x: Tensor, w: Tensor, bias: Tensor | None, out: Tensor, p: Conv
     prg = kernels.program(x.device, "conv_direct.cl", dtype=x.dtype, act=act, KB=kb, OWB=owb)
     kblocks = p.G * math.ceil(p.Kg / kb)
     b = bias if bias is not None else out
+    if capture.declaring():  # for the profiler: the convolution's FLOPs, x, w and out moved once
+        profiling.work(p.flops, float(x.nbytes + w.nbytes + out.nbytes))
     prg.conv2d_direct(x.queue, (math.ceil(p.OW / owb), p.OH, p.N * kblocks), None,
                       x.buffer, np.int64(x.offset), w.buffer, np.int64(w.offset), b.buffer, np.int64(b.offset),
                       np.int32(bias is not None), out.buffer, np.int64(out.offset), *p.geometry())
@@ -352,6 +354,8 @@ def _im2col(x: Tensor, p: ConvParams, n0: int, nb: int, ones_row: bool = False,
     _, shape, kernel, gsize, tail, local = plan
     cols = Tensor.empty(x.queue, shape, x.dtype)
     if kernel is not None:
+        if capture.declaring():  # for the profiler: nb images read, the columns written
+            profiling.work(0.0, float(nb * p.C * p.H * p.W * x.itemsize + cols.nbytes))
         kernel(x.queue, gsize, local, x.buffer, np.int64(x.offset), cols.buffer, *tail)
     return cols
 
@@ -572,6 +576,8 @@ def _backward_input_into(gy: Tensor, w: Tensor, bias: Tensor | None, gx: Tensor,
                          act: str | None) -> None:
     prg = kernels.program(gy.device, "conv_direct.cl", dtype=gy.dtype, act=act)
     b = bias if bias is not None else gx
+    if capture.declaring():  # for the profiler: the convolution's FLOPs, grad_out, w and grad_in moved once
+        profiling.work(p.flops, float(gy.nbytes + w.nbytes + gx.nbytes))
     prg.conv2d_backward_input(gy.queue, (p.W, p.H, p.N * p.C), None, gy.buffer, np.int64(gy.offset),
                               w.buffer, np.int64(w.offset), b.buffer, np.int64(b.offset),
                               np.int32(bias is not None), gx.buffer, np.int64(gx.offset), *p.geometry())
