@@ -408,9 +408,13 @@ class Profile:
                 try:
                     ev.wait()
                     prof = ev.profile
-                    rec[_START], rec[_END], rec[_QUEUED] = int(prof.start), int(prof.end), int(prof.queued)
+                    rec[_START], rec[_END] = int(prof.start), int(prof.end)
                 except Exception:  # a queue without event profiling: counted, no device time
-                    rec[_START] = rec[_END] = rec[_QUEUED] = 0
+                    rec[_START] = rec[_END] = 0
+                try:  # the clock mapping's sample; a driver may not report it (no mapping then)
+                    rec[_QUEUED] = int(prof.queued) if rec[_END] else 0
+                except Exception:
+                    rec[_QUEUED] = 0
                 rec[_EV] = None
             q = rec[_Q]
             if not isinstance(q, int):
@@ -429,13 +433,15 @@ class Profile:
             if rec[_BYTES] is not None:
                 agg[4] += rec[_BYTES]
                 agg[5] += ns
-            if rec[_QUEUED]:
+            if rec[_END]:
                 c = self._calib.get(key)
-                if c is None:
-                    c = self._calib[key] = [-(1 << 62), 1 << 62, 0, 1 << 62]
-                c[0] = max(c[0], rec[_T0] - rec[_QUEUED])  # offset >= t0 - queued (queued after t0)
-                c[1] = min(c[1], rec[_T1] - rec[_QUEUED])  # offset <= t1 - queued (queued before t1)
-                c[2] += 1
+                if c is None:  # [lower, upper bound from QUEUED, samples, lower bound from START]
+                    c = self._calib[key] = [-(1 << 62), 1 << 62, 0, -(1 << 62)]
+                c[3] = max(c[3], rec[_T0] - rec[_START])  # nothing starts before it is enqueued
+                if rec[_QUEUED]:
+                    c[0] = max(c[0], rec[_T0] - rec[_QUEUED])  # offset >= t0 - queued (queued after t0)
+                    c[1] = min(c[1], rec[_T1] - rec[_QUEUED])  # offset <= t1 - queued (queued before t1)
+                    c[2] += 1
             if len(self._records) < self.max_events:
                 self._records.append(rec)
             else:
@@ -504,10 +510,12 @@ class Profile:
     def _offset(self, key: int) -> int:
         """ns to add to a device timestamp of queue `key` to get host perf_counter ns."""
         c = self._calib.get(key)
-        if c is None or not c[2]:
+        if c is None:
             return 0
+        if not c[2]:  # no QUEUED timestamps from this driver: the earliest mapping that is possible
+            return c[3]
         lower, upper = c[0], c[1]
-        return (lower + upper) // 2 if lower <= upper else upper
+        return max((lower + upper) // 2 if lower <= upper else upper, c[3])
 
     def device_spans(self) -> list[dict[str, Any]]:
         """Every recorded launch and transfer: name, kind, op, scope, queue, host enqueue (t0, t1) and device
