@@ -14,13 +14,14 @@ from netcl.core import variants
 from netcl.core.device import manager, no_platform_message
 from netcl.core.memory import format_bytes
 from netcl.core.tensor import Tensor
+from netcl.distributed import launch
 from netcl.errors import NetclError
 from netcl.train import main as train_main
 from netcl.tune import cli as tune_cli
 
 # Modules that add their own subcommands (`netcl tune`, `netcl train`): each has register(subparsers),
 # kept beside the code its commands run.
-_SUBCOMMAND_MODULES = (tune_cli, train_main)
+_SUBCOMMAND_MODULES = (tune_cli, train_main, launch)
 
 
 def cmd_devices(args: argparse.Namespace) -> int:
@@ -106,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     for module in _SUBCOMMAND_MODULES:
         module.register(sub)
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # what `netcl train --nproc N` starts again per rank
     try:
         return args.func(args)
     except NetclError as exc:

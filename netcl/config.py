@@ -107,3 +107,66 @@ def jit_knob(name: str) -> int:
 def tuning_enabled() -> bool:
     """NETCL_TUNING=0 ignores the tuning database (kernels use their per-device defaults)."""
     return _flag("NETCL_TUNING", True)
+
+
+# -- data parallelism (netcl.distributed); `netcl run` sets NETCL_RANK, NETCL_WORLD_SIZE, NETCL_DIST_ID ---------
+def _positive_float(name: str, default: float) -> float:
+    raw = env(name, "")
+    if not raw.strip():
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise ValueError(f"{name}={raw!r}: expected a number > 0 (unset it for {default:g})")
+    return value
+
+
+def dist_backend() -> str | None:
+    """NETCL_DIST_BACKEND: `shm` (one host, shared memory) or `mpi` (mpi4py); None when unset (netcl.distributed
+    then picks from the environment: mpiexec's variables mean mpi, `netcl run`'s mean shm)."""
+    raw = env("NETCL_DIST_BACKEND", "").strip().lower()
+    if raw in ("", "auto"):
+        return None
+    if raw not in ("shm", "mpi"):
+        raise ValueError(f"NETCL_DIST_BACKEND={raw!r}: expected shm or mpi (unset it to choose from the environment)")
+    return raw
+
+
+def dist_timeout() -> float:
+    """NETCL_DIST_TIMEOUT: seconds a rank waits for the others in a collective before it raises
+    DistributedError naming the ranks that did not arrive (default 60)."""
+    return _positive_float("NETCL_DIST_TIMEOUT", 60.0)
+
+
+def dist_bucket_mb() -> float:
+    """NETCL_DIST_BUCKET_MB: DistributedDataParallel's gradient bucket size in MiB (default 25)."""
+    return _positive_float("NETCL_DIST_BUCKET_MB", 25.0)
+
+
+def dist_device_sum() -> str:
+    """NETCL_DIST_DEVICE_SUM: where all_reduce sums the chunks it receives: `auto` (on the device for GPUs and
+    accelerators, on the host for CPU devices), `1` (always on the device) or `0` (always on the host)."""
+    raw = env("NETCL_DIST_DEVICE_SUM", "").strip().lower() or "auto"
+    if raw not in ("auto", "0", "1"):
+        raise ValueError(f"NETCL_DIST_DEVICE_SUM={raw!r}: expected auto, 0 or 1")
+    return raw
+
+
+def dist_launch() -> tuple[int, int, str] | None:
+    """(rank, world size, job id) from NETCL_RANK, NETCL_WORLD_SIZE and NETCL_DIST_ID (set by `netcl run` for
+    each process it starts); None when NETCL_RANK is unset."""
+    raw_rank = env("NETCL_RANK", "").strip()
+    if not raw_rank:
+        return None
+    world = _int("NETCL_WORLD_SIZE", 0, 1)
+    if world == 0:
+        raise ValueError("NETCL_RANK is set but NETCL_WORLD_SIZE is not; `netcl run` sets both")
+    rank = _int("NETCL_RANK", 0, 0)
+    if rank >= world:
+        raise ValueError(f"NETCL_RANK={rank} is not below NETCL_WORLD_SIZE={world}")
+    job = env("NETCL_DIST_ID", "").strip()
+    if not job or not all(c.isalnum() or c in "-_" for c in job):
+        raise ValueError(f"NETCL_DIST_ID={job!r}: expected the job id `netcl run` sets (letters, digits, - and _)")
+    return rank, world, job

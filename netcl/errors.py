@@ -65,3 +65,12 @@ class KernelLaunchError(DeviceError):
 class GraphCaptureError(NetclError):
     """Something inside `Graph.capture()` cannot be recorded for replay (a host transfer, another
     queue, a nested capture), or a replay was asked of a graph that cannot give one."""
+
+
+class DistributedError(NetclError):
+    """A collective between processes failed: a rank crashed, stopped answering within the timeout, or the
+    ranks disagreed about the call. `ranks` holds the ranks it names."""
+
+    def __init__(self, message: str, ranks: tuple[int, ...] = ()):
+        super().__init__(message)
+        self.ranks = tuple(ranks)

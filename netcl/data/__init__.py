@@ -11,11 +11,13 @@ from netcl.data.datasets import (
     read_idx,
 )
 from netcl.data.loader import ArrayDataset, DataLoader
+from netcl.data.sampler import DistributedSampler
 
 __all__ = [
     "ArrayDataset",
     "DataLoader",
     "DatasetUnavailable",
+    "DistributedSampler",
     "Split",
     "load_digits",
     "load_fashion_mnist",

@@ -107,7 +107,9 @@ class DataLoader:
 
     `dataset` is an ArrayDataset or a tuple (or list) of arrays, of dtypes netcl stores; batch_size
     is an integer >= 1, seed and epochs integers >= 0, prefetch an integer >= 1, shuffle and drop_last
-    True or False. Sizes are never truncated: 2.7 and '12' are TypeErrors, and so is True."""
+    True or False. Sizes are never truncated: 2.7 and '12' are TypeErrors, and so is True.
+    `sampler` (a netcl.data.DistributedSampler) picks which samples, in which order, each epoch has
+    (it shuffles itself: shuffle stays False)."""
 
     def __init__(
         self,
@@ -118,6 +120,7 @@ class DataLoader:
         seed: int = 0,
         drop_last: bool = False,
         prefetch: int = 2,
+        sampler: Any = None,
     ):
         if isinstance(dataset, ArrayDataset):
             self.dataset = dataset
@@ -135,6 +138,11 @@ class DataLoader:
         self.seed = _count(seed, "DataLoader: seed", 0)
         self.drop_last = _flag(drop_last, "DataLoader: drop_last")
         self.prefetch = _count(prefetch, "DataLoader: prefetch", 1)
+        if sampler is not None and not (hasattr(sampler, "indices") and hasattr(sampler, "__len__")):
+            raise TypeError(f"DataLoader: sampler must be a DistributedSampler, got {type(sampler).__name__}")
+        if sampler is not None and self.shuffle:
+            raise ValueError("DataLoader: pass shuffle to the sampler, not to the loader, when a sampler is given")
+        self.sampler = sampler
         for i, a in enumerate(self.dataset.arrays):
             if a.dtype not in dtypes.SUPPORTED:
                 raise DTypeError(
@@ -147,7 +155,7 @@ class DataLoader:
         self._events: list[Any] = []
 
     def __len__(self) -> int:
-        n = len(self.dataset)
+        n = len(self.dataset) if self.sampler is None else len(self.sampler)
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
     def set_epoch(self, epoch: int) -> None:
@@ -157,6 +165,8 @@ class DataLoader:
         """Sample order of an epoch."""
         n = len(self.dataset)
         e = self.epoch if epoch is None else _count(epoch, "DataLoader.order: epoch", 0)
+        if self.sampler is not None:
+            return self.sampler.indices(e)
         if not self.shuffle:
             return np.arange(n)
         return np.random.default_rng([self.seed, e]).permutation(n)

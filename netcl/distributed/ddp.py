@@ -1,0 +1,215 @@
+"""DistributedDataParallel: the model replicated on every rank, its gradients averaged during backward.
+
+Parameters are packed into buckets (NETCL_DIST_BUCKET_MB, 25 MiB; in reverse order of registration, roughly
+the order backward finishes their gradients). When the last gradient of a bucket is final (autograd's
+post-accumulate hook), its gradients are copied to the bucket's pinned host buffer, on a second queue where
+the device is not the CPU so backward's kernels keep running, and the bucket's all-reduce starts on the
+collective worker thread while backward goes on; buckets start in order, so every rank starts the same
+collectives in the same order. At the end of backward (a queued callback) the rest are started, every
+bucket is waited for and the averages are written back into `.grad`. Parameters that got no gradient on
+this rank take part with zeros. PyTorch's `torch.nn.parallel.DistributedDataParallel` is the model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pyopencl as cl
+
+from netcl import config
+from netcl.autograd.engine import Parameter, queue_callback
+from netcl.core import capture
+from netcl.core.backend import enqueue_copy
+from netcl.core.memory import pinned_empty
+from netcl.core.tensor import Tensor
+from netcl.distributed import collectives, runtime
+from netcl.distributed.runtime import Work
+from netcl.errors import GraphCaptureError
+from netcl.nn.module import Module
+
+
+class _Bucket:
+    """Parameters whose gradients travel as one all-reduce, laid end to end in a pinned host buffer."""
+
+    def __init__(self, index: int, params: list[Parameter]):
+        self.index = index
+        self.params = params
+        self.offsets = np.cumsum([0] + [p.size for p in params]).tolist()
+        self.dtype = np.dtype(params[0].dtype)
+        self.host = pinned_empty(params[0].value.queue, (self.offsets[-1],), self.dtype)
+        self.reset()
+
+    def reset(self) -> None:
+        self.ready: set[int] = set()
+        self.events: list[Any] = []
+        self.work: Work | None = None
+
+    @property
+    def complete(self) -> bool:
+        return len(self.ready) == len(self.params)
+
+    def slot(self, i: int) -> np.ndarray:
+        return self.host[self.offsets[i] : self.offsets[i + 1]]
+
+
+class DistributedDataParallel(Module):
+    """Wrap `module` so that backward leaves every rank with the same gradients: the mean over ranks (or, with
+    `sample_share` = this rank's fraction of the global batch, the sum weighted by those fractions, for
+    per-rank batches of different sizes). At construction, rank 0's parameters and buffers are copied to
+    every rank. `bucket_mb`: bucket size in MiB (default NETCL_DIST_BUCKET_MB); `broadcast_buffers`: copy
+    rank 0's buffers (BatchNorm's running statistics) to every rank at each training forward.
+    Call netcl.distributed.init() first; every rank wraps the same model."""
+
+    def __init__(self, module: Module, bucket_mb: float | None = None, broadcast_buffers: bool = True,
+                 sample_share: float | None = None):
+        super().__init__()
+        if not isinstance(module, Module):
+            raise TypeError(f"DistributedDataParallel wraps a netcl Module, got {type(module).__name__}")
+        cap_mb = config.dist_bucket_mb() if bucket_mb is None else float(bucket_mb)
+        if not cap_mb > 0:
+            raise ValueError(f"bucket_mb must be > 0, got {bucket_mb!r}")
+        self.module = module
+        self.group = runtime.group()
+        self.broadcast_buffers = bool(broadcast_buffers)
+        self.bucket_bytes = int(cap_mb * (1 << 20))
+        params = [p for p in module.parameters() if p.requires_grad]
+        state = [p.value for p in module.parameters()] + module.buffers()
+        if state:
+            collectives.broadcast(state, src=0)
+        self.op, self.weights = "mean", None
+        if sample_share is not None:
+            share = float(sample_share)
+            if not 0 < share <= 1:
+                raise ValueError(f"sample_share is this rank's fraction of the global batch, in (0, 1]; got "
+                                 f"{sample_share!r}")
+            shares = collectives.all_gather(np.array([share], np.float64)).reshape(-1)
+            if abs(shares.sum() - 1) > 1e-6:
+                raise ValueError(f"the ranks' sample_share values {shares.round(6).tolist()} do not add up to 1")
+            self.op, self.weights = "sum", shares.tolist()
+        self.buckets = self._make_buckets(params)
+        self._bucket_of = {id(p): (b, i) for b in self.buckets for i, p in enumerate(b.params)}
+        self._handles = [p.register_post_accumulate_grad_hook(self._grad_ready) for p in params]
+        self._sync = True
+        self._pass_open = False
+        self._next = 0
+        device = params[0].value.device if params else None
+        self._copy_queue = device.new_queue() if device is not None and device.kind != "cpu" else None
+
+    def _make_buckets(self, params: list[Parameter]) -> list[_Bucket]:
+        buckets, current, size = [], [], 0
+        for p in reversed(params):
+            if current and (size + p.value.nbytes > self.bucket_bytes or p.dtype != current[0].dtype):
+                buckets.append(_Bucket(len(buckets), current))
+                current, size = [], 0
+            current.append(p)
+            size += p.value.nbytes
+        if current:
+            buckets.append(_Bucket(len(buckets), current))
+        return buckets
+
+    # -- forward -------------------------------------------------------------------------------------------
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if capture.capturing() is not None:
+            raise GraphCaptureError(
+                "DistributedDataParallel cannot run inside a Graph capture: its gradient all-reduce goes through "
+                "host memory, which a replay cannot redo; run the step eagerly")
+        self._close_pass()
+        if self.broadcast_buffers and self.training and self.group.world_size > 1:
+            buffers = self.module.buffers()
+            if buffers:
+                collectives.broadcast(buffers, src=0)
+        return self.module(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Inside the block backward only accumulates gradients locally; the next backward outside it
+        averages the accumulated ones (gradient accumulation over several micro-batches)."""
+        previous, self._sync = self._sync, False
+        try:
+            yield
+        finally:
+            self._sync = previous
+
+    # -- during backward ---------------------------------------------------------------------------------------
+    def _grad_ready(self, param: Parameter) -> None:
+        if not self._sync or self.group.world_size == 1 and self.weights is None:
+            return
+        if not self._pass_open:
+            self._pass_open = True
+            queue_callback(self._finish_pass)
+        bucket, i = self._bucket_of[id(param)]
+        if i in bucket.ready:
+            return
+        bucket.ready.add(i)
+        bucket.events.append(self._read_grad(param.grad, bucket.slot(i)))
+        if bucket.complete:
+            self._start_ready()
+
+    def _read_grad(self, grad: Tensor, host: np.ndarray) -> Any:
+        """Copy a gradient into its place in the bucket (returns the copy's event)."""
+        if self._copy_queue is None:
+            return enqueue_copy(grad.queue, host, grad.buffer, src_offset=grad.offset * grad.itemsize,
+                                is_blocking=False)
+        marker = cl.enqueue_marker(grad.queue.cl)  # the copy queue waits for the kernels that made the gradient
+        return enqueue_copy(self._copy_queue, host, grad.buffer, src_offset=grad.offset * grad.itemsize,
+                            is_blocking=False, wait_for=[marker])
+
+    def _start_ready(self) -> None:
+        """Start every complete bucket whose predecessors have started (the same order on every rank)."""
+        while self._next < len(self.buckets) and self.buckets[self._next].complete:
+            bucket = self.buckets[self._next]
+            bucket.work = runtime.dispatcher().submit(lambda b=bucket: self._reduce(b))
+            self._next += 1
+
+    def _reduce(self, bucket: _Bucket) -> None:
+        if bucket.events:
+            cl.wait_for_events(bucket.events)
+        self.group.all_reduce(bucket.host, self.op, self.weights)
+
+    def _finish_pass(self) -> None:
+        """End of backward: start the buckets left (zeros for gradients that never came), wait for all, and
+        write the results into .grad."""
+        for bucket in self.buckets[self._next :]:
+            for i, p in enumerate(bucket.params):
+                if i not in bucket.ready:
+                    bucket.ready.add(i)
+                    if p.grad is None:
+                        bucket.slot(i).fill(0)
+                    else:
+                        bucket.events.append(self._read_grad(p.grad, bucket.slot(i)))
+        self._start_ready()
+        try:
+            for bucket in self.buckets:
+                bucket.work.wait()
+            for bucket in self.buckets:
+                pairs = []
+                for i, p in enumerate(bucket.params):
+                    if p.grad is None:
+                        p.grad = Tensor.empty(p.value.queue, p.shape, p.dtype)
+                    pairs.append((p.grad, bucket.slot(i)))
+                collectives.copy_in(pairs)
+        finally:
+            self._reset_pass()
+
+    def _close_pass(self) -> None:
+        """Before a forward: a backward that stopped half way (an error) leaves started buckets; finish them."""
+        if self._pass_open or self._next:
+            try:
+                for bucket in self.buckets:
+                    if bucket.work is not None:
+                        bucket.work.wait()
+            finally:
+                self._reset_pass()
+
+    def _reset_pass(self) -> None:
+        for bucket in self.buckets:
+            bucket.reset()
+        self._pass_open = False
+        self._next = 0
+
+    def extra_repr(self) -> str:
+        sizes = ", ".join(f"{b.offsets[-1] * b.dtype.itemsize / 2**20:.2f}" for b in self.buckets)
+        return f"world_size={self.group.world_size}, buckets MiB=[{sizes}]"

@@ -1,0 +1,64 @@
+"""Helpers of the multi-process tests: start a script under `netcl run` (or mpiexec) and collect what it did."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+MPIEXEC = Path(sys.executable).parent / "mpiexec"
+
+
+@dataclass
+class Result:
+    returncode: int
+    stdout: str
+    stderr: str
+    seconds: float
+
+    def lines(self, prefix: str) -> list[str]:
+        return [line for line in self.stdout.splitlines() if line.startswith(prefix)]
+
+
+def environment(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("NETCL_RANK", "NETCL_WORLD", "NETCL_DIST", "PMI_",
+                                                                  "OMPI_", "PMIX_"))}
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env.update(extra)
+    return env
+
+
+def netcl_run(nproc: int, script: str, *args: str, timeout: float = 120, **env: str) -> Result:
+    """`python -m netcl.cli run --nproc N tests/distributed/SCRIPT ARGS` with NETCL_* `env` added."""
+    cmd = [sys.executable, "-m", "netcl.cli", "run", "--nproc", str(nproc), str(HERE / script), *args]
+    return _run(cmd, environment(**env), timeout)
+
+
+def mpiexec(nproc: int, script: str, *args: str, timeout: float = 120, **env: str) -> Result:
+    cmd = [str(MPIEXEC if MPIEXEC.exists() else shutil.which("mpiexec")), "-n", str(nproc), sys.executable,
+           str(HERE / script), *args]
+    return _run(cmd, environment(**env), timeout)
+
+
+def _run(cmd: list[str], env: dict[str, str], timeout: float) -> Result:
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    return Result(proc.returncode, proc.stdout, proc.stderr, time.monotonic() - t0)
+
+
+def mpi_available() -> bool:
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        return False
+    return MPIEXEC.exists() or shutil.which("mpiexec") is not None
+
+
+def shm_names(job: str) -> list[str]:
+    return sorted(n for n in os.listdir("/dev/shm") if n.startswith(job))

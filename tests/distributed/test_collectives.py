@@ -1,0 +1,28 @@
+"""netcl.distributed collectives across processes on the PoCL CPU device: every op on odd sizes, host arrays and
+tensors, host and device sums, against float64 NumPy (tests/distributed/collectives_script.py does the checks
+inside each rank)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.distributed.launching import mpi_available, mpiexec, netcl_run
+
+
+@pytest.mark.parametrize("nproc", [3])  # 2 processes: test_ddp.py and the MPI case below
+def test_collectives_on_shared_memory(nproc):
+    res = netcl_run(nproc, "collectives_script.py")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert sorted(res.lines("rank ")) == sorted(
+        [f"rank {r} ok" for r in range(nproc)] + [line for line in res.lines("rank ") if "mismatch named" in line])
+    assert len([line for line in res.lines("rank ") if "mismatch named" in line]) == nproc
+
+
+NO_MPI = "mpi4py and an MPI runtime (pip install 'netcl[mpi]') are not installed"
+
+
+@pytest.mark.skipif(not mpi_available(), reason=NO_MPI)
+def test_collectives_over_mpi():
+    res = mpiexec(2, "collectives_script.py")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert sorted(res.lines("rank ")) == ["rank 0 ok", "rank 1 ok"]
