@@ -277,13 +277,17 @@ _EMBEDDING_CHECK = device_check("embedding: id {value} at position {row} is outs
                                 "number of embeddings)")
 
 
-def scatter_add(x: Tensor, axis: int, index: Tensor, src: Tensor, deterministic: bool = False) -> Tensor:
+def scatter_add(x: Tensor, axis: int, index: Tensor, src: Tensor, deterministic: bool = False,
+                check_bounds: bool = True) -> Tensor:
     """A copy of x with src added at positions index along `axis` (torch.scatter_add):
     out[c with c[axis] = index[c]] += src[c] for every c in index's shape.
 
     The default uses atomics for float32/int32 (fast; float sums in arbitrary order). With
     `deterministic=True` (and for other dtypes) the destinations are sorted on the host and each is
-    summed in a fixed order by one work-item: identical bits on every run (it reads index to the host)."""
+    summed in a fixed order by one work-item: identical bits on every run (it reads index to the host).
+    check_bounds=False skips the host check of the indices, for indices a kernel already checked (an
+    embedding's ids, checked by its forward): the atomic path then reads nothing back, so a graph can
+    record it."""
     _check_index("scatter_add", index)
     check_same_queue(x, index, src)
     if src.dtype != x.dtype:
@@ -294,7 +298,8 @@ def scatter_add(x: Tensor, axis: int, index: Tensor, src: Tensor, deterministic:
     if any(i > s for i, s in zip(index.shape, src.shape)) or any(
             i > s for d, (i, s) in enumerate(zip(index.shape, x.shape)) if d != ax):
         raise ShapeError(f"scatter_add: index of shape {index.shape} does not fit src {src.shape} / x {x.shape}")
-    _check_bounds("scatter_add", index, x.shape[ax])
+    if check_bounds:
+        _check_bounds("scatter_add", index, x.shape[ax])
     out = x.clone()
     n = index.size
     if n == 0:
