@@ -26,7 +26,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from netcl import config
 from netcl.core.device import manager
+from netcl.distributed import runtime
 from netcl.errors import NetclError
 
 GRACE_SECONDS = 2.0  # after a rank fails, how long the others get to notice and exit by themselves
@@ -74,6 +76,30 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise NetclError(f"netcl run: no script {args.script}")
     extra = {"NETCL_DIST_TIMEOUT": args.timeout} if args.timeout else {}
     return launch([sys.executable, args.script, *args.args], args.nproc, args.devices, extra)
+
+
+def spawn_ranks(argv: Sequence[str] | None, nproc: int, devices: str | None = None) -> int | None:
+    """The hook of commands with --nproc (`netcl train`; `netcl lm-train` takes the same two calls): in the process
+    the user started, with nproc > 1, run the same command line again as `nproc` ranks and return their exit
+    status; in a rank (started by this launcher or by mpiexec), or with nproc 1, return None: go on, then call
+    join(nproc)."""
+    if nproc <= 1 or config.dist_launch() is not None or any(v in os.environ for v in runtime.MPI_VARIABLES):
+        return None
+    if argv is None:
+        raise NetclError("--nproc needs the command line to start again (netcl.cli.main records it)")
+    return launch([sys.executable, "-m", "netcl.cli", *argv], nproc, devices)
+
+
+def join(nproc: int) -> bool:
+    """In a rank of a --nproc command: join the job (netcl.distributed.init) and check it has `nproc` ranks.
+    Returns whether this process is rank 0 (the one that logs and writes files); True for nproc 1."""
+    if nproc <= 1:
+        return True
+    group = runtime.init()
+    if group.world_size != nproc:
+        raise NetclError(f"--nproc {nproc}, but this job has {group.world_size} processes (mpiexec -n or netcl run "
+                         "--nproc started another number)")
+    return group.rank == 0
 
 
 def assign_devices(nproc: int, devices: str | None) -> list[str | None]:

@@ -15,9 +15,11 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
+from netcl import distributed as dist
 from netcl import optim
 from netcl.core.device import manager
-from netcl.data import DataLoader, DatasetUnavailable, load_digits, load_idx_dataset
+from netcl.data import DataLoader, DatasetUnavailable, DistributedSampler, load_digits, load_idx_dataset
+from netcl.distributed import launch
 from netcl.errors import NetclError
 from netcl.io import load_checkpoint, save_checkpoint
 from netcl.io.checkpoint import read_checkpoint
@@ -112,6 +114,9 @@ def register(subparsers: Any) -> None:
                    "run under runs/; --epochs may raise the total (the cosine schedule is stretched to it)")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier run in OUT instead of refusing")
     p.add_argument("--no-progress", action="store_true", help="no progress bars (plain lines)")
+    p.add_argument("--nproc", type=_positive_int, default=1,
+                   help="data parallelism: N processes, one per device (one GPU each when there are N, else all on "
+                   "--device), each with --batch-size samples of every step; gradients averaged (netcl.distributed)")
     p.add_argument("--eager", action="store_true",
                    help="run every step op by op (default: record the step once and replay it, netcl.graph)")
     tensorboard.add_argument(p)
@@ -240,8 +245,16 @@ def _settings(args: argparse.Namespace, saved: dict[str, Any], dataset_name: str
 
 
 def run(args: argparse.Namespace) -> int:
+    code = launch.spawn_ranks(args.argv, args.nproc)  # --nproc N: this process starts N ranks of itself
+    if code is not None:
+        return code
+    rank0 = launch.join(args.nproc)  # a rank of --nproc N joins the job; rank 0 logs and writes
+    args.no_progress = args.no_progress or not rank0
+    args.eager = args.eager or args.nproc > 1  # DDP's all-reduce goes through the host: no recorded step
+
     def log(msg: str) -> None:
-        tqdm.write(msg) if not args.no_progress else print(msg, flush=True)
+        if rank0:
+            tqdm.write(msg) if not args.no_progress else print(msg, flush=True)
 
     out, resume_from, saved = _plan_output(args, log)
     dataset = args.dataset or "auto"
@@ -262,7 +275,7 @@ def run(args: argparse.Namespace) -> int:
     if s["train_limit"]:
         x_train, y_train = x_train[: s["train_limit"]], y_train[: s["train_limit"]]
     try:
-        out.mkdir(parents=True, exist_ok=True)
+        out.mkdir(parents=True, exist_ok=True) if rank0 else None  # rank 0 writes the run's files
     except OSError as exc:
         raise NetclError(f"cannot create the output directory {out}: {exc.strerror or exc}") from None
     ckpt = out / "checkpoint.safetensors"
@@ -273,7 +286,11 @@ def run(args: argparse.Namespace) -> int:
 
     random.manual_seed(s["seed"])
     model = build_model(s["model"], q, data.image_shape, data.classes)
-    loader = DataLoader((x_train, y_train), s["batch_size"], q, shuffle=True, seed=s["seed"], drop_last=True)
+    if args.nproc > 1:  # each rank: its share of every epoch's shuffled order, --batch-size per step
+        sampler = DistributedSampler(len(y_train), shuffle=True, seed=s["seed"], drop_last=True)
+        loader = DataLoader((x_train, y_train), s["batch_size"], q, sampler=sampler, drop_last=True)
+    else:
+        loader = DataLoader((x_train, y_train), s["batch_size"], q, shuffle=True, seed=s["seed"], drop_last=True)
     if len(loader) == 0:
         raise NetclError(f"--batch-size {s['batch_size']} is larger than the {len(y_train)} training images")
     opt = optim.AdamW(model.parameters(), lr=s["lr"], weight_decay=s["weight_decay"])
@@ -294,13 +311,15 @@ def run(args: argparse.Namespace) -> int:
             f"lr {opt.param_groups[0]['lr']:.3g}")
     log(
         f"model: {model.num_parameters():,} parameters; optimizer AdamW lr={s['lr']}, cosine schedule, "
-        f"batch {s['batch_size']}, {len(loader)} steps per epoch"
+        f"batch {s['batch_size']}{f' x {args.nproc} processes' if args.nproc > 1 else ''}, "
+        f"{len(loader)} steps per epoch"
         f"{', eager steps' if args.eager else ', step recorded once and replayed (--eager: op by op)'}"
     )
+    step_model = dist.DistributedDataParallel(model) if args.nproc > 1 else model  # after a resume's load
     graphed = None if args.eager else GraphedStep(model, opt, sched)
     run_args = {**{k: s[k] for k in RUN_SETTINGS if k != "dataset"}, "dataset": data.name, "epochs": s["epochs"]}
     written: list[Path] = []
-    tb = tensorboard.open_writer(args.tensorboard)  # flushed after each epoch, closed at the end
+    tb = tensorboard.open_writer(args.tensorboard if rank0 else None)  # flushed after each epoch, closed at the end
     for epoch in range(start_epoch, s["epochs"]):
         loader.set_epoch(epoch)
         bar = tqdm(
@@ -317,12 +336,12 @@ def run(args: argparse.Namespace) -> int:
                      done: list[int] = [0]) -> None:  # noqa: B006  (steps done this epoch: a bar may be off)
             bar.update(n)
             done[0] += n
-            rate = done[0] * s["batch_size"] / max(time.perf_counter() - t0, 1e-9)
+            rate = done[0] * s["batch_size"] * args.nproc / max(time.perf_counter() - t0, 1e-9)
             bar.set_postfix(loss=f"{loss:.4f}", img_s=f"{rate:,.0f}")
             tb.log(epoch * len(loader) + done[0], {"train/loss": loss, "train/learning_rate": opt.param_groups[0]["lr"],
                                                    "train/images_per_second": rate})
 
-        losses = train_epoch(model, opt, loader, sched, progress, step=graphed)
+        losses = train_epoch(step_model, opt, loader, sched, progress, step=graphed)
         q.finish()
         seconds = time.perf_counter() - t0
         bar.close()
@@ -330,7 +349,7 @@ def run(args: argparse.Namespace) -> int:
         history["loss"].extend(losses)
         history["test_accuracy"].append(acc)
         history["epoch_seconds"].append(seconds)
-        history["samples_per_second"].append(len(loader) * s["batch_size"] / seconds)
+        history["samples_per_second"].append(len(loader) * s["batch_size"] * args.nproc / seconds)
         log(
             f"epoch {epoch + 1}: mean loss {np.mean(losses):.4f}, test accuracy {acc * 100:.2f}%, "
             f"{seconds:.1f} s ({history['samples_per_second'][-1]:,.0f} images/s)"
@@ -338,6 +357,8 @@ def run(args: argparse.Namespace) -> int:
         tb.log((epoch + 1) * len(loader), {"test/accuracy": acc, "train/epoch_mean_loss": float(np.mean(losses)),
                                            "train/epoch_images_per_second": history["samples_per_second"][-1]})
         tb.flush()
+        if not rank0:
+            continue
         save_checkpoint(
             ckpt, model, opt, sched, step=(epoch + 1) * len(loader), epoch=epoch + 1, loader=loader,
             extra={"history": history, "model": s["model"], "dataset": data.name, "args": run_args},
@@ -345,6 +366,8 @@ def run(args: argparse.Namespace) -> int:
         if ckpt not in written:
             written.append(ckpt)
     tb.close()
+    if not rank0:
+        return 0
     plot = out / "curves.png"
     plot_curves(history, plot, f"netcl {s['model']} on {data.name}")
     written.append(plot)
@@ -356,6 +379,7 @@ def run(args: argparse.Namespace) -> int:
         "device": dev.device_name,
         "epochs": s["epochs"],
         "batch_size": s["batch_size"],
+        "processes": args.nproc,
         "lr": s["lr"],
         "seed": s["seed"],
         "final_test_accuracy": history["test_accuracy"][-1],
