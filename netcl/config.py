@@ -104,6 +104,17 @@ def jit_knob(name: str) -> int:
     return value
 
 
+def half_mode() -> str:
+    """NETCL_HALF: how float16 is computed. `auto` (default): native half arithmetic only for kernel families
+    measured faster with it on a device whose cl_khr_fp16 passes the probe, float32 arithmetic on half storage
+    elsewhere; `storage`: always float32 arithmetic on half storage; `native`: half arithmetic wherever a
+    kernel family has it and the probe passes; `off`: no mixed precision (netcl.amp.autocast runs float32)."""
+    raw = (env("NETCL_HALF") or "").strip().lower() or "auto"
+    if raw not in ("auto", "off", "storage", "native"):
+        raise ValueError(f"NETCL_HALF={raw!r}: expected auto, off, storage or native (unset it for auto)")
+    return raw
+
+
 def tuning_enabled() -> bool:
     """NETCL_TUNING=0 ignores the tuning database (kernels use their per-device defaults)."""
     return _flag("NETCL_TUNING", True)

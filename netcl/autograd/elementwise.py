@@ -126,7 +126,7 @@ def _record(fn: Callable[..., Tensor], name: str, args: tuple, kwargs: dict[str,
     out = fn(*values, **kw_values)
     operands = [x for x in (*args, *kwargs.values()) if isinstance(x, (Node, Tensor))]
     parents = tuple([as_node(x) for x in operands])
-    if out.dtype.kind != "f" or not needs_grad(*parents):
+    if not ir.is_float(out.dtype) or not needs_grad(*parents):
         return Node(out)
     d = _derivative(fn, values, kw_values)
     wanted = tuple([i for i, p in enumerate(parents) if p.requires_grad and i in d.grads])

@@ -11,6 +11,7 @@ import weakref
 from typing import Any
 
 from netcl import kernels, ops
+from netcl.autograd import autocast
 from netcl.autograd import elementwise as ew
 from netcl.autograd.elementwise import sum_to_shape
 from netcl.autograd.engine import Node, as_node, record
@@ -41,6 +42,7 @@ def sum_rows(g2: Tensor) -> Tensor:
 def matmul(a: Node, b: Node) -> Node:
     """a @ b with NumPy's rules (1-D operands, batch broadcasting); grads g b^T and a^T g."""
     a, b = as_node(a), as_node(b)
+    a, b = autocast.cast_inputs("matmul", a, b)
     if a.ndim == 1 or b.ndim == 1:
         a2 = reshape(a, (1, a.shape[0])) if a.ndim == 1 else a
         b2 = reshape(b, (b.shape[0], 1)) if b.ndim == 1 else b
@@ -67,6 +69,7 @@ def linear(x: Node, weight: Node, bias: Node | None = None, activation: str | No
 
     Backward: g_x = g W, g_W = g^T x (x flattened to 2-D), g_b = column sums of g."""
     kernels.activation(activation)  # ValueError naming the choices (netcl.kernels.ACTIVATIONS)
+    x, weight, bias = autocast.cast_inputs("linear", x, weight, bias)
     if activation not in (None, "none", "relu"):
         z = linear(x, weight, bias)
         if activation == "silu":
@@ -128,6 +131,7 @@ def conv2d(
     activation: str | None = None,
 ) -> Node:
     """NCHW convolution (relu epilogue optional); backward through conv2d_backward_input/weight/bias."""
+    x, weight, bias = autocast.cast_inputs("conv2d", x, weight, bias)
     x, weight = as_node(x), as_node(weight)
     bias = as_node(bias) if bias is not None else None
     xv, wv = x.value, weight.value
@@ -222,6 +226,7 @@ def batch_norm(
     activation: str | None = None,
 ) -> Node:
     """BatchNorm over axis 1 (running stats updated in place when training); relu optionally fused."""
+    x, weight, bias = autocast.cast_inputs("batch_norm", x, weight, bias)
     x = as_node(x)
     weight = as_node(weight) if weight is not None else None
     bias = as_node(bias) if bias is not None else None
@@ -250,6 +255,7 @@ def _affine_norm(op: str, x: Node, arg: Any, weight: Node | None, bias: Node | N
     """layer_norm / group_norm (`arg`: normalized_shape / num_groups): the op's forward saves mean and
     rstd; its backward gives d x, d weight, d bias."""
     forward, backward_op = getattr(norm, op), getattr(norm, f"{op}_backward")
+    x, weight, bias = autocast.cast_inputs(op, x, weight, bias)
     x = as_node(x)
     weight = as_node(weight) if weight is not None else None
     bias = as_node(bias) if bias is not None else None
@@ -271,6 +277,7 @@ def layer_norm(
 
 
 def rms_norm(x: Node, normalized_shape: Any, weight: Node | None = None, eps: float = 1e-6) -> Node:
+    x, weight = autocast.cast_inputs("rms_norm", x, weight)
     x = as_node(x)
     weight = as_node(weight) if weight is not None else None
     xv, wv = x.value, _optional(weight)

@@ -7,6 +7,7 @@ import math
 from typing import Any
 
 from netcl import ops
+from netcl.autograd import autocast
 from netcl.autograd.elementwise import sqrt
 from netcl.autograd.engine import Node, as_node, record
 from netcl.core.tensor import Tensor
@@ -72,7 +73,7 @@ def min(x: Node, axis: Any = None, keepdims: bool = False) -> Node:  # noqa: A00
 
 def softmax(x: Node, axis: int = -1) -> Node:
     """d x = y (g - sum(g y))."""
-    x = as_node(x)
+    (x,) = autocast.cast_inputs("softmax", as_node(x))
     out = ops.softmax(x.value, axis=axis)
 
     def backward(g: Tensor):
@@ -84,7 +85,7 @@ def softmax(x: Node, axis: int = -1) -> Node:
 
 def log_softmax(x: Node, axis: int = -1) -> Node:
     """d x = g - exp(y) sum(g)."""
-    x = as_node(x)
+    (x,) = autocast.cast_inputs("log_softmax", as_node(x))
     out = ops.log_softmax(x.value, axis=axis)
 
     def backward(g: Tensor):

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import ml_dtypes  # bfloat16 as a NumPy dtype (JAX's library); importing it also registers np.dtype("bfloat16")
 import numpy as np
 
 from netcl.errors import DTypeError, ScalarOverflowError
 
 float16 = np.dtype(np.float16)
+bfloat16 = np.dtype(ml_dtypes.bfloat16)  # NumPy sees it as kind "V": use is_floating, never dtype.kind
 float32 = np.dtype(np.float32)
 float64 = np.dtype(np.float64)
 int32 = np.dtype(np.int32)
@@ -16,12 +18,16 @@ int64 = np.dtype(np.int64)
 uint8 = np.dtype(np.uint8)
 bool_ = np.dtype(np.bool_)
 
-SUPPORTED: tuple[np.dtype, ...] = (float16, float32, float64, int32, int64, uint8, bool_)
+SUPPORTED: tuple[np.dtype, ...] = (float16, bfloat16, float32, float64, int32, int64, uint8, bool_)
+FLOATING: frozenset[np.dtype] = frozenset((float16, bfloat16, float32, float64))
+HALF: frozenset[np.dtype] = frozenset((float16, bfloat16))  # 2-byte storage, float32 arithmetic
 
 # The OpenCL C type a kernel uses to *store* each dtype. float16 is stored as `half` and read
-# with vload_half/vstore_half (core OpenCL), so it needs no cl_khr_fp16; bool is one byte.
+# with vload_half/vstore_half (core OpenCL), so it needs no cl_khr_fp16; bfloat16 is stored as the
+# high 16 bits of a float32 in a `ushort` (common.cl converts, rounding to nearest even); bool is one byte.
 _CL_STORAGE = {
     float16: "half",
+    bfloat16: "ushort",
     float32: "float",
     float64: "double",
     int32: "int",
@@ -74,8 +80,28 @@ def cl_bits_type(itemsize: int) -> str:
     return _CL_BITS[itemsize]
 
 
-def is_floating(dtype: np.dtype) -> bool:
-    return np.dtype(dtype).kind == "f"
+def is_floating(dtype: Any) -> bool:
+    """float16, bfloat16, float32 or float64 (bfloat16 is kind "V" to NumPy, so dtype.kind cannot say)."""
+    return (dtype if isinstance(dtype, np.dtype) else np.dtype(dtype)) in FLOATING
+
+
+def is_half(dtype: Any) -> bool:
+    """float16 or bfloat16: 2-byte storage computed in float32."""
+    return (dtype if isinstance(dtype, np.dtype) else np.dtype(dtype)) in HALF
+
+
+def token(dtype: np.dtype) -> str:
+    """A short string naming `dtype` that `from_token` turns back into it (dtype.str cannot: bfloat16's is
+    '<V2', a plain void type); generated kernels key their caches on it."""
+    return _TOKENS.get(dtype) or dtype.name
+
+
+def from_token(text: str) -> np.dtype:
+    return _FROM_TOKEN[text]
+
+
+_TOKENS = {dt: dt.name for dt in SUPPORTED}
+_FROM_TOKEN = {dt.name: dt for dt in SUPPORTED}
 
 
 def check_supported_on(dtype: np.dtype, device: Any) -> None:

@@ -65,7 +65,7 @@ def _c(v: float, like: Node) -> Node:
 
 
 def _b(op: str, a: Node, b: Node) -> Node:
-    return ir.binary(op, a, b, a.dtype if a.dtype.kind == "f" else b.dtype)
+    return ir.binary(op, a, b, a.dtype if ir.is_float(a.dtype) else b.dtype)
 
 
 def _mul(a: Node, b: Node) -> Node:
@@ -314,7 +314,7 @@ def _d_where(args, out, g):
 @_rule("cast")
 def _d_cast(args, out, g):
     (x,) = args
-    return [ir.cast(g, x.dtype)] if x.dtype.kind == "f" else [None]
+    return [ir.cast(g, x.dtype)] if ir.is_float(x.dtype) else [None]
 
 
 def _d_none(args, out, g):
@@ -333,7 +333,7 @@ def vjp(outputs: list[Node], grads: list[Node], values: dict[int, Node] | None =
     order = ir.walk(outputs)
     adj: dict[int, Node] = {}
     for o, g in zip(outputs, grads):
-        if o.dtype.kind != "f":
+        if not ir.is_float(o.dtype):
             continue
         g = ir.cast(g, o.dtype)
         adj[id(o)] = _b("add", adj[id(o)], g) if id(o) in adj else g
@@ -345,11 +345,11 @@ def vjp(outputs: list[Node], grads: list[Node], values: dict[int, Node] | None =
         if node.op == "input":
             result[node.attr] = _b("add", result[node.attr], g) if node.attr in result else g
             continue
-        if not node.args or node.dtype.kind != "f" and node.op != "cast":
+        if not node.args or not ir.is_float(node.dtype) and node.op != "cast":
             continue
         out = values.get(id(node), node) if values else node
         for arg, contrib in zip(node.args, rules(node.op, node.args, out, g)):
-            if contrib is None or arg.dtype.kind != "f" or arg.op in ("param", "const", "index"):
+            if contrib is None or not ir.is_float(arg.dtype) or arg.op in ("param", "const", "index"):
                 continue
             contrib = ir.cast(contrib, arg.dtype)
             adj[id(arg)] = _b("add", adj[id(arg)], contrib) if id(arg) in adj else contrib

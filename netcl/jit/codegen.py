@@ -25,6 +25,13 @@ PREAMBLE = r"""
 /* round a float to the nearest half and back: float16 intermediates behave as stored ones */
 inline float nc_rh(float x) { ushort h; vstore_half_rte(x, 0, (__private half *)&h);
                               return vload_half(0, (__private const half *)&h); }
+/* bfloat16 (the high 16 bits of a float32, in a ushort): load, store rounding to nearest even (NaN kept
+   quiet NaN), and the same rounding for intermediates (vector forms: bf16_vector_helpers) */
+inline float nc_bf2f(ushort h) { return as_float(((uint)h) << 16); }
+inline ushort nc_f2bf(float f) { uint u = as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (ushort)((u >> 16) | 0x0040u);
+    return (ushort)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16); }
+inline float nc_rb(float x) { return nc_bf2f(nc_f2bf(x)); }
 inline int nc_ipow_int(int a, int b) {
     if (b < 0) return a == 1 ? 1 : (a == -1 ? ((b & 1) ? -1 : 1) : 0);
     int r = 1; while (b) { if (b & 1) r *= a; a *= a; b >>= 1; } return r; }
@@ -36,14 +43,36 @@ inline uchar nc_ipow_uchar(uchar a, uchar b) {
 """
 
 
-_DTYPE_STR: dict[np.dtype, str] = {}  # dtype.str builds a new string on every access (~0.4 us)
+def bf16_vector_helpers(vec: int) -> str:
+    """nc_bf2f{vec} / nc_f2bf{vec}, the vector loads and stores of bfloat16 lanes, added to a kernel's source
+    only when it has bfloat16 operands and that vector width: a CPU compiler can abort on library calls with
+    512-bit vectors (convert_uint16) even in a function no kernel calls (PoCL 3.0 on AVX-512, see runner)."""
+    n = vec
+    return (f"inline float{n} nc_bf2f{n}(ushort{n} h) {{ return as_float{n}(convert_uint{n}(h) << 16); }}\n"
+            f"inline ushort{n} nc_f2bf{n}(float{n} f) {{ uint{n} u = as_uint{n}(f);\n"
+            f"    uint{n} r = (u + (uint{n})0x7fffu + ((u >> 16) & (uint{n})1u)) >> 16;\n"
+            f"    return convert_ushort{n}(select(r, (u >> 16) | (uint{n})0x0040u,\n"
+            f"                                    (u & (uint{n})0x7fffffffu) > (uint{n})0x7f800000u)); }}\n")
+
+
+def helpers_for(tokens: list[str], vec: int) -> str:
+    """The vector helpers a kernel over dtypes `tokens` with `vec`-wide lanes needs (see bf16_vector_helpers)."""
+    return bf16_vector_helpers(vec) if vec > 1 and "bfloat16" in tokens else ""
+
+
+_DTYPE_STR: dict[np.dtype, str] = {}  # dtypes.token per dtype, memoised (~0.4 us a string otherwise)
 
 
 def _dtype_str(dt: np.dtype) -> str:
     s = _DTYPE_STR.get(dt)
     if s is None:
-        s = _DTYPE_STR[dt] = dt.str
+        s = _DTYPE_STR[dt] = dtypes.token(dt)
     return s
+
+
+def dtype_of(token: str) -> np.dtype:
+    """The dtype a description field names (the inverse of the tokens flatten writes)."""
+    return dtypes.from_token(token)
 
 
 def flatten(outputs: list[ir.Node]) -> tuple[tuple, list[Any], list[tuple[Any, np.dtype]]]:
@@ -115,7 +144,7 @@ def _flatten_iterative(outputs: list[ir.Node]) -> tuple[tuple, list[Any], list[t
             params.append((node.attr, node.dtype))
         else:
             attr = node.attr
-        desc.append((node.op, tuple(pos[id(a)] for a in node.args), node.dtype.str, attr))
+        desc.append((node.op, tuple(pos[id(a)] for a in node.args), _dtype_str(node.dtype), attr))
     out_pos = tuple(pos[id(o)] for o in outputs)
     return (tuple(desc), out_pos), leaves, params
 
@@ -131,7 +160,7 @@ def check_no_inputs(desc: tuple) -> None:
 
 def c_literal(value: Any, dt: np.dtype) -> str:
     ct = ir.COMPUTE_TYPE[dt]
-    if dt.kind == "f":
+    if dt in dtypes.FLOATING:
         v = float(value)
         if np.isnan(v):
             return f"(({ct})NAN)"
@@ -147,7 +176,7 @@ def c_literal(value: Any, dt: np.dtype) -> str:
 def _op_expr(op: str, a: list[str], dt: np.dtype, in_dt: list[np.dtype]) -> str:
     """C expression for one op on operands `a` (already in their compute types)."""
     ct = ir.COMPUTE_TYPE[dt]
-    flt = dt.kind == "f"
+    flt = dt in dtypes.FLOATING
     one, zero = f"(({ct})1)", f"(({ct})0)"
     x = a[0] if a else ""
     template = ir.C_EXPRESSIONS.get(op)
@@ -198,7 +227,7 @@ def _op_expr(op: str, a: list[str], dt: np.dtype, in_dt: list[np.dtype]) -> str:
         return (f"(({a[1]} == 0 || {a[1]} == ({ct})-1) ? {zero} : ((({a[0]} % {a[1]}) != 0 && "
                 f"(({a[0]} % {a[1]}) < 0) != ({a[1]} < 0)) ? ({a[0]} % {a[1]}) + {a[1]} : ({a[0]} % {a[1]})))")
     if op in ("isnan", "isinf", "isfinite"):
-        return f"{op}({x})" if in_dt[0].kind == "f" else ("((uchar)1)" if op == "isfinite" else "((uchar)0)")
+        return f"{op}({x})" if in_dt[0] in dtypes.FLOATING else ("((uchar)1)" if op == "isfinite" else "((uchar)0)")
     if op == "cast":
         if dt == dtypes.bool_:
             return f"({x} != 0)"
@@ -217,7 +246,7 @@ def emit_nodes(desc: tuple, leaf_value, index_value, suffix: str = "") -> tuple[
     lines: list[str] = []
     names: list[str] = []
     for i, (op, args, dt_str, attr) in enumerate(desc):
-        dt = np.dtype(dt_str)
+        dt = dtypes.from_token(dt_str)
         ct = ir.COMPUTE_TYPE[dt]
         name = f"v{i}{suffix}"
         if op == "leaf":
@@ -229,10 +258,12 @@ def emit_nodes(desc: tuple, leaf_value, index_value, suffix: str = "") -> tuple[
         elif op == "index":
             expr = f"(({ct}){index_value(attr)})"
         else:
-            in_dt = [np.dtype(desc[j][2]) for j in args]
+            in_dt = [dtypes.from_token(desc[j][2]) for j in args]
             expr = _op_expr(op, [names[j] for j in args], dt, in_dt)
             if dt == dtypes.float16:
                 expr = f"nc_rh({expr})"
+            elif dt == dtypes.bfloat16:
+                expr = f"nc_rb({expr})"
         lines.append(f"const {ct} {name} = {expr};")
         names.append(name)
     return lines, names
@@ -243,6 +274,8 @@ def load_scalar(dt: np.dtype, ptr: str, idx: str) -> str:
     """C expression reading element `idx` of buffer `ptr` (storage of `dt`) in compute type."""
     if dt == dtypes.float16:
         return f"vload_half({idx}, {ptr})"
+    if dt == dtypes.bfloat16:
+        return f"nc_bf2f({ptr}[{idx}])"
     if dt == dtypes.bool_:
         return f"(uchar)({ptr}[{idx}] != 0)"
     return f"{ptr}[{idx}]"
@@ -251,6 +284,8 @@ def load_scalar(dt: np.dtype, ptr: str, idx: str) -> str:
 def store_scalar(dt: np.dtype, ptr: str, idx: str, value: str) -> str:
     if dt == dtypes.float16:
         return f"vstore_half_rte({value}, {idx}, {ptr});"
+    if dt == dtypes.bfloat16:
+        return f"{ptr}[{idx}] = nc_f2bf({value});"
     return f"{ptr}[{idx}] = {value};"
 
 
@@ -258,6 +293,8 @@ def load_vector(dt: np.dtype, ptr: str, idx: str, vec: int) -> str:
     """Vector load of `vec` consecutive elements starting at element `idx` (any alignment)."""
     if dt == dtypes.float16:
         return f"vload_half{vec}(0, {ptr} + {idx})"
+    if dt == dtypes.bfloat16:
+        return f"nc_bf2f{vec}(vload{vec}(0, {ptr} + {idx}))"
     return f"vload{vec}(0, {ptr} + {idx})"
 
 
@@ -268,12 +305,16 @@ def load_vector_aligned(dt: np.dtype, ptr: str, idx: str, vec: int) -> str:
     16-byte load per work-item (float4), which is what reaches copy bandwidth."""
     if dt == dtypes.float16:
         return load_vector(dt, ptr, idx, vec)
+    if dt == dtypes.bfloat16:
+        return f"nc_bf2f{vec}(*((__global const ushort{vec} *)({ptr} + {idx})))"
     return f"(*((__global const {dtypes.cl_storage_type(dt)}{vec} *)({ptr} + {idx})))"
 
 
 def store_vector_aligned(dt: np.dtype, ptr: str, idx: str, value: str, vec: int) -> str:
     if dt == dtypes.float16:
         return store_vector(dt, ptr, idx, value, vec)
+    if dt == dtypes.bfloat16:
+        return f"*((__global ushort{vec} *)({ptr} + {idx})) = nc_f2bf{vec}({value});"
     st = dtypes.cl_storage_type(dt)
     return f"*((__global {st}{vec} *)({ptr} + {idx})) = convert_{st}{vec}({value});"
 
@@ -285,6 +326,8 @@ def vector_type(dt: np.dtype, vec: int) -> str:
 def store_vector(dt: np.dtype, ptr: str, idx: str, value: str, vec: int) -> str:
     if dt == dtypes.float16:
         return f"vstore_half{vec}_rte({value}, 0, {ptr} + {idx});"
+    if dt == dtypes.bfloat16:
+        return f"vstore{vec}(nc_f2bf{vec}({value}), 0, {ptr} + {idx});"
     return f"vstore{vec}({value}, 0, {ptr} + {idx});"
 
 
@@ -292,7 +335,7 @@ LANES = "0123456789abcdef"
 
 
 def needs_fp64(desc: tuple, leaf_dtypes: list[np.dtype], out_dtypes: list[np.dtype]) -> bool:
-    return any(d[2] == dtypes.float64.str for d in desc) or dtypes.float64 in leaf_dtypes + out_dtypes
+    return any(d[2] == "float64" for d in desc) or dtypes.float64 in leaf_dtypes + out_dtypes
 
 
 def elementwise_source(key: tuple) -> str:
@@ -308,19 +351,19 @@ def elementwise_source(key: tuple) -> str:
     store_v = store_vector_aligned if aligned else store_vector
     ps = []
     for s, (dt_str, kind) in enumerate(out_layouts):
-        dt = np.dtype(dt_str)
+        dt = dtypes.from_token(dt_str)
         ps.append(f"__global {dtypes.cl_storage_type(dt)} *out{s}")
         ps.append(f"const {idx_t} out{s}_off")
         if kind == "g":
             ps += [f"const {idx_t} out{s}_s{d}" for d in range(ndim)]
     for s, (dt_str, kind) in enumerate(leaf_layouts):
-        dt = np.dtype(dt_str)
+        dt = dtypes.from_token(dt_str)
         ps.append(f"__global const {dtypes.cl_storage_type(dt)} *in{s}")
         ps.append(f"const {idx_t} in{s}_off")
         if kind == "g":
             ps += [f"const {idx_t} in{s}_s{d}" for d in range(ndim)]
     n_params = sum(1 for d in desc if d[0] == "param")
-    param_types = {d[3]: ir.COMPUTE_TYPE[np.dtype(d[2])] for d in desc if d[0] == "param"}
+    param_types = {d[3]: ir.COMPUTE_TYPE[dtypes.from_token(d[2])] for d in desc if d[0] == "param"}
     ps += [f"const {param_types[p]} p{p}" for p in range(n_params)]
     ps.append(f"const {idx_t} n")
     ps += [f"const {idx_t} d{k}" for k in range(ndim)]
@@ -328,8 +371,8 @@ def elementwise_source(key: tuple) -> str:
     # broadcast scalars: read once
     for s, (dt_str, kind) in enumerate(leaf_layouts):
         if kind == "s":
-            body.append(f"const {ir.COMPUTE_TYPE[np.dtype(dt_str)]} S{s} = "
-                        f"{load_scalar(np.dtype(dt_str), f'in{s}', f'in{s}_off')};")
+            body.append(f"const {ir.COMPUTE_TYPE[dtypes.from_token(dt_str)]} S{s} = "
+                        f"{load_scalar(dtypes.from_token(dt_str), f'in{s}', f'in{s}_off')};")
     body.append(f"const {idx_t} gsize = get_global_size(0);")
     body.append(f"const {idx_t} gid = get_global_id(0);")
 
@@ -354,12 +397,12 @@ def elementwise_source(key: tuple) -> str:
             dt_str, kind = leaf_layouts[slot]
             if kind == "s":
                 return f"S{slot}"
-            return load_scalar(np.dtype(dt_str), f"in{slot}", off("in", slot, kind))
+            return load_scalar(dtypes.from_token(dt_str), f"in{slot}", off("in", slot, kind))
 
         lines_e, names = emit_nodes(desc, leaf_value, lambda ax: f"c{ndim - ax}")
         lines += lines_e
         for s, (dt_str, kind) in enumerate(out_layouts):
-            lines.append(store_scalar(np.dtype(dt_str), f"out{s}", off("out", s, kind), names[out_pos[s]]))
+            lines.append(store_scalar(dtypes.from_token(dt_str), f"out{s}", off("out", s, kind), names[out_pos[s]]))
         return lines
 
     if vec > 1:
@@ -368,7 +411,7 @@ def elementwise_source(key: tuple) -> str:
         body.append(f"  const {idx_t} i = iv * {vec};")
         for s, (dt_str, kind) in enumerate(leaf_layouts):
             if kind == "c":
-                dt = np.dtype(dt_str)
+                dt = dtypes.from_token(dt_str)
                 body.append(f"  const {vector_type(dt, vec)} V{s} = "
                             f"{load_v(dt, f'in{s}', f'in{s}_off + i', vec)};")
         lane_names = []
@@ -378,13 +421,13 @@ def elementwise_source(key: tuple) -> str:
                 if kind == "s":
                     return f"S{slot}"
                 v = f"V{slot}.s{LANES[lane]}"
-                return f"(uchar)({v} != 0)" if np.dtype(dt_str) == dtypes.bool_ else v
+                return f"(uchar)({v} != 0)" if dtypes.from_token(dt_str) == dtypes.bool_ else v
 
             lines_e, names = emit_nodes(desc, leaf_value, lambda ax: "0", suffix=f"_{lane}")
             body += ["  " + ln for ln in lines_e]
             lane_names.append(names)
         for s, (dt_str, _) in enumerate(out_layouts):
-            dt = np.dtype(dt_str)
+            dt = dtypes.from_token(dt_str)
             vals = ", ".join(lane_names[lane][out_pos[s]] for lane in range(vec))
             body.append(f"  {store_v(dt, f'out{s}', f'out{s}_off + i', f'({vector_type(dt, vec)})({vals})', vec)}")
         body.append("}")
@@ -393,5 +436,7 @@ def elementwise_source(key: tuple) -> str:
         body.append(f"for ({idx_t} i = gid; i < n; i += gsize) {{")
     body += ["  " + ln for ln in scalar_step("i")]
     body.append("}")
-    src = PREAMBLE + "\n__kernel void ew(" + ",\n    ".join(ps) + ")\n{\n    " + "\n    ".join(body) + "\n}\n"
+    tokens = [t for t, _ in leaf_layouts + out_layouts]
+    src = (PREAMBLE + helpers_for(tokens, vec) + "\n__kernel void ew(" + ",\n    ".join(ps) + ")\n{\n    "
+           + "\n    ".join(body) + "\n}\n")
     return src

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from netcl.core import dtypes
 from netcl.core.tensor import Tensor, check_same_queue, contiguous_strides
 from netcl.errors import ShapeError
 from netcl.jit import autodiff, ir, lazy
@@ -107,7 +108,7 @@ class FusedFunction:
         key = []
         for a in args:
             if isinstance(a, Tensor):
-                key.append(("T", a.shape, a.dtype.str, id(a.queue)))
+                key.append(("T", a.shape, dtypes.token(a.dtype), id(a.queue)))
             else:
                 key.append(("S", type(a).__name__, a))
         return tuple(key)
@@ -170,7 +171,7 @@ class FusedFunction:
         mapping = self._mapping(tensors)
         for j, (g, shape, e) in enumerate(zip(gouts, tr.shapes, tr.exprs)):
             if g is None:
-                mapping[tr.n_inputs + j] = ir.const(0.0, e.dtype if e.dtype.kind == "f" else ir.F32)
+                mapping[tr.n_inputs + j] = ir.const(0.0, e.dtype if ir.is_float(e.dtype) else ir.F32)
                 continue
             if g.shape != shape:
                 raise ShapeError(f"backward: output {j} has shape {shape} but its gradient has shape {g.shape}")
@@ -178,7 +179,7 @@ class FusedFunction:
             mapping[tr.n_inputs + j] = lazy.operand(g, [])
         grads = tr.grad_exprs()
         full = tuple(np.broadcast_shapes(*tr.shapes)) if tr.shapes else ()
-        slots = [i for i in range(tr.n_inputs) if i in grads and tr.in_dtypes[i].kind == "f"]
+        slots = [i for i in range(tr.n_inputs) if i in grads and ir.is_float(tr.in_dtypes[i])]
         exprs = substitute([ir.cast(grads[i], tr.in_dtypes[i]) for i in slots], mapping)
         results: list[Tensor | None] = [None] * tr.n_inputs
         direct = [(i, e) for i, e in zip(slots, exprs) if tr.in_shapes[i] == full]
@@ -200,7 +201,7 @@ class FusedFunction:
             jreduce.run("reduce", "sum", lazy.operand(pending, []), full, axes, summed, queue)
             results[i] = summed.reshape(tr.in_shapes[i])
         for i in range(tr.n_inputs):
-            if results[i] is None and tr.in_dtypes[i].kind == "f" and i not in grads:
+            if results[i] is None and ir.is_float(tr.in_dtypes[i]) and i not in grads:
                 results[i] = Tensor.zeros(queue, tr.in_shapes[i], tr.in_dtypes[i])
         return results
 

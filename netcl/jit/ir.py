@@ -17,14 +17,16 @@ import numpy as np
 from netcl.core import dtypes
 from netcl.errors import DTypeError, NetclError
 
-F16, F32, F64 = dtypes.float16, dtypes.float32, dtypes.float64
+F16, BF16, F32, F64 = dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64
 I32, I64, U8, BOOL = dtypes.int32, dtypes.int64, dtypes.uint8, dtypes.bool_
+HALF = dtypes.HALF  # float16 and bfloat16: stored in 2 bytes, computed as float, rounded at every result
 
-# OpenCL C type each dtype is *computed* in (float16 is stored as half, computed as float).
-COMPUTE_TYPE = {F16: "float", F32: "float", F64: "double", I32: "int", I64: "long", U8: "uchar", BOOL: "uchar"}
-COMPUTE_SIZE = {F16: 4, F32: 4, F64: 8, I32: 4, I64: 8, U8: 1, BOOL: 1}  # bytes of one COMPUTE_TYPE value
+# OpenCL C type each dtype is *computed* in (float16 and bfloat16 are stored in 2 bytes, computed as float).
+COMPUTE_TYPE = {F16: "float", BF16: "float", F32: "float", F64: "double", I32: "int", I64: "long", U8: "uchar",
+                BOOL: "uchar"}
+COMPUTE_SIZE = {F16: 4, BF16: 4, F32: 4, F64: 8, I32: 4, I64: 8, U8: 1, BOOL: 1}  # bytes of one COMPUTE_TYPE value
 # numpy scalar type a runtime scalar argument of each dtype is passed as.
-ARG_TYPE = {F16: np.float32, F32: np.float32, F64: np.float64, I32: np.int32, I64: np.int64,
+ARG_TYPE = {F16: np.float32, BF16: np.float32, F32: np.float32, F64: np.float64, I32: np.int32, I64: np.int64,
             U8: np.uint8, BOOL: np.uint8}
 
 
@@ -96,22 +98,28 @@ _UNARY_FLOAT, _UNARY_SAME, _UNARY_BOOL = frozenset(UNARY_FLOAT), frozenset(UNARY
 _COMPARE, _LOGICAL, _BINARY_ARITH = frozenset(COMPARE), frozenset(LOGICAL), frozenset(BINARY_ARITH)
 
 
+_FLOATS = dtypes.FLOATING
+
+
 def is_float(dt: np.dtype) -> bool:
-    return dt.kind == "f"
+    """float16, bfloat16, float32, float64 (never dt.kind: bfloat16 is kind "V" to NumPy)."""
+    return dt in _FLOATS
 
 
 def _category(dt: np.dtype) -> int:
-    return 0 if dt == BOOL else (2 if dt.kind == "f" else 1)
+    return 0 if dt == BOOL else (2 if dt in _FLOATS else 1)
 
 
 def promote(a: np.dtype, b: np.dtype) -> np.dtype:
     """Result dtype of two tensor dtypes: NumPy's result_type within a category, but a float meeting
     an integer keeps the float's width (int32 + float16 -> float16, int64 + float32 -> float32),
-    as PyTorch does."""
-    if a is b:
+    as PyTorch does; float16 meeting bfloat16 gives float32 (neither holds the other), as in PyTorch."""
+    if a is b or a == b:
         return a
     ca, cb = _category(a), _category(b)
     if ca == cb:
+        if a in HALF and b in HALF:
+            return F32
         return np.result_type(a, b)
     return a if ca > cb else b
 
@@ -119,7 +127,7 @@ def promote(a: np.dtype, b: np.dtype) -> np.dtype:
 def promote_weak(tensor_dt: np.dtype, value: Any) -> np.dtype:
     """Result dtype of a tensor dtype meeting a Python scalar ("weak": it adopts the tensor's dtype
     unless it is of a higher category: bool < int < float)."""
-    if type(value) is float and tensor_dt.kind == "f":
+    if type(value) is float and tensor_dt in _FLOATS:
         return tensor_dt
     if isinstance(value, (bool, np.bool_)):
         return tensor_dt

@@ -64,7 +64,7 @@ def acc_dtype(reducer: str, dt: np.dtype) -> np.dtype:
     """dtype the state of `reducer` over values of `dt` is kept in."""
     if reducer in ("any", "all"):
         return ir.BOOL
-    if dt.kind == "f":
+    if ir.is_float(dt):
         return ir.F64 if dt == ir.F64 else ir.F32
     if reducer in ("sum", "prod"):
         return ir.I64
@@ -75,7 +75,7 @@ def acc_dtype(reducer: str, dt: np.dtype) -> np.dtype:
 
 def _lowest(dt: np.dtype, highest: bool = False) -> str:
     ct = ir.COMPUTE_TYPE[dt]
-    if dt.kind == "f":
+    if ir.is_float(dt):
         return f"(({ct})INFINITY)" if highest else f"(-({ct})INFINITY)"
     info = np.iinfo(dt if dt != ir.BOOL else np.uint8)
     return codegen.c_literal(info.max if highest else info.min, dt)
@@ -94,7 +94,7 @@ def _init(reducer: str, acc: np.dtype) -> dict[str, str]:
 
 def _update(reducer: str, acc: np.dtype, s: str, v: str, idx: str) -> str:
     """C statement folding value `v` (already acc type) with flat reduced index `idx` into state `s`."""
-    flt = acc.kind == "f"
+    flt = ir.is_float(acc)
     nan = (lambda x: f"isnan({x})") if flt else (lambda x: "0")
     if reducer == "sum":
         return f"{s}a += {v};"
@@ -124,7 +124,7 @@ def _update(reducer: str, acc: np.dtype, s: str, v: str, idx: str) -> str:
 
 def _combine(reducer: str, acc: np.dtype, s: str, t: str) -> str:
     """C statement folding state `t` into state `s` (t covers later or interleaved indices)."""
-    flt = acc.kind == "f"
+    flt = ir.is_float(acc)
     nan = (lambda x: f"isnan({x})") if flt else (lambda x: "0")
     if reducer in ("sum", "prod", "max", "min", "any", "all"):
         return _update(reducer, acc, s, f"{t}a", "")
@@ -179,8 +179,8 @@ def source(key: tuple) -> str:
     (mode, reducer, (desc, out_pos), leaf_dts, leaf_rkinds, knd, rnd, L, W, order, acc_str, out_str,
      stage2, topk_k, idx_t, mean, out_rkind, aligned, unroll, kreg) = key
     load_v = codegen.load_vector_aligned if aligned else codegen.load_vector
-    acc = np.dtype(acc_str)
-    out_dt = np.dtype(out_str)
+    acc = dtypes.from_token(acc_str)
+    out_dt = dtypes.from_token(out_str)
     act = ir.COMPUTE_TYPE[acc]
     fields = _FIELDS[reducer] if reducer else []
     ftype = {"acc": act, "long": "long"}
@@ -200,12 +200,12 @@ def source(key: tuple) -> str:
             ps.append(f"__global const {ftype[kind]} *in_{name}")
     else:
         for s, dt_str in enumerate(leaf_dts):
-            ps.append(f"__global const {dtypes.cl_storage_type(np.dtype(dt_str))} *in{s}")
+            ps.append(f"__global const {dtypes.cl_storage_type(dtypes.from_token(dt_str))} *in{s}")
             ps.append(f"const {idx_t} in{s}_off")
             ps += [f"const {idx_t} in{s}_k{d}" for d in range(knd)]
             ps += [f"const {idx_t} in{s}_r{d}" for d in range(rnd)]
         n_params = sum(1 for d in desc if d[0] == "param")
-        ptypes = {d[3]: ir.COMPUTE_TYPE[np.dtype(d[2])] for d in desc if d[0] == "param"}
+        ptypes = {d[3]: ir.COMPUTE_TYPE[dtypes.from_token(d[2])] for d in desc if d[0] == "param"}
         ps += [f"const {ptypes[p]} p{p}" for p in range(n_params)]
     ps += [f"const {idx_t} M", f"const {idx_t} R", f"const {idx_t} P", f"const {idx_t} chunk", f"const {idx_t} RT"]
     ps += [f"const {idx_t} kd{d}" for d in range(knd)] + [f"const {idx_t} rd{d}" for d in range(rnd)]
@@ -237,7 +237,7 @@ def source(key: tuple) -> str:
 
     def leaf_value_at(r: str, lane: int | None = None):
         def fn(slot: int) -> str:
-            dt = np.dtype(leaf_dts[slot])
+            dt = dtypes.from_token(leaf_dts[slot])
             kind = leaf_rkinds[slot]
             if kind == "s":
                 return f"S{slot}"
@@ -272,8 +272,8 @@ def source(key: tuple) -> str:
     if not stage2:
         for s, dt_str in enumerate(leaf_dts):
             if leaf_rkinds[s] == "s":
-                b.append(f"const {ir.COMPUTE_TYPE[np.dtype(dt_str)]} S{s} = "
-                         f"{codegen.load_scalar(np.dtype(dt_str), f'in{s}', f'base{s}')};")
+                b.append(f"const {ir.COMPUTE_TYPE[dtypes.from_token(dt_str)]} S{s} = "
+                         f"{codegen.load_scalar(dtypes.from_token(dt_str), f'in{s}', f'base{s}')};")
 
     def declare_state(prefix: str) -> list[str]:
         init = _init(reducer, acc)
@@ -302,7 +302,7 @@ def source(key: tuple) -> str:
             lines.append(f"  const {idx_t} r = start + it * {W};")
             for s, dt_str in enumerate(leaf_dts):
                 if leaf_rkinds[s] == "c":
-                    dt = np.dtype(dt_str)
+                    dt = dtypes.from_token(dt_str)
                     lines.append(f"  const {codegen.vector_type(dt, W)} V{s} = "
                                  f"{load_v(dt, f'in{s}', f'base{s} + r', W)};")
             for j in range(W):
@@ -386,8 +386,8 @@ def source(key: tuple) -> str:
         vl, var = value_lines("r")
         b += ["  " + x for x in vl]
         b.append(f"  const {act} v = ({act}){var};")
-        nanv = "isnan(v)" if acc.kind == "f" else "0"
-        nant = "isnan(tv[j - 1])" if acc.kind == "f" else "0"
+        nanv = "isnan(v)" if ir.is_float(acc) else "0"
+        nant = "isnan(tv[j - 1])" if ir.is_float(acc) else "0"
         # insert v keeping tv sorted descending (NaN first, ties by lower index first)
         b.append(f"  if (ti[{k - 1}] >= 0 && !({nanv} && !{nant.replace('j - 1', str(k - 1))}) && "
                  f"!(v > tv[{k - 1}])) continue;")
@@ -401,10 +401,11 @@ def source(key: tuple) -> str:
                                              f"(({ir.COMPUTE_TYPE[out_dt]})tv[j])"))
         b.append("  out_idx[(obase - out_off) + j * out_r0] = ti[j];")
         b.append("}")
-    fp64 = acc == ir.F64 or out_dt == ir.F64 or any(np.dtype(d) == ir.F64 for d in leaf_dts) or \
-        any(d[2] == ir.F64.str for d in desc)
+    fp64 = acc == ir.F64 or out_dt == ir.F64 or any(d == "float64" for d in leaf_dts) or \
+        any(d[2] == "float64" for d in desc)
     head = "#define USE_FP64\n" if fp64 else ""
-    return head + codegen.PREAMBLE + "\n__kernel void red(" + ",\n    ".join(ps) + ")\n{\n    " + \
+    helpers = codegen.helpers_for(list(leaf_dts) + [out_str], W)
+    return head + codegen.PREAMBLE + helpers + "\n__kernel void red(" + ",\n    ".join(ps) + ")\n{\n    " + \
         "\n    ".join(b) + "\n}\n"
 
 
@@ -420,7 +421,7 @@ def _softmax_registers(mode, desc, out_pos, leaf_dts, leaf_rkinds, L, W, K, act,
         b.append(f"if (r{k} + {W} <= R) {{")
         for s, dt_str in enumerate(leaf_dts):
             if leaf_rkinds[s] == "c":
-                dt = np.dtype(dt_str)
+                dt = dtypes.from_token(dt_str)
                 b.append(f"  const {codegen.vector_type(dt, W)} V{s} = {load_v(dt, f'in{s}', f'base{s} + r{k}', W)};")
         for j in range(W):
             body, names = codegen.emit_nodes(desc, leaf_value_at(f"r{k}", lane=j), lambda ax: "0", suffix=f"_{k}_{j}")
@@ -605,9 +606,9 @@ def _plan(mode: str, reducer: str, expr: ir.Node, in_shape: tuple[int, ...], axe
         kreg = -(-R // (L * W))
         aligned = aligned and out.offset % W == 0 and all(x % W == 0 for x in k_sets[-1])
     unroll = RED_UNROLL if gpu and L > 1 else 1
-    key = (mode, reducer, (desc, out_pos), tuple(t.dtype.str for t in leaves), leaf_rk, len(k_shape),
-           len(r_shape), L, W, order, acc.str, out_dt.str, False, topk_k, idx_t, mean, out_rkind, aligned,
-           unroll, kreg)
+    key = (mode, reducer, (desc, out_pos), tuple(dtypes.token(t.dtype) for t in leaves), leaf_rk, len(k_shape),
+           len(r_shape), L, W, order, dtypes.token(acc), dtypes.token(out_dt), False, topk_k, idx_t, mean, out_rkind,
+           aligned, unroll, kreg)
     kernel = _kernel(device, key)
     part_dts = [ir.I64 if kind == "long" else acc for _, kind in fields]
     head = [it(out.offset)] + [it(s) for s in k_sets[-1]] + [it(s) for s in r_sets[-1]] if mode != "reduce" else []
@@ -626,8 +627,8 @@ def _stage2(queue: Any, reducer: str, acc: np.dtype, parts: list[Tensor], out: T
     L = (256 if P >= 256 else 64) if gpu and P >= 64 else 1
     idx_t = "int" if M * P < 2**31 - 2**24 else "long"
     it = np.int32 if idx_t == "int" else np.int64
-    key = ("reduce", reducer, ((), (0,)), (), (), 1, 1, L, 1, "row", acc.str, out.dtype.str, True, 0, idx_t,
-           mean, "c", False, 1, 0)
+    key = ("reduce", reducer, ((), (0,)), (), (), 1, 1, L, 1, "row", dtypes.token(acc), dtypes.token(out.dtype), True,
+           0, idx_t, mean, "c", False, 1, 0)
     k = kernels.generated(device, key, lambda: source(key), f"jit_reduce2_{reducer}").kernel("red")
     args: list[Any] = [out.buffer]
     args += [out.buffer for _ in parts]  # unused partial outputs (P == 1 in stage 2)

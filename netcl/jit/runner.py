@@ -14,6 +14,7 @@ import numpy as np
 from netcl import kernels, profiling
 from netcl.config import jit_knob
 from netcl.core import capture
+from netcl.core import dtypes as core_dtypes
 from netcl.core.tensor import Tensor, _coalesce, contiguous_strides
 from netcl.jit import codegen, ir
 
@@ -89,7 +90,7 @@ def choose_vec(device: Any, desc: tuple, dtypes: list[np.dtype]) -> int:
         return VEC_GPU
     if any(d[0] in _SCALAR_MATH for d in desc):
         return 1
-    widest = max((ir.COMPUTE_SIZE[np.dtype(dt)] for dt in dtypes), default=4)
+    widest = max((ir.COMPUTE_SIZE[dt] for dt in dtypes), default=4)
     return max(1, min(VEC_CPU, CPU_VECTOR_BYTES // widest))
 
 
@@ -122,6 +123,8 @@ def _params_args(params: list[tuple[Any, np.dtype]]) -> list[Any]:
     for value, dt in params:
         if dt == ir.F16:
             value = np.float16(value)
+        elif dt == ir.BF16:
+            value = core_dtypes.bfloat16.type(value)
         with np.errstate(all="ignore"):
             args.append(ir.ARG_TYPE[dt](value))
     return args
@@ -203,9 +206,10 @@ def _plan(device: Any, shape: tuple[int, ...], desc: tuple, out_pos: tuple, out_
     ndim = len(cshape)
     contig = contiguous_strides(cshape)
     out_sets, leaf_sets = sets[: len(out_tensors)], sets[len(out_tensors):]
-    out_layouts = tuple((o.dtype.str, _kind(s, contig, cshape) if _kind(s, contig, cshape) != "s" else "g")
+    out_layouts = tuple((core_dtypes.token(o.dtype),
+                         _kind(s, contig, cshape) if _kind(s, contig, cshape) != "s" else "g")
                         for o, s in zip(out_tensors, out_sets))
-    leaf_layouts = tuple((t.dtype.str, _kind(s, contig, cshape)) for t, s in zip(leaves, leaf_sets))
+    leaf_layouts = tuple((core_dtypes.token(t.dtype), _kind(s, contig, cshape)) for t, s in zip(leaves, leaf_sets))
     all_flat = all(k != "g" for _, k in out_layouts + leaf_layouts) and not has_index
     vec = choose_vec(device, desc, [t.dtype for t in leaves + out_tensors]) if all_flat else 1
     if n < vec:

@@ -5,8 +5,11 @@ JIT's generated sources, `generated`) and keeps every built program in one cache
 tables kernels and hosts share by name:
 
 - `dtype_defines(dtype)`: T (storage C type), ACC (arithmetic C type), IS_HALF (float16 stored as half,
-  computed in float: vload_half/vstore_half), USE_FP64 (double: enables cl_khr_fp64). Every kernel file
-  reads these names, through `common.cl`.
+  computed in float: vload_half/vstore_half), IS_BF16 (bfloat16 stored as ushort, computed in float),
+  USE_FP64 (double: enables cl_khr_fp64). Every kernel file reads these names, through `common.cl`,
+  whose LOAD_T(p, i) / STORE_T(p, i, v) read and write one element of any of them in ACC. A file that
+  takes bfloat16 says so by using IS_BF16, LOAD_T or STORE_T; `program` refuses bfloat16 for the others
+  (their T arithmetic on a ushort would be silently wrong).
 - `ACTIVATIONS`: the epilogue activations a kernel can fuse, passed as `-DACT=ACT_RELU` (a name defined in
   `common.cl`, not a number the two sides must agree on).
 
@@ -25,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from netcl import config
 from netcl.core import dtypes
 from netcl.core.backend import Program, build_program, build_stats, format_options
 from netcl.errors import DTypeError, KernelBuildError
@@ -37,6 +41,7 @@ ACTIVATIONS: dict[str | None, str] = {
 
 _DTYPES: dict[np.dtype, dict[str, Any]] = {
     dtypes.float16: {"T": "half", "ACC": "float", "IS_HALF": None},
+    dtypes.bfloat16: {"T": "ushort", "ACC": "float", "IS_BF16": None},
     dtypes.float32: {"T": "float", "ACC": "float"},
     dtypes.float64: {"T": "double", "ACC": "double", "USE_FP64": None},
     dtypes.int32: {"T": "int", "ACC": "int"},
@@ -56,12 +61,38 @@ def dtype_defines(dtype: Any, prefix: str = "") -> dict[str, Any]:
     return {f"{prefix}{k}": v for k, v in table.items() if k in ("T", "ACC")}
 
 
-def float_defines(dtype: Any, what: str) -> dict[str, Any]:
-    """dtype_defines for kernels written for float32 and float64 only (DTypeError naming `what` else)."""
+def float_defines(dtype: Any, what: str, half: bool = False) -> dict[str, Any]:
+    """dtype_defines for kernels written for float32 and float64 only, or (half=True) for every floating
+    dtype through LOAD_T/STORE_T (DTypeError naming `what` else)."""
     dt = np.dtype(dtype)
-    if dt not in (dtypes.float32, dtypes.float64):
-        raise DTypeError(f"{what} supports float32 and float64 tensors, got {dt}")
+    allowed = (dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64) if half else (dtypes.float32,
+                                                                                             dtypes.float64)
+    if dt not in allowed:
+        names = [d.name for d in allowed]
+        raise DTypeError(f"{what} supports {', '.join(names[:-1])} and {names[-1]} tensors, got {dt}")
     return dtype_defines(dt)
+
+
+# Kernel families with a native-half-arithmetic variant, and the devices it was measured faster on (by
+# device name fragment): `auto` uses native math only there. Empty: no device netcl has been measured on has
+# cl_khr_fp16 (PoCL on the x86 CPUs here reports none, nor does NVIDIA's OpenCL driver on the H200), so every
+# kernel computes float16 in float32 on half storage, the one path measured and tested.
+NATIVE_HALF_FAMILIES: dict[str, tuple[str, ...]] = {}
+
+
+def half_math(device: Any, family: str) -> str:
+    """"native" or "storage": how kernel family `family` computes float16 on `device`, by NETCL_HALF (config):
+    native only where the family has a native variant, the device passes the fp16 probe (DeviceHandle.fp16)
+    and (auto) it was measured faster there; "storage" (float32 arithmetic) otherwise, and for off/storage."""
+    mode = config.half_mode()
+    if mode in ("off", "storage") or family not in NATIVE_HALF_FAMILIES:
+        return "storage"
+    if not device.fp16:
+        return "storage"
+    if mode == "native":
+        return "native"
+    name = device.device_name.lower()
+    return "native" if any(frag.lower() in name for frag in NATIVE_HALF_FAMILIES[family]) else "storage"
 
 
 def activation(name: str | None, allowed: tuple[str | None, ...] | None = None) -> str:
@@ -114,6 +145,20 @@ def source(filename: str) -> str:
     return text
 
 
+_BF16_MARKS = re.compile(r"\bIS_BF16\b|\bLOAD_T\(|\bSTORE_T\(")
+_bf16_files: dict[str, bool] = {}
+
+
+def _takes_bf16(filename: str) -> bool:
+    """Whether kernel file `filename` (with what it includes, but not common.cl, which defines the names)
+    reads IS_BF16 or uses LOAD_T/STORE_T: the mark of a kernel written for bfloat16 storage."""
+    ok = _bf16_files.get(filename)
+    if ok is None:
+        text = source(filename).replace(source("common.cl"), "")
+        ok = _bf16_files[filename] = bool(_BF16_MARKS.search(text))
+    return ok
+
+
 # -- the one program cache -------------------------------------------------------------------------------
 # Keys: ("file", device id, filename, options) for kernel files, ("gen", device id, key, options) for the
 # JIT's generated sources (key: its structural key, so a repeat needs no code generation) and ("src",
@@ -145,6 +190,9 @@ def program(device: Any, filename: str, *, dtype: Any = None, act: str | None = 
     if prg is not None:
         return prg
     if dtype is not None:
+        if dtypes.normalize(dtype) == dtypes.bfloat16 and not _takes_bf16(filename):
+            raise DTypeError(f"bfloat16 is not supported by the kernels of {filename} yet; use float16 or float32 "
+                             "for this op (cast first)")
         defines = {**dtype_defines(dtype), **defines}
     if act is not None:
         defines["ACT"] = activation(act)
@@ -176,5 +224,19 @@ def clear() -> None:
         _programs.clear()
 
 
-__all__ = ["ACTIVATIONS", "activation", "build", "build_stats", "clear", "dtype_defines", "float_defines",
-           "generated", "program", "scalar_type", "source", "work_group"]
+__all__ = [
+    "ACTIVATIONS",
+    "NATIVE_HALF_FAMILIES",
+    "activation",
+    "build",
+    "build_stats",
+    "clear",
+    "dtype_defines",
+    "float_defines",
+    "generated",
+    "half_math",
+    "program",
+    "scalar_type",
+    "source",
+    "work_group",
+]

@@ -2,8 +2,13 @@
  * the activation names of netcl.kernels.ACTIVATIONS.
  *   T, ACC     storage and arithmetic C types of the kernel's dtype
  *   IS_HALF    T is half: read with vload_half, written with vstore_half_rte, computed in float
+ *   IS_BF16    T is ushort holding a bfloat16 (the high half of a float32), computed in float
  *   USE_FP64   T is double (enables cl_khr_fp64)
- *   ACT        the fused activation: ACT_NONE, ACT_RELU, ACT_GELU (erf), ACT_GELU_TANH or ACT_SILU */
+ *   ACT        the fused activation: ACT_NONE, ACT_RELU, ACT_GELU (erf), ACT_GELU_TANH or ACT_SILU
+ * LOAD_T(p, i) reads element i of a T buffer as ACC; STORE_T(p, i, v) writes ACC v there, rounded to
+ * nearest even for half and bfloat16 (NaN stays NaN, infinities stay, subnormals as the format has them).
+ * A kernel written with them takes every dtype of the table; netcl.kernels.program refuses bfloat16 for
+ * a file that uses neither them nor IS_BF16. nc_bf16_to_float / nc_float_to_bf16 convert one value. */
 #ifndef NETCL_COMMON_CL
 #define NETCL_COMMON_CL
 #ifdef USE_FP64
@@ -16,5 +21,27 @@
 #define ACT_SILU 4
 #ifndef ACT
 #define ACT ACT_NONE
+#endif
+
+/* bfloat16 <-> float: exact bit operations (no float arithmetic, so no flush-to-zero of subnormals).
+ * Rounding adds 0x7fff plus the lowest kept bit (ties to even); a carry into the exponent gives the next
+ * binade or infinity, as it should. A NaN keeps its sign and top payload bits and is made quiet, so it
+ * cannot round into an infinity. */
+inline float nc_bf16_to_float(ushort h) { return as_float(((uint)h) << 16); }
+inline ushort nc_float_to_bf16(float f) {
+    uint u = as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (ushort)((u >> 16) | 0x0040u);
+    return (ushort)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+#if defined(IS_HALF)
+#define LOAD_T(p, i) vload_half((i), (p))
+#define STORE_T(p, i, v) vstore_half_rte((v), (i), (p))
+#elif defined(IS_BF16)
+#define LOAD_T(p, i) nc_bf16_to_float((p)[i])
+#define STORE_T(p, i, v) ((p)[i] = nc_float_to_bf16(v))
+#else
+#define LOAD_T(p, i) ((ACC)(p)[i])
+#define STORE_T(p, i, v) ((p)[i] = (T)(v))
 #endif
 #endif

@@ -28,7 +28,11 @@
  *   LOSS       LOSS_CROSS_ENTROPY | LOSS_NLL (class kernels), LOSS_MSE | LOSS_L1 | LOSS_SMOOTH_L1 |
  *              LOSS_BCE_WITH_LOGITS (pointwise kernels)
  *   REDUCTION  REDUCE_NONE | REDUCE_MEAN | REDUCE_SUM
- *   T (float|double; USE_FP64), LABEL (int|long), WG (work-group size, power of two).
+ *   T, ACC (common.cl): the storage of the inputs and their gradients (float, double, half, bfloat16:
+ *              read and written through LOAD_T/STORE_T) and the arithmetic type (float, or double with
+ *              USE_FP64), which is also the type of out, stats, count and grad_out: a float16 or
+ *              bfloat16 input gives a float32 loss (mixed precision: the loss is computed in float32).
+ *   LABEL (int|long), WG (work-group size, power of two).
  */
 #include "common.cl"
 #define LOSS_CROSS_ENTROPY 1
@@ -45,7 +49,7 @@
 #endif
 
 /* Sums two per-work-item values over the work-group in a fixed order; result in a[0], b[0]. */
-inline void tree_sum2(__local T* a, __local T* b, int lid) {
+inline void tree_sum2(__local ACC* a, __local ACC* b, int lid) {
     for (int stride = WG / 2; stride > 0; stride >>= 1) {
         barrier(CLK_LOCAL_MEM_FENCE);
         if (lid < stride) { a[lid] += a[lid + stride]; b[lid] += b[lid + stride]; }
@@ -57,37 +61,37 @@ inline void tree_sum2(__local T* a, __local T* b, int lid) {
 
 __kernel void class_loss_forward(
     __global const T* x, long x_off, long rows, long classes,
-    __global const LABEL* labels, long lab_off, long ignore_index, T smoothing,
-    __global T* out, __global T* stats, __global T* count, __global int* err, int err_code)
+    __global const LABEL* labels, long lab_off, long ignore_index, ACC smoothing,
+    __global ACC* out, __global ACC* stats, __global ACC* count, __global int* err, int err_code)
 {
-    __local T part_loss[WG];
-    __local T part_count[WG];
+    __local ACC part_loss[WG];
+    __local ACC part_count[WG];
     int lid = get_local_id(0);
-    T loss_sum = (T)0, counted = (T)0;
+    ACC loss_sum = (ACC)0, counted = (ACC)0;
     for (long r = lid; r < rows; r += WG) {
         __global const T* row = x + x_off + r * classes;
         long label = (long)labels[lab_off + r];
-        T row_loss = (T)0;
-        T m = (T)0, log_s = (T)0;
+        ACC row_loss = (ACC)0;
+        ACC m = (ACC)0, log_s = (ACC)0;
         if (label != ignore_index) {
             const bool valid = label >= 0 && label < classes;
             if (!valid) report_check(err, err_code, label, r, classes);
 #if LOSS == LOSS_CROSS_ENTROPY
-            m = row[0];
-            for (long c = 1; c < classes; ++c) m = fmax(m, row[c]);
-            T s = (T)0, sxm = (T)0;
-            for (long c = 0; c < classes; ++c) { s += exp(row[c] - m); sxm += row[c] - m; }
+            m = LOAD_T(row, 0);
+            for (long c = 1; c < classes; ++c) m = fmax(m, LOAD_T(row, c));
+            ACC s = (ACC)0, sxm = (ACC)0;
+            for (long c = 0; c < classes; ++c) { ACC v = LOAD_T(row, c) - m; s += exp(v); sxm += v; }
             log_s = log(s);
             if (valid) {
-                T nll = log_s - (row[label] - m);
-                row_loss = ((T)1 - smoothing) * nll + smoothing * (log_s - sxm / (T)classes);
+                ACC nll = log_s - (LOAD_T(row, label) - m);
+                row_loss = ((ACC)1 - smoothing) * nll + smoothing * (log_s - sxm / (ACC)classes);
             } else {
                 row_loss = NAN;
             }
 #else
-            row_loss = valid ? -row[label] : NAN;
+            row_loss = valid ? -LOAD_T(row, label) : NAN;
 #endif
-            counted += (T)1;
+            counted += (ACC)1;
         }
         stats[2 * r] = m;
         stats[2 * r + 1] = log_s;
@@ -95,7 +99,7 @@ __kernel void class_loss_forward(
         loss_sum += row_loss;
     }
     if (REDUCTION == REDUCE_NONE) {
-        if (lid == 0) count[0] = (T)1;
+        if (lid == 0) count[0] = (ACC)1;
         return;
     }
     part_loss[lid] = loss_sum;
@@ -109,8 +113,8 @@ __kernel void class_loss_forward(
 
 __kernel void class_loss_backward(
     __global const T* x, long x_off, long rows, long classes,
-    __global const LABEL* labels, long lab_off, long ignore_index, T smoothing,
-    __global const T* stats, __global const T* count, __global const T* grad_out, long grad_out_off,
+    __global const LABEL* labels, long lab_off, long ignore_index, ACC smoothing,
+    __global const ACC* stats, __global const ACC* count, __global const ACC* grad_out, long grad_out_off,
     __global T* grad_x)
 {
     long c = get_global_id(0);
@@ -118,84 +122,84 @@ __kernel void class_loss_backward(
     if (c >= classes || r >= rows) return;
     long label = (long)labels[lab_off + r];
     long idx = r * classes + c;
-    if (label == ignore_index) { grad_x[idx] = (T)0; return; }
-    T scale = REDUCTION == REDUCE_NONE ? grad_out[grad_out_off + r]
+    if (label == ignore_index) { STORE_T(grad_x, idx, (ACC)0); return; }
+    ACC scale = REDUCTION == REDUCE_NONE ? grad_out[grad_out_off + r]
             : (REDUCTION == REDUCE_MEAN ? grad_out[grad_out_off] / count[0] : grad_out[grad_out_off]);
-    T onehot = c == label ? (T)1 : (T)0;
+    ACC onehot = c == label ? (ACC)1 : (ACC)0;
 #if LOSS == LOSS_CROSS_ENTROPY
-    T p = exp((x[x_off + idx] - stats[2 * r]) - stats[2 * r + 1]);
-    T d = p - ((T)1 - smoothing) * onehot - smoothing / (T)classes;
+    ACC p = exp((LOAD_T(x, x_off + idx) - stats[2 * r]) - stats[2 * r + 1]);
+    ACC d = p - ((ACC)1 - smoothing) * onehot - smoothing / (ACC)classes;
 #else
-    T d = -onehot;
+    ACC d = -onehot;
 #endif
-    grad_x[idx] = scale * d;
+    STORE_T(grad_x, idx, scale * d);
 }
 
-inline T pointwise_value(T a, T b, T beta) {
+inline ACC pointwise_value(ACC a, ACC b, ACC beta) {
 #if LOSS == LOSS_MSE
-    T d = a - b; return d * d;
+    ACC d = a - b; return d * d;
 #elif LOSS == LOSS_L1
     return fabs(a - b);
 #elif LOSS == LOSS_SMOOTH_L1
-    T d = fabs(a - b);
-    return d < beta ? (T)0.5 * d * d / beta : d - (T)0.5 * beta;
+    ACC d = fabs(a - b);
+    return d < beta ? (ACC)0.5 * d * d / beta : d - (ACC)0.5 * beta;
 #else
     /* max(a, 0) - a * b + log(1 + exp(-|a|)): stable for logits of any size */
-    return fmax(a, (T)0) - a * b + log1p(exp(-fabs(a)));
+    return fmax(a, (ACC)0) - a * b + log1p(exp(-fabs(a)));
 #endif
 }
 
 /* d loss / d a (the target's gradient is its negative, except for LOSS_BCE_WITH_LOGITS where it is -a). */
-inline T pointwise_grad(T a, T b, T beta) {
+inline ACC pointwise_grad(ACC a, ACC b, ACC beta) {
 #if LOSS == LOSS_MSE
-    return (T)2 * (a - b);
+    return (ACC)2 * (a - b);
 #elif LOSS == LOSS_L1
-    T d = a - b; return d > (T)0 ? (T)1 : (d < (T)0 ? (T)-1 : (T)0);
+    ACC d = a - b; return d > (ACC)0 ? (ACC)1 : (d < (ACC)0 ? (ACC)-1 : (ACC)0);
 #elif LOSS == LOSS_SMOOTH_L1
-    T d = a - b;
+    ACC d = a - b;
     if (fabs(d) < beta) return d / beta;
-    return d > (T)0 ? (T)1 : (d < (T)0 ? (T)-1 : (T)0);
+    return d > (ACC)0 ? (ACC)1 : (d < (ACC)0 ? (ACC)-1 : (ACC)0);
 #else
-    return (T)1 / ((T)1 + exp(-a)) - b;
+    return (ACC)1 / ((ACC)1 + exp(-a)) - b;
 #endif
 }
 
 __kernel void pointwise_loss_forward(
-    __global const T* a, long a_off, __global const T* b, long b_off, long n, T beta,
-    __global T* out)
+    __global const T* a, long a_off, __global const T* b, long b_off, long n, ACC beta,
+    __global ACC* out)
 {
-    __local T part[WG];
-    __local T unused[WG];
+    __local ACC part[WG];
+    __local ACC unused[WG];
     int lid = get_local_id(0);
-    T s = (T)0;
+    ACC s = (ACC)0;
     for (long i = lid; i < n; i += WG) {
-        T v = pointwise_value(a[a_off + i], b[b_off + i], beta);
+        ACC v = pointwise_value(LOAD_T(a, a_off + i), LOAD_T(b, b_off + i), beta);
         if (REDUCTION == REDUCE_NONE) out[i] = v;
         s += v;
     }
     if (REDUCTION == REDUCE_NONE) return;
     part[lid] = s;
-    unused[lid] = (T)0;
+    unused[lid] = (ACC)0;
     tree_sum2(part, unused, lid);
-    if (lid == 0) out[0] = REDUCTION == REDUCE_MEAN ? part[0] / (T)n : part[0];
+    if (lid == 0) out[0] = REDUCTION == REDUCE_MEAN ? part[0] / (ACC)n : part[0];
 }
 
 __kernel void pointwise_loss_backward(
-    __global const T* a, long a_off, __global const T* b, long b_off, long n, T beta,
-    __global const T* grad_out, long grad_out_off, __global T* grad_a, __global T* grad_b)
+    __global const T* a, long a_off, __global const T* b, long b_off, long n, ACC beta,
+    __global const ACC* grad_out, long grad_out_off, __global T* grad_a, __global T* grad_b)
 {
     long i = get_global_id(0);
     if (i >= n) return;
-    T scale = REDUCTION == REDUCE_NONE ? grad_out[grad_out_off + i]
-            : (REDUCTION == REDUCE_MEAN ? grad_out[grad_out_off] / (T)n : grad_out[grad_out_off]);
-    T av = a[a_off + i], bv = b[b_off + i];
-    T d = scale * pointwise_grad(av, bv, beta);
-    grad_a[i] = d;
+    ACC scale = REDUCTION == REDUCE_NONE ? grad_out[grad_out_off + i]
+            : (REDUCTION == REDUCE_MEAN ? grad_out[grad_out_off] / (ACC)n : grad_out[grad_out_off]);
+    ACC av = LOAD_T(a, a_off + i), bv = LOAD_T(b, b_off + i);
+    ACC d = scale * pointwise_grad(av, bv, beta);
+    STORE_T(grad_a, i, d);
 #ifdef HAS_GRAD_B
 #if LOSS == LOSS_BCE_WITH_LOGITS
-    grad_b[i] = -scale * av;
+    STORE_T(grad_b, i, -scale * av);
 #else
-    grad_b[i] = -d;
+    STORE_T(grad_b, i, -d);
 #endif
 #endif
 }

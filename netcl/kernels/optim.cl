@@ -3,17 +3,23 @@
  * Work layout: 1-D, one work-item per chunk of ITEMS consecutive elements of one tensor, over all
  * tensors of the launch laid end to end (global size = sum of ceil(n_i / ITEMS)); a work-item finds
  * its tensor by walking the chunk counts. ITEMS is 1 on GPUs (coalesced) and 64 on CPUs (few
- * work-groups, a vectorisable loop; Adam/AdamW run that loop 8 or 4 lanes at a time: float8/double4).
- * Memory: reads each grad, reads and writes each parameter and its state buffers (s1..s3), once.
+ * work-groups, a vectorisable loop; float32/float64 Adam/AdamW run that loop 8 or 4 lanes at a time:
+ * float8/double4). Memory: reads each grad, reads and writes each parameter and its state buffers
+ * (sa..sc) and master weights (mw), once.
  *
  * Defines:
- *   T          storage/arithmetic type: float or double (USE_FP64 enables cl_khr_fp64)
+ *   T, ACC     storage type of parameters and gradients (float, double, or half/bfloat16 through
+ *              common.cl's LOAD_T/STORE_T) and the arithmetic and state type (float or double)
+ *   MASTER     parameters are half/bfloat16 with float32 master weights mw (mixed precision): the
+ *              update reads the master, writes it and the parameter rounded to T (one launch)
+ *   FOUND_INF  an int flag on the device (found_inf[0], written by unscale_grads): when it is nonzero
+ *              the launch changes nothing (an AMP step skipped on overflow, with no host sync)
  *   N_TENSORS  tensors per launch, 1..8
  *   ITEMS      consecutive elements per work-item (default 1)
  *   OPT        the rule, by name (netcl.ops.update passes the name, never its value):
  *              OPT_SGD (sa momentum buffer), OPT_ADAM (Adam/AdamW: sa exp_avg, sb exp_avg_sq),
  *              OPT_RMSPROP (sa square_avg, sb grad_avg, sc momentum buffer)
- * Scalars (HYPER_ARGS, all T unless noted; the host passes them by these names):
+ * Scalars (HYPER_ARGS, all ACC unless noted; the host passes them by these names):
  *   OPT_SGD     lr, momentum, dampening, weight_decay, nesterov (int), first_step (int: buf = g)
  *   OPT_ADAM    lr, beta1, beta2, eps, weight_decay, decoupled (int: AdamW), bias_correction1,
  *               bias_correction2_sqrt
@@ -23,6 +29,9 @@
 
 #ifndef T
 #define T float
+#endif
+#ifndef ACC
+#define ACC float
 #endif
 #ifndef N_TENSORS
 #define N_TENSORS 1
@@ -35,41 +44,50 @@
 #endif
 
 #define TENSOR_ARGS(i) __global T* p##i, long po##i, __global const T* g##i, long go##i, \
-    __global T* sa##i, __global T* sb##i, __global T* sc##i, long n##i
+    __global ACC* sa##i, __global ACC* sb##i, __global ACC* sc##i, __global ACC* mw##i, long n##i
+#define STATE_ARGS __global T* p, __global const T* g, __global ACC* sa, __global ACC* sb, __global ACC* sc, \
+    __global ACC* mw
+
+/* the parameter's value (its master copy under MASTER) and the write of an updated one */
+#ifdef MASTER
+#define PARAM_READ(i) (mw[i])
+#define PARAM_WRITE(i, v) { ACC v_ = (v); mw[i] = v_; STORE_T(p, i, v_); }
+#else
+#define PARAM_READ(i) LOAD_T(p, i)
+#define PARAM_WRITE(i, v) STORE_T(p, i, (v))
+#endif
 
 #if OPT == OPT_SGD
-#define HYPER_ARGS T lr, T momentum, T dampening, T weight_decay, int nesterov, int first_step
-inline void update(__global T* p, __global const T* g, __global T* sa, __global T* sb, __global T* sc,
-                   long i, long j, HYPER_ARGS) {
-    T grad = g[j];
-    T param = p[i];
-    if (weight_decay != (T)0) grad = grad + weight_decay * param;
-    if (momentum != (T)0) {
-        T buf = first_step ? grad : momentum * sa[i] + ((T)1 - dampening) * grad;
+#define HYPER_ARGS ACC lr, ACC momentum, ACC dampening, ACC weight_decay, int nesterov, int first_step
+inline void update(STATE_ARGS, long i, long j, HYPER_ARGS) {
+    ACC grad = LOAD_T(g, j);
+    ACC param = PARAM_READ(i);
+    if (weight_decay != (ACC)0) grad = grad + weight_decay * param;
+    if (momentum != (ACC)0) {
+        ACC buf = first_step ? grad : momentum * sa[i] + ((ACC)1 - dampening) * grad;
         sa[i] = buf;
         grad = nesterov ? grad + momentum * buf : buf;
     }
-    p[i] = param - lr * grad;
+    PARAM_WRITE(i, param - lr * grad);
 }
 #define HYPER_PASS lr, momentum, dampening, weight_decay, nesterov, first_step
 
 #elif OPT == OPT_ADAM
-#define HYPER_ARGS T lr, T beta1, T beta2, T eps, T weight_decay, int decoupled, T bias_correction1, \
-    T bias_correction2_sqrt
-inline void update(__global T* p, __global const T* g, __global T* sa, __global T* sb, __global T* sc,
-                   long i, long j, HYPER_ARGS) {
-    T grad = g[j];
-    T param = p[i];
-    if (weight_decay != (T)0) {
-        if (decoupled) param = param * ((T)1 - lr * weight_decay);
+#define HYPER_ARGS ACC lr, ACC beta1, ACC beta2, ACC eps, ACC weight_decay, int decoupled, ACC bias_correction1, \
+    ACC bias_correction2_sqrt
+inline void update(STATE_ARGS, long i, long j, HYPER_ARGS) {
+    ACC grad = LOAD_T(g, j);
+    ACC param = PARAM_READ(i);
+    if (weight_decay != (ACC)0) {
+        if (decoupled) param = param * ((ACC)1 - lr * weight_decay);
         else grad = grad + weight_decay * param;
     }
-    T m = sa[i] + ((T)1 - beta1) * (grad - sa[i]);          /* exp_avg.lerp_(grad, 1 - beta1) */
-    T v = beta2 * sb[i] + ((T)1 - beta2) * grad * grad;
+    ACC m = sa[i] + ((ACC)1 - beta1) * (grad - sa[i]);          /* exp_avg.lerp_(grad, 1 - beta1) */
+    ACC v = beta2 * sb[i] + ((ACC)1 - beta2) * grad * grad;
     sa[i] = m;
     sb[i] = v;
-    T denom = sqrt(v) / bias_correction2_sqrt + eps;
-    p[i] = param - (lr / bias_correction1) * (m / denom);
+    ACC denom = sqrt(v) / bias_correction2_sqrt + eps;
+    PARAM_WRITE(i, param - (lr / bias_correction1) * (m / denom));
 }
 #define HYPER_PASS lr, beta1, beta2, eps, weight_decay, decoupled, bias_correction1, bias_correction2_sqrt
 
@@ -77,7 +95,9 @@ inline void update(__global T* p, __global const T* g, __global T* sa, __global 
  * the per-element form runs as scalar code: sqrt and the division dominate). Same expressions per
  * lane as update(); the tail that does not fill the lanes goes through update(). Vectors stay at 32
  * bytes (float8, double4): PoCL 3.0 (LLVM 14) miscompiles or aborts on library calls (vloadn, sqrt)
- * with 512-bit vectors on AVX-512 CPUs it does not know (see gemm_cpu.cl). */
+ * with 512-bit vectors on AVX-512 CPUs it does not know (see gemm_cpu.cl). float32/float64 parameters
+ * only: half ones take the per-element form (their loads convert). */
+#if !defined(IS_HALF) && !defined(IS_BF16)
 #ifdef USE_FP64
 #define LANES 4
 #else
@@ -89,8 +109,7 @@ inline void update(__global T* p, __global const T* g, __global T* sa, __global 
 #define VLOAD OPT_CAT(vload, LANES)
 #define VSTORE OPT_CAT(vstore, LANES)
 #define HAS_RANGE_UPDATE 1
-inline void update_range(__global T* p, __global const T* g, __global T* sa, __global T* sb, __global T* sc,
-                         long j0, long j1, HYPER_ARGS) {
+inline void update_range(STATE_ARGS, long j0, long j1, HYPER_ARGS) {
     long j = j0;
     for (; j + LANES <= j1; j += LANES) {
         VT grad = VLOAD(0, g + j);
@@ -107,32 +126,32 @@ inline void update_range(__global T* p, __global const T* g, __global T* sa, __g
         VT denom = sqrt(v) / bias_correction2_sqrt + eps;
         VSTORE(param - (lr / bias_correction1) * (m / denom), 0, p + j);
     }
-    for (; j < j1; ++j) update(p, g, sa, sb, sc, j, j, HYPER_PASS);
+    for (; j < j1; ++j) update(p, g, sa, sb, sc, mw, j, j, HYPER_PASS);
 }
+#endif
 
 #elif OPT == OPT_RMSPROP
-#define HYPER_ARGS T lr, T alpha, T eps, T weight_decay, T momentum, int centered
-inline void update(__global T* p, __global const T* g, __global T* sa, __global T* sb, __global T* sc,
-                   long i, long j, HYPER_ARGS) {
-    T grad = g[j];
-    T param = p[i];
-    if (weight_decay != (T)0) grad = grad + weight_decay * param;
-    T sq = alpha * sa[i] + ((T)1 - alpha) * grad * grad;
+#define HYPER_ARGS ACC lr, ACC alpha, ACC eps, ACC weight_decay, ACC momentum, int centered
+inline void update(STATE_ARGS, long i, long j, HYPER_ARGS) {
+    ACC grad = LOAD_T(g, j);
+    ACC param = PARAM_READ(i);
+    if (weight_decay != (ACC)0) grad = grad + weight_decay * param;
+    ACC sq = alpha * sa[i] + ((ACC)1 - alpha) * grad * grad;
     sa[i] = sq;
-    T avg;
+    ACC avg;
     if (centered) {
-        T ga = sb[i] + ((T)1 - alpha) * (grad - sb[i]);      /* grad_avg.lerp_(grad, 1 - alpha) */
+        ACC ga = sb[i] + ((ACC)1 - alpha) * (grad - sb[i]);      /* grad_avg.lerp_(grad, 1 - alpha) */
         sb[i] = ga;
         avg = sqrt(sq - ga * ga) + eps;
     } else {
         avg = sqrt(sq) + eps;
     }
-    if (momentum > (T)0) {
-        T buf = momentum * sc[i] + grad / avg;
+    if (momentum > (ACC)0) {
+        ACC buf = momentum * sc[i] + grad / avg;
         sc[i] = buf;
-        p[i] = param - lr * buf;
+        PARAM_WRITE(i, param - lr * buf);
     } else {
-        p[i] = param - lr * (grad / avg);
+        PARAM_WRITE(i, param - lr * (grad / avg));
     }
 }
 #define HYPER_PASS lr, alpha, eps, weight_decay, momentum, centered
@@ -147,7 +166,7 @@ inline void update(__global T* p, __global const T* g, __global T* sa, __global 
 #if defined(HAS_RANGE_UPDATE) && ITEMS > 1
 #define TRY(i) { long chunks = (n##i + ITEMS - 1) / ITEMS; \
     if (k < chunks) { \
-        update_range(p##i + po##i, g##i + go##i, sa##i, sb##i, sc##i, k * ITEMS, \
+        update_range(p##i + po##i, g##i + go##i, sa##i, sb##i, sc##i, mw##i, k * ITEMS, \
                      min((k + 1) * ITEMS, n##i), HYPER_PASS); \
         return; } \
     k -= chunks; }
@@ -156,7 +175,7 @@ inline void update(__global T* p, __global const T* g, __global T* sa, __global 
     if (k < chunks) { \
         long end = min((k + 1) * ITEMS, n##i); \
         for (long j = k * ITEMS; j < end; ++j) \
-            update(p##i + po##i, g##i + go##i, sa##i, sb##i, sc##i, j, j, HYPER_PASS); \
+            update(p##i + po##i, g##i + go##i, sa##i, sb##i, sc##i, mw##i, j, j, HYPER_PASS); \
         return; } \
     k -= chunks; }
 #endif
@@ -184,9 +203,15 @@ __kernel void optimizer_step(
 #if N_TENSORS > 7
     , TENSOR_ARGS(7)
 #endif
+#ifdef FOUND_INF
+    , __global const int* found_inf
+#endif
     , HYPER_ARGS)
 {
     long k = get_global_id(0);
+#ifdef FOUND_INF
+    if (found_inf[0]) return;
+#endif
     TRY(0)
 #if N_TENSORS > 1
     TRY(1)
@@ -212,8 +237,8 @@ __kernel void optimizer_step(
 }
 
 /* ---- gradient-norm clipping ------------------------------------------------------------------
- * sum_squares: one work-group of WG items sums x[off + i]^2 over n elements into partial[slot]
- *   (global = local = WG; a fixed-order tree so the result is reproducible).
+ * sum_squares: one work-group of WG items sums x[off + i]^2 (in ACC: float32 for half gradients) over n
+ *   elements into partial[slot] (global = local = WG; a fixed-order tree so the result is reproducible).
  * clip_coef: one work-item adds partial[0..count) (fixed order), writes norm[0] = sqrt(sum) and
  *   norm[1] = min(1, max_norm / (norm + 1e-6)).
  * scale_by: x[off + i] *= norm[1] for i < n (1-D, one work-item per element).
@@ -222,11 +247,11 @@ __kernel void optimizer_step(
 #define WG 256
 #endif
 
-__kernel void sum_squares(__global const T* x, long off, long n, __global T* partial, int slot) {
-    __local T acc[WG];
+__kernel void sum_squares(__global const T* x, long off, long n, __global ACC* partial, int slot) {
+    __local ACC acc[WG];
     int lid = get_local_id(0);
-    T s = (T)0;
-    for (long i = lid; i < n; i += WG) { T v = x[off + i]; s += v * v; }
+    ACC s = (ACC)0;
+    for (long i = lid; i < n; i += WG) { ACC v = LOAD_T(x, off + i); s += v * v; }
     acc[lid] = s;
     barrier(CLK_LOCAL_MEM_FENCE);
     for (int stride = WG / 2; stride > 0; stride >>= 1) {
@@ -236,17 +261,107 @@ __kernel void sum_squares(__global const T* x, long off, long n, __global T* par
     if (lid == 0) partial[slot] = acc[0];
 }
 
-__kernel void clip_coef(__global const T* partial, int count, T max_norm, __global T* norm) {
+__kernel void clip_coef(__global const ACC* partial, int count, ACC max_norm, __global ACC* norm) {
     if (get_global_id(0) != 0) return;
-    T s = (T)0;
+    ACC s = (ACC)0;
     for (int i = 0; i < count; ++i) s += partial[i];
-    T total = sqrt(s);
+    ACC total = sqrt(s);
     norm[0] = total;
-    T coef = max_norm / (total + (T)1e-6);
-    norm[1] = coef < (T)1 ? coef : (T)1;
+    ACC coef = max_norm / (total + (ACC)1e-6);
+    norm[1] = coef < (ACC)1 ? coef : (ACC)1;
 }
 
-__kernel void scale_by(__global T* x, long off, long n, __global const T* norm) {
+__kernel void scale_by(__global T* x, long off, long n, __global const ACC* norm) {
     long i = get_global_id(0);
-    if (i < n) x[off + i] *= norm[1];
+    if (i < n) STORE_T(x, off + i, LOAD_T(x, off + i) * norm[1]);
+}
+
+/* ---- dynamic loss scaling (netcl.amp.GradScaler) ---------------------------------------------
+ * unscale_grads: x *= 1 / scale[0] over up to N_TENSORS gradients (UNSCALE_ARGS(i): buffer, offset,
+ *   length), ITEMS consecutive elements per work-item laid end to end as optimizer_step's; any result
+ *   that is not finite sets found_inf[0] = 1 (atomic_or: many may find one). The multiply is exact for a
+ *   power-of-two scale; the check runs on the unscaled value in ACC, before rounding to T.
+ * update_scale: one work-item, torch's _amp_update_scale_: on found_inf the scale is multiplied by
+ *   backoff_factor and growth_tracker reset, else growth_tracker counts up and, at growth_interval,
+ *   the scale is multiplied by growth_factor (kept finite) and the tracker reset.
+ */
+#define UNSCALE_ARGS(i) __global T* x##i, long xo##i, long n##i
+#define UNSCALE_TRY(i) { long chunks = (n##i + ITEMS - 1) / ITEMS; \
+    if (k < chunks) { \
+        long end = min((k + 1) * ITEMS, n##i); \
+        int bad = 0; \
+        for (long j = k * ITEMS; j < end; ++j) { \
+            ACC v = LOAD_T(x##i, xo##i + j) * inv; \
+            bad |= !isfinite(v); \
+            STORE_T(x##i, xo##i + j, v); } \
+        if (bad) atomic_or(found_inf, 1); \
+        return; } \
+    k -= chunks; }
+
+__kernel void unscale_grads(
+    UNSCALE_ARGS(0)
+#if N_TENSORS > 1
+    , UNSCALE_ARGS(1)
+#endif
+#if N_TENSORS > 2
+    , UNSCALE_ARGS(2)
+#endif
+#if N_TENSORS > 3
+    , UNSCALE_ARGS(3)
+#endif
+#if N_TENSORS > 4
+    , UNSCALE_ARGS(4)
+#endif
+#if N_TENSORS > 5
+    , UNSCALE_ARGS(5)
+#endif
+#if N_TENSORS > 6
+    , UNSCALE_ARGS(6)
+#endif
+#if N_TENSORS > 7
+    , UNSCALE_ARGS(7)
+#endif
+    , __global const float* scale, __global int* found_inf)
+{
+    long k = get_global_id(0);
+    const ACC inv = (ACC)1 / (ACC)scale[0];
+    UNSCALE_TRY(0)
+#if N_TENSORS > 1
+    UNSCALE_TRY(1)
+#endif
+#if N_TENSORS > 2
+    UNSCALE_TRY(2)
+#endif
+#if N_TENSORS > 3
+    UNSCALE_TRY(3)
+#endif
+#if N_TENSORS > 4
+    UNSCALE_TRY(4)
+#endif
+#if N_TENSORS > 5
+    UNSCALE_TRY(5)
+#endif
+#if N_TENSORS > 6
+    UNSCALE_TRY(6)
+#endif
+#if N_TENSORS > 7
+    UNSCALE_TRY(7)
+#endif
+}
+
+__kernel void update_scale(__global float* scale, __global int* growth_tracker, __global const int* found_inf,
+                           float growth_factor, float backoff_factor, int growth_interval) {
+    if (get_global_id(0) != 0) return;
+    if (found_inf[0]) {
+        scale[0] = scale[0] * backoff_factor;
+        growth_tracker[0] = 0;
+    } else {
+        int grown = growth_tracker[0] + 1;
+        if (grown >= growth_interval) {
+            float next = scale[0] * growth_factor;
+            if (isfinite(next)) scale[0] = next;
+            grown = 0;
+        }
+        growth_tracker[0] = grown;
+    }
 }

@@ -16,7 +16,8 @@ Type promotion:
 - true division of integers or bools gives float32 (PyTorch's choice; NumPy gives float64).
 - float math (exp, log, sqrt, sigmoid, gelu...) on integer/bool input gives float32.
 - comparisons and logical ops give bool; `where(cond, a, b)` promotes a and b.
-- float16 is stored as half and computed in float32; each float16 result is rounded to half, also
+- float16 (stored as half) and bfloat16 (stored as the high 16 bits of a float32) are computed in
+  float32; each float16 or bfloat16 result is rounded to its dtype (to nearest even), also
   inside fused kernels, so fused and unfused results are identical. float64 needs a device with fp64.
 - sub and neg are not defined for bool (DTypeError), as in NumPy.
 """

@@ -4,6 +4,10 @@ records them on the tape; the public losses are there.
 
 Classes sit on the LAST axis: logits (..., C) with labels (...). The loss and reduction reach the
 kernel file by name (LOSS=LOSS_MSE, REDUCTION=REDUCE_MEAN), never as numbers both sides must agree on.
+
+Mixed precision: float16 and bfloat16 inputs are read as they are stored and every sum is float32, so
+the loss (and the gradient coming back into it) is float32 while the input's gradient has the input's
+dtype; float32 and float64 inputs give a loss of their own dtype.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from netcl import kernels
+from netcl.core import dtypes
 from netcl.core.backend import device_check
 from netcl.core.tensor import Tensor, check_same_queue
 from netcl.errors import DTypeError, ShapeError
@@ -72,25 +77,38 @@ def class_loss(x: Tensor, labels: Tensor, loss: str = "cross_entropy", ignore_in
     red = _reduction(reduction)
     rows = labels.size
     wg = kernels.work_group(queue.device)
-    prg = kernels.program(queue.device, "loss.cl", **kernels.float_defines(x.dtype, loss), LOSS=_LOSS_MACROS[loss],
-                          REDUCTION=red, LABEL="int" if labels.dtype == np.int32 else "long", WG=wg)
+    prg = kernels.program(queue.device, "loss.cl", **kernels.float_defines(x.dtype, loss, half=True),
+                          LOSS=_LOSS_MACROS[loss], REDUCTION=red, LABEL="int" if labels.dtype == np.int32 else "long",
+                          WG=wg)
     xc, labc = x.contiguous(), labels.contiguous()
-    out = Tensor.empty(queue, labels.shape if reduction == "none" else (1,), x.dtype)
-    stats = Tensor.empty(queue, (max(rows, 1), 2), x.dtype)  # per row: max and log-sum-exp of x - max
-    count = Tensor.empty(queue, (1,), x.dtype)
+    acc = loss_dtype(x.dtype)
+    out = Tensor.empty(queue, labels.shape if reduction == "none" else (1,), acc)
+    stats = Tensor.empty(queue, (max(rows, 1), 2), acc)  # per row: max and log-sum-exp of x - max
+    count = Tensor.empty(queue, (1,), acc)
     args = dict(x=xc.buffer, x_off=np.int64(xc.offset), rows=np.int64(rows), classes=np.int64(x.shape[-1]),
                 labels=labc.buffer, lab_off=np.int64(labc.offset), ignore_index=np.int64(ignore_index),
-                smoothing=kernels.scalar_type(x.dtype)(smoothing))
+                smoothing=kernels.scalar_type(acc)(smoothing))
     prg.class_loss_forward(queue, (wg,), (wg,), **args, out=out.buffer, stats=stats.buffer, count=count.buffer,
                            err=queue.check_buffer(), err_code=_LABEL_CHECK[loss])
     return out, Saved(prg, {**args, "stats": stats.buffer, "count": count.buffer}, x.shape, x.dtype,
                       (xc, labc, stats, count))
 
 
+def loss_dtype(dtype: np.dtype) -> np.dtype:
+    """The dtype of a loss of inputs of `dtype` (and of the gradient flowing into it): float32 for half inputs."""
+    return dtypes.float32 if dtypes.is_half(dtype) else np.dtype(dtype)
+
+
+def _grad_in(grad_out: Tensor, saved: Saved) -> Tensor:
+    want = loss_dtype(saved.dtype)
+    gc = grad_out.contiguous()
+    return gc if gc.dtype == want else gc.astype(want)
+
+
 def class_loss_backward(saved: Saved, grad_out: Tensor) -> Tensor:
     """d loss / d x of class_loss, given d (result) as grad_out."""
     queue = grad_out.queue
-    gc = grad_out.contiguous()
+    gc = _grad_in(grad_out, saved)
     grad = Tensor.empty(queue, saved.shape, saved.dtype)
     rows = int(saved.args["rows"])
     saved.program.class_loss_backward(queue, (saved.shape[-1], max(rows, 1)), None, **saved.args,
@@ -112,14 +130,15 @@ def pointwise_loss(a: Tensor, b: Tensor, loss: str, reduction: str = "mean", bet
         raise DTypeError(f"{loss}: input is {a.dtype} but target is {b.dtype}; cast one of them")
     red = _reduction(reduction)
     wg = kernels.work_group(queue.device)
-    defines = {**kernels.float_defines(a.dtype, loss), "LOSS": _LOSS_MACROS[loss], "REDUCTION": red, "WG": wg}
+    defines = {**kernels.float_defines(a.dtype, loss, half=True), "LOSS": _LOSS_MACROS[loss], "REDUCTION": red,
+               "WG": wg}
     if grad_b:
         defines["HAS_GRAD_B"] = None
     prg = kernels.program(queue.device, "loss.cl", **defines)
     ac, bc = a.contiguous(), b.contiguous()
     args = dict(a=ac.buffer, a_off=np.int64(ac.offset), b=bc.buffer, b_off=np.int64(bc.offset),
                 n=np.int64(a.size), beta=kernels.scalar_type(a.dtype)(beta))
-    out = Tensor.empty(queue, a.shape if reduction == "none" else (1,), a.dtype)
+    out = Tensor.empty(queue, a.shape if reduction == "none" else (1,), loss_dtype(a.dtype))
     prg.pointwise_loss_forward(queue, (wg,), (wg,), **args, out=out.buffer)
     return out, Saved(prg, args, a.shape, a.dtype, (ac, bc), grad_b)
 
@@ -127,7 +146,7 @@ def pointwise_loss(a: Tensor, b: Tensor, loss: str, reduction: str = "mean", bet
 def pointwise_loss_backward(saved: Saved, grad_out: Tensor) -> tuple[Tensor, Tensor | None]:
     """(d loss / d a, d loss / d b or None unless the forward had grad_b) of pointwise_loss."""
     queue = grad_out.queue
-    gc = grad_out.contiguous()
+    gc = _grad_in(grad_out, saved)
     grad_a = Tensor.empty(queue, saved.shape, saved.dtype)
     grad_b = Tensor.empty(queue, saved.shape, saved.dtype) if saved.grad_b else grad_a
     saved.program.pointwise_loss_backward(queue, (max(int(saved.args["n"]), 1),), None, **saved.args,

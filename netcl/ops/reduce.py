@@ -4,7 +4,7 @@ all, softmax log_softmax, cumsum, topk.
 All take `axis=None|int|tuple` (None = every axis) and `keepdims`. A pending elementwise input is
 fused into the reduction kernel as its prologue: `(x * x).sum(1)` is one launch.
 Result dtypes (NumPy/PyTorch): sum/prod/cumsum of bool or integers -> int64, of floats -> the same
-dtype (float16 and float32 accumulate in float32, float64 in double); mean/var/std/logsumexp/softmax
+dtype (float16, bfloat16 and float32 accumulate in float32, float64 in double); mean/var/std/logsumexp/softmax
 of integers -> float32; argmax/argmin/topk indices -> int64 (first occurrence on ties; NaN counts as
 the maximum, as in NumPy); any/all -> bool; max/min keep the dtype and propagate NaN.
 """
@@ -92,17 +92,17 @@ def _reduce(op: str, reducer: str, x: Tensor, axis: Any, keepdims: bool, out_dty
 
 
 def _int_to_float(dt: np.dtype) -> np.dtype:
-    return dt if dt.kind == "f" else ir.F32
+    return dt if ir.is_float(dt) else ir.F32
 
 
 def _sum_dtype(dt: np.dtype) -> np.dtype:
-    return dt if dt.kind == "f" else ir.I64
+    return dt if ir.is_float(dt) else ir.I64
 
 
 def sum(x: Tensor, axis: Any = None, keepdims: bool = False, dtype: Any = None) -> Tensor:
     """Sum over `axis`."""
     out_dt = dtypes.normalize(dtype) if dtype is not None else _sum_dtype(x.dtype)
-    vdt = out_dt if (dtype is not None and out_dt.kind == "f") else None
+    vdt = out_dt if (dtype is not None and ir.is_float(out_dt)) else None
     return _reduce("sum", "sum", x, axis, keepdims, out_dt, vdt)
 
 
@@ -163,7 +163,7 @@ def var(x: Tensor, axis: Any = None, keepdims: bool = False, ddof: int = 0) -> T
     """Variance over `axis`: mean of squared deviations from the mean (two passes), / (n - ddof)."""
     axes = normalize_axes("var", x.shape, axis)
     n = math.prod(x.shape[d] for d in axes)
-    xf = x if x.dtype.kind == "f" else x.astype(ir.F32)
+    xf = x if ir.is_float(x.dtype) else x.astype(ir.F32)
     m = mean(xf, axes, keepdims=True)
     d = xf - m
     s = sum(d * d, axes, keepdims=keepdims)

@@ -1,8 +1,10 @@
-"""Parameter updates on Tensors (kernels/optim.cl): fused optimizer steps and gradient-norm clipping.
+"""Parameter updates on Tensors (kernels/optim.cl): fused optimizer steps (with float32 master weights for
+float16/bfloat16 parameters), gradient-norm clipping, and dynamic loss scaling's unscale-and-check and
+scale update.
 
-netcl.optim holds the hyperparameters, their checks, per-parameter state and schedules; the launches
-are here. The update rule and its scalars reach the kernel by name: OPT=OPT_ADAM, and the scalars as
-the kernel's own parameter names (lr=..., beta1=...), never as positions both sides must agree on.
+netcl.optim and netcl.amp hold the hyperparameters, their checks, per-parameter state and schedules; the
+launches are here. The update rule and its scalars reach the kernel by name: OPT=OPT_ADAM, and the scalars
+as the kernel's own parameter names (lr=..., beta1=...), never as positions both sides must agree on.
 """
 
 from __future__ import annotations
@@ -15,16 +17,28 @@ from typing import Any
 import numpy as np
 
 from netcl import kernels
-from netcl.core import capture
+from netcl.core import capture, dtypes
 from netcl.core.tensor import Tensor
 from netcl.errors import NetclError
 
 # the update rules optim.cl defines (OPT_SGD, OPT_ADAM, ...), read from the file itself: one list, C's
 _RULES = frozenset(m.lower() for m in re.findall(r"^#define OPT_([A-Z0-9_]+) \d+$", kernels.source("optim.cl"), re.M))
 MAX_TENSORS_PER_LAUNCH = 8  # optim.cl's N_TENSORS
-# optim.cl's TENSOR_ARGS(i): parameter, its offset, gradient, its offset, three state slots, length
-_TENSOR_ARGS = [tuple(f"{name}{i}" for name in ("p", "po", "g", "go", "sa", "sb", "sc", "n"))
+# optim.cl's TENSOR_ARGS(i): parameter, its offset, gradient, its offset, three state slots, master weights,
+# length; UNSCALE_ARGS(i): gradient, its offset, length
+_TENSOR_ARGS = [tuple(f"{name}{i}" for name in ("p", "po", "g", "go", "sa", "sb", "sc", "mw", "n"))
                 for i in range(MAX_TENSORS_PER_LAUNCH)]
+_UNSCALE_ARGS = [(f"x{i}", f"xo{i}", f"n{i}") for i in range(MAX_TENSORS_PER_LAUNCH)]
+
+
+def state_dtype(dtype: np.dtype) -> np.dtype:
+    """The dtype of optimizer state, master weights and clipping norms for parameters of `dtype`: float32 for
+    float16/bfloat16 (mixed precision), else the parameters' own."""
+    return dtypes.float32 if dtypes.is_half(dtype) else np.dtype(dtype)
+
+
+def _items(queue: Any) -> int:
+    return 1 if queue.device.capabilities.kind == "gpu" else 64  # elements per work-item (optim.cl)
 
 
 def _scalars(hyper: dict[str, Any], dtype: np.dtype) -> dict[str, Any]:
@@ -35,12 +49,18 @@ def _scalars(hyper: dict[str, Any], dtype: np.dtype) -> dict[str, Any]:
 
 def optimizer_step(rule: str, params: Sequence[Tensor], grads: Sequence[Tensor],
                    states: Sequence[Sequence[Tensor | None]], hyper: dict[str, Any],
-                   refresh: Callable[[], dict[str, Any]] | None = None) -> None:
+                   refresh: Callable[[], dict[str, Any]] | None = None,
+                   masters: Sequence[Tensor] | None = None, found_inf: Tensor | None = None) -> None:
     """One launch of update `rule` (an OPT_ name of optim.cl, lower case: "sgd", "adam", "rmsprop") over up
     to 8 contiguous parameters of one queue and dtype (updated in place), their gradients, and each one's
     state tensors in the rule's slot order (sa, sb, sc; None where its hyperparameters use none: the
     kernel does not touch that slot). `hyper` gives the rule's scalars by their kernel
-    names. Under a graph capture, `refresh()` gives the scalars of each replay (the next step's)."""
+    names. Under a graph capture, `refresh()` gives the scalars of each replay (the next step's).
+
+    float16/bfloat16 parameters need `masters`: one contiguous float32 tensor per parameter, the weights the
+    update really keeps (state is float32 too); the kernel updates the master and writes the parameter
+    rounded from it. `found_inf` (int32, shape (1,), from unscale_grads): when nonzero on the device the
+    launch changes nothing, so an overflowing AMP step is skipped without the host reading the flag."""
     if rule not in _RULES:
         raise ValueError(f"update rule must be one of {sorted(_RULES)} (optim.cl's OPT_ names), got {rule!r}")
     if not 0 < len(params) <= MAX_TENSORS_PER_LAUNCH or not len(params) == len(grads) == len(states):
@@ -48,9 +68,18 @@ def optimizer_step(rule: str, params: Sequence[Tensor], grads: Sequence[Tensor],
                          f"state list each, got {len(params)}, {len(grads)} and {len(states)}")
     p0 = params[0]
     queue = p0.queue
-    items = 1 if queue.device.capabilities.kind == "gpu" else 64  # elements per work-item (optim.cl)
-    prg = kernels.program(queue.device, "optim.cl", **kernels.float_defines(p0.dtype, rule),
-                          N_TENSORS=len(params), OPT=f"OPT_{rule.upper()}", ITEMS=items)
+    half = dtypes.is_half(p0.dtype)
+    if half and (masters is None or len(masters) != len(params)):
+        raise NetclError(f"optimizer_step: {p0.dtype} parameters need one float32 master tensor each")
+    items = _items(queue)
+    defines: dict[str, Any] = {**kernels.float_defines(p0.dtype, rule, half=True), "N_TENSORS": len(params),
+                               "OPT": f"OPT_{rule.upper()}", "ITEMS": items}
+    if half:
+        defines["MASTER"] = None
+    if found_inf is not None:
+        _check_flag(found_inf, queue, "optimizer_step")
+        defines["FOUND_INF"] = None
+    prg = kernels.program(queue.device, "optim.cl", **defines)
     named: dict[str, Any] = {}
     total = 0
     for i, (v, g, st) in enumerate(zip(params, grads, states)):
@@ -58,12 +87,21 @@ def optimizer_step(rule: str, params: Sequence[Tensor], grads: Sequence[Tensor],
                 or v.queue is not queue or v.dtype != p0.dtype:
             raise NetclError(f"optimizer_step: parameter {i} ({v.shape}, {v.dtype}) and its gradient ({g.shape}, "
                              f"{g.dtype}) must be contiguous, of one shape, and share the first's queue and dtype")
-        slots = [s.buffer if s is not None else v.buffer for s in st] + [v.buffer] * (3 - len(st))
+        master = v
+        if half:
+            master = masters[i]
+            if master.dtype != dtypes.float32 or master.shape != v.shape or not master.is_contiguous() \
+                    or master.offset or master.queue is not queue:
+                raise NetclError(f"optimizer_step: the master weights of parameter {i} must be a contiguous float32 "
+                                 f"tensor of shape {v.shape} on its queue, got {master.dtype} {master.shape}")
+        slots = [s.buffer if s is not None else master.buffer for s in st] + [master.buffer] * (3 - len(st))
         named.update(zip(_TENSOR_ARGS[i], (v.buffer, np.int64(v.offset), g.buffer, np.int64(g.offset), *slots,
-                                           np.int64(v.size))))
+                                           master.buffer, np.int64(v.size))))
         total += -(-v.size // items)
     if not total:
         return
+    if found_inf is not None:
+        named["found_inf"] = found_inf.buffer
     kernel = prg.optimizer_step
     kernel(queue, (total,), None, **named, **_scalars(hyper, p0.dtype))
     graph = capture.capturing()
@@ -77,11 +115,18 @@ def optimizer_step(rule: str, params: Sequence[Tensor], grads: Sequence[Tensor],
         graph.on_replay(on_replay)
 
 
+def _check_flag(found_inf: Tensor, queue: Any, what: str) -> None:
+    if not isinstance(found_inf, Tensor) or found_inf.dtype != dtypes.int32 or found_inf.shape != (1,) \
+            or found_inf.queue is not queue:
+        raise NetclError(f"{what}: found_inf must be an int32 Tensor of shape (1,) on the parameters' queue")
+
+
 def clip_grad_norm(grads: Sequence[Tensor], max_norm: float, error_if_nonfinite: bool = False) -> Tensor:
     """Scale `grads` in place by min(1, max_norm / (norm + 1e-6)), norm their joint L2 norm, and return
     the norm before clipping as a Tensor of shape (1,): 2N + 1 launches for N gradients (partial sums,
     the coefficient, the scaling), no host sync. error_if_nonfinite: read the norm back first and raise
-    NetclError, scaling nothing, when it is NaN or infinite."""
+    NetclError, scaling nothing, when it is NaN or infinite. float16/bfloat16 gradients accumulate in
+    float32, and the norm is float32."""
     if not grads:
         raise NetclError("clip_grad_norm_: no parameter has a gradient (call backward first)")
     queue, dtype = grads[0].queue, grads[0].dtype
@@ -94,14 +139,16 @@ def clip_grad_norm(grads: Sequence[Tensor], max_norm: float, error_if_nonfinite:
                 "in place, so they must be contiguous"
             )
     wg = kernels.work_group(queue.device)
-    prg = kernels.program(queue.device, "optim.cl", **kernels.float_defines(dtype, "clip_grad_norm_"), WG=wg)
-    partial = Tensor.empty(queue, (len(grads),), dtype)
-    norm = Tensor.empty(queue, (2,), dtype)
+    prg = kernels.program(queue.device, "optim.cl", **kernels.float_defines(dtype, "clip_grad_norm_", half=True),
+                          WG=wg)
+    acc = state_dtype(dtype)
+    partial = Tensor.empty(queue, (len(grads),), acc)
+    norm = Tensor.empty(queue, (2,), acc)
     for slot, g in enumerate(grads):
         prg.sum_squares(queue, (wg,), (wg,), x=g.buffer, off=np.int64(g.offset), n=np.int64(g.size),
                         partial=partial.buffer, slot=np.int32(slot))
     prg.clip_coef(queue, (1,), (1,), partial=partial.buffer, count=np.int32(len(grads)),
-                  max_norm=kernels.scalar_type(dtype)(max_norm), norm=norm.buffer)
+                  max_norm=kernels.scalar_type(acc)(max_norm), norm=norm.buffer)
     if error_if_nonfinite:
         total = float(norm.to_host()[0])
         if not math.isfinite(total):
@@ -113,3 +160,46 @@ def clip_grad_norm(grads: Sequence[Tensor], max_norm: float, error_if_nonfinite:
         prg.scale_by(queue, (max(g.size, 1),), None, x=g.buffer, off=np.int64(g.offset), n=np.int64(g.size),
                      norm=norm.buffer)
     return norm[0:1]
+
+
+def unscale_grads(grads: Sequence[Tensor], scale: Tensor, found_inf: Tensor) -> None:
+    """Multiply every gradient in place by 1 / scale[0] (a float32 Tensor of shape (1,)) and set found_inf[0]
+    (int32, shape (1,)) to 1 where any result is infinite or NaN; found_inf is only ever set, never cleared.
+    One launch per dtype and chunk of 8 gradients; nothing is read back."""
+    if not grads:
+        return
+    queue = grads[0].queue
+    _check_flag(found_inf, queue, "unscale_grads")
+    if scale.dtype != dtypes.float32 or scale.shape != (1,) or scale.queue is not queue:
+        raise NetclError("unscale_grads: scale must be a float32 Tensor of shape (1,) on the gradients' queue")
+    by_dtype: dict[np.dtype, list[Tensor]] = {}
+    for g in grads:
+        if g.queue is not queue or not g.is_contiguous() or not dtypes.is_floating(g.dtype):
+            raise NetclError(f"unscale_grads: gradients must be contiguous floating tensors of one queue, got "
+                             f"{g.dtype} {g.shape}")
+        by_dtype.setdefault(g.dtype, []).append(g)
+    items = _items(queue)
+    for dt, group in by_dtype.items():
+        for start in range(0, len(group), MAX_TENSORS_PER_LAUNCH):
+            chunk = group[start:start + MAX_TENSORS_PER_LAUNCH]
+            prg = kernels.program(queue.device, "optim.cl", **kernels.float_defines(dt, "unscale_", half=True),
+                                  N_TENSORS=len(chunk), ITEMS=items)
+            named: dict[str, Any] = {}
+            total = 0
+            for i, g in enumerate(chunk):
+                named.update(zip(_UNSCALE_ARGS[i], (g.buffer, np.int64(g.offset), np.int64(g.size))))
+                total += -(-g.size // items)
+            if total:
+                prg.unscale_grads(queue, (total,), None, **named, scale=scale.buffer, found_inf=found_inf.buffer)
+
+
+def update_scale(scale: Tensor, growth_tracker: Tensor, found_inf: Tensor, growth_factor: float,
+                 backoff_factor: float, growth_interval: int) -> None:
+    """torch's _amp_update_scale_ on the device (one launch, one work-item): back off on found_inf, else grow
+    every growth_interval clean steps (see optim.cl)."""
+    queue = scale.queue
+    _check_flag(found_inf, queue, "update_scale")
+    prg = kernels.program(queue.device, "optim.cl", dtype=dtypes.float32)
+    prg.update_scale(queue, (1,), None, scale=scale.buffer, growth_tracker=growth_tracker.buffer,
+                     found_inf=found_inf.buffer, growth_factor=np.float32(growth_factor),
+                     backoff_factor=np.float32(backoff_factor), growth_interval=np.int32(growth_interval))

@@ -4,6 +4,12 @@ Each step launches kernels/optim.cl's `optimizer_step` once per chunk of up to 8
 share a queue, a dtype and a step count (so usually once or twice per step for a whole model).
 Hyperparameters are checked where they enter (constructor, parameter groups, load_state_dict) and
 again at each step, since param_groups is a plain dict users and schedulers write to.
+
+float16 and bfloat16 parameters (mixed precision) keep float32 master weights (state "master", made from
+the parameter at its first step) and float32 state; the same one launch reads the half gradient, updates
+the master and the state, and writes the parameter rounded from the master. Change such a parameter's
+value after its first step only through load_state_dict of both the model and the optimizer: the master
+is what the next step starts from.
 """
 
 from __future__ import annotations
@@ -16,11 +22,11 @@ from typing import Any
 import numpy as np
 
 from netcl.autograd.engine import Node
-from netcl.core import capture
+from netcl.core import capture, dtypes
 from netcl.core.tensor import Tensor
 from netcl.errors import DTypeError, GraphCaptureError, NetclError, ShapeError
-from netcl.ops import update
-from netcl.ops.update import MAX_TENSORS_PER_LAUNCH
+from netcl.ops import elementwise, update
+from netcl.ops.update import MAX_TENSORS_PER_LAUNCH, state_dtype
 from netcl.optim.arguments import Count, Flag, Real, is_count
 
 # Keys schedulers keep in a parameter group beside the optimizer's own hyperparameters.
@@ -112,8 +118,13 @@ class Optimizer:
                 else:
                     p.grad.fill_(0)
 
-    def step(self) -> None:
-        """Update every parameter that has a gradient (one fused launch per chunk of parameters)."""
+    def step(self, *, found_inf: Tensor | None = None) -> None:
+        """Update every parameter that has a gradient (one fused launch per chunk of parameters).
+
+        found_inf (an int32 Tensor of shape (1,) on the device, as netcl.amp.GradScaler keeps): every launch
+        reads it and changes nothing when it is nonzero, so a step whose gradients overflowed is skipped
+        without a host sync. The host's step count still advances (Adam's bias corrections then run one
+        step ahead of PyTorch's after each skipped step; GradScaler(sync=True) skips on the host instead)."""
         name = type(self).__name__
         for i, group in enumerate(self.param_groups):
             self._check_group(group, f"{name}.step: param_groups[{i}]")
@@ -135,7 +146,7 @@ class Optimizer:
                 chunks.setdefault(key, []).append((p, st))
             for (_, _, step, *_), items in chunks.items():
                 for start in range(0, len(items), MAX_TENSORS_PER_LAUNCH):
-                    self._launch(group, items[start : start + MAX_TENSORS_PER_LAUNCH], step + 1)
+                    self._launch(group, items[start : start + MAX_TENSORS_PER_LAUNCH], step + 1, found_inf)
                 for p, st in items:
                     st["step"] = step + 1
                     self._fresh.discard(id(p))
@@ -172,10 +183,13 @@ class Optimizer:
             st = {"step": 0}
             self.state[id(p)] = st
         missing = [name for name in self._state_names(group) if st.get(name) is None]
-        if missing:
+        half = dtypes.is_half(p.value.dtype)
+        if missing or (half and st.get("master") is None):
             with capture.capture_paused():  # made once: a graph replay must not zero it again
                 for name in missing:
-                    st[name] = Tensor.zeros(p.value.queue, p.value.shape, p.value.dtype)
+                    st[name] = Tensor.zeros(p.value.queue, p.value.shape, state_dtype(p.value.dtype))
+                if half and st.get("master") is None:
+                    st["master"] = elementwise.cast(p.value, dtypes.float32).realize()
             self._fresh.add(id(p))
         return st
 
@@ -183,7 +197,8 @@ class Optimizer:
         """The update's scalars for `step`, by the kernel's parameter names (netcl.ops.update)."""
         raise NotImplementedError
 
-    def _launch(self, group: dict[str, Any], items: list[tuple[Node, dict[str, Any]]], step: int) -> None:
+    def _launch(self, group: dict[str, Any], items: list[tuple[Node, dict[str, Any]]], step: int,
+                found_inf: Tensor | None = None) -> None:
         grads = [p.grad if p.grad.is_contiguous() else p.grad.contiguous() for p, _ in items]
         # a slot this group does not use stays None (_state_for made every slot its settings use)
         states = [[st.get(name) for name in self.slot_names] for _, st in items]
@@ -191,8 +206,9 @@ class Optimizer:
         if capture.capturing() is not None:  # each replay is the next step: new step count, current lr
             kept = set.intersection(*({n for n in self.slot_names if st.get(n) is not None} for _, st in items))
             refresh = lambda: self._replay_step(group, items, kept)  # noqa: E731
+        masters = [st["master"] for _, st in items] if dtypes.is_half(items[0][0].value.dtype) else None
         update.optimizer_step(self.rule, [p.value for p, _ in items], grads, states,
-                              self._hyper(group, step, items), refresh)
+                              self._hyper(group, step, items), refresh, masters, found_inf)
 
     def _replay_step(self, group: dict[str, Any], items: list, kept: set[str]) -> dict[str, Any]:
         """Before a graph replays this launch: check the group's hyperparameters as step() does,
@@ -341,7 +357,7 @@ class Optimizer:
                 )
             if not isinstance(st, Mapping):
                 raise TypeError(f"{at} must be a dict of 'step' and state tensors, got {type(st).__name__}")
-            unknown = sorted(k for k in st if k != "step" and k not in self.slot_names)
+            unknown = sorted(k for k in st if k not in ("step", "master") and k not in self.slot_names)
             if unknown:
                 owner = _owners_of(set(unknown), "slots")
                 if owner:
@@ -356,7 +372,11 @@ class Optimizer:
             step = Count(0)(st.get("step", 0), f"{at}['step']")
             p = param_of[idx]
             entry: dict[str, Any] = {"step": step}
-            for slot in self.slot_names:
+            half = dtypes.is_half(p.value.dtype)
+            if "master" in st and not half:
+                raise ValueError(f"{at} holds 'master' weights, kept only for float16/bfloat16 parameters; "
+                                 f"this parameter is {p.value.dtype}")
+            for slot in self.slot_names + (("master",) if half else ()):
                 if st.get(slot) is None:
                     continue
                 arr = st[slot]
@@ -364,7 +384,7 @@ class Optimizer:
                     arr = arr.to_host() if isinstance(arr, Tensor) else np.asarray(arr)
                 except (TypeError, ValueError):
                     raise TypeError(f"{at}[{slot!r}] is not an array: {type(arr).__name__}") from None
-                if arr.dtype.kind != "f":
+                if not dtypes.is_floating(arr.dtype):
                     raise DTypeError(
                         f"{at}[{slot!r}] has dtype {arr.dtype}; optimizer state is floating point "
                         f"(the parameter is {p.value.dtype})"
@@ -374,7 +394,7 @@ class Optimizer:
                         f"{at}: optimizer state {slot!r} of parameter {idx} has shape {arr.shape}, "
                         f"the parameter has shape {p.value.shape}"
                     )
-                entry[slot] = arr.astype(p.value.dtype, copy=False)
+                entry[slot] = arr.astype(state_dtype(p.value.dtype), copy=False)
             if step > 0:
                 missing = [
                     n for n in self._state_names(group_of[idx]) if n not in entry and n not in self.lazy_state

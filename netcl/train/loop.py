@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 import netcl.autograd as ag
-from netcl import nn, ops
+from netcl import amp, nn, ops
 from netcl.core.tensor import Tensor
 from netcl.data import DataLoader
 from netcl.graph import Graph
@@ -44,12 +46,34 @@ def build_model(kind: str, q: Any, image_shape: tuple[int, ...], classes: int) -
     raise ValueError(f"unknown model {kind!r}; choose cnn or mlp")
 
 
-def train_step(model: nn.Module, optimizer: Any, x: Tensor, y: Tensor, scheduler: Any = None) -> Tensor:
-    """Forward, backward, update; returns the loss Tensor (1,) without waiting for it."""
-    with ag.Tape() as tape:
+@dataclass
+class MixedPrecision:
+    """`--amp`: the autocast dtype, and for float16 a GradScaler (bfloat16 has float32's range: no scaling).
+    Everything it adds to a step stays on the device, so the step is still recorded once and replayed."""
+
+    dtype: str
+    scaler: amp.GradScaler | None
+
+    @classmethod
+    def make(cls, dtype: str) -> MixedPrecision:
+        return cls(dtype, amp.GradScaler() if dtype == "float16" else None)
+
+
+def train_step(model: nn.Module, optimizer: Any, x: Tensor, y: Tensor, scheduler: Any = None,
+               mixed: MixedPrecision | None = None) -> Tensor:
+    """Forward, backward, update; returns the loss Tensor (1,) without waiting for it. `mixed`: the forward
+    under amp.autocast, the backward and update through its GradScaler (overflowing steps skipped)."""
+    cast = amp.autocast(mixed.dtype) if mixed is not None else contextlib.nullcontext()
+    with cast, ag.Tape() as tape:
         loss = ag.cross_entropy(model(ag.tensor(x)), ag.tensor(y))
-    tape.backward(loss)
-    optimizer.step()
+    scaler = mixed.scaler if mixed is not None else None
+    if scaler is not None:
+        tape.backward(scaler.scale(loss))
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        tape.backward(loss)
+        optimizer.step()
     optimizer.zero_grad()
     if scheduler is not None:
         scheduler.step()
@@ -62,8 +86,8 @@ class GraphedStep:
     from ~3.3 ms to ~1.2 ms). Batches are copied into the captured input tensors; a batch of another
     shape (a last partial batch) runs eagerly. The scheduler steps on the host after each step."""
 
-    def __init__(self, model: nn.Module, optimizer: Any, scheduler: Any = None):
-        self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
+    def __init__(self, model: nn.Module, optimizer: Any, scheduler: Any = None, mixed: MixedPrecision | None = None):
+        self.model, self.optimizer, self.scheduler, self.mixed = model, optimizer, scheduler, mixed
         self.graph: Any = None
         self.x: Tensor | None = None
         self.y: Tensor | None = None
@@ -74,13 +98,13 @@ class GraphedStep:
             self.x, self.y = x.clone(), y.clone()
             self.graph = Graph()
             with self.graph.capture():
-                self.loss = train_step(self.model, self.optimizer, self.x, self.y)
+                self.loss = train_step(self.model, self.optimizer, self.x, self.y, mixed=self.mixed)
         elif x.shape == self.x.shape and y.shape == self.y.shape and x.dtype == self.x.dtype:
             self.x.copy_(x)
             self.y.copy_(y)
             self.graph.replay()
         else:
-            return train_step(self.model, self.optimizer, x, y, self.scheduler)
+            return train_step(self.model, self.optimizer, x, y, self.scheduler, self.mixed)
         if self.scheduler is not None:
             self.scheduler.step()
         return self.loss.clone()  # the captured loss is overwritten by the next replay
@@ -94,6 +118,7 @@ def train_epoch(
     progress: Callable[[int, float | None], None] | None = None,
     report_every: int = 20,
     step: Callable[[Tensor, Tensor], Tensor] | None = None,
+    mixed: MixedPrecision | None = None,
 ) -> list[float]:
     """One pass over `loader`; returns the per-step losses (read from the device in batches).
     `step(x, y) -> loss` replaces train_step (a GraphedStep, which then owns the scheduler)."""
@@ -101,7 +126,7 @@ def train_epoch(
     pending: list[Tensor] = []
     losses: list[float] = []
     for i, (x, y) in enumerate(loader):
-        pending.append(step(x, y) if step is not None else train_step(model, optimizer, x, y, scheduler))
+        pending.append(step(x, y) if step is not None else train_step(model, optimizer, x, y, scheduler, mixed))
         if (i + 1) % report_every == 0 or i + 1 == len(loader):
             values = [float(t.to_host()[0]) for t in pending]
             losses.extend(values)

@@ -25,7 +25,7 @@ from netcl.io import load_checkpoint, save_checkpoint
 from netcl.io.checkpoint import read_checkpoint
 from netcl.ops import random
 from netcl.train import tensorboard
-from netcl.train.loop import GraphedStep, build_model, evaluate, train_epoch
+from netcl.train.loop import GraphedStep, MixedPrecision, build_model, evaluate, train_epoch
 
 # Defaults per dataset, so the job ends on a result worth showing whichever one it found (2-core PoCL
 # CPU device: Fashion-MNIST CNN 2 x 20000 images ~87% in a few minutes; the 1437 digits at batch 32
@@ -114,6 +114,9 @@ def register(subparsers: Any) -> None:
                    "run under runs/; --epochs may raise the total (the cosine schedule is stretched to it)")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier run in OUT instead of refusing")
     p.add_argument("--no-progress", action="store_true", help="no progress bars (plain lines)")
+    p.add_argument("--amp", nargs="?", const="float16", choices=("float16", "bfloat16"), default=None,
+                   help="mixed precision: linear layers under netcl.amp.autocast (float16, the default, with a "
+                        "GradScaler; or bfloat16), float32 master weights and loss")
     p.add_argument("--nproc", type=_positive_int, default=1,
                    help="data parallelism: N processes, one per device (one GPU each when there are N, else all on "
                    "--device), each with --batch-size samples of every step; gradients averaged (netcl.distributed)")
@@ -315,8 +318,11 @@ def run(args: argparse.Namespace) -> int:
         f"{len(loader)} steps per epoch"
         f"{', eager steps' if args.eager else ', step recorded once and replayed (--eager: op by op)'}"
     )
+    mixed = MixedPrecision.make(args.amp) if args.amp else None
+    if mixed is not None:
+        log(f"mixed precision: autocast {args.amp}{', dynamic loss scaling' if mixed.scaler else ''}")
     step_model = dist.DistributedDataParallel(model) if args.nproc > 1 else model  # after a resume's load
-    graphed = None if args.eager else GraphedStep(model, opt, sched)
+    graphed = None if args.eager else GraphedStep(model, opt, sched, mixed)
     run_args = {**{k: s[k] for k in RUN_SETTINGS if k != "dataset"}, "dataset": data.name, "epochs": s["epochs"]}
     written: list[Path] = []
     tb = tensorboard.open_writer(args.tensorboard if rank0 else None)  # flushed after each epoch, closed at the end
@@ -341,7 +347,7 @@ def run(args: argparse.Namespace) -> int:
             tb.log(epoch * len(loader) + done[0], {"train/loss": loss, "train/learning_rate": opt.param_groups[0]["lr"],
                                                    "train/images_per_second": rate})
 
-        losses = train_epoch(step_model, opt, loader, sched, progress, step=graphed)
+        losses = train_epoch(step_model, opt, loader, sched, progress, step=graphed, mixed=mixed)
         q.finish()
         seconds = time.perf_counter() - t0
         bar.close()

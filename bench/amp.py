@@ -1,0 +1,212 @@
+"""Mixed precision: BufferPool peak and step time of a training step with and without AMP, and the
+bandwidth-bound ops in float16/bfloat16 storage against float32, netcl only (the peer is netcl's own
+float32 path, measured in the same run). Table + JSON.
+
+Steps: the `netcl train` CNN (batch 128, 1x28x28) and, when netcl.models is there, a small GPT (llama
+arch, dim 256, 4 layers, seq 256, batch 8); each float32, then `--amp` float16 (autocast + GradScaler)
+and bfloat16 (autocast), eager and replayed from a netcl.graph.Graph. "act peak" = BufferPool peak during
+the step minus what was in use when it started (parameters, optimizer state, inputs): the activations,
+gradients and scratch a step allocates. Target: act peak <= 0.55x float32's.
+
+Ops (bandwidth-bound, bytes = compulsory reads + writes): a fused elementwise chain (gelu(x) * w + b),
+softmax over rows, a row sum, and flash attention where the device runs it in half; time and GB/s per
+dtype, ratio = float32 time / half time. Target on the H200: >= 1.6x with half storage.
+
+    python bench/amp.py                   # PoCL CPU
+    python bench/amp.py --gpu             # the default GPU (the lead's H200)
+    python bench/amp.py --models cnn --repeat 20 --out bench/results/amp.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import netcl.autograd as ag  # noqa: E402
+import netcl.ops as ops  # noqa: E402
+from netcl import amp, optim  # noqa: E402
+from netcl.core import dtypes  # noqa: E402
+from netcl.core.device import manager  # noqa: E402
+from netcl.core.tensor import Tensor  # noqa: E402
+from netcl.graph import Graph  # noqa: E402
+from netcl.ops import random  # noqa: E402
+from netcl.train.loop import build_model  # noqa: E402
+
+try:  # the GPT model lands with the transformer issue; the CNN rows run without it
+    from netcl.models import GPT, GPTConfig
+except ImportError:  # pragma: no cover
+    GPT = GPTConfig = None
+
+MODES = ("float32", "float16", "bfloat16")
+
+
+def median_seconds(fn, finish, repeat: int, warmup: int = 2) -> float:
+    for _ in range(warmup):
+        fn()
+    finish()
+    samples = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        finish()
+        samples.append(time.perf_counter() - t0)
+    return statistics.median(samples)
+
+
+def make_step(kind: str, q, mode: str, gpu: bool):
+    """(step function, model) of one AMP mode: forward under autocast, scaled backward, AdamW."""
+    random.manual_seed(0)
+    rng = np.random.default_rng(0)
+    if kind == "cnn":
+        model = build_model("cnn", q, (1, 28, 28), 10)
+        x = Tensor.from_host(q, rng.standard_normal((128, 1, 28, 28)).astype(np.float32))
+        y = Tensor.from_host(q, rng.integers(0, 10, 128).astype(np.int32))
+
+        def loss_of():
+            return ag.cross_entropy(model(ag.tensor(x)), ag.tensor(y))
+    else:
+        cfg = GPTConfig(vocab_size=512, dim=256, n_layers=4, n_heads=4, max_seq_len=256)
+        model = GPT(q, cfg)
+        ids = Tensor.from_host(q, rng.integers(0, 512, (8, 256)).astype(np.int32))
+        targets = Tensor.from_host(q, rng.integers(0, 512, (8, 256)).astype(np.int32))
+
+        def loss_of():
+            return model.loss(ids, targets)
+    opt = optim.AdamW(model.parameters(), lr=1e-3)
+    scaler = amp.GradScaler() if mode == "float16" else None
+
+    def step() -> None:
+        if mode == "float32":
+            with ag.Tape() as tape:
+                loss = loss_of()
+            tape.backward(loss)
+            opt.step()
+        else:
+            with amp.autocast(mode), ag.Tape() as tape:
+                loss = loss_of()
+            if scaler is not None:
+                tape.backward(scaler.scale(loss))
+                scaler.step(opt)
+                scaler.update()
+            else:
+                tape.backward(loss)
+                opt.step()
+        opt.zero_grad()
+
+    return step
+
+
+def measure_step(kind: str, dev, mode: str, repeat: int, gpu: bool) -> dict:
+    q = dev.queue
+    step = make_step(kind, q, mode, gpu)
+    step()  # state made (optimizer moments, scaler) before the peak is taken
+    q.finish()
+    pool = dev.pool
+    base = pool.stats()["in_use"]
+    pool.reset_peak()
+    step()
+    q.finish()
+    peak = pool.stats()["peak"]
+    eager = median_seconds(step, q.finish, repeat)
+    graph = Graph()
+    with graph.capture():
+        step()
+    replay = median_seconds(graph.replay, q.finish, repeat)
+    return {"model": kind, "mode": mode, "act_peak_bytes": peak - base, "peak_bytes": peak,
+            "eager_ms": eager * 1e3, "graph_ms": replay * 1e3}
+
+
+def measure_ops(dev, repeat: int, gpu: bool) -> list[dict]:
+    q = dev.queue
+    n = (1 << 26) if gpu else (1 << 22)
+    rows, cols = (n // 4096, 4096)
+    rng = np.random.default_rng(1)
+    base = rng.standard_normal(n).astype(np.float32)
+    out = []
+    for dt in (dtypes.float32, dtypes.float16, dtypes.bfloat16):
+        x = Tensor.from_host(q, base, dtype=dt)
+        w = Tensor.from_host(q, base[::-1].copy(), dtype=dt)
+        b = Tensor.from_host(q, base[: n // 2].repeat(2), dtype=dt)
+        size = dt.itemsize
+        cases = {
+            "gelu(x) * w + b": (lambda: (ops.gelu(x) * w + b).realize(), 4 * n * size),
+            "softmax rows": (lambda: ops.softmax(x.reshape(rows, cols), -1), 2 * n * size),
+            "row sum": (lambda: ops.sum(x.reshape(rows, cols), axis=1), n * size),
+        }
+        if dt != dtypes.bfloat16 and hasattr(ops, "flash_attention"):
+            bh, s, d = (16, 1024, 64) if gpu else (4, 256, 64)
+            qa = Tensor.from_host(q, rng.standard_normal((1, bh, s, d)).astype(np.float32), dtype=dt)
+            cases["flash attention (causal)"] = (
+                lambda qa=qa: ops.flash_attention(qa, qa, qa, causal=True), 4 * bh * s * d * size)
+        for name, (fn, nbytes) in cases.items():
+            try:
+                sec = median_seconds(fn, q.finish, repeat)
+            except Exception as exc:  # an op without this dtype's path yet
+                out.append({"op": name, "dtype": dt.name, "error": str(exc).splitlines()[0][:80]})
+                continue
+            out.append({"op": name, "dtype": dt.name, "ms": sec * 1e3, "gbps": nbytes / sec / 1e9})
+    f32 = {r["op"]: r["ms"] for r in out if r["dtype"] == "float32" and "ms" in r}
+    for r in out:
+        if "ms" in r and r["op"] in f32:
+            r["speedup_vs_f32"] = f32[r["op"]] / r["ms"]
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--gpu", action="store_true", help="run on the default GPU (else the CPU through PoCL)")
+    ap.add_argument("--models", nargs="+", default=["cnn", "gpt"], choices=["cnn", "gpt"])
+    ap.add_argument("--repeat", type=int, default=10)
+    ap.add_argument("--no-ops", action="store_true", help="skip the bandwidth-bound op rows")
+    ap.add_argument("--out", default="bench/results/amp.json")
+    args = ap.parse_args()
+    dev = manager.default("gpu" if args.gpu else "cpu")
+    steps = []
+    for kind in args.models:
+        if kind == "gpt" and GPT is None:
+            print("(netcl.models is not here: GPT rows skipped)")
+            continue
+        for mode in MODES:
+            try:
+                steps.append(measure_step(kind, dev, mode, args.repeat, args.gpu))
+            except Exception as exc:
+                steps.append({"model": kind, "mode": mode, "error": str(exc).splitlines()[0][:100]})
+    f32 = {r["model"]: r for r in steps if r["mode"] == "float32" and "error" not in r}
+    print(f"device: {dev.device_name} ({dev.backend})")
+    print(f"{'model':<5} {'mode':<9} {'act peak MiB':>12} {'x f32':>6} {'eager ms':>9} {'x f32':>6} "
+          f"{'graph ms':>9} {'x f32':>6}")
+    for r in steps:
+        if "error" in r:
+            print(f"{r['model']:<5} {r['mode']:<9} error: {r['error']}")
+            continue
+        ref = f32.get(r["model"])
+        ratio = (lambda k: r[k] / ref[k]) if ref else (lambda k: float("nan"))
+        r.update(act_peak_ratio=ratio("act_peak_bytes"), eager_ratio=ratio("eager_ms"), graph_ratio=ratio("graph_ms"))
+        print(f"{r['model']:<5} {r['mode']:<9} {r['act_peak_bytes'] / 2**20:>12.1f} {r['act_peak_ratio']:>6.2f} "
+              f"{r['eager_ms']:>9.2f} {r['eager_ratio']:>6.2f} {r['graph_ms']:>9.2f} {r['graph_ratio']:>6.2f}")
+    op_rows = [] if args.no_ops else measure_ops(dev, args.repeat, args.gpu)
+    if op_rows:
+        print(f"\n{'op':<26} {'dtype':<9} {'ms':>8} {'GB/s':>8} {'f32 time / this':>16}")
+        for r in op_rows:
+            if "error" in r:
+                print(f"{r['op']:<26} {r['dtype']:<9} error: {r['error']}")
+            else:
+                print(f"{r['op']:<26} {r['dtype']:<9} {r['ms']:>8.3f} {r['gbps']:>8.1f} "
+                      f"{r.get('speedup_vs_f32', float('nan')):>16.2f}")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps({"device": dev.device_name, "host": platform.node(), "steps": steps,
+                                          "ops": op_rows}, indent=1))
+    print(f"\nwrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,66 @@
+"""Mixed precision: `autocast` runs GEMMs (and the other ops of the policy table) in float16 or bfloat16,
+`GradScaler` keeps float16 gradients from underflowing; optimizers keep float32 master weights for half
+parameters by themselves (netcl.optim).
+
+    from netcl import amp
+    scaler = amp.GradScaler()
+    with amp.autocast("float16"), ag.Tape() as tape:
+        loss = ag.cross_entropy(model(x), y)     # linear layers in float16, the loss in float32
+    tape.backward(scaler.scale(loss))
+    scaler.step(opt)
+    scaler.update()
+
+What each op does under autocast is one table, netcl.amp.policy.TABLE.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from netcl import config
+from netcl.amp import policy
+from netcl.amp.scaler import GradScaler
+from netcl.autograd import autocast as _hook
+from netcl.core import dtypes
+from netcl.errors import DTypeError
+
+
+class autocast:  # noqa: N801  (PyTorch's name, used as a context manager)
+    """Run the ops of netcl.amp.policy in `dtype` ("float16" or "bfloat16") inside the block, on this thread.
+
+    Parameters stay as they are (float32): an op casts its inputs (a differentiable cast, so gradients come
+    back in the parameters' dtype). enabled=False turns autocast off inside the block (also inside an outer
+    autocast), and so does NETCL_HALF=off for the whole program. Blocks nest; the innermost wins."""
+
+    def __init__(self, dtype: Any = "float16", enabled: bool = True):
+        try:
+            dt = dtypes.normalize(dtype)
+        except DTypeError:
+            dt = None
+        if dt is None or not dtypes.is_half(dt):
+            raise DTypeError(f"autocast: dtype must be 'float16' or 'bfloat16', got {dtype!r}")
+        if not isinstance(enabled, (bool, np.bool_)):
+            raise TypeError(f"autocast: enabled must be True or False, got {type(enabled).__name__}")
+        self.dtype = dt
+        self.enabled = bool(enabled)
+        self._ctx: Any = None
+
+    def __enter__(self) -> autocast:
+        on = self.enabled and config.half_mode() != "off"  # NETCL_HALF=off: mixed precision off everywhere
+        self._ctx = _hook.enabled(self.dtype if on else None)
+        self._ctx.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        ctx, self._ctx = self._ctx, None
+        ctx.__exit__(*exc)
+
+
+def autocast_dtype() -> np.dtype | None:
+    """The autocast dtype in force on this thread (None outside autocast)."""
+    return _hook.active()
+
+
+__all__ = ["GradScaler", "autocast", "autocast_dtype", "policy"]

@@ -1,0 +1,52 @@
+"""The autocast policy: one table of what each op does under netcl.amp.autocast.
+
+Rules (netcl.autograd.autocast.Rule): "half" ops take their floating inputs in the autocast dtype where
+their kernels have a path for it (the listed dtypes), else run as they are; "float32" ops get half inputs
+widened to float32 (their statistics and results stay float32). Ops not in the table follow their
+inputs: elementwise ops compute in float32 and store in the inputs' dtype; reductions accumulate in
+float32; losses take half logits as they are and return a float32 loss (netcl.ops.loss).
+
+An op whose half path lands opts in with one call, `allow("conv2d", "float16", "bfloat16")`, or by its row
+below; the op's autograd function already calls autocast.cast_inputs with its name.
+"""
+
+from __future__ import annotations
+
+from netcl.autograd.autocast import POLICY, Rule
+
+HALF_DTYPES = ("float16", "bfloat16")
+
+# op -> (rule, the half dtypes its kernels take)
+TABLE: dict[str, tuple[str, tuple[str, ...]]] = {
+    "matmul": ("half", ("float16",)),      # the GEMMs take float16 (IS_HALF); bfloat16 once gemm*.cl do
+    "linear": ("half", ("float16",)),
+    "conv2d": ("half", ()),                # float32 until conv's half path lands
+    "softmax": ("float32", ()),
+    "log_softmax": ("float32", ()),
+    "batch_norm": ("float32", ()),
+    "layer_norm": ("float32", ()),
+    "group_norm": ("float32", ()),
+    "rms_norm": ("float32", ()),
+}
+
+
+def allow(op: str, *dtype_names: str) -> None:
+    """Let `op` run in the half dtypes named ("float16", "bfloat16") under autocast: the one call an op
+    makes when its half kernels land."""
+    bad = [d for d in dtype_names if d not in HALF_DTYPES]
+    if bad or not dtype_names:
+        raise ValueError(f"allow({op!r}, ...): give one or more of {HALF_DTYPES}, got {dtype_names}")
+    rule, have = TABLE.get(op, ("half", ()))
+    TABLE[op] = (rule, tuple(dict.fromkeys(have + dtype_names)))
+    _install(op)
+
+
+def _install(op: str) -> None:
+    rule, names = TABLE[op]
+    if rule not in ("half", "float32"):
+        raise ValueError(f"autocast rule of {op!r} must be 'half' or 'float32', got {rule!r}")
+    POLICY[op] = Rule(rule, frozenset(names))
+
+
+for _op in TABLE:
+    _install(_op)
