@@ -20,6 +20,7 @@ dtype, ratio = float32 time / half time. Target on the H200: >= 1.6x with half s
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import platform
 import statistics
@@ -107,6 +108,8 @@ def make_step(kind: str, q, mode: str, gpu: bool):
 
 def measure_step(kind: str, dev, mode: str, repeat: int, gpu: bool) -> dict:
     q = dev.queue
+    gc.collect()  # the previous mode's model, optimizer and graph go back to the pool first
+    q.finish()
     step = make_step(kind, q, mode, gpu)
     step()  # state made (optimizer moments, scaler) before the peak is taken
     q.finish()

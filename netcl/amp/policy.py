@@ -27,6 +27,9 @@ TABLE: dict[str, tuple[str, tuple[str, ...]]] = {
     "layer_norm": ("float32", ()),
     "group_norm": ("float32", ()),
     "rms_norm": ("float32", ()),
+    # the transformer's linear with its residual added in the GEMM epilogue: float32 until the epilogue
+    # takes a residual of another dtype than the product (the residual stream stays float32, as in PyTorch)
+    "linear_residual": ("float32", ()),
 }
 
 

@@ -285,3 +285,38 @@ def test_graph_recorded_amp_step_equals_eager(queue):
     assert scale_e == scale_g == 2048.0  # 1024: grew at steps 1 and 5, backed off at step 3
     for a, b in zip(pe + se, pg + sg):
         assert np.array_equal(a, b)
+
+
+def test_netcl_half_knob_and_native_choice(monkeypatch, device, queue):
+    from netcl import config, kernels
+
+    monkeypatch.setenv("NETCL_HALF", "fast")
+    with pytest.raises(ValueError, match="NETCL_HALF='fast': expected auto, off, storage or native"):
+        config.half_mode()
+    # no kernel family has a native-half variant yet: every mode computes float16 in float32
+    for mode in ("auto", "storage", "native", "off"):
+        monkeypatch.setenv("NETCL_HALF", mode)
+        assert kernels.half_math(device, "elementwise") == "storage"
+    # a family measured faster on this device: native only where the fp16 probe passes, never for storage/off
+    monkeypatch.setitem(kernels.NATIVE_HALF_FAMILIES, "elementwise", (device.device_name,))
+    for mode, want in (("auto", "native"), ("native", "native"), ("storage", "storage"), ("off", "storage")):
+        monkeypatch.setenv("NETCL_HALF", mode)
+        assert kernels.half_math(device, "elementwise") == (want if device.fp16 else "storage")
+    monkeypatch.setenv("NETCL_HALF", "off")  # mixed precision off: autocast runs float32
+    lin = Linear(queue, 3, 2)
+    with amp.autocast("float16"):
+        assert amp.autocast_dtype() is None
+        assert lin(ag.tensor(Tensor.from_host(queue, np.ones((1, 3), np.float32)))).value.dtype == np.float32
+
+
+def test_policy_allow_is_the_one_call(monkeypatch):
+    from netcl.autograd import autocast as hook
+
+    monkeypatch.setitem(amp.policy.TABLE, "my_op", ("half", ()))
+    monkeypatch.setitem(hook.POLICY, "my_op", hook.Rule("half"))
+    with amp.autocast("bfloat16"):
+        assert hook.target("my_op") is None  # no bfloat16 path: inputs left as they are
+        amp.policy.allow("my_op", "bfloat16")
+        assert hook.target("my_op") == BF16
+        assert hook.target("softmax") == np.float32 and hook.target("not_in_table") is None
+    assert hook.target("my_op") is None  # outside autocast
