@@ -58,19 +58,37 @@ class MixedPrecision:
     def make(cls, dtype: str) -> MixedPrecision:
         return cls(dtype, amp.GradScaler() if dtype == "float16" else None)
 
+    def autocast(self) -> amp.autocast:
+        """The forward's context: `with mixed.autocast(), ag.Tape() as tape: loss = ...`."""
+        return amp.autocast(self.dtype)
+
+    def backward_step(self, tape: ag.Tape, loss: ag.Node, optimizer: Any) -> None:
+        """Backward of `loss` (scaled when there is a scaler) and the optimizer's step (skipped on the device
+        when a gradient overflowed), then the scale's update; zero_grad is left to the caller."""
+        if self.scaler is None:
+            tape.backward(loss)
+            optimizer.step()
+            return
+        tape.backward(self.scaler.scale(loss))
+        self.scaler.step(optimizer)
+        self.scaler.update()
+
+
+def add_amp_argument(parser: Any) -> None:
+    """`--amp [float16|bfloat16]` (netcl train, and any job that builds a MixedPrecision from it)."""
+    parser.add_argument("--amp", nargs="?", const="float16", choices=("float16", "bfloat16"), default=None,
+                        help="mixed precision: GEMMs under netcl.amp.autocast (float16, the default, with dynamic "
+                             "loss scaling; or bfloat16), float32 master weights and loss")
+
 
 def train_step(model: nn.Module, optimizer: Any, x: Tensor, y: Tensor, scheduler: Any = None,
                mixed: MixedPrecision | None = None) -> Tensor:
     """Forward, backward, update; returns the loss Tensor (1,) without waiting for it. `mixed`: the forward
     under amp.autocast, the backward and update through its GradScaler (overflowing steps skipped)."""
-    cast = amp.autocast(mixed.dtype) if mixed is not None else contextlib.nullcontext()
-    with cast, ag.Tape() as tape:
+    with mixed.autocast() if mixed is not None else contextlib.nullcontext(), ag.Tape() as tape:
         loss = ag.cross_entropy(model(ag.tensor(x)), ag.tensor(y))
-    scaler = mixed.scaler if mixed is not None else None
-    if scaler is not None:
-        tape.backward(scaler.scale(loss))
-        scaler.step(optimizer)
-        scaler.update()
+    if mixed is not None:
+        mixed.backward_step(tape, loss, optimizer)
     else:
         tape.backward(loss)
         optimizer.step()

@@ -25,7 +25,7 @@ from netcl.io import load_checkpoint, save_checkpoint
 from netcl.io.checkpoint import read_checkpoint
 from netcl.ops import random
 from netcl.train import tensorboard
-from netcl.train.loop import GraphedStep, MixedPrecision, build_model, evaluate, train_epoch
+from netcl.train.loop import GraphedStep, MixedPrecision, add_amp_argument, build_model, evaluate, train_epoch
 
 # Defaults per dataset, so the job ends on a result worth showing whichever one it found (2-core PoCL
 # CPU device: Fashion-MNIST CNN 2 x 20000 images ~87% in a few minutes; the 1437 digits at batch 32
@@ -114,9 +114,7 @@ def register(subparsers: Any) -> None:
                    "run under runs/; --epochs may raise the total (the cosine schedule is stretched to it)")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier run in OUT instead of refusing")
     p.add_argument("--no-progress", action="store_true", help="no progress bars (plain lines)")
-    p.add_argument("--amp", nargs="?", const="float16", choices=("float16", "bfloat16"), default=None,
-                   help="mixed precision: linear layers under netcl.amp.autocast (float16, the default, with a "
-                        "GradScaler; or bfloat16), float32 master weights and loss")
+    add_amp_argument(p)
     p.add_argument("--nproc", type=_positive_int, default=1,
                    help="data parallelism: N processes, one per device (one GPU each when there are N, else all on "
                    "--device), each with --batch-size samples of every step; gradients averaged (netcl.distributed)")
