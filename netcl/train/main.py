@@ -319,6 +319,8 @@ def run(args: argparse.Namespace) -> int:
     mixed = MixedPrecision.make(args.amp) if args.amp else None
     if mixed is not None:
         log(f"mixed precision: autocast {args.amp}{', dynamic loss scaling' if mixed.scaler else ''}")
+        if mixed.scaler is not None and resume_from is not None and meta["extra"].get("grad_scaler"):
+            mixed.scaler.load_state_dict(meta["extra"]["grad_scaler"])  # the loss scale it had reached
     step_model = dist.DistributedDataParallel(model) if args.nproc > 1 else model  # after a resume's load
     graphed = None if args.eager else GraphedStep(model, opt, sched, mixed)
     run_args = {**{k: s[k] for k in RUN_SETTINGS if k != "dataset"}, "dataset": data.name, "epochs": s["epochs"]}
@@ -365,7 +367,8 @@ def run(args: argparse.Namespace) -> int:
             continue
         save_checkpoint(
             ckpt, model, opt, sched, step=(epoch + 1) * len(loader), epoch=epoch + 1, loader=loader,
-            extra={"history": history, "model": s["model"], "dataset": data.name, "args": run_args},
+            extra={"history": history, "model": s["model"], "dataset": data.name, "args": run_args,
+                   **({"grad_scaler": mixed.scaler.state_dict()} if mixed is not None and mixed.scaler else {})},
         )
         if ckpt not in written:
             written.append(ckpt)
