@@ -11,7 +11,7 @@ Every elementwise function of netcl.ops is an op here, its derivative from netcl
 nnops.py, loss.py), calling the backward kernels of netcl.ops. Reduced losses are Tensors of shape (1,).
 """
 
-from netcl.autograd import attention, elementwise, engine, loss, movement, nnops, operators, reduce
+from netcl.autograd import attention, elementwise, engine, loss, movement, nnops, operators, reduce, transformer
 from netcl.autograd.attention import *  # noqa: F403
 from netcl.autograd.elementwise import *  # noqa: F403  (every elementwise op of netcl.ops, on Nodes)
 from netcl.autograd.engine import *  # noqa: F403
@@ -19,8 +19,9 @@ from netcl.autograd.loss import *  # noqa: F403
 from netcl.autograd.movement import *  # noqa: F403
 from netcl.autograd.nnops import *  # noqa: F403
 from netcl.autograd.reduce import *  # noqa: F403
+from netcl.autograd.transformer import *  # noqa: F403
 
 operators.install()
 
-__all__ = [name for module in (engine, attention, elementwise, loss, movement, nnops, reduce)
+__all__ = [name for module in (engine, attention, elementwise, loss, movement, nnops, reduce, transformer)
            for name in module.__all__]

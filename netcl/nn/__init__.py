@@ -27,6 +27,7 @@ from netcl.nn.layers import (
     Tanh,
 )
 from netcl.nn.module import Module, StateDictError
+from netcl.nn.transformer import GELUMLP, KVCache, MultiHeadAttention, RoPE, SwiGLU, TransformerBlock
 
 __all__ = [
     "AdaptiveAvgPool2d",
@@ -38,22 +39,28 @@ __all__ = [
     "Embedding",
     "Flatten",
     "GELU",
+    "GELUMLP",
     "Identity",
+    "KVCache",
     "LayerNorm",
     "LeakyReLU",
     "Linear",
     "MaxPool2d",
     "Module",
     "ModuleList",
+    "MultiHeadAttention",
     "Parameter",
     "RMSNorm",
+    "RoPE",
     "ReLU",
     "SiLU",
     "Sequential",
     "Sigmoid",
     "Softmax",
+    "SwiGLU",
     "StateDictError",
     "Tanh",
+    "TransformerBlock",
     "functional",
     "init",
 ]

@@ -11,11 +11,14 @@ from netcl.ops.conv import *  # noqa: F403
 from netcl.ops.elementwise import *  # noqa: F403
 from netcl.ops.fused import *  # noqa: F403
 from netcl.ops.gemm import linear, matmul, matmul_epilogue  # (the package stays netcl.ops.gemm: no star)
+from netcl.ops.kvcache import *  # noqa: F403
 from netcl.ops.movement import *  # noqa: F403
 from netcl.ops.norm import *  # noqa: F403
 from netcl.ops.pool import *  # noqa: F403
 from netcl.ops.random import rand, randint, randn
 from netcl.ops.reduce import *  # noqa: F403
+from netcl.ops.rope import *  # noqa: F403
+from netcl.ops.sampling import *  # noqa: F403
 
 copy.install()
 operators.install()

@@ -1,0 +1,67 @@
+// Rotary position embedding (RoPE): each pair (x1, x2) of a head vector is rotated by the angle
+// p * inv_freq[i] of its position p and pair index i:
+//   out1 = x1 cos - d x2 sin,   out2 = x2 cos + d x1 sin      (direction d = -1: the inverse rotation,
+//   which is also the backward of the rotation).
+// Pairing (PAIRING): ROPE_HALF pairs x[i] with x[i + D/2] (GPT-NeoX, Hugging Face Llama's
+// rotate_half); ROPE_INTERLEAVED pairs x[2i] with x[2i + 1] (Meta's original Llama, GPT-J).
+// x is (B, H, S, D) read through any strides; the position of row s of batch b is
+// p = s + offsets[offset_off + b * offset_stride] (offset_stride 0: one offset for the batch), read on
+// the device so a recorded decode step replays at the next position. cos/sin are tables (max_len, D/2) of ACC.
+// OUT_AT_POSITION: out's position index is p instead of s (writes straight into a KV cache of
+// max_len rows along axis 2). A position outside [0, max_len) is reported in the queue's check
+// record (checks.cl) and its pair is not written.
+// Layout: 2-D global (D/2, B*H*S); one work-item rotates one pair of one row (bound-checked).
+// Build options: T, ACC, IS_HALF, USE_FP64 (common.cl), -DPAIRING=ROPE_HALF|ROPE_INTERLEAVED,
+//   -DOUT_AT_POSITION (flag).
+
+#include "common.cl"
+#include "checks.cl"
+
+#define ROPE_HALF 1
+#define ROPE_INTERLEAVED 2
+
+#ifdef IS_HALF
+#define LOAD(p, i) vload_half((i), (p))
+#define STORE(v, i, p) vstore_half_rte((v), (i), (p))
+#else
+#define LOAD(p, i) ((ACC)(p)[i])
+#define STORE(v, i, p) ((p)[i] = (T)(v))
+#endif
+
+__kernel void rope_rotate(__global const T *x, const long x_off, const long4 x_strides,
+                          __global T *out, const long out_off, const long4 out_strides,
+                          __global const ACC *cos_table, __global const ACC *sin_table,
+                          __global const int *offsets, const long offset_off, const int offset_stride,
+                          const int heads, const int seq, const long rows, const int half_dim,
+                          const int max_len, const ACC direction, __global int *err, const int err_code)
+{
+    const int i = get_global_id(0);
+    const long row = get_global_id(1);
+    if (i >= half_dim || row >= rows) return;
+    const long b = row / ((long)heads * seq);
+    const long h = (row / seq) % heads;
+    const long s = row % seq;
+    const long p = s + offsets[offset_off + b * offset_stride];
+    if (p < 0 || p >= max_len) {
+        if (i == 0) report_check(err, err_code, p, row, max_len);
+        return;
+    }
+#ifdef OUT_AT_POSITION
+    const long s_out = p;
+#else
+    const long s_out = s;
+#endif
+#if PAIRING == ROPE_HALF
+    const long i1 = i, i2 = i + half_dim;
+#else
+    const long i1 = 2 * (long)i, i2 = 2 * (long)i + 1;
+#endif
+    const long xb = x_off + b * x_strides.s0 + h * x_strides.s1 + s * x_strides.s2;
+    const long ob = out_off + b * out_strides.s0 + h * out_strides.s1 + s_out * out_strides.s2;
+    const ACC c = cos_table[p * half_dim + i];
+    const ACC sn = direction * sin_table[p * half_dim + i];
+    const ACC x1 = LOAD(x, xb + i1 * x_strides.s3);
+    const ACC x2 = LOAD(x, xb + i2 * x_strides.s3);
+    STORE(x1 * c - x2 * sn, ob + i1 * out_strides.s3, out);
+    STORE(x2 * c + x1 * sn, ob + i2 * out_strides.s3, out);
+}

@@ -1,0 +1,166 @@
+// Next-token sampling from a row of logits per batch element, on the device (a recorded decode step then
+// needs no host work but reading the tokens).
+//   SAMPLE_GREEDY: the index of the largest logit (the first on ties).
+//   SAMPLE_RANDOM: z = logit / temperature; keep the top_k largest z (0: all; ties at the k-th value all
+//     kept, as Hugging Face's TopKLogitsWarper), then the smallest set of the largest kept z whose softmax
+//     mass reaches top_p (>= 1: all; Hugging Face's TopPLogitsWarper, ties kept); draw from the softmax
+//     of the kept z by the Gumbel-max trick: argmax of z - log(-log(u)) over the kept tokens, u the
+//     row's uniforms in [0, 1).
+//   Both thresholds are found exactly by bisection over the 32 bits of an order-preserving integer key
+//   of z (no sort): 32 counting passes over the row for top_k, 32 mass passes for top_p (exp(z - max)
+//   of each kept token is stored once in `scratch`).
+// Layout: one work-group of WG work-items per row (global WG * rows); each work-item strides over the
+// vocabulary, then a tree reduction in local memory. CPUs use WG = 1 (one row per work-item, no barrier
+// work). Reads logits (row stride any, elements contiguous), uniforms (rows, vocab) contiguous; writes
+// scratch (top_p only) and out[out_off + row * out_stride] (int).
+// Build options: T, ACC, IS_HALF (common.cl; float16 or float32 logits), -DMODE=SAMPLE_GREEDY|SAMPLE_RANDOM,
+//   -DWG=<power of two>.
+
+#include "common.cl"
+
+#define SAMPLE_GREEDY 1
+#define SAMPLE_RANDOM 2
+
+#ifdef IS_HALF
+#define LOAD(p, i) vload_half((i), (p))
+#else
+#define LOAD(p, i) ((float)(p)[i])
+#endif
+
+// an unsigned key with key(a) < key(b) exactly when a < b (for non-NaN floats)
+inline uint order_key(float f) {
+    const uint bits = as_uint(f);
+    return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
+}
+
+inline float group_sum(float v, __local float *buf) {
+    const int l = get_local_id(0);
+    buf[l] = v;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int s = WG / 2; s > 0; s >>= 1) {
+        if (l < s) buf[l] += buf[l + s];
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    const float r = buf[0];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    return r;
+}
+
+inline float group_max(float v, __local float *buf) {
+    const int l = get_local_id(0);
+    buf[l] = v;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int s = WG / 2; s > 0; s >>= 1) {
+        if (l < s) buf[l] = fmax(buf[l], buf[l + s]);
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    const float r = buf[0];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    return r;
+}
+
+inline uint group_count(uint v, __local uint *buf) {
+    const int l = get_local_id(0);
+    buf[l] = v;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int s = WG / 2; s > 0; s >>= 1) {
+        if (l < s) buf[l] += buf[l + s];
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    const uint r = buf[0];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    return r;
+}
+
+// (score, index) pairs: the larger score wins, then the smaller index; index -1 (nothing yet) loses
+inline int better(float s, int i, float best, int best_i) {
+    if (i < 0) return 0;
+    if (best_i < 0) return 1;
+    return s > best || (s == best && i < best_i);
+}
+
+inline int group_argmax(float s, int i, __local float *scores, __local int *idx) {
+    const int l = get_local_id(0);
+    scores[l] = s;
+    idx[l] = i;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int w = WG / 2; w > 0; w >>= 1) {
+        if (l < w && better(scores[l + w], idx[l + w], scores[l], idx[l])) {
+            scores[l] = scores[l + w];
+            idx[l] = idx[l + w];
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    const int r = idx[0];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    return r;
+}
+
+__kernel void sample_tokens(__global const T *logits, const long logits_off, const long row_stride,
+                            const int vocab, __global const float *uniforms, __global float *scratch,
+                            __global int *out, const long out_off, const long out_stride,
+                            const float inv_temperature, const int top_k, const float top_p)
+{
+    __local float fbuf[WG];
+    __local int ibuf[WG];
+    __local uint ubuf[WG];
+    const long row = get_group_id(0);
+    const int l = get_local_id(0);
+    const long base = logits_off + row * row_stride;
+#if MODE == SAMPLE_GREEDY
+    float best = 0.0f;
+    int best_i = -1;
+    for (int j = l; j < vocab; j += WG) {
+        const float v = LOAD(logits, base + j);
+        if (better(v, j, best, best_i)) { best = v; best_i = j; }
+    }
+    const int token = group_argmax(best, best_i, fbuf, ibuf);
+#else
+    // top_k: the largest key t with count(key >= t) >= top_k is the key of the k-th largest z
+    uint keep_from = 0u;
+    if (top_k > 0 && top_k < vocab) {
+        for (int bit = 31; bit >= 0; --bit) {
+            const uint cand = keep_from | (1u << bit);
+            uint n = 0u;
+            for (int j = l; j < vocab; j += WG)
+                n += order_key(LOAD(logits, base + j) * inv_temperature) >= cand;
+            if (group_count(n, ubuf) >= (uint)top_k) keep_from = cand;
+        }
+    }
+    // top_p: the largest key t whose kept mass sum(exp(z - max) over key >= t) reaches top_p of the total
+    if (top_p < 1.0f) {
+        float m = -INFINITY;
+        for (int j = l; j < vocab; j += WG) m = fmax(m, LOAD(logits, base + j) * inv_temperature);
+        m = group_max(m, fbuf);
+        __global float *e = scratch + row * (long)vocab;
+        float part = 0.0f;
+        for (int j = l; j < vocab; j += WG) {
+            const float z = LOAD(logits, base + j) * inv_temperature;
+            const float w = order_key(z) >= keep_from ? exp(z - m) : 0.0f;
+            e[j] = w;
+            part += w;
+        }
+        const float goal = top_p * group_sum(part, fbuf);
+        uint t = 0u;
+        for (int bit = 31; bit >= 0; --bit) {
+            const uint cand = t | (1u << bit);
+            float mass = 0.0f;
+            for (int j = l; j < vocab; j += WG)
+                if (order_key(LOAD(logits, base + j) * inv_temperature) >= cand) mass += e[j];
+            if (group_sum(mass, fbuf) >= goal) t = cand;
+        }
+        keep_from = max(keep_from, t);
+    }
+    float best = 0.0f;
+    int best_i = -1;
+    __global const float *u = uniforms + row * (long)vocab;
+    for (int j = l; j < vocab; j += WG) {
+        const float z = LOAD(logits, base + j) * inv_temperature;
+        if (order_key(z) < keep_from) continue;
+        const float score = z - log(-log(u[j]));
+        if (better(score, j, best, best_i)) { best = score; best_i = j; }
+    }
+    const int token = group_argmax(best, best_i, fbuf, ibuf);
+#endif
+    if (l == 0) out[out_off + row * out_stride] = token;
+}

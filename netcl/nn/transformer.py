@@ -1,0 +1,277 @@
+"""Transformer layers: rotary embeddings, SwiGLU and GELU feed-forwards, multi-head attention with
+grouped-query heads and a KV cache, and the pre-norm block made of them.
+
+Shapes: activations are (batch, positions, dim); heads are (batch, heads, positions, head_dim) views of
+the projections (a permute, no copy). A residual add runs in the epilogue of the GEMM that ends each
+branch (netcl.autograd.linear_residual), so a block costs no separate add launches.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+import netcl.autograd as ag
+from netcl import ops
+from netcl.autograd.engine import Node, as_node
+from netcl.core import dtypes, shapes
+from netcl.core.backend import as_queue
+from netcl.core.tensor import Tensor
+from netcl.errors import ShapeError
+from netcl.nn.layers import LayerNorm, Linear, RMSNorm, _probability
+from netcl.nn.module import Module
+from netcl.ops import random
+from netcl.ops.rope import ROPE_PAIRINGS
+
+__all__ = ["GELUMLP", "KVCache", "MultiHeadAttention", "RoPE", "SwiGLU", "TransformerBlock"]
+
+
+class RoPE(Module):
+    """Rotary position embedding of heads x (B, H, S, D): pair i of the head vector at position p is
+    rotated by p * base^(-2i/D). pairing "half" pairs x[i] with x[i + D/2] (GPT-NeoX, Hugging Face Llama),
+    "interleaved" x[2i] with x[2i+1] (Meta's Llama, GPT-J). The cos/sin tables (max_len, D/2) are made
+    once per (max_len, D, base) and are not state (no parameters, nothing in state_dict)."""
+
+    def __init__(self, q: Any, head_dim: int, max_len: int, base: float = 10000.0, pairing: str = "half",
+                 dtype: Any = "float32"):
+        super().__init__()
+        if pairing not in ROPE_PAIRINGS:
+            raise ValueError(f"RoPE: pairing must be one of {sorted(ROPE_PAIRINGS)}, got {pairing!r}")
+        self.head_dim = shapes.size(head_dim, "RoPE: head_dim", minimum=2)
+        self.max_len = shapes.size(max_len, "RoPE: max_len", minimum=1)
+        self.base, self.pairing = float(base), pairing
+        self.cos, self.sin = ops.rope_tables(as_queue(q), self.max_len, self.head_dim, self.base, dtype)
+
+    def forward(self, x: Node, offset: Tensor | None = None) -> Node:
+        """x (B, H, S, D) rotated at positions s + offset (offset: None or an int32 device Tensor (1,) or
+        (B,), e.g. a KV cache's length)."""
+        return ag.rope(x, self.cos, self.sin, offset, self.pairing)
+
+    def rotate_into(self, x: Tensor, cache: Tensor, offset: Tensor) -> None:
+        """Rotate x (B, H, S, D) and write it into cache (B, H, capacity, D) at positions offset + s (one
+        launch: the rotation is the cache write; no gradient)."""
+        ops.rope(x, self.cos, self.sin, offset, self.pairing, out=cache, out_at_offset=True)
+
+    def extra_repr(self) -> str:
+        return f"head_dim={self.head_dim}, max_len={self.max_len}, base={self.base}, pairing={self.pairing!r}"
+
+
+class SwiGLU(Module):
+    """w2(silu(w1 x) * w3 x): x (..., dim) -> (..., dim), hidden width hidden_dim. silu(a) * b is one
+    fused launch (and one for both its gradients); a residual is added in w2's GEMM epilogue."""
+
+    def __init__(self, q: Any, dim: int, hidden_dim: int, bias: bool = False, dtype: Any = "float32",
+                 generator: random.Generator | None = None):
+        super().__init__()
+        self.w1 = Linear(q, dim, hidden_dim, bias=bias, dtype=dtype, generator=generator)
+        self.w3 = Linear(q, dim, hidden_dim, bias=bias, dtype=dtype, generator=generator)
+        self.w2 = Linear(q, hidden_dim, dim, bias=bias, dtype=dtype, generator=generator)
+
+    def forward(self, x: Node, residual: Node | None = None) -> Node:
+        h = ag.silu_mul(self.w1(x), self.w3(x))
+        return _project(h, self.w2, residual)
+
+
+class GELUMLP(Module):
+    """GPT-2's feed-forward proj(gelu(fc x)): x (..., dim) -> (..., dim); the activation ('gelu_tanh',
+    'gelu', 'relu' or 'silu') follows fc's GEMM, a residual is added in proj's epilogue."""
+
+    def __init__(self, q: Any, dim: int, hidden_dim: int, bias: bool = True, activation: str = "gelu_tanh",
+                 dtype: Any = "float32", generator: random.Generator | None = None):
+        super().__init__()
+        if activation not in ("gelu_tanh", "gelu", "relu", "silu"):
+            raise ValueError(f"GELUMLP: activation must be 'gelu_tanh', 'gelu', 'relu' or 'silu', got {activation!r}")
+        self.activation = activation
+        self.fc = Linear(q, dim, hidden_dim, bias=bias, dtype=dtype, generator=generator)
+        self.proj = Linear(q, hidden_dim, dim, bias=bias, dtype=dtype, generator=generator)
+
+    def forward(self, x: Node, residual: Node | None = None) -> Node:
+        h = ag.linear(x, self.fc.weight, self.fc.bias, activation=self.activation)
+        return _project(h, self.proj, residual)
+
+    def extra_repr(self) -> str:
+        return f"activation={self.activation!r}"
+
+
+def _project(h: Node, layer: Linear, residual: Node | None) -> Node:
+    if residual is None:
+        return layer(h)
+    return ag.linear_residual(h, layer.weight, layer.bias, residual)
+
+
+class KVCache:
+    """Keys and values of one attention layer for cached decoding, preallocated (B, n_kv_heads, max_len,
+    head_dim) each. Writes go to the position held by a device int32 tensor (the number of tokens already
+    cached), so a recorded decode step replays at the next position."""
+
+    def __init__(self, q: Any, batch: int, n_kv_heads: int, max_len: int, head_dim: int, dtype: Any = "float32"):
+        q = as_queue(q)
+        shape = (shapes.size(batch, "KVCache: batch", minimum=1), shapes.size(n_kv_heads, "KVCache: n_kv_heads", 1),
+                 shapes.size(max_len, "KVCache: max_len", minimum=1), shapes.size(head_dim, "KVCache: head_dim", 1))
+        self.k = Tensor.zeros(q, shape, dtype)
+        self.v = Tensor.zeros(q, shape, dtype)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.k.shape
+
+    @property
+    def capacity(self) -> int:
+        return self.k.shape[2]
+
+    def write(self, k: Tensor, v: Tensor, position: Tensor) -> None:
+        """k, v (B, n_kv_heads, S, head_dim) into positions position .. position + S - 1."""
+        ops.cache_write(self.k, k, position)
+        ops.cache_write(self.v, v, position)
+
+    def __repr__(self) -> str:
+        return f"KVCache(shape={self.k.shape}, dtype={self.k.dtype})"
+
+
+class MultiHeadAttention(Module):
+    """Self-attention of x (B, S, dim) -> (B, S, dim): q, k, v projections to n_heads query heads and
+    n_kv_heads key/value heads of head_dim (n_kv_heads divides n_heads: grouped-query attention), rotary
+    embeddings on q and k when `rope` is given, streaming attention (netcl.autograd.flash_attention;
+    causal by default, masks, dropout on the probabilities in training) and the output projection.
+
+    With a KVCache and `position` (int32 device Tensor (1,) or (B,): how many tokens the cache holds),
+    the new keys and values are written into the cache (k rotated straight into it) and the queries
+    attend over the cache's first position + S keys: the work grows with the length, not the capacity."""
+
+    def __init__(self, q: Any, dim: int, n_heads: int, n_kv_heads: int | None = None, head_dim: int | None = None,
+                 bias: bool = False, out_bias: bool | None = None, dropout: float = 0.0, causal: bool = True,
+                 rope: RoPE | None = None, dtype: Any = "float32", generator: random.Generator | None = None):
+        super().__init__()
+        self.dim = shapes.size(dim, "MultiHeadAttention: dim", minimum=1)
+        self.n_heads = shapes.size(n_heads, "MultiHeadAttention: n_heads", minimum=1)
+        self.n_kv_heads = shapes.size(n_heads if n_kv_heads is None else n_kv_heads,
+                                      "MultiHeadAttention: n_kv_heads", minimum=1)
+        if self.n_heads % self.n_kv_heads:
+            raise ShapeError(f"MultiHeadAttention: n_kv_heads={self.n_kv_heads} must divide n_heads={self.n_heads}")
+        if head_dim is None and self.dim % self.n_heads:
+            raise ShapeError(f"MultiHeadAttention: dim={self.dim} is not divisible by n_heads={self.n_heads}; "
+                             "pass head_dim")
+        self.head_dim = shapes.size(self.dim // self.n_heads if head_dim is None else head_dim,
+                                    "MultiHeadAttention: head_dim", minimum=1)
+        if rope is not None and (not isinstance(rope, RoPE) or rope.head_dim != self.head_dim):
+            raise ShapeError(f"MultiHeadAttention: rope must be a RoPE of head_dim {self.head_dim}, got {rope!r}")
+        self.dropout = _probability(dropout, "MultiHeadAttention: dropout")
+        self.causal = bool(causal)
+        self.generator = generator
+        self.rope = rope
+        hq, hkv = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
+        self.q_proj = Linear(q, self.dim, hq, bias=bias, dtype=dtype, generator=generator)
+        self.k_proj = Linear(q, self.dim, hkv, bias=bias, dtype=dtype, generator=generator)
+        self.v_proj = Linear(q, self.dim, hkv, bias=bias, dtype=dtype, generator=generator)
+        self.o_proj = Linear(q, hq, self.dim, bias=bias if out_bias is None else out_bias, dtype=dtype,
+                             generator=generator)
+
+    def _heads(self, t: Node, b: int, s: int, heads: int) -> Node:
+        return ag.permute(ag.reshape(t, (b, s, heads, self.head_dim)), (0, 2, 1, 3))
+
+    def forward(self, x: Node, mask: Any = None, cache: KVCache | None = None, position: Tensor | None = None,
+                kv_len: Tensor | None = None, residual: Node | None = None) -> Node:
+        """x (B, S, dim) -> (B, S, dim) (+ residual, added in the output projection's epilogue).
+
+        mask: bool (True = attend) or additive float, broadcastable to (B, n_heads, S, keys) (keys: S, or
+        the cache's capacity). cache/position: the cached path (see the class docstring); kv_len: the
+        number of valid cache keys, position + S, when the caller computed it once for every layer."""
+        x = as_node(x)
+        if x.ndim != 3 or x.shape[2] != self.dim:
+            raise ShapeError(f"MultiHeadAttention: x must be (batch, positions, {self.dim}), got {x.shape}")
+        b, s, _ = x.shape
+        qh = self._heads(self.q_proj(x), b, s, self.n_heads)
+        kh = self._heads(self.k_proj(x), b, s, self.n_kv_heads)
+        vh = self._heads(self.v_proj(x), b, s, self.n_kv_heads)
+        if cache is None:
+            if self.rope is not None:
+                qh, kh = self.rope(qh, position), self.rope(kh, position)
+            keys, values, lengths = kh, vh, None
+        else:
+            if not isinstance(cache, KVCache) or cache.shape != (b, self.n_kv_heads, cache.capacity, self.head_dim):
+                raise ShapeError(f"MultiHeadAttention: cache must be a KVCache of shape ({b}, {self.n_kv_heads}, "
+                                 f"capacity, {self.head_dim}), got {cache!r}")
+            if position is None:
+                raise ShapeError("MultiHeadAttention: a cache needs position= (an int32 device Tensor holding "
+                                 "how many tokens the cache already holds)")
+            if self.rope is not None:
+                qh = self.rope(qh, position)
+                self.rope.rotate_into(kh.value, cache.k, position)
+            else:
+                ops.cache_write(cache.k, kh.value, position)
+            ops.cache_write(cache.v, vh.value, position)
+            keys, values = cache.k, cache.v
+            lengths = kv_len if kv_len is not None else ops.add(position, s)
+        p = self.dropout if self.training else 0.0
+        gen = self.generator if self.generator is not None else random.default_generator
+        o = ag.flash_attention(qh, keys, values, causal=self.causal, mask=mask, dropout_p=p, generator=gen,
+                               kv_len=lengths)
+        o = ag.reshape(ag.permute(o, (0, 2, 1, 3)), (b, s, self.n_heads * self.head_dim))
+        return _project(o, self.o_proj, residual)
+
+    def extra_repr(self) -> str:
+        return (f"dim={self.dim}, n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}, head_dim={self.head_dim}, "
+                f"causal={self.causal}, dropout={self.dropout}")
+
+
+class TransformerBlock(Module):
+    """Pre-norm block: h = x + attn(attn_norm(x)); out = h + mlp(mlp_norm(h)), x (B, S, dim).
+
+    norm: "rms" (RMSNorm) or "layer" (LayerNorm, with bias when `bias`); mlp: "swiglu" (Llama) or "gelu"
+    (GPT-2, `activation`). With dropout > 0 in training, each branch's output is dropped before its
+    residual add (which then runs as its own launch instead of in the GEMM's epilogue)."""
+
+    def __init__(self, q: Any, dim: int, n_heads: int, hidden_dim: int, n_kv_heads: int | None = None,
+                 head_dim: int | None = None, norm: str = "rms", mlp: str = "swiglu", norm_eps: float = 1e-5,
+                 bias: bool = False, mlp_bias: bool | None = None, activation: str = "gelu_tanh",
+                 rope: RoPE | None = None, dropout: float = 0.0, attn_dropout: float = 0.0, causal: bool = True,
+                 dtype: Any = "float32", generator: random.Generator | None = None):
+        super().__init__()
+        if norm not in ("rms", "layer"):
+            raise ValueError(f"TransformerBlock: norm must be 'rms' or 'layer', got {norm!r}")
+        if mlp not in ("swiglu", "gelu"):
+            raise ValueError(f"TransformerBlock: mlp must be 'swiglu' or 'gelu', got {mlp!r}")
+        mlp_bias = bias if mlp_bias is None else mlp_bias
+        self.dropout = _probability(dropout, "TransformerBlock: dropout")
+        self.generator = generator
+
+        def make_norm() -> Module:
+            if norm == "rms":
+                return RMSNorm(q, dim, eps=norm_eps, dtype=dtype)
+            return LayerNorm(q, dim, eps=norm_eps, bias=True, dtype=dtype)
+
+        self.attn_norm = make_norm()
+        self.attn = MultiHeadAttention(q, dim, n_heads, n_kv_heads, head_dim, bias=bias, dropout=attn_dropout,
+                                       causal=causal, rope=rope, dtype=dtype, generator=generator)
+        self.mlp_norm = make_norm()
+        if mlp == "swiglu":
+            self.mlp = SwiGLU(q, dim, hidden_dim, bias=mlp_bias, dtype=dtype, generator=generator)
+        else:
+            self.mlp = GELUMLP(q, dim, hidden_dim, bias=mlp_bias, activation=activation, dtype=dtype,
+                               generator=generator)
+
+    def _drop(self, x: Node) -> Node:
+        gen = self.generator if self.generator is not None else random.default_generator
+        return ag.dropout(x, self.dropout, True, generator=gen)
+
+    def forward(self, x: Node, mask: Any = None, cache: KVCache | None = None, position: Tensor | None = None,
+                kv_len: Tensor | None = None) -> Node:
+        x = as_node(x)
+        if self.training and self.dropout > 0:
+            h = x + self._drop(self.attn(self.attn_norm(x), mask, cache, position, kv_len))
+            return h + self._drop(self.mlp(self.mlp_norm(h)))
+        h = self.attn(self.attn_norm(x), mask, cache, position, kv_len, residual=x)
+        return self.mlp(self.mlp_norm(h), residual=h)
+
+
+def padding_mask(mask: Any, batch: int, keys: int, queue: Any) -> Tensor:
+    """A (B, S) padding mask (nonzero / True = a real token) as flash attention's bool (B, 1, 1, S)."""
+    t = mask.value if isinstance(mask, Node) else mask
+    if not isinstance(t, Tensor):
+        t = Tensor.from_host(queue, np.asarray(t))
+    if t.shape != (batch, keys):
+        raise ShapeError(f"attention_mask must be (batch, positions) = ({batch}, {keys}), got {t.shape}")
+    if t.dtype != dtypes.bool_:
+        t = ops.ne(t, 0)
+    return t.reshape(batch, 1, 1, keys)

@@ -1,0 +1,163 @@
+"""Rotary position embeddings (kernels/rope.cl): the cos/sin tables and the rotation of (B, H, S, D) heads.
+
+Rotation is not a same-index elementwise map (each output reads its pair partner) and the position offset
+of cached decoding comes from a device tensor, so it is a small kernel; its backward is the same kernel
+rotating by -theta (`inverse=True`).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import numpy as np
+import pyopencl.cltypes as cltypes
+
+from netcl import kernels
+from netcl.core import dtypes, shapes
+from netcl.core.backend import as_queue, device_check
+from netcl.core.tensor import Tensor, check_same_queue
+from netcl.errors import DTypeError, ShapeError
+
+__all__ = ["rope", "rope_tables"]
+
+ROPE_PAIRINGS = {"half": "ROPE_HALF", "interleaved": "ROPE_INTERLEAVED"}
+
+_POSITION_CHECK = device_check("rope: position {value} (row {row} of (B*H*S)) is outside [0, {limit}), the "
+                               "positions the rotary table (max_len) or the output holds")
+
+_tables: dict[tuple, tuple[Tensor, Tensor]] = {}
+_zeros: dict[int, Tensor] = {}
+
+
+def _table_dtype(dtype: np.dtype) -> np.dtype:
+    """Tables hold the kernel's arithmetic type: float64 for float64 heads, else float32."""
+    return dtypes.float64 if dtype == dtypes.float64 else dtypes.float32
+
+
+def rope_tables(q: Any, max_len: int, dim: int, base: float = 10000.0,
+                dtype: Any = np.float32) -> tuple[Tensor, Tensor]:
+    """(cos, sin), each (max_len, dim // 2): angle[p, i] = p * base^(-2i / dim), for heads of `dtype`.
+
+    Computed once per (queue, max_len, dim, base, dtype) and shared. For float32 heads the angles are
+    float32 products of float32 inverse frequencies (as Hugging Face computes them), so logits match."""
+    max_len = shapes.size(max_len, "rope_tables: max_len", minimum=1)
+    dim = shapes.size(dim, "rope_tables: dim", minimum=2)
+    if dim % 2:
+        raise ShapeError(f"rope_tables: the rotated dimension must be even, got {dim}")
+    if not (isinstance(base, (int, float, np.integer, np.floating)) and math.isfinite(base) and base > 1):
+        raise ValueError(f"rope_tables: base must be a finite number above 1, got {base!r}")
+    table_dt = _table_dtype(dtypes.normalize(dtype))
+    q = as_queue(q)
+    key = (id(q), max_len, dim, float(base), table_dt)
+    hit = _tables.get(key)
+    if hit is not None and hit[0].queue is q:
+        return hit
+    exponents = np.arange(0, dim, 2, dtype=np.int64).astype(table_dt) / table_dt.type(dim)
+    inv_freq = (1.0 / (table_dt.type(base) ** exponents)).astype(table_dt)
+    angles = np.arange(max_len, dtype=table_dt)[:, None] * inv_freq[None, :]
+    cos = Tensor.from_host(q, np.cos(angles.astype(np.float64)).astype(table_dt))
+    sin = Tensor.from_host(q, np.sin(angles.astype(np.float64)).astype(table_dt))
+    if len(_tables) >= 64:
+        _tables.clear()
+    _tables[key] = (cos, sin)
+    return cos, sin
+
+
+def _zero_offset(queue: Any) -> Tensor:
+    t = _zeros.get(id(queue))
+    if t is None or t.queue is not queue:
+        t = _zeros[id(queue)] = Tensor.zeros(queue, (1,), np.int32)
+    return t
+
+
+def offset_args(op: str, offset: Tensor | None, batch: int, queue: Any) -> dict[str, Any]:
+    """The kernel arguments (offsets, offset_off, offset_stride) of a position offset: None (0), or an
+    int32 device Tensor of shape (1,) (one offset) or (B,) (one per batch row)."""
+    if offset is None:
+        zero = _zero_offset(queue)
+        return dict(offsets=zero.buffer, offset_off=np.int64(0), offset_stride=np.int32(0))
+    if not isinstance(offset, Tensor):
+        raise DTypeError(f"{op}: offset must be an int32 device Tensor of shape (1,) or ({batch},), got "
+                         f"{type(offset).__name__} (a Python int would be baked into a recorded step)")
+    if offset.queue is not queue:
+        raise ShapeError(f"{op}: offset lives on {offset.queue!r}, the tensors on {queue!r}")
+    if offset.dtype != dtypes.int32 or offset.shape not in ((1,), (batch,)):
+        raise ShapeError(f"{op}: offset must be an int32 Tensor of shape (1,) or ({batch},), got "
+                         f"{offset.dtype} {offset.shape}")
+    stride = offset.strides[0] if offset.shape[0] > 1 else 0
+    return dict(offsets=offset.buffer, offset_off=np.int64(offset.offset), offset_stride=np.int32(stride))
+
+
+def strides4(t: Tensor) -> np.ndarray:
+    """A 4-D tensor's strides as the long4 kernel argument."""
+    return _long4(tuple(t.strides))
+
+
+@functools.lru_cache(maxsize=1024)
+def _long4(values: tuple[int, ...]) -> np.ndarray:
+    return cltypes.make_long4(*values)  # (a constructor eval, ~50 us: cached, the arrays are only read)
+
+
+def rope(x: Tensor, cos: Tensor, sin: Tensor, offset: Tensor | None = None, pairing: str = "half",
+         inverse: bool = False, out: Tensor | None = None, out_at_offset: bool = False) -> Tensor:
+    """Rotate the pairs of x (B, H, S, D) (any strides) by the angles of their positions s + offset.
+
+    cos, sin: rope_tables (max_len, D / 2). offset: None or an int32 device Tensor (1,) or (B,) (a KV
+    cache's length, so a recorded decode step replays at the next position). pairing: "half" (x[i] with
+    x[i + D/2]: GPT-NeoX, Hugging Face Llama) or "interleaved" (x[2i] with x[2i+1]: Meta's Llama, GPT-J).
+    inverse: rotate by -theta (the backward). out: where to write (any strides; a new contiguous tensor by
+    default); out_at_offset: out is a KV cache (B, H, capacity, D) and row s goes to position s + offset.
+    A position beyond the table (or the cache) raises ShapeError at the next host read."""
+    if pairing not in ROPE_PAIRINGS:
+        raise ValueError(f"rope: pairing must be one of {sorted(ROPE_PAIRINGS)}, got {pairing!r}")
+    if not isinstance(x, Tensor) or x.ndim != 4:
+        raise ShapeError(f"rope: x must be a 4-D Tensor (batch, heads, positions, head_dim), got "
+                         f"{getattr(x, 'shape', type(x).__name__)}")
+    if x.dtype not in (dtypes.float16, dtypes.float32, dtypes.float64):
+        raise DTypeError(f"rope: x must be float16, float32 or float64, got {x.dtype}")
+    b, h, s, d = x.shape
+    if d % 2:
+        raise ShapeError(f"rope: head_dim must be even to form pairs, got x of shape {x.shape}")
+    table_dt = _table_dtype(x.dtype)
+    for name, t in (("cos", cos), ("sin", sin)):
+        if not isinstance(t, Tensor) or t.ndim != 2 or t.shape[1] != d // 2 or t.dtype != table_dt:
+            raise ShapeError(f"rope: {name} must be a {table_dt} table (max_len, {d // 2}) for x of shape "
+                             f"{x.shape} ({x.dtype}), got {getattr(t, 'dtype', None)} {getattr(t, 'shape', None)}")
+    if cos.shape != sin.shape:
+        raise ShapeError(f"rope: cos {cos.shape} and sin {sin.shape} tables differ")
+    queue = check_same_queue(x, cos, sin)
+    position = offset_args("rope", offset, b, queue)
+    limit = cos.shape[0]
+    if out is None:
+        if out_at_offset:
+            raise ValueError("rope: out_at_offset needs out= (the cache to write into)")
+        out = Tensor.empty(queue, x.shape, x.dtype)
+    else:
+        check_same_queue(out, x)
+        want = (b, h, out.shape[2], d) if out_at_offset else x.shape
+        if not isinstance(out, Tensor) or out.ndim != 4 or out.shape != want or out.dtype != x.dtype:
+            raise ShapeError(f"rope: out must be {x.dtype} of shape {want}" +
+                             (" (a cache: any capacity along axis 2)" if out_at_offset else "") +
+                             f", got {out.dtype} {out.shape}")
+        if out_at_offset:
+            limit = min(limit, out.shape[2])
+    cos, sin = cos.contiguous(), sin.contiguous()
+    if x.size == 0:
+        return out
+    defines: dict[str, Any] = {"PAIRING": ROPE_PAIRINGS[pairing]}
+    if out_at_offset:
+        defines["OUT_AT_POSITION"] = None
+    prg = kernels.program(queue.device, "rope.cl", dtype=x.dtype, **defines)
+    rows = b * h * s
+    prg.rope_rotate(
+        queue, (d // 2, rows), None,
+        x=x.buffer, x_off=np.int64(x.offset), x_strides=strides4(x),
+        out=out.buffer, out_off=np.int64(out.offset), out_strides=strides4(out),
+        cos_table=cos.buffer, sin_table=sin.buffer, **position, heads=np.int32(h), seq=np.int32(s), rows=np.int64(rows),
+        half_dim=np.int32(d // 2), max_len=np.int32(limit),
+        direction=kernels.scalar_type(x.dtype)(-1.0 if inverse else 1.0),
+        err=queue.check_buffer(), err_code=_POSITION_CHECK,
+    )
+    return out

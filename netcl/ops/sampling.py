@@ -1,0 +1,86 @@
+"""Next-token sampling on the device (kernels/sampling.cl): greedy, temperature, top-k and top-p.
+
+Sampling stays on the device so a recorded decode step (netcl.graph) holds the whole step: the host only
+reads the chosen tokens (4 bytes a row) instead of a row of logits, and never sorts a vocabulary.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from netcl import kernels
+from netcl.core import dtypes
+from netcl.core.tensor import Tensor, check_same_queue
+from netcl.errors import DTypeError, ShapeError
+from netcl.ops.elementwise import cast
+from netcl.ops.random import Generator, rand
+
+__all__ = ["check_sampling", "sample"]
+
+
+def check_sampling(temperature: Any, top_k: Any, top_p: Any) -> tuple[float, int, float]:
+    """(temperature, top_k, top_p) checked: temperature >= 0 (0: greedy), top_k None or >= 1 (0 after
+    this: off), top_p None or in (0, 1] (1.0 after this: off)."""
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float, np.integer, np.floating)) \
+            or not math.isfinite(temperature) or temperature < 0:
+        raise ValueError(f"temperature must be a finite number >= 0 (0: greedy), got {temperature!r}")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or top_k < 1):
+        raise ValueError(f"top_k must be None or an integer >= 1, got {top_k!r}")
+    if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, (int, float, np.integer, np.floating))
+                              or not 0.0 < top_p <= 1.0):
+        raise ValueError(f"top_p must be None or a number in (0, 1], got {top_p!r}")
+    return float(temperature), int(top_k or 0), float(1.0 if top_p is None else top_p)
+
+
+def sample(logits: Tensor, out: Tensor | None = None, *, temperature: float = 1.0, top_k: int | None = None,
+           top_p: float | None = None, uniforms: Tensor | None = None,
+           generator: Generator | None = None) -> Tensor:
+    """One token id per row of logits (B, V) into out (B,) int32 (any stride; new if None).
+
+    temperature 0 is greedy (argmax, the first on ties). Otherwise the logits are divided by temperature,
+    filtered by top_k, then top_p (Hugging Face's warpers, in that order; ties at a threshold are all
+    kept), and one token is drawn from the softmax of what is left by the Gumbel-max trick with
+    `uniforms` (B, V) float32 in [0, 1), drawn from `generator` (netcl.ops.random) when None (a recorded
+    step then draws fresh numbers at each replay)."""
+    temperature, top_k, top_p = check_sampling(temperature, top_k, top_p)
+    if not isinstance(logits, Tensor) or logits.ndim != 2 or logits.shape[1] == 0:
+        raise ShapeError(f"sample: logits must be a Tensor (batch, vocab) with vocab >= 1, got "
+                         f"{getattr(logits, 'shape', type(logits).__name__)}")
+    if logits.dtype.kind != "f":
+        raise DTypeError(f"sample: logits must be floating point, got {logits.dtype}")
+    queue = logits.queue
+    rows, vocab = logits.shape
+    if logits.dtype == dtypes.float64 or logits.strides[1] != 1:
+        logits = cast(logits, dtypes.float32).realize()  # float math on one contiguous copy
+    if out is None:
+        out = Tensor.empty(queue, (rows,), np.int32)
+    elif not isinstance(out, Tensor) or out.shape != (rows,) or out.dtype != dtypes.int32:
+        raise ShapeError(f"sample: out must be an int32 Tensor of shape ({rows},), got "
+                         f"{getattr(out, 'dtype', None)} {getattr(out, 'shape', None)}")
+    check_same_queue(logits, out)
+    greedy = temperature == 0.0
+    if not greedy:
+        if uniforms is None:
+            uniforms = rand(queue, (rows, vocab), np.float32, generator=generator)
+        elif not isinstance(uniforms, Tensor) or uniforms.shape != (rows, vocab) or uniforms.dtype != dtypes.float32:
+            raise ShapeError(f"sample: uniforms must be float32 of shape {(rows, vocab)}, got "
+                             f"{getattr(uniforms, 'dtype', None)} {getattr(uniforms, 'shape', None)}")
+        check_same_queue(logits, uniforms)
+        uniforms = uniforms.contiguous() if uniforms.offset == 0 else uniforms.clone()
+    if rows == 0:
+        return out
+    wg = 1 if queue.device.capabilities.kind == "cpu" else kernels.work_group(queue.device)
+    prg = kernels.program(queue.device, "sampling.cl", dtype=logits.dtype,
+                          MODE="SAMPLE_GREEDY" if greedy else "SAMPLE_RANDOM", WG=wg)
+    scratch = Tensor.empty(queue, (rows, vocab), np.float32) if not greedy and top_p < 1.0 else None
+    noise = uniforms if uniforms is not None else out  # (unread when greedy)
+    prg.sample_tokens(queue, (wg * rows,), (wg,), logits=logits.buffer, logits_off=np.int64(logits.offset),
+                      row_stride=np.int64(logits.strides[0]), vocab=np.int32(vocab), uniforms=noise.buffer,
+                      scratch=(scratch if scratch is not None else noise).buffer, out=out.buffer,
+                      out_off=np.int64(out.offset), out_stride=np.int64(out.strides[0]),
+                      inv_temperature=np.float32(0.0 if greedy else 1.0 / temperature), top_k=np.int32(top_k),
+                      top_p=np.float32(top_p))
+    return out

@@ -1,0 +1,100 @@
+"""netcl.ops.sample: greedy, temperature, top-k and top-p sampling on the device, against a NumPy
+reference of Hugging Face's warpers given the same uniforms (the Gumbel-max draw is then exact)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from netcl import ops
+from netcl.core.tensor import Tensor
+from netcl.errors import ShapeError
+from netcl.ops.random import Generator
+
+
+def reference(logits, u, temperature, top_k, top_p):
+    """The token of each row: HF's temperature, top-k, top-p (sorted, cumulative) warpers, then the
+    Gumbel-max draw argmax(z - log(-log(u))) over what is kept."""
+    out = []
+    for z, uu in zip(logits.astype(np.float32), u.astype(np.float64)):
+        if temperature == 0:
+            out.append(int(np.argmax(z)))
+            continue
+        z = (z * np.float32(1 / temperature)).astype(np.float64)
+        keep = np.ones(z.shape, bool)
+        if top_k and top_k < z.size:
+            keep &= z >= np.sort(z)[-top_k]
+        if top_p is not None and top_p < 1:
+            e = np.where(keep, np.exp(z - z.max()), 0)
+            order = np.argsort(-z, kind="stable")
+            before = np.cumsum(e[order]) - e[order]
+            kept = np.zeros(z.shape, bool)
+            kept[order] = before < top_p * e.sum()
+            keep &= kept
+        out.append(int(np.argmax(np.where(keep, z - np.log(-np.log(uu)), -np.inf))))
+    return np.array(out)
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [
+    (0.0, None, None), (1.0, None, None), (0.7, 5, None), (1.3, None, 0.8), (0.9, 40, 0.6), (1.0, 1, None),
+    (1.0, None, 0.02), (2.0, 1000, 1.0),
+])
+def test_sample_matches_reference(queue, rng, temperature, top_k, top_p):
+    rows, vocab = 5, 301
+    logits = (rng.standard_normal((rows, vocab)) * 3).astype(np.float32)
+    u = rng.random((rows, vocab)).astype(np.float32)
+    out = ops.sample(Tensor.from_host(queue, logits), temperature=temperature, top_k=top_k, top_p=top_p,
+                     uniforms=Tensor.from_host(queue, u))
+    np.testing.assert_array_equal(out.to_host(), reference(logits, u, temperature, top_k, top_p))
+
+
+def test_greedy_takes_the_first_of_equal_maxima_and_writes_strided_out(queue):
+    logits = np.zeros((3, 9), np.float32)
+    logits[0, [2, 7]] = 5
+    logits[1, 8] = 1
+    logits[2] = -1
+    out = Tensor.full(queue, (3, 2), -5, np.int32)
+    ops.sample(Tensor.from_host(queue, logits), out[:, 1], temperature=0)
+    np.testing.assert_array_equal(out.to_host(), [[-5, 2], [-5, 8], [-5, 0]])
+
+
+def test_sample_frequencies_follow_the_softmax(queue):
+    """Many rows of one distribution: top_k=3 at temperature 0.5 leaves softmax(z / 0.5) over the top 3."""
+    z = np.array([2.0, 1.5, 1.0, 0.9, -1.0], np.float32)
+    rows = 6000
+    logits = Tensor.from_host(queue, np.tile(z, (rows, 1)))
+    tokens = ops.sample(logits, temperature=0.5, top_k=3, generator=Generator(1)).to_host()
+    p = np.exp(z[:3] / 0.5 - (z[:3] / 0.5).max())
+    p /= p.sum()
+    counts = np.bincount(tokens, minlength=5) / rows
+    assert counts[3:].sum() == 0
+    np.testing.assert_allclose(counts[:3], p, atol=0.02)
+
+
+def test_sample_with_a_generator_is_reproducible(queue, rng):
+    logits = Tensor.from_host(queue, rng.standard_normal((4, 50)).astype(np.float32))
+    a = ops.sample(logits, temperature=1.0, top_p=0.9, generator=Generator(7)).to_host()
+    b = ops.sample(logits, temperature=1.0, top_p=0.9, generator=Generator(7)).to_host()
+    np.testing.assert_array_equal(a, b)
+
+
+def test_sample_float64_logits(queue, rng):
+    logits = rng.standard_normal((2, 33))
+    out = ops.sample(Tensor.from_host(queue, logits), temperature=0)
+    np.testing.assert_array_equal(out.to_host(), logits.argmax(1))
+
+
+def test_sample_bad_input(queue):
+    logits = Tensor.zeros(queue, (2, 5))
+    with pytest.raises(ValueError, match="temperature"):
+        ops.sample(logits, temperature=-1)
+    with pytest.raises(ValueError, match="top_k"):
+        ops.sample(logits, top_k=0)
+    with pytest.raises(ValueError, match="top_p"):
+        ops.sample(logits, top_p=1.5)
+    with pytest.raises(ShapeError, match=r"\(batch, vocab\)"):
+        ops.sample(Tensor.zeros(queue, (5,)))
+    with pytest.raises(ShapeError, match="out must be an int32"):
+        ops.sample(logits, Tensor.zeros(queue, (2,), np.int64))
+    with pytest.raises(ShapeError, match="uniforms"):
+        ops.sample(logits, uniforms=Tensor.zeros(queue, (2, 4)))
