@@ -303,8 +303,8 @@ def load_vector_aligned(dt: np.dtype, ptr: str, idx: str, vec: int) -> str:
 
     NVIDIA's compiler turns vloadN at an unknown alignment into N scalar loads; the cast gives one
     16-byte load per work-item (float4), which is what reaches copy bandwidth."""
-    if dt == dtypes.float16:
-        return load_vector(dt, ptr, idx, vec)
+    if dt == dtypes.float16:  # vloada: the aligned form, one wide load where vload_half gives N narrow ones
+        return f"vloada_half{vec}(0, {ptr} + {idx})"
     if dt == dtypes.bfloat16:
         return f"nc_bf2f{vec}(*((__global const ushort{vec} *)({ptr} + {idx})))"
     return f"(*((__global const {dtypes.cl_storage_type(dt)}{vec} *)({ptr} + {idx})))"
@@ -312,7 +312,7 @@ def load_vector_aligned(dt: np.dtype, ptr: str, idx: str, vec: int) -> str:
 
 def store_vector_aligned(dt: np.dtype, ptr: str, idx: str, value: str, vec: int) -> str:
     if dt == dtypes.float16:
-        return store_vector(dt, ptr, idx, value, vec)
+        return f"vstorea_half{vec}_rte({value}, 0, {ptr} + {idx});"
     if dt == dtypes.bfloat16:
         return f"*((__global ushort{vec} *)({ptr} + {idx})) = nc_f2bf{vec}({value});"
     st = dtypes.cl_storage_type(dt)
