@@ -21,7 +21,7 @@ from netcl.autograd.engine import Node
 from netcl.core.backend import enqueue_copy
 from netcl.core.tensor import Tensor
 from netcl.distributed import runtime
-from netcl.distributed.group import ProcessGroup, check_op, chunk_bounds
+from netcl.distributed.group import ProcessGroup, c_order, check_op, chunk_bounds
 from netcl.distributed.shm import ALL_GATHER, BROADCAST, ShmGroup
 from netcl.errors import DeviceMismatchError, DTypeError
 
@@ -130,7 +130,7 @@ def _all_reduce_one(grp: ProcessGroup, items: list, op: str, weights: list[float
     hosts = [a for a in items if isinstance(a, np.ndarray)]
     tensors = [t for t in items if isinstance(t, Tensor)]
     for a in hosts:
-        flat = np.ascontiguousarray(a)
+        flat = c_order(a)
         grp.all_reduce(flat, op, weights)
         if flat is not a:
             a[...] = flat
@@ -229,7 +229,7 @@ def broadcast(tensors: Any, src: int = 0) -> None:
 def _broadcast_one(grp: ProcessGroup, items: list, src: int) -> None:
     for a in items:
         if isinstance(a, np.ndarray):
-            flat = np.ascontiguousarray(a)
+            flat = c_order(a)
             grp.broadcast(flat, src)
             if flat is not a:
                 a[...] = flat
@@ -264,6 +264,8 @@ def all_gather(tensor: Any) -> list[Tensor] | np.ndarray:
     """Every rank's `tensor`, in rank order: for a Tensor (or Node), a list of world_size() tensors on its queue
     (views of one (world_size, *shape) tensor); for a NumPy array, one array of shape (world_size, *shape).
     Every rank must pass the same shape and dtype."""
+    if isinstance(tensor, (np.generic, int, float)) and not isinstance(tensor, bool):
+        tensor = np.asarray(tensor)  # a number: gathered as a 0-d array
     (item,) = _as_list(tensor, "all_gather")
     grp = runtime.group()
     if isinstance(item, np.ndarray):

@@ -94,6 +94,10 @@ class DistributedDataParallel(Module):
         self._handles = [p.register_post_accumulate_grad_hook(self._grad_ready) for p in params]
         self._sync = True
         self._pass_open = False
+        self._ending = False
+        # buckets whose all-reduce started from a gradient hook, while backward still ran ("during"), or only
+        # at its end ("at_end": the last bucket, and those behind a gradient that never came)
+        self.started = {"during": 0, "at_end": 0}
         self._next = 0
         device = params[0].value.device if params else None
         self._copy_queue = device.new_queue() if device is not None and device.kind != "cpu" else None
@@ -163,6 +167,7 @@ class DistributedDataParallel(Module):
             bucket = self.buckets[self._next]
             bucket.work = runtime.dispatcher().submit(lambda b=bucket: self._reduce(b))
             self._next += 1
+            self.started["at_end" if self._ending else "during"] += 1
 
     def _reduce(self, bucket: _Bucket) -> None:
         if bucket.events:
@@ -172,6 +177,7 @@ class DistributedDataParallel(Module):
     def _finish_pass(self) -> None:
         """End of backward: start the buckets left (zeros for gradients that never came), wait for all, and
         write the results into .grad."""
+        self._ending = True
         for bucket in self.buckets[self._next :]:
             for i, p in enumerate(bucket.params):
                 if i not in bucket.ready:
@@ -208,6 +214,7 @@ class DistributedDataParallel(Module):
         for bucket in self.buckets:
             bucket.reset()
         self._pass_open = False
+        self._ending = False
         self._next = 0
 
     def extra_repr(self) -> str:

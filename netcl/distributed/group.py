@@ -71,6 +71,12 @@ def reduce_into(out: np.ndarray, operands: Sequence[np.ndarray], op: str, weight
             np.multiply(o, scale, out=o, casting="unsafe")
 
 
+def c_order(array: np.ndarray) -> np.ndarray:
+    """`array` as a C-contiguous array of the same shape (0-d stays 0-d, unlike np.ascontiguousarray)."""
+    array = np.asarray(array)
+    return array if array.flags.c_contiguous else array.copy(order="C")
+
+
 def chunk_bounds(count: int, world: int, itemsize: int) -> list[tuple[int, int]]:
     """Split `count` elements into `world` contiguous chunks, in rank order, each starting on a 64-byte line
     where possible (so two ranks never write one cache line)."""
@@ -142,7 +148,7 @@ class SingleGroup(ProcessGroup):
         self.check_root(root)
 
     def all_gather(self, array: np.ndarray) -> np.ndarray:
-        return np.ascontiguousarray(array)[None].copy()
+        return np.array(array)[None]
 
     def barrier(self) -> None:
         pass

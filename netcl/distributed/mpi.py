@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from netcl.distributed.group import ProcessGroup, check_op
+from netcl.distributed.group import ProcessGroup, c_order, check_op
 from netcl.errors import DistributedError
 
 
@@ -75,7 +75,7 @@ class MpiGroup(ProcessGroup):
         self._wait(self.comm.Ibcast(array, root=root), f"broadcast from rank {root}")
 
     def all_gather(self, array: np.ndarray) -> np.ndarray:
-        array = np.ascontiguousarray(array)
+        array = c_order(array)
         out = np.empty((self.world_size,) + array.shape, array.dtype)
         self._wait(self.comm.Iallgather(array, out), "all_gather")
         return out

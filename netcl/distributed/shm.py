@@ -24,7 +24,7 @@ from multiprocessing import resource_tracker, shared_memory
 
 import numpy as np
 
-from netcl.distributed.group import DTYPE_CODES, OP_CODES, ProcessGroup, check_op, chunk_bounds, reduce_into
+from netcl.distributed.group import DTYPE_CODES, OP_CODES, ProcessGroup, c_order, check_op, chunk_bounds, reduce_into
 from netcl.distributed.mesh import GONE, SYNC, Mesh
 from netcl.errors import DistributedError
 
@@ -208,14 +208,15 @@ class ShmGroup(ProcessGroup):
         self.end_call()
 
     def all_gather(self, array: np.ndarray) -> np.ndarray:
-        array = np.ascontiguousarray(array)
+        array = c_order(array)
         flat = array.reshape(-1).view(np.uint8)
         own = self.stage(flat.nbytes)
         np.copyto(own, flat)
         self.sync(ALL_GATHER, flat.nbytes)
         out = np.empty((self.world_size,) + array.shape, array.dtype)
+        rows = out.reshape(self.world_size, -1).view(np.uint8)
         for r in range(self.world_size):
-            out[r].reshape(-1).view(np.uint8)[:] = self.half(r)[: flat.nbytes]
+            rows[r] = self.half(r)[: flat.nbytes]
         self.end_call()
         return out
 

@@ -97,6 +97,8 @@ def main() -> None:
             assert np.array_equal(p.to_host(), np.arange(n, dtype=np.float32) + k), f"all_gather n={n} part {k}"
     gathered = dist.all_gather(np.array([[r, -r]], np.int64))
     assert gathered.shape == (w, 1, 2) and gathered[:, 0, 0].tolist() == list(range(w))
+    assert dist.all_gather(np.array(r, np.float32)).tolist() == list(range(w))  # 0-d arrays: shape (w,)
+    assert dist.all_gather(float(r)).tolist() == list(range(w))
     dist.barrier()
     shares = dist.batch_shares(10 * w + 1, speed=1.0 + r)
     assert sum(shares) == 10 * w + 1 and min(shares) >= 1 and shares == sorted(shares), shares

@@ -12,6 +12,7 @@ import netcl.autograd as ag
 import netcl.distributed as dist
 from netcl import nn, optim
 from netcl.core.device import manager
+from netcl.core.tensor import Tensor
 from netcl.data import DataLoader, DistributedSampler
 from netcl.ops import random
 
@@ -53,8 +54,51 @@ def main() -> None:
     sampler = DistributedSampler(len(x), shuffle=True, seed=5, shares=[per_rank] * dist.world_size())
     loader = DataLoader((x, y), per_rank, q, sampler=sampler)
     train(ddp, loader, optim.AdamW(ddp.parameters(), lr=0.05))
+    sys.stdout.write(f"rank {dist.rank()} buckets {len(ddp.buckets)} started during backward "
+                     f"{ddp.started['during']} at its end {ddp.started['at_end']}\n")  # one write: lines stay whole
+    sys.stdout.flush()
     if dist.rank() == 0:
         np.savez(sys.argv[1], **{k: v.to_host() for k, v in model.state_dict().items()})
+    check_no_sync_and_unused(q)
+
+
+class TwoHeads(nn.Module):
+    """Rank r's loss uses head r % 2 only: the other head gets no gradient on this rank."""
+
+    def __init__(self, q):
+        super().__init__()
+        self.body = nn.Linear(q, FEATURES, 6)
+        self.heads = nn.Sequential(nn.Linear(q, 6, CLASSES), nn.Linear(q, 6, CLASSES))
+
+    def forward(self, x):
+        return self.heads[dist.rank() % 2](ag.tanh(self.body(x)))
+
+
+def check_no_sync_and_unused(q) -> None:
+    """no_sync() leaves each rank's own gradients; the next backward averages them, with zeros for a parameter a
+    rank never used (the other ranks' average reaches it all the same)."""
+    model = TwoHeads(q)
+    ddp = dist.DistributedDataParallel(model, bucket_mb=0.0002)
+    x, y = data()
+    xb = Tensor.from_host(q, x[dist.rank() :: dist.world_size()][:10])
+    yb = Tensor.from_host(q, y[dist.rank() :: dist.world_size()][:10])
+
+    def backward():
+        with ag.Tape() as tape:
+            loss = ag.cross_entropy(ddp(ag.tensor(xb)), ag.tensor(yb))
+        tape.backward(loss)
+
+    with ddp.no_sync():
+        backward()
+    params = model.parameters()
+    local = [np.zeros(p.shape, np.float32) if p.grad is None else p.grad.to_host() for p in params]
+    model.zero_grad()
+    backward()
+    for p, mine in zip(params, local):
+        want = dist.all_gather(mine).mean(axis=0)
+        np.testing.assert_allclose(p.grad.to_host(), want, rtol=1e-5, atol=1e-7)
+    sys.stdout.write(f"rank {dist.rank()} no_sync and unused parameters ok\n")
+    sys.stdout.flush()
 
 
 if __name__ == "__main__":
