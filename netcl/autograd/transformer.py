@@ -4,6 +4,7 @@ runs in the GEMM's epilogue, and SwiGLU's gate silu(a) * b as one fused elementw
 from __future__ import annotations
 
 from netcl import ops
+from netcl.autograd import autocast
 from netcl.autograd.elementwise import apply, sum_to_shape
 from netcl.autograd.engine import Node, as_node, record
 from netcl.core.tensor import Tensor
@@ -35,6 +36,7 @@ def rope(x: Node, cos: Tensor, sin: Tensor, offset: Tensor | None = None, pairin
 def linear_residual(x: Node, weight: Node, bias: Node | None, residual: Node) -> Node:
     """x @ weight.T + bias + residual with the residual added in the GEMM's epilogue (one launch); the
     residual's gradient is g itself, the others are linear's."""
+    x, weight, bias, residual = autocast.cast_inputs("linear_residual", x, weight, bias, residual)
     x, weight, residual = as_node(x), as_node(weight), as_node(residual)
     bias = as_node(bias) if bias is not None else None
     xv, wv, rv = x.value, weight.value, residual.value

@@ -11,7 +11,7 @@
 // max_len rows along axis 2). A position outside [0, max_len) is reported in the queue's check
 // record (checks.cl) and its pair is not written.
 // Layout: 2-D global (D/2, B*H*S); one work-item rotates one pair of one row (bound-checked).
-// Build options: T, ACC, IS_HALF, USE_FP64 (common.cl), -DPAIRING=ROPE_HALF|ROPE_INTERLEAVED,
+// Build options: T, ACC, IS_HALF, IS_BF16, USE_FP64 (common.cl; read and written with LOAD_T/STORE_T), -DPAIRING=ROPE_HALF|ROPE_INTERLEAVED,
 //   -DOUT_AT_POSITION (flag).
 
 #include "common.cl"
@@ -19,14 +19,6 @@
 
 #define ROPE_HALF 1
 #define ROPE_INTERLEAVED 2
-
-#ifdef IS_HALF
-#define LOAD(p, i) vload_half((i), (p))
-#define STORE(v, i, p) vstore_half_rte((v), (i), (p))
-#else
-#define LOAD(p, i) ((ACC)(p)[i])
-#define STORE(v, i, p) ((p)[i] = (T)(v))
-#endif
 
 __kernel void rope_rotate(__global const T *x, const long x_off, const long4 x_strides,
                           __global T *out, const long out_off, const long4 out_strides,
@@ -60,8 +52,8 @@ __kernel void rope_rotate(__global const T *x, const long x_off, const long4 x_s
     const long ob = out_off + b * out_strides.s0 + h * out_strides.s1 + s_out * out_strides.s2;
     const ACC c = cos_table[p * half_dim + i];
     const ACC sn = direction * sin_table[p * half_dim + i];
-    const ACC x1 = LOAD(x, xb + i1 * x_strides.s3);
-    const ACC x2 = LOAD(x, xb + i2 * x_strides.s3);
-    STORE(x1 * c - x2 * sn, ob + i1 * out_strides.s3, out);
-    STORE(x2 * c + x1 * sn, ob + i2 * out_strides.s3, out);
+    const ACC x1 = LOAD_T(x, xb + i1 * x_strides.s3);
+    const ACC x2 = LOAD_T(x, xb + i2 * x_strides.s3);
+    STORE_T(out, ob + i1 * out_strides.s3, x1 * c - x2 * sn);
+    STORE_T(out, ob + i2 * out_strides.s3, x2 * c + x1 * sn);
 }

@@ -13,19 +13,13 @@
 // vocabulary, then a tree reduction in local memory. CPUs use WG = 1 (one row per work-item, no barrier
 // work). Reads logits (row stride any, elements contiguous), uniforms (rows, vocab) contiguous; writes
 // scratch (top_p only) and out[out_off + row * out_stride] (int).
-// Build options: T, ACC, IS_HALF (common.cl; float16 or float32 logits), -DMODE=SAMPLE_GREEDY|SAMPLE_RANDOM,
+// Build options: T, ACC, IS_HALF, IS_BF16 (common.cl; float16, bfloat16 or float32 logits, read with LOAD_T), -DMODE=SAMPLE_GREEDY|SAMPLE_RANDOM,
 //   -DWG=<power of two>.
 
 #include "common.cl"
 
 #define SAMPLE_GREEDY 1
 #define SAMPLE_RANDOM 2
-
-#ifdef IS_HALF
-#define LOAD(p, i) vload_half((i), (p))
-#else
-#define LOAD(p, i) ((float)(p)[i])
-#endif
 
 // an unsigned key with key(a) < key(b) exactly when a < b (for non-NaN floats)
 inline uint order_key(float f) {
@@ -111,7 +105,7 @@ __kernel void sample_tokens(__global const T *logits, const long logits_off, con
     float best = 0.0f;
     int best_i = -1;
     for (int j = l; j < vocab; j += WG) {
-        const float v = LOAD(logits, base + j);
+        const float v = LOAD_T(logits, base + j);
         if (better(v, j, best, best_i)) { best = v; best_i = j; }
     }
     const int token = group_argmax(best, best_i, fbuf, ibuf);
@@ -123,19 +117,19 @@ __kernel void sample_tokens(__global const T *logits, const long logits_off, con
             const uint cand = keep_from | (1u << bit);
             uint n = 0u;
             for (int j = l; j < vocab; j += WG)
-                n += order_key(LOAD(logits, base + j) * inv_temperature) >= cand;
+                n += order_key(LOAD_T(logits, base + j) * inv_temperature) >= cand;
             if (group_count(n, ubuf) >= (uint)top_k) keep_from = cand;
         }
     }
     // top_p: the largest key t whose kept mass sum(exp(z - max) over key >= t) reaches top_p of the total
     if (top_p < 1.0f) {
         float m = -INFINITY;
-        for (int j = l; j < vocab; j += WG) m = fmax(m, LOAD(logits, base + j) * inv_temperature);
+        for (int j = l; j < vocab; j += WG) m = fmax(m, LOAD_T(logits, base + j) * inv_temperature);
         m = group_max(m, fbuf);
         __global float *e = scratch + row * (long)vocab;
         float part = 0.0f;
         for (int j = l; j < vocab; j += WG) {
-            const float z = LOAD(logits, base + j) * inv_temperature;
+            const float z = LOAD_T(logits, base + j) * inv_temperature;
             const float w = order_key(z) >= keep_from ? exp(z - m) : 0.0f;
             e[j] = w;
             part += w;
@@ -146,7 +140,7 @@ __kernel void sample_tokens(__global const T *logits, const long logits_off, con
             const uint cand = t | (1u << bit);
             float mass = 0.0f;
             for (int j = l; j < vocab; j += WG)
-                if (order_key(LOAD(logits, base + j) * inv_temperature) >= cand) mass += e[j];
+                if (order_key(LOAD_T(logits, base + j) * inv_temperature) >= cand) mass += e[j];
             if (group_sum(mass, fbuf) >= goal) t = cand;
         }
         keep_from = max(keep_from, t);
@@ -155,7 +149,7 @@ __kernel void sample_tokens(__global const T *logits, const long logits_off, con
     int best_i = -1;
     __global const float *u = uniforms + row * (long)vocab;
     for (int j = l; j < vocab; j += WG) {
-        const float z = LOAD(logits, base + j) * inv_temperature;
+        const float z = LOAD_T(logits, base + j) * inv_temperature;
         if (order_key(z) < keep_from) continue;
         const float score = z - log(-log(u[j]));
         if (better(score, j, best, best_i)) { best = score; best_i = j; }

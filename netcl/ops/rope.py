@@ -115,8 +115,8 @@ def rope(x: Tensor, cos: Tensor, sin: Tensor, offset: Tensor | None = None, pair
     if not isinstance(x, Tensor) or x.ndim != 4:
         raise ShapeError(f"rope: x must be a 4-D Tensor (batch, heads, positions, head_dim), got "
                          f"{getattr(x, 'shape', type(x).__name__)}")
-    if x.dtype not in (dtypes.float16, dtypes.float32, dtypes.float64):
-        raise DTypeError(f"rope: x must be float16, float32 or float64, got {x.dtype}")
+    if not dtypes.is_floating(x.dtype):
+        raise DTypeError(f"rope: x must be floating point (float16, bfloat16, float32, float64), got {x.dtype}")
     b, h, s, d = x.shape
     if d % 2:
         raise ShapeError(f"rope: head_dim must be even to form pairs, got x of shape {x.shape}")

@@ -49,7 +49,7 @@ def sample(logits: Tensor, out: Tensor | None = None, *, temperature: float = 1.
     if not isinstance(logits, Tensor) or logits.ndim != 2 or logits.shape[1] == 0:
         raise ShapeError(f"sample: logits must be a Tensor (batch, vocab) with vocab >= 1, got "
                          f"{getattr(logits, 'shape', type(logits).__name__)}")
-    if logits.dtype.kind != "f":
+    if not dtypes.is_floating(logits.dtype):
         raise DTypeError(f"sample: logits must be floating point, got {logits.dtype}")
     queue = logits.queue
     rows, vocab = logits.shape

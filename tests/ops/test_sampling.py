@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from netcl import ops
+from netcl.core import dtypes
 from netcl.core.tensor import Tensor
 from netcl.errors import ShapeError
 from netcl.ops.random import Generator
@@ -78,10 +79,11 @@ def test_sample_with_a_generator_is_reproducible(queue, rng):
     np.testing.assert_array_equal(a, b)
 
 
-def test_sample_float64_logits(queue, rng):
-    logits = rng.standard_normal((2, 33))
+@pytest.mark.parametrize("dtype", [np.float64, np.float16, dtypes.bfloat16])
+def test_sample_other_float_logits(queue, rng, dtype):
+    logits = rng.standard_normal((2, 33)).astype(dtype)
     out = ops.sample(Tensor.from_host(queue, logits), temperature=0)
-    np.testing.assert_array_equal(out.to_host(), logits.argmax(1))
+    np.testing.assert_array_equal(out.to_host(), logits.astype(np.float64).argmax(1))
 
 
 def test_sample_bad_input(queue):
