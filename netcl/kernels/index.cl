@@ -13,20 +13,16 @@
 //   int via atomic_add. Order of additions is not fixed (non-deterministic rounding for floats).
 // scatter_add_sorted: deterministic variant: the host sorts destinations; work-item s adds the
 //   contributions src[order[k]] for k in [seg[s], seg[s+1]) in order into out[dest[s]].
-// Build options: T, ACC, IS_HALF, USE_FP64 (common.cl), -DIT=<index storage type: int or long>
+// Build options: T, ACC, IS_HALF, IS_BF16, USE_FP64 (common.cl), -DIT=<index storage type: int or long>
 //   -DNDIM=<1..8> -DAXIS=<axis>;
 //   -DSCATTER_ATOMIC (+ -DATOMIC_FLOAT for float32) compiles scatter_add_atomic (int32/float32 only).
 // Shapes/strides arrive as two long4 each (unused dims: size 1, stride 0), in elements.
 
 #include "common.cl"
 
-#ifdef IS_HALF
-#define LOAD(p, i) vload_half((i), (p))
-#define STORE(v, i, p) vstore_half_rte((v), (i), (p))
-#else
-#define LOAD(p, i) ((ACC)(p)[i])
-#define STORE(v, i, p) ((p)[i] = (T)(v))
-#endif
+/* one element as ACC and back: common.cl's LOAD_T/STORE_T (float16 and bfloat16 storage included) */
+#define LOAD(p, i) LOAD_T(p, i)
+#define STORE(v, i, p) STORE_T(p, i, (v))
 
 #include "checks.cl"
 

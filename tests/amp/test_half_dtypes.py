@@ -159,3 +159,23 @@ def test_kernel_files_without_bfloat16_refuse_it(device):
     with pytest.raises(DTypeError, match="bfloat16 is not supported by the kernels of pool.cl"):
         kernels.program(device, "pool.cl", dtype=BF16)
     assert kernels.program(device, "optim.cl", dtype=BF16, OPT="OPT_SGD") is not None
+
+
+@pytest.mark.parametrize("dt", [F16, BF16], ids=["float16", "bfloat16"])
+def test_gather_embedding_and_scatter_add_in_half(queue, rng, dt):
+    """index.cl through LOAD_T/STORE_T: picks are bit copies; scatter_add adds in float32 and rounds once."""
+    w = rng.standard_normal((7, 5)).astype(dt)
+    ids = np.array([[0, 6, 3], [2, 2, 1]], np.int64)
+    tw = Tensor.from_host(queue, w)
+    assert np.array_equal(_bits(ops.embedding(tw, Tensor.from_host(queue, ids)).to_host()), _bits(w[ids]))
+    idx = rng.integers(0, 7, (4, 5)).astype(np.int64)
+    got = ops.gather(tw, 0, Tensor.from_host(queue, idx)).to_host()
+    assert np.array_equal(_bits(got), _bits(np.take_along_axis(w, idx, 0)))
+    src = rng.standard_normal((4, 5)).astype(dt)
+    for deterministic in (False, True):
+        out = ops.scatter_add(tw, 0, Tensor.from_host(queue, idx), Tensor.from_host(queue, src),
+                              deterministic=deterministic).to_host()
+        ref = w.astype(np.float64)
+        np.add.at(ref, (idx, np.arange(5)[None, :].repeat(4, 0)), src.astype(np.float64))
+        np.testing.assert_allclose(out.astype(np.float64), ref, rtol=4 * (2.0**-8 if dt == BF16 else 2.0**-11),
+                                   atol=1e-2)
