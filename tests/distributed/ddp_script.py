@@ -97,6 +97,24 @@ def check_no_sync_and_unused(q) -> None:
     for p, mine in zip(params, local):
         want = dist.all_gather(mine).mean(axis=0)
         np.testing.assert_allclose(p.grad.to_host(), want, rtol=1e-5, atol=1e-7)
+    # per-rank batches of different sizes: DDP weights each rank's gradient by its share of the global batch
+    w = dist.world_size()
+    share = (dist.rank() + 1) / (w * (w + 1) / 2)
+    weighted = TwoHeads(q)
+    wddp = dist.DistributedDataParallel(weighted, sample_share=share)
+    with wddp.no_sync():  # local gradients first (the hooks are on the parameters)
+        with ag.Tape() as tape:
+            loss = ag.cross_entropy(wddp(ag.tensor(xb)), ag.tensor(yb))
+        tape.backward(loss)
+    local = [np.zeros(p.shape, np.float32) if p.grad is None else p.grad.to_host() for p in weighted.parameters()]
+    weighted.zero_grad()
+    with ag.Tape() as tape:
+        loss = ag.cross_entropy(wddp(ag.tensor(xb)), ag.tensor(yb))
+    tape.backward(loss)
+    shares = dist.all_gather(np.array(share))
+    for p, mine in zip(weighted.parameters(), local):
+        want = np.tensordot(shares, dist.all_gather(mine), axes=1)
+        np.testing.assert_allclose(p.grad.to_host(), want, rtol=1e-5, atol=1e-7)
     sys.stdout.write(f"rank {dist.rank()} no_sync and unused parameters ok\n")
     sys.stdout.flush()
 
