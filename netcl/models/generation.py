@@ -1,0 +1,170 @@
+"""Token generation for netcl.models.GPT: the prompt runs once (prefill) into per-layer KV caches, then
+each new token is one decode step whose attention covers the tokens so far (kv_len, a device tensor).
+
+The decode step reads the last tokens and the cache length from device tensors and writes the next
+tokens and length back into them, so netcl.graph records it once and replays it for every further token
+without Python; sampling runs on the device (netcl.ops.sample), and the host reads only the B chosen ids
+per step (it must, to yield them and to stop), never a row of logits. The caches, the recorded step and
+the sampling generator are kept on the model between calls of the same batch size and cache capacity.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+import netcl.autograd as ag
+from netcl import ops
+from netcl.core.tensor import Tensor
+from netcl.errors import ShapeError
+from netcl.graph import Graph
+from netcl.nn.transformer import KVCache
+from netcl.ops.random import Generator, default_generator
+from netcl.ops.sampling import check_sampling
+
+_MIN_CAPACITY = 64
+
+
+class DecodeState:
+    """One batch size and cache capacity of a model's generation: the per-layer caches, the device
+    tensors the decode step reads and writes (position: tokens cached, (1,); tokens: the last tokens,
+    (B, 1)), the sampling generator and the recorded decode step with what it was recorded for."""
+
+    def __init__(self, model: Any, batch: int, capacity: int):
+        c, q = model.config, model.queue
+        self.batch, self.capacity = batch, capacity
+        self.caches = [KVCache(q, batch, c.n_kv_heads, capacity, c.head_dim, c.dtype) for _ in range(c.n_layers)]
+        self.position = Tensor.zeros(q, (1,), np.int32)
+        self.tokens = Tensor.zeros(q, (batch, 1), np.int32)
+        self.generator = Generator(0)
+        self.graph: Graph | None = None
+        self.graph_key: tuple | None = None
+
+    def run(self, model: Any, ids: Tensor, sampling: tuple[float, int, float]) -> None:
+        """Append ids (B, S) to the caches at `position`, sample the next tokens from the last position's
+        logits into `tokens`, and advance `position` by S (all on the device)."""
+        b, s = ids.shape
+        kv_len = ops.add(self.position, s).realize()
+        h = model.hidden(ids, caches=self.caches, position=self.position, kv_len=kv_len)
+        if s > 1:
+            h = ag.getitem(h, (slice(None), slice(s - 1, s)))
+        logits = model.logits(h).value
+        temperature, top_k, top_p = sampling
+        ops.sample(logits.reshape(b, logits.shape[-1]), self.tokens.reshape(b), temperature=temperature,
+                   top_k=top_k or None, top_p=top_p, generator=self.generator)
+        self.position.copy_(kv_len)
+
+    def close(self) -> None:
+        if self.graph is not None:
+            self.graph.close()
+            self.graph = None
+
+
+@contextlib.contextmanager
+def _inference(model: Any) -> Iterator[None]:
+    """Eval mode (no dropout) and no graph recording, restored afterwards (between yields too)."""
+    was_training = model.training
+    model.eval()
+    try:
+        with ag.no_grad():
+            yield
+    finally:
+        if was_training:
+            model.train()
+
+
+def _prompt(model: Any, ids: Any) -> tuple[np.ndarray, bool]:
+    """(prompt (B, S) int32, whether it was 1-D) of ids: a list of ints, an array or a Tensor."""
+    arr = ids.to_host() if isinstance(ids, Tensor) else np.asarray(ids)
+    given = arr.shape
+    if arr.dtype.kind not in "iu" and arr.size:
+        raise TypeError(f"generate: ids must be integer token ids, got {arr.dtype}")
+    single = arr.ndim == 1
+    if single:
+        arr = arr.reshape(1, -1)
+    if arr.ndim != 2 or arr.shape[1] == 0 or arr.shape[0] == 0:
+        raise ShapeError(f"generate: ids must be a non-empty list of ids or a (batch, positions) array of "
+                         f"equal-length prompts, got shape {given}")
+    vocab = model.config.vocab_size
+    if arr.min() < 0 or arr.max() >= vocab:
+        raise ShapeError(f"generate: token ids must lie in [0, {vocab}), the prompt holds ids from {arr.min()} to "
+                         f"{arr.max()}")
+    return arr.astype(np.int32), single
+
+
+def generate(model: Any, ids: Any, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
+             top_p: float | None = None, seed: int | None = None, stop_tokens: Any = (),
+             use_graph: bool = True) -> Iterator[Any]:
+    """See GPT.generate. Arguments are checked here, before the first token is asked for."""
+    prompt, single = _prompt(model, ids)
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 0:
+        raise ValueError(f"generate: max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
+    sampling = check_sampling(temperature, top_k, top_p)
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))):
+        raise TypeError(f"generate: seed must be an int or None, got {seed!r}")
+    stops = list(stop_tokens) if not isinstance(stop_tokens, (int, np.integer)) else [stop_tokens]
+    if any(isinstance(t, bool) or not isinstance(t, (int, np.integer)) for t in stops):
+        raise TypeError(f"generate: stop_tokens must be token ids (ints), got {stop_tokens!r}")
+    batch, length = prompt.shape
+    limit = model.config.max_seq_len
+    if length + max_new_tokens > limit:
+        raise ShapeError(f"generate: a prompt of {length} tokens plus max_new_tokens={max_new_tokens} exceeds the "
+                         f"model's max_seq_len {limit}; shorten the prompt (keep its last tokens) or ask for fewer")
+    if seed is None:
+        # reproducible after netcl.ops.random.manual_seed: the seed is drawn from the default generator
+        seed = (default_generator.seed * 0x9E3779B97F4A7C15 + default_generator.take(1)) & 0xFFFFFFFFFFFFFFFF
+    return _tokens(model, prompt, single, int(max_new_tokens), sampling, int(seed), set(int(t) for t in stops),
+                   bool(use_graph))
+
+
+def _state(model: Any, batch: int, needed: int) -> DecodeState:
+    capacity = min(model.config.max_seq_len, max(_MIN_CAPACITY, 1 << (needed - 1).bit_length()))
+    state = getattr(model, "_decoder", None)
+    if state is None or state.batch != batch or state.capacity != capacity:
+        if state is not None:
+            state.close()
+        state = DecodeState(model, batch, capacity)
+        model._decoder = state
+    return state
+
+
+def _tokens(model: Any, prompt: np.ndarray, single: bool, max_new_tokens: int, sampling: tuple, seed: int,
+            stops: set[int], use_graph: bool) -> Iterator[Any]:
+    if max_new_tokens == 0:
+        return
+    batch, length = prompt.shape
+    state = _state(model, batch, length + max_new_tokens)
+    state.generator.manual_seed(seed)
+    done = np.zeros(batch, bool)
+    with _inference(model):
+        state.position.fill_(0)
+        state.run(model, Tensor.from_host(model.queue, prompt), sampling)
+        tokens = state.tokens.to_host().reshape(batch)
+    for step in range(max_new_tokens):
+        if step:
+            with _inference(model):
+                _decode_step(model, state, sampling, use_graph)
+                tokens = state.tokens.to_host().reshape(batch)
+        out = np.where(done, -1, tokens).astype(np.int32)
+        done |= np.isin(tokens, list(stops)) if stops else False
+        yield int(out[0]) if single else out
+        if done.all():
+            return
+
+
+def _decode_step(model: Any, state: DecodeState, sampling: tuple, use_graph: bool) -> None:
+    if not use_graph:
+        state.run(model, state.tokens, sampling)
+        return
+    key = (sampling, tuple(id(p.value) for p in model.parameters()))
+    if state.graph is not None and state.graph_key == key:
+        state.graph.replay()
+        return
+    state.close()
+    graph = Graph()
+    with graph.capture():
+        state.run(model, state.tokens, sampling)
+    state.graph, state.graph_key = graph, key

@@ -1,0 +1,278 @@
+"""Hugging Face naming for netcl.models.GPT: one table per family (LlamaForCausalLM, GPT2LMHeadModel)
+mapping HF tensors to netcl parameters, and the config.json fields to GPTConfig.
+
+A table row is (HF names, netcl names, conversion): most rows are one tensor each way; GPT-2's Conv1D
+weights are stored (in, out) and are transposed; GPT-2's c_attn holds q, k and v side by side and splits
+into three parameters. Hugging Face's Llama q/k projections are ordered for rotate_half (netcl's "half"
+pairing); a model with rope_pairing "interleaved" (Meta's original layout) gets its q/k rows permuted.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from netcl.io import huggingface as hf_io
+from netcl.io.huggingface import PretrainedError
+from netcl.models.config import GPTConfig
+
+Arrays = list[np.ndarray]
+Rule = tuple[list[str], list[str], Callable[[Arrays, GPTConfig], Arrays], Callable[[Arrays, GPTConfig], Arrays]]
+
+_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh",
+                "gelu": "gelu", "relu": "relu", "silu": "silu", "swish": "silu"}
+_HF_ACTIVATION = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu", "silu": "silu"}
+
+
+# -- conversions (HF arrays -> netcl arrays, and back) ---------------------------------------------------------
+def _same(arrays: Arrays, _c: GPTConfig) -> Arrays:
+    return [arrays[0]]
+
+
+def _transpose(arrays: Arrays, _c: GPTConfig) -> Arrays:
+    return [np.ascontiguousarray(arrays[0].T)]
+
+
+def _split_qkv(arrays: Arrays, c: GPTConfig) -> Arrays:
+    """GPT-2's c_attn, (dim, 3 dim) weight or (3 dim,) bias, into q, k, v as Linear weights/biases."""
+    w = arrays[0]
+    parts = np.split(w, 3, axis=-1)
+    return [np.ascontiguousarray(p.T) if p.ndim == 2 else np.ascontiguousarray(p) for p in parts]
+
+
+def _join_qkv(arrays: Arrays, _c: GPTConfig) -> Arrays:
+    return [np.ascontiguousarray(np.concatenate([a.T if a.ndim == 2 else a for a in arrays], axis=-1))]
+
+
+def _rope_rows(proj: str, to_interleaved: bool) -> Callable[[Arrays, GPTConfig], Arrays]:
+    """Reorder a q/k projection's output rows between rotate_half ("half", Hugging Face's order) and
+    Meta's interleaved pairs, per head; identity for a "half" model."""
+    def convert(arrays: Arrays, c: GPTConfig) -> Arrays:
+        w = arrays[0]
+        if c.rope_pairing == "half":
+            return [w]
+        n = c.n_heads if proj == "q" else c.n_kv_heads
+        d = c.head_dim
+        rows = w.reshape(n, 2, d // 2, *w.shape[1:]) if to_interleaved else w.reshape(n, d // 2, 2, *w.shape[1:])
+        return [np.ascontiguousarray(np.swapaxes(rows, 1, 2).reshape(w.shape))]
+
+    return convert
+
+
+# -- the tables --------------------------------------------------------------------------------------------------
+def _llama_rules(c: GPTConfig) -> list[Rule]:
+    same = (_same, _same)
+    rules: list[Rule] = [(["model.embed_tokens.weight"], ["tok_embeddings.weight"], *same),
+                         (["model.norm.weight"], ["norm.weight"], *same)]
+    if not c.tie_embeddings:
+        rules.append((["lm_head.weight"], ["lm_head.weight"], *same))
+    for i in range(c.n_layers):
+        hf, nc = f"model.layers.{i}.", f"layers.{i}."
+        rules += [([hf + "input_layernorm.weight"], [nc + "attn_norm.weight"], *same),
+                  ([hf + "post_attention_layernorm.weight"], [nc + "mlp_norm.weight"], *same)]
+        params = ["weight", "bias"] if c.attn_bias else ["weight"]
+        for p in params:
+            rules += [([f"{hf}self_attn.{n}_proj.{p}"], [f"{nc}attn.{n}_proj.{p}"], _rope_rows(n, True),
+                       _rope_rows(n, False)) for n in "qk"]
+            rules += [([f"{hf}self_attn.{n}_proj.{p}"], [f"{nc}attn.{n}_proj.{p}"], *same) for n in "vo"]
+        for p in (["weight", "bias"] if c.mlp_bias else ["weight"]):
+            rules += [([f"{hf}mlp.gate_proj.{p}"], [f"{nc}mlp.w1.{p}"], *same),
+                      ([f"{hf}mlp.up_proj.{p}"], [f"{nc}mlp.w3.{p}"], *same),
+                      ([f"{hf}mlp.down_proj.{p}"], [f"{nc}mlp.w2.{p}"], *same)]
+    return rules
+
+
+def _gpt2_rules(c: GPTConfig) -> list[Rule]:
+    same, conv1d = (_same, _same), (_transpose, _transpose)
+    rules: list[Rule] = [(["transformer.wte.weight"], ["tok_embeddings.weight"], *same),
+                         (["transformer.wpe.weight"], ["pos_embeddings.weight"], *same),
+                         (["transformer.ln_f.weight"], ["norm.weight"], *same),
+                         (["transformer.ln_f.bias"], ["norm.bias"], *same)]
+    if not c.tie_embeddings:
+        rules.append((["lm_head.weight"], ["lm_head.weight"], *same))
+    for i in range(c.n_layers):
+        hf, nc = f"transformer.h.{i}.", f"layers.{i}."
+        for p in ("weight", "bias"):
+            rules += [([f"{hf}ln_1.{p}"], [f"{nc}attn_norm.{p}"], *same),
+                      ([f"{hf}ln_2.{p}"], [f"{nc}mlp_norm.{p}"], *same),
+                      ([f"{hf}attn.c_attn.{p}"], [f"{nc}attn.{n}_proj.{p}" for n in "qkv"], _split_qkv, _join_qkv),
+                      ([f"{hf}attn.c_proj.{p}"], [f"{nc}attn.o_proj.{p}"], *(conv1d if p == "weight" else same)),
+                      ([f"{hf}mlp.c_fc.{p}"], [f"{nc}mlp.fc.{p}"], *(conv1d if p == "weight" else same)),
+                      ([f"{hf}mlp.c_proj.{p}"], [f"{nc}mlp.proj.{p}"], *(conv1d if p == "weight" else same))]
+    return rules
+
+
+_RULES = {"llama": _llama_rules, "gpt2": _gpt2_rules}
+# tensors some checkpoints carry that are not weights (a causal-mask buffer, rotary frequencies)
+_IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias", ".rotary_emb.inv_freq")
+
+
+# -- config.json <-> GPTConfig ------------------------------------------------------------------------------------
+def _family(config: dict[str, Any]) -> str:
+    model_type = config.get("model_type")
+    archs = config.get("architectures") or []
+    if model_type == "llama" or "LlamaForCausalLM" in archs:
+        return "llama"
+    if model_type == "gpt2" or "GPT2LMHeadModel" in archs:
+        return "gpt2"
+    raise PretrainedError(f"netcl loads LlamaForCausalLM and GPT2LMHeadModel directories; this one is "
+                          f"model_type={model_type!r}, architectures={archs}")
+
+
+def config_from_hf(config: dict[str, Any], overrides: dict[str, Any] | None = None) -> GPTConfig:
+    """The GPTConfig of a Hugging Face config.json (settings netcl does not implement are refused)."""
+    family = _family(config)
+    get = config.get
+    try:
+        if family == "llama":
+            rope = get("rope_parameters") or get("rope_scaling") or {}
+            rope_type = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
+            if rope_type not in (None, "default"):
+                raise PretrainedError(f"rope scaling {rope_type!r} is not implemented by netcl (plain RoPE only)")
+            if get("hidden_act", "silu") not in ("silu", "swish"):
+                raise PretrainedError(f"Llama hidden_act {get('hidden_act')!r}: netcl's SwiGLU uses silu")
+            theta = rope["rope_theta"] if isinstance(rope, dict) and "rope_theta" in rope else get("rope_theta", 1e4)
+            fields = dict(arch="llama", vocab_size=get("vocab_size"), dim=get("hidden_size"),
+                          n_layers=get("num_hidden_layers"), n_heads=get("num_attention_heads"),
+                          n_kv_heads=get("num_key_value_heads"), head_dim=get("head_dim"),
+                          hidden_dim=get("intermediate_size"), max_seq_len=get("max_position_embeddings", 2048),
+                          norm_eps=get("rms_norm_eps", 1e-6), rope_base=theta,
+                          tie_embeddings=bool(get("tie_word_embeddings", False)),
+                          attn_bias=bool(get("attention_bias", False)), mlp_bias=bool(get("mlp_bias", False)))
+        else:
+            act = get("activation_function", "gelu_new")
+            if act not in _ACTIVATIONS:
+                raise PretrainedError(f"GPT-2 activation_function {act!r} is not one netcl implements "
+                                      f"({sorted(_ACTIVATIONS)})")
+            if not get("scale_attn_weights", True) or get("scale_attn_by_inverse_layer_idx", False):
+                raise PretrainedError("GPT-2 attention without 1/sqrt(head_dim) scaling, or scaled by the inverse "
+                                      "layer index, is not implemented by netcl")
+            fields = dict(arch="gpt2", vocab_size=get("vocab_size"), dim=get("n_embd"), n_layers=get("n_layer"),
+                          n_heads=get("n_head"), hidden_dim=get("n_inner") or 4 * get("n_embd"),
+                          max_seq_len=get("n_positions"), norm_eps=get("layer_norm_epsilon", 1e-5),
+                          activation=_ACTIVATIONS[act], tie_embeddings=bool(get("tie_word_embeddings", True)),
+                          attn_bias=True, mlp_bias=True)
+        fields = {k: v for k, v in fields.items() if v is not None}
+        fields.update(overrides or {})
+        return GPTConfig(**fields)
+    except PretrainedError:
+        raise
+    except (TypeError, ValueError) as exc:
+        raise PretrainedError(f"config.json does not describe a model netcl can build: {exc}") from None
+
+
+def config_to_hf(c: GPTConfig) -> dict[str, Any]:
+    """config.json of a GPTConfig (what transformers needs to rebuild the same model)."""
+    if c.arch == "llama":
+        return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": c.vocab_size,
+                "hidden_size": c.dim, "intermediate_size": c.hidden_dim, "num_hidden_layers": c.n_layers,
+                "num_attention_heads": c.n_heads, "num_key_value_heads": c.n_kv_heads, "head_dim": c.head_dim,
+                "max_position_embeddings": c.max_seq_len, "rms_norm_eps": c.norm_eps, "rope_theta": c.rope_base,
+                "rope_parameters": {"rope_type": "default", "rope_theta": c.rope_base}, "rope_scaling": None,
+                "attention_bias": c.attn_bias, "mlp_bias": c.mlp_bias, "tie_word_embeddings": c.tie_embeddings,
+                "hidden_act": "silu", "attention_dropout": c.attn_dropout, "torch_dtype": c.dtype,
+                "dtype": c.dtype, "bos_token_id": None, "eos_token_id": None, "pad_token_id": None}
+    if not (c.attn_bias and c.mlp_bias) or c.n_kv_heads != c.n_heads or c.head_dim * c.n_heads != c.dim:
+        raise PretrainedError("GPT-2's format needs biases everywhere, n_kv_heads == n_heads and head_dim * n_heads "
+                              f"== dim; this model has attn_bias={c.attn_bias}, mlp_bias={c.mlp_bias}, "
+                              f"n_kv_heads={c.n_kv_heads}, head_dim={c.head_dim}")
+    return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": c.vocab_size, "n_embd": c.dim,
+            "n_layer": c.n_layers, "n_head": c.n_heads, "n_inner": c.hidden_dim, "n_positions": c.max_seq_len,
+            "n_ctx": c.max_seq_len, "layer_norm_epsilon": c.norm_eps,
+            "activation_function": _HF_ACTIVATION[c.activation],
+            "tie_word_embeddings": c.tie_embeddings, "resid_pdrop": c.dropout, "embd_pdrop": c.dropout,
+            "attn_pdrop": c.attn_dropout, "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False,
+            "reorder_and_upcast_attn": False, "torch_dtype": c.dtype, "dtype": c.dtype,
+            "bos_token_id": None, "eos_token_id": None, "pad_token_id": None}
+
+
+# -- loading and saving ------------------------------------------------------------------------------------------
+def _shapes(c: GPTConfig) -> dict[str, tuple[int, ...]]:
+    """netcl parameter name -> shape for config c (the model's state_dict, without building it)."""
+    d, q_out, kv_out, h = c.dim, c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim, c.hidden_dim
+    out: dict[str, tuple[int, ...]] = {"tok_embeddings.weight": (c.vocab_size, d), "norm.weight": (d,)}
+    if c.arch == "gpt2":
+        out.update({"pos_embeddings.weight": (c.max_seq_len, d), "norm.bias": (d,)})
+    if not c.tie_embeddings:
+        out["lm_head.weight"] = (c.vocab_size, d)
+    for i in range(c.n_layers):
+        p = f"layers.{i}."
+        for norm in ("attn_norm", "mlp_norm"):
+            out[f"{p}{norm}.weight"] = (d,)
+            if c.arch == "gpt2":
+                out[f"{p}{norm}.bias"] = (d,)
+        for name, rows in (("q", q_out), ("k", kv_out), ("v", kv_out)):
+            out[f"{p}attn.{name}_proj.weight"] = (rows, d)
+            if c.attn_bias:
+                out[f"{p}attn.{name}_proj.bias"] = (rows,)
+        out[f"{p}attn.o_proj.weight"] = (d, q_out)
+        if c.attn_bias:
+            out[f"{p}attn.o_proj.bias"] = (d,)
+        layers = (("w1", h, d), ("w3", h, d), ("w2", d, h)) if c.arch == "llama" else (("fc", h, d), ("proj", d, h))
+        for name, rows, cols in layers:
+            out[f"{p}mlp.{name}.weight"] = (rows, cols)
+            if c.mlp_bias:
+                out[f"{p}mlp.{name}.bias"] = (rows,)
+    return out
+
+
+def load(path: str | os.PathLike, overrides: dict[str, Any] | None = None) -> tuple[GPTConfig, dict[str, np.ndarray]]:
+    """(config, netcl-named arrays) of a Hugging Face directory. Every HF tensor must map to a parameter of
+    the config's model, every parameter must be there, every shape must fit; otherwise one
+    PretrainedError lists the unknown, missing and mis-shaped tensors (all of them)."""
+    allowed = {"max_seq_len", "dropout", "attn_dropout", "rope_pairing", "dtype"}
+    bad = sorted(set(overrides or {}) - allowed)
+    if bad:
+        raise ValueError(f"from_pretrained: {bad} cannot be overridden (they would change what the weights mean); "
+                         f"overridable: {sorted(allowed)}")
+    raw_config = hf_io.read_config(path)
+    config = config_from_hf(raw_config, overrides)
+    tensors = hf_io.read_tensors(path)
+    shapes = _shapes(config)
+    if config.arch == "gpt2" and "max_seq_len" in (overrides or {}):
+        raise ValueError("from_pretrained: a GPT-2's max_seq_len is its learned position table (n_positions)")
+    rules = _RULES[config.arch](config)
+    known = {name for rule in rules for name in rule[0]}
+    unknown = sorted(k for k in tensors if k not in known and not k.endswith(_IGNORED_SUFFIXES)
+                     and not (k == "lm_head.weight" and config.tie_embeddings))
+    missing = sorted(name for name in known if name not in tensors)
+    misshaped, arrays = [], {}
+    for hf_names, nc_names, to_netcl, to_hf in rules:
+        if any(n not in tensors for n in hf_names):
+            continue
+        want = [s.shape for s in to_hf([np.empty(shapes[n], np.float32) for n in nc_names], config)]
+        got = [tensors[n].shape for n in hf_names]
+        wrong = [(n, g, w) for n, g, w in zip(hf_names, got, want) if tuple(g) != tuple(w)]
+        if wrong:
+            misshaped += [f"{n}: {tuple(g)} in the file, {tuple(w)} expected" for n, g, w in wrong]
+            continue
+        dt = np.dtype(config.dtype)
+        for name, arr in zip(nc_names, to_netcl([tensors[n] for n in hf_names], config)):
+            arrays[name] = np.ascontiguousarray(arr, dtype=dt)
+    if unknown or missing or misshaped:
+        lines = [f"{path}: the weights do not match the {config.arch} model its config.json describes:"]
+        if unknown:
+            lines.append(f"  unknown tensors ({len(unknown)}): {', '.join(unknown)}")
+        if missing:
+            lines.append(f"  missing tensors ({len(missing)}): {', '.join(missing)}")
+        if misshaped:
+            lines.append(f"  mis-shaped tensors ({len(misshaped)}):")
+            lines += [f"    {m}" for m in misshaped]
+        raise PretrainedError("\n".join(lines))
+    return config, arrays
+
+
+def save(path: str | os.PathLike, config: GPTConfig, state: dict[str, np.ndarray],
+         max_shard_bytes: int | None = None) -> None:
+    """Write a model's state (netcl names) as a Hugging Face directory of config's family."""
+    tensors: dict[str, np.ndarray] = {}
+    for hf_names, nc_names, _to_netcl, to_hf in _RULES[config.arch](config):
+        for name, arr in zip(hf_names, to_hf([state[n] for n in nc_names], config)):
+            tensors[name] = arr
+    hf_io.write(path, config_to_hf(config), tensors, max_shard_bytes)
+
+
+__all__ = ["PretrainedError", "config_from_hf", "config_to_hf", "load", "save"]

@@ -1,0 +1,137 @@
+"""GPT generation: cached decoding equals a full forward, the recorded decode step equals the eager one,
+sampling options, stop tokens, batches, reuse of the recorded step, and argument errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from netcl import ops
+from netcl.core.tensor import Tensor
+from netcl.errors import ShapeError
+from netcl.models import GPT, GPTConfig
+from netcl.nn import KVCache
+from netcl.ops.random import Generator, manual_seed
+
+LLAMA = dict(arch="llama", vocab_size=41, dim=16, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=40)
+GPT2 = dict(arch="gpt2", vocab_size=37, dim=12, n_layers=2, n_heads=3, max_seq_len=40)
+
+
+def make(queue, kind, seed=0, dtype="float32"):
+    model = GPT(queue, GPTConfig(**(LLAMA if kind == "llama" else GPT2), dtype=dtype), generator=Generator(seed))
+    rng = np.random.default_rng(seed)
+    for name, p in model.named_parameters():
+        if "norm" not in name:  # sharper distributions than the 0.02 init: tokens depend on the weights
+            p.value.copy_from_host(0.3 * rng.standard_normal(p.shape))
+    return model
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+def test_cached_decoding_equals_the_full_forward(queue, kind):
+    model = make(queue, kind, dtype="float64")
+    c = model.config
+    ids = np.random.default_rng(1).integers(0, c.vocab_size, (2, 9)).astype(np.int32)
+    full = model(ids).value.to_host()
+    caches = [KVCache(queue, 2, c.n_kv_heads, 16, c.head_dim, "float64") for _ in range(c.n_layers)]
+    position = Tensor.zeros(queue, (1,), np.int32)
+    got = []
+    for lo, hi in ((0, 5), (5, 6), (6, 7), (7, 9)):
+        kv_len = ops.add(position, hi - lo).realize()
+        h = model.hidden(Tensor.from_host(queue, ids[:, lo:hi]), caches=caches, position=position, kv_len=kv_len)
+        got.append(model.logits(h).value.to_host())
+        position.copy_(kv_len)
+    np.testing.assert_allclose(np.concatenate(got, 1), full, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+def test_greedy_generation_follows_the_full_forward(queue, kind):
+    model = make(queue, kind)
+    prompt = [3, 1, 4, 1, 5]
+    tokens = list(model.generate(prompt, 8, temperature=0))
+    assert len(tokens) == 8 and all(isinstance(t, int) for t in tokens)
+    seq = list(prompt)
+    for t in tokens:
+        assert t == int(model(np.array([seq], np.int32)).value.to_host()[0, -1].argmax())
+        seq.append(t)
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+@pytest.mark.parametrize("options", [dict(temperature=0), dict(temperature=0.9, top_k=7),
+                                     dict(temperature=1.2, top_p=0.8), dict(temperature=0.7, top_k=12, top_p=0.9)])
+def test_recorded_decode_step_equals_the_eager_one(queue, kind, options):
+    model = make(queue, kind)
+    prompt = np.array([[2, 7, 1], [8, 2, 8]], np.int32)
+    eager = np.array(list(model.generate(prompt, 12, seed=5, use_graph=False, **options)))
+    recorded = np.array(list(model.generate(prompt, 12, seed=5, **options)))
+    assert model._decoder.graph is not None
+    np.testing.assert_array_equal(recorded, eager)
+    again = np.array(list(model.generate(prompt, 12, seed=5, **options)))  # replays only: the same draws
+    np.testing.assert_array_equal(again, eager)
+    if options.get("temperature"):
+        other = np.array(list(model.generate(prompt, 12, seed=6, **options)))
+        assert not np.array_equal(other, eager)
+
+
+def test_the_recorded_step_is_reused_and_follows_new_weights(queue):
+    model = make(queue, "llama")
+    first = list(model.generate([1, 2, 3], 6, temperature=0))
+    graph = model._decoder.graph
+    assert list(model.generate([1, 2, 3], 6, temperature=0)) == first and model._decoder.graph is graph
+    other = make(queue, "llama", seed=9)
+    model.load_state_dict(other.state_dict())  # in place: the recorded step reads the new values
+    assert list(model.generate([1, 2, 3], 6, temperature=0)) == list(other.generate([1, 2, 3], 6, temperature=0))
+    assert model._decoder.graph is graph
+
+
+def test_seed_none_follows_manual_seed(queue):
+    model = make(queue, "gpt2")
+    manual_seed(11)
+    a = list(model.generate([4, 4], 10, temperature=1.5))
+    manual_seed(11)
+    b = list(model.generate([4, 4], 10, temperature=1.5))
+    assert a == b
+
+
+def test_stop_tokens_and_batches(queue):
+    model = make(queue, "llama")
+    free = list(model.generate([5, 6], 10, temperature=0))
+    stop = free[3]
+    cut = list(model.generate([5, 6], 10, temperature=0, stop_tokens=[stop]))
+    assert cut == free[: free.index(stop) + 1]
+    batch = np.array([[5, 6], [6, 5]], np.int32)
+    rows = np.array(list(model.generate(batch, 10, temperature=0, stop_tokens=[stop])))
+    solo = [list(model.generate(list(r), 10, temperature=0)) for r in batch]
+    for r in range(2):
+        col = rows[:, r]
+        n = solo[r].index(stop) + 1 if stop in solo[r] else len(col)
+        np.testing.assert_array_equal(col[:n], solo[r][:n])
+        assert (col[n:] == -1).all()
+    assert list(model.generate([5, 6], 0)) == []
+
+
+def test_training_mode_is_restored_and_dropout_off_while_generating(queue):
+    model = GPT(queue, GPTConfig(**LLAMA, dropout=0.5, attn_dropout=0.5))
+    model.train()
+    a = list(model.generate([1, 2], 5, temperature=0))
+    assert model.training
+    assert a == list(model.generate([1, 2], 5, temperature=0, use_graph=False))
+
+
+def test_generate_errors(queue):
+    model = make(queue, "gpt2")
+    with pytest.raises(ShapeError, match="exceeds the model's max_seq_len 40"):
+        model.generate(list(range(30)), 11)
+    with pytest.raises(ShapeError, match=r"ids must lie in \[0, 37\)"):
+        model.generate([1, 40], 3)
+    with pytest.raises(ShapeError, match="non-empty"):
+        model.generate([], 3)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        model.generate([1], -1)
+    with pytest.raises(ValueError, match="temperature"):
+        model.generate([1], 3, temperature=-0.5)
+    with pytest.raises(ValueError, match="top_p"):
+        model.generate([1], 3, top_p=0.0)
+    with pytest.raises(TypeError, match="stop_tokens"):
+        model.generate([1], 3, stop_tokens=["eos"])
+    with pytest.raises(TypeError, match="seed"):
+        model.generate([1], 3, seed=1.5)

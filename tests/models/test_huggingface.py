@@ -1,0 +1,182 @@
+"""Hugging Face weights: tiny LlamaForCausalLM and GPT2LMHeadModel from random configs, saved with
+transformers' save_pretrained; netcl loads them (logits within 1e-4 relative, greedy tokens as HF's
+generate), saves them back for transformers, and refuses bad directories with every problem named."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from netcl.models import GPT, PretrainedError
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+VOCAB = 61
+
+
+def hf_llama(**overrides):
+    cfg = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=44, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2, max_position_embeddings=48, rms_norm_eps=1e-5, rope_theta=5000.0,
+               tie_word_embeddings=False, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    cfg.update(overrides)
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(**cfg))
+
+
+def hf_gpt2(**overrides):
+    cfg = dict(vocab_size=VOCAB, n_embd=24, n_layer=2, n_head=3, n_positions=40, bos_token_id=None,
+               eos_token_id=None, pad_token_id=None)
+    cfg.update(overrides)
+    return transformers.GPT2LMHeadModel(transformers.GPT2Config(**cfg))
+
+
+MODELS = {"llama": hf_llama, "llama-gqa-bias-tied": lambda: hf_llama(num_key_value_heads=1, attention_bias=True,
+                                                                      mlp_bias=True, tie_word_embeddings=True),
+          "gpt2": hf_gpt2}
+
+
+def saved(tmp_path, name, seed=0, **save_kwargs):
+    torch.manual_seed(seed)
+    model = MODELS[name]()
+    with torch.no_grad():  # weights well away from 0.02 so every tensor moves the logits
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    model.eval()
+    path = tmp_path / name
+    model.save_pretrained(path, **save_kwargs)
+    return model, path
+
+
+def hf_logits(model, ids):
+    with torch.no_grad():
+        return model(torch.tensor(ids, dtype=torch.long)).logits.numpy().astype(np.float64)
+
+
+def assert_logits_close(got, want):
+    err = np.abs(got - want).max() / np.abs(want).max()
+    assert err < 1e-4, err
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_logits_and_greedy_tokens_match_transformers(queue, tmp_path, name):
+    hf, path = saved(tmp_path, name)
+    model = GPT.from_pretrained(path, queue)
+    ids = np.random.default_rng(0).integers(0, VOCAB, (2, 11))
+    assert_logits_close(model(ids).value.to_host(), hf_logits(hf, ids))
+    prompt = ids[:1, :5]
+    with torch.no_grad():
+        want = hf.generate(torch.tensor(prompt), max_new_tokens=12, do_sample=False, pad_token_id=0,
+                           eos_token_id=None)[0, 5:].tolist()
+    assert list(model.generate(prompt[0], 12, temperature=0)) == want
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_save_pretrained_loads_back_into_transformers(queue, tmp_path, name):
+    hf, path = saved(tmp_path, name)
+    model = GPT.from_pretrained(path, queue)
+    out = tmp_path / "netcl-export"
+    model.save_pretrained(out)
+    back = type(hf).from_pretrained(out)
+    back.eval()
+    ids = np.random.default_rng(1).integers(0, VOCAB, (1, 9))
+    assert_logits_close(hf_logits(back, ids), hf_logits(hf, ids))
+    assert GPT.from_pretrained(out, queue).config == model.config
+
+
+def test_sharded_directories_both_ways(queue, tmp_path):
+    hf, path = saved(tmp_path, "llama", max_shard_size="40KB")
+    assert (path / "model.safetensors.index.json").exists()
+    model = GPT.from_pretrained(path, queue)
+    ids = np.random.default_rng(2).integers(0, VOCAB, (1, 7))
+    assert_logits_close(model(ids).value.to_host(), hf_logits(hf, ids))
+    out = tmp_path / "sharded-export"
+    model.save_pretrained(out, max_shard_bytes=30_000)
+    assert len(list(out.glob("model-*-of-*.safetensors"))) > 1 and not (out / "model.safetensors").exists()
+    back = type(hf).from_pretrained(out)
+    back.eval()
+    assert_logits_close(hf_logits(back, ids), hf_logits(hf, ids))
+
+
+def test_interleaved_pairing_permutes_q_and_k(queue, tmp_path):
+    """Meta's interleaved rotary pairs with the q/k rows permuted to match compute the same logits."""
+    hf, path = saved(tmp_path, "llama")
+    model = GPT.from_pretrained(path, queue, rope_pairing="interleaved")
+    assert model.config.rope_pairing == "interleaved"
+    half = GPT.from_pretrained(path, queue)
+    q_half = half.state_dict()["layers.0.attn.q_proj.weight"].to_host()
+    q_inter = model.state_dict()["layers.0.attn.q_proj.weight"].to_host()
+    assert not np.array_equal(q_half, q_inter)
+    ids = np.random.default_rng(3).integers(0, VOCAB, (1, 10))
+    assert_logits_close(model(ids).value.to_host(), hf_logits(hf, ids))
+    out = tmp_path / "interleaved-export"
+    model.save_pretrained(out)  # written back in Hugging Face's (rotate_half) order
+    back = type(hf).from_pretrained(out)
+    back.eval()
+    assert_logits_close(hf_logits(back, ids), hf_logits(hf, ids))
+
+
+def test_bfloat16_weights_load_as_float32(queue, tmp_path):
+    torch.manual_seed(0)
+    hf = hf_llama()
+    hf.to(torch.bfloat16).save_pretrained(tmp_path / "bf16")
+    model = GPT.from_pretrained(tmp_path / "bf16", queue)
+    ids = np.random.default_rng(4).integers(0, VOCAB, (1, 6))
+    hf.float().eval()
+    assert_logits_close(model(ids).value.to_host(), hf_logits(hf, ids))
+
+
+def test_mismatched_weights_are_all_listed(queue, tmp_path):
+    from safetensors.numpy import load_file, save_file
+
+    _, path = saved(tmp_path, "llama")
+    tensors = load_file(path / "model.safetensors")
+    del tensors["model.layers.1.mlp.up_proj.weight"]
+    del tensors["model.norm.weight"]
+    tensors["model.layers.0.self_attn.k_proj.weight"] = tensors["model.layers.0.self_attn.k_proj.weight"][:4]
+    tensors["model.layers.0.mlp.down_proj.weight"] = tensors["model.layers.0.mlp.down_proj.weight"].T.copy()
+    tensors["model.layers.0.self_attn.extra.weight"] = np.zeros(3, np.float32)
+    save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(PretrainedError) as info:
+        GPT.from_pretrained(path, queue)
+    text = str(info.value)
+    for words in ("unknown tensors (1): model.layers.0.self_attn.extra.weight",
+                  "missing tensors (2): model.layers.1.mlp.up_proj.weight, model.norm.weight",
+                  "mis-shaped tensors (2)", "model.layers.0.self_attn.k_proj.weight: (4, 32) in the file, (16, 32)",
+                  "model.layers.0.mlp.down_proj.weight: (44, 32) in the file, (32, 44) expected"):
+        assert words in text, text
+
+
+def test_bad_directories(queue, tmp_path):
+    with pytest.raises(PretrainedError, match="is not a directory"):
+        GPT.from_pretrained(tmp_path / "nowhere", queue)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(PretrainedError, match="has no config.json"):
+        GPT.from_pretrained(empty, queue)
+    _, path = saved(tmp_path, "gpt2")
+    (path / "model.safetensors").rename(path / "pytorch_model.bin")
+    with pytest.raises(PretrainedError, match="safetensors only"):
+        GPT.from_pretrained(path, queue)
+    _, path = saved(tmp_path, "llama", seed=1)
+    cfg = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**cfg, "model_type": "mistral", "architectures": ["Mistral"]}))
+    with pytest.raises(PretrainedError, match="model_type='mistral'"):
+        GPT.from_pretrained(path, queue)
+    (path / "config.json").write_text(json.dumps({**cfg, "rope_parameters": {"rope_type": "yarn", "factor": 2.0}}))
+    with pytest.raises(PretrainedError, match="rope scaling 'yarn'"):
+        GPT.from_pretrained(path, queue)
+    (path / "config.json").write_text("{not json")
+    with pytest.raises(PretrainedError, match="cannot read"):
+        GPT.from_pretrained(path, queue)
+    (path / "config.json").write_text(json.dumps(cfg))
+    (path / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{")
+    with pytest.raises(PretrainedError, match="truncated"):
+        GPT.from_pretrained(path, queue)
+    _, sharded = saved(tmp_path / "s", "llama", max_shard_size="40KB")
+    next(sharded.glob("model-00001-*.safetensors")).unlink()
+    with pytest.raises(PretrainedError, match="shard files that are not in"):
+        GPT.from_pretrained(sharded, queue)
+    with pytest.raises(ValueError, match="cannot be overridden"):
+        GPT.from_pretrained(path, queue, n_layers=1)
