@@ -36,7 +36,6 @@ def test_page_code_runs(page, tmp_path):
             assert len(b.skip) > 10, f"{page}:{b.line}: a skipped block must say why"
     results = run_code.run_page(page, markdown, workdir=tmp_path)
     assert len(results) == len(blocks)
-    assert run_code.cached_outputs(page, markdown) == results
 
 
 def test_skips_are_rare():
@@ -55,6 +54,16 @@ def test_block_parser_and_renderer():
     rendered = run_code.render(page, [{"stdout": "", "figures": []}, {"stdout": "42\n", "figures": ["AAAA"]}])
     assert '    ```text title="output"\n    42\n    ```' in rendered
     assert "(data:image/png;base64,AAAA)" in rendered
+
+
+def test_outputs_are_cached_by_code(tmp_path, monkeypatch):
+    monkeypatch.setenv("NETCL_CACHE_DIR", str(tmp_path / "cache"))
+    page = "```python\nimport sys\nprint(len(sys.argv) >= 0)\n```\n"
+    assert run_code.cached_outputs("c.md", page) is None
+    results = run_code.run_page("c.md", page, workdir=tmp_path)
+    assert results == [{"stdout": "True\n", "figures": []}]
+    assert run_code.cached_outputs("c.md", page) == results
+    assert run_code.cached_outputs("c.md", page.replace(">= 0", "> 0")) is None
 
 
 def test_a_failing_block_names_page_and_line(tmp_path):
