@@ -208,6 +208,9 @@ def launch(command: Sequence[str], nproc: int, devices: str | None = None, env: 
                     f"collective, or in {GRACE_SECONDS:g} s")
             elif code != 0:
                 log(f"netcl run: rank {r} (pid {procs[r].pid}) {_status(code)}")
+    except KeyboardInterrupt:
+        log("netcl run: interrupted; stopping every rank")
+        first_failure = first_failure or (-1, 130)
     finally:
         signal.signal(signal.SIGTERM, previous)
         _stop(procs, log)

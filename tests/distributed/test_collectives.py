@@ -13,9 +13,10 @@ from tests.distributed.launching import mpi_available, mpiexec, netcl_run
 def test_collectives_on_shared_memory(nproc):
     res = netcl_run(nproc, "collectives_script.py")
     assert res.returncode == 0, res.stderr[-3000:]
-    assert sorted(res.lines("rank ")) == sorted(
-        [f"rank {r} ok" for r in range(nproc)] + [line for line in res.lines("rank ") if "mismatch named" in line])
-    assert len([line for line in res.lines("rank ") if "mismatch named" in line]) == nproc
+    # every rank names the mismatch and finishes (searched in the whole output: the ranks share one pipe,
+    # so one rank's line can land inside another's on a loaded machine)
+    for r in range(nproc):
+        assert f"rank {r} mismatch named: " in res.stdout and f"rank {r} ok" in res.stdout, res.stdout[-3000:]
 
 
 NO_MPI = "mpi4py and an MPI runtime (pip install 'netcl[mpi]') are not installed"
