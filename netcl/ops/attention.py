@@ -11,9 +11,10 @@ scores, is (B, Hq, Sq) float32 (float64 for float64 inputs), the one thing the b
 
 The forward streams keys through an online softmax (a running max and sum per query row); the backward
 recomputes the probabilities per tile from lse: one pass for dq (which first writes delta =
-rowsum(grad_out * out)), one for dk and dv (no atomics). Kernels (netcl/kernels/attention_*.cl): the CPU
-variant (work-group size 1, a block of rows per work-item in private memory) runs on every device until
-the GPU variant (local-memory tiles) lands.
+rowsum(grad_out * out)), one for dk and dv (no atomics). Kernels (netcl/kernels/attention_*.cl), by
+device class: on CPUs a work-item (work-group size 1) takes a block of rows in private memory
+(attention_cpu.cl); on GPUs a work-group takes a tile of rows in local memory and streams the other
+operand's tiles past it (attention_gpu.cl).
 
 Options:
 - scale: default 1 / sqrt(D).
@@ -59,8 +60,51 @@ _FLOATS = (dtypes.float16, dtypes.float32, dtypes.float64)
 # the GPU kernels on the CPU device.
 variant_override: str | None = None
 
-# Tile knobs per variant (their meanings: the headers of attention_cpu.cl / attention_gpu.cl).
-CPU_TILES = {"BQ": 4, "BK": 16, "BKV": 8}
+# Tile knobs (their meanings: the headers of attention_cpu.cl and attention_gpu.cl).
+CPU_TILES = {"BQ": 8, "BK": 16, "BKV": 16, "BI": 4}
+# GPU work-item grids, best first, per kernel: (TR, rows per item, columns per item) with TC = 8 columns of
+# items; the first whose local memory fits the device (and whose register block suits the head dim) runs.
+GPU_TC = 8
+GPU_GRIDS = {
+    "forward": [(16, 4, 4), (8, 4, 4), (8, 2, 4), (4, 2, 2)],   # rows: queries (BM = TR * rows), cols: keys
+    "dq": [(8, 4, 4), (8, 2, 4), (4, 2, 2)],
+    "dkdv": [(8, 4, 4), (8, 2, 4), (4, 2, 2)],                  # rows: keys (BN), cols: queries (BM)
+}
+
+
+def _gpu_local_bytes(kernel: str, BM: int, BN: int, DP: int, item: int) -> int:
+    """Local memory of an attention_gpu.cl kernel (the sums in its header)."""
+    if kernel == "forward":
+        values = (BM + BN) * (DP + 4) + BM * (BN + 4) + BM * GPU_TC
+    elif kernel == "dq":
+        values = 2 * (BM + BN) * (DP + 4) + BM * (BN + 4) + 2 * BM
+    else:
+        values = 2 * (BN + BM) * (DP + 4) + 2 * BN * (BM + 4) + 2 * BM
+    return values * item
+
+
+def gpu_tiles(device: Any, kernel: str, head_dim: int, dtype: Any) -> dict[str, int]:
+    """The tile defines of an attention_gpu.cl kernel ("forward", "dq", "dkdv") for this head dim and dtype on
+    `device`: the first grid of GPU_GRIDS whose local memory fits and whose accumulators (the output's, or
+    dk's and dv's) stay within 64 values per work-item."""
+    CE = -(-head_dim // (4 * GPU_TC))
+    DP = CE * 4 * GPU_TC
+    item = 8 if np.dtype(dtype) == dtypes.float64 else 4
+    caps = device.capabilities
+    budget = caps.local_mem - 1024
+    accumulators = 2 if kernel == "dkdv" else 1
+    grids = GPU_GRIDS[kernel]
+    for TR, rows, cols in grids:
+        if rows * CE * 4 * accumulators > 64 and (TR, rows, cols) != grids[-1]:
+            continue
+        if kernel == "dkdv":
+            BN, BM = TR * rows, GPU_TC * cols
+        else:
+            BM, BN = TR * rows, GPU_TC * cols
+        if TR * GPU_TC <= caps.max_work_group_size and _gpu_local_bytes(kernel, BM, BN, DP, item) <= budget:
+            return {"BM": BM, "BN": BN, "TR": TR, "TC": GPU_TC, "CE": CE}
+    raise DTypeError(f"flash_attention: head_dim {head_dim} ({np.dtype(dtype)}) needs more local memory than "
+                     f"{device.device_name} has ({caps.local_mem} bytes)")
 
 
 class DropoutDraw:
@@ -142,6 +186,7 @@ class _Problem:
         self.dropout_p = float(dropout_p)
         self.mask, self.mask_kind = self._check_mask(op, mask)
         self.kv_len = self._check_kv_len(op, kv_len)
+        self.vector_rows = self.dtype == dtypes.float32 and D % 4 == 0 and _rows_aligned(q, k, v)
 
     def _check_mask(self, op: str, mask: Any) -> tuple[Tensor | None, str]:
         if mask is None:
@@ -181,11 +226,39 @@ class _Problem:
             raise ShapeError(f"{op}: kv_len must have shape (1,) or (batch,) = ({self.B},), got {kv_len.shape}")
         return kv_len
 
-    # -- kernel arguments ----------------------------------------------------------------------------
-    def program(self, variant: str) -> Any:
-        tiles = CPU_TILES
-        return kernels.program(self.device, f"attention_{variant}.cl", dtype=self.dtype, HEAD_DIM=self.D,
-                               MASK=self.mask_kind, **tiles)
+    # -- kernels --------------------------------------------------------------------------------------
+    def launch(self, kernel: str, **args: Any) -> Any:
+        """Launch attention kernel `kernel` ("forward", "dq", "dkdv") of this problem's variant; returns the
+        kernel object (for graph refreshes)."""
+        variant = variant_override if variant_override is not None else \
+            ("cpu" if self.device.capabilities.kind == "cpu" else "gpu")
+        name = {"forward": "attention_forward", "dq": "attention_backward_dq", "dkdv": "attention_backward_dkdv"}
+        rows, heads = (self.SK, self.HKV) if kernel == "dkdv" else (self.SQ, self.HQ)
+        defines: dict[str, Any] = {"HEAD_DIM": self.D, "MASK": self.mask_kind}
+        tiles = None
+        if variant == "gpu":
+            try:
+                tiles = gpu_tiles(self.device, kernel, self.D, self.dtype)
+            except DTypeError:
+                if variant_override == "gpu":
+                    raise
+                variant = "cpu"  # no grid's local memory fits (float64 at large head dims): the CPU kernels
+        if tiles is None:
+            defines.update(CPU_TILES)
+            per_item = CPU_TILES["BKV"] if kernel == "dkdv" else CPU_TILES["BQ"]
+            global_size, local_size = (-(-rows // per_item), heads, self.B), (1, 1, 1)
+        else:
+            defines.update(tiles)
+            if self.vector_rows:
+                defines["VEC_ROWS"] = None
+            threads = tiles["TR"] * tiles["TC"]
+            per_group = tiles["BN"] if kernel == "dkdv" else tiles["BM"]
+            global_size, local_size = (-(-rows // per_group) * threads, heads, self.B), (threads, 1, 1)
+        prg = kernels.program(self.device, f"attention_{variant}.cl", dtype=self.dtype,
+                              options=("-cl-mad-enable",), **defines)
+        k = getattr(prg, f"{name[kernel]}_{variant}")
+        k(self.queue, global_size, local_size, **args)
+        return k
 
     def common_args(self, draw: DropoutDraw | None) -> dict[str, Any]:
         acc = kernels.scalar_type(self.dtype)
@@ -227,6 +300,12 @@ def _row_args(name: str, t: Tensor) -> dict[str, Any]:
             f"{name}_sh": np.int64(sh), f"{name}_ss": np.int64(ss)}
 
 
+def _rows_aligned(*ts: Tensor) -> bool:
+    """Every row of every tensor starts at a multiple of 4 elements (float4 loads)."""
+    return all(t.offset % 4 == 0 and all(st % 4 == 0 for st, n in zip(t.strides[:3], t.shape[:3], strict=True)
+                                         if n > 1) for t in ts)
+
+
 def _rows_contiguous(t: Tensor) -> Tensor:
     """t itself when its last axis is contiguous (read in place), else a contiguous copy."""
     if t.shape[-1] == 1 or t.strides[-1] == 1:
@@ -237,12 +316,6 @@ def _rows_contiguous(t: Tensor) -> Tensor:
 def _drop_threshold(p: float) -> np.uint32:
     """Keep iff a 24-bit uniform draw >= this: probability 1 - threshold / 2**24 (= 1 - p to 2**-24)."""
     return np.uint32(min(round(p * (1 << 24)), (1 << 24) - 1))
-
-
-def _variant(device: Any) -> str:
-    if variant_override is not None:
-        return variant_override
-    return "cpu"
 
 
 def _refresh_dropout_on_replay(draw: DropoutDraw, kernel: Any, draws: bool) -> None:
@@ -287,12 +360,7 @@ def flash_attention_forward(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = F
         draw.take(pr.B * pr.HQ * pr.SQ)
     if out.size == 0:
         return out, lse
-    variant = _variant(pr.device)
-    prg = pr.program(variant)
-    args = pr.common_args(draw)
-    kernel = prg.attention_forward_cpu
-    tiles = CPU_TILES
-    kernel(pr.queue, (-(-pr.SQ // tiles["BQ"]), pr.HQ, pr.B), (1, 1, 1), out=out.buffer, lse=lse.buffer, **args)
+    kernel = pr.launch("forward", out=out.buffer, lse=lse.buffer, **pr.common_args(draw))
     if draw is not None:
         _refresh_dropout_on_replay(draw, kernel, draws=True)
     return out, lse
@@ -350,22 +418,17 @@ def flash_attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: 
     g, out = _rows_contiguous(grad_out), _rows_contiguous(out)
     lse = lse if lse.offset == 0 and lse.is_contiguous() else lse.clone()
     delta = Tensor.empty(pr.queue, full[:3], acc_dtype)  # rowsum(grad_out * out), written by the dq pass
-    variant = _variant(pr.device)
-    prg = pr.program(variant)
+    if not (out.dtype == dtypes.float32 and _rows_aligned(g, out)):
+        pr.vector_rows = False
     args = pr.common_args(draw)
     args.update(_row_args("grad_out", g))
     args.update(_row_args("out", out))
     args.update(lse=lse.buffer, delta=delta.buffer)
-    tiles = CPU_TILES
-    kernel = prg.attention_backward_dq_cpu
-    kernel(pr.queue, (-(-pr.SQ // tiles["BQ"]), pr.HQ, pr.B), (1, 1, 1), dq=(dq if dq is not None else delta).buffer,
-           do_dq=np.int32(dq is not None), **args)
+    kernel = pr.launch("dq", dq=(dq if dq is not None else delta).buffer, do_dq=np.int32(dq is not None), **args)
     if draw is not None:
         _refresh_dropout_on_replay(draw, kernel, draws=False)
     if dk is not None:
-        kernel = prg.attention_backward_dkdv_cpu
-        kernel(pr.queue, (-(-pr.SK // tiles["BKV"]), pr.HKV, pr.B), (1, 1, 1), dk=dk.buffer, dv=dv.buffer,
-               **args)
+        kernel = pr.launch("dkdv", dk=dk.buffer, dv=dv.buffer, **args)
         if draw is not None:
             _refresh_dropout_on_replay(draw, kernel, draws=False)
     return dq, dk, dv

@@ -1,4 +1,4 @@
-"""Attention kernels under Oclgrind: attention_cpu.cl's forward, dq and dk/dv passes and
+"""Attention kernels under Oclgrind: attention_cpu.cl and attention_gpu.cl (forward, dq and dk/dv passes) and
 attention_dropout.cl's keep-mask on small odd shapes (rows and keys not multiples of the blocks, GQA, a
 strided bool mask, kv_len, causal, dropout, a head dim that is not a multiple of the vector width)."""
 
@@ -16,17 +16,17 @@ from tests.ops.test_attention import reference
 pytestmark = oclgrind_only
 
 
-@pytest.mark.parametrize("variant", ["cpu"])
+@pytest.mark.parametrize("variant", ["cpu", "gpu"])
 @pytest.mark.parametrize("D", [12, 32])
 def test_attention_forward_backward(queue, variant, D):
     rng = np.random.default_rng(3)
-    B, HQ, HKV, SQ, SK, p = 2, 2, 1, 5, 11, 0.25
+    B, HQ, HKV, SQ, SK, p = 2, 2, 1, 40, 37, 0.25   # several row and key tiles (and blocks) of each variant
     q = rng.standard_normal((B, HQ, SQ, D)).astype(np.float32)
     k = rng.standard_normal((B, HKV, SK, D)).astype(np.float32)
     v = rng.standard_normal((B, HKV, SK, D)).astype(np.float32)
     g = rng.standard_normal((B, HQ, SQ, D)).astype(np.float32)
     mask = rng.random((B, 1, SK, SQ)) < 0.8
-    lengths = np.array([SK, 7], np.int32)
+    lengths = np.array([SK, 29], np.int32)
     old = attn.variant_override
     attn.variant_override = variant
     try:

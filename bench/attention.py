@@ -1,0 +1,301 @@
+"""Streaming (flash) attention: netcl.ops.flash_attention forward and forward+backward, and a decode step
+(one query row against a long KV cache), beside PyTorch's scaled_dot_product_attention on the same device
+in one run. One table + JSON (bench/results/attention.json).
+
+    python bench/attention.py                 # CPU (PoCL): B=1, H=8, S=1024, D=64 beside torch CPU
+    python bench/attention.py --gpu           # GPU: B=8, H=16, S=2048, D=64 float32 beside torch CUDA
+                                              #   (TF32 off: cuda.matmul.allow_tf32 = cudnn.allow_tf32 = False)
+    python bench/attention.py --memory        # also: S=8192, H=8, D=64 forward+backward, the BufferPool peak
+    python bench/attention.py --b 2 --h 4 --s 512 --d 128 --causal-only --repeat 5
+    python bench/attention.py --gpu --sweep   # also: each GPU kernel under other work-item grids (tiles)
+
+FLOPs: forward 4 * B * H * Sq * Sk * D (q k^T and p v), backward 2.5x that (q k^T recomputed, dp = dO v^T,
+dv, dk, dq), so forward+backward = 3.5x; causal rows count half (the masked half is skipped by the
+kernels and by the peers' flash kernels). Limits: the H200's FP32 peak is ~67 TFLOP/s (no tensor cores
+without TF32); the decode step is memory-bound (bytes = k and v of the cache read once), reported in GB/s
+beside the device's buffer->buffer copy bandwidth measured in the same run. Ratios are netcl's
+TFLOP/s (or GB/s) over PyTorch's: above 1 = netcl faster. Errors: max |netcl - torch| / max |torch| of
+out and of dq, dk, dv.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from netcl.core.backend import enqueue_copy  # noqa: E402
+from netcl.core.device import manager  # noqa: E402
+from netcl.core.tensor import Tensor  # noqa: E402
+from netcl.ops import attention as attn  # noqa: E402
+from netcl.tune.tuner import time_callable  # noqa: E402
+
+FP32_PEAK_GPU = 67e12   # H200 FP32 (CUDA cores)
+
+
+def copy_bandwidth(q, nbytes: int, repeats: int) -> float:
+    src = Tensor.empty(q, (nbytes // 4,), np.float32)
+    dst = Tensor.empty(q, (nbytes // 4,), np.float32)
+    t = time_callable(lambda: enqueue_copy(q, dst.buffer, src.buffer, byte_count=nbytes), q.finish, repeats, 3)
+    return 2 * nbytes / t
+
+
+def rel_err(got: np.ndarray, want: np.ndarray) -> float:
+    want = want.astype(np.float64)
+    return float(np.max(np.abs(got.astype(np.float64) - want)) / (np.max(np.abs(want)) + 1e-30))
+
+
+class Case:
+    """One problem: (B, H, Sq, Sk, D), causal or not, forward or forward+backward, optionally a kv_len."""
+
+    def __init__(self, name: str, B: int, H: int, SQ: int, SK: int, D: int, causal: bool, backward: bool,
+                 decode: bool = False):
+        self.name, self.B, self.H, self.SQ, self.SK, self.D = name, B, H, SQ, SK, D
+        self.causal, self.backward, self.decode = causal, backward, decode
+
+    def flops(self) -> float:
+        f = 4.0 * self.B * self.H * self.SQ * self.SK * self.D
+        if self.causal and self.SQ == self.SK:
+            f /= 2
+        return f * (3.5 if self.backward else 1.0)
+
+    def bytes(self) -> float:
+        """Bytes a decode step must read at least: k and v of the cache, q, and out written."""
+        return 4.0 * self.B * self.H * (2 * self.SK * self.D + 2 * self.SQ * self.D)
+
+
+def run_torch(case: Case, arrays: dict, gpu: bool, repeat: int) -> dict:
+    import torch  # noqa: PLC0415 (a peer, optional: the benchmark reports it missing)
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    tdev = "cuda" if gpu else "cpu"
+    if gpu and not torch.cuda.is_available():
+        raise RuntimeError("torch sees no CUDA device")
+    sync = torch.cuda.synchronize if gpu else (lambda: None)
+    F = torch.nn.functional
+    tq, tk, tv, tg = (torch.from_numpy(arrays[n]).to(tdev) for n in ("q", "k", "v", "g"))
+    res: dict = {"impl": f"torch {torch.__version__} sdpa", "device": tdev}
+    # torch's is_causal is top-left aligned: one query row against a cache must attend everything
+    causal = case.causal and not case.decode
+    if case.backward:
+        for t in (tq, tk, tv):
+            t.requires_grad_(True)
+
+        def fn():
+            out = F.scaled_dot_product_attention(tq, tk, tv, is_causal=causal)
+            return torch.autograd.grad(out, (tq, tk, tv), tg)
+
+        s = time_callable(fn, sync, repeat, 2)
+        out = F.scaled_dot_product_attention(tq, tk, tv, is_causal=causal)
+        grads = torch.autograd.grad(out, (tq, tk, tv), tg)
+        res["results"] = [out.detach().cpu().numpy()] + [g.cpu().numpy() for g in grads]
+    else:
+        with torch.no_grad():
+            fn = lambda: F.scaled_dot_product_attention(tq, tk, tv, is_causal=causal)  # noqa: E731
+            s = time_callable(fn, sync, repeat, 2)
+            res["results"] = [fn().cpu().numpy()]
+    res["seconds"] = s
+    if not gpu:
+        res["note"] = f"{torch.get_num_threads()} threads"
+    return res
+
+
+def run_netcl(case: Case, arrays: dict, dev, repeat: int) -> dict:
+    q = dev.queue
+    nq, nk, nv, ng = (Tensor.from_host(q, arrays[n]) for n in ("q", "k", "v", "g"))
+    opts: dict = {"causal": case.causal}
+    if case.decode:   # a KV cache: the length lives on the device (what a recorded decode step reads)
+        opts["kv_len"] = Tensor.from_host(q, np.array([case.SK], np.int32))
+    if case.backward:
+        def fn():
+            out, lse = attn.flash_attention_forward(nq, nk, nv, **opts)
+            return (out,) + attn.flash_attention_backward(nq, nk, nv, out, lse, ng, **opts)
+    else:
+        def fn():
+            return (attn.flash_attention_forward(nq, nk, nv, **opts)[0],)
+    s = time_callable(fn, q.finish, repeat, 2)
+    variant = attn.variant_override or ("cpu" if dev.capabilities.kind == "cpu" else "gpu")
+    return {"impl": f"netcl ({variant} kernels)", "device": dev.device_name, "seconds": s,
+            "results": [t.to_host() for t in fn()]}
+
+
+def memory_case(dev, rng) -> dict:
+    """S=8192, H=8, D=64, B=1 causal forward+backward: the BufferPool's peak over what the inputs hold."""
+    B, H, S, D = 1, 8, 8192, 64
+    q = dev.queue
+    ts = [Tensor.from_host(q, rng.standard_normal((B, H, S, D)).astype(np.float32)) for _ in range(4)]
+    q.finish()
+    pool = dev.pool
+    pool.reset_peak()
+    before = pool.stats()["in_use"]
+    out, lse = attn.flash_attention_forward(*ts[:3], causal=True)
+    grads = attn.flash_attention_backward(*ts[:3], out, lse, ts[3], causal=True)
+    q.finish()
+    peak = pool.stats()["peak"] - before
+    del out, lse, grads
+    tensor = B * H * S * D * 4
+    return {"shape": [B, H, S, D], "peak_bytes": peak, "tensor_bytes": tensor,
+            "one_head_SxS_bytes": S * S * 4, "peak_over_tensor": peak / tensor}
+
+
+# --sweep: work-item grids (TC, TR, rows per item, columns per item) tried per attention_gpu.cl kernel (the
+# first of each list is the default of netcl.ops.attention); see attn.GPU_GRIDS for what they mean.
+SWEEP = {
+    "forward": [(8, 16, 4, 4), (8, 8, 8, 4), (8, 32, 2, 4), (8, 8, 4, 4), (8, 16, 4, 2), (16, 8, 8, 2),
+                (16, 16, 4, 2), (4, 32, 2, 8)],
+    "dq": [(8, 8, 4, 4), (8, 16, 2, 4), (8, 8, 4, 2), (8, 4, 8, 4), (16, 8, 4, 2), (16, 16, 2, 2)],
+    "dkdv": [(8, 8, 4, 4), (8, 16, 2, 4), (8, 8, 4, 2), (16, 8, 4, 2), (16, 16, 2, 2), (4, 16, 2, 8)],
+}
+
+
+def sweep(dev, B: int, H: int, S: int, D: int, repeat: int, causal: bool) -> list[dict]:
+    """Time each attention_gpu.cl kernel under the grids of SWEEP on one problem: the forward alone, dq as
+    flash_attention_backward(need_dkv=False) (delta and dq), dk/dv as need_dq=False (delta then dk, dv)."""
+    q = dev.queue
+    rng = np.random.default_rng(1)
+    nq, nk, nv, ng = (Tensor.from_host(q, rng.standard_normal((B, H, S, D)).astype(np.float32)) for _ in range(4))
+    opts = {"causal": causal}
+    out, lse = attn.flash_attention_forward(nq, nk, nv, **opts)
+    calls = {
+        "forward": lambda: attn.flash_attention_forward(nq, nk, nv, **opts)[0],
+        "dq": lambda: attn.flash_attention_backward(nq, nk, nv, out, lse, ng, need_dkv=False, **opts)[0],
+        "dkdv": lambda: attn.flash_attention_backward(nq, nk, nv, out, lse, ng, need_dq=False, **opts)[1],
+    }
+    flops = {"forward": 4.0, "dq": 6.0, "dkdv": 8.0}   # per B H S S D: q k^T (+ dO v^T) and the products
+    saved = dict(attn.GPU_GRIDS), attn.GPU_TC
+    old_variant = attn.variant_override
+    attn.variant_override = "gpu"
+    rows: list[dict] = []
+    print(f"sweep of attention_gpu.cl grids, B={B} H={H} S={S} D={D} causal={causal} (TFLOP/s per kernel; "
+          "err vs the first grid):")
+    try:
+        for kernel, grids in SWEEP.items():
+            ref = None
+            for TC, TR, rm, cn in grids:
+                attn.GPU_TC = TC
+                attn.GPU_GRIDS = dict(saved[0], **{kernel: [(TR, rm, cn)]})
+                row = {"kernel": kernel, "TC": TC, "TR": TR, "rows": rm, "cols": cn}
+                try:
+                    row["tiles"] = attn.gpu_tiles(dev, kernel, D, np.float32)
+                    s = time_callable(calls[kernel], q.finish, repeat, 1)
+                    got = calls[kernel]().to_host()
+                    ref = got if ref is None else ref
+                    row.update(ms=s * 1e3, tflops=flops[kernel] * B * H * S * S * D / (2 if causal else 1) / s / 1e12,
+                               err=rel_err(got, ref))
+                except Exception as exc:  # a grid that does not fit the device is reported, not fatal
+                    row["note"] = f"{type(exc).__name__}: {exc}"[:120]
+                rows.append(row)
+                print(f"  {kernel:<8} TC={TC:<3}TR={TR:<3}rows={rm} cols={cn}  {row.get('tiles', '')}  "
+                      f"{row.get('ms', float('nan')):8.3f} ms {row.get('tflops', float('nan')):6.2f} TFLOP/s "
+                      f"err {row.get('err', float('nan')):.1e} {row.get('note', '')}")
+    finally:
+        attn.GPU_GRIDS, attn.GPU_TC = saved
+        attn.variant_override = old_variant
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--gpu", action="store_true", help="run on the GPU (OpenCL) with the GPU sizes; torch on CUDA")
+    ap.add_argument("--device", default=None, help="netcl device spec (default: gpu with --gpu, else auto)")
+    ap.add_argument("--b", type=int)
+    ap.add_argument("--h", type=int)
+    ap.add_argument("--s", type=int)
+    ap.add_argument("--d", type=int)
+    ap.add_argument("--decode-len", type=int, help="keys in the decode case's cache")
+    ap.add_argument("--causal-only", action="store_true", help="skip the non-causal rows")
+    ap.add_argument("--no-decode", action="store_true", help="skip the decode case")
+    ap.add_argument("--memory", action="store_true", help="also measure the S=8192 forward+backward pool peak")
+    ap.add_argument("--sweep", action="store_true", help="also time the GPU kernels under other grids (tiles)")
+    ap.add_argument("--variant", choices=["cpu", "gpu"], help="force netcl's kernel variant")
+    ap.add_argument("--repeat", type=int, default=None)
+    ap.add_argument("--skip", default="", help="comma list of peers to skip: torch")
+    ap.add_argument("--out", default="bench/results/attention.json")
+    args = ap.parse_args()
+
+    B, H, S, D = (8, 16, 2048, 64) if args.gpu else (1, 8, 1024, 64)
+    B, H, S, D = args.b or B, args.h or H, args.s or S, args.d or D
+    decode_len = args.decode_len or (8192 if args.gpu else 4096)
+    repeat = args.repeat or (10 if args.gpu else 3)
+    skip = set(filter(None, args.skip.split(",")))
+    if args.variant:
+        attn.variant_override = args.variant
+    dev = manager.get(args.device or ("gpu" if args.gpu else "auto"))
+    rng = np.random.default_rng(0)
+
+    cases = []
+    for causal in ([True] if args.causal_only else [False, True]):
+        tag = "causal" if causal else "full"
+        cases.append(Case(f"forward {tag}", B, H, S, S, D, causal, False))
+        cases.append(Case(f"fwd+bwd {tag}", B, H, S, S, D, causal, True))
+    if not args.no_decode:
+        cases.append(Case("decode fwd", B, H, 1, decode_len, D, True, False, decode=True))
+
+    copy_bw = copy_bandwidth(dev.queue, 256 << 20 if args.gpu else 64 << 20, 5)
+    print(f"netcl device: {dev.device_name}; copy bandwidth {copy_bw / 1e9:.1f} GB/s; float32; "
+          f"repeats {repeat} (median after warm-up)")
+    print(f"{'case':<16}{'shape (B,H,Sq,Sk,D)':<24}{'impl':<26}{'ms':>9}{'GFLOP/s':>9}{'GB/s':>8}"
+          f"{'x torch':>8}{'err':>9}")
+    rows = []
+    for case in cases:
+        arrays = {
+            "q": rng.standard_normal((case.B, case.H, case.SQ, case.D)).astype(np.float32),
+            "k": rng.standard_normal((case.B, case.H, case.SK, case.D)).astype(np.float32),
+            "v": rng.standard_normal((case.B, case.H, case.SK, case.D)).astype(np.float32),
+            "g": rng.standard_normal((case.B, case.H, case.SQ, case.D)).astype(np.float32),
+        }
+        results = []
+        if "torch" not in skip:
+            try:
+                results.append(run_torch(case, arrays, args.gpu, repeat))
+            except Exception as exc:  # a missing peer is reported, not fatal
+                results.append({"impl": "torch sdpa", "seconds": None, "note": f"unavailable: {exc}"[:160]})
+        results.append(run_netcl(case, arrays, dev, repeat))
+        ref = results[0].get("results") if results[0]["seconds"] else None
+        torch_s = results[0]["seconds"] if len(results) > 1 else None
+        for r in results:
+            s = r["seconds"]
+            row = {"case": case.name, "B": case.B, "H": case.H, "Sq": case.SQ, "Sk": case.SK, "D": case.D,
+                   "causal": case.causal, "impl": r["impl"], "device": r.get("device"), "note": r.get("note", "")}
+            if s:
+                row.update(ms=s * 1e3, tflops=case.flops() / s / 1e12)
+                if case.decode:
+                    row.update(gbps=case.bytes() / s / 1e9, fraction_of_copy=case.bytes() / s / copy_bw)
+                if torch_s and r is results[-1]:
+                    row["x_torch"] = torch_s / s
+                if ref is not None and r is results[-1]:
+                    row["max_rel_err"] = max(rel_err(g, w) for g, w in zip(r["results"], ref, strict=True))
+            rows.append(row)
+            shape = f"{case.B},{case.H},{case.SQ},{case.SK},{case.D}"
+            nan = float("nan")
+            print(f"{case.name:<16}{shape:<24}{row['impl'][:25]:<26}{row.get('ms', nan):9.3f}"
+                  f"{row.get('tflops', nan) * 1e3:9.0f}{row.get('gbps', nan):8.0f}{row.get('x_torch', nan):8.2f}"
+                  f"{row.get('max_rel_err', nan):9.1e}  {row['note']}")
+    memory = None
+    if args.memory:
+        memory = memory_case(dev, rng)
+        print(f"memory: S=8192 H=8 D=64 causal fwd+bwd: pool peak {memory['peak_bytes'] / 2**20:.1f} MiB = "
+              f"{memory['peak_over_tensor']:.2f} x one (B,H,S,D) tensor; one head's S x S would be "
+              f"{memory['one_head_SxS_bytes'] / 2**20:.0f} MiB")
+    sweep_rows = sweep(dev, B, H, S, D, repeat, False) if args.sweep else None
+    if args.gpu:
+        print(f"limit: FP32 peak ~{FP32_PEAK_GPU / 1e12:.0f} TFLOP/s; target fwd+bwd full >= 0.7x torch sdpa fp32")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps({
+        "device": dev.device_name, "host": platform.node(), "gpu": args.gpu, "copy_bandwidth_gbps": copy_bw / 1e9,
+        "rows": rows, "memory": memory, "sweep": sweep_rows,
+        "fp32_peak_tflops": FP32_PEAK_GPU / 1e12 if args.gpu else None,
+        "target": "GPU fwd+bwd B=8 H=16 S=2048 D=64 float32 >= 0.7x torch sdpa (TF32 off)"}, indent=1))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,473 @@
+// Streaming (flash) attention for GPUs: tiles of q, k, v in local memory, a GEMM-like register block per
+// work-item, barriers between the steps of a tile. Masks, kv_len, causal alignment and dropout:
+// attention_common.cl (the same rules, and the same dropout mask, as attention_cpu.cl).
+//
+// Work-items of a work-group form a TR x TC grid (local size TR * TC, 1-D); item (tr, tc) = (id / TC,
+// id % TC) owns the rows tr + TR * a (a < RM = BM / TR) of a row tile, the columns tc + TC * b (b < CN =
+// BN / TC) of a column tile, and the float4 groups tc + TC * e (e < CE) of the head dim, which local memory
+// holds padded to DP = CE * 4 * TC >= D with zeros. Local rows are float4 arrays of DP / 4 + 1 (the +1
+// keeps the TC columns of a phase in distinct banks).
+//
+// attention_forward_gpu: global (ceil(SQ / BM) * TR * TC, HQ, B). A work-group takes BM query rows of one
+//   head (q times scale in local memory) and streams the valid keys in tiles of BN: k tile -> scores
+//   (RM x CN per item) -> tile row max through local memory -> p = exp(s - m), the items' partial row sums
+//   and outputs rescaled by exp(m_old - m_new) -> p (times the dropout multiplier) into local memory, v tile
+//   over the k tile's memory -> out += p v. Writes out (B, HQ, SQ, D) and lse. Local memory:
+//   (BM + BN) * (DP + 4) + BM * (BN + 4) + BM * TC values.
+// attention_backward_dq_gpu: global (ceil(SQ / BM) * TR * TC, HQ, B). First delta = rowsum(dO * out) of the
+//   tile's rows (written out: the dkdv pass reads it); then, when do_dq, per key tile: s = q k^T and
+//   dp = dO v^T together, ds = p (z dp - delta) into local memory, dq += ds k. Local memory:
+//   2 * (BM + BN) * (DP + 4) + BM * (BN + 4) + 2 * BM values.
+// attention_backward_dkdv_gpu: global (ceil(SK / BN) * TR * TC, HKV, B); here the grid's rows are keys
+//   (BN = TR * RM) and its columns queries (BM = TC * CN). A work-group keeps BN keys of one kv head (k, v
+//   in local memory) and walks the query tiles of the GROUP heads that can see them: s^T and dp^T, then
+//   p z and ds transposed into local memory, dv += (p z)^T dO and dk += ds^T (scale q). No atomics.
+//   Local memory: 2 * (BN + BM) * (DP + 4) + 2 * BN * (BM + 4) + 2 * BM values.
+//
+// Build options: attention_common.cl's, and
+//   BM, BN   query rows / keys of a tile (see each kernel)                       defaults 64, 32
+//   TR, TC   the work-item grid (BM or BN a multiple of TR, the other of TC)     defaults 16, 8
+//   CE       float4 groups of the head dim per work-item: DP = CE * 4 * TC >= D   default 2
+//   VEC_ROWS rows start at multiples of 4 elements (float4 global loads; float32 only)
+
+#include "attention_common.cl"
+
+#ifndef BM
+#define BM 64
+#endif
+#ifndef BN
+#define BN 32
+#endif
+#ifndef TR
+#define TR 16
+#endif
+#ifndef TC
+#define TC 8
+#endif
+#ifndef CE
+#define CE 2
+#endif
+#define NT (TR * TC)          // work-items per work-group
+#define DP4 (CE * TC)         // float4 groups of the padded head dim
+#define RS4 (DP4 + 1)         // float4s per local row of q / k / v / dO
+
+#if defined(USE_FP64)
+#define ACC4 double4
+#else
+#define ACC4 float4
+#endif
+
+#define KV_ARGS(n) __global const T *n, const long n##_off, const long n##_sb, const long n##_sh, const long n##_ss
+#define MASK_ARGS __global const MASK_T *mask, const long mask_off, const long mask_sb, const long mask_sh, \
+                  const long mask_si, const long mask_sj
+#define LEN_ARGS __global const int *kv_len, const long kv_len_off, const int has_kv_len, const long kv_len_stride
+#define DROP_ARGS const uint drop_threshold, const ACC drop_scale, const uint seed_lo, const uint seed_hi, \
+                  const ulong counter0
+
+inline ACC dot4(const ACC4 a, const ACC4 b)
+{
+    return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
+}
+
+// Four elements d .. d + 3 of a row as ACC (zeros past D).
+inline ACC4 load4(__global const T *row, const int d)
+{
+#if defined(VEC_ROWS) && !defined(IS_HALF) && !defined(USE_FP64) && HEAD_DIM % 4 == 0
+    return d < HEAD_DIM ? *(__global const float4 *)(row + d) : (ACC4)0;
+#elif defined(IS_HALF) && HEAD_DIM % 4 == 0
+    return d < HEAD_DIM ? vload_half4(0, row + d) : (ACC4)0;
+#else
+    ACC4 x = (ACC4)0;
+    if (d < HEAD_DIM) x.x = LDS(row, d);
+    if (d + 1 < HEAD_DIM) x.y = LDS(row, d + 1);
+    if (d + 2 < HEAD_DIM) x.z = LDS(row, d + 2);
+    if (d + 3 < HEAD_DIM) x.w = LDS(row, d + 3);
+    return x;
+#endif
+}
+
+inline void store4(__global T *row, const int d, const ACC4 x)
+{
+#if defined(IS_HALF) && HEAD_DIM % 4 == 0
+    if (d < HEAD_DIM) vstore_half4_rte(x, 0, row + d);
+#elif !defined(IS_HALF) && HEAD_DIM % 4 == 0
+    if (d < HEAD_DIM) vstore4((ACC4)x, 0, row + d);
+#else
+    if (d < HEAD_DIM) STS(row, d, x.x);
+    if (d + 1 < HEAD_DIM) STS(row, d + 1, x.y);
+    if (d + 2 < HEAD_DIM) STS(row, d + 2, x.z);
+    if (d + 3 < HEAD_DIM) STS(row, d + 3, x.w);
+#endif
+}
+
+// Rows first .. first + count - 1 (of a row-strided operand at `base`) times `mul` into local rows of RS4
+// float4s; rows at or past `limit` are zeros. All NT work-items take part.
+inline void load_rows(__local ACC4 *dst, __global const T *base, const long row_stride, const int first,
+                      const int count, const int limit, const ACC mul, const int tid)
+{
+    for (int slot = tid; slot < count * DP4; slot += NT) {
+        const int r = slot / DP4, c4 = slot - r * DP4;
+        ACC4 x = (ACC4)0;
+        if (first + r < limit) x = load4(base + (first + r) * row_stride, 4 * c4) * mul;
+        dst[r * RS4 + c4] = x;
+    }
+}
+
+// The dropout multiplier of one (row, key) pair (the words of attention_common.cl's dropout_factors4).
+inline ACC dropout_one(const ulong counter0, const long row, const int j, const uint seed_lo, const uint seed_hi,
+                       const uint drop_threshold, const ACC drop_scale)
+{
+    ACC z[4];
+    dropout_factors4(z, counter0, row, j >> 2, seed_lo, seed_hi, drop_threshold, drop_scale);
+    return z[j & 3];
+}
+
+#define RM_ (BM / TR)         // rows of the grid's items: query rows (forward, dq)
+#define CN_ (BN / TC)         // columns: keys
+#define PS4 (BN / 4 + 1)      // float4s per local row of p / ds
+
+__kernel void attention_forward_gpu(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARGS, LEN_ARGS,
+                                    __global T *out, __global ACC *lse, const int HQ, const int GROUP,
+                                    const int SQ, const int SK, const int causal, const ACC scale, DROP_ARGS)
+{
+    __local ACC4 qs[BM * RS4];
+    __local ACC4 kvs[BN * RS4];            // the k tile, then the v tile
+    __local ACC4 ps4[BM * PS4];            // p of the tile (times the dropout multiplier)
+    __local ACC *ps = (__local ACC *)ps4;
+    __local ACC red[BM * TC];              // partial row maxima / sums
+
+    const int tid = get_local_id(0), tr = tid / TC, tc = tid - tr * TC;
+    const int i0 = get_group_id(0) * BM, h = get_global_id(1), b = get_global_id(2);
+    if (i0 >= SQ) return;
+    const int hk = h / GROUP;
+    const int L = valid_keys(kv_len, kv_len_off, has_kv_len, kv_len_stride, b, SK);
+    const int jend = key_end(causal, min(i0 + BM, SQ) - 1, L, SQ);
+    const __global T *kb = k + k_off + b * k_sb + hk * k_sh;
+    const __global T *vb = v + v_off + b * v_sb + hk * v_sh;
+    const long mbase = mask_off + b * mask_sb + h * mask_sh;
+    const long row0 = ((long)b * HQ + h) * SQ + i0;
+
+    load_rows(qs, q + q_off + b * q_sb + h * q_sh, q_ss, i0, BM, SQ, scale, tid);
+
+    ACC m[RM_], l[RM_];
+    ACC4 o[RM_][CE];
+    for (int a = 0; a < RM_; ++a) {
+        m[a] = -INFINITY;
+        l[a] = (ACC)0;
+        for (int e = 0; e < CE; ++e) o[a][e] = (ACC4)0;
+    }
+
+    for (int j0 = 0; j0 < jend; j0 += BN) {
+        barrier(CLK_LOCAL_MEM_FENCE);  // the previous tile's p v is done with kvs and ps
+        load_rows(kvs, kb, k_ss, j0, BN, jend, (ACC)1, tid);
+        barrier(CLK_LOCAL_MEM_FENCE);
+
+        ACC s[RM_][CN_];
+        for (int a = 0; a < RM_; ++a)
+            for (int c = 0; c < CN_; ++c) s[a][c] = (ACC)0;
+        for (int d4 = 0; d4 < DP4; ++d4) {
+            ACC4 qa[RM_], kc[CN_];
+            for (int a = 0; a < RM_; ++a) qa[a] = qs[(tr + TR * a) * RS4 + d4];
+            for (int c = 0; c < CN_; ++c) kc[c] = kvs[(tc + TC * c) * RS4 + d4];
+            for (int a = 0; a < RM_; ++a)
+                for (int c = 0; c < CN_; ++c) s[a][c] += dot4(qa[a], kc[c]);
+        }
+        for (int a = 0; a < RM_; ++a) {
+            const int i = min(i0 + tr + TR * a, SQ - 1);
+            ACC mx = -INFINITY;
+            for (int c = 0; c < CN_; ++c) {
+                const int j = j0 + tc + TC * c;
+                s[a][c] = masked_score(s[a][c], i, j, L, SQ, causal, mask, mbase + i * mask_si + j * mask_sj);
+                mx = fmax(mx, s[a][c]);
+            }
+            red[(tr + TR * a) * TC + tc] = mx;
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+
+        for (int a = 0; a < RM_; ++a) {
+            const int r = tr + TR * a;
+            ACC mx = m[a];
+            for (int t = 0; t < TC; ++t) mx = fmax(mx, red[r * TC + t]);
+            // alpha: 1 while nothing is allowed yet (mx = -inf), else exp(m_old - m_new)
+            const ACC alpha = mx == -INFINITY ? (ACC)1 : exp(m[a] - mx);
+            ACC sum = (ACC)0;
+            for (int c = 0; c < CN_; ++c) {
+                const int j = j0 + tc + TC * c;
+                ACC p = s[a][c] == -INFINITY ? (ACC)0 : exp(s[a][c] - mx);
+                sum += p;
+                if (drop_threshold && p != (ACC)0)
+                    p *= dropout_one(counter0, row0 + r, j, seed_lo, seed_hi, drop_threshold, drop_scale);
+                ps[r * 4 * PS4 + tc + TC * c] = p;
+            }
+            m[a] = mx;
+            l[a] = l[a] * alpha + sum;
+            for (int e = 0; e < CE; ++e) o[a][e] *= alpha;
+        }
+        load_rows(kvs, vb, v_ss, j0, BN, jend, (ACC)1, tid);  // every item is past its reads of the k tile
+        barrier(CLK_LOCAL_MEM_FENCE);
+
+        for (int kk = 0; kk < BN; kk += 4) {
+            ACC4 pa[RM_];
+            for (int a = 0; a < RM_; ++a) pa[a] = ps4[(tr + TR * a) * PS4 + kk / 4];
+            for (int t = 0; t < 4; ++t) {
+                ACC4 vv[CE];
+                for (int e = 0; e < CE; ++e) vv[e] = kvs[(kk + t) * RS4 + tc + TC * e];
+                for (int a = 0; a < RM_; ++a) {
+                    const ACC p = t == 0 ? pa[a].x : t == 1 ? pa[a].y : t == 2 ? pa[a].z : pa[a].w;
+                    for (int e = 0; e < CE; ++e) o[a][e] += p * vv[e];
+                }
+            }
+        }
+    }
+
+    // the row sums are spread over the TC items of a row
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int a = 0; a < RM_; ++a) red[(tr + TR * a) * TC + tc] = l[a];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int a = 0; a < RM_; ++a) {
+        const int r = tr + TR * a;
+        if (i0 + r >= SQ) continue;
+        ACC total = (ACC)0;
+        for (int t = 0; t < TC; ++t) total += red[r * TC + t];
+        const ACC inv = total > (ACC)0 ? (ACC)1 / total : (ACC)0;
+        __global T *orow = out + (row0 + r) * HEAD_DIM;
+        for (int e = 0; e < CE; ++e) store4(orow, 4 * (tc + TC * e), o[a][e] * inv);
+        if (tc == 0) lse[row0 + r] = total > (ACC)0 ? m[a] + log(total) : -INFINITY;
+    }
+}
+
+__kernel void attention_backward_dq_gpu(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(grad_out), KV_ARGS(out),
+                                        MASK_ARGS, LEN_ARGS, __global const ACC *lse, __global ACC *delta,
+                                        __global T *dq, const int do_dq, const int HQ, const int GROUP,
+                                        const int SQ, const int SK, const int causal, const ACC scale, DROP_ARGS)
+{
+    __local ACC4 qs[BM * RS4], gs[BM * RS4], ks[BN * RS4], vs[BN * RS4];
+    __local ACC4 ds4[BM * PS4];
+    __local ACC *dss = (__local ACC *)ds4;
+    __local ACC lse_s[BM], delta_s[BM];
+
+    const int tid = get_local_id(0), tr = tid / TC, tc = tid - tr * TC;
+    const int i0 = get_group_id(0) * BM, h = get_global_id(1), b = get_global_id(2);
+    if (i0 >= SQ) return;
+    const int hk = h / GROUP;
+    const int L = valid_keys(kv_len, kv_len_off, has_kv_len, kv_len_stride, b, SK);
+    const int jend = key_end(causal, min(i0 + BM, SQ) - 1, L, SQ);
+    const __global T *kb = k + k_off + b * k_sb + hk * k_sh;
+    const __global T *vb = v + v_off + b * v_sb + hk * v_sh;
+    const long mbase = mask_off + b * mask_sb + h * mask_sh;
+    const long row0 = ((long)b * HQ + h) * SQ + i0;
+
+    load_rows(qs, q + q_off + b * q_sb + h * q_sh, q_ss, i0, BM, SQ, scale, tid);
+    load_rows(gs, grad_out + grad_out_off + b * grad_out_sb + h * grad_out_sh, grad_out_ss, i0, BM, SQ, (ACC)1, tid);
+    barrier(CLK_LOCAL_MEM_FENCE);
+    // delta of the tile's rows: dO (local) . out (global), one row per item
+    for (int r = tid; r < BM; r += NT) {
+        ACC d = (ACC)0, l_r = -INFINITY;
+        if (i0 + r < SQ) {
+            const __global T *orow = out + out_off + b * out_sb + h * out_sh + (i0 + r) * out_ss;
+            for (int d4 = 0; d4 < DP4; ++d4) d += dot4(gs[r * RS4 + d4], load4(orow, 4 * d4));
+            delta[row0 + r] = d;
+            l_r = lse[row0 + r];
+        }
+        delta_s[r] = d;
+        lse_s[r] = l_r;
+    }
+    if (!do_dq) return;
+
+    ACC4 dqa[RM_][CE];
+    for (int a = 0; a < RM_; ++a)
+        for (int e = 0; e < CE; ++e) dqa[a][e] = (ACC4)0;
+
+    for (int j0 = 0; j0 < jend; j0 += BN) {
+        barrier(CLK_LOCAL_MEM_FENCE);  // delta_s / lse_s written; the previous tile's ds k is done
+        load_rows(ks, kb, k_ss, j0, BN, jend, (ACC)1, tid);
+        load_rows(vs, vb, v_ss, j0, BN, jend, (ACC)1, tid);
+        barrier(CLK_LOCAL_MEM_FENCE);
+
+        ACC s[RM_][CN_], dp[RM_][CN_];
+        for (int a = 0; a < RM_; ++a)
+            for (int c = 0; c < CN_; ++c) s[a][c] = dp[a][c] = (ACC)0;
+        for (int d4 = 0; d4 < DP4; ++d4) {
+            ACC4 qa[RM_], ga[RM_], kc[CN_], vc[CN_];
+            for (int a = 0; a < RM_; ++a) {
+                qa[a] = qs[(tr + TR * a) * RS4 + d4];
+                ga[a] = gs[(tr + TR * a) * RS4 + d4];
+            }
+            for (int c = 0; c < CN_; ++c) {
+                kc[c] = ks[(tc + TC * c) * RS4 + d4];
+                vc[c] = vs[(tc + TC * c) * RS4 + d4];
+            }
+            for (int a = 0; a < RM_; ++a)
+                for (int c = 0; c < CN_; ++c) {
+                    s[a][c] += dot4(qa[a], kc[c]);
+                    dp[a][c] += dot4(ga[a], vc[c]);
+                }
+        }
+        for (int a = 0; a < RM_; ++a) {
+            const int r = tr + TR * a;
+            const int i = min(i0 + r, SQ - 1);
+            const ACC lse_r = lse_s[r], delta_r = delta_s[r];
+            for (int c = 0; c < CN_; ++c) {
+                const int j = j0 + tc + TC * c;
+                const ACC sc = masked_score(s[a][c], i, j, L, SQ, causal, mask, mbase + i * mask_si + j * mask_sj);
+                ACC d = (ACC)0;
+                if (sc != -INFINITY && lse_r != -INFINITY) {
+                    const ACC p = exp(sc - lse_r);
+                    ACC z = (ACC)1;
+                    if (drop_threshold)
+                        z = dropout_one(counter0, row0 + r, j, seed_lo, seed_hi, drop_threshold, drop_scale);
+                    d = p * (z * dp[a][c] - delta_r);
+                }
+                dss[r * 4 * PS4 + tc + TC * c] = d;
+            }
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+
+        for (int kk = 0; kk < BN; kk += 4) {
+            ACC4 da[RM_];
+            for (int a = 0; a < RM_; ++a) da[a] = ds4[(tr + TR * a) * PS4 + kk / 4];
+            for (int t = 0; t < 4; ++t) {
+                ACC4 kv[CE];
+                for (int e = 0; e < CE; ++e) kv[e] = ks[(kk + t) * RS4 + tc + TC * e];
+                for (int a = 0; a < RM_; ++a) {
+                    const ACC d = t == 0 ? da[a].x : t == 1 ? da[a].y : t == 2 ? da[a].z : da[a].w;
+                    for (int e = 0; e < CE; ++e) dqa[a][e] += d * kv[e];
+                }
+            }
+        }
+    }
+
+    for (int a = 0; a < RM_; ++a) {
+        const int r = tr + TR * a;
+        if (i0 + r >= SQ) continue;
+        __global T *drow = dq + (row0 + r) * HEAD_DIM;
+        for (int e = 0; e < CE; ++e) store4(drow, 4 * (tc + TC * e), dqa[a][e] * scale);
+    }
+}
+
+#undef RM_
+#undef CN_
+#undef PS4
+// dkdv: the grid's rows are keys, its columns queries
+#define RK_ (BN / TR)         // keys per item
+#define CQ_ (BM / TC)         // query rows per item
+#define PT4 (BM / 4 + 1)      // float4s per local row of (p z)^T / ds^T
+
+__kernel void attention_backward_dkdv_gpu(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(grad_out), KV_ARGS(out),
+                                          MASK_ARGS, LEN_ARGS, __global const ACC *lse, __global const ACC *delta,
+                                          __global T *dk, __global T *dv, const int HQ, const int GROUP,
+                                          const int SQ, const int SK, const int causal, const ACC scale,
+                                          DROP_ARGS)
+{
+    __local ACC4 ks[BN * RS4], vs[BN * RS4], qs[BM * RS4], gs[BM * RS4];
+    __local ACC4 pt4[BN * PT4], dt4[BN * PT4];
+    __local ACC *pt = (__local ACC *)pt4, *dt = (__local ACC *)dt4;
+    __local ACC lse_s[BM], delta_s[BM];
+
+    const int tid = get_local_id(0), tr = tid / TC, tc = tid - tr * TC;
+    const int j0 = get_group_id(0) * BN, hk = get_global_id(1), b = get_global_id(2);
+    if (j0 >= SK) return;
+    const int HKV = HQ / GROUP;
+    const int L = valid_keys(kv_len, kv_len_off, has_kv_len, kv_len_stride, b, SK);
+
+    ACC4 dka[RK_][CE], dva[RK_][CE];
+    for (int a = 0; a < RK_; ++a)
+        for (int e = 0; e < CE; ++e) dka[a][e] = dva[a][e] = (ACC4)0;
+
+    if (j0 < L) {
+        load_rows(ks, k + k_off + b * k_sb + hk * k_sh, k_ss, j0, BN, L, (ACC)1, tid);
+        load_rows(vs, v + v_off + b * v_sb + hk * v_sh, v_ss, j0, BN, L, (ACC)1, tid);
+        // causal: row i sees key j0 only if i >= j0 - (L - SQ); start at the tile holding that row
+        const int i_first = causal ? max(0, j0 - (L - SQ)) : 0;
+        for (int g = 0; g < GROUP; ++g) {
+            const int h = hk * GROUP + g;
+            const long rowh = ((long)b * HQ + h) * SQ;
+            const long mbase = mask_off + b * mask_sb + h * mask_sh;
+            const __global T *qb = q + q_off + b * q_sb + h * q_sh;
+            const __global T *gb = grad_out + grad_out_off + b * grad_out_sb + h * grad_out_sh;
+            for (int i0 = i_first; i0 < SQ; i0 += BM) {
+                barrier(CLK_LOCAL_MEM_FENCE);  // the previous tile's updates are done with qs, gs, pt, dt
+                load_rows(qs, qb, q_ss, i0, BM, SQ, scale, tid);
+                load_rows(gs, gb, grad_out_ss, i0, BM, SQ, (ACC)1, tid);
+                for (int r = tid; r < BM; r += NT) {
+                    lse_s[r] = i0 + r < SQ ? lse[rowh + i0 + r] : -INFINITY;
+                    delta_s[r] = i0 + r < SQ ? delta[rowh + i0 + r] : (ACC)0;
+                }
+                barrier(CLK_LOCAL_MEM_FENCE);
+
+                ACC s[RK_][CQ_], dp[RK_][CQ_];
+                for (int a = 0; a < RK_; ++a)
+                    for (int c = 0; c < CQ_; ++c) s[a][c] = dp[a][c] = (ACC)0;
+                for (int d4 = 0; d4 < DP4; ++d4) {
+                    ACC4 ka[RK_], va[RK_], qc[CQ_], gc[CQ_];
+                    for (int a = 0; a < RK_; ++a) {
+                        ka[a] = ks[(tr + TR * a) * RS4 + d4];
+                        va[a] = vs[(tr + TR * a) * RS4 + d4];
+                    }
+                    for (int c = 0; c < CQ_; ++c) {
+                        qc[c] = qs[(tc + TC * c) * RS4 + d4];
+                        gc[c] = gs[(tc + TC * c) * RS4 + d4];
+                    }
+                    for (int a = 0; a < RK_; ++a)
+                        for (int c = 0; c < CQ_; ++c) {
+                            s[a][c] += dot4(ka[a], qc[c]);
+                            dp[a][c] += dot4(va[a], gc[c]);
+                        }
+                }
+                for (int a = 0; a < RK_; ++a) {
+                    const int kr = tr + TR * a, j = j0 + kr;
+                    for (int c = 0; c < CQ_; ++c) {
+                        const int qr = tc + TC * c, i = min(i0 + qr, SQ - 1);
+                        const ACC sc = masked_score(s[a][c], i, j, L, SQ, causal, mask,
+                                                    mbase + i * mask_si + j * mask_sj);
+                        ACC pz = (ACC)0, d = (ACC)0;
+                        if (sc != -INFINITY && lse_s[qr] != -INFINITY) {
+                            const ACC p = exp(sc - lse_s[qr]);
+                            ACC z = (ACC)1;
+                            if (drop_threshold)
+                                z = dropout_one(counter0, rowh + i, j, seed_lo, seed_hi, drop_threshold, drop_scale);
+                            pz = p * z;
+                            d = p * (z * dp[a][c] - delta_s[qr]);
+                        }
+                        pt[kr * 4 * PT4 + qr] = pz;
+                        dt[kr * 4 * PT4 + qr] = d;
+                    }
+                }
+                barrier(CLK_LOCAL_MEM_FENCE);
+
+                for (int qq = 0; qq < BM; qq += 4) {
+                    ACC4 pa[RK_], da[RK_];
+                    for (int a = 0; a < RK_; ++a) {
+                        pa[a] = pt4[(tr + TR * a) * PT4 + qq / 4];
+                        da[a] = dt4[(tr + TR * a) * PT4 + qq / 4];
+                    }
+                    for (int t = 0; t < 4; ++t) {
+                        ACC4 gv[CE], qv[CE];
+                        for (int e = 0; e < CE; ++e) {
+                            gv[e] = gs[(qq + t) * RS4 + tc + TC * e];
+                            qv[e] = qs[(qq + t) * RS4 + tc + TC * e];
+                        }
+                        for (int a = 0; a < RK_; ++a) {
+                            const ACC pz = t == 0 ? pa[a].x : t == 1 ? pa[a].y : t == 2 ? pa[a].z : pa[a].w;
+                            const ACC d = t == 0 ? da[a].x : t == 1 ? da[a].y : t == 2 ? da[a].z : da[a].w;
+                            for (int e = 0; e < CE; ++e) {
+                                dva[a][e] += pz * gv[e];
+                                dka[a][e] += d * qv[e];
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    const long krow0 = ((long)b * HKV + hk) * SK + j0;
+    for (int a = 0; a < RK_; ++a) {
+        const int kr = tr + TR * a;
+        if (j0 + kr >= SK) continue;
+        for (int e = 0; e < CE; ++e) {
+            store4(dk + (krow0 + kr) * HEAD_DIM, 4 * (tc + TC * e), dka[a][e]);
+            store4(dv + (krow0 + kr) * HEAD_DIM, 4 * (tc + TC * e), dva[a][e]);
+        }
+    }
+}
