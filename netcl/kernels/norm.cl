@@ -1,5 +1,5 @@
-// Normalisation layers, one launch per direction: LayerNorm / RMSNorm / GroupNorm (row kernels)
-// and BatchNorm2d (channel kernels), forward and backward, with optional fused relu.
+// Normalisation layers, one launch per direction: LayerNorm / RMSNorm / GroupNorm (row kernels),
+// forward and backward, with optional fused relu (BatchNorm: norm_batch.cl).
 //
 // Row norms see the input as ROWS x L contiguous rows; every row is normalised on its own:
 //   LayerNorm: rows = prod(leading dims), L = prod(normalized_shape), parameter of element i is i.
@@ -12,10 +12,8 @@
 // row_norm_backward: global ((ROWS + ceil(NPARAM/LOCAL))*LOCAL), local (LOCAL). Work-groups below
 //   ROWS each take one row and write grad_x; the rest each take LOCAL parameters and write grad_w,
 //   grad_b by summing over the rows that use them. One launch, no atomics.
-// batch_norm_forward/backward: global (C*LOCAL), local (LOCAL); one work-group per channel walks
-//   its N*HW elements (training: batch statistics, two passes; eval: running statistics).
 // LOCAL is 1 on CPUs (no barrier cost, rows spread over cores) and 128-256 on GPUs.
-// Memory: forward reads x (twice; three times for training BatchNorm) and writes y once;
+// Memory: forward reads x twice and writes y once;
 //   backward reads x and grad_y twice, writes grad_x once.
 
 #include "common.cl"
@@ -140,110 +138,4 @@ __kernel void row_norm_backward(__global const T *gy, const long gy_off, __globa
     }
     gw[p] = (T)sw;
     gb[p] = (T)sb;
-}
-
-// BatchNorm2d over (N, C, HW). save_mean/save_invstd get the statistics used (batch or running).
-__kernel void batch_norm_forward(__global const T *x, const long x_off, __global const T *w, __global const T *b,
-                                 const int has_w, const int has_b, __global T *rmean, __global T *rvar,
-                                 const int has_running, __global T *y, __global T *save_mean,
-                                 __global T *save_invstd, const int N, const int C, const int HW,
-                                 const int training, const ACC momentum, const ACC eps)
-{
-    __local ACC scratch[LOCAL];
-    const int c = get_group_id(0), lid = get_local_id(0);
-    if (c >= C) return;
-    const long M = (long)N * HW;
-    ACC mean, invstd;
-    if (training) {
-        ACC s = (ACC)0;
-        for (int n = 0; n < N; ++n) {
-            const __global T *xp = x + x_off + ((long)n * C + c) * HW;
-            for (int i = lid; i < HW; i += LOCAL) s += LD(xp, i);
-        }
-        mean = group_sum(s, scratch) / (ACC)M;
-        ACC ss = (ACC)0;
-        for (int n = 0; n < N; ++n) {
-            const __global T *xp = x + x_off + ((long)n * C + c) * HW;
-            for (int i = lid; i < HW; i += LOCAL) {
-                const ACC d = LD(xp, i) - mean;
-                ss += d * d;
-            }
-        }
-        const ACC var = group_sum(ss, scratch) / (ACC)M;
-        invstd = rsqrt(var + eps);
-        if (lid == 0 && has_running) {
-            const ACC unbiased = M > 1 ? var * (ACC)M / (ACC)(M - 1) : var;
-            rmean[c] = (T)(((ACC)1 - momentum) * LD(rmean, c) + momentum * mean);
-            rvar[c] = (T)(((ACC)1 - momentum) * LD(rvar, c) + momentum * unbiased);
-        }
-    } else {
-        mean = LD(rmean, c);
-        invstd = rsqrt(LD(rvar, c) + eps);
-    }
-    const ACC scale = has_w ? LD(w, c) * invstd : invstd;
-    const ACC shift = (has_b ? LD(b, c) : (ACC)0) - mean * scale;
-    for (int n = 0; n < N; ++n) {
-        const __global T *xp = x + x_off + ((long)n * C + c) * HW;
-        __global T *yp = y + ((long)n * C + c) * HW;
-        for (int i = lid; i < HW; i += LOCAL) {
-            ACC v = LD(xp, i) * scale + shift;
-#if ACT == ACT_RELU
-            v = fmax(v, (ACC)0);
-#endif
-            yp[i] = (T)v;
-        }
-    }
-    if (lid == 0) {
-        save_mean[c] = (T)mean;
-        save_invstd[c] = (T)invstd;
-    }
-}
-
-__kernel void batch_norm_backward(__global const T *gy, const long gy_off, __global const T *x, const long x_off,
-                                  __global const T *w, __global const T *b, const int has_w, const int has_b,
-                                  __global const T *save_mean, __global const T *save_invstd,
-                                  __global T *gx, __global T *gw, __global T *gb,
-                                  const int N, const int C, const int HW, const int training)
-{
-    __local ACC scratch[LOCAL];
-    const int c = get_group_id(0), lid = get_local_id(0);
-    if (c >= C) return;
-    const long M = (long)N * HW;
-    const ACC mean = LD(save_mean, c), invstd = LD(save_invstd, c);
-    const ACC wc = has_w ? LD(w, c) : (ACC)1;
-#if ACT == ACT_RELU
-    const ACC bc = has_b ? LD(b, c) : (ACC)0;
-#define GRAD(gp, xp, i) ((((LD(xp, i) - mean) * invstd * wc + bc) > (ACC)0) ? LD(gp, i) : (ACC)0)
-#else
-#define GRAD(gp, xp, i) LD(gp, i)
-#endif
-    ACC sg = (ACC)0, sgx = (ACC)0;  // sum(gy), sum(gy * xhat)
-    for (int n = 0; n < N; ++n) {
-        const long base = ((long)n * C + c) * HW;
-        const __global T *xp = x + x_off + base;
-        const __global T *gp = gy + gy_off + base;
-        for (int i = lid; i < HW; i += LOCAL) {
-            const ACC g = GRAD(gp, xp, i);
-            sg += g;
-            sgx += g * (LD(xp, i) - mean) * invstd;
-        }
-    }
-    sg = group_sum(sg, scratch);
-    sgx = group_sum(sgx, scratch);
-    const ACC k = wc * invstd;
-    const ACC mg = training ? sg / (ACC)M : (ACC)0, mgx = training ? sgx / (ACC)M : (ACC)0;
-    for (int n = 0; n < N; ++n) {
-        const long base = ((long)n * C + c) * HW;
-        const __global T *xp = x + x_off + base;
-        const __global T *gp = gy + gy_off + base;
-        __global T *gxp = gx + base;
-        for (int i = lid; i < HW; i += LOCAL) {
-            const ACC xhat = (LD(xp, i) - mean) * invstd;
-            gxp[i] = (T)(k * (GRAD(gp, xp, i) - mg - xhat * mgx));
-        }
-    }
-    if (lid == 0) {
-        gw[c] = (T)sgx;
-        gb[c] = (T)sg;
-    }
 }

@@ -15,6 +15,19 @@
 // The GEMM does 16 multiply-adds per 2x2 outputs and channel instead of 36 (2.25x fewer).
 // Error: the transforms use only +-1 and 1/2, so each output carries a few more roundings than
 // direct convolution; tests/ops/test_conv.py measures it and bounds it.
+//
+// Weight gradient (same tiles, same V): with Z[e, k, n*TT + t] = (A dY A^T)[e] for the 2x2 block
+// of output gradients of tile t (zero outside OH x OW), A = [[1,0],[1,1],[1,-1],[0,-1]],
+// dU[e] = Z[e] (K x PT) @ V[e]^T (PT x C) (one batched GEMM, host side) and
+// dW[k, c] = G^T dU[:, k, c] G: the adjoint of the forward's U -> M -> y chain.
+// winograd_grad_output_2x2_3x3: Z from grad_y; global (TT, K, NB) like the input transform.
+// winograd_grad_filter_2x2_3x3: dW from dU stored as S partial sums (S, 16, K, C) (a split GEMM's
+//   slices; S = 1 when unsplit), summed here; global (K*C), one work-item per filter.
+//
+// CPU variants (`_rows`, work-group size 1 on PoCL): one work-item per tile row (n, c, th), or per
+// output channel for the filter transforms, walking the row's tiles with unit-stride reads and
+// writes; interior tiles take a branch-free path. PoCL pays per work-item and vectorises inner loops
+// without bound checks (bench/NOTES.md, convolution).
 
 #include "common.cl"
 
@@ -25,6 +38,10 @@
 #define CAT(a, b) a##b
 #define VEC(t, n) CAT(t, n)
 #define T4 VEC(T, 4)
+#define T2 VEC(T, 2)
+#ifndef ACC
+#define ACC T
+#endif
 
 // ACT (common.cl): ACT_NONE or ACT_RELU
 #if ACT == ACT_RELU
@@ -33,8 +50,12 @@
 #define APPLY_ACT(v) (v)
 #endif
 
+// flip = 1: the filter rotated by 180 degrees (g[8 - t]): the backward-data convolution's weight.
+#define FILTER_TAP(g, t) ((g)[flip ? 8 - (t) : (t)])
+
 __kernel void winograd_filter_2x2_3x3(__global const T *w, const long w_off, __global T *u,
-                                      const int K, const int C, const long SE, const long SK, const long SC)
+                                      const int K, const int C, const long SE, const long SK, const long SC,
+                                      const int flip)
 {
     const int i = get_global_id(0);
     if (i >= K * C) return;
@@ -42,7 +63,7 @@ __kernel void winograd_filter_2x2_3x3(__global const T *w, const long w_off, __g
     const __global T *g = w + w_off + (long)i * 9;
     T gg[4][3];
     for (int j = 0; j < 3; ++j) {
-        const T a = g[j], b = g[3 + j], d = g[6 + j];
+        const T a = FILTER_TAP(g, j), b = FILTER_TAP(g, 3 + j), d = FILTER_TAP(g, 6 + j);
         gg[0][j] = a;
         gg[1][j] = (T)0.5 * (a + b + d);
         gg[2][j] = (T)0.5 * (a - b + d);
@@ -122,4 +143,275 @@ __kernel void winograd_output_2x2_3x3(__global const T *m, __global const T *bia
         yk[(long)(oh0 + 1) * OW + ow0] = APPLY_ACT(y10);
         if (right) yk[(long)(oh0 + 1) * OW + ow0 + 1] = APPLY_ACT(y11);
     }
+}
+
+// -- weight gradient ---------------------------------------------------------------------------------
+
+inline T2 load_pair(const __global T *gk, const int oh, const int ow0, const int OH, const int OW)
+{
+    T2 r = (T2)(0);
+    if (oh >= OH) return r;
+    const __global T *p = gk + (long)oh * OW;
+    r.x = p[ow0];
+    r.y = ow0 + 1 < OW ? p[ow0 + 1] : (T)0;
+    return r;
+}
+
+// Z = A dY A^T for the 2x2 block dY = [[a, b], [c, d]]: rows of A dY are (a, b), (a+c, b+d),
+// (a-c, b-d), (-c, -d); each row (p, q) times A^T is (p, p+q, p-q, -q).
+#define GRAD_OUT_STORE(out, SE, a, b, c, d)                                                  \
+    do {                                                                                     \
+        const T p1 = (a) + (c), q1 = (b) + (d), p2 = (a) - (c), q2 = (b) - (d);               \
+        (out)[0 * (SE)] = (a);       (out)[1 * (SE)] = (a) + (b);                              \
+        (out)[2 * (SE)] = (a) - (b); (out)[3 * (SE)] = -(b);                                   \
+        (out)[4 * (SE)] = p1;        (out)[5 * (SE)] = p1 + q1;                                \
+        (out)[6 * (SE)] = p1 - q1;   (out)[7 * (SE)] = -q1;                                    \
+        (out)[8 * (SE)] = p2;        (out)[9 * (SE)] = p2 + q2;                                \
+        (out)[10 * (SE)] = p2 - q2;  (out)[11 * (SE)] = -q2;                                   \
+        (out)[12 * (SE)] = -(c);     (out)[13 * (SE)] = -(c) - (d);                            \
+        (out)[14 * (SE)] = (d) - (c); (out)[15 * (SE)] = (d);                                  \
+    } while (0)
+
+__kernel void winograd_grad_output_2x2_3x3(__global const T *gy, const long gy_off, __global T *z,
+                                           const int n0, const int NB, const int K, const int OH,
+                                           const int OW, const int TW, const int TT)
+{
+    const int t = get_global_id(0), k = get_global_id(1), n = get_global_id(2);
+    if (t >= TT || k >= K || n >= NB) return;
+    const int th = t / TW, tw = t - (t / TW) * TW;
+    const __global T *gk = gy + gy_off + ((long)(n0 + n) * K + k) * OH * OW;
+    const T2 r0 = load_pair(gk, 2 * th, 2 * tw, OH, OW), r1 = load_pair(gk, 2 * th + 1, 2 * tw, OH, OW);
+    const long PT = (long)NB * TT, SE = (long)K * PT;
+    __global T *out = z + (long)k * PT + (long)n * TT + t;
+    GRAD_OUT_STORE(out, SE, r0.x, r0.y, r1.x, r1.y);
+}
+
+// dW[k, c] = G^T D G for D = sum over s of dU[s, :, k, c] (4x4), G^T = [[1, 1/2, 1/2, 0],
+// [0, 1/2, -1/2, 0], [0, 1/2, 1/2, 1]].
+inline void grad_filter_one(const __global T *du, const long SE, const long SS, const int S,
+                            __global T *gw)
+{
+    ACC d[16];
+    for (int e = 0; e < 16; ++e) d[e] = (ACC)0;
+    for (int s = 0; s < S; ++s)
+        for (int e = 0; e < 16; ++e) d[e] += (ACC)du[s * SS + e * SE];
+    ACC r[3][4];   // G^T D (3 x 4)
+    for (int j = 0; j < 4; ++j) {
+        const ACC a = d[j], b = d[4 + j], c = d[8 + j], e = d[12 + j];
+        r[0][j] = a + (ACC)0.5 * (b + c);
+        r[1][j] = (ACC)0.5 * (b - c);
+        r[2][j] = (ACC)0.5 * (b + c) + e;
+    }
+    for (int i = 0; i < 3; ++i) {   // (G^T D) G
+        const ACC a = r[i][0], b = r[i][1], c = r[i][2], e = r[i][3];
+        gw[i * 3 + 0] = (T)(a + (ACC)0.5 * (b + c));
+        gw[i * 3 + 1] = (T)((ACC)0.5 * (b - c));
+        gw[i * 3 + 2] = (T)((ACC)0.5 * (b + c) + e);
+    }
+}
+
+__kernel void winograd_grad_filter_2x2_3x3(__global const T *du, __global T *gw, const long gw_off,
+                                           const int K, const int C, const int S)
+{
+    const int i = get_global_id(0);
+    if (i >= K * C) return;
+    const long SE = (long)K * C, SS = 16 * SE;
+    grad_filter_one(du + i, SE, SS, S, gw + gw_off + (long)i * 9);
+}
+
+// -- CPU variants ----------------------------------------------------------------------------------
+// A work-item computes CH tiles (or filters) into a private (16, CH) block, then stores it position by
+// position (16 runs of CH contiguous values): stores interleaved across the 16 positions ran 10-20x
+// slower on PoCL (LLVM does not vectorise them; bench/NOTES.md, convolution). CH divides the row
+// (TW tiles, or the filters of the filter transforms): no ragged chunk, one branch-free path (two paths
+// filling one block made PoCL keep it in memory).
+#ifndef CH
+#define CH 8
+#endif
+#define FCH 8              // filters per block in the filter transform (the last block may be partial)
+
+#define STORE_BLOCK(out, SE, buf)                                                             \
+    do {                                                                                     \
+        for (int e_ = 0; e_ < 16; ++e_)                                                      \
+            for (int j_ = 0; j_ < CH; ++j_) (out)[e_ * (SE) + j_] = buf[e_][j_];              \
+    } while (0)
+
+// buf[e][j] = (B^T d B)[e] of the 4x4 tile whose rows are d0..d3
+#define INPUT_TO_BLOCK(buf, j, d0, d1, d2, d3)                                                \
+    do {                                                                                     \
+        const T4 r0_ = (d0) - (d2), r1_ = (d1) + (d2), r2_ = (d2) - (d1), r3_ = (d1) - (d3);  \
+        buf[0][j] = r0_.x - r0_.z;  buf[1][j] = r0_.y + r0_.z;                              \
+        buf[2][j] = r0_.z - r0_.y;  buf[3][j] = r0_.y - r0_.w;                              \
+        buf[4][j] = r1_.x - r1_.z;  buf[5][j] = r1_.y + r1_.z;                              \
+        buf[6][j] = r1_.z - r1_.y;  buf[7][j] = r1_.y - r1_.w;                              \
+        buf[8][j] = r2_.x - r2_.z;  buf[9][j] = r2_.y + r2_.z;                              \
+        buf[10][j] = r2_.z - r2_.y; buf[11][j] = r2_.y - r2_.w;                             \
+        buf[12][j] = r3_.x - r3_.z; buf[13][j] = r3_.y + r3_.z;                             \
+        buf[14][j] = r3_.z - r3_.y; buf[15][j] = r3_.y - r3_.w;                             \
+    } while (0)
+
+// buf[e][j] = (A dY A^T)[e] for the 2x2 block [[a, b], [c, d]] (see GRAD_OUT_STORE)
+#define GRAD_OUT_TO_BLOCK(buf, j, a, b, c, d)                                                 \
+    do {                                                                                     \
+        const T p1 = (a) + (c), q1 = (b) + (d), p2 = (a) - (c), q2 = (b) - (d);               \
+        buf[0][j] = (a);       buf[1][j] = (a) + (b);  buf[2][j] = (a) - (b);  buf[3][j] = -(b); \
+        buf[4][j] = p1;        buf[5][j] = p1 + q1;    buf[6][j] = p1 - q1;    buf[7][j] = -q1;  \
+        buf[8][j] = p2;        buf[9][j] = p2 + q2;    buf[10][j] = p2 - q2;   buf[11][j] = -q2; \
+        buf[12][j] = -(c);     buf[13][j] = -(c) - (d); buf[14][j] = (d) - (c); buf[15][j] = (d); \
+    } while (0)
+
+// One work-item per row r of the 16 transformed matrices: U[e, k, c] for output channel r = k and its
+// C filters, or with flip = 1 the rotated filters transposed, U[e, c, k] for r = c (backward data).
+__kernel void winograd_filter_rows_2x2_3x3(__global const T *w, const long w_off, __global T *u,
+                                           const int K, const int C, const int flip)
+{
+    const int r = get_global_id(0), R = flip ? C : K, Q = flip ? K : C;
+    if (r >= R) return;
+    const long SE = (long)K * C;
+    // filter (r, q) starts at w[(r*C + q)*9], or w[(q*C + r)*9] transposed
+    const long first = flip ? (long)r * 9 : (long)r * C * 9, step = flip ? (long)C * 9 : 9;
+    for (int c0 = 0; c0 < Q; c0 += FCH) {
+        T buf[16][FCH];
+        const int count = min(FCH, Q - c0);
+        for (int j = 0; j < FCH; ++j) {
+            const __global T *g = w + w_off + first + min(c0 + j, Q - 1) * step;
+            T gg[4][3];
+            for (int q = 0; q < 3; ++q) {
+                const T a = FILTER_TAP(g, q), b = FILTER_TAP(g, 3 + q), d = FILTER_TAP(g, 6 + q);
+                gg[0][q] = a;
+                gg[1][q] = (T)0.5 * (a + b + d);
+                gg[2][q] = (T)0.5 * (a - b + d);
+                gg[3][q] = d;
+            }
+            for (int r = 0; r < 4; ++r) {
+                const T a = gg[r][0], b = gg[r][1], d = gg[r][2];
+                buf[r * 4 + 0][j] = a;
+                buf[r * 4 + 1][j] = (T)0.5 * (a + b + d);
+                buf[r * 4 + 2][j] = (T)0.5 * (a - b + d);
+                buf[r * 4 + 3][j] = d;
+            }
+        }
+        for (int e = 0; e < 16; ++e)
+            for (int j = 0; j < count; ++j) u[e * SE + (long)r * Q + c0 + j] = buf[e][j];
+    }
+}
+
+// One work-item per (tile row th, channel c, image n): the TW tiles of the row, CH at a time (the host
+// picks CH dividing TW). Each chunk first copies its 4 x (2*CH + 2) input window into private memory,
+// zero outside the image (clamped index, scaled by 0: no branches), then transforms from there.
+__kernel void winograd_input_rows_2x2_3x3(__global const T *x, const long x_off, __global T *v,
+                                          const int n0, const int NB, const int C, const int H, const int W,
+                                          const int TW, const int TT, const int PH, const int PW, const int TH)
+{
+    const int th = get_global_id(0), c = get_global_id(1), n = get_global_id(2);
+    if (th >= TH || c >= C || n >= NB) return;
+    const __global T *xc = x + x_off + ((long)(n0 + n) * C + c) * H * W;
+    const int ih0 = th * 2 - PH;
+    const long PT = (long)NB * TT, SE = (long)C * PT;
+    __global T *out = v + (long)c * PT + (long)n * TT + (long)th * TW;
+    for (int t0 = 0; t0 < TW; t0 += CH) {
+        T win[4][2 * CH + 2];
+        const int iw0 = 2 * t0 - PW;
+        for (int i = 0; i < 4; ++i) {
+            const int ih = ih0 + i;
+            const T keep = (ih >= 0 && ih < H) ? (T)1 : (T)0;
+            const __global T *r = xc + (long)clamp(ih, 0, H - 1) * W;
+            for (int j = 0; j < 2 * CH + 2; ++j) {
+                const int iw = iw0 + j;
+                win[i][j] = r[clamp(iw, 0, W - 1)] * ((iw >= 0 && iw < W) ? keep : (T)0);
+            }
+        }
+        T buf[16][CH];
+        for (int j = 0; j < CH; ++j) {
+            const T4 d0 = (T4)(win[0][2 * j], win[0][2 * j + 1], win[0][2 * j + 2], win[0][2 * j + 3]);
+            const T4 d1 = (T4)(win[1][2 * j], win[1][2 * j + 1], win[1][2 * j + 2], win[1][2 * j + 3]);
+            const T4 d2 = (T4)(win[2][2 * j], win[2][2 * j + 1], win[2][2 * j + 2], win[2][2 * j + 3]);
+            const T4 d3 = (T4)(win[3][2 * j], win[3][2 * j + 1], win[3][2 * j + 2], win[3][2 * j + 3]);
+            INPUT_TO_BLOCK(buf, j, d0, d1, d2, d3);
+        }
+        STORE_BLOCK(out + t0, SE, buf);
+    }
+}
+
+// One work-item per (tile row th, output channel k, image n): the two output rows of its TW tiles.
+__kernel void winograd_output_rows_2x2_3x3(__global const T *m, __global const T *bias, const long b_off,
+                                           const int has_bias, __global T *y, const long y_off,
+                                           const int n0, const int NB, const int K, const int OH, const int OW,
+                                           const int TW, const int TT, const int TH)
+{
+    const int th = get_global_id(0), k = get_global_id(1), n = get_global_id(2);
+    if (th >= TH || k >= K || n >= NB) return;
+    const long PT = (long)NB * TT, SE = (long)K * PT;
+    const __global T *in = m + (long)k * PT + (long)n * TT + (long)th * TW;
+    const T b = has_bias ? bias[b_off + k] : (T)0;
+    const int oh0 = th * 2;
+    __global T *y0 = y + y_off + ((long)(n0 + n) * K + k) * OH * OW + (long)oh0 * OW;
+    __global T *y1 = y0 + (oh0 + 1 < OH ? OW : 0);   // a last odd row: row 1 is never stored
+    const bool two_rows = oh0 + 1 < OH;
+    for (int t0 = 0; t0 < TW; t0 += CH) {
+        T buf[16][CH];
+        for (int e = 0; e < 16; ++e)
+            for (int j = 0; j < CH; ++j) buf[e][j] = in[e * SE + t0 + j];
+        T out0[2 * CH], out1[2 * CH];
+        for (int j = 0; j < CH; ++j) {
+            const T a00 = buf[0][j] + buf[4][j] + buf[8][j], a01 = buf[1][j] + buf[5][j] + buf[9][j];
+            const T a02 = buf[2][j] + buf[6][j] + buf[10][j], a03 = buf[3][j] + buf[7][j] + buf[11][j];
+            const T a10 = buf[4][j] - buf[8][j] - buf[12][j], a11 = buf[5][j] - buf[9][j] - buf[13][j];
+            const T a12 = buf[6][j] - buf[10][j] - buf[14][j], a13 = buf[7][j] - buf[11][j] - buf[15][j];
+            out0[2 * j] = APPLY_ACT(a00 + a01 + a02 + b);
+            out0[2 * j + 1] = APPLY_ACT(a01 - a02 - a03 + b);
+            out1[2 * j] = APPLY_ACT(a10 + a11 + a12 + b);
+            out1[2 * j + 1] = APPLY_ACT(a11 - a12 - a13 + b);
+        }
+        const int ow0 = 2 * t0;
+        if (ow0 + 2 * CH <= OW) {
+            for (int j = 0; j < 2 * CH; ++j) y0[ow0 + j] = out0[j];
+            if (two_rows)
+                for (int j = 0; j < 2 * CH; ++j) y1[ow0 + j] = out1[j];
+        } else {   // odd OW: the last tile's right column lies outside
+            for (int j = 0; j < OW - ow0; ++j) y0[ow0 + j] = out0[j];
+            if (two_rows)
+                for (int j = 0; j < OW - ow0; ++j) y1[ow0 + j] = out1[j];
+        }
+    }
+}
+
+// One work-item per (tile row th, channel k, image n) of grad_y: Z for the TW tiles of the row, CH at a
+// time through a private 2 x 2*CH window (zero outside OH x OW), as the input transform.
+__kernel void winograd_grad_output_rows_2x2_3x3(__global const T *gy, const long gy_off, __global T *z,
+                                                const int n0, const int NB, const int K, const int OH,
+                                                const int OW, const int TW, const int TT, const int TH)
+{
+    const int th = get_global_id(0), k = get_global_id(1), n = get_global_id(2);
+    if (th >= TH || k >= K || n >= NB) return;
+    const __global T *g0 = gy + gy_off + ((long)(n0 + n) * K + k) * OH * OW + (long)(2 * th) * OW;
+    const bool two_rows = 2 * th + 1 < OH;
+    const __global T *g1 = two_rows ? g0 + OW : g0;
+    const T keep1 = two_rows ? (T)1 : (T)0;
+    const long PT = (long)NB * TT, SE = (long)K * PT;
+    __global T *out = z + (long)k * PT + (long)n * TT + (long)th * TW;
+    for (int t0 = 0; t0 < TW; t0 += CH) {
+        T win[2][2 * CH];
+        for (int j = 0; j < 2 * CH; ++j) {
+            const int ow = 2 * t0 + j, oc = min(ow, OW - 1);
+            const T in = ow < OW ? (T)1 : (T)0;
+            win[0][j] = in * g0[oc];
+            win[1][j] = (in * keep1) * g1[oc];
+        }
+        T buf[16][CH];
+        for (int j = 0; j < CH; ++j)
+            GRAD_OUT_TO_BLOCK(buf, j, win[0][2 * j], win[0][2 * j + 1], win[1][2 * j], win[1][2 * j + 1]);
+        STORE_BLOCK(out + t0, SE, buf);
+    }
+}
+
+// One work-item per output channel k: dW[k, c] for its C filters.
+__kernel void winograd_grad_filter_rows_2x2_3x3(__global const T *du, __global T *gw, const long gw_off,
+                                                const int K, const int C, const int S)
+{
+    const int k = get_global_id(0);
+    if (k >= K) return;
+    const long SE = (long)K * C, SS = 16 * SE;
+    for (int c = 0; c < C; ++c)
+        grad_filter_one(du + (long)k * C + c, SE, SS, S, gw + gw_off + ((long)k * C + c) * 9);
 }

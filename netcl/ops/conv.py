@@ -189,29 +189,39 @@ def _db_state(device: Any) -> tuple:
 
 
 # -- algorithm choice ----------------------------------------------------------------------------
+# The tuning database (netcl.kernels.tuning) keeps one family per pass; bench/conv.py --tune stores the
+# fastest algorithm measured for a geometry, which 'auto' then takes over the defaults below.
 TUNE_FAMILY = "conv2d_algorithm"
+TUNE_FAMILIES = {"forward": TUNE_FAMILY, "backward_input": "conv2d_backward_input_algorithm",
+                 "backward_weight": "conv2d_backward_weight_algorithm"}
+PASS_ALGORITHMS = {"forward": ALGORITHMS[1:], "backward_input": ("gemm", "direct", "flipped"),
+                   "backward_weight": ("gemm", "direct", "winograd")}
 
 
 def _tune_key(p: ConvParams, dt: np.dtype) -> str:
     return f"{np.dtype(dt).name}:" + "x".join(str(v) for v in p.key())
 
 
-def _tuned_algorithm(device: Any, p: ConvParams, dt: np.dtype) -> str | None:
-    """The algorithm stored for this geometry in the per-device tuning database (netcl.tune), if any."""
+def _tuned_algorithm(device: Any, p: ConvParams, dt: np.dtype, pass_: str = "forward") -> str | None:
+    """The algorithm stored for this geometry and pass in the per-device tuning database, if any."""
     try:
-        found = tuning.lookup(device, TUNE_FAMILY, _tune_key(p, dt))
+        found = tuning.lookup(device, TUNE_FAMILIES[pass_], _tune_key(p, dt))
     except Exception:  # a tuning database that cannot answer must never break a convolution
         return None
     algo = (found or {}).get("algorithm")
-    return algo if algo in ALGORITHMS[1:] else None
+    return algo if algo in PASS_ALGORITHMS[pass_] else None
 
 
 def record_algorithm(device: Any, x_shape: Sequence[int], w_shape: Sequence[int], dt: Any, algorithm: str,
                      stride: Any = 1, padding: Any = 0, dilation: Any = 1, groups: int = 1,
-                     **measured: Any) -> None:
-    """Store the winning algorithm for one geometry (bench/conv.py --tune calls this)."""
+                     pass_: str = "forward", **measured: Any) -> None:
+    """Store the winning algorithm of one pass ('forward', 'backward_input', 'backward_weight') for one
+    geometry (bench/conv.py --tune calls this)."""
+    if algorithm not in PASS_ALGORITHMS[pass_]:
+        raise ValueError(f"{algorithm!r} is not an algorithm of the {pass_} pass; one of {PASS_ALGORITHMS[pass_]}")
     p = ConvParams(x_shape, w_shape, stride, padding, dilation, groups)
-    tuning.database_for(device).put(TUNE_FAMILY, _tune_key(p, np.dtype(dt)), {"algorithm": algorithm}, **measured)
+    tuning.database_for(device).put(TUNE_FAMILIES[pass_], _tune_key(p, np.dtype(dt)), {"algorithm": algorithm},
+                                    **measured)
 
 
 def winograd_applicable(p: ConvParams) -> bool:
@@ -237,12 +247,19 @@ def _auto_algorithm(device: Any, p: ConvParams, dt: np.dtype) -> str:
 # Below this many (direct-convolution) FLOPs a GPU convolution is launch-bound: im2col + GEMM's 2-3
 # launches beat Winograd's 4 (filter, input, GEMM, output transforms).
 WINOGRAD_MIN_FLOPS = 1 << 30
+# CPUs (PoCL): Winograd's GEMMs take half im2col's time on ResNet layers (64-512 channels), and with the
+# row-walking transforms (kernels/winograd.cl, `_rows`) the whole pass wins from about this size on;
+# thin layers (few channels) stay with im2col, whose GEMM has the longer inner dimension.
+WINOGRAD_MIN_FLOPS_CPU = 1 << 27
+WINOGRAD_MIN_CHANNELS_CPU = 32
 
 
-def winograd_pays(device: Any, flops: int) -> bool:
+def winograd_pays(device: Any, flops: int, channels: int = 1 << 30) -> bool:
     """Whether Winograd (through the GEMM) beats im2col + GEMM for a 3x3 convolution of `flops`
-    (direct count): on GPUs for large ones; never on CPUs (PoCL: im2col 1.3-1.8x faster)."""
-    return device.capabilities.kind != "cpu" and flops >= WINOGRAD_MIN_FLOPS
+    (direct count) whose smaller channel count is `channels`, by the device class's defaults."""
+    if device.capabilities.kind == "cpu":
+        return flops >= WINOGRAD_MIN_FLOPS_CPU and channels >= WINOGRAD_MIN_CHANNELS_CPU
+    return flops >= WINOGRAD_MIN_FLOPS
 
 
 def select_algorithm(device: Any, p: ConvParams, dt: np.dtype) -> str:
@@ -252,9 +269,8 @@ def select_algorithm(device: Any, p: ConvParams, dt: np.dtype) -> str:
         return tuned
     if p.G > 1 and p.Cg == 1:
         return "depthwise"
-    if winograd_applicable(p) and p.C >= 8 and p.K >= 8 and winograd_pays(
-            device, 2 * p.N * p.K * p.Cg * 9 * p.OH * p.OW):
-        return "winograd"  # GPUs, large: 3.2x im2col on the H200; on PoCL im2col + GEMM is 1.3-1.8x Winograd
+    if winograd_applicable(p) and p.C >= 8 and p.K >= 8 and winograd_pays(device, p.flops, min(p.C, p.K)):
+        return "winograd"  # GPUs, large: 1.9x im2col on the H200 (bench/NOTES.md)
     if p.G == 1:
         # on PoCL too: measured 9 GFLOP/s vs 1.7 for the direct kernel (bench/NOTES.md, convolution section)
         return "im2col"
@@ -282,47 +298,143 @@ def _conv_direct(x: Tensor, w: Tensor, bias: Tensor | None, out: Tensor, p: Conv
                       np.int32(bias is not None), out.buffer, np.int64(out.offset), *p.geometry())
 
 
-def winograd_transform_weight(w: Tensor) -> Tensor:
-    """U = G g G^T for every (k, c) filter of a (K, C, 3, 3) weight: (16, K, C), 16 K x C matrices."""
+def _winograd_rows(device: Any) -> bool:
+    """CPUs take the Winograd transforms that walk a whole tile row per work-item (PoCL pays per
+    work-item and vectorises unit-stride loops); GPUs one work-item per tile (coalesced)."""
+    return device.capabilities.kind == "cpu"
+
+
+def _winograd_program(x: Tensor, p: ConvParams, act: str | None = None) -> Any:
+    """winograd.cl for x's device and dtype; the CPU's row kernels take CH tiles at a time, CH the
+    largest of 8, 4, 2, 1 that divides the TW tiles of a row (kernels/winograd.cl)."""
+    if not _winograd_rows(x.device):
+        return kernels.program(x.device, "winograd.cl", dtype=x.dtype, act=act)
+    tw = math.ceil(p.OW / 2)
+    ch = next(c for c in (8, 4, 2, 1) if tw % c == 0)
+    return kernels.program(x.device, "winograd.cl", dtype=x.dtype, act=act, CH=ch)
+
+
+def winograd_transform_weight(w: Tensor, flip: bool = False) -> Tensor:
+    """U = G g G^T for every (k, c) filter of a contiguous (K, C, 3, 3) weight: (16, K, C), 16 K x C
+    matrices. flip=True transforms the filters rotated by 180 degrees into (16, C, K): the weight of the
+    backward-data convolution (grad_x = conv(grad_y, rotated and transposed w)) without materialising it."""
     K, C = w.shape[0], w.shape[1]
-    u = Tensor.empty(w.queue, (16, K, C), w.dtype)
+    u = Tensor.empty(w.queue, (16, C, K) if flip else (16, K, C), w.dtype)
     prg = kernels.program(w.device, "winograd.cl", dtype=w.dtype)
-    prg.winograd_filter_2x2_3x3(w.queue, (K * C,), None, w.buffer, np.int64(w.offset), u.buffer,
-                                np.int32(K), np.int32(C), np.int64(K * C), np.int64(C), np.int64(1))
+    if _winograd_rows(w.device):
+        prg.winograd_filter_rows_2x2_3x3(w.queue, (C if flip else K,), None, w=w.buffer, w_off=np.int64(w.offset),
+                                         u=u.buffer, K=np.int32(K), C=np.int32(C), flip=np.int32(flip))
+    else:
+        prg.winograd_filter_2x2_3x3(w.queue, (K * C,), None, w=w.buffer, w_off=np.int64(w.offset), u=u.buffer,
+                                    K=np.int32(K), C=np.int32(C), SE=np.int64(K * C),
+                                    SK=np.int64(1 if flip else C), SC=np.int64(K if flip else 1),
+                                    flip=np.int32(flip))
     return u
 
 
-def _winograd_chunk(device: Any, p: ConvParams, itemsize: int) -> int:
-    """Images per Winograd pass: the transformed input (16 x C) and product (16 x K) per 2x2 tile
-    stay within a quarter of the device's largest allocation (and 1 GiB)."""
+def _winograd_chunk(device: Any, p: ConvParams, itemsize: int, per_tile: int | None = None) -> int:
+    """Images per Winograd pass: what one 2x2 tile needs in transformed buffers (`per_tile` values;
+    default 16 x max(C, K): the transformed input, then the product) stays within a quarter of the
+    device's largest allocation (and 1 GiB)."""
     tiles = math.ceil(p.OH / 2) * math.ceil(p.OW / 2)
-    per_image = 16 * max(p.C, p.K) * tiles * itemsize
+    per_image = (per_tile or 16 * max(p.C, p.K)) * tiles * itemsize
     budget = min(device.capabilities.max_alloc // 4, 1 << 30)
     return max(1, min(p.N, budget // max(per_image, 1)))
 
 
-def _conv_winograd(x: Tensor, w: Tensor, bias: Tensor | None, out: Tensor, p: ConvParams, act: str | None) -> None:
-    """Input transform -> 16 batched GEMMs U[e] (K x C) @ V[e] (C x tiles) -> output transform (bias and
-    activation there), over chunks of images. The GEMM is netcl's tuned one, so Winograd gains what it
-    does on every device (2.25x fewer multiply-adds) on top of it."""
-    u = winograd_transform_weight(w)
-    prg = kernels.program(x.device, "winograd.cl", dtype=x.dtype, act=act)
+def _winograd_input(prg: Any, x: Tensor, p: ConvParams, n0: int, nb: int) -> Tensor:
+    """V (16, C, nb*TT): B^T d B of every input tile of images n0..n0+nb-1."""
     th, tw = math.ceil(p.OH / 2), math.ceil(p.OW / 2)
-    tt = th * tw
+    v = Tensor.empty(x.queue, (16, p.C, nb * th * tw), x.dtype)
+    args = dict(x=x.buffer, x_off=np.int64(x.offset), v=v.buffer, n0=np.int32(n0), NB=np.int32(nb),
+                C=np.int32(p.C), H=np.int32(p.H), W=np.int32(p.W), TW=np.int32(tw), TT=np.int32(th * tw),
+                PH=np.int32(p.PH), PW=np.int32(p.PW))
+    if _winograd_rows(x.device):
+        prg.winograd_input_rows_2x2_3x3(x.queue, (th, p.C, nb), None, TH=np.int32(th), **args)
+    else:
+        prg.winograd_input_2x2_3x3(x.queue, (th * tw, p.C, nb), None, **args)
+    return v
+
+
+def _conv_winograd(x: Tensor, u: Tensor, bias: Tensor | None, out: Tensor, p: ConvParams, act: str | None) -> None:
+    """Input transform -> 16 batched GEMMs U[e] (K x C) @ V[e] (C x tiles) -> output transform (bias and
+    activation there), over chunks of images; `u` is the transformed weight (winograd_transform_weight).
+    The GEMM is netcl's tuned one, so Winograd gains what it does on every device (2.25x fewer
+    multiply-adds) on top of it."""
+    prg = _winograd_program(x, p, act)
+    th, tw = math.ceil(p.OH / 2), math.ceil(p.OW / 2)
     b = bias if bias is not None else out
     chunk = _winograd_chunk(x.device, p, x.itemsize)
     for n0 in range(0, p.N, chunk):
         nb = min(chunk, p.N - n0)
-        v = Tensor.empty(x.queue, (16, p.C, nb * tt), x.dtype)
-        prg.winograd_input_2x2_3x3(x.queue, (tt, p.C, nb), None, x.buffer, np.int64(x.offset), v.buffer,
-                                   np.int32(n0), np.int32(nb), np.int32(p.C), np.int32(p.H), np.int32(p.W),
-                                   np.int32(tw), np.int32(tt), np.int32(p.PH), np.int32(p.PW))
+        v = _winograd_input(prg, x, p, n0, nb)
         m = mm.matmul(u, v)
         del v
-        prg.winograd_output_2x2_3x3(x.queue, (tt, p.K, nb), None, m.buffer, b.buffer, np.int64(b.offset),
-                                    np.int32(bias is not None), out.buffer, np.int64(out.offset),
-                                    np.int32(n0), np.int32(nb), np.int32(p.K), np.int32(p.OH), np.int32(p.OW),
-                                    np.int32(tw), np.int32(tt))
+        args = dict(m=m.buffer, bias=b.buffer, b_off=np.int64(b.offset), has_bias=np.int32(bias is not None),
+                    y=out.buffer, y_off=np.int64(out.offset), n0=np.int32(n0), NB=np.int32(nb), K=np.int32(p.K),
+                    OH=np.int32(p.OH), OW=np.int32(p.OW), TW=np.int32(tw), TT=np.int32(th * tw))
+        if _winograd_rows(x.device):
+            prg.winograd_output_rows_2x2_3x3(x.queue, (th, p.K, nb), None, TH=np.int32(th), **args)
+        else:
+            prg.winograd_output_2x2_3x3(x.queue, (th * tw, p.K, nb), None, **args)
+
+
+def _winograd_splits(device: Any, p: ConvParams, pt: int) -> int:
+    """K slices of the weight gradient's GEMMs dU[e] = Z[e] @ V[e]^T (K x C, inner length pt = tiles):
+    on GPUs enough slices that 16 x the output blocks fill the device twice over, each slice at least
+    512 long and dividing pt; CPUs keep one (16 x blocks already spread over the cores)."""
+    if device.capabilities.kind == "cpu":
+        return 1
+    blocks = 16 * math.ceil(p.K / 128) * math.ceil(p.C / 128)
+    target = 2 * device.capabilities.compute_units
+    best = 1
+    for s in (2, 4, 8, 16, 32, 64):
+        if blocks * best >= target or pt % s or pt // s < 512:
+            break
+        best = s
+    return best
+
+
+def _backward_weight_winograd(x: Tensor, gy: Tensor, p: ConvParams) -> Tensor:
+    """dW of a 3x3, stride-1 convolution by Winograd F(2x2, 3x3) run backwards (kernels/winograd.cl):
+    V = B^T d B of the input tiles (as the forward), Z = A dY A^T of the output-gradient tiles, one
+    batched GEMM dU[s, e] = Z[e][:, slice s] @ V[e][:, slice s]^T over the 16 positions e (and S slices
+    of the tiles), then dW = G^T (sum over s of dU[s]) G. 2.25x fewer multiply-adds than im2col + GEMM,
+    and no im2col buffer. Image chunks accumulate through the GEMM's residual epilogue."""
+    prg = _winograd_program(x, p)
+    th, tw = math.ceil(p.OH / 2), math.ceil(p.OW / 2)
+    tt = th * tw
+    chunk = _winograd_chunk(x.device, p, x.itemsize, per_tile=16 * (p.C + p.K))
+    rows = _winograd_rows(x.device)
+    splits = _winograd_splits(x.device, p, tt * math.gcd(chunk, p.N % chunk or chunk))  # divides every chunk
+    du = None
+    for n0 in range(0, p.N, chunk):
+        nb = min(chunk, p.N - n0)
+        pt = nb * tt
+        v = _winograd_input(prg, x, p, n0, nb)                                  # (16, C, pt)
+        z = Tensor.empty(x.queue, (16, p.K, pt), x.dtype)
+        args = dict(gy=gy.buffer, gy_off=np.int64(gy.offset), z=z.buffer, n0=np.int32(n0), NB=np.int32(nb),
+                    K=np.int32(p.K), OH=np.int32(p.OH), OW=np.int32(p.OW), TW=np.int32(tw), TT=np.int32(tt))
+        if rows:
+            prg.winograd_grad_output_rows_2x2_3x3(x.queue, (th, p.K, nb), None, TH=np.int32(th), **args)
+        else:
+            prg.winograd_grad_output_2x2_3x3(x.queue, (tt, p.K, nb), None, **args)
+        sl = pt // splits
+        zs = z._view((splits, 16, p.K, sl), (sl, p.K * pt, pt, 1), z.offset)      # (S, 16, K, sl)
+        vs = v._view((splits, 16, sl, p.C), (sl, p.C * pt, 1, pt), v.offset)      # (S, 16, sl, C)
+        du = mm.matmul_epilogue(zs, vs, residual=du)                               # (S, 16, K, C)
+        del v, z
+    gw = Tensor.empty(x.queue, (p.K, p.C, 3, 3), x.dtype)
+    args = dict(du=du.buffer, gw=gw.buffer, gw_off=np.int64(gw.offset), K=np.int32(p.K), C=np.int32(p.C),
+                S=np.int32(du.shape[0]))
+    if du.offset or not du.is_contiguous():
+        du = du.contiguous()
+        args["du"] = du.buffer
+    if rows:
+        prg.winograd_grad_filter_rows_2x2_3x3(x.queue, (p.K,), None, **args)
+    else:
+        prg.winograd_grad_filter_2x2_3x3(x.queue, (p.K * p.C,), None, **args)
+    return gw
 
 
 def _im2col_chunk(device: Any, p: ConvParams, itemsize: int) -> int:
@@ -441,7 +553,7 @@ def conv2d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 
     if out.size == 0:
         return out
     if algo == "winograd":
-        _conv_winograd(x, weight, bias, out, p, act)
+        _conv_winograd(x, winograd_transform_weight(weight), bias, out, p, act)
     else:
         _conv_direct(x, weight, bias, out, p, act, depthwise=(algo == "depthwise"))
     return out
@@ -491,12 +603,15 @@ def conv2d_backward_input(grad_out: Tensor, weight: Tensor, input_shape: Sequenc
     algorithm: 'gemm' (cols[n, g] = w[g]^T (R x Kg) @ gy[n, g] (Kg x P), then col2im), 'direct'
     (the gather kernel), 'flipped' (stride 1, dilation 1, one group, padding below the kernel size: the
     forward convolution of grad_out with the spatially flipped, in/out-swapped weight and padding
-    k - 1 - p, on whatever algorithm conv2d picks), or 'auto': flipped where it runs on Winograd and
-    Winograd pays (3x3 kernels, large convolutions on GPUs), else gemm unless the layer is depthwise
-    (on PoCL gemm + col2im is 1.3x the flipped convolution, bench/NOTES.md).
+    k - 1 - p, on whatever algorithm conv2d picks; on Winograd the rotated filters are transformed
+    straight from `weight`), or 'auto': the tuning database's choice for this geometry, else flipped
+    where it runs on Winograd and Winograd pays (3x3 kernels, winograd_pays), else gemm unless the
+    layer is depthwise.
     """
     key = _checked_key("conv2d_backward_input", (grad_out, weight), _shape_key(input_shape), stride, padding,
                        dilation, groups, algorithm)
+    if key is not None and algorithm == "auto":  # 'auto' reads the tuning database
+        key += _db_state(grad_out.device)
     hit = _checked.get(key) if key is not None else None
     if hit is None:
         if algorithm not in ("auto", "gemm", "direct", "flipped"):
@@ -514,16 +629,32 @@ def conv2d_backward_input(grad_out: Tensor, weight: Tensor, input_shape: Sequenc
                              f"{(p.DH, p.DW)}, groups {p.G}, padding {(p.PH, p.PW)}, kernel {(p.KH, p.KW)}")
         algo = algorithm
         if algorithm == "auto":
+            tuned = _tuned_algorithm(grad_out.device, p, dt, "backward_input")
             flops = 2 * p.N * p.C * p.H * p.W * p.K * p.KH * p.KW  # the flipped convolution's output is x-shaped
-            if flippable and p.KH == p.KW == 3 and winograd_pays(grad_out.device, flops):
+            if tuned is not None and (tuned != "flipped" or flippable):
+                algo = tuned
+            elif flippable and p.KH == p.KW == 3 and min(p.C, p.K) >= 8 and winograd_pays(
+                    grad_out.device, flops, min(p.C, p.K)):
                 algo = "flipped"
             else:
                 algo = "gemm" if p.Cg * p.Kg > 1 else "direct"
-        hit = _remember(key, (p, dt, algo))
-    p, dt, algo = hit
+        flipped_algo = None
+        if algo == "flipped":  # the forward convolution it runs, and that one's algorithm
+            fp = _params((p.N, p.K, p.OH, p.OW), (p.C, p.K, p.KH, p.KW), 1, (p.KH - 1 - p.PH, p.KW - 1 - p.PW),
+                         1, 1, op="conv2d_backward_input")
+            flipped_algo = (fp, _auto_algorithm(grad_out.device, fp, dt))
+        hit = _remember(key, (p, dt, algo, flipped_algo))
+    p, dt, algo, flipped_algo = hit
     if algo == "flipped":
+        fp, fa = flipped_algo
+        if fa == "winograd":  # the rotated, transposed filters transformed straight from the weight
+            gx = Tensor.empty(grad_out.queue, (p.N, p.C, p.H, p.W), dt)
+            if gx.size:
+                _conv_winograd(grad_out.contiguous(), winograd_transform_weight(weight.contiguous(), flip=True),
+                               None, gx, fp, None)
+            return gx
         flipped = weight[:, :, ::-1, ::-1].permute(1, 0, 2, 3).contiguous()
-        return conv2d(grad_out, flipped, None, stride=1, padding=(p.KH - 1 - p.PH, p.KW - 1 - p.PW))
+        return conv2d(grad_out, flipped, None, stride=1, padding=(p.KH - 1 - p.PH, p.KW - 1 - p.PW), algorithm=fa)
     gx = Tensor.empty(grad_out.queue, (p.N, p.C, p.H, p.W), dt)
     if gx.size == 0:
         return gx
@@ -588,26 +719,44 @@ def conv2d_backward_weight(x: Tensor, grad_out: Tensor, weight_shape: Sequence[i
                            algorithm: str = "auto") -> Tensor:
     """d(loss)/d(weight) of conv2d, shape `weight_shape` (K, C/groups, KH, KW).
 
-    algorithm: 'gemm' (im2col + one GEMM per group whose K dimension runs over every image and
-    position: gw[g] = gy[:, g] (Kg x N*P) @ cols[g]^T (N*P x R)), 'direct' (the gather kernel: one
-    work-item per weight element), or 'auto' (gemm).
+    algorithm: 'gemm' (im2col + GEMM: see _backward_weight_gemm), 'winograd' (3x3, stride 1, dilation 1,
+    one group: Winograd F(2x2, 3x3) run backwards, _backward_weight_winograd), 'direct' (the gather
+    kernel: one work-item per weight element), or 'auto': the tuning database's choice for this
+    geometry, else winograd where it pays (winograd_pays), else gemm.
     """
     key = _checked_key("conv2d_backward_weight", (x, grad_out), _shape_key(weight_shape), stride, padding,
                        dilation, groups, algorithm)
+    if key is not None and algorithm == "auto":  # 'auto' reads the tuning database
+        key += _db_state(x.device)
     hit = _checked.get(key) if key is not None else None
     if hit is None:
-        if algorithm not in ("auto", "gemm", "direct"):
-            raise ValueError(f"algorithm must be 'auto', 'gemm' or 'direct', got {algorithm!r}")
+        if algorithm not in ("auto", "gemm", "direct", "winograd"):
+            raise ValueError(f"algorithm must be 'auto', 'gemm', 'direct' or 'winograd', got {algorithm!r}")
         check_same_queue(x, grad_out)
         dt = _float_dtype("conv2d_backward_weight", x, grad_out)
         p = _params(x.shape, tuple(weight_shape), stride, padding, dilation, groups, op="conv2d_backward_weight")
         _check_grad_out("conv2d_backward_weight", grad_out, p)
-        hit = _remember(key, (p, dt))
-    p, dt = hit
+        if algorithm == "winograd" and not winograd_applicable(p):
+            raise ShapeError(f"conv2d_backward_weight: algorithm='winograd' needs a 3x3 kernel, stride 1, dilation "
+                             f"1, groups 1; got kernel {(p.KH, p.KW)}, stride {(p.SH, p.SW)}, dilation "
+                             f"{(p.DH, p.DW)}, groups {p.G}")
+        algo = algorithm
+        if algorithm == "auto":
+            tuned = _tuned_algorithm(x.device, p, dt, "backward_weight")
+            if tuned is not None and (tuned != "winograd" or winograd_applicable(p)):
+                algo = tuned
+            elif winograd_applicable(p) and min(p.C, p.K) >= 8 and winograd_pays(x.device, p.flops, min(p.C, p.K)):
+                algo = "winograd"
+            else:
+                algo = "gemm"
+        hit = _remember(key, (p, dt, algo))
+    p, dt, algo = hit
     x, grad_out = x.contiguous(), grad_out.contiguous()
-    if algorithm == "gemm" or algorithm == "auto":
+    if algo in ("gemm", "winograd"):
         if p.N * p.OH * p.OW == 0:
             return Tensor.zeros(x.queue, (p.K, p.Cg, p.KH, p.KW), dt)
+        if algo == "winograd":
+            return _backward_weight_winograd(x, grad_out, p)
         return _backward_weight_gemm(x, grad_out, p)
     gw = Tensor.empty(x.queue, (p.K, p.Cg, p.KH, p.KW), dt)
     prg = kernels.program(x.device, "conv_direct.cl", dtype=dt)
@@ -618,7 +767,11 @@ def conv2d_backward_weight(x: Tensor, grad_out: Tensor, weight_shape: Sequence[i
 
 
 def _backward_weight_gemm(x: Tensor, gy: Tensor, p: ConvParams) -> Tensor:
-    if x.device.capabilities.kind != "cpu":
+    """GPUs with at least as many positions per image as rows of cols (P >= R: early layers): one GEMM
+    batched over images and a sum (_backward_weight_batched); else (late layers, where the per-image
+    products would be thin and their (N, K, R) workspace large) and on CPUs: one long-K GEMM over
+    batch-inner columns (_backward_weight_rows; split K where M x N is small)."""
+    if x.device.capabilities.kind != "cpu" and p.OH * p.OW >= p.Cg * p.KH * p.KW:
         return _backward_weight_batched(x, gy, p)
     return _backward_weight_rows(x, gy, p)
 

@@ -1,7 +1,8 @@
 """Normalisation ops: BatchNorm2d (train/eval), LayerNorm, RMSNorm, GroupNorm; forward and backward.
 
-Each direction is one kernel launch (netcl/kernels/norm.cl). Forward functions return the output
-and the statistics the backward needs (like PyTorch's native_* ops):
+The row norms are one kernel launch per direction (netcl/kernels/norm.cl); BatchNorm is a one-pass
+per-channel reduction and an elementwise pass each way (netcl/kernels/norm_batch.cl). Forward functions
+return the output and the statistics the backward needs (like PyTorch's native_* ops):
   batch_norm -> (out, save_mean, save_invstd)     layer_norm / group_norm -> (out, mean, rstd)
   rms_norm -> (out, rstd)
 Statistics are accumulated in float32 for float32 tensors and float64 for float64 tensors.
@@ -14,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from netcl import kernels
-from netcl.core import dtypes
+from netcl import kernels, profiling
+from netcl.core import capture, dtypes
 from netcl.core.tensor import Tensor, check_same_queue
 from netcl.errors import DTypeError, ShapeError
 
@@ -66,10 +67,62 @@ def _activation_flag(op: str, activation: str | None) -> bool:
 
 
 # -- BatchNorm -----------------------------------------------------------------------------------
+# kernels/norm_batch.cl: the per-channel reductions (one pass over memory each) and one elementwise pass
+# each way. Tests set FORCE_LAYOUT ("groups": the GPU's work-group trees and flat elementwise grid; "runs":
+# the CPU's one-work-item runs) and PARTS (parts per channel; > 1 takes the finalize launch).
+FORCE_LAYOUT: str | None = None
+PARTS: int | None = None
+
+
 def _bn_shape(op: str, x: Tensor) -> tuple[int, int, int]:
     if x.ndim < 2:
         raise ShapeError(f"{op}: input must be (N, C) or (N, C, *), got shape {x.shape}")
     return x.shape[0], x.shape[1], math.prod(x.shape[2:])
+
+
+def _bn_layout(device: Any) -> str:
+    if FORCE_LAYOUT is not None:
+        return FORCE_LAYOUT
+    return "runs" if device.capabilities.kind == "cpu" else "groups"
+
+
+def _bn_parts(device: Any, layout: str, n: int, c: int, hw: int, local: int, vec: int) -> int:
+    """Parts per channel: enough (c x parts) work-items / work-groups for the device (GPUs: 4 work-groups
+    per compute unit; CPUs: 2 work-items per core), while each part keeps some work (GPUs: 8 loads per
+    work-item; CPUs: whole images)."""
+    if PARTS is not None:
+        return max(1, min(PARTS, n if layout == "runs" else PARTS))
+    units = device.capabilities.compute_units
+    if layout == "runs":
+        return max(1, min(n, -(-2 * units // c)))
+    loads = n * (hw // vec)
+    return max(1, min(-(-4 * units // c), loads // (8 * local)))
+
+
+def _bn_vec(x: Tensor, *others: Tensor) -> int:
+    """4 when every (n, c) run starts on a 4-element boundary of each operand (float4 loads)."""
+    hw = math.prod(x.shape[2:])
+    return 4 if hw % 4 == 0 and all(t.offset % 4 == 0 for t in (x, *others)) else 1
+
+
+def _bn_program(device: Any, dt: np.dtype, layout: str, hw: int, vec: int, relu: bool = False) -> Any:
+    defines = {"LOCAL": _local_size(device), "HW": hw, "VEC": vec} if layout == "groups" else {}
+    return kernels.program(device, "norm_batch.cl", dtype=dt, act="relu" if relu else None, **defines)
+
+
+def _bn_elementwise(prg: Any, layout: str, name: str, like: Tensor, hw: int, vec: int, **args: Any) -> Tensor:
+    """One of the elementwise passes (batch_norm_apply, batch_norm_grad_input) into a new tensor shaped like x."""
+    out = Tensor.empty(like.queue, like.shape, like.dtype)
+    n, c = like.shape[0], like.shape[1]
+    if capture.declaring():  # for the profiler: x (and grad_y) read once, the output written once
+        profiling.work(0.0, float(like.nbytes * (3 if "grad" in name else 2)))
+    if layout == "groups":
+        getattr(prg, f"{name}_flat")(like.queue, (hw // vec, n * c), None, out=out.buffer, C=np.int32(c),
+                                     NC=np.int32(n * c), **args)
+    else:
+        getattr(prg, f"{name}_runs")(like.queue, (n * c,), None, out=out.buffer, C=np.int32(c), NC=np.int32(n * c),
+                                     hw=np.int32(hw), **args)
+    return out
 
 
 def batch_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, running_mean: Tensor | None,
@@ -84,8 +137,9 @@ def batch_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, running_me
     relu = _activation_flag("batch_norm", activation)
     dt = _float_dtype("batch_norm", x, weight, bias, running_mean, running_var)
     n, c, hw = _bn_shape("batch_norm", x)
-    weight = _check_param("batch_norm", "weight", weight, (c,))
-    bias = _check_param("batch_norm", "bias", bias, (c,))
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is not None and tuple(t.shape) != (c,):
+            raise ShapeError(f"batch_norm: {name} must have shape ({c},), got {tuple(t.shape)}")
     for name, t in (("running_mean", running_mean), ("running_var", running_var)):
         if t is not None and (tuple(t.shape) != (c,) or not t.is_contiguous()):
             raise ShapeError(f"batch_norm: {name} must be a contiguous ({c},) tensor, got shape {tuple(t.shape)}")
@@ -95,44 +149,63 @@ def batch_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, running_me
         raise ShapeError("batch_norm: eval mode (training=False) needs running_mean and running_var")
     if training and n * hw <= 1:
         raise ShapeError(f"batch_norm: training needs more than one value per channel, got input shape {x.shape}")
-    x = x.contiguous()
-    out = Tensor.empty(x.queue, x.shape, dt)
-    save_mean = Tensor.empty(x.queue, (c,), dt)
-    save_invstd = Tensor.empty(x.queue, (c,), dt)
-    if c == 0:
-        return out, save_mean, save_invstd
-    local = _local_size(x.device)
-    prg = _program(x.device, dt, relu)
-    dummy = out.buffer
-    rm_off = running_mean.offset if running_mean is not None else 0
-    rv_off = running_var.offset if running_var is not None else 0
-    if rm_off or rv_off:
+    if (running_mean is not None and running_mean.offset) or (running_var is not None and running_var.offset):
         raise ShapeError("batch_norm: running_mean/running_var views with an offset cannot be updated in "
                          "place; pass whole tensors")
-    weight, bias = (t.clone() if t is not None and t.offset else t for t in (weight, bias))
-    prg.batch_norm_forward(
-        x.queue, (c * local,), (local,), x.buffer, np.int64(x.offset),
-        weight.buffer if weight is not None else dummy, bias.buffer if bias is not None else dummy,
-        np.int32(weight is not None), np.int32(bias is not None),
-        running_mean.buffer if running_mean is not None else dummy,
-        running_var.buffer if running_var is not None else dummy, np.int32(running_mean is not None),
-        out.buffer, save_mean.buffer, save_invstd.buffer, np.int32(n), np.int32(c), np.int32(hw),
-        np.int32(bool(training)), _scalar(dt, momentum), _scalar(dt, eps),
-    )
+    x = x.contiguous()
+    weight, bias = (t.contiguous() if t is not None else None for t in (weight, bias))
+    stats = Tensor.empty(x.queue, (4, c), dt)  # mean, invstd, scale, beta
+    save_mean, save_invstd = stats[0], stats[1]
+    if c == 0 or x.size == 0:
+        return Tensor.empty(x.queue, x.shape, dt), save_mean, save_invstd
+    layout = _bn_layout(x.device)
+    vec = _bn_vec(x) if layout == "groups" else 1
+    local = _local_size(x.device) if layout == "groups" else 1
+    dummy = stats.buffer
+    common = dict(
+        w=weight.buffer if weight is not None else dummy, w_off=np.int64(weight.offset if weight is not None else 0),
+        b=bias.buffer if bias is not None else dummy, b_off=np.int64(bias.offset if bias is not None else 0),
+        has_w=np.int32(weight is not None), has_b=np.int32(bias is not None),
+        rmean=running_mean.buffer if running_mean is not None else dummy,
+        rvar=running_var.buffer if running_var is not None else dummy,
+        has_running=np.int32(running_mean is not None and training), stats=stats.buffer,
+        C=np.int32(c), momentum=_scalar(dt, momentum), eps=_scalar(dt, eps))
+    prg = _bn_program(x.device, dt, layout, hw, vec, relu)
+    if training:
+        parts = _bn_parts(x.device, layout, n, c, hw, local, vec)
+        part = Tensor.empty(x.queue, (c * parts * 3,), dtypes.float64 if dt == dtypes.float64 else dtypes.float32) \
+            if parts > 1 else stats
+        args = dict(x=x.buffer, x_off=np.int64(x.offset), part=part.buffer, N=np.int32(n), S=np.int32(parts),
+                    **common)
+        if capture.declaring():
+            profiling.work(0.0, float(x.nbytes))
+        if layout == "groups":
+            prg.batch_norm_stats_groups(x.queue, (c * parts * local,), (local,), **args)
+        else:
+            prg.batch_norm_stats_runs(x.queue, (c * parts,), None, hw=np.int32(hw), **args)
+        if parts > 1:
+            prg.batch_norm_finalize(x.queue, (c,), None, part=part.buffer, S=np.int32(parts), training=np.int32(1),
+                                    **common)
+    else:
+        prg.batch_norm_finalize(x.queue, (c,), None, part=stats.buffer, S=np.int32(0), training=np.int32(0),
+                                **common)
+    out = _bn_elementwise(prg, layout, "batch_norm_apply", x, hw, vec, x=x.buffer, x_off=np.int64(x.offset),
+                          stats=stats.buffer, stats_off=np.int64(stats.offset))
     return out, save_mean, save_invstd
 
 
 def batch_norm_relu(x: Tensor, weight: Tensor | None, bias: Tensor | None, running_mean: Tensor | None,
                     running_var: Tensor | None, training: bool, momentum: float = 0.1,
                     eps: float = 1e-5) -> tuple[Tensor, Tensor, Tensor]:
-    """relu(batch_norm(...)) in one launch; backward: batch_norm_backward(..., activation='relu')."""
+    """relu(batch_norm(...)); backward: batch_norm_backward(..., activation='relu')."""
     return batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps, activation="relu")
 
 
 def batch_norm_backward(grad_out: Tensor, x: Tensor, weight: Tensor | None, save_mean: Tensor,
                         save_invstd: Tensor, training: bool = True, bias: Tensor | None = None,
                         activation: str | None = None) -> tuple[Tensor, Tensor, Tensor]:
-    """(grad_x, grad_weight, grad_bias) of batch_norm; activation='relu' (with bias) for batch_norm_relu."""
+    """(grad_x, grad_weight, grad_bias) of batch_norm; activation='relu' (with bias) for batch_norm_relu.
+    One pass over grad_out and x for the two per-channel sums, one more for grad_x."""
     relu = _activation_flag("batch_norm_backward", activation)
     dt = _float_dtype("batch_norm_backward", grad_out, x, weight, bias, save_mean, save_invstd)
     if tuple(grad_out.shape) != tuple(x.shape):
@@ -143,21 +216,40 @@ def batch_norm_backward(grad_out: Tensor, x: Tensor, weight: Tensor | None, save
     save_mean = _check_param("batch_norm_backward", "save_mean", save_mean, (c,))
     save_invstd = _check_param("batch_norm_backward", "save_invstd", save_invstd, (c,))
     gy, x = grad_out.contiguous(), x.contiguous()
-    # kernels take parameter buffers from offset 0
-    weight, bias, save_mean, save_invstd = (
-        t.clone() if t is not None and t.offset else t for t in (weight, bias, save_mean, save_invstd))
-    gx = Tensor.empty(x.queue, x.shape, dt)
     gw = Tensor.empty(x.queue, (c,), dt)
     gb = Tensor.empty(x.queue, (c,), dt)
-    if c:
-        local = _local_size(x.device)
-        dummy = gx.buffer
-        _program(x.device, dt, relu).batch_norm_backward(
-            x.queue, (c * local,), (local,), gy.buffer, np.int64(gy.offset), x.buffer, np.int64(x.offset),
-            weight.buffer if weight is not None else dummy, bias.buffer if bias is not None else dummy,
-            np.int32(weight is not None), np.int32(bias is not None), save_mean.buffer, save_invstd.buffer,
-            gx.buffer, gw.buffer, gb.buffer, np.int32(n), np.int32(c), np.int32(hw), np.int32(bool(training)),
-        )
+    coef = Tensor.empty(x.queue, (5, c), dt)  # k, mg, mean, d, beta
+    if c == 0 or x.size == 0:
+        if c:
+            gw.fill_(0.0)
+            gb.fill_(0.0)
+        return Tensor.empty(x.queue, x.shape, dt), gw, gb
+    layout = _bn_layout(x.device)
+    vec = _bn_vec(x, gy) if layout == "groups" else 1
+    local = _local_size(x.device) if layout == "groups" else 1
+    parts = _bn_parts(x.device, layout, n, c, hw, local, vec)
+    part = Tensor.empty(x.queue, (c * parts * 2,), dtypes.float64 if dt == dtypes.float64 else dtypes.float32) \
+        if parts > 1 else coef
+    dummy = coef.buffer
+    args = dict(
+        gy=gy.buffer, gy_off=np.int64(gy.offset), x=x.buffer, x_off=np.int64(x.offset),
+        w=weight.buffer if weight is not None else dummy, w_off=np.int64(weight.offset if weight is not None else 0),
+        b=bias.buffer if bias is not None else dummy, b_off=np.int64(bias.offset if bias is not None else 0),
+        has_w=np.int32(weight is not None), has_b=np.int32(bias is not None),
+        mean_in=save_mean.buffer, mean_off=np.int64(save_mean.offset), invstd_in=save_invstd.buffer,
+        invstd_off=np.int64(save_invstd.offset), part=part.buffer, gw=gw.buffer, gb=gb.buffer, coef=coef.buffer,
+        N=np.int32(n), C=np.int32(c), S=np.int32(parts), training=np.int32(bool(training)))
+    prg = _bn_program(x.device, dt, layout, hw, vec, relu)
+    if capture.declaring():  # grad_y and x read once
+        profiling.work(0.0, float(2 * x.nbytes))
+    if layout == "groups":
+        prg.batch_norm_backward_groups(x.queue, (c * parts * local,), (local,), **args)
+    else:
+        prg.batch_norm_backward_runs(x.queue, (c * parts,), None, hw=np.int32(hw), **args)
+    if parts > 1:
+        prg.batch_norm_backward_finalize(x.queue, (c,), None, M=np.int64(n * hw), **args)
+    gx = _bn_elementwise(prg, layout, "batch_norm_grad_input", x, hw, vec, gy=gy.buffer, gy_off=np.int64(gy.offset),
+                         x=x.buffer, x_off=np.int64(x.offset), coef=coef.buffer, coef_off=np.int64(coef.offset))
     return gx, gw, gb
 
 

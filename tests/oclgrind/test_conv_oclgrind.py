@@ -1,5 +1,5 @@
 """Convolution, pooling and normalisation kernels under Oclgrind (conv_direct.cl, winograd.cl,
-im2col.cl, pool.cl, norm.cl) on tiny odd shapes with padding, stride, dilation and groups, forward and
+im2col.cl, pool.cl, norm.cl, norm_batch.cl) on tiny odd shapes with padding, stride, dilation and groups, forward and
 backward, checked against float64 NumPy."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import pytest
 from netcl import kernels, ops
 from netcl.core.tensor import Tensor
 from netcl.ops import conv as conv_mod
+from netcl.ops import norm as norm_mod
 from tests.oclgrind.cases import close, dev, oclgrind_only
 
 pytestmark = oclgrind_only
@@ -120,6 +121,26 @@ def test_conv2d_backward(queue, xs, ws, stride, pad, dil, groups, algo, bwd):
     close(gx, gx_ref, 1e-4, 1e-4)
     close(gw, gw_ref, 1e-4, 1e-4)
     close(ops.conv2d_backward_bias(gyt), gy.sum(axis=(0, 2, 3)), 1e-4, 1e-4)
+
+
+@pytest.mark.parametrize("layout", ["rows", "tiles"])
+def test_winograd_layouts_and_backward(queue, monkeypatch, layout):
+    """Both Winograd kernel layouts (the CPU's row walkers, the GPU's per-tile ones): forward, backward
+    data (flipped filters transformed from the weight) and backward weight (2 tile slices summed)."""
+    monkeypatch.setattr(conv_mod, "_winograd_rows", lambda device: layout == "rows")
+    monkeypatch.setattr(conv_mod, "_auto_algorithm", lambda device, p, dt: "winograd")
+    monkeypatch.setattr(conv_mod, "_winograd_splits", lambda device, p, pt: 2 if pt % 2 == 0 else 1)
+    monkeypatch.setattr(conv_mod, "_checked", {})
+    rng = np.random.default_rng(11)
+    xs, ws = (2, 3, 5, 7), (4, 3, 3, 3)   # odd sizes: partial tiles; TW 4 (CH 4) forward, TW 4 backward
+    x, w, b = rng.standard_normal(xs), rng.standard_normal(ws), rng.standard_normal(4)
+    f = lambda a: dev(queue, a.astype(np.float32))  # noqa: E731
+    got = ops.conv2d(f(x), f(w), f(b), 1, 1, activation="relu", algorithm="winograd")
+    close(got, np.maximum(conv_ref(x, w, b, (1, 1), (1, 1), (1, 1), 1), 0), 1e-4, 1e-4)
+    gy = rng.standard_normal(got.shape)
+    gx_ref, gw_ref = conv_grads_ref(x, w, gy, (1, 1), (1, 1), (1, 1), 1)
+    close(ops.conv2d_backward_input(f(gy), f(w), xs, 1, 1, algorithm="flipped"), gx_ref, 1e-4, 1e-4)
+    close(ops.conv2d_backward_weight(f(x), f(gy), ws, 1, 1, algorithm="winograd"), gw_ref, 1e-4, 1e-4)
 
 
 def test_col2im_kernel(queue):
@@ -243,6 +264,39 @@ def test_batch_norm(queue):
     ev, _, _ = ops.batch_norm(f(x), f(w), f(b), f(rm), f(rv), False)
     close(ev, (x - rm[None, :, None, None]) / np.sqrt(rv + 1e-5)[None, :, None, None] * w[None, :, None, None]
           + b[None, :, None, None], 1e-4, 1e-4)
+
+
+@pytest.mark.parametrize("layout,parts,shape,offset", [("runs", 2, (4, 3, 2, 5), 0), ("groups", 1, (3, 2, 4, 4), 0),
+                                                       ("groups", 3, (3, 2, 5, 3), 1)])
+def test_batch_norm_layouts(queue, monkeypatch, layout, parts, shape, offset):
+    """norm_batch.cl's CPU runs and GPU work-group trees (4-wide loads when aligned, scalar at an odd
+    offset), one part per channel or several (the finalize kernels), relu fused, and eval."""
+    monkeypatch.setattr(norm_mod, "FORCE_LAYOUT", layout)
+    monkeypatch.setattr(norm_mod, "PARTS", parts)
+    monkeypatch.setattr(norm_mod, "local_size_override", 4 if layout == "groups" else None)
+    rng = np.random.default_rng(12)
+    c = shape[1]
+    x, w, b, gy = rng.standard_normal(shape), rng.standard_normal(c), rng.standard_normal(c), rng.standard_normal(shape)
+    f = lambda a: dev(queue, a.astype(np.float32))  # noqa: E731
+    xt = dev(queue, np.concatenate([np.zeros(offset), x.ravel()]).astype(np.float32))[offset:].reshape(shape)
+    rmt, rvt = f(np.zeros(c)), f(np.ones(c))
+    out, mean, invstd = ops.batch_norm(xt, f(w), f(b), rmt, rvt, True, activation="relu")
+    axes = (0, 2, 3)
+    mu, inv = x.mean(axis=axes), 1 / np.sqrt(x.var(axis=axes) + 1e-5)
+    bc = lambda v: v[None, :, None, None]  # noqa: E731
+    xhat = (x - bc(mu)) * bc(inv)
+    y = xhat * bc(w) + bc(b)
+    close(out, np.maximum(y, 0), 1e-4, 1e-4)
+    close(rvt, 0.9 + 0.1 * x.var(axis=axes, ddof=1), 1e-4, 1e-4)
+    g = np.where(y > 0, gy, 0)
+    m = x.size // c
+    gsum, gxh = g.sum(axis=axes), (g * xhat).sum(axis=axes)
+    gx, gw, gb = ops.batch_norm_backward(f(gy), xt, f(w), mean, invstd, True, bias=f(b), activation="relu")
+    close(gx, bc(w * inv) / m * (m * g - bc(gsum) - xhat * bc(gxh)), 1e-4, 1e-4)
+    close(gw, gxh, 1e-4, 1e-4)
+    close(gb, gsum, 1e-4, 1e-4)
+    ev, _, _ = ops.batch_norm(xt, f(w), f(b), rmt, rvt, False)
+    close(ev, (x - bc(rmt.to_host())) / np.sqrt(bc(rvt.to_host()) + 1e-5) * bc(w) + bc(b), 1e-4, 1e-4)
 
 
 def test_layer_and_rms_norm(queue):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -120,11 +122,16 @@ def test_conv2d_float64_and_noncontiguous_input(queue, rng):
 
 def test_auto_picks_by_shape(device):
     assert C.select_algorithm(device, C.ConvParams((1, 8, 8, 8), (8, 1, 3, 3), 1, 1, 1, 8), np.float32) == "depthwise"
-    # 3x3 stride 1: Winograd on GPUs when large, im2col + GEMM on CPUs (1.3-1.8x Winograd on PoCL) and
-    # for small convolutions (launch-bound: fewer launches)
+    # 3x3 stride 1: Winograd when large (GPUs from 1 GFLOP; CPUs from 2^27 FLOPs with >= 32 channels, the
+    # row-walking transforms), im2col + GEMM for small convolutions (launch-bound) and thin layers
     big = C.ConvParams((32, 128, 56, 56), (128, 128, 3, 3), 1, 1, 1, 1)
-    assert C.select_algorithm(device, big, np.float32) == (
-        "im2col" if device.capabilities.kind == "cpu" else "winograd")
+    assert C.select_algorithm(device, big, np.float32) == "winograd"
+    cifar = C.ConvParams((32, 64, 32, 32), (64, 64, 3, 3), 1, 1, 1, 1)  # 1.2 GFLOP: ResNet-18's first stage
+    assert C.select_algorithm(device, cifar, np.float32) == "winograd"
+    thin = C.ConvParams((32, 16, 32, 32), (16, 16, 3, 3), 1, 1, 1, 1)
+    assert C.select_algorithm(device, thin, np.float32) == (
+        "im2col" if device.capabilities.kind == "cpu" else "winograd" if thin.flops >= C.WINOGRAD_MIN_FLOPS
+        else "im2col")
     assert C.select_algorithm(device, C.ConvParams((1, 16, 8, 8), (16, 16, 3, 3), 1, 1, 1, 1), np.float32) == "im2col"
     assert C.select_algorithm(device, C.ConvParams((1, 16, 8, 8), (16, 16, 3, 3), 2, 1, 1, 1), np.float32) != "winograd"
 
@@ -148,6 +155,128 @@ def test_winograd_error_bound(queue, rng):
     assert np.all(np.abs(direct - exact) <= bound)
     # and Winograd is at most a small constant worse than direct on the same data
     assert np.max(np.abs(wino - exact) / scale) <= 8 * max(np.max(np.abs(direct - exact) / scale), eps)
+
+
+# -- Winograd in both kernel layouts, and run backwards ------------------------------------------
+# (x shape, K, padding): the CPU row kernels take CH = 8, 4, 1, 2 tiles of a row at a time (TW = 8, 4, 5, 6
+# forward); the flipped backward-data convolution's rows are W wide (TW 8, 4, 6, 5); odd sizes leave
+# partial 2x2 tiles.
+WINOGRAD_CASES = [((2, 5, 9, 16), 7, 1), ((3, 4, 7, 7), 6, 1), ((1, 6, 8, 12), 3, 0), ((2, 3, 6, 10), 5, 2)]
+
+
+@pytest.fixture(params=["rows", "tiles"])
+def winograd_layout(request, monkeypatch):
+    """The CPU's row-walking transforms or the GPU's one-work-item-per-tile ones, on this device."""
+    monkeypatch.setattr(C, "_winograd_rows", lambda device: request.param == "rows")
+    monkeypatch.setattr(C, "_checked", {})  # plans cached by other tests must not decide the path here
+    return request.param
+
+
+@pytest.mark.parametrize("xs,k,pad", WINOGRAD_CASES)
+def test_winograd_three_passes_float64(queue, rng, monkeypatch, winograd_layout, xs, k, pad):
+    """Forward (bias + relu), backward data through the flipped convolution on Winograd (the rotated,
+    transposed filters transformed straight from the weight) and backward weight (F(2x2, 3x3) run
+    backwards) against the float64 adjoint: in float64 Winograd is exact to rounding."""
+    monkeypatch.setattr(C, "_auto_algorithm", lambda device, p, dt: "winograd")
+    ws = (k, xs[1], 3, 3)
+    p = C.ConvParams(xs, ws, 1, pad, 1, 1)
+    x, w, b = _data(rng, xs, np.float64), _data(rng, ws, np.float64), _data(rng, (k,), np.float64)
+    gy = _data(rng, p.output_shape, np.float64)
+    xt, wt, gyt = Tensor.from_host(queue, x), Tensor.from_host(queue, w), Tensor.from_host(queue, gy)
+    out = C.conv2d(xt, wt, Tensor.from_host(queue, b), padding=pad, activation="relu", algorithm="winograd")
+    assert_close(out, ref_conv(x, w, b, pad=(pad, pad), relu=True), rtol=1e-11, atol=1e-11)
+    gx_ref, gw_ref = ref_conv_backward(xs, w, gy, pad=(pad, pad), x=x)
+    assert_close(C.conv2d_backward_input(gyt, wt, xs, padding=pad, algorithm="flipped"), gx_ref, rtol=1e-11,
+                 atol=1e-11)
+    assert_close(C.conv2d_backward_weight(xt, gyt, ws, padding=pad, algorithm="winograd"), gw_ref, rtol=1e-11,
+                 atol=1e-11)
+
+
+@pytest.mark.parametrize("chunk,splits", [(None, 4), (2, 1), (2, 2)])
+def test_winograd_weight_gradient_chunks_and_splits(queue, rng, monkeypatch, winograd_layout, chunk, splits):
+    """Image chunks accumulate through the GEMM's residual epilogue; the tiles split into S slices whose
+    partial products the filter transform sums (the GPUs' split GEMM; S divides every chunk's tiles:
+    100, or 40 and 20); float32 views at an offset."""
+    if chunk:
+        monkeypatch.setattr(C, "_winograd_chunk", lambda device, p, itemsize, per_tile=None: chunk)
+    monkeypatch.setattr(C, "_winograd_splits", lambda device, p, pt: splits)
+    xs, ws = (5, 6, 7, 9), (4, 6, 3, 3)           # 4 x 5 = 20 tiles per image: chunks of 2 and 1 images
+    p = C.ConvParams(xs, ws, 1, 1, 1, 1)
+    x, w, gy = _data(rng, xs), _data(rng, ws), _data(rng, p.output_shape)
+    big = Tensor.from_host(queue, np.concatenate([np.zeros(3, np.float32), x.ravel()]))
+    xt = big[3:].reshape(xs)
+    gx_ref, gw_ref = ref_conv_backward(xs, w.astype(np.float64), gy.astype(np.float64), pad=(1, 1), x=x)
+    gw = C.conv2d_backward_weight(xt, Tensor.from_host(queue, gy), ws, padding=1, algorithm="winograd")
+    assert_close(gw, gw_ref, rtol=1e-4, atol=1e-4)
+
+
+def test_winograd_weight_gradient_error_bound(queue, rng):
+    """float32: the Winograd weight gradient's error, relative to the adjoint of absolute values (the
+    error scale of its dot products), stays within 8x im2col + GEMM's on the same data."""
+    xs, ws = (4, 16, 12, 11), (8, 16, 3, 3)
+    p = C.ConvParams(xs, ws, 1, 1, 1, 1)
+    x, gy = _data(rng, xs), _data(rng, p.output_shape)
+    _, exact = ref_conv_backward(xs, np.zeros(ws), gy.astype(np.float64), pad=(1, 1), x=x)
+    _, scale = ref_conv_backward(xs, np.zeros(ws), np.abs(gy).astype(np.float64), pad=(1, 1), x=np.abs(x))
+    xt, gyt = Tensor.from_host(queue, x), Tensor.from_host(queue, gy)
+    errs = {}
+    for algo in ("winograd", "gemm"):
+        got = C.conv2d_backward_weight(xt, gyt, ws, padding=1, algorithm=algo).to_host().astype(np.float64)
+        errs[algo] = np.max(np.abs(got - exact) / scale)
+    eps = np.finfo(np.float32).eps
+    assert errs["winograd"] <= 4 * eps * np.sqrt(p.N * p.OH * p.OW), errs
+    assert errs["winograd"] <= 8 * max(errs["gemm"], eps), errs
+
+
+def test_tuned_backward_algorithms(device, queue, rng, monkeypatch, tmp_path):
+    """bench/conv.py --tune's per-pass records decide 'auto' (and only with an algorithm of that pass)."""
+    monkeypatch.setenv("NETCL_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(C, "_checked", {})
+    xs, ws = (2, 3, 6, 5), (4, 3, 3, 3)
+    p = C.ConvParams(xs, ws, 1, 1, 1, 1)
+    f64 = np.float64
+    assert C._tuned_algorithm(device, p, f64, "backward_weight") is None
+    C.record_algorithm(device, xs, ws, f64, "direct", 1, 1, pass_="backward_weight", seconds=1e-3)
+    C.record_algorithm(device, xs, ws, f64, "flipped", 1, 1, pass_="backward_input")
+    assert C._tuned_algorithm(device, p, f64, "backward_weight") == "direct"
+    assert C._tuned_algorithm(device, p, f64, "backward_input") == "flipped"
+    assert C._tuned_algorithm(device, p, f64) is None                    # the forward pass has its own record
+    assert C._tuned_algorithm(device, p, np.float32, "backward_weight") is None   # and each dtype
+    with pytest.raises(ValueError, match="backward_weight"):
+        C.record_algorithm(device, xs, ws, f64, "flipped", 1, 1, pass_="backward_weight")
+
+    def no_gemm(*args):
+        raise AssertionError("the tuned 'direct' was not taken")
+
+    monkeypatch.setattr(C, "_backward_weight_gemm", no_gemm)
+    x, gy = _data(rng, xs, np.float64), _data(rng, p.output_shape, np.float64)
+    _, gw_ref = ref_conv_backward(xs, np.zeros(ws), gy, pad=(1, 1), x=x)
+    gw = C.conv2d_backward_weight(Tensor.from_host(queue, x), Tensor.from_host(queue, gy), ws, padding=1)
+    assert_close(gw, gw_ref, rtol=1e-12, atol=1e-12)
+
+
+def test_winograd_splits_divide_the_tiles(device, monkeypatch):
+    """The GPU default: S divides the tiles, keeps slices >= 512 long, and stops once 16 x the output
+    blocks x S fill the device twice; CPUs keep one slice."""
+    gpu = dataclasses.replace(device.capabilities, kind="gpu", compute_units=132)
+    monkeypatch.setattr(device, "capabilities", gpu)
+    p = C.ConvParams((32, 64, 32, 32), (64, 64, 3, 3), 1, 1, 1, 1)
+    for pt in (8192, 6000, 1000, 511, 32 * 64):
+        s = C._winograd_splits(device, p, pt)
+        assert pt % s == 0 and (s == 1 or pt // s >= 512), (pt, s)
+    assert C._winograd_splits(device, p, 8192) == 16
+    big = C.ConvParams((32, 512, 4, 4), (512, 512, 3, 3), 1, 1, 1, 1)
+    assert C._winograd_splits(device, big, 32 * 4) == 1      # 128 tiles: too short to split
+    monkeypatch.setattr(device, "capabilities", dataclasses.replace(gpu, kind="cpu"))
+    assert C._winograd_splits(device, p, 8192) == 1
+
+
+def test_winograd_backward_errors(queue):
+    x, gy = Tensor.zeros(queue, (1, 4, 6, 6)), Tensor.zeros(queue, (1, 4, 3, 3))
+    with pytest.raises(ShapeError, match="winograd"):
+        C.conv2d_backward_weight(x, gy, (4, 4, 3, 3), stride=2, padding=1, algorithm="winograd")
+    with pytest.raises(ValueError, match="algorithm"):
+        C.conv2d_backward_weight(x, gy, (4, 4, 3, 3), stride=2, padding=1, algorithm="flipped")
 
 
 # -- backward ------------------------------------------------------------------------------------

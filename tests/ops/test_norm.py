@@ -186,9 +186,94 @@ def test_norm_errors(queue):
         Nm.rms_norm(Tensor.zeros(queue, (2, 3), np.int32), 3)
 
 
+def _bn_reference(x, w, b, gy, relu, eps=1e-5):
+    """(y, mean, invstd, grad_x, grad_w, grad_b) of batch norm (+ relu) in float64."""
+    axes = (0,) + tuple(range(2, x.ndim))
+    shp = (1, -1) + (1,) * (x.ndim - 2)
+    mean, var = x.mean(axis=axes), x.var(axis=axes)
+    inv = 1 / np.sqrt(var + eps)
+    xhat = (x - mean.reshape(shp)) * inv.reshape(shp)
+    y = xhat * w.reshape(shp) + b.reshape(shp)
+    g = np.where(y > 0, gy, 0.0) if relu else gy
+    if relu:
+        y = np.maximum(y, 0)
+    m = x.size // x.shape[1]
+    gsum, gxh = g.sum(axis=axes), (g * xhat).sum(axis=axes)
+    gx = (w * inv).reshape(shp) / m * (m * g - gsum.reshape(shp) - xhat * gxh.reshape(shp))
+    return y, mean, inv, gx, gxh, gsum
+
+
+@pytest.mark.parametrize("layout,parts,local", [("runs", None, None), ("runs", 3, None), ("groups", 1, 16),
+                                                ("groups", 5, 8), ("groups", None, 32)])
+@pytest.mark.parametrize("shape,offset", [((5, 3, 4, 6), 0), ((3, 4, 5, 7), 0), ((4, 3, 8), 1), ((6, 5), 0)])
+@pytest.mark.parametrize("relu", [False, True])
+def test_batch_norm_layouts(queue, rng, monkeypatch, layout, parts, local, shape, offset, relu):
+    """Both reduction layouts (the CPU's runs, the GPU's work-group trees with 4-wide loads when aligned),
+    one part per channel (the kernel finishes) or several (the finalize launch), odd and unaligned
+    shapes (a view at an odd offset takes scalar loads), forward and backward against float64."""
+    monkeypatch.setattr(Nm, "FORCE_LAYOUT", layout)
+    monkeypatch.setattr(Nm, "PARTS", parts)
+    monkeypatch.setattr(Nm, "local_size_override", local)
+    c = shape[1]
+    x = rng.standard_normal(shape) * 2 + 0.5
+    w, b, gy = rng.standard_normal(c), rng.standard_normal(c), rng.standard_normal(shape)
+    flat = np.concatenate([np.zeros(offset), x.ravel()])
+    xt = Tensor.from_host(queue, flat)[offset:].reshape(shape)
+    act = "relu" if relu else None
+    out, sm, si = Nm.batch_norm(xt, _t(queue, w), _t(queue, b), None, None, True, activation=act)
+    y, mean, inv, gx_ref, gw_ref, gb_ref = _bn_reference(x, w, b, gy, relu)
+    assert_close(out, y, rtol=1e-10, atol=1e-12)
+    assert_close(sm, mean, rtol=1e-12, atol=1e-12)
+    assert_close(si, inv, rtol=1e-12, atol=1e-12)
+    gx, gw, gb = Nm.batch_norm_backward(_t(queue, gy), xt, _t(queue, w), sm, si, True, bias=_t(queue, b),
+                                        activation=act)
+    assert_close(gx, gx_ref, rtol=1e-10, atol=1e-11)
+    assert_close(gw, gw_ref, rtol=1e-10, atol=1e-11)
+    assert_close(gb, gb_ref, rtol=1e-10, atol=1e-11)
+
+
+@pytest.mark.parametrize("layout", ["runs", "groups"])
+def test_batch_norm_statistics_survive_a_large_mean(queue, rng, monkeypatch, layout):
+    """float32 values around 3000 with unit spread: a sum-of-squares variance would lose every digit
+    (3000^2 = 9e6 against eps32 ~ 1e-7 relative); Welford/Chan merges keep the variance to ~1e-4."""
+    monkeypatch.setattr(Nm, "FORCE_LAYOUT", layout)
+    monkeypatch.setattr(Nm, "PARTS", 3)
+    monkeypatch.setattr(Nm, "local_size_override", 16 if layout == "groups" else None)
+    x = (3000 + rng.standard_normal((6, 2, 9, 8))).astype(np.float32)
+    _, sm, si = Nm.batch_norm(_t(queue, x), None, None, None, None, True, eps=0.0)
+    x64 = x.astype(np.float64)
+    assert_close(sm, x64.mean(axis=(0, 2, 3)), np.float32, rtol=1e-6, atol=0)
+    assert_close(si, 1 / x64.std(axis=(0, 2, 3)), np.float32, rtol=2e-4, atol=0)
+
+
+@pytest.mark.parametrize("parts,launches", [(1, 2), (2, 3)])
+def test_batch_norm_launches(queue, rng, monkeypatch, parts, launches):
+    """Each direction is the one-pass reduction (+ the finalize when a channel is split in parts) and
+    one elementwise pass."""
+    from netcl.profiling import count_launches
+
+    monkeypatch.setattr(Nm, "PARTS", parts)
+    x, gy = rng.standard_normal((4, 3, 5, 5)).astype(np.float32), rng.standard_normal((4, 3, 5, 5)).astype(np.float32)
+    w, b = rng.standard_normal(3).astype(np.float32), rng.standard_normal(3).astype(np.float32)
+    xt, gyt, wt, bt = _t(queue, x), _t(queue, gy), _t(queue, w), _t(queue, b)
+    _, sm, si = Nm.batch_norm(xt, wt, bt, None, None, True, activation="relu")
+    Nm.batch_norm_backward(gyt, xt, wt, sm, si, True, bias=bt, activation="relu")  # build the kernels first
+    with count_launches() as fwd:
+        out, sm, si = Nm.batch_norm(xt, wt, bt, None, None, True, activation="relu")
+    with count_launches() as bwd:
+        gx, gw, gb = Nm.batch_norm_backward(gyt, xt, wt, sm, si, True, bias=bt, activation="relu")
+    assert (fwd.count, bwd.count) == (launches, launches)
+    y, _, _, gx_ref, gw_ref, gb_ref = _bn_reference(x.astype(np.float64), w, b, gy, True)
+    assert_close(out, y, np.float32, rtol=1e-5, atol=1e-5)
+    assert_close(gx, gx_ref, np.float32, rtol=1e-4, atol=1e-4)
+    assert_close(gw, gw_ref, np.float32, rtol=1e-4, atol=1e-4)
+    assert_close(gb, gb_ref, np.float32, rtol=1e-4, atol=1e-4)
+
+
 def test_work_group_reduction_path(queue, rng, monkeypatch):
     """The GPU shape (a work-group of LOCAL items reducing in local memory), run on this device."""
     monkeypatch.setattr(Nm, "local_size_override", 16)
+    monkeypatch.setattr(Nm, "FORCE_LAYOUT", "groups")
     x = rng.standard_normal((3, 4, 5, 7))
     w, b, gy = rng.standard_normal(4), rng.standard_normal(4), rng.standard_normal(x.shape)
     out, sm, si = Nm.batch_norm(_t(queue, x), _t(queue, w), _t(queue, b), None, None, True)

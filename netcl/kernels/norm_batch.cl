@@ -1,0 +1,443 @@
+// BatchNorm over (N, C, HW) per channel c: the statistics and the backward's two sums in one pass over
+// memory each, then one elementwise pass each way (batch_norm_apply, batch_norm_grad_input) on the
+// per-channel vectors the reductions wrote.
+//
+// Forward statistics: the channel's M = N*HW values are split into S parts. Each part keeps Welford's
+// (count, mean, M2): a work-item folds in its values (a batch of VEC at a time: the batch's own mean and
+// M2, then Chan's merge), then parts merge the same way (local-memory tree, then the finalize kernel).
+// Exact to rounding whatever the mean (no sum-of-squares cancellation), one read of x.
+//   batch_norm_stats_groups (GPUs): global (C*S*LOCAL), local (LOCAL); work-group (c, s) walks its part
+//     in VEC-wide loads along the flat index j = n*HW + i (HW is a define: no runtime div/mod),
+//     coalesced across the work-group; a tree merges the work-items.
+//   batch_norm_stats_runs (CPUs): global (C*S), work-group size 1; work-item (c, s) takes images
+//     n = s, s + S, ... : for each it sums the HW-long run with 8 accumulators, then the run's squared
+//     deviations (the run is in L1), then merges (count HW) into its state. No barriers.
+//   With S == 1 the part is the channel: it writes the results itself (finish_stats); else it writes its
+//   (count, mean, M2) to part[(c*S + s)*3 ..] and batch_norm_finalize (global (C)) merges the S parts.
+// Results (finish_stats) into stats (4, C): mean, invstd = rsqrt(var + eps) (biased var), scale =
+//   weight * invstd, beta = bias (0 without); running stats, when given, get momentum updates with the
+//   unbiased variance (PyTorch's rule). batch_norm_finalize with training = 0 fills stats from the
+//   running statistics instead (eval).
+//
+// Backward: with g' = grad_y (masked by y > 0 when the forward fused a relu; y recomputed from x),
+// sums sg = sum g' and sgxm = sum g' (x - mean) per channel in one pass over grad_y and x, split and
+// merged like the forward (batch_norm_backward_groups / _runs, batch_norm_backward_finalize). Results
+// (finish_backward): grad_weight = sgxm * invstd, grad_bias = sg, and coef for the JIT's
+//   grad_x = (g' - mg) * k - (x - mean) * d,  g' = where((x - mean) * k + beta > 0, g, 0) under relu
+// with k = weight * invstd (y's scale too), mg = sg / M, d = k * invstd^2 * sgxm / M (training; 0 in
+// eval, where the statistics are constants): coef (5, C) rows k, mg, mean, d, beta.
+// Elementwise passes: batch_norm_apply y = act((x - mean) * scale + beta) from stats;
+// batch_norm_grad_input grad_x from coef (the formula above). Layouts: _flat (GPUs): global
+// (HW/VEC, N*C), one VEC-wide load per work-item (coalesced along HW); _runs (CPUs): global (N*C),
+// one work-item per (n, c) run of HW values (a unit-stride loop PoCL vectorises).
+// (The JIT could write these passes, but its elementwise kernels index a (1, C, 1, 1) broadcast
+// operand with a div/mod per dimension and element: 7x a plain add on PoCL, bench/NOTES.md.)
+// Memory: forward reads x twice and writes y; backward reads grad_y and x twice and writes grad_x.
+// Partials: 3 (2 backward) ACC values per (c, s).
+
+#include "common.cl"
+
+#ifndef T
+#define T float
+#endif
+#ifndef ACC
+#define ACC float
+#endif
+#ifndef LOCAL
+#define LOCAL 1            // work-group size of the _groups kernels, a power of two
+#endif
+#ifndef HW
+#define HW 1               // spatial size per (n, c): a define so the _groups kernels divide by a constant
+#endif
+#ifndef VEC
+#define VEC 1              // 4: HW % 4 == 0 and x (and grad_y) start on a 4-element boundary
+#endif
+// ACT (common.cl): ACT_RELU when the forward fused a relu (backward masks grad_y by y > 0)
+
+#define LD(p, i) ((ACC)(p)[i])
+#define CAT_(a, b) a##b
+#define CAT(a, b) CAT_(a, b)
+#define VT(n) CAT(T, n)
+
+// Chan et al.'s merge of (na, ma, m2a) with (nb, mb, m2b) into the first.
+inline void welford_merge(ACC *na, ACC *ma, ACC *m2a, const ACC nb, const ACC mb, const ACC m2b)
+{
+    const ACC n = *na + nb;
+    if (nb == (ACC)0) return;
+    const ACC delta = mb - *ma, f = nb / n;
+    *ma += delta * f;
+    *m2a += m2b + delta * delta * *na * f;
+    *na = n;
+}
+
+inline void finish_stats(const int c, const int C, const ACC n, const ACC mean, const ACC m2,
+                         __global const T *w, const long w_off, __global const T *b, const long b_off,
+                         const int has_w, const int has_b, __global T *rmean, __global T *rvar,
+                         const int has_running, __global T *stats, const ACC momentum, const ACC eps)
+{
+    const ACC var = m2 / n, invstd = rsqrt(var + eps);
+    stats[c] = (T)mean;
+    stats[C + c] = (T)invstd;
+    stats[2 * C + c] = (T)(has_w ? LD(w, w_off + c) * invstd : invstd);
+    stats[3 * C + c] = has_b ? b[b_off + c] : (T)0;
+    if (has_running) {
+        const ACC unbiased = n > (ACC)1 ? m2 / (n - (ACC)1) : var;
+        rmean[c] = (T)(((ACC)1 - momentum) * LD(rmean, c) + momentum * mean);
+        rvar[c] = (T)(((ACC)1 - momentum) * LD(rvar, c) + momentum * unbiased);
+    }
+}
+
+#define STATS_ARGS                                                                                   \
+    __global const T *x, const long x_off, __global const T *w, const long w_off, __global const T *b, \
+    const long b_off, const int has_w, const int has_b, __global T *rmean, __global T *rvar,          \
+    const int has_running, __global ACC *part, __global T *stats, const int N, const int C, const int S, \
+    const ACC momentum, const ACC eps
+#define STATS_PASS w, w_off, b, b_off, has_w, has_b, rmean, rvar, has_running, stats, momentum, eps
+
+__kernel __attribute__((reqd_work_group_size(LOCAL, 1, 1)))
+void batch_norm_stats_groups(STATS_ARGS)
+{
+    __local ACC sn[LOCAL], sm[LOCAL], sq[LOCAL];
+    const int grp = get_group_id(0), lid = get_local_id(0);
+    const int c = grp / S, s = grp - (grp / S) * S;   // the grid is exactly C*S work-groups
+    const long total = (long)N * (HW / VEC);          // the channel's values, in VEC-wide loads
+    const long per = (total + S - 1) / S, start = s * per, end = min(total, start + per);
+    ACC n = (ACC)0, mean = (ACC)0, m2 = (ACC)0;
+    for (long j = start + lid; j < end; j += LOCAL) {
+        const long img = j / (HW / VEC), i = j - img * (HW / VEC);
+        const long at = (img * C + c) * (HW / VEC) + i;
+#if VEC == 4
+        const VT(4) v4 = *((__global const VT(4) *)(x + x_off) + at);
+        const ACC v0 = v4.x, v1 = v4.y, v2 = v4.z, v3 = v4.w;
+        const ACC bm = (v0 + v1 + v2 + v3) * (ACC)0.25;
+        const ACC bq = (v0 - bm) * (v0 - bm) + (v1 - bm) * (v1 - bm) + (v2 - bm) * (v2 - bm) + (v3 - bm) * (v3 - bm);
+        welford_merge(&n, &mean, &m2, (ACC)4, bm, bq);
+#else
+        welford_merge(&n, &mean, &m2, (ACC)1, LD(x, x_off + at), (ACC)0);
+#endif
+    }
+#if LOCAL > 1
+    sn[lid] = n;
+    sm[lid] = mean;
+    sq[lid] = m2;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int h = LOCAL / 2; h > 0; h >>= 1) {
+        if (lid < h) {
+            ACC na = sn[lid], ma = sm[lid], qa = sq[lid];
+            welford_merge(&na, &ma, &qa, sn[lid + h], sm[lid + h], sq[lid + h]);
+            sn[lid] = na;
+            sm[lid] = ma;
+            sq[lid] = qa;
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    n = sn[0];
+    mean = sm[0];
+    m2 = sq[0];
+#endif
+    if (lid == 0) {   // no early return of the other work-items: PoCL hung on that beside barriers
+        if (S == 1) {
+            finish_stats(c, C, n, mean, m2, STATS_PASS);
+        } else {
+            __global ACC *o = part + ((long)c * S + s) * 3;
+            o[0] = n;
+            o[1] = mean;
+            o[2] = m2;
+        }
+    }
+}
+
+// Sum of the n values at p with 8 independent accumulators (PoCL vectorises the 8 lanes).
+inline ACC run_sum(const __global T *p, const int n)
+{
+    ACC a[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int l = 0; l < 8; ++l) a[l] += LD(p, i + l);
+    for (; i < n; ++i) a[0] += LD(p, i);
+    return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+}
+
+__kernel void batch_norm_stats_runs(STATS_ARGS, const int hw)
+{
+    const int grp = get_global_id(0);
+    const int c = grp / S, s = grp - (grp / S) * S;
+    if (c >= C) return;
+    ACC n = (ACC)0, mean = (ACC)0, m2 = (ACC)0;
+    for (int img = s; img < N; img += S) {
+        const __global T *p = x + x_off + ((long)img * C + c) * hw;
+        const ACC rm = run_sum(p, hw) / (ACC)hw;
+        ACC q[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        int i = 0;
+        for (; i + 8 <= hw; i += 8)
+            for (int l = 0; l < 8; ++l) {
+                const ACC d = LD(p, i + l) - rm;
+                q[l] += d * d;
+            }
+        for (; i < hw; ++i) {
+            const ACC d = LD(p, i) - rm;
+            q[0] += d * d;
+        }
+        const ACC rq = ((q[0] + q[1]) + (q[2] + q[3])) + ((q[4] + q[5]) + (q[6] + q[7]));
+        welford_merge(&n, &mean, &m2, (ACC)hw, rm, rq);
+    }
+    if (S == 1) {
+        finish_stats(c, C, n, mean, m2, STATS_PASS);
+    } else {
+        __global ACC *o = part + ((long)c * S + s) * 3;
+        o[0] = n;
+        o[1] = mean;
+        o[2] = m2;
+    }
+}
+
+// Merge the S parts of each channel (training), or take the running statistics (training = 0).
+__kernel void batch_norm_finalize(__global const T *w, const long w_off, __global const T *b, const long b_off,
+                                  const int has_w, const int has_b, __global T *rmean, __global T *rvar,
+                                  const int has_running, __global const ACC *part, __global T *stats,
+                                  const int C, const int S, const int training, const ACC momentum, const ACC eps)
+{
+    const int c = get_global_id(0);
+    if (c >= C) return;
+    if (!training) {
+        const ACC mean = LD(rmean, c), invstd = rsqrt(LD(rvar, c) + eps);
+        stats[c] = (T)mean;
+        stats[C + c] = (T)invstd;
+        stats[2 * C + c] = (T)(has_w ? LD(w, w_off + c) * invstd : invstd);
+        stats[3 * C + c] = has_b ? b[b_off + c] : (T)0;
+        return;
+    }
+    ACC n = (ACC)0, mean = (ACC)0, m2 = (ACC)0;
+    for (int s = 0; s < S; ++s) {
+        const __global ACC *o = part + ((long)c * S + s) * 3;
+        welford_merge(&n, &mean, &m2, o[0], o[1], o[2]);
+    }
+    finish_stats(c, C, n, mean, m2, STATS_PASS);
+}
+
+// -- backward ----------------------------------------------------------------------------------------
+
+inline void finish_backward(const int c, const int C, const ACC M, const ACC sg, const ACC sgxm,
+                            const ACC mean, const ACC invstd, const ACC wc, const ACC beta, const int training,
+                            __global T *gw, __global T *gb, __global T *coef)
+{
+    const ACC k = wc * invstd;
+    gw[c] = (T)(sgxm * invstd);
+    gb[c] = (T)sg;
+    coef[c] = (T)k;
+    coef[C + c] = (T)(training ? sg / M : (ACC)0);
+    coef[2 * C + c] = (T)mean;
+    coef[3 * C + c] = (T)(training ? k * invstd * invstd * sgxm / M : (ACC)0);
+    coef[4 * C + c] = (T)beta;
+}
+
+#define BWD_ARGS                                                                                     \
+    __global const T *gy, const long gy_off, __global const T *x, const long x_off,                   \
+    __global const T *w, const long w_off, __global const T *b, const long b_off, const int has_w,    \
+    const int has_b, __global const T *mean_in, const long mean_off, __global const T *invstd_in,     \
+    const long invstd_off, __global ACC *part, __global T *gw, __global T *gb, __global T *coef,      \
+    const int N, const int C, const int S, const int training
+
+// The channel's constants: mean, invstd, weight, beta, and (relu) y's scale.
+#define BWD_CONSTANTS                                                                                \
+    const ACC mean = LD(mean_in, mean_off + c), invstd = LD(invstd_in, invstd_off + c);               \
+    const ACC wc = has_w ? LD(w, w_off + c) : (ACC)1, beta = has_b ? LD(b, b_off + c) : (ACC)0;      \
+    const ACC scale = wc * invstd;                                                                    \
+    (void)scale
+
+#if ACT == ACT_RELU
+#define MASKED(g, xv) ((((xv) - mean) * scale + beta) > (ACC)0 ? (g) : (ACC)0)
+#else
+#define MASKED(g, xv) (g)
+#endif
+
+__kernel __attribute__((reqd_work_group_size(LOCAL, 1, 1)))
+void batch_norm_backward_groups(BWD_ARGS)
+{
+    __local ACC s1[LOCAL], s2[LOCAL];
+    const int grp = get_group_id(0), lid = get_local_id(0);
+    const int c = grp / S, s = grp - (grp / S) * S;   // the grid is exactly C*S work-groups
+    BWD_CONSTANTS;
+    const long total = (long)N * (HW / VEC);
+    const long per = (total + S - 1) / S, start = s * per, end = min(total, start + per);
+    ACC sg = (ACC)0, sgxm = (ACC)0;
+    for (long j = start + lid; j < end; j += LOCAL) {
+        const long img = j / (HW / VEC), i = j - img * (HW / VEC);
+        const long at = (img * C + c) * (HW / VEC) + i;
+#if VEC == 4
+        const VT(4) g4 = *((__global const VT(4) *)(gy + gy_off) + at);
+        const VT(4) x4 = *((__global const VT(4) *)(x + x_off) + at);
+        const ACC g0 = MASKED((ACC)g4.x, (ACC)x4.x), g1 = MASKED((ACC)g4.y, (ACC)x4.y);
+        const ACC g2 = MASKED((ACC)g4.z, (ACC)x4.z), g3 = MASKED((ACC)g4.w, (ACC)x4.w);
+        sg += (g0 + g1) + (g2 + g3);
+        sgxm += (g0 * ((ACC)x4.x - mean) + g1 * ((ACC)x4.y - mean)) + (g2 * ((ACC)x4.z - mean) + g3 * ((ACC)x4.w - mean));
+#else
+        const ACC xv = LD(x, x_off + at), g = MASKED(LD(gy, gy_off + at), xv);
+        sg += g;
+        sgxm += g * (xv - mean);
+#endif
+    }
+#if LOCAL > 1
+    s1[lid] = sg;
+    s2[lid] = sgxm;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int h = LOCAL / 2; h > 0; h >>= 1) {
+        if (lid < h) {
+            s1[lid] += s1[lid + h];
+            s2[lid] += s2[lid + h];
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    sg = s1[0];
+    sgxm = s2[0];
+#endif
+    if (lid == 0) {
+        if (S == 1) {
+            finish_backward(c, C, (ACC)N * HW, sg, sgxm, mean, invstd, wc, beta, training, gw, gb, coef);
+        } else {
+            __global ACC *o = part + ((long)c * S + s) * 2;
+            o[0] = sg;
+            o[1] = sgxm;
+        }
+    }
+}
+
+__kernel void batch_norm_backward_runs(BWD_ARGS, const int hw)
+{
+    const int grp = get_global_id(0);
+    const int c = grp / S, s = grp - (grp / S) * S;
+    if (c >= C) return;
+    BWD_CONSTANTS;
+    ACC a[8] = {0, 0, 0, 0, 0, 0, 0, 0}, q[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int img = s; img < N; img += S) {
+        const long base = ((long)img * C + c) * hw;
+        const __global T *gp = gy + gy_off + base, *xp = x + x_off + base;
+        int i = 0;
+        for (; i + 8 <= hw; i += 8)
+            for (int l = 0; l < 8; ++l) {
+                const ACC xv = LD(xp, i + l), g = MASKED(LD(gp, i + l), xv);
+                a[l] += g;
+                q[l] += g * (xv - mean);
+            }
+        for (; i < hw; ++i) {
+            const ACC xv = LD(xp, i), g = MASKED(LD(gp, i), xv);
+            a[0] += g;
+            q[0] += g * (xv - mean);
+        }
+    }
+    const ACC sg = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+    const ACC sgxm = ((q[0] + q[1]) + (q[2] + q[3])) + ((q[4] + q[5]) + (q[6] + q[7]));
+    if (S == 1) {
+        finish_backward(c, C, (ACC)N * hw, sg, sgxm, mean, invstd, wc, beta, training, gw, gb, coef);
+    } else {
+        __global ACC *o = part + ((long)c * S + s) * 2;
+        o[0] = sg;
+        o[1] = sgxm;
+    }
+}
+
+__kernel void batch_norm_backward_finalize(BWD_ARGS, const long M)
+{
+    const int c = get_global_id(0);
+    if (c >= C) return;
+    BWD_CONSTANTS;
+    ACC sg = (ACC)0, sgxm = (ACC)0;
+    for (int s = 0; s < S; ++s) {
+        sg += part[((long)c * S + s) * 2];
+        sgxm += part[((long)c * S + s) * 2 + 1];
+    }
+    finish_backward(c, C, (ACC)M, sg, sgxm, mean, invstd, wc, beta, training, gw, gb, coef);
+}
+
+// -- the elementwise passes ---------------------------------------------------------------------------
+
+#if ACT == ACT_RELU
+#define ACTIVATE(v) ((v) > (ACC)0 ? (v) : (ACC)0)   /* a select: fmax is a library call on PoCL */
+#else
+#define ACTIVATE(v) (v)
+#endif
+
+__kernel void batch_norm_apply_flat(__global const T *x, const long x_off, __global const T *stats,
+                                    const long stats_off, __global T *out, const int C, const int NC)
+{
+    const int i = get_global_id(0), nc = get_global_id(1);
+    if (i >= HW / VEC || nc >= NC) return;   // the launch may round the grid up to whole work-groups
+    const int c = nc % C;
+    const __global T *st = stats + stats_off;
+    const ACC mean = LD(st, c), scale = LD(st, 2 * C + c), beta = LD(st, 3 * C + c);
+    const long at = (long)nc * (HW / VEC) + i;
+#if VEC == 4
+    const VT(4) v = *((__global const VT(4) *)(x + x_off) + at);
+    VT(4) o;
+    o.x = (T)ACTIVATE(((ACC)v.x - mean) * scale + beta);
+    o.y = (T)ACTIVATE(((ACC)v.y - mean) * scale + beta);
+    o.z = (T)ACTIVATE(((ACC)v.z - mean) * scale + beta);
+    o.w = (T)ACTIVATE(((ACC)v.w - mean) * scale + beta);
+    *((__global VT(4) *)out + at) = o;
+#else
+    out[at] = (T)ACTIVATE((LD(x, x_off + at) - mean) * scale + beta);
+#endif
+}
+
+__kernel void batch_norm_apply_runs(__global const T *x, const long x_off, __global const T *stats,
+                                    const long stats_off, __global T *out, const int C, const int NC, const int hw)
+{
+    const int nc = get_global_id(0);
+    if (nc >= NC) return;
+    const int c = nc % C;
+    const __global T *st = stats + stats_off;
+    const ACC mean = LD(st, c), scale = LD(st, 2 * C + c), beta = LD(st, 3 * C + c);
+    const __global T *xp = x + x_off + (long)nc * hw;
+    __global T *yp = out + (long)nc * hw;
+    for (int i = 0; i < hw; ++i) yp[i] = (T)ACTIVATE((LD(xp, i) - mean) * scale + beta);
+}
+
+// g' = grad_y, masked by the recomputed relu output when the forward fused one
+#if ACT == ACT_RELU
+#define GPRIME(g, xv) ((((xv) - mean) * k + beta) > (ACC)0 ? (g) : (ACC)0)
+#else
+#define GPRIME(g, xv) (g)
+#endif
+#define GRAD_X(g, xv) ((GPRIME((g), (xv)) - mg) * k - ((xv) - mean) * d)
+#define COEF_LOAD                                                                                    \
+    const __global T *cf = coef + coef_off;                                                          \
+    const ACC k = LD(cf, c), mg = LD(cf, C + c), mean = LD(cf, 2 * C + c), d = LD(cf, 3 * C + c);   \
+    const ACC beta = LD(cf, 4 * C + c);                                                              \
+    (void)beta
+
+__kernel void batch_norm_grad_input_flat(__global const T *gy, const long gy_off, __global const T *x,
+                                         const long x_off, __global const T *coef, const long coef_off,
+                                         __global T *out, const int C, const int NC)
+{
+    const int i = get_global_id(0), nc = get_global_id(1);
+    if (i >= HW / VEC || nc >= NC) return;
+    const int c = nc % C;
+    COEF_LOAD;
+    const long at = (long)nc * (HW / VEC) + i;
+#if VEC == 4
+    const VT(4) g = *((__global const VT(4) *)(gy + gy_off) + at);
+    const VT(4) v = *((__global const VT(4) *)(x + x_off) + at);
+    VT(4) o;
+    o.x = (T)GRAD_X((ACC)g.x, (ACC)v.x);
+    o.y = (T)GRAD_X((ACC)g.y, (ACC)v.y);
+    o.z = (T)GRAD_X((ACC)g.z, (ACC)v.z);
+    o.w = (T)GRAD_X((ACC)g.w, (ACC)v.w);
+    *((__global VT(4) *)out + at) = o;
+#else
+    out[at] = (T)GRAD_X(LD(gy, gy_off + at), LD(x, x_off + at));
+#endif
+}
+
+__kernel void batch_norm_grad_input_runs(__global const T *gy, const long gy_off, __global const T *x,
+                                         const long x_off, __global const T *coef, const long coef_off,
+                                         __global T *out, const int C, const int NC, const int hw)
+{
+    const int nc = get_global_id(0);
+    if (nc >= NC) return;
+    const int c = nc % C;
+    COEF_LOAD;
+    const long base = (long)nc * hw;
+    const __global T *gp = gy + gy_off + base, *xp = x + x_off + base;
+    __global T *op = out + base;
+    for (int i = 0; i < hw; ++i) op[i] = (T)GRAD_X(LD(gp, i), LD(xp, i));
+}
