@@ -11,6 +11,7 @@ from netcl.ops.conv import *  # noqa: F403
 from netcl.ops.elementwise import *  # noqa: F403
 from netcl.ops.fused import *  # noqa: F403
 from netcl.ops.gemm import linear, matmul, matmul_epilogue  # (the package stays netcl.ops.gemm: no star)
+from netcl.ops.kmeans import *  # noqa: F403
 from netcl.ops.kvcache import *  # noqa: F403
 from netcl.ops.movement import *  # noqa: F403
 from netcl.ops.norm import *  # noqa: F403

@@ -1,0 +1,372 @@
+"""k-means: netcl's fused assignment (no n x k matrix) beside scikit-learn and faiss-cpu on the host, and
+PyTorch (cdist + argmin, written here) on the same device, in one run. Table + JSON.
+
+Rows: one Lloyd iteration (assignment + update, from the same centers), a full fit of a fixed number
+of iterations from the same initial centers (tol=0), and k-means++ seeding (netcl and scikit-learn).
+Device memory: netcl's BufferPool peak beside torch.cuda.max_memory_allocated (both count the data).
+
+    python bench/kmeans.py                 # CPU: N=200,000, d=64, K=256 (about 1-2 min on 2 cores)
+    python bench/kmeans.py --gpu           # GPU: N=1,000,000, d=64, K=1024; PyTorch on CUDA (TF32 off)
+    python bench/kmeans.py --n 50000 --k 128 --iters 5 --repeat 2 --skip faiss,torch
+
+Timings are medians over --repeat runs after a warm-up, contenders interleaved round-robin (other jobs on
+a shared machine move absolute times; ratios within one run are what to read). FLOPs counted: 2 N K d per
+assignment (the distance dot products; the update adds N d). Ratios are netcl's speed-up: the peer's
+seconds over netcl's (above 1 = netcl faster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from netcl.cluster import KMeans  # noqa: E402
+from netcl.cluster.kmeans import LloydBuffers  # noqa: E402
+from netcl.core.device import manager  # noqa: E402
+from netcl.core.tensor import Tensor  # noqa: E402
+from netcl.ops import kmeans as km  # noqa: E402
+
+
+def blobs(n: int, d: int, k: int, seed: int = 0) -> np.ndarray:
+    """n float32 rows around k random centers (unit noise), in chunks to bound host memory."""
+    rng = np.random.default_rng(seed)
+    centers = rng.standard_normal((k, d)).astype(np.float32) * 3
+    out = np.empty((n, d), np.float32)
+    for s in range(0, n, 1 << 18):
+        m = min(1 << 18, n - s)
+        out[s:s + m] = centers[rng.integers(0, k, m)] + rng.standard_normal((m, d), dtype=np.float32)
+    return out
+
+
+def round_robin(contenders: dict, repeat: int, warmup: int = 1) -> dict[str, float]:
+    """Median seconds of each contender's call (which must wait for its device), interleaved."""
+    for fn in contenders.values():
+        for _ in range(warmup):
+            fn()
+    samples: dict[str, list[float]] = {name: [] for name in contenders}
+    for _ in range(repeat):
+        for name, fn in contenders.items():
+            t0 = time.perf_counter()
+            fn()
+            samples[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(s) for name, s in samples.items()}
+
+
+class NetclLloyd:
+    """One Lloyd iteration on device-resident data through netcl.ops.kmeans (what KMeans.fit repeats)."""
+
+    def __init__(self, q, X: np.ndarray, C: np.ndarray):
+        n, d = X.shape
+        k = C.shape[0]
+        self.q = q
+        self.plan = km.kmeans_plan(q, X.dtype, n, d, k)
+        self.x = Tensor.from_host(q, X)
+        self.shift = Tensor.zeros(q, (d,), X.dtype)
+        self.centers = Tensor.from_host(q, C)
+        self.bufs = LloydBuffers.make(self.plan)
+        self.bufs.labels.fill_(-1)
+
+    def __call__(self) -> np.ndarray:
+        b, plan = self.bufs, self.plan
+        km.kmeans_pack(plan, self.centers, b.packed)
+        b.changed.fill_(0)
+        b.partials.zero_()
+        km.kmeans_assign(plan, self.x, 0, self.shift, b.packed, self.centers, b.labels, b.dist, b.changed)
+        km.kmeans_update(plan, self.x, 0, self.shift, b.labels, b.dist, None, b.partials)
+        km.kmeans_finalize(plan, b.partials, self.centers, b.spare, b.sums, b.stats)
+        return b.stats.to_host()  # the host read every iteration makes (convergence checks)
+
+    def labels(self) -> np.ndarray:
+        return self.bufs.labels.to_host()
+
+
+def torch_peer(X: np.ndarray, C: np.ndarray, gpu: bool):
+    """PyTorch k-means as one writes it: cdist + argmin (an n x k matrix), index_add_ for the sums."""
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    dev = "cuda" if gpu else "cpu"
+    sync = torch.cuda.synchronize if gpu else (lambda: None)
+    x = torch.from_numpy(X).to(dev)
+    c0 = torch.from_numpy(C).to(dev)
+
+    def iteration(c):
+        labels = torch.cdist(x, c).argmin(dim=1)
+        counts = torch.bincount(labels, minlength=c.shape[0]).to(x.dtype)
+        sums = torch.zeros_like(c).index_add_(0, labels, x)
+        return torch.where(counts[:, None] > 0, sums / counts.clamp_min(1)[:, None], c), labels
+
+    def one():
+        out = iteration(c0)
+        sync()
+        return out
+
+    def fit(iters):
+        c = c0
+        for _ in range(iters):
+            c, labels = iteration(c)
+        sync()
+        return c, labels
+
+    return torch, dev, one, fit
+
+
+RATED = ("one iteration", "assign kernel")  # rows whose GFLOP/s is 2 N K d over their seconds
+SWEEP_TILES = [  # (TX, TY, TM, TN, BK) of kmeans_gpu.cl's assignment; the first is the default at K=1024
+    (16, 16, 8, 8, 16), (16, 16, 8, 8, 8), (16, 16, 8, 8, 32), (16, 8, 8, 8, 16), (8, 16, 8, 8, 16),
+    (16, 16, 4, 8, 16), (16, 16, 8, 4, 16), (32, 8, 4, 8, 16), (8, 8, 8, 8, 16), (16, 16, 8, 12, 16),
+]
+
+
+def sweep_assign(q, X: np.ndarray, C: np.ndarray, repeat: int, row, notes: list[str]) -> None:
+    """The assignment kernel alone (labels checked against the default tile's), and the update alone,
+    each the median of `repeat` calls after a warm-up, waited for with finish()."""
+    n, d = X.shape
+    k = C.shape[0]
+    x = Tensor.from_host(q, X)
+    shift = Tensor.zeros(q, (d,), X.dtype)
+    centers = Tensor.from_host(q, C)
+    reference = None
+    for tiles in SWEEP_TILES:
+        name = "TX={},TY={},TM={},TN={},BK={}".format(*tiles)
+        try:
+            plan = km.kmeans_plan(q, X.dtype, n, d, k, "gpu", assign_tiles=dict(zip(km.ASSIGN_TILE_KNOBS, tiles)))
+            bufs = LloydBuffers.make(plan)
+            km.kmeans_pack(plan, centers, bufs.packed)
+
+            def assign(plan=plan, bufs=bufs):
+                km.kmeans_assign(plan, x, 0, shift, bufs.packed, centers, bufs.labels, bufs.dist)
+                q.finish()
+
+            seconds = round_robin({name: assign}, repeat)[name]
+        except Exception as exc:  # a tile a device refuses (local memory, registers) is noted, not fatal
+            notes.append(f"sweep {name}: {type(exc).__name__}: {exc}")
+            continue
+        labels = bufs.labels.to_host()
+        if reference is None:
+            reference = labels
+        row("assign kernel", f"netcl {name}", q.device.device_name, seconds,
+            labels_agree=float((labels == reference).mean()), note="assignment only, no update")
+        if tiles == SWEEP_TILES[0]:
+            bufs.partials.zero_()
+
+            def update(plan=plan, bufs=bufs):
+                km.kmeans_update(plan, x, 0, shift, bufs.labels, bufs.dist, None, bufs.partials)
+                q.finish()
+
+            row("update kernel", "netcl", q.device.device_name, round_robin({"u": update}, repeat)["u"],
+                note=f"partial sums: {plan.nseg} segments x {plan.nkc} cluster blocks x {plan.nfc} feature blocks")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--gpu", action="store_true", help="run netcl (and PyTorch) on the GPU, at the GPU size")
+    ap.add_argument("--device", default=None, help="netcl device spec (default: gpu with --gpu, else auto)")
+    ap.add_argument("--n", type=int)
+    ap.add_argument("--d", type=int, default=64)
+    ap.add_argument("--k", type=int)
+    ap.add_argument("--iters", type=int, default=None, help="iterations of the full fits (tol=0)")
+    ap.add_argument("--repeat", type=int, default=None)
+    ap.add_argument("--skip", default="", help="comma list of peers to skip: sklearn,faiss,torch,plusplus")
+    ap.add_argument("--sweep", action="store_true",
+                    help="also time the GPU assignment kernel alone at several tile shapes (TX,TY,TM,TN,BK)")
+    ap.add_argument("--out", default="bench/results/kmeans.json")
+    args = ap.parse_args()
+
+    n = args.n or (1_000_000 if args.gpu else 200_000)
+    k = args.k or (1024 if args.gpu else 256)
+    d = args.d
+    iters = args.iters or (20 if args.gpu else 10)
+    repeat = args.repeat or (5 if args.gpu else 3)
+    skip = set(filter(None, args.skip.split(",")))
+    threads = os.cpu_count() or 1
+    dev = manager.get(args.device or ("gpu" if args.gpu else "auto"))
+    q = dev.queue
+    X = blobs(n, d, k)
+    C0 = X[np.random.default_rng(1).choice(n, k, replace=False)].copy()
+    flops = 2.0 * n * k * d
+    rows: list[dict] = []
+    notes: list[str] = []
+
+    def row(what, impl, device, seconds, memory=None, labels_agree=None, inertia=None, note=""):
+        rows.append({"what": what, "impl": impl, "device": device, "seconds": seconds,
+                     "gflops": flops / seconds / 1e9 if seconds and what in RATED else None,
+                     "device_peak_bytes": memory, "labels_agree_with_netcl": labels_agree, "inertia": inertia,
+                     "note": note})
+
+    # -- one Lloyd iteration from the same centers --------------------------------------------------
+    netcl_iter = NetclLloyd(q, X, C0)
+    contenders = {"netcl": netcl_iter}
+    peers_labels = {}
+    sk_state = None
+    if "sklearn" not in skip:
+        try:
+            from sklearn.cluster._k_means_lloyd import lloyd_iter_chunked_dense
+
+            w = np.ones(n, np.float32)
+            sk_state = (np.zeros_like(C0), np.zeros(k, np.float32), np.zeros(n, np.int32), np.zeros(k, np.float32))
+
+            def sk_iter():
+                lloyd_iter_chunked_dense(X, w, C0, sk_state[0], sk_state[1], sk_state[2], sk_state[3], threads)
+
+            contenders["scikit-learn"] = sk_iter
+        except Exception as exc:  # a missing peer is reported, not fatal
+            notes.append(f"scikit-learn unavailable: {exc}")
+            skip.add("sklearn")
+    faiss = None
+    if "faiss" not in skip:
+        try:
+            import faiss
+
+            faiss.omp_set_num_threads(threads)
+
+            def faiss_iter():
+                f = faiss.Kmeans(d, k, niter=1, max_points_per_centroid=n, min_points_per_centroid=1, seed=1)
+                f.train(X, init_centroids=C0)
+                return f
+
+            contenders["faiss"] = faiss_iter
+        except Exception as exc:
+            notes.append(f"faiss unavailable: {exc}")
+    torch_mod = None
+    if "torch" not in skip:
+        try:
+            torch_mod, tdev, torch_one, torch_fit = torch_peer(X, C0, args.gpu)
+            contenders["pytorch cdist+argmin"] = torch_one
+        except Exception as exc:
+            notes.append(f"pytorch unavailable: {exc}")
+
+    pool = dev.pool
+    gc.collect()
+    pool.reset_peak()
+    netcl_iter()
+    q.finish()
+    netcl_iter_peak = pool.stats()["peak"]
+    torch_iter_peak = None
+    if torch_mod is not None and args.gpu:
+        torch_mod.cuda.synchronize()
+        torch_mod.cuda.reset_peak_memory_stats()
+        torch_one()
+        torch_iter_peak = torch_mod.cuda.max_memory_allocated()
+    times = round_robin(contenders, repeat)
+    ours = netcl_iter.labels()
+    if sk_state is not None:
+        peers_labels["scikit-learn"] = sk_state[2]
+    if "pytorch cdist+argmin" in contenders:
+        peers_labels["pytorch cdist+argmin"] = torch_one()[1].cpu().numpy()
+    for name, s in times.items():
+        device = dev.device_name if name == "netcl" else (
+            ("cuda" if args.gpu else "cpu") if name.startswith("pytorch") else f"host, {threads} threads")
+        mem = netcl_iter_peak if name == "netcl" else (torch_iter_peak if name.startswith("pytorch") else None)
+        agree = float((peers_labels[name] == ours).mean()) if peers_labels.get(name) is not None else None
+        row("one iteration", name, device, s, mem, agree,
+            note="faiss.Kmeans(niter=1).train: includes its setup" if name == "faiss" else "")
+
+    if args.sweep:
+        sweep_assign(q, X, C0, repeat, row, notes)
+
+    # -- full fits: `iters` iterations from C0, tol=0 ------------------------------------------------
+    fits = {}
+    fits["netcl"] = lambda: KMeans(k, init=C0, n_init=1, max_iter=iters, tol=0.0, device=dev).fit(X)
+    if "sklearn" not in skip:
+        from sklearn.cluster import KMeans as SKKMeans
+
+        fits["scikit-learn"] = lambda: SKKMeans(k, init=C0, n_init=1, max_iter=iters, tol=0.0).fit(X)
+    if faiss is not None:
+        def faiss_fit():
+            f = faiss.Kmeans(d, k, niter=iters, max_points_per_centroid=n, min_points_per_centroid=1, seed=1)
+            f.train(X, init_centroids=C0)
+            return f
+        fits["faiss"] = faiss_fit
+    if torch_mod is not None:
+        fits["pytorch cdist+argmin"] = lambda: torch_fit(iters)
+    gc.collect()
+    pool.reset_peak()
+    netcl_model = fits["netcl"]()
+    netcl_fit_peak = pool.stats()["peak"]
+    torch_fit_peak = None
+    if torch_mod is not None and args.gpu:
+        torch_mod.cuda.reset_peak_memory_stats()
+        torch_fit(iters)
+        torch_fit_peak = torch_mod.cuda.max_memory_allocated()
+    fit_times = round_robin(fits, max(1, repeat // 2), warmup=0)
+    sk_model = fits["scikit-learn"]() if "scikit-learn" in fits else None
+    for name, s in fit_times.items():
+        device = dev.device_name if name == "netcl" else (
+            ("cuda" if args.gpu else "cpu") if name.startswith("pytorch") else f"host, {threads} threads")
+        mem = netcl_fit_peak if name == "netcl" else (torch_fit_peak if name.startswith("pytorch") else None)
+        agree, inertia = None, None
+        if name == "netcl":
+            inertia = netcl_model.inertia_
+        elif name == "scikit-learn" and sk_model is not None:
+            agree, inertia = float((sk_model.labels_ == netcl_model.labels_).mean()), float(sk_model.inertia_)
+        row(f"fit, {iters} iterations", name, device, s, mem, agree, inertia,
+            note="from host memory (includes the upload)" if name == "netcl" else "")
+    # the same fit streamed from host memory in 8 chunks
+    chunk = -(-n // 8)
+    t0 = time.perf_counter()
+    streamed = KMeans(k, init=C0, n_init=1, max_iter=iters, tol=0.0, device=dev, chunk_rows=chunk).fit(X)
+    row(f"fit, {iters} iterations", "netcl streamed", dev.device_name, time.perf_counter() - t0, None,
+        float((streamed.labels_ == netcl_model.labels_).mean()), streamed.inertia_,
+        note=f"host array streamed in chunks of {chunk} rows (one run)")
+
+    # -- k-means++ seeding ---------------------------------------------------------------------------
+    if "plusplus" not in skip:
+        from netcl.cluster import kmeans_plusplus
+
+        t0 = time.perf_counter()
+        _, ours_idx = kmeans_plusplus(X, k, random_state=0, device=dev)
+        row("k-means++", "netcl", dev.device_name, time.perf_counter() - t0, note="one run")
+        if "sklearn" not in skip:
+            from sklearn.cluster import kmeans_plusplus as sk_plusplus
+
+            t0 = time.perf_counter()
+            _, sk_idx = sk_plusplus(X, k, random_state=0)
+            row("k-means++", "scikit-learn", f"host, {threads} threads", time.perf_counter() - t0,
+                labels_agree=float((sk_idx == ours_idx).mean()), note="one run; agree = same rows chosen")
+
+    # -- table ---------------------------------------------------------------------------------------
+    print(f"k-means, float32: N={n} d={d} K={k}; {flops / 1e9:.1f} GFLOP per assignment; "
+          f"netcl device: {dev.describe()}; host: {platform.processor() or platform.machine()}, {threads} threads")
+    print(f"{'what':22s} {'impl':22s} {'device':26s} {'seconds':>9s} {'GFLOP/s':>8s} {'netcl x':>8s} "
+          f"{'dev peak MB':>11s} {'agree':>6s}  note")
+    for r in rows:
+        base = next((b["seconds"] for b in rows if b["what"] == r["what"] and b["impl"] == "netcl"), None)
+        r["netcl_speedup"] = r["seconds"] / base if base and r["seconds"] and r["impl"] != "netcl" else None
+        mem = r["device_peak_bytes"]
+        print(f"{r['what'][:22]:22s} {r['impl'][:22]:22s} {str(r['device'])[:26]:26s} {r['seconds']:9.3f} "
+              f"{r['gflops'] if r['gflops'] else float('nan'):8.1f} "
+              f"{r['netcl_speedup'] if r['netcl_speedup'] else float('nan'):8.2f} "
+              f"{mem / 2**20 if mem else float('nan'):11.1f} "
+              f"{r['labels_agree_with_netcl'] if r['labels_agree_with_netcl'] is not None else float('nan'):6.3f}  "
+              f"{r['note']}")
+    caps = dev.capabilities
+    print(f"limits: an assignment is {flops / 1e9:.1f} GFLOP over {n * d * 4 / 1e6:.0f} MB of data (compute-bound: "
+          f"{flops / (n * d * 4):.0f} FLOP/byte); the n x k distance matrix PyTorch builds is "
+          f"{n * k * 4 / 2**20:.0f} MiB; "
+          f"device: {caps.compute_units} compute units at {caps.max_clock_mhz} MHz")
+    for note in notes:
+        print("note:", note)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"bench": "kmeans", "n": n, "d": d, "k": k, "iters": iters, "repeat": repeat,
+                               "gpu": args.gpu, "netcl_device": dev.describe(), "host": platform.node(),
+                               "threads": threads, "flops_per_assignment": flops, "rows": rows, "notes": notes},
+                              indent=2))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

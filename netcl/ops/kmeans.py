@@ -1,0 +1,461 @@
+"""k-means launches (kernels/kmeans*.cl): the fused assignment (distances and arg-min in one kernel, no
+n x k buffer), the update step's per-cluster sums (partial sums per row segment, no atomics), the
+finalize steps of Lloyd and mini-batch k-means, k-means++ seeding on the device, and row gathers.
+netcl.cluster drives them; the algorithms' host-side rules (stopping, empty clusters) live there.
+
+A `KMeansPlan` fixes, for one problem (queue, dtype, rows n of the data set, features d, clusters k),
+the kernel variant ("cpu": work-items of one, register blocks of explicit vectors, for PoCL and other
+CPU drivers; "gpu": local-memory tiles), the tile parameters and the row segments of the update step.
+Every launch takes a block of rows `x` (contiguous, rows x d) and `row0`, the data-set index of its
+first row, so a data set streamed from the host in chunks runs the very same kernels as one held on
+the device, and (segments and k-means++ blocks being defined by data-set row numbers) gives the same
+bits. All kernels work on data centred by `shift` (the data's mean; see kmeans_common.cl).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from netcl import kernels
+from netcl.core import dtypes
+from netcl.core.tensor import Tensor, check_same_queue
+from netcl.errors import DeviceMismatchError, DTypeError, ShapeError
+
+__all__ = ["KMeansPlan", "PackedCenters", "Partials", "kmeans_assign", "kmeans_copy_rows", "kmeans_finalize",
+           "kmeans_label_distance", "kmeans_minibatch_finalize", "kmeans_pack", "kmeans_partials", "kmeans_plan",
+           "kmeans_pp_pick", "kmeans_pp_potential", "kmeans_pp_search", "kmeans_pp_update", "kmeans_update",
+           "pp_trials"]
+
+VARIANTS = ("cpu", "gpu")
+PP_BLOCK = 256  # rows per k-means++ block (BLK): streamed chunks start at multiples of it
+PARTIALS_BUDGET = 64 << 20  # bytes of update partial sums a GPU plan may hold
+
+
+def pp_trials(n_clusters: int) -> int:
+    """Candidates per k-means++ center: 2 + log(k), scikit-learn's (and Arthur and Vassilvitskii's) choice."""
+    return 2 + int(np.log(n_clusters))
+
+
+@dataclass(frozen=True)
+class KMeansPlan:
+    """Kernel choice and parameters of one k-means problem (see the module docstring)."""
+
+    queue: Any
+    dtype: np.dtype
+    n: int
+    d: int
+    k: int
+    variant: str
+    kpad: int  # centers padded to the assignment's tile (+inf norms: never chosen)
+    dpad: int  # features padded to the GPU assignment's k tile
+    rows_per_group: int  # rows one assignment work-group owns
+    defines: dict[str, Any] = field(hash=False)  # kmeans_cpu.cl or kmeans_gpu.cl: pack, assign, update
+    shared_defines: dict[str, Any] = field(hash=False)  # kmeans.cl: finalize, rows
+    pp_defines: dict[str, Any] = field(hash=False)  # kmeans.cl: k-means++ (WG divides PP_BLOCK)
+    seg: int  # rows per update segment
+    nseg: int  # segments
+    nkc: int  # cluster blocks of a GPU update work-group (1 on CPUs)
+    nfc: int  # feature blocks of a GPU update work-group (1 on CPUs)
+    update_wg: int
+    finalize_wg: int
+    pp_wg: int
+
+    @property
+    def device(self) -> Any:
+        return self.queue.device
+
+    @property
+    def file(self) -> str:
+        return "kmeans_cpu.cl" if self.variant == "cpu" else "kmeans_gpu.cl"
+
+    def program(self, filename: str, defines: dict[str, Any], **extra: Any) -> Any:
+        return kernels.program(self.device, filename, dtype=self.dtype, **defines, **extra)
+
+
+def _pow2_at_most(n: int) -> int:
+    p = 1
+    while p * 2 <= n:
+        p *= 2
+    return p
+
+
+ASSIGN_TILE_KNOBS = ("TX", "TY", "TM", "TN", "BK")  # kmeans_gpu.cl's assignment tile (see its header)
+
+
+def kmeans_plan(queue: Any, dtype: Any, n_rows: int, n_features: int, n_clusters: int,
+                variant: str | None = None, assign_tiles: dict[str, int] | None = None) -> KMeansPlan:
+    """The plan for clustering n_rows x n_features data of `dtype` into n_clusters on `queue`'s device.
+    `variant` ("cpu" or "gpu") overrides the choice by device type (tests run both on one device);
+    `assign_tiles` overrides some of the GPU assignment's tile knobs (TX, TY, TM, TN, BK; bench sweeps)."""
+    dt = np.dtype(dtype)
+    if dt not in (dtypes.float32, dtypes.float64):
+        raise DTypeError(f"k-means takes float32 or float64 data, got {dt}")
+    dtypes.check_supported_on(dt, queue.device)
+    n, d, k = int(n_rows), int(n_features), int(n_clusters)
+    if n < 1 or d < 1 or k < 1:
+        raise ShapeError(f"k-means needs at least one row, feature and cluster, got n={n}, d={d}, k={k}")
+    caps = queue.device.capabilities
+    if variant is None:
+        variant = "cpu" if caps.kind == "cpu" else "gpu"
+    if variant not in VARIANTS:
+        raise ValueError(f"k-means variant must be one of {VARIANTS}, got {variant!r}")
+    size = dt.itemsize
+    vec = 32 // size  # widest vector netcl passes through OpenCL library calls (float8, double4)
+    max_wg = caps.max_work_group_size
+    if assign_tiles and variant != "gpu":
+        raise ValueError(f"assign_tiles are knobs of the 'gpu' variant, got {assign_tiles} for {variant!r}")
+    if variant == "cpu":
+        vn = vec
+        kpad = -(-k // vn) * vn
+        variant_defines = dict(VN=vn, RM=4, MB=64, DMAX=256, VF=vec)
+        rows_per_group = 64
+        nseg = max(1, min(4 * caps.compute_units, -(-n // 256)))
+        nkc = nfc = 1
+        update_wg = finalize_wg = pp_wg = 1
+        dpad = d
+    else:
+        t = 16 if max_wg >= 256 else 8
+        tiles = dict(TX=t, TY=t, TM=8, TN=8 if k > 4 * t else 4, BK=16 if size == 4 else 8)
+        tiles.update(_check_tiles(assign_tiles or {}, max_wg))
+        if tiles["TX"] * tiles["TY"] > max_wg:
+            raise ValueError(f"k-means assignment tile {tiles} needs work-groups of {tiles['TX'] * tiles['TY']}, "
+                             f"more than the device's {max_wg}")
+        bn = tiles["TX"] * tiles["TN"]
+        kpad = -(-k // bn) * bn
+        dpad = -(-d // tiles["BK"]) * tiles["BK"]
+        variant_defines = dict(tiles)
+        rows_per_group = tiles["TY"] * tiles["TM"]
+        update_wg = min(32 if d <= 32 else 64, _pow2_at_most(max_wg))
+        local_budget = min(caps.local_mem, 48 << 10) - (4 << 10)
+        kc = max(1, min(k, local_budget // ((update_wg + 1) * size)))
+        nkc, nfc = -(-k // kc), -(-d // update_wg)
+        want = -(-8 * caps.compute_units // (nkc * nfc))
+        cap = max(1, PARTIALS_BUDGET // (k * d * size))
+        nseg = max(1, min(want, cap, -(-n // update_wg)))
+        variant_defines.update(WGU=update_wg, KC=kc)
+        finalize_wg = min(64, _pow2_at_most(max_wg))
+        pp_wg = min(PP_BLOCK, _pow2_at_most(max_wg))
+    seg = -(-n // nseg)
+    nseg = -(-n // seg)
+    vf = vec if variant == "cpu" else max(1, vec // 2)
+    shared = dict(WG=finalize_wg, VF=vf, BLK=PP_BLOCK)
+    pp = dict(WG=pp_wg, VF=vf, BLK=PP_BLOCK)
+    return KMeansPlan(queue, dt, n, d, k, variant, kpad, dpad, rows_per_group, variant_defines, shared, pp,
+                      seg, nseg, nkc, nfc, update_wg, finalize_wg, pp_wg)
+
+
+def _check_tiles(tiles: dict[str, int], max_wg: int) -> dict[str, int]:
+    for name, value in tiles.items():
+        if name not in ASSIGN_TILE_KNOBS:
+            raise ValueError(f"unknown k-means assignment tile knob {name!r}; knobs: {ASSIGN_TILE_KNOBS}")
+        if not isinstance(value, (int, np.integer)) or value < 1:
+            raise ValueError(f"k-means assignment tile knob {name} must be a positive int, got {value!r}")
+        if name in ("TM", "TN") and value % 4:
+            raise ValueError(f"k-means assignment tile knob {name} must be a multiple of 4, got {value}")
+    return {name: int(value) for name, value in tiles.items()}
+
+
+@dataclass
+class PackedCenters:
+    """The centers laid out for the assignment kernel (GPU: feature-major; CPU: panels of VN centers) and
+    their squared norms."""
+
+    layout: Tensor
+    norms: Tensor
+
+
+@dataclass
+class Partials:
+    """Per-segment partial sums of the update step: sums (nseg, k, d), weights (nseg, k), inertia
+    (nseg * nkc)."""
+
+    sums: Tensor
+    weights: Tensor
+    inertia: Tensor
+
+    def zero_(self) -> Partials:
+        for t in (self.sums, self.weights, self.inertia):
+            t.fill_(0)
+        return self
+
+
+# -- checks at the op boundary --------------------------------------------------------------------------
+def _check(plan: KMeansPlan, op: str, name: str, t: Tensor, shape: tuple[int, ...], dtype: Any = None) -> None:
+    want = np.dtype(dtype) if dtype is not None else plan.dtype
+    if not isinstance(t, Tensor):
+        raise TypeError(f"{op}: {name} must be a netcl Tensor, got {type(t).__name__}")
+    if tuple(t.shape) != shape:
+        raise ShapeError(f"{op}: {name} must have shape {shape}, got {tuple(t.shape)}")
+    if t.dtype != want:
+        raise DTypeError(f"{op}: {name} must be {want}, got {t.dtype}")
+    if not t.is_contiguous():
+        raise ShapeError(f"{op}: {name} must be contiguous (call .contiguous() first)")
+    if t.queue is not plan.queue:
+        raise DeviceMismatchError(f"{op}: {name} lives on {t.queue!r} but the plan runs on {plan.queue!r}; "
+                                  "move it with `.to(queue)` first")
+
+
+def _check_rows(plan: KMeansPlan, op: str, x: Tensor, row0: int) -> int:
+    if not isinstance(x, Tensor) or x.ndim != 2:
+        raise ShapeError(f"{op}: x must be a 2-D Tensor of rows, got "
+                         f"{getattr(x, 'shape', type(x).__name__)}")
+    rows = x.shape[0]
+    _check(plan, op, "x", x, (rows, plan.d))
+    if rows < 1 or row0 < 0 or row0 + rows > plan.n:
+        raise ShapeError(f"{op}: rows {row0}..{row0 + rows} do not lie in the plan's {plan.n} rows")
+    return rows
+
+
+def _weights_arg(plan: KMeansPlan, op: str, weights: Tensor | None, fallback: Tensor) -> tuple[Any, dict]:
+    if weights is None:
+        return fallback.buffer, {}
+    _check(plan, op, "weights", weights, (plan.n,))
+    return weights.buffer, {"HAS_WEIGHT": None}
+
+
+# -- assignment -----------------------------------------------------------------------------------------
+def kmeans_pack(plan: KMeansPlan, centers: Tensor, out: PackedCenters | None = None) -> PackedCenters:
+    """Lay out the (centred) k x d centers for kmeans_assign (into `out` when given)."""
+    _check(plan, "kmeans_pack", "centers", centers, (plan.k, plan.d))
+    q = plan.queue
+    if plan.variant == "cpu":
+        shape = (plan.kpad // plan.defines["VN"], plan.d, plan.defines["VN"])
+    else:
+        shape = (plan.dpad, plan.kpad)
+    if out is None:
+        out = PackedCenters(Tensor.empty(q, shape, plan.dtype), Tensor.empty(q, (plan.kpad,), plan.dtype))
+    if plan.variant == "cpu":
+        prg = plan.program("kmeans_cpu.cl", plan.defines)
+        prg.kmeans_pack_cpu(q, (plan.kpad,), None, centers=centers.buffer, k=np.int32(plan.k), d=np.int32(plan.d),
+                            kpad=np.int32(plan.kpad), cp=out.layout.buffer, cn=out.norms.buffer)
+    else:
+        prg = plan.program("kmeans_gpu.cl", plan.defines)
+        prg.kmeans_pack(q, (plan.kpad,), None, centers=centers.buffer, k=np.int32(plan.k), d=np.int32(plan.d),
+                        kpad=np.int32(plan.kpad), dpad=np.int32(plan.dpad), ct=out.layout.buffer, cn=out.norms.buffer)
+    return out
+
+
+def kmeans_assign(plan: KMeansPlan, x: Tensor, row0: int, shift: Tensor, packed: PackedCenters, centers: Tensor,
+                  labels: Tensor, dist: Tensor, changed: Tensor | None = None) -> None:
+    """labels[row0 + i] = the nearest center of row i of x (the first on ties), dist[row0 + i] = its squared
+    distance, in one kernel; with `changed` (an int32 (1,) tensor), also add the number of labels that
+    differ from what `labels` held."""
+    op = "kmeans_assign"
+    rows = _check_rows(plan, op, x, row0)
+    _check(plan, op, "shift", shift, (plan.d,))
+    _check(plan, op, "centers", centers, (plan.k, plan.d))
+    _check(plan, op, "labels", labels, (plan.n,), np.int32)
+    _check(plan, op, "dist", dist, (plan.n,))
+    if changed is not None:
+        _check(plan, op, "changed", changed, (1,), np.int32)
+    q = plan.queue
+    groups = -(-rows // plan.rows_per_group)
+    args = dict(x=x.buffer, x_off=np.int64(x.offset), n=np.int32(rows), d=np.int32(plan.d), row0=np.int64(row0),
+                shift=shift.buffer, cn=packed.norms.buffer, kpad=np.int32(plan.kpad), centers=centers.buffer,
+                labels=labels.buffer, dist=dist.buffer, changed=(labels if changed is None else changed).buffer,
+                count_changes=np.int32(changed is not None))
+    if plan.variant == "cpu":
+        prg = plan.program("kmeans_cpu.cl", plan.defines)
+        prg.kmeans_assign_cpu(q, (groups,), (1,), cp=packed.layout.buffer, **args)
+    else:
+        t = plan.defines["TX"]
+        prg = plan.program("kmeans_gpu.cl", plan.defines)
+        prg.kmeans_assign(q, (groups * t, plan.defines["TY"]), (t, plan.defines["TY"]),
+                          ct=packed.layout.buffer, **args)
+
+
+def kmeans_label_distance(plan: KMeansPlan, x: Tensor, row0: int, shift: Tensor, centers: Tensor, labels: Tensor,
+                          dist: Tensor) -> None:
+    """dist[row0 + i] = squared distance of row i of x to centers[labels[row0 + i]]."""
+    op = "kmeans_label_distance"
+    rows = _check_rows(plan, op, x, row0)
+    _check(plan, op, "shift", shift, (plan.d,))
+    _check(plan, op, "centers", centers, (plan.k, plan.d))
+    _check(plan, op, "labels", labels, (plan.n,), np.int32)
+    _check(plan, op, "dist", dist, (plan.n,))
+    prg = plan.program("kmeans.cl", plan.shared_defines)
+    prg.kmeans_label_distance(plan.queue, (rows,), None, x=x.buffer, x_off=np.int64(x.offset), n=np.int32(rows),
+                              d=np.int32(plan.d), row0=np.int64(row0), shift=shift.buffer, centers=centers.buffer,
+                              labels=labels.buffer, dist=dist.buffer)
+
+
+# -- update ---------------------------------------------------------------------------------------------
+def kmeans_partials(plan: KMeansPlan) -> Partials:
+    """Zeroed partial sums for kmeans_update (their size does not grow with the data: nseg is bounded)."""
+    q = plan.queue
+    return Partials(Tensor.empty(q, (plan.nseg, plan.k, plan.d), plan.dtype),
+                    Tensor.empty(q, (plan.nseg, plan.k), plan.dtype),
+                    Tensor.empty(q, (plan.nseg * plan.nkc,), plan.dtype)).zero_()
+
+
+def kmeans_update(plan: KMeansPlan, x: Tensor, row0: int, shift: Tensor, labels: Tensor, dist: Tensor,
+                  weights: Tensor | None, partials: Partials) -> None:
+    """Add rows row0.. of x to the partial sums of their clusters (labels), their weights and their
+    inertia (weights * dist); chunks must come in row order."""
+    op = "kmeans_update"
+    rows = _check_rows(plan, op, x, row0)
+    _check(plan, op, "shift", shift, (plan.d,))
+    _check(plan, op, "labels", labels, (plan.n,), np.int32)
+    _check(plan, op, "dist", dist, (plan.n,))
+    w, extra = _weights_arg(plan, op, weights, dist)
+    first, last = row0 // plan.seg, (row0 + rows - 1) // plan.seg
+    count = last - first + 1
+    args = dict(x=x.buffer, x_off=np.int64(x.offset), n=np.int32(rows), d=np.int32(plan.d), row0=np.int64(row0),
+                shift=shift.buffer, labels=labels.buffer, dist=dist.buffer, w=w, seg=np.int64(plan.seg),
+                first_seg=np.int64(first), k=np.int32(plan.k), nkc=np.int32(plan.nkc), psum=partials.sums.buffer,
+                pw=partials.weights.buffer, pin=partials.inertia.buffer)
+    if plan.variant == "cpu":
+        prg = plan.program("kmeans_cpu.cl", plan.defines, **extra)
+        prg.kmeans_update_cpu(plan.queue, (count,), (1,), **args)
+    else:
+        wg = plan.update_wg
+        prg = plan.program("kmeans_gpu.cl", plan.defines, **extra)
+        prg.kmeans_update(plan.queue, (count * wg, plan.nkc, plan.nfc), (wg, 1, 1), **args)
+
+
+def kmeans_finalize(plan: KMeansPlan, partials: Partials, old: Tensor, new: Tensor, sums: Tensor,
+                    stats: Tensor) -> None:
+    """new = the weighted means of the partial sums (old for empty clusters), sums = the clusters' sums;
+    stats (2k + 1,) = per-cluster weights, per-cluster squared shifts, and the inertia."""
+    op = "kmeans_finalize"
+    for name, t in (("old", old), ("new", new), ("sums", sums)):
+        _check(plan, op, name, t, (plan.k, plan.d))
+    _check(plan, op, "stats", stats, (2 * plan.k + 1,))
+    prg = plan.program("kmeans.cl", plan.shared_defines)
+    wg = plan.finalize_wg
+    prg.kmeans_finalize(plan.queue, (plan.k * wg,), (wg,), psum=partials.sums.buffer, pw=partials.weights.buffer,
+                        pin=partials.inertia.buffer, nseg=np.int32(plan.nseg), npin=np.int32(plan.nseg * plan.nkc),
+                        k=np.int32(plan.k), d=np.int32(plan.d), old_c=old.buffer, new_c=new.buffer,
+                        sums=sums.buffer, stats=stats.buffer)
+
+
+def kmeans_minibatch_finalize(plan: KMeansPlan, partials: Partials, old: Tensor, new: Tensor, counts: Tensor,
+                              stats: Tensor) -> None:
+    """Mini-batch centers: clusters the batch touched move to (old * count + batch sum) / (count + batch
+    weight) and their counts grow; stats (2k + 1,) = batch weight per cluster, squared shifts, batch inertia."""
+    op = "kmeans_minibatch_finalize"
+    for name, t in (("old", old), ("new", new)):
+        _check(plan, op, name, t, (plan.k, plan.d))
+    _check(plan, op, "counts", counts, (plan.k,))
+    _check(plan, op, "stats", stats, (2 * plan.k + 1,))
+    prg = plan.program("kmeans.cl", plan.shared_defines)
+    wg = plan.finalize_wg
+    prg.kmeans_minibatch_finalize(plan.queue, (plan.k * wg,), (wg,), psum=partials.sums.buffer,
+                                  pw=partials.weights.buffer, pin=partials.inertia.buffer, nseg=np.int32(plan.nseg),
+                                  npin=np.int32(plan.nseg * plan.nkc), k=np.int32(plan.k), d=np.int32(plan.d),
+                                  old_c=old.buffer, new_c=new.buffer, counts=counts.buffer, stats=stats.buffer)
+
+
+# -- rows -----------------------------------------------------------------------------------------------
+def kmeans_copy_rows(x: Tensor, src_idx: Tensor, out: Tensor, shift: Tensor | None = None,
+                     dst_idx: Tensor | None = None) -> None:
+    """out[j] = x[src_idx[j]] (minus shift when given); with dst_idx, out[dst_idx[j]] instead. Indices are
+    int32 and must be valid rows (the callers draw them)."""
+    op = "kmeans_copy_rows"
+    if x.ndim != 2 or out.ndim != 2 or out.shape[1] != x.shape[1]:
+        raise ShapeError(f"{op}: x {x.shape} and out {out.shape} must be 2-D with one row length")
+    if x.dtype != out.dtype or x.dtype not in (dtypes.float32, dtypes.float64):
+        raise DTypeError(f"{op}: x and out must share a float32/float64 dtype, got {x.dtype} and {out.dtype}")
+    count = src_idx.size
+    for name, t in (("src_idx", src_idx), ("dst_idx", dst_idx)):
+        if t is not None and (t.dtype != np.int32 or t.ndim != 1 or t.size != count or not t.is_contiguous()):
+            raise ShapeError(f"{op}: {name} must be a contiguous int32 vector of {count} indices")
+    if not x.is_contiguous() or not out.is_contiguous():
+        raise ShapeError(f"{op}: x and out must be contiguous")
+    if dst_idx is None and count > out.shape[0]:
+        raise ShapeError(f"{op}: {count} rows do not fit out of shape {out.shape}")
+    check_same_queue(*(t for t in (x, src_idx, out, shift, dst_idx) if t is not None))
+    if count == 0:
+        return
+    d = x.shape[1]
+    prg = kernels.program(x.device, "kmeans.cl", dtype=x.dtype, WG=1)
+    prg.kmeans_copy_rows(x.queue, (d, count), None, x=x.buffer, x_off=np.int64(x.offset), d=np.int32(d),
+                         shift=(shift if shift is not None else x).buffer, subtract=np.int32(shift is not None),
+                         src_idx=src_idx.buffer, dst_idx=(dst_idx if dst_idx is not None else src_idx).buffer,
+                         scatter=np.int32(dst_idx is not None), count=np.int32(count), out=out.buffer,
+                         out_off=np.int64(out.offset))
+
+
+# -- k-means++ ------------------------------------------------------------------------------------------
+def _pp_program(plan: KMeansPlan, trials: int, weighted: bool) -> Any:
+    extra = {"HAS_WEIGHT": None} if weighted else {}
+    return plan.program("kmeans.cl", plan.pp_defines, TRIALS=trials, **extra)
+
+
+def _check_pp_rows(plan: KMeansPlan, op: str, x: Tensor, row0: int) -> int:
+    rows = _check_rows(plan, op, x, row0)
+    if row0 % PP_BLOCK:
+        raise ShapeError(f"{op}: a chunk must start at a multiple of {PP_BLOCK} rows, got row {row0}")
+    return rows
+
+
+def kmeans_pp_update(plan: KMeansPlan, x: Tensor, row0: int, shift: Tensor, weights: Tensor | None,
+                     centers: Tensor, c: int, closest: Tensor, block_sums: Tensor) -> None:
+    """closest = min(closest, squared distance to centers[c]) for rows row0..; block_sums[b] = the sum of
+    weights * closest over block b (PP_BLOCK rows) of those rows."""
+    op = "kmeans_pp_update"
+    rows = _check_pp_rows(plan, op, x, row0)
+    _check(plan, op, "closest", closest, (plan.n,))
+    _check(plan, op, "block_sums", block_sums, (-(-plan.n // PP_BLOCK),))
+    w, _ = _weights_arg(plan, op, weights, closest)
+    prg = _pp_program(plan, 1, weights is not None)
+    wg = plan.pp_wg
+    prg.kmeans_pp_update(plan.queue, (-(-rows // PP_BLOCK) * wg,), (wg,), x=x.buffer, x_off=np.int64(x.offset),
+                         n=np.int32(rows), d=np.int32(plan.d), row0=np.int64(row0), shift=shift.buffer, w=w,
+                         centers=centers.buffer, c_off=np.int64(centers.offset + c * plan.d), closest=closest.buffer,
+                         bsum=block_sums.buffer)
+
+
+def kmeans_pp_search(plan: KMeansPlan, block_sums: Tensor, closest: Tensor, weights: Tensor | None,
+                     uniforms: Tensor, u_off: int, trials: int, cand_ids: Tensor) -> None:
+    """cand_ids[t] = the row where the running sum of weights * closest first reaches uniforms[u_off + t]
+    times the total (numpy.searchsorted on the cumsum), for t < trials."""
+    op = "kmeans_pp_search"
+    nblk = -(-plan.n // PP_BLOCK)
+    _check(plan, op, "block_sums", block_sums, (nblk,))
+    _check(plan, op, "closest", closest, (plan.n,))
+    _check(plan, op, "cand_ids", cand_ids, (trials,), np.int32)
+    w, _ = _weights_arg(plan, op, weights, closest)
+    prg = _pp_program(plan, trials, weights is not None)
+    wg = plan.pp_wg
+    prg.kmeans_pp_search(plan.queue, (trials * wg,), (wg,), bsum=block_sums.buffer, nblk=np.int32(nblk),
+                         closest=closest.buffer, w=w, nrows=np.int64(plan.n), uniforms=uniforms.buffer,
+                         u_off=np.int64(uniforms.offset + u_off), cand_ids=cand_ids.buffer)
+
+
+def kmeans_pp_potential(plan: KMeansPlan, x: Tensor, row0: int, shift: Tensor, weights: Tensor | None,
+                        candidates: Tensor, closest: Tensor, part: Tensor) -> None:
+    """part[b, t] = the sum over block b of rows row0.. of weights * min(closest, squared distance to
+    candidate t) (the candidates' potentials, by block)."""
+    op = "kmeans_pp_potential"
+    rows = _check_pp_rows(plan, op, x, row0)
+    trials = candidates.shape[0]
+    _check(plan, op, "candidates", candidates, (trials, plan.d))
+    _check(plan, op, "closest", closest, (plan.n,))
+    _check(plan, op, "part", part, (-(-plan.n // PP_BLOCK), trials))
+    w, _ = _weights_arg(plan, op, weights, closest)
+    prg = _pp_program(plan, trials, weights is not None)
+    wg = plan.pp_wg
+    prg.kmeans_pp_potential(plan.queue, (-(-rows // PP_BLOCK) * wg,), (wg,), x=x.buffer, x_off=np.int64(x.offset),
+                            n=np.int32(rows), d=np.int32(plan.d), row0=np.int64(row0), shift=shift.buffer, w=w,
+                            cand=candidates.buffer, closest=closest.buffer, part=part.buffer)
+
+
+def kmeans_pp_pick(plan: KMeansPlan, part: Tensor, cand_ids: Tensor, candidates: Tensor, c: int, centers: Tensor,
+                   chosen: Tensor) -> None:
+    """Center c = the candidate of least potential (the first on ties); chosen[c] = its row."""
+    op = "kmeans_pp_pick"
+    trials = candidates.shape[0]
+    nblk = -(-plan.n // PP_BLOCK)
+    _check(plan, op, "part", part, (nblk, trials))
+    _check(plan, op, "cand_ids", cand_ids, (trials,), np.int32)
+    _check(plan, op, "centers", centers, (plan.k, plan.d))
+    _check(plan, op, "chosen", chosen, (plan.k,), np.int32)
+    prg = _pp_program(plan, trials, False)
+    wg = plan.pp_wg
+    prg.kmeans_pp_pick(plan.queue, (wg,), (wg,), part=part.buffer, nblk=np.int32(nblk), cand_ids=cand_ids.buffer,
+                       cand=candidates.buffer, d=np.int32(plan.d), c=np.int32(c), centers=centers.buffer,
+                       chosen=chosen.buffer)

@@ -1,0 +1,74 @@
+"""k-means kernels under Oclgrind (kmeans.cl, kmeans_cpu.cl, kmeans_gpu.cl), both variants: whole fits on
+small odd data through every kernel (pack, assign, update, finalize, k-means++'s update / search /
+potential / pick, row gathers and scatters, the label distances of a strictly converged run, the mini-batch
+finalize), with sample weights and streamed chunks, checked against scikit-learn."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from sklearn.cluster import KMeans as SKKMeans
+from sklearn.cluster import MiniBatchKMeans as SKMiniBatchKMeans
+
+import netcl.ops.kmeans as km
+from netcl.cluster import KMeans, MiniBatchKMeans
+from tests.oclgrind.cases import close, dev, oclgrind_only
+
+pytestmark = oclgrind_only
+
+
+def blobs(n, d, k, seed):
+    rng = np.random.RandomState(seed)
+    centers = rng.standard_normal((k, d)) * 4
+    return centers[rng.randint(0, k, n)] + rng.standard_normal((n, d))
+
+
+@pytest.mark.parametrize("variant", ["cpu", "gpu"])
+def test_kmeans_fit(variant):
+    X = blobs(300, 7, 5, 0)  # float64; 300 rows streamed as chunks of 256 and 44
+    w = np.random.RandomState(1).rand(300) + 0.5
+    ours = KMeans(5, random_state=0, variant=variant, chunk_rows=256, max_iter=6).fit(X, sample_weight=w)
+    theirs = SKKMeans(5, random_state=0, max_iter=6).fit(X, sample_weight=w)
+    np.testing.assert_array_equal(ours.labels_, theirs.labels_)
+    assert ours.inertia_ == pytest.approx(theirs.inertia_, rel=1e-10)
+
+
+@pytest.mark.parametrize("variant", ["cpu", "gpu"])
+def test_kmeans_float32_with_an_empty_cluster(variant):
+    X = blobs(131, 3, 4, 2).astype(np.float32)
+    init = np.vstack([X[:3], np.full((1, 3), 50.0, np.float32)])  # the last center starts empty
+    ours = KMeans(4, init=init, n_init=1, variant=variant, max_iter=4).fit(X)
+    theirs = SKKMeans(4, init=init, n_init=1, max_iter=4).fit(X)
+    np.testing.assert_array_equal(ours.labels_, theirs.labels_)
+    close(ours.cluster_centers_, theirs.cluster_centers_, 1e-5, 1e-4)
+    np.testing.assert_array_equal(ours.predict(X[::3]), theirs.predict(X[::3]))
+
+
+@pytest.mark.parametrize("variant", ["cpu", "gpu"])
+def test_minibatch_fit_with_reassignment(variant):
+    X = blobs(200, 5, 6, 3).astype(np.float32)
+    params = dict(batch_size=40, reassignment_ratio=0.5, max_iter=1, random_state=0)
+    ours = MiniBatchKMeans(6, variant=variant, **params).fit(X)
+    theirs = SKMiniBatchKMeans(6, **params).fit(X)
+    np.testing.assert_array_equal(ours.labels_, theirs.labels_)
+    close(ours.cluster_centers_, theirs.cluster_centers_, 1e-5, 1e-4)
+
+
+def test_wide_rows_and_many_clusters(queue):
+    """The CPU assignment's staging of rows wider than DMAX, and the GPU tiles' padded edges (k and d not
+    multiples of the tiles), at the default tile and at a small non-square one (the bench's sweep)."""
+    rng = np.random.default_rng(4)
+    small = dict(TX=8, TY=4, TM=4, TN=8, BK=8)
+    for variant, n, d, k, tiles in (("cpu", 9, 300, 11, None), ("gpu", 130, 21, 70, None),
+                                    ("gpu", 45, 19, 75, small)):
+        x = rng.standard_normal((n, d)).astype(np.float32)
+        c = rng.standard_normal((k, d)).astype(np.float32)
+        plan = km.kmeans_plan(queue, np.float32, n, d, k, variant, assign_tiles=tiles)
+        cc = dev(queue, c)
+        labels = dev(queue, np.full(n, -1, np.int32))
+        dist = dev(queue, np.zeros(n, np.float32))
+        km.kmeans_assign(plan, dev(queue, x), 0, dev(queue, np.zeros(d, np.float32)), km.kmeans_pack(plan, cc), cc,
+                         labels, dist)
+        d2 = ((x[:, None, :].astype(np.float64) - c[None]) ** 2).sum(-1)
+        np.testing.assert_array_equal(labels.to_host(), d2.argmin(1))
+        close(dist, d2.min(1), 1e-4, 1e-3)

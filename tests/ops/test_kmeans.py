@@ -1,0 +1,270 @@
+"""k-means kernels (netcl/ops/kmeans.py) against float64 NumPy on odd shapes: the fused assignment, the
+partial sums and both finalize steps, k-means++'s search / potential / pick / update, row gathers; chunked
+launches equal to one launch bit for bit; bad input at the op boundary.
+
+The "gpu" variant runs here on GPU devices; on the CPU device it is checked under Oclgrind
+(tests/oclgrind/test_kmeans_oclgrind.py), as PoCL takes about a minute to compile its barrier loops."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import netcl.ops.kmeans as km
+from netcl.core.device import manager
+from netcl.core.tensor import Tensor
+from netcl.errors import DTypeError, ShapeError
+
+VARIANTS = ["cpu"] if manager.default("auto").kind == "cpu" else ["cpu", "gpu"]
+
+
+@pytest.fixture(params=VARIANTS)
+def variant(request):
+    return request.param
+
+
+def t(queue, a):
+    return Tensor.from_host(queue, np.ascontiguousarray(a))
+
+
+def sq_dists(x, c):
+    x, c = x.astype(np.float64), c.astype(np.float64)
+    return ((x[:, None, :] - c[None]) ** 2).sum(-1)
+
+
+def check_assignment(labels, dist, x, c, dt):
+    """Labels must be the nearest centers (the first on ties); in float32 a row whose two nearest centers
+    are within rounding of each other may take either, but never a farther one."""
+    d2 = sq_dists(x, c)
+    best = d2.min(axis=1)
+    chosen = d2[np.arange(len(x)), labels]
+    if dt == np.float64:
+        np.testing.assert_array_equal(labels, d2.argmin(axis=1))
+    else:
+        slack = 1e-5 * (best + (x.astype(np.float64) ** 2).sum(1) + 1)
+        assert (chosen - best <= slack).all()
+        clear = np.sort(d2, axis=1)[:, 1] - best > 10 * slack if c.shape[0] > 1 else np.ones(len(x), bool)
+        np.testing.assert_array_equal(labels[clear], d2.argmin(axis=1)[clear])
+    rtol = 1e-4 if dt == np.float32 else 1e-10
+    np.testing.assert_allclose(dist, chosen, rtol=rtol, atol=rtol * (1 + best.max()))
+
+
+SHAPES = [(1, 1, 1), (37, 3, 5), (300, 13, 37), (129, 70, 130), (70, 2, 200)]
+
+
+@pytest.mark.parametrize("dt", [np.float32, np.float64])
+@pytest.mark.parametrize("n,d,k", SHAPES)
+def test_assign_is_the_nearest_center(queue, rng, variant, dt, n, d, k):
+    x = (rng.standard_normal((n, d)) * 2 + 3).astype(dt)
+    c = (rng.standard_normal((k, d)) * 2 + 3).astype(dt)
+    mean = x.mean(axis=0)
+    # x as a view inside a larger tensor, labels/dist of a larger data set starting at row0
+    big = t(queue, np.vstack([np.zeros((5, d), dt), x, np.zeros((2, d), dt)]))
+    row0, total = 4, n + 9
+    plan = km.kmeans_plan(queue, dt, total, d, k, variant)
+    cc = t(queue, c - mean)
+    packed = km.kmeans_pack(plan, cc)
+    labels = Tensor.full(queue, (total,), -1, np.int32)
+    dist = Tensor.zeros(queue, (total,), dt)
+    changed = Tensor.zeros(queue, (1,), np.int32)
+    km.kmeans_assign(plan, big[5:5 + n], row0, t(queue, mean), packed, cc, labels, dist, changed)
+    got, got_dist = labels.to_host(), dist.to_host()
+    assert (got[:row0] == -1).all() and (got[row0 + n:] == -1).all()  # nothing outside the rows
+    check_assignment(got[row0:row0 + n], got_dist[row0:row0 + n], x - mean, c - mean, dt)
+    assert changed.item() == n
+    # again from the labels just written: nothing changes
+    changed.fill_(0)
+    km.kmeans_assign(plan, big[5:5 + n], row0, t(queue, mean), packed, cc, labels, dist, changed)
+    assert changed.item() == 0
+    np.testing.assert_array_equal(labels.to_host(), got)
+
+
+def test_assign_breaks_ties_by_the_first_center(queue, variant):
+    # each center twice: every row must take the first copy, whichever tile or lane holds it
+    c = np.repeat(np.arange(20, dtype=np.float32)[:, None] * np.ones((1, 3), np.float32), 2, axis=0)
+    c = np.vstack([c[1::2], c[::2]])  # copies 20 rows apart: k = 40
+    x = np.arange(20, dtype=np.float32)[:, None] * np.ones((1, 3), np.float32) + 0.25
+    plan = km.kmeans_plan(queue, np.float32, 20, 3, 40, variant)
+    cc = t(queue, c)
+    labels, dist = Tensor.empty(queue, (20,), np.int32), Tensor.empty(queue, (20,), np.float32)
+    km.kmeans_assign(plan, t(queue, x), 0, Tensor.zeros(queue, (3,)), km.kmeans_pack(plan, cc), cc, labels, dist)
+    np.testing.assert_array_equal(labels.to_host(), np.arange(20))
+    np.testing.assert_allclose(dist.to_host(), np.full(20, 3 * 0.0625), rtol=1e-6)
+
+
+def _update(queue, plan, x, mean, labels, dist, weights, chunks):
+    parts = km.kmeans_partials(plan)
+    xt, lt, dt_ = t(queue, x), t(queue, labels), t(queue, dist)
+    wt = None if weights is None else t(queue, weights)
+    for start, stop in chunks:
+        km.kmeans_update(plan, xt[start:stop], start, t(queue, mean), lt, dt_, wt, parts)
+    return parts
+
+
+@pytest.mark.parametrize("dt", [np.float32, np.float64])
+@pytest.mark.parametrize("n,d,k,weighted", [(1, 1, 1, False), (301, 13, 9, True), (1000, 70, 150, True)])
+def test_update_and_finalize(queue, rng, variant, dt, n, d, k, weighted):
+    x = rng.standard_normal((n, d)).astype(dt)
+    labels = rng.integers(0, k, n).astype(np.int32)
+    labels[: min(n, k - 1)] = np.arange(min(n, k - 1))
+    if k > 2:
+        labels[labels == k - 2] = 0  # cluster k - 2 stays empty
+    dist = rng.random(n).astype(dt)
+    w = (rng.random(n) * 2).astype(dt) if weighted else None
+    mean = x.mean(axis=0)
+    old = rng.standard_normal((k, d)).astype(dt)
+    plan = km.kmeans_plan(queue, dt, n, d, k, variant)
+    parts = _update(queue, plan, x, mean, labels, dist, w, [(0, n)])
+    new, sums = Tensor.empty(queue, (k, d), dt), Tensor.empty(queue, (k, d), dt)
+    stats = Tensor.empty(queue, (2 * k + 1,), dt)
+    km.kmeans_finalize(plan, parts, t(queue, old), new, sums, stats)
+
+    w64 = np.ones(n) if w is None else w.astype(np.float64)
+    xc = x.astype(np.float64) - mean
+    ref_sums = np.zeros((k, d))
+    np.add.at(ref_sums, labels, xc * w64[:, None])
+    ref_w = np.bincount(labels, weights=w64, minlength=k)
+    ref_new = np.where(ref_w[:, None] > 0, ref_sums / np.maximum(ref_w, 1e-300)[:, None], old)
+    st = stats.to_host()
+    tol = dict(rtol=1e-4, atol=1e-4) if dt == np.float32 else dict(rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(sums.to_host(), ref_sums, **tol)
+    np.testing.assert_allclose(new.to_host(), ref_new, **tol)
+    np.testing.assert_allclose(st[:k], ref_w, **tol)
+    np.testing.assert_allclose(st[k:2 * k], ((ref_new - old) ** 2).sum(1), **tol)
+    np.testing.assert_allclose(st[2 * k], (w64 * dist).sum(), **tol)
+    if k > 2:
+        assert st[k - 2] == 0 and (new.to_host()[k - 2] == old[k - 2]).all()
+
+    # the same rows in uneven chunks (as a stream delivers them) give the same bits
+    cuts = sorted({0, n, *rng.integers(0, n, 3).tolist()})
+    chunked = _update(queue, plan, x, mean, labels, dist, w, list(zip(cuts[:-1], cuts[1:])))
+    for a, b in ((parts.sums, chunked.sums), (parts.weights, chunked.weights), (parts.inertia, chunked.inertia)):
+        np.testing.assert_array_equal(a.to_host(), b.to_host())
+
+
+def test_minibatch_finalize(queue, rng, variant):
+    n, d, k, dt = 200, 7, 11, np.float64
+    x = rng.standard_normal((n, d))
+    labels = rng.integers(0, k - 1, n).astype(np.int32)  # cluster k - 1 gets nothing from this batch
+    plan = km.kmeans_plan(queue, dt, n, d, k, variant)
+    parts = _update(queue, plan, x, np.zeros(d), labels, np.ones(n), None, [(0, n)])
+    old = rng.standard_normal((k, d))
+    counts_host = rng.integers(0, 5, k).astype(dt)
+    counts = t(queue, counts_host)
+    new, stats = Tensor.empty(queue, (k, d), dt), Tensor.empty(queue, (2 * k + 1,), dt)
+    km.kmeans_minibatch_finalize(plan, parts, t(queue, old), new, counts, stats)
+    b = np.bincount(labels, minlength=k).astype(dt)
+    sums = np.zeros((k, d))
+    np.add.at(sums, labels, x)
+    total = counts_host + b
+    ref = np.where(b[:, None] > 0, (old * counts_host[:, None] + sums) / np.where(total > 0, total, 1)[:, None], old)
+    np.testing.assert_allclose(new.to_host(), ref, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(counts.to_host(), np.where(b > 0, total, counts_host))
+    st = stats.to_host()
+    np.testing.assert_allclose(st[:k], b)
+    np.testing.assert_allclose(st[k:2 * k], ((ref - old) ** 2).sum(1), atol=1e-12)
+    assert st[2 * k] == n
+
+
+@pytest.mark.parametrize("dt", [np.float32, np.float64])
+def test_plusplus_steps(queue, rng, variant, dt):
+    n, d, k = 700, 5, 9  # three blocks of 256 rows, the last one short
+    x = rng.standard_normal((n, d)).astype(dt)
+    w = (rng.random(n) + 0.5).astype(dt)
+    plan = km.kmeans_plan(queue, dt, n, d, k, variant)
+    xt, wt, zero = t(queue, x), t(queue, w), Tensor.zeros(queue, (d,), dt)
+    nblk = -(-n // km.PP_BLOCK)
+    closest = Tensor.full(queue, (n,), np.inf, dt)
+    bsum = Tensor.empty(queue, (nblk,), dt)
+    centers = t(queue, x[[3, 500] + list(range(k - 2))])
+    km.kmeans_pp_update(plan, xt, 0, zero, wt, centers, 0, closest, bsum)
+    km.kmeans_pp_update(plan, xt[:512], 0, zero, wt, centers, 1, closest, bsum)  # a chunk, then the rest
+    km.kmeans_pp_update(plan, xt[512:], 512, zero, wt, centers, 1, closest, bsum)
+    near = np.minimum(sq_dists(x, x[[3]])[:, 0], sq_dists(x, x[[500]])[:, 0])
+    tol = dict(rtol=1e-5, atol=1e-5) if dt == np.float32 else dict(rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(closest.to_host(), near, **tol)
+    np.testing.assert_allclose(bsum.to_host(), np.add.reduceat(w * near, np.arange(0, n, km.PP_BLOCK)), **tol)
+
+    # search: np.searchsorted(cumsum(w * closest), u * total), the edges included
+    trials = 6
+    u = np.array([0.0, 1e-9, 0.3, 0.5, 0.999999, 1.0])
+    ids = Tensor.empty(queue, (trials,), np.int32)
+    km.kmeans_pp_search(plan, bsum, closest, wt, t(queue, u.astype(dt)), 0, trials, ids)
+    cum = np.cumsum(w.astype(np.float64) * closest.to_host())
+    want = np.minimum(np.searchsorted(cum, u * cum[-1]), n - 1)
+    got = ids.to_host()
+    if dt == np.float64:
+        np.testing.assert_array_equal(got, want)
+    else:  # float32 sums may move a target across a boundary by a row
+        assert (np.abs(got - want) <= 1).all() and got[0] == want[0]
+
+    # potentials of candidates, and the pick of the least
+    cand_rows = np.array([10, 20, 600, 3, 699, 256])
+    cand = t(queue, x[cand_rows])
+    part = Tensor.empty(queue, (nblk, trials), dt)
+    km.kmeans_pp_potential(plan, xt, 0, zero, wt, cand, closest, part)
+    pots = (w[:, None] * np.minimum(near[:, None], sq_dists(x, x[cand_rows]))).sum(0)
+    np.testing.assert_allclose(part.to_host().sum(0), pots, **tol)
+    chosen = Tensor.zeros(queue, (k,), np.int32)
+    km.kmeans_pp_pick(plan, part, t(queue, cand_rows.astype(np.int32)), cand, 4, centers, chosen)
+    best = int(np.argmin(pots))
+    assert chosen.to_host()[4] == cand_rows[best]
+    np.testing.assert_array_equal(centers.to_host()[4], x[cand_rows[best]])
+
+
+def test_copy_rows_and_label_distance(queue, rng):
+    x = rng.standard_normal((50, 6)).astype(np.float32)
+    shift = rng.standard_normal(6).astype(np.float32)
+    idx = np.array([49, 0, 7, 7], np.int32)
+    out = Tensor.zeros(queue, (4, 6))
+    km.kmeans_copy_rows(t(queue, x), t(queue, idx), out, shift=t(queue, shift))
+    np.testing.assert_array_equal(out.to_host(), x[idx] - shift)
+    scattered = Tensor.zeros(queue, (10, 6))
+    km.kmeans_copy_rows(t(queue, x), t(queue, idx[:3]), scattered, dst_idx=t(queue, np.array([9, 2, 5], np.int32)))
+    want = np.zeros((10, 6), np.float32)
+    want[[9, 2, 5]] = x[idx[:3]]
+    np.testing.assert_array_equal(scattered.to_host(), want)
+
+    plan = km.kmeans_plan(queue, np.float32, 50, 6, 4)
+    centers = rng.standard_normal((4, 6)).astype(np.float32)
+    labels = rng.integers(0, 4, 50).astype(np.int32)
+    dist = Tensor.empty(queue, (50,), np.float32)
+    km.kmeans_label_distance(plan, t(queue, x), 0, t(queue, shift), t(queue, centers), t(queue, labels), dist)
+    np.testing.assert_allclose(dist.to_host(), ((x - shift - centers[labels]) ** 2).sum(1), rtol=1e-5)
+
+
+def test_bad_input_is_refused(queue):
+    with pytest.raises(DTypeError, match="float32 or float64"):
+        km.kmeans_plan(queue, np.float16, 10, 2, 3)
+    with pytest.raises(DTypeError, match="float32 or float64"):
+        km.kmeans_plan(queue, np.int32, 10, 2, 3)
+    with pytest.raises(ShapeError, match="at least one row"):
+        km.kmeans_plan(queue, np.float32, 10, 0, 3)
+    with pytest.raises(ValueError, match="variant"):
+        km.kmeans_plan(queue, np.float32, 10, 2, 3, variant="fpga")
+    with pytest.raises(ValueError, match="multiple of 4"):
+        km.kmeans_plan(queue, np.float32, 10, 2, 3, variant="gpu", assign_tiles=dict(TN=6))
+    with pytest.raises(ValueError, match="unknown k-means assignment tile knob 'WX'"):
+        km.kmeans_plan(queue, np.float32, 10, 2, 3, variant="gpu", assign_tiles=dict(WX=2))
+    with pytest.raises(ValueError, match="more than the device's"):
+        km.kmeans_plan(queue, np.float32, 10, 2, 3, variant="gpu", assign_tiles=dict(TX=128, TY=128))
+    with pytest.raises(ValueError, match="knobs of the 'gpu' variant"):
+        km.kmeans_plan(queue, np.float32, 10, 2, 3, variant="cpu", assign_tiles=dict(TX=8))
+    plan = km.kmeans_plan(queue, np.float32, 10, 2, 3)
+    centers = Tensor.zeros(queue, (3, 2))
+    packed = km.kmeans_pack(plan, centers)
+    labels, dist = Tensor.empty(queue, (10,), np.int32), Tensor.empty(queue, (10,))
+    shift = Tensor.zeros(queue, (2,))
+    with pytest.raises(ShapeError, match=r"x must have shape \(10, 2\)"):
+        km.kmeans_assign(plan, Tensor.zeros(queue, (10, 3)), 0, shift, packed, centers, labels, dist)
+    with pytest.raises(ShapeError, match="do not lie in the plan's 10 rows"):
+        km.kmeans_assign(plan, Tensor.zeros(queue, (10, 2)), 1, shift, packed, centers, labels, dist)
+    with pytest.raises(DTypeError, match="labels must be int32"):
+        km.kmeans_assign(plan, Tensor.zeros(queue, (10, 2)), 0, shift, packed, centers, dist, dist)
+    with pytest.raises(DTypeError, match="x must be float32"):
+        km.kmeans_assign(plan, Tensor.zeros(queue, (10, 2), np.float64), 0, shift, packed, centers, labels, dist)
+    with pytest.raises(ShapeError, match="contiguous"):
+        km.kmeans_pack(plan, Tensor.zeros(queue, (2, 3)).T)
+    with pytest.raises(ShapeError, match="multiple of 256"):
+        km.kmeans_pp_update(plan, Tensor.zeros(queue, (5, 2)), 3, shift, None, centers, 0, dist,
+                            Tensor.empty(queue, (1,)))
