@@ -16,12 +16,13 @@ from netcl.core.memory import format_bytes
 from netcl.core.tensor import Tensor
 from netcl.distributed import launch
 from netcl.errors import NetclError
+from netcl.train import lm as lm_main
 from netcl.train import main as train_main
 from netcl.tune import cli as tune_cli
 
 # Modules that add their own subcommands (`netcl tune`, `netcl train`): each has register(subparsers),
 # kept beside the code its commands run.
-_SUBCOMMAND_MODULES = (tune_cli, train_main, launch)
+_SUBCOMMAND_MODULES = (tune_cli, train_main, launch, lm_main)
 
 
 def cmd_devices(args: argparse.Namespace) -> int:

@@ -198,6 +198,11 @@ def build_corpus(
     directory = cache / _fingerprint(root, files, vocab_size, val_fraction)
     if (directory / "info.json").is_file():
         return _load_cached(directory)
+    try:  # before the minutes of BPE training, not after
+        cache.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CorpusError(f"cannot create the corpus cache directory {cache}: {exc.strerror or exc}; pick "
+                          "another cache directory") from None
     say = log or (lambda msg: None)
     say(f"building the corpus from {len(files)} files under {root} (once; cached in {directory})")
     # the files joined by the separator, which training cuts out: no merge spans two files
@@ -227,7 +232,6 @@ def build_corpus(
         "unigram_entropy_nats": unigram_entropy(counts),
         "unigram_val_loss_nats": unigram_cross_entropy(counts, val),
     }
-    cache.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".building-", dir=cache))
     try:
         tokenizer.save(staging / "tokenizer.json")

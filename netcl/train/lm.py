@@ -1,0 +1,683 @@
+"""`netcl lm-train`: train a small GPT on the Python standard library's source (netcl.train.corpus), with
+progress bars, periodic validation loss, a loss-curve PNG, checkpoints, --resume and samples at the end;
+`netcl generate` and `netcl chat`: stream text from a trained run's directory.
+
+A run directory (runs/lm, runs/lm-2, ...) is also a model directory: config.json and model.safetensors in
+Hugging Face's naming (GPT.save_pretrained), tokenizer.json (Hugging Face's format), plus the training
+state (checkpoint.safetensors), metrics.json, curves.png and samples.txt.
+"""
+
+from __future__ import annotations
+
+import argparse
+import codecs
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any, TextIO
+
+import numpy as np
+from tqdm import tqdm
+
+import netcl.autograd as ag
+from netcl import optim
+from netcl.core.device import manager
+from netcl.core.tensor import Tensor
+from netcl.errors import NetclError
+from netcl.graph import Graph
+from netcl.io import load_checkpoint, save_checkpoint
+from netcl.io.checkpoint import read_checkpoint
+from netcl.models import GPT, GPTConfig
+from netcl.ops import random
+from netcl.text import BPETokenizer, ChatFormat
+from netcl.train import corpus as corpus_mod
+from netcl.train.corpus import END_OF_TEXT, TokenWindows, build_corpus, validation_windows
+
+DEFAULT_OUT = Path("runs/lm")
+TOKENIZER_FILE = "tokenizer.json"
+CHECKPOINT_FILE = "checkpoint.safetensors"
+
+# Model and run sizes. 'small' trains on a 2-core CPU through PoCL in minutes; '25m' is the ~25M-parameter,
+# context-512 model bench/lm.py measures on the GPU. Explicit flags override a preset's values.
+PRESETS: dict[str, dict[str, Any]] = {
+    "small": {"layers": 4, "heads": 4, "dim": 128, "context": 128, "batch_size": 16,
+              "steps": 1500, "lr": 3e-3, "warmup": 100, "eval_every": 250},
+    "25m": {"layers": 8, "heads": 8, "dim": 512, "context": 512, "batch_size": 32,
+            "steps": 5000, "lr": 6e-4, "warmup": 200, "eval_every": 500},
+}
+# What a checkpoint records of its run and a resumed run keeps (flag name -> settings key).
+RUN_SETTINGS = {
+    "--preset": "preset", "--arch": "arch", "--layers": "layers", "--heads": "heads", "--kv-heads": "kv_heads",
+    "--dim": "dim", "--context": "context", "--corpus": "corpus", "--vocab-size": "vocab_size",
+    "--val-fraction": "val_fraction", "--batch-size": "batch_size", "--lr": "lr", "--min-lr": "min_lr",
+    "--warmup": "warmup", "--weight-decay": "weight_decay", "--clip": "clip", "--seed": "seed",
+    "--eval-windows": "eval_windows",
+}
+DEFAULTS: dict[str, Any] = {"preset": "small", "arch": "llama", "corpus": None, "vocab_size": corpus_mod.DEFAULT_VOCAB,
+                            "val_fraction": corpus_mod.DEFAULT_VAL_FRACTION, "weight_decay": 0.1, "clip": 1.0,
+                            "seed": 0, "eval_windows": 64, "min_lr": None}
+SAMPLE_PROMPTS = ("import ", "def ", "class ", "    for ")
+
+
+# ---------------------------------------------------------------------------------------------- flags
+def _int_at_least(low: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {value}")
+        return value
+
+    return parse
+
+
+def _number(low: float, high: float = math.inf, low_open: bool = False, high_open: bool = False):
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        below = value < low or (low_open and value == low)
+        above = value > high or (high_open and value == high)
+        if not math.isfinite(value) or below or above:
+            lo = f"{'(' if low_open else '['}{low:g}"
+            hi = f"{high:g}{')' if high_open else ']'}" if math.isfinite(high) else "inf)"
+            raise argparse.ArgumentTypeError(f"must be a finite number in {lo}, {hi}, got {text}")
+        return value
+
+    return parse
+
+
+_positive = _int_at_least(1)
+_count = _int_at_least(0)
+
+
+def _add_device(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", default="auto", help="auto, gpu, cpu, a name fragment or P:D (see netcl devices)")
+
+
+def _add_sampling(p: argparse.ArgumentParser, max_new: int) -> None:
+    p.add_argument("--max-new-tokens", type=_positive, default=max_new,
+                   help=f"tokens to generate at most (default {max_new}; never past the context window)")
+    p.add_argument("--temperature", type=_number(0.0), default=0.8,
+                   help="sampling temperature (default 0.8; 0 = greedy)")
+    p.add_argument("--top-k", type=_positive, default=None, help="sample among the k most likely tokens")
+    p.add_argument("--top-p", type=_number(0.0, 1.0, low_open=True), default=None,
+                   help="sample among the most likely tokens whose probabilities sum to p (0 < p <= 1)")
+    p.add_argument("--seed", type=_count, default=0, help="sampling seed (default 0)")
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("lm-train", help="train a small GPT on the Python standard library's source",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    g = p.add_argument_group("model (a preset's values unless given)")
+    g.add_argument("--preset", choices=sorted(PRESETS), default=None,
+                   help="small (default): 4 layers, dim 128, context 128, for a CPU; 25m: 8 layers, dim 512, "
+                   "context 512 (~27M parameters), for a GPU")
+    g.add_argument("--arch", choices=("llama", "gpt2"), default=None,
+                   help="llama (default): RMSNorm, RoPE, SwiGLU; gpt2: LayerNorm, learned positions, GELU")
+    g.add_argument("--layers", type=_positive, default=None, help="transformer blocks")
+    g.add_argument("--heads", type=_positive, default=None, help="attention heads")
+    g.add_argument("--kv-heads", type=_positive, default=None,
+                   help="key/value heads (grouped-query attention; divides --heads; default --heads)")
+    g.add_argument("--dim", type=_positive, default=None, help="model width (a multiple of --heads)")
+    g.add_argument("--context", type=_int_at_least(2), default=None, help="context window in tokens")
+    d = p.add_argument_group("data")
+    d.add_argument("--corpus", default=None,
+                   help="directory of .py files (default: this Python's standard library)")
+    d.add_argument("--vocab-size", type=_int_at_least(256 + len(corpus_mod.SPECIAL_TOKENS)), default=None,
+                   help=f"BPE vocabulary trained on the corpus (default {corpus_mod.DEFAULT_VOCAB})")
+    d.add_argument("--val-fraction", type=_number(0.0, 1.0, low_open=True, high_open=True), default=None,
+                   help=f"share of files held out for validation (default {corpus_mod.DEFAULT_VAL_FRACTION})")
+    d.add_argument("--cache-dir", default=None, help="where token ids are cached (default NETCL_CACHE_DIR/corpus)")
+    t = p.add_argument_group("training")
+    t.add_argument("--steps", type=_positive, default=None,
+                   help="optimizer steps in all (with --resume: the checkpoint's; more stretches the schedule)")
+    t.add_argument("--batch-size", type=_positive, default=None, help="windows per step")
+    t.add_argument("--lr", type=_number(0.0, low_open=True), default=None, help="peak learning rate")
+    t.add_argument("--min-lr", type=_number(0.0), default=None, help="learning rate at the end (default lr / 10)")
+    t.add_argument("--warmup", type=_count, default=None, help="linear warm-up steps (< --steps)")
+    t.add_argument("--weight-decay", type=_number(0.0), default=None,
+                   help="AdamW weight decay of the matrices (default 0.1; norms and biases get none)")
+    t.add_argument("--clip", type=_number(0.0), default=None, help="gradient-norm clip (default 1; 0 = off)")
+    t.add_argument("--seed", type=_count, default=None, help="initialisation and data seed (default 0)")
+    t.add_argument("--eval-every", type=_positive, default=None,
+                   help="steps between validation losses and checkpoints")
+    t.add_argument("--eval-windows", type=_positive, default=None,
+                   help="validation windows of --context tokens, spread over the held-out files (default 64)")
+    t.add_argument("--samples", type=_count, default=len(SAMPLE_PROMPTS),
+                   help=f"samples printed at the end (default {len(SAMPLE_PROMPTS)})")
+    t.add_argument("--sample-tokens", type=_positive, default=100, help="tokens per sample (default 100)")
+    _add_device(p)
+    p.add_argument("--out", default=None,
+                   help="run directory (default runs/lm, or runs/lm-2, -3, ... when it holds an earlier run)")
+    p.add_argument("--resume", nargs="?", const=True, default=None, metavar="CHECKPOINT",
+                   help="continue a run: from CHECKPOINT, from OUT/checkpoint.safetensors, or from the latest run "
+                   "under runs/; --steps may raise the total (the cosine schedule is stretched to it)")
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier run in OUT instead of refusing")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars (plain lines)")
+    p.add_argument("--eager", action="store_true",
+                   help="run every step op by op (default: record the step once and replay it, netcl.graph)")
+    p.set_defaults(func=run_train)
+
+    gen = subparsers.add_parser("generate", help="stream text from a trained GPT (netcl lm-train's run directory)")
+    gen.add_argument("--checkpoint", required=True, metavar="DIR", help="a run or model directory")
+    gen.add_argument("--prompt", default="", help="text to continue (default: the start of a new file)")
+    _add_sampling(gen, 200)
+    _add_device(gen)
+    gen.set_defaults(func=run_generate)
+
+    chat = subparsers.add_parser("chat", help="multi-turn terminal chat with a GPT through a chat template")
+    chat.add_argument("--checkpoint", required=True, metavar="DIR", help="a run or model directory")
+    chat.add_argument("--system", default=None, help="a system message that starts the dialog")
+    chat.add_argument("--template", choices=("chatml", "llama3", "plain"), default="chatml",
+                      help="chat template (default chatml; the tokenizer must have its special tokens)")
+    _add_sampling(chat, 128)
+    _add_device(chat)
+    chat.set_defaults(func=run_chat)
+
+
+# ---------------------------------------------------------------------------------------------- runs
+def _holds_run(directory: Path) -> bool:
+    return (directory / CHECKPOINT_FILE).exists() or (directory / "metrics.json").exists()
+
+
+def _default_runs() -> list[Path]:
+    """runs/lm, runs/lm-2, ... that hold a run, in the order they were numbered."""
+    found = [DEFAULT_OUT] if _holds_run(DEFAULT_OUT) else []
+    numbered = []
+    for p in DEFAULT_OUT.parent.glob(DEFAULT_OUT.name + "-*"):
+        suffix = p.name[len(DEFAULT_OUT.name) + 1:]
+        if suffix.isdigit() and _holds_run(p):
+            numbered.append((int(suffix), p))
+    return found + [p for _, p in sorted(numbered)]
+
+
+def _fresh_default_out() -> Path:
+    if not _holds_run(DEFAULT_OUT):
+        return DEFAULT_OUT
+    n = 2
+    while (DEFAULT_OUT.parent / f"{DEFAULT_OUT.name}-{n}").exists():
+        n += 1
+    return DEFAULT_OUT.parent / f"{DEFAULT_OUT.name}-{n}"
+
+
+def _plan_output(args: argparse.Namespace, log: Callable[[str], None]) -> tuple[Path, Path | None, dict[str, Any]]:
+    """(run directory, checkpoint to resume from or None, the settings that checkpoint recorded)."""
+    if args.resume is None:
+        if args.out is None:
+            out = _fresh_default_out()
+            if out != DEFAULT_OUT:
+                log(f"{DEFAULT_OUT} holds an earlier run: this one goes to {out} (--resume continues the latest "
+                    "run, --out picks a directory)")
+            return out, None, {}
+        out = Path(args.out)
+        if _holds_run(out) and not args.overwrite:
+            raise NetclError(f"--out {out} already holds a run; pass --resume to continue it, --overwrite to "
+                             "replace it, or another --out")
+        return out, None, {}
+    if isinstance(args.resume, str):
+        ckpt = Path(args.resume)
+        if ckpt.is_dir():
+            ckpt = ckpt / CHECKPOINT_FILE
+    elif args.out is not None:
+        ckpt = Path(args.out) / CHECKPOINT_FILE
+    else:
+        runs = [r for r in _default_runs() if (r / CHECKPOINT_FILE).exists()]
+        if not runs:
+            raise NetclError(f"--resume: no earlier run under {DEFAULT_OUT.parent}/ to continue; run without "
+                             "--resume first, or give the checkpoint's path")
+        ckpt = runs[-1] / CHECKPOINT_FILE
+    if not ckpt.is_file():
+        raise NetclError(f"--resume: no checkpoint at {ckpt}; run without --resume first")
+    _, meta = read_checkpoint(ckpt)
+    saved = dict(meta.get("extra", {}).get("args", {}))
+    if meta.get("extra", {}).get("kind") != "lm":
+        raise NetclError(f"--resume: {ckpt} was not written by netcl lm-train")
+    saved["steps_done"] = int(meta.get("step", 0))
+    return (Path(args.out) if args.out is not None else ckpt.parent), ckpt, saved
+
+
+def _check_out(out: Path) -> None:
+    """Refuse an --out that cannot become a directory before anything is built or written."""
+    if out.exists() and not out.is_dir():
+        raise NetclError(f"--out {out} is a file, not a directory; pick another --out")
+    parent = out
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise NetclError(f"--out {out}: {parent} is a file, not a directory; pick another --out")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise NetclError(f"--out {out}: no permission to write in {parent}; pick another --out")
+
+
+def open_device(spec: str) -> Any:
+    """The device of a --device flag; a bad one is an error naming the flag and listing the devices."""
+    try:
+        return manager.default(spec)
+    except NetclError as exc:
+        raise NetclError(f"--device {spec}: {exc}") from None
+
+
+def _settings(args: argparse.Namespace, saved: dict[str, Any]) -> dict[str, Any]:
+    """The run's settings: given flags, else the resumed checkpoint's, else the preset's and the defaults.
+    A resumed run keeps its settings: a flag that differs is an error naming it."""
+    out: dict[str, Any] = {}
+    for flag, key in RUN_SETTINGS.items():
+        value = getattr(args, key)
+        if key == "corpus" and value is not None:
+            value = str(Path(value).resolve())
+        if key in saved and value is not None and value != saved[key]:
+            raise NetclError(f"{flag} {value} differs from the resumed run's {saved[key]}; a resumed run keeps "
+                             f"its settings (leave {flag} out, or start a new run)")
+        out[key] = value if value is not None else saved.get(key)
+    preset = PRESETS[out["preset"] or DEFAULTS["preset"]]
+    out["steps"] = args.steps or saved.get("steps") or preset["steps"]
+    out["eval_every"] = args.eval_every or saved.get("eval_every") or min(preset["eval_every"], out["steps"])
+    if out["warmup"] is None:  # the preset's warm-up, or a tenth of a shorter run
+        out["warmup"] = min(preset["warmup"], out["steps"] // 10)
+    for key in RUN_SETTINGS.values():
+        if out[key] is None:
+            out[key] = preset.get(key, DEFAULTS.get(key))
+    out["preset"] = out["preset"] or DEFAULTS["preset"]
+    if out["kv_heads"] is None:
+        out["kv_heads"] = out["heads"]
+    if out["min_lr"] is None:
+        out["min_lr"] = out["lr"] / 10
+    _check_settings(out)
+    return out
+
+
+def _check_settings(s: dict[str, Any]) -> None:
+    if s["dim"] % s["heads"]:
+        raise NetclError(f"--dim {s['dim']} is not a multiple of --heads {s['heads']}")
+    if s["heads"] % s["kv_heads"]:
+        raise NetclError(f"--kv-heads {s['kv_heads']} does not divide --heads {s['heads']}")
+    if s["arch"] == "llama" and (s["dim"] // s["heads"]) % 2:
+        raise NetclError(f"head dimension {s['dim']} / {s['heads']} = {s['dim'] // s['heads']} is odd; rotary "
+                         "embeddings rotate pairs: pick --dim and --heads with an even quotient")
+    if s["warmup"] >= s["steps"]:
+        raise NetclError(f"--warmup {s['warmup']} must be smaller than --steps {s['steps']}")
+    if s["min_lr"] > s["lr"]:
+        raise NetclError(f"--min-lr {s['min_lr']} is larger than --lr {s['lr']}")
+
+
+def _model_config(s: dict[str, Any], vocab_size: int) -> GPTConfig:
+    return GPTConfig(vocab_size=vocab_size, dim=s["dim"], n_layers=s["layers"], n_heads=s["heads"],
+                     n_kv_heads=s["kv_heads"], max_seq_len=s["context"], arch=s["arch"])
+
+
+# ---------------------------------------------------------------------------------------------- training
+def make_optimizer(model: GPT, s: dict[str, Any]) -> optim.AdamW:
+    """AdamW with weight decay on the matrices only (norm gains and biases are not decayed)."""
+    decay = [p for p in model.parameters() if len(p.shape) >= 2]
+    other = [p for p in model.parameters() if len(p.shape) < 2]
+    groups = [{"params": decay, "weight_decay": s["weight_decay"]}]
+    if other:
+        groups.append({"params": other, "weight_decay": 0.0})
+    return optim.AdamW(groups, lr=s["lr"], betas=(0.9, 0.95), eps=1e-8)
+
+
+def lm_step(model: GPT, opt: optim.Optimizer, ids: Tensor, targets: Tensor, clip: float) -> Tensor:
+    """Forward, loss, backward, gradient clipping, AdamW; the loss Tensor (1,) without waiting for it."""
+    with ag.Tape() as tape:
+        loss = model.loss(ids, targets)
+    tape.backward(loss)
+    if clip > 0:
+        optim.clip_grad_norm_(model.parameters(), clip)
+    opt.step()
+    opt.zero_grad()
+    return loss.value
+
+
+class LMStep:
+    """lm_step on a host batch (B, context + 1) of token ids: recorded (netcl.graph) on the first call and
+    replayed on later ones with the new batch copied into the captured inputs, or op by op when eager.
+    The scheduler is stepped by the caller, on the host (replays read the new learning rate)."""
+
+    def __init__(self, model: GPT, opt: optim.Optimizer, clip: float, eager: bool = False):
+        self.model, self.opt, self.clip, self.eager = model, opt, clip, eager
+        self.graph: Graph | None = None
+        self.ids: Tensor | None = None
+        self.targets: Tensor | None = None
+        self.loss: Tensor | None = None
+
+    def __call__(self, batch: np.ndarray) -> Tensor:
+        q = self.model.queue
+        ids, targets = np.ascontiguousarray(batch[:, :-1]), np.ascontiguousarray(batch[:, 1:])
+        if self.eager:
+            return lm_step(self.model, self.opt, Tensor.from_host(q, ids), Tensor.from_host(q, targets), self.clip)
+        if self.graph is None:
+            self.ids, self.targets = Tensor.from_host(q, ids), Tensor.from_host(q, targets)
+            self.graph = Graph()
+            with self.graph.capture():
+                self.loss = lm_step(self.model, self.opt, self.ids, self.targets, self.clip)
+        else:
+            self.ids.copy_from_host(ids)
+            self.targets.copy_from_host(targets)
+            self.graph.replay()
+        return self.loss.clone()  # the captured loss is overwritten by the next replay
+
+
+@ag.no_grad()
+def validation_loss(model: GPT, windows: np.ndarray, batch_size: int) -> float:
+    """Mean next-token loss (nats) over every target of the fixed validation windows."""
+    model.eval()
+    q = model.queue
+    total, count = 0.0, 0
+    for start in range(0, len(windows), batch_size):
+        chunk = windows[start:start + batch_size]
+        ids = Tensor.from_host(q, np.ascontiguousarray(chunk[:, :-1]))
+        targets = Tensor.from_host(q, np.ascontiguousarray(chunk[:, 1:]))
+        loss = model.loss(ids, targets)
+        total += float(loss.value.to_host()[0]) * targets.size
+        count += targets.size
+    model.train()
+    return total / count
+
+
+def plot_curves(history: dict[str, Any], info: dict[str, Any], path: Path, title: str) -> None:
+    # matplotlib takes ~0.5 s to import: deferred to the end of a run (and the non-interactive backend set
+    # before pyplot loads)
+    import matplotlib  # noqa: PLC0415
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    losses = np.asarray(history["loss"])
+    steps = np.arange(1, len(losses) + 1)
+    ax.plot(steps, losses, lw=0.5, alpha=0.4, label="training (per step)")
+    if len(losses) >= 20:
+        k = max(len(losses) // 50, 5)
+        ax.plot(steps[k - 1:], np.convolve(losses, np.ones(k) / k, mode="valid"), lw=1.5,
+                label=f"training (mean of {k})")
+    if history["val_loss"]:
+        vs, vl = zip(*history["val_loss"])
+        ax.plot(vs, vl, marker="o", lw=1.5, label="validation")
+    ax.axhline(info["unigram_val_loss_nats"], ls="--", color="gray",
+               label=f"unigram model on validation ({info['unigram_val_loss_nats']:.2f})")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss (nats per token)")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def run_train(args: argparse.Namespace) -> int:
+    def log(msg: str) -> None:
+        tqdm.write(msg) if not args.no_progress else print(msg, flush=True)
+
+    out, resume_from, saved = _plan_output(args, log)
+    s = _settings(args, saved)
+    done = saved.get("steps_done", 0)
+    if resume_from is not None and done >= s["steps"]:
+        log(f"{resume_from} has already trained {done} of {s['steps']} steps: nothing to do; pass --steps N "
+            f"(N > {done}) to train further. Nothing was written.")
+        return 0
+    _check_out(out)
+    dev = open_device(args.device)
+    cache_dir = args.cache_dir or saved.get("cache_dir")  # where the run found its tokens (not a setting)
+    corpus = build_corpus(s["corpus"], vocab_size=s["vocab_size"], val_fraction=s["val_fraction"],
+                          cache_dir=cache_dir, log=log)
+    log(corpus.summary())
+    windows = TokenWindows(corpus.train, s["batch_size"], s["context"], seed=s["seed"])
+    val = validation_windows(corpus.val, s["context"], s["eval_windows"])
+    q = dev.queue
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise NetclError(f"cannot create the output directory {out}: {exc.strerror or exc}") from None
+
+    random.manual_seed(s["seed"])
+    model = GPT(q, _model_config(s, corpus.tokenizer.n_vocab))
+    opt = make_optimizer(model, s)
+    sched = optim.WarmupCosine(opt, warmup_steps=s["warmup"], total_steps=s["steps"], eta_min=s["min_lr"])
+    history: dict[str, Any] = {"loss": [], "val_loss": [], "tokens_per_second": []}
+    start = 0
+    if resume_from is not None:
+        meta = load_checkpoint(resume_from, model, opt, sched, windows)
+        start = int(meta["step"])
+        history = meta["extra"].get("history", history)
+        if sched.total_steps != s["steps"]:
+            longer = "longer" if s["steps"] > sched.total_steps else "shorter"
+            log(f"the schedule now spans {s['steps']} steps (it spanned {sched.total_steps}): the learning rate "
+                f"continues along the {longer} cosine")
+            sched.total_steps = s["steps"]
+            sched.refresh()
+        log(f"resumed from {resume_from} at step {start}, lr {opt.param_groups[0]['lr']:.3g}")
+    tokens_per_step = s["batch_size"] * s["context"]
+    log(f"netcl lm-train: {s['arch']} GPT, {s['layers']} layers, {s['heads']} heads ({s['kv_heads']} kv), dim "
+        f"{s['dim']}, context {s['context']}: {model.num_parameters():,} parameters, on {dev.device_name} "
+        f"({dev.backend}); batch {s['batch_size']} x {s['context']} tokens, {s['steps']} steps, AdamW lr "
+        f"{s['lr']:g} -> {s['min_lr']:g} (warm-up {s['warmup']}, cosine), clip {s['clip']:g}"
+        f"{', eager steps' if args.eager else ', step recorded once and replayed (--eager: op by op)'}; "
+        f"writing to {out}")
+    step_fn = LMStep(model, opt, s["clip"], eager=args.eager)
+    tokenizer = corpus.tokenizer
+    run_args = {key: s[key] for key in RUN_SETTINGS.values()}
+    run_args.update(steps=s["steps"], eval_every=s["eval_every"], cache_dir=cache_dir)
+    written: list[Path] = []
+
+    def checkpoint(step: int) -> None:
+        save_checkpoint(out / CHECKPOINT_FILE, model, opt, sched, step=step, loader=windows,
+                        extra={"kind": "lm", "history": history, "args": run_args, "corpus": corpus.info})
+        model.save_pretrained(out)
+        tokenizer.save_hf(out / TOKENIZER_FILE)
+        for p in (out / CHECKPOINT_FILE, out / "config.json", out / TOKENIZER_FILE):
+            if p not in written:
+                written.append(p)
+
+    bar = tqdm(total=s["steps"], initial=start, desc="lm-train", unit="step", disable=args.no_progress,
+               file=sys.stderr, dynamic_ncols=True)
+    pending: list[Tensor] = []
+    t0, last_t, last_step = time.perf_counter(), time.perf_counter(), start
+    report_every = 10
+    for step in range(start, s["steps"]):
+        pending.append(step_fn(windows.next_batch()))
+        sched.step()
+        n = step + 1
+        if n % report_every == 0 or n % s["eval_every"] == 0 or n == s["steps"]:
+            values = [float(t.to_host()[0]) for t in pending]
+            pending.clear()
+            if not all(math.isfinite(v) for v in values):
+                raise NetclError(f"the training loss became {values[-1]} at step {n}; try a lower --lr")
+            history["loss"].extend(values)
+            now = time.perf_counter()
+            rate = (n - last_step) * tokens_per_step / max(now - last_t, 1e-9)
+            last_t, last_step = now, n
+            history["tokens_per_second"].append(rate)
+            bar.update(len(values))
+            bar.set_postfix(loss=f"{values[-1]:.3f}", tok_s=f"{rate:,.0f}", lr=f"{opt.param_groups[0]['lr']:.2g}")
+            if args.no_progress and n % (report_every * 10) == 0:
+                log(f"step {n}/{s['steps']}: loss {values[-1]:.4f}, {rate:,.0f} tokens/s")
+        if n % s["eval_every"] == 0 or n == s["steps"]:
+            vloss = validation_loss(model, val, s["batch_size"])
+            history["val_loss"].append((n, vloss))
+            log(f"step {n}: validation loss {vloss:.4f} nats ({vloss / math.log(2):.3f} bits) per token; "
+                f"a unigram model's: {corpus.info['unigram_val_loss_nats']:.4f}")
+            checkpoint(n)
+    bar.close()
+    seconds = time.perf_counter() - t0
+    plot = out / "curves.png"
+    plot_curves(history, corpus.info, plot, f"netcl {s['arch']} GPT ({model.num_parameters() / 1e6:.1f}M) on "
+                f"{Path(corpus.info['source']).name}")
+    written.append(plot)
+    samples = []
+    for i, prompt in enumerate((SAMPLE_PROMPTS * (1 + args.samples // len(SAMPLE_PROMPTS)))[:args.samples]):
+        text = prompt + "".join(
+            stream_tokens(model, tokenizer, tokenizer.encode(prompt), args.sample_tokens, temperature=0.8,
+                          top_k=40, top_p=None, seed=s["seed"] + i, stop=[tokenizer.special_id(END_OF_TEXT)]))
+        samples.append(text)
+        log(f"--- sample {i + 1} (prompt {prompt!r}, temperature 0.8, top-k 40) ---\n{text}")
+    if samples:
+        (out / "samples.txt").write_text("".join(f"--- sample {i + 1} ---\n{t}\n" for i, t in enumerate(samples)))
+        written.append(out / "samples.txt")
+    final_val = history["val_loss"][-1][1]
+    metrics = {
+        "settings": run_args,
+        "parameters": model.num_parameters(),
+        "device": dev.device_name,
+        "corpus": {k: v for k, v in corpus.info.items() if k != "val_file_names"},
+        "final_val_loss_nats": final_val,
+        "val_loss": history["val_loss"],
+        "unigram_val_loss_nats": corpus.info["unigram_val_loss_nats"],
+        "unigram_entropy_nats": corpus.info["unigram_entropy_nats"],
+        "seconds_this_session": seconds,
+        "tokens_per_second_median": float(np.median(history["tokens_per_second"])),
+        "samples": samples,
+    }
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=2))
+    written.append(out / "metrics.json")
+    log(f"validation loss {final_val:.4f} nats per token against {corpus.info['unigram_val_loss_nats']:.4f} for a "
+        f"unigram model (entropy of the training tokens {corpus.info['unigram_entropy_nats']:.4f})")
+    log("\n".join(f"wrote {p}" for p in written))
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------- generation
+def stream_tokens(model: GPT, tokenizer: BPETokenizer, ids: list[int], max_new_tokens: int, *,
+                  temperature: float, top_k: int | None, top_p: float | None, seed: int,
+                  stop: Iterable[int] = ()) -> Iterable[str]:
+    """Text pieces as the model generates tokens after `ids`, decoded incrementally (a character split
+    across tokens comes out whole, with the token that completes it); stop tokens end it unprinted."""
+    stop = set(stop)
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    for token in model.generate(list(ids), max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                                seed=seed, stop_tokens=tuple(stop)):
+        token = int(token)
+        if token in stop:
+            break
+        piece = decoder.decode(tokenizer.decode_bytes([token]))
+        if piece:
+            yield piece
+    tail = decoder.decode(b"", final=True)
+    if tail:
+        yield tail
+
+
+def load_model_dir(directory: str, device: str, flag: str = "--checkpoint") -> tuple[GPT, BPETokenizer]:
+    """The GPT and tokenizer of a run or model directory (config.json, model.safetensors, tokenizer.json);
+    errors name the command-line `flag` that gave the directory."""
+    path = Path(directory)
+    if not path.is_dir():
+        raise NetclError(f"{flag} {path}: no such directory")
+    missing = [n for n in ("config.json", TOKENIZER_FILE) if not (path / n).is_file()]
+    if missing:
+        raise NetclError(f"{flag} {path} has no {' or '.join(missing)}: a model directory holds "
+                         "config.json, the weights and tokenizer.json (netcl lm-train writes them)")
+    tokenizer = BPETokenizer.from_hf(path / TOKENIZER_FILE)
+    model = GPT.from_pretrained(path, open_device(device).queue)
+    model.eval()
+    return model, tokenizer
+
+
+def _context(model: GPT) -> int:
+    return int(model.config.max_seq_len)
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    model, tokenizer = load_model_dir(args.checkpoint, args.device)
+    eot = tokenizer.special_tokens.get(END_OF_TEXT)
+    ids = tokenizer.encode(args.prompt) if args.prompt else ([eot] if eot is not None else [])
+    if not ids:
+        raise NetclError("--prompt is empty and the tokenizer has no <|endoftext|> token to start from; give a prompt")
+    context = _context(model)
+    if len(ids) >= context:
+        raise NetclError(f"--prompt is {len(ids)} tokens; the model's context window is {context}: shorten it")
+    budget = min(args.max_new_tokens, context - len(ids))
+    if budget < args.max_new_tokens:
+        print(f"netcl: generating {budget} tokens, not {args.max_new_tokens}: the prompt ({len(ids)} tokens) and "
+              f"the reply share the context window of {context}", file=sys.stderr)
+    out: TextIO = sys.stdout
+    out.write(args.prompt)
+    out.flush()
+    for piece in stream_tokens(model, tokenizer, ids, budget, temperature=args.temperature, top_k=args.top_k,
+                               top_p=args.top_p, seed=args.seed, stop=[eot] if eot is not None else []):
+        out.write(piece)
+        out.flush()
+    out.write("\n")
+    return 0
+
+
+def fit_dialog(chat: ChatFormat, messages: list[dict[str, str]], budget: int) -> tuple[list[int], int]:
+    """The prompt ids of `messages` plus the assistant header, made to fit `budget` tokens by dropping the
+    oldest turns (a system message stays); returns (ids, number of messages dropped). When the last user
+    message alone is too long, its beginning is cut (the ids keep their last `budget` tokens)."""
+    system = messages[:1] if messages and messages[0]["role"] == "system" else []
+    turns = messages[len(system):]
+    dropped = 0
+    while True:
+        ids, _ = chat.encode_dialog(system + turns, add_generation_prompt=True)
+        if len(ids) <= budget or len(turns) <= 1:
+            break
+        turns = turns[1:]
+        dropped += 1
+        while turns and turns[0]["role"] != "user":  # a dialog restarts with the user
+            turns = turns[1:]
+            dropped += 1
+    messages[:] = system + turns
+    return (ids if len(ids) <= budget else ids[-budget:]), dropped
+
+
+def run_chat(args: argparse.Namespace) -> int:
+    model, tokenizer = load_model_dir(args.checkpoint, args.device)
+    try:
+        chat = ChatFormat(tokenizer, args.template)
+    except ValueError as exc:
+        raise NetclError(f"--template {args.template}: {exc}") from None
+    end_of_turn = tokenizer.special_id(chat.template.end_of_turn)
+    stop = {end_of_turn}
+    if END_OF_TEXT in tokenizer.special_tokens:
+        stop.add(tokenizer.special_id(END_OF_TEXT))
+    context = _context(model)
+    reply_room = min(args.max_new_tokens, context // 2)
+    system = [{"role": "system", "content": args.system}] if args.system else []
+    messages = list(system)
+    interactive = sys.stdin.isatty()
+    print(f"netcl chat: {args.checkpoint} ({model.num_parameters():,} parameters, context {context} tokens, "
+          f"{chat.template.name} template). /reset clears the history, /exit (or end of input) leaves.")
+    turn = 0
+    while True:
+        if interactive:
+            print("you> ", end="", flush=True)
+        line = sys.stdin.readline()
+        if not line:  # end of input
+            if interactive:
+                print()
+            return 0
+        text = line.rstrip("\n")
+        if text.strip() == "/exit":
+            return 0
+        if text.strip() == "/reset":
+            messages = list(system)
+            print("(history cleared)")
+            continue
+        if not text.strip():
+            continue
+        if not interactive:
+            print(f"you> {text}")
+        messages.append({"role": "user", "content": text})
+        ids, dropped = fit_dialog(chat, messages, context - reply_room)
+        if dropped:
+            print(f"(dropped the {dropped} oldest message(s) to fit the context window of {context} tokens)",
+                  file=sys.stderr)
+        print("assistant> ", end="", flush=True)
+        reply = []
+        for piece in stream_tokens(model, tokenizer, ids, min(args.max_new_tokens, context - len(ids)),
+                                   temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                                   seed=args.seed + turn, stop=stop):
+            reply.append(piece)
+            print(piece, end="", flush=True)
+        print()
+        messages.append({"role": "assistant", "content": "".join(reply)})
+        turn += 1

@@ -1,0 +1,368 @@
+"""`netcl lm-train`, `netcl generate` and `netcl chat` end to end at tiny sizes: the run directory, resume
+(the same run, and a longer schedule), streaming generation, the chat loop on piped input, flag errors."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import sys
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+from netcl.cli import main
+from netcl.io.checkpoint import read_checkpoint
+from netcl.text import BPETokenizer, ChatFormat
+from netcl.train import lm
+from netcl.train.lm import fit_dialog, load_model_dir
+
+WORDS = ["alpha", "beta", "gamma", "delta", "value", "result", "index", "items", "count", "total"]
+
+
+@pytest.fixture(scope="module")
+def corpus_dir(tmp_path_factory):
+    """Twelve small generated Python files (about 9 kB)."""
+    root = tmp_path_factory.mktemp("corpus")
+    rng = np.random.default_rng(0)
+    for i in range(12):
+        lines = [f'"""Module {i}."""', "", "import os", ""]
+        for j in range(6):
+            a, b = rng.choice(WORDS, 2, replace=False)
+            lines += [f"def {a}_{j}({b}):", f"    {a} = {b} + {j}", f"    return {a} * {j}", ""]
+        (root / f"mod_{i:02d}.py").write_text("\n".join(lines))
+    return root
+
+
+def _args(corpus_dir, out, *extra: str) -> list[str]:
+    return ["lm-train", "--corpus", str(corpus_dir), "--cache-dir", str(out.parent / "cache"), "--vocab-size", "300",
+            "--val-fraction", "0.2", "--layers", "1", "--heads", "2", "--dim", "16", "--context", "12",
+            "--batch-size", "4", "--eval-windows", "3", "--samples", "1", "--sample-tokens", "4", "--no-progress",
+            "--out", str(out), *extra]
+
+
+@pytest.fixture(scope="module")
+def trained(corpus_dir, tmp_path_factory):
+    """A run of 6 steps (checkpoints at 3 and 6), and what it printed."""
+    out = tmp_path_factory.mktemp("runs") / "lm"
+    buf = io.StringIO()
+    saved, sys.stdout = sys.stdout, buf
+    try:
+        assert main(_args(corpus_dir, out, "--steps", "6", "--eval-every", "3", "--warmup", "2")) == 0
+    finally:
+        sys.stdout = saved
+    return out, buf.getvalue()
+
+
+def test_a_run_writes_a_model_directory_and_reports_against_the_unigram_model(trained):
+    out, text = trained
+    claimed = sorted(line.split(" ", 1)[1] for line in text.splitlines() if line.startswith("wrote "))
+    names = ["checkpoint.safetensors", "config.json", "tokenizer.json", "curves.png", "samples.txt", "metrics.json"]
+    assert claimed == sorted(str(out / n) for n in names)
+    assert all((out / n).stat().st_size > 0 for n in names)
+    assert (out / "model.safetensors").is_file()
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert [s for s, _ in metrics["val_loss"]] == [3, 6]
+    assert all(math.isfinite(v) and 0 < v < 10 for _, v in metrics["val_loss"])
+    assert metrics["unigram_val_loss_nats"] > 0 and "unigram model" in text
+    assert metrics["settings"]["steps"] == 6 and metrics["parameters"] > 0
+    _, meta = read_checkpoint(out / "checkpoint.safetensors")
+    assert meta["step"] == 6 and meta["extra"]["kind"] == "lm"
+    assert len(meta["extra"]["history"]["loss"]) == 6
+    assert meta["loader"]["step"] == 6
+    assert "--- sample 1" in text
+
+
+def test_the_model_directory_loads_and_its_tokenizer_round_trips(trained, corpus_dir):
+    out, _ = trained
+    model, tok = load_model_dir(str(out), "auto")
+    src = (corpus_dir / "mod_00.py").read_text()
+    assert tok.decode(tok.encode(src)) == src
+    assert {"<|endoftext|>", "<|im_start|>", "<|im_end|>"} <= set(tok.special_tokens)
+    assert model.config.max_seq_len == 12
+    # the weights are those of the training checkpoint
+    tensors, _ = read_checkpoint(out / "checkpoint.safetensors")
+    ckpt = {k[len("model/"):]: v for k, v in tensors.items() if k.startswith("model/")}
+    own = {k: t.to_host() for k, t in model.state_dict().items()}
+    assert own.keys() == ckpt.keys()
+    assert all(np.array_equal(own[k], ckpt[k]) for k in own)
+
+
+def test_resume_after_an_interruption_gives_the_same_run(corpus_dir, trained, tmp_path, monkeypatch):
+    """Interrupted after the step-3 checkpoint, then resumed: the uninterrupted run's weights and losses."""
+    full, _ = trained
+    out = tmp_path / "lm"
+    calls = []
+    real = lm.validation_loss
+
+    def interrupt_second(*a, **k):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(lm, "validation_loss", interrupt_second)
+    with pytest.raises(KeyboardInterrupt):
+        main(_args(corpus_dir, out, "--steps", "6", "--eval-every", "3", "--warmup", "2"))
+    monkeypatch.setattr(lm, "validation_loss", real)
+    assert read_checkpoint(out / "checkpoint.safetensors")[1]["step"] == 3
+    assert main(["lm-train", "--resume", "--out", str(out), "--cache-dir", str(tmp_path / "cache"),
+                 "--no-progress", "--samples", "0"]) == 0
+    # the same up to float rounding: the embedding's gradient is summed with atomics, in no fixed order
+    a, b = load_file(str(full / "model.safetensors")), load_file(str(out / "model.safetensors"))
+    assert a.keys() == b.keys()
+    for k in a:
+        np.testing.assert_allclose(b[k], a[k], rtol=1e-5, atol=1e-6, err_msg=k)
+    ha = read_checkpoint(full / "checkpoint.safetensors")[1]["extra"]["history"]
+    hb = read_checkpoint(out / "checkpoint.safetensors")[1]["extra"]["history"]
+    np.testing.assert_allclose(hb["loss"], ha["loss"], rtol=1e-5)
+    np.testing.assert_allclose(hb["val_loss"], ha["val_loss"], rtol=1e-5)
+
+
+def test_resume_with_more_steps_stretches_the_schedule(corpus_dir, tmp_path, capsys):
+    out = tmp_path / "lm"
+    assert main(_args(corpus_dir, out, "--steps", "4", "--eval-every", "4", "--warmup", "1", "--samples", "0")) == 0
+    capsys.readouterr()
+    assert main(["lm-train", "--resume", str(out), "--steps", "8", "--cache-dir", str(tmp_path / "cache"),
+                 "--no-progress", "--samples", "0"]) == 0
+    text = capsys.readouterr().out
+    assert "now spans 8 steps" in text and "resumed from" in text
+    # at step 4 of a warm-up-1 cosine over 8 steps the lr is halfway down: min + (max - min)(1 + cos(3pi/7))/2
+    _, meta = read_checkpoint(out / "checkpoint.safetensors")
+    args = meta["extra"]["args"]
+    expected = args["min_lr"] + (args["lr"] - args["min_lr"]) * (1 + math.cos(math.pi * 3 / 7)) / 2
+    assert f"lr {expected:.3g}" in text
+    assert meta["step"] == 8 and meta["scheduler"]["state"]["total_steps"] == 8
+    assert len(meta["extra"]["history"]["loss"]) == 8
+    # the end: nothing to do, nothing written
+    files = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert main(["lm-train", "--resume", str(out), "--no-progress", "--cache-dir", str(tmp_path / "cache")]) == 0
+    assert "already trained 8 of 8 steps: nothing to do" in capsys.readouterr().out
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == files
+    # a resumed run keeps its settings
+    assert main(["lm-train", "--resume", str(out), "--steps", "9", "--dim", "32", "--no-progress"]) == 1
+    assert "--dim 32 differs from the resumed run's 16" in capsys.readouterr().err
+
+
+def test_runs_are_never_overwritten_silently(corpus_dir, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "lm"
+    small = ("--steps", "2", "--eval-every", "2", "--warmup", "0", "--samples", "0")
+    assert main(_args(corpus_dir, out, *small)) == 0
+    assert main(_args(corpus_dir, out, *small)) == 1
+    assert "already holds a run" in capsys.readouterr().err
+    assert main(_args(corpus_dir, out, *small, "--overwrite")) == 0
+    monkeypatch.chdir(tmp_path)
+    args = [a for a in _args(corpus_dir, out, *small) if a not in ("--out", str(out))]
+    assert main(args) == 0 and (tmp_path / "runs/lm/checkpoint.safetensors").exists()
+    capsys.readouterr()
+    assert main(args) == 0 and (tmp_path / "runs/lm-2/checkpoint.safetensors").exists()
+    assert "runs/lm holds an earlier run: this one goes to runs/lm-2" in capsys.readouterr().out
+    assert main(["lm-train", "--resume", "--steps", "3", "--no-progress", "--samples", "0",
+                 "--cache-dir", str(out.parent / "cache")]) == 0
+    assert "resumed from runs/lm-2/checkpoint.safetensors" in capsys.readouterr().out
+    assert main(["lm-train", "--resume", str(tmp_path / "nothing"), "--no-progress"]) == 1
+    assert "no checkpoint at" in capsys.readouterr().err
+
+
+def _generated(trained, capsys, *extra: str) -> str:
+    out, _ = trained
+    assert main(["generate", "--checkpoint", str(out), *extra]) == 0
+    return capsys.readouterr().out
+
+
+def test_generate_streams_the_models_greedy_continuation(trained, capsys):
+    out, _ = trained
+    text = _generated(trained, capsys, "--prompt", "def alpha", "--max-new-tokens", "5", "--temperature", "0")
+    model, tok = load_model_dir(str(out), "auto")
+    ids = tok.encode("def alpha")
+    expected = []
+    for t in model.generate(ids, 5, temperature=0.0):
+        if int(t) == tok.special_id("<|endoftext|>"):
+            break
+        expected.append(int(t))
+    assert text == "def alpha" + tok.decode(expected) + "\n"
+    # sampling: the seed decides
+    a = _generated(trained, capsys, "--prompt", "import", "--max-new-tokens", "6", "--seed", "3")
+    b = _generated(trained, capsys, "--prompt", "import", "--max-new-tokens", "6", "--seed", "3")
+    assert a == b and a.startswith("import")
+    # no prompt: a new file, from <|endoftext|>
+    assert _generated(trained, capsys, "--max-new-tokens", "3", "--top-k", "5", "--top-p", "0.9").endswith("\n")
+
+
+def test_generate_says_when_the_context_window_caps_the_reply(trained, capsys):
+    out, _ = trained
+    assert main(["generate", "--checkpoint", str(out), "--prompt", "def alpha", "--max-new-tokens", "50",
+                 "--temperature", "0"]) == 0
+    assert "the prompt" in capsys.readouterr().err
+    assert main(["generate", "--checkpoint", str(out), "--prompt", "alpha beta gamma " * 10]) == 1
+    assert "the model's context window is 12" in capsys.readouterr().err
+
+
+def test_stream_decoding_keeps_multibyte_characters_whole():
+    tok = BPETokenizer.train("plain ascii text only", 260)
+
+    class ByteTokens:  # stands in for a GPT: yields the UTF-8 bytes of "ü!€" as byte tokens, then a stop token
+        def generate(self, ids, n, **kw):
+            yield from [0xC3, 0xBC, ord("!"), 0xE2, 0x82, 0xAC, 7, ord("x")][:n]
+
+    pieces = list(lm.stream_tokens(ByteTokens(), tok, [1], 8, temperature=0.0, top_k=None, top_p=None, seed=0,
+                                   stop=[7]))
+    assert pieces == ["ü", "!", "€"]  # a character split over tokens comes out whole; the stop token ends it
+
+
+def test_chat_on_piped_input_streams_replies_resets_and_exits(trained, capsys, monkeypatch):
+    out, _ = trained
+    monkeypatch.setattr(sys, "stdin", io.StringIO("hello there\n\n/reset\nagain\n/exit\nnever read\n"))
+    assert main(["chat", "--checkpoint", str(out), "--max-new-tokens", "3", "--temperature", "0",
+                 "--system", "be brief"]) == 0
+    text = capsys.readouterr().out
+    assert text.count("you> ") == 2 and text.count("assistant> ") == 2
+    assert "you> hello there" in text and "(history cleared)" in text and "never read" not in text
+    # end of input ends the chat too
+    monkeypatch.setattr(sys, "stdin", io.StringIO("one line, no newline"))
+    assert main(["chat", "--checkpoint", str(out), "--max-new-tokens", "2"]) == 0
+    assert capsys.readouterr().out.count("assistant> ") == 1
+
+
+def test_chat_history_is_trimmed_to_the_context(trained, capsys, monkeypatch):
+    out, _ = trained
+    monkeypatch.setattr(sys, "stdin", io.StringIO("".join(f"message {i}\n" for i in range(4))))
+    assert main(["chat", "--checkpoint", str(out), "--max-new-tokens", "2"]) == 0
+    assert "oldest message(s) to fit the context window of 12 tokens" in capsys.readouterr().err
+
+
+def test_fit_dialog_drops_the_oldest_turns_and_keeps_the_system_message():
+    tok = BPETokenizer.train("system user assistant hello world " * 20, 300,
+                             special_tokens=["<|im_start|>", "<|im_end|>"])
+    chat = ChatFormat(tok, "chatml")
+    messages = [{"role": "system", "content": "s"}]
+    for i in range(3):
+        messages += [{"role": "user", "content": f"hello {i}"}, {"role": "assistant", "content": f"world {i}"}]
+    messages.append({"role": "user", "content": "last"})
+    full, _ = chat.encode_dialog(messages, add_generation_prompt=True)
+    kept = messages[:1] + messages[-3:]
+    budget = len(chat.encode_dialog(kept, add_generation_prompt=True)[0])
+    trimmed = list(messages)
+    ids, dropped = fit_dialog(chat, trimmed, budget)
+    assert trimmed == kept and dropped == 4 and len(ids) == budget < len(full)
+    assert fit_dialog(chat, list(messages), len(full)) == (full, 0)
+    # the last message alone too long: its beginning is cut
+    ids, _ = fit_dialog(chat, [{"role": "user", "content": "hello world " * 30}], 10)
+    assert len(ids) == 10
+
+
+@pytest.mark.parametrize("flag,value,words", [
+    ("--steps", "0", "must be an integer >= 1, got 0"),
+    ("--steps", "ten", "expected an integer >= 1, got 'ten'"),
+    ("--batch-size", "0", "must be an integer >= 1, got 0"),
+    ("--layers", "-1", "must be an integer >= 1, got -1"),
+    ("--heads", "0", "must be an integer >= 1"),
+    ("--kv-heads", "0", "must be an integer >= 1"),
+    ("--dim", "x", "expected an integer >= 1"),
+    ("--context", "1", "must be an integer >= 2, got 1"),
+    ("--vocab-size", "100", "must be an integer >= 259, got 100"),
+    ("--val-fraction", "1", "must be a finite number in (0, 1), got 1"),
+    ("--val-fraction", "0", "must be a finite number in (0, 1), got 0"),
+    ("--lr", "0", "must be a finite number in (0, inf), got 0"),
+    ("--lr", "nan", "must be a finite number"),
+    ("--min-lr", "-1", "must be a finite number in [0, inf)"),
+    ("--warmup", "-2", "must be an integer >= 0, got -2"),
+    ("--weight-decay", "-0.1", "must be a finite number in [0, inf)"),
+    ("--clip", "inf", "must be a finite number"),
+    ("--seed", "-1", "must be an integer >= 0"),
+    ("--eval-every", "0", "must be an integer >= 1"),
+    ("--eval-windows", "0", "must be an integer >= 1"),
+    ("--samples", "-1", "must be an integer >= 0"),
+    ("--sample-tokens", "0", "must be an integer >= 1"),
+    ("--preset", "huge", "invalid choice: 'huge'"),
+    ("--arch", "bert", "invalid choice: 'bert'"),
+])
+def test_bad_train_flags_are_one_line_errors(tmp_path, capsys, flag, value, words):
+    with pytest.raises(SystemExit) as exc:
+        main(["lm-train", flag, value, "--out", str(tmp_path / "never")])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {flag}: {words}" in err and "Traceback" not in err
+    assert not (tmp_path / "never").exists()
+
+
+@pytest.mark.parametrize("extra,words", [
+    (("--dim", "30", "--heads", "4"), "--dim 30 is not a multiple of --heads 4"),
+    (("--heads", "4", "--kv-heads", "3", "--dim", "32"), "--kv-heads 3 does not divide --heads 4"),
+    (("--dim", "12", "--heads", "4"), "head dimension 12 / 4 = 3 is odd"),
+    (("--warmup", "5", "--steps", "5"), "--warmup 5 must be smaller than --steps 5"),
+    (("--lr", "1e-3", "--min-lr", "1e-2"), "--min-lr 0.01 is larger than --lr 0.001"),
+    (("--corpus", "/nonexistent/dir"), "does not exist"),
+    (("--context", "5000", "--steps", "2", "--warmup", "0"), "cannot fill one window"),
+])
+def test_bad_combinations_are_clear_errors_before_anything_is_written(tmp_path, capsys, corpus_dir, extra, words):
+    args = ["lm-train", "--corpus", str(corpus_dir), "--cache-dir", str(tmp_path / "cache"), "--vocab-size", "300",
+            "--no-progress", "--out", str(tmp_path / "never"), *extra]
+    assert main(args) == 1
+    assert words in capsys.readouterr().err
+    assert not (tmp_path / "never").exists()
+
+
+@pytest.mark.parametrize("command,flag,value,words", [
+    ("generate", "--max-new-tokens", "0", "must be an integer >= 1, got 0"),
+    ("generate", "--temperature", "-1", "must be a finite number in [0, inf), got -1"),
+    ("generate", "--top-k", "0", "must be an integer >= 1, got 0"),
+    ("generate", "--top-p", "0", "must be a finite number in (0, 1], got 0"),
+    ("generate", "--top-p", "1.5", "must be a finite number in (0, 1], got 1.5"),
+    ("generate", "--seed", "-3", "must be an integer >= 0, got -3"),
+    ("chat", "--max-new-tokens", "-1", "must be an integer >= 1"),
+    ("chat", "--temperature", "nan", "must be a finite number"),
+    ("chat", "--template", "alpaca", "invalid choice: 'alpaca'"),
+])
+def test_bad_generation_flags_are_one_line_errors(tmp_path, capsys, command, flag, value, words):
+    with pytest.raises(SystemExit) as exc:
+        main([command, "--checkpoint", str(tmp_path), flag, value])
+    assert exc.value.code == 2
+    assert f"argument {flag}: {words}" in capsys.readouterr().err
+
+
+def test_bad_checkpoint_directories_are_clear_errors(tmp_path, capsys, trained):
+    assert main(["generate", "--checkpoint", str(tmp_path / "missing"), "--prompt", "x"]) == 1
+    assert "no such directory" in capsys.readouterr().err
+    assert main(["chat", "--checkpoint", str(tmp_path)]) == 1
+    assert "has no config.json or tokenizer.json" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["generate", "--prompt", "x"])
+    assert "--checkpoint" in capsys.readouterr().err
+    # a template whose special tokens the tokenizer lacks
+    out, _ = trained
+    assert main(["chat", "--checkpoint", str(out), "--template", "llama3"]) == 1
+    assert "--template llama3" in capsys.readouterr().err
+
+
+
+def test_bad_paths_and_devices_are_clear_errors_before_anything_is_written(tmp_path, capsys, corpus_dir, trained):
+    a_file = tmp_path / "a_file"
+    a_file.write_text("not a directory")
+    cases = [
+        (("--device", "nosuch", "--out", str(tmp_path / "never")), "--device nosuch: unknown device 'nosuch'"),
+        (("--cache-dir", str(a_file / "cache"), "--out", str(tmp_path / "never")),
+         "cannot create the corpus cache directory"),
+        (("--out", str(a_file)), f"--out {a_file} is a file, not a directory"),
+        (("--out", str(a_file / "run")), f"{a_file} is a file, not a directory"),
+    ]
+    for extra, words in cases:
+        args = ["lm-train", "--corpus", str(corpus_dir), "--vocab-size", "300", "--no-progress", "--steps", "2",
+                "--warmup", "0", "--cache-dir", str(tmp_path / "cache"), *extra]
+        assert main(args) == 1, extra
+        err = capsys.readouterr().err
+        assert words in err and "Traceback" not in err, (extra, err)
+        assert not (tmp_path / "never").exists() and a_file.read_text() == "not a directory"
+    # a checkpoint that another job wrote is not resumed
+    other = tmp_path / "other"
+    other.mkdir()
+    out, _ = trained
+    tensors, meta = read_checkpoint(out / "checkpoint.safetensors")
+    meta["extra"]["kind"] = "train"
+    save_file(tensors, str(other / "checkpoint.safetensors"), metadata={"netcl": json.dumps(meta)})
+    assert read_checkpoint(other / "checkpoint.safetensors")[1]["extra"]["kind"] == "train"
+    assert main(["lm-train", "--resume", str(other), "--no-progress"]) == 1
+    assert "was not written by netcl lm-train" in capsys.readouterr().err
+    assert main(["generate", "--checkpoint", str(out), "--device", "nosuch"]) == 1
+    assert "--device nosuch: unknown device" in capsys.readouterr().err
