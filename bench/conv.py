@@ -1,10 +1,12 @@
 """3x3 convolution forward: netcl im2col+GEMM vs Winograd F(2x2,3x3) vs direct, beside PyTorch,
-tinygrad and NumPy on the same device in one run. Table + JSON, GFLOP/s and ratios.
+tinygrad and NumPy on the same device in one run; then both gradients per algorithm beside PyTorch's
+convolution_backward. Table + JSON, GFLOP/s and ratios.
 
     python bench/conv.py                    # CPU (PoCL) default size N=8, C=K=64, 28x28
     python bench/conv.py --gpu              # GPU size N=32, C=K=128, 56x56; PyTorch on CUDA (no TF32)
     python bench/conv.py --n 16 --c 96 --k 96 --hw 40 --repeat 20 --out bench/results/conv.json
-    python bench/conv.py --tune             # also store the fastest netcl algorithm in the tuning DB
+    python bench/conv.py --tune             # also store the fastest netcl algorithm of each pass in the tuning DB
+    python bench/conv.py --gpu --n 128 --c 64 --k 64 --hw 32    # ResNet-18 CIFAR's first stage at batch 128
 """
 
 from __future__ import annotations
@@ -86,18 +88,31 @@ def backward_rows(args, dev, q, x, w, repeat: int, skip: set) -> list[dict]:
                 rows.append({"op": what, "impl": "pytorch", "ms": s * 1e3, "gflops": flops / s / 1e9})
         except Exception as exc:  # a missing peer is reported, not fatal
             rows.append({"op": "conv backward", "impl": "pytorch", "ms": None, "note": f"unavailable: {exc}"[:160]})
-    for algo in ("gemm", "direct"):
-        for what, fn in (
-            ("grad_weight", lambda a=algo: C.conv2d_backward_weight(xt, gyt, w.shape, padding=1, algorithm=a)),
-            ("grad_input", lambda a=algo: C.conv2d_backward_input(gyt, wt, x.shape, padding=1, algorithm=a)),
-        ):
+    # per pass: 'auto' (the default choice), then each algorithm; 'flipped' runs the flipped-kernel forward
+    # convolution (Winograd where it pays), 'winograd' F(2x2, 3x3) run backwards
+    passes = {"grad_weight": ("backward_weight", ("auto", "gemm", "winograd", "direct"),
+                              lambda a: C.conv2d_backward_weight(xt, gyt, w.shape, padding=1, algorithm=a)),
+              "grad_input": ("backward_input", ("auto", "gemm", "flipped", "direct"),
+                             lambda a: C.conv2d_backward_input(gyt, wt, x.shape, padding=1, algorithm=a))}
+    for what, (pass_, algos, call) in passes.items():
+        timings = {}
+        for algo in algos:
+            fn = lambda a=algo, call=call: call(a)  # noqa: E731
             # the direct gather kernels are slow (seconds per call at the GPU size): few repeats
-            s = median_seconds(fn, q.finish, repeat if algo == "gemm" else min(repeat, 3), warmup=1)
+            s = median_seconds(fn, q.finish, min(repeat, 3) if algo == "direct" else repeat, warmup=1)
+            if algo != "auto":
+                timings[algo] = s
             row = {"op": what, "impl": f"netcl {algo}", "ms": s * 1e3, "gflops": flops / s / 1e9}
             if what in refs:
                 ref = refs[what]
                 row["max_rel_err"] = float(np.max(np.abs(fn().to_host() - ref)) / np.max(np.abs(ref)))
+                peer = next(r["ms"] for r in rows if r["op"] == what and r["impl"] == "pytorch")
+                row["vs_pytorch"] = peer / (s * 1e3)
             rows.append(row)
+        if args.tune:
+            best = min(timings, key=timings.get)
+            C.record_algorithm(dev, x.shape, w.shape, np.float32, best, padding=1, pass_=pass_,
+                               ms=timings[best] * 1e3)
     _, idx = P.max_pool2d(xt, 2)
     for algo in ("plane", "gather"):
         pooled = Tensor.from_host(q, rng.standard_normal(idx.shape).astype(np.float32))
@@ -105,10 +120,13 @@ def backward_rows(args, dev, q, x, w, repeat: int, skip: set) -> list[dict]:
         s = median_seconds(fn, q.finish, repeat)
         rows.append({"op": "max_pool2d_backward 2x2", "impl": f"netcl {algo}", "ms": s * 1e3, "gflops": None})
     print(f"backward of the same convolution ({flops / 1e9:.2f} GFLOP each) and of max_pool2d 2x2 on x:")
-    print(f"{'op':26s} {'impl':16s} {'ms':>9s} {'GFLOP/s':>9s} {'rel err':>9s}  note")
+    print(f"{'op':26s} {'impl':16s} {'ms':>9s} {'GFLOP/s':>9s} {'x pytorch':>9s} {'rel err':>9s}  note")
     for r in rows:
         print(f"{r['op']:26s} {r['impl']:16s} {r['ms'] if r['ms'] is not None else float('nan'):9.3f} "
-              f"{r.get('gflops') or float('nan'):9.1f} {r.get('max_rel_err', float('nan')):9.1e}  {r.get('note', '')}")
+              f"{r.get('gflops') or float('nan'):9.1f} {r.get('vs_pytorch', float('nan')):9.2f} "
+              f"{r.get('max_rel_err', float('nan')):9.1e}  {r.get('note', '')}")
+    print("x pytorch: PyTorch's time over netcl's (above 1: netcl faster); GFLOP/s: the direct convolution's "
+          "FLOPs over time")
     return rows
 
 

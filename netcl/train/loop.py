@@ -14,12 +14,32 @@ from netcl import amp, nn, ops
 from netcl.core.tensor import Tensor
 from netcl.data import DataLoader
 from netcl.graph import Graph
+from netcl.nn.resnet import resnet18
+
+MODELS = ("cnn", "mlp", "resnet")
+
+
+def prepare_images(kind: str, x: np.ndarray) -> np.ndarray:
+    """The images as `kind` takes them: 'resnet' zero-pads H and W (evenly on both sides) up to a multiple
+    of 8, so its three stride-2 stages halve whole sizes (Fashion-MNIST 28x28 -> 32x32, CIFAR's layout);
+    the other models take the images as they are."""
+    if kind != "resnet":
+        return x
+    h, w = x.shape[-2:]
+    ph, pw = -h % 8, -w % 8
+    if not ph and not pw:
+        return x
+    pad = [(0, 0)] * (x.ndim - 2) + [(ph // 2, ph - ph // 2), (pw // 2, pw - pw // 2)]
+    return np.pad(x, pad)
 
 
 def build_model(kind: str, q: Any, image_shape: tuple[int, ...], classes: int) -> nn.Module:
     """'cnn': two 3x3 conv + relu + 2x2 max-pool stages, then a 128-unit hidden layer;
-    'mlp': the seed's 784-256-128-10 shape (input size follows the images)."""
+    'mlp': the seed's 784-256-128-10 shape (input size follows the images);
+    'resnet': ResNet-18 in the CIFAR layout (netcl.nn.resnet; images through prepare_images first)."""
     c, h, w = image_shape
+    if kind == "resnet":
+        return resnet18(q, num_classes=classes, in_channels=c)
     if kind == "mlp":
         return nn.Sequential(
             nn.Flatten(),
@@ -43,7 +63,7 @@ def build_model(kind: str, q: Any, image_shape: tuple[int, ...], classes: int) -
             nn.ReLU(),
             nn.Linear(q, 128, classes),
         )
-    raise ValueError(f"unknown model {kind!r}; choose cnn or mlp")
+    raise ValueError(f"unknown model {kind!r}; choose one of {', '.join(MODELS)}")
 
 
 @dataclass

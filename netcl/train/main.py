@@ -1,5 +1,5 @@
-"""`netcl train`: train a small CNN (or the seed's MLP) on Fashion-MNIST, or on scikit-learn's digits
-when Fashion-MNIST cannot be had; progress bars, per-epoch test accuracy, checkpoints, --resume,
+"""`netcl train`: train a small CNN (or the seed's MLP, or ResNet-18) on Fashion-MNIST, or on scikit-learn's
+digits when Fashion-MNIST cannot be had; progress bars, per-epoch test accuracy, checkpoints, --resume,
 a PNG of the loss and accuracy curves, and TensorBoard scalars with --tensorboard DIR."""
 
 from __future__ import annotations
@@ -25,7 +25,16 @@ from netcl.io import load_checkpoint, save_checkpoint
 from netcl.io.checkpoint import read_checkpoint
 from netcl.ops import random
 from netcl.train import tensorboard
-from netcl.train.loop import GraphedStep, MixedPrecision, add_amp_argument, build_model, evaluate, train_epoch
+from netcl.train.loop import (
+    MODELS,
+    GraphedStep,
+    MixedPrecision,
+    add_amp_argument,
+    build_model,
+    evaluate,
+    prepare_images,
+    train_epoch,
+)
 
 # Defaults per dataset, so the job ends on a result worth showing whichever one it found (2-core PoCL
 # CPU device: Fashion-MNIST CNN 2 x 20000 images ~87% in a few minutes; the 1437 digits at batch 32
@@ -77,7 +86,8 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "train", help="train a small CNN on Fashion-MNIST (digits if unavailable)", description=__doc__
     )
-    p.add_argument("--model", choices=("cnn", "mlp"), default=None, help="cnn (default) or mlp")
+    p.add_argument("--model", choices=MODELS, default=None,
+                   help="cnn (default), mlp, or resnet (ResNet-18, images zero-padded to a multiple of 8: 28 -> 32)")
     p.add_argument(
         "--dataset",
         choices=("auto", "fashion-mnist", "mnist", "digits"),
@@ -275,6 +285,7 @@ def run(args: argparse.Namespace) -> int:
     x_train, y_train = data.x_train, data.y_train
     if s["train_limit"]:
         x_train, y_train = x_train[: s["train_limit"]], y_train[: s["train_limit"]]
+    x_train, x_test = prepare_images(s["model"], x_train), prepare_images(s["model"], data.x_test)
     try:
         out.mkdir(parents=True, exist_ok=True) if rank0 else None  # rank 0 writes the run's files
     except OSError as exc:
@@ -282,11 +293,11 @@ def run(args: argparse.Namespace) -> int:
     ckpt = out / "checkpoint.safetensors"
     log(
         f"netcl train: {s['model']} on {data.name} ({len(y_train)} train / {len(data.y_test)} test images "
-        f"{'x'.join(map(str, data.image_shape))}) on {dev.device_name} ({dev.backend}); writing to {out}"
+        f"{'x'.join(map(str, x_train.shape[1:]))}) on {dev.device_name} ({dev.backend}); writing to {out}"
     )
 
     random.manual_seed(s["seed"])
-    model = build_model(s["model"], q, data.image_shape, data.classes)
+    model = build_model(s["model"], q, x_train.shape[1:], data.classes)
     if args.nproc > 1:  # each rank: its share of every epoch's shuffled order, --batch-size per step
         sampler = DistributedSampler(len(y_train), shuffle=True, seed=s["seed"], drop_last=True)
         loader = DataLoader((x_train, y_train), s["batch_size"], q, sampler=sampler, drop_last=True)
@@ -351,7 +362,7 @@ def run(args: argparse.Namespace) -> int:
         q.finish()
         seconds = time.perf_counter() - t0
         bar.close()
-        acc = evaluate(model, data.x_test, data.y_test, q)
+        acc = evaluate(model, x_test, data.y_test, q)
         history["loss"].extend(losses)
         history["test_accuracy"].append(acc)
         history["epoch_seconds"].append(seconds)
