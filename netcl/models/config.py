@@ -10,7 +10,7 @@ from typing import Any
 
 from netcl.core import shapes
 from netcl.errors import ShapeError
-from netcl.ops.rope import ROPE_PAIRINGS
+from netcl.ops.rope import ROPE_PAIRINGS, rope_scaling
 
 ARCHS = ("llama", "gpt2")
 _MLP_ACTIVATIONS = ("gelu_tanh", "gelu", "relu", "silu")
@@ -25,7 +25,9 @@ class GPTConfig:
     biases, tied embeddings by default. Fields left None take the arch's default when the config is made:
     n_kv_heads = n_heads (grouped-query attention when smaller, dividing n_heads), head_dim = dim /
     n_heads, hidden_dim (the feed-forward width) = 8/3 dim rounded up to a multiple of 32 for llama,
-    4 dim for gpt2; norm_eps 1e-5; tie_embeddings, attn_bias and mlp_bias per arch.
+    4 dim for gpt2; norm_eps 1e-5; tie_embeddings, attn_bias and mlp_bias per arch. rope_scaling: None,
+    {"rope_type": "linear", "factor": f} or Llama 3.1's {"rope_type": "llama3", "factor",
+    "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"} (netcl.ops.rope_scaling).
     """
 
     vocab_size: int
@@ -40,6 +42,7 @@ class GPTConfig:
     norm_eps: float | None = None
     rope_base: float = 10000.0
     rope_pairing: str = "half"
+    rope_scaling: dict[str, Any] | None = None
     tie_embeddings: bool | None = None
     attn_bias: bool | None = None
     mlp_bias: bool | None = None
@@ -77,6 +80,12 @@ class GPTConfig:
         if self.rope_pairing not in ROPE_PAIRINGS:
             raise ValueError(f"GPTConfig: rope_pairing must be one of {sorted(ROPE_PAIRINGS)}, got "
                              f"{self.rope_pairing!r}")
+        try:
+            self.rope_scaling = rope_scaling(self.rope_scaling)
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"GPTConfig: {exc}") from None
+        if self.rope_scaling is not None and not llama:
+            raise ValueError("GPTConfig: rope_scaling is for arch 'llama' (gpt2 has learned positions)")
         defaults = {"tie_embeddings": not llama, "attn_bias": not llama, "mlp_bias": not llama}
         for name, default in defaults.items():
             value = getattr(self, name)

@@ -61,7 +61,8 @@ class GPT(Module):
         self.tok_embeddings = Embedding(q, c.vocab_size, c.dim, dtype=dt)
         if c.arch == "gpt2":
             self.pos_embeddings = Embedding(q, c.max_seq_len, c.dim, dtype=dt)
-        rope = RoPE(q, c.head_dim, c.max_seq_len, c.rope_base, c.rope_pairing, dt) if c.uses_rope else None
+        rope = RoPE(q, c.head_dim, c.max_seq_len, c.rope_base, c.rope_pairing, dt,
+                    c.rope_scaling) if c.uses_rope else None
         norm = "rms" if c.arch == "llama" else "layer"
         mlp = "swiglu" if c.arch == "llama" else "gelu"
         self.layers = ModuleList([

@@ -18,6 +18,7 @@ import numpy as np
 from netcl.io import huggingface as hf_io
 from netcl.io.huggingface import PretrainedError
 from netcl.models.config import GPTConfig
+from netcl.ops.rope import ROPE_SCALINGS
 
 Arrays = list[np.ndarray]
 Rule = tuple[list[str], list[str], Callable[[Arrays, GPTConfig], Arrays], Callable[[Arrays, GPTConfig], Arrays]]
@@ -130,8 +131,14 @@ def config_from_hf(config: dict[str, Any], overrides: dict[str, Any] | None = No
         if family == "llama":
             rope = get("rope_parameters") or get("rope_scaling") or {}
             rope_type = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
-            if rope_type not in (None, "default"):
-                raise PretrainedError(f"rope scaling {rope_type!r} is not implemented by netcl (plain RoPE only)")
+            scaling = None
+            if rope_type in ROPE_SCALINGS:
+                scaling = {"rope_type": rope_type, **{k: rope[k] for k in ROPE_SCALINGS[rope_type] if k in rope}}
+                if rope_type == "llama3" and rope.get("original_max_position_embeddings") is None:
+                    scaling["original_max_position_embeddings"] = get("max_position_embeddings")  # transformers' too
+            elif rope_type not in (None, "default"):
+                raise PretrainedError(f"rope scaling {rope_type!r} is not implemented by netcl (plain RoPE and the "
+                                      f"static scalings {sorted(ROPE_SCALINGS)})")
             if get("hidden_act", "silu") not in ("silu", "swish"):
                 raise PretrainedError(f"Llama hidden_act {get('hidden_act')!r}: netcl's SwiGLU uses silu")
             theta = rope["rope_theta"] if isinstance(rope, dict) and "rope_theta" in rope else get("rope_theta", 1e4)
@@ -139,7 +146,7 @@ def config_from_hf(config: dict[str, Any], overrides: dict[str, Any] | None = No
                           n_layers=get("num_hidden_layers"), n_heads=get("num_attention_heads"),
                           n_kv_heads=get("num_key_value_heads"), head_dim=get("head_dim"),
                           hidden_dim=get("intermediate_size"), max_seq_len=get("max_position_embeddings", 2048),
-                          norm_eps=get("rms_norm_eps", 1e-6), rope_base=theta,
+                          norm_eps=get("rms_norm_eps", 1e-6), rope_base=theta, rope_scaling=scaling,
                           tie_embeddings=bool(get("tie_word_embeddings", False)),
                           attn_bias=bool(get("attention_bias", False)), mlp_bias=bool(get("mlp_bias", False)))
         else:
@@ -171,7 +178,9 @@ def config_to_hf(c: GPTConfig) -> dict[str, Any]:
                 "hidden_size": c.dim, "intermediate_size": c.hidden_dim, "num_hidden_layers": c.n_layers,
                 "num_attention_heads": c.n_heads, "num_key_value_heads": c.n_kv_heads, "head_dim": c.head_dim,
                 "max_position_embeddings": c.max_seq_len, "rms_norm_eps": c.norm_eps, "rope_theta": c.rope_base,
-                "rope_parameters": {"rope_type": "default", "rope_theta": c.rope_base}, "rope_scaling": None,
+                "rope_parameters": {"rope_type": "default", "rope_theta": c.rope_base, **(c.rope_scaling or {})},
+                # transformers 4.x reads the scaling from rope_scaling (5.x from rope_parameters)
+                "rope_scaling": dict(c.rope_scaling) if c.rope_scaling else None,
                 "attention_bias": c.attn_bias, "mlp_bias": c.mlp_bias, "tie_word_embeddings": c.tie_embeddings,
                 "hidden_act": "silu", "attention_dropout": c.attn_dropout, "torch_dtype": c.dtype,
                 "dtype": c.dtype, "bos_token_id": None, "eos_token_id": None, "pad_token_id": None}

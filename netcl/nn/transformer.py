@@ -30,18 +30,22 @@ __all__ = ["GELUMLP", "KVCache", "MultiHeadAttention", "RoPE", "SwiGLU", "Transf
 class RoPE(Module):
     """Rotary position embedding of heads x (B, H, S, D): pair i of the head vector at position p is
     rotated by p * base^(-2i/D). pairing "half" pairs x[i] with x[i + D/2] (GPT-NeoX, Hugging Face Llama),
-    "interleaved" x[2i] with x[2i+1] (Meta's Llama, GPT-J). The cos/sin tables (max_len, D/2) are made
-    once per (max_len, D, base) and are not state (no parameters, nothing in state_dict)."""
+    "interleaved" x[2i] with x[2i+1] (Meta's Llama, GPT-J). scaling rescales the frequencies (None,
+    {"rope_type": "linear", ...} or Llama 3.1's {"rope_type": "llama3", ...}: see netcl.ops.rope_scaling).
+    The cos/sin tables (max_len, D/2) are made once per (max_len, D, base, scaling) and are not state (no
+    parameters, nothing in state_dict)."""
 
     def __init__(self, q: Any, head_dim: int, max_len: int, base: float = 10000.0, pairing: str = "half",
-                 dtype: Any = "float32"):
+                 dtype: Any = "float32", scaling: dict[str, Any] | None = None):
         super().__init__()
         if pairing not in ROPE_PAIRINGS:
             raise ValueError(f"RoPE: pairing must be one of {sorted(ROPE_PAIRINGS)}, got {pairing!r}")
         self.head_dim = shapes.size(head_dim, "RoPE: head_dim", minimum=2)
         self.max_len = shapes.size(max_len, "RoPE: max_len", minimum=1)
         self.base, self.pairing = float(base), pairing
-        self.cos, self.sin = ops.rope_tables(as_queue(q), self.max_len, self.head_dim, self.base, dtype)
+        self.scaling = ops.rope_scaling(scaling)
+        self.cos, self.sin = ops.rope_tables(as_queue(q), self.max_len, self.head_dim, self.base, dtype,
+                                             self.scaling)
 
     def forward(self, x: Node, offset: Tensor | None = None) -> Node:
         """x (B, H, S, D) rotated at positions s + offset (offset: None or an int32 device Tensor (1,) or
@@ -54,7 +58,8 @@ class RoPE(Module):
         ops.rope(x, self.cos, self.sin, offset, self.pairing, out=cache, out_at_offset=True)
 
     def extra_repr(self) -> str:
-        return f"head_dim={self.head_dim}, max_len={self.max_len}, base={self.base}, pairing={self.pairing!r}"
+        scaling = f", scaling={self.scaling}" if self.scaling else ""
+        return f"head_dim={self.head_dim}, max_len={self.max_len}, base={self.base}, pairing={self.pairing!r}{scaling}"
 
 
 class SwiGLU(Module):

@@ -20,9 +20,13 @@ from netcl.core.backend import as_queue, device_check
 from netcl.core.tensor import Tensor, check_same_queue
 from netcl.errors import DTypeError, ShapeError
 
-__all__ = ["rope", "rope_tables"]
+__all__ = ["rope", "rope_inv_freq", "rope_scaling", "rope_tables"]
 
 ROPE_PAIRINGS = {"half": "ROPE_HALF", "interleaved": "ROPE_INTERLEAVED"}
+# frequency scalings (Hugging Face's rope_type names) and the keys each needs: static rescalings of the
+# inverse frequencies, so the tables stay one (max_len, D/2) pair and nothing changes in the kernel
+ROPE_SCALINGS = {"linear": ("factor",),
+                 "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
 
 _POSITION_CHECK = device_check("rope: position {value} (row {row} of (B*H*S)) is outside [0, {limit}), the "
                                "positions the rotary table (max_len) or the output holds")
@@ -36,26 +40,84 @@ def _table_dtype(dtype: np.dtype) -> np.dtype:
     return dtypes.float64 if dtype == dtypes.float64 else dtypes.float32
 
 
-def rope_tables(q: Any, max_len: int, dim: int, base: float = 10000.0,
-                dtype: Any = np.float32) -> tuple[Tensor, Tensor]:
-    """(cos, sin), each (max_len, dim // 2): angle[p, i] = p * base^(-2i / dim), for heads of `dtype`.
+def rope_scaling(scaling: Any) -> dict[str, Any] | None:
+    """A checked copy of a frequency scaling: None, {"rope_type": "linear", "factor": f} (positions divided
+    by f) or {"rope_type": "llama3", "factor", "low_freq_factor", "high_freq_factor",
+    "original_max_position_embeddings"} (Llama 3.1's: long wavelengths divided by factor, short ones kept,
+    a smooth blend between). Keys beyond the type's are an error naming them."""
+    if scaling is None:
+        return None
+    if not isinstance(scaling, dict):
+        raise TypeError(f"rope scaling must be a dict with a 'rope_type' or None, got {type(scaling).__name__}")
+    kind = scaling.get("rope_type")
+    if kind not in ROPE_SCALINGS:
+        raise ValueError(f"rope scaling: rope_type must be one of {sorted(ROPE_SCALINGS)}, got {kind!r}")
+    want = ROPE_SCALINGS[kind]
+    missing = [k for k in want if k not in scaling]
+    unknown = sorted(set(scaling) - set(want) - {"rope_type"})
+    if missing or unknown:
+        raise ValueError(f"rope scaling {kind!r} takes the keys {list(want)}; missing {missing}, unknown {unknown}")
+    out: dict[str, Any] = {"rope_type": kind}
+    for k in want:
+        v = scaling[k]
+        if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or not math.isfinite(v) \
+                or v <= 0:
+            raise ValueError(f"rope scaling {kind!r}: {k} must be a positive finite number, got {v!r}")
+        out[k] = int(v) if k == "original_max_position_embeddings" else float(v)
+    if kind == "linear" and out["factor"] < 1:
+        raise ValueError(f"rope scaling 'linear': factor must be >= 1, got {out['factor']}")
+    if kind == "llama3" and not (out["factor"] >= 1 and out["high_freq_factor"] > out["low_freq_factor"]):
+        raise ValueError(f"rope scaling 'llama3': needs factor >= 1 and high_freq_factor > low_freq_factor, got {out}")
+    return out
 
-    Computed once per (queue, max_len, dim, base, dtype) and shared. For float32 heads the angles are
-    float32 products of float32 inverse frequencies (as Hugging Face computes them), so logits match."""
+
+def rope_inv_freq(dim: int, base: float, scaling: dict[str, Any] | None = None, dtype: Any = np.float32) -> np.ndarray:
+    """The inverse frequencies (dim // 2,) base^(-2i / dim), rescaled by `scaling` (see rope_scaling), in
+    `dtype`'s arithmetic step by step as Hugging Face computes them (float32 for float32 models)."""
+    dt = np.dtype(dtype)
+    exponents = np.arange(0, dim, 2, dtype=np.int64).astype(dt) / dt.type(dim)
+    powers = (float(base) ** exponents.astype(np.float64)).astype(dt)  # rounded once (torch's pow: within an ulp)
+    inv_freq = (dt.type(1.0) / powers).astype(dt)
+    scaling = rope_scaling(scaling)
+    if scaling is None:
+        return inv_freq
+    factor = dt.type(scaling["factor"])
+    if scaling["rope_type"] == "linear":
+        return (inv_freq / factor).astype(dt)
+    # llama3: transformers' _compute_llama3_parameters operation for operation (torch's scalar / tensor is
+    # the tensor's reciprocal times the scalar)
+    low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+    old_len = scaling["original_max_position_embeddings"]
+    low_wavelen, high_wavelen = dt.type(old_len / low), dt.type(old_len / high)
+    wavelen = ((dt.type(1) / inv_freq) * dt.type(2 * math.pi)).astype(dt)
+    scaled = np.where(wavelen > low_wavelen, inv_freq / factor, inv_freq).astype(dt)
+    smooth = (((dt.type(1) / wavelen) * dt.type(old_len) - dt.type(low)) / dt.type(high - low)).astype(dt)
+    smoothed = ((dt.type(1) - smooth) * scaled / factor + smooth * scaled).astype(dt)
+    medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+    return np.where(medium, smoothed, scaled).astype(dt)
+
+
+def rope_tables(q: Any, max_len: int, dim: int, base: float = 10000.0,
+                dtype: Any = np.float32, scaling: dict[str, Any] | None = None) -> tuple[Tensor, Tensor]:
+    """(cos, sin), each (max_len, dim // 2): angle[p, i] = p * inv_freq[i] (base^(-2i / dim), rescaled by
+    `scaling`: see rope_scaling), for heads of `dtype`.
+
+    Computed once per (queue, max_len, dim, base, dtype, scaling) and shared. For float32 heads the angles
+    are float32 products of float32 inverse frequencies (as Hugging Face computes them), so logits match."""
     max_len = shapes.size(max_len, "rope_tables: max_len", minimum=1)
     dim = shapes.size(dim, "rope_tables: dim", minimum=2)
     if dim % 2:
         raise ShapeError(f"rope_tables: the rotated dimension must be even, got {dim}")
     if not (isinstance(base, (int, float, np.integer, np.floating)) and math.isfinite(base) and base > 1):
         raise ValueError(f"rope_tables: base must be a finite number above 1, got {base!r}")
+    scaling = rope_scaling(scaling)
     table_dt = _table_dtype(dtypes.normalize(dtype))
     q = as_queue(q)
-    key = (id(q), max_len, dim, float(base), table_dt)
+    key = (id(q), max_len, dim, float(base), table_dt, tuple(sorted(scaling.items())) if scaling else None)
     hit = _tables.get(key)
     if hit is not None and hit[0].queue is q:
         return hit
-    exponents = np.arange(0, dim, 2, dtype=np.int64).astype(table_dt) / table_dt.type(dim)
-    inv_freq = (1.0 / (table_dt.type(base) ** exponents)).astype(table_dt)
+    inv_freq = rope_inv_freq(dim, base, scaling, table_dt)
     angles = np.arange(max_len, dtype=table_dt)[:, None] * inv_freq[None, :]
     cos = Tensor.from_host(q, np.cos(angles.astype(np.float64)).astype(table_dt))
     sin = Tensor.from_host(q, np.sin(angles.astype(np.float64)).astype(table_dt))

@@ -121,6 +121,9 @@ def test_config_defaults_and_roundtrip():
     g = GPTConfig(arch="gpt2", vocab_size=100, dim=96, n_heads=6)
     assert (g.hidden_dim, g.tie_embeddings, g.attn_bias, g.mlp_bias) == (384, True, True, True)
     assert GPTConfig.from_dict(c.to_dict()) == c
+    scaled = GPTConfig(vocab_size=100, dim=96, n_heads=6, rope_scaling={"rope_type": "linear", "factor": 4})
+    assert scaled.rope_scaling == {"rope_type": "linear", "factor": 4.0}
+    assert GPTConfig.from_dict(scaled.to_dict()) == scaled
 
 
 @pytest.mark.parametrize("kwargs,error,words", [
@@ -134,6 +137,15 @@ def test_config_defaults_and_roundtrip():
     (dict(tie_embeddings="yes"), TypeError, "tie_embeddings"),
     (dict(dtype="float16"), ValueError, "dtype"),
     (dict(norm_eps=0), ValueError, "norm_eps"),
+    (dict(rope_scaling={"rope_type": "yarn", "factor": 2.0}), ValueError, "rope_type must be one of"),
+    (dict(rope_scaling={"rope_type": "llama3", "factor": 8.0}), ValueError,
+     r"missing \['low_freq_factor', 'high_freq_factor', 'original_max_position_embeddings'\]"),
+    (dict(rope_scaling={"rope_type": "linear", "factor": 2.0, "beta": 1}), ValueError, r"unknown \['beta'\]"),
+    (dict(rope_scaling={"rope_type": "linear", "factor": -2.0}), ValueError, "positive finite"),
+    (dict(rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 4.0, "high_freq_factor": 1.0,
+                        "original_max_position_embeddings": 64}), ValueError, "high_freq_factor > low_freq_factor"),
+    (dict(rope_scaling=("linear", 2.0)), TypeError, "GPTConfig: rope scaling must be a dict"),
+    (dict(arch="gpt2", rope_scaling={"rope_type": "linear", "factor": 2.0}), ValueError, "learned positions"),
 ])
 def test_config_errors(kwargs, error, words):
     with pytest.raises(error, match=words):

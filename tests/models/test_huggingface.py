@@ -32,8 +32,15 @@ def hf_gpt2(**overrides):
     return transformers.GPT2LMHeadModel(transformers.GPT2Config(**cfg))
 
 
+# Llama 3.1's frequency scaling with head_dim 8 and theta 5000: wavelengths 6.3, 53, 444 and 3736 positions
+# against the thresholds 40 / 4 = 10 and 40 / 0.5 = 80 cover the kept, the blended and the divided ones
+LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 5000.0, "factor": 8.0, "low_freq_factor": 0.5,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 40}
+LINEAR_ROPE = {"rope_type": "linear", "rope_theta": 5000.0, "factor": 3.0}
 MODELS = {"llama": hf_llama, "llama-gqa-bias-tied": lambda: hf_llama(num_key_value_heads=1, attention_bias=True,
                                                                       mlp_bias=True, tie_word_embeddings=True),
+          "llama3-rope-scaling": lambda: hf_llama(rope_parameters=LLAMA3_ROPE),
+          "llama-linear-rope-scaling": lambda: hf_llama(rope_parameters=LINEAR_ROPE),
           "gpt2": hf_gpt2}
 
 
@@ -83,6 +90,28 @@ def test_save_pretrained_loads_back_into_transformers(queue, tmp_path, name):
     ids = np.random.default_rng(1).integers(0, VOCAB, (1, 9))
     assert_logits_close(hf_logits(back, ids), hf_logits(hf, ids))
     assert GPT.from_pretrained(out, queue).config == model.config
+
+
+@pytest.mark.parametrize("scaling", [None, LINEAR_ROPE, LLAMA3_ROPE,
+                                     {**LLAMA3_ROPE, "rope_theta": 500000.0, "factor": 32.0, "low_freq_factor": 1.0,
+                                      "original_max_position_embeddings": 8192}])
+@pytest.mark.parametrize("head_dim", [8, 64, 128])
+def test_rope_frequencies_match_transformers(scaling, head_dim):
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from netcl.ops import rope_inv_freq
+
+    theta = scaling["rope_theta"] if scaling else 10000.0
+    params = {**(scaling or {"rope_type": "default"}), "rope_theta": theta}
+    config = transformers.LlamaConfig(hidden_size=4 * head_dim, num_attention_heads=4, rope_parameters=params,
+                                      max_position_embeddings=16384)
+    if scaling is None:
+        want = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim)
+    else:
+        want, _ = ROPE_INIT_FUNCTIONS[scaling["rope_type"]](config, "cpu")
+    ours = {k: v for k, v in (scaling or {}).items() if k != "rope_theta"} or None
+    # float32 step for step; torch's float32 pow may differ from a correctly rounded one by an ulp
+    np.testing.assert_allclose(rope_inv_freq(head_dim, theta, ours), want.numpy(), rtol=4e-7, atol=0)
 
 
 def test_sharded_directories_both_ways(queue, tmp_path):
@@ -166,6 +195,9 @@ def test_bad_directories(queue, tmp_path):
         GPT.from_pretrained(path, queue)
     (path / "config.json").write_text(json.dumps({**cfg, "rope_parameters": {"rope_type": "yarn", "factor": 2.0}}))
     with pytest.raises(PretrainedError, match="rope scaling 'yarn'"):
+        GPT.from_pretrained(path, queue)
+    (path / "config.json").write_text(json.dumps({**cfg, "rope_parameters": {"rope_type": "llama3", "factor": 8.0}}))
+    with pytest.raises(PretrainedError, match="missing .'low_freq_factor'"):
         GPT.from_pretrained(path, queue)
     (path / "config.json").write_text("{not json")
     with pytest.raises(PretrainedError, match="cannot read"):
