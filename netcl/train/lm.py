@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import codecs
+import contextlib
 import json
 import math
 import os
@@ -36,6 +37,7 @@ from netcl.ops import random
 from netcl.text import BPETokenizer, ChatFormat
 from netcl.train import corpus as corpus_mod
 from netcl.train.corpus import END_OF_TEXT, TokenWindows, build_corpus, validation_windows
+from netcl.train.loop import MixedPrecision, add_amp_argument
 
 DEFAULT_OUT = Path("runs/lm")
 TOKENIZER_FILE = "tokenizer.json"
@@ -162,6 +164,7 @@ def register(subparsers: Any) -> None:
                    "under runs/; --steps may raise the total (the cosine schedule is stretched to it)")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier run in OUT instead of refusing")
     p.add_argument("--no-progress", action="store_true", help="no progress bars (plain lines)")
+    add_amp_argument(p)
     p.add_argument("--eager", action="store_true",
                    help="run every step op by op (default: record the step once and replay it, netcl.graph)")
     p.set_defaults(func=run_train)
@@ -324,14 +327,24 @@ def make_optimizer(model: GPT, s: dict[str, Any]) -> optim.AdamW:
     return optim.AdamW(groups, lr=s["lr"], betas=(0.9, 0.95), eps=1e-8)
 
 
-def lm_step(model: GPT, opt: optim.Optimizer, ids: Tensor, targets: Tensor, clip: float) -> Tensor:
-    """Forward, loss, backward, gradient clipping, AdamW; the loss Tensor (1,) without waiting for it."""
-    with ag.Tape() as tape:
+def lm_step(model: GPT, opt: optim.Optimizer, ids: Tensor, targets: Tensor, clip: float,
+            mixed: MixedPrecision | None = None) -> Tensor:
+    """Forward, loss, backward, gradient clipping, AdamW; the loss Tensor (1,) without waiting for it.
+    `mixed` (--amp): the forward under autocast; with float16 the loss is scaled, the gradients unscaled
+    before clipping and a step with inf/NaN gradients skipped on the device (GradScaler)."""
+    with mixed.autocast() if mixed is not None else contextlib.nullcontext(), ag.Tape() as tape:
         loss = model.loss(ids, targets)
-    tape.backward(loss)
+    scaler = mixed.scaler if mixed is not None else None
+    tape.backward(scaler.scale(loss) if scaler is not None else loss)
+    if scaler is not None:
+        scaler.unscale_(opt)  # clip the true gradients
     if clip > 0:
         optim.clip_grad_norm_(model.parameters(), clip)
-    opt.step()
+    if scaler is not None:
+        scaler.step(opt)
+        scaler.update()
+    else:
+        opt.step()
     opt.zero_grad()
     return loss.value
 
@@ -341,8 +354,9 @@ class LMStep:
     replayed on later ones with the new batch copied into the captured inputs, or op by op when eager.
     The scheduler is stepped by the caller, on the host (replays read the new learning rate)."""
 
-    def __init__(self, model: GPT, opt: optim.Optimizer, clip: float, eager: bool = False):
-        self.model, self.opt, self.clip, self.eager = model, opt, clip, eager
+    def __init__(self, model: GPT, opt: optim.Optimizer, clip: float, eager: bool = False,
+                 mixed: MixedPrecision | None = None):
+        self.model, self.opt, self.clip, self.eager, self.mixed = model, opt, clip, eager, mixed
         self.graph: Graph | None = None
         self.ids: Tensor | None = None
         self.targets: Tensor | None = None
@@ -352,12 +366,13 @@ class LMStep:
         q = self.model.queue
         ids, targets = np.ascontiguousarray(batch[:, :-1]), np.ascontiguousarray(batch[:, 1:])
         if self.eager:
-            return lm_step(self.model, self.opt, Tensor.from_host(q, ids), Tensor.from_host(q, targets), self.clip)
+            return lm_step(self.model, self.opt, Tensor.from_host(q, ids), Tensor.from_host(q, targets), self.clip,
+                           self.mixed)
         if self.graph is None:
             self.ids, self.targets = Tensor.from_host(q, ids), Tensor.from_host(q, targets)
             self.graph = Graph()
             with self.graph.capture():
-                self.loss = lm_step(self.model, self.opt, self.ids, self.targets, self.clip)
+                self.loss = lm_step(self.model, self.opt, self.ids, self.targets, self.clip, self.mixed)
         else:
             self.ids.copy_from_host(ids)
             self.targets.copy_from_host(targets)
@@ -462,7 +477,12 @@ def run_train(args: argparse.Namespace) -> int:
         f"{s['lr']:g} -> {s['min_lr']:g} (warm-up {s['warmup']}, cosine), clip {s['clip']:g}"
         f"{', eager steps' if args.eager else ', step recorded once and replayed (--eager: op by op)'}; "
         f"writing to {out}")
-    step_fn = LMStep(model, opt, s["clip"], eager=args.eager)
+    mixed = MixedPrecision.make(args.amp) if args.amp else None
+    if mixed is not None:
+        log(f"mixed precision: autocast {args.amp}{', dynamic loss scaling' if mixed.scaler else ''}")
+        if mixed.scaler is not None and resume_from is not None and meta["extra"].get("grad_scaler"):
+            mixed.scaler.load_state_dict(meta["extra"]["grad_scaler"])  # the loss scale it had reached
+    step_fn = LMStep(model, opt, s["clip"], eager=args.eager, mixed=mixed)
     tokenizer = corpus.tokenizer
     run_args = {key: s[key] for key in RUN_SETTINGS.values()}
     run_args.update(steps=s["steps"], eval_every=s["eval_every"], cache_dir=cache_dir)
@@ -470,7 +490,8 @@ def run_train(args: argparse.Namespace) -> int:
 
     def checkpoint(step: int) -> None:
         save_checkpoint(out / CHECKPOINT_FILE, model, opt, sched, step=step, loader=windows,
-                        extra={"kind": "lm", "history": history, "args": run_args, "corpus": corpus.info})
+                        extra={"kind": "lm", "history": history, "args": run_args, "corpus": corpus.info,
+                               **({"grad_scaler": mixed.scaler.state_dict()} if mixed and mixed.scaler else {})})
         model.save_pretrained(out)
         tokenizer.save_hf(out / TOKENIZER_FILE)
         for p in (out / CHECKPOINT_FILE, out / "config.json", out / TOKENIZER_FILE):
@@ -514,9 +535,15 @@ def run_train(args: argparse.Namespace) -> int:
     written.append(plot)
     samples = []
     for i, prompt in enumerate((SAMPLE_PROMPTS * (1 + args.samples // len(SAMPLE_PROMPTS)))[:args.samples]):
+        ids = tokenizer.encode(prompt)
+        budget = min(args.sample_tokens, s["context"] - len(ids))  # the prompt and the sample share the context
+        if budget < 1:
+            log(f"--- sample {i + 1}: the prompt {prompt!r} ({len(ids)} tokens) fills the context of "
+                f"{s['context']}; skipped ---")
+            continue
         text = prompt + "".join(
-            stream_tokens(model, tokenizer, tokenizer.encode(prompt), args.sample_tokens, temperature=0.8,
-                          top_k=40, top_p=None, seed=s["seed"] + i, stop=[tokenizer.special_id(END_OF_TEXT)]))
+            stream_tokens(model, tokenizer, ids, budget, temperature=0.8, top_k=40, top_p=None, seed=s["seed"] + i,
+                          stop=[tokenizer.special_id(END_OF_TEXT)]))
         samples.append(text)
         log(f"--- sample {i + 1} (prompt {prompt!r}, temperature 0.8, top-k 40) ---\n{text}")
     if samples:
@@ -526,6 +553,7 @@ def run_train(args: argparse.Namespace) -> int:
     metrics = {
         "settings": run_args,
         "parameters": model.num_parameters(),
+        "amp": args.amp,
         "device": dev.device_name,
         "corpus": {k: v for k, v in corpus.info.items() if k != "val_file_names"},
         "final_val_loss_nats": final_val,

@@ -366,3 +366,37 @@ def test_bad_paths_and_devices_are_clear_errors_before_anything_is_written(tmp_p
     assert "was not written by netcl lm-train" in capsys.readouterr().err
     assert main(["generate", "--checkpoint", str(out), "--device", "nosuch"]) == 1
     assert "--device nosuch: unknown device" in capsys.readouterr().err
+
+
+def test_samples_share_the_context_with_their_prompt(corpus_dir, tmp_path, capsys):
+    """A context barely longer than the sample prompts: samples are cut to fit, never an error at the end."""
+    out = tmp_path / "lm"
+    args = [a if a != "12" else "3" for a in _args(corpus_dir, out, "--steps", "1", "--warmup", "0",
+                                                    "--samples", "4", "--sample-tokens", "50")]
+    assert args[args.index("--context") + 1] == "3"
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert (out / "samples.txt").is_file() and "validation loss" in text
+    tok = BPETokenizer.from_hf(out / "tokenizer.json")
+    for i, prompt in enumerate(lm.SAMPLE_PROMPTS):
+        n = len(tok.encode(prompt))
+        assert (f"--- sample {i + 1}: the prompt {prompt!r} ({n} tokens) fills the context" in text) == (n >= 3)
+
+
+def test_amp_float16_keeps_its_loss_scale_across_a_resume(corpus_dir, tmp_path, capsys):
+    out = tmp_path / "lm"
+    assert main(_args(corpus_dir, out, "--steps", "2", "--eval-every", "2", "--warmup", "0", "--samples", "0",
+                      "--amp")) == 0
+    assert "mixed precision: autocast float16, dynamic loss scaling" in capsys.readouterr().out
+    _, meta = read_checkpoint(out / "checkpoint.safetensors")
+    assert meta["extra"]["grad_scaler"]["_growth_tracker"] == 2  # two clean steps counted on the device
+    assert all(math.isfinite(v) for v in meta["extra"]["history"]["loss"])
+    assert main(["lm-train", "--resume", str(out), "--steps", "3", "--amp", "float16", "--no-progress",
+                 "--samples", "0", "--cache-dir", str(tmp_path / "cache")]) == 0
+    _, meta = read_checkpoint(out / "checkpoint.safetensors")
+    assert meta["extra"]["grad_scaler"]["_growth_tracker"] == 3 and meta["step"] == 3
+    assert json.loads((out / "metrics.json").read_text())["amp"] == "float16"
+    with pytest.raises(SystemExit):
+        main(["lm-train", "--amp", "float8", "--out", str(tmp_path / "never")])
+    assert "argument --amp: invalid choice: 'float8'" in capsys.readouterr().err
+    assert not (tmp_path / "never").exists()
