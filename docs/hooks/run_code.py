@@ -141,7 +141,7 @@ def run_page(name: str, markdown: str, workdir: Path | None = None) -> list[dict
         finally:
             os.chdir(old_cwd)
     cache.parent.mkdir(parents=True, exist_ok=True)
-    tmp = cache.with_suffix(".tmp")
+    tmp = cache.with_suffix(f".{os.getpid()}.tmp")          # two test runs at once (scripts/test_matrix.py)
     tmp.write_text(json.dumps(results))
     tmp.replace(cache)
     return results
