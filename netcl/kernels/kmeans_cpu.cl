@@ -7,13 +7,16 @@
 //
 // kmeans_assign_cpu: label[i] = argmin_c ||x_i - c||^2 (the first on ties, as scikit-learn), computed as
 // argmin_c (||c||^2 - 2 x_i.c); dist[i] = the exact ||x_i - c_label||^2. No n x k buffer.
-// Layout: global ceil(n/MB), local 1: a work-item owns MB rows and walks them RM at a time. The RM rows
-// (centred) are staged in local scratch; for each panel of VN centers a register block of RM vectors of
-// VN dot products is accumulated over the features (one vector load of the panel per feature, RM
-// broadcast FMAs), and folded into RM running (min, index) vectors, lane l tracking centers l, l + VN,
-// ... in increasing order; the lanes are folded at the end (ties by index), so the result is the first
-// minimum. Counts labels that changed when count_changes is set (one atomic per work-item).
-// Reads x, shift, cp, cn, centers (and labels); writes labels, dist, changed. Local scratch RM*DMAX.
+// Layout: global ceil(n/MB), local 1: a work-item owns MB rows, staged centred in local scratch (MB x d).
+// It walks the centers PB panels (PB*VN centers) at a time, in the order of GEMM's loops: for each panel
+// block, each register block of RM rows accumulates RM x PB vectors of VN dot products over the features
+// (PB vector loads and RM broadcasts per feature, RM*PB independent FMAs), so a panel block stays in L1
+// while the MB rows pass it; the block's values are folded into the rows' running (min, index) vectors
+// (local scratch; lane l tracks centers l, l + VN, ... in increasing order). The lanes are folded at
+// the end (ties by index), so the result is the first minimum. Counts labels that changed when
+// count_changes is set (one atomic per work-item).
+// Reads x, shift, cp, cn, centers (and labels); writes labels, dist, changed. Local scratch MB*DSTAGE
+// values + MB*(VN values + VN indices).
 //
 // kmeans_update_cpu: the per-cluster sums of the update step. Work-item s owns the rows of segment s
 // (rows s*seg ...) and walks them in order, adding w * (x - shift) to its own partial sums psum[s, label]
@@ -23,9 +26,9 @@
 // dist, w; reads and writes psum, pw, pin.
 //
 // Knobs: VN (centers per vector: 4 or 8 for float, 4 for double; at most 32 bytes, see gemm_cpu.cl),
-// RM (rows per register block, default 4), MB (rows per work-item, default 64), DMAX (features staged at
-// once, default 256; wider rows are staged again for every panel), VF (features per vector in
-// kmeans_update_cpu: 1, 2, 4 or 8, at most 32 bytes).
+// PB (panels per block: RM*PB accumulator vectors, default 2), RM (rows per register block, default 4),
+// MB (rows per work-item, a multiple of RM, default 64), DSTAGE (features staged per row: at least d;
+// the host sets it), VF (features per vector in kmeans_update_cpu: 1, 2, 4 or 8, at most 32 bytes).
 
 #include "kmeans_common.cl"
 
@@ -38,8 +41,11 @@
 #ifndef MB
 #define MB 64
 #endif
-#ifndef DMAX
-#define DMAX 256
+#ifndef PB
+#define PB 2
+#endif
+#ifndef DSTAGE
+#error "kmeans_cpu.cl: the host sets DSTAGE (features staged per row, >= d)"
 #endif
 #ifndef VF
 #define VF 1
@@ -56,8 +62,10 @@
 #define LANE_IDS ((IVT)(0, 1, 2, 3))
 #elif VN == 8
 #define LANE_IDS ((IVT)(0, 1, 2, 3, 4, 5, 6, 7))
+#elif VN == 16
+#define LANE_IDS ((IVT)(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15))
 #else
-#error "kmeans_cpu.cl: VN must be 4 or 8"
+#error "kmeans_cpu.cl: VN must be 4, 8 or 16"
 #endif
 typedef union { VT v; ACC s[VN]; } vt_lanes;   // lanes read through memory, not a library call
 typedef union { IVT v; IDX_T s[VN]; } ivt_lanes;
@@ -83,80 +91,75 @@ void kmeans_assign_cpu(__global const T *x, const long x_off, const int n, const
                        __global const T *centers, __global int *labels, __global T *dist,
                        __global int *changed, const int count_changes)
 {
-    __local ACC xs[RM * DMAX];
+    __local ACC xs[MB * DSTAGE];   // the work-item's rows, centred (row r at xs + r * d)
+    __local VT bestv[MB];          // running minimum per row and lane
+    __local IVT besti[MB];
     const long m0 = (long)get_group_id(0) * MB;
+    const int rows = (int)min((long)MB, n - m0);
     const int npanels = kpad / VN;
     __global const VT *panels = (__global const VT *)cp;
     __global const VT *norms = (__global const VT *)cn;
-    int mine = 0;
-    for (int i0 = 0; i0 < MB && m0 + i0 < n; i0 += RM) {
-        long rows[RM];
-        VT best[RM];
-        IVT best_idx[RM];
-        for (int r = 0; r < RM; ++r) {
-            rows[r] = min(m0 + i0 + r, (long)n - 1);  // rows past n repeat the last one, results dropped
-            best[r] = (VT)KM_INF;
-            best_idx[r] = (IVT)0;
-        }
-        for (int p = 0; p < npanels; ++p) {
-            VT acc[RM];
-            for (int r = 0; r < RM; ++r) acc[r] = (VT)0;
-            for (int f0 = 0; f0 < d; f0 += DMAX) {
-                const int kl = min(DMAX, d - f0);
-                if (p == 0 || d > DMAX) {
-                    for (int r = 0; r < RM; ++r) {
-                        __global const T *xr = x + x_off + rows[r] * d + f0;
-                        for (int f = 0; f < kl; ++f) xs[r * DMAX + f] = (ACC)xr[f] - (ACC)shift[f0 + f];
-                    }
-                }
-                __global const VT *panel = panels + (long)p * d + f0;
-                for (int f = 0; f < kl; ++f) {
-                    const VT cv = panel[f];
-                    for (int r = 0; r < RM; ++r) acc[r] += (VT)(xs[r * DMAX + f]) * cv;
+
+    for (int r = 0; r < MB; ++r) {  // rows past n repeat the last one (their results are dropped)
+        __global const T *xr = x + x_off + (m0 + min(r, rows - 1)) * d;
+        for (int f = 0; f < d; ++f) xs[r * d + f] = (ACC)xr[f] - (ACC)shift[f];
+        bestv[r] = (VT)KM_INF;
+        besti[r] = (IVT)0;
+    }
+    for (int p0 = 0; p0 < npanels; p0 += PB) {
+        __global const VT *block = panels + (long)p0 * d;  // PB panels of d x VN, one after the other
+        for (int r0 = 0; r0 < rows; r0 += RM) {
+            VT acc[RM][PB];
+            for (int r = 0; r < RM; ++r)
+                for (int q = 0; q < PB; ++q) acc[r][q] = (VT)0;
+            __local const ACC *xr = xs + r0 * d;
+            for (int f = 0; f < d; ++f) {
+                VT cv[PB];
+                for (int q = 0; q < PB; ++q) cv[q] = block[q * d + f];
+                for (int r = 0; r < RM; ++r) {
+                    const VT xv = (VT)(xr[r * d + f]);
+                    for (int q = 0; q < PB; ++q) acc[r][q] += xv * cv[q];
                 }
             }
-            const VT nv = norms[p];
-            const IVT ids = (IVT)(p * VN) + LANE_IDS;
             for (int r = 0; r < RM; ++r) {
-                const VT v = nv - (VT)2 * acc[r];
-                const IVT better = v < best[r];
-                best[r] = better ? v : best[r];
-                best_idx[r] = better ? ids : best_idx[r];
+                VT bv = bestv[r0 + r];
+                IVT bi = besti[r0 + r];
+                for (int q = 0; q < PB; ++q) {  // panels in increasing center order: strict < keeps the first
+                    const VT v = norms[p0 + q] - (VT)2 * acc[r][q];
+                    const IVT better = v < bv;
+                    bv = better ? v : bv;
+                    bi = better ? (IVT)((p0 + q) * VN) + LANE_IDS : bi;
+                }
+                bestv[r0 + r] = bv;
+                besti[r0 + r] = bi;
             }
         }
-        for (int r = 0; r < RM; ++r) {
-            const long row = m0 + i0 + r;
-            if (row >= n) break;
-            vt_lanes bl;
-            ivt_lanes il;
-            bl.v = best[r];
-            il.v = best_idx[r];
-            ACC v = bl.s[0];
-            int c = (int)il.s[0];
-            for (int l = 1; l < VN; ++l) {
-                if (bl.s[l] < v || (bl.s[l] == v && (int)il.s[l] < c)) {
-                    v = bl.s[l];
-                    c = (int)il.s[l];
-                }
+    }
+    int mine = 0;
+    for (int r = 0; r < rows; ++r) {
+        const long row = m0 + r;
+        vt_lanes bl;
+        ivt_lanes il;
+        bl.v = bestv[r];
+        il.v = besti[r];
+        ACC v = bl.s[0];
+        int c = (int)il.s[0];
+        for (int l = 1; l < VN; ++l) {
+            if (bl.s[l] < v || (bl.s[l] == v && (int)il.s[l] < c)) {
+                v = bl.s[l];
+                c = (int)il.s[l];
             }
-            __global const T *cr = centers + (long)c * d;
-            ACC s = 0;
-            if (d <= DMAX) {
-                for (int f = 0; f < d; ++f) {
-                    const ACC diff = xs[r * DMAX + f] - (ACC)cr[f];
-                    s += diff * diff;
-                }
-            } else {
-                __global const T *xr = x + x_off + row * d;
-                for (int f = 0; f < d; ++f) {
-                    const ACC diff = ((ACC)xr[f] - (ACC)shift[f]) - (ACC)cr[f];
-                    s += diff * diff;
-                }
-            }
-            if (count_changes && labels[row0 + row] != c) ++mine;
-            labels[row0 + row] = c;
-            dist[row0 + row] = s;
         }
+        __global const T *cr = centers + (long)c * d;
+        __local const ACC *xr = xs + r * d;
+        ACC s = 0;
+        for (int f = 0; f < d; ++f) {
+            const ACC diff = xr[f] - (ACC)cr[f];
+            s += diff * diff;
+        }
+        if (count_changes && labels[row0 + row] != c) ++mine;
+        labels[row0 + row] = c;
+        dist[row0 + row] = s;
     }
     if (count_changes && mine) atomic_add(changed, mine);
 }

@@ -32,6 +32,7 @@ __all__ = ["KMeansPlan", "PackedCenters", "Partials", "kmeans_assign", "kmeans_c
 VARIANTS = ("cpu", "gpu")
 PP_BLOCK = 256  # rows per k-means++ block (BLK): streamed chunks start at multiples of it
 PARTIALS_BUDGET = 64 << 20  # bytes of update partial sums a GPU plan may hold
+CPU_STAGE_BYTES = 16 << 10  # bytes of rows a CPU assignment work-item stages (half a typical L1)
 
 
 def pp_trials(n_clusters: int) -> int:
@@ -108,10 +109,12 @@ def kmeans_plan(queue: Any, dtype: Any, n_rows: int, n_features: int, n_clusters
     if assign_tiles and variant != "gpu":
         raise ValueError(f"assign_tiles are knobs of the 'gpu' variant, got {assign_tiles} for {variant!r}")
     if variant == "cpu":
-        vn = vec
-        kpad = -(-k // vn) * vn
-        variant_defines = dict(VN=vn, RM=4, MB=64, DMAX=256, VF=vec)
-        rows_per_group = 64
+        vn, rm, pb = vec, 4, 2
+        kpad = -(-k // (vn * pb)) * vn * pb
+        # rows per work-item: as many as keep their staged copy within L1-sized scratch (at least RM)
+        mb = max(rm, min(64, (CPU_STAGE_BYTES // (d * size)) // rm * rm))
+        variant_defines = dict(VN=vn, RM=rm, PB=pb, MB=mb, DSTAGE=d, VF=vec)
+        rows_per_group = mb
         nseg = max(1, min(4 * caps.compute_units, -(-n // 256)))
         nkc = nfc = 1
         update_wg = finalize_wg = pp_wg = 1
