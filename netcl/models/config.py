@@ -25,7 +25,8 @@ class GPTConfig:
     biases, tied embeddings by default. Fields left None take the arch's default when the config is made:
     n_kv_heads = n_heads (grouped-query attention when smaller, dividing n_heads), head_dim = dim /
     n_heads, hidden_dim (the feed-forward width) = 8/3 dim rounded up to a multiple of 32 for llama,
-    4 dim for gpt2; norm_eps 1e-5; tie_embeddings, attn_bias and mlp_bias per arch. rope_scaling: None,
+    4 dim for gpt2; norm_eps 1e-5; tie_embeddings, attn_bias (q/k/v projections) and mlp_bias per arch,
+    attn_out_bias (the output projection) = attn_bias (Qwen2: False beside a True attn_bias). rope_scaling: None,
     {"rope_type": "linear", "factor": f} or Llama 3.1's {"rope_type": "llama3", "factor",
     "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"} (netcl.ops.rope_scaling).
     """
@@ -46,6 +47,7 @@ class GPTConfig:
     tie_embeddings: bool | None = None
     attn_bias: bool | None = None
     mlp_bias: bool | None = None
+    attn_out_bias: bool | None = None
     activation: str = "gelu_tanh"
     dropout: float = 0.0
     attn_dropout: float = 0.0
@@ -87,10 +89,10 @@ class GPTConfig:
         if self.rope_scaling is not None and not llama:
             raise ValueError("GPTConfig: rope_scaling is for arch 'llama' (gpt2 has learned positions)")
         defaults = {"tie_embeddings": not llama, "attn_bias": not llama, "mlp_bias": not llama}
-        for name, default in defaults.items():
+        for name in (*defaults, "attn_out_bias"):
             value = getattr(self, name)
             if value is None:
-                value = default
+                value = defaults[name] if name in defaults else self.attn_bias
             if not isinstance(value, bool):
                 raise TypeError(f"GPTConfig: {name} must be True, False or None, got {value!r}")
             setattr(self, name, value)
@@ -125,8 +127,7 @@ class GPTConfig:
         d, v, h = self.dim, self.vocab_size, self.hidden_dim
         q_out, kv_out = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
         attn = d * q_out + 2 * d * kv_out + q_out * d
-        if self.attn_bias:
-            attn += q_out + 2 * kv_out + d
+        attn += (q_out + 2 * kv_out if self.attn_bias else 0) + (d if self.attn_out_bias else 0)
         if self.arch == "llama":
             mlp = 3 * d * h + (2 * h + d if self.mlp_bias else 0)
             norms = 2 * d

@@ -67,7 +67,8 @@ class GPT(Module):
         mlp = "swiglu" if c.arch == "llama" else "gelu"
         self.layers = ModuleList([
             TransformerBlock(q, c.dim, c.n_heads, c.hidden_dim, c.n_kv_heads, c.head_dim, norm=norm, mlp=mlp,
-                             norm_eps=c.norm_eps, bias=c.attn_bias, mlp_bias=c.mlp_bias, activation=c.activation,
+                             norm_eps=c.norm_eps, bias=c.attn_bias, out_bias=c.attn_out_bias, mlp_bias=c.mlp_bias,
+                             activation=c.activation,
                              rope=rope, dropout=c.dropout, attn_dropout=c.attn_dropout, dtype=dt,
                              generator=generator)
             for _ in range(c.n_layers)
@@ -183,7 +184,8 @@ class GPT(Module):
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, queue: Any, **overrides: Any) -> GPT:
         """A GPT from a local Hugging Face directory (config.json + model.safetensors, or shards with
-        model.safetensors.index.json) of a LlamaForCausalLM or GPT2LMHeadModel. `overrides` change config
+        model.safetensors.index.json) of a LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM or
+        GPT2LMHeadModel (a sliding attention window caps max_seq_len at the window). `overrides` change config
         fields that do not change the weights' meaning (max_seq_len, dropout, rope_pairing: "interleaved"
         permutes the q/k projections to Meta's pairing). Unknown, missing or mis-shaped tensors raise
         PretrainedError listing all of them."""
@@ -194,7 +196,8 @@ class GPT(Module):
 
     def save_pretrained(self, path: str | os.PathLike, max_shard_bytes: int | None = None) -> None:
         """Write config.json and model.safetensors (sharded with an index above max_shard_bytes) in Hugging
-        Face's naming, so transformers' AutoModelForCausalLM.from_pretrained(path) loads this model."""
+        Face's naming (GPT2LMHeadModel, Qwen2ForCausalLM for a Qwen2's biases, else LlamaForCausalLM), so
+        transformers' AutoModelForCausalLM.from_pretrained(path) loads this model."""
         huggingface.save(path, self.config, {k: v.to_host() for k, v in self.state_dict().items()},
                          max_shard_bytes)
 

@@ -1,5 +1,5 @@
-"""Hugging Face naming for netcl.models.GPT: one table per family (LlamaForCausalLM, GPT2LMHeadModel)
-mapping HF tensors to netcl parameters, and the config.json fields to GPTConfig.
+"""Hugging Face naming for netcl.models.GPT: one table per family (LlamaForCausalLM, GPT2LMHeadModel; Mistral
+and Qwen2 read through Llama's) mapping HF tensors to netcl parameters, and the config.json fields to GPTConfig.
 
 A table row is (HF names, netcl names, conversion): most rows are one tensor each way; GPT-2's Conv1D
 weights are stored (in, out) and are transposed; GPT-2's c_attn holds q, k and v side by side and splits
@@ -74,11 +74,12 @@ def _llama_rules(c: GPTConfig) -> list[Rule]:
         hf, nc = f"model.layers.{i}.", f"layers.{i}."
         rules += [([hf + "input_layernorm.weight"], [nc + "attn_norm.weight"], *same),
                   ([hf + "post_attention_layernorm.weight"], [nc + "mlp_norm.weight"], *same)]
-        params = ["weight", "bias"] if c.attn_bias else ["weight"]
-        for p in params:
+        for p in ["weight", "bias"] if c.attn_bias else ["weight"]:
             rules += [([f"{hf}self_attn.{n}_proj.{p}"], [f"{nc}attn.{n}_proj.{p}"], _rope_rows(n, True),
                        _rope_rows(n, False)) for n in "qk"]
-            rules += [([f"{hf}self_attn.{n}_proj.{p}"], [f"{nc}attn.{n}_proj.{p}"], *same) for n in "vo"]
+            rules.append(([f"{hf}self_attn.v_proj.{p}"], [f"{nc}attn.v_proj.{p}"], *same))
+        for p in ["weight", "bias"] if c.attn_out_bias else ["weight"]:
+            rules.append(([f"{hf}self_attn.o_proj.{p}"], [f"{nc}attn.o_proj.{p}"], *same))
         for p in (["weight", "bias"] if c.mlp_bias else ["weight"]):
             rules += [([f"{hf}mlp.gate_proj.{p}"], [f"{nc}mlp.w1.{p}"], *same),
                       ([f"{hf}mlp.up_proj.{p}"], [f"{nc}mlp.w3.{p}"], *same),
@@ -112,15 +113,34 @@ _IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias", ".rotary_emb.inv_freq")
 
 
 # -- config.json <-> GPTConfig ------------------------------------------------------------------------------------
+# family -> (model_type, architecture). Mistral and Qwen2 are Llama's tensors under Llama's names: Qwen2 with
+# biases on q/k/v (not on o), Mistral and Qwen2 with an optional sliding attention window, which netcl does
+# not implement: their max_seq_len is capped at the window, inside which it changes nothing.
+_FAMILIES = {"llama": ("llama", "LlamaForCausalLM"), "mistral": ("mistral", "MistralForCausalLM"),
+             "qwen2": ("qwen2", "Qwen2ForCausalLM"), "gpt2": ("gpt2", "GPT2LMHeadModel")}
+
+
+def _sliding_window(family: str, config: dict[str, Any]) -> int | None:
+    """The attention window of a Mistral or Qwen2 config that has one, else None."""
+    window = config.get("sliding_window")
+    if family == "qwen2":
+        layer_types = config.get("layer_types")
+        if layer_types is not None:
+            return window if "sliding_attention" in layer_types else None
+        sliding = config.get("use_sliding_window", False) and config.get("max_window_layers", 28) < config.get(
+            "num_hidden_layers", 0)
+        return window if sliding else None
+    return window if family == "mistral" else None
+
+
 def _family(config: dict[str, Any]) -> str:
     model_type = config.get("model_type")
     archs = config.get("architectures") or []
-    if model_type == "llama" or "LlamaForCausalLM" in archs:
-        return "llama"
-    if model_type == "gpt2" or "GPT2LMHeadModel" in archs:
-        return "gpt2"
-    raise PretrainedError(f"netcl loads LlamaForCausalLM and GPT2LMHeadModel directories; this one is "
-                          f"model_type={model_type!r}, architectures={archs}")
+    for family, (kind, arch) in _FAMILIES.items():
+        if model_type == kind or arch in archs:
+            return family
+    raise PretrainedError(f"netcl loads {', '.join(arch for _, arch in _FAMILIES.values())} directories; this "
+                          f"one is model_type={model_type!r}, architectures={archs}")
 
 
 def config_from_hf(config: dict[str, Any], overrides: dict[str, Any] | None = None) -> GPTConfig:
@@ -128,7 +148,7 @@ def config_from_hf(config: dict[str, Any], overrides: dict[str, Any] | None = No
     family = _family(config)
     get = config.get
     try:
-        if family == "llama":
+        if family in ("llama", "mistral", "qwen2"):
             rope = get("rope_parameters") or get("rope_scaling") or {}
             rope_type = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
             scaling = None
@@ -148,7 +168,17 @@ def config_from_hf(config: dict[str, Any], overrides: dict[str, Any] | None = No
                           hidden_dim=get("intermediate_size"), max_seq_len=get("max_position_embeddings", 2048),
                           norm_eps=get("rms_norm_eps", 1e-6), rope_base=theta, rope_scaling=scaling,
                           tie_embeddings=bool(get("tie_word_embeddings", False)),
-                          attn_bias=bool(get("attention_bias", False)), mlp_bias=bool(get("mlp_bias", False)))
+                          attn_bias=family == "qwen2" or bool(get("attention_bias", False)),
+                          attn_out_bias=family != "qwen2" and bool(get("attention_bias", False)),
+                          mlp_bias=bool(get("mlp_bias", False)))
+            window = _sliding_window(family, config)
+            if window is not None:
+                wanted = (overrides or {}).get("max_seq_len", fields["max_seq_len"])
+                if wanted is not None and wanted > window:
+                    if "max_seq_len" in (overrides or {}):
+                        raise PretrainedError(f"max_seq_len={wanted} exceeds the {family} model's sliding attention "
+                                              f"window of {window}, which netcl does not implement")
+                    fields["max_seq_len"] = window
         else:
             act = get("activation_function", "gelu_new")
             if act not in _ACTIVATIONS:
@@ -174,17 +204,26 @@ def config_from_hf(config: dict[str, Any], overrides: dict[str, Any] | None = No
 def config_to_hf(c: GPTConfig) -> dict[str, Any]:
     """config.json of a GPTConfig (what transformers needs to rebuild the same model)."""
     if c.arch == "llama":
-        return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": c.vocab_size,
+        qwen2 = c.attn_bias and not c.attn_out_bias
+        if c.attn_out_bias and not c.attn_bias or qwen2 and c.mlp_bias:
+            raise PretrainedError(f"attn_bias={c.attn_bias}, attn_out_bias={c.attn_out_bias}, mlp_bias={c.mlp_bias}: "
+                                  "no Hugging Face architecture netcl writes has these biases (Llama: attention biases "
+                                  "on all four projections or none; Qwen2: on q/k/v, none on o and the MLP)")
+        family, arch = _FAMILIES["qwen2" if qwen2 else "llama"]
+        return {"architectures": [arch], "model_type": family, "vocab_size": c.vocab_size,
                 "hidden_size": c.dim, "intermediate_size": c.hidden_dim, "num_hidden_layers": c.n_layers,
                 "num_attention_heads": c.n_heads, "num_key_value_heads": c.n_kv_heads, "head_dim": c.head_dim,
                 "max_position_embeddings": c.max_seq_len, "rms_norm_eps": c.norm_eps, "rope_theta": c.rope_base,
                 "rope_parameters": {"rope_type": "default", "rope_theta": c.rope_base, **(c.rope_scaling or {})},
                 # transformers 4.x reads the scaling from rope_scaling (5.x from rope_parameters)
                 "rope_scaling": dict(c.rope_scaling) if c.rope_scaling else None,
-                "attention_bias": c.attn_bias, "mlp_bias": c.mlp_bias, "tie_word_embeddings": c.tie_embeddings,
+                **({"use_sliding_window": False, "sliding_window": None} if qwen2 else
+                   {"attention_bias": c.attn_bias, "mlp_bias": c.mlp_bias}),
+                "tie_word_embeddings": c.tie_embeddings,
                 "hidden_act": "silu", "attention_dropout": c.attn_dropout, "torch_dtype": c.dtype,
                 "dtype": c.dtype, "bos_token_id": None, "eos_token_id": None, "pad_token_id": None}
-    if not (c.attn_bias and c.mlp_bias) or c.n_kv_heads != c.n_heads or c.head_dim * c.n_heads != c.dim:
+    biases = c.attn_bias and c.attn_out_bias and c.mlp_bias
+    if not biases or c.n_kv_heads != c.n_heads or c.head_dim * c.n_heads != c.dim:
         raise PretrainedError("GPT-2's format needs biases everywhere, n_kv_heads == n_heads and head_dim * n_heads "
                               f"== dim; this model has attn_bias={c.attn_bias}, mlp_bias={c.mlp_bias}, "
                               f"n_kv_heads={c.n_kv_heads}, head_dim={c.head_dim}")
@@ -218,7 +257,7 @@ def _shapes(c: GPTConfig) -> dict[str, tuple[int, ...]]:
             if c.attn_bias:
                 out[f"{p}attn.{name}_proj.bias"] = (rows,)
         out[f"{p}attn.o_proj.weight"] = (d, q_out)
-        if c.attn_bias:
+        if c.attn_out_bias:
             out[f"{p}attn.o_proj.bias"] = (d,)
         layers = (("w1", h, d), ("w3", h, d), ("w2", d, h)) if c.arch == "llama" else (("fc", h, d), ("proj", d, h))
         for name, rows, cols in layers:

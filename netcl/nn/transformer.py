@@ -224,14 +224,16 @@ class TransformerBlock(Module):
     """Pre-norm block: h = x + attn(attn_norm(x)); out = h + mlp(mlp_norm(h)), x (B, S, dim).
 
     norm: "rms" (RMSNorm) or "layer" (LayerNorm, with bias when `bias`); mlp: "swiglu" (Llama) or "gelu"
-    (GPT-2, `activation`). With dropout > 0 in training, each branch's output is dropped before its
-    residual add (which then runs as its own launch instead of in the GEMM's epilogue)."""
+    (GPT-2, `activation`). bias: on the q/k/v projections and, unless out_bias says otherwise, the output
+    projection (Qwen2: q/k/v biased, the output not); mlp_bias defaults to bias. With dropout > 0 in
+    training, each branch's output is dropped before its residual add (which then runs as its own launch
+    instead of in the GEMM's epilogue)."""
 
     def __init__(self, q: Any, dim: int, n_heads: int, hidden_dim: int, n_kv_heads: int | None = None,
                  head_dim: int | None = None, norm: str = "rms", mlp: str = "swiglu", norm_eps: float = 1e-5,
                  bias: bool = False, mlp_bias: bool | None = None, activation: str = "gelu_tanh",
                  rope: RoPE | None = None, dropout: float = 0.0, attn_dropout: float = 0.0, causal: bool = True,
-                 dtype: Any = "float32", generator: random.Generator | None = None):
+                 dtype: Any = "float32", generator: random.Generator | None = None, out_bias: bool | None = None):
         super().__init__()
         if norm not in ("rms", "layer"):
             raise ValueError(f"TransformerBlock: norm must be 'rms' or 'layer', got {norm!r}")
@@ -247,7 +249,8 @@ class TransformerBlock(Module):
             return LayerNorm(q, dim, eps=norm_eps, bias=True, dtype=dtype)
 
         self.attn_norm = make_norm()
-        self.attn = MultiHeadAttention(q, dim, n_heads, n_kv_heads, head_dim, bias=bias, dropout=attn_dropout,
+        self.attn = MultiHeadAttention(q, dim, n_heads, n_kv_heads, head_dim, bias=bias, out_bias=out_bias,
+                                       dropout=attn_dropout,
                                        causal=causal, rope=rope, dtype=dtype, generator=generator)
         self.mlp_norm = make_norm()
         if mlp == "swiglu":

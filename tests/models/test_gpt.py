@@ -113,13 +113,18 @@ def test_init_scheme(queue):
     g = GPT(queue, gpt2)
     assert g.num_parameters() == gpt2.num_parameters() and "lm_head.weight" not in g.state_dict()
     assert (g.state_dict()["layers.0.attn.q_proj.bias"].to_host() == 0).all()
+    qwen = GPTConfig(vocab_size=50, dim=16, n_layers=2, n_heads=2, attn_bias=True, attn_out_bias=False)
+    q2 = GPT(queue, qwen)
+    assert q2.num_parameters() == qwen.num_parameters() and "layers.1.attn.o_proj.bias" not in q2.state_dict()
+    assert "layers.1.attn.k_proj.bias" in q2.state_dict()
 
 
 def test_config_defaults_and_roundtrip():
     c = GPTConfig(vocab_size=100, dim=96, n_heads=6, n_kv_heads=2)
     assert (c.head_dim, c.hidden_dim, c.tie_embeddings, c.attn_bias) == (16, 256, False, False)
     g = GPTConfig(arch="gpt2", vocab_size=100, dim=96, n_heads=6)
-    assert (g.hidden_dim, g.tie_embeddings, g.attn_bias, g.mlp_bias) == (384, True, True, True)
+    assert (g.hidden_dim, g.tie_embeddings, g.attn_bias, g.mlp_bias, g.attn_out_bias) == (384, True, True, True, True)
+    assert c.attn_out_bias is False and GPTConfig(vocab_size=9, dim=8, n_heads=2, attn_bias=True).attn_out_bias
     assert GPTConfig.from_dict(c.to_dict()) == c
     scaled = GPTConfig(vocab_size=100, dim=96, n_heads=6, rope_scaling={"rope_type": "linear", "factor": 4})
     assert scaled.rope_scaling == {"rope_type": "linear", "factor": 4.0}

@@ -37,10 +37,23 @@ def hf_gpt2(**overrides):
 LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 5000.0, "factor": 8.0, "low_freq_factor": 0.5,
                "high_freq_factor": 4.0, "original_max_position_embeddings": 40}
 LINEAR_ROPE = {"rope_type": "linear", "rope_theta": 5000.0, "factor": 3.0}
+def hf_family(name, **overrides):
+    """A Mistral or Qwen2 (Llama's tensors, Qwen2 with q/k/v biases) of hf_llama's sizes."""
+    cfg = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=44, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2, max_position_embeddings=48, rms_norm_eps=1e-5, tie_word_embeddings=False,
+               bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    cfg.update(overrides)
+    config, model = {"mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
+                     "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM)}[name]
+    return model(config(**cfg))
+
+
 MODELS = {"llama": hf_llama, "llama-gqa-bias-tied": lambda: hf_llama(num_key_value_heads=1, attention_bias=True,
                                                                       mlp_bias=True, tie_word_embeddings=True),
           "llama3-rope-scaling": lambda: hf_llama(rope_parameters=LLAMA3_ROPE),
           "llama-linear-rope-scaling": lambda: hf_llama(rope_parameters=LINEAR_ROPE),
+          "mistral-sliding-window": lambda: hf_family("mistral", sliding_window=24),
+          "qwen2-qkv-bias": lambda: hf_family("qwen2", tie_word_embeddings=True),
           "gpt2": hf_gpt2}
 
 
@@ -85,8 +98,10 @@ def test_save_pretrained_loads_back_into_transformers(queue, tmp_path, name):
     model = GPT.from_pretrained(path, queue)
     out = tmp_path / "netcl-export"
     model.save_pretrained(out)
-    back = type(hf).from_pretrained(out)
+    back = transformers.AutoModelForCausalLM.from_pretrained(out)  # a Mistral comes back as a Llama
     back.eval()
+    assert type(back).__name__ == {"gpt2": "GPT2LMHeadModel", "qwen2-qkv-bias": "Qwen2ForCausalLM"}.get(
+        name, "LlamaForCausalLM")
     ids = np.random.default_rng(1).integers(0, VOCAB, (1, 9))
     assert_logits_close(hf_logits(back, ids), hf_logits(hf, ids))
     assert GPT.from_pretrained(out, queue).config == model.config
@@ -126,6 +141,26 @@ def test_sharded_directories_both_ways(queue, tmp_path):
     back = type(hf).from_pretrained(out)
     back.eval()
     assert_logits_close(hf_logits(back, ids), hf_logits(hf, ids))
+
+
+def test_sliding_windows_cap_the_context(queue, tmp_path):
+    _, path = saved(tmp_path, "mistral-sliding-window")
+    assert GPT.from_pretrained(path, queue).config.max_seq_len == 24
+    assert GPT.from_pretrained(path, queue, max_seq_len=16).config.max_seq_len == 16
+    with pytest.raises(PretrainedError, match="exceeds the mistral model's sliding attention window of 24"):
+        GPT.from_pretrained(path, queue, max_seq_len=32)
+    _, path = saved(tmp_path, "qwen2-qkv-bias")  # use_sliding_window False: the window is not used
+    model = GPT.from_pretrained(path, queue)
+    assert model.config.max_seq_len == 48 and (model.config.attn_bias, model.config.attn_out_bias) == (True, False)
+    assert "layers.0.attn.o_proj.bias" not in model.state_dict()
+
+
+def test_biases_without_a_hugging_face_architecture_are_refused(queue, tmp_path):
+    from netcl.models import GPTConfig
+
+    model = GPT(queue, GPTConfig(vocab_size=10, dim=8, n_layers=1, n_heads=2, attn_bias=False, attn_out_bias=True))
+    with pytest.raises(PretrainedError, match="no Hugging Face architecture netcl writes"):
+        model.save_pretrained(tmp_path / "x")
 
 
 def test_interleaved_pairing_permutes_q_and_k(queue, tmp_path):
@@ -190,8 +225,8 @@ def test_bad_directories(queue, tmp_path):
         GPT.from_pretrained(path, queue)
     _, path = saved(tmp_path, "llama", seed=1)
     cfg = json.loads((path / "config.json").read_text())
-    (path / "config.json").write_text(json.dumps({**cfg, "model_type": "mistral", "architectures": ["Mistral"]}))
-    with pytest.raises(PretrainedError, match="model_type='mistral'"):
+    (path / "config.json").write_text(json.dumps({**cfg, "model_type": "gemma", "architectures": ["GemmaForCausalLM"]}))
+    with pytest.raises(PretrainedError, match="model_type=.gemma."):
         GPT.from_pretrained(path, queue)
     (path / "config.json").write_text(json.dumps({**cfg, "rope_parameters": {"rope_type": "yarn", "factor": 2.0}}))
     with pytest.raises(PretrainedError, match="rope scaling 'yarn'"):
