@@ -62,7 +62,7 @@ RUN_SETTINGS = {
 DEFAULTS: dict[str, Any] = {"preset": "small", "arch": "llama", "corpus": None, "vocab_size": corpus_mod.DEFAULT_VOCAB,
                             "val_fraction": corpus_mod.DEFAULT_VAL_FRACTION, "weight_decay": 0.1, "clip": 1.0,
                             "seed": 0, "eval_windows": 64, "min_lr": None}
-SAMPLE_PROMPTS = ("import ", "def ", "class ", "    for ")
+SAMPLE_PROMPTS = ("import", "def", "class", "    for")  # no trailing space: BPE words carry their leading one
 
 
 # ---------------------------------------------------------------------------------------------- flags
