@@ -471,3 +471,174 @@ __kernel void attention_backward_dkdv_gpu(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV
         }
     }
 }
+
+#ifdef DR
+// -- decoding: few query rows against many keys -----------------------------------------------------------
+// attention_decode_gpu: global (NSPLIT * DNT, HKV, B), local DNT. A work-group takes the DR = GROUP * SQ query
+//   rows that read kv head hk (row r: head hk * GROUP + r / SQ, query i = r % SQ), so a kv tile is read once
+//   for the whole group of heads, and the keys of split s, [s * chunk, min(s * chunk + chunk, L')) with L'
+//   the keys the last row may attend: tiles of DK keys (k tile in local memory -> DR x DK scores -> row
+//   maxima, p, row sums -> the v tile over the k tile -> o += p v, the items as KG groups of DR * DQ4 (row,
+//   float4) pairs, a group taking every KG-th key of the tile). With nsplit == 1 it writes out and lse;
+//   else the split's output (unnormalised, at its own running max), running max and sum go to part_o
+//   (rows, nsplit, 4 * DQ4) and part_ml (rows, nsplit, 2), merged by attention_decode_combine_gpu.
+//   Local memory: (DR + DK) * DRS4 * 4 + 2 * DR * DK + 4 * DR + 4 * KG * DPAIRS values.
+// attention_decode_combine_gpu: global (DQ4, B * HQ * SQ): out = sum_s o_s exp(m_s - M) / sum_s l_s exp(m_s - M),
+//   lse = M + log(...), M = max_s m_s.
+// Build options: DR (rows of a work-group: GROUP * SQ), DK (keys per tile, default 64), DNT (items, default 128).
+#ifndef DK
+#define DK 64
+#endif
+#ifndef DNT
+#define DNT 128
+#endif
+#define DQ4 ((HEAD_DIM + 3) / 4)                          // float4 groups of a row
+#define DRS4 (DQ4 + 1)                                    // float4s per local row
+#define DPAIRS (DR * DQ4)                                 // (row, float4) pairs of the output
+#define KG (DNT / DPAIRS > 1 ? DNT / DPAIRS : 1)          // item groups over a tile's keys
+#define DSLOTS (KG * DPAIRS)
+#define NPT ((DSLOTS + DNT - 1) / DNT)                    // output slots per item
+
+__kernel void attention_decode_gpu(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARGS, LEN_ARGS,
+                                   __global T *out, __global ACC *lse, __global ACC *part_o, __global ACC *part_ml,
+                                   const int nsplit, const int chunk, const int HQ, const int GROUP,
+                                   const int SQ, const int SK, const int causal, const ACC scale, DROP_ARGS)
+{
+    __local ACC4 qs[DR * DRS4];
+    __local ACC4 kvs[DK * DRS4];        // the k tile, then the v tile
+    __local ACC ss[DR * DK];            // scores, then p times the dropout multiplier
+    __local ACC pl[DR * DK];            // p (the row sums' terms)
+    __local ACC m_s[DR], mnew_s[DR], alpha_s[DR], l_s[DR];
+    __local ACC4 ored[KG > 1 ? DSLOTS : 1];
+
+    const int tid = get_local_id(0), split = get_group_id(0), hk = get_global_id(1), b = get_global_id(2);
+    const int L = valid_keys(kv_len, kv_len_off, has_kv_len, kv_len_stride, b, SK);
+    const int jend = key_end(causal, SQ - 1, L, SQ);
+    const int jstart = split * chunk, jstop = min(jstart + chunk, jend);
+    const __global T *kb = k + k_off + b * k_sb + hk * k_sh;
+    const __global T *vb = v + v_off + b * v_sb + hk * v_sh;
+
+    for (int slot = tid; slot < DR * DQ4; slot += DNT) {
+        const int r = slot / DQ4, c4 = slot - r * DQ4;
+        const int h = hk * GROUP + r / SQ, i = r % SQ;
+        qs[r * DRS4 + c4] = load4(q + q_off + b * q_sb + h * q_sh + i * q_ss, 4 * c4) * scale;
+    }
+    for (int r = tid; r < DR; r += DNT) {
+        m_s[r] = -INFINITY;
+        l_s[r] = (ACC)0;
+        alpha_s[r] = (ACC)1;
+    }
+    ACC4 o[NPT];
+    for (int n = 0; n < NPT; ++n) o[n] = (ACC4)0;
+
+    for (int j0 = jstart; j0 < jstop; j0 += DK) {
+        barrier(CLK_LOCAL_MEM_FENCE);  // the previous tile's p v is done with kvs, ss and alpha_s
+        for (int slot = tid; slot < DK * DQ4; slot += DNT) {
+            const int jj = slot / DQ4, c4 = slot - jj * DQ4;
+            kvs[jj * DRS4 + c4] = j0 + jj < jstop ? load4(kb + (j0 + jj) * k_ss, 4 * c4) : (ACC4)0;
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        for (int slot = tid; slot < DR * DK; slot += DNT) {
+            const int r = slot / DK, jj = slot - r * DK, j = j0 + jj;
+            const int h = hk * GROUP + r / SQ, i = r % SQ;
+            ACC s = (ACC)0;
+            for (int c4 = 0; c4 < DQ4; ++c4) s += dot4(qs[r * DRS4 + c4], kvs[jj * DRS4 + c4]);
+            ss[slot] = j >= jstop ? -INFINITY
+                     : masked_score(s, i, j, L, SQ, causal, mask,
+                                    mask_off + b * mask_sb + h * mask_sh + i * mask_si + j * mask_sj);
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        for (int r = tid; r < DR; r += DNT) {
+            ACC mx = m_s[r];
+            for (int jj = 0; jj < DK; ++jj) mx = fmax(mx, ss[r * DK + jj]);
+            mnew_s[r] = mx;
+            alpha_s[r] = mx == -INFINITY ? (ACC)1 : exp(m_s[r] - mx);
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        for (int slot = tid; slot < DR * DK; slot += DNT) {
+            const int r = slot / DK, jj = slot - r * DK, j = j0 + jj;
+            const ACC s = ss[slot];
+            ACC p = s == -INFINITY ? (ACC)0 : exp(s - mnew_s[r]);
+            pl[slot] = p;
+            if (drop_threshold && p != (ACC)0) {
+                const int h = hk * GROUP + r / SQ, i = r % SQ;
+                p *= dropout_one(counter0, ((long)b * HQ + h) * SQ + i, j, seed_lo, seed_hi, drop_threshold,
+                                 drop_scale);
+            }
+            ss[slot] = p;
+        }
+        for (int slot = tid; slot < DK * DQ4; slot += DNT) {  // every item is past its reads of the k tile
+            const int jj = slot / DQ4, c4 = slot - jj * DQ4;
+            kvs[jj * DRS4 + c4] = j0 + jj < jstop ? load4(vb + (j0 + jj) * v_ss, 4 * c4) : (ACC4)0;
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        for (int r = tid; r < DR; r += DNT) {
+            ACC sum = (ACC)0;
+            for (int jj = 0; jj < DK; ++jj) sum += pl[r * DK + jj];
+            l_s[r] = l_s[r] * alpha_s[r] + sum;
+            m_s[r] = mnew_s[r];
+        }
+        for (int n = 0; n < NPT; ++n) {
+            const int slot = tid + n * DNT;
+            if (slot >= DSLOTS) break;
+            const int g = slot / DPAIRS, pair = slot - g * DPAIRS, r = pair / DQ4, c4 = pair - r * DQ4;
+            ACC4 acc = o[n] * alpha_s[r];
+            for (int jj = g; jj < DK; jj += KG) acc += ss[r * DK + jj] * kvs[jj * DRS4 + c4];
+            o[n] = acc;
+        }
+    }
+
+    // the KG groups' partial outputs, then each (row, float4) pair written once
+    barrier(CLK_LOCAL_MEM_FENCE);
+#if KG > 1
+    for (int n = 0; n < NPT; ++n)
+        if (tid + n * DNT < DSLOTS) ored[tid + n * DNT] = o[n];
+    barrier(CLK_LOCAL_MEM_FENCE);
+#endif
+    for (int n = 0; n < NPT; ++n) {
+        const int slot = tid + n * DNT;
+        if (slot >= DPAIRS) break;
+        const int r = slot / DQ4, c4 = slot - r * DQ4;
+        ACC4 acc = o[n];
+#if KG > 1
+        for (int g = 1; g < KG; ++g) acc += ored[g * DPAIRS + slot];
+#endif
+        const int h = hk * GROUP + r / SQ, i = r % SQ;
+        const long row = ((long)b * HQ + h) * SQ + i;
+        const ACC l = l_s[r];
+        if (nsplit == 1) {
+            store4(out + row * HEAD_DIM, 4 * c4, acc * (l > (ACC)0 ? (ACC)1 / l : (ACC)0));
+            if (c4 == 0) lse[row] = l > (ACC)0 ? m_s[r] + log(l) : -INFINITY;
+        } else {
+            const long prow = row * nsplit + split;
+            vstore4(acc, 0, part_o + prow * 4 * DQ4 + 4 * c4);
+            if (c4 == 0) {
+                part_ml[2 * prow] = m_s[r];
+                part_ml[2 * prow + 1] = l;
+            }
+        }
+    }
+}
+
+__kernel void attention_decode_combine_gpu(__global const ACC *part_o, __global const ACC *part_ml, __global T *out,
+                                           __global ACC *lse, const int nsplit)
+{
+    const int c4 = get_global_id(0);
+    const long row = get_global_id(1);
+    if (c4 >= DQ4) return;
+    const __global ACC *ml = part_ml + 2 * row * nsplit;
+    ACC M = -INFINITY;
+    for (int s = 0; s < nsplit; ++s)
+        if (ml[2 * s + 1] > (ACC)0) M = fmax(M, ml[2 * s]);
+    ACC total = (ACC)0;
+    ACC4 acc = (ACC4)0;
+    for (int s = 0; s < nsplit; ++s) {
+        if (!(ml[2 * s + 1] > (ACC)0)) continue;
+        const ACC w = exp(ml[2 * s] - M);
+        total += ml[2 * s + 1] * w;
+        acc += w * vload4(0, part_o + (row * nsplit + s) * 4 * DQ4 + 4 * c4);
+    }
+    store4(out + row * HEAD_DIM, 4 * c4, acc * (total > (ACC)0 ? (ACC)1 / total : (ACC)0));
+    if (c4 == 0) lse[row] = total > (ACC)0 ? M + log(total) : -INFINITY;
+}
+#endif

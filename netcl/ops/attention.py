@@ -14,7 +14,9 @@ recomputes the probabilities per tile from lse: one pass for dq (which first wri
 rowsum(grad_out * out)), one for dk and dv (no atomics). Kernels (netcl/kernels/attention_*.cl), by
 device class: on CPUs a work-item (work-group size 1) takes a block of rows in private memory
 (attention_cpu.cl); on GPUs a work-group takes a tile of rows in local memory and streams the other
-operand's tiles past it (attention_gpu.cl).
+operand's tiles past it (attention_gpu.cl), and a forward with few query rows per kv head (decoding with a
+KV cache: GROUP * Sq <= DECODE_MAX_ROWS) splits the keys over work-groups that each take all the rows of
+one kv head (so the cache is read once per kv head), merged by a second small kernel.
 
 Options:
 - scale: default 1 / sqrt(D).
@@ -70,6 +72,31 @@ GPU_GRIDS = {
     "dq": [(8, 4, 4), (8, 2, 4), (4, 2, 2)],
     "dkdv": [(8, 4, 4), (8, 2, 4), (4, 2, 2)],                  # rows: keys (BN), cols: queries (BM)
 }
+
+
+# Decoding (GPU variant): a forward whose GROUP * Sq query rows per kv head are at most DECODE_MAX_ROWS runs
+# attention_decode_gpu: one work-group per (kv head, batch, split of the keys) over all those rows, the splits
+# merged by attention_decode_combine_gpu. Splits: enough for DECODE_GROUPS_PER_CU work-groups per compute unit,
+# at least one tile of keys each; DECODE_ITEMS work-items, tiles of the first of DECODE_TILE_KEYS that fits.
+DECODE_MAX_ROWS = 16
+DECODE_GROUPS_PER_CU = 4
+DECODE_ITEMS = 128
+DECODE_TILE_KEYS = (64, 32, 16)
+
+
+def decode_tiles(device: Any, rows: int, head_dim: int, dtype: Any) -> dict[str, int] | None:
+    """attention_decode_gpu's defines (DR, DK, DNT) for `rows` rows per kv head, or None when no key tile fits
+    the device's local memory (the regular forward then runs)."""
+    q4 = -(-head_dim // 4)
+    pairs = rows * q4
+    groups = max(DECODE_ITEMS // pairs, 1)
+    item = 8 if np.dtype(dtype) == dtypes.float64 else 4
+    budget = device.capabilities.local_mem - 1024
+    for dk in DECODE_TILE_KEYS:
+        values = (rows + dk) * (q4 + 1) * 4 + 2 * rows * dk + 4 * rows + (4 * groups * pairs if groups > 1 else 4)
+        if values * item <= budget and DECODE_ITEMS <= device.capabilities.max_work_group_size:
+            return {"DR": rows, "DK": dk, "DNT": DECODE_ITEMS}
+    return None
 
 
 def _gpu_local_bytes(kernel: str, BM: int, BN: int, DP: int, item: int) -> int:
@@ -227,11 +254,49 @@ class _Problem:
         return kv_len
 
     # -- kernels --------------------------------------------------------------------------------------
+    def variant(self) -> str:
+        return variant_override if variant_override is not None else \
+            ("cpu" if self.device.capabilities.kind == "cpu" else "gpu")
+
+    def decode_plan(self) -> dict[str, int] | None:
+        """The decode kernel's defines when this forward should run it (GPU variant, few rows per kv head)."""
+        rows = self.group * self.SQ
+        if self.variant() != "gpu" or rows > DECODE_MAX_ROWS:
+            return None
+        return decode_tiles(self.device, rows, self.D, self.dtype)
+
+    def launch_decode(self, tiles: dict[str, int], out: Tensor, lse: Tensor, args: dict[str, Any]) -> Any:
+        """attention_decode_gpu (and, over several splits of the keys, attention_decode_combine_gpu) into
+        out and lse; returns the decode kernel (for graph refreshes)."""
+        dk = tiles["DK"]
+        tiles_of_keys = max(1, -(-self.SK // dk))
+        want = max(1, -(-DECODE_GROUPS_PER_CU * self.device.capabilities.compute_units // (self.B * self.HKV)))
+        nsplit = min(want, tiles_of_keys)
+        chunk = -(-tiles_of_keys // nsplit) * dk
+        nsplit = max(1, -(-self.SK // chunk))
+        prg = kernels.program(self.device, "attention_gpu.cl", dtype=self.dtype, options=("-cl-mad-enable",),
+                              HEAD_DIM=self.D, MASK=self.mask_kind, **tiles,
+                              **({"VEC_ROWS": None} if self.vector_rows else {}))
+        q4 = -(-self.D // 4)
+        if nsplit > 1:
+            acc_dtype = dtypes.float64 if self.dtype == dtypes.float64 else dtypes.float32
+            part_o = Tensor.empty(self.queue, (self.B * self.HQ * self.SQ, nsplit, 4 * q4), acc_dtype)
+            part_ml = Tensor.empty(self.queue, (self.B * self.HQ * self.SQ, nsplit, 2), acc_dtype)
+            bufs = {"part_o": part_o.buffer, "part_ml": part_ml.buffer}
+        else:
+            bufs = {"part_o": lse.buffer, "part_ml": lse.buffer}   # not read with one split
+        kernel = prg.attention_decode_gpu
+        kernel(self.queue, (nsplit * tiles["DNT"], self.HKV, self.B), (tiles["DNT"], 1, 1), out=out.buffer,
+               lse=lse.buffer, nsplit=np.int32(nsplit), chunk=np.int32(chunk), **bufs, **args)
+        if nsplit > 1:
+            prg.attention_decode_combine_gpu(self.queue, (q4, self.B * self.HQ * self.SQ), None, out=out.buffer,
+                                             lse=lse.buffer, nsplit=np.int32(nsplit), **bufs)
+        return kernel
+
     def launch(self, kernel: str, **args: Any) -> Any:
         """Launch attention kernel `kernel` ("forward", "dq", "dkdv") of this problem's variant; returns the
         kernel object (for graph refreshes)."""
-        variant = variant_override if variant_override is not None else \
-            ("cpu" if self.device.capabilities.kind == "cpu" else "gpu")
+        variant = self.variant()
         name = {"forward": "attention_forward", "dq": "attention_backward_dq", "dkdv": "attention_backward_dkdv"}
         rows, heads = (self.SK, self.HKV) if kernel == "dkdv" else (self.SQ, self.HQ)
         defines: dict[str, Any] = {"HEAD_DIM": self.D, "MASK": self.mask_kind}
@@ -245,7 +310,9 @@ class _Problem:
                 variant = "cpu"  # no grid's local memory fits (float64 at large head dims): the CPU kernels
         if tiles is None:
             defines.update(CPU_TILES)
-            per_item = CPU_TILES["BKV"] if kernel == "dkdv" else CPU_TILES["BQ"]
+            # few query rows (decoding): a smaller row block, not BQ rows computed for one
+            defines["BQ"] = min(CPU_TILES["BQ"], 1 << (self.SQ - 1).bit_length())
+            per_item = defines["BKV"] if kernel == "dkdv" else defines["BQ"]
             global_size, local_size = (-(-rows // per_item), heads, self.B), (1, 1, 1)
         else:
             defines.update(tiles)
@@ -360,7 +427,11 @@ def flash_attention_forward(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = F
         draw.take(pr.B * pr.HQ * pr.SQ)
     if out.size == 0:
         return out, lse
-    kernel = pr.launch("forward", out=out.buffer, lse=lse.buffer, **pr.common_args(draw))
+    decode = pr.decode_plan()
+    if decode is not None:
+        kernel = pr.launch_decode(decode, out, lse, pr.common_args(draw))
+    else:
+        kernel = pr.launch("forward", out=out.buffer, lse=lse.buffer, **pr.common_args(draw))
     if draw is not None:
         _refresh_dropout_on_replay(draw, kernel, draws=True)
     return out, lse

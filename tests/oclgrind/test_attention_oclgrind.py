@@ -44,3 +44,25 @@ def test_attention_forward_backward(queue, variant, D):
     close(out, want[0], 1e-4, 1e-4)
     for got, ref in zip(grads, want[2:], strict=True):
         close(got, ref, 1e-4, 1e-4)
+
+
+@pytest.mark.parametrize("D", [12, 32])
+def test_attention_decode_split_keys(queue, monkeypatch, D):
+    """attention_gpu.cl's decode kernel (GQA rows of one kv head, keys split over work-groups) and its merge."""
+    monkeypatch.setattr(attn, "variant_override", "gpu")
+    monkeypatch.setattr(attn, "DECODE_GROUPS_PER_CU", 1000)
+    monkeypatch.setattr(attn, "DECODE_TILE_KEYS", (16,))
+    rng = np.random.default_rng(4)
+    B, HQ, HKV, SQ, SK, p = 2, 4, 2, 2, 37, 0.25
+    q = rng.standard_normal((B, HQ, SQ, D)).astype(np.float32)
+    k = rng.standard_normal((B, HKV, SK, D)).astype(np.float32)
+    v = rng.standard_normal((B, HKV, SK, D)).astype(np.float32)
+    mask = rng.random((B, 1, SQ, SK)) < 0.8
+    lengths = np.array([SK, 29], np.int32)
+    opts = dict(causal=True, mask=dev(queue, mask), kv_len=dev(queue, lengths), dropout_p=p)
+    draw = attn.DropoutDraw(Generator(2))
+    out, lse = ops.flash_attention_forward(dev(queue, q), dev(queue, k), dev(queue, v), dropout_draw=draw, **opts)
+    keep = attn.attention_dropout_mask(queue, draw, (B, HQ, SQ, SK), p).to_host()
+    want = reference(q, k, v, causal=True, mask=mask, kv_len=lengths, keep=keep, dropout_p=p)
+    close(out, want[0], 1e-4, 1e-4)
+    close(lse, want[1], 1e-4, 1e-4)

@@ -227,6 +227,65 @@ def test_kv_len_replayed_graph_reads_new_length(queue, rng, variant):
         np.testing.assert_allclose(out.to_host(), want, rtol=2e-4, atol=2e-5)
 
 
+# -- decoding: the GPU variant's split-key kernel (few query rows per kv head) --------------------------
+@pytest.fixture
+def decode_splits(monkeypatch):
+    """The GPU kernels, with enough work-groups wanted that the keys split into one tile per work-group."""
+    monkeypatch.setattr(attn, "variant_override", "gpu")
+    monkeypatch.setattr(attn, "DECODE_GROUPS_PER_CU", 1000)
+
+
+@pytest.mark.parametrize("B,HQ,HKV,SQ,SK,D,dtype", [
+    (2, 4, 1, 1, 300, 64, np.float32),    # GQA: the 4 query heads of a kv head in one work-group; 5 splits
+    (1, 2, 2, 3, 130, 20, np.float32),    # 3 rows per head, a head dim not a multiple of 4, a partial tile
+    (2, 8, 2, 2, 200, 128, np.float32),   # 8 rows x 32 float4s: several output slots per work-item
+    (1, 2, 1, 1, 77, 32, np.float64),
+    (1, 2, 1, 1, 77, 64, np.float16),
+])
+def test_decode_split_keys(queue, rng, decode_splits, B, HQ, HKV, SQ, SK, D, dtype):
+    assert attn.decode_tiles(queue.device, HQ // HKV * SQ, D, dtype) is not None
+    q, k, v, g = inputs(rng, B, HQ, HKV, SQ, SK, D)
+    lengths = dev(queue, np.array([SK, SK // 3][:B], np.int32))
+    check(queue, q, k, v, g, dtype=dtype, causal=True, kv_len=lengths)
+    check(queue, q, k, v, g, dtype=dtype, backward=False)
+
+
+def test_decode_masks_dropout_and_empty_rows(queue, rng, decode_splits):
+    B, HQ, HKV, SQ, SK, D, p = 2, 4, 2, 2, 150, 32, 0.3
+    q, k, v, g = inputs(rng, B, HQ, HKV, SQ, SK, D)
+    pad = np.arange(SK)[None, None, None, :] < np.array([SK, 0])[:, None, None, None]   # batch 1 sees nothing
+    out, _ = check(queue, q, k, v, g, mask=dev(queue, pad))
+    assert np.all(out.to_host()[1] == 0)
+    bias = rng.standard_normal((B, 1, SQ, SK)).astype(np.float32)
+    bias[0, 0, 1] = -np.inf
+    check(queue, q, k, v, g, mask=dev(queue, bias), causal=True)
+    nq, nk, nv, ng = (dev(queue, a) for a in (q, k, v, g))
+    draw = attn.DropoutDraw(Generator(3))
+    out, lse = ops.flash_attention_forward(nq, nk, nv, dropout_p=p, dropout_draw=draw)
+    keep = attn.attention_dropout_mask(queue, draw, (B, HQ, SQ, SK), p).to_host()
+    want = reference(q, k, v, keep=keep, dropout_p=p, grad_out=g)
+    np.testing.assert_allclose(out.to_host(), want[0], rtol=2e-4, atol=2e-5)
+    np.testing.assert_allclose(lse.to_host(), want[1], rtol=2e-4, atol=2e-5)
+    grads = ops.flash_attention_backward(nq, nk, nv, out, lse, ng, dropout_p=p, dropout_draw=draw)
+    for got, ref in zip(grads, want[2:], strict=True):
+        np.testing.assert_allclose(got.to_host(), ref, rtol=2e-4, atol=2e-5 * max(1, np.abs(ref).max()))
+
+
+def test_decode_replayed_graph_reads_new_length(queue, rng, decode_splits):
+    """A recorded decode step over split keys: a new kv_len written before a replay changes which keys count."""
+    q, k, v, _ = inputs(rng, 1, 4, 2, 1, 260, 32)
+    nq, nk, nv = dev(queue, q), dev(queue, k), dev(queue, v)
+    length = dev(queue, np.array([260], np.int32))
+    graph = Graph()
+    with graph.capture():
+        out = ops.flash_attention(nq, nk, nv, causal=True, kv_len=length)
+    for L in (260, 70, 1):
+        length.copy_from_host(np.array([L], np.int32))
+        graph.replay()
+        np.testing.assert_allclose(out.to_host(), reference(q, k, v, causal=True, kv_len=[L])[0], rtol=2e-4,
+                                   atol=2e-5)
+
+
 # -- dropout ---------------------------------------------------------------------------------------
 def test_dropout_matches_reference_with_its_keep_mask(queue, rng, variant):
     B, HQ, HKV, SQ, SK, D, p = 2, 4, 2, 17, 23, 32, 0.3
