@@ -72,6 +72,16 @@ def test_a_failing_block_names_page_and_line(tmp_path):
         run_code.run_page("bad.md", page, workdir=tmp_path)
 
 
+def test_pages_script_reports_each_page(capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("NETCL_CACHE_DIR", str(tmp_path))
+    spec = importlib.util.spec_from_file_location("netcl_docs_pages", ROOT / "scripts" / "docs_pages.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.main(["paths/autograd/tape.md"]) == 0
+    out = capsys.readouterr().out
+    assert "===== paths/autograd/tape.md" in out and "ops recorded: 4" in out and "1 pages ran, 0 failed" in out
+
+
 def test_getting_started_lists_every_knob():
     knobs = set(re.findall(r"NETCL_[A-Z][A-Z_0-9]*", (ROOT / "netcl" / "config.py").read_text()))
     text = (DOCS / "getting-started.md").read_text()
