@@ -238,6 +238,19 @@ def config_to_hf(c: GPTConfig) -> dict[str, Any]:
 
 
 # -- loading and saving ------------------------------------------------------------------------------------------
+# the base model's prefix of each table's names (the decoder stack without the language-model head)
+_BASE_PREFIX = {"llama": "model.", "gpt2": "transformer."}
+
+
+def _with_base_prefix(tensors: dict[str, np.ndarray], prefix: str, known: set[str]) -> dict[str, np.ndarray]:
+    """Names as the table writes them. A directory saved from the base model (GPT2Model, LlamaModel: the
+    Hub's openai-community/gpt2 is one) names its tensors without the prefix, which transformers adds on
+    loading; so does netcl when no tensor carries it and it makes names known."""
+    if any(k.startswith(prefix) for k in tensors) or not any(prefix + k in known for k in tensors):
+        return tensors
+    return {k if k == "lm_head.weight" else prefix + k: v for k, v in tensors.items()}
+
+
 def _shapes(c: GPTConfig) -> dict[str, tuple[int, ...]]:
     """netcl parameter name -> shape for config c (the model's state_dict, without building it)."""
     d, q_out, kv_out, h = c.dim, c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim, c.hidden_dim
@@ -278,12 +291,12 @@ def load(path: str | os.PathLike, overrides: dict[str, Any] | None = None) -> tu
                          f"overridable: {sorted(allowed)}")
     raw_config = hf_io.read_config(path)
     config = config_from_hf(raw_config, overrides)
-    tensors = hf_io.read_tensors(path)
-    shapes = _shapes(config)
     if config.arch == "gpt2" and "max_seq_len" in (overrides or {}):
         raise ValueError("from_pretrained: a GPT-2's max_seq_len is its learned position table (n_positions)")
+    shapes = _shapes(config)
     rules = _RULES[config.arch](config)
     known = {name for rule in rules for name in rule[0]}
+    tensors = _with_base_prefix(hf_io.read_tensors(path), _BASE_PREFIX[config.arch], known)
     unknown = sorted(k for k in tensors if k not in known and not k.endswith(_IGNORED_SUFFIXES)
                      and not (k == "lm_head.weight" and config.tie_embeddings))
     missing = sorted(name for name in known if name not in tensors)

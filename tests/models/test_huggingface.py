@@ -163,6 +163,22 @@ def test_biases_without_a_hugging_face_architecture_are_refused(queue, tmp_path)
         model.save_pretrained(tmp_path / "x")
 
 
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_base_model_names_without_the_prefix(queue, tmp_path, name):
+    """The Hub's GPT-2 is saved from GPT2Model: 'h.0.attn.c_attn.weight', 'wte.weight', no lm_head (tied),
+    and the old causal-mask buffers 'h.N.attn.bias'."""
+    from safetensors.numpy import load_file, save_file
+
+    hf, path = saved(tmp_path, name)
+    prefix = "transformer." if name == "gpt2" else "model."
+    tensors = {k.removeprefix(prefix): v for k, v in load_file(path / "model.safetensors").items()}
+    if name == "gpt2":
+        tensors["h.0.attn.bias"] = np.tril(np.ones((1, 1, 40, 40), np.float32))
+    save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
+    ids = np.random.default_rng(5).integers(0, VOCAB, (1, 8))
+    assert_logits_close(GPT.from_pretrained(path, queue)(ids).value.to_host(), hf_logits(hf, ids))
+
+
 def test_interleaved_pairing_permutes_q_and_k(queue, tmp_path):
     """Meta's interleaved rotary pairs with the q/k rows permuted to match compute the same logits."""
     hf, path = saved(tmp_path, "llama")
