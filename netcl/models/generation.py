@@ -159,8 +159,13 @@ def _decode_step(model: Any, state: DecodeState, sampling: tuple, use_graph: boo
     if not use_graph:
         state.run(model, state.tokens, sampling)
         return
-    key = (sampling, tuple(id(p.value) for p in model.parameters()))
-    if state.graph is not None and state.graph_key == key:
+    # the recorded step reads the parameters' buffers: re-record when a parameter got a new Tensor (held
+    # here, not its id(), which a new Tensor may reuse once the old one is freed)
+    values = tuple(p.value for p in model.parameters())
+    key = (sampling, values)
+    old = state.graph_key
+    if state.graph is not None and old is not None and old[0] == sampling and len(old[1]) == len(values) \
+            and all(a is b for a, b in zip(old[1], values)):
         state.graph.replay()
         return
     state.close()

@@ -81,6 +81,12 @@ def test_the_recorded_step_is_reused_and_follows_new_weights(queue):
     model.load_state_dict(other.state_dict())  # in place: the recorded step reads the new values
     assert list(model.generate([1, 2, 3], 6, temperature=0)) == list(other.generate([1, 2, 3], 6, temperature=0))
     assert model._decoder.graph is graph
+    for name, p in model.named_parameters():  # new Tensors (the old ones freed): recorded again
+        p.value = Tensor.from_host(queue, other.state_dict()[name].to_host() * 0.5)
+    halved = make(queue, "llama", seed=9)
+    halved.load_state_dict({k: v.to_host() * 0.5 for k, v in other.state_dict().items()})
+    assert list(model.generate([1, 2, 3], 6, temperature=0)) == list(halved.generate([1, 2, 3], 6, temperature=0))
+    assert model._decoder.graph is not graph
 
 
 def test_seed_none_follows_manual_seed(queue):
