@@ -217,8 +217,11 @@ def main() -> int:
             w = np.ones(n, np.float32)
             sk_state = (np.zeros_like(C0), np.zeros(k, np.float32), np.zeros(n, np.int32), np.zeros(k, np.float32))
 
-            def sk_iter():
-                lloyd_iter_chunked_dense(X, w, C0, sk_state[0], sk_state[1], sk_state[2], sk_state[3], threads)
+            from threadpoolctl import threadpool_limits
+
+            def sk_iter():  # as sklearn's own Lloyd loop calls it: BLAS single-threaded inside its OpenMP
+                with threadpool_limits(limits=1, user_api="blas"):
+                    lloyd_iter_chunked_dense(X, w, C0, sk_state[0], sk_state[1], sk_state[2], sk_state[3], threads)
 
             contenders["scikit-learn"] = sk_iter
         except Exception as exc:  # a missing peer is reported, not fatal
