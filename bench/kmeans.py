@@ -276,6 +276,8 @@ def main() -> int:
         row("one iteration", name, device, s, mem, agree,
             note="faiss.Kmeans(niter=1).train: includes its setup" if name == "faiss" else "")
 
+    contenders.clear()
+    del netcl_iter  # its copy of the data would count in the fit's peak below
     if args.sweep:
         sweep_assign(q, X, C0, repeat, row, notes)
 
