@@ -22,6 +22,7 @@ import numpy as np
 from netcl import kernels
 from netcl.core import dtypes
 from netcl.core.tensor import Tensor, check_same_queue
+from netcl.core.variants import Variant, first_usable, source_digest
 from netcl.errors import DeviceMismatchError, DTypeError, ShapeError
 
 __all__ = ["KMeansPlan", "PackedCenters", "Partials", "kmeans_assign", "kmeans_copy_rows", "kmeans_finalize",
@@ -109,10 +110,15 @@ def kmeans_plan(queue: Any, dtype: Any, n_rows: int, n_features: int, n_clusters
     if assign_tiles and variant != "gpu":
         raise ValueError(f"assign_tiles are knobs of the 'gpu' variant, got {assign_tiles} for {variant!r}")
     if variant == "cpu":
-        vn, rm, pb = vec, 4, 2
+        vn, rm, pb = cpu_lanes(queue.device, dt), 4, 2
         kpad = -(-k // (vn * pb)) * vn * pb
         # rows per work-item: as many as keep their staged copy within L1-sized scratch (at least RM)
         mb = max(rm, min(64, (CPU_STAGE_BYTES // (d * size)) // rm * rm))
+        scratch = mb * d * size + mb * vn * 2 * size
+        if scratch > caps.local_mem:
+            raise ShapeError(f"k-means on {queue.device.describe()}: rows of {d} features need {scratch} bytes of "
+                             f"local scratch, more than the device's {caps.local_mem}; reduce the features "
+                             "(e.g. PCA) first")
         variant_defines = dict(VN=vn, RM=rm, PB=pb, MB=mb, DSTAGE=d, VF=vec)
         rows_per_group = mb
         nseg = max(1, min(4 * caps.compute_units, -(-n // 256)))
@@ -148,6 +154,63 @@ def kmeans_plan(queue: Any, dtype: Any, n_rows: int, n_features: int, n_clusters
     pp = dict(WG=pp_wg, VF=vf, BLK=PP_BLOCK)
     return KMeansPlan(queue, dt, n, d, k, variant, kpad, dpad, rows_per_group, variant_defines, shared, pp,
                       seg, nseg, nkc, nfc, update_wg, finalize_wg, pp_wg)
+
+
+# -- the CPU assignment's vector width --------------------------------------------------------------------
+# 16 float lanes (64-byte vectors, plain arithmetic as gemm_cpu.cl's VN=16) measured 1.3x the 8-lane kernel on
+# an AVX-512 EPYC under PoCL (bench/NOTES.md, k-means). 512-bit vectors are the construct PoCL 3.0 on Zen 4
+# can crash on (netcl.ops.gemm.variants), so the wide kernel runs first in a child process
+# (netcl.core.variants, probe_wide_assign) and the 8-lane one is what a device that fails it gets.
+_lanes: dict[tuple, int] = {}
+
+
+def cpu_lanes(device: Any, dt: np.dtype) -> int:
+    """Centers per vector of kmeans_cpu.cl's assignment on `device` (VN): 16 for float32 on CPUs whose
+    preferred float vector is 16 wide and whose compiler passes the probe, else 32 bytes' worth."""
+    safe = 32 // dt.itemsize
+    if dt != dtypes.float32 or device.capabilities.kind != "cpu" or \
+            device.capabilities.preferred_vector_width.get("float", 0) < 16:
+        return safe
+    key = (id(device), dt)
+    lanes = _lanes.get(key)
+    if lanes is None:
+        digest = source_digest(kernels.source("kmeans_cpu.cl"))
+
+        def variant(vn: int) -> Variant:
+            wide = vn * dt.itemsize > 32
+            return Variant("kmeans_assign_cpu", f"{dt.name} VN={vn}", (f"-DVN={vn}",), digest,
+                           build=lambda: kernels.program(device, "kmeans_cpu.cl", dtype=dt, VN=vn, RM=4, PB=2, MB=8,
+                                                         DSTAGE=3, VF=safe).kmeans_assign_cpu,
+                           probe=("netcl.ops.kmeans:probe_wide_assign", (dt.name,)) if wide else None,
+                           probe_key=f"kmeans_assign_cpu | {dt.name} {vn}-wide vectors | {digest[:16]}" if wide
+                           else None, payload=vn)
+
+        chosen, _ = first_usable(device, [variant(16), variant(safe)])
+        lanes = _lanes[key] = chosen.payload
+    return lanes
+
+
+def probe_wide_assign(device: Any, dtype_name: str) -> None:
+    """The probe of the 16-lane CPU assignment (run in a child process by netcl.core.variants, where
+    cpu_lanes builds it without probing): assignments of ragged problems against NumPy."""
+    dt = np.dtype(dtype_name)
+    q = device.queue
+    rng = np.random.default_rng(0)
+    for n, d, k in ((37, 3, 5), (300, 13, 70), (130, 70, 33)):
+        x, c = rng.standard_normal((n, d)).astype(dt), rng.standard_normal((k, d)).astype(dt)
+        plan = kmeans_plan(q, dt, n, d, k, "cpu")
+        centers = Tensor.from_host(q, c)
+        labels, dist = Tensor.empty(q, (n,), np.int32), Tensor.empty(q, (n,), dt)
+        kmeans_assign(plan, Tensor.from_host(q, x), 0, Tensor.zeros(q, (d,), dt), kmeans_pack(plan, centers),
+                      centers, labels, dist)
+        d2 = ((x[:, None, :].astype(np.float64) - c[None]) ** 2).sum(-1)
+        got = labels.to_host()
+        chosen = d2[np.arange(n), got]
+        if not (chosen <= d2.min(axis=1) * (1 + 1e-4) + 1e-4).all():
+            raise AssertionError(f"kmeans_assign_cpu VN={plan.defines['VN']} {dtype_name} n={n} d={d} k={k}: "
+                                 "a row took a center that is not its nearest")
+        if not np.allclose(dist.to_host(), chosen, rtol=1e-4, atol=1e-4):
+            raise AssertionError(f"kmeans_assign_cpu VN={plan.defines['VN']} {dtype_name}: distances are off")
 
 
 def _check_tiles(tiles: dict[str, int], max_wg: int) -> dict[str, int]:

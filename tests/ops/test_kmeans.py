@@ -248,6 +248,8 @@ def test_bad_input_is_refused(queue):
         km.kmeans_plan(queue, np.float32, 10, 2, 3, variant="gpu", assign_tiles=dict(WX=2))
     with pytest.raises(ValueError, match="more than the device's"):
         km.kmeans_plan(queue, np.float32, 10, 2, 3, variant="gpu", assign_tiles=dict(TX=128, TY=128))
+    with pytest.raises(ShapeError, match="rows of 1000000 features need"):
+        km.kmeans_plan(queue, np.float32, 10, 10**6, 3, variant="cpu")
     with pytest.raises(ValueError, match="knobs of the 'gpu' variant"):
         km.kmeans_plan(queue, np.float32, 10, 2, 3, variant="cpu", assign_tiles=dict(TX=8))
     plan = km.kmeans_plan(queue, np.float32, 10, 2, 3)
