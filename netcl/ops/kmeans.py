@@ -33,6 +33,7 @@ __all__ = ["KMeansPlan", "PackedCenters", "Partials", "kmeans_assign", "kmeans_c
 VARIANTS = ("cpu", "gpu")
 PP_BLOCK = 256  # rows per k-means++ block (BLK): streamed chunks start at multiples of it
 PARTIALS_BUDGET = 64 << 20  # bytes of update partial sums a GPU plan may hold
+MIN_SEGMENT_ROWS = 2048  # rows per GPU update segment at least: the partial sums stay far below the data
 CPU_STAGE_BYTES = 16 << 10  # bytes of rows a CPU assignment work-item stages (half a typical L1)
 
 
@@ -143,7 +144,7 @@ def kmeans_plan(queue: Any, dtype: Any, n_rows: int, n_features: int, n_clusters
         nkc, nfc = -(-k // kc), -(-d // update_wg)
         want = -(-8 * caps.compute_units // (nkc * nfc))
         cap = max(1, PARTIALS_BUDGET // (k * d * size))
-        nseg = max(1, min(want, cap, -(-n // update_wg)))
+        nseg = max(1, min(want, cap, -(-n // MIN_SEGMENT_ROWS)))
         variant_defines.update(WGU=update_wg, KC=kc)
         finalize_wg = min(64, _pow2_at_most(max_wg))
         pp_wg = min(PP_BLOCK, _pow2_at_most(max_wg))

@@ -24,7 +24,8 @@ def blobs(n, d, k, seed):
 
 
 @pytest.mark.parametrize("variant", ["cpu", "gpu"])
-def test_kmeans_fit(variant):
+def test_kmeans_fit(variant, monkeypatch):
+    monkeypatch.setattr(km, "MIN_SEGMENT_ROWS", 64)  # several GPU update segments
     X = blobs(300, 7, 5, 0)  # float64; 300 rows streamed as chunks of 256 and 44
     w = np.random.RandomState(1).rand(300) + 0.5
     ours = KMeans(5, random_state=0, variant=variant, chunk_rows=256, max_iter=6).fit(X, sample_weight=w)

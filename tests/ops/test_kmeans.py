@@ -103,7 +103,8 @@ def _update(queue, plan, x, mean, labels, dist, weights, chunks):
 
 @pytest.mark.parametrize("dt", [np.float32, np.float64])
 @pytest.mark.parametrize("n,d,k,weighted", [(1, 1, 1, False), (301, 13, 9, True), (1000, 70, 150, True)])
-def test_update_and_finalize(queue, rng, variant, dt, n, d, k, weighted):
+def test_update_and_finalize(queue, rng, monkeypatch, variant, dt, n, d, k, weighted):
+    monkeypatch.setattr(km, "MIN_SEGMENT_ROWS", 64)  # several GPU update segments at these sizes
     x = rng.standard_normal((n, d)).astype(dt)
     labels = rng.integers(0, k, n).astype(np.int32)
     labels[: min(n, k - 1)] = np.arange(min(n, k - 1))
