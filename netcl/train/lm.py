@@ -25,9 +25,11 @@ import numpy as np
 from tqdm import tqdm
 
 import netcl.autograd as ag
+from netcl import distributed as dist
 from netcl import optim
 from netcl.core.device import manager
 from netcl.core.tensor import Tensor
+from netcl.distributed import launch
 from netcl.errors import NetclError
 from netcl.graph import Graph
 from netcl.io import load_checkpoint, save_checkpoint
@@ -57,11 +59,11 @@ RUN_SETTINGS = {
     "--dim": "dim", "--context": "context", "--corpus": "corpus", "--vocab-size": "vocab_size",
     "--val-fraction": "val_fraction", "--batch-size": "batch_size", "--lr": "lr", "--min-lr": "min_lr",
     "--warmup": "warmup", "--weight-decay": "weight_decay", "--clip": "clip", "--seed": "seed",
-    "--eval-windows": "eval_windows",
+    "--eval-windows": "eval_windows", "--nproc": "nproc",
 }
 DEFAULTS: dict[str, Any] = {"preset": "small", "arch": "llama", "corpus": None, "vocab_size": corpus_mod.DEFAULT_VOCAB,
                             "val_fraction": corpus_mod.DEFAULT_VAL_FRACTION, "weight_decay": 0.1, "clip": 1.0,
-                            "seed": 0, "eval_windows": 64, "min_lr": None}
+                            "seed": 0, "eval_windows": 64, "min_lr": None, "nproc": 1}
 SAMPLE_PROMPTS = ("import", "def", "class", "    for")  # no trailing space: BPE words carry their leading one
 
 
@@ -165,6 +167,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace an earlier run in OUT instead of refusing")
     p.add_argument("--no-progress", action="store_true", help="no progress bars (plain lines)")
     add_amp_argument(p)
+    p.add_argument("--nproc", type=_positive, default=None,
+                   help="train with N processes, one device each (netcl.distributed; default 1): each takes "
+                   "--batch-size windows of every step and gradients are averaged, the same as one process "
+                   "with N x --batch-size; steps run eagerly; rank 0 logs and writes; a resumed run keeps it")
     p.add_argument("--eager", action="store_true",
                    help="run every step op by op (default: record the step once and replay it, netcl.graph)")
     p.set_defaults(func=run_train)
@@ -328,12 +334,13 @@ def make_optimizer(model: GPT, s: dict[str, Any]) -> optim.AdamW:
 
 
 def lm_step(model: GPT, opt: optim.Optimizer, ids: Tensor, targets: Tensor, clip: float,
-            mixed: MixedPrecision | None = None) -> Tensor:
+            mixed: MixedPrecision | None = None, ddp: dist.DistributedDataParallel | None = None) -> Tensor:
     """Forward, loss, backward, gradient clipping, AdamW; the loss Tensor (1,) without waiting for it.
     `mixed` (--amp): the forward under autocast; with float16 the loss is scaled, the gradients unscaled
-    before clipping and a step with inf/NaN gradients skipped on the device (GradScaler)."""
+    before clipping and a step with inf/NaN gradients skipped on the device (GradScaler). `ddp` (--nproc): the
+    forward through it, so backward averages the gradients across the ranks (GPT.loss is forward + this)."""
     with mixed.autocast() if mixed is not None else contextlib.nullcontext(), ag.Tape() as tape:
-        loss = model.loss(ids, targets)
+        loss = model.loss(ids, targets) if ddp is None else ag.cross_entropy(ddp(ids), ag.tensor(targets))
     scaler = mixed.scaler if mixed is not None else None
     tape.backward(scaler.scale(loss) if scaler is not None else loss)
     if scaler is not None:
@@ -355,8 +362,9 @@ class LMStep:
     The scheduler is stepped by the caller, on the host (replays read the new learning rate)."""
 
     def __init__(self, model: GPT, opt: optim.Optimizer, clip: float, eager: bool = False,
-                 mixed: MixedPrecision | None = None):
-        self.model, self.opt, self.clip, self.eager, self.mixed = model, opt, clip, eager, mixed
+                 mixed: MixedPrecision | None = None, ddp: dist.DistributedDataParallel | None = None):
+        self.model, self.opt, self.clip, self.mixed, self.ddp = model, opt, clip, mixed, ddp
+        self.eager = eager or ddp is not None  # DDP's all-reduce goes through the host: no recorded step
         self.graph: Graph | None = None
         self.ids: Tensor | None = None
         self.targets: Tensor | None = None
@@ -367,7 +375,7 @@ class LMStep:
         ids, targets = np.ascontiguousarray(batch[:, :-1]), np.ascontiguousarray(batch[:, 1:])
         if self.eager:
             return lm_step(self.model, self.opt, Tensor.from_host(q, ids), Tensor.from_host(q, targets), self.clip,
-                           self.mixed)
+                           self.mixed, self.ddp)
         if self.graph is None:
             self.ids, self.targets = Tensor.from_host(q, ids), Tensor.from_host(q, targets)
             self.graph = Graph()
@@ -429,10 +437,25 @@ def plot_curves(history: dict[str, Any], info: dict[str, Any], path: Path, title
 
 
 def run_train(args: argparse.Namespace) -> int:
+    nproc = args.nproc or 1
+    argv = list(getattr(args, "argv", None) or [])
+    if nproc > 1 and args.out is None and args.resume is None:  # one fresh directory for all ranks
+        argv += ["--out", str(_fresh_default_out())]
+    code = launch.spawn_ranks(argv, nproc)  # --nproc N: this process starts N ranks of itself
+    if code is not None:
+        return code
+    rank0 = launch.join(nproc)  # in a rank: join the job; rank 0 logs and writes
+    rank = dist.rank() if nproc > 1 else 0
+    args.no_progress = args.no_progress or not rank0
+
     def log(msg: str) -> None:
-        tqdm.write(msg) if not args.no_progress else print(msg, flush=True)
+        if rank0:
+            tqdm.write(msg) if not args.no_progress else print(msg, flush=True)
 
     out, resume_from, saved = _plan_output(args, log)
+    if args.nproc is None and saved.get("nproc", 1) != 1:
+        raise NetclError(f"the resumed run trained with --nproc {saved['nproc']}: pass --nproc {saved['nproc']} "
+                         "(a resumed run keeps its settings)")
     s = _settings(args, saved)
     done = saved.get("steps_done", 0)
     if resume_from is not None and done >= s["steps"]:
@@ -445,11 +468,13 @@ def run_train(args: argparse.Namespace) -> int:
     corpus = build_corpus(s["corpus"], vocab_size=s["vocab_size"], val_fraction=s["val_fraction"],
                           cache_dir=cache_dir, log=log)
     log(corpus.summary())
-    windows = TokenWindows(corpus.train, s["batch_size"], s["context"], seed=s["seed"])
+    # one stream of global batches (nproc x batch_size windows); rank r takes rows [r B, (r + 1) B) of each
+    windows = TokenWindows(corpus.train, s["batch_size"] * nproc, s["context"], seed=s["seed"])
+    rows = slice(rank * s["batch_size"], (rank + 1) * s["batch_size"])
     val = validation_windows(corpus.val, s["context"], s["eval_windows"])
     q = dev.queue
     try:
-        out.mkdir(parents=True, exist_ok=True)
+        out.mkdir(parents=True, exist_ok=True) if rank0 else None
     except OSError as exc:
         raise NetclError(f"cannot create the output directory {out}: {exc.strerror or exc}") from None
 
@@ -470,25 +495,29 @@ def run_train(args: argparse.Namespace) -> int:
             sched.total_steps = s["steps"]
             sched.refresh()
         log(f"resumed from {resume_from} at step {start}, lr {opt.param_groups[0]['lr']:.3g}")
-    tokens_per_step = s["batch_size"] * s["context"]
+    tokens_per_step = s["batch_size"] * nproc * s["context"]
+    ddp = dist.DistributedDataParallel(model) if nproc > 1 else None  # after a resume's load
     log(f"netcl lm-train: {s['arch']} GPT, {s['layers']} layers, {s['heads']} heads ({s['kv_heads']} kv), dim "
         f"{s['dim']}, context {s['context']}: {model.num_parameters():,} parameters, on {dev.device_name} "
-        f"({dev.backend}); batch {s['batch_size']} x {s['context']} tokens, {s['steps']} steps, AdamW lr "
-        f"{s['lr']:g} -> {s['min_lr']:g} (warm-up {s['warmup']}, cosine), clip {s['clip']:g}"
-        f"{', eager steps' if args.eager else ', step recorded once and replayed (--eager: op by op)'}; "
+        f"({dev.backend}); batch {s['batch_size']}{f' x {nproc} processes' if nproc > 1 else ''} x {s['context']} "
+        f"tokens, {s['steps']} steps, AdamW lr {s['lr']:g} -> {s['min_lr']:g} (warm-up {s['warmup']}, cosine), clip "
+        f"{s['clip']:g}"
+        f"{', eager steps' if args.eager or ddp else ', step recorded once and replayed (--eager: op by op)'}; "
         f"writing to {out}")
     mixed = MixedPrecision.make(args.amp) if args.amp else None
     if mixed is not None:
         log(f"mixed precision: autocast {args.amp}{', dynamic loss scaling' if mixed.scaler else ''}")
         if mixed.scaler is not None and resume_from is not None and meta["extra"].get("grad_scaler"):
             mixed.scaler.load_state_dict(meta["extra"]["grad_scaler"])  # the loss scale it had reached
-    step_fn = LMStep(model, opt, s["clip"], eager=args.eager, mixed=mixed)
+    step_fn = LMStep(model, opt, s["clip"], eager=args.eager, mixed=mixed, ddp=ddp)
     tokenizer = corpus.tokenizer
     run_args = {key: s[key] for key in RUN_SETTINGS.values()}
     run_args.update(steps=s["steps"], eval_every=s["eval_every"], cache_dir=cache_dir)
     written: list[Path] = []
 
     def checkpoint(step: int) -> None:
+        if not rank0:
+            return
         save_checkpoint(out / CHECKPOINT_FILE, model, opt, sched, step=step, loader=windows,
                         extra={"kind": "lm", "history": history, "args": run_args, "corpus": corpus.info,
                                **({"grad_scaler": mixed.scaler.state_dict()} if mixed and mixed.scaler else {})})
@@ -504,12 +533,16 @@ def run_train(args: argparse.Namespace) -> int:
     t0, last_t, last_step = time.perf_counter(), time.perf_counter(), start
     report_every = 10
     for step in range(start, s["steps"]):
-        pending.append(step_fn(windows.next_batch()))
+        pending.append(step_fn(windows.next_batch()[rows]))
         sched.step()
         n = step + 1
         if n % report_every == 0 or n % s["eval_every"] == 0 or n == s["steps"]:
             values = [float(t.to_host()[0]) for t in pending]
             pending.clear()
+            if nproc > 1:  # the loss of the global batch: the mean of the ranks' (equal batch sizes)
+                merged = np.asarray(values, np.float64)
+                dist.all_reduce(merged, op="mean")
+                values = merged.tolist()
             if not all(math.isfinite(v) for v in values):
                 raise NetclError(f"the training loss became {values[-1]} at step {n}; try a lower --lr")
             history["loss"].extend(values)
@@ -529,6 +562,8 @@ def run_train(args: argparse.Namespace) -> int:
             checkpoint(n)
     bar.close()
     seconds = time.perf_counter() - t0
+    if not rank0:
+        return 0
     plot = out / "curves.png"
     plot_curves(history, corpus.info, plot, f"netcl {s['arch']} GPT ({model.num_parameters() / 1e6:.1f}M) on "
                 f"{Path(corpus.info['source']).name}")
@@ -554,6 +589,7 @@ def run_train(args: argparse.Namespace) -> int:
         "settings": run_args,
         "parameters": model.num_parameters(),
         "amp": args.amp,
+        "processes": nproc,
         "device": dev.device_name,
         "corpus": {k: v for k, v in corpus.info.items() if k != "val_file_names"},
         "final_val_loss_nats": final_val,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import subprocess
 import sys
 
 import numpy as np
@@ -17,6 +18,7 @@ from netcl.io.checkpoint import read_checkpoint
 from netcl.text import BPETokenizer, ChatFormat
 from netcl.train import lm
 from netcl.train.lm import fit_dialog, load_model_dir
+from tests.distributed.launching import ROOT, environment
 
 WORDS = ["alpha", "beta", "gamma", "delta", "value", "result", "index", "items", "count", "total"]
 
@@ -400,3 +402,30 @@ def test_amp_float16_keeps_its_loss_scale_across_a_resume(corpus_dir, tmp_path, 
         main(["lm-train", "--amp", "float8", "--out", str(tmp_path / "never")])
     assert "argument --amp: invalid choice: 'float8'" in capsys.readouterr().err
     assert not (tmp_path / "never").exists()
+
+
+def test_two_processes_train_what_one_trains_on_their_joint_batch(corpus_dir, tmp_path, capsys):
+    """--nproc 2 --batch-size 2: each rank takes half of every global batch of 4 and DDP averages the gradients,
+    so the weights and the losses are those of one process with --batch-size 4 (up to float rounding)."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    common = ("--steps", "3", "--eval-every", "3", "--warmup", "1", "--samples", "0")
+    assert main(_args(corpus_dir, one, *common, "--batch-size", "4")) == 0
+    capsys.readouterr()
+    cmd = [sys.executable, "-m", "netcl.cli", *_args(corpus_dir, two, *common, "--batch-size", "2", "--nproc", "2")]
+    proc = subprocess.run(cmd, env=environment(), cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "batch 2 x 2 processes x 12 tokens" in proc.stdout and "eager steps" in proc.stdout
+    assert proc.stdout.count("step 3: validation loss") == 1  # rank 0 logs, rank 1 is quiet
+    a, b = load_file(str(one / "model.safetensors")), load_file(str(two / "model.safetensors"))
+    for k in a:
+        np.testing.assert_allclose(b[k], a[k], rtol=1e-4, atol=1e-6, err_msg=k)
+    ha = read_checkpoint(one / "checkpoint.safetensors")[1]["extra"]["history"]
+    hb = read_checkpoint(two / "checkpoint.safetensors")[1]["extra"]["history"]
+    np.testing.assert_allclose(hb["loss"], ha["loss"], rtol=1e-5)
+    assert json.loads((two / "metrics.json").read_text())["processes"] == 2
+    # a resumed run keeps its number of processes
+    assert main(["lm-train", "--resume", str(two), "--steps", "4", "--no-progress"]) == 1
+    assert "the resumed run trained with --nproc 2: pass --nproc 2" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["lm-train", "--nproc", "0", "--out", str(tmp_path / "never")])
+    assert "argument --nproc: must be an integer >= 1, got 0" in capsys.readouterr().err
