@@ -4,8 +4,12 @@ each new token is one decode step whose attention covers the tokens so far (kv_l
 The decode step reads the last tokens and the cache length from device tensors and writes the next
 tokens and length back into them, so netcl.graph records it once and replays it for every further token
 without Python; sampling runs on the device (netcl.ops.sample), and the host reads only the B chosen ids
-per step (it must, to yield them and to stop), never a row of logits. The caches, the recorded step and
-the sampling generator are kept on the model between calls of the same batch size and cache capacity.
+per step (it must, to yield them and to stop), never a row of logits. That read does not stall the
+device: the next step is enqueued before the host waits for this step's tokens (the queue runs in order,
+and the step takes its input tokens from the device), so the device computes token n + 1 while the host
+reads token n, yields it and enqueues step n + 2. Stopping early wastes at most that one step. The caches,
+the recorded step and the sampling generator are kept on the model between calls of the same batch size
+and cache capacity.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import numpy as np
 
 import netcl.autograd as ag
 from netcl import ops
+from netcl.core.backend import enqueue_copy
 from netcl.core.tensor import Tensor
 from netcl.errors import ShapeError
 from netcl.graph import Graph
@@ -142,17 +147,33 @@ def _tokens(model: Any, prompt: np.ndarray, single: bool, max_new_tokens: int, s
     with _inference(model):
         state.position.fill_(0)
         state.run(model, Tensor.from_host(model.queue, prompt), sampling)
-        tokens = state.tokens.to_host().reshape(batch)
+        pending = _read_tokens(state)
     for step in range(max_new_tokens):
-        if step:
+        ahead = None
+        if step + 1 < max_new_tokens:  # enqueue the next step before waiting for this one's tokens
             with _inference(model):
                 _decode_step(model, state, sampling, use_graph)
-                tokens = state.tokens.to_host().reshape(batch)
+                ahead = _read_tokens(state)
+        event, tokens = pending
+        event.wait()
         out = np.where(done, -1, tokens).astype(np.int32)
         done |= np.isin(tokens, list(stops)) if stops else False
+        last = done.all() or ahead is None
+        if last:  # what a kernel's checks recorded (positions, ids): the host checked both beforehand
+            model.queue.raise_device_errors()
         yield int(out[0]) if single else out
-        if done.all():
+        if last:
             return
+        pending = ahead
+
+
+def _read_tokens(state: DecodeState) -> tuple[Any, np.ndarray]:
+    """(event, host array) of a copy of the sampled tokens enqueued without waiting: in the in-order queue
+    it reads them before the next step, enqueued behind it, overwrites them."""
+    host = np.empty(state.batch, np.int32)
+    t = state.tokens
+    event = enqueue_copy(t.queue, host, t.buffer, src_offset=t.offset * t.itemsize, is_blocking=False)
+    return event, host
 
 
 def _decode_step(model: Any, state: DecodeState, sampling: tuple, use_graph: bool) -> None:

@@ -115,6 +115,17 @@ def test_stop_tokens_and_batches(queue):
     assert list(model.generate([5, 6], 0)) == []
 
 
+def test_a_generator_left_early_leaves_the_next_call_right(queue):
+    """The step after the last token read is already enqueued when a caller stops iterating."""
+    model = make(queue, "gpt2")
+    full = list(model.generate([3, 1, 4], 9, temperature=0))
+    early = model.generate([3, 1, 4], 9, temperature=0)
+    assert [next(early), next(early)] == full[:2]
+    early.close()
+    assert list(model.generate([3, 1, 4], 9, temperature=0)) == full
+    assert list(model.generate([3, 1, 4], 9, temperature=0, use_graph=False)) == full
+
+
 def test_training_mode_is_restored_and_dropout_off_while_generating(queue):
     model = GPT(queue, GPTConfig(**LLAMA, dropout=0.5, attn_dropout=0.5))
     model.train()
