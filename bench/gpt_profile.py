@@ -1,6 +1,6 @@
-"""Where a GPT training step's device time goes: one eager step of netcl.models.GPT (forward, cross
-entropy, backward, AdamW) under netcl.profiling, tables by kernel, op and module, beside the step's FLOP
-count and the time that count takes at the device's GEMM rate.
+"""Where a GPT's device time goes: one eager training step of netcl.models.GPT (forward, cross entropy,
+backward, AdamW) under netcl.profiling, tables by kernel, op and module scope, beside the step's FLOP
+count; then cached greedy decoding at batch 1 (tokens/s, and one run's kernels).
 
     python bench/gpt_profile.py                 # CPU: a small Llama-style GPT, batch 4 x 64
     python bench/gpt_profile.py --gpu           # GPU: lm-train's 25m preset (8 layers, dim 512), 32 x 512
@@ -41,6 +41,7 @@ def main() -> None:
     ap.add_argument("--arch", choices=("llama", "gpt2"), default="llama")
     ap.add_argument("--warmup", type=int, default=2, help="steps before the profiled one")
     ap.add_argument("--top", type=int, default=25, help="rows per table")
+    ap.add_argument("--gen-tokens", type=int, default=64, help="tokens per generation run")
     ap.add_argument("--out", default="bench/results/gpt_profile.json")
     args = ap.parse_args()
 
@@ -81,11 +82,28 @@ def main() -> None:
           f"dim {d}, {h} heads, batch {b} x {s}; one eager step {wall * 1e3:.1f} ms (unprofiled), "
           f"{flops / 1e12:.3f} TFLOP ({flops / wall / 1e12:.2f} TFLOP/s)")
     text = prof.report(by=("kernel", "op", "scope"), top=args.top)
+
+    # cached greedy decoding at batch 1: tokens/s after the first, and one profiled run's kernels
+    prompt = rng.integers(0, config.vocab_size, 16).tolist()
+    args.gen_tokens = min(args.gen_tokens, config.max_seq_len - len(prompt))
+    list(model.generate(prompt, args.gen_tokens, temperature=0))  # records the decode step
+    rates = []
+    for _ in range(3):
+        stamps = [time.perf_counter() for _ in model.generate(prompt, args.gen_tokens, temperature=0)]
+        rates.append((len(stamps) - 1) / (stamps[-1] - stamps[0]))
+    rate = sorted(rates)[1]
+    with profiling.profile() as gen_prof:
+        list(model.generate(prompt, args.gen_tokens, temperature=0))
+        q.finish()
+    print(f"\ngenerate (batch 1, prompt 16, {args.gen_tokens} tokens): {rate:.0f} tokens/s after the first "
+          f"(median of 3), {1e3 / rate:.2f} ms per decode step; one run's kernels:")
+    gen_text = gen_prof.report(by=("kernel", "op"), top=args.top)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     rows = {group: [list(map(_plain, r)) for r in prof.rows(group)[: args.top]] for group in ("kernel", "op")}
     out.write_text(json.dumps({"device": device.device_name, "config": config.to_dict(), "batch": b, "seq": s,
-                               "step_seconds": wall, "step_flops": flops, "rows": rows, "report": text}, indent=1))
+                               "step_seconds": wall, "step_flops": flops, "rows": rows, "report": text,
+                               "decode_tokens_per_second": rate, "generate_report": gen_text}, indent=1))
     print(f"wrote {out}")
 
 
