@@ -17,6 +17,7 @@ names) and loaded into the PyTorch model below, which follows LlamaForCausalLM's
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import platform
 import statistics
@@ -33,6 +34,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from netcl import profiling  # noqa: E402
 from netcl.core.device import manager  # noqa: E402
 from netcl.errors import NetclError  # noqa: E402
 from netcl.models import GPT, GPTConfig  # noqa: E402
@@ -280,6 +282,22 @@ def bench_training(q, net: GPT, peer: TorchLlama, tdev: str, batch: int, context
             **{f"{k}_seconds": median(v) for k, v in times.items()}}
 
 
+def profile_training(q, net: GPT, batch: int, context: int, top: int) -> dict:
+    """One eager training step under netcl.profiling.profile() (after an unprofiled one): device time by
+    kernel and by op, the largest `top` of each printed; where a step's time goes."""
+    rng = np.random.default_rng(2)
+    ids = rng.integers(0, VOCAB, (batch, context + 1)).astype(np.int32)
+    step = LMStep(net, make_optimizer(net, {"weight_decay": 0.1, "lr": 1e-4}), 1.0, eager=True)
+    step(ids)
+    q.finish()
+    with profiling.profile() as prof:
+        step(ids)
+        q.finish()
+    text = prof.report(by=("op", "kernel"), top=top, file=io.StringIO())
+    return {"device_seconds": prof.device_seconds, "report": text,
+            **{f"by_{by}": [r._asdict() for r in prof.rows(by)] for by in ("op", "kernel")}}
+
+
 def bench_generation(net: GPT, peer: TorchLlama, tdev: str, prompt_len: int, new_tokens: int,
                      repeats: int) -> dict:
     """Greedy decoding at batch 1: (time to the first token, decode tokens/s after it) medians of both,
@@ -341,6 +359,8 @@ def main() -> int:
                     help="tokens generated per run (default 256 on the GPU, 64 on the CPU)")
     ap.add_argument("--gen-repeats", type=at_least(1), default=3, help="generation runs (default 3)")
     ap.add_argument("--threads", type=at_least(1), default=2, help="PyTorch CPU threads (default 2)")
+    ap.add_argument("--profile", type=at_least(0), default=0, metavar="TOP",
+                    help="also profile one eager training step and print its TOP ops and kernels by device time")
     ap.add_argument("--out", default=None, help="JSON path (default bench/results/lm[_gpu].json)")
     args = ap.parse_args()
     preset = PRESETS[args.preset or ("25m" if args.gpu else "small")]
@@ -381,6 +401,7 @@ def main() -> int:
     # weights differ afterwards
     gen = bench_generation(net, peer, tdev, args.prompt_tokens, gen_tokens, args.gen_repeats)
     train = bench_training(q, net, peer, tdev, batch, context, args.steps, args.warmup)
+    prof = profile_training(q, net, batch, context, args.profile) if args.profile else None
 
     tokens = batch * context
     flops = step_flops(hf_cfg, batch, context)
@@ -420,6 +441,10 @@ def main() -> int:
                    "train_eager_vs_torch": train["torch_seconds"] / train["eager_seconds"],
                    "decode_vs_torch": gen["netcl_decode_tokens_per_second"] / gen["torch_decode_tokens_per_second"]},
     }
+    if prof is not None:
+        result["profile"] = prof
+        print(f"\none eager training step under netcl.profiling.profile(): {prof['device_seconds'] * 1e3:.1f} ms of "
+              f"device time\n{prof['report']}")
     out = Path(args.out) if args.out else Path(__file__).parent / "results" / f"lm{'_gpu' if args.gpu else ''}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
