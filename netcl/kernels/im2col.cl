@@ -16,7 +16,7 @@
 //   adds the bias inside the GEMM.
 // col2im: gx[n0 + b, g*Cg + c, ih, iw] = sum over (kh, kw) with a valid output position of
 //   cols[b, g, (c*KH + kh)*KW + kw, oh*OW + ow] (per-image layout): a gather, no atomics.
-//   Layout: global (W, H, NB*C); one work-item per input element (GPUs).
+//   Layout: global (W, H, NB*C); one work-item per input element (GPUs); the taps as defines (below).
 // col2im_plane (CPUs): the same sum; global (NB*C), one work-item owns one (b, c) input plane:
 //   it zeroes it, then adds each of its KH*KW column rows back as unit-stride runs (the inverse of
 //   im2col_rows: no div/mod in the loops, the plane stays in L1; nothing else writes the plane).
@@ -106,6 +106,29 @@ __kernel void im2col_rows(__global const T *x, const long x_off, __global T *col
     }
 }
 
+// col2im's taps: with TAP_KH ... TAP_DW defined (the GPU plan does) kernel size, stride, padding and
+// dilation are compile-time constants, so the per-tap remainders and quotients by SH, SW become shifts
+// or multiplies: runtime integer division bound this gather on the H200 (~4x its memory time).
+#ifdef TAP_KH
+#define C2I_KH TAP_KH
+#define C2I_KW TAP_KW
+#define C2I_SH TAP_SH
+#define C2I_SW TAP_SW
+#define C2I_PH TAP_PH
+#define C2I_PW TAP_PW
+#define C2I_DH TAP_DH
+#define C2I_DW TAP_DW
+#else
+#define C2I_KH KH
+#define C2I_KW KW
+#define C2I_SH SH
+#define C2I_SW SW
+#define C2I_PH PH
+#define C2I_PW PW
+#define C2I_DH DH
+#define C2I_DW DW
+#endif
+
 __kernel void col2im(__global const T *cols, __global T *gx, const long gx_off, const int n0, const int NB,
                      const int C, const int H, const int W, const int OH, const int OW,
                      const int KH, const int KW, const int SH, const int SW, const int PH, const int PW,
@@ -117,20 +140,20 @@ __kernel void col2im(__global const T *cols, __global T *gx, const long gx_off, 
     if (iw >= W || ih >= H || bc >= NB * C) return;
     const int b = bc / C, c = bc - (bc / C) * C;
     const int Cg = C / G, g = c / Cg, cl = c - g * Cg;
-    const int R = Cg * KH * KW;
+    const int R = Cg * C2I_KH * C2I_KW;
     const __global T *cb = cols + ((long)b * G + g) * R * OH * OW;
     ACC acc = (ACC)0;
-    for (int kh = 0; kh < KH; ++kh) {
-        const int th = ih + PH - kh * DH;
-        if (th < 0 || th % SH) continue;
-        const int oh = th / SH;
+    for (int kh = 0; kh < C2I_KH; ++kh) {
+        const int th = ih + C2I_PH - kh * C2I_DH;
+        if (th < 0 || th % C2I_SH) continue;
+        const int oh = th / C2I_SH;
         if (oh >= OH) continue;
-        for (int kw = 0; kw < KW; ++kw) {
-            const int tw = iw + PW - kw * DW;
-            if (tw < 0 || tw % SW) continue;
-            const int ow = tw / SW;
+        for (int kw = 0; kw < C2I_KW; ++kw) {
+            const int tw = iw + C2I_PW - kw * C2I_DW;
+            if (tw < 0 || tw % C2I_SW) continue;
+            const int ow = tw / C2I_SW;
             if (ow >= OW) continue;
-            acc += (ACC)cb[((long)(cl * KH + kh) * KW + kw) * OH * OW + oh * OW + ow];
+            acc += (ACC)cb[((long)(cl * C2I_KH + kh) * C2I_KW + kw) * OH * OW + oh * OW + ow];
         }
     }
     gx[gx_off + ((((long)(n0 + b) * C) + c) * H + ih) * W + iw] = (T)acc;

@@ -691,12 +691,14 @@ def _col2im_plan(gy: Tensor, p: ConvParams, n0: int, nb: int) -> tuple:
     key = (id(gy.device), gy.dtype, p, n0, nb, rows)
     plan = _col2im_plans.get(key)
     if plan is None or plan[0] is not gy.device:
-        prg = kernels.program(gy.device, "im2col.cl", dtype=gy.dtype)
         g = p.geometry()
         tail = (np.int32(n0), np.int32(nb), g[1], g[2], g[3], *g[5:])
         if rows:
+            prg = kernels.program(gy.device, "im2col.cl", dtype=gy.dtype)
             plan = (gy.device, prg.col2im_plane, (nb * p.C,), tail)
-        else:
+        else:  # the taps compiled in: no runtime division per tap (kernels/im2col.cl)
+            prg = kernels.program(gy.device, "im2col.cl", dtype=gy.dtype, TAP_KH=p.KH, TAP_KW=p.KW, TAP_SH=p.SH,
+                                  TAP_SW=p.SW, TAP_PH=p.PH, TAP_PW=p.PW, TAP_DH=p.DH, TAP_DW=p.DW)
             plan = (gy.device, prg.col2im, (p.W, p.H, nb * p.C), tail)
         if len(_col2im_plans) < 4096:
             _col2im_plans[key] = plan

@@ -324,10 +324,15 @@ def test_conv2d_backward_gemm_float32_chunked(queue, rng, monkeypatch):
     assert_close(gw, gw_ref, rtol=1e-4, atol=1e-4)
 
 
-def test_gpu_shaped_im2col_col2im(queue, rng, monkeypatch):
-    """The per-element im2col/col2im kernels GPUs use give the same results as the reference."""
+@pytest.mark.parametrize("xs,ws,kw", [
+    ((2, 4, 7, 6), (6, 2, 3, 2), dict(stride=(2, 1), padding=1, dilation=(1, 2), groups=2)),
+    ((2, 3, 9, 8), (5, 3, 1, 1), dict(stride=2, padding=0, dilation=1, groups=1)),    # ResNet's shortcut
+    ((3, 2, 7, 9), (4, 2, 3, 3), dict(stride=(2, 3), padding=1, dilation=1, groups=1)),
+])
+def test_gpu_shaped_im2col_col2im(queue, rng, monkeypatch, xs, ws, kw):
+    """The per-element im2col/col2im kernels GPUs use (col2im's taps compiled in) give the same results
+    as the reference."""
     monkeypatch.setattr(C, "_row_kernels", lambda device: False)
-    xs, ws, kw = (2, 4, 7, 6), (6, 2, 3, 2), dict(stride=(2, 1), padding=1, dilation=(1, 2), groups=2)
     p = C.ConvParams(xs, ws, **kw)
     x, w = _data(rng, xs, np.float64), _data(rng, ws, np.float64)
     gy = _data(rng, p.output_shape, np.float64)
