@@ -532,34 +532,41 @@ def run_train(args: argparse.Namespace) -> int:
     pending: list[Tensor] = []
     t0, last_t, last_step = time.perf_counter(), time.perf_counter(), start
     report_every = 10
-    for step in range(start, s["steps"]):
-        pending.append(step_fn(windows.next_batch()[rows]))
-        sched.step()
-        n = step + 1
-        if n % report_every == 0 or n % s["eval_every"] == 0 or n == s["steps"]:
-            values = [float(t.to_host()[0]) for t in pending]
-            pending.clear()
-            if nproc > 1:  # the loss of the global batch: the mean of the ranks' (equal batch sizes)
-                merged = np.asarray(values, np.float64)
-                dist.all_reduce(merged, op="mean")
-                values = merged.tolist()
-            if not all(math.isfinite(v) for v in values):
-                raise NetclError(f"the training loss became {values[-1]} at step {n}; try a lower --lr")
-            history["loss"].extend(values)
-            now = time.perf_counter()
-            rate = (n - last_step) * tokens_per_step / max(now - last_t, 1e-9)
-            last_t, last_step = now, n
-            history["tokens_per_second"].append(rate)
-            bar.update(len(values))
-            bar.set_postfix(loss=f"{values[-1]:.3f}", tok_s=f"{rate:,.0f}", lr=f"{opt.param_groups[0]['lr']:.2g}")
-            if args.no_progress and n % (report_every * 10) == 0:
-                log(f"step {n}/{s['steps']}: loss {values[-1]:.4f}, {rate:,.0f} tokens/s")
-        if n % s["eval_every"] == 0 or n == s["steps"]:
-            vloss = validation_loss(model, val, s["batch_size"])
-            history["val_loss"].append((n, vloss))
-            log(f"step {n}: validation loss {vloss:.4f} nats ({vloss / math.log(2):.3f} bits) per token; "
-                f"a unigram model's: {corpus.info['unigram_val_loss_nats']:.4f}")
-            checkpoint(n)
+    try:
+        for step in range(start, s["steps"]):
+            pending.append(step_fn(windows.next_batch()[rows]))
+            sched.step()
+            n = step + 1
+            if n % report_every == 0 or n % s["eval_every"] == 0 or n == s["steps"]:
+                values = [float(t.to_host()[0]) for t in pending]
+                pending.clear()
+                if nproc > 1:  # the loss of the global batch: the mean of the ranks' (equal batch sizes)
+                    merged = np.asarray(values, np.float64)
+                    dist.all_reduce(merged, op="mean")
+                    values = merged.tolist()
+                if not all(math.isfinite(v) for v in values):
+                    raise NetclError(f"the training loss became {values[-1]} at step {n}; try a lower --lr")
+                history["loss"].extend(values)
+                now = time.perf_counter()
+                rate = (n - last_step) * tokens_per_step / max(now - last_t, 1e-9)
+                last_t, last_step = now, n
+                history["tokens_per_second"].append(rate)
+                bar.update(len(values))
+                bar.set_postfix(loss=f"{values[-1]:.3f}", tok_s=f"{rate:,.0f}", lr=f"{opt.param_groups[0]['lr']:.2g}")
+                if args.no_progress and n % (report_every * 10) == 0:
+                    log(f"step {n}/{s['steps']}: loss {values[-1]:.4f}, {rate:,.0f} tokens/s")
+            if n % s["eval_every"] == 0 or n == s["steps"]:
+                vloss = validation_loss(model, val, s["batch_size"])
+                history["val_loss"].append((n, vloss))
+                log(f"step {n}: validation loss {vloss:.4f} nats ({vloss / math.log(2):.3f} bits) per token; "
+                    f"a unigram model's: {corpus.info['unigram_val_loss_nats']:.4f}")
+                checkpoint(n)
+    except KeyboardInterrupt:  # Ctrl-C: the last checkpoint stays; say how to go on
+        bar.close()
+        last = history["val_loss"][-1][0] if history["val_loss"] else None
+        log("interrupted; " + (f"{out / CHECKPOINT_FILE} holds step {last}: `netcl lm-train --resume {out}` "
+                                 "continues from there" if last is not None else "no checkpoint was written yet"))
+        return 130
     bar.close()
     seconds = time.perf_counter() - t0
     if not rank0:
@@ -665,10 +672,14 @@ def run_generate(args: argparse.Namespace) -> int:
     out: TextIO = sys.stdout
     out.write(args.prompt)
     out.flush()
-    for piece in stream_tokens(model, tokenizer, ids, budget, temperature=args.temperature, top_k=args.top_k,
-                               top_p=args.top_p, seed=args.seed, stop=[eot] if eot is not None else []):
-        out.write(piece)
-        out.flush()
+    try:
+        for piece in stream_tokens(model, tokenizer, ids, budget, temperature=args.temperature, top_k=args.top_k,
+                                   top_p=args.top_p, seed=args.seed, stop=[eot] if eot is not None else []):
+            out.write(piece)
+            out.flush()
+    except KeyboardInterrupt:  # Ctrl-C ends the text where it is
+        out.write("\n")
+        return 130
     out.write("\n")
     return 0
 
@@ -704,12 +715,23 @@ def run_chat(args: argparse.Namespace) -> int:
     if END_OF_TEXT in tokenizer.special_tokens:
         stop.add(tokenizer.special_id(END_OF_TEXT))
     context = _context(model)
-    reply_room = min(args.max_new_tokens, context // 2)
     system = [{"role": "system", "content": args.system}] if args.system else []
-    messages = list(system)
     interactive = sys.stdin.isatty()
     print(f"netcl chat: {args.checkpoint} ({model.num_parameters():,} parameters, context {context} tokens, "
           f"{chat.template.name} template). /reset clears the history, /exit (or end of input) leaves.")
+    try:
+        return _chat_loop(args, model, tokenizer, chat, stop, system, interactive)
+    except KeyboardInterrupt:  # Ctrl-C leaves, as /exit does
+        print()
+        return 130
+
+
+def _chat_loop(args: argparse.Namespace, model: GPT, tokenizer: BPETokenizer, chat: ChatFormat, stop: set[int],
+               system: list[dict[str, str]], interactive: bool) -> int:
+    """Read a line, answer it (streamed), until /exit or the end of input."""
+    context = _context(model)
+    reply_room = min(args.max_new_tokens, context // 2)
+    messages = list(system)
     turn = 0
     while True:
         if interactive:

@@ -91,7 +91,7 @@ def test_the_model_directory_loads_and_its_tokenizer_round_trips(trained, corpus
     assert all(np.array_equal(own[k], ckpt[k]) for k in own)
 
 
-def test_resume_after_an_interruption_gives_the_same_run(corpus_dir, trained, tmp_path, monkeypatch):
+def test_resume_after_an_interruption_gives_the_same_run(corpus_dir, trained, tmp_path, monkeypatch, capsys):
     """Interrupted after the step-3 checkpoint, then resumed: the uninterrupted run's weights and losses."""
     full, _ = trained
     out = tmp_path / "lm"
@@ -105,8 +105,9 @@ def test_resume_after_an_interruption_gives_the_same_run(corpus_dir, trained, tm
         return real(*a, **k)
 
     monkeypatch.setattr(lm, "validation_loss", interrupt_second)
-    with pytest.raises(KeyboardInterrupt):
-        main(_args(corpus_dir, out, "--steps", "6", "--eval-every", "3", "--warmup", "2"))
+    assert main(_args(corpus_dir, out, "--steps", "6", "--eval-every", "3", "--warmup", "2")) == 130
+    assert f"interrupted; {out / 'checkpoint.safetensors'} holds step 3: `netcl lm-train --resume {out}`" in \
+        capsys.readouterr().out
     monkeypatch.setattr(lm, "validation_loss", real)
     assert read_checkpoint(out / "checkpoint.safetensors")[1]["step"] == 3
     assert main(["lm-train", "--resume", "--out", str(out), "--cache-dir", str(tmp_path / "cache"),
@@ -429,3 +430,23 @@ def test_two_processes_train_what_one_trains_on_their_joint_batch(corpus_dir, tm
     with pytest.raises(SystemExit):
         main(["lm-train", "--nproc", "0", "--out", str(tmp_path / "never")])
     assert "argument --nproc: must be an integer >= 1, got 0" in capsys.readouterr().err
+
+
+def test_ctrl_c_ends_generate_and_chat_without_a_traceback(trained, capsys, monkeypatch):
+    out, _ = trained
+    real = lm.stream_tokens
+
+    def interrupted(*a, **k):  # one piece, then the user's Ctrl-C
+        for piece in real(*a, **k):
+            yield piece
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(lm, "stream_tokens", interrupted)
+    assert main(["generate", "--checkpoint", str(out), "--prompt", "def", "--max-new-tokens", "5",
+                 "--temperature", "0"]) == 130
+    text = capsys.readouterr().out
+    assert text.startswith("def") and text.endswith("\n")
+    monkeypatch.setattr(sys, "stdin", io.StringIO("hello\nnever answered\n"))
+    assert main(["chat", "--checkpoint", str(out), "--max-new-tokens", "5", "--temperature", "0"]) == 130
+    text = capsys.readouterr().out
+    assert text.count("assistant> ") == 1 and "never answered" not in text
