@@ -59,8 +59,10 @@ __kernel void winograd_filter_2x2_3x3(__global const T *w, const long w_off, __g
 {
     const int i = get_global_id(0);
     if (i >= K * C) return;
-    const int k = i / C, c = i - (i / C) * C;
-    const __global T *g = w + w_off + (long)i * 9;
+    // consecutive work-items take consecutive output columns: c for U[e, k, c], k for the flipped U[e, c, k]
+    // (SK = 1), so the 16 stores coalesce either way
+    const int k = flip ? i % K : i / C, c = flip ? i / K : i % C;
+    const __global T *g = w + w_off + ((long)k * C + c) * 9;
     T gg[4][3];
     for (int j = 0; j < 3; ++j) {
         const T a = FILTER_TAP(g, j), b = FILTER_TAP(g, 3 + j), d = FILTER_TAP(g, 6 + j);
