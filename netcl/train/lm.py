@@ -308,6 +308,9 @@ def _check_settings(s: dict[str, Any]) -> None:
         raise NetclError(f"--dim {s['dim']} is not a multiple of --heads {s['heads']}")
     if s["heads"] % s["kv_heads"]:
         raise NetclError(f"--kv-heads {s['kv_heads']} does not divide --heads {s['heads']}")
+    if s["arch"] == "gpt2" and s["kv_heads"] != s["heads"]:  # its Hugging Face format has no grouped-query attention
+        raise NetclError(f"--kv-heads {s['kv_heads']} with --arch gpt2: GPT-2 has one key/value head per query head; "
+                         "leave --kv-heads out or use --arch llama")
     if s["arch"] == "llama" and (s["dim"] // s["heads"]) % 2:
         raise NetclError(f"head dimension {s['dim']} / {s['heads']} = {s['dim'] // s['heads']} is odd; rotary "
                          "embeddings rotate pairs: pick --dim and --heads with an even quotient")

@@ -293,6 +293,7 @@ def test_bad_train_flags_are_one_line_errors(tmp_path, capsys, flag, value, word
 @pytest.mark.parametrize("extra,words", [
     (("--dim", "30", "--heads", "4"), "--dim 30 is not a multiple of --heads 4"),
     (("--heads", "4", "--kv-heads", "3", "--dim", "32"), "--kv-heads 3 does not divide --heads 4"),
+    (("--heads", "4", "--kv-heads", "2", "--dim", "32", "--arch", "gpt2"), "--kv-heads 2 with --arch gpt2"),
     (("--dim", "12", "--heads", "4"), "head dimension 12 / 4 = 3 is odd"),
     (("--warmup", "5", "--steps", "5"), "--warmup 5 must be smaller than --steps 5"),
     (("--lr", "1e-3", "--min-lr", "1e-2"), "--min-lr 0.01 is larger than --lr 0.001"),
