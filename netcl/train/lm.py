@@ -68,7 +68,7 @@ SAMPLE_PROMPTS = ("import", "def", "class", "    for")  # no trailing space: BPE
 
 
 # ---------------------------------------------------------------------------------------------- flags
-def _int_at_least(low: int) -> Callable[[str], int]:
+def _int_at_least(low: int, high: int | None = None) -> Callable[[str], int]:
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -76,6 +76,8 @@ def _int_at_least(low: int) -> Callable[[str], int]:
             raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {text!r}") from None
         if value < low:
             raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {value}")
+        if high is not None and value > high:
+            raise argparse.ArgumentTypeError(f"must be an integer <= {high}, got {value}")
         return value
 
     return parse
@@ -135,8 +137,9 @@ def register(subparsers: Any) -> None:
     d = p.add_argument_group("data")
     d.add_argument("--corpus", default=None,
                    help="directory of .py files (default: this Python's standard library)")
-    d.add_argument("--vocab-size", type=_int_at_least(256 + len(corpus_mod.SPECIAL_TOKENS)), default=None,
-                   help=f"BPE vocabulary trained on the corpus (default {corpus_mod.DEFAULT_VOCAB})")
+    d.add_argument("--vocab-size", type=_int_at_least(256 + len(corpus_mod.SPECIAL_TOKENS), 65535),
+                   default=None, help=f"BPE vocabulary trained on the corpus (default {corpus_mod.DEFAULT_VOCAB}; "
+                   "at most 65535: ids are cached as uint16)")
     d.add_argument("--val-fraction", type=_number(0.0, 1.0, low_open=True, high_open=True), default=None,
                    help=f"share of files held out for validation (default {corpus_mod.DEFAULT_VAL_FRACTION})")
     d.add_argument("--cache-dir", default=None, help="where token ids are cached (default NETCL_CACHE_DIR/corpus)")

@@ -265,6 +265,7 @@ def test_fit_dialog_drops_the_oldest_turns_and_keeps_the_system_message():
     ("--dim", "x", "expected an integer >= 1"),
     ("--context", "1", "must be an integer >= 2, got 1"),
     ("--vocab-size", "100", "must be an integer >= 259, got 100"),
+    ("--vocab-size", "70000", "must be an integer <= 65535, got 70000"),
     ("--val-fraction", "1", "must be a finite number in (0, 1), got 1"),
     ("--val-fraction", "0", "must be a finite number in (0, 1), got 0"),
     ("--lr", "0", "must be a finite number in (0, inf), got 0"),
