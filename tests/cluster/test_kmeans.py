@@ -78,12 +78,18 @@ def test_streamed_and_tensor_input_give_the_in_memory_bits(queue, digits):
     held = KMeans(9, random_state=5).fit(X, sample_weight=w)
     streamed = KMeans(9, random_state=5, chunk_rows=300).fit(X, sample_weight=w)  # 512-row chunks, 4 of them
     tensor = KMeans(9, random_state=5).fit(Tensor.from_host(queue, X), sample_weight=w)
-    for other in (streamed, tensor):
-        np.testing.assert_array_equal(other.labels_, held.labels_)
-        np.testing.assert_array_equal(other.cluster_centers_, held.cluster_centers_)
-        assert other.inertia_ == held.inertia_ and other.n_iter_ == held.n_iter_
+    # streamed chunks run the very kernels on the very rows: the same bits
+    np.testing.assert_array_equal(streamed.labels_, held.labels_)
+    np.testing.assert_array_equal(streamed.cluster_centers_, held.cluster_centers_)
+    assert streamed.inertia_ == held.inertia_ and streamed.n_iter_ == held.n_iter_
     np.testing.assert_array_equal(streamed.predict(X), held.predict(X))
-    np.testing.assert_array_equal(streamed.transform(X), held.transform(X))
+    # transform's GEMM may pick another kernel for a chunk than for the whole array (rounding differs)
+    np.testing.assert_allclose(streamed.transform(X), held.transform(X), rtol=1e-5, atol=1e-4)
+    # a Tensor's mean is taken on the device (another summation order than NumPy's): centred data and
+    # centers differ in the last bits, the clustering does not
+    np.testing.assert_array_equal(tensor.labels_, held.labels_)
+    assert tensor.n_iter_ == held.n_iter_ and tensor.inertia_ == pytest.approx(held.inertia_, rel=1e-5)
+    np.testing.assert_allclose(tensor.cluster_centers_, held.cluster_centers_, rtol=1e-5, atol=1e-4)
 
 
 def test_predict_transform_score_match_sklearn(queue, digits):
