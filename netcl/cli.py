@@ -16,6 +16,7 @@ from netcl.core.memory import format_bytes
 from netcl.core.tensor import Tensor
 from netcl.distributed import launch
 from netcl.errors import NetclError
+from netcl.ops.gemm import matrix_units
 from netcl.train import lm as lm_main
 from netcl.train import main as train_main
 from netcl.tune import cli as tune_cli
@@ -51,6 +52,10 @@ def cmd_devices(args: argparse.Namespace) -> int:
               f"{c.max_work_group_size}, subgroups {list(c.subgroup_sizes) or 'n/a'}")
         fp16 = "yes" if h.fp16 else ("extension only (probe failed)" if c.fp16_extension else "no (storage only)")
         print(f"      precision   fp64 {'yes' if c.fp64 else 'no'}, fp16 arithmetic {fp16}")
+        units = matrix_units(h)
+        print("      matrix units " + (f"mma.sync (sm_{c.nv_compute_capability[0]}{c.nv_compute_capability[1]}): "
+                                       "float16 GEMMs, TF32 for float32 under set_matmul_precision('high')"
+                                       if units else "none netcl drives (GEMMs take the portable kernels)"))
         widths = ", ".join(f"{k} {v}" for k, v in c.preferred_vector_width.items())
         print(f"      vectors     {widths}")
         store = variants.verdicts(h)

@@ -18,9 +18,14 @@ HALF_DTYPES = ("float16", "bfloat16")
 
 # op -> (rule, the half dtypes its kernels take)
 TABLE: dict[str, tuple[str, tuple[str, ...]]] = {
-    "matmul": ("half", ("float16",)),      # the GEMMs take float16 (IS_HALF); bfloat16 once gemm*.cl do
-    "linear": ("half", ("float16",)),
+    # the GEMMs: float16 (IS_HALF) everywhere; bfloat16 on matrix units (gemm_mma.cl), elsewhere through
+    # float32 products rounded once (netcl.ops.gemm)
+    "matmul": ("half", ("float16", "bfloat16")),
+    "linear": ("half", ("float16", "bfloat16")),
     "conv2d": ("half", ()),                # float32 until conv's half path lands
+    # flash attention's kernels take float16 but not bfloat16: float32 under autocast (q, k, v widened), so
+    # that bfloat16 linears can feed it; its share of a step's FLOPs is small beside the GEMMs'
+    "flash_attention": ("float32", ()),
     "softmax": ("float32", ()),
     "log_softmax": ("float32", ()),
     "batch_norm": ("float32", ()),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from netcl.autograd import autocast
 from netcl.autograd.engine import Node, as_node, needs_grad, record
 from netcl.core.tensor import Tensor
 from netcl.ops import attention as attn
@@ -28,7 +29,7 @@ def flash_attention(q: Node, k: Node, v: Node, *, causal: bool = False, scale: f
     """softmax(q k^T * scale + mask) v on (B, Hq, Sq, D) queries and (B, Hkv, Sk, D) keys and values, as
     netcl.ops.flash_attention (its docstring has the options); gradients for whichever of q, k, v require
     them."""
-    q, k, v = as_node(q), as_node(k), as_node(v)
+    q, k, v = autocast.cast_inputs("flash_attention", as_node(q), as_node(k), as_node(v))
     mask, kv_len = _constant(mask), _constant(kv_len)
     draw = attn.DropoutDraw(generator) if dropout_p and dropout_p > 0 else None
     out, lse = attn.flash_attention_forward(q.value, k.value, v.value, causal=causal, scale=scale, mask=mask,

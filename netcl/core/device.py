@@ -57,6 +57,8 @@ class Capabilities:
     preferred_vector_width: dict[str, int]
     subgroup_sizes: tuple[int, ...]
     extensions: frozenset[str] = field(repr=False)
+    # NVIDIA's compute capability (cl_nv_device_attribute_query), e.g. (9, 0) for an H100/H200; None elsewhere
+    nv_compute_capability: tuple[int, int] | None = None
 
     @classmethod
     def read(cls, dev: cl.Device) -> Capabilities:
@@ -65,6 +67,10 @@ class Capabilities:
         for name in ("char", "short", "int", "long", "half", "float", "double"):
             widths[name] = int(_query(lambda n=name: getattr(dev, f"preferred_vector_width_{n}"), 0))
         subgroups: tuple[int, ...] = ()
+        nv_cc = None
+        if "cl_nv_device_attribute_query" in exts:
+            major = int(_query(lambda: dev.compute_capability_major_nv, 0))
+            nv_cc = (major, int(_query(lambda: dev.compute_capability_minor_nv, 0))) if major else None
         if "cl_intel_required_subgroup_size" in exts:
             subgroups = tuple(_query(lambda: dev.sub_group_sizes_intel, ()))
         elif "cl_nv_device_attribute_query" in exts:
@@ -91,6 +97,7 @@ class Capabilities:
             preferred_vector_width=widths,
             subgroup_sizes=subgroups,
             extensions=exts,
+            nv_compute_capability=nv_cc,
         )
 
 

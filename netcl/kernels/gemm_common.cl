@@ -10,7 +10,7 @@
 //
 // Build options shared by all GEMM kernels:
 //   IS_HALF / USE_FP64 (common.cl)    storage dtype of A, B, C, bias and residual: half or double
-//                                      (float32 when neither)
+//                                      (float32 when neither); IS_BF16 (bfloat16) for gemm_mma.cl only
 //   HAS_BIAS      add bias[n] (bias is a vector over columns with element stride bias_stride)
 //   BIAS_ROWS     with HAS_BIAS: add bias[m] instead (a vector over rows: a convolution's per-channel bias)
 //   HAS_RESIDUAL  add residual[z, m, n] after the activation (any strides)
@@ -29,6 +29,13 @@ typedef double16 ACC16;
 #define STORE1(v, i, p) ((p)[i] = (v))
 #define LOADV(W, i, p) GEMM_CAT(vload, W)(i, p)
 #define STOREV(W, v, i, p) GEMM_CAT(vstore, W)(v, i, p)
+#elif defined(IS_BF16)
+// bfloat16 bit patterns (ushort): scalar loads and stores only, for the kernels that move the operands as bits
+// (gemm_mma.cl) and read only the epilogue's values; the portable path takes bfloat16 through float32
+typedef ushort STORE_T;
+typedef float ACC_T;
+#define LOAD1(i, p) nc_bf16_to_float((p)[i])
+#define STORE1(v, i, p) ((p)[i] = nc_float_to_bf16(v))
 #elif defined(IS_HALF)
 typedef half STORE_T;     // half is legal as a pointer target without cl_khr_fp16
 typedef float ACC_T;

@@ -99,3 +99,22 @@ def test_tiled_edge_free_kernel(queue, ta, tb):
     for splits in (None, 2):
         got = gemm(_operand(queue, a, ta), _operand(queue, b, tb), variant="tiled", params=params, splits=splits)
         np.testing.assert_allclose(got.to_host(), a.astype(np.float64) @ b, rtol=1e-5, atol=1e-5)
+
+
+MMA_SMALL = {"BM": 32, "BN": 32, "BK": 32, "WM": 16, "WN": 16, "EMULATE": 1}
+
+
+@pytest.mark.parametrize("loader", [{"ASYNC": 0, "LDMATRIX": 0}, {"ASYNC": 1, "STAGES": 2, "LDMATRIX": 1}],
+                         ids=["registers", "async+ldmatrix"])
+@pytest.mark.parametrize("ta,tb", [(False, False), (False, True), (True, False)])
+def test_mma_gemm_in_bounds(queue, loader, ta, tb):
+    """The matrix-unit GEMM (gemm_mma.cl) through its emulation: its tiles, loaders and fragments in bounds
+    and aligned, edges in every dimension, the epilogue."""
+    rng = np.random.default_rng(4)
+    a = rng.standard_normal((19, 40)).astype(np.float16)
+    b = rng.standard_normal((40, 17)).astype(np.float16)
+    bias = rng.standard_normal(17).astype(np.float16)
+    got = gemm(_operand(queue, a, ta), _operand(queue, b, tb), Tensor.from_host(queue, bias), "relu",
+               variant="mma", params={**MMA_SMALL, **loader})
+    want = np.maximum(a.astype(np.float64) @ b + bias, 0)
+    np.testing.assert_allclose(got.to_host().astype(np.float64), want, rtol=0, atol=2e-3 * np.abs(want).max())

@@ -7,7 +7,8 @@ broadcast like NumPy's matmul. One idea per module:
 - problem: operands, layouts and epilogue, checked before anything is enqueued;
 - variants: the four kernels, their tile parameters per device class, tuning, fallback chains;
 - launch: one problem onto one kernel (defines, geometry, named arguments and replay slots);
-- splitk: K split across work-groups when M x N alone cannot fill the device.
+- splitk: K split across work-groups when M x N alone cannot fill the device;
+- matrix units: the mma variant (NVIDIA mma.sync through inline PTX), set_matmul_precision.
 """
 # ruff: noqa: F401  (this module exists to re-export)
 from netcl.ops.gemm.api import gemm, linear, matmul, matmul_epilogue, matmul_relu_mask, matmul_rowsum
@@ -19,6 +20,9 @@ from netcl.ops.gemm.variants import (
     choose_variant,
     default_params,
     device_class,
+    get_matmul_precision,
+    matrix_units,
+    set_matmul_precision,
     tuned_params,
     usable_params,
 )
@@ -31,12 +35,15 @@ __all__ = [
     "default_params",
     "device_class",
     "flops",
+    "get_matmul_precision",
     "gemm",
     "linear",
     "matmul",
     "matmul_epilogue",
     "matmul_relu_mask",
     "matmul_rowsum",
+    "matrix_units",
+    "set_matmul_precision",
     "tuned_params",
     "usable_params",
 ]

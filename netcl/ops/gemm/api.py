@@ -19,14 +19,15 @@ from typing import Any
 
 import numpy as np
 
-from netcl.core import capture
+from netcl.core import capture, dtypes
 from netcl.core.tensor import Tensor
-from netcl.errors import ShapeError
+from netcl.errors import DTypeError, ShapeError
 from netcl.kernels import ACTIVATIONS, tuning
+from netcl.ops import elementwise
 from netcl.ops.gemm import splitk
 from netcl.ops.gemm.launch import launch
 from netcl.ops.gemm.problem import _finish, _k_contiguous, _prepare, _Problem
-from netcl.ops.gemm.variants import VARIANTS, choose_variant, usable_params
+from netcl.ops.gemm.variants import VARIANTS, choose_variant, usable_params, uses_matrix_units
 
 
 def gemm(
@@ -46,6 +47,12 @@ def gemm(
     (tests, tuning, benchmarks); None means netcl's own choice. bias_rows=True takes a bias of shape
     (M,), one value per output row (a convolution's bias in y = W @ cols), shared by every batch."""
     bias_rows = bias_rows and bias is not None
+    if isinstance(a, Tensor) and a.dtype == dtypes.bfloat16 and variant != "mma" and not (
+            variant is None and uses_matrix_units(a.device, a.dtype)):
+        if variant is not None:
+            raise DTypeError(f"gemm: bfloat16 runs on matrix units (variant 'mma') or through float32 "
+                             f"(variant None), not on the {variant!r} kernel")
+        return _through_float32(a, b, bias, activation, residual, alpha, bias_rows)
     fast = variant is None and params is None and splits is None
     if fast:
         key = _template_key(a, b, bias, residual, activation, alpha, bias_rows)
@@ -80,13 +87,31 @@ def gemm(
     return _finish(p)
 
 
+def _through_float32(a: Tensor, b: Tensor, bias: Tensor | None, activation: str | None, residual: Tensor | None,
+                     alpha: float, bias_rows: bool) -> Tensor:
+    """A bfloat16 GEMM where no matrix units take it: the operands widened to float32 (exact), the float32
+    GEMM with its epilogue, one rounding of the result to bfloat16 (as PyTorch's CPU bfloat16 matmul)."""
+    for name, t in (("b", b), ("bias", bias), ("residual", residual)):
+        if t is not None and (not isinstance(t, Tensor) or t.dtype != a.dtype):
+            raise DTypeError(f"matmul: {name} is {getattr(t, 'dtype', type(t).__name__)} but the operands are "
+                             f"{a.dtype}")
+    wide = [None if t is None else elementwise.cast(t, dtypes.float32) for t in (a, b, bias, residual)]
+    y = gemm(wide[0], wide[1], wide[2], activation, wide[3], alpha, bias_rows=bias_rows)
+    return elementwise.cast(y, dtypes.bfloat16)
+
+
 def _auto_variant(p: _Problem) -> str:
     """The one place netcl picks a kernel for a problem (the fast path records its choice)."""
+    if p.out.dtype == dtypes.bfloat16:
+        return "mma"  # reached only on matrix units (gemm() takes bfloat16 through float32 elsewhere)
     variant = choose_variant(p.out.device, p.m, p.n, p.k)
     if variant == "direct" and p.out.device.capabilities.kind != "cpu" and p.k >= 256 and _k_contiguous(p):
         variant = "dot"  # GPU, thin, both operands contiguous along K: coalesce along K instead
     if p.k == 0 and variant == "tiled":
         variant = "direct"
+    if variant == "tiled" and uses_matrix_units(p.out.device, p.out.dtype) and usable_params(
+            p.out.device, "mma", p.out.dtype, required=False) is not None:
+        variant = "mma"  # NVIDIA's matrix units (float16, or TF32 under set_matmul_precision("high"))
     if variant in ("cpu", "tiled") and usable_params(p.out.device, variant, p.out.dtype, required=False) is None:
         variant = "direct"  # no variant of the blocked kernel builds here (each rejection was warned)
     return variant
@@ -177,7 +202,8 @@ def matmul_rowsum(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor | None]:
     takes another kernel (GPU, tiny shapes); the caller then sums a's rows itself."""
     if not (isinstance(a, Tensor) and isinstance(b, Tensor)) or a.ndim != 2 or b.ndim != 2:
         return matmul(a, b), None
-    if a.device.capabilities.kind != "cpu" or choose_variant(a.device, a.shape[0], b.shape[1], a.shape[1]) != "cpu":
+    if (a.device.capabilities.kind != "cpu" or a.dtype == dtypes.bfloat16
+            or choose_variant(a.device, a.shape[0], b.shape[1], a.shape[1]) != "cpu"):
         return gemm(a, b), None
     key = _template_key(a, b, None, None, "rowsum", 1.0)
     hit = _templates.get(key) if key is not None else None
@@ -203,7 +229,7 @@ def matmul_relu_mask(a: Tensor, b: Tensor, mask: Tensor) -> tuple[Tensor, bool]:
     if (
         not (isinstance(a, Tensor) and isinstance(b, Tensor) and isinstance(mask, Tensor))
         or a.ndim != 2 or b.ndim != 2 or mask.shape != (a.shape[0], b.shape[1])
-        or a.device.capabilities.kind != "cpu"
+        or a.device.capabilities.kind != "cpu" or a.dtype == dtypes.bfloat16
         or choose_variant(a.device, a.shape[0], b.shape[1], a.shape[1]) != "cpu"
     ):
         return gemm(a, b), False

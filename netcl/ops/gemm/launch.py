@@ -84,6 +84,22 @@ def launch(
     if mask_residual:  # cpu variant only (see matmul_relu_mask): the residual slot holds a mask
         defines.pop("HAS_RESIDUAL", None)
         defines["MASK_RESIDUAL"] = None
+    if variant == "mma":
+        # 16-byte loads where A runs along K and B along N (its rows: a k-major tile) or along K; cp.async
+        # (ASYNC) also needs every row and matrix start on a 16-byte boundary; ldmatrix 16-bit inputs
+        aligned = a_ks == 1 and (b_ns == 1 or b_ks == 1)
+        if aligned:
+            defines["ALIGNED"] = None
+        if b_ns == 1:
+            defines["B_KMAJOR"] = None
+        vec = 16 // dt.itemsize
+        if not (defines.pop("ASYNC", 0) and aligned and all(
+                v % vec == 0 for v in (a.offset, b.offset, a_rs, b_ks if b_ns == 1 else b_ns, *a_bs, *b_bs))):
+            defines.pop("STAGES", None)
+        else:
+            defines["ASYNC"] = None
+        if defines.pop("LDMATRIX", 0) and dt == dtypes.float16:
+            defines["LDMATRIX"] = None
     if variant == "tiled":
         defines["A_TRANS"] = int(not (a_ks == 1 and a_rs >= p.k))
         defines["B_TRANS"] = int(not (b_ns == 1 and b_ks >= p.n))
@@ -117,6 +133,10 @@ def launch(
     elif variant == "cpu":
         gsize = (-(-p.n // tile["NB"]), -(-p.m // tile["MB"]), nbatch)
         lsize = (1, 1, 1)
+    elif variant == "mma":
+        threads = (tile["BM"] // tile["WM"]) * (tile["BN"] // tile["WN"]) * 32
+        gsize = (-(-p.n // tile["BN"]) * threads, -(-p.m // tile["BM"]), nbatch)
+        lsize = (threads, 1, 1)
     else:
         gsize = (-(-p.n // tile["BN"]) * tile["TX"], -(-p.m // tile["BM"]) * tile["TY"], nbatch)
         lsize = (tile["TX"], tile["TY"], 1)

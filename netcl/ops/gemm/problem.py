@@ -16,7 +16,7 @@ from netcl.core import dtypes
 from netcl.core.tensor import Tensor, check_same_queue
 from netcl.errors import DTypeError, ShapeError
 
-_FLOAT_DTYPES = (dtypes.float16, dtypes.float32, dtypes.float64)
+_FLOAT_DTYPES = (dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64)
 
 # -- shapes and layouts -------------------------------------------------------------------------------
 
@@ -104,7 +104,7 @@ def _as_float_dtype(a: Tensor, b: Tensor, extra: Sequence[tuple[str, Tensor | No
     if a.dtype != b.dtype:
         raise DTypeError(f"matmul: a is {a.dtype} and b is {b.dtype}; cast one so both match")
     if a.dtype not in _FLOAT_DTYPES:
-        raise DTypeError(f"matmul supports float16, float32 and float64, got {a.dtype}; cast first")
+        raise DTypeError(f"matmul supports float16, bfloat16, float32 and float64, got {a.dtype}; cast first")
     for name, t in extra:
         if t is not None and t.dtype != a.dtype:
             raise DTypeError(f"matmul: {name} is {t.dtype} but the operands are {a.dtype}")

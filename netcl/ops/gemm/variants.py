@@ -23,8 +23,9 @@ from netcl.errors import KernelBuildError
 from netcl.kernels import tuning
 
 ACTIVATIONS = kernels.ACTIVATIONS  # the epilogue activations, by name
-VARIANTS = ("direct", "dot", "cpu", "tiled")
-_KERNEL_FILES = {"direct": "gemm_direct.cl", "dot": "gemm_direct.cl", "cpu": "gemm_cpu.cl", "tiled": "gemm_tiled.cl"}
+VARIANTS = ("direct", "dot", "cpu", "tiled", "mma")
+_KERNEL_FILES = {"direct": "gemm_direct.cl", "dot": "gemm_direct.cl", "cpu": "gemm_cpu.cl", "tiled": "gemm_tiled.cl",
+                 "mma": "gemm_mma.cl"}
 
 # Default tile parameters per variant and dtype: the values of NVIDIA GPUs and CPUs (where they were
 # measured), with CLASS_DEFAULTS adjusting them for other device classes. Each knob's meaning is in the
@@ -53,6 +54,20 @@ DEFAULTS: dict[str, dict[str, dict[str, int]]] = {
                     "MAXRREG": 0, "WX": 8, "GM": 16},
         "float64": {"BM": 64, "BN": 64, "BK": 16, "TX": 16, "TY": 16, "VW": 2, "PADA": 2, "PADB": 2,
                     "MAXRREG": 0, "GVEC": 1, "WX": 0, "GM": 0},
+    },
+    # NVIDIA's matrix units through inline PTX mma.sync (gemm_mma.cl): float16 / bfloat16 inputs, or TF32
+    # from float32 inputs under set_matmul_precision("high"). 128 x 128 blocks of 8 warps, a two-stage
+    # cp.async ring and ldmatrix fragments were the fastest of the shapes measured on the H200 (bench/NOTES.md,
+    # matrix units): 218-256 TFLOP/s float16, 105-114 TF32, 3.5-4x the register-staged 128 x 256 kernel.
+    # Operands off 16-byte boundaries take the register loader (launch drops ASYNC). EMULATE=1 runs the
+    # same fragments through a local-memory emulation of mma (tests on any device).
+    "mma": {
+        "float16": {"BM": 128, "BN": 128, "BK": 32, "WM": 32, "WN": 64, "PAD": 8, "PADB": 8, "EMULATE": 0,
+                    "ASYNC": 1, "STAGES": 2, "LDMATRIX": 1},
+        "bfloat16": {"BM": 128, "BN": 128, "BK": 32, "WM": 32, "WN": 64, "PAD": 8, "PADB": 8, "EMULATE": 0,
+                     "ASYNC": 1, "STAGES": 2, "LDMATRIX": 1},
+        "float32": {"BM": 128, "BN": 128, "BK": 16, "WM": 64, "WN": 64, "PAD": 4, "PADB": 8, "EMULATE": 0,
+                    "ASYNC": 1, "STAGES": 2, "LDMATRIX": 0},
     },
 }
 # Adjustments per device class (see device_class). GPUs other than NVIDIA's (unmeasured so far: `netcl
@@ -105,6 +120,41 @@ def choose_variant(device: Any, m: int, n: int, k: int) -> str:
     return "tiled"
 
 
+# -- matrix units ---------------------------------------------------------------------------------------
+MATMUL_PRECISIONS = ("highest", "high")
+_precision = ["highest"]
+
+
+def set_matmul_precision(precision: str) -> None:
+    """How float32 GEMMs may compute, as PyTorch's torch.set_float32_matmul_precision: "highest" (the
+    default: true float32 products) or "high" (TF32 on matrix units where the device has them: float32
+    inputs rounded to 10-bit mantissas, float32 accumulation). float16 inputs always take matrix units."""
+    if precision not in MATMUL_PRECISIONS:
+        raise ValueError(f"matmul precision must be one of {MATMUL_PRECISIONS}, got {precision!r}")
+    _precision[0] = precision
+
+
+def get_matmul_precision() -> str:
+    return _precision[0]
+
+
+def matrix_units(device: Any) -> tuple[str, ...]:
+    """The input dtypes `device`'s matrix units take through netcl: ("float16", "bfloat16", "tfloat32") on
+    NVIDIA GPUs of compute capability 8.0 and later (mma.sync through inline PTX), () elsewhere."""
+    cc = getattr(device.capabilities, "nv_compute_capability", None)
+    if device_class(device) == "nvidia" and cc is not None and cc >= (8, 0):
+        return ("float16", "bfloat16", "tfloat32")
+    return ()
+
+
+def uses_matrix_units(device: Any, dtype: Any) -> bool:
+    """Whether a GEMM of `dtype` on `device` runs on matrix units (float32: only under precision "high")."""
+    units = matrix_units(device)
+    name = np.dtype(dtype).name
+    return (name in ("float16", "bfloat16") and name in units) or (
+        name == "float32" and "tfloat32" in units and _precision[0] == "high")
+
+
 def _fit_local_memory(tile: dict[str, int], dtype: np.dtype, local_mem: int) -> dict[str, int]:
     """Shrink the tiled kernel's k tile (then its padding) until both buffers fit the device."""
     tile = dict(tile)
@@ -134,6 +184,15 @@ def _program(device: Any, variant: str, defines: dict[str, Any]):
     only: caps registers per work-item through -cl-nv-maxrregcount, so more work-groups fit on an SM)."""
     defines = dict(defines)
     dtype = defines.pop("DTYPE")
+    if variant == "mma":
+        # switches: a tile value 1 (or a define already set by launch: None) turns one on, 0 leaves it out
+        for knob, name in (("EMULATE", "MMA_EMULATE"), ("ASYNC", "ASYNC"), ("LDMATRIX", "LDMATRIX")):
+            value = defines.pop(knob, 0)
+            if value is None or value:
+                defines[name] = None
+        if "LDMATRIX" in defines and np.dtype(dtype) == dtypes.float32:
+            del defines["LDMATRIX"]  # ldmatrix moves 16-bit values: TF32 fragments are read one by one
+        defines[{"float16": "MMA_F16", "bfloat16": "MMA_BF16"}.get(np.dtype(dtype).name, "MMA_TF32")] = None
     act = defines.pop("ACT", None)
     extra: tuple[str, ...] = ("-cl-mad-enable",) if defines.pop("MAD_ENABLE", 1) else ()
     max_regs = defines.pop("MAXRREG", 0)
@@ -176,7 +235,8 @@ def _acc_size(dt: np.dtype) -> int:
 
 def variant_chain(variant: str, dt: np.dtype, requested: dict[str, int], device: Any = None) -> list[dict[str, int]]:
     """Tile parameters to try for `variant`, best first: `requested`, then narrower vectors (cpu) or
-    the per-class defaults and a small safe tile (tiled), then the last of these without -cl-mad-enable."""
+    the per-class defaults and a small safe tile (tiled), a smaller block (mma), then the last of these
+    without -cl-mad-enable."""
     chain = [dict(requested)]
     if variant == "cpu":
         asked = requested["VN"]
@@ -188,6 +248,9 @@ def variant_chain(variant: str, dt: np.dtype, requested: dict[str, int], device:
         vw = 2 if dt == dtypes.float64 else 4
         base = default_params("tiled", dt)
         chain.append({**base, **{k: v for k, v in _SAFE_TILED.items() if k in base}, "VW": vw})
+    elif variant == "mma":
+        chain.append({**requested, "BM": 128, "BN": 128, "WM": 64, "WN": 32})  # fewer registers a thread
+        chain.append({**chain[-1], "ASYNC": 0, "LDMATRIX": 0})  # plain loads (a driver that rejects the PTX)
     else:
         return chain
     chain.append({**chain[-1], "MAD_ENABLE": 0})

@@ -1,0 +1,136 @@
+"""The GEMM on matrix units (netcl/kernels/gemm_mma.cl): its fragments through the local-memory emulation of
+mma on any device (the index arithmetic the real instructions use), and the real path where a device has
+them (NVIDIA, compute capability 8.0+: run on such a GPU)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import netcl
+from netcl.core import dtypes
+from netcl.core.tensor import Tensor
+from netcl.errors import DTypeError
+from netcl.ops import gemm as mm
+from netcl.ops.gemm import variants
+
+SMALL = {"BM": 32, "BN": 32, "BK": 32, "WM": 16, "WN": 16, "EMULATE": 1}
+BF16 = dtypes.bfloat16
+# The loaders: register-staged 16-byte loads (ASYNC 0), the cp.async ring of 2 or 3 stages, fragments read with
+# ldmatrix (x4; .trans for the k-major B tile of layout "nn"), each through its emulation, so that their index
+# arithmetic is checked on any device. Every dtype and layout with the register loader; the others on the
+# layouts that take them (cp.async needs 16-byte rows: "nn" and "nt"), one build each (PoCL takes seconds
+# to build the emulated ldmatrix).
+REGISTERS = {"ASYNC": 0, "LDMATRIX": 0}
+CASES = [(dt, layout, REGISTERS) for dt in (np.float16, BF16, np.float32) for layout in ("nn", "nt", "tn")] + [
+    (np.float16, "nn", {"ASYNC": 1, "STAGES": 3, "LDMATRIX": 0}),
+    (np.float32, "nt", {"ASYNC": 1, "STAGES": 2, "LDMATRIX": 0}),
+    (np.float32, "nn", {"ASYNC": 1, "STAGES": 3, "LDMATRIX": 0}),
+    (np.float16, "nn", {"ASYNC": 1, "STAGES": 2, "LDMATRIX": 1}),
+    (BF16, "nt", {"ASYNC": 1, "STAGES": 2, "LDMATRIX": 1}),
+]
+
+
+def _tf32(x: np.ndarray) -> np.ndarray:
+    """float32 values rounded to TF32's 10-bit mantissa (to nearest, ties away: cvt.rna.tf32.f32)."""
+    u = x.astype(np.float32).view(np.uint32)
+    return ((u + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).view(np.float32).astype(np.float64)
+
+
+def _inputs(rng, dt, m, n, k, batch=()):
+    return rng.standard_normal(batch + (m, k)).astype(dt), rng.standard_normal((k, n)).astype(dt)
+
+
+@pytest.mark.parametrize("dt, layout, loader", CASES,
+                         ids=[f"{np.dtype(d).name}-{lay}-{'-'.join(f'{k}{v}' for k, v in ld.items())}"
+                              for d, lay, ld in CASES])
+def test_emulated_fragments_match_numpy(queue, rng, dt, layout, loader):
+    for m, n, k in ((37, 29, 45), (64, 64, 96)):  # edges in every direction; then whole tiles, K over 3 tiles
+        a, b = _inputs(rng, dt, m, n, k)
+        ta = Tensor.from_host(queue, np.ascontiguousarray(a.T)).T if layout[0] == "t" else Tensor.from_host(queue, a)
+        tb = Tensor.from_host(queue, np.ascontiguousarray(b.T)).T if layout[1] == "t" else Tensor.from_host(queue, b)
+        got = mm.gemm(ta, tb, variant="mma", params={**SMALL, **loader}).to_host().astype(np.float64)
+        ref = (_tf32(a) @ _tf32(b)) if dt == np.float32 else a.astype(np.float64) @ b.astype(np.float64)
+        # the stored result's rounding: float16 (2^-11), bfloat16 (2^-8); TF32 products accumulate in float32
+        tol = {np.dtype(np.float16): 2e-3, np.dtype(BF16): 8e-3}.get(np.dtype(dt), 1e-5)
+        np.testing.assert_allclose(got, ref, rtol=0, atol=tol * max(1.0, np.abs(ref).max()))
+
+
+def test_emulated_odd_offsets_take_the_register_loader(queue, rng):
+    """A view starting off a 16-byte boundary cannot take cp.async: the same call runs the register loader."""
+    a, b = _inputs(rng, np.float16, 40, 48, 72)
+    big = Tensor.from_host(queue, np.concatenate([np.zeros(3, np.float16), a.ravel()]))
+    ta = big[3:].reshape(40, 72)
+    got = mm.gemm(ta, Tensor.from_host(queue, b), variant="mma",
+                  params={**SMALL, "ASYNC": 1, "STAGES": 2}).to_host().astype(np.float64)
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    np.testing.assert_allclose(got, ref, rtol=0, atol=2e-3 * np.abs(ref).max())
+
+
+def test_bfloat16_gemm_and_epilogue(queue, rng):
+    """bfloat16: on matrix units where the device has them, elsewhere a float32 GEMM and epilogue with one
+    rounding (PyTorch's CPU way); either way float32 accumulation and one rounding of the result."""
+    m, n, k = 19, 23, 31
+    a, b = _inputs(rng, BF16, m, n, k, batch=(2,))
+    bias, res = rng.standard_normal(n).astype(BF16), rng.standard_normal((2, m, n)).astype(BF16)
+    ta, tb = Tensor.from_host(queue, a), Tensor.from_host(queue, b)
+    got = mm.matmul_epilogue(ta, tb, Tensor.from_host(queue, bias), "gelu", Tensor.from_host(queue, res), 0.5)
+    assert got.dtype == BF16
+    f = lambda x: x.astype(np.float32)  # noqa: E731
+    want = (torch_like_gelu(0.5 * (f(a) @ f(b)) + f(bias)) + f(res)).astype(BF16)
+    np.testing.assert_allclose(got.to_host().astype(np.float64), want.astype(np.float64), rtol=1e-2, atol=1e-2)
+    assert mm.matmul(ta, tb).dtype == BF16
+    with pytest.raises(DTypeError, match="bias is float32 but the operands are bfloat16"):
+        mm.matmul_epilogue(ta, tb, Tensor.from_host(queue, bias.astype(np.float32)))
+    if not variants.matrix_units(queue.device):
+        with pytest.raises(DTypeError, match="bfloat16 runs on matrix units"):
+            mm.gemm(ta, tb, variant="tiled")
+
+
+def torch_like_gelu(x: np.ndarray) -> np.ndarray:
+    """GELU with erf, in float64 then float32 (the reference for the epilogue above)."""
+    from math import erf
+    v = np.vectorize(lambda t: 0.5 * t * (1.0 + erf(t / np.sqrt(2.0))))
+    return v(x.astype(np.float64)).astype(np.float32)
+
+
+def test_emulated_epilogue_and_batch(queue, rng):
+    m, n, k = 21, 40, 50
+    a, b = _inputs(rng, np.float32, m, n, k, batch=(3,))
+    bias, res = rng.standard_normal(n).astype(np.float32), rng.standard_normal((3, m, n)).astype(np.float32)
+    got = mm.gemm(Tensor.from_host(queue, a), Tensor.from_host(queue, b), Tensor.from_host(queue, bias), "relu",
+                  Tensor.from_host(queue, res), 0.5, variant="mma", params=SMALL).to_host()
+    want = np.maximum(0.5 * (_tf32(a) @ _tf32(b)) + bias, 0) + res
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
+
+
+def test_matrix_units_and_precision(device):
+    assert netcl.get_matmul_precision() == "highest"
+    with pytest.raises(ValueError, match=r"one of \('highest', 'high'\)"):
+        netcl.set_matmul_precision("medium")
+    units = variants.matrix_units(device)
+    assert units == (() if device.capabilities.nv_compute_capability is None else ("float16", "bfloat16", "tfloat32"))
+    try:
+        netcl.set_matmul_precision("high")
+        assert variants.uses_matrix_units(device, np.float32) == ("tfloat32" in units)
+        assert not variants.uses_matrix_units(device, np.float64)
+    finally:
+        netcl.set_matmul_precision("highest")
+    assert not variants.uses_matrix_units(device, np.float32)  # true float32 by default
+
+
+@pytest.mark.parametrize("dt", [np.float16, BF16, np.float32])
+def test_matrix_units_on_device(queue, rng, dt):
+    """The real mma.sync path, chosen automatically (float32 only under precision "high")."""
+    if not variants.matrix_units(queue.device):
+        pytest.skip(f"{queue.device.device_name} has no matrix units netcl drives (NVIDIA sm_80+ only)")
+    netcl.set_matmul_precision("high")
+    try:
+        for m, n, k in ((130, 270, 70), (256, 256, 256), (1000, 999, 517)):
+            a, b = _inputs(rng, dt, m, n, k)
+            got = mm.matmul(Tensor.from_host(queue, a), Tensor.from_host(queue, b)).to_host().astype(np.float64)
+            ref = (_tf32(a) @ _tf32(b)) if dt == np.float32 else a.astype(np.float64) @ b.astype(np.float64)
+            tol = {np.dtype(np.float16): 3e-3, np.dtype(BF16): 8e-3}.get(np.dtype(dt), 1e-4)
+            np.testing.assert_allclose(got, ref, rtol=0, atol=tol * np.abs(ref).max())
+    finally:
+        netcl.set_matmul_precision("highest")
