@@ -291,7 +291,8 @@ def test_whole_program_profile_from_the_environment(tmp_path):
     script = tmp_path / "job.py"
     script.write_text(SCRIPT)
     trace = tmp_path / "whole.json"
-    env = dict(os.environ, NETCL_PROFILE=str(trace), PYTHONPATH=str(ROOT))
+    env = dict(os.environ, NETCL_PROFILE=str(trace),
+               PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
     proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "total 1560.0" in proc.stdout
