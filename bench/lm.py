@@ -363,6 +363,16 @@ def main() -> int:
                     help="also profile one eager training step and print its TOP ops and kernels by device time")
     ap.add_argument("--out", default=None, help="JSON path (default bench/results/lm[_gpu].json)")
     args = ap.parse_args()
+    out = Path(args.out) if args.out else Path(__file__).parent / "results" / f"lm{'_gpu' if args.gpu else ''}.json"
+    try:  # before minutes of measuring, not after
+        out.parent.mkdir(parents=True, exist_ok=True)
+        existed = out.exists()
+        with open(out, "a"):  # writable (a directory or a read-only place fails here)
+            pass
+        if not existed:
+            out.unlink()
+    except OSError as exc:
+        ap.error(f"--out {out}: {exc.strerror or exc}")
     preset = PRESETS[args.preset or ("25m" if args.gpu else "small")]
     batch = args.batch_size or preset["batch_size"]
     context = preset["context"]
@@ -445,8 +455,6 @@ def main() -> int:
         result["profile"] = prof
         print(f"\none eager training step under netcl.profiling.profile(): {prof['device_seconds'] * 1e3:.1f} ms of "
               f"device time\n{prof['report']}")
-    out = Path(args.out) if args.out else Path(__file__).parent / "results" / f"lm{'_gpu' if args.gpu else ''}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
     print(f"wrote {out}")
     return 0
