@@ -126,6 +126,10 @@ def main(argv: list[str] | None = None) -> int:
         ids, targets = encode_examples(chat, dialogs, context, tokenizer.special_id("<|endoftext|>"))
     except (NetclError, ValueError) as exc:  # a bad --init or --device, a model whose context is too short
         p.error(str(exc))
+    try:  # before training, not after
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        p.error(f"--out {out}: {exc.strerror or exc}")
     trained = int((targets != IGNORE).sum())
     print(f"{len(dialogs)} dialogs, {ids.size:,} token positions, {trained:,} of them assistant targets "
           f"(the loss and the gradient come from these only); model {model.num_parameters():,} parameters")
@@ -146,7 +150,6 @@ def main(argv: list[str] | None = None) -> int:
         if (step + 1) % 50 == 0 or step + 1 == args.steps:
             print(f"step {step + 1}/{args.steps}: assistant loss {loss.value.to_host()[0]:.4f} "
                   f"({time.perf_counter() - t0:.0f} s)", flush=True)
-    out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.save_hf(out / "tokenizer.json")
     model.eval()

@@ -111,8 +111,12 @@ def test_the_example_trains_a_model_netcl_chat_talks_to(example, tmp_path, capsy
     (("--steps", "x"), "argument --steps: invalid int value: 'x'"),
     (("--init", "/nonexistent/run"), "--init /nonexistent/run: no such directory"),
     (("--device", "nosuch"), "--device nosuch: unknown device"),
+    (("--out", "{a_file}/run"), "Not a directory"),
 ])
 def test_bad_example_flags_are_clear_errors_and_write_nothing(example, tmp_path, capsys, extra, words):
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    extra = [e.format(a_file=a_file) for e in extra]
     with pytest.raises(SystemExit) as exc:
         example.main(["--out", str(tmp_path / "never"), "--dialogs", "5", *extra])
     assert exc.value.code == 2
