@@ -148,10 +148,9 @@ def memory_case(dev, rng) -> dict:
 # --sweep: work-item grids (TC, TR, rows per item, columns per item) tried per attention_gpu.cl kernel (the
 # first of each list is the default of netcl.ops.attention); see attn.GPU_GRIDS for what they mean.
 SWEEP = {
-    "forward": [(8, 16, 4, 4), (8, 8, 8, 4), (8, 32, 2, 4), (8, 8, 4, 4), (8, 16, 4, 2), (16, 8, 8, 2),
-                (16, 16, 4, 2), (4, 32, 2, 8), (8, 8, 4, 8)],
-    "dq": [(8, 8, 4, 4), (8, 16, 2, 4), (8, 8, 4, 2), (8, 4, 8, 4), (16, 8, 4, 2), (16, 16, 2, 2)],
-    "dkdv": [(8, 8, 4, 4), (8, 16, 2, 4), (8, 8, 4, 2), (16, 8, 4, 2), (16, 16, 2, 2), (4, 16, 2, 8)],
+    "forward": [(16, 16, 4, 2), (16, 8, 4, 4), (16, 32, 2, 2), (16, 16, 2, 2), (16, 8, 8, 2), (8, 16, 4, 4)],
+    "dq": [(16, 8, 4, 2), (16, 8, 4, 1), (16, 8, 2, 2), (16, 4, 4, 2), (8, 8, 4, 2), (8, 8, 4, 4)],
+    "dkdv": [(16, 8, 4, 2), (16, 8, 4, 1), (16, 4, 8, 2), (16, 8, 2, 2), (8, 8, 4, 2), (8, 8, 4, 4)],
 }
 
 
@@ -169,7 +168,7 @@ def sweep(dev, B: int, H: int, S: int, D: int, repeat: int, causal: bool) -> lis
         "dkdv": lambda: attn.flash_attention_backward(nq, nk, nv, out, lse, ng, need_dq=False, **opts)[1],
     }
     flops = {"forward": 4.0, "dq": 6.0, "dkdv": 8.0}   # per B H S S D: q k^T (+ dO v^T) and the products
-    saved = dict(attn.GPU_GRIDS), attn.GPU_TC
+    saved = dict(attn.GPU_GRIDS)
     old_variant = attn.variant_override
     attn.variant_override = "gpu"
     rows: list[dict] = []
@@ -179,8 +178,7 @@ def sweep(dev, B: int, H: int, S: int, D: int, repeat: int, causal: bool) -> lis
         for kernel, grids in SWEEP.items():
             ref = None
             for TC, TR, rm, cn in grids:
-                attn.GPU_TC = TC
-                attn.GPU_GRIDS = dict(saved[0], **{kernel: [(TR, rm, cn)]})
+                attn.GPU_GRIDS = dict(saved, **{kernel: [(TC, TR, rm, cn)]})
                 row = {"kernel": kernel, "TC": TC, "TR": TR, "rows": rm, "cols": cn}
                 try:
                     row["tiles"] = attn.gpu_tiles(dev, kernel, D, np.float32)
@@ -196,7 +194,7 @@ def sweep(dev, B: int, H: int, S: int, D: int, repeat: int, causal: bool) -> lis
                       f"{row.get('ms', float('nan')):8.3f} ms {row.get('tflops', float('nan')):6.2f} TFLOP/s "
                       f"err {row.get('err', float('nan')):.1e} {row.get('note', '')}")
     finally:
-        attn.GPU_GRIDS, attn.GPU_TC = saved
+        attn.GPU_GRIDS = saved
         attn.variant_override = old_variant
     return rows
 

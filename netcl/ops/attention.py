@@ -64,13 +64,16 @@ variant_override: str | None = None
 
 # Tile knobs (their meanings: the headers of attention_cpu.cl and attention_gpu.cl).
 CPU_TILES = {"BQ": 8, "BK": 16, "BKV": 16, "BI": 4}
-# GPU work-item grids, best first, per kernel: (TR, rows per item, columns per item) with TC = 8 columns of
-# items; the first whose local memory fits the device (and whose register block suits the head dim) runs.
-GPU_TC = 8
+# GPU work-item grids, best first, per kernel: (TC, TR, rows per item, columns per item): TR x TC items, the
+# head dim padded to a multiple of 4 * TC; the first grid of the least padding whose local memory fits the
+# device (and whose register block suits the head dim) runs. Order: the H200 sweep of bench/attention.py
+# --sweep (B=8 H=16 S=2048 D=64: the TC=16 grids 4-24% faster than the TC=8 ones, bench/NOTES.md).
 GPU_GRIDS = {
-    "forward": [(16, 4, 4), (8, 4, 4), (8, 2, 4), (4, 2, 2)],   # rows: queries (BM = TR * rows), cols: keys
-    "dq": [(8, 4, 4), (8, 2, 4), (4, 2, 2)],
-    "dkdv": [(8, 4, 4), (8, 2, 4), (4, 2, 2)],                  # rows: keys (BN), cols: queries (BM)
+    # rows: queries, columns: keys
+    "forward": [(16, 16, 4, 2), (8, 16, 4, 4), (8, 8, 4, 4), (8, 8, 2, 4), (8, 4, 2, 2)],
+    "dq": [(16, 8, 4, 2), (8, 8, 4, 2), (8, 8, 2, 4), (16, 8, 2, 1), (8, 4, 2, 2)],   # (16, 8, 2, 1): D = 128
+    # rows: keys, columns: queries
+    "dkdv": [(16, 8, 4, 2), (8, 8, 4, 2), (8, 8, 2, 4), (16, 8, 2, 1), (8, 4, 2, 2)],
 }
 
 
@@ -99,10 +102,10 @@ def decode_tiles(device: Any, rows: int, head_dim: int, dtype: Any) -> dict[str,
     return None
 
 
-def _gpu_local_bytes(kernel: str, BM: int, BN: int, DP: int, item: int) -> int:
+def _gpu_local_bytes(kernel: str, BM: int, BN: int, DP: int, TC: int, item: int) -> int:
     """Local memory of an attention_gpu.cl kernel (the sums in its header)."""
     if kernel == "forward":
-        values = (BM + BN) * (DP + 4) + BM * (BN + 4) + BM * GPU_TC
+        values = (BM + BN) * (DP + 4) + BM * (BN + 4) + BM * TC
     elif kernel == "dq":
         values = 2 * (BM + BN) * (DP + 4) + BM * (BN + 4) + 2 * BM
     else:
@@ -112,24 +115,28 @@ def _gpu_local_bytes(kernel: str, BM: int, BN: int, DP: int, item: int) -> int:
 
 def gpu_tiles(device: Any, kernel: str, head_dim: int, dtype: Any) -> dict[str, int]:
     """The tile defines of an attention_gpu.cl kernel ("forward", "dq", "dkdv") for this head dim and dtype on
-    `device`: the first grid of GPU_GRIDS whose local memory fits and whose accumulators (the output's, or
-    dk's and dv's) stay within 64 values per work-item."""
-    CE = -(-head_dim // (4 * GPU_TC))
-    DP = CE * 4 * GPU_TC
+    `device`: among the grids of GPU_GRIDS that pad the head dim least, the first whose local memory fits and
+    whose accumulators (the output's, or dk's and dv's) stay within 64 values per work-item (the last grid
+    of the list may exceed that)."""
     item = 8 if np.dtype(dtype) == dtypes.float64 else 4
     caps = device.capabilities
     budget = caps.local_mem - 1024
     accumulators = 2 if kernel == "dkdv" else 1
     grids = GPU_GRIDS[kernel]
-    for TR, rows, cols in grids:
-        if rows * CE * 4 * accumulators > 64 and (TR, rows, cols) != grids[-1]:
+    padded = [-(-head_dim // (4 * grid[0])) * 4 * grid[0] for grid in grids]
+    order = sorted(range(len(grids)), key=lambda n: (padded[n], n))
+    for n in order:
+        TC, TR, rows, cols = grids[n]
+        DP = padded[n]
+        CE = DP // (4 * TC)
+        if rows * CE * 4 * accumulators > 64 and n != len(grids) - 1:
             continue
         if kernel == "dkdv":
-            BN, BM = TR * rows, GPU_TC * cols
+            BN, BM = TR * rows, TC * cols
         else:
-            BM, BN = TR * rows, GPU_TC * cols
-        if TR * GPU_TC <= caps.max_work_group_size and _gpu_local_bytes(kernel, BM, BN, DP, item) <= budget:
-            return {"BM": BM, "BN": BN, "TR": TR, "TC": GPU_TC, "CE": CE}
+            BM, BN = TR * rows, TC * cols
+        if TR * TC <= caps.max_work_group_size and _gpu_local_bytes(kernel, BM, BN, DP, TC, item) <= budget:
+            return {"BM": BM, "BN": BN, "TR": TR, "TC": TC, "CE": CE}
     raise DTypeError(f"flash_attention: head_dim {head_dim} ({np.dtype(dtype)}) needs more local memory than "
                      f"{device.device_name} has ({caps.local_mem} bytes)")
 

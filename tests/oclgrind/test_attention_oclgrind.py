@@ -16,9 +16,11 @@ from tests.ops.test_attention import reference
 pytestmark = oclgrind_only
 
 
-@pytest.mark.parametrize("variant", ["cpu", "gpu"])
-@pytest.mark.parametrize("D", [12, 32])
-def test_attention_forward_backward(queue, variant, D):
+@pytest.mark.parametrize("variant,D", [("cpu", 12), ("cpu", 32), ("gpu", 12), ("gpu", 32), ("gpu", 64)])
+def test_attention_forward_backward(queue, monkeypatch, variant, D):
+    if D == 64:  # 16 item columns (the H200's grids, smaller tiles: Oclgrind's local memory is 32 KiB)
+        monkeypatch.setattr(attn, "GPU_GRIDS", {k: [(16, 8, 2, 2)] for k in ("forward", "dq", "dkdv")})
+        assert attn.gpu_tiles(queue.device, "dkdv", D, np.float32)["TC"] == 16
     rng = np.random.default_rng(3)
     B, HQ, HKV, SQ, SK, p = 2, 2, 1, 40, 37, 0.25   # several row and key tiles (and blocks) of each variant
     q = rng.standard_normal((B, HQ, SQ, D)).astype(np.float32)

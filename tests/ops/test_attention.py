@@ -227,6 +227,29 @@ def test_kv_len_replayed_graph_reads_new_length(queue, rng, variant):
         np.testing.assert_allclose(out.to_host(), want, rtol=2e-4, atol=2e-5)
 
 
+def test_gpu_grids_pad_the_head_dim_least(queue):
+    """16 item columns (float4 groups of 64 elements) for D = 64 and 128, 8 for D = 32 and 20 (no padding to 64)."""
+    for D, TC in ((64, 16), (128, 16), (32, 8), (20, 8)):
+        for kernel in ("forward", "dq", "dkdv"):
+            tiles = attn.gpu_tiles(queue.device, kernel, D, np.float32)
+            assert tiles["TC"] == TC and tiles["CE"] * 4 * TC >= D, (D, kernel, tiles)
+
+
+def test_gpu_falls_back_to_cpu_kernels_where_no_grid_fits(queue, rng, monkeypatch):
+    """On a GPU, a pass whose local memory no grid fits (float64 or large head dims) runs the CPU kernel; the
+    passes of one call then mix variants (delta and lse mean the same in both)."""
+    real = attn.gpu_tiles
+
+    def tiles(device, kernel, head_dim, dtype):
+        if kernel == "dkdv":
+            raise DTypeError("no grid fits")
+        return real(device, kernel, head_dim, dtype)
+
+    monkeypatch.setattr(attn._Problem, "variant", lambda self: "gpu")
+    monkeypatch.setattr(attn, "gpu_tiles", tiles)
+    check(queue, *inputs(rng, 1, 2, 1, 40, 37, 64), causal=True)
+
+
 # -- decoding: the GPU variant's split-key kernel (few query rows per kv head) --------------------------
 @pytest.fixture
 def decode_splits(monkeypatch):
