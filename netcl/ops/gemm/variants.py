@@ -112,7 +112,9 @@ def tuned_params(device: Any, variant: str, dtype: Any) -> dict[str, int]:
 def choose_variant(device: Any, m: int, n: int, k: int) -> str:
     """Which kernel a problem of this size gets on `device` (its class decides)."""
     if device.capabilities.kind == "cpu":
-        if m < 4 or n < 4 or m * n * k <= 32 * 32 * 32:
+        # one to three rows too (a decode step's x @ W^T): the blocked kernel streams W 1.7-6x faster than
+        # direct's one work-item per output (bench/NOTES.md, GEMM on CPUs: matrix-vector products)
+        if n < 4 or m * n * k <= 32 * 32 * 32:
             return "direct"
         return "cpu"
     if m < 16 or n < 16 or m * n * k <= 64 * 64 * 64:
