@@ -87,6 +87,10 @@ def launch_config(device: Any, work: int) -> tuple[int, int | None]:
 def choose_vec(device: Any, desc: tuple, dtypes: list[np.dtype]) -> int:
     """Elements per vector load/store of a flat elementwise kernel over operands of `dtypes`."""
     if device.capabilities.kind == "gpu":
+        # 16 bytes a lane's load for 2-byte floats too: float16/bfloat16-only kernels take twice the lanes
+        # (8 halves = one 16-byte vloada_half8), as float32 takes float4
+        if dtypes and all(dt in (core_dtypes.float16, core_dtypes.bfloat16) for dt in dtypes):
+            return min(16, 2 * VEC_GPU)
         return VEC_GPU
     if any(d[0] in _SCALAR_MATH for d in desc):
         return 1
