@@ -3,12 +3,13 @@
  *
  * Class losses (cross-entropy = log-softmax + NLL fused, and NLL on log-probabilities), for
  * x of shape (rows, classes) contiguous and integer labels (rows,):
- *   class_loss_forward   one work-group of WG work-items (global = local = WG). Work-item l
- *                        takes rows l, l+WG, ...: the row max m and log s, s = sum exp(x - m)
- *                        (kept in stats[2 row], stats[2 row + 1] for backward), the row's loss
- *                        log s - (x[label] - m); then a fixed-order tree in local memory adds the
- *                        losses and the counted rows, so the result is reproducible. Reads x once
- *                        per pass (3 passes over a row: max, exp-sum, label).
+ *   class_loss_rows      one work-group of WG work-items per row (global = rows x WG): the row max m
+ *                        and log s, s = sum exp(x - m), each a fixed-order tree over the work-items'
+ *                        strided partials (kept in stats[2 row], stats[2 row + 1] for backward), and
+ *                        the row's loss log s - (x[label] - m) into row_loss (and out, for
+ *                        REDUCE_NONE), 1 or 0 into row_count. Reads x twice (max, exp-sum), coalesced.
+ *   class_loss_total     one work-group (global = local = WG): a fixed-order tree adds the row losses
+ *                        and counted rows, so the result is reproducible; out and count.
  *   class_loss_backward  2-D global (classes, rows), one work-item per element of grad_x:
  *                        d = softmax - (1 - eps) * onehot - eps / C, softmax = exp((x - m) - log s),
  *                        scaled by the incoming gradient (divided by the counted rows for the
@@ -59,49 +60,72 @@ inline void tree_sum2(__local ACC* a, __local ACC* b, int lid) {
 
 #include "checks.cl"
 
-__kernel void class_loss_forward(
+__kernel void class_loss_rows(
     __global const T* x, long x_off, long rows, long classes,
     __global const LABEL* labels, long lab_off, long ignore_index, ACC smoothing,
-    __global ACC* out, __global ACC* stats, __global ACC* count, __global int* err, int err_code)
+    __global ACC* out, __global ACC* stats, __global ACC* row_loss, __global ACC* row_count,
+    __global int* err, int err_code)
+{
+    __local ACC pa[WG];
+    __local ACC pb[WG];
+    const int lid = get_local_id(0);
+    const long r = get_group_id(0);
+    if (r >= rows) return;  /* the whole work-group */
+    __global const T* row = x + x_off + r * classes;
+    const long label = (long)labels[lab_off + r];
+    ACC row_loss_v = (ACC)0, m = (ACC)0, log_s = (ACC)0, counted = (ACC)0;
+    if (label != ignore_index) {  /* the same for the whole work-group */
+        const bool valid = label >= 0 && label < classes;
+        if (!valid && lid == 0) report_check(err, err_code, label, r, classes);
+#if LOSS == LOSS_CROSS_ENTROPY
+        ACC mx = -INFINITY;
+        for (long c = lid; c < classes; c += WG) mx = fmax(mx, LOAD_T(row, c));
+        pa[lid] = mx;
+        for (int stride = WG / 2; stride > 0; stride >>= 1) {
+            barrier(CLK_LOCAL_MEM_FENCE);
+            if (lid < stride) pa[lid] = fmax(pa[lid], pa[lid + stride]);
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        m = pa[0];
+        barrier(CLK_LOCAL_MEM_FENCE);
+        ACC s = (ACC)0, sxm = (ACC)0;
+        for (long c = lid; c < classes; c += WG) { ACC v = LOAD_T(row, c) - m; s += exp(v); sxm += v; }
+        pa[lid] = s;
+        pb[lid] = sxm;
+        tree_sum2(pa, pb, lid);
+        log_s = log(pa[0]);
+        if (valid) {
+            ACC nll = log_s - (LOAD_T(row, label) - m);
+            row_loss_v = ((ACC)1 - smoothing) * nll + smoothing * (log_s - pb[0] / (ACC)classes);
+        } else {
+            row_loss_v = NAN;
+        }
+#else
+        row_loss_v = valid ? -LOAD_T(row, label) : NAN;
+#endif
+        counted = (ACC)1;
+    }
+    if (lid == 0) {
+        stats[2 * r] = m;
+        stats[2 * r + 1] = log_s;
+        row_loss[r] = row_loss_v;
+        row_count[r] = counted;
+        if (REDUCTION == REDUCE_NONE) out[r] = row_loss_v;
+    }
+}
+
+__kernel void class_loss_total(long rows, __global const ACC* row_loss, __global const ACC* row_count,
+                               __global ACC* out, __global ACC* count)
 {
     __local ACC part_loss[WG];
     __local ACC part_count[WG];
-    int lid = get_local_id(0);
-    ACC loss_sum = (ACC)0, counted = (ACC)0;
-    for (long r = lid; r < rows; r += WG) {
-        __global const T* row = x + x_off + r * classes;
-        long label = (long)labels[lab_off + r];
-        ACC row_loss = (ACC)0;
-        ACC m = (ACC)0, log_s = (ACC)0;
-        if (label != ignore_index) {
-            const bool valid = label >= 0 && label < classes;
-            if (!valid) report_check(err, err_code, label, r, classes);
-#if LOSS == LOSS_CROSS_ENTROPY
-            m = LOAD_T(row, 0);
-            for (long c = 1; c < classes; ++c) m = fmax(m, LOAD_T(row, c));
-            ACC s = (ACC)0, sxm = (ACC)0;
-            for (long c = 0; c < classes; ++c) { ACC v = LOAD_T(row, c) - m; s += exp(v); sxm += v; }
-            log_s = log(s);
-            if (valid) {
-                ACC nll = log_s - (LOAD_T(row, label) - m);
-                row_loss = ((ACC)1 - smoothing) * nll + smoothing * (log_s - sxm / (ACC)classes);
-            } else {
-                row_loss = NAN;
-            }
-#else
-            row_loss = valid ? -LOAD_T(row, label) : NAN;
-#endif
-            counted += (ACC)1;
-        }
-        stats[2 * r] = m;
-        stats[2 * r + 1] = log_s;
-        if (REDUCTION == REDUCE_NONE) out[r] = row_loss;
-        loss_sum += row_loss;
-    }
+    const int lid = get_local_id(0);
     if (REDUCTION == REDUCE_NONE) {
         if (lid == 0) count[0] = (ACC)1;
         return;
     }
+    ACC loss_sum = (ACC)0, counted = (ACC)0;
+    for (long r = lid; r < rows; r += WG) { loss_sum += row_loss[r]; counted += row_count[r]; }
     part_loss[lid] = loss_sum;
     part_count[lid] = counted;
     tree_sum2(part_loss, part_count, lid);

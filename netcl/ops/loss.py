@@ -88,8 +88,14 @@ def class_loss(x: Tensor, labels: Tensor, loss: str = "cross_entropy", ignore_in
     args = dict(x=xc.buffer, x_off=np.int64(xc.offset), rows=np.int64(rows), classes=np.int64(x.shape[-1]),
                 labels=labc.buffer, lab_off=np.int64(labc.offset), ignore_index=np.int64(ignore_index),
                 smoothing=kernels.scalar_type(acc)(smoothing))
-    prg.class_loss_forward(queue, (wg,), (wg,), **args, out=out.buffer, stats=stats.buffer, count=count.buffer,
-                           err=queue.check_buffer(), err_code=_LABEL_CHECK[loss])
+    row_loss = Tensor.empty(queue, (max(rows, 1),), acc)  # each row's loss and whether it counts
+    row_count = Tensor.empty(queue, (max(rows, 1),), acc)
+    if rows:  # a work-group per row, then one that adds the rows in a fixed order (reproducible)
+        prg.class_loss_rows(queue, (rows * wg,), (wg,), **args, out=out.buffer, stats=stats.buffer,
+                            row_loss=row_loss.buffer, row_count=row_count.buffer, err=queue.check_buffer(),
+                            err_code=_LABEL_CHECK[loss])
+    prg.class_loss_total(queue, (wg,), (wg,), rows=np.int64(rows), row_loss=row_loss.buffer,
+                         row_count=row_count.buffer, out=out.buffer, count=count.buffer)
     return out, Saved(prg, {**args, "stats": stats.buffer, "count": count.buffer}, x.shape, x.dtype,
                       (xc, labc, stats, count))
 

@@ -145,6 +145,31 @@ def test_rms_norm_forward_backward(queue, rng):
     assert_close(out32, x * r * w, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("local", [None, 16])  # 16: the GPU shape (parameter sums by the reduction engine)
+@pytest.mark.parametrize("dt", [np.float32, np.float64])
+def test_row_norm_parameter_grads_against_float64(queue, rng, monkeypatch, local, dt):
+    """grad_weight / grad_bias of layer and RMS norm over many rows (sums across rows), both kernel shapes."""
+    monkeypatch.setattr(Nm, "local_size_override", local)
+    x = (rng.standard_normal((3, 67, 37)) * 2 + 1).astype(dt)
+    w, b, gy = (rng.standard_normal(37).astype(dt), rng.standard_normal(37).astype(dt),
+                rng.standard_normal(x.shape).astype(dt))
+    x64, gy64 = x.astype(np.float64), gy.astype(np.float64)
+    tol = dict(rtol=2e-5, atol=2e-4) if dt == np.float32 else dict(rtol=1e-10, atol=1e-10)
+    _, mean, rstd = Nm.layer_norm(_t(queue, x), 37, _t(queue, w), _t(queue, b))
+    gx, gw, gb = Nm.layer_norm_backward(_t(queue, gy), _t(queue, x), 37, mean, rstd, _t(queue, w), _t(queue, b))
+    xhat = (x64 - x64.mean(-1, keepdims=True)) / np.sqrt(x64.var(-1, keepdims=True) + 1e-5)
+    assert_close(gw, (gy64 * xhat).reshape(-1, 37).sum(0), dt, **tol)
+    assert_close(gb, gy64.reshape(-1, 37).sum(0), dt, **tol)
+    g = gy64 * w
+    want_gx = (g - g.mean(-1, keepdims=True) - xhat * (g * xhat).mean(-1, keepdims=True)) / np.sqrt(
+        x64.var(-1, keepdims=True) + 1e-5)
+    assert_close(gx, want_gx, dt, **tol)
+    _, rstd = Nm.rms_norm(_t(queue, x), 37, _t(queue, w), eps=1e-6)
+    _, gw = Nm.rms_norm_backward(_t(queue, gy), _t(queue, x), 37, rstd, _t(queue, w))
+    r = 1 / np.sqrt((x64 * x64).mean(-1, keepdims=True) + 1e-6)
+    assert_close(gw, (gy64 * x64 * r).reshape(-1, 37).sum(0), dt, **tol)
+
+
 def ref_gn(x, g, w, b, eps):
     n, c = x.shape[:2]
     xr = x.reshape(n, g, -1)
