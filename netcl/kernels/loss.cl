@@ -3,7 +3,8 @@
  *
  * Class losses (cross-entropy = log-softmax + NLL fused, and NLL on log-probabilities), for
  * x of shape (rows, classes) contiguous and integer labels (rows,):
- *   class_loss_rows      one work-group of WG work-items per row (global = rows x WG): the row max m
+ *   class_loss_rows      one work-group of ROW_WG work-items per row (global = rows x ROW_WG; 1 on CPUs,
+ *                        where a work-item per row spreads the rows over the cores): the row max m
  *                        and log s, s = sum exp(x - m), each a fixed-order tree over the work-items'
  *                        strided partials (kept in stats[2 row], stats[2 row + 1] for backward), and
  *                        the row's loss log s - (x[label] - m) into row_loss (and out, for
@@ -33,7 +34,8 @@
  *              read and written through LOAD_T/STORE_T) and the arithmetic type (float, or double with
  *              USE_FP64), which is also the type of out, stats, count and grad_out: a float16 or
  *              bfloat16 input gives a float32 loss (mixed precision: the loss is computed in float32).
- *   LABEL (int|long), WG (work-group size, power of two).
+ *   LABEL (int|long), WG (work-group size, power of two), ROW_WG (class_loss_rows' work-group size, a
+ *              power of two).
  */
 #include "common.cl"
 #define LOSS_CROSS_ENTROPY 1
@@ -47,6 +49,9 @@
 #define REDUCE_SUM 2
 #ifndef LABEL
 #define LABEL int  /* the pointwise programs compile the class kernels too */
+#endif
+#ifndef ROW_WG
+#define ROW_WG WG
 #endif
 
 /* Sums two per-work-item values over the work-group in a fixed order; result in a[0], b[0]. */
@@ -66,8 +71,8 @@ __kernel void class_loss_rows(
     __global ACC* out, __global ACC* stats, __global ACC* row_loss, __global ACC* row_count,
     __global int* err, int err_code)
 {
-    __local ACC pa[WG];
-    __local ACC pb[WG];
+    __local ACC pa[ROW_WG];
+    __local ACC pb[ROW_WG];
     const int lid = get_local_id(0);
     const long r = get_group_id(0);
     if (r >= rows) return;  /* the whole work-group */
@@ -79,9 +84,9 @@ __kernel void class_loss_rows(
         if (!valid && lid == 0) report_check(err, err_code, label, r, classes);
 #if LOSS == LOSS_CROSS_ENTROPY
         ACC mx = -INFINITY;
-        for (long c = lid; c < classes; c += WG) mx = fmax(mx, LOAD_T(row, c));
+        for (long c = lid; c < classes; c += ROW_WG) mx = fmax(mx, LOAD_T(row, c));
         pa[lid] = mx;
-        for (int stride = WG / 2; stride > 0; stride >>= 1) {
+        for (int stride = ROW_WG / 2; stride > 0; stride >>= 1) {
             barrier(CLK_LOCAL_MEM_FENCE);
             if (lid < stride) pa[lid] = fmax(pa[lid], pa[lid + stride]);
         }
@@ -89,10 +94,14 @@ __kernel void class_loss_rows(
         m = pa[0];
         barrier(CLK_LOCAL_MEM_FENCE);
         ACC s = (ACC)0, sxm = (ACC)0;
-        for (long c = lid; c < classes; c += WG) { ACC v = LOAD_T(row, c) - m; s += exp(v); sxm += v; }
+        for (long c = lid; c < classes; c += ROW_WG) { ACC v = LOAD_T(row, c) - m; s += exp(v); sxm += v; }
         pa[lid] = s;
         pb[lid] = sxm;
-        tree_sum2(pa, pb, lid);
+        for (int stride = ROW_WG / 2; stride > 0; stride >>= 1) {
+            barrier(CLK_LOCAL_MEM_FENCE);
+            if (lid < stride) { pa[lid] += pa[lid + stride]; pb[lid] += pb[lid + stride]; }
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
         log_s = log(pa[0]);
         if (valid) {
             ACC nll = log_s - (LOAD_T(row, label) - m);

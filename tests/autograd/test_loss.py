@@ -8,6 +8,7 @@ import pytest
 import netcl.autograd as ag
 from netcl.core.tensor import Tensor
 from netcl.errors import DTypeError, ShapeError
+from netcl.ops import loss as loss_ops
 from netcl.profiling import count_launches
 from tests.autograd.gradcheck import check_grads
 from tests.reference import assert_close
@@ -175,3 +176,24 @@ def test_a_label_out_of_range_is_an_error_naming_it(queue, op, bad):
         loss.value.to_host()
     fine = getattr(ag, op)(x, Tensor.from_host(queue, np.array([-100, 1], np.int32)))  # ignore_index is fine
     assert np.isfinite(fine.value.to_host()[0])
+
+
+@pytest.mark.parametrize("row_wg", [None, 64])  # 64: the GPU shape, a work-group tree per row
+@pytest.mark.parametrize("classes", [1, 10, 1000])
+def test_cross_entropy_row_kernel_shapes(queue, rng, monkeypatch, row_wg, classes):
+    """Loss values and gradients with a work-item per row (CPUs) and a work-group per row (GPUs): label
+    smoothing, an ignored row, sum and mean, large logits."""
+    monkeypatch.setattr(loss_ops, "row_work_group_override", row_wg)
+    x = (rng.standard_normal((37, classes)) * 30).astype(np.float32)
+    y = rng.integers(0, classes, size=37).astype(np.int64)
+    y[5] = -100
+    for reduction in ("mean", "sum", "none"):
+        with ag.Tape() as tape:
+            logits = ag.tensor(Tensor.from_host(queue, x), requires_grad=True)
+            loss = ag.cross_entropy(logits, ag.tensor(Tensor.from_host(queue, y)), label_smoothing=0.1,
+                                    reduction=reduction)
+        want = _ce_reference(x, y, smoothing=0.1, reduction=reduction)
+        assert_close(loss.value, want, np.float32, rtol=1e-5, atol=1e-4)
+        if reduction != "none":
+            tape.backward(loss)
+            assert np.isfinite(logits.grad.to_host()).all()
