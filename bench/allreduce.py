@@ -1,9 +1,11 @@
-"""All-reduce bus bandwidth: netcl's shared-memory backend and MPI (and PyTorch's NCCL with --gpu) beside plain
+"""All-reduce bus bandwidth: netcl's shared-memory backend and MPI (and PyTorch's NCCL with --gpu) beside
+plain
 memcpy bandwidth measured in the same run. Table + JSON.
 
     python bench/allreduce.py [--sizes-mb 1,4,16,64,256,512] [--ranks 2,4] [--modes shm,shm-array,tensor,mpi]
                               [--out bench/results/allreduce.json]
-    python bench/allreduce.py --gpu [--devices 0:0,0:1]     (two GPUs: netcl tensors, device and host sums, NCCL)
+    python bench/allreduce.py --gpu [--devices 0:0,0:1]     (two GPUs: netcl tensors, device and host sums,
+    NCCL)
 
 Bus bandwidth is NCCL's: size / time x 2(W-1)/W, the bytes each rank must move for an all-reduce, so it can be
 held against one copy's bandwidth whatever the number of ranks W. Modes, each float32 sums, in place:
@@ -15,7 +17,8 @@ held against one copy's bandwidth whatever the number of ranks W. Modes, each fl
   nccl       (--gpu) torch.distributed.all_reduce over NCCL on the same GPUs
 memcpy: np.copyto of one buffer of the size into another (one process), GB/s = size / time; with --gpu also
 the device's own buffer-to-buffer copy. The limit: a host all-reduce reads and writes each byte more than once
-(shm: every rank reads N and writes N/W + (W-1)N/W; the copy in and out of shm-array adds 2N), so on one memory
+(shm: every rank reads N and writes N/W + (W-1)N/W; the copy in and out of shm-array adds 2N), so on one
+memory
 system busbw/memcpy of about 0.5-0.8 is the ceiling for W = 2.
 """
 
@@ -52,7 +55,8 @@ def median_seconds(fn, repeat: int, warmup: int = 1) -> float:
     return statistics.median(times)
 
 
-# -- one rank (started by `netcl run`, mpiexec or the NCCL spawner) ----------------------------------------------
+# -- one rank (started by `netcl run`, mpiexec or the NCCL spawner)
+# ----------------------------------------------
 def worker(mode: str, sizes_mb: list[float]) -> None:
     results = {}
     if mode == "nccl":
@@ -135,7 +139,8 @@ def nccl_worker(sizes_mb: list[float]) -> dict:
     return out if rank == 0 else {}
 
 
-# -- the parent: launches, memcpy, the table ---------------------------------------------------------------------
+# -- the parent: launches, memcpy, the table
+# ---------------------------------------------------------------------
 def launch(mode: str, ranks: int, sizes_mb: list[float], devices: str | None, timeout: float) -> dict | str:
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     args = [str(Path(__file__).resolve()), "--worker", mode, "--sizes-mb", ",".join(map(str, sizes_mb))]
@@ -158,7 +163,8 @@ def launch(mode: str, ranks: int, sizes_mb: list[float], devices: str | None, ti
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[7:])
-    return f"failed (rc {proc.returncode}): {proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else ''}"
+    last = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else ""
+    return f"failed (rc {proc.returncode}): {last}"
 
 
 def memcpy_gbs(sizes_mb: list[float]) -> dict:
@@ -191,9 +197,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes-mb", default="1,4,16,64,256,512")
     ap.add_argument("--ranks", default=None, help="comma-separated rank counts (default 2,4; --gpu: 2)")
-    ap.add_argument("--modes", default=None, help="default shm,shm-array,tensor,mpi; --gpu: tensor,tensor-hostsum,nccl")
+    ap.add_argument(
+        "--modes", default=None, help="default shm,shm-array,tensor,mpi; --gpu: tensor,tensor-hostsum,nccl"
+    )
     ap.add_argument("--gpu", action="store_true", help="ranks on GPUs (one each), beside PyTorch's NCCL")
-    ap.add_argument("--devices", default="0:0,0:1", help="with --gpu: the ranks' devices (netcl run --devices)")
+    ap.add_argument(
+        "--devices", default="0:0,0:1", help="with --gpu: the ranks' devices (netcl run --devices)"
+    )
     ap.add_argument("--timeout", type=float, default=900, help="seconds per launch")
     ap.add_argument("--out", default=None)
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
@@ -203,7 +213,9 @@ def main() -> None:
         worker(args.worker, sizes)
         return
     ranks = [int(r) for r in (args.ranks or ("2" if args.gpu else "2,4")).split(",")]
-    modes = (args.modes or ("tensor,tensor-hostsum,nccl" if args.gpu else "shm,shm-array,tensor,mpi")).split(",")
+    modes = (args.modes or ("tensor,tensor-hostsum,nccl" if args.gpu else "shm,shm-array,tensor,mpi")).split(
+        ","
+    )
     result = {"sizes_mb": sizes, "memcpy_gbs": memcpy_gbs(sizes), "runs": {}}
     if args.gpu:
         result["device_copy_gbs"] = device_copy_gbs(sizes, args.devices.split(",")[0])
@@ -240,7 +252,10 @@ def print_table(result: dict, ranks: list[int], modes: list[str]) -> None:
                 else:
                     row += f" {'-':>17} {'-':>7}"
             print(row)
-    print("busbw = size / time x 2(W-1)/W; /memcpy = busbw over the lower of the two memcpy runs (GB/s = 1e9 B/s)")
+    print(
+        "busbw = size / time x 2(W-1)/W; /memcpy = busbw over "
+        "the lower of the two memcpy runs (GB/s = 1e9 B/s)"
+    )
 
 
 if __name__ == "__main__":

@@ -193,9 +193,16 @@ def main() -> None:
             continue
         ref = f32.get(r["model"])
         ratio = (lambda k: r[k] / ref[k]) if ref else (lambda k: float("nan"))
-        r.update(act_peak_ratio=ratio("act_peak_bytes"), eager_ratio=ratio("eager_ms"), graph_ratio=ratio("graph_ms"))
-        print(f"{r['model']:<5} {r['mode']:<9} {r['act_peak_bytes'] / 2**20:>12.1f} {r['act_peak_ratio']:>6.2f} "
-              f"{r['eager_ms']:>9.2f} {r['eager_ratio']:>6.2f} {r['graph_ms']:>9.2f} {r['graph_ratio']:>6.2f}")
+        r.update(
+            act_peak_ratio=ratio("act_peak_bytes"),
+            eager_ratio=ratio("eager_ms"),
+            graph_ratio=ratio("graph_ms"),
+        )
+        print(
+            f"{r['model']:<5} {r['mode']:<9} {r['act_peak_bytes'] / 2**20:>12.1f} "
+            f"{r['act_peak_ratio']:>6.2f} "
+            f"{r['eager_ms']:>9.2f} {r['eager_ratio']:>6.2f} {r['graph_ms']:>9.2f} {r['graph_ratio']:>6.2f}"
+        )
     op_rows = [] if args.no_ops else measure_ops(dev, args.repeat, args.gpu)
     if op_rows:
         print(f"\n{'op':<26} {'dtype':<9} {'ms':>8} {'GB/s':>8} {'f32 time / this':>16}")

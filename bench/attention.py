@@ -4,7 +4,8 @@ in one run. One table + JSON (bench/results/attention.json).
 
     python bench/attention.py                 # CPU (PoCL): B=1, H=8, S=1024, D=64 beside torch CPU
     python bench/attention.py --gpu           # GPU: B=8, H=16, S=2048, D=64 float32 beside torch CUDA
-                                              #   (TF32 off: cuda.matmul.allow_tf32 = cudnn.allow_tf32 = False)
+                                              #   (TF32 off: cuda.matmul.allow_tf32 = cudnn.allow_tf32 =
+                                              False)
     python bench/attention.py --memory        # also: S=8192, H=8, D=64 forward+backward, the BufferPool peak
     python bench/attention.py --b 2 --h 4 --s 512 --d 128 --causal-only --repeat 5
     python bench/attention.py --gpu --sweep   # also: each GPU kernel under other work-item grids (tiles)
@@ -42,7 +43,9 @@ FP32_PEAK_GPU = 67e12   # H200 FP32 (CUDA cores)
 def copy_bandwidth(q, nbytes: int, repeats: int) -> float:
     src = Tensor.empty(q, (nbytes // 4,), np.float32)
     dst = Tensor.empty(q, (nbytes // 4,), np.float32)
-    t = time_callable(lambda: enqueue_copy(q, dst.buffer, src.buffer, byte_count=nbytes), q.finish, repeats, 3)
+    t = time_callable(
+        lambda: enqueue_copy(q, dst.buffer, src.buffer, byte_count=nbytes), q.finish, repeats, 3
+    )
     return 2 * nbytes / t
 
 
@@ -159,7 +162,9 @@ def sweep(dev, B: int, H: int, S: int, D: int, repeat: int, causal: bool) -> lis
     flash_attention_backward(need_dkv=False) (delta and dq), dk/dv as need_dq=False (delta then dk, dv)."""
     q = dev.queue
     rng = np.random.default_rng(1)
-    nq, nk, nv, ng = (Tensor.from_host(q, rng.standard_normal((B, H, S, D)).astype(np.float32)) for _ in range(4))
+    nq, nk, nv, ng = (
+        Tensor.from_host(q, rng.standard_normal((B, H, S, D)).astype(np.float32)) for _ in range(4)
+    )
     opts = {"causal": causal}
     out, lse = attn.flash_attention_forward(nq, nk, nv, **opts)
     calls = {
@@ -185,8 +190,11 @@ def sweep(dev, B: int, H: int, S: int, D: int, repeat: int, causal: bool) -> lis
                     s = time_callable(calls[kernel], q.finish, repeat, 1)
                     got = calls[kernel]().to_host()
                     ref = got if ref is None else ref
-                    row.update(ms=s * 1e3, tflops=flops[kernel] * B * H * S * S * D / (2 if causal else 1) / s / 1e12,
-                               err=rel_err(got, ref))
+                    row.update(
+                        ms=s * 1e3,
+                        tflops=flops[kernel] * B * H * S * S * D / (2 if causal else 1) / s / 1e12,
+                        err=rel_err(got, ref),
+                    )
                 except Exception as exc:  # a grid that does not fit the device is reported, not fatal
                     row["note"] = f"{type(exc).__name__}: {exc}"[:120]
                 rows.append(row)
@@ -201,7 +209,9 @@ def sweep(dev, B: int, H: int, S: int, D: int, repeat: int, causal: bool) -> lis
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--gpu", action="store_true", help="run on the GPU (OpenCL) with the GPU sizes; torch on CUDA")
+    ap.add_argument(
+        "--gpu", action="store_true", help="run on the GPU (OpenCL) with the GPU sizes; torch on CUDA"
+    )
     ap.add_argument("--device", default=None, help="netcl device spec (default: gpu with --gpu, else auto)")
     ap.add_argument("--b", type=int)
     ap.add_argument("--h", type=int)
@@ -210,8 +220,12 @@ def main() -> int:
     ap.add_argument("--decode-len", type=int, help="keys in the decode case's cache")
     ap.add_argument("--causal-only", action="store_true", help="skip the non-causal rows")
     ap.add_argument("--no-decode", action="store_true", help="skip the decode case")
-    ap.add_argument("--memory", action="store_true", help="also measure the S=8192 forward+backward pool peak")
-    ap.add_argument("--sweep", action="store_true", help="also time the GPU kernels under other grids (tiles)")
+    ap.add_argument(
+        "--memory", action="store_true", help="also measure the S=8192 forward+backward pool peak"
+    )
+    ap.add_argument(
+        "--sweep", action="store_true", help="also time the GPU kernels under other grids (tiles)"
+    )
     ap.add_argument("--variant", choices=["cpu", "gpu"], help="force netcl's kernel variant")
     ap.add_argument("--repeat", type=int, default=None)
     ap.add_argument("--skip", default="", help="comma list of peers to skip: torch")
@@ -260,8 +274,18 @@ def main() -> int:
         torch_s = results[0]["seconds"] if len(results) > 1 else None
         for r in results:
             s = r["seconds"]
-            row = {"case": case.name, "B": case.B, "H": case.H, "Sq": case.SQ, "Sk": case.SK, "D": case.D,
-                   "causal": case.causal, "impl": r["impl"], "device": r.get("device"), "note": r.get("note", "")}
+            row = {
+                "case": case.name,
+                "B": case.B,
+                "H": case.H,
+                "Sq": case.SQ,
+                "Sk": case.SK,
+                "D": case.D,
+                "causal": case.causal,
+                "impl": r["impl"],
+                "device": r.get("device"),
+                "note": r.get("note", ""),
+            }
             if s:
                 row.update(ms=s * 1e3, tflops=case.flops() / s / 1e12)
                 if case.decode:
@@ -273,9 +297,12 @@ def main() -> int:
             rows.append(row)
             shape = f"{case.B},{case.H},{case.SQ},{case.SK},{case.D}"
             nan = float("nan")
-            print(f"{case.name:<16}{shape:<24}{row['impl'][:25]:<26}{row.get('ms', nan):9.3f}"
-                  f"{row.get('tflops', nan) * 1e3:9.0f}{row.get('gbps', nan):8.0f}{row.get('x_torch', nan):8.2f}"
-                  f"{row.get('max_rel_err', nan):9.1e}  {row['note']}")
+            print(
+                f"{case.name:<16}{shape:<24}{row['impl'][:25]:<26}{row.get('ms', nan):9.3f}"
+                f"{row.get('tflops', nan) * 1e3:9.0f}{row.get('gbps', nan):8.0f}"
+                f"{row.get('x_torch', nan):8.2f}"
+                f"{row.get('max_rel_err', nan):9.1e}  {row['note']}"
+            )
     memory = None
     if args.memory:
         memory = memory_case(dev, rng)
@@ -284,13 +311,27 @@ def main() -> int:
               f"{memory['one_head_SxS_bytes'] / 2**20:.0f} MiB")
     sweep_rows = sweep(dev, B, H, S, D, repeat, False) if args.sweep else None
     if args.gpu:
-        print(f"limit: FP32 peak ~{FP32_PEAK_GPU / 1e12:.0f} TFLOP/s; target fwd+bwd full >= 0.7x torch sdpa fp32")
+        print(
+            f"limit: FP32 peak ~{FP32_PEAK_GPU / 1e12:.0f} "
+            f"TFLOP/s; target fwd+bwd full >= 0.7x torch sdpa fp32"
+        )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({
-        "device": dev.device_name, "host": platform.node(), "gpu": args.gpu, "copy_bandwidth_gbps": copy_bw / 1e9,
-        "rows": rows, "memory": memory, "sweep": sweep_rows,
-        "fp32_peak_tflops": FP32_PEAK_GPU / 1e12 if args.gpu else None,
-        "target": "GPU fwd+bwd B=8 H=16 S=2048 D=64 float32 >= 0.7x torch sdpa (TF32 off)"}, indent=1))
+    Path(args.out).write_text(
+        json.dumps(
+            {
+                "device": dev.device_name,
+                "host": platform.node(),
+                "gpu": args.gpu,
+                "copy_bandwidth_gbps": copy_bw / 1e9,
+                "rows": rows,
+                "memory": memory,
+                "sweep": sweep_rows,
+                "fp32_peak_tflops": FP32_PEAK_GPU / 1e12 if args.gpu else None,
+                "target": "GPU fwd+bwd B=8 H=16 S=2048 D=64 float32 >= 0.7x torch sdpa (TF32 off)",
+            },
+            indent=1,
+        )
+    )
     print(f"wrote {args.out}")
     return 0
 

@@ -5,7 +5,8 @@ convolution_backward. Table + JSON, GFLOP/s and ratios.
     python bench/conv.py                    # CPU (PoCL) default size N=8, C=K=64, 28x28
     python bench/conv.py --gpu              # GPU size N=32, C=K=128, 56x56; PyTorch on CUDA (no TF32)
     python bench/conv.py --n 16 --c 96 --k 96 --hw 40 --repeat 20 --out bench/results/conv.json
-    python bench/conv.py --tune             # also store the fastest netcl algorithm of each pass in the tuning DB
+    python bench/conv.py --tune             # also store the fastest netcl algorithm of each pass in the
+    tuning DB
     python bench/conv.py --gpu --n 128 --c 64 --k 64 --hw 32    # ResNet-18 CIFAR's first stage at batch 128
 """
 
@@ -87,7 +88,9 @@ def backward_rows(args, dev, q, x, w, repeat: int, skip: set) -> list[dict]:
                 refs[what] = (res[1] if what == "grad_weight" else res[0]).cpu().numpy().astype(np.float64)
                 rows.append({"op": what, "impl": "pytorch", "ms": s * 1e3, "gflops": flops / s / 1e9})
         except Exception as exc:  # a missing peer is reported, not fatal
-            rows.append({"op": "conv backward", "impl": "pytorch", "ms": None, "note": f"unavailable: {exc}"[:160]})
+            rows.append(
+                {"op": "conv backward", "impl": "pytorch", "ms": None, "note": f"unavailable: {exc}"[:160]}
+            )
     # per pass: 'auto' (the default choice), then each algorithm; 'flipped' runs the flipped-kernel forward
     # convolution (Winograd where it pays), 'winograd' F(2x2, 3x3) run backwards
     passes = {"grad_weight": ("backward_weight", ("auto", "gemm", "winograd", "direct"),
@@ -161,7 +164,9 @@ def main() -> int:
     rows: list[dict] = []
     ref = None
 
-    def add(name: str, device: str, seconds: float | None, out: np.ndarray | None = None, note: str = "") -> None:
+    def add(
+        name: str, device: str, seconds: float | None, out: np.ndarray | None = None, note: str = ""
+    ) -> None:
         nonlocal ref
         err = None
         if out is not None:
@@ -247,9 +252,11 @@ def main() -> int:
               f"Winograd does 2.25x fewer multiplies than the {flops / 1e9:.2f} GFLOP counted here "
               "(GFLOP/s are 'effective', direct-convolution FLOPs over time)")
     caps = dev.capabilities
-    print(f"limits: FLOPs/peak and bytes/bandwidth of the device; this device has {caps.compute_units} compute "
-          f"units at {caps.max_clock_mhz} MHz; minimum traffic {nbytes / 1e6:.1f} MB "
-          f"(at 100 GB/s: {nbytes / 1e8:.3f} ms), so the work is compute-bound")
+    print(
+        f"limits: FLOPs/peak and bytes/bandwidth of the device; this device has {caps.compute_units} compute "
+        f"units at {caps.max_clock_mhz} MHz; minimum traffic {nbytes / 1e6:.1f} MB "
+        f"(at 100 GB/s: {nbytes / 1e8:.3f} ms), so the work is compute-bound"
+    )
     backward = backward_rows(args, dev, q, x, w, repeat, skip)
     result = {"bench": "conv", "backward": backward,
               "shape": {"N": n, "C": c, "K": k, "H": hw, "W": hw, "kernel": 3, "padding": 1},

@@ -2,8 +2,10 @@
 on an MLP stack with many parameters (the all-reduce is a large share of a step: the hard case for DDP).
 Table + JSON.
 
-    python bench/ddp_scaling.py [--nproc 2] [--width 512 --layers 4 --batch 64 --steps 20]   (CPU: a smoke figure)
-    python bench/ddp_scaling.py --gpu [--devices 0:0,0:1]     (width 4096, 8 layers: 134M parameters, 537 MB of
+    python bench/ddp_scaling.py [--nproc 2] [--width 512 --layers 4 --batch 64 --steps 20]   (CPU: a smoke
+    figure)
+    python bench/ddp_scaling.py --gpu [--devices 0:0,0:1]     (width 4096, 8 layers: 134M parameters, 537 MB
+    of
                                                                gradients per step, batch 512 per GPU)
 
 Each rank trains on its own batch of the same size (weak scaling, as DDP is used); efficiency = N-process
@@ -71,8 +73,18 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def run(mode: str, args: argparse.Namespace, nproc: int) -> dict:
-    flags = ["--worker", mode, "--width", str(args.width), "--layers", str(args.layers), "--batch", str(args.batch),
-             "--steps", str(args.steps)]
+    flags = [
+        "--worker",
+        mode,
+        "--width",
+        str(args.width),
+        "--layers",
+        str(args.layers),
+        "--batch",
+        str(args.batch),
+        "--steps",
+        str(args.steps),
+    ]
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     script = str(Path(__file__).resolve())
     if mode == "ddp":
@@ -117,13 +129,21 @@ def main() -> None:
     rate_n = args.batch * args.nproc / many["step_s"]
     eff = rate_n / (args.nproc * rate1)
     grad_mb = one["params"] * 4 / 2**20
-    print(f"{'processes':>9} {'step ms':>8} {'samples/s':>10} {'efficiency':>10}   model: {one['params']:,} parameters "
-          f"({grad_mb:.0f} MiB of gradients per step), batch {args.batch} per process, {one['device']}")
+    print(
+        f"{'processes':>9} {'step ms':>8} {'samples/s':>10} "
+        f"{'efficiency':>10}   model: {one['params']:,} parameters "
+        f"({grad_mb:.0f} MiB of gradients per step), batch {args.batch} per process, {one['device']}"
+    )
     print(f"{1:>9} {one['step_s'] * 1e3:>8.1f} {rate1:>10.0f} {'':>10}")
     print(f"{args.nproc:>9} {many['step_s'] * 1e3:>8.1f} {rate_n:>10.0f} {eff:>10.2f}")
-    print(f"gradient all-reduce: {grad_mb:.0f} MiB per step; at the step time of {args.nproc} processes that is "
-          f"{grad_mb * 2**20 / 1e9 / many['step_s']:.2f} GB/s of gradients reduced")
-    out = Path(args.out or ROOT / "bench/results" / ("ddp_scaling_gpu.json" if args.gpu else "ddp_scaling.json"))
+    print(
+        f"gradient all-reduce: {grad_mb:.0f} MiB per step; at "
+        f"the step time of {args.nproc} processes that is "
+        f"{grad_mb * 2**20 / 1e9 / many['step_s']:.2f} GB/s of gradients reduced"
+    )
+    out = Path(
+        args.out or ROOT / "bench/results" / ("ddp_scaling_gpu.json" if args.gpu else "ddp_scaling.json")
+    )
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"single": one, "ddp": many, "nproc": args.nproc, "efficiency": eff,
                                "width": args.width, "layers": args.layers, "batch": args.batch}, indent=2))

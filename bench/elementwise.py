@@ -3,7 +3,8 @@ tinygrad, in one run.
 
 CPU (PoCL):  .venv/bin/python bench/elementwise.py
 GPU:         python bench/elementwise.py --gpu          (bash bench/gpu_run.sh 300 elementwise)
-GPU sweep:   python bench/elementwise.py --gpu --sweep  (or NETCL_BENCH_SWEEP=1 bash bench/gpu_run.sh 300 elementwise)
+GPU sweep:   python bench/elementwise.py --gpu --sweep  (or NETCL_BENCH_SWEEP=1 bash bench/gpu_run.sh 300
+elementwise)
              times netcl's launch knobs (NETCL_EW_*, NETCL_RED_*, NETCL_SOFTMAX_REG: see netcl/jit/runner.py
              and reduce.py) for add / chain / sum / softmax, each variant in a child process (a crashing
              variant cannot end the run), checks its answers, prints the best per workload.
@@ -97,7 +98,9 @@ def bench_netcl(q, cfg) -> dict:
     out["chain_fused"] = median_time(lambda: chain(a, b, ops).realize(), sync, cfg["repeats"], cfg["inner"])
     os.environ["NETCL_FUSION"] = "0"
     try:
-        out["chain_unfused"] = median_time(lambda: chain(a, b, ops).realize(), sync, cfg["repeats"], cfg["inner"])
+        out["chain_unfused"] = median_time(
+            lambda: chain(a, b, ops).realize(), sync, cfg["repeats"], cfg["inner"]
+        )
     finally:
         del os.environ["NETCL_FUSION"]
     out["sum"] = median_time(lambda: ops.sum(a), sync, cfg["repeats"], cfg["inner"])
@@ -174,7 +177,7 @@ def worker(works: list[str], cfg: dict) -> dict:
         want = chain(ha[: 1 << 20].astype(np.float64), hb[: 1 << 20].astype(np.float64), np)
         host_us("chain_fused", lambda: chain(a, b, ops).realize())
         # compare squares: the final sqrt turns an absolute float32 error near 0 into a large relative one
-        res["chain_fused_ok"] = bool(np.allclose(got.astype(np.float64) ** 2, want ** 2, rtol=1e-5, atol=1e-6))
+        res["chain_fused_ok"] = bool(np.allclose(got.astype(np.float64) ** 2, want**2, rtol=1e-5, atol=1e-6))
     if "sum" in works:
         res["sum"] = median_time(lambda: ops.sum(a), q.finish, r, i)
         got = float(ops.sum(a).to_host())
@@ -188,7 +191,9 @@ def worker(works: list[str], cfg: dict) -> dict:
         rows = hs[[0, 1, -1]].astype(np.float64)
         e = np.exp(rows - rows.max(1, keepdims=True))
         host_us("softmax", lambda: ops.softmax(s, -1))
-        res["softmax_ok"] = bool(np.allclose(got[[0, 1, -1]], e / e.sum(1, keepdims=True), rtol=1e-5, atol=1e-8))
+        res["softmax_ok"] = bool(
+            np.allclose(got[[0, 1, -1]], e / e.sum(1, keepdims=True), rtol=1e-5, atol=1e-8)
+        )
     return res
 
 
@@ -198,9 +203,12 @@ def sweep(cfg: dict, copy_bw: float, timeout: int, gpu: bool) -> list[dict]:
     for label, env, works in SWEEP:
         cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", works] + (["--gpu"] if gpu else [])
         try:
-            proc = subprocess.run(cmd, env=dict(os.environ, **env), capture_output=True, text=True, timeout=timeout,
-                                  check=False)
-            out = next((json.loads(ln[7:]) for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
+            proc = subprocess.run(
+                cmd, env=dict(os.environ, **env), capture_output=True, text=True, timeout=timeout, check=False
+            )
+            out = next(
+                (json.loads(ln[7:]) for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None
+            )
             err = None if out else f"exit {proc.returncode}: " + " | ".join(
                 (proc.stderr or "").strip().splitlines()[-2:])[:200]
         except subprocess.TimeoutExpired:
@@ -218,16 +226,26 @@ def sweep(cfg: dict, copy_bw: float, timeout: int, gpu: bool) -> list[dict]:
                           f"{'' if row['ok'][w] else '!'}" for w in row["gbps"])
         print(f"  {label:<38} {cells or err}", flush=True)
         if label == "default" and out:
-            print("  " + " " * 38 + " per call: " + "  ".join(
-                f"{w} {row['device_us'][w]:.0f} us (host enqueue {row['host_us'][w]:.0f} us)" for w in row["gbps"]),
-                flush=True)
+            print(
+                "  "
+                + " " * 38
+                + " per call: "
+                + "  ".join(
+                    f"{w} {row['device_us'][w]:.0f} us (host enqueue {row['host_us'][w]:.0f} us)"
+                    for w in row["gbps"]
+                ),
+                flush=True,
+            )
     print("best per workload (correct answers only):")
     for w in ("add", "chain_fused", "sum", "softmax"):
         cands = [r for r in rows if w in r["gbps"] and r["ok"][w]]
         if cands:
             best = max(cands, key=lambda r: r["gbps"][w])
-            print(f"  {w:<12} {best['gbps'][w]:7.1f} GB/s ({100 * best['gbps'][w] * 1e9 / copy_bw:.0f}% of copy)  "
-                  f"{best['label']}  env={best['env']}")
+            print(
+                f"  {w:<12} {best['gbps'][w]:7.1f} GB/s "
+                f"({100 * best['gbps'][w] * 1e9 / copy_bw:.0f}% of copy)  "
+                f"{best['label']}  env={best['env']}"
+            )
     return rows
 
 
@@ -243,9 +261,12 @@ def bench_numpy(cfg) -> dict:
         return e / e.sum(1, keepdims=True)
 
     r, nothing = cfg["repeats"], (lambda: None)
-    return {"add": median_time(lambda: a + b, nothing, r),
-            "chain_unfused": median_time(lambda: chain(a, b, np), nothing, r),
-            "sum": median_time(lambda: a.sum(), nothing, r), "softmax": median_time(lambda: softmax(s), nothing, r)}
+    return {
+        "add": median_time(lambda: a + b, nothing, r),
+        "chain_unfused": median_time(lambda: chain(a, b, np), nothing, r),
+        "sum": median_time(lambda: a.sum(), nothing, r),
+        "softmax": median_time(lambda: softmax(s), nothing, r),
+    }
 
 
 def bench_torch(cfg, gpu: bool) -> dict:
@@ -279,7 +300,8 @@ n, rows, cols, repeats = map(int, sys.argv[1:5])
 dev = Device[Device.DEFAULT]
 a = Tensor.randn(n).realize(); b = Tensor.randn(n).realize(); s = Tensor.randn(rows, cols).realize()
 def chain(x, y):
-    t = x * 2.0; t = t + y; t = (t * -0.5).exp(); t = t - 1.0; t = t.tanh(); t = t * y; t = t.abs(); return t.sqrt()
+    t = x * 2.0; t = t + y; t = (t * -0.5).exp(); t = t - 1.0  # noqa: E702
+    t = t.tanh(); t = t * y; t = t.abs(); return t.sqrt()  # noqa: E702
 work = {"add": TinyJit(lambda: (a + b).realize()), "chain_fused": TinyJit(lambda: chain(a, b).realize()),
         "sum": TinyJit(lambda: a.sum().realize()), "softmax": TinyJit(lambda: s.softmax(-1).realize())}
 res = {"device": f"tinygrad {Device.DEFAULT} {getattr(dev, 'device_name', '')}".strip()}
@@ -371,8 +393,12 @@ def main() -> None:
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "elementwise.json"))
     p.add_argument("--peers", default="numpy,torch,tinygrad")
     p.add_argument("--tinygrad-timeout", type=int, default=300)
-    p.add_argument("--sweep", action="store_true", default=os.environ.get("NETCL_BENCH_SWEEP", "") not in ("", "0"),
-                   help="also time netcl's launch knobs, one child process per variant (NETCL_BENCH_SWEEP=1)")
+    p.add_argument(
+        "--sweep",
+        action="store_true",
+        default=os.environ.get("NETCL_BENCH_SWEEP", "") not in ("", "0"),
+        help="also time netcl's launch knobs, one child process per variant (NETCL_BENCH_SWEEP=1)",
+    )
     p.add_argument("--sweep-timeout", type=int, default=60, help="seconds per sweep variant")
     p.add_argument("--host", action="store_true", help="only the host cost per call, on tiny tensors")
     p.add_argument("--worker", help=argparse.SUPPRESS)
@@ -405,7 +431,9 @@ def main() -> None:
         results["tinygrad"] = bench_tinygrad(device, cfg, args.tinygrad_timeout)
     works = ["add", "chain_fused", "chain_unfused", "sum", "softmax"]
     names = [k for k in results]
-    header = f"{'work':<14}{'netcl GB/s':>11}{'% copy':>8}" + "".join(f"{k + ' GB/s':>16}{'x':>7}" for k in names[1:])
+    header = f"{'work':<14}{'netcl GB/s':>11}{'% copy':>8}" + "".join(
+        f"{k + ' GB/s':>16}{'x':>7}" for k in names[1:]
+    )
     print(f"copy bandwidth (enqueue_copy buffer->buffer): {copy_bw / 1e9:.1f} GB/s")
     print(header)
     rows = {}
@@ -431,11 +459,22 @@ def main() -> None:
         if "device" in results[k]:
             print(f"{k}: {results[k]['device']}")
     sweep_rows = sweep(cfg, copy_bw, args.sweep_timeout, gpu) if args.sweep else None
-    report = {"device": device.describe(), "sweep": sweep_rows, "kind": device.capabilities.kind, "sizes": cfg,
-              "copy_bandwidth_gbps": copy_bw / 1e9, "work": rows, "fused_vs_unfused": fused_gain,
-              "raw": results, "targets": {"gpu_fraction_of_copy": TARGETS_GPU, "gpu_fused_vs_unfused": 4.0,
-                                          "cpu_vs_numpy": {"add": 0.8, "sum": 0.8}},
-              "limits": "all workloads are memory-bound: the ceiling is copy bandwidth (bytes = inputs + output)"}
+    report = {
+        "device": device.describe(),
+        "sweep": sweep_rows,
+        "kind": device.capabilities.kind,
+        "sizes": cfg,
+        "copy_bandwidth_gbps": copy_bw / 1e9,
+        "work": rows,
+        "fused_vs_unfused": fused_gain,
+        "raw": results,
+        "targets": {
+            "gpu_fraction_of_copy": TARGETS_GPU,
+            "gpu_fused_vs_unfused": 4.0,
+            "cpu_vs_numpy": {"add": 0.8, "sum": 0.8},
+        },
+        "limits": "all workloads are memory-bound: the ceiling is copy bandwidth (bytes = inputs + output)",
+    }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2))
     print(f"wrote {args.out}")

@@ -81,7 +81,9 @@ class Netcl:
         self.variant = choose_variant(device, m, n, k)
 
     def run(self):
-        if self.params is None:  # netcl's own choice: exactly what matmul() runs (replayed after the first call)
+        if (
+            self.params is None
+        ):  # netcl's own choice: exactly what matmul() runs (replayed after the first call)
             self.out = gemm(self.a, self.b)
         else:
             self.out = gemm(self.a, self.b, variant=self.variant, params=self.params)
@@ -114,7 +116,9 @@ class Torch:
             torch.set_num_threads(threads)
             dev = "cpu"
             self.label = f"torch-cpu ({threads} threads)"
-        tdt = {np.float32: torch.float32, np.float16: torch.float16, np.float64: torch.float64}[np.dtype(dtype).type]
+        tdt = {np.float32: torch.float32, np.float16: torch.float16, np.float64: torch.float64}[
+            np.dtype(dtype).type
+        ]
         self.a = torch.randn(k, m, device=dev, dtype=tdt).T if layout[0] == "T" else torch.randn(
             m, k, device=dev, dtype=tdt)
         self.b = torch.randn(n, k, device=dev, dtype=tdt).T if layout[1] == "T" else torch.randn(
@@ -262,9 +266,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=None)
     p.add_argument("--layout", default="NN", choices=["NN", "NT", "TN", "TT"],
                    help="T = operand stored transposed and read in place (NT is linear's x @ W.T)")
-    p.add_argument("--configs", default=None,
-                   help="tile configs for netcl: JSON list/dict, a JSON file, 'auto' or 'quick' (tuning lists)")
-    p.add_argument("--store-best", action="store_true", help="store the best --configs entry in the tuning DB")
+    p.add_argument(
+        "--configs",
+        default=None,
+        help="tile configs for netcl: JSON list/dict, a JSON file, 'auto' or 'quick' (tuning lists)",
+    )
+    p.add_argument(
+        "--store-best", action="store_true", help="store the best --configs entry in the tuning DB"
+    )
     p.add_argument("--peers", default="torch,numpy,tinygrad", help="comma list of torch,numpy,tinygrad")
     p.add_argument("--tinygrad-timeout", type=int, default=900)
     p.add_argument("--no-settle", dest="settle", action="store_false",
@@ -308,8 +317,14 @@ def main(argv: list[str] | None = None) -> int:
         m, n, k = shape
         gflop = flops(m, n, k) / 1e9
         nbytes = dtype.itemsize * (m * k + k * n + m * n)
-        row = {"shape": list(shape), "gflop": gflop, "bytes": nbytes, "dtype": dtype.name, "layout": args.layout,
-               "gflops": {}}
+        row = {
+            "shape": list(shape),
+            "gflop": gflop,
+            "bytes": nbytes,
+            "dtype": dtype.name,
+            "layout": args.layout,
+            "gflops": {},
+        }
         contenders = []
         nets = [Netcl(device, shape, dtype, c, f"netcl cfg{i}", args.layout) for i, c in enumerate(configs)] \
             if configs else [Netcl(device, shape, dtype, layout=args.layout)]
@@ -397,17 +412,23 @@ def print_row(row: dict) -> None:
     m, n, k = row["shape"]
     best = row["netcl_best"]
     net = best["gflops"]
-    print(f"\n{m}x{n}x{k} {row['dtype']} {row['layout']} ({row['gflop']:.1f} GFLOP, {row['bytes'] / 1e6:.1f} MB)  "
-          f"netcl kernel {best['variant']} {best['params']}  max rel. error {row['netcl_error']:.1e}")
+    print(
+        f"\n{m}x{n}x{k} {row['dtype']} {row['layout']} ({row['gflop']:.1f} GFLOP, {row['bytes'] / 1e6:.1f} "
+        f"MB)  "
+        f"netcl kernel {best['variant']} {best['params']}  max rel. error {row['netcl_error']:.1e}"
+    )
     print(f"  {'contender':58s} {'GFLOP/s':>10s} {'netcl / it':>11s}")
     for label, gf in sorted(row["gflops"].items(), key=lambda kv: -kv[1]):
         ratio = net / gf if gf else float("nan")
         print(f"  {label[:58]:58s} {gf:10.1f} {ratio:11.2f}")
     lim = row["limits"]
     if lim["peak_gflops"]:
-        print(f"  limits: compute {lim['peak_gflops']:.0f} GFLOP/s peak (netcl at {net / lim['peak_gflops']:.0%}), "
-              f"memory {lim['bandwidth_gbs']:.0f} GB/s -> at least {lim['memory_bound_ms']:.2f} ms "
-              f"(netcl {row['gflop'] / net * 1e3:.2f} ms)")
+        print(
+            f"  limits: compute {lim['peak_gflops']:.0f} GFLOP/s peak (netcl at "
+            f"{net / lim['peak_gflops']:.0%}), "
+            f"memory {lim['bandwidth_gbs']:.0f} GB/s -> at least {lim['memory_bound_ms']:.2f} ms "
+            f"(netcl {row['gflop'] / net * 1e3:.2f} ms)"
+        )
     if row.get("configs"):
         print("  configs:")
         for c in row["configs"]:

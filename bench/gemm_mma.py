@@ -77,8 +77,13 @@ def operand(queue, x: np.ndarray, transposed: bool) -> Tensor:
 
 def check(queue, rng, dt, params) -> float:
     worst = 0.0
-    for m, n, k, layout in ((37, 29, 45, "nn"), (130, 270, 70, "nn"), (256, 256, 256, "nt"), (1000, 999, 517, "nn"),
-                            (64, 96, 200, "tn")):
+    for m, n, k, layout in (
+        (37, 29, 45, "nn"),
+        (130, 270, 70, "nn"),
+        (256, 256, 256, "nt"),
+        (1000, 999, 517, "nn"),
+        (64, 96, 200, "tn"),
+    ):
         a, b = rng.standard_normal((m, k)).astype(dt), rng.standard_normal((k, n)).astype(dt)
         got = mm.gemm(operand(queue, a, layout[0] == "t"), operand(queue, b, layout[1] == "t"), variant="mma",
                       params=params).to_host().astype(np.float64)
@@ -90,7 +95,9 @@ def check(queue, rng, dt, params) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="bench/results/gemm_mma.json")
-    ap.add_argument("--gpu", action="store_true", help="accepted for bench/gpu_run.sh (this bench is GPU-only)")
+    ap.add_argument(
+        "--gpu", action="store_true", help="accepted for bench/gpu_run.sh (this bench is GPU-only)"
+    )
     args = ap.parse_args()
     import torch
 

@@ -1,4 +1,5 @@
-"""Matrix-vector products (GEMMs of one to three rows: a decode step's x @ W): each GEMM kernel that takes them
+"""Matrix-vector products (GEMMs of one to three rows: a decode step's x @ W): each GEMM kernel that takes
+them
 beside netcl's automatic choice, on the default device, with W both as a linear layer's transposed weight
 (k-contiguous) and row-major. Bytes = W once (the compulsory traffic); median of 30 calls after 3 warm-ups.
 
@@ -60,7 +61,12 @@ def main() -> None:
         cells = []
         for variant in (*variants, None):
             got = mm.gemm(x, w, variant=variant).to_host()
-            assert np.abs(got - ref).max() <= 1e-4 * np.sqrt(k) * max(1.0, np.abs(ref).max()), (variant, m, k, n)
+            assert np.abs(got - ref).max() <= 1e-4 * np.sqrt(k) * max(1.0, np.abs(ref).max()), (
+                variant,
+                m,
+                k,
+                n,
+            )
             sec = median_seconds(lambda v=variant: mm.gemm(x, w, variant=v), q)
             row[variant or "auto"] = sec
             cells.append(f"{sec * 1e6:9.0f} us {k * n * 4 / sec / 1e9:5.1f}")

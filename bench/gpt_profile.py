@@ -29,15 +29,22 @@ from netcl.ops.random import Generator  # noqa: E402
 
 PRESETS = {
     # lm-train's 25m preset (bench/lm.py's GPU model)
-    "gpu": dict(config=dict(vocab_size=4096, dim=512, n_layers=8, n_heads=8, hidden_dim=1376, max_seq_len=512),
-                batch=32, seq=512),
-    "cpu": dict(config=dict(vocab_size=1024, dim=128, n_layers=2, n_heads=4, max_seq_len=64), batch=4, seq=64),
+    "gpu": dict(
+        config=dict(vocab_size=4096, dim=512, n_layers=8, n_heads=8, hidden_dim=1376, max_seq_len=512),
+        batch=32,
+        seq=512,
+    ),
+    "cpu": dict(
+        config=dict(vocab_size=1024, dim=128, n_layers=2, n_heads=4, max_seq_len=64), batch=4, seq=64
+    ),
 }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--gpu", action="store_true", help="the GPU preset on the GPU (default: the CPU preset, CPU)")
+    ap.add_argument(
+        "--gpu", action="store_true", help="the GPU preset on the GPU (default: the CPU preset, CPU)"
+    )
     ap.add_argument("--arch", choices=("llama", "gpt2"), default="llama")
     ap.add_argument("--warmup", type=int, default=2, help="steps before the profiled one")
     ap.add_argument("--top", type=int, default=25, help="rows per table")
@@ -76,11 +83,16 @@ def main() -> None:
         q.finish()
     n_params = config.num_parameters()
     d, h = config.dim, config.n_heads
-    flops = 6 * n_params * b * s + 12 * config.n_layers * b * s * s * d // 2  # causal attention: half the S x S
-    print(f"netcl on {device.device_name}: GPT {args.arch}, {n_params / 1e6:.2f}M parameters, {config.n_layers} "
-          f"layers, "
-          f"dim {d}, {h} heads, batch {b} x {s}; one eager step {wall * 1e3:.1f} ms (unprofiled), "
-          f"{flops / 1e12:.3f} TFLOP ({flops / wall / 1e12:.2f} TFLOP/s)")
+    flops = (
+        6 * n_params * b * s + 12 * config.n_layers * b * s * s * d // 2
+    )  # causal attention: half the S x S
+    print(
+        f"netcl on {device.device_name}: GPT {args.arch}, {n_params / 1e6:.2f}M parameters, "
+        f"{config.n_layers} "
+        f"layers, "
+        f"dim {d}, {h} heads, batch {b} x {s}; one eager step {wall * 1e3:.1f} ms (unprofiled), "
+        f"{flops / 1e12:.3f} TFLOP ({flops / wall / 1e12:.2f} TFLOP/s)"
+    )
     text = prof.report(by=("kernel", "op", "scope"), top=args.top)
 
     # cached greedy decoding at batch 1: tokens/s after the first, and one profiled run's kernels

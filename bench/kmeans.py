@@ -124,7 +124,12 @@ def torch_peer(X: np.ndarray, C: np.ndarray, gpu: bool):
 
 RATED = ("one iteration", "assign kernel")  # rows whose GFLOP/s is 2 N K d over their seconds
 SWEEP_TILES = [  # (TX, TY, TM, TN, BK) of kmeans_gpu.cl's assignment; the first is the default at K=1024
-    (16, 16, 8, 8, 16), (16, 16, 8, 8, 8), (16, 16, 8, 8, 32), (16, 8, 8, 8, 16), (32, 8, 4, 8, 16), (8, 8, 8, 8, 16),
+    (16, 16, 8, 8, 16),
+    (16, 16, 8, 8, 8),
+    (16, 16, 8, 8, 32),
+    (16, 8, 8, 8, 16),
+    (32, 8, 4, 8, 16),
+    (8, 8, 8, 8, 16),
 ]
 
 
@@ -140,7 +145,9 @@ def sweep_assign(q, X: np.ndarray, C: np.ndarray, repeat: int, row, notes: list[
     for tiles in SWEEP_TILES:
         name = "TX={},TY={},TM={},TN={},BK={}".format(*tiles)
         try:
-            plan = km.kmeans_plan(q, X.dtype, n, d, k, "gpu", assign_tiles=dict(zip(km.ASSIGN_TILE_KNOBS, tiles)))
+            plan = km.kmeans_plan(
+                q, X.dtype, n, d, k, "gpu", assign_tiles=dict(zip(km.ASSIGN_TILE_KNOBS, tiles))
+            )
             bufs = LloydBuffers.make(plan)
             km.kmeans_pack(plan, centers, bufs.packed)
 
@@ -164,8 +171,14 @@ def sweep_assign(q, X: np.ndarray, C: np.ndarray, repeat: int, row, notes: list[
                 km.kmeans_update(plan, x, 0, shift, bufs.labels, bufs.dist, None, bufs.partials)
                 q.finish()
 
-            row("update kernel", "netcl", q.device.device_name, round_robin({"u": update}, repeat)["u"],
-                note=f"partial sums: {plan.nseg} segments x {plan.nkc} cluster blocks x {plan.nfc} feature blocks")
+            row(
+                "update kernel",
+                "netcl",
+                q.device.device_name,
+                round_robin({"u": update}, repeat)["u"],
+                note=f"partial sums: {plan.nseg} segments x {plan.nkc} cluster blocks x {plan.nfc} feature "
+                     f"blocks",
+            )
 
 
 def main() -> int:
@@ -218,13 +231,20 @@ def main() -> int:
             from sklearn.cluster._k_means_lloyd import lloyd_iter_chunked_dense
 
             w = np.ones(n, np.float32)
-            sk_state = (np.zeros_like(C0), np.zeros(k, np.float32), np.zeros(n, np.int32), np.zeros(k, np.float32))
+            sk_state = (
+                np.zeros_like(C0),
+                np.zeros(k, np.float32),
+                np.zeros(n, np.int32),
+                np.zeros(k, np.float32),
+            )
 
             from threadpoolctl import threadpool_limits
 
             def sk_iter():  # as sklearn's own Lloyd loop calls it: BLAS single-threaded inside its OpenMP
                 with threadpool_limits(limits=1, user_api="blas"):
-                    lloyd_iter_chunked_dense(X, w, C0, sk_state[0], sk_state[1], sk_state[2], sk_state[3], threads)
+                    lloyd_iter_chunked_dense(
+                        X, w, C0, sk_state[0], sk_state[1], sk_state[2], sk_state[3], threads
+                    )
 
             contenders["scikit-learn"] = sk_iter
         except Exception as exc:  # a missing peer is reported, not fatal
@@ -277,7 +297,9 @@ def main() -> int:
     for name, s in times.items():
         device = dev.device_name if name == "netcl" else (
             ("cuda" if args.gpu else "cpu") if name.startswith("pytorch") else f"host, {threads} threads")
-        mem = netcl_iter_peak if name == "netcl" else (torch_iter_peak if name.startswith("pytorch") else None)
+        mem = (
+            netcl_iter_peak if name == "netcl" else (torch_iter_peak if name.startswith("pytorch") else None)
+        )
         agree = float((peers_labels[name] == ours).mean()) if peers_labels.get(name) is not None else None
         row("one iteration", name, device, s, mem, agree,
             note="faiss.Kmeans(niter=1).train: includes its setup" if name == "faiss" else "")
@@ -353,33 +375,57 @@ def main() -> int:
                 labels_agree=float((sk_idx == ours_idx).mean()), note="one run; agree = same rows chosen")
 
     # -- table ---------------------------------------------------------------------------------------
-    print(f"k-means, float32: N={n} d={d} K={k}; {flops / 1e9:.1f} GFLOP per assignment; "
-          f"netcl device: {dev.describe()}; host: {platform.processor() or platform.machine()}, {threads} threads")
+    print(
+        f"k-means, float32: N={n} d={d} K={k}; {flops / 1e9:.1f} GFLOP per assignment; "
+        f"netcl device: {dev.describe()}; host: "
+        f"{platform.processor() or platform.machine()}, {threads} threads"
+    )
     print(f"{'what':22s} {'impl':22s} {'device':26s} {'seconds':>9s} {'GFLOP/s':>8s} {'netcl x':>8s} "
           f"{'dev peak MB':>11s} {'agree':>6s}  note")
     for r in rows:
         base = next((b["seconds"] for b in rows if b["what"] == r["what"] and b["impl"] == "netcl"), None)
         r["netcl_speedup"] = r["seconds"] / base if base and r["seconds"] and r["impl"] != "netcl" else None
         mem = r["device_peak_bytes"]
-        print(f"{r['what'][:22]:22s} {r['impl'][:22]:22s} {str(r['device'])[:26]:26s} {r['seconds']:9.3f} "
-              f"{r['gflops'] if r['gflops'] else float('nan'):8.1f} "
-              f"{r['netcl_speedup'] if r['netcl_speedup'] else float('nan'):8.2f} "
-              f"{mem / 2**20 if mem else float('nan'):11.1f} "
-              f"{r['labels_agree_with_netcl'] if r['labels_agree_with_netcl'] is not None else float('nan'):6.3f}  "
-              f"{r['note']}")
+        print(
+            f"{r['what'][:22]:22s} {r['impl'][:22]:22s} {str(r['device'])[:26]:26s} {r['seconds']:9.3f} "
+            f"{r['gflops'] if r['gflops'] else float('nan'):8.1f} "
+            f"{r['netcl_speedup'] if r['netcl_speedup'] else float('nan'):8.2f} "
+            f"{mem / 2**20 if mem else float('nan'):11.1f} "
+            f"{la if (la := r['labels_agree_with_netcl']) is not None else float('nan'):6.3f} "
+            f" {r['note']}"
+        )
     caps = dev.capabilities
-    print(f"limits: an assignment is {flops / 1e9:.1f} GFLOP over {n * d * 4 / 1e6:.0f} MB of data (compute-bound: "
-          f"{flops / (n * d * 4):.0f} FLOP/byte); the n x k distance matrix PyTorch builds is "
-          f"{n * k * 4 / 2**20:.0f} MiB; "
-          f"device: {caps.compute_units} compute units at {caps.max_clock_mhz} MHz")
+    print(
+        f"limits: an assignment is {flops / 1e9:.1f} GFLOP over {n * d * 4 / 1e6:.0f} MB of data "
+        f"(compute-bound: "
+        f"{flops / (n * d * 4):.0f} FLOP/byte); the n x k distance matrix PyTorch builds is "
+        f"{n * k * 4 / 2**20:.0f} MiB; "
+        f"device: {caps.compute_units} compute units at {caps.max_clock_mhz} MHz"
+    )
     for note in notes:
         print("note:", note)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"bench": "kmeans", "n": n, "d": d, "k": k, "iters": iters, "repeat": repeat,
-                               "gpu": args.gpu, "netcl_device": dev.describe(), "host": platform.node(),
-                               "threads": threads, "flops_per_assignment": flops, "rows": rows, "notes": notes},
-                              indent=2))
+    out.write_text(
+        json.dumps(
+            {
+                "bench": "kmeans",
+                "n": n,
+                "d": d,
+                "k": k,
+                "iters": iters,
+                "repeat": repeat,
+                "gpu": args.gpu,
+                "netcl_device": dev.describe(),
+                "host": platform.node(),
+                "threads": threads,
+                "flops_per_assignment": flops,
+                "rows": rows,
+                "notes": notes,
+            },
+            indent=2,
+        )
+    )
     print(f"wrote {out}")
     return 0
 

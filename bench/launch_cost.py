@@ -73,9 +73,14 @@ def main() -> int:
 
     bench("set_arg x25 (no enqueue)", lambda: [raw.set_arg(i, v) for i, v in enumerate(vals)])
     bench("_set_arg_multi (no enqueue)", lambda: raw._set_arg_multi(multi))
-    bench("set_arg buffers only x5 (no enqueue)", lambda: [raw.set_arg(i, vals[i]) for i in (3, 7, 11, 14, 17)])
+    bench(
+        "set_arg buffers only x5 (no enqueue)", lambda: [raw.set_arg(i, vals[i]) for i in (3, 7, 11, 14, 17)]
+    )
     bench("cl.enqueue_nd_range_kernel alone", lambda: enqueue(q.cl, raw, gs, ls))
-    bench("_cl.enqueue_nd_range_kernel alone", lambda: cl._cl.enqueue_nd_range_kernel(q.cl, raw, gs, ls, None, None))
+    bench(
+        "_cl.enqueue_nd_range_kernel alone",
+        lambda: cl._cl.enqueue_nd_range_kernel(q.cl, raw, gs, ls, None, None),
+    )
     bench("netcl Kernel.__call__ (same args)", lambda: kern(q, gs, ls, *vals))
     bench("netcl Kernel.__call__ (20 new scalars)", lambda: kern(q, gs, ls, *[
         v if isinstance(v, (cl.MemoryObject, np.ndarray)) else type(v)(v + 0) for v in vals]))

@@ -8,8 +8,10 @@ decode step, PyTorch with its own preallocated KV cache), and the time to the fi
 Both models start from the same weights: netcl's GPT is written with save_pretrained (Hugging Face's
 names) and loaded into the PyTorch model below, which follows LlamaForCausalLM's computation.
 
-    python bench/lm.py                    # CPU: the `small` preset (dim 128, 4 layers, context 128), PyTorch CPU
-    python bench/lm.py --gpu              # GPU: the `25m` preset (dim 512, 8 layers, context 512), PyTorch CUDA,
+    python bench/lm.py                    # CPU: the `small` preset (dim 128, 4 layers, context 128), PyTorch
+    CPU
+    python bench/lm.py --gpu              # GPU: the `25m` preset (dim 512, 8 layers, context 512), PyTorch
+    CUDA,
                                           #      TF32 off
     python bench/lm.py --preset small --batch-size 8 --steps 5 --gen-tokens 32 --out bench/results/lm_cpu.json
 """
@@ -337,8 +339,12 @@ def bench_generation(net: GPT, peer: TorchLlama, tdev: str, prompt_len: int, new
         runs["torch"].append(torch_run())
     a, b = runs["netcl"][0][2], runs["torch"][0][2]
     agree = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-    out = {"agreeing_tokens": agree, "prompt_logits_max_relative_error": logit_error, "new_tokens": new_tokens,
-           "prompt_tokens": prompt_len}
+    out = {
+        "agreeing_tokens": agree,
+        "prompt_logits_max_relative_error": logit_error,
+        "new_tokens": new_tokens,
+        "prompt_tokens": prompt_len,
+    }
     for name, rs in runs.items():
         out[f"{name}_first_token_seconds"] = median([r[0] for r in rs])
         out[f"{name}_decode_tokens_per_second"] = median([(new_tokens - 1) / r[1] for r in rs])
@@ -351,19 +357,32 @@ def main() -> int:
     ap.add_argument("--device", default=None, help="netcl device spec (default: gpu with --gpu, else auto)")
     ap.add_argument("--preset", choices=sorted(PRESETS), default=None,
                     help="model and batch of `netcl lm-train --preset` (default: 25m with --gpu, else small)")
-    ap.add_argument("--batch-size", type=at_least(1), default=None, help="training batch (default: the preset's)")
+    ap.add_argument(
+        "--batch-size", type=at_least(1), default=None, help="training batch (default: the preset's)"
+    )
     ap.add_argument("--steps", type=at_least(1), default=10, help="timed training steps (default 10)")
     ap.add_argument("--warmup", type=at_least(0), default=3, help="untimed steps first (default 3)")
-    ap.add_argument("--prompt-tokens", type=at_least(1), default=16, help="generation prompt length (default 16)")
+    ap.add_argument(
+        "--prompt-tokens", type=at_least(1), default=16, help="generation prompt length (default 16)"
+    )
     ap.add_argument("--gen-tokens", type=at_least(2), default=None,
                     help="tokens generated per run (default 256 on the GPU, 64 on the CPU)")
     ap.add_argument("--gen-repeats", type=at_least(1), default=3, help="generation runs (default 3)")
     ap.add_argument("--threads", type=at_least(1), default=2, help="PyTorch CPU threads (default 2)")
-    ap.add_argument("--profile", type=at_least(0), default=0, metavar="TOP",
-                    help="also profile one eager training step and print its TOP ops and kernels by device time")
+    ap.add_argument(
+        "--profile",
+        type=at_least(0),
+        default=0,
+        metavar="TOP",
+        help="also profile one eager training step and print its TOP ops and kernels by device time",
+    )
     ap.add_argument("--out", default=None, help="JSON path (default bench/results/lm[_gpu].json)")
     args = ap.parse_args()
-    out = Path(args.out) if args.out else Path(__file__).parent / "results" / f"lm{'_gpu' if args.gpu else ''}.json"
+    out = (
+        Path(args.out)
+        if args.out
+        else Path(__file__).parent / "results" / f"lm{'_gpu' if args.gpu else ''}.json"
+    )
     try:  # before minutes of measuring, not after
         out.parent.mkdir(parents=True, exist_ok=True)
         existed = out.exists()
@@ -403,9 +422,12 @@ def main() -> int:
     params = net.num_parameters()
     print(f"netcl on {dev.device_name} ({dev.backend}); PyTorch {torch.__version__} on "
           f"{torch.cuda.get_device_name() if tdev == 'cuda' else f'CPU, {torch.get_num_threads()} threads'}")
-    print(f"model: Llama-style GPT, {cfg.n_layers} layers, dim {cfg.dim}, {cfg.n_heads} heads, feed-forward "
-          f"{cfg.hidden_dim}, vocabulary {VOCAB}, context {context}: {params / 1e6:.2f}M parameters; training batch "
-          f"{batch} x {context} tokens")
+    print(
+        f"model: Llama-style GPT, {cfg.n_layers} layers, dim {cfg.dim}, {cfg.n_heads} heads, feed-forward "
+        f"{cfg.hidden_dim}, vocabulary {VOCAB}, context {context}: "
+        f"{params / 1e6:.2f}M parameters; training batch "
+        f"{batch} x {context} tokens"
+    )
 
     # generation first: training steps both models, netcl twice per round (recorded and eager), so their
     # weights differ afterwards
@@ -431,30 +453,58 @@ def main() -> int:
     print(f"\n{'':44} {'time':>13} {'throughput':>18} {'rate':>15} {'vs PyTorch':>10}")
     for r in rows:
         print(f"{r[0]:44} {r[1]:>13} {r[2]:>18} {r[3]:>15} {r[4]:>10}")
-    print(f"(training time = one step; generation time = to the first token, prompt {args.prompt_tokens}, then "
-          f"{gen_tokens - 1} decode steps; ratios: throughput over PyTorch's, above 1 = netcl faster)")
-    print(f"same model: first-step loss netcl {train['first_loss_netcl']:.6f}, PyTorch "
-          f"{train['first_loss_torch']:.6f}; "
-          f"prompt logits within {gen['prompt_logits_max_relative_error']:.1e} (relative to the largest); greedy "
-          f"tokens agree for the first {gen['agreeing_tokens']} of {gen_tokens}")
-    print(f"limits: a training step is {flops / 1e12:.3f} TFLOP (6 per parameter per token + attention)"
-          + (f", {flops / GPU_LIMITS[0] / 1e12 * 1e3:.1f} ms at {GPU_LIMITS[0]:.0f} TFLOP/s FP32" if args.gpu else "")
-          + f"; a decode step reads the {weight_bytes / 1e6:.0f} MB of weights"
-          + (f", {weight_bytes / GPU_LIMITS[1] / 1e12 * 1e6:.0f} us at {GPU_LIMITS[1]} TB/s "
-             f"({GPU_LIMITS[1] * 1e12 / weight_bytes:,.0f} tok/s)" if args.gpu else ""))
+    print(
+        f"(training time = one step; generation time = to the first token, prompt {args.prompt_tokens}, then "
+        f"{gen_tokens - 1} decode steps; ratios: throughput over PyTorch's, above 1 = netcl faster)"
+    )
+    print(
+        f"same model: first-step loss netcl {train['first_loss_netcl']:.6f}, PyTorch "
+        f"{train['first_loss_torch']:.6f}; "
+        f"prompt logits within {gen['prompt_logits_max_relative_error']:.1e} "
+        f"(relative to the largest); greedy "
+        f"tokens agree for the first {gen['agreeing_tokens']} of {gen_tokens}"
+    )
+    print(
+        f"limits: a training step is {flops / 1e12:.3f} TFLOP (6 per parameter per token + attention)"
+        + (
+            f", {flops / GPU_LIMITS[0] / 1e12 * 1e3:.1f} ms at {GPU_LIMITS[0]:.0f} TFLOP/s FP32"
+            if args.gpu
+            else ""
+        )
+        + f"; a decode step reads the {weight_bytes / 1e6:.0f} MB of weights"
+        + (
+            f", {weight_bytes / GPU_LIMITS[1] / 1e12 * 1e6:.0f} us at {GPU_LIMITS[1]} TB/s "
+            f"({GPU_LIMITS[1] * 1e12 / weight_bytes:,.0f} tok/s)"
+            if args.gpu
+            else ""
+        )
+    )
     result = {
-        "device": dev.device_name, "torch_device": tdev, "torch": torch.__version__, "host": platform.node(),
-        "config": cfg.to_dict(), "parameters": params, "batch": batch, "context": context,
-        "step_flops": flops, "torch_tf32": bool(torch.backends.cuda.matmul.allow_tf32), "training": train,
+        "device": dev.device_name,
+        "torch_device": tdev,
+        "torch": torch.__version__,
+        "host": platform.node(),
+        "config": cfg.to_dict(),
+        "parameters": params,
+        "batch": batch,
+        "context": context,
+        "step_flops": flops,
+        "torch_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
+        "training": train,
         "generation": gen,
-        "ratios": {"train_graph_vs_torch": train["torch_seconds"] / train["graph_seconds"],
-                   "train_eager_vs_torch": train["torch_seconds"] / train["eager_seconds"],
-                   "decode_vs_torch": gen["netcl_decode_tokens_per_second"] / gen["torch_decode_tokens_per_second"]},
+        "ratios": {
+            "train_graph_vs_torch": train["torch_seconds"] / train["graph_seconds"],
+            "train_eager_vs_torch": train["torch_seconds"] / train["eager_seconds"],
+            "decode_vs_torch": gen["netcl_decode_tokens_per_second"] / gen["torch_decode_tokens_per_second"],
+        },
     }
     if prof is not None:
         result["profile"] = prof
-        print(f"\none eager training step under netcl.profiling.profile(): {prof['device_seconds'] * 1e3:.1f} ms of "
-              f"device time\n{prof['report']}")
+        print(
+            f"\none eager training step under netcl.profiling.profile(): {prof['device_seconds'] * 1e3:.1f} "
+            f"ms of "
+            f"device time\n{prof['report']}"
+        )
     out.write_text(json.dumps(result, indent=2))
     print(f"wrote {out}")
     return 0

@@ -112,7 +112,11 @@ def main() -> int:
             step()
             q.finish()
     finally:
-        cl.enqueue_nd_range_kernel, cl.enqueue_copy, backend.Kernel._set_args = real_enqueue, real_copy, real_set_args
+        cl.enqueue_nd_range_kernel, cl.enqueue_copy, backend.Kernel._set_args = (
+            real_enqueue,
+            real_copy,
+            real_set_args,
+        )
     del real_buffer
     print(f"\nwall per step {statistics.median(walls) * 1e3:.3f} ms, "
           f"host enqueue {statistics.median(hosts) * 1e3:.3f} ms")

@@ -95,13 +95,24 @@ def main() -> int:
         print(f"{name:30s} {r['wall_off']:9.3f} {r['wall_on']:9.3f} {r['wall_on'] / r['wall_off']:6.2f} "
               f"{r['host_off']:9.3f} {r['host_on']:9.3f} {r['host_on'] / r['host_off']:6.2f} "
               f"{r['events_per_call']:7.1f}")
-    print(f"one profiled eager step: device time {prof.device_seconds * 1e3:.3f} ms in {wall * 1e3:.3f} ms wall; "
-          f"trace {trace}")
+    print(
+        f"one profiled eager step: device time "
+        f"{prof.device_seconds * 1e3:.3f} ms in {wall * 1e3:.3f} ms wall; "
+        f"trace {trace}"
+    )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"device": dev.describe(), "repeat": repeat, "rows": rows,
-                               "profiled_step": {"device_ms": prof.device_seconds * 1e3, "wall_ms": wall * 1e3}},
-                              indent=2))
+    out.write_text(
+        json.dumps(
+            {
+                "device": dev.describe(),
+                "repeat": repeat,
+                "rows": rows,
+                "profiled_step": {"device_ms": prof.device_seconds * 1e3, "wall_ms": wall * 1e3},
+            },
+            indent=2,
+        )
+    )
     print(f"wrote {out}")
     return 0
 

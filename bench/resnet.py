@@ -5,7 +5,8 @@ in one run. Table + JSON: ms/step, images/s, ratios; a per-kernel breakdown of n
 netcl's and PyTorch's first-step losses agree on the same weights and batch.
 
     python bench/resnet.py                       # CPU (PoCL): batch 32, PyTorch CPU (same thread count)
-    python bench/resnet.py --gpu                 # GPU: batches 128 and 256, PyTorch CUDA (cudnn.benchmark on, TF32 off)
+    python bench/resnet.py --gpu                 # GPU: batches 128 and 256, PyTorch CUDA (cudnn.benchmark on,
+    TF32 off)
     python bench/resnet.py --gpu --batches 128 --steps 10 --skip torch-graph --out bench/results/resnet.json
 
 Work per step: 0.56 GFLOP of forward multiply-adds per image x 2 x 3 (forward + both gradients) ~ 3.3
@@ -68,7 +69,9 @@ def timed(fn, finish, steps: int, warmup: int) -> float:
 
 def batch_data(batch: int) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(batch)
-    return rng.standard_normal((batch, 3, 32, 32)).astype(np.float32), rng.integers(0, CLASSES, batch).astype(np.int32)
+    return rng.standard_normal((batch, 3, 32, 32)).astype(np.float32), rng.integers(0, CLASSES, batch).astype(
+        np.int32
+    )
 
 
 # -- netcl ---------------------------------------------------------------------------------------------
@@ -99,9 +102,15 @@ def netcl_run(q, batch: int, steps: int, warmup: int, profile_steps: int) -> dic
     kernels = [{"kernel": r.name, "calls_per_step": r.calls / profile_steps,
                 "us_per_step": r.total / profile_steps * 1e6, "us_per_call": r.mean * 1e6, "share": r.share,
                 "gflops": r.gflops, "gbps": r.gbps} for r in rows]
-    return {"eager_ms": eager * 1e3, "graph_ms": replay * 1e3, "host_enqueue_ms": statistics.median(host) * 1e3,
-            "device_ms_per_step": prof.device_seconds / profile_steps * 1e3, "first_loss": first_loss,
-            "kernels": kernels, "_state": state}
+    return {
+        "eager_ms": eager * 1e3,
+        "graph_ms": replay * 1e3,
+        "host_enqueue_ms": statistics.median(host) * 1e3,
+        "device_ms_per_step": prof.device_seconds / profile_steps * 1e3,
+        "first_loss": first_loss,
+        "kernels": kernels,
+        "_state": state,
+    }
 
 
 # -- PyTorch -------------------------------------------------------------------------------------------
@@ -117,7 +126,9 @@ def torch_model(torch):
             self.bn2 = nn.BatchNorm2d(cout)
             self.downsample = None
             if stride != 1 or cin != cout:
-                self.downsample = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+                self.downsample = nn.Sequential(
+                    nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout)
+                )
 
         def forward(self, x):
             out = torch.relu(self.bn1(self.conv1(x)))
@@ -143,7 +154,9 @@ def torch_model(torch):
     return Net()
 
 
-def torch_run(batch: int, gpu: bool, steps: int, warmup: int, state: dict, threads: int, graphs: bool) -> dict:
+def torch_run(
+    batch: int, gpu: bool, steps: int, warmup: int, state: dict, threads: int, graphs: bool
+) -> dict:
     import torch  # noqa: PLC0415  (a peer, imported only when measured)
 
     dev = "cuda" if gpu else "cpu"
@@ -155,7 +168,9 @@ def torch_run(batch: int, gpu: bool, steps: int, warmup: int, state: dict, threa
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cudnn.benchmark = True
     model = torch_model(torch).to(dev)
-    missing, unexpected = model.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()}, strict=False)
+    missing, unexpected = model.load_state_dict(
+        {k: torch.from_numpy(v) for k, v in state.items()}, strict=False
+    )
     if unexpected or any(not k.endswith("num_batches_tracked") for k in missing):
         raise RuntimeError(f"state_dict mismatch: missing {missing[:3]}, unexpected {unexpected[:3]}")
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY)
@@ -197,7 +212,9 @@ def main() -> int:
     ap.add_argument("--batches", default=None, help="comma list (default: 128,256 with --gpu, else 32)")
     ap.add_argument("--steps", type=int, default=None, help="timed steps (default: 20 GPU, 3 CPU)")
     ap.add_argument("--warmup", type=int, default=None, help="untimed steps first (default: 3 GPU, 1 CPU)")
-    ap.add_argument("--profile-steps", type=int, default=None, help="replays profiled (default: 5 GPU, 1 CPU)")
+    ap.add_argument(
+        "--profile-steps", type=int, default=None, help="replays profiled (default: 5 GPU, 1 CPU)"
+    )
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="PyTorch CPU threads")
     ap.add_argument("--skip", default="", help="comma list of peers to skip: torch, torch-graph")
     ap.add_argument("--top", type=int, default=12, help="kernels in the printed breakdown")
@@ -247,9 +264,15 @@ def main() -> int:
         if "first_loss" in pt:
             print(f"       first-step loss on the same weights and batch: netcl {nc['first_loss']:.5f}, "
                   f"pytorch {pt['first_loss']:.5f}")
-        print(f"       step = {e['step_gflop']:.1f} GFLOP; netcl host enqueue (eager) {nc['host_enqueue_ms']:.2f} ms; "
-              f"device time of a replayed step {nc['device_ms_per_step']:.2f} ms")
-        print(f"       {'kernel':<36}{'calls':>6}{'us/step':>10}{'us/call':>9}{'share':>7}{'GFLOP/s':>9}{'GB/s':>8}")
+        print(
+            f"       step = {e['step_gflop']:.1f} GFLOP; netcl host enqueue (eager) "
+            f"{nc['host_enqueue_ms']:.2f} ms; "
+            f"device time of a replayed step {nc['device_ms_per_step']:.2f} ms"
+        )
+        print(
+            f"       {'kernel':<36}{'calls':>6}{'us/step':>10}{'us/call':>9}{'share':>7}"
+            f"{'GFLOP/s':>9}{'GB/s':>8}"
+        )
         for k in nc["kernels"][:args.top]:
             gf = f"{k['gflops']:.0f}" if k["gflops"] else ""
             gb = f"{k['gbps']:.0f}" if k["gbps"] else ""

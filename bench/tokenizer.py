@@ -35,7 +35,8 @@ MULTILINGUAL = Path(__file__).resolve().parent.parent / "tests" / "text" / "data
 
 
 def stdlib_text(megabytes: float, skip_mb: float = 0.0) -> str:
-    """The stdlib's .py files (sorted, site-packages excluded) concatenated, from skip_mb, about megabytes long."""
+    """The stdlib's .py files (sorted, site-packages excluded) concatenated, from skip_mb, about megabytes
+    long."""
     parts, size, skipped = [], 0, 0
     for path in sorted(STDLIB.rglob("*.py")):
         if "site-packages" in path.parts:
@@ -53,7 +54,8 @@ def stdlib_text(megabytes: float, skip_mb: float = 0.0) -> str:
 
 
 def prose_text() -> str:
-    """Non-code text: Python's reference docs (pydoc_data/topics.py), CPython's CJK test texts, our paragraphs."""
+    """Non-code text: Python's reference docs (pydoc_data/topics.py), CPython's CJK test texts, our
+    paragraphs."""
     parts = [(STDLIB / "pydoc_data" / "topics.py").read_text(encoding="utf-8")]
     parts += [
         p.read_text(encoding="utf-8", errors="replace")

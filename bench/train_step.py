@@ -180,7 +180,8 @@ for _ in range(4): step()
 Device[Device.DEFAULT].synchronize()
 ts = []
 for _ in range(repeat):
-    t0 = time.perf_counter(); step(); Device[Device.DEFAULT].synchronize(); ts.append(time.perf_counter() - t0)
+    t0 = time.perf_counter(); step(); Device[Device.DEFAULT].synchronize()  # noqa: E702
+    ts.append(time.perf_counter() - t0)
 print(json.dumps({{"device": Device.DEFAULT, "seconds": statistics.median(ts)}}))
 """
 
@@ -273,16 +274,21 @@ def main() -> int:
             ratio = {"pytorch": e.get("netcl_over_pytorch"), "tinygrad": e.get("netcl_over_tinygrad"),
                      "netcl graph": e.get("netcl_graph_over_pytorch")}.get(impl)
             print(
-                f"{e['model']:<6}{e['batch']:>6}  {impl:<12}{str(r.get('device', r.get('note', '-')))[:33]:<34}"
+                f"{e['model']:<6}{e['batch']:>6}  "
+                f"{impl:<12}{str(r.get('device', r.get('note', '-')))[:33]:<34}"
                 f"{(f'{ms:.2f}' if ms else '-'):>9}{(f'{1e3 / ms:.1f}' if ms else '-'):>9}"
                 f"{(f'{ratio:.2f}x' if ratio else ''):>9}"
             )
         print(
             f"      step = {e['step_gflop']:.3f} GFLOP; netcl reaches {e['netcl']['gflops']:.1f} GFLOP/s; "
-            f"{e['netcl']['launches_per_step']} launches/step, host enqueue {e['netcl']['host_enqueue_ms']:.2f} ms "
+            f"{e['netcl']['launches_per_step']} launches/step, host enqueue "
+            f"{e['netcl']['host_enqueue_ms']:.2f} ms "
             f"(graph replay {e['netcl graph']['host_enqueue_ms']:.2f} ms)"
         )
-    print("netcl/x: netcl's eager step over the peer's; on the 'netcl graph' row, the replayed step over PyTorch's")
+    print(
+        "netcl/x: netcl's eager step over the peer's; on the "
+        "'netcl graph' row, the replayed step over PyTorch's"
+    )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"repeat": repeat, "gpu": args.gpu, "rows": rows}, indent=2))

@@ -60,7 +60,10 @@ def bandwidth_rows(dev, sizes_mb, repeat):
             "h2d pageable": h2d(pageable),
             "h2d pinned": h2d(pinned),
             "h2d netcl from_host (staged)": lambda: (t._write_contiguous(pageable, pinned=True), q.finish()),
-            "h2d netcl from_host (pinned src)": lambda: (t._write_contiguous(pinned, pinned=True), q.finish()),
+            "h2d netcl from_host (pinned src)": lambda: (
+                t._write_contiguous(pinned, pinned=True),
+                q.finish(),
+            ),
             "d2h pageable": d2h(out_pageable),
             "d2h pinned": d2h(pinned),
             "d2h netcl to_host": lambda: t.to_host(),
@@ -102,8 +105,16 @@ def build_rows():
             runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
     cold, warm = runs
     return [
-        {"case": "program build, cold (compile from source)", "seconds": cold["build"], "kinds": cold["kinds"]},
-        {"case": "program build, second process (disk binary)", "seconds": warm["build"], "kinds": warm["kinds"]},
+        {
+            "case": "program build, cold (compile from source)",
+            "seconds": cold["build"],
+            "kinds": cold["kinds"],
+        },
+        {
+            "case": "program build, second process (disk binary)",
+            "seconds": warm["build"],
+            "kinds": warm["kinds"],
+        },
         {"case": "program build, same process (memory cache)", "seconds": cold["memory"]},
     ]
 

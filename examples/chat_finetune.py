@@ -47,7 +47,10 @@ def make_dialog(rng: np.random.Generator) -> list[dict[str, str]]:
     for _ in range(int(rng.integers(1, 3))):
         kind = int(rng.integers(0, 4))
         if kind == 0:
-            user, reply = str(rng.choice(["hi", "hello", "hey there"])), "Hello! Ask me a sum or a word question."
+            user, reply = (
+                str(rng.choice(["hi", "hello", "hey there"])),
+                "Hello! Ask me a sum or a word question.",
+            )
         elif kind == 1:
             a, b = (int(v) for v in rng.integers(0, 10, size=2))
             user, reply = f"What is {a} plus {b}?", f"{a} plus {b} is {a + b}."
@@ -91,8 +94,12 @@ def assistant_loss(model: GPT, ids: Tensor, targets: Tensor) -> ag.Node:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--init", default=None, help="a netcl lm-train run directory to start from (default: scratch)")
-    p.add_argument("--out", default="runs/chat-demo", help="model directory to write (default runs/chat-demo)")
+    p.add_argument(
+        "--init", default=None, help="a netcl lm-train run directory to start from (default: scratch)"
+    )
+    p.add_argument(
+        "--out", default="runs/chat-demo", help="model directory to write (default runs/chat-demo)"
+    )
     p.add_argument("--steps", type=int, default=300, help="optimizer steps (default 300)")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--lr", type=float, default=None, help="default 3e-3 from scratch, 5e-4 from --init")
@@ -120,7 +127,9 @@ def main(argv: list[str] | None = None) -> int:
             text = "\n".join(m["content"] for d in dialogs for m in d) + "\nuser\nassistant\nsystem\n"
             tokenizer = BPETokenizer.train(text, 512, special_tokens=SPECIALS, name="chat-demo")
             q = open_device(args.device).queue
-            model = GPT(q, GPTConfig(vocab_size=tokenizer.n_vocab, dim=128, n_layers=2, n_heads=4, max_seq_len=96))
+            model = GPT(
+                q, GPTConfig(vocab_size=tokenizer.n_vocab, dim=128, n_layers=2, n_heads=4, max_seq_len=96)
+            )
         chat = ChatFormat(tokenizer, "chatml")
         context = int(model.config.max_seq_len)
         ids, targets = encode_examples(chat, dialogs, context, tokenizer.special_id("<|endoftext|>"))

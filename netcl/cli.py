@@ -45,17 +45,33 @@ def cmd_devices(args: argparse.Namespace) -> int:
         c = h.capabilities
         mark = "  <- default" if h is chosen else ""
         print(f"  [{h.spec}] {h.device_name} ({c.kind}){mark}")
-        print(f"      OpenCL      {c.opencl_version.strip()} / {c.opencl_c_version.strip()}, driver {c.driver_version}")
-        print(f"      memory      global {format_bytes(c.global_mem)}, largest allocation {format_bytes(c.max_alloc)}, "
-              f"local {format_bytes(c.local_mem)}{'' if c.local_mem_dedicated else ' (emulated in global)'}")
+        print(
+            f"      OpenCL      {c.opencl_version.strip()} / {c.opencl_c_version.strip()}, driver "
+            f"{c.driver_version}"
+        )
+        print(
+            f"      memory      global {format_bytes(c.global_mem)}, largest allocation "
+            f"{format_bytes(c.max_alloc)}, "
+            f"local {format_bytes(c.local_mem)}{'' if c.local_mem_dedicated else ' (emulated in global)'}"
+        )
         print(f"      compute     {c.compute_units} units @ {c.max_clock_mhz} MHz, work-group <= "
               f"{c.max_work_group_size}, subgroups {list(c.subgroup_sizes) or 'n/a'}")
-        fp16 = "yes" if h.fp16 else ("extension only (probe failed)" if c.fp16_extension else "no (storage only)")
+        fp16 = (
+            "yes"
+            if h.fp16
+            else ("extension only (probe failed)" if c.fp16_extension else "no (storage only)")
+        )
         print(f"      precision   fp64 {'yes' if c.fp64 else 'no'}, fp16 arithmetic {fp16}")
         units = matrix_units(h)
-        print("      matrix units " + (f"mma.sync (sm_{c.nv_compute_capability[0]}{c.nv_compute_capability[1]}): "
-                                       "float16 GEMMs, TF32 for float32 under set_matmul_precision('high')"
-                                       if units else "none netcl drives (GEMMs take the portable kernels)"))
+        print(
+            "      matrix units "
+            + (
+                f"mma.sync (sm_{c.nv_compute_capability[0]}{c.nv_compute_capability[1]}): "
+                "float16 GEMMs, TF32 for float32 under set_matmul_precision('high')"
+                if units
+                else "none netcl drives (GEMMs take the portable kernels)"
+            )
+        )
         widths = ", ".join(f"{k} {v}" for k, v in c.preferred_vector_width.items())
         print(f"      vectors     {widths}")
         store = variants.verdicts(h)
@@ -81,7 +97,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
     dt = time.perf_counter() - t0
     ok = np.array_equal(back, host.T)
     print(f"randn (512, 256): mean {host.mean():+.4f}, std {host.std():.4f}")
-    print(f"round trip host -> device -> transpose -> host: {'exact' if ok else 'MISMATCH'} in {dt * 1e3:.2f} ms")
+    print(
+        f"round trip host -> device -> transpose -> host: "
+        f"{'exact' if ok else 'MISMATCH'} in {dt * 1e3:.2f} ms"
+    )
     print(f"pool: {dev.pool.stats()}")
     return 0 if ok else 1
 
@@ -101,11 +120,16 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("devices", help="list OpenCL platforms and devices").set_defaults(func=cmd_devices)
     sub.add_parser("demo", help="list devices and run a small computation").set_defaults(func=cmd_demo)
-    p = sub.add_parser("profile", help="run a Python script under the profiler: tables and a Chrome trace",
-                       description="Run SCRIPT [ARGS] as __main__ under netcl.profiling.profile(): print the device "
-                       "time per kernel, op and module scope, and write the timeline as Chrome trace-event JSON "
-                       "(open it in Perfetto or chrome://tracing).")
-    p.add_argument("--trace", default=None, help="where the trace goes (default: SCRIPT's name + .trace.json here)")
+    p = sub.add_parser(
+        "profile",
+        help="run a Python script under the profiler: tables and a Chrome trace",
+        description="Run SCRIPT [ARGS] as __main__ under netcl.profiling.profile(): print the device "
+        "time per kernel, op and module scope, and write the timeline as Chrome trace-event JSON "
+        "(open it in Perfetto or chrome://tracing).",
+    )
+    p.add_argument(
+        "--trace", default=None, help="where the trace goes (default: SCRIPT's name + .trace.json here)"
+    )
     p.add_argument("--top", type=int, default=25, help="rows per table (default 25)")
     p.add_argument("script", help="the Python script to run")
     p.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
@@ -113,7 +137,9 @@ def main(argv: list[str] | None = None) -> int:
     for module in _SUBCOMMAND_MODULES:
         module.register(sub)
     args = parser.parse_args(argv)
-    args.argv = list(sys.argv[1:] if argv is None else argv)  # what `netcl train --nproc N` starts again per rank
+    args.argv = list(
+        sys.argv[1:] if argv is None else argv
+    )  # what `netcl train --nproc N` starts again per rank
     try:
         return args.func(args)
     except NetclError as exc:

@@ -33,7 +33,9 @@ def _int(name: str, default: int, minimum: int = 0) -> int:
     try:
         value = int(raw)
     except ValueError:
-        raise ValueError(f"{name}={raw!r}: expected an integer >= {minimum} (unset it for {default})") from None
+        raise ValueError(
+            f"{name}={raw!r}: expected an integer >= {minimum} (unset it for {default})"
+        ) from None
     if value < minimum:
         raise ValueError(f"{name}={raw!r}: expected an integer >= {minimum} (unset it for {default})")
     return value
@@ -85,13 +87,21 @@ def cache_dir() -> Path:
 JIT_KNOBS: dict[str, tuple[int, int, str]] = {
     "NETCL_EW_VEC": (4, 1, "elements per vector load and store of an elementwise work-item (1, 2, 4, 8, 16)"),
     "NETCL_EW_LOCAL": (256, 1, "work-group size of elementwise kernels"),
-    "NETCL_EW_GROUPS_PER_CU": (0, 0, "elementwise work-groups per compute unit, then a grid-stride loop (0: no cap)"),
+    "NETCL_EW_GROUPS_PER_CU": (
+        0,
+        0,
+        "elementwise work-groups per compute unit, then a grid-stride loop (0: no cap)",
+    ),
     "NETCL_EW_ALIGNED": (1, 0, "1: aligned vector loads where every operand's offset allows them"),
     "NETCL_RED_GROUPS_PER_CU": (4, 1, "work-groups per compute unit of a full reduction"),
     "NETCL_RED_VEC": (4, 1, "elements per vector load of a reduction (1, 2, 4, 8, 16)"),
     "NETCL_RED_UNROLL": (4, 1, "loads in flight per reduction work-item (loop unroll)"),
     "NETCL_RED_ALIGNED": (1, 0, "1: aligned vector loads in reductions where offsets allow them"),
-    "NETCL_SOFTMAX_REG": (8, 0, "softmax rows of up to 256 x 4 x this many elements stay in registers (0: never)"),
+    "NETCL_SOFTMAX_REG": (
+        8,
+        0,
+        "softmax rows of up to 256 x 4 x this many elements stay in registers (0: never)",
+    ),
 }
 
 
@@ -100,7 +110,9 @@ def jit_knob(name: str) -> int:
     default, minimum, _ = JIT_KNOBS[name]
     value = _int(name, default, minimum)
     if name.endswith("_VEC") and value not in (1, 2, 4, 8, 16):
-        raise ValueError(f"{name}={value}: an OpenCL vector width, one of 1, 2, 4, 8, 16 (unset it for {default})")
+        raise ValueError(
+            f"{name}={value}: an OpenCL vector width, one of 1, 2, 4, 8, 16 (unset it for {default})"
+        )
     return value
 
 
@@ -120,7 +132,8 @@ def tuning_enabled() -> bool:
     return _flag("NETCL_TUNING", True)
 
 
-# -- data parallelism (netcl.distributed); `netcl run` sets NETCL_RANK, NETCL_WORLD_SIZE, NETCL_DIST_ID ---------
+# -- data parallelism (netcl.distributed); `netcl run` sets NETCL_RANK, NETCL_WORLD_SIZE, NETCL_DIST_ID
+# ---------
 def _positive_float(name: str, default: float) -> float:
     raw = env(name, "")
     if not raw.strip():
@@ -135,13 +148,16 @@ def _positive_float(name: str, default: float) -> float:
 
 
 def dist_backend() -> str | None:
-    """NETCL_DIST_BACKEND: `shm` (one host, shared memory) or `mpi` (mpi4py); None when unset (netcl.distributed
+    """NETCL_DIST_BACKEND: `shm` (one host, shared memory) or `mpi` (mpi4py); None when unset
+    (netcl.distributed
     then picks from the environment: mpiexec's variables mean mpi, `netcl run`'s mean shm)."""
     raw = env("NETCL_DIST_BACKEND", "").strip().lower()
     if raw in ("", "auto"):
         return None
     if raw not in ("shm", "mpi"):
-        raise ValueError(f"NETCL_DIST_BACKEND={raw!r}: expected shm or mpi (unset it to choose from the environment)")
+        raise ValueError(
+            f"NETCL_DIST_BACKEND={raw!r}: expected shm or mpi (unset it to choose from the environment)"
+        )
     return raw
 
 
@@ -179,5 +195,7 @@ def dist_launch() -> tuple[int, int, str] | None:
         raise ValueError(f"NETCL_RANK={rank} is not below NETCL_WORLD_SIZE={world}")
     job = env("NETCL_DIST_ID", "").strip()
     if not job or not all(c.isalnum() or c in "-_" for c in job):
-        raise ValueError(f"NETCL_DIST_ID={job!r}: expected the job id `netcl run` sets (letters, digits, - and _)")
+        raise ValueError(
+            f"NETCL_DIST_ID={job!r}: expected the job id `netcl run` sets (letters, digits, - and _)"
+        )
     return rank, world, job

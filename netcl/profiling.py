@@ -220,7 +220,8 @@ def call_module(module: Any, args: tuple, kwargs: dict) -> Any:
 
 @contextlib.contextmanager
 def scope(name: str) -> Iterator[None]:
-    """Label the launches inside with `name` (a span on the host track of a trace); cheap when not profiling."""
+    """Label the launches inside with `name` (a span on the host track of a trace); cheap when not
+    profiling."""
     if not active:
         yield
         return
@@ -278,8 +279,22 @@ def launched(kernel: Any, queue: Any, event: Any, t0: int | None, site_info: tup
     else:  # a graph replay: the op and scope recorded at capture
         op, scope_label, declared = site_info
     flops, nbytes = declared if declared is not None else (None, None)
-    rec = ["kernel", kernel.name, op, scope_label, queue, event, t0 if t0 is not None else t1, t1, flops, nbytes,
-           threading.get_ident(), 0, 0, 0]
+    rec = [
+        "kernel",
+        kernel.name,
+        op,
+        scope_label,
+        queue,
+        event,
+        t0 if t0 is not None else t1,
+        t1,
+        flops,
+        nbytes,
+        threading.get_ident(),
+        0,
+        0,
+        0,
+    ]
     for s in _targets(queue):
         s._add(rec)
 
@@ -305,8 +320,22 @@ def copied(queue: Any, event: Any, t0: int | None, dst: Any, src: Any, kwargs: d
 def filled(queue: Any, event: Any, t0: int | None, nbytes: int) -> None:
     """A fill (enqueue_fill_buffer) was enqueued (graph replays)."""
     t1 = _now()
-    rec = ["fill", "fill", current_op(3), current_scope(), queue, event, t0 if t0 is not None else t1, t1, None,
-           float(nbytes), threading.get_ident(), 0, 0, 0]
+    rec = [
+        "fill",
+        "fill",
+        current_op(3),
+        current_scope(),
+        queue,
+        event,
+        t0 if t0 is not None else t1,
+        t1,
+        None,
+        float(nbytes),
+        threading.get_ident(),
+        0,
+        0,
+        0,
+    ]
     for s in _targets(queue):
         s._add(rec)
 
@@ -348,7 +377,9 @@ class Profile:
         self._host: list[tuple] = []
         # (kind, name, op, scope) -> [calls, ns, flops, ns with flops, bytes, ns with bytes]
         self._agg: dict[tuple, list] = defaultdict(lambda: [0, 0, 0.0, 0, 0.0, 0])
-        self._calib: dict[int, list] = {}  # id(queue) -> [queue label, lower, upper, samples, min(t0 - start)]
+        self._calib: dict[
+            int, list
+        ] = {}  # id(queue) -> [queue label, lower, upper, samples, min(t0 - start)]
         self._queue_names: dict[int, tuple[str, str]] = {}
         self._lock = threading.Lock()
         self.t_start = self.t_end = 0
@@ -490,8 +521,10 @@ class Profile:
             for r in shown:
                 gf = f"{r.gflops:8.1f}" if r.gflops is not None else f"{'':8}"
                 gb = f"{r.gbps:8.1f}" if r.gbps is not None else f"{'':8}"
-                lines.append(f"{r.name[:width]:<{width}}  {r.calls:>7}  {r.total * 1e3:>9.3f}  {r.mean * 1e6:>9.1f}  "
-                             f"{r.share * 100:>5.1f}%  {gf}  {gb}")
+                lines.append(
+                    f"{r.name[:width]:<{width}}  {r.calls:>7}  {r.total * 1e3:>9.3f}  {r.mean * 1e6:>9.1f}  "
+                    f"{r.share * 100:>5.1f}%  {gf}  {gb}"
+                )
             if len(rows) > len(shown):
                 rest = rows[len(shown):]
                 lines.append(f"{'(' + str(len(rest)) + ' more)':<{width}}  {sum(r.calls for r in rest):>7}  "
@@ -499,9 +532,13 @@ class Profile:
             parts.append("\n".join(lines))
         total = self.device_seconds
         wall = ((self.t_end or _now()) - self.t_start) * 1e-9 if self.t_start else 0.0
-        footer = f"device time {total * 1e3:.3f} ms" + (f" in {wall * 1e3:.1f} ms of wall time" if wall else "")
+        footer = f"device time {total * 1e3:.3f} ms" + (
+            f" in {wall * 1e3:.1f} ms of wall time" if wall else ""
+        )
         if self._dropped:
-            footer += f"; the timeline kept the first {self.max_events} of {self.max_events + self._dropped} events"
+            footer += (
+                f"; the timeline kept the first {self.max_events} of {self.max_events + self._dropped} events"
+            )
         text = "\n\n".join(parts) + "\n" + footer
         print(text, file=file)
         return text
@@ -527,10 +564,22 @@ class Profile:
                 off = self._offset(rec[_Q])
                 start = rec[_START] + off if rec[_END] else None
                 end = rec[_END] + off if rec[_END] else None
-                out.append({"kind": rec[_KIND], "name": rec[_NAME], "op": rec[_OP_], "scope": rec[_SCOPE],
-                            "queue": self._queue_names.get(rec[_Q], ("?", "?")), "t0": rec[_T0], "t1": rec[_T1],
-                            "start": start, "end": end, "flops": rec[_FLOPS], "bytes": rec[_BYTES],
-                            "thread": rec[_TID]})
+                out.append(
+                    {
+                        "kind": rec[_KIND],
+                        "name": rec[_NAME],
+                        "op": rec[_OP_],
+                        "scope": rec[_SCOPE],
+                        "queue": self._queue_names.get(rec[_Q], ("?", "?")),
+                        "t0": rec[_T0],
+                        "t1": rec[_T1],
+                        "start": start,
+                        "end": end,
+                        "flops": rec[_FLOPS],
+                        "bytes": rec[_BYTES],
+                        "thread": rec[_TID],
+                    }
+                )
         return out
 
     def host_spans(self) -> list[tuple]:
@@ -570,9 +619,18 @@ class Profile:
                 args["bytes"] = int(s["bytes"])
             if s["flops"] is not None:
                 args["flops"] = int(s["flops"])
-            host_events.append({"name": s["name"], "cat": "enqueue", "ph": "X", "pid": 1, "tid": tid_of(s["thread"]),
-                                 "ts": round((s["t0"] - origin) * us, 3),
-                                 "dur": round(max(s["t1"] - s["t0"], 0) * us, 3), "args": {"op": s["op"]}})
+            host_events.append(
+                {
+                    "name": s["name"],
+                    "cat": "enqueue",
+                    "ph": "X",
+                    "pid": 1,
+                    "tid": tid_of(s["thread"]),
+                    "ts": round((s["t0"] - origin) * us, 3),
+                    "dur": round(max(s["t1"] - s["t0"], 0) * us, 3),
+                    "args": {"op": s["op"]},
+                }
+            )
             if s["start"] is None:
                 continue
             dev_name, qname = s["queue"]
@@ -586,7 +644,9 @@ class Profile:
             device_events.append({"name": s["name"], "cat": s["kind"], "ph": "X", "pid": pid, "tid": tid,
                                   "ts": round(ts, 3), "dur": round(end - ts, 3), "args": args})
         events.append({"name": "process_name", "ph": "M", "pid": 1, "tid": 0, "args": {"name": "netcl host"}})
-        events.append({"name": "process_sort_index", "ph": "M", "pid": 1, "tid": 0, "args": {"sort_index": 0}})
+        events.append(
+            {"name": "process_sort_index", "ph": "M", "pid": 1, "tid": 0, "args": {"sort_index": 0}}
+        )
         for ident, tid in threads.items():
             tname = next((t.name for t in threading.enumerate() if t.ident == ident), f"thread {ident}")
             events.append({"name": "thread_name", "ph": "M", "pid": 1, "tid": tid,
@@ -671,8 +731,14 @@ if config.profiling():
     atexit.register(_report_at_exit)
 
 
-def run_script(path: str, argv: list[str], trace: str | Path | None, by: tuple[str, ...] = ("kernel", "op", "scope"),
-               file: Any = None, top: int = 25) -> tuple[int, Profile]:
+def run_script(
+    path: str,
+    argv: list[str],
+    trace: str | Path | None,
+    by: tuple[str, ...] = ("kernel", "op", "scope"),
+    file: Any = None,
+    top: int = 25,
+) -> tuple[int, Profile]:
     """Run the Python script `path` with `argv` as __main__ under a profile; print its tables to `file`
     (stderr by default) and write its trace to `trace`. Returns (exit status, profile)."""
     out = file if file is not None else sys.stderr

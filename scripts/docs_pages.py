@@ -31,7 +31,9 @@ def load_runner():
 
 def main(argv: list[str]) -> int:
     runner = load_runner()
-    pages = argv or sorted(p.relative_to(DOCS).as_posix() for p in DOCS.rglob("*.md") if "hooks" not in p.parts)
+    pages = argv or sorted(
+        p.relative_to(DOCS).as_posix() for p in DOCS.rglob("*.md") if "hooks" not in p.parts
+    )
     failed = []
     for page in pages:
         markdown = (DOCS / page).read_text()
@@ -51,7 +53,10 @@ def main(argv: list[str]) -> int:
             if result["figures"]:
                 print(f"--- line {block.line}: {len(result['figures'])} figure(s)")
         print(f"({time.perf_counter() - start:.1f} s)", flush=True)
-    print(f"{len(pages) - len(failed)} pages ran, {len(failed)} failed" + (f": {', '.join(failed)}" if failed else ""))
+    print(
+        f"{len(pages) - len(failed)} pages ran, {len(failed)} failed"
+        + (f": {', '.join(failed)}" if failed else "")
+    )
     return 1 if failed else 0
 
 

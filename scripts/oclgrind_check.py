@@ -87,7 +87,9 @@ def main(argv: list[str] | None = None) -> int:
         # (pyopencl looks up attributes such as `_source` as kernel names: not netcl's launches)
         if block.startswith("Oclgrind - ") and "clGetDeviceInfo" not in block and "Kernel '_" not in block:
             head = block.splitlines()[0]
-            function = next((ln.split(":", 1)[1].strip() for ln in block.splitlines() if "Function:" in ln), "?")
+            function = next(
+                (ln.split(":", 1)[1].strip() for ln in block.splitlines() if "Function:" in ln), "?"
+            )
             diagnostics.append((head, function, "\n".join(block.splitlines()[:6])))
     known = kernels_in_package()
     print(f"\nkernels launched under Oclgrind: {sum(launched.values())} launches of {len(launched)} kernels")

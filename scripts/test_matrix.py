@@ -85,7 +85,9 @@ def configurations(empty_vendors: Path) -> list[Config]:
     base = {k: v for k, v in os.environ.items() if k not in ("OCL_ICD_VENDORS", "OCL_ICD_FILENAMES")}
     configs = []
     if pypi_pocl():
-        configs.append(Config("pocl-pypi", "PyPI's PoCL alone", {**base, "OCL_ICD_VENDORS": str(empty_vendors)}))
+        configs.append(
+            Config("pocl-pypi", "PyPI's PoCL alone", {**base, "OCL_ICD_VENDORS": str(empty_vendors)})
+        )
     systems = system_pocls()
     for icd in systems:
         suffix = "" if len(systems) == 1 else f"-{icd.stem}"
@@ -94,9 +96,14 @@ def configurations(empty_vendors: Path) -> list[Config]:
     for icd in systems:
         suffix = "" if len(systems) == 1 else f"-{icd.stem}"
         for target in pocl_targets(icd):
-            configs.append(Config(f"pocl-system{suffix}@{target}", f"the kernel tests, system PoCL forced to {target}",
-                                  {**base, "OCL_ICD_VENDORS": str(icd), "POCL_KERNELLIB_NAME": target},
-                                  list(KERNEL_TESTS)))
+            configs.append(
+                Config(
+                    f"pocl-system{suffix}@{target}",
+                    f"the kernel tests, system PoCL forced to {target}",
+                    {**base, "OCL_ICD_VENDORS": str(icd), "POCL_KERNELLIB_NAME": target},
+                    list(KERNEL_TESTS),
+                )
+            )
     if not configs:
         configs.append(Config("default", "the OpenCL drivers as installed", dict(os.environ)))
     return configs
@@ -112,7 +119,9 @@ def progress(log: Path) -> str:
 
 def summary(log: Path) -> str:
     text = log.read_text(errors="replace") if log.exists() else ""
-    lines = [ln.strip("= ") for ln in text.splitlines() if re.search(r"\b(passed|failed|error|no tests ran)\b", ln)]
+    lines = [
+        ln.strip("= ") for ln in text.splitlines() if re.search(r"\b(passed|failed|error|no tests ran)\b", ln)
+    ]
     return lines[-1] if lines else "(no pytest summary: see the log)"
 
 
@@ -132,7 +141,15 @@ def main(argv: list[str]) -> int:
         while pending and len(running) < jobs:
             c = pending.pop(0)
             c.log = logs / f"{c.name.replace('@', '-at-')}.log"
-            cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *c.tests, *argv]  # -q from pyproject
+            cmd = [
+                sys.executable,
+                "-m",
+                "pytest",
+                "-p",
+                "no:cacheprovider",
+                *c.tests,
+                *argv,
+            ]  # -q from pyproject
             c.started = time.time()
             with open(c.log, "w") as f:
                 c.proc = subprocess.Popen(cmd, cwd=ROOT, env=c.env, stdout=f, stderr=subprocess.STDOUT)

@@ -28,7 +28,11 @@ def render(trace: dict, title: str, until: float | None = None) -> str:
     """One SVG panel of the trace from 0 to `until` microseconds (default: its end)."""
     events = trace["traceEvents"]
     procs = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
-    threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    threads = {
+        (e["pid"], e["tid"]): e["args"]["name"]
+        for e in events
+        if e["ph"] == "M" and e["name"] == "thread_name"
+    }
     slices = [e for e in events if e["ph"] == "X" and (until is None or e["ts"] < until)]
     end = until or max((e["ts"] + e["dur"] for e in slices), default=1.0) or 1.0
     if until is not None:
@@ -53,8 +57,10 @@ def render(trace: dict, title: str, until: float | None = None) -> str:
         for d, e in placed:
             x, w = LABEL + e["ts"] * scale, max(e["dur"] * scale, 0.8)
             tip = f'{e["name"]} {e["dur"] / 1000:.3f} ms ' + json.dumps(e.get("args", {}))
-            body.append(f'<g><title>{html.escape(tip)}</title><rect x="{x:.2f}" y="{y + d * ROW}" width="{w:.2f}" '
-                        f'height="{ROW - 2}" fill="{color(e["name"])}" stroke="#555" stroke-width="0.3"/>')
+            body.append(
+                f'<g><title>{html.escape(tip)}</title><rect x="{x:.2f}" y="{y + d * ROW}" width="{w:.2f}" '
+                f'height="{ROW - 2}" fill="{color(e["name"])}" stroke="#555" stroke-width="0.3"/>'
+            )
             if w > 7 * len(e["name"][:40]) * 0.9:
                 body.append(f'<text x="{x + 3:.2f}" y="{y + d * ROW + 12}" class="slice">'
                             f'{html.escape(e["name"][:40])}</text>')

@@ -18,8 +18,10 @@ def test_readme_lists_every_jit_knob_with_its_default():
         assert rows.get(name) == str(default), f"README's knob table: {name}"
 
 
-@pytest.mark.parametrize("value,match", [("abc", "expected an integer >= 1"), ("-2", "expected an integer >= 1"),
-                                         ("3", "one of 1, 2, 4, 8, 16")])
+@pytest.mark.parametrize(
+    "value,match",
+    [("abc", "expected an integer >= 1"), ("-2", "expected an integer >= 1"), ("3", "one of 1, 2, 4, 8, 16")],
+)
 def test_a_bad_knob_value_is_an_error_naming_it(monkeypatch, value, match):
     monkeypatch.setenv("NETCL_EW_VEC", value)
     with pytest.raises(ValueError, match=f"NETCL_EW_VEC={value!r}|NETCL_EW_VEC={value}") as err:

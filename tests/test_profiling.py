@@ -51,7 +51,9 @@ def test_launch_timings_lie_inside_a_synchronous_run(queue, batch):
     opt = optim.AdamW(model.parameters(), lr=1e-2)
     _step(model, opt, *batch)
     queue.finish()
-    assert queue.timed == queue.profiling  # the default queue is made without event timing (NETCL_PROFILE unset) ...
+    assert (
+        queue.timed == queue.profiling
+    )  # the default queue is made without event timing (NETCL_PROFILE unset) ...
     t0 = time.perf_counter_ns()
     with profiling.profile() as prof:
         for _ in range(2):
@@ -96,7 +98,10 @@ def test_ops_and_module_scopes_label_launches(queue, batch):
     with profiling.profile() as prof2, profiling.scope("my block"):
         ops.sum(batch[0]).to_host()
     assert {s["scope"] for s in prof2.device_spans()} == {"my block"}
-    with profiling.profile() as prof3, profiling.scope("step"):  # modules inside a user scope keep their names
+    with (
+        profiling.profile() as prof3,
+        profiling.scope("step"),
+    ):  # modules inside a user scope keep their names
         model(ag.tensor(batch[0])).value.to_host()
     assert {"step", "Sequential", "0 (Linear)", "2 (Linear)"} <= {name for name, *_ in prof3.host_spans()}
 

@@ -135,8 +135,10 @@ def run_page(name: str, markdown: str, workdir: Path | None = None) -> list[dict
                     with contextlib.redirect_stdout(out):
                         exec(compile(b.code, f"{name}:{b.line}", "exec"), namespace)
                 except Exception as exc:
-                    raise BlockError(f"{name}, the code block at line {b.line} raised "
-                                     f"{type(exc).__name__}: {exc}\n--- its output so far:\n{out.getvalue()}") from exc
+                    raise BlockError(
+                        f"{name}, the code block at line {b.line} raised "
+                        f"{type(exc).__name__}: {exc}\n--- its output so far:\n{out.getvalue()}"
+                    ) from exc
                 results.append({"stdout": out.getvalue(), "figures": _figures()})
         finally:
             os.chdir(old_cwd)

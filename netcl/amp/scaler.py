@@ -105,7 +105,9 @@ class GradScaler:
                             f"{type(outputs).__name__}")
         self._lazy_init(value.queue)
         if isinstance(outputs, Node) and outputs.requires_grad:
-            with Tape():  # recorded even after the forward's tape closed (`tape.backward(scaler.scale(loss))`)
+            with (
+                Tape()
+            ):  # recorded even after the forward's tape closed (`tape.backward(scaler.scale(loss))`)
                 return outputs * self._scale
         return outputs * self._scale
 
@@ -119,12 +121,16 @@ class GradScaler:
             return
         stage = self._stage.get(id(optimizer))
         if stage == "unscaled":
-            raise NetclError("GradScaler.unscale_() has already been called on this optimizer since the last update()")
+            raise NetclError(
+                "GradScaler.unscale_() has already been called on this optimizer since the last update()"
+            )
         if stage == "stepped":
             raise NetclError("GradScaler.unscale_() is being called after step(); call update() first")
         grads = self._grads(optimizer)
         if self._scale is None:
-            raise NetclError("GradScaler.unscale_: scale() was never called, so there is no scaled loss to undo")
+            raise NetclError(
+                "GradScaler.unscale_: scale() was never called, so there is no scaled loss to undo"
+            )
         flag = self._found_inf.get(id(optimizer))
         if flag is None:
             with capture.capture_paused():
@@ -140,7 +146,9 @@ class GradScaler:
             optimizer.step()
             return
         if self._stage.get(id(optimizer)) == "stepped":
-            raise NetclError("GradScaler.step() has already been called on this optimizer since the last update()")
+            raise NetclError(
+                "GradScaler.step() has already been called on this optimizer since the last update()"
+            )
         if self._stage.get(id(optimizer)) != "unscaled":
             self.unscale_(optimizer)
         flag = self._found_inf[id(optimizer)]
@@ -197,7 +205,9 @@ class GradScaler:
         disabled)."""
         if not self._enabled:
             return {}
-        tracker = int(self._growth_tracker.to_host()[0]) if self._growth_tracker is not None else self._init_tracker
+        tracker = (
+            int(self._growth_tracker.to_host()[0]) if self._growth_tracker is not None else self._init_tracker
+        )
         return {"scale": self.get_scale(), "growth_factor": float(self._growth_factor),
                 "backoff_factor": float(self._backoff_factor), "growth_interval": int(self._growth_interval),
                 "_growth_tracker": tracker}
@@ -207,7 +217,9 @@ class GradScaler:
         if not self._enabled:
             return
         if not isinstance(state_dict, dict) or not state_dict:
-            raise ValueError("GradScaler.load_state_dict: expected the non-empty dict GradScaler.state_dict() returns")
+            raise ValueError(
+                "GradScaler.load_state_dict: expected the non-empty dict GradScaler.state_dict() returns"
+            )
         need = ("scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker")
         missing = [k for k in need if k not in state_dict]
         if missing:

@@ -11,7 +11,17 @@ Every elementwise function of netcl.ops is an op here, its derivative from netcl
 nnops.py, loss.py), calling the backward kernels of netcl.ops. Reduced losses are Tensors of shape (1,).
 """
 
-from netcl.autograd import attention, elementwise, engine, loss, movement, nnops, operators, reduce, transformer
+from netcl.autograd import (
+    attention,
+    elementwise,
+    engine,
+    loss,
+    movement,
+    nnops,
+    operators,
+    reduce,
+    transformer,
+)
 from netcl.autograd.attention import *  # noqa: F403
 from netcl.autograd.elementwise import *  # noqa: F403  (every elementwise op of netcl.ops, on Nodes)
 from netcl.autograd.engine import *  # noqa: F403

@@ -23,9 +23,18 @@ def _constant(x: Any) -> Any:
     return x.value if isinstance(x, Node) else x
 
 
-def flash_attention(q: Node, k: Node, v: Node, *, causal: bool = False, scale: float | None = None,
-                    mask: Node | Tensor | None = None, dropout_p: float = 0.0, generator: Generator | None = None,
-                    kv_len: Tensor | None = None) -> Node:
+def flash_attention(
+    q: Node,
+    k: Node,
+    v: Node,
+    *,
+    causal: bool = False,
+    scale: float | None = None,
+    mask: Node | Tensor | None = None,
+    dropout_p: float = 0.0,
+    generator: Generator | None = None,
+    kv_len: Tensor | None = None,
+) -> Node:
     """softmax(q k^T * scale + mask) v on (B, Hq, Sq, D) queries and (B, Hkv, Sk, D) keys and values, as
     netcl.ops.flash_attention (its docstring has the options); gradients for whichever of q, k, v require
     them."""
@@ -40,8 +49,21 @@ def flash_attention(q: Node, k: Node, v: Node, *, causal: bool = False, scale: f
 
     def backward(g: Tensor):
         dq, dk, dv = attn.flash_attention_backward(
-            qv, kv, vv, out, lse, g, causal=causal, scale=scale, mask=mask, dropout_p=dropout_p, kv_len=kv_len,
-            dropout_draw=draw, need_dq=q.requires_grad, need_dkv=k.requires_grad or v.requires_grad)
+            qv,
+            kv,
+            vv,
+            out,
+            lse,
+            g,
+            causal=causal,
+            scale=scale,
+            mask=mask,
+            dropout_p=dropout_p,
+            kv_len=kv_len,
+            dropout_draw=draw,
+            need_dq=q.requires_grad,
+            need_dkv=k.requires_grad or v.requires_grad,
+        )
         return dq, (dk if k.requires_grad else None), (dv if v.requires_grad else None)
 
     return record(out, (q, k, v), backward, "flash_attention")

@@ -192,7 +192,9 @@ def differentiable(fn: Callable[..., Tensor], gradient: str = "") -> Callable[..
     op.__name__ = op.__qualname__ = name
     op.__module__ = __name__
     summary = (fn.__doc__ or f"Elementwise {name}.").strip()
-    op.__doc__ = f"{summary}\n\nOn Nodes: differentiable, the gradient from netcl.jit.autodiff's table. {gradient}"
+    op.__doc__ = (
+        f"{summary}\n\nOn Nodes: differentiable, the gradient from netcl.jit.autodiff's table. {gradient}"
+    )
     op.__signature__ = _node_signature(fn)  # type: ignore[attr-defined]
     return op
 
@@ -237,6 +239,8 @@ _CONVENTIONS = {
     "cast": "The gradient is cast back to the input's dtype; an integer result records none.",
 }
 OPS = tuple(name for name in ops_elementwise.__all__ if name != "broadcast_shapes")
-globals().update({name: differentiable(getattr(ops_elementwise, name), _CONVENTIONS.get(name, "")) for name in OPS})
+globals().update(
+    {name: differentiable(getattr(ops_elementwise, name), _CONVENTIONS.get(name, "")) for name in OPS}
+)
 
 __all__ = ["apply", "differentiable", "dropout", "sum_to_shape", *OPS]

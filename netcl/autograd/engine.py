@@ -186,7 +186,8 @@ def tensor(t: Tensor | Node, requires_grad: bool = False) -> Node:
         return t
     if not isinstance(t, Tensor):
         raise TypeError(
-            f"ag.tensor wraps a netcl Tensor, got {type(t).__name__}; make one with Tensor.from_host(q, array)"
+            f"ag.tensor wraps a netcl Tensor, got {type(t).__name__}; "
+            f"make one with Tensor.from_host(q, array)"
         )
     return Node(t, requires_grad=requires_grad)
 
@@ -295,7 +296,8 @@ def backward(root: Node, grad: Tensor | None = None, retain_graph: bool = False,
     if not root.requires_grad:
         raise NetclError(
             "backward: this node does not require grad, so nothing was recorded. Run the forward pass "
-            "inside `with ag.Tape() as tape:` with at least one parameter or ag.tensor(..., requires_grad=True)"
+            "inside `with ag.Tape() as tape:` with at least one parameter or ag.tensor(..., "
+            "requires_grad=True)"
         )
     if root._freed:
         raise NetclError(_FREED.format(op=root._op))
@@ -311,7 +313,9 @@ def backward(root: Node, grad: Tensor | None = None, retain_graph: bool = False,
     elif grad.shape != root.shape:
         raise ShapeError(f"backward: grad of shape {grad.shape} does not match the output shape {root.shape}")
     elif not dtypes.is_floating(grad.dtype):
-        raise DTypeError(f"backward: grad must be floating point like the output ({root.dtype}), got {grad.dtype}")
+        raise DTypeError(
+            f"backward: grad must be floating point like the output ({root.dtype}), got {grad.dtype}"
+        )
     order = _topological_order(root)
     freed = next((n for n in order if n._freed), None)
     if freed is not None:  # checked before any rule runs: a refused backward changes nothing
@@ -424,8 +428,10 @@ class Tape:
         reached = {id(n) for n in _topological_order(loss)} if isinstance(loss, Node) else set()
         unused = [i for i, n in enumerate(wrt) if id(n) not in reached]
         if unused and not allow_unused:
-            raise NetclError(f"gradient: wrt{unused} is not used in computing the loss (pass allow_unused=True "
-                             "to get None for it)")
+            raise NetclError(
+                f"gradient: wrt{unused} is not used in computing the loss (pass allow_unused=True "
+                "to get None for it)"
+            )
         saved = [n.grad for n in wrt]
         for n in wrt:
             n.grad = None

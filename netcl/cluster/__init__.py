@@ -14,4 +14,11 @@ from netcl.cluster.kmeans import ConvergenceWarning, KMeans, NotFittedError
 from netcl.cluster.minibatch import MiniBatchKMeans
 from netcl.cluster.seeding import kmeans_plusplus
 
-__all__ = ["ConvergenceWarning", "KMeans", "MiniBatchKMeans", "NonFiniteError", "NotFittedError", "kmeans_plusplus"]
+__all__ = [
+    "ConvergenceWarning",
+    "KMeans",
+    "MiniBatchKMeans",
+    "NonFiniteError",
+    "NotFittedError",
+    "kmeans_plusplus",
+]

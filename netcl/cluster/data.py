@@ -55,8 +55,10 @@ def resolve_queue(X: Any, device: Any) -> Queue:
                         f"{type(device).__name__}")
     if isinstance(X, Tensor):
         if chosen is not None and chosen.device is not X.device:
-            raise DeviceMismatchError(f"the data lives on {X.device.describe()} but device={device!r} is "
-                                      f"{chosen.device.describe()}; move it with `.to(queue)` or drop device=")
+            raise DeviceMismatchError(
+                f"the data lives on {X.device.describe()} but device={device!r} is "
+                f"{chosen.device.describe()}; move it with `.to(queue)` or drop device="
+            )
         return X.queue
     return chosen if chosen is not None else manager.default("auto").queue
 
@@ -99,14 +101,18 @@ def host_array(X: Any, device: Any, what: str = "X", n_features: int | None = No
     check_features(arr.shape, what, n_features)
     bad = _first_bad_row(arr)
     if bad is not None:
-        raise NonFiniteError(f"{what} holds NaN or infinity in row {bad} (of {arr.shape[0]}); remove or impute "
-                             "those rows before clustering")
+        raise NonFiniteError(
+            f"{what} holds NaN or infinity in row {bad} (of {arr.shape[0]}); remove or impute "
+            "those rows before clustering"
+        )
     return arr
 
 
 def check_features(shape: tuple[int, ...], what: str, n_features: int | None) -> None:
     if shape[0] == 0 or shape[1] == 0:
-        raise ShapeError(f"{what} of shape {tuple(shape)} is empty: k-means needs at least one sample and feature")
+        raise ShapeError(
+            f"{what} of shape {tuple(shape)} is empty: k-means needs at least one sample and feature"
+        )
     if n_features is not None and shape[1] != n_features:
         raise ShapeError(f"{what} has {shape[1]} features, but the estimator was fitted with {n_features}")
 
@@ -183,7 +189,9 @@ class DeviceData(Data):
             out = Tensor.empty(self.queue, (len(idx), self.d), self.dtype)
         if len(idx):
             shift_t = None if shift is None else Tensor.from_host(self.queue, shift)
-            kmeans_copy_rows(self.x, Tensor.from_host(self.queue, np.asarray(idx, np.int32)), out, shift=shift_t)
+            kmeans_copy_rows(
+                self.x, Tensor.from_host(self.queue, np.asarray(idx, np.int32)), out, shift=shift_t
+            )
         return out
 
     def mean(self) -> np.ndarray:
@@ -309,8 +317,10 @@ def check_weights(sample_weight: Any, data: Data) -> tuple[Tensor | None, np.nda
         return None, None
     if isinstance(sample_weight, Tensor):
         if sample_weight.queue.device is not data.queue.device:
-            raise DeviceMismatchError(f"sample_weight lives on {sample_weight.device.describe()} but the data on "
-                                      f"{data.queue.device.describe()}")
+            raise DeviceMismatchError(
+                f"sample_weight lives on {sample_weight.device.describe()} but the data on "
+                f"{data.queue.device.describe()}"
+            )
         sample_weight = sample_weight.to_host()
     w = np.asarray(sample_weight)
     if w.ndim == 0:
@@ -323,7 +333,9 @@ def check_weights(sample_weight: Any, data: Data) -> tuple[Tensor | None, np.nda
     if not np.isfinite(w).all():
         raise NonFiniteError(f"sample_weight holds NaN or infinity at index {int(np.argmin(np.isfinite(w)))}")
     if (w < 0).any():
-        raise ValueError(f"sample_weight must be non-negative, got {w[w < 0][0]} at index {int(np.argmax(w < 0))}")
+        raise ValueError(
+            f"sample_weight must be non-negative, got {w[w < 0][0]} at index {int(np.argmax(w < 0))}"
+        )
     if not w.sum() > 0:
         raise ValueError("sample_weight must not be all zero")
     return Tensor.from_host(data.queue, w), w

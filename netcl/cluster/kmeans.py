@@ -91,9 +91,13 @@ class BaseKMeans:
 
     def __repr__(self) -> str:
         defaults = {p.name: p.default for p in inspect.signature(type(self).__init__).parameters.values()}
-        changed = [f"{k}={v!r}" for k, v in self.get_params().items()
-                   if not (isinstance(defaults.get(k), str) and defaults.get(k) == v) and defaults.get(k) is not v
-                   and not (np.isscalar(v) and np.isscalar(defaults.get(k)) and v == defaults.get(k))]
+        changed = [
+            f"{k}={v!r}"
+            for k, v in self.get_params().items()
+            if not (isinstance(defaults.get(k), str) and defaults.get(k) == v)
+            and defaults.get(k) is not v
+            and not (np.isscalar(v) and np.isscalar(defaults.get(k)) and v == defaults.get(k))
+        ]
         return f"{type(self).__name__}({', '.join(changed)})"
 
     # -- checks ------------------------------------------------------------------------------------
@@ -109,8 +113,10 @@ class BaseKMeans:
                 raise ValueError(f"init must be 'k-means++', 'random' or an array of shape (n_clusters, "
                                  f"n_features), got {self.init!r}")
         elif callable(self.init) or self.init is None:
-            raise ValueError("init must be 'k-means++', 'random' or an array of shape (n_clusters, n_features); "
-                             "netcl takes no callable: call it and pass its centers")
+            raise ValueError(
+                "init must be 'k-means++', 'random' or an array of shape (n_clusters, n_features); "
+                "netcl takes no callable: call it and pass its centers"
+            )
         if self.chunk_rows is not None:
             check_int("chunk_rows", self.chunk_rows, 1)
         if self.variant not in (None, "cpu", "gpu"):
@@ -140,7 +146,11 @@ class BaseKMeans:
 
     def _new_data(self, X: Any) -> Data:
         self._check_fitted()
-        queue = self._queue if (self.device is None and not isinstance(X, Tensor)) else resolve_queue(X, self.device)
+        queue = (
+            self._queue
+            if (self.device is None and not isinstance(X, Tensor))
+            else resolve_queue(X, self.device)
+        )
         return as_data(X, queue, self.chunk_rows, n_features=self.n_features_in_, dtype=self._dtype)
 
     def _set_fitted(self, data: Data, centers_centred: np.ndarray, mean: np.ndarray) -> None:
@@ -236,9 +246,17 @@ class LloydBuffers:
     def make(cls, plan: KMeansPlan) -> LloydBuffers:
         q, n, k, d = plan.queue, plan.n, plan.k, plan.d
         centers = Tensor.empty(q, (k, d), plan.dtype)
-        return cls(plan, Tensor.empty(q, (n,), np.int32), Tensor.empty(q, (n,), plan.dtype),
-                   Tensor.empty(q, (1,), np.int32), kmeans_partials(plan), Tensor.empty(q, (k, d), plan.dtype),
-                   Tensor.empty(q, (2 * k + 1,), plan.dtype), kmeans_pack(plan, centers), centers)
+        return cls(
+            plan,
+            Tensor.empty(q, (n,), np.int32),
+            Tensor.empty(q, (n,), plan.dtype),
+            Tensor.empty(q, (1,), np.int32),
+            kmeans_partials(plan),
+            Tensor.empty(q, (k, d), plan.dtype),
+            Tensor.empty(q, (2 * k + 1,), plan.dtype),
+            kmeans_pack(plan, centers),
+            centers,
+        )
 
 
 def relocate_empty_clusters(sums: np.ndarray, weight: np.ndarray, dist: np.ndarray, labels: np.ndarray,
@@ -350,7 +368,9 @@ class KMeans(BaseKMeans):
         """Cluster X's rows; `sample_weight` weighs each row (not used by a given init array)."""
         self._check_common_params()
         if self.algorithm != "lloyd":
-            raise ValueError(f"algorithm must be 'lloyd' (netcl runs Lloyd's algorithm), got {self.algorithm!r}")
+            raise ValueError(
+                f"algorithm must be 'lloyd' (netcl runs Lloyd's algorithm), got {self.algorithm!r}"
+            )
         random_state = check_random_state(self.random_state)
         n_init = self._resolve_n_init()
         data = self._fit_data(X)
@@ -365,12 +385,16 @@ class KMeans(BaseKMeans):
         bufs = LloydBuffers.make(plan)
         best = None
         for _ in range(n_init):
-            centers = self._initial_centers(plan, data, init, shift, mean, weights, weights_host, random_state)
+            centers = self._initial_centers(
+                plan, data, init, shift, mean, weights, weights_host, random_state
+            )
             if self.verbose:
                 print("Initialization complete")
             labels, inertia, centers, n_iter = lloyd(bufs, data, shift, mean, weights, weights_host, centers,
                                                       self.max_iter, tol, self.verbose)
-            if best is None or (inertia < best[1] and not is_same_clustering(labels, best[0], self.n_clusters)):
+            if best is None or (
+                inertia < best[1] and not is_same_clustering(labels, best[0], self.n_clusters)
+            ):
                 best = (labels, inertia, centers.to_host(), n_iter)
         labels, inertia, centers_host, n_iter = best
         distinct = len(np.unique(labels))

@@ -1,4 +1,5 @@
-"""MiniBatchKMeans: scikit-learn's mini-batch k-means (sklearn/cluster/_kmeans.py) on the device: batches drawn
+"""MiniBatchKMeans: scikit-learn's mini-batch k-means (sklearn/cluster/_kmeans.py) on the device: batches
+drawn
 with the same RandomState calls (so a seed draws the same batches), centers moved by per-cluster running
 means, low-count centers reassigned to batch rows, and the early stop on the smoothed batch inertia or
 on tol. A step is a gather of the batch rows, the fused assignment, the partial sums and one kernel over
@@ -71,11 +72,25 @@ class MiniBatchKMeans(BaseKMeans):
 
     _default_n_init = 3
 
-    def __init__(self, n_clusters: int = 8, *, init: Any = "k-means++", max_iter: int = 100, batch_size: int = 1024,
-                 verbose: int = 0, compute_labels: bool = True, random_state: Any = None, tol: float = 0.0,
-                 max_no_improvement: int | None = 10, init_size: int | None = None, n_init: int | str = "auto",
-                 reassignment_ratio: float = 0.01, device: Any = None, chunk_rows: int | None = None,
-                 variant: str | None = None):
+    def __init__(
+        self,
+        n_clusters: int = 8,
+        *,
+        init: Any = "k-means++",
+        max_iter: int = 100,
+        batch_size: int = 1024,
+        verbose: int = 0,
+        compute_labels: bool = True,
+        random_state: Any = None,
+        tol: float = 0.0,
+        max_no_improvement: int | None = 10,
+        init_size: int | None = None,
+        n_init: int | str = "auto",
+        reassignment_ratio: float = 0.01,
+        device: Any = None,
+        chunk_rows: int | None = None,
+        variant: str | None = None,
+    ):
         self.n_clusters = n_clusters
         self.init = init
         self.max_iter = max_iter
@@ -108,8 +123,12 @@ class MiniBatchKMeans(BaseKMeans):
             if init_size < self.n_clusters:
                 init_size = 3 * self.n_clusters
         elif init_size < self.n_clusters:
-            warnings.warn(f"init_size={init_size} should be larger than n_clusters={self.n_clusters}. Setting it "
-                          "to min(3*n_clusters, n_samples)", RuntimeWarning, stacklevel=3)
+            warnings.warn(
+                f"init_size={init_size} should be larger than n_clusters={self.n_clusters}. Setting it "
+                "to min(3*n_clusters, n_samples)",
+                RuntimeWarning,
+                stacklevel=3,
+            )
             init_size = 3 * self.n_clusters
         self._init_size = min(init_size, n)
 
@@ -252,8 +271,18 @@ class MiniBatchKMeans(BaseKMeans):
         for i in range(n_steps):
             idx = cdf.searchsorted(random_state.random_sample(self._batch_size), side="right")
             data.rows(idx, None, out=batch)
-            batch_inertia, moved = self._step(state, DeviceData(batch, is_tensor=False), None, shift, centers, new,
-                                              counts, random_state, self._random_reassign(), self._tol > 0.0)
+            batch_inertia, moved = self._step(
+                state,
+                DeviceData(batch, is_tensor=False),
+                None,
+                shift,
+                centers,
+                new,
+                counts,
+                random_state,
+                self._random_reassign(),
+                self._tol > 0.0,
+            )
             centers, new = new, centers
             if self._convergence(i, n_steps, n, moved, batch_inertia):
                 break
@@ -268,7 +297,9 @@ class MiniBatchKMeans(BaseKMeans):
             self.inertia_ = (self._ewa_inertia or 0.0) * sum_of_weights
         return self
 
-    def _inertia(self, plan: KMeansPlan, data: Data, weights: Tensor | None, shift: Tensor, centers: Tensor) -> float:
+    def _inertia(
+        self, plan: KMeansPlan, data: Data, weights: Tensor | None, shift: Tensor, centers: Tensor
+    ) -> float:
         packed = kmeans_pack(plan, centers)
         labels = Tensor.empty(plan.queue, (plan.n,), np.int32)
         dist = Tensor.empty(plan.queue, (plan.n,), plan.dtype)
@@ -308,8 +339,18 @@ class MiniBatchKMeans(BaseKMeans):
         new = Tensor.empty(q, centers.shape, data.dtype)
         counts = Tensor.from_host(q, self._counts)
         state = StepState.make(kmeans_plan(q, data.dtype, data.n, data.d, k, self.variant))
-        self._step(state, data, weights, shift, centers, new, counts, self._random_state, self._random_reassign(),
-                   False)
+        self._step(
+            state,
+            data,
+            weights,
+            shift,
+            centers,
+            new,
+            counts,
+            self._random_state,
+            self._random_reassign(),
+            False,
+        )
         self._set_fitted(data, new.to_host(), self._mean)
         if self.compute_labels:
             labels, dist = self._assign(data)

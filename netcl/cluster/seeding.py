@@ -8,7 +8,15 @@ from typing import Any
 
 import numpy as np
 
-from netcl.cluster.data import Data, DeviceData, as_data, check_random_state, check_weights, host_array, resolve_queue
+from netcl.cluster.data import (
+    Data,
+    DeviceData,
+    as_data,
+    check_random_state,
+    check_weights,
+    host_array,
+    resolve_queue,
+)
 from netcl.core.tensor import Tensor
 from netcl.errors import ShapeError
 from netcl.ops.kmeans import (
@@ -92,8 +100,10 @@ def given_centers(init: Any, k: int, d: int, dtype: np.dtype, device: Any) -> np
     """Checked initial centers (k x d, finite) as a host array of the data's dtype."""
     arr = host_array(init, device, "init")
     if arr.shape != (k, d):
-        raise ShapeError(f"init of shape {arr.shape} does not match n_clusters={k} and the data's {d} features; "
-                         f"it must be ({k}, {d})")
+        raise ShapeError(
+            f"init of shape {arr.shape} does not match n_clusters={k} and the data's {d} features; "
+            f"it must be ({k}, {d})"
+        )
     return arr.astype(dtype)
 
 

@@ -85,8 +85,9 @@ class Queue:
             if self._checks is None:
                 zeros = np.zeros(CHECK_WORDS, np.int32)
                 try:
-                    self._checks = cl.Buffer(self.context, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR,
-                                             hostbuf=zeros)
+                    self._checks = cl.Buffer(
+                        self.context, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=zeros
+                    )
                 except cl.Error as exc:
                     raise DeviceError(f"could not allocate the check record on {self.device.describe()}: "
                                       f"{exc}") from exc
@@ -165,7 +166,9 @@ _ERROR_LINE = re.compile(r":(\d+):\d+:\s*(?:fatal\s+)?error|error:\s*\S*?:(\d+):
 def _offending_lines(log: str, source: str, context: int = 1) -> str:
     lines = source.splitlines()
     errors = sorted({int(m.group(1) or m.group(2)) for m in _ERROR_LINE.finditer(log)})[:20]
-    shown_numbers = sorted({n for e in errors for n in range(max(1, e - context), min(len(lines), e + context) + 1)})
+    shown_numbers = sorted(
+        {n for e in errors for n in range(max(1, e - context), min(len(lines), e + context) + 1)}
+    )
     return "\n".join(f"{'>>' if n in errors else '  '} {n:4d} | {lines[n - 1]}" for n in shown_numbers)
 
 
@@ -268,7 +271,10 @@ def _build_from_source(device: Any, source: str, options: tuple[str, ...], name:
             log = str(exc)
         log = log.strip() or str(exc)
         lines = _offending_lines(log, source)
-        msg = [f"OpenCL program {name} failed to build on {device.describe()}", f"options: {' '.join(options)}"]
+        msg = [
+            f"OpenCL program {name} failed to build on {device.describe()}",
+            f"options: {' '.join(options)}",
+        ]
         msg.append("build log:\n" + "\n".join(log.splitlines()[:40]))
         if lines:
             msg.append("source:\n" + lines)
@@ -302,14 +308,20 @@ def _read_arg_names(prg: cl.Program) -> dict[str, tuple[str, ...]]:
     return out
 
 
-def build_program(device: Any, source: str, options: Sequence[str] = (CL_STD,), name: str = "<generated>") -> Program:
+def build_program(
+    device: Any, source: str, options: Sequence[str] = (CL_STD,), name: str = "<generated>"
+) -> Program:
     """Build `source` for `device` (or load its binary from the disk cache). Not cached in memory:
     netcl.kernels is the one place that keeps built programs (and the way everyone gets one)."""
     options = tuple(options)
     if ARG_INFO not in options:
         options = options + (ARG_INFO,)
     path = _disk_path(device, source, options) if config.disk_cache_enabled() else None
-    lock_key = (id(device), str(path) if path is not None else hashlib.sha256(source.encode()).hexdigest(), options)
+    lock_key = (
+        id(device),
+        str(path) if path is not None else hashlib.sha256(source.encode()).hexdigest(),
+        options,
+    )
     with _build_locks_lock:
         lock = _build_locks.setdefault(lock_key, threading.Lock())
     with lock:
@@ -322,7 +334,9 @@ def build_program(device: Any, source: str, options: Sequence[str] = (CL_STD,), 
             if prg is not None:
                 kind = "disk"
                 try:
-                    arg_names = {k: tuple(v) for k, v in json.loads(path.with_suffix(".args").read_text()).items()}
+                    arg_names = {
+                        k: tuple(v) for k, v in json.loads(path.with_suffix(".args").read_text()).items()
+                    }
                 except (OSError, ValueError, AttributeError):
                     arg_names = _read_arg_names(prg)
         if prg is None:
@@ -511,7 +525,9 @@ class Kernel:
                     except BaseException:
                         self._last_args = None
                         raise
-                    return cl.enqueue_nd_range_kernel(queue.cl, self.cl, global_size, local, wait_for=wait_for)
+                    return cl.enqueue_nd_range_kernel(
+                        queue.cl, self.cl, global_size, local, wait_for=wait_for
+                    )
             except cl.Error as exc:
                 if is_oom(exc) and attempt == 0:
                     queue.device.pool.empty_cache()

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import ml_dtypes  # bfloat16 as a NumPy dtype (JAX's library); importing it also registers np.dtype("bfloat16")
+# bfloat16 as a NumPy dtype (JAX's library); importing it also registers np.dtype("bfloat16")
+import ml_dtypes
 import numpy as np
 
 from netcl.errors import DTypeError, ScalarOverflowError

@@ -154,11 +154,15 @@ class BufferPool:
                 return self._create_buffer(cap)
             except (cl.Error, MemoryError) as exc:
                 if not (isinstance(exc, MemoryError) or is_oom(exc)):
-                    raise DeviceError(f"allocating {nbytes} bytes on {self.device.describe()} failed: {exc}") from exc
+                    raise DeviceError(
+                        f"allocating {nbytes} bytes on {self.device.describe()} failed: {exc}"
+                    ) from exc
                 if attempt == 0:
                     self.empty_cache()
                     continue
-                raise OutOfMemoryError(self._oom_message(nbytes, "the device refused it", summary=True)) from None
+                raise OutOfMemoryError(
+                    self._oom_message(nbytes, "the device refused it", summary=True)
+                ) from None
         raise AssertionError("unreachable")
 
     def _release(self, buffer: cl.Buffer, capacity: int, queue: Any, site: str | None = None) -> None:
@@ -232,7 +236,8 @@ class BufferPool:
                 entry[1] = entry[0]
 
     def size_ranges(self) -> list[dict[str, int]]:
-        """Per block-size range [2^(k-1), 2^k) bytes: low, high, in_use, cached, peak (bytes), blocks in use."""
+        """Per block-size range [2^(k-1), 2^k) bytes: low, high, in_use, cached, peak (bytes), blocks in
+        use."""
         with self._lock:
             return [{"low": 1 << (k - 1), "high": 1 << k, "in_use": r[0], "cached": r[1], "peak": r[2],
                      "blocks": r[3]} for k, r in sorted(self._ranges.items())]
@@ -250,28 +255,36 @@ class BufferPool:
         then the allocation sites recorded while profiling (the op and module scope that allocated)."""
         st = self.stats()
         caps = self.device.capabilities
-        lines = [f"netcl memory on {self.device.describe()}: {format_bytes(st['in_use'])} in use, "
-                 f"{format_bytes(st['cached'])} cached, peak {format_bytes(st['peak'])} in use "
-                 f"(device {format_bytes(caps.global_mem)}); {st['requests']} requests, {st['hits']} from the "
-                 f"cache, {st['allocations']} OpenCL allocations"]
+        lines = [
+            f"netcl memory on {self.device.describe()}: {format_bytes(st['in_use'])} in use, "
+            f"{format_bytes(st['cached'])} cached, peak {format_bytes(st['peak'])} in use "
+            f"(device {format_bytes(caps.global_mem)}); {st['requests']} requests, {st['hits']} from the "
+            f"cache, {st['allocations']} OpenCL allocations"
+        ]
         ranges = [r for r in self.size_ranges() if r["in_use"] or r["cached"] or r["peak"]]
         if ranges:
             lines.append(f"  {'block size':<21}  {'in use':>10}  {'cached':>10}  {'peak':>10}  {'blocks':>6}")
             for r in ranges:
                 label = f"{format_bytes(r['low'])} - {format_bytes(r['high'])}"
-                lines.append(f"  {label:<21}  {format_bytes(r['in_use']):>10}  {format_bytes(r['cached']):>10}  "
-                             f"{format_bytes(r['peak']):>10}  {r['blocks']:>6}")
+                lines.append(
+                    f"  {label:<21}  {format_bytes(r['in_use']):>10}  {format_bytes(r['cached']):>10}  "
+                    f"{format_bytes(r['peak']):>10}  {r['blocks']:>6}"
+                )
         sites = self.sites()
         if sites:
             width = min(max(len(s["site"]) for s in sites[:top]), 60)
-            lines.append(f"  {'allocated by (scope / op)':<{width}}  {'in use':>10}  {'peak':>10}  {'allocs':>7}")
+            lines.append(
+                f"  {'allocated by (scope / op)':<{width}}  {'in use':>10}  {'peak':>10}  {'allocs':>7}"
+            )
             for s in sites[:top]:
                 lines.append(f"  {s['site'][:width]:<{width}}  {format_bytes(s['in_use']):>10}  "
                              f"{format_bytes(s['peak']):>10}  {s['allocations']:>7}")
             if len(sites) > top:
                 lines.append(f"  ({len(sites) - top} more sites)")
         else:
-            lines.append("  (allocation sites are recorded while netcl.profiling.profile() or NETCL_PROFILE=1 runs)")
+            lines.append(
+                "  (allocation sites are recorded while netcl.profiling.profile() or NETCL_PROFILE=1 runs)"
+            )
         return "\n".join(lines)
 
     def describe_usage(self) -> str:

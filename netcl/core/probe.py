@@ -16,7 +16,10 @@ def main(argv: list[str]) -> int:
     request = json.loads(argv[0])
     device = next((h for h in manager.devices() if fingerprint(h) == request["fingerprint"]), None)
     if device is None:
-        print(f"error: no device with fingerprint {request['fingerprint']!r} in the probe process", file=sys.stderr)
+        print(
+            f"error: no device with fingerprint {request['fingerprint']!r} in the probe process",
+            file=sys.stderr,
+        )
         return 2
     module_name, func_name = request["function"].split(":")
     # the probe function is named by the parent (a string, so it can be any module's): imported by name

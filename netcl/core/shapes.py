@@ -32,7 +32,11 @@ def size(value: Any, what: str = "size", minimum: int | None = 0) -> int:
 
 def sizes(values: Any, what: str = "size", minimum: int | None = 0) -> tuple[int, ...]:
     """A tuple of sizes from a sequence of them (each checked as `size`)."""
-    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) and not hasattr(values, "__iter__"):
+    if (
+        isinstance(values, (str, bytes))
+        or not isinstance(values, Sequence)
+        and not hasattr(values, "__iter__")
+    ):
         raise SizeTypeError(f"{what} must be a sequence of integers, got {values!r} ({_kind(values)})")
     return tuple(size(v, what, minimum) for v in values)
 
@@ -40,9 +44,15 @@ def sizes(values: Any, what: str = "size", minimum: int | None = 0) -> tuple[int
 def shape(value: Any, what: str = "shape") -> tuple[int, ...]:
     """A shape from an int or a sequence of ints, every dimension >= 0."""
     if isinstance(value, (str, bytes)):
-        raise SizeTypeError(f"{what} must be an integer or a sequence of integers, got {value!r} ({_kind(value)})")
+        raise SizeTypeError(
+            f"{what} must be an integer or a sequence of integers, got {value!r} ({_kind(value)})"
+        )
     try:
-        return (operator.index(value),) if _is_integer(value) else tuple(_dimension(v, value, what) for v in value)
+        return (
+            (operator.index(value),)
+            if _is_integer(value)
+            else tuple(_dimension(v, value, what) for v in value)
+        )
     except TypeError as exc:
         if isinstance(exc, SizeTypeError):
             raise
@@ -71,7 +81,9 @@ def _dimension(v: Any, whole: Any, what: str) -> int:
     try:
         n = operator.index(v)
     except TypeError:
-        raise SizeTypeError(f"{what} {whole!r} has a dimension that is not an integer: {v!r} ({_kind(v)})") from None
+        raise SizeTypeError(
+            f"{what} {whole!r} has a dimension that is not an integer: {v!r} ({_kind(v)})"
+        ) from None
     if n < 0:
         raise ShapeError(f"{what} {tuple(whole)} has a negative dimension ({n})")
     return n
@@ -83,7 +95,9 @@ def pair(value: Any, what: str, minimum: int | None = 0) -> tuple[int, int]:
         n = size(value, what, minimum)
         return n, n
     if isinstance(value, (str, bytes)) or not hasattr(value, "__len__") or len(value) != 2:
-        raise SizeTypeError(f"{what} must be an integer or a pair of integers, got {value!r} ({_kind(value)})")
+        raise SizeTypeError(
+            f"{what} must be an integer or a pair of integers, got {value!r} ({_kind(value)})"
+        )
     return size(value[0], what, minimum), size(value[1], what, minimum)
 
 

@@ -431,7 +431,9 @@ class Tensor:
         axes = tuple(self._axis(d) for d in dims)
         if sorted(axes) != list(range(self.ndim)):
             raise ShapeError(f"permute needs each of the {self.ndim} axes once, got {tuple(dims)}")
-        return self._view(tuple(self.shape[a] for a in axes), tuple(self.strides[a] for a in axes), self.offset)
+        return self._view(
+            tuple(self.shape[a] for a in axes), tuple(self.strides[a] for a in axes), self.offset
+        )
 
     def transpose(self, dim0: int = -2, dim1: int = -1) -> Tensor:
         """Swap two axes (the last two by default)."""
@@ -455,7 +457,9 @@ class Tensor:
             if self.shape[ax] != 1:
                 raise ShapeError(f"cannot squeeze axis {axis} of size {self.shape[ax]}")
             keep = [i for i in range(self.ndim) if i != ax]
-        return self._view(tuple(self.shape[i] for i in keep), tuple(self.strides[i] for i in keep), self.offset)
+        return self._view(
+            tuple(self.shape[i] for i in keep), tuple(self.strides[i] for i in keep), self.offset
+        )
 
     def unsqueeze(self, axis: int) -> Tensor:
         axis = shapes.axis(axis, self.ndim + 1, "unsqueeze axis", shape_of=self.shape)

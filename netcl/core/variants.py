@@ -178,7 +178,9 @@ def _reason_from(stderr: str, returncode: int) -> str:
     return line
 
 
-def run_probe(device: Any, function: str, args: Sequence[Any], timeout: float | None = None) -> tuple[bool, str]:
+def run_probe(
+    device: Any, function: str, args: Sequence[Any], timeout: float | None = None
+) -> tuple[bool, str]:
     """Run function(device, *args) in a child process; (passed, reason). The child gets a fresh PoCL
     kernel cache, so a compiler that crashes leaves no broken entry in the user's."""
     request = {"fingerprint": fingerprint(device), "function": function, "args": list(args)}

@@ -148,8 +148,8 @@ def read_idx(path: str | os.PathLike) -> np.ndarray:
     start = 4 + 4 * ndim
     if len(data) < start:
         raise NetclError(
-            f"{p} is truncated: a {ndim}-dimensional IDX header needs {start} bytes, the file holds "
-            f"{len(data)}"
+            f"{p} is truncated: a {ndim}-dimensional IDX header "
+            f"needs {start} bytes, the file holds {len(data)}"
         )
     dims = struct.unpack(f">{ndim}I", data[4:start])
     expected = math.prod(dims)
@@ -228,7 +228,8 @@ def locate(name: str, data_dir: str | os.PathLike | None = None, download: bool 
     hint = " or `apt-get install dataset-fashion-mnist`" if name == "fashion-mnist" else ""
     raise DatasetUnavailable(
         f"{name} IDX files ({', '.join(s + '[.gz]' for s in _FILES.values())}) were not found in "
-        f"{', '.join(str(p) for p in places)} and {reason}. Put them in a directory and pass --data-dir{hint}."
+        f"{', '.join(str(p) for p in places)} and {reason}. Put them in a directory and pass "
+        f"--data-dir{hint}."
     )
 
 

@@ -141,7 +141,9 @@ class DataLoader:
         if sampler is not None and not (hasattr(sampler, "indices") and hasattr(sampler, "__len__")):
             raise TypeError(f"DataLoader: sampler must be a DistributedSampler, got {type(sampler).__name__}")
         if sampler is not None and self.shuffle:
-            raise ValueError("DataLoader: pass shuffle to the sampler, not to the loader, when a sampler is given")
+            raise ValueError(
+                "DataLoader: pass shuffle to the sampler, not to the loader, when a sampler is given"
+            )
         self.sampler = sampler
         for i, a in enumerate(self.dataset.arrays):
             if a.dtype not in dtypes.SUPPORTED:

@@ -48,7 +48,9 @@ class DistributedSampler:
         self.num_replicas = _integer(num_replicas, "DistributedSampler: num_replicas", 1)
         self.rank = _integer(rank, "DistributedSampler: rank", 0)
         if self.rank >= self.num_replicas:
-            raise ValueError(f"DistributedSampler: rank {self.rank} is not below num_replicas {self.num_replicas}")
+            raise ValueError(
+                f"DistributedSampler: rank {self.rank} is not below num_replicas {self.num_replicas}"
+            )
         if shares is None:
             shares = [1] * self.num_replicas
         if len(shares) != self.num_replicas:
@@ -61,7 +63,9 @@ class DistributedSampler:
         self.epoch = 0
         self.group_size = sum(self.shares)
         self.start = sum(self.shares[: self.rank])
-        groups = self.num_samples // self.group_size if self.drop_last else -(-self.num_samples // self.group_size)
+        groups = (
+            self.num_samples // self.group_size if self.drop_last else -(-self.num_samples // self.group_size)
+        )
         if self.num_samples == 0:
             groups = 0
         self.groups = groups

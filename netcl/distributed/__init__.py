@@ -5,8 +5,10 @@
     model = dist.DistributedDataParallel(model)  # rank 0's weights everywhere; backward averages gradients
     sampler = DistributedSampler(len(x), shuffle=True, seed=0)   # netcl.data: this rank's share of each epoch
 
-Backends: `shm` (one host: POSIX shared memory and Unix sockets, started by `netcl run`), `mpi` (mpi4py, started
-by `mpiexec`), and a job of one process when neither launched the script. NETCL_DIST_BACKEND overrides the choice.
+Backends: `shm` (one host: POSIX shared memory and Unix sockets, started by `netcl run`), `mpi` (mpi4py,
+started
+by `mpiexec`), and a job of one process when neither launched the script. NETCL_DIST_BACKEND overrides the
+choice.
 """
 
 from netcl.distributed.collectives import all_gather, all_reduce, barrier, batch_shares, broadcast

@@ -37,8 +37,10 @@ def _as_list(tensors: Any, what: str) -> list[Tensor | np.ndarray]:
         if isinstance(t, Node):
             t = t.value
         if not isinstance(t, (Tensor, np.ndarray)):
-            raise TypeError(f"{what}: item {i} is a {type(t).__name__}; collectives take netcl Tensors, Nodes "
-                            "or NumPy arrays")
+            raise TypeError(
+                f"{what}: item {i} is a {type(t).__name__}; collectives take netcl Tensors, Nodes "
+                "or NumPy arrays"
+            )
         out.append(t)
     return out
 
@@ -57,7 +59,8 @@ def device_sums(tensor: Tensor) -> bool:
     return mode == "1" or (mode == "auto" and tensor.device.kind != "cpu")
 
 
-# -- moving tensors to and from host memory --------------------------------------------------------------------
+# -- moving tensors to and from host memory
+# --------------------------------------------------------------------
 def _pieces(tensors: Sequence[Tensor], host: np.ndarray) -> list[tuple[Tensor, np.ndarray]]:
     """(tensor, its stretch of the flat host array) for tensors laid end to end in `host`."""
     pairs, offset = [], 0
@@ -73,8 +76,15 @@ def copy_out(pairs: Sequence[tuple[Tensor, np.ndarray]]) -> None:
     for t, host in pairs:
         if t.size:
             src = t if t.is_contiguous() else t.contiguous()
-            events.append(enqueue_copy(t.queue, host.reshape(-1), src.buffer, src_offset=src.offset * src.itemsize,
-                                       is_blocking=False))
+            events.append(
+                enqueue_copy(
+                    t.queue,
+                    host.reshape(-1),
+                    src.buffer,
+                    src_offset=src.offset * src.itemsize,
+                    is_blocking=False,
+                )
+            )
     if events:
         cl.wait_for_events(events)
 
@@ -101,15 +111,18 @@ def _check_tensors(tensors: Sequence[Tensor], what: str) -> None:
     device = tensors[0].device
     for t in tensors[1:]:
         if t.device is not device:
-            raise DeviceMismatchError(f"{what}: tensors on {device.describe()} and {t.device.describe()}; one "
-                                      "call takes the tensors of one device")
+            raise DeviceMismatchError(
+                f"{what}: tensors on {device.describe()} and {t.device.describe()}; one "
+                "call takes the tensors of one device"
+            )
     for t in tensors:
         if np.dtype(t.dtype) == np.dtype(np.float64) or t.dtype.kind in "fiu":
             continue
         raise DTypeError(f"{what}: tensors of dtype {t.dtype} cannot be reduced")
 
 
-# -- all_reduce -------------------------------------------------------------------------------------------------
+# -- all_reduce
+# -------------------------------------------------------------------------------------------------
 def all_reduce(tensors: Any, op: str = "sum", weights: Sequence[float] | None = None) -> None:
     """Combine each tensor (Tensor, Node or NumPy array; one or a list) across the ranks, in place, so every
     rank holds the same result: op is sum, mean, max, min or prod; `weights` (one per rank, with sum) gives
@@ -144,7 +157,9 @@ def _all_reduce_one(grp: ProcessGroup, items: list, op: str, weights: list[float
             t.copy_(w)
 
 
-def _all_reduce_tensors(grp: ProcessGroup, tensors: list[Tensor], op: str, weights: list[float] | None) -> None:
+def _all_reduce_tensors(
+    grp: ProcessGroup, tensors: list[Tensor], op: str, weights: list[float] | None
+) -> None:
     total = sum(t.size for t in tensors)
     dtype = np.dtype(tensors[0].dtype)
     if isinstance(grp, ShmGroup):
@@ -154,7 +169,9 @@ def _all_reduce_tensors(grp: ProcessGroup, tensors: list[Tensor], op: str, weigh
         own = grp.stage(total * dtype.itemsize).view(dtype)
         copy_out(_pieces(tensors, own))
         bounds = grp.reduce_staged(total, dtype, op, weights)
-        copy_in(_spans(tensors, [(lo, hi, grp.half(r).view(dtype)[lo:hi]) for r, (lo, hi) in enumerate(bounds)]))
+        copy_in(
+            _spans(tensors, [(lo, hi, grp.half(r).view(dtype)[lo:hi]) for r, (lo, hi) in enumerate(bounds)])
+        )
         grp.end_call()
         return
     host = np.empty(total, dtype)
@@ -163,7 +180,9 @@ def _all_reduce_tensors(grp: ProcessGroup, tensors: list[Tensor], op: str, weigh
     copy_in(_pieces(tensors, host))
 
 
-def _spans(tensors: Sequence[Tensor], chunks: Sequence[tuple[int, int, np.ndarray]]) -> list[tuple[Tensor, np.ndarray]]:
+def _spans(
+    tensors: Sequence[Tensor], chunks: Sequence[tuple[int, int, np.ndarray]]
+) -> list[tuple[Tensor, np.ndarray]]:
     """(piece of a tensor, host array) pairs where the contiguous tensors, laid end to end, meet the host
     `chunks` (start, stop, array) that tile their elements."""
     pairs, offset = [], 0
@@ -216,7 +235,8 @@ def _device_sum_all_reduce(grp: ShmGroup, tensors: list[Tensor], total: int, dty
             offset += t.size
 
 
-# -- broadcast, all_gather, barrier ---------------------------------------------------------------------------
+# -- broadcast, all_gather, barrier
+# ---------------------------------------------------------------------------
 def broadcast(tensors: Any, src: int = 0) -> None:
     """Overwrite each tensor (Tensor, Node or NumPy array; one or a list) with rank `src`'s, in place."""
     items = _as_list(tensors, "broadcast")
@@ -261,7 +281,8 @@ def _broadcast_one(grp: ProcessGroup, items: list, src: int) -> None:
 
 
 def all_gather(tensor: Any) -> list[Tensor] | np.ndarray:
-    """Every rank's `tensor`, in rank order: for a Tensor (or Node), a list of world_size() tensors on its queue
+    """Every rank's `tensor`, in rank order: for a Tensor (or Node), a list of world_size() tensors on its
+    queue
     (views of one (world_size, *shape) tensor); for a NumPy array, one array of shape (world_size, *shape).
     Every rank must pass the same shape and dtype."""
     if isinstance(tensor, (np.generic, int, float)) and not isinstance(tensor, bool):
@@ -302,7 +323,8 @@ def barrier() -> None:
 
 
 def batch_shares(global_batch: int, speed: float) -> list[int]:
-    """Split `global_batch` samples between the ranks in proportion to each rank's measured `speed` (samples per
+    """Split `global_batch` samples between the ranks in proportion to each rank's measured `speed` (samples
+    per
     second, or any rate; every rank passes its own), so a slow device does not set the pace: integer shares,
     each >= 1, summing to global_batch (largest remainders get the leftovers; ties go to lower ranks).
     A collective: every rank calls it. Pair with DistributedSampler(shares=...) and
@@ -311,8 +333,10 @@ def batch_shares(global_batch: int, speed: float) -> list[int]:
     if not isinstance(global_batch, (int, np.integer)) or isinstance(global_batch, bool):
         raise TypeError(f"batch_shares: global_batch must be an integer, got {type(global_batch).__name__}")
     if global_batch < grp.world_size:
-        raise ValueError(f"batch_shares: a global batch of {global_batch} cannot give each of {grp.world_size} "
-                         "ranks a sample")
+        raise ValueError(
+            f"batch_shares: a global batch of {global_batch} cannot give each of {grp.world_size} "
+            "ranks a sample"
+        )
     rate = float(speed)
     if not rate > 0 or not np.isfinite(rate):
         raise ValueError(f"batch_shares: speed must be a finite number > 0, got {speed!r}")

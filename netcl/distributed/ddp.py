@@ -87,7 +87,9 @@ class DistributedDataParallel(Module):
                                  f"{sample_share!r}")
             shares = collectives.all_gather(np.array([share], np.float64)).reshape(-1)
             if abs(shares.sum() - 1) > 1e-6:
-                raise ValueError(f"the ranks' sample_share values {shares.round(6).tolist()} do not add up to 1")
+                raise ValueError(
+                    f"the ranks' sample_share values {shares.round(6).tolist()} do not add up to 1"
+                )
             self.op, self.weights = "sum", shares.tolist()
         self.buckets = self._make_buckets(params)
         self._bucket_of = {id(p): (b, i) for b in self.buckets for i, p in enumerate(b.params)}
@@ -118,8 +120,10 @@ class DistributedDataParallel(Module):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if capture.capturing() is not None:
             raise GraphCaptureError(
-                "DistributedDataParallel cannot run inside a Graph capture: its gradient all-reduce goes through "
-                "host memory, which a replay cannot redo; run the step eagerly")
+                "DistributedDataParallel cannot run inside a Graph "
+                "capture: its gradient all-reduce goes through "
+                "host memory, which a replay cannot redo; run the step eagerly"
+            )
         self._close_pass()
         if self.broadcast_buffers and self.training and self.group.world_size > 1:
             buffers = self.module.buffers()
@@ -137,7 +141,8 @@ class DistributedDataParallel(Module):
         finally:
             self._sync = previous
 
-    # -- during backward ---------------------------------------------------------------------------------------
+    # -- during backward
+    # ---------------------------------------------------------------------------------------
     def _grad_ready(self, param: Parameter) -> None:
         if not self._sync or self.group.world_size == 1 and self.weights is None:
             return
@@ -157,7 +162,9 @@ class DistributedDataParallel(Module):
         if self._copy_queue is None:
             return enqueue_copy(grad.queue, host, grad.buffer, src_offset=grad.offset * grad.itemsize,
                                 is_blocking=False)
-        marker = cl.enqueue_marker(grad.queue.cl)  # the copy queue waits for the kernels that made the gradient
+        marker = cl.enqueue_marker(
+            grad.queue.cl
+        )  # the copy queue waits for the kernels that made the gradient
         return enqueue_copy(self._copy_queue, host, grad.buffer, src_offset=grad.offset * grad.itemsize,
                             is_blocking=False, wait_for=[marker])
 
@@ -201,7 +208,8 @@ class DistributedDataParallel(Module):
             self._reset_pass()
 
     def _close_pass(self) -> None:
-        """Before a forward: a backward that stopped half way (an error) leaves started buckets; finish them."""
+        """Before a forward: a backward that stopped half way (an error) leaves started buckets; finish
+        them."""
         if self._pass_open or self._next:
             try:
                 for bucket in self.buckets:

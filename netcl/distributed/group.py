@@ -1,4 +1,5 @@
-"""ProcessGroup: the collectives every backend gives on host arrays, the reduction table, and the group of one.
+"""ProcessGroup: the collectives every backend gives on host arrays, the reduction table, and the group of
+one.
 
 Backends (shm: one host through shared memory; mpi: mpi4py) implement all_reduce, broadcast, all_gather and
 barrier on contiguous NumPy arrays, in place; netcl.distributed.collectives moves Tensors to and from them.
@@ -14,8 +15,24 @@ import numpy as np
 REDUCE_OPS = {"sum": np.add, "mean": np.add, "max": np.maximum, "min": np.minimum, "prod": np.multiply}
 # a small number per op and dtype, exchanged so ranks can tell that they made the same call
 OP_CODES = {name: i + 1 for i, name in enumerate(REDUCE_OPS)}
-DTYPE_CODES = {np.dtype(t): i + 1 for i, t in enumerate(
-    ("float16", "float32", "float64", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64"))}
+DTYPE_CODES = {
+    np.dtype(t): i + 1
+    for i, t in enumerate(
+        (
+            "float16",
+            "float32",
+            "float64",
+            "int8",
+            "uint8",
+            "int16",
+            "uint16",
+            "int32",
+            "uint32",
+            "int64",
+            "uint64",
+        )
+    )
+}
 REDUCE_BLOCK = 1 << 18  # bytes combined per pass when more than two operands meet (stays in cache)
 
 
@@ -25,17 +42,27 @@ def check_op(op: str, dtype: np.dtype, weights: Sequence[float] | None = None) -
         raise ValueError(f"reduction op {op!r}: expected one of {', '.join(REDUCE_OPS)}")
     op = op.lower()
     if np.dtype(dtype) not in DTYPE_CODES:
-        raise TypeError(f"collectives take arrays of {', '.join(map(str, DTYPE_CODES))}; got {np.dtype(dtype)}")
+        raise TypeError(
+            f"collectives take arrays of {', '.join(map(str, DTYPE_CODES))}; got {np.dtype(dtype)}"
+        )
     if op == "mean" and np.dtype(dtype).kind != "f":
-        raise TypeError(f"op 'mean' needs a floating-point dtype, got {np.dtype(dtype)}; use 'sum' and divide")
+        raise TypeError(
+            f"op 'mean' needs a floating-point dtype, got {np.dtype(dtype)}; use 'sum' and divide"
+        )
     if weights is not None and (op != "sum" or np.dtype(dtype).kind != "f"):
         raise ValueError("weights go with op 'sum' on floating-point data")
     return op
 
 
-def reduce_into(out: np.ndarray, operands: Sequence[np.ndarray], op: str, weights: Sequence[float] | None = None,
-                scale: float | None = None) -> None:
-    """out = operands[0] (op) operands[1] (op) ... in rank order, then times `scale` (for mean); with `weights`,
+def reduce_into(
+    out: np.ndarray,
+    operands: Sequence[np.ndarray],
+    op: str,
+    weights: Sequence[float] | None = None,
+    scale: float | None = None,
+) -> None:
+    """out = operands[0] (op) operands[1] (op) ... in rank order, then times `scale` (for mean); with
+    `weights`,
     out = sum_j weights[j] * operands[j]. `out` may be one of the operands. Works through blocks when more
     than two operands meet, so the running result stays in cache."""
     ufunc = REDUCE_OPS[op]
@@ -43,7 +70,9 @@ def reduce_into(out: np.ndarray, operands: Sequence[np.ndarray], op: str, weight
     if n == 0:
         return
     alias = next((i for i, a in enumerate(operands) if np.may_share_memory(a, out)), 0)
-    if alias > 0:  # `out` is overwritten from the first pass on: it must be read there (the op is commutative)
+    if (
+        alias > 0
+    ):  # `out` is overwritten from the first pass on: it must be read there (the op is commutative)
         order = [alias] + [i for i in range(len(operands)) if i != alias]
         operands = [operands[i] for i in order]
         weights = None if weights is None else [weights[i] for i in order]
@@ -113,7 +142,11 @@ class ProcessGroup:
         pass
 
     def check_root(self, root: int) -> int:
-        if not isinstance(root, (int, np.integer)) or isinstance(root, bool) or not 0 <= root < self.world_size:
+        if (
+            not isinstance(root, (int, np.integer))
+            or isinstance(root, bool)
+            or not 0 <= root < self.world_size
+        ):
             raise ValueError(f"root must be a rank in [0, {self.world_size}), got {root!r}")
         return int(root)
 

@@ -1,4 +1,5 @@
-"""`netcl run --nproc N [--devices P:D,...] script.py ARGS`: start one process per device, each a rank of one job.
+"""`netcl run --nproc N [--devices P:D,...] script.py ARGS`: start one process per device, each a rank of one
+job.
 
 Each process gets NETCL_RANK, NETCL_WORLD_SIZE, NETCL_DIST_ID (the job's id, which names its sockets and
 shared memory) and, with --devices or when there are enough GPUs, its own NETCL_DEVICE. The launcher waits
@@ -60,12 +61,19 @@ def register(subparsers: Any) -> None:
         "run", help="run a script as N processes, one per device (data parallelism)", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--nproc", type=_positive_int, required=True, help="how many processes (ranks) to start")
-    p.add_argument("--devices", default=None,
-                   help="comma-separated devices, one per rank (P:D as `netcl devices` prints, or any NETCL_DEVICE "
-                   "value); default: one GPU each when there are at least N, else every rank on the default device")
-    p.add_argument("--timeout", type=_seconds, default=None,
-                   help="seconds a rank waits for the others in a collective before it raises (NETCL_DIST_TIMEOUT, "
-                   "default 60)")
+    p.add_argument(
+        "--devices",
+        default=None,
+        help="comma-separated devices, one per rank (P:D as `netcl devices` prints, or any NETCL_DEVICE "
+        "value); default: one GPU each when there are at least N, else every rank on the default device",
+    )
+    p.add_argument(
+        "--timeout",
+        type=_seconds,
+        default=None,
+        help="seconds a rank waits for the others in a collective before it raises (NETCL_DIST_TIMEOUT, "
+        "default 60)",
+    )
     p.add_argument("script", help="the Python script every rank runs")
     p.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
     p.set_defaults(func=cmd_run)
@@ -79,7 +87,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def spawn_ranks(argv: Sequence[str] | None, nproc: int, devices: str | None = None) -> int | None:
-    """The hook of commands with --nproc (`netcl train`; `netcl lm-train` takes the same two calls): in the process
+    """The hook of commands with --nproc (`netcl train`; `netcl lm-train` takes the same two calls): in the
+    process
     the user started, with nproc > 1, run the same command line again as `nproc` ranks and return their exit
     status; in a rank (started by this launcher or by mpiexec), or with nproc 1, return None: go on, then call
     join(nproc)."""
@@ -97,8 +106,10 @@ def join(nproc: int) -> bool:
         return True
     group = runtime.init()
     if group.world_size != nproc:
-        raise NetclError(f"--nproc {nproc}, but this job has {group.world_size} processes (mpiexec -n or netcl run "
-                         "--nproc started another number)")
+        raise NetclError(
+            f"--nproc {nproc}, but this job has {group.world_size} processes (mpiexec -n or netcl run "
+            "--nproc started another number)"
+        )
     return group.rank == 0
 
 
@@ -109,8 +120,10 @@ def assign_devices(nproc: int, devices: str | None) -> list[str | None]:
         if len(specs) == 1:
             specs = specs * nproc
         if len(specs) != nproc:
-            raise NetclError(f"--devices names {len(specs)} devices for --nproc {nproc}: give one per rank (or one "
-                             "for all)")
+            raise NetclError(
+                f"--devices names {len(specs)} devices for --nproc {nproc}: give one per rank (or one "
+                "for all)"
+            )
         for spec in dict.fromkeys(specs):
             manager.get(spec)  # an unknown device is an error here, listing what exists, not in N processes
         return list(specs)
@@ -186,7 +199,9 @@ def launch(command: Sequence[str], nproc: int, devices: str | None = None, env: 
             child = {**base, "NETCL_RANK": str(r)}
             if specs[r] is not None:
                 child["NETCL_DEVICE"] = specs[r]
-            p = subprocess.Popen(list(command), env=child, start_new_session=True, preexec_fn=_die_with_parent)
+            p = subprocess.Popen(
+                list(command), env=child, start_new_session=True, preexec_fn=_die_with_parent
+            )
             procs.append(p)
             threading.Thread(target=lambda r=r, p=p: exits.put((r, p.wait())), daemon=True).start()
         ended, stop_at = 0, None
@@ -204,8 +219,11 @@ def launch(command: Sequence[str], nproc: int, devices: str | None = None, env: 
             if code != 0 and first_failure is None:
                 first_failure = (r, code)
                 stop_at = time.monotonic() + GRACE_SECONDS
-                log(f"netcl run: rank {r} (pid {procs[r].pid}) {_status(code)}; the other ranks stop at their next "
-                    f"collective, or in {GRACE_SECONDS:g} s")
+                log(
+                    f"netcl run: rank {r} (pid {procs[r].pid}) "
+                    f"{_status(code)}; the other ranks stop at their next "
+                    f"collective, or in {GRACE_SECONDS:g} s"
+                )
             elif code != 0:
                 log(f"netcl run: rank {r} (pid {procs[r].pid}) {_status(code)}")
     except KeyboardInterrupt:

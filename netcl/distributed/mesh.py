@@ -39,7 +39,9 @@ class Mesh:
 
     def __init__(self, rank: int, world: int, job: str, timeout: float):
         if not 1 <= world <= 64:
-            raise DistributedError(f"the shared-memory backend runs 1 to 64 ranks on one host, asked for {world}")
+            raise DistributedError(
+                f"the shared-memory backend runs 1 to 64 ranks on one host, asked for {world}"
+            )
         self.rank, self.world, self.job, self.timeout = rank, world, job, timeout
         self.socks: dict[int, socket.socket] = {}
         self.pids: dict[int, int] = {}
@@ -62,8 +64,10 @@ class Mesh:
                 listener.bind(self._address(self.rank))
             except OSError as exc:
                 raise DistributedError(
-                    f"rank {self.rank} of job {self.job} cannot listen: {exc} (is another process already rank "
-                    f"{self.rank} of this job? Each `netcl run` gets a fresh job id)") from None
+                    f"rank {self.rank} of job {self.job} cannot "
+                    f"listen: {exc} (is another process already rank "
+                    f"{self.rank} of this job? Each `netcl run` gets a fresh job id)"
+                ) from None
             listener.listen(self.world)
             for peer in range(self.rank):  # connect to the lower ranks, accept the higher ones
                 sock = self._dial(peer, deadline)
@@ -84,7 +88,9 @@ class Mesh:
                 kind, _, peer, pid = TOKEN.unpack(self._recv_exact(conn, TOKEN.size))
                 if kind != HELLO or not 0 <= peer < self.world or peer in self.socks or peer == self.rank:
                     conn.close()
-                    raise DistributedError(f"rank {self.rank} of job {self.job}: a bad greeting (rank {peer})")
+                    raise DistributedError(
+                        f"rank {self.rank} of job {self.job}: a bad greeting (rank {peer})"
+                    )
                 conn.sendall(TOKEN.pack(HELLO, 0, self.rank, os.getpid()))
                 self._add(peer, conn, pid)
         finally:
@@ -99,15 +105,20 @@ class Mesh:
                 sock.settimeout(max(deadline - time.monotonic(), 0.1))
                 kind, _, rank, pid = TOKEN.unpack(self._recv_exact(sock, TOKEN.size))
                 if kind != HELLO or rank != peer:
-                    raise DistributedError(f"rank {self.rank} of job {self.job}: a bad greeting from rank {peer}")
+                    raise DistributedError(
+                        f"rank {self.rank} of job {self.job}: a bad greeting from rank {peer}"
+                    )
                 self.pids[peer] = pid
                 return sock
             except (ConnectionRefusedError, FileNotFoundError):
                 sock.close()
                 if time.monotonic() > deadline:
                     raise DistributedError(
-                        f"rank {peer} did not join job {self.job} within {self.timeout:g} s (NETCL_DIST_TIMEOUT); "
-                        "did every rank start and call netcl.distributed.init()?", (peer,)) from None
+                        f"rank {peer} did not join job {self.job} within {self.timeout:g} s "
+                        f"(NETCL_DIST_TIMEOUT); "
+                        "did every rank start and call netcl.distributed.init()?",
+                        (peer,),
+                    ) from None
                 time.sleep(0.01)
 
     @staticmethod
@@ -180,7 +191,8 @@ class Mesh:
             if not need:
                 return
             if self._reported is not None:
-                # another rank found a fault: finish this call if the tokens it needs are on their way, else stop
+                # another rank found a fault: finish this call if the tokens it needs are on their way, else
+                # stop
                 self._poll(0.1, what)
                 self._take(need, kind, seq, value, extra, what, describe)
                 if not need:
@@ -198,8 +210,12 @@ class Mesh:
                 names = ", ".join(self._describe(p) for p in missing)
                 raise self.fail(
                     f"{names} did not reach {what} within {self.timeout:g} s (NETCL_DIST_TIMEOUT); "
-                    f"{'it' if len(missing) == 1 else 'they'} may be hung, or busy much longer than the others "
-                    f"(rank {self.rank} waited)", missing, TIMEOUT)
+                    f"{'it' if len(missing) == 1 else 'they'} may "
+                    f"be hung, or busy much longer than the others "
+                    f"(rank {self.rank} waited)",
+                    missing,
+                    TIMEOUT,
+                )
             self._poll(min(left, 1.0), what)
 
     def _take(self, need: set[int], kind: int, seq: int, value: int, extra: int, what: str,
@@ -253,8 +269,9 @@ class Mesh:
         names = ", ".join(self._describe(r) if r != self.rank else f"rank {r} (this one)" for r in ranks)
         reason = {GONE: "exited or was killed", TIMEOUT: f"did not answer within {self.timeout:g} s",
                   MISMATCH: "made a different collective call"}.get(how, "failed")
-        self.failed = DistributedError(f"{names} {reason} (found by rank {reporter}); rank {self.rank} stops at "
-                                       f"{what}", tuple(ranks))
+        self.failed = DistributedError(
+            f"{names} {reason} (found by rank {reporter}); rank {self.rank} stops at {what}", tuple(ranks)
+        )
         raise self.failed
 
     def close(self) -> None:

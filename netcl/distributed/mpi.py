@@ -19,7 +19,8 @@ from netcl.errors import DistributedError
 
 
 def load_mpi() -> Any:
-    """mpi4py's MPI module (importing it initialises MPI, so it is imported only when this backend is chosen)."""
+    """mpi4py's MPI module (importing it initialises MPI, so it is imported only when this backend is
+    chosen)."""
     try:
         from mpi4py import MPI  # noqa: PLC0415  (optional dependency: the `mpi` extra; importing it starts MPI)
     except ImportError as exc:
@@ -54,9 +55,11 @@ class MpiGroup(ProcessGroup):
         while not request.Test():
             if time.monotonic() > deadline:
                 raise DistributedError(
-                    f"{what} (collective #{call}) did not complete within {self.timeout:g} s (NETCL_DIST_TIMEOUT) "
+                    f"{what} (collective #{call}) did not complete within {self.timeout:g} s "
+                    f"(NETCL_DIST_TIMEOUT) "
                     f"on rank {self.rank} of {self.world_size}: another rank is hung, has failed, or made a "
-                    "different call (MPI cannot tell which)")
+                    "different call (MPI cannot tell which)"
+                )
             time.sleep(pause)
             pause = min(pause * 2, 1e-3)
 

@@ -163,8 +163,12 @@ def dispatcher() -> Dispatcher:
 def check_joined(what: str) -> None:
     """Raise when this process was started as one rank of several but has not called init() yet (rank() and
     world_size() would then answer 0 and 1)."""
-    if _job.group is None and (any(v in os.environ for v in MPI_VARIABLES) or config.dist_launch() is not None):
-        raise DistributedError(f"{what}: this process is one rank of a job; call netcl.distributed.init() first")
+    if _job.group is None and (
+        any(v in os.environ for v in MPI_VARIABLES) or config.dist_launch() is not None
+    ):
+        raise DistributedError(
+            f"{what}: this process is one rank of a job; call netcl.distributed.init() first"
+        )
 
 
 def rank() -> int:
@@ -183,7 +187,8 @@ def backend() -> str:
 
 
 def destroy() -> None:
-    """Leave the job: finish the started collectives, close the sockets and shared memory (the end of the process
+    """Leave the job: finish the started collectives, close the sockets and shared memory (the end of the
+    process
     does the same; init() may then join a new job)."""
     grp, disp = _job.group, _job.dispatcher
     _job.group = _job.dispatcher = None

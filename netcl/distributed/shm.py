@@ -24,7 +24,15 @@ from multiprocessing import resource_tracker, shared_memory
 
 import numpy as np
 
-from netcl.distributed.group import DTYPE_CODES, OP_CODES, ProcessGroup, c_order, check_op, chunk_bounds, reduce_into
+from netcl.distributed.group import (
+    DTYPE_CODES,
+    OP_CODES,
+    ProcessGroup,
+    c_order,
+    check_op,
+    chunk_bounds,
+    reduce_into,
+)
 from netcl.distributed.mesh import GONE, SYNC, Mesh
 from netcl.errors import DistributedError
 
@@ -86,7 +94,8 @@ class ShmGroup(ProcessGroup):
         self._maps: list[np.ndarray | None] = [None] * world_size
         self._retired: list[shared_memory.SharedMemory] = []
 
-    # -- handshakes -------------------------------------------------------------------------------------------
+    # -- handshakes
+    # -------------------------------------------------------------------------------------------
     def sync(self, kind: int, nbytes: int, arg: int = 0, dtype: np.dtype | None = None) -> None:
         """Every rank reaches this point of call #calls with the same (kind, size, op, dtype)."""
         code = kind << 16 | arg << 8 | (DTYPE_CODES[np.dtype(dtype)] if dtype is not None else 0)
@@ -123,13 +132,19 @@ class ShmGroup(ProcessGroup):
         try:
             own = _Segment(name=name, create=True, size=2 * half)
         except FileExistsError:
-            raise DistributedError(f"shared memory {name} exists already: another job with id {self.job}?") from None
+            raise DistributedError(
+                f"shared memory {name} exists already: another job with id {self.job}?"
+            ) from None
         except OSError as exc:
-            raise DistributedError(f"rank {self.rank} could not create {2 * half} bytes of shared memory "
-                                   f"(/dev/shm/{name}): {exc}") from None
+            raise DistributedError(
+                f"rank {self.rank} could not create {2 * half} bytes of shared memory "
+                f"(/dev/shm/{name}): {exc}"
+            ) from None
         try:
             self.sync(GROW, half)
-            segments = [own if r == self.rank else _attach(self._name(r, generation)) for r in range(self.world_size)]
+            segments = [
+                own if r == self.rank else _attach(self._name(r, generation)) for r in range(self.world_size)
+            ]
             self.sync(GROW, half)
         except BaseException:
             own.close()

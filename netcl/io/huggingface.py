@@ -59,7 +59,9 @@ def read_tensors(path: str | os.PathLike) -> dict[str, np.ndarray]:
                                   f"{exc}") from None
         missing = [f for f in files if not (directory / f).is_file()]
         if missing:
-            raise PretrainedError(f"{index} lists shard files that are not in {directory}: {', '.join(missing)}")
+            raise PretrainedError(
+                f"{index} lists shard files that are not in {directory}: {', '.join(missing)}"
+            )
     elif (directory / WEIGHTS).is_file():
         files, weight_map = [WEIGHTS], None
     else:
@@ -118,7 +120,9 @@ def _read_safetensors(file: Path) -> dict[str, np.ndarray]:
         try:
             kind, shape, (start, end) = _DTYPES[info["dtype"]], tuple(info["shape"]), info["data_offsets"]
         except (KeyError, TypeError, ValueError):
-            raise PretrainedError(f"{file}: tensor {key!r} has a header entry netcl cannot read: {info!r}") from None
+            raise PretrainedError(
+                f"{file}: tensor {key!r} has a header entry netcl cannot read: {info!r}"
+            ) from None
         itemsize = 2 if kind == "bf16" else np.dtype(kind).itemsize
         if not 0 <= start <= end <= body.size or end - start != math.prod(shape) * itemsize:
             raise PretrainedError(f"{file}: tensor {key!r} ({info['dtype']} {list(shape)}) has data offsets "
@@ -138,8 +142,9 @@ def write(path: str | os.PathLike, config: dict[str, Any], tensors: dict[str, np
           max_shard_bytes: int | None = None) -> None:
     """Write config.json and the tensors as model.safetensors, or, when they exceed max_shard_bytes, as
     model-0000i-of-0000n.safetensors shards with model.safetensors.index.json (each file atomically)."""
-    if max_shard_bytes is not None and (isinstance(max_shard_bytes, bool) or not isinstance(max_shard_bytes, int)
-                                        or max_shard_bytes < 1):
+    if max_shard_bytes is not None and (
+        isinstance(max_shard_bytes, bool) or not isinstance(max_shard_bytes, int) or max_shard_bytes < 1
+    ):
         raise ValueError(f"max_shard_bytes must be a positive int or None, got {max_shard_bytes!r}")
     directory = Path(path)
     if directory.exists() and not directory.is_dir():

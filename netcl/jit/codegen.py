@@ -56,7 +56,8 @@ def bf16_vector_helpers(vec: int) -> str:
 
 
 def helpers_for(tokens: list[str], vec: int) -> str:
-    """The vector helpers a kernel over dtypes `tokens` with `vec`-wide lanes needs (see bf16_vector_helpers)."""
+    """The vector helpers a kernel over dtypes `tokens` with `vec`-wide lanes needs (see
+    bf16_vector_helpers)."""
     return bf16_vector_helpers(vec) if vec > 1 and "bfloat16" in tokens else ""
 
 
@@ -219,15 +220,24 @@ def _op_expr(op: str, a: list[str], dt: np.dtype, in_dt: list[np.dtype]) -> str:
             return f"floor({a[0]} / {a[1]})"
         # b == 0 gives 0 (NumPy's result); b == -1 negates in unsigned arithmetic, so MIN // -1 wraps as
         # in NumPy instead of trapping (x86 division faults on it, killing a CPU device's process)
-        return (f"({a[1]} == 0 ? {zero} : ({a[1]} == ({ct})-1 ? ({ct})(({_unsigned(ct)})0 - ({_unsigned(ct)}){a[0]}) : "
-                f"({a[0]} / {a[1]} - ((({a[0]} % {a[1]}) != 0) && (({a[0]} < 0) != ({a[1]} < 0))))))")
+        return (
+            f"({a[1]} == 0 ? {zero} : ({a[1]} == ({ct})-1 ? ({ct})(({_unsigned(ct)})0 - "
+            f"({_unsigned(ct)}){a[0]}) : "
+            f"({a[0]} / {a[1]} - ((({a[0]} % {a[1]}) != 0) && (({a[0]} < 0) != ({a[1]} < 0))))))"
+        )
     if op == "remainder":
         if flt:
             return f"({a[0]} - floor({a[0]} / {a[1]}) * {a[1]})"
-        return (f"(({a[1]} == 0 || {a[1]} == ({ct})-1) ? {zero} : ((({a[0]} % {a[1]}) != 0 && "
-                f"(({a[0]} % {a[1]}) < 0) != ({a[1]} < 0)) ? ({a[0]} % {a[1]}) + {a[1]} : ({a[0]} % {a[1]})))")
+        return (
+            f"(({a[1]} == 0 || {a[1]} == ({ct})-1) ? {zero} : ((({a[0]} % {a[1]}) != 0 && "
+            f"(({a[0]} % {a[1]}) < 0) != ({a[1]} < 0)) ? ({a[0]} % {a[1]}) + {a[1]} : ({a[0]} % {a[1]})))"
+        )
     if op in ("isnan", "isinf", "isfinite"):
-        return f"{op}({x})" if in_dt[0] in dtypes.FLOATING else ("((uchar)1)" if op == "isfinite" else "((uchar)0)")
+        return (
+            f"{op}({x})"
+            if in_dt[0] in dtypes.FLOATING
+            else ("((uchar)1)" if op == "isfinite" else "((uchar)0)")
+        )
     if op == "cast":
         if dt == dtypes.bool_:
             return f"({x} != 0)"
@@ -402,7 +412,9 @@ def elementwise_source(key: tuple) -> str:
         lines_e, names = emit_nodes(desc, leaf_value, lambda ax: f"c{ndim - ax}")
         lines += lines_e
         for s, (dt_str, kind) in enumerate(out_layouts):
-            lines.append(store_scalar(dtypes.from_token(dt_str), f"out{s}", off("out", s, kind), names[out_pos[s]]))
+            lines.append(
+                store_scalar(dtypes.from_token(dt_str), f"out{s}", off("out", s, kind), names[out_pos[s]])
+            )
         return lines
 
     if vec > 1:
@@ -429,7 +441,9 @@ def elementwise_source(key: tuple) -> str:
         for s, (dt_str, _) in enumerate(out_layouts):
             dt = dtypes.from_token(dt_str)
             vals = ", ".join(lane_names[lane][out_pos[s]] for lane in range(vec))
-            body.append(f"  {store_v(dt, f'out{s}', f'out{s}_off + i', f'({vector_type(dt, vec)})({vals})', vec)}")
+            body.append(
+                f"  {store_v(dt, f'out{s}', f'out{s}_off + i', f'({vector_type(dt, vec)})({vals})', vec)}"
+            )
         body.append("}")
         body.append(f"for ({idx_t} i = nvec * {vec} + gid; i < n; i += gsize) {{")
     else:

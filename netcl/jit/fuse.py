@@ -165,7 +165,9 @@ class FusedFunction:
         tr = self.trace(args)
         tensors = [a for a in args if isinstance(a, Tensor)]
         queue = check_same_queue(*tensors)
-        gouts = [grad_outputs] if isinstance(grad_outputs, Tensor) or grad_outputs is None else list(grad_outputs)
+        gouts = (
+            [grad_outputs] if isinstance(grad_outputs, Tensor) or grad_outputs is None else list(grad_outputs)
+        )
         if len(gouts) != len(tr.exprs):
             raise ShapeError(f"backward: {len(tr.exprs)} outputs but {len(gouts)} output gradients")
         mapping = self._mapping(tensors)
@@ -174,7 +176,9 @@ class FusedFunction:
                 mapping[tr.n_inputs + j] = ir.const(0.0, e.dtype if ir.is_float(e.dtype) else ir.F32)
                 continue
             if g.shape != shape:
-                raise ShapeError(f"backward: output {j} has shape {shape} but its gradient has shape {g.shape}")
+                raise ShapeError(
+                    f"backward: output {j} has shape {shape} but its gradient has shape {g.shape}"
+                )
             check_same_queue(tensors[0], g)
             mapping[tr.n_inputs + j] = lazy.operand(g, [])
         grads = tr.grad_exprs()

@@ -22,9 +22,26 @@ I32, I64, U8, BOOL = dtypes.int32, dtypes.int64, dtypes.uint8, dtypes.bool_
 HALF = dtypes.HALF  # float16 and bfloat16: stored in 2 bytes, computed as float, rounded at every result
 
 # OpenCL C type each dtype is *computed* in (float16 and bfloat16 are stored in 2 bytes, computed as float).
-COMPUTE_TYPE = {F16: "float", BF16: "float", F32: "float", F64: "double", I32: "int", I64: "long", U8: "uchar",
-                BOOL: "uchar"}
-COMPUTE_SIZE = {F16: 4, BF16: 4, F32: 4, F64: 8, I32: 4, I64: 8, U8: 1, BOOL: 1}  # bytes of one COMPUTE_TYPE value
+COMPUTE_TYPE = {
+    F16: "float",
+    BF16: "float",
+    F32: "float",
+    F64: "double",
+    I32: "int",
+    I64: "long",
+    U8: "uchar",
+    BOOL: "uchar",
+}
+COMPUTE_SIZE = {
+    F16: 4,
+    BF16: 4,
+    F32: 4,
+    F64: 8,
+    I32: 4,
+    I64: 8,
+    U8: 1,
+    BOOL: 1,
+}  # bytes of one COMPUTE_TYPE value
 # numpy scalar type a runtime scalar argument of each dtype is passed as.
 ARG_TYPE = {F16: np.float32, BF16: np.float32, F32: np.float32, F64: np.float64, I32: np.int32, I64: np.int64,
             U8: np.uint8, BOOL: np.uint8}
@@ -79,7 +96,11 @@ BINARY_ARITH: dict[str, str | None] = {  # the promoted dtype
     "remainder": None,
 }
 COMPARE: dict[str, str | None] = {  # bool
-    "eq": "({0} == {1})", "ne": "({0} != {1})", "lt": "({0} < {1})", "le": "({0} <= {1})", "gt": "({0} > {1})",
+    "eq": "({0} == {1})",
+    "ne": "({0} != {1})",
+    "lt": "({0} < {1})",
+    "le": "({0} <= {1})",
+    "gt": "({0} > {1})",
     "ge": "({0} >= {1})",
 }
 LOGICAL: dict[str, str | None] = {  # bool

@@ -158,7 +158,9 @@ def _finalize(reducer: str, acc: np.dtype, s: str, mode_extra: dict) -> str:
 def split_layout(shape: tuple[int, ...], axes: tuple[int, ...], stride_sets: list[list[int]]):
     """Coalesced (kept sizes, [kept strides per set]), (reduced sizes, [reduced strides per set])."""
     kept_axes = [d for d in range(len(shape)) if d not in axes]
-    k_shape, k_sets = _coalesce([shape[d] for d in kept_axes], *[[s[d] for d in kept_axes] for s in stride_sets])
+    k_shape, k_sets = _coalesce(
+        [shape[d] for d in kept_axes], *[[s[d] for d in kept_axes] for s in stride_sets]
+    )
     r_shape, r_sets = _coalesce([shape[d] for d in axes], *[[s[d] for d in axes] for s in stride_sets])
     if not k_shape:
         k_shape, k_sets = [1], [[0] for _ in stride_sets]
@@ -190,7 +192,9 @@ def source(key: tuple) -> str:
     else:
         ps.append(f"__global {dtypes.cl_storage_type(out_dt)} *out")
         ps.append(f"const {idx_t} out_off")
-        ps += [f"const {idx_t} out_k{d}" for d in range(knd)] + [f"const {idx_t} out_r{d}" for d in range(rnd)]
+        ps += [f"const {idx_t} out_k{d}" for d in range(knd)] + [
+            f"const {idx_t} out_r{d}" for d in range(rnd)
+        ]
         if mode == "topk":
             ps.append("__global long *out_idx")
     for name, kind in fields:
@@ -207,7 +211,13 @@ def source(key: tuple) -> str:
         n_params = sum(1 for d in desc if d[0] == "param")
         ptypes = {d[3]: ir.COMPUTE_TYPE[dtypes.from_token(d[2])] for d in desc if d[0] == "param"}
         ps += [f"const {ptypes[p]} p{p}" for p in range(n_params)]
-    ps += [f"const {idx_t} M", f"const {idx_t} R", f"const {idx_t} P", f"const {idx_t} chunk", f"const {idx_t} RT"]
+    ps += [
+        f"const {idx_t} M",
+        f"const {idx_t} R",
+        f"const {idx_t} P",
+        f"const {idx_t} chunk",
+        f"const {idx_t} RT",
+    ]
     ps += [f"const {idx_t} kd{d}" for d in range(knd)] + [f"const {idx_t} rd{d}" for d in range(rnd)]
     b: list[str] = []
     if kreg:
@@ -233,7 +243,9 @@ def source(key: tuple) -> str:
             b.append(f"const {idx_t} base{s} = in{s}_off + "
                      + " + ".join(f"k{d} * in{s}_k{d}" for d in range(knd)) + ";")
     if mode != "reduce":
-        b.append(f"const {idx_t} obase = out_off + " + " + ".join(f"k{d} * out_k{d}" for d in range(knd)) + ";")
+        b.append(
+            f"const {idx_t} obase = out_off + " + " + ".join(f"k{d} * out_k{d}" for d in range(knd)) + ";"
+        )
 
     def leaf_value_at(r: str, lane: int | None = None):
         def fn(slot: int) -> str:
@@ -306,7 +318,9 @@ def source(key: tuple) -> str:
                     lines.append(f"  const {codegen.vector_type(dt, W)} V{s} = "
                                  f"{load_v(dt, f'in{s}', f'base{s} + r', W)};")
             for j in range(W):
-                body, names = codegen.emit_nodes(desc, leaf_value_at("r", lane=j), lambda ax: "0", suffix=f"_{j}")
+                body, names = codegen.emit_nodes(
+                    desc, leaf_value_at("r", lane=j), lambda ax: "0", suffix=f"_{j}"
+                )
                 lines += ["  " + x for x in body]
                 v = f"(({act}){names[out_pos[0]]})"
                 lines.append("  " + _update(reducer, acc, lanes[j], v, f"(r + {j})"))
@@ -329,7 +343,9 @@ def source(key: tuple) -> str:
         lines.append("barrier(CLK_LOCAL_MEM_FENCE);")
         lines.append(f"for (int s = {L // 2}; s > 0; s >>= 1) {{")
         lines.append("  if (lid < s) {")
-        lines += [f"    {ftype[k]} x_{n} = sh_{n}[lid]; {ftype[k]} y_{n} = sh_{n}[lid + s];" for n, k in fields]
+        lines += [
+            f"    {ftype[k]} x_{n} = sh_{n}[lid]; {ftype[k]} y_{n} = sh_{n}[lid + s];" for n, k in fields
+        ]
         lines.append("    " + _combine(reducer, acc, "x_", "y_"))
         lines += [f"    sh_{n}[lid] = x_{n};" for n, _ in fields]
         lines.append("  }")
@@ -422,15 +438,22 @@ def _softmax_registers(mode, desc, out_pos, leaf_dts, leaf_rkinds, L, W, K, act,
         for s, dt_str in enumerate(leaf_dts):
             if leaf_rkinds[s] == "c":
                 dt = dtypes.from_token(dt_str)
-                b.append(f"  const {codegen.vector_type(dt, W)} V{s} = {load_v(dt, f'in{s}', f'base{s} + r{k}', W)};")
+                b.append(
+                    f"  const {codegen.vector_type(dt, W)} V{s} = "
+                    f"{load_v(dt, f'in{s}', f'base{s} + r{k}', W)};"
+                )
         for j in range(W):
-            body, names = codegen.emit_nodes(desc, leaf_value_at(f"r{k}", lane=j), lambda ax: "0", suffix=f"_{k}_{j}")
+            body, names = codegen.emit_nodes(
+                desc, leaf_value_at(f"r{k}", lane=j), lambda ax: "0", suffix=f"_{k}_{j}"
+            )
             b += ["  " + x for x in body]
             b.append(f"  x{k}_{j} = ({act}){names[out_pos[0]]};")
         b.append("} else {")
         for j in range(W):
             b.append(f"  if (r{k} + {j} < R) {{")
-            body, names = codegen.emit_nodes(desc, leaf_value_at(f"(r{k} + {j})"), lambda ax: "0", suffix=f"_{k}_{j}t")
+            body, names = codegen.emit_nodes(
+                desc, leaf_value_at(f"(r{k} + {j})"), lambda ax: "0", suffix=f"_{k}_{j}t"
+            )
             b += ["    " + x for x in body]
             b.append(f"    x{k}_{j} = ({act}){names[out_pos[0]]};")
             b.append("  }")
@@ -462,7 +485,9 @@ def _softmax_registers(mode, desc, out_pos, leaf_dts, leaf_rkinds, L, W, K, act,
     for k in range(K):
         vals = ", ".join(f"(({oct_}){val.format(k=k, j=j)})" for j in range(W))
         b.append(f"if (r{k} + {W} <= R) {{")
-        b.append("  " + store_v(out_dt, "out", f"obase + r{k}", f"({codegen.vector_type(out_dt, W)})({vals})", W))
+        b.append(
+            "  " + store_v(out_dt, "out", f"obase + r{k}", f"({codegen.vector_type(out_dt, W)})({vals})", W)
+        )
         b.append("} else {")
         for j in range(W):
             b.append(f"  if (r{k} + {j} < R) " + codegen.store_scalar(
@@ -528,7 +553,9 @@ def run(
     args += tail
     if capture.declaring():  # the expression's work plus one combining operation per input element
         n = math.prod(in_shape)
-        flops, nbytes = declared_work(desc, n, leaves, out.nbytes + (out_idx.nbytes if out_idx is not None else 0))
+        flops, nbytes = declared_work(
+            desc, n, leaves, out.nbytes + (out_idx.nbytes if out_idx is not None else 0)
+        )
         profiling.work(flops + n, nbytes)
     kernel(queue, gsize, lsize, *args)
     if P > 1:
@@ -539,8 +566,20 @@ _NOTHING = ("nothing to compute",)
 _plans: dict[tuple, Any] = {}
 
 
-def _plan(mode: str, reducer: str, expr: ir.Node, in_shape: tuple[int, ...], axes: tuple[int, ...], out: Tensor,
-          device: Any, mean: bool, topk_k: int, desc: tuple, out_pos: tuple, leaves: list[Tensor]) -> Any:
+def _plan(
+    mode: str,
+    reducer: str,
+    expr: ir.Node,
+    in_shape: tuple[int, ...],
+    axes: tuple[int, ...],
+    out: Tensor,
+    device: Any,
+    mean: bool,
+    topk_k: int,
+    desc: tuple,
+    out_pos: tuple,
+    leaves: list[Tensor],
+) -> Any:
     """Everything of a launch that depends only on structure and layouts (see `run`)."""
     caps = device.capabilities
     stride_sets = [broadcast_strides(t, in_shape) for t in leaves]
@@ -606,12 +645,35 @@ def _plan(mode: str, reducer: str, expr: ir.Node, in_shape: tuple[int, ...], axe
         kreg = -(-R // (L * W))
         aligned = aligned and out.offset % W == 0 and all(x % W == 0 for x in k_sets[-1])
     unroll = RED_UNROLL if gpu and L > 1 else 1
-    key = (mode, reducer, (desc, out_pos), tuple(dtypes.token(t.dtype) for t in leaves), leaf_rk, len(k_shape),
-           len(r_shape), L, W, order, dtypes.token(acc), dtypes.token(out_dt), False, topk_k, idx_t, mean, out_rkind,
-           aligned, unroll, kreg)
+    key = (
+        mode,
+        reducer,
+        (desc, out_pos),
+        tuple(dtypes.token(t.dtype) for t in leaves),
+        leaf_rk,
+        len(k_shape),
+        len(r_shape),
+        L,
+        W,
+        order,
+        dtypes.token(acc),
+        dtypes.token(out_dt),
+        False,
+        topk_k,
+        idx_t,
+        mean,
+        out_rkind,
+        aligned,
+        unroll,
+        kreg,
+    )
     kernel = _kernel(device, key)
     part_dts = [ir.I64 if kind == "long" else acc for _, kind in fields]
-    head = [it(out.offset)] + [it(s) for s in k_sets[-1]] + [it(s) for s in r_sets[-1]] if mode != "reduce" else []
+    head = (
+        [it(out.offset)] + [it(s) for s in k_sets[-1]] + [it(s) for s in r_sets[-1]]
+        if mode != "reduce"
+        else []
+    )
     leaf_static = [[it(t.offset)] + [it(s) for s in ks] + [it(s) for s in rs]
                    for t, ks, rs in zip(leaves, k_sets, r_sets)]
     tail = [it(M), it(R), it(P), it(chunk), it(R)] + [it(s) for s in k_shape] + [it(s) for s in r_shape]
@@ -627,8 +689,28 @@ def _stage2(queue: Any, reducer: str, acc: np.dtype, parts: list[Tensor], out: T
     L = (256 if P >= 256 else 64) if gpu and P >= 64 else 1
     idx_t = "int" if M * P < 2**31 - 2**24 else "long"
     it = np.int32 if idx_t == "int" else np.int64
-    key = ("reduce", reducer, ((), (0,)), (), (), 1, 1, L, 1, "row", dtypes.token(acc), dtypes.token(out.dtype), True,
-           0, idx_t, mean, "c", False, 1, 0)
+    key = (
+        "reduce",
+        reducer,
+        ((), (0,)),
+        (),
+        (),
+        1,
+        1,
+        L,
+        1,
+        "row",
+        dtypes.token(acc),
+        dtypes.token(out.dtype),
+        True,
+        0,
+        idx_t,
+        mean,
+        "c",
+        False,
+        1,
+        0,
+    )
     k = kernels.generated(device, key, lambda: source(key), f"jit_reduce2_{reducer}").kernel("red")
     args: list[Any] = [out.buffer]
     args += [out.buffer for _ in parts]  # unused partial outputs (P == 1 in stage 2)

@@ -213,7 +213,9 @@ def _plan(device: Any, shape: tuple[int, ...], desc: tuple, out_pos: tuple, out_
     out_layouts = tuple((core_dtypes.token(o.dtype),
                          _kind(s, contig, cshape) if _kind(s, contig, cshape) != "s" else "g")
                         for o, s in zip(out_tensors, out_sets))
-    leaf_layouts = tuple((core_dtypes.token(t.dtype), _kind(s, contig, cshape)) for t, s in zip(leaves, leaf_sets))
+    leaf_layouts = tuple(
+        (core_dtypes.token(t.dtype), _kind(s, contig, cshape)) for t, s in zip(leaves, leaf_sets)
+    )
     all_flat = all(k != "g" for _, k in out_layouts + leaf_layouts) and not has_index
     vec = choose_vec(device, desc, [t.dtype for t in leaves + out_tensors]) if all_flat else 1
     if n < vec:

@@ -98,7 +98,9 @@ def half_math(device: Any, family: str) -> str:
 def activation(name: str | None, allowed: tuple[str | None, ...] | None = None) -> str:
     """The ACT define of an activation name (ValueError listing the names `allowed`, default all)."""
     names = allowed if allowed is not None else tuple(k for k in ACTIVATIONS if k not in (None, "none"))
-    if name not in ACTIVATIONS or (allowed is not None and name not in allowed and name not in (None, "none")):
+    if name not in ACTIVATIONS or (
+        allowed is not None and name not in allowed and name not in (None, "none")
+    ):
         raise ValueError(f"activation must be one of {[n for n in names if n]}, or None; got {name!r}")
     return ACTIVATIONS[name]
 
@@ -191,8 +193,10 @@ def program(device: Any, filename: str, *, dtype: Any = None, act: str | None = 
         return prg
     if dtype is not None:
         if dtypes.normalize(dtype) == dtypes.bfloat16 and not _takes_bf16(filename):
-            raise DTypeError(f"bfloat16 is not supported by the kernels of {filename} yet; use float16 or float32 "
-                             "for this op (cast first)")
+            raise DTypeError(
+                f"bfloat16 is not supported by the kernels of {filename} yet; use float16 or float32 "
+                "for this op (cast first)"
+            )
         defines = {**dtype_defines(dtype), **defines}
     if act is not None:
         defines["ACT"] = activation(act)
@@ -208,10 +212,14 @@ def generated(device: Any, key: Any, make_source: Callable[[], str], name: str,
     """A program of generated source (the JIT's kernels), cached under `key`, which must determine the
     source: `make_source()` runs only when `key` is new."""
     opts = format_options(defines, options)
-    return _cached(("gen", id(device), key, opts), lambda: build_program(device, make_source(), opts, name=name))
+    return _cached(
+        ("gen", id(device), key, opts), lambda: build_program(device, make_source(), opts, name=name)
+    )
 
 
-def build(device: Any, text: str, name: str = "<source>", options: tuple[str, ...] = (), **defines: Any) -> Program:
+def build(
+    device: Any, text: str, name: str = "<source>", options: tuple[str, ...] = (), **defines: Any
+) -> Program:
     """A program of any OpenCL C `text` (cached by its hash)."""
     opts = format_options(defines, options)
     digest = hashlib.sha256(text.encode()).hexdigest()

@@ -26,7 +26,8 @@ class GPTConfig:
     n_kv_heads = n_heads (grouped-query attention when smaller, dividing n_heads), head_dim = dim /
     n_heads, hidden_dim (the feed-forward width) = 8/3 dim rounded up to a multiple of 32 for llama,
     4 dim for gpt2; norm_eps 1e-5; tie_embeddings, attn_bias (q/k/v projections) and mlp_bias per arch,
-    attn_out_bias (the output projection) = attn_bias (Qwen2: False beside a True attn_bias). rope_scaling: None,
+    attn_out_bias (the output projection) = attn_bias (Qwen2: False beside a True attn_bias). rope_scaling:
+    None,
     {"rope_type": "linear", "factor": f} or Llama 3.1's {"rope_type": "llama3", "factor",
     "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"} (netcl.ops.rope_scaling).
     """
@@ -97,7 +98,9 @@ class GPTConfig:
                 raise TypeError(f"GPTConfig: {name} must be True, False or None, got {value!r}")
             setattr(self, name, value)
         if self.activation not in _MLP_ACTIVATIONS:
-            raise ValueError(f"GPTConfig: activation must be one of {_MLP_ACTIVATIONS}, got {self.activation!r}")
+            raise ValueError(
+                f"GPTConfig: activation must be one of {_MLP_ACTIVATIONS}, got {self.activation!r}"
+            )
         for name in ("dropout", "attn_dropout"):
             setattr(self, name, _number(name, getattr(self, name), low=0.0, high=1.0))
         if self.dtype not in ("float32", "float64"):

@@ -41,7 +41,9 @@ class DecodeState:
     def __init__(self, model: Any, batch: int, capacity: int):
         c, q = model.config, model.queue
         self.batch, self.capacity = batch, capacity
-        self.caches = [KVCache(q, batch, c.n_kv_heads, capacity, c.head_dim, c.dtype) for _ in range(c.n_layers)]
+        self.caches = [
+            KVCache(q, batch, c.n_kv_heads, capacity, c.head_dim, c.dtype) for _ in range(c.n_layers)
+        ]
         self.position = Tensor.zeros(q, (1,), np.int32)
         self.tokens = Tensor.zeros(q, (batch, 1), np.int32)
         self.generator = Generator(0)
@@ -95,8 +97,10 @@ def _prompt(model: Any, ids: Any) -> tuple[np.ndarray, bool]:
                          f"equal-length prompts, got shape {given}")
     vocab = model.config.vocab_size
     if arr.min() < 0 or arr.max() >= vocab:
-        raise ShapeError(f"generate: token ids must lie in [0, {vocab}), the prompt holds ids from {arr.min()} to "
-                         f"{arr.max()}")
+        raise ShapeError(
+            f"generate: token ids must lie in [0, {vocab}), the "
+            f"prompt holds ids from {arr.min()} to {arr.max()}"
+        )
     return arr.astype(np.int32), single
 
 
@@ -105,7 +109,11 @@ def generate(model: Any, ids: Any, max_new_tokens: int, temperature: float = 1.0
              use_graph: bool = True) -> Iterator[Any]:
     """See GPT.generate. Arguments are checked here, before the first token is asked for."""
     prompt, single = _prompt(model, ids)
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 0:
+    if (
+        isinstance(max_new_tokens, bool)
+        or not isinstance(max_new_tokens, (int, np.integer))
+        or max_new_tokens < 0
+    ):
         raise ValueError(f"generate: max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
     sampling = check_sampling(temperature, top_k, top_p)
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))):
@@ -116,13 +124,23 @@ def generate(model: Any, ids: Any, max_new_tokens: int, temperature: float = 1.0
     batch, length = prompt.shape
     limit = model.config.max_seq_len
     if length + max_new_tokens > limit:
-        raise ShapeError(f"generate: a prompt of {length} tokens plus max_new_tokens={max_new_tokens} exceeds the "
-                         f"model's max_seq_len {limit}; shorten the prompt (keep its last tokens) or ask for fewer")
+        raise ShapeError(
+            f"generate: a prompt of {length} tokens plus max_new_tokens={max_new_tokens} exceeds the "
+            f"model's max_seq_len {limit}; shorten the prompt (keep its last tokens) or ask for fewer"
+        )
     if seed is None:
         # reproducible after netcl.ops.random.manual_seed: the seed is drawn from the default generator
         seed = (default_generator.seed * 0x9E3779B97F4A7C15 + default_generator.take(1)) & 0xFFFFFFFFFFFFFFFF
-    return _tokens(model, prompt, single, int(max_new_tokens), sampling, int(seed), set(int(t) for t in stops),
-                   bool(use_graph))
+    return _tokens(
+        model,
+        prompt,
+        single,
+        int(max_new_tokens),
+        sampling,
+        int(seed),
+        set(int(t) for t in stops),
+        bool(use_graph),
+    )
 
 
 def _state(model: Any, batch: int, needed: int) -> DecodeState:

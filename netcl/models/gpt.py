@@ -65,15 +65,34 @@ class GPT(Module):
                     c.rope_scaling) if c.uses_rope else None
         norm = "rms" if c.arch == "llama" else "layer"
         mlp = "swiglu" if c.arch == "llama" else "gelu"
-        self.layers = ModuleList([
-            TransformerBlock(q, c.dim, c.n_heads, c.hidden_dim, c.n_kv_heads, c.head_dim, norm=norm, mlp=mlp,
-                             norm_eps=c.norm_eps, bias=c.attn_bias, out_bias=c.attn_out_bias, mlp_bias=c.mlp_bias,
-                             activation=c.activation,
-                             rope=rope, dropout=c.dropout, attn_dropout=c.attn_dropout, dtype=dt,
-                             generator=generator)
-            for _ in range(c.n_layers)
-        ])
-        self.norm = RMSNorm(q, c.dim, c.norm_eps, dt) if norm == "rms" else LayerNorm(q, c.dim, c.norm_eps, dtype=dt)
+        self.layers = ModuleList(
+            [
+                TransformerBlock(
+                    q,
+                    c.dim,
+                    c.n_heads,
+                    c.hidden_dim,
+                    c.n_kv_heads,
+                    c.head_dim,
+                    norm=norm,
+                    mlp=mlp,
+                    norm_eps=c.norm_eps,
+                    bias=c.attn_bias,
+                    out_bias=c.attn_out_bias,
+                    mlp_bias=c.mlp_bias,
+                    activation=c.activation,
+                    rope=rope,
+                    dropout=c.dropout,
+                    attn_dropout=c.attn_dropout,
+                    dtype=dt,
+                    generator=generator,
+                )
+                for _ in range(c.n_layers)
+            ]
+        )
+        self.norm = (
+            RMSNorm(q, c.dim, c.norm_eps, dt) if norm == "rms" else LayerNorm(q, c.dim, c.norm_eps, dtype=dt)
+        )
         if not c.tie_embeddings:
             self.lm_head = Linear(q, c.dim, c.vocab_size, bias=False, dtype=dt)
         self.generator = generator
@@ -89,7 +108,11 @@ class GPT(Module):
             elif "norm" in name.split(".")[-2]:
                 p.value = init.ones(self.queue, p.shape, c.dtype)
             else:
-                std = residual_std if name.endswith(("o_proj.weight", "mlp.w2.weight", "mlp.proj.weight")) else INIT_STD
+                std = (
+                    residual_std
+                    if name.endswith(("o_proj.weight", "mlp.w2.weight", "mlp.proj.weight"))
+                    else INIT_STD
+                )
                 p.value = init.normal(self.queue, p.shape, std=std, dtype=c.dtype, generator=generator)
 
     # -- the forward pass ----------------------------------------------------------------------------------
@@ -153,7 +176,9 @@ class GPT(Module):
         logits = self.forward(ids, attention_mask)
         tgt = self._ids(targets)
         if tgt.shape != logits.shape[:2]:
-            raise ShapeError(f"GPT.loss: targets of shape {tgt.shape} do not match ids of shape {logits.shape[:2]}")
+            raise ShapeError(
+                f"GPT.loss: targets of shape {tgt.shape} do not match ids of shape {logits.shape[:2]}"
+            )
         if loss_mask is not None:
             m = loss_mask.value if isinstance(loss_mask, Node) else loss_mask
             if not isinstance(m, Tensor):

@@ -1,5 +1,6 @@
 """Hugging Face naming for netcl.models.GPT: one table per family (LlamaForCausalLM, GPT2LMHeadModel; Mistral
-and Qwen2 read through Llama's) mapping HF tensors to netcl parameters, and the config.json fields to GPTConfig.
+and Qwen2 read through Llama's) mapping HF tensors to netcl parameters, and the config.json fields to
+GPTConfig.
 
 A table row is (HF names, netcl names, conversion): most rows are one tensor each way; GPT-2's Conv1D
 weights are stored (in, out) and are transposed; GPT-2's c_attn holds q, k and v side by side and splits
@@ -21,14 +22,17 @@ from netcl.models.config import GPTConfig
 from netcl.ops.rope import ROPE_SCALINGS
 
 Arrays = list[np.ndarray]
-Rule = tuple[list[str], list[str], Callable[[Arrays, GPTConfig], Arrays], Callable[[Arrays, GPTConfig], Arrays]]
+Rule = tuple[
+    list[str], list[str], Callable[[Arrays, GPTConfig], Arrays], Callable[[Arrays, GPTConfig], Arrays]
+]
 
 _ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh",
                 "gelu": "gelu", "relu": "relu", "silu": "silu", "swish": "silu"}
 _HF_ACTIVATION = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu", "silu": "silu"}
 
 
-# -- conversions (HF arrays -> netcl arrays, and back) ---------------------------------------------------------
+# -- conversions (HF arrays -> netcl arrays, and back)
+# ---------------------------------------------------------
 def _same(arrays: Arrays, _c: GPTConfig) -> Arrays:
     return [arrays[0]]
 
@@ -57,13 +61,16 @@ def _rope_rows(proj: str, to_interleaved: bool) -> Callable[[Arrays, GPTConfig],
             return [w]
         n = c.n_heads if proj == "q" else c.n_kv_heads
         d = c.head_dim
-        rows = w.reshape(n, 2, d // 2, *w.shape[1:]) if to_interleaved else w.reshape(n, d // 2, 2, *w.shape[1:])
+        rows = (
+            w.reshape(n, 2, d // 2, *w.shape[1:]) if to_interleaved else w.reshape(n, d // 2, 2, *w.shape[1:])
+        )
         return [np.ascontiguousarray(np.swapaxes(rows, 1, 2).reshape(w.shape))]
 
     return convert
 
 
-# -- the tables --------------------------------------------------------------------------------------------------
+# -- the tables
+# --------------------------------------------------------------------------------------------------
 def _llama_rules(c: GPTConfig) -> list[Rule]:
     same = (_same, _same)
     rules: list[Rule] = [(["model.embed_tokens.weight"], ["tok_embeddings.weight"], *same),
@@ -98,12 +105,14 @@ def _gpt2_rules(c: GPTConfig) -> list[Rule]:
     for i in range(c.n_layers):
         hf, nc = f"transformer.h.{i}.", f"layers.{i}."
         for p in ("weight", "bias"):
-            rules += [([f"{hf}ln_1.{p}"], [f"{nc}attn_norm.{p}"], *same),
-                      ([f"{hf}ln_2.{p}"], [f"{nc}mlp_norm.{p}"], *same),
-                      ([f"{hf}attn.c_attn.{p}"], [f"{nc}attn.{n}_proj.{p}" for n in "qkv"], _split_qkv, _join_qkv),
-                      ([f"{hf}attn.c_proj.{p}"], [f"{nc}attn.o_proj.{p}"], *(conv1d if p == "weight" else same)),
-                      ([f"{hf}mlp.c_fc.{p}"], [f"{nc}mlp.fc.{p}"], *(conv1d if p == "weight" else same)),
-                      ([f"{hf}mlp.c_proj.{p}"], [f"{nc}mlp.proj.{p}"], *(conv1d if p == "weight" else same))]
+            rules += [
+                ([f"{hf}ln_1.{p}"], [f"{nc}attn_norm.{p}"], *same),
+                ([f"{hf}ln_2.{p}"], [f"{nc}mlp_norm.{p}"], *same),
+                ([f"{hf}attn.c_attn.{p}"], [f"{nc}attn.{n}_proj.{p}" for n in "qkv"], _split_qkv, _join_qkv),
+                ([f"{hf}attn.c_proj.{p}"], [f"{nc}attn.o_proj.{p}"], *(conv1d if p == "weight" else same)),
+                ([f"{hf}mlp.c_fc.{p}"], [f"{nc}mlp.fc.{p}"], *(conv1d if p == "weight" else same)),
+                ([f"{hf}mlp.c_proj.{p}"], [f"{nc}mlp.proj.{p}"], *(conv1d if p == "weight" else same)),
+            ]
     return rules
 
 
@@ -112,7 +121,8 @@ _RULES = {"llama": _llama_rules, "gpt2": _gpt2_rules}
 _IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias", ".rotary_emb.inv_freq")
 
 
-# -- config.json <-> GPTConfig ------------------------------------------------------------------------------------
+# -- config.json <-> GPTConfig
+# ------------------------------------------------------------------------------------
 # family -> (model_type, architecture). Mistral and Qwen2 are Llama's tensors under Llama's names: Qwen2 with
 # biases on q/k/v (not on o), Mistral and Qwen2 with an optional sliding attention window, which netcl does
 # not implement: their max_seq_len is capped at the window, inside which it changes nothing.
@@ -127,8 +137,9 @@ def _sliding_window(family: str, config: dict[str, Any]) -> int | None:
         layer_types = config.get("layer_types")
         if layer_types is not None:
             return window if "sliding_attention" in layer_types else None
-        sliding = config.get("use_sliding_window", False) and config.get("max_window_layers", 28) < config.get(
-            "num_hidden_layers", 0)
+        sliding = config.get("use_sliding_window", False) and config.get(
+            "max_window_layers", 28
+        ) < config.get("num_hidden_layers", 0)
         return window if sliding else None
     return window if family == "mistral" else None
 
@@ -139,8 +150,10 @@ def _family(config: dict[str, Any]) -> str:
     for family, (kind, arch) in _FAMILIES.items():
         if model_type == kind or arch in archs:
             return family
-    raise PretrainedError(f"netcl loads {', '.join(arch for _, arch in _FAMILIES.values())} directories; this "
-                          f"one is model_type={model_type!r}, architectures={archs}")
+    raise PretrainedError(
+        f"netcl loads {', '.join(arch for _, arch in _FAMILIES.values())} directories; this "
+        f"one is model_type={model_type!r}, architectures={archs}"
+    )
 
 
 def config_from_hf(config: dict[str, Any], overrides: dict[str, Any] | None = None) -> GPTConfig:
@@ -150,34 +163,58 @@ def config_from_hf(config: dict[str, Any], overrides: dict[str, Any] | None = No
     try:
         if family in ("llama", "mistral", "qwen2"):
             rope = get("rope_parameters") or get("rope_scaling") or {}
-            rope_type = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
+            rope_type = (
+                rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
+            )
             scaling = None
             if rope_type in ROPE_SCALINGS:
-                scaling = {"rope_type": rope_type, **{k: rope[k] for k in ROPE_SCALINGS[rope_type] if k in rope}}
+                scaling = {
+                    "rope_type": rope_type,
+                    **{k: rope[k] for k in ROPE_SCALINGS[rope_type] if k in rope},
+                }
                 if rope_type == "llama3" and rope.get("original_max_position_embeddings") is None:
-                    scaling["original_max_position_embeddings"] = get("max_position_embeddings")  # transformers' too
+                    scaling["original_max_position_embeddings"] = get(
+                        "max_position_embeddings"
+                    )  # transformers' too
             elif rope_type not in (None, "default"):
-                raise PretrainedError(f"rope scaling {rope_type!r} is not implemented by netcl (plain RoPE and the "
-                                      f"static scalings {sorted(ROPE_SCALINGS)})")
+                raise PretrainedError(
+                    f"rope scaling {rope_type!r} is not implemented by netcl (plain RoPE and the "
+                    f"static scalings {sorted(ROPE_SCALINGS)})"
+                )
             if get("hidden_act", "silu") not in ("silu", "swish"):
                 raise PretrainedError(f"Llama hidden_act {get('hidden_act')!r}: netcl's SwiGLU uses silu")
-            theta = rope["rope_theta"] if isinstance(rope, dict) and "rope_theta" in rope else get("rope_theta", 1e4)
-            fields = dict(arch="llama", vocab_size=get("vocab_size"), dim=get("hidden_size"),
-                          n_layers=get("num_hidden_layers"), n_heads=get("num_attention_heads"),
-                          n_kv_heads=get("num_key_value_heads"), head_dim=get("head_dim"),
-                          hidden_dim=get("intermediate_size"), max_seq_len=get("max_position_embeddings", 2048),
-                          norm_eps=get("rms_norm_eps", 1e-6), rope_base=theta, rope_scaling=scaling,
-                          tie_embeddings=bool(get("tie_word_embeddings", False)),
-                          attn_bias=family == "qwen2" or bool(get("attention_bias", False)),
-                          attn_out_bias=family != "qwen2" and bool(get("attention_bias", False)),
-                          mlp_bias=bool(get("mlp_bias", False)))
+            theta = (
+                rope["rope_theta"]
+                if isinstance(rope, dict) and "rope_theta" in rope
+                else get("rope_theta", 1e4)
+            )
+            fields = dict(
+                arch="llama",
+                vocab_size=get("vocab_size"),
+                dim=get("hidden_size"),
+                n_layers=get("num_hidden_layers"),
+                n_heads=get("num_attention_heads"),
+                n_kv_heads=get("num_key_value_heads"),
+                head_dim=get("head_dim"),
+                hidden_dim=get("intermediate_size"),
+                max_seq_len=get("max_position_embeddings", 2048),
+                norm_eps=get("rms_norm_eps", 1e-6),
+                rope_base=theta,
+                rope_scaling=scaling,
+                tie_embeddings=bool(get("tie_word_embeddings", False)),
+                attn_bias=family == "qwen2" or bool(get("attention_bias", False)),
+                attn_out_bias=family != "qwen2" and bool(get("attention_bias", False)),
+                mlp_bias=bool(get("mlp_bias", False)),
+            )
             window = _sliding_window(family, config)
             if window is not None:
                 wanted = (overrides or {}).get("max_seq_len", fields["max_seq_len"])
                 if wanted is not None and wanted > window:
                     if "max_seq_len" in (overrides or {}):
-                        raise PretrainedError(f"max_seq_len={wanted} exceeds the {family} model's sliding attention "
-                                              f"window of {window}, which netcl does not implement")
+                        raise PretrainedError(
+                            f"max_seq_len={wanted} exceeds the {family} model's sliding attention "
+                            f"window of {window}, which netcl does not implement"
+                        )
                     fields["max_seq_len"] = window
         else:
             act = get("activation_function", "gelu_new")
@@ -185,13 +222,24 @@ def config_from_hf(config: dict[str, Any], overrides: dict[str, Any] | None = No
                 raise PretrainedError(f"GPT-2 activation_function {act!r} is not one netcl implements "
                                       f"({sorted(_ACTIVATIONS)})")
             if not get("scale_attn_weights", True) or get("scale_attn_by_inverse_layer_idx", False):
-                raise PretrainedError("GPT-2 attention without 1/sqrt(head_dim) scaling, or scaled by the inverse "
-                                      "layer index, is not implemented by netcl")
-            fields = dict(arch="gpt2", vocab_size=get("vocab_size"), dim=get("n_embd"), n_layers=get("n_layer"),
-                          n_heads=get("n_head"), hidden_dim=get("n_inner") or 4 * get("n_embd"),
-                          max_seq_len=get("n_positions"), norm_eps=get("layer_norm_epsilon", 1e-5),
-                          activation=_ACTIVATIONS[act], tie_embeddings=bool(get("tie_word_embeddings", True)),
-                          attn_bias=True, mlp_bias=True)
+                raise PretrainedError(
+                    "GPT-2 attention without 1/sqrt(head_dim) scaling, or scaled by the inverse "
+                    "layer index, is not implemented by netcl"
+                )
+            fields = dict(
+                arch="gpt2",
+                vocab_size=get("vocab_size"),
+                dim=get("n_embd"),
+                n_layers=get("n_layer"),
+                n_heads=get("n_head"),
+                hidden_dim=get("n_inner") or 4 * get("n_embd"),
+                max_seq_len=get("n_positions"),
+                norm_eps=get("layer_norm_epsilon", 1e-5),
+                activation=_ACTIVATIONS[act],
+                tie_embeddings=bool(get("tie_word_embeddings", True)),
+                attn_bias=True,
+                mlp_bias=True,
+            )
         fields = {k: v for k, v in fields.items() if v is not None}
         fields.update(overrides or {})
         return GPTConfig(**fields)
@@ -206,38 +254,78 @@ def config_to_hf(c: GPTConfig) -> dict[str, Any]:
     if c.arch == "llama":
         qwen2 = c.attn_bias and not c.attn_out_bias
         if c.attn_out_bias and not c.attn_bias or qwen2 and c.mlp_bias:
-            raise PretrainedError(f"attn_bias={c.attn_bias}, attn_out_bias={c.attn_out_bias}, mlp_bias={c.mlp_bias}: "
-                                  "no Hugging Face architecture netcl writes has these biases (Llama: attention biases "
-                                  "on all four projections or none; Qwen2: on q/k/v, none on o and the MLP)")
+            raise PretrainedError(
+                f"attn_bias={c.attn_bias}, attn_out_bias={c.attn_out_bias}, mlp_bias={c.mlp_bias}: "
+                "no Hugging Face architecture netcl writes has these biases (Llama: attention biases "
+                "on all four projections or none; Qwen2: on q/k/v, none on o and the MLP)"
+            )
         family, arch = _FAMILIES["qwen2" if qwen2 else "llama"]
-        return {"architectures": [arch], "model_type": family, "vocab_size": c.vocab_size,
-                "hidden_size": c.dim, "intermediate_size": c.hidden_dim, "num_hidden_layers": c.n_layers,
-                "num_attention_heads": c.n_heads, "num_key_value_heads": c.n_kv_heads, "head_dim": c.head_dim,
-                "max_position_embeddings": c.max_seq_len, "rms_norm_eps": c.norm_eps, "rope_theta": c.rope_base,
-                "rope_parameters": {"rope_type": "default", "rope_theta": c.rope_base, **(c.rope_scaling or {})},
-                # transformers 4.x reads the scaling from rope_scaling (5.x from rope_parameters)
-                "rope_scaling": dict(c.rope_scaling) if c.rope_scaling else None,
-                **({"use_sliding_window": False, "sliding_window": None} if qwen2 else
-                   {"attention_bias": c.attn_bias, "mlp_bias": c.mlp_bias}),
-                "tie_word_embeddings": c.tie_embeddings,
-                "hidden_act": "silu", "attention_dropout": c.attn_dropout, "torch_dtype": c.dtype,
-                "dtype": c.dtype, "bos_token_id": None, "eos_token_id": None, "pad_token_id": None}
+        return {
+            "architectures": [arch],
+            "model_type": family,
+            "vocab_size": c.vocab_size,
+            "hidden_size": c.dim,
+            "intermediate_size": c.hidden_dim,
+            "num_hidden_layers": c.n_layers,
+            "num_attention_heads": c.n_heads,
+            "num_key_value_heads": c.n_kv_heads,
+            "head_dim": c.head_dim,
+            "max_position_embeddings": c.max_seq_len,
+            "rms_norm_eps": c.norm_eps,
+            "rope_theta": c.rope_base,
+            "rope_parameters": {"rope_type": "default", "rope_theta": c.rope_base, **(c.rope_scaling or {})},
+            # transformers 4.x reads the scaling from rope_scaling (5.x from rope_parameters)
+            "rope_scaling": dict(c.rope_scaling) if c.rope_scaling else None,
+            **(
+                {"use_sliding_window": False, "sliding_window": None}
+                if qwen2
+                else {"attention_bias": c.attn_bias, "mlp_bias": c.mlp_bias}
+            ),
+            "tie_word_embeddings": c.tie_embeddings,
+            "hidden_act": "silu",
+            "attention_dropout": c.attn_dropout,
+            "torch_dtype": c.dtype,
+            "dtype": c.dtype,
+            "bos_token_id": None,
+            "eos_token_id": None,
+            "pad_token_id": None,
+        }
     biases = c.attn_bias and c.attn_out_bias and c.mlp_bias
     if not biases or c.n_kv_heads != c.n_heads or c.head_dim * c.n_heads != c.dim:
-        raise PretrainedError("GPT-2's format needs biases everywhere, n_kv_heads == n_heads and head_dim * n_heads "
-                              f"== dim; this model has attn_bias={c.attn_bias}, mlp_bias={c.mlp_bias}, "
-                              f"n_kv_heads={c.n_kv_heads}, head_dim={c.head_dim}")
-    return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": c.vocab_size, "n_embd": c.dim,
-            "n_layer": c.n_layers, "n_head": c.n_heads, "n_inner": c.hidden_dim, "n_positions": c.max_seq_len,
-            "n_ctx": c.max_seq_len, "layer_norm_epsilon": c.norm_eps,
-            "activation_function": _HF_ACTIVATION[c.activation],
-            "tie_word_embeddings": c.tie_embeddings, "resid_pdrop": c.dropout, "embd_pdrop": c.dropout,
-            "attn_pdrop": c.attn_dropout, "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False,
-            "reorder_and_upcast_attn": False, "torch_dtype": c.dtype, "dtype": c.dtype,
-            "bos_token_id": None, "eos_token_id": None, "pad_token_id": None}
+        raise PretrainedError(
+            "GPT-2's format needs biases everywhere, n_kv_heads == n_heads and head_dim * n_heads "
+            f"== dim; this model has attn_bias={c.attn_bias}, mlp_bias={c.mlp_bias}, "
+            f"n_kv_heads={c.n_kv_heads}, head_dim={c.head_dim}"
+        )
+    return {
+        "architectures": ["GPT2LMHeadModel"],
+        "model_type": "gpt2",
+        "vocab_size": c.vocab_size,
+        "n_embd": c.dim,
+        "n_layer": c.n_layers,
+        "n_head": c.n_heads,
+        "n_inner": c.hidden_dim,
+        "n_positions": c.max_seq_len,
+        "n_ctx": c.max_seq_len,
+        "layer_norm_epsilon": c.norm_eps,
+        "activation_function": _HF_ACTIVATION[c.activation],
+        "tie_word_embeddings": c.tie_embeddings,
+        "resid_pdrop": c.dropout,
+        "embd_pdrop": c.dropout,
+        "attn_pdrop": c.attn_dropout,
+        "scale_attn_weights": True,
+        "scale_attn_by_inverse_layer_idx": False,
+        "reorder_and_upcast_attn": False,
+        "torch_dtype": c.dtype,
+        "dtype": c.dtype,
+        "bos_token_id": None,
+        "eos_token_id": None,
+        "pad_token_id": None,
+    }
 
 
-# -- loading and saving ------------------------------------------------------------------------------------------
+# -- loading and saving
+# ------------------------------------------------------------------------------------------
 # the base model's prefix of each table's names (the decoder stack without the language-model head)
 _BASE_PREFIX = {"llama": "model.", "gpt2": "transformer."}
 
@@ -272,7 +360,11 @@ def _shapes(c: GPTConfig) -> dict[str, tuple[int, ...]]:
         out[f"{p}attn.o_proj.weight"] = (d, q_out)
         if c.attn_out_bias:
             out[f"{p}attn.o_proj.bias"] = (d,)
-        layers = (("w1", h, d), ("w3", h, d), ("w2", d, h)) if c.arch == "llama" else (("fc", h, d), ("proj", d, h))
+        layers = (
+            (("w1", h, d), ("w3", h, d), ("w2", d, h))
+            if c.arch == "llama"
+            else (("fc", h, d), ("proj", d, h))
+        )
         for name, rows, cols in layers:
             out[f"{p}mlp.{name}.weight"] = (rows, cols)
             if c.mlp_bias:
@@ -280,15 +372,19 @@ def _shapes(c: GPTConfig) -> dict[str, tuple[int, ...]]:
     return out
 
 
-def load(path: str | os.PathLike, overrides: dict[str, Any] | None = None) -> tuple[GPTConfig, dict[str, np.ndarray]]:
+def load(
+    path: str | os.PathLike, overrides: dict[str, Any] | None = None
+) -> tuple[GPTConfig, dict[str, np.ndarray]]:
     """(config, netcl-named arrays) of a Hugging Face directory. Every HF tensor must map to a parameter of
     the config's model, every parameter must be there, every shape must fit; otherwise one
     PretrainedError lists the unknown, missing and mis-shaped tensors (all of them)."""
     allowed = {"max_seq_len", "dropout", "attn_dropout", "rope_pairing", "dtype"}
     bad = sorted(set(overrides or {}) - allowed)
     if bad:
-        raise ValueError(f"from_pretrained: {bad} cannot be overridden (they would change what the weights mean); "
-                         f"overridable: {sorted(allowed)}")
+        raise ValueError(
+            f"from_pretrained: {bad} cannot be overridden (they would change what the weights mean); "
+            f"overridable: {sorted(allowed)}"
+        )
     raw_config = hf_io.read_config(path)
     config = config_from_hf(raw_config, overrides)
     if config.arch == "gpt2" and "max_seq_len" in (overrides or {}):

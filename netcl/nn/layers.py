@@ -273,7 +273,9 @@ class MaxPool2d(Module):
     ):
         super().__init__()
         self.kernel_size = shapes.pair(kernel_size, "MaxPool2d: kernel_size", minimum=1)
-        self.stride = self.kernel_size if stride is None else shapes.pair(stride, "MaxPool2d: stride", minimum=1)
+        self.stride = (
+            self.kernel_size if stride is None else shapes.pair(stride, "MaxPool2d: stride", minimum=1)
+        )
         self.padding = shapes.pair(padding, "MaxPool2d: padding", minimum=0)
         self.dilation = shapes.pair(dilation, "MaxPool2d: dilation", minimum=1)
         self.ceil_mode = ceil_mode
@@ -298,7 +300,9 @@ class AvgPool2d(Module):
     ):
         super().__init__()
         self.kernel_size = shapes.pair(kernel_size, "AvgPool2d: kernel_size", minimum=1)
-        self.stride = self.kernel_size if stride is None else shapes.pair(stride, "AvgPool2d: stride", minimum=1)
+        self.stride = (
+            self.kernel_size if stride is None else shapes.pair(stride, "AvgPool2d: stride", minimum=1)
+        )
         self.padding = shapes.pair(padding, "AvgPool2d: padding", minimum=0)
         self.ceil_mode, self.count_include_pad = ceil_mode, count_include_pad
 

@@ -98,7 +98,9 @@ class Module:
         if not name or "." in name:
             raise KeyError(f"{kind} name {name!r} must be non-empty and contain no '.'")
         if hasattr(type(self), name) or (name in self.__dict__ and name not in ("training",)):
-            raise KeyError(f"attribute {name!r} of {type(self).__name__} already exists: it cannot also be a {kind}")
+            raise KeyError(
+                f"attribute {name!r} of {type(self).__name__} already exists: it cannot also be a {kind}"
+            )
 
     def register_parameter(self, name: str, param: Parameter | None) -> None:
         """Register `param` (a Parameter, or None for a placeholder) under `name`."""
@@ -122,7 +124,9 @@ class Module:
     def add_module(self, name: str, module: Module | None) -> None:
         """Register `module` (or None) as the child `name`."""
         if module is not None and not isinstance(module, Module):
-            raise TypeError(f"cannot add {type(module).__name__} as child module {name!r} (a Module expected)")
+            raise TypeError(
+                f"cannot add {type(module).__name__} as child module {name!r} (a Module expected)"
+            )
         if name not in self._modules:
             self._check_name(name, "module")
         self._forget(name, keep=self._modules)

@@ -43,7 +43,9 @@ class BasicBlock(Module):
         self.bn2 = BatchNorm2d(q, channels, dtype=dtype)
         if stride != 1 or in_channels != channels:
             self.downsample = Sequential(
-                Conv2d(q, in_channels, channels, 1, stride=stride, bias=False, dtype=dtype, generator=generator),
+                Conv2d(
+                    q, in_channels, channels, 1, stride=stride, bias=False, dtype=dtype, generator=generator
+                ),
                 BatchNorm2d(q, channels, dtype=dtype),
             )
         else:
@@ -62,8 +64,16 @@ class ResNet(Module):
     stem: 3x3 conv (stride 1, no bias) + batch norm + relu; `layers[i]` basic blocks in stage i with
     64 * 2**i channels (stride 2 at the start of stages 2-4); adaptive average pooling to 1x1; Linear."""
 
-    def __init__(self, q: Any, layers: Sequence[int] = (2, 2, 2, 2), num_classes: int = 10, in_channels: int = 3,
-                 width: int = 64, dtype: Any = "float32", generator: random.Generator | None = None):
+    def __init__(
+        self,
+        q: Any,
+        layers: Sequence[int] = (2, 2, 2, 2),
+        num_classes: int = 10,
+        in_channels: int = 3,
+        width: int = 64,
+        dtype: Any = "float32",
+        generator: random.Generator | None = None,
+    ):
         super().__init__()
         q = as_queue(q)
         layers = tuple(shapes.size(n, "ResNet: blocks per stage", minimum=1) for n in layers)

@@ -59,7 +59,8 @@ class RoPE(Module):
 
     def extra_repr(self) -> str:
         scaling = f", scaling={self.scaling}" if self.scaling else ""
-        return f"head_dim={self.head_dim}, max_len={self.max_len}, base={self.base}, pairing={self.pairing!r}{scaling}"
+        return (f"head_dim={self.head_dim}, max_len={self.max_len}, base={self.base}, "
+                f"pairing={self.pairing!r}{scaling}")
 
 
 class SwiGLU(Module):
@@ -86,7 +87,9 @@ class GELUMLP(Module):
                  dtype: Any = "float32", generator: random.Generator | None = None):
         super().__init__()
         if activation not in ("gelu_tanh", "gelu", "relu", "silu"):
-            raise ValueError(f"GELUMLP: activation must be 'gelu_tanh', 'gelu', 'relu' or 'silu', got {activation!r}")
+            raise ValueError(
+                f"GELUMLP: activation must be 'gelu_tanh', 'gelu', 'relu' or 'silu', got {activation!r}"
+            )
         self.activation = activation
         self.fc = Linear(q, dim, hidden_dim, bias=bias, dtype=dtype, generator=generator)
         self.proj = Linear(q, hidden_dim, dim, bias=bias, dtype=dtype, generator=generator)
@@ -110,10 +113,16 @@ class KVCache:
     head_dim) each. Writes go to the position held by a device int32 tensor (the number of tokens already
     cached), so a recorded decode step replays at the next position."""
 
-    def __init__(self, q: Any, batch: int, n_kv_heads: int, max_len: int, head_dim: int, dtype: Any = "float32"):
+    def __init__(
+        self, q: Any, batch: int, n_kv_heads: int, max_len: int, head_dim: int, dtype: Any = "float32"
+    ):
         q = as_queue(q)
-        shape = (shapes.size(batch, "KVCache: batch", minimum=1), shapes.size(n_kv_heads, "KVCache: n_kv_heads", 1),
-                 shapes.size(max_len, "KVCache: max_len", minimum=1), shapes.size(head_dim, "KVCache: head_dim", 1))
+        shape = (
+            shapes.size(batch, "KVCache: batch", minimum=1),
+            shapes.size(n_kv_heads, "KVCache: n_kv_heads", 1),
+            shapes.size(max_len, "KVCache: max_len", minimum=1),
+            shapes.size(head_dim, "KVCache: head_dim", 1),
+        )
         self.k = Tensor.zeros(q, shape, dtype)
         self.v = Tensor.zeros(q, shape, dtype)
 
@@ -144,23 +153,41 @@ class MultiHeadAttention(Module):
     the new keys and values are written into the cache (k rotated straight into it) and the queries
     attend over the cache's first position + S keys: the work grows with the length, not the capacity."""
 
-    def __init__(self, q: Any, dim: int, n_heads: int, n_kv_heads: int | None = None, head_dim: int | None = None,
-                 bias: bool = False, out_bias: bool | None = None, dropout: float = 0.0, causal: bool = True,
-                 rope: RoPE | None = None, dtype: Any = "float32", generator: random.Generator | None = None):
+    def __init__(
+        self,
+        q: Any,
+        dim: int,
+        n_heads: int,
+        n_kv_heads: int | None = None,
+        head_dim: int | None = None,
+        bias: bool = False,
+        out_bias: bool | None = None,
+        dropout: float = 0.0,
+        causal: bool = True,
+        rope: RoPE | None = None,
+        dtype: Any = "float32",
+        generator: random.Generator | None = None,
+    ):
         super().__init__()
         self.dim = shapes.size(dim, "MultiHeadAttention: dim", minimum=1)
         self.n_heads = shapes.size(n_heads, "MultiHeadAttention: n_heads", minimum=1)
         self.n_kv_heads = shapes.size(n_heads if n_kv_heads is None else n_kv_heads,
                                       "MultiHeadAttention: n_kv_heads", minimum=1)
         if self.n_heads % self.n_kv_heads:
-            raise ShapeError(f"MultiHeadAttention: n_kv_heads={self.n_kv_heads} must divide n_heads={self.n_heads}")
+            raise ShapeError(
+                f"MultiHeadAttention: n_kv_heads={self.n_kv_heads} must divide n_heads={self.n_heads}"
+            )
         if head_dim is None and self.dim % self.n_heads:
-            raise ShapeError(f"MultiHeadAttention: dim={self.dim} is not divisible by n_heads={self.n_heads}; "
-                             "pass head_dim")
+            raise ShapeError(
+                f"MultiHeadAttention: dim={self.dim} is not divisible by n_heads={self.n_heads}; "
+                "pass head_dim"
+            )
         self.head_dim = shapes.size(self.dim // self.n_heads if head_dim is None else head_dim,
                                     "MultiHeadAttention: head_dim", minimum=1)
         if rope is not None and (not isinstance(rope, RoPE) or rope.head_dim != self.head_dim):
-            raise ShapeError(f"MultiHeadAttention: rope must be a RoPE of head_dim {self.head_dim}, got {rope!r}")
+            raise ShapeError(
+                f"MultiHeadAttention: rope must be a RoPE of head_dim {self.head_dim}, got {rope!r}"
+            )
         self.dropout = _probability(dropout, "MultiHeadAttention: dropout")
         self.causal = bool(causal)
         self.generator = generator
@@ -194,12 +221,21 @@ class MultiHeadAttention(Module):
                 qh, kh = self.rope(qh, position), self.rope(kh, position)
             keys, values, lengths = kh, vh, None
         else:
-            if not isinstance(cache, KVCache) or cache.shape != (b, self.n_kv_heads, cache.capacity, self.head_dim):
-                raise ShapeError(f"MultiHeadAttention: cache must be a KVCache of shape ({b}, {self.n_kv_heads}, "
-                                 f"capacity, {self.head_dim}), got {cache!r}")
+            if not isinstance(cache, KVCache) or cache.shape != (
+                b,
+                self.n_kv_heads,
+                cache.capacity,
+                self.head_dim,
+            ):
+                raise ShapeError(
+                    f"MultiHeadAttention: cache must be a KVCache of shape ({b}, {self.n_kv_heads}, "
+                    f"capacity, {self.head_dim}), got {cache!r}"
+                )
             if position is None:
-                raise ShapeError("MultiHeadAttention: a cache needs position= (an int32 device Tensor holding "
-                                 "how many tokens the cache already holds)")
+                raise ShapeError(
+                    "MultiHeadAttention: a cache needs position= (an int32 device Tensor holding "
+                    "how many tokens the cache already holds)"
+                )
             if self.rope is not None:
                 qh = self.rope(qh, position)
                 self.rope.rotate_into(kh.value, cache.k, position)
@@ -216,8 +252,11 @@ class MultiHeadAttention(Module):
         return _project(o, self.o_proj, residual)
 
     def extra_repr(self) -> str:
-        return (f"dim={self.dim}, n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}, head_dim={self.head_dim}, "
-                f"causal={self.causal}, dropout={self.dropout}")
+        return (
+            f"dim={self.dim}, n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}, "
+            f"head_dim={self.head_dim}, "
+            f"causal={self.causal}, dropout={self.dropout}"
+        )
 
 
 class TransformerBlock(Module):
@@ -229,11 +268,28 @@ class TransformerBlock(Module):
     training, each branch's output is dropped before its residual add (which then runs as its own launch
     instead of in the GEMM's epilogue)."""
 
-    def __init__(self, q: Any, dim: int, n_heads: int, hidden_dim: int, n_kv_heads: int | None = None,
-                 head_dim: int | None = None, norm: str = "rms", mlp: str = "swiglu", norm_eps: float = 1e-5,
-                 bias: bool = False, mlp_bias: bool | None = None, activation: str = "gelu_tanh",
-                 rope: RoPE | None = None, dropout: float = 0.0, attn_dropout: float = 0.0, causal: bool = True,
-                 dtype: Any = "float32", generator: random.Generator | None = None, out_bias: bool | None = None):
+    def __init__(
+        self,
+        q: Any,
+        dim: int,
+        n_heads: int,
+        hidden_dim: int,
+        n_kv_heads: int | None = None,
+        head_dim: int | None = None,
+        norm: str = "rms",
+        mlp: str = "swiglu",
+        norm_eps: float = 1e-5,
+        bias: bool = False,
+        mlp_bias: bool | None = None,
+        activation: str = "gelu_tanh",
+        rope: RoPE | None = None,
+        dropout: float = 0.0,
+        attn_dropout: float = 0.0,
+        causal: bool = True,
+        dtype: Any = "float32",
+        generator: random.Generator | None = None,
+        out_bias: bool | None = None,
+    ):
         super().__init__()
         if norm not in ("rms", "layer"):
             raise ValueError(f"TransformerBlock: norm must be 'rms' or 'layer', got {norm!r}")

@@ -79,7 +79,8 @@ GPU_GRIDS = {
 
 # Decoding (GPU variant): a forward whose GROUP * Sq query rows per kv head are at most DECODE_MAX_ROWS runs
 # attention_decode_gpu: one work-group per (kv head, batch, split of the keys) over all those rows, the splits
-# merged by attention_decode_combine_gpu. Splits: enough for DECODE_GROUPS_PER_CU work-groups per compute unit,
+# merged by attention_decode_combine_gpu. Splits: enough for DECODE_GROUPS_PER_CU work-groups per compute
+# unit,
 # at least one tile of keys each; DECODE_ITEMS work-items, tiles of the first of DECODE_TILE_KEYS that fits.
 DECODE_MAX_ROWS = 16
 DECODE_GROUPS_PER_CU = 4
@@ -96,7 +97,9 @@ def decode_tiles(device: Any, rows: int, head_dim: int, dtype: Any) -> dict[str,
     item = 8 if np.dtype(dtype) == dtypes.float64 else 4
     budget = device.capabilities.local_mem - 1024
     for dk in DECODE_TILE_KEYS:
-        values = (rows + dk) * (q4 + 1) * 4 + 2 * rows * dk + 4 * rows + (4 * groups * pairs if groups > 1 else 4)
+        values = (
+            (rows + dk) * (q4 + 1) * 4 + 2 * rows * dk + 4 * rows + (4 * groups * pairs if groups > 1 else 4)
+        )
         if values * item <= budget and DECODE_ITEMS <= device.capabilities.max_work_group_size:
             return {"DR": rows, "DK": dk, "DNT": DECODE_ITEMS}
     return None
@@ -179,7 +182,9 @@ class _Problem:
             if not isinstance(t, Tensor):
                 raise TypeError(f"{op}: {name} must be a Tensor, got {type(t).__name__}")
             if t.ndim != 4:
-                raise ShapeError(f"{op}: {name} must be 4-D (batch, heads, sequence, head_dim), got shape {t.shape}")
+                raise ShapeError(
+                    f"{op}: {name} must be 4-D (batch, heads, sequence, head_dim), got shape {t.shape}"
+                )
         check_same_queue(q, k, v)
         if not (q.dtype == k.dtype == v.dtype):
             raise DTypeError(f"{op}: q, k and v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
@@ -192,8 +197,10 @@ class _Problem:
             raise ShapeError(f"{op}: k and v must have one shape, got {k.shape} and {v.shape}")
         Bk, HKV, SK, Dk = k.shape
         if Bk != B or Dk != D:
-            raise ShapeError(f"{op}: k and v must be (batch={B}, kv_heads, keys, head_dim={D}) like q {q.shape}, "
-                             f"got {k.shape}")
+            raise ShapeError(
+                f"{op}: k and v must be (batch={B}, kv_heads, keys, head_dim={D}) like q {q.shape}, "
+                f"got {k.shape}"
+            )
         if HKV == 0 or HQ % HKV:
             raise ShapeError(f"{op}: the kv heads ({HKV}) must divide the query heads ({HQ}) "
                              f"(q {q.shape}, k {k.shape})")
@@ -203,7 +210,9 @@ class _Problem:
             raise TypeError(f"{op}: causal must be True or False, got {causal!r}")
         if scale is None:
             scale = 1.0 / math.sqrt(D)
-        if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, (int, float, np.floating, np.integer)):
+        if isinstance(scale, (bool, np.bool_)) or not isinstance(
+            scale, (int, float, np.floating, np.integer)
+        ):
             raise TypeError(f"{op}: scale must be a number or None, got {scale!r}")
         if not math.isfinite(float(scale)):
             raise ValueError(f"{op}: scale must be finite, got {scale}")
@@ -230,11 +239,15 @@ class _Problem:
         check_same_queue(self.q, mask)
         full = (self.B, self.HQ, self.SQ, self.SK)
         if mask.ndim > 4:
-            raise ShapeError(f"{op}: mask of shape {mask.shape} does not broadcast to (B, Hq, Sq, Sk) = {full}")
+            raise ShapeError(
+                f"{op}: mask of shape {mask.shape} does not broadcast to (B, Hq, Sq, Sk) = {full}"
+            )
         lead = (1,) * (4 - mask.ndim)
         for have, want in zip(lead + tuple(mask.shape), full, strict=True):
             if have not in (1, want):
-                raise ShapeError(f"{op}: mask of shape {mask.shape} does not broadcast to (B, Hq, Sq, Sk) = {full}")
+                raise ShapeError(
+                    f"{op}: mask of shape {mask.shape} does not broadcast to (B, Hq, Sq, Sk) = {full}"
+                )
         if mask.dtype == dtypes.bool_:
             kind = "MASK_BOOL"
         elif mask.dtype in _FLOATS:
@@ -242,22 +255,28 @@ class _Problem:
             if mask.dtype != self.dtype:
                 mask = cast(mask, self.dtype)  # (the mask's own size: broadcasting happens in the kernel)
         else:
-            raise DTypeError(f"{op}: mask must be bool (True = attend) or a float dtype (added to the scores), "
-                             f"got {mask.dtype}")
+            raise DTypeError(
+                f"{op}: mask must be bool (True = attend) or a float dtype (added to the scores), "
+                f"got {mask.dtype}"
+            )
         return mask.reshape(lead + tuple(mask.shape)).expand(*full), kind
 
     def _check_kv_len(self, op: str, kv_len: Any) -> Tensor | None:
         if kv_len is None:
             return None
         if not isinstance(kv_len, Tensor):
-            raise TypeError(f"{op}: kv_len must be None or an int32 Tensor of shape (1,) or ({self.B},) on the "
-                            f"device (e.g. Tensor.from_host(queue, np.array([L], np.int32))), got "
-                            f"{type(kv_len).__name__}")
+            raise TypeError(
+                f"{op}: kv_len must be None or an int32 Tensor of shape (1,) or ({self.B},) on the "
+                f"device (e.g. Tensor.from_host(queue, np.array([L], np.int32))), got "
+                f"{type(kv_len).__name__}"
+            )
         check_same_queue(self.q, kv_len)
         if kv_len.dtype != dtypes.int32:
             raise DTypeError(f"{op}: kv_len must be an int32 Tensor, got {kv_len.dtype}")
         if kv_len.shape not in ((1,), (self.B,)):
-            raise ShapeError(f"{op}: kv_len must have shape (1,) or (batch,) = ({self.B},), got {kv_len.shape}")
+            raise ShapeError(
+                f"{op}: kv_len must have shape (1,) or (batch,) = ({self.B},), got {kv_len.shape}"
+            )
         return kv_len
 
     # -- kernels --------------------------------------------------------------------------------------
@@ -277,7 +296,9 @@ class _Problem:
         out and lse; returns the decode kernel (for graph refreshes)."""
         dk = tiles["DK"]
         tiles_of_keys = max(1, -(-self.SK // dk))
-        want = max(1, -(-DECODE_GROUPS_PER_CU * self.device.capabilities.compute_units // (self.B * self.HKV)))
+        want = max(
+            1, -(-DECODE_GROUPS_PER_CU * self.device.capabilities.compute_units // (self.B * self.HKV))
+        )
         nsplit = min(want, tiles_of_keys)
         chunk = -(-tiles_of_keys // nsplit) * dk
         nsplit = max(1, -(-self.SK // chunk))
@@ -296,15 +317,26 @@ class _Problem:
         kernel(self.queue, (nsplit * tiles["DNT"], self.HKV, self.B), (tiles["DNT"], 1, 1), out=out.buffer,
                lse=lse.buffer, nsplit=np.int32(nsplit), chunk=np.int32(chunk), **bufs, **args)
         if nsplit > 1:
-            prg.attention_decode_combine_gpu(self.queue, (q4, self.B * self.HQ * self.SQ), None, out=out.buffer,
-                                             lse=lse.buffer, nsplit=np.int32(nsplit), **bufs)
+            prg.attention_decode_combine_gpu(
+                self.queue,
+                (q4, self.B * self.HQ * self.SQ),
+                None,
+                out=out.buffer,
+                lse=lse.buffer,
+                nsplit=np.int32(nsplit),
+                **bufs,
+            )
         return kernel
 
     def launch(self, kernel: str, **args: Any) -> Any:
         """Launch attention kernel `kernel` ("forward", "dq", "dkdv") of this problem's variant; returns the
         kernel object (for graph refreshes)."""
         variant = self.variant()
-        name = {"forward": "attention_forward", "dq": "attention_backward_dq", "dkdv": "attention_backward_dkdv"}
+        name = {
+            "forward": "attention_forward",
+            "dq": "attention_backward_dq",
+            "dkdv": "attention_backward_dkdv",
+        }
         rows, heads = (self.SK, self.HKV) if kernel == "dkdv" else (self.SQ, self.HQ)
         defines: dict[str, Any] = {"HEAD_DIM": self.D, "MASK": self.mask_kind}
         tiles = None
@@ -361,8 +393,11 @@ class _Problem:
             args.update(drop_threshold=np.uint32(0), drop_scale=acc(1.0), seed_lo=np.uint32(0),
                         seed_hi=np.uint32(0), counter0=np.uint64(0))
         else:
-            args.update(drop_threshold=_drop_threshold(self.dropout_p), drop_scale=acc(1.0 / (1.0 - self.dropout_p)),
-                        **draw.args())
+            args.update(
+                drop_threshold=_drop_threshold(self.dropout_p),
+                drop_scale=acc(1.0 / (1.0 - self.dropout_p)),
+                **draw.args(),
+            )
         return args
 
 
@@ -411,10 +446,19 @@ def _refresh_dropout_on_replay(draw: DropoutDraw, kernel: Any, draws: bool) -> N
 
 
 # -- forward ---------------------------------------------------------------------------------------------
-def flash_attention_forward(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, scale: float | None = None,
-                            mask: Tensor | None = None, dropout_p: float = 0.0, generator: Generator | None = None,
-                            kv_len: Tensor | None = None,
-                            dropout_draw: DropoutDraw | None = None) -> tuple[Tensor, Tensor]:
+def flash_attention_forward(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    causal: bool = False,
+    scale: float | None = None,
+    mask: Tensor | None = None,
+    dropout_p: float = 0.0,
+    generator: Generator | None = None,
+    kv_len: Tensor | None = None,
+    dropout_draw: DropoutDraw | None = None,
+) -> tuple[Tensor, Tensor]:
     """(out, lse) of attention (module docstring). With dropout_p > 0 the mask comes from `dropout_draw`
     (filled with fresh counters here; keep it for flash_attention_backward), or from a new draw of
     `generator` (default: the default generator) when none is given."""
@@ -479,11 +523,15 @@ def flash_attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: 
     draw = None
     if pr.dropout_p > 0:
         if not isinstance(dropout_draw, DropoutDraw) or dropout_draw.counter is None:
-            raise ValueError(f"{op}: dropout_p > 0 needs dropout_draw=, the DropoutDraw the forward used (its "
-                             "mask is regenerated from it)")
+            raise ValueError(
+                f"{op}: dropout_p > 0 needs dropout_draw=, the DropoutDraw the forward used (its "
+                "mask is regenerated from it)"
+            )
         if dropout_draw.rows != pr.B * pr.HQ * pr.SQ:
-            raise ShapeError(f"{op}: dropout_draw was drawn for {dropout_draw.rows} query rows, this call has "
-                             f"{pr.B * pr.HQ * pr.SQ}")
+            raise ShapeError(
+                f"{op}: dropout_draw was drawn for {dropout_draw.rows} query rows, this call has "
+                f"{pr.B * pr.HQ * pr.SQ}"
+            )
         draw = dropout_draw
     dq = Tensor.empty(pr.queue, full, pr.dtype) if need_dq else None
     dk = Tensor.empty(pr.queue, (pr.B, pr.HKV, pr.SK, pr.D), pr.dtype) if need_dkv else None
@@ -502,7 +550,9 @@ def flash_attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: 
     args.update(_row_args("grad_out", g))
     args.update(_row_args("out", out))
     args.update(lse=lse.buffer, delta=delta.buffer)
-    kernel = pr.launch("dq", dq=(dq if dq is not None else delta).buffer, do_dq=np.int32(dq is not None), **args)
+    kernel = pr.launch(
+        "dq", dq=(dq if dq is not None else delta).buffer, do_dq=np.int32(dq is not None), **args
+    )
     if draw is not None:
         _refresh_dropout_on_replay(draw, kernel, draws=False)
     if dk is not None:
@@ -515,7 +565,8 @@ def flash_attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: 
 # -- inspection ------------------------------------------------------------------------------------------
 def attention_dropout_mask(queue: Any, draw: DropoutDraw, shape: tuple[int, int, int, int],
                            dropout_p: float) -> Tensor:
-    """The keep-mask (bool, `shape` = (B, Hq, Sq, Sk)) that attention with `dropout_p` and `draw` (as filled by
+    """The keep-mask (bool, `shape` = (B, Hq, Sq, Sk)) that attention with `dropout_p` and `draw` (as filled
+    by
     its forward) applies: True where a probability is kept (and scaled by 1 / (1 - p)). For tests and
     inspection only: it is the S x S matrix the attention kernels never store."""
     if not isinstance(draw, DropoutDraw) or draw.counter is None:
@@ -527,8 +578,15 @@ def attention_dropout_mask(queue: Any, draw: DropoutDraw, shape: tuple[int, int,
     keep = Tensor.empty(queue, (B, HQ, SQ, SK), dtypes.bool_)
     if keep.size:
         prg = kernels.program(keep.device, "attention_dropout.cl", dtype=dtypes.float32)
-        prg.attention_dropout_keep(keep.queue, (-(-SK // 4), SQ, B * HQ), None, keep=keep.buffer, BH=np.int32(B * HQ),
-                                   SQ=np.int32(SQ),
-                                   SK=np.int32(SK), drop_threshold=_drop_threshold(float(dropout_p)),
-                                   **draw.args())
+        prg.attention_dropout_keep(
+            keep.queue,
+            (-(-SK // 4), SQ, B * HQ),
+            None,
+            keep=keep.buffer,
+            BH=np.int32(B * HQ),
+            SQ=np.int32(SQ),
+            SK=np.int32(SK),
+            drop_threshold=_drop_threshold(float(dropout_p)),
+            **draw.args(),
+        )
     return keep

@@ -73,7 +73,9 @@ class ConvParams:
                              f"input shape {tuple(x_shape)} with groups={self.G} needs {self.C // self.G}; "
                              "weight must be (K, C/groups, KH, KW)")
         if self.KH < 1 or self.KW < 1:
-            raise ShapeError(f"{op}: kernel size {(self.KH, self.KW)} from weight shape {tuple(w_shape)} is empty")
+            raise ShapeError(
+                f"{op}: kernel size {(self.KH, self.KW)} from weight shape {tuple(w_shape)} is empty"
+            )
         self.SH, self.SW = shapes.pair(stride, "stride", 1)
         self.DH, self.DW = shapes.pair(dilation, "dilation", 1)
         if isinstance(padding, str):
@@ -94,7 +96,8 @@ class ConvParams:
         self.OW = _output_size(self.W, self.KW, self.SW, self.PW, self.DW)
         if self.OH < 1 or self.OW < 1:
             raise ShapeError(
-                f"{op}: kernel {(self.KH, self.KW)} with dilation {(self.DH, self.DW)} does not fit the input "
+                f"{op}: kernel {(self.KH, self.KW)} with dilation "
+                f"{(self.DH, self.DW)} does not fit the input "
                 f"{(self.H, self.W)} padded by {(self.PH, self.PW)} (output would be {(self.OH, self.OW)}); "
                 "use a smaller kernel or more padding"
             )
@@ -218,10 +221,13 @@ def record_algorithm(device: Any, x_shape: Sequence[int], w_shape: Sequence[int]
     """Store the winning algorithm of one pass ('forward', 'backward_input', 'backward_weight') for one
     geometry (bench/conv.py --tune calls this)."""
     if algorithm not in PASS_ALGORITHMS[pass_]:
-        raise ValueError(f"{algorithm!r} is not an algorithm of the {pass_} pass; one of {PASS_ALGORITHMS[pass_]}")
+        raise ValueError(
+            f"{algorithm!r} is not an algorithm of the {pass_} pass; one of {PASS_ALGORITHMS[pass_]}"
+        )
     p = ConvParams(x_shape, w_shape, stride, padding, dilation, groups)
-    tuning.database_for(device).put(TUNE_FAMILIES[pass_], _tune_key(p, np.dtype(dt)), {"algorithm": algorithm},
-                                    **measured)
+    tuning.database_for(device).put(
+        TUNE_FAMILIES[pass_], _tune_key(p, np.dtype(dt)), {"algorithm": algorithm}, **measured
+    )
 
 
 def winograd_applicable(p: ConvParams) -> bool:
@@ -293,9 +299,21 @@ def _conv_direct(x: Tensor, w: Tensor, bias: Tensor | None, out: Tensor, p: Conv
     b = bias if bias is not None else out
     if capture.declaring():  # for the profiler: the convolution's FLOPs, x, w and out moved once
         profiling.work(p.flops, float(x.nbytes + w.nbytes + out.nbytes))
-    prg.conv2d_direct(x.queue, (math.ceil(p.OW / owb), p.OH, p.N * kblocks), None,
-                      x.buffer, np.int64(x.offset), w.buffer, np.int64(w.offset), b.buffer, np.int64(b.offset),
-                      np.int32(bias is not None), out.buffer, np.int64(out.offset), *p.geometry())
+    prg.conv2d_direct(
+        x.queue,
+        (math.ceil(p.OW / owb), p.OH, p.N * kblocks),
+        None,
+        x.buffer,
+        np.int64(x.offset),
+        w.buffer,
+        np.int64(w.offset),
+        b.buffer,
+        np.int64(b.offset),
+        np.int32(bias is not None),
+        out.buffer,
+        np.int64(out.offset),
+        *p.geometry(),
+    )
 
 
 def _winograd_rows(device: Any) -> bool:
@@ -322,8 +340,17 @@ def winograd_transform_weight(w: Tensor, flip: bool = False) -> Tensor:
     u = Tensor.empty(w.queue, (16, C, K) if flip else (16, K, C), w.dtype)
     prg = kernels.program(w.device, "winograd.cl", dtype=w.dtype)
     if _winograd_rows(w.device):
-        prg.winograd_filter_rows_2x2_3x3(w.queue, (C if flip else K,), None, w=w.buffer, w_off=np.int64(w.offset),
-                                         u=u.buffer, K=np.int32(K), C=np.int32(C), flip=np.int32(flip))
+        prg.winograd_filter_rows_2x2_3x3(
+            w.queue,
+            (C if flip else K,),
+            None,
+            w=w.buffer,
+            w_off=np.int64(w.offset),
+            u=u.buffer,
+            K=np.int32(K),
+            C=np.int32(C),
+            flip=np.int32(flip),
+        )
     else:
         prg.winograd_filter_2x2_3x3(w.queue, (K * C,), None, w=w.buffer, w_off=np.int64(w.offset), u=u.buffer,
                                     K=np.int32(K), C=np.int32(C), SE=np.int64(K * C),
@@ -356,7 +383,9 @@ def _winograd_input(prg: Any, x: Tensor, p: ConvParams, n0: int, nb: int) -> Ten
     return v
 
 
-def _conv_winograd(x: Tensor, u: Tensor, bias: Tensor | None, out: Tensor, p: ConvParams, act: str | None) -> None:
+def _conv_winograd(
+    x: Tensor, u: Tensor, bias: Tensor | None, out: Tensor, p: ConvParams, act: str | None
+) -> None:
     """Input transform -> 16 batched GEMMs U[e] (K x C) @ V[e] (C x tiles) -> output transform (bias and
     activation there), over chunks of images; `u` is the transformed weight (winograd_transform_weight).
     The GEMM is netcl's tuned one, so Winograd gains what it does on every device (2.25x fewer
@@ -370,9 +399,21 @@ def _conv_winograd(x: Tensor, u: Tensor, bias: Tensor | None, out: Tensor, p: Co
         v = _winograd_input(prg, x, p, n0, nb)
         m = mm.matmul(u, v)
         del v
-        args = dict(m=m.buffer, bias=b.buffer, b_off=np.int64(b.offset), has_bias=np.int32(bias is not None),
-                    y=out.buffer, y_off=np.int64(out.offset), n0=np.int32(n0), NB=np.int32(nb), K=np.int32(p.K),
-                    OH=np.int32(p.OH), OW=np.int32(p.OW), TW=np.int32(tw), TT=np.int32(th * tw))
+        args = dict(
+            m=m.buffer,
+            bias=b.buffer,
+            b_off=np.int64(b.offset),
+            has_bias=np.int32(bias is not None),
+            y=out.buffer,
+            y_off=np.int64(out.offset),
+            n0=np.int32(n0),
+            NB=np.int32(nb),
+            K=np.int32(p.K),
+            OH=np.int32(p.OH),
+            OW=np.int32(p.OW),
+            TW=np.int32(tw),
+            TT=np.int32(th * tw),
+        )
         if _winograd_rows(x.device):
             prg.winograd_output_rows_2x2_3x3(x.queue, (th, p.K, nb), None, TH=np.int32(th), **args)
         else:
@@ -570,7 +611,9 @@ def _conv2d_checks(x: Tensor, weight: Tensor, bias: Tensor | None, stride: Any, 
     dt = _float_dtype("conv2d", *tensors)
     p = _params(x.shape, weight.shape, stride, padding, dilation, groups)
     if bias is not None and tuple(bias.shape) != (p.K,):
-        raise ShapeError(f"conv2d: bias must have shape ({p.K},) for weight shape {weight.shape}, got {bias.shape}")
+        raise ShapeError(
+            f"conv2d: bias must have shape ({p.K},) for weight shape {weight.shape}, got {bias.shape}"
+        )
     algo = _auto_algorithm(x.device, p, dt) if algorithm == "auto" else algorithm
     if algo == "winograd" and not winograd_applicable(p):
         raise ShapeError(f"conv2d: algorithm='winograd' needs a 3x3 kernel, stride 1, dilation 1, groups 1; "
@@ -624,13 +667,17 @@ def conv2d_backward_input(grad_out: Tensor, weight: Tensor, input_shape: Sequenc
         flippable = ((p.SH, p.SW, p.DH, p.DW, p.G) == (1, 1, 1, 1, 1) and p.PH <= p.KH - 1
                      and p.PW <= p.KW - 1)
         if algorithm == "flipped" and not flippable:
-            raise ShapeError(f"conv2d_backward_input: algorithm='flipped' needs stride 1, dilation 1, one group "
-                             f"and padding below the kernel size; got stride {(p.SH, p.SW)}, dilation "
-                             f"{(p.DH, p.DW)}, groups {p.G}, padding {(p.PH, p.PW)}, kernel {(p.KH, p.KW)}")
+            raise ShapeError(
+                f"conv2d_backward_input: algorithm='flipped' needs stride 1, dilation 1, one group "
+                f"and padding below the kernel size; got stride {(p.SH, p.SW)}, dilation "
+                f"{(p.DH, p.DW)}, groups {p.G}, padding {(p.PH, p.PW)}, kernel {(p.KH, p.KW)}"
+            )
         algo = algorithm
         if algorithm == "auto":
             tuned = _tuned_algorithm(grad_out.device, p, dt, "backward_input")
-            flops = 2 * p.N * p.C * p.H * p.W * p.K * p.KH * p.KW  # the flipped convolution's output is x-shaped
+            flops = (
+                2 * p.N * p.C * p.H * p.W * p.K * p.KH * p.KW
+            )  # the flipped convolution's output is x-shaped
             if tuned is not None and (tuned != "flipped" or flippable):
                 algo = tuned
             elif flippable and p.KH == p.KW == 3 and min(p.C, p.K) >= 8 and winograd_pays(
@@ -640,8 +687,15 @@ def conv2d_backward_input(grad_out: Tensor, weight: Tensor, input_shape: Sequenc
                 algo = "gemm" if p.Cg * p.Kg > 1 else "direct"
         flipped_algo = None
         if algo == "flipped":  # the forward convolution it runs, and that one's algorithm
-            fp = _params((p.N, p.K, p.OH, p.OW), (p.C, p.K, p.KH, p.KW), 1, (p.KH - 1 - p.PH, p.KW - 1 - p.PW),
-                         1, 1, op="conv2d_backward_input")
+            fp = _params(
+                (p.N, p.K, p.OH, p.OW),
+                (p.C, p.K, p.KH, p.KW),
+                1,
+                (p.KH - 1 - p.PH, p.KW - 1 - p.PW),
+                1,
+                1,
+                op="conv2d_backward_input",
+            )
             flipped_algo = (fp, _auto_algorithm(grad_out.device, fp, dt))
         hit = _remember(key, (p, dt, algo, flipped_algo))
     p, dt, algo, flipped_algo = hit
@@ -650,11 +704,19 @@ def conv2d_backward_input(grad_out: Tensor, weight: Tensor, input_shape: Sequenc
         if fa == "winograd":  # the rotated, transposed filters transformed straight from the weight
             gx = Tensor.empty(grad_out.queue, (p.N, p.C, p.H, p.W), dt)
             if gx.size:
-                _conv_winograd(grad_out.contiguous(), winograd_transform_weight(weight.contiguous(), flip=True),
-                               None, gx, fp, None)
+                _conv_winograd(
+                    grad_out.contiguous(),
+                    winograd_transform_weight(weight.contiguous(), flip=True),
+                    None,
+                    gx,
+                    fp,
+                    None,
+                )
             return gx
         flipped = weight[:, :, ::-1, ::-1].permute(1, 0, 2, 3).contiguous()
-        return conv2d(grad_out, flipped, None, stride=1, padding=(p.KH - 1 - p.PH, p.KW - 1 - p.PW), algorithm=fa)
+        return conv2d(
+            grad_out, flipped, None, stride=1, padding=(p.KH - 1 - p.PH, p.KW - 1 - p.PW), algorithm=fa
+        )
     gx = Tensor.empty(grad_out.queue, (p.N, p.C, p.H, p.W), dt)
     if gx.size == 0:
         return gx
@@ -697,8 +759,19 @@ def _col2im_plan(gy: Tensor, p: ConvParams, n0: int, nb: int) -> tuple:
             prg = kernels.program(gy.device, "im2col.cl", dtype=gy.dtype)
             plan = (gy.device, prg.col2im_plane, (nb * p.C,), tail)
         else:  # the taps compiled in: no runtime division per tap (kernels/im2col.cl)
-            prg = kernels.program(gy.device, "im2col.cl", dtype=gy.dtype, TAP_KH=p.KH, TAP_KW=p.KW, TAP_SH=p.SH,
-                                  TAP_SW=p.SW, TAP_PH=p.PH, TAP_PW=p.PW, TAP_DH=p.DH, TAP_DW=p.DW)
+            prg = kernels.program(
+                gy.device,
+                "im2col.cl",
+                dtype=gy.dtype,
+                TAP_KH=p.KH,
+                TAP_KW=p.KW,
+                TAP_SH=p.SH,
+                TAP_SW=p.SW,
+                TAP_PH=p.PH,
+                TAP_PW=p.PW,
+                TAP_DH=p.DH,
+                TAP_DW=p.DW,
+            )
             plan = (gy.device, prg.col2im, (p.W, p.H, nb * p.C), tail)
         if len(_col2im_plans) < 4096:
             _col2im_plans[key] = plan
@@ -736,18 +809,26 @@ def conv2d_backward_weight(x: Tensor, grad_out: Tensor, weight_shape: Sequence[i
             raise ValueError(f"algorithm must be 'auto', 'gemm', 'direct' or 'winograd', got {algorithm!r}")
         check_same_queue(x, grad_out)
         dt = _float_dtype("conv2d_backward_weight", x, grad_out)
-        p = _params(x.shape, tuple(weight_shape), stride, padding, dilation, groups, op="conv2d_backward_weight")
+        p = _params(
+            x.shape, tuple(weight_shape), stride, padding, dilation, groups, op="conv2d_backward_weight"
+        )
         _check_grad_out("conv2d_backward_weight", grad_out, p)
         if algorithm == "winograd" and not winograd_applicable(p):
-            raise ShapeError(f"conv2d_backward_weight: algorithm='winograd' needs a 3x3 kernel, stride 1, dilation "
-                             f"1, groups 1; got kernel {(p.KH, p.KW)}, stride {(p.SH, p.SW)}, dilation "
-                             f"{(p.DH, p.DW)}, groups {p.G}")
+            raise ShapeError(
+                f"conv2d_backward_weight: algorithm='winograd' needs a 3x3 kernel, stride 1, dilation "
+                f"1, groups 1; got kernel {(p.KH, p.KW)}, stride {(p.SH, p.SW)}, dilation "
+                f"{(p.DH, p.DW)}, groups {p.G}"
+            )
         algo = algorithm
         if algorithm == "auto":
             tuned = _tuned_algorithm(x.device, p, dt, "backward_weight")
             if tuned is not None and (tuned != "winograd" or winograd_applicable(p)):
                 algo = tuned
-            elif winograd_applicable(p) and min(p.C, p.K) >= 8 and winograd_pays(x.device, p.flops, min(p.C, p.K)):
+            elif (
+                winograd_applicable(p)
+                and min(p.C, p.K) >= 8
+                and winograd_pays(x.device, p.flops, min(p.C, p.K))
+            ):
                 algo = "winograd"
             else:
                 algo = "gemm"
@@ -855,8 +936,10 @@ def conv_transpose2d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stri
         raise ShapeError(f"conv_transpose2d: weight shape {weight.shape} must start with the input's "
                          f"{cin} channels (input shape {x.shape}); weight is (Cin, Cout/groups, KH, KW)")
     if cin % groups:
-        raise ShapeError(f"conv_transpose2d: input channels {cin} (input shape {x.shape}) are not divisible by "
-                         f"groups={groups}")
+        raise ShapeError(
+            f"conv_transpose2d: input channels {cin} (input shape {x.shape}) are not divisible by "
+            f"groups={groups}"
+        )
     cout = weight.shape[1] * groups
     kh, kw = weight.shape[2], weight.shape[3]
     sh, sw = shapes.pair(stride, "stride", 1)
@@ -869,19 +952,25 @@ def conv_transpose2d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stri
     hout = (h - 1) * sh - 2 * ph + dh * (kh - 1) + oph + 1
     wout = (w_ - 1) * sw - 2 * pw + dw * (kw - 1) + opw + 1
     if hout < 1 or wout < 1:
-        raise ShapeError(f"conv_transpose2d: output size {(hout, wout)} from input {x.shape}, kernel {(kh, kw)}, "
-                         f"stride {(sh, sw)}, padding {(ph, pw)} is empty")
+        raise ShapeError(
+            f"conv_transpose2d: output size {(hout, wout)} from input {x.shape}, kernel {(kh, kw)}, "
+            f"stride {(sh, sw)}, padding {(ph, pw)} is empty"
+        )
     if bias is not None and tuple(bias.shape) != (cout,):
         raise ShapeError(f"conv_transpose2d: bias must have shape ({cout},), got {bias.shape}")
-    # the forward conv this transposes maps (N, Cout, Hout, Wout) -> (N, Cin, H, W) with weight (Cin, Cout/g, ..)
+    # the forward conv this transposes maps (N, Cout, Hout, Wout) -> (N, Cin, H, W) with weight (Cin, Cout/g,
+    # ..)
     p = ConvParams((n, cout, hout, wout), weight.shape, (sh, sw), (ph, pw), (dh, dw), groups,
                    op="conv_transpose2d")
     if (p.OH, p.OW) != (h, w_):
-        raise ShapeError(f"conv_transpose2d: inconsistent geometry: input {x.shape} vs derived {p.output_shape}")
+        raise ShapeError(
+            f"conv_transpose2d: inconsistent geometry: input {x.shape} vs derived {p.output_shape}"
+        )
     out = Tensor.empty(x.queue, (n, cout, hout, wout), dt)
     if out.size:
-        _backward_input_into(x.contiguous(), weight.contiguous(), bias.contiguous() if bias is not None else None,
-                             out, p, act)
+        _backward_input_into(
+            x.contiguous(), weight.contiguous(), bias.contiguous() if bias is not None else None, out, p, act
+        )
     return out
 
 

@@ -195,7 +195,8 @@ _pow = _binary("pow")
 
 def pow(a: Operand, b: Operand) -> Tensor:  # noqa: A001
     """Elementwise a ** b with broadcasting. An integer base with a negative integer *scalar* exponent
-    is refused as NumPy refuses it; tensor exponents follow PyTorch (1 ** -n = 1, (-1) ** -n = +-1, else 0)."""
+    is refused as NumPy refuses it; tensor exponents follow PyTorch (1 ** -n = 1, (-1) ** -n = +-1,
+    else 0)."""
     if (isinstance(a, Tensor) and a.dtype.kind in "iub" and isinstance(b, (int, np.integer))
             and not isinstance(b, (bool, np.bool_)) and b < 0):
         raise ValueError(f"pow: integers to negative integer powers are not allowed ({a.dtype} ** {b}); "

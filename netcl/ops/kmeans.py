@@ -25,10 +25,25 @@ from netcl.core.tensor import Tensor, check_same_queue
 from netcl.core.variants import Variant, first_usable, source_digest
 from netcl.errors import DeviceMismatchError, DTypeError, ShapeError
 
-__all__ = ["KMeansPlan", "PackedCenters", "Partials", "kmeans_assign", "kmeans_copy_rows", "kmeans_finalize",
-           "kmeans_label_distance", "kmeans_minibatch_finalize", "kmeans_pack", "kmeans_partials", "kmeans_plan",
-           "kmeans_pp_pick", "kmeans_pp_potential", "kmeans_pp_search", "kmeans_pp_update", "kmeans_update",
-           "pp_trials"]
+__all__ = [
+    "KMeansPlan",
+    "PackedCenters",
+    "Partials",
+    "kmeans_assign",
+    "kmeans_copy_rows",
+    "kmeans_finalize",
+    "kmeans_label_distance",
+    "kmeans_minibatch_finalize",
+    "kmeans_pack",
+    "kmeans_partials",
+    "kmeans_plan",
+    "kmeans_pp_pick",
+    "kmeans_pp_potential",
+    "kmeans_pp_search",
+    "kmeans_pp_update",
+    "kmeans_update",
+    "pp_trials",
+]
 
 VARIANTS = ("cpu", "gpu")
 PP_BLOCK = 256  # rows per k-means++ block (BLK): streamed chunks start at multiples of it
@@ -117,9 +132,11 @@ def kmeans_plan(queue: Any, dtype: Any, n_rows: int, n_features: int, n_clusters
         mb = max(rm, min(64, (CPU_STAGE_BYTES // (d * size)) // rm * rm))
         scratch = mb * d * size + mb * vn * 2 * size
         if scratch > caps.local_mem:
-            raise ShapeError(f"k-means on {queue.device.describe()}: rows of {d} features need {scratch} bytes of "
-                             f"local scratch, more than the device's {caps.local_mem}; reduce the features "
-                             "(e.g. PCA) first")
+            raise ShapeError(
+                f"k-means on {queue.device.describe()}: rows of {d} features need {scratch} bytes of "
+                f"local scratch, more than the device's {caps.local_mem}; reduce the features "
+                "(e.g. PCA) first"
+            )
         variant_defines = dict(VN=vn, RM=rm, PB=pb, MB=mb, DSTAGE=d, VF=vec)
         rows_per_group = mb
         nseg = max(1, min(4 * caps.compute_units, -(-n // 256)))
@@ -131,8 +148,10 @@ def kmeans_plan(queue: Any, dtype: Any, n_rows: int, n_features: int, n_clusters
         tiles = dict(TX=t, TY=t, TM=8, TN=8 if k > 4 * t else 4, BK=16 if size == 4 else 8)
         tiles.update(_check_tiles(assign_tiles or {}, max_wg))
         if tiles["TX"] * tiles["TY"] > max_wg:
-            raise ValueError(f"k-means assignment tile {tiles} needs work-groups of {tiles['TX'] * tiles['TY']}, "
-                             f"more than the device's {max_wg}")
+            raise ValueError(
+                f"k-means assignment tile {tiles} needs work-groups of {tiles['TX'] * tiles['TY']}, "
+                f"more than the device's {max_wg}"
+            )
         bn = tiles["TX"] * tiles["TN"]
         kpad = -(-k // bn) * bn
         dpad = -(-d // tiles["BK"]) * tiles["BK"]
@@ -179,12 +198,22 @@ def cpu_lanes(device: Any, dt: np.dtype) -> int:
 
         def variant(vn: int) -> Variant:
             wide = vn * dt.itemsize > 32
-            return Variant("kmeans_assign_cpu", f"{dt.name} VN={vn}", (f"-DVN={vn}",), digest,
-                           build=lambda: kernels.program(device, "kmeans_cpu.cl", dtype=dt, VN=vn, RM=4, PB=2, MB=8,
-                                                         DSTAGE=3, VF=safe).kmeans_assign_cpu,
-                           probe=("netcl.ops.kmeans:probe_wide_assign", (dt.name,)) if wide else None,
-                           probe_key=f"kmeans_assign_cpu | {dt.name} {vn}-wide vectors | {digest[:16]}" if wide
-                           else None, payload=vn)
+            return Variant(
+                "kmeans_assign_cpu",
+                f"{dt.name} VN={vn}",
+                (f"-DVN={vn}",),
+                digest,
+                build=lambda: (
+                    kernels.program(
+                        device, "kmeans_cpu.cl", dtype=dt, VN=vn, RM=4, PB=2, MB=8, DSTAGE=3, VF=safe
+                    ).kmeans_assign_cpu
+                ),
+                probe=("netcl.ops.kmeans:probe_wide_assign", (dt.name,)) if wide else None,
+                probe_key=f"kmeans_assign_cpu | {dt.name} {vn}-wide vectors | {digest[:16]}"
+                if wide
+                else None,
+                payload=vn,
+            )
 
         chosen, _ = first_usable(device, [variant(16), variant(safe)])
         lanes = _lanes[key] = chosen.payload
@@ -250,7 +279,9 @@ class Partials:
 
 
 # -- checks at the op boundary --------------------------------------------------------------------------
-def _check(plan: KMeansPlan, op: str, name: str, t: Tensor, shape: tuple[int, ...], dtype: Any = None) -> None:
+def _check(
+    plan: KMeansPlan, op: str, name: str, t: Tensor, shape: tuple[int, ...], dtype: Any = None
+) -> None:
     want = np.dtype(dtype) if dtype is not None else plan.dtype
     if not isinstance(t, Tensor):
         raise TypeError(f"{op}: {name} must be a netcl Tensor, got {type(t).__name__}")
@@ -296,17 +327,45 @@ def kmeans_pack(plan: KMeansPlan, centers: Tensor, out: PackedCenters | None = N
         out = PackedCenters(Tensor.empty(q, shape, plan.dtype), Tensor.empty(q, (plan.kpad,), plan.dtype))
     if plan.variant == "cpu":
         prg = plan.program("kmeans_cpu.cl", plan.defines)
-        prg.kmeans_pack_cpu(q, (plan.kpad,), None, centers=centers.buffer, k=np.int32(plan.k), d=np.int32(plan.d),
-                            kpad=np.int32(plan.kpad), cp=out.layout.buffer, cn=out.norms.buffer)
+        prg.kmeans_pack_cpu(
+            q,
+            (plan.kpad,),
+            None,
+            centers=centers.buffer,
+            k=np.int32(plan.k),
+            d=np.int32(plan.d),
+            kpad=np.int32(plan.kpad),
+            cp=out.layout.buffer,
+            cn=out.norms.buffer,
+        )
     else:
         prg = plan.program("kmeans_gpu.cl", plan.defines)
-        prg.kmeans_pack(q, (plan.kpad,), None, centers=centers.buffer, k=np.int32(plan.k), d=np.int32(plan.d),
-                        kpad=np.int32(plan.kpad), dpad=np.int32(plan.dpad), ct=out.layout.buffer, cn=out.norms.buffer)
+        prg.kmeans_pack(
+            q,
+            (plan.kpad,),
+            None,
+            centers=centers.buffer,
+            k=np.int32(plan.k),
+            d=np.int32(plan.d),
+            kpad=np.int32(plan.kpad),
+            dpad=np.int32(plan.dpad),
+            ct=out.layout.buffer,
+            cn=out.norms.buffer,
+        )
     return out
 
 
-def kmeans_assign(plan: KMeansPlan, x: Tensor, row0: int, shift: Tensor, packed: PackedCenters, centers: Tensor,
-                  labels: Tensor, dist: Tensor, changed: Tensor | None = None) -> None:
+def kmeans_assign(
+    plan: KMeansPlan,
+    x: Tensor,
+    row0: int,
+    shift: Tensor,
+    packed: PackedCenters,
+    centers: Tensor,
+    labels: Tensor,
+    dist: Tensor,
+    changed: Tensor | None = None,
+) -> None:
     """labels[row0 + i] = the nearest center of row i of x (the first on ties), dist[row0 + i] = its squared
     distance, in one kernel; with `changed` (an int32 (1,) tensor), also add the number of labels that
     differ from what `labels` held."""
@@ -320,10 +379,21 @@ def kmeans_assign(plan: KMeansPlan, x: Tensor, row0: int, shift: Tensor, packed:
         _check(plan, op, "changed", changed, (1,), np.int32)
     q = plan.queue
     groups = -(-rows // plan.rows_per_group)
-    args = dict(x=x.buffer, x_off=np.int64(x.offset), n=np.int32(rows), d=np.int32(plan.d), row0=np.int64(row0),
-                shift=shift.buffer, cn=packed.norms.buffer, kpad=np.int32(plan.kpad), centers=centers.buffer,
-                labels=labels.buffer, dist=dist.buffer, changed=(labels if changed is None else changed).buffer,
-                count_changes=np.int32(changed is not None))
+    args = dict(
+        x=x.buffer,
+        x_off=np.int64(x.offset),
+        n=np.int32(rows),
+        d=np.int32(plan.d),
+        row0=np.int64(row0),
+        shift=shift.buffer,
+        cn=packed.norms.buffer,
+        kpad=np.int32(plan.kpad),
+        centers=centers.buffer,
+        labels=labels.buffer,
+        dist=dist.buffer,
+        changed=(labels if changed is None else changed).buffer,
+        count_changes=np.int32(changed is not None),
+    )
     if plan.variant == "cpu":
         prg = plan.program("kmeans_cpu.cl", plan.defines)
         prg.kmeans_assign_cpu(q, (groups,), (1,), cp=packed.layout.buffer, **args)
@@ -334,8 +404,9 @@ def kmeans_assign(plan: KMeansPlan, x: Tensor, row0: int, shift: Tensor, packed:
                           ct=packed.layout.buffer, **args)
 
 
-def kmeans_label_distance(plan: KMeansPlan, x: Tensor, row0: int, shift: Tensor, centers: Tensor, labels: Tensor,
-                          dist: Tensor) -> None:
+def kmeans_label_distance(
+    plan: KMeansPlan, x: Tensor, row0: int, shift: Tensor, centers: Tensor, labels: Tensor, dist: Tensor
+) -> None:
     """dist[row0 + i] = squared distance of row i of x to centers[labels[row0 + i]]."""
     op = "kmeans_label_distance"
     rows = _check_rows(plan, op, x, row0)
@@ -344,9 +415,20 @@ def kmeans_label_distance(plan: KMeansPlan, x: Tensor, row0: int, shift: Tensor,
     _check(plan, op, "labels", labels, (plan.n,), np.int32)
     _check(plan, op, "dist", dist, (plan.n,))
     prg = plan.program("kmeans.cl", plan.shared_defines)
-    prg.kmeans_label_distance(plan.queue, (rows,), None, x=x.buffer, x_off=np.int64(x.offset), n=np.int32(rows),
-                              d=np.int32(plan.d), row0=np.int64(row0), shift=shift.buffer, centers=centers.buffer,
-                              labels=labels.buffer, dist=dist.buffer)
+    prg.kmeans_label_distance(
+        plan.queue,
+        (rows,),
+        None,
+        x=x.buffer,
+        x_off=np.int64(x.offset),
+        n=np.int32(rows),
+        d=np.int32(plan.d),
+        row0=np.int64(row0),
+        shift=shift.buffer,
+        centers=centers.buffer,
+        labels=labels.buffer,
+        dist=dist.buffer,
+    )
 
 
 # -- update ---------------------------------------------------------------------------------------------
@@ -370,10 +452,24 @@ def kmeans_update(plan: KMeansPlan, x: Tensor, row0: int, shift: Tensor, labels:
     w, extra = _weights_arg(plan, op, weights, dist)
     first, last = row0 // plan.seg, (row0 + rows - 1) // plan.seg
     count = last - first + 1
-    args = dict(x=x.buffer, x_off=np.int64(x.offset), n=np.int32(rows), d=np.int32(plan.d), row0=np.int64(row0),
-                shift=shift.buffer, labels=labels.buffer, dist=dist.buffer, w=w, seg=np.int64(plan.seg),
-                first_seg=np.int64(first), k=np.int32(plan.k), nkc=np.int32(plan.nkc), psum=partials.sums.buffer,
-                pw=partials.weights.buffer, pin=partials.inertia.buffer)
+    args = dict(
+        x=x.buffer,
+        x_off=np.int64(x.offset),
+        n=np.int32(rows),
+        d=np.int32(plan.d),
+        row0=np.int64(row0),
+        shift=shift.buffer,
+        labels=labels.buffer,
+        dist=dist.buffer,
+        w=w,
+        seg=np.int64(plan.seg),
+        first_seg=np.int64(first),
+        k=np.int32(plan.k),
+        nkc=np.int32(plan.nkc),
+        psum=partials.sums.buffer,
+        pw=partials.weights.buffer,
+        pin=partials.inertia.buffer,
+    )
     if plan.variant == "cpu":
         prg = plan.program("kmeans_cpu.cl", plan.defines, **extra)
         prg.kmeans_update_cpu(plan.queue, (count,), (1,), **args)
@@ -393,16 +489,29 @@ def kmeans_finalize(plan: KMeansPlan, partials: Partials, old: Tensor, new: Tens
     _check(plan, op, "stats", stats, (2 * plan.k + 1,))
     prg = plan.program("kmeans.cl", plan.shared_defines)
     wg = plan.finalize_wg
-    prg.kmeans_finalize(plan.queue, (plan.k * wg,), (wg,), psum=partials.sums.buffer, pw=partials.weights.buffer,
-                        pin=partials.inertia.buffer, nseg=np.int32(plan.nseg), npin=np.int32(plan.nseg * plan.nkc),
-                        k=np.int32(plan.k), d=np.int32(plan.d), old_c=old.buffer, new_c=new.buffer,
-                        sums=sums.buffer, stats=stats.buffer)
+    prg.kmeans_finalize(
+        plan.queue,
+        (plan.k * wg,),
+        (wg,),
+        psum=partials.sums.buffer,
+        pw=partials.weights.buffer,
+        pin=partials.inertia.buffer,
+        nseg=np.int32(plan.nseg),
+        npin=np.int32(plan.nseg * plan.nkc),
+        k=np.int32(plan.k),
+        d=np.int32(plan.d),
+        old_c=old.buffer,
+        new_c=new.buffer,
+        sums=sums.buffer,
+        stats=stats.buffer,
+    )
 
 
 def kmeans_minibatch_finalize(plan: KMeansPlan, partials: Partials, old: Tensor, new: Tensor, counts: Tensor,
                               stats: Tensor) -> None:
     """Mini-batch centers: clusters the batch touched move to (old * count + batch sum) / (count + batch
-    weight) and their counts grow; stats (2k + 1,) = batch weight per cluster, squared shifts, batch inertia."""
+    weight) and their counts grow; stats (2k + 1,) = batch weight per cluster, squared shifts, batch
+    inertia."""
     op = "kmeans_minibatch_finalize"
     for name, t in (("old", old), ("new", new)):
         _check(plan, op, name, t, (plan.k, plan.d))
@@ -410,10 +519,22 @@ def kmeans_minibatch_finalize(plan: KMeansPlan, partials: Partials, old: Tensor,
     _check(plan, op, "stats", stats, (2 * plan.k + 1,))
     prg = plan.program("kmeans.cl", plan.shared_defines)
     wg = plan.finalize_wg
-    prg.kmeans_minibatch_finalize(plan.queue, (plan.k * wg,), (wg,), psum=partials.sums.buffer,
-                                  pw=partials.weights.buffer, pin=partials.inertia.buffer, nseg=np.int32(plan.nseg),
-                                  npin=np.int32(plan.nseg * plan.nkc), k=np.int32(plan.k), d=np.int32(plan.d),
-                                  old_c=old.buffer, new_c=new.buffer, counts=counts.buffer, stats=stats.buffer)
+    prg.kmeans_minibatch_finalize(
+        plan.queue,
+        (plan.k * wg,),
+        (wg,),
+        psum=partials.sums.buffer,
+        pw=partials.weights.buffer,
+        pin=partials.inertia.buffer,
+        nseg=np.int32(plan.nseg),
+        npin=np.int32(plan.nseg * plan.nkc),
+        k=np.int32(plan.k),
+        d=np.int32(plan.d),
+        old_c=old.buffer,
+        new_c=new.buffer,
+        counts=counts.buffer,
+        stats=stats.buffer,
+    )
 
 
 # -- rows -----------------------------------------------------------------------------------------------
@@ -439,11 +560,22 @@ def kmeans_copy_rows(x: Tensor, src_idx: Tensor, out: Tensor, shift: Tensor | No
         return
     d = x.shape[1]
     prg = kernels.program(x.device, "kmeans.cl", dtype=x.dtype, WG=1)
-    prg.kmeans_copy_rows(x.queue, (d, count), None, x=x.buffer, x_off=np.int64(x.offset), d=np.int32(d),
-                         shift=(shift if shift is not None else x).buffer, subtract=np.int32(shift is not None),
-                         src_idx=src_idx.buffer, dst_idx=(dst_idx if dst_idx is not None else src_idx).buffer,
-                         scatter=np.int32(dst_idx is not None), count=np.int32(count), out=out.buffer,
-                         out_off=np.int64(out.offset))
+    prg.kmeans_copy_rows(
+        x.queue,
+        (d, count),
+        None,
+        x=x.buffer,
+        x_off=np.int64(x.offset),
+        d=np.int32(d),
+        shift=(shift if shift is not None else x).buffer,
+        subtract=np.int32(shift is not None),
+        src_idx=src_idx.buffer,
+        dst_idx=(dst_idx if dst_idx is not None else src_idx).buffer,
+        scatter=np.int32(dst_idx is not None),
+        count=np.int32(count),
+        out=out.buffer,
+        out_off=np.int64(out.offset),
+    )
 
 
 # -- k-means++ ------------------------------------------------------------------------------------------
@@ -470,10 +602,22 @@ def kmeans_pp_update(plan: KMeansPlan, x: Tensor, row0: int, shift: Tensor, weig
     w, _ = _weights_arg(plan, op, weights, closest)
     prg = _pp_program(plan, 1, weights is not None)
     wg = plan.pp_wg
-    prg.kmeans_pp_update(plan.queue, (-(-rows // PP_BLOCK) * wg,), (wg,), x=x.buffer, x_off=np.int64(x.offset),
-                         n=np.int32(rows), d=np.int32(plan.d), row0=np.int64(row0), shift=shift.buffer, w=w,
-                         centers=centers.buffer, c_off=np.int64(centers.offset + c * plan.d), closest=closest.buffer,
-                         bsum=block_sums.buffer)
+    prg.kmeans_pp_update(
+        plan.queue,
+        (-(-rows // PP_BLOCK) * wg,),
+        (wg,),
+        x=x.buffer,
+        x_off=np.int64(x.offset),
+        n=np.int32(rows),
+        d=np.int32(plan.d),
+        row0=np.int64(row0),
+        shift=shift.buffer,
+        w=w,
+        centers=centers.buffer,
+        c_off=np.int64(centers.offset + c * plan.d),
+        closest=closest.buffer,
+        bsum=block_sums.buffer,
+    )
 
 
 def kmeans_pp_search(plan: KMeansPlan, block_sums: Tensor, closest: Tensor, weights: Tensor | None,
@@ -506,13 +650,32 @@ def kmeans_pp_potential(plan: KMeansPlan, x: Tensor, row0: int, shift: Tensor, w
     w, _ = _weights_arg(plan, op, weights, closest)
     prg = _pp_program(plan, trials, weights is not None)
     wg = plan.pp_wg
-    prg.kmeans_pp_potential(plan.queue, (-(-rows // PP_BLOCK) * wg,), (wg,), x=x.buffer, x_off=np.int64(x.offset),
-                            n=np.int32(rows), d=np.int32(plan.d), row0=np.int64(row0), shift=shift.buffer, w=w,
-                            cand=candidates.buffer, closest=closest.buffer, part=part.buffer)
+    prg.kmeans_pp_potential(
+        plan.queue,
+        (-(-rows // PP_BLOCK) * wg,),
+        (wg,),
+        x=x.buffer,
+        x_off=np.int64(x.offset),
+        n=np.int32(rows),
+        d=np.int32(plan.d),
+        row0=np.int64(row0),
+        shift=shift.buffer,
+        w=w,
+        cand=candidates.buffer,
+        closest=closest.buffer,
+        part=part.buffer,
+    )
 
 
-def kmeans_pp_pick(plan: KMeansPlan, part: Tensor, cand_ids: Tensor, candidates: Tensor, c: int, centers: Tensor,
-                   chosen: Tensor) -> None:
+def kmeans_pp_pick(
+    plan: KMeansPlan,
+    part: Tensor,
+    cand_ids: Tensor,
+    candidates: Tensor,
+    c: int,
+    centers: Tensor,
+    chosen: Tensor,
+) -> None:
     """Center c = the candidate of least potential (the first on ties); chosen[c] = its row."""
     op = "kmeans_pp_pick"
     trials = candidates.shape[0]
@@ -523,6 +686,16 @@ def kmeans_pp_pick(plan: KMeansPlan, part: Tensor, cand_ids: Tensor, candidates:
     _check(plan, op, "chosen", chosen, (plan.k,), np.int32)
     prg = _pp_program(plan, trials, False)
     wg = plan.pp_wg
-    prg.kmeans_pp_pick(plan.queue, (wg,), (wg,), part=part.buffer, nblk=np.int32(nblk), cand_ids=cand_ids.buffer,
-                       cand=candidates.buffer, d=np.int32(plan.d), c=np.int32(c), centers=centers.buffer,
-                       chosen=chosen.buffer)
+    prg.kmeans_pp_pick(
+        plan.queue,
+        (wg,),
+        (wg,),
+        part=part.buffer,
+        nblk=np.int32(nblk),
+        cand_ids=cand_ids.buffer,
+        cand=candidates.buffer,
+        d=np.int32(plan.d),
+        c=np.int32(c),
+        centers=centers.buffer,
+        chosen=chosen.buffer,
+    )

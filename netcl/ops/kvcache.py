@@ -15,8 +15,10 @@ from netcl.ops.rope import offset_args, strides4
 
 __all__ = ["cache_write"]
 
-_CAPACITY_CHECK = device_check("cache_write: position {value} (row {row} of (B*H*S)) is outside [0, {limit}), "
-                               "the KV cache's capacity; make the cache longer (max_len)")
+_CAPACITY_CHECK = device_check(
+    "cache_write: position {value} (row {row} of (B*H*S)) is outside [0, {limit}), "
+    "the KV cache's capacity; make the cache longer (max_len)"
+)
 
 
 def cache_write(cache: Tensor, x: Tensor, offset: Tensor | None = None) -> Tensor:
@@ -25,8 +27,10 @@ def cache_write(cache: Tensor, x: Tensor, offset: Tensor | None = None) -> Tenso
     capacity writes nothing and raises ShapeError at the next host read."""
     for name, t in (("cache", cache), ("x", x)):
         if not isinstance(t, Tensor) or t.ndim != 4:
-            raise ShapeError(f"cache_write: {name} must be a 4-D Tensor (batch, heads, positions, head_dim), got "
-                             f"{getattr(t, 'shape', type(t).__name__)}")
+            raise ShapeError(
+                f"cache_write: {name} must be a 4-D Tensor (batch, heads, positions, head_dim), got "
+                f"{getattr(t, 'shape', type(t).__name__)}"
+            )
     queue = check_same_queue(cache, x)
     b, h, s, d = x.shape
     if cache.shape[:2] != (b, h) or cache.shape[3] != d:

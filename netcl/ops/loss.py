@@ -30,9 +30,13 @@ _LOSS_MACROS = {"cross_entropy": "LOSS_CROSS_ENTROPY", "nll": "LOSS_NLL", "mse":
                 "smooth_l1": "LOSS_SMOOTH_L1", "binary_cross_entropy_with_logits": "LOSS_BCE_WITH_LOGITS"}
 
 # what the class-loss kernels report for a label outside [0, C) other than ignore_index
-_LABEL_CHECK = {name: device_check(f"{name}: label {{value}} in row {{row}} is outside [0, {{limit}}) (the number "
-                                   "of classes); labels must be class indices, or ignore_index to skip a row")
-                for name in CLASS_LOSSES}
+_LABEL_CHECK = {
+    name: device_check(
+        f"{name}: label {{value}} in row {{row}} is outside [0, {{limit}}) (the number "
+        "of classes); labels must be class indices, or ignore_index to skip a row"
+    )
+    for name in CLASS_LOSSES
+}
 
 
 def _reduction(reduction: str) -> str:
@@ -67,7 +71,9 @@ def class_loss(x: Tensor, labels: Tensor, loss: str = "cross_entropy", ignore_in
     if loss not in CLASS_LOSSES:
         raise ValueError(f"class loss must be one of {CLASS_LOSSES}, got {loss!r}")
     if not isinstance(labels, Tensor):
-        raise TypeError(f"{loss}: labels must be a netcl Tensor or Node of integers, got {type(labels).__name__}")
+        raise TypeError(
+            f"{loss}: labels must be a netcl Tensor or Node of integers, got {type(labels).__name__}"
+        )
     queue = check_same_queue(x, labels)
     if labels.dtype not in (np.dtype(np.int32), np.dtype(np.int64)):
         raise DTypeError(f"{loss}: labels must be int32 or int64 class indices, got {labels.dtype}")
@@ -83,9 +89,16 @@ def class_loss(x: Tensor, labels: Tensor, loss: str = "cross_entropy", ignore_in
     wg = kernels.work_group(queue.device)
     row_wg = row_work_group_override or (1 if queue.device.capabilities.kind == "cpu" else wg)  # CPUs: a
     # work-item per row (no barriers); GPUs: a work-group per row
-    prg = kernels.program(queue.device, "loss.cl", **kernels.float_defines(x.dtype, loss, half=True),
-                          LOSS=_LOSS_MACROS[loss], REDUCTION=red, LABEL="int" if labels.dtype == np.int32 else "long",
-                          WG=wg, ROW_WG=row_wg)
+    prg = kernels.program(
+        queue.device,
+        "loss.cl",
+        **kernels.float_defines(x.dtype, loss, half=True),
+        LOSS=_LOSS_MACROS[loss],
+        REDUCTION=red,
+        LABEL="int" if labels.dtype == np.int32 else "long",
+        WG=wg,
+        ROW_WG=row_wg,
+    )
     xc, labc = x.contiguous(), labels.contiguous()
     acc = loss_dtype(x.dtype)
     out = Tensor.empty(queue, labels.shape if reduction == "none" else (1,), acc)
@@ -107,7 +120,8 @@ def class_loss(x: Tensor, labels: Tensor, loss: str = "cross_entropy", ignore_in
 
 
 def loss_dtype(dtype: np.dtype) -> np.dtype:
-    """The dtype of a loss of inputs of `dtype` (and of the gradient flowing into it): float32 for half inputs."""
+    """The dtype of a loss of inputs of `dtype` (and of the gradient flowing into it): float32 for half
+    inputs."""
     return dtypes.float32 if dtypes.is_half(dtype) else np.dtype(dtype)
 
 
@@ -123,8 +137,15 @@ def class_loss_backward(saved: Saved, grad_out: Tensor) -> Tensor:
     gc = _grad_in(grad_out, saved)
     grad = Tensor.empty(queue, saved.shape, saved.dtype)
     rows = int(saved.args["rows"])
-    saved.program.class_loss_backward(queue, (saved.shape[-1], max(rows, 1)), None, **saved.args,
-                                      grad_out=gc.buffer, grad_out_off=np.int64(gc.offset), grad_x=grad.buffer)
+    saved.program.class_loss_backward(
+        queue,
+        (saved.shape[-1], max(rows, 1)),
+        None,
+        **saved.args,
+        grad_out=gc.buffer,
+        grad_out_off=np.int64(gc.offset),
+        grad_x=grad.buffer,
+    )
     return grad
 
 
@@ -142,8 +163,12 @@ def pointwise_loss(a: Tensor, b: Tensor, loss: str, reduction: str = "mean", bet
         raise DTypeError(f"{loss}: input is {a.dtype} but target is {b.dtype}; cast one of them")
     red = _reduction(reduction)
     wg = kernels.work_group(queue.device)
-    defines = {**kernels.float_defines(a.dtype, loss, half=True), "LOSS": _LOSS_MACROS[loss], "REDUCTION": red,
-               "WG": wg}
+    defines = {
+        **kernels.float_defines(a.dtype, loss, half=True),
+        "LOSS": _LOSS_MACROS[loss],
+        "REDUCTION": red,
+        "WG": wg,
+    }
     if grad_b:
         defines["HAS_GRAD_B"] = None
     prg = kernels.program(queue.device, "loss.cl", **defines)

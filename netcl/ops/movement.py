@@ -81,7 +81,9 @@ def concat(tensors: Any, axis: int = 0) -> Tensor:
     ax = _axis("concat", first.ndim, axis, first.shape)
     dt = first.dtype
     for t in ts[1:]:
-        if t.ndim != first.ndim or any(a != b for d, (a, b) in enumerate(zip(t.shape, first.shape)) if d != ax):
+        if t.ndim != first.ndim or any(
+            a != b for d, (a, b) in enumerate(zip(t.shape, first.shape)) if d != ax
+        ):
             raise ShapeError(f"concat: shapes {first.shape} and {t.shape} differ outside axis {axis}")
         dt = ir.promote(dt, t.dtype)
     shape = list(first.shape)
@@ -121,7 +123,9 @@ def split(x: Tensor, split_size_or_sections: Any, axis: int = 0) -> list[Tensor]
     else:
         sizes = list(shapes.sizes(split_size_or_sections, "split: section size"))
         if sum(sizes) != n:
-            raise ShapeError(f"split: sizes {sizes} do not add up to axis {axis} of size {n} (shape {x.shape})")
+            raise ShapeError(
+                f"split: sizes {sizes} do not add up to axis {axis} of size {n} (shape {x.shape})"
+            )
     out, at = [], 0
     for s in sizes:
         out.append(x[(slice(None),) * ax + (slice(at, at + s),)])
@@ -149,7 +153,9 @@ def pad(x: Tensor, pad: Any, mode: str = "constant", value: Any = 0) -> Tensor:
     if mode == "constant":
         shape = tuple(s + sum(pairs.get(d, (0, 0))) for d, s in enumerate(x.shape))
         out = Tensor.full(x.queue, shape, value, x.dtype)
-        idx = tuple(slice(pairs.get(d, (0, 0))[0], pairs.get(d, (0, 0))[0] + s) for d, s in enumerate(x.shape))
+        idx = tuple(
+            slice(pairs.get(d, (0, 0))[0], pairs.get(d, (0, 0))[0] + s) for d, s in enumerate(x.shape)
+        )
         if x.size:
             assign(out[idx], x)
         return out
@@ -163,7 +169,9 @@ def pad(x: Tensor, pad: Any, mode: str = "constant", value: Any = 0) -> Tensor:
         pre = (slice(None),) * d
         if mode == "reflect":
             if left >= n or right >= n:
-                raise ShapeError(f"pad: reflect padding ({left}, {right}) must be below axis {d - x.ndim} size {n}")
+                raise ShapeError(
+                    f"pad: reflect padding ({left}, {right}) must be below axis {d - x.ndim} size {n}"
+                )
             lpart = out[pre + (slice(left, 0, -1),)]
             rpart = out[pre + (slice(n - 2, n - 2 - right, -1),)]
         else:
@@ -200,7 +208,8 @@ def _check_bounds(op: str, index: Tensor, size: int, what: str = "axis size", ne
     first = -size if negative else 0
     if low < first or high >= size:
         raise ShapeError(
-            f"{op}: indices must lie in [{first}, {size}) ({what} {size}), but they range over [{low}, {high}]"
+            f"{op}: indices must lie in [{first}, {size}) ({what} "
+            f"{size}), but they range over [{low}, {high}]"
         )
 
 
@@ -235,7 +244,9 @@ def gather(x: Tensor, axis: int, index: Tensor) -> Tensor:
     check_same_queue(x, index)
     ax = _axis("gather", x.ndim, axis, x.shape)
     if index.ndim != x.ndim or any(i > s for d, (i, s) in enumerate(zip(index.shape, x.shape)) if d != ax):
-        raise ShapeError(f"gather: index of shape {index.shape} does not fit x of shape {x.shape} on axis {axis}")
+        raise ShapeError(
+            f"gather: index of shape {index.shape} does not fit x of shape {x.shape} on axis {axis}"
+        )
     _check_bounds("gather", index, x.shape[ax])
     return _gather(x, ax, index, index.shape, list(index.strides))
 
@@ -263,7 +274,9 @@ def take(x: Tensor, index: Tensor) -> Tensor:
 def embedding(weight: Tensor, ids: Tensor) -> Tensor:
     """Rows of `weight` (vocab, dim) picked by integer `ids` of any shape: out (*ids.shape, dim)."""
     if not isinstance(weight, Tensor) or weight.ndim != 2:
-        raise ShapeError(f"embedding: weight must be a 2-D Tensor (vocab, dim), got {getattr(weight, 'shape', weight)}")
+        raise ShapeError(
+            f"embedding: weight must be a 2-D Tensor (vocab, dim), got {getattr(weight, 'shape', weight)}"
+        )
     _check_index("embedding", ids)
     check_same_queue(weight, ids)
     flat = ids.reshape(ids.size)
@@ -297,7 +310,9 @@ def scatter_add(x: Tensor, axis: int, index: Tensor, src: Tensor, deterministic:
         raise ShapeError(f"scatter_add: x {x.shape}, index {index.shape} and src {src.shape} need one ndim")
     if any(i > s for i, s in zip(index.shape, src.shape)) or any(
             i > s for d, (i, s) in enumerate(zip(index.shape, x.shape)) if d != ax):
-        raise ShapeError(f"scatter_add: index of shape {index.shape} does not fit src {src.shape} / x {x.shape}")
+        raise ShapeError(
+            f"scatter_add: index of shape {index.shape} does not fit src {src.shape} / x {x.shape}"
+        )
     if check_bounds:
         _check_bounds("scatter_add", index, x.shape[ax])
     out = x.clone()
@@ -306,12 +321,28 @@ def scatter_add(x: Tensor, axis: int, index: Tensor, src: Tensor, deterministic:
         return out
     atomic_ok = x.dtype in (dtypes.float32, dtypes.int32)
     if atomic_ok and not deterministic:
-        prg = _index_program(x.device, x.dtype, index.dtype, x.ndim, ax,
-                             {"SCATTER_ATOMIC": None, **({"ATOMIC_FLOAT": None} if x.dtype == dtypes.float32 else {})})
+        prg = _index_program(
+            x.device,
+            x.dtype,
+            index.dtype,
+            x.ndim,
+            ax,
+            {"SCATTER_ATOMIC": None, **({"ATOMIC_FLOAT": None} if x.dtype == dtypes.float32 else {})},
+        )
         prg.scatter_add_atomic(
-            x.queue, (n,), None, out.buffer, *_long4x2(list(out.strides), 0), src.buffer, np.int64(src.offset),
-            *_long4x2(list(src.strides), 0), index.buffer, np.int64(index.offset),
-            *_long4x2(list(index.strides), 0), *_long4x2(list(index.shape), 1), np.int64(x.shape[ax]),
+            x.queue,
+            (n,),
+            None,
+            out.buffer,
+            *_long4x2(list(out.strides), 0),
+            src.buffer,
+            np.int64(src.offset),
+            *_long4x2(list(src.strides), 0),
+            index.buffer,
+            np.int64(index.offset),
+            *_long4x2(list(index.strides), 0),
+            *_long4x2(list(index.shape), 1),
+            np.int64(x.shape[ax]),
             np.int64(n),
         )
         return out
@@ -328,7 +359,11 @@ def scatter_add(x: Tensor, axis: int, index: Tensor, src: Tensor, deterministic:
     dest, srcpos = dest[keep], srcpos[keep]
     order = np.argsort(dest, kind="stable")
     dest_sorted = dest[order]
-    starts = np.flatnonzero(np.r_[True, dest_sorted[1:] != dest_sorted[:-1]]) if dest_sorted.size else np.zeros(0, int)
+    starts = (
+        np.flatnonzero(np.r_[True, dest_sorted[1:] != dest_sorted[:-1]])
+        if dest_sorted.size
+        else np.zeros(0, int)
+    )
     seg = np.r_[starts, dest_sorted.size].astype(np.int64)
     uniq = dest_sorted[starts].astype(np.int64)
     if uniq.size == 0:

@@ -46,7 +46,9 @@ def _local_size(device: Any) -> int:
 
 
 def _program(device: Any, dt: np.dtype, relu: bool = False):
-    return kernels.program(device, "norm.cl", dtype=dt, act="relu" if relu else None, LOCAL=_local_size(device))
+    return kernels.program(
+        device, "norm.cl", dtype=dt, act="relu" if relu else None, LOCAL=_local_size(device)
+    )
 
 
 def _scalar(dt: np.dtype, v: float):
@@ -112,7 +114,8 @@ def _bn_program(device: Any, dt: np.dtype, layout: str, hw: int, vec: int, relu:
 
 
 def _bn_elementwise(prg: Any, layout: str, name: str, like: Tensor, hw: int, vec: int, **args: Any) -> Tensor:
-    """One of the elementwise passes (batch_norm_apply, batch_norm_grad_input) into a new tensor shaped like x."""
+    """One of the elementwise passes (batch_norm_apply, batch_norm_grad_input) into a new tensor shaped like
+    x."""
     out = Tensor.empty(like.queue, like.shape, like.dtype)
     n, c = like.shape[0], like.shape[1]
     if capture.declaring():  # for the profiler: x (and grad_y) read once, the output written once
@@ -121,8 +124,16 @@ def _bn_elementwise(prg: Any, layout: str, name: str, like: Tensor, hw: int, vec
         getattr(prg, f"{name}_flat")(like.queue, (hw // vec, n * c), None, out=out.buffer, C=np.int32(c),
                                      NC=np.int32(n * c), **args)
     else:
-        getattr(prg, f"{name}_runs")(like.queue, (n * c,), None, out=out.buffer, C=np.int32(c), NC=np.int32(n * c),
-                                     hw=np.int32(hw), **args)
+        getattr(prg, f"{name}_runs")(
+            like.queue,
+            (n * c,),
+            None,
+            out=out.buffer,
+            C=np.int32(c),
+            NC=np.int32(n * c),
+            hw=np.int32(hw),
+            **args,
+        )
     return out
 
 
@@ -143,13 +154,17 @@ def batch_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, running_me
             raise ShapeError(f"batch_norm: {name} must have shape ({c},), got {tuple(t.shape)}")
     for name, t in (("running_mean", running_mean), ("running_var", running_var)):
         if t is not None and (tuple(t.shape) != (c,) or not t.is_contiguous()):
-            raise ShapeError(f"batch_norm: {name} must be a contiguous ({c},) tensor, got shape {tuple(t.shape)}")
+            raise ShapeError(
+                f"batch_norm: {name} must be a contiguous ({c},) tensor, got shape {tuple(t.shape)}"
+            )
     if (running_mean is None) != (running_var is None):
         raise ShapeError("batch_norm: pass both running_mean and running_var, or neither")
     if not training and running_mean is None:
         raise ShapeError("batch_norm: eval mode (training=False) needs running_mean and running_var")
     if training and n * hw <= 1:
-        raise ShapeError(f"batch_norm: training needs more than one value per channel, got input shape {x.shape}")
+        raise ShapeError(
+            f"batch_norm: training needs more than one value per channel, got input shape {x.shape}"
+        )
     if (running_mean is not None and running_mean.offset) or (running_var is not None and running_var.offset):
         raise ShapeError("batch_norm: running_mean/running_var views with an offset cannot be updated in "
                          "place; pass whole tensors")
@@ -164,18 +179,30 @@ def batch_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, running_me
     local = _local_size(x.device) if layout == "groups" else 1
     dummy = stats.buffer
     common = dict(
-        w=weight.buffer if weight is not None else dummy, w_off=np.int64(weight.offset if weight is not None else 0),
-        b=bias.buffer if bias is not None else dummy, b_off=np.int64(bias.offset if bias is not None else 0),
-        has_w=np.int32(weight is not None), has_b=np.int32(bias is not None),
+        w=weight.buffer if weight is not None else dummy,
+        w_off=np.int64(weight.offset if weight is not None else 0),
+        b=bias.buffer if bias is not None else dummy,
+        b_off=np.int64(bias.offset if bias is not None else 0),
+        has_w=np.int32(weight is not None),
+        has_b=np.int32(bias is not None),
         rmean=running_mean.buffer if running_mean is not None else dummy,
         rvar=running_var.buffer if running_var is not None else dummy,
-        has_running=np.int32(running_mean is not None and training), stats=stats.buffer,
-        C=np.int32(c), momentum=_scalar(dt, momentum), eps=_scalar(dt, eps))
+        has_running=np.int32(running_mean is not None and training),
+        stats=stats.buffer,
+        C=np.int32(c),
+        momentum=_scalar(dt, momentum),
+        eps=_scalar(dt, eps),
+    )
     prg = _bn_program(x.device, dt, layout, hw, vec, relu)
     if training:
         parts = _bn_parts(x.device, layout, n, c, hw, local, vec)
-        part = Tensor.empty(x.queue, (c * parts * 3,), dtypes.float64 if dt == dtypes.float64 else dtypes.float32) \
-            if parts > 1 else stats
+        part = (
+            Tensor.empty(
+                x.queue, (c * parts * 3,), dtypes.float64 if dt == dtypes.float64 else dtypes.float32
+            )
+            if parts > 1
+            else stats
+        )
         args = dict(x=x.buffer, x_off=np.int64(x.offset), part=part.buffer, N=np.int32(n), S=np.int32(parts),
                     **common)
         if capture.declaring():
@@ -185,8 +212,9 @@ def batch_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, running_me
         else:
             prg.batch_norm_stats_runs(x.queue, (c * parts,), None, hw=np.int32(hw), **args)
         if parts > 1:
-            prg.batch_norm_finalize(x.queue, (c,), None, part=part.buffer, S=np.int32(parts), training=np.int32(1),
-                                    **common)
+            prg.batch_norm_finalize(
+                x.queue, (c,), None, part=part.buffer, S=np.int32(parts), training=np.int32(1), **common
+            )
     else:
         prg.batch_norm_finalize(x.queue, (c,), None, part=stats.buffer, S=np.int32(0), training=np.int32(0),
                                 **common)
@@ -229,17 +257,36 @@ def batch_norm_backward(grad_out: Tensor, x: Tensor, weight: Tensor | None, save
     vec = _bn_vec(x, gy) if layout == "groups" else 1
     local = _local_size(x.device) if layout == "groups" else 1
     parts = _bn_parts(x.device, layout, n, c, hw, local, vec)
-    part = Tensor.empty(x.queue, (c * parts * 2,), dtypes.float64 if dt == dtypes.float64 else dtypes.float32) \
-        if parts > 1 else coef
+    part = (
+        Tensor.empty(x.queue, (c * parts * 2,), dtypes.float64 if dt == dtypes.float64 else dtypes.float32)
+        if parts > 1
+        else coef
+    )
     dummy = coef.buffer
     args = dict(
-        gy=gy.buffer, gy_off=np.int64(gy.offset), x=x.buffer, x_off=np.int64(x.offset),
-        w=weight.buffer if weight is not None else dummy, w_off=np.int64(weight.offset if weight is not None else 0),
-        b=bias.buffer if bias is not None else dummy, b_off=np.int64(bias.offset if bias is not None else 0),
-        has_w=np.int32(weight is not None), has_b=np.int32(bias is not None),
-        mean_in=save_mean.buffer, mean_off=np.int64(save_mean.offset), invstd_in=save_invstd.buffer,
-        invstd_off=np.int64(save_invstd.offset), part=part.buffer, gw=gw.buffer, gb=gb.buffer, coef=coef.buffer,
-        N=np.int32(n), C=np.int32(c), S=np.int32(parts), training=np.int32(bool(training)))
+        gy=gy.buffer,
+        gy_off=np.int64(gy.offset),
+        x=x.buffer,
+        x_off=np.int64(x.offset),
+        w=weight.buffer if weight is not None else dummy,
+        w_off=np.int64(weight.offset if weight is not None else 0),
+        b=bias.buffer if bias is not None else dummy,
+        b_off=np.int64(bias.offset if bias is not None else 0),
+        has_w=np.int32(weight is not None),
+        has_b=np.int32(bias is not None),
+        mean_in=save_mean.buffer,
+        mean_off=np.int64(save_mean.offset),
+        invstd_in=save_invstd.buffer,
+        invstd_off=np.int64(save_invstd.offset),
+        part=part.buffer,
+        gw=gw.buffer,
+        gb=gb.buffer,
+        coef=coef.buffer,
+        N=np.int32(n),
+        C=np.int32(c),
+        S=np.int32(parts),
+        training=np.int32(bool(training)),
+    )
     prg = _bn_program(x.device, dt, layout, hw, vec, relu)
     if capture.declaring():  # grad_y and x read once
         profiling.work(0.0, float(2 * x.nbytes))
@@ -249,14 +296,37 @@ def batch_norm_backward(grad_out: Tensor, x: Tensor, weight: Tensor | None, save
         prg.batch_norm_backward_runs(x.queue, (c * parts,), None, hw=np.int32(hw), **args)
     if parts > 1:
         prg.batch_norm_backward_finalize(x.queue, (c,), None, M=np.int64(n * hw), **args)
-    gx = _bn_elementwise(prg, layout, "batch_norm_grad_input", x, hw, vec, gy=gy.buffer, gy_off=np.int64(gy.offset),
-                         x=x.buffer, x_off=np.int64(x.offset), coef=coef.buffer, coef_off=np.int64(coef.offset))
+    gx = _bn_elementwise(
+        prg,
+        layout,
+        "batch_norm_grad_input",
+        x,
+        hw,
+        vec,
+        gy=gy.buffer,
+        gy_off=np.int64(gy.offset),
+        x=x.buffer,
+        x_off=np.int64(x.offset),
+        coef=coef.buffer,
+        coef_off=np.int64(coef.offset),
+    )
     return gx, gw, gb
 
 
 # -- row norms: LayerNorm, RMSNorm, GroupNorm ----------------------------------------------------
-def _row_forward(op: str, x: Tensor, weight: Tensor | None, bias: Tensor | None, rows: int, length: int,
-                 pg: int, pdiv: int, rms: bool, eps: float, relu: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+def _row_forward(
+    op: str,
+    x: Tensor,
+    weight: Tensor | None,
+    bias: Tensor | None,
+    rows: int,
+    length: int,
+    pg: int,
+    pdiv: int,
+    rms: bool,
+    eps: float,
+    relu: bool = False,
+) -> tuple[Tensor, Tensor, Tensor]:
     dt = x.dtype
     x = x.contiguous()
     out = Tensor.empty(x.queue, x.shape, dt)
@@ -296,10 +366,25 @@ def _row_backward(grad_out: Tensor, x: Tensor, weight: Tensor | None, mean: Tens
         kernel_params = 0 if by_reduction else nparam
         groups = rows + math.ceil(kernel_params / local)
         _program(x.device, dt).row_norm_backward(
-            x.queue, (groups * local,), (local,), gy.buffer, np.int64(gy.offset), x.buffer, np.int64(x.offset),
-            weight.buffer if weight is not None else gx.buffer, np.int32(weight is not None),
-            mean.buffer if mean is not None else rstd.buffer, rstd.buffer, gx.buffer, gw.buffer, gb.buffer,
-            np.int32(rows), np.int32(length), np.int32(pg), np.int32(pdiv), np.int32(kernel_params),
+            x.queue,
+            (groups * local,),
+            (local,),
+            gy.buffer,
+            np.int64(gy.offset),
+            x.buffer,
+            np.int64(x.offset),
+            weight.buffer if weight is not None else gx.buffer,
+            np.int32(weight is not None),
+            mean.buffer if mean is not None else rstd.buffer,
+            rstd.buffer,
+            gx.buffer,
+            gw.buffer,
+            gb.buffer,
+            np.int32(rows),
+            np.int32(length),
+            np.int32(pg),
+            np.int32(pdiv),
+            np.int32(kernel_params),
             np.int32(rms),
         )
         if by_reduction:
@@ -343,9 +428,14 @@ def layer_norm_backward(grad_out: Tensor, x: Tensor, normalized_shape: Any, mean
         raise ShapeError(f"layer_norm_backward: grad_out shape {grad_out.shape} != input shape {x.shape}")
     shape, rows, length = _normalized("layer_norm_backward", x, normalized_shape)
     weight = _check_param("layer_norm_backward", "weight", weight, shape)
-    gx, gw, gb = _row_backward(grad_out, x, weight, mean.reshape(rows), rstd.reshape(rows), rows, length, 1, 1,
-                               length, False)
-    return gx, gw.reshape(shape) if weight is not None else None, gb.reshape(shape) if bias is not None else None
+    gx, gw, gb = _row_backward(
+        grad_out, x, weight, mean.reshape(rows), rstd.reshape(rows), rows, length, 1, 1, length, False
+    )
+    return (
+        gx,
+        gw.reshape(shape) if weight is not None else None,
+        gb.reshape(shape) if bias is not None else None,
+    )
 
 
 def rms_norm(x: Tensor, normalized_shape: Any, weight: Tensor | None = None,
@@ -389,7 +479,9 @@ def group_norm(x: Tensor, num_groups: int, weight: Tensor | None = None, bias: T
     n, c, hw, g = _group_geometry("group_norm", x, num_groups)
     weight = _check_param("group_norm", "weight", weight, (c,))
     bias = _check_param("group_norm", "bias", bias, (c,))
-    out, mean, rstd = _row_forward("group_norm", x, weight, bias, n * g, (c // g) * hw, g, max(hw, 1), False, eps)
+    out, mean, rstd = _row_forward(
+        "group_norm", x, weight, bias, n * g, (c // g) * hw, g, max(hw, 1), False, eps
+    )
     return out, mean.reshape(n, g), rstd.reshape(n, g)
 
 

@@ -27,11 +27,32 @@ _REFLECTED = {"__radd__": ew.add, "__rsub__": ew.sub, "__rmul__": ew.mul, "__rtr
 _UNARY = {"__neg__": ew.neg, "__abs__": ew.abs, "__invert__": ew.logical_not}
 _INPLACE = {"__iadd__": ew.add, "__isub__": ew.sub, "__imul__": ew.mul, "__itruediv__": ew.div}
 # methods that take the tensor first and pass the rest through (x.sum(axis=1), x.clamp(0, 1), ...)
-_METHODS = {"sum": rd.sum, "mean": rd.mean, "prod": rd.prod, "max": rd.max, "min": rd.min, "argmax": rd.argmax,
-            "argmin": rd.argmin, "var": rd.var, "std": rd.std, "any": rd.any, "all": rd.all,
-            "logsumexp": rd.logsumexp, "softmax": rd.softmax, "log_softmax": rd.log_softmax,
-            "cumsum": rd.cumsum, "exp": ew.exp, "log": ew.log, "sqrt": ew.sqrt, "tanh": ew.tanh,
-            "sigmoid": ew.sigmoid, "relu": ew.relu, "abs": ew.abs, "clamp": ew.clamp, "astype": ew.cast}
+_METHODS = {
+    "sum": rd.sum,
+    "mean": rd.mean,
+    "prod": rd.prod,
+    "max": rd.max,
+    "min": rd.min,
+    "argmax": rd.argmax,
+    "argmin": rd.argmin,
+    "var": rd.var,
+    "std": rd.std,
+    "any": rd.any,
+    "all": rd.all,
+    "logsumexp": rd.logsumexp,
+    "softmax": rd.softmax,
+    "log_softmax": rd.log_softmax,
+    "cumsum": rd.cumsum,
+    "exp": ew.exp,
+    "log": ew.log,
+    "sqrt": ew.sqrt,
+    "tanh": ew.tanh,
+    "sigmoid": ew.sigmoid,
+    "relu": ew.relu,
+    "abs": ew.abs,
+    "clamp": ew.clamp,
+    "astype": ew.cast,
+}
 _SCALARS = (Tensor, bool, int, float, np.number, np.bool_)
 
 

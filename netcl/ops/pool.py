@@ -36,8 +36,10 @@ class PoolParams:
         self.OH = self._out(self.H, self.KH, self.SH, self.PH, self.DH, ceil_mode)
         self.OW = self._out(self.W, self.KW, self.SW, self.PW, self.DW, ceil_mode)
         if self.OH < 1 or self.OW < 1:
-            raise ShapeError(f"{op}: kernel {(self.KH, self.KW)} (dilation {(self.DH, self.DW)}) does not fit "
-                             f"the input {(self.H, self.W)} padded by {(self.PH, self.PW)}")
+            raise ShapeError(
+                f"{op}: kernel {(self.KH, self.KW)} (dilation {(self.DH, self.DW)}) does not fit "
+                f"the input {(self.H, self.W)} padded by {(self.PH, self.PW)}"
+            )
 
     @staticmethod
     def _out(size: int, k: int, s: int, p: int, d: int, ceil_mode: bool) -> int:
@@ -130,8 +132,10 @@ def max_pool2d_backward(grad_out: Tensor, indices: Tensor, input_shape: Sequence
         raise ShapeError(f"max_pool2d_backward: input_shape must be 4-D, got {tuple(input_shape)}")
     p = _params("max_pool2d_backward", input_shape, kernel_size, stride, padding, dilation, ceil_mode)
     if tuple(grad_out.shape) != p.output_shape or tuple(indices.shape) != p.output_shape:
-        raise ShapeError(f"max_pool2d_backward: grad_out {grad_out.shape} and indices {indices.shape} must both "
-                         f"have the pooled shape {p.output_shape}")
+        raise ShapeError(
+            f"max_pool2d_backward: grad_out {grad_out.shape} and indices {indices.shape} must both "
+            f"have the pooled shape {p.output_shape}"
+        )
     if indices.dtype != dtypes.int64:
         raise DTypeError(f"max_pool2d_backward: indices must be int64 (from max_pool2d), got {indices.dtype}")
     gy, idx = grad_out.contiguous(), indices.contiguous()
@@ -181,8 +185,16 @@ def avg_pool2d_backward(grad_out: Tensor, input_shape: Sequence[int], kernel_siz
     gx = Tensor.empty(gy.queue, tuple(input_shape), gy.dtype)
     if gx.size:
         prg = kernels.program(gy.device, "pool.cl", dtype=gy.dtype)
-        prg.avg_pool2d_backward(gy.queue, (p.W, p.H, p.N * p.C), None, gy.buffer, np.int64(gy.offset), gx.buffer,
-                                *p.args(), np.int32(bool(count_include_pad)))
+        prg.avg_pool2d_backward(
+            gy.queue,
+            (p.W, p.H, p.N * p.C),
+            None,
+            gy.buffer,
+            np.int64(gy.offset),
+            gx.buffer,
+            *p.args(),
+            np.int32(bool(count_include_pad)),
+        )
     return gx
 
 
@@ -223,8 +235,10 @@ def adaptive_avg_pool2d_backward(grad_out: Tensor, input_shape: Sequence[int]) -
     """Gradient of adaptive_avg_pool2d w.r.t. its input of shape `input_shape`."""
     _check_input("adaptive_avg_pool2d_backward", grad_out)
     if len(input_shape) != 4 or tuple(input_shape[:2]) != tuple(grad_out.shape[:2]):
-        raise ShapeError(f"adaptive_avg_pool2d_backward: input_shape {tuple(input_shape)} must be 4-D with the "
-                         f"same N, C as grad_out {grad_out.shape}")
+        raise ShapeError(
+            f"adaptive_avg_pool2d_backward: input_shape {tuple(input_shape)} must be 4-D with the "
+            f"same N, C as grad_out {grad_out.shape}"
+        )
     n, c, h, w = (int(v) for v in input_shape)
     oh, ow = grad_out.shape[2:]
     gy = grad_out.contiguous()

@@ -96,7 +96,10 @@ def _launch(q: Any, shape: Any, dtype: Any, kind: str, gen: Generator,
         scalar(low), scalar(high), np.int64(int_low), np.uint64(int_range),
     )
     graph = capturing()
-    if graph is not None and refresh:  # a replay draws the next numbers of the stream (a seed= call: the same)
+    if (
+        graph is not None and refresh
+    ):  # a replay draws the next numbers of the stream (a seed= call: the same)
+
         def next_draw(args: list, gen: Generator = gen, blocks: int = max(items, 1)) -> None:
             args[3], args[4] = np.uint32(gen.seed & 0xFFFFFFFF), np.uint32(gen.seed >> 32)
             args[5] = np.uint64(gen.take(blocks))

@@ -226,7 +226,9 @@ def topk(x: Tensor, k: int, axis: int = -1) -> tuple[Tensor, Tensor]:
     n = x.shape[ax]
     k = shapes.size(k, "topk: k")
     if not 1 <= k <= n:
-        raise ShapeError(f"topk: k={k} must be between 1 and the axis size {n} (shape {x.shape}, axis {axis})")
+        raise ShapeError(
+            f"topk: k={k} must be between 1 and the axis size {n} (shape {x.shape}, axis {axis})"
+        )
     if k > TOPK_MAX:
         raise ShapeError(f"topk: k={k} is above the supported {TOPK_MAX}; sort on the host for large k")
     shape = tuple(k if d == ax else s for d, s in enumerate(x.shape))

@@ -25,8 +25,10 @@ __all__ = ["rope", "rope_inv_freq", "rope_scaling", "rope_tables"]
 ROPE_PAIRINGS = {"half": "ROPE_HALF", "interleaved": "ROPE_INTERLEAVED"}
 # frequency scalings (Hugging Face's rope_type names) and the keys each needs: static rescalings of the
 # inverse frequencies, so the tables stay one (max_len, D/2) pair and nothing changes in the kernel
-ROPE_SCALINGS = {"linear": ("factor",),
-                 "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
+ROPE_SCALINGS = {
+    "linear": ("factor",),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+}
 
 _POSITION_CHECK = device_check("rope: position {value} (row {row} of (B*H*S)) is outside [0, {limit}), the "
                                "positions the rotary table (max_len) or the output holds")
@@ -48,7 +50,9 @@ def rope_scaling(scaling: Any) -> dict[str, Any] | None:
     if scaling is None:
         return None
     if not isinstance(scaling, dict):
-        raise TypeError(f"rope scaling must be a dict with a 'rope_type' or None, got {type(scaling).__name__}")
+        raise TypeError(
+            f"rope scaling must be a dict with a 'rope_type' or None, got {type(scaling).__name__}"
+        )
     kind = scaling.get("rope_type")
     if kind not in ROPE_SCALINGS:
         raise ValueError(f"rope scaling: rope_type must be one of {sorted(ROPE_SCALINGS)}, got {kind!r}")
@@ -56,27 +60,39 @@ def rope_scaling(scaling: Any) -> dict[str, Any] | None:
     missing = [k for k in want if k not in scaling]
     unknown = sorted(set(scaling) - set(want) - {"rope_type"})
     if missing or unknown:
-        raise ValueError(f"rope scaling {kind!r} takes the keys {list(want)}; missing {missing}, unknown {unknown}")
+        raise ValueError(
+            f"rope scaling {kind!r} takes the keys {list(want)}; missing {missing}, unknown {unknown}"
+        )
     out: dict[str, Any] = {"rope_type": kind}
     for k in want:
         v = scaling[k]
-        if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or not math.isfinite(v) \
-                or v <= 0:
+        if (
+            isinstance(v, bool)
+            or not isinstance(v, (int, float, np.integer, np.floating))
+            or not math.isfinite(v)
+            or v <= 0
+        ):
             raise ValueError(f"rope scaling {kind!r}: {k} must be a positive finite number, got {v!r}")
         out[k] = int(v) if k == "original_max_position_embeddings" else float(v)
     if kind == "linear" and out["factor"] < 1:
         raise ValueError(f"rope scaling 'linear': factor must be >= 1, got {out['factor']}")
     if kind == "llama3" and not (out["factor"] >= 1 and out["high_freq_factor"] > out["low_freq_factor"]):
-        raise ValueError(f"rope scaling 'llama3': needs factor >= 1 and high_freq_factor > low_freq_factor, got {out}")
+        raise ValueError(
+            f"rope scaling 'llama3': needs factor >= 1 and high_freq_factor > low_freq_factor, got {out}"
+        )
     return out
 
 
-def rope_inv_freq(dim: int, base: float, scaling: dict[str, Any] | None = None, dtype: Any = np.float32) -> np.ndarray:
+def rope_inv_freq(
+    dim: int, base: float, scaling: dict[str, Any] | None = None, dtype: Any = np.float32
+) -> np.ndarray:
     """The inverse frequencies (dim // 2,) base^(-2i / dim), rescaled by `scaling` (see rope_scaling), in
     `dtype`'s arithmetic step by step as Hugging Face computes them (float32 for float32 models)."""
     dt = np.dtype(dtype)
     exponents = np.arange(0, dim, 2, dtype=np.int64).astype(dt) / dt.type(dim)
-    powers = (float(base) ** exponents.astype(np.float64)).astype(dt)  # rounded once (torch's pow: within an ulp)
+    powers = (float(base) ** exponents.astype(np.float64)).astype(
+        dt
+    )  # rounded once (torch's pow: within an ulp)
     inv_freq = (dt.type(1.0) / powers).astype(dt)
     scaling = rope_scaling(scaling)
     if scaling is None:
@@ -178,15 +194,19 @@ def rope(x: Tensor, cos: Tensor, sin: Tensor, offset: Tensor | None = None, pair
         raise ShapeError(f"rope: x must be a 4-D Tensor (batch, heads, positions, head_dim), got "
                          f"{getattr(x, 'shape', type(x).__name__)}")
     if not dtypes.is_floating(x.dtype):
-        raise DTypeError(f"rope: x must be floating point (float16, bfloat16, float32, float64), got {x.dtype}")
+        raise DTypeError(
+            f"rope: x must be floating point (float16, bfloat16, float32, float64), got {x.dtype}"
+        )
     b, h, s, d = x.shape
     if d % 2:
         raise ShapeError(f"rope: head_dim must be even to form pairs, got x of shape {x.shape}")
     table_dt = _table_dtype(x.dtype)
     for name, t in (("cos", cos), ("sin", sin)):
         if not isinstance(t, Tensor) or t.ndim != 2 or t.shape[1] != d // 2 or t.dtype != table_dt:
-            raise ShapeError(f"rope: {name} must be a {table_dt} table (max_len, {d // 2}) for x of shape "
-                             f"{x.shape} ({x.dtype}), got {getattr(t, 'dtype', None)} {getattr(t, 'shape', None)}")
+            raise ShapeError(
+                f"rope: {name} must be a {table_dt} table (max_len, {d // 2}) for x of shape "
+                f"{x.shape} ({x.dtype}), got {getattr(t, 'dtype', None)} {getattr(t, 'shape', None)}"
+            )
     if cos.shape != sin.shape:
         raise ShapeError(f"rope: cos {cos.shape} and sin {sin.shape} tables differ")
     queue = check_same_queue(x, cos, sin)
@@ -214,12 +234,25 @@ def rope(x: Tensor, cos: Tensor, sin: Tensor, offset: Tensor | None = None, pair
     prg = kernels.program(queue.device, "rope.cl", dtype=x.dtype, **defines)
     rows = b * h * s
     prg.rope_rotate(
-        queue, (d // 2, rows), None,
-        x=x.buffer, x_off=np.int64(x.offset), x_strides=strides4(x),
-        out=out.buffer, out_off=np.int64(out.offset), out_strides=strides4(out),
-        cos_table=cos.buffer, sin_table=sin.buffer, **position, heads=np.int32(h), seq=np.int32(s), rows=np.int64(rows),
-        half_dim=np.int32(d // 2), max_len=np.int32(limit),
+        queue,
+        (d // 2, rows),
+        None,
+        x=x.buffer,
+        x_off=np.int64(x.offset),
+        x_strides=strides4(x),
+        out=out.buffer,
+        out_off=np.int64(out.offset),
+        out_strides=strides4(out),
+        cos_table=cos.buffer,
+        sin_table=sin.buffer,
+        **position,
+        heads=np.int32(h),
+        seq=np.int32(s),
+        rows=np.int64(rows),
+        half_dim=np.int32(d // 2),
+        max_len=np.int32(limit),
         direction=kernels.scalar_type(x.dtype)(-1.0 if inverse else 1.0),
-        err=queue.check_buffer(), err_code=_POSITION_CHECK,
+        err=queue.check_buffer(),
+        err_code=_POSITION_CHECK,
     )
     return out

@@ -27,10 +27,15 @@ def check_sampling(temperature: Any, top_k: Any, top_p: Any) -> tuple[float, int
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float, np.integer, np.floating)) \
             or not math.isfinite(temperature) or temperature < 0:
         raise ValueError(f"temperature must be a finite number >= 0 (0: greedy), got {temperature!r}")
-    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or top_k < 1):
+    if top_k is not None and (
+        isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or top_k < 1
+    ):
         raise ValueError(f"top_k must be None or an integer >= 1, got {top_k!r}")
-    if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, (int, float, np.integer, np.floating))
-                              or not 0.0 < top_p <= 1.0):
+    if top_p is not None and (
+        isinstance(top_p, bool)
+        or not isinstance(top_p, (int, float, np.integer, np.floating))
+        or not 0.0 < top_p <= 1.0
+    ):
         raise ValueError(f"top_p must be None or a number in (0, 1], got {top_p!r}")
     return float(temperature), int(top_k or 0), float(1.0 if top_p is None else top_p)
 
@@ -65,7 +70,11 @@ def sample(logits: Tensor, out: Tensor | None = None, *, temperature: float = 1.
     if not greedy:
         if uniforms is None:
             uniforms = rand(queue, (rows, vocab), np.float32, generator=generator)
-        elif not isinstance(uniforms, Tensor) or uniforms.shape != (rows, vocab) or uniforms.dtype != dtypes.float32:
+        elif (
+            not isinstance(uniforms, Tensor)
+            or uniforms.shape != (rows, vocab)
+            or uniforms.dtype != dtypes.float32
+        ):
             raise ShapeError(f"sample: uniforms must be float32 of shape {(rows, vocab)}, got "
                              f"{getattr(uniforms, 'dtype', None)} {getattr(uniforms, 'shape', None)}")
         check_same_queue(logits, uniforms)

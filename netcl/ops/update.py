@@ -22,7 +22,9 @@ from netcl.core.tensor import Tensor
 from netcl.errors import NetclError
 
 # the update rules optim.cl defines (OPT_SGD, OPT_ADAM, ...), read from the file itself: one list, C's
-_RULES = frozenset(m.lower() for m in re.findall(r"^#define OPT_([A-Z0-9_]+) \d+$", kernels.source("optim.cl"), re.M))
+_RULES = frozenset(
+    m.lower() for m in re.findall(r"^#define OPT_([A-Z0-9_]+) \d+$", kernels.source("optim.cl"), re.M)
+)
 MAX_TENSORS_PER_LAUNCH = 8  # optim.cl's N_TENSORS
 # optim.cl's TENSOR_ARGS(i): parameter, its offset, gradient, its offset, three state slots, master weights,
 # length; UNSCALE_ARGS(i): gradient, its offset, length
@@ -64,8 +66,10 @@ def optimizer_step(rule: str, params: Sequence[Tensor], grads: Sequence[Tensor],
     if rule not in _RULES:
         raise ValueError(f"update rule must be one of {sorted(_RULES)} (optim.cl's OPT_ names), got {rule!r}")
     if not 0 < len(params) <= MAX_TENSORS_PER_LAUNCH or not len(params) == len(grads) == len(states):
-        raise ValueError(f"optimizer_step: 1 to {MAX_TENSORS_PER_LAUNCH} parameters with one gradient and one "
-                         f"state list each, got {len(params)}, {len(grads)} and {len(states)}")
+        raise ValueError(
+            f"optimizer_step: 1 to {MAX_TENSORS_PER_LAUNCH} parameters with one gradient and one "
+            f"state list each, got {len(params)}, {len(grads)} and {len(states)}"
+        )
     p0 = params[0]
     queue = p0.queue
     half = dtypes.is_half(p0.dtype)
@@ -85,15 +89,19 @@ def optimizer_step(rule: str, params: Sequence[Tensor], grads: Sequence[Tensor],
     for i, (v, g, st) in enumerate(zip(params, grads, states)):
         if not (v.is_contiguous() and g.is_contiguous()) or g.shape != v.shape or g.dtype != v.dtype \
                 or v.queue is not queue or v.dtype != p0.dtype:
-            raise NetclError(f"optimizer_step: parameter {i} ({v.shape}, {v.dtype}) and its gradient ({g.shape}, "
-                             f"{g.dtype}) must be contiguous, of one shape, and share the first's queue and dtype")
+            raise NetclError(
+                f"optimizer_step: parameter {i} ({v.shape}, {v.dtype}) and its gradient ({g.shape}, "
+                f"{g.dtype}) must be contiguous, of one shape, and share the first's queue and dtype"
+            )
         master = v
         if half:
             master = masters[i]
             if master.dtype != dtypes.float32 or master.shape != v.shape or not master.is_contiguous() \
                     or master.offset or master.queue is not queue:
-                raise NetclError(f"optimizer_step: the master weights of parameter {i} must be a contiguous float32 "
-                                 f"tensor of shape {v.shape} on its queue, got {master.dtype} {master.shape}")
+                raise NetclError(
+                    f"optimizer_step: the master weights of parameter {i} must be a contiguous float32 "
+                    f"tensor of shape {v.shape} on its queue, got {master.dtype} {master.shape}"
+                )
         slots = [s.buffer if s is not None else master.buffer for s in st] + [master.buffer] * (3 - len(st))
         named.update(zip(_TENSOR_ARGS[i], (v.buffer, np.int64(v.offset), g.buffer, np.int64(g.offset), *slots,
                                            master.buffer, np.int64(v.size))))
@@ -139,8 +147,9 @@ def clip_grad_norm(grads: Sequence[Tensor], max_norm: float, error_if_nonfinite:
                 "in place, so they must be contiguous"
             )
     wg = kernels.work_group(queue.device)
-    prg = kernels.program(queue.device, "optim.cl", **kernels.float_defines(dtype, "clip_grad_norm_", half=True),
-                          WG=wg)
+    prg = kernels.program(
+        queue.device, "optim.cl", **kernels.float_defines(dtype, "clip_grad_norm_", half=True), WG=wg
+    )
     acc = state_dtype(dtype)
     partial = Tensor.empty(queue, (len(grads),), acc)
     norm = Tensor.empty(queue, (2,), acc)
@@ -153,7 +162,8 @@ def clip_grad_norm(grads: Sequence[Tensor], max_norm: float, error_if_nonfinite:
         total = float(norm.to_host()[0])
         if not math.isfinite(total):
             raise NetclError(
-                f"clip_grad_norm_: the total norm of order 2.0 of the gradients is {total}, so they cannot be "
+                f"clip_grad_norm_: the total norm of order 2.0 of "
+                f"the gradients is {total}, so they cannot be "
                 "clipped; the gradients were left as they are (error_if_nonfinite=False scales them anyway)"
             )
     for g in grads:
@@ -171,26 +181,37 @@ def unscale_grads(grads: Sequence[Tensor], scale: Tensor, found_inf: Tensor) -> 
     queue = grads[0].queue
     _check_flag(found_inf, queue, "unscale_grads")
     if scale.dtype != dtypes.float32 or scale.shape != (1,) or scale.queue is not queue:
-        raise NetclError("unscale_grads: scale must be a float32 Tensor of shape (1,) on the gradients' queue")
+        raise NetclError(
+            "unscale_grads: scale must be a float32 Tensor of shape (1,) on the gradients' queue"
+        )
     by_dtype: dict[np.dtype, list[Tensor]] = {}
     for g in grads:
         if g.queue is not queue or not g.is_contiguous() or not dtypes.is_floating(g.dtype):
-            raise NetclError(f"unscale_grads: gradients must be contiguous floating tensors of one queue, got "
-                             f"{g.dtype} {g.shape}")
+            raise NetclError(
+                f"unscale_grads: gradients must be contiguous floating tensors of one queue, got "
+                f"{g.dtype} {g.shape}"
+            )
         by_dtype.setdefault(g.dtype, []).append(g)
     items = _items(queue)
     for dt, group in by_dtype.items():
         for start in range(0, len(group), MAX_TENSORS_PER_LAUNCH):
             chunk = group[start:start + MAX_TENSORS_PER_LAUNCH]
-            prg = kernels.program(queue.device, "optim.cl", **kernels.float_defines(dt, "unscale_", half=True),
-                                  N_TENSORS=len(chunk), ITEMS=items)
+            prg = kernels.program(
+                queue.device,
+                "optim.cl",
+                **kernels.float_defines(dt, "unscale_", half=True),
+                N_TENSORS=len(chunk),
+                ITEMS=items,
+            )
             named: dict[str, Any] = {}
             total = 0
             for i, g in enumerate(chunk):
                 named.update(zip(_UNSCALE_ARGS[i], (g.buffer, np.int64(g.offset), np.int64(g.size))))
                 total += -(-g.size // items)
             if total:
-                prg.unscale_grads(queue, (total,), None, **named, scale=scale.buffer, found_inf=found_inf.buffer)
+                prg.unscale_grads(
+                    queue, (total,), None, **named, scale=scale.buffer, found_inf=found_inf.buffer
+                )
 
 
 def update_scale(scale: Tensor, growth_tracker: Tensor, found_inf: Tensor, growth_factor: float,

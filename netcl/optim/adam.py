@@ -38,8 +38,16 @@ class Adam(Optimizer):
     def _hyper(self, group: dict[str, Any], step: int, items: list) -> dict[str, Any]:
         beta1, beta2 = group["betas"]
         bc1, bc2_sqrt = _bias_corrections(beta1, beta2, step)
-        return dict(lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"],
-                    decoupled=bool(self.decoupled), bias_correction1=bc1, bias_correction2_sqrt=bc2_sqrt)
+        return dict(
+            lr=group["lr"],
+            beta1=beta1,
+            beta2=beta2,
+            eps=group["eps"],
+            weight_decay=group["weight_decay"],
+            decoupled=bool(self.decoupled),
+            bias_correction1=bc1,
+            bias_correction2_sqrt=bc2_sqrt,
+        )
 
 
 class AdamW(Adam):

@@ -204,7 +204,9 @@ class Optimizer:
         states = [[st.get(name) for name in self.slot_names] for _, st in items]
         refresh = None
         if capture.capturing() is not None:  # each replay is the next step: new step count, current lr
-            kept = set.intersection(*({n for n in self.slot_names if st.get(n) is not None} for _, st in items))
+            kept = set.intersection(
+                *({n for n in self.slot_names if st.get(n) is not None} for _, st in items)
+            )
             refresh = lambda: self._replay_step(group, items, kept)  # noqa: E731
         masters = [st["master"] for _, st in items] if dtypes.is_half(items[0][0].value.dtype) else None
         update.optimizer_step(self.rule, [p.value for p, _ in items], grads, states,

@@ -52,8 +52,14 @@ class RMSProp(Optimizer):
         return tuple(names)
 
     def _hyper(self, group: dict[str, Any], step: int, items: list) -> dict[str, Any]:
-        return dict(lr=group["lr"], alpha=group["alpha"], eps=group["eps"], weight_decay=group["weight_decay"],
-                    momentum=group["momentum"], centered=bool(group["centered"]))
+        return dict(
+            lr=group["lr"],
+            alpha=group["alpha"],
+            eps=group["eps"],
+            weight_decay=group["weight_decay"],
+            momentum=group["momentum"],
+            centered=bool(group["centered"]),
+        )
 
 
 RMSprop = RMSProp

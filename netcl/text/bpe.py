@@ -429,7 +429,8 @@ class BPETokenizer:
         special_tokens: Mapping[str, int] | None = None,
         name: str = "",
     ) -> BPETokenizer:
-        """Load a ``.tiktoken`` rank file; the pattern and special tokens must be given (the file lacks them)."""
+        """Load a ``.tiktoken`` rank file; the pattern and special tokens must be given (the file lacks
+        them)."""
         return cls(formats.read_tiktoken(path), pattern, special_tokens, name=name or Path(path).stem)
 
     def save_hf(self, path: str | os.PathLike) -> None:
@@ -540,7 +541,8 @@ def _iter_texts(source: str | os.PathLike | Iterable[str | os.PathLike]) -> Iter
         paths = list(paths)
     except TypeError:
         raise TypeError(
-            f"text_or_files must be a str (the text), a path, or an iterable of paths; got {type(source).__name__}"
+            f"text_or_files must be a str (the text), a path, or an iterable of paths; got "
+            f"{type(source).__name__}"
         ) from None
     for path in paths:
         if not isinstance(path, (str, os.PathLike)):

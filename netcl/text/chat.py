@@ -80,7 +80,8 @@ LLAMA3 = ChatTemplate(
     begin="<|begin_of_text|>",
     strip_content=True,
 )
-#: ``{role}: {content}<|endoftext|>\n``: no template tokens beyond the end-of-text token most vocabularies have.
+#: ``{role}: {content}<|endoftext|>\n``: no template tokens beyond the end-of-text token most vocabularies
+#have.
 PLAIN = ChatTemplate("plain", ("{role}: ",), "<|endoftext|>", after_turn="\n")
 
 TEMPLATES: dict[str, ChatTemplate] = {t.name: t for t in (CHATML, LLAMA3, PLAIN)}
@@ -204,7 +205,8 @@ def _validate(messages: Sequence[Mapping[str, str]], add_generation_prompt: bool
         role, content = message["role"], message["content"]
         if not isinstance(role, str):
             raise TypeError(
-                f"messages[{i}]['role'] must be str, got {type(role).__name__} {role!r}; roles are {list(ROLES)}"
+                f"messages[{i}]['role'] must be str, got {type(role).__name__} {role!r}; roles are "
+                f"{list(ROLES)}"
             )
         if role not in ROLES:
             raise ValueError(f"messages[{i}] has role {role!r}; roles are {list(ROLES)}")

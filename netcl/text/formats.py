@@ -69,7 +69,8 @@ def _collect_ranks(
     missing = [b for b in range(256) if bytes([b]) not in ranks]
     if missing:
         raise TokenizerFileError(
-            f"{path}: {len(missing)} of the 256 single-byte tokens are missing (first: {bytes(missing[:1])!r}); "
+            f"{path}: {len(missing)} of the 256 single-byte tokens are missing (first: "
+            f"{bytes(missing[:1])!r}); "
             "byte-level BPE needs every byte as a token"
         )
     return ranks
@@ -88,7 +89,8 @@ def _raise_first_clash(
         if token in seen_token:
             other_id, other_where = seen_token[token]
             raise TokenizerFileError(
-                f"{path}: {describe(where)} gives the byte string {token!r} id {tid}, but {describe(other_where)} "
+                f"{path}: {describe(where)} gives the byte string {token!r} id {tid}, but "
+                f"{describe(other_where)} "
                 f"already gave it id {other_id}: one byte string may have only one id"
             )
         if tid in seen_id:
@@ -418,7 +420,8 @@ def _pre_tokenizer_parts(
             raise TokenizerFileError(f"{path}: {where}: ByteLevel add_prefix_space=true is not supported")
         return [(where, None, _check_bool(path, node, "use_regex", where, True))]
     raise TokenizerFileError(
-        f"{path}: {where}: pre-tokenizer type {kind!r} is not supported (byte-level BPE only: Split, ByteLevel, "
+        f"{path}: {where}: pre-tokenizer type {kind!r} is not "
+        f"supported (byte-level BPE only: Split, ByteLevel, "
         "Sequence)"
     )
 
@@ -493,7 +496,8 @@ def read_hf(path: str | os.PathLike) -> TokenizerData:
     merges = model.get("merges", [])
     if not isinstance(merges, list):
         raise TokenizerFileError(
-            f'{path}: model.merges must be a list of "a b" strings or ["a", "b"] pairs, got {_json_type(merges)}'
+            f'{path}: model.merges must be a list of "a b" strings or ["a", "b"] pairs, got '
+            f'{_json_type(merges)}'
         )
     added_tokens = doc.get("added_tokens")
     if added_tokens is None:
@@ -583,7 +587,8 @@ def read_hf(path: str | os.PathLike) -> TokenizerData:
         priority.setdefault(merged, 256 + i)
     merged_tokens = sorted((p, ranks[t]) for t, p in priority.items() if len(t) > 1)
     ids_follow_merges = all(a[1] < b[1] for a, b in itertools.pairwise(merged_tokens))
-    # A vocab token no merge produces can only be reached by the whole-chunk fast path; keep it out of merging.
+    # A vocab token no merge produces can only be reached by the whole-chunk fast path; keep it out of
+    # merging.
     reachable = {t: (ranks[t] if ids_follow_merges else p) for t, p in priority.items()}
 
     pattern = _pre_tokenizer_pattern(doc.get("pre_tokenizer"), path)
@@ -625,8 +630,10 @@ def write_hf(
 ) -> None:
     """Write a Hugging Face ``tokenizer.json`` for byte-level BPE.
 
-    The pre-split pattern goes through `onig_compatible`. Merges are derived from the ranks (tiktoken's conversion):
-    each multi-byte token, in rank order, is split by merging its bytes with lower-ranked tokens only; the two final
+    The pre-split pattern goes through `onig_compatible`. Merges are derived from the ranks (tiktoken's
+    conversion):
+    each multi-byte token, in rank order, is split by merging its bytes with lower-ranked tokens only; the two
+    final
     parts form its merge.
     """
     encode_chars = bytes_to_unicode()

@@ -74,7 +74,9 @@ def is_validation(relative_path: str, val_fraction: float) -> bool:
     return int.from_bytes(digest[:8], "little") / 2.0**64 < val_fraction
 
 
-def split_files(root: str | os.PathLike, files: list[Path], val_fraction: float) -> tuple[list[Path], list[Path]]:
+def split_files(
+    root: str | os.PathLike, files: list[Path], val_fraction: float
+) -> tuple[list[Path], list[Path]]:
     """(training files, validation files), each in `files`' order. When the hash puts no file on one side
     (a tiny corpus), the last file of the other side moves over, so both splits always hold a file."""
     if len(files) < 2:
@@ -267,7 +269,9 @@ class TokenWindows:
         self.seed = _window_count(seed, "TokenWindows: seed", 0)
         tokens = np.asarray(tokens)
         if tokens.ndim != 1 or tokens.dtype.kind not in "iu":
-            raise TypeError(f"TokenWindows: tokens must be a 1-D integer array, got {tokens.dtype} {tokens.shape}")
+            raise TypeError(
+                f"TokenWindows: tokens must be a 1-D integer array, got {tokens.dtype} {tokens.shape}"
+            )
         if tokens.size < self.context + 1:
             raise CorpusError(f"TokenWindows: {tokens.size} tokens cannot fill one window of context "
                               f"{self.context} + 1; use a shorter context or a larger corpus")
@@ -302,8 +306,10 @@ class TokenWindows:
         values = {k: _window_count(state[k], f"TokenWindows.load_state_dict: {k}", 0) for k in keys}
         for k in ("seed", "batch_size", "context"):
             if values[k] != getattr(self, k):
-                raise ValueError(f"TokenWindows.load_state_dict: the state has {k} {values[k]}, these windows "
-                                 f"{getattr(self, k)}")
+                raise ValueError(
+                    f"TokenWindows.load_state_dict: the state has {k} {values[k]}, these windows "
+                    f"{getattr(self, k)}"
+                )
         return values
 
     def load_state_dict(self, state: dict[str, int]) -> None:

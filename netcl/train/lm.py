@@ -55,15 +55,39 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 # What a checkpoint records of its run and a resumed run keeps (flag name -> settings key).
 RUN_SETTINGS = {
-    "--preset": "preset", "--arch": "arch", "--layers": "layers", "--heads": "heads", "--kv-heads": "kv_heads",
-    "--dim": "dim", "--context": "context", "--corpus": "corpus", "--vocab-size": "vocab_size",
-    "--val-fraction": "val_fraction", "--batch-size": "batch_size", "--lr": "lr", "--min-lr": "min_lr",
-    "--warmup": "warmup", "--weight-decay": "weight_decay", "--clip": "clip", "--seed": "seed",
-    "--eval-windows": "eval_windows", "--nproc": "nproc",
+    "--preset": "preset",
+    "--arch": "arch",
+    "--layers": "layers",
+    "--heads": "heads",
+    "--kv-heads": "kv_heads",
+    "--dim": "dim",
+    "--context": "context",
+    "--corpus": "corpus",
+    "--vocab-size": "vocab_size",
+    "--val-fraction": "val_fraction",
+    "--batch-size": "batch_size",
+    "--lr": "lr",
+    "--min-lr": "min_lr",
+    "--warmup": "warmup",
+    "--weight-decay": "weight_decay",
+    "--clip": "clip",
+    "--seed": "seed",
+    "--eval-windows": "eval_windows",
+    "--nproc": "nproc",
 }
-DEFAULTS: dict[str, Any] = {"preset": "small", "arch": "llama", "corpus": None, "vocab_size": corpus_mod.DEFAULT_VOCAB,
-                            "val_fraction": corpus_mod.DEFAULT_VAL_FRACTION, "weight_decay": 0.1, "clip": 1.0,
-                            "seed": 0, "eval_windows": 64, "min_lr": None, "nproc": 1}
+DEFAULTS: dict[str, Any] = {
+    "preset": "small",
+    "arch": "llama",
+    "corpus": None,
+    "vocab_size": corpus_mod.DEFAULT_VOCAB,
+    "val_fraction": corpus_mod.DEFAULT_VAL_FRACTION,
+    "weight_decay": 0.1,
+    "clip": 1.0,
+    "seed": 0,
+    "eval_windows": 64,
+    "min_lr": None,
+    "nproc": 1,
+}
 SAMPLE_PROMPTS = ("import", "def", "class", "    for")  # no trailing space: BPE words carry their leading one
 
 
@@ -105,7 +129,9 @@ _count = _int_at_least(0)
 
 
 def _add_device(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--device", default="auto", help="auto, gpu, cpu, a name fragment or P:D (see netcl devices)")
+    p.add_argument(
+        "--device", default="auto", help="auto, gpu, cpu, a name fragment or P:D (see netcl devices)"
+    )
 
 
 def _add_sampling(p: argparse.ArgumentParser, max_new: int) -> None:
@@ -137,18 +163,30 @@ def register(subparsers: Any) -> None:
     d = p.add_argument_group("data")
     d.add_argument("--corpus", default=None,
                    help="directory of .py files (default: this Python's standard library)")
-    d.add_argument("--vocab-size", type=_int_at_least(256 + len(corpus_mod.SPECIAL_TOKENS), 65535),
-                   default=None, help=f"BPE vocabulary trained on the corpus (default {corpus_mod.DEFAULT_VOCAB}; "
-                   "at most 65535: ids are cached as uint16)")
+    d.add_argument(
+        "--vocab-size",
+        type=_int_at_least(256 + len(corpus_mod.SPECIAL_TOKENS), 65535),
+        default=None,
+        help=f"BPE vocabulary trained on the corpus (default {corpus_mod.DEFAULT_VOCAB}; "
+        "at most 65535: ids are cached as uint16)",
+    )
     d.add_argument("--val-fraction", type=_number(0.0, 1.0, low_open=True, high_open=True), default=None,
                    help=f"share of files held out for validation (default {corpus_mod.DEFAULT_VAL_FRACTION})")
-    d.add_argument("--cache-dir", default=None, help="where token ids are cached (default NETCL_CACHE_DIR/corpus)")
+    d.add_argument(
+        "--cache-dir", default=None, help="where token ids are cached (default NETCL_CACHE_DIR/corpus)"
+    )
     t = p.add_argument_group("training")
-    t.add_argument("--steps", type=_positive, default=None,
-                   help="optimizer steps in all (with --resume: the checkpoint's; more stretches the schedule)")
+    t.add_argument(
+        "--steps",
+        type=_positive,
+        default=None,
+        help="optimizer steps in all (with --resume: the checkpoint's; more stretches the schedule)",
+    )
     t.add_argument("--batch-size", type=_positive, default=None, help="windows per step")
     t.add_argument("--lr", type=_number(0.0, low_open=True), default=None, help="peak learning rate")
-    t.add_argument("--min-lr", type=_number(0.0), default=None, help="learning rate at the end (default lr / 10)")
+    t.add_argument(
+        "--min-lr", type=_number(0.0), default=None, help="learning rate at the end (default lr / 10)"
+    )
     t.add_argument("--warmup", type=_count, default=None, help="linear warm-up steps (< --steps)")
     t.add_argument("--weight-decay", type=_number(0.0), default=None,
                    help="AdamW weight decay of the matrices (default 0.1; norms and biases get none)")
@@ -164,10 +202,18 @@ def register(subparsers: Any) -> None:
     _add_device(p)
     p.add_argument("--out", default=None,
                    help="run directory (default runs/lm, or runs/lm-2, -3, ... when it holds an earlier run)")
-    p.add_argument("--resume", nargs="?", const=True, default=None, metavar="CHECKPOINT",
-                   help="continue a run: from CHECKPOINT, from OUT/checkpoint.safetensors, or from the latest run "
-                   "under runs/; --steps may raise the total (the cosine schedule is stretched to it)")
-    p.add_argument("--overwrite", action="store_true", help="replace an earlier run in OUT instead of refusing")
+    p.add_argument(
+        "--resume",
+        nargs="?",
+        const=True,
+        default=None,
+        metavar="CHECKPOINT",
+        help="continue a run: from CHECKPOINT, from OUT/checkpoint.safetensors, or from the latest run "
+        "under runs/; --steps may raise the total (the cosine schedule is stretched to it)",
+    )
+    p.add_argument(
+        "--overwrite", action="store_true", help="replace an earlier run in OUT instead of refusing"
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bars (plain lines)")
     add_amp_argument(p)
     p.add_argument("--nproc", type=_positive, default=None,
@@ -178,7 +224,9 @@ def register(subparsers: Any) -> None:
                    help="run every step op by op (default: record the step once and replay it, netcl.graph)")
     p.set_defaults(func=run_train)
 
-    gen = subparsers.add_parser("generate", help="stream text from a trained GPT (netcl lm-train's run directory)")
+    gen = subparsers.add_parser(
+        "generate", help="stream text from a trained GPT (netcl lm-train's run directory)"
+    )
     gen.add_argument("--checkpoint", required=True, metavar="DIR", help="a run or model directory")
     gen.add_argument("--prompt", default="", help="text to continue (default: the start of a new file)")
     _add_sampling(gen, 200)
@@ -220,14 +268,19 @@ def _fresh_default_out() -> Path:
     return DEFAULT_OUT.parent / f"{DEFAULT_OUT.name}-{n}"
 
 
-def _plan_output(args: argparse.Namespace, log: Callable[[str], None]) -> tuple[Path, Path | None, dict[str, Any]]:
+def _plan_output(
+    args: argparse.Namespace, log: Callable[[str], None]
+) -> tuple[Path, Path | None, dict[str, Any]]:
     """(run directory, checkpoint to resume from or None, the settings that checkpoint recorded)."""
     if args.resume is None:
         if args.out is None:
             out = _fresh_default_out()
             if out != DEFAULT_OUT:
-                log(f"{DEFAULT_OUT} holds an earlier run: this one goes to {out} (--resume continues the latest "
-                    "run, --out picks a directory)")
+                log(
+                    f"{DEFAULT_OUT} holds an earlier run: this one "
+                    f"goes to {out} (--resume continues the latest "
+                    "run, --out picks a directory)"
+                )
             return out, None, {}
         out = Path(args.out)
         if _holds_run(out) and not args.overwrite:
@@ -286,8 +339,10 @@ def _settings(args: argparse.Namespace, saved: dict[str, Any]) -> dict[str, Any]
         if key == "corpus" and value is not None:
             value = str(Path(value).resolve())
         if key in saved and value is not None and value != saved[key]:
-            raise NetclError(f"{flag} {value} differs from the resumed run's {saved[key]}; a resumed run keeps "
-                             f"its settings (leave {flag} out, or start a new run)")
+            raise NetclError(
+                f"{flag} {value} differs from the resumed run's {saved[key]}; a resumed run keeps "
+                f"its settings (leave {flag} out, or start a new run)"
+            )
         out[key] = value if value is not None else saved.get(key)
     preset = PRESETS[out["preset"] or DEFAULTS["preset"]]
     out["steps"] = args.steps or saved.get("steps") or preset["steps"]
@@ -311,12 +366,18 @@ def _check_settings(s: dict[str, Any]) -> None:
         raise NetclError(f"--dim {s['dim']} is not a multiple of --heads {s['heads']}")
     if s["heads"] % s["kv_heads"]:
         raise NetclError(f"--kv-heads {s['kv_heads']} does not divide --heads {s['heads']}")
-    if s["arch"] == "gpt2" and s["kv_heads"] != s["heads"]:  # its Hugging Face format has no grouped-query attention
-        raise NetclError(f"--kv-heads {s['kv_heads']} with --arch gpt2: GPT-2 has one key/value head per query head; "
-                         "leave --kv-heads out or use --arch llama")
+    if (
+        s["arch"] == "gpt2" and s["kv_heads"] != s["heads"]
+    ):  # its Hugging Face format has no grouped-query attention
+        raise NetclError(
+            f"--kv-heads {s['kv_heads']} with --arch gpt2: GPT-2 has one key/value head per query head; "
+            "leave --kv-heads out or use --arch llama"
+        )
     if s["arch"] == "llama" and (s["dim"] // s["heads"]) % 2:
-        raise NetclError(f"head dimension {s['dim']} / {s['heads']} = {s['dim'] // s['heads']} is odd; rotary "
-                         "embeddings rotate pairs: pick --dim and --heads with an even quotient")
+        raise NetclError(
+            f"head dimension {s['dim']} / {s['heads']} = {s['dim'] // s['heads']} is odd; rotary "
+            "embeddings rotate pairs: pick --dim and --heads with an even quotient"
+        )
     if s["warmup"] >= s["steps"]:
         raise NetclError(f"--warmup {s['warmup']} must be smaller than --steps {s['steps']}")
     if s["min_lr"] > s["lr"]:
@@ -380,8 +441,15 @@ class LMStep:
         q = self.model.queue
         ids, targets = np.ascontiguousarray(batch[:, :-1]), np.ascontiguousarray(batch[:, 1:])
         if self.eager:
-            return lm_step(self.model, self.opt, Tensor.from_host(q, ids), Tensor.from_host(q, targets), self.clip,
-                           self.mixed, self.ddp)
+            return lm_step(
+                self.model,
+                self.opt,
+                Tensor.from_host(q, ids),
+                Tensor.from_host(q, targets),
+                self.clip,
+                self.mixed,
+                self.ddp,
+            )
         if self.graph is None:
             self.ids, self.targets = Tensor.from_host(q, ids), Tensor.from_host(q, targets)
             self.graph = Graph()
@@ -460,8 +528,10 @@ def run_train(args: argparse.Namespace) -> int:
 
     out, resume_from, saved = _plan_output(args, log)
     if args.nproc is None and saved.get("nproc", 1) != 1:
-        raise NetclError(f"the resumed run trained with --nproc {saved['nproc']}: pass --nproc {saved['nproc']} "
-                         "(a resumed run keeps its settings)")
+        raise NetclError(
+            f"the resumed run trained with --nproc {saved['nproc']}: pass --nproc {saved['nproc']} "
+            "(a resumed run keeps its settings)"
+        )
     s = _settings(args, saved)
     done = saved.get("steps_done", 0)
     if resume_from is not None and done >= s["steps"]:
@@ -496,20 +566,29 @@ def run_train(args: argparse.Namespace) -> int:
         history = meta["extra"].get("history", history)
         if sched.total_steps != s["steps"]:
             longer = "longer" if s["steps"] > sched.total_steps else "shorter"
-            log(f"the schedule now spans {s['steps']} steps (it spanned {sched.total_steps}): the learning rate "
-                f"continues along the {longer} cosine")
+            log(
+                f"the schedule now spans {s['steps']} steps (it "
+                f"spanned {sched.total_steps}): the learning rate "
+                f"continues along the {longer} cosine"
+            )
             sched.total_steps = s["steps"]
             sched.refresh()
         log(f"resumed from {resume_from} at step {start}, lr {opt.param_groups[0]['lr']:.3g}")
     tokens_per_step = s["batch_size"] * nproc * s["context"]
     ddp = dist.DistributedDataParallel(model) if nproc > 1 else None  # after a resume's load
-    log(f"netcl lm-train: {s['arch']} GPT, {s['layers']} layers, {s['heads']} heads ({s['kv_heads']} kv), dim "
+    log(
+        f"netcl lm-train: {s['arch']} GPT, {s['layers']} "
+        f"layers, {s['heads']} heads ({s['kv_heads']} kv), dim "
         f"{s['dim']}, context {s['context']}: {model.num_parameters():,} parameters, on {dev.device_name} "
-        f"({dev.backend}); batch {s['batch_size']}{f' x {nproc} processes' if nproc > 1 else ''} x {s['context']} "
-        f"tokens, {s['steps']} steps, AdamW lr {s['lr']:g} -> {s['min_lr']:g} (warm-up {s['warmup']}, cosine), clip "
+        f"({dev.backend}); batch {s['batch_size']}{f' x {nproc} processes' if nproc > 1 else ''} x "
+        f"{s['context']} "
+        f"tokens, {s['steps']} steps, AdamW lr {s['lr']:g} -> {s['min_lr']:g} (warm-up {s['warmup']}, "
+        f"cosine), clip "
         f"{s['clip']:g}"
-        f"{', eager steps' if args.eager or ddp else ', step recorded once and replayed (--eager: op by op)'}; "
-        f"writing to {out}")
+        + (", eager steps" if args.eager or ddp else ", step recorded once and replayed (--eager: op by op)")
+        + "; "
+        f"writing to {out}"
+    )
     mixed = MixedPrecision.make(args.amp) if args.amp else None
     if mixed is not None:
         log(f"mixed precision: autocast {args.amp}{', dynamic loss scaling' if mixed.scaler else ''}")
@@ -524,9 +603,21 @@ def run_train(args: argparse.Namespace) -> int:
     def checkpoint(step: int) -> None:
         if not rank0:
             return
-        save_checkpoint(out / CHECKPOINT_FILE, model, opt, sched, step=step, loader=windows,
-                        extra={"kind": "lm", "history": history, "args": run_args, "corpus": corpus.info,
-                               **({"grad_scaler": mixed.scaler.state_dict()} if mixed and mixed.scaler else {})})
+        save_checkpoint(
+            out / CHECKPOINT_FILE,
+            model,
+            opt,
+            sched,
+            step=step,
+            loader=windows,
+            extra={
+                "kind": "lm",
+                "history": history,
+                "args": run_args,
+                "corpus": corpus.info,
+                **({"grad_scaler": mixed.scaler.state_dict()} if mixed and mixed.scaler else {}),
+            },
+        )
         model.save_pretrained(out)
         tokenizer.save_hf(out / TOKENIZER_FILE)
         for p in (out / CHECKPOINT_FILE, out / "config.json", out / TOKENIZER_FILE):
@@ -558,7 +649,9 @@ def run_train(args: argparse.Namespace) -> int:
                 last_t, last_step = now, n
                 history["tokens_per_second"].append(rate)
                 bar.update(len(values))
-                bar.set_postfix(loss=f"{values[-1]:.3f}", tok_s=f"{rate:,.0f}", lr=f"{opt.param_groups[0]['lr']:.2g}")
+                bar.set_postfix(
+                    loss=f"{values[-1]:.3f}", tok_s=f"{rate:,.0f}", lr=f"{opt.param_groups[0]['lr']:.2g}"
+                )
                 if args.no_progress and n % (report_every * 10) == 0:
                     log(f"step {n}/{s['steps']}: loss {values[-1]:.4f}, {rate:,.0f} tokens/s")
             if n % s["eval_every"] == 0 or n == s["steps"]:
@@ -570,8 +663,15 @@ def run_train(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:  # Ctrl-C: the last checkpoint stays; say how to go on
         bar.close()
         last = history["val_loss"][-1][0] if history["val_loss"] else None
-        log("interrupted; " + (f"{out / CHECKPOINT_FILE} holds step {last}: `netcl lm-train --resume {out}` "
-                                 "continues from there" if last is not None else "no checkpoint was written yet"))
+        log(
+            "interrupted; "
+            + (
+                f"{out / CHECKPOINT_FILE} holds step {last}: `netcl lm-train --resume {out}` "
+                "continues from there"
+                if last is not None
+                else "no checkpoint was written yet"
+            )
+        )
         return 130
     bar.close()
     seconds = time.perf_counter() - t0
@@ -584,18 +684,32 @@ def run_train(args: argparse.Namespace) -> int:
     samples = []
     for i, prompt in enumerate((SAMPLE_PROMPTS * (1 + args.samples // len(SAMPLE_PROMPTS)))[:args.samples]):
         ids = tokenizer.encode(prompt)
-        budget = min(args.sample_tokens, s["context"] - len(ids))  # the prompt and the sample share the context
+        budget = min(
+            args.sample_tokens, s["context"] - len(ids)
+        )  # the prompt and the sample share the context
         if budget < 1:
             log(f"--- sample {i + 1}: the prompt {prompt!r} ({len(ids)} tokens) fills the context of "
                 f"{s['context']}; skipped ---")
             continue
         text = prompt + "".join(
-            stream_tokens(model, tokenizer, ids, budget, temperature=0.8, top_k=40, top_p=None, seed=s["seed"] + i,
-                          stop=[tokenizer.special_id(END_OF_TEXT)]))
+            stream_tokens(
+                model,
+                tokenizer,
+                ids,
+                budget,
+                temperature=0.8,
+                top_k=40,
+                top_p=None,
+                seed=s["seed"] + i,
+                stop=[tokenizer.special_id(END_OF_TEXT)],
+            )
+        )
         samples.append(text)
         log(f"--- sample {i + 1} (prompt {prompt!r}, temperature 0.8, top-k 40) ---\n{text}")
     if samples:
-        (out / "samples.txt").write_text("".join(f"--- sample {i + 1} ---\n{t}\n" for i, t in enumerate(samples)))
+        (out / "samples.txt").write_text(
+            "".join(f"--- sample {i + 1} ---\n{t}\n" for i, t in enumerate(samples))
+        )
         written.append(out / "samples.txt")
     final_val = history["val_loss"][-1][1]
     metrics = {
@@ -615,8 +729,11 @@ def run_train(args: argparse.Namespace) -> int:
     }
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2))
     written.append(out / "metrics.json")
-    log(f"validation loss {final_val:.4f} nats per token against {corpus.info['unigram_val_loss_nats']:.4f} for a "
-        f"unigram model (entropy of the training tokens {corpus.info['unigram_entropy_nats']:.4f})")
+    log(
+        f"validation loss {final_val:.4f} nats per token against "
+        f"{corpus.info['unigram_val_loss_nats']:.4f} for a "
+        f"unigram model (entropy of the training tokens {corpus.info['unigram_entropy_nats']:.4f})"
+    )
     log("\n".join(f"wrote {p}" for p in written))
     return 0
 
@@ -667,20 +784,37 @@ def run_generate(args: argparse.Namespace) -> int:
     eot = tokenizer.special_tokens.get(END_OF_TEXT)
     ids = tokenizer.encode(args.prompt) if args.prompt else ([eot] if eot is not None else [])
     if not ids:
-        raise NetclError("--prompt is empty and the tokenizer has no <|endoftext|> token to start from; give a prompt")
+        raise NetclError(
+            "--prompt is empty and the tokenizer has no <|endoftext|> token to start from; give a prompt"
+        )
     context = _context(model)
     if len(ids) >= context:
-        raise NetclError(f"--prompt is {len(ids)} tokens; the model's context window is {context}: shorten it")
+        raise NetclError(
+            f"--prompt is {len(ids)} tokens; the model's context window is {context}: shorten it"
+        )
     budget = min(args.max_new_tokens, context - len(ids))
     if budget < args.max_new_tokens:
-        print(f"netcl: generating {budget} tokens, not {args.max_new_tokens}: the prompt ({len(ids)} tokens) and "
-              f"the reply share the context window of {context}", file=sys.stderr)
+        print(
+            f"netcl: generating {budget} tokens, not "
+            f"{args.max_new_tokens}: the prompt ({len(ids)} tokens) and "
+            f"the reply share the context window of {context}",
+            file=sys.stderr,
+        )
     out: TextIO = sys.stdout
     out.write(args.prompt)
     out.flush()
     try:
-        for piece in stream_tokens(model, tokenizer, ids, budget, temperature=args.temperature, top_k=args.top_k,
-                                   top_p=args.top_p, seed=args.seed, stop=[eot] if eot is not None else []):
+        for piece in stream_tokens(
+            model,
+            tokenizer,
+            ids,
+            budget,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            top_p=args.top_p,
+            seed=args.seed,
+            stop=[eot] if eot is not None else [],
+        ):
             out.write(piece)
             out.flush()
     except KeyboardInterrupt:  # Ctrl-C ends the text where it is
@@ -732,8 +866,15 @@ def run_chat(args: argparse.Namespace) -> int:
         return 130
 
 
-def _chat_loop(args: argparse.Namespace, model: GPT, tokenizer: BPETokenizer, chat: ChatFormat, stop: set[int],
-               system: list[dict[str, str]], interactive: bool) -> int:
+def _chat_loop(
+    args: argparse.Namespace,
+    model: GPT,
+    tokenizer: BPETokenizer,
+    chat: ChatFormat,
+    stop: set[int],
+    system: list[dict[str, str]],
+    interactive: bool,
+) -> int:
     """Read a line, answer it (streamed), until /exit or the end of input."""
     context = _context(model)
     reply_room = min(args.max_new_tokens, context // 2)

@@ -96,9 +96,15 @@ class MixedPrecision:
 
 def add_amp_argument(parser: Any) -> None:
     """`--amp [float16|bfloat16]` (netcl train, and any job that builds a MixedPrecision from it)."""
-    parser.add_argument("--amp", nargs="?", const="float16", choices=("float16", "bfloat16"), default=None,
-                        help="mixed precision: GEMMs under netcl.amp.autocast (float16, the default, with dynamic "
-                             "loss scaling; or bfloat16), float32 master weights and loss")
+    parser.add_argument(
+        "--amp",
+        nargs="?",
+        const="float16",
+        choices=("float16", "bfloat16"),
+        default=None,
+        help="mixed precision: GEMMs under netcl.amp.autocast (float16, the default, with dynamic "
+        "loss scaling; or bfloat16), float32 master weights and loss",
+    )
 
 
 def train_step(model: nn.Module, optimizer: Any, x: Tensor, y: Tensor, scheduler: Any = None,
@@ -124,7 +130,9 @@ class GraphedStep:
     from ~3.3 ms to ~1.2 ms). Batches are copied into the captured input tensors; a batch of another
     shape (a last partial batch) runs eagerly. The scheduler steps on the host after each step."""
 
-    def __init__(self, model: nn.Module, optimizer: Any, scheduler: Any = None, mixed: MixedPrecision | None = None):
+    def __init__(
+        self, model: nn.Module, optimizer: Any, scheduler: Any = None, mixed: MixedPrecision | None = None
+    ):
         self.model, self.optimizer, self.scheduler, self.mixed = model, optimizer, scheduler, mixed
         self.graph: Any = None
         self.x: Tensor | None = None
@@ -164,7 +172,9 @@ def train_epoch(
     pending: list[Tensor] = []
     losses: list[float] = []
     for i, (x, y) in enumerate(loader):
-        pending.append(step(x, y) if step is not None else train_step(model, optimizer, x, y, scheduler, mixed))
+        pending.append(
+            step(x, y) if step is not None else train_step(model, optimizer, x, y, scheduler, mixed)
+        )
         if (i + 1) % report_every == 0 or i + 1 == len(loader):
             values = [float(t.to_host()[0]) for t in pending]
             losses.extend(values)

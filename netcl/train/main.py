@@ -76,7 +76,9 @@ def _float_at_least(low: float, strict: bool):
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
         if not math.isfinite(value) or value < low or (strict and value == low):
-            raise argparse.ArgumentTypeError(f"must be a finite number {'>' if strict else '>='} {low:g}, got {text}")
+            raise argparse.ArgumentTypeError(
+                f"must be a finite number {'>' if strict else '>='} {low:g}, got {text}"
+            )
         return value
 
     return parse
@@ -86,17 +88,25 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "train", help="train a small CNN on Fashion-MNIST (digits if unavailable)", description=__doc__
     )
-    p.add_argument("--model", choices=MODELS, default=None,
-                   help="cnn (default), mlp, or resnet (ResNet-18, images zero-padded to a multiple of 8: 28 -> 32)")
+    p.add_argument(
+        "--model",
+        choices=MODELS,
+        default=None,
+        help="cnn (default), mlp, or resnet (ResNet-18, images zero-padded to a multiple of 8: 28 -> 32)",
+    )
     p.add_argument(
         "--dataset",
         choices=("auto", "fashion-mnist", "mnist", "digits"),
         default=None,
         help="auto (default): Fashion-MNIST if its files can be found or downloaded, else digits",
     )
-    p.add_argument("--epochs", type=_positive_int, default=None,
-                   help="epochs in all (default per dataset: Fashion-MNIST/MNIST 2, digits 15; with --resume: "
-                   "the checkpoint's)")
+    p.add_argument(
+        "--epochs",
+        type=_positive_int,
+        default=None,
+        help="epochs in all (default per dataset: Fashion-MNIST/MNIST 2, digits 15; with --resume: "
+        "the checkpoint's)",
+    )
     p.add_argument("--batch-size", type=_positive_int, default=None,
                    help="default per dataset: 128, digits 32")
     p.add_argument("--lr", type=_float_at_least(0.0, strict=True), default=None,
@@ -116,18 +126,33 @@ def register(subparsers: Any) -> None:
     p.add_argument("--seed", type=_count, default=None, help="random seed (default 0)")
     p.add_argument("--data-dir", default=None,
                    help="directory with the IDX files (gz or raw); only this directory is searched")
-    p.add_argument("--out", default=None,
-                   help="directory for checkpoint.safetensors, metrics.json and curves.png (default runs/train, "
-                   "or runs/train-2, -3, ... when it holds an earlier run)")
-    p.add_argument("--resume", nargs="?", const=True, default=None, metavar="CHECKPOINT",
-                   help="continue a run: from CHECKPOINT, from OUT/checkpoint.safetensors, or from the latest "
-                   "run under runs/; --epochs may raise the total (the cosine schedule is stretched to it)")
-    p.add_argument("--overwrite", action="store_true", help="replace an earlier run in OUT instead of refusing")
+    p.add_argument(
+        "--out",
+        default=None,
+        help="directory for checkpoint.safetensors, metrics.json and curves.png (default runs/train, "
+        "or runs/train-2, -3, ... when it holds an earlier run)",
+    )
+    p.add_argument(
+        "--resume",
+        nargs="?",
+        const=True,
+        default=None,
+        metavar="CHECKPOINT",
+        help="continue a run: from CHECKPOINT, from OUT/checkpoint.safetensors, or from the latest "
+        "run under runs/; --epochs may raise the total (the cosine schedule is stretched to it)",
+    )
+    p.add_argument(
+        "--overwrite", action="store_true", help="replace an earlier run in OUT instead of refusing"
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bars (plain lines)")
     add_amp_argument(p)
-    p.add_argument("--nproc", type=_positive_int, default=1,
-                   help="data parallelism: N processes, one per device (one GPU each when there are N, else all on "
-                   "--device), each with --batch-size samples of every step; gradients averaged (netcl.distributed)")
+    p.add_argument(
+        "--nproc",
+        type=_positive_int,
+        default=1,
+        help="data parallelism: N processes, one per device (one GPU each when there are N, else all on "
+        "--device), each with --batch-size samples of every step; gradients averaged (netcl.distributed)",
+    )
     p.add_argument("--eager", action="store_true",
                    help="run every step op by op (default: record the step once and replay it, netcl.graph)")
     tensorboard.add_argument(p)
@@ -244,8 +269,10 @@ def _settings(args: argparse.Namespace, saved: dict[str, Any], dataset_name: str
     out: dict[str, Any] = {}
     for key, value in given.items():
         if key in saved and value is not None and value != saved[key]:
-            raise NetclError(f"{flags[key]} {value} differs from the resumed run's {saved[key]}; a resumed run "
-                             f"keeps its settings (leave {flags[key]} out, or start a new run)")
+            raise NetclError(
+                f"{flags[key]} {value} differs from the resumed run's {saved[key]}; a resumed run "
+                f"keeps its settings (leave {flags[key]} out, or start a new run)"
+            )
         out[key] = value if value is not None else saved.get(key)
     defaults = {"model": "cnn", "weight_decay": 1e-4, "seed": 0, **DATASET_DEFAULTS[dataset_name]}
     for key, value in out.items():
@@ -279,8 +306,11 @@ def run(args: argparse.Namespace) -> int:
     s = _settings(args, saved, data.name)
     done = saved.get("epochs_done", 0)
     if resume_from is not None and done >= s["epochs"]:
-        log(f"{resume_from} has already trained {done} of {s['epochs']} epochs: nothing to do; pass --epochs N "
-            f"(N > {done}) to train further. Nothing was written.")
+        log(
+            f"{resume_from} has already trained {done} of "
+            f"{s['epochs']} epochs: nothing to do; pass --epochs N "
+            f"(N > {done}) to train further. Nothing was written."
+        )
         return 0
     x_train, y_train = data.x_train, data.y_train
     if s["train_limit"]:
@@ -302,7 +332,9 @@ def run(args: argparse.Namespace) -> int:
         sampler = DistributedSampler(len(y_train), shuffle=True, seed=s["seed"], drop_last=True)
         loader = DataLoader((x_train, y_train), s["batch_size"], q, sampler=sampler, drop_last=True)
     else:
-        loader = DataLoader((x_train, y_train), s["batch_size"], q, shuffle=True, seed=s["seed"], drop_last=True)
+        loader = DataLoader(
+            (x_train, y_train), s["batch_size"], q, shuffle=True, seed=s["seed"], drop_last=True
+        )
     if len(loader) == 0:
         raise NetclError(f"--batch-size {s['batch_size']} is larger than the {len(y_train)} training images")
     opt = optim.AdamW(model.parameters(), lr=s["lr"], weight_decay=s["weight_decay"])
@@ -334,9 +366,15 @@ def run(args: argparse.Namespace) -> int:
             mixed.scaler.load_state_dict(meta["extra"]["grad_scaler"])  # the loss scale it had reached
     step_model = dist.DistributedDataParallel(model) if args.nproc > 1 else model  # after a resume's load
     graphed = None if args.eager else GraphedStep(model, opt, sched, mixed)
-    run_args = {**{k: s[k] for k in RUN_SETTINGS if k != "dataset"}, "dataset": data.name, "epochs": s["epochs"]}
+    run_args = {
+        **{k: s[k] for k in RUN_SETTINGS if k != "dataset"},
+        "dataset": data.name,
+        "epochs": s["epochs"],
+    }
     written: list[Path] = []
-    tb = tensorboard.open_writer(args.tensorboard if rank0 else None)  # flushed after each epoch, closed at the end
+    tb = tensorboard.open_writer(
+        args.tensorboard if rank0 else None
+    )  # flushed after each epoch, closed at the end
     for epoch in range(start_epoch, s["epochs"]):
         loader.set_epoch(epoch)
         bar = tqdm(
@@ -355,8 +393,14 @@ def run(args: argparse.Namespace) -> int:
             done[0] += n
             rate = done[0] * s["batch_size"] * args.nproc / max(time.perf_counter() - t0, 1e-9)
             bar.set_postfix(loss=f"{loss:.4f}", img_s=f"{rate:,.0f}")
-            tb.log(epoch * len(loader) + done[0], {"train/loss": loss, "train/learning_rate": opt.param_groups[0]["lr"],
-                                                   "train/images_per_second": rate})
+            tb.log(
+                epoch * len(loader) + done[0],
+                {
+                    "train/loss": loss,
+                    "train/learning_rate": opt.param_groups[0]["lr"],
+                    "train/images_per_second": rate,
+                },
+            )
 
         losses = train_epoch(step_model, opt, loader, sched, progress, step=graphed, mixed=mixed)
         q.finish()
@@ -371,15 +415,32 @@ def run(args: argparse.Namespace) -> int:
             f"epoch {epoch + 1}: mean loss {np.mean(losses):.4f}, test accuracy {acc * 100:.2f}%, "
             f"{seconds:.1f} s ({history['samples_per_second'][-1]:,.0f} images/s)"
         )
-        tb.log((epoch + 1) * len(loader), {"test/accuracy": acc, "train/epoch_mean_loss": float(np.mean(losses)),
-                                           "train/epoch_images_per_second": history["samples_per_second"][-1]})
+        tb.log(
+            (epoch + 1) * len(loader),
+            {
+                "test/accuracy": acc,
+                "train/epoch_mean_loss": float(np.mean(losses)),
+                "train/epoch_images_per_second": history["samples_per_second"][-1],
+            },
+        )
         tb.flush()
         if not rank0:
             continue
         save_checkpoint(
-            ckpt, model, opt, sched, step=(epoch + 1) * len(loader), epoch=epoch + 1, loader=loader,
-            extra={"history": history, "model": s["model"], "dataset": data.name, "args": run_args,
-                   **({"grad_scaler": mixed.scaler.state_dict()} if mixed is not None and mixed.scaler else {})},
+            ckpt,
+            model,
+            opt,
+            sched,
+            step=(epoch + 1) * len(loader),
+            epoch=epoch + 1,
+            loader=loader,
+            extra={
+                "history": history,
+                "model": s["model"],
+                "dataset": data.name,
+                "args": run_args,
+                **({"grad_scaler": mixed.scaler.state_dict()} if mixed is not None and mixed.scaler else {}),
+            },
         )
         if ckpt not in written:
             written.append(ckpt)

@@ -20,9 +20,13 @@ from netcl.errors import NetclError
 
 def add_argument(parser: argparse.ArgumentParser) -> None:
     """Add `--tensorboard DIR` to a command's parser."""
-    parser.add_argument("--tensorboard", default=None, metavar="DIR",
-                        help="also write TensorBoard scalars (loss, accuracy, learning rate, throughput) to DIR "
-                        "(needs tensorboardX: pip install 'netcl[tensorboard]'; view with tensorboard --logdir DIR)")
+    parser.add_argument(
+        "--tensorboard",
+        default=None,
+        metavar="DIR",
+        help="also write TensorBoard scalars (loss, accuracy, learning rate, throughput) to DIR "
+        "(needs tensorboardX: pip install 'netcl[tensorboard]'; view with tensorboard --logdir DIR)",
+    )
 
 
 class ScalarWriter:
@@ -39,7 +43,9 @@ class ScalarWriter:
         try:
             self.logdir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise NetclError(f"--tensorboard {logdir}: cannot create the directory: {exc.strerror or exc}") from None
+            raise NetclError(
+                f"--tensorboard {logdir}: cannot create the directory: {exc.strerror or exc}"
+            ) from None
         if not self.logdir.is_dir():
             raise NetclError(f"--tensorboard {logdir}: not a directory")
         self._writer: Any = SummaryWriter(logdir=str(self.logdir), flush_secs=flush_seconds)

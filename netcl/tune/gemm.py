@@ -70,7 +70,17 @@ def _tiled_candidates(device: Any, dtype: np.dtype, quick: bool) -> list[dict[st
             continue
         if 2 * bk * (bm + pad + bn + pad) * item > caps.local_mem:
             continue
-        cand = {"BM": bm, "BN": bn, "BK": bk, "TX": tx, "TY": ty, "VW": vw, "PADA": pad, "PADB": pad, "WX": wx}
+        cand = {
+            "BM": bm,
+            "BN": bn,
+            "BK": bk,
+            "TX": tx,
+            "TY": ty,
+            "VW": vw,
+            "PADA": pad,
+            "PADB": pad,
+            "WX": wx,
+        }
         if max_regs:
             cand["MAXRREG"] = max_regs
         if cand not in out:

@@ -32,7 +32,9 @@ class TuneResult:
     errors: list[tuple[Candidate, str]] = field(default_factory=list)
 
 
-def time_callable(run: Callable[[], Any], finish: Callable[[], Any], repeats: int = 5, warmup: int = 1) -> float:
+def time_callable(
+    run: Callable[[], Any], finish: Callable[[], Any], repeats: int = 5, warmup: int = 1
+) -> float:
     """Median wall seconds of `run` followed by `finish` (which waits for the device), after warm-up."""
     for _ in range(warmup):
         run()

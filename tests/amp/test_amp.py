@@ -128,7 +128,9 @@ def test_losses_take_half_inputs_and_return_float32(queue, rng, dt):
     b = rng.standard_normal((4, 9)).astype(dt)
     for fn in (ag.mse, ag.smooth_l1, ag.binary_cross_entropy_with_logits):
         half = fn(Tensor.from_host(queue, a), Tensor.from_host(queue, b))
-        full = fn(Tensor.from_host(queue, a.astype(np.float32)), Tensor.from_host(queue, b.astype(np.float32)))
+        full = fn(
+            Tensor.from_host(queue, a.astype(np.float32)), Tensor.from_host(queue, b.astype(np.float32))
+        )
         assert half.value.dtype == np.float32
         np.testing.assert_allclose(half.value.to_host(), full.value.to_host(), rtol=1e-6)
 
@@ -226,8 +228,15 @@ def test_grad_scaler_state_dict_and_misuse(queue):
     p, opt, _, _ = _sgd_pair(queue)
     scaler = amp.GradScaler(init_scale=4.0, growth_interval=3)
     resumed = amp.GradScaler()
-    resumed.load_state_dict({"scale": 32.0, "growth_factor": 2.0, "backoff_factor": 0.25, "growth_interval": 3,
-                             "_growth_tracker": 2})
+    resumed.load_state_dict(
+        {
+            "scale": 32.0,
+            "growth_factor": 2.0,
+            "backoff_factor": 0.25,
+            "growth_interval": 3,
+            "_growth_tracker": 2,
+        }
+    )
     assert resumed.get_scale() == 32.0 and resumed.get_backoff_factor() == 0.25
     with ag.Tape() as tape:
         loss = ag.sum(p)
@@ -290,8 +299,13 @@ def test_graph_recorded_amp_step_equals_eager(queue):
             for b in batches[1:]:
                 xs.copy_from_host(b)
                 graph.replay()
-        runs.append(([p.value.to_host() for p in model.parameters()],
-                     [opt.state[id(p)]["exp_avg_sq"].to_host() for p in model.parameters()], scaler.get_scale()))
+        runs.append(
+            (
+                [p.value.to_host() for p in model.parameters()],
+                [opt.state[id(p)]["exp_avg_sq"].to_host() for p in model.parameters()],
+                scaler.get_scale(),
+            )
+        )
     (pe, se, scale_e), (pg, sg, scale_g) = runs
     assert scale_e == scale_g == 2048.0  # 1024: grew at steps 1 and 5, backed off at step 3
     for a, b in zip(pe + se, pg + sg):

@@ -26,12 +26,33 @@ def _bits(a: np.ndarray) -> np.ndarray:
 def _special_floats() -> np.ndarray:
     """float32 values that exercise every rounding case of both half formats."""
     one = np.float32(1.0).view(np.uint32)
-    vals = [0.0, -0.0, 1.0, -1.0, np.inf, -np.inf, np.nan, -np.nan,
-            3.3895314e38, 3.4028235e38, -3.4028235e38,           # bfloat16 max, float32 max (rounds to inf)
-            65504.0, 65519.0, 65520.0, 1e6,                     # float16 max, last below the tie, the tie, far above
-            6.1035156e-05, 5.9604645e-08, 2.9802322e-08, 3e-08,  # float16 smallest normal, subnormal, tie to 0
-            1.1754944e-38, 9.1835e-41, 1e-45, 4e-41]            # float32/bfloat16 subnormals
-    # bfloat16 ties: 1 + exactly half an ulp (even below -> down), 1 + 3 half ulps (odd below -> up), just above
+    vals = [
+        0.0,
+        -0.0,
+        1.0,
+        -1.0,
+        np.inf,
+        -np.inf,
+        np.nan,
+        -np.nan,
+        3.3895314e38,
+        3.4028235e38,
+        -3.4028235e38,  # bfloat16 max, float32 max (rounds to inf)
+        65504.0,
+        65519.0,
+        65520.0,
+        1e6,  # float16 max, last below the tie, the tie, far above
+        6.1035156e-05,
+        5.9604645e-08,
+        2.9802322e-08,
+        3e-08,  # float16 smallest normal, subnormal, tie to 0
+        1.1754944e-38,
+        9.1835e-41,
+        1e-45,
+        4e-41,
+    ]  # float32/bfloat16 subnormals
+    # bfloat16 ties: 1 + exactly half an ulp (even below -> down), 1 + 3 half ulps (odd below -> up), just
+    # above
     for low in (0x8000, 0x18000, 0x8001, 0x7fff):
         vals.append(np.uint32(one + low).view(np.float32))
     # float16 ties around 1: half ulp = 2**-11
@@ -111,7 +132,9 @@ def test_fused_chain_rounds_each_result(queue, rng, dt):
     ta, tb, tc = (Tensor.from_host(queue, v) for v in (a, b, c))
     got = ((ta * tb + 1) / tc).to_host()
     f = np.float32
-    want = (((a.astype(f) * b.astype(f)).astype(dt).astype(f) + 1).astype(dt).astype(f) / c.astype(f)).astype(dt)
+    want = (((a.astype(f) * b.astype(f)).astype(dt).astype(f) + 1).astype(dt).astype(f) / c.astype(f)).astype(
+        dt
+    )
     assert np.array_equal(_bits(got), _bits(want))
 
 
@@ -123,7 +146,9 @@ def test_reductions_accumulate_in_float32(queue, rng, dt):
     rel = 2.0**-8 if dt == BF16 else 2.0**-11  # one rounding of the float32 result to the half dtype
     s = t.sum(axis=1)
     assert s.dtype == dt
-    assert np.allclose(s.to_host().astype(np.float64), a64.sum(1), rtol=rel, atol=rel * np.abs(a64).sum(1).max())
+    assert np.allclose(
+        s.to_host().astype(np.float64), a64.sum(1), rtol=rel, atol=rel * np.abs(a64).sum(1).max()
+    )
     m = ops.mean(t, axis=1).to_host().astype(np.float64)
     assert np.allclose(m, a64.mean(1), rtol=rel, atol=1e-3)
     assert np.array_equal(ops.max(t, axis=1).to_host(), a.max(1))
@@ -177,5 +202,6 @@ def test_gather_embedding_and_scatter_add_in_half(queue, rng, dt):
                               deterministic=deterministic).to_host()
         ref = w.astype(np.float64)
         np.add.at(ref, (idx, np.arange(5)[None, :].repeat(4, 0)), src.astype(np.float64))
-        np.testing.assert_allclose(out.astype(np.float64), ref, rtol=4 * (2.0**-8 if dt == BF16 else 2.0**-11),
-                                   atol=1e-2)
+        np.testing.assert_allclose(
+            out.astype(np.float64), ref, rtol=4 * (2.0**-8 if dt == BF16 else 2.0**-11), atol=1e-2
+        )

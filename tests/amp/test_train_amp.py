@@ -21,7 +21,10 @@ def test_netcl_train_amp_matches_float32(tmp_path, capsys):
     assert main(_args(tmp_path / "amp", "--amp")) == 0
     text = capsys.readouterr().out
     assert "mixed precision: autocast float16, dynamic loss scaling" in text
-    acc = {k: json.loads((tmp_path / k / "metrics.json").read_text())["final_test_accuracy"] for k in ("f32", "amp")}
+    acc = {
+        k: json.loads((tmp_path / k / "metrics.json").read_text())["final_test_accuracy"]
+        for k in ("f32", "amp")
+    }
     assert acc["amp"] > 0.9
     assert abs(acc["amp"] - acc["f32"]) <= 0.02  # ~540 test images: a point is 5 images
 
@@ -36,8 +39,23 @@ def test_netcl_train_amp_resume_keeps_the_loss_scale(tmp_path, capsys):
     out = tmp_path / "run"
 
     def args(epochs):
-        return ["train", "--dataset", "digits", "--model", "mlp", "--epochs", str(epochs), "--batch-size", "256",
-                "--train-limit", "512", "--out", str(out), "--no-progress", "--amp"]
+        return [
+            "train",
+            "--dataset",
+            "digits",
+            "--model",
+            "mlp",
+            "--epochs",
+            str(epochs),
+            "--batch-size",
+            "256",
+            "--train-limit",
+            "512",
+            "--out",
+            str(out),
+            "--no-progress",
+            "--amp",
+        ]
 
     assert main(args(1)) == 0
     _, meta = read_checkpoint(out / "checkpoint.safetensors")

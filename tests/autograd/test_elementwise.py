@@ -90,7 +90,9 @@ def test_raw_tensors_and_integer_tensors_are_constants(queue, rng):
     c = rng.standard_normal((7,))
     x = ag.tensor(Tensor.from_host(queue, a), requires_grad=True)
     with ag.Tape() as tape:
-        out = ag.where(Tensor.from_host(queue, k > 0), x * Tensor.from_host(queue, k), Tensor.from_host(queue, c))
+        out = ag.where(
+            Tensor.from_host(queue, k > 0), x * Tensor.from_host(queue, k), Tensor.from_host(queue, c)
+        )
     tape.backward(out, Tensor.ones(queue, (3, 7), np.float64))
     assert_close(x.grad, np.where(k > 0, k, 0).astype(np.float64), np.float64)
 

@@ -104,7 +104,9 @@ def test_predict_transform_score_match_sklearn(queue, digits):
     w = np.arange(597) % 4
     assert ours.score(new, sample_weight=w) == pytest.approx(theirs.score(new, sample_weight=w), rel=1e-12)
     np.testing.assert_array_equal(KMeans(7, init=init, n_init=1).fit_predict(X), theirs.labels_)
-    np.testing.assert_allclose(KMeans(7, init=init, n_init=1).fit_transform(X), theirs.transform(X), rtol=1e-10)
+    np.testing.assert_allclose(
+        KMeans(7, init=init, n_init=1).fit_transform(X), theirs.transform(X), rtol=1e-10
+    )
     # Tensors in, Tensors out
     labels = ours.predict(Tensor.from_host(queue, new))
     assert isinstance(labels, Tensor) and labels.dtype == np.int32
@@ -150,7 +152,9 @@ def test_no_n_by_k_buffer(device):
     assert fit_peak < X.nbytes + n_by_k / 8, (fit_peak, n_by_k)
     assert predict_peak < X.nbytes + n_by_k / 8, (predict_peak, n_by_k)
     # streamed: two chunks and the per-row labels, distances and k-means++ weights, not the data
-    streamed_peak = _peak_during(device, lambda: KMeans(k, max_iter=3, random_state=0, chunk_rows=2048).fit(X))
+    streamed_peak = _peak_during(
+        device, lambda: KMeans(k, max_iter=3, random_state=0, chunk_rows=2048).fit(X)
+    )
     assert streamed_peak < X.nbytes / 2, (streamed_peak, X.nbytes)
 
 
@@ -205,7 +209,9 @@ def test_bad_input_is_refused(queue, digits):
 
 def test_duplicate_points_warn_and_params_round_trip():
     X = np.repeat(np.eye(3), 10, axis=0)  # three distinct points
-    with pytest.warns(ConvergenceWarning, match=r"distinct clusters \(3\) found smaller than n_clusters \(4\)"):
+    with pytest.warns(
+        ConvergenceWarning, match=r"distinct clusters \(3\) found smaller than n_clusters \(4\)"
+    ):
         KMeans(4, random_state=0).fit(X)
     model = KMeans(5, max_iter=7)
     assert model.get_params()["max_iter"] == 7 and "device" in model.get_params()

@@ -85,8 +85,10 @@ def test_streamed_gives_the_in_memory_bits(digits):
 
 def test_bad_parameters_are_refused(digits):
     for params, error, words in [
-        (dict(batch_size=0), ValueError, "batch_size"), (dict(reassignment_ratio=-0.1), ValueError, "reassignment"),
-        (dict(max_no_improvement=-1), ValueError, "max_no_improvement"), (dict(init_size=1.5), TypeError, "init_size"),
+        (dict(batch_size=0), ValueError, "batch_size"),
+        (dict(reassignment_ratio=-0.1), ValueError, "reassignment"),
+        (dict(max_no_improvement=-1), ValueError, "max_no_improvement"),
+        (dict(init_size=1.5), TypeError, "init_size"),
     ]:
         with pytest.raises(error, match=words):
             MiniBatchKMeans(**{"n_clusters": 3, **params}).fit(digits)

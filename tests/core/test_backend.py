@@ -51,7 +51,9 @@ print(build_stats.counts["source"], build_stats.counts["disk"])
 
     env = {**os.environ, **env}
     first = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
-    second = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    second = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
     assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
     assert first.stdout.split() == ["1", "0"]
     assert second.stdout.split() == ["0", "1"]

@@ -24,8 +24,17 @@ __kernel void axpy(__global float *y, const long y_off, __global const float *x,
 
 def _axpy(queue, y: Tensor, x: Tensor, a: float) -> None:
     prg = kernels.build(queue.device, SOURCE, "test_capture")
-    prg.axpy(queue, (y.size,), None, y=y.buffer, y_off=np.int64(y.offset), x=x.buffer, x_off=np.int64(x.offset),
-             a=np.float32(a), n=np.int32(y.size))
+    prg.axpy(
+        queue,
+        (y.size,),
+        None,
+        y=y.buffer,
+        y_off=np.int64(y.offset),
+        x=x.buffer,
+        x_off=np.int64(x.offset),
+        a=np.float32(a),
+        n=np.int32(y.size),
+    )
     capture.name_slots(y=("y", "y_off"), x=("x", "x_off"))
 
 
@@ -55,7 +64,10 @@ def test_slots_name_kernel_parameters(queue):
         prg = kernels.build(queue.device, SOURCE, "test_capture")
         prg.axpy(queue, (4,), None, y.buffer, np.int64(0), y.buffer, np.int64(0), np.float32(1), np.int32(4))
         capture.name_slots(out=("out", "y_off"))
-    with capture.recording(capture.Recording()), pytest.raises(GraphCaptureError, match="right after a kernel"):
+    with (
+        capture.recording(capture.Recording()),
+        pytest.raises(GraphCaptureError, match="right after a kernel"),
+    ):
         capture.name_slots(y=("y",))
 
 

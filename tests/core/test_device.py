@@ -32,7 +32,9 @@ def test_same_handle_for_same_device(device):
     assert manager.get(device.kind) is manager.get(device.kind)
 
 
-@pytest.mark.parametrize("spec_of", [lambda h: h.spec, lambda h: h.kind, lambda h: h.device_name.split()[0].lower()])
+@pytest.mark.parametrize(
+    "spec_of", [lambda h: h.spec, lambda h: h.kind, lambda h: h.device_name.split()[0].lower()]
+)
 def test_netcl_device_overrides_default(monkeypatch, device, spec_of):
     monkeypatch.setenv("NETCL_DEVICE", spec_of(device))
     fresh = DeviceManager()
@@ -75,7 +77,9 @@ def test_fp16_flag_needs_extension_and_probe(device):
 
 
 def test_devices_cli_marks_default(device):
-    out = subprocess.run([sys.executable, "-m", "netcl.cli", "devices"], capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "netcl.cli", "devices"], capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr
     line = next(ln for ln in out.stdout.splitlines() if "<- default" in ln)
     assert device.device_name in line

@@ -11,7 +11,9 @@ from netcl.errors import ShapeError, SizeTypeError
 
 @pytest.mark.parametrize("bad", [2.7, 2.0, "12", None, np.float64(3.0), [2]])
 def test_a_size_that_is_not_an_integer_is_a_type_error_naming_it(bad):
-    with pytest.raises(TypeError, match=repr(bad).replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
+    with pytest.raises(
+        TypeError, match=repr(bad).replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")
+    ):
         shapes.size(bad, "Linear: in_features")
     with pytest.raises(SizeTypeError):  # a ShapeError too, for code that catches those
         shapes.shape((3, bad))

@@ -207,7 +207,9 @@ def test_bool_scalar_indices_add_an_axis_as_in_numpy(queue):
         np.testing.assert_array_equal(got.to_host(), a[index])
 
 
-@pytest.mark.parametrize("index,words", [(1.5, "1.5"), (5, "out of bounds"), ("a", "'a'"), ((0, 0, 0), "too many")])
+@pytest.mark.parametrize(
+    "index,words", [(1.5, "1.5"), (5, "out of bounds"), ("a", "'a'"), ((0, 0, 0), "too many")]
+)
 def test_bad_indices_are_index_errors(queue, index, words):
     x = Tensor.from_host(queue, np.zeros((2, 3), np.float32))
     with pytest.raises(IndexError, match=words):

@@ -121,9 +121,13 @@ def probe_module(tmp_path, monkeypatch):
     ("crash", "probe failed: the probe process died of signal 6"),
     ("wrong", "AssertionError: gemm gave 3.0 where NumPy gives 2.0"),
 ])
-def test_a_risky_variant_is_probed_in_a_child_and_never_built_here(device, queue, probe_module, probe, reason):
+def test_a_risky_variant_is_probed_in_a_child_and_never_built_here(
+    device, queue, probe_module, probe, reason
+):
     builds: list[int] = []
-    risky = fill_variant(device, 8, builds, probe=(f"netcl_test_probes:{probe}", ()), probe_key="fill | 8 wide")
+    risky = fill_variant(
+        device, 8, builds, probe=(f"netcl_test_probes:{probe}", ()), probe_key="fill | 8 wide"
+    )
     with pytest.warns(KernelVariantWarning, match=reason.replace("(", r"\(").replace(")", r"\)")):
         chosen, kernel = variants.first_usable(device, [risky, fill_variant(device, 2, builds)])
     assert chosen.payload == 2 and builds == [2]  # the risky one never reached this process's compiler
@@ -158,7 +162,10 @@ def test_gemm_falls_back_from_a_tile_that_does_not_build(device, queue, monkeypa
         got = api.gemm(Tensor.from_host(queue, a), Tensor.from_host(queue, b), variant="cpu")
     np.testing.assert_allclose(got.to_host(), a.astype(np.float64) @ b, rtol=1e-5, atol=1e-5)
     # 8 floats
-    assert gemm_variants.usable_params(device, "cpu", np.float32)["VN"] == gemm_variants.CPU_SAFE_VECTOR_BYTES // 4
+    assert (
+        gemm_variants.usable_params(device, "cpu", np.float32)["VN"]
+        == gemm_variants.CPU_SAFE_VECTOR_BYTES // 4
+    )
 
 
 def test_gemm_takes_the_direct_kernel_when_no_blocked_variant_builds(device, queue, monkeypatch):

@@ -51,7 +51,9 @@ def main() -> None:
                 salt += 1
                 a = inputs(r, n, dtype, salt)
                 dist.all_reduce(a, op)
-                close(a, reference(w, n, dtype, salt, op), dtype, f"host all_reduce {op} {dtype.__name__} n={n}")
+                close(
+                    a, reference(w, n, dtype, salt, op), dtype, f"host all_reduce {op} {dtype.__name__} n={n}"
+                )
     # tensors: host sums, then device sums (NETCL_DIST_DEVICE_SUM=1 is how a GPU runs)
     for mode in ("0", "1"):
         os.environ["NETCL_DIST_DEVICE_SUM"] = mode
@@ -66,7 +68,12 @@ def main() -> None:
                     dist.all_reduce(t, op)
                     want = reference(w, n, dtype, salt, op) if op != "prod" else np.prod(
                         np.stack([(inputs(k, n, dtype, salt) % 3).astype(np.int64) for k in range(w)]), 0)
-                    close(t.to_host(), want, dtype, f"tensor all_reduce {op} {dtype.__name__} n={n} device_sum={mode}")
+                    close(
+                        t.to_host(),
+                        want,
+                        dtype,
+                        f"tensor all_reduce {op} {dtype.__name__} n={n} device_sum={mode}",
+                    )
         # several tensors of two dtypes, one strided, in one call; weighted sum
         salt += 1
         a = Tensor.from_host(q, inputs(r, 3 * 41, np.float32, salt).reshape(3, 41))
@@ -74,7 +81,12 @@ def main() -> None:
         c_full = Tensor.from_host(q, inputs(r, 6 * 7, np.float32, salt + 1).reshape(6, 7))
         c = c_full.T  # a strided view: reduced in place through a copy
         dist.all_reduce([a, b, c], "sum")
-        close(a.to_host().reshape(-1), reference(w, 3 * 41, np.float32, salt, "sum"), np.float32, f"list a {mode}")
+        close(
+            a.to_host().reshape(-1),
+            reference(w, 3 * 41, np.float32, salt, "sum"),
+            np.float32,
+            f"list a {mode}",
+        )
         close(b.to_host(), reference(w, 29, np.int32, salt, "sum"), np.int32, f"list b {mode}")
         close(c_full.to_host().reshape(-1), reference(w, 42, np.float32, salt + 1, "sum"), np.float32,
               f"strided {mode}")
@@ -82,7 +94,9 @@ def main() -> None:
         salt += 2
         t = Tensor.from_host(q, inputs(r, 1001, np.float32, salt))
         dist.all_reduce(t, "sum", weights=weights)
-        close(t.to_host(), reference(w, 1001, np.float32, salt, "sum", weights), np.float32, f"weighted {mode}")
+        close(
+            t.to_host(), reference(w, 1001, np.float32, salt, "sum", weights), np.float32, f"weighted {mode}"
+        )
     # broadcast from the last rank, all_gather, barrier, batch_shares
     for n in SIZES:
         t = Tensor.from_host(q, np.full(n, r * 10 + 1, np.int32))
@@ -94,7 +108,9 @@ def main() -> None:
         parts = dist.all_gather(Tensor.from_host(q, np.arange(n, dtype=np.float32) + r))
         assert [p.shape for p in parts] == [(n,)] * w
         for k, p in enumerate(parts):
-            assert np.array_equal(p.to_host(), np.arange(n, dtype=np.float32) + k), f"all_gather n={n} part {k}"
+            assert np.array_equal(p.to_host(), np.arange(n, dtype=np.float32) + k), (
+                f"all_gather n={n} part {k}"
+            )
     gathered = dist.all_gather(np.array([[r, -r]], np.int64))
     assert gathered.shape == (w, 1, 2) and gathered[:, 0, 0].tolist() == list(range(w))
     assert dist.all_gather(np.array(r, np.float32)).tolist() == list(range(w))  # 0-d arrays: shape (w,)

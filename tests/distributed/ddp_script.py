@@ -1,4 +1,5 @@
-"""One rank of the DDP test (run by tests/distributed/test_ddp.py under `netcl run` or mpiexec): five AdamW steps
+"""One rank of the DDP test (run by tests/distributed/test_ddp.py under `netcl run` or mpiexec): five AdamW
+steps
 of a small MLP on this rank's share of each batch of 24; rank 0 saves the parameters to argv[1] (argv[2]: the
 bucket size in MiB)."""
 
@@ -54,8 +55,10 @@ def main() -> None:
     sampler = DistributedSampler(len(x), shuffle=True, seed=5, shares=[per_rank] * dist.world_size())
     loader = DataLoader((x, y), per_rank, q, sampler=sampler)
     train(ddp, loader, optim.AdamW(ddp.parameters(), lr=0.05))
-    sys.stdout.write(f"rank {dist.rank()} buckets {len(ddp.buckets)} started during backward "
-                     f"{ddp.started['during']} at its end {ddp.started['at_end']}\n")  # one write: lines stay whole
+    sys.stdout.write(
+        f"rank {dist.rank()} buckets {len(ddp.buckets)} started during backward "
+        f"{ddp.started['during']} at its end {ddp.started['at_end']}\n"
+    )  # one write: lines stay whole
     sys.stdout.flush()
     if dist.rank() == 0:
         np.savez(sys.argv[1], **{k: v.to_host() for k, v in model.state_dict().items()})
@@ -75,7 +78,8 @@ class TwoHeads(nn.Module):
 
 
 def check_no_sync_and_unused(q) -> None:
-    """no_sync() leaves each rank's own gradients; the next backward averages them, with zeros for a parameter a
+    """no_sync() leaves each rank's own gradients; the next backward averages them, with zeros for a parameter
+    a
     rank never used (the other ranks' average reaches it all the same)."""
     model = TwoHeads(q)
     ddp = dist.DistributedDataParallel(model, bucket_mb=0.0002)
@@ -106,7 +110,9 @@ def check_no_sync_and_unused(q) -> None:
         with ag.Tape() as tape:
             loss = ag.cross_entropy(wddp(ag.tensor(xb)), ag.tensor(yb))
         tape.backward(loss)
-    local = [np.zeros(p.shape, np.float32) if p.grad is None else p.grad.to_host() for p in weighted.parameters()]
+    local = [
+        np.zeros(p.shape, np.float32) if p.grad is None else p.grad.to_host() for p in weighted.parameters()
+    ]
     weighted.zero_grad()
     with ag.Tape() as tape:
         loss = ag.cross_entropy(wddp(ag.tensor(xb)), ag.tensor(yb))

@@ -1,4 +1,5 @@
-"""One rank of the fault tests (tests/distributed/test_faults.py), started by `netcl run`: argv[1] says how rank 1
+"""One rank of the fault tests (tests/distributed/test_faults.py), started by `netcl run`: argv[1] says how
+rank 1
 misbehaves after a first all_reduce (which creates the shared segments): crash (SIGKILL itself), hang (sleep),
 exit (an exception); the other ranks then all_reduce again and report what they got on stdout."""
 
@@ -32,8 +33,12 @@ def main() -> None:
     try:
         dist.all_reduce(x)
     except dist.DistributedError as exc:
-        print(f"rank {dist.rank()} DistributedError after {time.monotonic() - t0:.1f}s ranks={list(exc.ranks)}: "
-              f"{exc}", flush=True)
+        print(
+            f"rank {dist.rank()} DistributedError after {time.monotonic() - t0:.1f}s "
+            f"ranks={list(exc.ranks)}: "
+            f"{exc}",
+            flush=True,
+        )
         sys.exit(3)
     print(f"rank {dist.rank()} finished", flush=True)
 

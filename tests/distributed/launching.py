@@ -1,4 +1,5 @@
-"""Helpers of the multi-process tests: start a script under `netcl run` (or mpiexec) and collect what it did."""
+"""Helpers of the multi-process tests: start a script under `netcl run` (or mpiexec) and collect what it
+did."""
 
 from __future__ import annotations
 
@@ -27,8 +28,11 @@ class Result:
 
 
 def environment(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("NETCL_RANK", "NETCL_WORLD", "NETCL_DIST", "PMI_",
-                                                                  "OMPI_", "PMIX_"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("NETCL_RANK", "NETCL_WORLD", "NETCL_DIST", "PMI_", "OMPI_", "PMIX_"))
+    }
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     env.update(extra)
     return env

@@ -1,4 +1,5 @@
-"""netcl.distributed collectives across processes on the PoCL CPU device: every op on odd sizes, host arrays and
+"""netcl.distributed collectives across processes on the PoCL CPU device: every op on odd sizes, host arrays
+and
 tensors, host and device sums, against float64 NumPy (tests/distributed/collectives_script.py does the checks
 inside each rank)."""
 

@@ -1,4 +1,5 @@
-"""DistributedDataParallel: 2 (and 3) ranks, each on its share of every batch, end with the parameters one process
+"""DistributedDataParallel: 2 (and 3) ranks, each on its share of every batch, end with the parameters one
+process
 gets on the concatenated batch (5 AdamW steps, float32 tolerance); over shared memory and over MPI."""
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ def single_process(queue):
     x, y = ddp_script.data()
     batch = ddp_script.BATCH * 2
     sampler = DistributedSampler(len(x), 1, 0, shuffle=True, seed=5, shares=[batch])
-    ddp_script.train(model, DataLoader((x, y), batch, queue, sampler=sampler), optim.AdamW(model.parameters(), lr=0.05))
+    ddp_script.train(
+        model, DataLoader((x, y), batch, queue, sampler=sampler), optim.AdamW(model.parameters(), lr=0.05)
+    )
     return {k: v.to_host() for k, v in model.state_dict().items()}
 
 
@@ -39,12 +42,15 @@ def test_ddp_matches_one_process_on_the_whole_batch(tmp_path, single_process, np
     res = netcl_run(nproc, "ddp_script.py", str(out), bucket_mb)  # 512-byte buckets: several per backward
     assert res.returncode == 0, res.stderr[-3000:]
     _check(out, single_process)
-    assert len(res.lines("rank ")) == 2 * nproc and res.stdout.count("no_sync and unused parameters ok") == nproc
+    assert (
+        len(res.lines("rank ")) == 2 * nproc and res.stdout.count("no_sync and unused parameters ok") == nproc
+    )
     for line in res.lines("rank "):  # every bucket of each of the 5 steps started while backward still ran
         if "buckets" not in line:
             continue
-        buckets, during, at_end = map(int, re.search(r"buckets (\d+) .* during backward (\d+) at its end (\d+)",
-                                                     line).groups())
+        buckets, during, at_end = map(
+            int, re.search(r"buckets (\d+) .* during backward (\d+) at its end (\d+)", line).groups()
+        )
         assert buckets >= 3 and during == buckets * 5 and at_end == 0, line
 
 

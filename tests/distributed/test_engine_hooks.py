@@ -1,5 +1,7 @@
-"""The autograd engine's hooks that DistributedDataParallel stands on: a leaf's post-accumulate hook runs once per
-backward, right when its gradient is final (every path summed), before backward ends; callbacks queued during a
+"""The autograd engine's hooks that DistributedDataParallel stands on: a leaf's post-accumulate hook runs once
+per
+backward, right when its gradient is final (every path summed), before backward ends; callbacks queued during
+a
 pass run after every gradient is stored."""
 
 from __future__ import annotations

@@ -1,5 +1,7 @@
-"""Faults: a rank that crashes, fails or hangs makes the others raise DistributedError naming it; `netcl run` ends
-the rest and exits non-zero; no shared memory is left in /dev/shm on any of these ways out (kill -9 included)."""
+"""Faults: a rank that crashes, fails or hangs makes the others raise DistributedError naming it; `netcl run`
+ends
+the rest and exits non-zero; no shared memory is left in /dev/shm on any of these ways out (kill -9
+included)."""
 
 from __future__ import annotations
 
@@ -56,10 +58,17 @@ def test_killing_the_launcher_takes_the_ranks_and_leaves_no_shared_memory():
     lines = []
     deadline = time.monotonic() + 60
     while len(lines) < 2 and time.monotonic() < deadline:
-        lines.append(proc.stdout.readline())  # both ranks have done a collective (segments made, then unlinked)
+        lines.append(
+            proc.stdout.readline()
+        )  # both ranks have done a collective (segments made, then unlinked)
     job = re.search(r"job (\S+)", lines[0]).group(1)
-    ranks = [int(p) for p in subprocess.run(["pgrep", "-f", str(HERE / "fault_script.py")], capture_output=True,
-                                            text=True).stdout.split() if int(p) != proc.pid]
+    ranks = [
+        int(p)
+        for p in subprocess.run(
+            ["pgrep", "-f", str(HERE / "fault_script.py")], capture_output=True, text=True
+        ).stdout.split()
+        if int(p) != proc.pid
+    ]
     proc.kill()  # kill -9 of the launcher: no cleanup code of its own runs
     proc.wait(timeout=10)
     deadline = time.monotonic() + 10

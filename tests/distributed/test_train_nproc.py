@@ -1,4 +1,5 @@
-"""`netcl train --nproc 2`: the CNN trained by two processes (DDP, a DistributedSampler each); rank 0 writes."""
+"""`netcl train --nproc 2`: the CNN trained by two processes (DDP, a DistributedSampler each); rank 0
+writes."""
 
 from __future__ import annotations
 

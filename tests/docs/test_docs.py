@@ -68,7 +68,9 @@ def test_outputs_are_cached_by_code(tmp_path, monkeypatch):
 
 def test_a_failing_block_names_page_and_line(tmp_path):
     page = "x\n\n```python\nprint('before')\n1 / 0\n```\n"
-    with pytest.raises(run_code.BlockError, match=r"bad\.md, the code block at line 3 raised ZeroDivisionError"):
+    with pytest.raises(
+        run_code.BlockError, match=r"bad\.md, the code block at line 3 raised ZeroDivisionError"
+    ):
         run_code.run_page("bad.md", page, workdir=tmp_path)
 
 
@@ -79,7 +81,9 @@ def test_pages_script_reports_each_page(capsys, monkeypatch, tmp_path):
     spec.loader.exec_module(script)
     assert script.main(["paths/autograd/tape.md"]) == 0
     out = capsys.readouterr().out
-    assert "===== paths/autograd/tape.md" in out and "ops recorded: 4" in out and "1 pages ran, 0 failed" in out
+    assert (
+        "===== paths/autograd/tape.md" in out and "ops recorded: 4" in out and "1 pages ran, 0 failed" in out
+    )
 
 
 def test_getting_started_lists_every_knob():
@@ -91,8 +95,14 @@ def test_getting_started_lists_every_knob():
 def test_mkdocs_build_strict(tmp_path):
     """Runs last: the page tests above leave their outputs in the cache, so the build reuses them."""
     env = dict(os.environ)
-    result = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
-                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-4000:]
     html = (tmp_path / "site" / "getting-started" / "index.html").read_text()
     assert "Step completed. Batch loss:" in html       # the 30-second example's real output

@@ -146,7 +146,9 @@ def _compare(got, want, req) -> str:
     want = getattr(want, "value", want)
     if hasattr(want, "to_host"):
         want = want.to_host()
-    if isinstance(want, (str, bytes, list, tuple, dict, bool, type(None))) and not isinstance(want, np.ndarray):
+    if isinstance(want, (str, bytes, list, tuple, dict, bool, type(None))) and not isinstance(
+        want, np.ndarray
+    ):
         return "" if got == want else f"got {got!r}, want {want!r}"
     g, w = np.asarray(got), np.asarray(want)
     if g.shape != w.shape:
@@ -155,12 +157,15 @@ def _compare(got, want, req) -> str:
         return f"dtype {g.dtype}, want {w.dtype}"
     if g.dtype.kind in "fc" or w.dtype.kind in "fc":
         atol = req["atol"]
-        ok = np.allclose(g.astype(np.float64), w.astype(np.float64), rtol=req["rtol"], atol=atol, equal_nan=True)
+        ok = np.allclose(
+            g.astype(np.float64), w.astype(np.float64), rtol=req["rtol"], atol=atol, equal_nan=True
+        )
     else:
         ok = np.array_equal(g, w)
     if ok:
         return ""
-    return f"got {np.array2string(g.ravel()[:8], precision=6)}, want {np.array2string(w.ravel()[:8], precision=6)}"
+    got, want = (np.array2string(a.ravel()[:8], precision=6) for a in (g, w))
+    return f"got {got}, want {want}"
 
 
 def classify(case: Case, answer: dict) -> Outcome:

@@ -186,11 +186,15 @@ def test_every_elementwise_op_of_ops_is_differentiable_in_autograd():
     """A new elementwise op needs no backward code in autograd: `name = differentiable(ops.name)`."""
     names = [n for n in ops_ew.__all__ if n not in ("broadcast_shapes", "elementwise")]
     missing = [n for n in names if not hasattr(ag_ew, n)]
-    assert not missing, f"add `name = differentiable(ops.name)` to netcl/autograd/elementwise.py for {missing}"
+    assert not missing, (
+        f"add `name = differentiable(ops.name)` to netcl/autograd/elementwise.py for {missing}"
+    )
     for n in names:
         theirs = inspect.signature(getattr(ops, n)).parameters
         ours = inspect.signature(getattr(ag_ew, n)).parameters
-        assert [(p.name, p.default) for p in ours.values()] == [(p.name, p.default) for p in theirs.values()], n
+        assert [(p.name, p.default) for p in ours.values()] == [
+            (p.name, p.default) for p in theirs.values()
+        ], n
 
 
 # -- PyTorch's conventions where a derivative is not unique (ties, kinks, zeros, NaN) -------------------
@@ -199,20 +203,40 @@ NAN, INF = float("nan"), float("inf")
 # values are PyTorch's (torch.autograd on the same inputs), written from its rules.
 EDGES = {
     # d/da = b a^(b-1) but 0 where b == 0; d/db = a^b log a but 0 where a == 0 and b >= 0
-    "pow": (lambda m, a, b: m.pow(a, b), [[0.0, 0.0, 0.0, 2.0, -1.0], [0.0, 1.0, -1.0, 0.0, 0.5]],
-            [[0.0, 1.0, -INF, 0.0, NAN], [0.0, 0.0, -INF, math.log(2.0), NAN]]),
+    "pow": (
+        lambda m, a, b: m.pow(a, b),
+        [[0.0, 0.0, 0.0, 2.0, -1.0], [0.0, 1.0, -1.0, 0.0, 0.5]],
+        [[0.0, 1.0, -INF, 0.0, NAN], [0.0, 0.0, -INF, math.log(2.0), NAN]],
+    ),
     "pow_scalar_zero": (lambda m, a: m.pow(a, 0.0), [[0.0, 1.0, -2.0]], [[0.0, 0.0, 0.0]]),
     "rpow_zero_base": (lambda m, b: m.pow(0.0, b), [[0.0, 1.0, -1.0]], [[0.0, 0.0, -INF]]),
     # ties: half to each side; NaN: all of it to both
-    "maximum": (lambda m, a, b: m.maximum(a, b), [[1.0, NAN, 1.0, 2.0, 0.0], [1.0, 1.0, NAN, 1.0, 3.0]],
-                [[0.5, 1.0, 1.0, 1.0, 0.0], [0.5, 1.0, 1.0, 0.0, 1.0]]),
-    "minimum": (lambda m, a, b: m.minimum(a, b), [[1.0, NAN, 1.0, 2.0, 0.0], [1.0, 1.0, NAN, 1.0, 3.0]],
-                [[0.5, 1.0, 1.0, 0.0, 1.0], [0.5, 1.0, 1.0, 1.0, 0.0]]),
+    "maximum": (
+        lambda m, a, b: m.maximum(a, b),
+        [[1.0, NAN, 1.0, 2.0, 0.0], [1.0, 1.0, NAN, 1.0, 3.0]],
+        [[0.5, 1.0, 1.0, 1.0, 0.0], [0.5, 1.0, 1.0, 0.0, 1.0]],
+    ),
+    "minimum": (
+        lambda m, a, b: m.minimum(a, b),
+        [[1.0, NAN, 1.0, 2.0, 0.0], [1.0, 1.0, NAN, 1.0, 3.0]],
+        [[0.5, 1.0, 1.0, 0.0, 1.0], [0.5, 1.0, 1.0, 1.0, 0.0]],
+    ),
     # a scalar bound (clamp): all of the gradient where min <= x <= max, none at NaN
-    "clamp": (lambda m, x: m.clamp(x, -0.5, 0.5), [[-0.5, 0.5, NAN, 1.0, -1.0, 0.0]],
-              [[1.0, 1.0, 0.0, 0.0, 0.0, 1.0]]),
-    "maximum_scalar_is_clamp": (lambda m, x: m.maximum(x, 0.5), [[0.5, 0.4, 0.6, NAN]], [[1.0, 0.0, 1.0, 0.0]]),
-    "minimum_scalar_is_clamp": (lambda m, x: m.minimum(x, 0.5), [[0.5, 0.4, 0.6, NAN]], [[1.0, 1.0, 0.0, 0.0]]),
+    "clamp": (
+        lambda m, x: m.clamp(x, -0.5, 0.5),
+        [[-0.5, 0.5, NAN, 1.0, -1.0, 0.0]],
+        [[1.0, 1.0, 0.0, 0.0, 0.0, 1.0]],
+    ),
+    "maximum_scalar_is_clamp": (
+        lambda m, x: m.maximum(x, 0.5),
+        [[0.5, 0.4, 0.6, NAN]],
+        [[1.0, 0.0, 1.0, 0.0]],
+    ),
+    "minimum_scalar_is_clamp": (
+        lambda m, x: m.minimum(x, 0.5),
+        [[0.5, 0.4, 0.6, NAN]],
+        [[1.0, 1.0, 0.0, 0.0]],
+    ),
     # kinks: relu passes nothing at 0 (its output <= 0) and passes NaN; abs passes nothing at 0 and NaN
     "relu": (lambda m, x: m.relu(x), [[0.0, -0.0, NAN, -1.0, 1.0]], [[0.0, 0.0, 1.0, 0.0, 1.0]]),
     "abs": (lambda m, x: m.abs(x), [[0.0, -0.0, NAN, -1.0, 2.0]], [[0.0, 0.0, 0.0, -1.0, 1.0]]),

@@ -100,7 +100,9 @@ def test_binary_derivatives(queue, rng):
     def ref(x, y):
         return (x / y) ** 1.5 + np.maximum(x, y) * np.clip(y, 0.8, 1.6) - x**y
 
-    gx, gy = f.backward((Tensor.from_host(queue, a), Tensor.from_host(queue, b)), Tensor.ones(queue, (13,), np.float64))
+    gx, gy = f.backward(
+        (Tensor.from_host(queue, a), Tensor.from_host(queue, b)), Tensor.ones(queue, (13,), np.float64)
+    )
     eps = 1e-6
     assert_close(gx, (ref(a + eps, b) - ref(a - eps, b)) / (2 * eps), np.float64, rtol=1e-5, atol=1e-6)
     assert_close(gy, (ref(a, b + eps) - ref(a, b - eps)) / (2 * eps), np.float64, rtol=1e-5, atol=1e-6)

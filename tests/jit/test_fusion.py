@@ -36,7 +36,9 @@ def test_nine_op_chain_is_one_launch(queue, rng):
         assert out.is_pending
         host = out.to_host()
     assert n.count == 1
-    assert_close(host, chain_ref(a.astype(np.float64), b.astype(np.float64)), np.float32, rtol=1e-5, atol=1e-6)
+    assert_close(
+        host, chain_ref(a.astype(np.float64), b.astype(np.float64)), np.float32, rtol=1e-5, atol=1e-6
+    )
 
 
 def test_unfused_is_one_launch_per_op_and_identical(queue, rng, monkeypatch):

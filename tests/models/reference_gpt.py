@@ -94,11 +94,23 @@ def mha(x, p, n_heads, n_kv_heads, head_dim, positions=None, base=1e4, pairing="
     return linear(o, p, "o_proj")
 
 
-def block(x, p, arch, n_heads, n_kv_heads, head_dim, eps, base=1e4, pairing="half", mask=None, positions=None):
+def block(
+    x, p, arch, n_heads, n_kv_heads, head_dim, eps, base=1e4, pairing="half", mask=None, positions=None
+):
     norm = (lambda t, n: rms_norm(t, p[n + ".weight"], eps)) if arch == "llama" else \
         (lambda t, n: layer_norm(t, p[n + ".weight"], p[n + ".bias"], eps))
-    h = x + mha(norm(x, "attn_norm"), sub(p, "attn."), n_heads, n_kv_heads, head_dim, positions, base, pairing,
-                use_rope=arch == "llama", mask=mask)
+    h = x + mha(
+        norm(x, "attn_norm"),
+        sub(p, "attn."),
+        n_heads,
+        n_kv_heads,
+        head_dim,
+        positions,
+        base,
+        pairing,
+        use_rope=arch == "llama",
+        mask=mask,
+    )
     m = sub(p, "mlp.")
     y = norm(h, "mlp_norm")
     if arch == "llama":

@@ -18,7 +18,9 @@ GPT2 = dict(arch="gpt2", vocab_size=37, dim=12, n_layers=2, n_heads=3, max_seq_l
 
 
 def make(queue, kind, seed=0, dtype="float32"):
-    model = GPT(queue, GPTConfig(**(LLAMA if kind == "llama" else GPT2), dtype=dtype), generator=Generator(seed))
+    model = GPT(
+        queue, GPTConfig(**(LLAMA if kind == "llama" else GPT2), dtype=dtype), generator=Generator(seed)
+    )
     rng = np.random.default_rng(seed)
     for name, p in model.named_parameters():
         if "norm" not in name:  # sharper distributions than the 0.02 init: tokens depend on the weights
@@ -37,7 +39,9 @@ def test_cached_decoding_equals_the_full_forward(queue, kind):
     got = []
     for lo, hi in ((0, 5), (5, 6), (6, 7), (7, 9)):
         kv_len = ops.add(position, hi - lo).realize()
-        h = model.hidden(Tensor.from_host(queue, ids[:, lo:hi]), caches=caches, position=position, kv_len=kv_len)
+        h = model.hidden(
+            Tensor.from_host(queue, ids[:, lo:hi]), caches=caches, position=position, kv_len=kv_len
+        )
         got.append(model.logits(h).value.to_host())
         position.copy_(kv_len)
     np.testing.assert_allclose(np.concatenate(got, 1), full, rtol=1e-10, atol=1e-12)
@@ -56,8 +60,15 @@ def test_greedy_generation_follows_the_full_forward(queue, kind):
 
 
 @pytest.mark.parametrize("kind", ["llama", "gpt2"])
-@pytest.mark.parametrize("options", [dict(temperature=0), dict(temperature=0.9, top_k=7),
-                                     dict(temperature=1.2, top_p=0.8), dict(temperature=0.7, top_k=12, top_p=0.9)])
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(temperature=0),
+        dict(temperature=0.9, top_k=7),
+        dict(temperature=1.2, top_p=0.8),
+        dict(temperature=0.7, top_k=12, top_p=0.9),
+    ],
+)
 def test_recorded_decode_step_equals_the_eager_one(queue, kind, options):
     model = make(queue, kind)
     prompt = np.array([[2, 7, 1], [8, 2, 8]], np.int32)
@@ -79,13 +90,17 @@ def test_the_recorded_step_is_reused_and_follows_new_weights(queue):
     assert list(model.generate([1, 2, 3], 6, temperature=0)) == first and model._decoder.graph is graph
     other = make(queue, "llama", seed=9)
     model.load_state_dict(other.state_dict())  # in place: the recorded step reads the new values
-    assert list(model.generate([1, 2, 3], 6, temperature=0)) == list(other.generate([1, 2, 3], 6, temperature=0))
+    assert list(model.generate([1, 2, 3], 6, temperature=0)) == list(
+        other.generate([1, 2, 3], 6, temperature=0)
+    )
     assert model._decoder.graph is graph
     for name, p in model.named_parameters():  # new Tensors (the old ones freed): recorded again
         p.value = Tensor.from_host(queue, other.state_dict()[name].to_host() * 0.5)
     halved = make(queue, "llama", seed=9)
     halved.load_state_dict({k: v.to_host() * 0.5 for k, v in other.state_dict().items()})
-    assert list(model.generate([1, 2, 3], 6, temperature=0)) == list(halved.generate([1, 2, 3], 6, temperature=0))
+    assert list(model.generate([1, 2, 3], 6, temperature=0)) == list(
+        halved.generate([1, 2, 3], 6, temperature=0)
+    )
     assert model._decoder.graph is not graph
 
 

@@ -14,10 +14,28 @@ from netcl.ops.random import Generator
 from tests.models import reference_gpt as ref
 
 CONFIGS = {
-    "llama": dict(arch="llama", vocab_size=23, dim=16, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=12,
-                  rope_base=500.0),
-    "llama-tied-interleaved": dict(arch="llama", vocab_size=19, dim=12, n_layers=1, n_heads=3, n_kv_heads=1,
-                                   max_seq_len=10, tie_embeddings=True, rope_pairing="interleaved", attn_bias=True),
+    "llama": dict(
+        arch="llama",
+        vocab_size=23,
+        dim=16,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=2,
+        max_seq_len=12,
+        rope_base=500.0,
+    ),
+    "llama-tied-interleaved": dict(
+        arch="llama",
+        vocab_size=19,
+        dim=12,
+        n_layers=1,
+        n_heads=3,
+        n_kv_heads=1,
+        max_seq_len=10,
+        tie_embeddings=True,
+        rope_pairing="interleaved",
+        attn_bias=True,
+    ),
     "gpt2": dict(arch="gpt2", vocab_size=21, dim=12, n_layers=2, n_heads=3, max_seq_len=9),
 }
 
@@ -51,7 +69,9 @@ def test_forward_with_padding_mask(queue):
     mask = np.ones((2, 6), np.int32)
     mask[0, 4:] = 0
     got = model(ids, attention_mask=mask).value.to_host()
-    np.testing.assert_allclose(got, ref.gpt_logits(ids, state_of(model), model.config, mask), rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(
+        got, ref.gpt_logits(ids, state_of(model), model.config, mask), rtol=1e-10, atol=1e-10
+    )
 
 
 @pytest.mark.parametrize("name", ["llama", "gpt2"])
@@ -92,7 +112,9 @@ def test_loss_mask_drops_positions(queue):
     with ag.Tape() as tape:
         logits = model(ids)
         logits.retain_grad()
-        loss = ag.cross_entropy(logits, Tensor.from_host(queue, np.where(mask > 0, ids, -100).astype(np.int32)))
+        loss = ag.cross_entropy(
+            logits, Tensor.from_host(queue, np.where(mask > 0, ids, -100).astype(np.int32))
+        )
     tape.backward(loss)
     masked_logit_grads = np.abs(logits.grad.to_host()).sum(-1)
     assert (masked_logit_grads[mask == 0] == 0).all() and (masked_logit_grads[mask == 1] > 0).all()
@@ -123,35 +145,68 @@ def test_config_defaults_and_roundtrip():
     c = GPTConfig(vocab_size=100, dim=96, n_heads=6, n_kv_heads=2)
     assert (c.head_dim, c.hidden_dim, c.tie_embeddings, c.attn_bias) == (16, 256, False, False)
     g = GPTConfig(arch="gpt2", vocab_size=100, dim=96, n_heads=6)
-    assert (g.hidden_dim, g.tie_embeddings, g.attn_bias, g.mlp_bias, g.attn_out_bias) == (384, True, True, True, True)
-    assert c.attn_out_bias is False and GPTConfig(vocab_size=9, dim=8, n_heads=2, attn_bias=True).attn_out_bias
+    assert (g.hidden_dim, g.tie_embeddings, g.attn_bias, g.mlp_bias, g.attn_out_bias) == (
+        384,
+        True,
+        True,
+        True,
+        True,
+    )
+    assert (
+        c.attn_out_bias is False and GPTConfig(vocab_size=9, dim=8, n_heads=2, attn_bias=True).attn_out_bias
+    )
     assert GPTConfig.from_dict(c.to_dict()) == c
     scaled = GPTConfig(vocab_size=100, dim=96, n_heads=6, rope_scaling={"rope_type": "linear", "factor": 4})
     assert scaled.rope_scaling == {"rope_type": "linear", "factor": 4.0}
     assert GPTConfig.from_dict(scaled.to_dict()) == scaled
 
 
-@pytest.mark.parametrize("kwargs,error,words", [
-    (dict(arch="bert"), ValueError, "arch must be one of"),
-    (dict(n_heads=5), ShapeError, "not divisible by n_heads=5"),
-    (dict(n_kv_heads=3), ShapeError, "must divide n_heads=4"),
-    (dict(head_dim=7, dim=28, n_heads=4), ShapeError, "even head_dim"),
-    (dict(dim=0), ShapeError, "dim must be at least 1"),
-    (dict(dropout=1.0), ValueError, r"dropout must lie in \[0.0, 1.0\)"),
-    (dict(rope_pairing="neox"), ValueError, "rope_pairing"),
-    (dict(tie_embeddings="yes"), TypeError, "tie_embeddings"),
-    (dict(dtype="float16"), ValueError, "dtype"),
-    (dict(norm_eps=0), ValueError, "norm_eps"),
-    (dict(rope_scaling={"rope_type": "yarn", "factor": 2.0}), ValueError, "rope_type must be one of"),
-    (dict(rope_scaling={"rope_type": "llama3", "factor": 8.0}), ValueError,
-     r"missing \['low_freq_factor', 'high_freq_factor', 'original_max_position_embeddings'\]"),
-    (dict(rope_scaling={"rope_type": "linear", "factor": 2.0, "beta": 1}), ValueError, r"unknown \['beta'\]"),
-    (dict(rope_scaling={"rope_type": "linear", "factor": -2.0}), ValueError, "positive finite"),
-    (dict(rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 4.0, "high_freq_factor": 1.0,
-                        "original_max_position_embeddings": 64}), ValueError, "high_freq_factor > low_freq_factor"),
-    (dict(rope_scaling=("linear", 2.0)), TypeError, "GPTConfig: rope scaling must be a dict"),
-    (dict(arch="gpt2", rope_scaling={"rope_type": "linear", "factor": 2.0}), ValueError, "learned positions"),
-])
+@pytest.mark.parametrize(
+    "kwargs,error,words",
+    [
+        (dict(arch="bert"), ValueError, "arch must be one of"),
+        (dict(n_heads=5), ShapeError, "not divisible by n_heads=5"),
+        (dict(n_kv_heads=3), ShapeError, "must divide n_heads=4"),
+        (dict(head_dim=7, dim=28, n_heads=4), ShapeError, "even head_dim"),
+        (dict(dim=0), ShapeError, "dim must be at least 1"),
+        (dict(dropout=1.0), ValueError, r"dropout must lie in \[0.0, 1.0\)"),
+        (dict(rope_pairing="neox"), ValueError, "rope_pairing"),
+        (dict(tie_embeddings="yes"), TypeError, "tie_embeddings"),
+        (dict(dtype="float16"), ValueError, "dtype"),
+        (dict(norm_eps=0), ValueError, "norm_eps"),
+        (dict(rope_scaling={"rope_type": "yarn", "factor": 2.0}), ValueError, "rope_type must be one of"),
+        (
+            dict(rope_scaling={"rope_type": "llama3", "factor": 8.0}),
+            ValueError,
+            r"missing \['low_freq_factor', 'high_freq_factor', 'original_max_position_embeddings'\]",
+        ),
+        (
+            dict(rope_scaling={"rope_type": "linear", "factor": 2.0, "beta": 1}),
+            ValueError,
+            r"unknown \['beta'\]",
+        ),
+        (dict(rope_scaling={"rope_type": "linear", "factor": -2.0}), ValueError, "positive finite"),
+        (
+            dict(
+                rope_scaling={
+                    "rope_type": "llama3",
+                    "factor": 8.0,
+                    "low_freq_factor": 4.0,
+                    "high_freq_factor": 1.0,
+                    "original_max_position_embeddings": 64,
+                }
+            ),
+            ValueError,
+            "high_freq_factor > low_freq_factor",
+        ),
+        (dict(rope_scaling=("linear", 2.0)), TypeError, "GPTConfig: rope scaling must be a dict"),
+        (
+            dict(arch="gpt2", rope_scaling={"rope_type": "linear", "factor": 2.0}),
+            ValueError,
+            "learned positions",
+        ),
+    ],
+)
 def test_config_errors(kwargs, error, words):
     with pytest.raises(error, match=words):
         GPTConfig(**{"vocab_size": 10, "dim": 16, "n_heads": 4, **kwargs})

@@ -18,9 +18,21 @@ VOCAB = 61
 
 
 def hf_llama(**overrides):
-    cfg = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=44, num_hidden_layers=2, num_attention_heads=4,
-               num_key_value_heads=2, max_position_embeddings=48, rms_norm_eps=1e-5, rope_theta=5000.0,
-               tie_word_embeddings=False, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    cfg = dict(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=44,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=48,
+        rms_norm_eps=1e-5,
+        rope_theta=5000.0,
+        tie_word_embeddings=False,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+    )
     cfg.update(overrides)
     return transformers.LlamaForCausalLM(transformers.LlamaConfig(**cfg))
 
@@ -39,22 +51,37 @@ LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 5000.0, "factor": 8.0, "low_
 LINEAR_ROPE = {"rope_type": "linear", "rope_theta": 5000.0, "factor": 3.0}
 def hf_family(name, **overrides):
     """A Mistral or Qwen2 (Llama's tensors, Qwen2 with q/k/v biases) of hf_llama's sizes."""
-    cfg = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=44, num_hidden_layers=2, num_attention_heads=4,
-               num_key_value_heads=2, max_position_embeddings=48, rms_norm_eps=1e-5, tie_word_embeddings=False,
-               bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    cfg = dict(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=44,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=48,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+    )
     cfg.update(overrides)
     config, model = {"mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
                      "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM)}[name]
     return model(config(**cfg))
 
 
-MODELS = {"llama": hf_llama, "llama-gqa-bias-tied": lambda: hf_llama(num_key_value_heads=1, attention_bias=True,
-                                                                      mlp_bias=True, tie_word_embeddings=True),
-          "llama3-rope-scaling": lambda: hf_llama(rope_parameters=LLAMA3_ROPE),
-          "llama-linear-rope-scaling": lambda: hf_llama(rope_parameters=LINEAR_ROPE),
-          "mistral-sliding-window": lambda: hf_family("mistral", sliding_window=24),
-          "qwen2-qkv-bias": lambda: hf_family("qwen2", tie_word_embeddings=True),
-          "gpt2": hf_gpt2}
+MODELS = {
+    "llama": hf_llama,
+    "llama-gqa-bias-tied": lambda: hf_llama(
+        num_key_value_heads=1, attention_bias=True, mlp_bias=True, tie_word_embeddings=True
+    ),
+    "llama3-rope-scaling": lambda: hf_llama(rope_parameters=LLAMA3_ROPE),
+    "llama-linear-rope-scaling": lambda: hf_llama(rope_parameters=LINEAR_ROPE),
+    "mistral-sliding-window": lambda: hf_family("mistral", sliding_window=24),
+    "qwen2-qkv-bias": lambda: hf_family("qwen2", tie_word_embeddings=True),
+    "gpt2": hf_gpt2,
+}
 
 
 def saved(tmp_path, name, seed=0, **save_kwargs):
@@ -107,9 +134,21 @@ def test_save_pretrained_loads_back_into_transformers(queue, tmp_path, name):
     assert GPT.from_pretrained(out, queue).config == model.config
 
 
-@pytest.mark.parametrize("scaling", [None, LINEAR_ROPE, LLAMA3_ROPE,
-                                     {**LLAMA3_ROPE, "rope_theta": 500000.0, "factor": 32.0, "low_freq_factor": 1.0,
-                                      "original_max_position_embeddings": 8192}])
+@pytest.mark.parametrize(
+    "scaling",
+    [
+        None,
+        LINEAR_ROPE,
+        LLAMA3_ROPE,
+        {
+            **LLAMA3_ROPE,
+            "rope_theta": 500000.0,
+            "factor": 32.0,
+            "low_freq_factor": 1.0,
+            "original_max_position_embeddings": 8192,
+        },
+    ],
+)
 @pytest.mark.parametrize("head_dim", [8, 64, 128])
 def test_rope_frequencies_match_transformers(scaling, head_dim):
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
@@ -151,14 +190,19 @@ def test_sliding_windows_cap_the_context(queue, tmp_path):
         GPT.from_pretrained(path, queue, max_seq_len=32)
     _, path = saved(tmp_path, "qwen2-qkv-bias")  # use_sliding_window False: the window is not used
     model = GPT.from_pretrained(path, queue)
-    assert model.config.max_seq_len == 48 and (model.config.attn_bias, model.config.attn_out_bias) == (True, False)
+    assert model.config.max_seq_len == 48 and (model.config.attn_bias, model.config.attn_out_bias) == (
+        True,
+        False,
+    )
     assert "layers.0.attn.o_proj.bias" not in model.state_dict()
 
 
 def test_biases_without_a_hugging_face_architecture_are_refused(queue, tmp_path):
     from netcl.models import GPTConfig
 
-    model = GPT(queue, GPTConfig(vocab_size=10, dim=8, n_layers=1, n_heads=2, attn_bias=False, attn_out_bias=True))
+    model = GPT(
+        queue, GPTConfig(vocab_size=10, dim=8, n_layers=1, n_heads=2, attn_bias=False, attn_out_bias=True)
+    )
     with pytest.raises(PretrainedError, match="no Hugging Face architecture netcl writes"):
         model.save_pretrained(tmp_path / "x")
 
@@ -221,10 +265,13 @@ def test_mismatched_weights_are_all_listed(queue, tmp_path):
     with pytest.raises(PretrainedError) as info:
         GPT.from_pretrained(path, queue)
     text = str(info.value)
-    for words in ("unknown tensors (1): model.layers.0.self_attn.extra.weight",
-                  "missing tensors (2): model.layers.1.mlp.up_proj.weight, model.norm.weight",
-                  "mis-shaped tensors (2)", "model.layers.0.self_attn.k_proj.weight: (4, 32) in the file, (16, 32)",
-                  "model.layers.0.mlp.down_proj.weight: (44, 32) in the file, (32, 44) expected"):
+    for words in (
+        "unknown tensors (1): model.layers.0.self_attn.extra.weight",
+        "missing tensors (2): model.layers.1.mlp.up_proj.weight, model.norm.weight",
+        "mis-shaped tensors (2)",
+        "model.layers.0.self_attn.k_proj.weight: (4, 32) in the file, (16, 32)",
+        "model.layers.0.mlp.down_proj.weight: (44, 32) in the file, (32, 44) expected",
+    ):
         assert words in text, text
 
 
@@ -241,13 +288,19 @@ def test_bad_directories(queue, tmp_path):
         GPT.from_pretrained(path, queue)
     _, path = saved(tmp_path, "llama", seed=1)
     cfg = json.loads((path / "config.json").read_text())
-    (path / "config.json").write_text(json.dumps({**cfg, "model_type": "gemma", "architectures": ["GemmaForCausalLM"]}))
+    (path / "config.json").write_text(
+        json.dumps({**cfg, "model_type": "gemma", "architectures": ["GemmaForCausalLM"]})
+    )
     with pytest.raises(PretrainedError, match="model_type=.gemma."):
         GPT.from_pretrained(path, queue)
-    (path / "config.json").write_text(json.dumps({**cfg, "rope_parameters": {"rope_type": "yarn", "factor": 2.0}}))
+    (path / "config.json").write_text(
+        json.dumps({**cfg, "rope_parameters": {"rope_type": "yarn", "factor": 2.0}})
+    )
     with pytest.raises(PretrainedError, match="rope scaling 'yarn'"):
         GPT.from_pretrained(path, queue)
-    (path / "config.json").write_text(json.dumps({**cfg, "rope_parameters": {"rope_type": "llama3", "factor": 8.0}}))
+    (path / "config.json").write_text(
+        json.dumps({**cfg, "rope_parameters": {"rope_type": "llama3", "factor": 8.0}})
+    )
     with pytest.raises(PretrainedError, match="missing .'low_freq_factor'"):
         GPT.from_pretrained(path, queue)
     (path / "config.json").write_text("{not json")

@@ -25,7 +25,9 @@ def _torch_resnet(layers, width, classes, in_channels):
             self.bn2 = nn.BatchNorm2d(cout)
             self.downsample = None
             if stride != 1 or cin != cout:
-                self.downsample = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+                self.downsample = nn.Sequential(
+                    nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout)
+                )
 
         def forward(self, x):
             out = self.bn2(self.conv2(torch.relu(self.bn1(self.conv1(x)))))

@@ -55,7 +55,9 @@ def test_rope_module(queue, rng):
     rope = RoPE(queue, 8, 20, base=300.0, pairing="interleaved", dtype="float64")
     x = rng.standard_normal((2, 3, 4, 8))
     got = rope(ag.tensor(Tensor.from_host(queue, x)), Tensor.from_host(queue, np.array([5], np.int32)))
-    np.testing.assert_allclose(got.value.to_host(), ref.rope(x, 5 + np.arange(4), 300.0, "interleaved"), atol=1e-12)
+    np.testing.assert_allclose(
+        got.value.to_host(), ref.rope(x, 5 + np.arange(4), 300.0, "interleaved"), atol=1e-12
+    )
     assert rope.state_dict() == {} and rope.parameters() == []
     with pytest.raises(ValueError, match="pairing"):
         RoPE(queue, 8, 20, pairing="neox")
@@ -152,9 +154,20 @@ def test_block_forward_backward(queue, rng, arch):
     if llama:
         hd = 4
     rope = RoPE(queue, hd, 16, base=1000.0, dtype="float64") if llama else None
-    block = TransformerBlock(queue, d, h, hidden, n_kv_heads=kv if llama else h, head_dim=hd,
-                             norm="rms" if llama else "layer", mlp="swiglu" if llama else "gelu", norm_eps=1e-5,
-                             bias=not llama, rope=rope, dtype="float64")
+    block = TransformerBlock(
+        queue,
+        d,
+        h,
+        hidden,
+        n_kv_heads=kv if llama else h,
+        head_dim=hd,
+        norm="rms" if llama else "layer",
+        mlp="swiglu" if llama else "gelu",
+        norm_eps=1e-5,
+        bias=not llama,
+        rope=rope,
+        dtype="float64",
+    )
     randomize(block, rng)
     for name, p in block.named_parameters():
         if "norm.weight" in name:
@@ -171,7 +184,9 @@ def test_block_forward_backward(queue, rng, arch):
 
 def test_block_with_dropout_runs_the_residual_unfused(queue, rng):
     block = TransformerBlock(queue, 8, 2, 16, rope=RoPE(queue, 4, 8), dropout=0.3, attn_dropout=0.1)
-    x = ag.tensor(Tensor.from_host(queue, rng.standard_normal((1, 4, 8)).astype(np.float32)), requires_grad=True)
+    x = ag.tensor(
+        Tensor.from_host(queue, rng.standard_normal((1, 4, 8)).astype(np.float32)), requires_grad=True
+    )
     with ag.Tape() as tape:
         y = block(x)
     tape.backward(y, Tensor.ones(queue, y.shape))

@@ -50,7 +50,8 @@ def test_attention_forward_backward(queue, monkeypatch, variant, D):
 
 @pytest.mark.parametrize("D", [12, 32])
 def test_attention_decode_split_keys(queue, monkeypatch, D):
-    """attention_gpu.cl's decode kernel (GQA rows of one kv head, keys split over work-groups) and its merge."""
+    """attention_gpu.cl's decode kernel (GQA rows of one kv head, keys split over work-groups) and its
+    merge."""
     monkeypatch.setattr(attn, "variant_override", "gpu")
     monkeypatch.setattr(attn, "DECODE_GROUPS_PER_CU", 1000)
     monkeypatch.setattr(attn, "DECODE_TILE_KEYS", (16,))
@@ -63,7 +64,9 @@ def test_attention_decode_split_keys(queue, monkeypatch, D):
     lengths = np.array([SK, 29], np.int32)
     opts = dict(causal=True, mask=dev(queue, mask), kv_len=dev(queue, lengths), dropout_p=p)
     draw = attn.DropoutDraw(Generator(2))
-    out, lse = ops.flash_attention_forward(dev(queue, q), dev(queue, k), dev(queue, v), dropout_draw=draw, **opts)
+    out, lse = ops.flash_attention_forward(
+        dev(queue, q), dev(queue, k), dev(queue, v), dropout_draw=draw, **opts
+    )
     keep = attn.attention_dropout_mask(queue, draw, (B, HQ, SQ, SK), p).to_host()
     want = reference(q, k, v, causal=True, mask=mask, kv_len=lengths, keep=keep, dropout_p=p)
     close(out, want[0], 1e-4, 1e-4)

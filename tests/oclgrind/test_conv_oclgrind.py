@@ -1,5 +1,6 @@
 """Convolution, pooling and normalisation kernels under Oclgrind (conv_direct.cl, winograd.cl,
-im2col.cl, pool.cl, norm.cl, norm_batch.cl) on tiny odd shapes with padding, stride, dilation and groups, forward and
+im2col.cl, pool.cl, norm.cl, norm_batch.cl) on tiny odd shapes with padding, stride, dilation and groups,
+forward and
 backward, checked against float64 NumPy."""
 
 from __future__ import annotations
@@ -41,7 +42,9 @@ def conv_ref(x, w, b, stride, pad, dil, groups):
             for kw in range(KW):
                 patch = xp[:, g * Cg:(g + 1) * Cg, kh * dh:kh * dh + sh * (OH - 1) + 1:sh,
                            kw * dw:kw * dw + sw * (OW - 1) + 1:sw]
-                out[:, g * Kg:(g + 1) * Kg] += np.einsum("nchw,kc->nkhw", patch, w[g * Kg:(g + 1) * Kg, :, kh, kw])
+                out[:, g * Kg : (g + 1) * Kg] += np.einsum(
+                    "nchw,kc->nkhw", patch, w[g * Kg : (g + 1) * Kg, :, kh, kw]
+                )
     return out + (b[None, :, None, None] if b is not None else 0)
 
 
@@ -58,8 +61,12 @@ def conv_grads_ref(x, w, gy, stride, pad, dil, groups):
         gk = slice(g * Kg, (g + 1) * Kg)
         for kh in range(KH):
             for kw in range(KW):
-                sl = (slice(None), slice(g * Cg, (g + 1) * Cg), slice(kh * dh, kh * dh + sh * (OH - 1) + 1, sh),
-                      slice(kw * dw, kw * dw + sw * (OW - 1) + 1, sw))
+                sl = (
+                    slice(None),
+                    slice(g * Cg, (g + 1) * Cg),
+                    slice(kh * dh, kh * dh + sh * (OH - 1) + 1, sh),
+                    slice(kw * dw, kw * dw + sw * (OW - 1) + 1, sw),
+                )
                 gxp[sl] += np.einsum("nkhw,kc->nchw", gy[:, gk], w[gk, :, kh, kw])
                 gw[gk, :, kh, kw] = np.einsum("nkhw,nchw->kc", gy[:, gk], xp[sl])
     return gxp[:, :, ph:ph + H, pw:pw + W], gw
@@ -80,8 +87,17 @@ CONVS = [
 def test_conv2d_forward(queue, xs, ws, stride, pad, dil, groups, algo):
     rng = np.random.default_rng(1)
     x, w, b = rng.standard_normal(xs), rng.standard_normal(ws), rng.standard_normal(ws[0])
-    got = ops.conv2d(dev(queue, x.astype(np.float32)), dev(queue, w.astype(np.float32)),
-                     dev(queue, b.astype(np.float32)), stride, pad, dil, groups, activation="relu", algorithm=algo)
+    got = ops.conv2d(
+        dev(queue, x.astype(np.float32)),
+        dev(queue, w.astype(np.float32)),
+        dev(queue, b.astype(np.float32)),
+        stride,
+        pad,
+        dil,
+        groups,
+        activation="relu",
+        algorithm=algo,
+    )
     close(got, np.maximum(conv_ref(x, w, b, stride, pad, dil, groups), 0), 1e-4, 1e-4)
 
 
@@ -116,8 +132,17 @@ def test_conv2d_backward(queue, xs, ws, stride, pad, dil, groups, algo, bwd):
     gyt = dev(queue, gy.astype(np.float32))
     gx = _call(ops.conv2d_backward_input, gyt, dev(queue, w.astype(np.float32)), xs, stride, pad, dil, groups,
                algorithm=bwd)
-    gw = _call(ops.conv2d_backward_weight, dev(queue, x.astype(np.float32)), gyt, ws, stride, pad, dil, groups,
-               algorithm=bwd)
+    gw = _call(
+        ops.conv2d_backward_weight,
+        dev(queue, x.astype(np.float32)),
+        gyt,
+        ws,
+        stride,
+        pad,
+        dil,
+        groups,
+        algorithm=bwd,
+    )
     close(gx, gx_ref, 1e-4, 1e-4)
     close(gw, gw_ref, 1e-4, 1e-4)
     close(ops.conv2d_backward_bias(gyt), gy.sum(axis=(0, 2, 3)), 1e-4, 1e-4)
@@ -144,7 +169,8 @@ def test_winograd_layouts_and_backward(queue, monkeypatch, layout):
 
 
 def test_col2im_kernel(queue):
-    """col2im has no caller in netcl/ops yet: launched directly, the adjoint of im2col, into image n0=1 of 2."""
+    """col2im has no caller in netcl/ops yet: launched directly, the adjoint of im2col, into image n0=1 of
+    2."""
     xs, ws, stride, pad, dil, groups = (2, 4, 5, 6), (2, 2, 2, 3), (2, 1), (1, 1), (1, 2), 2
     p = conv_mod.ConvParams(xs, ws, stride, pad, dil, groups)
     R, P = p.Cg * p.KH * p.KW, p.OH * p.OW
@@ -257,7 +283,11 @@ def test_batch_norm(queue):
     gx, gw, gb = ops.batch_norm_backward(f(gy), f(x), f(w), mean, invstd, True)
     m = x.size // 5
     gsum, gxh = gy.sum(axis=(0, 2, 3)), (gy * xhat).sum(axis=(0, 2, 3))
-    want = (w * inv)[None, :, None, None] / m * (m * gy - gsum[None, :, None, None] - xhat * gxh[None, :, None, None])
+    want = (
+        (w * inv)[None, :, None, None]
+        / m
+        * (m * gy - gsum[None, :, None, None] - xhat * gxh[None, :, None, None])
+    )
     close(gx, want, 1e-4, 1e-4)
     close(gw, gxh, 1e-4, 1e-4)
     close(gb, gsum, 1e-4, 1e-4)
@@ -266,8 +296,10 @@ def test_batch_norm(queue):
           + b[None, :, None, None], 1e-4, 1e-4)
 
 
-@pytest.mark.parametrize("layout,parts,shape,offset", [("runs", 2, (4, 3, 2, 5), 0), ("groups", 1, (3, 2, 4, 4), 0),
-                                                       ("groups", 3, (3, 2, 5, 3), 1)])
+@pytest.mark.parametrize(
+    "layout,parts,shape,offset",
+    [("runs", 2, (4, 3, 2, 5), 0), ("groups", 1, (3, 2, 4, 4), 0), ("groups", 3, (3, 2, 5, 3), 1)],
+)
 def test_batch_norm_layouts(queue, monkeypatch, layout, parts, shape, offset):
     """norm_batch.cl's CPU runs and GPU work-group trees (4-wide loads when aligned, scalar at an odd
     offset), one part per channel or several (the finalize kernels), relu fused, and eval."""
@@ -276,7 +308,12 @@ def test_batch_norm_layouts(queue, monkeypatch, layout, parts, shape, offset):
     monkeypatch.setattr(norm_mod, "local_size_override", 4 if layout == "groups" else None)
     rng = np.random.default_rng(12)
     c = shape[1]
-    x, w, b, gy = rng.standard_normal(shape), rng.standard_normal(c), rng.standard_normal(c), rng.standard_normal(shape)
+    x, w, b, gy = (
+        rng.standard_normal(shape),
+        rng.standard_normal(c),
+        rng.standard_normal(c),
+        rng.standard_normal(shape),
+    )
     f = lambda a: dev(queue, a.astype(np.float32))  # noqa: E731
     xt = dev(queue, np.concatenate([np.zeros(offset), x.ravel()]).astype(np.float32))[offset:].reshape(shape)
     rmt, rvt = f(np.zeros(c)), f(np.ones(c))

@@ -32,7 +32,9 @@ def test_strided_copy_broadcast_and_4d(queue):
     x = Tensor.from_host(queue, host)
     np.testing.assert_array_equal(x.permute(3, 1, 0, 2).contiguous().to_host(), host.transpose(3, 1, 0, 2))
     row = Tensor.from_host(queue, np.arange(7, dtype=np.float32))
-    np.testing.assert_array_equal(row.expand(3, 7).contiguous().to_host(), np.broadcast_to(np.arange(7), (3, 7)))
+    np.testing.assert_array_equal(
+        row.expand(3, 7).contiguous().to_host(), np.broadcast_to(np.arange(7), (3, 7))
+    )
     dst = Tensor.zeros(queue, (5, 6), np.float32)
     dst[1:4, ::2].copy_(Tensor.from_host(queue, np.ones((3, 3), np.float32)))  # strided destination
     want = np.zeros((5, 6), np.float32)

@@ -52,13 +52,28 @@ def test_gemm_kernels_other_dtypes(device, queue, variant, params, dtype):
                                rtol=tol, atol=tol)
 
 
-@pytest.mark.parametrize("params", [
-    CONFIGS[4][1],
-    {"BM": 32, "BN": 32, "BK": 8, "TX": 8, "TY": 8, "VW": 4, "PADA": 4, "PADB": 4, "WX": 4, "GM": 2},  # remaps
-])
+@pytest.mark.parametrize(
+    "params",
+    [
+        CONFIGS[4][1],
+        {
+            "BM": 32,
+            "BN": 32,
+            "BK": 8,
+            "TX": 8,
+            "TY": 8,
+            "VW": 4,
+            "PADA": 4,
+            "PADB": 4,
+            "WX": 4,
+            "GM": 2,
+        },  # remaps
+    ],
+)
 @pytest.mark.parametrize("ta,tb", [(False, False), (True, True)])
 def test_tiled_four_wide_fetch(queue, params, ta, tb):
-    """Aligned operands: interior tiles use 4-wide global loads (GVEC), ragged M/N/K edges the guarded path."""
+    """Aligned operands: interior tiles use 4-wide global loads (GVEC), ragged M/N/K edges the guarded
+    path."""
     rng = np.random.default_rng(7)
     a = rng.standard_normal((36, 24)).astype(np.float32)
     b = rng.standard_normal((24, 40)).astype(np.float32)
@@ -97,7 +112,9 @@ def test_tiled_edge_free_kernel(queue, ta, tb):
     a = rng.standard_normal((64, 32)).astype(np.float32)
     b = rng.standard_normal((32, 64)).astype(np.float32)
     for splits in (None, 2):
-        got = gemm(_operand(queue, a, ta), _operand(queue, b, tb), variant="tiled", params=params, splits=splits)
+        got = gemm(
+            _operand(queue, a, ta), _operand(queue, b, tb), variant="tiled", params=params, splits=splits
+        )
         np.testing.assert_allclose(got.to_host(), a.astype(np.float64) @ b, rtol=1e-5, atol=1e-5)
 
 

@@ -22,12 +22,19 @@ def test_elementwise_layouts(queue):
                   dev(queue, c.astype(np.float32)))
     close(ops.add(ta, tb), a + b)  # strided + broadcast row
     close(ops.mul(ops.exp(ta), tc), np.exp(a) * c)  # broadcast column
-    close(ops.where(ops.gt(ta, 0.0), ops.sigmoid(ta), ops.tanh(tb)), np.where(a > 0, 1 / (1 + np.exp(-a)), np.tanh(b)))
+    close(
+        ops.where(ops.gt(ta, 0.0), ops.sigmoid(ta), ops.tanh(tb)),
+        np.where(a > 0, 1 / (1 + np.exp(-a)), np.tanh(b)),
+    )
     full = dev(queue, rng.standard_normal((5, 9)).astype(np.float32))
     view = full[1:4, 2::3]  # offset + strides
     v = full.to_host()[1:4, 2::3].astype(np.float64)
-    close(ops.gelu(ops.sub(view, 0.5), approximate="tanh"),
-          0.5 * (v - 0.5) * (1 + np.tanh(np.sqrt(2 / np.pi) * ((v - 0.5) + 0.044715 * (v - 0.5) ** 3))), 1e-4, 1e-4)
+    close(
+        ops.gelu(ops.sub(view, 0.5), approximate="tanh"),
+        0.5 * (v - 0.5) * (1 + np.tanh(np.sqrt(2 / np.pi) * ((v - 0.5) + 0.044715 * (v - 0.5) ** 3))),
+        1e-4,
+        1e-4,
+    )
     i = dev(queue, np.arange(-3, 4, dtype=np.int32))
     np.testing.assert_array_equal(ops.maximum(i, 0).to_host(), np.maximum(np.arange(-3, 4), 0))
     h = Tensor.from_host(queue, a.astype(np.float16))

@@ -68,8 +68,16 @@ def test_wide_rows_and_many_clusters(queue):
         cc = dev(queue, c)
         labels = dev(queue, np.full(n, -1, np.int32))
         dist = dev(queue, np.zeros(n, np.float32))
-        km.kmeans_assign(plan, dev(queue, x), 0, dev(queue, np.zeros(d, np.float32)), km.kmeans_pack(plan, cc), cc,
-                         labels, dist)
+        km.kmeans_assign(
+            plan,
+            dev(queue, x),
+            0,
+            dev(queue, np.zeros(d, np.float32)),
+            km.kmeans_pack(plan, cc),
+            cc,
+            labels,
+            dist,
+        )
         d2 = ((x[:, None, :].astype(np.float64) - c[None]) ** 2).sum(-1)
         np.testing.assert_array_equal(labels.to_host(), d2.argmin(1))
         close(dist, d2.min(1), 1e-4, 1e-3)

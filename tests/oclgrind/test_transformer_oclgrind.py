@@ -46,5 +46,7 @@ def test_sample(queue, temperature, top_k, top_p):
     rng = np.random.default_rng(22)
     logits = (rng.standard_normal((3, 37)) * 2).astype(np.float32)
     u = rng.random((3, 37)).astype(np.float32)
-    out = ops.sample(dev(queue, logits), temperature=temperature, top_k=top_k, top_p=top_p, uniforms=dev(queue, u))
+    out = ops.sample(
+        dev(queue, logits), temperature=temperature, top_k=top_k, top_p=top_p, uniforms=dev(queue, u)
+    )
     np.testing.assert_array_equal(out.to_host(), sampled(logits, u, temperature, top_k, top_p))

@@ -27,7 +27,9 @@ def variant(request):
 
 
 # -- the float64 NumPy reference -----------------------------------------------------------------------
-def reference(q, k, v, *, causal=False, scale=None, mask=None, kv_len=None, keep=None, dropout_p=0.0, grad_out=None):
+def reference(
+    q, k, v, *, causal=False, scale=None, mask=None, kv_len=None, keep=None, dropout_p=0.0, grad_out=None
+):
     """(out, lse) and, with grad_out, (dq, dk, dv) of attention in float64, straight from the definition."""
     q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
     B, HQ, SQ, D = q.shape
@@ -228,7 +230,8 @@ def test_kv_len_replayed_graph_reads_new_length(queue, rng, variant):
 
 
 def test_gpu_grids_pad_the_head_dim_least(queue):
-    """16 item columns (float4 groups of 64 elements) for D = 64 and 128, 8 for D = 32 and 20 (no padding to 64)."""
+    """16 item columns (float4 groups of 64 elements) for D = 64 and 128, 8 for D = 32 and 20 (no padding to
+    64)."""
     for D, TC in ((64, 16), (128, 16), (32, 8), (20, 8)):
         for kernel in ("forward", "dq", "dkdv"):
             tiles = attn.gpu_tiles(queue.device, kernel, D, np.float32)
@@ -295,7 +298,8 @@ def test_decode_masks_dropout_and_empty_rows(queue, rng, decode_splits):
 
 
 def test_decode_replayed_graph_reads_new_length(queue, rng, decode_splits):
-    """A recorded decode step over split keys: a new kv_len written before a replay changes which keys count."""
+    """A recorded decode step over split keys: a new kv_len written before a replay changes which keys
+    count."""
     q, k, v, _ = inputs(rng, 1, 4, 2, 1, 260, 32)
     nq, nk, nv = dev(queue, q), dev(queue, k), dev(queue, v)
     length = dev(queue, np.array([260], np.int32))
@@ -321,7 +325,9 @@ def test_dropout_matches_reference_with_its_keep_mask(queue, rng, variant):
     want = reference(q, k, v, causal=True, keep=keep, dropout_p=p, grad_out=g)
     np.testing.assert_allclose(out.to_host(), want[0], rtol=2e-4, atol=2e-5)
     np.testing.assert_allclose(lse.to_host(), want[1], rtol=2e-4, atol=2e-5)
-    grads = ops.flash_attention_backward(nq, nk, nv, out, lse, ng, causal=True, dropout_p=p, dropout_draw=draw)
+    grads = ops.flash_attention_backward(
+        nq, nk, nv, out, lse, ng, causal=True, dropout_p=p, dropout_draw=draw
+    )
     for got, ref in zip(grads, want[2:], strict=True):
         np.testing.assert_allclose(got.to_host(), ref, rtol=2e-4, atol=2e-5 * max(1, np.abs(ref).max()))
 
@@ -341,7 +347,9 @@ def test_dropout_statistics_and_fresh_draws(queue, rng):
     assert not np.allclose(o1, o2)
     # the expectation over masks is the undropped output: mean of many draws approaches it
     plain = ops.flash_attention(nq, nk, nv).to_host()
-    mean = np.mean([ops.flash_attention(nq, nk, nv, dropout_p=p, generator=gen).to_host() for _ in range(40)], 0)
+    mean = np.mean(
+        [ops.flash_attention(nq, nk, nv, dropout_p=p, generator=gen).to_host() for _ in range(40)], 0
+    )
     assert np.abs(mean - plain).mean() < 0.25 * np.abs(plain).mean()
     # the same seed replays the same mask
     again = ops.flash_attention(nq, nk, nv, dropout_p=p, generator=Generator(11))
@@ -404,7 +412,9 @@ def test_empty_sizes(queue, rng, variant):
     q, k, v, g = inputs(rng, 1, 2, 1, 3, 0, 32)
     out, lse = ops.flash_attention_forward(dev(queue, q), dev(queue, k), dev(queue, v))
     assert np.all(out.to_host() == 0) and np.all(lse.to_host() == -np.inf)
-    dq, dk, dv = ops.flash_attention_backward(dev(queue, q), dev(queue, k), dev(queue, v), out, lse, dev(queue, g))
+    dq, dk, dv = ops.flash_attention_backward(
+        dev(queue, q), dev(queue, k), dev(queue, v), out, lse, dev(queue, g)
+    )
     assert np.all(dq.to_host() == 0) and dk.shape == (1, 1, 0, 32)
     q0 = dev(queue, np.zeros((1, 2, 0, 32), np.float32))
     out0, lse0 = ops.flash_attention_forward(q0, dev(queue, k), dev(queue, v))
@@ -474,8 +484,10 @@ def test_memory_at_8192_holds_no_square_matrix(queue, rng):
     p /= p.sum(-1, keepdims=True)
     np.testing.assert_allclose(out.to_host()[0][:, rows], p @ v[0, :, :L], rtol=1e-3, atol=1e-4)
     dk_host = dk.to_host()
-    assert np.all(dk_host[:, :, L:] == 0) and np.all(dv.to_host()[:, :, L:] == 0)   # keys past L: no gradient
-    assert np.isfinite(dk_host).all() and np.isfinite(dq.to_host()).all() and np.abs(dk_host[:, :, :L]).max() > 0
+    assert np.all(dk_host[:, :, L:] == 0) and np.all(dv.to_host()[:, :, L:] == 0)  # keys past L: no gradient
+    assert (
+        np.isfinite(dk_host).all() and np.isfinite(dq.to_host()).all() and np.abs(dk_host[:, :, :L]).max() > 0
+    )
 
 
 # -- bad input -------------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""conv2d forward/backward, conv_transpose2d, algorithms, Winograd's error bound, errors (netcl/ops/conv.py)."""
+"""conv2d forward/backward, conv_transpose2d, algorithms, Winograd's error bound, errors
+(netcl/ops/conv.py)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,13 @@ def _windows(kh, kw, stride, dil, oh, ow):
     (sh, sw), (dh, dw) = stride, dil
     for i in range(kh):
         for j in range(kw):
-            yield i, j, np.s_[:, :, i * dh: i * dh + sh * (oh - 1) + 1: sh, j * dw: j * dw + sw * (ow - 1) + 1: sw]
+            yield (
+                i,
+                j,
+                np.s_[
+                    :, :, i * dh : i * dh + sh * (oh - 1) + 1 : sh, j * dw : j * dw + sw * (ow - 1) + 1 : sw
+                ],
+            )
 
 
 def ref_conv(x, w, b=None, stride=(1, 1), pad=(0, 0), dil=(1, 1), groups=1, relu=False):
@@ -55,7 +62,11 @@ def ref_conv_backward(x_shape, w, gy, stride=(1, 1), pad=(0, 0), dil=(1, 1), gro
     kg = k // groups
     gxp = np.zeros((n, c, h + 2 * pad[0], wd + 2 * pad[1]))
     gw = np.zeros(w.shape)
-    xp = None if x is None else np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pad[0], pad[0]), (pad[1], pad[1])))
+    xp = (
+        None
+        if x is None
+        else np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pad[0], pad[0]), (pad[1], pad[1])))
+    )
     for g in range(groups):
         cs, ks = slice(g * cg, (g + 1) * cg), slice(g * kg, (g + 1) * kg)
         for i, j, sl in _windows(kh, kw, stride, dil, oh, ow):
@@ -121,7 +132,10 @@ def test_conv2d_float64_and_noncontiguous_input(queue, rng):
 
 
 def test_auto_picks_by_shape(device):
-    assert C.select_algorithm(device, C.ConvParams((1, 8, 8, 8), (8, 1, 3, 3), 1, 1, 1, 8), np.float32) == "depthwise"
+    assert (
+        C.select_algorithm(device, C.ConvParams((1, 8, 8, 8), (8, 1, 3, 3), 1, 1, 1, 8), np.float32)
+        == "depthwise"
+    )
     # 3x3 stride 1: Winograd when large (GPUs from 1 GFLOP; CPUs from 2^27 FLOPs with >= 32 channels, the
     # row-walking transforms), im2col + GEMM for small convolutions (launch-bound) and thin layers
     big = C.ConvParams((32, 128, 56, 56), (128, 128, 3, 3), 1, 1, 1, 1)
@@ -132,8 +146,14 @@ def test_auto_picks_by_shape(device):
     assert C.select_algorithm(device, thin, np.float32) == (
         "im2col" if device.capabilities.kind == "cpu" else "winograd" if thin.flops >= C.WINOGRAD_MIN_FLOPS
         else "im2col")
-    assert C.select_algorithm(device, C.ConvParams((1, 16, 8, 8), (16, 16, 3, 3), 1, 1, 1, 1), np.float32) == "im2col"
-    assert C.select_algorithm(device, C.ConvParams((1, 16, 8, 8), (16, 16, 3, 3), 2, 1, 1, 1), np.float32) != "winograd"
+    assert (
+        C.select_algorithm(device, C.ConvParams((1, 16, 8, 8), (16, 16, 3, 3), 1, 1, 1, 1), np.float32)
+        == "im2col"
+    )
+    assert (
+        C.select_algorithm(device, C.ConvParams((1, 16, 8, 8), (16, 16, 3, 3), 2, 1, 1, 1), np.float32)
+        != "winograd"
+    )
 
 
 def test_winograd_error_bound(queue, rng):
@@ -338,10 +358,16 @@ def test_gpu_shaped_im2col_col2im(queue, rng, monkeypatch, xs, ws, kw):
     gy = _data(rng, p.output_shape, np.float64)
     gx_ref, gw_ref = ref_conv_backward(xs, w, gy, (p.SH, p.SW), (p.PH, p.PW), (p.DH, p.DW), p.G, x=x)
     xt, wt, gyt = Tensor.from_host(queue, x), Tensor.from_host(queue, w), Tensor.from_host(queue, gy)
-    assert_close(C.conv2d(xt, wt, algorithm="im2col", **kw), ref_conv(x, w, None, (p.SH, p.SW), (p.PH, p.PW),
-                                                                      (p.DH, p.DW), p.G), rtol=1e-12, atol=1e-12)
+    assert_close(
+        C.conv2d(xt, wt, algorithm="im2col", **kw),
+        ref_conv(x, w, None, (p.SH, p.SW), (p.PH, p.PW), (p.DH, p.DW), p.G),
+        rtol=1e-12,
+        atol=1e-12,
+    )
     assert_close(C.conv2d_backward_input(gyt, wt, xs, algorithm="gemm", **kw), gx_ref, rtol=1e-12, atol=1e-12)
-    assert_close(C.conv2d_backward_weight(xt, gyt, ws, algorithm="gemm", **kw), gw_ref, rtol=1e-12, atol=1e-12)
+    assert_close(
+        C.conv2d_backward_weight(xt, gyt, ws, algorithm="gemm", **kw), gw_ref, rtol=1e-12, atol=1e-12
+    )
 
 
 @pytest.mark.parametrize("chunk", [None, 2])
@@ -378,7 +404,9 @@ def test_conv2d_backward_finite_differences(queue, rng):
     gy = _data(rng, p.output_shape, np.float64)
 
     def loss(xa, wa):
-        return float(np.sum(C.conv2d(Tensor.from_host(queue, xa), Tensor.from_host(queue, wa), **kw).to_host() * gy))
+        return float(
+            np.sum(C.conv2d(Tensor.from_host(queue, xa), Tensor.from_host(queue, wa), **kw).to_host() * gy)
+        )
 
     gyt = Tensor.from_host(queue, gy)
     gx = C.conv2d_backward_input(gyt, Tensor.from_host(queue, w), xs, **kw).to_host()
@@ -395,11 +423,21 @@ def test_conv_transpose2d_is_conv_adjoint(queue, rng, stride, pad, outpad, dil, 
     x = _data(rng, (2, 4, 5, 3), np.float64)
     w = _data(rng, (4, 3, 3, 2), np.float64)  # (Cin, Cout/groups, KH, KW)
     b = _data(rng, (3 * groups,), np.float64)
-    out = C.conv_transpose2d(Tensor.from_host(queue, x), Tensor.from_host(queue, w), Tensor.from_host(queue, b),
-                             stride=stride, padding=pad, output_padding=outpad, groups=groups, dilation=dil)
+    out = C.conv_transpose2d(
+        Tensor.from_host(queue, x),
+        Tensor.from_host(queue, w),
+        Tensor.from_host(queue, b),
+        stride=stride,
+        padding=pad,
+        output_padding=outpad,
+        groups=groups,
+        dilation=dil,
+    )
     hout = (5 - 1) * stride - 2 * pad + dil * 2 + outpad + 1
     wout = (3 - 1) * stride - 2 * pad + dil * 1 + outpad + 1
-    want, _ = ref_conv_backward((2, 3 * groups, hout, wout), w, x, (stride,) * 2, (pad,) * 2, (dil,) * 2, groups)
+    want, _ = ref_conv_backward(
+        (2, 3 * groups, hout, wout), w, x, (stride,) * 2, (pad,) * 2, (dil,) * 2, groups
+    )
     assert_close(out, want + b[None, :, None, None], rtol=1e-12, atol=1e-12)
 
 

@@ -199,7 +199,9 @@ def test_scalar_promotion(queue):
     assert ops.exp(i32).dtype == np.float32
     np.testing.assert_array_equal((2 - i32).to_host(), [1, 0])
     assert_close(1.0 / f32, 1 / np.array([1.5, 2.5]), np.float32)
-    assert_close(f16 * 0.1, (np.array([1.5, 2.5], np.float16) * np.float16(0.1)).astype(np.float64), np.float16)
+    assert_close(
+        f16 * 0.1, (np.array([1.5, 2.5], np.float16) * np.float16(0.1)).astype(np.float64), np.float16
+    )
     np.testing.assert_array_equal((b & True).to_host(), [True, False])
 
 
@@ -219,7 +221,9 @@ def test_bool_rules(queue):
         ops.neg(b)
     with pytest.raises(DTypeError, match="bool"):
         ops.sub(b, b)
-    np.testing.assert_array_equal((b + b).to_host(), np.array([True, False, True]) + np.array([True, False, True]))
+    np.testing.assert_array_equal(
+        (b + b).to_host(), np.array([True, False, True]) + np.array([True, False, True])
+    )
     np.testing.assert_array_equal(ops.abs(b).to_host(), [True, False, True])
 
 

@@ -16,13 +16,16 @@ from netcl.ops.gemm import variants
 
 SMALL = {"BM": 32, "BN": 32, "BK": 32, "WM": 16, "WN": 16, "EMULATE": 1}
 BF16 = dtypes.bfloat16
-# The loaders: register-staged 16-byte loads (ASYNC 0), the cp.async ring of 2 or 3 stages, fragments read with
+# The loaders: register-staged 16-byte loads (ASYNC 0), the cp.async ring of 2 or 3 stages, fragments read
+# with
 # ldmatrix (x4; .trans for the k-major B tile of layout "nn"), each through its emulation, so that their index
 # arithmetic is checked on any device. Every dtype and layout with the register loader; the others on the
 # layouts that take them (cp.async needs 16-byte rows: "nn" and "nt"), one build each (PoCL takes seconds
 # to build the emulated ldmatrix).
 REGISTERS = {"ASYNC": 0, "LDMATRIX": 0}
-CASES = [(dt, layout, REGISTERS) for dt in (np.float16, BF16, np.float32) for layout in ("nn", "nt", "tn")] + [
+CASES = [
+    (dt, layout, REGISTERS) for dt in (np.float16, BF16, np.float32) for layout in ("nn", "nt", "tn")
+] + [
     (np.float16, "nn", {"ASYNC": 1, "STAGES": 3, "LDMATRIX": 0}),
     (np.float32, "nt", {"ASYNC": 1, "STAGES": 2, "LDMATRIX": 0}),
     (np.float32, "nn", {"ASYNC": 1, "STAGES": 3, "LDMATRIX": 0}),
@@ -47,8 +50,16 @@ def _inputs(rng, dt, m, n, k, batch=()):
 def test_emulated_fragments_match_numpy(queue, rng, dt, layout, loader):
     for m, n, k in ((37, 29, 45), (64, 64, 96)):  # edges in every direction; then whole tiles, K over 3 tiles
         a, b = _inputs(rng, dt, m, n, k)
-        ta = Tensor.from_host(queue, np.ascontiguousarray(a.T)).T if layout[0] == "t" else Tensor.from_host(queue, a)
-        tb = Tensor.from_host(queue, np.ascontiguousarray(b.T)).T if layout[1] == "t" else Tensor.from_host(queue, b)
+        ta = (
+            Tensor.from_host(queue, np.ascontiguousarray(a.T)).T
+            if layout[0] == "t"
+            else Tensor.from_host(queue, a)
+        )
+        tb = (
+            Tensor.from_host(queue, np.ascontiguousarray(b.T)).T
+            if layout[1] == "t"
+            else Tensor.from_host(queue, b)
+        )
         got = mm.gemm(ta, tb, variant="mma", params={**SMALL, **loader}).to_host().astype(np.float64)
         ref = (_tf32(a) @ _tf32(b)) if dt == np.float32 else a.astype(np.float64) @ b.astype(np.float64)
         # the stored result's rounding: float16 (2^-11), bfloat16 (2^-8); TF32 products accumulate in float32
@@ -78,7 +89,9 @@ def test_bfloat16_gemm_and_epilogue(queue, rng):
     assert got.dtype == BF16
     f = lambda x: x.astype(np.float32)  # noqa: E731
     want = (torch_like_gelu(0.5 * (f(a) @ f(b)) + f(bias)) + f(res)).astype(BF16)
-    np.testing.assert_allclose(got.to_host().astype(np.float64), want.astype(np.float64), rtol=1e-2, atol=1e-2)
+    np.testing.assert_allclose(
+        got.to_host().astype(np.float64), want.astype(np.float64), rtol=1e-2, atol=1e-2
+    )
     assert mm.matmul(ta, tb).dtype == BF16
     with pytest.raises(DTypeError, match="bias is float32 but the operands are bfloat16"):
         mm.matmul_epilogue(ta, tb, Tensor.from_host(queue, bias.astype(np.float32)))
@@ -98,8 +111,16 @@ def test_emulated_epilogue_and_batch(queue, rng):
     m, n, k = 21, 40, 50
     a, b = _inputs(rng, np.float32, m, n, k, batch=(3,))
     bias, res = rng.standard_normal(n).astype(np.float32), rng.standard_normal((3, m, n)).astype(np.float32)
-    got = mm.gemm(Tensor.from_host(queue, a), Tensor.from_host(queue, b), Tensor.from_host(queue, bias), "relu",
-                  Tensor.from_host(queue, res), 0.5, variant="mma", params=SMALL).to_host()
+    got = mm.gemm(
+        Tensor.from_host(queue, a),
+        Tensor.from_host(queue, b),
+        Tensor.from_host(queue, bias),
+        "relu",
+        Tensor.from_host(queue, res),
+        0.5,
+        variant="mma",
+        params=SMALL,
+    ).to_host()
     want = np.maximum(0.5 * (_tf32(a) @ _tf32(b)) + bias, 0) + res
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
 
@@ -109,7 +130,9 @@ def test_matrix_units_and_precision(device):
     with pytest.raises(ValueError, match=r"one of \('highest', 'high'\)"):
         netcl.set_matmul_precision("medium")
     units = variants.matrix_units(device)
-    assert units == (() if device.capabilities.nv_compute_capability is None else ("float16", "bfloat16", "tfloat32"))
+    assert units == (
+        () if device.capabilities.nv_compute_capability is None else ("float16", "bfloat16", "tfloat32")
+    )
     try:
         netcl.set_matmul_precision("high")
         assert variants.uses_matrix_units(device, np.float32) == ("tfloat32" in units)
@@ -128,7 +151,9 @@ def test_matrix_units_on_device(queue, rng, dt):
     try:
         for m, n, k in ((130, 270, 70), (256, 256, 256), (1000, 999, 517)):
             a, b = _inputs(rng, dt, m, n, k)
-            got = mm.matmul(Tensor.from_host(queue, a), Tensor.from_host(queue, b)).to_host().astype(np.float64)
+            got = (
+                mm.matmul(Tensor.from_host(queue, a), Tensor.from_host(queue, b)).to_host().astype(np.float64)
+            )
             ref = (_tf32(a) @ _tf32(b)) if dt == np.float32 else a.astype(np.float64) @ b.astype(np.float64)
             tol = {np.dtype(np.float16): 3e-3, np.dtype(BF16): 8e-3}.get(np.dtype(dt), 1e-4)
             np.testing.assert_allclose(got, ref, rtol=0, atol=tol * np.abs(ref).max())

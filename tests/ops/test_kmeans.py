@@ -87,7 +87,9 @@ def test_assign_breaks_ties_by_the_first_center(queue, variant):
     plan = km.kmeans_plan(queue, np.float32, 20, 3, 40, variant)
     cc = t(queue, c)
     labels, dist = Tensor.empty(queue, (20,), np.int32), Tensor.empty(queue, (20,), np.float32)
-    km.kmeans_assign(plan, t(queue, x), 0, Tensor.zeros(queue, (3,)), km.kmeans_pack(plan, cc), cc, labels, dist)
+    km.kmeans_assign(
+        plan, t(queue, x), 0, Tensor.zeros(queue, (3,)), km.kmeans_pack(plan, cc), cc, labels, dist
+    )
     np.testing.assert_array_equal(labels.to_host(), np.arange(20))
     np.testing.assert_allclose(dist.to_host(), np.full(20, 3 * 0.0625), rtol=1e-6)
 
@@ -139,7 +141,11 @@ def test_update_and_finalize(queue, rng, monkeypatch, variant, dt, n, d, k, weig
     # the same rows in uneven chunks (as a stream delivers them) give the same bits
     cuts = sorted({0, n, *rng.integers(0, n, 3).tolist()})
     chunked = _update(queue, plan, x, mean, labels, dist, w, list(zip(cuts[:-1], cuts[1:])))
-    for a, b in ((parts.sums, chunked.sums), (parts.weights, chunked.weights), (parts.inertia, chunked.inertia)):
+    for a, b in (
+        (parts.sums, chunked.sums),
+        (parts.weights, chunked.weights),
+        (parts.inertia, chunked.inertia),
+    ):
         np.testing.assert_array_equal(a.to_host(), b.to_host())
 
 
@@ -158,7 +164,9 @@ def test_minibatch_finalize(queue, rng, variant):
     sums = np.zeros((k, d))
     np.add.at(sums, labels, x)
     total = counts_host + b
-    ref = np.where(b[:, None] > 0, (old * counts_host[:, None] + sums) / np.where(total > 0, total, 1)[:, None], old)
+    ref = np.where(
+        b[:, None] > 0, (old * counts_host[:, None] + sums) / np.where(total > 0, total, 1)[:, None], old
+    )
     np.testing.assert_allclose(new.to_host(), ref, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(counts.to_host(), np.where(b > 0, total, counts_host))
     st = stats.to_host()
@@ -221,7 +229,9 @@ def test_copy_rows_and_label_distance(queue, rng):
     km.kmeans_copy_rows(t(queue, x), t(queue, idx), out, shift=t(queue, shift))
     np.testing.assert_array_equal(out.to_host(), x[idx] - shift)
     scattered = Tensor.zeros(queue, (10, 6))
-    km.kmeans_copy_rows(t(queue, x), t(queue, idx[:3]), scattered, dst_idx=t(queue, np.array([9, 2, 5], np.int32)))
+    km.kmeans_copy_rows(
+        t(queue, x), t(queue, idx[:3]), scattered, dst_idx=t(queue, np.array([9, 2, 5], np.int32))
+    )
     want = np.zeros((10, 6), np.float32)
     want[[9, 2, 5]] = x[idx[:3]]
     np.testing.assert_array_equal(scattered.to_host(), want)
@@ -265,7 +275,9 @@ def test_bad_input_is_refused(queue):
     with pytest.raises(DTypeError, match="labels must be int32"):
         km.kmeans_assign(plan, Tensor.zeros(queue, (10, 2)), 0, shift, packed, centers, dist, dist)
     with pytest.raises(DTypeError, match="x must be float32"):
-        km.kmeans_assign(plan, Tensor.zeros(queue, (10, 2), np.float64), 0, shift, packed, centers, labels, dist)
+        km.kmeans_assign(
+            plan, Tensor.zeros(queue, (10, 2), np.float64), 0, shift, packed, centers, labels, dist
+        )
     with pytest.raises(ShapeError, match="contiguous"):
         km.kmeans_pack(plan, Tensor.zeros(queue, (2, 3)).T)
     with pytest.raises(ShapeError, match="multiple of 256"):

@@ -189,7 +189,9 @@ def test_linear_relu_and_matmul_bias_relu_one_launch(queue, rng):
 
 def test_variant_choice_by_device_class(device):
     cpu = device.capabilities.kind == "cpu"
-    assert choose_variant(device, 1, 512, 512) == ("cpu" if cpu else "direct")  # matrix-vector: blocked on CPUs
+    assert choose_variant(device, 1, 512, 512) == (
+        "cpu" if cpu else "direct"
+    )  # matrix-vector: blocked on CPUs
     assert choose_variant(device, 8, 2, 512) == "direct"  # two columns: no vector along N
     big = choose_variant(device, 1024, 1024, 1024)
     assert big == ("cpu" if device.capabilities.kind == "cpu" else "tiled")
@@ -268,11 +270,16 @@ def test_tiled_four_wide_fetch_interior_and_edges(queue, rng, monkeypatch, ta, t
     guarded scalar path on the edge tiles of M, N and K; both must agree with the reference."""
     built = []
     real = gemm_launch._program
-    monkeypatch.setattr(gemm_launch, "_program", lambda dev_, var, d: built.append(dict(d)) or real(dev_, var, d))
+    monkeypatch.setattr(
+        gemm_launch, "_program", lambda dev_, var, d: built.append(dict(d)) or real(dev_, var, d)
+    )
     m, n, k = 72, 76, 132  # interior 32 x 32 x 8 tiles plus a ragged block in every dimension
     a, b = host(rng, (m, k)), host(rng, (k, n))
-    check(gemm(dev(queue, a, ta), dev(queue, b, tb), variant="tiled", params={**SMALL_TILED, "WX": 4, "GM": 2}),
-          a.astype(np.float64) @ b, k=k)
+    check(
+        gemm(dev(queue, a, ta), dev(queue, b, tb), variant="tiled", params={**SMALL_TILED, "WX": 4, "GM": 2}),
+        a.astype(np.float64) @ b,
+        k=k,
+    )
     assert "GVEC" in built[-1] and built[-1]["WX"] == 4  # warps as 4 x 8 patches of the 8 x 8 grid
     # grouped block order over a 5 x 5 grid of blocks (a partial last group of rows)
     m2, n2 = 150, 140
@@ -313,8 +320,11 @@ def test_split_k_calls_are_replayed(queue, rng, monkeypatch):
     real = variants.tuned_params
     monkeypatch.setattr(api, "choose_variant", lambda dev_, m, n, k: "tiled")
     monkeypatch.setattr(splitk, "choose_splits", lambda dev_, p, tile: 2)
-    monkeypatch.setattr(variants, "tuned_params",
-                        lambda d, v, dt: {**real(d, v, dt), **SMALL_TILED} if v == "tiled" else real(d, v, dt))
+    monkeypatch.setattr(
+        variants,
+        "tuned_params",
+        lambda d, v, dt: {**real(d, v, dt), **SMALL_TILED} if v == "tiled" else real(d, v, dt),
+    )
     monkeypatch.setattr(api, "_templates", {})
     calls = []
     real_launch = api.launch
@@ -336,11 +346,15 @@ def test_tile_divisible_problems_take_the_edge_free_kernel(queue, rng, monkeypat
     at BK); one with edge tiles keeps the guarded kernel at its own k tile BKE. Both are exact."""
     built = []
     real = gemm_launch._program
-    monkeypatch.setattr(gemm_launch, "_program", lambda dev_, var, d: built.append(dict(d)) or real(dev_, var, d))
+    monkeypatch.setattr(
+        gemm_launch, "_program", lambda dev_, var, d: built.append(dict(d)) or real(dev_, var, d)
+    )
     params = {**SMALL_TILED, "INNER": 1, "BKE": 16}
     for (m, n, k), inner in (((64, 96, 48), True), ((72, 76, 132), False), ((64, 96, 44), False)):
         a, b = host(rng, (m, k)), host(rng, (k, n))
-        check(gemm(dev(queue, a), dev(queue, b), variant="tiled", params=params), a.astype(np.float64) @ b, k=k)
+        check(
+            gemm(dev(queue, a), dev(queue, b), variant="tiled", params=params), a.astype(np.float64) @ b, k=k
+        )
         assert ("ALL_INNER" in built[-1]) == inner
         assert built[-1]["BK"] == (8 if inner else 16)
         assert "INNER" not in built[-1] and "BKE" not in built[-1]
@@ -359,8 +373,15 @@ def test_bias_per_row(queue, rng, variant, params):
                    bias_rows=True)
         check(got, want, k=k)
     if variant == "tiled":
-        got = gemm(dev(queue, a), dev(queue, b[0]), dev(queue, bias), variant="tiled", params=params, splits=2,
-                   bias_rows=True)
+        got = gemm(
+            dev(queue, a),
+            dev(queue, b[0]),
+            dev(queue, bias),
+            variant="tiled",
+            params=params,
+            splits=2,
+            bias_rows=True,
+        )
         check(got, a.astype(np.float64) @ b[0] + bias[:, None], k=k)
     with pytest.raises(ShapeError, match=r"bias must have shape \(37,\).*per row"):
         gemm(dev(queue, a), dev(queue, b), dev(queue, host(rng, (n,))), bias_rows=True)

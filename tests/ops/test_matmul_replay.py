@@ -38,7 +38,9 @@ def test_replay_uses_new_operands_and_offsets(queue, rng):
         b_np = rng.standard_normal((33, 17)).astype(np.float32)
         r_np = rng.standard_normal((30, 17)).astype(np.float32)
         out = mm.matmul_epilogue(
-            Tensor.from_host(queue, a_np), Tensor.from_host(queue, b_np), residual=Tensor.from_host(queue, r_np)
+            Tensor.from_host(queue, a_np),
+            Tensor.from_host(queue, b_np),
+            residual=Tensor.from_host(queue, r_np),
         )
         assert_close(out, _ref(a_np, b_np) + r_np, np.float32, atol=ATOL)
 
@@ -95,7 +97,10 @@ def test_pending_operands_do_not_spoil_the_template(queue, rng, monkeypatch):
     real_launch = api.launch
     monkeypatch.setattr(api, "launch", lambda *a, **kw: calls.append(1) or real_launch(*a, **kw))
     for _ in range(3):
-        a_np, b_np = rng.standard_normal((40, 33)).astype(np.float32), rng.standard_normal((33, 24)).astype(np.float32)
+        a_np, b_np = (
+            rng.standard_normal((40, 33)).astype(np.float32),
+            rng.standard_normal((33, 24)).astype(np.float32),
+        )
         a = ops.relu(Tensor.from_host(queue, a_np))
         assert a.is_pending  # (automatic fusion is on in the suite)
         assert_close(mm.matmul(a, Tensor.from_host(queue, b_np)), _ref(np.maximum(a_np, 0), b_np), np.float32,

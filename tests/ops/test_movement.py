@@ -86,7 +86,9 @@ def test_gather_index_select_take_embedding(queue, rng, dtype):
     got = ops.gather(x, 0, T(queue, idx.astype(np.int64)))
     np.testing.assert_array_equal(got.to_host(), np.take_along_axis(a, idx % 5, 0))
     idx1 = rng.integers(0, 7, size=(4, 2)).astype(np.int32)
-    np.testing.assert_array_equal(ops.gather(x, 1, T(queue, idx1)).to_host(), np.take_along_axis(a[:4], idx1, 1))
+    np.testing.assert_array_equal(
+        ops.gather(x, 1, T(queue, idx1)).to_host(), np.take_along_axis(a[:4], idx1, 1)
+    )
     sel = np.array([4, 0, 4, 2], np.int32)
     np.testing.assert_array_equal(ops.index_select(x.T, 1, T(queue, sel)).to_host(), a.T[:, sel])
     np.testing.assert_array_equal(ops.take(x, T(queue, np.array([[0, 34], [8, 3]]))).to_host(),

@@ -35,14 +35,18 @@ def ref_bn(x, w, b, mean, var, eps):
     return (x - mean.reshape(shp)) / np.sqrt(var.reshape(shp) + eps) * w.reshape(shp) + b.reshape(shp)
 
 
-@pytest.mark.parametrize("dt,shape", [(np.float32, (3, 5, 7, 9)), (np.float64, (2, 3, 5)), (np.float32, (17, 4))])
+@pytest.mark.parametrize(
+    "dt,shape", [(np.float32, (3, 5, 7, 9)), (np.float64, (2, 3, 5)), (np.float32, (17, 4))]
+)
 def test_batch_norm_training_and_running_stats(queue, rng, dt, shape):
     x = (rng.standard_normal(shape) * 3 + 1).astype(dt)
     c = shape[1]
     w, b = rng.standard_normal(c).astype(dt), rng.standard_normal(c).astype(dt)
     rm, rv = rng.standard_normal(c).astype(dt), rng.random(c).astype(dt) + 0.5
     rmt, rvt = _t(queue, rm), _t(queue, rv)
-    out, sm, si = Nm.batch_norm(_t(queue, x), _t(queue, w), _t(queue, b), rmt, rvt, True, momentum=0.2, eps=1e-5)
+    out, sm, si = Nm.batch_norm(
+        _t(queue, x), _t(queue, w), _t(queue, b), rmt, rvt, True, momentum=0.2, eps=1e-5
+    )
     axes = (0,) + tuple(range(2, len(shape)))
     x64 = x.astype(np.float64)
     mean, var = x64.mean(axis=axes), x64.var(axis=axes)
@@ -73,8 +77,9 @@ def test_batch_norm_backward_finite_differences(queue, rng, training, relu):
                                   training, activation=act)
         return float(np.sum(out.to_host() * gy))
 
-    _, sm, si = Nm.batch_norm(_t(queue, x), _t(queue, w), _t(queue, b), _t(queue, rm), _t(queue, rv), training,
-                              activation=act)
+    _, sm, si = Nm.batch_norm(
+        _t(queue, x), _t(queue, w), _t(queue, b), _t(queue, rm), _t(queue, rv), training, activation=act
+    )
     gx, gw, gb = Nm.batch_norm_backward(_t(queue, gy), _t(queue, x), _t(queue, w), sm, si, training,
                                         bias=_t(queue, b), activation=act)
     _directional(loss, (x, w, b), (gx.to_host(), gw.to_host(), gb.to_host()), rng)
@@ -117,10 +122,14 @@ def test_layer_norm_backward_finite_differences(queue, rng, affine):
     gy = rng.standard_normal(x.shape)
 
     def loss(xa, wa=None, ba=None):
-        return float(np.sum(Nm.layer_norm(_t(queue, xa), (3, 7), _t(queue, wa), _t(queue, ba))[0].to_host() * gy))
+        return float(
+            np.sum(Nm.layer_norm(_t(queue, xa), (3, 7), _t(queue, wa), _t(queue, ba))[0].to_host() * gy)
+        )
 
     _, mean, rstd = Nm.layer_norm(_t(queue, x), (3, 7), _t(queue, w), _t(queue, b))
-    gx, gw, gb = Nm.layer_norm_backward(_t(queue, gy), _t(queue, x), (3, 7), mean, rstd, _t(queue, w), _t(queue, b))
+    gx, gw, gb = Nm.layer_norm_backward(
+        _t(queue, gy), _t(queue, x), (3, 7), mean, rstd, _t(queue, w), _t(queue, b)
+    )
     if affine:
         _directional(loss, (x, w, b), (gx.to_host(), gw.to_host(), gb.to_host()), rng)
     else:
@@ -156,7 +165,9 @@ def test_row_norm_parameter_grads_against_float64(queue, rng, monkeypatch, local
     x64, gy64 = x.astype(np.float64), gy.astype(np.float64)
     tol = dict(rtol=2e-5, atol=2e-4) if dt == np.float32 else dict(rtol=1e-10, atol=1e-10)
     _, mean, rstd = Nm.layer_norm(_t(queue, x), 37, _t(queue, w), _t(queue, b))
-    gx, gw, gb = Nm.layer_norm_backward(_t(queue, gy), _t(queue, x), 37, mean, rstd, _t(queue, w), _t(queue, b))
+    gx, gw, gb = Nm.layer_norm_backward(
+        _t(queue, gy), _t(queue, x), 37, mean, rstd, _t(queue, w), _t(queue, b)
+    )
     xhat = (x64 - x64.mean(-1, keepdims=True)) / np.sqrt(x64.var(-1, keepdims=True) + 1e-5)
     assert_close(gw, (gy64 * xhat).reshape(-1, 37).sum(0), dt, **tol)
     assert_close(gb, gy64.reshape(-1, 37).sum(0), dt, **tol)
@@ -173,7 +184,9 @@ def test_row_norm_parameter_grads_against_float64(queue, rng, monkeypatch, local
 def ref_gn(x, g, w, b, eps):
     n, c = x.shape[:2]
     xr = x.reshape(n, g, -1)
-    y = ((xr - xr.mean(axis=-1, keepdims=True)) / np.sqrt(xr.var(axis=-1, keepdims=True) + eps)).reshape(x.shape)
+    y = ((xr - xr.mean(axis=-1, keepdims=True)) / np.sqrt(xr.var(axis=-1, keepdims=True) + eps)).reshape(
+        x.shape
+    )
     shp = (1, c) + (1,) * (x.ndim - 2)
     return y * w.reshape(shp) + b.reshape(shp)
 
@@ -188,10 +201,14 @@ def test_group_norm_forward_backward(queue, rng):
     def loss(xa, wa, ba):
         return float(np.sum(Nm.group_norm(_t(queue, xa), 3, _t(queue, wa), _t(queue, ba))[0].to_host() * gy))
 
-    gx, gw, gb = Nm.group_norm_backward(_t(queue, gy), _t(queue, x), 3, mean, rstd, _t(queue, w), _t(queue, b))
+    gx, gw, gb = Nm.group_norm_backward(
+        _t(queue, gy), _t(queue, x), 3, mean, rstd, _t(queue, w), _t(queue, b)
+    )
     _directional(loss, (x, w, b), (gx.to_host(), gw.to_host(), gb.to_host()), rng)
     x32 = x.astype(np.float32)
-    out32, _, _ = Nm.group_norm(_t(queue, x32), 2, _t(queue, w.astype(np.float32)), _t(queue, b.astype(np.float32)))
+    out32, _, _ = Nm.group_norm(
+        _t(queue, x32), 2, _t(queue, w.astype(np.float32)), _t(queue, b.astype(np.float32))
+    )
     assert_close(out32, ref_gn(x32.astype(np.float64), 2, w, b, 1e-5), rtol=1e-5, atol=1e-5)
 
 
@@ -278,7 +295,10 @@ def test_batch_norm_launches(queue, rng, monkeypatch, parts, launches):
     from netcl.profiling import count_launches
 
     monkeypatch.setattr(Nm, "PARTS", parts)
-    x, gy = rng.standard_normal((4, 3, 5, 5)).astype(np.float32), rng.standard_normal((4, 3, 5, 5)).astype(np.float32)
+    x, gy = (
+        rng.standard_normal((4, 3, 5, 5)).astype(np.float32),
+        rng.standard_normal((4, 3, 5, 5)).astype(np.float32),
+    )
     w, b = rng.standard_normal(3).astype(np.float32), rng.standard_normal(3).astype(np.float32)
     xt, gyt, wt, bt = _t(queue, x), _t(queue, gy), _t(queue, w), _t(queue, b)
     _, sm, si = Nm.batch_norm(xt, wt, bt, None, None, True, activation="relu")

@@ -142,8 +142,12 @@ def test_adaptive_avg_pool2d(queue, rng, shape, size):
 
 def test_global_avg_pool2d_float32(queue, rng):
     x = rng.standard_normal((3, 5, 7, 7)).astype(np.float32)
-    assert_close(P.global_avg_pool2d(Tensor.from_host(queue, x)), x.astype(np.float64).mean(axis=(2, 3), keepdims=True),
-                 rtol=1e-5, atol=1e-6)
+    assert_close(
+        P.global_avg_pool2d(Tensor.from_host(queue, x)),
+        x.astype(np.float64).mean(axis=(2, 3), keepdims=True),
+        rtol=1e-5,
+        atol=1e-6,
+    )
 
 
 def test_pool_errors(queue):

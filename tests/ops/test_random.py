@@ -60,7 +60,9 @@ def test_randn_matches_box_muller_reference(queue):
     n, seed = 1000, 7
     got = random.randn(queue, (n,), np.float64, seed=seed).to_host()
     w = philox_reference(np.arange(n // 2, dtype=np.uint64), seed)
-    u1 = ((w[:, 0] >> np.uint64(5)).astype(np.float64) * 67108864.0 + (w[:, 1] >> np.uint64(6)) + 1) * 2.0**-53
+    u1 = (
+        (w[:, 0] >> np.uint64(5)).astype(np.float64) * 67108864.0 + (w[:, 1] >> np.uint64(6)) + 1
+    ) * 2.0**-53
     u2 = ((w[:, 2] >> np.uint64(5)).astype(np.float64) * 67108864.0 + (w[:, 3] >> np.uint64(6))) * 2.0**-53
     r = np.sqrt(-2 * np.log(u1))
     want = np.stack([r * np.cos(2 * np.pi * u2), r * np.sin(2 * np.pi * u2)], axis=1).reshape(-1)

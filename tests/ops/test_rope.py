@@ -33,10 +33,15 @@ def test_rope_matches_numpy_at_offsets(queue, rng, pairing, dtype):
     want = ref.rope(x.astype(np.float64), offsets[:, None] + np.arange(s), 500.0, pairing)
     assert got.shape == (b, h, s, d) and got.dtype == np.dtype(dtype)
     np.testing.assert_allclose(got.to_host().astype(np.float64), want, atol=TOL[dtype] * 10, rtol=TOL[dtype])
-    one = ops.rope(Tensor.from_host(queue, x), cos, sin, Tensor.from_host(queue, np.array([4], np.int32)), pairing)
-    np.testing.assert_allclose(one.to_host().astype(np.float64), ref.rope(x.astype(np.float64), 4 + np.arange(s),
-                                                                          500.0, pairing),
-                               atol=TOL[dtype] * 10, rtol=TOL[dtype])
+    one = ops.rope(
+        Tensor.from_host(queue, x), cos, sin, Tensor.from_host(queue, np.array([4], np.int32)), pairing
+    )
+    np.testing.assert_allclose(
+        one.to_host().astype(np.float64),
+        ref.rope(x.astype(np.float64), 4 + np.arange(s), 500.0, pairing),
+        atol=TOL[dtype] * 10,
+        rtol=TOL[dtype],
+    )
 
 
 def test_rope_pairings_differ_and_inverse_undoes(queue, rng):
@@ -94,7 +99,9 @@ def test_rope_writes_into_a_cache_at_the_offset(queue, rng):
 
 def test_rope_position_beyond_the_table_raises(queue):
     cos, sin = ops.rope_tables(queue, 6, 4)
-    out = ops.rope(Tensor.zeros(queue, (1, 1, 4, 4)), cos, sin, Tensor.from_host(queue, np.array([3], np.int32)))
+    out = ops.rope(
+        Tensor.zeros(queue, (1, 1, 4, 4)), cos, sin, Tensor.from_host(queue, np.array([3], np.int32))
+    )
     with pytest.raises(ShapeError, match=r"position 6 .* outside \[0, 6\)"):
         out.to_host()
 
@@ -142,6 +149,8 @@ def test_cache_write_errors(queue):
         ops.cache_write(cache, Tensor.zeros(queue, (1, 3, 1, 3)))
     with pytest.raises(DTypeError, match="holds float32"):
         ops.cache_write(cache, Tensor.zeros(queue, (1, 2, 1, 3), np.float64))
-    ops.cache_write(cache, Tensor.zeros(queue, (1, 2, 2, 3)), Tensor.from_host(queue, np.array([3], np.int32)))
+    ops.cache_write(
+        cache, Tensor.zeros(queue, (1, 2, 2, 3)), Tensor.from_host(queue, np.array([3], np.int32))
+    )
     with pytest.raises(ShapeError, match=r"position 4 .* capacity"):
         cache.to_host()

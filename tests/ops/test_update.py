@@ -36,4 +36,6 @@ def test_bad_calls_name_what_is_wrong(queue):
     with pytest.raises(NetclError, match="parameter 0"):
         update.optimizer_step("sgd", [p], [Tensor.zeros(queue, (5,))], [[None]], hyper)
     with pytest.raises(KernelLaunchError, match=r"missing arguments \['first_step'\]"):
-        update.optimizer_step("sgd", [p], [g], [[None]], {k: v for k, v in hyper.items() if k != "first_step"})
+        update.optimizer_step(
+            "sgd", [p], [g], [[None]], {k: v for k, v in hyper.items() if k != "first_step"}
+        )

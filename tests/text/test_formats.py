@@ -1,4 +1,5 @@
-"""Tokenizer files: netcl JSON, .tiktoken and Hugging Face tokenizer.json round trips, hand-written files, errors."""
+"""Tokenizer files: netcl JSON, .tiktoken and Hugging Face tokenizer.json round trips, hand-written files,
+errors."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Token-for-token parity with tiktoken: cl100k ranks on a real multilingual corpus, and the built-in patterns."""
+"""Token-for-token parity with tiktoken: cl100k ranks on a real multilingual corpus, and the built-in
+patterns."""
 
 from __future__ import annotations
 

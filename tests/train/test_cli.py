@@ -72,9 +72,15 @@ def test_resume_at_the_end_says_so_and_writes_nothing(tmp_path, capsys):
 def test_outputs_are_claimed_only_when_written(tmp_path, capsys):
     out = tmp_path / "run"
     assert main(_digits(out, "--epochs", "1")) == 0
-    claimed = [line.split(" ", 1)[1] for line in capsys.readouterr().out.splitlines() if line.startswith("wrote ")]
-    assert sorted(claimed) == sorted(str(out / n) for n in ("checkpoint.safetensors", "curves.png", "metrics.json"))
-    assert all((out / name).stat().st_size > 0 for name in ("checkpoint.safetensors", "curves.png", "metrics.json"))
+    claimed = [
+        line.split(" ", 1)[1] for line in capsys.readouterr().out.splitlines() if line.startswith("wrote ")
+    ]
+    assert sorted(claimed) == sorted(
+        str(out / n) for n in ("checkpoint.safetensors", "curves.png", "metrics.json")
+    )
+    assert all(
+        (out / name).stat().st_size > 0 for name in ("checkpoint.safetensors", "curves.png", "metrics.json")
+    )
 
 
 @pytest.mark.parametrize("flag,value,words", [
@@ -123,7 +129,18 @@ def test_an_earlier_run_is_never_overwritten_silently(tmp_path, capsys, monkeypa
     assert main(_digits(out, "--epochs", "1", "--overwrite")) == 0
     # the default directory: a second run goes beside the first, and --resume finds the latest
     monkeypatch.chdir(tmp_path)
-    args = ["train", "--dataset", "digits", "--model", "mlp", "--batch-size", "64", "--epochs", "1", "--no-progress"]
+    args = [
+        "train",
+        "--dataset",
+        "digits",
+        "--model",
+        "mlp",
+        "--batch-size",
+        "64",
+        "--epochs",
+        "1",
+        "--no-progress",
+    ]
     assert main(args) == 0 and (tmp_path / "runs/train/checkpoint.safetensors").exists()
     capsys.readouterr()
     assert main(args) == 0 and (tmp_path / "runs/train-2/checkpoint.safetensors").exists()

@@ -38,10 +38,37 @@ def corpus_dir(tmp_path_factory):
 
 
 def _args(corpus_dir, out, *extra: str) -> list[str]:
-    return ["lm-train", "--corpus", str(corpus_dir), "--cache-dir", str(out.parent / "cache"), "--vocab-size", "300",
-            "--val-fraction", "0.2", "--layers", "1", "--heads", "2", "--dim", "16", "--context", "12",
-            "--batch-size", "4", "--eval-windows", "3", "--samples", "1", "--sample-tokens", "4", "--no-progress",
-            "--out", str(out), *extra]
+    return [
+        "lm-train",
+        "--corpus",
+        str(corpus_dir),
+        "--cache-dir",
+        str(out.parent / "cache"),
+        "--vocab-size",
+        "300",
+        "--val-fraction",
+        "0.2",
+        "--layers",
+        "1",
+        "--heads",
+        "2",
+        "--dim",
+        "16",
+        "--context",
+        "12",
+        "--batch-size",
+        "4",
+        "--eval-windows",
+        "3",
+        "--samples",
+        "1",
+        "--sample-tokens",
+        "4",
+        "--no-progress",
+        "--out",
+        str(out),
+        *extra,
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +87,14 @@ def trained(corpus_dir, tmp_path_factory):
 def test_a_run_writes_a_model_directory_and_reports_against_the_unigram_model(trained):
     out, text = trained
     claimed = sorted(line.split(" ", 1)[1] for line in text.splitlines() if line.startswith("wrote "))
-    names = ["checkpoint.safetensors", "config.json", "tokenizer.json", "curves.png", "samples.txt", "metrics.json"]
+    names = [
+        "checkpoint.safetensors",
+        "config.json",
+        "tokenizer.json",
+        "curves.png",
+        "samples.txt",
+        "metrics.json",
+    ]
     assert claimed == sorted(str(out / n) for n in names)
     assert all((out / n).stat().st_size > 0 for n in names)
     assert (out / "model.safetensors").is_file()
@@ -125,7 +159,10 @@ def test_resume_after_an_interruption_gives_the_same_run(corpus_dir, trained, tm
 
 def test_resume_with_more_steps_stretches_the_schedule(corpus_dir, tmp_path, capsys):
     out = tmp_path / "lm"
-    assert main(_args(corpus_dir, out, "--steps", "4", "--eval-every", "4", "--warmup", "1", "--samples", "0")) == 0
+    assert (
+        main(_args(corpus_dir, out, "--steps", "4", "--eval-every", "4", "--warmup", "1", "--samples", "0"))
+        == 0
+    )
     capsys.readouterr()
     assert main(["lm-train", "--resume", str(out), "--steps", "8", "--cache-dir", str(tmp_path / "cache"),
                  "--no-progress", "--samples", "0"]) == 0
@@ -140,7 +177,9 @@ def test_resume_with_more_steps_stretches_the_schedule(corpus_dir, tmp_path, cap
     assert len(meta["extra"]["history"]["loss"]) == 8
     # the end: nothing to do, nothing written
     files = {p.name: p.read_bytes() for p in out.iterdir()}
-    assert main(["lm-train", "--resume", str(out), "--no-progress", "--cache-dir", str(tmp_path / "cache")]) == 0
+    assert (
+        main(["lm-train", "--resume", str(out), "--no-progress", "--cache-dir", str(tmp_path / "cache")]) == 0
+    )
     assert "already trained 8 of 8 steps: nothing to do" in capsys.readouterr().out
     assert {p.name: p.read_bytes() for p in out.iterdir()} == files
     # a resumed run keeps its settings
@@ -190,7 +229,9 @@ def test_generate_streams_the_models_greedy_continuation(trained, capsys):
     b = _generated(trained, capsys, "--prompt", "import", "--max-new-tokens", "6", "--seed", "3")
     assert a == b and a.startswith("import")
     # no prompt: a new file, from <|endoftext|>
-    assert _generated(trained, capsys, "--max-new-tokens", "3", "--top-k", "5", "--top-p", "0.9").endswith("\n")
+    assert _generated(trained, capsys, "--max-new-tokens", "3", "--top-k", "5", "--top-p", "0.9").endswith(
+        "\n"
+    )
 
 
 def test_generate_says_when_the_context_window_caps_the_reply(trained, capsys):
@@ -205,7 +246,8 @@ def test_generate_says_when_the_context_window_caps_the_reply(trained, capsys):
 def test_stream_decoding_keeps_multibyte_characters_whole():
     tok = BPETokenizer.train("plain ascii text only", 260)
 
-    class ByteTokens:  # stands in for a GPT: yields the UTF-8 bytes of "ü!€" as byte tokens, then a stop token
+    # stands in for a GPT: yields the UTF-8 bytes of "ü!€" as byte tokens, then a stop token
+    class ByteTokens:
         def generate(self, ids, n, **kw):
             yield from [0xC3, 0xBC, ord("!"), 0xE2, 0x82, 0xAC, 7, ord("x")][:n]
 
@@ -241,7 +283,10 @@ def test_fit_dialog_drops_the_oldest_turns_and_keeps_the_system_message():
     chat = ChatFormat(tok, "chatml")
     messages = [{"role": "system", "content": "s"}]
     for i in range(3):
-        messages += [{"role": "user", "content": f"hello {i}"}, {"role": "assistant", "content": f"world {i}"}]
+        messages += [
+            {"role": "user", "content": f"hello {i}"},
+            {"role": "assistant", "content": f"world {i}"},
+        ]
     messages.append({"role": "user", "content": "last"})
     full, _ = chat.encode_dialog(messages, add_generation_prompt=True)
     kept = messages[:1] + messages[-3:]
@@ -301,9 +346,22 @@ def test_bad_train_flags_are_one_line_errors(tmp_path, capsys, flag, value, word
     (("--corpus", "/nonexistent/dir"), "does not exist"),
     (("--context", "5000", "--steps", "2", "--warmup", "0"), "cannot fill one window"),
 ])
-def test_bad_combinations_are_clear_errors_before_anything_is_written(tmp_path, capsys, corpus_dir, extra, words):
-    args = ["lm-train", "--corpus", str(corpus_dir), "--cache-dir", str(tmp_path / "cache"), "--vocab-size", "300",
-            "--no-progress", "--out", str(tmp_path / "never"), *extra]
+def test_bad_combinations_are_clear_errors_before_anything_is_written(
+    tmp_path, capsys, corpus_dir, extra, words
+):
+    args = [
+        "lm-train",
+        "--corpus",
+        str(corpus_dir),
+        "--cache-dir",
+        str(tmp_path / "cache"),
+        "--vocab-size",
+        "300",
+        "--no-progress",
+        "--out",
+        str(tmp_path / "never"),
+        *extra,
+    ]
     assert main(args) == 1
     assert words in capsys.readouterr().err
     assert not (tmp_path / "never").exists()
@@ -342,19 +400,39 @@ def test_bad_checkpoint_directories_are_clear_errors(tmp_path, capsys, trained):
 
 
 
-def test_bad_paths_and_devices_are_clear_errors_before_anything_is_written(tmp_path, capsys, corpus_dir, trained):
+def test_bad_paths_and_devices_are_clear_errors_before_anything_is_written(
+    tmp_path, capsys, corpus_dir, trained
+):
     a_file = tmp_path / "a_file"
     a_file.write_text("not a directory")
     cases = [
-        (("--device", "nosuch", "--out", str(tmp_path / "never")), "--device nosuch: unknown device 'nosuch'"),
-        (("--cache-dir", str(a_file / "cache"), "--out", str(tmp_path / "never")),
-         "cannot create the corpus cache directory"),
+        (
+            ("--device", "nosuch", "--out", str(tmp_path / "never")),
+            "--device nosuch: unknown device 'nosuch'",
+        ),
+        (
+            ("--cache-dir", str(a_file / "cache"), "--out", str(tmp_path / "never")),
+            "cannot create the corpus cache directory",
+        ),
         (("--out", str(a_file)), f"--out {a_file} is a file, not a directory"),
         (("--out", str(a_file / "run")), f"{a_file} is a file, not a directory"),
     ]
     for extra, words in cases:
-        args = ["lm-train", "--corpus", str(corpus_dir), "--vocab-size", "300", "--no-progress", "--steps", "2",
-                "--warmup", "0", "--cache-dir", str(tmp_path / "cache"), *extra]
+        args = [
+            "lm-train",
+            "--corpus",
+            str(corpus_dir),
+            "--vocab-size",
+            "300",
+            "--no-progress",
+            "--steps",
+            "2",
+            "--warmup",
+            "0",
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            *extra,
+        ]
         assert main(args) == 1, extra
         err = capsys.readouterr().err
         assert words in err and "Traceback" not in err, (extra, err)
@@ -385,7 +463,9 @@ def test_samples_share_the_context_with_their_prompt(corpus_dir, tmp_path, capsy
     tok = BPETokenizer.from_hf(out / "tokenizer.json")
     for i, prompt in enumerate(lm.SAMPLE_PROMPTS):
         n = len(tok.encode(prompt))
-        assert (f"--- sample {i + 1}: the prompt {prompt!r} ({n} tokens) fills the context" in text) == (n >= 3)
+        assert (f"--- sample {i + 1}: the prompt {prompt!r} ({n} tokens) fills the context" in text) == (
+            n >= 3
+        )
 
 
 def test_amp_float16_keeps_its_loss_scale_across_a_resume(corpus_dir, tmp_path, capsys):
@@ -408,13 +488,19 @@ def test_amp_float16_keeps_its_loss_scale_across_a_resume(corpus_dir, tmp_path, 
 
 
 def test_two_processes_train_what_one_trains_on_their_joint_batch(corpus_dir, tmp_path, capsys):
-    """--nproc 2 --batch-size 2: each rank takes half of every global batch of 4 and DDP averages the gradients,
+    """--nproc 2 --batch-size 2: each rank takes half of every global batch of 4 and DDP averages the
+    gradients,
     so the weights and the losses are those of one process with --batch-size 4 (up to float rounding)."""
     one, two = tmp_path / "one", tmp_path / "two"
     common = ("--steps", "3", "--eval-every", "3", "--warmup", "1", "--samples", "0")
     assert main(_args(corpus_dir, one, *common, "--batch-size", "4")) == 0
     capsys.readouterr()
-    cmd = [sys.executable, "-m", "netcl.cli", *_args(corpus_dir, two, *common, "--batch-size", "2", "--nproc", "2")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "netcl.cli",
+        *_args(corpus_dir, two, *common, "--batch-size", "2", "--nproc", "2"),
+    ]
     proc = subprocess.run(cmd, env=environment(), cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "batch 2 x 2 processes x 12 tokens" in proc.stdout and "eager steps" in proc.stdout

@@ -52,7 +52,9 @@ def test_targets_are_the_next_assistant_tokens_and_ignore_the_rest(example, chat
         assert (targets[row, trained] == np.asarray(full[1:])[trained[:n - 1]]).all()
         # what is trained decodes to the assistant replies, each closed by <|im_end|>
         replies = [m["content"] for m in dialog if m["role"] == "assistant"]
-        assert fmt.tokenizer.decode(targets[row, trained].tolist()) == "<|im_end|>".join(replies) + "<|im_end|>"
+        assert (
+            fmt.tokenizer.decode(targets[row, trained].tolist()) == "<|im_end|>".join(replies) + "<|im_end|>"
+        )
         assert (targets[row, trained] == im_end).sum() == len(replies)
     with pytest.raises(ValueError, match="does not fit the context of 8"):
         example.encode_examples(fmt, dialogs, 8, pad)
@@ -63,7 +65,9 @@ def test_only_assistant_positions_carry_loss_and_gradient(example, chat, queue):
     pad = fmt.tokenizer.special_id("<|endoftext|>")
     ids, targets = example.encode_examples(fmt, dialogs[:3], 96, pad)
     random.manual_seed(0)
-    model = GPT(queue, GPTConfig(vocab_size=fmt.tokenizer.n_vocab, dim=16, n_layers=1, n_heads=2, max_seq_len=96))
+    model = GPT(
+        queue, GPTConfig(vocab_size=fmt.tokenizer.n_vocab, dim=16, n_layers=1, n_heads=2, max_seq_len=96)
+    )
     logits = model(Tensor.from_host(queue, ids)).value.to_host().astype(np.float64)
     # the loss: float64 NumPy over the assistant targets only
     keep = targets != example.IGNORE

@@ -13,7 +13,9 @@ from netcl.graph import Graph
 def test_an_embedding_gradient_records_in_a_graph_and_replays(queue):
     """lm-train records its step: the embedding's backward (a scatter-add) must not read the ids back."""
     rng = np.random.default_rng(0)
-    weight = ag.tensor(Tensor.from_host(queue, rng.standard_normal((7, 3)).astype(np.float32)), requires_grad=True)
+    weight = ag.tensor(
+        Tensor.from_host(queue, rng.standard_normal((7, 3)).astype(np.float32)), requires_grad=True
+    )
     ids = Tensor.from_host(queue, np.array([[1, 4, 1], [6, 0, 1]], np.int32))
     grad = Tensor.from_host(queue, rng.standard_normal((2, 3, 3)).astype(np.float32))
     graph = Graph()

@@ -1,4 +1,5 @@
-"""`netcl train --model resnet`: the images it takes (zero-padded to a multiple of 8), a run and its resume."""
+"""`netcl train --model resnet`: the images it takes (zero-padded to a multiple of 8), a run and its
+resume."""
 
 from __future__ import annotations
 
@@ -34,8 +35,23 @@ def test_netcl_train_resnet_and_resume(tmp_path, capsys):
     out = tmp_path / "run"
 
     def args(epochs, *more):
-        return ["train", "--dataset", "digits", "--model", "resnet", "--epochs", str(epochs), "--batch-size", "32",
-                "--train-limit", "64", "--out", str(out), "--no-progress", *more]
+        return [
+            "train",
+            "--dataset",
+            "digits",
+            "--model",
+            "resnet",
+            "--epochs",
+            str(epochs),
+            "--batch-size",
+            "32",
+            "--train-limit",
+            "64",
+            "--out",
+            str(out),
+            "--no-progress",
+            *more,
+        ]
 
     assert main(args(1)) == 0
     text = capsys.readouterr().out
@@ -44,5 +60,7 @@ def test_netcl_train_resnet_and_resume(tmp_path, capsys):
     assert "epoch 2:" in capsys.readouterr().out
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["model"] == "resnet" and len(metrics["test_accuracy"]) == 2
-    assert main(args(3, "--resume")[:4] + ["cnn"] + args(3, "--resume")[5:]) == 1   # a resumed run keeps its model
+    assert (
+        main(args(3, "--resume")[:4] + ["cnn"] + args(3, "--resume")[5:]) == 1
+    )  # a resumed run keeps its model
     assert "--model cnn differs" in capsys.readouterr().err

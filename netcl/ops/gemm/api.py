@@ -87,14 +87,22 @@ def gemm(
     return _finish(p)
 
 
-def _through_float32(a: Tensor, b: Tensor, bias: Tensor | None, activation: str | None, residual: Tensor | None,
-                     alpha: float, bias_rows: bool) -> Tensor:
+def _through_float32(
+    a: Tensor,
+    b: Tensor,
+    bias: Tensor | None,
+    activation: str | None,
+    residual: Tensor | None,
+    alpha: float,
+    bias_rows: bool,
+) -> Tensor:
     """A bfloat16 GEMM where no matrix units take it: the operands widened to float32 (exact), the float32
     GEMM with its epilogue, one rounding of the result to bfloat16 (as PyTorch's CPU bfloat16 matmul)."""
     for name, t in (("b", b), ("bias", bias), ("residual", residual)):
         if t is not None and (not isinstance(t, Tensor) or t.dtype != a.dtype):
-            raise DTypeError(f"matmul: {name} is {getattr(t, 'dtype', type(t).__name__)} but the operands are "
-                             f"{a.dtype}")
+            raise DTypeError(
+                f"matmul: {name} is {getattr(t, 'dtype', type(t).__name__)} but the operands are {a.dtype}"
+            )
     wide = [None if t is None else elementwise.cast(t, dtypes.float32) for t in (a, b, bias, residual)]
     y = gemm(wide[0], wide[1], wide[2], activation, wide[3], alpha, bias_rows=bias_rows)
     return elementwise.cast(y, dtypes.bfloat16)
@@ -112,7 +120,10 @@ def _auto_variant(p: _Problem) -> str:
     if variant == "tiled" and uses_matrix_units(p.out.device, p.out.dtype) and usable_params(
             p.out.device, "mma", p.out.dtype, required=False) is not None:
         variant = "mma"  # NVIDIA's matrix units (float16, or TF32 under set_matmul_precision("high"))
-    if variant in ("cpu", "tiled") and usable_params(p.out.device, variant, p.out.dtype, required=False) is None:
+    if (
+        variant in ("cpu", "tiled")
+        and usable_params(p.out.device, variant, p.out.dtype, required=False) is None
+    ):
         variant = "direct"  # no variant of the blocked kernel builds here (each rejection was warned)
     return variant
 

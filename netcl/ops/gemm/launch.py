@@ -15,7 +15,9 @@ from netcl.ops.gemm.problem import _batch_strides, _collapse, _long4, _matrix_st
 from netcl.ops.gemm.variants import _fit_local_memory, _program, usable_params
 
 
-def gemm_work(m: int, n: int, k: int, batch: int, itemsize: int, residual: bool = False) -> tuple[float, float]:
+def gemm_work(
+    m: int, n: int, k: int, batch: int, itemsize: int, residual: bool = False
+) -> tuple[float, float]:
     """(FLOPs, compulsory bytes) of one GEMM launch, for the profiler: A, B read and C written once."""
     return 2.0 * m * n * k * batch, float((m * k + k * n + m * n * (2 if residual else 1)) * batch * itemsize)
 
@@ -151,16 +153,34 @@ def launch(
         if capture.declaring():
             profiling.work(*gemm_work(p.m, p.n, p.k, nbatch, dt.itemsize, res is not None))
         kernel(
-            queue, gsize, lsize,
-            M=np.int32(p.m), N=np.int32(p.n), K=np.int32(p.k),
-            A=a.buffer, a_off=i64(a.offset + extra[0]), a_rs=i64(a_rs), a_ks=i64(a_ks),
-            B=b.buffer, b_off=i64(b.offset + extra[1]), b_ks=i64(b_ks), b_ns=i64(b_ns),
-            C=out.buffer, c_off=i64(out.offset + extra[2]), c_rs=i64(out.strides[-2]),
-            bias=bias_t.buffer, bias_off=i64(bias_t.offset), bias_stride=i64(bias_stride),
-            residual=res_t.buffer, res_off=i64(res_t.offset + (extra[3] if res is not None else 0)),
-            res_rs=i64(res_rs), res_cs=i64(res_cs),
-            alpha=acc_type(p.alpha), nb_inner=np.int32(nb_inner),
-            bs_ab=_long4(a_in[0], a_in[1], b_in[0], b_in[1]), bs_cr=_long4(c_in[0], c_in[1], r_in[0], r_in[1]),
+            queue,
+            gsize,
+            lsize,
+            M=np.int32(p.m),
+            N=np.int32(p.n),
+            K=np.int32(p.k),
+            A=a.buffer,
+            a_off=i64(a.offset + extra[0]),
+            a_rs=i64(a_rs),
+            a_ks=i64(a_ks),
+            B=b.buffer,
+            b_off=i64(b.offset + extra[1]),
+            b_ks=i64(b_ks),
+            b_ns=i64(b_ns),
+            C=out.buffer,
+            c_off=i64(out.offset + extra[2]),
+            c_rs=i64(out.strides[-2]),
+            bias=bias_t.buffer,
+            bias_off=i64(bias_t.offset),
+            bias_stride=i64(bias_stride),
+            residual=res_t.buffer,
+            res_off=i64(res_t.offset + (extra[3] if res is not None else 0)),
+            res_rs=i64(res_rs),
+            res_cs=i64(res_cs),
+            alpha=acc_type(p.alpha),
+            nb_inner=np.int32(nb_inner),
+            bs_ab=_long4(a_in[0], a_in[1], b_in[0], b_in[1]),
+            bs_cr=_long4(c_in[0], c_in[1], r_in[0], r_in[1]),
         )
         # a replay rebinds these (an operand copied above, or batch levels walked here, leave launches
         # without slots: the recording is then not replayable, netcl.ops.gemm.api)

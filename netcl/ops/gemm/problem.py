@@ -21,7 +21,9 @@ _FLOAT_DTYPES = (dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64
 # -- shapes and layouts -------------------------------------------------------------------------------
 
 
-def _broadcast_batch(a_shape: tuple[int, ...], b_shape: tuple[int, ...], a_full: tuple, b_full: tuple) -> tuple:
+def _broadcast_batch(
+    a_shape: tuple[int, ...], b_shape: tuple[int, ...], a_full: tuple, b_full: tuple
+) -> tuple:
     n = max(len(a_shape), len(b_shape))
     pa = (1,) * (n - len(a_shape)) + tuple(a_shape)
     pb = (1,) * (n - len(b_shape)) + tuple(b_shape)
@@ -150,8 +152,21 @@ def _prepare(
             raise ShapeError(
                 f"residual of shape {residual.shape} does not broadcast to the output shape {out.shape}"
             ) from None
-    return _Problem(a, b, out, bias, residual, None if activation == "none" else activation, float(alpha), m, n, k,
-                    batch, tuple(squeeze), bias_rows and bias is not None)
+    return _Problem(
+        a,
+        b,
+        out,
+        bias,
+        residual,
+        None if activation == "none" else activation,
+        float(alpha),
+        m,
+        n,
+        k,
+        batch,
+        tuple(squeeze),
+        bias_rows and bias is not None,
+    )
 
 
 def _finish(p: _Problem) -> Tensor:

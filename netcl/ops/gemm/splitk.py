@@ -61,8 +61,15 @@ def choose_cpu_splits(p: _Problem, variant: str) -> int:
     return 0
 
 
-def tiled_split(p: _Problem, a: Tensor, b: Tensor, strides: tuple[int, int, int, int], defines: dict[str, Any],
-                tile: dict[str, int], splits: int) -> Tensor:
+def tiled_split(
+    p: _Problem,
+    a: Tensor,
+    b: Tensor,
+    strides: tuple[int, int, int, int],
+    defines: dict[str, Any],
+    tile: dict[str, int],
+    splits: int,
+) -> Tensor:
     """The GPU split: one tiled launch over the K slices (as a batch) into a fresh workspace, then the
     reduction. `defines` are the unsplit launch's (netcl.ops.gemm.launch); returns the workspace."""
     a_rs, a_ks, b_ks, b_ns = strides
@@ -132,14 +139,25 @@ def reduce_splits(p: _Problem, work: Tensor, splits: int) -> None:
     if capture.declaring():  # S partial sums per output read, one output written
         profiling.work(float(splits * p.m * p.n), float(p.m * p.n * (splits * work.itemsize + dt.itemsize)))
     reducer(
-        out.queue, (p.n, p.m, 1), local,
-        S=np.int32(splits), M=np.int32(p.m), N=np.int32(p.n), partial=work.buffer,
-        C=out.buffer, c_off=i64(out.offset), c_rs=i64(out.strides[-2]),
-        bias=bias_t.buffer, bias_off=i64(bias_t.offset),
+        out.queue,
+        (p.n, p.m, 1),
+        local,
+        S=np.int32(splits),
+        M=np.int32(p.m),
+        N=np.int32(p.n),
+        partial=work.buffer,
+        C=out.buffer,
+        c_off=i64(out.offset),
+        c_rs=i64(out.strides[-2]),
+        bias=bias_t.buffer,
+        bias_off=i64(bias_t.offset),
         bias_stride=i64(bias_t.strides[0] if p.bias is not None else 0),
-        residual=res_t.buffer, res_off=i64(res_t.offset), res_rs=i64(res.strides[-2] if res is not None else 0),
+        residual=res_t.buffer,
+        res_off=i64(res_t.offset),
+        res_rs=i64(res.strides[-2] if res is not None else 0),
         res_cs=i64(res.strides[-1] if res is not None else 0),
         alpha=work.dtype.type(p.alpha),
     )
-    capture.name_slots(work=("partial",), out=("C", "c_off"), bias=("bias", "bias_off"), res=("residual", "res_off"))
-
+    capture.name_slots(
+        work=("partial",), out=("C", "c_off"), bias=("bias", "bias_off"), res=("residual", "res_off")
+    )

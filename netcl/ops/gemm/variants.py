@@ -24,8 +24,13 @@ from netcl.kernels import tuning
 
 ACTIVATIONS = kernels.ACTIVATIONS  # the epilogue activations, by name
 VARIANTS = ("direct", "dot", "cpu", "tiled", "mma")
-_KERNEL_FILES = {"direct": "gemm_direct.cl", "dot": "gemm_direct.cl", "cpu": "gemm_cpu.cl", "tiled": "gemm_tiled.cl",
-                 "mma": "gemm_mma.cl"}
+_KERNEL_FILES = {
+    "direct": "gemm_direct.cl",
+    "dot": "gemm_direct.cl",
+    "cpu": "gemm_cpu.cl",
+    "tiled": "gemm_tiled.cl",
+    "mma": "gemm_mma.cl",
+}
 
 # Default tile parameters per variant and dtype: the values of NVIDIA GPUs and CPUs (where they were
 # measured), with CLASS_DEFAULTS adjusting them for other device classes. Each knob's meaning is in the
@@ -48,26 +53,97 @@ DEFAULTS: dict[str, dict[str, dict[str, int]]] = {
         # as 8 x 4 patches (WX=8), blocks in groups of 8 rows (GM=8); tile-divisible problems compile
         # without the edge path (INNER) at BK=8: 128 registers, two work-groups per SM, 43.4 TFLOP/s at
         # 4096^3 = 0.86x cuBLAS FP32; problems with edge tiles keep the guarded kernel at BK=16 (BKE)
-        "float32": {"BM": 128, "BN": 128, "BK": 8, "TX": 16, "TY": 16, "VW": 4, "PADA": 4, "PADB": 4,
-                    "MAXRREG": 0, "GVEC": 1, "WX": 8, "GM": 8, "INNER": 1, "BKE": 16},
-        "float16": {"BM": 128, "BN": 128, "BK": 16, "TX": 16, "TY": 16, "VW": 4, "PADA": 4, "PADB": 4,
-                    "MAXRREG": 0, "WX": 8, "GM": 16},
-        "float64": {"BM": 64, "BN": 64, "BK": 16, "TX": 16, "TY": 16, "VW": 2, "PADA": 2, "PADB": 2,
-                    "MAXRREG": 0, "GVEC": 1, "WX": 0, "GM": 0},
+        "float32": {
+            "BM": 128,
+            "BN": 128,
+            "BK": 8,
+            "TX": 16,
+            "TY": 16,
+            "VW": 4,
+            "PADA": 4,
+            "PADB": 4,
+            "MAXRREG": 0,
+            "GVEC": 1,
+            "WX": 8,
+            "GM": 8,
+            "INNER": 1,
+            "BKE": 16,
+        },
+        "float16": {
+            "BM": 128,
+            "BN": 128,
+            "BK": 16,
+            "TX": 16,
+            "TY": 16,
+            "VW": 4,
+            "PADA": 4,
+            "PADB": 4,
+            "MAXRREG": 0,
+            "WX": 8,
+            "GM": 16,
+        },
+        "float64": {
+            "BM": 64,
+            "BN": 64,
+            "BK": 16,
+            "TX": 16,
+            "TY": 16,
+            "VW": 2,
+            "PADA": 2,
+            "PADB": 2,
+            "MAXRREG": 0,
+            "GVEC": 1,
+            "WX": 0,
+            "GM": 0,
+        },
     },
     # NVIDIA's matrix units through inline PTX mma.sync (gemm_mma.cl): float16 / bfloat16 inputs, or TF32
     # from float32 inputs under set_matmul_precision("high"). 128 x 128 blocks of 8 warps, a two-stage
-    # cp.async ring and ldmatrix fragments were the fastest of the shapes measured on the H200 (bench/NOTES.md,
+    # cp.async ring and ldmatrix fragments were the fastest of the shapes measured on the H200
+    # (bench/NOTES.md,
     # matrix units): 218-256 TFLOP/s float16, 105-114 TF32, 3.5-4x the register-staged 128 x 256 kernel.
     # Operands off 16-byte boundaries take the register loader (launch drops ASYNC). EMULATE=1 runs the
     # same fragments through a local-memory emulation of mma (tests on any device).
     "mma": {
-        "float16": {"BM": 128, "BN": 128, "BK": 32, "WM": 32, "WN": 64, "PAD": 8, "PADB": 8, "EMULATE": 0,
-                    "ASYNC": 1, "STAGES": 2, "LDMATRIX": 1},
-        "bfloat16": {"BM": 128, "BN": 128, "BK": 32, "WM": 32, "WN": 64, "PAD": 8, "PADB": 8, "EMULATE": 0,
-                     "ASYNC": 1, "STAGES": 2, "LDMATRIX": 1},
-        "float32": {"BM": 128, "BN": 128, "BK": 16, "WM": 64, "WN": 64, "PAD": 4, "PADB": 8, "EMULATE": 0,
-                    "ASYNC": 1, "STAGES": 2, "LDMATRIX": 0},
+        "float16": {
+            "BM": 128,
+            "BN": 128,
+            "BK": 32,
+            "WM": 32,
+            "WN": 64,
+            "PAD": 8,
+            "PADB": 8,
+            "EMULATE": 0,
+            "ASYNC": 1,
+            "STAGES": 2,
+            "LDMATRIX": 1,
+        },
+        "bfloat16": {
+            "BM": 128,
+            "BN": 128,
+            "BK": 32,
+            "WM": 32,
+            "WN": 64,
+            "PAD": 8,
+            "PADB": 8,
+            "EMULATE": 0,
+            "ASYNC": 1,
+            "STAGES": 2,
+            "LDMATRIX": 1,
+        },
+        "float32": {
+            "BM": 128,
+            "BN": 128,
+            "BK": 16,
+            "WM": 64,
+            "WN": 64,
+            "PAD": 4,
+            "PADB": 8,
+            "EMULATE": 0,
+            "ASYNC": 1,
+            "STAGES": 2,
+            "LDMATRIX": 0,
+        },
     },
 }
 # Adjustments per device class (see device_class). GPUs other than NVIDIA's (unmeasured so far: `netcl
@@ -80,7 +156,8 @@ CLASS_DEFAULTS: dict[str, dict[str, dict[str, dict[str, int]]]] = {
 
 
 def device_class(device: Any) -> str:
-    """The device's class: "cpu", "nvidia" (NVIDIA's OpenCL driver) or "gpu" (any other GPU or accelerator)."""
+    """The device's class: "cpu", "nvidia" (NVIDIA's OpenCL driver) or "gpu" (any other GPU or
+    accelerator)."""
     caps = device.capabilities
     if caps.kind == "cpu":
         return "cpu"
@@ -235,7 +312,9 @@ def _acc_size(dt: np.dtype) -> int:
     return 8 if dt == dtypes.float64 else 4
 
 
-def variant_chain(variant: str, dt: np.dtype, requested: dict[str, int], device: Any = None) -> list[dict[str, int]]:
+def variant_chain(
+    variant: str, dt: np.dtype, requested: dict[str, int], device: Any = None
+) -> list[dict[str, int]]:
     """Tile parameters to try for `variant`, best first: `requested`, then narrower vectors (cpu) or
     the per-class defaults and a small safe tile (tiled), a smaller block (mma), then the last of these
     without -cl-mad-enable."""
@@ -287,12 +366,25 @@ def _variant(device: Any, variant: str, dt: np.dtype, tile: dict[str, int]) -> V
                              ("-cl-mad-enable",) if tile.get("MAD_ENABLE", 1) else ())
     probe = None
     risky_key = None
-    if variant == "cpu" and device.capabilities.kind == "cpu" and tile["VN"] * _acc_size(dt) > CPU_SAFE_VECTOR_BYTES:
+    if (
+        variant == "cpu"
+        and device.capabilities.kind == "cpu"
+        and tile["VN"] * _acc_size(dt) > CPU_SAFE_VECTOR_BYTES
+    ):
         probe = ("netcl.ops.gemm.api:probe_variant", (variant, dt.name, tile))
-        risky_key = f"gemm_cpu | {dt.name} {tile['VN']}-wide vectors, mad {tile.get('MAD_ENABLE', 1)} | {digest[:16]}"
-    return Variant(f"gemm_{variant}", label, options, digest,
-                   build=lambda: _program(device, variant, {"DTYPE": dt, **defines}).kernel(f"gemm_{variant}"),
-                   probe=probe, probe_key=risky_key, payload=tile)
+        risky_key = (
+            f"gemm_cpu | {dt.name} {tile['VN']}-wide vectors, mad {tile.get('MAD_ENABLE', 1)} | {digest[:16]}"
+        )
+    return Variant(
+        f"gemm_{variant}",
+        label,
+        options,
+        digest,
+        build=lambda: _program(device, variant, {"DTYPE": dt, **defines}).kernel(f"gemm_{variant}"),
+        probe=probe,
+        probe_key=risky_key,
+        payload=tile,
+    )
 
 
 def usable_params(device: Any, variant: str, dtype: Any, params: dict[str, int] | None = None,
