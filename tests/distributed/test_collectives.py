@@ -27,4 +27,5 @@ NO_MPI = "mpi4py and an MPI runtime (pip install 'netcl[mpi]') are not installed
 def test_collectives_over_mpi():
     res = mpiexec(2, "collectives_script.py")
     assert res.returncode == 0, res.stderr[-3000:]
-    assert sorted(res.lines("rank ")) == ["rank 0 ok", "rank 1 ok"]
+    # searched in the whole output: mpiexec forwards the ranks' writes in pieces ("rank 0 okrank 1 ok")
+    assert "rank 0 ok" in res.stdout and "rank 1 ok" in res.stdout, res.stdout

@@ -42,16 +42,13 @@ def test_ddp_matches_one_process_on_the_whole_batch(tmp_path, single_process, np
     res = netcl_run(nproc, "ddp_script.py", str(out), bucket_mb)  # 512-byte buckets: several per backward
     assert res.returncode == 0, res.stderr[-3000:]
     _check(out, single_process)
-    assert (
-        len(res.lines("rank ")) == 2 * nproc and res.stdout.count("no_sync and unused parameters ok") == nproc
-    )
-    for line in res.lines("rank "):  # every bucket of each of the 5 steps started while backward still ran
-        if "buckets" not in line:
-            continue
-        buckets, during, at_end = map(
-            int, re.search(r"buckets (\d+) .* during backward (\d+) at its end (\d+)", line).groups()
-        )
-        assert buckets >= 3 and during == buckets * 5 and at_end == 0, line
+    # the ranks' lines are searched in the whole output (their writes can interleave in the shared pipe)
+    assert res.stdout.count("no_sync and unused parameters ok") == nproc, res.stdout
+    stats = re.findall(r"buckets (\d+) .*? during backward (\d+) at its end (\d+)", res.stdout)
+    assert len(stats) == nproc, res.stdout
+    # every bucket of each of the 5 steps started while backward still ran
+    for buckets, during, at_end in (map(int, s) for s in stats):
+        assert buckets >= 3 and during == buckets * 5 and at_end == 0, res.stdout
 
 
 NO_MPI = "mpi4py and an MPI runtime (pip install 'netcl[mpi]') are not installed"
