@@ -38,12 +38,13 @@ from netcl.models import GPT, GPTConfig
 from netcl.ops import random
 from netcl.text import BPETokenizer, ChatFormat
 from netcl.train import corpus as corpus_mod
+from netcl.train import runs
 from netcl.train.corpus import END_OF_TEXT, TokenWindows, build_corpus, validation_windows
 from netcl.train.loop import MixedPrecision, add_amp_argument
 
 DEFAULT_OUT = Path("runs/lm")
 TOKENIZER_FILE = "tokenizer.json"
-CHECKPOINT_FILE = "checkpoint.safetensors"
+CHECKPOINT_FILE = runs.CHECKPOINT_FILE
 
 # Model and run sizes. 'small' trains on a 2-core CPU through PoCL in minutes; '25m' is the ~25M-parameter,
 # context-512 model bench/lm.py measures on the GPU. Explicit flags override a preset's values.
@@ -244,37 +245,13 @@ def register(subparsers: Any) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- runs
-def _holds_run(directory: Path) -> bool:
-    return (directory / CHECKPOINT_FILE).exists() or (directory / "metrics.json").exists()
-
-
-def _default_runs() -> list[Path]:
-    """runs/lm, runs/lm-2, ... that hold a run, in the order they were numbered."""
-    found = [DEFAULT_OUT] if _holds_run(DEFAULT_OUT) else []
-    numbered = []
-    for p in DEFAULT_OUT.parent.glob(DEFAULT_OUT.name + "-*"):
-        suffix = p.name[len(DEFAULT_OUT.name) + 1:]
-        if suffix.isdigit() and _holds_run(p):
-            numbered.append((int(suffix), p))
-    return found + [p for _, p in sorted(numbered)]
-
-
-def _fresh_default_out() -> Path:
-    if not _holds_run(DEFAULT_OUT):
-        return DEFAULT_OUT
-    n = 2
-    while (DEFAULT_OUT.parent / f"{DEFAULT_OUT.name}-{n}").exists():
-        n += 1
-    return DEFAULT_OUT.parent / f"{DEFAULT_OUT.name}-{n}"
-
-
 def _plan_output(
     args: argparse.Namespace, log: Callable[[str], None]
 ) -> tuple[Path, Path | None, dict[str, Any]]:
     """(run directory, checkpoint to resume from or None, the settings that checkpoint recorded)."""
     if args.resume is None:
         if args.out is None:
-            out = _fresh_default_out()
+            out = runs.fresh_default_out(DEFAULT_OUT)
             if out != DEFAULT_OUT:
                 log(
                     f"{DEFAULT_OUT} holds an earlier run: this one "
@@ -283,7 +260,7 @@ def _plan_output(
                 )
             return out, None, {}
         out = Path(args.out)
-        if _holds_run(out) and not args.overwrite:
+        if runs.holds_run(out) and not args.overwrite:
             raise NetclError(f"--out {out} already holds a run; pass --resume to continue it, --overwrite to "
                              "replace it, or another --out")
         return out, None, {}
@@ -294,11 +271,11 @@ def _plan_output(
     elif args.out is not None:
         ckpt = Path(args.out) / CHECKPOINT_FILE
     else:
-        runs = [r for r in _default_runs() if (r / CHECKPOINT_FILE).exists()]
-        if not runs:
+        earlier = [r for r in runs.default_runs(DEFAULT_OUT) if (r / CHECKPOINT_FILE).exists()]
+        if not earlier:
             raise NetclError(f"--resume: no earlier run under {DEFAULT_OUT.parent}/ to continue; run without "
                              "--resume first, or give the checkpoint's path")
-        ckpt = runs[-1] / CHECKPOINT_FILE
+        ckpt = earlier[-1] / CHECKPOINT_FILE
     if not ckpt.is_file():
         raise NetclError(f"--resume: no checkpoint at {ckpt}; run without --resume first")
     _, meta = read_checkpoint(ckpt)
@@ -514,7 +491,7 @@ def run_train(args: argparse.Namespace) -> int:
     nproc = args.nproc or 1
     argv = list(getattr(args, "argv", None) or [])
     if nproc > 1 and args.out is None and args.resume is None:  # one fresh directory for all ranks
-        argv += ["--out", str(_fresh_default_out())]
+        argv += ["--out", str(runs.fresh_default_out(DEFAULT_OUT))]
     code = launch.spawn_ranks(argv, nproc)  # --nproc N: this process starts N ranks of itself
     if code is not None:
         return code

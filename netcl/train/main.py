@@ -24,7 +24,7 @@ from netcl.errors import NetclError
 from netcl.io import load_checkpoint, save_checkpoint
 from netcl.io.checkpoint import read_checkpoint
 from netcl.ops import random
-from netcl.train import tensorboard
+from netcl.train import runs, tensorboard
 from netcl.train.loop import (
     MODELS,
     GraphedStep,
@@ -204,41 +204,17 @@ def plot_curves(history: dict[str, Any], path: Path, title: str) -> None:
     plt.close(fig)
 
 
-def _holds_run(directory: Path) -> bool:
-    return (directory / "checkpoint.safetensors").exists() or (directory / "metrics.json").exists()
-
-
-def _default_runs() -> list[Path]:
-    """runs/train, runs/train-2, ... that hold a run, in the order they were numbered."""
-    found = [DEFAULT_OUT] if _holds_run(DEFAULT_OUT) else []
-    numbered = []
-    for p in DEFAULT_OUT.parent.glob(DEFAULT_OUT.name + "-*"):
-        suffix = p.name[len(DEFAULT_OUT.name) + 1 :]
-        if suffix.isdigit() and _holds_run(p):
-            numbered.append((int(suffix), p))
-    return found + [p for _, p in sorted(numbered)]
-
-
-def _fresh_default_out() -> Path:
-    if not _holds_run(DEFAULT_OUT):
-        return DEFAULT_OUT
-    n = 2
-    while (DEFAULT_OUT.parent / f"{DEFAULT_OUT.name}-{n}").exists():
-        n += 1
-    return DEFAULT_OUT.parent / f"{DEFAULT_OUT.name}-{n}"
-
-
 def _plan_output(args: argparse.Namespace, log: Any) -> tuple[Path, Path | None, dict[str, Any]]:
     """(output directory, checkpoint to resume from or None, the settings that checkpoint recorded)."""
     if args.resume is None:
         if args.out is None:
-            out = _fresh_default_out()
+            out = runs.fresh_default_out(DEFAULT_OUT)
             if out != DEFAULT_OUT:
                 log(f"{DEFAULT_OUT} holds an earlier run: this one goes to {out} (--resume continues the "
                     "latest run, --out picks a directory)")
             return out, None, {}
         out = Path(args.out)
-        if _holds_run(out) and not args.overwrite:
+        if runs.holds_run(out) and not args.overwrite:
             raise NetclError(f"--out {out} already holds a run; pass --resume to continue it, --overwrite to "
                              "replace it, or another --out")
         return out, None, {}
@@ -247,11 +223,11 @@ def _plan_output(args: argparse.Namespace, log: Any) -> tuple[Path, Path | None,
     elif args.out is not None:
         ckpt = Path(args.out) / "checkpoint.safetensors"
     else:
-        runs = [r for r in _default_runs() if (r / "checkpoint.safetensors").exists()]
-        if not runs:
+        earlier = [r for r in runs.default_runs(DEFAULT_OUT) if (r / runs.CHECKPOINT_FILE).exists()]
+        if not earlier:
             raise NetclError(f"--resume: no earlier run under {DEFAULT_OUT.parent}/ to continue; run without "
                              "--resume first, or give the checkpoint's path")
-        ckpt = runs[-1] / "checkpoint.safetensors"
+        ckpt = earlier[-1] / runs.CHECKPOINT_FILE
     if not ckpt.is_file():
         raise NetclError(f"--resume: no checkpoint at {ckpt}; run without --resume first")
     _, meta = read_checkpoint(ckpt)

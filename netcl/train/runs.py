@@ -1,0 +1,35 @@
+"""Run directories of the training commands (`netcl train`, `netcl lm-train`): runs/NAME, runs/NAME-2, ...
+
+A directory holds a run when it has a checkpoint or metrics; a new run without --out takes the first free
+name after the default's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+CHECKPOINT_FILE = "checkpoint.safetensors"
+
+
+def holds_run(directory: Path) -> bool:
+    return (directory / CHECKPOINT_FILE).exists() or (directory / "metrics.json").exists()
+
+
+def default_runs(default_out: Path) -> list[Path]:
+    """default_out, default_out-2, ... that hold a run, in the order they were numbered."""
+    found = [default_out] if holds_run(default_out) else []
+    numbered = []
+    for p in default_out.parent.glob(default_out.name + "-*"):
+        suffix = p.name[len(default_out.name) + 1 :]
+        if suffix.isdigit() and holds_run(p):
+            numbered.append((int(suffix), p))
+    return found + [p for _, p in sorted(numbered)]
+
+
+def fresh_default_out(default_out: Path) -> Path:
+    """default_out when it holds no run, else the first default_out-N that does not exist."""
+    if not holds_run(default_out):
+        return default_out
+    n = 2
+    while (default_out.parent / f"{default_out.name}-{n}").exists():
+        n += 1
+    return default_out.parent / f"{default_out.name}-{n}"
