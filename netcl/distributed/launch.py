@@ -36,7 +36,8 @@ GRACE_SECONDS = 2.0  # after a rank fails, how long the others get to notice and
 SHM_DIR = "/dev/shm"
 
 
-def _positive_int(text: str) -> int:
+def positive_int(text: str) -> int:
+    """argparse type of counts that must be >= 1 (--nproc here; netcl train's counts too)."""
     try:
         value = int(text)
     except ValueError:
@@ -60,7 +61,7 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "run", help="run a script as N processes, one per device (data parallelism)", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--nproc", type=_positive_int, required=True, help="how many processes (ranks) to start")
+    p.add_argument("--nproc", type=positive_int, required=True, help="how many processes (ranks) to start")
     p.add_argument(
         "--devices",
         default=None,

@@ -49,16 +49,6 @@ RUN_SETTINGS = ("model", "dataset", "batch_size", "lr", "weight_decay", "train_l
 DEFAULT_OUT = Path("runs/train")
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
-    return value
-
-
 def _count(text: str) -> int:
     try:
         value = int(text)
@@ -102,12 +92,12 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument(
         "--epochs",
-        type=_positive_int,
+        type=launch.positive_int,
         default=None,
         help="epochs in all (default per dataset: Fashion-MNIST/MNIST 2, digits 15; with --resume: "
         "the checkpoint's)",
     )
-    p.add_argument("--batch-size", type=_positive_int, default=None,
+    p.add_argument("--batch-size", type=launch.positive_int, default=None,
                    help="default per dataset: 128, digits 32")
     p.add_argument("--lr", type=_float_at_least(0.0, strict=True), default=None,
                    help="peak learning rate of the cosine schedule (default 2e-3, digits 3e-3)")
@@ -148,7 +138,7 @@ def register(subparsers: Any) -> None:
     add_amp_argument(p)
     p.add_argument(
         "--nproc",
-        type=_positive_int,
+        type=launch.positive_int,
         default=1,
         help="data parallelism: N processes, one per device (one GPU each when there are N, else all on "
         "--device), each with --batch-size samples of every step; gradients averaged (netcl.distributed)",
