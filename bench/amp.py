@@ -12,8 +12,14 @@ Ops (bandwidth-bound, bytes = compulsory reads + writes): a fused elementwise ch
 softmax over rows, a row sum, and flash attention where the device runs it in half; time and GB/s per
 dtype, ratio = float32 time / half time. Target on the H200: >= 1.6x with half storage.
 
+Bandwidth over sizes (--sizes, the third table): per op, dtype and element count n, the time per call
+with `inner` calls queued between two finishes (so a small n shows the launch floor, not the host's sync),
+GB/s of compulsory bytes and float32 time / half time. Where half's ratio climbs with n toward 2x the
+gap at small n is the per-launch cost; where it stays flat at large n the kernel moves fewer bytes/s.
+
     python bench/amp.py                   # PoCL CPU
     python bench/amp.py --gpu             # the default GPU (the lead's H200)
+    python bench/amp.py --gpu --models --no-ops --sizes 16 18 20 22 24 26   # bandwidth table only
     python bench/amp.py --models cnn --repeat 20 --out bench/results/amp.json
 """
 
@@ -164,14 +170,107 @@ def measure_ops(dev, repeat: int, gpu: bool) -> list[dict]:
     return out
 
 
+def _bw_cases(q, n: int, dt, rng, gpu: bool) -> dict:
+    """op name -> (function, compulsory bytes) at n elements of dtype dt (rows of 1024 for the row ops)."""
+    cols = 1024 if n >= 1024 else n
+    rows = n // cols
+    base = rng.standard_normal(rows * cols).astype(np.float32)
+    x = Tensor.from_host(q, base, dtype=dt)
+    w = Tensor.from_host(q, base[::-1].copy(), dtype=dt)
+    x2 = x.reshape(rows, cols)
+    g = Tensor.from_host(q, np.ones(cols, np.float32), dtype=dt)
+    size = dt.itemsize
+    m = rows * cols
+    cases = {
+        "x * 2 (1 read, 1 write)": (lambda: (x * 2.0).realize(), 2 * m * size),
+        "x * w + 1 (2r 1w)": (lambda: (x * w + 1.0).realize(), 3 * m * size),
+        "softmax rows": (lambda: ops.softmax(x2, -1), 2 * m * size),
+        "row sum": (lambda: ops.sum(x2, axis=1), m * size),
+        "rms_norm rows": (lambda: ops.rms_norm(x2, (cols,), g)[0], 2 * m * size),
+        "layer_norm rows": (lambda: ops.layer_norm(x2, (cols,), g, g)[0], 2 * m * size),
+    }
+    if hasattr(ops, "flash_attention") and n >= 1 << 16:
+        d = 64
+        s = min(2048 if gpu else 256, max(64, int((n // d) ** 0.5)))
+        bh = max(1, n // (s * d))
+        qa = Tensor.from_host(q, rng.standard_normal((1, bh, s, d)).astype(np.float32), dtype=dt)
+        cases["flash attention causal"] = (lambda: ops.flash_attention(qa, qa, qa, causal=True),
+                                           4 * bh * s * d * size)
+    return cases
+
+
+def measure_bandwidth(dev, log2_sizes: list[int], repeat: int, gpu: bool) -> list[dict]:
+    """The bandwidth table: every case of _bw_cases at every size, float32 then float16 and bfloat16."""
+    q = dev.queue
+    rng = np.random.default_rng(2)
+    out = []
+    for lg in log2_sizes:
+        n = 1 << lg
+        inner = max(1, min(64, (1 << 24) // n))  # calls queued per timed sample: ~16 M elements each
+        for dt in (dtypes.float32, dtypes.float16, dtypes.bfloat16):
+            try:
+                cases = _bw_cases(q, n, dt, rng, gpu)
+            except Exception as exc:
+                msg = str(exc).splitlines()[0][:80]
+                out.append({"n": n, "op": "(inputs)", "dtype": dt.name, "error": msg})
+                continue
+            for name, (fn, nbytes) in cases.items():
+                def many(fn=fn):
+                    for _ in range(inner):
+                        fn()
+                try:
+                    sec = median_seconds(many, q.finish, repeat) / inner
+                except Exception as exc:
+                    out.append({"n": n, "op": name, "dtype": dt.name, "error": str(exc).splitlines()[0][:80]})
+                    continue
+                out.append({"n": n, "op": name, "dtype": dt.name, "us": sec * 1e6, "gbps": nbytes / sec / 1e9,
+                            "inner": inner})
+            del cases
+            gc.collect()
+    f32 = {(r["n"], r["op"]): r["us"] for r in out if r["dtype"] == "float32" and "us" in r}
+    for r in out:
+        if "us" in r and (r["n"], r["op"]) in f32:
+            r["speedup_vs_f32"] = f32[(r["n"], r["op"])] / r["us"]
+    return out
+
+
+def print_bandwidth(rows: list[dict]) -> None:
+    """One line per (op, n): float32 us and GB/s, then each half dtype's GB/s and f32 time / its time."""
+    print(f"\n{'op':<24} {'n':>9} {'f32 us':>9} {'f32 GB/s':>9} {'f16 GB/s':>9} {'x f32':>6} "
+          f"{'bf16 GB/s':>9} {'x f32':>6}")
+    by = {(r["op"], r["n"], r["dtype"]): r for r in rows}
+    seen = []
+    for r in rows:
+        if (r["op"], r["n"]) not in seen and r["op"] != "(inputs)":
+            seen.append((r["op"], r["n"]))
+    order = list(dict.fromkeys(o for o, _ in seen))
+    seen.sort(key=lambda k: (order.index(k[0]), k[1]))
+
+    def cell(r, key, fmt, width):
+        return f"{'err':>{width}}" if r is None or key not in r else f"{r[key]:>{width}{fmt}}"
+
+    for op, n in seen:
+        a, h, b = (by.get((op, n, d)) for d in ("float32", "float16", "bfloat16"))
+        print(f"{op:<24} {n:>9} {cell(a, 'us', '.1f', 9)} {cell(a, 'gbps', '.1f', 9)} "
+              f"{cell(h, 'gbps', '.1f', 9)} {cell(h, 'speedup_vs_f32', '.2f', 6)} "
+              f"{cell(b, 'gbps', '.1f', 9)} {cell(b, 'speedup_vs_f32', '.2f', 6)}")
+    errs = {(r["op"], r["dtype"]): r["error"] for r in rows if "error" in r}
+    for (op, dt), msg in errs.items():
+        print(f"  ({op}, {dt}: {msg})")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gpu", action="store_true", help="run on the default GPU (else the CPU through PoCL)")
-    ap.add_argument("--models", nargs="+", default=["cnn", "gpt"], choices=["cnn", "gpt"])
+    ap.add_argument("--models", nargs="*", default=["cnn", "gpt"], choices=["cnn", "gpt"],
+                    help="step models (none: no step table)")
+    ap.add_argument("--sizes", nargs="*", type=int, default=None, metavar="LOG2N",
+                    help="the bandwidth table at 2**LOG2N elements (none given: no table)")
     ap.add_argument("--repeat", type=int, default=10)
     ap.add_argument("--no-ops", action="store_true", help="skip the bandwidth-bound op rows")
     ap.add_argument("--out", default="bench/results/amp.json")
     args = ap.parse_args()
+    sys.stdout.reconfigure(line_buffering=True)  # a run cut off by a time limit keeps what it printed
     dev = manager.default("gpu" if args.gpu else "cpu")
     steps = []
     for kind in args.models:
@@ -212,9 +311,12 @@ def main() -> None:
             else:
                 print(f"{r['op']:<26} {r['dtype']:<9} {r['ms']:>8.3f} {r['gbps']:>8.1f} "
                       f"{r.get('speedup_vs_f32', float('nan')):>16.2f}")
+    bw_rows = measure_bandwidth(dev, args.sizes, args.repeat, args.gpu) if args.sizes else []
+    if bw_rows:
+        print_bandwidth(bw_rows)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"device": dev.device_name, "host": platform.node(), "steps": steps,
-                                          "ops": op_rows}, indent=1))
+                                          "ops": op_rows, "bandwidth": bw_rows}, indent=1))
     print(f"\nwrote {args.out}")
 
 
