@@ -295,7 +295,7 @@ def main() -> int:
     if "pytorch cdist+argmin" in contenders:
         peers_labels["pytorch cdist+argmin"] = torch_one()[1].cpu().numpy()
     for name, s in times.items():
-        device = dev.device_name if name == "netcl" else (
+        device = dev.device_name if name.startswith("netcl") else (
             ("cuda" if args.gpu else "cpu") if name.startswith("pytorch") else f"host, {threads} threads")
         mem = (
             netcl_iter_peak if name == "netcl" else (torch_iter_peak if name.startswith("pytorch") else None)
@@ -333,21 +333,26 @@ def main() -> int:
         torch_mod.cuda.reset_peak_memory_stats()
         torch_fit(iters)
         torch_fit_peak = torch_mod.cuda.max_memory_allocated()
+    # the same fit from rows already on the device, as PyTorch's fit starts from
+    X_device = Tensor.from_host(q, X)
+    fits["netcl, device Tensor"] = lambda: KMeans(k, init=C0, n_init=1, max_iter=iters, tol=0.0).fit(X_device)
     results: dict[str, object] = {}
     fit_times = round_robin({name: (lambda name=name, fn=fn: results.__setitem__(name, fn()))
                              for name, fn in fits.items()}, max(1, repeat // 2), warmup=0)
     sk_model = results.get("scikit-learn")
     for name, s in fit_times.items():
-        device = dev.device_name if name == "netcl" else (
+        device = dev.device_name if name.startswith("netcl") else (
             ("cuda" if args.gpu else "cpu") if name.startswith("pytorch") else f"host, {threads} threads")
         mem = netcl_fit_peak if name == "netcl" else (torch_fit_peak if name.startswith("pytorch") else None)
         agree, inertia = None, None
-        if name == "netcl":
-            inertia = netcl_model.inertia_
+        if name.startswith("netcl"):
+            inertia = results[name].inertia_
         elif name == "scikit-learn" and sk_model is not None:
             agree, inertia = float((sk_model.labels_ == netcl_model.labels_).mean()), float(sk_model.inertia_)
         row(f"fit, {iters} iterations", name, device, s, mem, agree, inertia,
-            note="from host memory (includes the upload)" if name == "netcl" else "")
+            note={"netcl": "from host memory (includes the upload)",
+                  "netcl, device Tensor": "rows already on the device",
+                  "pytorch cdist+argmin": "rows already on the device"}.get(name, ""))
     # the same fit streamed from host memory in 8 chunks
     chunk = -(-n // 8)
     t0 = time.perf_counter()

@@ -397,7 +397,7 @@ class KMeans(BaseKMeans):
             ):
                 best = (labels, inertia, centers.to_host(), n_iter)
         labels, inertia, centers_host, n_iter = best
-        distinct = len(np.unique(labels))
+        distinct = int(np.count_nonzero(np.bincount(labels, minlength=self.n_clusters)))
         if distinct < self.n_clusters:
             warnings.warn(f"Number of distinct clusters ({distinct}) found smaller than n_clusters "
                           f"({self.n_clusters}). Possibly due to duplicate points in X.", ConvergenceWarning,
