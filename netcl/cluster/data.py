@@ -14,7 +14,7 @@ import pyopencl as cl
 
 import netcl.ops as ops
 from netcl.core import dtypes
-from netcl.core.backend import Queue, as_queue, enqueue_copy
+from netcl.core.backend import Queue, as_queue, enqueue_copy, handoff
 from netcl.core.device import DeviceHandle, manager
 from netcl.core.memory import staging
 from netcl.core.tensor import Tensor
@@ -239,7 +239,7 @@ class StreamedData(Data):
             staging(cq).write(dst.buffer, 0, src)
         else:
             enqueue_copy(cq, dst.buffer, src, is_blocking=True)
-        return cl.enqueue_marker(cq.cl)
+        return handoff(cq)
 
     def chunks(self) -> Iterator[tuple[Tensor, int]]:
         count = -(-self.n // self.chunk_rows)
@@ -250,7 +250,7 @@ class StreamedData(Data):
             rows = min(self.chunk_rows, self.n - start)
             cl.enqueue_barrier(self.queue.cl, wait_for=[uploaded])
             yield self._buffers[slot][:rows], start
-            self._done[slot] = cl.enqueue_marker(self.queue.cl)
+            self._done[slot] = handoff(self.queue)
             if i + 1 < count:
                 uploaded = self._upload(i + 1)
 

@@ -569,3 +569,13 @@ def enqueue_copy(queue: Queue, dst: Any, src: Any, **kwargs: Any) -> cl.Event:
                 ) from None
             raise KernelLaunchError(f"a copy on {queue.device.describe()} failed: {exc}") from None
     raise AssertionError("unreachable")
+
+
+def handoff(queue: Queue) -> cl.Event:
+    """A marker after everything enqueued on `queue` so far, flushed, for another queue or thread to wait on.
+    OpenCL lets a command wait on another queue's event only once that queue is flushed; NVIDIA's driver holds
+    unflushed commands back, so without the flush the waiting side stalls until something else flushes (a
+    DDP gradient copy waited for the end of backward)."""
+    marker = cl.enqueue_marker(queue.cl)
+    queue.cl.flush()
+    return marker

@@ -22,7 +22,7 @@ import pyopencl as cl
 from netcl import config
 from netcl.autograd.engine import Parameter, queue_callback
 from netcl.core import capture
-from netcl.core.backend import enqueue_copy
+from netcl.core.backend import enqueue_copy, handoff
 from netcl.core.memory import pinned_empty
 from netcl.core.tensor import Tensor
 from netcl.distributed import collectives, runtime
@@ -160,13 +160,15 @@ class DistributedDataParallel(Module):
     def _read_grad(self, grad: Tensor, host: np.ndarray) -> Any:
         """Copy a gradient into its place in the bucket (returns the copy's event)."""
         if self._copy_queue is None:
-            return enqueue_copy(grad.queue, host, grad.buffer, src_offset=grad.offset * grad.itemsize,
-                                is_blocking=False)
-        marker = cl.enqueue_marker(
-            grad.queue.cl
-        )  # the copy queue waits for the kernels that made the gradient
-        return enqueue_copy(self._copy_queue, host, grad.buffer, src_offset=grad.offset * grad.itemsize,
-                            is_blocking=False, wait_for=[marker])
+            event = enqueue_copy(grad.queue, host, grad.buffer, src_offset=grad.offset * grad.itemsize,
+                                 is_blocking=False)
+            grad.queue.cl.flush()  # the collective worker waits on it
+            return event
+        made = handoff(grad.queue)  # the copy queue waits for the kernels that made the gradient
+        event = enqueue_copy(self._copy_queue, host, grad.buffer, src_offset=grad.offset * grad.itemsize,
+                             is_blocking=False, wait_for=[made])
+        self._copy_queue.cl.flush()
+        return event
 
     def _start_ready(self) -> None:
         """Start every complete bucket whose predecessors have started (the same order on every rank)."""
