@@ -15,7 +15,8 @@
 // conv2d_backward_bias: gb[k] = sum_{n,oh,ow} gy[n,k,oh,ow]; global (K * BWG), local (BWG): one work-group
 //   per k, strided partial sums then a tree reduction.
 //
-// All tensors are contiguous NCHW / (K, Cg, KH, KW), with element offsets. Accumulation in ACC.
+// All tensors are contiguous NCHW / (K, Cg, KH, KW), with element offsets. Accumulation in ACC; elements
+// read with LOAD_T and written with STORE_T (common.cl), so float16 and bfloat16 storage compute in float.
 
 #include "common.cl"
 
@@ -76,11 +77,11 @@ __kernel void conv2d_direct(__global const T *x, const long x_off, __global cons
                 ACC xv[OWB];
                 for (int j = 0; j < OWB; ++j) {
                     const int iw = (ow0 + j) * SW - PW + kw * DW;
-                    xv[j] = (iw >= 0 && iw < W) ? (ACC)row[iw] : (ACC)0;
+                    xv[j] = (iw >= 0 && iw < W) ? LOAD_T(row, iw) : (ACC)0;
                 }
                 const int widx = (c * KH + kh) * KW + kw;
                 for (int kk = 0; kk < KB; ++kk) {
-                    const ACC wv = (ACC)wk[min(kk, kvalid - 1) * wstride_k + widx];
+                    const ACC wv = LOAD_T(wk, min(kk, kvalid - 1) * wstride_k + widx);
                     for (int j = 0; j < OWB; ++j) acc[kk][j] = fma(wv, xv[j], acc[kk][j]);
                 }
             }
@@ -89,10 +90,10 @@ __kernel void conv2d_direct(__global const T *x, const long x_off, __global cons
     for (int kk = 0; kk < KB; ++kk) {
         if (kk >= kvalid) break;
         const int k = k0 + kk;
-        const ACC b = has_bias ? (ACC)bias[b_off + k] : (ACC)0;
+        const ACC b = has_bias ? LOAD_T(bias, b_off + k) : (ACC)0;
         __global T *yrow = y + y_off + (((long)n * K + k) * OH + oh) * OW;
         for (int j = 0; j < OWB; ++j)
-            if (ow0 + j < OW) yrow[ow0 + j] = (T)APPLY_ACT(acc[kk][j] + b);
+            if (ow0 + j < OW) STORE_T(yrow, ow0 + j, APPLY_ACT(acc[kk][j] + b));
     }
 }
 
@@ -125,11 +126,11 @@ __kernel void conv2d_backward_input(__global const T *gy, const long gy_off, __g
             const __global T *gyp = gy + gy_off + (((long)n * K + (long)g * Kg) * OH + oh) * OW + ow;
             const __global T *wp = w + w_off + (((long)g * Kg * Cg + cl) * KH + kh) * KW + kw;
             for (int k = 0; k < Kg; ++k)
-                acc = fma((ACC)gyp[(long)k * OH * OW], (ACC)wp[(long)k * Cg * KH * KW], acc);
+                acc = fma(LOAD_T(gyp, (long)k * OH * OW), LOAD_T(wp, (long)k * Cg * KH * KW), acc);
         }
     }
-    if (has_bias) acc += (ACC)bias[b_off + c];
-    gx[gx_off + (((long)n * C + c) * H + ih) * W + iw] = (T)APPLY_ACT(acc);
+    if (has_bias) acc += LOAD_T(bias, b_off + c);
+    STORE_T(gx, gx_off + (((long)n * C + c) * H + ih) * W + iw, APPLY_ACT(acc));
 }
 
 __kernel void conv2d_backward_weight(__global const T *x, const long x_off, __global const T *gy,
@@ -156,11 +157,11 @@ __kernel void conv2d_backward_weight(__global const T *x, const long x_off, __gl
             if (ih < 0 || ih >= H) continue;
             for (int ow = 0; ow < OW; ++ow) {
                 const int iw = ow * SW - PW + kw * DW;
-                if (iw >= 0 && iw < W) acc = fma((ACC)gyk[oh * OW + ow], (ACC)xc[(long)ih * W + iw], acc);
+                if (iw >= 0 && iw < W) acc = fma(LOAD_T(gyk, oh * OW + ow), LOAD_T(xc, (long)ih * W + iw), acc);
             }
         }
     }
-    gw[gw_off + (long)k * Cg * KH * KW + i] = (T)acc;
+    STORE_T(gw, gw_off + (long)k * Cg * KH * KW + i, acc);
 }
 
 #ifndef BWG
@@ -178,7 +179,7 @@ void conv2d_backward_bias(__global const T *gy, const long gy_off, __global T *g
     ACC acc = (ACC)0;
     for (int n = 0; n < N; ++n) {
         const __global T *p = gy + gy_off + ((long)n * K + k) * HW;
-        for (int i = l; i < HW; i += BWG) acc += (ACC)p[i];
+        for (int i = l; i < HW; i += BWG) acc += LOAD_T(p, i);
     }
     part[l] = acc;
     barrier(CLK_LOCAL_MEM_FENCE);
@@ -186,5 +187,5 @@ void conv2d_backward_bias(__global const T *gy, const long gy_off, __global T *g
         if (l < s) part[l] += part[l + s];
         barrier(CLK_LOCAL_MEM_FENCE);
     }
-    if (l == 0) gb[gb_off + k] = (T)part[0];
+    if (l == 0) STORE_T(gb, gb_off + k, part[0]);
 }

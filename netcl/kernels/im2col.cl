@@ -23,6 +23,8 @@
 // weight_bias: wb[k, j] = j < R ? w[k, j] : b[k]: the (K, R+1) weight matrix with the bias as its
 //   last column (pairs with ones_row above). global (R+1, K); one work-item copies one element.
 //   Reads K*R + K values of w and b, writes K*(R+1): one launch instead of two strided copies.
+// Every dtype of common.cl: elements are read with LOAD_T and written with STORE_T (float16 and
+// bfloat16 storage: exact copies, col2im sums in ACC).
 
 #include "common.cl"
 
@@ -48,7 +50,7 @@ __kernel void im2col(__global const T *x, const long x_off, __global T *cols, co
     const int b = bg / G, g = bg - (bg / G) * G;
     __global T *dst = cols + b * SB + g * SG + p;
     if (c == Cg) {   // the row of ones after the Cg*KH*KW data rows
-        dst[(long)Cg * KH * KW * SR] = (T)1;
+        STORE_T(dst, (long)Cg * KH * KW * SR, (ACC)1);
         return;
     }
     const int oh = p / OW, ow = p - (p / OW) * OW;
@@ -59,7 +61,8 @@ __kernel void im2col(__global const T *x, const long x_off, __global T *cols, co
         const bool row_in = ih >= 0 && ih < H;
         for (int kw = 0; kw < KW; ++kw) {
             const int iw = ow * SW - PW + kw * DW;
-            dst[(long)(kh * KW + kw) * SR] = (row_in && iw >= 0 && iw < W) ? xc[(long)ih * W + iw] : (T)0;
+            STORE_T(dst, (long)(kh * KW + kw) * SR,
+                    (row_in && iw >= 0 && iw < W) ? LOAD_T(xc, (long)ih * W + iw) : (ACC)0);
         }
     }
 }
@@ -79,7 +82,7 @@ __kernel void im2col_rows(__global const T *x, const long x_off, __global T *col
     __global T *dst = cols + b * SB + g * SG + r * SR;
     const int P = OH * OW;
     if (ones_row && r == R - 1) {
-        for (int i = 0; i < P; ++i) dst[i] = (T)1;
+        for (int i = 0; i < P; ++i) STORE_T(dst, i, (ACC)1);
         return;
     }
     const int c = r / (KH * KW), kh = (r / KW) % KH, kw = r % KW;
@@ -92,17 +95,17 @@ __kernel void im2col_rows(__global const T *x, const long x_off, __global T *col
         __global T *d = dst + oh * OW;
         const int ih = oh * SH - PH + kh * DH;
         if (ih < 0 || ih >= H || hi <= lo) {
-            for (int ow = 0; ow < OW; ++ow) d[ow] = (T)0;
+            for (int ow = 0; ow < OW; ++ow) STORE_T(d, ow, (ACC)0);
             continue;
         }
         const __global T *src = xc + (long)ih * W + iw0;
-        for (int ow = 0; ow < lo; ++ow) d[ow] = (T)0;
+        for (int ow = 0; ow < lo; ++ow) STORE_T(d, ow, (ACC)0);
         if (SW == 1) {
-            for (int ow = lo; ow < hi; ++ow) d[ow] = src[ow];
+            for (int ow = lo; ow < hi; ++ow) STORE_T(d, ow, LOAD_T(src, ow));
         } else {
-            for (int ow = lo; ow < hi; ++ow) d[ow] = src[ow * SW];
+            for (int ow = lo; ow < hi; ++ow) STORE_T(d, ow, LOAD_T(src, ow * SW));
         }
-        for (int ow = hi; ow < OW; ++ow) d[ow] = (T)0;
+        for (int ow = hi; ow < OW; ++ow) STORE_T(d, ow, (ACC)0);
     }
 }
 
@@ -153,10 +156,10 @@ __kernel void col2im(__global const T *cols, __global T *gx, const long gx_off, 
             if (tw < 0 || tw % C2I_SW) continue;
             const int ow = tw / C2I_SW;
             if (ow >= OW) continue;
-            acc += (ACC)cb[((long)(cl * C2I_KH + kh) * C2I_KW + kw) * OH * OW + oh * OW + ow];
+            acc += LOAD_T(cb, ((long)(cl * C2I_KH + kh) * C2I_KW + kw) * OH * OW + oh * OW + ow);
         }
     }
-    gx[gx_off + ((((long)(n0 + b) * C) + c) * H + ih) * W + iw] = (T)acc;
+    STORE_T(gx, gx_off + ((((long)(n0 + b) * C) + c) * H + ih) * W + iw, acc);
 }
 
 __kernel void col2im_plane(__global const T *cols, __global T *gx, const long gx_off, const int n0, const int NB,
@@ -171,7 +174,7 @@ __kernel void col2im_plane(__global const T *cols, __global T *gx, const long gx
     const int P = OH * OW;
     const __global T *cb = cols + (((long)b * G + g) * Cg + cl) * KH * KW * P;
     __global T *gp = gx + gx_off + ((long)(n0 + b) * C + c) * H * W;
-    for (int i = 0; i < H * W; ++i) gp[i] = (T)0;
+    for (int i = 0; i < H * W; ++i) STORE_T(gp, i, (ACC)0);
     for (int kh = 0; kh < KH; ++kh) {
         for (int kw = 0; kw < KW; ++kw) {
             const __global T *src = cb + (kh * KW + kw) * P;
@@ -183,7 +186,7 @@ __kernel void col2im_plane(__global const T *cols, __global T *gx, const long gx
                 if (ih < 0 || ih >= H) continue;
                 __global T *d = gp + (long)ih * W + iw0;
                 const __global T *s = src + oh * OW;
-                for (int ow = lo; ow < hi; ++ow) d[ow * SW] += s[ow];
+                for (int ow = lo; ow < hi; ++ow) STORE_T(d, ow * SW, LOAD_T(d, ow * SW) + LOAD_T(s, ow));
             }
         }
     }
@@ -195,5 +198,5 @@ __kernel void weight_bias(__global const T *w, const long w_off, __global const 
     const int j = get_global_id(0);
     const int k = get_global_id(1);
     if (j > R || k >= K) return;
-    wb[(long)k * (R + 1) + j] = j < R ? w[w_off + (long)k * R + j] : b[b_off + k];
+    STORE_T(wb, (long)k * (R + 1) + j, j < R ? LOAD_T(w, w_off + (long)k * R + j) : LOAD_T(b, b_off + k));
 }

@@ -35,9 +35,22 @@ def _float_dtype(op: str, *tensors: Tensor) -> np.dtype:
     for t in tensors:
         if t.dtype != dt:
             raise DTypeError(f"{op}: all tensors must share one dtype, got {[str(t.dtype) for t in tensors]}")
-    if dt not in (dtypes.float32, dtypes.float64):
-        raise DTypeError(f"{op} supports float32 and float64 tensors, got {dt}")
+    if dt not in _DTYPES:
+        raise DTypeError(f"{op} supports float16, bfloat16, float32 and float64 tensors, got {dt}")
     return dt
+
+
+# float16/bfloat16: half storage, float32 arithmetic in the kernels (common.cl's LOAD_T/STORE_T) and the
+# GEMM. Winograd's transforms compute in their storage type: float32 and float64 only ('auto' picks
+# im2col for half; asking for it is a DTypeError).
+_DTYPES = (dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64)
+_WINOGRAD_DTYPES = (dtypes.float32, dtypes.float64)
+
+
+def _check_winograd_dtype(op: str, dt: np.dtype) -> None:
+    if dt not in _WINOGRAD_DTYPES:
+        raise DTypeError(f"{op}: algorithm='winograd' supports float32 and float64 tensors, got {dt}; "
+                         "use algorithm='auto' or 'im2col' for half")
 
 
 def _activation(activation: str | None) -> str | None:
@@ -271,11 +284,12 @@ def winograd_pays(device: Any, flops: int, channels: int = 1 << 30) -> bool:
 def select_algorithm(device: Any, p: ConvParams, dt: np.dtype) -> str:
     """The algorithm 'auto' uses for this geometry on this device."""
     tuned = _tuned_algorithm(device, p, dt)
-    if tuned is not None and (tuned != "winograd" or winograd_applicable(p)):
+    winograd_ok = winograd_applicable(p) and np.dtype(dt) in _WINOGRAD_DTYPES
+    if tuned is not None and (tuned != "winograd" or winograd_ok):
         return tuned
     if p.G > 1 and p.Cg == 1:
         return "depthwise"
-    if winograd_applicable(p) and p.C >= 8 and p.K >= 8 and winograd_pays(device, p.flops, min(p.C, p.K)):
+    if winograd_ok and p.C >= 8 and p.K >= 8 and winograd_pays(device, p.flops, min(p.C, p.K)):
         return "winograd"  # GPUs, large: 1.9x im2col on the H200 (bench/NOTES.md)
     if p.G == 1:
         # on PoCL too: measured 9 GFLOP/s vs 1.7 for the direct kernel (bench/NOTES.md, convolution section)
@@ -615,6 +629,8 @@ def _conv2d_checks(x: Tensor, weight: Tensor, bias: Tensor | None, stride: Any, 
             f"conv2d: bias must have shape ({p.K},) for weight shape {weight.shape}, got {bias.shape}"
         )
     algo = _auto_algorithm(x.device, p, dt) if algorithm == "auto" else algorithm
+    if algo == "winograd":
+        _check_winograd_dtype("conv2d", dt)
     if algo == "winograd" and not winograd_applicable(p):
         raise ShapeError(f"conv2d: algorithm='winograd' needs a 3x3 kernel, stride 1, dilation 1, groups 1; "
                          f"got kernel {(p.KH, p.KW)}, stride {(p.SH, p.SW)}, dilation {(p.DH, p.DW)}, "
@@ -666,6 +682,7 @@ def conv2d_backward_input(grad_out: Tensor, weight: Tensor, input_shape: Sequenc
         _check_grad_out("conv2d_backward_input", grad_out, p)
         flippable = ((p.SH, p.SW, p.DH, p.DW, p.G) == (1, 1, 1, 1, 1) and p.PH <= p.KH - 1
                      and p.PW <= p.KW - 1)
+        winograd_dt = dt in _WINOGRAD_DTYPES  # 'auto' flips only where the flipped conv runs on Winograd
         if algorithm == "flipped" and not flippable:
             raise ShapeError(
                 f"conv2d_backward_input: algorithm='flipped' needs stride 1, dilation 1, one group "
@@ -680,7 +697,7 @@ def conv2d_backward_input(grad_out: Tensor, weight: Tensor, input_shape: Sequenc
             )  # the flipped convolution's output is x-shaped
             if tuned is not None and (tuned != "flipped" or flippable):
                 algo = tuned
-            elif flippable and p.KH == p.KW == 3 and min(p.C, p.K) >= 8 and winograd_pays(
+            elif flippable and winograd_dt and p.KH == p.KW == 3 and min(p.C, p.K) >= 8 and winograd_pays(
                     grad_out.device, flops, min(p.C, p.K)):
                 algo = "flipped"
             else:
@@ -813,6 +830,8 @@ def conv2d_backward_weight(x: Tensor, grad_out: Tensor, weight_shape: Sequence[i
             x.shape, tuple(weight_shape), stride, padding, dilation, groups, op="conv2d_backward_weight"
         )
         _check_grad_out("conv2d_backward_weight", grad_out, p)
+        if algorithm == "winograd":
+            _check_winograd_dtype("conv2d_backward_weight", dt)
         if algorithm == "winograd" and not winograd_applicable(p):
             raise ShapeError(
                 f"conv2d_backward_weight: algorithm='winograd' needs a 3x3 kernel, stride 1, dilation "
@@ -822,10 +841,11 @@ def conv2d_backward_weight(x: Tensor, grad_out: Tensor, weight_shape: Sequence[i
         algo = algorithm
         if algorithm == "auto":
             tuned = _tuned_algorithm(x.device, p, dt, "backward_weight")
-            if tuned is not None and (tuned != "winograd" or winograd_applicable(p)):
+            winograd_ok = winograd_applicable(p) and dt in _WINOGRAD_DTYPES
+            if tuned is not None and (tuned != "winograd" or winograd_ok):
                 algo = tuned
             elif (
-                winograd_applicable(p)
+                winograd_ok
                 and min(p.C, p.K) >= 8
                 and winograd_pays(x.device, p.flops, min(p.C, p.K))
             ):
