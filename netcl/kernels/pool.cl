@@ -13,6 +13,8 @@
 //   windows just add twice, in output order.
 // Geometry: KH KW kernel, SH SW stride, PH PW padding, DH DW dilation (max only; average uses 1).
 // Average divisor: count_include_pad ? window clipped to the padded input : valid elements only.
+// Every dtype of common.cl: elements are read with LOAD_T and written with STORE_T, compared and summed
+// in ACC (float16/bfloat16 storage: float arithmetic; maxima are exact copies of their inputs).
 
 #include "common.cl"
 
@@ -33,7 +35,7 @@ __kernel void max_pool2d(__global const T *x, const long x_off, __global T *y, _
     const int ow = get_global_id(0), oh = get_global_id(1), z = get_global_id(2);
     if (ow >= OW || oh >= OH || z >= NC) return;
     const __global T *xp = x + x_off + (long)z * H * W;
-    T best = 0;
+    ACC best = 0;
     long best_i = -1;
     for (int kh = 0; kh < KH; ++kh) {
         const int ih = oh * SH - PH + kh * DH;
@@ -41,7 +43,7 @@ __kernel void max_pool2d(__global const T *x, const long x_off, __global T *y, _
         for (int kw = 0; kw < KW; ++kw) {
             const int iw = ow * SW - PW + kw * DW;
             if (iw < 0 || iw >= W) continue;
-            const T v = xp[(long)ih * W + iw];
+            const ACC v = LOAD_T(xp, (long)ih * W + iw);
             if (best_i < 0 || v > best || (isnan(v) && !isnan(best))) {  // NaN wins, as in PyTorch
                 best = v;
                 best_i = (long)ih * W + iw;
@@ -49,7 +51,7 @@ __kernel void max_pool2d(__global const T *x, const long x_off, __global T *y, _
         }
     }
     const long o = ((long)z * OH + oh) * OW + ow;
-    y[o] = best;
+    STORE_T(y, o, best);
     idx[o] = best_i;
 }
 
@@ -75,28 +77,28 @@ __kernel void max_pool2d_rows(__global const T *x, const long x_off, __global T 
         const long rbase = (long)ih * W;
         int iw0 = -PW;
         for (int ow = 0; ow < OW; ++ow, iw0 += SW) {
-            T best = yr[ow];
+            ACC best = LOAD_T(yr, ow);
             long best_i = ir[ow];
             int iw = iw0;
             for (int kw = 0; kw < KW; ++kw, iw += DW) {
                 if (iw < 0 || iw >= W) continue;
-                const T v = xr[iw];
+                const ACC v = LOAD_T(xr, iw);
                 if (best_i < 0 || v > best || (isnan(v) && !isnan(best))) {
                     best = v;
                     best_i = rbase + iw;
                 }
             }
-            yr[ow] = best;
+            STORE_T(yr, ow, best);
             ir[ow] = best_i;
         }
     }
-    for (int ow = 0; ow < OW; ++ow) if (ir[ow] < 0) yr[ow] = (T)0;
+    for (int ow = 0; ow < OW; ++ow) if (ir[ow] < 0) STORE_T(yr, ow, (ACC)0);
 }
 
 // max_pool2d_2x2 (CPUs, kernel 2 stride 2, no padding, dilation 1: the usual CNN pool): global
 //   (OH, N*C); one work-item computes one output row from two input rows with vload2 loads (no
 //   bounds checks inside the row: 2*OW <= W). Same tie/NaN rule as max_pool2d.
-inline void mp_take(const T v, const long i, T *best, long *bi)
+inline void mp_take(const ACC v, const long i, ACC *best, long *bi)
 {
     if (v > *best || (isnan(v) && !isnan(*best))) { *best = v; *bi = i; }
 }
@@ -112,13 +114,13 @@ __kernel void max_pool2d_2x2(__global const T *x, const long x_off, __global T *
     const long o0 = ((long)z * OH + oh) * OW;
     for (int ow = 0; ow < OW; ++ow) {
         const int iw = 2 * ow;
-        const T a0 = x0[iw], a1 = x0[iw + 1], b0 = x1[iw], b1 = x1[iw + 1];
-        T best = a0;
+        const ACC a0 = LOAD_T(x0, iw), a1 = LOAD_T(x0, iw + 1), b0 = LOAD_T(x1, iw), b1 = LOAD_T(x1, iw + 1);
+        ACC best = a0;
         long bi = r0 + iw;
         mp_take(a1, r0 + iw + 1, &best, &bi);
         mp_take(b0, r0 + W + iw, &best, &bi);
         mp_take(b1, r0 + W + iw + 1, &best, &bi);
-        y[o0 + ow] = best;
+        STORE_T(y, o0 + ow, best);
         idx[o0 + ow] = bi;
     }
 }
@@ -142,10 +144,10 @@ __kernel void max_pool2d_backward(__global const T *gy, const long gy_off, __glo
             const int ow = tw / SW;
             if (ow >= OW) continue;
             const long o = base + (long)oh * OW + ow;
-            if (idx[o] == self) acc += (ACC)gy[gy_off + o];
+            if (idx[o] == self) acc += LOAD_T(gy, gy_off + o);
         }
     }
-    gx[(long)z * H * W + self] = (T)acc;
+    STORE_T(gx, (long)z * H * W + self, acc);
 }
 
 __kernel void max_pool2d_backward_plane(__global const T *gy, const long gy_off, __global const long *idx,
@@ -156,10 +158,10 @@ __kernel void max_pool2d_backward_plane(__global const T *gy, const long gy_off,
     __global T *gp = gx + (long)z * HW;
     const __global T *g = gy + gy_off + (long)z * OHW;
     const __global long *ip = idx + (long)z * OHW;
-    for (int i = 0; i < HW; ++i) gp[i] = (T)0;
+    for (int i = 0; i < HW; ++i) STORE_T(gp, i, (ACC)0);
     for (int o = 0; o < OHW; ++o) {
         const long i = ip[o];
-        if (i >= 0 && i < HW) gp[i] += g[o];
+        if (i >= 0 && i < HW) STORE_T(gp, i, LOAD_T(gp, i) + LOAD_T(g, o));
     }
 }
 
@@ -181,9 +183,9 @@ __kernel void avg_pool2d(__global const T *x, const long x_off, __global T *y, P
     ACC acc = (ACC)0;
     const int hs = oh * SH - PH, ws = ow * SW - PW;
     for (int ih = max(hs, 0); ih < min(hs + KH, H); ++ih)
-        for (int iw = max(ws, 0); iw < min(ws + KW, W); ++iw) acc += (ACC)xp[(long)ih * W + iw];
+        for (int iw = max(ws, 0); iw < min(ws + KW, W); ++iw) acc += LOAD_T(xp, (long)ih * W + iw);
     const int div = avg_divisor(oh, ow, H, W, KH, KW, SH, SW, PH, PW, include_pad);
-    y[((long)z * OH + oh) * OW + ow] = (T)(acc / (ACC)max(div, 1));
+    STORE_T(y, ((long)z * OH + oh) * OW + ow, acc / (ACC)max(div, 1));
 }
 
 __kernel void avg_pool2d_backward(__global const T *gy, const long gy_off, __global T *gx, PLANE_ARGS, WIN_ARGS,
@@ -204,10 +206,10 @@ __kernel void avg_pool2d_backward(__global const T *gy, const long gy_off, __glo
             const int ow = tw / SW;
             if (ow >= OW) continue;
             const int div = avg_divisor(oh, ow, H, W, KH, KW, SH, SW, PH, PW, include_pad);
-            acc += (ACC)gp[oh * OW + ow] / (ACC)max(div, 1);
+            acc += LOAD_T(gp, oh * OW + ow) / (ACC)max(div, 1);
         }
     }
-    gx[((long)z * H + ih) * W + iw] = (T)acc;
+    STORE_T(gx, ((long)z * H + ih) * W + iw, acc);
 }
 
 // Adaptive average: output cell (oh, ow) averages rows [floor(oh*H/OH), ceil((oh+1)*H/OH)) and
@@ -221,8 +223,8 @@ __kernel void adaptive_avg_pool2d(__global const T *x, const long x_off, __globa
     const __global T *xp = x + x_off + (long)z * H * W;
     ACC acc = (ACC)0;
     for (int ih = hs; ih < he; ++ih)
-        for (int iw = ws; iw < we; ++iw) acc += (ACC)xp[(long)ih * W + iw];
-    y[((long)z * OH + oh) * OW + ow] = (T)(acc / (ACC)((he - hs) * (we - ws)));
+        for (int iw = ws; iw < we; ++iw) acc += LOAD_T(xp, (long)ih * W + iw);
+    STORE_T(y, ((long)z * OH + oh) * OW + ow, acc / (ACC)((he - hs) * (we - ws)));
 }
 
 __kernel void adaptive_avg_pool2d_backward(__global const T *gy, const long gy_off, __global T *gx, PLANE_ARGS)
@@ -240,8 +242,8 @@ __kernel void adaptive_avg_pool2d_backward(__global const T *gy, const long gy_o
             const int ws = (ow * W) / OW, we = ((ow + 1) * W + OW - 1) / OW;
             if (ws > iw) break;
             if (iw >= we) continue;
-            acc += (ACC)gp[oh * OW + ow] / (ACC)((he - hs) * (we - ws));
+            acc += LOAD_T(gp, oh * OW + ow) / (ACC)((he - hs) * (we - ws));
         }
     }
-    gx[((long)z * H + ih) * W + iw] = (T)acc;
+    STORE_T(gx, ((long)z * H + ih) * W + iw, acc);
 }

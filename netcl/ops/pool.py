@@ -16,8 +16,12 @@ from netcl.errors import DTypeError, ShapeError
 def _check_input(op: str, x: Tensor) -> None:
     if x.ndim != 4:
         raise ShapeError(f"{op}: input must be 4-D (N, C, H, W), got shape {x.shape}")
-    if x.dtype not in (dtypes.float32, dtypes.float64):
-        raise DTypeError(f"{op} supports float32 and float64 tensors, got {x.dtype}")
+    if x.dtype not in _DTYPES:
+        raise DTypeError(f"{op} supports float16, bfloat16, float32 and float64 tensors, got {x.dtype}")
+
+
+# float16/bfloat16 are stored half and computed in float32 (pool.cl's LOAD_T/STORE_T)
+_DTYPES = (dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64)
 
 
 class PoolParams:

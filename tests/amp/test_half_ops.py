@@ -1,0 +1,84 @@
+"""Structured ops on float16/bfloat16 storage (float32 arithmetic in the kernels) against their float32
+paths on the same half-rounded inputs: convolution (forward, both gradients, bias), pooling, batch norm,
+row norms. Tolerances: a few output roundings, relative to the output's scale (float16 2**-11 per
+rounding, bfloat16 2**-8); intermediate buffers stored in half (im2col's GEMM output) add one rounding."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from netcl import ops
+from netcl.core.tensor import Tensor
+from netcl.errors import DTypeError
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+F16 = np.dtype(np.float16)
+HALVES = pytest.mark.parametrize("dt", [F16, BF16], ids=["float16", "bfloat16"])
+
+
+def _tol(dt: np.dtype) -> float:
+    return 2.0**-6 if dt == BF16 else 2.0**-9  # four roundings of the dtype, relative to the scale
+
+
+def _close(got: Tensor, want: Tensor, dt: np.dtype, what: str) -> None:
+    assert got.dtype == dt, what
+    g = got.to_host().astype(np.float64)
+    w = want.to_host().astype(np.float64)
+    scale = max(np.abs(w).max(), 1e-30)
+    err = np.abs(g - w).max() / scale
+    assert err <= _tol(dt), f"{what}: max error {err:.2e} of scale {scale:.3g} > {_tol(dt):.1e}"
+
+
+def _pair(queue, rng, shape, dt):
+    """(half tensor, float32 tensor) of the same half-rounded values."""
+    a = rng.standard_normal(shape).astype(np.float32).astype(dt)
+    return Tensor.from_host(queue, a), Tensor.from_host(queue, a.astype(np.float32))
+
+
+@HALVES
+@pytest.mark.parametrize("algorithm", ["im2col", "direct"])
+def test_conv2d_half_matches_float32(queue, rng, dt, algorithm):
+    """Odd geometry (stride (2, 1), padding 1, 5 -> 6 channels, 9x7): forward with bias and relu, the input
+    gradient, the weight gradient and the bias gradient, each by the named algorithm's half kernels."""
+    xh, xf = _pair(queue, rng, (3, 5, 9, 7), dt)
+    wh, wf = _pair(queue, rng, (6, 5, 3, 3), dt)
+    bh, bf = _pair(queue, rng, (6,), dt)
+    geo = dict(stride=(2, 1), padding=1)
+    _close(ops.conv2d(xh, wh, bh, activation="relu", algorithm=algorithm, **geo),
+           ops.conv2d(xf, wf, bf, activation="relu", algorithm=algorithm, **geo), dt, "forward")
+    gh, gf = _pair(queue, rng, (3, 6, 5, 7), dt)
+    back = "gemm" if algorithm == "im2col" else "direct"
+    _close(ops.conv2d_backward_input(gh, wh, xh.shape, algorithm=back, **geo),
+           ops.conv2d_backward_input(gf, wf, xf.shape, algorithm=back, **geo), dt, "grad input")
+    _close(ops.conv2d_backward_weight(xh, gh, wh.shape, algorithm=back, **geo),
+           ops.conv2d_backward_weight(xf, gf, wf.shape, algorithm=back, **geo), dt, "grad weight")
+    _close(ops.conv2d_backward_bias(gh), ops.conv2d_backward_bias(gf), dt, "grad bias")
+
+
+def test_conv2d_winograd_refuses_half(queue, rng):
+    xh, _ = _pair(queue, rng, (1, 8, 6, 6), F16)
+    wh, _ = _pair(queue, rng, (8, 8, 3, 3), F16)
+    with pytest.raises(DTypeError, match="winograd.*float32 and float64"):
+        ops.conv2d(xh, wh, padding=1, algorithm="winograd")
+    assert ops.conv2d(xh, wh, padding=1).dtype == F16  # 'auto' takes a half path
+
+
+@HALVES
+def test_pooling_half_matches_float32(queue, rng, dt):
+    """Max pooling (an odd padded window and the 2x2 kernel), average and adaptive average pooling,
+    forward and backward: maxima and their indices are exact, the rest within a rounding or two."""
+    xh, xf = _pair(queue, rng, (2, 3, 9, 8), dt)
+    for args in (((3, 3), (2, 2), 1), (2, 2, 0)):
+        (yh, ih), (yf, i_f) = ops.max_pool2d(xh, *args), ops.max_pool2d(xf, *args)
+        assert np.array_equal(yh.to_host().astype(np.float32), yf.to_host())
+        assert np.array_equal(ih.to_host(), i_f.to_host())
+        gh, gf = _pair(queue, rng, yh.shape, dt)
+        _close(ops.max_pool2d_backward(gh, ih, xh.shape, *args),
+               ops.max_pool2d_backward(gf, i_f, xf.shape, *args), dt, f"max pool backward {args}")
+    _close(ops.avg_pool2d(xh, 3, 2, 1), ops.avg_pool2d(xf, 3, 2, 1), dt, "avg pool")
+    gh, gf = _pair(queue, rng, (2, 3, 5, 4), dt)
+    _close(ops.avg_pool2d_backward(gh, xh.shape, 3, 2, 1), ops.avg_pool2d_backward(gf, xf.shape, 3, 2, 1),
+           dt, "avg pool backward")
+    _close(ops.adaptive_avg_pool2d(xh, (4, 3)), ops.adaptive_avg_pool2d(xf, (4, 3)), dt, "adaptive avg")
