@@ -22,7 +22,8 @@ TABLE: dict[str, tuple[str, tuple[str, ...]]] = {
     # float32 products rounded once (netcl.ops.gemm)
     "matmul": ("half", ("float16", "bfloat16")),
     "linear": ("half", ("float16", "bfloat16")),
-    "conv2d": ("half", ()),                # float32 until conv's half path lands
+    # im2col/direct kernels and the GEMM on half storage (Winograd stays float32-only: 'auto' avoids it)
+    "conv2d": ("half", ("float16", "bfloat16")),
     # flash attention's kernels take float16 but not bfloat16: float32 under autocast (q, k, v widened), so
     # that bfloat16 linears can feed it; its share of a step's FLOPs is small beside the GEMMs'
     "flash_attention": ("float32", ()),
