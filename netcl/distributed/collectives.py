@@ -151,15 +151,17 @@ def _all_reduce_one(grp: ProcessGroup, items: list, op: str, weights: list[float
         return
     _check_tensors(tensors, "all_reduce")
     work = [t if t.is_contiguous() else t.contiguous() for t in tensors]  # strided ones go through a copy
-    _all_reduce_tensors(grp, work, op, weights)
+    all_reduce_contiguous(grp, work, op, weights)
     for t, w in zip(tensors, work):
         if w is not t:
             t.copy_(w)
 
 
-def _all_reduce_tensors(
+def all_reduce_contiguous(
     grp: ProcessGroup, tensors: list[Tensor], op: str, weights: list[float] | None
 ) -> None:
+    """The all-reduce of contiguous tensors of one dtype and queue, in place, on this thread (the caller is
+    the collective worker: all_reduce above, or DistributedDataParallel's buckets)."""
     total = sum(t.size for t in tensors)
     dtype = np.dtype(tensors[0].dtype)
     if isinstance(grp, ShmGroup):

@@ -1,13 +1,15 @@
 """DistributedDataParallel: the model replicated on every rank, its gradients averaged during backward.
 
 Parameters are packed into buckets (NETCL_DIST_BUCKET_MB, 25 MiB; in reverse order of registration, roughly
-the order backward finishes their gradients). When the last gradient of a bucket is final (autograd's
-post-accumulate hook), its gradients are copied to the bucket's pinned host buffer, on a second queue where
-the device is not the CPU so backward's kernels keep running, and the bucket's all-reduce starts on the
-collective worker thread while backward goes on; buckets start in order, so every rank starts the same
-collectives in the same order. At the end of backward (a queued callback) the rest are started, every
-bucket is waited for and the averages are written back into `.grad`. Parameters that got no gradient on
-this rank take part with zeros. PyTorch's `torch.nn.parallel.DistributedDataParallel` is the model.
+the order backward finishes their gradients); a bucket is one flat device Tensor. When the last gradient of a
+bucket is final (autograd's post-accumulate hook), the gradients are copied into it on the device, on a second
+queue where the device is not the CPU so backward's kernels keep running, and the bucket's all-reduce starts
+on the collective worker thread while backward goes on (the same path as `all_reduce` of one Tensor: on the
+shared-memory backend straight between the device and the shared segments, the sums on the device for GPUs);
+buckets start in order, so every rank starts the same collectives in the same order. At the end of backward
+(a queued callback) the rest are started, every bucket is waited for and the averages are copied into
+`.grad` on the device. Parameters that got no gradient on this rank take part with zeros. PyTorch's
+`torch.nn.parallel.DistributedDataParallel` is the model.
 """
 
 from __future__ import annotations
@@ -22,8 +24,7 @@ import pyopencl as cl
 from netcl import config
 from netcl.autograd.engine import Parameter, queue_callback
 from netcl.core import capture
-from netcl.core.backend import enqueue_copy, handoff
-from netcl.core.memory import pinned_empty
+from netcl.core.backend import Queue, enqueue_copy, handoff
 from netcl.core.tensor import Tensor
 from netcl.distributed import collectives, runtime
 from netcl.distributed.runtime import Work
@@ -32,14 +33,14 @@ from netcl.nn.module import Module
 
 
 class _Bucket:
-    """Parameters whose gradients travel as one all-reduce, laid end to end in a pinned host buffer."""
+    """Parameters whose gradients travel as one all-reduce, laid end to end in one flat device Tensor."""
 
-    def __init__(self, index: int, params: list[Parameter]):
+    def __init__(self, index: int, params: list[Parameter], queue: Queue):
         self.index = index
         self.params = params
         self.offsets = np.cumsum([0] + [p.size for p in params]).tolist()
         self.dtype = np.dtype(params[0].dtype)
-        self.host = pinned_empty(params[0].value.queue, (self.offsets[-1],), self.dtype)
+        self.flat = Tensor.empty(queue, (self.offsets[-1],), self.dtype)
         self.reset()
 
     def reset(self) -> None:
@@ -51,8 +52,8 @@ class _Bucket:
     def complete(self) -> bool:
         return len(self.ready) == len(self.params)
 
-    def slot(self, i: int) -> np.ndarray:
-        return self.host[self.offsets[i] : self.offsets[i + 1]]
+    def slot(self, i: int) -> Tensor:
+        return self.flat[self.offsets[i] : self.offsets[i + 1]]
 
 
 class DistributedDataParallel(Module):
@@ -91,6 +92,8 @@ class DistributedDataParallel(Module):
                     f"the ranks' sample_share values {shares.round(6).tolist()} do not add up to 1"
                 )
             self.op, self.weights = "sum", shares.tolist()
+        device = params[0].value.device if params else None
+        self._copy_queue = device.new_queue() if device is not None and device.kind != "cpu" else None
         self.buckets = self._make_buckets(params)
         self._bucket_of = {id(p): (b, i) for b in self.buckets for i, p in enumerate(b.params)}
         self._handles = [p.register_post_accumulate_grad_hook(self._grad_ready) for p in params]
@@ -101,19 +104,17 @@ class DistributedDataParallel(Module):
         # at its end ("at_end": the last bucket, and those behind a gradient that never came)
         self.started = {"during": 0, "at_end": 0}
         self._next = 0
-        device = params[0].value.device if params else None
-        self._copy_queue = device.new_queue() if device is not None and device.kind != "cpu" else None
 
     def _make_buckets(self, params: list[Parameter]) -> list[_Bucket]:
         buckets, current, size = [], [], 0
         for p in reversed(params):
             if current and (size + p.value.nbytes > self.bucket_bytes or p.dtype != current[0].dtype):
-                buckets.append(_Bucket(len(buckets), current))
+                buckets.append(_Bucket(len(buckets), current, self._copy_queue or current[0].value.queue))
                 current, size = [], 0
             current.append(p)
             size += p.value.nbytes
         if current:
-            buckets.append(_Bucket(len(buckets), current))
+            buckets.append(_Bucket(len(buckets), current, self._copy_queue or current[0].value.queue))
         return buckets
 
     # -- forward -------------------------------------------------------------------------------------------
@@ -157,16 +158,18 @@ class DistributedDataParallel(Module):
         if bucket.complete:
             self._start_ready()
 
-    def _read_grad(self, grad: Tensor, host: np.ndarray) -> Any:
-        """Copy a gradient into its place in the bucket (returns the copy's event)."""
+    def _read_grad(self, grad: Tensor, slot: Tensor) -> Any:
+        """Copy a gradient into its place in the bucket, on the device (returns the copy's event)."""
+        src = grad if grad.is_contiguous() else grad.contiguous()
         if self._copy_queue is None:
-            event = enqueue_copy(grad.queue, host, grad.buffer, src_offset=grad.offset * grad.itemsize,
-                                 is_blocking=False)
-            grad.queue.cl.flush()  # the collective worker waits on it
+            event = enqueue_copy(slot.queue, slot.buffer, src.buffer, byte_count=slot.nbytes,
+                                 src_offset=src.offset * src.itemsize, dst_offset=slot.offset * slot.itemsize)
+            slot.queue.cl.flush()  # the collective worker waits on it
             return event
-        made = handoff(grad.queue)  # the copy queue waits for the kernels that made the gradient
-        event = enqueue_copy(self._copy_queue, host, grad.buffer, src_offset=grad.offset * grad.itemsize,
-                             is_blocking=False, wait_for=[made])
+        made = handoff(src.queue)  # the copy queue waits for the kernels that made the gradient
+        event = enqueue_copy(self._copy_queue, slot.buffer, src.buffer, byte_count=slot.nbytes,
+                             src_offset=src.offset * src.itemsize, dst_offset=slot.offset * slot.itemsize,
+                             wait_for=[made])
         self._copy_queue.cl.flush()
         return event
 
@@ -181,7 +184,7 @@ class DistributedDataParallel(Module):
     def _reduce(self, bucket: _Bucket) -> None:
         if bucket.events:
             cl.wait_for_events(bucket.events)
-        self.group.all_reduce(bucket.host, self.op, self.weights)
+        collectives.all_reduce_contiguous(self.group, [bucket.flat], self.op, self.weights)
 
     def _finish_pass(self) -> None:
         """End of backward: start the buckets left (zeros for gradients that never came), wait for all, and
@@ -192,20 +195,22 @@ class DistributedDataParallel(Module):
                 if i not in bucket.ready:
                     bucket.ready.add(i)
                     if p.grad is None:
-                        bucket.slot(i).fill(0)
+                        bucket.slot(i).fill_(0)
+                        bucket.events.append(handoff(bucket.flat.queue))
                     else:
                         bucket.events.append(self._read_grad(p.grad, bucket.slot(i)))
         self._start_ready()
         try:
             for bucket in self.buckets:
-                bucket.work.wait()
+                bucket.work.wait()  # its results are in bucket.flat (the worker waited for its copies)
             for bucket in self.buckets:
-                pairs = []
                 for i, p in enumerate(bucket.params):
-                    if p.grad is None:
+                    if p.grad is None or not p.grad.is_contiguous():
                         p.grad = Tensor.empty(p.value.queue, p.shape, p.dtype)
-                    pairs.append((p.grad, bucket.slot(i)))
-                collectives.copy_in(pairs)
+                    slot, grad = bucket.slot(i), p.grad
+                    enqueue_copy(grad.queue, grad.buffer, slot.buffer, byte_count=slot.nbytes,
+                                 src_offset=slot.offset * slot.itemsize,
+                                 dst_offset=grad.offset * grad.itemsize)
         finally:
             self._reset_pass()
 
@@ -228,5 +233,5 @@ class DistributedDataParallel(Module):
         self._next = 0
 
     def extra_repr(self) -> str:
-        sizes = ", ".join(f"{b.offsets[-1] * b.dtype.itemsize / 2**20:.2f}" for b in self.buckets)
+        sizes = ", ".join(f"{b.flat.nbytes / 2**20:.2f}" for b in self.buckets)
         return f"world_size={self.group.world_size}, buckets MiB=[{sizes}]"
