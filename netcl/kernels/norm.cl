@@ -13,6 +13,9 @@
 //   ROWS each take one row and write grad_x; the rest each take LOCAL parameters and write grad_w,
 //   grad_b by summing over the rows that use them. One launch, no atomics.
 // LOCAL is 1 on CPUs (no barrier cost, rows spread over cores) and 128-256 on GPUs.
+// Dtypes: every floating one of common.cl. x, y, w, b and the gradients are T (read with LOAD_T, written
+// with STORE_T: float16/bfloat16 storage, float arithmetic); mean and rstd are ACC (float32 statistics for
+// half storage).
 // Memory: forward reads x twice and writes y once;
 //   backward reads x and grad_y twice, writes grad_x once.
 
@@ -29,7 +32,7 @@
 #endif
 // ACT (common.cl): ACT_RELU fuses a relu into the output (forward) / masks the gradient by it (backward)
 
-#define LD(p, i) ((ACC)(p)[i])
+#define LD(p, i) LOAD_T(p, i)
 
 inline ACC group_sum(ACC v, __local ACC *scratch)
 {
@@ -50,8 +53,8 @@ inline ACC group_sum(ACC v, __local ACC *scratch)
 }
 
 __kernel void row_norm_forward(__global const T *x, const long x_off, __global const T *w, __global const T *b,
-                               const int has_w, const int has_b, __global T *y, __global T *mean_out,
-                               __global T *rstd_out, const int ROWS, const int L, const int PG, const int PDIV,
+                               const int has_w, const int has_b, __global T *y, __global ACC *mean_out,
+                               __global ACC *rstd_out, const int ROWS, const int L, const int PG, const int PDIV,
                                const int rms, const ACC eps)
 {
     __local ACC scratch[LOCAL];
@@ -80,17 +83,17 @@ __kernel void row_norm_forward(__global const T *x, const long x_off, __global c
 #if ACT == ACT_RELU
         v = fmax(v, (ACC)0);
 #endif
-        yr[i] = (T)v;
+        STORE_T(yr, i, v);
     }
     if (lid == 0) {
-        mean_out[r] = (T)mean;
-        rstd_out[r] = (T)rstd;
+        mean_out[r] = mean;
+        rstd_out[r] = rstd;
     }
 }
 
 __kernel void row_norm_backward(__global const T *gy, const long gy_off, __global const T *x, const long x_off,
-                                __global const T *w, const int has_w, __global const T *mean_in,
-                                __global const T *rstd_in, __global T *gx, __global T *gw, __global T *gb,
+                                __global const T *w, const int has_w, __global const ACC *mean_in,
+                                __global const ACC *rstd_in, __global T *gx, __global T *gw, __global T *gb,
                                 const int ROWS, const int L, const int PG, const int PDIV, const int NPARAM,
                                 const int rms)
 {
@@ -100,7 +103,7 @@ __kernel void row_norm_backward(__global const T *gy, const long gy_off, __globa
         const int r = grp;
         const __global T *xr = x + x_off + (long)r * L;
         const __global T *gr = gy + gy_off + (long)r * L;
-        const ACC mean = rms ? (ACC)0 : LD(mean_in, r), rstd = LD(rstd_in, r);
+        const ACC mean = rms ? (ACC)0 : mean_in[r], rstd = rstd_in[r];
         const int pbase = (r % PG) * L;
         ACC s1 = (ACC)0, s2 = (ACC)0;  // sum(g'), sum(g' * xhat) with g' = gy * w
         for (int i = lid; i < L; i += LOCAL) {
@@ -116,7 +119,7 @@ __kernel void row_norm_backward(__global const T *gy, const long gy_off, __globa
             ACC g = LD(gr, i);
             if (has_w) g *= LD(w, (pbase + i) / PDIV);
             const ACC xhat = (LD(xr, i) - mean) * rstd;
-            gxr[i] = (T)(rstd * (g - s1 - xhat * s2));
+            STORE_T(gxr, i, rstd * (g - s1 - xhat * s2));
         }
         return;
     }
@@ -127,7 +130,7 @@ __kernel void row_norm_backward(__global const T *gy, const long gy_off, __globa
     const int i0 = p * PDIV - g * L;     // its first element inside such a row
     ACC sw = (ACC)0, sb = (ACC)0;
     for (int r = g; r < ROWS; r += PG) {
-        const ACC mean = rms ? (ACC)0 : LD(mean_in, r), rstd = LD(rstd_in, r);
+        const ACC mean = rms ? (ACC)0 : mean_in[r], rstd = rstd_in[r];
         const __global T *xr = x + x_off + (long)r * L + i0;
         const __global T *gr = gy + gy_off + (long)r * L + i0;
         for (int i = 0; i < PDIV; ++i) {
@@ -136,6 +139,6 @@ __kernel void row_norm_backward(__global const T *gy, const long gy_off, __globa
             sb += gv;
         }
     }
-    gw[p] = (T)sw;
-    gb[p] = (T)sb;
+    STORE_T(gw, p, sw);
+    STORE_T(gb, p, sb);
 }

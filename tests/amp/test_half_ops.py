@@ -12,6 +12,7 @@ import pytest
 from netcl import ops
 from netcl.core.tensor import Tensor
 from netcl.errors import DTypeError
+from netcl.ops import norm
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 F16 = np.dtype(np.float16)
@@ -82,3 +83,43 @@ def test_pooling_half_matches_float32(queue, rng, dt):
     _close(ops.avg_pool2d_backward(gh, xh.shape, 3, 2, 1), ops.avg_pool2d_backward(gf, xf.shape, 3, 2, 1),
            dt, "avg pool backward")
     _close(ops.adaptive_avg_pool2d(xh, (4, 3)), ops.adaptive_avg_pool2d(xf, (4, 3)), dt, "adaptive avg")
+
+
+@HALVES
+@pytest.mark.parametrize("local", [None, 8], ids=["cpu-rows", "work-groups"])
+def test_row_norms_half_match_float32(queue, rng, dt, local, monkeypatch):
+    """LayerNorm, RMSNorm and GroupNorm on half storage (odd rows and lengths): outputs and gradients in
+    the half dtype, mean/rstd float32; `local` 8 runs the GPUs' work-group kernels and their parameter
+    gradients through the reduction engine."""
+    monkeypatch.setattr(norm, "local_size_override", local)
+    xh, xf = _pair(queue, rng, (5, 3, 37), dt)
+    wh, wf = _pair(queue, rng, (37,), dt)
+    bh, bf = _pair(queue, rng, (37,), dt)
+    gh, gf = _pair(queue, rng, (5, 3, 37), dt)
+    yh, mh, rh = ops.layer_norm(xh, 37, wh, bh)
+    yf, mf, rf = ops.layer_norm(xf, 37, wf, bf)
+    assert mh.dtype == rh.dtype == np.float32
+    np.testing.assert_allclose(rh.to_host(), rf.to_host(), rtol=1e-5)
+    _close(yh, yf, dt, "layer_norm")
+    for got, want, what in zip(ops.layer_norm_backward(gh, xh, 37, mh, rh, wh, bh),
+                               ops.layer_norm_backward(gf, xf, 37, mf, rf, wf, bf), ("gx", "gw", "gb")):
+        _close(got, want, dt, f"layer_norm {what}")
+    yh, rh = ops.rms_norm(xh, 37, wh)
+    yf, rf = ops.rms_norm(xf, 37, wf)
+    _close(yh, yf, dt, "rms_norm")
+    for got, want, what in zip(ops.rms_norm_backward(gh, xh, 37, rh, wh),
+                               ops.rms_norm_backward(gf, xf, 37, rf, wf),
+                               ("gx", "gw")):
+        _close(got, want, dt, f"rms_norm {what}")
+    if local is None:
+        x4h, x4f = _pair(queue, rng, (2, 6, 3, 5), dt)
+        c6h, c6f = _pair(queue, rng, (6,), dt)
+        yh, mh, rh = ops.group_norm(x4h, 3, c6h, c6h)
+        yf, mf, rf = ops.group_norm(x4f, 3, c6f, c6f)
+        _close(yh, yf, dt, "group_norm")
+        for got, want, what in zip(ops.group_norm_backward(x4h, x4h, 3, mh, rh, c6h, c6h),
+                                   ops.group_norm_backward(x4f, x4f, 3, mf, rf, c6f, c6f),
+                                   ("gx", "gw", "gb")):
+            _close(got, want, dt, f"group_norm {what}")
+    with pytest.raises(DTypeError, match="mean/rstd of .* must be float32"):
+        ops.rms_norm_backward(gh, xh, 37, Tensor.from_host(queue, np.ones(15, dt)), wh)
