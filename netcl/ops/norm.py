@@ -5,7 +5,8 @@ per-channel reduction and an elementwise pass each way (netcl/kernels/norm_batch
 return the output and the statistics the backward needs (like PyTorch's native_* ops):
   batch_norm -> (out, save_mean, save_invstd)     layer_norm / group_norm -> (out, mean, rstd)
   rms_norm -> (out, rstd)
-Statistics are accumulated in float32 for float32 tensors and float64 for float64 tensors.
+Statistics are accumulated in float32 for float32 tensors and float64 for float64 tensors. The row norms
+also take float16/bfloat16 storage (float32 arithmetic; their mean/rstd are float32).
 """
 
 from __future__ import annotations
@@ -330,8 +331,8 @@ def _row_forward(
     dt = x.dtype
     x = x.contiguous()
     out = Tensor.empty(x.queue, x.shape, dt)
-    mean = Tensor.empty(x.queue, (rows,), dt)
-    rstd = Tensor.empty(x.queue, (rows,), dt)
+    mean = Tensor.empty(x.queue, (rows,), _stat_dtype(dt))
+    rstd = Tensor.empty(x.queue, (rows,), _stat_dtype(dt))
     if rows == 0:
         return out, mean, rstd
     weight, bias = (t.clone() if t is not None and t.offset else t for t in (weight, bias))
@@ -361,8 +362,7 @@ def _row_backward(grad_out: Tensor, x: Tensor, weight: Tensor | None, mean: Tens
         # GPUs: a parameter per last-axis element (layer/RMS norm) takes its sums over the rows from the
         # reduction engine (every SM); the kernel's parameter part gives one work-item all the rows of a
         # parameter, which a GPT step's 16,384 rows made 7.6 ms a call on the H200
-        by_reduction = local > 1 and pg == 1 and pdiv == 1 and nparam == length and dt in (dtypes.float32,
-                                                                                           dtypes.float64)
+        by_reduction = local > 1 and pg == 1 and pdiv == 1 and nparam == length
         kernel_params = 0 if by_reduction else nparam
         groups = rows + math.ceil(kernel_params / local)
         _program(x.device, dt).row_norm_backward(
@@ -391,10 +391,37 @@ def _row_backward(grad_out: Tensor, x: Tensor, weight: Tensor | None, mean: Tens
             g2, x2 = gy.reshape(rows, length), x.reshape(rows, length)
             centered = x2 if mean is None else elementwise.sub(x2, mean.reshape(rows, 1))
             xhat = elementwise.mul(centered, rstd.reshape(rows, 1))
-            gw = reduce.sum(elementwise.mul(g2, xhat), axis=0)
+            gw = reduce.sum(elementwise.mul(g2, xhat), axis=0)  # half g2 * float32 xhat: float32 sums
             if not rms:
                 gb = reduce.sum(g2, axis=0)
+            gw, gb = (t if t.dtype == dt else elementwise.cast(t, dt) for t in (gw, gb))
     return gx, gw, gb
+
+
+def _stat_dtype(dt: np.dtype) -> np.dtype:
+    """The row norms' mean/rstd dtype: float32 for float16/bfloat16/float32 storage, float64 for float64."""
+    return dtypes.float64 if dt == dtypes.float64 else dtypes.float32
+
+
+def _row_dtype(op: str, *tensors: Tensor | None, stats: tuple[Tensor | None, ...] = ()) -> np.dtype:
+    """The row norms' dtype check: x and the parameters (and gradients) share one floating dtype, half
+    included; the statistics are _stat_dtype of it."""
+    ts = [t for t in tensors if t is not None]
+    check_same_queue(*ts, *(t for t in stats if t is not None))
+    dt = ts[0].dtype
+    for t in ts:
+        if t.dtype != dt:
+            raise DTypeError(f"{op}: all tensors must share one dtype, got {[str(t.dtype) for t in ts]}")
+    if dt not in _ROW_DTYPES:
+        raise DTypeError(f"{op} supports float16, bfloat16, float32 and float64 tensors, got {dt}")
+    for t in stats:
+        if t is not None and t.dtype != _stat_dtype(dt):
+            raise DTypeError(f"{op}: mean/rstd of {dt} tensors must be {_stat_dtype(dt)} (the forward's), "
+                             f"got {t.dtype}")
+    return dt
+
+
+_ROW_DTYPES = (dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64)
 
 
 def _normalized(op: str, x: Tensor, normalized_shape: Any) -> tuple[tuple[int, ...], int, int]:
@@ -410,7 +437,7 @@ def _normalized(op: str, x: Tensor, normalized_shape: Any) -> tuple[tuple[int, .
 def layer_norm(x: Tensor, normalized_shape: Any, weight: Tensor | None = None, bias: Tensor | None = None,
                eps: float = 1e-5) -> tuple[Tensor, Tensor, Tensor]:
     """(out, mean, rstd): normalise over the trailing `normalized_shape` dims; mean/rstd are per row."""
-    _float_dtype("layer_norm", x, weight, bias)
+    _row_dtype("layer_norm", x, weight, bias)
     shape, rows, length = _normalized("layer_norm", x, normalized_shape)
     weight = _check_param("layer_norm", "weight", weight, shape)
     bias = _check_param("layer_norm", "bias", bias, shape)
@@ -423,7 +450,7 @@ def layer_norm_backward(grad_out: Tensor, x: Tensor, normalized_shape: Any, mean
                         weight: Tensor | None = None, bias: Tensor | None = None
                         ) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """(grad_x, grad_weight, grad_bias) of layer_norm; grads of absent parameters are None."""
-    _float_dtype("layer_norm_backward", grad_out, x, weight, mean, rstd)
+    _row_dtype("layer_norm_backward", grad_out, x, weight, stats=(mean, rstd))
     if tuple(grad_out.shape) != tuple(x.shape):
         raise ShapeError(f"layer_norm_backward: grad_out shape {grad_out.shape} != input shape {x.shape}")
     shape, rows, length = _normalized("layer_norm_backward", x, normalized_shape)
@@ -441,7 +468,7 @@ def layer_norm_backward(grad_out: Tensor, x: Tensor, normalized_shape: Any, mean
 def rms_norm(x: Tensor, normalized_shape: Any, weight: Tensor | None = None,
              eps: float = 1e-6) -> tuple[Tensor, Tensor]:
     """(out, rstd): out = x * rsqrt(mean(x^2) + eps) * weight over the trailing dims."""
-    _float_dtype("rms_norm", x, weight)
+    _row_dtype("rms_norm", x, weight)
     shape, rows, length = _normalized("rms_norm", x, normalized_shape)
     weight = _check_param("rms_norm", "weight", weight, shape)
     out, _, rstd = _row_forward("rms_norm", x, weight, None, rows, length, 1, 1, True, eps)
@@ -451,7 +478,7 @@ def rms_norm(x: Tensor, normalized_shape: Any, weight: Tensor | None = None,
 def rms_norm_backward(grad_out: Tensor, x: Tensor, normalized_shape: Any, rstd: Tensor,
                       weight: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
     """(grad_x, grad_weight) of rms_norm."""
-    _float_dtype("rms_norm_backward", grad_out, x, weight, rstd)
+    _row_dtype("rms_norm_backward", grad_out, x, weight, stats=(rstd,))
     if tuple(grad_out.shape) != tuple(x.shape):
         raise ShapeError(f"rms_norm_backward: grad_out shape {grad_out.shape} != input shape {x.shape}")
     shape, rows, length = _normalized("rms_norm_backward", x, normalized_shape)
@@ -475,7 +502,7 @@ def group_norm(x: Tensor, num_groups: int, weight: Tensor | None = None, bias: T
                eps: float = 1e-5) -> tuple[Tensor, Tensor, Tensor]:
     """(out, mean, rstd): normalise each of num_groups channel groups per sample; weight/bias per channel.
     mean and rstd have shape (N, num_groups)."""
-    _float_dtype("group_norm", x, weight, bias)
+    _row_dtype("group_norm", x, weight, bias)
     n, c, hw, g = _group_geometry("group_norm", x, num_groups)
     weight = _check_param("group_norm", "weight", weight, (c,))
     bias = _check_param("group_norm", "bias", bias, (c,))
@@ -489,7 +516,7 @@ def group_norm_backward(grad_out: Tensor, x: Tensor, num_groups: int, mean: Tens
                         weight: Tensor | None = None, bias: Tensor | None = None
                         ) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """(grad_x, grad_weight, grad_bias) of group_norm; grads of absent parameters are None."""
-    _float_dtype("group_norm_backward", grad_out, x, weight, mean, rstd)
+    _row_dtype("group_norm_backward", grad_out, x, weight, stats=(mean, rstd))
     if tuple(grad_out.shape) != tuple(x.shape):
         raise ShapeError(f"group_norm_backward: grad_out shape {grad_out.shape} != input shape {x.shape}")
     n, c, hw, g = _group_geometry("group_norm_backward", x, num_groups)
