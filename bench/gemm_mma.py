@@ -7,6 +7,14 @@ float16, bfloat16, TF32 and FP32 on the same GPU in the same run. Limits: H200 d
 ~990 TFLOP/s (wgmma; mma.sync reaches less), TF32 ~495, FP32 (no matrix units) ~67.
 
     python3 bench/gemm_mma.py [--out bench/results/gemm_mma.json]
+    python3 bench/gemm_mma.py --sweep [--budget 75] [--ptx DIR]
+
+--sweep: a handful of configurations of gemm_mma.cl's named knobs (block BM x BN x BK, warp patch WM x WN,
+STAGES of the cp.async ring, SWIZZLE of the local tiles instead of padding, GROUP_M block order, DBUF
+double-buffered fragments), float16/bfloat16/TF32 at 8192^3 only, each checked on two odd shapes first, with
+the registers/spills NVIDIA's compiler reports (-cl-nv-verbose), a probe of how much dynamic local memory
+(a __local kernel argument) a work-group gets, and cuBLAS at 8192^3 beside them; --ptx writes each
+configuration's PTX there. Configurations after --budget seconds are left out (said so).
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pyopencl as cl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import netcl
@@ -25,6 +34,8 @@ from netcl.core import dtypes
 from netcl.core.device import manager
 from netcl.core.tensor import Tensor
 from netcl.ops import gemm as mm
+from netcl.ops.gemm import launch as gemm_launch
+from netcl.ops.gemm import variants
 
 BF16 = dtypes.bfloat16
 F16 = np.dtype(np.float16)
@@ -47,12 +58,43 @@ CONFIGS = [  # (dtype, tile and loader); the first of each dtype is the kernel b
 ]
 
 
+# --sweep: (dtype, label, knobs over the base of its dtype); first the shipped default, then one lever at
+# a time, then larger blocks / warp patches; 48 KB of static local memory bounds STAGES x stage size
+BASE16 = dict(BM=128, BN=128, BK=32, WM=32, WN=64, PAD=8, PADB=8, ASYNC=1, STAGES=2, LDMATRIX=1, SWIZZLE=0,
+              GROUP_M=0, DBUF=0, EMULATE=0)
+BASE32 = dict(BM=128, BN=128, BK=16, WM=64, WN=64, PAD=4, PADB=8, ASYNC=1, STAGES=2, LDMATRIX=0, SWIZZLE=0,
+              GROUP_M=0, DBUF=0, EMULATE=0)
+S3 = dict(SWIZZLE=1, STAGES=3, GROUP_M=8, DBUF=1)
+SWEEP = [
+    (F16, "old default: padded x2, warp 32x64", {}),
+    (F16, "swizzled x3", dict(SWIZZLE=1, STAGES=3)),
+    (F16, "swizzled x3 + GROUP_M8", dict(SWIZZLE=1, STAGES=3, GROUP_M=8)),
+    (F16, "swizzled x3 + GROUP_M8 + DBUF", S3),
+    (F16, "S3, warp 64x64 (4 warps)", {**S3, "WM": 64, "WN": 64}),
+    (F16, "S3, warp 64x32", {**S3, "WM": 64, "WN": 32}),
+    (F16, "128x256x32 x2 swz g8 db, warp 64x64", {**S3, "BN": 256, "STAGES": 2, "WM": 64, "WN": 64}),
+    (F16, "256x128x32 x2 swz g8 db, warp 64x64", {**S3, "BM": 256, "STAGES": 2, "WM": 64, "WN": 64}),
+    (F16, "128x128x16 x6 swz g8, warp 32x64", {**S3, "BK": 16, "STAGES": 6}),
+    (F16, "64x128x64 x2 swz g8 db, warp 32x64", {**S3, "BM": 64, "BK": 64, "STAGES": 2}),
+    (F16, "S3 + GROUP_M16", {**S3, "GROUP_M": 16}),
+    (F32, "old default: padded x2, warp 64x64", {}),
+    (F32, "TF32 swz x3 g8 db ldmatrix", {**S3, "LDMATRIX": 1}),
+    (F32, "TF32 swz x3 g8 db ldmatrix, warp 32x64", {**S3, "LDMATRIX": 1, "WM": 32, "WN": 64}),
+    (F32, "TF32 128x256x16 x2 swz g8 db ldmatrix", {**S3, "LDMATRIX": 1, "BN": 256, "STAGES": 2}),
+    (BF16, "old default (ldmatrix now taken)", {}),
+    (BF16, "S3", S3),
+    (BF16, "128x256x32 x2 swz g8 db, warp 64x64", {**S3, "BN": 256, "STAGES": 2, "WM": 64, "WN": 64}),
+]
+
+
 def tf32(x: np.ndarray) -> np.ndarray:
     u = x.astype(np.float32).view(np.uint32)
     return ((u + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).view(np.float32).astype(np.float64)
 
 
 def local_bytes(p: dict, dt: np.dtype) -> int:
+    if p.get("ASYNC") and p.get("SWIZZLE"):
+        return (p["BM"] + p["BN"]) * p["BK"] * np.dtype(dt).itemsize * p.get("STAGES", 2)
     a = p["BM"] * (p["BK"] + p["PAD"])
     b = max(p["BK"] * (p["BN"] + p["PADB"]), p["BN"] * (p["BK"] + p["PAD"]))
     return (a + b) * np.dtype(dt).itemsize * (p.get("STAGES", 2) if p.get("ASYNC") else 1)
@@ -92,19 +134,148 @@ def check(queue, rng, dt, params) -> float:
     return worst
 
 
+PROBE = """__kernel void probe(__global float *out, __local float *s, const int n) {
+    for (int i = get_local_id(0); i < n; i += get_local_size(0)) s[i] = (float)i;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (get_local_id(0) == 0) out[0] = s[n - 1];
+}"""
+
+
+def probe_local_memory(dev) -> dict[str, str]:
+    """Whether a work-group gets `kb` KB of dynamic local memory (a __local kernel argument sized at launch):
+    NVIDIA's OpenCL reports 48 KB (CL_DEVICE_LOCAL_MEM_SIZE); the H200's SM has 228 KB."""
+    ctx, q = dev.context, dev.queue.cl
+    probe = cl.Kernel(cl.Program(ctx, PROBE).build(), "probe")
+    out = cl.Buffer(ctx, cl.mem_flags.READ_WRITE, 4)
+    res = {}
+    for kb in (48, 64, 96, 160, 227):
+        n = kb * 1024 // 4
+        try:
+            probe(q, (128,), (128,), out, cl.LocalMemory(kb * 1024), np.int32(n))
+            got = np.zeros(1, np.float32)
+            cl.enqueue_copy(q, got, out)
+            q.finish()
+            res[f"{kb}KB"] = "ok" if got[0] == n - 1 else f"wrong value {got[0]}"
+        except Exception as exc:  # the answer is the point: report it
+            res[f"{kb}KB"] = f"{type(exc).__name__}: {str(exc)[:120]}"
+    return res
+
+
+def cublas(torch, name: str, s: int) -> float:
+    tdt = {"float16": torch.float16, "bfloat16": torch.bfloat16}.get(name, torch.float32)
+    torch.backends.cuda.matmul.allow_tf32 = name == "tf32"
+    a = torch.randn(s, s, device="cuda", dtype=tdt)
+    b = torch.randn(s, s, device="cuda", dtype=tdt)
+    for _ in range(3):
+        a @ b
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        a @ b
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    return round(2 * s**3 / float(np.median(times)) / 1e12, 1)
+
+
+def sweep(dev, args) -> dict[str, object]:
+    """--sweep: each configuration checked (two odd shapes, layout nn: the program timed) then timed at
+    8192^3, beside cuBLAS; registers/spills from NVIDIA's build log; PTX into --ptx."""
+    import torch  # noqa: PLC0415 (GPU-only peer, imported when run)
+
+    t_start = time.perf_counter()
+    q = dev.queue
+    out: dict[str, object] = {"local_memory_probe": probe_local_memory(dev)}
+    print("dynamic local memory (a __local argument) per work-group:", out["local_memory_probe"], flush=True)
+    variants.NV_VERBOSE = True
+    built: list = []
+    real_program = gemm_launch._program
+
+    def program(device, variant, defines):  # the program each configuration builds, for its PTX
+        prg = real_program(device, variant, defines)
+        built.append(prg)
+        return prg
+
+    gemm_launch._program = program
+    rng = np.random.default_rng(0)
+    s = args.size
+    operands: dict[np.dtype, tuple] = {}
+    netcl.set_matmul_precision("high")
+    for dt, label, knobs in SWEEP:
+        name = f"{dt.name if dt != F32 else 'tf32'}: {label}"
+        params = {**(BASE32 if dt == F32 else BASE16), **knobs}
+        if time.perf_counter() - t_start > args.budget:
+            print(f"{name}: left out (past --budget {args.budget} s)")
+            continue
+        if local_bytes(params, dt) > dev.capabilities.local_mem:
+            print(f"{name}: skipped, {local_bytes(params, dt)} bytes of local memory")
+            continue
+        if dt not in operands:
+            operands[dt] = tuple(Tensor.from_host(q, rng.standard_normal((s, s), dtype=np.float32).astype(dt))
+                                 for _ in range(2))
+        try:
+            built.clear()
+            err = 0.0
+            for m, n, k in ((37, 29, 45), (1000, 999, 517)):
+                a, b = rng.standard_normal((m, k)).astype(dt), rng.standard_normal((k, n)).astype(dt)
+                got = mm.gemm(Tensor.from_host(q, a), Tensor.from_host(q, b), variant="mma",
+                              params=params).to_host().astype(np.float64)
+                ref = tf32(a) @ tf32(b) if dt == F32 else a.astype(np.float64) @ b.astype(np.float64)
+                err = max(err, float(np.abs(got - ref).max() / np.abs(ref).max()))
+            a, b = operands[dt]
+            sec = median_seconds(lambda a=a, b=b: mm.gemm(a, b, variant="mma", params=params), q)
+            row: dict[str, object] = {"max_rel_err": float(f"{err:.2g}"),
+                                      "tflops": round(2 * s**3 / sec / 1e12, 1)}
+        except Exception as exc:  # a configuration this device cannot build or run is reported, not fatal
+            row = {"failed": f"{type(exc).__name__}: {str(exc)[:300]}"}
+        if args.ptx and built:
+            try:
+                Path(args.ptx).mkdir(parents=True, exist_ok=True)
+                fname = "".join(c if c.isalnum() else "_" for c in name)[:90] + ".ptx"
+                Path(args.ptx, fname).write_bytes(built[-1].cl.get_info(cl.program_info.BINARIES)[0])
+            except Exception as exc:  # the PTX is a diagnostic: say why it is missing
+                print(f"{name}: no PTX ({type(exc).__name__}: {exc})")
+        print(f"{name}: {row}", flush=True)
+        out[name] = row
+    gemm_launch._program = real_program
+    netcl.set_matmul_precision("highest")
+    for name in ("float16", "bfloat16", "tf32"):
+        out[f"cuBLAS {name} {s}"] = v = cublas(torch, name, s)
+        print(f"PyTorch {torch.__version__} cuBLAS {name} {s}^3: {v} TFLOP/s", flush=True)
+    print(f"\nTFLOP/s at {s}^3 (ratio to cuBLAS of the same input type):")
+    for key, row in out.items():
+        if isinstance(row, dict) and "tflops" in row:
+            ref = out[f"cuBLAS {key.split(':')[0]} {s}"]
+            print(f"  {row['tflops']:7.1f}  {row['tflops'] / ref:5.2f}x  {key}")
+    print(f"sweep took {time.perf_counter() - t_start:.0f} s")
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="bench/results/gemm_mma.json")
     ap.add_argument(
         "--gpu", action="store_true", help="accepted for bench/gpu_run.sh (this bench is GPU-only)"
     )
+    ap.add_argument("--sweep", action="store_true", help="the configuration sweep at 8192^3 (see above)")
+    ap.add_argument("--budget", type=float, default=75.0,
+                    help="--sweep: seconds after which configurations are left out")
+    ap.add_argument("--size", type=int, default=8192, help="--sweep: the square problem's size")
+    ap.add_argument("--ptx", default="", help="--sweep: a folder for each configuration's PTX")
     args = ap.parse_args()
-    import torch
+    import torch  # noqa: PLC0415 (GPU-only peer, imported when run)
 
     dev = manager.get("gpu")
     q = dev.queue
     print(dev.device_name, "compute capability", dev.capabilities.nv_compute_capability, "local memory",
           dev.capabilities.local_mem)
+    if args.sweep:
+        result = sweep(dev, args)
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result, indent=1))
+        print("wrote", args.out)
+        return
     rng = np.random.default_rng(0)
     out: dict[str, object] = {}
     netcl.set_matmul_precision("high")

@@ -53,6 +53,15 @@
 #ifndef STAGES
 #define STAGES 2
 #endif
+#ifndef SWIZZLE
+#define SWIZZLE 0
+#endif
+#ifndef GROUP_M
+#define GROUP_M 0
+#endif
+#ifndef DBUF
+#define DBUF 0
+#endif
 #define WARPS_M (BM / WM)
 #define WARPS_N (BN / WN)
 #define THREADS (WARPS_M * WARPS_N * 32)
@@ -143,15 +152,61 @@ inline void mma(float d[4], const uint a[4], const uint b[2], const float c[4],
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]))
 #endif
 
-// a pair of 16-bit elements (k, k+1) of a local row as one 32-bit register (k even)
 #if defined(MMA_TF32)
-#define FRAG(tile, row, k) ((tile)[(row) * LD + (k)])
-#define VEC 4               // elements per 16-byte global load
+#define VEC 4               // elements per 16-byte chunk (global load, cp.async, ldmatrix row)
 #else
-#define FRAG(tile, row, k) (((__local const uint *)(tile))[((row) * LD + (k)) >> 1])
 #define VEC 8
 #endif
-#define LDB (BN + PADB)     // row length of the k-major B tile (B_KMAJOR)
+#define LDB (BN + PADB)     // row length of the padded k-major B tile (B_KMAJOR)
+
+// Local tile layouts. "Row" tiles hold A (BM rows) and, unless B_KMAJOR, B (BN rows) with k contiguous;
+// the k-major B tile holds BK rows of BN. R_OFF(r, k) / K_OFF(k, n): element offsets in a tile.
+// Padded (PAD / PADB elements at each row's end): rows LD / LDB long. SWIZZLE (the cp.async ring only):
+// rows exactly BK / BN long, and the 16-byte chunk c of row r stored at chunk c ^ swz(r), so that the 8
+// rows one ldmatrix phase (or one 128-byte store phase) touches fall on 8 different chunks of the 32 banks
+// with no padding: a 128 x 128 x 32 half stage is 16 KB, and three stages fit NVIDIA's 48 KB.
+// swz depends on r % 8 only (so fragment addresses are one XOR per lane) and never exceeds the row.
+#if defined(ASYNC) && SWIZZLE
+#define LDA_T BK            // row length of row tiles in local memory
+#define LDB_T BN            // of the k-major B tile
+#define CPR (BK / VEC)      // 16-byte chunks per row tile row
+#define CPRB (BN / VEC)
+#define SWZ_ROWS(c) ((c) >= 8 ? 1 : 8 / (c))
+#define SWZ_MOD(c) ((c) >= 8 ? 8 : (c))
+#define SWZ_R(r) (((r) / SWZ_ROWS(CPR)) % SWZ_MOD(CPR))
+#if defined(MMA_TF32) && CPRB >= 8
+// TF32 k-major B is read one 32-bit value a lane (no ldmatrix.trans for 32-bit): rows k..k+3 of one
+// instruction need chunk pairs on different banks, hence the XOR by 2 (k % 4)
+#define SWZ_K(k) (((((k) & 3) << 1) | (((k) >> 2) & 1)))
+#else
+#define SWZ_K(k) (((k) / SWZ_ROWS(CPRB)) % SWZ_MOD(CPRB))
+#endif
+#define R_OFF(r, k) ((r) * BK + (((((k) / VEC) ^ SWZ_R(r))) * VEC) + ((k) % VEC))
+#define K_OFF(k, n) ((k) * BN + (((((n) / VEC) ^ SWZ_K(k))) * VEC) + ((n) % VEC))
+#if (BK % VEC) || (BN % VEC) || (CPR & (CPR - 1)) || (CPRB & (CPRB - 1))
+#error "SWIZZLE needs rows of BK and BN elements holding a power of two of 16-byte chunks"
+#endif
+#else
+#define LDA_T LD
+#define LDB_T LDB
+#define SWZ_R(r) 0
+#define SWZ_K(k) 0
+#define R_OFF(r, k) ((r) * LD + (k))
+#define K_OFF(k, n) ((k) * LDB + (n))
+#endif
+#define A_TILE (BM * LDA_T)
+#ifdef B_KMAJOR
+#define B_TILE (BK * LDB_T)  // B[k0 + k, n0 + c] at K_OFF(k, c) (B's rows contiguous along n)
+#else
+#define B_TILE (BN * LDA_T)  // B[k0 + k, n0 + c] at R_OFF(c, k) (k contiguous: the mma "col" operand)
+#endif
+
+// one 32-bit fragment register from a row tile: TF32 one element, else the pair (k, k + 1), k even
+#if defined(MMA_TF32)
+#define FRAG(tile, row, k) ((tile)[R_OFF(row, k)])
+#else
+#define FRAG(tile, row, k) (((__local const uint *)(tile))[R_OFF(row, k) >> 1])
+#endif
 
 #ifdef ALIGNED
 // 16-byte loads: the operand's contiguous axis has stride 1, and every row start is a multiple of VEC
@@ -235,15 +290,26 @@ inline uint tf32_frag(uint x) {
 #define CVT_FRAG(x) (x)
 #endif
 
+#if defined(LDMATRIX) && defined(MMA_TF32) && !defined(ASYNC)
+#undef LDMATRIX             // TF32 tiles of the register loaders may have unaligned padded rows
+#endif
 #ifdef LDMATRIX
-#if defined(MMA_TF32) || (WN % 16)
-#error "LDMATRIX takes 16-bit inputs and warp patches WN a multiple of 16"
+#if (WN % 16)
+#error "LDMATRIX takes warp patches WN a multiple of 16"
 #endif
 // four 8 x 8 matrices of 16-bit values: lanes 8i..8i+7 give the row addresses of matrix i; lane l
 // receives, in r[i], the pair (row l / 4, columns 2 (l % 4), +1) of matrix i, or with TRANS the pair
-// (rows 2 (l % 4), +1; column l / 4). PTR is a macro of the lane giving its row address (the emulation
-// evaluates it for the lanes whose rows this lane receives: no exchange, no barrier).
+// (rows 2 (l % 4), +1; column l / 4). TF32 (no .trans): the same 16-byte rows seen as 8 x 4 matrices of
+// 32-bit values, lane l gets (row l / 4, column l % 4): exactly mma.m16n8k8's A and "col" B fragments.
+// PTR is a macro of the lane giving its row address (the emulation evaluates it for the lanes whose rows
+// this lane receives: no exchange, no barrier).
 #ifdef MMA_EMULATE
+#if defined(MMA_TF32)
+#define LDSM(r, PTR, trans)                                                                             \
+    do {                                                                                                \
+        for (int i_ = 0; i_ < 4; ++i_) r[i_] = PTR(8 * i_ + g)[t];                                      \
+    } while (0)
+#else
 #define LDSM(r, PTR, trans)                                                                             \
     do {                                                                                                \
         _Pragma("unroll")                                                                           \
@@ -252,6 +318,7 @@ inline uint tf32_frag(uint x) {
             else r[i_] = (uint)PTR(8 * i_ + g)[2 * t] | ((uint)PTR(8 * i_ + g)[2 * t + 1] << 16);           \
         }                                                                                               \
     } while (0)
+#endif
 #else
 #define LDSM(r, PTR, trans)                                                                             \
     do {                                                                                                \
@@ -267,20 +334,97 @@ inline uint tf32_frag(uint x) {
 #endif
 #endif
 
+// Row addresses by lane L for ldmatrix.x4 (i: the warp's 16-row A tile, j: its pair of 8-column B tiles,
+// kk: the k step; kk / VEC is even, so "+ chunk bit" is "^ chunk bit" and the swizzle folds into one XOR
+// per lane): A's 16 rows at chunks kk and kk + VEC; B (n rows) two 8-row tiles at chunks kk, kk + VEC;
+// k-major B (.trans) rows kk.. kk + 15, two 8-column chunks.
+#define A_ROWS(L) (as + (wm + i * 16 + ((L) & 15)) * LDA_T + ((((kk) / VEC) ^ (((L) >> 4) ^ SWZ_R((L) & 7))) * VEC))
+#define B_ROWS(L) (bs + (wn + j * 8 + ((L) >> 4) * 8 + ((L) & 7)) * LDA_T                                  \
+                   + ((((kk) / VEC) ^ ((((L) >> 3) & 1) ^ SWZ_R((L) & 7))) * VEC))
+#define B_ROWS_KMAJOR(L) (bs + ((kk) + (((L) >> 3) & 1) * 8 + ((L) & 7)) * LDB_T                            \
+                          + ((((wn + j * 8) / VEC) ^ (((L) >> 4) ^ SWZ_K((L) & 7))) * VEC))
+
+// the fragments of k step kk (a variable in scope) into a[MT][4], b[NT][2] (tiles `as`, `bs`)
+#ifdef LDMATRIX
+#define LOAD_A(a)                                                                                   \
+    do {                                                                                                \
+        MMA_UNROLL                                                                                      \
+        for (int i = 0; i < MT; ++i) {                                                                  \
+            LDSM(a[i], A_ROWS, false);                                                                  \
+            _Pragma("unroll") for (int o_ = 0; o_ < 4; ++o_) a[i][o_] = CVT_FRAG(a[i][o_]);             \
+        }                                                                                               \
+    } while (0)
+#else
+#if defined(MMA_TF32)
+#define LOAD_A(a)                                                                                   \
+    _Pragma("unroll")                                                                                   \
+    for (int i = 0; i < MT; ++i) {                                                                      \
+        const int r = wm + i * 16 + g;                                                                  \
+        a[i][0] = CVT_FRAG(FRAG(as, r, kk + t));      a[i][1] = CVT_FRAG(FRAG(as, r + 8, kk + t));      \
+        a[i][2] = CVT_FRAG(FRAG(as, r, kk + t + 4));  a[i][3] = CVT_FRAG(FRAG(as, r + 8, kk + t + 4));  \
+    }
+#else
+#define LOAD_A(a)                                                                                   \
+    _Pragma("unroll")                                                                                   \
+    for (int i = 0; i < MT; ++i) {                                                                      \
+        const int r = wm + i * 16 + g;                                                                  \
+        a[i][0] = FRAG(as, r, kk + 2 * t);      a[i][1] = FRAG(as, r + 8, kk + 2 * t);                  \
+        a[i][2] = FRAG(as, r, kk + 2 * t + 8);  a[i][3] = FRAG(as, r + 8, kk + 2 * t + 8);              \
+    }
+#endif
+#endif
+
+#if defined(LDMATRIX) && !(defined(B_KMAJOR) && defined(MMA_TF32))
+#ifdef B_KMAJOR
+#define B_LDSM(r) LDSM(r, B_ROWS_KMAJOR, true)
+#else
+#define B_LDSM(r) LDSM(r, B_ROWS, false)
+#endif
+#define LOAD_B(b)                                                                                   \
+    MMA_UNROLL                                                                                          \
+    for (int j = 0; j < NT; j += 2) {                                                                   \
+        uint r_[4];                                                                                     \
+        B_LDSM(r_);                                                                                     \
+        b[j][0] = CVT_FRAG(r_[0]); b[j][1] = CVT_FRAG(r_[1]);                                           \
+        b[j + 1][0] = CVT_FRAG(r_[2]); b[j + 1][1] = CVT_FRAG(r_[3]);                                   \
+    }
+#else
+#if defined(B_KMAJOR) && defined(MMA_TF32)
+#define B_PAIR(b, c)                                                                                \
+    b[0] = CVT_FRAG(bs[K_OFF(kk + t, c)]);   b[1] = CVT_FRAG(bs[K_OFF(kk + t + 4, c)])
+#elif defined(B_KMAJOR)
+#define B_PAIR(b, c)                                                                                \
+    b[0] = (uint)bs[K_OFF(kk + 2 * t, c)] | ((uint)bs[K_OFF(kk + 2 * t + 1, c)] << 16);                 \
+    b[1] = (uint)bs[K_OFF(kk + 2 * t + 8, c)] | ((uint)bs[K_OFF(kk + 2 * t + 9, c)] << 16)
+#elif defined(MMA_TF32)
+#define B_PAIR(b, c) b[0] = CVT_FRAG(FRAG(bs, c, kk + t));      b[1] = CVT_FRAG(FRAG(bs, c, kk + t + 4))
+#else
+#define B_PAIR(b, c) b[0] = FRAG(bs, c, kk + 2 * t);      b[1] = FRAG(bs, c, kk + 2 * t + 8)
+#endif
+#define LOAD_B(b)                                                                                   \
+    _Pragma("unroll")                                                                                   \
+    for (int j = 0; j < NT; ++j) {                                                                      \
+        const int c = wn + j * 8 + g;                                                                   \
+        B_PAIR(b[j], c);                                                                            \
+    }
+#endif
+
+#define MMA_ALL(a, b)                                                                                   \
+    MMA_UNROLL                                                                                          \
+    for (int i = 0; i < MT; ++i)                                                                        \
+        MMA_UNROLL                                                                                      \
+        for (int j = 0; j < NT; ++j)                                                                    \
+            MMA(acc[i][j], a[i], b[j], acc[i][j])
+
 __kernel __attribute__((reqd_work_group_size(THREADS, 1, 1)))
 void gemm_mma(GEMM_ARGS)
 {
-#ifdef B_KMAJOR
-#define B_TILE (BK * LDB)   // B[k0 + k, n0 + c] at k * LDB + c (B's rows contiguous along n)
-#else
-#define B_TILE (BN * LD)    // B[k0 + k, n0 + c] at c * LD + k (k contiguous: the mma "col" operand)
-#endif
     // 16-byte aligned: tiles are written (and, with ASYNC/LDMATRIX, read) 16 bytes at a time
 #ifdef ASYNC
-    __local LTYPE As[STAGES * BM * LD] __attribute__((aligned(16)));  // stage s: A[m0 + r, k0 + k] at s * BM * LD + r * LD + k
+    __local LTYPE As[STAGES * A_TILE] __attribute__((aligned(16)));  // stage s: A[m0 + r, k0 + k] at s * A_TILE + R_OFF(r, k)
     __local LTYPE Bs[STAGES * B_TILE] __attribute__((aligned(16)));
 #else
-    __local LTYPE As[BM * LD] __attribute__((aligned(16)));           // A[m0 + r, k0 + k] at r * LD + k
+    __local LTYPE As[A_TILE] __attribute__((aligned(16)));           // A[m0 + r, k0 + k] at R_OFF(r, k)
     __local LTYPE Bs[B_TILE] __attribute__((aligned(16)));
 #endif
 #ifdef MMA_EMULATE
@@ -290,7 +434,19 @@ void gemm_mma(GEMM_ARGS)
     const int tid = get_local_id(0), lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int wm = (warp / WARPS_N) * WM, wn = (warp % WARPS_N) * WN;
-    const int n0 = get_group_id(0) * BN, m0 = get_group_id(1) * BM;
+    int bn = get_group_id(0), bm = get_group_id(1);
+#if GROUP_M > 1
+    {
+        // blocks in column-major groups of GROUP_M block rows: work-groups that run together share
+        // A's rows and B's columns in L2 (launch order is row-major over the grid)
+        const int nbn = get_num_groups(0), nbm = get_num_groups(1);
+        const int pid = bm * nbn + bn, per_group = GROUP_M * nbn, first = (pid / per_group) * GROUP_M;
+        const int rows = min(nbm - first, GROUP_M), in_group = pid % per_group;
+        bm = first + in_group % rows;
+        bn = in_group / rows;
+    }
+#endif
+    const int n0 = bn * BN, m0 = bm * BM;
     GEMM_SELECT_BATCH(get_group_id(2));
 
     float acc[MT][NT][4];
@@ -305,17 +461,44 @@ void gemm_mma(GEMM_ARGS)
 #error "16-byte chunks of the BM x BK and BK x BN tiles must divide evenly among the work-group's threads"
 #endif
 #if defined(ASYNC)
-    // every 16-byte chunk of a k tile: A's BM x BK, then B's (k-major rows along n, or rows along k)
+    // every 16-byte chunk of a k tile: A's BM x BK, then B's (k-major rows along n, or rows along k). Each
+    // thread's chunks keep their rows and columns from tile to tile: sources, destinations and edge
+    // tests are set up once; a tile adds k0 (A, B rows along k) or k0 rows (k-major B).
 #define CH_A (BM * BK / VEC / THREADS)
 #define CH_B (BN * BK / VEC / THREADS)
+    __global const STORE_T *src_a[CH_A], *src_b[CH_B];
+    int dst_a[CH_A], dst_b[CH_B], kc_a[CH_A], kc_b[CH_B], lim_a[CH_A], lim_b[CH_B];
+    #pragma unroll
+    for (int h = 0; h < CH_A; ++h) {
+        const int idx = tid + h * THREADS, r = idx / (BK / VEC), kc = (idx % (BK / VEC)) * VEC;
+        src_a[h] = A + (long)min(m0 + r, M - 1) * a_rs + kc;
+        dst_a[h] = R_OFF(r, kc);
+        kc_a[h] = kc;
+        lim_a[h] = m0 + r < M ? K - kc : 0;     // elements left in the row from k0 = 0
+    }
+    #pragma unroll
+    for (int h = 0; h < CH_B; ++h) {
+#ifdef B_KMAJOR
+        const int idx = tid + h * THREADS, k = idx / (BN / VEC), nc = (idx % (BN / VEC)) * VEC;
+        src_b[h] = B + (long)k * b_ks + min(n0 + nc, N - 1);
+        dst_b[h] = K_OFF(k, nc);
+        kc_b[h] = k;                            // the chunk's k row: in range while k0 + k < K
+        lim_b[h] = max(min(VEC, N - n0 - nc), 0);
+#else
+        const int idx = tid + h * THREADS, c = idx / (BK / VEC), kc = (idx % (BK / VEC)) * VEC;
+        src_b[h] = B + (long)min(n0 + c, N - 1) * b_ns + kc;
+        dst_b[h] = R_OFF(c, kc);
+        kc_b[h] = kc;
+        lim_b[h] = n0 + c < N ? K - kc : 0;
+#endif
+    }
 #define ISSUE(kt)                                                                                       \
     do {                                                                                                \
         const int k0_ = (kt) * BK, s_ = (kt) % STAGES;                                                  \
         _Pragma("unroll")                                                                           \
         for (int h = 0; h < CH_A; ++h) {                                                                \
-            const int idx = tid + h * THREADS, r = idx / (BK / VEC), kc = (idx % (BK / VEC)) * VEC;      \
-            const int gm = m0 + r, gk = k0_ + kc, left = gm < M ? min(VEC, K - gk) : 0;                 \
-            cp_async16(&As[s_ * BM * LD + r * LD + kc], left > 0 ? A + (long)gm * a_rs + gk : A,         \
+            const int left = min(VEC, lim_a[h] - k0_);                                                  \
+            cp_async16(&As[s_ * A_TILE + dst_a[h]], left > 0 ? src_a[h] + k0_ : A,                       \
                        max(left, 0) * (int)sizeof(STORE_T));                                            \
         }                                                                                               \
         ISSUE_B(k0_, s_);                                                                               \
@@ -324,18 +507,16 @@ void gemm_mma(GEMM_ARGS)
 #define ISSUE_B(k0_, s_)                                                                                \
     _Pragma("unroll")                                                                               \
     for (int h = 0; h < CH_B; ++h) {                                                                    \
-        const int idx = tid + h * THREADS, k = idx / (BN / VEC), nc = (idx % (BN / VEC)) * VEC;          \
-        const int gk = k0_ + k, gn = n0 + nc, left = gk < K ? min(VEC, N - gn) : 0;                    \
-        cp_async16(&Bs[s_ * B_TILE + k * LDB + nc], left > 0 ? B + (long)gk * b_ks + gn : B,             \
-                   max(left, 0) * (int)sizeof(STORE_T));                                                \
+        const int left = k0_ + kc_b[h] < K ? lim_b[h] : 0;                                              \
+        cp_async16(&Bs[s_ * B_TILE + dst_b[h]], left > 0 ? src_b[h] + (long)k0_ * b_ks : B,             \
+                   left * (int)sizeof(STORE_T));                                                        \
     }
 #else
 #define ISSUE_B(k0_, s_)                                                                                \
     _Pragma("unroll")                                                                               \
     for (int h = 0; h < CH_B; ++h) {                                                                    \
-        const int idx = tid + h * THREADS, c = idx / (BK / VEC), kc = (idx % (BK / VEC)) * VEC;          \
-        const int gn = n0 + c, gk = k0_ + kc, left = gn < N ? min(VEC, K - gk) : 0;                    \
-        cp_async16(&Bs[s_ * B_TILE + c * LD + kc], left > 0 ? B + (long)gn * b_ns + gk : B,              \
+        const int left = min(VEC, lim_b[h] - k0_);                                                      \
+        cp_async16(&Bs[s_ * B_TILE + dst_b[h]], left > 0 ? src_b[h] + k0_ : B,                          \
                    max(left, 0) * (int)sizeof(STORE_T));                                                \
     }
 #endif
@@ -350,7 +531,7 @@ void gemm_mma(GEMM_ARGS)
         barrier(CLK_LOCAL_MEM_FENCE);    // ... for every thread; and everyone is done with tile kt - 1
         if (kt + STAGES - 1 < nk) ISSUE(kt + STAGES - 1);   // into the stage tile kt - 1 used
         CP_COMMIT();
-        __local const LTYPE *as = As + (kt % STAGES) * BM * LD, *bs = Bs + (kt % STAGES) * B_TILE;
+        __local const LTYPE *as = As + (kt % STAGES) * A_TILE, *bs = Bs + (kt % STAGES) * B_TILE;
 #elif defined(ALIGNED)
     // register prefetch: the next k slice is in flight while the matrix units work on this one
 #define CH_A (BM * BK / VEC / THREADS)
@@ -378,7 +559,7 @@ void gemm_mma(GEMM_ARGS)
     _Pragma("unroll")                                                                               \
     for (int h = 0; h < CH_B; ++h) {                                                                    \
         const int idx = tid + h * THREADS, k = idx / (BN / VEC), nc = (idx % (BN / VEC)) * VEC;          \
-        *(__local uint4 *)&Bs[k * LDB + nc] = rb[h];                                                    \
+        *(__local uint4 *)&Bs[K_OFF(k, nc)] = rb[h];                                                    \
     }
 #else
 #define FETCH_B(k0)                                                                                     \
@@ -392,7 +573,7 @@ void gemm_mma(GEMM_ARGS)
     _Pragma("unroll")                                                                               \
     for (int h = 0; h < CH_B; ++h) {                                                                    \
         const int idx = tid + h * THREADS, c = idx / (BK / VEC), kc = (idx % (BK / VEC)) * VEC;          \
-        *(__local uint4 *)&Bs[c * LD + kc] = rb[h];                                                     \
+        *(__local uint4 *)&Bs[R_OFF(c, kc)] = rb[h];                                                    \
     }
 #endif
 #define STORE_TILES()                                                                                   \
@@ -400,7 +581,7 @@ void gemm_mma(GEMM_ARGS)
         _Pragma("unroll")                                                                           \
         for (int h = 0; h < CH_A; ++h) {                                                                \
             const int idx = tid + h * THREADS, r = idx / (BK / VEC), kc = (idx % (BK / VEC)) * VEC;      \
-            *(__local uint4 *)&As[r * LD + kc] = ra[h];                                                 \
+            *(__local uint4 *)&As[R_OFF(r, kc)] = ra[h];                                                \
         }                                                                                               \
         STORE_B();                                                                                      \
     } while (0)
@@ -416,81 +597,54 @@ void gemm_mma(GEMM_ARGS)
         if (a_ks == 1) {
             for (int idx = tid; idx < BM * BK; idx += THREADS) {
                 const int r = idx / BK, k = idx % BK, gm = m0 + r, gk = k0 + k;
-                As[r * LD + k] = (gm < M && gk < K) ? to_lds(A, (long)gm * a_rs + gk) : (LTYPE)0;
+                As[R_OFF(r, k)] = (gm < M && gk < K) ? to_lds(A, (long)gm * a_rs + gk) : (LTYPE)0;
             }
         } else {
             for (int idx = tid; idx < BM * BK; idx += THREADS) {
                 const int r = idx % BM, k = idx / BM, gm = m0 + r, gk = k0 + k;
-                As[r * LD + k] = (gm < M && gk < K) ? to_lds(A, (long)gm * a_rs + (long)gk * a_ks) : (LTYPE)0;
+                As[R_OFF(r, k)] = (gm < M && gk < K) ? to_lds(A, (long)gm * a_rs + (long)gk * a_ks) : (LTYPE)0;
             }
         }
 #ifdef B_KMAJOR
         for (int idx = tid; idx < BN * BK; idx += THREADS) {
             const int c = idx % BN, k = idx / BN, gn = n0 + c, gk = k0 + k;
-            Bs[k * LDB + c] = (gn < N && gk < K) ? to_lds(B, (long)gk * b_ks + (long)gn * b_ns) : (LTYPE)0;
+            Bs[K_OFF(k, c)] = (gn < N && gk < K) ? to_lds(B, (long)gk * b_ks + (long)gn * b_ns) : (LTYPE)0;
         }
 #else
         for (int idx = tid; idx < BN * BK; idx += THREADS) {
             const int c = idx / BK, k = idx % BK, gn = n0 + c, gk = k0 + k;
-            Bs[c * LD + k] = (gn < N && gk < K) ? to_lds(B, (long)gk * b_ks + (long)gn * b_ns) : (LTYPE)0;
+            Bs[R_OFF(c, k)] = (gn < N && gk < K) ? to_lds(B, (long)gk * b_ks + (long)gn * b_ns) : (LTYPE)0;
         }
 #endif
         barrier(CLK_LOCAL_MEM_FENCE);
         __local const LTYPE *as = As, *bs = Bs;
 #endif
+#if DBUF
+        // fragments double-buffered in registers: step s + 1's are read while step s's mma issue
+        uint a[2][MT][4], b[2][NT][2];
+        {
+            const int kk = 0;
+            LOAD_A(a[0]);
+            LOAD_B(b[0]);
+        }
+        MMA_UNROLL
+        for (int s = 0; s < BK / KSTEP; ++s) {
+            if (s + 1 < BK / KSTEP) {
+                const int kk = (s + 1) * KSTEP;
+                LOAD_A(a[(s + 1) & 1]);
+                LOAD_B(b[(s + 1) & 1]);
+            }
+            MMA_ALL(a[s & 1], b[s & 1]);
+        }
+#else
         MMA_UNROLL
         for (int kk = 0; kk < BK; kk += KSTEP) {
             uint a[MT][4], b[NT][2];
-#ifdef LDMATRIX
-            // row addresses by lane L: A's 16 rows at k and k + 8; B's two 8-column tiles at k and k + 8
-#define A_ROWS(L) (as + (wm + i * 16 + ((L) & 15)) * LD + kk + ((L) >> 4) * 8)
-#define B_ROWS_KMAJOR(L) (bs + (kk + (((L) >> 3) & 1) * 8 + ((L) & 7)) * LDB + wn + j * 8 + ((L) >> 4) * 8)
-#define B_ROWS(L) (bs + (wn + j * 8 + ((L) >> 4) * 8 + ((L) & 7)) * LD + kk + (((L) >> 3) & 1) * 8)
-            #pragma unroll
-            for (int i = 0; i < MT; ++i) LDSM(a[i], A_ROWS, false);
-            #pragma unroll
-            for (int j = 0; j < NT; j += 2) {
-                uint r[4];
-#ifdef B_KMAJOR
-                LDSM(r, B_ROWS_KMAJOR, true);
-#else
-                LDSM(r, B_ROWS, false);
-#endif
-                b[j][0] = r[0]; b[j][1] = r[1]; b[j + 1][0] = r[2]; b[j + 1][1] = r[3];
-            }
-#else
-            #pragma unroll
-            for (int i = 0; i < MT; ++i) {
-                const int r = wm + i * 16 + g;
-#if defined(MMA_TF32)
-                a[i][0] = CVT_FRAG(FRAG(as, r, kk + t));      a[i][1] = CVT_FRAG(FRAG(as, r + 8, kk + t));
-                a[i][2] = CVT_FRAG(FRAG(as, r, kk + t + 4));  a[i][3] = CVT_FRAG(FRAG(as, r + 8, kk + t + 4));
-#else
-                a[i][0] = FRAG(as, r, kk + 2 * t);      a[i][1] = FRAG(as, r + 8, kk + 2 * t);
-                a[i][2] = FRAG(as, r, kk + 2 * t + 8);  a[i][3] = FRAG(as, r + 8, kk + 2 * t + 8);
-#endif
-            }
-            #pragma unroll
-            for (int j = 0; j < NT; ++j) {
-                const int c = wn + j * 8 + g;
-#if defined(B_KMAJOR) && defined(MMA_TF32)
-                b[j][0] = CVT_FRAG(bs[(kk + t) * LDB + c]);   b[j][1] = CVT_FRAG(bs[(kk + t + 4) * LDB + c]);
-#elif defined(B_KMAJOR)
-                b[j][0] = (uint)bs[(kk + 2 * t) * LDB + c] | ((uint)bs[(kk + 2 * t + 1) * LDB + c] << 16);
-                b[j][1] = (uint)bs[(kk + 2 * t + 8) * LDB + c] | ((uint)bs[(kk + 2 * t + 9) * LDB + c] << 16);
-#elif defined(MMA_TF32)
-                b[j][0] = CVT_FRAG(FRAG(bs, c, kk + t));      b[j][1] = CVT_FRAG(FRAG(bs, c, kk + t + 4));
-#else
-                b[j][0] = FRAG(bs, c, kk + 2 * t);      b[j][1] = FRAG(bs, c, kk + 2 * t + 8);
-#endif
-            }
-#endif
-            MMA_UNROLL
-            for (int i = 0; i < MT; ++i)
-                MMA_UNROLL
-                for (int j = 0; j < NT; ++j)
-                    MMA(acc[i][j], a[i], b[j], acc[i][j]);
+            LOAD_A(a);
+            LOAD_B(b);
+            MMA_ALL(a, b);
         }
+#endif
 #if defined(ALIGNED) && !defined(ASYNC)
         barrier(CLK_LOCAL_MEM_FENCE);
         if (k0 + BK < K) {

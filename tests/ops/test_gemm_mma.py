@@ -16,21 +16,23 @@ from netcl.ops.gemm import variants
 
 SMALL = {"BM": 32, "BN": 32, "BK": 32, "WM": 16, "WN": 16, "EMULATE": 1}
 BF16 = dtypes.bfloat16
-# The loaders: register-staged 16-byte loads (ASYNC 0), the cp.async ring of 2 or 3 stages, fragments read
-# with
-# ldmatrix (x4; .trans for the k-major B tile of layout "nn"), each through its emulation, so that their index
-# arithmetic is checked on any device. Every dtype and layout with the register loader; the others on the
-# layouts that take them (cp.async needs 16-byte rows: "nn" and "nt"), one build each (PoCL takes seconds
-# to build the emulated ldmatrix).
+# The loaders, each through its emulation so that its index arithmetic is checked on any device: the
+# register-staged loaders (ASYNC 0: 16-byte loads where rows are contiguous, element loads for "tn"), the
+# cp.async ring (2 or 3 stages; swizzled or padded tiles), fragments read with ldmatrix (x4; .trans for
+# the k-major B tile of layout "nn"; TF32 as 32-bit pairs) or one by one, double-buffered fragments and the
+# grouped block order. Few builds: PoCL takes seconds to build each emulated variant.
 REGISTERS = {"ASYNC": 0, "LDMATRIX": 0}
+RING = {"ASYNC": 1, "SWIZZLE": 1, "LDMATRIX": 1}
 CASES = [
-    (dt, layout, REGISTERS) for dt in (np.float16, BF16, np.float32) for layout in ("nn", "nt", "tn")
-] + [
-    (np.float16, "nn", {"ASYNC": 1, "STAGES": 3, "LDMATRIX": 0}),
-    (np.float32, "nt", {"ASYNC": 1, "STAGES": 2, "LDMATRIX": 0}),
-    (np.float32, "nn", {"ASYNC": 1, "STAGES": 3, "LDMATRIX": 0}),
-    (np.float16, "nn", {"ASYNC": 1, "STAGES": 2, "LDMATRIX": 1}),
-    (BF16, "nt", {"ASYNC": 1, "STAGES": 2, "LDMATRIX": 1}),
+    (np.float16, "nn", REGISTERS),
+    (BF16, "tn", REGISTERS),
+    (np.float32, "nt", REGISTERS),
+    (np.float32, "tn", REGISTERS),
+    (np.float16, "nn", {**RING, "STAGES": 3, "DBUF": 1, "GROUP_M": 3}),
+    (BF16, "nt", {**RING, "STAGES": 2, "DBUF": 0, "GROUP_M": 0}),
+    (np.float32, "nn", {**RING, "STAGES": 3, "DBUF": 1, "GROUP_M": 0}),
+    (np.float32, "nt", {**RING, "STAGES": 2, "DBUF": 0, "GROUP_M": 2}),
+    (np.float16, "nn", {"ASYNC": 1, "SWIZZLE": 0, "STAGES": 2, "LDMATRIX": 0, "DBUF": 0}),
 ]
 
 
@@ -149,11 +151,15 @@ def test_matrix_units_on_device(queue, rng, dt):
         pytest.skip(f"{queue.device.device_name} has no matrix units netcl drives (NVIDIA sm_80+ only)")
     netcl.set_matmul_precision("high")
     try:
-        for m, n, k in ((130, 270, 70), (256, 256, 256), (1000, 999, 517)):
+        # layouts: "nn" (k-major B tile), "nt" (B's rows along k), "tn" (A along m: the element loader)
+        for m, n, k, layout in ((130, 270, 70, "nn"), (256, 256, 256, "nn"), (1000, 999, 517, "nn"),
+                                (1000, 999, 517, "nt"), (130, 270, 70, "nt"), (300, 200, 100, "tn")):
             a, b = _inputs(rng, dt, m, n, k)
-            got = (
-                mm.matmul(Tensor.from_host(queue, a), Tensor.from_host(queue, b)).to_host().astype(np.float64)
-            )
+            ta = (Tensor.from_host(queue, np.ascontiguousarray(a.T)).T if layout[0] == "t"
+                  else Tensor.from_host(queue, a))
+            tb = (Tensor.from_host(queue, np.ascontiguousarray(b.T)).T if layout[1] == "t"
+                  else Tensor.from_host(queue, b))
+            got = mm.matmul(ta, tb).to_host().astype(np.float64)
             ref = (_tf32(a) @ _tf32(b)) if dt == np.float32 else a.astype(np.float64) @ b.astype(np.float64)
             tol = {np.dtype(np.float16): 3e-3, np.dtype(BF16): 8e-3}.get(np.dtype(dt), 1e-4)
             np.testing.assert_allclose(got, ref, rtol=0, atol=tol * np.abs(ref).max())

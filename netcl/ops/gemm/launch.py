@@ -100,7 +100,8 @@ def launch(
             defines.pop("STAGES", None)
         else:
             defines["ASYNC"] = None
-        if defines.pop("LDMATRIX", 0) and dt == dtypes.float16:
+        # ldmatrix: 16-bit inputs; TF32 (32-bit rows seen as 16-bit pairs) with the cp.async tiles only
+        if defines.pop("LDMATRIX", 0) and (dt != dtypes.float32 or "ASYNC" in defines):
             defines["LDMATRIX"] = None
     if variant == "tiled":
         defines["A_TRANS"] = int(not (a_ks == 1 and a_rs >= p.k))

@@ -98,12 +98,11 @@ DEFAULTS: dict[str, dict[str, dict[str, int]]] = {
         },
     },
     # NVIDIA's matrix units through inline PTX mma.sync (gemm_mma.cl): float16 / bfloat16 inputs, or TF32
-    # from float32 inputs under set_matmul_precision("high"). 128 x 128 blocks of 8 warps, a two-stage
-    # cp.async ring and ldmatrix fragments were the fastest of the shapes measured on the H200
-    # (bench/NOTES.md,
-    # matrix units): 218-256 TFLOP/s float16, 105-114 TF32, 3.5-4x the register-staged 128 x 256 kernel.
-    # Operands off 16-byte boundaries take the register loader (launch drops ASYNC). EMULATE=1 runs the
-    # same fragments through a local-memory emulation of mma (tests on any device).
+    # from float32 inputs under set_matmul_precision("high"). 128 x 128 blocks of 8 warps, a cp.async ring
+    # of three swizzled (unpadded: 16 KB float16) stages in NVIDIA's 48 KB, ldmatrix fragments (TF32 too)
+    # double-buffered in registers, blocks in groups of 8 block rows (L2 reuse); see bench/NOTES.md,
+    # matrix units. Operands off 16-byte boundaries take the register loader (launch drops ASYNC).
+    # EMULATE=1 runs the same fragments through a local-memory emulation of mma (tests on any device).
     "mma": {
         "float16": {
             "BM": 128,
@@ -115,8 +114,11 @@ DEFAULTS: dict[str, dict[str, dict[str, int]]] = {
             "PADB": 8,
             "EMULATE": 0,
             "ASYNC": 1,
-            "STAGES": 2,
+            "STAGES": 3,
             "LDMATRIX": 1,
+            "SWIZZLE": 1,
+            "GROUP_M": 8,
+            "DBUF": 1,
         },
         "bfloat16": {
             "BM": 128,
@@ -128,8 +130,11 @@ DEFAULTS: dict[str, dict[str, dict[str, int]]] = {
             "PADB": 8,
             "EMULATE": 0,
             "ASYNC": 1,
-            "STAGES": 2,
+            "STAGES": 3,
             "LDMATRIX": 1,
+            "SWIZZLE": 1,
+            "GROUP_M": 8,
+            "DBUF": 1,
         },
         "float32": {
             "BM": 128,
@@ -141,8 +146,11 @@ DEFAULTS: dict[str, dict[str, dict[str, int]]] = {
             "PADB": 8,
             "EMULATE": 0,
             "ASYNC": 1,
-            "STAGES": 2,
-            "LDMATRIX": 0,
+            "STAGES": 3,
+            "LDMATRIX": 1,
+            "SWIZZLE": 1,
+            "GROUP_M": 8,
+            "DBUF": 1,
         },
     },
 }
@@ -269,8 +277,6 @@ def _program(device: Any, variant: str, defines: dict[str, Any]):
             value = defines.pop(knob, 0)
             if value is None or value:
                 defines[name] = None
-        if "LDMATRIX" in defines and np.dtype(dtype) == dtypes.float32:
-            del defines["LDMATRIX"]  # ldmatrix moves 16-bit values: TF32 fragments are read one by one
         defines[{"float16": "MMA_F16", "bfloat16": "MMA_BF16"}.get(np.dtype(dtype).name, "MMA_TF32")] = None
     act = defines.pop("ACT", None)
     extra: tuple[str, ...] = ("-cl-mad-enable",) if defines.pop("MAD_ENABLE", 1) else ()
