@@ -64,7 +64,12 @@ def main() -> int:
         return times
 
     timed(args.warmup, True)
-    with_comm = timed(args.steps, True)
+    with_comm, exposed, reduce_s = [], [], []
+    for _ in range(args.steps):
+        with_comm += timed(1, True)
+        if ddp is not None:
+            exposed.append(ddp.last_pass["exposed_s"])
+            reduce_s.append(sum(ddp.last_pass["reduce_s"]))
     without = timed(args.steps, False) if ddp is not None else []
     if distributed:
         dist.barrier()
@@ -75,6 +80,8 @@ def main() -> int:
     if without:
         line += f", no_sync {statistics.median(without) * 1e3:.1f} ms"
         line += f"; {ddp.extra_repr()}, buckets started {ddp.started}"
+        line += (f"; all-reduce {statistics.median(reduce_s) * 1e3:.1f} ms a step, of which backward waited "
+                 f"{statistics.median(exposed) * 1e3:.1f} ms at its end")
     print(line, flush=True)
     return 0
 

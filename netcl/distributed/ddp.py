@@ -15,6 +15,7 @@ buckets start in order, so every rank starts the same collectives in the same or
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -47,6 +48,7 @@ class _Bucket:
         self.ready: set[int] = set()
         self.events: list[Any] = []
         self.work: Work | None = None
+        self.seconds = 0.0
 
     @property
     def complete(self) -> bool:
@@ -103,6 +105,9 @@ class DistributedDataParallel(Module):
         # buckets whose all-reduce started from a gradient hook, while backward still ran ("during"), or only
         # at its end ("at_end": the last bucket, and those behind a gradient that never came)
         self.started = {"during": 0, "at_end": 0}
+        # the last synchronised backward: seconds each bucket's all-reduce took (on the worker) and seconds
+        # backward waited for them at its end (the communication the rest of backward did not hide)
+        self.last_pass: dict[str, Any] = {"reduce_s": [], "exposed_s": 0.0}
         self._next = 0
 
     def _make_buckets(self, params: list[Parameter]) -> list[_Bucket]:
@@ -184,7 +189,9 @@ class DistributedDataParallel(Module):
     def _reduce(self, bucket: _Bucket) -> None:
         if bucket.events:
             cl.wait_for_events(bucket.events)
+        t0 = time.perf_counter()
         collectives.all_reduce_contiguous(self.group, [bucket.flat], self.op, self.weights)
+        bucket.seconds = time.perf_counter() - t0
 
     def _finish_pass(self) -> None:
         """End of backward: start the buckets left (zeros for gradients that never came), wait for all, and
@@ -201,8 +208,11 @@ class DistributedDataParallel(Module):
                         bucket.events.append(self._read_grad(p.grad, bucket.slot(i)))
         self._start_ready()
         try:
+            t0 = time.perf_counter()
             for bucket in self.buckets:
                 bucket.work.wait()  # its results are in bucket.flat (the worker waited for its copies)
+            waited = time.perf_counter() - t0
+            self.last_pass = {"reduce_s": [b.seconds for b in self.buckets], "exposed_s": waited}
             for bucket in self.buckets:
                 for i, p in enumerate(bucket.params):
                     if p.grad is None or not p.grad.is_contiguous():
