@@ -36,7 +36,11 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--vocab", type=int, default=4096)
+    ap.add_argument("--switch-interval", type=float, default=None,
+                    help="sys.setswitchinterval in seconds (how soon the collective worker gets the GIL)")
     args = ap.parse_args()
+    if args.switch_interval is not None:
+        sys.setswitchinterval(args.switch_interval)
     s = dict(PRESETS[args.preset], weight_decay=0.1, arch="llama", kv_heads=None)
     batch = args.batch_size or s["batch_size"]
     distributed = "NETCL_RANK" in os.environ
@@ -82,6 +86,12 @@ def main() -> int:
         line += f"; {ddp.extra_repr()}, buckets started {ddp.started}"
         line += (f"; all-reduce {statistics.median(reduce_s) * 1e3:.1f} ms a step, of which backward waited "
                  f"{statistics.median(exposed) * 1e3:.1f} ms at its end")
+    if ddp is not None:
+        lp = ddp.last_pass
+        ms = lambda xs: "[" + ", ".join(f"{x * 1e3:.1f}" for x in xs) + "]"  # noqa: E731
+        line += (f"\n  rank {rank} last pass (ms from its first gradient): buckets ready {ms(lp['ready'])}, "
+                 f"reduced {ms(lp['done'])}; backward enqueued {lp['enqueued'] * 1e3:.1f}, "
+                 f"all done {lp['end'] * 1e3:.1f}")
     print(line, flush=True)
     return 0
 

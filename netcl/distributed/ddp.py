@@ -48,7 +48,7 @@ class _Bucket:
         self.ready: set[int] = set()
         self.events: list[Any] = []
         self.work: Work | None = None
-        self.seconds = 0.0
+        self.times = (0.0, 0.0, 0.0)  # perf_counter: all-reduce started (gradients on hand), ready, done
 
     @property
     def complete(self) -> bool:
@@ -105,9 +105,12 @@ class DistributedDataParallel(Module):
         # buckets whose all-reduce started from a gradient hook, while backward still ran ("during"), or only
         # at its end ("at_end": the last bucket, and those behind a gradient that never came)
         self.started = {"during": 0, "at_end": 0}
-        # the last synchronised backward: seconds each bucket's all-reduce took (on the worker) and seconds
-        # backward waited for them at its end (the communication the rest of backward did not hide)
+        # the last synchronised backward, in seconds from its first gradient hook: when each bucket's
+        # gradients were in place and when its all-reduce ended ("ready", "done"), when backward's last
+        # kernel was enqueued ("enqueued") and when backward had all results ("end"); "reduce_s": each
+        # bucket's all-reduce time, "exposed_s": how long backward waited for them at its end
         self.last_pass: dict[str, Any] = {"reduce_s": [], "exposed_s": 0.0}
+        self._pass_t0 = 0.0
         self._next = 0
 
     def _make_buckets(self, params: list[Parameter]) -> list[_Bucket]:
@@ -154,6 +157,7 @@ class DistributedDataParallel(Module):
             return
         if not self._pass_open:
             self._pass_open = True
+            self._pass_t0 = time.perf_counter()
             queue_callback(self._finish_pass)
         bucket, i = self._bucket_of[id(param)]
         if i in bucket.ready:
@@ -187,11 +191,12 @@ class DistributedDataParallel(Module):
             self.started["at_end" if self._ending else "during"] += 1
 
     def _reduce(self, bucket: _Bucket) -> None:
+        t0 = time.perf_counter()
         if bucket.events:
             cl.wait_for_events(bucket.events)
-        t0 = time.perf_counter()
+        t1 = time.perf_counter()
         collectives.all_reduce_contiguous(self.group, [bucket.flat], self.op, self.weights)
-        bucket.seconds = time.perf_counter() - t0
+        bucket.times = (t0, t1, time.perf_counter())
 
     def _finish_pass(self) -> None:
         """End of backward: start the buckets left (zeros for gradients that never came), wait for all, and
@@ -211,8 +216,13 @@ class DistributedDataParallel(Module):
             t0 = time.perf_counter()
             for bucket in self.buckets:
                 bucket.work.wait()  # its results are in bucket.flat (the worker waited for its copies)
-            waited = time.perf_counter() - t0
-            self.last_pass = {"reduce_s": [b.seconds for b in self.buckets], "exposed_s": waited}
+            t1, base = time.perf_counter(), self._pass_t0
+            self.last_pass = {
+                "reduce_s": [b.times[2] - b.times[1] for b in self.buckets], "exposed_s": t1 - t0,
+                "ready": [b.times[1] - base for b in self.buckets],
+                "done": [b.times[2] - base for b in self.buckets],
+                "enqueued": t0 - base, "end": t1 - base,
+            }
             for bucket in self.buckets:
                 for i, p in enumerate(bucket.params):
                     if p.grad is None or not p.grad.is_contiguous():
