@@ -65,25 +65,33 @@ BASE16 = dict(BM=128, BN=128, BK=32, WM=32, WN=64, PAD=8, PADB=8, ASYNC=1, STAGE
 BASE32 = dict(BM=128, BN=128, BK=16, WM=64, WN=64, PAD=4, PADB=8, ASYNC=1, STAGES=2, LDMATRIX=0, SWIZZLE=0,
               GROUP_M=0, DBUF=0, EMULATE=0)
 S3 = dict(SWIZZLE=1, STAGES=3, GROUP_M=8, DBUF=1)
-SWEEP = [
+SWEEP = [  # most telling first: --budget may leave the tail out
     (F16, "old default: padded x2, warp 32x64", {}),
     (F16, "swizzled x3", dict(SWIZZLE=1, STAGES=3)),
-    (F16, "swizzled x3 + GROUP_M8", dict(SWIZZLE=1, STAGES=3, GROUP_M=8)),
-    (F16, "swizzled x3 + GROUP_M8 + DBUF", S3),
-    (F16, "S3, warp 64x64 (4 warps)", {**S3, "WM": 64, "WN": 64}),
-    (F16, "S3, warp 64x32", {**S3, "WM": 64, "WN": 32}),
+    (F16, "S3 = swizzled x3 + GROUP_M8 + DBUF", S3),
+    (BF16, "S3", S3),
+    (F32, "TF32 S3, ldmatrix, warp 64x64", {**S3, "LDMATRIX": 1}),
     (F16, "128x256x32 x2 swz g8 db, warp 64x64", {**S3, "BN": 256, "STAGES": 2, "WM": 64, "WN": 64}),
     (F16, "256x128x32 x2 swz g8 db, warp 64x64", {**S3, "BM": 256, "STAGES": 2, "WM": 64, "WN": 64}),
+    (F16, "S3, warp 64x64 (4 warps)", {**S3, "WM": 64, "WN": 64}),
+    (F16, "swizzled x3 + GROUP_M8", dict(SWIZZLE=1, STAGES=3, GROUP_M=8)),
+    (F16, "S3, warp 64x32", {**S3, "WM": 64, "WN": 32}),
     (F16, "128x128x16 x6 swz g8, warp 32x64", {**S3, "BK": 16, "STAGES": 6}),
     (F16, "64x128x64 x2 swz g8 db, warp 32x64", {**S3, "BM": 64, "BK": 64, "STAGES": 2}),
-    (F16, "S3 + GROUP_M16", {**S3, "GROUP_M": 16}),
-    (F32, "old default: padded x2, warp 64x64", {}),
-    (F32, "TF32 swz x3 g8 db ldmatrix", {**S3, "LDMATRIX": 1}),
-    (F32, "TF32 swz x3 g8 db ldmatrix, warp 32x64", {**S3, "LDMATRIX": 1, "WM": 32, "WN": 64}),
+    # dynamic local memory (a __local argument): run only where the probe granted that much
+    (F16, "dyn 128x128x32 x4 swz g8 db, warp 32x64", {**S3, "STAGES": 4, "DYN_LOCAL": 1}),
+    (F16, "dyn 128x256x32 x3 swz g8 db, warp 64x64", {**S3, "BN": 256, "WM": 64, "WN": 64, "DYN_LOCAL": 1}),
+    (F16, "dyn 128x256x32 x4 swz g8 db, warp 64x64",
+     {**S3, "BN": 256, "STAGES": 4, "WM": 64, "WN": 64, "DYN_LOCAL": 1}),
+    (F16, "dyn 256x128x32 x3 swz g8 db, warp 64x64", {**S3, "BM": 256, "WM": 64, "WN": 64, "DYN_LOCAL": 1}),
+    (F32, "TF32 old default: padded x2, warp 64x64", {}),
+    (F32, "TF32 S3, ldmatrix, warp 32x64", {**S3, "LDMATRIX": 1, "WM": 32, "WN": 64}),
     (F32, "TF32 128x256x16 x2 swz g8 db ldmatrix", {**S3, "LDMATRIX": 1, "BN": 256, "STAGES": 2}),
+    (F32, "TF32 dyn 128x256x16 x3 swz g8 db ldmatrix", {**S3, "LDMATRIX": 1, "BN": 256, "DYN_LOCAL": 1}),
     (BF16, "old default (ldmatrix now taken)", {}),
-    (BF16, "S3", S3),
     (BF16, "128x256x32 x2 swz g8 db, warp 64x64", {**S3, "BN": 256, "STAGES": 2, "WM": 64, "WN": 64}),
+    (BF16, "dyn 128x256x32 x3 swz g8 db, warp 64x64", {**S3, "BN": 256, "WM": 64, "WN": 64, "DYN_LOCAL": 1}),
+    (F16, "S3 + GROUP_M16", {**S3, "GROUP_M": 16}),
 ]
 
 
@@ -208,8 +216,14 @@ def sweep(dev, args) -> dict[str, object]:
         if time.perf_counter() - t_start > args.budget:
             print(f"{name}: left out (past --budget {args.budget} s)")
             continue
-        if local_bytes(params, dt) > dev.capabilities.local_mem:
-            print(f"{name}: skipped, {local_bytes(params, dt)} bytes of local memory")
+        need = local_bytes(params, dt)
+        if params.get("DYN_LOCAL"):
+            granted = [int(kb[:-2]) * 1024 for kb, ok in out["local_memory_probe"].items() if ok == "ok"]
+            if not granted or need > max(granted):
+                print(f"{name}: skipped, {need} bytes of dynamic local memory not granted (probe)")
+                continue
+        elif need > dev.capabilities.local_mem:
+            print(f"{name}: skipped, {need} bytes of local memory")
             continue
         if dt not in operands:
             operands[dt] = tuple(Tensor.from_host(q, rng.standard_normal((s, s), dtype=np.float32).astype(dt))
@@ -282,8 +296,14 @@ def main() -> None:
     for dt, tile in CONFIGS:
         params = {**HALF, **tile}
         name = f"{dt.name} " + " ".join(f"{k}{v}" for k, v in tile.items())
-        if local_bytes(params, dt) > dev.capabilities.local_mem:
-            print(f"{name}: skipped, {local_bytes(params, dt)} bytes of local memory")
+        need = local_bytes(params, dt)
+        if params.get("DYN_LOCAL"):
+            granted = [int(kb[:-2]) * 1024 for kb, ok in out["local_memory_probe"].items() if ok == "ok"]
+            if not granted or need > max(granted):
+                print(f"{name}: skipped, {need} bytes of dynamic local memory not granted (probe)")
+                continue
+        elif need > dev.capabilities.local_mem:
+            print(f"{name}: skipped, {need} bytes of local memory")
             continue
         try:
             row: dict[str, object] = {"max_rel_err": check(q, rng, dt, params)}

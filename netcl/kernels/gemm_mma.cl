@@ -17,15 +17,19 @@
 //
 // ASYNC (with ALIGNED, rows and offsets 16-byte aligned): a ring of STAGES local tiles filled by cp.async
 // (sm_80+): the copies of tile k + STAGES - 1 fly while the matrix units work on tile k, without
-// registers in between; one barrier per k tile. LDMATRIX (16-bit inputs): fragments read with
-// ldmatrix.x4 (four 8 x 8 matrices per instruction; .trans for the k-major B tile) instead of one
-// 32-bit local load per register.
+// registers in between; one barrier per k tile. LDMATRIX: fragments read with ldmatrix.x4 (four 8 x 8
+// matrices of 16-bit values per instruction; .trans for the k-major B tile; TF32 A and n-major B as
+// 8 x 4 matrices of 32-bit values) instead of one 32-bit local load per register.
 //
-// Defines: MMA_F16 | MMA_BF16 | MMA_TF32 (input kind), BM, BN, BK, WM, WN, PAD (local row padding,
-// elements), ASYNC, STAGES, LDMATRIX, MMA_EMULATE (run the same fragments through a local-memory emulation of mma: lets the
-// kernel's index arithmetic be tested on any OpenCL device, e.g. PoCL and Oclgrind; cp.async becomes
-// a plain copy and ldmatrix an exchange of row addresses through local memory), plus the GEMM
-// options of gemm_common.cl. Storage: MMA_F16 = half (IS_HALF), MMA_BF16 = bfloat16 bits, MMA_TF32 = float.
+// Defines: MMA_F16 | MMA_BF16 | MMA_TF32 (input kind), BM, BN, BK (block), WM, WN (warp patch), PAD, PADB
+// (local row padding, elements), ASYNC, STAGES (the cp.async ring), SWIZZLE (0/1: XOR-swizzled unpadded
+// tiles in the ring instead of padding), LDMATRIX, DBUF (0/1: fragments double-buffered in registers),
+// GROUP_M (0: row-major block order; g > 1: column-major in groups of g block rows, for L2 reuse),
+// DYN_LOCAL (0/1: tiles in a __local kernel argument `tiles` sized at launch instead of static arrays),
+// MMA_EMULATE (run the same fragments through a local-memory emulation of mma: lets the kernel's index
+// arithmetic be tested on any OpenCL device, e.g. PoCL and Oclgrind; cp.async becomes a plain copy and
+// ldmatrix per-lane address arithmetic), plus the GEMM options of gemm_common.cl. Storage: MMA_F16 = half
+// (IS_HALF), MMA_BF16 = bfloat16 bits, MMA_TF32 = float.
 
 #include "gemm_common.cl"
 
@@ -416,11 +420,28 @@ inline uint tf32_frag(uint x) {
         for (int j = 0; j < NT; ++j)                                                                    \
             MMA(acc[i][j], a[i], b[j], acc[i][j])
 
+#ifndef DYN_LOCAL
+#define DYN_LOCAL 0
+#endif
+#ifdef ASYNC
+#define RING STAGES
+#else
+#define RING 1
+#endif
+
 __kernel __attribute__((reqd_work_group_size(THREADS, 1, 1)))
+#if DYN_LOCAL
+// the tiles in dynamic local memory (a __local argument of RING * (A_TILE + B_TILE) LTYPEs, sized at
+// launch): a driver may grant a work-group more of it than of static local memory (NVIDIA: 48 KB)
+void gemm_mma(GEMM_ARGS, __local uint4 *tiles)
+#else
 void gemm_mma(GEMM_ARGS)
+#endif
 {
     // 16-byte aligned: tiles are written (and, with ASYNC/LDMATRIX, read) 16 bytes at a time
-#ifdef ASYNC
+#if DYN_LOCAL
+    __local LTYPE *As = (__local LTYPE *)tiles, *Bs = As + RING * A_TILE;
+#elif defined(ASYNC)
     __local LTYPE As[STAGES * A_TILE] __attribute__((aligned(16)));  // stage s: A[m0 + r, k0 + k] at s * A_TILE + R_OFF(r, k)
     __local LTYPE Bs[STAGES * B_TILE] __attribute__((aligned(16)));
 #else

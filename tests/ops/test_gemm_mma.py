@@ -29,7 +29,7 @@ CASES = [
     (np.float32, "nt", REGISTERS),
     (np.float32, "tn", REGISTERS),
     (np.float16, "nn", {**RING, "STAGES": 3, "DBUF": 1, "GROUP_M": 3}),
-    (BF16, "nt", {**RING, "STAGES": 2, "DBUF": 0, "GROUP_M": 0}),
+    (BF16, "nt", {**RING, "STAGES": 2, "DBUF": 0, "GROUP_M": 0, "DYN_LOCAL": 1}),  # tiles: a __local argument
     (np.float32, "nn", {**RING, "STAGES": 3, "DBUF": 1, "GROUP_M": 0}),
     (np.float32, "nt", {**RING, "STAGES": 2, "DBUF": 0, "GROUP_M": 2}),
     (np.float16, "nn", {"ASYNC": 1, "SWIZZLE": 0, "STAGES": 2, "LDMATRIX": 0, "DBUF": 0}),

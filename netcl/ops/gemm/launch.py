@@ -6,13 +6,14 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import pyopencl as cl
 
 from netcl import profiling
 from netcl.core import capture, dtypes
 from netcl.core.tensor import Tensor
 from netcl.ops.gemm import splitk
 from netcl.ops.gemm.problem import _batch_strides, _collapse, _long4, _matrix_strides, _Problem, _tiled_layout
-from netcl.ops.gemm.variants import _fit_local_memory, _program, usable_params
+from netcl.ops.gemm.variants import _fit_local_memory, _program, tiled_shape_class, usable_params
 
 
 def gemm_work(
@@ -73,7 +74,8 @@ def launch(
             defines["BIAS_ROWS"] = None
     if res is not None:
         defines["HAS_RESIDUAL"] = None
-    tile = usable_params(device, variant, dt, params)
+    shape_class = tiled_shape_class(device, p.m, p.n, p.k, nbatch) if variant == "tiled" else None
+    tile = usable_params(device, variant, dt, params, shape_class=shape_class)
     defines.update(tile)
     if variant == "cpu" and b_ns == 1:
         defines["B_NCONTIG"] = None
@@ -126,6 +128,7 @@ def launch(
         if splits > 1:
             return splitk.tiled_split(p, a, b, (a_rs, a_ks, b_ks, b_ns), defines, tile, splits)
     kernel = getattr(_program(device, variant, defines), f"gemm_{variant}")
+    more = {"tiles": cl.LocalMemory(_mma_local_bytes(defines, dt))} if defines.get("DYN_LOCAL") else {}
 
     if variant == "dot":
         gsize, lsize = (p.n * tile["DOT_WG"], p.m, nbatch), (tile["DOT_WG"], 1, 1)
@@ -182,6 +185,7 @@ def launch(
             nb_inner=np.int32(nb_inner),
             bs_ab=_long4(a_in[0], a_in[1], b_in[0], b_in[1]),
             bs_cr=_long4(c_in[0], c_in[1], r_in[0], r_in[1]),
+            **more,
         )
         # a replay rebinds these (an operand copied above, or batch levels walked here, leave launches
         # without slots: the recording is then not replayable, netcl.ops.gemm.api)
@@ -189,3 +193,13 @@ def launch(
             capture.name_slots(a=("A", "a_off"), b=("B", "b_off"), out=("C", "c_off"),
                                bias=("bias", "bias_off"), res=("residual", "res_off"))
     return None
+
+
+def _mma_local_bytes(defines: dict[str, Any], dt: np.dtype) -> int:
+    """Bytes of gemm_mma.cl's local tiles (A_TILE + B_TILE, a ring of STAGES with ASYNC): DYN_LOCAL."""
+    ring = "ASYNC" in defines
+    swizzled = ring and defines.get("SWIZZLE", 0)
+    bm, bn, bk = defines["BM"], defines["BN"], defines["BK"]
+    row = bk if swizzled else bk + defines["PAD"]
+    b_tile = bk * (bn if swizzled else bn + defines["PADB"]) if "B_KMAJOR" in defines else bn * row
+    return (defines["STAGES"] if ring else 1) * (bm * row + b_tile) * dt.itemsize
