@@ -8,10 +8,12 @@ in one run. One table + JSON (bench/results/attention.json).
                                               False)
     python bench/attention.py --memory        # also: S=8192, H=8, D=64 forward+backward, the BufferPool peak
     python bench/attention.py --b 2 --h 4 --s 512 --d 128 --causal-only --repeat 5
-    python bench/attention.py --gpu --sweep   # also: each GPU kernel under other work-item grids (tiles)
+    python bench/attention.py --gpu --sweep   # also: the GPU kernels under other configurations (SWEEP:
+                                              #   grids, atomics, native_exp, fused or two-pass backward)
 
 FLOPs: forward 4 * B * H * Sq * Sk * D (q k^T and p v), backward 2.5x that (q k^T recomputed, dp = dO v^T,
-dv, dk, dq), so forward+backward = 3.5x; causal rows count half (the masked half is skipped by the
+dv, dk, dq: FlashAttention-2's single pass; the two-pass backward computes q k^T and dO v^T twice, 3.5x),
+so forward+backward = 3.5x; causal rows count half (the masked half is skipped by the
 kernels and by the peers' flash kernels). Limits: the H200's FP32 peak is ~67 TFLOP/s (no tensor cores
 without TF32); the decode step is memory-bound (bytes = k and v of the cache read once), reported in GB/s
 beside the device's buffer->buffer copy bandwidth measured in the same run. Ratios are netcl's
@@ -148,18 +150,34 @@ def memory_case(dev, rng) -> dict:
             "one_head_SxS_bytes": S * S * 4, "peak_over_tensor": peak / tensor}
 
 
-# --sweep: work-item grids (TC, TR, rows per item, columns per item) tried per attention_gpu.cl kernel (the
-# first of each list is the default of netcl.ops.attention); see attn.GPU_GRIDS for what they mean.
-SWEEP = {
-    "forward": [(16, 16, 4, 2), (16, 8, 4, 4), (16, 32, 2, 2), (16, 16, 2, 2), (16, 8, 8, 2), (8, 16, 4, 4)],
-    "dq": [(16, 8, 4, 2), (16, 8, 4, 1), (16, 8, 2, 2), (16, 4, 4, 2), (8, 8, 4, 2), (8, 8, 4, 4)],
-    "dkdv": [(16, 8, 4, 2), (16, 8, 4, 1), (16, 4, 8, 2), (16, 8, 2, 2), (8, 8, 4, 2), (8, 8, 4, 4)],
-}
+# --sweep: configurations of the attention_gpu.cl kernels, each timed on one problem. A row: the kernel
+# ("forward"; "backward": flash_attention_backward with all three gradients, i.e. delta + the fused pass, or
+# both passes with backward="two_pass"; "dq" / "dkdv": one pass of the two-pass backward), the work-item grid
+# (TC, TR, rows per item, columns per item: attn.GPU_GRIDS; the backward's grid is the fused pass's), and
+# knobs: atomic (attn.GPU_DQ_ATOMIC), native_exp (attn.GPU_NATIVE_EXP), backward (attn.GPU_BACKWARD). The
+# first row of each kernel is the default and the reference of the others' err.
+SWEEP = [
+    ("forward", (16, 16, 4, 2), {}),
+    ("forward", (16, 16, 4, 2), {"native_exp": False}),
+    ("forward", (16, 8, 8, 2), {}),
+    ("forward", (16, 8, 4, 4), {}),
+    ("forward", (16, 16, 2, 2), {}),
+    ("backward", (16, 8, 4, 2), {}),
+    ("backward", (16, 8, 4, 2), {"atomic": "red4"}),
+    ("backward", (16, 8, 4, 2), {"atomic": "cas"}),
+    ("backward", (16, 8, 4, 2), {"native_exp": False}),
+    ("backward", (16, 8, 2, 2), {}),
+    ("backward", (16, 4, 8, 2), {}),
+    ("backward", (8, 8, 4, 4), {}),
+    ("backward", (16, 8, 4, 1), {}),
+    ("backward", (16, 8, 4, 2), {"backward": "two_pass"}),
+]
+_KNOBS = {"atomic": "GPU_DQ_ATOMIC", "native_exp": "GPU_NATIVE_EXP", "backward": "GPU_BACKWARD"}
 
 
-def sweep(dev, B: int, H: int, S: int, D: int, repeat: int, causal: bool) -> list[dict]:
-    """Time each attention_gpu.cl kernel under the grids of SWEEP on one problem: the forward alone, dq as
-    flash_attention_backward(need_dkv=False) (delta and dq), dk/dv as need_dq=False (delta then dk, dv)."""
+def sweep(dev, B: int, H: int, S: int, D: int, repeat: int, causal: bool, only: str = "") -> list[dict]:
+    """Time each configuration of SWEEP (the rows whose kernel is in `only`, a comma list; all when empty)
+    on one problem: the forward alone, or the whole backward (delta, then the fused pass or both passes)."""
     q = dev.queue
     rng = np.random.default_rng(1)
     nq, nk, nv, ng = (
@@ -168,41 +186,51 @@ def sweep(dev, B: int, H: int, S: int, D: int, repeat: int, causal: bool) -> lis
     opts = {"causal": causal}
     out, lse = attn.flash_attention_forward(nq, nk, nv, **opts)
     calls = {
-        "forward": lambda: attn.flash_attention_forward(nq, nk, nv, **opts)[0],
-        "dq": lambda: attn.flash_attention_backward(nq, nk, nv, out, lse, ng, need_dkv=False, **opts)[0],
-        "dkdv": lambda: attn.flash_attention_backward(nq, nk, nv, out, lse, ng, need_dq=False, **opts)[1],
+        "forward": lambda: (attn.flash_attention_forward(nq, nk, nv, **opts)[0],),
+        "backward": lambda: attn.flash_attention_backward(nq, nk, nv, out, lse, ng, **opts),
     }
-    flops = {"forward": 4.0, "dq": 6.0, "dkdv": 8.0}   # per B H S S D: q k^T (+ dO v^T) and the products
-    saved = dict(attn.GPU_GRIDS)
+    flops = {"forward": 4.0, "backward": 10.0}   # per B H S S D: 2 products, 5 products (FlashAttention-2)
+    saved = {name: getattr(attn, name) for name in ("GPU_GRIDS", *_KNOBS.values())}
     old_variant = attn.variant_override
     attn.variant_override = "gpu"
     rows: list[dict] = []
-    print(f"sweep of attention_gpu.cl grids, B={B} H={H} S={S} D={D} causal={causal} (TFLOP/s per kernel; "
-          "err vs the first grid):")
+    refs: dict = {}
+    wanted = set(filter(None, only.split(",")))
+    print(f"sweep of attention_gpu.cl configurations, B={B} H={H} S={S} D={D} causal={causal} (TFLOP/s at "
+          "the FlashAttention-2 FLOP count; err vs the kernel's first row):")
     try:
-        for kernel, grids in SWEEP.items():
-            ref = None
-            for TC, TR, rm, cn in grids:
-                attn.GPU_GRIDS = dict(saved, **{kernel: [(TC, TR, rm, cn)]})
-                row = {"kernel": kernel, "TC": TC, "TR": TR, "rows": rm, "cols": cn}
-                try:
-                    row["tiles"] = attn.gpu_tiles(dev, kernel, D, np.float32)
-                    s = time_callable(calls[kernel], q.finish, repeat, 1)
-                    got = calls[kernel]().to_host()
-                    ref = got if ref is None else ref
-                    row.update(
-                        ms=s * 1e3,
-                        tflops=flops[kernel] * B * H * S * S * D / (2 if causal else 1) / s / 1e12,
-                        err=rel_err(got, ref),
-                    )
-                except Exception as exc:  # a grid that does not fit the device is reported, not fatal
-                    row["note"] = f"{type(exc).__name__}: {exc}"[:120]
-                rows.append(row)
-                print(f"  {kernel:<8} TC={TC:<3}TR={TR:<3}rows={rm} cols={cn}  {row.get('tiles', '')}  "
-                      f"{row.get('ms', float('nan')):8.3f} ms {row.get('tflops', float('nan')):6.2f} TFLOP/s "
-                      f"err {row.get('err', float('nan')):.1e} {row.get('note', '')}")
+        for kernel, grid, knobs in SWEEP:
+            if wanted and kernel not in wanted:
+                continue
+            for name, value in saved.items():
+                setattr(attn, name, value)
+            grid_key = "forward" if kernel == "forward" else "fused"
+            attn.GPU_GRIDS = dict(saved["GPU_GRIDS"], **{grid_key: [grid]})
+            if knobs.get("backward") == "two_pass":
+                attn.GPU_GRIDS.update(dq=[saved["GPU_GRIDS"]["dq"][0]], dkdv=[grid])
+            for knob, value in knobs.items():
+                setattr(attn, _KNOBS[knob], value)
+            row = {"kernel": kernel, "grid": list(grid), **knobs}
+            try:
+                row["tiles"] = attn.gpu_tiles(dev, grid_key, D, np.float32)
+                s = time_callable(calls[kernel], q.finish, repeat, 1)
+                got = [t.to_host() for t in calls[kernel]()]
+                ref = refs.setdefault(kernel, got)
+                row.update(
+                    ms=s * 1e3,
+                    tflops=flops[kernel] * B * H * S * S * D / (2 if causal else 1) / s / 1e12,
+                    err=max(rel_err(g, r) for g, r in zip(got, ref, strict=True)),
+                )
+            except Exception as exc:  # a configuration that does not build or fit is reported, not fatal
+                row["note"] = f"{type(exc).__name__}: {exc}"[:160]
+            rows.append(row)
+            tiles = row.get("tiles", {})
+            print(f"  {kernel:<9}grid {grid} {knobs or ''} BM={tiles.get('BM')} BN={tiles.get('BN')}  "
+                  f"{row.get('ms', float('nan')):8.3f} ms {row.get('tflops', float('nan')):6.2f} TFLOP/s "
+                  f"err {row.get('err', float('nan')):.1e} {row.get('note', '')}", flush=True)
     finally:
-        attn.GPU_GRIDS = saved
+        for name, value in saved.items():
+            setattr(attn, name, value)
         attn.variant_override = old_variant
     return rows
 
@@ -224,8 +252,10 @@ def main() -> int:
         "--memory", action="store_true", help="also measure the S=8192 forward+backward pool peak"
     )
     ap.add_argument(
-        "--sweep", action="store_true", help="also time the GPU kernels under other grids (tiles)"
+        "--sweep", action="store_true", help="also time the GPU kernels under other configurations (SWEEP)"
     )
+    ap.add_argument("--sweep-only", default="", help="with --sweep: comma list of forward,backward")
+    ap.add_argument("--no-table", action="store_true", help="skip the table (e.g. only --sweep)")
     ap.add_argument("--variant", choices=["cpu", "gpu"], help="force netcl's kernel variant")
     ap.add_argument("--repeat", type=int, default=None)
     ap.add_argument("--skip", default="", help="comma list of peers to skip: torch")
@@ -250,9 +280,15 @@ def main() -> int:
     if not args.no_decode:
         cases.append(Case("decode fwd", B, H, 1, decode_len, D, True, False, decode=True))
 
+    if args.no_table:
+        cases = []
     copy_bw = copy_bandwidth(dev.queue, 256 << 20 if args.gpu else 64 << 20, 5)
     print(f"netcl device: {dev.device_name}; copy bandwidth {copy_bw / 1e9:.1f} GB/s; float32; "
           f"repeats {repeat} (median after warm-up)")
+    if (attn.variant_override or ("cpu" if dev.capabilities.kind == "cpu" else "gpu")) == "gpu":
+        native = attn.GPU_NATIVE_EXP if attn.GPU_NATIVE_EXP is not None else attn._nvidia(dev)
+        print(f"GPU kernels: backward {attn.GPU_BACKWARD} (float atomic add: {attn.dq_atomic(dev)}), "
+              f"native_exp {native}")
     print(f"{'case':<16}{'shape (B,H,Sq,Sk,D)':<24}{'impl':<26}{'ms':>9}{'GFLOP/s':>9}{'GB/s':>8}"
           f"{'x torch':>8}{'err':>9}")
     rows = []
@@ -309,7 +345,7 @@ def main() -> int:
         print(f"memory: S=8192 H=8 D=64 causal fwd+bwd: pool peak {memory['peak_bytes'] / 2**20:.1f} MiB = "
               f"{memory['peak_over_tensor']:.2f} x one (B,H,S,D) tensor; one head's S x S would be "
               f"{memory['one_head_SxS_bytes'] / 2**20:.0f} MiB")
-    sweep_rows = sweep(dev, B, H, S, D, repeat, False) if args.sweep else None
+    sweep_rows = sweep(dev, B, H, S, D, repeat, False, args.sweep_only) if args.sweep else None
     if args.gpu:
         print(
             f"limit: FP32 peak ~{FP32_PEAK_GPU / 1e12:.0f} "

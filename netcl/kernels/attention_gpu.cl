@@ -23,12 +23,27 @@
 //   in local memory) and walks the query tiles of the GROUP heads that can see them: s^T and dp^T, then
 //   p z and ds transposed into local memory, dv += (p z)^T dO and dk += ds^T (scale q). No atomics.
 //   Local memory: 2 * (BN + BM) * (DP + 4) + 2 * BN * (BM + 4) + 2 * BM values.
+//   With DQ_ATOMIC (FlashAttention-2's single backward pass; float32 only): the same kernel also adds
+//   each query tile's dq share, scale * ds k (ds from local memory, k from the tile it already holds),
+//   to the float32 buffer dq_acc (zeroed before; delta written before by attention_backward_dq_gpu with
+//   do_dq = 0) with float atomic adds, item (tr, tc) taking query rows tr * QR .. tr * QR + QR - 1 (QR =
+//   BM / TR) and the float4 groups tc + TC * e: 5 products per (query, key) pair where the two passes
+//   take 7, no extra local memory. The work-groups of one head walk the query tiles in rotated orders
+//   (work-group n starts at tile n) so that they add to different rows at a time. dq's rounding then
+//   depends on the order of the adds (not reproducible bit for bit).
+//   DQ_ATOMIC = ATOMIC_CAS (atomic_cmpxchg loop: OpenCL 1.2 has no float atomic add), ATOMIC_RED (NVIDIA:
+//   inline PTX red.global.add.f32, a fire-and-forget add in L2) or ATOMIC_RED4 (red.global.add.v4.f32,
+//   sm_90 and PTX ISA 8.1: one instruction per float4).
 //
 // Build options: attention_common.cl's, and
 //   BM, BN   query rows / keys of a tile (see each kernel)                       defaults 64, 32
 //   TR, TC   the work-item grid (BM or BN a multiple of TR, the other of TC)     defaults 16, 8
 //   CE       float4 groups of the head dim per work-item: DP = CE * 4 * TC >= D   default 2
 //   VEC_ROWS rows start at multiples of 4 elements (float4 global loads; float32 only)
+//   PASS     which kernels the program holds: PASS_ALL (default), PASS_FORWARD, PASS_DQ, PASS_DKDV (also the
+//            fused pass), PASS_DECODE (with DR): each launch's program compiles only its own kernel
+//   NATIVE_EXP the probabilities' exp as native_exp (float32: NVIDIA's ex2.approx, ~2 ulp, 2 instructions
+//            where exp takes ~10: the forward does one exp per 2 * D FMAs); forward, dq and dk/dv
 
 #include "attention_common.cl"
 
@@ -46,6 +61,26 @@
 #endif
 #ifndef CE
 #define CE 2
+#endif
+#define PASS_ALL 0
+#define PASS_FORWARD 1
+#define PASS_DQ 2
+#define PASS_DKDV 3
+#define PASS_DECODE 4
+#ifndef PASS
+#define PASS PASS_ALL
+#endif
+#define ATOMIC_NONE 0
+#define ATOMIC_CAS 1
+#define ATOMIC_RED 2
+#define ATOMIC_RED4 3
+#ifndef DQ_ATOMIC
+#define DQ_ATOMIC ATOMIC_NONE
+#endif
+#if defined(NATIVE_EXP) && !defined(USE_FP64)
+#define EXPF(x) native_exp(x)
+#else
+#define EXPF(x) exp(x)
 #endif
 #define NT (TR * TC)          // work-items per work-group
 #define DP4 (CE * TC)         // float4 groups of the padded head dim
@@ -126,6 +161,7 @@ inline ACC dropout_one(const ulong counter0, const long row, const int j, const 
 #define CN_ (BN / TC)         // columns: keys
 #define PS4 (BN / 4 + 1)      // float4s per local row of p / ds
 
+#if PASS == PASS_ALL || PASS == PASS_FORWARD
 __kernel void attention_forward_gpu(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARGS, LEN_ARGS,
                                     __global T *out, __global ACC *lse, const int HQ, const int GROUP,
                                     const int SQ, const int SK, const int causal, const ACC scale, DROP_ARGS)
@@ -134,7 +170,8 @@ __kernel void attention_forward_gpu(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARG
     __local ACC4 kvs[BN * RS4];            // the k tile, then the v tile
     __local ACC4 ps4[BM * PS4];            // p of the tile (times the dropout multiplier)
     __local ACC *ps = (__local ACC *)ps4;
-    __local ACC red[BM * TC];              // partial row maxima / sums
+    __local ACC4 red4[(BM * TC + 3) / 4];  // partial row maxima / sums (read as float4s where TC allows)
+    __local ACC *red = (__local ACC *)red4;
 
     const int tid = get_local_id(0), tr = tid / TC, tc = tid - tr * TC;
     const int i0 = get_group_id(0) * BM, h = get_global_id(1), b = get_global_id(2);
@@ -187,13 +224,20 @@ __kernel void attention_forward_gpu(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARG
         for (int a = 0; a < RM_; ++a) {
             const int r = tr + TR * a;
             ACC mx = m[a];
+#if TC % 4 == 0
+            for (int t4 = 0; t4 < TC / 4; ++t4) {
+                const ACC4 x = red4[r * (TC / 4) + t4];
+                mx = fmax(mx, fmax(fmax(x.x, x.y), fmax(x.z, x.w)));
+            }
+#else
             for (int t = 0; t < TC; ++t) mx = fmax(mx, red[r * TC + t]);
+#endif
             // alpha: 1 while nothing is allowed yet (mx = -inf), else exp(m_old - m_new)
-            const ACC alpha = mx == -INFINITY ? (ACC)1 : exp(m[a] - mx);
+            const ACC alpha = mx == -INFINITY ? (ACC)1 : EXPF(m[a] - mx);
             ACC sum = (ACC)0;
             for (int c = 0; c < CN_; ++c) {
                 const int j = j0 + tc + TC * c;
-                ACC p = s[a][c] == -INFINITY ? (ACC)0 : exp(s[a][c] - mx);
+                ACC p = s[a][c] == -INFINITY ? (ACC)0 : EXPF(s[a][c] - mx);
                 sum += p;
                 if (drop_threshold && p != (ACC)0)
                     p *= dropout_one(counter0, row0 + r, j, seed_lo, seed_hi, drop_threshold, drop_scale);
@@ -235,7 +279,9 @@ __kernel void attention_forward_gpu(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARG
         if (tc == 0) lse[row0 + r] = total > (ACC)0 ? m[a] + log(total) : -INFINITY;
     }
 }
+#endif  // PASS_FORWARD
 
+#if PASS == PASS_ALL || PASS == PASS_DQ
 __kernel void attention_backward_dq_gpu(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(grad_out), KV_ARGS(out),
                                         MASK_ARGS, LEN_ARGS, __global const ACC *lse, __global ACC *delta,
                                         __global T *dq, const int do_dq, const int HQ, const int GROUP,
@@ -312,7 +358,7 @@ __kernel void attention_backward_dq_gpu(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_A
                 const ACC sc = masked_score(s[a][c], i, j, L, SQ, causal, mask, mbase + i * mask_si + j * mask_sj);
                 ACC d = (ACC)0;
                 if (sc != -INFINITY && lse_r != -INFINITY) {
-                    const ACC p = exp(sc - lse_r);
+                    const ACC p = EXPF(sc - lse_r);
                     ACC z = (ACC)1;
                     if (drop_threshold)
                         z = dropout_one(counter0, row0 + r, j, seed_lo, seed_hi, drop_threshold, drop_scale);
@@ -344,20 +390,57 @@ __kernel void attention_backward_dq_gpu(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_A
         for (int e = 0; e < CE; ++e) store4(drow, 4 * (tc + TC * e), dqa[a][e] * scale);
     }
 }
+#endif  // PASS_DQ
 
 #undef RM_
 #undef CN_
 #undef PS4
+
+#if DQ_ATOMIC != ATOMIC_NONE
+// x added to p[0 .. n - 1] (n <= 4 elements of a float4; zeros are not added)
+inline void add4_atomic(__global float *p, const float4 x, const int n)
+{
+#if DQ_ATOMIC == ATOMIC_RED4
+    if (n == 4) {
+        if (x.x != 0.0f || x.y != 0.0f || x.z != 0.0f || x.w != 0.0f)
+            asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};"
+                         :: "l"((ulong)p), "f"(x.x), "f"(x.y), "f"(x.z), "f"(x.w) : "memory");
+        return;
+    }
+#endif
+    const float v[4] = {x.x, x.y, x.z, x.w};
+    for (int t = 0; t < n; ++t) {
+        if (v[t] == 0.0f) continue;
+#if DQ_ATOMIC == ATOMIC_CAS
+        // the first guess of the old value is 0 (dq_acc starts at 0): no plain read racing the atomics
+        volatile __global uint *u = (volatile __global uint *)(p + t);
+        uint seen = 0u, old;
+        while ((old = atomic_cmpxchg(u, seen, as_uint(as_float(seen) + v[t]))) != seen) seen = old;
+#else
+        asm volatile("red.global.add.f32 [%0], %1;" :: "l"((ulong)(p + t)), "f"(v[t]) : "memory");
+#endif
+    }
+}
+#define DQ_ARG , __global float *dq_acc
+#else
+#define DQ_ARG
+#endif
+
 // dkdv: the grid's rows are keys, its columns queries
 #define RK_ (BN / TR)         // keys per item
 #define CQ_ (BM / TC)         // query rows per item
 #define PT4 (BM / 4 + 1)      // float4s per local row of (p z)^T / ds^T
+#define QR_ (BM / TR)         // query rows per item in the dq share (DQ_ATOMIC)
+#if DQ_ATOMIC != ATOMIC_NONE && (BM % TR)
+#error "DQ_ATOMIC needs BM a multiple of TR"
+#endif
 
+#if PASS == PASS_ALL || PASS == PASS_DKDV
 __kernel void attention_backward_dkdv_gpu(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(grad_out), KV_ARGS(out),
                                           MASK_ARGS, LEN_ARGS, __global const ACC *lse, __global const ACC *delta,
-                                          __global T *dk, __global T *dv, const int HQ, const int GROUP,
-                                          const int SQ, const int SK, const int causal, const ACC scale,
-                                          DROP_ARGS)
+                                          __global T *dk, __global T *dv DQ_ARG, const int HQ,
+                                          const int GROUP, const int SQ, const int SK, const int causal,
+                                          const ACC scale, DROP_ARGS)
 {
     __local ACC4 ks[BN * RS4], vs[BN * RS4], qs[BM * RS4], gs[BM * RS4];
     __local ACC4 pt4[BN * PT4], dt4[BN * PT4];
@@ -385,7 +468,13 @@ __kernel void attention_backward_dkdv_gpu(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV
             const long mbase = mask_off + b * mask_sb + h * mask_sh;
             const __global T *qb = q + q_off + b * q_sb + h * q_sh;
             const __global T *gb = grad_out + grad_out_off + b * grad_out_sb + h * grad_out_sh;
+#if DQ_ATOMIC != ATOMIC_NONE
+            const int ntiles = (SQ - i_first + BM - 1) / BM, rot = get_group_id(0) % max(ntiles, 1);
+            for (int n = 0; n < ntiles; ++n) {
+                const int i0 = i_first + ((n + rot) % ntiles) * BM;
+#else
             for (int i0 = i_first; i0 < SQ; i0 += BM) {
+#endif
                 barrier(CLK_LOCAL_MEM_FENCE);  // the previous tile's updates are done with qs, gs, pt, dt
                 load_rows(qs, qb, q_ss, i0, BM, SQ, scale, tid);
                 load_rows(gs, gb, grad_out_ss, i0, BM, SQ, (ACC)1, tid);
@@ -422,7 +511,7 @@ __kernel void attention_backward_dkdv_gpu(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV
                                                     mbase + i * mask_si + j * mask_sj);
                         ACC pz = (ACC)0, d = (ACC)0;
                         if (sc != -INFINITY && lse_s[qr] != -INFINITY) {
-                            const ACC p = exp(sc - lse_s[qr]);
+                            const ACC p = EXPF(sc - lse_s[qr]);
                             ACC z = (ACC)1;
                             if (drop_threshold)
                                 z = dropout_one(counter0, rowh + i, j, seed_lo, seed_hi, drop_threshold, drop_scale);
@@ -457,6 +546,41 @@ __kernel void attention_backward_dkdv_gpu(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV
                         }
                     }
                 }
+#if DQ_ATOMIC != ATOMIC_NONE
+                // this key tile's share of dq: rows tr * QR + a of the query tile, float4 groups tc + TC * e
+                ACC4 dqp[QR_][CE];
+                for (int a = 0; a < QR_; ++a)
+                    for (int e = 0; e < CE; ++e) dqp[a][e] = (ACC4)0;
+                for (int kk = 0; kk < BN; ++kk) {
+                    ACC4 kv[CE];
+                    for (int e = 0; e < CE; ++e) kv[e] = ks[kk * RS4 + tc + TC * e];
+#if QR_ % 4 == 0
+                    for (int a4 = 0; a4 < QR_ / 4; ++a4) {
+                        const ACC4 d = dt4[kk * PT4 + tr * (QR_ / 4) + a4];
+                        for (int e = 0; e < CE; ++e) {
+                            dqp[4 * a4][e] += d.x * kv[e];
+                            dqp[4 * a4 + 1][e] += d.y * kv[e];
+                            dqp[4 * a4 + 2][e] += d.z * kv[e];
+                            dqp[4 * a4 + 3][e] += d.w * kv[e];
+                        }
+                    }
+#else
+                    for (int a = 0; a < QR_; ++a) {
+                        const ACC d = dt[kk * 4 * PT4 + tr * QR_ + a];
+                        for (int e = 0; e < CE; ++e) dqp[a][e] += d * kv[e];
+                    }
+#endif
+                }
+                for (int a = 0; a < QR_; ++a) {
+                    const int i = i0 + tr * QR_ + a;
+                    if (i >= SQ) break;
+                    __global float *drow = dq_acc + (rowh + i) * HEAD_DIM;
+                    for (int e = 0; e < CE; ++e) {
+                        const int d = 4 * (tc + TC * e);
+                        if (d < HEAD_DIM) add4_atomic(drow + d, dqp[a][e] * scale, min(4, HEAD_DIM - d));
+                    }
+                }
+#endif
             }
         }
     }
@@ -471,8 +595,9 @@ __kernel void attention_backward_dkdv_gpu(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV
         }
     }
 }
+#endif  // PASS_DKDV
 
-#ifdef DR
+#if defined(DR) && (PASS == PASS_ALL || PASS == PASS_DECODE)
 // -- decoding: few query rows against many keys -----------------------------------------------------------
 // attention_decode_gpu: global (NSPLIT * DNT, HKV, B), local DNT. A work-group takes the DR = GROUP * SQ query
 //   rows that read kv head hk (row r: head hk * GROUP + r / SQ, query i = r % SQ), so a kv tile is read once

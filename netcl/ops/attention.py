@@ -10,13 +10,15 @@ else through one contiguous copy. out is (B, Hq, Sq, D) in q's dtype; lse, the l
 scores, is (B, Hq, Sq) float32 (float64 for float64 inputs), the one thing the backward pass keeps.
 
 The forward streams keys through an online softmax (a running max and sum per query row); the backward
-recomputes the probabilities per tile from lse: one pass for dq (which first writes delta =
-rowsum(grad_out * out)), one for dk and dv (no atomics). Kernels (netcl/kernels/attention_*.cl), by
-device class: on CPUs a work-item (work-group size 1) takes a block of rows in private memory
-(attention_cpu.cl); on GPUs a work-group takes a tile of rows in local memory and streams the other
-operand's tiles past it (attention_gpu.cl), and a forward with few query rows per kv head (decoding with a
-KV cache: GROUP * Sq <= DECODE_MAX_ROWS) splits the keys over work-groups that each take all the rows of
-one kv head (so the cache is read once per kv head), merged by a second small kernel.
+recomputes the probabilities per tile from lse: one pass for dq (which first writes delta = rowsum(grad_out *
+out)), one for dk and dv (no atomics); on GPUs, float32 with all three gradients wanted, FlashAttention-2's
+single pass instead (delta, then per key tile dk, dv and dq's share added to dq with float atomic adds: 5
+products per (query, key) pair where the two passes take 7; GPU_BACKWARD). Kernels
+(netcl/kernels/attention_*.cl), by device class: on CPUs a work-item (work-group size 1) takes a block of rows
+in private memory (attention_cpu.cl); on GPUs a work-group takes a tile of rows in local memory and streams
+the other operand's tiles past it (attention_gpu.cl), and a forward with few query rows per kv head (decoding
+with a KV cache: GROUP * Sq <= DECODE_MAX_ROWS) splits the keys over work-groups that each take all the rows
+of one kv head (so the cache is read once per kv head), merged by a second small kernel.
 
 Options:
 - scale: default 1 / sqrt(D).
@@ -43,7 +45,7 @@ import numpy as np
 from netcl import kernels
 from netcl.core import capture, dtypes
 from netcl.core.tensor import Tensor, check_same_queue
-from netcl.errors import DTypeError, ShapeError
+from netcl.errors import DTypeError, KernelBuildError, ShapeError
 from netcl.ops.elementwise import cast
 from netcl.ops.random import Generator, default_generator
 
@@ -74,7 +76,40 @@ GPU_GRIDS = {
     "dq": [(16, 8, 4, 2), (8, 8, 4, 2), (8, 8, 2, 4), (16, 8, 2, 1), (8, 4, 2, 2)],   # (16, 8, 2, 1): D = 128
     # rows: keys, columns: queries
     "dkdv": [(16, 8, 4, 2), (8, 8, 4, 2), (8, 8, 2, 4), (16, 8, 2, 1), (8, 4, 2, 2)],
+    # the single backward pass (dk, dv and dq's atomic adds; float32): rows keys, columns queries, and the
+    # query tile a multiple of TR
+    "fused": [(16, 8, 4, 2), (8, 8, 4, 2), (8, 8, 2, 4), (16, 8, 2, 1), (8, 4, 2, 2)],
 }
+
+# The GPU backward of float32 inputs when both dq and dk/dv are wanted: "fused" (FlashAttention-2's single
+# pass over key tiles, dq by float atomic adds: 5 products per (query, key) pair, dq's rounding depends on
+# the order of the adds) or "two_pass" (a dq pass and a dk/dv pass, 7 products, reproducible bit for bit).
+GPU_BACKWARD = "fused"
+# The fused pass's float atomic add: None = by device ("red", inline PTX red.global.add.f32, on NVIDIA GPUs;
+# "cas", an atomic_cmpxchg loop, elsewhere), or "cas", "red", "red4" (red.global.add.v4.f32: sm_90).
+GPU_DQ_ATOMIC: str | None = None
+_ATOMIC_DEFINES = {"cas": "ATOMIC_CAS", "red": "ATOMIC_RED", "red4": "ATOMIC_RED4"}
+# The GPU kernels' probabilities through native_exp (NATIVE_EXP): None = on NVIDIA GPUs (ex2.approx, ~2 ulp,
+# far inside float32 attention's error), or True / False.
+GPU_NATIVE_EXP: bool | None = None
+
+
+def _nvidia(device: Any) -> bool:
+    return "cl_nv_compiler_options" in device.capabilities.extensions
+
+
+def dq_atomic(device: Any) -> str:
+    """The float atomic add the fused backward uses on `device` (GPU_DQ_ATOMIC)."""
+    if GPU_DQ_ATOMIC is not None:
+        if GPU_DQ_ATOMIC not in _ATOMIC_DEFINES:
+            raise ValueError(
+                f"GPU_DQ_ATOMIC must be None or one of {sorted(_ATOMIC_DEFINES)}, got {GPU_DQ_ATOMIC!r}"
+            )
+        return GPU_DQ_ATOMIC
+    return "red" if _nvidia(device) and device.device_name not in _PTX_ATOMICS_FAIL else "cas"
+
+
+_PTX_ATOMICS_FAIL: set[str] = set()   # devices whose compiler rejected the inline PTX atomics
 
 
 # Decoding (GPU variant): a forward whose GROUP * Sq query rows per kv head are at most DECODE_MAX_ROWS runs
@@ -111,20 +146,20 @@ def _gpu_local_bytes(kernel: str, BM: int, BN: int, DP: int, TC: int, item: int)
         values = (BM + BN) * (DP + 4) + BM * (BN + 4) + BM * TC
     elif kernel == "dq":
         values = 2 * (BM + BN) * (DP + 4) + BM * (BN + 4) + 2 * BM
-    else:
+    else:  # dkdv and fused
         values = 2 * (BN + BM) * (DP + 4) + 2 * BN * (BM + 4) + 2 * BM
     return values * item
 
 
 def gpu_tiles(device: Any, kernel: str, head_dim: int, dtype: Any) -> dict[str, int]:
-    """The tile defines of an attention_gpu.cl kernel ("forward", "dq", "dkdv") for this head dim and dtype on
-    `device`: among the grids of GPU_GRIDS that pad the head dim least, the first whose local memory fits and
-    whose accumulators (the output's, or dk's and dv's) stay within 64 values per work-item (the last grid
-    of the list may exceed that)."""
+    """The tile defines of an attention_gpu.cl kernel ("forward", "dq", "dkdv", "fused") for this head dim and
+    dtype on `device`: among the grids of GPU_GRIDS that pad the head dim least, the first whose local memory
+    fits and whose accumulators (the output's, or dk's and dv's) stay within 64 values per work-item (the
+    last grid of the list may exceed that); "fused" also wants the query tile a multiple of TR."""
     item = 8 if np.dtype(dtype) == dtypes.float64 else 4
     caps = device.capabilities
     budget = caps.local_mem - 1024
-    accumulators = 2 if kernel == "dkdv" else 1
+    accumulators = 2 if kernel in ("dkdv", "fused") else 1
     grids = GPU_GRIDS[kernel]
     padded = [-(-head_dim // (4 * grid[0])) * 4 * grid[0] for grid in grids]
     order = sorted(range(len(grids)), key=lambda n: (padded[n], n))
@@ -134,8 +169,10 @@ def gpu_tiles(device: Any, kernel: str, head_dim: int, dtype: Any) -> dict[str, 
         CE = DP // (4 * TC)
         if rows * CE * 4 * accumulators > 64 and n != len(grids) - 1:
             continue
-        if kernel == "dkdv":
+        if kernel in ("dkdv", "fused"):
             BN, BM = TR * rows, TC * cols
+            if kernel == "fused" and BM % TR:
+                continue
         else:
             BM, BN = TR * rows, TC * cols
         if TR * TC <= caps.max_work_group_size and _gpu_local_bytes(kernel, BM, BN, DP, TC, item) <= budget:
@@ -303,7 +340,7 @@ class _Problem:
         chunk = -(-tiles_of_keys // nsplit) * dk
         nsplit = max(1, -(-self.SK // chunk))
         prg = kernels.program(self.device, "attention_gpu.cl", dtype=self.dtype, options=("-cl-mad-enable",),
-                              HEAD_DIM=self.D, MASK=self.mask_kind, **tiles,
+                              HEAD_DIM=self.D, MASK=self.mask_kind, PASS="PASS_DECODE", **tiles,
                               **({"VEC_ROWS": None} if self.vector_rows else {}))
         q4 = -(-self.D // 4)
         if nsplit > 1:
@@ -328,6 +365,19 @@ class _Problem:
             )
         return kernel
 
+    def fused_backward(self) -> bool:
+        """Whether dq, dk and dv come from the single fused pass (GPU variant, float32, GPU_BACKWARD "fused",
+        a grid that fits)."""
+        if GPU_BACKWARD not in ("fused", "two_pass"):
+            raise ValueError(f"GPU_BACKWARD must be 'fused' or 'two_pass', got {GPU_BACKWARD!r}")
+        if self.variant() != "gpu" or self.dtype != dtypes.float32 or GPU_BACKWARD != "fused":
+            return False
+        try:
+            gpu_tiles(self.device, "fused", self.D, self.dtype)
+        except DTypeError:
+            return False
+        return True
+
     def launch(self, kernel: str, **args: Any) -> Any:
         """Launch attention kernel `kernel` ("forward", "dq", "dkdv") of this problem's variant; returns the
         kernel object (for graph refreshes)."""
@@ -336,9 +386,13 @@ class _Problem:
             "forward": "attention_forward",
             "dq": "attention_backward_dq",
             "dkdv": "attention_backward_dkdv",
+            "fused": "attention_backward_dkdv",
         }
-        rows, heads = (self.SK, self.HKV) if kernel == "dkdv" else (self.SQ, self.HQ)
+        by_keys = kernel in ("dkdv", "fused")
+        rows, heads = (self.SK, self.HKV) if by_keys else (self.SQ, self.HQ)
         defines: dict[str, Any] = {"HEAD_DIM": self.D, "MASK": self.mask_kind}
+        if kernel == "fused":
+            defines["DQ_ATOMIC"] = _ATOMIC_DEFINES[dq_atomic(self.device)]
         tiles = None
         if variant == "gpu":
             try:
@@ -348,20 +402,34 @@ class _Problem:
                     raise
                 variant = "cpu"  # no grid's local memory fits (float64 at large head dims): the CPU kernels
         if tiles is None:
+            if kernel == "fused":
+                raise DTypeError("flash_attention_backward: the fused pass runs only the GPU kernels")
             defines.update(CPU_TILES)
             # few query rows (decoding): a smaller row block, not BQ rows computed for one
             defines["BQ"] = min(CPU_TILES["BQ"], 1 << (self.SQ - 1).bit_length())
-            per_item = defines["BKV"] if kernel == "dkdv" else defines["BQ"]
+            per_item = defines["BKV"] if by_keys else defines["BQ"]
             global_size, local_size = (-(-rows // per_item), heads, self.B), (1, 1, 1)
         else:
             defines.update(tiles)
+            defines["PASS"] = {"forward": "PASS_FORWARD", "dq": "PASS_DQ"}.get(kernel, "PASS_DKDV")
             if self.vector_rows:
                 defines["VEC_ROWS"] = None
+            if GPU_NATIVE_EXP or (GPU_NATIVE_EXP is None and _nvidia(self.device)):
+                defines["NATIVE_EXP"] = None
             threads = tiles["TR"] * tiles["TC"]
-            per_group = tiles["BN"] if kernel == "dkdv" else tiles["BM"]
+            per_group = tiles["BN"] if by_keys else tiles["BM"]
             global_size, local_size = (-(-rows // per_group) * threads, heads, self.B), (threads, 1, 1)
-        prg = kernels.program(self.device, f"attention_{variant}.cl", dtype=self.dtype,
-                              options=("-cl-mad-enable",), **defines)
+        try:
+            prg = kernels.program(self.device, f"attention_{variant}.cl", dtype=self.dtype,
+                                  options=("-cl-mad-enable",), **defines)
+        except KernelBuildError:
+            if defines.get("DQ_ATOMIC") not in ("ATOMIC_RED", "ATOMIC_RED4") or GPU_DQ_ATOMIC is not None:
+                raise
+            # a driver whose compiler rejects the inline PTX (chosen by device): the atomic_cmpxchg loop
+            _PTX_ATOMICS_FAIL.add(self.device.device_name)
+            defines["DQ_ATOMIC"] = "ATOMIC_CAS"
+            prg = kernels.program(self.device, f"attention_{variant}.cl", dtype=self.dtype,
+                                  options=("-cl-mad-enable",), **defines)
         k = getattr(prg, f"{name[kernel]}_{variant}")
         k(self.queue, global_size, local_size, **args)
         return k
@@ -550,15 +618,23 @@ def flash_attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: 
     args.update(_row_args("grad_out", g))
     args.update(_row_args("out", out))
     args.update(lse=lse.buffer, delta=delta.buffer)
+    fused = dq is not None and dk is not None and pr.fused_backward()
+    # the dq pass (or, fused / dk and dv only, its first part: delta alone)
     kernel = pr.launch(
-        "dq", dq=(dq if dq is not None else delta).buffer, do_dq=np.int32(dq is not None), **args
+        "dq",
+        dq=(dq if dq is not None else delta).buffer,
+        do_dq=np.int32(dq is not None and not fused),
+        **args,
     )
     if draw is not None:
         _refresh_dropout_on_replay(draw, kernel, draws=False)
-    if dk is not None:
+    if fused:
+        dq.fill_(0.0)
+        kernel = pr.launch("fused", dk=dk.buffer, dv=dv.buffer, dq_acc=dq.buffer, **args)
+    elif dk is not None:
         kernel = pr.launch("dkdv", dk=dk.buffer, dv=dv.buffer, **args)
-        if draw is not None:
-            _refresh_dropout_on_replay(draw, kernel, draws=False)
+    if dk is not None and draw is not None:
+        _refresh_dropout_on_replay(draw, kernel, draws=False)
     return dq, dk, dv
 
 

@@ -16,11 +16,19 @@ from tests.ops.test_attention import reference
 pytestmark = oclgrind_only
 
 
-@pytest.mark.parametrize("variant,D", [("cpu", 12), ("cpu", 32), ("gpu", 12), ("gpu", 32), ("gpu", 64)])
+@pytest.mark.parametrize("variant,D", [("cpu", 12), ("cpu", 32), ("gpu", 12), ("gpu", 32), ("gpu", 64),
+                                       ("gpu-two-pass", 12)])
 def test_attention_forward_backward(queue, monkeypatch, variant, D):
+    """The GPU variant's float32 backward is the fused pass (dq by atomic adds: here the atomic_cmpxchg loop;
+    D = 12 and 32: 2 query rows per item, D = 64: 4, read as float4s); gpu-two-pass: the dq and dk/dv
+    passes."""
     if D == 64:  # 16 item columns (the H200's grids, smaller tiles: Oclgrind's local memory is 32 KiB)
-        monkeypatch.setattr(attn, "GPU_GRIDS", {k: [(16, 8, 2, 2)] for k in ("forward", "dq", "dkdv")})
-        assert attn.gpu_tiles(queue.device, "dkdv", D, np.float32)["TC"] == 16
+        grids = {k: [(16, 8, 2, 2)] for k in ("forward", "dq", "dkdv", "fused")}
+        monkeypatch.setattr(attn, "GPU_GRIDS", grids)
+        assert attn.gpu_tiles(queue.device, "fused", D, np.float32)["TC"] == 16
+    if variant == "gpu-two-pass":
+        monkeypatch.setattr(attn, "GPU_BACKWARD", "two_pass")
+        variant = "gpu"
     rng = np.random.default_rng(3)
     B, HQ, HKV, SQ, SK, p = 2, 2, 1, 40, 37, 0.25   # several row and key tiles (and blocks) of each variant
     q = rng.standard_normal((B, HQ, SQ, D)).astype(np.float32)
