@@ -162,6 +162,7 @@ SWEEP = [
     ("forward", (16, 8, 8, 2), {}),
     ("forward", (16, 8, 4, 4), {}),
     ("forward", (16, 16, 2, 2), {}),
+    ("forward", (16, 32, 2, 2), {}),
     ("backward", (16, 8, 4, 2), {}),
     ("backward", (16, 8, 4, 2), {"atomic": "red4"}),
     ("backward", (16, 8, 4, 2), {"atomic": "cas"}),
@@ -170,6 +171,7 @@ SWEEP = [
     ("backward", (16, 4, 8, 2), {}),
     ("backward", (8, 8, 4, 4), {}),
     ("backward", (16, 8, 4, 1), {}),
+    ("backward", (16, 16, 2, 2), {}),
     ("backward", (16, 8, 4, 2), {"backward": "two_pass"}),
 ]
 _KNOBS = {"atomic": "GPU_DQ_ATOMIC", "native_exp": "GPU_NATIVE_EXP", "backward": "GPU_BACKWARD"}
