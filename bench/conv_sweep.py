@@ -12,7 +12,8 @@ seconds lasts, so one command always ends in time and prints what it measured):
   kernel (netcl.profiling events), bytes moved (forward: x read twice, y written; backward: x and dy read
   twice, dx written) over time = GB/s and % of the copy bandwidth (torch's clone of the same tensor, read +
   write); beside torch's batch_norm forward + backward (cuDNN). Knobs: parts per channel (PARTS, x1 x2 x4
-  the automatic count) and the reduction work-group size (LOCAL 128/256/512).
+  the automatic count), the reduction work-group size (L128/256/512) and "fused" (the last work-group
+  of a channel merges the parts: no finalize launches, norm.FUSED_FINALIZE).
 - wino: the batched GEMMs of Winograd F(2x2,3x3): forward (and flipped backward-data, the same shape)
   U (16, K, C) @ V (16, C, tiles) and the weight gradient's (S, 16, K, tiles/S) @ (S, 16, tiles/S, C) over
   the S tile slices conv picks (and half / twice that), per candidate tile; torch.bmm of the same product
@@ -152,6 +153,7 @@ def bn_section(args, dev, q, tt: TorchTimer, rows: list) -> None:
         copy_gbs = 2 * nbytes / copy_ms / 1e6
         torch_ms = tt.ms(torch_bn, args.repeat)
         auto_local = norm_ops._local_size(dev)
+        fused_default = norm_ops.FUSED_FINALIZE
         vec = norm_ops._bn_vec(x, g)
         auto_parts = norm_ops._bn_parts(dev, "groups" if dev.capabilities.kind != "cpu" else "runs",
                                         args.batch, c, hw * hw, auto_local, vec)
@@ -166,34 +168,41 @@ def bn_section(args, dev, q, tt: TorchTimer, rows: list) -> None:
         xhat = (xd - mean) * inv
         gxd = wd * inv * (gm - gm.mean(axis=(0, 2, 3), keepdims=True)
                           - xhat * (gm * xhat).mean(axis=(0, 2, 3), keepdims=True))
-        for local in (128, 256, 512) if dev.capabilities.kind != "cpu" else (None,):
-            for mult in (1, 2, 4):
-                if budget_over(args):
-                    return
-                norm_ops.local_size_override = local
-                norm_ops.PARTS = None if mult == 1 and local == auto_local else max(1, auto_parts * mult)
-                label = f"LOCAL={local} parts={'auto' if norm_ops.PARTS is None else norm_ops.PARTS}"
+        gpu = dev.capabilities.kind != "cpu"
+        knobs = [(256, 1, False), (256, 1, True), (256, 2, False), (256, 2, True), (256, 4, True),
+                 (128, 2, True), (512, 1, True), (512, 2, True)]
+        if not gpu:
+            knobs = [(None, 1, False), (None, 2, False)]
+        for local, mult, fused in knobs:
+            if budget_over(args):
+                return
+            norm_ops.local_size_override = local
+            norm_ops.FUSED_FINALIZE = fused
+            norm_ops.PARTS = None if mult == 1 and local == auto_local else max(1, auto_parts * mult)
+            label = (f"L{local} parts={'auto' if norm_ops.PARTS is None else norm_ops.PARTS}"
+                     f"{' fused' if fused else ''}")
 
-                def run():
-                    y, m, s = norm_ops.batch_norm(x, w, b, None, None, True, activation="relu")
-                    gx, _, _ = norm_ops.batch_norm_backward(g, x, w, m, s, True, bias=b, activation="relu")
-                    run.out = (y, gx)
+            def run():
+                y, m, s = norm_ops.batch_norm(x, w, b, None, None, True, activation="relu")
+                gx, _, _ = norm_ops.batch_norm_backward(g, x, w, m, s, True, bias=b, activation="relu")
+                run.out = (y, gx)
 
-                try:
-                    per_kernel = kernel_ms(q, run, args.repeat)
-                    err = max(rel_err(run.out[0].to_host(), np.maximum(yd, 0)),
-                              rel_err(run.out[1].to_host(), gxd))
-                finally:
-                    norm_ops.local_size_override = None
-                    norm_ops.PARTS = None
-                total = sum(per_kernel.values())
-                moved = 8 * nbytes  # fwd: 2 reads + 1 write, bwd: 4 reads + 1 write
-                rows.append(dict(section="bn", shape=f"{args.batch}x{c}x{hw}x{hw}", config=label,
-                                 netcl_ms=total, peer_ms=torch_ms, ratio=torch_ms / total,
-                                 gbs=moved / total / 1e6, pct_copy=100 * moved / total / 1e6 / copy_gbs,
-                                 copy_gbs=copy_gbs, err=err,
-                                 kernels={k: round(v * 1e3, 2) for k, v in per_kernel.items()}))
-                print_row(rows[-1])
+            try:
+                per_kernel = kernel_ms(q, run, args.repeat)
+                err = max(rel_err(run.out[0].to_host(), np.maximum(yd, 0)),
+                          rel_err(run.out[1].to_host(), gxd))
+            finally:
+                norm_ops.local_size_override = None
+                norm_ops.PARTS = None
+                norm_ops.FUSED_FINALIZE = fused_default
+            total = sum(per_kernel.values())
+            moved = 8 * nbytes  # fwd: 2 reads + 1 write, bwd: 4 reads + 1 write
+            rows.append(dict(section="bn", shape=f"{args.batch}x{c}x{hw}x{hw}", config=label,
+                             netcl_ms=total, peer_ms=torch_ms, ratio=torch_ms / total,
+                             gbs=moved / total / 1e6, pct_copy=100 * moved / total / 1e6 / copy_gbs,
+                             copy_gbs=copy_gbs, err=err,
+                             kernels={k: round(v * 1e3, 2) for k, v in per_kernel.items()}))
+            print_row(rows[-1])
 
 
 def wino_shapes(batch: int, sizes) -> list[tuple[str, int, int, int]]:
@@ -347,7 +356,7 @@ def summary(rows: list) -> None:
           f"{'default ms':>10s} {'default ratio':>13s}")
     for (sec, shape), rs in keyed.items():
         best = min(rs, key=lambda r: r["netcl_ms"])
-        base = [r for r in rs if r["config"] in ("T0", "auto", "LOCAL=256 parts=auto")
+        base = [r for r in rs if r["config"] in ("T0", "auto", "L256 parts=auto")
                 or r.get("conv_default") and r["config"].startswith("T0 ")]
         d = base[0] if base else None
         print(f"{sec:10s} {shape:12s} {best['config']:22s} {best['netcl_ms']:8.4f} {best['peer_ms']:8.4f} "

@@ -13,7 +13,10 @@
 //     n = s, s + S, ... : for each it sums the HW-long run with 8 accumulators, then the run's squared
 //     deviations (the run is in L1), then merges (count HW) into its state. No barriers.
 //   With S == 1 the part is the channel: it writes the results itself (finish_stats); else it writes its
-//   (count, mean, M2) to part[(c*S + s)*3 ..] and batch_norm_finalize (global (C)) merges the S parts.
+//   (count, mean, M2) to part[(c*S + s)*3 ..] and batch_norm_finalize (global (C)) merges the S parts,
+//   or (_groups with LAST=1) the channel's last work-group to finish merges them itself (last_part: a
+//   per-channel counter, incremented after the partials are written and reset by that last group), in
+//   the fixed order s = 0..S-1, so the results do not depend on which group finished last.
 // Results (finish_stats) into stats (4, C): mean, invstd = rsqrt(var + eps) (biased var), scale =
 //   weight * invstd, beta = bias (0 without); running stats, when given, get momentum updates with the
 //   unbiased variance (PyTorch's rule). batch_norm_finalize with training = 0 fills stats from the
@@ -51,6 +54,12 @@
 #endif
 #ifndef VEC
 #define VEC 1              // 4: HW % 4 == 0 and x (and grad_y) start on a 4-element boundary
+#endif
+#ifndef LAST
+#define LAST 0             // 1: the _groups kernels merge the S parts in their last work-group (no finalize)
+#endif
+#if LAST && defined(USE_FP64)
+#error "norm_batch.cl: LAST=1 needs float accumulators (its partials move through 32-bit atomics)"
 #endif
 // ACT (common.cl): ACT_RELU when the forward fused a relu (backward masks grad_y by y > 0)
 
@@ -94,8 +103,27 @@ inline void finish_stats(const int c, const int C, const ACC n, const ACC mean, 
     const ACC momentum, const ACC eps
 #define STATS_PASS w, w_off, b, b_off, has_w, has_b, rmean, rvar, has_running, stats, momentum, eps
 
+// Whether the calling work-group is the last of its channel's S parts to get here (its partials already
+// written): count[c] is incremented after a global fence; the last one fences again before reading the
+// others' partials and resets the counter for the next launch (the threadfence-reduction pattern).
+// With LAST the partials are written and read through atomics (32-bit exchange / or): the other groups'
+// values are then read from the device-wide coherent level, and the accesses are not a data race.
+#if LAST
+#define PART_STORE(p, i, v) atomic_xchg((volatile __global float *)(p) + (i), (float)(v))
+#define PART_LOAD(p, i) as_float(atomic_or((volatile __global uint *)(p) + (i), 0u))
+#endif
+
+inline int last_part(__global int *count, const int S)
+{
+    mem_fence(CLK_GLOBAL_MEM_FENCE);
+    if (atomic_inc(count) != S - 1) return 0;
+    mem_fence(CLK_GLOBAL_MEM_FENCE);
+    atomic_xchg(count, 0);
+    return 1;
+}
+
 __kernel __attribute__((reqd_work_group_size(LOCAL, 1, 1)))
-void batch_norm_stats_groups(STATS_ARGS)
+void batch_norm_stats_groups(STATS_ARGS, __global int *count)
 {
     __local ACC sn[LOCAL], sm[LOCAL], sq[LOCAL];
     const int grp = get_group_id(0), lid = get_local_id(0);
@@ -140,9 +168,23 @@ void batch_norm_stats_groups(STATS_ARGS)
             finish_stats(c, C, n, mean, m2, STATS_PASS);
         } else {
             __global ACC *o = part + ((long)c * S + s) * 3;
+#if LAST
+            PART_STORE(o, 0, n);
+            PART_STORE(o, 1, mean);
+            PART_STORE(o, 2, m2);
+            if (last_part(count + c, S)) {
+                __global ACC *pc = part + (long)c * S * 3;
+                ACC mn = (ACC)0, mm = (ACC)0, mq = (ACC)0;
+                for (int t = 0; t < S; ++t)
+                    welford_merge(&mn, &mm, &mq, PART_LOAD(pc, 3 * t), PART_LOAD(pc, 3 * t + 1),
+                                  PART_LOAD(pc, 3 * t + 2));
+                finish_stats(c, C, mn, mm, mq, STATS_PASS);
+            }
+#else
             o[0] = n;
             o[1] = mean;
             o[2] = m2;
+#endif
         }
     }
 }
@@ -252,7 +294,7 @@ inline void finish_backward(const int c, const int C, const ACC M, const ACC sg,
 #endif
 
 __kernel __attribute__((reqd_work_group_size(LOCAL, 1, 1)))
-void batch_norm_backward_groups(BWD_ARGS)
+void batch_norm_backward_groups(BWD_ARGS, __global int *count)
 {
     __local ACC s1[LOCAL], s2[LOCAL];
     const int grp = get_group_id(0), lid = get_local_id(0);
@@ -296,8 +338,22 @@ void batch_norm_backward_groups(BWD_ARGS)
             finish_backward(c, C, (ACC)N * HW, sg, sgxm, mean, invstd, wc, beta, training, gw, gb, coef);
         } else {
             __global ACC *o = part + ((long)c * S + s) * 2;
+#if LAST
+            PART_STORE(o, 0, sg);
+            PART_STORE(o, 1, sgxm);
+            if (last_part(count + c, S)) {
+                __global ACC *pc = part + (long)c * S * 2;
+                ACC tg = (ACC)0, tq = (ACC)0;
+                for (int t = 0; t < S; ++t) {
+                    tg += PART_LOAD(pc, 2 * t);
+                    tq += PART_LOAD(pc, 2 * t + 1);
+                }
+                finish_backward(c, C, (ACC)N * HW, tg, tq, mean, invstd, wc, beta, training, gw, gb, coef);
+            }
+#else
             o[0] = sg;
             o[1] = sgxm;
+#endif
         }
     }
 }

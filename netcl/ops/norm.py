@@ -12,6 +12,7 @@ also take float16/bfloat16 storage (float32 arithmetic; their mean/rstd are floa
 from __future__ import annotations
 
 import math
+import weakref
 from typing import Any
 
 import numpy as np
@@ -76,6 +77,21 @@ def _activation_flag(op: str, activation: str | None) -> bool:
 # the CPU's one-work-item runs) and PARTS (parts per channel; > 1 takes the finalize launch).
 FORCE_LAYOUT: str | None = None
 PARTS: int | None = None
+# GPU layout ("groups") with parts > 1: the channel's last work-group merges the parts (LAST=1 in
+# norm_batch.cl, a per-channel counter) instead of a finalize launch. bench/conv_sweep.py toggles it.
+FUSED_FINALIZE = False
+_counters: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # queue -> {channels: int32 zeros}
+
+
+def _bn_counter(queue: Any, c: int) -> Tensor:
+    """The per-channel counters of the LAST=1 reductions on `queue`: zeros between launches (each
+    launch's last work-group per channel resets its counter), so one buffer per (queue, C) serves every
+    launch, recorded replays included (launches on one in-order queue never overlap)."""
+    per_queue = _counters.setdefault(queue, {})
+    t = per_queue.get(c)
+    if t is None:
+        t = per_queue[c] = Tensor.zeros(queue, (c,), np.int32)
+    return t
 
 
 def _bn_shape(op: str, x: Tensor) -> tuple[int, int, int]:
@@ -109,8 +125,17 @@ def _bn_vec(x: Tensor, *others: Tensor) -> int:
     return 4 if hw % 4 == 0 and all(t.offset % 4 == 0 for t in (x, *others)) else 1
 
 
-def _bn_program(device: Any, dt: np.dtype, layout: str, hw: int, vec: int, relu: bool = False) -> Any:
-    defines = {"LOCAL": _local_size(device), "HW": hw, "VEC": vec} if layout == "groups" else {}
+def _bn_fused(layout: str, parts: int, dt: np.dtype) -> bool:
+    """Whether the reductions merge their parts in their last work-group (float accumulators only: the
+    partials move through 32-bit atomics)."""
+    return FUSED_FINALIZE and layout == "groups" and parts > 1 and dt != dtypes.float64
+
+
+def _bn_program(device: Any, dt: np.dtype, layout: str, hw: int, vec: int, relu: bool = False,
+                fused: bool = False) -> Any:
+    defines = {}
+    if layout == "groups":
+        defines = {"LOCAL": _local_size(device), "HW": hw, "VEC": vec, "LAST": int(fused)}
     return kernels.program(device, "norm_batch.cl", dtype=dt, act="relu" if relu else None, **defines)
 
 
@@ -194,9 +219,10 @@ def batch_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, running_me
         momentum=_scalar(dt, momentum),
         eps=_scalar(dt, eps),
     )
-    prg = _bn_program(x.device, dt, layout, hw, vec, relu)
+    parts = _bn_parts(x.device, layout, n, c, hw, local, vec) if training else 1
+    fused = _bn_fused(layout, parts, dt)
+    prg = _bn_program(x.device, dt, layout, hw, vec, relu, fused)
     if training:
-        parts = _bn_parts(x.device, layout, n, c, hw, local, vec)
         part = (
             Tensor.empty(
                 x.queue, (c * parts * 3,), dtypes.float64 if dt == dtypes.float64 else dtypes.float32
@@ -209,10 +235,11 @@ def batch_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, running_me
         if capture.declaring():
             profiling.work(0.0, float(x.nbytes))
         if layout == "groups":
-            prg.batch_norm_stats_groups(x.queue, (c * parts * local,), (local,), **args)
+            count = _bn_counter(x.queue, c) if fused else part
+            prg.batch_norm_stats_groups(x.queue, (c * parts * local,), (local,), count=count.buffer, **args)
         else:
             prg.batch_norm_stats_runs(x.queue, (c * parts,), None, hw=np.int32(hw), **args)
-        if parts > 1:
+        if parts > 1 and not fused:
             prg.batch_norm_finalize(
                 x.queue, (c,), None, part=part.buffer, S=np.int32(parts), training=np.int32(1), **common
             )
@@ -288,14 +315,16 @@ def batch_norm_backward(grad_out: Tensor, x: Tensor, weight: Tensor | None, save
         S=np.int32(parts),
         training=np.int32(bool(training)),
     )
-    prg = _bn_program(x.device, dt, layout, hw, vec, relu)
+    fused = _bn_fused(layout, parts, dt)
+    prg = _bn_program(x.device, dt, layout, hw, vec, relu, fused)
     if capture.declaring():  # grad_y and x read once
         profiling.work(0.0, float(2 * x.nbytes))
     if layout == "groups":
-        prg.batch_norm_backward_groups(x.queue, (c * parts * local,), (local,), **args)
+        count = _bn_counter(x.queue, c) if fused else part
+        prg.batch_norm_backward_groups(x.queue, (c * parts * local,), (local,), count=count.buffer, **args)
     else:
         prg.batch_norm_backward_runs(x.queue, (c * parts,), None, hw=np.int32(hw), **args)
-    if parts > 1:
+    if parts > 1 and not fused:
         prg.batch_norm_backward_finalize(x.queue, (c,), None, M=np.int64(n * hw), **args)
     gx = _bn_elementwise(
         prg,

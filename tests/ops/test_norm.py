@@ -274,6 +274,42 @@ def test_batch_norm_layouts(queue, rng, monkeypatch, layout, parts, local, shape
     assert_close(gb, gb_ref, rtol=1e-10, atol=1e-11)
 
 
+@pytest.mark.parametrize("shape,relu", [((5, 3, 4, 6), True), ((3, 4, 5, 7), False)])
+def test_batch_norm_fused_finalize(queue, rng, monkeypatch, shape, relu):
+    """The GPU reductions with LAST=1: each channel's last work-group merges the parts (a counter per
+    channel, reset by that group) instead of a finalize launch: 2 launches each way, float64 results, and
+    a second call on the same counters gives the same values (float32: the partials move through 32-bit
+    atomics; float64 keeps the finalize launch)."""
+    from netcl.profiling import count_launches
+
+    monkeypatch.setattr(Nm, "FORCE_LAYOUT", "groups")
+    monkeypatch.setattr(Nm, "PARTS", 5)
+    monkeypatch.setattr(Nm, "local_size_override", 8)
+    monkeypatch.setattr(Nm, "FUSED_FINALIZE", True)
+    c = shape[1]
+    f32 = lambda a: a.astype(np.float32)  # noqa: E731
+    x = f32(rng.standard_normal(shape) * 2 + 0.5)
+    w, b, gy = f32(rng.standard_normal(c)), f32(rng.standard_normal(c)), f32(rng.standard_normal(shape))
+    xt, wt, bt, gyt = _t(queue, x), _t(queue, w), _t(queue, b), _t(queue, gy)
+    act = "relu" if relu else None
+    y, mean, inv, gx_ref, gw_ref, gb_ref = _bn_reference(x.astype(np.float64), w, b, gy, relu)
+    first = None
+    for _ in range(2):
+        with count_launches() as launches:
+            out, sm, si = Nm.batch_norm(xt, wt, bt, None, None, True, activation=act)
+            gx, gw, gb = Nm.batch_norm_backward(gyt, xt, wt, sm, si, True, bias=bt, activation=act)
+        assert launches.count == 4
+        assert_close(out, y, np.float32, rtol=1e-5, atol=1e-5)
+        assert_close(si, inv, np.float32, rtol=1e-5, atol=1e-6)
+        assert_close(gx, gx_ref, np.float32, rtol=1e-4, atol=1e-4)
+        assert_close(gw, gw_ref, np.float32, rtol=1e-4, atol=1e-4)
+        assert_close(gb, gb_ref, np.float32, rtol=1e-4, atol=1e-4)
+        got = [t.to_host() for t in (out, gx, gw, gb)]
+        if first is not None:
+            assert all(np.array_equal(a, b) for a, b in zip(first, got))  # fixed merge order: bitwise equal
+        first = got
+
+
 @pytest.mark.parametrize("layout", ["runs", "groups"])
 def test_batch_norm_statistics_survive_a_large_mean(queue, rng, monkeypatch, layout):
     """float32 values around 3000 with unit spread: a sum-of-squares variance would lose every digit
