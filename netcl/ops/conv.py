@@ -434,17 +434,23 @@ def _conv_winograd(
             prg.winograd_output_2x2_3x3(x.queue, (th * tw, p.K, nb), None, **args)
 
 
+WINOGRAD_SPLIT_WAVES = 2  # GPUs: weight-gradient slices until 16 x S x blocks >= this many x compute units
+WINOGRAD_SPLIT_MIN = 512  # ... each slice at least this many tiles long
+
+
 def _winograd_splits(device: Any, p: ConvParams, pt: int) -> int:
     """K slices of the weight gradient's GEMMs dU[e] = Z[e] @ V[e]^T (K x C, inner length pt = tiles):
-    on GPUs enough slices that 16 x the output blocks fill the device twice over, each slice at least
-    512 long and dividing pt; CPUs keep one (16 x blocks already spread over the cores)."""
+    on GPUs enough slices that 16 x the output blocks (of the GEMM's tile for this shape) fill the device
+    WINOGRAD_SPLIT_WAVES times over, each slice at least WINOGRAD_SPLIT_MIN long and dividing pt; CPUs keep
+    one (16 x blocks already spread over the cores)."""
     if device.capabilities.kind == "cpu":
         return 1
-    blocks = 16 * math.ceil(p.K / 128) * math.ceil(p.C / 128)
-    target = 2 * device.capabilities.compute_units
+    bm, bn = mm.tiled_block(device, np.float32, p.K, p.C, pt, 16)
+    blocks = 16 * math.ceil(p.K / bm) * math.ceil(p.C / bn)
+    target = WINOGRAD_SPLIT_WAVES * device.capabilities.compute_units
     best = 1
     for s in (2, 4, 8, 16, 32, 64):
-        if blocks * best >= target or pt % s or pt // s < 512:
+        if blocks * best >= target or pt % s or pt // s < WINOGRAD_SPLIT_MIN:
             break
         best = s
     return best

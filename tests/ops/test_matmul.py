@@ -385,3 +385,32 @@ def test_bias_per_row(queue, rng, variant, params):
         check(got, a.astype(np.float64) @ b[0] + bias[:, None], k=k)
     with pytest.raises(ShapeError, match=r"bias must have shape \(37,\).*per row"):
         gemm(dev(queue, a), dev(queue, b), dev(queue, host(rng, (n,))), bias_rows=True)
+
+
+def test_tiled_tile_per_shape_class(device, queue, rng, monkeypatch):
+    """The tiled kernel's tile comes from the problem's shape class (variants.SHAPE_TILES of the device's
+    class over the general tile): M <= 64 takes the "m64" tile here; the result stays exact; the classes
+    follow the output sides and, for large sides, the block count against the compute units."""
+    monkeypatch.setattr(api, "choose_variant", lambda dev_, m, n, k: "tiled")
+    monkeypatch.setattr(api, "_templates", {})
+    monkeypatch.setattr(variants, "_usable", {})
+    real = variants.tuned_params
+    monkeypatch.setattr(variants, "tuned_params", lambda d, v, dt: {**real(d, v, dt), **SMALL_TILED}
+                        if v == "tiled" else real(d, v, dt))
+    m64 = {"BM": 64, "BN": 32, "TY": 8, "TX": 8}
+    monkeypatch.setitem(variants.SHAPE_TILES, variants.device_class(device), {"float32": {"m64": m64}})
+    built = []
+    real_program = gemm_launch._program
+    monkeypatch.setattr(gemm_launch, "_program",
+                        lambda dev_, var, d: built.append(dict(d)) or real_program(dev_, var, d))
+    for m, k, bm in ((37, 70, 64), (70, 40, 32)):   # (3, m, k) @ (3, k, 150): "m64", then no class
+        a, b = host(rng, (3, m, k)), host(rng, (3, k, 150))
+        check(matmul(dev(queue, a), dev(queue, b)), a.astype(np.float64) @ b, k=k)
+        assert built[-1]["BM"] == bm
+    assert variants.usable_params(device, "tiled", np.float32, shape_class="m64")["BN"] == 32
+    cls = variants.tiled_shape_class
+    assert [cls(device, 64, 64, 9), cls(device, 64, 4096, 9), cls(device, 4096, 60, 9)] == [
+        "m64n64", "m64", "n64"]
+    units = device.capabilities.compute_units
+    assert cls(device, 128, 128 * units, 9) is None and cls(device, 128, 128 * (units - 1), 9) == "few_blocks"
+    assert cls(device, 128, 128 * (units - 1), 9, batch=2) is None

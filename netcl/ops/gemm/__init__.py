@@ -23,6 +23,8 @@ from netcl.ops.gemm.variants import (
     get_matmul_precision,
     matrix_units,
     set_matmul_precision,
+    tiled_block,
+    tiled_shape_class,
     tuned_params,
     usable_params,
 )
@@ -44,6 +46,8 @@ __all__ = [
     "matmul_rowsum",
     "matrix_units",
     "set_matmul_precision",
+    "tiled_block",
+    "tiled_shape_class",
     "tuned_params",
     "usable_params",
 ]

@@ -163,6 +163,53 @@ CLASS_DEFAULTS: dict[str, dict[str, dict[str, dict[str, int]]]] = {
 }
 
 
+# Tiles of the tiled kernel per shape class (tiled_shape_class), over the per-dtype defaults above, on one
+# device class: the 128 x 128 block wastes half its rows on M = 64 (the first ResNet stage's Winograd
+# GEMMs: M = channels = 64) and three quarters on a 64 x 64 output (their weight gradients), and a few
+# large blocks leave most SMs idle (512^3 makes 16). A class entry of the tuning database
+# ("gemm_tiled", "float32/<class>") replaces the class's tile; classes not listed keep the general tile.
+SHAPE_TILES: dict[str, dict[str, dict[str, dict[str, int]]]] = {
+    "nvidia": {"float32": {}},
+}
+SHAPE_CLASSES = ("m64n64", "m64", "n64", "few_blocks")
+
+
+def tiled_shape_class(device: Any, m: int, n: int, k: int, batch: int = 1) -> str | None:
+    """The tiled kernel's shape class of an m x n x k GEMM over `batch` matrices: "m64n64" (both output
+    sides <= 64), "m64" / "n64" (one of them), "few_blocks" (128 x 128 blocks fill less than one wave of
+    the device's compute units), None (large: the general tile)."""
+    if m <= 64 and n <= 64:
+        return "m64n64"
+    if m <= 64:
+        return "m64"
+    if n <= 64:
+        return "n64"
+    if -(-m // 128) * -(-n // 128) * batch < device.capabilities.compute_units:
+        return "few_blocks"
+    return None
+
+
+def shape_params(device: Any, variant: str, dtype: Any, shape_class: str | None) -> dict[str, int]:
+    """The tile changes of `shape_class` for `variant` on `device`: the tuning database's class entry when
+    stored, else SHAPE_TILES of the device's class; {} for no class or no entry."""
+    if variant != "tiled" or shape_class is None:
+        return {}
+    name = np.dtype(dtype).name
+    db = tuning.active_database(device)
+    stored = db.get("gemm_tiled", f"{name}/{shape_class}") if db is not None else None
+    if stored:
+        return {k: int(v) for k, v in stored.items()}
+    return dict(SHAPE_TILES.get(device_class(device), {}).get(name, {}).get(shape_class, {}))
+
+
+def tiled_block(device: Any, dtype: Any, m: int, n: int, k: int, batch: int = 1) -> tuple[int, int]:
+    """(BM, BN) of the tiled kernel's block for this problem on `device` (its shape class's tile), for
+    callers that size their own work split to it (Winograd's weight-gradient slices)."""
+    tile = {**tuned_params(device, "tiled", dtype),
+            **shape_params(device, "tiled", dtype, tiled_shape_class(device, m, n, k, batch))}
+    return tile["BM"], tile["BN"]
+
+
 def device_class(device: Any) -> str:
     """The device's class: "cpu", "nvidia" (NVIDIA's OpenCL driver) or "gpu" (any other GPU or
     accelerator)."""
@@ -394,14 +441,15 @@ def _variant(device: Any, variant: str, dt: np.dtype, tile: dict[str, int]) -> V
 
 
 def usable_params(device: Any, variant: str, dtype: Any, params: dict[str, int] | None = None,
-                  required: bool = True) -> dict[str, int] | None:
+                  required: bool = True, shape_class: str | None = None) -> dict[str, int] | None:
     """The tile parameters `variant` runs with on `device`: `params` (over the defaults) exactly as given,
-    or else the tuned ones, or the first of their fallback chain (variant_chain) that this device
-    builds (and, for risky ones, runs correctly in a probe). When none works: KernelBuildError, or
-    None with required=False (the caller then takes the direct kernel)."""
+    or else the tuned ones (with `shape_class`'s tile: shape_params), or the first of their fallback
+    chain (variant_chain) that this device builds (and, for risky ones, runs correctly in a probe).
+    When none works: KernelBuildError, or None with required=False (the caller then takes the direct
+    kernel)."""
     dt = np.dtype(dtype)
     requested = ({**default_params(variant, dt, device), **params} if params is not None
-                 else tuned_params(device, variant, dt))
+                 else {**tuned_params(device, variant, dt), **shape_params(device, variant, dt, shape_class)})
     if variant in ("direct", "dot"):
         return requested
     key = (id(device), variant, dt, tuple(sorted(requested.items())), params is None)
