@@ -2,10 +2,10 @@
 
 Parameters are packed into buckets (NETCL_DIST_BUCKET_MB, 25 MiB; in reverse order of registration, roughly
 the order backward finishes their gradients); a bucket is one flat device Tensor. When the last gradient of a
-bucket is final (autograd's post-accumulate hook), the gradients are copied into it on the device, on a second
-queue where the device is not the CPU so backward's kernels keep running, and the bucket's all-reduce starts
-on the collective worker thread while backward goes on (the same path as `all_reduce` of one Tensor: on the
-shared-memory backend straight between the device and the shared segments, the sums on the device for GPUs);
+bucket is final (autograd's post-accumulate hook), the gradients are copied into it on the device, and the
+bucket's all-reduce starts on the collective worker thread while backward goes on (the same path as
+`all_reduce` of one Tensor, on a second queue where the device is not the CPU: on the shared-memory backend
+between the device and the shared segments through a pinned buffer, the sums on the device for GPUs);
 buckets start in order, so every rank starts the same collectives in the same order. At the end of backward
 (a queued callback) the rest are started, every bucket is waited for and the averages are copied into
 `.grad` on the device. Parameters that got no gradient on this rank take part with zeros. PyTorch's
@@ -168,18 +168,13 @@ class DistributedDataParallel(Module):
             self._start_ready()
 
     def _read_grad(self, grad: Tensor, slot: Tensor) -> Any:
-        """Copy a gradient into its place in the bucket, on the device (returns the copy's event)."""
+        """Copy a gradient into its place in the bucket, on the device, in order after the kernels that made
+        it (its own queue: no cross-queue wait); returns the copy's event, flushed for the collective worker
+        to wait on."""
         src = grad if grad.is_contiguous() else grad.contiguous()
-        if self._copy_queue is None:
-            event = enqueue_copy(slot.queue, slot.buffer, src.buffer, byte_count=slot.nbytes,
-                                 src_offset=src.offset * src.itemsize, dst_offset=slot.offset * slot.itemsize)
-            slot.queue.cl.flush()  # the collective worker waits on it
-            return event
-        made = handoff(src.queue)  # the copy queue waits for the kernels that made the gradient
-        event = enqueue_copy(self._copy_queue, slot.buffer, src.buffer, byte_count=slot.nbytes,
-                             src_offset=src.offset * src.itemsize, dst_offset=slot.offset * slot.itemsize,
-                             wait_for=[made])
-        self._copy_queue.cl.flush()
+        event = enqueue_copy(src.queue, slot.buffer, src.buffer, byte_count=slot.nbytes,
+                             src_offset=src.offset * src.itemsize, dst_offset=slot.offset * slot.itemsize)
+        src.queue.cl.flush()
         return event
 
     def _start_ready(self) -> None:
