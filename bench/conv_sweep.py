@@ -3,7 +3,8 @@ Winograd GEMM shapes of ResNet-18's stride-1 3x3 convolutions, on the square SGE
 the batch-norm kernels' knobs, each beside cuBLAS / cuDNN / PyTorch on the same GPU.
 
     python3 bench/conv_sweep.py --gpu                          # batch 128, all sections, ~60-110 s cold
-    python3 bench/conv_sweep.py --gpu --what wino --budget 60  # one section
+    python3 bench/conv_sweep.py --gpu --what wino --budget 50  # one section (the lead's round: wino, then
+    python3 bench/conv_sweep.py --gpu --what sgemm,bn --budget 40   # these two, each under its own budget)
     .venv/bin/python bench/conv_sweep.py --batch 2 --sizes 32 --sgemm 200 --configs T0,T3   # CPU smoke
 
 Sections (run in --what's order, default wino, sgemm, bn; a measurement starts only while the --budget of
@@ -56,7 +57,6 @@ CONFIGS: dict[str, dict[str, int]] = {
     "T4": {"BM": 64, "BN": 64, "BK": 8, "TX": 16, "TY": 16, "BKE": 16},              # 4x4 / item, 256 items
     "T5": {"BM": 128, "BN": 64, "BK": 16, "TX": 8, "TY": 16, "BKE": 0},              # 8x8 / item, 128 items
     "T6": {"BM": 64, "BN": 256, "BK": 8, "TX": 32, "TY": 8, "BKE": 16},              # 8x8 / item, 256 items
-    "T7": {"BM": 128, "BN": 128, "BK": 16, "TX": 16, "TY": 16, "INNER": 0, "BKE": 0},  # old guarded BK16
 }
 STAGES = ((64, 32), (128, 16), (256, 8), (512, 4))  # ResNet-18 CIFAR: channels, spatial size
 
