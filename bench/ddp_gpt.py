@@ -89,7 +89,9 @@ def main() -> int:
     if ddp is not None:
         lp = ddp.last_pass
         ms = lambda xs: "[" + ", ".join(f"{x * 1e3:.1f}" for x in xs) + "]"  # noqa: E731
-        line += (f"\n  rank {rank} last pass (ms from its first gradient): buckets ready {ms(lp['ready'])}, "
+        line += (f"\n  rank {rank} last pass (ms from its first gradient): "
+                 f"buckets submitted {ms(lp['submitted'])}, "
+                 f"ready {ms(lp['ready'])}, "
                  f"reduced {ms(lp['done'])}; backward enqueued {lp['enqueued'] * 1e3:.1f}, "
                  f"all done {lp['end'] * 1e3:.1f}")
     print(line, flush=True)

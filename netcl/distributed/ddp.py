@@ -48,7 +48,8 @@ class _Bucket:
         self.ready: set[int] = set()
         self.events: list[Any] = []
         self.work: Work | None = None
-        self.times = (0.0, 0.0, 0.0)  # perf_counter: all-reduce started (gradients on hand), ready, done
+        self.submitted = 0.0  # perf_counter when its last gradient was enqueued (the all-reduce submitted)
+        self.times = (0.0, 0.0, 0.0)  # perf_counter: worker started it, gradients in place, all-reduce done
 
     @property
     def complete(self) -> bool:
@@ -105,8 +106,9 @@ class DistributedDataParallel(Module):
         # buckets whose all-reduce started from a gradient hook, while backward still ran ("during"), or only
         # at its end ("at_end": the last bucket, and those behind a gradient that never came)
         self.started = {"during": 0, "at_end": 0}
-        # the last synchronised backward, in seconds from its first gradient hook: when each bucket's
-        # gradients were in place and when its all-reduce ended ("ready", "done"), when backward's last
+        # the last synchronised backward, in seconds from its first gradient hook: when each bucket's last
+        # gradient was enqueued ("submitted"), when its gradients were in place on the device and when its
+        # all-reduce ended ("ready", "done"), when backward's last
         # kernel was enqueued ("enqueued") and when backward had all results ("end"); "reduce_s": each
         # bucket's all-reduce time, "exposed_s": how long backward waited for them at its end
         self.last_pass: dict[str, Any] = {"reduce_s": [], "exposed_s": 0.0}
@@ -181,6 +183,7 @@ class DistributedDataParallel(Module):
         """Start every complete bucket whose predecessors have started (the same order on every rank)."""
         while self._next < len(self.buckets) and self.buckets[self._next].complete:
             bucket = self.buckets[self._next]
+            bucket.submitted = time.perf_counter()
             bucket.work = runtime.dispatcher().submit(lambda b=bucket: self._reduce(b))
             self._next += 1
             self.started["at_end" if self._ending else "during"] += 1
@@ -214,6 +217,7 @@ class DistributedDataParallel(Module):
             t1, base = time.perf_counter(), self._pass_t0
             self.last_pass = {
                 "reduce_s": [b.times[2] - b.times[1] for b in self.buckets], "exposed_s": t1 - t0,
+                "submitted": [b.submitted - base for b in self.buckets],
                 "ready": [b.times[1] - base for b in self.buckets],
                 "done": [b.times[2] - base for b in self.buckets],
                 "enqueued": t0 - base, "end": t1 - base,
