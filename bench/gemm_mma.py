@@ -73,6 +73,7 @@ SWEEP = [  # most telling first: --budget may leave the tail out
     (F32, "TF32 S3, ldmatrix, warp 64x64", {**S3, "LDMATRIX": 1}),
     (F16, "128x256x32 x2 swz g8 db, warp 64x64", {**S3, "BN": 256, "STAGES": 2, "WM": 64, "WN": 64}),
     (F16, "256x128x32 x2 swz g8 db, warp 64x64", {**S3, "BM": 256, "STAGES": 2, "WM": 64, "WN": 64}),
+    (F16, "128x256x16 x4 swz g8, warp 64x64", {**S3, "BN": 256, "BK": 16, "STAGES": 4, "WM": 64, "WN": 64}),
     (F16, "S3, warp 64x64 (4 warps)", {**S3, "WM": 64, "WN": 64}),
     (F16, "swizzled x3 + GROUP_M8", dict(SWIZZLE=1, STAGES=3, GROUP_M=8)),
     (F16, "S3, warp 64x32", {**S3, "WM": 64, "WN": 32}),

@@ -420,6 +420,14 @@ inline uint tf32_frag(uint x) {
         for (int j = 0; j < NT; ++j)                                                                    \
             MMA(acc[i][j], a[i], b[j], acc[i][j])
 
+#if defined(IS_BF16)
+#define STORE_PAIR(v0, v1, p) (*(__global ushort2 *)(p) = (ushort2)(nc_float_to_bf16(v0), nc_float_to_bf16(v1)))
+#elif defined(IS_HALF)
+#define STORE_PAIR(v0, v1, p) vstore_half2_rte((float2)((v0), (v1)), 0, p)
+#else
+#define STORE_PAIR(v0, v1, p) vstore2((float2)((v0), (v1)), 0, p)
+#endif
+
 #ifndef DYN_LOCAL
 #define DYN_LOCAL 0
 #endif
@@ -677,13 +685,24 @@ void gemm_mma(GEMM_ARGS)
 #endif
     }
 
+    // each lane holds pairs of neighbours (n, n + 1), n even: one 2-element store where C's rows allow
+    const bool pairs = (((ulong)C) % (2 * sizeof(STORE_T))) == 0 && (c_rs % 2) == 0;
     #pragma unroll
     for (int i = 0; i < MT; ++i)
         #pragma unroll
         for (int j = 0; j < NT; ++j)
             #pragma unroll
-            for (int o = 0; o < 4; ++o) {
-                const int m = m0 + wm + i * 16 + g + (o >> 1) * 8, n = n0 + wn + j * 8 + 2 * t + (o & 1);
-                if (m < M && n < N) STORE1(GEMM_EPILOGUE((ACC_T)acc[i][j][o], m, n), (long)m * c_rs + n, C);
+            for (int h = 0; h < 2; ++h) {
+                const int m = m0 + wm + i * 16 + g + h * 8, n = n0 + wn + j * 8 + 2 * t;
+                if (m >= M || n >= N) continue;
+                __global STORE_T *p = C + (long)m * c_rs + n;
+                const ACC_T v0 = GEMM_EPILOGUE((ACC_T)acc[i][j][2 * h], m, n);
+                if (n + 1 < N) {
+                    const ACC_T v1 = GEMM_EPILOGUE((ACC_T)acc[i][j][2 * h + 1], m, n + 1);
+                    if (pairs) STORE_PAIR(v0, v1, p);
+                    else { STORE1(v0, 0, p); STORE1(v1, 1, p); }
+                } else {
+                    STORE1(v0, 0, p);
+                }
             }
 }
