@@ -172,15 +172,18 @@ def bn_section(args, dev, q, tt: TorchTimer, rows: list) -> None:
         knobs = [(256, 1, False), (256, 1, True), (256, 2, False), (256, 2, True), (256, 4, True),
                  (128, 2, True), (512, 1, True), (512, 2, True)]
         if not gpu:
-            knobs = [(None, 1, False), (None, 2, False)]
-        for local, mult, fused in knobs:
+            knobs = [(None, 2, False)]
+        for local, mult, fused in [(None, None, None)] + ([] if args.defaults_only else knobs):
             if budget_over(args):
                 return
-            norm_ops.local_size_override = local
-            norm_ops.FUSED_FINALIZE = fused
-            norm_ops.PARTS = None if mult == 1 and local == auto_local else max(1, auto_parts * mult)
-            label = (f"L{local} parts={'auto' if norm_ops.PARTS is None else norm_ops.PARTS}"
-                     f"{' fused' if fused else ''}")
+            if mult is None:  # netcl's own settings
+                label = f"auto (L{auto_local}{' fused' if fused_default else ''})"
+            else:
+                norm_ops.local_size_override = local
+                norm_ops.FUSED_FINALIZE = fused
+                norm_ops.PARTS = None if mult == 1 and local == auto_local else max(1, auto_parts * mult)
+                label = (f"L{local} parts={'auto' if norm_ops.PARTS is None else norm_ops.PARTS}"
+                         f"{' fused' if fused else ''}")
 
             def run():
                 y, m, s = norm_ops.batch_norm(x, w, b, None, None, True, activation="relu")
@@ -246,14 +249,18 @@ def wino_section(args, dev, q, tt: TorchTimer, rows: list) -> None:
         want_w = torch.bmm(tz.double(), tv.double().transpose(1, 2)).cpu().numpy()
         default_s = conv_ops._winograd_splits(dev, conv_ops.ConvParams((args.batch, c, 4, 4), (k, c, 3, 3), 1,
                                                                         1, 1, 1), pt)
-        for cname in args.configs:
-            cfg = CONFIGS[cname]
+        for cname in ["auto"] + ([] if args.defaults_only else args.configs):
+            cfg = CONFIGS.get(cname)
             if budget_over(args):
                 return
-            tile = {**defaults, **cfg}
+            tile = {**defaults, **(cfg or {})}
+
+            def fwd(cfg=cfg):  # auto: exactly what conv's Winograd runs (matmul: shape-class tile)
+                return gemm(u, v) if cfg is None else gemm(u, v, variant="tiled", params=cfg)
+
             try:
-                ms = device_ms(q, lambda cfg=cfg: gemm(u, v, variant="tiled", params=cfg), args.repeat)
-                got = gemm(u, v, variant="tiled", params=cfg).to_host()[:, :, :: max(1, pt // 64)]
+                ms = device_ms(q, fwd, args.repeat)
+                got = fwd().to_host()[:, :, :: max(1, pt // 64)]
                 err = rel_err(got, want_f)
             except Exception as e:  # a config the device rejects: say so, go on
                 rows.append(dict(section="wino_fwd", shape=name, config=cname, error=str(e)[:200]))
@@ -263,7 +270,7 @@ def wino_section(args, dev, q, tt: TorchTimer, rows: list) -> None:
                              peer_ms=cublas_f, ratio=cublas_f / ms, tflops=flop / ms / 1e9, err=err))
             print_row(rows[-1])
             s_t = splits_for(dev, c, k, pt, tile["BM"], tile["BN"])
-            for s in sorted({max(1, s_t // 2), s_t, s_t * 2, default_s}):
+            for s in [default_s] if cfg is None else sorted({max(1, s_t // 2), s_t, s_t * 2, default_s}):
                 if pt % s or budget_over(args):
                     continue
                 sl = pt // s
@@ -271,7 +278,7 @@ def wino_section(args, dev, q, tt: TorchTimer, rows: list) -> None:
                 vs = v._view((s, 16, sl, c), (sl, c * pt, 1, pt), v.offset)
 
                 def wgrad(zs=zs, vs=vs, cfg=cfg):  # (S, 16, K, C): the filter transform sums the S slices
-                    return gemm(zs, vs, variant="tiled", params=cfg)
+                    return gemm(zs, vs) if cfg is None else gemm(zs, vs, variant="tiled", params=cfg)
 
                 try:
                     ms = device_ms(q, wgrad, args.repeat)
@@ -300,7 +307,8 @@ def sgemm_section(args, dev, q, tt: TorchTimer, rows: list) -> None:
         rows_idx = np.linspace(0, size - 1, 8).astype(int)
         want = ah[rows_idx].astype(np.float64) @ bh.astype(np.float64)
         flop = 2.0 * size ** 3
-        runs = [("auto", None, None)] + [(c, CONFIGS[c], s) for c in args.configs for s in (1, 2, 4, 8)]
+        swept = [] if args.defaults_only else args.configs
+        runs = [("auto", None, None)] + [(c, CONFIGS[c], s) for c in swept for s in (1, 2, 4, 8)]
         for cname, cfg, s in runs:
             if budget_over(args):
                 return
@@ -347,7 +355,7 @@ def print_row(r: dict) -> None:
 
 
 def summary(rows: list) -> None:
-    print("\n== best per (section, shape): netcl / peer throughput; T0 / auto = today's default")
+    print("\n== best per (section, shape): netcl / peer throughput; auto = netcl's own choice")
     keyed: dict[tuple, list] = {}
     for r in rows:
         if "error" not in r and r["err"] <= 1e-3:
@@ -356,8 +364,7 @@ def summary(rows: list) -> None:
           f"{'default ms':>10s} {'default ratio':>13s}")
     for (sec, shape), rs in keyed.items():
         best = min(rs, key=lambda r: r["netcl_ms"])
-        base = [r for r in rs if r["config"] in ("T0", "auto", "L256 parts=auto")
-                or r.get("conv_default") and r["config"].startswith("T0 ")]
+        base = [r for r in rs if r["config"].startswith("auto")]
         d = base[0] if base else None
         print(f"{sec:10s} {shape:12s} {best['config']:22s} {best['netcl_ms']:8.4f} {best['peer_ms']:8.4f} "
               f"{best['ratio']:6.2f} {d['netcl_ms'] if d else float('nan'):10.4f} "
@@ -374,6 +381,7 @@ def main() -> int:
     ap.add_argument("--sgemm", default="512,1000,2048")
     ap.add_argument("--configs", default=",".join(CONFIGS))
     ap.add_argument("--repeat", type=int, default=7)
+    ap.add_argument("--defaults-only", action="store_true", help="only netcl's own choices (the auto rows)")
     ap.add_argument("--budget", type=float, default=105.0, help="seconds: no new measurement after this")
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "conv_sweep.json"))
     args = ap.parse_args()

@@ -23,6 +23,8 @@ from netcl.errors import DTypeError, ShapeError
 from netcl.ops.gemm.problem import _long4, _matrix_strides, _Problem
 from netcl.ops.gemm.variants import _program, usable_params
 
+GPU_SPLIT_MIN_K = 256  # GPUs: each K slice at least this long
+GPU_SPLIT_FILL = 0.9  # ... while M x N's blocks give fewer than this x 2 x compute units work-groups
 CPU_SPLIT_MIN_K = 8192  # split only K at least this long ...
 CPU_SPLIT_MAX_BLOCKS = 8  # ... when the unsplit launch has at most this many MB x NB blocks
 
@@ -33,15 +35,15 @@ def choose_splits(device: Any, p: _Problem, tile: dict[str, int]) -> int:
     if device.capabilities.kind == "cpu" or p.out.dtype == dtypes.float16 or math.prod(p.batch) != 1:
         return 1
     tiles = -(-p.m // tile["BM"]) * -(-p.n // tile["BN"])
-    target = 2 * device.capabilities.compute_units
-    if tiles * 10 >= target * 9:
+    target = GPU_SPLIT_FILL * 2 * device.capabilities.compute_units
+    if tiles >= target:
         return 1
     best = 1
     for s in (2, 4, 8, 16):
-        if p.k % s or p.k // s < 256:
+        if p.k % s or p.k // s < GPU_SPLIT_MIN_K:
             break
         best = s
-        if tiles * s * 10 >= target * 9:
+        if tiles * s >= target:
             break
     return best
 
