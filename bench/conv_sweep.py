@@ -295,6 +295,62 @@ def wino_section(args, dev, q, tt: TorchTimer, rows: list) -> None:
                 print_row(rows[-1])
 
 
+def layer_section(args, dev, q, tt: TorchTimer, rows: list) -> None:
+    """ResNet-18's stride-1 3x3 convolutions (C -> C, pad 1, no bias) per stage: forward, grad_input and
+    grad_weight as netcl runs them (its automatic algorithm: Winograd through the GEMM on these shapes),
+    with the tile transforms launched as the driver's grid (flat 0) or 1-D work-groups (flat 128 / 256:
+    conv.WINOGRAD_FLAT); beside cuDNN's three passes."""
+    torch = tt.torch
+    rng = np.random.default_rng(3)
+    flat_default = conv_ops.WINOGRAD_FLAT
+    flats = [flat_default] + ([] if args.defaults_only or dev.capabilities.kind == "cpu"
+                              else [f for f in (0, 256, 128) if f != flat_default])
+    for c, hw in STAGES:
+        if hw not in args.sizes:
+            continue
+        xs, ws = (args.batch, c, hw, hw), (c, c, 3, 3)
+        xh = rng.standard_normal(xs, dtype=np.float32)
+        wh = (rng.standard_normal(ws, dtype=np.float32) / np.sqrt(9 * c)).astype(np.float32)
+        gh = rng.standard_normal(xs, dtype=np.float32)
+        x, w, g = Tensor.from_host(q, xh), Tensor.from_host(q, wh), Tensor.from_host(q, gh)
+        tx, tw, tg = (torch.from_numpy(a).to(tt.dev) for a in (xh, wh, gh))
+        F = torch.nn.functional
+        peers = {
+            "fwd": tt.ms(lambda: F.conv2d(tx, tw, padding=1), args.repeat),
+            "grad_input": tt.ms(lambda: torch.nn.grad.conv2d_input(xs, tw, tg, padding=1), args.repeat),
+            "grad_weight": tt.ms(lambda: torch.nn.grad.conv2d_weight(tx, ws, tg, padding=1), args.repeat),
+        }
+        want = {
+            "fwd": F.conv2d(tx, tw, padding=1).cpu().numpy(),
+            "grad_input": torch.nn.grad.conv2d_input(xs, tw, tg, padding=1).cpu().numpy(),
+            "grad_weight": torch.nn.grad.conv2d_weight(tx, ws, tg, padding=1).cpu().numpy(),
+        }
+        passes = {
+            "fwd": lambda: conv_ops.conv2d(x, w, None, 1, 1),
+            "grad_input": lambda: conv_ops.conv2d_backward_input(g, w, xs, 1, 1),
+            "grad_weight": lambda: conv_ops.conv2d_backward_weight(x, g, ws, 1, 1),
+        }
+        flop = 2.0 * args.batch * c * c * 9 * hw * hw
+        for flat in flats:
+            for name, fn in passes.items():
+                if budget_over(args):
+                    conv_ops.WINOGRAD_FLAT = flat_default
+                    return
+                conv_ops.WINOGRAD_FLAT = flat
+                try:
+                    per_kernel = kernel_ms(q, fn, args.repeat)
+                    err = rel_err(fn().to_host(), want[name].astype(np.float64))
+                finally:
+                    conv_ops.WINOGRAD_FLAT = flat_default
+                total = sum(per_kernel.values())
+                label = f"{'auto' if flat == flat_default else 'flat'} flat={flat} {name}"
+                rows.append(dict(section="layer", shape=f"C{c} {hw}x{hw}", config=label, netcl_ms=total,
+                                 peer_ms=peers[name], ratio=peers[name] / total, tflops=flop / total / 1e9,
+                                 err=err, kernels={k: round(v * 1e3, 1) for k, v in per_kernel.items()}))
+                print_row(rows[-1])
+                print("           " + ", ".join(f"{k} {v:.0f}us" for k, v in rows[-1]["kernels"].items()))
+
+
 def sgemm_section(args, dev, q, tt: TorchTimer, rows: list) -> None:
     torch = tt.torch
     rng = np.random.default_rng(2)
@@ -344,13 +400,13 @@ def budget_over(args) -> bool:
 def print_row(r: dict) -> None:
     t = time.perf_counter() - _T0[0]
     if "error" in r:
-        print(f"[{t:5.1f}s] {r['section']:10s} {r['shape']:12s} {r['config']:22s} ERROR {r['error']}",
+        print(f"[{t:5.1f}s] {r['section']:10s} {r['shape']:12s} {r['config']:26s} ERROR {r['error']}",
               flush=True)
         return
     extra = (f"{r['gbs']:7.0f} GB/s {r['pct_copy']:5.1f}% copy" if r["section"] == "bn"
              else f"{r['tflops']:6.2f} TFLOP/s")
     bad = "  BAD" if r["err"] > 1e-3 else ""
-    print(f"[{t:5.1f}s] {r['section']:10s} {r['shape']:12s} {r['config']:22s} netcl {r['netcl_ms']:8.4f} ms  "
+    print(f"[{t:5.1f}s] {r['section']:10s} {r['shape']:12s} {r['config']:26s} netcl {r['netcl_ms']:8.4f} ms  "
           f"peer {r['peer_ms']:8.4f} ms  {r['ratio']:5.2f}x  {extra}  err {r['err']:.1e}{bad}", flush=True)
 
 
@@ -359,14 +415,15 @@ def summary(rows: list) -> None:
     keyed: dict[tuple, list] = {}
     for r in rows:
         if "error" not in r and r["err"] <= 1e-3:
-            keyed.setdefault((r["section"], r["shape"]), []).append(r)
-    print(f"{'section':10s} {'shape':12s} {'best config':22s} {'ms':>8s} {'peer ms':>8s} {'ratio':>6s} "
+            what = r["config"].split()[-1] if r["section"] == "layer" else ""
+            keyed.setdefault((r["section"] + (" " + what if what else ""), r["shape"]), []).append(r)
+    print(f"{'section':18s} {'shape':12s} {'best config':26s} {'ms':>8s} {'peer ms':>8s} {'ratio':>6s} "
           f"{'default ms':>10s} {'default ratio':>13s}")
     for (sec, shape), rs in keyed.items():
         best = min(rs, key=lambda r: r["netcl_ms"])
         base = [r for r in rs if r["config"].startswith("auto")]
         d = base[0] if base else None
-        print(f"{sec:10s} {shape:12s} {best['config']:22s} {best['netcl_ms']:8.4f} {best['peer_ms']:8.4f} "
+        print(f"{sec:18s} {shape:12s} {best['config']:26s} {best['netcl_ms']:8.4f} {best['peer_ms']:8.4f} "
               f"{best['ratio']:6.2f} {d['netcl_ms'] if d else float('nan'):10.4f} "
               f"{d['ratio'] if d else float('nan'):13.2f}")
 
@@ -402,7 +459,7 @@ def main() -> int:
         if name in args.configs:
             print(f"  {name}: {cfg or 'default'}")
     rows: list = []
-    sections = {"bn": bn_section, "wino": wino_section, "sgemm": sgemm_section}
+    sections = {"bn": bn_section, "wino": wino_section, "layer": layer_section, "sgemm": sgemm_section}
     for what in args.what.split(","):
         if not budget_over(args):
             sections[what](args, dev, q, tt, rows)

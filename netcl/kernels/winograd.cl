@@ -24,6 +24,10 @@
 // winograd_grad_filter_2x2_3x3: dW from dU stored as S partial sums (S, 16, K, C) (a split GEMM's
 //   slices; S = 1 when unsplit), summed here; global (K*C), one work-item per filter.
 //
+// FLAT (GPUs; the host sets it with a work-group size): the input, output and grad-output transforms
+// take a 1-D launch of whole work-groups over TT x C (or K) x NB work-items (padded; t fastest) instead of
+// the (TT, C, NB) grid whose work-group the driver picks (with TT = 4 tiles at 4x4 it can pick 4).
+//
 // CPU variants (`_rows`, work-group size 1 on PoCL): one work-item per tile row (n, c, th), or per
 // output channel for the filter transforms, walking the row's tiles with unit-stride reads and
 // writes; interior tiles take a branch-free path. PoCL pays per work-item and vectorises inner loops
@@ -48,6 +52,14 @@
 #define APPLY_ACT(v) fmax((v), (T)0)
 #else
 #define APPLY_ACT(v) (v)
+#endif
+
+#ifdef FLAT
+#define TILE_IDS(t, c, n, C_)                                                                        \
+    const long gid_ = get_global_id(0);                                                              \
+    const int t = (int)(gid_ % TT), c = (int)((gid_ / TT) % (C_)), n = (int)(gid_ / TT / (C_))
+#else
+#define TILE_IDS(t, c, n, C_) const int t = get_global_id(0), c = get_global_id(1), n = get_global_id(2)
 #endif
 
 // flip = 1: the filter rotated by 180 degrees (g[8 - t]): the backward-data convolution's weight.
@@ -97,7 +109,7 @@ __kernel void winograd_input_2x2_3x3(__global const T *x, const long x_off, __gl
                                      const int n0, const int NB, const int C, const int H, const int W,
                                      const int TW, const int TT, const int PH, const int PW)
 {
-    const int t = get_global_id(0), c = get_global_id(1), n = get_global_id(2);
+    TILE_IDS(t, c, n, C);
     if (t >= TT || c >= C || n >= NB) return;
     const int th = t / TW, tw = t - (t / TW) * TW;
     const int ih0 = th * 2 - PH, iw0 = tw * 2 - PW;
@@ -123,7 +135,7 @@ __kernel void winograd_output_2x2_3x3(__global const T *m, __global const T *bia
                                       const int n0, const int NB, const int K, const int OH, const int OW,
                                       const int TW, const int TT)
 {
-    const int t = get_global_id(0), k = get_global_id(1), n = get_global_id(2);
+    TILE_IDS(t, k, n, K);
     if (t >= TT || k >= K || n >= NB) return;
     const long PT = (long)NB * TT, SE = (long)K * PT;
     const __global T *in = m + (long)k * PT + (long)n * TT + t;
@@ -178,7 +190,7 @@ __kernel void winograd_grad_output_2x2_3x3(__global const T *gy, const long gy_o
                                            const int n0, const int NB, const int K, const int OH,
                                            const int OW, const int TW, const int TT)
 {
-    const int t = get_global_id(0), k = get_global_id(1), n = get_global_id(2);
+    TILE_IDS(t, k, n, K);
     if (t >= TT || k >= K || n >= NB) return;
     const int th = t / TW, tw = t - (t / TW) * TW;
     const __global T *gk = gy + gy_off + ((long)(n0 + n) * K + k) * OH * OW;

@@ -336,10 +336,25 @@ def _winograd_rows(device: Any) -> bool:
     return device.capabilities.kind == "cpu"
 
 
+# GPUs: the tile transforms as a 1-D launch of work-groups of this many work-items (FLAT in winograd.cl);
+# 0: the (tiles, channels, images) grid with the driver's work-group.
+WINOGRAD_FLAT = 0
+
+
+def _tile_grid(tt: int, c: int, nb: int) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
+    """Global and local size of a GPU tile transform over tt tiles x c channels x nb images."""
+    if not WINOGRAD_FLAT:
+        return (tt, c, nb), None
+    total = tt * c * nb
+    return (-(-total // WINOGRAD_FLAT) * WINOGRAD_FLAT,), (WINOGRAD_FLAT,)
+
+
 def _winograd_program(x: Tensor, p: ConvParams, act: str | None = None) -> Any:
     """winograd.cl for x's device and dtype; the CPU's row kernels take CH tiles at a time, CH the
     largest of 8, 4, 2, 1 that divides the TW tiles of a row (kernels/winograd.cl)."""
     if not _winograd_rows(x.device):
+        if WINOGRAD_FLAT:
+            return kernels.program(x.device, "winograd.cl", dtype=x.dtype, act=act, FLAT=None)
         return kernels.program(x.device, "winograd.cl", dtype=x.dtype, act=act)
     tw = math.ceil(p.OW / 2)
     ch = next(c for c in (8, 4, 2, 1) if tw % c == 0)
@@ -393,7 +408,7 @@ def _winograd_input(prg: Any, x: Tensor, p: ConvParams, n0: int, nb: int) -> Ten
     if _winograd_rows(x.device):
         prg.winograd_input_rows_2x2_3x3(x.queue, (th, p.C, nb), None, TH=np.int32(th), **args)
     else:
-        prg.winograd_input_2x2_3x3(x.queue, (th * tw, p.C, nb), None, **args)
+        prg.winograd_input_2x2_3x3(x.queue, *_tile_grid(th * tw, p.C, nb), **args)
     return v
 
 
@@ -431,7 +446,7 @@ def _conv_winograd(
         if _winograd_rows(x.device):
             prg.winograd_output_rows_2x2_3x3(x.queue, (th, p.K, nb), None, TH=np.int32(th), **args)
         else:
-            prg.winograd_output_2x2_3x3(x.queue, (th * tw, p.K, nb), None, **args)
+            prg.winograd_output_2x2_3x3(x.queue, *_tile_grid(th * tw, p.K, nb), **args)
 
 
 WINOGRAD_SPLIT_WAVES = 2  # GPUs: weight-gradient slices until 16 x S x blocks >= this many x compute units
@@ -479,7 +494,7 @@ def _backward_weight_winograd(x: Tensor, gy: Tensor, p: ConvParams) -> Tensor:
         if rows:
             prg.winograd_grad_output_rows_2x2_3x3(x.queue, (th, p.K, nb), None, TH=np.int32(th), **args)
         else:
-            prg.winograd_grad_output_2x2_3x3(x.queue, (tt, p.K, nb), None, **args)
+            prg.winograd_grad_output_2x2_3x3(x.queue, *_tile_grid(tt, p.K, nb), **args)
         sl = pt // splits
         zs = z._view((splits, 16, p.K, sl), (sl, p.K * pt, pt, 1), z.offset)      # (S, 16, K, sl)
         vs = v._view((splits, 16, sl, p.C), (sl, p.C * pt, 1, pt), v.offset)      # (S, 16, sl, C)

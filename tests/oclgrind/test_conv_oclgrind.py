@@ -148,11 +148,13 @@ def test_conv2d_backward(queue, xs, ws, stride, pad, dil, groups, algo, bwd):
     close(ops.conv2d_backward_bias(gyt), gy.sum(axis=(0, 2, 3)), 1e-4, 1e-4)
 
 
-@pytest.mark.parametrize("layout", ["rows", "tiles"])
+@pytest.mark.parametrize("layout", ["rows", "tiles", "flat"])
 def test_winograd_layouts_and_backward(queue, monkeypatch, layout):
-    """Both Winograd kernel layouts (the CPU's row walkers, the GPU's per-tile ones): forward, backward
-    data (flipped filters transformed from the weight) and backward weight (2 tile slices summed)."""
+    """Both Winograd kernel layouts (the CPU's row walkers, the GPU's per-tile ones, also as a padded 1-D
+    launch: flat): forward, backward data (flipped filters transformed from the weight) and backward
+    weight (2 tile slices summed)."""
     monkeypatch.setattr(conv_mod, "_winograd_rows", lambda device: layout == "rows")
+    monkeypatch.setattr(conv_mod, "WINOGRAD_FLAT", 32 if layout == "flat" else 0)
     monkeypatch.setattr(conv_mod, "_auto_algorithm", lambda device, p, dt: "winograd")
     monkeypatch.setattr(conv_mod, "_winograd_splits", lambda device, p, pt: 2 if pt % 2 == 0 else 1)
     monkeypatch.setattr(conv_mod, "_checked", {})

@@ -212,6 +212,16 @@ def test_winograd_three_passes_float64(queue, rng, monkeypatch, winograd_layout,
                  atol=1e-11)
 
 
+@pytest.mark.parametrize("xs,k,pad", WINOGRAD_CASES[:2])
+def test_winograd_flat_transform_launch(queue, rng, monkeypatch, xs, k, pad):
+    """The GPU transforms as a 1-D launch of whole work-groups (WINOGRAD_FLAT: padded past the last
+    tile x channel x image), all three passes against float64."""
+    monkeypatch.setattr(C, "_winograd_rows", lambda device: False)
+    monkeypatch.setattr(C, "_checked", {})
+    monkeypatch.setattr(C, "WINOGRAD_FLAT", 64)
+    test_winograd_three_passes_float64(queue, rng, monkeypatch, "tiles", xs, k, pad)
+
+
 @pytest.mark.parametrize("chunk,splits", [(None, 4), (2, 1), (2, 2)])
 def test_winograd_weight_gradient_chunks_and_splits(queue, rng, monkeypatch, winograd_layout, chunk, splits):
     """Image chunks accumulate through the GEMM's residual epilogue; the tiles split into S slices whose
