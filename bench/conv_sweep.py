@@ -460,9 +460,12 @@ def main() -> int:
             print(f"  {name}: {cfg or 'default'}")
     rows: list = []
     sections = {"bn": bn_section, "wino": wino_section, "layer": layer_section, "sgemm": sgemm_section}
-    for what in args.what.split(","):
-        if not budget_over(args):
-            sections[what](args, dev, q, tt, rows)
+    # one outer profile keeps the queue recording event times for the whole run (each measurement's own
+    # profile would otherwise switch the OpenCL queue on and off)
+    with profiling.Profile(max_events=1000, name="sweep"):
+        for what in args.what.split(","):
+            if not budget_over(args):
+                sections[what](args, dev, q, tt, rows)
     summary(rows)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"device": dev.describe(), "batch": args.batch, "configs": CONFIGS,
