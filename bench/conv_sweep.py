@@ -169,8 +169,7 @@ def bn_section(args, dev, q, tt: TorchTimer, rows: list) -> None:
         gxd = wd * inv * (gm - gm.mean(axis=(0, 2, 3), keepdims=True)
                           - xhat * (gm * xhat).mean(axis=(0, 2, 3), keepdims=True))
         gpu = dev.capabilities.kind != "cpu"
-        knobs = [(256, 1, False), (256, 1, True), (256, 2, False), (256, 2, True), (256, 4, True),
-                 (128, 2, True), (512, 1, True), (512, 2, True)]
+        knobs = [(256, 1, False), (256, 1, True), (256, 2, True), (128, 1, True), (128, 2, True)]
         if not gpu:
             knobs = [(None, 2, False)]
         for local, mult, fused in [(None, None, None)] + ([] if args.defaults_only else knobs):
@@ -194,6 +193,11 @@ def bn_section(args, dev, q, tt: TorchTimer, rows: list) -> None:
                 per_kernel = kernel_ms(q, run, args.repeat)
                 err = max(rel_err(run.out[0].to_host(), np.maximum(yd, 0)),
                           rel_err(run.out[1].to_host(), gxd))
+            except Exception as e:  # a work-group the kernel cannot take (NVIDIA: at most 256 here)
+                rows.append(dict(section="bn", shape=f"{args.batch}x{c}x{hw}x{hw}", config=label,
+                                 error=str(e)[:200]))
+                print_row(rows[-1])
+                continue
             finally:
                 norm_ops.local_size_override = None
                 norm_ops.PARTS = None

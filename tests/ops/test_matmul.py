@@ -247,7 +247,11 @@ def test_split_k_choice_fills_a_gpu_only_for_skinny_problems(queue):
     p = _prepare(Tensor.zeros(queue, (2, 3)), Tensor.zeros(queue, (3, 2)), None, None, None, 1.0)
     assert choose_splits(h200_like, replace(p, m=4096, n=4096, k=4096), tile) == 1
     assert choose_splits(h200_like, replace(p, m=256, n=4096, k=4096), tile) == 4  # 64 tiles -> 256
-    assert choose_splits(h200_like, replace(p, m=256, n=4096, k=300), tile) == 1   # K too short
+    assert choose_splits(h200_like, replace(p, m=256, n=4096, k=300), tile) == 2   # short slices: one wave
+    assert choose_splits(h200_like, replace(p, m=256, n=4096, k=100), tile) == 1   # K too short
+    assert choose_splits(h200_like, replace(p, m=512, n=512, k=512), tile) == 8    # 16 tiles -> 128
+    assert choose_splits(h200_like, replace(p, m=1000, n=1000, k=1000), tile) == 2  # 64 tiles -> 128
+    assert choose_splits(h200_like, replace(p, m=2048, n=2048, k=2048), tile) == 1
     cpu = SimpleNamespace(capabilities=SimpleNamespace(kind="cpu", compute_units=2))
     assert choose_splits(cpu, replace(p, m=256, n=4096, k=4096), tile) == 1
 
@@ -414,3 +418,17 @@ def test_tiled_tile_per_shape_class(device, queue, rng, monkeypatch):
     units = device.capabilities.compute_units
     assert cls(device, 128, 128 * units, 9) is None and cls(device, 128, 128 * (units - 1), 9) == "few_blocks"
     assert cls(device, 128, 128 * (units - 1), 9, batch=2) is None
+
+
+@pytest.mark.parametrize("tile", [dict(t) for t in {tuple(sorted(t.items()))
+                                                   for per in variants.SHAPE_TILES.values()
+                                                   for classes in per.values() for t in classes.values()}])
+def test_shape_class_tiles_are_exact(queue, rng, tile):
+    """Every tile SHAPE_TILES names, on a batched problem with edge tiles (guarded path) and on a
+    tile-divisible one (edge-free kernel), a transposed operand among them."""
+    for (bs, m, n, k), tb in (((3, 37, 70, 45), False), ((2, 64, 128, 64), True)):
+        a, b = host(rng, (bs, m, k)), host(rng, (bs, k, n))
+        bd = (Tensor.from_host(queue, np.ascontiguousarray(b.transpose(0, 2, 1))).transpose(1, 2) if tb
+              else dev(queue, b))
+        got = gemm(dev(queue, a), bd, variant="tiled", params=tile)
+        check(got, a.astype(np.float64) @ b, k=k)

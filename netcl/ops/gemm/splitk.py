@@ -23,27 +23,32 @@ from netcl.errors import DTypeError, ShapeError
 from netcl.ops.gemm.problem import _long4, _matrix_strides, _Problem
 from netcl.ops.gemm.variants import _program, usable_params
 
-GPU_SPLIT_MIN_K = 256  # GPUs: each K slice at least this long
-GPU_SPLIT_FILL = 0.9  # ... while M x N's blocks give fewer than this x 2 x compute units work-groups
+GPU_SPLIT_MIN_K = 64  # GPUs: each K slice at least this long ...
+GPU_SPLIT_FILL = 0.9  # ... and more slices while the blocks x slices are fewer than this x the waves
+GPU_SPLIT_LONG_K = 512  # slices at least this long aim at 2 work-groups per compute unit, shorter ones at 1
 CPU_SPLIT_MIN_K = 8192  # split only K at least this long ...
 CPU_SPLIT_MAX_BLOCKS = 8  # ... when the unsplit launch has at most this many MB x NB blocks
 
 
 def choose_splits(device: Any, p: _Problem, tile: dict[str, int]) -> int:
     """How many slices of K a tiled GEMM runs side by side: more than 1 only when M x N alone gives
-    too few work-groups to fill the device (skinny problems such as 256 x 4096 x 4096)."""
+    too few work-groups to fill the device (skinny problems such as 256 x 4096 x 4096, small squares).
+    Long slices (>= GPU_SPLIT_LONG_K) are added until 2 work-groups per compute unit, short ones until 1:
+    on the H200 512^3 (16 blocks of 128 x 128) ran 0.47x cuBLAS unsplit, 0.68x at S=2, 1.14x at S=8 (64
+    long); 1000^3 (64 blocks) 0.71x at S=2 and 0.64x at S=4 (bench/conv_sweep.py, bench/NOTES.md)."""
     if device.capabilities.kind == "cpu" or p.out.dtype == dtypes.float16 or math.prod(p.batch) != 1:
         return 1
     tiles = -(-p.m // tile["BM"]) * -(-p.n // tile["BN"])
-    target = GPU_SPLIT_FILL * 2 * device.capabilities.compute_units
-    if tiles >= target:
+    units = device.capabilities.compute_units
+    if tiles >= GPU_SPLIT_FILL * 2 * units:
         return 1
     best = 1
     for s in (2, 4, 8, 16):
         if p.k % s or p.k // s < GPU_SPLIT_MIN_K:
             break
         best = s
-        if tiles * s >= target:
+        waves = 2 if p.k // s >= GPU_SPLIT_LONG_K else 1
+        if tiles * s >= GPU_SPLIT_FILL * waves * units:
             break
     return best
 

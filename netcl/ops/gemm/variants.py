@@ -168,8 +168,13 @@ CLASS_DEFAULTS: dict[str, dict[str, dict[str, dict[str, int]]]] = {
 # GEMMs: M = channels = 64) and three quarters on a 64 x 64 output (their weight gradients), and a few
 # large blocks leave most SMs idle (512^3 makes 16). A class entry of the tuning database
 # ("gemm_tiled", "float32/<class>") replaces the class's tile; classes not listed keep the general tile.
+# H200 (bench/conv_sweep.py, 2026-11-30): 64 x 64 blocks of 8 x 8 work-items with BK=16 ran the first
+# stage's Winograd GEMMs 16 x (64 x 64 x 32768) at 29 TFLOP/s (the general tile: 11) and their weight
+# gradients 16 x 32 x (64 x 64 x 1024) at 29 (8); of 64 x 128 / 64 x 256 / 128 x 64 blocks and 16 x 16
+# grids none was faster there. Larger sides kept the general tile (C=128..512: within 3% of the best).
+_TILE_64 = {"BM": 64, "BN": 64, "BK": 16, "TX": 8, "TY": 8, "BKE": 0}
 SHAPE_TILES: dict[str, dict[str, dict[str, dict[str, int]]]] = {
-    "nvidia": {"float32": {}},
+    "nvidia": {"float32": {"m64n64": _TILE_64, "m64": _TILE_64, "n64": _TILE_64}},
 }
 SHAPE_CLASSES = ("m64n64", "m64", "n64", "few_blocks")
 
