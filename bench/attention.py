@@ -152,13 +152,15 @@ def memory_case(dev, rng) -> dict:
 
 # --sweep: configurations of the attention_gpu.cl kernels, each timed on one problem. A row: the kernel
 # ("forward"; "backward": flash_attention_backward with all three gradients, i.e. delta + the fused pass, or
-# both passes with backward="two_pass"; "dq" / "dkdv": one pass of the two-pass backward), the work-item grid
-# (TC, TR, rows per item, columns per item: attn.GPU_GRIDS; the backward's grid is the fused pass's), and
-# knobs: atomic (attn.GPU_DQ_ATOMIC), native_exp (attn.GPU_NATIVE_EXP), backward (attn.GPU_BACKWARD). The
-# first row of each kernel is the default and the reference of the others' err.
+# both passes with backward="two_pass"), the work-item grid (TC, TR, rows per item, columns per item:
+# attn.GPU_GRIDS; the backward's grid is the fused pass's, or the dk/dv pass's), and knobs: atomic
+# (attn.GPU_DQ_ATOMIC), native_exp (attn.GPU_NATIVE_EXP), backward (attn.GPU_BACKWARD), prefetch
+# (attn.GPU_PREFETCH; () = none). The first row of each kernel is the default and the reference of the
+# others' err.
 SWEEP = [
     ("forward", (16, 16, 4, 2), {}),
     ("forward", (16, 16, 4, 2), {"native_exp": False}),
+    ("forward", (16, 16, 4, 2), {"prefetch": ()}),
     ("forward", (16, 8, 8, 2), {}),
     ("forward", (16, 8, 4, 4), {}),
     ("forward", (16, 16, 2, 2), {}),
@@ -167,6 +169,7 @@ SWEEP = [
     ("backward", (16, 8, 4, 2), {"atomic": "red4"}),
     ("backward", (16, 8, 4, 2), {"atomic": "cas"}),
     ("backward", (16, 8, 4, 2), {"native_exp": False}),
+    ("backward", (16, 8, 4, 2), {"prefetch": ()}),
     ("backward", (16, 8, 2, 2), {}),
     ("backward", (16, 4, 8, 2), {}),
     ("backward", (8, 8, 4, 4), {}),
@@ -174,7 +177,8 @@ SWEEP = [
     ("backward", (16, 16, 2, 2), {}),
     ("backward", (16, 8, 4, 2), {"backward": "two_pass"}),
 ]
-_KNOBS = {"atomic": "GPU_DQ_ATOMIC", "native_exp": "GPU_NATIVE_EXP", "backward": "GPU_BACKWARD"}
+_KNOBS = {"atomic": "GPU_DQ_ATOMIC", "native_exp": "GPU_NATIVE_EXP", "backward": "GPU_BACKWARD",
+         "prefetch": "GPU_PREFETCH"}
 
 
 def sweep(dev, B: int, H: int, S: int, D: int, repeat: int, causal: bool, only: str = "") -> list[dict]:

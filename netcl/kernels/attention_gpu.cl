@@ -42,6 +42,9 @@
 //   VEC_ROWS rows start at multiples of 4 elements (float4 global loads; float32 only)
 //   PASS     which kernels the program holds: PASS_ALL (default), PASS_FORWARD, PASS_DQ, PASS_DKDV (also the
 //            fused pass), PASS_DECODE (with DR): each launch's program compiles only its own kernel
+//   PREFETCH 1 (default): the forward's next k tile and the current v tile, and the fused backward's next q
+//            and dO tiles, are loaded into registers while the work-group computes, stored to local memory
+//            after; 0: each tile loaded right before its barrier (the global latency exposed)
 //   NATIVE_EXP the probabilities' exp as native_exp (float32: NVIDIA's ex2.approx, ~2 ulp, 2 instructions
 //            where exp takes ~10: the forward does one exp per 2 * D FMAs); forward, dq and dk/dv
 
@@ -81,6 +84,9 @@
 #define EXPF(x) native_exp(x)
 #else
 #define EXPF(x) exp(x)
+#endif
+#ifndef PREFETCH
+#define PREFETCH 1
 #endif
 #define NT (TR * TC)          // work-items per work-group
 #define DP4 (CE * TC)         // float4 groups of the padded head dim
@@ -148,6 +154,22 @@ inline void load_rows(__local ACC4 *dst, __global const T *base, const long row_
     }
 }
 
+// Register staging of load_rows (PREFETCH): the global loads of a tile issued before the work that hides
+// them, the local stores after it. KV_LR: float4s per work-item of a BN-row tile; Q_LR: of a BM-row tile.
+#define KV_LR ((BN * DP4 + NT - 1) / NT)
+#define Q_LR ((BM * DP4 + NT - 1) / NT)
+#define fetch_rows(reg, base, row_stride, first, count, limit, tid)                                      \
+    for (int n_ = 0; n_ < (sizeof(reg) / sizeof(ACC4)); ++n_) {                                        \
+        const int slot_ = (tid) + n_ * NT, r_ = slot_ / DP4, c4_ = slot_ - r_ * DP4;                     \
+        (reg)[n_] = slot_ < (count) * DP4 && (first) + r_ < (limit)                                       \
+                    ? load4((base) + ((first) + r_) * (row_stride), 4 * c4_) : (ACC4)0;               \
+    }
+#define store_rows(dst, reg, count, mul, tid)                                                           \
+    for (int n_ = 0; n_ < (sizeof(reg) / sizeof(ACC4)); ++n_) {                                        \
+        const int slot_ = (tid) + n_ * NT, r_ = slot_ / DP4, c4_ = slot_ - r_ * DP4;                     \
+        if (slot_ < (count) * DP4) (dst)[r_ * RS4 + c4_] = (reg)[n_] * (mul);                           \
+    }
+
 // The dropout multiplier of one (row, key) pair (the words of attention_common.cl's dropout_factors4).
 inline ACC dropout_one(const ulong counter0, const long row, const int j, const uint seed_lo, const uint seed_hi,
                        const uint drop_threshold, const ACC drop_scale)
@@ -194,9 +216,18 @@ __kernel void attention_forward_gpu(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARG
         for (int e = 0; e < CE; ++e) o[a][e] = (ACC4)0;
     }
 
+#if PREFETCH
+    ACC4 kreg[KV_LR], vreg[KV_LR];
+    fetch_rows(kreg, kb, k_ss, 0, BN, jend, tid);
+#endif
     for (int j0 = 0; j0 < jend; j0 += BN) {
         barrier(CLK_LOCAL_MEM_FENCE);  // the previous tile's p v is done with kvs and ps
+#if PREFETCH
+        store_rows(kvs, kreg, BN, (ACC)1, tid);
+        fetch_rows(vreg, vb, v_ss, j0, BN, jend, tid);   // in flight during the scores
+#else
         load_rows(kvs, kb, k_ss, j0, BN, jend, (ACC)1, tid);
+#endif
         barrier(CLK_LOCAL_MEM_FENCE);
 
         ACC s[RM_][CN_];
@@ -247,7 +278,12 @@ __kernel void attention_forward_gpu(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARG
             l[a] = l[a] * alpha + sum;
             for (int e = 0; e < CE; ++e) o[a][e] *= alpha;
         }
+#if PREFETCH
+        store_rows(kvs, vreg, BN, (ACC)1, tid);  // every item is past its reads of the k tile
+        if (j0 + BN < jend) fetch_rows(kreg, kb, k_ss, j0 + BN, BN, jend, tid);  // in flight during p v
+#else
         load_rows(kvs, vb, v_ss, j0, BN, jend, (ACC)1, tid);  // every item is past its reads of the k tile
+#endif
         barrier(CLK_LOCAL_MEM_FENCE);
 
         for (int kk = 0; kk < BN; kk += 4) {
@@ -468,16 +504,35 @@ __kernel void attention_backward_dkdv_gpu(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV
             const long mbase = mask_off + b * mask_sb + h * mask_sh;
             const __global T *qb = q + q_off + b * q_sb + h * q_sh;
             const __global T *gb = grad_out + grad_out_off + b * grad_out_sb + h * grad_out_sh;
+            const int ntiles = (SQ - i_first + BM - 1) / BM;
 #if DQ_ATOMIC != ATOMIC_NONE
-            const int ntiles = (SQ - i_first + BM - 1) / BM, rot = get_group_id(0) % max(ntiles, 1);
+            const int rot = get_group_id(0) % max(ntiles, 1);
+#else
+            const int rot = 0;
+#endif
+#if PREFETCH
+            ACC4 qreg[Q_LR], greg[Q_LR];
+            if (ntiles > 0) {
+                const int i0n = i_first + (rot % ntiles) * BM;
+                fetch_rows(qreg, qb, q_ss, i0n, BM, SQ, tid);
+                fetch_rows(greg, gb, grad_out_ss, i0n, BM, SQ, tid);
+            }
+#endif
             for (int n = 0; n < ntiles; ++n) {
                 const int i0 = i_first + ((n + rot) % ntiles) * BM;
-#else
-            for (int i0 = i_first; i0 < SQ; i0 += BM) {
-#endif
                 barrier(CLK_LOCAL_MEM_FENCE);  // the previous tile's updates are done with qs, gs, pt, dt
+#if PREFETCH
+                store_rows(qs, qreg, BM, scale, tid);
+                store_rows(gs, greg, BM, (ACC)1, tid);
+                if (n + 1 < ntiles) {  // the next tile's loads in flight during this one's products
+                    const int i0n = i_first + ((n + 1 + rot) % ntiles) * BM;
+                    fetch_rows(qreg, qb, q_ss, i0n, BM, SQ, tid);
+                    fetch_rows(greg, gb, grad_out_ss, i0n, BM, SQ, tid);
+                }
+#else
                 load_rows(qs, qb, q_ss, i0, BM, SQ, scale, tid);
                 load_rows(gs, gb, grad_out_ss, i0, BM, SQ, (ACC)1, tid);
+#endif
                 for (int r = tid; r < BM; r += NT) {
                     lse_s[r] = i0 + r < SQ ? lse[rowh + i0 + r] : -INFINITY;
                     delta_s[r] = i0 + r < SQ ? delta[rowh + i0 + r] : (ACC)0;

@@ -92,6 +92,9 @@ _ATOMIC_DEFINES = {"cas": "ATOMIC_CAS", "red": "ATOMIC_RED", "red4": "ATOMIC_RED
 # The GPU kernels' probabilities through native_exp (NATIVE_EXP): None = on NVIDIA GPUs (ex2.approx, ~2 ulp,
 # far inside float32 attention's error), or True / False.
 GPU_NATIVE_EXP: bool | None = None
+# The GPU kernels whose next tiles are loaded into registers while the current one is computed (PREFETCH):
+# the forward's k and v tiles, the backward's (dk/dv or fused pass) q and dO tiles.
+GPU_PREFETCH = ("forward", "dkdv", "fused")
 
 
 def _nvidia(device: Any) -> bool:
@@ -416,6 +419,8 @@ class _Problem:
                 defines["VEC_ROWS"] = None
             if GPU_NATIVE_EXP or (GPU_NATIVE_EXP is None and _nvidia(self.device)):
                 defines["NATIVE_EXP"] = None
+            if kernel != "dq" and kernel not in GPU_PREFETCH:
+                defines["PREFETCH"] = 0
             threads = tiles["TR"] * tiles["TC"]
             per_group = tiles["BN"] if by_keys else tiles["BM"]
             global_size, local_size = (-(-rows // per_group) * threads, heads, self.B), (threads, 1, 1)
