@@ -256,7 +256,11 @@ class enable_grad(contextlib.ContextDecorator):
 
 # -- backward -------------------------------------------------------------------------------
 def _topological_order(root: Node) -> list[Node]:
-    """Nodes that need a gradient, parents before children (iterative post-order DFS)."""
+    """Nodes that need a gradient, parents before children (iterative post-order DFS). Leaves go onto the
+    stack first, so they are explored last: a leaf lands in the order right before its first consumer, and
+    the pass stores its gradient (and runs its hooks) right after the last rule that feeds it, not at the end
+    of the pass (a parameter explored first would come after its consumer's whole input subtree; DDP then
+    saw every gradient only once backward was over and could overlap no communication)."""
     order: list[Node] = []
     visited: set[int] = set()
     stack: list[tuple[Node, bool]] = [(root, False)]
@@ -269,9 +273,9 @@ def _topological_order(root: Node) -> list[Node]:
             continue
         visited.add(id(node))
         stack.append((node, True))
-        for parent in node._parents:
-            if parent.requires_grad and id(parent) not in visited:
-                stack.append((parent, False))
+        pending = [p for p in node._parents if p.requires_grad and id(p) not in visited]
+        for parent in sorted(pending, key=lambda p: p._backward is not None):  # leaves first (stable)
+            stack.append((parent, False))
     return order
 
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import netcl.autograd as ag
+from netcl import nn
 from netcl.core.tensor import Tensor
 from netcl.errors import NetclError
 
@@ -58,3 +59,20 @@ def test_hooks_on_non_leaves_and_callbacks_outside_backward_are_refused(queue):
         w.register_post_accumulate_grad_hook(3)
     with pytest.raises(NetclError, match="no backward pass is running"):
         ag.queue_callback(lambda: None)
+
+
+def test_hooks_run_in_backward_order_right_after_the_last_rule_that_feeds_each_leaf(queue, rng):
+    """Layer by layer from the output: a weight's hook runs before any rule of the layers below it (DDP
+    starts a bucket's all-reduce from it; hooks all at the end of the pass would leave nothing to overlap)."""
+    layers = [nn.Linear(queue, 5, 5) for _ in range(3)]
+    events: list[str] = []
+    for i, layer in enumerate(layers):
+        layer.weight.register_post_accumulate_grad_hook(lambda p, i=i: events.append(f"hook {i}"))
+    x = ag.tensor(Tensor.from_host(queue, rng.standard_normal((4, 5)).astype(np.float32)), requires_grad=True)
+    with ag.Tape() as tape:
+        h = x
+        for layer in layers:
+            h = layer(h)
+        loss = ag.sum(h * h)
+    tape.backward(loss)
+    assert events == ["hook 2", "hook 1", "hook 0"]
