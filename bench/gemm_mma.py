@@ -109,16 +109,19 @@ def local_bytes(p: dict, dt: np.dtype) -> int:
     return (a + b) * np.dtype(dt).itemsize * (p.get("STAGES", 2) if p.get("ASYNC") else 1)
 
 
-def median_seconds(fn, queue, repeat: int = 5) -> float:
+def median_seconds(fn, queue, repeat: int = 5, inner: int = 1) -> float:
+    """Median seconds of one call of `fn`, after 2 warm-ups; each sample times `inner` calls back to back (the
+    host's launch work then overlaps the device's, as in a model's step) and divides."""
     for _ in range(2):
         fn()
     queue.finish()
     times = []
     for _ in range(repeat):
         t0 = time.perf_counter()
-        fn()
+        for _ in range(inner):
+            fn()
         queue.finish()
-        times.append(time.perf_counter() - t0)
+        times.append((time.perf_counter() - t0) / inner)
     return float(np.median(times))
 
 
@@ -170,7 +173,8 @@ def probe_local_memory(dev) -> dict[str, str]:
     return res
 
 
-def cublas(torch, name: str, s: int) -> float:
+def cublas(torch, name: str, s: int, inner: int = 3) -> float:
+    """PyTorch's matmul (cuBLAS) TFLOP/s at s^3, timed like netcl's (`inner` calls a sample)."""
     tdt = {"float16": torch.float16, "bfloat16": torch.bfloat16}.get(name, torch.float32)
     torch.backends.cuda.matmul.allow_tf32 = name == "tf32"
     a = torch.randn(s, s, device="cuda", dtype=tdt)
@@ -181,9 +185,10 @@ def cublas(torch, name: str, s: int) -> float:
     times = []
     for _ in range(5):
         t0 = time.perf_counter()
-        a @ b
+        for _ in range(inner):
+            a @ b
         torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
+        times.append((time.perf_counter() - t0) / inner)
     torch.backends.cuda.matmul.allow_tf32 = False
     return round(2 * s**3 / float(np.median(times)) / 1e12, 1)
 
@@ -239,7 +244,7 @@ def sweep(dev, args) -> dict[str, object]:
                 ref = tf32(a) @ tf32(b) if dt == F32 else a.astype(np.float64) @ b.astype(np.float64)
                 err = max(err, float(np.abs(got - ref).max() / np.abs(ref).max()))
             a, b = operands[dt]
-            sec = median_seconds(lambda a=a, b=b: mm.gemm(a, b, variant="mma", params=params), q)
+            sec = median_seconds(lambda a=a, b=b: mm.gemm(a, b, variant="mma", params=params), q, inner=3)
             row: dict[str, object] = {"max_rel_err": float(f"{err:.2g}"),
                                       "tflops": round(2 * s**3 / sec / 1e12, 1)}
         except Exception as exc:  # a configuration this device cannot build or run is reported, not fatal
