@@ -1,10 +1,11 @@
 """The autocast policy: one table of what each op does under netcl.amp.autocast.
 
 Rules (netcl.autograd.autocast.Rule): "half" ops take their floating inputs in the autocast dtype where
-their kernels have a path for it (the listed dtypes), else run as they are; "float32" ops get half inputs
-widened to float32 (their statistics and results stay float32). Ops not in the table follow their
-inputs: elementwise ops compute in float32 and store in the inputs' dtype; reductions accumulate in
-float32; losses take half logits as they are and return a float32 loss (netcl.ops.loss).
+their kernels have a path for it (the listed dtypes), else as "float32" ops: half inputs widened to float32
+(their statistics and results stay float32). A parameter is cast once per autocast block. Ops not in
+the table follow their inputs: elementwise ops compute in float32 and store in the inputs' dtype;
+reductions accumulate in float32; losses take half logits as they are and return a float32 loss
+(netcl.ops.loss).
 
 An op whose half path lands opts in with one call, `allow("conv2d", "float16", "bfloat16")`, or by its row
 below; the op's autograd function already calls autocast.cast_inputs with its name.
@@ -24,18 +25,19 @@ TABLE: dict[str, tuple[str, tuple[str, ...]]] = {
     "linear": ("half", ("float16", "bfloat16")),
     # im2col/direct kernels and the GEMM on half storage (Winograd stays float32-only: 'auto' avoids it)
     "conv2d": ("half", ("float16", "bfloat16")),
-    # flash attention's kernels take float16 but not bfloat16: float32 under autocast (q, k, v widened), so
-    # that bfloat16 linears can feed it; its share of a step's FLOPs is small beside the GEMMs'
-    "flash_attention": ("float32", ()),
+    # flash attention's kernels take float16 (bfloat16: q, k, v widened to float32, the fallback)
+    "flash_attention": ("half", ("float16",)),
     "softmax": ("float32", ()),
     "log_softmax": ("float32", ()),
     "batch_norm": ("float32", ()),
-    "layer_norm": ("float32", ()),
-    "group_norm": ("float32", ()),
-    "rms_norm": ("float32", ()),
-    # the transformer's linear with its residual added in the GEMM epilogue: float32 until the epilogue
-    # takes a residual of another dtype than the product (the residual stream stays float32, as in PyTorch)
-    "linear_residual": ("float32", ()),
+    # row norms: half storage in and out, float32 arithmetic and statistics (norm.cl)
+    "layer_norm": ("half", ("float16", "bfloat16")),
+    "group_norm": ("half", ("float16", "bfloat16")),
+    "rms_norm": ("half", ("float16", "bfloat16")),
+    # the transformer's linear with its residual added in the GEMM epilogue: the product in half like
+    # linear; a residual of another dtype (the float32 residual stream) is added apart in float32
+    # (autocast.residual_apart), so the stream keeps float32 as in PyTorch
+    "linear_residual": ("half", ("float16", "bfloat16")),
 }
 
 

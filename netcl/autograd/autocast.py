@@ -6,7 +6,10 @@ what each op does under it. An op takes part by one call at its top, before it r
     x, weight, bias = autocast.cast_inputs("linear", x, weight, bias)
 
 which changes nothing outside autocast or for an op the table does not name. The casts are autograd
-ops (their gradients are cast back), so parameters stay float32 while the op runs in half.
+ops (their gradients are cast back), so parameters stay float32 while the op runs in half. A leaf (a
+parameter) is cast once per autocast block and dtype: later uses in the block share that cast (its
+gradients add up in the one cast node), as PyTorch's autocast caches its weight casts; the cache is
+dropped when the outermost block exits (the optimizer changes the weights between steps).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from netcl.autograd import elementwise as ew
-from netcl.autograd.engine import Node
+from netcl.autograd.engine import Node, current_tape, is_recording
 from netcl.core import dtypes
 from netcl.core.tensor import Tensor
 
@@ -29,8 +32,8 @@ from netcl.core.tensor import Tensor
 class Rule:
     """How an op's floating inputs are cast under autocast.
 
-    cast: "half" (to the autocast dtype when the op has a path for it, `half_dtypes`, else left as they
-    are) or "float32" (half inputs widened to float32: reductions, softmax and norms keep float32 results).
+    cast: "half" (to the autocast dtype when the op has a path for it, `half_dtypes`; else as "float32")
+    or "float32" (half inputs widened to float32: the op's results and statistics stay float32).
     """
 
     cast: str
@@ -53,11 +56,15 @@ def enabled(dtype: np.dtype | None) -> Iterator[None]:
     stack = getattr(_state, "stack", None)
     if stack is None:
         stack = _state.stack = []
+    if not stack:
+        _state.cache = {}
     stack.append(dtype)
     try:
         yield
     finally:
         stack.pop()
+        if not stack:
+            _state.cache = {}
 
 
 def target(op: str) -> np.dtype | None:
@@ -70,7 +77,17 @@ def target(op: str) -> np.dtype | None:
         return None
     if rule.cast == "float32":
         return dtypes.float32
-    return dt if dt.name in rule.half_dtypes else None
+    return dt if dt.name in rule.half_dtypes else dtypes.float32
+
+
+def residual_apart(op: str, residual: Any) -> bool:
+    """Whether `op` (a product with a residual added in its epilogue) runs in half under the autocast in
+    force while `residual` has another floating dtype: the op then adds the residual apart, in the wider
+    dtype, instead of casting it (the residual stream keeps its precision)."""
+    dt = target(op)
+    value = residual.value if isinstance(residual, Node) else residual
+    return (dt is not None and dt != dtypes.float32 and isinstance(value, Tensor) and value.dtype != dt
+            and value.dtype in _CASTABLE)
 
 
 def cast_inputs(op: str, *xs: Any) -> tuple[Any, ...]:
@@ -83,9 +100,27 @@ def cast_inputs(op: str, *xs: Any) -> tuple[Any, ...]:
     for x in xs:
         value = x.value if isinstance(x, Node) else x
         if isinstance(value, Tensor) and value.dtype != dt and value.dtype in _CASTABLE:
-            x = ew.cast(x, dt)
+            x = _cast(x, dt)
         out.append(x)
     return tuple(out)
+
+
+def _cast(x: Any, dt: np.dtype) -> Any:
+    """ew.cast(x, dt), shared within the autocast block for leaves (parameters, plain Tensors): the key
+    holds the leaf (so its id stays its own) and the tape recording now (a cast made outside a tape has no
+    graph to reuse inside one)."""
+    leaf = isinstance(x, Tensor) or (isinstance(x, Node) and x.is_leaf)
+    cache = getattr(_state, "cache", None)
+    if not leaf or cache is None:
+        return ew.cast(x, dt)
+    tape = current_tape() if is_recording() else None
+    key = (id(x), dt.name, id(tape))
+    hit = cache.get(key)
+    if hit is not None and hit[0] is x and hit[1] is tape and not getattr(hit[2], "_freed", False):
+        return hit[2]
+    y = ew.cast(x, dt)
+    cache[key] = (x, tape, y)
+    return y
 
 
 _CASTABLE = frozenset((dtypes.float16, dtypes.bfloat16, dtypes.float32))

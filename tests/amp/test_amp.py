@@ -340,8 +340,65 @@ def test_policy_allow_is_the_one_call(monkeypatch):
     monkeypatch.setitem(amp.policy.TABLE, "my_op", ("half", ()))
     monkeypatch.setitem(hook.POLICY, "my_op", hook.Rule("half"))
     with amp.autocast("bfloat16"):
-        assert hook.target("my_op") is None  # no bfloat16 path: inputs left as they are
+        assert hook.target("my_op") == np.float32  # no bfloat16 path: half inputs widened to float32
         amp.policy.allow("my_op", "bfloat16")
         assert hook.target("my_op") == BF16
         assert hook.target("softmax") == np.float32 and hook.target("not_in_table") is None
     assert hook.target("my_op") is None  # outside autocast
+
+
+def test_autocast_casts_a_parameter_once_per_block(queue, rng):
+    """A layer applied twice in one block shares one cast of its weight (its gradient is the sum over both
+    uses, equal to the float32 run's within half rounding); a new block casts afresh."""
+    from netcl.autograd import autocast as hook
+
+    lin = Linear(queue, 11, 11)
+    x = Tensor.from_host(queue, rng.standard_normal((6, 11)).astype(np.float32))
+    grads = {}
+    for mode in ("float32", "float16"):
+        for p in lin.parameters():
+            p.grad = None
+        with amp.autocast("float16", enabled=mode == "float16"), ag.Tape() as tape:
+            loss = ag.sum(lin(ag.relu(lin(ag.tensor(x)))))
+            if mode == "float16":
+                w16 = hook.cast_inputs("linear", lin.weight)[0]
+                assert w16.dtype == F16 and hook.cast_inputs("linear", lin.weight)[0] is w16
+        tape.backward(loss)
+        grads[mode] = [p.grad.to_host() for p in lin.parameters()]
+    with amp.autocast("float16"):
+        assert hook.cast_inputs("linear", lin.weight)[0] is not w16
+    for got, want in zip(grads["float16"], grads["float32"]):
+        np.testing.assert_allclose(got, want, rtol=2e-2, atol=2e-2 * np.abs(want).max())
+
+
+def test_autocast_conv_pool_norm_in_half_residual_in_float32(queue, rng):
+    """Under autocast float16 and bfloat16: conv2d, max pooling and the row norms store half, the
+    transformer's linear_residual keeps a float32 residual stream (product half, added apart); parameter
+    gradients stay float32 and near the float32 run's."""
+    from netcl.nn import Conv2d, MaxPool2d, RMSNorm
+
+    conv, pool, norm_ = Conv2d(queue, 3, 4, 3, padding=1), MaxPool2d(2), RMSNorm(queue, 5)
+    lin = Linear(queue, 5, 5)
+    x = Tensor.from_host(queue, rng.standard_normal((2, 3, 6, 5)).astype(np.float32))
+    params = [*conv.parameters(), *norm_.parameters(), *lin.parameters()]
+    ref = None
+    for mode in ("float32", "float16", "bfloat16"):
+        for p in params:
+            p.grad = None
+        with amp.autocast("float16" if mode == "float32" else mode, enabled=mode != "float32"), \
+                ag.Tape() as tape:
+            y = pool(conv(ag.tensor(x)))                                 # (2, 4, 3, 2)
+            h = ag.reshape(y, (2, 4, 6))[:, :, :5]                       # float32 residual below
+            h32 = ag.cast(h, np.float32)
+            out = ag.linear_residual(norm_(h32), lin.weight, lin.bias, h32)
+            loss = ag.sum(out * out)
+        half = np.float32 if mode == "float32" else (F16 if mode == "float16" else BF16)
+        assert y.dtype == half and out.dtype == np.float32
+        tape.backward(loss)
+        grads = [p.grad.to_host() for p in params]
+        assert all(p.grad.dtype == np.float32 for p in params)
+        if ref is None:
+            ref = grads
+            continue
+        for got, want in zip(grads, ref):
+            np.testing.assert_allclose(got, want, rtol=0.1, atol=0.05 * np.abs(want).max())
