@@ -10,10 +10,8 @@ Other backends get the tensor in a host array.
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -25,7 +23,7 @@ from netcl.core.backend import enqueue_copy
 from netcl.core.memory import pinned_empty
 from netcl.core.tensor import Tensor
 from netcl.distributed import runtime
-from netcl.distributed.group import ProcessGroup, c_order, check_op, chunk_bounds
+from netcl.distributed.group import ProcessGroup, c_order, check_op, chunk_bounds, in_slices
 from netcl.distributed.shm import ALL_GATHER, BROADCAST, ShmGroup
 from netcl.errors import DeviceMismatchError, DTypeError
 
@@ -77,11 +75,8 @@ def _pieces(tensors: Sequence[Tensor], host: np.ndarray) -> list[tuple[Tensor, n
 # Transfers between a GPU and pageable memory (the shared segments) run at 5-12 GB/s on the H200's host,
 # pinned ones at ~55 GB/s: large ones go through a pinned bounce buffer, the host side copied by threads.
 BOUNCE_MIN_BYTES = 1 << 20
-COPY_SLICE_BYTES = 4 << 20
-COPY_THREADS = max(1, min(8, (os.cpu_count() or 1) // 4))
 _bounce_lock = threading.Lock()
 _bounces: dict[int, tuple[Any, np.ndarray]] = {}  # id(device) -> (device, pinned uint8 array)
-_copy_pool: ThreadPoolExecutor | None = None
 
 
 def _bounce(tensor: Tensor, nbytes: int) -> np.ndarray:
@@ -95,18 +90,9 @@ def _bounce(tensor: Tensor, nbytes: int) -> np.ndarray:
 
 
 def host_copy(jobs: Sequence[tuple[np.ndarray, np.ndarray]]) -> None:
-    """dst[...] = src for each (dst, src) pair of flat uint8 arrays, in slices over COPY_THREADS threads."""
-    global _copy_pool
-    slices = [(d[i : i + COPY_SLICE_BYTES], s[i : i + COPY_SLICE_BYTES])
-              for d, s in jobs for i in range(0, d.nbytes, COPY_SLICE_BYTES)]
-    if COPY_THREADS == 1 or len(slices) < 2:
-        for d, s in slices:
-            np.copyto(d, s)
-        return
-    if _copy_pool is None:
-        _copy_pool = ThreadPoolExecutor(COPY_THREADS, thread_name_prefix="netcl-copy")
-    for future in [_copy_pool.submit(np.copyto, d, s) for d, s in slices]:
-        future.result()
+    """dst[...] = src for each (dst, src) pair of flat uint8 arrays, in slices on the host threads."""
+    for d, src in jobs:
+        in_slices(lambda a, b, d=d, src=src: np.copyto(d[a:b], src[a:b]), d.nbytes, 1)
 
 
 def _staged(pairs: list[tuple[Tensor, np.ndarray]]) -> bool:

@@ -31,6 +31,7 @@ from netcl.distributed.group import (
     c_order,
     check_op,
     chunk_bounds,
+    in_slices,
     reduce_into,
 )
 from netcl.distributed.mesh import GONE, SYNC, Mesh
@@ -190,7 +191,9 @@ class ShmGroup(ProcessGroup):
         lo, hi = bounds[self.rank]
         halves = [self.half(r).view(dtype) for r in range(self.world_size)]
         scale = 1.0 / self.world_size if op == "mean" else None
-        reduce_into(halves[self.rank][lo:hi], [h[lo:hi] for h in halves], op, weights, scale)
+        in_slices(lambda a, b: reduce_into(halves[self.rank][lo + a : lo + b],
+                                           [h[lo + a : lo + b] for h in halves], op, weights, scale),
+                  hi - lo, dtype.itemsize)
         self.leave_all_reduce(count, dtype, op)
         if gather:
             own = halves[self.rank]
