@@ -155,19 +155,21 @@ def memory_case(dev, rng) -> dict:
 # both passes with backward="two_pass"), the work-item grid (TC, TR, rows per item, columns per item:
 # attn.GPU_GRIDS; the backward's grid is the fused pass's, or the dk/dv pass's), and knobs: atomic
 # (attn.GPU_DQ_ATOMIC), native_exp (attn.GPU_NATIVE_EXP), backward (attn.GPU_BACKWARD), prefetch
-# (attn.GPU_PREFETCH; () = none). The first row of each kernel is the default and the reference of the
-# others' err.
+# (attn.GPU_PREFETCH; () = none), row_shfl (attn.GPU_ROW_SHFL). The first row of each kernel is the default
+# and the reference of the others' err.
 SWEEP = [   # the most telling first (a run cut short by a time limit still prints them)
     ("forward", (16, 16, 4, 2), {}),
     ("backward", (16, 8, 4, 2), {}),
     ("backward", (16, 8, 4, 2), {"atomic": "red4"}),
     ("backward", (16, 8, 4, 2), {"backward": "two_pass"}),
+    ("forward", (16, 16, 4, 2), {"row_shfl": True}),
     ("forward", (16, 16, 4, 2), {"prefetch": ()}),
     ("backward", (16, 8, 4, 2), {"prefetch": ()}),
     ("forward", (16, 16, 4, 2), {"native_exp": False}),
     ("backward", (16, 8, 4, 2), {"native_exp": False}),
     ("backward", (16, 8, 4, 2), {"atomic": "cas"}),
     ("forward", (16, 8, 8, 2), {}),
+    ("forward", (16, 8, 8, 2), {"row_shfl": True}),
     ("backward", (16, 4, 8, 2), {}),
     ("forward", (16, 8, 4, 4), {}),
     ("backward", (8, 8, 4, 4), {}),
@@ -178,7 +180,7 @@ SWEEP = [   # the most telling first (a run cut short by a time limit still prin
     ("backward", (16, 8, 2, 2), {}),
 ]
 _KNOBS = {"atomic": "GPU_DQ_ATOMIC", "native_exp": "GPU_NATIVE_EXP", "backward": "GPU_BACKWARD",
-         "prefetch": "GPU_PREFETCH"}
+         "prefetch": "GPU_PREFETCH", "row_shfl": "GPU_ROW_SHFL"}
 
 
 def sweep(dev, B: int, H: int, S: int, D: int, repeat: int, causal: bool, only: str = "") -> list[dict]:

@@ -45,6 +45,10 @@
 //   PREFETCH 1 (default): the forward's next k tile and the current v tile, and the fused backward's next q
 //            and dO tiles, are loaded into registers while the work-group computes, stored to local memory
 //            after; 0: each tile loaded right before its barrier (the global latency exposed)
+//   ROW_SHFL 1: the forward's tile row maxima by warp shuffles (NVIDIA inline PTX shfl.sync; SHFL_EMULATE:
+//            through local memory, for tests on any device) instead of partial maxima in local memory: no
+//            barrier between the scores and p, and the v tile in its own local buffer, loaded with the k
+//            tile (3 barriers a tile instead of 4). Local memory (BM + 2 * BN) * (DP + 4) + BM * (BN + 4).
 //   NATIVE_EXP the probabilities' exp as native_exp (float32: NVIDIA's ex2.approx, ~2 ulp, 2 instructions
 //            where exp takes ~10: the forward does one exp per 2 * D FMAs); forward, dq and dk/dv
 
@@ -87,6 +91,9 @@
 #endif
 #ifndef PREFETCH
 #define PREFETCH 1
+#endif
+#ifndef ROW_SHFL
+#define ROW_SHFL 0
 #endif
 #define NT (TR * TC)          // work-items per work-group
 #define DP4 (CE * TC)         // float4 groups of the padded head dim
@@ -170,6 +177,37 @@ inline void load_rows(__local ACC4 *dst, __global const T *base, const long row_
         if (slot_ < (count) * DP4) (dst)[r_ * RS4 + c4_] = (reg)[n_] * (mul);                           \
     }
 
+#if ROW_SHFL
+#if defined(USE_FP64) || (TC & (TC - 1)) || TC > 32
+#error "ROW_SHFL needs float accumulators and TC a power of two <= 32"
+#endif
+// The maximum of x over the TC work-items of a row (ids tr * TC .. tr * TC + TC - 1: lanes of one warp),
+// by butterfly exchanges: NVIDIA's shfl.sync through inline PTX, or (SHFL_EMULATE, any device) through
+// local memory with barriers (every item of the work-group must call it).
+#ifdef SHFL_EMULATE
+inline ACC row_max(ACC x, __local ACC *shx, const int tid)
+{
+    for (int m = TC / 2; m >= 1; m >>= 1) {
+        barrier(CLK_LOCAL_MEM_FENCE);
+        shx[tid] = x;
+        barrier(CLK_LOCAL_MEM_FENCE);
+        x = fmax(x, shx[tid ^ m]);
+    }
+    return x;
+}
+#else
+inline ACC row_max(ACC x)
+{
+    for (int m = TC / 2; m >= 1; m >>= 1) {
+        uint y;
+        asm volatile("shfl.sync.bfly.b32 %0, %1, %2, 0x1f, 0xffffffff;" : "=r"(y) : "r"(as_uint(x)), "r"(m));
+        x = fmax(x, as_float(y));
+    }
+    return x;
+}
+#endif
+#endif
+
 // The dropout multiplier of one (row, key) pair (the words of attention_common.cl's dropout_factors4).
 inline ACC dropout_one(const ulong counter0, const long row, const int j, const uint seed_lo, const uint seed_hi,
                        const uint drop_threshold, const ACC drop_scale)
@@ -189,11 +227,19 @@ __kernel void attention_forward_gpu(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARG
                                     const int SQ, const int SK, const int causal, const ACC scale, DROP_ARGS)
 {
     __local ACC4 qs[BM * RS4];
-    __local ACC4 kvs[BN * RS4];            // the k tile, then the v tile
     __local ACC4 ps4[BM * PS4];            // p of the tile (times the dropout multiplier)
     __local ACC *ps = (__local ACC *)ps4;
+#if ROW_SHFL
+    __local ACC4 kvs[BN * RS4], vs[BN * RS4];   // the k and the v tile
+    __local ACC *red = ps;                 // the final row sums (after the last tile)
+#ifdef SHFL_EMULATE
+    __local ACC shx[NT];
+#endif
+#else
+    __local ACC4 kvs[BN * RS4];            // the k tile, then the v tile
     __local ACC4 red4[(BM * TC + 3) / 4];  // partial row maxima / sums (read as float4s where TC allows)
     __local ACC *red = (__local ACC *)red4;
+#endif
 
     const int tid = get_local_id(0), tr = tid / TC, tc = tid - tr * TC;
     const int i0 = get_group_id(0) * BM, h = get_global_id(1), b = get_global_id(2);
@@ -219,10 +265,23 @@ __kernel void attention_forward_gpu(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARG
 #if PREFETCH
     ACC4 kreg[KV_LR], vreg[KV_LR];
     fetch_rows(kreg, kb, k_ss, 0, BN, jend, tid);
+#if ROW_SHFL
+    fetch_rows(vreg, vb, v_ss, 0, BN, jend, tid);
+#endif
 #endif
     for (int j0 = 0; j0 < jend; j0 += BN) {
         barrier(CLK_LOCAL_MEM_FENCE);  // the previous tile's p v is done with kvs and ps
-#if PREFETCH
+#if ROW_SHFL && PREFETCH
+        store_rows(kvs, kreg, BN, (ACC)1, tid);
+        store_rows(vs, vreg, BN, (ACC)1, tid);
+        if (j0 + BN < jend) {  // the next tile's loads in flight during this one
+            fetch_rows(kreg, kb, k_ss, j0 + BN, BN, jend, tid);
+            fetch_rows(vreg, vb, v_ss, j0 + BN, BN, jend, tid);
+        }
+#elif ROW_SHFL
+        load_rows(kvs, kb, k_ss, j0, BN, jend, (ACC)1, tid);
+        load_rows(vs, vb, v_ss, j0, BN, jend, (ACC)1, tid);
+#elif PREFETCH
         store_rows(kvs, kreg, BN, (ACC)1, tid);
         fetch_rows(vreg, vb, v_ss, j0, BN, jend, tid);   // in flight during the scores
 #else
@@ -240,6 +299,9 @@ __kernel void attention_forward_gpu(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARG
             for (int a = 0; a < RM_; ++a)
                 for (int c = 0; c < CN_; ++c) s[a][c] += dot4(qa[a], kc[c]);
         }
+#if ROW_SHFL
+        ACC smax[RM_];
+#endif
         for (int a = 0; a < RM_; ++a) {
             const int i = min(i0 + tr + TR * a, SQ - 1);
             ACC mx = -INFINITY;
@@ -248,14 +310,26 @@ __kernel void attention_forward_gpu(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARG
                 s[a][c] = masked_score(s[a][c], i, j, L, SQ, causal, mask, mbase + i * mask_si + j * mask_sj);
                 mx = fmax(mx, s[a][c]);
             }
+#if ROW_SHFL
+            smax[a] = mx;
+#else
             red[(tr + TR * a) * TC + tc] = mx;
+#endif
         }
+#if !ROW_SHFL
         barrier(CLK_LOCAL_MEM_FENCE);
+#endif
 
         for (int a = 0; a < RM_; ++a) {
             const int r = tr + TR * a;
             ACC mx = m[a];
-#if TC % 4 == 0
+#if ROW_SHFL
+#ifdef SHFL_EMULATE
+            mx = fmax(mx, row_max(smax[a], shx, tid));
+#else
+            mx = fmax(mx, row_max(smax[a]));
+#endif
+#elif TC % 4 == 0
             for (int t4 = 0; t4 < TC / 4; ++t4) {
                 const ACC4 x = red4[r * (TC / 4) + t4];
                 mx = fmax(mx, fmax(fmax(x.x, x.y), fmax(x.z, x.w)));
@@ -278,7 +352,9 @@ __kernel void attention_forward_gpu(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARG
             l[a] = l[a] * alpha + sum;
             for (int e = 0; e < CE; ++e) o[a][e] *= alpha;
         }
-#if PREFETCH
+#if ROW_SHFL
+        // (v is in vs already)
+#elif PREFETCH
         store_rows(kvs, vreg, BN, (ACC)1, tid);  // every item is past its reads of the k tile
         if (j0 + BN < jend) fetch_rows(kreg, kb, k_ss, j0 + BN, BN, jend, tid);  // in flight during p v
 #else
@@ -291,7 +367,11 @@ __kernel void attention_forward_gpu(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARG
             for (int a = 0; a < RM_; ++a) pa[a] = ps4[(tr + TR * a) * PS4 + kk / 4];
             for (int t = 0; t < 4; ++t) {
                 ACC4 vv[CE];
+#if ROW_SHFL
+                for (int e = 0; e < CE; ++e) vv[e] = vs[(kk + t) * RS4 + tc + TC * e];
+#else
                 for (int e = 0; e < CE; ++e) vv[e] = kvs[(kk + t) * RS4 + tc + TC * e];
+#endif
                 for (int a = 0; a < RM_; ++a) {
                     const ACC p = t == 0 ? pa[a].x : t == 1 ? pa[a].y : t == 2 ? pa[a].z : pa[a].w;
                     for (int e = 0; e < CE; ++e) o[a][e] += p * vv[e];

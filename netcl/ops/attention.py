@@ -95,6 +95,9 @@ GPU_NATIVE_EXP: bool | None = None
 # The GPU kernels whose next tiles are loaded into registers while the current one is computed (PREFETCH):
 # the forward's k and v tiles, the backward's (dk/dv or fused pass) q and dO tiles.
 GPU_PREFETCH = ("forward", "dkdv", "fused")
+# The forward's tile row maxima by warp shuffles (ROW_SHFL: NVIDIA's shfl.sync through inline PTX; other
+# devices emulate it through local memory, SHFL_EMULATE, for tests): 3 barriers a tile instead of 4.
+GPU_ROW_SHFL = False
 
 
 def _nvidia(device: Any) -> bool:
@@ -143,9 +146,11 @@ def decode_tiles(device: Any, rows: int, head_dim: int, dtype: Any) -> dict[str,
     return None
 
 
-def _gpu_local_bytes(kernel: str, BM: int, BN: int, DP: int, TC: int, item: int) -> int:
+def _gpu_local_bytes(kernel: str, BM: int, BN: int, DP: int, TR: int, TC: int, item: int) -> int:
     """Local memory of an attention_gpu.cl kernel (the sums in its header)."""
-    if kernel == "forward":
+    if kernel == "forward" and GPU_ROW_SHFL:
+        values = (BM + 2 * BN) * (DP + 4) + BM * (BN + 4) + TR * TC
+    elif kernel == "forward":
         values = (BM + BN) * (DP + 4) + BM * (BN + 4) + BM * TC
     elif kernel == "dq":
         values = 2 * (BM + BN) * (DP + 4) + BM * (BN + 4) + 2 * BM
@@ -178,7 +183,8 @@ def gpu_tiles(device: Any, kernel: str, head_dim: int, dtype: Any) -> dict[str, 
                 continue
         else:
             BM, BN = TR * rows, TC * cols
-        if TR * TC <= caps.max_work_group_size and _gpu_local_bytes(kernel, BM, BN, DP, TC, item) <= budget:
+        fits = _gpu_local_bytes(kernel, BM, BN, DP, TR, TC, item) <= budget
+        if TR * TC <= caps.max_work_group_size and fits:
             return {"BM": BM, "BN": BN, "TR": TR, "TC": TC, "CE": CE}
     raise DTypeError(f"flash_attention: head_dim {head_dim} ({np.dtype(dtype)}) needs more local memory than "
                      f"{device.device_name} has ({caps.local_mem} bytes)")
@@ -421,6 +427,10 @@ class _Problem:
                 defines["NATIVE_EXP"] = None
             if kernel != "dq" and kernel not in GPU_PREFETCH:
                 defines["PREFETCH"] = 0
+            if kernel == "forward" and GPU_ROW_SHFL and self.dtype != dtypes.float64:
+                defines["ROW_SHFL"] = 1
+                if not _nvidia(self.device):
+                    defines["SHFL_EMULATE"] = None
             threads = tiles["TR"] * tiles["TC"]
             per_group = tiles["BN"] if by_keys else tiles["BM"]
             global_size, local_size = (-(-rows // per_group) * threads, heads, self.B), (threads, 1, 1)

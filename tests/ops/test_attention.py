@@ -278,6 +278,16 @@ def test_gpu_falls_back_to_cpu_kernels_where_no_grid_fits(queue, rng, monkeypatc
     check(queue, *inputs(rng, 1, 2, 1, 40, 37, 64), causal=True)
 
 
+def test_gpu_forward_row_maxima_by_shuffles(queue, rng, monkeypatch):
+    """GPU_ROW_SHFL: the forward's row maxima by warp shuffles (emulated through local memory off NVIDIA), the
+    v tile in its own buffer; 8- and 16-column grids (D 32, 64), a bool mask, causal."""
+    monkeypatch.setattr(attn, "variant_override", "gpu")
+    monkeypatch.setattr(attn, "GPU_ROW_SHFL", True)
+    check(queue, *inputs(rng, 1, 4, 2, 17, 129, 32), causal=True)
+    q, k, v, g = inputs(rng, 1, 2, 1, 129, 17, 64)
+    check(queue, q, k, v, g, mask=dev(queue, rng.random((1, 1, 129, 17)) < 0.7), backward=False)
+
+
 def test_gpu_ptx_atomics_fall_back_to_cas(queue, rng, monkeypatch):
     """On an NVIDIA device whose compiler rejects the inline PTX adds (PoCL stands in for one), the fused
     backward falls back to the atomic_cmpxchg loop; a PTX add chosen explicitly raises instead."""
