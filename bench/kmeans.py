@@ -338,7 +338,7 @@ def main() -> int:
     fits["netcl, device Tensor"] = lambda: KMeans(k, init=C0, n_init=1, max_iter=iters, tol=0.0).fit(X_device)
     results: dict[str, object] = {}
     fit_times = round_robin({name: (lambda name=name, fn=fn: results.__setitem__(name, fn()))
-                             for name, fn in fits.items()}, max(1, repeat // 2), warmup=0)
+                             for name, fn in fits.items()}, max(1, repeat // 2), warmup=1)
     sk_model = results.get("scikit-learn")
     for name, s in fit_times.items():
         device = dev.device_name if name.startswith("netcl") else (

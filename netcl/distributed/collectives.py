@@ -20,10 +20,11 @@ import pyopencl as cl
 from netcl import config, ops
 from netcl.autograd.engine import Node
 from netcl.core.backend import enqueue_copy
+from netcl.core.hostcopy import copy_bytes
 from netcl.core.memory import pinned_empty
 from netcl.core.tensor import Tensor
 from netcl.distributed import runtime
-from netcl.distributed.group import ProcessGroup, c_order, check_op, chunk_bounds, in_slices
+from netcl.distributed.group import ProcessGroup, c_order, check_op, chunk_bounds
 from netcl.distributed.shm import ALL_GATHER, BROADCAST, ShmGroup
 from netcl.errors import DeviceMismatchError, DTypeError
 
@@ -89,12 +90,6 @@ def _bounce(tensor: Tensor, nbytes: int) -> np.ndarray:
     return entry[1]
 
 
-def host_copy(jobs: Sequence[tuple[np.ndarray, np.ndarray]]) -> None:
-    """dst[...] = src for each (dst, src) pair of flat uint8 arrays, in slices on the host threads."""
-    for d, src in jobs:
-        in_slices(lambda a, b, d=d, src=src: np.copyto(d[a:b], src[a:b]), d.nbytes, 1)
-
-
 def _staged(pairs: list[tuple[Tensor, np.ndarray]]) -> bool:
     return pairs[0][0].device.kind != "cpu" and sum(h.nbytes for _, h in pairs) >= BOUNCE_MIN_BYTES
 
@@ -123,7 +118,7 @@ def copy_out(pairs: Sequence[tuple[Tensor, np.ndarray]]) -> None:
             jobs.append((_bytes(host), part))
             at += t.nbytes
         cl.wait_for_events(events)
-        host_copy(jobs)
+        copy_bytes(jobs)
 
 
 def copy_in(pairs: Sequence[tuple[Tensor, np.ndarray]]) -> None:
@@ -150,7 +145,7 @@ def copy_in(pairs: Sequence[tuple[Tensor, np.ndarray]]) -> None:
             for t, _host in targets:
                 parts.append(bounce[at : at + t.nbytes])
                 at += t.nbytes
-            host_copy([(part, _bytes(host)) for part, (_t, host) in zip(parts, targets)])
+            copy_bytes([(part, _bytes(host)) for part, (_t, host) in zip(parts, targets)])
             events = [
                 enqueue_copy(t.queue, t.buffer, part, dst_offset=t.offset * t.itemsize, is_blocking=False)
                 for part, (t, _host) in zip(parts, targets)

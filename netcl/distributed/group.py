@@ -7,9 +7,7 @@ barrier on contiguous NumPy arrays, in place; netcl.distributed.collectives move
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -54,28 +52,6 @@ def check_op(op: str, dtype: np.dtype, weights: Sequence[float] | None = None) -
     if weights is not None and (op != "sum" or np.dtype(dtype).kind != "f"):
         raise ValueError("weights go with op 'sum' on floating-point data")
     return op
-
-
-# Host threads for the large copies and sums of a collective (NumPy releases the GIL in them): one thread
-# moves 5-10 GB/s on the GPU hosts measured, several together several times that.
-HOST_THREADS = max(1, min(8, (os.cpu_count() or 1) // 4))
-HOST_SLICE_BYTES = 4 << 20
-_host_pool: ThreadPoolExecutor | None = None
-
-
-def in_slices(fn: Callable[[int, int], None], n: int, itemsize: int) -> None:
-    """fn(start, stop) over [0, n) in slices of about HOST_SLICE_BYTES, on HOST_THREADS threads."""
-    global _host_pool
-    step = max(1, HOST_SLICE_BYTES // max(1, itemsize))
-    spans = [(a, min(a + step, n)) for a in range(0, n, step)]
-    if HOST_THREADS == 1 or len(spans) < 2:
-        for a, b in spans:
-            fn(a, b)
-        return
-    if _host_pool is None:
-        _host_pool = ThreadPoolExecutor(HOST_THREADS, thread_name_prefix="netcl-host")
-    for future in [_host_pool.submit(fn, a, b) for a, b in spans]:
-        future.result()
 
 
 def reduce_into(

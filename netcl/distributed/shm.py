@@ -24,6 +24,7 @@ from multiprocessing import resource_tracker, shared_memory
 
 import numpy as np
 
+from netcl.core.hostcopy import in_slices
 from netcl.distributed.group import (
     DTYPE_CODES,
     OP_CODES,
@@ -31,7 +32,6 @@ from netcl.distributed.group import (
     c_order,
     check_op,
     chunk_bounds,
-    in_slices,
     reduce_into,
 )
 from netcl.distributed.mesh import GONE, SYNC, Mesh

@@ -8,7 +8,8 @@ import numpy as np
 import pyopencl as cl
 import pytest
 
-from netcl.core.memory import BufferPool, is_pinned, pinned_empty, size_class, staging
+from netcl.core import hostcopy
+from netcl.core.memory import BufferPool, PinnedStaging, is_pinned, pinned_empty, size_class, staging
 from netcl.core.tensor import Tensor
 from netcl.errors import OutOfMemoryError, ShapeError
 
@@ -139,8 +140,12 @@ def test_pinned_host_array_round_trip(queue):
 
 
 @pytest.mark.parametrize("pinned", [True, False])
-def test_large_transfers_chunked_through_staging(queue, pinned, rng):
-    n = (8 << 20) // 4 * 2 + 12345  # more than two staging chunks, not a multiple of one
+def test_large_transfers_chunked_through_staging(queue, pinned, rng, monkeypatch):
+    staging(queue)._ensure()  # its buffers at the full chunk size, before the chunk is made smaller below
+    monkeypatch.setattr(PinnedStaging, "CHUNK", 1 << 20)
+    monkeypatch.setattr(hostcopy, "HOST_THREADS", 3)  # each chunk's memcpy in slices on threads
+    monkeypatch.setattr(hostcopy, "HOST_SLICE_BYTES", 100_003)
+    n = (1 << 20) // 4 * 2 + 12345  # more than two staging chunks, not a multiple of one
     a = rng.standard_normal(n).astype(np.float32)
     want = a.copy()
     t = Tensor.empty(queue, (n,))

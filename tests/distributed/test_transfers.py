@@ -3,19 +3,17 @@ every element of strided, offset and odd-sized pieces, in both directions."""
 
 from __future__ import annotations
 
-import sys
-
 import numpy as np
 
+from netcl.core import hostcopy
 from netcl.core.tensor import Tensor
 from netcl.distributed import collectives
 
 
 def test_bounced_copies_move_every_element(queue, rng, monkeypatch):
     monkeypatch.setattr(collectives, "_staged", lambda pairs: True)
-    group = sys.modules["netcl.distributed.group"]  # the module (netcl.distributed.group is also a function)
-    monkeypatch.setattr(group, "HOST_SLICE_BYTES", 4096 + 12)  # many slices, none page-aligned
-    monkeypatch.setattr(group, "HOST_THREADS", 3)
+    monkeypatch.setattr(hostcopy, "HOST_SLICE_BYTES", 4096 + 12)  # many slices, none page-aligned
+    monkeypatch.setattr(hostcopy, "HOST_THREADS", 3)
     a = rng.standard_normal(10_007).astype(np.float32)
     b = rng.standard_normal((37, 29)).astype(np.float32)
     ta, tb = Tensor.from_host(queue, a), Tensor.from_host(queue, b)
