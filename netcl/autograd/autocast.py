@@ -8,8 +8,9 @@ what each op does under it. An op takes part by one call at its top, before it r
 which changes nothing outside autocast or for an op the table does not name. The casts are autograd
 ops (their gradients are cast back), so parameters stay float32 while the op runs in half. A leaf (a
 parameter) is cast once per autocast block and dtype: later uses in the block share that cast (its
-gradients add up in the one cast node), as PyTorch's autocast caches its weight casts; the cache is
-dropped when the outermost block exits (the optimizer changes the weights between steps).
+gradients add up in the one cast node), as PyTorch's autocast caches its weight casts; so is a recorded
+node used by several ops. The cache is dropped when the outermost block exits (the optimizer changes the
+weights between steps).
 """
 
 from __future__ import annotations
@@ -80,16 +81,6 @@ def target(op: str) -> np.dtype | None:
     return dt if dt.name in rule.half_dtypes else dtypes.float32
 
 
-def residual_apart(op: str, residual: Any) -> bool:
-    """Whether `op` (a product with a residual added in its epilogue) runs in half under the autocast in
-    force while `residual` has another floating dtype: the op then adds the residual apart, in the wider
-    dtype, instead of casting it (the residual stream keeps its precision)."""
-    dt = target(op)
-    value = residual.value if isinstance(residual, Node) else residual
-    return (dt is not None and dt != dtypes.float32 and isinstance(value, Tensor) and value.dtype != dt
-            and value.dtype in _CASTABLE)
-
-
 def cast_inputs(op: str, *xs: Any) -> tuple[Any, ...]:
     """`xs` as `op` takes them under the autocast in force: floating Nodes and Tensors of another floating
     dtype than the target are cast (float32 <-> half; float64 is left alone), anything else passes."""
@@ -106,14 +97,15 @@ def cast_inputs(op: str, *xs: Any) -> tuple[Any, ...]:
 
 
 def _cast(x: Any, dt: np.dtype) -> Any:
-    """ew.cast(x, dt), shared within the autocast block for leaves (parameters, plain Tensors): the key
-    holds the leaf (so its id stays its own) and the tape recording now (a cast made outside a tape has no
-    graph to reuse inside one)."""
+    """ew.cast(x, dt), shared within the autocast block for leaves (parameters, plain Tensors) and, while a
+    tape records, for nodes that require grad (the tape holds them until backward anyway: a value used by
+    two ops, such as a residual that is also normalised, is cast once). The key holds x (so its id stays
+    its own) and the tape recording now (a cast made outside a tape has no graph to reuse inside one)."""
+    tape = current_tape() if is_recording() else None
     leaf = isinstance(x, Tensor) or (isinstance(x, Node) and x.is_leaf)
     cache = getattr(_state, "cache", None)
-    if not leaf or cache is None:
+    if cache is None or not (leaf or (tape is not None and x.requires_grad)):
         return ew.cast(x, dt)
-    tape = current_tape() if is_recording() else None
     key = (id(x), dt.name, id(tape))
     hit = cache.get(key)
     if hit is not None and hit[0] is x and hit[1] is tape and not getattr(hit[2], "_freed", False):

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 from netcl import ops
 from netcl.autograd import autocast
-from netcl.autograd import elementwise as ew
 from netcl.autograd.elementwise import apply, sum_to_shape
 from netcl.autograd.engine import Node, as_node, record
-from netcl.autograd.nnops import linear
 from netcl.core.tensor import Tensor
 from netcl.ops import gemm as mm
 from netcl.ops.rope import rope as rotate
@@ -37,11 +35,7 @@ def rope(x: Node, cos: Tensor, sin: Tensor, offset: Tensor | None = None, pairin
 
 def linear_residual(x: Node, weight: Node, bias: Node | None, residual: Node) -> Node:
     """x @ weight.T + bias + residual with the residual added in the GEMM's epilogue (one launch); the
-    residual's gradient is g itself, the others are linear's. Under autocast with the product in half and
-    a residual of another dtype (the float32 residual stream), the product is linear's and the residual is
-    added apart in float32 (as PyTorch's type promotion does)."""
-    if autocast.residual_apart("linear_residual", residual):
-        return ew.add(linear(x, weight, bias), residual)
+    residual's gradient is g itself, the others are linear's."""
     x, weight, bias, residual = autocast.cast_inputs("linear_residual", x, weight, bias, residual)
     x, weight, residual = as_node(x), as_node(weight), as_node(residual)
     bias = as_node(bias) if bias is not None else None
