@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import netcl.autograd as ag  # noqa: E402
 import netcl.ops as ops  # noqa: E402
-from netcl import amp, optim  # noqa: E402
+from netcl import amp, optim, profiling  # noqa: E402
 from netcl.core import dtypes  # noqa: E402
 from netcl.core.device import manager  # noqa: E402
 from netcl.core.tensor import Tensor  # noqa: E402
@@ -110,6 +110,21 @@ def make_step(kind: str, q, mode: str, gpu: bool):
         opt.zero_grad()
 
     return step
+
+
+def profile_step(kind: str, dev, mode: str, top: int) -> str:
+    """One eager step of `kind` in `mode` under netcl.profiling: the device time by op (where AMP's step
+    time goes: casts, GEMMs, norms, attention)."""
+    q = dev.queue
+    gc.collect()
+    step = make_step(kind, q, mode, False)
+    step()
+    step()
+    q.finish()
+    with profiling.profile() as prof:
+        step()
+        q.finish()
+    return prof.report(by="op", top=top, file=open("/dev/null", "w"))  # noqa: SIM115
 
 
 def measure_step(kind: str, dev, mode: str, repeat: int, gpu: bool) -> dict:
@@ -268,6 +283,8 @@ def main() -> None:
                     help="the bandwidth table at 2**LOG2N elements (none given: no table)")
     ap.add_argument("--repeat", type=int, default=10)
     ap.add_argument("--no-ops", action="store_true", help="skip the bandwidth-bound op rows")
+    ap.add_argument("--profile", type=int, default=0, metavar="TOP",
+                    help="then one profiled eager step per model and mode: the TOP ops by device time")
     ap.add_argument("--out", default="bench/results/amp.json")
     args = ap.parse_args()
     sys.stdout.reconfigure(line_buffering=True)  # a run cut off by a time limit keeps what it printed
@@ -311,12 +328,21 @@ def main() -> None:
             else:
                 print(f"{r['op']:<26} {r['dtype']:<9} {r['ms']:>8.3f} {r['gbps']:>8.1f} "
                       f"{r.get('speedup_vs_f32', float('nan')):>16.2f}")
+    profiles = {}
+    for kind in args.models if args.profile else ():
+        for mode in MODES:
+            if kind == "gpt" and GPT is None:
+                continue
+            text = profile_step(kind, dev, mode, args.profile)
+            profiles[f"{kind} {mode}"] = text
+            print(f"\n-- {kind} {mode}: one eager step by op --\n{text}")
     bw_rows = measure_bandwidth(dev, args.sizes, args.repeat, args.gpu) if args.sizes else []
     if bw_rows:
         print_bandwidth(bw_rows)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"device": dev.device_name, "host": platform.node(), "steps": steps,
-                                          "ops": op_rows, "bandwidth": bw_rows}, indent=1))
+                                          "ops": op_rows, "bandwidth": bw_rows, "profiles": profiles},
+                                         indent=1))
     print(f"\nwrote {args.out}")
 
 
