@@ -368,7 +368,9 @@ def _row_forward(
     weight, bias = (t.clone() if t is not None and t.offset else t for t in (weight, bias))
     local = _local_size(x.device)
     dummy = out.buffer
-    _program(x.device, dt, relu).row_norm_forward(
+    prg = _program(x.device, dt, relu)
+    kernel = prg.row_norm_forward_vec4 if _vec4(local, pg, pdiv, length, dt, x) else prg.row_norm_forward
+    kernel(
         x.queue, (rows * local,), (local,), x.buffer, np.int64(x.offset),
         weight.buffer if weight is not None else dummy, bias.buffer if bias is not None else dummy,
         np.int32(weight is not None), np.int32(bias is not None), out.buffer, mean.buffer, rstd.buffer,
@@ -395,28 +397,35 @@ def _row_backward(grad_out: Tensor, x: Tensor, weight: Tensor | None, mean: Tens
         by_reduction = local > 1 and pg == 1 and pdiv == 1 and nparam == length
         kernel_params = 0 if by_reduction else nparam
         groups = rows + math.ceil(kernel_params / local)
-        _program(x.device, dt).row_norm_backward(
-            x.queue,
-            (groups * local,),
-            (local,),
-            gy.buffer,
-            np.int64(gy.offset),
-            x.buffer,
-            np.int64(x.offset),
-            weight.buffer if weight is not None else gx.buffer,
-            np.int32(weight is not None),
-            mean.buffer if mean is not None else rstd.buffer,
-            rstd.buffer,
-            gx.buffer,
-            gw.buffer,
-            gb.buffer,
-            np.int32(rows),
-            np.int32(length),
-            np.int32(pg),
-            np.int32(pdiv),
-            np.int32(kernel_params),
-            np.int32(rms),
-        )
+        if by_reduction and _vec4(local, pg, pdiv, length, dt, x, gy):
+            _program(x.device, dt).row_norm_backward_vec4(
+                x.queue, (rows * local,), (local,), gy=gy.buffer, gy_off=np.int64(gy.offset), x=x.buffer,
+                x_off=np.int64(x.offset), w=weight.buffer if weight is not None else gx.buffer,
+                has_w=np.int32(weight is not None), mean_in=(mean if mean is not None else rstd).buffer,
+                rstd_in=rstd.buffer, gx=gx.buffer, ROWS=np.int32(rows), L=np.int32(length), rms=np.int32(rms))
+        else:
+            _program(x.device, dt).row_norm_backward(
+                x.queue,
+                (groups * local,),
+                (local,),
+                gy.buffer,
+                np.int64(gy.offset),
+                x.buffer,
+                np.int64(x.offset),
+                weight.buffer if weight is not None else gx.buffer,
+                np.int32(weight is not None),
+                mean.buffer if mean is not None else rstd.buffer,
+                rstd.buffer,
+                gx.buffer,
+                gw.buffer,
+                gb.buffer,
+                np.int32(rows),
+                np.int32(length),
+                np.int32(pg),
+                np.int32(pdiv),
+                np.int32(kernel_params),
+                np.int32(rms),
+            )
         if by_reduction:
             g2, x2 = gy.reshape(rows, length), x.reshape(rows, length)
             centered = x2 if mean is None else elementwise.sub(x2, mean.reshape(rows, 1))
@@ -426,6 +435,13 @@ def _row_backward(grad_out: Tensor, x: Tensor, weight: Tensor | None, mean: Tens
                 gb = reduce.sum(g2, axis=0)
             gw, gb = (t if t.dtype == dt else elementwise.cast(t, dt) for t in (gw, gb))
     return gx, gw, gb
+
+
+def _vec4(local: int, pg: int, pdiv: int, length: int, dt: np.dtype, *ts: Tensor) -> bool:
+    """Whether a row norm takes norm.cl's _vec4 kernels: GPUs (work-groups), one parameter per element,
+    rows of a multiple of 4 starting on 4-element boundaries, not float64."""
+    return (local > 1 and pg == 1 and pdiv == 1 and length % 4 == 0 and dt != dtypes.float64
+            and all(t.offset % 4 == 0 for t in ts))
 
 
 def _stat_dtype(dt: np.dtype) -> np.dtype:
