@@ -93,3 +93,49 @@ def test_update_scale_growth_and_backoff(queue):
     flag = dev(queue, np.array([1], np.int32))
     update.update_scale(scale, tracker, flag, 2.0, 0.5, 2)
     close(scale, [2.0], 0, 0)
+
+
+@HALVES
+def test_half_conv_pool_and_row_norms(queue, dt, monkeypatch):
+    """conv2d on half storage (im2col + col2im + weight_bias with groups, the direct kernels and the bias
+    gradient), max/avg pooling, and the row norms' work-group and 4-wide kernels (LOCAL=8), each against
+    its float32 path on the same values."""
+    from netcl.ops import norm
+
+    rng = np.random.default_rng(24)
+
+    def pair(shape):
+        a = rng.standard_normal(shape).astype(np.float32).astype(dt)
+        return dev(queue, a), dev(queue, a.astype(np.float32))
+
+    def same(h, f, tol=3e-2):
+        close(h.to_host().astype(np.float32), f.to_host(), tol, tol * float(np.abs(f.to_host()).max()))
+
+    xh, xf = pair((2, 4, 5, 6))
+    wh, wf = pair((6, 2, 3, 3))
+    bh, bf = pair((6,))
+    for algo in ("im2col", "direct"):
+        same(ops.conv2d(xh, wh, bh, padding=1, groups=2, algorithm=algo),
+             ops.conv2d(xf, wf, bf, padding=1, groups=2, algorithm=algo))
+    gh, gf = pair((2, 6, 5, 6))
+    for algo in ("gemm", "direct"):
+        same(ops.conv2d_backward_input(gh, wh, xh.shape, padding=1, groups=2, algorithm=algo),
+             ops.conv2d_backward_input(gf, wf, xf.shape, padding=1, groups=2, algorithm=algo))
+        same(ops.conv2d_backward_weight(xh, gh, wh.shape, padding=1, groups=2, algorithm=algo),
+             ops.conv2d_backward_weight(xf, gf, wf.shape, padding=1, groups=2, algorithm=algo))
+    same(ops.conv2d_backward_bias(gh), ops.conv2d_backward_bias(gf))
+    (mh, ih), (mf, _) = ops.max_pool2d(xh, 3, 2, 1), ops.max_pool2d(xf, 3, 2, 1)
+    same(mh, mf, 0)
+    ph, pf = pair(mh.shape)
+    same(ops.max_pool2d_backward(ph, ih, xh.shape, 3, 2, 1),
+         ops.max_pool2d_backward(pf, ih, xf.shape, 3, 2, 1))
+    same(ops.avg_pool2d(xh, 2), ops.avg_pool2d(xf, 2))
+    monkeypatch.setattr(norm, "local_size_override", 8)
+    for length in (13, 16):  # the scalar work-group kernels, then the 4-wide ones
+        rh, rf = pair((3, length))
+        nh, nf = pair((length,))
+        lh, lf = ops.layer_norm(rh, length, nh, nh), ops.layer_norm(rf, length, nf, nf)
+        same(lh[0], lf[0])
+        for got, want in zip(ops.layer_norm_backward(rh, rh, length, lh[1], lh[2], nh, nh),
+                             ops.layer_norm_backward(rf, rf, length, lf[1], lf[2], nf, nf)):
+            same(got, want)
