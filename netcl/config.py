@@ -168,8 +168,10 @@ def dist_timeout() -> float:
 
 
 def dist_bucket_mb() -> float:
-    """NETCL_DIST_BUCKET_MB: DistributedDataParallel's gradient bucket size in MiB (default 25)."""
-    return _positive_float("NETCL_DIST_BUCKET_MB", 25.0)
+    """NETCL_DIST_BUCKET_MB: DistributedDataParallel's gradient bucket size in MiB (default 64: PyTorch's 25
+    measured slower here, where each host-staged all-reduce costs milliseconds of fixed work; see
+    bench/NOTES.md)."""
+    return _positive_float("NETCL_DIST_BUCKET_MB", 64.0)
 
 
 def dist_device_sum() -> str:

@@ -1,6 +1,6 @@
 """DistributedDataParallel: the model replicated on every rank, its gradients averaged during backward.
 
-Parameters are packed into buckets (NETCL_DIST_BUCKET_MB, 25 MiB; in reverse order of registration, roughly
+Parameters are packed into buckets (NETCL_DIST_BUCKET_MB, 64 MiB; in reverse order of registration, roughly
 the order backward finishes their gradients); a bucket is one flat device Tensor. When the last gradient of a
 bucket is final (autograd's post-accumulate hook), the gradients are copied into it on the device, and the
 bucket's all-reduce starts on the collective worker thread while backward goes on (the same path as

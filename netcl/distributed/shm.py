@@ -24,7 +24,7 @@ from multiprocessing import resource_tracker, shared_memory
 
 import numpy as np
 
-from netcl.core.hostcopy import in_slices
+from netcl.core.hostcopy import copy_bytes, in_slices
 from netcl.distributed.group import (
     DTYPE_CODES,
     OP_CODES,
@@ -174,10 +174,11 @@ class ShmGroup(ProcessGroup):
         op = check_op(op, array.dtype, weights)
         flat = array.reshape(-1)
         own = self.stage(flat.nbytes)
-        np.copyto(own.view(array.dtype), flat)
+        copy_bytes([(own, flat.view(np.uint8))])
         bounds = self.reduce_staged(flat.size, array.dtype, op, weights)
-        for r, (lo, hi) in enumerate(bounds):
-            np.copyto(flat[lo:hi], self.half(r).view(array.dtype)[lo:hi])
+        size = array.dtype.itemsize
+        copy_bytes([(flat[lo:hi].view(np.uint8), self.half(r)[lo * size : hi * size])
+                    for r, (lo, hi) in enumerate(bounds)])
         self.end_call()
 
     def reduce_staged(self, count: int, dtype: np.dtype, op: str, weights: Sequence[float] | None = None,
