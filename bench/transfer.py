@@ -81,10 +81,11 @@ _BUILD_SCRIPT = r"""
 import sys, time, json
 t0 = time.perf_counter()
 from netcl.core.device import manager
-from netcl.core.backend import build_program, kernel_source, format_options, build_stats
+from netcl.core.backend import build_program, format_options, build_stats
+from netcl.kernels import dtype_defines, source as kernel_source
 dev = manager.default()
 src = kernel_source("random.cl") + "\n// " + sys.argv[1] + "\n"
-opts = format_options({"OUT": "float", "KIND": 1, "PER_ITEM": 4, "SCALAR": "float"})
+opts = format_options({**dtype_defines("float32"), "KIND": 1, "PER_ITEM": 4, "SCALAR": "float"})
 t1 = time.perf_counter()
 build_program(dev, src, opts)
 t2 = time.perf_counter()
