@@ -12,7 +12,7 @@
 // (seed_lo, seed_hi)), row = (b * HQ + h) * SQ + i. It depends on (seed, counter0, b, h, i, j) only, so
 // the backward pass regenerates the forward's mask, on any device and in any kernel variant.
 //
-// Build options: T, ACC, IS_HALF, USE_FP64 (common.cl); HEAD_DIM (D, any value up to 256);
+// Build options: T, ACC, IS_HALF, IS_BF16, USE_FP64 (common.cl); HEAD_DIM (D, any value up to 256);
 // MASK = MASK_NONE | MASK_BOOL | MASK_ADD (an additive mask has the dtype T).
 #ifndef NETCL_ATTENTION_COMMON_CL
 #define NETCL_ATTENTION_COMMON_CL
@@ -35,13 +35,9 @@
 #define HEAD_DIM 64        // D: elements per q/k/v row
 #endif
 
-#ifdef IS_HALF
-#define LDS(p, i) vload_half((i), (p))                     // one element, as ACC
-#define STS(p, i, x) vstore_half_rte((x), (i), (p))
-#else
-#define LDS(p, i) ((ACC)(p)[i])
-#define STS(p, i, x) ((p)[i] = (T)(x))
-#endif
+// one element, as ACC (common.cl: float16 by vload_half, bfloat16 as the high half of a float, else T)
+#define LDS(p, i) LOAD_T(p, i)
+#define STS(p, i, x) STORE_T(p, i, x)
 
 // The number of valid keys L of batch b.
 inline int valid_keys(__global const int *kv_len, const long kv_len_off, const int has_kv_len,

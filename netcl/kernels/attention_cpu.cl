@@ -53,6 +53,20 @@
 #define LANE_IDS ((int8)(0, 1, 2, 3, 4, 5, 6, 7))
 #define VLOADV(p) vload_half8(0, (p))
 #define VSTOREV(x, p) vstore_half8_rte((x), 0, (p))
+#elif defined(IS_BF16)
+#define VW 8
+#define accv float8
+#define maskv int8
+#define LANE_IDS ((int8)(0, 1, 2, 3, 4, 5, 6, 7))
+#define VLOADV(p) as_float8(convert_uint8(vload8(0, (p))) << 16)
+#define VSTOREV(x, p) vstore8(nc_float8_to_bf16(x), 0, (p))
+// eight bfloat16 roundings at once (nc_float_to_bf16's rule: to nearest even, NaN kept quiet)
+inline ushort8 nc_float8_to_bf16(const float8 f)
+{
+    const uint8 u = as_uint8(f);
+    const uint8 r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    return convert_ushort8(select(r, (u >> 16) | 0x40u, isnan(f)));
+}
 #else
 #define VW 8
 #define accv float8

@@ -124,6 +124,8 @@ inline ACC4 load4(__global const T *row, const int d)
     return d < HEAD_DIM ? *(__global const float4 *)(row + d) : (ACC4)0;
 #elif defined(IS_HALF) && HEAD_DIM % 4 == 0
     return d < HEAD_DIM ? vload_half4(0, row + d) : (ACC4)0;
+#elif defined(IS_BF16) && HEAD_DIM % 4 == 0
+    return d < HEAD_DIM ? as_float4(convert_uint4(vload4(0, row + d)) << 16) : (ACC4)0;
 #else
     ACC4 x = (ACC4)0;
     if (d < HEAD_DIM) x.x = LDS(row, d);
@@ -138,6 +140,9 @@ inline void store4(__global T *row, const int d, const ACC4 x)
 {
 #if defined(IS_HALF) && HEAD_DIM % 4 == 0
     if (d < HEAD_DIM) vstore_half4_rte(x, 0, row + d);
+#elif defined(IS_BF16) && HEAD_DIM % 4 == 0
+    if (d < HEAD_DIM) vstore4((ushort4)(nc_float_to_bf16(x.x), nc_float_to_bf16(x.y), nc_float_to_bf16(x.z),
+                                        nc_float_to_bf16(x.w)), 0, row + d);
 #elif !defined(IS_HALF) && HEAD_DIM % 4 == 0
     if (d < HEAD_DIM) vstore4((ACC4)x, 0, row + d);
 #else

@@ -58,7 +58,7 @@ __all__ = [
 ]
 
 MAX_HEAD_DIM = 256
-_FLOATS = (dtypes.float16, dtypes.float32, dtypes.float64)
+_FLOATS = (dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64)
 
 # Which kernels run: None = by device class ("cpu" on CPU devices, "gpu" elsewhere). Tests set it to run
 # the GPU kernels on the CPU device.
@@ -235,7 +235,7 @@ class _Problem:
         if not (q.dtype == k.dtype == v.dtype):
             raise DTypeError(f"{op}: q, k and v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
         if q.dtype not in _FLOATS:
-            raise DTypeError(f"{op} supports float16, float32 and float64 tensors, got {q.dtype}")
+            raise DTypeError(f"{op} supports float16, bfloat16, float32 and float64 tensors, got {q.dtype}")
         if q.dtype == dtypes.float64:
             dtypes.check_supported_on(q.dtype, q.device)
         B, HQ, SQ, D = q.shape
