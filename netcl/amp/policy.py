@@ -25,8 +25,8 @@ TABLE: dict[str, tuple[str, tuple[str, ...]]] = {
     "linear": ("half", ("float16", "bfloat16")),
     # im2col/direct kernels and the GEMM on half storage (Winograd stays float32-only: 'auto' avoids it)
     "conv2d": ("half", ("float16", "bfloat16")),
-    # flash attention's kernels take float16 (bfloat16: q, k, v widened to float32, the fallback)
-    "flash_attention": ("half", ("float16",)),
+    # flash attention: float16 and bfloat16 storage, float32 softmax statistics and accumulators
+    "flash_attention": ("half", ("float16", "bfloat16")),
     "softmax": ("float32", ()),
     "log_softmax": ("float32", ()),
     "batch_norm": ("float32", ()),

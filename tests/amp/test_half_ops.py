@@ -12,7 +12,7 @@ import pytest
 from netcl import ops
 from netcl.core.tensor import Tensor
 from netcl.errors import DTypeError
-from netcl.ops import norm
+from netcl.ops import attention, norm
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 F16 = np.dtype(np.float16)
@@ -144,3 +144,25 @@ def test_row_norm_vec4_kernels_match_the_scalar_ones(queue, rng, dt, monkeypatch
         _close(got, want, dt, "layer_norm vec4 backward")
     for got, want in zip(ops.rms_norm_backward(gh, xh, 40, rn[1], wh), ref_back[1]):
         _close(got, want, dt, "rms_norm vec4 backward")
+
+
+@pytest.mark.parametrize("variant", ["cpu", "gpu"])
+def test_flash_attention_bfloat16_matches_float32(queue, rng, variant, monkeypatch):
+    """bfloat16 q, k, v (ushort storage, float32 math) in both kernel families: causal forward with an
+    additive bfloat16 mask, and all three gradients, against the float32 path on the same values; head
+    dims 24 (the CPU kernel's partial vector) and 16 (the GPU kernel's 4-wide loads and stores)."""
+    monkeypatch.setattr(attention, "variant_override", variant)
+    d = 24 if variant == "cpu" else 16
+    qh, qf = _pair(queue, rng, (2, 3, 19, d), BF16)  # > 16 rows a head: not the decode kernel
+    kh, kf = _pair(queue, rng, (2, 3, 21, d), BF16)
+    vh, vf = _pair(queue, rng, (2, 3, 21, d), BF16)
+    mh, mf = _pair(queue, rng, (1, 1, 19, 21), BF16)
+    oh, lh = attention.flash_attention_forward(qh, kh, vh, causal=True, mask=mh)
+    of, lf = attention.flash_attention_forward(qf, kf, vf, causal=True, mask=mf)
+    _close(oh, of, BF16, f"{variant} forward")
+    gh, gf = _pair(queue, rng, oh.shape, BF16)
+    for got, want, what in zip(
+            attention.flash_attention_backward(qh, kh, vh, oh, lh, gh, causal=True, mask=mh),
+            attention.flash_attention_backward(qf, kf, vf, of, lf, gf, causal=True, mask=mf),
+            ("dq", "dk", "dv")):
+        _close(got, want, BF16, f"{variant} {what}")

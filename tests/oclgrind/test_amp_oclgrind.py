@@ -139,3 +139,24 @@ def test_half_conv_pool_and_row_norms(queue, dt, monkeypatch):
         for got, want in zip(ops.layer_norm_backward(rh, rh, length, lh[1], lh[2], nh, nh),
                              ops.layer_norm_backward(rf, rf, length, lf[1], lf[2], nf, nf)):
             same(got, want)
+
+
+def test_bfloat16_flash_attention(queue, monkeypatch):
+    """flash attention on bfloat16 storage in both kernel families (4-wide ushort loads and stores on the
+    GPU kernels, 8-wide on the CPU ones with a partial last vector), forward and backward."""
+    from netcl.ops import attention
+
+    rng = np.random.default_rng(25)
+    for variant, d in (("gpu", 16), ("cpu", 12)):
+        monkeypatch.setattr(attention, "variant_override", variant)
+        ts = [rng.standard_normal((1, 2, s, d)).astype(np.float32).astype(BF16) for s in (17, 18, 18)]
+        half = [dev(queue, t) for t in ts]
+        full = [dev(queue, t.astype(np.float32)) for t in ts]
+        oh, lh = attention.flash_attention_forward(*half, causal=True)
+        of, lf = attention.flash_attention_forward(*full, causal=True)
+        close(oh.to_host().astype(np.float32), of.to_host(), 3e-2, 3e-2)
+        g = rng.standard_normal(oh.shape).astype(np.float32).astype(BF16)
+        gf = dev(queue, g.astype(np.float32))
+        for got, want in zip(attention.flash_attention_backward(*half, oh, lh, dev(queue, g), causal=True),
+                             attention.flash_attention_backward(*full, of, lf, gf, causal=True)):
+            close(got.to_host().astype(np.float32), want.to_host(), 5e-2, 5e-2)
