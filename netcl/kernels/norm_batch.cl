@@ -64,6 +64,30 @@
 // ACT (common.cl): ACT_RELU when the forward fused a relu (backward masks grad_y by y > 0)
 
 #define LD(p, i) ((ACC)(p)[i])
+// float16/bfloat16 storage: x, y and their gradients are T, read by XL (common.cl's LOAD_T) and 4 at a
+// time by XLOAD4 (vloada_half4 / ushort4), written by XSTORE4 / STORE_T; the per-channel vectors (weight,
+// bias, running statistics, stats, coef, parameter gradients) are PT = float, read by LD.
+#define XL(p, i) LOAD_T(p, i)
+#if defined(IS_HALF) || defined(IS_BF16)
+#define PT float
+#define XV4 float4
+#define XS float
+#else
+#define PT T
+#define XV4 VT(4)
+#define XS T
+#endif
+#if defined(IS_HALF)
+#define XLOAD4(p, at) vloada_half4((at), (p))
+#define XSTORE4(p, at, v) vstorea_half4_rte((v), (at), (p))
+#elif defined(IS_BF16)
+#define XLOAD4(p, at) as_float4(convert_uint4(vload4((at), (p))) << 16)
+#define XSTORE4(p, at, v) vstore4((ushort4)(nc_float_to_bf16((v).x), nc_float_to_bf16((v).y), \
+                                            nc_float_to_bf16((v).z), nc_float_to_bf16((v).w)), (at), (p))
+#else
+#define XLOAD4(p, at) (*((__global const VT(4) *)(p) + (at)))
+#define XSTORE4(p, at, v) (*((__global VT(4) *)(p) + (at)) = (v))
+#endif
 #define CAT_(a, b) a##b
 #define CAT(a, b) CAT_(a, b)
 #define VT(n) CAT(T, n)
@@ -80,26 +104,26 @@ inline void welford_merge(ACC *na, ACC *ma, ACC *m2a, const ACC nb, const ACC mb
 }
 
 inline void finish_stats(const int c, const int C, const ACC n, const ACC mean, const ACC m2,
-                         __global const T *w, const long w_off, __global const T *b, const long b_off,
-                         const int has_w, const int has_b, __global T *rmean, __global T *rvar,
-                         const int has_running, __global T *stats, const ACC momentum, const ACC eps)
+                         __global const PT *w, const long w_off, __global const PT *b, const long b_off,
+                         const int has_w, const int has_b, __global PT *rmean, __global PT *rvar,
+                         const int has_running, __global PT *stats, const ACC momentum, const ACC eps)
 {
     const ACC var = m2 / n, invstd = rsqrt(var + eps);
-    stats[c] = (T)mean;
-    stats[C + c] = (T)invstd;
-    stats[2 * C + c] = (T)(has_w ? LD(w, w_off + c) * invstd : invstd);
-    stats[3 * C + c] = has_b ? b[b_off + c] : (T)0;
+    stats[c] = (PT)mean;
+    stats[C + c] = (PT)invstd;
+    stats[2 * C + c] = (PT)(has_w ? LD(w, w_off + c) * invstd : invstd);
+    stats[3 * C + c] = has_b ? b[b_off + c] : (PT)0;
     if (has_running) {
         const ACC unbiased = n > (ACC)1 ? m2 / (n - (ACC)1) : var;
-        rmean[c] = (T)(((ACC)1 - momentum) * LD(rmean, c) + momentum * mean);
-        rvar[c] = (T)(((ACC)1 - momentum) * LD(rvar, c) + momentum * unbiased);
+        rmean[c] = (PT)(((ACC)1 - momentum) * LD(rmean, c) + momentum * mean);
+        rvar[c] = (PT)(((ACC)1 - momentum) * LD(rvar, c) + momentum * unbiased);
     }
 }
 
 #define STATS_ARGS                                                                                   \
-    __global const T *x, const long x_off, __global const T *w, const long w_off, __global const T *b, \
-    const long b_off, const int has_w, const int has_b, __global T *rmean, __global T *rvar,          \
-    const int has_running, __global ACC *part, __global T *stats, const int N, const int C, const int S, \
+    __global const T *x, const long x_off, __global const PT *w, const long w_off, __global const PT *b, \
+    const long b_off, const int has_w, const int has_b, __global PT *rmean, __global PT *rvar,        \
+    const int has_running, __global ACC *part, __global PT *stats, const int N, const int C, const int S, \
     const ACC momentum, const ACC eps
 #define STATS_PASS w, w_off, b, b_off, has_w, has_b, rmean, rvar, has_running, stats, momentum, eps
 
@@ -135,13 +159,13 @@ void batch_norm_stats_groups(STATS_ARGS, __global int *count)
         const long img = j / (HW / VEC), i = j - img * (HW / VEC);
         const long at = (img * C + c) * (HW / VEC) + i;
 #if VEC == 4
-        const VT(4) v4 = *((__global const VT(4) *)(x + x_off) + at);
+        const XV4 v4 = XLOAD4(x + x_off, at);
         const ACC v0 = v4.x, v1 = v4.y, v2 = v4.z, v3 = v4.w;
         const ACC bm = (v0 + v1 + v2 + v3) * (ACC)0.25;
         const ACC bq = (v0 - bm) * (v0 - bm) + (v1 - bm) * (v1 - bm) + (v2 - bm) * (v2 - bm) + (v3 - bm) * (v3 - bm);
         welford_merge(&n, &mean, &m2, (ACC)4, bm, bq);
 #else
-        welford_merge(&n, &mean, &m2, (ACC)1, LD(x, x_off + at), (ACC)0);
+        welford_merge(&n, &mean, &m2, (ACC)1, XL(x, x_off + at), (ACC)0);
 #endif
     }
 #if LOCAL > 1
@@ -195,8 +219,8 @@ inline ACC run_sum(const __global T *p, const int n)
     ACC a[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     int i = 0;
     for (; i + 8 <= n; i += 8)
-        for (int l = 0; l < 8; ++l) a[l] += LD(p, i + l);
-    for (; i < n; ++i) a[0] += LD(p, i);
+        for (int l = 0; l < 8; ++l) a[l] += XL(p, i + l);
+    for (; i < n; ++i) a[0] += XL(p, i);
     return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
 }
 
@@ -213,11 +237,11 @@ __kernel void batch_norm_stats_runs(STATS_ARGS, const int hw)
         int i = 0;
         for (; i + 8 <= hw; i += 8)
             for (int l = 0; l < 8; ++l) {
-                const ACC d = LD(p, i + l) - rm;
+                const ACC d = XL(p, i + l) - rm;
                 q[l] += d * d;
             }
         for (; i < hw; ++i) {
-            const ACC d = LD(p, i) - rm;
+            const ACC d = XL(p, i) - rm;
             q[0] += d * d;
         }
         const ACC rq = ((q[0] + q[1]) + (q[2] + q[3])) + ((q[4] + q[5]) + (q[6] + q[7]));
@@ -234,19 +258,19 @@ __kernel void batch_norm_stats_runs(STATS_ARGS, const int hw)
 }
 
 // Merge the S parts of each channel (training), or take the running statistics (training = 0).
-__kernel void batch_norm_finalize(__global const T *w, const long w_off, __global const T *b, const long b_off,
-                                  const int has_w, const int has_b, __global T *rmean, __global T *rvar,
-                                  const int has_running, __global const ACC *part, __global T *stats,
+__kernel void batch_norm_finalize(__global const PT *w, const long w_off, __global const PT *b, const long b_off,
+                                  const int has_w, const int has_b, __global PT *rmean, __global PT *rvar,
+                                  const int has_running, __global const ACC *part, __global PT *stats,
                                   const int C, const int S, const int training, const ACC momentum, const ACC eps)
 {
     const int c = get_global_id(0);
     if (c >= C) return;
     if (!training) {
         const ACC mean = LD(rmean, c), invstd = rsqrt(LD(rvar, c) + eps);
-        stats[c] = (T)mean;
-        stats[C + c] = (T)invstd;
-        stats[2 * C + c] = (T)(has_w ? LD(w, w_off + c) * invstd : invstd);
-        stats[3 * C + c] = has_b ? b[b_off + c] : (T)0;
+        stats[c] = (PT)mean;
+        stats[C + c] = (PT)invstd;
+        stats[2 * C + c] = (PT)(has_w ? LD(w, w_off + c) * invstd : invstd);
+        stats[3 * C + c] = has_b ? b[b_off + c] : (PT)0;
         return;
     }
     ACC n = (ACC)0, mean = (ACC)0, m2 = (ACC)0;
@@ -261,23 +285,23 @@ __kernel void batch_norm_finalize(__global const T *w, const long w_off, __globa
 
 inline void finish_backward(const int c, const int C, const ACC M, const ACC sg, const ACC sgxm,
                             const ACC mean, const ACC invstd, const ACC wc, const ACC beta, const int training,
-                            __global T *gw, __global T *gb, __global T *coef)
+                            __global PT *gw, __global PT *gb, __global PT *coef)
 {
     const ACC k = wc * invstd;
-    gw[c] = (T)(sgxm * invstd);
-    gb[c] = (T)sg;
-    coef[c] = (T)k;
-    coef[C + c] = (T)(training ? sg / M : (ACC)0);
-    coef[2 * C + c] = (T)mean;
-    coef[3 * C + c] = (T)(training ? k * invstd * invstd * sgxm / M : (ACC)0);
-    coef[4 * C + c] = (T)beta;
+    gw[c] = (PT)(sgxm * invstd);
+    gb[c] = (PT)sg;
+    coef[c] = (PT)k;
+    coef[C + c] = (PT)(training ? sg / M : (ACC)0);
+    coef[2 * C + c] = (PT)mean;
+    coef[3 * C + c] = (PT)(training ? k * invstd * invstd * sgxm / M : (ACC)0);
+    coef[4 * C + c] = (PT)beta;
 }
 
 #define BWD_ARGS                                                                                     \
     __global const T *gy, const long gy_off, __global const T *x, const long x_off,                   \
-    __global const T *w, const long w_off, __global const T *b, const long b_off, const int has_w,    \
-    const int has_b, __global const T *mean_in, const long mean_off, __global const T *invstd_in,     \
-    const long invstd_off, __global ACC *part, __global T *gw, __global T *gb, __global T *coef,      \
+    __global const PT *w, const long w_off, __global const PT *b, const long b_off, const int has_w,  \
+    const int has_b, __global const PT *mean_in, const long mean_off, __global const PT *invstd_in,   \
+    const long invstd_off, __global ACC *part, __global PT *gw, __global PT *gb, __global PT *coef,   \
     const int N, const int C, const int S, const int training
 
 // The channel's constants: mean, invstd, weight, beta, and (relu) y's scale.
@@ -307,14 +331,14 @@ void batch_norm_backward_groups(BWD_ARGS, __global int *count)
         const long img = j / (HW / VEC), i = j - img * (HW / VEC);
         const long at = (img * C + c) * (HW / VEC) + i;
 #if VEC == 4
-        const VT(4) g4 = *((__global const VT(4) *)(gy + gy_off) + at);
-        const VT(4) x4 = *((__global const VT(4) *)(x + x_off) + at);
+        const XV4 g4 = XLOAD4(gy + gy_off, at);
+        const XV4 x4 = XLOAD4(x + x_off, at);
         const ACC g0 = MASKED((ACC)g4.x, (ACC)x4.x), g1 = MASKED((ACC)g4.y, (ACC)x4.y);
         const ACC g2 = MASKED((ACC)g4.z, (ACC)x4.z), g3 = MASKED((ACC)g4.w, (ACC)x4.w);
         sg += (g0 + g1) + (g2 + g3);
         sgxm += (g0 * ((ACC)x4.x - mean) + g1 * ((ACC)x4.y - mean)) + (g2 * ((ACC)x4.z - mean) + g3 * ((ACC)x4.w - mean));
 #else
-        const ACC xv = LD(x, x_off + at), g = MASKED(LD(gy, gy_off + at), xv);
+        const ACC xv = XL(x, x_off + at), g = MASKED(XL(gy, gy_off + at), xv);
         sg += g;
         sgxm += g * (xv - mean);
 #endif
@@ -371,12 +395,12 @@ __kernel void batch_norm_backward_runs(BWD_ARGS, const int hw)
         int i = 0;
         for (; i + 8 <= hw; i += 8)
             for (int l = 0; l < 8; ++l) {
-                const ACC xv = LD(xp, i + l), g = MASKED(LD(gp, i + l), xv);
+                const ACC xv = XL(xp, i + l), g = MASKED(XL(gp, i + l), xv);
                 a[l] += g;
                 q[l] += g * (xv - mean);
             }
         for (; i < hw; ++i) {
-            const ACC xv = LD(xp, i), g = MASKED(LD(gp, i), xv);
+            const ACC xv = XL(xp, i), g = MASKED(XL(gp, i), xv);
             a[0] += g;
             q[0] += g * (xv - mean);
         }
@@ -413,39 +437,39 @@ __kernel void batch_norm_backward_finalize(BWD_ARGS, const long M)
 #define ACTIVATE(v) (v)
 #endif
 
-__kernel void batch_norm_apply_flat(__global const T *x, const long x_off, __global const T *stats,
+__kernel void batch_norm_apply_flat(__global const T *x, const long x_off, __global const PT *stats,
                                     const long stats_off, __global T *out, const int C, const int NC)
 {
     const int i = get_global_id(0), nc = get_global_id(1);
     if (i >= HW / VEC || nc >= NC) return;   // the launch may round the grid up to whole work-groups
     const int c = nc % C;
-    const __global T *st = stats + stats_off;
+    const __global PT *st = stats + stats_off;
     const ACC mean = LD(st, c), scale = LD(st, 2 * C + c), beta = LD(st, 3 * C + c);
     const long at = (long)nc * (HW / VEC) + i;
 #if VEC == 4
-    const VT(4) v = *((__global const VT(4) *)(x + x_off) + at);
-    VT(4) o;
-    o.x = (T)ACTIVATE(((ACC)v.x - mean) * scale + beta);
-    o.y = (T)ACTIVATE(((ACC)v.y - mean) * scale + beta);
-    o.z = (T)ACTIVATE(((ACC)v.z - mean) * scale + beta);
-    o.w = (T)ACTIVATE(((ACC)v.w - mean) * scale + beta);
-    *((__global VT(4) *)out + at) = o;
+    const XV4 v = XLOAD4(x + x_off, at);
+    XV4 o;
+    o.x = (XS)ACTIVATE(((ACC)v.x - mean) * scale + beta);
+    o.y = (XS)ACTIVATE(((ACC)v.y - mean) * scale + beta);
+    o.z = (XS)ACTIVATE(((ACC)v.z - mean) * scale + beta);
+    o.w = (XS)ACTIVATE(((ACC)v.w - mean) * scale + beta);
+    XSTORE4(out, at, o);
 #else
-    out[at] = (T)ACTIVATE((LD(x, x_off + at) - mean) * scale + beta);
+    STORE_T(out, at, ACTIVATE((XL(x, x_off + at) - mean) * scale + beta));
 #endif
 }
 
-__kernel void batch_norm_apply_runs(__global const T *x, const long x_off, __global const T *stats,
+__kernel void batch_norm_apply_runs(__global const T *x, const long x_off, __global const PT *stats,
                                     const long stats_off, __global T *out, const int C, const int NC, const int hw)
 {
     const int nc = get_global_id(0);
     if (nc >= NC) return;
     const int c = nc % C;
-    const __global T *st = stats + stats_off;
+    const __global PT *st = stats + stats_off;
     const ACC mean = LD(st, c), scale = LD(st, 2 * C + c), beta = LD(st, 3 * C + c);
     const __global T *xp = x + x_off + (long)nc * hw;
     __global T *yp = out + (long)nc * hw;
-    for (int i = 0; i < hw; ++i) yp[i] = (T)ACTIVATE((LD(xp, i) - mean) * scale + beta);
+    for (int i = 0; i < hw; ++i) STORE_T(yp, i, ACTIVATE((XL(xp, i) - mean) * scale + beta));
 }
 
 // g' = grad_y, masked by the recomputed relu output when the forward fused one
@@ -456,13 +480,13 @@ __kernel void batch_norm_apply_runs(__global const T *x, const long x_off, __glo
 #endif
 #define GRAD_X(g, xv) ((GPRIME((g), (xv)) - mg) * k - ((xv) - mean) * d)
 #define COEF_LOAD                                                                                    \
-    const __global T *cf = coef + coef_off;                                                          \
+    const __global PT *cf = coef + coef_off;                                                         \
     const ACC k = LD(cf, c), mg = LD(cf, C + c), mean = LD(cf, 2 * C + c), d = LD(cf, 3 * C + c);   \
     const ACC beta = LD(cf, 4 * C + c);                                                              \
     (void)beta
 
 __kernel void batch_norm_grad_input_flat(__global const T *gy, const long gy_off, __global const T *x,
-                                         const long x_off, __global const T *coef, const long coef_off,
+                                         const long x_off, __global const PT *coef, const long coef_off,
                                          __global T *out, const int C, const int NC)
 {
     const int i = get_global_id(0), nc = get_global_id(1);
@@ -471,21 +495,21 @@ __kernel void batch_norm_grad_input_flat(__global const T *gy, const long gy_off
     COEF_LOAD;
     const long at = (long)nc * (HW / VEC) + i;
 #if VEC == 4
-    const VT(4) g = *((__global const VT(4) *)(gy + gy_off) + at);
-    const VT(4) v = *((__global const VT(4) *)(x + x_off) + at);
-    VT(4) o;
-    o.x = (T)GRAD_X((ACC)g.x, (ACC)v.x);
-    o.y = (T)GRAD_X((ACC)g.y, (ACC)v.y);
-    o.z = (T)GRAD_X((ACC)g.z, (ACC)v.z);
-    o.w = (T)GRAD_X((ACC)g.w, (ACC)v.w);
-    *((__global VT(4) *)out + at) = o;
+    const XV4 g = XLOAD4(gy + gy_off, at);
+    const XV4 v = XLOAD4(x + x_off, at);
+    XV4 o;
+    o.x = (XS)GRAD_X((ACC)g.x, (ACC)v.x);
+    o.y = (XS)GRAD_X((ACC)g.y, (ACC)v.y);
+    o.z = (XS)GRAD_X((ACC)g.z, (ACC)v.z);
+    o.w = (XS)GRAD_X((ACC)g.w, (ACC)v.w);
+    XSTORE4(out, at, o);
 #else
-    out[at] = (T)GRAD_X(LD(gy, gy_off + at), LD(x, x_off + at));
+    STORE_T(out, at, GRAD_X(XL(gy, gy_off + at), XL(x, x_off + at)));
 #endif
 }
 
 __kernel void batch_norm_grad_input_runs(__global const T *gy, const long gy_off, __global const T *x,
-                                         const long x_off, __global const T *coef, const long coef_off,
+                                         const long x_off, __global const PT *coef, const long coef_off,
                                          __global T *out, const int C, const int NC, const int hw)
 {
     const int nc = get_global_id(0);
@@ -495,5 +519,5 @@ __kernel void batch_norm_grad_input_runs(__global const T *gy, const long gy_off
     const long base = (long)nc * hw;
     const __global T *gp = gy + gy_off + base, *xp = x + x_off + base;
     __global T *op = out + base;
-    for (int i = 0; i < hw; ++i) op[i] = (T)GRAD_X(LD(gp, i), LD(xp, i));
+    for (int i = 0; i < hw; ++i) STORE_T(op, i, GRAD_X(XL(gp, i), XL(xp, i)));
 }

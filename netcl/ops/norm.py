@@ -120,6 +120,32 @@ def _bn_parts(device: Any, layout: str, n: int, c: int, hw: int, local: int, vec
     return max(1, min(-(-4 * units // c), loads // (8 * local)))
 
 
+def _bn_dtypes(op: str, x: Tensor, grad_out: Tensor | None, params: dict[str, Tensor | None],
+               stats: dict[str, Tensor | None]) -> tuple[np.dtype, np.dtype, dict[str, Tensor | None]]:
+    """(x's dtype, the per-channel dtype, params) of a batch norm: x (and grad_out) float16, bfloat16,
+    float32 or float64; weight, bias and the statistics in float32 for half x (PyTorch's mixed batch norm:
+    half weight/bias are widened here, their gradients come back in float32) and in x's dtype otherwise."""
+    ts = [t for t in (x, grad_out, *params.values(), *stats.values()) if t is not None]
+    check_same_queue(*ts)
+    dt = x.dtype
+    if dt not in _ROW_DTYPES:
+        raise DTypeError(f"{op} supports float16, bfloat16, float32 and float64 tensors, got {dt}")
+    if grad_out is not None and grad_out.dtype != dt:
+        raise DTypeError(f"{op}: grad_out must be {dt} like the input, got {grad_out.dtype}")
+    pdt = _stat_dtype(dt)
+    out = {}
+    for name, t in params.items():
+        if t is not None and t.dtype != pdt:
+            if t.dtype != dt:
+                raise DTypeError(f"{op}: {name} must be {pdt} (or {dt} like the input), got {t.dtype}")
+            t = elementwise.cast(t, pdt)
+        out[name] = t
+    for name, t in stats.items():
+        if t is not None and t.dtype != pdt:
+            raise DTypeError(f"{op}: {name} of {dt} input must be {pdt}, got {t.dtype}")
+    return dt, pdt, out
+
+
 def _bn_vec(x: Tensor, *others: Tensor) -> int:
     """4 when every (n, c) run starts on a 4-element boundary of each operand (float4 loads)."""
     hw = math.prod(x.shape[2:])
@@ -174,7 +200,9 @@ def batch_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, running_me
     Returns (out, save_mean, save_invstd) where the saves are the statistics used, shape (C,).
     """
     relu = _activation_flag("batch_norm", activation)
-    dt = _float_dtype("batch_norm", x, weight, bias, running_mean, running_var)
+    dt, pdt, params = _bn_dtypes("batch_norm", x, None, {"weight": weight, "bias": bias},
+                                 {"running_mean": running_mean, "running_var": running_var})
+    weight, bias = params["weight"], params["bias"]
     n, c, hw = _bn_shape("batch_norm", x)
     for name, t in (("weight", weight), ("bias", bias)):
         if t is not None and tuple(t.shape) != (c,):
@@ -197,7 +225,7 @@ def batch_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, running_me
                          "place; pass whole tensors")
     x = x.contiguous()
     weight, bias = (t.contiguous() if t is not None else None for t in (weight, bias))
-    stats = Tensor.empty(x.queue, (4, c), dt)  # mean, invstd, scale, beta
+    stats = Tensor.empty(x.queue, (4, c), pdt)  # mean, invstd, scale, beta
     save_mean, save_invstd = stats[0], stats[1]
     if c == 0 or x.size == 0:
         return Tensor.empty(x.queue, x.shape, dt), save_mean, save_invstd
@@ -265,7 +293,10 @@ def batch_norm_backward(grad_out: Tensor, x: Tensor, weight: Tensor | None, save
     """(grad_x, grad_weight, grad_bias) of batch_norm; activation='relu' (with bias) for batch_norm_relu.
     One pass over grad_out and x for the two per-channel sums, one more for grad_x."""
     relu = _activation_flag("batch_norm_backward", activation)
-    dt = _float_dtype("batch_norm_backward", grad_out, x, weight, bias, save_mean, save_invstd)
+    param_dtypes = [t.dtype if t is not None else None for t in (weight, bias)]
+    dt, pdt, params = _bn_dtypes("batch_norm_backward", x, grad_out, {"weight": weight, "bias": bias},
+                                 {"save_mean": save_mean, "save_invstd": save_invstd})
+    weight, bias = params["weight"], params["bias"]
     if tuple(grad_out.shape) != tuple(x.shape):
         raise ShapeError(f"batch_norm_backward: grad_out shape {grad_out.shape} != input shape {x.shape}")
     n, c, hw = _bn_shape("batch_norm_backward", x)
@@ -274,9 +305,9 @@ def batch_norm_backward(grad_out: Tensor, x: Tensor, weight: Tensor | None, save
     save_mean = _check_param("batch_norm_backward", "save_mean", save_mean, (c,))
     save_invstd = _check_param("batch_norm_backward", "save_invstd", save_invstd, (c,))
     gy, x = grad_out.contiguous(), x.contiguous()
-    gw = Tensor.empty(x.queue, (c,), dt)
-    gb = Tensor.empty(x.queue, (c,), dt)
-    coef = Tensor.empty(x.queue, (5, c), dt)  # k, mg, mean, d, beta
+    gw = Tensor.empty(x.queue, (c,), pdt)
+    gb = Tensor.empty(x.queue, (c,), pdt)
+    coef = Tensor.empty(x.queue, (5, c), pdt)  # k, mg, mean, d, beta
     if c == 0 or x.size == 0:
         if c:
             gw.fill_(0.0)
@@ -341,6 +372,8 @@ def batch_norm_backward(grad_out: Tensor, x: Tensor, weight: Tensor | None, save
         coef=coef.buffer,
         coef_off=np.int64(coef.offset),
     )
+    # half weight/bias (widened above): their gradients in their own dtype
+    gw, gb = (g if pd in (None, pdt) else elementwise.cast(g, pd) for g, pd in zip((gw, gb), param_dtypes))
     return gx, gw, gb
 
 
