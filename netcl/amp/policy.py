@@ -29,7 +29,8 @@ TABLE: dict[str, tuple[str, tuple[str, ...]]] = {
     "flash_attention": ("half", ("float16", "bfloat16")),
     "softmax": ("float32", ()),
     "log_softmax": ("float32", ()),
-    "batch_norm": ("float32", ()),
+    # batch norm: half x and y, float32 weight, bias and statistics (only x is cast)
+    "batch_norm": ("half", ("float16", "bfloat16")),
     # row norms: half storage in and out, float32 arithmetic and statistics (norm.cl)
     "layer_norm": ("half", ("float16", "bfloat16")),
     "group_norm": ("half", ("float16", "bfloat16")),

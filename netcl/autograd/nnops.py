@@ -226,7 +226,7 @@ def batch_norm(
     activation: str | None = None,
 ) -> Node:
     """BatchNorm over axis 1 (running stats updated in place when training); relu optionally fused."""
-    x, weight, bias = autocast.cast_inputs("batch_norm", x, weight, bias)
+    (x,) = autocast.cast_inputs("batch_norm", x)  # weight and bias stay float32 (norm.batch_norm mixes)
     x = as_node(x)
     weight = as_node(weight) if weight is not None else None
     bias = as_node(bias) if bias is not None else None

@@ -166,3 +166,38 @@ def test_flash_attention_bfloat16_matches_float32(queue, rng, variant, monkeypat
             attention.flash_attention_backward(qf, kf, vf, of, lf, gf, causal=True, mask=mf),
             ("dq", "dk", "dv")):
         _close(got, want, BF16, f"{variant} {what}")
+
+
+@HALVES
+@pytest.mark.parametrize("layout", ["runs", "groups"])
+def test_batch_norm_half_matches_float32(queue, rng, dt, layout, monkeypatch):
+    """Half x with float32 weight, bias and running statistics (PyTorch's mixed batch norm), training
+    with a fused relu and eval, forward and backward, in the CPUs' run kernels and the GPUs' work-group
+    kernels (4-wide loads: HW = 12) with parts merged by the finalize launch; half weights are widened."""
+    monkeypatch.setattr(norm, "FORCE_LAYOUT", layout)
+    monkeypatch.setattr(norm, "PARTS", 2)
+    monkeypatch.setattr(norm, "local_size_override", 8 if layout == "groups" else None)
+    xh, xf = _pair(queue, rng, (3, 5, 3, 4), dt)
+    w = Tensor.from_host(queue, rng.standard_normal(5).astype(np.float32))
+    b = Tensor.from_host(queue, rng.standard_normal(5).astype(np.float32))
+    rm = [Tensor.from_host(queue, np.zeros(5, np.float32)) for _ in range(2)]
+    rv = [Tensor.from_host(queue, np.ones(5, np.float32)) for _ in range(2)]
+    yh, mh, sh = ops.batch_norm(xh, w, b, rm[0], rv[0], True, activation="relu")
+    yf, mf, sf = ops.batch_norm(xf, w, b, rm[1], rv[1], True, activation="relu")
+    _close(yh, yf, dt, "batch_norm train")
+    assert mh.dtype == sh.dtype == np.float32
+    np.testing.assert_allclose(rm[0].to_host(), rm[1].to_host(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(rv[0].to_host(), rv[1].to_host(), rtol=1e-5)
+    gh, gf = _pair(queue, rng, xh.shape, dt)
+    got = ops.batch_norm_backward(gh, xh, w, mh, sh, True, bias=b, activation="relu")
+    want = ops.batch_norm_backward(gf, xf, w, mf, sf, True, bias=b, activation="relu")
+    _close(got[0], want[0], dt, "batch_norm grad x")
+    for g, f in zip(got[1:], want[1:]):
+        assert g.dtype == np.float32
+        np.testing.assert_allclose(g.to_host(), f.to_host(), rtol=1e-4, atol=1e-4 * np.abs(f.to_host()).max())
+    _close(ops.batch_norm(xh, w, b, rm[0], rv[0], False)[0], ops.batch_norm(xf, w, b, rm[1], rv[1], False)[0],
+           dt, "batch_norm eval")
+    wh = Tensor.from_host(queue, w.to_host().astype(dt))
+    assert ops.batch_norm_backward(gh, xh, wh, mh, sh, True)[1].dtype == dt
+    with pytest.raises(DTypeError, match="running_mean of .* must be float32"):
+        ops.batch_norm(xh, w, b, Tensor.from_host(queue, np.zeros(5, dt)), rv[0], True)

@@ -160,3 +160,23 @@ def test_bfloat16_flash_attention(queue, monkeypatch):
         for got, want in zip(attention.flash_attention_backward(*half, oh, lh, dev(queue, g), causal=True),
                              attention.flash_attention_backward(*full, of, lf, gf, causal=True)):
             close(got.to_host().astype(np.float32), want.to_host(), 5e-2, 5e-2)
+
+
+@HALVES
+def test_half_batch_norm(queue, dt, monkeypatch):
+    """Batch norm on half x with float32 parameters and statistics: the GPUs' work-group kernels with
+    4-wide half loads and stores (HW = 8), parts merged by the finalize launch, forward and backward."""
+    from netcl.ops import norm
+
+    monkeypatch.setattr(norm, "PARTS", 2)
+    monkeypatch.setattr(norm, "local_size_override", 8)
+    rng = np.random.default_rng(26)
+    a = rng.standard_normal((2, 3, 2, 4)).astype(np.float32).astype(dt)
+    w = dev(queue, rng.standard_normal(3).astype(np.float32))
+    xh, xf = dev(queue, a), dev(queue, a.astype(np.float32))
+    yh, mh, sh = ops.batch_norm(xh, w, w, None, None, True, activation="relu")
+    yf, mf, sf = ops.batch_norm(xf, w, w, None, None, True, activation="relu")
+    close(yh.to_host().astype(np.float32), yf.to_host(), 3e-2, 3e-2)
+    gx = ops.batch_norm_backward(xh, xh, w, mh, sh, True, bias=w, activation="relu")[0]
+    want = ops.batch_norm_backward(xf, xf, w, mf, sf, True, bias=w, activation="relu")[0]
+    close(gx.to_host().astype(np.float32), want.to_host(), 5e-2, 5e-2)
