@@ -73,10 +73,11 @@ def make_step(kind: str, q, mode: str, gpu: bool):
     """(step function, model) of one AMP mode: forward under autocast, scaled backward, AdamW."""
     random.manual_seed(0)
     rng = np.random.default_rng(0)
-    if kind == "cnn":
-        model = build_model("cnn", q, (1, 28, 28), 10)
-        x = Tensor.from_host(q, rng.standard_normal((128, 1, 28, 28)).astype(np.float32))
-        y = Tensor.from_host(q, rng.integers(0, 10, 128).astype(np.int32))
+    if kind in ("cnn", "resnet"):
+        shape, batch = ((1, 28, 28), 128) if kind == "cnn" else ((3, 32, 32), 64 if gpu else 8)
+        model = build_model(kind, q, shape, 10)
+        x = Tensor.from_host(q, rng.standard_normal((batch, *shape)).astype(np.float32))
+        y = Tensor.from_host(q, rng.integers(0, 10, batch).astype(np.int32))
 
         def loss_of():
             return ag.cross_entropy(model(ag.tensor(x)), ag.tensor(y))
@@ -277,8 +278,9 @@ def print_bandwidth(rows: list[dict]) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gpu", action="store_true", help="run on the default GPU (else the CPU through PoCL)")
-    ap.add_argument("--models", nargs="*", default=["cnn", "gpt"], choices=["cnn", "gpt"],
-                    help="step models (none: no step table)")
+    ap.add_argument("--models", nargs="*", default=["cnn", "gpt"], choices=["cnn", "gpt", "resnet"],
+                    help="step models (none: no step table); resnet: ResNet-18 (CIFAR layout, batch norm) at "
+                         "batch 64 (GPU) / 8 (CPU)")
     ap.add_argument("--sizes", nargs="*", type=int, default=None, metavar="LOG2N",
                     help="the bandwidth table at 2**LOG2N elements (none given: no table)")
     ap.add_argument("--repeat", type=int, default=10)
