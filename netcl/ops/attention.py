@@ -68,11 +68,12 @@ variant_override: str | None = None
 CPU_TILES = {"BQ": 8, "BK": 16, "BKV": 16, "BI": 4}
 # GPU work-item grids, best first, per kernel: (TC, TR, rows per item, columns per item): TR x TC items, the
 # head dim padded to a multiple of 4 * TC; the first grid of the least padding whose local memory fits the
-# device (and whose register block suits the head dim) runs. Order: the H200 sweep of bench/attention.py
-# --sweep (B=8 H=16 S=2048 D=64: the TC=16 grids 4-24% faster than the TC=8 ones, bench/NOTES.md).
+# device (and whose register block suits the head dim) runs. Order: the H200 sweeps of bench/attention.py
+# --sweep (B=8 H=16 S=2048 D=64: the TC=16 grids 4-24% faster than the TC=8 ones; the forward's 8 rows per
+# item 5% faster than 4; the fused backward's (16, 8, 4, 2) 14-80% faster than the others; bench/NOTES.md).
 GPU_GRIDS = {
     # rows: queries, columns: keys
-    "forward": [(16, 16, 4, 2), (8, 16, 4, 4), (8, 8, 4, 4), (8, 8, 2, 4), (8, 4, 2, 2)],
+    "forward": [(16, 8, 8, 2), (16, 16, 4, 2), (8, 16, 4, 4), (8, 8, 4, 4), (8, 8, 2, 4), (8, 4, 2, 2)],
     "dq": [(16, 8, 4, 2), (8, 8, 4, 2), (8, 8, 2, 4), (16, 8, 2, 1), (8, 4, 2, 2)],   # (16, 8, 2, 1): D = 128
     # rows: keys, columns: queries
     "dkdv": [(16, 8, 4, 2), (8, 8, 4, 2), (8, 8, 2, 4), (16, 8, 2, 1), (8, 4, 2, 2)],
@@ -85,8 +86,10 @@ GPU_GRIDS = {
 # pass over key tiles, dq by float atomic adds: 5 products per (query, key) pair, dq's rounding depends on
 # the order of the adds) or "two_pass" (a dq pass and a dk/dv pass, 7 products, reproducible bit for bit).
 GPU_BACKWARD = "fused"
-# The fused pass's float atomic add: None = by device ("red", inline PTX red.global.add.f32, on NVIDIA GPUs;
-# "cas", an atomic_cmpxchg loop, elsewhere), or "cas", "red", "red4" (red.global.add.v4.f32: sm_90).
+# The fused pass's float atomic add: None = by device (on NVIDIA GPUs inline PTX: "red4",
+# red.global.add.v4.f32, on sm_90 and later, else "red", red.global.add.f32; "cas", an atomic_cmpxchg loop,
+# elsewhere or where the driver rejects the PTX), or "cas", "red", "red4". The H200 (B=8 H=16 S=2048 D=64):
+# red4 14.1 ms, red 16.1, cas 29.6 for the whole backward (bench --sweep).
 GPU_DQ_ATOMIC: str | None = None
 _ATOMIC_DEFINES = {"cas": "ATOMIC_CAS", "red": "ATOMIC_RED", "red4": "ATOMIC_RED4"}
 # The GPU kernels' probabilities through native_exp (NATIVE_EXP): None = on NVIDIA GPUs (ex2.approx, ~2 ulp,
@@ -112,10 +115,18 @@ def dq_atomic(device: Any) -> str:
                 f"GPU_DQ_ATOMIC must be None or one of {sorted(_ATOMIC_DEFINES)}, got {GPU_DQ_ATOMIC!r}"
             )
         return GPU_DQ_ATOMIC
-    return "red" if _nvidia(device) and device.device_name not in _PTX_ATOMICS_FAIL else "cas"
+    if not _nvidia(device):
+        return "cas"
+    cc = getattr(device.capabilities, "nv_compute_capability", None) or (0, 0)
+    failed = _PTX_ATOMICS_FAIL.get(device.device_name, set())
+    for kind in (("red4",) if cc >= (9, 0) else ()) + ("red",):
+        if kind not in failed:
+            return kind
+    return "cas"
 
 
-_PTX_ATOMICS_FAIL: set[str] = set()   # devices whose compiler rejected the inline PTX atomics
+# (device name -> the PTX adds its compiler rejected)
+_PTX_ATOMICS_FAIL: dict[str, set[str]] = {}
 
 
 # Decoding (GPU variant): a forward whose GROUP * Sq query rows per kv head are at most DECODE_MAX_ROWS runs
@@ -434,17 +445,18 @@ class _Problem:
             threads = tiles["TR"] * tiles["TC"]
             per_group = tiles["BN"] if by_keys else tiles["BM"]
             global_size, local_size = (-(-rows // per_group) * threads, heads, self.B), (threads, 1, 1)
-        try:
-            prg = kernels.program(self.device, f"attention_{variant}.cl", dtype=self.dtype,
-                                  options=("-cl-mad-enable",), **defines)
-        except KernelBuildError:
-            if defines.get("DQ_ATOMIC") not in ("ATOMIC_RED", "ATOMIC_RED4") or GPU_DQ_ATOMIC is not None:
-                raise
-            # a driver whose compiler rejects the inline PTX (chosen by device): the atomic_cmpxchg loop
-            _PTX_ATOMICS_FAIL.add(self.device.device_name)
-            defines["DQ_ATOMIC"] = "ATOMIC_CAS"
-            prg = kernels.program(self.device, f"attention_{variant}.cl", dtype=self.dtype,
-                                  options=("-cl-mad-enable",), **defines)
+        while True:
+            try:
+                prg = kernels.program(self.device, f"attention_{variant}.cl", dtype=self.dtype,
+                                      options=("-cl-mad-enable",), **defines)
+                break
+            except KernelBuildError:
+                kind = {"ATOMIC_RED": "red", "ATOMIC_RED4": "red4"}.get(defines.get("DQ_ATOMIC", ""))
+                if kind is None or GPU_DQ_ATOMIC is not None:
+                    raise
+                # a driver whose compiler rejects this inline PTX (chosen by device): the next kind
+                _PTX_ATOMICS_FAIL.setdefault(self.device.device_name, set()).add(kind)
+                defines["DQ_ATOMIC"] = _ATOMIC_DEFINES[dq_atomic(self.device)]
         k = getattr(prg, f"{name[kernel]}_{variant}")
         k(self.queue, global_size, local_size, **args)
         return k

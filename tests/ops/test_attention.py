@@ -4,6 +4,7 @@ memory bound at S=8192, graph replay, and bad input."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -289,17 +290,21 @@ def test_gpu_forward_row_maxima_by_shuffles(queue, rng, monkeypatch):
 
 
 def test_gpu_ptx_atomics_fall_back_to_cas(queue, rng, monkeypatch):
-    """On an NVIDIA device whose compiler rejects the inline PTX adds (PoCL stands in for one), the fused
-    backward falls back to the atomic_cmpxchg loop; a PTX add chosen explicitly raises instead."""
+    """On an sm_90 NVIDIA device whose compiler rejects the inline PTX adds (PoCL stands in for one), the
+    fused backward tries red.global.add.v4.f32, then red.global.add.f32, then the atomic_cmpxchg loop; a PTX
+    add chosen explicitly raises instead."""
     if attn._nvidia(queue.device):
         pytest.skip("a real NVIDIA device builds the PTX adds")
     monkeypatch.setattr(attn, "variant_override", "gpu")
     monkeypatch.setattr(attn, "_nvidia", lambda device: True)
+    monkeypatch.setattr(queue.device, "capabilities",
+                        dataclasses.replace(queue.device.capabilities, nv_compute_capability=(9, 0)))
     monkeypatch.setattr(attn, "GPU_NATIVE_EXP", False)
-    monkeypatch.setattr(attn, "_PTX_ATOMICS_FAIL", set())
-    assert attn.dq_atomic(queue.device) == "red"
+    monkeypatch.setattr(attn, "_PTX_ATOMICS_FAIL", {})
+    assert attn.dq_atomic(queue.device) == "red4"
     data = inputs(rng, 1, 4, 2, 17, 129, 32)
     check(queue, *data, causal=True)
+    assert attn._PTX_ATOMICS_FAIL == {queue.device.device_name: {"red4", "red"}}
     assert attn.dq_atomic(queue.device) == "cas"
     monkeypatch.setattr(attn, "GPU_DQ_ATOMIC", "red4")
     with pytest.raises(KernelBuildError):
