@@ -38,6 +38,20 @@
 #ifndef T
 #define T float            // storage type (float or double)
 #endif
+// TS: the storage type of every global buffer. float16/bfloat16 storage: T becomes float (the transforms'
+// arithmetic) and every buffer element goes through common.cl's LOAD_T/STORE_T (read as float, written
+// rounded to nearest even); float32/float64: TS is T and LOAD_T/STORE_T are plain reads and writes.
+#if defined(IS_HALF)
+#define TS half
+#undef T
+#define T float
+#elif defined(IS_BF16)
+#define TS ushort
+#undef T
+#define T float
+#else
+#define TS T
+#endif
 
 #define CAT(a, b) a##b
 #define VEC(t, n) CAT(t, n)
@@ -63,9 +77,9 @@
 #endif
 
 // flip = 1: the filter rotated by 180 degrees (g[8 - t]): the backward-data convolution's weight.
-#define FILTER_TAP(g, t) ((g)[flip ? 8 - (t) : (t)])
+#define FILTER_TAP(g, t) LOAD_T((g), flip ? 8 - (t) : (t))
 
-__kernel void winograd_filter_2x2_3x3(__global const T *w, const long w_off, __global T *u,
+__kernel void winograd_filter_2x2_3x3(__global const TS *w, const long w_off, __global TS *u,
                                       const int K, const int C, const long SE, const long SK, const long SC,
                                       const int flip)
 {
@@ -74,7 +88,7 @@ __kernel void winograd_filter_2x2_3x3(__global const T *w, const long w_off, __g
     // consecutive work-items take consecutive output columns: c for U[e, k, c], k for the flipped U[e, c, k]
     // (SK = 1), so the 16 stores coalesce either way
     const int k = flip ? i % K : i / C, c = flip ? i / K : i % C;
-    const __global T *g = w + w_off + ((long)k * C + c) * 9;
+    const __global TS *g = w + w_off + ((long)k * C + c) * 9;
     T gg[4][3];
     for (int j = 0; j < 3; ++j) {
         const T a = FILTER_TAP(g, j), b = FILTER_TAP(g, 3 + j), d = FILTER_TAP(g, 6 + j);
@@ -83,29 +97,29 @@ __kernel void winograd_filter_2x2_3x3(__global const T *w, const long w_off, __g
         gg[2][j] = (T)0.5 * (a - b + d);
         gg[3][j] = d;
     }
-    __global T *out = u + k * SK + c * SC;
+    __global TS *out = u + k * SK + c * SC;
     for (int r = 0; r < 4; ++r) {
         const T a = gg[r][0], b = gg[r][1], d = gg[r][2];
-        out[(r * 4 + 0) * SE] = a;
-        out[(r * 4 + 1) * SE] = (T)0.5 * (a + b + d);
-        out[(r * 4 + 2) * SE] = (T)0.5 * (a - b + d);
-        out[(r * 4 + 3) * SE] = d;
+        STORE_T(out, (r * 4 + 0) * SE, a);
+        STORE_T(out, (r * 4 + 1) * SE, (T)0.5 * (a + b + d));
+        STORE_T(out, (r * 4 + 2) * SE, (T)0.5 * (a - b + d));
+        STORE_T(out, (r * 4 + 3) * SE, d);
     }
 }
 
-inline T4 load_row4(const __global T *xc, const int ih, const int iw0, const int H, const int W)
+inline T4 load_row4(const __global TS *xc, const int ih, const int iw0, const int H, const int W)
 {
     T4 r = (T4)(0);
     if (ih < 0 || ih >= H) return r;
-    const __global T *p = xc + (long)ih * W;
-    r.x = (iw0 >= 0 && iw0 < W) ? p[iw0] : (T)0;
-    r.y = (iw0 + 1 >= 0 && iw0 + 1 < W) ? p[iw0 + 1] : (T)0;
-    r.z = (iw0 + 2 >= 0 && iw0 + 2 < W) ? p[iw0 + 2] : (T)0;
-    r.w = (iw0 + 3 >= 0 && iw0 + 3 < W) ? p[iw0 + 3] : (T)0;
+    const __global TS *p = xc + (long)ih * W;
+    r.x = (iw0 >= 0 && iw0 < W) ? LOAD_T(p, iw0) : (T)0;
+    r.y = (iw0 + 1 >= 0 && iw0 + 1 < W) ? LOAD_T(p, iw0 + 1) : (T)0;
+    r.z = (iw0 + 2 >= 0 && iw0 + 2 < W) ? LOAD_T(p, iw0 + 2) : (T)0;
+    r.w = (iw0 + 3 >= 0 && iw0 + 3 < W) ? LOAD_T(p, iw0 + 3) : (T)0;
     return r;
 }
 
-__kernel void winograd_input_2x2_3x3(__global const T *x, const long x_off, __global T *v,
+__kernel void winograd_input_2x2_3x3(__global const TS *x, const long x_off, __global TS *v,
                                      const int n0, const int NB, const int C, const int H, const int W,
                                      const int TW, const int TT, const int PH, const int PW)
 {
@@ -113,7 +127,7 @@ __kernel void winograd_input_2x2_3x3(__global const T *x, const long x_off, __gl
     if (t >= TT || c >= C || n >= NB) return;
     const int th = t / TW, tw = t - (t / TW) * TW;
     const int ih0 = th * 2 - PH, iw0 = tw * 2 - PW;
-    const __global T *xc = x + x_off + ((long)(n0 + n) * C + c) * H * W;
+    const __global TS *xc = x + x_off + ((long)(n0 + n) * C + c) * H * W;
     const T4 d0 = load_row4(xc, ih0, iw0, H, W);
     const T4 d1 = load_row4(xc, ih0 + 1, iw0, H, W);
     const T4 d2 = load_row4(xc, ih0 + 2, iw0, H, W);
@@ -121,53 +135,54 @@ __kernel void winograd_input_2x2_3x3(__global const T *x, const long x_off, __gl
     // B^T d (rows), then (B^T d) B (columns of each row)
     const T4 r[4] = {d0 - d2, d1 + d2, d2 - d1, d1 - d3};
     const long PT = (long)NB * TT, SE = (long)C * PT;
-    __global T *out = v + (long)c * PT + (long)n * TT + t;
+    __global TS *out = v + (long)c * PT + (long)n * TT + t;
     for (int i = 0; i < 4; ++i) {
-        out[(4 * i + 0) * SE] = r[i].x - r[i].z;
-        out[(4 * i + 1) * SE] = r[i].y + r[i].z;
-        out[(4 * i + 2) * SE] = r[i].z - r[i].y;
-        out[(4 * i + 3) * SE] = r[i].y - r[i].w;
+        STORE_T(out, (4 * i + 0) * SE, r[i].x - r[i].z);
+        STORE_T(out, (4 * i + 1) * SE, r[i].y + r[i].z);
+        STORE_T(out, (4 * i + 2) * SE, r[i].z - r[i].y);
+        STORE_T(out, (4 * i + 3) * SE, r[i].y - r[i].w);
     }
 }
 
-__kernel void winograd_output_2x2_3x3(__global const T *m, __global const T *bias, const long b_off,
-                                      const int has_bias, __global T *y, const long y_off,
+__kernel void winograd_output_2x2_3x3(__global const TS *m, __global const TS *bias, const long b_off,
+                                      const int has_bias, __global TS *y, const long y_off,
                                       const int n0, const int NB, const int K, const int OH, const int OW,
                                       const int TW, const int TT)
 {
     TILE_IDS(t, k, n, K);
     if (t >= TT || k >= K || n >= NB) return;
     const long PT = (long)NB * TT, SE = (long)K * PT;
-    const __global T *in = m + (long)k * PT + (long)n * TT + t;
+    const __global TS *in = m + (long)k * PT + (long)n * TT + t;
     T4 row[4];
     for (int i = 0; i < 4; ++i)
-        row[i] = (T4)(in[(4 * i) * SE], in[(4 * i + 1) * SE], in[(4 * i + 2) * SE], in[(4 * i + 3) * SE]);
+        row[i] = (T4)(LOAD_T(in, (4 * i) * SE), LOAD_T(in, (4 * i + 1) * SE), LOAD_T(in, (4 * i + 2) * SE),
+                      LOAD_T(in, (4 * i + 3) * SE));
     // A^T m: two rows; then each times A: two columns
     const T4 a0 = row[0] + row[1] + row[2], a1 = row[1] - row[2] - row[3];
-    const T b = has_bias ? bias[b_off + k] : (T)0;
+    const T b = has_bias ? LOAD_T(bias, b_off + k) : (T)0;
     const T y00 = a0.x + a0.y + a0.z + b, y01 = a0.y - a0.z - a0.w + b;
     const T y10 = a1.x + a1.y + a1.z + b, y11 = a1.y - a1.z - a1.w + b;
     const int th = t / TW, tw = t - (t / TW) * TW;
     const int oh0 = th * 2, ow0 = tw * 2;
-    __global T *yk = y + y_off + ((long)(n0 + n) * K + k) * OH * OW;
+    __global TS *yk = y + y_off + ((long)(n0 + n) * K + k) * OH * OW;
     const bool right = ow0 + 1 < OW;
-    yk[(long)oh0 * OW + ow0] = APPLY_ACT(y00);
-    if (right) yk[(long)oh0 * OW + ow0 + 1] = APPLY_ACT(y01);
+    STORE_T(yk, (long)oh0 * OW + ow0, APPLY_ACT(y00));
+    if (right) STORE_T(yk, (long)oh0 * OW + ow0 + 1, APPLY_ACT(y01));
     if (oh0 + 1 < OH) {
-        yk[(long)(oh0 + 1) * OW + ow0] = APPLY_ACT(y10);
-        if (right) yk[(long)(oh0 + 1) * OW + ow0 + 1] = APPLY_ACT(y11);
+        STORE_T(yk, (long)(oh0 + 1) * OW + ow0, APPLY_ACT(y10));
+        if (right) STORE_T(yk, (long)(oh0 + 1) * OW + ow0 + 1, APPLY_ACT(y11));
     }
 }
 
 // -- weight gradient ---------------------------------------------------------------------------------
 
-inline T2 load_pair(const __global T *gk, const int oh, const int ow0, const int OH, const int OW)
+inline T2 load_pair(const __global TS *gk, const int oh, const int ow0, const int OH, const int OW)
 {
     T2 r = (T2)(0);
     if (oh >= OH) return r;
-    const __global T *p = gk + (long)oh * OW;
-    r.x = p[ow0];
-    r.y = ow0 + 1 < OW ? p[ow0 + 1] : (T)0;
+    const __global TS *p = gk + (long)oh * OW;
+    r.x = LOAD_T(p, ow0);
+    r.y = ow0 + 1 < OW ? LOAD_T(p, ow0 + 1) : (T)0;
     return r;
 }
 
@@ -176,39 +191,39 @@ inline T2 load_pair(const __global T *gk, const int oh, const int ow0, const int
 #define GRAD_OUT_STORE(out, SE, a, b, c, d)                                                  \
     do {                                                                                     \
         const T p1 = (a) + (c), q1 = (b) + (d), p2 = (a) - (c), q2 = (b) - (d);               \
-        (out)[0 * (SE)] = (a);       (out)[1 * (SE)] = (a) + (b);                              \
-        (out)[2 * (SE)] = (a) - (b); (out)[3 * (SE)] = -(b);                                   \
-        (out)[4 * (SE)] = p1;        (out)[5 * (SE)] = p1 + q1;                                \
-        (out)[6 * (SE)] = p1 - q1;   (out)[7 * (SE)] = -q1;                                    \
-        (out)[8 * (SE)] = p2;        (out)[9 * (SE)] = p2 + q2;                                \
-        (out)[10 * (SE)] = p2 - q2;  (out)[11 * (SE)] = -q2;                                   \
-        (out)[12 * (SE)] = -(c);     (out)[13 * (SE)] = -(c) - (d);                            \
-        (out)[14 * (SE)] = (d) - (c); (out)[15 * (SE)] = (d);                                  \
+        STORE_T(out, 0 * (SE), (a));       STORE_T(out, 1 * (SE), (a) + (b));                  \
+        STORE_T(out, 2 * (SE), (a) - (b)); STORE_T(out, 3 * (SE), -(b));                       \
+        STORE_T(out, 4 * (SE), p1);        STORE_T(out, 5 * (SE), p1 + q1);                    \
+        STORE_T(out, 6 * (SE), p1 - q1);   STORE_T(out, 7 * (SE), -q1);                        \
+        STORE_T(out, 8 * (SE), p2);        STORE_T(out, 9 * (SE), p2 + q2);                    \
+        STORE_T(out, 10 * (SE), p2 - q2);  STORE_T(out, 11 * (SE), -q2);                       \
+        STORE_T(out, 12 * (SE), -(c));     STORE_T(out, 13 * (SE), -(c) - (d));                \
+        STORE_T(out, 14 * (SE), (d) - (c)); STORE_T(out, 15 * (SE), (d));                      \
     } while (0)
 
-__kernel void winograd_grad_output_2x2_3x3(__global const T *gy, const long gy_off, __global T *z,
+__kernel void winograd_grad_output_2x2_3x3(__global const TS *gy, const long gy_off, __global TS *z,
                                            const int n0, const int NB, const int K, const int OH,
                                            const int OW, const int TW, const int TT)
 {
     TILE_IDS(t, k, n, K);
     if (t >= TT || k >= K || n >= NB) return;
     const int th = t / TW, tw = t - (t / TW) * TW;
-    const __global T *gk = gy + gy_off + ((long)(n0 + n) * K + k) * OH * OW;
+    const __global TS *gk = gy + gy_off + ((long)(n0 + n) * K + k) * OH * OW;
     const T2 r0 = load_pair(gk, 2 * th, 2 * tw, OH, OW), r1 = load_pair(gk, 2 * th + 1, 2 * tw, OH, OW);
     const long PT = (long)NB * TT, SE = (long)K * PT;
-    __global T *out = z + (long)k * PT + (long)n * TT + t;
+    __global TS *out = z + (long)k * PT + (long)n * TT + t;
     GRAD_OUT_STORE(out, SE, r0.x, r0.y, r1.x, r1.y);
 }
 
 // dW[k, c] = G^T D G for D = sum over s of dU[s, :, k, c] (4x4), G^T = [[1, 1/2, 1/2, 0],
 // [0, 1/2, -1/2, 0], [0, 1/2, 1/2, 1]].
-inline void grad_filter_one(const __global T *du, const long SE, const long SS, const int S,
-                            __global T *gw)
+inline void grad_filter_one(const __global TS *du, const long SE, const long SS, const int S,
+                            __global TS *gw)
 {
     ACC d[16];
     for (int e = 0; e < 16; ++e) d[e] = (ACC)0;
     for (int s = 0; s < S; ++s)
-        for (int e = 0; e < 16; ++e) d[e] += (ACC)du[s * SS + e * SE];
+        for (int e = 0; e < 16; ++e) d[e] += LOAD_T(du, s * SS + e * SE);
     ACC r[3][4];   // G^T D (3 x 4)
     for (int j = 0; j < 4; ++j) {
         const ACC a = d[j], b = d[4 + j], c = d[8 + j], e = d[12 + j];
@@ -218,13 +233,13 @@ inline void grad_filter_one(const __global T *du, const long SE, const long SS, 
     }
     for (int i = 0; i < 3; ++i) {   // (G^T D) G
         const ACC a = r[i][0], b = r[i][1], c = r[i][2], e = r[i][3];
-        gw[i * 3 + 0] = (T)(a + (ACC)0.5 * (b + c));
-        gw[i * 3 + 1] = (T)((ACC)0.5 * (b - c));
-        gw[i * 3 + 2] = (T)((ACC)0.5 * (b + c) + e);
+        STORE_T(gw, i * 3 + 0, a + (ACC)0.5 * (b + c));
+        STORE_T(gw, i * 3 + 1, (ACC)0.5 * (b - c));
+        STORE_T(gw, i * 3 + 2, (ACC)0.5 * (b + c) + e);
     }
 }
 
-__kernel void winograd_grad_filter_2x2_3x3(__global const T *du, __global T *gw, const long gw_off,
+__kernel void winograd_grad_filter_2x2_3x3(__global const TS *du, __global TS *gw, const long gw_off,
                                            const int K, const int C, const int S)
 {
     const int i = get_global_id(0);
@@ -247,7 +262,7 @@ __kernel void winograd_grad_filter_2x2_3x3(__global const T *du, __global T *gw,
 #define STORE_BLOCK(out, SE, buf)                                                             \
     do {                                                                                     \
         for (int e_ = 0; e_ < 16; ++e_)                                                      \
-            for (int j_ = 0; j_ < CH; ++j_) (out)[e_ * (SE) + j_] = buf[e_][j_];              \
+            for (int j_ = 0; j_ < CH; ++j_) STORE_T(out, e_ * (SE) + j_, buf[e_][j_]);        \
     } while (0)
 
 // buf[e][j] = (B^T d B)[e] of the 4x4 tile whose rows are d0..d3
@@ -276,7 +291,7 @@ __kernel void winograd_grad_filter_2x2_3x3(__global const T *du, __global T *gw,
 
 // One work-item per row r of the 16 transformed matrices: U[e, k, c] for output channel r = k and its
 // C filters, or with flip = 1 the rotated filters transposed, U[e, c, k] for r = c (backward data).
-__kernel void winograd_filter_rows_2x2_3x3(__global const T *w, const long w_off, __global T *u,
+__kernel void winograd_filter_rows_2x2_3x3(__global const TS *w, const long w_off, __global TS *u,
                                            const int K, const int C, const int flip)
 {
     const int r = get_global_id(0), R = flip ? C : K, Q = flip ? K : C;
@@ -288,7 +303,7 @@ __kernel void winograd_filter_rows_2x2_3x3(__global const T *w, const long w_off
         T buf[16][FCH];
         const int count = min(FCH, Q - c0);
         for (int j = 0; j < FCH; ++j) {
-            const __global T *g = w + w_off + first + min(c0 + j, Q - 1) * step;
+            const __global TS *g = w + w_off + first + min(c0 + j, Q - 1) * step;
             T gg[4][3];
             for (int q = 0; q < 3; ++q) {
                 const T a = FILTER_TAP(g, q), b = FILTER_TAP(g, 3 + q), d = FILTER_TAP(g, 6 + q);
@@ -306,33 +321,33 @@ __kernel void winograd_filter_rows_2x2_3x3(__global const T *w, const long w_off
             }
         }
         for (int e = 0; e < 16; ++e)
-            for (int j = 0; j < count; ++j) u[e * SE + (long)r * Q + c0 + j] = buf[e][j];
+            for (int j = 0; j < count; ++j) STORE_T(u, e * SE + (long)r * Q + c0 + j, buf[e][j]);
     }
 }
 
 // One work-item per (tile row th, channel c, image n): the TW tiles of the row, CH at a time (the host
 // picks CH dividing TW). Each chunk first copies its 4 x (2*CH + 2) input window into private memory,
 // zero outside the image (clamped index, scaled by 0: no branches), then transforms from there.
-__kernel void winograd_input_rows_2x2_3x3(__global const T *x, const long x_off, __global T *v,
+__kernel void winograd_input_rows_2x2_3x3(__global const TS *x, const long x_off, __global TS *v,
                                           const int n0, const int NB, const int C, const int H, const int W,
                                           const int TW, const int TT, const int PH, const int PW, const int TH)
 {
     const int th = get_global_id(0), c = get_global_id(1), n = get_global_id(2);
     if (th >= TH || c >= C || n >= NB) return;
-    const __global T *xc = x + x_off + ((long)(n0 + n) * C + c) * H * W;
+    const __global TS *xc = x + x_off + ((long)(n0 + n) * C + c) * H * W;
     const int ih0 = th * 2 - PH;
     const long PT = (long)NB * TT, SE = (long)C * PT;
-    __global T *out = v + (long)c * PT + (long)n * TT + (long)th * TW;
+    __global TS *out = v + (long)c * PT + (long)n * TT + (long)th * TW;
     for (int t0 = 0; t0 < TW; t0 += CH) {
         T win[4][2 * CH + 2];
         const int iw0 = 2 * t0 - PW;
         for (int i = 0; i < 4; ++i) {
             const int ih = ih0 + i;
             const T keep = (ih >= 0 && ih < H) ? (T)1 : (T)0;
-            const __global T *r = xc + (long)clamp(ih, 0, H - 1) * W;
+            const __global TS *r = xc + (long)clamp(ih, 0, H - 1) * W;
             for (int j = 0; j < 2 * CH + 2; ++j) {
                 const int iw = iw0 + j;
-                win[i][j] = r[clamp(iw, 0, W - 1)] * ((iw >= 0 && iw < W) ? keep : (T)0);
+                win[i][j] = LOAD_T(r, clamp(iw, 0, W - 1)) * ((iw >= 0 && iw < W) ? keep : (T)0);
             }
         }
         T buf[16][CH];
@@ -348,24 +363,24 @@ __kernel void winograd_input_rows_2x2_3x3(__global const T *x, const long x_off,
 }
 
 // One work-item per (tile row th, output channel k, image n): the two output rows of its TW tiles.
-__kernel void winograd_output_rows_2x2_3x3(__global const T *m, __global const T *bias, const long b_off,
-                                           const int has_bias, __global T *y, const long y_off,
+__kernel void winograd_output_rows_2x2_3x3(__global const TS *m, __global const TS *bias, const long b_off,
+                                           const int has_bias, __global TS *y, const long y_off,
                                            const int n0, const int NB, const int K, const int OH, const int OW,
                                            const int TW, const int TT, const int TH)
 {
     const int th = get_global_id(0), k = get_global_id(1), n = get_global_id(2);
     if (th >= TH || k >= K || n >= NB) return;
     const long PT = (long)NB * TT, SE = (long)K * PT;
-    const __global T *in = m + (long)k * PT + (long)n * TT + (long)th * TW;
-    const T b = has_bias ? bias[b_off + k] : (T)0;
+    const __global TS *in = m + (long)k * PT + (long)n * TT + (long)th * TW;
+    const T b = has_bias ? LOAD_T(bias, b_off + k) : (T)0;
     const int oh0 = th * 2;
-    __global T *y0 = y + y_off + ((long)(n0 + n) * K + k) * OH * OW + (long)oh0 * OW;
-    __global T *y1 = y0 + (oh0 + 1 < OH ? OW : 0);   // a last odd row: row 1 is never stored
+    __global TS *y0 = y + y_off + ((long)(n0 + n) * K + k) * OH * OW + (long)oh0 * OW;
+    __global TS *y1 = y0 + (oh0 + 1 < OH ? OW : 0);   // a last odd row: row 1 is never stored
     const bool two_rows = oh0 + 1 < OH;
     for (int t0 = 0; t0 < TW; t0 += CH) {
         T buf[16][CH];
         for (int e = 0; e < 16; ++e)
-            for (int j = 0; j < CH; ++j) buf[e][j] = in[e * SE + t0 + j];
+            for (int j = 0; j < CH; ++j) buf[e][j] = LOAD_T(in, e * SE + t0 + j);
         T out0[2 * CH], out1[2 * CH];
         for (int j = 0; j < CH; ++j) {
             const T a00 = buf[0][j] + buf[4][j] + buf[8][j], a01 = buf[1][j] + buf[5][j] + buf[9][j];
@@ -379,38 +394,38 @@ __kernel void winograd_output_rows_2x2_3x3(__global const T *m, __global const T
         }
         const int ow0 = 2 * t0;
         if (ow0 + 2 * CH <= OW) {
-            for (int j = 0; j < 2 * CH; ++j) y0[ow0 + j] = out0[j];
+            for (int j = 0; j < 2 * CH; ++j) STORE_T(y0, ow0 + j, out0[j]);
             if (two_rows)
-                for (int j = 0; j < 2 * CH; ++j) y1[ow0 + j] = out1[j];
+                for (int j = 0; j < 2 * CH; ++j) STORE_T(y1, ow0 + j, out1[j]);
         } else {   // odd OW: the last tile's right column lies outside
-            for (int j = 0; j < OW - ow0; ++j) y0[ow0 + j] = out0[j];
+            for (int j = 0; j < OW - ow0; ++j) STORE_T(y0, ow0 + j, out0[j]);
             if (two_rows)
-                for (int j = 0; j < OW - ow0; ++j) y1[ow0 + j] = out1[j];
+                for (int j = 0; j < OW - ow0; ++j) STORE_T(y1, ow0 + j, out1[j]);
         }
     }
 }
 
 // One work-item per (tile row th, channel k, image n) of grad_y: Z for the TW tiles of the row, CH at a
 // time through a private 2 x 2*CH window (zero outside OH x OW), as the input transform.
-__kernel void winograd_grad_output_rows_2x2_3x3(__global const T *gy, const long gy_off, __global T *z,
+__kernel void winograd_grad_output_rows_2x2_3x3(__global const TS *gy, const long gy_off, __global TS *z,
                                                 const int n0, const int NB, const int K, const int OH,
                                                 const int OW, const int TW, const int TT, const int TH)
 {
     const int th = get_global_id(0), k = get_global_id(1), n = get_global_id(2);
     if (th >= TH || k >= K || n >= NB) return;
-    const __global T *g0 = gy + gy_off + ((long)(n0 + n) * K + k) * OH * OW + (long)(2 * th) * OW;
+    const __global TS *g0 = gy + gy_off + ((long)(n0 + n) * K + k) * OH * OW + (long)(2 * th) * OW;
     const bool two_rows = 2 * th + 1 < OH;
-    const __global T *g1 = two_rows ? g0 + OW : g0;
+    const __global TS *g1 = two_rows ? g0 + OW : g0;
     const T keep1 = two_rows ? (T)1 : (T)0;
     const long PT = (long)NB * TT, SE = (long)K * PT;
-    __global T *out = z + (long)k * PT + (long)n * TT + (long)th * TW;
+    __global TS *out = z + (long)k * PT + (long)n * TT + (long)th * TW;
     for (int t0 = 0; t0 < TW; t0 += CH) {
         T win[2][2 * CH];
         for (int j = 0; j < 2 * CH; ++j) {
             const int ow = 2 * t0 + j, oc = min(ow, OW - 1);
             const T in = ow < OW ? (T)1 : (T)0;
-            win[0][j] = in * g0[oc];
-            win[1][j] = (in * keep1) * g1[oc];
+            win[0][j] = in * LOAD_T(g0, oc);
+            win[1][j] = (in * keep1) * LOAD_T(g1, oc);
         }
         T buf[16][CH];
         for (int j = 0; j < CH; ++j)
@@ -420,7 +435,7 @@ __kernel void winograd_grad_output_rows_2x2_3x3(__global const T *gy, const long
 }
 
 // One work-item per output channel k: dW[k, c] for its C filters.
-__kernel void winograd_grad_filter_rows_2x2_3x3(__global const T *du, __global T *gw, const long gw_off,
+__kernel void winograd_grad_filter_rows_2x2_3x3(__global const TS *du, __global TS *gw, const long gw_off,
                                                 const int K, const int C, const int S)
 {
     const int k = get_global_id(0);

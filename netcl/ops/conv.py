@@ -40,11 +40,10 @@ def _float_dtype(op: str, *tensors: Tensor) -> np.dtype:
     return dt
 
 
-# float16/bfloat16: half storage, float32 arithmetic in the kernels (common.cl's LOAD_T/STORE_T) and the
-# GEMM. Winograd's transforms compute in their storage type: float32 and float64 only ('auto' picks
-# im2col for half; asking for it is a DTypeError).
+# float16/bfloat16: half storage, float32 arithmetic in the kernels (common.cl's LOAD_T/STORE_T, Winograd's
+# transforms included) and the GEMM.
 _DTYPES = (dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64)
-_WINOGRAD_DTYPES = (dtypes.float32, dtypes.float64)
+_WINOGRAD_DTYPES = _DTYPES
 
 
 def _check_winograd_dtype(op: str, dt: np.dtype) -> None:
