@@ -59,12 +59,20 @@ def test_conv2d_half_matches_float32(queue, rng, dt, algorithm):
     _close(ops.conv2d_backward_bias(gh), ops.conv2d_backward_bias(gf), dt, "grad bias")
 
 
-def test_conv2d_winograd_refuses_half(queue, rng):
-    xh, _ = _pair(queue, rng, (1, 8, 6, 6), F16)
-    wh, _ = _pair(queue, rng, (8, 8, 3, 3), F16)
-    with pytest.raises(DTypeError, match="winograd.*float32 and float64"):
-        ops.conv2d(xh, wh, padding=1, algorithm="winograd")
-    assert ops.conv2d(xh, wh, padding=1).dtype == F16  # 'auto' takes a half path
+@HALVES
+def test_conv2d_winograd_half_matches_float32(queue, rng, dt):
+    """Winograd F(2x2, 3x3) on half storage (transforms in float32, the GEMM in half): forward with bias
+    and relu (odd 7x5 output: partial tiles), the flipped input gradient and the weight gradient."""
+    xh, xf = _pair(queue, rng, (2, 8, 7, 5), dt)
+    wh, wf = _pair(queue, rng, (9, 8, 3, 3), dt)
+    bh, bf = _pair(queue, rng, (9,), dt)
+    _close(ops.conv2d(xh, wh, bh, padding=1, activation="relu", algorithm="winograd"),
+           ops.conv2d(xf, wf, bf, padding=1, activation="relu", algorithm="winograd"), dt, "forward")
+    gh, gf = _pair(queue, rng, (2, 9, 7, 5), dt)
+    _close(ops.conv2d_backward_input(gh, wh, xh.shape, padding=1, algorithm="flipped"),
+           ops.conv2d_backward_input(gf, wf, xf.shape, padding=1, algorithm="flipped"), dt, "grad input")
+    _close(ops.conv2d_backward_weight(xh, gh, wh.shape, padding=1, algorithm="winograd"),
+           ops.conv2d_backward_weight(xf, gf, wf.shape, padding=1, algorithm="winograd"), dt, "grad weight")
 
 
 @HALVES

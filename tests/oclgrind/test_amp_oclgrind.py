@@ -180,3 +180,30 @@ def test_half_batch_norm(queue, dt, monkeypatch):
     gx = ops.batch_norm_backward(xh, xh, w, mh, sh, True, bias=w, activation="relu")[0]
     want = ops.batch_norm_backward(xf, xf, w, mf, sf, True, bias=w, activation="relu")[0]
     close(gx.to_host().astype(np.float32), want.to_host(), 5e-2, 5e-2)
+
+
+@HALVES
+def test_half_winograd(queue, dt):
+    """Winograd F(2x2, 3x3) on half storage through the GPU transforms (partial tiles: 5x7 output),
+    forward with bias and relu, the flipped filter transform of the input gradient, the weight gradient."""
+    from netcl.ops import conv
+
+    rng = np.random.default_rng(27)
+
+    def pair(shape):
+        a = rng.standard_normal(shape).astype(np.float32).astype(dt)
+        return dev(queue, a), dev(queue, a.astype(np.float32))
+
+    def same(h, f, tol=4e-2):
+        close(h.to_host().astype(np.float32), f.to_host(), tol, tol * float(np.abs(f.to_host()).max()))
+
+    xh, xf = pair((1, 8, 5, 7))
+    wh, wf = pair((8, 8, 3, 3))
+    same(ops.conv2d(xh, wh, wh[:, 0, 0, 0].contiguous(), padding=1, activation="relu", algorithm="winograd"),
+         ops.conv2d(xf, wf, wf[:, 0, 0, 0].contiguous(), padding=1, activation="relu", algorithm="winograd"))
+    gh, gf = pair((1, 8, 5, 7))
+    uh = conv.winograd_transform_weight(wh, flip=True)
+    uf = conv.winograd_transform_weight(wf, flip=True)
+    same(uh, uf)
+    same(ops.conv2d_backward_weight(xh, gh, wh.shape, padding=1, algorithm="winograd"),
+         ops.conv2d_backward_weight(xf, gf, wf.shape, padding=1, algorithm="winograd"))
