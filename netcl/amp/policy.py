@@ -23,7 +23,7 @@ TABLE: dict[str, tuple[str, tuple[str, ...]]] = {
     # float32 products rounded once (netcl.ops.gemm)
     "matmul": ("half", ("float16", "bfloat16")),
     "linear": ("half", ("float16", "bfloat16")),
-    # im2col/direct kernels and the GEMM on half storage (Winograd stays float32-only: 'auto' avoids it)
+    # im2col, direct and Winograd kernels and the GEMM on half storage (float32 arithmetic)
     "conv2d": ("half", ("float16", "bfloat16")),
     # flash attention: float16 and bfloat16 storage, float32 softmax statistics and accumulators
     "flash_attention": ("half", ("float16", "bfloat16")),
