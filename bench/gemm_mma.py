@@ -65,34 +65,25 @@ BASE16 = dict(BM=128, BN=128, BK=32, WM=32, WN=64, PAD=8, PADB=8, ASYNC=1, STAGE
 BASE32 = dict(BM=128, BN=128, BK=16, WM=64, WN=64, PAD=4, PADB=8, ASYNC=1, STAGES=2, LDMATRIX=0, SWIZZLE=0,
               GROUP_M=0, DBUF=0, EMULATE=0)
 S3 = dict(SWIZZLE=1, STAGES=3, GROUP_M=8, DBUF=1)
-SWEEP = [  # most telling first: --budget may leave the tail out
-    (F16, "old default: padded x2, warp 32x64", {}),
-    (F16, "swizzled x3", dict(SWIZZLE=1, STAGES=3)),
-    (F16, "S3 = swizzled x3 + GROUP_M8 + DBUF", S3),
-    (BF16, "S3", S3),
-    (F32, "TF32 S3, ldmatrix, warp 64x64", {**S3, "LDMATRIX": 1}),
-    (F16, "128x256x32 x2 swz g8 db, warp 64x64", {**S3, "BN": 256, "STAGES": 2, "WM": 64, "WN": 64}),
-    (F16, "256x128x32 x2 swz g8 db, warp 64x64", {**S3, "BM": 256, "STAGES": 2, "WM": 64, "WN": 64}),
-    (F16, "128x256x16 x4 swz g8, warp 64x64", {**S3, "BN": 256, "BK": 16, "STAGES": 4, "WM": 64, "WN": 64}),
-    (F16, "S3, warp 64x64 (4 warps)", {**S3, "WM": 64, "WN": 64}),
-    (F16, "swizzled x3 + GROUP_M8", dict(SWIZZLE=1, STAGES=3, GROUP_M=8)),
-    (F16, "S3, warp 64x32", {**S3, "WM": 64, "WN": 32}),
-    (F16, "128x128x16 x6 swz g8, warp 32x64", {**S3, "BK": 16, "STAGES": 6}),
-    (F16, "64x128x64 x2 swz g8 db, warp 32x64", {**S3, "BM": 64, "BK": 64, "STAGES": 2}),
-    # dynamic local memory (a __local argument): run only where the probe granted that much
-    (F16, "dyn 128x128x32 x4 swz g8 db, warp 32x64", {**S3, "STAGES": 4, "DYN_LOCAL": 1}),
-    (F16, "dyn 128x256x32 x3 swz g8 db, warp 64x64", {**S3, "BN": 256, "WM": 64, "WN": 64, "DYN_LOCAL": 1}),
-    (F16, "dyn 128x256x32 x4 swz g8 db, warp 64x64",
-     {**S3, "BN": 256, "STAGES": 4, "WM": 64, "WN": 64, "DYN_LOCAL": 1}),
-    (F16, "dyn 256x128x32 x3 swz g8 db, warp 64x64", {**S3, "BM": 256, "WM": 64, "WN": 64, "DYN_LOCAL": 1}),
+PADDED = dict(SWIZZLE=0, STAGES=2, GROUP_M=0, DBUF=0)
+W64 = dict(WM=64, WN=64)
+# Round 1 (bench/NOTES.md) put every shape within ~15% (noise ~10%): round 2 measures the leaders twice,
+# interleaved, beside the probes of mma.sync's own ceiling and of occupancy.
+LEADERS = [
+    (F16, "A old default: padded x2, warp 32x64", PADDED),
+    (F16, "B padded x2 + GROUP_M8, warp 32x64", {**PADDED, "GROUP_M": 8}),
+    (F16, "C new default: swizzled x3 + GROUP_M8, warp 64x64 (4 warps)", {**S3, **W64}),
+    (F16, "D padded x2 + GROUP_M8, warp 64x64 (4 warps)", {**PADDED, "GROUP_M": 8, **W64}),
+    (F16, "E swizzled x3 + GROUP_M8, warp 32x64", S3),
+    (BF16, "C new default", {**S3, **W64}),
+    (BF16, "A old default", PADDED),
+    (F32, "TF32 new default: swizzled x3 + GROUP_M8, ldmatrix, warp 64x64", {**S3, "LDMATRIX": 1}),
     (F32, "TF32 old default: padded x2, warp 64x64", {}),
-    (F32, "TF32 S3, ldmatrix, warp 32x64", {**S3, "LDMATRIX": 1, "WM": 32, "WN": 64}),
-    (F32, "TF32 128x256x16 x2 swz g8 db ldmatrix", {**S3, "LDMATRIX": 1, "BN": 256, "STAGES": 2}),
-    (F32, "TF32 dyn 128x256x16 x3 swz g8 db ldmatrix", {**S3, "LDMATRIX": 1, "BN": 256, "DYN_LOCAL": 1}),
-    (BF16, "old default (ldmatrix now taken)", {}),
-    (BF16, "128x256x32 x2 swz g8 db, warp 64x64", {**S3, "BN": 256, "STAGES": 2, "WM": 64, "WN": 64}),
-    (BF16, "dyn 128x256x32 x3 swz g8 db, warp 64x64", {**S3, "BN": 256, "WM": 64, "WN": 64, "DYN_LOCAL": 1}),
-    (F16, "S3 + GROUP_M16", {**S3, "GROUP_M": 16}),
+]
+SWEEP = [  # most telling first: --budget may leave the tail out
+    *LEADERS,
+    *[(dt, label + " (again)", knobs) for dt, label, knobs in LEADERS],
+    (F16, "128x128x16 x6 swz g8, warp 64x64 (4 warps)", {**S3, **W64, "BK": 16, "STAGES": 6}),
 ]
 
 
@@ -173,6 +164,97 @@ def probe_local_memory(dev) -> dict[str, str]:
     return res
 
 
+# The ceiling of mma.sync itself on this device (no memory traffic: NACC independent accumulators a warp,
+# register operands), and how many work-groups of a given static local memory an SM holds at once.
+PEAK = """
+#define MMA_F16 "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"
+#define MMA_BF16 "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"
+#define MMA_TF32 "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32"
+__kernel void mma_peak(__global float *out, const int iters, const uint seed) {
+    const uint a0 = seed ^ 0x3c003c00u, a1 = a0 + 1, a2 = a0 + 2, a3 = a0 + 3, b0 = a0 + 4, b1 = a0 + 5;
+    float d[NACC][4];
+    for (int j = 0; j < NACC; ++j) d[j][0] = d[j][1] = d[j][2] = d[j][3] = 0.0f;
+    for (int it = 0; it < iters; ++it) {
+        #pragma unroll
+        for (int j = 0; j < NACC; ++j)
+            asm volatile(OP " {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                         : "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
+                         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    }
+    float s = 0.0f;
+    for (int j = 0; j < NACC; ++j) s += d[j][0] + d[j][1] + d[j][2] + d[j][3];
+    out[get_global_id(0)] = s;
+}
+"""
+
+OCCUPANCY = """
+__kernel void occupancy(__global int *count, __global int *most, const ulong spin_ns) {
+    __local uint4 pad[LOCAL_BYTES / 16];
+    uint sm;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    pad[get_local_id(0) * (LOCAL_BYTES / 16 / get_local_size(0))] = (uint4)(sm);
+    if (get_local_id(0) == 0) atomic_max(&most[sm], atomic_inc(&count[sm]) + 1);
+    ulong t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); } while (t - t0 < spin_ns);
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (get_local_id(0) == 0) atomic_dec(&count[pad[0].x]);
+}
+"""
+
+
+def probe_mma_peak(dev) -> dict[str, object]:
+    """TFLOP/s of back-to-back mma.sync (register operands, 8 independent accumulators a warp) with 8 or 16
+    warps an SM: the most this instruction gives through NVIDIA's OpenCL on this device."""
+    ctx, q = dev.context, dev.queue.cl
+    sms = dev.cl_device.max_compute_units
+    out = cl.Buffer(ctx, cl.mem_flags.READ_WRITE, 4 * sms * 64 * 1024)
+    res: dict[str, object] = {}
+    for name, k in (("MMA_F16", 16), ("MMA_BF16", 16), ("MMA_TF32", 8)):
+        nacc = 8
+        try:
+            prg = cl.Program(ctx, PEAK).build(options=[f"-DOP={name}", f"-DNACC={nacc}"])
+            knl = cl.Kernel(prg, "mma_peak")
+        except Exception as exc:  # reported, not fatal
+            res[name] = f"build failed: {str(exc)[:200]}"
+            continue
+        for warps_per_sm in (8, 16, 32):
+            threads, iters = 256, 4096
+            groups = sms * warps_per_sm // 8
+            gsize = groups * threads
+            knl(q, (gsize,), (threads,), out, np.int32(iters), np.uint32(0))
+            q.finish()
+            t0 = time.perf_counter()
+            knl(q, (gsize,), (threads,), out, np.int32(iters), np.uint32(0))
+            q.finish()
+            sec = time.perf_counter() - t0
+            flop = gsize // 32 * iters * nacc * 16 * 8 * k * 2
+            res[f"{name[4:].lower()} {warps_per_sm} warps/SM"] = round(flop / sec / 1e12, 1)
+    return res
+
+
+def probe_occupancy(dev) -> dict[str, object]:
+    """Most work-groups of 256 work-items one SM held at once, by static local memory per work-group."""
+    ctx, q = dev.context, dev.queue.cl
+    sms = dev.cl_device.max_compute_units
+    res: dict[str, object] = {}
+    for kb in (16, 24, 32, 40, 47):
+        try:
+            prg = cl.Program(ctx, OCCUPANCY).build(options=[f"-DLOCAL_BYTES={kb * 1024}"])
+            knl = cl.Kernel(prg, "occupancy")
+            flags = cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR
+            count = cl.Buffer(ctx, flags, hostbuf=np.zeros(1024, np.int32))
+            most = cl.Buffer(ctx, flags, hostbuf=np.zeros(1024, np.int32))
+            knl(q, (sms * 8 * 256,), (256,), count, most, np.uint64(200_000))
+            got = np.zeros(1024, np.int32)
+            cl.enqueue_copy(q, got, most)
+            q.finish()
+            res[f"{kb}KB"] = int(got.max())
+        except Exception as exc:  # reported, not fatal
+            res[f"{kb}KB"] = f"{type(exc).__name__}: {str(exc)[:150]}"
+    return res
+
+
 def cublas(torch, name: str, s: int, inner: int = 3) -> float:
     """PyTorch's matmul (cuBLAS) TFLOP/s at s^3, timed like netcl's (`inner` calls a sample)."""
     tdt = {"float16": torch.float16, "bfloat16": torch.bfloat16}.get(name, torch.float32)
@@ -202,6 +284,10 @@ def sweep(dev, args) -> dict[str, object]:
     q = dev.queue
     out: dict[str, object] = {"local_memory_probe": probe_local_memory(dev)}
     print("dynamic local memory (a __local argument) per work-group:", out["local_memory_probe"], flush=True)
+    out["mma_peak_probe"] = probe_mma_peak(dev)
+    print("mma.sync alone (no memory), TFLOP/s:", out["mma_peak_probe"], flush=True)
+    out["occupancy_probe"] = probe_occupancy(dev)
+    print("work-groups of 256 held by one SM, by static local memory:", out["occupancy_probe"], flush=True)
     variants.NV_VERBOSE = True
     built: list = []
     real_program = gemm_launch._program
@@ -259,6 +345,13 @@ def sweep(dev, args) -> dict[str, object]:
         print(f"{name}: {row}", flush=True)
         out[name] = row
     gemm_launch._program = real_program
+    for dt, a_b in operands.items():  # what users get: netcl.ops.gemm.matmul's automatic choice
+        if time.perf_counter() - t_start > args.budget + 15:
+            break
+        sec = median_seconds(lambda a_b=a_b: mm.matmul(*a_b), q, inner=3)
+        key = f"{dt.name if dt != F32 else 'tf32'}: netcl matmul (automatic choice)"
+        out[key] = {"tflops": round(2 * s**3 / sec / 1e12, 1)}
+        print(f"{key}: {out[key]}", flush=True)
     netcl.set_matmul_precision("highest")
     for name in ("float16", "bfloat16", "tf32"):
         out[f"cuBLAS {name} {s}"] = v = cublas(torch, name, s)

@@ -98,17 +98,18 @@ DEFAULTS: dict[str, dict[str, dict[str, int]]] = {
         },
     },
     # NVIDIA's matrix units through inline PTX mma.sync (gemm_mma.cl): float16 / bfloat16 inputs, or TF32
-    # from float32 inputs under set_matmul_precision("high"). 128 x 128 blocks of 8 warps, a cp.async ring
-    # of three swizzled (unpadded: 16 KB float16) stages in NVIDIA's 48 KB, ldmatrix fragments (TF32 too)
-    # double-buffered in registers, blocks in groups of 8 block rows (L2 reuse); see bench/NOTES.md,
-    # matrix units. Operands off 16-byte boundaries take the register loader (launch drops ASYNC).
+    # from float32 inputs under set_matmul_precision("high"). 128 x 128 blocks of 4 warps of 64 x 64, a
+    # cp.async ring of three swizzled (unpadded: 16 KB float16) stages in NVIDIA's 48 KB, ldmatrix fragments
+    # (TF32 too), blocks in groups of 8 block rows (L2 reuse); the H200 sweep (bench/NOTES.md, matrix
+    # units) found every block/warp/stage shape within ~15% of each other, this one at the top.
+    # Operands off 16-byte boundaries take the register loader (launch drops ASYNC).
     # EMULATE=1 runs the same fragments through a local-memory emulation of mma (tests on any device).
     "mma": {
         "float16": {
             "BM": 128,
             "BN": 128,
             "BK": 32,
-            "WM": 32,
+            "WM": 64,
             "WN": 64,
             "PAD": 8,
             "PADB": 8,
@@ -124,7 +125,7 @@ DEFAULTS: dict[str, dict[str, dict[str, int]]] = {
             "BM": 128,
             "BN": 128,
             "BK": 32,
-            "WM": 32,
+            "WM": 64,
             "WN": 64,
             "PAD": 8,
             "PADB": 8,
