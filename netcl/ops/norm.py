@@ -23,19 +23,6 @@ from netcl.core.tensor import Tensor, check_same_queue
 from netcl.errors import DTypeError, ShapeError
 from netcl.ops import elementwise, reduce
 
-
-def _float_dtype(op: str, *tensors: Tensor | None) -> np.dtype:
-    ts = [t for t in tensors if t is not None]
-    check_same_queue(*ts)
-    dt = ts[0].dtype
-    for t in ts:
-        if t.dtype != dt:
-            raise DTypeError(f"{op}: all tensors must share one dtype, got {[str(t.dtype) for t in ts]}")
-    if dt not in (dtypes.float32, dtypes.float64):
-        raise DTypeError(f"{op} supports float32 and float64 tensors, got {dt}")
-    return dt
-
-
 # Work-group size per row/channel; None = by device kind (1 on CPUs, 256 on GPUs). Tests set it
 # to exercise the GPU's local-memory reduction on the CPU device.
 local_size_override: int | None = None
