@@ -67,23 +67,19 @@ BASE32 = dict(BM=128, BN=128, BK=16, WM=64, WN=64, PAD=4, PADB=8, ASYNC=1, STAGE
 S3 = dict(SWIZZLE=1, STAGES=3, GROUP_M=8, DBUF=1)
 PADDED = dict(SWIZZLE=0, STAGES=2, GROUP_M=0, DBUF=0)
 W64 = dict(WM=64, WN=64)
-# Round 1 (bench/NOTES.md) put every shape within ~15% (noise ~10%): round 2 measures the leaders twice,
-# interleaved, beside the probes of mma.sync's own ceiling and of occupancy.
-LEADERS = [
-    (F16, "A old default: padded x2, warp 32x64", PADDED),
-    (F16, "B padded x2 + GROUP_M8, warp 32x64", {**PADDED, "GROUP_M": 8}),
-    (F16, "C new default: swizzled x3 + GROUP_M8, warp 64x64 (4 warps)", {**S3, **W64}),
-    (F16, "D padded x2 + GROUP_M8, warp 64x64 (4 warps)", {**PADDED, "GROUP_M": 8, **W64}),
-    (F16, "E swizzled x3 + GROUP_M8, warp 32x64", S3),
-    (BF16, "C new default", {**S3, **W64}),
-    (BF16, "A old default", PADDED),
-    (F32, "TF32 new default: swizzled x3 + GROUP_M8, ldmatrix, warp 64x64", {**S3, "LDMATRIX": 1}),
-    (F32, "TF32 old default: padded x2, warp 64x64", {}),
-]
+D = {**PADDED, "GROUP_M": 8, **W64}  # the float16/bfloat16 default since round 2
+# Rounds 1-2 (bench/NOTES.md): every shape within ~15%, swizzled three-stage rings 6-12% slower than padded
+# two-stage ones; the default (D) measured twice, interleaved with the others (noise ~5%).
 SWEEP = [  # most telling first: --budget may leave the tail out
-    *LEADERS,
-    *[(dt, label + " (again)", knobs) for dt, label, knobs in LEADERS],
-    (F16, "128x128x16 x6 swz g8, warp 64x64 (4 warps)", {**S3, **W64, "BK": 16, "STAGES": 6}),
+    (F16, "D default: padded x2 + GROUP_M8, warp 64x64 (4 warps)", D),
+    (BF16, "D default", D),
+    (F16, "D but swizzled (x2): the swizzle alone", {**D, "SWIZZLE": 1}),
+    (F16, "A old default: padded x2, warp 32x64", PADDED),
+    (BF16, "A old default", PADDED),
+    (F32, "TF32 default: swizzled x3 + GROUP_M8, ldmatrix, warp 64x64", {**S3, "LDMATRIX": 1}),
+    (F16, "D default (again)", D),
+    (BF16, "D default (again)", D),
+    (F16, "D + DBUF", {**D, "DBUF": 1}),
 ]
 
 

@@ -121,7 +121,8 @@ def test_tiled_edge_free_kernel(queue, ta, tb):
 MMA_SMALL = {"BM": 32, "BN": 32, "BK": 32, "WM": 16, "WN": 16, "EMULATE": 1}
 
 
-@pytest.mark.parametrize("loader", [{"ASYNC": 0, "LDMATRIX": 0}, {"ASYNC": 1, "STAGES": 3, "LDMATRIX": 1}],
+@pytest.mark.parametrize("loader", [{"ASYNC": 0, "LDMATRIX": 0},
+                                    {"ASYNC": 1, "STAGES": 3, "LDMATRIX": 1, "SWIZZLE": 1, "DBUF": 1}],
                          ids=["registers", "async+ldmatrix"])
 @pytest.mark.parametrize("ta,tb", [(False, False), (False, True), (True, False)])
 def test_mma_gemm_in_bounds(queue, loader, ta, tb):

@@ -32,7 +32,8 @@ CASES = [
     (BF16, "nt", {**RING, "STAGES": 2, "DBUF": 0, "GROUP_M": 0, "DYN_LOCAL": 1}),  # tiles: a __local argument
     (np.float32, "nn", {**RING, "STAGES": 3, "DBUF": 1, "GROUP_M": 0}),
     (np.float32, "nt", {**RING, "STAGES": 2, "DBUF": 0, "GROUP_M": 2}),
-    (np.float16, "nn", {"ASYNC": 1, "SWIZZLE": 0, "STAGES": 2, "LDMATRIX": 0, "DBUF": 0}),
+    # the default form: padded two-stage ring, ldmatrix, grouped blocks
+    (np.float16, "nn", {"ASYNC": 1, "SWIZZLE": 0, "STAGES": 2, "LDMATRIX": 1, "DBUF": 0, "GROUP_M": 3}),
 ]
 
 

@@ -99,10 +99,11 @@ DEFAULTS: dict[str, dict[str, dict[str, int]]] = {
     },
     # NVIDIA's matrix units through inline PTX mma.sync (gemm_mma.cl): float16 / bfloat16 inputs, or TF32
     # from float32 inputs under set_matmul_precision("high"). 128 x 128 blocks of 4 warps of 64 x 64, a
-    # cp.async ring of three swizzled (unpadded: 16 KB float16) stages in NVIDIA's 48 KB, ldmatrix fragments
-    # (TF32 too), blocks in groups of 8 block rows (L2 reuse); the H200 sweep (bench/NOTES.md, matrix
-    # units) found every block/warp/stage shape within ~15% of each other, this one at the top.
-    # Operands off 16-byte boundaries take the register loader (launch drops ASYNC).
+    # two-stage cp.async ring of padded tiles, ldmatrix fragments, blocks in groups of 8 block rows (L2
+    # reuse): 290 TFLOP/s float16 at 8192^3 on the H200, the best of the two sweeps (bench/NOTES.md, matrix
+    # units; swizzled three-stage rings measured 6-12% slower). TF32: the swizzled three-stage ring with
+    # ldmatrix (as fast as the padded one, 115-120). Operands off 16-byte boundaries take the register
+    # loader (launch drops ASYNC).
     # EMULATE=1 runs the same fragments through a local-memory emulation of mma (tests on any device).
     "mma": {
         "float16": {
@@ -115,11 +116,11 @@ DEFAULTS: dict[str, dict[str, dict[str, int]]] = {
             "PADB": 8,
             "EMULATE": 0,
             "ASYNC": 1,
-            "STAGES": 3,
+            "STAGES": 2,
             "LDMATRIX": 1,
-            "SWIZZLE": 1,
+            "SWIZZLE": 0,
             "GROUP_M": 8,
-            "DBUF": 1,
+            "DBUF": 0,
         },
         "bfloat16": {
             "BM": 128,
@@ -131,11 +132,11 @@ DEFAULTS: dict[str, dict[str, dict[str, int]]] = {
             "PADB": 8,
             "EMULATE": 0,
             "ASYNC": 1,
-            "STAGES": 3,
+            "STAGES": 2,
             "LDMATRIX": 1,
-            "SWIZZLE": 1,
+            "SWIZZLE": 0,
             "GROUP_M": 8,
-            "DBUF": 1,
+            "DBUF": 0,
         },
         "float32": {
             "BM": 128,
