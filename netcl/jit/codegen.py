@@ -23,7 +23,7 @@ PREAMBLE = r"""
 #pragma OPENCL EXTENSION cl_khr_fp64 : enable
 #endif
 /* round a float to the nearest half and back: float16 intermediates behave as stored ones */
-inline float nc_rh(float x) { ushort h; vstore_half_rte(x, 0, (__private half *)&h);
+inline float nc_rh(float x) { ushort h; vstore_half(x, 0, (__private half *)&h);
                               return vload_half(0, (__private const half *)&h); }
 /* bfloat16 (the high 16 bits of a float32, in a ushort): load, store rounding to nearest even (NaN kept
    quiet NaN), and the same rounding for intermediates (vector forms: bf16_vector_helpers) */
@@ -298,7 +298,7 @@ def load_scalar(dt: np.dtype, ptr: str, idx: str) -> str:
 
 def store_scalar(dt: np.dtype, ptr: str, idx: str, value: str) -> str:
     if dt == dtypes.float16:
-        return f"vstore_half_rte({value}, {idx}, {ptr});"
+        return f"vstore_half({value}, {idx}, {ptr});"
     if dt == dtypes.bfloat16:
         return f"{ptr}[{idx}] = nc_f2bf({value});"
     return f"{ptr}[{idx}] = {value};"
@@ -327,7 +327,8 @@ def load_vector_aligned(dt: np.dtype, ptr: str, idx: str, vec: int) -> str:
 
 def store_vector_aligned(dt: np.dtype, ptr: str, idx: str, value: str, vec: int) -> str:
     if dt == dtypes.float16:
-        return f"vstorea_half{vec}_rte({value}, 0, {ptr} + {idx});"
+        # no _rte: the default rounding mode is round to nearest even (common.cl, STORE_T)
+        return f"vstorea_half{vec}({value}, 0, {ptr} + {idx});"
     if dt == dtypes.bfloat16:
         return f"*((__global ushort{vec} *)({ptr} + {idx})) = nc_f2bf{vec}({value});"
     st = dtypes.cl_storage_type(dt)
@@ -340,7 +341,7 @@ def vector_type(dt: np.dtype, vec: int) -> str:
 
 def store_vector(dt: np.dtype, ptr: str, idx: str, value: str, vec: int) -> str:
     if dt == dtypes.float16:
-        return f"vstore_half{vec}_rte({value}, 0, {ptr} + {idx});"
+        return f"vstore_half{vec}({value}, 0, {ptr} + {idx});"
     if dt == dtypes.bfloat16:
         return f"vstore{vec}(nc_f2bf{vec}({value}), 0, {ptr} + {idx});"
     return f"vstore{vec}({value}, 0, {ptr} + {idx});"

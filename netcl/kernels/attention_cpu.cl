@@ -52,7 +52,7 @@
 #define maskv int8
 #define LANE_IDS ((int8)(0, 1, 2, 3, 4, 5, 6, 7))
 #define VLOADV(p) vload_half8(0, (p))
-#define VSTOREV(x, p) vstore_half8_rte((x), 0, (p))
+#define VSTOREV(x, p) vstore_half8((x), 0, (p))
 #elif defined(IS_BF16)
 #define VW 8
 #define accv float8

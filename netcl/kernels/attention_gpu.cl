@@ -139,7 +139,7 @@ inline ACC4 load4(__global const T *row, const int d)
 inline void store4(__global T *row, const int d, const ACC4 x)
 {
 #if defined(IS_HALF) && HEAD_DIM % 4 == 0
-    if (d < HEAD_DIM) vstore_half4_rte(x, 0, row + d);
+    if (d < HEAD_DIM) vstore_half4(x, 0, row + d);
 #elif defined(IS_BF16) && HEAD_DIM % 4 == 0
     if (d < HEAD_DIM) vstore4((ushort4)(nc_float_to_bf16(x.x), nc_float_to_bf16(x.y), nc_float_to_bf16(x.z),
                                         nc_float_to_bf16(x.w)), 0, row + d);

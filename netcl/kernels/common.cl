@@ -1,7 +1,7 @@
 /* Shared by every kernel file (#include "common.cl"): the switches of netcl.kernels.dtype_defines and
  * the activation names of netcl.kernels.ACTIVATIONS.
  *   T, ACC     storage and arithmetic C types of the kernel's dtype
- *   IS_HALF    T is half: read with vload_half, written with vstore_half_rte, computed in float
+ *   IS_HALF    T is half: read with vload_half, written with vstore_half, computed in float
  *   IS_BF16    T is ushort holding a bfloat16 (the high half of a float32), computed in float
  *   USE_FP64   T is double (enables cl_khr_fp64)
  *   ACT        the fused activation: ACT_NONE, ACT_RELU, ACT_GELU (erf), ACT_GELU_TANH or ACT_SILU
@@ -36,7 +36,10 @@ inline ushort nc_float_to_bf16(float f) {
 
 #if defined(IS_HALF)
 #define LOAD_T(p, i) vload_half((i), (p))
-#define STORE_T(p, i, v) vstore_half_rte((v), (i), (p))
+/* vstore_half without a suffix rounds in the default mode, which OpenCL fixes to round to nearest even:
+ * the same bits as _rte. NVIDIA's OpenCL gave half stores with _rte a quarter of the bandwidth of the
+ * bfloat16 stores (bench/NOTES.md, mixed precision), which suggests a slow rounding path for them. */
+#define STORE_T(p, i, v) vstore_half((v), (i), (p))
 #elif defined(IS_BF16)
 #define LOAD_T(p, i) nc_bf16_to_float((p)[i])
 #define STORE_T(p, i, v) ((p)[i] = nc_float_to_bf16(v))

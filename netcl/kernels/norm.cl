@@ -152,7 +152,7 @@ __kernel void row_norm_backward(__global const T *gy, const long gy_off, __globa
 #ifndef USE_FP64
 #if defined(IS_HALF)
 #define LOAD4(p, i) vloada_half4(0, (p) + (i))
-#define STORE4(p, i, v) vstorea_half4_rte((v), 0, (p) + (i))
+#define STORE4(p, i, v) vstorea_half4((v), 0, (p) + (i))
 #elif defined(IS_BF16)
 inline float4 nc_bf16x4_to_float4(const ushort4 h) { return as_float4(convert_uint4(h) << 16); }
 #define LOAD4(p, i) nc_bf16x4_to_float4(*(const __global ushort4 *)((p) + (i)))
