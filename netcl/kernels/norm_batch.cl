@@ -55,9 +55,6 @@
 #ifndef VEC
 #define VEC 1              // 4: HW % 4 == 0 and x (and grad_y) start on a 4-element boundary
 #endif
-#ifndef UNR
-#define UNR 1              // _groups with VEC == 4: loads each work-item issues before folding them in (latency)
-#endif
 #ifndef LAST
 #define LAST 0             // 1: the _groups kernels merge the S parts in their last work-group (no finalize)
 #endif
@@ -158,30 +155,19 @@ void batch_norm_stats_groups(STATS_ARGS, __global int *count)
     const long total = (long)N * (HW / VEC);          // the channel's values, in VEC-wide loads
     const long per = (total + S - 1) / S, start = s * per, end = min(total, start + per);
     ACC n = (ACC)0, mean = (ACC)0, m2 = (ACC)0;
-#if VEC == 4
-    // UNR loads in flight per work-item (j, j + LOCAL, ...), then each float4 folds in as a batch of 4
-    for (long j0 = start + lid; j0 < end; j0 += (long)LOCAL * UNR) {
-        XV4 v4[UNR];
-        for (int u = 0; u < UNR; ++u) {
-            const long j = j0 + (long)u * LOCAL;
-            const long img = j / (HW / VEC), i = j - img * (HW / VEC);
-            if (j < end) v4[u] = XLOAD4(x + x_off, (img * C + c) * (HW / VEC) + i);
-        }
-        for (int u = 0; u < UNR; ++u) {
-            if (j0 + (long)u * LOCAL >= end) break;
-            const ACC v0 = v4[u].x, v1 = v4[u].y, v2 = v4[u].z, v3 = v4[u].w;
-            const ACC bm = (v0 + v1 + v2 + v3) * (ACC)0.25;
-            const ACC bq = (v0 - bm) * (v0 - bm) + (v1 - bm) * (v1 - bm) + (v2 - bm) * (v2 - bm) + (v3 - bm) * (v3 - bm);
-            welford_merge(&n, &mean, &m2, (ACC)4, bm, bq);
-        }
-    }
-#else
     for (long j = start + lid; j < end; j += LOCAL) {
         const long img = j / (HW / VEC), i = j - img * (HW / VEC);
         const long at = (img * C + c) * (HW / VEC) + i;
+#if VEC == 4
+        const XV4 v4 = XLOAD4(x + x_off, at);
+        const ACC v0 = v4.x, v1 = v4.y, v2 = v4.z, v3 = v4.w;
+        const ACC bm = (v0 + v1 + v2 + v3) * (ACC)0.25;
+        const ACC bq = (v0 - bm) * (v0 - bm) + (v1 - bm) * (v1 - bm) + (v2 - bm) * (v2 - bm) + (v3 - bm) * (v3 - bm);
+        welford_merge(&n, &mean, &m2, (ACC)4, bm, bq);
+#else
         welford_merge(&n, &mean, &m2, (ACC)1, XL(x, x_off + at), (ACC)0);
-    }
 #endif
+    }
 #if LOCAL > 1
     sn[lid] = n;
     sm[lid] = mean;
@@ -341,36 +327,22 @@ void batch_norm_backward_groups(BWD_ARGS, __global int *count)
     const long total = (long)N * (HW / VEC);
     const long per = (total + S - 1) / S, start = s * per, end = min(total, start + per);
     ACC sg = (ACC)0, sgxm = (ACC)0;
-#if VEC == 4
-    for (long j0 = start + lid; j0 < end; j0 += (long)LOCAL * UNR) {   // UNR loads in flight, as the stats
-        XV4 g4v[UNR], x4v[UNR];
-        for (int u = 0; u < UNR; ++u) {
-            const long j = j0 + (long)u * LOCAL;
-            const long img = j / (HW / VEC), i = j - img * (HW / VEC);
-            const long at = (img * C + c) * (HW / VEC) + i;
-            if (j < end) {
-                g4v[u] = XLOAD4(gy + gy_off, at);
-                x4v[u] = XLOAD4(x + x_off, at);
-            }
-        }
-        for (int u = 0; u < UNR; ++u) {
-            if (j0 + (long)u * LOCAL >= end) break;
-            const XV4 g4 = g4v[u], x4 = x4v[u];
-            const ACC g0 = MASKED((ACC)g4.x, (ACC)x4.x), g1 = MASKED((ACC)g4.y, (ACC)x4.y);
-            const ACC g2 = MASKED((ACC)g4.z, (ACC)x4.z), g3 = MASKED((ACC)g4.w, (ACC)x4.w);
-            sg += (g0 + g1) + (g2 + g3);
-            sgxm += (g0 * ((ACC)x4.x - mean) + g1 * ((ACC)x4.y - mean)) + (g2 * ((ACC)x4.z - mean) + g3 * ((ACC)x4.w - mean));
-        }
-    }
-#else
     for (long j = start + lid; j < end; j += LOCAL) {
         const long img = j / (HW / VEC), i = j - img * (HW / VEC);
         const long at = (img * C + c) * (HW / VEC) + i;
+#if VEC == 4
+        const XV4 g4 = XLOAD4(gy + gy_off, at);
+        const XV4 x4 = XLOAD4(x + x_off, at);
+        const ACC g0 = MASKED((ACC)g4.x, (ACC)x4.x), g1 = MASKED((ACC)g4.y, (ACC)x4.y);
+        const ACC g2 = MASKED((ACC)g4.z, (ACC)x4.z), g3 = MASKED((ACC)g4.w, (ACC)x4.w);
+        sg += (g0 + g1) + (g2 + g3);
+        sgxm += (g0 * ((ACC)x4.x - mean) + g1 * ((ACC)x4.y - mean)) + (g2 * ((ACC)x4.z - mean) + g3 * ((ACC)x4.w - mean));
+#else
         const ACC xv = XL(x, x_off + at), g = MASKED(XL(gy, gy_off + at), xv);
         sg += g;
         sgxm += g * (xv - mean);
-    }
 #endif
+    }
 #if LOCAL > 1
     s1[lid] = sg;
     s2[lid] = sgxm;
