@@ -58,14 +58,14 @@ def enabled(dtype: np.dtype | None) -> Iterator[None]:
     if stack is None:
         stack = _state.stack = []
     if not stack:
-        _state.cache = {}
+        _state.cache, _state.cache_tape = {}, None
     stack.append(dtype)
     try:
         yield
     finally:
         stack.pop()
         if not stack:
-            _state.cache = {}
+            _state.cache, _state.cache_tape = {}, None
 
 
 def target(op: str) -> np.dtype | None:
@@ -100,12 +100,17 @@ def _cast(x: Any, dt: np.dtype) -> Any:
     """ew.cast(x, dt), shared within the autocast block for leaves (parameters, plain Tensors) and, while a
     tape records, for nodes that require grad (the tape holds them until backward anyway: a value used by
     two ops, such as a residual that is also normalised, is cast once). The key holds x (so its id stays
-    its own) and the tape recording now (a cast made outside a tape has no graph to reuse inside one)."""
+    its own) and the tape recording now (a cast made outside a tape has no graph to reuse inside one). A
+    cast made under another tape is dropped when a new tape records: a block around several steps (each its
+    own tape, the optimizer between them) neither reuses stale casts nor keeps old steps' nodes alive."""
     tape = current_tape() if is_recording() else None
     leaf = isinstance(x, Tensor) or (isinstance(x, Node) and x.is_leaf)
     cache = getattr(_state, "cache", None)
     if cache is None or not (leaf or (tape is not None and x.requires_grad)):
         return ew.cast(x, dt)
+    if tape is not None and getattr(_state, "cache_tape", None) is not tape:
+        cache.clear()
+        _state.cache_tape = tape
     key = (id(x), dt.name, id(tape))
     hit = cache.get(key)
     if hit is not None and hit[0] is x and hit[1] is tape and not getattr(hit[2], "_freed", False):

@@ -367,6 +367,11 @@ def test_autocast_casts_a_parameter_once_per_block(queue, rng):
         grads[mode] = [p.grad.to_host() for p in lin.parameters()]
     with amp.autocast("float16"):
         assert hook.cast_inputs("linear", lin.weight)[0] is not w16
+        with ag.Tape():  # one block around two steps: each tape casts afresh (the weights change between)
+            first = hook.cast_inputs("linear", lin.weight)[0]
+            assert hook.cast_inputs("linear", lin.weight)[0] is first
+        with ag.Tape():
+            assert hook.cast_inputs("linear", lin.weight)[0] is not first
     for got, want in zip(grads["float16"], grads["float32"]):
         np.testing.assert_allclose(got, want, rtol=2e-2, atol=2e-2 * np.abs(want).max())
 
