@@ -55,6 +55,10 @@
 #ifndef VEC
 #define VEC 1              // 4: HW % 4 == 0 and x (and grad_y) start on a 4-element boundary
 #endif
+#ifndef UNR
+#define UNR 1              // _groups with VEC == 4: float4 loads a work-item issues at once (the statistics
+                           // then fold them in as one batch of 4 * UNR values: one Welford merge)
+#endif
 #ifndef LAST
 #define LAST 0             // 1: the _groups kernels merge the S parts in their last work-group (no finalize)
 #endif
@@ -79,7 +83,7 @@
 #endif
 #if defined(IS_HALF)
 #define XLOAD4(p, at) vloada_half4((at), (p))
-#define XSTORE4(p, at, v) vstorea_half4((v), (at), (p))
+#define XSTORE4(p, at, v) vstorea_half4_rte((v), (at), (p))
 #elif defined(IS_BF16)
 #define XLOAD4(p, at) as_float4(convert_uint4(vload4((at), (p))) << 16)
 #define XSTORE4(p, at, v) vstore4((ushort4)(nc_float_to_bf16((v).x), nc_float_to_bf16((v).y), \
@@ -155,19 +159,42 @@ void batch_norm_stats_groups(STATS_ARGS, __global int *count)
     const long total = (long)N * (HW / VEC);          // the channel's values, in VEC-wide loads
     const long per = (total + S - 1) / S, start = s * per, end = min(total, start + per);
     ACC n = (ACC)0, mean = (ACC)0, m2 = (ACC)0;
+#if VEC == 4
+    // UNR loads in flight per work-item (j, j + LOCAL, ...), then each float4 folds in as a batch of 4
+    for (long j0 = start + lid; j0 < end; j0 += (long)LOCAL * UNR) {
+        XV4 v4[UNR];
+        for (int u = 0; u < UNR; ++u) {
+            const long j = j0 + (long)u * LOCAL;
+            const long img = j / (HW / VEC), i = j - img * (HW / VEC);
+            if (j < end) v4[u] = XLOAD4(x + x_off, (img * C + c) * (HW / VEC) + i);
+        }
+        if (j0 + (long)(UNR - 1) * LOCAL < end) {   // all loaded: one batch of 4 * UNR values, one merge
+            ACC sum = (ACC)0, bq = (ACC)0;
+            for (int u = 0; u < UNR; ++u) sum += ((ACC)v4[u].x + (ACC)v4[u].y) + ((ACC)v4[u].z + (ACC)v4[u].w);
+            const ACC bm = sum * (ACC)(1.0 / (4 * UNR));
+            for (int u = 0; u < UNR; ++u) {
+                const ACC d0 = (ACC)v4[u].x - bm, d1 = (ACC)v4[u].y - bm, d2 = (ACC)v4[u].z - bm;
+                const ACC d3 = (ACC)v4[u].w - bm;
+                bq += (d0 * d0 + d1 * d1) + (d2 * d2 + d3 * d3);
+            }
+            welford_merge(&n, &mean, &m2, (ACC)(4 * UNR), bm, bq);
+            continue;
+        }
+        for (int u = 0; u < UNR; ++u) {   // the part's tail: float4 by float4
+            if (j0 + (long)u * LOCAL >= end) break;
+            const ACC v0 = v4[u].x, v1 = v4[u].y, v2 = v4[u].z, v3 = v4[u].w;
+            const ACC bm = (v0 + v1 + v2 + v3) * (ACC)0.25;
+            const ACC bq = (v0 - bm) * (v0 - bm) + (v1 - bm) * (v1 - bm) + (v2 - bm) * (v2 - bm) + (v3 - bm) * (v3 - bm);
+            welford_merge(&n, &mean, &m2, (ACC)4, bm, bq);
+        }
+    }
+#else
     for (long j = start + lid; j < end; j += LOCAL) {
         const long img = j / (HW / VEC), i = j - img * (HW / VEC);
         const long at = (img * C + c) * (HW / VEC) + i;
-#if VEC == 4
-        const XV4 v4 = XLOAD4(x + x_off, at);
-        const ACC v0 = v4.x, v1 = v4.y, v2 = v4.z, v3 = v4.w;
-        const ACC bm = (v0 + v1 + v2 + v3) * (ACC)0.25;
-        const ACC bq = (v0 - bm) * (v0 - bm) + (v1 - bm) * (v1 - bm) + (v2 - bm) * (v2 - bm) + (v3 - bm) * (v3 - bm);
-        welford_merge(&n, &mean, &m2, (ACC)4, bm, bq);
-#else
         welford_merge(&n, &mean, &m2, (ACC)1, XL(x, x_off + at), (ACC)0);
-#endif
     }
+#endif
 #if LOCAL > 1
     sn[lid] = n;
     sm[lid] = mean;
@@ -327,22 +354,36 @@ void batch_norm_backward_groups(BWD_ARGS, __global int *count)
     const long total = (long)N * (HW / VEC);
     const long per = (total + S - 1) / S, start = s * per, end = min(total, start + per);
     ACC sg = (ACC)0, sgxm = (ACC)0;
+#if VEC == 4
+    for (long j0 = start + lid; j0 < end; j0 += (long)LOCAL * UNR) {   // UNR loads in flight, as the stats
+        XV4 g4v[UNR], x4v[UNR];
+        for (int u = 0; u < UNR; ++u) {
+            const long j = j0 + (long)u * LOCAL;
+            const long img = j / (HW / VEC), i = j - img * (HW / VEC);
+            const long at = (img * C + c) * (HW / VEC) + i;
+            if (j < end) {
+                g4v[u] = XLOAD4(gy + gy_off, at);
+                x4v[u] = XLOAD4(x + x_off, at);
+            }
+        }
+        for (int u = 0; u < UNR; ++u) {
+            if (j0 + (long)u * LOCAL >= end) break;
+            const XV4 g4 = g4v[u], x4 = x4v[u];
+            const ACC g0 = MASKED((ACC)g4.x, (ACC)x4.x), g1 = MASKED((ACC)g4.y, (ACC)x4.y);
+            const ACC g2 = MASKED((ACC)g4.z, (ACC)x4.z), g3 = MASKED((ACC)g4.w, (ACC)x4.w);
+            sg += (g0 + g1) + (g2 + g3);
+            sgxm += (g0 * ((ACC)x4.x - mean) + g1 * ((ACC)x4.y - mean)) + (g2 * ((ACC)x4.z - mean) + g3 * ((ACC)x4.w - mean));
+        }
+    }
+#else
     for (long j = start + lid; j < end; j += LOCAL) {
         const long img = j / (HW / VEC), i = j - img * (HW / VEC);
         const long at = (img * C + c) * (HW / VEC) + i;
-#if VEC == 4
-        const XV4 g4 = XLOAD4(gy + gy_off, at);
-        const XV4 x4 = XLOAD4(x + x_off, at);
-        const ACC g0 = MASKED((ACC)g4.x, (ACC)x4.x), g1 = MASKED((ACC)g4.y, (ACC)x4.y);
-        const ACC g2 = MASKED((ACC)g4.z, (ACC)x4.z), g3 = MASKED((ACC)g4.w, (ACC)x4.w);
-        sg += (g0 + g1) + (g2 + g3);
-        sgxm += (g0 * ((ACC)x4.x - mean) + g1 * ((ACC)x4.y - mean)) + (g2 * ((ACC)x4.z - mean) + g3 * ((ACC)x4.w - mean));
-#else
         const ACC xv = XL(x, x_off + at), g = MASKED(XL(gy, gy_off + at), xv);
         sg += g;
         sgxm += g * (xv - mean);
-#endif
     }
+#endif
 #if LOCAL > 1
     s1[lid] = sg;
     s2[lid] = sgxm;

@@ -68,6 +68,9 @@ PARTS: int | None = None
 # norm_batch.cl, a per-channel counter) instead of a finalize launch: forward + backward of
 # (128, 64, 32, 32) 116 -> 104 us on the H200 (bench/conv_sweep.py; twice the parts: 120 / 112 us).
 FUSED_FINALIZE = True
+# GPU layout: float4 loads each work-item of the reductions issues before folding them in (UNR in
+# norm_batch.cl; the statistics fold them as one batch of 4 x UNROLL values). bench/conv_sweep.py toggles it.
+UNROLL = 4
 _counters: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # queue -> {channels: int32 zeros}
 
 
@@ -149,7 +152,7 @@ def _bn_program(device: Any, dt: np.dtype, layout: str, hw: int, vec: int, relu:
                 fused: bool = False) -> Any:
     defines = {}
     if layout == "groups":
-        defines = {"LOCAL": _local_size(device), "HW": hw, "VEC": vec, "LAST": int(fused)}
+        defines = {"LOCAL": _local_size(device), "HW": hw, "VEC": vec, "LAST": int(fused), "UNR": UNROLL}
     return kernels.program(device, "norm_batch.cl", dtype=dt, act="relu" if relu else None, **defines)
 
 

@@ -274,10 +274,12 @@ def test_batch_norm_layouts(queue, rng, monkeypatch, layout, parts, local, shape
     assert_close(gb, gb_ref, rtol=1e-10, atol=1e-11)
 
 
-@pytest.mark.parametrize("shape,relu", [((5, 3, 4, 6), True), ((3, 4, 5, 7), False)])
-def test_batch_norm_fused_finalize(queue, rng, monkeypatch, shape, relu):
+@pytest.mark.parametrize("shape,relu,unroll", [((5, 3, 4, 6), True, 1), ((3, 4, 5, 7), False, 4),
+                                               ((7, 2, 8, 8), True, 4)])
+def test_batch_norm_fused_finalize(queue, rng, monkeypatch, shape, relu, unroll):
     """The GPU reductions with LAST=1: each channel's last work-group merges the parts (a counter per
-    channel, reset by that group) instead of a finalize launch: 2 launches each way, float64 results, and
+    channel, reset by that group) instead of a finalize launch, with 1 or 4 loads in flight (whole batches
+    and a part's tail): 2 launches each way, float32 results against float64, and
     a second call on the same counters gives the same values (float32: the partials move through 32-bit
     atomics; float64 keeps the finalize launch)."""
     from netcl.profiling import count_launches
@@ -286,6 +288,7 @@ def test_batch_norm_fused_finalize(queue, rng, monkeypatch, shape, relu):
     monkeypatch.setattr(Nm, "PARTS", 5)
     monkeypatch.setattr(Nm, "local_size_override", 8)
     monkeypatch.setattr(Nm, "FUSED_FINALIZE", True)
+    monkeypatch.setattr(Nm, "UNROLL", unroll)  # float4 loads in flight (4-wide when HW % 4 == 0)
     c = shape[1]
     f32 = lambda a: a.astype(np.float32)  # noqa: E731
     x = f32(rng.standard_normal(shape) * 2 + 0.5)
