@@ -307,12 +307,15 @@ __kernel void attention_forward_gpu(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARG
 #if ROW_SHFL
         ACC smax[RM_];
 #endif
+        // a tile every row of which may attend every key (no mask, all keys valid, below the causal edge)
+        const bool open_tile = MASK == MASK_NONE && j0 + BN <= L && (!causal || j0 + BN - 1 <= i0 + L - SQ);
         for (int a = 0; a < RM_; ++a) {
             const int i = min(i0 + tr + TR * a, SQ - 1);
             ACC mx = -INFINITY;
             for (int c = 0; c < CN_; ++c) {
                 const int j = j0 + tc + TC * c;
-                s[a][c] = masked_score(s[a][c], i, j, L, SQ, causal, mask, mbase + i * mask_si + j * mask_sj);
+                if (!open_tile)
+                    s[a][c] = masked_score(s[a][c], i, j, L, SQ, causal, mask, mbase + i * mask_si + j * mask_sj);
                 mx = fmax(mx, s[a][c]);
             }
 #if ROW_SHFL

@@ -96,11 +96,17 @@ _ATOMIC_DEFINES = {"cas": "ATOMIC_CAS", "red": "ATOMIC_RED", "red4": "ATOMIC_RED
 # far inside float32 attention's error), or True / False.
 GPU_NATIVE_EXP: bool | None = None
 # The GPU kernels whose next tiles are loaded into registers while the current one is computed (PREFETCH):
-# the forward's k and v tiles, the backward's (dk/dv or fused pass) q and dO tiles.
-GPU_PREFETCH = ("forward", "dkdv", "fused")
+# "forward" (k and v tiles), "dkdv" / "fused" (q and dO tiles). None by default: on the H200 it made both
+# slower (forward 7.13 vs 6.34 ms, fused backward 16.4 vs 14.0: the registers it holds cost occupancy).
+GPU_PREFETCH: tuple[str, ...] = ()
 # The forward's tile row maxima by warp shuffles (ROW_SHFL: NVIDIA's shfl.sync through inline PTX; other
-# devices emulate it through local memory, SHFL_EMULATE, for tests): 3 barriers a tile instead of 4.
-GPU_ROW_SHFL = False
+# devices emulate it through local memory, SHFL_EMULATE, for tests): 3 barriers a tile instead of 4. None =
+# on NVIDIA GPUs (the H200: 5.87 vs 6.34 ms), or True / False.
+GPU_ROW_SHFL: bool | None = None
+
+
+def _row_shfl(device: Any) -> bool:
+    return GPU_ROW_SHFL if GPU_ROW_SHFL is not None else _nvidia(device)
 
 
 def _nvidia(device: Any) -> bool:
@@ -157,9 +163,10 @@ def decode_tiles(device: Any, rows: int, head_dim: int, dtype: Any) -> dict[str,
     return None
 
 
-def _gpu_local_bytes(kernel: str, BM: int, BN: int, DP: int, TR: int, TC: int, item: int) -> int:
+def _gpu_local_bytes(kernel: str, BM: int, BN: int, DP: int, TR: int, TC: int, item: int,
+                     row_shfl: bool = False) -> int:
     """Local memory of an attention_gpu.cl kernel (the sums in its header)."""
-    if kernel == "forward" and GPU_ROW_SHFL:
+    if kernel == "forward" and row_shfl:
         values = (BM + 2 * BN) * (DP + 4) + BM * (BN + 4) + TR * TC
     elif kernel == "forward":
         values = (BM + BN) * (DP + 4) + BM * (BN + 4) + BM * TC
@@ -194,7 +201,7 @@ def gpu_tiles(device: Any, kernel: str, head_dim: int, dtype: Any) -> dict[str, 
                 continue
         else:
             BM, BN = TR * rows, TC * cols
-        fits = _gpu_local_bytes(kernel, BM, BN, DP, TR, TC, item) <= budget
+        fits = _gpu_local_bytes(kernel, BM, BN, DP, TR, TC, item, _row_shfl(device)) <= budget
         if TR * TC <= caps.max_work_group_size and fits:
             return {"BM": BM, "BN": BN, "TR": TR, "TC": TC, "CE": CE}
     raise DTypeError(f"flash_attention: head_dim {head_dim} ({np.dtype(dtype)}) needs more local memory than "
@@ -438,7 +445,7 @@ class _Problem:
                 defines["NATIVE_EXP"] = None
             if kernel != "dq" and kernel not in GPU_PREFETCH:
                 defines["PREFETCH"] = 0
-            if kernel == "forward" and GPU_ROW_SHFL and self.dtype != dtypes.float64:
+            if kernel == "forward" and _row_shfl(self.device) and self.dtype != dtypes.float64:
                 defines["ROW_SHFL"] = 1
                 if not _nvidia(self.device):
                     defines["SHFL_EMULATE"] = None

@@ -20,16 +20,16 @@ pytestmark = oclgrind_only
                                        ("gpu-two-pass", 12), ("gpu-row-shfl", 32)])
 def test_attention_forward_backward(queue, monkeypatch, variant, D):
     """The GPU variant's float32 backward is the fused pass (dq by atomic adds: here the atomic_cmpxchg loop;
-    D = 12 and 32: 2 query rows per item, D = 64: 4, read as float4s), tiles prefetched into registers;
-    gpu-two-pass: the dq and dk/dv passes, tiles loaded without prefetch; gpu-row-shfl: the forward's row
-    maxima by (emulated) warp shuffles."""
+    D = 12 and 32: 2 query rows per item, D = 64: 4, read as float4s); gpu-two-pass: the dq and dk/dv
+    passes, tiles prefetched into registers; gpu-row-shfl: the forward's row maxima by (emulated) warp
+    shuffles."""
     if D == 64:  # 16 item columns (the H200's grids, smaller tiles: Oclgrind's local memory is 32 KiB)
         grids = {k: [(16, 8, 2, 2)] for k in ("forward", "dq", "dkdv", "fused")}
         monkeypatch.setattr(attn, "GPU_GRIDS", grids)
         assert attn.gpu_tiles(queue.device, "fused", D, np.float32)["TC"] == 16
-    if variant == "gpu-two-pass":  # and without register prefetch (PREFETCH=0)
+    if variant == "gpu-two-pass":  # and with register prefetch (PREFETCH=1)
         monkeypatch.setattr(attn, "GPU_BACKWARD", "two_pass")
-        monkeypatch.setattr(attn, "GPU_PREFETCH", ())
+        monkeypatch.setattr(attn, "GPU_PREFETCH", ("forward", "dkdv", "fused"))
         variant = "gpu"
     if variant == "gpu-row-shfl":
         monkeypatch.setattr(attn, "GPU_ROW_SHFL", True)

@@ -279,11 +279,13 @@ def test_gpu_falls_back_to_cpu_kernels_where_no_grid_fits(queue, rng, monkeypatc
     check(queue, *inputs(rng, 1, 2, 1, 40, 37, 64), causal=True)
 
 
-def test_gpu_forward_row_maxima_by_shuffles(queue, rng, monkeypatch):
+def test_gpu_forward_row_maxima_by_shuffles_and_prefetch(queue, rng, monkeypatch):
     """GPU_ROW_SHFL: the forward's row maxima by warp shuffles (emulated through local memory off NVIDIA), the
-    v tile in its own buffer; 8- and 16-column grids (D 32, 64), a bool mask, causal."""
+    v tile in its own buffer; 8- and 16-column grids (D 32, 64), a bool mask, causal; with GPU_PREFETCH (the
+    forward's and the fused backward's tiles loaded into registers ahead)."""
     monkeypatch.setattr(attn, "variant_override", "gpu")
     monkeypatch.setattr(attn, "GPU_ROW_SHFL", True)
+    monkeypatch.setattr(attn, "GPU_PREFETCH", ("forward", "dkdv", "fused"))
     check(queue, *inputs(rng, 1, 4, 2, 17, 129, 32), causal=True)
     q, k, v, g = inputs(rng, 1, 2, 1, 129, 17, 64)
     check(queue, q, k, v, g, mask=dev(queue, rng.random((1, 1, 129, 17)) < 0.7), backward=False)
@@ -300,6 +302,7 @@ def test_gpu_ptx_atomics_fall_back_to_cas(queue, rng, monkeypatch):
     monkeypatch.setattr(queue.device, "capabilities",
                         dataclasses.replace(queue.device.capabilities, nv_compute_capability=(9, 0)))
     monkeypatch.setattr(attn, "GPU_NATIVE_EXP", False)
+    monkeypatch.setattr(attn, "GPU_ROW_SHFL", False)  # (its PTX has no fallback: the forward would not build)
     monkeypatch.setattr(attn, "_PTX_ATOMICS_FAIL", {})
     assert attn.dq_atomic(queue.device) == "red4"
     data = inputs(rng, 1, 4, 2, 17, 129, 32)
