@@ -646,12 +646,15 @@ __kernel void attention_backward_dkdv_gpu(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV
                             dp[a][c] += dot4(va[a], gc[c]);
                         }
                 }
+                // every query row of the tile may attend every key of this one (no per-score checks)
+                const bool open_tile = MASK == MASK_NONE && j0 + BN <= L &&
+                                       (!causal || j0 + BN - 1 <= i0 + L - SQ);
                 for (int a = 0; a < RK_; ++a) {
                     const int kr = tr + TR * a, j = j0 + kr;
                     for (int c = 0; c < CQ_; ++c) {
                         const int qr = tc + TC * c, i = min(i0 + qr, SQ - 1);
-                        const ACC sc = masked_score(s[a][c], i, j, L, SQ, causal, mask,
-                                                    mbase + i * mask_si + j * mask_sj);
+                        const ACC sc = open_tile ? s[a][c] : masked_score(s[a][c], i, j, L, SQ, causal, mask,
+                                                                          mbase + i * mask_si + j * mask_sj);
                         ACC pz = (ACC)0, d = (ACC)0;
                         if (sc != -INFINITY && lse_s[qr] != -INFINITY) {
                             const ACC p = EXPF(sc - lse_s[qr]);
