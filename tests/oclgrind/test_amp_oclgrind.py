@@ -19,6 +19,17 @@ BF16 = np.dtype(ml_dtypes.bfloat16)
 HALVES = pytest.mark.parametrize("dt", [np.dtype(np.float16), BF16], ids=["float16", "bfloat16"])
 
 
+def half_pair(queue, rng, dt, shape):
+    """The same random values on the device in half storage `dt` and in float32."""
+    a = rng.standard_normal(shape).astype(np.float32).astype(dt)
+    return dev(queue, a), dev(queue, a.astype(np.float32))
+
+
+def close_to_float32(h, f, tol):
+    """A half result against its float32 path: relative `tol`, absolute `tol` x the largest value."""
+    close(h.to_host().astype(np.float32), f.to_host(), tol, tol * float(np.abs(f.to_host()).max()))
+
+
 @HALVES
 def test_half_elementwise_and_reductions(queue, dt):
     rng = np.random.default_rng(21)
@@ -105,11 +116,10 @@ def test_half_conv_pool_and_row_norms(queue, dt, monkeypatch):
     rng = np.random.default_rng(24)
 
     def pair(shape):
-        a = rng.standard_normal(shape).astype(np.float32).astype(dt)
-        return dev(queue, a), dev(queue, a.astype(np.float32))
+        return half_pair(queue, rng, dt, shape)
 
     def same(h, f, tol=3e-2):
-        close(h.to_host().astype(np.float32), f.to_host(), tol, tol * float(np.abs(f.to_host()).max()))
+        close_to_float32(h, f, tol)
 
     xh, xf = pair((2, 4, 5, 6))
     wh, wf = pair((6, 2, 3, 3))
@@ -191,11 +201,10 @@ def test_half_winograd(queue, dt):
     rng = np.random.default_rng(27)
 
     def pair(shape):
-        a = rng.standard_normal(shape).astype(np.float32).astype(dt)
-        return dev(queue, a), dev(queue, a.astype(np.float32))
+        return half_pair(queue, rng, dt, shape)
 
     def same(h, f, tol=4e-2):
-        close(h.to_host().astype(np.float32), f.to_host(), tol, tol * float(np.abs(f.to_host()).max()))
+        close_to_float32(h, f, tol)
 
     xh, xf = pair((1, 8, 5, 7))
     wh, wf = pair((8, 8, 3, 3))
