@@ -83,7 +83,7 @@
 #endif
 #if defined(IS_HALF)
 #define XLOAD4(p, at) vloada_half4((at), (p))
-#define XSTORE4(p, at, v) vstorea_half4_rte((v), (at), (p))
+#define XSTORE4(p, at, v) vstorea_half4((v), (at), (p))
 #elif defined(IS_BF16)
 #define XLOAD4(p, at) as_float4(convert_uint4(vload4((at), (p))) << 16)
 #define XSTORE4(p, at, v) vstore4((ushort4)(nc_float_to_bf16((v).x), nc_float_to_bf16((v).y), \
