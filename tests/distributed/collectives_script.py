@@ -11,6 +11,7 @@ import numpy as np
 import netcl.distributed as dist
 from netcl.core.device import manager
 from netcl.core.tensor import Tensor
+from tests.distributed.launching import say
 
 SIZES = (1, 17, 130, 1001, 70001)
 TENSOR_SIZES = (1, 130, 70001)  # fewer shapes on the device: each is a kernel build on a cold cache
@@ -24,8 +25,12 @@ def inputs(rank: int, n: int, dtype: np.dtype, salt: int) -> np.ndarray:
 
 
 def reference(world: int, n: int, dtype: np.dtype, salt: int, op: str, weights=None) -> np.ndarray:
-    xs = np.stack([inputs(r, n, dtype, salt).astype(np.float64 if np.dtype(dtype).kind == "f" else np.int64)
-                   for r in range(world)])
+    xs = np.stack(
+        [
+            inputs(r, n, dtype, salt).astype(np.float64 if np.dtype(dtype).kind == "f" else np.int64)
+            for r in range(world)
+        ]
+    )
     if weights is not None:
         return (xs * np.array(weights)[:, None]).sum(0)
     return {"sum": xs.sum(0), "mean": xs.mean(0), "max": xs.max(0), "min": xs.min(0), "prod": xs.prod(0)}[op]
@@ -66,8 +71,13 @@ def main() -> None:
                         x = (x % 3).astype(dtype)  # keeps the product inside int32
                     t = Tensor.from_host(q, x)
                     dist.all_reduce(t, op)
-                    want = reference(w, n, dtype, salt, op) if op != "prod" else np.prod(
-                        np.stack([(inputs(k, n, dtype, salt) % 3).astype(np.int64) for k in range(w)]), 0)
+                    want = (
+                        reference(w, n, dtype, salt, op)
+                        if op != "prod"
+                        else np.prod(
+                            np.stack([(inputs(k, n, dtype, salt) % 3).astype(np.int64) for k in range(w)]), 0
+                        )
+                    )
                     close(
                         t.to_host(),
                         want,
@@ -88,8 +98,12 @@ def main() -> None:
             f"list a {mode}",
         )
         close(b.to_host(), reference(w, 29, np.int32, salt, "sum"), np.int32, f"list b {mode}")
-        close(c_full.to_host().reshape(-1), reference(w, 42, np.float32, salt + 1, "sum"), np.float32,
-              f"strided {mode}")
+        close(
+            c_full.to_host().reshape(-1),
+            reference(w, 42, np.float32, salt + 1, "sum"),
+            np.float32,
+            f"strided {mode}",
+        )
         weights = [(k + 1) / (w * (w + 1) / 2) for k in range(w)]
         salt += 2
         t = Tensor.from_host(q, inputs(r, 1001, np.float32, salt))
@@ -120,7 +134,7 @@ def main() -> None:
     assert sum(shares) == 10 * w + 1 and min(shares) >= 1 and shares == sorted(shares), shares
     # a rank that makes a different call is named, not a hang (shm; MPI leaves a mismatch undefined)
     if dist.backend() == "mpi":
-        print(f"rank {r} ok", flush=True)
+        say(f"rank {r} ok")
         return
     try:
         if r == 0:
@@ -129,10 +143,10 @@ def main() -> None:
             dist.broadcast(np.zeros(5, np.float32), src=0)
     except dist.DistributedError as exc:
         assert "disagree" in str(exc) or "different collective call" in str(exc), exc
-        print(f"rank {r} mismatch named: {exc}", flush=True)
+        say(f"rank {r} mismatch named: {exc}")
     else:
         raise AssertionError("a mismatched call went unnoticed")
-    print(f"rank {r} ok", flush=True)
+    say(f"rank {r} ok")
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import time
 import numpy as np
 
 import netcl.distributed as dist
+from tests.distributed.launching import say
 
 
 def main() -> None:
@@ -21,7 +22,7 @@ def main() -> None:
     x = np.arange(5000, dtype=np.float32)
     dist.all_reduce(x)
     names = [n for n in os.listdir("/dev/shm") if n.startswith(os.environ["NETCL_DIST_ID"])]
-    print(f"rank {dist.rank()} job {os.environ['NETCL_DIST_ID']} named-segments {len(names)}", flush=True)
+    say(f"rank {dist.rank()} job {os.environ['NETCL_DIST_ID']} named-segments {len(names)}")
     if dist.rank() == 1:
         if mode == "crash":
             os.kill(os.getpid(), signal.SIGKILL)
@@ -33,14 +34,13 @@ def main() -> None:
     try:
         dist.all_reduce(x)
     except dist.DistributedError as exc:
-        print(
+        say(
             f"rank {dist.rank()} DistributedError after {time.monotonic() - t0:.1f}s "
             f"ranks={list(exc.ranks)}: "
-            f"{exc}",
-            flush=True,
+            f"{exc}"
         )
         sys.exit(3)
-    print(f"rank {dist.rank()} finished", flush=True)
+    say(f"rank {dist.rank()} finished")
 
 
 if __name__ == "__main__":

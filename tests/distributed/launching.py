@@ -16,6 +16,13 @@ ROOT = HERE.parents[1]
 MPIEXEC = Path(sys.executable).parent / "mpiexec"
 
 
+def say(line: str) -> None:
+    """For the scripts the ranks run: one line to stdout in one write(2). The ranks share the pipe,
+    and print() with PYTHONUNBUFFERED=1 writes a line's text and its newline apart, so two ranks' lines
+    could interleave (seen in CI: rank 0's and rank 2's errors on one line)."""
+    os.write(1, (line + "\n").encode())
+
+
 @dataclass
 class Result:
     returncode: int
@@ -45,8 +52,14 @@ def netcl_run(nproc: int, script: str, *args: str, timeout: float = 120, **env: 
 
 
 def mpiexec(nproc: int, script: str, *args: str, timeout: float = 120, **env: str) -> Result:
-    cmd = [str(MPIEXEC if MPIEXEC.exists() else shutil.which("mpiexec")), "-n", str(nproc), sys.executable,
-           str(HERE / script), *args]
+    cmd = [
+        str(MPIEXEC if MPIEXEC.exists() else shutil.which("mpiexec")),
+        "-n",
+        str(nproc),
+        sys.executable,
+        str(HERE / script),
+        *args,
+    ]
     return _run(cmd, environment(**env), timeout)
 
 
