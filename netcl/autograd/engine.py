@@ -102,6 +102,16 @@ class Node:
     def item(self) -> Any:
         return self.value.item()
 
+    def __float__(self) -> float:
+        return float(self.value)
+
+    def __int__(self) -> int:
+        return int(self.value)
+
+    def backward(self, grad: Tensor | None = None, retain_graph: bool = False) -> None:
+        """`loss.backward()`: the same as `tape.backward(loss)` (PyTorch's spelling)."""
+        backward(self, grad, retain_graph)
+
     def retain_grad(self) -> Node:
         """Keep this (non-leaf) node's gradient in `.grad` after backward."""
         self._retain = True

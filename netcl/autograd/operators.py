@@ -5,15 +5,30 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from netcl.autograd import elementwise as ew
 from netcl.autograd import movement as mv
 from netcl.autograd import nnops
 from netcl.autograd import reduce as rd
 from netcl.autograd.engine import Node
+from netcl.core import dtypes
 
 
 def _reflected(fn):
     return lambda self, other: fn(other, self)
+
+
+def _to(node: Node, dtype: object) -> Node:
+    """`node.to(dtype)`: PyTorch's spelling of astype (differentiable). A Node stays on its queue: move
+    its Tensor instead (`node.value.to(queue)`, or the module: `model.to(queue)`)."""
+    if not isinstance(dtype, (np.dtype, type, str)):
+        raise TypeError(
+            f"Node.to takes a dtype (np.float16, 'float64', ...), got {type(dtype).__name__}; a Node "
+            "stays on its queue: move the Tensor (node.value.to(queue)) or the module (model.to(queue))"
+        )
+    dt = dtypes.normalize(dtype)
+    return node if dt == node.dtype else ew.cast(node, dt)
 
 
 def install() -> None:
@@ -62,6 +77,7 @@ def install() -> None:
     N.clamp = ew.clamp
     N.cast = ew.cast
     N.astype = ew.cast
+    N.to = _to
     N.pow = ew.pow
     for name in ("sum", "mean", "max", "min", "softmax", "log_softmax", "logsumexp", "var", "std"):
         setattr(N, name, getattr(rd, name))

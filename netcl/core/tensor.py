@@ -316,9 +316,14 @@ class Tensor:
         return self
 
     # -- copies (copy_, contiguous and clone launch a kernel: netcl.ops.copy installs them) -----------
-    def to(self, queue: Any) -> Tensor:
-        """This tensor on another queue (through the host when the device differs)."""
-        target = as_queue(queue)
+    def to(self, target: Any) -> Tensor:
+        """This tensor on another queue (through the host when the device differs); given a dtype
+        (`t.to(np.float16)`, `t.to("float64")`, as PyTorch's `.to(dtype)`), this tensor converted to it:
+        `astype` (a new tensor; the same one when the dtype already matches)."""
+        if isinstance(target, (np.dtype, type, str)):
+            dt = dtypes.normalize(target)
+            return self if dt == self.dtype else self.astype(dt)
+        target = as_queue(target)
         if target is self.queue:
             return self
         if target.device is self.device:
@@ -563,6 +568,16 @@ class Tensor:
                 f"the truth value of a tensor with {self.size} elements is ambiguous; use any()/all()"
             )
         return bool(self.item())
+
+    def __float__(self) -> float:
+        if self.size != 1:
+            raise ShapeError(f"float() needs a tensor of one element, this one has shape {self.shape}")
+        return float(self.item())
+
+    def __int__(self) -> int:
+        if self.size != 1:
+            raise ShapeError(f"int() needs a tensor of one element, this one has shape {self.shape}")
+        return int(self.item())
 
 
 # -- layout helpers ------------------------------------------------------------------------------

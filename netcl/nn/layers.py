@@ -174,7 +174,9 @@ class BatchNorm2d(Module):
         return f"{self.num_features}, eps={self.eps}, momentum={self.momentum}"
 
 
-BatchNorm1d = BatchNorm2d  # the op normalises axis 1 of (N, C, *): (N, C) and (N, C, L) work too
+class BatchNorm1d(BatchNorm2d):
+    """BatchNorm2d's layer under PyTorch's name for (N, C) and (N, C, L) inputs (the op normalises axis 1
+    of (N, C, *) either way); its own class so repr, profiler scopes and isinstance name it."""
 
 
 class LayerNorm(Module):

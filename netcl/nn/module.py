@@ -15,9 +15,10 @@ import numpy as np
 
 from netcl import profiling
 from netcl.autograd.engine import Parameter
+from netcl.core import dtypes
 from netcl.core.backend import as_queue
 from netcl.core.tensor import Tensor
-from netcl.errors import NetclError
+from netcl.errors import DTypeError, NetclError
 
 
 class StateDictError(NetclError, KeyError):
@@ -175,9 +176,13 @@ class Module:
     def eval(self) -> Module:
         return self.train(False)
 
-    def to(self, queue: Any) -> Module:
-        """Move every parameter and buffer to `queue` (gradients are dropped)."""
-        q = as_queue(queue)
+    def to(self, target: Any) -> Module:
+        """Move every parameter and buffer to the queue `target` (gradients are dropped). Given a dtype
+        (`model.to(np.float64)`, as PyTorch's `.to(dtype)`), convert the floating-point parameters and
+        buffers to it instead (integer buffers stay); build the optimizer after this."""
+        if isinstance(target, (np.dtype, type, str)):
+            return self._to_dtype(dtypes.normalize(target))
+        q = as_queue(target)
         for m in self.modules():
             for p in m._parameters.values():
                 if p is not None:
@@ -186,6 +191,19 @@ class Module:
             for name, b in list(m._buffers.items()):
                 if b is not None:
                     m._buffers[name] = b.to(q)
+        return self
+
+    def _to_dtype(self, dt: np.dtype) -> Module:
+        if not dtypes.is_floating(dt):
+            raise DTypeError(f"Module.to({dt}): parameters convert to a floating-point dtype only")
+        for m in self.modules():
+            for p in m._parameters.values():
+                if p is not None and dtypes.is_floating(p.dtype) and p.dtype != dt:
+                    p.value = p.value.astype(dt)
+                    p.grad = None
+            for name, b in list(m._buffers.items()):
+                if b is not None and dtypes.is_floating(b.dtype) and b.dtype != dt:
+                    m._buffers[name] = b.astype(dt)
         return self
 
     def zero_grad(self) -> None:
