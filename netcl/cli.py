@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -105,12 +106,24 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+def _check_writable(path: Path, flag: str) -> None:
+    """A file `path` can be written (its directory made if missing), or a NetclError naming `flag`."""
+    if path.is_dir():
+        raise NetclError(f"{flag} {path} is a directory; give a file name (e.g. {path / 'trace.json'})")
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent  # export makes the missing directories: the nearest existing one decides
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise NetclError(f"{flag} {path}: cannot write there ({parent} is not a writable directory)")
+
+
 def cmd_profile(args: argparse.Namespace) -> int:
     """Run a script under netcl.profiling: its tables on stderr, its Chrome trace written."""
     script = Path(args.script)
     if not script.is_file():
-        raise NetclError(f"netcl profile: no script {script}")
+        raise NetclError(f"no script {script} (netcl profile runs a Python file)")
     trace = Path(args.trace) if args.trace else Path(f"{script.stem}.trace.json")
+    _check_writable(trace, "--trace")  # before the script runs: a bad path must not cost its profile
     status, _ = profiling.run_script(str(script), list(args.args), trace, top=args.top)
     return status
 
@@ -130,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--trace", default=None, help="where the trace goes (default: SCRIPT's name + .trace.json here)"
     )
-    p.add_argument("--top", type=int, default=25, help="rows per table (default 25)")
+    p.add_argument("--top", type=launch.positive_int, default=25, help="rows per table (default 25)")
     p.add_argument("script", help="the Python script to run")
     p.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
     p.set_defaults(func=cmd_profile)

@@ -760,7 +760,13 @@ def run_script(
         sys.argv, sys.path[:] = saved_argv, saved_path
         prof.report(by=by, file=out, top=top)
         if trace is not None:
-            written = prof.export_chrome_trace(trace)
-            print(f"wrote {written} (open it in Perfetto: ui.perfetto.dev, or chrome://tracing)", file=out)
+            try:
+                written = prof.export_chrome_trace(trace)
+            except OSError as exc:  # the tables above are still the profile; no traceback for a bad path
+                print(f"netcl: could not write the trace to {trace}: {exc}", file=out)
+                status = status or 1
+            else:
+                print(f"wrote {written} (open it in Perfetto: ui.perfetto.dev, or chrome://tracing)",
+                      file=out)
     return status, prof
 

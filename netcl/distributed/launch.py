@@ -82,7 +82,7 @@ def register(subparsers: Any) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     if not os.path.isfile(args.script):
-        raise NetclError(f"netcl run: no script {args.script}")
+        raise NetclError(f"no script {args.script} (netcl run starts a Python file)")
     extra = {"NETCL_DIST_TIMEOUT": args.timeout} if args.timeout else {}
     return launch([sys.executable, args.script, *args.args], args.nproc, args.devices, extra)
 

@@ -27,7 +27,6 @@ from tqdm import tqdm
 import netcl.autograd as ag
 from netcl import distributed as dist
 from netcl import optim
-from netcl.core.device import manager
 from netcl.core.tensor import Tensor
 from netcl.distributed import launch
 from netcl.errors import NetclError
@@ -41,6 +40,7 @@ from netcl.train import corpus as corpus_mod
 from netcl.train import runs
 from netcl.train.corpus import END_OF_TEXT, TokenWindows, build_corpus, validation_windows
 from netcl.train.loop import MixedPrecision, add_amp_argument
+from netcl.train.runs import open_device
 
 DEFAULT_OUT = Path("runs/lm")
 TOKENIZER_FILE = "tokenizer.json"
@@ -229,7 +229,8 @@ def register(subparsers: Any) -> None:
         "generate", help="stream text from a trained GPT (netcl lm-train's run directory)"
     )
     gen.add_argument("--checkpoint", required=True, metavar="DIR", help="a run or model directory")
-    gen.add_argument("--prompt", default="", help="text to continue (default: the start of a new file)")
+    gen.add_argument("--prompt", default="", help="text to continue (default: the start of a new file); "
+                     "special-token text in it, such as <|endoftext|>, is that control token")
     _add_sampling(gen, 200)
     _add_device(gen)
     gen.set_defaults(func=run_generate)
@@ -297,14 +298,6 @@ def _check_out(out: Path) -> None:
         raise NetclError(f"--out {out}: {parent} is a file, not a directory; pick another --out")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise NetclError(f"--out {out}: no permission to write in {parent}; pick another --out")
-
-
-def open_device(spec: str) -> Any:
-    """The device of a --device flag; a bad one is an error naming the flag and listing the devices."""
-    try:
-        return manager.default(spec)
-    except NetclError as exc:
-        raise NetclError(f"--device {spec}: {exc}") from None
 
 
 def _settings(args: argparse.Namespace, saved: dict[str, Any]) -> dict[str, Any]:
@@ -492,6 +485,8 @@ def run_train(args: argparse.Namespace) -> int:
     argv = list(getattr(args, "argv", None) or [])
     if nproc > 1 and args.out is None and args.resume is None:  # one fresh directory for all ranks
         argv += ["--out", str(runs.fresh_default_out(DEFAULT_OUT))]
+    if nproc > 1:
+        open_device(args.device)  # a bad --device: one error here, not one per rank
     code = launch.spawn_ranks(argv, nproc)  # --nproc N: this process starts N ranks of itself
     if code is not None:
         return code
@@ -511,6 +506,9 @@ def run_train(args: argparse.Namespace) -> int:
         )
     s = _settings(args, saved)
     done = saved.get("steps_done", 0)
+    if resume_from is not None and args.steps is not None and args.steps < done:
+        raise NetclError(f"--steps {args.steps} is fewer than the {done} steps {resume_from} has already "
+                         f"trained; a resumed run can only go further: pass --steps N (N > {done})")
     if resume_from is not None and done >= s["steps"]:
         log(f"{resume_from} has already trained {done} of {s['steps']} steps: nothing to do; pass --steps N "
             f"(N > {done}) to train further. Nothing was written.")
@@ -759,7 +757,10 @@ def _context(model: GPT) -> int:
 def run_generate(args: argparse.Namespace) -> int:
     model, tokenizer = load_model_dir(args.checkpoint, args.device)
     eot = tokenizer.special_tokens.get(END_OF_TEXT)
-    ids = tokenizer.encode(args.prompt) if args.prompt else ([eot] if eot is not None else [])
+    # the prompt is the model's raw input: special-token text in it (<|endoftext|>, a hand-written
+    # <|im_start|>) is the control token, as the model saw it in training, not an error
+    ids = tokenizer.encode(args.prompt, allowed_special="all") if args.prompt else ([eot] if eot is not None
+                                                                                   else [])
     if not ids:
         raise NetclError(
             "--prompt is empty and the tokenizer has no <|endoftext|> token to start from; give a prompt"

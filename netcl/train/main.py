@@ -17,7 +17,6 @@ from tqdm import tqdm
 
 from netcl import distributed as dist
 from netcl import optim
-from netcl.core.device import manager
 from netcl.data import DataLoader, DatasetUnavailable, DistributedSampler, load_digits, load_idx_dataset
 from netcl.distributed import launch
 from netcl.errors import NetclError
@@ -35,6 +34,7 @@ from netcl.train.loop import (
     prepare_images,
     train_epoch,
 )
+from netcl.train.runs import open_device
 
 # Defaults per dataset, so the job ends on a result worth showing whichever one it found (2-core PoCL
 # CPU device: Fashion-MNIST CNN 2 x 20000 images ~87% in a few minutes; the 1437 digits at batch 32
@@ -249,6 +249,7 @@ def _settings(args: argparse.Namespace, saved: dict[str, Any], dataset_name: str
 
 
 def run(args: argparse.Namespace) -> int:
+    open_device(args.device)  # before the ranks start: a bad --device is one error, not one per rank
     code = launch.spawn_ranks(args.argv, args.nproc)  # --nproc N: this process starts N ranks of itself
     if code is not None:
         return code
@@ -266,11 +267,14 @@ def run(args: argparse.Namespace) -> int:
         if dataset not in ("auto", saved["dataset"]):
             raise NetclError(f"--dataset {dataset} differs from the resumed run's {saved['dataset']}")
         dataset = saved["dataset"]
-    dev = manager.default(args.device)
+    dev = open_device(args.device)  # in a rank, NETCL_DEVICE (set by the launcher) may pick another
     q = dev.queue
     data = load_data(dataset, args.data_dir, log)
     s = _settings(args, saved, data.name)
     done = saved.get("epochs_done", 0)
+    if resume_from is not None and args.epochs is not None and args.epochs < done:
+        raise NetclError(f"--epochs {args.epochs} is fewer than the {done} epochs {resume_from} has already "
+                         f"trained; a resumed run can only go further: pass --epochs N (N > {done})")
     if resume_from is not None and done >= s["epochs"]:
         log(
             f"{resume_from} has already trained {done} of "

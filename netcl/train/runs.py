@@ -6,8 +6,21 @@ name after the default's."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
+
+from netcl.core.device import manager
+from netcl.errors import NetclError
 
 CHECKPOINT_FILE = "checkpoint.safetensors"
+
+
+def open_device(spec: str) -> Any:
+    """The device of a --device flag; a bad one is an error naming the flag and listing the devices. A
+    command with --nproc N calls it before it starts the ranks, so a bad device is one error, not N."""
+    try:
+        return manager.default(spec)
+    except NetclError as exc:
+        raise NetclError(f"--device {spec}: {exc}") from None
 
 
 def holds_run(directory: Path) -> bool:

@@ -8,13 +8,17 @@ import json
 import numpy as np
 
 from netcl.core.device import manager
+from netcl.errors import NetclError
 from netcl.kernels.tuning import database_for
 from netcl.ops.gemm import flops
 from netcl.tune.gemm import candidates, default_size, tune_gemm
 
 
 def _parse_size(text: str) -> tuple[int, int, int]:
-    parts = [int(p) for p in text.lower().replace("^3", "").split("x")]
+    try:
+        parts = [int(p) for p in text.lower().replace("^3", "").split("x")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"size must be N or MxNxK, got {text!r}") from None
     if len(parts) == 1:
         parts *= 3
     if len(parts) != 3 or min(parts) <= 0:
@@ -22,7 +26,38 @@ def _parse_size(text: str) -> tuple[int, int, int]:
     return parts[0], parts[1], parts[2]
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {value}")
+    return value
+
+
+# Flags that only a measurement reads: with --show or --reset they would be silently ignored.
+_MEASURE_FLAGS = {"quick": "--quick", "size": "--size", "limit": "--limit", "dry_run": "--dry-run",
+                  "verbose": "--verbose"}
+
+
+def _check_modes(args: argparse.Namespace) -> None:
+    """--show and --reset are modes of their own: combined with each other or with a measuring flag, one
+    of them would be ignored (--reset --dry-run would still forget the entries), so refuse the mix."""
+    modes = [flag for flag, on in (("--show", args.show), ("--reset", args.reset)) if on]
+    if len(modes) > 1:
+        raise NetclError("--show and --reset are separate actions; give one of them")
+    if modes:
+        given = [flag for key, flag in _MEASURE_FLAGS.items() if getattr(args, key) not in (None, False)]
+        if args.dtype != ["float32"]:
+            given.insert(0, "--dtype")
+        if given:
+            raise NetclError(f"{modes[0]} measures nothing, so {', '.join(given)} would be "
+                             f"ignored; leave {'it' if len(given) == 1 else 'them'} out")
+
+
 def cmd_tune(args: argparse.Namespace) -> int:
+    _check_modes(args)
     device = manager.get(args.device) if args.device else manager.default("auto")
     db = database_for(device)
     if args.show:
@@ -70,7 +105,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", nargs="+", default=["float32"], choices=["float16", "float32", "float64"])
     p.add_argument("--size", type=_parse_size, default=None, help="problem size N or MxNxK")
     p.add_argument("--device", default=None, help="device spec (default: NETCL_DEVICE or auto)")
-    p.add_argument("--limit", type=int, default=0, help="measure at most this many candidates")
+    p.add_argument("--limit", type=_positive_int, default=None, help="measure at most this many candidates")
     p.add_argument("--dry-run", action="store_true", help="measure but store nothing")
     p.add_argument("--show", action="store_true", help="print this device's tuning database and exit")
     p.add_argument("--reset", action="store_true", help="forget this device's GEMM entries and exit")

@@ -182,6 +182,11 @@ def test_resume_with_more_steps_stretches_the_schedule(corpus_dir, tmp_path, cap
     )
     assert "already trained 8 of 8 steps: nothing to do" in capsys.readouterr().out
     assert {p.name: p.read_bytes() for p in out.iterdir()} == files
+    # fewer steps than it has done is a contradiction, not "8 of 5 steps: nothing to do"
+    assert main(["lm-train", "--resume", str(out), "--steps", "5", "--no-progress", "--cache-dir",
+                 str(tmp_path / "cache")]) == 1
+    assert "--steps 5 is fewer than the 8 steps" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == files
     # a resumed run keeps its settings
     assert main(["lm-train", "--resume", str(out), "--steps", "9", "--dim", "32", "--no-progress"]) == 1
     assert "--dim 32 differs from the resumed run's 16" in capsys.readouterr().err

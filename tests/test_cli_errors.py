@@ -1,0 +1,74 @@
+"""Bad values a new user gives the `netcl` subcommands: each ends in one clear error naming the flag, before
+anything runs or is written (the rest of the CLI's refusals are tested beside each command)."""
+
+from __future__ import annotations
+
+import pytest
+
+from netcl.cli import main
+from netcl.models import GPT, GPTConfig
+from netcl.text import BPETokenizer
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["tune", "--limit", "0"], "argument --limit: must be an integer >= 1, got 0"),
+        (["tune", "--limit", "-1"], "argument --limit: must be an integer >= 1, got -1"),
+        (["tune", "--size", "x"], "argument --size: size must be N or MxNxK, got 'x'"),
+        (["profile", "--top", "0", "script.py"], "argument --top: must be a positive integer, got 0"),
+    ],
+)
+def test_bad_numbers_are_argparse_errors(argv, words, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    assert words in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["tune", "--reset", "--dry-run"], "--reset measures nothing, so --dry-run would be ignored"),
+        (["tune", "--show", "--reset"], "--show and --reset are separate actions"),
+        (["tune", "--show", "--limit", "3", "--dtype", "float64"], "so --dtype, --limit would be ignored"),
+    ],
+)
+def test_tune_modes_that_would_ignore_a_flag_are_refused(argv, words, capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("NETCL_CACHE_DIR", str(tmp_path))
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert words in err and err.count("\n") == 1 and "netcl: netcl" not in err
+    assert not list(tmp_path.iterdir())  # --reset --dry-run forgot nothing
+
+
+def test_profile_refuses_a_bad_trace_path_before_the_script_runs(tmp_path, capsys):
+    marker = tmp_path / "ran"
+    script = tmp_path / "s.py"
+    script.write_text(f"open({str(marker)!r}, 'w').close()\n")
+    assert main(["profile", "--trace", str(tmp_path), str(script)]) == 1
+    assert main(["profile", "--trace", str(script / "t.json"), str(script)]) == 1
+    err = capsys.readouterr().err
+    assert f"--trace {tmp_path} is a directory" in err and "is not a writable directory" in err
+    assert "Traceback" not in err and not marker.exists()
+    assert main(["profile", str(tmp_path / "missing.py")]) == 1
+    assert "netcl: no script" in capsys.readouterr().err
+
+
+def test_train_nproc_checks_device_before_starting_ranks(tmp_path, capsys):
+    assert main(["train", "--dataset", "digits", "--nproc", "2", "--device", "9:9",
+                 "--out", str(tmp_path / "r"), "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert "--device 9:9: no device at index 9:9" in err and "netcl run: rank" not in err
+    assert not (tmp_path / "r").exists()
+
+
+def test_generate_prompt_may_hold_special_tokens(tmp_path, capsys, queue):
+    tok = BPETokenizer.train("def f(x):\n    return x\n" * 20, 280, special_tokens=["<|endoftext|>"])
+    gpt = GPT(queue, GPTConfig(vocab_size=tok.n_vocab, dim=16, n_layers=1, n_heads=2, max_seq_len=16))
+    gpt.save_pretrained(tmp_path)
+    tok.save_hf(tmp_path / "tokenizer.json")
+    code = main(["generate", "--checkpoint", str(tmp_path), "--prompt", "<|endoftext|>def",
+                 "--max-new-tokens", "2", "--temperature", "0"])
+    out, err = capsys.readouterr()
+    assert code == 0 and out.startswith("<|endoftext|>def"), err
