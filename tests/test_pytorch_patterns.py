@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import netcl.autograd as ag
+from netcl import optim
 from netcl.core.tensor import Tensor
 from netcl.errors import DTypeError, ShapeError
 from netcl.nn import BatchNorm1d, BatchNorm2d, Linear, ReLU, Sequential
@@ -67,3 +68,18 @@ def test_batchnorm1d_is_named_as_such(queue):
     bn = BatchNorm1d(queue, 3)
     assert repr(bn).startswith("BatchNorm1d(3,") and isinstance(bn, BatchNorm2d)
     assert list(bn.state_dict()) == list(BatchNorm2d(queue, 3).state_dict())
+
+
+def test_plateau_takes_the_loss_as_pytorch_code_passes_it(queue):
+    lin = Linear(queue, 2, 2)
+    opt = optim.SGD(lin.parameters(), lr=1.0)
+    sched = optim.ReduceLROnPlateau(opt, patience=0, factor=0.5)
+    loss = ag.tensor(Tensor.from_host(queue, np.array([0.25], np.float32)))
+    sched.step(loss)  # a Node of one element, as `scheduler.step(val_loss)` passes it
+    sched.step(loss.value)
+    assert opt.param_groups[0]["lr"] == 0.5
+
+
+def test_a_numpy_array_into_a_module_says_how_to_move_it(queue):
+    with pytest.raises(TypeError, match=r"got ndarray; move it to the device first: Tensor.from_host"):
+        Linear(queue, 2, 2)(np.ones((1, 2), np.float32))

@@ -207,7 +207,11 @@ def as_node(x: Any) -> Node:
         return x
     if isinstance(x, Tensor):
         return Node(x)
-    raise TypeError(f"expected a Node or Tensor, got {type(x).__name__}")
+    hint = (
+        "; move it to the device first: Tensor.from_host(queue, array)"
+        if isinstance(x, np.ndarray) else ""
+    )
+    raise TypeError(f"expected a Node or Tensor, got {type(x).__name__}{hint}")
 
 
 # -- recording ------------------------------------------------------------------------------
