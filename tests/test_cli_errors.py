@@ -3,11 +3,15 @@ anything runs or is written (the rest of the CLI's refusals are tested beside ea
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
 
 from netcl.cli import main
 from netcl.models import GPT, GPTConfig
 from netcl.text import BPETokenizer
+from netcl.train import lm as lm_main
+from netcl.train import main as train_main
 
 
 @pytest.mark.parametrize(
@@ -72,3 +76,22 @@ def test_generate_prompt_may_hold_special_tokens(tmp_path, capsys, queue):
                  "--max-new-tokens", "2", "--temperature", "0"])
     out, err = capsys.readouterr()
     assert code == 0 and out.startswith("<|endoftext|>def"), err
+
+
+@pytest.mark.parametrize("command", ["train", "lm-train"])
+def test_resume_with_overwrite_is_a_contradiction(command, tmp_path, capsys):
+    assert main([command, "--resume", "--overwrite", "--out", str(tmp_path / "r"), "--no-progress"]) == 1
+    assert "--resume continues a run and --overwrite replaces it" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("module", [train_main, lm_main])
+def test_overwrite_without_out_replaces_the_default_run(module, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    default = module.DEFAULT_OUT
+    default.mkdir(parents=True)
+    (default / "metrics.json").write_text("{}")
+    args = argparse.Namespace(resume=None, out=None, overwrite=True)
+    assert module._plan_output(args, print)[0] == default  # not runs/NAME-2, which ignored --overwrite
+    args.overwrite = False
+    assert module._plan_output(args, print)[0] == default.parent / f"{default.name}-2"

@@ -213,7 +213,8 @@ def register(subparsers: Any) -> None:
         "under runs/; --steps may raise the total (the cosine schedule is stretched to it)",
     )
     p.add_argument(
-        "--overwrite", action="store_true", help="replace an earlier run in OUT instead of refusing"
+        "--overwrite", action="store_true",
+        help="replace an earlier run in OUT (without --out: in the default directory) instead of refusing"
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bars (plain lines)")
     add_amp_argument(p)
@@ -250,8 +251,9 @@ def _plan_output(
     args: argparse.Namespace, log: Callable[[str], None]
 ) -> tuple[Path, Path | None, dict[str, Any]]:
     """(run directory, checkpoint to resume from or None, the settings that checkpoint recorded)."""
+    runs.check_overwrite(args.resume, args.overwrite)
     if args.resume is None:
-        if args.out is None:
+        if args.out is None and not args.overwrite:
             out = runs.fresh_default_out(DEFAULT_OUT)
             if out != DEFAULT_OUT:
                 log(
@@ -260,7 +262,7 @@ def _plan_output(
                     "run, --out picks a directory)"
                 )
             return out, None, {}
-        out = Path(args.out)
+        out = Path(args.out) if args.out is not None else DEFAULT_OUT  # --overwrite alone: the default's
         if runs.holds_run(out) and not args.overwrite:
             raise NetclError(f"--out {out} already holds a run; pass --resume to continue it, --overwrite to "
                              "replace it, or another --out")
@@ -484,7 +486,7 @@ def run_train(args: argparse.Namespace) -> int:
     nproc = args.nproc or 1
     argv = list(getattr(args, "argv", None) or [])
     if nproc > 1 and args.out is None and args.resume is None:  # one fresh directory for all ranks
-        argv += ["--out", str(runs.fresh_default_out(DEFAULT_OUT))]
+        argv += ["--out", str(DEFAULT_OUT if args.overwrite else runs.fresh_default_out(DEFAULT_OUT))]
     if nproc > 1:
         open_device(args.device)  # a bad --device: one error here, not one per rank
     code = launch.spawn_ranks(argv, nproc)  # --nproc N: this process starts N ranks of itself

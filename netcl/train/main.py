@@ -132,7 +132,8 @@ def register(subparsers: Any) -> None:
         "run under runs/; --epochs may raise the total (the cosine schedule is stretched to it)",
     )
     p.add_argument(
-        "--overwrite", action="store_true", help="replace an earlier run in OUT instead of refusing"
+        "--overwrite", action="store_true",
+        help="replace an earlier run in OUT (without --out: in the default directory) instead of refusing"
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bars (plain lines)")
     add_amp_argument(p)
@@ -196,14 +197,15 @@ def plot_curves(history: dict[str, Any], path: Path, title: str) -> None:
 
 def _plan_output(args: argparse.Namespace, log: Any) -> tuple[Path, Path | None, dict[str, Any]]:
     """(output directory, checkpoint to resume from or None, the settings that checkpoint recorded)."""
+    runs.check_overwrite(args.resume, args.overwrite)
     if args.resume is None:
-        if args.out is None:
+        if args.out is None and not args.overwrite:
             out = runs.fresh_default_out(DEFAULT_OUT)
             if out != DEFAULT_OUT:
                 log(f"{DEFAULT_OUT} holds an earlier run: this one goes to {out} (--resume continues the "
                     "latest run, --out picks a directory)")
             return out, None, {}
-        out = Path(args.out)
+        out = Path(args.out) if args.out is not None else DEFAULT_OUT  # --overwrite alone: the default's
         if runs.holds_run(out) and not args.overwrite:
             raise NetclError(f"--out {out} already holds a run; pass --resume to continue it, --overwrite to "
                              "replace it, or another --out")

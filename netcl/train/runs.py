@@ -23,6 +23,12 @@ def open_device(spec: str) -> Any:
         raise NetclError(f"--device {spec}: {exc}") from None
 
 
+def check_overwrite(resume: object, overwrite: bool) -> None:
+    """--resume continues a run where it is and --overwrite replaces it: together one would be ignored."""
+    if overwrite and resume is not None:
+        raise NetclError("--resume continues a run and --overwrite replaces it; give one of them")
+
+
 def holds_run(directory: Path) -> bool:
     return (directory / CHECKPOINT_FILE).exists() or (directory / "metrics.json").exists()
 
