@@ -3,14 +3,16 @@ error that says what netcl spells instead (the mapping table is docs/paths/pytor
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import numpy as np
 import pytest
 
 import netcl.autograd as ag
 from netcl import optim
 from netcl.core.tensor import Tensor
-from netcl.errors import DTypeError, ShapeError
-from netcl.nn import BatchNorm1d, BatchNorm2d, Linear, ReLU, Sequential
+from netcl.errors import DTypeError, NetclError, ShapeError
+from netcl.nn import BatchNorm1d, BatchNorm2d, Linear, ReLU, Sequential, init
 
 
 def test_float_and_int_of_a_one_element_tensor_or_node(queue):
@@ -83,3 +85,49 @@ def test_plateau_takes_the_loss_as_pytorch_code_passes_it(queue):
 def test_a_numpy_array_into_a_module_says_how_to_move_it(queue):
     with pytest.raises(TypeError, match=r"got ndarray; move it to the device first: Tensor.from_host"):
         Linear(queue, 2, 2)(np.ones((1, 2), np.float32))
+
+
+def test_in_place_initialisers_through_apply(queue):
+    model = Sequential(OrderedDict([("fc", Linear(queue, 48, 64)), ("act", ReLU()),
+                                    ("out", Linear(queue, 64, 40))]))
+    assert list(model.state_dict()) == ["fc.weight", "fc.bias", "out.weight", "out.bias"]
+    values = {n: p.value for n, p in model.named_parameters()}
+    seen = []
+
+    def init_weights(m):
+        seen.append(type(m).__name__)
+        if isinstance(m, Linear):
+            assert init.xavier_uniform_(m.weight) is m.weight
+            init.constant_(m.bias, 0.5)
+
+    assert model.apply(init_weights) is model
+    assert seen == ["Linear", "ReLU", "Linear", "Sequential"]  # children first, as in PyTorch
+    assert all(p.value is values[n] for n, p in model.named_parameters())  # filled in place
+    w = model.fc.weight.numpy()
+    bound = np.sqrt(6.0 / (48 + 64))
+    assert np.abs(w).max() <= bound and abs(w.std() - bound / np.sqrt(3)) < 0.1 * bound / np.sqrt(3)
+    assert np.array_equal(model.out.bias.numpy(), np.full(40, 0.5, np.float32))
+    init.kaiming_normal_(model.fc.weight, mode="fan_out", nonlinearity="relu")
+    std = np.sqrt(2.0) / np.sqrt(64)
+    assert abs(model.fc.weight.numpy().std() - std) < 0.1 * std
+    init.zeros_(model.fc.bias.value)  # a Tensor works too
+    assert not model.fc.bias.numpy().any()
+    with pytest.raises(ShapeError, match="2 or more dimensions"):
+        init.xavier_uniform_(model.fc.bias)
+    with pytest.raises(DTypeError, match="floating-point"):
+        init.normal_(Tensor.zeros(queue, (2, 2), dtype=np.int32))
+    with pytest.raises(ValueError, match="mode must be"):
+        init.kaiming_uniform_(model.fc.weight, mode="fan_avg")
+
+
+def test_requires_grad_on_a_leaf(queue):
+    x = ag.tensor(Tensor.from_host(queue, np.array([1.0, 2.0], np.float32)))
+    assert x.requires_grad_() is x and x.requires_grad
+    with ag.Tape():
+        y = (x * x).sum()
+    y.backward()
+    assert np.array_equal(x.grad.to_host(), [2.0, 4.0])
+    with ag.Tape():
+        z = x * 2
+    with pytest.raises(NetclError, match="computed by an op"):
+        z.requires_grad_(False)

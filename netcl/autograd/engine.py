@@ -112,6 +112,18 @@ class Node:
         """`loss.backward()`: the same as `tape.backward(loss)` (PyTorch's spelling)."""
         backward(self, grad, retain_graph)
 
+    def requires_grad_(self, requires_grad: bool = True) -> Node:
+        """Make this leaf require a gradient (or not), in place; returns it (PyTorch's x.requires_grad_())."""
+        if self._backward is not None or self._freed:
+            raise NetclError(
+                f"requires_grad_ sets a leaf's flag; {self!r} is computed by an op (use .detach() to cut it "
+                "off the graph first)"
+            )
+        if requires_grad:
+            _check_differentiable(self.value)
+        self.requires_grad = bool(requires_grad)
+        return self
+
     def retain_grad(self) -> Node:
         """Keep this (non-leaf) node's gradient in `.grad` after backward."""
         self._retain = True

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Mapping
 from typing import Any
 
 import netcl.autograd as ag
@@ -403,8 +404,14 @@ class Sequential(Module):
 
     A ReLU right after a Linear, Conv2d or BatchNorm2d runs inside that op's kernel (one launch)."""
 
-    def __init__(self, *modules: Module):
+    def __init__(self, *modules: Module | Mapping[str, Module]):
         super().__init__()
+        if len(modules) == 1 and isinstance(modules[0], Mapping):  # Sequential(OrderedDict(name=module))
+            for name, m in modules[0].items():
+                if not isinstance(m, Module):
+                    raise TypeError(f"Sequential takes Modules, entry {name!r} is {type(m).__name__}")
+                self.add_module(name, m)
+            return
         for i, m in enumerate(modules):
             if not isinstance(m, Module):
                 raise TypeError(f"Sequential takes Modules, argument {i} is {type(m).__name__}")

@@ -144,6 +144,17 @@ class Module:
         for _, m in self.named_modules():
             yield m
 
+    def apply(self, fn: Any) -> Module:
+        """Call `fn(module)` on every sub-module, then on this one (PyTorch's order); returns self. The
+        place for custom initialisation: `model.apply(lambda m: init.zeros_(m.bias) if isinstance(m,
+        Linear) else None)`."""
+        if not callable(fn):
+            raise TypeError(f"Module.apply takes a function of a module, got {type(fn).__name__}")
+        for m in self.children():
+            m.apply(fn)
+        fn(self)
+        return self
+
     def children(self) -> Iterator[Module]:
         yield from (m for m in self._modules.values() if m is not None)
 
