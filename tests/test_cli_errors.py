@@ -95,3 +95,28 @@ def test_overwrite_without_out_replaces_the_default_run(module, tmp_path, monkey
     assert module._plan_output(args, print)[0] == default  # not runs/NAME-2, which ignored --overwrite
     args.overwrite = False
     assert module._plan_output(args, print)[0] == default.parent / f"{default.name}-2"
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["train", "--out", ""], "argument --out: expected a path, got an empty string"),
+        (["train", "--data-dir", " "], "argument --data-dir: expected a path, got an empty string"),
+        (["lm-train", "--cache-dir", ""], "argument --cache-dir: expected a path, got an empty string"),
+        (["lm-train", "--corpus", ""], "argument --corpus: expected a path, got an empty string"),
+        (["train", "--tensorboard", ""], "argument --tensorboard: expected a directory, got an empty string"),
+    ],
+)
+def test_empty_paths_are_refused_not_the_current_directory(argv, words, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2 and words in capsys.readouterr().err
+
+
+def test_a_tensorboard_file_is_refused_before_the_run_starts(tmp_path, capsys):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(SystemExit):
+        main(["train", "--dataset", "digits", "--out", str(tmp_path / "r"),
+              "--tensorboard", str(tmp_path / "file")])
+    assert "exists and is not a directory" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()  # was made empty before the writer failed

@@ -162,7 +162,7 @@ def register(subparsers: Any) -> None:
     g.add_argument("--dim", type=_positive, default=None, help="model width (a multiple of --heads)")
     g.add_argument("--context", type=_int_at_least(2), default=None, help="context window in tokens")
     d = p.add_argument_group("data")
-    d.add_argument("--corpus", default=None,
+    d.add_argument("--corpus", default=None, type=runs.path_arg,
                    help="directory of .py files (default: this Python's standard library)")
     d.add_argument(
         "--vocab-size",
@@ -174,7 +174,8 @@ def register(subparsers: Any) -> None:
     d.add_argument("--val-fraction", type=_number(0.0, 1.0, low_open=True, high_open=True), default=None,
                    help=f"share of files held out for validation (default {corpus_mod.DEFAULT_VAL_FRACTION})")
     d.add_argument(
-        "--cache-dir", default=None, help="where token ids are cached (default NETCL_CACHE_DIR/corpus)"
+        "--cache-dir", default=None, type=runs.path_arg,
+        help="where token ids are cached (default NETCL_CACHE_DIR/corpus)"
     )
     t = p.add_argument_group("training")
     t.add_argument(
@@ -201,7 +202,7 @@ def register(subparsers: Any) -> None:
                    help=f"samples printed at the end (default {len(SAMPLE_PROMPTS)})")
     t.add_argument("--sample-tokens", type=_positive, default=100, help="tokens per sample (default 100)")
     _add_device(p)
-    p.add_argument("--out", default=None,
+    p.add_argument("--out", default=None, type=runs.path_arg,
                    help="run directory (default runs/lm, or runs/lm-2, -3, ... when it holds an earlier run)")
     p.add_argument(
         "--resume",

@@ -114,11 +114,12 @@ def register(subparsers: Any) -> None:
         "--device", default="auto", help="auto, gpu, cpu, a name fragment or P:D (see netcl devices)"
     )
     p.add_argument("--seed", type=_count, default=None, help="random seed (default 0)")
-    p.add_argument("--data-dir", default=None,
+    p.add_argument("--data-dir", default=None, type=runs.path_arg,
                    help="directory with the IDX files (gz or raw); only this directory is searched")
     p.add_argument(
         "--out",
         default=None,
+        type=runs.path_arg,
         help="directory for checkpoint.safetensors, metrics.json and curves.png (default runs/train, "
         "or runs/train-2, -3, ... when it holds an earlier run)",
     )

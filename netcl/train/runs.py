@@ -5,6 +5,7 @@ name after the default's."""
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,14 @@ from netcl.core.device import manager
 from netcl.errors import NetclError
 
 CHECKPOINT_FILE = "checkpoint.safetensors"
+
+
+def path_arg(text: str) -> str:
+    """An argparse type for path flags: an empty string (an unset shell variable in `--out "$DIR"`) would
+    silently mean the current directory, so it is refused."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a path, got an empty string")
+    return text
 
 
 def open_device(spec: str) -> Any:

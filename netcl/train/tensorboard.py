@@ -18,11 +18,21 @@ from typing import Any
 from netcl.errors import NetclError
 
 
+def _logdir(text: str) -> str:
+    """--tensorboard's value, checked when the command line is read, before a run starts or writes."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a directory, got an empty string")
+    if Path(text).exists() and not Path(text).is_dir():
+        raise argparse.ArgumentTypeError(f"{text} exists and is not a directory")
+    return text
+
+
 def add_argument(parser: argparse.ArgumentParser) -> None:
     """Add `--tensorboard DIR` to a command's parser."""
     parser.add_argument(
         "--tensorboard",
         default=None,
+        type=_logdir,
         metavar="DIR",
         help="also write TensorBoard scalars (loss, accuracy, learning rate, throughput) to DIR "
         "(needs tensorboardX: pip install 'netcl[tensorboard]'; view with tensorboard --logdir DIR)",
