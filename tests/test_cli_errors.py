@@ -4,6 +4,8 @@ anything runs or is written (the rest of the CLI's refusals are tested beside ea
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
 
 import pytest
 
@@ -120,3 +122,9 @@ def test_a_tensorboard_file_is_refused_before_the_run_starts(tmp_path, capsys):
               "--tensorboard", str(tmp_path / "file")])
     assert "exists and is not a directory" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()  # was made empty before the writer failed
+
+
+def test_python_dash_m_netcl_is_the_command():
+    done = subprocess.run([sys.executable, "-m", "netcl", "tune", "--limit", "0"], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 2 and "argument --limit: must be an integer >= 1" in done.stderr
