@@ -131,3 +131,32 @@ def test_requires_grad_on_a_leaf(queue):
         z = x * 2
     with pytest.raises(NetclError, match="computed by an op"):
         z.requires_grad_(False)
+
+
+def test_add_param_group_updates_the_new_group(queue):
+    a, b = Linear(queue, 3, 2), Linear(queue, 3, 2)
+    opt = optim.Adam(a.parameters(), lr=0.1)
+    x = Tensor.from_host(queue, np.ones((1, 3), np.float32))
+
+    def step():
+        with ag.Tape():
+            loss = (a(ag.tensor(x)) + b(ag.tensor(x))).sum()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        a.zero_grad()
+        b.zero_grad()
+
+    step()
+    before = b.weight.numpy().copy()
+    opt.add_param_group({"params": b.parameters(), "lr": 0.01})  # unfreezing b, as in fine-tuning
+    assert opt.param_groups[1]["lr"] == 0.01 and opt.param_groups[1]["betas"] == (0.9, 0.999)
+    step()
+    # Adam's first step moves every weight by lr (the gradient is 1 everywhere): b's by 0.01
+    np.testing.assert_allclose(b.weight.numpy(), before - 0.01, rtol=0, atol=1e-6)
+    state = opt.state_dict()
+    assert len(state["param_groups"]) == 2 and len(state["state"]) == 4
+    with pytest.raises(ValueError, match=r"param_groups\[2\]: params\[0\] is also in param_groups\[1\]"):
+        opt.add_param_group({"params": [b.weight]})
+    with pytest.raises(ValueError, match="unknown key"):
+        opt.add_param_group({"params": [], "momentum": 0.9})

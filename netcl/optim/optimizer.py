@@ -63,26 +63,41 @@ class Optimizer:
         self.param_groups: list[dict[str, Any]] = []
         seen: dict[int, int] = {}  # id(param) -> index of its group
         for i, g in enumerate(groups):
-            where = f"{name}: param_groups[{i}]"
-            if "params" not in g:
-                raise ValueError(
-                    f"{where} has no 'params' entry; a parameter group is a dict like "
-                    "{'params': [p1, p2], 'lr': 0.1}"
-                )
-            unknown = [k for k in g if k != "params" and k not in self.defaults and k not in SCHEDULE_KEYS]
-            if unknown:
-                raise ValueError(
-                    f"{where} has unknown key(s) {', '.join(map(repr, unknown))}; "
-                    f"{name} takes {', '.join(self.defaults)}"
-                )
-            group = self._check_group(
-                {**self.defaults, **{k: v for k, v in g.items() if k != "params"}}, where
-            )
-            group["params"] = _group_params(g["params"], where, seen, i)
-            self.param_groups.append(group)
+            self.param_groups.append(self._make_group(g, i, seen))
         # per parameter: {"step": int, name: Tensor}
         self.state: dict[int, dict[str, Any]] = {}
         self._fresh: set[int] = set()  # parameters whose state tensors were just made (zeros)
+
+    def _make_group(self, g: Mapping[str, Any], i: int, seen: dict[int, int]) -> dict[str, Any]:
+        """Parameter group `i` from the dict `g`: its hyperparameters checked (the defaults fill the rest),
+        its params distinct leaves in no other group (`seen`: id(param) -> group index, updated)."""
+        name = type(self).__name__
+        where = f"{name}: param_groups[{i}]"
+        if "params" not in g:
+            raise ValueError(
+                f"{where} has no 'params' entry; a parameter group is a dict like "
+                "{'params': [p1, p2], 'lr': 0.1}"
+            )
+        unknown = [k for k in g if k != "params" and k not in self.defaults and k not in SCHEDULE_KEYS]
+        if unknown:
+            raise ValueError(
+                f"{where} has unknown key(s) {', '.join(map(repr, unknown))}; "
+                f"{name} takes {', '.join(self.defaults)}"
+            )
+        group = self._check_group({**self.defaults, **{k: v for k, v in g.items() if k != "params"}}, where)
+        group["params"] = _group_params(g["params"], where, seen, i)
+        return group
+
+    def add_param_group(self, param_group: Mapping[str, Any]) -> None:
+        """Add a parameter group (PyTorch's add_param_group, e.g. for layers unfrozen during fine-tuning):
+        a dict with 'params' and any of this optimizer's hyperparameters, the constructor's defaults for the
+        rest. Its parameters must be in no other group. A scheduler made before it does not schedule it,
+        and a Graph captured before it does not update it (capture again)."""
+        if not isinstance(param_group, Mapping):
+            raise TypeError(f"{type(self).__name__}.add_param_group takes a dict like {{'params': [p1, p2], "
+                            f"'lr': 0.1}}, got {type(param_group).__name__}")
+        seen = {id(p): gi for gi, g in enumerate(self.param_groups) for p in g["params"]}
+        self.param_groups.append(self._make_group(param_group, len(self.param_groups), seen))
 
     # -- checks -----------------------------------------------------------------------------------
     def _check_group(self, values: Mapping[str, Any], where: str) -> dict[str, Any]:
