@@ -11,6 +11,7 @@ import pytest
 import netcl.autograd as ag
 from netcl import optim
 from netcl.core.tensor import Tensor
+from netcl.data import DataLoader
 from netcl.errors import DTypeError, NetclError, ShapeError
 from netcl.nn import BatchNorm1d, BatchNorm2d, Linear, ReLU, Sequential, init
 
@@ -160,3 +161,12 @@ def test_add_param_group_updates_the_new_group(queue):
         opt.add_param_group({"params": [b.weight]})
     with pytest.raises(ValueError, match="unknown key"):
         opt.add_param_group({"params": [], "momentum": 0.9})
+
+
+def test_a_list_of_samples_is_refused_with_how_to_stack_it(queue):
+    samples = [(np.float32(i), i % 2) for i in range(6)]  # would read as 6 fields of 2 rows each
+    with pytest.raises(TypeError, match=r"list of 6 tuples, which reads as samples.*np.stack"):
+        DataLoader(samples, 2, queue)
+    x = np.stack([s[0] for s in samples])
+    y = np.array([s[1] for s in samples], np.int32)
+    assert [b.shape for b, _ in DataLoader((x, y), 4, queue)] == [(4,), (2,)]

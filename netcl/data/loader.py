@@ -125,6 +125,13 @@ class DataLoader:
         if isinstance(dataset, ArrayDataset):
             self.dataset = dataset
         elif isinstance(dataset, (tuple, list)):
+            if isinstance(dataset, list) and len(dataset) > 2 and all(isinstance(s, tuple) for s in dataset):
+                raise TypeError(
+                    f"DataLoader: dataset is a list of {len(dataset)} tuples, which reads as samples "
+                    "(PyTorch's map-style dataset); netcl takes one array per field, a row per sample: "
+                    "stack them first, e.g. (np.stack([s[0] for s in samples]), "
+                    "np.array([s[1] for s in samples]))"
+                )
             self.dataset = ArrayDataset(*dataset)
         else:
             hint = "; wrap a single array as (x,)" if isinstance(dataset, np.ndarray) else ""
