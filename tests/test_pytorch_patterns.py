@@ -13,7 +13,7 @@ from netcl import optim
 from netcl.core.tensor import Tensor
 from netcl.data import DataLoader
 from netcl.errors import DTypeError, NetclError, ShapeError
-from netcl.nn import BatchNorm1d, BatchNorm2d, Linear, ReLU, Sequential, init
+from netcl.nn import BatchNorm1d, BatchNorm2d, Linear, ReLU, Sequential, StateDictError, init
 
 
 def test_float_and_int_of_a_one_element_tensor_or_node(queue):
@@ -170,3 +170,20 @@ def test_a_list_of_samples_is_refused_with_how_to_stack_it(queue):
     x = np.stack([s[0] for s in samples])
     y = np.array([s[1] for s in samples], np.int32)
     assert [b.shape for b, _ in DataLoader((x, y), 4, queue)] == [(4,), (2,)]
+
+
+def test_a_pytorch_state_dict_loads_as_it_is(queue, rng):
+    torch = pytest.importorskip("torch")
+    tnn = torch.nn
+    tm = tnn.Sequential(tnn.Linear(4, 6), tnn.BatchNorm1d(6), tnn.ReLU(), tnn.Linear(6, 2))
+    tm(torch.randn(8, 4))  # moves the running statistics and num_batches_tracked
+    tm.eval()
+    model = Sequential(Linear(queue, 4, 6), BatchNorm1d(queue, 6), ReLU(), Linear(queue, 6, 2)).eval()
+    assert model.load_state_dict(tm.state_dict()) == ([], [])  # torch tensors in; num_batches_tracked ignored
+    x = rng.standard_normal((3, 4)).astype(np.float32)
+    want = tm(torch.from_numpy(x)).detach().numpy()
+    np.testing.assert_allclose(model(Tensor.from_host(queue, x)).numpy(), want, rtol=1e-5, atol=1e-6)
+    with pytest.raises(StateDictError, match="0.weight: a object, not an array of numbers"):
+        model.load_state_dict({**tm.state_dict(), "0.weight": object()})
+    with pytest.raises(StateDictError, match="unexpected keys"):  # only BatchNorm's own key is ignored
+        model.load_state_dict({**tm.state_dict(), "0.num_batches_tracked": torch.tensor(1)})

@@ -131,7 +131,10 @@ class BatchNorm2d(Module):
     """y = (x - mean) / sqrt(var + eps) * weight + bias over (N, H, W) per channel of (N, C, H, W).
 
     Training uses batch statistics and updates running_mean/running_var (momentum, unbiased var);
-    eval uses the running statistics. weight = 1, bias = 0 initially."""
+    eval uses the running statistics. weight = 1, bias = 0 initially. A PyTorch state_dict loads as it is:
+    its num_batches_tracked (used only by PyTorch's momentum=None) is accepted and ignored."""
+
+    foreign_state_keys = ("num_batches_tracked",)
 
     def __init__(
         self,

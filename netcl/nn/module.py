@@ -31,6 +31,8 @@ class StateDictError(NetclError, KeyError):
 class Module:
     """Base class of every layer. Subclasses set attributes in __init__ and define forward()."""
 
+    foreign_state_keys: tuple[str, ...] = ()  # see load_state_dict
+
     def __init__(self) -> None:
         object.__setattr__(self, "_parameters", OrderedDict())
         object.__setattr__(self, "_buffers", OrderedDict())
@@ -252,15 +254,30 @@ class Module:
             raise TypeError(f"load_state_dict takes a mapping of name -> Tensor or array, got "
                             f"{type(state_dict).__name__}")
         own = self.state_dict()
+        # keys PyTorch's version of a layer has and netcl's does not need (BatchNorm's num_batches_tracked):
+        # a PyTorch state_dict loads without them counting as unexpected
+        foreign = {f"{name}.{key}" if name else key for name, m in self.named_modules()
+                   for key in type(m).foreign_state_keys}
         missing = [k for k in own if k not in state_dict]
-        unexpected = [k for k in state_dict if k not in own]
+        unexpected = [k for k in state_dict if k not in own and k not in foreign]
         problems = []
+        values: dict[str, Any] = {}
         for k, target in own.items():
             if k not in state_dict:
                 continue
             src = state_dict[k]
-            shape = tuple(src.shape) if hasattr(src, "shape") else np.shape(src)
-            dtype = src.dtype if hasattr(src, "dtype") else np.asarray(src).dtype
+            if not isinstance(src, Tensor):  # arrays, lists, anything with __array__ (torch CPU tensors)
+                try:
+                    arr = np.asarray(src)
+                except Exception as exc:  # noqa: BLE001  (whatever the object raises: reported per key)
+                    problems.append(f"{k}: a {type(src).__name__} that is not an array ({exc})")
+                    continue
+                if arr.dtype == object:
+                    problems.append(f"{k}: a {type(src).__name__}, not an array of numbers")
+                    continue
+                src = arr
+            values[k] = src
+            shape, dtype = tuple(src.shape), src.dtype
             if shape != target.shape:
                 problems.append(f"{k}: shape {shape} in the state dict, {target.shape} in the model")
             elif np.dtype(dtype) != target.dtype:
@@ -278,13 +295,13 @@ class Module:
                 lines.extend(f"    {p}" for p in problems)
             raise StateDictError("\n".join(lines))
         for k, target in own.items():
-            if k in state_dict:
-                src = state_dict[k]
+            if k in values:
+                src = values[k]
                 if isinstance(src, Tensor):
                     src = src.to(target.queue) if src.queue is not target.queue else src
                     target.copy_(src)
                 else:
-                    target.copy_from_host(np.asarray(src))
+                    target.copy_from_host(src)
         return missing, unexpected
 
     # -- calling ---------------------------------------------------------------------------------
