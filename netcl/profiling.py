@@ -111,6 +111,14 @@ def _classify(module: str) -> int:
     return _OP if parts[1] in _OPS else _STOP
 
 
+def transparent(fn: Any) -> Any:
+    """Mark `fn`, a wrapper that only forwards to an op (a Tensor or Node operator method, a classmethod
+    alias), as no op of its own: launches under it are labelled with the op it calls ("add", "randn"), not
+    with the wrapper's name ("method", "install"). Returns fn."""
+    _code_kind[fn.__code__] = _SKIP
+    return fn
+
+
 _ANONYMOUS = frozenset({"<locals>", "<lambda>", "<genexpr>", "<listcomp>", "<dictcomp>", "<setcomp>"})
 
 

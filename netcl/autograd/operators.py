@@ -5,8 +5,11 @@
 
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
 
+from netcl import profiling
 from netcl.autograd import elementwise as ew
 from netcl.autograd import movement as mv
 from netcl.autograd import nnops
@@ -97,3 +100,8 @@ def install() -> None:
         setattr(N, name, getattr(mv, name))
     N.matmul = nnops.matmul
     N.T = property(lambda s: mv.permute(s, tuple(reversed(range(s.ndim)))))
+    # the lambdas above only forward: the profiler labels launches with the ops they call ("add", "matmul")
+    for value in vars(N).values():
+        fn = value.fget if isinstance(value, property) else value
+        if inspect.isfunction(fn) and fn.__module__ == __name__:
+            profiling.transparent(fn)

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from netcl import profiling
 from netcl.core.tensor import Tensor
 from netcl.ops import elementwise as ew
 from netcl.ops import movement as mv
@@ -62,11 +63,11 @@ def _method(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     method.__name__ = fn.__name__
     method.__doc__ = fn.__doc__
-    return method
+    return profiling.transparent(method)  # the profiler names `fn`, not this wrapper
 
 
 def _reflected(fn: Callable[..., Any]) -> Callable[..., Any]:
-    return lambda self, other: fn(other, self)
+    return profiling.transparent(lambda self, other: fn(other, self))
 
 
 def _inplace(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -75,7 +76,7 @@ def _inplace(fn: Callable[..., Any]) -> Callable[..., Any]:
         mv.setitem(self, Ellipsis, fn(self, other))
         return self
 
-    return op
+    return profiling.transparent(op)
 
 
 def _eq(self: Tensor, other: Any) -> Any:
@@ -100,4 +101,4 @@ def install() -> None:
     Tensor.__eq__ = _eq  # type: ignore[method-assign]
     Tensor.__ne__ = _ne  # type: ignore[method-assign]
     Tensor.__pos__ = lambda self: self
-    Tensor.__setitem__ = lambda self, index, value: mv.setitem(self, index, value)
+    Tensor.__setitem__ = profiling.transparent(lambda self, index, value: mv.setitem(self, index, value))
