@@ -128,3 +128,12 @@ def test_python_dash_m_netcl_is_the_command():
     done = subprocess.run([sys.executable, "-m", "netcl", "tune", "--limit", "0"], capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 2 and "argument --limit: must be an integer >= 1" in done.stderr
+
+
+def test_train_resume_takes_a_run_directory(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["train", "--dataset", "digits", "--model", "mlp", "--epochs", "1", "--out", str(out),
+                 "--no-progress"]) == 0
+    capsys.readouterr()
+    assert main(["train", "--resume", str(out), "--no-progress"]) == 0  # was "no checkpoint at <dir>"
+    assert "already trained 1 of 1 epochs" in capsys.readouterr().out

@@ -129,8 +129,9 @@ def register(subparsers: Any) -> None:
         const=True,
         default=None,
         metavar="CHECKPOINT",
-        help="continue a run: from CHECKPOINT, from OUT/checkpoint.safetensors, or from the latest "
-        "run under runs/; --epochs may raise the total (the cosine schedule is stretched to it)",
+        help="continue a run: from CHECKPOINT (a file or a run directory), from "
+        "OUT/checkpoint.safetensors, or from the latest run under runs/; --epochs may raise the total (the "
+        "cosine schedule is stretched to it)",
     )
     p.add_argument(
         "--overwrite", action="store_true",
@@ -213,6 +214,8 @@ def _plan_output(args: argparse.Namespace, log: Any) -> tuple[Path, Path | None,
         return out, None, {}
     if isinstance(args.resume, str):
         ckpt = Path(args.resume)
+        if ckpt.is_dir():  # a run directory, as lm-train takes it
+            ckpt = ckpt / runs.CHECKPOINT_FILE
     elif args.out is not None:
         ckpt = Path(args.out) / "checkpoint.safetensors"
     else:
