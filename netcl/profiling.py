@@ -761,6 +761,8 @@ def run_script(
                 runpy.run_path(path, run_name="__main__")
             except SystemExit as exc:
                 status = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+                if exc.code is not None and not isinstance(exc.code, int):
+                    print(exc.code, file=sys.stderr)  # sys.exit("message") prints it, as Python does
             except Exception:  # the script's own error: shown, and its profile up to there still written
                 traceback.print_exc()
                 status = 1

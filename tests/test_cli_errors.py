@@ -137,3 +137,10 @@ def test_train_resume_takes_a_run_directory(tmp_path, capsys):
     capsys.readouterr()
     assert main(["train", "--resume", str(out), "--no-progress"]) == 0  # was "no checkpoint at <dir>"
     assert "already trained 1 of 1 epochs" in capsys.readouterr().out
+
+
+def test_profile_keeps_a_scripts_exit_message(tmp_path, capsys):
+    script = tmp_path / "s.py"
+    script.write_text("import sys\nsys.exit('bad input: need --n')\n")
+    assert main(["profile", "--trace", str(tmp_path / "t.json"), str(script)]) == 1
+    assert "bad input: need --n" in capsys.readouterr().err  # was swallowed
