@@ -187,3 +187,11 @@ def test_a_pytorch_state_dict_loads_as_it_is(queue, rng):
         model.load_state_dict({**tm.state_dict(), "0.weight": object()})
     with pytest.raises(StateDictError, match="unexpected keys"):  # only BatchNorm's own key is ignored
         model.load_state_dict({**tm.state_dict(), "0.num_batches_tracked": torch.tensor(1)})
+
+
+def test_a_tensor_method_on_a_node_says_where_it_is(queue):
+    out = ag.tensor(Tensor.from_host(queue, np.array([[0.1, 0.9], [0.8, 0.2]], np.float32)))
+    with pytest.raises(AttributeError, match=r"no attribute 'argmax'; its Tensor has it: node.value.argmax"):
+        out.argmax(axis=1)  # PyTorch's logits.argmax(1)
+    assert out.value.argmax(axis=1).to_host().tolist() == [1, 0]
+    assert not hasattr(out, "no_such_thing")

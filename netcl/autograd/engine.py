@@ -152,6 +152,15 @@ class Node:
     def __len__(self) -> int:
         return len(self.value)
 
+    def __getattr__(self, name: str) -> Any:
+        """Only for names a Node lacks: one its Tensor has (argmax, to_host, tolist, ...) says where it is."""
+        if not name.startswith("_") and hasattr(Tensor, name):
+            raise AttributeError(
+                f"'Node' object has no attribute {name!r}; its Tensor has it: node.value.{name} (a Tensor "
+                "op, outside the graph: no gradient flows through it)"
+            )
+        raise AttributeError(f"'Node' object has no attribute {name!r}")
+
     def __repr__(self) -> str:
         flag = ", requires_grad=True" if self.requires_grad else ""
         return f"Node(shape={self.shape}, dtype={self.dtype}, op={self._op}{flag})"
