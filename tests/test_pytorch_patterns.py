@@ -195,3 +195,22 @@ def test_a_tensor_method_on_a_node_says_where_it_is(queue):
         out.argmax(axis=1)  # PyTorch's logits.argmax(1)
     assert out.value.argmax(axis=1).to_host().tolist() == [1, 0]
     assert not hasattr(out, "no_such_thing")
+
+
+def test_no_grad_decorator_restores_the_mode_after_recursion(queue):
+    @ag.no_grad()
+    def walk(n):
+        assert not ag.is_grad_enabled()
+        return walk(n - 1) if n else 0
+
+    walk(3)
+    assert ag.is_grad_enabled()  # was left off: every later tape recorded nothing
+
+    @ag.no_grad  # bare, as torch 2 allows
+    def evaluate(lin, x):
+        return lin(ag.tensor(x))
+
+    lin = Linear(queue, 2, 2)
+    with ag.Tape():
+        assert not evaluate(lin, Tensor.from_host(queue, np.ones((1, 2), np.float32))).requires_grad
+    assert ag.is_grad_enabled() and evaluate.__name__ == "evaluate"

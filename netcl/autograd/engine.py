@@ -267,26 +267,43 @@ def needs_grad(*nodes: Node) -> bool:
     return _state.grad_enabled and bool(_state.tapes) and any(n.requires_grad for n in nodes)
 
 
-class no_grad(contextlib.ContextDecorator):
+class _GradMode(contextlib.ContextDecorator):
+    """Sets grad mode inside; as a decorator (`@ag.no_grad()` or bare `@ag.no_grad`) each call of the
+    function enters its own context, so a recursive or concurrently called function restores the mode its
+    caller had (one shared context saved the mode once per entry and left it off after recursion)."""
+
+    enabled = True
+
+    def __new__(cls, func: Callable[..., Any] | None = None) -> Any:
+        if func is None:
+            return super().__new__(cls)
+        if not callable(func):
+            raise TypeError(f"{cls.__name__}() takes no arguments (or decorates a function), got "
+                            f"{type(func).__name__}")
+        return cls()(func)  # bare @no_grad: the decorated function
+
+    def _recreate_cm(self) -> _GradMode:
+        return type(self)()
+
+    def __enter__(self) -> _GradMode:
+        self._prev = _state.grad_enabled
+        _state.grad_enabled = self.enabled
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _state.grad_enabled = self._prev
+
+
+class no_grad(_GradMode):
     """Context manager and decorator: ops inside record nothing."""
 
-    def __enter__(self) -> no_grad:
-        self._prev = _state.grad_enabled
-        _state.grad_enabled = False
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        _state.grad_enabled = self._prev
+    enabled = False
 
 
-class enable_grad(contextlib.ContextDecorator):
-    def __enter__(self) -> enable_grad:
-        self._prev = _state.grad_enabled
-        _state.grad_enabled = True
-        return self
+class enable_grad(_GradMode):
+    """Context manager and decorator: ops inside record again (inside a no_grad block)."""
 
-    def __exit__(self, *exc: object) -> None:
-        _state.grad_enabled = self._prev
+    enabled = True
 
 
 # -- backward -------------------------------------------------------------------------------
