@@ -144,3 +144,8 @@ def test_profile_keeps_a_scripts_exit_message(tmp_path, capsys):
     script.write_text("import sys\nsys.exit('bad input: need --n')\n")
     assert main(["profile", "--trace", str(tmp_path / "t.json"), str(script)]) == 1
     assert "bad input: need --n" in capsys.readouterr().err  # was swallowed
+
+
+def test_tune_names_its_device_flag(capsys):
+    assert main(["tune", "--show", "--device", "9:9"]) == 1
+    assert "netcl: --device 9:9: no device at index 9:9; devices here:" in capsys.readouterr().err

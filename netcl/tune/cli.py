@@ -58,7 +58,12 @@ def _check_modes(args: argparse.Namespace) -> None:
 
 def cmd_tune(args: argparse.Namespace) -> int:
     _check_modes(args)
-    device = manager.get(args.device) if args.device else manager.default("auto")
+    try:
+        device = manager.get(args.device) if args.device else manager.default("auto")
+    except NetclError as exc:
+        if not args.device:
+            raise
+        raise NetclError(f"--device {args.device}: {exc}") from None
     db = database_for(device)
     if args.show:
         print(f"tuning database of {device.describe()}: {db.path}")
