@@ -149,3 +149,10 @@ def test_profile_keeps_a_scripts_exit_message(tmp_path, capsys):
 def test_tune_names_its_device_flag(capsys):
     assert main(["tune", "--show", "--device", "9:9"]) == 1
     assert "netcl: --device 9:9: no device at index 9:9; devices here:" in capsys.readouterr().err
+
+
+def test_run_names_its_devices_flag(tmp_path, capsys):
+    script = tmp_path / "s.py"
+    script.write_text("print('ran')\n")
+    assert main(["run", "--nproc", "2", "--devices", "9:9", str(script)]) == 1
+    assert "netcl: --devices 9:9: no device at index 9:9" in capsys.readouterr().err

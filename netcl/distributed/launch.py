@@ -126,7 +126,10 @@ def assign_devices(nproc: int, devices: str | None) -> list[str | None]:
                 "for all)"
             )
         for spec in dict.fromkeys(specs):
-            manager.get(spec)  # an unknown device is an error here, listing what exists, not in N processes
+            try:  # an unknown device is an error here, listing what exists, not in N processes
+                manager.get(spec)
+            except NetclError as exc:
+                raise type(exc)(f"--devices {devices}: {exc}") from None
         return list(specs)
     gpus = [h for h in manager.devices() if h.kind == "gpu" and not h.is_simulator]
     if len(gpus) >= nproc and not os.environ.get("NETCL_DEVICE"):
