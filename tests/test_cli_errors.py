@@ -4,6 +4,7 @@ anything runs or is written (the rest of the CLI's refusals are tested beside ea
 from __future__ import annotations
 
 import argparse
+import io
 import subprocess
 import sys
 
@@ -69,11 +70,16 @@ def test_train_nproc_checks_device_before_starting_ranks(tmp_path, capsys):
     assert not (tmp_path / "r").exists()
 
 
-def test_generate_prompt_may_hold_special_tokens(tmp_path, capsys, queue):
-    tok = BPETokenizer.train("def f(x):\n    return x\n" * 20, 280, special_tokens=["<|endoftext|>"])
+def _tiny_model_dir(path, queue):
+    tok = BPETokenizer.train("def f(x):\n    return x\n" * 20, 280,
+                             special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
     gpt = GPT(queue, GPTConfig(vocab_size=tok.n_vocab, dim=16, n_layers=1, n_heads=2, max_seq_len=16))
-    gpt.save_pretrained(tmp_path)
-    tok.save_hf(tmp_path / "tokenizer.json")
+    gpt.save_pretrained(path)
+    tok.save_hf(path / "tokenizer.json")
+
+
+def test_generate_prompt_may_hold_special_tokens(tmp_path, capsys, queue):
+    _tiny_model_dir(tmp_path, queue)
     code = main(["generate", "--checkpoint", str(tmp_path), "--prompt", "<|endoftext|>def",
                  "--max-new-tokens", "2", "--temperature", "0"])
     out, err = capsys.readouterr()
@@ -156,3 +162,11 @@ def test_run_names_its_devices_flag(tmp_path, capsys):
     script.write_text("print('ran')\n")
     assert main(["run", "--nproc", "2", "--devices", "9:9", str(script)]) == 1
     assert "netcl: --devices 9:9: no device at index 9:9" in capsys.readouterr().err
+
+
+def test_chat_warns_of_a_system_message_that_fills_the_context(tmp_path, capsys, queue, monkeypatch):
+    _tiny_model_dir(tmp_path, queue)
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))
+    assert main(["chat", "--checkpoint", str(tmp_path), "--system", "return x " * 20]) == 0
+    err = capsys.readouterr().err  # it was cut from its start without a word
+    assert "--system is" in err and "loses the start of the system message" in err

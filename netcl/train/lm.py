@@ -837,6 +837,13 @@ def run_chat(args: argparse.Namespace) -> int:
         stop.add(tokenizer.special_id(END_OF_TEXT))
     context = _context(model)
     system = [{"role": "system", "content": args.system}] if args.system else []
+    if system:  # the dialog keeps the system message: one that fills the window would be cut silently
+        n = len(chat.encode_dialog([*system, {"role": "user", "content": ""}], add_generation_prompt=True)[0])
+        room = context - min(args.max_new_tokens, context // 2)
+        if n > room:
+            print(f"netcl: --system is {n} tokens with the turn headers; the context window of {context} "
+                  f"tokens leaves {room} for the dialog (the rest is the reply's), so every prompt loses the "
+                  "start of the system message: shorten it", file=sys.stderr)
     interactive = sys.stdin.isatty()
     print(f"netcl chat: {args.checkpoint} ({model.num_parameters():,} parameters, context {context} tokens, "
           f"{chat.template.name} template). /reset clears the history, /exit (or end of input) leaves.")
