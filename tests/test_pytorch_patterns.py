@@ -33,6 +33,8 @@ def test_to_dtype_converts_tensors_nodes_and_modules(queue, rng):
     assert t.to(np.float32) is t and t.to(queue) is t
     with pytest.raises(DTypeError, match="not a dtype"):
         t.to("no-such-dtype")
+    with pytest.raises(DTypeError, match=r"to a device pass its queue, e.g. .to\(manager.get\('cpu'\)"):
+        t.to("cpu")  # PyTorch's device string
 
     w = ag.tensor(t, requires_grad=True)
     with ag.Tape() as tape:

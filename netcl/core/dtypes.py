@@ -52,6 +52,20 @@ def normalize(dtype: Any) -> np.dtype:
     return dt
 
 
+def normalize_or_device_hint(target: Any) -> np.dtype:
+    """normalize() for `.to(target)`: a string that is no dtype ("cpu", "cuda", "gpu") is refused with how to
+    move a tensor instead, since PyTorch's `.to("cpu")` names a device."""
+    try:
+        return normalize(target)
+    except DTypeError:
+        if not isinstance(target, str):
+            raise
+        raise DTypeError(
+            f".to({target!r}): {target!r} is not a dtype ({names()}); to move to a device pass its queue, "
+            f"e.g. .to(manager.get({target!r}).queue) (netcl.core.device.manager)"
+        ) from None
+
+
 def check_scalar_fits(value: Any, dtype: np.dtype, what: str = "value") -> None:
     """Refuse a Python (or NumPy) integer that `dtype`, an integer dtype, cannot hold, as NumPy 2 does
     (300 for uint8, 2**40 for int32): the alternative is a silently wrapped value."""

@@ -321,7 +321,7 @@ class Tensor:
         (`t.to(np.float16)`, `t.to("float64")`, as PyTorch's `.to(dtype)`), this tensor converted to it:
         `astype` (a new tensor; the same one when the dtype already matches)."""
         if isinstance(target, (np.dtype, type, str)):
-            dt = dtypes.normalize(target)
+            dt = dtypes.normalize_or_device_hint(target)
             return self if dt == self.dtype else self.astype(dt)
         target = as_queue(target)
         if target is self.queue:

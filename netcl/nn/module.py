@@ -194,7 +194,7 @@ class Module:
         (`model.to(np.float64)`, as PyTorch's `.to(dtype)`), convert the floating-point parameters and
         buffers to it instead (integer buffers stay); build the optimizer after this."""
         if isinstance(target, (np.dtype, type, str)):
-            return self._to_dtype(dtypes.normalize(target))
+            return self._to_dtype(dtypes.normalize_or_device_hint(target))
         q = as_queue(target)
         for m in self.modules():
             for p in m._parameters.values():
