@@ -216,3 +216,13 @@ def test_no_grad_decorator_restores_the_mode_after_recursion(queue):
     with ag.Tape():
         assert not evaluate(lin, Tensor.from_host(queue, np.ones((1, 2), np.float32))).requires_grad
     assert ag.is_grad_enabled() and evaluate.__name__ == "evaluate"
+
+
+def test_iterating_a_0d_tensor_is_an_error_not_empty(queue):
+    scalar = Tensor.from_host(queue, np.float32(3.0))
+    for t in (scalar, ag.tensor(scalar)):
+        with pytest.raises(TypeError, match="iteration over a 0-d tensor"):
+            list(t)  # was [] (Python's __getitem__ fallback stopped at the first IndexError)
+    rows = Tensor.from_host(queue, np.arange(6, dtype=np.float32).reshape(3, 2))
+    assert [r.to_host().tolist() for r in rows] == [[0, 1], [2, 3], [4, 5]]
+    assert [r.shape for r in ag.tensor(rows)] == [(2,)] * 3

@@ -152,6 +152,12 @@ class Node:
     def __len__(self) -> int:
         return len(self.value)
 
+    def __iter__(self) -> Any:
+        """Nodes along axis 0 (each a recorded index op); a 0-d Node is a TypeError, as in NumPy."""
+        if not self.shape:
+            raise TypeError("iteration over a 0-d tensor")
+        return (self[i] for i in range(self.shape[0]))
+
     def __getattr__(self, name: str) -> Any:
         """Only for names a Node lacks: one its Tensor has (argmax, to_host, tolist, ...) says where it is."""
         if not name.startswith("_") and hasattr(Tensor, name):

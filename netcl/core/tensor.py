@@ -212,6 +212,13 @@ class Tensor:
             raise TypeError("len() of a 0-d tensor")
         return self.shape[0]
 
+    def __iter__(self) -> Any:
+        """The views along axis 0, as NumPy iterates (without this, Python's fallback through __getitem__
+        made a 0-d tensor iterate as empty)."""
+        if not self.shape:
+            raise TypeError("iteration over a 0-d tensor")
+        return (self[i] for i in range(self.shape[0]))
+
     def is_contiguous(self) -> bool:
         expected = 1
         for size, stride in zip(reversed(self.shape), reversed(self.strides)):
