@@ -226,3 +226,10 @@ def test_iterating_a_0d_tensor_is_an_error_not_empty(queue):
     rows = Tensor.from_host(queue, np.arange(6, dtype=np.float32).reshape(3, 2))
     assert [r.to_host().tolist() for r in rows] == [[0, 1], [2, 3], [4, 5]]
     assert [r.shape for r in ag.tensor(rows)] == [(2,)] * 3
+
+
+def test_train_mode_must_be_a_bool(queue):
+    model = Sequential(Linear(queue, 2, 2), ReLU())
+    with pytest.raises(TypeError, match="mode must be True or False, got str 'eval'"):
+        model.train("eval")  # was training=True, silently
+    assert model.train(np.bool_(False)).training is False and not model[0].training

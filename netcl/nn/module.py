@@ -182,6 +182,10 @@ class Module:
 
     # -- modes and devices -------------------------------------------------------------------------
     def train(self, mode: bool = True) -> Module:
+        if not isinstance(mode, (bool, np.bool_)):  # train("eval") meant training; PyTorch refuses it too
+            raise TypeError(
+                f"Module.train(mode): mode must be True or False, got {type(mode).__name__} {mode!r}"
+            )
         for m in self.modules():
             object.__setattr__(m, "training", bool(mode))
         return self
