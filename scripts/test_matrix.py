@@ -4,18 +4,29 @@
     .venv/bin/python scripts/test_matrix.py [pytest args ...]      (what `make test` runs)
 
 A kernel that one compiler builds can abort another (PyPI's PoCL 3.0 with LLVM 14 and Debian's PoCL 3.1
-with LLVM 15 differ, and each compiles for the CPU it finds), so every driver gets the whole suite:
+with LLVM 15 differ, and each compiles for the CPU it finds), so every driver builds and runs every kernel
+a CPU user can get. Two kinds of test are run by one driver only, to keep a cold run (every program built
+from source, twice) short:
 
-  pocl-pypi          PyPI's PoCL (the `pocl` extra) alone: the ICD loader is pointed at an empty vendors
-                     folder, so no system driver is seen
-  pocl-system        each system PoCL (an /etc/OpenCL/vendors/*.icd naming libpocl) alone: the loader is
-                     pointed at that .icd file
-  pocl-system@TARGET the kernel-heavy tests on that PoCL forced to another CPU target it ships
-                     (POCL_KERNELLIB_NAME; PoCL 3.1+), for each of AVX-512 and AVX2 that this CPU can run
-                     but PoCL would not pick itself: AVX2 code generation on an AVX-512 machine, say.
-                     (PyPI's PoCL 3.0 cannot be forced: it always compiles for the CPU it finds.)
+- tests marked `gpu_shaped`: the GPUs' kernels (tiled GEMM, matrix-unit GEMM emulated, work-group
+  norms and reductions, the GPU flash attention) run on the CPU to check their index arithmetic, which
+  does not depend on the compiler; a CPU device never chooses them. The system PoCL runs them.
+- ONCE: end-to-end and driver-independent tests (the docs' pages, the CLI's training runs, launches of
+  several processes, the tokenizer, Hugging Face files): the kernels they build are built and checked by
+  the unit tests on every driver. PyPI's PoCL runs them.
 
-With no PoCL at all (a machine with a vendor driver only), the suite runs once in the environment as is.
+  pocl-pypi          PyPI's PoCL (the `pocl` extra) alone, less the gpu_shaped tests: the ICD loader is
+                     pointed at an empty vendors folder, so no system driver is seen
+  pocl-system        each system PoCL (an /etc/OpenCL/vendors/*.icd naming libpocl) alone, less ONCE
+                     (the first system PoCL runs the gpu_shaped tests; another would skip them too)
+  pocl-system@TARGET the kernel-heavy tests, less gpu_shaped, on that PoCL forced to another CPU target it
+                     ships (POCL_KERNELLIB_NAME; PoCL 3.1+), for each of AVX-512 and AVX2 that this CPU
+                     can run but PoCL would not pick itself: AVX2 code generation on an AVX-512 machine,
+                     say. (PyPI's PoCL 3.0 cannot be forced: it always compiles for the CPU it finds.)
+
+With one PoCL only, it runs the whole suite; with none (a machine with a vendor driver only), the suite
+runs once in the environment as is.
+
 Configurations run two at a time (one per core on CI's machines), each writing its own log under
 $TMPDIR; the script prints each one's result and, for a failure, the end of its log. Exit status 1 if any
 configuration failed.
@@ -37,6 +48,11 @@ ROOT = Path(__file__).resolve().parent.parent
 VENDORS = Path("/etc/OpenCL/vendors")
 # the tests that build and run every kernel family on small shapes (the forced-target runs)
 KERNEL_TESTS = ["tests/oclgrind", "tests/ops/test_matmul.py", "tests/jit", "tests/optim"]
+# driver-independent tests, run by one driver (see above)
+ONCE = ["tests/docs", "tests/train", "tests/distributed", "tests/text", "tests/tune", "tests/io",
+        "tests/models", "tests/fuzz", "tests/amp/test_train_amp.py", "tests/test_cli_errors.py",
+        "tests/test_readme.py"]
+NOT_GPU_SHAPED = ["-m", "not gpu_shaped"]
 # PoCL's x86-64 kernel-library variants and the CPU flags each needs, widest first
 TARGETS = {"avx512": ("avx512f", "avx512bw", "avx512vl", "avx512dq"), "avx2": ("avx2", "fma", "f16c")}
 
@@ -46,7 +62,7 @@ class Config:
     name: str
     what: str
     env: dict[str, str]
-    tests: list[str] = field(default_factory=list)
+    tests: list[str] = field(default_factory=list)  # pytest arguments: paths, -m, --ignore
     log: Path | None = None
     proc: subprocess.Popen | None = None
     started: float = 0.0
@@ -84,24 +100,28 @@ def pocl_targets(icd: Path) -> list[str]:
 def configurations(empty_vendors: Path) -> list[Config]:
     base = {k: v for k, v in os.environ.items() if k not in ("OCL_ICD_VENDORS", "OCL_ICD_FILENAMES")}
     configs = []
-    if pypi_pocl():
-        configs.append(
-            Config("pocl-pypi", "PyPI's PoCL alone", {**base, "OCL_ICD_VENDORS": str(empty_vendors)})
-        )
     systems = system_pocls()
-    for icd in systems:
+    split = pypi_pocl() and bool(systems)  # two drivers: each runs its share of the run-once tests
+    if pypi_pocl():
+        configs.append(Config("pocl-pypi", "PyPI's PoCL alone" + (", less gpu_shaped" if split else ""),
+                              {**base, "OCL_ICD_VENDORS": str(empty_vendors)},
+                              list(NOT_GPU_SHAPED) if split else []))
+    for i, icd in enumerate(systems):
         suffix = "" if len(systems) == 1 else f"-{icd.stem}"
-        configs.append(Config(f"pocl-system{suffix}", f"the system PoCL of {icd} alone",
-                              {**base, "OCL_ICD_VENDORS": str(icd)}))
+        tests = [f"--ignore={p}" for p in ONCE] if split else []
+        if i > 0:
+            tests += NOT_GPU_SHAPED
+        what = f"the system PoCL of {icd} alone" + (", less ONCE" if split else "")
+        configs.append(Config(f"pocl-system{suffix}", what, {**base, "OCL_ICD_VENDORS": str(icd)}, tests))
     for icd in systems:
         suffix = "" if len(systems) == 1 else f"-{icd.stem}"
         for target in pocl_targets(icd):
             configs.append(
                 Config(
                     f"pocl-system{suffix}@{target}",
-                    f"the kernel tests, system PoCL forced to {target}",
+                    f"the kernel tests less gpu_shaped, system PoCL forced to {target}",
                     {**base, "OCL_ICD_VENDORS": str(icd), "POCL_KERNELLIB_NAME": target},
-                    list(KERNEL_TESTS),
+                    list(KERNEL_TESTS) + NOT_GPU_SHAPED,
                 )
             )
     if not configs:

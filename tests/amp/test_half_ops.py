@@ -16,6 +16,7 @@ from netcl.ops import attention, norm
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 F16 = np.dtype(np.float16)
+GPU_SHAPED = pytest.mark.gpu_shaped  # the GPUs' kernels, emulated here for their index arithmetic
 HALVES = pytest.mark.parametrize("dt", [F16, BF16], ids=["float16", "bfloat16"])
 
 
@@ -94,8 +95,10 @@ def test_pooling_half_matches_float32(queue, rng, dt):
     _close(ops.adaptive_avg_pool2d(xh, (4, 3)), ops.adaptive_avg_pool2d(xf, (4, 3)), dt, "adaptive avg")
 
 
-@pytest.mark.parametrize(("dt", "local"), [(F16, None), (BF16, 8)],
-                         ids=["float16-cpu-rows", "bfloat16-work-groups"])
+@pytest.mark.parametrize(("dt", "local"), [
+    pytest.param(F16, None, id="float16-cpu-rows"),
+    pytest.param(BF16, 8, id="bfloat16-work-groups", marks=GPU_SHAPED),
+])
 def test_row_norms_half_match_float32(queue, rng, dt, local, monkeypatch):
     """LayerNorm, RMSNorm and GroupNorm on half storage (odd rows and lengths): outputs and gradients in
     the half dtype, mean/rstd float32; `local` 8 runs the GPUs' work-group kernels and their parameter
@@ -134,6 +137,7 @@ def test_row_norms_half_match_float32(queue, rng, dt, local, monkeypatch):
         ops.rms_norm_backward(gh, xh, 37, Tensor.from_host(queue, np.ones(15, dt)), wh)
 
 
+@GPU_SHAPED
 @pytest.mark.parametrize("dt", [np.dtype(np.float32), F16, BF16], ids=["float32", "float16", "bfloat16"])
 def test_row_norm_vec4_kernels_match_the_scalar_ones(queue, rng, dt, monkeypatch):
     """Rows of a multiple of 4 on GPUs take the 4-wide kernels (work-groups of 8 here): LayerNorm and
@@ -155,7 +159,7 @@ def test_row_norm_vec4_kernels_match_the_scalar_ones(queue, rng, dt, monkeypatch
         _close(got, want, dt, "rms_norm vec4 backward")
 
 
-@pytest.mark.parametrize("variant", ["cpu", "gpu"])
+@pytest.mark.parametrize("variant", ["cpu", pytest.param("gpu", marks=GPU_SHAPED)])
 def test_flash_attention_bfloat16_matches_float32(queue, rng, variant, monkeypatch):
     """bfloat16 q, k, v (ushort storage, float32 math) in both kernel families: causal forward with an
     additive bfloat16 mask, and all three gradients, against the float32 path on the same values; head
@@ -177,8 +181,10 @@ def test_flash_attention_bfloat16_matches_float32(queue, rng, variant, monkeypat
         _close(got, want, BF16, f"{variant} {what}")
 
 
-@pytest.mark.parametrize(("dt", "layout"), [(F16, "groups"), (BF16, "runs")],
-                         ids=["float16-groups", "bfloat16-runs"])
+@pytest.mark.parametrize(("dt", "layout"), [
+    pytest.param(F16, "groups", id="float16-groups", marks=GPU_SHAPED),
+    pytest.param(BF16, "runs", id="bfloat16-runs"),
+])
 def test_batch_norm_half_matches_float32(queue, rng, dt, layout, monkeypatch):
     """Half x with float32 weight, bias and running statistics (PyTorch's mixed batch norm), training
     with a fused relu and eval, forward and backward, in the CPUs' run kernels and the GPUs' work-group

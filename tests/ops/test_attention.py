@@ -18,7 +18,7 @@ from netcl.ops import attention as attn
 from netcl.ops.random import Generator
 
 
-@pytest.fixture(params=["cpu", "gpu"])
+@pytest.fixture(params=["cpu", pytest.param("gpu", marks=pytest.mark.gpu_shaped)])
 def variant(request):
     """Run a test with each kernel variant (attention_cpu.cl, attention_gpu.cl) whatever the device.
 
@@ -37,7 +37,7 @@ def _variants(cases, gpu):
     """Parameters (variant, *case) of a test with the fixture `variant` set indirectly: every case on the
     CPU kernels, the cases numbered in `gpu` also on the GPU kernels."""
     return [pytest.param("cpu", *c, id=f"cpu-{n}") for n, c in enumerate(cases)] + [
-        pytest.param("gpu", *cases[n], id=f"gpu-{n}") for n in gpu
+        pytest.param("gpu", *cases[n], id=f"gpu-{n}", marks=pytest.mark.gpu_shaped) for n in gpu
     ]
 
 
@@ -279,6 +279,7 @@ def test_gpu_falls_back_to_cpu_kernels_where_no_grid_fits(queue, rng, monkeypatc
     check(queue, *inputs(rng, 1, 2, 1, 40, 37, 64), causal=True)
 
 
+@pytest.mark.gpu_shaped
 def test_gpu_forward_row_maxima_by_shuffles_and_prefetch(queue, rng, monkeypatch):
     """GPU_ROW_SHFL: the forward's row maxima by warp shuffles (emulated through local memory off NVIDIA), the
     v tile in its own buffer; 8- and 16-column grids (D 32, 64), a bool mask, causal; with GPU_PREFETCH (the
@@ -291,6 +292,7 @@ def test_gpu_forward_row_maxima_by_shuffles_and_prefetch(queue, rng, monkeypatch
     check(queue, q, k, v, g, mask=dev(queue, rng.random((1, 1, 129, 17)) < 0.7), backward=False)
 
 
+@pytest.mark.gpu_shaped
 def test_gpu_ptx_atomics_fall_back_to_cas(queue, rng, monkeypatch):
     """On an sm_90 NVIDIA device whose compiler rejects the inline PTX adds (PoCL stands in for one), the
     fused backward tries red.global.add.v4.f32, then red.global.add.f32, then the atomic_cmpxchg loop; a PTX
@@ -322,6 +324,7 @@ def decode_splits(monkeypatch):
     monkeypatch.setattr(attn, "DECODE_GROUPS_PER_CU", 1000)
 
 
+@pytest.mark.gpu_shaped
 @pytest.mark.parametrize("B,HQ,HKV,SQ,SK,D,dtype", [
     (2, 4, 1, 1, 300, 32, np.float32),    # GQA: the 4 query heads of a kv head in one work-group; 5 splits
     (1, 2, 2, 3, 130, 20, np.float16),    # 3 rows per head, a head dim not a multiple of 4, a partial tile
@@ -337,6 +340,7 @@ def test_decode_split_keys(queue, rng, decode_splits, B, HQ, HKV, SQ, SK, D, dty
     check(queue, q, k, v, g, dtype=dtype, backward=False)
 
 
+@pytest.mark.gpu_shaped
 def test_decode_masks_dropout_and_empty_rows(queue, rng, decode_splits):
     B, HQ, HKV, SQ, SK, D, p = 2, 4, 2, 2, 150, 32, 0.3
     q, k, v, g = inputs(rng, B, HQ, HKV, SQ, SK, D)
@@ -358,6 +362,7 @@ def test_decode_masks_dropout_and_empty_rows(queue, rng, decode_splits):
         np.testing.assert_allclose(got.to_host(), ref, rtol=2e-4, atol=2e-5 * max(1, np.abs(ref).max()))
 
 
+@pytest.mark.gpu_shaped
 def test_decode_replayed_graph_reads_new_length(queue, rng, decode_splits):
     """A recorded decode step over split keys: a new kv_len written before a replay changes which keys
     count."""

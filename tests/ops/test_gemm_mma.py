@@ -47,6 +47,7 @@ def _inputs(rng, dt, m, n, k, batch=()):
     return rng.standard_normal(batch + (m, k)).astype(dt), rng.standard_normal((k, n)).astype(dt)
 
 
+@pytest.mark.gpu_shaped
 @pytest.mark.parametrize("dt, layout, loader", CASES,
                          ids=[f"{np.dtype(d).name}-{lay}-{'-'.join(f'{k}{v}' for k, v in ld.items())}"
                               for d, lay, ld in CASES])
@@ -70,6 +71,7 @@ def test_emulated_fragments_match_numpy(queue, rng, dt, layout, loader):
         np.testing.assert_allclose(got, ref, rtol=0, atol=tol * max(1.0, np.abs(ref).max()))
 
 
+@pytest.mark.gpu_shaped
 def test_emulated_odd_offsets_take_the_register_loader(queue, rng):
     """A view starting off a 16-byte boundary cannot take cp.async: the same call runs the register loader."""
     a, b = _inputs(rng, np.float16, 40, 48, 72)
@@ -110,6 +112,7 @@ def torch_like_gelu(x: np.ndarray) -> np.ndarray:
     return v(x.astype(np.float64)).astype(np.float32)
 
 
+@pytest.mark.gpu_shaped
 def test_emulated_epilogue_and_batch(queue, rng):
     m, n, k = 21, 40, 50
     a, b = _inputs(rng, np.float32, m, n, k, batch=(3,))

@@ -18,6 +18,10 @@ from netcl.profiling import count_launches
 # A small tiled configuration: the GPU kernel's logic (double buffering, edges, both layouts) is
 # checked on the CPU device too, where the default 128 x 128 tiles would only cost compile time.
 SMALL_TILED = {"BM": 32, "BN": 32, "BK": 8, "TX": 8, "TY": 8, "VW": 4, "PADA": 4, "PADB": 4}
+# The GPUs' tiled kernel is never chosen on a CPU device: its cases check index arithmetic, which does not
+# depend on the compiler (scripts/test_matrix.py runs them on one of the CPU compilers only).
+GPU_SHAPED = pytest.mark.gpu_shaped
+TILED = pytest.param("tiled", SMALL_TILED, marks=GPU_SHAPED)
 SMALL_CPU = {"MB": 24, "NB": 32, "KC": 64, "RM": 5, "VN": 16}  # several K chunks and ragged blocks
 
 
@@ -55,7 +59,7 @@ def test_matmul_odd_shapes(queue, rng, m, n, k):
 
 
 @pytest.mark.parametrize("variant,params", [("direct", None), ("dot", {"DOT_WG": 16}), ("cpu", SMALL_CPU),
-                                            ("tiled", SMALL_TILED)])
+                                            TILED])
 @pytest.mark.parametrize("ta,tb", [(False, False), (False, True), (True, False), (True, True)])
 def test_every_variant_and_layout(queue, rng, variant, params, ta, tb):
     m, n, k = 67, 45, 130
@@ -65,7 +69,7 @@ def test_every_variant_and_layout(queue, rng, variant, params, ta, tb):
     check(gemm(A, B, variant=variant, params=params), a.astype(np.float64) @ b, k=k)
 
 
-@pytest.mark.parametrize("variant,params", [("direct", None), ("cpu", SMALL_CPU), ("tiled", SMALL_TILED)])
+@pytest.mark.parametrize("variant,params", [("direct", None), ("cpu", SMALL_CPU), TILED])
 def test_strided_views_and_offsets(queue, rng, variant, params):
     base_a, base_b = host(rng, (90, 81)), host(rng, (70, 99))
     A = Tensor.from_host(queue, base_a)[3::2, 5:70]  # row stride 162, column stride 1, offset
@@ -87,7 +91,7 @@ def test_batch_over_two_levels_and_host_loop(queue, rng):
     check(matmul(dev(queue, a), dev(queue, b)), np.matmul(a.astype(np.float64), b), k=10)
 
 
-@pytest.mark.parametrize("variant,params", [("cpu", SMALL_CPU), ("tiled", SMALL_TILED)])
+@pytest.mark.parametrize("variant,params", [("cpu", SMALL_CPU), TILED])
 def test_batched_transposed_operands(queue, rng, variant, params):
     a, b = host(rng, (3, 40, 37)), host(rng, (3, 37, 35))
     got = gemm(dev(queue, a, True), dev(queue, b, True), variant=variant, params=params)
@@ -110,7 +114,7 @@ def test_empty_and_zero_k(queue, rng):
     assert matmul(Tensor.empty(queue, (0, 3)), Tensor.empty(queue, (3, 4))).shape == (0, 4)
 
 
-@pytest.mark.parametrize("variant,params", [(None, None), ("tiled", SMALL_TILED)])
+@pytest.mark.parametrize("variant,params", [(None, None), TILED])
 def test_float16_storage_float32_accumulation(queue, rng, variant, params):
     m, n, k = 33, 130, 257
     a, b = host(rng, (m, k), np.float16), host(rng, (k, n), np.float16)
@@ -155,7 +159,7 @@ def test_epilogue_bias_activation_residual_alpha(queue, rng, activation):
     check(got, want, k=k)
 
 
-@pytest.mark.parametrize("variant,params", [("direct", None), ("tiled", SMALL_TILED)])
+@pytest.mark.parametrize("variant,params", [("direct", None), TILED])
 def test_epilogue_other_variants_with_broadcast_residual(queue, rng, variant, params):
     a, b, bias, res = host(rng, (2, 19, 21)), host(rng, (21, 23)), host(rng, (23,)), host(rng, (19, 1))
     Bias = Tensor.from_host(queue, np.repeat(bias, 2))[::2]  # strided bias
@@ -227,6 +231,7 @@ def test_epilogue_argument_errors(queue):
         linear(Tensor.zeros(queue, (3, 4)), Tensor.zeros(queue, (5, 6)))
 
 
+@GPU_SHAPED
 @pytest.mark.parametrize("ta,tb", [(False, False), (True, True)])
 def test_split_k_with_epilogue(queue, rng, ta, tb):
     m, n, k = 37, 29, 96
@@ -268,6 +273,7 @@ def test_linear_on_tokens_is_one_row_gemm(queue, rng):
           k=20)
 
 
+@GPU_SHAPED
 @pytest.mark.parametrize("ta,tb", [(False, False), (True, True), (False, True), (True, False)])
 def test_tiled_four_wide_fetch_interior_and_edges(queue, rng, monkeypatch, ta, tb):
     """Aligned operands take the tiled kernel's 4-wide global loads (GVEC) on interior tiles and the
@@ -317,6 +323,7 @@ def test_cpu_split_k_long_k(device, queue, rng, dtype):
     check(gemm(off, tb, variant="cpu"), a @ bt.T, dtype, k)  # offset operand, explicit variant
 
 
+@GPU_SHAPED
 def test_split_k_calls_are_replayed(queue, rng, monkeypatch):
     """A repeated split-K problem (the GPU's choice for skinny shapes, forced here) skips the host
     path on later calls: both launches (GEMM into the workspace, reduction with the epilogue) are
@@ -345,6 +352,7 @@ def test_split_k_calls_are_replayed(queue, rng, monkeypatch):
     assert template.launches == 2 and work[0] == (2, m, n)
 
 
+@GPU_SHAPED
 def test_tile_divisible_problems_take_the_edge_free_kernel(queue, rng, monkeypatch):
     """INNER=1: a problem whose every tile is interior compiles without the guarded path (ALL_INNER,
     at BK); one with edge tiles keeps the guarded kernel at its own k tile BKE. Both are exact."""
@@ -365,7 +373,7 @@ def test_tile_divisible_problems_take_the_edge_free_kernel(queue, rng, monkeypat
 
 
 @pytest.mark.parametrize("variant,params", [(None, None), ("direct", None), ("cpu", SMALL_CPU),
-                                            ("tiled", SMALL_TILED)])
+                                            TILED])
 def test_bias_per_row(queue, rng, variant, params):
     """bias_rows=True adds bias[m] (a convolution's per-channel bias in y = W @ cols), broadcast over a
     batch of right operands, with the activation after it; split-K's reduction applies it too."""
@@ -391,6 +399,7 @@ def test_bias_per_row(queue, rng, variant, params):
         gemm(dev(queue, a), dev(queue, b), dev(queue, host(rng, (n,))), bias_rows=True)
 
 
+@GPU_SHAPED
 def test_tiled_tile_per_shape_class(device, queue, rng, monkeypatch):
     """The tiled kernel's tile comes from the problem's shape class (variants.SHAPE_TILES of the device's
     class over the general tile): M <= 64 takes the "m64" tile here; the result stays exact; the classes
@@ -420,6 +429,7 @@ def test_tiled_tile_per_shape_class(device, queue, rng, monkeypatch):
     assert cls(device, 128, 128 * (units - 1), 9, batch=2) is None
 
 
+@GPU_SHAPED
 @pytest.mark.parametrize("tile", [dict(t) for t in {tuple(sorted(t.items()))
                                                    for per in variants.SHAPE_TILES.values()
                                                    for classes in per.values() for t in classes.values()}])

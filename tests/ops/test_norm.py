@@ -35,6 +35,9 @@ def ref_bn(x, w, b, mean, var, eps):
     return (x - mean.reshape(shp)) / np.sqrt(var.reshape(shp) + eps) * w.reshape(shp) + b.reshape(shp)
 
 
+GROUPS = pytest.mark.gpu_shaped  # the GPUs' work-group kernels, emulated here for their index arithmetic
+
+
 @pytest.mark.parametrize(
     "dt,shape", [(np.float32, (3, 5, 7, 9)), (np.float64, (2, 3, 5)), (np.float32, (17, 4))]
 )
@@ -154,7 +157,8 @@ def test_rms_norm_forward_backward(queue, rng):
     assert_close(out32, x * r * w, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("local", [None, 16])  # 16: the GPU shape (parameter sums by the reduction engine)
+# 16: the GPU shape (parameter sums by the reduction engine)
+@pytest.mark.parametrize("local", [None, pytest.param(16, marks=GROUPS)])
 @pytest.mark.parametrize("dt", [np.float32, np.float64])
 def test_row_norm_parameter_grads_against_float64(queue, rng, monkeypatch, local, dt):
     """grad_weight / grad_bias of layer and RMS norm over many rows (sums across rows), both kernel shapes."""
@@ -245,10 +249,17 @@ def _bn_reference(x, w, b, gy, relu, eps=1e-5):
     return y, mean, inv, gx, gxh, gsum
 
 
-@pytest.mark.parametrize("layout,parts,local", [("runs", None, None), ("runs", 3, None), ("groups", 1, 16),
-                                                ("groups", 5, 8), ("groups", None, 32)])
-@pytest.mark.parametrize("shape,offset", [((5, 3, 4, 6), 0), ((3, 4, 5, 7), 0), ((4, 3, 8), 1), ((6, 5), 0)])
-@pytest.mark.parametrize("relu", [False, True])
+BN_SHAPES = [((5, 3, 4, 6), 0), ((3, 4, 5, 7), 0), ((4, 3, 8), 1), ((6, 5), 0)]
+# every shape with and without the fused ReLU on the CPU's runs; the GPU's work-group layouts (a program
+# build per shape, so seconds each on PoCL) take every shape once, the ReLU on every other one
+BN_CASES = [("runs", parts, None, shape, offset, relu) for parts in (None, 3) for shape, offset in BN_SHAPES
+            for relu in (False, True)] + [
+    pytest.param("groups", parts, local, shape, offset, i % 2 == 1, marks=GROUPS)
+    for parts, local in ((1, 16), (5, 8), (None, 32)) for i, (shape, offset) in enumerate(BN_SHAPES)
+]
+
+
+@pytest.mark.parametrize("layout,parts,local,shape,offset,relu", BN_CASES)
 def test_batch_norm_layouts(queue, rng, monkeypatch, layout, parts, local, shape, offset, relu):
     """Both reduction layouts (the CPU's runs, the GPU's work-group trees with 4-wide loads when aligned),
     one part per channel (the kernel finishes) or several (the finalize launch), odd and unaligned
@@ -274,6 +285,7 @@ def test_batch_norm_layouts(queue, rng, monkeypatch, layout, parts, local, shape
     assert_close(gb, gb_ref, rtol=1e-10, atol=1e-11)
 
 
+@GROUPS
 @pytest.mark.parametrize("shape,relu,unroll", [((5, 3, 4, 6), True, 1), ((3, 4, 5, 7), False, 4),
                                                ((7, 2, 8, 8), True, 4)])
 def test_batch_norm_fused_finalize(queue, rng, monkeypatch, shape, relu, unroll):
@@ -313,7 +325,7 @@ def test_batch_norm_fused_finalize(queue, rng, monkeypatch, shape, relu, unroll)
         first = got
 
 
-@pytest.mark.parametrize("layout", ["runs", "groups"])
+@pytest.mark.parametrize("layout", ["runs", pytest.param("groups", marks=GROUPS)])
 def test_batch_norm_statistics_survive_a_large_mean(queue, rng, monkeypatch, layout):
     """float32 values around 3000 with unit spread: a sum-of-squares variance would lose every digit
     (3000^2 = 9e6 against eps32 ~ 1e-7 relative); Welford/Chan merges keep the variance to ~1e-4."""
@@ -354,6 +366,7 @@ def test_batch_norm_launches(queue, rng, monkeypatch, parts, launches):
     assert_close(gb, gb_ref, np.float32, rtol=1e-4, atol=1e-4)
 
 
+@GROUPS
 def test_work_group_reduction_path(queue, rng, monkeypatch):
     """The GPU shape (a work-group of LOCAL items reducing in local memory), run on this device."""
     monkeypatch.setattr(Nm, "local_size_override", 16)

@@ -13,7 +13,7 @@ from netcl.profiling import count_launches
 from tests.reference import assert_close
 
 
-@pytest.fixture(params=["device", "gpu-layout"])
+@pytest.fixture(params=["device", pytest.param("gpu-layout", marks=pytest.mark.gpu_shaped)])
 def layout(request, monkeypatch):
     """Run each test with the device's own layout and with the GPU (work-group tree) layout."""
     if request.param == "gpu-layout":
@@ -179,6 +179,7 @@ def test_sum_vector_widths_unaligned(queue, rng, layout, monkeypatch, vec):
                  atol=1e-5)
 
 
+@pytest.mark.gpu_shaped
 def test_softmax_nan_row_registers(queue, monkeypatch):
     """A NaN poisons its whole row (as in NumPy/PyTorch) in the row-in-registers GPU variant."""
     monkeypatch.setattr(jreduce, "FORCE_KIND", "gpu")
