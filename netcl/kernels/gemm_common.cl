@@ -15,6 +15,8 @@
 //   BIAS_ROWS     with HAS_BIAS: add bias[m] instead (a vector over rows: a convolution's per-channel bias)
 //   HAS_RESIDUAL  add residual[z, m, n] after the activation (any strides)
 //   ACT           ACT_NONE, ACT_RELU, ACT_GELU (erf), ACT_GELU_TANH, ACT_SILU (common.cl)
+//   C_ACC         C holds ACC_T partial sums, no epilogue (split-K's workspace for inputs narrower than
+//                 the accumulator; gemm_mma.cl only: the other kernels split K at float32 storage)
 
 #include "common.cl"
 
@@ -58,6 +60,12 @@ typedef float16 ACC16;
 #define STORE1(v, i, p) ((p)[i] = (v))
 #define LOADV(W, i, p) GEMM_CAT(vload, W)(i, p)
 #define STOREV(W, v, i, p) GEMM_CAT(vstore, W)(v, i, p)
+#endif
+
+#if defined(C_ACC)
+typedef ACC_T C_T;        // element type of C
+#else
+typedef STORE_T C_T;
 #endif
 
 #define GEMM_CAT_(a, b) a##b
@@ -106,7 +114,7 @@ inline ACC_T gemm_epilogue(ACC_T acc, const int m, const int n, const ACC_T alph
     const int M, const int N, const int K,                                                          \
     __global const STORE_T *A, const long a_off, const long a_rs, const long a_ks,                  \
     __global const STORE_T *B, const long b_off, const long b_ks, const long b_ns,                  \
-    __global STORE_T *C, const long c_off, const long c_rs,                                         \
+    __global C_T *C, const long c_off, const long c_rs,                                             \
     __global const STORE_T *bias, const long bias_off, const long bias_stride,                      \
     __global const STORE_T *residual, const long res_off, const long res_rs, const long res_cs,     \
     const ACC_T alpha, const int nb_inner, const long4 bs_ab, const long4 bs_cr

@@ -420,7 +420,9 @@ inline uint tf32_frag(uint x) {
         for (int j = 0; j < NT; ++j)                                                                    \
             MMA(acc[i][j], a[i], b[j], acc[i][j])
 
-#if defined(IS_BF16)
+#if defined(C_ACC)
+#define STORE_PAIR(v0, v1, p) vstore2((float2)((v0), (v1)), 0, p)
+#elif defined(IS_BF16)
 #define STORE_PAIR(v0, v1, p) (*(__global ushort2 *)(p) = (ushort2)(nc_float_to_bf16(v0), nc_float_to_bf16(v1)))
 #elif defined(IS_HALF)
 #define STORE_PAIR(v0, v1, p) vstore_half2_rte((float2)((v0), (v1)), 0, p)
@@ -686,7 +688,15 @@ void gemm_mma(GEMM_ARGS)
     }
 
     // each lane holds pairs of neighbours (n, n + 1), n even: one 2-element store where C's rows allow
-    const bool pairs = (((ulong)C) % (2 * sizeof(STORE_T))) == 0 && (c_rs % 2) == 0;
+    const bool pairs = (((ulong)C) % (2 * sizeof(C_T))) == 0 && (c_rs % 2) == 0;
+#if defined(C_ACC)
+    // split-K's workspace: the raw float sums (gemm_reduce_splits adds the slices and applies the epilogue)
+#define C_VALUE(v, m, n) (v)
+#define STORE_C(v, i, p) ((p)[i] = (v))
+#else
+#define C_VALUE(v, m, n) GEMM_EPILOGUE((ACC_T)(v), m, n)
+#define STORE_C(v, i, p) STORE1(v, i, p)
+#endif
     #pragma unroll
     for (int i = 0; i < MT; ++i)
         #pragma unroll
@@ -695,14 +705,14 @@ void gemm_mma(GEMM_ARGS)
             for (int h = 0; h < 2; ++h) {
                 const int m = m0 + wm + i * 16 + g + h * 8, n = n0 + wn + j * 8 + 2 * t;
                 if (m >= M || n >= N) continue;
-                __global STORE_T *p = C + (long)m * c_rs + n;
-                const ACC_T v0 = GEMM_EPILOGUE((ACC_T)acc[i][j][2 * h], m, n);
+                __global C_T *p = C + (long)m * c_rs + n;
+                const ACC_T v0 = C_VALUE(acc[i][j][2 * h], m, n);
                 if (n + 1 < N) {
-                    const ACC_T v1 = GEMM_EPILOGUE((ACC_T)acc[i][j][2 * h + 1], m, n + 1);
+                    const ACC_T v1 = C_VALUE(acc[i][j][2 * h + 1], m, n + 1);
                     if (pairs) STORE_PAIR(v0, v1, p);
-                    else { STORE1(v0, 0, p); STORE1(v1, 1, p); }
+                    else { STORE_C(v0, 0, p); STORE_C(v1, 1, p); }
                 } else {
-                    STORE1(v0, 0, p);
+                    STORE_C(v0, 0, p);
                 }
             }
 }

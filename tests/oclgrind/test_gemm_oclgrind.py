@@ -146,3 +146,17 @@ def test_mma_gemm_in_bounds(queue, loader, ta, tb):
                variant="mma", params={**MMA_SMALL, **loader})
     want = np.maximum(a.astype(np.float64) @ b + bias, 0)
     np.testing.assert_allclose(got.to_host().astype(np.float64), want, rtol=0, atol=2e-3 * np.abs(want).max())
+
+
+@pytest.mark.gpu_shaped
+def test_mma_split_k_in_bounds(queue):
+    """Split-K on the matrix-unit GEMM: each K slice's float32 partial sums (C_ACC) inside the workspace,
+    slices read only their own K range (64 = 2 x 32, the cp.async ring), then the reduction's epilogue."""
+    rng = np.random.default_rng(9)
+    a = rng.standard_normal((19, 64)).astype(np.float16)
+    b = rng.standard_normal((64, 18)).astype(np.float16)
+    bias = rng.standard_normal(18).astype(np.float16)
+    got = gemm(Tensor.from_host(queue, a), Tensor.from_host(queue, b), Tensor.from_host(queue, bias), "relu",
+               variant="mma", params={**MMA_SMALL, "ASYNC": 1, "STAGES": 2, "LDMATRIX": 1}, splits=2)
+    want = np.maximum(a.astype(np.float64) @ b + bias, 0)
+    np.testing.assert_allclose(got.to_host().astype(np.float64), want, rtol=0, atol=2e-3 * np.abs(want).max())

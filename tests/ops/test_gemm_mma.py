@@ -83,6 +83,36 @@ def test_emulated_odd_offsets_take_the_register_loader(queue, rng):
     np.testing.assert_allclose(got, ref, rtol=0, atol=2e-3 * np.abs(ref).max())
 
 
+SPLIT_CASES = [
+    # (dtype, layout, K, splits, loader): 32-long slices keep the cp.async ring; 45-long ones start off
+    # 16-byte boundaries (the register loader); A along M ("tn": a weight gradient g^T x) the element loader
+    (np.float16, "nn", 96, 3, {"ASYNC": 1, "SWIZZLE": 0, "STAGES": 2, "LDMATRIX": 1, "GROUP_M": 3}),
+    (np.float16, "nn", 90, 2, {"ASYNC": 1, "SWIZZLE": 0, "STAGES": 2, "LDMATRIX": 1, "GROUP_M": 3}),
+    (BF16, "tn", 100, 4, REGISTERS),
+    (np.float32, "nt", 96, 2, REGISTERS),
+]
+
+
+@pytest.mark.gpu_shaped
+@pytest.mark.parametrize("dt, layout, k, splits, loader", SPLIT_CASES,
+                         ids=[f"{np.dtype(c[0]).name}-{c[1]}-k{c[2]}-s{c[3]}" for c in SPLIT_CASES])
+def test_emulated_split_k_partial_sums(queue, rng, dt, layout, k, splits, loader):
+    """Split-K on the matrix units: float32 partial sums of each K slice (C_ACC), summed and rounded once by
+    the reduction, which applies the epilogue (bias, activation, residual)."""
+    m, n = 37, 29
+    a, b = _inputs(rng, dt, m, n, k)
+    bias, res = rng.standard_normal(n).astype(dt), rng.standard_normal((m, n)).astype(dt)
+    ta, tb = (Tensor.from_host(queue, np.ascontiguousarray(x.T)).T if t == "t" else Tensor.from_host(queue, x)
+              for x, t in ((a, layout[0]), (b, layout[1])))
+    got = mm.gemm(ta, tb, Tensor.from_host(queue, bias), "relu", Tensor.from_host(queue, res), 0.5,
+                  variant="mma", params={**SMALL, **loader}, splits=splits)
+    assert got.dtype == np.dtype(dt)
+    product = (_tf32(a) @ _tf32(b)) if dt == np.float32 else a.astype(np.float64) @ b.astype(np.float64)
+    want = np.maximum(0.5 * product + bias.astype(np.float64), 0) + res.astype(np.float64)
+    tol = {np.dtype(np.float16): 2e-3, np.dtype(BF16): 8e-3}.get(np.dtype(dt), 1e-5)
+    np.testing.assert_allclose(got.to_host().astype(np.float64), want, rtol=0, atol=tol * np.abs(want).max())
+
+
 def test_bfloat16_gemm_and_epilogue(queue, rng):
     """bfloat16: on matrix units where the device has them, elsewhere a float32 GEMM and epilogue with one
     rounding (PyTorch's CPU way); either way float32 accumulation and one rounding of the result."""
@@ -156,8 +186,10 @@ def test_matrix_units_on_device(queue, rng, dt):
     netcl.set_matmul_precision("high")
     try:
         # layouts: "nn" (k-major B tile), "nt" (B's rows along k), "tn" (A along m: the element loader)
+        # the last two: weight-gradient shapes (g^T x over 2048 tokens) that split K (float32 partial sums)
         for m, n, k, layout in ((130, 270, 70, "nn"), (256, 256, 256, "nn"), (1000, 999, 517, "nn"),
-                                (1000, 999, 517, "nt"), (130, 270, 70, "nt"), (300, 200, 100, "tn")):
+                                (1000, 999, 517, "nt"), (130, 270, 70, "nt"), (300, 200, 100, "tn"),
+                                (704, 256, 2048, "tn"), (250, 190, 2048, "nn")):
             a, b = _inputs(rng, dt, m, n, k)
             ta = (Tensor.from_host(queue, np.ascontiguousarray(a.T)).T if layout[0] == "t"
                   else Tensor.from_host(queue, a))

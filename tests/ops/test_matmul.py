@@ -259,6 +259,14 @@ def test_split_k_choice_fills_a_gpu_only_for_skinny_problems(queue):
     assert choose_splits(h200_like, replace(p, m=2048, n=2048, k=2048), tile) == 1
     cpu = SimpleNamespace(capabilities=SimpleNamespace(kind="cpu", compute_units=2))
     assert choose_splits(cpu, replace(p, m=256, n=4096, k=4096), tile) == 1
+    # half operands: the tiled kernel keeps them whole (its workspace would be half); the matrix units write
+    # float32 partial sums, so an AMP weight gradient (704 x 256 over 2048 tokens: 12 blocks) is split
+    p16 = _prepare(Tensor.zeros(queue, (2, 3), np.float16), Tensor.zeros(queue, (3, 2), np.float16),
+                   None, None, None, 1.0)
+    assert choose_splits(h200_like, replace(p16, m=704, n=256, k=2048), tile) == 1
+    assert choose_splits(h200_like, replace(p16, m=704, n=256, k=2048), tile, partial_sums=True) == 16
+    assert choose_splits(h200_like, replace(p16, m=8192, n=8192, k=8192), tile, partial_sums=True) == 1
+    assert choose_splits(cpu, replace(p16, m=704, n=256, k=2048), tile, partial_sums=True) == 1
 
 
 def test_linear_on_tokens_is_one_row_gemm(queue, rng):

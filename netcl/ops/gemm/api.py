@@ -43,7 +43,7 @@ def gemm(
     splits: int | None = None,
     bias_rows: bool = False,
 ) -> Tensor:
-    """matmul_epilogue with an explicit kernel `variant`, tile `params` and (tiled only) K `splits`
+    """matmul_epilogue with an explicit kernel `variant`, tile `params` and (tiled, mma) K `splits`
     (tests, tuning, benchmarks); None means netcl's own choice. bias_rows=True takes a bias of shape
     (M,), one value per output row (a convolution's bias in y = W @ cols), shared by every batch."""
     bias_rows = bias_rows and bias is not None
@@ -81,8 +81,8 @@ def gemm(
         raise ValueError(f"unknown GEMM variant {variant!r}; one of {VARIANTS}")
     if p.k == 0 and variant == "tiled":
         variant = "direct"
-    if splits is not None and splits > 1 and (variant != "tiled" or math.prod(p.batch) != 1):
-        raise ValueError("split-K is for the tiled variant on unbatched problems")
+    if splits is not None and splits > 1 and (variant not in ("tiled", "mma") or math.prod(p.batch) != 1):
+        raise ValueError("split-K is for the tiled and mma variants on unbatched problems")
     launch(p, variant, params, splits)
     return _finish(p)
 

@@ -32,9 +32,9 @@ def launch(
     p: _Problem, variant: str, params: dict[str, int] | None = None, splits: int | None = None,
     rowsum: Tensor | None = None, mask_residual: bool = False,
 ) -> Tensor | None:
-    """Enqueue `p` on `variant` (tile `params` over the tuned ones; `splits` K slices, tiled only, None:
-    netcl's choice). `rowsum` (cpu only) also receives the row sums of A; `mask_residual` (cpu only) makes
-    the residual a mask (out = where(mask > 0, a @ b, 0)). Each launch names its slots (a, b, out, bias,
+    """Enqueue `p` on `variant` (tile `params` over the tuned ones; `splits` K slices, tiled and mma only,
+    None: netcl's choice). `rowsum` (cpu only) also receives the row sums of A; `mask_residual` (cpu only)
+    makes the residual a mask (out = where(mask > 0, a @ b, 0)). Each launch names its slots (a, b, out, bias,
     res; split-K also work) for a recording (netcl.core.capture). Returns split-K's workspace, else None."""
     device = p.out.device
     queue = p.out.queue
@@ -96,9 +96,14 @@ def launch(
             defines["ALIGNED"] = None
         if b_ns == 1:
             defines["B_KMAJOR"] = None
+        if splits is None:
+            splits = splitk.choose_splits(device, p, tile, partial_sums=True)
+        # split-K's slices start chunk * a_ks / chunk * b_ks elements on: batch steps as any other
+        slice_steps = (p.k // splits * a_ks, p.k // splits * b_ks) if splits > 1 else ()
         vec = 16 // dt.itemsize
         if not (defines.pop("ASYNC", 0) and aligned and all(
-                v % vec == 0 for v in (a.offset, b.offset, a_rs, b_ks if b_ns == 1 else b_ns, *a_bs, *b_bs))):
+                v % vec == 0 for v in (a.offset, b.offset, a_rs, b_ks if b_ns == 1 else b_ns, *a_bs, *b_bs,
+                                       *slice_steps))):
             defines.pop("STAGES", None)
         else:
             defines["ASYNC"] = None
@@ -127,8 +132,10 @@ def launch(
             defines.update({k: tile[k] for k in ("BK", "PADA", "PADB")})
         if splits > 1:
             return splitk.tiled_split(p, a, b, (a_rs, a_ks, b_ks, b_ns), defines, tile, splits)
-    kernel = getattr(_program(device, variant, defines), f"gemm_{variant}")
     more = {"tiles": cl.LocalMemory(_mma_local_bytes(defines, dt))} if defines.get("DYN_LOCAL") else {}
+    if variant == "mma" and splits > 1:
+        return splitk.mma_split(p, a, b, (a_rs, a_ks, b_ks, b_ns), defines, tile, splits, **more)
+    kernel = getattr(_program(device, variant, defines), f"gemm_{variant}")
 
     if variant == "dot":
         gsize, lsize = (p.n * tile["DOT_WG"], p.m, nbatch), (tile["DOT_WG"], 1, 1)

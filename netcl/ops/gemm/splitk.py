@@ -30,13 +30,18 @@ CPU_SPLIT_MIN_K = 8192  # split only K at least this long ...
 CPU_SPLIT_MAX_BLOCKS = 8  # ... when the unsplit launch has at most this many MB x NB blocks
 
 
-def choose_splits(device: Any, p: _Problem, tile: dict[str, int]) -> int:
-    """How many slices of K a tiled GEMM runs side by side: more than 1 only when M x N alone gives
-    too few work-groups to fill the device (skinny problems such as 256 x 4096 x 4096, small squares).
+def choose_splits(device: Any, p: _Problem, tile: dict[str, int], partial_sums: bool = False) -> int:
+    """How many slices of K a tiled (or, with `partial_sums`, mma) GEMM runs side by side: more than 1 only
+    when M x N alone gives too few work-groups to fill the device (skinny problems such as 256 x 4096 x
+    4096, small squares, a linear layer's weight gradient dW = g^T x with K = the batch's tokens).
     Long slices (>= GPU_SPLIT_LONG_K) are added until 2 work-groups per compute unit, short ones until 1:
     on the H200 512^3 (16 blocks of 128 x 128) ran 0.47x cuBLAS unsplit, 0.68x at S=2, 1.14x at S=8 (64
-    long); 1000^3 (64 blocks) 0.71x at S=2 and 0.64x at S=4 (bench/conv_sweep.py, bench/NOTES.md)."""
-    if device.capabilities.kind == "cpu" or p.out.dtype == dtypes.float16 or math.prod(p.batch) != 1:
+    long); 1000^3 (64 blocks) 0.71x at S=2 and 0.64x at S=4 (bench/conv_sweep.py, bench/NOTES.md). The
+    tiled kernel splits float32/float64 only (its workspace has the operands' dtype); the mma kernel
+    writes float32 partial sums from any input (C_ACC), so `partial_sums` admits float16/bfloat16."""
+    if device.capabilities.kind == "cpu" or math.prod(p.batch) != 1:
+        return 1
+    if not partial_sums and p.out.dtype not in (dtypes.float32, dtypes.float64):
         return 1
     tiles = -(-p.m // tile["BM"]) * -(-p.n // tile["BN"])
     units = device.capabilities.compute_units
@@ -111,6 +116,53 @@ def tiled_split(
         bs_ab=_long4(0, chunk * a_ks, 0, chunk * b_ks), bs_cr=_long4(0, p.m * p.n, 0, 0),
     )
     capture.name_slots(a=("A", "a_off"), b=("B", "b_off"), work=[("C", "c_off"), ("bias",), ("residual",)])
+    reduce_splits(p, work, splits)
+    return work
+
+
+def mma_split(
+    p: _Problem,
+    a: Tensor,
+    b: Tensor,
+    strides: tuple[int, int, int, int],
+    defines: dict[str, Any],
+    tile: dict[str, int],
+    splits: int,
+    **local: Any,
+) -> Tensor:
+    """The matrix units' split: one gemm_mma launch over the K slices (as a batch) writing float32 partial
+    sums (C_ACC) into a fresh workspace, then the reduction (which rounds once to the output dtype and
+    applies the epilogue). On the H200 an AMP step's weight gradients (M x N = 256..704 x 256, K = 2048
+    tokens) gave the unsplit kernel 4-11 blocks of 128 x 128 for 132 SMs (2.35 TFLOP/s, bench/NOTES.md,
+    mixed precision). `defines` are the unsplit launch's (netcl.ops.gemm.launch, slice alignment already
+    checked there); `local`: the DYN_LOCAL tiles argument. Returns the workspace."""
+    a_rs, a_ks, b_ks, b_ns = strides
+    if p.k % splits:
+        raise ShapeError(f"split-K needs K={p.k} divisible by {splits}")
+    chunk = p.k // splits
+    work = Tensor.empty(p.out.queue, (splits, p.m, p.n), dtypes.float32)
+    gemm_defines = {k: v for k, v in defines.items() if k not in ("HAS_BIAS", "BIAS_ROWS", "HAS_RESIDUAL")}
+    gemm_defines["ACT"] = None
+    gemm_defines["C_ACC"] = None
+    kernel = _program(p.out.device, "mma", gemm_defines).gemm_mma
+    threads = (tile["BM"] // tile["WM"]) * (tile["BN"] // tile["WN"]) * 32
+    i64 = np.int64
+    if capture.declaring():  # the K slices as a batch: A and B read once, `splits` float32 partial products
+        profiling.work(2.0 * p.m * p.n * p.k,
+                       float((p.m * p.k + p.k * p.n) * p.out.dtype.itemsize + splits * p.m * p.n * 4))
+    kernel(
+        p.out.queue, (-(-p.n // tile["BN"]) * threads, -(-p.m // tile["BM"]), splits), (threads, 1, 1),
+        M=np.int32(p.m), N=np.int32(p.n), K=np.int32(chunk),
+        A=a.buffer, a_off=i64(a.offset), a_rs=i64(a_rs), a_ks=i64(a_ks),
+        B=b.buffer, b_off=i64(b.offset), b_ks=i64(b_ks), b_ns=i64(b_ns),
+        C=work.buffer, c_off=i64(work.offset), c_rs=i64(p.n),
+        bias=a.buffer, bias_off=i64(0), bias_stride=i64(0),
+        residual=a.buffer, res_off=i64(0), res_rs=i64(0), res_cs=i64(0),
+        alpha=np.float32(1.0), nb_inner=np.int32(splits),
+        bs_ab=_long4(0, chunk * a_ks, 0, chunk * b_ks), bs_cr=_long4(0, p.m * p.n, 0, 0),
+        **local,
+    )
+    capture.name_slots(a=[("A", "a_off"), ("bias",), ("residual",)], b=("B", "b_off"), work=("C", "c_off"))
     reduce_splits(p, work, splits)
     return work
 
