@@ -12,7 +12,7 @@ from netcl.core import dtypes
 from netcl.core.tensor import Tensor
 from netcl.errors import DTypeError
 from netcl.ops import gemm as mm
-from netcl.ops.gemm import variants
+from netcl.ops.gemm import api, splitk, variants
 
 SMALL = {"BM": 32, "BN": 32, "BK": 32, "WM": 16, "WN": 16, "EMULATE": 1}
 BF16 = dtypes.bfloat16
@@ -111,6 +111,28 @@ def test_emulated_split_k_partial_sums(queue, rng, dt, layout, k, splits, loader
     want = np.maximum(0.5 * product + bias.astype(np.float64), 0) + res.astype(np.float64)
     tol = {np.dtype(np.float16): 2e-3, np.dtype(BF16): 8e-3}.get(np.dtype(dt), 1e-5)
     np.testing.assert_allclose(got.to_host().astype(np.float64), want, rtol=0, atol=tol * np.abs(want).max())
+
+
+@pytest.mark.gpu_shaped
+def test_split_k_on_matrix_units_is_replayed(queue, rng, monkeypatch):
+    """netcl's own choice on matrix units (forced here: the emulated kernel, 2 slices) records the split's
+    two launches once; later calls replay them with new operands, output and float32 workspace."""
+    real = variants.tuned_params
+    monkeypatch.setattr(api, "uses_matrix_units", lambda dev_, dt: True)
+    monkeypatch.setattr(api, "choose_variant", lambda dev_, m, n, k: "tiled")
+    monkeypatch.setattr(splitk, "choose_splits",
+                        lambda dev_, p, tile, partial_sums=False: 2 if partial_sums else 1)
+    monkeypatch.setattr(variants, "tuned_params",
+                        lambda d, v, dt: {**real(d, v, dt), **SMALL} if v == "mma" else real(d, v, dt))
+    monkeypatch.setattr(api, "_templates", {})
+    m, n, k = 37, 29, 96
+    for _ in range(3):
+        a, b = _inputs(rng, np.float16, m, n, k)
+        got = mm.matmul(Tensor.from_host(queue, a), Tensor.from_host(queue, b)).to_host().astype(np.float64)
+        want = a.astype(np.float64) @ b.astype(np.float64)
+        np.testing.assert_allclose(got, want, rtol=0, atol=2e-3 * np.abs(want).max())
+    (template, _, work), = api._templates.values()
+    assert template.launches == 2 and work == ((2, m, n), np.dtype(np.float32))
 
 
 def test_bfloat16_gemm_and_epilogue(queue, rng):
