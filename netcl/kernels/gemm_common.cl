@@ -46,9 +46,9 @@ typedef float4 ACC4;
 typedef float8 ACC8;
 typedef float16 ACC16;
 #define LOAD1(i, p) vload_half(i, p)
-#define STORE1(v, i, p) vstore_half_rte(v, i, p)
+#define STORE1(v, i, p) vstore_half(v, i, p)   // round to nearest even: the default (common.cl)
 #define LOADV(W, i, p) GEMM_CAT(vload_half, W)(i, p)
-#define STOREV(W, v, i, p) GEMM_CAT(GEMM_CAT(vstore_half, W), _rte)(v, i, p)
+#define STOREV(W, v, i, p) GEMM_CAT(vstore_half, W)(v, i, p)
 #else
 typedef float STORE_T;
 typedef float ACC_T;

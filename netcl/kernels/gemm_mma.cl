@@ -425,7 +425,7 @@ inline uint tf32_frag(uint x) {
 #elif defined(IS_BF16)
 #define STORE_PAIR(v0, v1, p) (*(__global ushort2 *)(p) = (ushort2)(nc_float_to_bf16(v0), nc_float_to_bf16(v1)))
 #elif defined(IS_HALF)
-#define STORE_PAIR(v0, v1, p) vstore_half2_rte((float2)((v0), (v1)), 0, p)
+#define STORE_PAIR(v0, v1, p) vstore_half2((float2)((v0), (v1)), 0, p)
 #else
 #define STORE_PAIR(v0, v1, p) vstore2((float2)((v0), (v1)), 0, p)
 #endif
