@@ -130,12 +130,7 @@ def launch(
             # BK=8 runs 43 TFLOP/s edge-free (128 registers, 2 work-groups per SM) but 38 guarded
             tile = _fit_local_memory({**tile, "BK": edge_bk}, dt, device.capabilities.local_mem)
             defines.update({k: tile[k] for k in ("BK", "PADA", "PADB")})
-        if splits > 1:
-            return splitk.tiled_split(p, a, b, (a_rs, a_ks, b_ks, b_ns), defines, tile, splits)
     more = {"tiles": cl.LocalMemory(_mma_local_bytes(defines, dt))} if defines.get("DYN_LOCAL") else {}
-    if variant == "mma" and splits > 1:
-        return splitk.mma_split(p, a, b, (a_rs, a_ks, b_ks, b_ns), defines, tile, splits, **more)
-    kernel = getattr(_program(device, variant, defines), f"gemm_{variant}")
 
     if variant == "dot":
         gsize, lsize = (p.n * tile["DOT_WG"], p.m, nbatch), (tile["DOT_WG"], 1, 1)
@@ -154,6 +149,10 @@ def launch(
         gsize = (-(-p.n // tile["BN"]) * tile["TX"], -(-p.m // tile["BM"]) * tile["TY"], nbatch)
         lsize = (tile["TX"], tile["TY"], 1)
 
+    if variant in ("tiled", "mma") and splits > 1:
+        return splitk.gpu_split(variant, p, a, b, (a_rs, a_ks, b_ks, b_ns), defines, splits, gsize[:2], lsize,
+                                **more)
+    kernel = getattr(_program(device, variant, defines), f"gemm_{variant}")
     acc_type = np.float64 if dt == dtypes.float64 else np.float32
     bias_t = p.bias if p.bias is not None else (rowsum if rowsum is not None else out)
     bias_stride = bias_t.strides[0] if (p.bias is not None or rowsum is not None) else 0

@@ -73,39 +73,49 @@ def choose_cpu_splits(p: _Problem, variant: str) -> int:
     return 0
 
 
-def tiled_split(
+def gpu_split(
+    variant: str,
     p: _Problem,
     a: Tensor,
     b: Tensor,
     strides: tuple[int, int, int, int],
     defines: dict[str, Any],
-    tile: dict[str, int],
     splits: int,
+    grid: tuple[int, int],
+    local: tuple[int, ...],
+    **extra: Any,
 ) -> Tensor:
-    """The GPU split: one tiled launch over the K slices (as a batch) into a fresh workspace, then the
-    reduction. `defines` are the unsplit launch's (netcl.ops.gemm.launch); returns the workspace."""
+    """The GPU split: one launch of `variant` (tiled or mma) over the K slices (as a batch) into a fresh
+    workspace, then the reduction, which applies the epilogue. `defines`, `grid` (the unsplit launch's
+    first two global sizes), `local` and `extra` (mma's DYN_LOCAL tiles) are the unsplit launch's
+    (netcl.ops.gemm.launch, which checked the slices' alignment for mma's cp.async). The tiled kernel stores
+    at its operands' dtype, so it splits float32/float64 only; the matrix units write float32 partial sums
+    from any input (C_ACC) and the reduction rounds once to float16/bfloat16: an AMP step's weight
+    gradients (M x N = 256..704 x 256, K = 2048 tokens) gave the unsplit mma kernel 4-11 blocks of 128 x 128
+    for the H200's 132 SMs (2.35 TFLOP/s, bench/NOTES.md, mixed precision). Returns the workspace."""
     a_rs, a_ks, b_ks, b_ns = strides
     if p.k % splits:
         raise ShapeError(f"split-K needs K={p.k} divisible by {splits}")
     dt = p.out.dtype
     acc_dt = dtypes.float64 if dt == dtypes.float64 else dtypes.float32
-    if dt != acc_dt:
-        raise DTypeError(f"split-K runs for float32/float64 only, got {dt}")
+    partial_sums = variant == "mma"
+    if dt != acc_dt and not partial_sums:
+        raise DTypeError(f"split-K on the {variant} kernel runs for float32/float64 only, got {dt}")
     chunk = p.k // splits
     work = Tensor.empty(p.out.queue, (splits, p.m, p.n), acc_dt)
     gemm_defines = {k: v for k, v in defines.items() if k not in ("HAS_BIAS", "BIAS_ROWS", "HAS_RESIDUAL")}
     gemm_defines["ACT"] = None
-    if (chunk * a_ks) % 4 or (chunk * b_ks) % 4:
+    if partial_sums:
+        gemm_defines["C_ACC"] = None  # C is the float32 workspace whatever the inputs
+    elif (chunk * a_ks) % 4 or (chunk * b_ks) % 4:
         gemm_defines.pop("GVEC", None)  # slice starts must stay 4-aligned for the 4-wide loads
-    gemm_defines["DTYPE"] = acc_dt  # partial sums are stored at accumulator precision
-    kernel = _program(p.out.device, "tiled", gemm_defines).gemm_tiled
+    kernel = getattr(_program(p.out.device, variant, gemm_defines), f"gemm_{variant}")
     i64 = np.int64
     if capture.declaring():  # the K slices as a batch: A and B read once, `splits` partial products written
         profiling.work(2.0 * p.m * p.n * p.k,
                        float((p.m * p.k + p.k * p.n) * dt.itemsize + splits * p.m * p.n * acc_dt.itemsize))
     kernel(
-        p.out.queue, (-(-p.n // tile["BN"]) * tile["TX"], -(-p.m // tile["BM"]) * tile["TY"], splits),
-        (tile["TX"], tile["TY"], 1),
+        p.out.queue, (*grid, splits), local,
         M=np.int32(p.m), N=np.int32(p.n), K=np.int32(chunk),
         A=a.buffer, a_off=i64(a.offset), a_rs=i64(a_rs), a_ks=i64(a_ks),
         B=b.buffer, b_off=i64(b.offset), b_ks=i64(b_ks), b_ns=i64(b_ns),
@@ -114,55 +124,9 @@ def tiled_split(
         residual=work.buffer, res_off=i64(0), res_rs=i64(0), res_cs=i64(0),
         alpha=acc_dt.type(1.0), nb_inner=np.int32(splits),
         bs_ab=_long4(0, chunk * a_ks, 0, chunk * b_ks), bs_cr=_long4(0, p.m * p.n, 0, 0),
+        **extra,
     )
     capture.name_slots(a=("A", "a_off"), b=("B", "b_off"), work=[("C", "c_off"), ("bias",), ("residual",)])
-    reduce_splits(p, work, splits)
-    return work
-
-
-def mma_split(
-    p: _Problem,
-    a: Tensor,
-    b: Tensor,
-    strides: tuple[int, int, int, int],
-    defines: dict[str, Any],
-    tile: dict[str, int],
-    splits: int,
-    **local: Any,
-) -> Tensor:
-    """The matrix units' split: one gemm_mma launch over the K slices (as a batch) writing float32 partial
-    sums (C_ACC) into a fresh workspace, then the reduction (which rounds once to the output dtype and
-    applies the epilogue). On the H200 an AMP step's weight gradients (M x N = 256..704 x 256, K = 2048
-    tokens) gave the unsplit kernel 4-11 blocks of 128 x 128 for 132 SMs (2.35 TFLOP/s, bench/NOTES.md,
-    mixed precision). `defines` are the unsplit launch's (netcl.ops.gemm.launch, slice alignment already
-    checked there); `local`: the DYN_LOCAL tiles argument. Returns the workspace."""
-    a_rs, a_ks, b_ks, b_ns = strides
-    if p.k % splits:
-        raise ShapeError(f"split-K needs K={p.k} divisible by {splits}")
-    chunk = p.k // splits
-    work = Tensor.empty(p.out.queue, (splits, p.m, p.n), dtypes.float32)
-    gemm_defines = {k: v for k, v in defines.items() if k not in ("HAS_BIAS", "BIAS_ROWS", "HAS_RESIDUAL")}
-    gemm_defines["ACT"] = None
-    gemm_defines["C_ACC"] = None
-    kernel = _program(p.out.device, "mma", gemm_defines).gemm_mma
-    threads = (tile["BM"] // tile["WM"]) * (tile["BN"] // tile["WN"]) * 32
-    i64 = np.int64
-    if capture.declaring():  # the K slices as a batch: A and B read once, `splits` float32 partial products
-        profiling.work(2.0 * p.m * p.n * p.k,
-                       float((p.m * p.k + p.k * p.n) * p.out.dtype.itemsize + splits * p.m * p.n * 4))
-    kernel(
-        p.out.queue, (-(-p.n // tile["BN"]) * threads, -(-p.m // tile["BM"]), splits), (threads, 1, 1),
-        M=np.int32(p.m), N=np.int32(p.n), K=np.int32(chunk),
-        A=a.buffer, a_off=i64(a.offset), a_rs=i64(a_rs), a_ks=i64(a_ks),
-        B=b.buffer, b_off=i64(b.offset), b_ks=i64(b_ks), b_ns=i64(b_ns),
-        C=work.buffer, c_off=i64(work.offset), c_rs=i64(p.n),
-        bias=a.buffer, bias_off=i64(0), bias_stride=i64(0),
-        residual=a.buffer, res_off=i64(0), res_rs=i64(0), res_cs=i64(0),
-        alpha=np.float32(1.0), nb_inner=np.int32(splits),
-        bs_ab=_long4(0, chunk * a_ks, 0, chunk * b_ks), bs_cr=_long4(0, p.m * p.n, 0, 0),
-        **local,
-    )
-    capture.name_slots(a=[("A", "a_off"), ("bias",), ("residual",)], b=("B", "b_off"), work=("C", "c_off"))
     reduce_splits(p, work, splits)
     return work
 
