@@ -12,9 +12,10 @@ from source, twice) short:
   norms and reductions, the GPU flash attention) run on the CPU to check their index arithmetic, which
   does not depend on the compiler; a CPU device never chooses them. The system PoCL runs them.
 - ONCE: end-to-end and driver-independent tests (the docs' pages, the CLI's training runs, launches of
-  several processes, the tokenizer, Hugging Face files, k-means estimators against scikit-learn): the
-  kernels they build are built and checked by the unit tests on every driver (k-means': tests/ops/
-  test_kmeans.py). PyPI's PoCL runs them.
+  several processes, the tokenizer, Hugging Face files, k-means estimators against scikit-learn, autocast
+  and the loss scaler): the kernels they build are built and checked by the unit tests on every driver
+  (k-means': tests/ops/test_kmeans.py; half ops and the scaler's: tests/amp/test_half_ops.py,
+  tests/oclgrind/test_amp_oclgrind.py). PyPI's PoCL runs them.
 
   pocl-pypi          PyPI's PoCL (the `pocl` extra) alone, less the gpu_shaped tests: the ICD loader is
                      pointed at an empty vendors folder, so no system driver is seen
@@ -51,7 +52,7 @@ VENDORS = Path("/etc/OpenCL/vendors")
 KERNEL_TESTS = ["tests/oclgrind", "tests/ops/test_matmul.py", "tests/jit", "tests/optim"]
 # driver-independent tests, run by one driver (see above)
 ONCE = ["tests/docs", "tests/train", "tests/distributed", "tests/text", "tests/tune", "tests/io",
-        "tests/models", "tests/fuzz", "tests/cluster", "tests/amp/test_train_amp.py",
+        "tests/models", "tests/fuzz", "tests/cluster", "tests/amp/test_amp.py", "tests/amp/test_train_amp.py",
         "tests/test_cli_errors.py", "tests/test_readme.py"]
 NOT_GPU_SHAPED = ["-m", "not gpu_shaped"]
 # PoCL's x86-64 kernel-library variants and the CPU flags each needs, widest first
