@@ -361,6 +361,161 @@ def sweep(dev, args) -> dict[str, object]:
     return out
 
 
+# --wgmma: Hopper's warpgroup MMA (gemm_wgmma.cl) configurations, each checked and timed in its own process
+# (a wrong descriptor faults the context: the next configuration must not inherit it)
+WG_BASE = {"WGMMA": 1, "EMULATE": 0, "BM": 128, "BN": 128, "BK": 32, "WGS": 1, "WSTAGES": 2, "GROUP_M": 8}
+WG_SWEEP = [
+    (F16, {}),
+    (F16, {"WSTAGES": 3}),
+    (F16, {"WSTAGES": 3, "GROUP_M": 0}),
+    (F16, {"BN": 64, "BK": 64}),
+    (F16, {"BK": 16, "WSTAGES": 4}),
+    (BF16, {}),
+    (BF16, {"WSTAGES": 3}),
+    (F32, {"BK": 16}),
+    (F32, {"BK": 16, "WSTAGES": 3}),
+]
+
+
+def wgmma_one(dev, dt: np.dtype, params: dict, sizes: list[int]) -> dict[str, object]:
+    """One wgmma configuration: max relative error over odd shapes in each layout it takes (float32: TF32,
+    K-major "nt" only), then TFLOP/s at each size, layouts nn (B MN-major) and nt (both K-major)."""
+    q = dev.queue
+    rng = np.random.default_rng(0)
+    netcl.set_matmul_precision("high")
+    layouts = ("nt",) if dt == F32 else ("nn", "nt", "tn", "tt")
+    row: dict[str, object] = {}
+    err = 0.0
+    for m, n, k in ((136, 200, 72), (1000, 1000, 520), (64, 64, 4096)):
+        for layout in layouts:
+            a, b = rng.standard_normal((m, k)).astype(dt), rng.standard_normal((k, n)).astype(dt)
+            got = mm.gemm(operand(q, a, layout[0] == "t"), operand(q, b, layout[1] == "t"), variant="mma",
+                          params=params).to_host().astype(np.float64)
+            ref = tf32(a) @ tf32(b) if dt == F32 else a.astype(np.float64) @ b.astype(np.float64)
+            e = float(np.abs(got - ref).max() / np.abs(ref).max())
+            row[f"err_{layout}_{m}"] = float(f"{e:.2g}")
+            err = max(err, e)
+    row["max_rel_err"] = float(f"{err:.2g}")
+    for s in sizes:
+        x = rng.standard_normal((s, s), dtype=np.float32)
+        a = Tensor.from_host(q, x.astype(dt))
+        for layout in layouts[:2]:
+            b = operand(q, x.astype(dt), layout[1] == "t")
+            sec = median_seconds(lambda a=a, b=b: mm.gemm(a, b, variant="mma", params=params), q, inner=3)
+            row[f"tflops_{layout}_{s}"] = round(2 * s**3 / sec / 1e12, 1)
+    return row
+
+
+def wgmma_sweep(args) -> dict[str, object]:
+    """--wgmma: every WG_SWEEP configuration in a child process, then cuBLAS at the same sizes."""
+    import subprocess  # noqa: PLC0415
+
+    import torch  # noqa: PLC0415 (GPU-only peer, imported when run)
+
+    out: dict[str, object] = {}
+    for dt, knobs in WG_SWEEP:
+        params = {**WG_BASE, **knobs}
+        name = f"{dt.name if dt != F32 else 'tf32'} " + " ".join(f"{k}{v}" for k, v in knobs.items())
+        cmd = [sys.executable, __file__, "--wgmma-one", json.dumps([dt.name if dt != BF16 else "bfloat16",
+                                                                     params, args.sizes])]
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.budget)
+            lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
+            row = json.loads(lines[-1]) if lines else {"failed": (done.stderr or done.stdout)[-600:]}
+        except subprocess.TimeoutExpired:
+            row = {"failed": f"timed out after {args.budget} s"}
+        print(f"{name or 'base'}: {row}", flush=True)
+        out[name or f"{dt.name} base"] = row
+    for name in ("float16", "bfloat16", "tf32"):
+        for s in args.sizes:
+            out[f"cuBLAS {name} {s}"] = v = cublas(torch, name, s)
+            print(f"PyTorch {torch.__version__} cuBLAS {name} {s}^3: {v} TFLOP/s", flush=True)
+    return out
+
+
+# --gpt: every GEMM shape of the 25M GPT's training step (netcl lm-train --preset 25m: llama, dim 512, SwiGLU
+# hidden 1376, vocabulary 4096, batch 32 x 512 = 16384 tokens), forward y = x W^T ("nt"), grad input
+# dx = g W ("nn") and grad weight dW = g^T x ("tn"), through netcl's automatic choice and torch's matmul
+GPT_TOKENS = 16384
+GPT_LINEARS = {"attn q/k/v/o": (512, 512), "mlp w1/w3": (512, 1376), "mlp w2": (1376, 512),
+               "lm_head": (512, 4096)}
+
+
+def gpt_shapes() -> list[tuple[str, int, int, int, str]]:
+    rows = []
+    for name, (d_in, d_out) in GPT_LINEARS.items():
+        rows.append((f"{name} forward", GPT_TOKENS, d_out, d_in, "nt"))
+        rows.append((f"{name} grad input", GPT_TOKENS, d_in, d_out, "nn"))
+        rows.append((f"{name} grad weight", d_out, d_in, GPT_TOKENS, "tn"))
+    return rows
+
+
+def gpt_tiles(dev, dt: np.dtype, tiles: list[dict]) -> dict[str, object]:
+    """--gpt --tiles: TFLOP/s of each wgmma tile (over the defaults) on each GPT GEMM shape."""
+    q = dev.queue
+    rng = np.random.default_rng(0)
+    out: dict[str, object] = {}
+    print("tiles: " + " | ".join(json.dumps(t) for t in tiles))
+    for name, m, n, k, layout in gpt_shapes():
+        ta = operand(q, rng.standard_normal((m, k), dtype=np.float32).astype(dt), layout[0] == "t")
+        tb = operand(q, rng.standard_normal((k, n), dtype=np.float32).astype(dt), layout[1] == "t")
+        row = []
+        for tile in tiles:
+            try:
+                def call(ta=ta, tb=tb, tile=tile):
+                    return mm.gemm(ta, tb, variant="mma", params=tile)
+                sec = median_seconds(call, q, repeat=7, inner=5)
+                row.append(round(2.0 * m * n * k / sec / 1e12, 1))
+            except Exception as exc:  # a tile this device cannot run is reported, not fatal
+                row.append(f"{type(exc).__name__}")
+        out[name] = row
+        print(f"{name:34s} {m:6d} {n:6d} {k:6d}  " + "  ".join(f"{v:>7}" for v in row), flush=True)
+    return out
+
+
+def gpt_gemms(dev, dt: np.dtype) -> dict[str, object]:
+    import torch  # noqa: PLC0415 (GPU-only peer, imported when run)
+
+    q = dev.queue
+    rng = np.random.default_rng(0)
+    tdt = {"float16": torch.float16, "bfloat16": torch.bfloat16}[dt.name if dt != BF16 else "bfloat16"]
+    out: dict[str, object] = {}
+    print(f"{'GEMM (' + str(dt) + ')':34s} {'M':>6s} {'N':>6s} {'K':>6s}  netcl TF/s  torch TF/s  ratio"
+          "  mma.sync TF/s")
+    for name, m, n, k, layout in gpt_shapes():
+        a = rng.standard_normal((m, k), dtype=np.float32).astype(dt)
+        b = rng.standard_normal((k, n), dtype=np.float32).astype(dt)
+        ta, tb = operand(q, a, layout[0] == "t"), operand(q, b, layout[1] == "t")
+        sec = median_seconds(lambda ta=ta, tb=tb: mm.matmul(ta, tb), q, repeat=7, inner=5)
+        sync = median_seconds(lambda ta=ta, tb=tb: mm.gemm(ta, tb, variant="mma", params={"WGMMA": 0}), q,
+                              repeat=7, inner=5)
+        xa = torch.tensor(a.astype(np.float32)).to("cuda", tdt)
+        xb = torch.tensor(b.astype(np.float32)).to("cuda", tdt)
+        if layout[0] == "t":
+            xa = xa.t().contiguous().t()
+        if layout[1] == "t":
+            xb = xb.t().contiguous().t()
+        for _ in range(3):
+            xa @ xb
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(7):
+            t0 = time.perf_counter()
+            for _ in range(5):
+                xa @ xb
+            torch.cuda.synchronize()
+            times.append((time.perf_counter() - t0) / 5)
+        tsec = float(np.median(times))
+        flops = 2.0 * m * n * k
+        row = {"m": m, "n": n, "k": k, "layout": layout, "netcl_tflops": round(flops / sec / 1e12, 1),
+               "torch_tflops": round(flops / tsec / 1e12, 1), "ratio": round(tsec / sec, 2),
+               "mma_sync_tflops": round(flops / sync / 1e12, 1)}
+        out[name] = row
+        print(f"{name:34s} {m:6d} {n:6d} {k:6d}  {row['netcl_tflops']:10.1f}  {row['torch_tflops']:10.1f}  "
+              f"{row['ratio']:5.2f}x  {row['mma_sync_tflops']:13.1f}", flush=True)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="bench/results/gemm_mma.json")
@@ -372,7 +527,35 @@ def main() -> None:
                     help="--sweep: seconds after which configurations are left out")
     ap.add_argument("--size", type=int, default=8192, help="--sweep: the square problem's size")
     ap.add_argument("--ptx", default="", help="--sweep: a folder for each configuration's PTX")
+    ap.add_argument("--wgmma", action="store_true", help="wgmma configurations (WG_SWEEP)")
+    ap.add_argument("--sizes", type=int, nargs="*", default=[4096, 8192], help="--wgmma: square sizes timed")
+    ap.add_argument("--wgmma-one", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--gpt", action="store_true", help="each GEMM shape of the 25M GPT's step beside torch")
+    ap.add_argument("--tiles", default="", help="--gpt: a JSON list of mma tile params to time instead")
     args = ap.parse_args()
+    if args.wgmma_one:
+        name, params, sizes = json.loads(args.wgmma_one)
+        dt = BF16 if name == "bfloat16" else np.dtype(name)
+        print(json.dumps(wgmma_one(manager.get("gpu"), dt, params, sizes)))
+        return
+    if args.gpt and args.tiles:
+        result = gpt_tiles(manager.get("gpu"), BF16, json.loads(args.tiles))
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result, indent=1))
+        return
+    if args.gpt:
+        dev = manager.get("gpu")
+        result = {name: gpt_gemms(dev, dt) for name, dt in (("bfloat16", BF16), ("float16", F16))}
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result, indent=1))
+        print("wrote", args.out)
+        return
+    if args.wgmma:
+        result = wgmma_sweep(args)
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result, indent=1))
+        print("wrote", args.out)
+        return
     import torch  # noqa: PLC0415 (GPU-only peer, imported when run)
 
     dev = manager.get("gpu")

@@ -23,7 +23,7 @@ import numpy as np
 import pyopencl as cl
 
 from netcl import config, profiling
-from netcl.core import capture
+from netcl.core import capture, ptx
 from netcl.errors import DeviceError, KernelBuildError, KernelLaunchError, OutOfMemoryError, ShapeError
 
 CL_STD = "-cl-std=CL1.2"
@@ -308,15 +308,53 @@ def _read_arg_names(prg: cl.Program) -> dict[str, tuple[str, ...]]:
     return out
 
 
+NVIDIA_DEFINE = "-DNC_NVIDIA"
+
+
+def _nvidia(device: Any) -> bool:
+    """Whether `device` is driven by NVIDIA's OpenCL driver (its programs may hold inline PTX)."""
+    caps = getattr(device, "capabilities", None)
+    return caps is not None and "cl_nv_compiler_options" in getattr(caps, "extensions", "")
+
+
+def _retargeted(device: Any, prg: cl.Program, options: tuple[str, ...], target: str, name: str) -> cl.Program:
+    """`prg` rebuilt from its own PTX for `target` (netcl.core.ptx: sm_90a instructions behind its MARK)."""
+    binary = prg.get_info(cl.program_info.BINARIES)[0]
+    try:
+        patched = ptx.retarget(bytes(binary).decode(), target, shared_align=1024)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise KernelBuildError(f"OpenCL program {name}: {target} needs NVIDIA's PTX binaries ({exc})"
+                               ) from None
+    out = cl.Program(device.context, [device.cl_device], [patched.encode()])
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", cl.CompilerWarning)
+            out.build(options=list(options), devices=[device.cl_device])
+    except cl.Error as exc:
+        try:
+            log = out.get_build_info(device.cl_device, cl.program_build_info.LOG).strip()
+        except Exception:
+            log = ""
+        raise KernelBuildError(f"OpenCL program {name} rebuilt for {target} failed on {device.describe()}: "
+                               f"{log or exc}", log=log, source=patched, options=options) from None
+    return out
+
+
 def build_program(
-    device: Any, source: str, options: Sequence[str] = (CL_STD,), name: str = "<generated>"
+    device: Any, source: str, options: Sequence[str] = (CL_STD,), name: str = "<generated>",
+    ptx_target: str | None = None,
 ) -> Program:
     """Build `source` for `device` (or load its binary from the disk cache). Not cached in memory:
-    netcl.kernels is the one place that keeps built programs (and the way everyone gets one)."""
+    netcl.kernels is the one place that keeps built programs (and the way everyone gets one).
+    `ptx_target` (NVIDIA only, e.g. "sm_90a"): rebuild the program from its PTX for that target
+    (netcl.core.ptx); the disk cache keeps the rebuilt binary."""
     options = tuple(options)
     if ARG_INFO not in options:
         options = options + (ARG_INFO,)
-    path = _disk_path(device, source, options) if config.disk_cache_enabled() else None
+    if NVIDIA_DEFINE not in options and _nvidia(device):
+        options = options + (NVIDIA_DEFINE,)  # kernels take NVIDIA's own paths (inline PTX) under this name
+    key_source = source if ptx_target is None else f"{source}\0ptx_target={ptx_target}"
+    path = _disk_path(device, key_source, options) if config.disk_cache_enabled() else None
     lock_key = (
         id(device),
         str(path) if path is not None else hashlib.sha256(source.encode()).hexdigest(),
@@ -342,6 +380,8 @@ def build_program(
         if prg is None:
             prg = _build_from_source(device, source, options, name)
             arg_names = _read_arg_names(prg)
+            if ptx_target is not None:
+                prg = _retargeted(device, prg, options, ptx_target, name)
             if path is not None:
                 try:
                     binaries = prg.get_info(cl.program_info.BINARIES)

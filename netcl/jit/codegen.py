@@ -22,9 +22,63 @@ PREAMBLE = r"""
 #ifdef USE_FP64
 #pragma OPENCL EXTENSION cl_khr_fp64 : enable
 #endif
-/* round a float to the nearest half and back: float16 intermediates behave as stored ones */
-inline float nc_rh(float x) { ushort h; vstore_half(x, 0, (__private half *)&h);
-                              return vload_half(0, (__private const half *)&h); }
+/* float16: one value to and from float (nc_h2f, nc_f2h), and N-wide 16-byte-aligned loads and stores
+   (nc_ldhN, nc_sthN). On NVIDIA (NC_NVIDIA, netcl.core.backend) raw bits and the conversion instructions:
+   its vloada_half8/vstorea_half8 moved a quarter of float32's bytes per second on the H200; elsewhere
+   the OpenCL built-ins. nc_rh rounds a float to the nearest half and back: float16 intermediates behave
+   as stored ones. */
+#ifdef NC_NVIDIA
+inline float nc_h2f(const ushort h) {
+    float f;
+    asm("{ .reg .b16 l, u; mov.b32 {l, u}, %1; cvt.f32.f16 %0, l; }" : "=f"(f) : "r"((uint)h));
+    return f;
+}
+inline ushort nc_f2h(const float f) {
+    uint r;
+    asm("{ .reg .b16 l; cvt.rn.f16.f32 l, %1; mov.b32 %0, {l, l}; }" : "=r"(r) : "f"(f));
+    return (ushort)r;
+}
+inline float2 nc_h2f2(const uint u) {
+    float lo, hi;
+    asm("{ .reg .b16 l, u; mov.b32 {l, u}, %2; cvt.f32.f16 %0, l; cvt.f32.f16 %1, u; }"
+        : "=f"(lo), "=f"(hi) : "r"(u));
+    return (float2)(lo, hi);
+}
+inline uint nc_f2h2(const float2 v) {
+    uint r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(v.y), "f"(v.x));
+    return r;
+}
+inline float2 nc_ldh2(__global const half *p) { return nc_h2f2(*(__global const uint *)p); }
+inline float4 nc_ldh4(__global const half *p) {
+    const uint2 u = *(__global const uint2 *)p; return (float4)(nc_h2f2(u.x), nc_h2f2(u.y)); }
+inline float8 nc_ldh8(__global const half *p) {
+    const uint4 u = *(__global const uint4 *)p;
+    return (float8)(nc_h2f2(u.x), nc_h2f2(u.y), nc_h2f2(u.z), nc_h2f2(u.w)); }
+inline float16 nc_ldh16(__global const half *p) { return (float16)(nc_ldh8(p), nc_ldh8(p + 8)); }
+inline void nc_sth2(const float2 v, __global half *p) { *(__global uint *)p = nc_f2h2(v); }
+inline void nc_sth4(const float4 v, __global half *p) {
+    *(__global uint2 *)p = (uint2)(nc_f2h2(v.s01), nc_f2h2(v.s23)); }
+inline void nc_sth8(const float8 v, __global half *p) {
+    *(__global uint4 *)p = (uint4)(nc_f2h2(v.s01), nc_f2h2(v.s23), nc_f2h2(v.s45), nc_f2h2(v.s67)); }
+inline void nc_sth16(const float16 v, __global half *p) { nc_sth8(v.lo, p); nc_sth8(v.hi, p + 8); }
+#define NC_LDH(p, i) nc_h2f(((__global const ushort *)(p))[i])
+#define NC_STH(p, i, v) (((__global ushort *)(p))[i] = nc_f2h(v))
+#else
+inline float nc_h2f(ushort h) { return vload_half(0, (__private const half *)&h); }
+inline ushort nc_f2h(const float f) { ushort h; vstore_half(f, 0, (__private half *)&h); return h; }
+#define nc_ldh2(p) vloada_half2(0, p)
+#define nc_ldh4(p) vloada_half4(0, p)
+#define nc_ldh8(p) vloada_half8(0, p)
+#define nc_ldh16(p) vloada_half16(0, p)
+#define nc_sth2(v, p) vstorea_half2(v, 0, p)
+#define nc_sth4(v, p) vstorea_half4(v, 0, p)
+#define nc_sth8(v, p) vstorea_half8(v, 0, p)
+#define nc_sth16(v, p) vstorea_half16(v, 0, p)
+#define NC_LDH(p, i) vload_half(i, p)
+#define NC_STH(p, i, v) vstore_half(v, i, p)
+#endif
+inline float nc_rh(float x) { return nc_h2f(nc_f2h(x)); }
 /* bfloat16 (the high 16 bits of a float32, in a ushort): load, store rounding to nearest even (NaN kept
    quiet NaN), and the same rounding for intermediates (vector forms: bf16_vector_helpers) */
 inline float nc_bf2f(ushort h) { return as_float(((uint)h) << 16); }
@@ -288,7 +342,7 @@ def emit_nodes(desc: tuple, leaf_value, index_value, suffix: str = "") -> tuple[
 def load_scalar(dt: np.dtype, ptr: str, idx: str) -> str:
     """C expression reading element `idx` of buffer `ptr` (storage of `dt`) in compute type."""
     if dt == dtypes.float16:
-        return f"vload_half({idx}, {ptr})"
+        return f"NC_LDH({ptr}, {idx})"
     if dt == dtypes.bfloat16:
         return f"nc_bf2f({ptr}[{idx}])"
     if dt == dtypes.bool_:
@@ -298,7 +352,7 @@ def load_scalar(dt: np.dtype, ptr: str, idx: str) -> str:
 
 def store_scalar(dt: np.dtype, ptr: str, idx: str, value: str) -> str:
     if dt == dtypes.float16:
-        return f"vstore_half({value}, {idx}, {ptr});"
+        return f"NC_STH({ptr}, {idx}, {value});"
     if dt == dtypes.bfloat16:
         return f"{ptr}[{idx}] = nc_f2bf({value});"
     return f"{ptr}[{idx}] = {value};"
@@ -318,17 +372,16 @@ def load_vector_aligned(dt: np.dtype, ptr: str, idx: str, vec: int) -> str:
 
     NVIDIA's compiler turns vloadN at an unknown alignment into N scalar loads; the cast gives one
     16-byte load per work-item (float4), which is what reaches copy bandwidth."""
-    if dt == dtypes.float16:  # vloada: the aligned form, one wide load where vload_half gives N narrow ones
-        return f"vloada_half{vec}(0, {ptr} + {idx})"
+    if dt == dtypes.float16:  # aligned: one wide load (nc_ldhN: raw bits on NVIDIA, else vloada_halfN)
+        return f"nc_ldh{vec}({ptr} + {idx})"
     if dt == dtypes.bfloat16:
         return f"nc_bf2f{vec}(*((__global const ushort{vec} *)({ptr} + {idx})))"
     return f"(*((__global const {dtypes.cl_storage_type(dt)}{vec} *)({ptr} + {idx})))"
 
 
 def store_vector_aligned(dt: np.dtype, ptr: str, idx: str, value: str, vec: int) -> str:
-    if dt == dtypes.float16:
-        # no _rte: the default rounding mode is round to nearest even (common.cl, STORE_T)
-        return f"vstorea_half{vec}({value}, 0, {ptr} + {idx});"
+    if dt == dtypes.float16:  # round to nearest even (nc_sthN: the conversion instructions on NVIDIA)
+        return f"nc_sth{vec}({value}, {ptr} + {idx});"
     if dt == dtypes.bfloat16:
         return f"*((__global ushort{vec} *)({ptr} + {idx})) = nc_f2bf{vec}({value});"
     st = dtypes.cl_storage_type(dt)

@@ -181,13 +181,14 @@ def _cached(key: tuple, make: Callable[[], Program]) -> Program:
 
 
 def program(device: Any, filename: str, *, dtype: Any = None, act: str | None = None,
-            options: tuple[str, ...] = (), **defines: Any) -> Program:
+            options: tuple[str, ...] = (), ptx_target: str | None = None, **defines: Any) -> Program:
     """The built kernel file `filename` for `device`: specialised by `dtype` (dtype_defines), an epilogue
-    activation name `act` (ACTIVATIONS) and any other -D `defines` (None: a flag without a value).
+    activation name `act` (ACTIVATIONS) and any other -D `defines` (None: a flag without a value);
+    `ptx_target` rebuilds it from its PTX for an arch-specific target (NVIDIA: netcl.core.ptx).
 
     Ops call this on every launch: a repeat is one dict lookup on the arguments as given (no option
     formatting; ~0.2 ms a call once went to re-reading and hashing sources here)."""
-    fast = ("args", id(device), filename, dtype, act, options, tuple(sorted(defines.items())))
+    fast = ("args", id(device), filename, dtype, act, options, ptx_target, tuple(sorted(defines.items())))
     prg = _programs.get(fast)
     if prg is not None:
         return prg
@@ -201,8 +202,8 @@ def program(device: Any, filename: str, *, dtype: Any = None, act: str | None = 
     if act is not None:
         defines["ACT"] = activation(act)
     opts = format_options(defines, options)
-    prg = _cached(("file", id(device), filename, opts),
-                  lambda: build_program(device, source(filename), opts, name=filename))
+    prg = _cached(("file", id(device), filename, opts, ptx_target),
+                  lambda: build_program(device, source(filename), opts, name=filename, ptx_target=ptx_target))
     _programs[fast] = prg
     return prg
 

@@ -45,8 +45,8 @@ typedef float2 ACC2;
 typedef float4 ACC4;
 typedef float8 ACC8;
 typedef float16 ACC16;
-#define LOAD1(i, p) vload_half(i, p)
-#define STORE1(v, i, p) vstore_half(v, i, p)   // round to nearest even: the default (common.cl)
+#define LOAD1(i, p) LOAD_T(p, i)
+#define STORE1(v, i, p) STORE_T(p, i, v)   // round to nearest even (common.cl: conversion instructions on NVIDIA)
 #define LOADV(W, i, p) GEMM_CAT(vload_half, W)(i, p)
 #define STOREV(W, v, i, p) GEMM_CAT(vstore_half, W)(v, i, p)
 #else

@@ -32,6 +32,7 @@
 // (IS_HALF), MMA_BF16 = bfloat16 bits, MMA_TF32 = float.
 
 #include "gemm_common.cl"
+#include "gemm_fragments.cl"
 
 #ifndef BM
 #define BM 128
@@ -420,16 +421,6 @@ inline uint tf32_frag(uint x) {
         for (int j = 0; j < NT; ++j)                                                                    \
             MMA(acc[i][j], a[i], b[j], acc[i][j])
 
-#if defined(C_ACC)
-#define STORE_PAIR(v0, v1, p) vstore2((float2)((v0), (v1)), 0, p)
-#elif defined(IS_BF16)
-#define STORE_PAIR(v0, v1, p) (*(__global ushort2 *)(p) = (ushort2)(nc_float_to_bf16(v0), nc_float_to_bf16(v1)))
-#elif defined(IS_HALF)
-#define STORE_PAIR(v0, v1, p) vstore_half2((float2)((v0), (v1)), 0, p)
-#else
-#define STORE_PAIR(v0, v1, p) vstore2((float2)((v0), (v1)), 0, p)
-#endif
-
 #ifndef DYN_LOCAL
 #define DYN_LOCAL 0
 #endif
@@ -687,32 +678,5 @@ void gemm_mma(GEMM_ARGS)
 #endif
     }
 
-    // each lane holds pairs of neighbours (n, n + 1), n even: one 2-element store where C's rows allow
-    const bool pairs = (((ulong)C) % (2 * sizeof(C_T))) == 0 && (c_rs % 2) == 0;
-#if defined(C_ACC)
-    // split-K's workspace: the raw float sums (gemm_reduce_splits adds the slices and applies the epilogue)
-#define C_VALUE(v, m, n) (v)
-#define STORE_C(v, i, p) ((p)[i] = (v))
-#else
-#define C_VALUE(v, m, n) GEMM_EPILOGUE((ACC_T)(v), m, n)
-#define STORE_C(v, i, p) STORE1(v, i, p)
-#endif
-    #pragma unroll
-    for (int i = 0; i < MT; ++i)
-        #pragma unroll
-        for (int j = 0; j < NT; ++j)
-            #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int m = m0 + wm + i * 16 + g + h * 8, n = n0 + wn + j * 8 + 2 * t;
-                if (m >= M || n >= N) continue;
-                __global C_T *p = C + (long)m * c_rs + n;
-                const ACC_T v0 = C_VALUE(acc[i][j][2 * h], m, n);
-                if (n + 1 < N) {
-                    const ACC_T v1 = C_VALUE(acc[i][j][2 * h + 1], m, n + 1);
-                    if (pairs) STORE_PAIR(v0, v1, p);
-                    else { STORE_C(v0, 0, p); STORE_C(v1, 1, p); }
-                } else {
-                    STORE_C(v0, 0, p);
-                }
-            }
+    MMA_STORE_ACC(wm, 16, wn);
 }

@@ -160,3 +160,21 @@ def test_mma_split_k_in_bounds(queue):
                variant="mma", params={**MMA_SMALL, "ASYNC": 1, "STAGES": 2, "LDMATRIX": 1}, splits=2)
     want = np.maximum(a.astype(np.float64) @ b + bias, 0)
     np.testing.assert_allclose(got.to_host().astype(np.float64), want, rtol=0, atol=2e-3 * np.abs(want).max())
+
+
+@pytest.mark.gpu_shaped
+@pytest.mark.parametrize("ta,tb", [(False, False), (True, True)],
+                         ids=["a_kmajor-b_mnmajor", "a_mnmajor-b_kmajor"])
+def test_wgmma_gemm_in_bounds(queue, ta, tb):
+    """Hopper's warpgroup-MMA GEMM (gemm_wgmma.cl) through its emulation (EMULATE=2): the cp.async ring's
+    swizzled stages, the descriptors' reads and the fragment store in bounds, edges in M and N (24 of a
+    64 x 64 block), K over two 32-deep tiles, the fused epilogue."""
+    rng = np.random.default_rng(11)
+    a = rng.standard_normal((24, 64)).astype(np.float16)
+    b = rng.standard_normal((64, 24)).astype(np.float16)
+    bias = rng.standard_normal(24).astype(np.float16)
+    params = {"BM": 64, "BN": 64, "BK": 32, "WGS": 1, "WSTAGES": 2, "GROUP_M": 0, "EMULATE": 2, "WGMMA": 1}
+    got = gemm(_operand(queue, a, ta), _operand(queue, b, tb), Tensor.from_host(queue, bias), "relu",
+               variant="mma", params=params)
+    want = np.maximum(a.astype(np.float64) @ b + bias, 0)
+    np.testing.assert_allclose(got.to_host().astype(np.float64), want, rtol=0, atol=2e-3 * np.abs(want).max())

@@ -200,18 +200,28 @@ def test_matrix_units_and_precision(device):
     assert not variants.uses_matrix_units(device, np.float32)  # true float32 by default
 
 
+@pytest.mark.parametrize("kernel", ["default", "mma.sync"])
 @pytest.mark.parametrize("dt", [np.float16, BF16, np.float32])
-def test_matrix_units_on_device(queue, rng, dt):
-    """The real mma.sync path, chosen automatically (float32 only under precision "high")."""
+def test_matrix_units_on_device(queue, rng, dt, kernel, monkeypatch):
+    """The real matrix-unit path, chosen automatically (float32 only under precision "high"): the default
+    (wgmma on compute capability 9.0, else mma.sync), and mma.sync forced (WGMMA=0)."""
     if not variants.matrix_units(queue.device):
         pytest.skip(f"{queue.device.device_name} has no matrix units netcl drives (NVIDIA sm_80+ only)")
+    if kernel == "mma.sync":
+        real = variants.tuned_params
+        monkeypatch.setattr(variants, "tuned_params",
+                            lambda d, v, t: {**real(d, v, t), "WGMMA": 0} if v == "mma" else real(d, v, t))
+        monkeypatch.setattr(api, "_templates", {})
     netcl.set_matmul_precision("high")
     try:
         # layouts: "nn" (k-major B tile), "nt" (B's rows along k), "tn" (A along m: the element loader)
-        # the last two: weight-gradient shapes (g^T x over 2048 tokens) that split K (float32 partial sums)
+        # (704, 256, 2048) and (250, 190, 2048): weight-gradient shapes (g^T x over 2048 tokens) that split K
+        # (float32 partial sums); rows of a multiple of 8 elements take wgmma on compute capability 9.0
         for m, n, k, layout in ((130, 270, 70, "nn"), (256, 256, 256, "nn"), (1000, 999, 517, "nn"),
                                 (1000, 999, 517, "nt"), (130, 270, 70, "nt"), (300, 200, 100, "tn"),
-                                (704, 256, 2048, "tn"), (250, 190, 2048, "nn")):
+                                (704, 256, 2048, "tn"), (250, 190, 2048, "nn"), (512, 384, 640, "tt"),
+                                (1024, 768, 512, "tn"), (130, 264, 72, "nn"), (200, 136, 96, "nt"),
+                                (100, 72, 48, "tt")):
             a, b = _inputs(rng, dt, m, n, k)
             ta = (Tensor.from_host(queue, np.ascontiguousarray(a.T)).T if layout[0] == "t"
                   else Tensor.from_host(queue, a))
@@ -223,3 +233,60 @@ def test_matrix_units_on_device(queue, rng, dt):
             np.testing.assert_allclose(got, ref, rtol=0, atol=tol * np.abs(ref).max())
     finally:
         netcl.set_matmul_precision("highest")
+
+
+# Hopper's warpgroup MMA (gemm_wgmma.cl) through its emulation (EMULATE=2): the swizzled K-major and
+# MN-major tiles, the cp.async ring's edges and the accumulators' fragment layout, against float64 NumPy.
+# Layout letters as above: "n" = the operand's rows contiguous (A K-major; B stored K x N: MN-major), "t"
+# its transpose (A stored K x M: MN-major; B stored N x K: K-major). TF32 takes K-major operands ("nt").
+WG_SMALL = {"BM": 64, "BN": 64, "BK": 32, "WGS": 1, "WSTAGES": 2, "GROUP_M": 0, "EMULATE": 2, "WGMMA": 1}
+WG_CASES = [
+    (np.float16, "nn", {}),
+    (BF16, "nt", {"BK": 64, "WSTAGES": 3, "GROUP_M": 2}),    # 128-byte rows
+    (np.float16, "tn", {"BK": 16}),                          # 32-byte rows
+    (BF16, "tt", {"BM": 128, "BN": 128, "WGS": 2}),         # two warpgroups
+    (np.float32, "nt", {"BK": 16}),                          # TF32: 64-byte rows of float32
+    (np.float32, "nt", {"BK": 32, "BM": 128, "WSTAGES": 3}),  # two m tiles a warpgroup
+]
+
+
+@pytest.mark.gpu_shaped
+@pytest.mark.parametrize("dt, layout, tile", WG_CASES,
+                         ids=[f"{np.dtype(d).name}-{lay}-{'-'.join(f'{k}{v}' for k, v in t.items())}"
+                              for d, lay, t in WG_CASES])
+def test_emulated_wgmma_matches_numpy(queue, rng, dt, layout, tile):
+    # edges in every direction (8-element chunks cut), then whole tiles
+    for m, n, k in ((37, 29, 45), (64, 64, 96)):
+        # K of 45 leaves a row end mid-chunk: the operands' rows must stay 16-byte aligned for cp.async, so
+        # the contiguous axis is padded in memory and viewed back (strided views, as a user's slices)
+        a, b = _inputs(rng, dt, m, n, k)
+        ta, tb = (_aligned_view(queue, x, t) for x, t in ((a, layout[0]), (b, layout[1])))
+        got = mm.gemm(ta, tb, variant="mma", params={**WG_SMALL, **tile}).to_host().astype(np.float64)
+        ref = (_tf32(a) @ _tf32(b)) if dt == np.float32 else a.astype(np.float64) @ b.astype(np.float64)
+        tol = {np.dtype(np.float16): 2e-3, np.dtype(BF16): 8e-3}.get(np.dtype(dt), 1e-5)
+        np.testing.assert_allclose(got, ref, rtol=0, atol=tol * max(1.0, np.abs(ref).max()))
+
+
+def _aligned_view(queue, x: np.ndarray, trans: str) -> Tensor:
+    """x (or, for "t", x stored transposed) with each stored row padded to a multiple of 16 bytes, viewed
+    back to x's shape: a layout cp.async takes whatever the sizes."""
+    stored = np.ascontiguousarray(x.T) if trans == "t" else x
+    per_row = 16 // x.dtype.itemsize
+    cols = -(-stored.shape[1] // per_row) * per_row
+    padded = np.zeros((stored.shape[0], cols), x.dtype)
+    padded[:, :stored.shape[1]] = stored
+    view = Tensor.from_host(queue, padded)[:, :stored.shape[1]]
+    return view.T if trans == "t" else view
+
+
+@pytest.mark.gpu_shaped
+def test_emulated_wgmma_split_k_and_epilogue(queue, rng):
+    """The wgmma kernel's split-K partial sums (C_ACC) and the reduction's epilogue, emulated."""
+    m, n, k = 37, 29, 96
+    a, b = _inputs(rng, BF16, m, n, k)
+    bias, res = rng.standard_normal(n).astype(BF16), rng.standard_normal((m, n)).astype(BF16)
+    got = mm.gemm(_aligned_view(queue, a, "t"), _aligned_view(queue, b, "n"), Tensor.from_host(queue, bias),
+                  "relu", Tensor.from_host(queue, res), 0.5, variant="mma", params=WG_SMALL, splits=3)
+    want = np.maximum(0.5 * (a.astype(np.float64) @ b.astype(np.float64)) + bias.astype(np.float64), 0)
+    want += res.astype(np.float64)
+    np.testing.assert_allclose(got.to_host().astype(np.float64), want, rtol=0, atol=8e-3 * np.abs(want).max())

@@ -11,7 +11,7 @@ import pyopencl as cl
 from netcl import profiling
 from netcl.core import capture, dtypes
 from netcl.core.tensor import Tensor
-from netcl.ops.gemm import splitk
+from netcl.ops.gemm import splitk, variants
 from netcl.ops.gemm.problem import _batch_strides, _collapse, _long4, _matrix_strides, _Problem, _tiled_layout
 from netcl.ops.gemm.variants import _fit_local_memory, _program, tiled_shape_class, usable_params
 
@@ -89,27 +89,42 @@ def launch(
         defines.pop("HAS_RESIDUAL", None)
         defines["MASK_RESIDUAL"] = None
     if variant == "mma":
-        # 16-byte loads where A runs along K and B along N (its rows: a k-major tile) or along K; cp.async
-        # (ASYNC) also needs every row and matrix start on a 16-byte boundary; ldmatrix 16-bit inputs
-        aligned = a_ks == 1 and (b_ns == 1 or b_ks == 1)
-        if aligned:
-            defines["ALIGNED"] = None
-        if b_ns == 1:
-            defines["B_KMAJOR"] = None
         if splits is None:
             splits = splitk.choose_splits(device, p, tile, partial_sums=True)
         # split-K's slices start chunk * a_ks / chunk * b_ks elements on: batch steps as any other
         slice_steps = (p.k // splits * a_ks, p.k // splits * b_ks) if splits > 1 else ()
         vec = 16 // dt.itemsize
-        if not (defines.pop("ASYNC", 0) and aligned and all(
-                v % vec == 0 for v in (a.offset, b.offset, a_rs, b_ks if b_ns == 1 else b_ns, *a_bs, *b_bs,
-                                       *slice_steps))):
-            defines.pop("STAGES", None)
+        # the operands' contiguous axes: cp.async needs each row (and matrix, and slice) start on 16 bytes
+        a_lead = a_rs if a_ks == 1 else a_ks if a_rs == 1 else 0
+        b_lead = b_ks if b_ns == 1 else b_ns if b_ks == 1 else 0
+        copies_16 = a_lead > 0 and b_lead > 0 and all(
+            v % vec == 0 for v in (a.offset, b.offset, a_lead, b_lead, *a_bs, *b_bs, *slice_steps))
+        if _wgmma(device, defines, dt, a_ks, b_ks, copies_16):
+            # Hopper's warpgroup MMA (gemm_wgmma.cl): A and B K- or MN-major (TF32: K-major only)
+            for knob in _MMA_SYNC_ONLY:
+                defines.pop(knob, None)
+            defines["WGMMA"] = None
+            if a_ks != 1:
+                defines["A_MN"] = None
+            if b_ks != 1:
+                defines["B_MN"] = None
         else:
-            defines["ASYNC"] = None
-        # ldmatrix: 16-bit inputs; TF32 (32-bit rows seen as 16-bit pairs) with the cp.async tiles only
-        if defines.pop("LDMATRIX", 0) and (dt != dtypes.float32 or "ASYNC" in defines):
-            defines["LDMATRIX"] = None
+            for knob in _WGMMA_ONLY:
+                defines.pop(knob, None)
+            # 16-byte loads where A runs along K and B along N (its rows: a k-major tile) or along K;
+            # cp.async (ASYNC) also needs every row and matrix start on a 16-byte boundary
+            aligned = a_ks == 1 and (b_ns == 1 or b_ks == 1)
+            if aligned:
+                defines["ALIGNED"] = None
+            if b_ns == 1:
+                defines["B_KMAJOR"] = None
+            if not (defines.pop("ASYNC", 0) and aligned and copies_16):
+                defines.pop("STAGES", None)
+            else:
+                defines["ASYNC"] = None
+            # ldmatrix: 16-bit inputs; TF32 (32-bit rows seen as 16-bit pairs) with the cp.async tiles only
+            if defines.pop("LDMATRIX", 0) and (dt != dtypes.float32 or "ASYNC" in defines):
+                defines["LDMATRIX"] = None
     if variant == "tiled":
         defines["A_TRANS"] = int(not (a_ks == 1 and a_rs >= p.k))
         defines["B_TRANS"] = int(not (b_ns == 1 and b_ks >= p.n))
@@ -142,7 +157,8 @@ def launch(
         gsize = (-(-p.n // tile["NB"]), -(-p.m // tile["MB"]), nbatch)
         lsize = (1, 1, 1)
     elif variant == "mma":
-        threads = (tile["BM"] // tile["WM"]) * (tile["BN"] // tile["WN"]) * 32
+        threads = (tile["WGS"] * 128 if "WGMMA" in defines
+                   else (tile["BM"] // tile["WM"]) * (tile["BN"] // tile["WN"]) * 32)
         gsize = (-(-p.n // tile["BN"]) * threads, -(-p.m // tile["BM"]), nbatch)
         lsize = (threads, 1, 1)
     else:
@@ -199,6 +215,23 @@ def launch(
             capture.name_slots(a=("A", "a_off"), b=("B", "b_off"), out=("C", "c_off"),
                                bias=("bias", "bias_off"), res=("residual", "res_off"))
     return None
+
+
+# knobs of one matrix-unit kernel that the other ignores (left out of its defines: one program per choice)
+_MMA_SYNC_ONLY = ("WM", "WN", "PAD", "PADB", "ASYNC", "STAGES", "LDMATRIX", "SWIZZLE", "DBUF", "DYN_LOCAL")
+_WGMMA_ONLY = ("WGMMA", "WGS", "WSTAGES")
+
+
+def _wgmma(device: Any, defines: dict[str, Any], dt: np.dtype, a_ks: int, b_ks: int, copies_16: bool) -> bool:
+    """Whether an mma launch takes gemm_wgmma.cl: its WGMMA knob on, a device with wgmma (compute
+    capability 9.0; EMULATE=2: the emulation on any device), operands cp.async can copy 16 bytes at a
+    time, and for TF32 both K-major (wgmma transposes 16-bit operands only)."""
+    if not defines.get("WGMMA", 0) or not copies_16:
+        return False
+    if dt == dtypes.float32 and (a_ks != 1 or b_ks != 1):
+        return False
+    emulate = defines.get("EMULATE", 0)
+    return emulate == 2 or (not emulate and variants.has_wgmma(device))
 
 
 def _mma_local_bytes(defines: dict[str, Any], dt: np.dtype) -> int:

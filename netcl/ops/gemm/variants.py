@@ -105,6 +105,9 @@ DEFAULTS: dict[str, dict[str, dict[str, int]]] = {
     # ldmatrix (as fast as the padded one, 115-120). Operands off 16-byte boundaries take the register
     # loader (launch drops ASYNC).
     # EMULATE=1 runs the same fragments through a local-memory emulation of mma (tests on any device).
+    # WGMMA=1: on compute capability 9.0, Hopper's warpgroup MMA instead (gemm_wgmma.cl: WGS warpgroups,
+    # a WSTAGES-deep cp.async ring of swizzled tiles read by the matrix units through descriptors);
+    # EMULATE=2 emulates that kernel on any device.
     "mma": {
         "float16": {
             "BM": 128,
@@ -121,6 +124,9 @@ DEFAULTS: dict[str, dict[str, dict[str, int]]] = {
             "SWIZZLE": 0,
             "GROUP_M": 8,
             "DBUF": 0,
+            "WGMMA": 1,
+            "WGS": 1,
+            "WSTAGES": 3,
         },
         "bfloat16": {
             "BM": 128,
@@ -137,6 +143,9 @@ DEFAULTS: dict[str, dict[str, dict[str, int]]] = {
             "SWIZZLE": 0,
             "GROUP_M": 8,
             "DBUF": 0,
+            "WGMMA": 1,
+            "WGS": 1,
+            "WSTAGES": 3,
         },
         "float32": {
             "BM": 128,
@@ -153,6 +162,9 @@ DEFAULTS: dict[str, dict[str, dict[str, int]]] = {
             "SWIZZLE": 1,
             "GROUP_M": 8,
             "DBUF": 1,
+            "WGMMA": 1,
+            "WGS": 1,
+            "WSTAGES": 3,
         },
     },
 }
@@ -288,6 +300,13 @@ def matrix_units(device: Any) -> tuple[str, ...]:
     return ()
 
 
+def has_wgmma(device: Any) -> bool:
+    """Whether `device` runs Hopper's warpgroup MMA through netcl (gemm_wgmma.cl, rebuilt from its PTX for
+    sm_90a): NVIDIA GPUs of compute capability 9.0 exactly (sm_90a instructions run on 9.0 only)."""
+    cc = getattr(device.capabilities, "nv_compute_capability", None)
+    return device_class(device) == "nvidia" and cc == (9, 0)
+
+
 def uses_matrix_units(device: Any, dtype: Any) -> bool:
     """Whether a GEMM of `dtype` on `device` runs on matrix units (float32: only under precision "high")."""
     units = matrix_units(device)
@@ -325,12 +344,27 @@ def _program(device: Any, variant: str, defines: dict[str, Any]):
     only: caps registers per work-item through -cl-nv-maxrregcount, so more work-groups fit on an SM)."""
     defines = dict(defines)
     dtype = defines.pop("DTYPE")
+    filename, ptx_target = _KERNEL_FILES[variant], None
     if variant == "mma":
         # switches: a tile value 1 (or a define already set by launch: None) turns one on, 0 leaves it out
-        for knob, name in (("EMULATE", "MMA_EMULATE"), ("ASYNC", "ASYNC"), ("LDMATRIX", "LDMATRIX")):
+        emulate, wgmma = defines.pop("EMULATE", 0), defines.pop("WGMMA", 0)
+        if emulate is None or emulate:
+            defines["MMA_EMULATE"] = None
+        for knob in ("ASYNC", "LDMATRIX"):
             value = defines.pop(knob, 0)
             if value is None or value:
-                defines[name] = None
+                defines[knob] = None
+        # WGMMA: None (launch chose it), or 1 where the device has wgmma (EMULATE=2: its emulation)
+        if wgmma is None or (wgmma and (emulate == 2 or (not emulate and has_wgmma(device)))):
+            # Hopper's warpgroup MMA: its own kernel file, rebuilt from its PTX for sm_90a
+            filename = "gemm_wgmma.cl"
+            ptx_target = None if "MMA_EMULATE" in defines else "sm_90a"
+            for knob in ("WM", "WN", "PAD", "PADB", "ASYNC", "STAGES", "LDMATRIX", "SWIZZLE", "DBUF",
+                         "DYN_LOCAL", "ALIGNED", "B_KMAJOR"):
+                defines.pop(knob, None)
+        else:
+            for knob in ("WGS", "WSTAGES", "A_MN", "B_MN"):
+                defines.pop(knob, None)
         defines[{"float16": "MMA_F16", "bfloat16": "MMA_BF16"}.get(np.dtype(dtype).name, "MMA_TF32")] = None
     act = defines.pop("ACT", None)
     extra: tuple[str, ...] = ("-cl-mad-enable",) if defines.pop("MAD_ENABLE", 1) else ()
@@ -342,7 +376,8 @@ def _program(device: Any, variant: str, defines: dict[str, Any]):
         extra += (f"-cl-nv-maxrregcount={int(max_regs)}",)
     if nvidia and NV_VERBOSE:
         extra += ("-cl-nv-verbose",)
-    prg = kernels.program(device, _KERNEL_FILES[variant], dtype=dtype, act=act, options=extra, **defines)
+    prg = kernels.program(device, filename, dtype=dtype, act=act, options=extra, ptx_target=ptx_target,
+                          **defines)
     if nvidia and NV_VERBOSE and (id(prg), variant) not in _nv_logged:
         _nv_logged.add((id(prg), variant))
         log = prg.cl.get_build_info(device.cl_device, cl.program_build_info.LOG).strip()
@@ -390,7 +425,8 @@ def variant_chain(
         base = default_params("tiled", dt)
         chain.append({**base, **{k: v for k, v in _SAFE_TILED.items() if k in base}, "VW": vw})
     elif variant == "mma":
-        chain.append({**requested, "BM": 128, "BN": 128, "WM": 64, "WN": 32})  # fewer registers a thread
+        chain.append({**requested, "WGMMA": 0})  # mma.sync (a driver that rejects the sm_90a rebuild)
+        chain.append({**chain[-1], "BM": 128, "BN": 128, "WM": 64, "WN": 32})  # fewer registers a thread
         chain.append({**chain[-1], "ASYNC": 0, "LDMATRIX": 0})  # plain loads (a driver that rejects the PTX)
     else:
         return chain

@@ -1,0 +1,49 @@
+// The store of matrix-unit accumulators (gemm_mma.cl's mma.sync tiles, gemm_wgmma.cl's wgmma tiles): both
+// hold C as mma's 16 x 8 fragments, lane (g = lane / 4, t = lane % 4) owning (g, 2t..2t+1) and
+// (g + 8, 2t..2t+1) of each, in float acc[MT][NT][4]. The fused epilogue of gemm_common.cl is applied here
+// (or, with C_ACC, the raw float sums are stored: split-K's workspace).
+
+#if defined(C_ACC)
+#define STORE_PAIR(v0, v1, p) vstore2((float2)((v0), (v1)), 0, p)
+#elif defined(IS_BF16)
+#define STORE_PAIR(v0, v1, p) (*(__global ushort2 *)(p) = (ushort2)(nc_float_to_bf16(v0), nc_float_to_bf16(v1)))
+#elif defined(IS_HALF)
+#define STORE_PAIR(v0, v1, p) (*(__global uint *)(p) = (uint)nc_f2h(v0) | ((uint)nc_f2h(v1) << 16))
+#else
+#define STORE_PAIR(v0, v1, p) vstore2((float2)((v0), (v1)), 0, p)
+#endif
+
+#if defined(C_ACC)
+// split-K's workspace: the raw float sums (gemm_reduce_splits adds the slices and applies the epilogue)
+#define C_VALUE(v, m, n) (v)
+#define STORE_C(v, i, p) ((p)[i] = (v))
+#else
+#define C_VALUE(v, m, n) GEMM_EPILOGUE((ACC_T)(v), m, n)
+#define STORE_C(v, i, p) STORE1(v, i, p)
+#endif
+
+// Fragment (i, j) of this lane covers C rows m0 + ROW0 + i * MSTEP + g (+ 8) and columns
+// n0 + COL0 + 8 j + 2t (+ 1); each lane holds pairs of neighbours (n, n + 1), n even: one 2-element store
+// where C's rows allow. Needs M, N, C, c_rs, m0, n0, g, t, acc, MT, NT in scope.
+#define MMA_STORE_ACC(ROW0, MSTEP, COL0)                                                                \
+    do {                                                                                                \
+        const bool pairs_ = (((ulong)C) % (2 * sizeof(C_T))) == 0 && (c_rs % 2) == 0;                  \
+        _Pragma("unroll")                                                                               \
+        for (int i = 0; i < MT; ++i)                                                                    \
+            _Pragma("unroll")                                                                           \
+            for (int j = 0; j < NT; ++j)                                                                \
+                _Pragma("unroll")                                                                       \
+                for (int h = 0; h < 2; ++h) {                                                           \
+                    const int m = m0 + (ROW0) + i * (MSTEP) + g + h * 8, n = n0 + (COL0) + j * 8 + 2 * t; \
+                    if (m >= M || n >= N) continue;                                                     \
+                    __global C_T *p = C + (long)m * c_rs + n;                                           \
+                    const ACC_T v0 = C_VALUE(acc[i][j][2 * h], m, n);                                   \
+                    if (n + 1 < N) {                                                                    \
+                        const ACC_T v1 = C_VALUE(acc[i][j][2 * h + 1], m, n + 1);                       \
+                        if (pairs_) STORE_PAIR(v0, v1, p);                                              \
+                        else { STORE_C(v0, 0, p); STORE_C(v1, 1, p); }                                  \
+                    } else {                                                                            \
+                        STORE_C(v0, 0, p);                                                              \
+                    }                                                                                   \
+                }                                                                                       \
+    } while (0)
