@@ -116,3 +116,93 @@ def test_capture_errors_are_clear_and_leave_nothing_behind(queue):
             pass
     with pytest.raises(GraphCaptureError, match="already captured"), outer.capture():
         pass
+
+
+# -- netcl.graph.compile: one decorator on a user's step ---------------------------------------------------
+def _compiled_run(queue, kind: str, batches, compiled: bool):
+    """Steps of a user's own loop over `batches` (shapes may change between them), eager or through
+    netcl.graph.compile; returns parameters, losses and the compiled function."""
+    from netcl.graph import compile as ncompile
+
+    model, opt, sched, _, _ = _setup(queue, kind, 1)
+
+    def step(x, y):
+        return _step(model, opt, x, y)
+
+    fn = ncompile(step) if compiled else step
+    losses = []
+    for xb, yb in batches:
+        loss = fn(Tensor.from_host(queue, xb), Tensor.from_host(queue, yb))
+        losses.append(loss.to_host().copy())
+        sched.step()
+    return [p.value.to_host() for p in model.parameters()], losses, fn
+
+
+@pytest.mark.parametrize("kind", ["mlp", "dropout"])
+def test_compiled_step_equals_eager_bitwise_across_a_shape_change(queue, kind):
+    """A user's step with @netcl.graph.compile: eager on its first call, recorded on its second, replayed
+    after; a new batch size records again. Over 7 steps (batch 16 x4, then 8 x3), with a scheduler and
+    (dropout) fresh masks, the losses and parameters are bitwise those of the eager loop."""
+    rng = np.random.default_rng(1)
+    batches = [(rng.standard_normal((b, 1, 28, 28)).astype(np.float32), rng.integers(0, 10, b).astype(np.int32))
+               for b in (16, 16, 16, 16, 8, 8, 8)]
+    p_eager, l_eager, _ = _compiled_run(queue, kind, batches, False)
+    p_comp, l_comp, fn = _compiled_run(queue, kind, batches, True)
+    for a, b in zip(l_eager, l_comp):
+        np.testing.assert_array_equal(a, b)
+    for a, b in zip(p_eager, p_comp):
+        np.testing.assert_array_equal(a, b)
+    ready = [e for e in fn._entries.values() if e.state == "ready"]
+    assert len(ready) == 2 and all(e.graph.launches > 0 for e in ready)  # both batch sizes recorded
+    assert repr(fn).startswith("compile(step: 2 recorded")
+
+
+def test_compiled_step_replays_without_the_python(queue):
+    """Calls after the recording run none of the function's Python: one replay of its launches."""
+    from netcl.graph import compile as ncompile
+
+    calls = []
+
+    @ncompile
+    def double_plus_one(x):
+        calls.append(1)
+        return ((x * 2.0) + 1.0).realize()
+
+    for i in range(5):
+        out = double_plus_one(Tensor.from_host(queue, np.full(64, float(i), np.float32)))
+        np.testing.assert_array_equal(out.to_host(), np.full(64, 2.0 * i + 1.0, np.float32))
+    assert len(calls) == 2  # eager, then recorded; three replays
+    with count_launches() as c:
+        double_plus_one(Tensor.from_host(queue, np.zeros(64, np.float32)))
+    assert c.count == 1  # its one kernel (the input reaches the recording's own by a buffer copy)
+
+
+def test_compiled_step_with_a_host_read_runs_eagerly_and_says_why(queue):
+    from netcl.graph import compile as ncompile
+
+    @ncompile
+    def reads(x):
+        return float((x + 1.0).realize().to_host().sum())
+
+    with pytest.warns(RuntimeWarning, match="cannot be recorded: it does a read of device data on the host"):
+        first = reads(Tensor.from_host(queue, np.ones(4, np.float32)))
+    values = [reads(Tensor.from_host(queue, np.full(4, float(i), np.float32))) for i in range(3)]
+    assert first == 8.0 and values == [4.0, 8.0, 12.0]  # eager every time, correct every time
+    assert "1 eager" in repr(reads)
+
+
+def test_compiled_step_bad_arguments(queue):
+    from netcl.graph import compile as ncompile
+
+    with pytest.raises(TypeError, match="takes a function"):
+        ncompile(3)
+    with pytest.raises(ValueError, match="max_recordings must be a positive int"):
+        ncompile(max_recordings=0)(lambda x: x)
+    fn = ncompile(lambda x, k=1: (x * float(k)).realize())
+    with pytest.raises(TypeError, match="is a NumPy array; a compiled step takes its data as Tensors"):
+        fn(np.ones(3, np.float32))
+    with pytest.raises(TypeError, match="neither a Tensor nor hashable"):
+        fn(Tensor.from_host(queue, np.ones(3, np.float32)), k=[1])
+    a = Tensor.from_host(queue, np.ones(3, np.float32))
+    outs = [fn(a, k=k).to_host() for k in (2, 2, 2, 3, 3, 3)]  # k is a constant: k=3 records again
+    assert [o[0] for o in outs] == [2.0, 2.0, 2.0, 3.0, 3.0, 3.0]
