@@ -20,7 +20,8 @@
 // the 16-byte chunk at byte L lives at L ^ (((L >> 7) & (W / 16 - 1)) << 4), W the swizzle width, which
 // the hardware undoes; every tile starts 1024-byte aligned.
 //
-// Defines: MMA_F16 | MMA_BF16 | MMA_TF32, BM, BN (64, 128 or 256), BK, WSTAGES, WGS, A_MN (A stored K x M),
+// Defines: MMA_F16 | MMA_BF16 | MMA_TF32, BM, BN (64, 128 or 256), BK, WSTAGES, WGS, WPIPE (0: each tile's
+// wgmmas finish before the next tile's barrier; 1: one batch stays in flight), A_MN (A stored K x M),
 // B_MN (B stored K x N), GROUP_M (as gemm_mma.cl), MMA_EMULATE (wgmma computed from the same local tiles by address arithmetic, cp.async as a
 // copy: the layouts and edges testable on any OpenCL device, e.g. PoCL and Oclgrind).
 
@@ -41,6 +42,15 @@
 #endif
 #ifndef WGS
 #define WGS 1
+#endif
+#ifndef WPIPE
+#define WPIPE 0
+#endif
+// tiles in flight ahead of the one the matrix units read: WPIPE=1 keeps one wgmma batch running across
+// the next tile's barrier, so the stage two tiles back is the one refilled (one tile less of prefetch)
+#define LEAD (WSTAGES - 1 - WPIPE)
+#if LEAD < 1 || WPIPE < 0 || WPIPE > 1
+#error "WPIPE is 0 or 1, and WSTAGES - 1 - WPIPE tiles ahead must be at least one"
 #endif
 #ifndef GROUP_M
 #define GROUP_M 0
@@ -159,9 +169,10 @@ inline void wg_emulate(float acc[NT][4], __local const uchar *tiles, const ulong
         uint4 v_ = (uint4)(0);                                                                          \
         if ((bytes) == 16) v_ = vload4(0, (__global const uint *)(src));                                \
         else if ((bytes) > 0) {                                                                         \
-            ushort w_[8] = {0, 0, 0, 0, 0, 0, 0, 0};                                                    \
-            for (int e_ = 0; e_ < (bytes) / 2; ++e_) w_[e_] = ((__global const ushort *)(src))[e_];     \
-            v_ = vload4(0, (const uint *)w_);                                                           \
+            uint w_[4] = {0, 0, 0, 0};                                                                  \
+            for (int e_ = 0; e_ < (bytes) / 2; ++e_)                                                    \
+                w_[e_ >> 1] |= (uint)((__global const ushort *)(src))[e_] << (16 * (e_ & 1));          \
+            v_ = (uint4)(w_[0], w_[1], w_[2], w_[3]);                                                   \
         }                                                                                               \
         *(__local uint4 *)(dst) = v_;                                                                   \
     } while (0)
@@ -170,22 +181,22 @@ inline void wg_emulate(float acc[NT][4], __local const uchar *tiles, const ulong
 #define FENCE_ASYNC()
 #define WG_FENCE()
 #define WG_COMMIT()
-#define WG_WAIT()
+#define WG_WAIT(n)
 #else
 #define CP_ASYNC(dst, src, bytes)                                                                       \
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"                                        \
                  :: "r"((uint)(ulong)(dst)), "l"((ulong)(src)), "r"(bytes) : "memory")
 #define CP_COMMIT() asm volatile("cp.async.commit_group;" ::: "memory")
-#define CP_WAIT() asm volatile("cp.async.wait_group " WG_STR(WSTAGES - 2) ";" ::: "memory")
+#define CP_WAIT() asm volatile("cp.async.wait_group " WG_STR(LEAD - 1) ";" ::: "memory")
 // cp.async writes through the generic proxy; wgmma reads through the async proxy
 #define FENCE_ASYNC() asm volatile(NCW("fence.proxy.async.shared::cta;") ::: "memory")
 #define WG_FENCE() asm volatile(NCW("wgmma.fence.sync.aligned;") ::: "memory")
 #define WG_COMMIT() asm volatile(NCW("wgmma.commit_group.sync.aligned;") ::: "memory")
-// the wait names every accumulator as written (and an empty asm each further m tile's): no read of them
-// may move above it
-#define WG_WAIT()                                                                                       \
+// until at most n wgmma batches are in flight; the wait names every accumulator as written (and an empty
+// asm each further m tile's): no read of them may move above it
+#define WG_WAIT(n)                                                                                      \
     do {                                                                                                \
-        asm volatile(NCW("wgmma.wait_group.sync.aligned 0;") : WG_OPS(0) :: "memory");                 \
+        asm volatile(NCW("wgmma.wait_group.sync.aligned " WG_STR(n) ";") : WG_OPS(0) :: "memory");     \
         _Pragma("unroll")                                                                               \
         for (int i_ = 1; i_ < MT; ++i_) asm volatile("" : WG_OPS(i_) :: "memory");                     \
     } while (0)
@@ -379,7 +390,7 @@ void gemm_mma(GEMM_ARGS)
 
     const int nk = (K + BK - 1) / BK;
     #pragma unroll
-    for (int s = 0; s < WSTAGES - 1; ++s) {
+    for (int s = 0; s < LEAD; ++s) {
         if (s < nk) ISSUE(s);
         CP_COMMIT();
     }
@@ -387,8 +398,8 @@ void gemm_mma(GEMM_ARGS)
         CP_WAIT();                       // tile kt has landed (this work-item's copies)
         ROUND_TF32((kt % WSTAGES) * STAGE_BYTES);
         FENCE_ASYNC();                   // ... and is visible to the matrix units
-        barrier(CLK_LOCAL_MEM_FENCE);    // ... for every work-item; all are done with tile kt - 1
-        if (kt + WSTAGES - 1 < nk) ISSUE(kt + WSTAGES - 1);   // into the stage tile kt - 1 used
+        barrier(CLK_LOCAL_MEM_FENCE);    // ... for every work-item; all are done with tile kt - 1 - WPIPE
+        if (kt + LEAD < nk) ISSUE(kt + LEAD);   // into the stage tile kt - 1 - WPIPE used
         CP_COMMIT();
         const int at = (kt % WSTAGES) * STAGE_BYTES;
         WG_FENCE();
@@ -397,8 +408,9 @@ void gemm_mma(GEMM_ARGS)
             #pragma unroll
             for (int i = 0; i < MT; ++i) WGMMA(i, at, kk);
         WG_COMMIT();
-        WG_WAIT();                       // the stage may be refilled once every warpgroup passed here
+        WG_WAIT(WPIPE);                  // its stage may be refilled once every warpgroup passed here
     }
+    WG_WAIT(0);
 
     MMA_STORE_ACC(wg * WG_ROWS + wq * 16, 64, 0);
 }

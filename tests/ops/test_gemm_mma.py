@@ -245,6 +245,7 @@ WG_CASES = [
     (BF16, "nt", {"BK": 64, "WSTAGES": 3, "GROUP_M": 2}),    # 128-byte rows
     (np.float16, "tn", {"BK": 16}),                          # 32-byte rows
     (BF16, "tt", {"BM": 128, "BN": 128, "WGS": 2}),         # two warpgroups
+    (np.float16, "nt", {"WSTAGES": 3, "WPIPE": 1}),          # one wgmma batch in flight
     (np.float32, "nt", {"BK": 16}),                          # TF32: 64-byte rows of float32
     (np.float32, "nt", {"BK": 32, "BM": 128, "WSTAGES": 3}),  # two m tiles a warpgroup
 ]

@@ -219,7 +219,7 @@ def launch(
 
 # knobs of one matrix-unit kernel that the other ignores (left out of its defines: one program per choice)
 _MMA_SYNC_ONLY = ("WM", "WN", "PAD", "PADB", "ASYNC", "STAGES", "LDMATRIX", "SWIZZLE", "DBUF", "DYN_LOCAL")
-_WGMMA_ONLY = ("WGMMA", "WGS", "WSTAGES")
+_WGMMA_ONLY = ("WGMMA", "WGS", "WSTAGES", "WPIPE")
 
 
 def _wgmma(device: Any, defines: dict[str, Any], dt: np.dtype, a_ks: int, b_ks: int, copies_16: bool) -> bool:

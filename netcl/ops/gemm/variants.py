@@ -127,6 +127,7 @@ DEFAULTS: dict[str, dict[str, dict[str, int]]] = {
             "WGMMA": 1,
             "WGS": 1,
             "WSTAGES": 3,
+            "WPIPE": 0,
         },
         "bfloat16": {
             "BM": 128,
@@ -146,6 +147,7 @@ DEFAULTS: dict[str, dict[str, dict[str, int]]] = {
             "WGMMA": 1,
             "WGS": 1,
             "WSTAGES": 3,
+            "WPIPE": 0,
         },
         "float32": {
             "BM": 128,
@@ -165,6 +167,7 @@ DEFAULTS: dict[str, dict[str, dict[str, int]]] = {
             "WGMMA": 1,
             "WGS": 1,
             "WSTAGES": 3,
+            "WPIPE": 0,
         },
     },
 }
@@ -363,7 +366,7 @@ def _program(device: Any, variant: str, defines: dict[str, Any]):
                          "DYN_LOCAL", "ALIGNED", "B_KMAJOR"):
                 defines.pop(knob, None)
         else:
-            for knob in ("WGS", "WSTAGES", "A_MN", "B_MN"):
+            for knob in ("WGS", "WSTAGES", "WPIPE", "A_MN", "B_MN"):
                 defines.pop(knob, None)
         defines[{"float16": "MMA_F16", "bfloat16": "MMA_BF16"}.get(np.dtype(dtype).name, "MMA_TF32")] = None
     act = defines.pop("ACT", None)
