@@ -308,10 +308,13 @@ def _unsigned(ct: str) -> str:
     return {"int": "uint", "long": "ulong", "uchar": "uchar"}[ct]
 
 
-def emit_nodes(desc: tuple, leaf_value, index_value, suffix: str = "") -> tuple[list[str], list[str]]:
+def emit_nodes(desc: tuple, leaf_value, index_value, suffix: str = "",
+               stored_only: frozenset[int] = frozenset()) -> tuple[list[str], list[str]]:
     """C statements computing every node of `desc`; returns (lines, variable name per node).
 
-    `leaf_value(slot)` and `index_value(axis_from_right)` give C expressions (in compute type)."""
+    `leaf_value(slot)` and `index_value(axis_from_right)` give C expressions (in compute type). Half
+    results are rounded to their format (nc_rh, nc_rb) so that later ops see stored values, except the
+    nodes in `stored_only` (see stored_only_nodes): their one use is a store that rounds the same way."""
     lines: list[str] = []
     names: list[str] = []
     for i, (op, args, dt_str, attr) in enumerate(desc):
@@ -329,13 +332,27 @@ def emit_nodes(desc: tuple, leaf_value, index_value, suffix: str = "") -> tuple[
         else:
             in_dt = [dtypes.from_token(desc[j][2]) for j in args]
             expr = _op_expr(op, [names[j] for j in args], dt, in_dt)
-            if dt == dtypes.float16:
+            if i in stored_only:
+                pass
+            elif dt == dtypes.float16:
                 expr = f"nc_rh({expr})"
             elif dt == dtypes.bfloat16:
                 expr = f"nc_rb({expr})"
         lines.append(f"const {ct} {name} = {expr};")
         names.append(name)
     return lines, names
+
+
+def stored_only_nodes(desc: tuple, out_pos: tuple, out_dtypes: list[str]) -> frozenset[int]:
+    """Half-typed nodes used only as outputs of their own dtype: rounding them to half before the store
+    rounds to nearest even twice, which gives the store's bits, so the first rounding is left out (on
+    NVIDIA each is two conversion instructions per element, as many as the loads and stores)."""
+    used = {j for (_, args, _, _) in desc for j in args}
+    out_dt: dict[int, set[str]] = {}
+    for p, dt_str in zip(out_pos, out_dtypes):
+        out_dt.setdefault(p, set()).add(dt_str)
+    return frozenset(p for p, dts in out_dt.items()
+                     if p not in used and dts == {desc[p][2]} and desc[p][2] in ("float16", "bfloat16"))
 
 
 # -- memory access helpers -------------------------------------------------------------------
@@ -416,6 +433,7 @@ def elementwise_source(key: tuple) -> str:
     flat output index into an NDIM-dimensional coordinate and reads every strided operand through
     its own strides."""
     (desc, out_pos), leaf_layouts, out_layouts, ndim, vec, idx_t, aligned = key
+    stored_only = stored_only_nodes(desc, out_pos, [t for t, _ in out_layouts])
     load_v = load_vector_aligned if aligned else load_vector
     store_v = store_vector_aligned if aligned else store_vector
     ps = []
@@ -468,7 +486,7 @@ def elementwise_source(key: tuple) -> str:
                 return f"S{slot}"
             return load_scalar(dtypes.from_token(dt_str), f"in{slot}", off("in", slot, kind))
 
-        lines_e, names = emit_nodes(desc, leaf_value, lambda ax: f"c{ndim - ax}")
+        lines_e, names = emit_nodes(desc, leaf_value, lambda ax: f"c{ndim - ax}", stored_only=stored_only)
         lines += lines_e
         for s, (dt_str, kind) in enumerate(out_layouts):
             lines.append(
@@ -494,7 +512,8 @@ def elementwise_source(key: tuple) -> str:
                 v = f"V{slot}.s{LANES[lane]}"
                 return f"(uchar)({v} != 0)" if dtypes.from_token(dt_str) == dtypes.bool_ else v
 
-            lines_e, names = emit_nodes(desc, leaf_value, lambda ax: "0", suffix=f"_{lane}")
+            lines_e, names = emit_nodes(desc, leaf_value, lambda ax: "0", suffix=f"_{lane}",
+                                        stored_only=stored_only)
             body += ["  " + ln for ln in lines_e]
             lane_names.append(names)
         for s, (dt_str, _) in enumerate(out_layouts):
