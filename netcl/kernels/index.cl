@@ -129,7 +129,19 @@ __kernel void scatter_add_segments(__global T *out, const long4 os_lo, const lon
     const int lo = start[k], hi = start[k + 1];
     if (lo == hi) return;
     ACC acc = LOAD(out, oo);
-    for (int j = lo; j < hi; ++j) acc += LOAD(src, so + (long)order[j] * ss[AXIS]);
+    int j = lo;
+    // 4 loads in flight (a frequent id's segment is long), then the adds one by one in position order
+    for (; j + 4 <= hi; j += 4) {
+        const ACC v0 = LOAD(src, so + (long)order[j] * ss[AXIS]);
+        const ACC v1 = LOAD(src, so + (long)order[j + 1] * ss[AXIS]);
+        const ACC v2 = LOAD(src, so + (long)order[j + 2] * ss[AXIS]);
+        const ACC v3 = LOAD(src, so + (long)order[j + 3] * ss[AXIS]);
+        acc += v0;
+        acc += v1;
+        acc += v2;
+        acc += v3;
+    }
+    for (; j < hi; ++j) acc += LOAD(src, so + (long)order[j] * ss[AXIS]);
     STORE(acc, oo, out);
 }
 
