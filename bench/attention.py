@@ -159,15 +159,15 @@ def memory_case(dev, rng) -> dict:
 # attn.GPU_GRIDS; the backward's grid is the fused pass's, or the dk/dv pass's), and knobs: atomic
 # (attn.GPU_DQ_ATOMIC), native_exp (attn.GPU_NATIVE_EXP), backward (attn.GPU_BACKWARD), prefetch
 # (attn.GPU_PREFETCH; () = none), row_shfl (attn.GPU_ROW_SHFL), deterministic (netcl.set_deterministic: False
-# = dq by float atomics), split_per_cu (attn.GPU_DQ_SPLIT_GROUPS_PER_CU: the deterministic pass's copies of
-# dq), split_add (attn.GPU_DQ_SPLIT_ADD). The first row of each kernel is the default and the reference of
-# the others' err.
+# = dq by float atomics), split_resident (attn.GPU_DQ_SPLIT_RESIDENT: the work-groups per compute unit that
+# the deterministic pass's choice of dq copies assumes), split_add (attn.GPU_DQ_SPLIT_ADD). The first row of
+# each kernel is the default and the reference of the others' err.
 SWEEP = [   # the most telling first (a run cut short by a time limit still prints them)
     ("forward", (16, 8, 8, 2), {}),
     ("backward", (16, 8, 4, 2), {}),
     ("backward", (16, 8, 4, 2), {"deterministic": False}),
-    ("backward", (16, 8, 4, 2), {"split_per_cu": 4}),
-    ("backward", (16, 8, 4, 2), {"split_per_cu": 16}),
+    ("backward", (16, 8, 4, 2), {"split_resident": 2}),
+    ("backward", (16, 8, 4, 2), {"split_resident": 8}),
     ("backward", (16, 8, 4, 2), {"split_add": "plain"}),
     ("backward", (8, 8, 4, 4), {}),
     ("forward", (16, 8, 8, 2), {"row_shfl": False}),
@@ -178,7 +178,7 @@ SWEEP = [   # the most telling first (a run cut short by a time limit still prin
     ("backward", (16, 8, 4, 2), {"backward": "two_pass"}),
 ]
 _KNOBS = {"atomic": "GPU_DQ_ATOMIC", "native_exp": "GPU_NATIVE_EXP", "backward": "GPU_BACKWARD",
-         "prefetch": "GPU_PREFETCH", "row_shfl": "GPU_ROW_SHFL", "split_per_cu": "GPU_DQ_SPLIT_GROUPS_PER_CU",
+         "prefetch": "GPU_PREFETCH", "row_shfl": "GPU_ROW_SHFL", "split_resident": "GPU_DQ_SPLIT_RESIDENT",
          "split_add": "GPU_DQ_SPLIT_ADD"}
 
 
@@ -298,7 +298,7 @@ def main() -> int:
           f"repeats {repeat} (median after warm-up)")
     if (attn.variant_override or ("cpu" if dev.capabilities.kind == "cpu" else "gpu")) == "gpu":
         native = attn.GPU_NATIVE_EXP if attn.GPU_NATIVE_EXP is not None else attn._nvidia(dev)
-        dq_adds = (f"dq copies per work-group ({attn.GPU_DQ_SPLIT_GROUPS_PER_CU} groups per CU), add "
+        dq_adds = (f"dq copies per work-group ({attn.GPU_DQ_SPLIT_RESIDENT} resident per CU), add "
                    f"{attn.dq_split_add(dev)}" if netcl.get_deterministic() else
                    f"float atomic add {attn.dq_atomic(dev)}")
         print(f"GPU kernels: backward {attn.GPU_BACKWARD} (deterministic {netcl.get_deterministic()}: "

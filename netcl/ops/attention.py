@@ -15,7 +15,7 @@ out)), one for dk and dv (no atomics); on GPUs, float32 with all three gradients
 single pass instead (delta, then per key tile dk, dv and dq's share: 5 products per (query, key) pair where
 the two passes take 7; GPU_BACKWARD). Its dq shares go, while netcl.get_deterministic() (the default), into a
 float32 copy of dq per work-group, summed in a fixed order (the same bits on every run), else straight into
-dq by float atomic adds (GPU_DQ_SPLIT_GROUPS_PER_CU, GPU_DQ_ATOMIC). Kernels
+dq by float atomic adds (GPU_DQ_SPLIT_RESIDENT, GPU_DQ_ATOMIC). Kernels
 (netcl/kernels/attention_*.cl), by device class: on CPUs a work-item (work-group size 1) takes a block of rows
 in private memory (attention_cpu.cl); on GPUs a work-group takes a tile of rows in local memory and streams
 the other operand's tiles past it (attention_gpu.cl), and a forward with few query rows per kv head (decoding
@@ -39,6 +39,7 @@ Options:
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -98,10 +99,14 @@ GPU_DQ_ATOMIC: str | None = None
 _ATOMIC_DEFINES = {"cas": "ATOMIC_CAS", "red": "ATOMIC_RED", "red4": "ATOMIC_RED4"}
 # The fused pass while netcl.get_deterministic() (the default): FlashAttention-2's deterministic mode.
 # Work-group s of a kv head takes the key tiles s, s + nsplit, ... in turn and adds dq's shares into its own
-# float32 copy of dq; attention_dq_sum_gpu sums the nsplit copies in a fixed order. nsplit: enough work-groups
-# for GPU_DQ_SPLIT_GROUPS_PER_CU per compute unit, at most one per key tile; the copies cost nsplit x dq of
-# memory, written (zeroed) and read once more (B=8 H=16 S=2048 D=64, the H200: 9 copies of 64 MiB).
-GPU_DQ_SPLIT_GROUPS_PER_CU = 8
+# float32 copy of dq; attention_dq_sum_gpu sums the nsplit copies in a fixed order (dq_splits picks nsplit).
+# The copies cost nsplit x dq of memory, written (zeroed) and read once more. GPU_DQ_SPLIT_RESIDENT: the
+# fused pass's work-groups one compute unit runs at once (the H200, by estimate: 4, its 44 KiB of local
+# memory of 228 per SM and 128 items of ~128 registers; not yet measured); nsplit within GPU_DQ_SPLIT_SLACK
+# of the best estimated time, the fewest copies.
+GPU_DQ_SPLIT_RESIDENT = 4
+GPU_DQ_SPLIT_SLACK = 1.05
+GPU_DQ_SPLIT_MAX = 64
 # How a work-group adds into its own copy: None = by device (the PTX add dq_atomic would take, "red4" or
 # "red": fire-and-forget, and applied in order since the work-group's key tiles are separated by barriers with
 # a global fence; "plain", a load-add-store, elsewhere), or "plain", "red", "red4".
@@ -163,9 +168,21 @@ def dq_split_add(device: Any) -> str:
 
 
 def dq_splits(device: Any, batch: int, kv_heads: int, keys: int, key_tile: int) -> int:
-    """The number of dq copies (work-groups per kv head) of the deterministic fused backward."""
-    want = -(-GPU_DQ_SPLIT_GROUPS_PER_CU * device.capabilities.compute_units // max(batch * kv_heads, 1))
-    return max(1, min(-(-keys // key_tile), want))
+    """The number of dq copies (work-groups per kv head) of the deterministic fused backward: the estimated
+    time of nsplit copies is its waves of work-groups, ceil(nsplit * pairs / slots) (pairs = batch x kv
+    heads, slots = GPU_DQ_SPLIT_RESIDENT per compute unit), times the key tiles each walks, ceil(tiles /
+    nsplit); the fewest copies (up to GPU_DQ_SPLIT_MAX) within GPU_DQ_SPLIT_SLACK of the best. The atomic
+    pass's one key tile per work-group runs at ~ceil(tiles * pairs / slots): so does this, with few copies."""
+    return _dq_splits(device.capabilities.compute_units * GPU_DQ_SPLIT_RESIDENT, max(batch * kv_heads, 1),
+                      -(-keys // key_tile), GPU_DQ_SPLIT_SLACK, GPU_DQ_SPLIT_MAX)
+
+
+@functools.lru_cache(maxsize=256)
+def _dq_splits(slots: int, pairs: int, tiles: int, slack: float, most: int) -> int:
+    slots = max(slots, 1)
+    cost = {n: -(-n * pairs // slots) * -(-tiles // n) for n in range(1, max(1, min(tiles, most)) + 1)}
+    best = min(cost.values())
+    return min(n for n, c in cost.items() if c <= best * slack)
 
 
 # Decoding (GPU variant): a forward whose GROUP * Sq query rows per kv head are at most DECODE_MAX_ROWS runs

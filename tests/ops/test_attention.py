@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import types
 
 import numpy as np
 import pytest
@@ -359,6 +360,23 @@ def test_gpu_fused_backward_gives_the_same_bits_each_run(queue, rng, monkeypatch
         np.testing.assert_array_equal(first, second, err_msg=name)
         scale = max(np.abs(ref).max(), 1.0)
         np.testing.assert_allclose(first, ref, rtol=2e-4, atol=2e-5 * scale, err_msg=name)
+
+
+def test_dq_copies_fill_whole_waves_with_the_fewest_copies(monkeypatch):
+    """dq_splits on an H200-sized device (132 compute units, 4 resident work-groups each: 528 slots), values
+    worked by hand: B=8 x 16 kv heads, 64 key tiles: 4 copies fill one wave of 512 work-groups walking 16
+    tiles each (the atomic pass's 8192 one-tile work-groups: 16 waves); the 25m GPT (32 x 8, 16 tiles): 2;
+    600 pairs: 13 copies, 15 waves of 5 tiles = 75 against the best 73 (64 copies), 1 copy takes 128; 1024
+    pairs: 1 copy (2 waves of 64 tiles = 128, within 5% of the best 125); one pair: a copy per key tile."""
+    device = types.SimpleNamespace(capabilities=types.SimpleNamespace(compute_units=132))
+    monkeypatch.setattr(attn, "GPU_DQ_SPLIT_RESIDENT", 4)
+    monkeypatch.setattr(attn, "GPU_DQ_SPLIT_SLACK", 1.05)
+    assert attn.dq_splits(device, 8, 16, 2048, 32) == 4
+    assert attn.dq_splits(device, 32, 8, 512, 32) == 2
+    assert attn.dq_splits(device, 600, 1, 2048, 32) == 13
+    assert attn.dq_splits(device, 64, 16, 2048, 32) == 1
+    assert attn.dq_splits(device, 1, 1, 2000, 32) == 63
+    assert attn.dq_splits(device, 1, 1, 20, 32) == 1
 
 
 @pytest.mark.gpu_shaped
