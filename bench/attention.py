@@ -9,7 +9,9 @@ in one run. One table + JSON (bench/results/attention.json).
     python bench/attention.py --memory        # also: S=8192, H=8, D=64 forward+backward, the BufferPool peak
     python bench/attention.py --b 2 --h 4 --s 512 --d 128 --causal-only --repeat 5
     python bench/attention.py --gpu --sweep   # also: the GPU kernels under other configurations (SWEEP:
-                                              #   grids, atomics, native_exp, fused or two-pass backward)
+                                              #   grids, atomics, native_exp, fused or two-pass backward,
+                                              #   the deterministic dq copies or the atomic pass)
+    NETCL_DETERMINISTIC=0 python bench/attention.py --gpu   # the table with dq by float atomics
 
 FLOPs: forward 4 * B * H * Sq * Sk * D (q k^T and p v), backward 2.5x that (q k^T recomputed, dp = dO v^T,
 dv, dk, dq: FlashAttention-2's single pass; the two-pass backward computes q k^T and dO v^T twice, 3.5x),
@@ -33,6 +35,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import netcl  # noqa: E402
 from netcl.core.backend import enqueue_copy  # noqa: E402
 from netcl.core.device import manager  # noqa: E402
 from netcl.core.tensor import Tensor  # noqa: E402
@@ -155,11 +158,17 @@ def memory_case(dev, rng) -> dict:
 # both passes with backward="two_pass"), the work-item grid (TC, TR, rows per item, columns per item:
 # attn.GPU_GRIDS; the backward's grid is the fused pass's, or the dk/dv pass's), and knobs: atomic
 # (attn.GPU_DQ_ATOMIC), native_exp (attn.GPU_NATIVE_EXP), backward (attn.GPU_BACKWARD), prefetch
-# (attn.GPU_PREFETCH; () = none), row_shfl (attn.GPU_ROW_SHFL). The first row of each kernel is the default
-# and the reference of the others' err.
+# (attn.GPU_PREFETCH; () = none), row_shfl (attn.GPU_ROW_SHFL), deterministic (netcl.set_deterministic: False
+# = dq by float atomics), split_resident (attn.GPU_DQ_SPLIT_RESIDENT: the work-groups per compute unit that
+# the deterministic pass's choice of dq copies assumes), split_add (attn.GPU_DQ_SPLIT_ADD). The first row of
+# each kernel is the default and the reference of the others' err.
 SWEEP = [   # the most telling first (a run cut short by a time limit still prints them)
     ("forward", (16, 8, 8, 2), {}),
     ("backward", (16, 8, 4, 2), {}),
+    ("backward", (16, 8, 4, 2), {"deterministic": False}),
+    ("backward", (16, 8, 4, 2), {"split_resident": 2}),
+    ("backward", (16, 8, 4, 2), {"split_resident": 8}),
+    ("backward", (16, 8, 4, 2), {"split_add": "plain"}),
     ("backward", (8, 8, 4, 4), {}),
     ("forward", (16, 8, 8, 2), {"row_shfl": False}),
     ("forward", (16, 16, 4, 2), {}),
@@ -169,7 +178,8 @@ SWEEP = [   # the most telling first (a run cut short by a time limit still prin
     ("backward", (16, 8, 4, 2), {"backward": "two_pass"}),
 ]
 _KNOBS = {"atomic": "GPU_DQ_ATOMIC", "native_exp": "GPU_NATIVE_EXP", "backward": "GPU_BACKWARD",
-         "prefetch": "GPU_PREFETCH", "row_shfl": "GPU_ROW_SHFL"}
+         "prefetch": "GPU_PREFETCH", "row_shfl": "GPU_ROW_SHFL", "split_resident": "GPU_DQ_SPLIT_RESIDENT",
+         "split_add": "GPU_DQ_SPLIT_ADD"}
 
 
 def sweep(dev, B: int, H: int, S: int, D: int, repeat: int, causal: bool, only: str = "") -> list[dict]:
@@ -188,6 +198,7 @@ def sweep(dev, B: int, H: int, S: int, D: int, repeat: int, causal: bool, only: 
     }
     flops = {"forward": 4.0, "backward": 10.0}   # per B H S S D: 2 products, 5 products (FlashAttention-2)
     saved = {name: getattr(attn, name) for name in ("GPU_GRIDS", *_KNOBS.values())}
+    deterministic = netcl.get_deterministic()
     old_variant = attn.variant_override
     attn.variant_override = "gpu"
     rows: list[dict] = []
@@ -201,12 +212,14 @@ def sweep(dev, B: int, H: int, S: int, D: int, repeat: int, causal: bool, only: 
                 continue
             for name, value in saved.items():
                 setattr(attn, name, value)
+            netcl.set_deterministic(knobs.get("deterministic", deterministic))
             grid_key = "forward" if kernel == "forward" else "fused"
             attn.GPU_GRIDS = dict(saved["GPU_GRIDS"], **{grid_key: [grid]})
             if knobs.get("backward") == "two_pass":
                 attn.GPU_GRIDS.update(dq=[saved["GPU_GRIDS"]["dq"][0]], dkdv=[grid])
             for knob, value in knobs.items():
-                setattr(attn, _KNOBS[knob], value)
+                if knob in _KNOBS:
+                    setattr(attn, _KNOBS[knob], value)
             row = {"kernel": kernel, "grid": list(grid), **knobs}
             try:
                 row["tiles"] = attn.gpu_tiles(dev, grid_key, D, np.float32)
@@ -228,6 +241,7 @@ def sweep(dev, B: int, H: int, S: int, D: int, repeat: int, causal: bool, only: 
     finally:
         for name, value in saved.items():
             setattr(attn, name, value)
+        netcl.set_deterministic(deterministic)
         attn.variant_override = old_variant
     return rows
 
@@ -284,8 +298,12 @@ def main() -> int:
           f"repeats {repeat} (median after warm-up)")
     if (attn.variant_override or ("cpu" if dev.capabilities.kind == "cpu" else "gpu")) == "gpu":
         native = attn.GPU_NATIVE_EXP if attn.GPU_NATIVE_EXP is not None else attn._nvidia(dev)
-        print(f"GPU kernels: backward {attn.GPU_BACKWARD} (float atomic add: {attn.dq_atomic(dev)}), "
-              f"native_exp {native}, row_shfl {attn._row_shfl(dev)}, prefetch {attn.GPU_PREFETCH}")
+        dq_adds = (f"dq copies per work-group ({attn.GPU_DQ_SPLIT_RESIDENT} resident per CU), add "
+                   f"{attn.dq_split_add(dev)}" if netcl.get_deterministic() else
+                   f"float atomic add {attn.dq_atomic(dev)}")
+        print(f"GPU kernels: backward {attn.GPU_BACKWARD} (deterministic {netcl.get_deterministic()}: "
+              f"{dq_adds}), native_exp {native}, row_shfl {attn._row_shfl(dev)}, "
+              f"prefetch {attn.GPU_PREFETCH}")
     print(f"{'case':<16}{'shape (B,H,Sq,Sk,D)':<24}{'impl':<26}{'ms':>9}{'GFLOP/s':>9}{'GB/s':>8}"
           f"{'x torch':>8}{'err':>9}")
     rows = []
@@ -355,6 +373,7 @@ def main() -> int:
                 "device": dev.device_name,
                 "host": platform.node(),
                 "gpu": args.gpu,
+                "deterministic": netcl.get_deterministic(),
                 "copy_bandwidth_gbps": copy_bw / 1e9,
                 "rows": rows,
                 "memory": memory,

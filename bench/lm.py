@@ -14,6 +14,7 @@ names) and loaded into the PyTorch model below, which follows LlamaForCausalLM's
     CUDA,
                                           #      TF32 off
     python bench/lm.py --preset small --batch-size 8 --steps 5 --gen-tokens 32 --out bench/results/lm_cpu.json
+    NETCL_DETERMINISTIC=0 python bench/lm.py --gpu   # the float-atomic fast paths (default: deterministic)
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import netcl  # noqa: E402
 from netcl import profiling  # noqa: E402
 from netcl.core.device import manager  # noqa: E402
 from netcl.errors import NetclError  # noqa: E402
@@ -420,7 +422,8 @@ def main() -> int:
         hf_cfg = json.loads((Path(tmp) / "config.json").read_text())
         peer = load_pretrained(tmp, tdev)
     params = net.num_parameters()
-    print(f"netcl on {dev.device_name} ({dev.backend}); PyTorch {torch.__version__} on "
+    print(f"netcl on {dev.device_name} ({dev.backend}, deterministic {netcl.get_deterministic()}); PyTorch "
+          f"{torch.__version__} on "
           f"{torch.cuda.get_device_name() if tdev == 'cuda' else f'CPU, {torch.get_num_threads()} threads'}")
     print(
         f"model: Llama-style GPT, {cfg.n_layers} layers, dim {cfg.dim}, {cfg.n_heads} heads, feed-forward "
@@ -490,6 +493,7 @@ def main() -> int:
         "context": context,
         "step_flops": flops,
         "torch_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
+        "deterministic": netcl.get_deterministic(),   # NETCL_DETERMINISTIC=0: the float-atomic paths
         "training": train,
         "generation": gen,
         "ratios": {

@@ -68,6 +68,12 @@ def fusion_enabled() -> bool:
     return _flag("NETCL_FUSION", True)
 
 
+def deterministic() -> bool:
+    """NETCL_DETERMINISTIC=0 starts a program with netcl's float-atomic fast paths on (netcl.set_deterministic
+    changes it at run time); default 1: the same inputs give the same bits on every run."""
+    return _flag("NETCL_DETERMINISTIC", True)
+
+
 def disk_cache_enabled() -> bool:
     """NETCL_DISK_CACHE=0 stops netcl storing and loading program binaries on disk."""
     return _flag("NETCL_DISK_CACHE", True)

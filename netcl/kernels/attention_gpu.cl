@@ -34,6 +34,17 @@
 //   DQ_ATOMIC = ATOMIC_CAS (atomic_cmpxchg loop: OpenCL 1.2 has no float atomic add), ATOMIC_RED (NVIDIA:
 //   inline PTX red.global.add.f32, a fire-and-forget add in L2) or ATOMIC_RED4 (red.global.add.v4.f32,
 //   sm_90 and PTX ISA 8.1: one instruction per float4).
+//   With DQ_SPLIT (the same single pass, reproducible bit for bit: FlashAttention-2's deterministic mode):
+//   global (nsplit * TR * TC, HKV, B); work-group s takes the key tiles s, s + nsplit, s + 2 nsplit, ... in
+//   turn (dk and dv stored after each) and adds dq's shares into its own float32 copy of dq, slice s of
+//   dq_acc (nsplit, B, HQ, SQ, D), which it zeroes first (the GROUP heads of its kv head). No other
+//   work-group touches that slice, and within the work-group the key tiles' adds are ordered by a barrier
+//   with a global fence, so each element sums its shares in increasing key tile, whatever the schedule;
+//   attention_dq_sum_gpu then sums the slices in the order s = 0 .. nsplit - 1. The adds into the own
+//   slice: a plain load-add-store (DQ_ATOMIC = ATOMIC_NONE) or, on NVIDIA, the red instructions above
+//   (ordered by the same barriers, no latency exposed). Query tiles are not rotated.
+// attention_dq_sum_gpu: global ceil(n / 4), n = B * HQ * SQ * D: dq[e] = sum over s in increasing order
+//   of dq_acc[s * n + e], four consecutive elements per work-item. Reads dq_acc; writes dq (float32).
 //
 // Build options: attention_common.cl's, and
 //   BM, BN   query rows / keys of a tile (see each kernel)                       defaults 64, 32
@@ -83,6 +94,11 @@
 #define ATOMIC_RED4 3
 #ifndef DQ_ATOMIC
 #define DQ_ATOMIC ATOMIC_NONE
+#endif
+#if defined(DQ_SPLIT) || DQ_ATOMIC != ATOMIC_NONE
+#define DQ_SHARE 1            // the dk/dv kernel also adds dq's shares (the fused backward pass)
+#else
+#define DQ_SHARE 0
 #endif
 #if defined(NATIVE_EXP) && !defined(USE_FP64)
 #define EXPF(x) native_exp(x)
@@ -520,7 +536,7 @@ __kernel void attention_backward_dq_gpu(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_A
 #undef CN_
 #undef PS4
 
-#if DQ_ATOMIC != ATOMIC_NONE
+#if DQ_SHARE
 // x added to p[0 .. n - 1] (n <= 4 elements of a float4; zeros are not added)
 inline void add4_atomic(__global float *p, const float4 x, const int n)
 {
@@ -531,11 +547,19 @@ inline void add4_atomic(__global float *p, const float4 x, const int n)
                          :: "l"((ulong)p), "f"(x.x), "f"(x.y), "f"(x.z), "f"(x.w) : "memory");
         return;
     }
+#elif DQ_ATOMIC == ATOMIC_NONE
+    // (DQ_SPLIT: p lies in this work-group's own slice, and this work-item is the only one adding to it now)
+    if (n == 4) {
+        vstore4(vload4(0, p) + x, 0, p);
+        return;
+    }
 #endif
     const float v[4] = {x.x, x.y, x.z, x.w};
     for (int t = 0; t < n; ++t) {
         if (v[t] == 0.0f) continue;
-#if DQ_ATOMIC == ATOMIC_CAS
+#if DQ_ATOMIC == ATOMIC_NONE
+        p[t] += v[t];
+#elif DQ_ATOMIC == ATOMIC_CAS
         // the first guess of the old value is 0 (dq_acc starts at 0): no plain read racing the atomics
         volatile __global uint *u = (volatile __global uint *)(p + t);
         uint seen = 0u, old;
@@ -554,9 +578,9 @@ inline void add4_atomic(__global float *p, const float4 x, const int n)
 #define RK_ (BN / TR)         // keys per item
 #define CQ_ (BM / TC)         // query rows per item
 #define PT4 (BM / 4 + 1)      // float4s per local row of (p z)^T / ds^T
-#define QR_ (BM / TR)         // query rows per item in the dq share (DQ_ATOMIC)
-#if DQ_ATOMIC != ATOMIC_NONE && (BM % TR)
-#error "DQ_ATOMIC needs BM a multiple of TR"
+#define QR_ (BM / TR)         // query rows per item in the dq share (DQ_ATOMIC, DQ_SPLIT)
+#if DQ_SHARE && (BM % TR)
+#error "DQ_ATOMIC and DQ_SPLIT need BM a multiple of TR"
 #endif
 
 #if PASS == PASS_ALL || PASS == PASS_DKDV
@@ -572,175 +596,215 @@ __kernel void attention_backward_dkdv_gpu(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV
     __local ACC lse_s[BM], delta_s[BM];
 
     const int tid = get_local_id(0), tr = tid / TC, tc = tid - tr * TC;
-    const int j0 = get_group_id(0) * BN, hk = get_global_id(1), b = get_global_id(2);
-    if (j0 >= SK) return;
+    const int hk = get_global_id(1), b = get_global_id(2);
     const int HKV = HQ / GROUP;
     const int L = valid_keys(kv_len, kv_len_off, has_kv_len, kv_len_stride, b, SK);
 
-    ACC4 dka[RK_][CE], dva[RK_][CE];
-    for (int a = 0; a < RK_; ++a)
-        for (int e = 0; e < CE; ++e) dka[a][e] = dva[a][e] = (ACC4)0;
-
-    if (j0 < L) {
-        load_rows(ks, k + k_off + b * k_sb + hk * k_sh, k_ss, j0, BN, L, (ACC)1, tid);
-        load_rows(vs, v + v_off + b * v_sb + hk * v_sh, v_ss, j0, BN, L, (ACC)1, tid);
-        // causal: row i sees key j0 only if i >= j0 - (L - SQ); start at the tile holding that row
-        const int i_first = causal ? max(0, j0 - (L - SQ)) : 0;
-        for (int g = 0; g < GROUP; ++g) {
-            const int h = hk * GROUP + g;
-            const long rowh = ((long)b * HQ + h) * SQ;
-            const long mbase = mask_off + b * mask_sb + h * mask_sh;
-            const __global T *qb = q + q_off + b * q_sb + h * q_sh;
-            const __global T *gb = grad_out + grad_out_off + b * grad_out_sb + h * grad_out_sh;
-            const int ntiles = (SQ - i_first + BM - 1) / BM;
-#if DQ_ATOMIC != ATOMIC_NONE
-            const int rot = get_group_id(0) % max(ntiles, 1);
+#ifdef DQ_SPLIT
+    // this work-group's own copy of dq: slice s of dq_acc, zeroed here for the GROUP heads of kv head hk
+    const int nsplit = get_num_groups(0);
+    dq_acc += (long)get_group_id(0) * get_global_size(2) * HQ * SQ * HEAD_DIM;
+    {
+        __global float *mine = dq_acc + ((long)b * HQ + hk * GROUP) * SQ * HEAD_DIM;
+        const long count = (long)GROUP * SQ * HEAD_DIM;
+        for (long e = tid; e < count; e += NT) mine[e] = 0.0f;
+    }
+    barrier(CLK_GLOBAL_MEM_FENCE);
+    for (int j0 = get_group_id(0) * BN; j0 < SK; j0 += nsplit * BN) {
 #else
-            const int rot = 0;
+    {
+        const int j0 = get_group_id(0) * BN;
+        if (j0 >= SK) return;
+#endif
+        ACC4 dka[RK_][CE], dva[RK_][CE];
+        for (int a = 0; a < RK_; ++a)
+            for (int e = 0; e < CE; ++e) dka[a][e] = dva[a][e] = (ACC4)0;
+
+        if (j0 < L) {
+            load_rows(ks, k + k_off + b * k_sb + hk * k_sh, k_ss, j0, BN, L, (ACC)1, tid);
+            load_rows(vs, v + v_off + b * v_sb + hk * v_sh, v_ss, j0, BN, L, (ACC)1, tid);
+            // causal: row i sees key j0 only if i >= j0 - (L - SQ); start at the tile holding that row
+            const int i_first = causal ? max(0, j0 - (L - SQ)) : 0;
+            for (int g = 0; g < GROUP; ++g) {
+                const int h = hk * GROUP + g;
+                const long rowh = ((long)b * HQ + h) * SQ;
+                const long mbase = mask_off + b * mask_sb + h * mask_sh;
+                const __global T *qb = q + q_off + b * q_sb + h * q_sh;
+                const __global T *gb = grad_out + grad_out_off + b * grad_out_sb + h * grad_out_sh;
+                const int ntiles = (SQ - i_first + BM - 1) / BM;
+#if DQ_ATOMIC != ATOMIC_NONE && !defined(DQ_SPLIT)
+                const int rot = get_group_id(0) % max(ntiles, 1);
+#else
+                const int rot = 0;
 #endif
 #if PREFETCH
-            ACC4 qreg[Q_LR], greg[Q_LR];
-            if (ntiles > 0) {
-                const int i0n = i_first + (rot % ntiles) * BM;
-                fetch_rows(qreg, qb, q_ss, i0n, BM, SQ, tid);
-                fetch_rows(greg, gb, grad_out_ss, i0n, BM, SQ, tid);
-            }
-#endif
-            for (int n = 0; n < ntiles; ++n) {
-                const int i0 = i_first + ((n + rot) % ntiles) * BM;
-                barrier(CLK_LOCAL_MEM_FENCE);  // the previous tile's updates are done with qs, gs, pt, dt
-#if PREFETCH
-                store_rows(qs, qreg, BM, scale, tid);
-                store_rows(gs, greg, BM, (ACC)1, tid);
-                if (n + 1 < ntiles) {  // the next tile's loads in flight during this one's products
-                    const int i0n = i_first + ((n + 1 + rot) % ntiles) * BM;
+                ACC4 qreg[Q_LR], greg[Q_LR];
+                if (ntiles > 0) {
+                    const int i0n = i_first + (rot % ntiles) * BM;
                     fetch_rows(qreg, qb, q_ss, i0n, BM, SQ, tid);
                     fetch_rows(greg, gb, grad_out_ss, i0n, BM, SQ, tid);
                 }
-#else
-                load_rows(qs, qb, q_ss, i0, BM, SQ, scale, tid);
-                load_rows(gs, gb, grad_out_ss, i0, BM, SQ, (ACC)1, tid);
 #endif
-                for (int r = tid; r < BM; r += NT) {
-                    lse_s[r] = i0 + r < SQ ? lse[rowh + i0 + r] : -INFINITY;
-                    delta_s[r] = i0 + r < SQ ? delta[rowh + i0 + r] : (ACC)0;
-                }
-                barrier(CLK_LOCAL_MEM_FENCE);
+                for (int n = 0; n < ntiles; ++n) {
+                    const int i0 = i_first + ((n + rot) % ntiles) * BM;
+                    barrier(CLK_LOCAL_MEM_FENCE);  // the previous tile's updates are done with qs, gs, pt, dt
+#if PREFETCH
+                    store_rows(qs, qreg, BM, scale, tid);
+                    store_rows(gs, greg, BM, (ACC)1, tid);
+                    if (n + 1 < ntiles) {  // the next tile's loads in flight during this one's products
+                        const int i0n = i_first + ((n + 1 + rot) % ntiles) * BM;
+                        fetch_rows(qreg, qb, q_ss, i0n, BM, SQ, tid);
+                        fetch_rows(greg, gb, grad_out_ss, i0n, BM, SQ, tid);
+                    }
+#else
+                    load_rows(qs, qb, q_ss, i0, BM, SQ, scale, tid);
+                    load_rows(gs, gb, grad_out_ss, i0, BM, SQ, (ACC)1, tid);
+#endif
+                    for (int r = tid; r < BM; r += NT) {
+                        lse_s[r] = i0 + r < SQ ? lse[rowh + i0 + r] : -INFINITY;
+                        delta_s[r] = i0 + r < SQ ? delta[rowh + i0 + r] : (ACC)0;
+                    }
+                    barrier(CLK_LOCAL_MEM_FENCE);
 
-                ACC s[RK_][CQ_], dp[RK_][CQ_];
-                for (int a = 0; a < RK_; ++a)
-                    for (int c = 0; c < CQ_; ++c) s[a][c] = dp[a][c] = (ACC)0;
-                for (int d4 = 0; d4 < DP4; ++d4) {
-                    ACC4 ka[RK_], va[RK_], qc[CQ_], gc[CQ_];
-                    for (int a = 0; a < RK_; ++a) {
-                        ka[a] = ks[(tr + TR * a) * RS4 + d4];
-                        va[a] = vs[(tr + TR * a) * RS4 + d4];
-                    }
-                    for (int c = 0; c < CQ_; ++c) {
-                        qc[c] = qs[(tc + TC * c) * RS4 + d4];
-                        gc[c] = gs[(tc + TC * c) * RS4 + d4];
-                    }
+                    ACC s[RK_][CQ_], dp[RK_][CQ_];
                     for (int a = 0; a < RK_; ++a)
-                        for (int c = 0; c < CQ_; ++c) {
-                            s[a][c] += dot4(ka[a], qc[c]);
-                            dp[a][c] += dot4(va[a], gc[c]);
-                        }
-                }
-                // every query row of the tile may attend every key of this one (no per-score checks)
-                const bool open_tile = MASK == MASK_NONE && j0 + BN <= L &&
-                                       (!causal || j0 + BN - 1 <= i0 + L - SQ);
-                for (int a = 0; a < RK_; ++a) {
-                    const int kr = tr + TR * a, j = j0 + kr;
-                    for (int c = 0; c < CQ_; ++c) {
-                        const int qr = tc + TC * c, i = min(i0 + qr, SQ - 1);
-                        const ACC sc = open_tile ? s[a][c] : masked_score(s[a][c], i, j, L, SQ, causal, mask,
-                                                                          mbase + i * mask_si + j * mask_sj);
-                        ACC pz = (ACC)0, d = (ACC)0;
-                        if (sc != -INFINITY && lse_s[qr] != -INFINITY) {
-                            const ACC p = EXPF(sc - lse_s[qr]);
-                            ACC z = (ACC)1;
-                            if (drop_threshold)
-                                z = dropout_one(counter0, rowh + i, j, seed_lo, seed_hi, drop_threshold, drop_scale);
-                            pz = p * z;
-                            d = p * (z * dp[a][c] - delta_s[qr]);
-                        }
-                        pt[kr * 4 * PT4 + qr] = pz;
-                        dt[kr * 4 * PT4 + qr] = d;
-                    }
-                }
-                barrier(CLK_LOCAL_MEM_FENCE);
-
-                for (int qq = 0; qq < BM; qq += 4) {
-                    ACC4 pa[RK_], da[RK_];
-                    for (int a = 0; a < RK_; ++a) {
-                        pa[a] = pt4[(tr + TR * a) * PT4 + qq / 4];
-                        da[a] = dt4[(tr + TR * a) * PT4 + qq / 4];
-                    }
-                    for (int t = 0; t < 4; ++t) {
-                        ACC4 gv[CE], qv[CE];
-                        for (int e = 0; e < CE; ++e) {
-                            gv[e] = gs[(qq + t) * RS4 + tc + TC * e];
-                            qv[e] = qs[(qq + t) * RS4 + tc + TC * e];
-                        }
+                        for (int c = 0; c < CQ_; ++c) s[a][c] = dp[a][c] = (ACC)0;
+                    for (int d4 = 0; d4 < DP4; ++d4) {
+                        ACC4 ka[RK_], va[RK_], qc[CQ_], gc[CQ_];
                         for (int a = 0; a < RK_; ++a) {
-                            const ACC pz = t == 0 ? pa[a].x : t == 1 ? pa[a].y : t == 2 ? pa[a].z : pa[a].w;
-                            const ACC d = t == 0 ? da[a].x : t == 1 ? da[a].y : t == 2 ? da[a].z : da[a].w;
+                            ka[a] = ks[(tr + TR * a) * RS4 + d4];
+                            va[a] = vs[(tr + TR * a) * RS4 + d4];
+                        }
+                        for (int c = 0; c < CQ_; ++c) {
+                            qc[c] = qs[(tc + TC * c) * RS4 + d4];
+                            gc[c] = gs[(tc + TC * c) * RS4 + d4];
+                        }
+                        for (int a = 0; a < RK_; ++a)
+                            for (int c = 0; c < CQ_; ++c) {
+                                s[a][c] += dot4(ka[a], qc[c]);
+                                dp[a][c] += dot4(va[a], gc[c]);
+                            }
+                    }
+                    // every query row of the tile may attend every key of this one (no per-score checks)
+                    const bool open_tile = MASK == MASK_NONE && j0 + BN <= L &&
+                                           (!causal || j0 + BN - 1 <= i0 + L - SQ);
+                    for (int a = 0; a < RK_; ++a) {
+                        const int kr = tr + TR * a, j = j0 + kr;
+                        for (int c = 0; c < CQ_; ++c) {
+                            const int qr = tc + TC * c, i = min(i0 + qr, SQ - 1);
+                            const ACC sc = open_tile ? s[a][c] : masked_score(s[a][c], i, j, L, SQ, causal, mask,
+                                                                              mbase + i * mask_si + j * mask_sj);
+                            ACC pz = (ACC)0, d = (ACC)0;
+                            if (sc != -INFINITY && lse_s[qr] != -INFINITY) {
+                                const ACC p = EXPF(sc - lse_s[qr]);
+                                ACC z = (ACC)1;
+                                if (drop_threshold)
+                                    z = dropout_one(counter0, rowh + i, j, seed_lo, seed_hi, drop_threshold, drop_scale);
+                                pz = p * z;
+                                d = p * (z * dp[a][c] - delta_s[qr]);
+                            }
+                            pt[kr * 4 * PT4 + qr] = pz;
+                            dt[kr * 4 * PT4 + qr] = d;
+                        }
+                    }
+                    barrier(CLK_LOCAL_MEM_FENCE);
+
+                    for (int qq = 0; qq < BM; qq += 4) {
+                        ACC4 pa[RK_], da[RK_];
+                        for (int a = 0; a < RK_; ++a) {
+                            pa[a] = pt4[(tr + TR * a) * PT4 + qq / 4];
+                            da[a] = dt4[(tr + TR * a) * PT4 + qq / 4];
+                        }
+                        for (int t = 0; t < 4; ++t) {
+                            ACC4 gv[CE], qv[CE];
                             for (int e = 0; e < CE; ++e) {
-                                dva[a][e] += pz * gv[e];
-                                dka[a][e] += d * qv[e];
+                                gv[e] = gs[(qq + t) * RS4 + tc + TC * e];
+                                qv[e] = qs[(qq + t) * RS4 + tc + TC * e];
+                            }
+                            for (int a = 0; a < RK_; ++a) {
+                                const ACC pz = t == 0 ? pa[a].x : t == 1 ? pa[a].y : t == 2 ? pa[a].z : pa[a].w;
+                                const ACC d = t == 0 ? da[a].x : t == 1 ? da[a].y : t == 2 ? da[a].z : da[a].w;
+                                for (int e = 0; e < CE; ++e) {
+                                    dva[a][e] += pz * gv[e];
+                                    dka[a][e] += d * qv[e];
+                                }
                             }
                         }
                     }
-                }
-#if DQ_ATOMIC != ATOMIC_NONE
-                // this key tile's share of dq: rows tr * QR + a of the query tile, float4 groups tc + TC * e
-                ACC4 dqp[QR_][CE];
-                for (int a = 0; a < QR_; ++a)
-                    for (int e = 0; e < CE; ++e) dqp[a][e] = (ACC4)0;
-                for (int kk = 0; kk < BN; ++kk) {
-                    ACC4 kv[CE];
-                    for (int e = 0; e < CE; ++e) kv[e] = ks[kk * RS4 + tc + TC * e];
+#if DQ_SHARE
+                    // this key tile's share of dq: rows tr * QR + a of the query tile, float4 groups tc + TC * e
+                    ACC4 dqp[QR_][CE];
+                    for (int a = 0; a < QR_; ++a)
+                        for (int e = 0; e < CE; ++e) dqp[a][e] = (ACC4)0;
+                    for (int kk = 0; kk < BN; ++kk) {
+                        ACC4 kv[CE];
+                        for (int e = 0; e < CE; ++e) kv[e] = ks[kk * RS4 + tc + TC * e];
 #if QR_ % 4 == 0
-                    for (int a4 = 0; a4 < QR_ / 4; ++a4) {
-                        const ACC4 d = dt4[kk * PT4 + tr * (QR_ / 4) + a4];
+                        for (int a4 = 0; a4 < QR_ / 4; ++a4) {
+                            const ACC4 d = dt4[kk * PT4 + tr * (QR_ / 4) + a4];
+                            for (int e = 0; e < CE; ++e) {
+                                dqp[4 * a4][e] += d.x * kv[e];
+                                dqp[4 * a4 + 1][e] += d.y * kv[e];
+                                dqp[4 * a4 + 2][e] += d.z * kv[e];
+                                dqp[4 * a4 + 3][e] += d.w * kv[e];
+                            }
+                        }
+#else
+                        for (int a = 0; a < QR_; ++a) {
+                            const ACC d = dt[kk * 4 * PT4 + tr * QR_ + a];
+                            for (int e = 0; e < CE; ++e) dqp[a][e] += d * kv[e];
+                        }
+#endif
+                    }
+                    for (int a = 0; a < QR_; ++a) {
+                        const int i = i0 + tr * QR_ + a;
+                        if (i >= SQ) break;
+                        __global float *drow = dq_acc + (rowh + i) * HEAD_DIM;
                         for (int e = 0; e < CE; ++e) {
-                            dqp[4 * a4][e] += d.x * kv[e];
-                            dqp[4 * a4 + 1][e] += d.y * kv[e];
-                            dqp[4 * a4 + 2][e] += d.z * kv[e];
-                            dqp[4 * a4 + 3][e] += d.w * kv[e];
+                            const int d = 4 * (tc + TC * e);
+                            if (d < HEAD_DIM) add4_atomic(drow + d, dqp[a][e] * scale, min(4, HEAD_DIM - d));
                         }
                     }
-#else
-                    for (int a = 0; a < QR_; ++a) {
-                        const ACC d = dt[kk * 4 * PT4 + tr * QR_ + a];
-                        for (int e = 0; e < CE; ++e) dqp[a][e] += d * kv[e];
-                    }
 #endif
                 }
-                for (int a = 0; a < QR_; ++a) {
-                    const int i = i0 + tr * QR_ + a;
-                    if (i >= SQ) break;
-                    __global float *drow = dq_acc + (rowh + i) * HEAD_DIM;
-                    for (int e = 0; e < CE; ++e) {
-                        const int d = 4 * (tc + TC * e);
-                        if (d < HEAD_DIM) add4_atomic(drow + d, dqp[a][e] * scale, min(4, HEAD_DIM - d));
-                    }
-                }
-#endif
             }
         }
-    }
 
-    const long krow0 = ((long)b * HKV + hk) * SK + j0;
-    for (int a = 0; a < RK_; ++a) {
-        const int kr = tr + TR * a;
-        if (j0 + kr >= SK) continue;
-        for (int e = 0; e < CE; ++e) {
-            store4(dk + (krow0 + kr) * HEAD_DIM, 4 * (tc + TC * e), dka[a][e]);
-            store4(dv + (krow0 + kr) * HEAD_DIM, 4 * (tc + TC * e), dva[a][e]);
+        const long krow0 = ((long)b * HKV + hk) * SK + j0;
+        for (int a = 0; a < RK_; ++a) {
+            const int kr = tr + TR * a;
+            if (j0 + kr >= SK) continue;
+            for (int e = 0; e < CE; ++e) {
+                store4(dk + (krow0 + kr) * HEAD_DIM, 4 * (tc + TC * e), dka[a][e]);
+                store4(dv + (krow0 + kr) * HEAD_DIM, 4 * (tc + TC * e), dva[a][e]);
+            }
         }
+#ifdef DQ_SPLIT
+        // the next key tile overwrites ks and vs, and its dq adds must land after this tile's
+        barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE);
+#endif
     }
 }
+
+#ifdef DQ_SPLIT
+__kernel void attention_dq_sum_gpu(__global const float *dq_acc, __global float *dq, const long n,
+                                   const int nsplit)
+{
+    const long e0 = get_global_id(0) * 4;
+    if (e0 >= n) return;
+    if (e0 + 4 <= n) {
+        float4 acc = vload4(0, dq_acc + e0);
+        for (int s = 1; s < nsplit; ++s) acc += vload4(0, dq_acc + s * n + e0);
+        vstore4(acc, 0, dq + e0);
+        return;
+    }
+    for (long e = e0; e < n; ++e) {
+        float acc = dq_acc[e];
+        for (int s = 1; s < nsplit; ++s) acc += dq_acc[s * n + e];
+        dq[e] = acc;
+    }
+}
+#endif
 #endif  // PASS_DKDV
 
 #if defined(DR) && (PASS == PASS_ALL || PASS == PASS_DECODE)

@@ -11,8 +11,14 @@
 // scatter_add_atomic: out[dst(c)] += src[c] for every element c of index's shape, where dst(c) is c
 //   with c[AXIS] replaced by index(c); float via a compare-and-swap loop on the 32-bit pattern,
 //   int via atomic_add. Order of additions is not fixed (non-deterministic rounding for floats).
-// scatter_add_sorted: deterministic variant: the host sorts destinations; work-item s adds the
-//   contributions src[order[k]] for k in [seg[s], seg[s+1]) in order into out[dest[s]].
+// scatter_add_segments: the deterministic variant for an index shared by every line (its strides 0 off
+//   AXIS: embedding's backward, index_add): out[c] += the sum of src[c with c[AXIS] = order[j]] over j in
+//   [start[k], start[k+1]) in increasing j, k = c[AXIS] (segments.cl sorted the positions by index value,
+//   each segment in increasing position). Layout: 1-D, one work-item per element c of index's shape with
+//   the AXIS extent replaced by out's (bound-checked); it reads its segment's positions and src, and reads
+//   and writes out[c] only when the segment is not empty.
+// scatter_add_sorted: deterministic variant for any index: the host sorts destinations; work-item s adds
+//   the contributions src[order[k]] for k in [seg[s], seg[s+1]) in order into out[dest[s]].
 // Build options: T, ACC, IS_HALF, IS_BF16, USE_FP64 (common.cl), -DIT=<index storage type: int or long>
 //   -DNDIM=<1..8> -DAXIS=<axis>;
 //   -DSCATTER_ATOMIC (+ -DATOMIC_FLOAT for float32) compiles scatter_add_atomic (int32/float32 only).
@@ -102,6 +108,42 @@ __kernel void scatter_add_atomic(__global T *out, const long4 os_lo, const long4
     atomic_add_value((volatile __global T *)(out + oo + k * os[AXIS]), src[so]);
 }
 #endif  // SCATTER_ATOMIC
+
+__kernel void scatter_add_segments(__global T *out, const long4 os_lo, const long4 os_hi,
+                                   __global const T *src, const long soff, const long4 ss_lo,
+                                   const long4 ss_hi, const long4 shape_lo, const long4 shape_hi,
+                                   __global const int *order, __global const int *start, const long n)
+{
+    const long gid = get_global_id(0);
+    if (gid >= n) return;
+    UNPACK(sh, shape_lo, shape_hi) UNPACK(os, os_lo, os_hi) UNPACK(ss, ss_lo, ss_hi)
+    long rest = gid, oo = 0, so = soff;
+    int k = 0;
+    for (int d = NDIM - 1; d >= 0; --d) {
+        const long c = rest % sh[d];
+        rest /= sh[d];
+        oo += c * os[d];
+        if (d == AXIS) k = (int)c;
+        else so += c * ss[d];
+    }
+    const int lo = start[k], hi = start[k + 1];
+    if (lo == hi) return;
+    ACC acc = LOAD(out, oo);
+    int j = lo;
+    // 4 loads in flight (a frequent id's segment is long), then the adds one by one in position order
+    for (; j + 4 <= hi; j += 4) {
+        const ACC v0 = LOAD(src, so + (long)order[j] * ss[AXIS]);
+        const ACC v1 = LOAD(src, so + (long)order[j + 1] * ss[AXIS]);
+        const ACC v2 = LOAD(src, so + (long)order[j + 2] * ss[AXIS]);
+        const ACC v3 = LOAD(src, so + (long)order[j + 3] * ss[AXIS]);
+        acc += v0;
+        acc += v1;
+        acc += v2;
+        acc += v3;
+    }
+    for (; j < hi; ++j) acc += LOAD(src, so + (long)order[j] * ss[AXIS]);
+    STORE(acc, oo, out);
+}
 
 __kernel void scatter_add_sorted(__global T *out, __global const T *src, __global const long *dest,
                                  __global const long *order, __global const long *seg, const long nseg)

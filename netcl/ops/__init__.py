@@ -8,6 +8,7 @@ numbers: netcl.ops.operators, netcl.ops.copy, netcl.ops.random); `import netcl` 
 from netcl.ops import copy, operators, random
 from netcl.ops.attention import *  # noqa: F403
 from netcl.ops.conv import *  # noqa: F403
+from netcl.ops.determinism import *  # noqa: F403
 from netcl.ops.elementwise import *  # noqa: F403
 from netcl.ops.fused import *  # noqa: F403
 from netcl.ops.gemm import linear, matmul, matmul_epilogue  # (the package stays netcl.ops.gemm: no star)

@@ -12,8 +12,10 @@ scores, is (B, Hq, Sq) float32 (float64 for float64 inputs), the one thing the b
 The forward streams keys through an online softmax (a running max and sum per query row); the backward
 recomputes the probabilities per tile from lse: one pass for dq (which first writes delta = rowsum(grad_out *
 out)), one for dk and dv (no atomics); on GPUs, float32 with all three gradients wanted, FlashAttention-2's
-single pass instead (delta, then per key tile dk, dv and dq's share added to dq with float atomic adds: 5
-products per (query, key) pair where the two passes take 7; GPU_BACKWARD). Kernels
+single pass instead (delta, then per key tile dk, dv and dq's share: 5 products per (query, key) pair where
+the two passes take 7; GPU_BACKWARD). Its dq shares go, while netcl.get_deterministic() (the default), into a
+float32 copy of dq per work-group, summed in a fixed order (the same bits on every run), else straight into
+dq by float atomic adds (GPU_DQ_SPLIT_RESIDENT, GPU_DQ_ATOMIC). Kernels
 (netcl/kernels/attention_*.cl), by device class: on CPUs a work-item (work-group size 1) takes a block of rows
 in private memory (attention_cpu.cl); on GPUs a work-group takes a tile of rows in local memory and streams
 the other operand's tiles past it (attention_gpu.cl), and a forward with few query rows per kv head (decoding
@@ -37,6 +39,7 @@ Options:
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -46,6 +49,7 @@ from netcl import kernels
 from netcl.core import capture, dtypes
 from netcl.core.tensor import Tensor, check_same_queue
 from netcl.errors import DTypeError, KernelBuildError, ShapeError
+from netcl.ops.determinism import get_deterministic
 from netcl.ops.elementwise import cast
 from netcl.ops.random import Generator, default_generator
 
@@ -83,8 +87,9 @@ GPU_GRIDS = {
 }
 
 # The GPU backward of float32 inputs when both dq and dk/dv are wanted: "fused" (FlashAttention-2's single
-# pass over key tiles, dq by float atomic adds: 5 products per (query, key) pair, dq's rounding depends on
-# the order of the adds) or "two_pass" (a dq pass and a dk/dv pass, 7 products, reproducible bit for bit).
+# pass over key tiles, 5 products per (query, key) pair; dq by per-work-group copies when deterministic, else
+# by float atomic adds, whose rounding depends on the order of the adds) or "two_pass" (a dq pass and a dk/dv
+# pass, 7 products, reproducible bit for bit).
 GPU_BACKWARD = "fused"
 # The fused pass's float atomic add: None = by device (on NVIDIA GPUs inline PTX: "red4",
 # red.global.add.v4.f32, on sm_90 and later, else "red", red.global.add.f32; "cas", an atomic_cmpxchg loop,
@@ -92,6 +97,21 @@ GPU_BACKWARD = "fused"
 # red4 14.1 ms, red 16.1, cas 29.6 for the whole backward (bench --sweep).
 GPU_DQ_ATOMIC: str | None = None
 _ATOMIC_DEFINES = {"cas": "ATOMIC_CAS", "red": "ATOMIC_RED", "red4": "ATOMIC_RED4"}
+# The fused pass while netcl.get_deterministic() (the default): FlashAttention-2's deterministic mode.
+# Work-group s of a kv head takes the key tiles s, s + nsplit, ... in turn and adds dq's shares into its own
+# float32 copy of dq; attention_dq_sum_gpu sums the nsplit copies in a fixed order (dq_splits picks nsplit).
+# The copies cost nsplit x dq of memory, written (zeroed) and read once more. GPU_DQ_SPLIT_RESIDENT: the
+# fused pass's work-groups one compute unit runs at once (the H200, by estimate: 4, its 44 KiB of local
+# memory of 228 per SM and 128 items of ~128 registers; not yet measured); nsplit within GPU_DQ_SPLIT_SLACK
+# of the best estimated time, the fewest copies.
+GPU_DQ_SPLIT_RESIDENT = 4
+GPU_DQ_SPLIT_SLACK = 1.05
+GPU_DQ_SPLIT_MAX = 64
+# How a work-group adds into its own copy: None = by device (the PTX add dq_atomic would take, "red4" or
+# "red": fire-and-forget, and applied in order since the work-group's key tiles are separated by barriers with
+# a global fence; "plain", a load-add-store, elsewhere), or "plain", "red", "red4".
+GPU_DQ_SPLIT_ADD: str | None = None
+_SPLIT_ADD_DEFINES = {"plain": "ATOMIC_NONE", "red": "ATOMIC_RED", "red4": "ATOMIC_RED4"}
 # The GPU kernels' probabilities through native_exp (NATIVE_EXP): None = on NVIDIA GPUs (ex2.approx, ~2 ulp,
 # far inside float32 attention's error), or True / False.
 GPU_NATIVE_EXP: bool | None = None
@@ -133,6 +153,36 @@ def dq_atomic(device: Any) -> str:
 
 # (device name -> the PTX adds its compiler rejected)
 _PTX_ATOMICS_FAIL: dict[str, set[str]] = {}
+
+
+def dq_split_add(device: Any) -> str:
+    """How the deterministic fused backward adds into a work-group's own copy of dq on `device`
+    (GPU_DQ_SPLIT_ADD)."""
+    if GPU_DQ_SPLIT_ADD is not None:
+        if GPU_DQ_SPLIT_ADD not in _SPLIT_ADD_DEFINES:
+            raise ValueError(f"GPU_DQ_SPLIT_ADD must be None or one of {sorted(_SPLIT_ADD_DEFINES)}, got "
+                             f"{GPU_DQ_SPLIT_ADD!r}")
+        return GPU_DQ_SPLIT_ADD
+    kind = dq_atomic(device) if GPU_DQ_ATOMIC is None else "cas"
+    return kind if kind in ("red", "red4") else "plain"
+
+
+def dq_splits(device: Any, batch: int, kv_heads: int, keys: int, key_tile: int) -> int:
+    """The number of dq copies (work-groups per kv head) of the deterministic fused backward: the estimated
+    time of nsplit copies is its waves of work-groups, ceil(nsplit * pairs / slots) (pairs = batch x kv
+    heads, slots = GPU_DQ_SPLIT_RESIDENT per compute unit), times the key tiles each walks, ceil(tiles /
+    nsplit); the fewest copies (up to GPU_DQ_SPLIT_MAX) within GPU_DQ_SPLIT_SLACK of the best. The atomic
+    pass's one key tile per work-group runs at ~ceil(tiles * pairs / slots): so does this, with few copies."""
+    return _dq_splits(device.capabilities.compute_units * GPU_DQ_SPLIT_RESIDENT, max(batch * kv_heads, 1),
+                      -(-keys // key_tile), GPU_DQ_SPLIT_SLACK, GPU_DQ_SPLIT_MAX)
+
+
+@functools.lru_cache(maxsize=256)
+def _dq_splits(slots: int, pairs: int, tiles: int, slack: float, most: int) -> int:
+    slots = max(slots, 1)
+    cost = {n: -(-n * pairs // slots) * -(-tiles // n) for n in range(1, max(1, min(tiles, most)) + 1)}
+    best = min(cost.values())
+    return min(n for n, c in cost.items() if c <= best * slack)
 
 
 # Decoding (GPU variant): a forward whose GROUP * Sq query rows per kv head are at most DECODE_MAX_ROWS runs
@@ -405,9 +455,10 @@ class _Problem:
             return False
         return True
 
-    def launch(self, kernel: str, **args: Any) -> Any:
-        """Launch attention kernel `kernel` ("forward", "dq", "dkdv") of this problem's variant; returns the
-        kernel object (for graph refreshes)."""
+    def launch(self, kernel: str, nsplit: int | None = None, **args: Any) -> Any:
+        """Launch attention kernel `kernel` ("forward", "dq", "dkdv", "fused") of this problem's variant;
+        returns the kernel object (for graph refreshes). "fused" with `nsplit`: the deterministic pass (dq_acc
+        holds nsplit copies of dq; then sum_dq_copies)."""
         variant = self.variant()
         name = {
             "forward": "attention_forward",
@@ -418,7 +469,10 @@ class _Problem:
         by_keys = kernel in ("dkdv", "fused")
         rows, heads = (self.SK, self.HKV) if by_keys else (self.SQ, self.HQ)
         defines: dict[str, Any] = {"HEAD_DIM": self.D, "MASK": self.mask_kind}
-        if kernel == "fused":
+        if kernel == "fused" and nsplit is not None:
+            defines["DQ_SPLIT"] = None
+            defines["DQ_ATOMIC"] = _SPLIT_ADD_DEFINES[dq_split_add(self.device)]
+        elif kernel == "fused":
             defines["DQ_ATOMIC"] = _ATOMIC_DEFINES[dq_atomic(self.device)]
         tiles = None
         if variant == "gpu":
@@ -451,7 +505,8 @@ class _Problem:
                     defines["SHFL_EMULATE"] = None
             threads = tiles["TR"] * tiles["TC"]
             per_group = tiles["BN"] if by_keys else tiles["BM"]
-            global_size, local_size = (-(-rows // per_group) * threads, heads, self.B), (threads, 1, 1)
+            groups = nsplit if nsplit is not None else -(-rows // per_group)
+            global_size, local_size = (groups * threads, heads, self.B), (threads, 1, 1)
         while True:
             try:
                 prg = kernels.program(self.device, f"attention_{variant}.cl", dtype=self.dtype,
@@ -459,14 +514,26 @@ class _Problem:
                 break
             except KernelBuildError:
                 kind = {"ATOMIC_RED": "red", "ATOMIC_RED4": "red4"}.get(defines.get("DQ_ATOMIC", ""))
-                if kind is None or GPU_DQ_ATOMIC is not None:
+                chosen = GPU_DQ_ATOMIC if nsplit is None else GPU_DQ_SPLIT_ADD
+                if kind is None or chosen is not None:
                     raise
                 # a driver whose compiler rejects this inline PTX (chosen by device): the next kind
                 _PTX_ATOMICS_FAIL.setdefault(self.device.device_name, set()).add(kind)
-                defines["DQ_ATOMIC"] = _ATOMIC_DEFINES[dq_atomic(self.device)]
+                defines["DQ_ATOMIC"] = (_ATOMIC_DEFINES[dq_atomic(self.device)] if nsplit is None else
+                                        _SPLIT_ADD_DEFINES[dq_split_add(self.device)])
         k = getattr(prg, f"{name[kernel]}_{variant}")
         k(self.queue, global_size, local_size, **args)
+        if nsplit is not None:
+            self._split_program = prg
         return k
+
+    def sum_dq_copies(self, copies: Tensor, dq: Tensor) -> None:
+        """dq = the sum of the deterministic fused pass's copies (nsplit, *dq.shape), in the order of the
+        copies (attention_dq_sum_gpu, from the program of the pass just launched)."""
+        n = dq.size
+        self._split_program.attention_dq_sum_gpu(self.queue, (-(-n // 4),), None, dq_acc=copies.buffer,
+                                                 dq=dq.buffer, n=np.int64(n),
+                                                 nsplit=np.int32(copies.shape[0]))
 
     def common_args(self, draw: DropoutDraw | None) -> dict[str, Any]:
         acc = kernels.scalar_type(self.dtype)
@@ -662,13 +729,22 @@ def flash_attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: 
     )
     if draw is not None:
         _refresh_dropout_on_replay(draw, kernel, draws=False)
-    if fused:
+    split = fused and get_deterministic()
+    if split:
+        # FlashAttention-2's deterministic mode: nsplit float32 copies of dq, summed in a fixed order
+        key_tile = gpu_tiles(pr.device, "fused", pr.D, pr.dtype)["BN"]
+        nsplit = dq_splits(pr.device, pr.B, pr.HKV, pr.SK, key_tile)
+        copies = Tensor.empty(pr.queue, (nsplit, *full), dtypes.float32)
+        kernel = pr.launch("fused", nsplit=nsplit, dk=dk.buffer, dv=dv.buffer, dq_acc=copies.buffer, **args)
+    elif fused:
         dq.fill_(0.0)
         kernel = pr.launch("fused", dk=dk.buffer, dv=dv.buffer, dq_acc=dq.buffer, **args)
     elif dk is not None:
         kernel = pr.launch("dkdv", dk=dk.buffer, dv=dv.buffer, **args)
     if dk is not None and draw is not None:
-        _refresh_dropout_on_replay(draw, kernel, draws=False)
+        _refresh_dropout_on_replay(draw, kernel, draws=False)   # (refreshes the launch just recorded)
+    if split:
+        pr.sum_dq_copies(copies, dq)
     return dq, dk, dv
 
 

@@ -22,6 +22,7 @@ from netcl.jit import ir, lazy
 from netcl.jit.runner import run_elementwise
 from netcl.ops import reduce as _reduce
 from netcl.ops.copy import long4x2 as _long4x2
+from netcl.ops.determinism import get_deterministic
 from netcl.ops.elementwise import _is_scalar, broadcast_shapes, from_ir, where
 
 __all__ = ["arange", "assign", "chunk", "concat", "embedding", "gather", "index_select", "one_hot", "pad",
@@ -290,17 +291,19 @@ _EMBEDDING_CHECK = device_check("embedding: id {value} at position {row} is outs
                                 "number of embeddings)")
 
 
-def scatter_add(x: Tensor, axis: int, index: Tensor, src: Tensor, deterministic: bool = False,
+def scatter_add(x: Tensor, axis: int, index: Tensor, src: Tensor, deterministic: bool | None = None,
                 check_bounds: bool = True) -> Tensor:
     """A copy of x with src added at positions index along `axis` (torch.scatter_add):
     out[c with c[axis] = index[c]] += src[c] for every c in index's shape.
 
-    The default uses atomics for float32/int32 (fast; float sums in arbitrary order). With
-    `deterministic=True` (and for other dtypes) the destinations are sorted on the host and each is
-    summed in a fixed order by one work-item: identical bits on every run (it reads index to the host).
-    check_bounds=False skips the host check of the indices, for indices a kernel already checked (an
-    embedding's ids, checked by its forward): the atomic path then reads nothing back, so a graph can
-    record it."""
+    deterministic (default None: netcl.get_deterministic(), on unless switched off): each destination sums
+    its contributions in increasing position along `axis`, the same bits on every run. An index shared by
+    every line (strides 0 off `axis`, as embedding's backward expands its ids) is sorted on the device
+    (segments.cl: a counting sort, six small launches, nothing read back, so a graph can record it); any
+    other index is sorted on the host (it is read back). deterministic=False: float32 adds by atomics in
+    whatever order they land (one launch). int32 always adds by atomics (integer sums do not depend on the
+    order). check_bounds=False skips the host check of the indices, for indices a kernel already checked
+    (an embedding's ids, checked by its forward); indices out of range are then skipped."""
     _check_index("scatter_add", index)
     check_same_queue(x, index, src)
     if src.dtype != x.dtype:
@@ -313,14 +316,17 @@ def scatter_add(x: Tensor, axis: int, index: Tensor, src: Tensor, deterministic:
         raise ShapeError(
             f"scatter_add: index of shape {index.shape} does not fit src {src.shape} / x {x.shape}"
         )
+    if deterministic is None:
+        deterministic = get_deterministic()
+    elif not isinstance(deterministic, (bool, np.bool_)):
+        raise TypeError(f"scatter_add: deterministic must be None, True or False, got {deterministic!r}")
     if check_bounds:
         _check_bounds("scatter_add", index, x.shape[ax])
     out = x.clone()
     n = index.size
     if n == 0:
         return out
-    atomic_ok = x.dtype in (dtypes.float32, dtypes.int32)
-    if atomic_ok and not deterministic:
+    if x.dtype == dtypes.int32 or (x.dtype == dtypes.float32 and not deterministic):
         prg = _index_program(
             x.device,
             x.dtype,
@@ -345,6 +351,9 @@ def scatter_add(x: Tensor, axis: int, index: Tensor, src: Tensor, deterministic:
             np.int64(x.shape[ax]),
             np.int64(n),
         )
+        return out
+    if _shared_index(index, ax) and _segments_fit(x.device, index.shape[ax], x.shape[ax]):
+        _scatter_add_segments(out, ax, index, src)
         return out
     idx = index.to_host().astype(np.int64)
     size = x.shape[ax]
@@ -376,6 +385,81 @@ def scatter_add(x: Tensor, axis: int, index: Tensor, src: Tensor, deterministic:
     prg.scatter_add_sorted(q, (uniq.size,), None, out.buffer, src.buffer, t_dest.buffer, t_order.buffer,
                            t_seg.buffer, np.int64(uniq.size))
     return out
+
+
+# Sorted segments on the device (segments.cl): positions per block of the stable rank (segment_rank's local
+# size; each work-item scans up to SEGMENT_BLOCK keys) and the int32 counts kept, one per (block, key), at
+# most SEGMENT_HIST_MAX (beyond it the host sorts: 2**25 ints are 128 MiB, e.g. 256 blocks of a 131072-key
+# vocabulary, 65536 ids).
+SEGMENT_BLOCK = 256
+SEGMENT_SCAN = 256
+SEGMENT_HIST_MAX = 1 << 25
+
+
+def _shared_index(index: Tensor, axis: int) -> bool:
+    """Whether every line of `index` along `axis` holds the same values (strides 0 or extent 1 elsewhere)."""
+    return all(d == axis or n == 1 or st == 0 for d, (n, st) in enumerate(zip(index.shape, index.strides)))
+
+
+def _segment_sizes(device: Any, positions: int) -> tuple[int, int, int]:
+    """(block, scan work-group size, blocks) of a segment sort of `positions` keys on `device`."""
+    limit = device.capabilities.max_work_group_size
+    block = min(SEGMENT_BLOCK, limit)
+    scan = min(SEGMENT_SCAN, 1 << (limit.bit_length() - 1))
+    return block, scan, -(-positions // block)
+
+
+def _segments_fit(device: Any, positions: int, keys: int) -> bool:
+    """Whether a segment sort of `positions` keys in [0, keys) runs on the device (int32 positions and
+    counts, the per-block counts within SEGMENT_HIST_MAX)."""
+    blocks = _segment_sizes(device, positions)[2]
+    return positions < 2**31 - SEGMENT_BLOCK and keys < 2**31 - 1 and blocks * keys <= SEGMENT_HIST_MAX
+
+
+def sorted_segments(keys: Tensor, num_keys: int) -> tuple[Tensor, Tensor]:
+    """The positions of a 1-D integer Tensor `keys` (values in [0, num_keys); negatives count from the end,
+    others are left out) sorted stably by key on the device: (order, start), int32, where
+    order[start[k]:start[k + 1]] lists the positions holding key k in increasing order. No host read."""
+    queue = keys.queue
+    M = keys.shape[0]
+    block, scan, nblocks = _segment_sizes(keys.device, M)
+    prg = kernels.program(keys.device, "segments.cl", IT=dtypes.cl_storage_type(keys.dtype), SB=block,
+                          SCAN=scan)
+    rank = Tensor.empty(queue, (max(M, 1),), dtypes.int32)
+    hist = Tensor.zeros(queue, (max(nblocks, 1) * num_keys,), dtypes.int32)
+    start = Tensor.empty(queue, (num_keys + 1,), dtypes.int32)
+    order = Tensor.empty(queue, (max(M, 1),), dtypes.int32)
+    koff, kstride = np.int64(keys.offset), np.int64(keys.strides[0])
+    if M:
+        prg.segment_rank(queue, (nblocks * block,), (block,), keys.buffer, koff, kstride, np.int32(M),
+                         np.int32(num_keys), rank.buffer, hist.buffer)
+    if num_keys:
+        prg.segment_offsets(queue, (num_keys,), None, hist.buffer, start.buffer, np.int32(num_keys),
+                            np.int32(nblocks))
+    prg.segment_starts(queue, (scan,), (scan,), start.buffer, np.int32(num_keys))
+    if M:
+        prg.segment_place(queue, (M,), None, keys.buffer, koff, kstride, np.int32(M), np.int32(num_keys),
+                          rank.buffer, hist.buffer, start.buffer, order.buffer)
+    return order, start
+
+
+def _scatter_add_segments(out: Tensor, ax: int, index: Tensor, src: Tensor) -> None:
+    """scatter_add's deterministic device path: out (a fresh copy of x) += src summed by sorted segments of
+    index's shared line of values."""
+    K = out.shape[ax]
+    if K == 0:
+        return
+    index.realize()
+    line = index[tuple(slice(None) if d == ax else 0 for d in range(index.ndim))]
+    order, start = sorted_segments(line, K)
+    shape = [K if d == ax else n for d, n in enumerate(index.shape)]
+    n = math.prod(shape)
+    if n == 0:
+        return
+    prg = _index_program(out.device, out.dtype, index.dtype, out.ndim, ax)
+    prg.scatter_add_segments(out.queue, (n,), None, out.buffer, *_long4x2(list(out.strides), 0), src.buffer,
+                             np.int64(src.offset), *_long4x2(list(src.strides), 0), *_long4x2(shape, 1),
+                             order.buffer, start.buffer, np.int64(n))
 
 
 def _tri(op: str, x: Tensor, k: int, lower: bool) -> Tensor:

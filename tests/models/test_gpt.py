@@ -1,5 +1,5 @@
 """netcl.models.GPT and GPTConfig: forward and loss against the float64 NumPy reference, gradients by a
-directional derivative, configs and their errors."""
+directional derivative, training steps repeated bit for bit, configs and their errors."""
 
 from __future__ import annotations
 
@@ -10,7 +10,10 @@ import netcl.autograd as ag
 from netcl.core.tensor import Tensor
 from netcl.errors import DTypeError, ShapeError
 from netcl.models import GPT, GPTConfig
+from netcl.ops import attention as attn
+from netcl.ops import determinism
 from netcl.ops.random import Generator
+from netcl.optim import AdamW
 from tests.models import reference_gpt as ref
 
 CONFIGS = {
@@ -121,6 +124,46 @@ def test_loss_mask_drops_positions(queue):
     with ag.Tape():
         via_loss = model.loss(ids, ids, loss_mask=mask).value.to_host()
     np.testing.assert_allclose(via_loss, loss.value.to_host(), rtol=1e-6)
+
+
+def _train_steps(queue, seed, steps=2):
+    """Losses and final weights of `steps` AdamW steps of a tiny float32 GPT from `seed`: 40 positions of 4
+    sequences over a vocabulary of 7 (every id many times in the embedding's backward), grouped-query
+    attention over 2 key tiles of the GPU kernels, dropout on the residual stream and the probabilities."""
+    config = GPTConfig(arch="gpt2", vocab_size=7, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=40,
+                       dropout=0.1, attn_dropout=0.1, tie_embeddings=False)
+    model = GPT(queue, config, generator=Generator(seed))
+    opt = AdamW(model.parameters(), lr=1e-2)
+    rng = np.random.default_rng(seed)
+    losses = []
+    for _ in range(steps):
+        ids, targets = (rng.integers(0, 7, (4, 40)).astype(np.int32) for _ in "it")
+        with ag.Tape() as tape:
+            loss = model.loss(Tensor.from_host(queue, ids), targets)
+        tape.backward(loss)
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.value.to_host()[0])
+    return losses, {k: v.to_host() for k, v in model.state_dict().items()}
+
+
+@pytest.mark.parametrize("variant", ["cpu", pytest.param("gpu", marks=pytest.mark.gpu_shaped)])
+def test_training_steps_repeat_bit_for_bit(queue, monkeypatch, variant):
+    """Determinism on (the default): two runs of the same training steps from the same seed give the same
+    losses and weights, bit for bit, with the CPU attention kernels and with the GPU ones (their fused
+    backward: dq summed from per-work-group copies); the embeddings' gradients by sorted segments."""
+    monkeypatch.setattr(determinism, "_deterministic", [True])
+    monkeypatch.setattr(attn, "variant_override", variant)
+    first_losses, first = _train_steps(queue, 5)
+    again_losses, again = _train_steps(queue, 5)
+    assert first_losses == again_losses
+    assert first.keys() == again.keys()
+    for name in first:
+        np.testing.assert_array_equal(first[name], again[name], err_msg=name)
+    init = GPT(queue, GPTConfig(arch="gpt2", vocab_size=7, dim=32, n_layers=2, n_heads=4, n_kv_heads=2,
+                                max_seq_len=40, tie_embeddings=False), generator=Generator(5)).state_dict()
+    for name in ("tok_embeddings.weight", "pos_embeddings.weight"):   # (the steps did train them)
+        assert not np.array_equal(first[name], init[name].to_host()), name
 
 
 def test_init_scheme(queue):

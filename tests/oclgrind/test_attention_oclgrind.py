@@ -9,6 +9,7 @@ import pytest
 
 import netcl.ops as ops
 from netcl.ops import attention as attn
+from netcl.ops import determinism
 from netcl.ops.random import Generator
 from tests.oclgrind.cases import close, dev, oclgrind_only
 from tests.ops.test_attention import reference
@@ -17,16 +18,26 @@ pytestmark = oclgrind_only
 
 
 @pytest.mark.parametrize("variant,D", [("cpu", 12), ("cpu", 32), ("gpu", 12), ("gpu", 32), ("gpu", 64),
-                                       ("gpu-two-pass", 12), ("gpu-row-shfl", 32)])
+                                       ("gpu-atomic", 12), ("gpu-atomic", 64), ("gpu-two-pass", 12),
+                                       ("gpu-row-shfl", 32)])
 def test_attention_forward_backward(queue, monkeypatch, variant, D):
-    """The GPU variant's float32 backward is the fused pass (dq by atomic adds: here the atomic_cmpxchg loop;
-    D = 12 and 32: 2 query rows per item, D = 64: 4, read as float4s); gpu-two-pass: the dq and dk/dv
-    passes, tiles prefetched into registers; gpu-row-shfl: the forward's row maxima by (emulated) warp
-    shuffles."""
+    """The GPU variant's float32 backward is the fused pass: deterministic by default (each work-group adds
+    dq's shares into its own copy, plain load-add-store, and attention_dq_sum_gpu sums the copies; D = 32:
+    one work-group per kv head walks both key tiles, the others one copy per key tile), gpu-atomic: dq by
+    atomic adds (here the atomic_cmpxchg loop). D = 12 and 32: 2 query rows per item, D = 64: 4, read as
+    float4s; gpu-two-pass: the dq and dk/dv passes, tiles prefetched into registers; gpu-row-shfl: the
+    forward's row maxima by (emulated) warp shuffles."""
     if D == 64:  # 16 item columns (the H200's grids, smaller tiles: Oclgrind's local memory is 32 KiB)
         grids = {k: [(16, 8, 2, 2)] for k in ("forward", "dq", "dkdv", "fused")}
         monkeypatch.setattr(attn, "GPU_GRIDS", grids)
         assert attn.gpu_tiles(queue.device, "fused", D, np.float32)["TC"] == 16
+    monkeypatch.setattr(determinism, "_deterministic", [variant != "gpu-atomic"])
+    if variant == "gpu-atomic":
+        variant = "gpu"
+    elif variant == "gpu" and D == 32:
+        monkeypatch.setattr(attn, "dq_splits", lambda device, b, h, keys, tile: 1)
+    else:
+        monkeypatch.setattr(attn, "dq_splits", lambda device, b, h, keys, tile: -(-keys // tile))
     if variant == "gpu-two-pass":  # and with register prefetch (PREFETCH=1)
         monkeypatch.setattr(attn, "GPU_BACKWARD", "two_pass")
         monkeypatch.setattr(attn, "GPU_PREFETCH", ("forward", "dkdv", "fused"))

@@ -1,6 +1,7 @@
 """JIT-generated kernels and index.cl under Oclgrind: elementwise on contiguous, strided, broadcast and
 offset views (with a fused chain), reductions in both layouts (jit/reduce.py FORCE_KIND 'cpu' and 'gpu':
-the GPU one is the local-memory tree), softmax / log_softmax, cumsum, topk, gather / scatter_add."""
+the GPU one is the local-memory tree), softmax / log_softmax, cumsum, topk, gather / scatter_add (atomic,
+host-sorted, and by sorted segments: segments.cl's counting sort over several blocks)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 from netcl import ops
 from netcl.core.tensor import Tensor
 from netcl.jit import reduce as jreduce
+from netcl.ops import movement
 from tests.oclgrind.cases import close, dev, oclgrind_only, strided
 
 pytestmark = oclgrind_only
@@ -99,3 +101,28 @@ def test_gather_scatter(queue):
     for det in (False, True):
         got = ops.scatter_add(tx, 0, dev(queue, idx), dev(queue, src.astype(np.float32)), deterministic=det)
         close(got, want)
+
+
+def test_scatter_add_by_sorted_segments(queue, monkeypatch):
+    """segments.cl (rank, offsets, starts, place) and index.cl's scatter_add_segments: 37 colliding ids in
+    5 blocks of 8 (the scan over 4 work-items), negatives and ids out of range, an index expanded over the
+    rows (embedding's backward), float32 and int64."""
+    monkeypatch.setattr(movement, "SEGMENT_BLOCK", 8)
+    monkeypatch.setattr(movement, "SEGMENT_SCAN", 4)
+    rng = np.random.default_rng(19)
+    ids = rng.choice([0, 2, 2, 2, 5, -1, 6, -9], size=37)
+    x = rng.standard_normal((6, 3))
+    src = rng.standard_normal((37, 3))
+    wrapped = np.where(ids < 0, ids + 6, ids)
+    keep = (wrapped >= 0) & (wrapped < 6)
+    want = x.copy()
+    np.add.at(want, wrapped[keep], src[keep])
+    index = dev(queue, ids.astype(np.int32)).reshape(-1, 1).expand(-1, 3)
+    got = ops.scatter_add(dev(queue, x.astype(np.float32)), 0, index, dev(queue, src.astype(np.float32)),
+                          deterministic=True, check_bounds=False)
+    close(got, want)
+    xi, srci = rng.integers(-5, 5, size=(6, 3)), rng.integers(-5, 5, size=(37, 3))
+    wanti = xi.copy()
+    np.add.at(wanti, wrapped[keep], srci[keep])
+    goti = ops.scatter_add(dev(queue, xi), 0, index, dev(queue, srci), check_bounds=False)
+    np.testing.assert_array_equal(goti.to_host(), wanti)

@@ -6,15 +6,18 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import types
 
 import numpy as np
 import pytest
 
+import netcl
 import netcl.ops as ops
 from netcl.core.tensor import Tensor
 from netcl.errors import DeviceMismatchError, DTypeError, KernelBuildError, ShapeError
 from netcl.graph import Graph
 from netcl.ops import attention as attn
+from netcl.ops import determinism
 from netcl.ops.random import Generator
 
 
@@ -293,12 +296,15 @@ def test_gpu_forward_row_maxima_by_shuffles_and_prefetch(queue, rng, monkeypatch
 
 
 @pytest.mark.gpu_shaped
-def test_gpu_ptx_atomics_fall_back_to_cas(queue, rng, monkeypatch):
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_gpu_ptx_atomics_fall_back_to_cas(queue, rng, monkeypatch, deterministic):
     """On an sm_90 NVIDIA device whose compiler rejects the inline PTX adds (PoCL stands in for one), the
-    fused backward tries red.global.add.v4.f32, then red.global.add.f32, then the atomic_cmpxchg loop; a PTX
-    add chosen explicitly raises instead."""
+    fused backward tries red.global.add.v4.f32, then red.global.add.f32, then the atomic_cmpxchg loop (with
+    determinism on: the same PTX adds into a work-group's own copy of dq, then a plain load-add-store); a
+    PTX add chosen explicitly raises instead."""
     if attn._nvidia(queue.device):
         pytest.skip("a real NVIDIA device builds the PTX adds")
+    monkeypatch.setattr(determinism, "_deterministic", [deterministic])
     monkeypatch.setattr(attn, "variant_override", "gpu")
     monkeypatch.setattr(attn, "_nvidia", lambda device: True)
     monkeypatch.setattr(queue.device, "capabilities",
@@ -310,10 +316,79 @@ def test_gpu_ptx_atomics_fall_back_to_cas(queue, rng, monkeypatch):
     data = inputs(rng, 1, 4, 2, 17, 129, 32)
     check(queue, *data, causal=True)
     assert attn._PTX_ATOMICS_FAIL == {queue.device.device_name: {"red4", "red"}}
-    assert attn.dq_atomic(queue.device) == "cas"
-    monkeypatch.setattr(attn, "GPU_DQ_ATOMIC", "red4")
+    assert attn.dq_atomic(queue.device) == "cas" and attn.dq_split_add(queue.device) == "plain"
+    monkeypatch.setattr(attn, "GPU_DQ_SPLIT_ADD" if deterministic else "GPU_DQ_ATOMIC", "red4")
     with pytest.raises(KernelBuildError):
         check(queue, *data)
+
+
+# -- determinism: the fused backward's dq (GPU kernels) --------------------------------------------------
+def _fused_backward_twice(queue, rng, monkeypatch, nsplit, shape, causal):
+    """(dq, dk, dv) of the GPU variant's fused backward run twice on the same inputs (host arrays), the
+    reference, and the nsplit each run launched with (None: the atomic pass)."""
+    monkeypatch.setattr(attn, "variant_override", "gpu")
+    if nsplit is not None:
+        monkeypatch.setattr(attn, "dq_splits", lambda device, b, h, keys, tile: min(nsplit, -(-keys // tile)))
+    used = []
+    real = attn._Problem.launch
+
+    def spy(self, kernel, nsplit=None, **args):
+        if kernel == "fused":
+            used.append(nsplit)
+        return real(self, kernel, nsplit=nsplit, **args)
+
+    monkeypatch.setattr(attn._Problem, "launch", spy)
+    q, k, v, g = inputs(rng, *shape)
+    nq, nk, nv, ng = (dev(queue, a) for a in (q, k, v, g))
+    out, lse = ops.flash_attention_forward(nq, nk, nv, causal=causal)
+    runs = [[t.to_host() for t in ops.flash_attention_backward(nq, nk, nv, out, lse, ng, causal=causal)]
+            for _ in range(2)]
+    want = reference(q, k, v, causal=causal, grad_out=g)[2:]
+    return runs, want, used
+
+
+@pytest.mark.gpu_shaped
+@pytest.mark.parametrize("nsplit,causal", [(1, True), (2, False), (3, True)])
+def test_gpu_fused_backward_gives_the_same_bits_each_run(queue, rng, monkeypatch, nsplit, causal):
+    """Determinism on (the default): 9 key tiles of a GQA head pair (2 query heads per kv head, 257 keys)
+    add into the same 19 dq rows; with 1, 2 or 3 copies of dq (a work-group walking 9, 5 or 3 key tiles)
+    two runs give identical bits, and match float64 NumPy."""
+    monkeypatch.setattr(determinism, "_deterministic", [True])
+    runs, want, used = _fused_backward_twice(queue, rng, monkeypatch, nsplit, (1, 4, 2, 19, 257, 32), causal)
+    assert used == [nsplit, nsplit]
+    for name, first, second, ref in zip(("dq", "dk", "dv"), *runs, want, strict=True):
+        np.testing.assert_array_equal(first, second, err_msg=name)
+        scale = max(np.abs(ref).max(), 1.0)
+        np.testing.assert_allclose(first, ref, rtol=2e-4, atol=2e-5 * scale, err_msg=name)
+
+
+def test_dq_copies_fill_whole_waves_with_the_fewest_copies(monkeypatch):
+    """dq_splits on an H200-sized device (132 compute units, 4 resident work-groups each: 528 slots), values
+    worked by hand: B=8 x 16 kv heads, 64 key tiles: 4 copies fill one wave of 512 work-groups walking 16
+    tiles each (the atomic pass's 8192 one-tile work-groups: 16 waves); the 25m GPT (32 x 8, 16 tiles): 2;
+    600 pairs: 13 copies, 15 waves of 5 tiles = 75 against the best 73 (64 copies), 1 copy takes 128; 1024
+    pairs: 1 copy (2 waves of 64 tiles = 128, within 5% of the best 125); one pair: a copy per key tile."""
+    device = types.SimpleNamespace(capabilities=types.SimpleNamespace(compute_units=132))
+    monkeypatch.setattr(attn, "GPU_DQ_SPLIT_RESIDENT", 4)
+    monkeypatch.setattr(attn, "GPU_DQ_SPLIT_SLACK", 1.05)
+    assert attn.dq_splits(device, 8, 16, 2048, 32) == 4
+    assert attn.dq_splits(device, 32, 8, 512, 32) == 2
+    assert attn.dq_splits(device, 600, 1, 2048, 32) == 13
+    assert attn.dq_splits(device, 64, 16, 2048, 32) == 1
+    assert attn.dq_splits(device, 1, 1, 2000, 32) == 63
+    assert attn.dq_splits(device, 1, 1, 20, 32) == 1
+
+
+@pytest.mark.gpu_shaped
+def test_gpu_fused_backward_atomic_path_when_not_deterministic(queue, rng, monkeypatch):
+    """set_deterministic(False): the fused pass adds dq by float atomics into one buffer (here the
+    atomic_cmpxchg loop), still right to float32 rounding."""
+    monkeypatch.setattr(determinism, "_deterministic", [None])
+    netcl.set_deterministic(False)
+    runs, want, used = _fused_backward_twice(queue, rng, monkeypatch, None, (1, 4, 2, 19, 257, 32), True)
+    assert used == [None, None]
+    for name, got, ref in zip(("dq", "dk", "dv"), runs[0], want, strict=True):
+        np.testing.assert_allclose(got, ref, rtol=2e-4, atol=2e-5 * max(np.abs(ref).max(), 1.0), err_msg=name)
 
 
 # -- decoding: the GPU variant's split-key kernel (few query rows per kv head) --------------------------

@@ -5,9 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import netcl
 from netcl import ops
 from netcl.core.tensor import Tensor
 from netcl.errors import DTypeError, ShapeError
+from netcl.graph import Graph
+from netcl.ops import determinism, movement
 from netcl.profiling import count_launches
 
 
@@ -116,6 +119,106 @@ def test_scatter_add(queue, rng, deterministic):
     np.testing.assert_array_equal(i32.to_host(), [0, 5, 0, 0, 5])
     with pytest.raises(DTypeError, match="int32 or int64"):
         ops.scatter_add(T(queue, a), 0, T(queue, idx.astype(np.float32)), T(queue, src))
+
+
+def _scatter_in_order(a, axis, idx, src):
+    """scatter_add's deterministic result exactly: each destination starts from a and adds its contributions
+    one by one in increasing position along `axis`, rounding to a's dtype after each add (float32 and
+    float64; half types sum in float32: compare those with a tolerance)."""
+    want = np.array(a, copy=True)
+    size = a.shape[axis]
+    for c in np.ndindex(*idx.shape):       # C order: position along `axis` increases within each line
+        k = int(idx[c])
+        k = k + size if k < 0 else k
+        if 0 <= k < size:
+            dest = c[:axis] + (k,) + c[axis + 1:]
+            want[dest] = want[dest] + src[c]
+    return want
+
+
+def test_sorted_segments_are_stable_across_blocks(queue, rng, monkeypatch):
+    """The device counting sort: positions grouped by key, each group in increasing position, over several
+    blocks (3 of 64 positions); negatives count from the end, keys still out of range are left out."""
+    monkeypatch.setattr(movement, "SEGMENT_BLOCK", 64)
+    keys = rng.choice([0, 2, 2, 2, 6, -1, -7, 7, 9], size=170).astype(np.int64)
+    order, start = movement.sorted_segments(T(queue, keys), 7)
+    wrapped = np.where(keys < 0, keys + 7, keys)
+    kept = np.flatnonzero((wrapped >= 0) & (wrapped < 7))
+    want_order = kept[np.argsort(wrapped[kept], kind="stable")]
+    want_start = np.r_[0, np.cumsum(np.bincount(wrapped[kept], minlength=7))]
+    np.testing.assert_array_equal(start.to_host(), want_start)
+    np.testing.assert_array_equal(order.to_host()[: want_start[-1]], want_order)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+def test_scatter_add_colliding_ids_gives_the_same_bits_each_run(queue, device, rng, dtype):
+    """Embedding's backward shape: 300 ids over 5 rows, most of them the same, the index expanded over the
+    row width (strides 0): summed by sorted segments on the device, in position order (float32 and float64:
+    bit for bit a sequential sum; float16 sums in float32), run twice with identical bits."""
+    if dtype == np.float64 and not device.capabilities.fp64:
+        pytest.skip("no fp64")
+    ids = rng.choice([3, 3, 3, 3, 0, 1, 4], size=300).astype(np.int32)
+    a = rng.standard_normal((5, 17)).astype(dtype)
+    src = rng.standard_normal((300, 17)).astype(dtype)
+    index = T(queue, ids).reshape(-1, 1).expand(-1, 17)
+    runs = [ops.scatter_add(T(queue, a), 0, index, T(queue, src), check_bounds=False).to_host() for _ in "ab"]
+    np.testing.assert_array_equal(runs[0], runs[1])
+    want = a.astype(np.float64).copy()
+    np.add.at(want, ids, src.astype(np.float64))
+    tol = dict(rtol=2e-3, atol=2e-2) if dtype == np.float16 else dict(rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(runs[0].astype(np.float64), want, **tol)
+    if dtype != np.float16:
+        full_idx = np.broadcast_to(ids[:, None], (300, 17))
+        np.testing.assert_array_equal(runs[0], _scatter_in_order(a, 0, full_idx, src))
+
+
+def test_scatter_add_shared_index_along_a_middle_axis(queue, rng):
+    """A shared index along axis 1 of a 3-D x, smaller than x and src off the axis, with negative ids; int64
+    values (no atomics for them either)."""
+    ids = np.array([2, -1, 2, 0, 6, 2, -7, 5])
+    a = rng.standard_normal((3, 7, 5)).astype(np.float32)
+    src = rng.standard_normal((4, 8, 6)).astype(np.float32)
+    index = T(queue, ids).reshape(1, 8, 1).expand(2, 8, 4)
+    got = ops.scatter_add(T(queue, a), 1, index, T(queue, src))
+    full_idx = np.broadcast_to(ids[None, :, None], (2, 8, 4))
+    np.testing.assert_array_equal(got.to_host(), _scatter_in_order(a, 1, full_idx, src[:2, :, :4]))
+    ai = rng.integers(-9, 9, size=(3, 7, 5))
+    srci = rng.integers(-9, 9, size=(4, 8, 6))
+    goti = ops.scatter_add(T(queue, ai), 1, index, T(queue, srci))
+    np.testing.assert_array_equal(goti.to_host(), _scatter_in_order(ai, 1, full_idx, srci[:2, :, :4]))
+
+
+def test_scatter_add_follows_set_deterministic(queue, rng, monkeypatch):
+    """Default (deterministic): sorted segments, recordable in a graph (nothing read back); after
+    set_deterministic(False), float32 takes the atomic kernel (one launch), whose sums
+    are still right."""
+    calls = []
+    real = movement._scatter_add_segments
+    monkeypatch.setattr(movement, "_scatter_add_segments", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(determinism, "_deterministic", [None])
+    monkeypatch.delenv("NETCL_DETERMINISTIC", raising=False)
+    ids = rng.integers(0, 4, size=200).astype(np.int64)
+    a = np.zeros((4, 9), np.float32)
+    src = rng.standard_normal((200, 9)).astype(np.float32)
+    want = a.astype(np.float64)
+    np.add.at(want, ids, src.astype(np.float64))
+    x, s = T(queue, a), T(queue, src)
+    index = T(queue, ids).reshape(-1, 1).expand(-1, 9)
+    graph = Graph()
+    with graph.capture():
+        recorded = ops.scatter_add(x, 0, index, s, check_bounds=False)
+    assert calls == [1]
+    graph.replay()
+    np.testing.assert_allclose(recorded.to_host(), want, rtol=1e-5, atol=1e-5)
+    graph.close()
+    netcl.set_deterministic(False)
+    with count_launches() as n:
+        fast = ops.scatter_add(x, 0, index, s, check_bounds=False)
+        fast.realize()
+    assert calls == [1] and n.count == 1   # scatter_add_atomic (x's copy is a device copy, no kernel)
+    np.testing.assert_allclose(fast.to_host(), want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(TypeError, match="deterministic must be None, True or False"):
+        ops.scatter_add(x, 0, index, s, deterministic=1)
 
 
 def test_masked_fill_tril_triu(queue, rng):
