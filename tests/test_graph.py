@@ -144,8 +144,10 @@ def test_compiled_step_equals_eager_bitwise_across_a_shape_change(queue, kind):
     after; a new batch size records again. Over 7 steps (batch 16 x4, then 8 x3), with a scheduler and
     (dropout) fresh masks, the losses and parameters are bitwise those of the eager loop."""
     rng = np.random.default_rng(1)
-    batches = [(rng.standard_normal((b, 1, 28, 28)).astype(np.float32), rng.integers(0, 10, b).astype(np.int32))
-               for b in (16, 16, 16, 16, 8, 8, 8)]
+    batches = [
+        (rng.standard_normal((b, 1, 28, 28)).astype(np.float32), rng.integers(0, 10, b).astype(np.int32))
+        for b in (16, 16, 16, 16, 8, 8, 8)
+    ]
     p_eager, l_eager, _ = _compiled_run(queue, kind, batches, False)
     p_comp, l_comp, fn = _compiled_run(queue, kind, batches, True)
     for a, b in zip(l_eager, l_comp):
