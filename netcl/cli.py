@@ -154,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.argv[1:] if argv is None else argv
     )  # what `netcl train --nproc N` starts again per rank
     try:
+        config.check_environment()  # every NETCL_* setting, before the command reads any of them
         return args.func(args)
     except NetclError as exc:
         print(f"netcl: {exc}", file=sys.stderr)
