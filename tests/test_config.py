@@ -101,7 +101,7 @@ def test_a_json_path_turns_the_whole_program_profile_on(monkeypatch):
 
 def _netcl(args: list[str], **env: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "netcl", *args], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, **env})
+                          env={**os.environ, **env}, cwd=README.parent)
 
 
 def test_the_command_says_a_bad_setting_in_one_line():
@@ -127,6 +127,6 @@ def test_a_library_user_meets_the_error_at_the_first_launch_that_reads_the_knob(
             "try:\n    (x + 1).to_host()\n"
             "except ConfigError as exc:\n    print(exc)\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "NETCL_EW_ALIGNED": "-1"})
+                          env={**os.environ, "NETCL_EW_ALIGNED": "-1"}, cwd=README.parent)
     assert done.returncode == 0, done.stderr
     assert done.stdout == "NETCL_EW_ALIGNED='-1': expected an integer >= 0 (unset it for 1)\n"
