@@ -380,7 +380,7 @@ def test_bad_train_flags_are_one_line_errors(tmp_path, capsys, flag, value, word
     (("--dim", "12", "--heads", "4"), "head dimension 12 / 4 = 3 is odd"),
     (("--warmup", "5", "--steps", "5"), "--warmup 5 must be smaller than --steps 5"),
     (("--lr", "1e-3", "--min-lr", "1e-2"), "--min-lr 0.01 is larger than --lr 0.001"),
-    (("--corpus", "/nonexistent/dir"), "does not exist"),
+    (("--corpus", "{tmp}/absent"), "does not exist"),  # under tmp_path: never there, whatever the machine
     (("--context", "5000", "--steps", "2", "--warmup", "0"), "cannot fill one window"),
 ])
 def test_bad_combinations_are_clear_errors_before_anything_is_written(
@@ -397,7 +397,7 @@ def test_bad_combinations_are_clear_errors_before_anything_is_written(
         "--no-progress",
         "--out",
         str(tmp_path / "never"),
-        *extra,
+        *(value.format(tmp=tmp_path) for value in extra),
     ]
     assert main(args) == 1
     assert words in capsys.readouterr().err
