@@ -49,7 +49,7 @@ def shape(value: Any, what: str = "shape") -> tuple[int, ...]:
         )
     try:
         return (
-            (operator.index(value),)
+            (_dimension(value, (value,), what),)  # a bare size: -4 is refused as (-4,) is
             if _is_integer(value)
             else tuple(_dimension(v, value, what) for v in value)
         )
@@ -85,7 +85,8 @@ def _dimension(v: Any, whole: Any, what: str) -> int:
             f"{what} {whole!r} has a dimension that is not an integer: {v!r} ({_kind(v)})"
         ) from None
     if n < 0:
-        raise ShapeError(f"{what} {tuple(whole)} has a negative dimension ({n})")
+        shown = tuple(operator.index(d) if _is_integer(d) else d for d in whole)  # (-4,), not (np.int64(-4),)
+        raise ShapeError(f"{what} {shown} has a negative dimension ({n})")
     return n
 
 
