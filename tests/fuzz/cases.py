@@ -251,6 +251,11 @@ def autograd() -> list[Case]:
              raises("NetclError", "TypeError", words="floating")),
         Case("autograd", "int-leaf-no-grad-ok", "result = host(ag.tensor(T([1, 2], np.int32)))",
              Matches("np.array([1, 2], np.int32)")),
+        Case("autograd", "grad-on-another-queue",
+             "x = ag.tensor(T([1.0, 2.0]), requires_grad=True)\n"
+             "with ag.Tape() as tape:\n    y = x * 2\n"
+             "tape.backward(y, Tensor.from_host(q.device.new_queue(), np.ones(2, np.float32)))",
+             raises("DeviceMismatchError", words="grad.to(output.queue)")),
         Case("autograd", "gradient-non-leaf",
              "x = ag.tensor(T([1.0, 2.0, 3.0]), requires_grad=True)\n"
              "with ag.Tape() as tape:\n    h = x * x\n    y = ag.sum(h * 2)\n"
