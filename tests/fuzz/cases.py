@@ -577,6 +577,8 @@ def text() -> list[Case]:
              "lines = open(p).read().splitlines()\nlines.append(lines[0].split()[0] + ' ' + str(len(lines) + 5))\n"
              "open(p, 'w').write('\\n'.join(lines) + '\\n')\nBPETokenizer.from_tiktoken(p, pattern='cl100k')",
              raises("NetclError", words="r.tiktoken")),
+        Case("text", "tiktoken-empty-only-pattern", _TOK + "p = TMP + '/r.tiktoken'\ntok.save_tiktoken(p)\n"
+             "BPETokenizer.from_tiktoken(p, pattern='')", raises("ValueError", words="only empty strings")),
         Case("text", "tiktoken-bad-line", _TOK + "p = TMP + '/r.tiktoken'\nopen(p, 'w').write('abc\\n')\n"
              "BPETokenizer.from_tiktoken(p, pattern='cl100k')", raises("NetclError", words="r.tiktoken")),
         Case("text", "tiktoken-bad-rank", _TOK + "p = TMP + '/r.tiktoken'\nopen(p, 'w').write('YQ== x\\n')\n"
