@@ -3,13 +3,14 @@ error that says what netcl spells instead (the mapping table is docs/paths/pytor
 
 from __future__ import annotations
 
+import re
 from collections import OrderedDict
 
 import numpy as np
 import pytest
 
 import netcl.autograd as ag
-from netcl import optim
+from netcl import nn, optim
 from netcl.core.tensor import Tensor
 from netcl.data import DataLoader
 from netcl.errors import DTypeError, NetclError, ShapeError
@@ -233,3 +234,37 @@ def test_train_mode_must_be_a_bool(queue):
     with pytest.raises(TypeError, match="mode must be True or False, got str 'eval'"):
         model.train("eval")  # was training=True, silently
     assert model.train(np.bool_(False)).training is False and not model[0].training
+
+
+@pytest.mark.parametrize("make, call", [
+    (lambda: Linear(4, 3), "Linear(queue, 4, 3), not PyTorch's Linear(4, 3)"),
+    (lambda: Linear(in_features=4, out_features=3), "Linear(queue, in_features=4, out_features=3)"),
+    (lambda: BatchNorm2d(16), "BatchNorm2d(queue, 16), not PyTorch's BatchNorm2d(16)"),
+    (lambda: nn.Conv2d(3, 8, 3, padding=1), "Conv2d(queue, 3, 8, 3, padding=1)"),
+    (lambda: nn.Embedding(10, 4), "Embedding(queue, 10, 4)"),
+])
+def test_a_layer_made_without_its_queue_shows_the_netcl_call(make, call):
+    """It was a TypeError about `out_features` (4 taken for the queue, 3 for in_features)."""
+    with pytest.raises(TypeError, match=re.escape(f"takes the queue first, then its sizes: {call}")) as err:
+        make()
+    assert "queue = netcl.manager.default().queue" in str(err.value)
+
+
+def test_a_subclass_taking_the_queue_first_is_checked_too(queue):
+    class Block(nn.Module):
+        def __init__(self, q, width):
+            super().__init__()
+            self.fc = Linear(q, width, width)
+
+    assert Block(queue, 3).fc.in_features == 3 and Block(q=queue, width=2).fc.out_features == 2
+    words = re.escape("Block takes the queue first, then its sizes: Block(queue, 3),")
+    with pytest.raises(TypeError, match=words):
+        Block(3)
+
+    class Free(nn.Module):  # no queue argument: nothing to check
+        def __init__(self, width=2):
+            super().__init__()
+            self.width = width
+
+    assert Free(5).width == 5
+
