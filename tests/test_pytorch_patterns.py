@@ -268,3 +268,37 @@ def test_a_subclass_taking_the_queue_first_is_checked_too(queue):
 
     assert Free(5).width == 5
 
+
+def test_loss_modules_are_the_functions_with_their_options(queue, rng):
+    logits = rng.standard_normal((5, 4))
+    labels = np.array([0, 3, 1, -100, 2])
+    keep = labels != -100
+    logp = logits - np.log(np.exp(logits).sum(1, keepdims=True))
+    picked = -logp[keep, labels[keep]]
+    x = ag.tensor(Tensor.from_host(queue, logits.astype(np.float32)), requires_grad=True)
+    y = Tensor.from_host(queue, labels.astype(np.int32))
+    criterion = nn.CrossEntropyLoss(label_smoothing=0.1)
+    assert repr(criterion) == "CrossEntropyLoss(ignore_index=-100, label_smoothing=0.1, reduction='mean')"
+    with ag.Tape():
+        loss = criterion(x, y)
+    want = (0.9 * picked + 0.1 * -logp[keep].mean(1)).mean()  # PyTorch's label smoothing
+    np.testing.assert_allclose(float(loss), want, rtol=1e-5)
+    loss.backward()
+    assert x.grad.shape == (5, 4) and not x.grad.to_host()[3].any()  # the ignored row
+    log_probs = ag.tensor(Tensor.from_host(queue, logp.astype(np.float32)))
+    np.testing.assert_allclose(float(nn.NLLLoss(reduction="sum")(log_probs, y)), picked.sum(), rtol=1e-5)
+
+    a, b = rng.standard_normal((3, 7)), rng.standard_normal((3, 7))
+    na, nb = (ag.tensor(Tensor.from_host(queue, v.astype(np.float32))) for v in (a, b))
+    d = a - b
+    for module, want in (
+        (nn.MSELoss(), (d ** 2).mean()),
+        (nn.L1Loss(reduction="sum"), np.abs(d).sum()),
+        (nn.SmoothL1Loss(beta=0.5), np.where(np.abs(d) < 0.5, 0.5 * d ** 2 / 0.5, np.abs(d) - 0.25).mean()),
+        (nn.BCEWithLogitsLoss(), (np.maximum(a, 0) - a * b + np.log1p(np.exp(-np.abs(a)))).mean()),
+    ):
+        np.testing.assert_allclose(float(module(na, nb)), want, rtol=1e-5, err_msg=repr(module))
+    per_row = nn.MSELoss(reduction="none")(na, nb)
+    np.testing.assert_allclose(per_row.numpy(), d ** 2, rtol=1e-5, atol=1e-6)
+    with pytest.raises(TypeError):
+        nn.CrossEntropyLoss(Tensor.from_host(queue, np.ones(4, np.float32)))  # PyTorch's class weights
