@@ -9,6 +9,7 @@ from collections import OrderedDict
 import numpy as np
 import pytest
 
+import netcl
 import netcl.autograd as ag
 from netcl import nn, optim
 from netcl.core.tensor import Tensor
@@ -302,3 +303,29 @@ def test_loss_modules_are_the_functions_with_their_options(queue, rng):
     np.testing.assert_allclose(per_row.numpy(), d ** 2, rtol=1e-5, atol=1e-6)
     with pytest.raises(TypeError):
         nn.CrossEntropyLoss(Tensor.from_host(queue, np.ones(4, np.float32)))  # PyTorch's class weights
+
+
+def test_pytorch_paths_to_seeding_clipping_and_schedulers(queue):
+    """netcl.manual_seed, nn.utils.clip_grad_norm_ and optim.lr_scheduler.* are the objects netcl already
+    had (ops.random.manual_seed, optim.clip_grad_norm_, optim's schedulers), under PyTorch's names."""
+    from netcl.nn.utils import clip_grad_norm_
+    from netcl.optim.lr_scheduler import OneCycleLR
+
+    assert nn.utils.clip_grad_norm_ is clip_grad_norm_ is optim.clip_grad_norm_
+    assert OneCycleLR is optim.lr_scheduler.OneCycleLR is optim.OneCycleLR
+    for name in optim.lr_scheduler.__all__:
+        assert getattr(optim.lr_scheduler, name) is getattr(optim, name)
+    assert {"StepLR", "CosineAnnealingLR", "OneCycleLR", "ReduceLROnPlateau", "LRScheduler"} <= set(
+        optim.lr_scheduler.__all__)
+
+    weights = []
+    for seed in (7, 7, 8):
+        netcl.manual_seed(seed)
+        weights.append(Linear(queue, 3, 2).weight.numpy())
+    assert np.array_equal(weights[0], weights[1]) and not np.array_equal(weights[0], weights[2])
+
+    p = ag.Parameter(Tensor.from_host(queue, np.zeros(2, np.float32)))
+    p.grad = Tensor.from_host(queue, np.array([3.0, 4.0], np.float32))
+    total = nn.utils.clip_grad_norm_([p], max_norm=1.0)
+    assert float(total) == pytest.approx(5.0)
+    np.testing.assert_allclose(p.grad.to_host(), [0.6, 0.8], rtol=1e-5)

@@ -1,7 +1,7 @@
 """Neural-network building blocks: Module, layers, loss modules (PyTorch's names, netcl's explicit queues)."""
 
 from netcl.autograd.engine import Parameter
-from netcl.nn import functional, init
+from netcl.nn import functional, init, utils
 from netcl.nn.layers import (
     GELU,
     AdaptiveAvgPool2d,
@@ -70,4 +70,5 @@ __all__ = [
     "TransformerBlock",
     "functional",
     "init",
+    "utils",
 ]
