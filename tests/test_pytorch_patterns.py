@@ -3,6 +3,8 @@ error that says what netcl spells instead (the mapping table is docs/paths/pytor
 
 from __future__ import annotations
 
+import json
+import pickle
 import re
 from collections import OrderedDict
 
@@ -329,3 +331,21 @@ def test_pytorch_paths_to_seeding_clipping_and_schedulers(queue):
     total = nn.utils.clip_grad_norm_([p], max_norm=1.0)
     assert float(total) == pytest.approx(5.0)
     np.testing.assert_allclose(p.grad.to_host(), [0.6, 0.8], rtol=1e-5)
+
+
+def test_size_numel_and_cpu_as_pytorch_spells_them(queue):
+    """t.size stays NumPy's element count (an int); called it is PyTorch's size(); numel() and cpu() too."""
+    a = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    t = Tensor.from_host(queue, a)
+    node = ag.tensor(t)
+    for x in (t, node):
+        assert x.size == 24 and x.size + 1 == 25 and isinstance(x.size, int)
+        assert x.size() == (2, 3, 4) and x.size(1) == 3 and x.size(-1) == 4 and x.size(dim=0) == 2
+        assert x.numel() == 24 and type(x.numel()) is int
+        assert np.array_equal(x.cpu(), a) and isinstance(x.cpu(), np.ndarray)
+    assert Tensor.from_host(queue, np.float32(2.0)).size() == () and t[0, 0].size(0) == 4
+    with pytest.raises(ShapeError, match=r"size: dim 3 is out of range for a tensor of shape \(2, 3, 4\)"):
+        t.size(3)
+    with pytest.raises(TypeError, match="size: dim must be an integer, got 1.5"):
+        t.size(1.5)
+    assert json.dumps(t.size) == "24" and type(pickle.loads(pickle.dumps(t.size))) is int

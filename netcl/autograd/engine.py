@@ -85,8 +85,12 @@ class Node:
         return self.value.ndim
 
     @property
-    def size(self) -> int:
+    def size(self) -> Any:
+        """The number of elements; called, PyTorch's size() (see Tensor.size)."""
         return self.value.size
+
+    def numel(self) -> int:
+        return self.value.numel()
 
     @property
     def queue(self):
@@ -97,6 +101,10 @@ class Node:
         return self._backward is None and not self._freed
 
     def numpy(self) -> np.ndarray:
+        return self.value.to_host()
+
+    def cpu(self) -> np.ndarray:
+        """PyTorch's `x.cpu()`: the value as a NumPy array (Tensor.cpu)."""
         return self.value.to_host()
 
     def item(self) -> Any:

@@ -109,3 +109,40 @@ def axis(value: Any, ndim: int, what: str = "axis", shape_of: Sequence[int] | No
         where = f"a tensor of shape {tuple(shape_of)}" if shape_of is not None else f"{ndim} dimensions"
         raise ShapeError(f"{what} {a} is out of range for {where}")
     return a % ndim
+
+
+class ElementCount(int):
+    """What `Tensor.size` is: NumPy's number of elements, an int (`t.size == 0`, `range(t.size)`), and,
+    called, PyTorch's size(): `t.size()` the shape, `t.size(dim)` one dimension (a negative dim counts from
+    the end). It pickles, prints and serialises as the plain int it is."""
+
+    shape: tuple[int, ...]
+
+    def __new__(cls, shape: tuple[int, ...]) -> ElementCount:
+        count = 1
+        for d in shape:
+            count *= d
+        self = super().__new__(cls, count)
+        self.shape = shape
+        return self
+
+    def __call__(self, dim: Any = None) -> Any:
+        if dim is None:
+            return self.shape
+        return self.shape[axis(dim, len(self.shape), "size: dim", shape_of=self.shape)]
+
+    def __reduce__(self) -> tuple:
+        return int, (int(self),)
+
+
+_counts: dict[tuple[int, ...], ElementCount] = {}
+
+
+def element_count(shape: tuple[int, ...]) -> ElementCount:
+    """The ElementCount of `shape` (one per shape, kept: a program repeats its shapes)."""
+    count = _counts.get(shape)
+    if count is None:
+        count = ElementCount(shape)
+        if len(_counts) < 8192:
+            _counts[shape] = count
+    return count
