@@ -13,7 +13,7 @@ import pytest
 
 import netcl
 import netcl.autograd as ag
-from netcl import nn, optim
+from netcl import nn, ops, optim
 from netcl.core.tensor import Tensor
 from netcl.data import DataLoader
 from netcl.errors import DTypeError, NetclError, ShapeError
@@ -349,3 +349,39 @@ def test_size_numel_and_cpu_as_pytorch_spells_them(queue):
     with pytest.raises(TypeError, match="size: dim must be an integer, got 1.5"):
         t.size(1.5)
     assert json.dumps(t.size) == "24" and type(pickle.loads(pickle.dumps(t.size))) is int
+
+
+def test_dim_and_keepdim_beside_axis_and_keepdims(queue, rng):
+    a = rng.standard_normal((3, 5)).astype(np.float32)
+    t = Tensor.from_host(queue, a)
+    node = ag.tensor(t)
+    assert np.array_equal(t.sum(dim=1).to_host(), t.sum(axis=1).to_host())
+    np.testing.assert_allclose(ops.mean(t, dim=0, keepdim=True).to_host(), a.mean(0, keepdims=True),
+                               rtol=1e-6)
+    np.testing.assert_allclose(t.softmax(dim=0).to_host(), ops.softmax(t, 0).to_host(), rtol=0)
+    np.testing.assert_allclose(nn.functional.softmax(node, dim=1).numpy(), ops.softmax(t, 1).to_host(),
+                               rtol=0)
+    assert t.argmax(dim=1).to_host().tolist() == a.argmax(1).tolist()
+    assert np.array_equal(t.cumsum(dim=1).to_host(), ops.cumsum(t, 1).to_host())
+    # max and min spelled with dim= give PyTorch's (values, indices); axis= keeps NumPy's values
+    values, indices = t.max(dim=1)
+    assert np.array_equal(values.to_host(), a.max(1)) and indices.to_host().tolist() == a.argmax(1).tolist()
+    low = t.min(dim=0, keepdim=True)
+    assert low.values.shape == (1, 5) and low.indices.to_host().tolist() == [a.argmin(0).tolist()]
+    assert isinstance(t.max(axis=1), Tensor) and isinstance(t.max(1), Tensor)
+    with ag.Tape() as tape:
+        x = ag.tensor(t, requires_grad=True)
+        best, where = x.max(dim=1)
+        loss = best.sum(dim=0)
+    tape.backward(loss)
+    assert where.to_host().tolist() == a.argmax(1).tolist()
+    assert np.array_equal(x.grad.to_host(), (a == a.max(1, keepdims=True)).astype(np.float32))
+    words = r"sum: axis=0 and dim=1 are one argument \(NumPy's name and PyTorch's\); give one of them"
+    with pytest.raises(TypeError, match=words):
+        t.sum(axis=0, dim=1)
+    with pytest.raises(TypeError, match=r"mean: axis=1 and dim=0 are one argument"):
+        ops.mean(t, 1, dim=0)  # axis given by position
+    with pytest.raises(TypeError, match=r"keepdims=True and keepdim=False are one argument"):
+        node.sum(dim=0, keepdims=True, keepdim=False)
+    with pytest.raises(TypeError, match="softmax.. got an unexpected keyword argument 'keepdim'"):
+        ops.softmax(t, keepdim=True)

@@ -7,10 +7,13 @@ helpers. Integers are anything `operator.index` takes: int, NumPy integers (and 
 
 from __future__ import annotations
 
+import functools
+import inspect
 import operator
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple, TypeVar
 
+from netcl import profiling
 from netcl.errors import ShapeError, SizeTypeError
 
 
@@ -146,3 +149,56 @@ def element_count(shape: tuple[int, ...]) -> ElementCount:
         if len(_counts) < 8192:
             _counts[shape] = count
     return count
+
+
+# -- PyTorch's names for the axis arguments -------------------------------------------------------------
+_TORCH_NAMES = (("dim", "axis"), ("keepdim", "keepdims"))
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class ValuesIndices(NamedTuple):
+    """What max(x, dim=d) and min(x, dim=d) return, as in PyTorch: the extrema and their int64 indices."""
+
+    values: Any
+    indices: Any
+
+
+def torch_names(fn: F | None = None, *, indices: str | None = None) -> Any:
+    """Let a reduction that takes `axis` (and `keepdims`) take PyTorch's `dim` (and `keepdim`) too. Giving
+    both names of one argument is a TypeError naming them. `indices`, the name of a function (x, axis,
+    keepdims) -> indices in the reduction's module (argmax for max), makes the `dim=` spelling return
+    PyTorch's ValuesIndices: `v, i = x.max(dim=1)` means there what it means in PyTorch."""
+
+    def decorate(fn: F) -> F:
+        signature = inspect.signature(fn)
+        where = {name: i for i, name in enumerate(signature.parameters)}
+
+        @functools.wraps(fn)
+        def reduction(*args: Any, **kwargs: Any) -> Any:
+            if "dim" not in kwargs and "keepdim" not in kwargs:
+                return fn(*args, **kwargs)
+            pytorch = "dim" in kwargs
+            for torch_name, name in _TORCH_NAMES:
+                if torch_name not in kwargs:
+                    continue
+                if name not in where:
+                    raise TypeError(f"{fn.__name__}() got an unexpected keyword argument {torch_name!r}")
+                if name in kwargs or len(args) > where[name]:
+                    given = kwargs[name] if name in kwargs else args[where[name]]
+                    raise TypeError(
+                        f"{fn.__name__}: {name}={given!r} and {torch_name}={kwargs[torch_name]!r} are one "
+                        f"argument (NumPy's name and PyTorch's); give one of them"
+                    )
+                kwargs[name] = kwargs.pop(torch_name)
+            out = fn(*args, **kwargs)
+            if indices is None or not pytorch:
+                return out
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            given = bound.arguments
+            found = fn.__globals__[indices](next(iter(given.values())), given["axis"], given["keepdims"])
+            return ValuesIndices(out, found)
+
+        return profiling.transparent(reduction)  # type: ignore[return-value]
+
+    return decorate if fn is None else decorate(fn)
