@@ -1,10 +1,11 @@
-# Two entry points for a fresh machine: `make run` (the main job) and `make test` (the suite).
-# Each builds the virtual environment first if it is missing or older than pyproject.toml.
+# Two entry points for a fresh machine: `make run` (the main job) and `make test` (the suite), and
+# `make test-gpu` for a machine with a GPU's OpenCL driver. Each builds the virtual environment first if
+# it is missing or older than pyproject.toml.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.netcl-installed
 
-.PHONY: run test install bench-cpu clean
+.PHONY: run test test-gpu install bench-cpu clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -22,6 +23,9 @@ test: $(STAMP)
 	$(VENV)/bin/lint-imports  # the layers of docs/DESIGN.md, and no import cycles ([tool.importlinter])
 	$(PY) scripts/oclgrind_check.py -q  # every kernel under Oclgrind: no out-of-bounds access, no race
 	$(PY) scripts/test_matrix.py $(PYTEST_ARGS)  # the suite on each OpenCL CPU driver: PyPI's PoCL, Debian's, forced targets
+
+test-gpu: $(STAMP)
+	$(PY) scripts/test_gpu.py $(PYTEST_ARGS)  # the suite, the guide's pages included, on the default GPU (NETCL_DEVICE=gpu); fails in one line without one
 
 clean:
 	rm -rf $(VENV) build *.egg-info

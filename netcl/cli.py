@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+from tqdm import tqdm
 
 from netcl import config, profiling
-from netcl.core import variants
+from netcl.core import backend, variants
 from netcl.core.device import manager, no_platform_message
 from netcl.core.memory import format_bytes
 from netcl.core.tensor import Tensor
@@ -128,6 +133,32 @@ def cmd_profile(args: argparse.Namespace) -> int:
     return status
 
 
+@contextlib.contextmanager
+def announce_kernel_builds() -> Iterator[None]:
+    """Inside: the first OpenCL program compiled from source (none in the disk cache: a first run, a new
+    netcl or driver, NETCL_DISK_CACHE=0) prints one line on stderr saying so, and that later runs load
+    them, instead of a command sitting silent at step 0 while PoCL compiles for a minute. Ranks other than
+    0 of a data-parallel job say nothing (rank 0 speaks for the job)."""
+    launched = config.dist_launch()
+    said: list[str] = []
+    lock = threading.Lock()
+
+    def say(device: Any, name: str) -> None:
+        with lock:  # builds may run on several threads
+            if said or (launched is not None and launched[0] != 0):
+                return
+            said.append(name)
+        later = (f"kept in {config.cache_dir() / 'programs'}, so later runs skip this"
+                 if config.disk_cache_enabled() else "NETCL_DISK_CACHE=0: every run builds them again")
+        tqdm.write(f"netcl: building OpenCL kernels for {device.device_name} ({later})", file=sys.stderr)
+
+    backend.source_build_listeners.append(say)
+    try:
+        yield
+    finally:
+        backend.source_build_listeners.remove(say)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="netcl", description="netcl: deep learning on any OpenCL device")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -154,7 +185,9 @@ def main(argv: list[str] | None = None) -> int:
         sys.argv[1:] if argv is None else argv
     )  # what `netcl train --nproc N` starts again per rank
     try:
-        return args.func(args)
+        config.check_environment()  # every NETCL_* setting, before the command reads any of them
+        with announce_kernel_builds():
+            return args.func(args)
     except NetclError as exc:
         print(f"netcl: {exc}", file=sys.stderr)
         return 1

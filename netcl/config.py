@@ -1,11 +1,17 @@
-"""Every NETCL_* environment knob, read in this one place (see the README's table)."""
+"""Every NETCL_* environment knob, read in this one place (see the README's table). Each reader checks its
+variable's value where it is read: a value it cannot use is a ConfigError naming the variable, the value and
+what it takes, never a silent default. `check_environment()` reads them all at once (the `netcl` command
+does, before it runs anything)."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import platformdirs
+
+from netcl.errors import ConfigError
 
 _ENV_DATA = getattr(os.environ, "_data", None) if os.name == "posix" else None
 
@@ -19,11 +25,27 @@ def env(name: str, default: str | None = None) -> str | None:
     return os.environ.get(name, default)
 
 
-def _flag(name: str, default: bool = False) -> bool:
+_ON = frozenset(("1", "true", "yes", "on"))
+_OFF = frozenset(("0", "false", "no", "off"))
+
+
+def _flag(name: str, default: bool = False, other: str = "") -> bool:
+    """An on/off variable: 1/0, true/false, yes/no, on/off (any case); unset or empty: `default`.
+    `other` names what else the variable takes, for the error."""
     raw = env(name)
     if raw is None or raw == "":
         return default
-    return raw.strip().lower() not in ("0", "false", "no", "off")
+    value = raw.strip().lower()
+    if value in _OFF:
+        return False
+    if value in _ON:
+        return True
+    if not value:
+        return default
+    raise ConfigError(
+        f"{name}={raw!r}: expected 1 or 0 (or true/false, yes/no, on/off){other} "
+        f"(unset it for {int(default)})"
+    )
 
 
 def _int(name: str, default: int, minimum: int = 0) -> int:
@@ -33,23 +55,27 @@ def _int(name: str, default: int, minimum: int = 0) -> int:
     try:
         value = int(raw)
     except ValueError:
-        raise ValueError(
+        raise ConfigError(
             f"{name}={raw!r}: expected an integer >= {minimum} (unset it for {default})"
         ) from None
     if value < minimum:
-        raise ValueError(f"{name}={raw!r}: expected an integer >= {minimum} (unset it for {default})")
+        raise ConfigError(f"{name}={raw!r}: expected an integer >= {minimum} (unset it for {default})")
     return value
 
 
 def device_spec() -> str | None:
-    """NETCL_DEVICE: `gpu`, `cpu`, `accelerator`, a name fragment, or `P:D`; None when unset."""
-    raw = os.environ.get("NETCL_DEVICE", "").strip()
+    """NETCL_DEVICE: `gpu`, `cpu`, `accelerator`, a name fragment, or `P:D`; None when unset (the device
+    manager checks the value against the devices there are: netcl.core.device)."""
+    raw = (env("NETCL_DEVICE") or "").strip()
     return raw or None
 
 
 def profiling() -> bool:
     """NETCL_PROFILE=1 (or a path ending in .json): profile the whole program (netcl.profiling)."""
-    return _flag("NETCL_PROFILE")
+    raw = (env("NETCL_PROFILE") or "").strip()
+    if raw.lower().endswith(".json"):
+        return True
+    return _flag("NETCL_PROFILE", other=", or a path ending in .json for a trace")
 
 
 def profile_trace() -> str | None:
@@ -82,12 +108,16 @@ def disk_cache_enabled() -> bool:
 def cache_dir() -> Path:
     """NETCL_CACHE_DIR: where program binaries and tuning results live (default: the user cache)."""
     raw = env("NETCL_CACHE_DIR", "").strip()
-    if raw:
-        return Path(raw).expanduser()
-    return Path(platformdirs.user_cache_dir("netcl"))
+    if not raw:
+        return Path(platformdirs.user_cache_dir("netcl"))
+    path = Path(raw).expanduser()
+    if path.exists() and not path.is_dir():  # else every write fails, quietly costing a rebuild each run
+        raise ConfigError(f"NETCL_CACHE_DIR={raw!r} is a file, not a directory; point it at a directory "
+                          "(made if missing), or unset it for the user cache")
+    return path
 
 
-# Launch shapes of the JIT's elementwise and reduction kernels on GPUs, read once when netcl.jit loads.
+# Launch shapes of the JIT's elementwise and reduction kernels on GPUs, read once, at the first launch.
 # bench/elementwise.py --sweep times other values (one child process each); the defaults are its winners
 # on the H200 (bench/NOTES.md, elementwise). name: (default, smallest allowed, meaning)
 JIT_KNOBS: dict[str, tuple[int, int, str]] = {
@@ -112,11 +142,11 @@ JIT_KNOBS: dict[str, tuple[int, int, str]] = {
 
 
 def jit_knob(name: str) -> int:
-    """The value of one of JIT_KNOBS (ValueError naming the variable when it is not a valid integer)."""
+    """The value of one of JIT_KNOBS (ConfigError naming the variable when it is not a valid integer)."""
     default, minimum, _ = JIT_KNOBS[name]
     value = _int(name, default, minimum)
     if name.endswith("_VEC") and value not in (1, 2, 4, 8, 16):
-        raise ValueError(
+        raise ConfigError(
             f"{name}={value}: an OpenCL vector width, one of 1, 2, 4, 8, 16 (unset it for {default})"
         )
     return value
@@ -129,7 +159,7 @@ def half_mode() -> str:
     kernel family has it and the probe passes; `off`: no mixed precision (netcl.amp.autocast runs float32)."""
     raw = (env("NETCL_HALF") or "").strip().lower() or "auto"
     if raw not in ("auto", "off", "storage", "native"):
-        raise ValueError(f"NETCL_HALF={raw!r}: expected auto, off, storage or native (unset it for auto)")
+        raise ConfigError(f"NETCL_HALF={raw!r}: expected auto, off, storage or native (unset it for auto)")
     return raw
 
 
@@ -149,7 +179,7 @@ def _positive_float(name: str, default: float) -> float:
     except ValueError:
         value = float("nan")
     if not value > 0 or value == float("inf"):
-        raise ValueError(f"{name}={raw!r}: expected a number > 0 (unset it for {default:g})")
+        raise ConfigError(f"{name}={raw!r}: expected a number > 0 (unset it for {default:g})")
     return value
 
 
@@ -161,7 +191,7 @@ def dist_backend() -> str | None:
     if raw in ("", "auto"):
         return None
     if raw not in ("shm", "mpi"):
-        raise ValueError(
+        raise ConfigError(
             f"NETCL_DIST_BACKEND={raw!r}: expected shm or mpi (unset it to choose from the environment)"
         )
     return raw
@@ -185,7 +215,7 @@ def dist_device_sum() -> str:
     accelerators, on the host for CPU devices), `1` (always on the device) or `0` (always on the host)."""
     raw = env("NETCL_DIST_DEVICE_SUM", "").strip().lower() or "auto"
     if raw not in ("auto", "0", "1"):
-        raise ValueError(f"NETCL_DIST_DEVICE_SUM={raw!r}: expected auto, 0 or 1")
+        raise ConfigError(f"NETCL_DIST_DEVICE_SUM={raw!r}: expected auto, 0 or 1")
     return raw
 
 
@@ -197,13 +227,37 @@ def dist_launch() -> tuple[int, int, str] | None:
         return None
     world = _int("NETCL_WORLD_SIZE", 0, 1)
     if world == 0:
-        raise ValueError("NETCL_RANK is set but NETCL_WORLD_SIZE is not; `netcl run` sets both")
+        raise ConfigError("NETCL_RANK is set but NETCL_WORLD_SIZE is not; `netcl run` sets both")
     rank = _int("NETCL_RANK", 0, 0)
     if rank >= world:
-        raise ValueError(f"NETCL_RANK={rank} is not below NETCL_WORLD_SIZE={world}")
+        raise ConfigError(f"NETCL_RANK={rank} is not below NETCL_WORLD_SIZE={world}")
     job = env("NETCL_DIST_ID", "").strip()
     if not job or not all(c.isalnum() or c in "-_" for c in job):
-        raise ValueError(
+        raise ConfigError(
             f"NETCL_DIST_ID={job!r}: expected the job id `netcl run` sets (letters, digits, - and _)"
         )
     return rank, world, job
+
+
+def in_variant_probe() -> bool:
+    """NETCL_VARIANT_PROBE=1: this process is a probe child of netcl.core.variants (set by netcl, not by
+    users: such a child tries one risky kernel build and reports)."""
+    return _flag("NETCL_VARIANT_PROBE")
+
+
+# The readers check_environment runs: every variable above (the JIT knobs through jit_knob).
+_READERS: tuple[Callable[[], object], ...] = (
+    device_spec, profiling, debug_level, fusion_enabled, disk_cache_enabled, cache_dir, half_mode,
+    tuning_enabled, dist_backend, dist_timeout, dist_bucket_mb, dist_device_sum, dist_launch,
+    in_variant_probe,
+)
+
+
+def check_environment() -> None:
+    """Read every NETCL_* variable once: a ConfigError for the first value netcl cannot use. The `netcl`
+    command runs it before anything else, so a bad setting is one line up front instead of an error at
+    whichever launch first reads it (or none, for a variable the command never reads)."""
+    for read in _READERS:
+        read()
+    for name in JIT_KNOBS:
+        jit_knob(name)

@@ -7,6 +7,11 @@ class NetclError(Exception):
     """Base of every exception netcl raises on purpose."""
 
 
+class ConfigError(NetclError, ValueError):
+    """A NETCL_* environment variable holds a value netcl cannot use (netcl.config names it and the values
+    it takes)."""
+
+
 class DeviceError(NetclError):
     """A device could not be found, opened or used (also: an OpenCL call failed)."""
 

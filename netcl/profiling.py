@@ -734,7 +734,19 @@ def _report_at_exit() -> None:
         _process.report(file=sys.stderr)
 
 
-if config.profiling():
+_whole_program = False
+
+
+def start_whole_program() -> None:
+    """NETCL_PROFILE: record the whole program into the process-wide profile and report it at exit. The
+    first queue made from the environment's setting starts it (netcl.core.device), not the import: nothing
+    runs on a device before a queue exists, and a bad NETCL_PROFILE is an error of that call, not of
+    `import netcl`."""
+    global _whole_program
+    with _lock:
+        if _whole_program:
+            return
+        _whole_program = True
     _process.__enter__()
     atexit.register(_report_at_exit)
 

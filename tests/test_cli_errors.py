@@ -5,16 +5,21 @@ from __future__ import annotations
 
 import argparse
 import io
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from netcl.cli import main
+from netcl.cli import announce_kernel_builds, main
+from netcl.core.backend import build_program
 from netcl.models import GPT, GPTConfig
 from netcl.text import BPETokenizer
 from netcl.train import lm as lm_main
 from netcl.train import main as train_main
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize(
@@ -170,3 +175,41 @@ def test_chat_warns_of_a_system_message_that_fills_the_context(tmp_path, capsys,
     assert main(["chat", "--checkpoint", str(tmp_path), "--system", "return x " * 20]) == 0
     err = capsys.readouterr().err  # it was cut from its start without a word
     assert "--system is" in err and "loses the start of the system message" in err
+
+
+def test_a_first_build_is_announced_once(tmp_path, monkeypatch, capsys, device):
+    """`make run` sat at step 0 for 44 s while PoCL compiled, with nothing said: the first program compiled
+    from source says so once; one loaded from the disk cache says nothing."""
+    monkeypatch.setenv("NETCL_CACHE_DIR", str(tmp_path))
+    sources = [f"__kernel void first_build_{i}(__global float* x) {{ x[0] = {i}; }}" for i in range(2)]
+    with announce_kernel_builds():
+        for source in sources:  # two compiled: one line
+            build_program(device, source)
+        build_program(device, sources[0])  # from the disk cache
+    build_program(device, sources[1] + " ")  # compiled outside: nothing
+    assert capsys.readouterr().err == (
+        f"netcl: building OpenCL kernels for {device.device_name} (kept in {tmp_path / 'programs'}, so later "
+        "runs skip this)\n")
+    with announce_kernel_builds():
+        for source in sources:
+            build_program(device, source)  # both from the disk cache
+    assert capsys.readouterr().err == ""
+    monkeypatch.setenv("NETCL_DISK_CACHE", "0")
+    with announce_kernel_builds():
+        build_program(device, sources[0])
+    assert "NETCL_DISK_CACHE=0: every run builds them again" in capsys.readouterr().err
+    monkeypatch.setenv("NETCL_RANK", "1")
+    monkeypatch.setenv("NETCL_WORLD_SIZE", "2")
+    monkeypatch.setenv("NETCL_DIST_ID", "job")
+    with announce_kernel_builds():
+        build_program(device, sources[1])
+    assert capsys.readouterr().err == ""  # rank 0 speaks for a data-parallel job
+
+
+def test_a_command_from_cold_caches_says_it_is_building(tmp_path):
+    env = {**os.environ, "NETCL_CACHE_DIR": str(tmp_path)}
+    runs = [subprocess.run([sys.executable, "-m", "netcl", "demo"], capture_output=True, text=True,
+                           timeout=300, env=env, cwd=ROOT) for _ in range(2)]
+    assert [r.returncode for r in runs] == [0, 0]
+    assert runs[0].stderr.count("netcl: building OpenCL kernels for ") == 1
+    assert runs[1].stderr == ""  # the second run loads them: nothing said

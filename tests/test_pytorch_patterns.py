@@ -3,13 +3,17 @@ error that says what netcl spells instead (the mapping table is docs/paths/pytor
 
 from __future__ import annotations
 
+import json
+import pickle
+import re
 from collections import OrderedDict
 
 import numpy as np
 import pytest
 
+import netcl
 import netcl.autograd as ag
-from netcl import optim
+from netcl import nn, ops, optim
 from netcl.core.tensor import Tensor
 from netcl.data import DataLoader
 from netcl.errors import DTypeError, NetclError, ShapeError
@@ -233,3 +237,151 @@ def test_train_mode_must_be_a_bool(queue):
     with pytest.raises(TypeError, match="mode must be True or False, got str 'eval'"):
         model.train("eval")  # was training=True, silently
     assert model.train(np.bool_(False)).training is False and not model[0].training
+
+
+@pytest.mark.parametrize("make, call", [
+    (lambda: Linear(4, 3), "Linear(queue, 4, 3), not PyTorch's Linear(4, 3)"),
+    (lambda: Linear(in_features=4, out_features=3), "Linear(queue, in_features=4, out_features=3)"),
+    (lambda: BatchNorm2d(16), "BatchNorm2d(queue, 16), not PyTorch's BatchNorm2d(16)"),
+    (lambda: nn.Conv2d(3, 8, 3, padding=1), "Conv2d(queue, 3, 8, 3, padding=1)"),
+    (lambda: nn.Embedding(10, 4), "Embedding(queue, 10, 4)"),
+])
+def test_a_layer_made_without_its_queue_shows_the_netcl_call(make, call):
+    """It was a TypeError about `out_features` (4 taken for the queue, 3 for in_features)."""
+    with pytest.raises(TypeError, match=re.escape(f"takes the queue first, then its sizes: {call}")) as err:
+        make()
+    assert "queue = netcl.manager.default().queue" in str(err.value)
+
+
+def test_a_subclass_taking_the_queue_first_is_checked_too(queue):
+    class Block(nn.Module):
+        def __init__(self, q, width):
+            super().__init__()
+            self.fc = Linear(q, width, width)
+
+    assert Block(queue, 3).fc.in_features == 3 and Block(q=queue, width=2).fc.out_features == 2
+    words = re.escape("Block takes the queue first, then its sizes: Block(queue, 3),")
+    with pytest.raises(TypeError, match=words):
+        Block(3)
+
+    class Free(nn.Module):  # no queue argument: nothing to check
+        def __init__(self, width=2):
+            super().__init__()
+            self.width = width
+
+    assert Free(5).width == 5
+
+
+def test_loss_modules_are_the_functions_with_their_options(queue, rng):
+    logits = rng.standard_normal((5, 4))
+    labels = np.array([0, 3, 1, -100, 2])
+    keep = labels != -100
+    logp = logits - np.log(np.exp(logits).sum(1, keepdims=True))
+    picked = -logp[keep, labels[keep]]
+    x = ag.tensor(Tensor.from_host(queue, logits.astype(np.float32)), requires_grad=True)
+    y = Tensor.from_host(queue, labels.astype(np.int32))
+    criterion = nn.CrossEntropyLoss(label_smoothing=0.1)
+    assert repr(criterion) == "CrossEntropyLoss(ignore_index=-100, label_smoothing=0.1, reduction='mean')"
+    with ag.Tape():
+        loss = criterion(x, y)
+    want = (0.9 * picked + 0.1 * -logp[keep].mean(1)).mean()  # PyTorch's label smoothing
+    np.testing.assert_allclose(float(loss), want, rtol=1e-5)
+    loss.backward()
+    assert x.grad.shape == (5, 4) and not x.grad.to_host()[3].any()  # the ignored row
+    log_probs = ag.tensor(Tensor.from_host(queue, logp.astype(np.float32)))
+    np.testing.assert_allclose(float(nn.NLLLoss(reduction="sum")(log_probs, y)), picked.sum(), rtol=1e-5)
+
+    a, b = rng.standard_normal((3, 7)), rng.standard_normal((3, 7))
+    na, nb = (ag.tensor(Tensor.from_host(queue, v.astype(np.float32))) for v in (a, b))
+    d = a - b
+    for module, want in (
+        (nn.MSELoss(), (d ** 2).mean()),
+        (nn.L1Loss(reduction="sum"), np.abs(d).sum()),
+        (nn.SmoothL1Loss(beta=0.5), np.where(np.abs(d) < 0.5, 0.5 * d ** 2 / 0.5, np.abs(d) - 0.25).mean()),
+        (nn.BCEWithLogitsLoss(), (np.maximum(a, 0) - a * b + np.log1p(np.exp(-np.abs(a)))).mean()),
+    ):
+        np.testing.assert_allclose(float(module(na, nb)), want, rtol=1e-5, err_msg=repr(module))
+    per_row = nn.MSELoss(reduction="none")(na, nb)
+    np.testing.assert_allclose(per_row.numpy(), d ** 2, rtol=1e-5, atol=1e-6)
+    with pytest.raises(TypeError):
+        nn.CrossEntropyLoss(Tensor.from_host(queue, np.ones(4, np.float32)))  # PyTorch's class weights
+
+
+def test_pytorch_paths_to_seeding_clipping_and_schedulers(queue):
+    """netcl.manual_seed, nn.utils.clip_grad_norm_ and optim.lr_scheduler.* are the objects netcl already
+    had (ops.random.manual_seed, optim.clip_grad_norm_, optim's schedulers), under PyTorch's names."""
+    from netcl.nn.utils import clip_grad_norm_
+    from netcl.optim.lr_scheduler import OneCycleLR
+
+    assert nn.utils.clip_grad_norm_ is clip_grad_norm_ is optim.clip_grad_norm_
+    assert OneCycleLR is optim.lr_scheduler.OneCycleLR is optim.OneCycleLR
+    for name in optim.lr_scheduler.__all__:
+        assert getattr(optim.lr_scheduler, name) is getattr(optim, name)
+    assert {"StepLR", "CosineAnnealingLR", "OneCycleLR", "ReduceLROnPlateau", "LRScheduler"} <= set(
+        optim.lr_scheduler.__all__)
+
+    weights = []
+    for seed in (7, 7, 8):
+        netcl.manual_seed(seed)
+        weights.append(Linear(queue, 3, 2).weight.numpy())
+    assert np.array_equal(weights[0], weights[1]) and not np.array_equal(weights[0], weights[2])
+
+    p = ag.Parameter(Tensor.from_host(queue, np.zeros(2, np.float32)))
+    p.grad = Tensor.from_host(queue, np.array([3.0, 4.0], np.float32))
+    total = nn.utils.clip_grad_norm_([p], max_norm=1.0)
+    assert float(total) == pytest.approx(5.0)
+    np.testing.assert_allclose(p.grad.to_host(), [0.6, 0.8], rtol=1e-5)
+
+
+def test_size_numel_and_cpu_as_pytorch_spells_them(queue):
+    """t.size stays NumPy's element count (an int); called it is PyTorch's size(); numel() and cpu() too."""
+    a = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    t = Tensor.from_host(queue, a)
+    node = ag.tensor(t)
+    for x in (t, node):
+        assert x.size == 24 and x.size + 1 == 25 and isinstance(x.size, int)
+        assert x.size() == (2, 3, 4) and x.size(1) == 3 and x.size(-1) == 4 and x.size(dim=0) == 2
+        assert x.numel() == 24 and type(x.numel()) is int
+        assert np.array_equal(x.cpu(), a) and isinstance(x.cpu(), np.ndarray)
+    assert Tensor.from_host(queue, np.float32(2.0)).size() == () and t[0, 0].size(0) == 4
+    with pytest.raises(ShapeError, match=r"size: dim 3 is out of range for a tensor of shape \(2, 3, 4\)"):
+        t.size(3)
+    with pytest.raises(TypeError, match="size: dim must be an integer, got 1.5"):
+        t.size(1.5)
+    assert json.dumps(t.size) == "24" and type(pickle.loads(pickle.dumps(t.size))) is int
+
+
+def test_dim_and_keepdim_beside_axis_and_keepdims(queue, rng):
+    a = rng.standard_normal((3, 5)).astype(np.float32)
+    t = Tensor.from_host(queue, a)
+    node = ag.tensor(t)
+    assert np.array_equal(t.sum(dim=1).to_host(), t.sum(axis=1).to_host())
+    np.testing.assert_allclose(ops.mean(t, dim=0, keepdim=True).to_host(), a.mean(0, keepdims=True),
+                               rtol=1e-6)
+    np.testing.assert_allclose(t.softmax(dim=0).to_host(), ops.softmax(t, 0).to_host(), rtol=0)
+    np.testing.assert_allclose(nn.functional.softmax(node, dim=1).numpy(), ops.softmax(t, 1).to_host(),
+                               rtol=0)
+    assert t.argmax(dim=1).to_host().tolist() == a.argmax(1).tolist()
+    assert np.array_equal(t.cumsum(dim=1).to_host(), ops.cumsum(t, 1).to_host())
+    # max and min spelled with dim= give PyTorch's (values, indices); axis= keeps NumPy's values
+    values, indices = t.max(dim=1)
+    assert np.array_equal(values.to_host(), a.max(1)) and indices.to_host().tolist() == a.argmax(1).tolist()
+    low = t.min(dim=0, keepdim=True)
+    assert low.values.shape == (1, 5) and low.indices.to_host().tolist() == [a.argmin(0).tolist()]
+    assert isinstance(t.max(axis=1), Tensor) and isinstance(t.max(1), Tensor)
+    with ag.Tape() as tape:
+        x = ag.tensor(t, requires_grad=True)
+        best, where = x.max(dim=1)
+        loss = best.sum(dim=0)
+    tape.backward(loss)
+    assert where.to_host().tolist() == a.argmax(1).tolist()
+    assert np.array_equal(x.grad.to_host(), (a == a.max(1, keepdims=True)).astype(np.float32))
+    words = r"sum: axis=0 and dim=1 are one argument \(NumPy's name and PyTorch's\); give one of them"
+    with pytest.raises(TypeError, match=words):
+        t.sum(axis=0, dim=1)
+    with pytest.raises(TypeError, match=r"mean: axis=1 and dim=0 are one argument"):
+        ops.mean(t, 1, dim=0)  # axis given by position
+    with pytest.raises(TypeError, match=r"keepdims=True and keepdim=False are one argument"):
+        node.sum(dim=0, keepdims=True, keepdim=False)
+    with pytest.raises(TypeError, match="softmax.. got an unexpected keyword argument 'keepdim'"):
+        ops.softmax(t, keepdim=True)

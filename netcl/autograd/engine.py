@@ -20,7 +20,7 @@ import numpy as np
 from netcl import ops
 from netcl.core import dtypes
 from netcl.core.tensor import Tensor
-from netcl.errors import DTypeError, NetclError, ShapeError
+from netcl.errors import DeviceMismatchError, DTypeError, NetclError, ShapeError
 
 BackwardFn = Callable[[Tensor], Sequence[Tensor | None]]
 
@@ -85,8 +85,12 @@ class Node:
         return self.value.ndim
 
     @property
-    def size(self) -> int:
+    def size(self) -> Any:
+        """The number of elements; called, PyTorch's size() (see Tensor.size)."""
         return self.value.size
+
+    def numel(self) -> int:
+        return self.value.numel()
 
     @property
     def queue(self):
@@ -97,6 +101,10 @@ class Node:
         return self._backward is None and not self._freed
 
     def numpy(self) -> np.ndarray:
+        return self.value.to_host()
+
+    def cpu(self) -> np.ndarray:
+        """PyTorch's `x.cpu()`: the value as a NumPy array (Tensor.cpu)."""
         return self.value.to_host()
 
     def item(self) -> Any:
@@ -377,6 +385,13 @@ def backward(root: Node, grad: Tensor | None = None, retain_graph: bool = False,
     elif not dtypes.is_floating(grad.dtype):
         raise DTypeError(
             f"backward: grad must be floating point like the output ({root.dtype}), got {grad.dtype}"
+        )
+    elif grad.queue is not root.queue:  # the rules would run on grad's queue and leave .grad there
+        where = ("another queue of the same device" if grad.queue.device is root.queue.device
+                 else f"{grad.queue.device.describe()}, the output on {root.queue.device.describe()}")
+        raise DeviceMismatchError(
+            f"backward: grad is on {where}; move it first, grad.to(output.queue) (PyTorch refuses a "
+            "gradient on another device too)"
         )
     order = _topological_order(root)
     freed = next((n for n in order if n._freed), None)

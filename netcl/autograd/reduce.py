@@ -10,6 +10,7 @@ from netcl import ops
 from netcl.autograd import autocast
 from netcl.autograd.elementwise import sqrt
 from netcl.autograd.engine import Node, as_node, record
+from netcl.core.shapes import torch_names
 from netcl.core.tensor import Tensor
 
 
@@ -30,6 +31,7 @@ def _expand_back(g: Tensor, in_shape: tuple[int, ...], axes: tuple[int, ...]) ->
     return g.reshape(_keepdims_shape(in_shape, axes)).expand(in_shape)
 
 
+@torch_names
 def sum(x: Node, axis: Any = None, keepdims: bool = False) -> Node:  # noqa: A001
     x = as_node(x)
     xv = x.value
@@ -38,6 +40,7 @@ def sum(x: Node, axis: Any = None, keepdims: bool = False) -> Node:  # noqa: A00
     return record(out, (x,), lambda g: (_expand_back(g, xv.shape, axes),), "sum")
 
 
+@torch_names
 def mean(x: Node, axis: Any = None, keepdims: bool = False) -> Node:
     x = as_node(x)
     xv = x.value
@@ -45,6 +48,15 @@ def mean(x: Node, axis: Any = None, keepdims: bool = False) -> Node:
     count = math.prod(xv.shape[a] for a in axes) or 1
     out = ops.mean(xv, axis=axis, keepdims=keepdims)
     return record(out, (x,), lambda g: (_expand_back(ops.mul(g, 1.0 / count), xv.shape, axes),), "mean")
+
+
+def _argmax_of_value(x: Any, axis: Any, keepdims: bool) -> Tensor:
+    """The indices half of `max(x, dim=d)` (PyTorch's pair): not differentiable, a Tensor."""
+    return ops.argmax(as_node(x).value, axis, keepdims)
+
+
+def _argmin_of_value(x: Any, axis: Any, keepdims: bool) -> Tensor:
+    return ops.argmin(as_node(x).value, axis, keepdims)
 
 
 def _extremum(name: str, x: Node, axis: Any, keepdims: bool) -> Node:
@@ -63,14 +75,17 @@ def _extremum(name: str, x: Node, axis: Any, keepdims: bool) -> Node:
     return record(out, (x,), backward, name)
 
 
+@torch_names(indices="_argmax_of_value")
 def max(x: Node, axis: Any = None, keepdims: bool = False) -> Node:  # noqa: A001
     return _extremum("max", x, axis, keepdims)
 
 
+@torch_names(indices="_argmin_of_value")
 def min(x: Node, axis: Any = None, keepdims: bool = False) -> Node:  # noqa: A001
     return _extremum("min", x, axis, keepdims)
 
 
+@torch_names
 def softmax(x: Node, axis: int = -1) -> Node:
     """d x = y (g - sum(g y))."""
     (x,) = autocast.cast_inputs("softmax", as_node(x))
@@ -83,6 +98,7 @@ def softmax(x: Node, axis: int = -1) -> Node:
     return record(out, (x,), backward, "softmax")
 
 
+@torch_names
 def log_softmax(x: Node, axis: int = -1) -> Node:
     """d x = g - exp(y) sum(g)."""
     (x,) = autocast.cast_inputs("log_softmax", as_node(x))
@@ -95,6 +111,7 @@ def log_softmax(x: Node, axis: int = -1) -> Node:
     return record(out, (x,), backward, "log_softmax")
 
 
+@torch_names
 def logsumexp(x: Node, axis: Any = None, keepdims: bool = False) -> Node:
     """d x = g exp(x - lse)."""
     x = as_node(x)
@@ -109,6 +126,7 @@ def logsumexp(x: Node, axis: Any = None, keepdims: bool = False) -> Node:
     return record(out, (x,), backward, "logsumexp")
 
 
+@torch_names
 def var(x: Node, axis: Any = None, keepdims: bool = False, ddof: int = 0) -> Node:
     """Variance / (n - ddof) (NumPy's default ddof=0); d x = 2 (x - mean) g / (n - ddof)."""
     x = as_node(x)
@@ -125,6 +143,7 @@ def var(x: Node, axis: Any = None, keepdims: bool = False, ddof: int = 0) -> Nod
     return record(out, (x,), backward, "var")
 
 
+@torch_names
 def std(x: Node, axis: Any = None, keepdims: bool = False, ddof: int = 0) -> Node:
     return sqrt(var(x, axis=axis, keepdims=keepdims, ddof=ddof))
 

@@ -15,7 +15,7 @@ import tempfile
 import threading
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -185,6 +185,10 @@ class BuildStats:
 
 
 build_stats = BuildStats()
+
+# Called as listener(device, program name) just before each program is compiled from source (not found in
+# the disk cache): the `netcl` command says once that a first run is building its kernels.
+source_build_listeners: list[Callable[[Any, str], None]] = []
 
 
 class Program:
@@ -378,6 +382,8 @@ def build_program(
                 except (OSError, ValueError, AttributeError):
                     arg_names = _read_arg_names(prg)
         if prg is None:
+            for listener in list(source_build_listeners):
+                listener(device, name)
             prg = _build_from_source(device, source, options, name)
             arg_names = _read_arg_names(prg)
             if ptx_target is not None:

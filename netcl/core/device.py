@@ -14,6 +14,7 @@ from netcl.core import variants
 from netcl.core.backend import Queue
 from netcl.core.memory import BufferPool
 from netcl.errors import DeviceError, NoPlatformError
+from netcl.profiling import start_whole_program
 
 _KIND_ORDER = ("gpu", "accelerator", "cpu")
 
@@ -183,7 +184,11 @@ class DeviceHandle:
 
     def new_queue(self, profiling: bool | None = None) -> Queue:
         """A new in-order command queue on this device (profiling follows NETCL_PROFILE by default)."""
-        return Queue(self, profiling=config.profiling() if profiling is None else profiling)
+        if profiling is None:
+            profiling = config.profiling()
+            if profiling:
+                start_whole_program()  # NETCL_PROFILE set: the whole program, from its first queue on
+        return Queue(self, profiling=profiling)
 
     @property
     def pool(self):

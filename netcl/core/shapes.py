@@ -7,10 +7,13 @@ helpers. Integers are anything `operator.index` takes: int, NumPy integers (and 
 
 from __future__ import annotations
 
+import functools
+import inspect
 import operator
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple, TypeVar
 
+from netcl import profiling
 from netcl.errors import ShapeError, SizeTypeError
 
 
@@ -49,7 +52,7 @@ def shape(value: Any, what: str = "shape") -> tuple[int, ...]:
         )
     try:
         return (
-            (operator.index(value),)
+            (_dimension(value, (value,), what),)  # a bare size: -4 is refused as (-4,) is
             if _is_integer(value)
             else tuple(_dimension(v, value, what) for v in value)
         )
@@ -85,7 +88,8 @@ def _dimension(v: Any, whole: Any, what: str) -> int:
             f"{what} {whole!r} has a dimension that is not an integer: {v!r} ({_kind(v)})"
         ) from None
     if n < 0:
-        raise ShapeError(f"{what} {tuple(whole)} has a negative dimension ({n})")
+        shown = tuple(operator.index(d) if _is_integer(d) else d for d in whole)  # (-4,), not (np.int64(-4),)
+        raise ShapeError(f"{what} {shown} has a negative dimension ({n})")
     return n
 
 
@@ -108,3 +112,93 @@ def axis(value: Any, ndim: int, what: str = "axis", shape_of: Sequence[int] | No
         where = f"a tensor of shape {tuple(shape_of)}" if shape_of is not None else f"{ndim} dimensions"
         raise ShapeError(f"{what} {a} is out of range for {where}")
     return a % ndim
+
+
+class ElementCount(int):
+    """What `Tensor.size` is: NumPy's number of elements, an int (`t.size == 0`, `range(t.size)`), and,
+    called, PyTorch's size(): `t.size()` the shape, `t.size(dim)` one dimension (a negative dim counts from
+    the end). It pickles, prints and serialises as the plain int it is."""
+
+    shape: tuple[int, ...]
+
+    def __new__(cls, shape: tuple[int, ...]) -> ElementCount:
+        count = 1
+        for d in shape:
+            count *= d
+        self = super().__new__(cls, count)
+        self.shape = shape
+        return self
+
+    def __call__(self, dim: Any = None) -> Any:
+        if dim is None:
+            return self.shape
+        return self.shape[axis(dim, len(self.shape), "size: dim", shape_of=self.shape)]
+
+    def __reduce__(self) -> tuple:
+        return int, (int(self),)
+
+
+_counts: dict[tuple[int, ...], ElementCount] = {}
+
+
+def element_count(shape: tuple[int, ...]) -> ElementCount:
+    """The ElementCount of `shape` (one per shape, kept: a program repeats its shapes)."""
+    count = _counts.get(shape)
+    if count is None:
+        count = ElementCount(shape)
+        if len(_counts) < 8192:
+            _counts[shape] = count
+    return count
+
+
+# -- PyTorch's names for the axis arguments -------------------------------------------------------------
+_TORCH_NAMES = (("dim", "axis"), ("keepdim", "keepdims"))
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class ValuesIndices(NamedTuple):
+    """What max(x, dim=d) and min(x, dim=d) return, as in PyTorch: the extrema and their int64 indices."""
+
+    values: Any
+    indices: Any
+
+
+def torch_names(fn: F | None = None, *, indices: str | None = None) -> Any:
+    """Let a reduction that takes `axis` (and `keepdims`) take PyTorch's `dim` (and `keepdim`) too. Giving
+    both names of one argument is a TypeError naming them. `indices`, the name of a function (x, axis,
+    keepdims) -> indices in the reduction's module (argmax for max), makes the `dim=` spelling return
+    PyTorch's ValuesIndices: `v, i = x.max(dim=1)` means there what it means in PyTorch."""
+
+    def decorate(fn: F) -> F:
+        signature = inspect.signature(fn)
+        where = {name: i for i, name in enumerate(signature.parameters)}
+
+        @functools.wraps(fn)
+        def reduction(*args: Any, **kwargs: Any) -> Any:
+            if "dim" not in kwargs and "keepdim" not in kwargs:
+                return fn(*args, **kwargs)
+            pytorch = "dim" in kwargs
+            for torch_name, name in _TORCH_NAMES:
+                if torch_name not in kwargs:
+                    continue
+                if name not in where:
+                    raise TypeError(f"{fn.__name__}() got an unexpected keyword argument {torch_name!r}")
+                if name in kwargs or len(args) > where[name]:
+                    given = kwargs[name] if name in kwargs else args[where[name]]
+                    raise TypeError(
+                        f"{fn.__name__}: {name}={given!r} and {torch_name}={kwargs[torch_name]!r} are one "
+                        f"argument (NumPy's name and PyTorch's); give one of them"
+                    )
+                kwargs[name] = kwargs.pop(torch_name)
+            out = fn(*args, **kwargs)
+            if indices is None or not pytorch:
+                return out
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            given = bound.arguments
+            found = fn.__globals__[indices](next(iter(given.values())), given["axis"], given["keepdims"])
+            return ValuesIndices(out, found)
+
+        return profiling.transparent(reduction)  # type: ignore[return-value]
+
+    return decorate if fn is None else decorate(fn)

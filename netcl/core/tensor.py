@@ -167,8 +167,14 @@ class Tensor:
         return len(self.shape)
 
     @property
-    def size(self) -> int:
-        return math.prod(self.shape)
+    def size(self) -> shapes.ElementCount:
+        """The number of elements (NumPy's size, an int); called, PyTorch's size(): `t.size()` is the shape,
+        `t.size(dim)` one dimension."""
+        return shapes.element_count(self.shape)
+
+    def numel(self) -> int:
+        """PyTorch's name for the number of elements (`size`)."""
+        return int(self.size)
 
     @property
     def itemsize(self) -> int:
@@ -274,6 +280,12 @@ class Tensor:
         return out
 
     numpy = to_host
+
+    def cpu(self) -> np.ndarray:
+        """PyTorch's `x.cpu()`: here a NumPy array, the same as to_host() (a Tensor lives on its queue's
+        device; `x.to(queue)` moves it to another). PyTorch's `x.cpu().numpy()` is `x.cpu()` or
+        `x.numpy()`."""
+        return self.to_host()
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         arr = self.to_host()

@@ -162,7 +162,7 @@ def forget_memory() -> None:
 
 # -- probes in a child process -----------------------------------------------------------------------
 def in_probe_child() -> bool:
-    return bool(config.env(PROBE_ENV))
+    return config.in_variant_probe()
 
 
 def _reason_from(stderr: str, returncode: int) -> str:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import numbers
 import os
-import tempfile
+import secrets
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +50,19 @@ def _write_bytes(f: Any, data: bytes) -> None:
         f.write(view[start : start + _CHUNK])
 
 
+def _temporary_beside(target: Path) -> tuple[int, str]:
+    """A new file next to `target` to write and rename over it: (open descriptor, path). Made with mode 0666
+    less the umask, as open() makes files (0644 as a rule), unlike mkstemp's 0600: a model directory's
+    weights and config must be as readable as the files written beside them."""
+    for _ in range(100):
+        tmp = str(target.parent / f".{target.name}.{secrets.token_hex(4)}.tmp")
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary name beside {target}")
+
+
 def atomic_write(path: str | os.PathLike, data: bytes) -> None:
     """Replace `path` by `data` so that at every instant `path` is either the old or the new file."""
     if not isinstance(path, (str, os.PathLike)):
@@ -58,7 +71,7 @@ def atomic_write(path: str | os.PathLike, data: bytes) -> None:
         raise TypeError(f"atomic_write: data must be bytes, got {type(data).__name__}")
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    fd, tmp = _temporary_beside(target)
     try:
         with os.fdopen(fd, "wb") as f:
             _write_bytes(f, data)

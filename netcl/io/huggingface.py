@@ -139,9 +139,10 @@ def _read_safetensors(file: Path) -> dict[str, np.ndarray]:
 
 
 def write(path: str | os.PathLike, config: dict[str, Any], tensors: dict[str, np.ndarray],
-          max_shard_bytes: int | None = None) -> None:
+          max_shard_bytes: int | None = None) -> list[Path]:
     """Write config.json and the tensors as model.safetensors, or, when they exceed max_shard_bytes, as
-    model-0000i-of-0000n.safetensors shards with model.safetensors.index.json (each file atomically)."""
+    model-0000i-of-0000n.safetensors shards with model.safetensors.index.json (each file atomically).
+    Returns the paths written, weights first."""
     if max_shard_bytes is not None and (
         isinstance(max_shard_bytes, bool) or not isinstance(max_shard_bytes, int) or max_shard_bytes < 1
     ):
@@ -162,12 +163,14 @@ def write(path: str | os.PathLike, config: dict[str, Any], tensors: dict[str, np
         size += nbytes
     metadata = {"format": "pt"}  # what transformers expects of a PyTorch-format safetensors file
     if len(shards) == 1:
-        atomic_write(directory / WEIGHTS, st_save(shards[0], metadata=metadata))
+        written = [directory / WEIGHTS]
+        atomic_write(written[0], st_save(shards[0], metadata=metadata))
         stale = directory / INDEX
         if stale.exists():
             stale.unlink()
     else:
         names = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+        written = [directory / name for name in names] + [directory / INDEX]
         for name, shard in zip(names, shards):
             atomic_write(directory / name, st_save(shard, metadata=metadata))
         index = {"metadata": {"total_size": sum(a.nbytes for a in arrays.values())},
@@ -177,6 +180,7 @@ def write(path: str | os.PathLike, config: dict[str, Any], tensors: dict[str, np
         if stale.exists():
             stale.unlink()
     atomic_write(directory / CONFIG, (json.dumps(config, indent=2, sort_keys=True) + "\n").encode())
+    return [*written, directory / CONFIG]
 
 
 __all__ = ["PretrainedError", "read_config", "read_tensors", "write"]

@@ -23,6 +23,7 @@ accumulate in float32 (float64 in double, integers in long).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -35,18 +36,39 @@ from netcl.jit import codegen, ir
 from netcl.jit.runner import broadcast_strides, declared_work, memo_params_args
 
 MAX_CHUNK = 1 << 14
-# GPU knobs (NETCL_RED_* environment variables; bench/elementwise.py --sweep times them):
-# work-groups per compute unit for a full reduction, vector width of the loads, loop unroll
-# (independent loads in flight per work-item), and the longest serial sum one accumulator lane
-# may do (the error bound: the old 16384-element chunks, 4096 per lane of a float4 in the CPU path).
-RED_GROUPS_PER_CU = jit_knob("NETCL_RED_GROUPS_PER_CU")
-RED_VEC = jit_knob("NETCL_RED_VEC")
-RED_UNROLL = jit_knob("NETCL_RED_UNROLL")
+# The longest serial sum one accumulator lane may do (the error bound: the old 16384-element chunks, 4096
+# per lane of a float4 in the CPU path).
 MAX_SERIAL = 2048
-# softmax/log_softmax with the row held in registers (1 read + 1 write) when a row has at most
-# L * W * SOFTMAX_REG elements (GPU layouts); 0 keeps the online max/sum pass + a second read
-SOFTMAX_REG = jit_knob("NETCL_SOFTMAX_REG")
-ALIGNED = bool(jit_knob("NETCL_RED_ALIGNED"))
+
+
+@dataclass(frozen=True)
+class ReduceKnobs:
+    """The GPU knobs of reductions (NETCL_RED_*, NETCL_SOFTMAX_REG; bench/elementwise.py --sweep times them):
+    work-groups per compute unit for a full reduction, vector width of the loads, loop unroll (independent
+    loads in flight per work-item); softmax/log_softmax hold the row in registers (1 read + 1 write) when it
+    has at most L * W * softmax_reg elements (GPU layouts; 0 keeps the online max/sum pass + a second read);
+    aligned vector loads where offsets allow them."""
+
+    groups_per_cu: int
+    vec: int
+    unroll: int
+    softmax_reg: int
+    aligned: bool
+
+
+_knobs: ReduceKnobs | None = None
+
+
+def knobs() -> ReduceKnobs:
+    """The knobs, read from the environment on first use rather than at import (a bad value is an error of
+    the first reduction, naming the variable; `import netcl` never fails on one)."""
+    global _knobs
+    if _knobs is None:
+        _knobs = ReduceKnobs(jit_knob("NETCL_RED_GROUPS_PER_CU"), jit_knob("NETCL_RED_VEC"),
+                             jit_knob("NETCL_RED_UNROLL"), jit_knob("NETCL_SOFTMAX_REG"),
+                             bool(jit_knob("NETCL_RED_ALIGNED")))
+    return _knobs
+
 # Tests set this to "gpu" to run the GPU layouts (local-memory trees) on the PoCL CPU device.
 FORCE_KIND: str | None = None
 
@@ -596,6 +618,7 @@ def _plan(
         out_rkind = "g"
     acc = acc_dtype(reducer or "sum", expr.dtype)
     gpu = (FORCE_KIND or caps.kind) == "gpu"
+    knob = knobs()
     vec_ok = all(k in "sc" for k in leaf_rk) and not any(d[0] == "index" for d in desc)
     inner_kept = bool(in_shape) and (len(in_shape) - 1) not in axes and in_shape[-1] > 1
     if mode in ("scan", "topk"):
@@ -603,7 +626,7 @@ def _plan(
     elif gpu and inner_kept and M >= 256:
         L, W, order = 1, 1, "col"
     elif gpu:
-        L, W, order = 256 if R >= 256 else (64 if R >= 64 else 1), (RED_VEC if vec_ok else 1), "row"
+        L, W, order = 256 if R >= 256 else (64 if R >= 64 else 1), (knob.vec if vec_ok else 1), "row"
         if L == 1:
             order = "col"
     else:
@@ -612,7 +635,7 @@ def _plan(
     if mode == "reduce" and gpu and order == "row" and L > 1:
         # a few work-groups per compute unit, each a long run of vector loads (MAX_SERIAL bounds
         # what one accumulator lane adds serially), then a tiny second launch over the partials
-        want = max(1, -(-caps.compute_units * RED_GROUPS_PER_CU // M))
+        want = max(1, -(-caps.compute_units * knob.groups_per_cu // M))
         P = max(1, min(want, -(-R // (L * W * 8))))
         P = max(P, -(-R // (MAX_SERIAL * L * W)))
     elif mode == "reduce":
@@ -636,15 +659,15 @@ def _plan(
     it = np.int32 if idx_t == "int" else np.int64
     fields = _FIELDS[reducer] if reducer else []
     out_dt = out.dtype
-    aligned = ALIGNED and W > 1 and chunk % W == 0 and all(
+    aligned = knob.aligned and W > 1 and chunk % W == 0 and all(
         t.offset % W == 0 and all(x % W == 0 for x in ks)
         for t, ks, rk in zip(leaves, k_sets, leaf_rk) if rk == "c")
     kreg = 0
     if mode in ("softmax", "log_softmax") and gpu and L > 1 and W > 1 and len(r_shape) == 1 and \
-            out_rkind == "c" and R <= L * W * SOFTMAX_REG:
+            out_rkind == "c" and R <= L * W * knob.softmax_reg:
         kreg = -(-R // (L * W))
         aligned = aligned and out.offset % W == 0 and all(x % W == 0 for x in k_sets[-1])
-    unroll = RED_UNROLL if gpu and L > 1 else 1
+    unroll = knob.unroll if gpu and L > 1 else 1
     key = (
         mode,
         reducer,

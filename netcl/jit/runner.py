@@ -7,6 +7,7 @@ shape; leaves are read in place through their own strides, broadcast to that sha
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -18,14 +19,34 @@ from netcl.core import dtypes as core_dtypes
 from netcl.core.tensor import Tensor, _coalesce, contiguous_strides
 from netcl.jit import codegen, ir
 
-VEC_GPU = jit_knob("NETCL_EW_VEC")  # float4 loads/stores per work-item on GPUs
-# GPU launch: work-groups of GPU_LOCAL; GPU_GROUPS_PER_CU > 0 caps the grid at that many groups per
-# compute unit (grid-stride loop); 0 = one vector step per work-item (no cap: the hardware
-# scheduler balances many small groups, no tail wave when registers limit occupancy)
-GPU_LOCAL = jit_knob("NETCL_EW_LOCAL")
-GPU_GROUPS_PER_CU = jit_knob("NETCL_EW_GROUPS_PER_CU")
-# aligned vector loads (pointer casts) when every contiguous operand's offset is a multiple of VEC
-ALIGNED = bool(jit_knob("NETCL_EW_ALIGNED"))
+
+@dataclass(frozen=True)
+class LaunchKnobs:
+    """The NETCL_EW_* knobs (config.JIT_KNOBS): vec, float4 loads/stores per work-item on GPUs; GPU launches
+    of work-groups of `local` items, `groups_per_cu` > 0 capping the grid at that many groups per compute
+    unit (grid-stride loop; 0 = one vector step per work-item: no cap, the hardware scheduler balances many
+    small groups, no tail wave when registers limit occupancy); `aligned`, aligned vector loads (pointer
+    casts) when every contiguous operand's offset is a multiple of the vector width."""
+
+    vec: int
+    local: int
+    groups_per_cu: int
+    aligned: bool
+
+
+_knobs: LaunchKnobs | None = None
+
+
+def knobs() -> LaunchKnobs:
+    """The launch knobs, read from the environment on first use rather than at import: a bad value is then
+    an error of the first launch, naming the variable, and `import netcl` never fails on one."""
+    global _knobs
+    if _knobs is None:
+        _knobs = LaunchKnobs(jit_knob("NETCL_EW_VEC"), jit_knob("NETCL_EW_LOCAL"),
+                             jit_knob("NETCL_EW_GROUPS_PER_CU"), bool(jit_knob("NETCL_EW_ALIGNED")))
+    return _knobs
+
+
 VEC_CPU = 8  # wide loads for PoCL when the graph is only cheap arithmetic ...
 # ... but never wider than 32 bytes (double4, long4). PoCL 3.0 (LLVM 14) on AVX-512 CPUs that LLVM 14
 # does not know (AMD Zen 4, "znver3" to it) links the AVX-512 kernel library into code generated for
@@ -74,10 +95,11 @@ def launch_config(device: Any, work: int) -> tuple[int, int | None]:
     """(global size, local size) of a 1-D grid-stride launch over `work` items."""
     caps = device.capabilities
     if caps.kind == "gpu":
-        local = GPU_LOCAL
+        k = knobs()
+        local = k.local
         groups = max(1, -(-work // local))
-        if GPU_GROUPS_PER_CU > 0:
-            groups = min(groups, caps.compute_units * GPU_GROUPS_PER_CU)
+        if k.groups_per_cu > 0:
+            groups = min(groups, caps.compute_units * k.groups_per_cu)
         return groups * local, local
     # CPU (PoCL): one step per work-item; PoCL runs work-groups as vectorised loops over work-items
     # (a grid-stride loop inside the kernel defeats that: measured 10x slower)
@@ -90,8 +112,8 @@ def choose_vec(device: Any, desc: tuple, dtypes: list[np.dtype]) -> int:
         # 16 bytes a lane's load for 2-byte floats too: float16/bfloat16-only kernels take twice the lanes
         # (8 halves = one 16-byte vloada_half8), as float32 takes float4
         if dtypes and all(dt in (core_dtypes.float16, core_dtypes.bfloat16) for dt in dtypes):
-            return min(16, 2 * VEC_GPU)
-        return VEC_GPU
+            return min(16, 2 * knobs().vec)
+        return knobs().vec
     if any(d[0] in _SCALAR_MATH for d in desc):
         return 1
     widest = max((ir.COMPUTE_SIZE[dt] for dt in dtypes), default=4)
@@ -223,7 +245,7 @@ def _plan(device: Any, shape: tuple[int, ...], desc: tuple, out_pos: tuple, out_
     extents = [n] + [_extent(o.offset, cshape, s) for o, s in zip(out_tensors, out_sets)]
     extents += [_extent(t.offset, cshape, s) for t, s in zip(leaves, leaf_sets)]
     idx_t = "int" if max(extents) < _INT_LIMIT - 16 * 1024 * 1024 else "long"
-    aligned = ALIGNED and vec > 1 and all(
+    aligned = knobs().aligned and vec > 1 and all(
         t.offset % vec == 0 for t, (_, k) in zip(list(out_tensors) + list(leaves), out_layouts + leaf_layouts)
         if k == "c")
     key = ((desc, out_pos), leaf_layouts, out_layouts, ndim, vec, idx_t, aligned)

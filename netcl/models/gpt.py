@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -219,11 +220,12 @@ class GPT(Module):
         model.load_state_dict(arrays)
         return model
 
-    def save_pretrained(self, path: str | os.PathLike, max_shard_bytes: int | None = None) -> None:
+    def save_pretrained(self, path: str | os.PathLike, max_shard_bytes: int | None = None) -> list[Path]:
         """Write config.json and model.safetensors (sharded with an index above max_shard_bytes) in Hugging
         Face's naming (GPT2LMHeadModel, Qwen2ForCausalLM for a Qwen2's biases, else LlamaForCausalLM), so
-        transformers' AutoModelForCausalLM.from_pretrained(path) loads this model."""
-        huggingface.save(path, self.config, {k: v.to_host() for k, v in self.state_dict().items()},
+        transformers' AutoModelForCausalLM.from_pretrained(path) loads this model. Returns the paths
+        written."""
+        return huggingface.save(path, self.config, {k: v.to_host() for k, v in self.state_dict().items()},
                          max_shard_bytes)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -423,13 +424,14 @@ def load(
 
 
 def save(path: str | os.PathLike, config: GPTConfig, state: dict[str, np.ndarray],
-         max_shard_bytes: int | None = None) -> None:
-    """Write a model's state (netcl names) as a Hugging Face directory of config's family."""
+         max_shard_bytes: int | None = None) -> list[Path]:
+    """Write a model's state (netcl names) as a Hugging Face directory of config's family; returns the paths
+    written."""
     tensors: dict[str, np.ndarray] = {}
     for hf_names, nc_names, _to_netcl, to_hf in _RULES[config.arch](config):
         for name, arr in zip(hf_names, to_hf([state[n] for n in nc_names], config)):
             tensors[name] = arr
-    hf_io.write(path, config_to_hf(config), tensors, max_shard_bytes)
+    return hf_io.write(path, config_to_hf(config), tensors, max_shard_bytes)
 
 
 __all__ = ["PretrainedError", "config_from_hf", "config_to_hf", "load", "save"]

@@ -1,7 +1,7 @@
-"""Neural-network building blocks: Module, layers, losses (PyTorch's names, netcl's explicit queues)."""
+"""Neural-network building blocks: Module, layers, loss modules (PyTorch's names, netcl's explicit queues)."""
 
 from netcl.autograd.engine import Parameter
-from netcl.nn import functional, init
+from netcl.nn import functional, init, utils
 from netcl.nn.layers import (
     GELU,
     AdaptiveAvgPool2d,
@@ -26,15 +26,18 @@ from netcl.nn.layers import (
     Softmax,
     Tanh,
 )
+from netcl.nn.losses import BCEWithLogitsLoss, CrossEntropyLoss, L1Loss, MSELoss, NLLLoss, SmoothL1Loss
 from netcl.nn.module import Module, StateDictError
 from netcl.nn.transformer import GELUMLP, KVCache, MultiHeadAttention, RoPE, SwiGLU, TransformerBlock
 
 __all__ = [
     "AdaptiveAvgPool2d",
     "AvgPool2d",
+    "BCEWithLogitsLoss",
     "BatchNorm1d",
     "BatchNorm2d",
     "Conv2d",
+    "CrossEntropyLoss",
     "Dropout",
     "Embedding",
     "Flatten",
@@ -42,13 +45,16 @@ __all__ = [
     "GELUMLP",
     "Identity",
     "KVCache",
+    "L1Loss",
     "LayerNorm",
     "LeakyReLU",
     "Linear",
+    "MSELoss",
     "MaxPool2d",
     "Module",
     "ModuleList",
     "MultiHeadAttention",
+    "NLLLoss",
     "Parameter",
     "RMSNorm",
     "RoPE",
@@ -56,6 +62,7 @@ __all__ = [
     "SiLU",
     "Sequential",
     "Sigmoid",
+    "SmoothL1Loss",
     "Softmax",
     "SwiGLU",
     "StateDictError",
@@ -63,4 +70,5 @@ __all__ = [
     "TransformerBlock",
     "functional",
     "init",
+    "utils",
 ]

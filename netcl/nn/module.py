@@ -7,6 +7,9 @@ key, shape and dtype before it copies anything, and lists all problems in one er
 
 from __future__ import annotations
 
+import functools
+import inspect
+import numbers
 from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Any
@@ -28,10 +31,42 @@ class StateDictError(NetclError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
+def _takes_the_queue_first(init: Any) -> bool:
+    params = list(inspect.signature(init).parameters.values())
+    return len(params) > 1 and params[1].name in ("q", "queue") and params[1].default is params[1].empty
+
+
+def _queue_first(init: Any, layer: str) -> Any:
+    """`init` (a layer's __init__ whose first argument is the queue) behind one check: PyTorch's habit of
+    sizes first (Linear(4, 3)) is a TypeError that shows the netcl call, not one about `out_features`."""
+
+    @functools.wraps(init)
+    def __init__(self: Module, *args: Any, **kwargs: Any) -> None:
+        if "q" not in kwargs and "queue" not in kwargs and (not args or isinstance(args[0], numbers.Number)):
+            given = ", ".join([*map(repr, args), *(f"{k}={v!r}" for k, v in kwargs.items())])
+            netcl_call = f"{layer}(queue{', ' if given else ''}{given})"
+            raise TypeError(
+                f"{layer} takes the queue first, then its sizes: {netcl_call}, not PyTorch's "
+                f"{layer}({given}). Every netcl tensor and layer lives on one queue, e.g. "
+                "queue = netcl.manager.default().queue"
+            )
+        init(self, *args, **kwargs)
+
+    return profiling.transparent(__init__)
+
+
 class Module:
     """Base class of every layer. Subclasses set attributes in __init__ and define forward()."""
 
     foreign_state_keys: tuple[str, ...] = ()  # see load_state_dict
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A subclass whose __init__ takes the queue first (`q` or `queue`: every layer with parameters)
+        gets the check of _queue_first."""
+        super().__init_subclass__(**kwargs)
+        init = cls.__dict__.get("__init__")
+        if init is not None and _takes_the_queue_first(init):
+            cls.__init__ = _queue_first(init, cls.__name__)
 
     def __init__(self) -> None:
         object.__setattr__(self, "_parameters", OrderedDict())

@@ -194,14 +194,27 @@ _pow = _binary("pow")
 
 
 def pow(a: Operand, b: Operand) -> Tensor:  # noqa: A001
-    """Elementwise a ** b with broadcasting. An integer base with a negative integer *scalar* exponent
-    is refused as NumPy refuses it; tensor exponents follow PyTorch (1 ** -n = 1, (-1) ** -n = +-1,
-    else 0)."""
-    if (isinstance(a, Tensor) and a.dtype.kind in "iub" and isinstance(b, (int, np.integer))
-            and not isinstance(b, (bool, np.bool_)) and b < 0):
-        raise ValueError(f"pow: integers to negative integer powers are not allowed ({a.dtype} ** {b}); "
-                         "cast the base to a float dtype first")
+    """Elementwise a ** b with broadcasting. An integer base with a negative integer exponent is refused as
+    NumPy refuses it (ValueError): a scalar exponent at once, a tensor exponent by reading its minimum back
+    first (one small reduction and a host read, on integer powers only; PyTorch instead returns 1 ** -n = 1,
+    (-1) ** -n = +-1 and 0 for the rest, silently)."""
+    integer_base = (a.dtype.kind in "iub" if isinstance(a, Tensor)
+                    else isinstance(a, (int, np.integer, np.bool_)))  # a Python bool is an int
+    if integer_base and isinstance(b, (int, np.integer)) and not isinstance(b, (bool, np.bool_)) and b < 0:
+        raise ValueError(f"pow: integers to negative integer powers are not allowed ({_dtype_of(a)} ** {b}), "
+                         "as in NumPy; cast the base to a float dtype first")
+    if integer_base and isinstance(b, Tensor) and b.dtype.kind == "i" and b.size:
+        lowest = int(b.min().to_host())
+        if lowest < 0:
+            raise ValueError(
+                f"pow: integers to negative integer powers are not allowed ({_dtype_of(a)} ** an exponent "
+                f"tensor of {b.dtype} holding {lowest}), as in NumPy; cast the base to a float dtype first"
+            )
     return _pow(a, b)
+
+
+def _dtype_of(x: Operand) -> str:
+    return str(x.dtype) if isinstance(x, Tensor) else type(x).__name__
 
 
 maximum = _binary("maximum")

@@ -1,8 +1,10 @@
 """Reductions and reduction-shaped ops: sum mean prod max min argmax argmin var std logsumexp any
 all, softmax log_softmax, cumsum, topk.
 
-All take `axis=None|int|tuple` (None = every axis) and `keepdims`. A pending elementwise input is
-fused into the reduction kernel as its prologue: `(x * x).sum(1)` is one launch.
+All take `axis=None|int|tuple` (None = every axis) and `keepdims`, or PyTorch's names for them, `dim` and
+`keepdim` (shapes.torch_names; `max(x, dim=d)` and `min` then return PyTorch's (values, indices)). A
+pending elementwise input is fused into the reduction kernel as its prologue: `(x * x).sum(1)` is one
+launch.
 Result dtypes (NumPy/PyTorch): sum/prod/cumsum of bool or integers -> int64, of floats -> the same
 dtype (float16, bfloat16 and float32 accumulate in float32, float64 in double); mean/var/std/logsumexp/softmax
 of integers -> float32; argmax/argmin/topk indices -> int64 (first occurrence on ties; NaN counts as
@@ -18,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from netcl.core import dtypes, shapes
+from netcl.core.shapes import torch_names
 from netcl.core.tensor import Tensor
 from netcl.errors import DTypeError, ShapeError
 from netcl.jit import ir, lazy
@@ -99,6 +102,7 @@ def _sum_dtype(dt: np.dtype) -> np.dtype:
     return dt if ir.is_float(dt) else ir.I64
 
 
+@torch_names
 def sum(x: Tensor, axis: Any = None, keepdims: bool = False, dtype: Any = None) -> Tensor:
     """Sum over `axis`."""
     out_dt = dtypes.normalize(dtype) if dtype is not None else _sum_dtype(x.dtype)
@@ -106,24 +110,30 @@ def sum(x: Tensor, axis: Any = None, keepdims: bool = False, dtype: Any = None) 
     return _reduce("sum", "sum", x, axis, keepdims, out_dt, vdt)
 
 
+@torch_names
 def mean(x: Tensor, axis: Any = None, keepdims: bool = False) -> Tensor:
     """Arithmetic mean over `axis` (NaN for an empty axis)."""
     dt = _int_to_float(x.dtype)
     return _reduce("mean", "sum", x, axis, keepdims, dt, dt, mean=True)
 
 
+@torch_names
 def prod(x: Tensor, axis: Any = None, keepdims: bool = False) -> Tensor:
     """Product over `axis`."""
     return _reduce("prod", "prod", x, axis, keepdims, _sum_dtype(x.dtype))
 
 
+@torch_names(indices="argmax")
 def max(x: Tensor, axis: Any = None, keepdims: bool = False) -> Tensor:
-    """Maximum over `axis` (NaN if any element is NaN)."""
+    """Maximum over `axis` (NaN if any element is NaN). Spelled as in PyTorch, `max(x, dim=d)` returns
+    PyTorch's pair (values, indices) (shapes.ValuesIndices)."""
     return _reduce("max", "max", x, axis, keepdims, x.dtype)
 
 
+@torch_names(indices="argmin")
 def min(x: Tensor, axis: Any = None, keepdims: bool = False) -> Tensor:
-    """Minimum over `axis` (NaN if any element is NaN)."""
+    """Minimum over `axis` (NaN if any element is NaN). `min(x, dim=d)` returns (values, indices), as
+    PyTorch's does."""
     return _reduce("min", "min", x, axis, keepdims, x.dtype)
 
 
@@ -133,32 +143,38 @@ def _single_axis(op: str, x: Tensor, axis: Any) -> Any:
     raise ShapeError(f"{op}: axis must be None or one int, got {axis!r}")
 
 
+@torch_names
 def argmax(x: Tensor, axis: Any = None, keepdims: bool = False) -> Tensor:
     """Index (int64) of the first maximum along `axis` (flat index when axis is None)."""
     return _reduce("argmax", "argmax", x, _single_axis("argmax", x, axis), keepdims, ir.I64)
 
 
+@torch_names
 def argmin(x: Tensor, axis: Any = None, keepdims: bool = False) -> Tensor:
     """Index (int64) of the first minimum along `axis` (flat index when axis is None)."""
     return _reduce("argmin", "argmin", x, _single_axis("argmin", x, axis), keepdims, ir.I64)
 
 
+@torch_names
 def any(x: Tensor, axis: Any = None, keepdims: bool = False) -> Tensor:
     """True where any element along `axis` is nonzero."""
     return _reduce("any", "any", x, axis, keepdims, ir.BOOL, ir.BOOL)
 
 
+@torch_names
 def all(x: Tensor, axis: Any = None, keepdims: bool = False) -> Tensor:
     """True where every element along `axis` is nonzero."""
     return _reduce("all", "all", x, axis, keepdims, ir.BOOL, ir.BOOL)
 
 
+@torch_names
 def logsumexp(x: Tensor, axis: Any = None, keepdims: bool = False) -> Tensor:
     """log(sum(exp(x))) over `axis`, computed in one pass with a running maximum."""
     dt = _int_to_float(x.dtype)
     return _reduce("logsumexp", "lse", x, axis, keepdims, dt, dt)
 
 
+@torch_names
 def var(x: Tensor, axis: Any = None, keepdims: bool = False, ddof: int = 0) -> Tensor:
     """Variance over `axis`: mean of squared deviations from the mean (two passes), / (n - ddof)."""
     axes = normalize_axes("var", x.shape, axis)
@@ -170,6 +186,7 @@ def var(x: Tensor, axis: Any = None, keepdims: bool = False, ddof: int = 0) -> T
     return s / float(builtins.max(n - ddof, 0))  # NumPy's: ddof >= n divides by 0 (inf, or nan for 0 / 0)
 
 
+@torch_names
 def std(x: Tensor, axis: Any = None, keepdims: bool = False, ddof: int = 0) -> Tensor:
     """Standard deviation: sqrt(var)."""
     return sqrt(var(x, axis, keepdims, ddof))
@@ -188,16 +205,19 @@ def _rowwise(op: str, mode: str, x: Tensor, axis: int) -> Tensor:
     return out
 
 
+@torch_names
 def softmax(x: Tensor, axis: int = -1) -> Tensor:
     """exp(x - max) / sum(exp(x - max)) along `axis` (one kernel: online max and sum, then write)."""
     return _rowwise("softmax", "softmax", x, axis)
 
 
+@torch_names
 def log_softmax(x: Tensor, axis: int = -1) -> Tensor:
     """x - logsumexp(x) along `axis` (one kernel)."""
     return _rowwise("log_softmax", "log_softmax", x, axis)
 
 
+@torch_names
 def cumsum(x: Tensor, axis: int) -> Tensor:
     """Inclusive prefix sum along `axis` (int64 for integer/bool input, like NumPy)."""
     if not isinstance(axis, (int, np.integer)):
@@ -216,6 +236,7 @@ def cumsum(x: Tensor, axis: int) -> Tensor:
 TOPK_MAX = 64
 
 
+@torch_names
 def topk(x: Tensor, k: int, axis: int = -1) -> tuple[Tensor, Tensor]:
     """The k largest values along `axis`, sorted descending, and their int64 indices (ties: lower
     index first). Meant for small k (at most 64): each row is scanned once with a sorted buffer."""

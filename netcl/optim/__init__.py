@@ -1,5 +1,7 @@
-"""Optimizers (one fused kernel launch per chunk of parameters), schedulers and gradient clipping."""
+"""Optimizers (one fused kernel launch per chunk of parameters), schedulers and gradient clipping.
+`optim.lr_scheduler` is PyTorch's name for the schedulers' module."""
 
+from netcl.optim import lr_scheduler
 from netcl.optim.adam import Adam, AdamW
 from netcl.optim.clip import clip_grad_norm_
 from netcl.optim.optimizer import Optimizer
@@ -33,4 +35,5 @@ __all__ = [
     "StepLR",
     "WarmupCosine",
     "clip_grad_norm_",
+    "lr_scheduler",
 ]

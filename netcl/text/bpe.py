@@ -18,7 +18,7 @@ import regex
 from . import formats
 from .errors import SpecialTokenError, TokenIdTypeError, UnknownTokenError
 from .merge import byte_pair_split
-from .patterns import pre_splitter, resolve_pattern
+from .patterns import pre_splitter, tokenizer_pattern
 from .training import learn_merges
 
 AllowedSpecial = Literal["none_raise", "none", "all"] | Iterable[str]
@@ -118,7 +118,7 @@ class BPETokenizer:
         for tid, token in special_by_id.items():
             self._decoder[tid] = token.encode("utf-8")
         self._priority = self._encoder if merge_priority is None else _check_priority(merge_priority, ranks)
-        self.pattern = resolve_pattern(pattern)
+        self.pattern = tokenizer_pattern(pattern)
         self._split = pre_splitter(self.pattern)
         if not isinstance(name, str):
             raise TypeError(f"name must be str, got {type(name).__name__}")
@@ -386,7 +386,7 @@ class BPETokenizer:
             )
         if not isinstance(name, str):
             raise TypeError(f"name must be str, got {type(name).__name__}")
-        pattern = resolve_pattern(pattern)
+        pattern = tokenizer_pattern(pattern)
         split = pre_splitter(pattern)
         cutter = _special_regex(specials) if specials else None
         counts: Counter[str] = Counter()

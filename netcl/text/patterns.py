@@ -46,6 +46,30 @@ def resolve_pattern(pattern: str | None) -> str | None:
     return NAMED_PATTERNS.get(pattern, pattern)
 
 
+# Letters (upper and lower case, accented, CJK), digits, spaces, tabs, newlines, punctuation, an emoji: a
+# pattern that matches anything at all matches some of this.
+_SAMPLE = ("The quick brown fox, 1999-2024: jumps over the lazy dog!\n"
+           "\tCafé 日本語 x_y = (a + b) * 42; 😀 'ok'?")
+
+
+def tokenizer_pattern(pattern: str | None) -> str | None:
+    """resolve_pattern, and refuse a pattern that matches only empty strings ("", r"\b", a bare lookahead):
+    it marks no piece of its own, so every stretch between two of its zero-width matches becomes a piece
+    ("" cuts text into single characters: no merge ever applies), which is never what a tokenizer meant.
+    Judged on a sample of letters, digits, spaces and punctuation."""
+    pattern = resolve_pattern(pattern)
+    if pattern is None or pattern in NAMED_PATTERNS.values():
+        return pattern
+    spans = [m.span() for m in compile_pattern(pattern).finditer(_SAMPLE)]
+    if spans and all(start == end for start, end in spans):
+        raise ValueError(
+            f"pre-split pattern {pattern!r} matches only empty strings, so it marks no pieces: give one "
+            "that matches the pieces themselves (a name such as 'cl100k', or e.g. r'\\w+|\\s+|[^\\w\\s]+'), "
+            "or None for no pre-splitting"
+        )
+    return pattern
+
+
 @lru_cache(maxsize=32)
 def compile_pattern(pattern: str) -> regex.Pattern:
     """Compile a pre-split pattern, naming it in the error if it is not a valid `regex` expression."""

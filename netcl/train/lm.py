@@ -33,6 +33,7 @@ from netcl.errors import NetclError
 from netcl.graph import Graph
 from netcl.io import load_checkpoint, save_checkpoint
 from netcl.io.checkpoint import read_checkpoint
+from netcl.io.huggingface import WEIGHTS
 from netcl.models import GPT, GPTConfig
 from netcl.ops import random
 from netcl.text import BPETokenizer, ChatFormat
@@ -230,7 +231,8 @@ def register(subparsers: Any) -> None:
     gen = subparsers.add_parser(
         "generate", help="stream text from a trained GPT (netcl lm-train's run directory)"
     )
-    gen.add_argument("--checkpoint", required=True, metavar="DIR", help="a run or model directory")
+    gen.add_argument("--checkpoint", required=True, metavar="PATH",
+                     help="a run or model directory, or its checkpoint.safetensors")
     gen.add_argument("--prompt", default="", help="text to continue (default: the start of a new file); "
                      "special-token text in it, such as <|endoftext|>, is that control token")
     _add_sampling(gen, 200)
@@ -238,7 +240,8 @@ def register(subparsers: Any) -> None:
     gen.set_defaults(func=run_generate)
 
     chat = subparsers.add_parser("chat", help="multi-turn terminal chat with a GPT through a chat template")
-    chat.add_argument("--checkpoint", required=True, metavar="DIR", help="a run or model directory")
+    chat.add_argument("--checkpoint", required=True, metavar="PATH",
+                      help="a run or model directory, or its checkpoint.safetensors")
     chat.add_argument("--system", default=None, help="a system message that starts the dialog")
     chat.add_argument("--template", choices=("chatml", "llama3", "plain"), default="chatml",
                       help="chat template (default chatml; the tokenizer must have its special tokens)")
@@ -284,8 +287,12 @@ def _plan_output(
         raise NetclError(f"--resume: no checkpoint at {ckpt}; run without --resume first")
     _, meta = read_checkpoint(ckpt)
     saved = dict(meta.get("extra", {}).get("args", {}))
-    if meta.get("extra", {}).get("kind") != "lm":
-        raise NetclError(f"--resume: {ckpt} was not written by netcl lm-train")
+    extra = meta.get("extra", {})
+    if extra.get("kind") != "lm":
+        by_train = extra.get("kind") == "train" or "dataset" in extra  # runs of netcl train before "kind"
+        raise NetclError(f"--resume: {ckpt} was not written by netcl lm-train" + (
+            " but by netcl train (an image classifier); continue it with "
+            f"`netcl train --resume {ckpt.parent}`" if by_train else ""))
     saved["steps_done"] = int(meta.get("step", 0))
     return (Path(args.out) if args.out is not None else ckpt.parent), ckpt, saved
 
@@ -459,6 +466,7 @@ def plot_curves(history: dict[str, Any], info: dict[str, Any], path: Path, title
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
+    from matplotlib.ticker import MaxNLocator  # noqa: PLC0415
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
     losses = np.asarray(history["loss"])
@@ -474,6 +482,7 @@ def plot_curves(history: dict[str, Any], info: dict[str, Any], path: Path, title
     ax.axhline(info["unigram_val_loss_nats"], ls="--", color="gray",
                label=f"unigram model on validation ({info['unigram_val_loss_nats']:.2f})")
     ax.set_xlabel("step")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # a short run's steps: 2, 4, 6, not 2.5
     ax.set_ylabel("loss (nats per token)")
     ax.grid(True, alpha=0.3)
     ax.legend()
@@ -596,9 +605,9 @@ def run_train(args: argparse.Namespace) -> int:
                 **({"grad_scaler": mixed.scaler.state_dict()} if mixed and mixed.scaler else {}),
             },
         )
-        model.save_pretrained(out)
+        model_files = model.save_pretrained(out)  # model.safetensors and config.json
         tokenizer.save_hf(out / TOKENIZER_FILE)
-        for p in (out / CHECKPOINT_FILE, out / "config.json", out / TOKENIZER_FILE):
+        for p in (out / CHECKPOINT_FILE, *model_files, out / TOKENIZER_FILE):
             if p not in written:
                 written.append(p)
 
@@ -738,17 +747,31 @@ def stream_tokens(model: GPT, tokenizer: BPETokenizer, ids: list[int], max_new_t
 
 
 def load_model_dir(directory: str, device: str, flag: str = "--checkpoint") -> tuple[GPT, BPETokenizer]:
-    """The GPT and tokenizer of a run or model directory (config.json, model.safetensors, tokenizer.json);
-    errors name the command-line `flag` that gave the directory."""
+    """The GPT and tokenizer of a run or model directory (config.json, model.safetensors, tokenizer.json), or
+    of a .safetensors file in one: its weights (model.safetensors, a shard) or lm-train's
+    checkpoint.safetensors, whose own weights are then loaded. Errors name the command-line `flag`."""
     path = Path(directory)
-    if not path.is_dir():
-        raise NetclError(f"{flag} {path}: no such directory")
+    checkpoint = None
+    if path.is_file():
+        if path.suffix != ".safetensors":
+            raise NetclError(f"{flag} {path} is neither a directory nor a .safetensors file: give a run or "
+                             "model directory, or its checkpoint.safetensors")
+        if not (path.name == WEIGHTS or path.name.startswith("model-")):
+            checkpoint = path  # a training checkpoint: the model comes from the directory around it
+        path = path.parent
+    elif not path.is_dir():
+        raise NetclError(f"{flag} {path}: no such directory or file")
     missing = [n for n in ("config.json", TOKENIZER_FILE) if not (path / n).is_file()]
     if missing:
         raise NetclError(f"{flag} {path} has no {' or '.join(missing)}: a model directory holds "
                          "config.json, the weights and tokenizer.json (netcl lm-train writes them)")
+    if checkpoint is not None and read_checkpoint(checkpoint)[1].get("extra", {}).get("kind") != "lm":
+        raise NetclError(f"{flag} {checkpoint} is not a checkpoint of netcl lm-train; give the directory "
+                         f"{path} for its model.safetensors")
     tokenizer = BPETokenizer.from_hf(path / TOKENIZER_FILE)
     model = GPT.from_pretrained(path, open_device(device).queue)
+    if checkpoint is not None:
+        load_checkpoint(checkpoint, model, restore_rng=False)
     model.eval()
     return model, tokenizer
 

@@ -168,14 +168,22 @@ def load_data(dataset: str, data_dir: str | None, log: Any) -> Any:
 
 
 def plot_curves(history: dict[str, Any], path: Path, title: str) -> None:
+    """curves.png: the training loss per step and the test accuracy per epoch."""
+    curves_figure(history, title).savefig(path, dpi=110)
+
+
+def curves_figure(history: dict[str, Any], title: str) -> Any:
+    """The matplotlib Figure of plot_curves (tests read its axes)."""
     # matplotlib takes ~0.5 s to import: deferred to the end of a run (and the non-interactive backend set
     # before pyplot loads)
     import matplotlib  # noqa: PLC0415
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
+    from matplotlib.figure import Figure  # noqa: PLC0415
+    from matplotlib.ticker import MaxNLocator  # noqa: PLC0415
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    fig = Figure(figsize=(10, 4))
+    ax1, ax2 = fig.subplots(1, 2)
     steps = np.arange(1, len(history["loss"]) + 1)
     ax1.plot(steps, history["loss"], lw=0.6, alpha=0.5, label="step")
     if len(history["loss"]) >= 20:
@@ -189,12 +197,12 @@ def plot_curves(history: dict[str, Any], path: Path, title: str) -> None:
     epochs = np.arange(1, len(history["test_accuracy"]) + 1)
     ax2.plot(epochs, np.array(history["test_accuracy"]) * 100, marker="o")
     ax2.set_xlabel("epoch")
+    ax2.xaxis.set_major_locator(MaxNLocator(integer=True))  # epoch 1, 2, not 1.0, 1.2, ..., 2.0
     ax2.set_ylabel("test accuracy (%)")
     ax2.grid(True, alpha=0.3)
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig
 
 
 def _plan_output(args: argparse.Namespace, log: Any) -> tuple[Path, Path | None, dict[str, Any]]:
@@ -227,6 +235,9 @@ def _plan_output(args: argparse.Namespace, log: Any) -> tuple[Path, Path | None,
     if not ckpt.is_file():
         raise NetclError(f"--resume: no checkpoint at {ckpt}; run without --resume first")
     _, meta = read_checkpoint(ckpt)
+    if meta.get("extra", {}).get("kind") == "lm":  # its model keys would all be "missing"
+        raise NetclError(f"--resume: {ckpt} was written by netcl lm-train (a language model, not an image "
+                         f"classifier); continue it with `netcl lm-train --resume {ckpt.parent}`")
     saved = dict(meta.get("extra", {}).get("args", {}))
     saved["epochs_done"] = int(meta.get("epoch", 0))
     return (Path(args.out) if args.out is not None else ckpt.parent), ckpt, saved
@@ -411,6 +422,7 @@ def run(args: argparse.Namespace) -> int:
             epoch=epoch + 1,
             loader=loader,
             extra={
+                "kind": "train",  # lm-train's say "lm": each command refuses the other's runs by name
                 "history": history,
                 "model": s["model"],
                 "dataset": data.name,

@@ -7,7 +7,7 @@ import pytest
 
 import netcl.autograd as ag
 from netcl.core.tensor import Tensor
-from netcl.errors import DTypeError, NetclError, ShapeError
+from netcl.errors import DeviceMismatchError, DTypeError, NetclError, ShapeError
 
 
 def _leaf(queue, arr, grad=True):
@@ -165,6 +165,24 @@ def test_only_floating_tensors_require_grad(queue):
         y = x * 2
     with pytest.raises(DTypeError, match="grad must be floating point"):
         tape.backward(y, ints[:1])
+
+
+def test_a_gradient_on_another_queue_is_refused(queue, device):
+    """The rules ran on the gradient's queue and left x.grad there, silently; PyTorch refuses a gradient on
+    another device. Moved explicitly, it gives the same gradient on the output's queue."""
+    x = ag.tensor(Tensor.from_host(queue, np.array([1.0, 2.0, 3.0], np.float32)), requires_grad=True)
+    other = device.new_queue()
+    seed = Tensor.from_host(other, np.array([1.0, 0.5, 2.0], np.float32))
+    with ag.Tape() as tape:
+        y = x * 2
+    with pytest.raises(DeviceMismatchError, match=r"grad is on another queue of the same device; move it "
+                                                   r"first, grad.to\(output.queue\)"):
+        tape.backward(y, seed, retain_graph=True)
+    with pytest.raises(DeviceMismatchError, match="another queue"):
+        y.backward(seed, retain_graph=True)
+    assert x.grad is None  # refused before any rule ran
+    tape.backward(y, seed.to(y.queue))
+    assert x.grad.queue is queue and np.array_equal(x.grad.to_host(), [2.0, 1.0, 4.0])
 
 
 def test_gradient_of_intermediate_nodes_and_its_errors(queue):

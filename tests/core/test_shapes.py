@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from netcl.core import shapes
+from netcl.core.tensor import Tensor
 from netcl.errors import ShapeError, SizeTypeError
 
 
@@ -36,3 +37,15 @@ def test_ranges():
     assert shapes.axis(-1, 3) == 2
     with pytest.raises(ShapeError, match="axis 3 is out of range for a tensor of shape"):
         shapes.axis(3, 3, shape_of=(1, 2, 3))
+
+
+def test_a_bare_negative_size_is_refused_by_name(queue):
+    """Tensor.empty(q, shape=-4) said "cannot allocate -16 bytes"; (-4,) already named the -4."""
+    for spelling in (-4, np.int64(-4), (-4,)):
+        with pytest.raises(ShapeError, match=r"shape \(-4,\) has a negative dimension \(-4\)"):
+            shapes.shape(spelling)
+    with pytest.raises(ShapeError, match=r"negative dimension \(-4\)"):
+        Tensor.empty(queue, shape=-4)
+    with pytest.raises(ShapeError, match=r"negative dimension \(-1\)"):
+        Tensor.zeros(queue, -1)
+    assert Tensor.empty(queue, shape=0).shape == (0,)

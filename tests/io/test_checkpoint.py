@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import stat
 import subprocess
 import sys
 import textwrap
@@ -11,7 +13,7 @@ import pytest
 
 import netcl.io.checkpoint as ckpt_mod
 from netcl import nn, optim
-from netcl.io import CheckpointError, load_checkpoint, read_checkpoint, save_checkpoint
+from netcl.io import CheckpointError, atomic_write, load_checkpoint, read_checkpoint, save_checkpoint
 from netcl.ops import random
 
 
@@ -121,3 +123,20 @@ def test_killed_save_keeps_the_old_checkpoint(queue, tmp_path):
     m = _model(queue)
     load_checkpoint(path, m)
     assert not np.any(_params(m)["0.weight"] == 3.0)
+
+
+@pytest.mark.parametrize("umask,mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_atomic_writes_make_files_as_open_does(tmp_path, umask, mode):
+    """Mode 0666 less the umask (mkstemp's 0600 made lm-train's checkpoint, weights and config.json
+    unreadable to the group while its other files were 0644)."""
+    old = os.umask(umask)
+    try:
+        atomic_write(tmp_path / "new.json", b"{}")
+        (tmp_path / "old.json").write_bytes(b"[]")
+        atomic_write(tmp_path / "old.json", b"{}")  # a replaced file too
+    finally:
+        os.umask(old)
+    for name in ("new.json", "old.json"):
+        assert stat.S_IMODE((tmp_path / name).stat().st_mode) == mode
+        assert (tmp_path / name).read_bytes() == b"{}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["new.json", "old.json"]

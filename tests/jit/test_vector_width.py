@@ -14,7 +14,7 @@ def test_gpu_lanes_load_16_bytes_of_half_storage_too():
     gpu = SimpleNamespace(capabilities=SimpleNamespace(kind="gpu"))
     desc = (("add", None),)
     f16, bf16, f32 = np.dtype(np.float16), dtypes.bfloat16, np.dtype(np.float32)
-    assert runner.choose_vec(gpu, desc, [f32, f32]) == runner.VEC_GPU
-    assert runner.choose_vec(gpu, desc, [f16, f16]) == 2 * runner.VEC_GPU
-    assert runner.choose_vec(gpu, desc, [bf16, f16]) == 2 * runner.VEC_GPU
-    assert runner.choose_vec(gpu, desc, [f16, f32]) == runner.VEC_GPU  # float32 operands keep float4
+    assert runner.choose_vec(gpu, desc, [f32, f32]) == runner.knobs().vec
+    assert runner.choose_vec(gpu, desc, [f16, f16]) == 2 * runner.knobs().vec
+    assert runner.choose_vec(gpu, desc, [bf16, f16]) == 2 * runner.knobs().vec
+    assert runner.choose_vec(gpu, desc, [f16, f32]) == runner.knobs().vec  # float32 operands keep float4

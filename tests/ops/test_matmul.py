@@ -285,7 +285,9 @@ def test_linear_on_tokens_is_one_row_gemm(queue, rng):
 @pytest.mark.parametrize("ta,tb", [(False, False), (True, True), (False, True), (True, False)])
 def test_tiled_four_wide_fetch_interior_and_edges(queue, rng, monkeypatch, ta, tb):
     """Aligned operands take the tiled kernel's 4-wide global loads (GVEC) on interior tiles and the
-    guarded scalar path on the edge tiles of M, N and K; both must agree with the reference."""
+    guarded scalar path on the edge tiles of M, N and K; both must agree with the reference. K is not
+    split (splits=1, forced): a GPU's own choice splits these small problems, through split-K's launch,
+    and the defines checked here are those of the unsplit kernel."""
     built = []
     real = gemm_launch._program
     monkeypatch.setattr(
@@ -294,7 +296,8 @@ def test_tiled_four_wide_fetch_interior_and_edges(queue, rng, monkeypatch, ta, t
     m, n, k = 72, 76, 132  # interior 32 x 32 x 8 tiles plus a ragged block in every dimension
     a, b = host(rng, (m, k)), host(rng, (k, n))
     check(
-        gemm(dev(queue, a, ta), dev(queue, b, tb), variant="tiled", params={**SMALL_TILED, "WX": 4, "GM": 2}),
+        gemm(dev(queue, a, ta), dev(queue, b, tb), variant="tiled", params={**SMALL_TILED, "WX": 4, "GM": 2},
+             splits=1),
         a.astype(np.float64) @ b,
         k=k,
     )
@@ -302,12 +305,12 @@ def test_tiled_four_wide_fetch_interior_and_edges(queue, rng, monkeypatch, ta, t
     # grouped block order over a 5 x 5 grid of blocks (a partial last group of rows)
     m2, n2 = 150, 140
     a2, b2 = host(rng, (m2, k)), host(rng, (k, n2))
-    check(gemm(dev(queue, a2, ta), dev(queue, b2, tb), variant="tiled", params={**SMALL_TILED, "GM": 2}),
-          a2.astype(np.float64) @ b2, k=k)
+    check(gemm(dev(queue, a2, ta), dev(queue, b2, tb), variant="tiled", params={**SMALL_TILED, "GM": 2},
+               splits=1), a2.astype(np.float64) @ b2, k=k)
     # a 4-misaligned offset falls back to the scalar path
     base = host(rng, (m, k + 1))
-    check(gemm(Tensor.from_host(queue, base)[:, 1:], dev(queue, b, tb), variant="tiled", params=SMALL_TILED),
-          base[:, 1:].astype(np.float64) @ b, k=k)
+    check(gemm(Tensor.from_host(queue, base)[:, 1:], dev(queue, b, tb), variant="tiled", params=SMALL_TILED,
+               splits=1), base[:, 1:].astype(np.float64) @ b, k=k)
     assert "GVEC" not in built[-1]
 
 
@@ -363,7 +366,8 @@ def test_split_k_calls_are_replayed(queue, rng, monkeypatch):
 @GPU_SHAPED
 def test_tile_divisible_problems_take_the_edge_free_kernel(queue, rng, monkeypatch):
     """INNER=1: a problem whose every tile is interior compiles without the guarded path (ALL_INNER,
-    at BK); one with edge tiles keeps the guarded kernel at its own k tile BKE. Both are exact."""
+    at BK); one with edge tiles keeps the guarded kernel at its own k tile BKE. Both are exact. K is not
+    split (splits=1, forced: a GPU would split these, and a slice's depth decides ALL_INNER there)."""
     built = []
     real = gemm_launch._program
     monkeypatch.setattr(
@@ -373,7 +377,9 @@ def test_tile_divisible_problems_take_the_edge_free_kernel(queue, rng, monkeypat
     for (m, n, k), inner in (((64, 96, 48), True), ((72, 76, 132), False), ((64, 96, 44), False)):
         a, b = host(rng, (m, k)), host(rng, (k, n))
         check(
-            gemm(dev(queue, a), dev(queue, b), variant="tiled", params=params), a.astype(np.float64) @ b, k=k
+            gemm(dev(queue, a), dev(queue, b), variant="tiled", params=params, splits=1),
+            a.astype(np.float64) @ b,
+            k=k,
         )
         assert ("ALL_INNER" in built[-1]) == inner
         assert built[-1]["BK"] == (8 if inner else 16)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -151,7 +153,7 @@ def test_empty_and_errors(queue):
 def test_softmax_long_rows(queue, rng, layout, monkeypatch, softmax_reg):
     """Rows long enough for the GPU work-group layouts (row in registers, and the two-pass path),
     with tails that are not a multiple of the vector width, and unaligned views."""
-    monkeypatch.setattr(jreduce, "SOFTMAX_REG", softmax_reg)
+    monkeypatch.setattr(jreduce, "_knobs", replace(jreduce.knobs(), softmax_reg=softmax_reg))
     for shape in ((3, 130), (2, 2100)):
         a = (rng.standard_normal(shape) * 3).astype(np.float32)
         full = Tensor.from_host(queue, a)
@@ -168,7 +170,7 @@ def test_softmax_long_rows(queue, rng, layout, monkeypatch, softmax_reg):
 
 @pytest.mark.parametrize("vec", [4, 8])
 def test_sum_vector_widths_unaligned(queue, rng, layout, monkeypatch, vec):
-    monkeypatch.setattr(jreduce, "RED_VEC", vec)
+    monkeypatch.setattr(jreduce, "_knobs", replace(jreduce.knobs(), vec=vec))
     a = rng.uniform(-1, 1, size=(70_001,)).astype(np.float32)
     x = Tensor.from_host(queue, a)
     for view, arr in ((x, a), (x[1:], a[1:]), (x[3:-2], a[3:-2])):
@@ -183,7 +185,7 @@ def test_sum_vector_widths_unaligned(queue, rng, layout, monkeypatch, vec):
 def test_softmax_nan_row_registers(queue, monkeypatch):
     """A NaN poisons its whole row (as in NumPy/PyTorch) in the row-in-registers GPU variant."""
     monkeypatch.setattr(jreduce, "FORCE_KIND", "gpu")
-    monkeypatch.setattr(jreduce, "SOFTMAX_REG", 8)
+    monkeypatch.setattr(jreduce, "_knobs", replace(jreduce.knobs(), softmax_reg=8))
     a = np.linspace(-3, 3, 3 * 130, dtype=np.float32).reshape(3, 130)
     a[1, 5] = np.nan
     y = ops.softmax(Tensor.from_host(queue, a), -1).to_host()

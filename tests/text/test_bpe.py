@@ -385,3 +385,23 @@ def test_constructor_arguments_are_checked(kwargs, error, words):
 def test_train_arguments_are_checked(args, kwargs, error, words):
     with pytest.raises(error, match=words):
         BPETokenizer.train(*args, **kwargs)
+
+
+@pytest.mark.parametrize("pattern", ["", r"\b", r"(?=\w)", "^"])
+def test_a_pattern_that_matches_only_empty_strings_is_refused(pattern, tmp_path):
+    """Such a pattern marks no piece: "" cut text into single characters (no merge ever applied), silently.
+    Every way in refuses it, naming the pattern; one that matches something is kept."""
+    words = re.escape(f"pre-split pattern {pattern!r} matches only empty strings")
+    trained = BPETokenizer.train("ab cd ab cd " * 20, 260, pattern=r"[a-z]+|\s+")
+    path = tmp_path / "r.tiktoken"
+    trained.save_tiktoken(path)
+    with pytest.raises(ValueError, match=words):
+        BPETokenizer.from_tiktoken(path, pattern=pattern)
+    with pytest.raises(ValueError, match=words):
+        BPETokenizer(BYTES | {b"ab": 256}, pattern)
+    with pytest.raises(ValueError, match=words):
+        BPETokenizer.train("ab cd " * 20, 260, pattern=pattern)
+    for kept in (r"\d*", r"[a-z]+", None):  # matches digits (and empty strings elsewhere); covers letters
+        tok = BPETokenizer.from_tiktoken(path, pattern=kept)
+        assert tok.decode(tok.encode("ab cd 12")) == "ab cd 12"
+    assert len(BPETokenizer.from_tiktoken(path, pattern=r"[a-z]+").encode("ab")) == 1  # "ab" is one piece

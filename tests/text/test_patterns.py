@@ -16,6 +16,8 @@ tiktoken = pytest.importorskip("tiktoken")
 
 #: Patterns that leave text uncovered, match empty strings, or have capturing groups.
 PARTIAL_PATTERNS = [r"[a-z]+", r"\d+", r"(x)y", r"([a-z])([a-z]*)", r"\d*", "", r"\b", r"(?i)the|and", r"\s"]
+#: Those a tokenizer refuses: they match only empty strings (tests/text/test_bpe.py).
+EMPTY_ONLY = ["", r"\b"]
 TEXTS = [
     "ab 12 cd",
     "",
@@ -86,7 +88,7 @@ def test_builtin_patterns_cover_random_text(text, pattern):
     assert "".join(compile_pattern(pattern).findall(text)) == text
 
 
-@pytest.mark.parametrize("pattern", PARTIAL_PATTERNS)
+@pytest.mark.parametrize("pattern", [p for p in PARTIAL_PATTERNS if p not in EMPTY_ONLY])
 def test_round_trip_with_partial_patterns(cl100k, pattern):
     tok = BPETokenizer(cl100k.ranks, pattern)
     whole = BPETokenizer(cl100k.ranks, None)

@@ -10,6 +10,7 @@ import pytest
 
 from netcl.cli import main
 from netcl.io.checkpoint import read_checkpoint
+from netcl.train import main as train_main
 
 
 def _digits(out, *extra: str) -> list[str]:
@@ -147,3 +148,12 @@ def test_an_earlier_run_is_never_overwritten_silently(tmp_path, capsys, monkeypa
     assert "runs/train holds an earlier run: this one goes to runs/train-2" in capsys.readouterr().out
     assert main(["train", "--resume", "--epochs", "2", "--no-progress"]) == 0
     assert "resumed from runs/train-2/checkpoint.safetensors" in capsys.readouterr().out
+
+
+def test_the_accuracy_curve_marks_whole_epochs():
+    """curves.png of a two-epoch run had ticks at epochs 1.0, 1.2, ..., 2.0."""
+    fig = train_main.curves_figure({"loss": [1.0, 0.8, 0.6, 0.5], "test_accuracy": [0.5, 0.75]}, "two epochs")
+    epochs = fig.axes[1]
+    assert epochs.get_xlabel() == "epoch"
+    ticks = [t for t in epochs.get_xticks() if epochs.get_xlim()[0] <= t <= epochs.get_xlim()[1]]
+    assert ticks == [1.0, 2.0]

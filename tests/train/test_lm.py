@@ -6,6 +6,8 @@ from __future__ import annotations
 import io
 import json
 import math
+import shutil
+import stat
 import subprocess
 import sys
 
@@ -14,6 +16,7 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from netcl.cli import main
+from netcl.core.tensor import Tensor
 from netcl.io.checkpoint import read_checkpoint
 from netcl.text import BPETokenizer, ChatFormat
 from netcl.train import lm
@@ -89,15 +92,18 @@ def test_a_run_writes_a_model_directory_and_reports_against_the_unigram_model(tr
     claimed = sorted(line.split(" ", 1)[1] for line in text.splitlines() if line.startswith("wrote "))
     names = [
         "checkpoint.safetensors",
+        "model.safetensors",
         "config.json",
         "tokenizer.json",
         "curves.png",
         "samples.txt",
         "metrics.json",
     ]
-    assert claimed == sorted(str(out / n) for n in names)
+    assert claimed == sorted(str(out / n) for n in names)  # model.safetensors was written but not claimed
     assert all((out / n).stat().st_size > 0 for n in names)
-    assert (out / "model.safetensors").is_file()
+    assert sorted(p.name for p in out.iterdir()) == sorted(names)
+    # one mode for all (the weights, checkpoint and config.json were 0600, the rest 0644)
+    assert len({stat.S_IMODE((out / n).stat().st_mode) for n in names}) == 1
     metrics = json.loads((out / "metrics.json").read_text())
     assert [s for s, _ in metrics["val_loss"]] == [3, 6]
     assert all(math.isfinite(v) and 0 < v < 10 for _, v in metrics["val_loss"])
@@ -239,6 +245,32 @@ def test_generate_streams_the_models_greedy_continuation(trained, capsys):
     )
 
 
+def test_generate_takes_the_checkpoint_file_too(trained, tmp_path, capsys):
+    """--checkpoint RUN/checkpoint.safetensors (was "no such directory"): the checkpoint's own weights, with
+    the config and tokenizer beside it; RUN/model.safetensors means the directory's weights."""
+    out, _ = trained
+    run = tmp_path / "run"
+    shutil.copytree(out, run)
+    model, _ = load_model_dir(str(run), "auto")
+    weight = model.state_dict()["norm.weight"]
+    weight.copy_(Tensor.from_host(weight.queue, np.zeros(weight.shape, weight.dtype)))
+    model.save_pretrained(run)  # model.safetensors no longer holds the checkpoint's weights
+    tensors, _ = read_checkpoint(run / "checkpoint.safetensors")
+    for given, want_checkpoint in (("checkpoint.safetensors", True), ("model.safetensors", False)):
+        loaded, _ = load_model_dir(str(run / given), "auto")
+        got = loaded.state_dict()["norm.weight"].to_host()
+        assert np.array_equal(got, tensors["model/norm.weight"] if want_checkpoint else np.zeros_like(got))
+    args = ["--prompt", "def alpha", "--max-new-tokens", "4", "--temperature", "0"]
+    capsys.readouterr()
+    assert main(["generate", "--checkpoint", str(out / "checkpoint.safetensors"), *args]) == 0
+    from_file = capsys.readouterr().out
+    assert main(["generate", "--checkpoint", str(out), *args]) == 0
+    assert from_file == capsys.readouterr().out and from_file.startswith("def alpha")
+    assert main(["generate", "--checkpoint", str(out / "metrics.json"), "--prompt", "x"]) == 1
+    assert f"--checkpoint {out / 'metrics.json'} is neither a directory nor a .safetensors file" in (
+        capsys.readouterr().err)
+
+
 def test_generate_says_when_the_context_window_caps_the_reply(trained, capsys):
     out, _ = trained
     assert main(["generate", "--checkpoint", str(out), "--prompt", "def alpha", "--max-new-tokens", "50",
@@ -348,7 +380,7 @@ def test_bad_train_flags_are_one_line_errors(tmp_path, capsys, flag, value, word
     (("--dim", "12", "--heads", "4"), "head dimension 12 / 4 = 3 is odd"),
     (("--warmup", "5", "--steps", "5"), "--warmup 5 must be smaller than --steps 5"),
     (("--lr", "1e-3", "--min-lr", "1e-2"), "--min-lr 0.01 is larger than --lr 0.001"),
-    (("--corpus", "/nonexistent/dir"), "does not exist"),
+    (("--corpus", "{tmp}/absent"), "does not exist"),  # under tmp_path: never there, whatever the machine
     (("--context", "5000", "--steps", "2", "--warmup", "0"), "cannot fill one window"),
 ])
 def test_bad_combinations_are_clear_errors_before_anything_is_written(
@@ -365,7 +397,7 @@ def test_bad_combinations_are_clear_errors_before_anything_is_written(
         "--no-progress",
         "--out",
         str(tmp_path / "never"),
-        *extra,
+        *(value.format(tmp=tmp_path) for value in extra),
     ]
     assert main(args) == 1
     assert words in capsys.readouterr().err
@@ -392,7 +424,7 @@ def test_bad_generation_flags_are_one_line_errors(tmp_path, capsys, command, fla
 
 def test_bad_checkpoint_directories_are_clear_errors(tmp_path, capsys, trained):
     assert main(["generate", "--checkpoint", str(tmp_path / "missing"), "--prompt", "x"]) == 1
-    assert "no such directory" in capsys.readouterr().err
+    assert "no such directory or file" in capsys.readouterr().err
     assert main(["chat", "--checkpoint", str(tmp_path)]) == 1
     assert "has no config.json or tokenizer.json" in capsys.readouterr().err
     with pytest.raises(SystemExit):
@@ -451,7 +483,14 @@ def test_bad_paths_and_devices_are_clear_errors_before_anything_is_written(
     save_file(tensors, str(other / "checkpoint.safetensors"), metadata={"netcl": json.dumps(meta)})
     assert read_checkpoint(other / "checkpoint.safetensors")[1]["extra"]["kind"] == "train"
     assert main(["lm-train", "--resume", str(other), "--no-progress"]) == 1
-    assert "was not written by netcl lm-train" in capsys.readouterr().err
+    assert (f"--resume: {other / 'checkpoint.safetensors'} was not written by netcl lm-train but by netcl "
+            f"train (an image classifier); continue it with `netcl train --resume {other}`"
+            in capsys.readouterr().err)
+    # and netcl train does not take an lm-train run (it listed every model key as missing)
+    assert main(["train", "--resume", str(out), "--no-progress"]) == 1
+    assert capsys.readouterr().err == (
+        f"netcl: --resume: {out / 'checkpoint.safetensors'} was written by netcl lm-train (a language "
+        f"model, not an image classifier); continue it with `netcl lm-train --resume {out}`\n")
     assert main(["generate", "--checkpoint", str(out), "--device", "nosuch"]) == 1
     assert "--device nosuch: unknown device" in capsys.readouterr().err
 

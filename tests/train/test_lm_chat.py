@@ -113,16 +113,16 @@ def test_the_example_trains_a_model_netcl_chat_talks_to(example, tmp_path, capsy
     (("--lr", "nan"), "--lr must be a finite number > 0, got nan"),
     (("--seed", "-1"), "--seed must be >= 0, got -1"),
     (("--steps", "x"), "argument --steps: invalid int value: 'x'"),
-    (("--init", "/nonexistent/run"), "--init /nonexistent/run: no such directory"),
+    (("--init", "{tmp}/absent-run"), "--init {tmp}/absent-run: no such directory"),  # never there
     (("--device", "nosuch"), "--device nosuch: unknown device"),
     (("--out", "{a_file}/run"), "Not a directory"),
 ])
 def test_bad_example_flags_are_clear_errors_and_write_nothing(example, tmp_path, capsys, extra, words):
     a_file = tmp_path / "a_file"
     a_file.write_text("")
-    extra = [e.format(a_file=a_file) for e in extra]
+    extra = [e.format(a_file=a_file, tmp=tmp_path) for e in extra]
     with pytest.raises(SystemExit) as exc:
         example.main(["--out", str(tmp_path / "never"), "--dialogs", "5", *extra])
     assert exc.value.code == 2
-    assert words in capsys.readouterr().err
+    assert words.format(tmp=tmp_path) in capsys.readouterr().err
     assert not (tmp_path / "never").exists()

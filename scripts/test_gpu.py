@@ -1,0 +1,43 @@
+#!/usr/bin/env python
+"""Run the whole test suite, the guide's pages included, on this machine's default GPU.
+
+    .venv/bin/python scripts/test_gpu.py [pytest args ...]      (what `make test-gpu` runs)
+    .venv/bin/python scripts/test_gpu.py --check                 (only say which GPU it would use)
+
+For a machine with a GPU's OpenCL driver (NVIDIA, AMD ROCm, Intel compute-runtime, Apple): every test
+runs with NETCL_DEVICE=gpu, so the suite's device (tests/conftest.py), its subprocesses and the guide's
+code blocks all take the GPU netcl picks ("auto" without the CPU: `netcl devices` marks it). Where no GPU
+OpenCL device is visible (simulators such as Oclgrind do not count), it says so in one line and exits 1
+without running anything: a run that silently fell back to a CPU would not test what it claims.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def main(argv: list[str]) -> int:
+    os.environ["NETCL_DEVICE"] = "gpu"
+    sys.path.insert(0, str(ROOT))
+    from netcl.core.device import manager  # noqa: PLC0415  (after NETCL_DEVICE is set, from this checkout)
+    from netcl.errors import DeviceError  # noqa: PLC0415
+
+    try:
+        device = manager.default()
+    except DeviceError:
+        print("make test-gpu: no GPU OpenCL device is visible here (`netcl devices` lists what is); install "
+              "the GPU vendor's OpenCL driver, or run `make test` for the CPU drivers", file=sys.stderr)
+        return 1
+    print(f"make test-gpu: the suite on {device.describe()} (NETCL_DEVICE=gpu)", flush=True)
+    if argv[:1] == ["--check"]:
+        return 0
+    return subprocess.call([sys.executable, "-m", "pytest", "tests", *argv], cwd=ROOT)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
