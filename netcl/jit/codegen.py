@@ -12,32 +12,23 @@ from typing import Any
 
 import numpy as np
 
+from netcl import kernels
 from netcl.core import dtypes
 from netcl.jit import ir
 
-PREAMBLE = r"""
+PREAMBLE = kernels.source("half.cl") + r"""
 /* no a*b+c -> fma contraction: a fused graph must round exactly like the same ops run one by one
    (NETCL_FUSION=0) and like NumPy; NVIDIA's compiler contracts by default */
 #pragma OPENCL FP_CONTRACT OFF
 #ifdef USE_FP64
 #pragma OPENCL EXTENSION cl_khr_fp64 : enable
 #endif
-/* float16: one value to and from float (nc_h2f, nc_f2h), and N-wide 16-byte-aligned loads and stores
-   (nc_ldhN, nc_sthN). On NVIDIA (NC_NVIDIA, netcl.core.backend) raw bits and the conversion instructions:
-   its vloada_half8/vstorea_half8 moved a quarter of float32's bytes per second on the H200; elsewhere
-   the OpenCL built-ins. nc_rh rounds a float to the nearest half and back: float16 intermediates behave
-   as stored ones. */
+/* float16 (one value: half.cl's nc_h2f, nc_f2h): N-wide 16-byte-aligned loads and stores (nc_ldhN,
+   nc_sthN). On NVIDIA (NC_NVIDIA, netcl.core.backend) raw bits and the conversion instructions: its
+   vloada_half8/vstorea_half8 moved a quarter of float32's bytes per second on the H200; elsewhere the
+   OpenCL built-ins. nc_rh rounds a float to the nearest half and back: float16 intermediates behave as
+   stored ones. */
 #ifdef NC_NVIDIA
-inline float nc_h2f(const ushort h) {
-    float f;
-    asm("{ .reg .b16 l, u; mov.b32 {l, u}, %1; cvt.f32.f16 %0, l; }" : "=f"(f) : "r"((uint)h));
-    return f;
-}
-inline ushort nc_f2h(const float f) {
-    uint r;
-    asm("{ .reg .b16 l; cvt.rn.f16.f32 l, %1; mov.b32 %0, {l, l}; }" : "=r"(r) : "f"(f));
-    return (ushort)r;
-}
 inline float2 nc_h2f2(const uint u) {
     float lo, hi;
     asm("{ .reg .b16 l, u; mov.b32 {l, u}, %2; cvt.f32.f16 %0, l; cvt.f32.f16 %1, u; }"
@@ -65,8 +56,6 @@ inline void nc_sth16(const float16 v, __global half *p) { nc_sth8(v.lo, p); nc_s
 #define NC_LDH(p, i) nc_h2f(((__global const ushort *)(p))[i])
 #define NC_STH(p, i, v) (((__global ushort *)(p))[i] = nc_f2h(v))
 #else
-inline float nc_h2f(ushort h) { return vload_half(0, (__private const half *)&h); }
-inline ushort nc_f2h(const float f) { ushort h; vstore_half(f, 0, (__private half *)&h); return h; }
 #define nc_ldh2(p) vloada_half2(0, p)
 #define nc_ldh4(p) vloada_half4(0, p)
 #define nc_ldh8(p) vloada_half8(0, p)

@@ -1,7 +1,41 @@
-// The store of matrix-unit accumulators (gemm_mma.cl's mma.sync tiles, gemm_wgmma.cl's wgmma tiles): both
-// hold C as mma's 16 x 8 fragments, lane (g = lane / 4, t = lane % 4) owning (g, 2t..2t+1) and
-// (g + 8, 2t..2t+1) of each, in float acc[MT][NT][4]. The fused epilogue of gemm_common.cl is applied here
-// (or, with C_ACC, the raw float sums are stored: split-K's workspace).
+// What the matrix-unit GEMMs share (gemm_mma.cl's mma.sync tiles, gemm_wgmma.cl's wgmma tiles): the block
+// a work-group computes (MMA_BLOCK), and its accumulators: both hold C as mma's 16 x 8 fragments, lane
+// (g = lane / 4, t = lane % 4) owning (g, 2t..2t+1) and (g + 8, 2t..2t+1) of each, in float
+// acc[MT][NT][4], zeroed by MMA_ACC_ZERO and stored by MMA_STORE_ACC with the fused epilogue of
+// gemm_common.cl (or, with C_ACC, the raw float sums: split-K's workspace).
+
+#ifndef GROUP_M
+#define GROUP_M 0
+#endif
+// const int m0, n0: the first row and column of this work-group's BM x BN block of C, and the operands
+// moved to its batch. GROUP_M > 1: blocks in column-major groups of GROUP_M block rows, so that
+// work-groups that run together share A's rows and B's columns in L2 (launch order is row-major)
+#if GROUP_M > 1
+#define MMA_BLOCK()                                                                                     \
+    int bn_ = get_group_id(0), bm_ = get_group_id(1);                                                  \
+    {                                                                                                   \
+        const int nbn = get_num_groups(0), nbm = get_num_groups(1);                                     \
+        const int pid = bm_ * nbn + bn_, per_group = GROUP_M * nbn, first = (pid / per_group) * GROUP_M; \
+        const int rows = min(nbm - first, GROUP_M), in_group = pid % per_group;                         \
+        bm_ = first + in_group % rows;                                                                  \
+        bn_ = in_group / rows;                                                                          \
+    }                                                                                                   \
+    const int n0 = bn_ * BN, m0 = bm_ * BM;                                                             \
+    GEMM_SELECT_BATCH(get_group_id(2))
+#else
+#define MMA_BLOCK()                                                                                     \
+    const int n0 = get_group_id(0) * BN, m0 = get_group_id(1) * BM;                                     \
+    GEMM_SELECT_BATCH(get_group_id(2))
+#endif
+
+#define MMA_ACC_ZERO()                                                                                  \
+    float acc[MT][NT][4];                                                                               \
+    _Pragma("unroll")                                                                                   \
+    for (int i = 0; i < MT; ++i)                                                                        \
+        _Pragma("unroll")                                                                               \
+        for (int j = 0; j < NT; ++j)                                                                    \
+            _Pragma("unroll")                                                                           \
+            for (int o = 0; o < 4; ++o) acc[i][j][o] = 0.0f
 
 #if defined(C_ACC)
 #define STORE_PAIR(v0, v1, p) vstore2((float2)((v0), (v1)), 0, p)

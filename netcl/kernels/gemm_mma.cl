@@ -61,9 +61,6 @@
 #ifndef SWIZZLE
 #define SWIZZLE 0
 #endif
-#ifndef GROUP_M
-#define GROUP_M 0
-#endif
 #ifndef DBUF
 #define DBUF 0
 #endif
@@ -456,28 +453,8 @@ void gemm_mma(GEMM_ARGS)
     const int tid = get_local_id(0), lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int wm = (warp / WARPS_N) * WM, wn = (warp % WARPS_N) * WN;
-    int bn = get_group_id(0), bm = get_group_id(1);
-#if GROUP_M > 1
-    {
-        // blocks in column-major groups of GROUP_M block rows: work-groups that run together share
-        // A's rows and B's columns in L2 (launch order is row-major over the grid)
-        const int nbn = get_num_groups(0), nbm = get_num_groups(1);
-        const int pid = bm * nbn + bn, per_group = GROUP_M * nbn, first = (pid / per_group) * GROUP_M;
-        const int rows = min(nbm - first, GROUP_M), in_group = pid % per_group;
-        bm = first + in_group % rows;
-        bn = in_group / rows;
-    }
-#endif
-    const int n0 = bn * BN, m0 = bm * BM;
-    GEMM_SELECT_BATCH(get_group_id(2));
-
-    float acc[MT][NT][4];
-    #pragma unroll
-    for (int i = 0; i < MT; ++i)
-        #pragma unroll
-        for (int j = 0; j < NT; ++j)
-            #pragma unroll
-            for (int o = 0; o < 4; ++o) acc[i][j][o] = 0.0f;
+    MMA_BLOCK();
+    MMA_ACC_ZERO();
 
 #if (defined(ASYNC) || defined(ALIGNED)) && (((BM * BK) % (VEC * THREADS)) || ((BN * BK) % (VEC * THREADS)))
 #error "16-byte chunks of the BM x BK and BK x BN tiles must divide evenly among the work-group's threads"

@@ -52,9 +52,6 @@
 #if LEAD < 1 || WPIPE < 0 || WPIPE > 1
 #error "WPIPE is 0 or 1, and WSTAGES - 1 - WPIPE tiles ahead must be at least one"
 #endif
-#ifndef GROUP_M
-#define GROUP_M 0
-#endif
 #ifdef A_MN
 #define TRANS_A 1
 #else
@@ -275,26 +272,8 @@ void gemm_mma(GEMM_ARGS)
 #endif
     const int tid = get_local_id(0), lane = tid & 31, warp = tid >> 5;
     const int wg = warp >> 2, wq = warp & 3, g = lane >> 2, t = lane & 3;
-    int bn = get_group_id(0), bm = get_group_id(1);
-#if GROUP_M > 1
-    {
-        const int nbn = get_num_groups(0), nbm = get_num_groups(1);
-        const int pid = bm * nbn + bn, per_group = GROUP_M * nbn, first = (pid / per_group) * GROUP_M;
-        const int rows = min(nbm - first, GROUP_M), in_group = pid % per_group;
-        bm = first + in_group % rows;
-        bn = in_group / rows;
-    }
-#endif
-    const int n0 = bn * BN, m0 = bm * BM;
-    GEMM_SELECT_BATCH(get_group_id(2));
-
-    float acc[MT][NT][4];
-    #pragma unroll
-    for (int i = 0; i < MT; ++i)
-        #pragma unroll
-        for (int j = 0; j < NT; ++j)
-            #pragma unroll
-            for (int o = 0; o < 4; ++o) acc[i][j][o] = 0.0f;
+    MMA_BLOCK();
+    MMA_ACC_ZERO();
 
     // Each work-item's 16-byte chunks keep their place from tile to tile: sources, destinations and edge
     // limits are set up once. K-major chunks: (row, k chunk), `lim` the elements left in the row from
