@@ -315,10 +315,16 @@ def _read_arg_names(prg: cl.Program) -> dict[str, tuple[str, ...]]:
 NVIDIA_DEFINE = "-DNC_NVIDIA"
 
 
-def _nvidia(device: Any) -> bool:
-    """Whether `device` is driven by NVIDIA's OpenCL driver (its programs may hold inline PTX)."""
+def nvidia_define(device: Any) -> str | None:
+    """The define every program built on an NVIDIA OpenCL device gets (None elsewhere): NC_NVIDIA set to
+    the compute capability as major * 10 + minor (1 where the driver does not say), so kernels take
+    NVIDIA's own paths (inline PTX) and the instructions of newer parts only where they exist
+    (cvt.rn.f16x2.f32: 80 and later)."""
     caps = getattr(device, "capabilities", None)
-    return caps is not None and "cl_nv_compiler_options" in getattr(caps, "extensions", "")
+    if caps is None or "cl_nv_compiler_options" not in getattr(caps, "extensions", ""):
+        return None
+    cc = getattr(caps, "nv_compute_capability", None)
+    return f"{NVIDIA_DEFINE}={cc[0] * 10 + cc[1] if cc else 1}"
 
 
 def _retargeted(device: Any, prg: cl.Program, options: tuple[str, ...], target: str, name: str) -> cl.Program:
@@ -355,8 +361,9 @@ def build_program(
     options = tuple(options)
     if ARG_INFO not in options:
         options = options + (ARG_INFO,)
-    if NVIDIA_DEFINE not in options and _nvidia(device):
-        options = options + (NVIDIA_DEFINE,)  # kernels take NVIDIA's own paths (inline PTX) under this name
+    nv = nvidia_define(device)
+    if nv is not None and not any(o.startswith(NVIDIA_DEFINE) for o in options):
+        options = options + (nv,)
     key_source = source if ptx_target is None else f"{source}\0ptx_target={ptx_target}"
     path = _disk_path(device, key_source, options) if config.disk_cache_enabled() else None
     lock_key = (

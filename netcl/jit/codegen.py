@@ -36,9 +36,13 @@ inline float2 nc_h2f2(const uint u) {
     return (float2)(lo, hi);
 }
 inline uint nc_f2h2(const float2 v) {
+#if NC_NVIDIA >= 80
     uint r;
     asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(v.y), "f"(v.x));
     return r;
+#else
+    return (uint)nc_f2h(v.x) | ((uint)nc_f2h(v.y) << 16);  /* the packed form is sm_80's */
+#endif
 }
 inline float2 nc_ldh2(__global const half *p) { return nc_h2f2(*(__global const uint *)p); }
 inline float4 nc_ldh4(__global const half *p) {

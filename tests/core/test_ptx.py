@@ -53,3 +53,17 @@ def test_ptx_target_on_a_device_without_ptx_binaries_says_so(device):
         pytest.skip("NVIDIA's binaries are PTX: the rebuild is tested by the wgmma GEMM on such a device")
     with pytest.raises(KernelBuildError, match="sm_90a needs NVIDIA's PTX binaries"):
         build_program(device, "__kernel void k(__global float *x) { x[0] = 2.0f; }", ptx_target="sm_90a")
+
+
+def test_nvidia_programs_get_their_compute_capability_as_a_define():
+    from types import SimpleNamespace
+
+    from netcl.core.backend import nvidia_define
+
+    def dev(extensions, cc):
+        return SimpleNamespace(capabilities=SimpleNamespace(extensions=extensions, nv_compute_capability=cc))
+
+    assert nvidia_define(dev("cl_khr_fp64 cl_nv_compiler_options", (9, 0))) == "-DNC_NVIDIA=90"
+    assert nvidia_define(dev("cl_nv_compiler_options", (7, 5))) == "-DNC_NVIDIA=75"
+    assert nvidia_define(dev("cl_nv_compiler_options", None)) == "-DNC_NVIDIA=1"
+    assert nvidia_define(dev("cl_khr_fp64", None)) is None
