@@ -247,8 +247,8 @@ def in_variant_probe() -> bool:
 
 # The readers check_environment runs: every variable above (the JIT knobs through jit_knob).
 _READERS: tuple[Callable[[], object], ...] = (
-    device_spec, profiling, debug_level, fusion_enabled, disk_cache_enabled, cache_dir, half_mode,
-    tuning_enabled, dist_backend, dist_timeout, dist_bucket_mb, dist_device_sum, dist_launch,
+    device_spec, profiling, debug_level, fusion_enabled, deterministic, disk_cache_enabled, cache_dir,
+    half_mode, tuning_enabled, dist_backend, dist_timeout, dist_bucket_mb, dist_device_sum, dist_launch,
     in_variant_probe,
 )
 
