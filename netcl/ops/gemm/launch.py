@@ -99,18 +99,17 @@ def launch(
         b_lead = b_ks if b_ns == 1 else b_ns if b_ks == 1 else 0
         copies_16 = a_lead > 0 and b_lead > 0 and all(
             v % vec == 0 for v in (a.offset, b.offset, a_lead, b_lead, *a_bs, *b_bs, *slice_steps))
-        if _wgmma(device, defines, dt, a_ks, b_ks, copies_16):
-            # Hopper's warpgroup MMA (gemm_wgmma.cl): A and B K- or MN-major (TF32: K-major only)
-            for knob in _MMA_SYNC_ONLY:
-                defines.pop(knob, None)
+        # Hopper's warpgroup MMA (gemm_wgmma.cl) where the tile asks for it and the device has it: A and B
+        # K- or MN-major, copied 16 bytes at a time (TF32 both K-major: wgmma transposes 16-bit operands)
+        wgmma_layout = dt != dtypes.float32 or (a_ks == 1 and b_ks == 1)
+        if copies_16 and wgmma_layout and variants.takes_wgmma(device, defines):
             defines["WGMMA"] = None
             if a_ks != 1:
                 defines["A_MN"] = None
             if b_ks != 1:
                 defines["B_MN"] = None
         else:
-            for knob in _WGMMA_ONLY:
-                defines.pop(knob, None)
+            defines["WGMMA"] = 0  # the mma.sync kernel
             # 16-byte loads where A runs along K and B along N (its rows: a k-major tile) or along K;
             # cp.async (ASYNC) also needs every row and matrix start on a 16-byte boundary
             aligned = a_ks == 1 and (b_ns == 1 or b_ks == 1)
@@ -145,7 +144,8 @@ def launch(
             # BK=8 runs 43 TFLOP/s edge-free (128 registers, 2 work-groups per SM) but 38 guarded
             tile = _fit_local_memory({**tile, "BK": edge_bk}, dt, device.capabilities.local_mem)
             defines.update({k: tile[k] for k in ("BK", "PADA", "PADB")})
-    more = {"tiles": cl.LocalMemory(_mma_local_bytes(defines, dt))} if defines.get("DYN_LOCAL") else {}
+    dyn_local = defines.get("DYN_LOCAL") and defines.get("WGMMA", 0) is not None  # mma.sync's knob only
+    more = {"tiles": cl.LocalMemory(_mma_local_bytes(defines, dt))} if dyn_local else {}
 
     if variant == "dot":
         gsize, lsize = (p.n * tile["DOT_WG"], p.m, nbatch), (tile["DOT_WG"], 1, 1)
@@ -157,7 +157,7 @@ def launch(
         gsize = (-(-p.n // tile["NB"]), -(-p.m // tile["MB"]), nbatch)
         lsize = (1, 1, 1)
     elif variant == "mma":
-        threads = (tile["WGS"] * 128 if "WGMMA" in defines
+        threads = (tile["WGS"] * 128 if defines["WGMMA"] is None
                    else (tile["BM"] // tile["WM"]) * (tile["BN"] // tile["WN"]) * 32)
         gsize = (-(-p.n // tile["BN"]) * threads, -(-p.m // tile["BM"]), nbatch)
         lsize = (threads, 1, 1)
@@ -215,23 +215,6 @@ def launch(
             capture.name_slots(a=("A", "a_off"), b=("B", "b_off"), out=("C", "c_off"),
                                bias=("bias", "bias_off"), res=("residual", "res_off"))
     return None
-
-
-# knobs of one matrix-unit kernel that the other ignores (left out of its defines: one program per choice)
-_MMA_SYNC_ONLY = ("WM", "WN", "PAD", "PADB", "ASYNC", "STAGES", "LDMATRIX", "SWIZZLE", "DBUF", "DYN_LOCAL")
-_WGMMA_ONLY = ("WGMMA", "WGS", "WSTAGES", "WPIPE")
-
-
-def _wgmma(device: Any, defines: dict[str, Any], dt: np.dtype, a_ks: int, b_ks: int, copies_16: bool) -> bool:
-    """Whether an mma launch takes gemm_wgmma.cl: its WGMMA knob on, a device with wgmma (compute
-    capability 9.0; EMULATE=2: the emulation on any device), operands cp.async can copy 16 bytes at a
-    time, and for TF32 both K-major (wgmma transposes 16-bit operands only)."""
-    if not defines.get("WGMMA", 0) or not copies_16:
-        return False
-    if dt == dtypes.float32 and (a_ks != 1 or b_ks != 1):
-        return False
-    emulate = defines.get("EMULATE", 0)
-    return emulate == 2 or (not emulate and variants.has_wgmma(device))
 
 
 def _mma_local_bytes(defines: dict[str, Any], dt: np.dtype) -> int:

@@ -303,6 +303,20 @@ def matrix_units(device: Any) -> tuple[str, ...]:
     return ()
 
 
+# knobs one matrix-unit kernel reads and the other ignores: left out of the other's defines (one program per
+# choice, whatever the tile carries)
+MMA_SYNC_KNOBS = ("WM", "WN", "PAD", "PADB", "ASYNC", "STAGES", "LDMATRIX", "SWIZZLE", "DBUF", "DYN_LOCAL",
+                  "ALIGNED", "B_KMAJOR")
+WGMMA_KNOBS = ("WGS", "WSTAGES", "WPIPE", "A_MN", "B_MN")
+
+
+def takes_wgmma(device: Any, defines: dict[str, Any]) -> bool:
+    """Whether mma defines build gemm_wgmma.cl: WGMMA None (launch chose it for the operands), or 1 on a
+    device with wgmma (EMULATE=2: its emulation on any device); 0 (or EMULATE=1) is the mma.sync kernel."""
+    wgmma, emulate = defines.get("WGMMA", 0), defines.get("EMULATE", 0)
+    return wgmma is None or (bool(wgmma) and (emulate == 2 or (not emulate and has_wgmma(device))))
+
+
 def has_wgmma(device: Any) -> bool:
     """Whether `device` runs Hopper's warpgroup MMA through netcl (gemm_wgmma.cl, rebuilt from its PTX for
     sm_90a): NVIDIA GPUs of compute capability 9.0 exactly (sm_90a instructions run on 9.0 only)."""
@@ -350,24 +364,20 @@ def _program(device: Any, variant: str, defines: dict[str, Any]):
     filename, ptx_target = _KERNEL_FILES[variant], None
     if variant == "mma":
         # switches: a tile value 1 (or a define already set by launch: None) turns one on, 0 leaves it out
-        emulate, wgmma = defines.pop("EMULATE", 0), defines.pop("WGMMA", 0)
+        wgmma = takes_wgmma(device, defines)
+        emulate = defines.pop("EMULATE", 0)
+        defines.pop("WGMMA", None)
         if emulate is None or emulate:
             defines["MMA_EMULATE"] = None
         for knob in ("ASYNC", "LDMATRIX"):
             value = defines.pop(knob, 0)
             if value is None or value:
                 defines[knob] = None
-        # WGMMA: None (launch chose it), or 1 where the device has wgmma (EMULATE=2: its emulation)
-        if wgmma is None or (wgmma and (emulate == 2 or (not emulate and has_wgmma(device)))):
-            # Hopper's warpgroup MMA: its own kernel file, rebuilt from its PTX for sm_90a
+        if wgmma:  # Hopper's warpgroup MMA: its own kernel file, rebuilt from its PTX for sm_90a
             filename = "gemm_wgmma.cl"
-            ptx_target = None if "MMA_EMULATE" in defines else "sm_90a"
-            for knob in ("WM", "WN", "PAD", "PADB", "ASYNC", "STAGES", "LDMATRIX", "SWIZZLE", "DBUF",
-                         "DYN_LOCAL", "ALIGNED", "B_KMAJOR"):
-                defines.pop(knob, None)
-        else:
-            for knob in ("WGS", "WSTAGES", "WPIPE", "A_MN", "B_MN"):
-                defines.pop(knob, None)
+            ptx_target = None if emulate else "sm_90a"
+        for knob in MMA_SYNC_KNOBS if wgmma else WGMMA_KNOBS:
+            defines.pop(knob, None)
         defines[{"float16": "MMA_F16", "bfloat16": "MMA_BF16"}.get(np.dtype(dtype).name, "MMA_TF32")] = None
     act = defines.pop("ACT", None)
     extra: tuple[str, ...] = ("-cl-mad-enable",) if defines.pop("MAD_ENABLE", 1) else ()
