@@ -24,6 +24,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pyopencl as cl
@@ -257,18 +258,14 @@ def cublas(torch, name: str, s: int, inner: int = 3) -> float:
     torch.backends.cuda.matmul.allow_tf32 = name == "tf32"
     a = torch.randn(s, s, device="cuda", dtype=tdt)
     b = torch.randn(s, s, device="cuda", dtype=tdt)
-    for _ in range(3):
-        a @ b
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        for _ in range(inner):
-            a @ b
-        torch.cuda.synchronize()
-        times.append((time.perf_counter() - t0) / inner)
+    sec = median_seconds(lambda: a @ b, cuda_stream(torch), inner=inner)
     torch.backends.cuda.matmul.allow_tf32 = False
-    return round(2 * s**3 / float(np.median(times)) / 1e12, 1)
+    return round(2 * s**3 / sec / 1e12, 1)
+
+
+def cuda_stream(torch):
+    """What median_seconds waits on for PyTorch's work: its `finish` synchronizes the CUDA device."""
+    return SimpleNamespace(finish=torch.cuda.synchronize)
 
 
 def sweep(dev, args) -> dict[str, object]:
@@ -512,17 +509,7 @@ def gpt_gemms(dev, dt: np.dtype) -> dict[str, object]:
             xa = xa.t().contiguous().t()
         if layout[1] == "t":
             xb = xb.t().contiguous().t()
-        for _ in range(3):
-            xa @ xb
-        torch.cuda.synchronize()
-        times = []
-        for _ in range(7):
-            t0 = time.perf_counter()
-            for _ in range(5):
-                xa @ xb
-            torch.cuda.synchronize()
-            times.append((time.perf_counter() - t0) / 5)
-        tsec = float(np.median(times))
+        tsec = median_seconds(lambda xa=xa, xb=xb: xa @ xb, cuda_stream(torch), repeat=7, inner=5)
         flops = 2.0 * m * n * k
         row = {"m": m, "n": n, "k": k, "layout": layout, "netcl_tflops": round(flops / sec / 1e12, 1),
                "torch_tflops": round(flops / tsec / 1e12, 1), "ratio": round(tsec / sec, 2),
