@@ -362,15 +362,18 @@ def sweep(dev, args) -> dict[str, object]:
 # (a wrong descriptor faults the context: the next configuration must not inherit it)
 WG_BASE = {"WGMMA": 1, "EMULATE": 0, "BM": 128, "BN": 128, "BK": 32, "WGS": 1, "WSTAGES": 2, "GROUP_M": 8}
 WG_SWEEP = [
-    (F16, {}),
     (F16, {"WSTAGES": 3}),
-    (F16, {"WSTAGES": 3, "GROUP_M": 0}),
-    (F16, {"BN": 64, "BK": 64}),
-    (F16, {"BK": 16, "WSTAGES": 4}),
-    (BF16, {}),
+    (F16, {"WSTAGES": 3, "WPIPE": 1}),
+    (F16, {"WSTAGES": 3, "WPIPE": 1, "GROUP_M": 0}),
+    (F16, {"BN": 256, "WGS": 2, "WSTAGES": 2}),
+    (F16, {"BN": 256, "WGS": 2, "BK": 16, "WSTAGES": 4, "WPIPE": 1}),
+    (F16, {"BM": 256, "WGS": 2, "WSTAGES": 2}),
     (BF16, {"WSTAGES": 3}),
-    (F32, {"BK": 16}),
+    (BF16, {"WSTAGES": 3, "WPIPE": 1}),
     (F32, {"BK": 16, "WSTAGES": 3}),
+    (F32, {"BK": 16, "WSTAGES": 3, "WPIPE": 1}),
+    (F32, {"BK": 16, "WSTAGES": 3, "TF32_ROUND": 0}),
+    (F32, {"BN": 64, "BK": 32, "WSTAGES": 2, "TF32_ROUND": 0}),
 ]
 
 

@@ -22,7 +22,8 @@
 //
 // Defines: MMA_F16 | MMA_BF16 | MMA_TF32, BM, BN (64, 128 or 256), BK, WSTAGES, WGS, WPIPE (0: each tile's
 // wgmmas finish before the next tile's barrier; 1: one batch stays in flight), A_MN (A stored K x M),
-// B_MN (B stored K x N), GROUP_M (as gemm_mma.cl), MMA_EMULATE (wgmma computed from the same local tiles by address arithmetic, cp.async as a
+// B_MN (B stored K x N), TF32_ROUND (1: float32 tiles rounded to TF32 in local memory; 0: the matrix units
+// truncate, as cuBLAS's TF32 mode does), GROUP_M (as gemm_mma.cl), MMA_EMULATE (wgmma computed from the same local tiles by address arithmetic, cp.async as a
 // copy: the layouts and edges testable on any OpenCL device, e.g. PoCL and Oclgrind).
 
 #include "gemm_common.cl"
@@ -45,6 +46,9 @@
 #endif
 #ifndef WPIPE
 #define WPIPE 0
+#endif
+#ifndef TF32_ROUND
+#define TF32_ROUND 1
 #endif
 // tiles in flight ahead of the one the matrix units read: WPIPE=1 keeps one wgmma batch running across
 // the next tile's barrier, so the stage two tiles back is the one refilled (one tile less of prefetch)
@@ -128,7 +132,7 @@ inline ulong wg_desc(const uint addr, const uint lbo, const uint sbo, const uint
 #ifdef MMA_EMULATE
 inline float wg_value(__local const uchar *p) {
 #if defined(MMA_TF32)
-    return as_float(*(__local const uint *)p);  // rounded to TF32 in the tile (ROUND_TF32)
+    return as_float(*(__local const uint *)p & 0xffffe000u);  // the units' truncation (a no-op after ROUND_TF32)
 #elif defined(MMA_BF16)
     return as_float(((uint)*(__local const ushort *)p) << 16);
 #else
@@ -347,7 +351,7 @@ void gemm_mma(GEMM_ARGS)
         }                                                                                               \
     } while (0)
 
-#if defined(MMA_TF32)
+#if defined(MMA_TF32) && TF32_ROUND
     // the matrix units read TF32 from the tiles' float32 bits by truncation: each work-item rounds the
     // chunks it copied (to nearest, ties away: as mma.sync's cvt.rna.tf32.f32) once they have landed
 #define ROUND_TF32(at)                                                                                  \
