@@ -20,6 +20,7 @@ names) and loaded into the PyTorch model below, which follows LlamaForCausalLM's
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import json
 import platform
@@ -44,6 +45,7 @@ from netcl.errors import NetclError  # noqa: E402
 from netcl.models import GPT, GPTConfig  # noqa: E402
 from netcl.ops import random  # noqa: E402
 from netcl.train.lm import PRESETS, LMStep, make_optimizer  # noqa: E402
+from netcl.train.loop import MixedPrecision  # noqa: E402
 
 VOCAB = 4096  # netcl lm-train's default corpus vocabulary
 # Limits quoted against (FP32 TFLOP/s, copy TB/s): the H200 (cuBLAS FP32, the device copy bandwidth).
@@ -234,12 +236,25 @@ def median(samples: list[float]) -> float:
     return statistics.median(samples)
 
 
-def torch_train_step(model: TorchLlama, opt: torch.optim.Optimizer, batch: torch.Tensor) -> torch.Tensor:
-    logits = model(batch[:, :-1])
-    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
-    loss.backward()
+def torch_train_step(model: TorchLlama, opt: torch.optim.Optimizer, batch: torch.Tensor,
+                     amp: str | None = None, scaler: torch.amp.GradScaler | None = None) -> torch.Tensor:
+    """One step; `amp`: the forward under torch.autocast in that dtype (float16 with `scaler`), as users
+    write it."""
+    device = batch.device.type
+    with torch.autocast(device, dtype=getattr(torch, amp)) if amp else contextlib.nullcontext():
+        logits = model(batch[:, :-1])
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), batch[:, 1:].reshape(-1))
+    if scaler is not None:
+        scaler.scale(loss).backward()
+        scaler.unscale_(opt)
+    else:
+        loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-    opt.step()
+    if scaler is not None:
+        scaler.step(opt)
+        scaler.update()
+    else:
+        opt.step()
     opt.zero_grad(set_to_none=True)
     return loss
 
@@ -253,18 +268,23 @@ def torch_optimizer(model: TorchLlama, weight_decay: float, lr: float) -> torch.
 
 
 def bench_training(q, net: GPT, peer: TorchLlama, tdev: str, batch: int, context: int, steps: int,
-                   warmup: int) -> dict:
-    """Median seconds per step, interleaved (netcl graph, netcl eager, PyTorch) so load shifts hit all."""
+                   warmup: int, amp: str | None = None) -> dict:
+    """Median seconds per step, interleaved (netcl graph, netcl eager, PyTorch) so load shifts hit all.
+    `amp`: netcl's step as `lm-train --amp` runs it, PyTorch's under torch.autocast (float16: both scale
+    the loss)."""
     sync = torch.cuda.synchronize if tdev == "cuda" else (lambda: None)
     settings = {"weight_decay": 0.1, "lr": 1e-4}
     rng = np.random.default_rng(0)
     batches = [rng.integers(0, VOCAB, (batch, context + 1)).astype(np.int32) for _ in range(4)]
     # the first step's loss of both, from the same weights and batch: the two models compute the same thing
-    eager = LMStep(net, make_optimizer(net, settings), 1.0, eager=True)
+    mixed = MixedPrecision.make(amp) if amp else None
+    eager = LMStep(net, make_optimizer(net, settings), 1.0, eager=True, mixed=mixed)
     t_opt = torch_optimizer(peer, settings["weight_decay"], settings["lr"])
+    scaler = torch.amp.GradScaler(tdev) if amp == "float16" else None
     first_netcl = float(eager(batches[0]).to_host()[0])
-    first_torch = float(torch_train_step(peer, t_opt, torch.from_numpy(batches[0]).long().to(tdev)).item())
-    graphed = LMStep(net, eager.opt, 1.0)
+    first_torch = float(torch_train_step(peer, t_opt, torch.from_numpy(batches[0]).long().to(tdev), amp,
+                                         scaler).item())
+    graphed = LMStep(net, eager.opt, 1.0, mixed=mixed)
     tbatches = [torch.from_numpy(b).long().to(tdev) for b in batches]
     times: dict[str, list[float]] = {"graph": [], "eager": [], "torch": []}
     for i in range(warmup + steps):
@@ -278,7 +298,7 @@ def bench_training(q, net: GPT, peer: TorchLlama, tdev: str, batch: int, context
                 times[name].append(time.perf_counter() - t0)
         sync()
         t0 = time.perf_counter()
-        torch_train_step(peer, t_opt, tbatches[i % len(tbatches)])
+        torch_train_step(peer, t_opt, tbatches[i % len(tbatches)], amp, scaler)
         sync()
         if i >= warmup:
             times["torch"].append(time.perf_counter() - t0)
@@ -286,12 +306,13 @@ def bench_training(q, net: GPT, peer: TorchLlama, tdev: str, batch: int, context
             **{f"{k}_seconds": median(v) for k, v in times.items()}}
 
 
-def profile_training(q, net: GPT, batch: int, context: int, top: int) -> dict:
+def profile_training(q, net: GPT, batch: int, context: int, top: int, amp: str | None = None) -> dict:
     """One eager training step under netcl.profiling.profile() (after an unprofiled one): device time by
     kernel and by op, the largest `top` of each printed; where a step's time goes."""
     rng = np.random.default_rng(2)
     ids = rng.integers(0, VOCAB, (batch, context + 1)).astype(np.int32)
-    step = LMStep(net, make_optimizer(net, {"weight_decay": 0.1, "lr": 1e-4}), 1.0, eager=True)
+    step = LMStep(net, make_optimizer(net, {"weight_decay": 0.1, "lr": 1e-4}), 1.0, eager=True,
+                  mixed=MixedPrecision.make(amp) if amp else None)
     step(ids)
     q.finish()
     with profiling.profile() as prof:
@@ -378,6 +399,10 @@ def main() -> int:
         metavar="TOP",
         help="also profile one eager training step and print its TOP ops and kernels by device time",
     )
+    ap.add_argument("--amp", choices=("bfloat16", "float16"), default=None,
+                    help="the training rows in mixed precision: netcl as `lm-train --amp`, PyTorch under "
+                    "torch.autocast (float16 with GradScaler on both)")
+    ap.add_argument("--skip-generation", action="store_true", help="the training rows only")
     ap.add_argument("--out", default=None, help="JSON path (default bench/results/lm[_gpu].json)")
     args = ap.parse_args()
     out = (
@@ -434,38 +459,43 @@ def main() -> int:
 
     # generation first: training steps both models, netcl twice per round (recorded and eager), so their
     # weights differ afterwards
-    gen = bench_generation(net, peer, tdev, args.prompt_tokens, gen_tokens, args.gen_repeats)
-    train = bench_training(q, net, peer, tdev, batch, context, args.steps, args.warmup)
-    prof = profile_training(q, net, batch, context, args.profile) if args.profile else None
+    gen = (None if args.skip_generation
+           else bench_generation(net, peer, tdev, args.prompt_tokens, gen_tokens, args.gen_repeats))
+    train = bench_training(q, net, peer, tdev, batch, context, args.steps, args.warmup, args.amp)
+    prof = profile_training(q, net, batch, context, args.profile, args.amp) if args.profile else None
 
     tokens = batch * context
     flops = step_flops(hf_cfg, batch, context)
     weight_bytes = 4.0 * params
     rows = []
+    amp_name = f" ({args.amp} autocast)" if args.amp else ""
     for name, key in (("netcl, recorded step (lm-train)", "graph"), ("netcl, eager", "eager"),
                       ("PyTorch eager", "torch")):
+        name += amp_name
         sec = train[f"{key}_seconds"]
         rate = f"{flops / sec / 1e12:7.2f} TFLOP/s" if args.gpu else f"{flops / sec / 1e9:7.2f} GFLOP/s"
         rows.append((f"train: {name}", f"{sec * 1e3:10.1f} ms", f"{tokens / sec:12,.0f} tok/s", rate,
                      f"{train['torch_seconds'] / sec:6.2f}x"))
     for name, key in (("netcl, recorded decode step", "netcl"), ("PyTorch eager, KV cache", "torch")):
+        if gen is None:
+            break
         rate = gen[f"{key}_decode_tokens_per_second"]
         rows.append((f"generate: {name}", f"{gen[f'{key}_first_token_seconds'] * 1e3:10.1f} ms",
                      f"{rate:12,.0f} tok/s", f"{rate * weight_bytes / 1e9:7.1f} GB/s",
                      f"{rate / gen['torch_decode_tokens_per_second']:6.2f}x"))
-    print(f"\n{'':44} {'time':>13} {'throughput':>18} {'rate':>15} {'vs PyTorch':>10}")
+    print(f"\n{'':62} {'time':>13} {'throughput':>18} {'rate':>15} {'vs PyTorch':>10}")
     for r in rows:
-        print(f"{r[0]:44} {r[1]:>13} {r[2]:>18} {r[3]:>15} {r[4]:>10}")
+        print(f"{r[0]:62} {r[1]:>13} {r[2]:>18} {r[3]:>15} {r[4]:>10}")
     print(
         f"(training time = one step; generation time = to the first token, prompt {args.prompt_tokens}, then "
         f"{gen_tokens - 1} decode steps; ratios: throughput over PyTorch's, above 1 = netcl faster)"
     )
     print(
         f"same model: first-step loss netcl {train['first_loss_netcl']:.6f}, PyTorch "
-        f"{train['first_loss_torch']:.6f}; "
-        f"prompt logits within {gen['prompt_logits_max_relative_error']:.1e} "
-        f"(relative to the largest); greedy "
-        f"tokens agree for the first {gen['agreeing_tokens']} of {gen_tokens}"
+        f"{train['first_loss_torch']:.6f}"
+        + ("" if gen is None else
+           f"; prompt logits within {gen['prompt_logits_max_relative_error']:.1e} (relative to the largest); "
+           f"greedy tokens agree for the first {gen['agreeing_tokens']} of {gen_tokens}")
     )
     print(
         f"limits: a training step is {flops / 1e12:.3f} TFLOP (6 per parameter per token + attention)"
@@ -493,13 +523,15 @@ def main() -> int:
         "context": context,
         "step_flops": flops,
         "torch_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
+        "amp": args.amp,
         "deterministic": netcl.get_deterministic(),   # NETCL_DETERMINISTIC=0: the float-atomic paths
         "training": train,
         "generation": gen,
         "ratios": {
             "train_graph_vs_torch": train["torch_seconds"] / train["graph_seconds"],
             "train_eager_vs_torch": train["torch_seconds"] / train["eager_seconds"],
-            "decode_vs_torch": gen["netcl_decode_tokens_per_second"] / gen["torch_decode_tokens_per_second"],
+            **({} if gen is None else {"decode_vs_torch": gen["netcl_decode_tokens_per_second"]
+                                       / gen["torch_decode_tokens_per_second"]}),
         },
     }
     if prof is not None:

@@ -43,6 +43,13 @@ def _tf32(x: np.ndarray) -> np.ndarray:
     return ((u + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).view(np.float32).astype(np.float64)
 
 
+def _tf32_truncated(x: np.ndarray) -> np.ndarray:
+    """float32 values cut to TF32's 10-bit mantissa (the low 13 bits dropped): what the wgmma units read from
+    float32 tiles (TF32_ROUND=0)."""
+    u = x.astype(np.float32).view(np.uint32)
+    return (u & np.uint32(0xFFFFE000)).view(np.float32).astype(np.float64)
+
+
 def _inputs(rng, dt, m, n, k, batch=()):
     return rng.standard_normal(batch + (m, k)).astype(dt), rng.standard_normal((k, n)).astype(dt)
 
@@ -230,6 +237,9 @@ def test_matrix_units_on_device(queue, rng, dt, kernel, monkeypatch):
             got = mm.matmul(ta, tb).to_host().astype(np.float64)
             ref = (_tf32(a) @ _tf32(b)) if dt == np.float32 else a.astype(np.float64) @ b.astype(np.float64)
             tol = {np.dtype(np.float16): 3e-3, np.dtype(BF16): 8e-3}.get(np.dtype(dt), 1e-4)
+            if dt == np.float32 and np.abs(got - ref).max() > tol * np.abs(ref).max():
+                # TF32 on wgmma: the units truncate the float32 tiles (mma.sync rounds: cvt.rna)
+                ref = _tf32_truncated(a) @ _tf32_truncated(b)
             np.testing.assert_allclose(got, ref, rtol=0, atol=tol * np.abs(ref).max())
     finally:
         netcl.set_matmul_precision("highest")
@@ -246,8 +256,8 @@ WG_CASES = [
     (np.float16, "tn", {"BK": 16}),                          # 32-byte rows
     (BF16, "tt", {"BM": 128, "BN": 128, "WGS": 2}),         # two warpgroups
     (np.float16, "nt", {"WSTAGES": 3, "WPIPE": 1}),          # one wgmma batch in flight
-    (np.float32, "nt", {"BK": 16}),                          # TF32: 64-byte rows of float32
-    (np.float32, "nt", {"BK": 32, "BM": 128, "WSTAGES": 3}),  # two m tiles a warpgroup
+    (np.float32, "nt", {"BK": 16}),                          # TF32: 64-byte rows of float32, truncated
+    (np.float32, "nt", {"BK": 32, "BM": 128, "WSTAGES": 3, "TF32_ROUND": 1}),  # two m tiles; rounded
 ]
 
 
@@ -263,7 +273,8 @@ def test_emulated_wgmma_matches_numpy(queue, rng, dt, layout, tile):
         a, b = _inputs(rng, dt, m, n, k)
         ta, tb = (_aligned_view(queue, x, t) for x, t in ((a, layout[0]), (b, layout[1])))
         got = mm.gemm(ta, tb, variant="mma", params={**WG_SMALL, **tile}).to_host().astype(np.float64)
-        ref = (_tf32(a) @ _tf32(b)) if dt == np.float32 else a.astype(np.float64) @ b.astype(np.float64)
+        tf32 = _tf32 if tile.get("TF32_ROUND") else _tf32_truncated  # the default: the units truncate
+        ref = (tf32(a) @ tf32(b)) if dt == np.float32 else a.astype(np.float64) @ b.astype(np.float64)
         tol = {np.dtype(np.float16): 2e-3, np.dtype(BF16): 8e-3}.get(np.dtype(dt), 1e-5)
         np.testing.assert_allclose(got, ref, rtol=0, atol=tol * max(1.0, np.abs(ref).max()))
 
@@ -291,3 +302,20 @@ def test_emulated_wgmma_split_k_and_epilogue(queue, rng):
     want = np.maximum(0.5 * (a.astype(np.float64) @ b.astype(np.float64)) + bias.astype(np.float64), 0)
     want += res.astype(np.float64)
     np.testing.assert_allclose(got.to_host().astype(np.float64), want, rtol=0, atol=8e-3 * np.abs(want).max())
+
+
+def test_short_k_problems_take_64_row_blocks_on_wgmma(queue, monkeypatch):
+    """The matrix-unit kernel's shape class: K <= 1024 on a wgmma device takes 64 x 128 blocks for 16-bit
+    inputs (TF32 keeps its tile); longer K, or a device without wgmma, the general tile."""
+    dev = queue.device
+    monkeypatch.setattr(variants, "device_class", lambda d: "nvidia")
+    monkeypatch.setattr(variants, "has_wgmma", lambda d: False)
+    assert variants.shape_class(dev, "mma", 16384, 512, 512) is None
+    monkeypatch.setattr(variants, "has_wgmma", lambda d: True)
+    assert variants.shape_class(dev, "mma", 16384, 512, 512) == "short_k"
+    assert variants.shape_class(dev, "mma", 16384, 512, 4096) is None
+    assert variants.shape_params(dev, "mma", BF16, "short_k") == {"BM": 64}
+    assert variants.shape_params(dev, "mma", np.float16, "short_k") == {"BM": 64}
+    assert variants.shape_params(dev, "mma", np.float32, "short_k") == {}
+    shape = (16384, 512, 512)
+    assert variants.shape_class(dev, "tiled", *shape) == variants.tiled_shape_class(dev, *shape)

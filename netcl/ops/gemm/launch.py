@@ -13,7 +13,7 @@ from netcl.core import capture, dtypes
 from netcl.core.tensor import Tensor
 from netcl.ops.gemm import splitk, variants
 from netcl.ops.gemm.problem import _batch_strides, _collapse, _long4, _matrix_strides, _Problem, _tiled_layout
-from netcl.ops.gemm.variants import _fit_local_memory, _program, tiled_shape_class, usable_params
+from netcl.ops.gemm.variants import _fit_local_memory, _program, shape_class, usable_params
 
 
 def gemm_work(
@@ -74,8 +74,8 @@ def launch(
             defines["BIAS_ROWS"] = None
     if res is not None:
         defines["HAS_RESIDUAL"] = None
-    shape_class = tiled_shape_class(device, p.m, p.n, p.k, nbatch) if variant == "tiled" else None
-    tile = usable_params(device, variant, dt, params, shape_class=shape_class)
+    tile = usable_params(device, variant, dt, params,
+                         shape_class=shape_class(device, variant, p.m, p.n, p.k, nbatch))
     defines.update(tile)
     if variant == "cpu" and b_ns == 1:
         defines["B_NCONTIG"] = None

@@ -107,7 +107,10 @@ DEFAULTS: dict[str, dict[str, dict[str, int]]] = {
     # EMULATE=1 runs the same fragments through a local-memory emulation of mma (tests on any device).
     # WGMMA=1: on compute capability 9.0, Hopper's warpgroup MMA instead (gemm_wgmma.cl: WGS warpgroups,
     # a WSTAGES-deep cp.async ring of swizzled tiles read by the matrix units through descriptors);
-    # EMULATE=2 emulates that kernel on any device.
+    # EMULATE=2 emulates that kernel on any device. TF32 there: the float32 tiles as they landed, the units
+    # reading their top 19 bits (TF32_ROUND=0, as CUTLASS's Hopper TF32 kernels feed them); rounding them
+    # in local memory first (TF32_ROUND=1, mma.sync's cvt.rna) cost 1.5x: 135 against 215 TFLOP/s at
+    # 8192^3 on the H200, cuBLAS TF32 389 (bench/NOTES.md).
     "mma": {
         "float16": {
             "BM": 128,
@@ -168,6 +171,7 @@ DEFAULTS: dict[str, dict[str, dict[str, int]]] = {
             "WGS": 1,
             "WSTAGES": 3,
             "WPIPE": 0,
+            "TF32_ROUND": 0,
         },
     },
 }
@@ -190,10 +194,18 @@ CLASS_DEFAULTS: dict[str, dict[str, dict[str, dict[str, int]]]] = {
 # gradients 16 x 32 x (64 x 64 x 1024) at 29 (8); of 64 x 128 / 64 x 256 / 128 x 64 blocks and 16 x 16
 # grids none was faster there. Larger sides kept the general tile (C=128..512: within 3% of the best).
 _TILE_64 = {"BM": 64, "BN": 64, "BK": 16, "TX": 8, "TY": 8, "BKE": 0}
+# The matrix-unit kernel's classes (mma_shape_class): "short_k" (K <= 1024 on wgmma: a block walks few k
+# tiles, so prologue, epilogue and the last wave weigh). H200, the 25M GPT's bfloat16 GEMMs replayed
+# (bench/gemm_mma.py --gpt --tiles, 2026-12-02): 64 x 128 blocks ran the K = 512 shapes 1-20% faster than
+# 128 x 128 (attention's 16384 x 512 x 512 forward 211 against 175 TFLOP/s), but K = 1376 and K = 4096
+# 10-17% slower, and 64 x 64 or 128 x 256 blocks no better anywhere.
+_MMA_SHORT_K = {"BM": 64}
 SHAPE_TILES: dict[str, dict[str, dict[str, dict[str, int]]]] = {
-    "nvidia": {"float32": {"m64n64": _TILE_64, "m64": _TILE_64, "n64": _TILE_64}},
+    "nvidia": {"float32": {"m64n64": _TILE_64, "m64": _TILE_64, "n64": _TILE_64},
+               "float16": {"short_k": _MMA_SHORT_K}, "bfloat16": {"short_k": _MMA_SHORT_K}},
 }
-SHAPE_CLASSES = ("m64n64", "m64", "n64", "few_blocks")
+SHAPE_CLASSES = ("m64n64", "m64", "n64", "few_blocks", "short_k")
+MMA_SHORT_K = 1024
 
 
 def tiled_shape_class(device: Any, m: int, n: int, k: int, batch: int = 1) -> str | None:
@@ -211,14 +223,28 @@ def tiled_shape_class(device: Any, m: int, n: int, k: int, batch: int = 1) -> st
     return None
 
 
+def mma_shape_class(device: Any, m: int, n: int, k: int) -> str | None:
+    """The matrix-unit kernel's shape class of an m x n x k GEMM: "short_k" (K <= MMA_SHORT_K on a device
+    with wgmma), None otherwise (the general tile)."""
+    return "short_k" if k <= MMA_SHORT_K and has_wgmma(device) else None
+
+
+def shape_class(device: Any, variant: str, m: int, n: int, k: int, batch: int = 1) -> str | None:
+    """The shape class `variant`'s tile is chosen by (tiled_shape_class, mma_shape_class), or None."""
+    if variant == "tiled":
+        return tiled_shape_class(device, m, n, k, batch)
+    return mma_shape_class(device, m, n, k) if variant == "mma" else None
+
+
 def shape_params(device: Any, variant: str, dtype: Any, shape_class: str | None) -> dict[str, int]:
     """The tile changes of `shape_class` for `variant` on `device`: the tuning database's class entry when
-    stored, else SHAPE_TILES of the device's class; {} for no class or no entry."""
-    if variant != "tiled" or shape_class is None:
+    stored ("gemm_<variant>", "<dtype>/<class>"), else SHAPE_TILES of the device's class; {} for no class
+    or no entry."""
+    if variant not in ("tiled", "mma") or shape_class is None:
         return {}
     name = np.dtype(dtype).name
     db = tuning.active_database(device)
-    stored = db.get("gemm_tiled", f"{name}/{shape_class}") if db is not None else None
+    stored = db.get(f"gemm_{variant}", f"{name}/{shape_class}") if db is not None else None
     if stored:
         return {k: int(v) for k, v in stored.items()}
     return dict(SHAPE_TILES.get(device_class(device), {}).get(name, {}).get(shape_class, {}))
