@@ -36,6 +36,8 @@ from netcl.jit import codegen, ir
 from netcl.jit.runner import broadcast_strides, declared_work, memo_params_args
 
 MAX_CHUNK = 1 << 14
+# The rows one work-item of a GPU "col" reduction sums before its partial goes to the second launch.
+COL_CHUNK = 64
 # The longest serial sum one accumulator lane may do (the error bound: the old 16384-element chunks, 4096
 # per lane of a float4 in the CPU path).
 MAX_SERIAL = 2048
@@ -643,7 +645,10 @@ def _plan(
         if order == "col":
             target = caps.compute_units * 2048 if gpu else target
         want = max(1, -(-target // M))
-        P = max(1, min(want, -(-R // 4096)))
+        # "col" on a GPU: parts of COL_CHUNK rows, so that few outputs still fill the device (a GPT's norm
+        # weight gradient, 512 columns over 16,384 rows, ran 2,048 work-items of 4,096 rows: 385 us on
+        # the H200); otherwise parts of 4096 elements at least
+        P = max(1, min(want, -(-R // (COL_CHUNK if gpu and order == "col" else 4096))))
         P = max(P, -(-R // MAX_CHUNK))
     else:
         P = 1

@@ -237,21 +237,94 @@ __kernel void optimizer_step(
 }
 
 /* ---- gradient-norm clipping ------------------------------------------------------------------
- * sum_squares: one work-group of WG items sums x[off + i]^2 (in ACC: float32 for half gradients) over n
- *   elements into partial[slot] (global = local = WG; a fixed-order tree so the result is reproducible).
- * clip_coef: one work-item adds partial[0..count) (fixed order), writes norm[0] = sqrt(sum) and
- *   norm[1] = min(1, max_norm / (norm + 1e-6)).
- * scale_by: x[off + i] *= norm[1] for i < n (1-D, one work-item per element).
+ * Up to N_TENSORS gradients a launch (GRAD_ARGS(i): buffer, offset, length), so a model's clipping is a few
+ * launches whatever its parameter count, each spread over the device:
+ * sum_squares: work-group g sums x^2 (in ACC: float32 for half gradients) over chunk g of SQ_CHUNK elements,
+ *   chunks of the launch's gradients laid end to end, into partial[first + g] (a fixed-order tree).
+ * clip_coef: one work-group of WG adds partial[0..count) (fixed order: strided, then a tree), writes
+ *   norm[0] = sqrt(sum) and norm[1] = min(1, max_norm / (norm + 1e-6)).
+ * scale_by: x *= norm[1], ITEMS consecutive elements a work-item over the launch's gradients.
+ * Every split is a function of the gradients' sizes only, so the norm has the same bits on every run.
  */
 #ifndef WG
 #define WG 256
 #endif
+#ifndef SQ_CHUNK
+#define SQ_CHUNK 16384
+#endif
 
-__kernel void sum_squares(__global const T* x, long off, long n, __global ACC* partial, int slot) {
+#define GRAD_ARGS(i) __global T* x##i, long xo##i, long n##i
+// M(i) for each of the launch's N_TENSORS gradients; the kernels' argument lists of A(i), comma-separated
+#if N_TENSORS > 1
+#define EACH_1(M) M(1)
+#define LIST_1(A) , A(1)
+#else
+#define EACH_1(M)
+#define LIST_1(A)
+#endif
+#if N_TENSORS > 2
+#define EACH_2(M) M(2)
+#define LIST_2(A) , A(2)
+#else
+#define EACH_2(M)
+#define LIST_2(A)
+#endif
+#if N_TENSORS > 3
+#define EACH_3(M) M(3)
+#define LIST_3(A) , A(3)
+#else
+#define EACH_3(M)
+#define LIST_3(A)
+#endif
+#if N_TENSORS > 4
+#define EACH_4(M) M(4)
+#define LIST_4(A) , A(4)
+#else
+#define EACH_4(M)
+#define LIST_4(A)
+#endif
+#if N_TENSORS > 5
+#define EACH_5(M) M(5)
+#define LIST_5(A) , A(5)
+#else
+#define EACH_5(M)
+#define LIST_5(A)
+#endif
+#if N_TENSORS > 6
+#define EACH_6(M) M(6)
+#define LIST_6(A) , A(6)
+#else
+#define EACH_6(M)
+#define LIST_6(A)
+#endif
+#if N_TENSORS > 7
+#define EACH_7(M) M(7)
+#define LIST_7(A) , A(7)
+#else
+#define EACH_7(M)
+#define LIST_7(A)
+#endif
+#define EACH_GRAD(M) M(0) EACH_1(M) EACH_2(M) EACH_3(M) EACH_4(M) EACH_5(M) EACH_6(M) EACH_7(M)
+#define GRAD_LIST GRAD_ARGS(0) LIST_1(GRAD_ARGS) LIST_2(GRAD_ARGS) LIST_3(GRAD_ARGS) LIST_4(GRAD_ARGS) \
+    LIST_5(GRAD_ARGS) LIST_6(GRAD_ARGS) LIST_7(GRAD_ARGS)
+
+// the work-group's chunk: gradient i when k falls among its chunks (the same for all of a work-group)
+#define SQ_FIND(i) if (!found) { \
+    const long chunks = (n##i + SQ_CHUNK - 1) / SQ_CHUNK; \
+    if (k < chunks) { \
+        x = x##i; xo = xo##i; start = k * SQ_CHUNK; end = min(start + SQ_CHUNK, n##i); found = 1; } \
+    else k -= chunks; }
+
+__kernel void sum_squares(GRAD_LIST, __global ACC* partial, long first) {
     __local ACC acc[WG];
-    int lid = get_local_id(0);
+    const int lid = get_local_id(0);
+    const long slot = first + get_group_id(0);
+    long k = get_group_id(0), xo = 0, start = 0, end = 0;
+    __global T* x = x0;
+    int found = 0;
+    EACH_GRAD(SQ_FIND)
     ACC s = (ACC)0;
-    for (long i = lid; i < n; i += WG) { ACC v = LOAD_T(x, off + i); s += v * v; }
+    for (long i = start + lid; i < end; i += WG) { ACC v = LOAD_T(x, xo + i); s += v * v; }
     acc[lid] = s;
     barrier(CLK_LOCAL_MEM_FENCE);
     for (int stride = WG / 2; stride > 0; stride >>= 1) {
@@ -262,22 +335,39 @@ __kernel void sum_squares(__global const T* x, long off, long n, __global ACC* p
 }
 
 __kernel void clip_coef(__global const ACC* partial, int count, ACC max_norm, __global ACC* norm) {
-    if (get_global_id(0) != 0) return;
+    __local ACC acc[WG];
+    const int lid = get_local_id(0);
     ACC s = (ACC)0;
-    for (int i = 0; i < count; ++i) s += partial[i];
-    ACC total = sqrt(s);
-    norm[0] = total;
-    ACC coef = max_norm / (total + (ACC)1e-6);
-    norm[1] = coef < (ACC)1 ? coef : (ACC)1;
+    for (int i = lid; i < count; i += WG) s += partial[i];
+    acc[lid] = s;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int stride = WG / 2; stride > 0; stride >>= 1) {
+        if (lid < stride) acc[lid] += acc[lid + stride];
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    if (lid == 0) {
+        ACC total = sqrt(acc[0]);
+        norm[0] = total;
+        ACC coef = max_norm / (total + (ACC)1e-6);
+        norm[1] = coef < (ACC)1 ? coef : (ACC)1;
+    }
 }
 
-__kernel void scale_by(__global T* x, long off, long n, __global const ACC* norm) {
-    long i = get_global_id(0);
-    if (i < n) STORE_T(x, off + i, LOAD_T(x, off + i) * norm[1]);
+#define SCALE_TRY(i) { long chunks = (n##i + ITEMS - 1) / ITEMS; \
+    if (k < chunks) { \
+        long end = min((k + 1) * ITEMS, n##i); \
+        for (long j = k * ITEMS; j < end; ++j) STORE_T(x##i, xo##i + j, LOAD_T(x##i, xo##i + j) * c); \
+        return; } \
+    k -= chunks; }
+
+__kernel void scale_by(GRAD_LIST, __global const ACC* norm) {
+    long k = get_global_id(0);
+    const ACC c = norm[1];
+    EACH_GRAD(SCALE_TRY)
 }
 
 /* ---- dynamic loss scaling (netcl.amp.GradScaler) ---------------------------------------------
- * unscale_grads: x *= 1 / scale[0] over up to N_TENSORS gradients (UNSCALE_ARGS(i): buffer, offset,
+ * unscale_grads: x *= 1 / scale[0] over up to N_TENSORS gradients (GRAD_ARGS(i): buffer, offset,
  *   length), ITEMS consecutive elements per work-item laid end to end as optimizer_step's; any result
  *   that is not finite sets found_inf[0] = 1 (atomic_or: many may find one). The multiply is exact for a
  *   power-of-two scale; the check runs on the unscaled value in ACC, before rounding to T.
@@ -285,7 +375,6 @@ __kernel void scale_by(__global T* x, long off, long n, __global const ACC* norm
  *   backoff_factor and growth_tracker reset, else growth_tracker counts up and, at growth_interval,
  *   the scale is multiplied by growth_factor (kept finite) and the tracker reset.
  */
-#define UNSCALE_ARGS(i) __global T* x##i, long xo##i, long n##i
 #define UNSCALE_TRY(i) { long chunks = (n##i + ITEMS - 1) / ITEMS; \
     if (k < chunks) { \
         long end = min((k + 1) * ITEMS, n##i); \
@@ -298,55 +387,11 @@ __kernel void scale_by(__global T* x, long off, long n, __global const ACC* norm
         return; } \
     k -= chunks; }
 
-__kernel void unscale_grads(
-    UNSCALE_ARGS(0)
-#if N_TENSORS > 1
-    , UNSCALE_ARGS(1)
-#endif
-#if N_TENSORS > 2
-    , UNSCALE_ARGS(2)
-#endif
-#if N_TENSORS > 3
-    , UNSCALE_ARGS(3)
-#endif
-#if N_TENSORS > 4
-    , UNSCALE_ARGS(4)
-#endif
-#if N_TENSORS > 5
-    , UNSCALE_ARGS(5)
-#endif
-#if N_TENSORS > 6
-    , UNSCALE_ARGS(6)
-#endif
-#if N_TENSORS > 7
-    , UNSCALE_ARGS(7)
-#endif
-    , __global const float* scale, __global int* found_inf)
+__kernel void unscale_grads(GRAD_LIST, __global const float* scale, __global int* found_inf)
 {
     long k = get_global_id(0);
     const ACC inv = (ACC)1 / (ACC)scale[0];
-    UNSCALE_TRY(0)
-#if N_TENSORS > 1
-    UNSCALE_TRY(1)
-#endif
-#if N_TENSORS > 2
-    UNSCALE_TRY(2)
-#endif
-#if N_TENSORS > 3
-    UNSCALE_TRY(3)
-#endif
-#if N_TENSORS > 4
-    UNSCALE_TRY(4)
-#endif
-#if N_TENSORS > 5
-    UNSCALE_TRY(5)
-#endif
-#if N_TENSORS > 6
-    UNSCALE_TRY(6)
-#endif
-#if N_TENSORS > 7
-    UNSCALE_TRY(7)
-#endif
+    EACH_GRAD(UNSCALE_TRY)
 }
 
 __kernel void update_scale(__global float* scale, __global int* growth_tracker, __global const int* found_inf,

@@ -30,7 +30,19 @@ MAX_TENSORS_PER_LAUNCH = 8  # optim.cl's N_TENSORS
 # length; UNSCALE_ARGS(i): gradient, its offset, length
 _TENSOR_ARGS = [tuple(f"{name}{i}" for name in ("p", "po", "g", "go", "sa", "sb", "sc", "mw", "n"))
                 for i in range(MAX_TENSORS_PER_LAUNCH)]
-_UNSCALE_ARGS = [(f"x{i}", f"xo{i}", f"n{i}") for i in range(MAX_TENSORS_PER_LAUNCH)]
+_GRAD_ARGS = [(f"x{i}", f"xo{i}", f"n{i}") for i in range(MAX_TENSORS_PER_LAUNCH)]
+# optim.cl's sum_squares: elements a work-group sums for clip_grad_norm (16,384: a 25M-parameter GPT's
+# norm is ~1,800 work-groups over every compute unit, where one work-group per gradient took 4 ms of its
+# bfloat16 step on the H200)
+_SQ_CHUNK = 1 << 14
+
+
+def _grad_args(group: Sequence[Tensor]) -> dict[str, Any]:
+    """optim.cl's GRAD_ARGS(i) of each gradient in `group` (one launch's): buffer, offset, length."""
+    named: dict[str, Any] = {}
+    for i, g in enumerate(group):
+        named.update(zip(_GRAD_ARGS[i], (g.buffer, np.int64(g.offset), np.int64(g.size))))
+    return named
 
 
 def state_dtype(dtype: np.dtype) -> np.dtype:
@@ -131,8 +143,8 @@ def _check_flag(found_inf: Tensor, queue: Any, what: str) -> None:
 
 def clip_grad_norm(grads: Sequence[Tensor], max_norm: float, error_if_nonfinite: bool = False) -> Tensor:
     """Scale `grads` in place by min(1, max_norm / (norm + 1e-6)), norm their joint L2 norm, and return
-    the norm before clipping as a Tensor of shape (1,): 2N + 1 launches for N gradients (partial sums,
-    the coefficient, the scaling), no host sync. error_if_nonfinite: read the norm back first and raise
+    the norm before clipping as a Tensor of shape (1,): 2 ceil(N / 8) + 1 launches for N gradients (partial
+    sums of 16,384-element chunks over 8 gradients a launch, the coefficient, the scaling), no host sync. error_if_nonfinite: read the norm back first and raise
     NetclError, scaling nothing, when it is NaN or infinite. float16/bfloat16 gradients accumulate in
     float32, and the norm is float32."""
     if not grads:
@@ -147,17 +159,23 @@ def clip_grad_norm(grads: Sequence[Tensor], max_norm: float, error_if_nonfinite:
                 "in place, so they must be contiguous"
             )
     wg = kernels.work_group(queue.device)
-    prg = kernels.program(
-        queue.device, "optim.cl", **kernels.float_defines(dtype, "clip_grad_norm_", half=True), WG=wg
-    )
     acc = state_dtype(dtype)
-    partial = Tensor.empty(queue, (len(grads),), acc)
+    groups = [grads[i:i + MAX_TENSORS_PER_LAUNCH] for i in range(0, len(grads), MAX_TENSORS_PER_LAUNCH)]
+    programs = [kernels.program(queue.device, "optim.cl", **kernels.float_defines(dtype, "clip_grad_norm_",
+                                                                                 half=True),
+                                WG=wg, N_TENSORS=len(group), ITEMS=_items(queue), SQ_CHUNK=_SQ_CHUNK)
+                for group in groups]
+    chunks = [sum(-(-g.size // _SQ_CHUNK) for g in group) for group in groups]
+    partial = Tensor.empty(queue, (max(sum(chunks), 1),), acc)
     norm = Tensor.empty(queue, (2,), acc)
-    for slot, g in enumerate(grads):
-        prg.sum_squares(queue, (wg,), (wg,), x=g.buffer, off=np.int64(g.offset), n=np.int64(g.size),
-                        partial=partial.buffer, slot=np.int32(slot))
-    prg.clip_coef(queue, (1,), (1,), partial=partial.buffer, count=np.int32(len(grads)),
-                  max_norm=kernels.scalar_type(acc)(max_norm), norm=norm.buffer)
+    first = 0
+    for prg, group, n in zip(programs, groups, chunks):
+        if n:
+            prg.sum_squares(queue, (n * wg,), (wg,), **_grad_args(group), partial=partial.buffer,
+                            first=np.int64(first))
+        first += n
+    programs[0].clip_coef(queue, (wg,), (wg,), partial=partial.buffer, count=np.int32(first),
+                          max_norm=kernels.scalar_type(acc)(max_norm), norm=norm.buffer)
     if error_if_nonfinite:
         total = float(norm.to_host()[0])
         if not math.isfinite(total):
@@ -166,9 +184,11 @@ def clip_grad_norm(grads: Sequence[Tensor], max_norm: float, error_if_nonfinite:
                 f"the gradients is {total}, so they cannot be "
                 "clipped; the gradients were left as they are (error_if_nonfinite=False scales them anyway)"
             )
-    for g in grads:
-        prg.scale_by(queue, (max(g.size, 1),), None, x=g.buffer, off=np.int64(g.offset), n=np.int64(g.size),
-                     norm=norm.buffer)
+    items = _items(queue)
+    for prg, group in zip(programs, groups):
+        total_items = sum(-(-g.size // items) for g in group)
+        if total_items:
+            prg.scale_by(queue, (total_items,), None, **_grad_args(group), norm=norm.buffer)
     return norm[0:1]
 
 
@@ -203,14 +223,10 @@ def unscale_grads(grads: Sequence[Tensor], scale: Tensor, found_inf: Tensor) -> 
                 N_TENSORS=len(chunk),
                 ITEMS=items,
             )
-            named: dict[str, Any] = {}
-            total = 0
-            for i, g in enumerate(chunk):
-                named.update(zip(_UNSCALE_ARGS[i], (g.buffer, np.int64(g.offset), np.int64(g.size))))
-                total += -(-g.size // items)
+            total = sum(-(-g.size // items) for g in chunk)
             if total:
                 prg.unscale_grads(
-                    queue, (total,), None, **named, scale=scale.buffer, found_inf=found_inf.buffer
+                    queue, (total,), None, **_grad_args(chunk), scale=scale.buffer, found_inf=found_inf.buffer
                 )
 
 

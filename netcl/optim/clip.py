@@ -18,7 +18,8 @@ def clip_grad_norm_(
 ) -> Tensor:
     """Scale the gradients in place by min(1, max_norm / (norm + 1e-6)) (PyTorch's rule) and return
     the total norm before clipping as a Tensor of shape (1,). The norm never leaves the device:
-    2N + 1 launches for N gradients (partial sums, the coefficient, the scaling).
+    2 ceil(N / 8) + 1 launches for N gradients (partial sums, the coefficient, the scaling), each over the
+    whole device; the same bits on every run.
 
     max_norm is a number >= 0 (inf: never clip); a negative one would flip the gradients. With
     error_if_nonfinite=True the norm is read back (one host sync) and a NaN or infinite norm raises

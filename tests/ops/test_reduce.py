@@ -202,3 +202,18 @@ def test_var_with_ddof_at_or_past_the_count_is_numpys(queue, ddof):
     with np.errstate(all="ignore"):
         np.testing.assert_array_equal(ops.var(x, axis=1, ddof=ddof).to_host(), np.var(a, axis=1, ddof=ddof))
         np.testing.assert_array_equal(ops.std(x, axis=1, ddof=ddof).to_host(), np.std(a, axis=1, ddof=ddof))
+
+
+@pytest.mark.parametrize("name", ["sum", "mean", "max", "argmax", "argmin"])
+def test_column_reductions_over_many_rows(queue, rng, layout, name):
+    """A reduction over the leading axis with the kept axis innermost (a norm's weight gradient): the GPU
+    layout splits the rows into parts (of COL_CHUNK rows at least: 14 here) and combines the partial states,
+    indices included, in a second launch."""
+    a = rng.standard_normal((1000, 300)).astype(np.float32)
+    a[700, 5] = a[:, 5].max() + 1  # a late maximum: the index must come from a later part
+    got = getattr(ops, name)(Tensor.from_host(queue, a), axis=0).to_host()
+    want = getattr(np, name)(a.astype(np.float64), axis=0)
+    if name.startswith("arg"):
+        np.testing.assert_array_equal(got, want)
+    else:
+        np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-6 * np.abs(a).sum(0).max())  # float32 sums

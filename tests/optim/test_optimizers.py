@@ -158,6 +158,26 @@ def test_load_state_dict_rejects_wrong_shapes(queue):
         opt.load_state_dict(bad)
 
 
+def test_clip_grad_norm_over_many_chunked_gradients(queue, rng):
+    """Eleven gradients (two launches of up to eight), three of them over several 16,384-element chunks and
+    one empty: the norm and the scaled gradients against float64 NumPy, and the same bits on a second run."""
+    shapes = [(3,), (40000,), (7, 5), (0,), (129, 257), (1,), (16384,), (16385,), (2, 3, 4), (600,), (5,)]
+    grads = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    results = []
+    for _ in range(2):
+        params = [ag.Parameter(Tensor.zeros(queue, s, np.float32)) for s in shapes]
+        for p, g in zip(params, grads):
+            p.grad = Tensor.from_host(queue, g)
+        norm = optim.clip_grad_norm_(params, max_norm=2.0).to_host()
+        results.append((norm, [p.grad.to_host() for p in params]))
+    total = math.sqrt(sum(float((g.astype(np.float64) ** 2).sum()) for g in grads))
+    np.testing.assert_allclose(results[0][0], [total], rtol=1e-5)
+    for got, g in zip(results[0][1], grads):
+        np.testing.assert_allclose(got, g * (2.0 / (total + 1e-6)), rtol=1e-5, atol=1e-7)
+    assert results[0][0].tobytes() == results[1][0].tobytes()
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(results[0][1], results[1][1]))
+
+
 def test_invalid_hyperparameters():
     with pytest.raises(ValueError, match="Nesterov"):
         optim.SGD([ag.Parameter.__new__(ag.Parameter)], lr=0.1, nesterov=True)
