@@ -78,4 +78,13 @@ inline void dropout_factors4(ACC *z, const ulong counter0, const long row, const
     z[3] = (w.w >> 8) >= drop_threshold ? drop_scale : (ACC)0;
 }
 
+// The dropout multiplier of one (row, key) pair (the word of dropout_factors4 it falls on).
+inline ACC dropout_one(const ulong counter0, const long row, const int j, const uint seed_lo, const uint seed_hi,
+                       const uint drop_threshold, const ACC drop_scale)
+{
+    ACC z[4];
+    dropout_factors4(z, counter0, row, j >> 2, seed_lo, seed_hi, drop_threshold, drop_scale);
+    return z[j & 3];
+}
+
 #endif

@@ -229,15 +229,6 @@ inline ACC row_max(ACC x)
 #endif
 #endif
 
-// The dropout multiplier of one (row, key) pair (the words of attention_common.cl's dropout_factors4).
-inline ACC dropout_one(const ulong counter0, const long row, const int j, const uint seed_lo, const uint seed_hi,
-                       const uint drop_threshold, const ACC drop_scale)
-{
-    ACC z[4];
-    dropout_factors4(z, counter0, row, j >> 2, seed_lo, seed_hi, drop_threshold, drop_scale);
-    return z[j & 3];
-}
-
 #define RM_ (BM / TR)         // rows of the grid's items: query rows (forward, dq)
 #define CN_ (BN / TC)         // columns: keys
 #define PS4 (BN / 4 + 1)      // float4s per local row of p / ds

@@ -51,6 +51,7 @@ from netcl.core.tensor import Tensor, check_same_queue
 from netcl.errors import DTypeError, KernelBuildError, ShapeError
 from netcl.ops.determinism import get_deterministic
 from netcl.ops.elementwise import cast
+from netcl.ops.gemm.variants import matrix_units
 from netcl.ops.random import Generator, default_generator
 
 __all__ = [
@@ -123,6 +124,13 @@ GPU_PREFETCH: tuple[str, ...] = ()
 # devices emulate it through local memory, SHFL_EMULATE, for tests): 3 barriers a tile instead of 4. None =
 # on NVIDIA GPUs (the H200: 5.87 vs 6.34 ms), or True / False.
 GPU_ROW_SHFL: bool | None = None
+# float16 / bfloat16 forwards on NVIDIA's matrix units (attention_mma.cl: q k^T and p v by mma.sync, head dims
+# multiples of 16 up to 128, rows on 16-byte boundaries): None = where the device has them
+# (gemm.variants.matrix_units), or True / False. MMA_EMULATE (tests): that kernel through its local-memory
+# emulation of mma, ldmatrix and the shuffles, on any device.
+GPU_MMA: bool | None = None
+MMA_EMULATE = False
+MMA_TILES = {"BM": 64, "BN": 64}
 
 
 def _row_shfl(device: Any) -> bool:
@@ -442,6 +450,35 @@ class _Problem:
             )
         return kernel
 
+    def mma_forward(self) -> bool:
+        """Whether the forward runs attention_mma.cl: float16 / bfloat16 inputs, a head dim that is a multiple
+        of 16 up to 128, every row of q, k, v on a 16-byte boundary, and matrix units (GPU_MMA,
+        MMA_EMULATE)."""
+        if self.dtype not in (dtypes.float16, dtypes.bfloat16) or self.D % 16 or self.D > 128:
+            return False
+        if not all(t.offset % 8 == 0 and all(st % 8 == 0 for st, n in zip(t.strides[:3], t.shape[:3])
+                                             if n > 1) for t in (self.q, self.k, self.v)):
+            return False
+        if MMA_EMULATE:
+            return True
+        use = GPU_MMA if GPU_MMA is not None else bool(matrix_units(self.device))
+        return use and self.variant() == "gpu"
+
+    def launch_mma_forward(self, out: Tensor, lse: Tensor, args: dict[str, Any]) -> Any:
+        """attention_forward_mma into out and lse (see mma_forward); returns the kernel."""
+        defines: dict[str, Any] = {"HEAD_DIM": self.D, "MASK": self.mask_kind, **MMA_TILES}
+        if MMA_EMULATE:
+            defines["MMA_EMULATE"] = None
+        elif GPU_NATIVE_EXP or (GPU_NATIVE_EXP is None and _nvidia(self.device)):
+            defines["NATIVE_EXP"] = None
+        prg = kernels.program(self.device, "attention_mma.cl", dtype=self.dtype, options=("-cl-mad-enable",),
+                              **defines)
+        threads = MMA_TILES["BM"] // 16 * 32
+        k = prg.attention_forward_mma
+        k(self.queue, (-(-self.SQ // MMA_TILES["BM"]) * threads, self.HQ, self.B), (threads, 1, 1),
+          out=out.buffer, lse=lse.buffer, **args)
+        return k
+
     def fused_backward(self) -> bool:
         """Whether dq, dk and dv come from the single fused pass (GPU variant, float32, GPU_BACKWARD "fused",
         a grid that fits)."""
@@ -650,6 +687,8 @@ def flash_attention_forward(
     decode = pr.decode_plan()
     if decode is not None:
         kernel = pr.launch_decode(decode, out, lse, pr.common_args(draw))
+    elif pr.mma_forward():
+        kernel = pr.launch_mma_forward(out, lse, pr.common_args(draw))
     else:
         kernel = pr.launch("forward", out=out.buffer, lse=lse.buffer, **pr.common_args(draw))
     if draw is not None:

@@ -144,8 +144,9 @@ def _check_flag(found_inf: Tensor, queue: Any, what: str) -> None:
 def clip_grad_norm(grads: Sequence[Tensor], max_norm: float, error_if_nonfinite: bool = False) -> Tensor:
     """Scale `grads` in place by min(1, max_norm / (norm + 1e-6)), norm their joint L2 norm, and return
     the norm before clipping as a Tensor of shape (1,): 2 ceil(N / 8) + 1 launches for N gradients (partial
-    sums of 16,384-element chunks over 8 gradients a launch, the coefficient, the scaling), no host sync. error_if_nonfinite: read the norm back first and raise
-    NetclError, scaling nothing, when it is NaN or infinite. float16/bfloat16 gradients accumulate in
+    sums of 16,384-element chunks over 8 gradients a launch, the coefficient, the scaling), no host sync.
+    error_if_nonfinite: read the norm back first and raise NetclError, scaling nothing, when it is NaN or
+    infinite. float16/bfloat16 gradients accumulate in
     float32, and the norm is float32."""
     if not grads:
         raise NetclError("clip_grad_norm_: no parameter has a gradient (call backward first)")

@@ -13,6 +13,7 @@ import pytest
 
 import netcl
 import netcl.ops as ops
+from netcl.core import dtypes
 from netcl.core.tensor import Tensor
 from netcl.errors import DeviceMismatchError, DTypeError, KernelBuildError, ShapeError
 from netcl.graph import Graph
@@ -705,3 +706,85 @@ def test_tensors_of_two_devices_or_queues(queue, device, rng):
     other = device.new_queue()
     with pytest.raises(DeviceMismatchError):
         ops.flash_attention(dev(queue, q), Tensor.from_host(other, k), dev(queue, v))
+
+
+# -- the matrix-unit forward (attention_mma.cl), through its emulation of mma, ldmatrix and shuffles ----
+BF16 = np.dtype(dtypes.bfloat16)
+# half storage: p rounded to the inputs' dtype before p v, the output rounded once
+MMA_TOL = {np.dtype(np.float16): dict(rtol=2e-2, atol=4e-3), BF16: dict(rtol=4e-2, atol=2e-2)}
+
+
+@pytest.fixture
+def mma_emulated(monkeypatch):
+    monkeypatch.setattr(attn, "MMA_EMULATE", True)
+
+
+# (dtype, B, HQ, HKV, SQ, SK, D, options): few define sets (each an emulated build on PoCL): float16 at head
+# dims 64 (GQA, a partial row tile) and 128; bfloat16 at 32 with each mask kind, kv_len and dropout
+MMA_CASES = [
+    (np.float16, 1, 2, 1, 70, 70, 64, "causal"),
+    (np.float16, 1, 1, 1, 64, 80, 128, "causal"),
+    (BF16, 2, 2, 2, 33, 100, 32, "kv_len"),
+    (BF16, 1, 2, 1, 17, 29, 32, "bool_mask"),
+    (BF16, 1, 4, 2, 19, 23, 32, "float_mask"),
+    (BF16, 2, 2, 1, 17, 23, 32, "dropout"),
+]
+
+
+@pytest.mark.gpu_shaped
+@pytest.mark.parametrize("dt,B,HQ,HKV,SQ,SK,D,case", MMA_CASES,
+                         ids=[f"{np.dtype(c[0]).name}-d{c[6]}-{c[7]}" for c in MMA_CASES])
+def test_matrix_unit_forward_matches_float64(queue, rng, mma_emulated, dt, B, HQ, HKV, SQ, SK, D, case):
+    q, k, v, g = (a.astype(dt) for a in inputs(rng, B, HQ, HKV, SQ, SK, D))
+    opts, host = {}, {}
+    if case == "causal":
+        opts["causal"] = True
+    elif case == "kv_len":
+        lengths = np.array([100, 7], np.int32)
+        opts.update(causal=True, kv_len=dev(queue, lengths))
+        host["kv_len"] = lengths
+    elif case == "bool_mask":
+        mask = rng.random((B, HQ, SQ, SK)) < 0.6
+        mask[0, 1, 3] = False                                    # a row that attends nothing
+        opts["mask"], host["mask"] = dev(queue, mask), mask
+    elif case == "float_mask":
+        bias = rng.standard_normal((SQ, SK)).astype(dt)
+        bias[4, :] = -np.inf
+        opts["mask"], host["mask"] = dev(queue, bias), bias
+    nq, nk, nv = (dev(queue, a) for a in (q, k, v))
+    pr = attn._Problem("test", nq, nk, nv, False, None, None, 0.0, None)
+    assert pr.mma_forward()
+    if case == "dropout":
+        draw = attn.DropoutDraw(Generator(3))
+        out, lse = ops.flash_attention_forward(nq, nk, nv, causal=True, dropout_p=0.25, dropout_draw=draw)
+        keep = attn.attention_dropout_mask(queue, draw, (B, HQ, SQ, SK), 0.25).to_host()
+        want = reference(q, k, v, causal=True, keep=keep, dropout_p=0.25)
+    else:
+        out, lse = ops.flash_attention_forward(nq, nk, nv, **opts)
+        want = reference(q, k, v, causal=opts.get("causal", False), **host)
+    assert out.dtype == np.dtype(dt) and lse.dtype == np.float32
+    np.testing.assert_allclose(out.to_host().astype(np.float64), want[0], **MMA_TOL[np.dtype(dt)])
+    np.testing.assert_allclose(lse.to_host(), want[1], rtol=1e-5, atol=1e-5)
+    if case == "bool_mask":
+        assert np.all(out.to_host()[0, 1, 3] == 0) and lse.to_host()[0, 1, 3] == -np.inf
+    if case == "causal":  # the backward (the other kernels) takes this forward's out and lse
+        grads = ops.flash_attention_backward(nq, nk, nv, out, lse, dev(queue, g), causal=True)
+        want = reference(q, k, v, causal=True, grad_out=g)
+        for name, got, ref in zip(("dq", "dk", "dv"), grads, want[2:], strict=True):
+            np.testing.assert_allclose(got.to_host().astype(np.float64), ref, rtol=3e-2,
+                                       atol=1e-2 * max(np.abs(ref).max(), 1.0), err_msg=name)
+
+
+def test_matrix_unit_forward_takes_only_what_it_can(queue, rng, monkeypatch):
+    """The matrix-unit forward's conditions: float16/bfloat16, a head dim that is a multiple of 16 up to 128,
+    rows on 16-byte boundaries, and a device with matrix units (or the emulation)."""
+    def problem(dt=np.float16, D=32, offset=0):
+        q = dev(queue, rng.standard_normal((1, 1, 5, D + offset)).astype(dt))[..., offset:]
+        k = dev(queue, rng.standard_normal((1, 1, 7, D)).astype(dt))
+        return attn._Problem("test", q, k, k, False, None, None, 0.0, None)
+    assert not problem().mma_forward() or attn.matrix_units(queue.device)  # no matrix units on PoCL
+    monkeypatch.setattr(attn, "MMA_EMULATE", True)
+    assert problem().mma_forward() and problem(BF16, 128).mma_forward()
+    assert not problem(np.float32).mma_forward()
+    assert not problem(D=24).mma_forward() and not problem(D=144).mma_forward()
+    assert not problem(offset=4).mma_forward()  # rows 8 bytes off a 16-byte boundary

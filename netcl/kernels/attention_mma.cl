@@ -1,0 +1,237 @@
+// Streaming (flash) attention forward for float16 / bfloat16 inputs on NVIDIA's matrix units: q k^T and
+// p v through mma.sync m16n8k16 (mma_sync.cl), the online softmax in float32 registers (FlashAttention-2's
+// scheme). The rules (masks, kv_len, causal alignment, dropout) are attention_common.cl's, so results and
+// lse match attention_gpu.cl's within half's rounding of p.
+//
+// attention_forward_mma: global (ceil(SQ / BM) * THREADS, HQ, B), local THREADS = BM / 16 warps. Warp w
+//   owns query rows i0 + 16 w .. + 15 of the work-group's BM; its q fragments (A operands, 16 x HEAD_DIM)
+//   stay in registers. Key tiles of BN: k and v rows into local memory (16-byte loads, rows past the last
+//   key a row may see are zeros), then per warp s = q k^T (16 x BN accumulators; lane: rows g and g + 8,
+//   columns 2t, 2t + 1 of each 8-key block), scale and mask, row maxima over the four lanes of a row (warp
+//   shuffles), p = exp(s - m) in float32, rescaled running sums and outputs, p rounded to the input's dtype
+//   as the A operand of p v (the accumulator layout of two 8-key blocks is the A fragment of one k step),
+//   v's fragments by ldmatrix.trans. Out = o / l stored in T, lse = m + log(l) (-inf and 0 for a row that
+//   may see no key). Local memory: 2 * BN * (HEAD_DIM + 8) 16-bit values (the q tile passes through the k
+//   tile's memory first).
+//
+// Build options: attention_common.cl's (T is float16 or bfloat16 storage), HEAD_DIM (a multiple of 16, at
+// most 128), BM (query rows, a multiple of 16, at most BN), BN (keys of a tile, a multiple of 16),
+// NATIVE_EXP, MMA_EMULATE (mma, ldmatrix and the shuffles emulated through local memory: tests on any
+// device). Rows of q, k, v start on 16-byte boundaries (the host checks).
+
+#include "attention_common.cl"
+
+#if defined(IS_BF16)
+#define MMA_BF16
+#else
+#define MMA_F16
+#endif
+#define KSTEP 16
+#include "mma_sync.cl"
+
+#ifndef BM
+#define BM 64
+#endif
+#ifndef BN
+#define BN 64
+#endif
+#define WARPS (BM / 16)
+#define THREADS (WARPS * 32)
+#define DPAD (HEAD_DIM + 8)      // local row length (16-bit values): a 16-byte pad keeps ldmatrix's 8 rows
+                                 // on 8 different bank groups
+#define NB (BN / 8)              // 8-key blocks of the scores
+#define DB (HEAD_DIM / 8)        // 8-column blocks of the output
+#define DK (HEAD_DIM / 16)       // k steps of q k^T
+#define CH (HEAD_DIM / 8)        // 16-byte chunks of a row
+#if (HEAD_DIM % 16) || HEAD_DIM > 128 || (BN % 16) || (BM % 16) || BM > BN
+#error "attention_mma.cl: HEAD_DIM a multiple of 16 up to 128, BM and BN multiples of 16, BM <= BN"
+#endif
+
+#if defined(NATIVE_EXP)
+#define EXPF(x) native_exp(x)
+#else
+#define EXPF(x) exp(x)
+#endif
+
+#define KV_ARGS(n) __global const T *n, const long n##_off, const long n##_sb, const long n##_sh, const long n##_ss
+#define MASK_ARGS __global const MASK_T *mask, const long mask_off, const long mask_sb, const long mask_sh, \
+                  const long mask_si, const long mask_sj
+#define LEN_ARGS __global const int *kv_len, const long kv_len_off, const int has_kv_len, const long kv_len_stride
+#define DROP_ARGS const uint drop_threshold, const ACC drop_scale, const uint seed_lo, const uint seed_hi, \
+                  const ulong counter0
+
+// one float as the input's 16-bit pattern (round to nearest even), two of them as an A fragment register
+inline uint to_bits16(const float x) {
+#if defined(IS_BF16)
+    return nc_float_to_bf16(x);
+#else
+    return nc_f2h(x);
+#endif
+}
+inline uint pack2(const float lo, const float hi) { return to_bits16(lo) | (to_bits16(hi) << 16); }
+
+// the value of lane (this lane ^ m) of the warp (m < 32)
+#ifdef MMA_EMULATE
+#define SHFL_XOR(v, m) shfl_xor_local(v, m, shx, tid)
+inline float shfl_xor_local(const float v, const int m, __local float *shx, const int tid) {
+    shx[tid] = v;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    const float r = shx[tid ^ m];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    return r;
+}
+#else
+#define SHFL_XOR(v, m) shfl_xor_sync(v, m)
+inline float shfl_xor_sync(const float v, const int m) {
+    float r;
+    asm volatile("shfl.sync.bfly.b32 %0, %1, %2, 0x1f, 0xffffffff;" : "=f"(r) : "f"(v), "r"(m));
+    return r;
+}
+#endif
+#define QUAD_MAX(x) do { x = fmax(x, SHFL_XOR(x, 1)); x = fmax(x, SHFL_XOR(x, 2)); } while (0)
+#define QUAD_SUM(x) do { x += SHFL_XOR(x, 1); x += SHFL_XOR(x, 2); } while (0)
+
+// rows first .. first + count - 1 of an operand (row stride in elements) into local rows of DPAD, 16 bytes
+// a work-item at a time; rows at or past `limit` are zeros
+inline void load_tile(__local ushort *dst, __global const ushort *base, const long row_stride, const int first,
+                      const int count, const int limit, const int tid) {
+    for (int c = tid; c < count * CH; c += THREADS) {
+        const int r = c / CH, ch = c - r * CH;
+        uint4 x = (uint4)(0);
+        if (first + r < limit) x = *(__global const uint4 *)(base + (first + r) * row_stride + ch * 8);
+        *(__local uint4 *)(dst + r * DPAD + ch * 8) = x;
+    }
+}
+
+// ldmatrix row addresses by lane L: the warp's 16 q rows at k step kk (A); keys jb * 8 .. + 15 at k step
+// kk (B of q k^T: two 8-key blocks, k halves); keys kk * 16 .. + 15 of v at columns db * 8 .. + 15 (B of
+// p v, transposed)
+#define Q_ROWS(L) (ks + (warp * 16 + ((L) & 15)) * DPAD + kk * 16 + ((L) >> 4) * 8)
+#define K_ROWS(L) (ks + (jb * 8 + ((L) >> 4) * 8 + ((L) & 7)) * DPAD + kk * 16 + (((L) >> 3) & 1) * 8)
+#define V_ROWS(L) (vs + (kk * 16 + (((L) >> 3) & 1) * 8 + ((L) & 7)) * DPAD + (db + ((L) >> 4)) * 8)
+
+__kernel __attribute__((reqd_work_group_size(THREADS, 1, 1)))
+void attention_forward_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARGS, LEN_ARGS, __global T *out,
+                           __global ACC *lse, const int HQ, const int GROUP, const int SQ, const int SK,
+                           const int causal, const ACC scale, DROP_ARGS)
+{
+    __local uint4 ks4[BN * DPAD / 8], vs4[BN * DPAD / 8];
+    __local ushort *const ks = (__local ushort *)ks4, *const vs = (__local ushort *)vs4;
+#ifdef MMA_EMULATE
+    __local float scratch_a[WARPS * 16 * KSTEP], scratch_b[WARPS * KSTEP * 8], shx[THREADS];
+#endif
+    const int tid = get_local_id(0), lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int i0 = get_group_id(0) * BM, h = get_global_id(1), b = get_global_id(2);
+    if (i0 >= SQ) return;
+    const int hk = h / GROUP;
+    const int L = valid_keys(kv_len, kv_len_off, has_kv_len, kv_len_stride, b, SK);
+    const int jend = key_end(causal, min(i0 + BM, SQ) - 1, L, SQ);
+    __global const ushort *const kb = (__global const ushort *)(k + k_off + b * k_sb + hk * k_sh);
+    __global const ushort *const vb = (__global const ushort *)(v + v_off + b * v_sb + hk * v_sh);
+    const long mbase = mask_off + b * mask_sb + h * mask_sh;
+    const long row0 = ((long)b * HQ + h) * SQ + i0;
+    // this lane's two rows (r = 0: g, r = 1: g + 8 of the warp's 16), clamped for the mask's index
+    const int rloc[2] = {warp * 16 + g, warp * 16 + g + 8};
+    const int irow[2] = {min(i0 + rloc[0], SQ - 1), min(i0 + rloc[1], SQ - 1)};
+
+    // q's fragments, through the k tile's memory
+    load_tile(ks, (__global const ushort *)(q + q_off + b * q_sb + h * q_sh), q_ss, i0, BM, SQ, tid);
+    barrier(CLK_LOCAL_MEM_FENCE);
+    uint qa[DK][4];
+    MMA_UNROLL
+    for (int kk = 0; kk < DK; ++kk) LDSM(qa[kk], Q_ROWS, false);
+
+    float o[DB][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    #pragma unroll
+    for (int db = 0; db < DB; ++db) o[db][0] = o[db][1] = o[db][2] = o[db][3] = 0.0f;
+
+    for (int j0 = 0; j0 < jend; j0 += BN) {
+        barrier(CLK_LOCAL_MEM_FENCE);   // every warp is done with the previous tiles (and q's fragments)
+        load_tile(ks, kb, k_ss, j0, BN, jend, tid);
+        load_tile(vs, vb, v_ss, j0, BN, jend, tid);
+        barrier(CLK_LOCAL_MEM_FENCE);
+
+        float s[NB][4];
+        #pragma unroll
+        for (int jb = 0; jb < NB; ++jb) s[jb][0] = s[jb][1] = s[jb][2] = s[jb][3] = 0.0f;
+        MMA_UNROLL
+        for (int kk = 0; kk < DK; ++kk)
+            MMA_UNROLL
+            for (int jb = 0; jb < NB; jb += 2) {
+                uint r_[4];
+                LDSM(r_, K_ROWS, false);
+                const uint b0[2] = {r_[0], r_[1]}, b1[2] = {r_[2], r_[3]};
+                MMA(s[jb], qa[kk], b0, s[jb]);
+                MMA(s[jb + 1], qa[kk], b1, s[jb + 1]);
+            }
+
+        // scale, mask, the rows' maxima over the tile (a lane's 2 * NB values, then its quad)
+        const bool open_tile = MASK == MASK_NONE && j0 + BN <= L && (!causal || j0 + BN - 1 <= i0 + L - SQ);
+        float mx[2] = {-INFINITY, -INFINITY};
+        #pragma unroll
+        for (int jb = 0; jb < NB; ++jb)
+            #pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int r = e >> 1, j = j0 + jb * 8 + 2 * t + (e & 1);
+                float x = s[jb][e] * scale;
+                if (!open_tile)
+                    x = masked_score(x, irow[r], j, L, SQ, causal, mask,
+                                     mbase + irow[r] * mask_si + j * mask_sj);
+                s[jb][e] = x;
+                mx[r] = fmax(mx[r], x);
+            }
+        float alpha[2];
+        #pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            QUAD_MAX(mx[r]);
+            mx[r] = fmax(m[r], mx[r]);
+            // 1 while nothing is allowed yet (mx = -inf), else exp(m_old - m_new)
+            alpha[r] = mx[r] == -INFINITY ? 1.0f : EXPF(m[r] - mx[r]);
+            m[r] = mx[r];
+            l[r] *= alpha[r];
+        }
+        #pragma unroll
+        for (int db = 0; db < DB; ++db) {
+            o[db][0] *= alpha[0]; o[db][1] *= alpha[0];
+            o[db][2] *= alpha[1]; o[db][3] *= alpha[1];
+        }
+        // p, the lane's share of the row sums, p (with dropout's multiplier) as A fragments of p v
+        uint pa[BN / 16][4];
+        #pragma unroll
+        for (int jb = 0; jb < NB; ++jb) {
+            float p[4];
+            #pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int r = e >> 1;
+                p[e] = s[jb][e] == -INFINITY ? 0.0f : EXPF(s[jb][e] - m[r]);
+                l[r] += p[e];
+                if (drop_threshold && p[e] != 0.0f)
+                    p[e] *= dropout_one(counter0, row0 + rloc[r], j0 + jb * 8 + 2 * t + (e & 1), seed_lo, seed_hi,
+                                        drop_threshold, drop_scale);
+            }
+            pa[jb >> 1][(jb & 1) * 2] = pack2(p[0], p[1]);
+            pa[jb >> 1][(jb & 1) * 2 + 1] = pack2(p[2], p[3]);
+        }
+        MMA_UNROLL
+        for (int kk = 0; kk < BN / 16; ++kk)
+            MMA_UNROLL
+            for (int db = 0; db < DB; db += 2) {
+                uint r_[4];
+                LDSM(r_, V_ROWS, true);
+                const uint b0[2] = {r_[0], r_[1]}, b1[2] = {r_[2], r_[3]};
+                MMA(o[db], pa[kk], b0, o[db]);
+                MMA(o[db + 1], pa[kk], b1, o[db + 1]);
+            }
+    }
+
+    #pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        QUAD_SUM(l[r]);
+        if (i0 + rloc[r] >= SQ) continue;
+        const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+        __global uint *orow = (__global uint *)(out + (row0 + rloc[r]) * HEAD_DIM);
+        #pragma unroll
+        for (int db = 0; db < DB; ++db) orow[db * 4 + t] = pack2(o[db][2 * r] * inv, o[db][2 * r + 1] * inv);
+        if (t == 0) lse[row0 + rloc[r]] = l[r] > 0.0f ? m[r] + log(l[r]) : -INFINITY;
+    }
+}
