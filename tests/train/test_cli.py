@@ -77,7 +77,7 @@ def test_outputs_are_claimed_only_when_written(tmp_path, capsys):
         line.split(" ", 1)[1] for line in capsys.readouterr().out.splitlines() if line.startswith("wrote ")
     ]
     assert sorted(claimed) == sorted(
-        str(out / n) for n in ("checkpoint.safetensors", "curves.png", "metrics.json")
+        str(out / n) for n in ("checkpoint.safetensors", "best.safetensors", "curves.png", "metrics.json")
     )
     assert all(
         (out / name).stat().st_size > 0 for name in ("checkpoint.safetensors", "curves.png", "metrics.json")

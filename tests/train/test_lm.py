@@ -19,7 +19,7 @@ from netcl.cli import main
 from netcl.core.tensor import Tensor
 from netcl.io.checkpoint import read_checkpoint
 from netcl.text import BPETokenizer, ChatFormat
-from netcl.train import lm
+from netcl.train import generate, lm
 from netcl.train.lm import fit_dialog, load_model_dir
 from tests.distributed.launching import ROOT, environment
 
@@ -92,6 +92,7 @@ def test_a_run_writes_a_model_directory_and_reports_against_the_unigram_model(tr
     claimed = sorted(line.split(" ", 1)[1] for line in text.splitlines() if line.startswith("wrote "))
     names = [
         "checkpoint.safetensors",
+        "best.safetensors",
         "model.safetensors",
         "config.json",
         "tokenizer.json",
@@ -566,14 +567,14 @@ def test_two_processes_train_what_one_trains_on_their_joint_batch(corpus_dir, tm
 
 def test_ctrl_c_ends_generate_and_chat_without_a_traceback(trained, capsys, monkeypatch):
     out, _ = trained
-    real = lm.stream_tokens
+    real = generate.stream_tokens
 
     def interrupted(*a, **k):  # one piece, then the user's Ctrl-C
         for piece in real(*a, **k):
             yield piece
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(lm, "stream_tokens", interrupted)
+    monkeypatch.setattr(generate, "stream_tokens", interrupted)
     assert main(["generate", "--checkpoint", str(out), "--prompt", "def", "--max-new-tokens", "5",
                  "--temperature", "0"]) == 130
     text = capsys.readouterr().out
