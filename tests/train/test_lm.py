@@ -637,3 +637,26 @@ def test_dropout_is_a_setting_of_the_run_and_off_in_validation(corpus_dir, tmp_p
     windows = np.random.default_rng(1).integers(0, 50, (5, 13)).astype(np.int32)
     assert lm.validation_loss(dropped, windows, 2) == lm.validation_loss(kept, windows, 2)
     assert dropped.training
+
+
+def test_lm_train_writes_tensorboard_scalars(corpus_dir, tmp_path, capsys):
+    pytest.importorskip("tensorboardX", reason="not installed: pip install 'netcl[tensorboard]'")
+    reader = pytest.importorskip(
+        "tensorboard.backend.event_processing.event_accumulator",
+        reason="TensorBoard's event reader is not installed: pip install tensorboard",
+    )
+    out, logdir = tmp_path / "lm", tmp_path / "tb"
+    assert main(_args(corpus_dir, out, "--steps", "4", "--eval-every", "2", "--warmup", "1",
+                      "--samples", "0", "--tensorboard", str(logdir))) == 0
+    assert f"wrote {logdir}" in capsys.readouterr().out.splitlines()
+    acc = reader.EventAccumulator(str(logdir))
+    acc.Reload()
+    got = {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+    history = read_checkpoint(out / "checkpoint.safetensors")[1]["extra"]["history"]
+    assert [s for s, _ in got["train/loss"]] == [1, 2, 3, 4]
+    np.testing.assert_allclose([v for _, v in got["train/loss"]], history["loss"], rtol=1e-6)
+    assert [s for s, _ in got["validation/loss"]] == [2, 4]
+    np.testing.assert_allclose([v for _, v in got["validation/loss"]], [v for _, v in history["val_loss"]],
+                               rtol=1e-6)
+    assert [s for s, _ in got["train/learning_rate"]] == [2, 4]
+    assert all(v > 0 for _, v in got["train/tokens_per_second"])
