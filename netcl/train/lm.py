@@ -27,7 +27,6 @@ import netcl.autograd as ag
 from netcl import distributed as dist
 from netcl import optim
 from netcl.core.tensor import Tensor
-from netcl.distributed import launch
 from netcl.errors import NetclError
 from netcl.graph import Graph
 from netcl.models import GPT, GPTConfig
@@ -330,15 +329,9 @@ def validation_loss(model: GPT, windows: np.ndarray, batch_size: int) -> float:
 
 def run_train(args: argparse.Namespace) -> int:
     nproc = args.nproc or 1
-    argv = list(getattr(args, "argv", None) or [])
-    if nproc > 1 and args.out is None and args.resume is None:  # one fresh directory for all ranks
-        argv += ["--out", str(DEFAULT_OUT if args.overwrite else runs.fresh_default_out(DEFAULT_OUT))]
-    if nproc > 1:
-        open_device(args.device)  # a bad --device: one error here, not one per rank
-    code = launch.spawn_ranks(argv, nproc)  # --nproc N: this process starts N ranks of itself
+    code, rank0 = runs.start_ranks(args, nproc, DEFAULT_OUT)  # --nproc N: this process starts N ranks
     if code is not None:
         return code
-    rank0 = launch.join(nproc)  # in a rank: join the job; rank 0 logs and writes
     rank = dist.rank() if nproc > 1 else 0
     args.no_progress = args.no_progress or not rank0
 

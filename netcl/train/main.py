@@ -140,11 +140,9 @@ def _settings(args: argparse.Namespace, saved: dict[str, Any], dataset_name: str
 
 
 def run(args: argparse.Namespace) -> int:
-    open_device(args.device)  # before the ranks start: a bad --device is one error, not one per rank
-    code = launch.spawn_ranks(args.argv, args.nproc)  # --nproc N: this process starts N ranks of itself
+    code, rank0 = runs.start_ranks(args, args.nproc, DEFAULT_OUT)  # --nproc N: this process starts N ranks
     if code is not None:
         return code
-    rank0 = launch.join(args.nproc)  # a rank of --nproc N joins the job; rank 0 logs and writes
     args.no_progress = args.no_progress or not rank0
     args.eager = args.eager or args.nproc > 1  # DDP's all-reduce goes through the host: no recorded step
 

@@ -20,6 +20,7 @@ from tqdm import tqdm
 from netcl import distributed as dist
 from netcl.core.device import manager
 from netcl.core.files import atomic_write
+from netcl.distributed import launch
 from netcl.errors import NetclError
 from netcl.io import load_checkpoint, save_checkpoint
 from netcl.io.checkpoint import read_checkpoint
@@ -30,7 +31,7 @@ CHECKPOINT_FILE = "checkpoint.safetensors"
 BEST_FILE = "best.safetensors"  # the checkpoint of the best evaluation so far, beside the last one
 
 __all__ = ["BEST_FILE", "CHECKPOINT_FILE", "Metric", "Run", "check_out", "check_overwrite", "default_runs",
-           "fresh_default_out", "holds_run", "open_device", "path_arg", "plan_output"]
+           "fresh_default_out", "holds_run", "open_device", "path_arg", "plan_output", "start_ranks"]
 
 
 def open_device(spec: str) -> Any:
@@ -40,6 +41,21 @@ def open_device(spec: str) -> Any:
         return manager.default(spec)
     except NetclError as exc:
         raise NetclError(f"--device {spec}: {exc}") from None
+
+
+def start_ranks(args: argparse.Namespace, nproc: int, default_out: Path) -> tuple[int | None, bool]:
+    """Check --device (a bad one is one error, before anything else and not one per rank); with --nproc N,
+    start N ranks of this command line, all with the same --out (a fresh default one when none was given),
+    and return (their exit status, False) in the process the user started. In a rank, or with N = 1:
+    (None, whether this process is rank 0, the one that logs and writes)."""
+    open_device(args.device)
+    argv = list(getattr(args, "argv", None) or [])
+    if nproc > 1 and args.out is None and args.resume is None:
+        argv += ["--out", str(default_out if args.overwrite else fresh_default_out(default_out))]
+    code = launch.spawn_ranks(argv, nproc)
+    if code is not None:
+        return code, False
+    return None, launch.join(nproc)
 
 
 def check_overwrite(resume: object, overwrite: bool) -> None:
