@@ -250,9 +250,11 @@ class Run:
         if not self.rank0:
             return
         path = self.out / CHECKPOINT_FILE
-        save_checkpoint(path, model, opt, sched, step=step, loader=loader, **({} if epoch is None else
-                        {"epoch": epoch}), extra={"kind": self.kind, **extra,
-                                                  **({"grad_scaler": scaler.state_dict()} if scaler else {})})
+        extra = {"kind": self.kind, **extra}  # each command refuses the other's runs by their kind
+        if scaler is not None:
+            extra["grad_scaler"] = scaler.state_dict()
+        epochs = {} if epoch is None else {"epoch": epoch}
+        save_checkpoint(path, model, opt, sched, step=step, loader=loader, extra=extra, **epochs)
         self.claim(path)
 
     def claim(self, path: Path) -> None:
