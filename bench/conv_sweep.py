@@ -45,6 +45,7 @@ from netcl import profiling  # noqa: E402
 from netcl.core.device import manager  # noqa: E402
 from netcl.core.tensor import Tensor  # noqa: E402
 from netcl.ops import conv as conv_ops  # noqa: E402
+from netcl.ops import gemm as gemm_ops  # noqa: E402
 from netcl.ops import norm as norm_ops  # noqa: E402
 from netcl.ops.gemm import gemm  # noqa: E402
 
@@ -225,7 +226,7 @@ def wino_shapes(batch: int, sizes) -> list[tuple[str, int, int, int]]:
 
 
 def splits_for(dev, c: int, k: int, pt: int, bm: int, bn: int) -> int:
-    """conv._winograd_splits's rule with this tile's block size."""
+    """conv.winograd._winograd_splits's rule with this tile's block size."""
     if dev.capabilities.kind == "cpu":
         return 1
     blocks = 16 * math.ceil(k / bm) * math.ceil(c / bn)
@@ -241,7 +242,7 @@ def splits_for(dev, c: int, k: int, pt: int, bm: int, bn: int) -> int:
 def wino_section(args, dev, q, tt: TorchTimer, rows: list) -> None:
     torch = tt.torch
     rng = np.random.default_rng(1)
-    defaults = conv_ops.mm.tuned_params(dev, "tiled", np.float32)
+    defaults = gemm_ops.tuned_params(dev, "tiled", np.float32)
     for name, c, k, pt in wino_shapes(args.batch, args.sizes):
         uh = rng.standard_normal((16, k, c), dtype=np.float32)
         vh = rng.standard_normal((16, c, pt), dtype=np.float32)
@@ -255,8 +256,8 @@ def wino_section(args, dev, q, tt: TorchTimer, rows: list) -> None:
         # weight gradient: sum over tiles of Z (16, K, pt) @ V^T (16, pt, C)
         cublas_w = tt.ms(lambda: torch.bmm(tz, tv.transpose(1, 2)), args.repeat)
         want_w = torch.bmm(tz.double(), tv.double().transpose(1, 2)).cpu().numpy()
-        default_s = conv_ops._winograd_splits(dev, conv_ops.ConvParams((args.batch, c, 4, 4), (k, c, 3, 3), 1,
-                                                                        1, 1, 1), pt)
+        geometry = conv_ops.ConvParams((args.batch, c, 4, 4), (k, c, 3, 3), 1, 1, 1, 1)
+        default_s = conv_ops.winograd._winograd_splits(dev, geometry, pt)
         for cname in ["auto"] + ([] if args.defaults_only else args.configs):
             cfg = CONFIGS.get(cname)
             if budget_over(args):
@@ -307,10 +308,10 @@ def layer_section(args, dev, q, tt: TorchTimer, rows: list) -> None:
     """ResNet-18's stride-1 3x3 convolutions (C -> C, pad 1, no bias) per stage: forward, grad_input and
     grad_weight as netcl runs them (its automatic algorithm: Winograd through the GEMM on these shapes),
     with the tile transforms launched as the driver's grid (flat 0) or 1-D work-groups (flat 128 / 256:
-    conv.WINOGRAD_FLAT); beside cuDNN's three passes."""
+    conv.winograd.WINOGRAD_FLAT); beside cuDNN's three passes."""
     torch = tt.torch
     rng = np.random.default_rng(3)
-    flat_default = conv_ops.WINOGRAD_FLAT
+    flat_default = conv_ops.winograd.WINOGRAD_FLAT
     flats = [flat_default] + ([] if args.defaults_only or dev.capabilities.kind == "cpu"
                               else [f for f in (0, 256, 128) if f != flat_default])
     for c, hw in STAGES:
@@ -342,14 +343,14 @@ def layer_section(args, dev, q, tt: TorchTimer, rows: list) -> None:
         for flat in flats:
             for name, fn in passes.items():
                 if budget_over(args):
-                    conv_ops.WINOGRAD_FLAT = flat_default
+                    conv_ops.winograd.WINOGRAD_FLAT = flat_default
                     return
-                conv_ops.WINOGRAD_FLAT = flat
+                conv_ops.winograd.WINOGRAD_FLAT = flat
                 try:
                     per_kernel = kernel_ms(q, fn, args.repeat)
                     err = rel_err(fn().to_host(), want[name].astype(np.float64))
                 finally:
-                    conv_ops.WINOGRAD_FLAT = flat_default
+                    conv_ops.winograd.WINOGRAD_FLAT = flat_default
                 total = sum(per_kernel.values())
                 label = f"{'auto' if flat == flat_default else 'flat'} flat={flat} {name}"
                 rows.append(dict(section="layer", shape=f"C{c} {hw}x{hw}", config=label, netcl_ms=total,

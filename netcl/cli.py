@@ -23,13 +23,14 @@ from netcl.core.tensor import Tensor
 from netcl.distributed import launch
 from netcl.errors import NetclError
 from netcl.ops.gemm import matrix_units
+from netcl.train import generate as generate_cli
 from netcl.train import lm as lm_main
 from netcl.train import main as train_main
 from netcl.tune import cli as tune_cli
 
 # Modules that add their own subcommands (`netcl tune`, `netcl train`): each has register(subparsers),
 # kept beside the code its commands run.
-_SUBCOMMAND_MODULES = (tune_cli, train_main, launch, lm_main)
+_SUBCOMMAND_MODULES = (tune_cli, train_main, launch, lm_main, generate_cli)
 
 
 def cmd_devices(args: argparse.Namespace) -> int:

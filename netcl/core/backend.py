@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import sys
-import tempfile
 import threading
 import time
 import warnings
@@ -24,6 +22,7 @@ import pyopencl as cl
 
 from netcl import config, profiling
 from netcl.core import capture, ptx
+from netcl.core.files import atomic_write
 from netcl.errors import DeviceError, KernelBuildError, KernelLaunchError, OutOfMemoryError, ShapeError
 
 CL_STD = "-cl-std=CL1.2"
@@ -244,21 +243,6 @@ def _disk_path(device: Any, source: str, options: tuple[str, ...]) -> Path:
     return config.cache_dir() / "programs" / f"{h.hexdigest()}.bin"
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
 def _build_from_source(device: Any, source: str, options: tuple[str, ...], name: str) -> cl.Program:
     try:
         prg = cl.Program(device.context, source)
@@ -399,8 +383,8 @@ def build_program(
                 try:
                     binaries = prg.get_info(cl.program_info.BINARIES)
                     if binaries and binaries[0]:
-                        _write_atomic(path.with_suffix(".args"), json.dumps(arg_names).encode())
-                        _write_atomic(path, bytes(binaries[0]))
+                        atomic_write(path.with_suffix(".args"), json.dumps(arg_names).encode(), durable=False)
+                        atomic_write(path, bytes(binaries[0]), durable=False)
                 except (cl.Error, OSError):
                     pass  # a cache that cannot be written only costs a rebuild next time
         build_stats.add(kind, time.perf_counter() - t0)

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from netcl import config
+from netcl.core.files import atomic_write
 from netcl.errors import KernelBuildError, KernelVariantWarning
 
 PROBE_ENV = "NETCL_VARIANT_PROBE"  # set in a probe's child process: build risky variants in-process
@@ -126,11 +127,7 @@ class Verdicts:
         entries[key] = entry
         data = {"device": self.device_text, "fingerprint": self.fingerprint, "verdicts": entries}
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".tmp-")
-            with os.fdopen(fd, "w") as f:
-                json.dump(data, f, indent=1, sort_keys=True)
-            os.replace(tmp, self.path)
+            atomic_write(self.path, json.dumps(data, indent=1, sort_keys=True).encode(), durable=False)
         except OSError:
             pass  # unwritable cache: the verdict lives in this process only
 

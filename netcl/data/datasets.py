@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from netcl import config
+from netcl.core.files import atomic_write
 from netcl.errors import NetclError
 
 
@@ -180,10 +181,8 @@ def _download(name: str, target: Path) -> dict[str, Path]:
         dest = target / (stem + ".gz")
         if dest.exists():
             continue
-        tmp = dest.with_suffix(".part")
-        with urllib.request.urlopen(_URLS[name] + stem + ".gz", timeout=20) as r, open(tmp, "wb") as f:
-            f.write(r.read())
-        os.replace(tmp, dest)
+        with urllib.request.urlopen(_URLS[name] + stem + ".gz", timeout=20) as r:
+            atomic_write(dest, r.read())
     found = _find(target)
     assert found is not None
     return found

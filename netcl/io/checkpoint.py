@@ -2,9 +2,9 @@
 
 Tensors go in as safetensors tensors ('model/<dotted key>', 'optim/<param index>/<state name>');
 everything else (hyperparameters, steps, scheduler, RNG, user extras) is JSON in the header's
-metadata under 'netcl'. Nothing is ever unpickled. Writes are atomic: a temporary file in the same
-directory, fsync, rename, fsync of the directory, so a crash mid-save leaves the previous
-checkpoint intact. Loading checks names, shapes and dtypes and refuses anything else.
+metadata under 'netcl'. Nothing is ever unpickled. Writes are atomic (`core.files.atomic_write`: a
+temporary file in the same directory, fsync, rename, fsync of the directory), so a crash mid-save leaves
+the previous checkpoint intact. Loading checks names, shapes and dtypes and refuses anything else.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import numbers
 import os
-import secrets
 from pathlib import Path
 from typing import Any
 
@@ -21,12 +20,12 @@ from safetensors import SafetensorError
 from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 
+from netcl.core.files import atomic_write
 from netcl.core.tensor import Tensor
 from netcl.errors import NetclError
 from netcl.ops import random
 
 FORMAT = "netcl-checkpoint-1"
-_CHUNK = 1 << 20
 
 
 class CheckpointError(NetclError):
@@ -41,57 +40,6 @@ def _json_default(o: Any) -> Any:
     if isinstance(o, tuple):
         return list(o)
     raise TypeError(f"{type(o).__name__} is not JSON serialisable")
-
-
-def _write_bytes(f: Any, data: bytes) -> None:
-    """Write in chunks (one place to inject a failure in tests)."""
-    view = memoryview(data)
-    for start in range(0, len(view), _CHUNK):
-        f.write(view[start : start + _CHUNK])
-
-
-def _temporary_beside(target: Path) -> tuple[int, str]:
-    """A new file next to `target` to write and rename over it: (open descriptor, path). Made with mode 0666
-    less the umask, as open() makes files (0644 as a rule), unlike mkstemp's 0600: a model directory's
-    weights and config must be as readable as the files written beside them."""
-    for _ in range(100):
-        tmp = str(target.parent / f".{target.name}.{secrets.token_hex(4)}.tmp")
-        try:
-            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666), tmp
-        except FileExistsError:
-            continue
-    raise FileExistsError(f"no free temporary name beside {target}")
-
-
-def atomic_write(path: str | os.PathLike, data: bytes) -> None:
-    """Replace `path` by `data` so that at every instant `path` is either the old or the new file."""
-    if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f"atomic_write: path must be a str or a path, got {type(path).__name__}")
-    if not isinstance(data, (bytes, bytearray, memoryview)):
-        raise TypeError(f"atomic_write: data must be bytes, got {type(data).__name__}")
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = _temporary_beside(target)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            _write_bytes(f, data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    try:
-        dir_fd = os.open(target.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
-    except OSError:
-        pass  # some filesystems cannot fsync a directory; the rename itself is still atomic
 
 
 def _host(t: Any) -> np.ndarray:

@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 from safetensors.numpy import save as st_save
 
+from netcl.core.files import atomic_write
 from netcl.errors import NetclError
-from netcl.io.checkpoint import atomic_write
 
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"

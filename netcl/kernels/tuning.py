@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
-import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from netcl import config
+from netcl.core.files import atomic_write
 
 FORMAT_VERSION = 1
 
@@ -105,19 +104,7 @@ class TuningDatabase:
             self._write(data)
 
     def _write(self, data: dict[str, Any]) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".tmp-", suffix=".json")
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(data, f, indent=2, sort_keys=True)
-                f.write("\n")
-            os.replace(tmp, self.path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
+        atomic_write(self.path, (json.dumps(data, indent=2, sort_keys=True) + "\n").encode())
         self._data = data
         try:
             self._mtime = self.path.stat().st_mtime

@@ -1,12 +1,11 @@
 """`netcl train`: train a small CNN (or the seed's MLP, or ResNet-18) on Fashion-MNIST, or on scikit-learn's
-digits when Fashion-MNIST cannot be had; progress bars, per-epoch test accuracy, checkpoints, --resume,
-a PNG of the loss and accuracy curves, and TensorBoard scalars with --tensorboard DIR."""
+digits when Fashion-MNIST cannot be had; progress bars, per-epoch test accuracy, checkpoints (the last and
+the best by test accuracy), --resume, early stopping (--patience), a PNG of the loss and accuracy curves, and
+TensorBoard scalars with --tensorboard DIR. The run itself (directory, resume, checkpoints) is runs.Run."""
 
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -20,15 +19,14 @@ from netcl import optim
 from netcl.data import DataLoader, DatasetUnavailable, DistributedSampler, load_digits, load_idx_dataset
 from netcl.distributed import launch
 from netcl.errors import NetclError
-from netcl.io import load_checkpoint, save_checkpoint
-from netcl.io.checkpoint import read_checkpoint
 from netcl.ops import random
-from netcl.train import runs, tensorboard
+from netcl.train import flags, runs
+from netcl.train.curves import classifier_figure as curves_figure  # noqa: F401  (importable as before)
+from netcl.train.curves import plot_classifier as plot_curves
 from netcl.train.loop import (
     MODELS,
     GraphedStep,
     MixedPrecision,
-    add_amp_argument,
     build_model,
     evaluate,
     prepare_images,
@@ -47,31 +45,6 @@ DATASET_DEFAULTS: dict[str, dict[str, Any]] = {
 # What a checkpoint records of its run, and what a resumed run must keep.
 RUN_SETTINGS = ("model", "dataset", "batch_size", "lr", "weight_decay", "train_limit", "seed")
 DEFAULT_OUT = Path("runs/train")
-
-
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
-
-
-def _float_at_least(low: float, strict: bool):
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-        if not math.isfinite(value) or value < low or (strict and value == low):
-            raise argparse.ArgumentTypeError(
-                f"must be a finite number {'>' if strict else '>='} {low:g}, got {text}"
-            )
-        return value
-
-    return parse
 
 
 def register(subparsers: Any) -> None:
@@ -99,46 +72,29 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--batch-size", type=launch.positive_int, default=None,
                    help="default per dataset: 128, digits 32")
-    p.add_argument("--lr", type=_float_at_least(0.0, strict=True), default=None,
+    p.add_argument("--lr", type=flags.float_at_least(0.0, strict=True), default=None,
                    help="peak learning rate of the cosine schedule (default 2e-3, digits 3e-3)")
-    p.add_argument("--weight-decay", type=_float_at_least(0.0, strict=False), default=None,
+    p.add_argument("--weight-decay", type=flags.float_at_least(0.0, strict=False), default=None,
                    help="AdamW weight decay (default 1e-4)")
     p.add_argument(
         "--train-limit",
-        type=_count,
+        type=flags.count,
         default=None,
         help="train on the first N training images (default 20000 for Fashion-MNIST/MNIST, which keeps the "
         "default run to a few minutes on a 2-core CPU; 0 = all)",
     )
-    p.add_argument(
-        "--device", default="auto", help="auto, gpu, cpu, a name fragment or P:D (see netcl devices)"
-    )
-    p.add_argument("--seed", type=_count, default=None, help="random seed (default 0)")
-    p.add_argument("--data-dir", default=None, type=runs.path_arg,
+    p.add_argument("--seed", type=flags.count, default=None, help="random seed (default 0)")
+    p.add_argument("--data-dir", default=None, type=flags.path_arg,
                    help="directory with the IDX files (gz or raw); only this directory is searched")
-    p.add_argument(
-        "--out",
-        default=None,
-        type=runs.path_arg,
-        help="directory for checkpoint.safetensors, metrics.json and curves.png (default runs/train, "
-        "or runs/train-2, -3, ... when it holds an earlier run)",
-    )
-    p.add_argument(
-        "--resume",
-        nargs="?",
-        const=True,
-        default=None,
-        metavar="CHECKPOINT",
-        help="continue a run: from CHECKPOINT (a file or a run directory), from "
+    flags.add_run_arguments(
+        p,
+        out_help="directory for checkpoint.safetensors, best.safetensors, metrics.json and curves.png "
+        "(default runs/train, or runs/train-2, -3, ... when it holds an earlier run)",
+        resume_help="continue a run: from CHECKPOINT (a file or a run directory), from "
         "OUT/checkpoint.safetensors, or from the latest run under runs/; --epochs may raise the total (the "
         "cosine schedule is stretched to it)",
+        evaluation="test accuracy",
     )
-    p.add_argument(
-        "--overwrite", action="store_true",
-        help="replace an earlier run in OUT (without --out: in the default directory) instead of refusing"
-    )
-    p.add_argument("--no-progress", action="store_true", help="no progress bars (plain lines)")
-    add_amp_argument(p)
     p.add_argument(
         "--nproc",
         type=launch.positive_int,
@@ -146,9 +102,6 @@ def register(subparsers: Any) -> None:
         help="data parallelism: N processes, one per device (one GPU each when there are N, else all on "
         "--device), each with --batch-size samples of every step; gradients averaged (netcl.distributed)",
     )
-    p.add_argument("--eager", action="store_true",
-                   help="run every step op by op (default: record the step once and replay it, netcl.graph)")
-    tensorboard.add_argument(p)
     p.set_defaults(func=run)
 
 
@@ -167,96 +120,17 @@ def load_data(dataset: str, data_dir: str | None, log: Any) -> Any:
         return load_digits()
 
 
-def plot_curves(history: dict[str, Any], path: Path, title: str) -> None:
-    """curves.png: the training loss per step and the test accuracy per epoch."""
-    curves_figure(history, title).savefig(path, dpi=110)
-
-
-def curves_figure(history: dict[str, Any], title: str) -> Any:
-    """The matplotlib Figure of plot_curves (tests read its axes)."""
-    # matplotlib takes ~0.5 s to import: deferred to the end of a run (and the non-interactive backend set
-    # before pyplot loads)
-    import matplotlib  # noqa: PLC0415
-
-    matplotlib.use("Agg")
-    from matplotlib.figure import Figure  # noqa: PLC0415
-    from matplotlib.ticker import MaxNLocator  # noqa: PLC0415
-
-    fig = Figure(figsize=(10, 4))
-    ax1, ax2 = fig.subplots(1, 2)
-    steps = np.arange(1, len(history["loss"]) + 1)
-    ax1.plot(steps, history["loss"], lw=0.6, alpha=0.5, label="step")
-    if len(history["loss"]) >= 20:
-        k = max(len(history["loss"]) // 50, 5)
-        smooth = np.convolve(history["loss"], np.ones(k) / k, mode="valid")
-        ax1.plot(steps[k - 1 :], smooth, lw=1.5, label=f"mean of {k}")
-    ax1.set_xlabel("step")
-    ax1.set_ylabel("training loss")
-    ax1.set_yscale("log")
-    ax1.legend()
-    epochs = np.arange(1, len(history["test_accuracy"]) + 1)
-    ax2.plot(epochs, np.array(history["test_accuracy"]) * 100, marker="o")
-    ax2.set_xlabel("epoch")
-    ax2.xaxis.set_major_locator(MaxNLocator(integer=True))  # epoch 1, 2, not 1.0, 1.2, ..., 2.0
-    ax2.set_ylabel("test accuracy (%)")
-    ax2.grid(True, alpha=0.3)
-    fig.suptitle(title)
-    fig.tight_layout()
-    return fig
-
-
 def _plan_output(args: argparse.Namespace, log: Any) -> tuple[Path, Path | None, dict[str, Any]]:
     """(output directory, checkpoint to resume from or None, the settings that checkpoint recorded)."""
-    runs.check_overwrite(args.resume, args.overwrite)
-    if args.resume is None:
-        if args.out is None and not args.overwrite:
-            out = runs.fresh_default_out(DEFAULT_OUT)
-            if out != DEFAULT_OUT:
-                log(f"{DEFAULT_OUT} holds an earlier run: this one goes to {out} (--resume continues the "
-                    "latest run, --out picks a directory)")
-            return out, None, {}
-        out = Path(args.out) if args.out is not None else DEFAULT_OUT  # --overwrite alone: the default's
-        if runs.holds_run(out) and not args.overwrite:
-            raise NetclError(f"--out {out} already holds a run; pass --resume to continue it, --overwrite to "
-                             "replace it, or another --out")
-        return out, None, {}
-    if isinstance(args.resume, str):
-        ckpt = Path(args.resume)
-        if ckpt.is_dir():  # a run directory, as lm-train takes it
-            ckpt = ckpt / runs.CHECKPOINT_FILE
-    elif args.out is not None:
-        ckpt = Path(args.out) / "checkpoint.safetensors"
-    else:
-        earlier = [r for r in runs.default_runs(DEFAULT_OUT) if (r / runs.CHECKPOINT_FILE).exists()]
-        if not earlier:
-            raise NetclError(f"--resume: no earlier run under {DEFAULT_OUT.parent}/ to continue; run without "
-                             "--resume first, or give the checkpoint's path")
-        ckpt = earlier[-1] / runs.CHECKPOINT_FILE
-    if not ckpt.is_file():
-        raise NetclError(f"--resume: no checkpoint at {ckpt}; run without --resume first")
-    _, meta = read_checkpoint(ckpt)
-    if meta.get("extra", {}).get("kind") == "lm":  # its model keys would all be "missing"
-        raise NetclError(f"--resume: {ckpt} was written by netcl lm-train (a language model, not an image "
-                         f"classifier); continue it with `netcl lm-train --resume {ckpt.parent}`")
-    saved = dict(meta.get("extra", {}).get("args", {}))
-    saved["epochs_done"] = int(meta.get("epoch", 0))
-    return (Path(args.out) if args.out is not None else ckpt.parent), ckpt, saved
+    return runs.plan_output(args, DEFAULT_OUT, "train", log)
 
 
 def _settings(args: argparse.Namespace, saved: dict[str, Any], dataset_name: str) -> dict[str, Any]:
     """The run's settings: given ones, else the resumed checkpoint's, else the dataset's defaults."""
-    given = {"model": args.model, "batch_size": args.batch_size, "lr": args.lr,
-             "weight_decay": args.weight_decay, "train_limit": args.train_limit, "seed": args.seed}
-    flags = {"model": "--model", "batch_size": "--batch-size", "lr": "--lr", "weight_decay": "--weight-decay",
-             "train_limit": "--train-limit", "seed": "--seed"}
-    out: dict[str, Any] = {}
-    for key, value in given.items():
-        if key in saved and value is not None and value != saved[key]:
-            raise NetclError(
-                f"{flags[key]} {value} differs from the resumed run's {saved[key]}; a resumed run "
-                f"keeps its settings (leave {flags[key]} out, or start a new run)"
-            )
-        out[key] = value if value is not None else saved.get(key)
+    given = {"model": ("--model", args.model), "batch_size": ("--batch-size", args.batch_size),
+             "lr": ("--lr", args.lr), "weight_decay": ("--weight-decay", args.weight_decay),
+             "train_limit": ("--train-limit", args.train_limit), "seed": ("--seed", args.seed)}
+    out = runs.merge_settings(given, saved)
     defaults = {"model": "cnn", "weight_decay": 1e-4, "seed": 0, **DATASET_DEFAULTS[dataset_name]}
     for key, value in out.items():
         if value is None:
@@ -266,19 +140,14 @@ def _settings(args: argparse.Namespace, saved: dict[str, Any], dataset_name: str
 
 
 def run(args: argparse.Namespace) -> int:
-    open_device(args.device)  # before the ranks start: a bad --device is one error, not one per rank
-    code = launch.spawn_ranks(args.argv, args.nproc)  # --nproc N: this process starts N ranks of itself
+    code, rank0 = runs.start_ranks(args, args.nproc, DEFAULT_OUT)  # --nproc N: this process starts N ranks
     if code is not None:
         return code
-    rank0 = launch.join(args.nproc)  # a rank of --nproc N joins the job; rank 0 logs and writes
     args.no_progress = args.no_progress or not rank0
     args.eager = args.eager or args.nproc > 1  # DDP's all-reduce goes through the host: no recorded step
 
-    def log(msg: str) -> None:
-        if rank0:
-            tqdm.write(msg) if not args.no_progress else print(msg, flush=True)
-
-    out, resume_from, saved = _plan_output(args, log)
+    run = runs.Run(args, "train", DEFAULT_OUT, runs.Metric("test accuracy", higher_is_better=True), rank0)
+    log, out, resume_from, saved = run.log, run.out, run.resume_from, run.saved
     dataset = args.dataset or "auto"
     if saved.get("dataset"):  # a resumed run keeps the data it was trained on
         if dataset not in ("auto", saved["dataset"]):
@@ -288,26 +157,13 @@ def run(args: argparse.Namespace) -> int:
     q = dev.queue
     data = load_data(dataset, args.data_dir, log)
     s = _settings(args, saved, data.name)
-    done = saved.get("epochs_done", 0)
-    if resume_from is not None and args.epochs is not None and args.epochs < done:
-        raise NetclError(f"--epochs {args.epochs} is fewer than the {done} epochs {resume_from} has already "
-                         f"trained; a resumed run can only go further: pass --epochs N (N > {done})")
-    if resume_from is not None and done >= s["epochs"]:
-        log(
-            f"{resume_from} has already trained {done} of "
-            f"{s['epochs']} epochs: nothing to do; pass --epochs N "
-            f"(N > {done}) to train further. Nothing was written."
-        )
+    if run.nothing_to_do(s["epochs"], args.epochs, "--epochs", "epochs"):
         return 0
     x_train, y_train = data.x_train, data.y_train
     if s["train_limit"]:
         x_train, y_train = x_train[: s["train_limit"]], y_train[: s["train_limit"]]
     x_train, x_test = prepare_images(s["model"], x_train), prepare_images(s["model"], data.x_test)
-    try:
-        out.mkdir(parents=True, exist_ok=True) if rank0 else None  # rank 0 writes the run's files
-    except OSError as exc:
-        raise NetclError(f"cannot create the output directory {out}: {exc.strerror or exc}") from None
-    ckpt = out / "checkpoint.safetensors"
+    run.start()
     log(
         f"netcl train: {s['model']} on {data.name} ({len(y_train)} train / {len(data.y_test)} test images "
         f"{'x'.join(map(str, x_train.shape[1:]))}) on {dev.device_name} ({dev.backend}); writing to {out}"
@@ -329,8 +185,9 @@ def run(args: argparse.Namespace) -> int:
     sched = optim.CosineAnnealing(opt, T_max=total_steps)
     history: dict[str, Any] = {"loss": [], "test_accuracy": [], "epoch_seconds": [], "samples_per_second": []}
     start_epoch = 0
+    mixed = MixedPrecision.make(args.amp) if args.amp else None
     if resume_from is not None:
-        meta = load_checkpoint(resume_from, model, opt, sched, loader)
+        meta = run.restore(model, opt, sched, loader, mixed.scaler if mixed is not None else None)
         start_epoch = int(meta["epoch"])
         history = meta["extra"].get("history", history)
         if sched.T_max != total_steps:
@@ -346,11 +203,8 @@ def run(args: argparse.Namespace) -> int:
         f"{len(loader)} steps per epoch"
         f"{', eager steps' if args.eager else ', step recorded once and replayed (--eager: op by op)'}"
     )
-    mixed = MixedPrecision.make(args.amp) if args.amp else None
     if mixed is not None:
         log(f"mixed precision: autocast {args.amp}{', dynamic loss scaling' if mixed.scaler else ''}")
-        if mixed.scaler is not None and resume_from is not None and meta["extra"].get("grad_scaler"):
-            mixed.scaler.load_state_dict(meta["extra"]["grad_scaler"])  # the loss scale it had reached
     step_model = dist.DistributedDataParallel(model) if args.nproc > 1 else model  # after a resume's load
     graphed = None if args.eager else GraphedStep(model, opt, sched, mixed)
     run_args = {
@@ -358,10 +212,7 @@ def run(args: argparse.Namespace) -> int:
         "dataset": data.name,
         "epochs": s["epochs"],
     }
-    written: list[Path] = []
-    tb = tensorboard.open_writer(
-        args.tensorboard if rank0 else None
-    )  # flushed after each epoch, closed at the end
+    tb = run.tb  # flushed after each epoch, closed at the end
     for epoch in range(start_epoch, s["epochs"]):
         loader.set_epoch(epoch)
         bar = tqdm(
@@ -393,7 +244,7 @@ def run(args: argparse.Namespace) -> int:
         q.finish()
         seconds = time.perf_counter() - t0
         bar.close()
-        acc = evaluate(model, x_test, data.y_test, q)
+        acc = run.agree(evaluate(model, x_test, data.y_test, q))
         history["loss"].extend(losses)
         history["test_accuracy"].append(acc)
         history["epoch_seconds"].append(seconds)
@@ -411,35 +262,17 @@ def run(args: argparse.Namespace) -> int:
             },
         )
         tb.flush()
-        if not rank0:
-            continue
-        save_checkpoint(
-            ckpt,
-            model,
-            opt,
-            sched,
-            step=(epoch + 1) * len(loader),
-            epoch=epoch + 1,
-            loader=loader,
-            extra={
-                "kind": "train",  # lm-train's say "lm": each command refuses the other's runs by name
-                "history": history,
-                "model": s["model"],
-                "dataset": data.name,
-                "args": run_args,
-                **({"grad_scaler": mixed.scaler.state_dict()} if mixed is not None and mixed.scaler else {}),
-            },
-        )
-        if ckpt not in written:
-            written.append(ckpt)
+        run.save(model, opt, sched, step=(epoch + 1) * len(loader), epoch=epoch + 1, loader=loader,
+                 scaler=mixed.scaler if mixed is not None else None,
+                 extra={"history": history, "model": s["model"], "dataset": data.name, "args": run_args})
+        if run.evaluated([(f"epoch {i + 1}", a) for i, a in enumerate(history["test_accuracy"])]):
+            break
     tb.close()
     if not rank0:
         return 0
     plot = out / "curves.png"
     plot_curves(history, plot, f"netcl {s['model']} on {data.name}")
-    written.append(plot)
-    if args.tensorboard:
-        written.append(Path(args.tensorboard))
+    run.claim(plot)
     metrics = {
         "model": s["model"],
         "dataset": data.name,
@@ -454,7 +287,5 @@ def run(args: argparse.Namespace) -> int:
         "epoch_seconds": history["epoch_seconds"],
         "samples_per_second": history["samples_per_second"],
     }
-    (out / "metrics.json").write_text(json.dumps(metrics, indent=2))
-    written.append(out / "metrics.json")
-    log("\n".join(f"wrote {p}" for p in written))
+    run.finish(metrics)
     return 0

@@ -11,7 +11,7 @@ import textwrap
 import numpy as np
 import pytest
 
-import netcl.io.checkpoint as ckpt_mod
+import netcl.core.files as files_mod
 from netcl import nn, optim
 from netcl.io import CheckpointError, atomic_write, load_checkpoint, read_checkpoint, save_checkpoint
 from netcl.ops import random
@@ -87,7 +87,7 @@ def test_failed_save_keeps_the_old_checkpoint(queue, tmp_path, monkeypatch):
         f.write(data[: len(data) // 2])
         raise OSError("disk full (injected)")
 
-    monkeypatch.setattr(ckpt_mod, "_write_bytes", broken)
+    monkeypatch.setattr(files_mod, "_write_bytes", broken)
     for p in m.parameters():
         p.value.fill_(3.0)
     with pytest.raises(OSError, match="injected"):
@@ -104,6 +104,7 @@ def test_killed_save_keeps_the_old_checkpoint(queue, tmp_path):
     script = textwrap.dedent(f"""
         import os, signal
         import netcl.io.checkpoint as c
+        import netcl.core.files as files
         from netcl import nn
         from netcl.core.device import manager
         q = manager.default().queue
@@ -113,7 +114,7 @@ def test_killed_save_keeps_the_old_checkpoint(queue, tmp_path):
         def die(f, data):
             f.write(data[: len(data) // 2]); f.flush()
             os.kill(os.getpid(), signal.SIGKILL)
-        c._write_bytes = die
+        files._write_bytes = die
         for p in m.parameters():
             p.value.fill_(3.0)
         c.save_checkpoint({str(path)!r}, m)

@@ -153,11 +153,11 @@ def test_winograd_layouts_and_backward(queue, monkeypatch, layout):
     """Both Winograd kernel layouts (the CPU's row walkers, the GPU's per-tile ones, also as a padded 1-D
     launch: flat): forward, backward data (flipped filters transformed from the weight) and backward
     weight (2 tile slices summed)."""
-    monkeypatch.setattr(conv_mod, "_winograd_rows", lambda device: layout == "rows")
-    monkeypatch.setattr(conv_mod, "WINOGRAD_FLAT", 32 if layout == "flat" else 0)
-    monkeypatch.setattr(conv_mod, "_auto_algorithm", lambda device, p, dt: "winograd")
-    monkeypatch.setattr(conv_mod, "_winograd_splits", lambda device, p, pt: 2 if pt % 2 == 0 else 1)
-    monkeypatch.setattr(conv_mod, "_checked", {})
+    monkeypatch.setattr(conv_mod.winograd, "_winograd_rows", lambda device: layout == "rows")
+    monkeypatch.setattr(conv_mod.winograd, "WINOGRAD_FLAT", 32 if layout == "flat" else 0)
+    monkeypatch.setattr(conv_mod.choice, "_auto_algorithm", lambda device, p, dt: "winograd")
+    monkeypatch.setattr(conv_mod.winograd, "_winograd_splits", lambda device, p, pt: 2 if pt % 2 == 0 else 1)
+    monkeypatch.setattr(conv_mod.geometry, "_checked", {})
     rng = np.random.default_rng(11)
     xs, ws = (2, 3, 5, 7), (4, 3, 3, 3)   # odd sizes: partial tiles; TW 4 (CH 4) forward, TW 4 backward
     x, w, b = rng.standard_normal(xs), rng.standard_normal(ws), rng.standard_normal(4)

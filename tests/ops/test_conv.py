@@ -1,5 +1,5 @@
 """conv2d forward/backward, conv_transpose2d, algorithms, Winograd's error bound, errors
-(netcl/ops/conv.py)."""
+(netcl/ops/conv/)."""
 
 from __future__ import annotations
 
@@ -116,7 +116,7 @@ def test_conv2d_relu_fused_and_no_bias(queue, rng, algo):
 
 
 def test_im2col_in_chunks(queue, rng, monkeypatch):
-    monkeypatch.setattr(C, "_im2col_chunk", lambda device, p, itemsize: 2)
+    monkeypatch.setattr(C.im2col, "_im2col_chunk", lambda device, p, itemsize: 2)
     x, w, b = _data(rng, (5, 4, 6, 7)), _data(rng, (6, 4, 3, 3)), _data(rng, (6,))
     out = C.conv2d_relu(Tensor.from_host(queue, x), Tensor.from_host(queue, w), Tensor.from_host(queue, b),
                         stride=2, padding=1, algorithm="im2col")
@@ -187,8 +187,8 @@ WINOGRAD_CASES = [((2, 5, 9, 16), 7, 1), ((3, 4, 7, 7), 6, 1), ((1, 6, 8, 12), 3
 @pytest.fixture(params=["rows", "tiles"])
 def winograd_layout(request, monkeypatch):
     """The CPU's row-walking transforms or the GPU's one-work-item-per-tile ones, on this device."""
-    monkeypatch.setattr(C, "_winograd_rows", lambda device: request.param == "rows")
-    monkeypatch.setattr(C, "_checked", {})  # plans cached by other tests must not decide the path here
+    monkeypatch.setattr(C.winograd, "_winograd_rows", lambda device: request.param == "rows")
+    monkeypatch.setattr(C.geometry, "_checked", {})  # plans other tests cached must not decide the path here
     return request.param
 
 
@@ -197,7 +197,7 @@ def test_winograd_three_passes_float64(queue, rng, monkeypatch, winograd_layout,
     """Forward (bias + relu), backward data through the flipped convolution on Winograd (the rotated,
     transposed filters transformed straight from the weight) and backward weight (F(2x2, 3x3) run
     backwards) against the float64 adjoint: in float64 Winograd is exact to rounding."""
-    monkeypatch.setattr(C, "_auto_algorithm", lambda device, p, dt: "winograd")
+    monkeypatch.setattr(C.choice, "_auto_algorithm", lambda device, p, dt: "winograd")
     ws = (k, xs[1], 3, 3)
     p = C.ConvParams(xs, ws, 1, pad, 1, 1)
     x, w, b = _data(rng, xs, np.float64), _data(rng, ws, np.float64), _data(rng, (k,), np.float64)
@@ -216,9 +216,9 @@ def test_winograd_three_passes_float64(queue, rng, monkeypatch, winograd_layout,
 def test_winograd_flat_transform_launch(queue, rng, monkeypatch, xs, k, pad):
     """The GPU transforms as a 1-D launch of whole work-groups (WINOGRAD_FLAT: padded past the last
     tile x channel x image), all three passes against float64."""
-    monkeypatch.setattr(C, "_winograd_rows", lambda device: False)
-    monkeypatch.setattr(C, "_checked", {})
-    monkeypatch.setattr(C, "WINOGRAD_FLAT", 64)
+    monkeypatch.setattr(C.winograd, "_winograd_rows", lambda device: False)
+    monkeypatch.setattr(C.geometry, "_checked", {})
+    monkeypatch.setattr(C.winograd, "WINOGRAD_FLAT", 64)
     test_winograd_three_passes_float64(queue, rng, monkeypatch, "tiles", xs, k, pad)
 
 
@@ -228,8 +228,8 @@ def test_winograd_weight_gradient_chunks_and_splits(queue, rng, monkeypatch, win
     partial products the filter transform sums (the GPUs' split GEMM; S divides every chunk's tiles:
     100, or 40 and 20); float32 views at an offset."""
     if chunk:
-        monkeypatch.setattr(C, "_winograd_chunk", lambda device, p, itemsize, per_tile=None: chunk)
-    monkeypatch.setattr(C, "_winograd_splits", lambda device, p, pt: splits)
+        monkeypatch.setattr(C.winograd, "_winograd_chunk", lambda device, p, itemsize, per_tile=None: chunk)
+    monkeypatch.setattr(C.winograd, "_winograd_splits", lambda device, p, pt: splits)
     xs, ws = (5, 6, 7, 9), (4, 6, 3, 3)           # 4 x 5 = 20 tiles per image: chunks of 2 and 1 images
     p = C.ConvParams(xs, ws, 1, 1, 1, 1)
     x, w, gy = _data(rng, xs), _data(rng, ws), _data(rng, p.output_shape)
@@ -261,24 +261,24 @@ def test_winograd_weight_gradient_error_bound(queue, rng):
 def test_tuned_backward_algorithms(device, queue, rng, monkeypatch, tmp_path):
     """bench/conv.py --tune's per-pass records decide 'auto' (and only with an algorithm of that pass)."""
     monkeypatch.setenv("NETCL_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(C, "_checked", {})
+    monkeypatch.setattr(C.geometry, "_checked", {})
     xs, ws = (2, 3, 6, 5), (4, 3, 3, 3)
     p = C.ConvParams(xs, ws, 1, 1, 1, 1)
     f64 = np.float64
-    assert C._tuned_algorithm(device, p, f64, "backward_weight") is None
+    assert C.choice._tuned_algorithm(device, p, f64, "backward_weight") is None
     C.record_algorithm(device, xs, ws, f64, "direct", 1, 1, pass_="backward_weight", seconds=1e-3)
     C.record_algorithm(device, xs, ws, f64, "flipped", 1, 1, pass_="backward_input")
-    assert C._tuned_algorithm(device, p, f64, "backward_weight") == "direct"
-    assert C._tuned_algorithm(device, p, f64, "backward_input") == "flipped"
-    assert C._tuned_algorithm(device, p, f64) is None                    # the forward pass has its own record
-    assert C._tuned_algorithm(device, p, np.float32, "backward_weight") is None   # and each dtype
+    assert C.choice._tuned_algorithm(device, p, f64, "backward_weight") == "direct"
+    assert C.choice._tuned_algorithm(device, p, f64, "backward_input") == "flipped"
+    assert C.choice._tuned_algorithm(device, p, f64) is None  # the forward pass has its own record
+    assert C.choice._tuned_algorithm(device, p, np.float32, "backward_weight") is None   # and each dtype
     with pytest.raises(ValueError, match="backward_weight"):
         C.record_algorithm(device, xs, ws, f64, "flipped", 1, 1, pass_="backward_weight")
 
     def no_gemm(*args):
         raise AssertionError("the tuned 'direct' was not taken")
 
-    monkeypatch.setattr(C, "_backward_weight_gemm", no_gemm)
+    monkeypatch.setattr(C.im2col, "_backward_weight_gemm", no_gemm)
     x, gy = _data(rng, xs, np.float64), _data(rng, p.output_shape, np.float64)
     _, gw_ref = ref_conv_backward(xs, np.zeros(ws), gy, pad=(1, 1), x=x)
     gw = C.conv2d_backward_weight(Tensor.from_host(queue, x), Tensor.from_host(queue, gy), ws, padding=1)
@@ -292,13 +292,13 @@ def test_winograd_splits_divide_the_tiles(device, monkeypatch):
     monkeypatch.setattr(device, "capabilities", gpu)
     p = C.ConvParams((32, 64, 32, 32), (64, 64, 3, 3), 1, 1, 1, 1)
     for pt in (8192, 6000, 1000, 511, 32 * 64):
-        s = C._winograd_splits(device, p, pt)
+        s = C.winograd._winograd_splits(device, p, pt)
         assert pt % s == 0 and (s == 1 or pt // s >= 512), (pt, s)
-    assert C._winograd_splits(device, p, 8192) == 16
+    assert C.winograd._winograd_splits(device, p, 8192) == 16
     big = C.ConvParams((32, 512, 4, 4), (512, 512, 3, 3), 1, 1, 1, 1)
-    assert C._winograd_splits(device, big, 32 * 4) == 1      # 128 tiles: too short to split
+    assert C.winograd._winograd_splits(device, big, 32 * 4) == 1      # 128 tiles: too short to split
     monkeypatch.setattr(device, "capabilities", dataclasses.replace(gpu, kind="cpu"))
-    assert C._winograd_splits(device, p, 8192) == 1
+    assert C.winograd._winograd_splits(device, p, 8192) == 1
 
 
 def test_winograd_backward_errors(queue):
@@ -339,7 +339,7 @@ def test_conv2d_backward_matches_adjoint(queue, rng, xs, ws, stride, pad, dil, g
 def test_conv2d_backward_gemm_float32_chunked(queue, rng, monkeypatch):
     """The GEMM backward paths over image chunks (grad_weight accumulates through the residual
     epilogue), float32, non-contiguous grad_out, against the float64 adjoint."""
-    monkeypatch.setattr(C, "_im2col_chunk", lambda device, p, itemsize: 2)
+    monkeypatch.setattr(C.im2col, "_im2col_chunk", lambda device, p, itemsize: 2)
     xs, ws, kw = (5, 6, 9, 7), (4, 3, 3, 3), dict(stride=(2, 1), padding=(1, 2), dilation=(2, 1), groups=2)
     p = C.ConvParams(xs, ws, **kw)
     x, w = _data(rng, xs), _data(rng, ws)
@@ -362,7 +362,7 @@ def test_conv2d_backward_gemm_float32_chunked(queue, rng, monkeypatch):
 def test_gpu_shaped_im2col_col2im(queue, rng, monkeypatch, xs, ws, kw):
     """The per-element im2col/col2im kernels GPUs use (col2im's taps compiled in) give the same results
     as the reference."""
-    monkeypatch.setattr(C, "_row_kernels", lambda device: False)
+    monkeypatch.setattr(C.im2col, "_row_kernels", lambda device: False)
     p = C.ConvParams(xs, ws, **kw)
     x, w = _data(rng, xs, np.float64), _data(rng, ws, np.float64)
     gy = _data(rng, p.output_shape, np.float64)
@@ -386,11 +386,11 @@ def test_weight_gradient_as_batched_gemm(queue, rng, monkeypatch, xs, ws, stride
     """The GPUs' weight gradient (one GEMM batched over images, then a sum over them; in image chunks
     that accumulate) against the float64 adjoint, run here on the test device."""
     if chunk:
-        monkeypatch.setattr(C, "_im2col_chunk", lambda device, p, itemsize: chunk)
+        monkeypatch.setattr(C.im2col, "_im2col_chunk", lambda device, p, itemsize: chunk)
     p = C.ConvParams(xs, ws, stride, pad, dil, groups)
     x, w, gy = _data(rng, xs, np.float64), _data(rng, ws, np.float64), _data(rng, p.output_shape, np.float64)
     _, gw_ref = ref_conv_backward(xs, w, gy, (p.SH, p.SW), (p.PH, p.PW), (p.DH, p.DW), groups, x=x)
-    gw = C._backward_weight_batched(Tensor.from_host(queue, x), Tensor.from_host(queue, gy), p)
+    gw = C.im2col._backward_weight_batched(Tensor.from_host(queue, x), Tensor.from_host(queue, gy), p)
     assert gw.shape == tuple(ws)
     assert_close(gw, gw_ref, rtol=1e-12, atol=1e-12)
 
@@ -400,8 +400,8 @@ def test_im2col_layouts_agree(queue, rng):
     xs, ws = (3, 4, 7, 6), (4, 2, 3, 2)
     p = C.ConvParams(xs, ws, (2, 1), (1, 1), (1, 2), 2)
     x = Tensor.from_host(queue, _data(rng, xs))
-    per_image = C._im2col(x, p, 1, 2).to_host()                     # images 1, 2
-    inner = C._im2col(x, p, 1, 2, batch_inner=True).to_host()
+    per_image = C.im2col._im2col(x, p, 1, 2).to_host()                     # images 1, 2
+    inner = C.im2col._im2col(x, p, 1, 2, batch_inner=True).to_host()
     r, P = p.Cg * p.KH * p.KW, p.OH * p.OW
     np.testing.assert_array_equal(inner.reshape(p.G, r, 2, P).transpose(2, 0, 1, 3), per_image)
 

@@ -77,7 +77,7 @@ def test_outputs_are_claimed_only_when_written(tmp_path, capsys):
         line.split(" ", 1)[1] for line in capsys.readouterr().out.splitlines() if line.startswith("wrote ")
     ]
     assert sorted(claimed) == sorted(
-        str(out / n) for n in ("checkpoint.safetensors", "curves.png", "metrics.json")
+        str(out / n) for n in ("checkpoint.safetensors", "best.safetensors", "curves.png", "metrics.json")
     )
     assert all(
         (out / name).stat().st_size > 0 for name in ("checkpoint.safetensors", "curves.png", "metrics.json")
@@ -157,3 +157,29 @@ def test_the_accuracy_curve_marks_whole_epochs():
     assert epochs.get_xlabel() == "epoch"
     ticks = [t for t in epochs.get_xticks() if epochs.get_xlim()[0] <= t <= epochs.get_xlim()[1]]
     assert ticks == [1.0, 2.0]
+
+
+def test_patience_stops_netcl_train_and_best_keeps_the_best_epoch(tmp_path, capsys, monkeypatch):
+    """Test accuracies 0.5, 0.7, 0.6, 0.7 (a tie is no improvement): --patience 2 stops after epoch 4 of 6;
+    best.safetensors holds epoch 2, checkpoint.safetensors epoch 4, and a resume goes on from epoch 4."""
+    scripted = iter([0.5, 0.7, 0.6, 0.7])
+    monkeypatch.setattr(train_main, "evaluate", lambda *a, **k: next(scripted))
+    out = tmp_path / "run"
+    assert main(_digits(out, "--epochs", "6", "--patience", "2")) == 0
+    text = capsys.readouterr().out
+    assert "epoch 5:" not in text
+    assert (f"stopping early at epoch 4: the test accuracy has not improved for 2 evaluations "
+            f"(--patience 2); the best, 0.7000 at epoch 2, is in {out / 'best.safetensors'}") in text
+    assert "best.safetensors: the checkpoint of the best test accuracy, 0.7000 at epoch 2" in text
+    last, best = read_checkpoint(out / "checkpoint.safetensors"), read_checkpoint(out / "best.safetensors")
+    assert last[1]["epoch"] == 4 and best[1]["epoch"] == 2
+    assert best[1]["extra"]["history"]["test_accuracy"] == [0.5, 0.7]
+    assert not all((last[0][k] == best[0][k]).all() for k in last[0] if k.startswith("model/"))
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["best"] == {"at": "epoch 2", "test_accuracy": 0.7, "checkpoint": "best.safetensors"}
+    assert metrics["stopped_early_at"] == "epoch 4" and metrics["test_accuracy"] == [0.5, 0.7, 0.6, 0.7]
+    # without --patience the resumed run trains on (its best so far stays epoch 2's until one beats 0.7)
+    scripted = iter([0.65, 0.8])
+    assert main(["train", "--resume", str(out), "--no-progress"]) == 0
+    assert read_checkpoint(out / "checkpoint.safetensors")[1]["epoch"] == 6
+    assert read_checkpoint(out / "best.safetensors")[1]["epoch"] == 6

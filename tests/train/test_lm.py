@@ -18,8 +18,9 @@ from safetensors.numpy import load_file, save_file
 from netcl.cli import main
 from netcl.core.tensor import Tensor
 from netcl.io.checkpoint import read_checkpoint
+from netcl.models import GPT, GPTConfig
 from netcl.text import BPETokenizer, ChatFormat
-from netcl.train import lm
+from netcl.train import generate, lm
 from netcl.train.lm import fit_dialog, load_model_dir
 from tests.distributed.launching import ROOT, environment
 
@@ -92,6 +93,7 @@ def test_a_run_writes_a_model_directory_and_reports_against_the_unigram_model(tr
     claimed = sorted(line.split(" ", 1)[1] for line in text.splitlines() if line.startswith("wrote "))
     names = [
         "checkpoint.safetensors",
+        "best.safetensors",
         "model.safetensors",
         "config.json",
         "tokenizer.json",
@@ -566,14 +568,14 @@ def test_two_processes_train_what_one_trains_on_their_joint_batch(corpus_dir, tm
 
 def test_ctrl_c_ends_generate_and_chat_without_a_traceback(trained, capsys, monkeypatch):
     out, _ = trained
-    real = lm.stream_tokens
+    real = generate.stream_tokens
 
     def interrupted(*a, **k):  # one piece, then the user's Ctrl-C
         for piece in real(*a, **k):
             yield piece
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(lm, "stream_tokens", interrupted)
+    monkeypatch.setattr(generate, "stream_tokens", interrupted)
     assert main(["generate", "--checkpoint", str(out), "--prompt", "def", "--max-new-tokens", "5",
                  "--temperature", "0"]) == 130
     text = capsys.readouterr().out
@@ -582,3 +584,79 @@ def test_ctrl_c_ends_generate_and_chat_without_a_traceback(trained, capsys, monk
     assert main(["chat", "--checkpoint", str(out), "--max-new-tokens", "5", "--temperature", "0"]) == 130
     text = capsys.readouterr().out
     assert text.count("assistant> ") == 1 and "never answered" not in text
+
+
+def test_patience_stops_the_run_and_the_best_checkpoint_is_a_model(corpus_dir, tmp_path, capsys, monkeypatch):
+    """Validation losses 3.0, 2.0, 2.5, 2.2 at steps 2, 4, 6, 8: --patience 2 stops at step 8 of 12 and
+    best.safetensors holds step 4, which `netcl generate` and load_model_dir take as a checkpoint."""
+    scripted = iter([3.0, 2.0, 2.5, 2.2])
+    monkeypatch.setattr(lm, "validation_loss", lambda *a, **k: next(scripted))
+    out = tmp_path / "lm"
+    assert main(_args(corpus_dir, out, "--steps", "12", "--eval-every", "2", "--warmup", "1",
+                      "--samples", "0", "--patience", "2")) == 0
+    text = capsys.readouterr().out
+    assert (f"stopping early at step 8: the validation loss has not improved for 2 evaluations "
+            f"(--patience 2); the best, 2.0000 at step 4, is in {out / 'best.safetensors'}") in text
+    assert "best.safetensors: the checkpoint of the best validation loss, 2.0000 at step 4" in text
+    assert f"wrote {out / 'best.safetensors'}" in text.splitlines()
+    last, best = read_checkpoint(out / "checkpoint.safetensors"), read_checkpoint(out / "best.safetensors")
+    assert last[1]["step"] == 8 and best[1]["step"] == 4
+    assert [v for _, v in best[1]["extra"]["history"]["val_loss"]] == [3.0, 2.0]
+    key = "model/tok_embeddings.weight"
+    assert not np.array_equal(last[0][key], best[0][key])  # 4 steps apart
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["best"] == {"at": "step 4", "validation_loss": 2.0, "checkpoint": "best.safetensors"}
+    assert metrics["stopped_early_at"] == "step 8" and metrics["final_val_loss_nats"] == 2.2
+    model, _ = load_model_dir(str(out / "best.safetensors"), "auto")
+    for k, t in model.state_dict().items():
+        np.testing.assert_array_equal(t.to_host(), best[0][f"model/{k}"], err_msg=k)
+
+
+def test_dropout_is_a_setting_of_the_run_and_off_in_validation(corpus_dir, tmp_path, capsys, queue):
+    out = tmp_path / "lm"
+    base = ("--steps", "2", "--eval-every", "2", "--warmup", "0", "--samples", "0")
+    assert main(_args(corpus_dir, out, *base, "--dropout", "0.3")) == 0
+    _, meta = read_checkpoint(out / "checkpoint.safetensors")
+    assert meta["extra"]["args"]["dropout"] == 0.3
+    assert json.loads((out / "config.json").read_text())["attention_dropout"] == 0.3
+    plain = tmp_path / "plain"
+    assert main(_args(corpus_dir, plain, *base)) == 0
+    _, plain_meta = read_checkpoint(plain / "checkpoint.safetensors")
+    assert plain_meta["extra"]["args"]["dropout"] == 0.0
+    # same seed, same first batch and weights: only dropout makes the first training loss differ
+    assert meta["extra"]["history"]["loss"][0] != plain_meta["extra"]["history"]["loss"][0]
+    # a resumed run keeps it
+    capsys.readouterr()
+    assert main(["lm-train", "--resume", str(out), "--steps", "3", "--dropout", "0.1", "--no-progress"]) == 1
+    assert "--dropout 0.1 differs from the resumed run's 0.3" in capsys.readouterr().err
+    # validation runs without dropout, and gives the model back in training mode
+    config = dict(vocab_size=50, dim=16, n_layers=1, n_heads=2, max_seq_len=12)
+    dropped = GPT(queue, GPTConfig(**config, dropout=0.5, attn_dropout=0.5))
+    kept = GPT(queue, GPTConfig(**config))
+    kept.load_state_dict({k: t.to_host() for k, t in dropped.state_dict().items()})
+    windows = np.random.default_rng(1).integers(0, 50, (5, 13)).astype(np.int32)
+    assert lm.validation_loss(dropped, windows, 2) == lm.validation_loss(kept, windows, 2)
+    assert dropped.training
+
+
+def test_lm_train_writes_tensorboard_scalars(corpus_dir, tmp_path, capsys):
+    pytest.importorskip("tensorboardX", reason="not installed: pip install 'netcl[tensorboard]'")
+    reader = pytest.importorskip(
+        "tensorboard.backend.event_processing.event_accumulator",
+        reason="TensorBoard's event reader is not installed: pip install tensorboard",
+    )
+    out, logdir = tmp_path / "lm", tmp_path / "tb"
+    assert main(_args(corpus_dir, out, "--steps", "4", "--eval-every", "2", "--warmup", "1",
+                      "--samples", "0", "--tensorboard", str(logdir))) == 0
+    assert f"wrote {logdir}" in capsys.readouterr().out.splitlines()
+    acc = reader.EventAccumulator(str(logdir))
+    acc.Reload()
+    got = {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+    history = read_checkpoint(out / "checkpoint.safetensors")[1]["extra"]["history"]
+    assert [s for s, _ in got["train/loss"]] == [1, 2, 3, 4]
+    np.testing.assert_allclose([v for _, v in got["train/loss"]], history["loss"], rtol=1e-6)
+    assert [s for s, _ in got["validation/loss"]] == [2, 4]
+    np.testing.assert_allclose([v for _, v in got["validation/loss"]], [v for _, v in history["val_loss"]],
+                               rtol=1e-6)
+    assert [s for s, _ in got["train/learning_rate"]] == [2, 4]
+    assert all(v > 0 for _, v in got["train/tokens_per_second"])

@@ -1,0 +1,198 @@
+"""Winograd F(2x2, 3x3) through the GEMM (kernels/winograd.cl): the filter, input and output transforms,
+the forward pass, and the weight gradient run backwards (the backward-input pass is the flipped forward).
+CPUs take the transforms that walk whole tile rows, GPUs one work-item per tile."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from netcl import kernels
+from netcl.core.tensor import Tensor
+from netcl.ops import gemm as mm
+from netcl.ops.conv.geometry import ConvParams
+
+
+def _winograd_rows(device: Any) -> bool:
+    """CPUs take the Winograd transforms that walk a whole tile row per work-item (PoCL pays per
+    work-item and vectorises unit-stride loops); GPUs one work-item per tile (coalesced)."""
+    return device.capabilities.kind == "cpu"
+
+
+# GPUs: the tile transforms as a 1-D launch of work-groups of this many work-items (FLAT in winograd.cl);
+# 0: the (tiles, channels, images) grid with the driver's work-group.
+WINOGRAD_FLAT = 0
+
+
+def _tile_grid(tt: int, c: int, nb: int) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
+    """Global and local size of a GPU tile transform over tt tiles x c channels x nb images."""
+    if not WINOGRAD_FLAT:
+        return (tt, c, nb), None
+    total = tt * c * nb
+    return (-(-total // WINOGRAD_FLAT) * WINOGRAD_FLAT,), (WINOGRAD_FLAT,)
+
+
+def _winograd_program(x: Tensor, p: ConvParams, act: str | None = None) -> Any:
+    """winograd.cl for x's device and dtype; the CPU's row kernels take CH tiles at a time, CH the
+    largest of 8, 4, 2, 1 that divides the TW tiles of a row (kernels/winograd.cl)."""
+    if not _winograd_rows(x.device):
+        if WINOGRAD_FLAT:
+            return kernels.program(x.device, "winograd.cl", dtype=x.dtype, act=act, FLAT=None)
+        return kernels.program(x.device, "winograd.cl", dtype=x.dtype, act=act)
+    tw = math.ceil(p.OW / 2)
+    ch = next(c for c in (8, 4, 2, 1) if tw % c == 0)
+    return kernels.program(x.device, "winograd.cl", dtype=x.dtype, act=act, CH=ch)
+
+
+def winograd_transform_weight(w: Tensor, flip: bool = False) -> Tensor:
+    """U = G g G^T for every (k, c) filter of a contiguous (K, C, 3, 3) weight: (16, K, C), 16 K x C
+    matrices. flip=True transforms the filters rotated by 180 degrees into (16, C, K): the weight of the
+    backward-data convolution (grad_x = conv(grad_y, rotated and transposed w)) without materialising it."""
+    K, C = w.shape[0], w.shape[1]
+    u = Tensor.empty(w.queue, (16, C, K) if flip else (16, K, C), w.dtype)
+    prg = kernels.program(w.device, "winograd.cl", dtype=w.dtype)
+    if _winograd_rows(w.device):
+        prg.winograd_filter_rows_2x2_3x3(
+            w.queue,
+            (C if flip else K,),
+            None,
+            w=w.buffer,
+            w_off=np.int64(w.offset),
+            u=u.buffer,
+            K=np.int32(K),
+            C=np.int32(C),
+            flip=np.int32(flip),
+        )
+    else:
+        prg.winograd_filter_2x2_3x3(w.queue, (K * C,), None, w=w.buffer, w_off=np.int64(w.offset), u=u.buffer,
+                                    K=np.int32(K), C=np.int32(C), SE=np.int64(K * C),
+                                    SK=np.int64(1 if flip else C), SC=np.int64(K if flip else 1),
+                                    flip=np.int32(flip))
+    return u
+
+
+def _winograd_chunk(device: Any, p: ConvParams, itemsize: int, per_tile: int | None = None) -> int:
+    """Images per Winograd pass: what one 2x2 tile needs in transformed buffers (`per_tile` values;
+    default 16 x max(C, K): the transformed input, then the product) stays within a quarter of the
+    device's largest allocation (and 1 GiB)."""
+    tiles = math.ceil(p.OH / 2) * math.ceil(p.OW / 2)
+    per_image = (per_tile or 16 * max(p.C, p.K)) * tiles * itemsize
+    budget = min(device.capabilities.max_alloc // 4, 1 << 30)
+    return max(1, min(p.N, budget // max(per_image, 1)))
+
+
+def _winograd_input(prg: Any, x: Tensor, p: ConvParams, n0: int, nb: int) -> Tensor:
+    """V (16, C, nb*TT): B^T d B of every input tile of images n0..n0+nb-1."""
+    th, tw = math.ceil(p.OH / 2), math.ceil(p.OW / 2)
+    v = Tensor.empty(x.queue, (16, p.C, nb * th * tw), x.dtype)
+    args = dict(x=x.buffer, x_off=np.int64(x.offset), v=v.buffer, n0=np.int32(n0), NB=np.int32(nb),
+                C=np.int32(p.C), H=np.int32(p.H), W=np.int32(p.W), TW=np.int32(tw), TT=np.int32(th * tw),
+                PH=np.int32(p.PH), PW=np.int32(p.PW))
+    if _winograd_rows(x.device):
+        prg.winograd_input_rows_2x2_3x3(x.queue, (th, p.C, nb), None, TH=np.int32(th), **args)
+    else:
+        prg.winograd_input_2x2_3x3(x.queue, *_tile_grid(th * tw, p.C, nb), **args)
+    return v
+
+
+def _conv_winograd(
+    x: Tensor, u: Tensor, bias: Tensor | None, out: Tensor, p: ConvParams, act: str | None
+) -> None:
+    """Input transform -> 16 batched GEMMs U[e] (K x C) @ V[e] (C x tiles) -> output transform (bias and
+    activation there), over chunks of images; `u` is the transformed weight (winograd_transform_weight).
+    The GEMM is netcl's tuned one, so Winograd gains what it does on every device (2.25x fewer
+    multiply-adds) on top of it."""
+    prg = _winograd_program(x, p, act)
+    th, tw = math.ceil(p.OH / 2), math.ceil(p.OW / 2)
+    b = bias if bias is not None else out
+    chunk = _winograd_chunk(x.device, p, x.itemsize)
+    for n0 in range(0, p.N, chunk):
+        nb = min(chunk, p.N - n0)
+        v = _winograd_input(prg, x, p, n0, nb)
+        m = mm.matmul(u, v)
+        del v
+        args = dict(
+            m=m.buffer,
+            bias=b.buffer,
+            b_off=np.int64(b.offset),
+            has_bias=np.int32(bias is not None),
+            y=out.buffer,
+            y_off=np.int64(out.offset),
+            n0=np.int32(n0),
+            NB=np.int32(nb),
+            K=np.int32(p.K),
+            OH=np.int32(p.OH),
+            OW=np.int32(p.OW),
+            TW=np.int32(tw),
+            TT=np.int32(th * tw),
+        )
+        if _winograd_rows(x.device):
+            prg.winograd_output_rows_2x2_3x3(x.queue, (th, p.K, nb), None, TH=np.int32(th), **args)
+        else:
+            prg.winograd_output_2x2_3x3(x.queue, *_tile_grid(th * tw, p.K, nb), **args)
+
+
+WINOGRAD_SPLIT_WAVES = 2  # GPUs: weight-gradient slices until 16 x S x blocks >= this many x compute units
+WINOGRAD_SPLIT_MIN = 512  # ... each slice at least this many tiles long
+
+
+def _winograd_splits(device: Any, p: ConvParams, pt: int) -> int:
+    """K slices of the weight gradient's GEMMs dU[e] = Z[e] @ V[e]^T (K x C, inner length pt = tiles):
+    on GPUs enough slices that 16 x the output blocks (of the GEMM's tile for this shape) fill the device
+    WINOGRAD_SPLIT_WAVES times over, each slice at least WINOGRAD_SPLIT_MIN long and dividing pt; CPUs keep
+    one (16 x blocks already spread over the cores)."""
+    if device.capabilities.kind == "cpu":
+        return 1
+    bm, bn = mm.tiled_block(device, np.float32, p.K, p.C, pt, 16)
+    blocks = 16 * math.ceil(p.K / bm) * math.ceil(p.C / bn)
+    target = WINOGRAD_SPLIT_WAVES * device.capabilities.compute_units
+    best = 1
+    for s in (2, 4, 8, 16, 32, 64):
+        if blocks * best >= target or pt % s or pt // s < WINOGRAD_SPLIT_MIN:
+            break
+        best = s
+    return best
+
+
+def _backward_weight_winograd(x: Tensor, gy: Tensor, p: ConvParams) -> Tensor:
+    """dW of a 3x3, stride-1 convolution by Winograd F(2x2, 3x3) run backwards (kernels/winograd.cl):
+    V = B^T d B of the input tiles (as the forward), Z = A dY A^T of the output-gradient tiles, one
+    batched GEMM dU[s, e] = Z[e][:, slice s] @ V[e][:, slice s]^T over the 16 positions e (and S slices
+    of the tiles), then dW = G^T (sum over s of dU[s]) G. 2.25x fewer multiply-adds than im2col + GEMM,
+    and no im2col buffer. Image chunks accumulate through the GEMM's residual epilogue."""
+    prg = _winograd_program(x, p)
+    th, tw = math.ceil(p.OH / 2), math.ceil(p.OW / 2)
+    tt = th * tw
+    chunk = _winograd_chunk(x.device, p, x.itemsize, per_tile=16 * (p.C + p.K))
+    rows = _winograd_rows(x.device)
+    splits = _winograd_splits(x.device, p, tt * math.gcd(chunk, p.N % chunk or chunk))  # divides every chunk
+    du = None
+    for n0 in range(0, p.N, chunk):
+        nb = min(chunk, p.N - n0)
+        pt = nb * tt
+        v = _winograd_input(prg, x, p, n0, nb)                                  # (16, C, pt)
+        z = Tensor.empty(x.queue, (16, p.K, pt), x.dtype)
+        args = dict(gy=gy.buffer, gy_off=np.int64(gy.offset), z=z.buffer, n0=np.int32(n0), NB=np.int32(nb),
+                    K=np.int32(p.K), OH=np.int32(p.OH), OW=np.int32(p.OW), TW=np.int32(tw), TT=np.int32(tt))
+        if rows:
+            prg.winograd_grad_output_rows_2x2_3x3(x.queue, (th, p.K, nb), None, TH=np.int32(th), **args)
+        else:
+            prg.winograd_grad_output_2x2_3x3(x.queue, *_tile_grid(tt, p.K, nb), **args)
+        sl = pt // splits
+        zs = z._view((splits, 16, p.K, sl), (sl, p.K * pt, pt, 1), z.offset)      # (S, 16, K, sl)
+        vs = v._view((splits, 16, sl, p.C), (sl, p.C * pt, 1, pt), v.offset)      # (S, 16, sl, C)
+        du = mm.matmul_epilogue(zs, vs, residual=du)                               # (S, 16, K, C)
+        del v, z
+    gw = Tensor.empty(x.queue, (p.K, p.C, 3, 3), x.dtype)
+    args = dict(du=du.buffer, gw=gw.buffer, gw_off=np.int64(gw.offset), K=np.int32(p.K), C=np.int32(p.C),
+                S=np.int32(du.shape[0]))
+    if du.offset or not du.is_contiguous():
+        du = du.contiguous()
+        args["du"] = du.buffer
+    if rows:
+        prg.winograd_grad_filter_rows_2x2_3x3(x.queue, (p.K,), None, **args)
+    else:
+        prg.winograd_grad_filter_2x2_3x3(x.queue, (p.K * p.C,), None, **args)
+    return gw

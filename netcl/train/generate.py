@@ -1,0 +1,259 @@
+"""`netcl generate` and `netcl chat`: stream text from a GPT in a run or model directory (what `netcl
+lm-train` writes: config.json, model.safetensors, tokenizer.json, checkpoint.safetensors)."""
+
+from __future__ import annotations
+
+import argparse
+import codecs
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, TextIO
+
+from netcl.errors import NetclError
+from netcl.io import load_checkpoint
+from netcl.io.checkpoint import read_checkpoint
+from netcl.io.huggingface import WEIGHTS
+from netcl.models import GPT
+from netcl.text import BPETokenizer, ChatFormat
+from netcl.train import flags
+from netcl.train.corpus import END_OF_TEXT
+from netcl.train.runs import open_device
+
+TOKENIZER_FILE = "tokenizer.json"
+
+
+def _add_sampling(p: argparse.ArgumentParser, max_new: int) -> None:
+    p.add_argument("--max-new-tokens", type=flags.int_at_least(1), default=max_new,
+                   help=f"tokens to generate at most (default {max_new}; never past the context window)")
+    p.add_argument("--temperature", type=flags.number(0.0), default=0.8,
+                   help="sampling temperature (default 0.8; 0 = greedy)")
+    p.add_argument("--top-k", type=flags.int_at_least(1), default=None,
+                   help="sample among the k most likely tokens")
+    p.add_argument("--top-p", type=flags.number(0.0, 1.0, low_open=True), default=None,
+                   help="sample among the most likely tokens whose probabilities sum to p (0 < p <= 1)")
+    p.add_argument("--seed", type=flags.int_at_least(0), default=0, help="sampling seed (default 0)")
+
+
+def register(subparsers: Any) -> None:
+    gen = subparsers.add_parser(
+        "generate", help="stream text from a trained GPT (netcl lm-train's run directory)"
+    )
+    gen.add_argument("--checkpoint", required=True, metavar="PATH",
+                     help="a run or model directory, or its checkpoint.safetensors")
+    gen.add_argument("--prompt", default="", help="text to continue (default: the start of a new file); "
+                     "special-token text in it, such as <|endoftext|>, is that control token")
+    _add_sampling(gen, 200)
+    flags.add_device_argument(gen)
+    gen.set_defaults(func=run_generate)
+
+    chat = subparsers.add_parser("chat", help="multi-turn terminal chat with a GPT through a chat template")
+    chat.add_argument("--checkpoint", required=True, metavar="PATH",
+                      help="a run or model directory, or its checkpoint.safetensors")
+    chat.add_argument("--system", default=None, help="a system message that starts the dialog")
+    chat.add_argument("--template", choices=("chatml", "llama3", "plain"), default="chatml",
+                      help="chat template (default chatml; the tokenizer must have its special tokens)")
+    _add_sampling(chat, 128)
+    flags.add_device_argument(chat)
+    chat.set_defaults(func=run_chat)
+
+
+def stream_tokens(model: GPT, tokenizer: BPETokenizer, ids: list[int], max_new_tokens: int, *,
+                  temperature: float, top_k: int | None, top_p: float | None, seed: int,
+                  stop: Iterable[int] = ()) -> Iterable[str]:
+    """Text pieces as the model generates tokens after `ids`, decoded incrementally (a character split
+    across tokens comes out whole, with the token that completes it); stop tokens end it unprinted."""
+    stop = set(stop)
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    for token in model.generate(list(ids), max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                                seed=seed, stop_tokens=tuple(stop)):
+        token = int(token)
+        if token in stop:
+            break
+        piece = decoder.decode(tokenizer.decode_bytes([token]))
+        if piece:
+            yield piece
+    tail = decoder.decode(b"", final=True)
+    if tail:
+        yield tail
+
+
+def load_model_dir(directory: str, device: str, flag: str = "--checkpoint") -> tuple[GPT, BPETokenizer]:
+    """The GPT and tokenizer of a run or model directory (config.json, model.safetensors, tokenizer.json), or
+    of a .safetensors file in one: its weights (model.safetensors, a shard) or lm-train's
+    checkpoint.safetensors, whose own weights are then loaded. Errors name the command-line `flag`."""
+    path = Path(directory)
+    checkpoint = None
+    if path.is_file():
+        if path.suffix != ".safetensors":
+            raise NetclError(f"{flag} {path} is neither a directory nor a .safetensors file: give a run or "
+                             "model directory, or its checkpoint.safetensors")
+        if not (path.name == WEIGHTS or path.name.startswith("model-")):
+            checkpoint = path  # a training checkpoint: the model comes from the directory around it
+        path = path.parent
+    elif not path.is_dir():
+        raise NetclError(f"{flag} {path}: no such directory or file")
+    missing = [n for n in ("config.json", TOKENIZER_FILE) if not (path / n).is_file()]
+    if missing:
+        raise NetclError(f"{flag} {path} has no {' or '.join(missing)}: a model directory holds "
+                         "config.json, the weights and tokenizer.json (netcl lm-train writes them)")
+    if checkpoint is not None and read_checkpoint(checkpoint)[1].get("extra", {}).get("kind") != "lm":
+        raise NetclError(f"{flag} {checkpoint} is not a checkpoint of netcl lm-train; give the directory "
+                         f"{path} for its model.safetensors")
+    tokenizer = BPETokenizer.from_hf(path / TOKENIZER_FILE)
+    model = GPT.from_pretrained(path, open_device(device).queue)
+    if checkpoint is not None:
+        load_checkpoint(checkpoint, model, restore_rng=False)
+    model.eval()
+    return model, tokenizer
+
+
+def _context(model: GPT) -> int:
+    return int(model.config.max_seq_len)
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    model, tokenizer = load_model_dir(args.checkpoint, args.device)
+    eot = tokenizer.special_tokens.get(END_OF_TEXT)
+    # the prompt is the model's raw input: special-token text in it (<|endoftext|>, a hand-written
+    # <|im_start|>) is the control token, as the model saw it in training, not an error
+    ids = tokenizer.encode(args.prompt, allowed_special="all") if args.prompt else ([eot] if eot is not None
+                                                                                   else [])
+    if not ids:
+        raise NetclError(
+            "--prompt is empty and the tokenizer has no <|endoftext|> token to start from; give a prompt"
+        )
+    context = _context(model)
+    if len(ids) >= context:
+        raise NetclError(
+            f"--prompt is {len(ids)} tokens; the model's context window is {context}: shorten it"
+        )
+    budget = min(args.max_new_tokens, context - len(ids))
+    if budget < args.max_new_tokens:
+        print(
+            f"netcl: generating {budget} tokens, not "
+            f"{args.max_new_tokens}: the prompt ({len(ids)} tokens) and "
+            f"the reply share the context window of {context}",
+            file=sys.stderr,
+        )
+    out: TextIO = sys.stdout
+    out.write(args.prompt)
+    out.flush()
+    try:
+        for piece in stream_tokens(
+            model,
+            tokenizer,
+            ids,
+            budget,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            top_p=args.top_p,
+            seed=args.seed,
+            stop=[eot] if eot is not None else [],
+        ):
+            out.write(piece)
+            out.flush()
+    except KeyboardInterrupt:  # Ctrl-C ends the text where it is
+        out.write("\n")
+        return 130
+    out.write("\n")
+    return 0
+
+
+def fit_dialog(chat: ChatFormat, messages: list[dict[str, str]], budget: int) -> tuple[list[int], int]:
+    """The prompt ids of `messages` plus the assistant header, made to fit `budget` tokens by dropping the
+    oldest turns (a system message stays); returns (ids, number of messages dropped). When the last user
+    message alone is too long, its beginning is cut (the ids keep their last `budget` tokens)."""
+    system = messages[:1] if messages and messages[0]["role"] == "system" else []
+    turns = messages[len(system):]
+    dropped = 0
+    while True:
+        ids, _ = chat.encode_dialog(system + turns, add_generation_prompt=True)
+        if len(ids) <= budget or len(turns) <= 1:
+            break
+        turns = turns[1:]
+        dropped += 1
+        while turns and turns[0]["role"] != "user":  # a dialog restarts with the user
+            turns = turns[1:]
+            dropped += 1
+    messages[:] = system + turns
+    return (ids if len(ids) <= budget else ids[-budget:]), dropped
+
+
+def run_chat(args: argparse.Namespace) -> int:
+    model, tokenizer = load_model_dir(args.checkpoint, args.device)
+    try:
+        chat = ChatFormat(tokenizer, args.template)
+    except ValueError as exc:
+        raise NetclError(f"--template {args.template}: {exc}") from None
+    end_of_turn = tokenizer.special_id(chat.template.end_of_turn)
+    stop = {end_of_turn}
+    if END_OF_TEXT in tokenizer.special_tokens:
+        stop.add(tokenizer.special_id(END_OF_TEXT))
+    context = _context(model)
+    system = [{"role": "system", "content": args.system}] if args.system else []
+    if system:  # the dialog keeps the system message: one that fills the window would be cut silently
+        n = len(chat.encode_dialog([*system, {"role": "user", "content": ""}], add_generation_prompt=True)[0])
+        room = context - min(args.max_new_tokens, context // 2)
+        if n > room:
+            print(f"netcl: --system is {n} tokens with the turn headers; the context window of {context} "
+                  f"tokens leaves {room} for the dialog (the rest is the reply's), so every prompt loses the "
+                  "start of the system message: shorten it", file=sys.stderr)
+    interactive = sys.stdin.isatty()
+    print(f"netcl chat: {args.checkpoint} ({model.num_parameters():,} parameters, context {context} tokens, "
+          f"{chat.template.name} template). /reset clears the history, /exit (or end of input) leaves.")
+    try:
+        return _chat_loop(args, model, tokenizer, chat, stop, system, interactive)
+    except KeyboardInterrupt:  # Ctrl-C leaves, as /exit does
+        print()
+        return 130
+
+
+def _chat_loop(
+    args: argparse.Namespace,
+    model: GPT,
+    tokenizer: BPETokenizer,
+    chat: ChatFormat,
+    stop: set[int],
+    system: list[dict[str, str]],
+    interactive: bool,
+) -> int:
+    """Read a line, answer it (streamed), until /exit or the end of input."""
+    context = _context(model)
+    reply_room = min(args.max_new_tokens, context // 2)
+    messages = list(system)
+    turn = 0
+    while True:
+        if interactive:
+            print("you> ", end="", flush=True)
+        line = sys.stdin.readline()
+        if not line:  # end of input
+            if interactive:
+                print()
+            return 0
+        text = line.rstrip("\n")
+        if text.strip() == "/exit":
+            return 0
+        if text.strip() == "/reset":
+            messages = list(system)
+            print("(history cleared)")
+            continue
+        if not text.strip():
+            continue
+        if not interactive:
+            print(f"you> {text}")
+        messages.append({"role": "user", "content": text})
+        ids, dropped = fit_dialog(chat, messages, context - reply_room)
+        if dropped:
+            print(f"(dropped the {dropped} oldest message(s) to fit the context window of {context} tokens)",
+                  file=sys.stderr)
+        print("assistant> ", end="", flush=True)
+        reply = []
+        for piece in stream_tokens(model, tokenizer, ids, min(args.max_new_tokens, context - len(ids)),
+                                   temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                                   seed=args.seed + turn, stop=stop):
+            reply.append(piece)
+            print(piece, end="", flush=True)
+        print()
+        messages.append({"role": "assistant", "content": "".join(reply)})
+        turn += 1
