@@ -36,6 +36,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import netcl  # noqa: E402
+from netcl.core import dtypes  # noqa: E402
 from netcl.core.backend import enqueue_copy  # noqa: E402
 from netcl.core.device import manager  # noqa: E402
 from netcl.core.tensor import Tensor  # noqa: E402
@@ -88,7 +89,9 @@ def run_torch(case: Case, arrays: dict, gpu: bool, repeat: int) -> dict:
         raise RuntimeError("torch sees no CUDA device")
     sync = torch.cuda.synchronize if gpu else (lambda: None)
     F = torch.nn.functional
-    tq, tk, tv, tg = (torch.from_numpy(arrays[n]).to(tdev) for n in ("q", "k", "v", "g"))
+    tdt = {"float16": torch.float16, "bfloat16": torch.bfloat16}.get(arrays["q"].dtype.name, torch.float32)
+    tq, tk, tv, tg = (torch.from_numpy(arrays[n].astype(np.float32)).to(tdev, tdt)
+                      for n in ("q", "k", "v", "g"))
     res: dict = {"impl": f"torch {torch.__version__} sdpa", "device": tdev}
     # torch's is_causal is top-left aligned: one query row against a cache must attend everything
     causal = case.causal and not case.decode
@@ -103,12 +106,12 @@ def run_torch(case: Case, arrays: dict, gpu: bool, repeat: int) -> dict:
         s = time_callable(fn, sync, repeat, 2)
         out = F.scaled_dot_product_attention(tq, tk, tv, is_causal=causal)
         grads = torch.autograd.grad(out, (tq, tk, tv), tg)
-        res["results"] = [out.detach().cpu().numpy()] + [g.cpu().numpy() for g in grads]
+        res["results"] = [out.detach().float().cpu().numpy()] + [g.float().cpu().numpy() for g in grads]
     else:
         with torch.no_grad():
             fn = lambda: F.scaled_dot_product_attention(tq, tk, tv, is_causal=causal)  # noqa: E731
             s = time_callable(fn, sync, repeat, 2)
-            res["results"] = [fn().cpu().numpy()]
+            res["results"] = [fn().float().cpu().numpy()]
     res["seconds"] = s
     if not gpu:
         res["note"] = f"{torch.get_num_threads()} threads"
@@ -269,6 +272,9 @@ def main() -> int:
     ap.add_argument("--no-table", action="store_true", help="skip the table (e.g. only --sweep)")
     ap.add_argument("--variant", choices=["cpu", "gpu"], help="force netcl's kernel variant")
     ap.add_argument("--repeat", type=int, default=None)
+    ap.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="float32",
+                    help="the inputs' dtype (torch sdpa in the same; float16/bfloat16 take netcl's "
+                    "matrix-unit forward where the device has matrix units)")
     ap.add_argument("--skip", default="", help="comma list of peers to skip: torch")
     ap.add_argument("--out", default="bench/results/attention.json")
     args = ap.parse_args()
@@ -282,6 +288,7 @@ def main() -> int:
         attn.variant_override = args.variant
     dev = manager.get(args.device or ("gpu" if args.gpu else "auto"))
     rng = np.random.default_rng(0)
+    dtype = np.dtype(dtypes.bfloat16 if args.dtype == "bfloat16" else args.dtype)
 
     cases = []
     for causal in ([True] if args.causal_only else [False, True]):
@@ -294,7 +301,7 @@ def main() -> int:
     if args.no_table:
         cases = []
     copy_bw = copy_bandwidth(dev.queue, 256 << 20 if args.gpu else 64 << 20, 5)
-    print(f"netcl device: {dev.device_name}; copy bandwidth {copy_bw / 1e9:.1f} GB/s; float32; "
+    print(f"netcl device: {dev.device_name}; copy bandwidth {copy_bw / 1e9:.1f} GB/s; {args.dtype}; "
           f"repeats {repeat} (median after warm-up)")
     if (attn.variant_override or ("cpu" if dev.capabilities.kind == "cpu" else "gpu")) == "gpu":
         native = attn.GPU_NATIVE_EXP if attn.GPU_NATIVE_EXP is not None else attn._nvidia(dev)
@@ -309,10 +316,10 @@ def main() -> int:
     rows = []
     for case in cases:
         arrays = {
-            "q": rng.standard_normal((case.B, case.H, case.SQ, case.D)).astype(np.float32),
-            "k": rng.standard_normal((case.B, case.H, case.SK, case.D)).astype(np.float32),
-            "v": rng.standard_normal((case.B, case.H, case.SK, case.D)).astype(np.float32),
-            "g": rng.standard_normal((case.B, case.H, case.SQ, case.D)).astype(np.float32),
+            "q": rng.standard_normal((case.B, case.H, case.SQ, case.D)).astype(dtype),
+            "k": rng.standard_normal((case.B, case.H, case.SK, case.D)).astype(dtype),
+            "v": rng.standard_normal((case.B, case.H, case.SK, case.D)).astype(dtype),
+            "g": rng.standard_normal((case.B, case.H, case.SQ, case.D)).astype(dtype),
         }
         results = []
         if "torch" not in skip:

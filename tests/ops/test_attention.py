@@ -715,8 +715,9 @@ MMA_TOL = {np.dtype(np.float16): dict(rtol=2e-2, atol=4e-3), BF16: dict(rtol=4e-
 
 
 @pytest.fixture
-def mma_emulated(monkeypatch):
-    monkeypatch.setattr(attn, "MMA_EMULATE", True)
+def mma_emulated(queue, monkeypatch):
+    """The real kernel where the device has matrix units (the H200's device tests), else its emulation."""
+    monkeypatch.setattr(attn, "MMA_EMULATE", not attn.matrix_units(queue.device))
 
 
 # (dtype, B, HQ, HKV, SQ, SK, D, options): few define sets (each an emulated build on PoCL): float16 at head
