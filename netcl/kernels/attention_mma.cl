@@ -235,3 +235,262 @@ void attention_forward_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARGS, LEN_AR
         if (t == 0) lse[row0 + rloc[r]] = l[r] > 0.0f ? m[r] + log(l[r]) : -INFINITY;
     }
 }
+
+// ---- the backward: two passes, no atomics (the same bits on every run) ------------------------------
+// attention_backward_dq_mma: global (ceil(SQ / BM) * THREADS, HQ, B). delta = rowsum(dO * out) of the
+//   work-group's BM query rows (written: the dk/dv pass reads it); then, when do_dq, q's and dO's fragments
+//   in registers and per key tile (k and v in local memory): s = q k^T and dp = dO v^T, p = exp(s - lse),
+//   ds = p (z dp - delta) rounded to T as the A operand of dq += ds k (k's fragments by ldmatrix.trans);
+//   dq = scale dq stored in T.
+// attention_backward_dkdv_mma: global (ceil(SK / BN) * THREADS, HKV, B). Warp w keeps keys j0 + 16 w .. + 15
+//   of one kv head (k's and v's fragments in registers) and walks the query tiles of BQ rows of the GROUP
+//   heads that can see them (q, dO tiles, lse, delta in local memory): s^T = k q^T and dp^T = v dO^T, p^T and
+//   ds^T as above, dv += (p z)^T dO and dk += ds^T q (q's and dO's fragments by ldmatrix.trans); dk = scale
+//   dk and dv stored in T. Local memory: 2 * BQ * (HEAD_DIM + 8) 16-bit values and 2 * BQ floats.
+#ifndef BQ
+#define BQ 32
+#endif
+#if (BQ % 16) || BQ > BN
+#error "attention_mma.cl: BQ a multiple of 16, at most BN"
+#endif
+#define QB (BQ / 8)
+
+// B operands of the backward's products, from rows of a local tile `tile` (addressing as Q_ROWS etc.):
+// rows (the n side) at jb * 8 .. + 15, k step kk along the head dim; rows kk * 16 .. + 15 (the k side) at
+// columns db * 8 .. + 15, transposed
+#define NT_ROWS(tile, L) ((tile) + (jb * 8 + ((L) >> 4) * 8 + ((L) & 7)) * DPAD + kk * 16 + (((L) >> 3) & 1) * 8)
+#define KN_ROWS(tile, L) ((tile) + (kk * 16 + (((L) >> 3) & 1) * 8 + ((L) & 7)) * DPAD + (db + ((L) >> 4)) * 8)
+#define WARP_ROWS(tile, L) ((tile) + (warp * 16 + ((L) & 15)) * DPAD + kk * 16 + ((L) >> 4) * 8)
+#define KS_NT(L) NT_ROWS(ks, L)
+#define VS_NT(L) NT_ROWS(vs, L)
+#define KS_KN(L) KN_ROWS(ks, L)
+#define QS_NT(L) NT_ROWS(qs, L)
+#define GS_NT(L) NT_ROWS(gs, L)
+#define QS_KN(L) KN_ROWS(qs, L)
+#define GS_KN(L) KN_ROWS(gs, L)
+#define KS_WARP(L) WARP_ROWS(ks, L)
+#define VS_WARP(L) WARP_ROWS(vs, L)
+#define QS_WARP(L) WARP_ROWS(qs, L)
+#define GS_WARP(L) WARP_ROWS(gs, L)
+
+// acc[NBLK][4] += A (16 x DK k steps, fragments a[DK][4]) times the rows of a local tile seen as B ("col":
+// its rows are the n side), ROWS(L) the ldmatrix addresses of (jb, kk)
+#define MMA_NT(acc, a, NBLK, ROWS)                                                                      \
+    MMA_UNROLL                                                                                          \
+    for (int kk = 0; kk < DK; ++kk)                                                                     \
+        MMA_UNROLL                                                                                      \
+        for (int jb = 0; jb < (NBLK); jb += 2) {                                                        \
+            uint r_[4];                                                                                 \
+            LDSM(r_, ROWS, false);                                                                      \
+            const uint b0_[2] = {r_[0], r_[1]}, b1_[2] = {r_[2], r_[3]};                                \
+            MMA(acc[jb], a[kk], b0_, acc[jb]);                                                          \
+            MMA(acc[jb + 1], a[kk], b1_, acc[jb + 1]);                                                  \
+        }
+// acc[DB][4] += A (16 x KSTEPS * 16, fragments a[KSTEPS][4]) times a local tile's rows kk * 16 .. (k side)
+#define MMA_KN(acc, a, KSTEPS, ROWS)                                                                    \
+    MMA_UNROLL                                                                                          \
+    for (int kk = 0; kk < (KSTEPS); ++kk)                                                               \
+        MMA_UNROLL                                                                                      \
+        for (int db = 0; db < DB; db += 2) {                                                            \
+            uint r_[4];                                                                                 \
+            LDSM(r_, ROWS, true);                                                                       \
+            const uint b0_[2] = {r_[0], r_[1]}, b1_[2] = {r_[2], r_[3]};                                \
+            MMA(acc[db], a[kk], b0_, acc[db]);                                                          \
+            MMA(acc[db + 1], a[kk], b1_, acc[db + 1]);                                                  \
+        }
+
+// out_rows[c][db] (c < 2: rows g, g + 8 of the warp) = acc * mul, stored in T at row `row` of `base`
+inline void store_rows2(__global T *base, const long row, const float acc[DB][4], const int r, const float mul,
+                        const int t) {
+    __global uint *dst = (__global uint *)(base + row * HEAD_DIM);
+    #pragma unroll
+    for (int db = 0; db < DB; ++db) dst[db * 4 + t] = pack2(acc[db][2 * r] * mul, acc[db][2 * r + 1] * mul);
+}
+
+__kernel __attribute__((reqd_work_group_size(THREADS, 1, 1)))
+void attention_backward_dq_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(grad_out), KV_ARGS(out), MASK_ARGS,
+                               LEN_ARGS, __global const ACC *lse, __global ACC *delta, __global T *dq,
+                               const int do_dq, const int HQ, const int GROUP, const int SQ, const int SK,
+                               const int causal, const ACC scale, DROP_ARGS)
+{
+    __local uint4 ks4[BN * DPAD / 8], vs4[BN * DPAD / 8];
+    __local ushort *const ks = (__local ushort *)ks4, *const vs = (__local ushort *)vs4;
+    __local float rowv[2 * BM];   // lse, then delta of the tile's rows
+#ifdef MMA_EMULATE
+    __local float scratch_a[WARPS * 16 * KSTEP], scratch_b[WARPS * KSTEP * 8], shx[THREADS];
+#endif
+    const int tid = get_local_id(0), lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int i0 = get_group_id(0) * BM, h = get_global_id(1), b = get_global_id(2);
+    if (i0 >= SQ) return;
+    const long row0 = ((long)b * HQ + h) * SQ + i0;
+    __global const T *const grow = grad_out + grad_out_off + b * grad_out_sb + h * grad_out_sh;
+    __global const T *const orow = out + out_off + b * out_sb + h * out_sh;
+    for (int r = tid; r < BM; r += THREADS) {
+        float d = 0.0f;
+        if (i0 + r < SQ) {
+            for (int e = 0; e < HEAD_DIM; ++e)
+                d += LOAD_T(grow, (i0 + r) * grad_out_ss + e) * LOAD_T(orow, (i0 + r) * out_ss + e);
+            delta[row0 + r] = d;
+        }
+        rowv[r] = i0 + r < SQ ? lse[row0 + r] : INFINITY;
+        rowv[BM + r] = d;
+    }
+    if (!do_dq) return;
+    const int hk = h / GROUP;
+    const int L = valid_keys(kv_len, kv_len_off, has_kv_len, kv_len_stride, b, SK);
+    const int jend = key_end(causal, min(i0 + BM, SQ) - 1, L, SQ);
+    __global const ushort *const kb = (__global const ushort *)(k + k_off + b * k_sb + hk * k_sh);
+    __global const ushort *const vb = (__global const ushort *)(v + v_off + b * v_sb + hk * v_sh);
+    const long mbase = mask_off + b * mask_sb + h * mask_sh;
+    const int rloc[2] = {warp * 16 + g, warp * 16 + g + 8};
+    const int irow[2] = {min(i0 + rloc[0], SQ - 1), min(i0 + rloc[1], SQ - 1)};
+
+    load_tile(ks, (__global const ushort *)(q + q_off + b * q_sb + h * q_sh), q_ss, i0, BM, SQ, tid);
+    load_tile(vs, (__global const ushort *)grow, grad_out_ss, i0, BM, SQ, tid);
+    barrier(CLK_LOCAL_MEM_FENCE);
+    uint qa[DK][4], ga[DK][4];
+    MMA_UNROLL
+    for (int kk = 0; kk < DK; ++kk) {
+        LDSM(qa[kk], KS_WARP, false);
+        LDSM(ga[kk], VS_WARP, false);
+    }
+    const float lse_r[2] = {rowv[rloc[0]], rowv[rloc[1]]}, delta_r[2] = {rowv[BM + rloc[0]], rowv[BM + rloc[1]]};
+    float dqa[DB][4];
+    #pragma unroll
+    for (int db = 0; db < DB; ++db) dqa[db][0] = dqa[db][1] = dqa[db][2] = dqa[db][3] = 0.0f;
+
+    for (int j0 = 0; j0 < jend; j0 += BN) {
+        barrier(CLK_LOCAL_MEM_FENCE);
+        load_tile(ks, kb, k_ss, j0, BN, jend, tid);
+        load_tile(vs, vb, v_ss, j0, BN, jend, tid);
+        barrier(CLK_LOCAL_MEM_FENCE);
+        float s[NB][4], dp[NB][4];
+        #pragma unroll
+        for (int jb = 0; jb < NB; ++jb)
+            #pragma unroll
+            for (int e = 0; e < 4; ++e) s[jb][e] = dp[jb][e] = 0.0f;
+        MMA_NT(s, qa, NB, KS_NT);
+        MMA_NT(dp, ga, NB, VS_NT);
+        const bool open_tile = MASK == MASK_NONE && j0 + BN <= L && (!causal || j0 + BN - 1 <= i0 + L - SQ);
+        uint da[BN / 16][4];
+        #pragma unroll
+        for (int jb = 0; jb < NB; ++jb) {
+            float ds[4];
+            #pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int r = e >> 1, j = j0 + jb * 8 + 2 * t + (e & 1);
+                float x = s[jb][e] * scale;
+                if (!open_tile)
+                    x = masked_score(x, irow[r], j, L, SQ, causal, mask, mbase + irow[r] * mask_si + j * mask_sj);
+                const float p = x == -INFINITY ? 0.0f : EXPF(x - lse_r[r]);
+                float z = 1.0f;
+                if (drop_threshold && p != 0.0f)
+                    z = dropout_one(counter0, row0 + rloc[r], j, seed_lo, seed_hi, drop_threshold, drop_scale);
+                ds[e] = p * (z * dp[jb][e] - delta_r[r]);
+            }
+            da[jb >> 1][(jb & 1) * 2] = pack2(ds[0], ds[1]);
+            da[jb >> 1][(jb & 1) * 2 + 1] = pack2(ds[2], ds[3]);
+        }
+        MMA_KN(dqa, da, BN / 16, KS_KN);
+    }
+    #pragma unroll
+    for (int r = 0; r < 2; ++r)
+        if (i0 + rloc[r] < SQ) store_rows2(dq, row0 + rloc[r], dqa, r, scale, t);
+}
+
+__kernel __attribute__((reqd_work_group_size(THREADS, 1, 1)))
+void attention_backward_dkdv_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(grad_out), KV_ARGS(out), MASK_ARGS,
+                                 LEN_ARGS, __global const ACC *lse, __global const ACC *delta, __global T *dk,
+                                 __global T *dv, const int HQ, const int GROUP, const int SQ, const int SK,
+                                 const int causal, const ACC scale, DROP_ARGS)
+{
+    __local uint4 qs4[BN * DPAD / 8], gs4[BN * DPAD / 8];   // (the k and v tiles first, then q and dO tiles)
+    __local ushort *const qs = (__local ushort *)qs4, *const gs = (__local ushort *)gs4;
+    __local float rowv[2 * BQ];   // lse, then delta of the query tile's rows
+#ifdef MMA_EMULATE
+    __local float scratch_a[WARPS * 16 * KSTEP], scratch_b[WARPS * KSTEP * 8], shx[THREADS];
+#endif
+    const int tid = get_local_id(0), lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int j0 = get_group_id(0) * BN, hk = get_global_id(1), b = get_global_id(2);
+    if (j0 >= SK) return;
+    const int L = valid_keys(kv_len, kv_len_off, has_kv_len, kv_len_stride, b, SK);
+    const int HKV = HQ / GROUP;
+    const long kvrow0 = ((long)b * HKV + hk) * SK + j0;
+    const int jloc[2] = {warp * 16 + g, warp * 16 + g + 8};
+
+    load_tile(qs, (__global const ushort *)(k + k_off + b * k_sb + hk * k_sh), k_ss, j0, BN, SK, tid);
+    load_tile(gs, (__global const ushort *)(v + v_off + b * v_sb + hk * v_sh), v_ss, j0, BN, SK, tid);
+    barrier(CLK_LOCAL_MEM_FENCE);
+    uint ka[DK][4], va[DK][4];
+    MMA_UNROLL
+    for (int kk = 0; kk < DK; ++kk) {
+        LDSM(ka[kk], QS_WARP, false);
+        LDSM(va[kk], GS_WARP, false);
+    }
+    float dka[DB][4], dva[DB][4];
+    #pragma unroll
+    for (int db = 0; db < DB; ++db)
+        #pragma unroll
+        for (int e = 0; e < 4; ++e) dka[db][e] = dva[db][e] = 0.0f;
+
+    // the first query row that may see key j0 (causal: bottom-right aligned), rounded down to a tile
+    const int istart = causal ? max(0, j0 - L + SQ) / BQ * BQ : 0;
+    const int qend = j0 < L ? SQ : 0;   // keys at or past L are seen by no query
+    for (int gi = 0; gi < GROUP; ++gi) {
+        const int h = hk * GROUP + gi;
+        const long mbase = mask_off + b * mask_sb + h * mask_sh;
+        __global const ushort *const qb = (__global const ushort *)(q + q_off + b * q_sb + h * q_sh);
+        __global const ushort *const gb =
+            (__global const ushort *)(grad_out + grad_out_off + b * grad_out_sb + h * grad_out_sh);
+        const long hrow0 = ((long)b * HQ + h) * SQ;
+        for (int i0 = istart; i0 < qend; i0 += BQ) {
+            barrier(CLK_LOCAL_MEM_FENCE);
+            load_tile(qs, qb, q_ss, i0, BQ, SQ, tid);
+            load_tile(gs, gb, grad_out_ss, i0, BQ, SQ, tid);
+            for (int r = tid; r < BQ; r += THREADS) {
+                const bool in = i0 + r < SQ;
+                rowv[r] = in ? lse[hrow0 + i0 + r] : INFINITY;   // rows past SQ: p = 0
+                rowv[BQ + r] = in ? delta[hrow0 + i0 + r] : 0.0f;
+            }
+            barrier(CLK_LOCAL_MEM_FENCE);
+            float st[QB][4], dpt[QB][4];
+            #pragma unroll
+            for (int jb = 0; jb < QB; ++jb)
+                #pragma unroll
+                for (int e = 0; e < 4; ++e) st[jb][e] = dpt[jb][e] = 0.0f;
+            MMA_NT(st, ka, QB, QS_NT);
+            MMA_NT(dpt, va, QB, GS_NT);
+            const bool open_tile = MASK == MASK_NONE && j0 + BN <= L && (!causal || j0 + BN - 1 <= i0 + L - SQ);
+            uint pa[BQ / 16][4], da[BQ / 16][4];
+            #pragma unroll
+            for (int jb = 0; jb < QB; ++jb) {
+                float pz[4], ds[4];
+                #pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int r = e >> 1, j = j0 + jloc[r], c = jb * 8 + 2 * t + (e & 1), i = min(i0 + c, SQ - 1);
+                    float x = st[jb][e] * scale;
+                    if (!open_tile)
+                        x = masked_score(x, i, j, L, SQ, causal, mask, mbase + i * mask_si + j * mask_sj);
+                    const float p = x == -INFINITY ? 0.0f : EXPF(x - rowv[c]);
+                    float z = 1.0f;
+                    if (drop_threshold && p != 0.0f)
+                        z = dropout_one(counter0, hrow0 + i0 + c, j, seed_lo, seed_hi, drop_threshold, drop_scale);
+                    pz[e] = p * z;
+                    ds[e] = p * (z * dpt[jb][e] - rowv[BQ + c]);
+                }
+                pa[jb >> 1][(jb & 1) * 2] = pack2(pz[0], pz[1]);
+                pa[jb >> 1][(jb & 1) * 2 + 1] = pack2(pz[2], pz[3]);
+                da[jb >> 1][(jb & 1) * 2] = pack2(ds[0], ds[1]);
+                da[jb >> 1][(jb & 1) * 2 + 1] = pack2(ds[2], ds[3]);
+            }
+            MMA_KN(dva, pa, BQ / 16, GS_KN);
+            MMA_KN(dka, da, BQ / 16, QS_KN);
+        }
+    }
+    #pragma unroll
+    for (int r = 0; r < 2; ++r)
+        if (j0 + jloc[r] < SK) {
+            store_rows2(dk, kvrow0 + jloc[r], dka, r, scale, t);
+            store_rows2(dv, kvrow0 + jloc[r], dva, r, 1.0f, t);
+        }
+}

@@ -130,7 +130,10 @@ GPU_ROW_SHFL: bool | None = None
 # emulation of mma, ldmatrix and the shuffles, on any device.
 GPU_MMA: bool | None = None
 MMA_EMULATE = False
-MMA_TILES = {"BM": 64, "BN": 64}
+MMA_TILES = {"BM": 64, "BN": 64, "BQ": 32}
+# The matrix-unit backward (dq pass, then dk/dv: no atomics) keeps k's and v's fragments and dk, dv in
+# registers: up to head dim 64 (larger ones take attention_gpu.cl's kernels).
+MMA_BACKWARD_MAX_HEAD_DIM = 64
 
 
 def _row_shfl(device: Any) -> bool:
@@ -456,16 +459,20 @@ class _Problem:
         MMA_EMULATE)."""
         if self.dtype not in (dtypes.float16, dtypes.bfloat16) or self.D % 16 or self.D > 128:
             return False
-        if not all(t.offset % 8 == 0 and all(st % 8 == 0 for st, n in zip(t.strides[:3], t.shape[:3])
-                                             if n > 1) for t in (self.q, self.k, self.v)):
+        if not _rows_16_bytes(self.q, self.k, self.v):
             return False
         if MMA_EMULATE:
             return True
         use = GPU_MMA if GPU_MMA is not None else bool(matrix_units(self.device))
         return use and self.variant() == "gpu"
 
-    def launch_mma_forward(self, out: Tensor, lse: Tensor, args: dict[str, Any]) -> Any:
-        """attention_forward_mma into out and lse (see mma_forward); returns the kernel."""
+    def mma_backward(self, grad_out: Tensor) -> bool:
+        """Whether the backward runs attention_mma.cl's two passes: the forward's conditions, a head dim up to
+        MMA_BACKWARD_MAX_HEAD_DIM, and grad_out's rows on 16-byte boundaries too."""
+        return self.D <= MMA_BACKWARD_MAX_HEAD_DIM and self.mma_forward() and _rows_16_bytes(grad_out)
+
+    def launch_mma(self, kernel: str, **args: Any) -> Any:
+        """attention_mma.cl's `kernel` ("forward", "dq", "dkdv"; see mma_forward); returns the kernel."""
         defines: dict[str, Any] = {"HEAD_DIM": self.D, "MASK": self.mask_kind, **MMA_TILES}
         if MMA_EMULATE:
             defines["MMA_EMULATE"] = None
@@ -474,9 +481,11 @@ class _Problem:
         prg = kernels.program(self.device, "attention_mma.cl", dtype=self.dtype, options=("-cl-mad-enable",),
                               **defines)
         threads = MMA_TILES["BM"] // 16 * 32
-        k = prg.attention_forward_mma
-        k(self.queue, (-(-self.SQ // MMA_TILES["BM"]) * threads, self.HQ, self.B), (threads, 1, 1),
-          out=out.buffer, lse=lse.buffer, **args)
+        rows, per_group, heads = ((self.SK, MMA_TILES["BN"], self.HKV) if kernel == "dkdv"
+                                  else (self.SQ, MMA_TILES["BM"], self.HQ))
+        k = getattr(prg, {"forward": "attention_forward_mma", "dq": "attention_backward_dq_mma",
+                          "dkdv": "attention_backward_dkdv_mma"}[kernel])
+        k(self.queue, (-(-rows // per_group) * threads, heads, self.B), (threads, 1, 1), **args)
         return k
 
     def fused_backward(self) -> bool:
@@ -621,6 +630,12 @@ def _rows_aligned(*ts: Tensor) -> bool:
                                          if n > 1) for t in ts)
 
 
+def _rows_16_bytes(*ts: Tensor) -> bool:
+    """Every row of every (B, H, S, D) 16-bit tensor starts on a 16-byte boundary (8 elements)."""
+    return all(t.offset % 8 == 0 and all(st % 8 == 0 for st, n in zip(t.strides[:3], t.shape[:3]) if n > 1)
+               for t in ts)
+
+
 def _rows_contiguous(t: Tensor) -> Tensor:
     """t itself when its last axis is contiguous (read in place), else a contiguous copy."""
     if t.shape[-1] == 1 or t.strides[-1] == 1:
@@ -688,7 +703,7 @@ def flash_attention_forward(
     if decode is not None:
         kernel = pr.launch_decode(decode, out, lse, pr.common_args(draw))
     elif pr.mma_forward():
-        kernel = pr.launch_mma_forward(out, lse, pr.common_args(draw))
+        kernel = pr.launch_mma("forward", out=out.buffer, lse=lse.buffer, **pr.common_args(draw))
     else:
         kernel = pr.launch("forward", out=out.buffer, lse=lse.buffer, **pr.common_args(draw))
     if draw is not None:
@@ -758,6 +773,17 @@ def flash_attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: 
     args.update(_row_args("grad_out", g))
     args.update(_row_args("out", out))
     args.update(lse=lse.buffer, delta=delta.buffer)
+    if pr.mma_backward(g):
+        # the matrix units' two passes: dq (and delta), then dk and dv; no atomics, the same bits each run
+        kernel = pr.launch_mma("dq", dq=(dq if dq is not None else delta).buffer,
+                               do_dq=np.int32(dq is not None), **args)
+        if draw is not None:
+            _refresh_dropout_on_replay(draw, kernel, draws=False)
+        if dk is not None:
+            kernel = pr.launch_mma("dkdv", dk=dk.buffer, dv=dv.buffer, **args)
+            if draw is not None:
+                _refresh_dropout_on_replay(draw, kernel, draws=False)
+        return dq, dk, dv
     fused = dq is not None and dk is not None and pr.fused_backward()
     # the dq pass (or, fused / dk and dv only, its first part: delta alone)
     kernel = pr.launch(
