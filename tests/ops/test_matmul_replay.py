@@ -7,6 +7,7 @@ import importlib
 import math
 
 import numpy as np
+import pytest
 
 from netcl.core.tensor import Tensor
 from netcl.ops import gemm as mm
@@ -106,3 +107,32 @@ def test_pending_operands_do_not_spoil_the_template(queue, rng, monkeypatch):
         assert_close(mm.matmul(a, Tensor.from_host(queue, b_np)), _ref(np.maximum(a_np, 0), b_np), np.float32,
                      atol=ATOL)
     assert len(calls) == 1 and len(api._templates) == 1
+
+
+def test_cpu_split_k_calls_are_replayed(device, queue, rng, monkeypatch):
+    """A long-K problem that the CPU splits (a convolution's weight gradient: few output blocks, K = the
+    batch's positions) records both launches (the batched GEMM over the K slices into the workspace, the
+    reduction with the epilogue) on its first call; later calls replay them with new operands, output and
+    workspace, without the host path (no problem prepared, no tuning read)."""
+    if device.capabilities.kind != "cpu":
+        pytest.skip("the cpu kernel's split-K runs on CPU devices")
+    api = importlib.import_module("netcl.ops.gemm.api")
+    monkeypatch.setattr(api, "_templates", {})
+    prepared = []
+    real_prepare = api._prepare
+    monkeypatch.setattr(api, "_prepare", lambda *a, **kw: prepared.append(1) or real_prepare(*a, **kw))
+    m, n, k = 5, 7, 8192 + 1024  # 9216 = 9 x 1024: 8 slices of 1152 (a slice at least 1024 long)
+    assert mm.splitk.choose_cpu_splits(real_prepare(
+        Tensor.empty(queue, (m, k)), Tensor.empty(queue, (k, n)), None, None, None, 1.0), "cpu") == 8
+    for _ in range(3):
+        a_np = rng.standard_normal((m, k)).astype(np.float32)
+        b_np = rng.standard_normal((n, k)).astype(np.float32)
+        bias = rng.standard_normal(n).astype(np.float32)
+        with count_launches() as c:
+            got = mm.linear(Tensor.from_host(queue, a_np), Tensor.from_host(queue, b_np),
+                            Tensor.from_host(queue, bias))
+        assert c.count == 2  # GEMM into the workspace + reduction with the bias
+        assert_close(got, _ref(a_np, b_np.T) + bias, np.float32, atol=2e-3)
+    assert len(prepared) == 2  # the first call's problem and its slices' problem; later calls replayed
+    (template, _, work), = api._templates.values()
+    assert template.launches == 2 and work[0] == (8, m, n)

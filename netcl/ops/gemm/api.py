@@ -68,12 +68,14 @@ def gemm(
         return _finish(p)
     if (variant in (None, "cpu") and params is None and splits is None
             and (cpu_splits := splitk.choose_cpu_splits(p, variant or _auto_variant(p)))):
-        av, bv = splitk.cpu_slices(p, cpu_splits)
-        work = gemm(av, bv, variant="cpu")  # (splits, m, n), contiguous, in the operands' dtype (f32/f64)
-        splitk.reduce_splits(p, work, cpu_splits)
+        if fast and key is not None:
+            _record(key, p, lambda: _cpu_split(p, cpu_splits))
+        else:
+            _cpu_split(p, cpu_splits)
         return _finish(p)
     if fast and key is not None:
-        _record(key, p, _auto_variant(p))
+        variant = _auto_variant(p)
+        _record(key, p, lambda: launch(p, variant))
         return _finish(p)
     if variant is None:
         variant = _auto_variant(p)
@@ -154,15 +156,29 @@ def _template_key(a: Any, b: Any, bias: Any, residual: Any, activation: Any, alp
     )
 
 
-def _record(key: tuple, p: _Problem, variant: str, **options: Any) -> None:
-    """Launch `p` while recording; keep the recording as the template of `key` when a replay can rebind
-    all of it (every launch on the operands in place, its slots named)."""
+def _cpu_split(p: _Problem, splits: int) -> Tensor:
+    """The CPU split-K (netcl.ops.gemm.splitk): one batched cpu GEMM over K slices of the operands (strided
+    views, no copies) into a (splits, M, N) workspace, then the reduction with the epilogue. Returns the
+    workspace (a recording's `work` slot)."""
+    av, bv = splitk.cpu_slices(p, splits)
+    inner = _prepare(av, bv, None, None, None, 1.0)  # its output is the workspace, in the operands' dtype
+    launch(inner, "cpu")
+    # the slices start where the operands do: slots a and b bind the operands; the workspace is `work`
+    capture.name_slots(a=("A", "a_off"), b=("B", "b_off"), work=[("C", "c_off"), ("bias",), ("residual",)])
+    splitk.reduce_splits(p, inner.out, splits)
+    return inner.out
+
+
+def _record(key: tuple, p: _Problem, run: Any) -> None:
+    """Launch `p` by `run()` while recording; keep the recording as the template of `key` when a replay
+    can rebind all of it (every launch on the operands in place, its slots named). `run` returns split-K's
+    workspace or None."""
     for t in (p.a, p.b, p.bias, p.residual):
         if t is not None:
             t.realize()  # a pending operand (netcl.jit.lazy) is computed now, not inside the recording
     rec = capture.Recording()
     with capture.recording(rec):
-        work = launch(p, variant, **options)
+        work = run()
     if rec.slotted and len(_templates) < 4096:
         rec.unbind()
         _templates[key] = (rec, p.out.shape, None if work is None else (work.shape, work.dtype))
@@ -226,7 +242,7 @@ def matmul_rowsum(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor | None]:
         return _finish(p), None
     rowsum = Tensor.empty(p.out.queue, (p.m,), p.out.dtype)
     if key is not None:
-        _record(key, p, "cpu", rowsum=rowsum)
+        _record(key, p, lambda: launch(p, "cpu", rowsum=rowsum))
     else:
         launch(p, "cpu", rowsum=rowsum)
     return _finish(p), rowsum
@@ -252,7 +268,7 @@ def matmul_relu_mask(a: Tensor, b: Tensor, mask: Tensor) -> tuple[Tensor, bool]:
     if p.out.size == 0:
         return _finish(p), True
     if key is not None:
-        _record(key, p, "cpu", mask_residual=True)
+        _record(key, p, lambda: launch(p, "cpu", mask_residual=True))
     else:
         launch(p, "cpu", mask_residual=True)
     return _finish(p), True
