@@ -11,6 +11,13 @@ own launches from call to call (the GEMM's fast path: netcl.ops.gemm).
 Recordings nest: a GEMM recording its template inside a user's graph capture sends its launches to
 both. `capturing()` answers the innermost *graph* (the recording ops must not do host transfers in,
 and that refreshes step counts and random counters at each replay).
+
+`plans` is the one cache of the ops' launch plans (netcl.core.backend.Plan, an op's template Recording, and
+what the op keeps beside them), keyed by call signature: the op's name, then every value of the call its
+choices read (device, shapes, strides, offsets where they matter, dtypes, epilogue). What a plan reads beyond
+its call (the tuning database, NETCL_* knobs) is read when the plan is built, never per call; one rule keeps
+that true: whatever changes it empties the cache (`plans.invalidate()`: the tuning database does when it
+writes a record or re-reads its file).
 """
 
 from __future__ import annotations
@@ -25,6 +32,26 @@ import pyopencl as cl
 
 from netcl import profiling
 from netcl.errors import GraphCaptureError
+
+
+class PlanCache(dict):
+    """The ops' launch plans by call signature (see the module docstring). A dict whose keys begin with the
+    op's name ("gemm", "ew", "reduce"); `put` bounds its size, `invalidate` empties it."""
+
+    LIMIT = 16384
+
+    def put(self, key: tuple, plan: Any) -> Any:
+        if len(self) >= self.LIMIT:
+            self.clear()  # a program that makes unbounded signatures rebuilds plans instead of growing
+        self[key] = plan
+        return plan
+
+    def invalidate(self) -> None:
+        """Forget every plan: something a plan read when it was built (a tuning record) has changed."""
+        self.clear()
+
+
+plans = PlanCache()
 
 
 class _State(threading.local):

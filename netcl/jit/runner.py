@@ -127,10 +127,6 @@ def get_kernel(device: Any, key: tuple, leaf_dtypes: list[np.dtype], out_dtypes:
                              **defines).kernel("ew")
 
 
-_plans: dict[tuple, tuple] = {}
-_PLAN_LIMIT = 4096
-
-
 def memo_params_args(params: list[tuple[Any, np.dtype]], memo: list) -> list[Any]:
     """The kernel arguments of runtime params. They are usually the same Python objects call after call
     (literals): memo[0] keeps the last objects and their numpy scalars, reused when every value is
@@ -181,18 +177,15 @@ def run_elementwise(outputs: list[tuple[ir.Node, Tensor]]) -> None:
                     break
     queue = out_tensors[0].queue
     device = queue.device
-    pkey = (id(device), desc, out_pos, shape,
+    pkey = ("ew", id(device), desc, out_pos, shape,
             tuple([(o.strides, o.offset, o.dtype) for o in out_tensors]),
             tuple([(t.shape, t.strides, t.offset, t.dtype) for t in leaves]))
-    plan = _plans.get(pkey)
+    plan = capture.plans.get(pkey)
     if plan is None:
         if math.prod(shape) == 0:
             return
         codegen.check_no_inputs(desc)
-        plan = _plan(device, shape, desc, out_pos, out_tensors, leaves, len(params))
-        if len(_plans) >= _PLAN_LIMIT:
-            _plans.clear()
-        _plans[pkey] = plan
+        plan = capture.plans.put(pkey, _plan(device, shape, desc, out_pos, out_tensors, leaves, len(params)))
     launch, memo = plan
     values: list[Any] = [o.buffer for o in out_tensors]
     values += [t._storage.buffer for t in leaves]

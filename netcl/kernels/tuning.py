@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from netcl import config
+from netcl.core import capture
 
 FORMAT_VERSION = 1
 
@@ -68,6 +69,7 @@ class TuningDatabase:
             except (OSError, ValueError):
                 pass  # unreadable or corrupt: behave as if there were no database
         self._data, self._mtime = data, mtime
+        capture.plans.invalidate()  # plans built on what this database said before (netcl.core.capture)
         return data
 
     def get(self, family: str, key: str) -> dict[str, Any] | None:
@@ -123,6 +125,7 @@ class TuningDatabase:
             self._mtime = self.path.stat().st_mtime
         except OSError:
             self._mtime = None
+        capture.plans.invalidate()
 
 
 _databases: dict[tuple[int, str], TuningDatabase] = {}
@@ -164,7 +167,8 @@ def active_database(device: Any) -> TuningDatabase | None:
 
 def state(device: Any) -> tuple:
     """What a cached choice made from the database depends on: which database, and its file's mtime as
-    last read in this process (part of the GEMM template and convolution algorithm keys)."""
+    last read in this process (part of the convolution algorithm keys; launch plans are dropped instead
+    when the database changes: netcl.core.capture.plans)."""
     db = active_database(device)
     return (id(db), getattr(db, "_mtime", None))
 

@@ -6,9 +6,9 @@ through the whole path (checks, variant choice, tuning lookup, program, launch g
 netcl.core.capture.Recording records its launches; when they all ran on the operands in place (slots
 named by netcl.ops.gemm.launch), the recording is kept as a template under the problem's signature and
 later calls only allocate the output and replay it with their own tensors bound to the slots (~0.1 ms
-less host time per call on PoCL). The signature holds everything the choice depended on: shapes,
-strides, dtype, epilogue, offsets mod 16 (aligned-load variants), the device and the tuning database's
-state.
+less host time per call on PoCL). The signature holds everything the choice depended on in the call:
+shapes, strides, dtype, epilogue, offsets mod 16 (aligned-load variants), the queue; the templates live in
+netcl.core.capture.plans, which the tuning database empties when it changes.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import numpy as np
 from netcl.core import capture, dtypes
 from netcl.core.tensor import Tensor
 from netcl.errors import DTypeError, ShapeError
-from netcl.kernels import ACTIVATIONS, tuning
+from netcl.kernels import ACTIVATIONS
 from netcl.ops import elementwise
 from netcl.ops.gemm import splitk
 from netcl.ops.gemm.launch import launch
@@ -56,7 +56,7 @@ def gemm(
     fast = variant is None and params is None and splits is None
     if fast:
         key = _template_key(a, b, bias, residual, activation, alpha, bias_rows)
-        hit = _templates.get(key) if key is not None else None
+        hit = capture.plans.get(key) if key is not None else None
         if hit is not None:
             return _replay(hit, a, b, bias, residual)
     if not bias_rows:  # folding the batch into rows would change which row a bias value belongs to
@@ -131,7 +131,9 @@ def _auto_variant(p: _Problem) -> str:
 
 
 # -- the fast path: templates of repeated calls (module docstring) ---------------------------------------
-_templates: dict[tuple, tuple[capture.Recording, tuple, Any]] = {}
+def templates() -> dict[tuple, tuple[capture.Recording, tuple, Any]]:
+    """The GEMM templates kept now (key -> (recording, output shape, workspace shape and dtype or None))."""
+    return {k: v for k, v in capture.plans.items() if k[0] == "gemm"}
 
 
 def _template_key(a: Any, b: Any, bias: Any, residual: Any, activation: Any, alpha: float,
@@ -151,8 +153,8 @@ def _template_key(a: Any, b: Any, bias: Any, residual: Any, activation: Any, alp
         else:
             extra.append((t.shape, t.strides, t.offset % 16))
     return (
-        id(a.queue), a.dtype, a.shape, a.strides, a.offset % 16, b.shape, b.strides, b.offset % 16,
-        *extra, activation, float(alpha), bias_rows, *tuning.state(a.device),
+        "gemm", id(a.queue), a.dtype, a.shape, a.strides, a.offset % 16, b.shape, b.strides, b.offset % 16,
+        *extra, activation, float(alpha), bias_rows,
     )
 
 
@@ -179,9 +181,9 @@ def _record(key: tuple, p: _Problem, run: Any) -> None:
     rec = capture.Recording()
     with capture.recording(rec):
         work = run()
-    if rec.slotted and len(_templates) < 4096:
+    if rec.slotted:
         rec.unbind()
-        _templates[key] = (rec, p.out.shape, None if work is None else (work.shape, work.dtype))
+        capture.plans.put(key, (rec, p.out.shape, None if work is None else (work.shape, work.dtype)))
 
 
 def _replay(hit: tuple, a: Tensor, b: Tensor, bias: Tensor | None, residual: Tensor | None,
@@ -233,7 +235,7 @@ def matmul_rowsum(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor | None]:
             or choose_variant(a.device, a.shape[0], b.shape[1], a.shape[1]) != "cpu"):
         return gemm(a, b), None
     key = _template_key(a, b, None, None, "rowsum", 1.0)
-    hit = _templates.get(key) if key is not None else None
+    hit = capture.plans.get(key) if key is not None else None
     if hit is not None:
         rowsum = Tensor.empty(a.queue, (a.shape[0],), a.dtype)
         return _replay(hit, a, b, None, None, rowsum), rowsum
@@ -261,7 +263,7 @@ def matmul_relu_mask(a: Tensor, b: Tensor, mask: Tensor) -> tuple[Tensor, bool]:
     ):
         return gemm(a, b), False
     key = _template_key(a, b, None, mask, "relumask", 1.0)
-    hit = _templates.get(key) if key is not None else None
+    hit = capture.plans.get(key) if key is not None else None
     if hit is not None:
         return _replay(hit, a, b, None, mask), True
     p = _prepare(a, b, None, mask, None, 1.0)
