@@ -231,14 +231,14 @@ def matmul_rowsum(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor | None]:
     takes another kernel (GPU, tiny shapes); the caller then sums a's rows itself."""
     if not (isinstance(a, Tensor) and isinstance(b, Tensor)) or a.ndim != 2 or b.ndim != 2:
         return matmul(a, b), None
+    key = _template_key(a, b, None, None, "rowsum", 1.0)
+    hit = capture.plans.get(key) if key is not None else None
+    if hit is not None:  # recorded only where the checks below chose the cpu kernel
+        rowsum = Tensor.empty(a.queue, (a.shape[0],), a.dtype)
+        return _replay(hit, a, b, None, None, rowsum), rowsum
     if (a.device.capabilities.kind != "cpu" or a.dtype == dtypes.bfloat16
             or choose_variant(a.device, a.shape[0], b.shape[1], a.shape[1]) != "cpu"):
         return gemm(a, b), None
-    key = _template_key(a, b, None, None, "rowsum", 1.0)
-    hit = capture.plans.get(key) if key is not None else None
-    if hit is not None:
-        rowsum = Tensor.empty(a.queue, (a.shape[0],), a.dtype)
-        return _replay(hit, a, b, None, None, rowsum), rowsum
     p = _prepare(a, b, None, None, None, 1.0)
     if p.out.size == 0:
         return _finish(p), None
@@ -258,14 +258,15 @@ def matmul_relu_mask(a: Tensor, b: Tensor, mask: Tensor) -> tuple[Tensor, bool]:
     if (
         not (isinstance(a, Tensor) and isinstance(b, Tensor) and isinstance(mask, Tensor))
         or a.ndim != 2 or b.ndim != 2 or mask.shape != (a.shape[0], b.shape[1])
-        or a.device.capabilities.kind != "cpu" or a.dtype == dtypes.bfloat16
-        or choose_variant(a.device, a.shape[0], b.shape[1], a.shape[1]) != "cpu"
     ):
         return gemm(a, b), False
     key = _template_key(a, b, None, mask, "relumask", 1.0)
     hit = capture.plans.get(key) if key is not None else None
-    if hit is not None:
+    if hit is not None:  # recorded only where the checks below chose the cpu kernel
         return _replay(hit, a, b, None, mask), True
+    if (a.device.capabilities.kind != "cpu" or a.dtype == dtypes.bfloat16
+            or choose_variant(a.device, a.shape[0], b.shape[1], a.shape[1]) != "cpu"):
+        return gemm(a, b), False
     p = _prepare(a, b, None, mask, None, 1.0)
     if p.out.size == 0:
         return _finish(p), True
