@@ -562,6 +562,10 @@ class Kernel:
         scalar = (np.generic, np.ndarray)
         for i, a in enumerate(args):
             j = 2 * i
+            if type(a) is cl.Buffer:  # most arguments: set every time, nothing kept (see above)
+                set_arg(i, a)
+                last[j] = last[j + 1] = None
+                continue
             prev = last[j]
             if a is prev and a is not None:  # the very object set last time (cached argument tuples)
                 continue
@@ -633,8 +637,10 @@ class Plan:
                  args: Sequence[Any], dynamic: Sequence[int]):
         self.kernel = kernel
         self.global_size, self.local = kernel.geometry(global_size, local_size)
-        self.args = list(args)
         self.dynamic = tuple(dynamic)
+        self.args = list(args)
+        for i in self.dynamic:
+            self.args[i] = None  # a plan keeps no buffer of the call that built it alive
         try:
             self.raw = cl.Kernel(kernel.program.cl, kernel.name)
         except cl.Error as exc:
@@ -673,7 +679,9 @@ class Plan:
             try:
                 with self._lock:
                     for j, (i, a) in enumerate(zip(self.dynamic, values)):
-                        if isinstance(a, (np.generic, np.ndarray)):
+                        if type(a) is cl.Buffer:
+                            self.raw.set_arg(i, a)
+                        elif isinstance(a, (np.generic, np.ndarray)):
                             raw = a.tobytes()
                             if raw != last[j]:
                                 last[j] = None  # not known to be set until the call below returns
