@@ -1,6 +1,7 @@
 """Host cost of one kernel launch with 25 arguments (the tiled GEMM's signature), by the way the
 arguments are set: pyopencl's per-argument set_arg, its one-call _set_arg_multi, netcl's Kernel
-(skips unchanged by-value arguments), and setting nothing (the enqueue alone); then the host time per
+(skips unchanged by-value arguments), a netcl Plan (static arguments set once, only the buffers per call),
+and setting nothing (the enqueue alone); then the host time per
 launch of whole eager training steps (bench/train_step.py's MLP and CNN), each step enqueued behind a
 gate (a marker waiting on a user event) so the device runs nothing until the host is done: on PoCL the
 kernels would otherwise share the CPU with the Python that enqueues them.
@@ -145,6 +146,9 @@ def main() -> int:
     bench("netcl Kernel.__call__ (20 new scalars)", lambda: kern(q, gs, ls, *[
         v if isinstance(v, (cl.MemoryObject, np.ndarray)) else type(v)(v + 0) for v in vals]))
     bench("set_args(*25) + enqueue", lambda: (raw.set_args(*vals), enqueue(q.cl, raw, gs, ls)))
+    slots = (3, 7, 11, 14, 17)  # a GEMM plan's dynamic arguments: its buffers (offsets fixed here)
+    plan = kern.plan(gs, ls, vals, slots)
+    bench("netcl Plan (5 buffers set, 20 fixed)", lambda: plan(q, *[vals[i] for i in slots]))
     q.finish()
     print(f"{dev.device_name}: host seconds per call, median of 5 x {args.n}")
     for label, t in rows:
