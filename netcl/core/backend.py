@@ -525,6 +525,25 @@ class Kernel:
         """A Plan of this kernel: `args` fixed except at the positions `dynamic`, which each launch gives."""
         return Plan(self, global_size, local_size, args, dynamic)
 
+    def planned(self, queue: Queue, global_size: Sequence[int], local_size: Sequence[int] | None,
+                static: dict[str, Any], **dynamic: Any) -> cl.Event:
+        """Launch with named arguments through the Plan of (this kernel, geometry, `static` values), kept in
+        netcl.core.capture.plans: `static` holds the arguments fixed by the call's signature (sizes,
+        strides, flags), `dynamic` those that change per call (buffers, offsets, per-step scalars)."""
+        key = ("kernel", self, tuple(global_size), None if local_size is None else tuple(local_size),
+               tuple([(n, v.tobytes() if isinstance(v, np.generic) else v) for n, v in static.items()]))
+        plan = capture.plans.get(key)
+        if plan is None:
+            args = self.positional((), {**static, **dynamic})
+            order = [self.arg_index[n] for n in dynamic]
+            plan = capture.plans.put(key, (self.plan(global_size, local_size, args, sorted(order)),
+                                           tuple(n for _, n in sorted(zip(order, dynamic)))))
+        launch, names = plan
+        if len(names) != len(dynamic):
+            raise KernelLaunchError(f"kernel {self.name}: the dynamic arguments {sorted(dynamic)} differ "
+                                    f"from those of its plan {sorted(names)}")
+        return launch(queue, *[dynamic[n] for n in names])
+
     def positional(self, args: Sequence[Any], named: dict[str, Any]) -> tuple:
         """The argument tuple for `named` arguments (KernelLaunchError naming what is missing or unknown)."""
         if args:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from netcl import kernels, profiling
-from netcl.core import backend
+from netcl.core import backend, capture
 from netcl.core.backend import Queue, as_queue
 from netcl.core.tensor import Tensor
 from netcl.errors import DeviceError, KernelBuildError, KernelLaunchError
@@ -210,3 +210,22 @@ def test_a_plan_with_a_dynamic_scalar_and_a_graph(device, queue, rng):
     assert graph.launches == 1
     graph.replay()
     np.testing.assert_array_equal(y.to_host(), a * np.float32(1.5) * np.float32(1.5))
+
+
+def test_planned_launches_share_one_plan_per_static_signature(device, queue, rng, monkeypatch):
+    """Kernel.planned keeps one Plan per (kernel, geometry, static values) in capture.plans: a repeat with
+    new buffers reuses it, another static value (-0.0 is not 0.0) gets its own, and each computes with its
+    own values."""
+    monkeypatch.setattr(capture, "plans", capture.PlanCache())
+    prg = kernels.build(device, SCALE, "scale_planned", OFFSET="(-0.0f)")  # adding -0.0 keeps a zero's sign
+    a = rng.standard_normal(37).astype(np.float32)
+    for factor in (2.0, 2.0, 0.0, -0.0, 2.0):
+        x = Tensor.from_host(queue, a)
+        prg.scale.planned(queue, (37,), None, {"a": np.float32(factor), "n": np.int32(37)}, x=x.buffer)
+        got, want = x.to_host(), a * np.float32(factor) + np.float32(-0.0)
+        np.testing.assert_array_equal(got, want)
+        assert np.signbit(got).tolist() == np.signbit(want).tolist()
+    assert len(capture.plans) == 3  # 2.0, 0.0 and -0.0
+    with pytest.raises(KernelLaunchError, match="dynamic arguments"):
+        prg.scale.planned(queue, (37,), None, {"a": np.float32(2.0), "n": np.int32(37)}, x=x.buffer,
+                          extra=x.buffer)
