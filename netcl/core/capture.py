@@ -38,7 +38,7 @@ class PlanCache(dict):
     """The ops' launch plans by call signature (see the module docstring). A dict whose keys begin with the
     op's name ("gemm", "ew", "reduce"); `put` bounds its size, `invalidate` empties it."""
 
-    LIMIT = 16384
+    LIMIT = 8192
 
     def put(self, key: tuple, plan: Any) -> Any:
         if len(self) >= self.LIMIT:
