@@ -1,8 +1,12 @@
 """Host cost of one kernel launch with 25 arguments (the tiled GEMM's signature), by the way the
 arguments are set: pyopencl's per-argument set_arg, its one-call _set_arg_multi, netcl's Kernel
-(skips unchanged by-value arguments), and setting nothing (the enqueue alone).
+(skips unchanged by-value arguments), a netcl Plan (static arguments set once, only the buffers per call),
+and setting nothing (the enqueue alone); then the host time per
+launch of whole eager training steps (bench/train_step.py's MLP and CNN), each step enqueued behind a
+gate (a marker waiting on a user event) so the device runs nothing until the host is done: on PoCL the
+kernels would otherwise share the CPU with the Python that enqueues them.
 
-    python bench/launch_cost.py [--gpu] [--n 2000]
+    python bench/launch_cost.py [--gpu] [--n 2000] [--steps mlp,cnn] [--repeat 20]
 """
 
 from __future__ import annotations
@@ -42,10 +46,67 @@ def per_call(fn, n: int) -> float:
     return statistics.median(samples)
 
 
+def eager_step(kind: str, q):
+    """(step function, launches per step) of bench/train_step.py's eager step on `kind` (mlp, cnn)."""
+    import netcl.autograd as ag
+    from netcl import optim
+    from netcl.core.tensor import Tensor
+    from netcl.ops import random
+    from netcl.profiling import count_launches
+    from netcl.train.loop import build_model
+
+    random.manual_seed(0)
+    shape = (256, 1, 28, 28) if kind == "mlp" else (128, 1, 28, 28)
+    model = build_model(kind, q, (1, 28, 28), 10)
+    opt = optim.AdamW(model.parameters(), lr=1e-3, weight_decay=1e-4)
+    rng = np.random.default_rng(0)
+    x = Tensor.from_host(q, rng.standard_normal(shape).astype(np.float32))
+    y = Tensor.from_host(q, rng.integers(0, 10, shape[0]).astype(np.int32))
+
+    def step() -> None:
+        with ag.Tape() as tape:
+            loss = ag.cross_entropy(model(ag.tensor(x)), ag.tensor(y))
+        tape.backward(loss)
+        opt.step()
+        opt.zero_grad()
+
+    for _ in range(3):
+        step()
+    q.finish()
+    with count_launches() as c:
+        step()
+    q.finish()
+    return step, c.count
+
+
+def gated_host_seconds(step, q, repeat: int) -> tuple[float, float, float]:
+    """(median host seconds to enqueue one step while the device waits, the same in the enqueueing thread's
+    CPU time (what the Python costs, without the time other processes took the core), median seconds of the
+    step run ungated: enqueue + finish)."""
+    host, cpu, full = [], [], []
+    for _ in range(repeat):
+        gate = cl.UserEvent(q.context)
+        cl.enqueue_marker(q.cl, wait_for=[gate])
+        t0, c0 = time.perf_counter(), time.thread_time()
+        step()
+        host.append(time.perf_counter() - t0)
+        cpu.append(time.thread_time() - c0)
+        gate.set_status(cl.command_execution_status.COMPLETE)
+        q.finish()
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        step()
+        q.finish()
+        full.append(time.perf_counter() - t0)
+    return statistics.median(host), statistics.median(cpu), statistics.median(full)
+
+
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gpu", action="store_true")
     ap.add_argument("--n", type=int, default=2000)
+    ap.add_argument("--steps", default="mlp,cnn", help="eager steps to time (empty: none)")
+    ap.add_argument("--repeat", type=int, default=20)
     args = ap.parse_args()
     dev = manager.get("gpu" if args.gpu else "auto")
     q = dev.queue
@@ -85,10 +146,19 @@ def main() -> int:
     bench("netcl Kernel.__call__ (20 new scalars)", lambda: kern(q, gs, ls, *[
         v if isinstance(v, (cl.MemoryObject, np.ndarray)) else type(v)(v + 0) for v in vals]))
     bench("set_args(*25) + enqueue", lambda: (raw.set_args(*vals), enqueue(q.cl, raw, gs, ls)))
+    slots = (3, 7, 11, 14, 17)  # a GEMM plan's dynamic arguments: its buffers (offsets fixed here)
+    plan = kern.plan(gs, ls, vals, slots)
+    bench("netcl Plan (5 buffers set, 20 fixed)", lambda: plan(q, *[vals[i] for i in slots]))
     q.finish()
     print(f"{dev.device_name}: host seconds per call, median of 5 x {args.n}")
     for label, t in rows:
         print(f"  {label:42s} {t * 1e6:8.2f} us")
+    for kind in filter(None, args.steps.split(",")):
+        step, launches = eager_step(kind, q)
+        host, cpu, full = gated_host_seconds(step, q, args.repeat)
+        print(f"  eager {kind} step: {launches} launches, host {host * 1e3:.2f} ms = "
+              f"{host / launches * 1e6:.1f} us per launch (thread CPU {cpu / launches * 1e6:.1f} us); "
+              f"step (enqueue + finish) {full * 1e3:.2f} ms")
     return 0
 
 

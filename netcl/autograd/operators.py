@@ -16,6 +16,7 @@ from netcl.autograd import nnops
 from netcl.autograd import reduce as rd
 from netcl.autograd.engine import Node
 from netcl.core import dtypes
+from netcl.ops.operators import ELEMENTWISE_METHODS, METHOD_ALIASES, REDUCE_METHODS
 
 
 def _reflected(fn):
@@ -55,35 +56,14 @@ def install() -> None:
     N.__gt__ = lambda s, o: ew.gt(s, o)
     N.__ge__ = lambda s, o: ew.ge(s, o)
     N.__getitem__ = lambda s, idx: mv.getitem(s, idx)
-    for name in (
-        "exp",
-        "log",
-        "log1p",
-        "expm1",
-        "sqrt",
-        "rsqrt",
-        "square",
-        "reciprocal",
-        "sin",
-        "cos",
-        "tanh",
-        "sigmoid",
-        "relu",
-        "silu",
-        "softplus",
-        "neg",
-        "abs",
-    ):
+    # the math methods Tensor has too, from the one list netcl.ops.operators declares
+    for name in ELEMENTWISE_METHODS:
         setattr(N, name, getattr(ew, name))
-    N.gelu = ew.gelu
-    N.leaky_relu = ew.leaky_relu
-    N.clamp = ew.clamp
-    N.cast = ew.cast
-    N.astype = ew.cast
-    N.to = _to
-    N.pow = ew.pow
-    for name in ("sum", "mean", "max", "min", "softmax", "log_softmax", "logsumexp", "var", "std"):
+    for name in REDUCE_METHODS:
         setattr(N, name, getattr(rd, name))
+    for alias, name in METHOD_ALIASES.items():
+        setattr(N, alias, getattr(N, name))
+    N.to = _to
     for name in (
         "reshape",
         "view",

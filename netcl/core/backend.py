@@ -416,6 +416,7 @@ class Kernel:
         self._max_wg: int | None = None
         self._last_args: list[Any] | None = None
         self._sizes: dict[tuple, tuple] = {}  # (global, local) asked -> (global rounded, local checked)
+        self._debug = config.debug_level() >= 1  # NETCL_DEBUG is read when the program is built
         # pyopencl's setter of a by-value argument from raw bytes (set_arg on a pyopencl without it)
         self._set_raw = getattr(kernel, "_set_arg_buf", None) or (
             lambda i, raw: kernel.set_arg(i, np.frombuffer(raw, np.uint8)))
@@ -476,6 +477,21 @@ class Kernel:
                 f"kernel {self.name} was built for {self.program.device.describe()} but launched on "
                 f"{queue.device.describe()}"
             )
+        global_size, local = self.geometry(global_size, local_size)
+        timed = profiling.active
+        t0 = profiling.before(queue) if timed else None
+        event = self._enqueue(queue, global_size, local, args, wait_for)
+        for rec in capture.active():  # graph captures and ops' replay templates
+            rec._record_launch(self, queue, global_size, local, args)
+        profiling.count_launch()
+        if timed or queue.profiling:
+            profiling.launched(self, queue, event, t0)
+        if self._debug:
+            print(f"[netcl] launch {self.name} global={global_size} local={local}", file=sys.stderr)
+        return event
+
+    def geometry(self, global_size: Sequence[int], local_size: Sequence[int] | None) -> tuple[tuple, Any]:
+        """(global size rounded up to the local size, local size checked or chosen) of a launch."""
         key = (tuple(global_size), None if local_size is None else tuple(local_size))
         sizes = self._sizes.get(key)
         if sizes is None:  # the same launch geometry recurs every step: checked once
@@ -486,18 +502,31 @@ class Kernel:
             sizes = (gs, local)
             if len(self._sizes) < 4096:
                 self._sizes[key] = sizes
-        global_size, local = sizes
-        timed = profiling.active
-        t0 = profiling.before(queue) if timed else None
-        event = self._enqueue(queue, global_size, local, args, wait_for)
-        for rec in capture.active():  # graph captures and ops' replay templates
-            rec._record_launch(self, queue, global_size, local, args)
-        profiling.count_launch()
-        if timed or queue.profiling:
-            profiling.launched(self, queue, event, t0)
-        if config.debug_level() >= 1:
-            print(f"[netcl] launch {self.name} global={global_size} local={local}", file=sys.stderr)
-        return event
+        return sizes
+
+    def plan(self, global_size: Sequence[int], local_size: Sequence[int] | None, args: Sequence[Any],
+             dynamic: Sequence[int]) -> Plan:
+        """A Plan of this kernel: `args` fixed except at the positions `dynamic`, which each launch gives."""
+        return Plan(self, global_size, local_size, args, dynamic)
+
+    def planned(self, queue: Queue, global_size: Sequence[int], local_size: Sequence[int] | None,
+                static: dict[str, Any], **dynamic: Any) -> cl.Event:
+        """Launch with named arguments through the Plan of (this kernel, geometry, `static` values), kept in
+        netcl.core.capture.plans: `static` holds the arguments fixed by the call's signature (sizes,
+        strides, flags), `dynamic` those that change per call (buffers, offsets, per-step scalars)."""
+        key = ("kernel", self, tuple(global_size), None if local_size is None else tuple(local_size),
+               tuple([(n, v.tobytes() if isinstance(v, np.generic) else v) for n, v in static.items()]))
+        plan = capture.plans.get(key)
+        if plan is None:
+            args = self.positional((), {**static, **dynamic})
+            order = [self.arg_index[n] for n in dynamic]
+            plan = capture.plans.put(key, (self.plan(global_size, local_size, args, sorted(order)),
+                                           tuple(n for _, n in sorted(zip(order, dynamic)))))
+        launch, names = plan
+        if len(names) != len(dynamic):
+            raise KernelLaunchError(f"kernel {self.name}: the dynamic arguments {sorted(dynamic)} differ "
+                                    f"from those of its plan {sorted(names)}")
+        return launch(queue, *[dynamic[n] for n in names])
 
     def positional(self, args: Sequence[Any], named: dict[str, Any]) -> tuple:
         """The argument tuple for `named` arguments (KernelLaunchError naming what is missing or unknown)."""
@@ -536,6 +565,10 @@ class Kernel:
         scalar = (np.generic, np.ndarray)
         for i, a in enumerate(args):
             j = 2 * i
+            if type(a) is cl.Buffer:  # most arguments: set every time, nothing kept (see above)
+                set_arg(i, a)
+                last[j] = last[j + 1] = None
+                continue
             prev = last[j]
             if a is prev and a is not None:  # the very object set last time (cached argument tuples)
                 continue
@@ -569,17 +602,123 @@ class Kernel:
                 if is_oom(exc) and attempt == 0:
                     queue.device.pool.empty_cache()
                     continue
-                if is_oom(exc):
-                    raise OutOfMemoryError(
-                        f"launching {self.name} on {queue.device.describe()} ran out of device memory "
-                        f"({exc}); {queue.device.pool.describe_usage()}. Try a smaller batch, or free "
-                        f"tensors you no longer need.\n{queue.device.pool.summary()}"
-                    ) from None
-                raise KernelLaunchError(
-                    f"launching {self.name} (global {global_size}, local {local}) on "
-                    f"{queue.device.describe()} failed: {exc}"
-                ) from None
+                raise self.launch_error(exc, queue, global_size, local) from None
         raise AssertionError("unreachable")
+
+    def launch_error(self, exc: cl.Error, queue: Queue, global_size: Any, local: Any) -> Exception:
+        """The netcl exception for a failed enqueue of this kernel."""
+        if is_oom(exc):
+            return OutOfMemoryError(
+                f"launching {self.name} on {queue.device.describe()} ran out of device memory "
+                f"({exc}); {queue.device.pool.describe_usage()}. Try a smaller batch, or free "
+                f"tensors you no longer need.\n{queue.device.pool.summary()}"
+            )
+        return KernelLaunchError(
+            f"launching {self.name} (global {global_size}, local {local}) on "
+            f"{queue.device.describe()} failed: {exc}"
+        )
+
+
+class Plan:
+    """One launch of a kernel with everything but a few arguments fixed: the kernel, its static arguments,
+    the positions of the dynamic ones (buffers, offsets, by-value parameters that change from call to call)
+    and the launch geometry. A plan owns an OpenCL kernel object of its own, so its static arguments are set
+    once, when it is built, and a launch sets only its dynamic ones (skipping those equal to its previous
+    launch) and enqueues: a GEMM of 25 arguments sets its 5-10 slot arguments instead of checking all 25.
+    Configuration (NETCL_DEBUG's launch printing) is read when the plan is built. Ops keep their plans in
+    `netcl.core.capture.plans`, one cache under one invalidation rule; a Recording's template (an op's
+    replayed launches) is a list of plans.
+
+    `plan(queue, *values)` launches with `values` at the dynamic positions, in order. Under a graph capture
+    or a profile the launch is recorded and counted like any Kernel call (the recording keeps the shared
+    Kernel and the whole argument list)."""
+
+    __slots__ = ("kernel", "global_size", "local", "args", "dynamic", "raw", "_set_raw", "_last", "_lock",
+                 "_debug")
+
+    def __init__(self, kernel: Kernel, global_size: Sequence[int], local_size: Sequence[int] | None,
+                 args: Sequence[Any], dynamic: Sequence[int]):
+        self.kernel = kernel
+        self.global_size, self.local = kernel.geometry(global_size, local_size)
+        self.dynamic = tuple(dynamic)
+        self.args = list(args)
+        for i in self.dynamic:
+            self.args[i] = None  # a plan keeps no buffer of the call that built it alive
+        try:
+            self.raw = cl.Kernel(kernel.program.cl, kernel.name)
+        except cl.Error as exc:
+            raise KernelBuildError(
+                f"program {kernel.program.name} has no kernel {kernel.name!r}: {exc}") from exc
+        self._set_raw = getattr(self.raw, "_set_arg_buf", None) or (
+            lambda i, raw: self.raw.set_arg(i, np.frombuffer(raw, np.uint8)))
+        self._last: list[Any] = [None] * len(self.dynamic)
+        self._lock = threading.Lock()
+        self._debug = config.debug_level() >= 1
+        fixed = set(self.dynamic)
+        for i, a in enumerate(self.args):
+            if i not in fixed:
+                self._set(i, a)
+
+    def _set(self, i: int, a: Any) -> None:
+        try:
+            if isinstance(a, (np.generic, np.ndarray)):
+                self._set_raw(i, a.tobytes())
+            else:
+                self.raw.set_arg(i, a)
+        except cl.Error as exc:
+            raise KernelLaunchError(f"kernel {self.kernel.name}: argument {i} "
+                                    f"({self.kernel.arg_names[i] if i < len(self.kernel.arg_names) else '?'})"
+                                    f" = {type(a).__name__} was refused: {exc}") from None
+
+    def __call__(self, queue: Queue, *values: Any) -> cl.Event:
+        if queue.device is not self.kernel.program.device:
+            built = self.kernel.program.device.describe()
+            raise DeviceError(f"kernel {self.kernel.name} was built for {built} but launched on "
+                              f"{queue.device.describe()}")
+        timed = profiling.active
+        t0 = profiling.before(queue) if timed else None
+        last = self._last
+        for attempt in (0, 1):
+            try:
+                with self._lock:
+                    for j, (i, a) in enumerate(zip(self.dynamic, values)):
+                        if type(a) is cl.Buffer:
+                            self.raw.set_arg(i, a)
+                        elif isinstance(a, (np.generic, np.ndarray)):
+                            raw = a.tobytes()
+                            if raw != last[j]:
+                                last[j] = None  # not known to be set until the call below returns
+                                self._set_raw(i, raw)
+                                last[j] = raw
+                        else:  # a memory object: always set (no reference kept, see Kernel._set_args)
+                            self.raw.set_arg(i, a)
+                    event = cl.enqueue_nd_range_kernel(queue.cl, self.raw, self.global_size, self.local)
+                break
+            except cl.Error as exc:
+                self._last = last = [None] * len(self.dynamic)
+                if is_oom(exc) and attempt == 0:
+                    queue.device.pool.empty_cache()
+                    continue
+                raise self.kernel.launch_error(exc, queue, self.global_size, self.local) from None
+        recordings = capture.active()
+        if recordings:
+            args = self.arguments(values)
+            for rec in recordings:
+                rec._record_launch(self.kernel, queue, self.global_size, self.local, args)
+        profiling.count_launch()
+        if timed or queue.profiling:
+            profiling.launched(self.kernel, queue, event, t0)
+        if self._debug:
+            print(f"[netcl] launch {self.kernel.name} global={self.global_size} local={self.local} (plan)",
+                  file=sys.stderr)
+        return event
+
+    def arguments(self, values: Sequence[Any]) -> list[Any]:
+        """The whole argument list of a launch with `values` at the dynamic positions."""
+        args = list(self.args)
+        for i, a in zip(self.dynamic, values):
+            args[i] = a
+        return args
 
 
 def enqueue_copy(queue: Queue, dst: Any, src: Any, **kwargs: Any) -> cl.Event:

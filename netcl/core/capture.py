@@ -11,6 +11,13 @@ own launches from call to call (the GEMM's fast path: netcl.ops.gemm).
 Recordings nest: a GEMM recording its template inside a user's graph capture sends its launches to
 both. `capturing()` answers the innermost *graph* (the recording ops must not do host transfers in,
 and that refreshes step counts and random counters at each replay).
+
+`plans` is the one cache of the ops' launch plans (netcl.core.backend.Plan, an op's template Recording, and
+what the op keeps beside them), keyed by call signature: the op's name, then every value of the call its
+choices read (device, shapes, strides, offsets where they matter, dtypes, epilogue). What a plan reads beyond
+its call (the tuning database, NETCL_* knobs) is read when the plan is built, never per call; one rule keeps
+that true: whatever changes it empties the cache (`plans.invalidate()`: the tuning database does when it
+writes a record or re-reads its file).
 """
 
 from __future__ import annotations
@@ -27,6 +34,26 @@ from netcl import profiling
 from netcl.errors import GraphCaptureError
 
 
+class PlanCache(dict):
+    """The ops' launch plans by call signature (see the module docstring). A dict whose keys begin with the
+    op's name ("gemm", "ew", "reduce"); `put` bounds its size, `invalidate` empties it."""
+
+    LIMIT = 8192
+
+    def put(self, key: tuple, plan: Any) -> Any:
+        if len(self) >= self.LIMIT:
+            self.clear()  # a program that makes unbounded signatures rebuilds plans instead of growing
+        self[key] = plan
+        return plan
+
+    def invalidate(self) -> None:
+        """Forget every plan: something a plan read when it was built (a tuning record) has changed."""
+        self.clear()
+
+
+plans = PlanCache()
+
+
 class _State(threading.local):
     def __init__(self) -> None:
         self.stack: list[Recording] = []
@@ -39,7 +66,8 @@ _state = _State()
 class Recording:
     """Device work of one queue: ("k", kernel, global, local, args, slots) | ("copy", dst, src, kwargs) |
     ("fill", buffer, pattern, offset, nbytes); a launch ends with its profiling site (netcl.profiling) or
-    None. `is_graph` marks a user-level graph (see capturing())."""
+    None, and in an op's template (unbind()) with its Plan. `is_graph` marks a user-level graph (see
+    capturing())."""
 
     is_graph = False
 
@@ -110,13 +138,17 @@ class Recording:
         return self.replayable and bool(self.ops) and all(op[0] == "k" and op[5] for op in self.ops)
 
     def unbind(self) -> None:
-        """Drop what the slots were bound to while recording (an op's template then keeps no buffer alive;
-        every replay binds all its slots)."""
+        """Make this recording an op's template: drop what the slots were bound to while recording (the
+        template then keeps no buffer alive; every replay binds all its slots) and turn each slotted launch
+        into a Plan (netcl.core.backend: the kernel's other arguments set once, on an OpenCL kernel object of
+        the plan's own; a replay sets the slots' buffers and offsets and enqueues)."""
         for op in self.ops:
             if op[0] == "k" and op[5]:
-                for _, positions in op[5]:
-                    for i in positions:
-                        op[4][i] = None
+                dynamic = [i for _, positions in op[5] for i in positions]
+                for i in dynamic:
+                    op[4][i] = None
+                if not self._refresh:  # refreshed arguments change at each replay: they stay on the slow path
+                    op.append(op[1].plan(op[2], op[3], op[4], dynamic))
 
     def on_replay(self, refresh: Callable[[list], None]) -> None:
         """Call `refresh(args)` before each replay with the argument list of the launch just recorded,
@@ -166,7 +198,10 @@ class Recording:
                 site = op[6]
                 if site is not None and site[2] is not None and profiling.active:
                     profiling.work(*site[2])  # the work its op declared when it was recorded
-                op[1](q, op[2], op[3], *_bound(op, bind))
+                if len(op) > 7:
+                    op[7](q, *_slot_values(op[5], bind))
+                else:
+                    op[1](q, op[2], op[3], *_bound(op, bind))
             elif op[0] == "copy":
                 cl.enqueue_copy(q.cl, op[1], op[2], **op[3])
             else:
@@ -192,6 +227,18 @@ def _bound(op: list, bind: dict[str, Any] | None) -> list:
             if len(positions) > 1:
                 args[positions[1]] = np.int64(t.offset)
     return args
+
+
+def _slot_values(slots: tuple, bind: dict[str, Any]) -> list[Any]:
+    """The values of a plan's dynamic arguments (the slots' positions in order): each slot's buffer, and its
+    offset where the slot names one."""
+    values: list[Any] = []
+    for slot, positions in slots:
+        t = bind[slot]
+        values.append(t.buffer)
+        if len(positions) > 1:
+            values.append(np.int64(t.offset))
+    return values
 
 
 # -- the active recordings of this thread -----------------------------------------------------------------

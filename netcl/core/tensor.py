@@ -29,7 +29,9 @@ def _normalize_shape(shape: Any) -> tuple[int, ...]:
     return out
 
 
-_empty_plans: dict[tuple, tuple] = {}  # (shape, dtype) as given -> (shape, strides, nbytes, dtype) checked
+# Layouts checked once per signature (a training step repeats its shapes): ("empty", shape, dtype) as given ->
+# (shape, strides, nbytes, dtype); ("view", shape, strides, requested shape) -> (shape, strides or None)
+_layouts: dict[tuple, tuple] = {}
 
 
 def _is_new_axis(item: Any) -> bool:
@@ -104,15 +106,15 @@ class Tensor:
         """Uninitialised contiguous tensor."""
         queue = as_queue(q)
         try:
-            plan = _empty_plans.get((shape, dtype)) if type(shape) is tuple else None
+            plan = _layouts.get(("empty", shape, dtype)) if type(shape) is tuple else None
         except TypeError:  # unhashable entries: the checks below explain what is wrong
             plan, shape = None, list(shape)
         if plan is None:  # checked once per (shape, dtype): a training step repeats its shapes
             dt = dtypes.normalize(dtype)
             shp = _normalize_shape(shape)
             plan = (shp, contiguous_strides(shp), math.prod(shp) * dt.itemsize, dt)
-            if type(shape) is tuple and len(_empty_plans) < 8192:
-                _empty_plans[(shape, dtype)] = plan
+            if type(shape) is tuple and len(_layouts) < 16384:
+                _layouts[("empty", shape, dtype)] = plan
         shp, strides, nbytes, dt = plan
         if dt.itemsize == 8 and dt.kind == "f":
             dtypes.check_supported_on(dt, queue.device)
@@ -427,10 +429,24 @@ class Tensor:
             return None
         return tuple(new_strides)
 
+    def _reshaped(self, shape: tuple) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
+        """(the shape `shape` asks for, checked; the strides that view this tensor in it, or None where that
+        needs a copy), once per (shape, strides, request)."""
+        key: tuple | None = ("view", self.shape, self.strides, shape)
+        try:
+            hit = _layouts.get(key)
+        except TypeError:  # unhashable entries (a list): the checks explain what is wrong, if anything
+            hit, key = None, None
+        if hit is None:
+            shp = self._infer_shape(shape)
+            hit = (shp, self._view_strides(shp))
+            if key is not None and len(_layouts) < 16384:
+                _layouts[key] = hit
+        return hit
+
     def view(self, *shape: Any) -> Tensor:
         """The same memory seen in another shape; ShapeError when that needs a copy."""
-        shp = self._infer_shape(shape)
-        strides = self._view_strides(shp)
+        shp, strides = self._reshaped(shape)
         if strides is None:
             raise ShapeError(
                 f"a tensor of shape {self.shape} with strides {self.strides} cannot be viewed as "
@@ -440,8 +456,7 @@ class Tensor:
 
     def reshape(self, *shape: Any) -> Tensor:
         """A view when the layout allows it, else a contiguous copy in the new shape."""
-        shp = self._infer_shape(shape)
-        strides = self._view_strides(shp)
+        shp, strides = self._reshaped(shape)
         if strides is not None:
             return self._view(shp, strides, self.offset)
         c = self.contiguous()
@@ -463,6 +478,10 @@ class Tensor:
         """Swap two axes (the last two by default)."""
         if self.ndim < 2:
             return self
+        if self.ndim == 2 and type(dim0) is int and type(dim1) is int and dim0 in (0, -2) and dim1 in (1, -1):
+            # the two axes of a matrix (a weight's transpose in every linear layer): no axis checks to make
+            (rows, cols), (row_stride, col_stride) = self.shape, self.strides
+            return self._view((cols, rows), (col_stride, row_stride), self.offset)
         a, b = self._axis(dim0), self._axis(dim1)
         order = list(range(self.ndim))
         order[a], order[b] = order[b], order[a]

@@ -543,16 +543,14 @@ def run(
     softmax/scan; in_shape with the axis cut to k for topk)."""
     device = queue.device
     (desc, out_pos), leaves, params = codegen.flatten([expr])
-    pkey = (id(device), FORCE_KIND, mode, reducer, desc, out_pos, expr.dtype, in_shape, axes, mean, topk_k,
-            out_idx is None, out.strides, out.offset, out.dtype,
+    pkey = ("reduce", id(device), FORCE_KIND, mode, reducer, desc, out_pos, expr.dtype, in_shape, axes, mean,
+            topk_k, out_idx is None, out.strides, out.offset, out.dtype,
             tuple([(t.shape, t.strides, t.offset, t.dtype) for t in leaves]))
-    plan = _plans.get(pkey)
+    plan = capture.plans.get(pkey)
     if plan is None:
         codegen.check_no_inputs(desc)
-        plan = _plan(mode, reducer, expr, in_shape, axes, out, device, mean, topk_k, desc, out_pos, leaves)
-        if len(_plans) >= 4096:
-            _plans.clear()
-        _plans[pkey] = plan
+        plan = capture.plans.put(pkey, _plan(mode, reducer, expr, in_shape, axes, out, device, mean, topk_k,
+                                             desc, out_pos, leaves))
     if plan is _NOTHING:
         return
     kernel, P, part_dts, M, R, head, leaf_static, tail, gsize, lsize, acc, memo = plan
@@ -587,7 +585,6 @@ def run(
 
 
 _NOTHING = ("nothing to compute",)
-_plans: dict[tuple, Any] = {}
 
 
 def _plan(

@@ -127,10 +127,6 @@ def get_kernel(device: Any, key: tuple, leaf_dtypes: list[np.dtype], out_dtypes:
                              **defines).kernel("ew")
 
 
-_plans: dict[tuple, tuple] = {}
-_PLAN_LIMIT = 4096
-
-
 def memo_params_args(params: list[tuple[Any, np.dtype]], memo: list) -> list[Any]:
     """The kernel arguments of runtime params. They are usually the same Python objects call after call
     (literals): memo[0] keeps the last objects and their numpy scalars, reused when every value is
@@ -181,32 +177,23 @@ def run_elementwise(outputs: list[tuple[ir.Node, Tensor]]) -> None:
                     break
     queue = out_tensors[0].queue
     device = queue.device
-    pkey = (id(device), desc, out_pos, shape,
+    pkey = ("ew", id(device), desc, out_pos, shape,
             tuple([(o.strides, o.offset, o.dtype) for o in out_tensors]),
             tuple([(t.shape, t.strides, t.offset, t.dtype) for t in leaves]))
-    plan = _plans.get(pkey)
+    plan = capture.plans.get(pkey)
     if plan is None:
         if math.prod(shape) == 0:
             return
         codegen.check_no_inputs(desc)
-        plan = _plan(device, shape, desc, out_pos, out_tensors, leaves)
-        if len(_plans) >= _PLAN_LIMIT:
-            _plans.clear()
-        _plans[pkey] = plan
-    kernel, out_static, leaf_static, tail, gsize, lsize, memo = plan
-    args: list[Any] = []
-    for o, stat in zip(out_tensors, out_static):
-        args.append(o.buffer)
-        args += stat
-    for t, stat in zip(leaves, leaf_static):
-        args.append(t._storage.buffer)
-        args += stat
+        plan = capture.plans.put(pkey, _plan(device, shape, desc, out_pos, out_tensors, leaves, len(params)))
+    launch, memo = plan
+    values: list[Any] = [o.buffer for o in out_tensors]
+    values += [t._storage.buffer for t in leaves]
     if params:
-        args += memo_params_args(params, memo)
-    args += tail
+        values += memo_params_args(params, memo)
     if capture.declaring():
         profiling.work(*declared_work(desc, math.prod(shape), leaves, sum(o.nbytes for o in out_tensors)))
-    kernel(queue, gsize, lsize, *args)
+    launch(queue, *values)
 
 
 def declared_work(desc: tuple, n: int, leaves: list[Tensor], out_bytes: int) -> tuple[float, float]:
@@ -217,7 +204,10 @@ def declared_work(desc: tuple, n: int, leaves: list[Tensor], out_bytes: int) -> 
 
 
 def _plan(device: Any, shape: tuple[int, ...], desc: tuple, out_pos: tuple, out_tensors: list[Tensor],
-          leaves: list[Tensor]) -> tuple:
+          leaves: list[Tensor], n_params: int) -> tuple:
+    """(the launch's Plan, the memo of its params' last values): the kernel, its layout arguments (offsets,
+    strides, sizes: static), the buffers of the outputs and leaves and the `n_params` runtime params (in that
+    order: the plan's dynamic arguments), the geometry."""
     n = math.prod(shape)
     has_index = any(d[0] == "index" for d in desc)
     out_strides = [list(o.strides) for o in out_tensors]
@@ -260,4 +250,12 @@ def _plan(device: Any, shape: tuple[int, ...], desc: tuple, out_pos: tuple, out_
     tail = [it(n)] + [it(d) for d in cshape]
     work = n // vec if vec > 1 else n
     gsize, lsize = launch_config(device, work)
-    return kernel, out_static, leaf_static, tail, (gsize,), None if lsize is None else (lsize,), [None]
+    args: list[Any] = []
+    buffers: list[int] = []
+    for stat in out_static + leaf_static:
+        buffers.append(len(args))
+        args += [None, *stat]
+    params = list(range(len(args), len(args) + n_params))
+    args += [None] * n_params + tail
+    launch = kernel.plan((gsize,), None if lsize is None else (lsize,), args, buffers + params)
+    return launch, [None]

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from netcl import config
+from netcl.core import capture
 from netcl.core.files import atomic_write
 
 FORMAT_VERSION = 1
@@ -67,6 +68,7 @@ class TuningDatabase:
             except (OSError, ValueError):
                 pass  # unreadable or corrupt: behave as if there were no database
         self._data, self._mtime = data, mtime
+        capture.plans.invalidate()  # plans built on what this database said before (netcl.core.capture)
         return data
 
     def get(self, family: str, key: str) -> dict[str, Any] | None:
@@ -110,6 +112,7 @@ class TuningDatabase:
             self._mtime = self.path.stat().st_mtime
         except OSError:
             self._mtime = None
+        capture.plans.invalidate()
 
 
 _databases: dict[tuple[int, str], TuningDatabase] = {}
@@ -151,7 +154,8 @@ def active_database(device: Any) -> TuningDatabase | None:
 
 def state(device: Any) -> tuple:
     """What a cached choice made from the database depends on: which database, and its file's mtime as
-    last read in this process (part of the GEMM template and convolution algorithm keys)."""
+    last read in this process (part of the convolution algorithm keys; launch plans are dropped instead
+    when the database changes: netcl.core.capture.plans)."""
     db = active_database(device)
     return (id(db), getattr(db, "_mtime", None))
 

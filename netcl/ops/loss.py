@@ -109,12 +109,15 @@ def class_loss(x: Tensor, labels: Tensor, loss: str = "cross_entropy", ignore_in
                 smoothing=kernels.scalar_type(acc)(smoothing))
     row_loss = Tensor.empty(queue, (max(rows, 1),), acc)  # each row's loss and whether it counts
     row_count = Tensor.empty(queue, (max(rows, 1),), acc)
+    static = {"rows": args["rows"], "classes": args["classes"]}  # the call's signature (netcl.core Plan)
     if rows:  # a work-group per row, then one that adds the rows in a fixed order (reproducible)
-        prg.class_loss_rows(queue, (rows * row_wg,), (row_wg,), **args, out=out.buffer, stats=stats.buffer,
-                            row_loss=row_loss.buffer, row_count=row_count.buffer, err=queue.check_buffer(),
-                            err_code=_LABEL_CHECK[loss])
-    prg.class_loss_total(queue, (wg,), (wg,), rows=np.int64(rows), row_loss=row_loss.buffer,
-                         row_count=row_count.buffer, out=out.buffer, count=count.buffer)
+        prg.class_loss_rows.planned(
+            queue, (rows * row_wg,), (row_wg,), static, x=xc.buffer, x_off=args["x_off"], labels=labc.buffer,
+            lab_off=args["lab_off"], ignore_index=args["ignore_index"], smoothing=args["smoothing"],
+            out=out.buffer, stats=stats.buffer, row_loss=row_loss.buffer, row_count=row_count.buffer,
+            err=queue.check_buffer(), err_code=_LABEL_CHECK[loss])
+    prg.class_loss_total.planned(queue, (wg,), (wg,), {"rows": args["rows"]}, row_loss=row_loss.buffer,
+                                 row_count=row_count.buffer, out=out.buffer, count=count.buffer)
     return out, Saved(prg, {**args, "stats": stats.buffer, "count": count.buffer}, x.shape, x.dtype,
                       (xc, labc, stats, count))
 
@@ -137,15 +140,11 @@ def class_loss_backward(saved: Saved, grad_out: Tensor) -> Tensor:
     gc = _grad_in(grad_out, saved)
     grad = Tensor.empty(queue, saved.shape, saved.dtype)
     rows = int(saved.args["rows"])
-    saved.program.class_loss_backward(
-        queue,
-        (saved.shape[-1], max(rows, 1)),
-        None,
-        **saved.args,
-        grad_out=gc.buffer,
-        grad_out_off=np.int64(gc.offset),
-        grad_x=grad.buffer,
-    )
+    a = saved.args
+    saved.program.class_loss_backward.planned(
+        queue, (saved.shape[-1], max(rows, 1)), None, {"rows": a["rows"], "classes": a["classes"]},
+        **{n: v for n, v in a.items() if n not in ("rows", "classes")}, grad_out=gc.buffer,
+        grad_out_off=np.int64(gc.offset), grad_x=grad.buffer)
     return grad
 
 

@@ -27,33 +27,25 @@ _REFLECTED = {"__radd__": ew.add, "__rsub__": ew.sub, "__rmul__": ew.mul, "__rtr
               "__rmatmul__": matmul}
 _UNARY = {"__neg__": ew.neg, "__abs__": ew.abs, "__invert__": ew.logical_not}
 _INPLACE = {"__iadd__": ew.add, "__isub__": ew.sub, "__imul__": ew.mul, "__itruediv__": ew.div}
-# methods that take the tensor first and pass the rest through (x.sum(axis=1), x.clamp(0, 1), ...)
+# The math methods of both Tensor and Node, declared once: each name is a function of netcl.ops.elementwise
+# (or .reduce) taking the tensor first (x.exp(), x.sum(axis=1), x.clamp(0, 1)), and a differentiable op of
+# the same name in netcl.autograd.elementwise (or .reduce), which netcl.autograd.operators installs on Node
+# from these same lists: the two surfaces cannot disagree (tests/ops/test_operators.py).
+ELEMENTWISE_METHODS = (
+    "exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "square", "reciprocal", "sin", "cos", "tan", "tanh",
+    "erf", "sigmoid", "relu", "silu", "softplus", "gelu", "leaky_relu", "neg", "abs", "sign", "floor", "ceil",
+    "round", "trunc", "clamp", "pow", "cast",
+)
+REDUCE_METHODS = ("sum", "mean", "max", "min", "var", "std", "logsumexp", "softmax", "log_softmax")
+METHOD_ALIASES = {"astype": "cast"}  # NumPy's name beside netcl's
+# Tensor's alone: results no gradient flows through (indices, truth values) or reductions autograd has no
+# rule for yet
+TENSOR_ONLY_METHODS = ("prod", "argmax", "argmin", "any", "all", "cumsum")
 _METHODS = {
-    "sum": rd.sum,
-    "mean": rd.mean,
-    "prod": rd.prod,
-    "max": rd.max,
-    "min": rd.min,
-    "argmax": rd.argmax,
-    "argmin": rd.argmin,
-    "var": rd.var,
-    "std": rd.std,
-    "any": rd.any,
-    "all": rd.all,
-    "logsumexp": rd.logsumexp,
-    "softmax": rd.softmax,
-    "log_softmax": rd.log_softmax,
-    "cumsum": rd.cumsum,
-    "exp": ew.exp,
-    "log": ew.log,
-    "sqrt": ew.sqrt,
-    "tanh": ew.tanh,
-    "sigmoid": ew.sigmoid,
-    "relu": ew.relu,
-    "abs": ew.abs,
-    "clamp": ew.clamp,
-    "astype": ew.cast,
+    **{name: getattr(ew, name) for name in ELEMENTWISE_METHODS},
+    **{name: getattr(rd, name) for name in REDUCE_METHODS + TENSOR_ONLY_METHODS},
 }
+_METHODS.update({alias: _METHODS[name] for alias, name in METHOD_ALIASES.items()})
 _SCALARS = (Tensor, bool, int, float, np.number, np.bool_)
 
 

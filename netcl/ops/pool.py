@@ -109,8 +109,9 @@ def max_pool2d(x: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0
         if rows and (p.KH, p.KW, p.SH, p.SW, p.PH, p.PW, p.DH, p.DW) == (2, 2, 2, 2, 0, 0, 1, 1) \
                 and 2 * p.OH <= p.H and 2 * p.OW <= p.W:  # ceil_mode may add a partial last window
             # the usual 2x2/2 pool: two input rows per output row, no bounds checks (1.6x the rows kernel)
-            prg.max_pool2d_2x2(x.queue, (p.OH, p.N * p.C), None, x.buffer, np.int64(x.offset), out.buffer,
-                               idx.buffer, *p.args()[:5])
+            kernel = prg.max_pool2d_2x2
+            kernel.planned(x.queue, (p.OH, p.N * p.C), None, dict(zip(kernel.arg_names[4:], p.args()[:5])),
+                           x=x.buffer, x_off=np.int64(x.offset), y=out.buffer, idx=idx.buffer)
         elif rows:
             prg.max_pool2d_rows(x.queue, (p.OH, p.N * p.C), None, x.buffer, np.int64(x.offset), out.buffer,
                                 idx.buffer, *p.args())
@@ -152,9 +153,10 @@ def max_pool2d_backward(grad_out: Tensor, indices: Tensor, input_shape: Sequence
         if algorithm == "plane" or (algorithm == "auto" and gy.device.capabilities.kind == "cpu"):
             # CPUs: one work-item per plane scatters through the saved indices (measured 35 ms -> see
             # bench/NOTES.md for the gather at batch 128 on PoCL)
-            prg.max_pool2d_backward_plane(gy.queue, (p.N * p.C,), None, gy.buffer, np.int64(gy.offset),
-                                          idx.buffer, gx.buffer, np.int32(p.N * p.C), np.int32(p.H * p.W),
-                                          np.int32(p.OH * p.OW))
+            prg.max_pool2d_backward_plane.planned(
+                gy.queue, (p.N * p.C,), None,
+                {"NC": np.int32(p.N * p.C), "HW": np.int32(p.H * p.W), "OHW": np.int32(p.OH * p.OW)},
+                gy=gy.buffer, gy_off=np.int64(gy.offset), idx=idx.buffer, gx=gx.buffer)
         else:
             prg.max_pool2d_backward(gy.queue, (p.W, p.H, p.N * p.C), None, gy.buffer, np.int64(gy.offset),
                                     idx.buffer, gx.buffer, *p.args())

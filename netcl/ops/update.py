@@ -27,7 +27,7 @@ _RULES = frozenset(
 )
 MAX_TENSORS_PER_LAUNCH = 8  # optim.cl's N_TENSORS
 # optim.cl's TENSOR_ARGS(i): parameter, its offset, gradient, its offset, three state slots, master weights,
-# length; UNSCALE_ARGS(i): gradient, its offset, length
+# length; GRAD_ARGS(i): gradient, its offset, length
 _TENSOR_ARGS = [tuple(f"{name}{i}" for name in ("p", "po", "g", "go", "sa", "sb", "sc", "mw", "n"))
                 for i in range(MAX_TENSORS_PER_LAUNCH)]
 _GRAD_ARGS = [(f"x{i}", f"xo{i}", f"n{i}") for i in range(MAX_TENSORS_PER_LAUNCH)]
@@ -35,6 +35,9 @@ _GRAD_ARGS = [(f"x{i}", f"xo{i}", f"n{i}") for i in range(MAX_TENSORS_PER_LAUNCH
 # norm is ~1,800 work-groups over every compute unit, where one work-group per gradient took 4 ms of its
 # bfloat16 step on the H200)
 _SQ_CHUNK = 1 << 14
+# the arguments of an optimizer step fixed by its parameters' layout (offsets, lengths), per tensor count
+_STATIC_ARGS = [frozenset(n for i in range(count) for n in (f"po{i}", f"go{i}", f"n{i}"))
+                for count in range(MAX_TENSORS_PER_LAUNCH + 1)]
 
 
 def _grad_args(group: Sequence[Tensor]) -> dict[str, Any]:
@@ -123,7 +126,15 @@ def optimizer_step(rule: str, params: Sequence[Tensor], grads: Sequence[Tensor],
     if found_inf is not None:
         named["found_inf"] = found_inf.buffer
     kernel = prg.optimizer_step
-    kernel(queue, (total,), None, **named, **_scalars(hyper, p0.dtype))
+    args = kernel.positional((), {**named, **_scalars(hyper, p0.dtype)})
+    # one Plan per (kernel, parameter offsets and lengths): the buffers and the step's scalars change per call
+    static = _STATIC_ARGS[len(params)]
+    key = ("optimizer_step", kernel, total, tuple([int(named[n]) for n in static]))
+    plan = capture.plans.get(key)
+    if plan is None:
+        dynamic = [i for i, n in enumerate(kernel.arg_names) if n not in static]
+        plan = capture.plans.put(key, kernel.plan((total,), None, args, dynamic))
+    plan(queue, *[args[i] for i in plan.dynamic])
     graph = capture.capturing()
     if graph is not None and refresh is not None:
         index, dtype = kernel.arg_index, p0.dtype

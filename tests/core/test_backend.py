@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 
 from netcl import kernels, profiling
-from netcl.core import backend
+from netcl.core import backend, capture
 from netcl.core.backend import Queue, as_queue
 from netcl.core.tensor import Tensor
 from netcl.errors import DeviceError, KernelBuildError, KernelLaunchError
+from netcl.graph import Graph
 from netcl.profiling import count_launches
 
 SCALE = """
@@ -168,3 +169,63 @@ def test_argument_reuse_keeps_the_sign_of_zero(device, queue):
     prg.scale(queue, (4,), None, y.buffer, np.float32(3.0), np.int32(4))
     prg.scale(queue, (4,), None, y.buffer, np.float32(3.0), np.int32(2))  # only the first two again
     np.testing.assert_array_equal(y.to_host(), np.array([9, 9, 3, 3], np.float32))
+
+
+def test_plans_keep_their_own_static_arguments(device, queue, rng):
+    """A Plan sets its static arguments once, on a kernel object of its own: two plans of one kernel with
+    different static values, and direct launches of that kernel in between, each compute with their own
+    values; a launch sets only the dynamic arguments (here the buffer), given in order."""
+    prg = kernels.build(device, SCALE, "scale_plan", OFFSET="0.5f")
+    times3 = prg.scale.plan((37,), None, (None, np.float32(3.0), np.int32(37)), (0,))
+    times5 = prg.scale.plan((37,), None, (None, np.float32(5.0), np.int32(20)), (0,))
+    want = rng.standard_normal(37).astype(np.float32)
+    xs = [Tensor.from_host(queue, want) for _ in range(3)]
+    with count_launches() as c:
+        for _ in range(2):  # interleaved: the plans' arguments outlive a direct launch with others
+            times3(queue, xs[0].buffer)
+            prg.scale(queue, (37,), None, xs[1].buffer, np.float32(-2.0), np.int32(37))
+            times5(queue, xs[2].buffer)
+    assert c.count == 6
+    w64 = want.astype(np.float64)
+    np.testing.assert_allclose(xs[0].to_host(), (w64 * 3 + 0.5) * 3 + 0.5, rtol=1e-6)
+    np.testing.assert_allclose(xs[1].to_host(), (w64 * -2 + 0.5) * -2 + 0.5, rtol=1e-6)
+    part = (w64[:20] * 5 + 0.5) * 5 + 0.5
+    np.testing.assert_allclose(xs[2].to_host(), np.concatenate([part, want[20:]]), rtol=1e-6)
+
+
+def test_a_plan_with_a_dynamic_scalar_and_a_graph(device, queue, rng):
+    """Dynamic by-value arguments take each launch's value (an equal one is not set again); a plan launched
+    inside a graph capture is recorded with its whole argument list, and the replay is bit-equal."""
+    prg = kernels.build(device, SCALE, "scale_plan", OFFSET="0.0f")
+    plan = prg.scale.plan((37,), None, (None, None, np.int32(37)), (0, 1))
+    a = rng.standard_normal(37).astype(np.float32)
+    x = Tensor.from_host(queue, a)
+    for factor in (2.0, 2.0, -3.0):
+        plan(queue, x.buffer, np.float32(factor))
+    np.testing.assert_array_equal(x.to_host(), a * np.float32(2.0) * np.float32(2.0) * np.float32(-3.0))
+    y = Tensor.from_host(queue, a)
+    graph = Graph()
+    with graph.capture(queue):
+        plan(queue, y.buffer, np.float32(1.5))
+    assert graph.launches == 1
+    graph.replay()
+    np.testing.assert_array_equal(y.to_host(), a * np.float32(1.5) * np.float32(1.5))
+
+
+def test_planned_launches_share_one_plan_per_static_signature(device, queue, rng, monkeypatch):
+    """Kernel.planned keeps one Plan per (kernel, geometry, static values) in capture.plans: a repeat with
+    new buffers reuses it, another static value (-0.0 is not 0.0) gets its own, and each computes with its
+    own values."""
+    monkeypatch.setattr(capture, "plans", capture.PlanCache())
+    prg = kernels.build(device, SCALE, "scale_planned", OFFSET="(-0.0f)")  # adding -0.0 keeps a zero's sign
+    a = rng.standard_normal(37).astype(np.float32)
+    for factor in (2.0, 2.0, 0.0, -0.0, 2.0):
+        x = Tensor.from_host(queue, a)
+        prg.scale.planned(queue, (37,), None, {"a": np.float32(factor), "n": np.int32(37)}, x=x.buffer)
+        got, want = x.to_host(), a * np.float32(factor) + np.float32(-0.0)
+        np.testing.assert_array_equal(got, want)
+        assert np.signbit(got).tolist() == np.signbit(want).tolist()
+    assert len(capture.plans) == 3  # 2.0, 0.0 and -0.0
+    with pytest.raises(KernelLaunchError, match="dynamic arguments"):
+        prg.scale.planned(queue, (37,), None, {"a": np.float32(2.0), "n": np.int32(37)}, x=x.buffer,
+                          extra=x.buffer)

@@ -5,12 +5,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from netcl import kernels
+from netcl import kernels, ops
 from netcl.core import capture
 from netcl.core.tensor import Tensor
 from netcl.errors import GraphCaptureError
 from netcl.graph import Graph
+from netcl.kernels.tuning import database_for
+from netcl.ops.gemm import api as gemm_api
+from netcl.ops.gemm import choose_variant
 from netcl.profiling import count_launches
+from tests.reference import assert_close
 
 SOURCE = """
 __kernel void axpy(__global float *y, const long y_off, __global const float *x, const long x_off,
@@ -102,3 +106,51 @@ def test_an_op_template_inside_a_graph(queue, rng):
     with capture.recording(outer), capture.recording(inner):
         _axpy(queue, y, x, 1.0)
     assert inner.slotted and not outer.slotted  # an op's template around another's launches
+
+
+def test_plans_are_reused_per_signature_and_a_new_dtype_gets_its_own(device, queue, rng, monkeypatch):
+    """One plan per call signature in capture.plans: a repeat reuses the very plan (GEMM template and
+    elementwise launch alike), a new dtype builds its own beside it, and every result stays exact."""
+    monkeypatch.setattr(capture, "plans", capture.PlanCache())
+    dts = [np.float32] + ([np.float64] if device.capabilities.fp64 else [])
+    kept = {}
+    for _ in range(3):
+        for dt in dts:
+            a, b = rng.standard_normal((37, 29)).astype(dt), rng.standard_normal((29, 41)).astype(dt)
+            got = ops.matmul(Tensor.from_host(queue, a), Tensor.from_host(queue, b)) * 2.0 + 1.0
+            assert got.dtype == dt
+            assert_close(got, (a.astype(np.float64) @ b) * 2 + 1, dt, atol=1e-4)
+            for key, plan in capture.plans.items():
+                assert kept.setdefault(key, plan) is plan  # a repeat finds the plan it built the first time
+    by_op = sorted(key[0] for key in kept)
+    assert by_op == ["ew"] * len(dts) + ["gemm"] * len(dts)
+    assert {key[2] for key in kept if key[0] == "gemm"} == {np.dtype(dt) for dt in dts}
+
+
+def test_a_changed_tuning_record_drops_every_plan(device, queue, rng, monkeypatch, tmp_path):
+    """The one invalidation rule: a plan reads the tuning database when it is built, and a record written
+    to it empties capture.plans, so the next call builds its plan on the new record (another kernel, the same
+    values)."""
+    monkeypatch.setenv("NETCL_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("NETCL_TUNING", raising=False)
+    monkeypatch.setattr(capture, "plans", capture.PlanCache())
+    variant = choose_variant(device, 131, 95, 77)
+    other = ({"MB": 30, "NB": 32, "KC": 48, "RM": 3, "VN": 8} if variant == "cpu"
+             else {"BM": 64, "BN": 32, "BK": 8, "TX": 8, "TY": 8, "VW": 2, "PADA": 2, "PADB": 2})
+    a, b = rng.standard_normal((131, 77)).astype(np.float32), rng.standard_normal((77, 95)).astype(np.float32)
+    want = a.astype(np.float64) @ b
+
+    def run() -> capture.Recording:
+        assert_close(ops.matmul(Tensor.from_host(queue, a), Tensor.from_host(queue, b)) + 0.0, want,
+                     np.float32, atol=1e-4)
+        (template, _, _), = gemm_api.templates().values()
+        return template
+
+    before = run()
+    assert run() is before and len(capture.plans) == 2  # the GEMM's template and the elementwise add's plan
+    database_for(device).put(f"gemm_{variant}", "float32", other)
+    assert len(capture.plans) == 0
+    after = run()
+    assert after is not before
+    assert after.ops[0][1].program is not before.ops[0][1].program  # built with the new record's tile
+    assert run() is after

@@ -12,7 +12,7 @@ import pytest
 
 from netcl import kernels
 from netcl.cli import main
-from netcl.core import variants
+from netcl.core import capture, variants
 from netcl.core.backend import format_options
 from netcl.core.tensor import Tensor
 from netcl.errors import KernelBuildError, KernelVariantWarning
@@ -155,7 +155,7 @@ def test_gemm_falls_back_from_a_tile_that_does_not_build(device, queue, monkeypa
     monkeypatch.setattr(gemm_variants, "tuned_params",
                         lambda d, v, dt: {**real(d, v, dt), "VN": 3} if v == "cpu" else real(d, v, dt))
     monkeypatch.setattr(gemm_variants, "_usable", {})
-    monkeypatch.setattr(api, "_templates", {})
+    monkeypatch.setattr(capture, "plans", capture.PlanCache())
     rng = np.random.default_rng(0)
     a, b = rng.standard_normal((70, 33)).astype(np.float32), rng.standard_normal((33, 45)).astype(np.float32)
     with pytest.warns(KernelVariantWarning, match=r"kernel gemm_cpu \(float32 .*VN=3.*VN must be 4, 8 or 16"):
@@ -174,7 +174,7 @@ def test_gemm_takes_the_direct_kernel_when_no_blocked_variant_builds(device, que
     monkeypatch.setattr(gemm_variants, "tuned_params",
                         lambda d, v, dt: {**gemm_variants.default_params(v, dt), "BM": 24, "TY": 5})
     monkeypatch.setattr(gemm_variants, "_usable", {})
-    monkeypatch.setattr(api, "_templates", {})
+    monkeypatch.setattr(capture, "plans", capture.PlanCache())
     rng = np.random.default_rng(1)
     a, b = rng.standard_normal((130, 70)).astype(np.float32), rng.standard_normal((70, 90)).astype(np.float32)
     with pytest.warns(KernelVariantWarning, match="and no other variant works"):

@@ -1,13 +1,15 @@
-"""Launch-plan caches (netcl.jit.runner / netcl.jit.reduce): a repeat of the same structure reuses
-the plan; anything that changes the launch (param values, buffers, offsets, strides) must not."""
+"""Launch plans of netcl.jit.runner / netcl.jit.reduce (kept in netcl.core.capture.plans): a repeat of the
+same structure reuses the plan; anything that changes the launch (param values, buffers, offsets, strides)
+must not."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from netcl import ops
+from netcl.core import capture
 from netcl.core.tensor import Tensor
-from netcl.jit import codegen, ir, runner
+from netcl.jit import codegen, ir
 from netcl.jit import reduce as jreduce
 from tests.reference import assert_close
 
@@ -16,13 +18,13 @@ def test_repeat_reuses_plan_and_sees_new_buffers_and_params(queue, rng):
     ha, hb = rng.standard_normal(37).astype(np.float32), rng.standard_normal(37).astype(np.float32)
     a, b = Tensor.from_host(queue, ha), Tensor.from_host(queue, hb)
     (a * 2.0 + b).realize()
-    n_plans = len(runner._plans)
+    n_plans = len(capture.plans)
     for scale in (2.0, 3.0, 3.0, -0.5):  # same structure: one plan, new param values honoured
         hc = rng.standard_normal(37).astype(np.float32)
         c = Tensor.from_host(queue, hc)
         got = (c * scale + b).to_host()
         np.testing.assert_array_equal(got, hc * np.float32(scale) + hb)
-    assert len(runner._plans) == n_plans
+    assert len(capture.plans) == n_plans
 
 
 def test_signed_zero_param_is_not_mistaken_for_the_previous_one(queue):

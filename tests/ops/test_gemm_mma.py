@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import netcl
-from netcl.core import dtypes
+from netcl.core import capture, dtypes
 from netcl.core.tensor import Tensor
 from netcl.errors import DTypeError
 from netcl.ops import gemm as mm
@@ -131,14 +131,14 @@ def test_split_k_on_matrix_units_is_replayed(queue, rng, monkeypatch):
                         lambda dev_, p, tile, partial_sums=False: 2 if partial_sums else 1)
     monkeypatch.setattr(variants, "tuned_params",
                         lambda d, v, dt: {**real(d, v, dt), **SMALL} if v == "mma" else real(d, v, dt))
-    monkeypatch.setattr(api, "_templates", {})
+    monkeypatch.setattr(capture, "plans", capture.PlanCache())
     m, n, k = 37, 29, 96
     for _ in range(3):
         a, b = _inputs(rng, np.float16, m, n, k)
         got = mm.matmul(Tensor.from_host(queue, a), Tensor.from_host(queue, b)).to_host().astype(np.float64)
         want = a.astype(np.float64) @ b.astype(np.float64)
         np.testing.assert_allclose(got, want, rtol=0, atol=2e-3 * np.abs(want).max())
-    (template, _, work), = api._templates.values()
+    (template, _, work), = api.templates().values()
     assert template.launches == 2 and work == ((2, m, n), np.dtype(np.float32))
 
 
@@ -218,7 +218,7 @@ def test_matrix_units_on_device(queue, rng, dt, kernel, monkeypatch):
         real = variants.tuned_params
         monkeypatch.setattr(variants, "tuned_params",
                             lambda d, v, t: {**real(d, v, t), "WGMMA": 0} if v == "mma" else real(d, v, t))
-        monkeypatch.setattr(api, "_templates", {})
+        monkeypatch.setattr(capture, "plans", capture.PlanCache())
     netcl.set_matmul_precision("high")
     try:
         # layouts: "nn" (k-major B tile), "nt" (B's rows along k), "tn" (A along m: the element loader)

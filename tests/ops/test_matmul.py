@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 
+from netcl.core import capture
 from netcl.core.tensor import Tensor
 from netcl.errors import DTypeError, ShapeError
 from netcl.ops import linear, linear_relu, matmul, matmul_bias_relu, matmul_epilogue
@@ -347,7 +348,7 @@ def test_split_k_calls_are_replayed(queue, rng, monkeypatch):
         "tuned_params",
         lambda d, v, dt: {**real(d, v, dt), **SMALL_TILED} if v == "tiled" else real(d, v, dt),
     )
-    monkeypatch.setattr(api, "_templates", {})
+    monkeypatch.setattr(capture, "plans", capture.PlanCache())
     calls = []
     real_launch = api.launch
     monkeypatch.setattr(api, "launch", lambda *a, **kw: calls.append(1) or real_launch(*a, **kw))
@@ -359,7 +360,7 @@ def test_split_k_calls_are_replayed(queue, rng, monkeypatch):
         check(got, np.maximum(a.astype(np.float64) @ b + bias, 0) + res, k=k)
         assert c.count == 2  # GEMM into the workspace + reduction
     assert len(calls) == 1  # the host path ran once; the later calls were replays
-    (template, _, work), = api._templates.values()
+    (template, _, work), = api.templates().values()
     assert template.launches == 2 and work[0] == (2, m, n)
 
 
@@ -419,7 +420,7 @@ def test_tiled_tile_per_shape_class(device, queue, rng, monkeypatch):
     class over the general tile): M <= 64 takes the "m64" tile here; the result stays exact; the classes
     follow the output sides and, for large sides, the block count against the compute units."""
     monkeypatch.setattr(api, "choose_variant", lambda dev_, m, n, k: "tiled")
-    monkeypatch.setattr(api, "_templates", {})
+    monkeypatch.setattr(capture, "plans", capture.PlanCache())
     monkeypatch.setattr(variants, "_usable", {})
     real = variants.tuned_params
     monkeypatch.setattr(variants, "tuned_params", lambda d, v, dt: {**real(d, v, dt), **SMALL_TILED}

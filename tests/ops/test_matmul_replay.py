@@ -7,7 +7,9 @@ import importlib
 import math
 
 import numpy as np
+import pytest
 
+from netcl.core import capture
 from netcl.core.tensor import Tensor
 from netcl.ops import gemm as mm
 from netcl.profiling import count_launches
@@ -67,7 +69,7 @@ def test_repeated_problems_replay_their_template(queue, rng, monkeypatch):
     """The second call of a problem skips the host path (netcl.ops.gemm.launch): its recorded template is
     replayed with the new operands, output, bias and residual bound to the slots."""
     api = importlib.import_module("netcl.ops.gemm.api")
-    monkeypatch.setattr(api, "_templates", {})
+    monkeypatch.setattr(capture, "plans", capture.PlanCache())
     calls = []
     real_launch = api.launch
     monkeypatch.setattr(api, "launch", lambda *a, **kw: calls.append(1) or real_launch(*a, **kw))
@@ -82,8 +84,8 @@ def test_repeated_problems_replay_their_template(queue, rng, monkeypatch):
         want = _ref(base[start:start + 20], w) + bias
         want = 0.5 * want * (1 + np.vectorize(math.erf)(want / math.sqrt(2))) + res
         assert_close(got, want, np.float32, atol=ATOL)
-    keys = {k[4] for k in api._templates}  # a's offset mod 16 is part of the key
-    assert len(calls) == len(api._templates) == len(keys) == 2
+    keys = {k[5] for k in api.templates()}  # a's offset mod 16 is part of the key
+    assert len(calls) == len(api.templates()) == len(keys) == 2
 
 
 def test_pending_operands_do_not_spoil_the_template(queue, rng, monkeypatch):
@@ -92,7 +94,7 @@ def test_pending_operands_do_not_spoil_the_template(queue, rng, monkeypatch):
     from netcl import ops
 
     api = importlib.import_module("netcl.ops.gemm.api")
-    monkeypatch.setattr(api, "_templates", {})
+    monkeypatch.setattr(capture, "plans", capture.PlanCache())
     calls = []
     real_launch = api.launch
     monkeypatch.setattr(api, "launch", lambda *a, **kw: calls.append(1) or real_launch(*a, **kw))
@@ -105,4 +107,33 @@ def test_pending_operands_do_not_spoil_the_template(queue, rng, monkeypatch):
         assert a.is_pending  # (automatic fusion is on in the suite)
         assert_close(mm.matmul(a, Tensor.from_host(queue, b_np)), _ref(np.maximum(a_np, 0), b_np), np.float32,
                      atol=ATOL)
-    assert len(calls) == 1 and len(api._templates) == 1
+    assert len(calls) == 1 and len(api.templates()) == 1
+
+
+def test_cpu_split_k_calls_are_replayed(device, queue, rng, monkeypatch):
+    """A long-K problem that the CPU splits (a convolution's weight gradient: few output blocks, K = the
+    batch's positions) records both launches (the batched GEMM over the K slices into the workspace, the
+    reduction with the epilogue) on its first call; later calls replay them with new operands, output and
+    workspace, without the host path (no problem prepared, no tuning read)."""
+    if device.capabilities.kind != "cpu":
+        pytest.skip("the cpu kernel's split-K runs on CPU devices")
+    api = importlib.import_module("netcl.ops.gemm.api")
+    monkeypatch.setattr(capture, "plans", capture.PlanCache())
+    prepared = []
+    real_prepare = api._prepare
+    monkeypatch.setattr(api, "_prepare", lambda *a, **kw: prepared.append(1) or real_prepare(*a, **kw))
+    m, n, k = 5, 7, 8192 + 1024  # 9216 = 9 x 1024: 8 slices of 1152 (a slice at least 1024 long)
+    assert mm.splitk.choose_cpu_splits(real_prepare(
+        Tensor.empty(queue, (m, k)), Tensor.empty(queue, (k, n)), None, None, None, 1.0), "cpu") == 8
+    for _ in range(3):
+        a_np = rng.standard_normal((m, k)).astype(np.float32)
+        b_np = rng.standard_normal((n, k)).astype(np.float32)
+        bias = rng.standard_normal(n).astype(np.float32)
+        with count_launches() as c:
+            got = mm.linear(Tensor.from_host(queue, a_np), Tensor.from_host(queue, b_np),
+                            Tensor.from_host(queue, bias))
+        assert c.count == 2  # GEMM into the workspace + reduction with the bias
+        assert_close(got, _ref(a_np, b_np.T) + bias, np.float32, atol=2e-3)
+    assert len(prepared) == 2  # the first call's problem and its slices' problem; later calls replayed
+    (template, _, work), = api.templates().values()
+    assert template.launches == 2 and work[0] == (8, m, n)

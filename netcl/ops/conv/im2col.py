@@ -44,12 +44,12 @@ def _im2col(x: Tensor, p: ConvParams, n0: int, nb: int, ones_row: bool = False,
         plan = _im2col_plan(x, p, n0, nb, ones_row, batch_inner)
         if len(_im2col_plans) < 4096:
             _im2col_plans[key] = plan
-    _, shape, kernel, gsize, tail, local = plan
+    _, shape, launch = plan
     cols = Tensor.empty(x.queue, shape, x.dtype)
-    if kernel is not None:
+    if launch is not None:
         if capture.declaring():  # for the profiler: nb images read, the columns written
             profiling.work(0.0, float(nb * p.C * p.H * p.W * x.itemsize + cols.nbytes))
-        kernel(x.queue, gsize, local, x.buffer, np.int64(x.offset), cols.buffer, *tail)
+        launch(x.queue, x.buffer, np.int64(x.offset), cols.buffer)
     return cols
 
 
@@ -63,14 +63,16 @@ def _im2col_plan(x: Tensor, p: ConvParams, n0: int, nb: int, ones_row: bool, bat
         shape = (nb, p.G, rows, P)
         sb, sg, sr = p.G * rows * P, rows * P, P
     if math.prod(shape) == 0:
-        return (x.device, shape, None, None, None, None)
+        return (x.device, shape, None)
     prg = kernels.program(x.device, "im2col.cl", dtype=x.dtype)
     g = p.geometry()
     tail = (np.int64(sb), np.int64(sg), np.int64(sr),
             np.int32(n0), np.int32(nb), np.int32(ones_row), g[1], g[2], g[3], *g[5:])
+    # a Plan (netcl.core.backend): the geometry arguments set once; x, its offset and cols per call
+    args = (None, None, None, *tail)
     if _row_kernels(x.device):
-        return (x.device, shape, prg.im2col_rows, (rows, nb * p.G), tail, None)
-    return (x.device, shape, prg.im2col, (P, p.Cg + int(ones_row), nb * p.G), tail, None)
+        return (x.device, shape, prg.im2col_rows.plan((rows, nb * p.G), None, args, (0, 1, 2)))
+    return (x.device, shape, prg.im2col.plan((P, p.Cg + int(ones_row), nb * p.G), None, args, (0, 1, 2)))
 
 
 def _conv_im2col(x: Tensor, w: Tensor, bias: Tensor | None, p: ConvParams, activation: str | None) -> Tensor:
@@ -122,15 +124,14 @@ def _backward_input_gemm(gy: Tensor, w: Tensor, gx: Tensor, p: ConvParams) -> No
         cols = mm.matmul(wt, gy[n0:n0 + nb].reshape(nb, p.G, p.Kg, P))        # (nb, G, R, P)
         if cols.offset or not cols.is_contiguous():
             cols = cols.clone()  # the kernels index a contiguous cols from element 0
-        kernel, gsize, tail = _col2im_plan(gy, p, n0, nb)
-        kernel(gy.queue, gsize, None, cols.buffer, gx.buffer, np.int64(gx.offset), *tail)
+        _col2im_plan(gy, p, n0, nb)(gy.queue, cols.buffer, gx.buffer, np.int64(gx.offset))
 
 
 _col2im_plans: dict[tuple, tuple] = {}
 
 
-def _col2im_plan(gy: Tensor, p: ConvParams, n0: int, nb: int) -> tuple:
-    """(kernel, global size, scalar arguments after gx_off) of one col2im chunk, built once."""
+def _col2im_plan(gy: Tensor, p: ConvParams, n0: int, nb: int) -> Any:
+    """The Plan (netcl.core.backend) of one col2im chunk, built once: cols, gx and gx's offset per call."""
     rows = _row_kernels(gy.device)
     key = (id(gy.device), gy.dtype, p, n0, nb, rows)
     plan = _col2im_plans.get(key)
@@ -139,7 +140,7 @@ def _col2im_plan(gy: Tensor, p: ConvParams, n0: int, nb: int) -> tuple:
         tail = (np.int32(n0), np.int32(nb), g[1], g[2], g[3], *g[5:])
         if rows:
             prg = kernels.program(gy.device, "im2col.cl", dtype=gy.dtype)
-            plan = (gy.device, prg.col2im_plane, (nb * p.C,), tail)
+            plan = (gy.device, prg.col2im_plane.plan((nb * p.C,), None, (None, None, None, *tail), (0, 1, 2)))
         else:  # the taps compiled in: no runtime division per tap (kernels/im2col.cl)
             prg = kernels.program(
                 gy.device,
@@ -154,10 +155,11 @@ def _col2im_plan(gy: Tensor, p: ConvParams, n0: int, nb: int) -> tuple:
                 TAP_DH=p.DH,
                 TAP_DW=p.DW,
             )
-            plan = (gy.device, prg.col2im, (p.W, p.H, nb * p.C), tail)
+            plan = (gy.device, prg.col2im.plan((p.W, p.H, nb * p.C), None, (None, None, None, *tail),
+                                               (0, 1, 2)))
         if len(_col2im_plans) < 4096:
             _col2im_plans[key] = plan
-    return plan[1:]
+    return plan[1]
 
 
 def _backward_weight_gemm(x: Tensor, gy: Tensor, p: ConvParams) -> Tensor:

@@ -6,9 +6,9 @@ through the whole path (checks, variant choice, tuning lookup, program, launch g
 netcl.core.capture.Recording records its launches; when they all ran on the operands in place (slots
 named by netcl.ops.gemm.launch), the recording is kept as a template under the problem's signature and
 later calls only allocate the output and replay it with their own tensors bound to the slots (~0.1 ms
-less host time per call on PoCL). The signature holds everything the choice depended on: shapes,
-strides, dtype, epilogue, offsets mod 16 (aligned-load variants), the device and the tuning database's
-state.
+less host time per call on PoCL). The signature holds everything the choice depended on in the call:
+shapes, strides, dtype, epilogue, offsets mod 16 (aligned-load variants), the queue; the templates live in
+netcl.core.capture.plans, which the tuning database empties when it changes.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import numpy as np
 from netcl.core import capture, dtypes
 from netcl.core.tensor import Tensor
 from netcl.errors import DTypeError, ShapeError
-from netcl.kernels import ACTIVATIONS, tuning
+from netcl.kernels import ACTIVATIONS
 from netcl.ops import elementwise
 from netcl.ops.gemm import splitk
 from netcl.ops.gemm.launch import launch
@@ -56,7 +56,7 @@ def gemm(
     fast = variant is None and params is None and splits is None
     if fast:
         key = _template_key(a, b, bias, residual, activation, alpha, bias_rows)
-        hit = _templates.get(key) if key is not None else None
+        hit = capture.plans.get(key) if key is not None else None
         if hit is not None:
             return _replay(hit, a, b, bias, residual)
     if not bias_rows:  # folding the batch into rows would change which row a bias value belongs to
@@ -68,12 +68,14 @@ def gemm(
         return _finish(p)
     if (variant in (None, "cpu") and params is None and splits is None
             and (cpu_splits := splitk.choose_cpu_splits(p, variant or _auto_variant(p)))):
-        av, bv = splitk.cpu_slices(p, cpu_splits)
-        work = gemm(av, bv, variant="cpu")  # (splits, m, n), contiguous, in the operands' dtype (f32/f64)
-        splitk.reduce_splits(p, work, cpu_splits)
+        if fast and key is not None:
+            _record(key, p, lambda: _cpu_split(p, cpu_splits))
+        else:
+            _cpu_split(p, cpu_splits)
         return _finish(p)
     if fast and key is not None:
-        _record(key, p, _auto_variant(p))
+        variant = _auto_variant(p)
+        _record(key, p, lambda: launch(p, variant))
         return _finish(p)
     if variant is None:
         variant = _auto_variant(p)
@@ -129,7 +131,9 @@ def _auto_variant(p: _Problem) -> str:
 
 
 # -- the fast path: templates of repeated calls (module docstring) ---------------------------------------
-_templates: dict[tuple, tuple[capture.Recording, tuple, Any]] = {}
+def templates() -> dict[tuple, tuple[capture.Recording, tuple, Any]]:
+    """The GEMM templates kept now (key -> (recording, output shape, workspace shape and dtype or None))."""
+    return {k: v for k, v in capture.plans.items() if k[0] == "gemm"}
 
 
 def _template_key(a: Any, b: Any, bias: Any, residual: Any, activation: Any, alpha: float,
@@ -149,23 +153,37 @@ def _template_key(a: Any, b: Any, bias: Any, residual: Any, activation: Any, alp
         else:
             extra.append((t.shape, t.strides, t.offset % 16))
     return (
-        id(a.queue), a.dtype, a.shape, a.strides, a.offset % 16, b.shape, b.strides, b.offset % 16,
-        *extra, activation, float(alpha), bias_rows, *tuning.state(a.device),
+        "gemm", id(a.queue), a.dtype, a.shape, a.strides, a.offset % 16, b.shape, b.strides, b.offset % 16,
+        *extra, activation, float(alpha), bias_rows,
     )
 
 
-def _record(key: tuple, p: _Problem, variant: str, **options: Any) -> None:
-    """Launch `p` while recording; keep the recording as the template of `key` when a replay can rebind
-    all of it (every launch on the operands in place, its slots named)."""
+def _cpu_split(p: _Problem, splits: int) -> Tensor:
+    """The CPU split-K (netcl.ops.gemm.splitk): one batched cpu GEMM over K slices of the operands (strided
+    views, no copies) into a (splits, M, N) workspace, then the reduction with the epilogue. Returns the
+    workspace (a recording's `work` slot)."""
+    av, bv = splitk.cpu_slices(p, splits)
+    inner = _prepare(av, bv, None, None, None, 1.0)  # its output is the workspace, in the operands' dtype
+    launch(inner, "cpu")
+    # the slices start where the operands do: slots a and b bind the operands; the workspace is `work`
+    capture.name_slots(a=("A", "a_off"), b=("B", "b_off"), work=[("C", "c_off"), ("bias",), ("residual",)])
+    splitk.reduce_splits(p, inner.out, splits)
+    return inner.out
+
+
+def _record(key: tuple, p: _Problem, run: Any) -> None:
+    """Launch `p` by `run()` while recording; keep the recording as the template of `key` when a replay
+    can rebind all of it (every launch on the operands in place, its slots named). `run` returns split-K's
+    workspace or None."""
     for t in (p.a, p.b, p.bias, p.residual):
         if t is not None:
             t.realize()  # a pending operand (netcl.jit.lazy) is computed now, not inside the recording
     rec = capture.Recording()
     with capture.recording(rec):
-        work = launch(p, variant, **options)
-    if rec.slotted and len(_templates) < 4096:
+        work = run()
+    if rec.slotted:
         rec.unbind()
-        _templates[key] = (rec, p.out.shape, None if work is None else (work.shape, work.dtype))
+        capture.plans.put(key, (rec, p.out.shape, None if work is None else (work.shape, work.dtype)))
 
 
 def _replay(hit: tuple, a: Tensor, b: Tensor, bias: Tensor | None, residual: Tensor | None,
@@ -213,20 +231,20 @@ def matmul_rowsum(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor | None]:
     takes another kernel (GPU, tiny shapes); the caller then sums a's rows itself."""
     if not (isinstance(a, Tensor) and isinstance(b, Tensor)) or a.ndim != 2 or b.ndim != 2:
         return matmul(a, b), None
+    key = _template_key(a, b, None, None, "rowsum", 1.0)
+    hit = capture.plans.get(key) if key is not None else None
+    if hit is not None:  # recorded only where the checks below chose the cpu kernel
+        rowsum = Tensor.empty(a.queue, (a.shape[0],), a.dtype)
+        return _replay(hit, a, b, None, None, rowsum), rowsum
     if (a.device.capabilities.kind != "cpu" or a.dtype == dtypes.bfloat16
             or choose_variant(a.device, a.shape[0], b.shape[1], a.shape[1]) != "cpu"):
         return gemm(a, b), None
-    key = _template_key(a, b, None, None, "rowsum", 1.0)
-    hit = _templates.get(key) if key is not None else None
-    if hit is not None:
-        rowsum = Tensor.empty(a.queue, (a.shape[0],), a.dtype)
-        return _replay(hit, a, b, None, None, rowsum), rowsum
     p = _prepare(a, b, None, None, None, 1.0)
     if p.out.size == 0:
         return _finish(p), None
     rowsum = Tensor.empty(p.out.queue, (p.m,), p.out.dtype)
     if key is not None:
-        _record(key, p, "cpu", rowsum=rowsum)
+        _record(key, p, lambda: launch(p, "cpu", rowsum=rowsum))
     else:
         launch(p, "cpu", rowsum=rowsum)
     return _finish(p), rowsum
@@ -240,19 +258,20 @@ def matmul_relu_mask(a: Tensor, b: Tensor, mask: Tensor) -> tuple[Tensor, bool]:
     if (
         not (isinstance(a, Tensor) and isinstance(b, Tensor) and isinstance(mask, Tensor))
         or a.ndim != 2 or b.ndim != 2 or mask.shape != (a.shape[0], b.shape[1])
-        or a.device.capabilities.kind != "cpu" or a.dtype == dtypes.bfloat16
-        or choose_variant(a.device, a.shape[0], b.shape[1], a.shape[1]) != "cpu"
     ):
         return gemm(a, b), False
     key = _template_key(a, b, None, mask, "relumask", 1.0)
-    hit = _templates.get(key) if key is not None else None
-    if hit is not None:
+    hit = capture.plans.get(key) if key is not None else None
+    if hit is not None:  # recorded only where the checks below chose the cpu kernel
         return _replay(hit, a, b, None, mask), True
+    if (a.device.capabilities.kind != "cpu" or a.dtype == dtypes.bfloat16
+            or choose_variant(a.device, a.shape[0], b.shape[1], a.shape[1]) != "cpu"):
+        return gemm(a, b), False
     p = _prepare(a, b, None, mask, None, 1.0)
     if p.out.size == 0:
         return _finish(p), True
     if key is not None:
-        _record(key, p, "cpu", mask_residual=True)
+        _record(key, p, lambda: launch(p, "cpu", mask_residual=True))
     else:
         launch(p, "cpu", mask_residual=True)
     return _finish(p), True

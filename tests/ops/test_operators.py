@@ -1,0 +1,60 @@
+"""Tensor's math methods (netcl.ops.operators) and Node's (netcl.autograd.operators) come from one list, so
+the two surfaces cannot disagree, and each method of both computes the same values."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import netcl.autograd as ag
+from netcl.autograd import elementwise as ag_elementwise
+from netcl.autograd import reduce as ag_reduce
+from netcl.autograd.engine import Node
+from netcl.core.tensor import Tensor
+from netcl.ops import elementwise, reduce
+from netcl.ops.operators import ELEMENTWISE_METHODS, METHOD_ALIASES, REDUCE_METHODS, TENSOR_ONLY_METHODS
+from tests.reference import assert_close
+
+SHARED = ELEMENTWISE_METHODS + REDUCE_METHODS + tuple(METHOD_ALIASES)
+# the arguments after the tensor of the methods that need some
+ARGS = {"clamp": (-0.5, 0.5), "pow": (2.0,), "cast": (np.float64,), "astype": (np.float64,),
+        "leaky_relu": (0.1,), "softmax": (-1,), "log_softmax": (-1,)}
+
+
+def test_tensor_and_node_have_the_same_math_methods():
+    """Every math op of netcl.ops that autograd differentiates is a method of both or of neither; the
+    Tensor-only ones are the declared few (softplus was once a Node method only)."""
+    ops_math = {n for n in list(elementwise.__all__) + dir(reduce) if not n.startswith("_")}
+    differentiable = {n for n in ops_math if hasattr(ag_elementwise, n) or hasattr(ag_reduce, n)}
+    on_tensor = {n for n in differentiable if callable(getattr(Tensor, n, None))}
+    on_node = {n for n in differentiable if callable(getattr(Node, n, None))}
+    assert on_tensor - set(TENSOR_ONLY_METHODS) == on_node, (
+        f"Tensor only: {sorted(on_tensor - on_node)}; Node only: {sorted(on_node - on_tensor)}")
+    for name in SHARED:
+        assert callable(getattr(Tensor, name)) and callable(getattr(Node, name)), name
+    for name in TENSOR_ONLY_METHODS:
+        assert callable(getattr(Tensor, name)) and not hasattr(Node, name), name
+
+
+@pytest.mark.parametrize("name", SHARED)
+def test_each_shared_method_gives_tensor_and_node_the_same_values(queue, rng, name):
+    """The Tensor method and the Node method of one name compute the same bits (one kernel behind both) on
+    an odd shape; a few are checked against float64 NumPy too."""
+    a = (rng.standard_normal((3, 17)) * 0.8).astype(np.float32)
+    if name in ("log", "sqrt", "rsqrt", "reciprocal"):
+        a = np.abs(a) + 0.25
+    args = ARGS.get(name, ())
+    on_tensor = getattr(Tensor.from_host(queue, a), name)(*args)
+    with ag.Tape():
+        on_node = getattr(ag.tensor(Tensor.from_host(queue, a)), name)(*args)
+    assert isinstance(on_node, Node)
+    np.testing.assert_array_equal(on_tensor.to_host(), on_node.value.to_host())
+    a64 = a.astype(np.float64)
+    reference = {"softplus": np.log1p(np.exp(a64)), "exp": np.exp(a64), "tanh": np.tanh(a64),
+                 "erf": np.vectorize(math.erf)(a64), "sum": np.array([a64.sum()]), "square": a64 * a64}
+    if name in reference:
+        want = reference[name]
+        assert_close(on_tensor.reshape(want.shape) if name == "sum" else on_tensor, want, np.float32,
+                     atol=2e-5 if name == "sum" else None)
