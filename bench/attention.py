@@ -276,6 +276,8 @@ def main() -> int:
                     help="the inputs' dtype (torch sdpa in the same; float16/bfloat16 take netcl's "
                     "matrix-unit forward where the device has matrix units)")
     ap.add_argument("--skip", default="", help="comma list of peers to skip: torch")
+    ap.add_argument("--mma-tiles", default="", help="also time netcl under each of these attention_mma.cl "
+                    "tiles (a JSON list of dicts over attn.MMA_TILES), float16/bfloat16 only")
     ap.add_argument("--out", default="bench/results/attention.json")
     args = ap.parse_args()
 
@@ -368,6 +370,21 @@ def main() -> int:
               f"{memory['peak_over_tensor']:.2f} x one (B,H,S,D) tensor; one head's S x S would be "
               f"{memory['one_head_SxS_bytes'] / 2**20:.0f} MiB")
     sweep_rows = sweep(dev, B, H, S, D, repeat, False, args.sweep_only) if args.sweep else None
+    if args.mma_tiles:
+        base = dict(attn.MMA_TILES)
+        for tiles in json.loads(args.mma_tiles):
+            attn.MMA_TILES = {**base, **tiles}
+            for case in cases:
+                arrays = {n: rng.standard_normal((case.B, case.H, case.SQ if n in "qg" else case.SK,
+                                                  case.D)).astype(dtype) for n in "qkvg"}
+                try:
+                    sec = run_netcl(case, arrays, dev, repeat)["seconds"]
+                    rows.append({"case": case.name, "mma_tiles": attn.MMA_TILES, "seconds": sec})
+                    print(f"mma tiles {json.dumps(tiles):32} {case.name:16} {sec * 1e3:9.3f} ms "
+                          f"{case.flops() / sec / 1e9:9.0f} GFLOP/s", flush=True)
+                except Exception as exc:  # a tile the device cannot build is reported, not fatal
+                    print(f"mma tiles {json.dumps(tiles):32} {case.name:16} failed: {exc}"[:300], flush=True)
+        attn.MMA_TILES = base
     if args.gpu:
         print(
             f"limit: FP32 peak ~{FP32_PEAK_GPU / 1e12:.0f} "

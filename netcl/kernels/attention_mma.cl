@@ -37,6 +37,7 @@
 #endif
 #define WARPS (BM / 16)
 #define THREADS (WARPS * 32)
+#define KEYS (WARPS * 16)        // keys of a dk/dv work-group: 16 a warp
 #define DPAD (HEAD_DIM + 8)      // local row length (16-bit values): a 16-byte pad keeps ldmatrix's 8 rows
                                  // on 8 different bank groups
 #define NB (BN / 8)              // 8-key blocks of the scores
@@ -242,7 +243,7 @@ void attention_forward_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARGS, LEN_AR
 //   in registers and per key tile (k and v in local memory): s = q k^T and dp = dO v^T, p = exp(s - lse),
 //   ds = p (z dp - delta) rounded to T as the A operand of dq += ds k (k's fragments by ldmatrix.trans);
 //   dq = scale dq stored in T.
-// attention_backward_dkdv_mma: global (ceil(SK / BN) * THREADS, HKV, B). Warp w keeps keys j0 + 16 w .. + 15
+// attention_backward_dkdv_mma: global (ceil(SK / BM) * THREADS, HKV, B). Warp w keeps keys j0 + 16 w .. + 15
 //   of one kv head (k's and v's fragments in registers) and walks the query tiles of BQ rows of the GROUP
 //   heads that can see them (q, dO tiles, lse, delta in local memory): s^T = k q^T and dp^T = v dO^T, p^T and
 //   ds^T as above, dv += (p z)^T dO and dk += ds^T q (q's and dO's fragments by ldmatrix.trans); dk = scale
@@ -250,8 +251,8 @@ void attention_forward_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARGS, LEN_AR
 #ifndef BQ
 #define BQ 32
 #endif
-#if (BQ % 16) || BQ > BN
-#error "attention_mma.cl: BQ a multiple of 16, at most BN"
+#if (BQ % 16) || BQ > KEYS
+#error "attention_mma.cl: BQ a multiple of 16, at most BM"
 #endif
 #define QB (BQ / 8)
 
@@ -404,22 +405,22 @@ void attention_backward_dkdv_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(gra
                                  __global T *dv, const int HQ, const int GROUP, const int SQ, const int SK,
                                  const int causal, const ACC scale, DROP_ARGS)
 {
-    __local uint4 qs4[BN * DPAD / 8], gs4[BN * DPAD / 8];   // (the k and v tiles first, then q and dO tiles)
+    __local uint4 qs4[KEYS * DPAD / 8], gs4[KEYS * DPAD / 8];   // (the k and v tiles first, then q and dO tiles)
     __local ushort *const qs = (__local ushort *)qs4, *const gs = (__local ushort *)gs4;
     __local float rowv[2 * BQ];   // lse, then delta of the query tile's rows
 #ifdef MMA_EMULATE
     __local float scratch_a[WARPS * 16 * KSTEP], scratch_b[WARPS * KSTEP * 8], shx[THREADS];
 #endif
     const int tid = get_local_id(0), lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
-    const int j0 = get_group_id(0) * BN, hk = get_global_id(1), b = get_global_id(2);
+    const int j0 = get_group_id(0) * KEYS, hk = get_global_id(1), b = get_global_id(2);
     if (j0 >= SK) return;
     const int L = valid_keys(kv_len, kv_len_off, has_kv_len, kv_len_stride, b, SK);
     const int HKV = HQ / GROUP;
     const long kvrow0 = ((long)b * HKV + hk) * SK + j0;
     const int jloc[2] = {warp * 16 + g, warp * 16 + g + 8};
 
-    load_tile(qs, (__global const ushort *)(k + k_off + b * k_sb + hk * k_sh), k_ss, j0, BN, SK, tid);
-    load_tile(gs, (__global const ushort *)(v + v_off + b * v_sb + hk * v_sh), v_ss, j0, BN, SK, tid);
+    load_tile(qs, (__global const ushort *)(k + k_off + b * k_sb + hk * k_sh), k_ss, j0, KEYS, SK, tid);
+    load_tile(gs, (__global const ushort *)(v + v_off + b * v_sb + hk * v_sh), v_ss, j0, KEYS, SK, tid);
     barrier(CLK_LOCAL_MEM_FENCE);
     uint ka[DK][4], va[DK][4];
     MMA_UNROLL
@@ -460,7 +461,7 @@ void attention_backward_dkdv_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(gra
                 for (int e = 0; e < 4; ++e) st[jb][e] = dpt[jb][e] = 0.0f;
             MMA_NT(st, ka, QB, QS_NT);
             MMA_NT(dpt, va, QB, GS_NT);
-            const bool open_tile = MASK == MASK_NONE && j0 + BN <= L && (!causal || j0 + BN - 1 <= i0 + L - SQ);
+            const bool open_tile = MASK == MASK_NONE && j0 + KEYS <= L && (!causal || j0 + KEYS - 1 <= i0 + L - SQ);
             uint pa[BQ / 16][4], da[BQ / 16][4];
             #pragma unroll
             for (int jb = 0; jb < QB; ++jb) {

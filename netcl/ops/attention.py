@@ -130,6 +130,8 @@ GPU_ROW_SHFL: bool | None = None
 # emulation of mma, ldmatrix and the shuffles, on any device.
 GPU_MMA: bool | None = None
 MMA_EMULATE = False
+# attention_mma.cl's tiles: BM query rows a work-group (16 a warp; the dk/dv pass: BM keys), BN keys a tile
+# of the forward and dq passes, BQ query rows a tile of the dk/dv pass.
 MMA_TILES = {"BM": 64, "BN": 64, "BQ": 32}
 # The matrix-unit backward (dq pass, then dk/dv: no atomics) keeps k's and v's fragments and dk, dv in
 # registers: up to head dim 64 (larger ones take attention_gpu.cl's kernels).
@@ -481,8 +483,8 @@ class _Problem:
         prg = kernels.program(self.device, "attention_mma.cl", dtype=self.dtype, options=("-cl-mad-enable",),
                               **defines)
         threads = MMA_TILES["BM"] // 16 * 32
-        rows, per_group, heads = ((self.SK, MMA_TILES["BN"], self.HKV) if kernel == "dkdv"
-                                  else (self.SQ, MMA_TILES["BM"], self.HQ))
+        rows, heads = (self.SK, self.HKV) if kernel == "dkdv" else (self.SQ, self.HQ)
+        per_group = MMA_TILES["BM"]   # query rows a work-group (dk/dv: keys, 16 a warp)
         k = getattr(prg, {"forward": "attention_forward_mma", "dq": "attention_backward_dq_mma",
                           "dkdv": "attention_backward_dkdv_mma"}[kernel])
         k(self.queue, (-(-rows // per_group) * threads, heads, self.B), (threads, 1, 1), **args)
