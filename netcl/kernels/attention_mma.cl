@@ -48,6 +48,13 @@
 #error "attention_mma.cl: HEAD_DIM a multiple of 16 up to 128, BM and BN multiples of 16, BM <= BN"
 #endif
 
+// PREFETCH 1: the forward's and the dq pass's k and v tiles in a two-stage ring filled by cp.async, tile n + 1
+// in flight while tile n is computed (twice the tiles' local memory); 0: each tile loaded by the work-items
+// between two barriers
+#ifndef PREFETCH
+#define PREFETCH 0
+#endif
+
 #if defined(NATIVE_EXP)
 #define EXPF(x) native_exp(x)
 #else
@@ -104,6 +111,23 @@ inline void load_tile(__local ushort *dst, __global const ushort *base, const lo
     }
 }
 
+// the same through cp.async (PREFETCH): the copies fly until CP_WAIT; rows at or past `limit` zero-filled
+inline void issue_tile(__local ushort *dst, __global const ushort *base, const long row_stride, const int first,
+                       const int count, const int limit, const int tid) {
+    for (int c = tid; c < count * CH; c += THREADS) {
+        const int r = c / CH, ch = c - r * CH;
+        const bool in = first + r < limit;
+        nc_cp_async16(dst + r * DPAD + ch * 8, in ? base + (first + r) * row_stride + ch * 8 : base, in ? 16 : 0);
+    }
+}
+#ifdef MMA_EMULATE
+#define CP_COMMIT()
+#define CP_WAIT1()
+#else
+#define CP_COMMIT() asm volatile("cp.async.commit_group;" ::: "memory")
+#define CP_WAIT1() asm volatile("cp.async.wait_group 1;" ::: "memory")   // all but the newest group landed
+#endif
+
 // ldmatrix row addresses by lane L: the warp's 16 q rows at k step kk (A); keys jb * 8 .. + 15 at k step
 // kk (B of q k^T: two 8-key blocks, k halves); keys kk * 16 .. + 15 of v at columns db * 8 .. + 15 (B of
 // p v, transposed)
@@ -111,13 +135,51 @@ inline void load_tile(__local ushort *dst, __global const ushort *base, const lo
 #define K_ROWS(L) (ks + (jb * 8 + ((L) >> 4) * 8 + ((L) & 7)) * DPAD + kk * 16 + (((L) >> 3) & 1) * 8)
 #define V_ROWS(L) (vs + (kk * 16 + (((L) >> 3) & 1) * 8 + ((L) & 7)) * DPAD + (db + ((L) >> 4)) * 8)
 
+// The loop over streamed tiles of ROWS rows (up to END) of two operands A and B (bases, row strides) into the
+// local buffers abuf, bbuf: STREAM_BEGIN before the loop (`it` counts its tiles, r0 their first rows),
+// STREAM_NEXT at the top of each pass, which names the tile's buffers `as_`, `bs_` and leaves the tile
+// visible to every work-item.
+#define TILE_ELEMS(rows) ((rows) * DPAD)
+#if PREFETCH
+#define STREAM_BEGIN_AT(abuf, bbuf, abase, astride, bbase, bstride, ROWS, END, r0)                      \
+    barrier(CLK_LOCAL_MEM_FENCE);       /* the reads of the first stage before the loop are done */     \
+    if ((r0) < (END)) {                                                                                 \
+        issue_tile(abuf, abase, astride, r0, ROWS, END, tid);                                           \
+        issue_tile(bbuf, bbase, bstride, r0, ROWS, END, tid);                                           \
+    }                                                                                                   \
+    CP_COMMIT()
+#define STREAM_NEXT_AT(abuf, bbuf, abase, astride, bbase, bstride, ROWS, END, r0, as_, bs_)              \
+    __local ushort *const as_ = (abuf) + (it & 1) * TILE_ELEMS(ROWS);                                   \
+    __local ushort *const bs_ = (bbuf) + (it & 1) * TILE_ELEMS(ROWS);                                   \
+    barrier(CLK_LOCAL_MEM_FENCE);       /* every warp is done with the tile before: its stage is free */ \
+    if ((r0) + (ROWS) < (END)) {                                                                        \
+        issue_tile((abuf) + ((it + 1) & 1) * TILE_ELEMS(ROWS), abase, astride, (r0) + (ROWS), ROWS, END, tid); \
+        issue_tile((bbuf) + ((it + 1) & 1) * TILE_ELEMS(ROWS), bbase, bstride, (r0) + (ROWS), ROWS, END, tid); \
+    }                                                                                                   \
+    CP_COMMIT();                                                                                        \
+    CP_WAIT1();                         /* this work-item's copies of the tile have landed */            \
+    barrier(CLK_LOCAL_MEM_FENCE)        /* ... and everyone's */
+#else
+#define STREAM_BEGIN_AT(abuf, bbuf, abase, astride, bbase, bstride, ROWS, END, r0)
+#define STREAM_NEXT_AT(abuf, bbuf, abase, astride, bbase, bstride, ROWS, END, r0, as_, bs_)              \
+    __local ushort *const as_ = (abuf), *const bs_ = (bbuf);                                            \
+    barrier(CLK_LOCAL_MEM_FENCE);       /* every warp is done with the tile before */                    \
+    load_tile(as_, abase, astride, r0, ROWS, END, tid);                                                 \
+    load_tile(bs_, bbase, bstride, r0, ROWS, END, tid);                                                 \
+    barrier(CLK_LOCAL_MEM_FENCE)
+#endif
+#define STREAM_BEGIN(abuf, bbuf, abase, astride, bbase, bstride, ROWS, END)                             \
+    STREAM_BEGIN_AT(abuf, bbuf, abase, astride, bbase, bstride, ROWS, END, 0)
+#define STREAM_NEXT(abuf, bbuf, abase, astride, bbase, bstride, ROWS, END, as_, bs_)                     \
+    STREAM_NEXT_AT(abuf, bbuf, abase, astride, bbase, bstride, ROWS, END, j0, as_, bs_)
+
 __kernel __attribute__((reqd_work_group_size(THREADS, 1, 1)))
 void attention_forward_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARGS, LEN_ARGS, __global T *out,
                            __global ACC *lse, const int HQ, const int GROUP, const int SQ, const int SK,
                            const int causal, const ACC scale, DROP_ARGS)
 {
-    __local uint4 ks4[BN * DPAD / 8], vs4[BN * DPAD / 8];
-    __local ushort *const ks = (__local ushort *)ks4, *const vs = (__local ushort *)vs4;
+    __local uint4 ks4[(1 + PREFETCH) * BN * DPAD / 8], vs4[(1 + PREFETCH) * BN * DPAD / 8];
+    __local ushort *const ksb = (__local ushort *)ks4, *const vsb = (__local ushort *)vs4;
 #ifdef MMA_EMULATE
     __local float scratch_a[WARPS * 16 * KSTEP], scratch_b[WARPS * KSTEP * 8], shx[THREADS];
 #endif
@@ -135,22 +197,23 @@ void attention_forward_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARGS, LEN_AR
     const int rloc[2] = {warp * 16 + g, warp * 16 + g + 8};
     const int irow[2] = {min(i0 + rloc[0], SQ - 1), min(i0 + rloc[1], SQ - 1)};
 
-    // q's fragments, through the k tile's memory
-    load_tile(ks, (__global const ushort *)(q + q_off + b * q_sb + h * q_sh), q_ss, i0, BM, SQ, tid);
-    barrier(CLK_LOCAL_MEM_FENCE);
     uint qa[DK][4];
-    MMA_UNROLL
-    for (int kk = 0; kk < DK; ++kk) LDSM(qa[kk], Q_ROWS, false);
+    // q's fragments, through the k tile's memory
+    {
+        __local ushort *const ks = ksb;
+        load_tile(ks, (__global const ushort *)(q + q_off + b * q_sb + h * q_sh), q_ss, i0, BM, SQ, tid);
+        barrier(CLK_LOCAL_MEM_FENCE);
+        MMA_UNROLL
+        for (int kk = 0; kk < DK; ++kk) LDSM(qa[kk], Q_ROWS, false);
+    }
 
     float o[DB][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
     #pragma unroll
     for (int db = 0; db < DB; ++db) o[db][0] = o[db][1] = o[db][2] = o[db][3] = 0.0f;
 
-    for (int j0 = 0; j0 < jend; j0 += BN) {
-        barrier(CLK_LOCAL_MEM_FENCE);   // every warp is done with the previous tiles (and q's fragments)
-        load_tile(ks, kb, k_ss, j0, BN, jend, tid);
-        load_tile(vs, vb, v_ss, j0, BN, jend, tid);
-        barrier(CLK_LOCAL_MEM_FENCE);
+    STREAM_BEGIN(ksb, vsb, kb, k_ss, vb, v_ss, BN, jend);
+    for (int j0 = 0, it = 0; j0 < jend; j0 += BN, ++it) {
+        STREAM_NEXT(ksb, vsb, kb, k_ss, vb, v_ss, BN, jend, ks, vs);
 
         float s[NB][4];
         #pragma unroll
@@ -314,8 +377,8 @@ void attention_backward_dq_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(grad_
                                const int do_dq, const int HQ, const int GROUP, const int SQ, const int SK,
                                const int causal, const ACC scale, DROP_ARGS)
 {
-    __local uint4 ks4[BN * DPAD / 8], vs4[BN * DPAD / 8];
-    __local ushort *const ks = (__local ushort *)ks4, *const vs = (__local ushort *)vs4;
+    __local uint4 ks4[(1 + PREFETCH) * BN * DPAD / 8], vs4[(1 + PREFETCH) * BN * DPAD / 8];
+    __local ushort *const ksb = (__local ushort *)ks4, *const vsb = (__local ushort *)vs4;
     __local float rowv[2 * BM];   // lse, then delta of the tile's rows
 #ifdef MMA_EMULATE
     __local float scratch_a[WARPS * 16 * KSTEP], scratch_b[WARPS * KSTEP * 8], shx[THREADS];
@@ -346,25 +409,26 @@ void attention_backward_dq_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(grad_
     const int rloc[2] = {warp * 16 + g, warp * 16 + g + 8};
     const int irow[2] = {min(i0 + rloc[0], SQ - 1), min(i0 + rloc[1], SQ - 1)};
 
-    load_tile(ks, (__global const ushort *)(q + q_off + b * q_sb + h * q_sh), q_ss, i0, BM, SQ, tid);
-    load_tile(vs, (__global const ushort *)grow, grad_out_ss, i0, BM, SQ, tid);
-    barrier(CLK_LOCAL_MEM_FENCE);
     uint qa[DK][4], ga[DK][4];
-    MMA_UNROLL
-    for (int kk = 0; kk < DK; ++kk) {
-        LDSM(qa[kk], KS_WARP, false);
-        LDSM(ga[kk], VS_WARP, false);
+    {
+        __local ushort *const ks = ksb, *const vs = vsb;
+        load_tile(ks, (__global const ushort *)(q + q_off + b * q_sb + h * q_sh), q_ss, i0, BM, SQ, tid);
+        load_tile(vs, (__global const ushort *)grow, grad_out_ss, i0, BM, SQ, tid);
+        barrier(CLK_LOCAL_MEM_FENCE);
+        MMA_UNROLL
+        for (int kk = 0; kk < DK; ++kk) {
+            LDSM(qa[kk], KS_WARP, false);
+            LDSM(ga[kk], VS_WARP, false);
+        }
     }
     const float lse_r[2] = {rowv[rloc[0]], rowv[rloc[1]]}, delta_r[2] = {rowv[BM + rloc[0]], rowv[BM + rloc[1]]};
     float dqa[DB][4];
     #pragma unroll
     for (int db = 0; db < DB; ++db) dqa[db][0] = dqa[db][1] = dqa[db][2] = dqa[db][3] = 0.0f;
 
-    for (int j0 = 0; j0 < jend; j0 += BN) {
-        barrier(CLK_LOCAL_MEM_FENCE);
-        load_tile(ks, kb, k_ss, j0, BN, jend, tid);
-        load_tile(vs, vb, v_ss, j0, BN, jend, tid);
-        barrier(CLK_LOCAL_MEM_FENCE);
+    STREAM_BEGIN(ksb, vsb, kb, k_ss, vb, v_ss, BN, jend);
+    for (int j0 = 0, it = 0; j0 < jend; j0 += BN, ++it) {
+        STREAM_NEXT(ksb, vsb, kb, k_ss, vb, v_ss, BN, jend, ks, vs);
         float s[NB][4], dp[NB][4];
         #pragma unroll
         for (int jb = 0; jb < NB; ++jb)

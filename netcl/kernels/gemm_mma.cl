@@ -193,19 +193,7 @@ inline uint4 load_vec(__global const STORE_T *p, const long i, const bool whole,
 #ifdef ASYNC
 // one 16-byte copy global -> local; `bytes` < 16 fills the rest with zeros (0: no read at all)
 inline void cp_async16(__local LTYPE *dst, __global const STORE_T *src, const int bytes) {
-#ifdef MMA_EMULATE
-    uint4 v = (uint4)(0);
-    if (bytes == 16) v = vload4(0, (__global const uint *)src);
-    else if (bytes > 0) {
-        uint w[4] = {0, 0, 0, 0};
-        for (int i = 0; i < bytes / 2; ++i) ((ushort *)w)[i] = ((__global const ushort *)src)[i];
-        v = (uint4)(w[0], w[1], w[2], w[3]);
-    }
-    *(__local uint4 *)dst = v;
-#else
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
-                 :: "r"((uint)(ulong)dst), "l"((ulong)src), "r"(bytes) : "memory");
-#endif
+    nc_cp_async16((__local void *)dst, (__global const void *)src, bytes);
 }
 #define MMA_STR2(x) #x
 #define MMA_STR(x) MMA_STR2(x)

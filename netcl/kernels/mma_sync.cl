@@ -1,6 +1,6 @@
 // mma.sync and ldmatrix from OpenCL C (NVIDIA inline PTX), shared by gemm_mma.cl and attention_mma.cl:
 // MMA(d, a, b, c) (d = a x b + c for one warp: m16n8k16 for MMA_F16 / MMA_BF16, m16n8k8 TF32 for MMA_TF32)
-// and LDSM(r, PTR, trans) (ldmatrix.x4), with MMA_EMULATE their local-memory emulation for any OpenCL
+// and LDSM(r, PTR, trans) (ldmatrix.x4), nc_cp_async16 (cp.async), with MMA_EMULATE their local-memory emulation for any OpenCL
 // device (PoCL, Oclgrind). The includer defines KSTEP (16, or 8 for TF32) and, where MMA is used, has
 // `lane`, `g` = lane / 4, `t` = lane % 4, `warp` and, when emulating, the per-warp scratch tiles
 // `scratch_a` (16 x KSTEP floats a warp) and `scratch_b` (KSTEP x 8) in local memory.
@@ -102,5 +102,24 @@ inline void mma(float d[4], const uint a[4], const uint b[2], const float c[4],
                          : "r"((uint)(ulong)PTR(lane)) : "memory");                                     \
     } while (0)
 #endif
+
+// one 16-byte copy global -> local through cp.async (sm_80+: the copy flies while the work-item goes on;
+// cp.async.commit_group / wait_group order them); `bytes` < 16 fills the rest with zeros (0: no read at
+// all). Emulated: a plain copy.
+inline void nc_cp_async16(__local void *dst, __global const void *src, const int bytes) {
+#ifdef MMA_EMULATE
+    uint4 v = (uint4)(0);
+    if (bytes == 16) v = vload4(0, (__global const uint *)src);
+    else if (bytes > 0) {
+        uint w[4] = {0, 0, 0, 0};
+        for (int i = 0; i < bytes / 2; ++i) ((ushort *)w)[i] = ((__global const ushort *)src)[i];
+        v = (uint4)(w[0], w[1], w[2], w[3]);
+    }
+    *(__local uint4 *)dst = v;
+#else
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
+                 :: "r"((uint)(ulong)dst), "l"((ulong)src), "r"(bytes) : "memory");
+#endif
+}
 
 #endif

@@ -131,8 +131,9 @@ GPU_ROW_SHFL: bool | None = None
 GPU_MMA: bool | None = None
 MMA_EMULATE = False
 # attention_mma.cl's tiles: BM query rows a work-group (16 a warp; the dk/dv pass: BM keys), BN keys a tile
-# of the forward and dq passes, BQ query rows a tile of the dk/dv pass.
-MMA_TILES = {"BM": 64, "BN": 64, "BQ": 32}
+# of the forward and dq passes, BQ query rows a tile of the dk/dv pass; PREFETCH 1: the forward's and dq's k
+# and v tiles through a two-stage cp.async ring (where it fits the device's local memory).
+MMA_TILES = {"BM": 64, "BN": 64, "BQ": 32, "PREFETCH": 0}
 # The matrix-unit backward (dq pass, then dk/dv: no atomics) keeps k's and v's fragments and dk, dv in
 # registers: up to head dim 64 (larger ones take attention_gpu.cl's kernels).
 MMA_BACKWARD_MAX_HEAD_DIM = 64
@@ -476,6 +477,9 @@ class _Problem:
     def launch_mma(self, kernel: str, **args: Any) -> Any:
         """attention_mma.cl's `kernel` ("forward", "dq", "dkdv"; see mma_forward); returns the kernel."""
         defines: dict[str, Any] = {"HEAD_DIM": self.D, "MASK": self.mask_kind, **MMA_TILES}
+        ring = 4 * defines["BN"] * (self.D + 8) * 2   # two stages of a k and a v tile, bytes
+        if defines.get("PREFETCH") and ring > self.device.capabilities.local_mem:
+            defines["PREFETCH"] = 0
         if MMA_EMULATE:
             defines["MMA_EMULATE"] = None
         elif GPU_NATIVE_EXP or (GPU_NATIVE_EXP is None and _nvidia(self.device)):
