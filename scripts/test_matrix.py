@@ -26,12 +26,17 @@ from source, twice) short:
                      can run but PoCL would not pick itself: AVX2 code generation on an AVX-512 machine,
                      say. (PyPI's PoCL 3.0 cannot be forced: it always compiles for the CPU it finds.)
 
+  oclgrind           scripts/oclgrind_check.py: tests/oclgrind under the Oclgrind simulator (out-of-bounds
+                     accesses, data races, API misuse); --no-oclgrind leaves it out. The pytest arguments
+                     given to this script are not passed to it.
+
 With one PoCL only, it runs the whole suite; with none (a machine with a vendor driver only), the suite
 runs once in the environment as is.
 
-Configurations run two at a time (one per core on CI's machines), each writing its own log under
-$TMPDIR; the script prints each one's result and, for a failure, the end of its log. Exit status 1 if any
-configuration failed.
+Configurations run two at a time (one per core on CI's machines; PoCL compiles on one thread), the
+longest first, each writing its own log under $TMPDIR; every 30 s the script prints how far each running
+one is (tests done / total, programs built), then each one's result with its wall and CPU seconds and, for
+a failure, the end of its log. Exit status 1 if any configuration failed.
 """
 
 from __future__ import annotations
@@ -57,6 +62,9 @@ ONCE = ["tests/docs", "tests/train", "tests/distributed", "tests/text", "tests/t
 NOT_GPU_SHAPED = ["-m", "not gpu_shaped"]
 # seconds between two progress lines while configurations run
 NOTE_EVERY = 30
+# CPU seconds of each configuration from empty caches on CI's machine (the longest start first, so that the
+# two at a time end close together); "@" stands for any forced target
+COLD_CPU_SECONDS = {"pocl-pypi": 900, "pocl-system": 900, "oclgrind": 260, "pocl-system@": 300}
 # PoCL's x86-64 kernel-library variants and the CPU flags each needs, widest first
 TARGETS = {"avx512": ("avx512f", "avx512bw", "avx512vl", "avx512dq"), "avx2": ("avx2", "fma", "f16c")}
 
@@ -67,6 +75,7 @@ class Config:
     what: str
     env: dict[str, str]
     tests: list[str] = field(default_factory=list)  # pytest arguments: paths, -m, --ignore
+    script: str | None = None  # run this script of scripts/ (it passes what it does not know to pytest)
     log: Path | None = None
     proc: subprocess.Popen | None = None
     started: float = 0.0
@@ -108,7 +117,7 @@ def pocl_targets(icd: Path) -> list[str]:
     return shipped[1:] if shipped and shipped[0] == runnable[0] else []
 
 
-def configurations(empty_vendors: Path) -> list[Config]:
+def configurations(empty_vendors: Path, oclgrind: bool = True) -> list[Config]:
     base = {k: v for k, v in os.environ.items() if k not in ("OCL_ICD_VENDORS", "OCL_ICD_FILENAMES")}
     configs = []
     systems = system_pocls()
@@ -137,7 +146,10 @@ def configurations(empty_vendors: Path) -> list[Config]:
             )
     if not configs:
         configs.append(Config("default", "the OpenCL drivers as installed", dict(os.environ)))
-    return configs
+    if oclgrind:
+        configs.append(Config("oclgrind", "tests/oclgrind under the Oclgrind simulator: bounds, races, API",
+                              dict(os.environ), script="oclgrind_check.py"))
+    return sorted(configs, key=lambda c: -COLD_CPU_SECONDS.get(re.sub(r"@.*", "@", c.name), 0))
 
 
 def progress(c: Config) -> str:
@@ -151,18 +163,21 @@ def progress(c: Config) -> str:
 
 
 def summary(log: Path) -> str:
+    """pytest's closing line, and the Oclgrind check's verdict where the log has one."""
     text = log.read_text(errors="replace") if log.exists() else ""
-    lines = [
-        ln.strip("= ") for ln in text.splitlines() if re.search(r"\b(passed|failed|error|no tests ran)\b", ln)
-    ]
-    return lines[-1] if lines else "(no pytest summary: see the log)"
+    closing = re.compile(r"\b\d+ (passed|failed)\b|no tests ran")
+    lines = [ln.strip("= ") for ln in text.splitlines() if closing.search(ln)]
+    verdict = [ln.strip() for ln in text.splitlines() if ln.startswith("Oclgrind reported")]
+    return "; ".join(lines[-1:] + verdict[-1:]) or "(no pytest summary: see the log)"
 
 
 def main(argv: list[str]) -> int:
+    oclgrind = "--no-oclgrind" not in argv
+    argv = [a for a in argv if a != "--no-oclgrind"]
     logs = Path(tempfile.mkdtemp(prefix="netcl-test-matrix-"))
     empty = logs / "no-vendors"
     empty.mkdir()
-    configs = configurations(empty)
+    configs = configurations(empty, oclgrind)
     jobs = max(1, min(2, os.cpu_count() or 1))
     print(f"test matrix ({jobs} at a time, logs in {logs}):")
     for c in configs:
@@ -174,19 +189,12 @@ def main(argv: list[str]) -> int:
         while pending and len(running) < jobs:
             c = pending.pop(0)
             c.log = logs / f"{c.name.replace('@', '-at-')}.log"
-            cmd = [
-                sys.executable,
-                "-m",
-                "pytest",
-                "-p",
-                "no:cacheprovider",
-                "-p",
-                "matrix_progress",
-                f"--progress-file={c.stem.with_suffix('.progress')}",
-                f"--build-profile={c.stem.with_suffix('.jsonl')}",
-                *c.tests,
-                *argv,
-            ]  # -q from pyproject
+            plugin = ["-p", "matrix_progress", f"--progress-file={c.stem.with_suffix('.progress')}",
+                      f"--build-profile={c.stem.with_suffix('.jsonl')}"]
+            if c.script is not None:  # the Oclgrind check: its own selection, not the user's pytest arguments
+                cmd = [sys.executable, str(ROOT / "scripts" / c.script), "-q", *plugin]
+            else:  # -q from pyproject
+                cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *plugin, *c.tests, *argv]
             c.started = time.time()
             env = {**c.env, "PYTHONPATH": os.pathsep.join(
                 p for p in (str(ROOT / "scripts"), c.env.get("PYTHONPATH", "")) if p)}
