@@ -64,7 +64,7 @@ NOT_GPU_SHAPED = ["-m", "not gpu_shaped"]
 NOTE_EVERY = 30
 # CPU seconds of each configuration from empty caches on CI's machine (the longest start first, so that the
 # two at a time end close together); "@" stands for any forced target
-COLD_CPU_SECONDS = {"pocl-pypi": 900, "pocl-system": 900, "oclgrind": 260, "pocl-system@": 300}
+COLD_CPU_SECONDS = {"pocl-pypi": 700, "pocl-system": 600, "oclgrind": 260, "pocl-system@": 100}
 # PoCL's x86-64 kernel-library variants and the CPU flags each needs, widest first
 TARGETS = {"avx512": ("avx512f", "avx512bw", "avx512vl", "avx512dq"), "avx2": ("avx2", "fma", "f16c")}
 
