@@ -173,7 +173,7 @@ def summary(c: Config) -> str:
     check's verdict where the log has one."""
     assert c.log is not None
     text = c.log.read_text(errors="replace") if c.log.exists() else ""
-    closing = re.compile(r"\b\d+ (passed|failed)\b|no tests ran")
+    closing = re.compile(r"\b\d+ (passed|failed|skipped|errors?)\b.* in [\d.]+s|no tests ran")
     lines = [ln.strip("= ") for ln in text.splitlines() if closing.search(ln)]
     if not lines:
         try:
