@@ -26,12 +26,17 @@ from source, twice) short:
                      can run but PoCL would not pick itself: AVX2 code generation on an AVX-512 machine,
                      say. (PyPI's PoCL 3.0 cannot be forced: it always compiles for the CPU it finds.)
 
+  oclgrind           scripts/oclgrind_check.py: tests/oclgrind under the Oclgrind simulator (out-of-bounds
+                     accesses, data races, API misuse); --no-oclgrind leaves it out. The pytest arguments
+                     given to this script are not passed to it.
+
 With one PoCL only, it runs the whole suite; with none (a machine with a vendor driver only), the suite
 runs once in the environment as is.
 
-Configurations run two at a time (one per core on CI's machines), each writing its own log under
-$TMPDIR; the script prints each one's result and, for a failure, the end of its log. Exit status 1 if any
-configuration failed.
+Configurations run two at a time (one per core on CI's machines; PoCL compiles on one thread), the
+longest first, each writing its own log under $TMPDIR; every 30 s the script prints how far each running
+one is (tests done / total, programs built), then each one's result with its wall and CPU seconds and, for
+a failure, the end of its log. Exit status 1 if any configuration failed.
 """
 
 from __future__ import annotations
@@ -55,6 +60,11 @@ ONCE = ["tests/docs", "tests/train", "tests/distributed", "tests/text", "tests/t
         "tests/models", "tests/fuzz", "tests/cluster", "tests/amp/test_amp.py", "tests/amp/test_train_amp.py",
         "tests/test_cli_errors.py", "tests/test_readme.py"]
 NOT_GPU_SHAPED = ["-m", "not gpu_shaped"]
+# seconds between two progress lines while configurations run
+NOTE_EVERY = 30
+# CPU seconds of each configuration from empty caches on CI's machine (the longest start first, so that the
+# two at a time end close together); "@" stands for any forced target
+COLD_CPU_SECONDS = {"pocl-pypi": 717, "pocl-system": 562, "oclgrind": 270, "pocl-system@": 121}
 # PoCL's x86-64 kernel-library variants and the CPU flags each needs, widest first
 TARGETS = {"avx512": ("avx512f", "avx512bw", "avx512vl", "avx512dq"), "avx2": ("avx2", "fma", "f16c")}
 
@@ -65,10 +75,18 @@ class Config:
     what: str
     env: dict[str, str]
     tests: list[str] = field(default_factory=list)  # pytest arguments: paths, -m, --ignore
+    script: str | None = None  # run this script of scripts/ (it passes what it does not know to pytest)
     log: Path | None = None
     proc: subprocess.Popen | None = None
     started: float = 0.0
     seconds: float = 0.0
+    cpu_seconds: float = 0.0  # user + system of pytest and the processes it waited for
+    returncode: int | None = None
+
+    @property
+    def stem(self) -> Path:
+        assert self.log is not None
+        return self.log.with_suffix("")
 
 
 def cpu_flags() -> set[str]:
@@ -99,8 +117,14 @@ def pocl_targets(icd: Path) -> list[str]:
     return shipped[1:] if shipped and shipped[0] == runnable[0] else []
 
 
-def configurations(empty_vendors: Path) -> list[Config]:
+def configurations(empty_vendors: Path, oclgrind: bool = True) -> list[Config]:
     base = {k: v for k, v in os.environ.items() if k not in ("OCL_ICD_VENDORS", "OCL_ICD_FILENAMES")}
+    # PoCL keeps every program it compiles in its own cache (a second process that builds the same source
+    # finds it there, as fast as netcl's disk cache); netcl's copy of the binary costs PoCL a second
+    # compile of every kernel of the program (clGetProgramInfo(BINARIES) generates them all): 153 CPU
+    # seconds against 62 for tests/ops/test_{reduce,norm,pool}.py and tests/autograd/test_loss.py from cold.
+    # The tests of netcl's disk cache turn it on for themselves.
+    base.setdefault("NETCL_DISK_CACHE", "0")
     configs = []
     systems = system_pocls()
     split = pypi_pocl() and bool(systems)  # two drivers: each runs its share of the run-once tests
@@ -128,66 +152,88 @@ def configurations(empty_vendors: Path) -> list[Config]:
             )
     if not configs:
         configs.append(Config("default", "the OpenCL drivers as installed", dict(os.environ)))
-    return configs
+    if oclgrind:
+        configs.append(Config("oclgrind", "tests/oclgrind under the Oclgrind simulator: bounds, races, API",
+                              dict(os.environ), script="oclgrind_check.py"))
+    return sorted(configs, key=lambda c: -COLD_CPU_SECONDS.get(re.sub(r"@.*", "@", c.name), 0))
 
 
-def progress(log: Path) -> str:
+def progress(c: Config) -> str:
+    """"412/1391 tests, 2 failed, 230 programs built (301 s)": what the matrix_progress plugin wrote last."""
     try:
-        found = re.findall(r"\[\s*(\d+)%\]", log.read_text(errors="replace"))
-    except OSError:
-        return "?"
-    return f"{found[-1]}%" if found else "starting"
+        done, total, failed, builds, build_seconds = c.stem.with_suffix(".progress").read_text().split()
+    except (OSError, ValueError):
+        return f"{c.name} collecting"
+    fails = f", {failed} failed" if failed != "0" else ""
+    return f"{c.name} {done}/{total} tests{fails}, {builds} programs built ({float(build_seconds):.0f} s)"
 
 
-def summary(log: Path) -> str:
-    text = log.read_text(errors="replace") if log.exists() else ""
-    lines = [
-        ln.strip("= ") for ln in text.splitlines() if re.search(r"\b(passed|failed|error|no tests ran)\b", ln)
-    ]
-    return lines[-1] if lines else "(no pytest summary: see the log)"
+def summary(c: Config) -> str:
+    """pytest's closing line (or, where its verbosity drops it, the plugin's count), and the Oclgrind
+    check's verdict where the log has one."""
+    assert c.log is not None
+    text = c.log.read_text(errors="replace") if c.log.exists() else ""
+    closing = re.compile(r"\b\d+ (passed|failed|skipped|errors?)\b.* in [\d.]+s|no tests ran")
+    lines = [ln.strip("= ") for ln in text.splitlines() if closing.search(ln)]
+    if not lines:
+        try:
+            done, total, failed, *_ = c.stem.with_suffix(".progress").read_text().split()
+            lines = [f"{done} of {total} tests run, {failed} failed"]
+        except (OSError, ValueError):
+            pass
+    verdict = [ln.strip() for ln in text.splitlines() if ln.startswith("Oclgrind reported")]
+    return "; ".join(lines[-1:] + verdict[-1:]) or "(no pytest summary: see the log)"
 
 
 def main(argv: list[str]) -> int:
+    oclgrind = "--no-oclgrind" not in argv
+    argv = [a for a in argv if a != "--no-oclgrind"]
     logs = Path(tempfile.mkdtemp(prefix="netcl-test-matrix-"))
     empty = logs / "no-vendors"
     empty.mkdir()
-    configs = configurations(empty)
+    configs = configurations(empty, oclgrind)
     jobs = max(1, min(2, os.cpu_count() or 1))
     print(f"test matrix ({jobs} at a time, logs in {logs}):")
     for c in configs:
         print(f"  {c.name:<22} {c.what}")
     sys.stdout.flush()
     pending, running, done = list(configs), [], []
-    last_note = time.time()
+    t0 = last_note = time.time()
     while pending or running:
         while pending and len(running) < jobs:
             c = pending.pop(0)
             c.log = logs / f"{c.name.replace('@', '-at-')}.log"
-            cmd = [
-                sys.executable,
-                "-m",
-                "pytest",
-                "-p",
-                "no:cacheprovider",
-                *c.tests,
-                *argv,
-            ]  # -q from pyproject
+            plugin = ["-p", "matrix_progress", f"--progress-file={c.stem.with_suffix('.progress')}",
+                      f"--build-profile={c.stem.with_suffix('.jsonl')}"]
+            if c.script is not None:  # the Oclgrind check: its own selection, not the user's pytest arguments
+                cmd = [sys.executable, str(ROOT / "scripts" / c.script), "-q", *plugin]
+            else:  # -q from pyproject
+                cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *plugin, *c.tests, *argv]
             c.started = time.time()
+            env = {**c.env, "PYTHONPATH": os.pathsep.join(
+                p for p in (str(ROOT / "scripts"), c.env.get("PYTHONPATH", "")) if p)}
             with open(c.log, "w") as f:
-                c.proc = subprocess.Popen(cmd, cwd=ROOT, env=c.env, stdout=f, stderr=subprocess.STDOUT)
+                c.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)
             running.append(c)
         time.sleep(1.0)
         for c in list(running):
-            if c.proc is not None and c.proc.poll() is not None:
-                c.seconds = time.time() - c.started
-                running.remove(c)
-                done.append(c)
-                state = "ok  " if c.proc.returncode == 0 else "FAIL"
-                print(f"{state} {c.name:<22} {summary(c.log)}  [{c.seconds:.0f} s]", flush=True)
-        if running and time.time() - last_note > 60:
+            assert c.proc is not None
+            pid, status, usage = os.wait4(c.proc.pid, os.WNOHANG)
+            if pid == 0:
+                continue
+            c.returncode = os.waitstatus_to_exitcode(status)
+            c.proc.returncode = c.returncode
+            c.seconds = time.time() - c.started
+            c.cpu_seconds = usage.ru_utime + usage.ru_stime
+            running.remove(c)
+            done.append(c)
+            state = "ok  " if c.returncode == 0 else "FAIL"
+            print(f"{state} {c.name:<22} {summary(c)}  [{c.seconds:.0f} s, {c.cpu_seconds:.0f} s CPU]",
+                  flush=True)
+        if running and time.time() - last_note > NOTE_EVERY:
             last_note = time.time()
-            print("  ... " + ", ".join(f"{c.name} {progress(c.log)}" for c in running), flush=True)
-    failed = [c for c in done if c.proc is not None and c.proc.returncode != 0]
+            print(f"  [{time.time() - t0:4.0f} s] " + "; ".join(progress(c) for c in running), flush=True)
+    failed = [c for c in done if c.returncode != 0]
     for c in failed:
         tail = c.log.read_text(errors="replace").splitlines()[-80:]
         print(f"\n==== {c.name} ({c.what}) failed; the end of {c.log}:\n" + "\n".join(tail))

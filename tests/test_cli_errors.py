@@ -181,6 +181,7 @@ def test_a_first_build_is_announced_once(tmp_path, monkeypatch, capsys, device):
     """`make run` sat at step 0 for 44 s while PoCL compiled, with nothing said: the first program compiled
     from source says so once; one loaded from the disk cache says nothing."""
     monkeypatch.setenv("NETCL_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("NETCL_DISK_CACHE", "1")  # whatever the run's setting (test_matrix.py: 0 on PoCL)
     sources = [f"__kernel void first_build_{i}(__global float* x) {{ x[0] = {i}; }}" for i in range(2)]
     with announce_kernel_builds():
         for source in sources:  # two compiled: one line
@@ -207,7 +208,7 @@ def test_a_first_build_is_announced_once(tmp_path, monkeypatch, capsys, device):
 
 
 def test_a_command_from_cold_caches_says_it_is_building(tmp_path):
-    env = {**os.environ, "NETCL_CACHE_DIR": str(tmp_path)}
+    env = {**os.environ, "NETCL_CACHE_DIR": str(tmp_path), "NETCL_DISK_CACHE": "1"}
     runs = [subprocess.run([sys.executable, "-m", "netcl", "demo"], capture_output=True, text=True,
                            timeout=300, env=env, cwd=ROOT) for _ in range(2)]
     assert [r.returncode for r in runs] == [0, 0]
