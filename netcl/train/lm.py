@@ -369,15 +369,7 @@ def run_train(args: argparse.Namespace) -> int:
         meta = run.restore(model, opt, sched, windows, mixed.scaler if mixed is not None else None)
         start = int(meta["step"])
         history = meta["extra"].get("history", history)
-        if sched.total_steps != s["steps"]:
-            longer = "longer" if s["steps"] > sched.total_steps else "shorter"
-            log(
-                f"the schedule now spans {s['steps']} steps (it "
-                f"spanned {sched.total_steps}): the learning rate "
-                f"continues along the {longer} cosine"
-            )
-            sched.total_steps = s["steps"]
-            sched.refresh()
+        runs.continue_schedule(sched, "total_steps", s["steps"], f"{s['steps']} steps", log)
         log(f"resumed from {resume_from} at step {start}, lr {opt.param_groups[0]['lr']:.3g}")
     tokens_per_step = s["batch_size"] * nproc * s["context"]
     ddp = dist.DistributedDataParallel(model) if nproc > 1 else None  # after a resume's load
@@ -395,7 +387,7 @@ def run_train(args: argparse.Namespace) -> int:
         f"writing to {out}"
     )
     if mixed is not None:
-        log(f"mixed precision: autocast {args.amp}{', dynamic loss scaling' if mixed.scaler else ''}")
+        log(mixed.describe())
     step_fn = LMStep(model, opt, s["clip"], eager=args.eager, mixed=mixed, ddp=ddp)
     tokenizer = corpus.tokenizer
     run_args = {key: s[key] for key in RUN_SETTINGS.values()}

@@ -78,6 +78,10 @@ class MixedPrecision:
     def make(cls, dtype: str) -> MixedPrecision:
         return cls(dtype, amp.GradScaler() if dtype == "float16" else None)
 
+    def describe(self) -> str:
+        """The trainers' log line: "mixed precision: autocast <dtype>[, dynamic loss scaling]"."""
+        return f"mixed precision: autocast {self.dtype}{', dynamic loss scaling' if self.scaler else ''}"
+
     def autocast(self) -> amp.autocast:
         """The forward's context: `with mixed.autocast(), ag.Tape() as tape: loss = ...`."""
         return amp.autocast(self.dtype)

@@ -190,11 +190,8 @@ def run(args: argparse.Namespace) -> int:
         meta = run.restore(model, opt, sched, loader, mixed.scaler if mixed is not None else None)
         start_epoch = int(meta["epoch"])
         history = meta["extra"].get("history", history)
-        if sched.T_max != total_steps:
-            log(f"the cosine schedule now spans {s['epochs']} epochs ({total_steps} steps; it spanned "
-                f"{sched.T_max}): the learning rate continues along the longer schedule")
-            sched.T_max = total_steps
-            sched.refresh()
+        span = f"{s['epochs']} epochs ({total_steps} steps)"
+        runs.continue_schedule(sched, "T_max", total_steps, span, log)
         log(f"resumed from {resume_from} at epoch {start_epoch} (step {meta['step']}), "
             f"lr {opt.param_groups[0]['lr']:.3g}")
     log(
@@ -204,7 +201,7 @@ def run(args: argparse.Namespace) -> int:
         f"{', eager steps' if args.eager else ', step recorded once and replayed (--eager: op by op)'}"
     )
     if mixed is not None:
-        log(f"mixed precision: autocast {args.amp}{', dynamic loss scaling' if mixed.scaler else ''}")
+        log(mixed.describe())
     step_model = dist.DistributedDataParallel(model) if args.nproc > 1 else model  # after a resume's load
     graphed = None if args.eager else GraphedStep(model, opt, sched, mixed)
     run_args = {

@@ -156,6 +156,19 @@ def plan_output(
     return (Path(args.out) if args.out is not None else ckpt.parent), ckpt, saved
 
 
+def continue_schedule(sched: Any, attr: str, total: int, span: str, log: Any) -> None:
+    """A resumed run asked for another length: its cosine schedule (`attr`, the total it spans) now spans
+    `total`, and the learning rate continues from where it was along the longer or shorter curve; `span`
+    says the new length in the trainer's words ("12 epochs (600 steps)", "400 steps"), in one log line."""
+    was = getattr(sched, attr)
+    if was == total:
+        return
+    log(f"the cosine schedule now spans {span} (it spanned {was} steps): the learning rate continues along "
+        f"the {'longer' if total > was else 'shorter'} schedule")
+    setattr(sched, attr, total)
+    sched.refresh()
+
+
 def merge_settings(given: dict[str, tuple[str, Any]], saved: dict[str, Any]) -> dict[str, Any]:
     """key -> the given flag's value, else the resumed run's (None when neither). `given` maps each key to
     (flag, value or None). A resumed run keeps its settings: a flag that differs is an error naming it."""

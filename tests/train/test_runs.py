@@ -127,3 +127,22 @@ def test_bad_values_of_the_new_flags_are_one_line_errors(tmp_path, capsys, argv,
     err = capsys.readouterr().err
     assert exc.value.code == 2 and words in err and "Traceback" not in err
     assert not (tmp_path / "never").exists()
+
+
+def test_continue_schedule_stretches_and_says_so_once():
+    """A resumed run asking for another length: the schedule's total changes and is refreshed, with one line
+    saying which way; the same length changes nothing and says nothing."""
+    class Schedule:
+        def __init__(self):
+            self.T_max, self.refreshed = 100, 0
+
+        def refresh(self):
+            self.refreshed += 1
+
+    sched, lines = Schedule(), []
+    runs.continue_schedule(sched, "T_max", 100, "2 epochs (100 steps)", lines.append)
+    assert (sched.T_max, sched.refreshed, lines) == (100, 0, [])
+    runs.continue_schedule(sched, "T_max", 60, "1 epoch (60 steps)", lines.append)
+    assert (sched.T_max, sched.refreshed) == (60, 1)
+    assert lines == ["the cosine schedule now spans 1 epoch (60 steps) (it spanned 100 steps): the learning "
+                     "rate continues along the shorter schedule"]
