@@ -35,6 +35,15 @@
 #define HEAD_DIM 64        // D: elements per q/k/v row
 #endif
 
+// the kernels' argument groups: a (B, H, S, D) operand's buffer, offset and batch / head / row strides; the
+// mask and its strides; kv_len; dropout's threshold, scale, seed and first counter
+#define KV_ARGS(n) __global const T *n, const long n##_off, const long n##_sb, const long n##_sh, const long n##_ss
+#define MASK_ARGS __global const MASK_T *mask, const long mask_off, const long mask_sb, const long mask_sh, \
+                  const long mask_si, const long mask_sj
+#define LEN_ARGS __global const int *kv_len, const long kv_len_off, const int has_kv_len, const long kv_len_stride
+#define DROP_ARGS const uint drop_threshold, const ACC drop_scale, const uint seed_lo, const uint seed_hi, \
+                  const ulong counter0
+
 // one element, as ACC (common.cl: float16 by vload_half, bfloat16 as the high half of a float, else T)
 #define LDS(p, i) LOAD_T(p, i)
 #define STS(p, i, x) STORE_T(p, i, x)

@@ -207,12 +207,6 @@ inline accv dropout_vec(const ulong counter0, const long row, const int j, const
     return u.v;
 }
 
-#define KV_ARGS(n) __global const T *n, const long n##_off, const long n##_sb, const long n##_sh, const long n##_ss
-#define MASK_ARGS __global const MASK_T *mask, const long mask_off, const long mask_sb, const long mask_sh, \
-                  const long mask_si, const long mask_sj
-#define LEN_ARGS __global const int *kv_len, const long kv_len_off, const int has_kv_len, const long kv_len_stride
-#define DROP_ARGS const uint drop_threshold, const ACC drop_scale, const uint seed_lo, const uint seed_hi, \
-                  const ulong counter0
 
 __kernel void attention_forward_cpu(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARGS, LEN_ARGS,
                                     __global T *out, __global ACC *lse, const int HQ, const int GROUP,

@@ -61,12 +61,36 @@
 #define EXPF(x) exp(x)
 #endif
 
-#define KV_ARGS(n) __global const T *n, const long n##_off, const long n##_sb, const long n##_sh, const long n##_ss
-#define MASK_ARGS __global const MASK_T *mask, const long mask_off, const long mask_sb, const long mask_sh, \
-                  const long mask_si, const long mask_sj
-#define LEN_ARGS __global const int *kv_len, const long kv_len_off, const int has_kv_len, const long kv_len_stride
-#define DROP_ARGS const uint drop_threshold, const ACC drop_scale, const uint seed_lo, const uint seed_hi, \
-                  const ulong counter0
+
+// acc[0..N)[0..4) = 0 (accumulators of N 8-column blocks)
+#define ZERO_ACC(acc, N)                                                                                \
+    _Pragma("unroll")                                                                                   \
+    for (int z_ = 0; z_ < (N); ++z_) acc[z_][0] = acc[z_][1] = acc[z_][2] = acc[z_][3] = 0.0f
+
+// whether every query row i0.. of a tile may see every key j0 .. j0 + n - 1 (no mask, all keys valid, below
+// the causal edge): then no pair of the tile is masked
+inline bool open_tile(const int j0, const int n, const int i0, const int L, const int SQ, const int causal) {
+    return MASK == MASK_NONE && j0 + n <= L && (!causal || j0 + n - 1 <= i0 + L - SQ);
+}
+
+// the values v of 8-key block jb (accumulator layout: v[0], v[1] row g, v[2], v[3] row g + 8) into the A
+// fragment of the k step that holds it, rounded to T
+#define PACK_A(a, jb, v)                                                                                \
+    do {                                                                                                \
+        a[(jb) >> 1][((jb) & 1) * 2] = pack2(v[0], v[1]);                                               \
+        a[(jb) >> 1][((jb) & 1) * 2 + 1] = pack2(v[2], v[3]);                                           \
+    } while (0)
+
+// the backward's rule for one (query row, key j) pair with masked score x: p = exp(x - lse) (0 where masked),
+// z its dropout multiplier (row: the query's global row); *pz = p z, returns ds = p (z dp - delta)
+inline float pair_grad(const float x, const float lse, const float dp, const float delta, const long row,
+                       const int j, DROP_ARGS, float *pz) {
+    const float p = x == -INFINITY ? 0.0f : EXPF(x - lse);
+    float z = 1.0f;
+    if (drop_threshold && p != 0.0f) z = dropout_one(counter0, row, j, seed_lo, seed_hi, drop_threshold, drop_scale);
+    *pz = p * z;
+    return p * (z * dp - delta);
+}
 
 // one float as the input's 16-bit pattern (round to nearest even), two of them as an A fragment register
 inline uint to_bits16(const float x) {
@@ -208,16 +232,14 @@ void attention_forward_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARGS, LEN_AR
     }
 
     float o[DB][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-    #pragma unroll
-    for (int db = 0; db < DB; ++db) o[db][0] = o[db][1] = o[db][2] = o[db][3] = 0.0f;
+    ZERO_ACC(o, DB);
 
     STREAM_BEGIN(ksb, vsb, kb, k_ss, vb, v_ss, BN, jend);
     for (int j0 = 0, it = 0; j0 < jend; j0 += BN, ++it) {
         STREAM_NEXT(ksb, vsb, kb, k_ss, vb, v_ss, BN, jend, ks, vs);
 
         float s[NB][4];
-        #pragma unroll
-        for (int jb = 0; jb < NB; ++jb) s[jb][0] = s[jb][1] = s[jb][2] = s[jb][3] = 0.0f;
+        ZERO_ACC(s, NB);
         MMA_UNROLL
         for (int kk = 0; kk < DK; ++kk)
             MMA_UNROLL
@@ -230,7 +252,7 @@ void attention_forward_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARGS, LEN_AR
             }
 
         // scale, mask, the rows' maxima over the tile (a lane's 2 * NB values, then its quad)
-        const bool open_tile = MASK == MASK_NONE && j0 + BN <= L && (!causal || j0 + BN - 1 <= i0 + L - SQ);
+        const bool open = open_tile(j0, BN, i0, L, SQ, causal);
         float mx[2] = {-INFINITY, -INFINITY};
         #pragma unroll
         for (int jb = 0; jb < NB; ++jb)
@@ -238,7 +260,7 @@ void attention_forward_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARGS, LEN_AR
             for (int e = 0; e < 4; ++e) {
                 const int r = e >> 1, j = j0 + jb * 8 + 2 * t + (e & 1);
                 float x = s[jb][e] * scale;
-                if (!open_tile)
+                if (!open)
                     x = masked_score(x, irow[r], j, L, SQ, causal, mask,
                                      mbase + irow[r] * mask_si + j * mask_sj);
                 s[jb][e] = x;
@@ -273,8 +295,7 @@ void attention_forward_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARGS, LEN_AR
                     p[e] *= dropout_one(counter0, row0 + rloc[r], j0 + jb * 8 + 2 * t + (e & 1), seed_lo, seed_hi,
                                         drop_threshold, drop_scale);
             }
-            pa[jb >> 1][(jb & 1) * 2] = pack2(p[0], p[1]);
-            pa[jb >> 1][(jb & 1) * 2 + 1] = pack2(p[2], p[3]);
+            PACK_A(pa, jb, p);
         }
         MMA_UNROLL
         for (int kk = 0; kk < BN / 16; ++kk)
@@ -423,38 +444,31 @@ void attention_backward_dq_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(grad_
     }
     const float lse_r[2] = {rowv[rloc[0]], rowv[rloc[1]]}, delta_r[2] = {rowv[BM + rloc[0]], rowv[BM + rloc[1]]};
     float dqa[DB][4];
-    #pragma unroll
-    for (int db = 0; db < DB; ++db) dqa[db][0] = dqa[db][1] = dqa[db][2] = dqa[db][3] = 0.0f;
+    ZERO_ACC(dqa, DB);
 
     STREAM_BEGIN(ksb, vsb, kb, k_ss, vb, v_ss, BN, jend);
     for (int j0 = 0, it = 0; j0 < jend; j0 += BN, ++it) {
         STREAM_NEXT(ksb, vsb, kb, k_ss, vb, v_ss, BN, jend, ks, vs);
         float s[NB][4], dp[NB][4];
-        #pragma unroll
-        for (int jb = 0; jb < NB; ++jb)
-            #pragma unroll
-            for (int e = 0; e < 4; ++e) s[jb][e] = dp[jb][e] = 0.0f;
+        ZERO_ACC(s, NB);
+        ZERO_ACC(dp, NB);
         MMA_NT(s, qa, NB, KS_NT);
         MMA_NT(dp, ga, NB, VS_NT);
-        const bool open_tile = MASK == MASK_NONE && j0 + BN <= L && (!causal || j0 + BN - 1 <= i0 + L - SQ);
+        const bool open = open_tile(j0, BN, i0, L, SQ, causal);
         uint da[BN / 16][4];
         #pragma unroll
         for (int jb = 0; jb < NB; ++jb) {
-            float ds[4];
+            float ds[4], pz;
             #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int r = e >> 1, j = j0 + jb * 8 + 2 * t + (e & 1);
                 float x = s[jb][e] * scale;
-                if (!open_tile)
+                if (!open)
                     x = masked_score(x, irow[r], j, L, SQ, causal, mask, mbase + irow[r] * mask_si + j * mask_sj);
-                const float p = x == -INFINITY ? 0.0f : EXPF(x - lse_r[r]);
-                float z = 1.0f;
-                if (drop_threshold && p != 0.0f)
-                    z = dropout_one(counter0, row0 + rloc[r], j, seed_lo, seed_hi, drop_threshold, drop_scale);
-                ds[e] = p * (z * dp[jb][e] - delta_r[r]);
+                ds[e] = pair_grad(x, lse_r[r], dp[jb][e], delta_r[r], row0 + rloc[r], j, drop_threshold, drop_scale,
+                                  seed_lo, seed_hi, counter0, &pz);
             }
-            da[jb >> 1][(jb & 1) * 2] = pack2(ds[0], ds[1]);
-            da[jb >> 1][(jb & 1) * 2 + 1] = pack2(ds[2], ds[3]);
+            PACK_A(da, jb, ds);
         }
         MMA_KN(dqa, da, BN / 16, KS_KN);
     }
@@ -493,10 +507,8 @@ void attention_backward_dkdv_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(gra
         LDSM(va[kk], GS_WARP, false);
     }
     float dka[DB][4], dva[DB][4];
-    #pragma unroll
-    for (int db = 0; db < DB; ++db)
-        #pragma unroll
-        for (int e = 0; e < 4; ++e) dka[db][e] = dva[db][e] = 0.0f;
+    ZERO_ACC(dka, DB);
+    ZERO_ACC(dva, DB);
 
     // the first query row that may see key j0 (causal: bottom-right aligned), rounded down to a tile
     const int istart = causal ? max(0, j0 - L + SQ) / BQ * BQ : 0;
@@ -519,13 +531,11 @@ void attention_backward_dkdv_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(gra
             }
             barrier(CLK_LOCAL_MEM_FENCE);
             float st[QB][4], dpt[QB][4];
-            #pragma unroll
-            for (int jb = 0; jb < QB; ++jb)
-                #pragma unroll
-                for (int e = 0; e < 4; ++e) st[jb][e] = dpt[jb][e] = 0.0f;
+            ZERO_ACC(st, QB);
+            ZERO_ACC(dpt, QB);
             MMA_NT(st, ka, QB, QS_NT);
             MMA_NT(dpt, va, QB, GS_NT);
-            const bool open_tile = MASK == MASK_NONE && j0 + KEYS <= L && (!causal || j0 + KEYS - 1 <= i0 + L - SQ);
+            const bool open = open_tile(j0, KEYS, i0, L, SQ, causal);
             uint pa[BQ / 16][4], da[BQ / 16][4];
             #pragma unroll
             for (int jb = 0; jb < QB; ++jb) {
@@ -534,19 +544,13 @@ void attention_backward_dkdv_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(gra
                 for (int e = 0; e < 4; ++e) {
                     const int r = e >> 1, j = j0 + jloc[r], c = jb * 8 + 2 * t + (e & 1), i = min(i0 + c, SQ - 1);
                     float x = st[jb][e] * scale;
-                    if (!open_tile)
+                    if (!open)
                         x = masked_score(x, i, j, L, SQ, causal, mask, mbase + i * mask_si + j * mask_sj);
-                    const float p = x == -INFINITY ? 0.0f : EXPF(x - rowv[c]);
-                    float z = 1.0f;
-                    if (drop_threshold && p != 0.0f)
-                        z = dropout_one(counter0, hrow0 + i0 + c, j, seed_lo, seed_hi, drop_threshold, drop_scale);
-                    pz[e] = p * z;
-                    ds[e] = p * (z * dpt[jb][e] - rowv[BQ + c]);
+                    ds[e] = pair_grad(x, rowv[c], dpt[jb][e], rowv[BQ + c], hrow0 + i0 + c, j, drop_threshold,
+                                      drop_scale, seed_lo, seed_hi, counter0, &pz[e]);
                 }
-                pa[jb >> 1][(jb & 1) * 2] = pack2(pz[0], pz[1]);
-                pa[jb >> 1][(jb & 1) * 2 + 1] = pack2(pz[2], pz[3]);
-                da[jb >> 1][(jb & 1) * 2] = pack2(ds[0], ds[1]);
-                da[jb >> 1][(jb & 1) * 2 + 1] = pack2(ds[2], ds[3]);
+                PACK_A(pa, jb, pz);
+                PACK_A(da, jb, ds);
             }
             MMA_KN(dva, pa, BQ / 16, GS_KN);
             MMA_KN(dka, da, BQ / 16, QS_KN);
