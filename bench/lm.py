@@ -44,6 +44,7 @@ from netcl.core.device import manager  # noqa: E402
 from netcl.errors import NetclError  # noqa: E402
 from netcl.models import GPT, GPTConfig  # noqa: E402
 from netcl.ops import random  # noqa: E402
+from netcl.train.flags import int_at_least as at_least  # noqa: E402
 from netcl.train.lm import PRESETS, LMStep, make_optimizer  # noqa: E402
 from netcl.train.loop import MixedPrecision  # noqa: E402
 
@@ -219,19 +220,6 @@ def step_flops(cfg: dict, batch: int, context: int) -> float:
 
 
 # ------------------------------------------------------------------------------------------ measurements
-def at_least(low: int):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {text!r}") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {value}")
-        return value
-
-    return parse
-
-
 def median(samples: list[float]) -> float:
     return statistics.median(samples)
 
