@@ -236,24 +236,31 @@ def measure_bandwidth(dev, log2_sizes: list[int], repeat: int, gpu: bool) -> lis
                         fn()
                 try:
                     sec = median_seconds(many, q.finish, repeat) / inner
+                    with profiling.profile() as prof:  # the kernels' own time (events): a half kernel at
+                        many()                         # 2^26 can be shorter than the host's dispatch
+                        q.finish()
+                    dev_sec = prof.device_seconds / inner
                 except Exception as exc:
                     out.append({"n": n, "op": name, "dtype": dt.name, "error": str(exc).splitlines()[0][:80]})
                     continue
                 out.append({"n": n, "op": name, "dtype": dt.name, "us": sec * 1e6, "gbps": nbytes / sec / 1e9,
-                            "inner": inner})
+                            "dev_us": dev_sec * 1e6, "dev_gbps": nbytes / dev_sec / 1e9, "inner": inner})
             del cases
             gc.collect()
-    f32 = {(r["n"], r["op"]): r["us"] for r in out if r["dtype"] == "float32" and "us" in r}
-    for r in out:
-        if "us" in r and (r["n"], r["op"]) in f32:
-            r["speedup_vs_f32"] = f32[(r["n"], r["op"])] / r["us"]
+    for key in ("us", "dev_us"):
+        f32 = {(r["n"], r["op"]): r[key] for r in out if r["dtype"] == "float32" and key in r}
+        for r in out:
+            if key in r and (r["n"], r["op"]) in f32:
+                r["speedup_vs_f32" if key == "us" else "dev_speedup_vs_f32"] = f32[(r["n"], r["op"])] / r[key]
     return out
 
 
 def print_bandwidth(rows: list[dict]) -> None:
     """One line per (op, n): float32 us and GB/s, then each half dtype's GB/s and f32 time / its time."""
-    print(f"\n{'op':<24} {'n':>9} {'f32 us':>9} {'f32 GB/s':>9} {'f16 GB/s':>9} {'x f32':>6} "
-          f"{'bf16 GB/s':>9} {'x f32':>6}")
+    print("\nwall: host time per call (dispatch included); dev: the kernels' event time. x f32 = float32's"
+          " time over this one (2.00 = the same GB/s)")
+    print(f"{'op':<24} {'n':>9} {'f32 us':>9} {'f32 GB/s':>9} {'f16 GB/s':>9} {'x f32':>6} "
+          f"{'bf16 GB/s':>9} {'x f32':>6} | {'dev f32':>8} {'f16':>8} {'x f32':>6} {'bf16':>8} {'x f32':>6}")
     by = {(r["op"], r["n"], r["dtype"]): r for r in rows}
     seen = []
     for r in rows:
@@ -269,7 +276,10 @@ def print_bandwidth(rows: list[dict]) -> None:
         a, h, b = (by.get((op, n, d)) for d in ("float32", "float16", "bfloat16"))
         print(f"{op:<24} {n:>9} {cell(a, 'us', '.1f', 9)} {cell(a, 'gbps', '.1f', 9)} "
               f"{cell(h, 'gbps', '.1f', 9)} {cell(h, 'speedup_vs_f32', '.2f', 6)} "
-              f"{cell(b, 'gbps', '.1f', 9)} {cell(b, 'speedup_vs_f32', '.2f', 6)}")
+              f"{cell(b, 'gbps', '.1f', 9)} {cell(b, 'speedup_vs_f32', '.2f', 6)} | "
+              f"{cell(a, 'dev_gbps', '.1f', 8)} {cell(h, 'dev_gbps', '.1f', 8)} "
+              f"{cell(h, 'dev_speedup_vs_f32', '.2f', 6)} "
+              f"{cell(b, 'dev_gbps', '.1f', 8)} {cell(b, 'dev_speedup_vs_f32', '.2f', 6)}")
     errs = {(r["op"], r["dtype"]): r["error"] for r in rows if "error" in r}
     for (op, dt), msg in errs.items():
         print(f"  ({op}, {dt}: {msg})")
