@@ -9,24 +9,12 @@ import re
 import subprocess
 import sys
 
-from netcl.core.device import manager
-from tests.distributed.launching import ROOT, environment
-
-
-def _devices() -> tuple[list[str], list[str]]:
-    """Two devices of different platforms when this machine has them (PoCL's wheel beside Debian's), with the
-    balance flags that go with them; else one device twice, balanced on purpose."""
-    first: dict[int, str] = {}
-    for h in manager.devices():
-        if not h.is_simulator:
-            first.setdefault(h.index[0], h.spec)
-    specs = list(first.values())[:2]
-    return (specs, []) if len(specs) == 2 else (specs * 2, ["--balance", "on"])
+from tests.distributed.launching import ROOT, environment, two_devices
 
 
 def test_netcl_train_with_two_processes(tmp_path):
     out = tmp_path / "run"
-    specs, balance = _devices()
+    specs, balance = two_devices()
     cmd = [sys.executable, "-m", "netcl.cli", "train", "--nproc", "2", "--devices", ",".join(specs), *balance,
            "--dataset", "digits", "--epochs", "1", "--train-limit", "320", "--out", str(out), "--no-progress"]
     proc = subprocess.run(cmd, env=environment(), cwd=ROOT, capture_output=True, text=True, timeout=300)
