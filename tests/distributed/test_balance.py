@@ -108,3 +108,13 @@ def test_device_flags_are_checked(tmp_path):
     cmd = [sys.executable, "-m", "netcl.cli", "run", "--nproc", "2", "--balance", "fast", "x.py"]
     proc = subprocess.run(cmd, env=environment(), cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "--balance: invalid choice: 'fast'" in proc.stderr
+
+
+def test_netcl_run_passes_balance_to_its_ranks(tmp_path):
+    script = tmp_path / "env_script.py"
+    script.write_text("import os, sys\nsys.exit(0 if os.environ.get('NETCL_DIST_BALANCE') == 'off' else 5)\n")
+    res = netcl_run(2, str(script), "--balance-is-the-script's-argument")
+    assert res.returncode == 5  # without --balance the ranks do not get it
+    cmd = [sys.executable, "-m", "netcl.cli", "run", "--nproc", "2", "--balance", "off", str(script)]
+    proc = subprocess.run(cmd, env=environment(), cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
