@@ -158,7 +158,7 @@ class Balancer:
         self.steps += 1
         if not self.active:
             return False
-        seconds = self.ddp.last_pass.get("compute_s")
+        seconds = self.ddp.last_pass.pop("compute_s", None)  # each pass counted once
         if self.skip > 0:
             self.skip -= 1
         elif seconds is not None and seconds > 0:

@@ -149,11 +149,11 @@ class DistributedDataParallel(Module):
                 "host memory, which a replay cannot redo; run the step eagerly"
             )
         self._close_pass()
-        self._forward_t0 = time.perf_counter()
         if self.broadcast_buffers and self.training and self.group.world_size > 1:
             buffers = self.module.buffers()
             if buffers:
                 collectives.broadcast(buffers, src=0)
+        self._forward_t0 = time.perf_counter()  # after the broadcast: this rank's own work from here
         return self.module(*args, **kwargs)
 
     @contextlib.contextmanager
