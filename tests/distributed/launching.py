@@ -47,9 +47,13 @@ def environment(**extra: str) -> dict[str, str]:
     return env
 
 
-def netcl_run(nproc: int, script: str, *args: str, timeout: float = 120, **env: str) -> Result:
-    """`python -m netcl.cli run --nproc N tests/distributed/SCRIPT ARGS` with NETCL_* `env` added."""
-    cmd = [sys.executable, "-m", "netcl.cli", "run", "--nproc", str(nproc), str(HERE / script), *args]
+def netcl_run(nproc: int, script: str, *args: str, timeout: float = 120, devices: list[str] | None = None,
+              **env: str) -> Result:
+    """`python -m netcl.cli run --nproc N [--devices A,B,..] tests/distributed/SCRIPT ARGS` with NETCL_* `env`
+    added."""
+    cmd = [sys.executable, "-m", "netcl.cli", "run", "--nproc", str(nproc)]
+    cmd += ["--devices", ",".join(devices)] if devices else []
+    cmd += [str(HERE / script), *args]
     return _run(cmd, environment(**env), timeout)
 
 

@@ -1,5 +1,6 @@
 """Throughput-balanced data parallelism (netcl.distributed.balance): the share computation; two ranks whose
-speeds change mid-run get new shares, and their share-weighted updates equal one process's on the whole batch;
+speeds change mid-run (on two OpenCL platforms where the machine has them) get new shares, and their
+share-weighted updates equal one process's on the whole batch;
 a rank that dies is named; --devices/--balance on the commands."""
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from netcl import optim
 from netcl.distributed import launch
 from netcl.errors import NetclError
 from tests.distributed import balance_script, ddp_script
-from tests.distributed.launching import ROOT, environment, netcl_run
+from tests.distributed.launching import ROOT, environment, netcl_run, two_devices
 
 
 @pytest.mark.parametrize(
@@ -74,7 +75,8 @@ def one_process(queue):
 
 def test_shares_follow_a_speed_change_and_updates_equal_one_process(tmp_path, one_process):
     out = tmp_path / "params.npz"
-    res = netcl_run(2, "balance_script.py", str(out), "run", timeout=240)
+    specs, _ = two_devices()  # two OpenCL platforms in one job where the machine has them
+    res = netcl_run(2, "balance_script.py", str(out), "run", timeout=240, devices=specs)
     assert res.returncode == 0, (res.stdout, res.stderr[-3000:])
     got = np.load(out)
     shares = got["shares"]
