@@ -41,7 +41,7 @@ def main() -> int:
     args = ap.parse_args()
     if args.switch_interval is not None:
         sys.setswitchinterval(args.switch_interval)
-    s = dict(PRESETS[args.preset], weight_decay=0.1, arch="llama", kv_heads=None)
+    s = dict(PRESETS[args.preset], weight_decay=0.1, arch="llama", kv_heads=None, dropout=0.0)
     batch = args.batch_size or s["batch_size"]
     distributed = "NETCL_RANK" in os.environ
     if distributed:

@@ -219,6 +219,19 @@ def dist_device_sum() -> str:
     return raw
 
 
+BALANCE_MODES = ("auto", "on", "off")
+
+
+def dist_balance() -> str:
+    """NETCL_DIST_BALANCE: how netcl.distributed.Balancer splits each global batch: `auto` (by measured speed
+    when the ranks' devices differ, else equally), `on` (always by measured speed) or `off` (equally); `netcl
+    run --balance` sets it for its ranks."""
+    raw = env("NETCL_DIST_BALANCE", "").strip().lower() or "auto"
+    if raw not in BALANCE_MODES:
+        raise ConfigError(f"NETCL_DIST_BALANCE={raw!r}: expected auto, on or off")
+    return raw
+
+
 def dist_launch() -> tuple[int, int, str] | None:
     """(rank, world size, job id) from NETCL_RANK, NETCL_WORLD_SIZE and NETCL_DIST_ID (set by `netcl run` for
     each process it starts); None when NETCL_RANK is unset."""
@@ -248,8 +261,8 @@ def in_variant_probe() -> bool:
 # The readers check_environment runs: every variable above (the JIT knobs through jit_knob).
 _READERS: tuple[Callable[[], object], ...] = (
     device_spec, profiling, debug_level, fusion_enabled, deterministic, disk_cache_enabled, cache_dir,
-    half_mode, tuning_enabled, dist_backend, dist_timeout, dist_bucket_mb, dist_device_sum, dist_launch,
-    in_variant_probe,
+    half_mode, tuning_enabled, dist_backend, dist_timeout, dist_bucket_mb, dist_device_sum, dist_balance,
+    dist_launch, in_variant_probe,
 )
 
 

@@ -1,4 +1,4 @@
-"""Collectives on netcl Tensors (and host arrays): all_reduce, broadcast, all_gather, barrier, batch_shares.
+"""Collectives on netcl Tensors (and host arrays): all_reduce, broadcast, all_gather, barrier.
 
 A Tensor goes to the group through the host. On the shared-memory backend it is read from the device
 straight into this rank's shared segment and written back straight from the segments, so the host copies
@@ -374,31 +374,3 @@ def barrier() -> None:
     """Wait until every rank has called barrier() (after the collectives started before it have finished)."""
     grp = runtime.group()
     runtime.dispatcher().run(grp.barrier)
-
-
-def batch_shares(global_batch: int, speed: float) -> list[int]:
-    """Split `global_batch` samples between the ranks in proportion to each rank's measured `speed` (samples
-    per
-    second, or any rate; every rank passes its own), so a slow device does not set the pace: integer shares,
-    each >= 1, summing to global_batch (largest remainders get the leftovers; ties go to lower ranks).
-    A collective: every rank calls it. Pair with DistributedSampler(shares=...) and
-    DistributedDataParallel(sample_share=shares[rank] / global_batch)."""
-    grp = runtime.group()
-    if not isinstance(global_batch, (int, np.integer)) or isinstance(global_batch, bool):
-        raise TypeError(f"batch_shares: global_batch must be an integer, got {type(global_batch).__name__}")
-    if global_batch < grp.world_size:
-        raise ValueError(
-            f"batch_shares: a global batch of {global_batch} cannot give each of {grp.world_size} "
-            "ranks a sample"
-        )
-    rate = float(speed)
-    if not rate > 0 or not np.isfinite(rate):
-        raise ValueError(f"batch_shares: speed must be a finite number > 0, got {speed!r}")
-    rates = runtime.dispatcher().run(lambda: grp.all_gather(np.array([rate], np.float64))).reshape(-1)
-    spare = int(global_batch) - grp.world_size  # one sample each first, the rest by speed
-    exact = rates / rates.sum() * spare
-    shares = np.floor(exact).astype(np.int64)
-    order = sorted(range(grp.world_size), key=lambda r: (-(exact[r] - shares[r]), r))
-    for r in order[: spare - int(shares.sum())]:
-        shares[r] += 1
-    return [int(s) + 1 for s in shares]

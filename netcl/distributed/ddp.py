@@ -89,12 +89,7 @@ class DistributedDataParallel(Module):
             if not 0 < share <= 1:
                 raise ValueError(f"sample_share is this rank's fraction of the global batch, in (0, 1]; got "
                                  f"{sample_share!r}")
-            shares = collectives.all_gather(np.array([share], np.float64)).reshape(-1)
-            if abs(shares.sum() - 1) > 1e-6:
-                raise ValueError(
-                    f"the ranks' sample_share values {shares.round(6).tolist()} do not add up to 1"
-                )
-            self.op, self.weights = "sum", shares.tolist()
+            self.set_shares(collectives.all_gather(np.array([share], np.float64)).reshape(-1).tolist())
         device = params[0].value.device if params else None
         self._copy_queue = device.new_queue() if device is not None and device.kind != "cpu" else None
         self.buckets = self._make_buckets(params)
@@ -110,10 +105,28 @@ class DistributedDataParallel(Module):
         # gradient was enqueued ("submitted"), when its gradients were in place on the device and when its
         # all-reduce ended ("ready", "done"), when backward's last
         # kernel was enqueued ("enqueued") and when backward had all results ("end"); "reduce_s": each
-        # bucket's all-reduce time, "exposed_s": how long backward waited for them at its end
+        # bucket's all-reduce time, "exposed_s": how long backward waited for them at its end;
+        # "compute_s": from this rank's forward to its last gradient on the device (its own work only)
         self.last_pass: dict[str, Any] = {"reduce_s": [], "exposed_s": 0.0}
         self._pass_t0 = 0.0
+        self._forward_t0: float | None = None
         self._next = 0
+
+    def set_shares(self, fractions: list[float] | None) -> None:
+        """Each rank's fraction of the global batch (the same list on every rank; it must add up to 1): from
+        the next backward on, the gradients are summed weighted by them (netcl.distributed.Balancer calls
+        it when the shares move). None: the plain mean (equal shares)."""
+        if fractions is None:
+            self.op, self.weights = "mean", None
+            return
+        shares = np.asarray(fractions, np.float64).reshape(-1)
+        if len(shares) != self.group.world_size:
+            raise ValueError(f"{len(shares)} shares for {self.group.world_size} ranks")
+        if not np.all(shares > 0) or abs(shares.sum() - 1) > 1e-6:
+            raise ValueError(
+                f"the ranks' shares {shares.round(6).tolist()} must be > 0 and add up to 1"
+            )
+        self.op, self.weights = "sum", shares.tolist()
 
     def _make_buckets(self, params: list[Parameter]) -> list[_Bucket]:
         buckets, current, size = [], [], 0
@@ -140,6 +153,7 @@ class DistributedDataParallel(Module):
             buffers = self.module.buffers()
             if buffers:
                 collectives.broadcast(buffers, src=0)
+        self._forward_t0 = time.perf_counter()  # after the broadcast: this rank's own work from here
         return self.module(*args, **kwargs)
 
     @contextlib.contextmanager
@@ -212,10 +226,16 @@ class DistributedDataParallel(Module):
         self._start_ready()
         try:
             t0 = time.perf_counter()
+            # this rank's compute ends when its last gradient is in its bucket (no other rank in it): the
+            # speed netcl.distributed.Balancer measures
+            cl.wait_for_events([e for b in self.buckets for e in b.events])
+            computed = time.perf_counter()
             for bucket in self.buckets:
                 bucket.work.wait()  # its results are in bucket.flat (the worker waited for its copies)
             t1, base = time.perf_counter(), self._pass_t0
+            started, self._forward_t0 = self._forward_t0, None
             self.last_pass = {
+                "compute_s": None if started is None else computed - started,
                 "reduce_s": [b.times[2] - b.times[1] for b in self.buckets], "exposed_s": t1 - t0,
                 "submitted": [b.submitted - base for b in self.buckets],
                 "ready": [b.times[1] - base for b in self.buckets],

@@ -1,13 +1,14 @@
-"""`netcl run --nproc N [--devices P:D,...] script.py ARGS`: start one process per device, each a rank of one
-job.
+"""`netcl run --nproc N [--devices P:D,...] [--balance auto|on|off] script.py ARGS`: start one process per
+device, each a rank of one job.
 
 Each process gets NETCL_RANK, NETCL_WORLD_SIZE, NETCL_DIST_ID (the job's id, which names its sockets and
-shared memory) and, with --devices or when there are enough GPUs, its own NETCL_DEVICE. The launcher waits
-for them; when one fails (an error, a crash, a kill) the others see it in their next collective and raise
-DistributedError naming it, and whatever is still running a few seconds later is ended. Exit status: 0
-when every rank exited 0, else the first failure's (128 + signal for a rank killed by a signal). Shared
-memory of the job is removed on every way out (the ranks unlink their segments as soon as all have mapped
-them; the launcher removes any a killed rank left behind); the ranks die with the launcher
+shared memory) and, with --devices or when there are enough GPUs, its own NETCL_DEVICE (the devices may be on
+different OpenCL platforms); --balance sets NETCL_DIST_BALANCE, which netcl.distributed.Balancer reads. The
+launcher waits for them; when one fails (an error, a crash, a kill) the others see it in their next collective
+and raise DistributedError naming it, and whatever is still running a few seconds later is ended. Exit
+status: 0 when every rank exited 0, else the first failure's (128 + signal for a rank killed by a signal).
+Shared memory of the job is removed on every way out (the ranks unlink their segments as soon as all have
+mapped them; the launcher removes any a killed rank left behind); the ranks die with the launcher
 (PR_SET_PDEATHSIG) if it is killed itself.
 """
 
@@ -32,6 +33,7 @@ from netcl.core.device import manager
 from netcl.distributed import runtime
 from netcl.errors import NetclError
 
+BALANCE_CHOICES = config.BALANCE_MODES
 GRACE_SECONDS = 2.0  # after a rank fails, how long the others get to notice and exit by themselves
 SHM_DIR = "/dev/shm"
 
@@ -57,17 +59,31 @@ def _seconds(text: str) -> str:
     return text
 
 
+def add_device_arguments(p: argparse.ArgumentParser) -> None:
+    """--devices and --balance, as `netcl run`, `netcl train` and `netcl lm-train` take them."""
+    p.add_argument(
+        "--devices",
+        default=None,
+        help="comma-separated devices, one per rank (P:D as `netcl devices` prints, or any NETCL_DEVICE "
+        "value; different platforms may share a job); default: one GPU each when there are at least N, else "
+        "every rank on the default device",
+    )
+    p.add_argument(
+        "--balance",
+        choices=BALANCE_CHOICES,
+        default=None,
+        help="each rank's share of every global batch: auto (by measured speed, re-measured as the run goes, "
+        "when the ranks' devices differ; else equal), on (by measured speed always), off (equal); sets "
+        "NETCL_DIST_BALANCE for the ranks (default: that variable, else auto)",
+    )
+
+
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "run", help="run a script as N processes, one per device (data parallelism)", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--nproc", type=positive_int, required=True, help="how many processes (ranks) to start")
-    p.add_argument(
-        "--devices",
-        default=None,
-        help="comma-separated devices, one per rank (P:D as `netcl devices` prints, or any NETCL_DEVICE "
-        "value); default: one GPU each when there are at least N, else every rank on the default device",
-    )
+    add_device_arguments(p)
     p.add_argument(
         "--timeout",
         type=_seconds,
@@ -84,10 +100,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not os.path.isfile(args.script):
         raise NetclError(f"no script {args.script} (netcl run starts a Python file)")
     extra = {"NETCL_DIST_TIMEOUT": args.timeout} if args.timeout else {}
+    if args.balance:
+        extra["NETCL_DIST_BALANCE"] = args.balance
     return launch([sys.executable, args.script, *args.args], args.nproc, args.devices, extra)
 
 
-def spawn_ranks(argv: Sequence[str] | None, nproc: int, devices: str | None = None) -> int | None:
+def spawn_ranks(argv: Sequence[str] | None, nproc: int, devices: str | None = None,
+                balance: str | None = None) -> int | None:
     """The hook of commands with --nproc (`netcl train`; `netcl lm-train` takes the same two calls): in the
     process
     the user started, with nproc > 1, run the same command line again as `nproc` ranks and return their exit
@@ -97,7 +116,8 @@ def spawn_ranks(argv: Sequence[str] | None, nproc: int, devices: str | None = No
         return None
     if argv is None:
         raise NetclError("--nproc needs the command line to start again (netcl.cli.main records it)")
-    return launch([sys.executable, "-m", "netcl.cli", *argv], nproc, devices)
+    return launch([sys.executable, "-m", "netcl.cli", *argv], nproc, devices,
+                  {"NETCL_DIST_BALANCE": balance} if balance else None)
 
 
 def join(nproc: int) -> bool:

@@ -27,6 +27,7 @@ import netcl.autograd as ag
 from netcl import distributed as dist
 from netcl import optim
 from netcl.core.tensor import Tensor
+from netcl.distributed import launch
 from netcl.errors import NetclError
 from netcl.graph import Graph
 from netcl.models import GPT, GPTConfig
@@ -171,7 +172,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--nproc", type=_positive, default=None,
                    help="train with N processes, one device each (netcl.distributed; default 1): each takes "
                    "--batch-size windows of every step and gradients are averaged, the same as one process "
-                   "with N x --batch-size; steps run eagerly; rank 0 logs and writes; a resumed run keeps it")
+                   "with N x --batch-size; steps run eagerly; rank 0 logs and writes; a resumed run keeps "
+                   "it; --balance splits the N x --batch-size windows by measured speed")
+    launch.add_device_arguments(p)
     p.set_defaults(func=run_train)
 
 
@@ -351,9 +354,8 @@ def run_train(args: argparse.Namespace) -> int:
     corpus = build_corpus(s["corpus"], vocab_size=s["vocab_size"], val_fraction=s["val_fraction"],
                           cache_dir=cache_dir, log=log)
     log(corpus.summary())
-    # one stream of global batches (nproc x batch_size windows); rank r takes rows [r B, (r + 1) B) of each
+    # one stream of global batches (nproc x batch_size windows); each rank takes its rows of each (Balancer)
     windows = TokenWindows(corpus.train, s["batch_size"] * nproc, s["context"], seed=s["seed"])
-    rows = slice(rank * s["batch_size"], (rank + 1) * s["batch_size"])
     val = validation_windows(corpus.val, s["context"], s["eval_windows"])
     q = dev.queue
     run.start()
@@ -373,6 +375,7 @@ def run_train(args: argparse.Namespace) -> int:
         log(f"resumed from {resume_from} at step {start}, lr {opt.param_groups[0]['lr']:.3g}")
     tokens_per_step = s["batch_size"] * nproc * s["context"]
     ddp = dist.DistributedDataParallel(model) if nproc > 1 else None  # after a resume's load
+    balancer = None if ddp is None else dist.Balancer(ddp, s["batch_size"] * nproc, args.balance, log=log)
     log(
         f"netcl lm-train: {s['arch']} GPT, {s['layers']} "
         f"layers, {s['heads']} heads ({s['kv_heads']} kv), dim "
@@ -388,6 +391,8 @@ def run_train(args: argparse.Namespace) -> int:
     )
     if mixed is not None:
         log(mixed.describe())
+    for line in balancer.describe() if balancer is not None else []:
+        log(line)
     step_fn = LMStep(model, opt, s["clip"], eager=args.eager, mixed=mixed, ddp=ddp)
     tokenizer = corpus.tokenizer
     run_args = {key: s[key] for key in RUN_SETTINGS.values()}
@@ -408,16 +413,21 @@ def run_train(args: argparse.Namespace) -> int:
     report_every = 10
     try:
         for step in range(start, s["steps"]):
-            pending.append(step_fn(windows.next_batch()[rows]))
+            batch = windows.next_batch()
+            fractions = [1.0] if balancer is None else balancer.fractions  # this step's shares
+            pending.append((step_fn(batch if balancer is None else balancer.split(batch)), fractions))
+            if balancer is not None:
+                balancer.step()
             sched.step()
             n = step + 1
             if n % report_every == 0 or n % s["eval_every"] == 0 or n == s["steps"]:
-                values = [float(t.to_host()[0]) for t in pending]
-                pending.clear()
-                if nproc > 1:  # the loss of the global batch: the mean of the ranks' (equal batch sizes)
-                    merged = np.asarray(values, np.float64)
-                    dist.all_reduce(merged, op="mean")
+                if nproc > 1:  # the loss of the global batch: the ranks' losses weighted by their shares
+                    merged = np.asarray([float(t.to_host()[0]) * f[rank] for t, f in pending], np.float64)
+                    dist.all_reduce(merged, op="sum")
                     values = merged.tolist()
+                else:
+                    values = [float(t.to_host()[0]) for t, _ in pending]
+                pending.clear()
                 if not all(math.isfinite(v) for v in values):
                     raise NetclError(f"the training loss became {values[-1]} at step {n}; try a lower --lr")
                 history["loss"].extend(values)
@@ -504,6 +514,7 @@ def run_train(args: argparse.Namespace) -> int:
         "parameters": model.num_parameters(),
         "amp": args.amp,
         "processes": nproc,
+        "shares": balancer.shares if balancer is not None else [s["batch_size"]],
         "device": dev.device_name,
         "corpus": {k: v for k, v in corpus.info.items() if k != "val_file_names"},
         "final_val_loss_nats": final_val,

@@ -169,16 +169,23 @@ def train_epoch(
     report_every: int = 20,
     step: Callable[[Tensor, Tensor], Tensor] | None = None,
     mixed: MixedPrecision | None = None,
+    balancer: Any = None,
 ) -> list[float]:
     """One pass over `loader`; returns the per-step losses (read from the device in batches).
-    `step(x, y) -> loss` replaces train_step (a GraphedStep, which then owns the scheduler)."""
+    `step(x, y) -> loss` replaces train_step (a GraphedStep, which then owns the scheduler). `balancer` (a
+    netcl.distributed.Balancer, data parallelism): the loader gives global batches, this rank trains on its
+    rows of each, and the balancer counts (and re-measures) the steps."""
     model.train()
     pending: list[Tensor] = []
     losses: list[float] = []
     for i, (x, y) in enumerate(loader):
+        if balancer is not None:
+            x, y = balancer.split((x, y))
         pending.append(
             step(x, y) if step is not None else train_step(model, optimizer, x, y, scheduler, mixed)
         )
+        if balancer is not None:
+            balancer.step()
         if (i + 1) % report_every == 0 or i + 1 == len(loader):
             values = [float(t.to_host()[0]) for t in pending]
             losses.extend(values)

@@ -16,7 +16,7 @@ from tqdm import tqdm
 
 from netcl import distributed as dist
 from netcl import optim
-from netcl.data import DataLoader, DatasetUnavailable, DistributedSampler, load_digits, load_idx_dataset
+from netcl.data import DataLoader, DatasetUnavailable, load_digits, load_idx_dataset
 from netcl.distributed import launch
 from netcl.errors import NetclError
 from netcl.ops import random
@@ -99,9 +99,11 @@ def register(subparsers: Any) -> None:
         "--nproc",
         type=launch.positive_int,
         default=1,
-        help="data parallelism: N processes, one per device (one GPU each when there are N, else all on "
-        "--device), each with --batch-size samples of every step; gradients averaged (netcl.distributed)",
+        help="data parallelism: N processes, one per device (--devices; else one GPU each when there are N, "
+        "else all on --device); every step takes N x --batch-size images, split between the ranks by "
+        "--balance; gradients weighted by share (netcl.distributed)",
     )
+    launch.add_device_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -171,13 +173,10 @@ def run(args: argparse.Namespace) -> int:
 
     random.manual_seed(s["seed"])
     model = build_model(s["model"], q, x_train.shape[1:], data.classes)
-    if args.nproc > 1:  # each rank: its share of every epoch's shuffled order, --batch-size per step
-        sampler = DistributedSampler(len(y_train), shuffle=True, seed=s["seed"], drop_last=True)
-        loader = DataLoader((x_train, y_train), s["batch_size"], q, sampler=sampler, drop_last=True)
-    else:
-        loader = DataLoader(
-            (x_train, y_train), s["batch_size"], q, shuffle=True, seed=s["seed"], drop_last=True
-        )
+    # every rank reads the same global batches (one process's order with N x --batch-size); a Balancer gives
+    # each rank its rows of them
+    loader = DataLoader((x_train, y_train), s["batch_size"] * args.nproc, q, shuffle=True, seed=s["seed"],
+                        drop_last=True)
     if len(loader) == 0:
         raise NetclError(f"--batch-size {s['batch_size']} is larger than the {len(y_train)} training images")
     opt = optim.AdamW(model.parameters(), lr=s["lr"], weight_decay=s["weight_decay"])
@@ -203,6 +202,11 @@ def run(args: argparse.Namespace) -> int:
     if mixed is not None:
         log(mixed.describe())
     step_model = dist.DistributedDataParallel(model) if args.nproc > 1 else model  # after a resume's load
+    balancer = None
+    if args.nproc > 1:
+        balancer = dist.Balancer(step_model, s["batch_size"] * args.nproc, mode=args.balance, log=log)
+        for line in balancer.describe():
+            log(line)
     graphed = None if args.eager else GraphedStep(model, opt, sched, mixed)
     run_args = {
         **{k: s[k] for k in RUN_SETTINGS if k != "dataset"},
@@ -237,7 +241,8 @@ def run(args: argparse.Namespace) -> int:
                 },
             )
 
-        losses = train_epoch(step_model, opt, loader, sched, progress, step=graphed, mixed=mixed)
+        losses = train_epoch(step_model, opt, loader, sched, progress, step=graphed, mixed=mixed,
+                             balancer=balancer)
         q.finish()
         seconds = time.perf_counter() - t0
         bar.close()
@@ -277,6 +282,7 @@ def run(args: argparse.Namespace) -> int:
         "epochs": s["epochs"],
         "batch_size": s["batch_size"],
         "processes": args.nproc,
+        "shares": balancer.shares if balancer is not None else [s["batch_size"]],
         "lr": s["lr"],
         "seed": s["seed"],
         "final_test_accuracy": history["test_accuracy"][-1],

@@ -49,10 +49,15 @@ def start_ranks(args: argparse.Namespace, nproc: int, default_out: Path) -> tupl
     and return (their exit status, False) in the process the user started. In a rank, or with N = 1:
     (None, whether this process is rank 0, the one that logs and writes)."""
     open_device(args.device)
+    if args.devices is not None and nproc <= 1:
+        raise NetclError(f"--devices {args.devices} names one device per rank of --nproc N (N > 1); for one "
+                         "process give --device")
+    if args.balance is not None and nproc <= 1:
+        raise NetclError(f"--balance {args.balance} splits the batch between the ranks of --nproc N (N > 1)")
     argv = list(getattr(args, "argv", None) or [])
     if nproc > 1 and args.out is None and args.resume is None:
         argv += ["--out", str(default_out if args.overwrite else fresh_default_out(default_out))]
-    code = launch.spawn_ranks(argv, nproc)
+    code = launch.spawn_ranks(argv, nproc, args.devices, args.balance)
     if code is not None:
         return code, False
     return None, launch.join(nproc)

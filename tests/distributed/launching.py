@@ -11,6 +11,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from netcl.core.device import manager
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 MPIEXEC = Path(sys.executable).parent / "mpiexec"
@@ -45,9 +47,13 @@ def environment(**extra: str) -> dict[str, str]:
     return env
 
 
-def netcl_run(nproc: int, script: str, *args: str, timeout: float = 120, **env: str) -> Result:
-    """`python -m netcl.cli run --nproc N tests/distributed/SCRIPT ARGS` with NETCL_* `env` added."""
-    cmd = [sys.executable, "-m", "netcl.cli", "run", "--nproc", str(nproc), str(HERE / script), *args]
+def netcl_run(nproc: int, script: str, *args: str, timeout: float = 120, devices: list[str] | None = None,
+              **env: str) -> Result:
+    """`python -m netcl.cli run --nproc N [--devices A,B,..] tests/distributed/SCRIPT ARGS` with NETCL_* `env`
+    added."""
+    cmd = [sys.executable, "-m", "netcl.cli", "run", "--nproc", str(nproc)]
+    cmd += ["--devices", ",".join(devices)] if devices else []
+    cmd += [str(HERE / script), *args]
     return _run(cmd, environment(**env), timeout)
 
 
@@ -75,6 +81,18 @@ def mpi_available() -> bool:
     except ImportError:
         return False
     return MPIEXEC.exists() or shutil.which("mpiexec") is not None
+
+
+def two_devices() -> tuple[list[str], list[str]]:
+    """Two devices of different platforms when this machine has them (PoCL's wheel beside Debian's), with the
+    --balance flags that go with them (none: auto balances different devices); else one device twice,
+    balanced on purpose (--balance on)."""
+    first: dict[int, str] = {}
+    for h in manager.devices():
+        if not h.is_simulator:
+            first.setdefault(h.index[0], h.spec)
+    specs = list(first.values())[:2]
+    return (specs, []) if len(specs) == 2 else (specs * 2, ["--balance", "on"])
 
 
 def shm_names(job: str) -> list[str]:

@@ -22,7 +22,7 @@ from netcl.models import GPT, GPTConfig
 from netcl.text import BPETokenizer, ChatFormat
 from netcl.train import generate, lm
 from netcl.train.lm import fit_dialog, load_model_dir
-from tests.distributed.launching import ROOT, environment
+from tests.distributed.launching import ROOT, environment, two_devices
 
 WORDS = ["alpha", "beta", "gamma", "delta", "value", "result", "index", "items", "count", "total"]
 
@@ -538,6 +538,7 @@ def test_two_processes_train_what_one_trains_on_their_joint_batch(corpus_dir, tm
     gradients,
     so the weights and the losses are those of one process with --batch-size 4 (up to float rounding)."""
     one, two = tmp_path / "one", tmp_path / "two"
+    specs, balance = two_devices()
     common = ("--steps", "3", "--eval-every", "3", "--warmup", "1", "--samples", "0")
     assert main(_args(corpus_dir, one, *common, "--batch-size", "4")) == 0
     capsys.readouterr()
@@ -546,10 +547,14 @@ def test_two_processes_train_what_one_trains_on_their_joint_batch(corpus_dir, tm
         "-m",
         "netcl.cli",
         *_args(corpus_dir, two, *common, "--batch-size", "2", "--nproc", "2"),
+        "--devices", ",".join(specs), *balance,  # two platforms where there are (shares stay equal 3 steps)
     ]
     proc = subprocess.run(cmd, env=environment(), cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "batch 2 x 2 processes x 12 tokens" in proc.stdout and "eager steps" in proc.stdout
+    assert "global batch 4, balanced by measured speed" in proc.stdout
+    for r, spec in enumerate(specs):
+        assert f"rank {r}: [{spec}]" in proc.stdout and "share 2 of 4 (50.0%)" in proc.stdout, proc.stdout
     assert proc.stdout.count("step 3: validation loss") == 1  # rank 0 logs, rank 1 is quiet
     a, b = load_file(str(one / "model.safetensors")), load_file(str(two / "model.safetensors"))
     for k in a:

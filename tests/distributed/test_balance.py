@@ -1,0 +1,122 @@
+"""Throughput-balanced data parallelism (netcl.distributed.balance): the share computation; two ranks whose
+speeds change mid-run (on two OpenCL platforms where the machine has them) get new shares, and their
+share-weighted updates equal one process's on the whole batch;
+a rank that dies is named; --devices/--balance on the commands."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import netcl.distributed as dist
+from netcl import optim
+from netcl.distributed import launch
+from netcl.errors import NetclError
+from tests.distributed import balance_script, ddp_script
+from tests.distributed.launching import ROOT, environment, netcl_run, two_devices
+
+
+@pytest.mark.parametrize(
+    "batch,rates,want",
+    [
+        (24, [1, 1], [12, 12]),
+        (24, [3, 1], [18, 6]),  # 2 + 22 x (3/4, 1/4) = 16.5 + 5.5: the tie goes to rank 0
+        (10, [1, 1, 1], [4, 3, 3]),  # one each, then 7 / 3 = 2.33 each: the leftover to rank 0
+        (10, [100, 1, 1], [8, 1, 1]),  # 1 + 7 x 100/102 = 7.86: every rank keeps a sample however slow
+        (7, [0.5, 2.0, 1.5], [2, 3, 2]),  # 3 + 4 x (1/8, 1/2, 3/8) = 0.5, 2, 1.5: the .5s to the lower rank
+        (3, [5, 1, 1], [1, 1, 1]),
+    ],
+)
+def test_shares_are_proportional_to_the_rates(batch, rates, want):
+    got = dist.proportional_shares(batch, rates)
+    assert got == want and sum(got) == batch
+
+
+def test_shares_follow_rates_over_many_draws():
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        world = int(rng.integers(1, 6))
+        batch = int(rng.integers(world, 500))
+        rates = rng.uniform(0.01, 100, world)
+        shares = np.array(dist.proportional_shares(batch, rates))
+        assert shares.sum() == batch and shares.min() >= 1
+        exact = 1 + rates / rates.sum() * (batch - world)
+        assert np.all(np.abs(shares - exact) < 1), (batch, rates, shares)  # largest remainders: within one
+
+
+def test_bad_share_inputs_are_named():
+    with pytest.raises(ValueError, match="global batch of 2 cannot give each of 3 ranks"):
+        dist.proportional_shares(2, [1, 1, 1])
+    with pytest.raises(ValueError, match="finite numbers > 0"):
+        dist.proportional_shares(8, [1.0, 0.0])
+    with pytest.raises(ValueError, match="finite numbers > 0"):
+        dist.proportional_shares(8, [1.0, float("nan")])
+    with pytest.raises(TypeError, match="integer"):
+        dist.proportional_shares(8.0, [1.0])
+
+
+@pytest.fixture(scope="module")
+def one_process(queue):
+    """The parameters after the steps of one process on the whole global batch, in the same order."""
+    model = ddp_script.build(queue)
+
+    def epochs():
+        while True:
+            yield from balance_script.loader(queue)
+
+    opt = optim.SGD(model.parameters(), lr=balance_script.LR, momentum=balance_script.MOMENTUM)
+    balance_script.train(model, epochs(), opt)
+    return {k: v.to_host() for k, v in model.state_dict().items()}
+
+
+def test_shares_follow_a_speed_change_and_updates_equal_one_process(tmp_path, one_process):
+    out = tmp_path / "params.npz"
+    specs, _ = two_devices()  # two OpenCL platforms in one job where the machine has them
+    res = netcl_run(2, "balance_script.py", str(out), "run", timeout=240, devices=specs)
+    assert res.returncode == 0, (res.stdout, res.stderr[-3000:])
+    got = np.load(out)
+    shares = got["shares"]
+    assert shares.shape == (balance_script.STEPS, 2) and np.all(shares.sum(axis=1) == 24)
+    assert shares[0].tolist() == [12, 12]  # equal until measured
+    # rank 1 sleeps 10 ms a sample until step 6 (10-100x the MLP's own time): its share falls...
+    slow = shares[2 : balance_script.SWITCH]
+    assert np.all(slow[:, 1] < slow[:, 0]) and slow[:, 1].min() <= 4, shares.tolist()
+    # ...and when rank 0 is the slow one from step 6 on, the shares turn round
+    assert shares[-1, 0] < shares[-1, 1] and shares[-1, 0] <= 4, shares.tolist()
+    for name, want in one_process.items():
+        # SGD with momentum: only float32 summation order differs from one process
+        np.testing.assert_allclose(got[name], want, rtol=2e-5, atol=2e-6, err_msg=name)
+
+
+def test_a_rank_that_dies_while_balanced_is_named():
+    res = netcl_run(2, "balance_script.py", "unused.npz", "die", timeout=240, NETCL_DIST_TIMEOUT="30")
+    assert res.returncode in (1, 3), (res.stdout, res.stderr[-2000:])
+    (line,) = res.lines("rank 0 DistributedError")
+    assert "ranks=[1]" in line and "rank 1" in line, line
+    assert float(re.search(r"after ([\d.]+)s", line).group(1)) < 20  # when it died, not at the timeout
+    assert "rank 1 (pid" in res.stderr and "exited with status 1" in res.stderr
+
+
+def test_device_flags_are_checked(tmp_path):
+    with pytest.raises(NetclError, match="--devices names 3 devices for --nproc 2"):
+        launch.assign_devices(2, "1:0,1:0,1:0")
+    cmd = [sys.executable, "-m", "netcl.cli", "train", "--devices", "1:0", "--out", str(tmp_path / "r")]
+    proc = subprocess.run(cmd, env=environment(), cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "--devices 1:0 names one device per rank of --nproc N" in proc.stderr
+    cmd = [sys.executable, "-m", "netcl.cli", "run", "--nproc", "2", "--balance", "fast", "x.py"]
+    proc = subprocess.run(cmd, env=environment(), cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "--balance: invalid choice: 'fast'" in proc.stderr
+
+
+def test_netcl_run_passes_balance_to_its_ranks(tmp_path):
+    script = tmp_path / "env_script.py"
+    script.write_text("import os, sys\nsys.exit(0 if os.environ.get('NETCL_DIST_BALANCE') == 'off' else 5)\n")
+    res = netcl_run(2, str(script), "--balance-is-the-script's-argument")
+    assert res.returncode == 5  # without --balance the ranks do not get it
+    cmd = [sys.executable, "-m", "netcl.cli", "run", "--nproc", "2", "--balance", "off", str(script)]
+    proc = subprocess.run(cmd, env=environment(), cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
