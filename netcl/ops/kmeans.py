@@ -101,7 +101,7 @@ def _pow2_at_most(n: int) -> int:
     return p
 
 
-# kmeans_gpu.cl's assignment tile: gemm_tiled.cl's knobs (see its header), defaults from the GEMM's own table
+# kmeans_gpu.cl's assignment tile: gemm_tiled.cl's knobs (see its header), values the GEMM's (assign_tile)
 ASSIGN_TILE_KNOBS = ("BM", "BN", "BK", "TX", "TY", "VW", "PADA", "PADB", "WX", "GVEC")
 
 
@@ -245,18 +245,18 @@ def probe_wide_assign(device: Any, dtype_name: str) -> None:
 
 
 def assign_tile(device: Any, dt: np.dtype, k: int, overrides: dict[str, int]) -> dict[str, int]:
-    """The GPU assignment's tile (ASSIGN_TILE_KNOBS) for k clusters on `device`: the tiled GEMM's defaults
-    for the device's class and dtype (netcl.ops.gemm.variants), then `overrides`; the center block halved
-    (unless given) while k fits in half of it (a few clusters need not pay for 128 padded ones), BK halved
-    (unless given) while the local memory the kernel needs exceeds the device's. Checked as gemm_tiled.cl
-    checks it."""
+    """The GPU assignment's tile (ASSIGN_TILE_KNOBS) for k clusters on `device`: the tiled GEMM's tile
+    for the device and dtype (netcl.ops.gemm.variants.tuned_params: `netcl tune`'s, else the defaults of the
+    device's class), then `overrides`; the center block halved (unless given) while k fits in half of it (a
+    few clusters need not pay for 128 padded ones), BK halved (unless given) while the local memory the
+    kernel needs exceeds the device's. Checked as gemm_tiled.cl checks it."""
     for name, value in overrides.items():
         if name not in ASSIGN_TILE_KNOBS:
             raise ValueError(f"unknown k-means assignment tile knob {name!r}; knobs: {ASSIGN_TILE_KNOBS}")
         if not isinstance(value, (int, np.integer)) or value < (0 if name in ("PADA", "PADB", "WX", "GVEC")
                                                                  else 1):
             raise ValueError(f"k-means assignment tile knob {name} must be a positive int, got {value!r}")
-    gemm = gemm_variants.default_params("tiled", dt, device)
+    gemm = gemm_variants.tuned_params(device, "tiled", dt)
     tile = {name: int(gemm.get(name, 0)) for name in ASSIGN_TILE_KNOBS}
     max_wg = device.capabilities.max_work_group_size
     if tile["TX"] * tile["TY"] > max_wg and not {"TX", "TY", "BM", "BN"} & overrides.keys():

@@ -137,7 +137,7 @@ def test_gpu_assign_tiles(queue, rng, n, d, k, tiles, dt, off):
 
 def test_gpu_assign_tile_is_the_gemms(queue):
     plan = km.kmeans_plan(queue, np.float32, 1000, 64, 1024, "gpu")
-    gemm = km.gemm_variants.default_params("tiled", np.float32, queue.device)
+    gemm = km.gemm_variants.tuned_params(queue.device, "tiled", np.float32)
     for name in ("BM", "BN", "BK", "TX", "TY", "VW"):
         assert plan.defines[name] == gemm[name]
     assert plan.kpad == 1024 and plan.defines["NKT"] == 64 // gemm["BK"]
