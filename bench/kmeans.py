@@ -36,6 +36,7 @@ from netcl.cluster.kmeans import LloydBuffers  # noqa: E402
 from netcl.core.device import manager  # noqa: E402
 from netcl.core.tensor import Tensor  # noqa: E402
 from netcl.ops import kmeans as km  # noqa: E402
+from netcl.ops.gemm import variants as gemm_variants  # noqa: E402
 
 
 def blobs(n: int, d: int, k: int, seed: int = 0) -> np.ndarray:
@@ -205,8 +206,12 @@ def main() -> int:
     ap.add_argument("--tiles", default=None,
                     help="with --sweep: a JSON list of tile dicts to time instead of SWEEP_TILES, e.g. "
                          "'[{}, {\"BK\": 16}]' (each changes the default tile in the keys it names)")
+    ap.add_argument("--nv-verbose", action="store_true",
+                    help="NVIDIA: build with -cl-nv-verbose, print registers/spills of k-means GPU builds")
     ap.add_argument("--out", default="bench/results/kmeans.json")
     args = ap.parse_args()
+    if args.nv_verbose:
+        gemm_variants.NV_VERBOSE = True
 
     n = args.n or (1_000_000 if args.gpu else 200_000)
     k = args.k or (1024 if args.gpu else 256)

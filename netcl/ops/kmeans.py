@@ -91,7 +91,13 @@ class KMeansPlan:
         return "kmeans_cpu.cl" if self.variant == "cpu" else "kmeans_gpu.cl"
 
     def program(self, filename: str, defines: dict[str, Any], **extra: Any) -> Any:
-        return kernels.program(self.device, filename, dtype=self.dtype, **defines, **extra)
+        if filename != "kmeans_gpu.cl":
+            return kernels.program(self.device, filename, dtype=self.dtype, **defines, **extra)
+        # the GEMM's block, built as the GEMM builds it (mad contraction; NVIDIA's register log on request)
+        options = ("-cl-mad-enable", *gemm_variants.verbose_options(self.device))
+        prg = kernels.program(self.device, filename, dtype=self.dtype, options=options, **defines, **extra)
+        gemm_variants.print_build_log(self.device, prg, "kmeans_assign", defines)
+        return prg
 
 
 def _pow2_at_most(n: int) -> int:
