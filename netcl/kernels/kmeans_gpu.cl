@@ -21,7 +21,8 @@
 // this kernel took the GEMM's block: the same bits on one device, run to run.
 // Layout: local (TX, TY), global (ceil(n/BM) * TX, TY).
 // Reads x, shift, ct, cn, centers (and labels); writes labels, dist, changed.
-// Local memory: the GEMM's tiles, 2 * BK * ((BM + PADA) + (BN + PADB)) values, and BM * TX values + ints.
+// Local memory: the larger of the GEMM's tiles, 2 * BK * ((BM + PADA) + (BN + PADB)) values, and the fold's
+// BM * TX values and ints, which reuse the tiles' space after the loop's last barrier.
 //
 // kmeans_update: the per-cluster sums of the update step without atomics and without sorting. Rows are
 // cut into segments of `seg` rows (segment s: rows s*seg ...); work-group (s, cc, fc) owns segment s,
@@ -76,6 +77,10 @@ __kernel void kmeans_pack(__global const T *centers, const int k, const int d, c
 }
 
 
+#define KM_TILE_VECS (2 * BK * (LDA_L + LDB_L))
+#define KM_FOLD_VECS ((BM * TX * (sizeof(ACC_T) + sizeof(int)) + sizeof(VEC_T) - 1) / sizeof(VEC_T))
+#define KM_LOCAL_VECS (KM_TILE_VECS > KM_FOLD_VECS ? KM_TILE_VECS : KM_FOLD_VECS)
+
 // row of the block (0 .. BM-1) of a work-item's register-tile row i, as gemm_tiled.cl stores it
 #define KM_ROW(i) (((i) / VW) * (TY * VW) + ty * VW + ((i) % VW))
 
@@ -103,10 +108,12 @@ void kmeans_assign(__global const T *x, const long x_off, const int n, const int
                    __global const T *centers, __global int *labels, __global T *dist,
                    __global int *changed, const int count_changes)
 {
-    __local VEC_T As[2 * BK * LDA_L];
-    __local VEC_T Bs[2 * BK * LDB_L];
-    __local ACC_T fold[BM * TX];
-    __local int fold_idx[BM * TX];
+    // one area: the GEMM's double-buffered tiles during the loop, the fold's values and indices after it
+    __local VEC_T tiles[KM_LOCAL_VECS];
+    __local VEC_T *As = tiles;
+    __local VEC_T *Bs = tiles + 2 * BK * LDA_L;
+    __local ACC_T *fold = (__local ACC_T *)tiles;              // BM x TX
+    __local int *fold_idx = (__local int *)(fold + BM * TX);  // BM x TX
     __local int nchanged[1];
     // the GEMM's names: A = the rows (M x K, row-major), B = the packed centers (K x N, feature-major)
     __global const STORE_T *A = x + x_off;

@@ -279,8 +279,8 @@ def assign_tile(device: Any, dt: np.dtype, k: int, overrides: dict[str, int]) ->
         raise ValueError(f"k-means assignment tile {tile}: VW must be 1, 2, 4 or 8, BM a multiple of TY*VW, "
                          "BN of TX*VW, PADA and PADB multiples of VW")
 
-    def local_bytes() -> int:  # the double-buffered tiles, and the fold's values and indices
-        return (2 * tile["BK"] * (bm + tile["PADA"] + bn + tile["PADB"]) + bm * tx) * size + bm * tx * 4
+    def local_bytes() -> int:  # the double-buffered tiles, or the fold's values and indices in their place
+        return max(2 * tile["BK"] * (bm + tile["PADA"] + bn + tile["PADB"]) * size, bm * tx * (size + 4)) + 4
 
     size = np.dtype(dt).itemsize
     while local_bytes() > device.capabilities.local_mem and "BK" not in overrides and tile["BK"] > 4:

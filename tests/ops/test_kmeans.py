@@ -109,6 +109,7 @@ GPU_CASES = [  # (n, d, k, tiles, dtype, element offset of x): what each exercis
     (130, 8, 40, GPU_SMALL, np.float32, 1),   # the same rows off 16 bytes: the guarded build
     (45, 12, 75, GPU_WARPS, np.float32, 0),   # 4-wide then a guarded last k tile; 32-lane patches
     (29, 6, 19, GPU_WARPS, np.float64, 0),
+    (300, 64, 1030, None, np.float32, 0),    # the device's default tile (the GEMM's), as d = 64 runs on GPUs
 ]
 
 
@@ -122,7 +123,8 @@ def test_gpu_assign_tiles(queue, rng, n, d, k, tiles, dt, off):
     flat = t(queue, np.concatenate([np.zeros(off, dt), x.ravel()]))
     rows = flat[off:].reshape(n, d)
     plan = km.kmeans_plan(queue, dt, n + 3, d, k, "gpu", assign_tiles=tiles)
-    assert plan.variant == "gpu" and plan.rows_per_group == tiles["BM"] and plan.kpad % tiles["BN"] == 0
+    tile = tiles or plan.defines
+    assert plan.variant == "gpu" and plan.rows_per_group == tile["BM"] and plan.kpad % tile["BN"] == 0
     cc = t(queue, c - mean)
     labels = Tensor.full(queue, (n + 3,), -1, np.int32)
     dist = Tensor.zeros(queue, (n + 3,), dt)
