@@ -36,6 +36,7 @@ from netcl.cluster.kmeans import LloydBuffers  # noqa: E402
 from netcl.core.device import manager  # noqa: E402
 from netcl.core.tensor import Tensor  # noqa: E402
 from netcl.ops import kmeans as km  # noqa: E402
+from netcl.ops.gemm import variants as gemm_variants  # noqa: E402
 
 
 def blobs(n: int, d: int, k: int, seed: int = 0) -> np.ndarray:
@@ -123,31 +124,39 @@ def torch_peer(X: np.ndarray, C: np.ndarray, gpu: bool):
 
 
 RATED = ("one iteration", "assign kernel")  # rows whose GFLOP/s is 2 N K d over their seconds
-SWEEP_TILES = [  # (TX, TY, TM, TN, BK) of kmeans_gpu.cl's assignment; the first is the default at K=1024
-    (16, 16, 8, 8, 16),
-    (16, 16, 8, 8, 8),
-    (16, 16, 8, 8, 32),
-    (16, 8, 8, 8, 16),
-    (32, 8, 4, 8, 16),
-    (8, 8, 8, 8, 16),
+# Tiles of kmeans_gpu.cl's assignment (the tiled GEMM's knobs, km.ASSIGN_TILE_KNOBS) for --sweep; {} is the
+# default (the GEMM's own tile for the device: on NVIDIA 128 x 128 blocks, BK 8, 16 x 16 work-items of 8 x 8,
+# VW 4, warp patches WX 8, 4-wide fetches). Each entry changes the default in the keys it names.
+SWEEP_TILES = [
+    {},
+    {"BK": 16},
+    {"BK": 4},
+    {"WX": 0},
+    {"GVEC": 0},  # guarded scalar fetches
+    {"PADA": 0, "PADB": 0},
+    {"BM": 64, "TY": 8},  # 64 x 128 blocks, 128 work-items of 8 x 8
+    {"BN": 64, "TX": 8},  # 128 x 64 blocks, 128 work-items of 8 x 8
+    {"BM": 64, "BN": 64, "TX": 8, "TY": 8, "BK": 16},  # the tile other GPUs' GEMM takes
+    {"BM": 128, "BN": 64, "TX": 16, "TY": 16, "VW": 4},  # 8 x 4 per work-item: fewer registers
+    {"BM": 64, "BN": 128, "TX": 16, "TY": 16, "VW": 4},  # 4 x 8 per work-item
+    {"BM": 128, "BN": 128, "TX": 32, "TY": 8, "WX": 8},  # 16 x 4 per work-item
 ]
 
 
-def sweep_assign(q, X: np.ndarray, C: np.ndarray, repeat: int, row, notes: list[str]) -> None:
-    """The assignment kernel alone (labels checked against the default tile's), and the update alone,
-    each the median of `repeat` calls after a warm-up, waited for with finish()."""
+def sweep_assign(q, X: np.ndarray, C: np.ndarray, repeat: int, row, note, tiles_list: list[dict]) -> None:
+    """The assignment kernel alone at each tile of `tiles_list` (labels checked against the first's), and
+    the update alone, each the median of `repeat` calls after a warm-up, waited for with finish()."""
     n, d = X.shape
     k = C.shape[0]
     x = Tensor.from_host(q, X)
     shift = Tensor.zeros(q, (d,), X.dtype)
     centers = Tensor.from_host(q, C)
     reference = None
-    for tiles in SWEEP_TILES:
-        name = "TX={},TY={},TM={},TN={},BK={}".format(*tiles)
+    for index, tiles in enumerate(tiles_list):
         try:
-            plan = km.kmeans_plan(
-                q, X.dtype, n, d, k, "gpu", assign_tiles=dict(zip(km.ASSIGN_TILE_KNOBS, tiles))
-            )
+            plan = km.kmeans_plan(q, X.dtype, n, d, k, "gpu", assign_tiles=tiles)
+            name = ",".join(f"{knob}={plan.defines.get(knob, 0)}" for knob in km.ASSIGN_TILE_KNOBS
+                            if knob != "GVEC") + f",GVEC={int('GVEC' in plan.defines)}"
             bufs = LloydBuffers.make(plan)
             km.kmeans_pack(plan, centers, bufs.packed)
 
@@ -157,14 +166,14 @@ def sweep_assign(q, X: np.ndarray, C: np.ndarray, repeat: int, row, notes: list[
 
             seconds = round_robin({name: assign}, repeat)[name]
         except Exception as exc:  # a tile a device refuses (local memory, registers) is noted, not fatal
-            notes.append(f"sweep {name}: {type(exc).__name__}: {exc}")
+            note(f"sweep {tiles}: {type(exc).__name__}: {exc}")
             continue
         labels = bufs.labels.to_host()
         if reference is None:
             reference = labels
         row("assign kernel", f"netcl {name}", q.device.device_name, seconds,
             labels_agree=float((labels == reference).mean()), note="assignment only, no update")
-        if tiles == SWEEP_TILES[0]:
+        if index == 0:
             bufs.partials.zero_()
 
             def update(plan=plan, bufs=bufs):
@@ -192,9 +201,17 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=None)
     ap.add_argument("--skip", default="", help="comma list of peers to skip: sklearn,faiss,torch,plusplus")
     ap.add_argument("--sweep", action="store_true",
-                    help="also time the GPU assignment kernel alone at several tile shapes (TX,TY,TM,TN,BK)")
+                    help="also time the GPU assignment kernel alone at several tiles (SWEEP_TILES: the tiled "
+                         "GEMM's knobs BM, BN, BK, TX, TY, VW, PADA, PADB, WX, GVEC)")
+    ap.add_argument("--tiles", default=None,
+                    help="with --sweep: a JSON list of tile dicts to time instead of SWEEP_TILES, e.g. "
+                         "'[{}, {\"BK\": 16}]' (each changes the default tile in the keys it names)")
+    ap.add_argument("--nv-verbose", action="store_true",
+                    help="NVIDIA: build with -cl-nv-verbose, print registers/spills of k-means GPU builds")
     ap.add_argument("--out", default="bench/results/kmeans.json")
     args = ap.parse_args()
+    if args.nv_verbose:
+        gemm_variants.NV_VERBOSE = True
 
     n = args.n or (1_000_000 if args.gpu else 200_000)
     k = args.k or (1024 if args.gpu else 256)
@@ -212,6 +229,10 @@ def main() -> int:
     notes: list[str] = []
 
     started = time.perf_counter()
+
+    def note(text: str) -> None:
+        notes.append(text)
+        print("note:", text, flush=True)  # at once: a run cut short by a time limit keeps it
 
     def row(what, impl, device, seconds, memory=None, labels_agree=None, inertia=None, note=""):
         rows.append({"what": what, "impl": impl, "device": device, "seconds": seconds,
@@ -267,7 +288,8 @@ def main() -> int:
 
             contenders["faiss"] = faiss_iter
         except Exception as exc:
-            notes.append(f"faiss unavailable: {exc}")
+            note(f"faiss-cpu skipped: it does not import ({type(exc).__name__}: {exc}); on the GPU machine "
+                 "put its wheel into .gpu/wheels (see bench/NOTES.md, k-means)")
     torch_mod = None
     if "torch" not in skip:
         try:
@@ -307,7 +329,7 @@ def main() -> int:
     contenders.clear()
     del netcl_iter  # its copy of the data would count in the fit's peak below
     if args.sweep:
-        sweep_assign(q, X, C0, repeat, row, notes)
+        sweep_assign(q, X, C0, repeat, row, note, json.loads(args.tiles) if args.tiles else SWEEP_TILES)
 
     # -- full fits: `iters` iterations from C0, tol=0 ------------------------------------------------
     fits = {}

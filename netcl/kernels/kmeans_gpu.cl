@@ -1,23 +1,28 @@
-// k-means for GPUs: the assignment step as one GEMM-shaped kernel with an arg-min epilogue, and the
-// partial sums of the update step. Data layout and shift: kmeans_common.cl.
+// k-means for GPUs: the assignment step as the tiled GEMM's block with an arg-min epilogue, and the partial
+// sums of the update step. Data layout and shift: kmeans_common.cl.
 //
 // kmeans_pack: the centers (k x d, row-major, centred) transposed into ct (dpad x kpad, feature-major,
 // zero-padded) and their squared norms cn (kpad; +inf for the padding, which so never wins).
 //
 // kmeans_assign: label[i] = argmin_c ||x_i - c||^2 (the first on ties, as scikit-learn), computed as
 // argmin_c (||c||^2 - 2 x_i.c); dist[i] = the exact ||x_i - c_label||^2 of the winner. No n x k buffer.
-// Layout: local (TX, TY), global (ceil(n/BM) * TX, TY). A work-group owns BM = TY*TM rows; it streams
-// the centers through local memory in tiles of BN = TX*TN centers x BK features (the rows' BM x BK tile
-// beside it), and each work-item keeps a TM x TN register tile of dot products: rows ty*4 + g*TY*4 + v,
-// centers tx*4 + g*TX*4 + v (groups of 4 so the local reads are float4s: neighbouring work-items read
-// neighbouring vectors, and the 16 work-items of one ty read one broadcast vector). After a tile's
-// features are done, each work-item folds its TN candidates into a running (min, index) per row held in
-// registers; work-items visit their centers in increasing order and the final fold across the TX
-// work-items of a row breaks ties by index, so the result is the first minimum. The exact distance of
-// the winner is then summed by the TX work-items of the row (features tx, tx + TX, ...), and the labels
-// that changed are counted (one atomic per work-group) when count_changes is set.
+// It is gemm_tiled.cl's block (gemm_tile.cl, gemm_tiled_loop.cl) with A = the rows x (n x d, row-major,
+// minus shift as they are staged) and B = ct (d x kpad): a work-group owns BM rows and walks every center
+// tile of BN centers, each as NKT k tiles of BK features (one double-buffered stream of tiles, so the next
+// center tile's first slice is fetched while the last one's products run). Each work-item keeps its TM x TN
+// register tile of dot products (rows ty*VW + g*TY*VW + v, centers tx*VW + g*TX*VW + v); after a center
+// tile's last k tile it folds its TN candidates, in increasing center order, into a running (min, index)
+// per row held in registers, and zeroes the tile. The final fold across the TX work-items of a row breaks
+// ties by index, so the result is the first minimum, as the other variants give. The exact distance of the
+// winner is then summed by the TX work-items of the row (features tx, tx + TX, ...), and the labels that
+// changed are counted (one atomic per work-group) when count_changes is set. Rows past n repeat the last
+// row in 4-wide fetches (GEMM_A_ROW) and read as zero in guarded ones; their results are dropped.
+// The dot products are summed feature by feature in order (one mad chain per row and center), as before
+// this kernel took the GEMM's block: the same bits on one device, run to run.
+// Layout: local (TX, TY), global (ceil(n/BM) * TX, TY).
 // Reads x, shift, ct, cn, centers (and labels); writes labels, dist, changed.
-// Local memory: BK*(BM + 4) + BK*(BN + 4) values (reused for the folds) + BM*TX ints.
+// Local memory: the larger of the GEMM's tiles, 2 * BK * ((BM + PADA) + (BN + PADB)) values, and the fold's
+// BM * TX values and ints, which reuse the tiles' space after the loop's last barrier.
 //
 // kmeans_update: the per-cluster sums of the update step without atomics and without sorting. Rows are
 // cut into segments of `seg` rows (segment s: rows s*seg ...); work-group (s, cc, fc) owns segment s,
@@ -30,26 +35,25 @@
 // pin[s * nkc + cc]. Reads x, shift, labels, dist, w; reads and writes psum, pw, pin.
 // Local memory: KC*WGU + KC + 3*WGU values.
 //
-// Knobs: TX, TY (work-group shape, default 16 x 16), TM, TN (register tile, multiples of 4, default 8),
-// BK (features per local tile, default 16); WGU (work-items of kmeans_update = features per
-// work-group, default 64), KC (clusters per kmeans_update work-group, default 128).
+// Knobs: the assignment's tile is gemm_tiled.cl's (BM, BN, BK, TX, TY, VW, PADA, PADB, WX; GVEC and
+// ALL_INNER set by the host: 4-wide fetches when x's offset and d are multiples of 4, and no guarded path
+// when BK divides d as well); NKT = ceil(d / BK), k tiles per center tile (set by the host). WGU (work-items
+// of kmeans_update = features per work-group, default 64), KC (clusters per kmeans_update work-group,
+// default 128).
 
 #include "kmeans_common.cl"
 
-#ifndef TX
-#define TX 16
+// the GEMM block's hooks: rows past n repeat the last row; features are centred as they are staged
+#define GEMM_A_ROW(m) min((m), (long)M - 1)
+#define GEMM_A_MAP(v, k) ((v) - (ACC_T)shift[k])
+#define GEMM_A_MAP4(v, k) ((v) - vload4(0, shift + (k)))
+#include "gemm_tile.cl"
+
+#if A_TRANS || B_TRANS
+#error "kmeans_gpu.cl: x is read row-major and ct feature-major (A_TRANS = B_TRANS = 0)"
 #endif
-#ifndef TY
-#define TY 16
-#endif
-#ifndef TM
-#define TM 8
-#endif
-#ifndef TN
-#define TN 8
-#endif
-#ifndef BK
-#define BK 16
+#ifndef NKT
+#define NKT 1
 #endif
 #ifndef WGU
 #define WGU 64
@@ -57,18 +61,6 @@
 #ifndef KC
 #define KC 128
 #endif
-
-#define NT (TX * TY)
-#define BM (TY * TM)
-#define BN (TX * TN)
-#define LXS (BM + 4)   // local row lengths: +4 keeps float4 alignment and spreads banks
-#define LCS (BN + 4)
-
-#if (TM % 4) || (TN % 4)
-#error "kmeans_gpu.cl: TM and TN must be multiples of 4"
-#endif
-
-typedef KM_CAT(ACC, 4) ACC4;
 
 __kernel void kmeans_pack(__global const T *centers, const int k, const int d, const int kpad, const int dpad,
                           __global T *ct, __global T *cn)
@@ -84,8 +76,31 @@ __kernel void kmeans_pack(__global const T *centers, const int k, const int d, c
     cn[c] = c < k ? norm : KM_INF;
 }
 
-#define TILE_VALUES (BK * LXS + BK * LCS)
-#define FOLD_VALUES (BM * TX)
+
+#define KM_TILE_VECS (2 * BK * (LDA_L + LDB_L))
+#define KM_FOLD_VECS ((BM * TX * (sizeof(ACC_T) + sizeof(int)) + sizeof(VEC_T) - 1) / sizeof(VEC_T))
+#define KM_LOCAL_VECS (KM_TILE_VECS > KM_FOLD_VECS ? KM_TILE_VECS : KM_FOLD_VECS)
+
+// row of the block (0 .. BM-1) of a work-item's register-tile row i, as gemm_tiled.cl stores it
+#define KM_ROW(i) (((i) / VW) * (TY * VW) + ty * VW + ((i) % VW))
+
+// after the last k tile of a center tile: fold its candidates into the running minimum, zero the tile
+#define KM_FOLD_TILE(t)                                                                             \
+    if ((t) % NKT == NKT - 1) {                                                                     \
+        const int nb_ = TILE_N0(t);                                                                 \
+        _Pragma("unroll") for (int j = 0; j < TN; ++j) {                                            \
+            const int c = nb_ + (j / VW) * (TX * VW) + tx * VW + (j % VW);                          \
+            const ACC_T norm = (ACC_T)cn[c];                                                        \
+            _Pragma("unroll") for (int i = 0; i < TM; ++i) {                                        \
+                const ACC_T v = norm - (ACC_T)2 * acc[i][j];                                        \
+                if (v < best[i]) {                                                                  \
+                    best[i] = v;                                                                    \
+                    best_idx[i] = c;                                                                \
+                }                                                                                   \
+                acc[i][j] = 0;                                                                      \
+            }                                                                                       \
+        }                                                                                           \
+    }
 
 __kernel __attribute__((reqd_work_group_size(TX, TY, 1)))
 void kmeans_assign(__global const T *x, const long x_off, const int n, const int d, const long row0,
@@ -93,77 +108,45 @@ void kmeans_assign(__global const T *x, const long x_off, const int n, const int
                    __global const T *centers, __global int *labels, __global T *dist,
                    __global int *changed, const int count_changes)
 {
-    // declared as vectors so the float4 views below are aligned
-    __local ACC4 tiles4[(TILE_VALUES > FOLD_VALUES ? TILE_VALUES : FOLD_VALUES) / 4];
-    __local int fold_idx[BM * TX];
-    __local ACC *tiles = (__local ACC *)tiles4;
+    // one area: the GEMM's double-buffered tiles during the loop, the fold's values and indices after it
+    __local VEC_T tiles[KM_LOCAL_VECS];
+    __local VEC_T *As = tiles;
+    __local VEC_T *Bs = tiles + 2 * BK * LDA_L;
+    __local ACC_T *fold = (__local ACC_T *)tiles;              // BM x TX
+    __local int *fold_idx = (__local int *)(fold + BM * TX);  // BM x TX
     __local int nchanged[1];
-    __local ACC *xs = tiles;              // BK x LXS: xs[f * LXS + r] = x[m0 + r, f0 + f] - shift
-    __local ACC *cs = tiles + BK * LXS;   // BK x LCS: cs[f * LCS + j] = ct[f0 + f, c0 + j]
-    const int tx = get_local_id(0);
-    const int ty = get_local_id(1);
-    const int tid = ty * TX + tx;
-    const long m0 = (long)get_group_id(0) * BM;
+    // the GEMM's names: A = the rows (M x K, row-major), B = the packed centers (K x N, feature-major)
+    __global const STORE_T *A = x + x_off;
+    __global const STORE_T *B = ct;
+    const int M = n, N = kpad, K = d;
+    const long a_rs = d, b_ks = kpad;
+    const int tid = get_local_id(1) * TX + get_local_id(0);
+    const int tx = GEMM_TILED_TX(tid), ty = GEMM_TILED_TY(tid);
+    const int m0 = get_group_id(0) * BM;
 
-    ACC best[TM];
+    ACC_T best[TM];
     int best_idx[TM];
+    ACC_T acc[TM][TN];
+#pragma unroll
     for (int i = 0; i < TM; ++i) {
         best[i] = KM_INF;
         best_idx[i] = 0;
+#pragma unroll
+        for (int j = 0; j < TN; ++j) acc[i][j] = 0;
     }
     if (tid == 0) nchanged[0] = 0;
 
-    for (int c0 = 0; c0 < kpad; c0 += BN) {
-        ACC acc[TM][TN];
-        for (int i = 0; i < TM; ++i)
-            for (int j = 0; j < TN; ++j) acc[i][j] = 0;
-        for (int f0 = 0; f0 < d; f0 += BK) {
-            barrier(CLK_LOCAL_MEM_FENCE);
-            // rows past n repeat the last row (their results are dropped); features past d read as 0
-            for (int e = tid; e < BM * BK; e += NT) {
-                const int r = e / BK, f = e % BK;
-                const long row = min(m0 + r, (long)n - 1);
-                const int ff = f0 + f;
-                xs[f * LXS + r] = ff < d ? (ACC)x[x_off + row * d + ff] - (ACC)shift[ff] : (ACC)0;
-            }
-            for (int e = tid; e < BK * BN / 4; e += NT) {
-                const int f = e / (BN / 4), j = 4 * (e % (BN / 4));
-                *(__local ACC4 *)(cs + f * LCS + j) = vload4(0, ct + (long)(f0 + f) * kpad + c0 + j);
-            }
-            barrier(CLK_LOCAL_MEM_FENCE);
-            for (int f = 0; f < BK; ++f) {
-                ACC a[TM], b[TN];
-                for (int g = 0; g < TM / 4; ++g) {
-                    const ACC4 v = *(__local const ACC4 *)(xs + f * LXS + ty * 4 + g * TY * 4);
-                    a[4 * g] = v.s0; a[4 * g + 1] = v.s1; a[4 * g + 2] = v.s2; a[4 * g + 3] = v.s3;
-                }
-                for (int g = 0; g < TN / 4; ++g) {
-                    const ACC4 v = *(__local const ACC4 *)(cs + f * LCS + tx * 4 + g * TX * 4);
-                    b[4 * g] = v.s0; b[4 * g + 1] = v.s1; b[4 * g + 2] = v.s2; b[4 * g + 3] = v.s3;
-                }
-                for (int i = 0; i < TM; ++i)
-                    for (int j = 0; j < TN; ++j) acc[i][j] = mad(a[i], b[j], acc[i][j]);
-            }
-        }
-        // fold this tile's candidates, in increasing center order, into the running minimum
-        for (int j = 0; j < TN; ++j) {
-            const int c = c0 + tx * 4 + (j / 4) * TX * 4 + (j % 4);
-            const ACC norm = cn[c];
-            for (int i = 0; i < TM; ++i) {
-                const ACC v = norm - (ACC)2 * acc[i][j];
-                if (v < best[i]) {
-                    best[i] = v;
-                    best_idx[i] = c;
-                }
-            }
-        }
-    }
+#define GEMM_NTILES (NKT * (kpad / BN))
+#define TILE_K0(t) (((t) % NKT) * BK)
+#define TILE_N0(t) (((t) / NKT) * BN)
+#define TILE_VEC(t) ((t) < ntiles && TILE_K0(t) + BK <= K)
+#define TILE_DONE(t) KM_FOLD_TILE(t)
+#include "gemm_tiled_loop.cl"
 
     // fold across the TX work-items of each row: the smallest value, then the smallest index
     barrier(CLK_LOCAL_MEM_FENCE);
-    __local ACC *fold = tiles;  // BM x TX
     for (int i = 0; i < TM; ++i) {
-        const int r = ty * 4 + (i / 4) * TY * 4 + (i % 4);
+        const int r = KM_ROW(i);
         fold[r * TX + tx] = best[i];
         fold_idx[r * TX + tx] = best_idx[i];
     }
@@ -185,7 +168,7 @@ void kmeans_assign(__global const T *x, const long x_off, const int n, const int
     // exact distance of each row to its center: work-item (tx, ty) sums features tx, tx + TX, ... of
     // rows ty, ty + TY, ...
     for (int r = ty; r < BM; r += TY) {
-        const long row = min(m0 + r, (long)n - 1);
+        const long row = min((long)(m0 + r), (long)n - 1);
         const int c = fold_idx[r * TX];
         ACC s = 0;
         for (int f = tx; f < d; f += TX) {
@@ -197,7 +180,7 @@ void kmeans_assign(__global const T *x, const long x_off, const int n, const int
     barrier(CLK_LOCAL_MEM_FENCE);
     int mine = 0;
     for (int r = tid; r < BM; r += NT) {
-        const long row = m0 + r;
+        const long row = (long)m0 + r;
         if (row >= n) continue;
         ACC s = 0;
         for (int t = 0; t < TX; ++t) s += fold[r * TX + t];

@@ -24,6 +24,7 @@ from netcl.core import dtypes
 from netcl.core.tensor import Tensor, check_same_queue
 from netcl.core.variants import Variant, first_usable, source_digest
 from netcl.errors import DeviceMismatchError, DTypeError, ShapeError
+from netcl.ops.gemm import variants as gemm_variants
 
 __all__ = [
     "KMeansPlan",
@@ -90,7 +91,13 @@ class KMeansPlan:
         return "kmeans_cpu.cl" if self.variant == "cpu" else "kmeans_gpu.cl"
 
     def program(self, filename: str, defines: dict[str, Any], **extra: Any) -> Any:
-        return kernels.program(self.device, filename, dtype=self.dtype, **defines, **extra)
+        if filename != "kmeans_gpu.cl":
+            return kernels.program(self.device, filename, dtype=self.dtype, **defines, **extra)
+        # the GEMM's block, built as the GEMM builds it (mad contraction; NVIDIA's register log on request)
+        options = ("-cl-mad-enable", *gemm_variants.verbose_options(self.device))
+        prg = kernels.program(self.device, filename, dtype=self.dtype, options=options, **defines, **extra)
+        gemm_variants.print_build_log(self.device, prg, "kmeans_assign", defines)
+        return prg
 
 
 def _pow2_at_most(n: int) -> int:
@@ -100,14 +107,16 @@ def _pow2_at_most(n: int) -> int:
     return p
 
 
-ASSIGN_TILE_KNOBS = ("TX", "TY", "TM", "TN", "BK")  # kmeans_gpu.cl's assignment tile (see its header)
+# kmeans_gpu.cl's assignment tile: gemm_tiled.cl's knobs (see its header), values the GEMM's (assign_tile)
+ASSIGN_TILE_KNOBS = ("BM", "BN", "BK", "TX", "TY", "VW", "PADA", "PADB", "WX", "GVEC")
 
 
 def kmeans_plan(queue: Any, dtype: Any, n_rows: int, n_features: int, n_clusters: int,
                 variant: str | None = None, assign_tiles: dict[str, int] | None = None) -> KMeansPlan:
     """The plan for clustering n_rows x n_features data of `dtype` into n_clusters on `queue`'s device.
     `variant` ("cpu" or "gpu") overrides the choice by device type (tests run both on one device);
-    `assign_tiles` overrides some of the GPU assignment's tile knobs (TX, TY, TM, TN, BK; bench sweeps)."""
+    `assign_tiles` overrides some of the GPU assignment's tile knobs (ASSIGN_TILE_KNOBS: the tiled GEMM's;
+    bench sweeps, tests)."""
     dt = np.dtype(dtype)
     if dt not in (dtypes.float32, dtypes.float64):
         raise DTypeError(f"k-means takes float32 or float64 data, got {dt}")
@@ -144,19 +153,17 @@ def kmeans_plan(queue: Any, dtype: Any, n_rows: int, n_features: int, n_clusters
         update_wg = finalize_wg = pp_wg = 1
         dpad = d
     else:
-        t = 16 if max_wg >= 256 else 8
-        tiles = dict(TX=t, TY=t, TM=8, TN=8 if k > 4 * t else 4, BK=16 if size == 4 else 8)
-        tiles.update(_check_tiles(assign_tiles or {}, max_wg))
-        if tiles["TX"] * tiles["TY"] > max_wg:
-            raise ValueError(
-                f"k-means assignment tile {tiles} needs work-groups of {tiles['TX'] * tiles['TY']}, "
-                f"more than the device's {max_wg}"
-            )
-        bn = tiles["TX"] * tiles["TN"]
+        tiles = assign_tile(queue.device, dt, k, assign_tiles or {})
+        bn = tiles["BN"]
         kpad = -(-k // bn) * bn
         dpad = -(-d // tiles["BK"]) * tiles["BK"]
-        variant_defines = dict(tiles)
-        rows_per_group = tiles["TY"] * tiles["TM"]
+        variant_defines = {name: tiles[name] for name in ASSIGN_TILE_KNOBS if name != "GVEC"}
+        variant_defines["NKT"] = dpad // tiles["BK"]
+        if tiles["GVEC"] and d % 4 == 0:
+            variant_defines["GVEC"] = None  # 4-wide fetches (dropped per launch for rows off 16 bytes)
+            if d % tiles["BK"] == 0:
+                variant_defines["ALL_INNER"] = None  # every k tile whole: no guarded fetch compiled
+        rows_per_group = tiles["BM"]
         update_wg = min(32 if d <= 32 else 64, _pow2_at_most(max_wg))
         local_budget = min(caps.local_mem, 48 << 10) - (4 << 10)
         kc = max(1, min(k, local_budget // ((update_wg + 1) * size)))
@@ -243,15 +250,49 @@ def probe_wide_assign(device: Any, dtype_name: str) -> None:
             raise AssertionError(f"kmeans_assign_cpu VN={plan.defines['VN']} {dtype_name}: distances are off")
 
 
-def _check_tiles(tiles: dict[str, int], max_wg: int) -> dict[str, int]:
-    for name, value in tiles.items():
+def assign_tile(device: Any, dt: np.dtype, k: int, overrides: dict[str, int]) -> dict[str, int]:
+    """The GPU assignment's tile (ASSIGN_TILE_KNOBS) for k clusters on `device`: the tiled GEMM's tile
+    for the device and dtype (netcl.ops.gemm.variants.tuned_params: `netcl tune`'s, else the defaults of the
+    device's class), then `overrides`; the center block halved (unless given) while k fits in half of it (a
+    few clusters need not pay for 128 padded ones), BK halved (unless given) while the local memory the
+    kernel needs exceeds the device's. Checked as gemm_tiled.cl checks it."""
+    for name, value in overrides.items():
         if name not in ASSIGN_TILE_KNOBS:
             raise ValueError(f"unknown k-means assignment tile knob {name!r}; knobs: {ASSIGN_TILE_KNOBS}")
-        if not isinstance(value, (int, np.integer)) or value < 1:
+        if not isinstance(value, (int, np.integer)) or value < (0 if name in ("PADA", "PADB", "WX", "GVEC")
+                                                                 else 1):
             raise ValueError(f"k-means assignment tile knob {name} must be a positive int, got {value!r}")
-        if name in ("TM", "TN") and value % 4:
-            raise ValueError(f"k-means assignment tile knob {name} must be a multiple of 4, got {value}")
-    return {name: int(value) for name, value in tiles.items()}
+    gemm = gemm_variants.tuned_params(device, "tiled", dt)
+    tile = {name: int(gemm.get(name, 0)) for name in ASSIGN_TILE_KNOBS}
+    max_wg = device.capabilities.max_work_group_size
+    if tile["TX"] * tile["TY"] > max_wg and not {"TX", "TY", "BM", "BN"} & overrides.keys():
+        tile.update(TX=8, TY=8, BM=64, BN=64)  # devices of smaller work-groups: 64 x 64 blocks of 8 x 8
+    tile.update({name: int(value) for name, value in overrides.items()})
+    if "BN" not in overrides:
+        while k <= tile["BN"] // 2 and (tile["BN"] // 2) % (tile["TX"] * tile["VW"]) == 0:
+            tile["BN"] //= 2
+    bm, bn, tx, ty, vw, wx = (tile[name] for name in ("BM", "BN", "TX", "TY", "VW", "WX"))
+    if tx * ty > max_wg:
+        raise ValueError(f"k-means assignment tile {tile} needs work-groups of {tx * ty}, more than the "
+                         f"device's {max_wg}")
+    if vw not in (1, 2, 4, 8) or bm % (ty * vw) or bn % (tx * vw) or tile["PADA"] % vw or tile["PADB"] % vw:
+        raise ValueError(f"k-means assignment tile {tile}: VW must be 1, 2, 4 or 8, BM a multiple of TY*VW, "
+                         "BN of TX*VW, PADA and PADB multiples of VW")
+
+    def local_bytes() -> int:  # the double-buffered tiles, or the fold's values and indices in their place
+        return max(2 * tile["BK"] * (bm + tile["PADA"] + bn + tile["PADB"]) * size, bm * tx * (size + 4)) + 4
+
+    size = np.dtype(dt).itemsize
+    while local_bytes() > device.capabilities.local_mem and "BK" not in overrides and tile["BK"] > 4:
+        tile["BK"] //= 2  # the GEMM's tile, thinner where local memory is short (float64 on 32 KB)
+    local = local_bytes()
+    if local > device.capabilities.local_mem:
+        raise ValueError(f"k-means assignment tile {tile} needs {local} bytes of local memory, more than the "
+                         f"device's {device.capabilities.local_mem}; use a smaller BM, BN or BK")
+    if wx and wx != tx and ((tx * ty) % 32 or tx % wx or 32 % wx or ty % (32 // wx)):
+        raise ValueError(f"k-means assignment tile {tile}: WX must divide TX and 32, and 32/WX must divide "
+                         "TY")
+    return tile
 
 
 @dataclass
@@ -399,7 +440,10 @@ def kmeans_assign(
         prg.kmeans_assign_cpu(q, (groups,), (1,), cp=packed.layout.buffer, **args)
     else:
         t = plan.defines["TX"]
-        prg = plan.program("kmeans_gpu.cl", plan.defines)
+        defines = plan.defines
+        if x.offset % 4 and "GVEC" in defines:
+            defines = {name: v for name, v in defines.items() if name not in ("GVEC", "ALL_INNER")}
+        prg = plan.program("kmeans_gpu.cl", defines)
         prg.kmeans_assign(q, (groups * t, plan.defines["TY"]), (t, plan.defines["TY"]),
                           ct=packed.layout.buffer, **args)
 

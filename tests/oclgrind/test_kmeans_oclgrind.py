@@ -57,13 +57,17 @@ def test_minibatch_fit_with_reassignment(variant):
 
 def test_wide_rows_and_many_clusters(queue):
     """The CPU assignment's staging of rows wider than DMAX, and the GPU tiles' padded edges (k and d not
-    multiples of the tiles), at the default tile and at a small non-square one (the bench's sweep)."""
+    multiples of the tiles), at the default tile and at small ones (the bench's sweep): 4-wide fetches with a
+    guarded last k tile and 32-lane warp patches, and 4-wide fetches only (BK divides d) with fewer clusters
+    than a tile; rows centred by a shift as they are staged."""
     rng = np.random.default_rng(4)
-    small = dict(TX=8, TY=4, TM=4, TN=8, BK=8)
+    warps = dict(BM=16, BN=32, BK=8, TX=16, TY=4, VW=2, PADA=2, PADB=0, WX=8)
+    whole = dict(BM=16, BN=16, BK=4, TX=4, TY=4, VW=2, PADA=2, PADB=2, WX=0)
     for variant, n, d, k, tiles in (("cpu", 9, 300, 11, None), ("gpu", 130, 21, 70, None),
-                                    ("gpu", 45, 19, 75, small)):
+                                    ("gpu", 45, 20, 75, warps), ("gpu", 37, 16, 9, whole)):
         x = rng.standard_normal((n, d)).astype(np.float32)
         c = rng.standard_normal((k, d)).astype(np.float32)
+        shift = rng.standard_normal(d).astype(np.float32)
         plan = km.kmeans_plan(queue, np.float32, n, d, k, variant, assign_tiles=tiles)
         cc = dev(queue, c)
         labels = dev(queue, np.full(n, -1, np.int32))
@@ -72,12 +76,12 @@ def test_wide_rows_and_many_clusters(queue):
             plan,
             dev(queue, x),
             0,
-            dev(queue, np.zeros(d, np.float32)),
+            dev(queue, shift),
             km.kmeans_pack(plan, cc),
             cc,
             labels,
             dist,
         )
-        d2 = ((x[:, None, :].astype(np.float64) - c[None]) ** 2).sum(-1)
+        d2 = ((x[:, None, :].astype(np.float64) - shift - c[None]) ** 2).sum(-1)
         np.testing.assert_array_equal(labels.to_host(), d2.argmin(1))
         close(dist, d2.min(1), 1e-4, 1e-3)

@@ -2,8 +2,9 @@
 partial sums and both finalize steps, k-means++'s search / potential / pick / update, row gathers; chunked
 launches equal to one launch bit for bit; bad input at the op boundary.
 
-The "gpu" variant runs here on GPU devices; on the CPU device it is checked under Oclgrind
-(tests/oclgrind/test_kmeans_oclgrind.py), as PoCL takes about a minute to compile its barrier loops."""
+The "gpu" variant runs here on GPU devices; on the CPU device its assignment runs at small GPU-shaped tiles
+(test_gpu_assign_tiles) and the rest is checked under Oclgrind (tests/oclgrind/test_kmeans_oclgrind.py), as
+PoCL takes about a minute to compile the default tile's barrier loops."""
 
 from __future__ import annotations
 
@@ -49,6 +50,11 @@ def check_assignment(labels, dist, x, c, dt):
     np.testing.assert_allclose(dist, chosen, rtol=rtol, atol=rtol * (1 + best.max()))
 
 
+# The GPU assignment (the tiled GEMM's block with an arg-min epilogue) at GPU-shaped tiles small enough to
+# build quickly on PoCL: its index arithmetic (ragged rows, features not a multiple of BK, fewer clusters
+# than a tile, 4-wide and guarded fetches, warp-patch ids) does not depend on the device.
+GPU_SMALL = dict(BM=16, BN=16, BK=4, TX=4, TY=4, VW=2, PADA=2, PADB=2, WX=0)
+GPU_WARPS = dict(BM=16, BN=32, BK=8, TX=16, TY=4, VW=2, PADA=2, PADB=0, WX=8)
 SHAPES = [(1, 1, 1), (37, 3, 5), (300, 13, 37), (129, 70, 130), (70, 2, 200)]
 
 
@@ -79,12 +85,15 @@ def test_assign_is_the_nearest_center(queue, rng, variant, dt, n, d, k):
     np.testing.assert_array_equal(labels.to_host(), got)
 
 
-def test_assign_breaks_ties_by_the_first_center(queue, variant):
+@pytest.mark.parametrize("tiles", [None, pytest.param(GPU_SMALL, marks=pytest.mark.gpu_shaped)])
+def test_assign_breaks_ties_by_the_first_center(queue, variant, tiles):
+    if tiles is not None:
+        variant = "gpu"
     # each center twice: every row must take the first copy, whichever tile or lane holds it
     c = np.repeat(np.arange(20, dtype=np.float32)[:, None] * np.ones((1, 3), np.float32), 2, axis=0)
     c = np.vstack([c[1::2], c[::2]])  # copies 20 rows apart: k = 40
     x = np.arange(20, dtype=np.float32)[:, None] * np.ones((1, 3), np.float32) + 0.25
-    plan = km.kmeans_plan(queue, np.float32, 20, 3, 40, variant)
+    plan = km.kmeans_plan(queue, np.float32, 20, 3, 40, variant, assign_tiles=tiles)
     cc = t(queue, c)
     labels, dist = Tensor.empty(queue, (20,), np.int32), Tensor.empty(queue, (20,), np.float32)
     km.kmeans_assign(
@@ -92,6 +101,55 @@ def test_assign_breaks_ties_by_the_first_center(queue, variant):
     )
     np.testing.assert_array_equal(labels.to_host(), np.arange(20))
     np.testing.assert_allclose(dist.to_host(), np.full(20, 3 * 0.0625), rtol=1e-6)
+
+
+GPU_CASES = [  # (n, d, k, tiles, dtype, element offset of x): what each exercises
+    (37, 5, 7, GPU_SMALL, np.float32, 0),     # d % 4: guarded fetches only; k below one tile
+    (130, 8, 40, GPU_SMALL, np.float32, 0),   # 4-wide fetches, BK | d (no guarded path), 3 center tiles
+    (130, 8, 40, GPU_SMALL, np.float32, 1),   # the same rows off 16 bytes: the guarded build
+    (45, 12, 75, GPU_WARPS, np.float32, 0),   # 4-wide then a guarded last k tile; 32-lane patches
+    (29, 6, 19, GPU_WARPS, np.float64, 0),
+    (300, 64, 1030, None, np.float32, 0),    # the device's default tile (the GEMM's), as d = 64 runs on GPUs
+]
+
+
+@pytest.mark.gpu_shaped
+@pytest.mark.parametrize("n,d,k,tiles,dt,off", GPU_CASES)
+def test_gpu_assign_tiles(queue, rng, n, d, k, tiles, dt, off):
+    x = (rng.standard_normal((n, d)) * 2 + 3).astype(dt)
+    c = (rng.standard_normal((k, d)) * 2 + 3).astype(dt)
+    c[k // 2] = c[k // 3]  # a repeated center: the first copy wins
+    mean = x.mean(axis=0)
+    flat = t(queue, np.concatenate([np.zeros(off, dt), x.ravel()]))
+    rows = flat[off:].reshape(n, d)
+    plan = km.kmeans_plan(queue, dt, n + 3, d, k, "gpu", assign_tiles=tiles)
+    tile = tiles or plan.defines
+    assert plan.variant == "gpu" and plan.rows_per_group == tile["BM"] and plan.kpad % tile["BN"] == 0
+    cc = t(queue, c - mean)
+    labels = Tensor.full(queue, (n + 3,), -1, np.int32)
+    dist = Tensor.zeros(queue, (n + 3,), dt)
+    changed = Tensor.zeros(queue, (1,), np.int32)
+    km.kmeans_assign(plan, rows, 2, t(queue, mean), km.kmeans_pack(plan, cc), cc, labels, dist, changed)
+    got, got_dist = labels.to_host(), dist.to_host()
+    assert (got[:2] == -1).all() and got[-1] == -1  # nothing outside the rows
+    check_assignment(got[2:2 + n], got_dist[2:2 + n], x - mean, c - mean, dt)
+    assert not (got == k // 2).any()
+    assert changed.item() == n
+
+
+def test_gpu_assign_tile_is_the_gemms(queue):
+    plan = km.kmeans_plan(queue, np.float32, 1000, 64, 1024, "gpu")
+    gemm = km.gemm_variants.tuned_params(queue.device, "tiled", np.float32)
+    for name in ("BM", "BN", "BK", "TX", "TY", "VW"):
+        assert plan.defines[name] == gemm[name]
+    assert plan.kpad == 1024 and plan.defines["NKT"] == 64 // gemm["BK"]
+    assert "ALL_INNER" in plan.defines  # 64 features: every k tile whole
+    few = km.kmeans_plan(queue, np.float32, 1000, 64, 5, "gpu")
+    assert few.kpad == few.defines["BN"] <= gemm["BN"]
+    # 5 clusters: the center block halves while they fit and it stays a multiple of TX * VW
+    assert km.assign_tile(queue.device, np.float32, 5, dict(TX=8, TY=8, VW=2, BM=64))["BN"] == 16
+    odd = km.kmeans_plan(queue, np.float32, 1000, 63, 5, "gpu")
+    assert "GVEC" not in odd.defines and odd.dpad % gemm["BK"] == 0
 
 
 def _update(queue, plan, x, mean, labels, dist, weights, chunks):
@@ -253,12 +311,17 @@ def test_bad_input_is_refused(queue):
         km.kmeans_plan(queue, np.float32, 10, 0, 3)
     with pytest.raises(ValueError, match="variant"):
         km.kmeans_plan(queue, np.float32, 10, 2, 3, variant="fpga")
-    with pytest.raises(ValueError, match="multiple of 4"):
-        km.kmeans_plan(queue, np.float32, 10, 2, 3, variant="gpu", assign_tiles=dict(TN=6))
-    with pytest.raises(ValueError, match="unknown k-means assignment tile knob 'WX'"):
-        km.kmeans_plan(queue, np.float32, 10, 2, 3, variant="gpu", assign_tiles=dict(WX=2))
+    with pytest.raises(ValueError, match="BM a multiple of TY\\*VW"):
+        km.kmeans_plan(queue, np.float32, 10, 2, 3, variant="gpu", assign_tiles=dict(BM=24, TY=16, VW=4))
+    with pytest.raises(ValueError, match="WX must divide TX"):
+        km.kmeans_plan(queue, np.float32, 10, 2, 3, variant="gpu", assign_tiles=dict(WX=3))
+    with pytest.raises(ValueError, match="unknown k-means assignment tile knob 'TM'"):
+        km.kmeans_plan(queue, np.float32, 10, 2, 3, variant="gpu", assign_tiles=dict(TM=8))
     with pytest.raises(ValueError, match="more than the device's"):
         km.kmeans_plan(queue, np.float32, 10, 2, 3, variant="gpu", assign_tiles=dict(TX=128, TY=128))
+    with pytest.raises(ValueError, match="bytes of local memory, more than the device's"):
+        km.kmeans_plan(queue, np.float32, 10, 2, 3, variant="gpu",
+                       assign_tiles=dict(BM=2048, BN=2048, BK=512, TX=16, TY=16, VW=4))
     with pytest.raises(ShapeError, match="rows of 1000000 features need"):
         km.kmeans_plan(queue, np.float32, 10, 10**6, 3, variant="cpu")
     with pytest.raises(ValueError, match="knobs of the 'gpu' variant"):

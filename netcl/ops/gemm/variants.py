@@ -373,8 +373,8 @@ def _fit_local_memory(tile: dict[str, int], dtype: np.dtype, local_mem: int) -> 
     return tile
 
 # -- program building -------------------------------------------------------------------------------
-# Set by bench/gemm.py --nv-verbose: build with NVIDIA's -cl-nv-verbose and print the build log
-# (registers per work-item, spills) of each GEMM program built.
+# Set by bench/gemm.py and bench/kmeans.py --nv-verbose: build with NVIDIA's -cl-nv-verbose and print the
+# build log (registers per work-item, spills) of each GEMM (and k-means GPU) program built.
 NV_VERBOSE = False
 
 _nv_logged: set[tuple] = set()
@@ -408,20 +408,30 @@ def _program(device: Any, variant: str, defines: dict[str, Any]):
     act = defines.pop("ACT", None)
     extra: tuple[str, ...] = ("-cl-mad-enable",) if defines.pop("MAD_ENABLE", 1) else ()
     max_regs = defines.pop("MAXRREG", 0)
-    nvidia = "cl_nv_compiler_options" in device.capabilities.extensions
-    if nvidia and max_regs:
+    if max_regs and "cl_nv_compiler_options" in device.capabilities.extensions:
         # NVIDIA's OpenCL accepts this spelling but its ptxas did not cap registers on the H200 (215-221
         # used with =128); "-cl-nv-maxrregcount 128" fails to build. Kept as a knob for other drivers.
         extra += (f"-cl-nv-maxrregcount={int(max_regs)}",)
-    if nvidia and NV_VERBOSE:
-        extra += ("-cl-nv-verbose",)
+    extra += verbose_options(device)
     prg = kernels.program(device, filename, dtype=dtype, act=act, options=extra, ptx_target=ptx_target,
                           **defines)
-    if nvidia and NV_VERBOSE and (id(prg), variant) not in _nv_logged:
-        _nv_logged.add((id(prg), variant))
-        log = prg.cl.get_build_info(device.cl_device, cl.program_build_info.LOG).strip()
-        print(f"[netcl] {variant} {defines}: {log or '(no log: loaded from the binary cache)'}")
+    print_build_log(device, prg, variant, defines)
     return prg
+
+
+def verbose_options(device: Any) -> tuple[str, ...]:
+    """Build options that make NVIDIA's compiler log registers and spills, when NV_VERBOSE is set."""
+    nvidia = "cl_nv_compiler_options" in device.capabilities.extensions
+    return ("-cl-nv-verbose",) if NV_VERBOSE and nvidia else ()
+
+
+def print_build_log(device: Any, prg: Any, what: str, defines: dict[str, Any]) -> None:
+    """Print the build log of `prg` (what, defines) once, when NV_VERBOSE is set on an NVIDIA device."""
+    if not verbose_options(device) or (id(prg), what) in _nv_logged:
+        return
+    _nv_logged.add((id(prg), what))
+    log = prg.cl.get_build_info(device.cl_device, cl.program_build_info.LOG).strip()
+    print(f"[netcl] {what} {defines}: {log or '(no log: loaded from the binary cache)'}")
 
 
 # -- variants a device may not build or run (netcl.core.variants) ----------------------------------
