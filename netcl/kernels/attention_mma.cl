@@ -55,7 +55,17 @@
 #define PREFETCH 0
 #endif
 
-#if defined(NATIVE_EXP)
+#if defined(NATIVE_EXP) && !defined(MMA_EMULATE)
+// ex2.approx with flush to zero: one MUFU.EX2 after the multiply (native_exp keeps denormal results, which
+// costs a range check, two multiplies and a select per value); a probability below 2^-126 of a row whose
+// largest is 1 is zero to the float32 sums it enters
+inline float nc_exp_ftz(const float x) {
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x * 1.4426950408889634f));
+    return r;
+}
+#define EXPF(x) nc_exp_ftz(x)
+#elif defined(NATIVE_EXP)
 #define EXPF(x) native_exp(x)
 #else
 #define EXPF(x) exp(x)
@@ -66,6 +76,13 @@
 #define ZERO_ACC(acc, N)                                                                                \
     _Pragma("unroll")                                                                                   \
     for (int z_ = 0; z_ < (N); ++z_) acc[z_][0] = acc[z_][1] = acc[z_][2] = acc[z_][3] = 0.0f
+
+// acc[0..N)[0..4) *= x
+#define SCALE_ACC(acc, N, x)                                                                            \
+    _Pragma("unroll")                                                                                   \
+    for (int z_ = 0; z_ < (N); ++z_) {                                                                  \
+        acc[z_][0] *= (x); acc[z_][1] *= (x); acc[z_][2] *= (x); acc[z_][3] *= (x);                     \
+    }
 
 // whether every query row i0.. of a tile may see every key j0 .. j0 + n - 1 (no mask, all keys valid, below
 // the causal edge): then no pair of the tile is masked
@@ -81,18 +98,30 @@ inline bool open_tile(const int j0, const int n, const int i0, const int L, cons
         a[(jb) >> 1][((jb) & 1) * 2 + 1] = pack2(v[2], v[3]);                                           \
     } while (0)
 
-// the backward's rule for one (query row, key j) pair with masked score x: p = exp(x - lse) (0 where masked),
-// z its dropout multiplier (row: the query's global row); *pz = p z, returns ds = p (z dp - delta)
-inline float pair_grad(const float x, const float lse, const float dp, const float delta, const long row,
-                       const int j, DROP_ARGS, float *pz) {
-    const float p = x == -INFINITY ? 0.0f : EXPF(x - lse);
-    float z = 1.0f;
-    if (drop_threshold && p != 0.0f) z = dropout_one(counter0, row, j, seed_lo, seed_hi, drop_threshold, drop_scale);
-    *pz = p * z;
-    return p * (z * dp - delta);
-}
+// The masks of a tile of scores s[NB][4] (query rows irow[r], keys j0 + jb * 8 + 2t + (e & 1): the forward's
+// and the dq pass's layout), for tiles that have masked pairs: outside the hot path, which stays one
+// straight block without branches
+#define MASK_ROWS(s)                                                                                    \
+    _Pragma("unroll")                                                                                   \
+    for (int jb = 0; jb < NB; ++jb)                                                                     \
+        _Pragma("unroll")                                                                               \
+        for (int e = 0; e < 4; ++e) {                                                                   \
+            const int r_ = e >> 1, j_ = j0 + jb * 8 + 2 * t + (e & 1);                                  \
+            s[jb][e] = masked_score(s[jb][e], irow[r_], j_, L, SQ, causal, mask,                        \
+                                    mbase + irow[r_] * mask_si + j_ * mask_sj);                         \
+        }
+// target[jb][e] *= dropout's multiplier of the pair where p[jb][e] != 0 (the same layout; rows row0 + rloc[r])
+#define DROP_ROWS(target, p)                                                                            \
+    _Pragma("unroll")                                                                                   \
+    for (int jb = 0; jb < NB; ++jb)                                                                     \
+        _Pragma("unroll")                                                                               \
+        for (int e = 0; e < 4; ++e)                                                                     \
+            if (p[jb][e] != 0.0f)                                                                       \
+                target[jb][e] *= dropout_one(counter0, row0 + rloc[e >> 1], j0 + jb * 8 + 2 * t + (e & 1),  \
+                                             seed_lo, seed_hi, drop_threshold, drop_scale)
 
-// one float as the input's 16-bit pattern (round to nearest even), two of them as an A fragment register
+#ifdef MMA_EMULATE
+// one float as the input's 16-bit pattern (round to nearest even)
 inline uint to_bits16(const float x) {
 #if defined(IS_BF16)
     return nc_float_to_bf16(x);
@@ -100,7 +129,20 @@ inline uint to_bits16(const float x) {
     return nc_f2h(x);
 #endif
 }
+// two of them as an A fragment register
 inline uint pack2(const float lo, const float hi) { return to_bits16(lo) | (to_bits16(hi) << 16); }
+#else
+// two floats rounded to nearest even in one instruction (sm_80+; the integer rounding took ~8 a value)
+inline uint pack2(const float lo, const float hi) {
+    uint r;
+#if defined(IS_BF16)
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+#else
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+#endif
+    return r;
+}
+#endif
 
 // the value of lane (this lane ^ m) of the warp (m < 32)
 #ifdef MMA_EMULATE
@@ -124,13 +166,27 @@ inline float shfl_xor_sync(const float v, const int m) {
 #define QUAD_SUM(x) do { x += SHFL_XOR(x, 1); x += SHFL_XOR(x, 2); } while (0)
 
 // rows first .. first + count - 1 of an operand (row stride in elements) into local rows of DPAD, 16 bytes
-// a work-item at a time; rows at or past `limit` are zeros
+// a work-item at a time; rows at or past `limit` are zeros. Where the work-group's width is a multiple of a
+// row's chunks (CH), a work-item keeps one column of chunks and steps its pointer by whole rows: no division
+// and no 64-bit multiply a chunk (they were most of the forward's integer instructions)
+#if THREADS % CH == 0
+#define ROW_STEP (THREADS / CH)
+#define TILE_CHUNKS(tid, first, row_stride, base)                                                       \
+    const int ch = (tid) % CH;                                                                          \
+    __global const ushort *src = (base) + ((long)(first) + (tid) / CH) * (row_stride) + ch * 8;         \
+    const long step = (long)ROW_STEP * (row_stride);                                                    \
+    for (int r = (tid) / CH; r < count; r += ROW_STEP, src += step)
+#else
+#define TILE_CHUNKS(tid, first, row_stride, base)                                                       \
+    for (int c = (tid), r = c / CH, ch = c % CH; c < count * CH;                                        \
+         c += THREADS, r = c / CH, ch = c % CH)                                                         \
+        for (__global const ushort *src = (base) + ((long)(first) + r) * (row_stride) + ch * 8; src; src = 0)
+#endif
 inline void load_tile(__local ushort *dst, __global const ushort *base, const long row_stride, const int first,
                       const int count, const int limit, const int tid) {
-    for (int c = tid; c < count * CH; c += THREADS) {
-        const int r = c / CH, ch = c - r * CH;
+    TILE_CHUNKS(tid, first, row_stride, base) {
         uint4 x = (uint4)(0);
-        if (first + r < limit) x = *(__global const uint4 *)(base + (first + r) * row_stride + ch * 8);
+        if (first + r < limit) x = *(__global const uint4 *)src;
         *(__local uint4 *)(dst + r * DPAD + ch * 8) = x;
     }
 }
@@ -138,10 +194,9 @@ inline void load_tile(__local ushort *dst, __global const ushort *base, const lo
 // the same through cp.async (PREFETCH): the copies fly until CP_WAIT; rows at or past `limit` zero-filled
 inline void issue_tile(__local ushort *dst, __global const ushort *base, const long row_stride, const int first,
                        const int count, const int limit, const int tid) {
-    for (int c = tid; c < count * CH; c += THREADS) {
-        const int r = c / CH, ch = c - r * CH;
+    TILE_CHUNKS(tid, first, row_stride, base) {
         const bool in = first + r < limit;
-        nc_cp_async16(dst + r * DPAD + ch * 8, in ? base + (first + r) * row_stride + ch * 8 : base, in ? 16 : 0);
+        nc_cp_async16(dst + r * DPAD + ch * 8, in ? src : base, in ? 16 : 0);
     }
 }
 #ifdef MMA_EMULATE
@@ -252,20 +307,13 @@ void attention_forward_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARGS, LEN_AR
             }
 
         // scale, mask, the rows' maxima over the tile (a lane's 2 * NB values, then its quad)
-        const bool open = open_tile(j0, BN, i0, L, SQ, causal);
+        SCALE_ACC(s, NB, scale);
+        if (!open_tile(j0, BN, i0, L, SQ, causal)) MASK_ROWS(s);
         float mx[2] = {-INFINITY, -INFINITY};
         #pragma unroll
         for (int jb = 0; jb < NB; ++jb)
             #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int r = e >> 1, j = j0 + jb * 8 + 2 * t + (e & 1);
-                float x = s[jb][e] * scale;
-                if (!open)
-                    x = masked_score(x, irow[r], j, L, SQ, causal, mask,
-                                     mbase + irow[r] * mask_si + j * mask_sj);
-                s[jb][e] = x;
-                mx[r] = fmax(mx[r], x);
-            }
+            for (int e = 0; e < 4; ++e) mx[e >> 1] = fmax(mx[e >> 1], s[jb][e]);
         float alpha[2];
         #pragma unroll
         for (int r = 0; r < 2; ++r) {
@@ -281,22 +329,20 @@ void attention_forward_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARGS, LEN_AR
             o[db][0] *= alpha[0]; o[db][1] *= alpha[0];
             o[db][2] *= alpha[1]; o[db][3] *= alpha[1];
         }
-        // p, the lane's share of the row sums, p (with dropout's multiplier) as A fragments of p v
-        uint pa[BN / 16][4];
+        // p = exp(s - m) in place, the lane's share of the row sums, p (with dropout's multiplier) as A
+        // fragments of p v
         #pragma unroll
-        for (int jb = 0; jb < NB; ++jb) {
-            float p[4];
+        for (int jb = 0; jb < NB; ++jb)
             #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                const int r = e >> 1;
-                p[e] = s[jb][e] == -INFINITY ? 0.0f : EXPF(s[jb][e] - m[r]);
-                l[r] += p[e];
-                if (drop_threshold && p[e] != 0.0f)
-                    p[e] *= dropout_one(counter0, row0 + rloc[r], j0 + jb * 8 + 2 * t + (e & 1), seed_lo, seed_hi,
-                                        drop_threshold, drop_scale);
+                const float p = s[jb][e] == -INFINITY ? 0.0f : EXPF(s[jb][e] - m[e >> 1]);
+                l[e >> 1] += p;
+                s[jb][e] = p;
             }
-            PACK_A(pa, jb, p);
-        }
+        if (drop_threshold) DROP_ROWS(s, s);
+        uint pa[BN / 16][4];
+        #pragma unroll
+        for (int jb = 0; jb < NB; ++jb) PACK_A(pa, jb, s[jb]);
         MMA_UNROLL
         for (int kk = 0; kk < BN / 16; ++kk)
             MMA_UNROLL
@@ -454,20 +500,20 @@ void attention_backward_dq_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(grad_
         ZERO_ACC(dp, NB);
         MMA_NT(s, qa, NB, KS_NT);
         MMA_NT(dp, ga, NB, VS_NT);
-        const bool open = open_tile(j0, BN, i0, L, SQ, causal);
+        // p = exp(s - lse) in place (0 where masked), dp times dropout's multipliers, ds = p (dp - delta)
+        SCALE_ACC(s, NB, scale);
+        if (!open_tile(j0, BN, i0, L, SQ, causal)) MASK_ROWS(s);
+        #pragma unroll
+        for (int jb = 0; jb < NB; ++jb)
+            #pragma unroll
+            for (int e = 0; e < 4; ++e) s[jb][e] = s[jb][e] == -INFINITY ? 0.0f : EXPF(s[jb][e] - lse_r[e >> 1]);
+        if (drop_threshold) DROP_ROWS(dp, s);
         uint da[BN / 16][4];
         #pragma unroll
         for (int jb = 0; jb < NB; ++jb) {
-            float ds[4], pz;
+            float ds[4];
             #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int r = e >> 1, j = j0 + jb * 8 + 2 * t + (e & 1);
-                float x = s[jb][e] * scale;
-                if (!open)
-                    x = masked_score(x, irow[r], j, L, SQ, causal, mask, mbase + irow[r] * mask_si + j * mask_sj);
-                ds[e] = pair_grad(x, lse_r[r], dp[jb][e], delta_r[r], row0 + rloc[r], j, drop_threshold, drop_scale,
-                                  seed_lo, seed_hi, counter0, &pz);
-            }
+            for (int e = 0; e < 4; ++e) ds[e] = s[jb][e] * (dp[jb][e] - delta_r[e >> 1]);
             PACK_A(da, jb, ds);
         }
         MMA_KN(dqa, da, BN / 16, KS_KN);
@@ -535,22 +581,49 @@ void attention_backward_dkdv_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(gra
             ZERO_ACC(dpt, QB);
             MMA_NT(st, ka, QB, QS_NT);
             MMA_NT(dpt, va, QB, GS_NT);
-            const bool open = open_tile(j0, KEYS, i0, L, SQ, causal);
+            // p^T = exp(s^T - lse) in place (0 where masked); ds^T = p^T (z dp^T - delta) in dpt's place and
+            // p^T z in st's (z: dropout's multiplier, 1 without)
+            SCALE_ACC(st, QB, scale);
+            if (!open_tile(j0, KEYS, i0, L, SQ, causal)) {
+                #pragma unroll
+                for (int jb = 0; jb < QB; ++jb)
+                    #pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int j = j0 + jloc[e >> 1], i = min(i0 + jb * 8 + 2 * t + (e & 1), SQ - 1);
+                        st[jb][e] = masked_score(st[jb][e], i, j, L, SQ, causal, mask, mbase + i * mask_si + j * mask_sj);
+                    }
+            }
+            #pragma unroll
+            for (int jb = 0; jb < QB; ++jb)
+                #pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int c = jb * 8 + 2 * t + (e & 1);
+                    st[jb][e] = st[jb][e] == -INFINITY ? 0.0f : EXPF(st[jb][e] - rowv[c]);
+                }
+            if (drop_threshold) {
+                #pragma unroll
+                for (int jb = 0; jb < QB; ++jb)
+                    #pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int c = jb * 8 + 2 * t + (e & 1);
+                        const float p = st[jb][e];
+                        const float z = p == 0.0f ? 1.0f : dropout_one(counter0, hrow0 + i0 + c, j0 + jloc[e >> 1],
+                                                                       seed_lo, seed_hi, drop_threshold, drop_scale);
+                        dpt[jb][e] = p * (z * dpt[jb][e] - rowv[BQ + c]);
+                        st[jb][e] = p * z;
+                    }
+            } else {
+                #pragma unroll
+                for (int jb = 0; jb < QB; ++jb)
+                    #pragma unroll
+                    for (int e = 0; e < 4; ++e)
+                        dpt[jb][e] = st[jb][e] * (dpt[jb][e] - rowv[BQ + jb * 8 + 2 * t + (e & 1)]);
+            }
             uint pa[BQ / 16][4], da[BQ / 16][4];
             #pragma unroll
             for (int jb = 0; jb < QB; ++jb) {
-                float pz[4], ds[4];
-                #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int r = e >> 1, j = j0 + jloc[r], c = jb * 8 + 2 * t + (e & 1), i = min(i0 + c, SQ - 1);
-                    float x = st[jb][e] * scale;
-                    if (!open)
-                        x = masked_score(x, i, j, L, SQ, causal, mask, mbase + i * mask_si + j * mask_sj);
-                    ds[e] = pair_grad(x, rowv[c], dpt[jb][e], rowv[BQ + c], hrow0 + i0 + c, j, drop_threshold,
-                                      drop_scale, seed_lo, seed_hi, counter0, &pz[e]);
-                }
-                PACK_A(pa, jb, pz);
-                PACK_A(da, jb, ds);
+                PACK_A(pa, jb, st[jb]);
+                PACK_A(da, jb, dpt[jb]);
             }
             MMA_KN(dva, pa, BQ / 16, GS_KN);
             MMA_KN(dka, da, BQ / 16, QS_KN);

@@ -132,8 +132,9 @@ GPU_MMA: bool | None = None
 MMA_EMULATE = False
 # attention_mma.cl's tiles: BM query rows a work-group (16 a warp; the dk/dv pass: BM keys), BN keys a tile
 # of the forward and dq passes, BQ query rows a tile of the dk/dv pass; PREFETCH 1: the forward's and dq's k
-# and v tiles through a two-stage cp.async ring (where it fits the device's local memory).
-MMA_TILES = {"BM": 64, "BN": 64, "BQ": 32, "PREFETCH": 0}
+# and v tiles through a two-stage cp.async ring (where it fits the device's local memory; H200, bfloat16,
+# B=8 H=16 S=2048 D=64: forward+backward 4.79 against 5.13 ms, causal 2.61 against 2.96).
+MMA_TILES = {"BM": 64, "BN": 64, "BQ": 32, "PREFETCH": 1}
 # The matrix-unit backward (dq pass, then dk/dv: no atomics) keeps k's and v's fragments and dk, dv in
 # registers: up to head dim 64 (larger ones take attention_gpu.cl's kernels).
 MMA_BACKWARD_MAX_HEAD_DIM = 64

@@ -721,9 +721,11 @@ def mma_emulated(queue, monkeypatch):
 
 
 # (dtype, B, HQ, HKV, SQ, SK, D, options): few define sets (each an emulated build on PoCL): float16 at head
-# dims 64 (GQA, a partial row tile) and 128; bfloat16 at 32 with each mask kind, kv_len and dropout
+# dims 64 (GQA, a partial row tile) and 128; bfloat16 at 32 with each mask kind, kv_len and dropout, and at 48
+# (6 chunks a row: the tile loaders' path for work-group widths that are no multiple of a row's chunks)
 MMA_CASES = [
     (np.float16, 1, 2, 1, 70, 70, 64, "causal"),
+    (BF16, 1, 2, 2, 21, 45, 48, "causal"),
     (np.float16, 1, 1, 1, 64, 80, 128, "causal"),
     (BF16, 2, 2, 2, 33, 100, 32, "kv_len"),
     (BF16, 1, 2, 1, 17, 29, 32, "bool_mask"),
