@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
+from netcl import config
 from netcl import distributed as dist
 from netcl.core.device import manager
 from netcl.core.files import atomic_write
@@ -36,8 +37,14 @@ __all__ = ["BEST_FILE", "CHECKPOINT_FILE", "Metric", "Run", "check_out", "check_
 
 def open_device(spec: str) -> Any:
     """The device of a --device flag; a bad one is an error naming the flag and listing the devices. A
-    command with --nproc N calls it before it starts the ranks, so a bad device is one error, not N."""
+    command with --nproc N calls it before it starts the ranks, so a bad device is one error, not N. A device
+    the user named wins over NETCL_DEVICE (a flag over the environment), except in a rank of `netcl run`,
+    whose launcher sets each rank's NETCL_DEVICE; "auto" takes NETCL_DEVICE where it is set."""
     try:
+        if spec != "auto":
+            named = manager.get(spec)  # checked wherever it runs, NETCL_DEVICE set or not
+            if config.dist_launch() is None:
+                return named
         return manager.default(spec)
     except NetclError as exc:
         raise NetclError(f"--device {spec}: {exc}") from None

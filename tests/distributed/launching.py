@@ -3,6 +3,7 @@ did."""
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import subprocess
@@ -75,12 +76,23 @@ def _run(cmd: list[str], env: dict[str, str], timeout: float) -> Result:
     return Result(proc.returncode, proc.stdout, proc.stderr, time.monotonic() - t0)
 
 
+@functools.lru_cache(maxsize=1)
 def mpi_available() -> bool:
+    """mpi4py imports and the mpiexec the tests would use starts one rank of this Python that sees MPI: an
+    mpiexec of another MPI than mpi4py's, or one that refuses to run (OpenMPI's as root), is no MPI here."""
     try:
         import mpi4py  # noqa: F401
     except ImportError:
         return False
-    return MPIEXEC.exists() or shutil.which("mpiexec") is not None
+    launcher = MPIEXEC if MPIEXEC.exists() else shutil.which("mpiexec")
+    if launcher is None:
+        return False
+    probe = [str(launcher), "-n", "1", sys.executable, "-c",
+             "from mpi4py import MPI; assert MPI.COMM_WORLD.Get_size() == 1"]
+    try:
+        return subprocess.run(probe, env=environment(), capture_output=True, timeout=60).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
 
 
 def two_devices() -> tuple[list[str], list[str]]:
