@@ -9,7 +9,7 @@ CPU drivers; "gpu": local-memory tiles), the tile parameters and the row segment
 Every launch takes a block of rows `x` (contiguous, rows x d) and `row0`, the data-set index of its
 first row, so a data set streamed from the host in chunks runs the very same kernels as one held on
 the device, and (segments and k-means++ blocks being defined by data-set row numbers) gives the same
-bits. All kernels work on data centred by `shift` (the data's mean; see kmeans_common.cl).
+bits. All kernels work on data centred by `shift` (netcl.cluster's Data.mean; see kmeans_common.cl).
 """
 
 from __future__ import annotations
