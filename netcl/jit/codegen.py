@@ -23,54 +23,8 @@ PREAMBLE = kernels.source("half.cl") + r"""
 #ifdef USE_FP64
 #pragma OPENCL EXTENSION cl_khr_fp64 : enable
 #endif
-/* float16 (one value: half.cl's nc_h2f, nc_f2h): N-wide 16-byte-aligned loads and stores (nc_ldhN,
-   nc_sthN). On NVIDIA (NC_NVIDIA, netcl.core.backend) raw bits and the conversion instructions: its
-   vloada_half8/vstorea_half8 moved a quarter of float32's bytes per second on the H200; elsewhere the
-   OpenCL built-ins. nc_rh rounds a float to the nearest half and back: float16 intermediates behave as
-   stored ones. */
-#ifdef NC_NVIDIA
-inline float2 nc_h2f2(const uint u) {
-    float lo, hi;
-    asm("{ .reg .b16 l, u; mov.b32 {l, u}, %2; cvt.f32.f16 %0, l; cvt.f32.f16 %1, u; }"
-        : "=f"(lo), "=f"(hi) : "r"(u));
-    return (float2)(lo, hi);
-}
-inline uint nc_f2h2(const float2 v) {
-#if NC_NVIDIA >= 80
-    uint r;
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(v.y), "f"(v.x));
-    return r;
-#else
-    return (uint)nc_f2h(v.x) | ((uint)nc_f2h(v.y) << 16);  /* the packed form is sm_80's */
-#endif
-}
-inline float2 nc_ldh2(__global const half *p) { return nc_h2f2(*(__global const uint *)p); }
-inline float4 nc_ldh4(__global const half *p) {
-    const uint2 u = *(__global const uint2 *)p; return (float4)(nc_h2f2(u.x), nc_h2f2(u.y)); }
-inline float8 nc_ldh8(__global const half *p) {
-    const uint4 u = *(__global const uint4 *)p;
-    return (float8)(nc_h2f2(u.x), nc_h2f2(u.y), nc_h2f2(u.z), nc_h2f2(u.w)); }
-inline float16 nc_ldh16(__global const half *p) { return (float16)(nc_ldh8(p), nc_ldh8(p + 8)); }
-inline void nc_sth2(const float2 v, __global half *p) { *(__global uint *)p = nc_f2h2(v); }
-inline void nc_sth4(const float4 v, __global half *p) {
-    *(__global uint2 *)p = (uint2)(nc_f2h2(v.s01), nc_f2h2(v.s23)); }
-inline void nc_sth8(const float8 v, __global half *p) {
-    *(__global uint4 *)p = (uint4)(nc_f2h2(v.s01), nc_f2h2(v.s23), nc_f2h2(v.s45), nc_f2h2(v.s67)); }
-inline void nc_sth16(const float16 v, __global half *p) { nc_sth8(v.lo, p); nc_sth8(v.hi, p + 8); }
-#define NC_LDH(p, i) nc_h2f(((__global const ushort *)(p))[i])
-#define NC_STH(p, i, v) (((__global ushort *)(p))[i] = nc_f2h(v))
-#else
-#define nc_ldh2(p) vloada_half2(0, p)
-#define nc_ldh4(p) vloada_half4(0, p)
-#define nc_ldh8(p) vloada_half8(0, p)
-#define nc_ldh16(p) vloada_half16(0, p)
-#define nc_sth2(v, p) vstorea_half2(v, 0, p)
-#define nc_sth4(v, p) vstorea_half4(v, 0, p)
-#define nc_sth8(v, p) vstorea_half8(v, 0, p)
-#define nc_sth16(v, p) vstorea_half16(v, 0, p)
-#define NC_LDH(p, i) vload_half(i, p)
-#define NC_STH(p, i, v) vstore_half(v, i, p)
-#endif
+/* nc_rh rounds a float to the nearest half and back: float16 intermediates behave as stored ones (the
+   N-wide half loads and stores, nc_ldhN / nc_sthN, are half.cl's) */
 inline float nc_rh(float x) { return nc_h2f(nc_f2h(x)); }
 /* bfloat16 (the high 16 bits of a float32, in a ushort): load, store rounding to nearest even (NaN kept
    quiet NaN), and the same rounding for intermediates (vector forms: bf16_vector_helpers) */

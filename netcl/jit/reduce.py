@@ -522,6 +522,15 @@ def _softmax_registers(mode, desc, out_pos, leaf_dts, leaf_rkinds, L, W, K, act,
     return b
 
 
+def _aligned_at(w: int, leaves: list[Tensor], k_sets: list, leaf_rk: tuple, out: tuple | None) -> bool:
+    """Whether every contiguous leaf (and `out`, (tensor, its kept strides), when given) starts each kept
+    position at a multiple of `w` elements: the condition of the aligned vector loads and stores."""
+    if out is not None and (out[0].offset % w or any(x % w for x in out[1])):
+        return False
+    return all(t.offset % w == 0 and all(x % w == 0 for x in ks)
+               for t, ks, rk in zip(leaves, k_sets, leaf_rk) if rk == "c")
+
+
 def _kernel(device: Any, key: tuple) -> Any:
     """The reduction kernel of structural `key` (netcl.kernels keeps it; the source is generated once)."""
     return kernels.generated(device, key, lambda: source(key), f"jit_{key[0]}_{key[1]}").kernel("red")
@@ -630,6 +639,13 @@ def _plan(
         L, W, order = 256 if R >= 256 else (64 if R >= 64 else 1), (knob.vec if vec_ok else 1), "row"
         if L == 1:
             order = "col"
+        # half operands: twice the lanes, so a lane's load is 16 bytes as float32's (the elementwise JIT's
+        # rule); only where every operand allows the aligned form (the unaligned 8-wide half load is the
+        # slow path on NVIDIA's OpenCL, see codegen.load_vector_aligned)
+        halves = [t.dtype for t in leaves] + ([] if mode == "reduce" else [out.dtype])
+        if W > 1 and order == "row" and 2 * W <= 16 and all(dtypes.is_half(dt) for dt in halves) and \
+                _aligned_at(2 * W, leaves, k_sets, leaf_rk, None if mode == "reduce" else (out, k_sets[-1])):
+            W *= 2
     else:
         L, W, order = 1, (8 if vec_ok and R >= 16 else 1), "row"
     # parts: enough parallel work, and a bounded serial chunk
@@ -663,9 +679,7 @@ def _plan(
     it = np.int32 if idx_t == "int" else np.int64
     fields = _FIELDS[reducer] if reducer else []
     out_dt = out.dtype
-    aligned = knob.aligned and W > 1 and chunk % W == 0 and all(
-        t.offset % W == 0 and all(x % W == 0 for x in ks)
-        for t, ks, rk in zip(leaves, k_sets, leaf_rk) if rk == "c")
+    aligned = knob.aligned and W > 1 and chunk % W == 0 and _aligned_at(W, leaves, k_sets, leaf_rk, None)
     kreg = 0
     if mode in ("softmax", "log_softmax") and gpu and L > 1 and W > 1 and len(r_shape) == 1 and \
             out_rkind == "c" and R <= L * W * knob.softmax_reg:

@@ -143,26 +143,51 @@ __kernel void row_norm_backward(__global const T *gy, const long gy_off, __globa
     STORE_T(gb, p, sb);
 }
 
-// LayerNorm / RMSNorm rows on GPUs with 4 elements a work-item (row_norm_forward_vec4,
-// row_norm_backward_vec4: PG = PDIV = 1, L % 4 == 0, rows and parameters on 4-element boundaries; not
-// float64): one 16-byte float4 / 8-byte half4 or bfloat16 ushort4 access per work-item and pass instead
-// of four scalar ones (a half row otherwise issues as many loads as a float32 row for half the bytes).
+// LayerNorm / RMSNorm rows on GPUs with VW elements a work-item (row_norm_forward_vec4,
+// row_norm_backward_vec4: PG = PDIV = 1, L % VW == 0, rows and parameters on VW-element boundaries; not
+// float64): one 16-byte access per work-item and pass instead of VW scalar ones: float4 (VW 4), and for
+// float16/bfloat16 eight values (VW 8: half.cl's raw-bits loads on NVIDIA); VW 4 for a half row that is
+// not on 8-element boundaries (8 bytes an access).
 // Same arguments as the scalar kernels; the backward's parameter gradients come from the reduction
 // engine (netcl.ops.norm), so it has no parameter part. Sums in another order than the scalar kernels.
 #ifndef USE_FP64
-#if defined(IS_HALF)
-#define LOAD4(p, i) vloada_half4(0, (p) + (i))
-#define STORE4(p, i, v) vstorea_half4((v), 0, (p) + (i))
-#elif defined(IS_BF16)
-inline float4 nc_bf16x4_to_float4(const ushort4 h) { return as_float4(convert_uint4(h) << 16); }
-#define LOAD4(p, i) nc_bf16x4_to_float4(*(const __global ushort4 *)((p) + (i)))
-#define STORE4(p, i, v) (*(__global ushort4 *)((p) + (i)) = (ushort4)(nc_float_to_bf16((v).x), \
-    nc_float_to_bf16((v).y), nc_float_to_bf16((v).z), nc_float_to_bf16((v).w)))
-#else
-#define LOAD4(p, i) (*(const __global float4 *)((p) + (i)))
-#define STORE4(p, i, v) (*(__global float4 *)((p) + (i)) = (v))
+#ifndef VW
+#define VW 4
 #endif
-#define SUM4(v) (((v).x + (v).y) + ((v).z + (v).w))
+#define FV_(n) float##n
+#define FV(n) FV_(n)
+#define floatv FV(VW)
+#if VW == 8 && defined(IS_HALF) && defined(NC_NVIDIA)
+#define LOADV(p, i) nc_ldh8((p) + (i))
+#define STOREV(p, i, v) nc_sth8((v), (p) + (i))
+#elif VW == 8 && defined(IS_HALF)
+// two 4-wide accesses elsewhere: PoCL 3's vloada_half8 / vstorea_half8 corrupted the host heap in these
+// kernels (work-groups of 8, rows of 40; clean under Oclgrind)
+#define LOADV(p, i) ((float8)(vloada_half4(0, (p) + (i)), vloada_half4(0, (p) + (i) + 4)))
+#define STOREV(p, i, v) do { vstorea_half4((v).lo, 0, (p) + (i)); vstorea_half4((v).hi, 0, (p) + (i) + 4); } while (0)
+#elif VW == 8 && defined(IS_BF16)
+#define LOADV(p, i) as_float8(convert_uint8(*(const __global ushort8 *)((p) + (i))) << 16)
+#define STOREV(p, i, v) (*(__global ushort8 *)((p) + (i)) = (ushort8)(nc_float_to_bf16((v).s0), \
+    nc_float_to_bf16((v).s1), nc_float_to_bf16((v).s2), nc_float_to_bf16((v).s3), nc_float_to_bf16((v).s4), \
+    nc_float_to_bf16((v).s5), nc_float_to_bf16((v).s6), nc_float_to_bf16((v).s7)))
+#elif VW == 4 && defined(IS_HALF)
+#define LOADV(p, i) nc_ldh4((p) + (i))
+#define STOREV(p, i, v) nc_sth4((v), (p) + (i))
+#elif VW == 4 && defined(IS_BF16)
+#define LOADV(p, i) as_float4(convert_uint4(*(const __global ushort4 *)((p) + (i))) << 16)
+#define STOREV(p, i, v) (*(__global ushort4 *)((p) + (i)) = (ushort4)(nc_float_to_bf16((v).x), \
+    nc_float_to_bf16((v).y), nc_float_to_bf16((v).z), nc_float_to_bf16((v).w)))
+#elif VW == 4
+#define LOADV(p, i) (*(const __global float4 *)((p) + (i)))
+#define STOREV(p, i, v) (*(__global float4 *)((p) + (i)) = (v))
+#else
+#error "norm.cl: VW is 4, or 8 for float16 / bfloat16"
+#endif
+#if VW == 8
+#define SUMV(v) ((((v).s0 + (v).s1) + ((v).s2 + (v).s3)) + (((v).s4 + (v).s5) + ((v).s6 + (v).s7)))
+#else
+#define SUMV(v) (((v).x + (v).y) + ((v).z + (v).w))
+#endif
 
 __kernel void row_norm_forward_vec4(__global const T *x, const long x_off, __global const T *w,
                                     __global const T *b, const int has_w, const int has_b, __global T *y,
@@ -175,25 +200,25 @@ __kernel void row_norm_forward_vec4(__global const T *x, const long x_off, __glo
     const __global T *xr = x + x_off + (long)r * L;
     float mean = 0.0f;
     if (!rms) {
-        float4 s = (float4)0.0f;
-        for (int i = 4 * lid; i < L; i += 4 * LOCAL) s += LOAD4(xr, i);
-        mean = group_sum(SUM4(s), scratch) / (float)L;
+        floatv s = (floatv)(0.0f);
+        for (int i = VW * lid; i < L; i += VW * LOCAL) s += LOADV(xr, i);
+        mean = group_sum(SUMV(s), scratch) / (float)L;
     }
-    float4 ss = (float4)0.0f;
-    for (int i = 4 * lid; i < L; i += 4 * LOCAL) {
-        const float4 d = LOAD4(xr, i) - mean;
+    floatv ss = (floatv)(0.0f);
+    for (int i = VW * lid; i < L; i += VW * LOCAL) {
+        const floatv d = LOADV(xr, i) - mean;
         ss += d * d;
     }
-    const float rstd = rsqrt(group_sum(SUM4(ss), scratch) / (float)L + eps);
+    const float rstd = rsqrt(group_sum(SUMV(ss), scratch) / (float)L + eps);
     __global T *yr = y + (long)r * L;
-    for (int i = 4 * lid; i < L; i += 4 * LOCAL) {
-        float4 v = (LOAD4(xr, i) - mean) * rstd;
-        if (has_w) v *= LOAD4(w, i);
-        if (has_b) v += LOAD4(b, i);
+    for (int i = VW * lid; i < L; i += VW * LOCAL) {
+        floatv v = (LOADV(xr, i) - mean) * rstd;
+        if (has_w) v *= LOADV(w, i);
+        if (has_b) v += LOADV(b, i);
 #if ACT == ACT_RELU
-        v = fmax(v, (float4)0.0f);
+        v = fmax(v, (floatv)(0.0f));
 #endif
-        STORE4(yr, i, v);
+        STOREV(yr, i, v);
     }
     if (lid == 0) {
         mean_out[r] = mean;
@@ -212,21 +237,21 @@ __kernel void row_norm_backward_vec4(__global const T *gy, const long gy_off, __
     const __global T *xr = x + x_off + (long)r * L;
     const __global T *gr = gy + gy_off + (long)r * L;
     const float mean = rms ? 0.0f : mean_in[r], rstd = rstd_in[r];
-    float4 s1 = (float4)0.0f, s2 = (float4)0.0f;  // sum(g'), sum(g' * xhat) with g' = gy * w
-    for (int i = 4 * lid; i < L; i += 4 * LOCAL) {
-        float4 g = LOAD4(gr, i);
-        if (has_w) g *= LOAD4(w, i);
+    floatv s1 = (floatv)(0.0f), s2 = (floatv)(0.0f);  // sum(g'), sum(g' * xhat) with g' = gy * w
+    for (int i = VW * lid; i < L; i += VW * LOCAL) {
+        floatv g = LOADV(gr, i);
+        if (has_w) g *= LOADV(w, i);
         s1 += g;
-        s2 += g * (LOAD4(xr, i) - mean) * rstd;
+        s2 += g * (LOADV(xr, i) - mean) * rstd;
     }
-    const float m1 = rms ? 0.0f : group_sum(SUM4(s1), scratch) / (float)L;
-    const float m2 = group_sum(SUM4(s2), scratch) / (float)L;
+    const float m1 = rms ? 0.0f : group_sum(SUMV(s1), scratch) / (float)L;
+    const float m2 = group_sum(SUMV(s2), scratch) / (float)L;
     __global T *gxr = gx + (long)r * L;
-    for (int i = 4 * lid; i < L; i += 4 * LOCAL) {
-        float4 g = LOAD4(gr, i);
-        if (has_w) g *= LOAD4(w, i);
-        const float4 xhat = (LOAD4(xr, i) - mean) * rstd;
-        STORE4(gxr, i, rstd * (g - m1 - xhat * m2));
+    for (int i = VW * lid; i < L; i += VW * LOCAL) {
+        floatv g = LOADV(gr, i);
+        if (has_w) g *= LOADV(w, i);
+        const floatv xhat = (LOADV(xr, i) - mean) * rstd;
+        STOREV(gxr, i, rstd * (g - m1 - xhat * m2));
     }
 }
 #endif

@@ -34,9 +34,10 @@ def _local_size(device: Any) -> int:
     return 1 if device.capabilities.kind == "cpu" else 256
 
 
-def _program(device: Any, dt: np.dtype, relu: bool = False):
+def _program(device: Any, dt: np.dtype, relu: bool = False, vw: int = 4):
+    """norm.cl for `dt`; vw: the elements a work-item of the vector kernels reads at once (_vector_width)."""
     return kernels.program(
-        device, "norm.cl", dtype=dt, act="relu" if relu else None, LOCAL=_local_size(device)
+        device, "norm.cl", dtype=dt, act="relu" if relu else None, LOCAL=_local_size(device), VW=vw
     )
 
 
@@ -391,8 +392,9 @@ def _row_forward(
     weight, bias = (t.clone() if t is not None and t.offset else t for t in (weight, bias))
     local = _local_size(x.device)
     dummy = out.buffer
-    prg = _program(x.device, dt, relu)
-    kernel = prg.row_norm_forward_vec4 if _vec4(local, pg, pdiv, length, dt, x) else prg.row_norm_forward
+    vw = _vector_width(local, pg, pdiv, length, dt, x)
+    prg = _program(x.device, dt, relu, vw or 4)
+    kernel = prg.row_norm_forward_vec4 if vw else prg.row_norm_forward
     kernel(
         x.queue, (rows * local,), (local,), x.buffer, np.int64(x.offset),
         weight.buffer if weight is not None else dummy, bias.buffer if bias is not None else dummy,
@@ -420,8 +422,9 @@ def _row_backward(grad_out: Tensor, x: Tensor, weight: Tensor | None, mean: Tens
         by_reduction = local > 1 and pg == 1 and pdiv == 1 and nparam == length
         kernel_params = 0 if by_reduction else nparam
         groups = rows + math.ceil(kernel_params / local)
-        if by_reduction and _vec4(local, pg, pdiv, length, dt, x, gy):
-            _program(x.device, dt).row_norm_backward_vec4(
+        vw = _vector_width(local, pg, pdiv, length, dt, x, gy) if by_reduction else 0
+        if vw:
+            _program(x.device, dt, vw=vw).row_norm_backward_vec4(
                 x.queue, (rows * local,), (local,), gy=gy.buffer, gy_off=np.int64(gy.offset), x=x.buffer,
                 x_off=np.int64(x.offset), w=weight.buffer if weight is not None else gx.buffer,
                 has_w=np.int32(weight is not None), mean_in=(mean if mean is not None else rstd).buffer,
@@ -460,11 +463,16 @@ def _row_backward(grad_out: Tensor, x: Tensor, weight: Tensor | None, mean: Tens
     return gx, gw, gb
 
 
-def _vec4(local: int, pg: int, pdiv: int, length: int, dt: np.dtype, *ts: Tensor) -> bool:
-    """Whether a row norm takes norm.cl's _vec4 kernels: GPUs (work-groups), one parameter per element,
-    rows of a multiple of 4 starting on 4-element boundaries, not float64."""
-    return (local > 1 and pg == 1 and pdiv == 1 and length % 4 == 0 and dt != dtypes.float64
-            and all(t.offset % 4 == 0 for t in ts))
+def _vector_width(local: int, pg: int, pdiv: int, length: int, dt: np.dtype, *ts: Tensor) -> int:
+    """The elements a work-item of norm.cl's vector kernels (row_norm_*_vec4) reads at once, 0 for the
+    scalar kernels: GPUs (work-groups), one parameter per element, not float64; 8 for float16/bfloat16 rows
+    of a multiple of 8 on 8-element boundaries (16 bytes, as float32's 4), else 4 where rows allow it."""
+    if local == 1 or pg != 1 or pdiv != 1 or dt == dtypes.float64:
+        return 0
+    for vw in (8, 4) if dtypes.is_half(dt) else (4,):
+        if length % vw == 0 and all(t.offset % vw == 0 for t in ts):
+            return vw
+    return 0
 
 
 def _stat_dtype(dt: np.dtype) -> np.dtype:

@@ -140,23 +140,31 @@ def test_row_norms_half_match_float32(queue, rng, dt, local, monkeypatch):
 @GPU_SHAPED
 @pytest.mark.parametrize("dt", [np.dtype(np.float32), F16, BF16], ids=["float32", "float16", "bfloat16"])
 def test_row_norm_vec4_kernels_match_the_scalar_ones(queue, rng, dt, monkeypatch):
-    """Rows of a multiple of 4 on GPUs take the 4-wide kernels (work-groups of 8 here): LayerNorm and
-    RMSNorm forward and backward against the float32 scalar (CPU-row) kernels."""
-    xh, xf = _pair(queue, rng, (6, 40), dt)
-    wh, wf = _pair(queue, rng, (40,), dt)
-    gh, gf = _pair(queue, rng, (6, 40), dt)
-    ref = (ops.layer_norm(xf, 40, wf, wf), ops.rms_norm(xf, 40, wf))
-    ref_back = (ops.layer_norm_backward(gf, xf, 40, ref[0][1], ref[0][2], wf, wf),
-                ops.rms_norm_backward(gf, xf, 40, ref[1][1], wf))
-    monkeypatch.setattr(norm, "local_size_override", 8)
-    ln, rn = ops.layer_norm(xh, 40, wh, wh), ops.rms_norm(xh, 40, wh)
-    _close(ln[0], ref[0][0], dt, "layer_norm vec4")
-    _close(rn[0], ref[1][0], dt, "rms_norm vec4")
-    np.testing.assert_allclose(ln[2].to_host(), ref[0][2].to_host(), rtol=1e-5)
-    for got, want in zip(ops.layer_norm_backward(gh, xh, 40, ln[1], ln[2], wh, wh), ref_back[0]):
-        _close(got, want, dt, "layer_norm vec4 backward")
-    for got, want in zip(ops.rms_norm_backward(gh, xh, 40, rn[1], wh), ref_back[1]):
-        _close(got, want, dt, "rms_norm vec4 backward")
+    """Rows of a multiple of 4 on GPUs take the vector kernels (work-groups of 8 here; float16 and bfloat16
+    rows of a multiple of 8 read 8 values a work-item, of 36 four): LayerNorm and RMSNorm forward and
+    backward against the float32 scalar (CPU-row) kernels."""
+    widths = []
+    real = norm._vector_width
+    monkeypatch.setattr(norm, "_vector_width", lambda *a: widths.append(real(*a)) or widths[-1])
+    for n in (40, 36):
+        xh, xf = _pair(queue, rng, (6, n), dt)
+        wh, wf = _pair(queue, rng, (n,), dt)
+        gh, gf = _pair(queue, rng, (6, n), dt)
+        monkeypatch.setattr(norm, "local_size_override", None)
+        ref = (ops.layer_norm(xf, n, wf, wf), ops.rms_norm(xf, n, wf))
+        ref_back = (ops.layer_norm_backward(gf, xf, n, ref[0][1], ref[0][2], wf, wf),
+                    ops.rms_norm_backward(gf, xf, n, ref[1][1], wf))
+        monkeypatch.setattr(norm, "local_size_override", 8)
+        widths.clear()
+        ln, rn = ops.layer_norm(xh, n, wh, wh), ops.rms_norm(xh, n, wh)
+        _close(ln[0], ref[0][0], dt, f"layer_norm vec {n}")
+        _close(rn[0], ref[1][0], dt, f"rms_norm vec {n}")
+        np.testing.assert_allclose(ln[2].to_host(), ref[0][2].to_host(), rtol=1e-5)
+        for got, want in zip(ops.layer_norm_backward(gh, xh, n, ln[1], ln[2], wh, wh), ref_back[0]):
+            _close(got, want, dt, f"layer_norm vec {n} backward")
+        for got, want in zip(ops.rms_norm_backward(gh, xh, n, rn[1], wh), ref_back[1]):
+            _close(got, want, dt, f"rms_norm vec {n} backward")
+        assert set(widths) == {8 if n == 40 and dt != np.float32 else 4}, (n, widths)
 
 
 @pytest.mark.parametrize("variant", ["cpu", pytest.param("gpu", marks=GPU_SHAPED)])

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from netcl import ops
+from netcl.core import dtypes
 from netcl.core.tensor import Tensor
 from netcl.errors import ShapeError
 from netcl.jit import reduce as jreduce
@@ -110,6 +111,37 @@ def test_softmax_log_softmax(queue, rng, layout):
     h = a.astype(np.float16)
     e = np.exp(h.astype(np.float64) - h.max(-1, keepdims=True))
     assert_close(ops.softmax(Tensor.from_host(queue, h)), e / e.sum(-1, keepdims=True), np.float16)
+
+
+@pytest.mark.gpu_shaped
+@pytest.mark.parametrize("dt", [np.float16, dtypes.bfloat16], ids=["float16", "bfloat16"])
+def test_half_rows_on_the_gpu_layout_load_16_bytes_where_aligned(queue, rng, monkeypatch, dt):
+    """Half rows on the GPU's work-group tree: 8 lanes a load (16 bytes) where every operand is aligned to 8
+    elements, 4 where one is not (a view one element in, rows of 1003: a partial vector)."""
+    monkeypatch.setattr(jreduce, "FORCE_KIND", "gpu")
+    lanes = []
+
+    def kernel(device, key, real=jreduce._kernel):
+        lanes.append(key[8])   # W: elements a lane loads at once
+        return real(device, key)
+
+    monkeypatch.setattr(jreduce, "_kernel", kernel)
+    seen = set()
+    for shape, start in (((3, 1000), 0), ((3, 1001), 1), ((3, 1003), 0)):
+        a = (rng.standard_normal(shape) * 3).astype(np.float32).astype(dt)
+        x, host = Tensor.from_host(queue, a)[:, start:], a[:, start:]
+        d = host.astype(np.float64)
+        tol = {} if dt == np.float16 else {"rtol": 8e-3, "atol": 1e-3}   # bfloat16: the result's rounding
+        assert_close(ops.sum(x, axis=1), d.sum(1), dt, **tol)
+        e = np.exp(d - d.max(-1, keepdims=True))
+        assert_close(ops.softmax(x, -1), e / e.sum(-1, keepdims=True), dt, **tol)
+        lse = np.log(e.sum(-1, keepdims=True)) + d.max(-1, keepdims=True)
+        assert_close(ops.log_softmax(x, -1), d - lse, dt, rtol=8e-3, atol=0.02)
+        aligned = x.offset % 8 == 0 and x.strides[0] % 8 == 0
+        seen.add(aligned)
+        assert set(lanes) == {2 * jreduce.knobs().vec if aligned else jreduce.knobs().vec}, lanes
+        lanes.clear()
+    assert seen == {True, False}
 
 
 def test_cumsum_topk(queue, rng, layout):
