@@ -213,8 +213,9 @@ class GPT(Module):
         model.safetensors.index.json) of a LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM or
         GPT2LMHeadModel (a sliding attention window caps max_seq_len at the window). `overrides` change config
         fields that do not change the weights' meaning (max_seq_len, dropout, rope_pairing: "interleaved"
-        permutes the q/k projections to Meta's pairing). Unknown, missing or mis-shaped tensors raise
-        PretrainedError listing all of them."""
+        permutes the q/k projections to Meta's pairing, dtype: the weights' storage, "float32" (default),
+        "bfloat16" or "float16", converted on the host once; half models compute in float32 on half
+        storage). Unknown, missing or mis-shaped tensors raise PretrainedError listing all of them."""
         config, arrays = huggingface.load(path, overrides)
         model = cls(queue, config)
         model.load_state_dict(arrays)
