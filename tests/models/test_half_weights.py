@@ -2,7 +2,8 @@
 grouped-query heads, head_dim 16, SwiGLU width 2.75 dim), loaded with dtype bfloat16 or float16. Weights are
 stored in that dtype on the device; float16 decodes the greedy tokens of transformers' float16 model; bfloat16
 logits are as close to the float32 computation as transformers' own bfloat16 ones are, and its greedy tokens
-start as the float32 model's."""
+start as the float32 model's; the device holds the weights and the KV
+cache, and little more, while it generates."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 
 from netcl.core import dtypes
+from netcl.core.memory import size_class
 from netcl.models import GPT
 
 torch = pytest.importorskip("torch")
@@ -76,3 +78,24 @@ def test_bfloat16_logits_and_greedy_choices(queue, tmp_path, seed):
     # does the same); the first FOLLOW are asserted
     got = list(model.generate(prompt, NEW, temperature=0))
     assert got[:FOLLOW] == seq[0, PROMPT:PROMPT + FOLLOW].tolist()
+
+
+def test_the_device_holds_the_weights_and_the_kv_cache(queue, tmp_path):
+    tiny_llama(tmp_path, "bfloat16", 0)
+    pool = queue.device.pool
+    before = pool.stats()["in_use"]
+    model = GPT.from_pretrained(tmp_path, queue, dtype="bfloat16")
+    c = model.config
+    assert sum(p.value.nbytes for p in model.parameters()) == 2 * c.num_parameters()
+    weights = sum(size_class(p.value.nbytes) for p in model.parameters())  # what the pool hands out
+    loaded = pool.stats()["in_use"] - before
+    # the weights, RoPE's two tables (unless another model made them) and nothing else; no float32 copy
+    rope = 2 * size_class(c.max_seq_len * c.head_dim * 2)
+    assert weights <= loaded <= weights + rope, (loaded, weights, rope)
+    pool.reset_peak()
+    prompt = np.arange(PROMPT)
+    list(model.generate(prompt, NEW, temperature=0))
+    cache = model._decoder.capacity * c.n_layers * 2 * c.n_kv_heads * c.head_dim * 2
+    peak = pool.stats()["peak"] - before
+    # activations of one step: a few (tokens, hidden_dim) and (tokens, vocab) rows, under 1/8 the weights
+    assert weights + cache <= peak <= weights + cache + weights // 8, (peak, weights, cache)

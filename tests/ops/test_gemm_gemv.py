@@ -1,0 +1,69 @@
+"""The decode GEMV (kernels/gemm_gemv.cl): x @ W^T with a few rows of half x, against float64 NumPy, with
+its epilogue, both work layouts (GPUs' work-group per row and CPUs' work-item per row), the automatic
+choice (half, thin, aligned, K-contiguous) and what it leaves to the other kernels."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from netcl.core.tensor import Tensor
+from netcl.ops.gemm import api, gemm
+from netcl.ops.gemm.problem import _prepare
+
+HALVES = [np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)]
+# bfloat16 keeps 8 bits, float16 11: the inputs are exactly representable, only the result is rounded
+TOL = {"float16": 2e-3, "bfloat16": 1.6e-2}
+
+
+def reference(x, w, bias=None, residual=None, activation=None):
+    z = x.astype(np.float64) @ w.astype(np.float64).T
+    if bias is not None:
+        z = z + bias.astype(np.float64)
+    if activation == "silu":
+        z = z / (1 + np.exp(-z))
+    if residual is not None:
+        z = z + residual.astype(np.float64)
+    return z
+
+
+def assert_close(got, want, dtype):
+    err = np.abs(got.to_host().astype(np.float64) - want).max() / np.abs(want).max()
+    assert err < TOL[np.dtype(dtype).name], err
+
+
+@pytest.mark.parametrize("dtype", HALVES, ids=lambda d: d.name)
+@pytest.mark.parametrize("m,n,k", [(1, 37, 64), (3, 130, 48), (8, 17, 1000), (5, 1, 8)])
+@pytest.mark.parametrize("params", [None, {"GEMV_WG": 8, "GEMV_ROWS": 3}], ids=["default", "groups"])
+def test_gemv_against_numpy(queue, rng, dtype, m, n, k, params):
+    x, w = rng.standard_normal((m, k)).astype(dtype), rng.standard_normal((n, k)).astype(dtype)
+    bias, res = rng.standard_normal(n).astype(dtype), rng.standard_normal((m, n)).astype(dtype)
+    xs, ws, bs, rs = (Tensor.from_host(queue, a) for a in (x, w, bias, res))
+    got = gemm(xs, ws.transpose(0, 1), variant="gemv", params=params)
+    assert_close(got, reference(x, w), dtype)
+    got = gemm(xs, ws.transpose(0, 1), bs, "silu", rs, variant="gemv", params=params)
+    assert_close(got, reference(x, w, bias, res, "silu"), dtype)
+
+
+@pytest.mark.parametrize("dtype", HALVES, ids=lambda d: d.name)
+def test_thin_aligned_half_problems_choose_the_gemv(queue, rng, dtype):
+    def variant(x, w):
+        return api._auto_variant(_prepare(x, w.transpose(0, 1), None, None, None, 1.0, False))
+
+    w = Tensor.from_host(queue, rng.standard_normal((24, 32)).astype(dtype))
+    tokens = Tensor.from_host(queue, rng.standard_normal((2, 3, 32)).astype(dtype))  # 6 rows: folded
+    assert api.gemv_fits(tokens, w.transpose(0, 1))
+    assert variant(tokens.view(6, 32), w) == "gemv"
+    many = Tensor.from_host(queue, rng.standard_normal((api.GEMV_MAX_ROWS + 1, 32)).astype(dtype))
+    odd_k = Tensor.from_host(queue, rng.standard_normal((24, 30)).astype(dtype))
+    assert not api.gemv_fits(many, w.transpose(0, 1))  # too many rows: the GEMM kernels
+    assert not api.gemv_fits(many[:2, :30], odd_k.transpose(0, 1))  # K not a multiple of 8
+    assert not api.gemv_fits(tokens[:, :, 1:9], w[:, :8].transpose(0, 1))  # x off a 16-byte boundary
+    assert not api.gemv_fits(tokens.view(6, 32), w)  # W not read along K
+    wide = Tensor.from_host(queue, rng.standard_normal((1, 32)).astype(np.float32))
+    assert not api.gemv_fits(wide, Tensor.from_host(queue, np.ones((24, 32), np.float32)).transpose(0, 1))
+    # the model's call: a (batch, tokens, dim) activation against a weight, through linear's folding
+    x = tokens.to_host()
+    assert_close(gemm(tokens, w.transpose(0, 1)), reference(x.reshape(6, 32), w.to_host()).reshape(2, 3, 24),
+                 dtype)
