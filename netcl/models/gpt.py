@@ -194,7 +194,8 @@ class GPT(Module):
                  top_p: float | None = None, seed: int | None = None, stop_tokens: Any = (),
                  use_graph: bool = True) -> Iterator[Any]:
         """Yield new tokens as they come: an int per step for a 1-D prompt (a list of ids), an int32 array
-        (B,) per step for a (B, S) batch of equal-length prompts (rows that already stopped show -1).
+        (B,) per step for a batch: a (B, S) array, or a list of B prompts of any lengths (rows that already
+        stopped show -1).
 
         The prompt is run once (prefill) into per-layer KV caches; each further token is one decode step
         whose attention covers only the tokens so far. With use_graph the decode step is recorded once
