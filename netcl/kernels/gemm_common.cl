@@ -107,7 +107,7 @@ inline ACC_T gemm_epilogue(ACC_T acc, const int m, const int n, const ACC_T alph
 }
 
 #ifndef B_T
-#define B_T STORE_T  // B's element type (gemm_gemv.cl's W_INT8: char)
+#define B_T STORE_T  // B's element type (gemm_gemv.cl's W_INT8: uchar)
 #endif
 
 // The argument list every GEMM kernel takes (the host passes the same tuple to each variant).

@@ -1,8 +1,9 @@
 // Matrix-vector GEMM for decoding: C (M, N) = epilogue(A (M, K) @ B (K, N)) for a few rows of A (M <= GEMV_M)
 // and a B that runs along K (x @ W^T with W (N, K) row-major): each element of B is read once for all M rows,
 // eight at a time (one 16-byte load for half storage, two for float32, 8 bytes for int8), so the launch
-// streams the weight at the memory's bandwidth. W_INT8: B holds int8 (W_T char) with one float scale per
-// column n (`scales`, a row of W): C = epilogue(scale[n] * sum_k A[m, k] * B[k, n]), dequantized in registers.
+// streams the weight at the memory's bandwidth. W_INT8: B holds int8 values q stored as uchar q + 128 (B_T
+// uchar) with one float scale per column n (`scales`, a row of W): C = epilogue(scale[n] * sum_k A[m, k] *
+// q[k, n]), dequantized in registers.
 // Layout: local (GEMV_WG, GEMV_ROWS, 1), global (GEMV_WG, ceil(N / GEMV_ROWS) * GEMV_ROWS, 1); the GEMV_WG
 // work-items of local row r share column n = group * GEMV_ROWS + r, stride over K, keep M partial sums, and
 // add them in local memory. The host guarantees K-contiguous A and B, and K, row strides and offsets that
@@ -13,7 +14,7 @@
 //   GEMV_M     rows of A the kernel is built for (the host sets it to M)
 
 #ifdef W_INT8
-#define B_T char
+#define B_T uchar
 #endif
 #include "gemm_common.cl"
 
@@ -45,7 +46,7 @@ inline float8 gemv_load8(__global const STORE_T *p)
 }
 
 #ifdef W_INT8
-inline float8 gemv_load8_w(__global const char *p) { return convert_float8(vload8(0, p)); }
+inline float8 gemv_load8_w(__global const uchar *p) { return convert_float8(vload8(0, p)) - 128.0f; }
 #else
 #define gemv_load8_w gemv_load8
 #endif

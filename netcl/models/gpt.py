@@ -161,8 +161,9 @@ class GPT(Module):
     def logits(self, hidden: Node) -> Node:
         """The final norm and the language-model head: (..., dim) -> (..., vocab)."""
         h = self.norm(hidden)
-        weight = self.tok_embeddings.weight if self.config.tie_embeddings else self.lm_head.weight
-        return ag.linear(h, weight)
+        if self.config.tie_embeddings:
+            return ag.linear(h, self.tok_embeddings.weight)
+        return self.lm_head(h)
 
     def forward(self, ids: Any, attention_mask: Any = None) -> Node:
         """logits (B, S, vocab) of ids (B, S) (an int32/int64 Tensor or Node, or integers): position s
@@ -206,6 +207,15 @@ class GPT(Module):
         yielded). The prompt plus max_new_tokens must fit max_seq_len."""
         return generation.generate(self, ids, max_new_tokens, temperature, top_k, top_p, seed, stop_tokens,
                                    use_graph)
+
+    def quantize_int8(self) -> GPT:
+        """Weight-only int8 for inference: every linear layer's weight (the attention and feed-forward
+        projections, an untied lm_head; not the embedding table) as int8 with one float32 scale per output
+        channel, dequantized on the fly (netcl.ops.linear_int8). Returns self."""
+        for module in self.modules():
+            if isinstance(module, Linear):
+                module.quantize_int8()
+        return self
 
     # -- Hugging Face weights ------------------------------------------------------------------------------
     @classmethod

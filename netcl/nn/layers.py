@@ -11,9 +11,11 @@ from collections.abc import Mapping
 from typing import Any
 
 import netcl.autograd as ag
+from netcl import ops
 from netcl.autograd.engine import Node, Parameter, as_node
 from netcl.core import shapes
 from netcl.core.backend import as_queue
+from netcl.core.tensor import Tensor
 from netcl.nn import init
 from netcl.nn.module import Module
 from netcl.ops import random
@@ -57,12 +59,38 @@ class Linear(Module):
             Parameter(init.uniform(q, (self.out_features,), bound, dtype, generator)) if bias else None
         )
 
-    def forward(self, x: Node, activation: str | None = None) -> Node:
-        return ag.linear(x, self.weight, self.bias, activation=activation)
+        self.weight_scale: Tensor | None = None  # per output channel, once quantize_int8() ran
+
+    def forward(self, x: Node, activation: str | None = None, residual: Node | None = None) -> Node:
+        """activation(x W^T + b), plus `residual` (added in the GEMM's epilogue, after the activation)."""
+        if self.weight_scale is not None:  # weight-only int8: inference only (no gradient reaches W)
+            out = ops.linear_int8(as_node(x).value, self.weight.value, self.weight_scale,
+                                  None if self.bias is None else self.bias.value, activation,
+                                  None if residual is None else as_node(residual).value)
+            return as_node(out)
+        if residual is None:
+            return ag.linear(x, self.weight, self.bias, activation=activation)
+        if activation not in (None, "none"):
+            return ag.linear(x, self.weight, self.bias, activation=activation) + residual
+        return ag.linear_residual(x, self.weight, self.bias, residual)
+
+    def quantize_int8(self) -> None:
+        """Store W as int8 with one float32 scale per output channel (netcl.ops.quantize_int8): a quarter of
+        float32's bytes, half of bfloat16's; forward then dequantizes on the fly. For inference: W is no
+        longer trainable, and the model's state_dict holds the quantized values."""
+        if self.weight_scale is not None:
+            return
+        w = self.weight.value
+        q, scales = ops.quantize_int8(w.to_host())
+        self.weight_scale = Tensor.from_host(w.queue, scales)
+        self.weight.value = Tensor.from_host(w.queue, q)
+        self.weight.requires_grad = False
 
     def extra_repr(self) -> str:
+        int8 = ", int8" if self.weight_scale is not None else ""
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+            f"{int8}"
         )
 
 

@@ -95,7 +95,7 @@ class GELUMLP(Module):
         self.proj = Linear(q, hidden_dim, dim, bias=bias, dtype=dtype, generator=generator)
 
     def forward(self, x: Node, residual: Node | None = None) -> Node:
-        h = ag.linear(x, self.fc.weight, self.fc.bias, activation=self.activation)
+        h = self.fc(x, activation=self.activation)
         return _project(h, self.proj, residual)
 
     def extra_repr(self) -> str:
@@ -103,9 +103,7 @@ class GELUMLP(Module):
 
 
 def _project(h: Node, layer: Linear, residual: Node | None) -> Node:
-    if residual is None:
-        return layer(h)
-    return ag.linear_residual(h, layer.weight, layer.bias, residual)
+    return layer(h, residual=residual)
 
 
 class KVCache:

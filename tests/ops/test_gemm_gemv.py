@@ -67,3 +67,57 @@ def test_thin_aligned_half_problems_choose_the_gemv(queue, rng, dtype):
     x = tokens.to_host()
     assert_close(gemm(tokens, w.transpose(0, 1)), reference(x.reshape(6, 32), w.to_host()).reshape(2, 3, 24),
                  dtype)
+
+
+def test_quantize_int8_rounds_per_channel(rng):
+    from netcl.ops import quantize_int8
+
+    w = rng.standard_normal((5, 16)).astype(np.float32)
+    w[3] = 0.0
+    q, scales = quantize_int8(w)
+    assert q.dtype == np.uint8 and scales.dtype == np.float32
+    np.testing.assert_allclose(scales[[0, 1, 2, 4]], np.abs(w[[0, 1, 2, 4]]).max(1) / 127, rtol=1e-6)
+    assert scales[3] == 1.0 and (q[3] == 128).all()
+    back = (q.astype(np.float64) - 128) * scales[:, None]
+    assert np.abs(back - w).max() <= scales.max() / 2 + 1e-7  # round to nearest
+    assert (np.abs(q.astype(int) - 128).max(1)[[0, 1, 2, 4]] == 127).all()  # each row's peak is +-127
+
+
+@pytest.mark.parametrize("dtype", [*HALVES, np.dtype(np.float32)], ids=lambda d: d.name)
+@pytest.mark.parametrize("m", [1, 3, 8, 11])
+def test_linear_int8_against_the_dequantized_weight(queue, rng, dtype, m):
+    """Few rows: the gemv kernel dequantizing in registers; 11 rows: the weight dequantized, then the GEMM."""
+    from netcl.ops import linear_int8, quantize_int8
+
+    n, k = 37, 96
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    q, scales = quantize_int8(w)
+    wq = (q.astype(np.float64) - 128) * scales[:, None]
+    x = rng.standard_normal((m, k)).astype(dtype)
+    bias, res = rng.standard_normal(n).astype(dtype), rng.standard_normal((m, n)).astype(dtype)
+    qt, st = Tensor.from_host(queue, q), Tensor.from_host(queue, scales)
+    xs, bs, rs = (Tensor.from_host(queue, a) for a in (x, bias, res))
+    got = linear_int8(xs, qt, st, bs, "silu", rs)
+    z = x.astype(np.float64) @ wq.T + bias.astype(np.float64)
+    want = z / (1 + np.exp(-z)) + res.astype(np.float64)
+    tol = 1e-5 if dtype == np.float32 else TOL[np.dtype(dtype).name]
+    err = np.abs(got.to_host().astype(np.float64) - want).max() / np.abs(want).max()
+    assert err < tol, err
+    assert got.dtype == np.dtype(dtype)
+
+
+def test_linear_int8_errors(queue):
+    from netcl.errors import DTypeError, ShapeError
+    from netcl.ops import linear_int8
+
+    q = Tensor.from_host(queue, np.full((4, 8), 128, np.uint8))
+    s = Tensor.from_host(queue, np.ones(4, np.float32))
+    x = Tensor.from_host(queue, np.ones((1, 8), np.float32))
+    with pytest.raises(DTypeError, match="uint8"):
+        linear_int8(x, s, s)
+    with pytest.raises(ShapeError, match=r"scales must be float32 of shape \(4,\)"):
+        linear_int8(x, q, Tensor.from_host(queue, np.ones(3, np.float32)))
+    with pytest.raises(ShapeError, match=r"x must be a floating Tensor \(\.\.\., 8\)"):
+        linear_int8(Tensor.from_host(queue, np.ones((1, 7), np.float32)), q, s)
+    with pytest.raises(DTypeError, match="bias must be a float32"):
+        linear_int8(x, q, s, bias=Tensor.from_host(queue, np.ones(4, np.float16)))
