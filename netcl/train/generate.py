@@ -37,6 +37,8 @@ def _add_sampling(p: argparse.ArgumentParser, max_new: int) -> None:
     p.add_argument("--dtype", choices=DTYPES, default="float32",
                    help="the weights' storage on the device (default float32; bfloat16 and float16 hold a "
                         "Hugging Face checkpoint at half the bytes, computed in float32)")
+    p.add_argument("--int8", action="store_true",
+                   help="weight-only int8 linear layers (a scale per output channel), dequantized on the fly")
 
 
 def register(subparsers: Any) -> None:
@@ -82,12 +84,12 @@ def stream_tokens(model: GPT, tokenizer: BPETokenizer, ids: list[int], max_new_t
         yield tail
 
 
-def load_model_dir(directory: str, device: str, flag: str = "--checkpoint",
-                   dtype: str = "float32") -> tuple[GPT, BPETokenizer]:
+def load_model_dir(directory: str, device: str, flag: str = "--checkpoint", dtype: str = "float32",
+                   int8: bool = False) -> tuple[GPT, BPETokenizer]:
     """The GPT and tokenizer of a run or model directory (config.json, model.safetensors, tokenizer.json), or
     of a .safetensors file in one: its weights (model.safetensors, a shard) or lm-train's
-    checkpoint.safetensors, whose own weights are then loaded; weights stored in `dtype`. Errors name the
-    command-line `flag`."""
+    checkpoint.safetensors, whose own weights are then loaded; weights stored in `dtype` (the linear layers'
+    as int8 with `int8`). Errors name the command-line `flag`."""
     path = Path(directory)
     checkpoint = None
     if path.is_file():
@@ -113,6 +115,8 @@ def load_model_dir(directory: str, device: str, flag: str = "--checkpoint",
     model = GPT.from_pretrained(path, open_device(device).queue, dtype=dtype)
     if checkpoint is not None:
         load_checkpoint(checkpoint, model, restore_rng=False)
+    if int8:
+        model.quantize_int8()
     model.eval()
     return model, tokenizer
 
@@ -122,7 +126,7 @@ def _context(model: GPT) -> int:
 
 
 def run_generate(args: argparse.Namespace) -> int:
-    model, tokenizer = load_model_dir(args.checkpoint, args.device, dtype=args.dtype)
+    model, tokenizer = load_model_dir(args.checkpoint, args.device, dtype=args.dtype, int8=args.int8)
     eot = tokenizer.special_tokens.get(END_OF_TEXT)
     # the prompt is the model's raw input: special-token text in it (<|endoftext|>, a hand-written
     # <|im_start|>) is the control token, as the model saw it in training, not an error
@@ -190,7 +194,7 @@ def fit_dialog(chat: ChatFormat, messages: list[dict[str, str]], budget: int) ->
 
 
 def run_chat(args: argparse.Namespace) -> int:
-    model, tokenizer = load_model_dir(args.checkpoint, args.device, dtype=args.dtype)
+    model, tokenizer = load_model_dir(args.checkpoint, args.device, dtype=args.dtype, int8=args.int8)
     try:
         chat = ChatFormat(tokenizer, args.template)
     except ValueError as exc:
