@@ -221,6 +221,8 @@ def main() -> int:
     )
     ap.add_argument("--repeats", type=int, default=3, help="timed runs per row (median; default 3)")
     ap.add_argument("--no-torch", action="store_true", help="the netcl rows only")
+    ap.add_argument("--int8", action="store_true",
+                    help="also netcl's rows with weight-only int8 linear layers (GPT.quantize_int8)")
     ap.add_argument("--out", default=None, help="JSON path (default bench/results/decode[_gpu].json)")
     args = ap.parse_args()
     try:
@@ -275,9 +277,10 @@ def main() -> int:
     rng = np.random.default_rng(0)
     rows, result_rows = [], []
 
-    def add(name: str, batch: int, first: float, rest: float, new: int, peer: float | None) -> float:
+    def add(name: str, batch: int, first: float, rest: float, new: int, peer: float | None,
+            read: int = step_bytes) -> float:
         rate = batch * (new - 1) / rest
-        gbps = (new - 1) / rest * step_bytes / 1e9
+        gbps = (new - 1) / rest * read / 1e9
         rows.append(
             (
                 name,
@@ -352,6 +355,19 @@ def main() -> int:
         peer = TorchLlama(directory, hf_cfg, args.dtype, tdev, 1, long_len + 2)
         tf, _, _ = median_run(lambda: torch_generate(peer, prompt, 2, False, sync), args.repeats)
         prefill["torch_eager_s"] = tf
+        del peer
+
+    int8_bytes = None
+    if args.int8:  # the same model, its linear layers quantized in place
+        model.quantize_int8()
+        int8_bytes = sum(p.value.nbytes for p in model.parameters()) + sum(
+            m.weight_scale.nbytes for m in model.modules() if getattr(m, "weight_scale", None) is not None
+        )
+        int8_bytes -= 0 if c.tie_embeddings else model.tok_embeddings.weight.value.nbytes
+        for batch in batches:
+            prompt = rng.integers(0, c.vocab_size, (batch, args.prompt_tokens)).astype(np.int64)
+            nf, nr, _ = median_run(lambda: netcl_generate(model, prompt, args.gen_tokens), args.repeats)
+            add("netcl generate, int8 weights", batch, nf, nr, args.gen_tokens, None, int8_bytes)
 
     print(
         f"\n{'':40} {'batch':>5} {'first ms':>9} {'step ms':>8} {'tokens/s':>10} {'GB/s':>8} {'copy':>6} "
@@ -400,6 +416,7 @@ def main() -> int:
         "prefill": prefill,
         "memory": memory,
         "greedy_agreement": agreement,
+        "int8_step_bytes": int8_bytes,
     }
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps(result, indent=2))
