@@ -19,7 +19,7 @@ from netcl.core import dtypes, shapes
 from netcl.core.backend import as_queue
 from netcl.core.tensor import Tensor
 from netcl.errors import ShapeError
-from netcl.nn.layers import LayerNorm, Linear, RMSNorm, _probability
+from netcl.nn.layers import LayerNorm, Linear, LinearStack, RMSNorm, _probability
 from netcl.nn.module import Module
 from netcl.ops import random
 from netcl.ops.rope import ROPE_PAIRINGS
@@ -74,9 +74,19 @@ class SwiGLU(Module):
         self.w3 = Linear(q, dim, hidden_dim, bias=bias, dtype=dtype, generator=generator)
         self.w2 = Linear(q, hidden_dim, dim, bias=bias, dtype=dtype, generator=generator)
 
+        self._gate_up: LinearStack | None = None
+
+    def stack_projections(self) -> None:
+        """w1 and w3 as one matrix (LinearStack): an inference forward makes them one GEMM."""
+        self._gate_up = LinearStack([self.w1, self.w3])
+
     def forward(self, x: Node, residual: Node | None = None) -> Node:
-        h = ag.silu_mul(self.w1(x), self.w3(x))
-        return _project(h, self.w2, residual)
+        stack = self._gate_up
+        if stack is not None and not ag.is_recording() and stack.intact():
+            gate, up = stack(x)
+        else:
+            gate, up = self.w1(x), self.w3(x)
+        return _project(ag.silu_mul(gate, up), self.w2, residual)
 
 
 class GELUMLP(Module):
@@ -196,6 +206,11 @@ class MultiHeadAttention(Module):
         self.v_proj = Linear(q, self.dim, hkv, bias=bias, dtype=dtype, generator=generator)
         self.o_proj = Linear(q, hq, self.dim, bias=bias if out_bias is None else out_bias, dtype=dtype,
                              generator=generator)
+        self._qkv: LinearStack | None = None
+
+    def stack_projections(self) -> None:
+        """q, k and v as one matrix (LinearStack): an inference forward makes them one GEMM."""
+        self._qkv = LinearStack([self.q_proj, self.k_proj, self.v_proj])
 
     def _heads(self, t: Node, b: int, s: int, heads: int) -> Node:
         return ag.permute(ag.reshape(t, (b, s, heads, self.head_dim)), (0, 2, 1, 3))
@@ -211,9 +226,14 @@ class MultiHeadAttention(Module):
         if x.ndim != 3 or x.shape[2] != self.dim:
             raise ShapeError(f"MultiHeadAttention: x must be (batch, positions, {self.dim}), got {x.shape}")
         b, s, _ = x.shape
-        qh = self._heads(self.q_proj(x), b, s, self.n_heads)
-        kh = self._heads(self.k_proj(x), b, s, self.n_kv_heads)
-        vh = self._heads(self.v_proj(x), b, s, self.n_kv_heads)
+        stack = self._qkv
+        if stack is not None and not ag.is_recording() and stack.intact():
+            q, k, v = stack(x)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        qh = self._heads(q, b, s, self.n_heads)
+        kh = self._heads(k, b, s, self.n_kv_heads)
+        vh = self._heads(v, b, s, self.n_kv_heads)
         if cache is None:
             if self.rope is not None:
                 qh, kh = self.rope(qh, position), self.rope(kh, position)
