@@ -239,7 +239,8 @@ class GPT(Module):
         "bfloat16" or "float16", converted on the host once; half models compute in float32 on half
         storage). Unknown, missing or mis-shaped tensors raise PretrainedError listing all of them."""
         config, arrays = huggingface.load(path, overrides)
-        model = cls(queue, config)
+        with init.skipped():  # every parameter is loaded next (strict): no random fill of the model's size
+            model = cls(queue, config)
         model.load_state_dict(arrays)
         return model.stack_projections()
 
