@@ -158,6 +158,13 @@ class LinearStack:
             y = ops.linear(xv, self.weight, self.bias)
         return [as_node(y[..., a:b]) for a, b in self.rows]
 
+    def silu_mul(self, x: Node) -> Node:
+        """silu(first layer) * second layer for a stack of two equal layers without biases (SwiGLU's gate
+        and up): one launch a decode step (netcl.ops.linear_glu)."""
+        if len(self.layers) != 2 or self.bias is not None or self.rows[0][1] * 2 != self.rows[1][1]:
+            raise ShapeError("LinearStack.silu_mul: needs two layers of equal width without biases")
+        return as_node(ops.linear_glu(as_node(x).value, self.weight, self.scale))
+
 
 class Conv2d(Module):
     """NCHW convolution: x (N, C_in, H, W) -> (N, C_out, OH, OW); W (C_out, C_in/groups, KH, KW).

@@ -14,6 +14,7 @@ from netcl.ops.fused import *  # noqa: F403
 from netcl.ops.gemm import (  # (the package stays netcl.ops.gemm: no star)
     dequantize_int8,
     linear,
+    linear_glu,
     linear_int8,
     matmul,
     matmul_epilogue,

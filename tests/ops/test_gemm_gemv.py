@@ -121,3 +121,34 @@ def test_linear_int8_errors(queue):
         linear_int8(Tensor.from_host(queue, np.ones((1, 7), np.float32)), q, s)
     with pytest.raises(DTypeError, match="bias must be a float32"):
         linear_int8(x, q, s, bias=Tensor.from_host(queue, np.ones(4, np.float16)))
+
+
+@pytest.mark.parametrize("dtype", HALVES, ids=lambda d: d.name)
+@pytest.mark.parametrize("int8", [False, True], ids=["half", "int8"])
+@pytest.mark.parametrize("m", [1, 5, 12])
+def test_linear_glu_against_numpy(queue, rng, dtype, int8, m):
+    """SwiGLU's silu(x W1^T) * (x W3^T) from the stacked [W1; W3]: one gemv launch for up to 8 rows (half or
+    int8 weights), the GEMM and a fused silu * up beyond."""
+    from netcl.ops import linear_glu, quantize_int8
+    from netcl.profiling import count_launches
+
+    h, k = 19, 64
+    w = rng.standard_normal((2 * h, k)).astype(np.float32)
+    x = rng.standard_normal((m, k)).astype(dtype)
+    xs = Tensor.from_host(queue, x)
+    if int8:
+        q, scales = quantize_int8(w)
+        wd = (q.astype(np.float64) - 128) * scales[:, None]
+        args = (Tensor.from_host(queue, q), Tensor.from_host(queue, scales))
+    else:
+        wd = w.astype(dtype).astype(np.float64)
+        args = (Tensor.from_host(queue, w.astype(dtype)),)
+    z = x.astype(np.float64) @ wd.T
+    want = z[:, :h] / (1 + np.exp(-z[:, :h])) * z[:, h:]
+    linear_glu(xs, *args)  # programs built outside the count
+    with count_launches() as launches:
+        got = linear_glu(xs, *args)
+    assert_close(got, want, dtype)
+    assert got.shape == (m, h)
+    if m <= api.GEMV_MAX_ROWS:
+        assert launches.count == 1

@@ -13,7 +13,7 @@ broadcast like NumPy's matmul. One idea per module:
 """
 # ruff: noqa: F401  (this module exists to re-export)
 from netcl.ops.gemm.api import gemm, linear, matmul, matmul_epilogue, matmul_relu_mask, matmul_rowsum
-from netcl.ops.gemm.int8 import dequantize_int8, linear_int8, quantize_int8
+from netcl.ops.gemm.int8 import dequantize_int8, linear_glu, linear_int8, quantize_int8
 from netcl.ops.gemm.problem import flops
 from netcl.ops.gemm.variants import (
     ACTIVATIONS,

@@ -1,7 +1,9 @@
-"""Weight-only int8: a weight W (out, in) as int8 values q (stored uint8 q + 128) and one float32 scale per
-output channel, W ~ scale[:, None] * q. `linear_int8` computes x @ W^T on the fly: the gemv kernel
-dequantizes in registers for a decode step's few rows (a quarter of float32's weight bytes, half of
-bfloat16's); more rows (a prompt) dequantize the weight once per call into x's dtype and take the GEMM."""
+"""Decode-step linear layers on the gemv kernel beyond a plain x @ W^T. Weight-only int8: a weight W (out, in)
+as int8 values q (stored uint8 q + 128) and one float32 scale per output channel, W ~ scale[:, None] * q;
+`linear_int8` computes x @ W^T on the fly: the gemv kernel dequantizes in registers for a decode step's few
+rows (a quarter of float32's weight bytes, half of bfloat16's); more rows (a prompt) dequantize the weight
+once per call into x's dtype and take the GEMM. `linear_glu`: SwiGLU's silu(x @ W1^T) * (x @ W3^T) from one
+stacked weight [W1; W3], one launch a decode step."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from netcl.core import dtypes
 from netcl.core.tensor import Tensor, check_same_queue
 from netcl.errors import DTypeError, ShapeError
 from netcl.ops import elementwise
-from netcl.ops.gemm.api import GEMV_MAX_ROWS, gemm
+from netcl.ops.gemm.api import GEMV_MAX_ROWS, gemm, gemv_fits
 from netcl.ops.gemm.launch import launch
 from netcl.ops.gemm.problem import _Problem
 
@@ -78,3 +80,42 @@ def linear_int8(x: Tensor, q: Tensor, scales: Tensor, bias: Tensor | None = None
                  m=rows, n=n, k=k, batch=(), squeeze=())
     launch(p, "gemv", scales=scales)
     return out.reshape(out_shape)
+
+
+def linear_glu(x: Tensor, weight: Tensor, scales: Tensor | None = None) -> Tensor:
+    """silu(x @ W[:h]^T) * (x @ W[h:]^T) for a stacked weight W (2h, in) (SwiGLU's gate over its up
+    projection), W int8 with `scales` (2h,) when given. Decode rows (gemv_fits): one launch, the product never
+    stored; more rows: the two products, then the fused silu * up."""
+    if not isinstance(weight, Tensor) or weight.ndim != 2 or weight.shape[0] % 2:
+        raise ShapeError(f"linear_glu: the weight must be a 2-D Tensor of 2h rows (gate over up), got "
+                         f"{getattr(weight, 'shape', type(weight).__name__)}")
+    h2, k = weight.shape
+    h = h2 // 2
+    if scales is not None:
+        y = None if _glu_fits(x, weight) else linear_int8(x, weight, scales)
+    else:
+        if weight.dtype != getattr(x, "dtype", None):
+            raise DTypeError(f"linear_glu: x is {getattr(x, 'dtype', None)} but the weight is {weight.dtype}")
+        y = None if _glu_fits(x, weight) and gemv_fits(x, weight.transpose(0, 1)) else gemm(
+            x, weight.transpose(0, 1))
+    if y is not None:
+        return elementwise.mul(elementwise.silu(y[..., :h]), y[..., h:]).realize()
+    rows = x.size // k
+    x2 = (x if x.is_contiguous() else x.contiguous()).reshape(rows, k)
+    out = Tensor.empty(x.queue, (rows, h), x.dtype)
+    p = _Problem(a=x2, b=weight.transpose(0, 1), out=out, bias=None, residual=None, activation=None,
+                 alpha=1.0, m=rows, n=h, k=k, batch=(), squeeze=())
+    launch(p, "gemv", scales=scales, glu=True)
+    return out.reshape(x.shape[:-1] + (h,))
+
+
+def _glu_fits(x: Any, weight: Tensor) -> bool:
+    """x takes the gemv kernel against `weight`: a floating Tensor of at most GEMV_MAX_ROWS rows, K and the
+    offsets multiples of 8 (the stacked weight is contiguous)."""
+    if not isinstance(x, Tensor) or x.ndim < 1 or x.dtype not in (dtypes.float16, dtypes.bfloat16,
+                                                                   dtypes.float32):
+        return False
+    k = weight.shape[1]
+    rows = x.size // k if k and x.shape[-1] == k else 0
+    return (0 < rows <= GEMV_MAX_ROWS and k % 8 == 0 and x.offset % 8 == 0 and weight.offset % 8 == 0
+            and weight.is_contiguous())
