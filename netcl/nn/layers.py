@@ -149,13 +149,16 @@ class LinearStack:
         return all(layer.weight.value is w and (layer.bias is None or layer.bias.value is b)
                    and layer.weight_scale is s for layer, (w, b, s) in zip(self.layers, self._views))
 
-    def __call__(self, x: Node) -> list[Node]:
-        """Each layer's output for x (..., in_features): column blocks (views) of one product."""
+    def product(self, x: Node) -> Tensor:
+        """The layers' outputs side by side, (..., sum of out_features), from one GEMM (no gradient)."""
         xv = as_node(x).value
         if self.scale is not None:
-            y = ops.linear_int8(xv, self.weight, self.scale, self.bias)
-        else:
-            y = ops.linear(xv, self.weight, self.bias)
+            return ops.linear_int8(xv, self.weight, self.scale, self.bias)
+        return ops.linear(xv, self.weight, self.bias)
+
+    def __call__(self, x: Node) -> list[Node]:
+        """Each layer's output for x (..., in_features): column blocks (views) of one product."""
+        y = self.product(x)
         return [as_node(y[..., a:b]) for a, b in self.rows]
 
     def silu_mul(self, x: Node) -> Node:

@@ -226,19 +226,7 @@ class MultiHeadAttention(Module):
         if x.ndim != 3 or x.shape[2] != self.dim:
             raise ShapeError(f"MultiHeadAttention: x must be (batch, positions, {self.dim}), got {x.shape}")
         b, s, _ = x.shape
-        stack = self._qkv
-        if stack is not None and not ag.is_recording() and stack.intact():
-            q, k, v = stack(x)
-        else:
-            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        qh = self._heads(q, b, s, self.n_heads)
-        kh = self._heads(k, b, s, self.n_kv_heads)
-        vh = self._heads(v, b, s, self.n_kv_heads)
-        if cache is None:
-            if self.rope is not None:
-                qh, kh = self.rope(qh, position), self.rope(kh, position)
-            keys, values, lengths = kh, vh, None
-        else:
+        if cache is not None:
             if not isinstance(cache, KVCache) or cache.shape != (
                 b,
                 self.n_kv_heads,
@@ -254,14 +242,34 @@ class MultiHeadAttention(Module):
                     "MultiHeadAttention: a cache needs position= (an int32 device Tensor holding "
                     "how many tokens the cache already holds)"
                 )
-            if self.rope is not None:
-                qh = self.rope(qh, position)
-                self.rope.rotate_into(kh.value, cache.k, position)
-            else:
-                ops.cache_write(cache.k, kh.value, position)
-            ops.cache_write(cache.v, vh.value, position)
+        stack = self._qkv
+        stacked = stack is not None and not ag.is_recording() and stack.intact()
+        if stacked and cache is not None and self.rope is not None:
+            # one GEMM for q, k and v, one launch to rotate q, and k and v into the cache
+            heads = self.n_heads + 2 * self.n_kv_heads
+            y = stack.product(x).reshape(b, s, heads, self.head_dim).permute(0, 2, 1, 3)
+            qh = as_node(ops.rope_qkv_cache(y, self.n_heads, self.rope.cos, self.rope.sin, cache.k, cache.v,
+                                            position, self.rope.pairing))
             keys, values = cache.k, cache.v
             lengths = kv_len if kv_len is not None else ops.add(position, s)
+        else:
+            q, k, v = stack(x) if stacked else (self.q_proj(x), self.k_proj(x), self.v_proj(x))
+            qh = self._heads(q, b, s, self.n_heads)
+            kh = self._heads(k, b, s, self.n_kv_heads)
+            vh = self._heads(v, b, s, self.n_kv_heads)
+            if cache is None:
+                if self.rope is not None:
+                    qh, kh = self.rope(qh, position), self.rope(kh, position)
+                keys, values, lengths = kh, vh, None
+            else:
+                if self.rope is not None:
+                    qh = self.rope(qh, position)
+                    self.rope.rotate_into(kh.value, cache.k, position)
+                else:
+                    ops.cache_write(cache.k, kh.value, position)
+                ops.cache_write(cache.v, vh.value, position)
+                keys, values = cache.k, cache.v
+                lengths = kv_len if kv_len is not None else ops.add(position, s)
         p = self.dropout if self.training else 0.0
         gen = self.generator if self.generator is not None else random.default_generator
         o = ag.flash_attention(qh, keys, values, causal=self.causal, mask=mask, dropout_p=p, generator=gen,
