@@ -152,3 +152,35 @@ def test_linear_glu_against_numpy(queue, rng, dtype, int8, m):
     assert got.shape == (m, h)
     if m <= api.GEMV_MAX_ROWS:
         assert launches.count == 1
+
+
+def test_a_device_that_cannot_build_the_gemv_takes_the_other_kernels(queue, rng, monkeypatch):
+    """A compiler that rejects gemm_gemv.cl costs one warning; half, int8 and GLU decode products are then
+    computed by the GEMM kernels (int8 weights dequantized first), with the same values."""
+    from netcl.errors import KernelBuildError
+    from netcl.ops import linear_glu, linear_int8, quantize_int8
+    from netcl.ops.gemm import variants
+
+    real = variants._program
+
+    def refuse(device, variant, defines):
+        if variant == "gemv":
+            raise KernelBuildError("gemm_gemv.cl: refused for the test")
+        return real(device, variant, defines)
+
+    monkeypatch.setattr(variants, "_program", refuse)
+    monkeypatch.setattr(variants, "_gemv_ok", {})
+    dtype = HALVES[1]
+    x = rng.standard_normal((2, 32)).astype(dtype)
+    w = rng.standard_normal((24, 32)).astype(np.float32)
+    xs, ws = Tensor.from_host(queue, x), Tensor.from_host(queue, w.astype(dtype))
+    with pytest.warns(RuntimeWarning, match="does not build"):
+        assert not api.gemv_fits(xs, ws.transpose(0, 1))
+    assert_close(gemm(xs, ws.transpose(0, 1)), reference(x, w.astype(dtype)), dtype)
+    q, scales = quantize_int8(w)
+    wq = (q.astype(np.float64) - 128) * scales[:, None]
+    got = linear_int8(xs, Tensor.from_host(queue, q), Tensor.from_host(queue, scales))
+    assert_close(got, reference(x, wq), dtype)
+    z = reference(x, w.astype(dtype))
+    glu = linear_glu(xs, ws)
+    assert_close(glu, z[:, :12] / (1 + np.exp(-z[:, :12])) * z[:, 12:], dtype)

@@ -27,7 +27,13 @@ from netcl.ops import elementwise
 from netcl.ops.gemm import splitk
 from netcl.ops.gemm.launch import launch
 from netcl.ops.gemm.problem import _finish, _k_contiguous, _prepare, _Problem
-from netcl.ops.gemm.variants import VARIANTS, choose_variant, usable_params, uses_matrix_units
+from netcl.ops.gemm.variants import (
+    VARIANTS,
+    choose_variant,
+    gemv_usable,
+    usable_params,
+    uses_matrix_units,
+)
 
 # rows of x up to which a half x @ W^T takes the gemv kernel (a decode step of up to 8 sequences): W is read
 # once for all rows; beyond it the FLOPs per byte of W favour the tiled and matrix-unit kernels
@@ -132,7 +138,8 @@ def gemv_fits(a: Any, b: Any) -> bool:
         step *= a.shape[i + 1]
         if a.shape[i] > 1 and a.strides[i] != step:
             return False
-    return all(v % 8 == 0 for v in (b.shape[0], lead, b.strides[1], a.offset, b.offset))
+    return all(v % 8 == 0 for v in (b.shape[0], lead, b.strides[1], a.offset, b.offset)) and gemv_usable(
+        a.device, a.dtype)
 
 
 def _auto_variant(p: _Problem) -> str:

@@ -19,6 +19,7 @@ from netcl.ops import elementwise
 from netcl.ops.gemm.api import GEMV_MAX_ROWS, gemm, gemv_fits
 from netcl.ops.gemm.launch import launch
 from netcl.ops.gemm.problem import _Problem
+from netcl.ops.gemm.variants import gemv_usable
 
 ZERO_POINT = 128  # uint8 storage of int8 values: q + 128
 
@@ -71,7 +72,7 @@ def linear_int8(x: Tensor, q: Tensor, scales: Tensor, bias: Tensor | None = None
     x2 = xs.reshape(rows, k)
     res2 = None if residual is None else residual.expand(out_shape).contiguous().reshape(rows, n)
     if not (0 < rows <= GEMV_MAX_ROWS and k % 8 == 0 and x2.offset % 8 == 0 and q.offset % 8 == 0
-            and x.dtype != dtypes.float64):
+            and x.dtype != dtypes.float64 and gemv_usable(x.device, x.dtype)):
         w = dequantize_int8(q, scales, x.dtype)
         return gemm(x2, w.transpose(0, 1), bias, activation, res2).reshape(out_shape)
     out = Tensor.empty(x.queue, (rows, n), x.dtype)
@@ -118,4 +119,4 @@ def _glu_fits(x: Any, weight: Tensor) -> bool:
     k = weight.shape[1]
     rows = x.size // k if k and x.shape[-1] == k else 0
     return (0 < rows <= GEMV_MAX_ROWS and k % 8 == 0 and x.offset % 8 == 0 and weight.offset % 8 == 0
-            and weight.is_contiguous())
+            and weight.is_contiguous() and gemv_usable(x.device, x.dtype))

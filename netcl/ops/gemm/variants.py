@@ -11,6 +11,7 @@ compiler rejects (or, for risky variants, miscompiles) a configuration (netcl.co
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
@@ -384,6 +385,30 @@ def _fit_local_memory(tile: dict[str, int], dtype: np.dtype, local_mem: int) -> 
 NV_VERBOSE = False
 
 _nv_logged: set[tuple] = set()
+
+
+_gemv_ok: dict[tuple[int, str], bool] = {}
+
+
+def gemv_usable(device: Any, dtype: Any) -> bool:
+    """Whether the gemv kernel builds on `device` for activations of `dtype` (its plain, int8 and GLU forms,
+    tried once per device and dtype). A build failure is warned once; decode steps then take the other
+    GEMM kernels (int8 weights dequantized first) instead of failing."""
+    dt = np.dtype(dtype)
+    key = (id(device), dt.name)
+    ok = _gemv_ok.get(key)
+    if ok is None:
+        base = {"DTYPE": dt, "ACT": None, "GEMV_M": 1, **default_params("gemv", dt, device)}
+        try:
+            for extra in ({}, {"W_INT8": None}, {"W_INT8": None, "GLU": None}):
+                _program(device, "gemv", {**base, **extra})
+            ok = True
+        except KernelBuildError as exc:
+            warnings.warn(f"gemm_gemv.cl does not build on {device.describe()} for {dt.name}: {exc}; decode "
+                          "steps take the other GEMM kernels", RuntimeWarning, stacklevel=2)
+            ok = False
+        _gemv_ok[key] = ok
+    return ok
 
 
 def _program(device: Any, variant: str, defines: dict[str, Any]):
