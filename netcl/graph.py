@@ -128,6 +128,7 @@ class Graph(capture.Recording):
         """Forget the recorded work and give its buffers back to the allocator's normal life."""
         self.ops.clear()
         self._refresh.clear()
+        self.__dict__.pop("_fixed", None)
         self._release_buffers()
         if self._state != "empty":
             self._state = "closed"

@@ -206,3 +206,27 @@ def test_compiled_step_bad_arguments(queue):
     a = Tensor.from_host(queue, np.ones(3, np.float32))
     outs = [fn(a, k=k).to_host() for k in (2, 2, 2, 3, 3, 3)]  # k is a constant: k=3 records again
     assert [o[0] for o in outs] == [2.0, 2.0, 2.0, 3.0, 3.0, 3.0]
+
+
+def test_replayed_launches_of_one_kernel_keep_their_own_arguments(queue, rng):
+    """Each replayed launch enqueues a kernel object of its own (its arguments set once, at the first
+    replay): launches of one kernel on different tensors, and eager launches of it between replays, do not
+    disturb one another."""
+    from netcl import ops
+
+    a, b, c = (Tensor.from_host(queue, rng.standard_normal(37).astype(np.float32)) for _ in range(3))
+    graph = Graph()
+    with graph.capture():
+        s1 = ops.add(a, b).realize()
+        s2 = ops.add(s1, c).realize()
+    for _ in range(2):
+        na, nb, nc = (rng.standard_normal(37).astype(np.float32) for _ in range(3))
+        a.copy_from_host(na)
+        b.copy_from_host(nb)
+        c.copy_from_host(nc)
+        ops.add(c, c).realize()  # the shared kernel, eager, between replays
+        graph.replay()
+        np.testing.assert_allclose(s1.to_host(), na + nb, rtol=1e-6)
+        np.testing.assert_allclose(s2.to_host(), na + nb + nc, rtol=1e-6)
+    raws = [plan.raw for plan in graph._fixed.values()]
+    assert len(raws) == graph.launches and len({id(r) for r in raws}) == len(raws)

@@ -18,14 +18,20 @@ from netcl.errors import DeviceError, OutOfMemoryError
 MIN_BLOCK = 256
 
 
+# blocks from this size on are classed 32 to a power of two instead of 4: a model's weights are long-lived
+# blocks of many sizes (a 1B Llama's 23 and 46 MB matrices were rounded up by 9%, 145 MB in all)
+FINE_CLASSES_FROM = 16 << 20
+
+
 def size_class(nbytes: int) -> int:
     """Round a request up to its cache class: 256 B minimum, then four classes per power of two
-    (2^k, 1.25, 1.5, 1.75 x 2^k), so a cached block wastes at most 25%."""
+    (2^k, 1.25, 1.5, 1.75 x 2^k), so a cached block wastes at most 25%; from FINE_CLASSES_FROM (16 MiB) on,
+    32 classes per power of two (at most 3.1%)."""
     n = max(int(nbytes), MIN_BLOCK)
     if n <= 4096:
         return (n + MIN_BLOCK - 1) // MIN_BLOCK * MIN_BLOCK
     top = 1 << (n.bit_length() - 1)
-    step = top // 4
+    step = top // (32 if n >= FINE_CLASSES_FROM else 4)
     return (n + step - 1) // step * step
 
 

@@ -1,6 +1,7 @@
 """Hugging Face model directories: config.json plus model.safetensors, or shards listed by
-model.safetensors.index.json. Read into NumPy arrays (float16 and bfloat16 widened to float32; nothing is
-unpickled, a pytorch_model.bin alone is refused), written atomically in the same layout so that
+model.safetensors.index.json. Read into NumPy arrays in the file's dtypes (bfloat16 as ml_dtypes' NumPy type,
+so a half checkpoint loads into a half model without a float32 copy; nothing is unpickled, a pytorch_model.bin
+alone is refused), written atomically in the same layout so that
 transformers' from_pretrained loads it. Which tensor is which parameter is the model's business
 (netcl.models.huggingface holds the tables)."""
 
@@ -15,6 +16,7 @@ from typing import Any
 import numpy as np
 from safetensors.numpy import save as st_save
 
+from netcl.core import dtypes
 from netcl.core.files import atomic_write
 from netcl.errors import NetclError
 
@@ -22,8 +24,8 @@ CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
 INDEX = "model.safetensors.index.json"
 
-# safetensors dtype names -> how to read them (BF16 is the top half of a float32)
-_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": "bf16", "I64": np.int64,
+# safetensors dtype names -> how to read them
+_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": dtypes.bfloat16, "I64": np.int64,
            "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
 
 
@@ -123,17 +125,15 @@ def _read_safetensors(file: Path) -> dict[str, np.ndarray]:
             raise PretrainedError(
                 f"{file}: tensor {key!r} has a header entry netcl cannot read: {info!r}"
             ) from None
-        itemsize = 2 if kind == "bf16" else np.dtype(kind).itemsize
+        itemsize = np.dtype(kind).itemsize
         if not 0 <= start <= end <= body.size or end - start != math.prod(shape) * itemsize:
             raise PretrainedError(f"{file}: tensor {key!r} ({info['dtype']} {list(shape)}) has data offsets "
                                   f"{start}..{end} that do not fit its size or the file")
         raw = body[start:end]
-        if kind == "bf16":
-            arr = (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+        if kind == dtypes.bfloat16:  # (a void type to NumPy: no byte order to state)
+            arr = raw.view(np.uint16).astype("<u2").view(kind)
         else:
             arr = raw.view(np.dtype(kind).newbyteorder("<")).astype(kind)
-            if arr.dtype == np.float16:
-                arr = arr.astype(np.float32)
         out[key] = arr.reshape(shape)
     return out
 

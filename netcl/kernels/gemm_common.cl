@@ -106,6 +106,10 @@ inline ACC_T gemm_epilogue(ACC_T acc, const int m, const int n, const ACC_T alph
     return y;
 }
 
+#ifndef B_T
+#define B_T STORE_T  // B's element type (gemm_gemv.cl's W_INT8: uchar)
+#endif
+
 // The argument list every GEMM kernel takes (the host passes the same tuple to each variant).
 // Strides and offsets are in elements. Batch z = z1 * nb_inner + z2 adds z1 * stride1 + z2 * stride2
 // to each operand's offset; bs_ab = (A stride1, A stride2, B stride1, B stride2), bs_cr likewise for C
@@ -113,7 +117,7 @@ inline ACC_T gemm_epilogue(ACC_T acc, const int m, const int n, const ACC_T alph
 #define GEMM_ARGS                                                                                   \
     const int M, const int N, const int K,                                                          \
     __global const STORE_T *A, const long a_off, const long a_rs, const long a_ks,                  \
-    __global const STORE_T *B, const long b_off, const long b_ks, const long b_ns,                  \
+    __global const B_T *B, const long b_off, const long b_ks, const long b_ns,                      \
     __global C_T *C, const long c_off, const long c_rs,                                             \
     __global const STORE_T *bias, const long bias_off, const long bias_stride,                      \
     __global const STORE_T *residual, const long res_off, const long res_rs, const long res_cs,     \

@@ -2,7 +2,7 @@
 // Random123, curand and JAX. Bits depend only on (seed, counter), never on the device.
 // Layout: 1-D; work-item g hashes counter (offset + g) with key (seed) into 4 uint32 words and
 // writes PER_ITEM outputs (out[PER_ITEM*g + j]), bound-checked against n.
-// Build options: T, IS_HALF, USE_FP64 (common.cl) for the output; -DSCALAR=<float|double: type of low/high>
+// Build options: T, IS_HALF, IS_BF16, USE_FP64 (common.cl) for the output; -DSCALAR=<float|double: type of low/high>
 // -DKIND=<0 uniform, 1 normal, 2 integer>
 //                -DPER_ITEM=<outputs per work-item>.
 
@@ -36,6 +36,13 @@ __kernel void philox_fill(__global T *out, const long out_offset, const long n,
             const float u = (float)(words[j] >> 21) * 0x1.0p-11f;
             vstore_half((float)low + ((float)high - (float)low) * u, base + j, dst);
         }
+  #elif defined(IS_BF16)
+    for (int j = 0; j < 4; ++j)
+        if (base + j < n) {
+            // 8 bits keep the value exact in bfloat16 and strictly below 1
+            const float u = (float)(words[j] >> 24) * 0x1.0p-8f;
+            STORE_T(dst, base + j, (float)low + ((float)high - (float)low) * u);
+        }
   #else
     for (int j = 0; j < 4; ++j)
         if (base + j < n) dst[base + j] = (float)low + ((float)high - (float)low) * u24(words[j]);
@@ -62,6 +69,9 @@ __kernel void philox_fill(__global T *out, const long out_offset, const long n,
     #if defined(IS_HALF)
         if (base + 2 * j < n) vstore_half(z0, base + 2 * j, dst);
         if (base + 2 * j + 1 < n) vstore_half(z1, base + 2 * j + 1, dst);
+    #elif defined(IS_BF16)
+        if (base + 2 * j < n) STORE_T(dst, base + 2 * j, z0);
+        if (base + 2 * j + 1 < n) STORE_T(dst, base + 2 * j + 1, z1);
     #else
         if (base + 2 * j < n) dst[base + 2 * j] = z0;
         if (base + 2 * j + 1 < n) dst[base + 2 * j + 1] = z1;

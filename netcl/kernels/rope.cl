@@ -57,3 +57,53 @@ __kernel void rope_rotate(__global const T *x, const long x_off, const long4 x_s
     STORE_T(out, ob + i1 * out_strides.s3, x1 * c - x2 * sn);
     STORE_T(out, ob + i2 * out_strides.s3, x2 * c + x1 * sn);
 }
+
+// A decode step's q, k and v in one launch (rope_qkv_cache): x holds the heads of one stacked projection,
+// (B, Hq + 2 Hkv, S, D) through any strides (q's heads, then k's, then v's). q's heads are rotated into
+// q_out (B, Hq, S, D); k's are rotated and v's copied into the caches (B, Hkv, capacity, D) at positions
+// p = s + offsets[b] (as OUT_AT_POSITION). Needs -DOUT_AT_POSITION off; same checks as rope_rotate.
+// Layout: 2-D global (D/2, B*(Hq + 2 Hkv)*S); one work-item moves one pair of one row.
+__kernel void rope_qkv_cache(__global const T *x, const long x_off, const long4 x_strides,
+                             __global T *q_out, const long q_off, const long4 q_strides,
+                             __global T *k_cache, const long k_off, const long4 k_strides,
+                             __global T *v_cache, const long v_off, const long4 v_strides,
+                             __global const ACC *cos_table, __global const ACC *sin_table,
+                             __global const int *offsets, const long offset_off, const int offset_stride,
+                             const int q_heads, const int kv_heads, const int seq, const long rows,
+                             const int half_dim, const int max_len, __global int *err, const int err_code)
+{
+    const int i = get_global_id(0);
+    const long row = get_global_id(1);
+    if (i >= half_dim || row >= rows) return;
+    const int heads = q_heads + 2 * kv_heads;
+    const long b = row / ((long)heads * seq);
+    const int h = (int)((row / seq) % heads);
+    const long s = row % seq;
+    const long p = s + offsets[offset_off + b * offset_stride];
+    if (p < 0 || p >= max_len) {
+        if (i == 0) report_check(err, err_code, p, row, max_len);
+        return;
+    }
+#if PAIRING == ROPE_HALF
+    const long i1 = i, i2 = i + half_dim;
+#else
+    const long i1 = 2 * (long)i, i2 = 2 * (long)i + 1;
+#endif
+    const long xb = x_off + b * x_strides.s0 + h * x_strides.s1 + s * x_strides.s2;
+    const ACC x1 = LOAD_T(x, xb + i1 * x_strides.s3);
+    const ACC x2 = LOAD_T(x, xb + i2 * x_strides.s3);
+    if (h >= q_heads + kv_heads) {  // v: copied into its cache
+        const long ob = v_off + b * v_strides.s0 + (h - q_heads - kv_heads) * v_strides.s1 + p * v_strides.s2;
+        STORE_T(v_cache, ob + i1 * v_strides.s3, x1);
+        STORE_T(v_cache, ob + i2 * v_strides.s3, x2);
+        return;
+    }
+    const ACC c = cos_table[p * half_dim + i];
+    const ACC sn = sin_table[p * half_dim + i];
+    __global T *out = h < q_heads ? q_out : k_cache;
+    const long ob = h < q_heads ? q_off + b * q_strides.s0 + h * q_strides.s1 + s * q_strides.s2
+                                : k_off + b * k_strides.s0 + (h - q_heads) * k_strides.s1 + p * k_strides.s2;
+    const long os3 = h < q_heads ? q_strides.s3 : k_strides.s3;
+    STORE_T(out, ob + i1 * os3, x1 * c - x2 * sn);
+    STORE_T(out, ob + i2 * os3, x2 * c + x1 * sn);
+}

@@ -13,6 +13,8 @@ from netcl.errors import ShapeError
 from netcl.ops.rope import ROPE_PAIRINGS, rope_scaling
 
 ARCHS = ("llama", "gpt2")
+# the weights' storage dtype; half models compute in float32 on half storage (netcl.core.dtypes.HALF)
+DTYPES = ("float32", "float64", "bfloat16", "float16")
 _MLP_ACTIVATIONS = ("gelu_tanh", "gelu", "relu", "silu")
 
 
@@ -103,8 +105,8 @@ class GPTConfig:
             )
         for name in ("dropout", "attn_dropout"):
             setattr(self, name, _number(name, getattr(self, name), low=0.0, high=1.0))
-        if self.dtype not in ("float32", "float64"):
-            raise ValueError(f"GPTConfig: dtype must be 'float32' or 'float64', got {self.dtype!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"GPTConfig: dtype must be one of {DTYPES}, got {self.dtype!r}")
 
     @property
     def uses_rope(self) -> bool:

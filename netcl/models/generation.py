@@ -35,8 +35,8 @@ _MIN_CAPACITY = 64
 
 class DecodeState:
     """One batch size and cache capacity of a model's generation: the per-layer caches, the device
-    tensors the decode step reads and writes (position: tokens cached, (1,); tokens: the last tokens,
-    (B, 1)), the sampling generator and the recorded decode step with what it was recorded for."""
+    tensors the decode step reads and writes (position: tokens cached per row, (B,); tokens: the last
+    tokens, (B, 1)), the sampling generator and the recorded decode step with what it was recorded for."""
 
     def __init__(self, model: Any, batch: int, capacity: int):
         c, q = model.config, model.queue
@@ -44,19 +44,24 @@ class DecodeState:
         self.caches = [
             KVCache(q, batch, c.n_kv_heads, capacity, c.head_dim, c.dtype) for _ in range(c.n_layers)
         ]
-        self.position = Tensor.zeros(q, (1,), np.int32)
+        self.position = Tensor.zeros(q, (batch,), np.int32)  # per row: ragged prompts differ
         self.tokens = Tensor.zeros(q, (batch, 1), np.int32)
         self.generator = Generator(0)
         self.graph: Graph | None = None
         self.graph_key: tuple | None = None
 
-    def run(self, model: Any, ids: Tensor, sampling: tuple[float, int, float]) -> None:
+    def run(self, model: Any, ids: Tensor, sampling: tuple[float, int, float],
+            last: Tensor | None = None) -> None:
         """Append ids (B, S) to the caches at `position`, sample the next tokens from the last position's
-        logits into `tokens`, and advance `position` by S (all on the device)."""
+        logits (row b's position last[b] where `last` (B,) int32 is given: right-padded prompts) into
+        `tokens`, and advance `position` by S (all on the device)."""
         b, s = ids.shape
         kv_len = ops.add(self.position, s).realize()
         h = model.hidden(ids, caches=self.caches, position=self.position, kv_len=kv_len)
-        if s > 1:
+        if last is not None:  # rows of the flattened (B * S, dim) hidden states: b * S + last[b]
+            rows = ops.add(ops.mul(ops.arange(model.queue, b, dtype=np.int32), s), last).reshape(b, 1)
+            h = ag.embedding(ag.reshape(h, (b * s, h.shape[-1])), rows.realize())
+        elif s > 1:
             h = ag.getitem(h, (slice(None), slice(s - 1, s)))
         logits = model.logits(h).value
         temperature, top_k, top_p = sampling
@@ -83,8 +88,19 @@ def _inference(model: Any) -> Iterator[None]:
             model.train()
 
 
-def _prompt(model: Any, ids: Any) -> tuple[np.ndarray, bool]:
-    """(prompt (B, S) int32, whether it was 1-D) of ids: a list of ints, an array or a Tensor."""
+def _prompt(model: Any, ids: Any) -> tuple[np.ndarray, bool, np.ndarray | None]:
+    """(prompt (B, S) int32, whether it was 1-D, the rows' lengths where they differ) of ids: a list of
+    ints, an array or a Tensor, or a list of prompts of any lengths (right-padded here with their last id)."""
+    lengths = None
+    if isinstance(ids, (list, tuple)) and ids and all(isinstance(r, (list, tuple, np.ndarray)) for r in ids):
+        rows = [np.asarray(r) for r in ids]
+        if any(r.ndim != 1 or r.size == 0 for r in rows):
+            raise ShapeError(f"generate: each prompt of a batch must be a non-empty list of ids, got shapes "
+                             f"{[r.shape for r in rows]}")
+        sizes = [r.size for r in rows]
+        if len(set(sizes)) > 1:
+            lengths = np.asarray(sizes, np.int32)
+            ids = [np.concatenate([r, np.full(max(sizes) - r.size, r[-1], r.dtype)]) for r in rows]
     arr = ids.to_host() if isinstance(ids, Tensor) else np.asarray(ids)
     given = arr.shape
     if arr.dtype.kind not in "iu" and arr.size:
@@ -93,22 +109,22 @@ def _prompt(model: Any, ids: Any) -> tuple[np.ndarray, bool]:
     if single:
         arr = arr.reshape(1, -1)
     if arr.ndim != 2 or arr.shape[1] == 0 or arr.shape[0] == 0:
-        raise ShapeError(f"generate: ids must be a non-empty list of ids or a (batch, positions) array of "
-                         f"equal-length prompts, got shape {given}")
+        raise ShapeError(f"generate: ids must be a non-empty list of ids, a (batch, positions) array or a "
+                         f"list of prompts, got shape {given}")
     vocab = model.config.vocab_size
     if arr.min() < 0 or arr.max() >= vocab:
         raise ShapeError(
             f"generate: token ids must lie in [0, {vocab}), the "
             f"prompt holds ids from {arr.min()} to {arr.max()}"
         )
-    return arr.astype(np.int32), single
+    return arr.astype(np.int32), single, lengths
 
 
 def generate(model: Any, ids: Any, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
              top_p: float | None = None, seed: int | None = None, stop_tokens: Any = (),
              use_graph: bool = True) -> Iterator[Any]:
     """See GPT.generate. Arguments are checked here, before the first token is asked for."""
-    prompt, single = _prompt(model, ids)
+    prompt, single, lengths = _prompt(model, ids)
     if (
         isinstance(max_new_tokens, bool)
         or not isinstance(max_new_tokens, (int, np.integer))
@@ -134,6 +150,7 @@ def generate(model: Any, ids: Any, max_new_tokens: int, temperature: float = 1.0
     return _tokens(
         model,
         prompt,
+        lengths,
         single,
         int(max_new_tokens),
         sampling,
@@ -154,8 +171,8 @@ def _state(model: Any, batch: int, needed: int) -> DecodeState:
     return state
 
 
-def _tokens(model: Any, prompt: np.ndarray, single: bool, max_new_tokens: int, sampling: tuple, seed: int,
-            stops: set[int], use_graph: bool) -> Iterator[Any]:
+def _tokens(model: Any, prompt: np.ndarray, lengths: np.ndarray | None, single: bool, max_new_tokens: int,
+            sampling: tuple, seed: int, stops: set[int], use_graph: bool) -> Iterator[Any]:
     if max_new_tokens == 0:
         return
     batch, length = prompt.shape
@@ -164,7 +181,15 @@ def _tokens(model: Any, prompt: np.ndarray, single: bool, max_new_tokens: int, s
     done = np.zeros(batch, bool)
     with _inference(model):
         state.position.fill_(0)
-        state.run(model, Tensor.from_host(model.queue, prompt), sampling)
+        if lengths is None:
+            state.run(model, Tensor.from_host(model.queue, prompt), sampling)
+        else:
+            # right padding: a row's real tokens attend only to earlier ones (causal), its first new token
+            # comes from its own last position, and its decode steps write from its own length on, over
+            # the padding's keys and values, which kv_len (position + 1 per row) keeps out of every step
+            state.run(model, Tensor.from_host(model.queue, prompt), sampling,
+                      last=Tensor.from_host(model.queue, lengths - 1))
+            state.position.copy_from_host(lengths)
         pending = _read_tokens(state)
     for step in range(max_new_tokens):
         ahead = None

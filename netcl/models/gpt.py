@@ -161,8 +161,9 @@ class GPT(Module):
     def logits(self, hidden: Node) -> Node:
         """The final norm and the language-model head: (..., dim) -> (..., vocab)."""
         h = self.norm(hidden)
-        weight = self.tok_embeddings.weight if self.config.tie_embeddings else self.lm_head.weight
-        return ag.linear(h, weight)
+        if self.config.tie_embeddings:
+            return ag.linear(h, self.tok_embeddings.weight)
+        return self.lm_head(h)
 
     def forward(self, ids: Any, attention_mask: Any = None) -> Node:
         """logits (B, S, vocab) of ids (B, S) (an int32/int64 Tensor or Node, or integers): position s
@@ -194,7 +195,8 @@ class GPT(Module):
                  top_p: float | None = None, seed: int | None = None, stop_tokens: Any = (),
                  use_graph: bool = True) -> Iterator[Any]:
         """Yield new tokens as they come: an int per step for a 1-D prompt (a list of ids), an int32 array
-        (B,) per step for a (B, S) batch of equal-length prompts (rows that already stopped show -1).
+        (B,) per step for a batch: a (B, S) array, or a list of B prompts of any lengths (rows that already
+        stopped show -1).
 
         The prompt is run once (prefill) into per-layer KV caches; each further token is one decode step
         whose attention covers only the tokens so far. With use_graph the decode step is recorded once
@@ -206,6 +208,26 @@ class GPT(Module):
         return generation.generate(self, ids, max_new_tokens, temperature, top_k, top_p, seed, stop_tokens,
                                    use_graph)
 
+    def quantize_int8(self) -> GPT:
+        """Weight-only int8 for inference: every linear layer's weight (the attention and feed-forward
+        projections, an untied lm_head; not the embedding table) as int8 with one float32 scale per output
+        channel, dequantized on the fly (netcl.ops.linear_int8). Returns self."""
+        for module in self.modules():
+            if isinstance(module, Linear):
+                module.quantize_int8()
+        return self.stack_projections()
+
+    def stack_projections(self) -> GPT:
+        """Each block's q, k and v projections (and SwiGLU's gate and up) as one matrix whose row blocks
+        are the parameters (netcl.nn.LinearStack): inference then runs them as one GEMM, one launch instead
+        of three (two) a layer in every decode step. from_pretrained and quantize_int8 do it; training is
+        unchanged (the parameters are views, each updated in place). Returns self."""
+        for block in self.layers:
+            block.attn.stack_projections()
+            if hasattr(block.mlp, "stack_projections"):
+                block.mlp.stack_projections()
+        return self
+
     # -- Hugging Face weights ------------------------------------------------------------------------------
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, queue: Any, **overrides: Any) -> GPT:
@@ -213,12 +235,14 @@ class GPT(Module):
         model.safetensors.index.json) of a LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM or
         GPT2LMHeadModel (a sliding attention window caps max_seq_len at the window). `overrides` change config
         fields that do not change the weights' meaning (max_seq_len, dropout, rope_pairing: "interleaved"
-        permutes the q/k projections to Meta's pairing). Unknown, missing or mis-shaped tensors raise
-        PretrainedError listing all of them."""
+        permutes the q/k projections to Meta's pairing, dtype: the weights' storage, "float32" (default),
+        "bfloat16" or "float16", converted on the host once; half models compute in float32 on half
+        storage). Unknown, missing or mis-shaped tensors raise PretrainedError listing all of them."""
         config, arrays = huggingface.load(path, overrides)
-        model = cls(queue, config)
+        with init.skipped():  # every parameter is loaded next (strict): no random fill of the model's size
+            model = cls(queue, config)
         model.load_state_dict(arrays)
-        return model
+        return model.stack_projections()
 
     def save_pretrained(self, path: str | os.PathLike, max_shard_bytes: int | None = None) -> list[Path]:
         """Write config.json and model.safetensors (sharded with an index above max_shard_bytes) in Hugging

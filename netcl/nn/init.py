@@ -7,7 +7,10 @@ Each takes an optional Generator; without one the default generator is used, so
 
 from __future__ import annotations
 
+import contextlib
 import math
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 from netcl.autograd.engine import Node
@@ -15,6 +18,25 @@ from netcl.core import dtypes
 from netcl.core.tensor import Tensor
 from netcl.errors import DTypeError, ShapeError
 from netcl.ops import random
+
+
+class _Skip(threading.local):
+    depth = 0
+
+
+_skip = _Skip()
+
+
+@contextlib.contextmanager
+def skipped() -> Iterator[None]:
+    """`with init.skipped():` the initialisers that make a new Tensor (uniform, kaiming_uniform, normal,
+    zeros, ones) return uninitialised ones (Tensor.empty) and draw nothing: for a model whose every
+    parameter is loaded right after (GPT.from_pretrained), which then costs no random fill of its size."""
+    _skip.depth += 1
+    try:
+        yield
+    finally:
+        _skip.depth -= 1
 
 
 def fans(shape: tuple[int, ...]) -> tuple[int, int]:
@@ -29,6 +51,8 @@ def uniform(
     q: Any, shape: tuple[int, ...], bound: float, dtype: Any = "float32", generator: Any = None
 ) -> Tensor:
     """U(-bound, bound)."""
+    if _skip.depth:
+        return Tensor.empty(q, shape, dtype)
     return random.rand(q, shape, dtype, low=-bound, high=bound, generator=generator)
 
 
@@ -58,15 +82,17 @@ def normal(
     dtype: Any = "float32",
     generator: Any = None,
 ) -> Tensor:
+    if _skip.depth:
+        return Tensor.empty(q, shape, dtype)
     return random.randn(q, shape, dtype, mean=mean, std=std, generator=generator)
 
 
 def zeros(q: Any, shape: tuple[int, ...], dtype: Any = "float32") -> Tensor:
-    return Tensor.zeros(q, shape, dtype)
+    return Tensor.empty(q, shape, dtype) if _skip.depth else Tensor.zeros(q, shape, dtype)
 
 
 def ones(q: Any, shape: tuple[int, ...], dtype: Any = "float32") -> Tensor:
-    return Tensor.ones(q, shape, dtype)
+    return Tensor.empty(q, shape, dtype) if _skip.depth else Tensor.ones(q, shape, dtype)
 
 
 # -- PyTorch's in-place initialisers (torch.nn.init.*_): fill an existing Parameter, Node or Tensor -------

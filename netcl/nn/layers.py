@@ -11,9 +11,12 @@ from collections.abc import Mapping
 from typing import Any
 
 import netcl.autograd as ag
+from netcl import ops
 from netcl.autograd.engine import Node, Parameter, as_node
 from netcl.core import shapes
 from netcl.core.backend import as_queue
+from netcl.core.tensor import Tensor
+from netcl.errors import ShapeError
 from netcl.nn import init
 from netcl.nn.module import Module
 from netcl.ops import random
@@ -57,13 +60,113 @@ class Linear(Module):
             Parameter(init.uniform(q, (self.out_features,), bound, dtype, generator)) if bias else None
         )
 
-    def forward(self, x: Node, activation: str | None = None) -> Node:
-        return ag.linear(x, self.weight, self.bias, activation=activation)
+        self.weight_scale: Tensor | None = None  # per output channel, once quantize_int8() ran
+
+    def forward(self, x: Node, activation: str | None = None, residual: Node | None = None) -> Node:
+        """activation(x W^T + b), plus `residual` (added in the GEMM's epilogue, after the activation)."""
+        if self.weight_scale is not None:  # weight-only int8: inference only (no gradient reaches W)
+            out = ops.linear_int8(as_node(x).value, self.weight.value, self.weight_scale,
+                                  None if self.bias is None else self.bias.value, activation,
+                                  None if residual is None else as_node(residual).value)
+            return as_node(out)
+        if residual is None:
+            return ag.linear(x, self.weight, self.bias, activation=activation)
+        if activation not in (None, "none"):
+            return ag.linear(x, self.weight, self.bias, activation=activation) + residual
+        return ag.linear_residual(x, self.weight, self.bias, residual)
+
+    def quantize_int8(self) -> None:
+        """Store W as int8 with one float32 scale per output channel (netcl.ops.quantize_int8): a quarter of
+        float32's bytes, half of bfloat16's; forward then dequantizes on the fly. For inference: W is no
+        longer trainable, and the model's state_dict holds the quantized values."""
+        if self.weight_scale is not None:
+            return
+        w = self.weight.value
+        q, scales = ops.quantize_int8(w.to_host())
+        self.weight_scale = Tensor.from_host(w.queue, scales)
+        self.weight.value = Tensor.from_host(w.queue, q)
+        self.weight.requires_grad = False
 
     def extra_repr(self) -> str:
+        int8 = ", int8" if self.weight_scale is not None else ""
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+            f"{int8}"
         )
+
+
+class LinearStack:
+    """Linear layers that read one input (attention's q, k and v; SwiGLU's gate and up), their weights, biases
+    and int8 scales kept as consecutive row blocks of one matrix: each layer's parameters become views of it,
+    so training and state_dict see them as before, and an inference forward (no tape recording) computes
+    all of them in one GEMM, one GEMV a decode step, instead of one each. A layer whose weight was replaced
+    since (a new Tensor) makes the stack stale: `intact()` says so and the caller takes the layers one by
+    one."""
+
+    def __init__(self, layers: list[Linear]):
+        first = layers[0]
+        w0 = first.weight.value
+        int8 = first.weight_scale is not None
+        for layer in layers:
+            w = layer.weight.value
+            if (w.shape[1], w.dtype, layer.bias is None, layer.weight_scale is None) != (
+                    w0.shape[1], w0.dtype, first.bias is None, not int8):
+                raise ShapeError("LinearStack: the layers must share in_features, dtype, bias and int8-ness")
+        self.layers = list(layers)
+        self.rows: list[tuple[int, int]] = []
+        start = 0
+        for layer in layers:
+            self.rows.append((start, start + layer.out_features))
+            start += layer.out_features
+        q = w0.queue
+
+        def stacked(tensors: list[Tensor]) -> tuple[Tensor, list[Tensor]]:
+            whole = Tensor.empty(q, (start, *tensors[0].shape[1:]), tensors[0].dtype)
+            views = []
+            for (a, b), t in zip(self.rows, tensors):
+                view = whole[a:b]
+                view.copy_(t)
+                views.append(view)
+            return whole, views
+
+        self.weight, views = stacked([layer.weight.value for layer in layers])
+        self.bias = self.scale = None
+        for layer, view in zip(layers, views):
+            layer.weight.value = view
+        if first.bias is not None:
+            self.bias, views = stacked([layer.bias.value for layer in layers])
+            for layer, view in zip(layers, views):
+                layer.bias.value = view
+        if int8:
+            self.scale, views = stacked([layer.weight_scale for layer in layers])
+            for layer, view in zip(layers, views):
+                layer.weight_scale = view
+        self._views = [(layer.weight.value, None if layer.bias is None else layer.bias.value,
+                        layer.weight_scale) for layer in layers]
+
+    def intact(self) -> bool:
+        """Whether every layer still holds the views of this stack."""
+        return all(layer.weight.value is w and (layer.bias is None or layer.bias.value is b)
+                   and layer.weight_scale is s for layer, (w, b, s) in zip(self.layers, self._views))
+
+    def product(self, x: Node) -> Tensor:
+        """The layers' outputs side by side, (..., sum of out_features), from one GEMM (no gradient)."""
+        xv = as_node(x).value
+        if self.scale is not None:
+            return ops.linear_int8(xv, self.weight, self.scale, self.bias)
+        return ops.linear(xv, self.weight, self.bias)
+
+    def __call__(self, x: Node) -> list[Node]:
+        """Each layer's output for x (..., in_features): column blocks (views) of one product."""
+        y = self.product(x)
+        return [as_node(y[..., a:b]) for a, b in self.rows]
+
+    def silu_mul(self, x: Node) -> Node:
+        """silu(first layer) * second layer for a stack of two equal layers without biases (SwiGLU's gate
+        and up): one launch a decode step (netcl.ops.linear_glu)."""
+        if len(self.layers) != 2 or self.bias is not None or self.rows[0][1] * 2 != self.rows[1][1]:
+            raise ShapeError("LinearStack.silu_mul: needs two layers of equal width without biases")
+        return as_node(ops.linear_glu(as_node(x).value, self.weight, self.scale))
 
 
 class Conv2d(Module):

@@ -19,7 +19,7 @@ from netcl.core import dtypes, shapes
 from netcl.core.backend import as_queue
 from netcl.core.tensor import Tensor
 from netcl.errors import ShapeError
-from netcl.nn.layers import LayerNorm, Linear, RMSNorm, _probability
+from netcl.nn.layers import LayerNorm, Linear, LinearStack, RMSNorm, _probability
 from netcl.nn.module import Module
 from netcl.ops import random
 from netcl.ops.rope import ROPE_PAIRINGS
@@ -74,8 +74,18 @@ class SwiGLU(Module):
         self.w3 = Linear(q, dim, hidden_dim, bias=bias, dtype=dtype, generator=generator)
         self.w2 = Linear(q, hidden_dim, dim, bias=bias, dtype=dtype, generator=generator)
 
+        self._gate_up: LinearStack | None = None
+
+    def stack_projections(self) -> None:
+        """w1 and w3 as one matrix (LinearStack): an inference forward makes them one GEMM."""
+        self._gate_up = LinearStack([self.w1, self.w3])
+
     def forward(self, x: Node, residual: Node | None = None) -> Node:
-        h = ag.silu_mul(self.w1(x), self.w3(x))
+        stack = self._gate_up
+        if stack is not None and not ag.is_recording() and stack.intact() and stack.bias is None:
+            h = stack.silu_mul(x)  # gate and up in one GEMM (one launch with silu * up a decode step)
+        else:
+            h = ag.silu_mul(self.w1(x), self.w3(x))
         return _project(h, self.w2, residual)
 
 
@@ -95,7 +105,7 @@ class GELUMLP(Module):
         self.proj = Linear(q, hidden_dim, dim, bias=bias, dtype=dtype, generator=generator)
 
     def forward(self, x: Node, residual: Node | None = None) -> Node:
-        h = ag.linear(x, self.fc.weight, self.fc.bias, activation=self.activation)
+        h = self.fc(x, activation=self.activation)
         return _project(h, self.proj, residual)
 
     def extra_repr(self) -> str:
@@ -103,9 +113,7 @@ class GELUMLP(Module):
 
 
 def _project(h: Node, layer: Linear, residual: Node | None) -> Node:
-    if residual is None:
-        return layer(h)
-    return ag.linear_residual(h, layer.weight, layer.bias, residual)
+    return layer(h, residual=residual)
 
 
 class KVCache:
@@ -198,6 +206,11 @@ class MultiHeadAttention(Module):
         self.v_proj = Linear(q, self.dim, hkv, bias=bias, dtype=dtype, generator=generator)
         self.o_proj = Linear(q, hq, self.dim, bias=bias if out_bias is None else out_bias, dtype=dtype,
                              generator=generator)
+        self._qkv: LinearStack | None = None
+
+    def stack_projections(self) -> None:
+        """q, k and v as one matrix (LinearStack): an inference forward makes them one GEMM."""
+        self._qkv = LinearStack([self.q_proj, self.k_proj, self.v_proj])
 
     def _heads(self, t: Node, b: int, s: int, heads: int) -> Node:
         return ag.permute(ag.reshape(t, (b, s, heads, self.head_dim)), (0, 2, 1, 3))
@@ -213,14 +226,7 @@ class MultiHeadAttention(Module):
         if x.ndim != 3 or x.shape[2] != self.dim:
             raise ShapeError(f"MultiHeadAttention: x must be (batch, positions, {self.dim}), got {x.shape}")
         b, s, _ = x.shape
-        qh = self._heads(self.q_proj(x), b, s, self.n_heads)
-        kh = self._heads(self.k_proj(x), b, s, self.n_kv_heads)
-        vh = self._heads(self.v_proj(x), b, s, self.n_kv_heads)
-        if cache is None:
-            if self.rope is not None:
-                qh, kh = self.rope(qh, position), self.rope(kh, position)
-            keys, values, lengths = kh, vh, None
-        else:
+        if cache is not None:
             if not isinstance(cache, KVCache) or cache.shape != (
                 b,
                 self.n_kv_heads,
@@ -236,14 +242,34 @@ class MultiHeadAttention(Module):
                     "MultiHeadAttention: a cache needs position= (an int32 device Tensor holding "
                     "how many tokens the cache already holds)"
                 )
-            if self.rope is not None:
-                qh = self.rope(qh, position)
-                self.rope.rotate_into(kh.value, cache.k, position)
-            else:
-                ops.cache_write(cache.k, kh.value, position)
-            ops.cache_write(cache.v, vh.value, position)
+        stack = self._qkv
+        stacked = stack is not None and not ag.is_recording() and stack.intact()
+        if stacked and cache is not None and self.rope is not None:
+            # one GEMM for q, k and v, one launch to rotate q, and k and v into the cache
+            heads = self.n_heads + 2 * self.n_kv_heads
+            y = stack.product(x).reshape(b, s, heads, self.head_dim).permute(0, 2, 1, 3)
+            qh = as_node(ops.rope_qkv_cache(y, self.n_heads, self.rope.cos, self.rope.sin, cache.k, cache.v,
+                                            position, self.rope.pairing))
             keys, values = cache.k, cache.v
             lengths = kv_len if kv_len is not None else ops.add(position, s)
+        else:
+            q, k, v = stack(x) if stacked else (self.q_proj(x), self.k_proj(x), self.v_proj(x))
+            qh = self._heads(q, b, s, self.n_heads)
+            kh = self._heads(k, b, s, self.n_kv_heads)
+            vh = self._heads(v, b, s, self.n_kv_heads)
+            if cache is None:
+                if self.rope is not None:
+                    qh, kh = self.rope(qh, position), self.rope(kh, position)
+                keys, values, lengths = kh, vh, None
+            else:
+                if self.rope is not None:
+                    qh = self.rope(qh, position)
+                    self.rope.rotate_into(kh.value, cache.k, position)
+                else:
+                    ops.cache_write(cache.k, kh.value, position)
+                ops.cache_write(cache.v, vh.value, position)
+                keys, values = cache.k, cache.v
+                lengths = kv_len if kv_len is not None else ops.add(position, s)
         p = self.dropout if self.training else 0.0
         gen = self.generator if self.generator is not None else random.default_generator
         o = ag.flash_attention(qh, keys, values, causal=self.causal, mask=mask, dropout_p=p, generator=gen,

@@ -11,7 +11,15 @@ from netcl.ops.conv import *  # noqa: F403
 from netcl.ops.determinism import *  # noqa: F403
 from netcl.ops.elementwise import *  # noqa: F403
 from netcl.ops.fused import *  # noqa: F403
-from netcl.ops.gemm import linear, matmul, matmul_epilogue  # (the package stays netcl.ops.gemm: no star)
+from netcl.ops.gemm import (  # (the package stays netcl.ops.gemm: no star)
+    dequantize_int8,
+    linear,
+    linear_glu,
+    linear_int8,
+    matmul,
+    matmul_epilogue,
+    quantize_int8,
+)
 from netcl.ops.kmeans import *  # noqa: F403
 from netcl.ops.kvcache import *  # noqa: F403
 from netcl.ops.movement import *  # noqa: F403

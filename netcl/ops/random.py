@@ -110,7 +110,8 @@ def _launch(q: Any, shape: Any, dtype: Any, kind: str, gen: Generator,
 
 def rand(q: Any, shape: Any, dtype: Any = np.float32, low: float = 0.0, high: float = 1.0,
          seed: int | None = None, generator: Generator | None = None) -> Tensor:
-    """Uniform numbers in [low, high) (24 random bits for float32, 53 for float64, 11 for float16)."""
+    """Uniform numbers in [low, high) (24 random bits for float32, 53 for float64, 11 for float16, 8 for
+    bfloat16)."""
     dt = dtypes.normalize(dtype)
     if not dtypes.is_floating(dt):
         raise DTypeError(f"rand makes floating-point numbers, not {dt}; use randint for integers")

@@ -20,7 +20,7 @@ from netcl.core.backend import as_queue, device_check
 from netcl.core.tensor import Tensor, check_same_queue
 from netcl.errors import DTypeError, ShapeError
 
-__all__ = ["rope", "rope_inv_freq", "rope_scaling", "rope_tables"]
+__all__ = ["rope", "rope_inv_freq", "rope_qkv_cache", "rope_scaling", "rope_tables"]
 
 ROPE_PAIRINGS = {"half": "ROPE_HALF", "interleaved": "ROPE_INTERLEAVED"}
 # frequency scalings (Hugging Face's rope_type names) and the keys each needs: static rescalings of the
@@ -256,3 +256,50 @@ def rope(x: Tensor, cos: Tensor, sin: Tensor, offset: Tensor | None = None, pair
         err_code=_POSITION_CHECK,
     )
     return out
+
+
+def rope_qkv_cache(x: Tensor, q_heads: int, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor,
+                   offset: Tensor, pairing: str = "half") -> Tensor:
+    """A decode step's attention inputs in one launch: x (B, q_heads + 2 kv_heads, S, D) (any strides: the
+    heads of one stacked q/k/v projection) gives q rotated at positions s + offset (returned, (B, q_heads,
+    S, D)), k rotated into k_cache and v copied into v_cache (B, kv_heads, capacity, D) at those positions
+    (what rope(q), rope(k, out=k_cache, out_at_offset=True) and cache_write(v_cache, v) do in three)."""
+    if pairing not in ROPE_PAIRINGS:
+        raise ValueError(f"rope_qkv_cache: pairing must be one of {sorted(ROPE_PAIRINGS)}, got {pairing!r}")
+    for name, t in (("x", x), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if not isinstance(t, Tensor) or t.ndim != 4:
+            raise ShapeError(f"rope_qkv_cache: {name} must be a 4-D Tensor, got "
+                             f"{getattr(t, 'shape', type(t).__name__)}")
+    b, heads, s, d = x.shape
+    kv = (heads - q_heads) // 2
+    if q_heads < 1 or kv < 1 or q_heads + 2 * kv != heads or d % 2:
+        raise ShapeError(f"rope_qkv_cache: x of shape {x.shape} is not q_heads={q_heads} plus two equal "
+                         "groups of kv heads of an even head_dim")
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.shape[:2] != (b, kv) or t.shape[3] != d or t.dtype != x.dtype:
+            raise ShapeError(f"rope_qkv_cache: {name} must be {x.dtype} ({b}, {kv}, capacity, {d}), got "
+                             f"{t.dtype} {t.shape}")
+    table_dt = _table_dtype(x.dtype)
+    tables = (cos, sin)
+    if not all(isinstance(t, Tensor) and t.shape[1:] == (d // 2,) and t.dtype == table_dt for t in tables):
+        raise ShapeError(f"rope_qkv_cache: cos and sin must be {table_dt} tables (max_len, {d // 2})")
+    queue = check_same_queue(x, cos, sin, k_cache, v_cache)
+    position = offset_args("rope_qkv_cache", offset, b, queue)
+    q = Tensor.empty(queue, (b, q_heads, s, d), x.dtype)
+    if x.size == 0:
+        return q
+    limit = min(cos.shape[0], k_cache.shape[2], v_cache.shape[2])
+    prg = kernels.program(queue.device, "rope.cl", dtype=x.dtype, PAIRING=ROPE_PAIRINGS[pairing])
+    rows = b * heads * s
+    prg.rope_qkv_cache(
+        queue, (d // 2, rows), None,
+        x=x.buffer, x_off=np.int64(x.offset), x_strides=strides4(x),
+        q_out=q.buffer, q_off=np.int64(q.offset), q_strides=strides4(q),
+        k_cache=k_cache.buffer, k_off=np.int64(k_cache.offset), k_strides=strides4(k_cache),
+        v_cache=v_cache.buffer, v_off=np.int64(v_cache.offset), v_strides=strides4(v_cache),
+        cos_table=cos.contiguous().buffer, sin_table=sin.contiguous().buffer, **position,
+        q_heads=np.int32(q_heads), kv_heads=np.int32(kv), seq=np.int32(s), rows=np.int64(rows),
+        half_dim=np.int32(d // 2), max_len=np.int32(limit), err=queue.check_buffer(),
+        err_code=_POSITION_CHECK,
+    )
+    return q

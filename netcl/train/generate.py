@@ -15,6 +15,7 @@ from netcl.io import load_checkpoint
 from netcl.io.checkpoint import read_checkpoint
 from netcl.io.huggingface import WEIGHTS
 from netcl.models import GPT
+from netcl.models.config import DTYPES
 from netcl.text import BPETokenizer, ChatFormat
 from netcl.train import flags
 from netcl.train.corpus import END_OF_TEXT
@@ -33,6 +34,11 @@ def _add_sampling(p: argparse.ArgumentParser, max_new: int) -> None:
     p.add_argument("--top-p", type=flags.number(0.0, 1.0, low_open=True), default=None,
                    help="sample among the most likely tokens whose probabilities sum to p (0 < p <= 1)")
     p.add_argument("--seed", type=flags.int_at_least(0), default=0, help="sampling seed (default 0)")
+    p.add_argument("--dtype", choices=DTYPES, default="float32",
+                   help="the weights' storage on the device (default float32; bfloat16 and float16 hold a "
+                        "Hugging Face checkpoint at half the bytes, computed in float32)")
+    p.add_argument("--int8", action="store_true",
+                   help="weight-only int8 linear layers (a scale per output channel), dequantized on the fly")
 
 
 def register(subparsers: Any) -> None:
@@ -78,10 +84,12 @@ def stream_tokens(model: GPT, tokenizer: BPETokenizer, ids: list[int], max_new_t
         yield tail
 
 
-def load_model_dir(directory: str, device: str, flag: str = "--checkpoint") -> tuple[GPT, BPETokenizer]:
+def load_model_dir(directory: str, device: str, flag: str = "--checkpoint", dtype: str = "float32",
+                   int8: bool = False) -> tuple[GPT, BPETokenizer]:
     """The GPT and tokenizer of a run or model directory (config.json, model.safetensors, tokenizer.json), or
     of a .safetensors file in one: its weights (model.safetensors, a shard) or lm-train's
-    checkpoint.safetensors, whose own weights are then loaded. Errors name the command-line `flag`."""
+    checkpoint.safetensors, whose own weights are then loaded; weights stored in `dtype` (the linear layers'
+    as int8 with `int8`). Errors name the command-line `flag`."""
     path = Path(directory)
     checkpoint = None
     if path.is_file():
@@ -100,10 +108,15 @@ def load_model_dir(directory: str, device: str, flag: str = "--checkpoint") -> t
     if checkpoint is not None and read_checkpoint(checkpoint)[1].get("extra", {}).get("kind") != "lm":
         raise NetclError(f"{flag} {checkpoint} is not a checkpoint of netcl lm-train; give the directory "
                          f"{path} for its model.safetensors")
+    if checkpoint is not None and dtype != "float32":
+        raise NetclError(f"--dtype {dtype} is for model directories; {checkpoint} is a float32 training "
+                         f"checkpoint (give the directory {path}, or --dtype float32)")
     tokenizer = BPETokenizer.from_hf(path / TOKENIZER_FILE)
-    model = GPT.from_pretrained(path, open_device(device).queue)
+    model = GPT.from_pretrained(path, open_device(device).queue, dtype=dtype)
     if checkpoint is not None:
         load_checkpoint(checkpoint, model, restore_rng=False)
+    if int8:
+        model.quantize_int8()
     model.eval()
     return model, tokenizer
 
@@ -113,7 +126,7 @@ def _context(model: GPT) -> int:
 
 
 def run_generate(args: argparse.Namespace) -> int:
-    model, tokenizer = load_model_dir(args.checkpoint, args.device)
+    model, tokenizer = load_model_dir(args.checkpoint, args.device, dtype=args.dtype, int8=args.int8)
     eot = tokenizer.special_tokens.get(END_OF_TEXT)
     # the prompt is the model's raw input: special-token text in it (<|endoftext|>, a hand-written
     # <|im_start|>) is the control token, as the model saw it in training, not an error
@@ -181,7 +194,7 @@ def fit_dialog(chat: ChatFormat, messages: list[dict[str, str]], budget: int) ->
 
 
 def run_chat(args: argparse.Namespace) -> int:
-    model, tokenizer = load_model_dir(args.checkpoint, args.device)
+    model, tokenizer = load_model_dir(args.checkpoint, args.device, dtype=args.dtype, int8=args.int8)
     try:
         chat = ChatFormat(tokenizer, args.template)
     except ValueError as exc:

@@ -20,6 +20,11 @@ def test_size_classes_waste_at_most_a_quarter():
         assert c >= max(n, 256)
         assert c <= max(256, n * 1.25 + 256)
     assert size_class(5000) == size_class(5100)
+    # large blocks (a model's weights): 32 classes per power of two, at most 1/32 wasted
+    for n in [16 << 20, (16 << 20) + 1, 23_068_672, 46_137_344, 131_072_000, 987_654_321]:
+        c = size_class(n)
+        assert n <= c <= n * (1 + 1 / 32)
+    assert size_class(23_068_672) == 23_068_672  # TinyLlama's down projection in bfloat16: exact
 
 
 def test_freed_tensors_return_to_pool_and_are_reused(device, queue):

@@ -130,6 +130,22 @@ def test_stop_tokens_and_batches(queue):
     assert list(model.generate([5, 6], 0)) == []
 
 
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+@pytest.mark.parametrize("use_graph", [True, False])
+def test_ragged_prompts_decode_as_each_prompt_alone(queue, kind, use_graph):
+    """Prompts of different lengths in one batch (right-padded, per-row positions and key counts): each
+    row's greedy tokens are the tokens of its prompt generated alone."""
+    model = make(queue, kind)
+    rng = np.random.default_rng(5)
+    prompts = [rng.integers(0, model.config.vocab_size, n).tolist() for n in (3, 9, 1, 6)]
+    rows = np.array(list(model.generate(prompts, 8, temperature=0, use_graph=use_graph)))
+    assert rows.shape == (8, 4)
+    for r, prompt in enumerate(prompts):
+        assert rows[:, r].tolist() == list(model.generate(prompt, 8, temperature=0)), r
+    with pytest.raises(ShapeError, match="each prompt of a batch must be a non-empty list"):
+        model.generate([[1, 2], []], 4)
+
+
 def test_a_generator_left_early_leaves_the_next_call_right(queue):
     """The step after the last token read is already enqueued when a caller stops iterating."""
     model = make(queue, "gpt2")

@@ -56,6 +56,20 @@ def test_rand_float64_and_randint_are_bit_exact(queue):
     np.testing.assert_array_equal(got_int, want_int)
 
 
+def test_bfloat16_rand_and_randn_follow_the_float32_streams(queue):
+    import ml_dtypes
+
+    n, seed = 1001, 21
+    words = philox_reference(np.arange((n + 3) // 4, dtype=np.uint64), seed).reshape(-1)[:n]
+    got = random.rand(queue, (n,), ml_dtypes.bfloat16, low=-2.0, high=2.0, seed=seed).to_host()
+    want = (-2.0 + 4.0 * (words >> np.uint64(24)).astype(np.float32) * np.float32(2.0**-8))
+    np.testing.assert_array_equal(got, want.astype(ml_dtypes.bfloat16))
+    assert got.astype(np.float32).max() < 2.0
+    normal = random.randn(queue, (n,), ml_dtypes.bfloat16, std=0.5, seed=seed).to_host()
+    wide = random.randn(queue, (n,), np.float32, std=0.5, seed=seed).to_host()
+    np.testing.assert_array_equal(normal, wide.astype(ml_dtypes.bfloat16))
+
+
 def test_randn_matches_box_muller_reference(queue):
     n, seed = 1000, 7
     got = random.randn(queue, (n,), np.float64, seed=seed).to_host()

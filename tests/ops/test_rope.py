@@ -154,3 +154,28 @@ def test_cache_write_errors(queue):
     )
     with pytest.raises(ShapeError, match=r"position 4 .* capacity"):
         cache.to_host()
+
+
+@pytest.mark.parametrize("pairing", ["half", "interleaved"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_rope_qkv_cache_equals_the_three_ops(queue, rng, pairing, dtype):
+    """One launch: q rotated out, k rotated into its cache, v copied into its cache, per-row offsets, from
+    the heads of one stacked projection (B, S, Hq + 2 Hkv, D) read transposed in place."""
+    b, s, hq, hkv, d, cap = 3, 2, 4, 2, 8, 9
+    dt = np.dtype(dtype)
+    cos, sin = ops.rope_tables(queue, 16, d, 100.0, dt)
+    stacked = Tensor.from_host(queue, rng.standard_normal((b, s, hq + 2 * hkv, d)).astype(dt))
+    heads = stacked.permute(0, 2, 1, 3)
+    offset = Tensor.from_host(queue, np.array([0, 3, 7], np.int32))
+    k1, v1, k2, v2 = (Tensor.zeros(queue, (b, hkv, cap, d), dt) for _ in range(4))
+    q1 = ops.rope_qkv_cache(heads, hq, cos, sin, k1, v1, offset, pairing)
+    q2 = ops.rope(heads[:, :hq], cos, sin, offset, pairing)
+    ops.rope(heads[:, hq:hq + hkv], cos, sin, offset, pairing, out=k2, out_at_offset=True)
+    ops.cache_write(v2, heads[:, hq + hkv:], offset)
+    for got, want in ((q1, q2), (k1, k2), (v1, v2)):
+        np.testing.assert_array_equal(got.to_host(), want.to_host())
+    assert np.abs(k1.to_host().astype(np.float32)).sum() > 0  # the cache rows were written
+    with pytest.raises(ShapeError, match="not q_heads=3 plus two equal groups"):
+        ops.rope_qkv_cache(heads, 3, cos, sin, k1, v1, offset, pairing)
+    with pytest.raises(ShapeError, match=r"k_cache must be"):
+        ops.rope_qkv_cache(heads, hq, cos, sin, Tensor.zeros(queue, (b, 1, cap, d), dt), v1, offset, pairing)

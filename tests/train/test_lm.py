@@ -247,6 +247,25 @@ def test_generate_streams_the_models_greedy_continuation(trained, capsys):
     )
 
 
+@pytest.mark.parametrize("flags", [("--dtype", "bfloat16"), ("--dtype", "float16", "--int8")])
+def test_generate_with_half_and_int8_weights(trained, capsys, flags):
+    """--dtype / --int8 load the run's weights that way: the text is that model's greedy continuation."""
+    out, _ = trained
+    text = _generated(trained, capsys, "--prompt", "def alpha", "--max-new-tokens", "5", "--temperature", "0",
+                      *flags)
+    model, tok = load_model_dir(str(out), "auto", dtype=flags[1], int8="--int8" in flags)
+    assert {p.value.dtype.name for p in model.parameters()} == (
+        {"float16", "uint8"} if "--int8" in flags else {flags[1]})
+    expected = []
+    for t in model.generate(tok.encode("def alpha"), 5, temperature=0.0):
+        if int(t) == tok.special_id("<|endoftext|>"):
+            break
+        expected.append(int(t))
+    assert text == "def alpha" + tok.decode(expected) + "\n"
+    assert main(["generate", "--checkpoint", str(out / "checkpoint.safetensors"), "--dtype", "bfloat16"]) == 1
+    assert "--dtype bfloat16 is for model directories" in capsys.readouterr().err
+
+
 def test_generate_takes_the_checkpoint_file_too(trained, tmp_path, capsys):
     """--checkpoint RUN/checkpoint.safetensors (was "no such directory"): the checkpoint's own weights, with
     the config and tokenizer beside it; RUN/model.safetensors means the directory's weights."""

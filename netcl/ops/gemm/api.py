@@ -27,7 +27,17 @@ from netcl.ops import elementwise
 from netcl.ops.gemm import splitk
 from netcl.ops.gemm.launch import launch
 from netcl.ops.gemm.problem import _finish, _k_contiguous, _prepare, _Problem
-from netcl.ops.gemm.variants import VARIANTS, choose_variant, usable_params, uses_matrix_units
+from netcl.ops.gemm.variants import (
+    VARIANTS,
+    choose_variant,
+    gemv_usable,
+    usable_params,
+    uses_matrix_units,
+)
+
+# rows of x up to which a half x @ W^T takes the gemv kernel (a decode step of up to 8 sequences): W is read
+# once for all rows; beyond it the FLOPs per byte of W favour the tiled and matrix-unit kernels
+GEMV_MAX_ROWS = 8
 
 
 def gemm(
@@ -47,11 +57,11 @@ def gemm(
     (tests, tuning, benchmarks); None means netcl's own choice. bias_rows=True takes a bias of shape
     (M,), one value per output row (a convolution's bias in y = W @ cols), shared by every batch."""
     bias_rows = bias_rows and bias is not None
-    if isinstance(a, Tensor) and a.dtype == dtypes.bfloat16 and variant != "mma" and not (
-            variant is None and uses_matrix_units(a.device, a.dtype)):
+    if isinstance(a, Tensor) and a.dtype == dtypes.bfloat16 and variant not in ("mma", "gemv") and not (
+            variant is None and (uses_matrix_units(a.device, a.dtype) or gemv_fits(a, b))):
         if variant is not None:
-            raise DTypeError(f"gemm: bfloat16 runs on matrix units (variant 'mma') or through float32 "
-                             f"(variant None), not on the {variant!r} kernel")
+            raise DTypeError(f"gemm: bfloat16 runs on matrix units (variant 'mma'), the decode GEMV ('gemv') "
+                             f"or through float32 (variant None), not on the {variant!r} kernel")
         return _through_float32(a, b, bias, activation, residual, alpha, bias_rows)
     fast = variant is None and params is None and splits is None
     if fast:
@@ -110,8 +120,32 @@ def _through_float32(
     return elementwise.cast(y, dtypes.bfloat16)
 
 
+def gemv_fits(a: Any, b: Any) -> bool:
+    """Whether (..., M, K) @ (K, N) is a decode step's x @ W^T that the gemv kernel takes: half storage, at
+    most GEMV_MAX_ROWS rows of a (its batch folded in), both operands contiguous along K, and K, the row
+    strides and the offsets multiples of 8 (16-byte vectors)."""
+    if not (isinstance(a, Tensor) and isinstance(b, Tensor)) or a.ndim < 2 or b.ndim != 2:
+        return False
+    if a.dtype != b.dtype or not dtypes.is_half(a.dtype) or a.shape[-1] != b.shape[0]:
+        return False
+    rows = math.prod(a.shape[:-1])
+    if not 0 < rows <= GEMV_MAX_ROWS or b.shape[1] == 0 or a.strides[-1] != 1 or b.strides[0] != 1:
+        return False
+    # a's rows must fold into one (rows, K) matrix of row stride `lead`
+    lead = a.strides[-2] if a.shape[-2] > 1 else a.shape[-1]
+    step = lead
+    for i in range(a.ndim - 3, -1, -1):
+        step *= a.shape[i + 1]
+        if a.shape[i] > 1 and a.strides[i] != step:
+            return False
+    return all(v % 8 == 0 for v in (b.shape[0], lead, b.strides[1], a.offset, b.offset)) and gemv_usable(
+        a.device, a.dtype)
+
+
 def _auto_variant(p: _Problem) -> str:
     """The one place netcl picks a kernel for a problem (the fast path records its choice)."""
+    if not p.batch and gemv_fits(p.a, p.b):
+        return "gemv"
     if p.out.dtype == dtypes.bfloat16:
         return "mma"  # reached only on matrix units (gemm() takes bfloat16 through float32 elsewhere)
     variant = choose_variant(p.out.device, p.m, p.n, p.k)

@@ -30,11 +30,14 @@ def _all_inner(m: int, n: int, k: int, tile: dict[str, int]) -> bool:
 
 def launch(
     p: _Problem, variant: str, params: dict[str, int] | None = None, splits: int | None = None,
-    rowsum: Tensor | None = None, mask_residual: bool = False,
+    rowsum: Tensor | None = None, mask_residual: bool = False, scales: Tensor | None = None,
+    glu: bool = False,
 ) -> Tensor | None:
     """Enqueue `p` on `variant` (tile `params` over the tuned ones; `splits` K slices, tiled and mma only,
     None: netcl's choice). `rowsum` (cpu only) also receives the row sums of A; `mask_residual` (cpu only)
-    makes the residual a mask (out = where(mask > 0, a @ b, 0)). Each launch names its slots (a, b, out, bias,
+    makes the residual a mask (out = where(mask > 0, a @ b, 0)); `scales` (gemv only: b is int8) are the
+    float32 per-column scales of b; `glu` (gemv only) makes out silu(a @ b[:, :n]) * (a @ b[:, n:]) for a b of
+    2n columns. Each launch names its slots (a, b, out, bias,
     res; split-K also work) for a recording (netcl.core.capture). Returns split-K's workspace, else None."""
     device = p.out.device
     queue = p.out.queue
@@ -147,7 +150,16 @@ def launch(
     dyn_local = defines.get("DYN_LOCAL") and defines.get("WGMMA", 0) is not None  # mma.sync's knob only
     more = {"tiles": cl.LocalMemory(_mma_local_bytes(defines, dt))} if dyn_local else {}
 
-    if variant == "dot":
+    if variant == "gemv":
+        defines["GEMV_M"] = p.m
+        if scales is not None:
+            defines["W_INT8"] = None
+        if glu:
+            defines["GLU"] = None
+        rows = tile["GEMV_ROWS"]
+        gsize, lsize = (tile["GEMV_WG"], -(-p.n // rows) * rows, 1), (tile["GEMV_WG"], rows, 1)
+        more = {"scales": (scales if scales is not None else out).buffer}
+    elif variant == "dot":
         gsize, lsize = (p.n * tile["DOT_WG"], p.m, nbatch), (tile["DOT_WG"], 1, 1)
     elif variant == "direct":
         lx = min(64, 1 << max(0, (p.n - 1).bit_length()))

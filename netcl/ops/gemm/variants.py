@@ -1,15 +1,17 @@
 """GEMM kernel variants, their tile parameters per device class, and which ones a device can use.
 
-Four kernels (gemm_*.cl): "direct" (one work-item per output element, any strides: small and skinny
-shapes), "dot" (a work-group per output element along K: thin GPU problems), "cpu" (register-blocked wide
-vectors, no barriers: CPU devices) and "tiled" (local-memory tiles: GPUs). Their parameters come from the
-per-device tuning database when `netcl tune` has measured them, else from the defaults of the device's
-class below; `usable_params` walks a variant's fallback chain when a device's compiler rejects (or, for
-risky variants, miscompiles) a configuration (netcl.core.variants).
+Five kernels (gemm_*.cl): "direct" (one work-item per output element, any strides: small and skinny
+shapes), "dot" (a work-group per output element along K: thin GPU problems), "gemv" (a decode step's
+x @ W^T on half (or int8) weights: a few rows of x, each weight element read once, 16 bytes at a time),
+"cpu" (register-blocked wide vectors, no barriers: CPU devices) and "tiled" (local-memory tiles: GPUs).
+Their parameters come from the per-device tuning database when `netcl tune` has measured them, else from the
+defaults of the device's class below; `usable_params` walks a variant's fallback chain when a device's
+compiler rejects (or, for risky variants, miscompiles) a configuration (netcl.core.variants).
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
@@ -23,10 +25,11 @@ from netcl.errors import KernelBuildError
 from netcl.kernels import tuning
 
 ACTIVATIONS = kernels.ACTIVATIONS  # the epilogue activations, by name
-VARIANTS = ("direct", "dot", "cpu", "tiled", "mma")
+VARIANTS = ("direct", "dot", "gemv", "cpu", "tiled", "mma")
 _KERNEL_FILES = {
     "direct": "gemm_direct.cl",
     "dot": "gemm_direct.cl",
+    "gemv": "gemm_gemv.cl",
     "cpu": "gemm_cpu.cl",
     "tiled": "gemm_tiled.cl",
     "mma": "gemm_mma.cl",
@@ -38,6 +41,8 @@ _KERNEL_FILES = {
 DEFAULTS: dict[str, dict[str, dict[str, int]]] = {
     "direct": {"any": {"UNROLL": 4}},
     "dot": {"any": {"DOT_WG": 64}},
+    # GPUs: 64 work-items along K per weight row (two warps of 16-byte loads), 4 rows per work-group
+    "gemv": {"any": {"GEMV_WG": 64, "GEMV_ROWS": 4}},
     "cpu": {
         # MB=128, NB=64: 128 divides the batch-sized M of training GEMMs (256: no ragged row block) and
         # a transposed B (linear's weight) is packed by half as many work-groups as with MB=64;
@@ -179,6 +184,8 @@ DEFAULTS: dict[str, dict[str, dict[str, int]]] = {
 # tune` finds their own): no warp-shaped id remap (WX assumes 32-wide warps), and 64 x 64 blocks, which
 # need fewer registers and less local memory than the H200's 128 x 128.
 CLASS_DEFAULTS: dict[str, dict[str, dict[str, dict[str, int]]]] = {
+    # CPUs: one work-item per weight row (no barriers), PoCL's work-group of 8 rows
+    "cpu": {"gemv": {name: {"GEMV_WG": 1, "GEMV_ROWS": 8} for name in ("float16", "bfloat16", "float32")}},
     "gpu": {"tiled": {"float32": {"BM": 64, "BN": 64, "BK": 16, "WX": 0, "BKE": 0},
                       "float16": {"BM": 64, "BN": 64, "WX": 0}}},
 }
@@ -380,6 +387,30 @@ NV_VERBOSE = False
 _nv_logged: set[tuple] = set()
 
 
+_gemv_ok: dict[tuple[int, str], bool] = {}
+
+
+def gemv_usable(device: Any, dtype: Any) -> bool:
+    """Whether the gemv kernel builds on `device` for activations of `dtype` (its plain, int8 and GLU forms,
+    tried once per device and dtype). A build failure is warned once; decode steps then take the other
+    GEMM kernels (int8 weights dequantized first) instead of failing."""
+    dt = np.dtype(dtype)
+    key = (id(device), dt.name)
+    ok = _gemv_ok.get(key)
+    if ok is None:
+        base = {"DTYPE": dt, "ACT": None, "GEMV_M": 1, **default_params("gemv", dt, device)}
+        try:
+            for extra in ({}, {"W_INT8": None}, {"W_INT8": None, "GLU": None}):
+                _program(device, "gemv", {**base, **extra})
+            ok = True
+        except KernelBuildError as exc:
+            warnings.warn(f"gemm_gemv.cl does not build on {device.describe()} for {dt.name}: {exc}; decode "
+                          "steps take the other GEMM kernels", RuntimeWarning, stacklevel=2)
+            ok = False
+        _gemv_ok[key] = ok
+    return ok
+
+
 def _program(device: Any, variant: str, defines: dict[str, Any]):
     """A GEMM kernel file (it includes gemm_common.cl) through netcl.kernels. Four knobs are not plain
     defines: DTYPE (the storage dtype: kernels.dtype_defines), ACT (the epilogue activation's name),
@@ -542,7 +573,7 @@ def usable_params(device: Any, variant: str, dtype: Any, params: dict[str, int] 
     dt = np.dtype(dtype)
     requested = ({**default_params(variant, dt, device), **params} if params is not None
                  else {**tuned_params(device, variant, dt), **shape_params(device, variant, dt, shape_class)})
-    if variant in ("direct", "dot"):
+    if variant in ("direct", "dot", "gemv"):
         return requested
     key = (id(device), variant, dt, tuple(sorted(requested.items())), params is None)
     if key in _usable:

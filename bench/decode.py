@@ -1,0 +1,428 @@
+"""Decoding a 1B Llama at the memory-bandwidth limit: netcl's generate (prefill, then a recorded decode step
+per token over the KV cache) beside PyTorch eager and PyTorch with its decode step captured in a CUDA graph,
+at batch 1, 8 and 32, plus a long prompt's prefill, on the same Hugging Face directory in one run.
+
+    python bench/decode.py --gpu                       # TinyLlama-1.1B's shape, random bfloat16 weights
+    python bench/decode.py --gpu --model /data/TinyLlama-1.1B --dtype float16
+    python bench/decode.py --shape tiny --batches 1,2 --gen-tokens 8 --prefill-tokens 32   # CPU smoke test
+
+Without --model the weights are random (bench/random_llama.py writes them once to --cache-dir). A decode
+step reads every weight but the embedding table (the lm_head, or the tied table as the lm_head): weight
+GB/s = those bytes x steps/s, against the device's copy bandwidth measured in the same run (2 x bytes / time,
+read + write, as bench/elementwise.py). Tokens/s counts every row of the batch, after the first token.
+Memory: the BufferPool's peak while netcl generates at batch 1, beside the weights and the KV cache.
+PyTorch peer: the same computation written out (static KV cache, positions in a device tensor, so one decode
+step is one CUDA graph), weights loaded from the same safetensors; greedy tokens of both are compared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from random_llama import SHAPES, write_random_llama  # noqa: E402
+
+from netcl.core.backend import enqueue_copy  # noqa: E402
+from netcl.core.device import manager  # noqa: E402
+from netcl.core.tensor import Tensor  # noqa: E402
+from netcl.errors import NetclError  # noqa: E402
+from netcl.io import huggingface as hf_io  # noqa: E402
+from netcl.models import GPT  # noqa: E402
+from netcl.ops.rope import rope_inv_freq  # noqa: E402
+
+try:
+    import torch
+    import torch.nn.functional as F
+except ImportError:  # the netcl rows alone
+    torch = None
+
+
+# ------------------------------------------------------------------------------------------ the PyTorch peer
+class TorchLlama:
+    """LlamaForCausalLM's decoding with a static KV cache: `step(ids, pos)` appends ids (B, S) at position
+    pos (a device tensor (1,)) and returns the last position's logits (B, vocab); no host value changes
+    between steps, so one decode step is capturable as a CUDA graph."""
+
+    def __init__(
+        self, directory: Path, cfg: dict[str, Any], dtype: str, device: str, batch: int, capacity: int
+    ):
+        from safetensors.torch import load_file
+
+        self.cfg, self.device = cfg, device
+        self.dt = getattr(torch, dtype)
+        files = sorted(directory.glob("*.safetensors"))
+        w: dict[str, torch.Tensor] = {}
+        for f in files:
+            w.update({k: v.to(device=device, dtype=self.dt) for k, v in load_file(str(f)).items()})
+        self.w = w
+        self.tied = "lm_head.weight" not in w
+        c = cfg
+        self.heads, self.kv_heads = c["num_attention_heads"], c["num_key_value_heads"]
+        self.head_dim = c.get("head_dim") or c["hidden_size"] // self.heads
+        inv = rope_inv_freq(self.head_dim, c.get("rope_theta", 10000.0), c.get("rope_scaling"))
+        angles = np.outer(np.arange(capacity, dtype=np.float32), inv)
+        angles = np.concatenate([angles, angles], axis=-1)
+        self.cos = torch.tensor(np.cos(angles), device=device, dtype=self.dt)
+        self.sin = torch.tensor(np.sin(angles), device=device, dtype=self.dt)
+        shape = (batch, self.kv_heads, capacity, self.head_dim)
+        self.caches = [
+            (
+                torch.zeros(shape, device=device, dtype=self.dt),
+                torch.zeros(shape, device=device, dtype=self.dt),
+            )
+            for _ in range(c["num_hidden_layers"])
+        ]
+        self.keys = torch.arange(capacity, device=device)
+
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.cfg["rms_norm_eps"])
+        return weight * xf.to(self.dt)
+
+    def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        a, b = x.chunk(2, dim=-1)
+        return x * cos + torch.cat((-b, a), dim=-1) * sin
+
+    @torch.no_grad()
+    def step(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        b, s = ids.shape
+        w, hd = self.w, self.head_dim
+        positions = pos + torch.arange(s, device=self.device)
+        cos, sin = self.cos[positions], self.sin[positions]
+        mask = self.keys[None, :] <= positions[:, None]  # (S, capacity): causal over the cache
+        x = F.embedding(ids, w["model.embed_tokens.weight"])
+        for i, (ck, cv) in enumerate(self.caches):
+            p = f"model.layers.{i}."
+            h = self._norm(x, w[p + "input_layernorm.weight"])
+            q = F.linear(h, w[p + "self_attn.q_proj.weight"]).view(b, s, self.heads, hd).transpose(1, 2)
+            k = F.linear(h, w[p + "self_attn.k_proj.weight"]).view(b, s, self.kv_heads, hd).transpose(1, 2)
+            v = F.linear(h, w[p + "self_attn.v_proj.weight"]).view(b, s, self.kv_heads, hd).transpose(1, 2)
+            q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
+            ck.index_copy_(2, positions, k)
+            cv.index_copy_(2, positions, v)
+            o = F.scaled_dot_product_attention(q, ck, cv, attn_mask=mask, enable_gqa=True)
+            x = x + F.linear(o.transpose(1, 2).reshape(b, s, -1), w[p + "self_attn.o_proj.weight"])
+            h = self._norm(x, w[p + "post_attention_layernorm.weight"])
+            gate = F.silu(F.linear(h, w[p + "mlp.gate_proj.weight"])) * F.linear(
+                h, w[p + "mlp.up_proj.weight"]
+            )
+            x = x + F.linear(gate, w[p + "mlp.down_proj.weight"])
+        x = self._norm(x[:, -1], w["model.norm.weight"])
+        return F.linear(x, w["model.embed_tokens.weight" if self.tied else "lm_head.weight"])
+
+
+def torch_generate(
+    model: TorchLlama, prompt: np.ndarray, new_tokens: int, graph: bool, sync: Any
+) -> tuple[float, float, np.ndarray]:
+    """(seconds to the first token, seconds for the rest, tokens (B, new_tokens)): greedy, each step's
+    tokens read to the host as a streaming generator must; `graph`: the decode step replayed from a CUDA
+    graph (captured here, outside the timing, on the first call's state)."""
+    dev = model.device
+    ids = torch.tensor(prompt, device=dev)
+    pos = torch.zeros(1, dtype=torch.long, device=dev)
+    token = torch.zeros((prompt.shape[0], 1), dtype=torch.long, device=dev)
+
+    def decode() -> None:
+        token.copy_(model.step(token, pos).argmax(-1, keepdim=True))
+        pos.add_(1)
+
+    cuda_graph = None
+    if graph:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):  # warm-up on a side stream, as torch.cuda.graphs asks
+                decode()
+        torch.cuda.current_stream().wait_stream(stream)
+        cuda_graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(cuda_graph):
+            decode()
+    pos.zero_()
+    sync()
+    t0 = time.perf_counter()
+    token.copy_(model.step(ids, pos).argmax(-1, keepdim=True))
+    pos.add_(prompt.shape[1])
+    out = [token.cpu().numpy().copy()]  # (on the CPU .cpu() is the tensor itself)
+    t1 = time.perf_counter()
+    for _ in range(new_tokens - 1):
+        if cuda_graph is not None:
+            cuda_graph.replay()
+        else:
+            decode()
+        out.append(token.cpu().numpy().copy())
+    t2 = time.perf_counter()
+    return t1 - t0, t2 - t1, np.concatenate(out, axis=1)
+
+
+# ------------------------------------------------------------------------------------------ netcl
+def netcl_generate(model: GPT, prompt: np.ndarray, new_tokens: int) -> tuple[float, float, np.ndarray]:
+    t0 = time.perf_counter()
+    out, t1 = [], 0.0
+    for step in model.generate(prompt, new_tokens, temperature=0.0):
+        if not out:
+            t1 = time.perf_counter()
+        out.append(np.asarray(step).reshape(-1, 1))
+    return t1 - t0, time.perf_counter() - t1, np.concatenate(out, axis=1)
+
+
+def copy_bandwidth(q: Any, nbytes: int, repeats: int = 10) -> float:
+    """The device's buffer-to-buffer copy rate, 2 x bytes / time (median of `repeats` after a warm-up)."""
+    src = Tensor.empty(q, (nbytes // 4,), np.float32)
+    dst = Tensor.empty(q, (nbytes // 4,), np.float32)
+    times = []
+    for i in range(repeats + 2):
+        q.finish()
+        t0 = time.perf_counter()
+        enqueue_copy(q, dst.buffer, src.buffer, byte_count=nbytes)
+        q.finish()
+        if i >= 2:
+            times.append(time.perf_counter() - t0)
+    return 2 * nbytes / statistics.median(times)
+
+
+def median_run(fn: Any, repeats: int) -> tuple[float, float, np.ndarray]:
+    fn()  # warm-up: programs built, netcl's decode step recorded
+    runs = [fn() for _ in range(repeats)]
+    return (statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs), runs[0][2])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--gpu", action="store_true", help="netcl on the OpenCL GPU, PyTorch on CUDA")
+    ap.add_argument("--device", default=None, help="netcl device spec (default: gpu with --gpu, else auto)")
+    ap.add_argument("--model", default=None, help="a Hugging Face Llama directory (default: random weights)")
+    ap.add_argument(
+        "--shape",
+        choices=sorted(SHAPES),
+        default="tinyllama-1.1b",
+        help="the random model's shape without --model (default tinyllama-1.1b)",
+    )
+    ap.add_argument(
+        "--cache-dir",
+        default="/tmp/netcl-random-llama",
+        help="where the random model is written once (default /tmp/netcl-random-llama)",
+    )
+    ap.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16")
+    ap.add_argument("--batches", default="1,8,32", help="decode batch sizes (default 1,8,32)")
+    ap.add_argument("--prompt-tokens", type=int, default=32, help="prompt length of the decode runs")
+    ap.add_argument("--gen-tokens", type=int, default=128, help="tokens generated per run (default 128)")
+    ap.add_argument(
+        "--prefill-tokens", type=int, default=1024, help="the long prompt's length (default 1024)"
+    )
+    ap.add_argument("--repeats", type=int, default=3, help="timed runs per row (median; default 3)")
+    ap.add_argument("--no-torch", action="store_true", help="the netcl rows only")
+    ap.add_argument("--int8", action="store_true",
+                    help="also netcl's rows with weight-only int8 linear layers (GPT.quantize_int8)")
+    ap.add_argument("--out", default=None, help="JSON path (default bench/results/decode[_gpu].json)")
+    args = ap.parse_args()
+    try:
+        batches = [int(b) for b in args.batches.split(",")]
+    except ValueError:
+        ap.error(f"--batches must be comma-separated integers, got {args.batches!r}")
+    if min(batches) < 1 or args.gen_tokens < 2 or args.prompt_tokens < 1 or args.repeats < 1:
+        ap.error("--batches >= 1, --gen-tokens >= 2, --prompt-tokens >= 1, --repeats >= 1")
+    out_path = (
+        Path(args.out)
+        if args.out
+        else Path(__file__).parent / "results" / (f"decode{'_gpu' if args.gpu else ''}.json")
+    )
+    if args.model:
+        directory = Path(args.model)
+    else:
+        directory = Path(args.cache_dir) / f"{args.shape}-{args.dtype}"
+        if not (directory / "config.json").is_file():
+            print(f"writing a random {args.shape} to {directory} ...", flush=True)
+            write_random_llama(directory, args.shape, args.dtype)
+    try:
+        dev = manager.default(args.device or ("gpu" if args.gpu else "auto"))
+    except NetclError as exc:
+        ap.error(f"--device: {exc}")
+    q = dev.queue
+    use_torch = torch is not None and not args.no_torch
+    tdev = "cuda" if args.gpu else "cpu"
+    if use_torch and tdev == "cuda" and not torch.cuda.is_available():
+        ap.error("--gpu: PyTorch has no CUDA device here (--no-torch for the netcl rows alone)")
+    sync = torch.cuda.synchronize if use_torch and tdev == "cuda" else (lambda: None)
+
+    pool = dev.pool
+    base = pool.stats()["in_use"]
+    t0 = time.perf_counter()
+    model = GPT.from_pretrained(directory, q, dtype=args.dtype)
+    q.finish()
+    load_s = time.perf_counter() - t0
+    c = model.config
+    weight_bytes = sum(p.value.nbytes for p in model.parameters())
+    step_bytes = weight_bytes - (0 if c.tie_embeddings else model.tok_embeddings.weight.value.nbytes)
+    loaded = pool.stats()["in_use"] - base
+    copy_bw = copy_bandwidth(q, min(1 << 30, max(1 << 24, weight_bytes // 2)))
+    hf_cfg = hf_io.read_config(directory)
+    print(f"netcl on {dev.device_name}; PyTorch {torch.__version__ if use_torch else '-'} on {tdev}")
+    print(
+        f"model {directory}: {c.num_parameters() / 1e6:,.1f} M parameters, {c.n_layers} layers, dim {c.dim}, "
+        f"{c.n_heads}/{c.n_kv_heads} heads, {args.dtype}: {weight_bytes / 1e6:,.1f} MB of weights "
+        f"(loaded in {load_s:.1f} s; device memory after loading {loaded / 1e6:,.1f} MB); "
+        f"a decode step reads {step_bytes / 1e6:,.1f} MB; copy bandwidth {copy_bw / 1e9:,.0f} GB/s"
+    )
+
+    rng = np.random.default_rng(0)
+    rows, result_rows = [], []
+
+    def add(name: str, batch: int, first: float, rest: float, new: int, peer: float | None,
+            read: int = step_bytes) -> float:
+        rate = batch * (new - 1) / rest
+        gbps = (new - 1) / rest * read / 1e9
+        rows.append(
+            (
+                name,
+                batch,
+                f"{first * 1e3:9.1f}",
+                f"{rest / (new - 1) * 1e3:8.3f}",
+                f"{rate:10,.0f}",
+                f"{gbps:8,.1f}",
+                f"{100 * gbps * 1e9 / copy_bw:5.0f}%",
+                "" if peer is None else f"{rate / peer:6.2f}x",
+            )
+        )
+        result_rows.append(
+            {
+                "name": name,
+                "batch": batch,
+                "first_token_s": first,
+                "step_ms": rest / (new - 1) * 1e3,
+                "tokens_per_s": rate,
+                "weight_gb_per_s": gbps,
+                "of_copy": gbps * 1e9 / copy_bw,
+            }
+        )
+        return rate
+
+    agreement: dict[str, Any] = {}
+    memory: dict[str, Any] = {}
+    for batch in batches:
+        prompt = rng.integers(0, c.vocab_size, (batch, args.prompt_tokens)).astype(np.int64)
+        new = args.gen_tokens
+        if batch == batches[0]:
+            pool.reset_peak()
+        nf, nr, ntok = median_run(lambda: netcl_generate(model, prompt, new), args.repeats)
+        if batch == batches[0]:
+            state = model._decoder
+            cache = sum(kv.k.nbytes + kv.v.nbytes for kv in state.caches)
+            memory = {
+                "batch": batch,
+                "weights": weight_bytes,
+                "kv_cache": cache,
+                "pool_peak": pool.stats()["peak"] - base,
+            }
+        torch_rates: dict[str, float] = {}
+        if use_torch:
+            peer = TorchLlama(directory, hf_cfg, args.dtype, tdev, batch, args.prompt_tokens + new)
+            tf, tr, ttok = median_run(lambda: torch_generate(peer, prompt, new, False, sync), args.repeats)
+            torch_rates["eager"] = batch * (new - 1) / tr
+            agree = (ntok == ttok).all(axis=0)
+            agreement[str(batch)] = int(np.argmin(agree)) if not agree.all() else new
+            if tdev == "cuda":
+                gf, gr, _ = median_run(lambda: torch_generate(peer, prompt, new, True, sync), args.repeats)
+                torch_rates["graph"] = batch * (new - 1) / gr
+            peer_best = max(torch_rates.values())
+        else:
+            peer_best = None
+        add("netcl generate (recorded decode step)", batch, nf, nr, new, peer_best)
+        if use_torch:
+            add("PyTorch eager, static KV cache", batch, tf, tr, new, None)
+            if "graph" in torch_rates:
+                add("PyTorch, decode step as a CUDA graph", batch, gf, gr, new, None)
+            del peer
+            if tdev == "cuda":
+                torch.cuda.empty_cache()
+
+    # prefill of one long prompt (flash attention): time to the first token
+    long_len = min(args.prefill_tokens, c.max_seq_len - 2)
+    prompt = rng.integers(0, c.vocab_size, (1, long_len)).astype(np.int64)
+    prefill = {"tokens": long_len}
+    nf, _, _ = median_run(lambda: netcl_generate(model, prompt, 2), args.repeats)
+    prefill["netcl_s"] = nf
+    if use_torch:
+        peer = TorchLlama(directory, hf_cfg, args.dtype, tdev, 1, long_len + 2)
+        tf, _, _ = median_run(lambda: torch_generate(peer, prompt, 2, False, sync), args.repeats)
+        prefill["torch_eager_s"] = tf
+        del peer
+
+    int8_bytes = None
+    if args.int8:  # the same model, its linear layers quantized in place
+        model.quantize_int8()
+        int8_bytes = sum(p.value.nbytes for p in model.parameters()) + sum(
+            m.weight_scale.nbytes for m in model.modules() if getattr(m, "weight_scale", None) is not None
+        )
+        int8_bytes -= 0 if c.tie_embeddings else model.tok_embeddings.weight.value.nbytes
+        for batch in batches:
+            prompt = rng.integers(0, c.vocab_size, (batch, args.prompt_tokens)).astype(np.int64)
+            nf, nr, _ = median_run(lambda: netcl_generate(model, prompt, args.gen_tokens), args.repeats)
+            add("netcl generate, int8 weights", batch, nf, nr, args.gen_tokens, None, int8_bytes)
+
+    print(
+        f"\n{'':40} {'batch':>5} {'first ms':>9} {'step ms':>8} {'tokens/s':>10} {'GB/s':>8} {'copy':>6} "
+        f"{'vs best PyTorch':>15}"
+    )
+    for r in rows:
+        print(f"{r[0]:40} {r[1]:>5} {r[2]:>9} {r[3]:>8} {r[4]:>10} {r[5]:>8} {r[6]:>6} {r[7]:>15}")
+    print(
+        f"(prompt {args.prompt_tokens} tokens, {args.gen_tokens} generated, median of {args.repeats}; GB/s = "
+        f"weight bytes a step reads x steps/s; copy = that over the copy bandwidth; ratio = netcl's tokens/s "
+        f"over the faster PyTorch row)"
+    )
+    line = (
+        f"prefill of {long_len} tokens at batch 1: netcl {prefill['netcl_s'] * 1e3:.1f} ms "
+        f"({long_len / prefill['netcl_s']:,.0f} tokens/s)"
+    )
+    if "torch_eager_s" in prefill:
+        line += (
+            f", PyTorch eager {prefill['torch_eager_s'] * 1e3:.1f} ms "
+            f"({long_len / prefill['torch_eager_s']:,.0f} tokens/s)"
+        )
+    print(line)
+    if memory:
+        print(
+            f"memory at batch {memory['batch']}: BufferPool peak {memory['pool_peak'] / 1e6:,.1f} MB = "
+            f"weights {memory['weights'] / 1e6:,.1f} MB + KV cache {memory['kv_cache'] / 1e6:,.1f} MB + "
+            f"{(memory['pool_peak'] - memory['weights'] - memory['kv_cache']) / 1e6:,.1f} MB else"
+        )
+    if agreement:
+        print(
+            "greedy tokens equal to PyTorch's (every row) for the first: "
+            + ", ".join(f"{v} of {args.gen_tokens} at batch {k}" for k, v in agreement.items())
+        )
+    result = {
+        "device": dev.device_name,
+        "torch_device": tdev if use_torch else None,
+        "torch": torch.__version__ if use_torch else None,
+        "model": str(directory),
+        "dtype": args.dtype,
+        "config": c.to_dict(),
+        "weight_bytes": weight_bytes,
+        "step_bytes": step_bytes,
+        "load_seconds": load_s,
+        "copy_bandwidth": copy_bw,
+        "rows": result_rows,
+        "prefill": prefill,
+        "memory": memory,
+        "greedy_agreement": agreement,
+        "int8_step_bytes": int8_bytes,
+    }
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(json.dumps(result, indent=2))
+    print(f"wrote {out_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

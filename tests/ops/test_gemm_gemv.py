@@ -1,0 +1,186 @@
+"""The decode GEMV (kernels/gemm_gemv.cl): x @ W^T with a few rows of half x, against float64 NumPy, with
+its epilogue, both work layouts (GPUs' work-group per row and CPUs' work-item per row), the automatic
+choice (half, thin, aligned, K-contiguous) and what it leaves to the other kernels."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from netcl.core.tensor import Tensor
+from netcl.ops.gemm import api, gemm
+from netcl.ops.gemm.problem import _prepare
+
+HALVES = [np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)]
+# bfloat16 keeps 8 bits, float16 11: the inputs are exactly representable, only the result is rounded
+TOL = {"float16": 2e-3, "bfloat16": 1.6e-2}
+
+
+def reference(x, w, bias=None, residual=None, activation=None):
+    z = x.astype(np.float64) @ w.astype(np.float64).T
+    if bias is not None:
+        z = z + bias.astype(np.float64)
+    if activation == "silu":
+        z = z / (1 + np.exp(-z))
+    if residual is not None:
+        z = z + residual.astype(np.float64)
+    return z
+
+
+def assert_close(got, want, dtype):
+    err = np.abs(got.to_host().astype(np.float64) - want).max() / np.abs(want).max()
+    assert err < TOL[np.dtype(dtype).name], err
+
+
+@pytest.mark.parametrize("dtype", HALVES, ids=lambda d: d.name)
+@pytest.mark.parametrize("m,n,k", [(1, 37, 64), (3, 130, 48), (8, 17, 1000), (5, 1, 8)])
+@pytest.mark.parametrize("params", [None, {"GEMV_WG": 8, "GEMV_ROWS": 3}], ids=["default", "groups"])
+def test_gemv_against_numpy(queue, rng, dtype, m, n, k, params):
+    x, w = rng.standard_normal((m, k)).astype(dtype), rng.standard_normal((n, k)).astype(dtype)
+    bias, res = rng.standard_normal(n).astype(dtype), rng.standard_normal((m, n)).astype(dtype)
+    xs, ws, bs, rs = (Tensor.from_host(queue, a) for a in (x, w, bias, res))
+    got = gemm(xs, ws.transpose(0, 1), variant="gemv", params=params)
+    assert_close(got, reference(x, w), dtype)
+    got = gemm(xs, ws.transpose(0, 1), bs, "silu", rs, variant="gemv", params=params)
+    assert_close(got, reference(x, w, bias, res, "silu"), dtype)
+
+
+@pytest.mark.parametrize("dtype", HALVES, ids=lambda d: d.name)
+def test_thin_aligned_half_problems_choose_the_gemv(queue, rng, dtype):
+    def variant(x, w):
+        return api._auto_variant(_prepare(x, w.transpose(0, 1), None, None, None, 1.0, False))
+
+    w = Tensor.from_host(queue, rng.standard_normal((24, 32)).astype(dtype))
+    tokens = Tensor.from_host(queue, rng.standard_normal((2, 3, 32)).astype(dtype))  # 6 rows: folded
+    assert api.gemv_fits(tokens, w.transpose(0, 1))
+    assert variant(tokens.view(6, 32), w) == "gemv"
+    many = Tensor.from_host(queue, rng.standard_normal((api.GEMV_MAX_ROWS + 1, 32)).astype(dtype))
+    odd_k = Tensor.from_host(queue, rng.standard_normal((24, 30)).astype(dtype))
+    assert not api.gemv_fits(many, w.transpose(0, 1))  # too many rows: the GEMM kernels
+    assert not api.gemv_fits(many[:2, :30], odd_k.transpose(0, 1))  # K not a multiple of 8
+    assert not api.gemv_fits(tokens[:, :, 1:9], w[:, :8].transpose(0, 1))  # x off a 16-byte boundary
+    assert not api.gemv_fits(tokens.view(6, 32), w)  # W not read along K
+    wide = Tensor.from_host(queue, rng.standard_normal((1, 32)).astype(np.float32))
+    assert not api.gemv_fits(wide, Tensor.from_host(queue, np.ones((24, 32), np.float32)).transpose(0, 1))
+    # the model's call: a (batch, tokens, dim) activation against a weight, through linear's folding
+    x = tokens.to_host()
+    assert_close(gemm(tokens, w.transpose(0, 1)), reference(x.reshape(6, 32), w.to_host()).reshape(2, 3, 24),
+                 dtype)
+
+
+def test_quantize_int8_rounds_per_channel(rng):
+    from netcl.ops import quantize_int8
+
+    w = rng.standard_normal((5, 16)).astype(np.float32)
+    w[3] = 0.0
+    q, scales = quantize_int8(w)
+    assert q.dtype == np.uint8 and scales.dtype == np.float32
+    np.testing.assert_allclose(scales[[0, 1, 2, 4]], np.abs(w[[0, 1, 2, 4]]).max(1) / 127, rtol=1e-6)
+    assert scales[3] == 1.0 and (q[3] == 128).all()
+    back = (q.astype(np.float64) - 128) * scales[:, None]
+    assert np.abs(back - w).max() <= scales.max() / 2 + 1e-7  # round to nearest
+    assert (np.abs(q.astype(int) - 128).max(1)[[0, 1, 2, 4]] == 127).all()  # each row's peak is +-127
+
+
+@pytest.mark.parametrize("dtype", [*HALVES, np.dtype(np.float32)], ids=lambda d: d.name)
+@pytest.mark.parametrize("m", [1, 3, 8, 11])
+def test_linear_int8_against_the_dequantized_weight(queue, rng, dtype, m):
+    """Few rows: the gemv kernel dequantizing in registers; 11 rows: the weight dequantized, then the GEMM."""
+    from netcl.ops import linear_int8, quantize_int8
+
+    n, k = 37, 96
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    q, scales = quantize_int8(w)
+    wq = (q.astype(np.float64) - 128) * scales[:, None]
+    x = rng.standard_normal((m, k)).astype(dtype)
+    bias, res = rng.standard_normal(n).astype(dtype), rng.standard_normal((m, n)).astype(dtype)
+    qt, st = Tensor.from_host(queue, q), Tensor.from_host(queue, scales)
+    xs, bs, rs = (Tensor.from_host(queue, a) for a in (x, bias, res))
+    got = linear_int8(xs, qt, st, bs, "silu", rs)
+    z = x.astype(np.float64) @ wq.T + bias.astype(np.float64)
+    want = z / (1 + np.exp(-z)) + res.astype(np.float64)
+    tol = 1e-5 if dtype == np.float32 else TOL[np.dtype(dtype).name]
+    err = np.abs(got.to_host().astype(np.float64) - want).max() / np.abs(want).max()
+    assert err < tol, err
+    assert got.dtype == np.dtype(dtype)
+
+
+def test_linear_int8_errors(queue):
+    from netcl.errors import DTypeError, ShapeError
+    from netcl.ops import linear_int8
+
+    q = Tensor.from_host(queue, np.full((4, 8), 128, np.uint8))
+    s = Tensor.from_host(queue, np.ones(4, np.float32))
+    x = Tensor.from_host(queue, np.ones((1, 8), np.float32))
+    with pytest.raises(DTypeError, match="uint8"):
+        linear_int8(x, s, s)
+    with pytest.raises(ShapeError, match=r"scales must be float32 of shape \(4,\)"):
+        linear_int8(x, q, Tensor.from_host(queue, np.ones(3, np.float32)))
+    with pytest.raises(ShapeError, match=r"x must be a floating Tensor \(\.\.\., 8\)"):
+        linear_int8(Tensor.from_host(queue, np.ones((1, 7), np.float32)), q, s)
+    with pytest.raises(DTypeError, match="bias must be a float32"):
+        linear_int8(x, q, s, bias=Tensor.from_host(queue, np.ones(4, np.float16)))
+
+
+@pytest.mark.parametrize("dtype", HALVES, ids=lambda d: d.name)
+@pytest.mark.parametrize("int8", [False, True], ids=["half", "int8"])
+@pytest.mark.parametrize("m", [1, 5, 12])
+def test_linear_glu_against_numpy(queue, rng, dtype, int8, m):
+    """SwiGLU's silu(x W1^T) * (x W3^T) from the stacked [W1; W3]: one gemv launch for up to 8 rows (half or
+    int8 weights), the GEMM and a fused silu * up beyond."""
+    from netcl.ops import linear_glu, quantize_int8
+    from netcl.profiling import count_launches
+
+    h, k = 19, 64
+    w = rng.standard_normal((2 * h, k)).astype(np.float32)
+    x = rng.standard_normal((m, k)).astype(dtype)
+    xs = Tensor.from_host(queue, x)
+    if int8:
+        q, scales = quantize_int8(w)
+        wd = (q.astype(np.float64) - 128) * scales[:, None]
+        args = (Tensor.from_host(queue, q), Tensor.from_host(queue, scales))
+    else:
+        wd = w.astype(dtype).astype(np.float64)
+        args = (Tensor.from_host(queue, w.astype(dtype)),)
+    z = x.astype(np.float64) @ wd.T
+    want = z[:, :h] / (1 + np.exp(-z[:, :h])) * z[:, h:]
+    linear_glu(xs, *args)  # programs built outside the count
+    with count_launches() as launches:
+        got = linear_glu(xs, *args)
+    assert_close(got, want, dtype)
+    assert got.shape == (m, h)
+    if m <= api.GEMV_MAX_ROWS:
+        assert launches.count == 1
+
+
+def test_a_device_that_cannot_build_the_gemv_takes_the_other_kernels(queue, rng, monkeypatch):
+    """A compiler that rejects gemm_gemv.cl costs one warning; half, int8 and GLU decode products are then
+    computed by the GEMM kernels (int8 weights dequantized first), with the same values."""
+    from netcl.errors import KernelBuildError
+    from netcl.ops import linear_glu, linear_int8, quantize_int8
+    from netcl.ops.gemm import variants
+
+    real = variants._program
+
+    def refuse(device, variant, defines):
+        if variant == "gemv":
+            raise KernelBuildError("gemm_gemv.cl: refused for the test")
+        return real(device, variant, defines)
+
+    monkeypatch.setattr(variants, "_program", refuse)
+    monkeypatch.setattr(variants, "_gemv_ok", {})
+    dtype = HALVES[1]
+    x = rng.standard_normal((2, 32)).astype(dtype)
+    w = rng.standard_normal((24, 32)).astype(np.float32)
+    xs, ws = Tensor.from_host(queue, x), Tensor.from_host(queue, w.astype(dtype))
+    with pytest.warns(RuntimeWarning, match="does not build"):
+        assert not api.gemv_fits(xs, ws.transpose(0, 1))
+    assert_close(gemm(xs, ws.transpose(0, 1)), reference(x, w.astype(dtype)), dtype)
+    q, scales = quantize_int8(w)
+    wq = (q.astype(np.float64) - 128) * scales[:, None]
+    got = linear_int8(xs, Tensor.from_host(queue, q), Tensor.from_host(queue, scales))
+    assert_close(got, reference(x, wq), dtype)
+    z = reference(x, w.astype(dtype))
+    glu = linear_glu(xs, ws)
+    assert_close(glu, z[:, :12] / (1 + np.exp(-z[:, :12])) * z[:, 12:], dtype)
