@@ -203,6 +203,8 @@ class Tensor:
 
     @property
     def buffer(self) -> cl.Buffer:
+        if self._pending is None and not before_access:  # the usual case, without the storage property's call
+            return self._storage.buffer
         return self.storage.buffer
 
     def realize(self) -> Tensor:
