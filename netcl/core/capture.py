@@ -247,6 +247,11 @@ def active() -> list[Recording]:
     return [] if _state.paused else _state.stack
 
 
+def recording_now() -> bool:
+    """Whether this thread records its launches now (active() is not empty), without building a list."""
+    return bool(_state.stack) and not _state.paused
+
+
 def declaring() -> bool:
     """Whether an op should declare the work of its next launch (netcl.profiling.work): while profiling,
     and while this thread records (a replay may be profiled later)."""

@@ -34,6 +34,10 @@ def _normalize_shape(shape: Any) -> tuple[int, ...]:
 _layouts: dict[tuple, tuple] = {}
 
 
+# (shape, strides) -> whether that layout is row-major contiguous (Tensor.is_contiguous)
+_contiguous: dict[tuple, bool] = {}
+
+
 def _is_new_axis(item: Any) -> bool:
     """None, True and False in an index add an axis (of 1, 1 and 0 elements) instead of taking one."""
     return item is None or isinstance(item, (bool, np.bool_))
@@ -93,7 +97,7 @@ class Tensor:
         dtype: np.dtype,
         queue: Queue,
     ):
-        self.storage = storage
+        self._storage = storage
         self.shape = shape
         self.strides = strides
         self.offset = offset
@@ -104,7 +108,7 @@ class Tensor:
     @classmethod
     def empty(cls, q: Any, shape: Any, dtype: Any = np.float32) -> Tensor:
         """Uninitialised contiguous tensor."""
-        queue = as_queue(q)
+        queue = q if type(q) is Queue else as_queue(q)
         try:
             plan = _layouts.get(("empty", shape, dtype)) if type(shape) is tuple else None
         except TypeError:  # unhashable entries: the checks below explain what is wrong
@@ -230,12 +234,22 @@ class Tensor:
         return (self[i] for i in range(self.shape[0]))
 
     def is_contiguous(self) -> bool:
-        expected = 1
-        for size, stride in zip(reversed(self.shape), reversed(self.strides)):
-            if size != 1 and stride != expected:
-                return False
-            expected *= size
-        return True
+        layout = (self.shape, self.strides)
+        try:
+            known = _contiguous.get(layout)
+        except TypeError:  # a layout given as lists: worked out, not kept
+            known, layout = None, None
+        if known is None:  # a step asks about the same few layouts many times: each is worked out once
+            known = True
+            expected = 1
+            for size, stride in zip(reversed(self.shape), reversed(self.strides)):
+                if size != 1 and stride != expected:
+                    known = False
+                    break
+                expected *= size
+            if layout is not None and len(_contiguous) < 16384:
+                _contiguous[layout] = known
+        return known
 
     def _span(self) -> tuple[int, int]:
         """Lowest and highest element index (relative to the buffer) this view touches."""
