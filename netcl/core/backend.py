@@ -637,7 +637,7 @@ class Plan:
     Kernel and the whole argument list)."""
 
     __slots__ = ("kernel", "device", "global_size", "local", "args", "dynamic", "raw", "_set_raw", "_last",
-                 "_lock", "_debug")
+                 "_kinds", "_lock", "_debug")
 
     def __init__(self, kernel: Kernel, global_size: Sequence[int], local_size: Sequence[int] | None,
                  args: Sequence[Any], dynamic: Sequence[int]):
@@ -646,6 +646,8 @@ class Plan:
         self.global_size, self.local = kernel.geometry(global_size, local_size)
         self.dynamic = tuple(dynamic)
         self.args = list(args)
+        # the NumPy scalar type of each dynamic by-value argument (what a Python int given there becomes)
+        self._kinds = tuple(type(args[i]) if isinstance(args[i], np.generic) else None for i in self.dynamic)
         for i in self.dynamic:
             self.args[i] = None  # a plan keeps no buffer of the call that built it alive
         try:
@@ -700,13 +702,19 @@ class Plan:
 
     def _set_dynamic(self, values: Sequence[Any]) -> None:
         """Set the dynamic arguments (under the plan's lock): buffers always, by-value ones when their bytes
-        differ from this plan's previous launch."""
-        last, raw = self._last, self.raw
+        differ from this plan's previous launch. A Python int at a position whose build-time value was a
+        NumPy scalar is set as that scalar type (a slot's offset: np.int64)."""
+        last, raw, kinds = self._last, self.raw, self._kinds
         j = 0
         for i in self.dynamic:
             a = values[j]
             if type(a) is cl.Buffer:
                 raw.set_arg(i, a)
+            elif type(a) is int and kinds[j] is not None:  # an offset or size as a Python int: no NumPy
+                if a != last[j]:  # scalar made unless it changed (last holds the int, or bytes)
+                    last[j] = None
+                    self._set_raw(i, kinds[j](a).tobytes())
+                    last[j] = a
             elif isinstance(a, _BY_VALUE):
                 data = a.tobytes()
                 if data != last[j]:
@@ -735,8 +743,8 @@ class Plan:
     def arguments(self, values: Sequence[Any]) -> list[Any]:
         """The whole argument list of a launch with `values` at the dynamic positions."""
         args = list(self.args)
-        for i, a in zip(self.dynamic, values):
-            args[i] = a
+        for i, kind, a in zip(self.dynamic, self._kinds, values):
+            args[i] = kind(a) if type(a) is int and kind is not None else a
         return args
 
 

@@ -145,8 +145,10 @@ class Recording:
         for op in self.ops:
             if op[0] == "k" and op[5]:
                 dynamic = [i for _, positions in op[5] for i in positions]
-                for i in dynamic:
-                    op[4][i] = None
+                for _, positions in op[5]:
+                    op[4][positions[0]] = None
+                    if len(positions) > 1:
+                        op[4][positions[1]] = np.int64(0)  # an offset: the plan learns its type (long) here
                 if not self._refresh:  # refreshed arguments change at each replay: they stay on the slow path
                     op.append(op[1].plan(op[2], op[3], op[4], dynamic))
 
@@ -231,13 +233,13 @@ def _bound(op: list, bind: dict[str, Any] | None) -> list:
 
 def _slot_values(slots: tuple, bind: dict[str, Any]) -> list[Any]:
     """The values of a plan's dynamic arguments (the slots' positions in order): each slot's buffer, and its
-    offset where the slot names one."""
+    offset where the slot names one (a Python int: the plan sets it as the long it was recorded as)."""
     values: list[Any] = []
     for slot, positions in slots:
         t = bind[slot]
         values.append(t.buffer)
         if len(positions) > 1:
-            values.append(np.int64(t.offset))
+            values.append(t.offset)
     return values
 
 
