@@ -200,7 +200,7 @@ def queue_callback(callback: Callable[[], None]) -> None:
 
 
 def _check_differentiable(value: Tensor) -> None:
-    if not dtypes.is_floating(value.dtype):
+    if value.dtype not in dtypes.FLOATING:
         raise DTypeError(
             f"only floating-point tensors can require gradients, got {value.dtype} (shape {value.shape}); "
             "cast it first (x.astype(np.float32)), or leave requires_grad off for index tensors"
@@ -266,13 +266,19 @@ def is_recording() -> bool:
 def record(value: Tensor, parents: Sequence[Node], backward: BackwardFn, op: str) -> Node:
     """The node for `value` made from `parents`; `backward(grad)` returns one gradient per parent
     (None where none flows). Outside a tape, or when no parent requires grad, a plain node."""
-    if not (_state.grad_enabled and _state.tapes) or not any(p.requires_grad for p in parents):
+    state = _state
+    if not (state.grad_enabled and state.tapes):
+        return Node(value)
+    for p in parents:
+        if p.requires_grad:
+            break
+    else:
         return Node(value)
     node = Node(value, requires_grad=True)
     node._parents = tuple(parents)
     node._backward = backward
     node._op = op
-    _state.tapes[-1]._count += 1
+    state.tapes[-1]._count += 1
     return node
 
 

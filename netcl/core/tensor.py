@@ -492,9 +492,10 @@ class Tensor:
 
     def transpose(self, dim0: int = -2, dim1: int = -1) -> Tensor:
         """Swap two axes (the last two by default)."""
-        if self.ndim < 2:
+        ndim = len(self.shape)
+        if ndim < 2:
             return self
-        if self.ndim == 2 and type(dim0) is int and type(dim1) is int and dim0 in (0, -2) and dim1 in (1, -1):
+        if ndim == 2 and type(dim0) is int and type(dim1) is int and dim0 in (0, -2) and dim1 in (1, -1):
             # the two axes of a matrix (a weight's transpose in every linear layer): no axis checks to make
             (rows, cols), (row_stride, col_stride) = self.shape, self.strides
             return self._view((cols, rows), (col_stride, row_stride), self.offset)
