@@ -206,6 +206,9 @@ class Program:
         self._lock = threading.Lock()
 
     def kernel(self, kernel_name: str) -> Kernel:
+        k = self._kernels.get(kernel_name)
+        if k is not None:  # ops ask for their kernel on every launch: no lock once it is made
+            return k
         with self._lock:
             k = self._kernels.get(kernel_name)
             if k is None:

@@ -332,20 +332,27 @@ class Tensor:
 
     def fill_(self, value: Any) -> Tensor:
         """Set every element to `value` (in place)."""
-        dtypes.check_scalar_fits(value, self.dtype, "fill value")
-        with np.errstate(all="ignore"):
-            pattern = np.array(value).astype(self.dtype)
-        if self.size == 0:
+        # the pattern of a Python number is kept with the plans (a step fills its loss seed every call); not
+        # for NaN or a float zero, whose sign a key equal to 0.0 would lose
+        key = (("fill", self.dtype, type(value), value)
+               if type(value) is int or (type(value) is float and value == value and value != 0.0) else None)
+        pattern = capture.plans.get(key) if key is not None else None
+        if pattern is None:
+            dtypes.check_scalar_fits(value, self.dtype, "fill value")
+            with np.errstate(all="ignore"):
+                pattern = np.array(value).astype(self.dtype).reshape(1)
+            if key is not None:
+                pattern.flags.writeable = False
+                capture.plans.put(key, pattern)
+        nbytes = shapes.element_count(self.shape) * self.dtype.itemsize
+        if nbytes == 0:
             return self
         if self.is_contiguous():
             try:
-                cl.enqueue_fill_buffer(
-                    self.queue.cl, self.buffer, pattern.reshape(1),
-                    self.offset * self.itemsize, self.nbytes,
-                )
+                buffer, start = self.buffer, self.offset * self.dtype.itemsize
+                cl.enqueue_fill_buffer(self.queue.cl, buffer, pattern, start, nbytes)
                 for rec in capture.active():
-                    rec._record_fill(self.queue, self.buffer, pattern.reshape(1), self.offset * self.itemsize,
-                                     self.nbytes)
+                    rec._record_fill(self.queue, buffer, pattern, start, nbytes)
             except cl.Error:
                 self.copy_from_host(np.full(self.shape, pattern, dtype=self.dtype))
         else:
