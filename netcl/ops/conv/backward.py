@@ -17,7 +17,6 @@ from netcl.ops.conv.geometry import (
     ConvParams,
     _check_winograd_dtype,
     _checked_key,
-    _db_state,
     _float_dtype,
     _params,
     _recall,
@@ -47,8 +46,6 @@ def conv2d_backward_input(grad_out: Tensor, weight: Tensor, input_shape: Sequenc
     """
     key = _checked_key("conv2d_backward_input", (grad_out, weight), _shape_key(input_shape), stride, padding,
                        dilation, groups, algorithm)
-    if key is not None and algorithm == "auto":  # 'auto' reads the tuning database
-        key += _db_state(grad_out.device)
     hit = _recall(key)
     if hit is None:
         if algorithm not in ("auto", "gemm", "direct", "flipped"):
@@ -121,8 +118,6 @@ def conv2d_backward_weight(x: Tensor, grad_out: Tensor, weight_shape: Sequence[i
     """
     key = _checked_key("conv2d_backward_weight", (x, grad_out), _shape_key(weight_shape), stride, padding,
                        dilation, groups, algorithm)
-    if key is not None and algorithm == "auto":  # 'auto' reads the tuning database
-        key += _db_state(x.device)
     hit = _recall(key)
     if hit is None:
         if algorithm not in ("auto", "gemm", "direct", "winograd"):
