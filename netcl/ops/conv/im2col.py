@@ -44,7 +44,7 @@ def _im2col(x: Tensor, p: ConvParams, n0: int, nb: int, ones_row: bool = False,
     if launch is not None:
         if capture.declaring():  # for the profiler: nb images read, the columns written
             profiling.work(0.0, float(nb * p.C * p.H * p.W * x.itemsize + cols.nbytes))
-        launch(x.queue, x.buffer, np.int64(x.offset), cols.buffer)
+        launch(x.queue, x.buffer, x.offset, cols.buffer)
     return cols
 
 
@@ -64,7 +64,7 @@ def _im2col_plan(x: Tensor, p: ConvParams, n0: int, nb: int, ones_row: bool, bat
     tail = (np.int64(sb), np.int64(sg), np.int64(sr),
             np.int32(n0), np.int32(nb), np.int32(ones_row), g[1], g[2], g[3], *g[5:])
     # a Plan (netcl.core.backend): the geometry arguments set once; x, its offset and cols per call
-    args = (None, None, None, *tail)
+    args = (None, np.int64(0), None, *tail)  # x's offset (a long) and the buffers per call
     if _row_kernels(x.device):
         return (x.device, shape, prg.im2col_rows.plan((rows, nb * p.G), None, args, (0, 1, 2)))
     return (x.device, shape, prg.im2col.plan((P, p.Cg + int(ones_row), nb * p.G), None, args, (0, 1, 2)))
@@ -119,7 +119,7 @@ def _backward_input_gemm(gy: Tensor, w: Tensor, gx: Tensor, p: ConvParams) -> No
         cols = mm.matmul(wt, gy[n0:n0 + nb].reshape(nb, p.G, p.Kg, P))        # (nb, G, R, P)
         if cols.offset or not cols.is_contiguous():
             cols = cols.clone()  # the kernels index a contiguous cols from element 0
-        _col2im_plan(gy, p, n0, nb)(gy.queue, cols.buffer, gx.buffer, np.int64(gx.offset))
+        _col2im_plan(gy, p, n0, nb)(gy.queue, cols.buffer, gx.buffer, gx.offset)
 
 
 def _col2im_plan(gy: Tensor, p: ConvParams, n0: int, nb: int) -> Any:
@@ -132,7 +132,8 @@ def _col2im_plan(gy: Tensor, p: ConvParams, n0: int, nb: int) -> Any:
         tail = (np.int32(n0), np.int32(nb), g[1], g[2], g[3], *g[5:])
         if rows:
             prg = kernels.program(gy.device, "im2col.cl", dtype=gy.dtype)
-            plan = (gy.device, prg.col2im_plane.plan((nb * p.C,), None, (None, None, None, *tail), (0, 1, 2)))
+            plan = (gy.device, prg.col2im_plane.plan((nb * p.C,), None, (None, None, np.int64(0), *tail),
+                                                     (0, 1, 2)))
         else:  # the taps compiled in: no runtime division per tap (kernels/im2col.cl)
             prg = kernels.program(
                 gy.device,
@@ -147,7 +148,7 @@ def _col2im_plan(gy: Tensor, p: ConvParams, n0: int, nb: int) -> Any:
                 TAP_DH=p.DH,
                 TAP_DW=p.DW,
             )
-            plan = (gy.device, prg.col2im.plan((p.W, p.H, nb * p.C), None, (None, None, None, *tail),
+            plan = (gy.device, prg.col2im.plan((p.W, p.H, nb * p.C), None, (None, None, np.int64(0), *tail),
                                                (0, 1, 2)))
         capture.plans.put(key, plan)
     return plan[1]
