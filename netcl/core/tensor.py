@@ -506,6 +506,12 @@ class Tensor:
             # the two axes of a matrix (a weight's transpose in every linear layer): no axis checks to make
             (rows, cols), (row_stride, col_stride) = self.shape, self.strides
             return self._view((cols, rows), (col_stride, row_stride), self.offset)
+        if type(dim0) is int and type(dim1) is int and -ndim <= dim0 < ndim and -ndim <= dim1 < ndim:
+            a, b = dim0 % ndim, dim1 % ndim  # axes in range: the swap itself, without permute's checks
+            shape, strides = list(self.shape), list(self.strides)
+            shape[a], shape[b] = shape[b], shape[a]
+            strides[a], strides[b] = strides[b], strides[a]
+            return self._view(tuple(shape), tuple(strides), self.offset)
         a, b = self._axis(dim0), self._axis(dim1)
         order = list(range(self.ndim))
         order[a], order[b] = order[b], order[a]
