@@ -200,8 +200,14 @@ class Recording:
                 site = op[6]
                 if site is not None and site[2] is not None and profiling.active:
                     profiling.work(*site[2])  # the work its op declared when it was recorded
-                if len(op) > 7:
-                    op[7](q, *_slot_values(op[5], bind))
+                if len(op) > 7:  # its Plan: each slot's buffer, and its offset where the slot names one
+                    values: list[Any] = []
+                    for slot, positions in op[5]:
+                        t = bind[slot]
+                        values.append(t.buffer)
+                        if len(positions) > 1:
+                            values.append(t.offset)  # a Python int: the plan sets the long it was recorded as
+                    op[7](q, *values)
                 else:
                     op[1](q, op[2], op[3], *_bound(op, bind))
             elif op[0] == "copy":
@@ -229,18 +235,6 @@ def _bound(op: list, bind: dict[str, Any] | None) -> list:
             if len(positions) > 1:
                 args[positions[1]] = np.int64(t.offset)
     return args
-
-
-def _slot_values(slots: tuple, bind: dict[str, Any]) -> list[Any]:
-    """The values of a plan's dynamic arguments (the slots' positions in order): each slot's buffer, and its
-    offset where the slot names one (a Python int: the plan sets it as the long it was recorded as)."""
-    values: list[Any] = []
-    for slot, positions in slots:
-        t = bind[slot]
-        values.append(t.buffer)
-        if len(positions) > 1:
-            values.append(t.offset)
-    return values
 
 
 # -- the active recordings of this thread -----------------------------------------------------------------

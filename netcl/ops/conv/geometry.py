@@ -167,14 +167,12 @@ def _shape_key(shape: Any) -> Any:
     return tuple(shape) if isinstance(shape, (list, tuple)) else shape
 
 
-def _tsig(t: Any) -> tuple | None:
-    """What checks see of a tensor (AttributeError for non-tensors: the slow path reports them)."""
-    return None if t is None else (id(t.queue), t.shape, t.strides, t.dtype)
-
-
 def _checked_key(op: str, tensors: tuple, *params: Any) -> tuple | None:
     try:
-        key = ("conv", op, *(_tsig(t) for t in tensors), repr(params))  # repr: 2 and 2.0 must not share a key
+        # what checks see of each tensor (AttributeError for non-tensors: the slow path reports them);
+        # repr: 2 and 2.0 must not share a key
+        key = ("conv", op, *[None if t is None else (id(t.queue), t.shape, t.strides, t.dtype)
+                             for t in tensors], repr(params))
         hash(key)
     except (AttributeError, TypeError):
         return None
