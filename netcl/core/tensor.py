@@ -30,7 +30,8 @@ def _normalize_shape(shape: Any) -> tuple[int, ...]:
 
 
 # Layouts checked once per signature (a training step repeats its shapes): ("empty", shape, dtype) as given ->
-# (shape, strides, nbytes, dtype); ("view", shape, strides, requested shape) -> (shape, strides or None)
+# (shape, strides, nbytes, dtype, whether it is float64); ("view", shape, strides, requested shape) -> (shape,
+# strides or None)
 _layouts: dict[tuple, tuple] = {}
 
 
@@ -116,11 +117,12 @@ class Tensor:
         if plan is None:  # checked once per (shape, dtype): a training step repeats its shapes
             dt = dtypes.normalize(dtype)
             shp = _normalize_shape(shape)
-            plan = (shp, contiguous_strides(shp), math.prod(shp) * dt.itemsize, dt)
+            wide = dt.itemsize == 8 and dt.kind == "f"
+            plan = (shp, contiguous_strides(shp), math.prod(shp) * dt.itemsize, dt, wide)
             if type(shape) is tuple and len(_layouts) < 16384:
                 _layouts[("empty", shape, dtype)] = plan
-        shp, strides, nbytes, dt = plan
-        if dt.itemsize == 8 and dt.kind == "f":
+        shp, strides, nbytes, dt, wide = plan
+        if wide:  # float64: only where the device has it
             dtypes.check_supported_on(dt, queue.device)
         storage = queue.device.pool.allocate(nbytes, queue)
         return cls(storage, shp, strides, 0, dt, queue)
