@@ -31,12 +31,8 @@ def _normalize_shape(shape: Any) -> tuple[int, ...]:
 
 # Layouts checked once per signature (a training step repeats its shapes): ("empty", shape, dtype) as given ->
 # (shape, strides, nbytes, dtype, whether it is float64); ("view", shape, strides, requested shape) -> (shape,
-# strides or None)
+# strides or None); ("contiguous", shape, strides) -> whether that layout is row-major contiguous
 _layouts: dict[tuple, tuple] = {}
-
-
-# (shape, strides) -> whether that layout is row-major contiguous (Tensor.is_contiguous)
-_contiguous: dict[tuple, bool] = {}
 
 
 def _is_new_axis(item: Any) -> bool:
@@ -236,9 +232,9 @@ class Tensor:
         return (self[i] for i in range(self.shape[0]))
 
     def is_contiguous(self) -> bool:
-        layout = (self.shape, self.strides)
+        layout = ("contiguous", self.shape, self.strides)
         try:
-            known = _contiguous.get(layout)
+            known = _layouts.get(layout)
         except TypeError:  # a layout given as lists: worked out, not kept
             known, layout = None, None
         if known is None:  # a step asks about the same few layouts many times: each is worked out once
@@ -249,8 +245,8 @@ class Tensor:
                     known = False
                     break
                 expected *= size
-            if layout is not None and len(_contiguous) < 16384:
-                _contiguous[layout] = known
+            if layout is not None and len(_layouts) < 16384:
+                _layouts[layout] = known
         return known
 
     def _span(self) -> tuple[int, int]:
