@@ -70,7 +70,8 @@ def enabled(dtype: np.dtype | None) -> Iterator[None]:
 
 def target(op: str) -> np.dtype | None:
     """The dtype `op`'s floating inputs are cast to now (None: left as they are)."""
-    dt = active()
+    stack = getattr(_state, "stack", None)
+    dt = stack[-1] if stack else None
     if dt is None:
         return None
     rule = POLICY.get(op)

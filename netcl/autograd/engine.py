@@ -200,7 +200,7 @@ def queue_callback(callback: Callable[[], None]) -> None:
 
 
 def _check_differentiable(value: Tensor) -> None:
-    if not dtypes.is_floating(value.dtype):
+    if value.dtype not in dtypes.FLOATING:
         raise DTypeError(
             f"only floating-point tensors can require gradients, got {value.dtype} (shape {value.shape}); "
             "cast it first (x.astype(np.float32)), or leave requires_grad off for index tensors"
@@ -266,13 +266,19 @@ def is_recording() -> bool:
 def record(value: Tensor, parents: Sequence[Node], backward: BackwardFn, op: str) -> Node:
     """The node for `value` made from `parents`; `backward(grad)` returns one gradient per parent
     (None where none flows). Outside a tape, or when no parent requires grad, a plain node."""
-    if not (_state.grad_enabled and _state.tapes) or not any(p.requires_grad for p in parents):
+    state = _state
+    if not (state.grad_enabled and state.tapes):
+        return Node(value)
+    for p in parents:
+        if p.requires_grad:
+            break
+    else:
         return Node(value)
     node = Node(value, requires_grad=True)
     node._parents = tuple(parents)
     node._backward = backward
     node._op = op
-    _state.tapes[-1]._count += 1
+    state.tapes[-1]._count += 1
     return node
 
 
@@ -340,8 +346,9 @@ def _topological_order(root: Node) -> list[Node]:
         visited.add(id(node))
         stack.append((node, True))
         pending = [p for p in node._parents if p.requires_grad and id(p) not in visited]
-        for parent in sorted(pending, key=lambda p: p._backward is not None):  # leaves first (stable)
-            stack.append((parent, False))
+        # leaves first, each kind in its order (a stable sort on "has a rule", without a key call per node)
+        stack += [(p, False) for p in pending if p._backward is None]
+        stack += [(p, False) for p in pending if p._backward is not None]
     return order
 
 
@@ -444,7 +451,7 @@ def _run_rules(order: list[Node], grads: dict[int, Tensor], claimed: set[int], r
         for parent, pg in zip(parents, parent_grads):
             if pg is None or not parent.requires_grad:
                 continue
-            if pg.shape != parent.shape:
+            if pg.shape != parent.value.shape:
                 raise ShapeError(
                     f"backward rule of {node._op} made a gradient of shape {pg.shape} "
                     f"for an input of shape {parent.shape}"
@@ -455,12 +462,14 @@ def _run_rules(order: list[Node], grads: dict[int, Tensor], claimed: set[int], r
 
 
 def _store_leaf_grad(node: Node, g: Tensor, claimed: set[int]) -> None:
-    if g.dtype != node.dtype:
+    if g.dtype != node.value.dtype:
         g = ops.cast(g, node.dtype)
     if node.grad is None:
-        if not g.is_contiguous() or id(g.storage) in claimed:
+        storage = g.storage
+        if not g.is_contiguous() or id(storage) in claimed:
             g = g.clone()  # optimizers and clip_grad_norm_ update .grad in place: it must own its memory
-        claimed.add(id(g.storage))
+            storage = g.storage
+        claimed.add(id(storage))
         node.grad = g
     else:
         node.grad = _accumulate(node.grad, g)

@@ -80,6 +80,9 @@ class Queue:
         The first kernel to fail wins (atomic_cmpxchg on the code); the next host read on this queue
         raises it (`raise_device_errors`). Made zeroed on first use, so queues whose kernels never
         check pay nothing."""
+        checks = self._checks
+        if checks is not None:  # every class-loss launch asks: no lock once it is made
+            return checks
         with self._lock:
             if self._checks is None:
                 zeros = np.zeros(CHECK_WORDS, np.int32)
@@ -206,6 +209,9 @@ class Program:
         self._lock = threading.Lock()
 
     def kernel(self, kernel_name: str) -> Kernel:
+        k = self._kernels.get(kernel_name)
+        if k is not None:  # ops ask for their kernel on every launch: no lock once it is made
+            return k
         with self._lock:
             k = self._kernels.get(kernel_name)
             if k is None:
@@ -397,6 +403,9 @@ def build_program(
 def round_up(n: int, multiple: int) -> int:
     return ((n + multiple - 1) // multiple) * multiple
 
+
+_BY_VALUE = (np.generic, np.ndarray)  # arguments set from their bytes
+_enqueue_kernel = cl.enqueue_nd_range_kernel
 
 _INT_SCALARS = frozenset({np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64, np.uint64})
 
@@ -633,15 +642,18 @@ class Plan:
     or a profile the launch is recorded and counted like any Kernel call (the recording keeps the shared
     Kernel and the whole argument list)."""
 
-    __slots__ = ("kernel", "global_size", "local", "args", "dynamic", "raw", "_set_raw", "_last", "_lock",
-                 "_debug")
+    __slots__ = ("kernel", "device", "global_size", "local", "args", "dynamic", "raw", "_set_raw", "_last",
+                 "_kinds", "_lock", "_debug")
 
     def __init__(self, kernel: Kernel, global_size: Sequence[int], local_size: Sequence[int] | None,
                  args: Sequence[Any], dynamic: Sequence[int]):
         self.kernel = kernel
+        self.device = kernel.program.device
         self.global_size, self.local = kernel.geometry(global_size, local_size)
         self.dynamic = tuple(dynamic)
         self.args = list(args)
+        # the NumPy scalar type of each dynamic by-value argument (what a Python int given there becomes)
+        self._kinds = tuple(type(args[i]) if isinstance(args[i], np.generic) else None for i in self.dynamic)
         for i in self.dynamic:
             self.args[i] = None  # a plan keeps no buffer of the call that built it alive
         try:
@@ -671,39 +683,20 @@ class Plan:
                                     f" = {type(a).__name__} was refused: {exc}") from None
 
     def __call__(self, queue: Queue, *values: Any) -> cl.Event:
-        if queue.device is not self.kernel.program.device:
-            built = self.kernel.program.device.describe()
-            raise DeviceError(f"kernel {self.kernel.name} was built for {built} but launched on "
-                              f"{queue.device.describe()}")
+        if queue.device is not self.device:
+            raise DeviceError(f"kernel {self.kernel.name} was built for {self.device.describe()} but "
+                              f"launched on {queue.device.describe()}")
         timed = profiling.active
         t0 = profiling.before(queue) if timed else None
-        last = self._last
-        for attempt in (0, 1):
-            try:
-                with self._lock:
-                    for j, (i, a) in enumerate(zip(self.dynamic, values)):
-                        if type(a) is cl.Buffer:
-                            self.raw.set_arg(i, a)
-                        elif isinstance(a, (np.generic, np.ndarray)):
-                            raw = a.tobytes()
-                            if raw != last[j]:
-                                last[j] = None  # not known to be set until the call below returns
-                                self._set_raw(i, raw)
-                                last[j] = raw
-                        else:  # a memory object: always set (no reference kept, see Kernel._set_args)
-                            self.raw.set_arg(i, a)
-                    event = cl.enqueue_nd_range_kernel(queue.cl, self.raw, self.global_size, self.local)
-                break
-            except cl.Error as exc:
-                self._last = last = [None] * len(self.dynamic)
-                if is_oom(exc) and attempt == 0:
-                    queue.device.pool.empty_cache()
-                    continue
-                raise self.kernel.launch_error(exc, queue, self.global_size, self.local) from None
-        recordings = capture.active()
-        if recordings:
+        try:
+            with self._lock:
+                self._set_dynamic(values)
+                event = _enqueue_kernel(queue.cl, self.raw, self.global_size, self.local)
+        except cl.Error as exc:
+            event = self._retry(exc, queue, values)
+        if capture.recording_now():
             args = self.arguments(values)
-            for rec in recordings:
+            for rec in capture.active():
                 rec._record_launch(self.kernel, queue, self.global_size, self.local, args)
         profiling.count_launch()
         if timed or queue.profiling:
@@ -713,11 +706,51 @@ class Plan:
                   file=sys.stderr)
         return event
 
+    def _set_dynamic(self, values: Sequence[Any]) -> None:
+        """Set the dynamic arguments (under the plan's lock): buffers always, by-value ones when their bytes
+        differ from this plan's previous launch. A Python int at a position whose build-time value was a
+        NumPy scalar is set as that scalar type (a slot's offset: np.int64)."""
+        last, raw, kinds = self._last, self.raw, self._kinds
+        j = 0
+        for i in self.dynamic:
+            a = values[j]
+            if type(a) is cl.Buffer:
+                raw.set_arg(i, a)
+            elif type(a) is int and kinds[j] is not None:  # an offset or size as a Python int: no NumPy
+                if a != last[j]:  # scalar made unless it changed (last holds the int, or bytes)
+                    last[j] = None
+                    self._set_raw(i, kinds[j](a).tobytes())
+                    last[j] = a
+            elif isinstance(a, _BY_VALUE):
+                data = a.tobytes()
+                if data != last[j]:
+                    last[j] = None  # not known to be set until the call below returns
+                    self._set_raw(i, data)
+                    last[j] = data
+            else:  # a memory object: always set (no reference kept, see Kernel._set_args)
+                raw.set_arg(i, a)
+            j += 1
+
+    def _retry(self, exc: cl.Error, queue: Queue, values: Sequence[Any]) -> cl.Event:
+        """A failed launch: out of memory is retried once after emptying the pool's cache; anything else
+        is the kernel's launch error."""
+        self._last = [None] * len(self.dynamic)
+        if not is_oom(exc):
+            raise self.kernel.launch_error(exc, queue, self.global_size, self.local) from None
+        queue.device.pool.empty_cache()
+        try:
+            with self._lock:
+                self._set_dynamic(values)
+                return _enqueue_kernel(queue.cl, self.raw, self.global_size, self.local)
+        except cl.Error as again:
+            self._last = [None] * len(self.dynamic)
+            raise self.kernel.launch_error(again, queue, self.global_size, self.local) from None
+
     def arguments(self, values: Sequence[Any]) -> list[Any]:
         """The whole argument list of a launch with `values` at the dynamic positions."""
         args = list(self.args)
-        for i, a in zip(self.dynamic, values):
-            args[i] = a
+        for i, kind, a in zip(self.dynamic, self._kinds, values):
+            args[i] = kind(a) if type(a) is int and kind is not None else a
         return args
 
 

@@ -145,8 +145,10 @@ class Recording:
         for op in self.ops:
             if op[0] == "k" and op[5]:
                 dynamic = [i for _, positions in op[5] for i in positions]
-                for i in dynamic:
-                    op[4][i] = None
+                for _, positions in op[5]:
+                    op[4][positions[0]] = None
+                    if len(positions) > 1:
+                        op[4][positions[1]] = np.int64(0)  # an offset: the plan learns its type (long) here
                 if not self._refresh:  # refreshed arguments change at each replay: they stay on the slow path
                     op.append(op[1].plan(op[2], op[3], op[4], dynamic))
 
@@ -219,8 +221,14 @@ class Recording:
                 site = op[6]
                 if site is not None and site[2] is not None and profiling.active:
                     profiling.work(*site[2])  # the work its op declared when it was recorded
-                if len(op) > 7:
-                    op[7](q, *_slot_values(op[5], bind))
+                if len(op) > 7:  # its Plan: each slot's buffer, and its offset where the slot names one
+                    values: list[Any] = []
+                    for slot, positions in op[5]:
+                        t = bind[slot]
+                        values.append(t.buffer)
+                        if len(positions) > 1:
+                            values.append(t.offset)  # a Python int: the plan sets the long it was recorded as
+                    op[7](q, *values)
                 else:
                     op[1](q, op[2], op[3], *_bound(op, bind))
             elif op[0] == "copy":
@@ -250,22 +258,15 @@ def _bound(op: list, bind: dict[str, Any] | None) -> list:
     return args
 
 
-def _slot_values(slots: tuple, bind: dict[str, Any]) -> list[Any]:
-    """The values of a plan's dynamic arguments (the slots' positions in order): each slot's buffer, and its
-    offset where the slot names one."""
-    values: list[Any] = []
-    for slot, positions in slots:
-        t = bind[slot]
-        values.append(t.buffer)
-        if len(positions) > 1:
-            values.append(np.int64(t.offset))
-    return values
-
-
 # -- the active recordings of this thread -----------------------------------------------------------------
 def active() -> list[Recording]:
     """The recordings this thread's work goes to (empty while none, or while paused)."""
     return [] if _state.paused else _state.stack
+
+
+def recording_now() -> bool:
+    """Whether this thread records its launches now (active() is not empty), without building a list."""
+    return bool(_state.stack) and not _state.paused
 
 
 def declaring() -> bool:

@@ -193,6 +193,9 @@ class DeviceHandle:
     @property
     def pool(self):
         """The BufferPool of this device's context."""
+        pool = self._pool
+        if pool is not None:  # every allocation asks: no lock once it exists
+            return pool
         with self._lock:
             if self._pool is None:
                 self._pool = BufferPool(self)

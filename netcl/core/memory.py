@@ -92,6 +92,7 @@ class BufferPool:
         self._ranges: dict[int, list[int]] = {}
         # per allocation site (recorded while profiling): [in use, peak in use, blocks in use, allocations]
         self._sites: dict[str, list[int]] = {}
+        self._classes: dict[int, tuple[int, int]] = {}  # bytes asked -> (bytes, size class), checked
         _pools.add(self)
 
     # The one place that asks OpenCL for memory (tests replace it to force failures).
@@ -100,17 +101,24 @@ class BufferPool:
 
     def allocate(self, nbytes: int, queue: Any) -> Storage:
         """A Storage of at least `nbytes` for use on `queue`."""
-        nbytes = int(nbytes)
-        if nbytes < 0:
-            raise ValueError(f"cannot allocate {nbytes} bytes")
-        caps = self.device.capabilities
-        if nbytes > caps.max_alloc:
-            raise OutOfMemoryError(self._oom_message(nbytes, "it is larger than one allocation may be"))
-        cap = min(size_class(nbytes), max(caps.max_alloc, MIN_BLOCK))
+        checked = self._classes.get(nbytes)
+        if checked is None:  # a step repeats its sizes: each is checked and classed once
+            nbytes = int(nbytes)
+            if nbytes < 0:
+                raise ValueError(f"cannot allocate {nbytes} bytes")
+            caps = self.device.capabilities
+            if nbytes > caps.max_alloc:
+                raise OutOfMemoryError(self._oom_message(nbytes, "it is larger than one allocation may be"))
+            cap = min(size_class(nbytes), max(caps.max_alloc, MIN_BLOCK))
+            checked = (nbytes, cap)
+            if len(self._classes) < 4096:
+                self._classes[nbytes] = checked
+        nbytes, cap = checked
         site = profiling.site() if profiling.active else None
         with self._lock:
             self.requests += 1
-            bucket = self._free.get(queue, {}).get(cap)
+            free = self._free.get(queue)
+            bucket = free.get(cap) if free is not None else None
             rng = self._ranges.get(cap.bit_length())
             if rng is None:
                 rng = self._ranges[cap.bit_length()] = [0, 0, 0, 0]

@@ -30,7 +30,8 @@ def _normalize_shape(shape: Any) -> tuple[int, ...]:
 
 
 # Layouts checked once per signature (a training step repeats its shapes): ("empty", shape, dtype) as given ->
-# (shape, strides, nbytes, dtype); ("view", shape, strides, requested shape) -> (shape, strides or None)
+# (shape, strides, nbytes, dtype, whether it is float64); ("view", shape, strides, requested shape) -> (shape,
+# strides or None); ("contiguous", shape, strides) -> whether that layout is row-major contiguous
 _layouts: dict[tuple, tuple] = {}
 
 
@@ -93,7 +94,7 @@ class Tensor:
         dtype: np.dtype,
         queue: Queue,
     ):
-        self.storage = storage
+        self._storage = storage
         self.shape = shape
         self.strides = strides
         self.offset = offset
@@ -104,7 +105,7 @@ class Tensor:
     @classmethod
     def empty(cls, q: Any, shape: Any, dtype: Any = np.float32) -> Tensor:
         """Uninitialised contiguous tensor."""
-        queue = as_queue(q)
+        queue = q if type(q) is Queue else as_queue(q)
         try:
             plan = _layouts.get(("empty", shape, dtype)) if type(shape) is tuple else None
         except TypeError:  # unhashable entries: the checks below explain what is wrong
@@ -112,11 +113,12 @@ class Tensor:
         if plan is None:  # checked once per (shape, dtype): a training step repeats its shapes
             dt = dtypes.normalize(dtype)
             shp = _normalize_shape(shape)
-            plan = (shp, contiguous_strides(shp), math.prod(shp) * dt.itemsize, dt)
+            wide = dt.itemsize == 8 and dt.kind == "f"
+            plan = (shp, contiguous_strides(shp), math.prod(shp) * dt.itemsize, dt, wide)
             if type(shape) is tuple and len(_layouts) < 16384:
                 _layouts[("empty", shape, dtype)] = plan
-        shp, strides, nbytes, dt = plan
-        if dt.itemsize == 8 and dt.kind == "f":
+        shp, strides, nbytes, dt, wide = plan
+        if wide:  # float64: only where the device has it
             dtypes.check_supported_on(dt, queue.device)
         storage = queue.device.pool.allocate(nbytes, queue)
         return cls(storage, shp, strides, 0, dt, queue)
@@ -203,6 +205,8 @@ class Tensor:
 
     @property
     def buffer(self) -> cl.Buffer:
+        if self._pending is None and not before_access:  # the usual case, without the storage property's call
+            return self._storage.buffer
         return self.storage.buffer
 
     def realize(self) -> Tensor:
@@ -228,12 +232,22 @@ class Tensor:
         return (self[i] for i in range(self.shape[0]))
 
     def is_contiguous(self) -> bool:
-        expected = 1
-        for size, stride in zip(reversed(self.shape), reversed(self.strides)):
-            if size != 1 and stride != expected:
-                return False
-            expected *= size
-        return True
+        layout = ("contiguous", self.shape, self.strides)
+        try:
+            known = _layouts.get(layout)
+        except TypeError:  # a layout given as lists: worked out, not kept
+            known, layout = None, None
+        if known is None:  # a step asks about the same few layouts many times: each is worked out once
+            known = True
+            expected = 1
+            for size, stride in zip(reversed(self.shape), reversed(self.strides)):
+                if size != 1 and stride != expected:
+                    known = False
+                    break
+                expected *= size
+            if layout is not None and len(_layouts) < 16384:
+                _layouts[layout] = known
+        return known
 
     def _span(self) -> tuple[int, int]:
         """Lowest and highest element index (relative to the buffer) this view touches."""
@@ -316,20 +330,27 @@ class Tensor:
 
     def fill_(self, value: Any) -> Tensor:
         """Set every element to `value` (in place)."""
-        dtypes.check_scalar_fits(value, self.dtype, "fill value")
-        with np.errstate(all="ignore"):
-            pattern = np.array(value).astype(self.dtype)
-        if self.size == 0:
+        # the pattern of a Python number is kept with the plans (a step fills its loss seed every call); not
+        # for NaN or a float zero, whose sign a key equal to 0.0 would lose
+        key = (("fill", self.dtype, type(value), value)
+               if type(value) is int or (type(value) is float and value == value and value != 0.0) else None)
+        pattern = capture.plans.get(key) if key is not None else None
+        if pattern is None:
+            dtypes.check_scalar_fits(value, self.dtype, "fill value")
+            with np.errstate(all="ignore"):
+                pattern = np.array(value).astype(self.dtype).reshape(1)
+            if key is not None:
+                pattern.flags.writeable = False
+                capture.plans.put(key, pattern)
+        nbytes = shapes.element_count(self.shape) * self.dtype.itemsize
+        if nbytes == 0:
             return self
         if self.is_contiguous():
             try:
-                cl.enqueue_fill_buffer(
-                    self.queue.cl, self.buffer, pattern.reshape(1),
-                    self.offset * self.itemsize, self.nbytes,
-                )
+                buffer, start = self.buffer, self.offset * self.dtype.itemsize
+                cl.enqueue_fill_buffer(self.queue.cl, buffer, pattern, start, nbytes)
                 for rec in capture.active():
-                    rec._record_fill(self.queue, self.buffer, pattern.reshape(1), self.offset * self.itemsize,
-                                     self.nbytes)
+                    rec._record_fill(self.queue, buffer, pattern, start, nbytes)
             except cl.Error:
                 self.copy_from_host(np.full(self.shape, pattern, dtype=self.dtype))
         else:
@@ -476,12 +497,19 @@ class Tensor:
 
     def transpose(self, dim0: int = -2, dim1: int = -1) -> Tensor:
         """Swap two axes (the last two by default)."""
-        if self.ndim < 2:
+        ndim = len(self.shape)
+        if ndim < 2:
             return self
-        if self.ndim == 2 and type(dim0) is int and type(dim1) is int and dim0 in (0, -2) and dim1 in (1, -1):
+        if ndim == 2 and type(dim0) is int and type(dim1) is int and dim0 in (0, -2) and dim1 in (1, -1):
             # the two axes of a matrix (a weight's transpose in every linear layer): no axis checks to make
             (rows, cols), (row_stride, col_stride) = self.shape, self.strides
             return self._view((cols, rows), (col_stride, row_stride), self.offset)
+        if type(dim0) is int and type(dim1) is int and -ndim <= dim0 < ndim and -ndim <= dim1 < ndim:
+            a, b = dim0 % ndim, dim1 % ndim  # axes in range: the swap itself, without permute's checks
+            shape, strides = list(self.shape), list(self.strides)
+            shape[a], shape[b] = shape[b], shape[a]
+            strides[a], strides[b] = strides[b], strides[a]
+            return self._view(tuple(shape), tuple(strides), self.offset)
         a, b = self._axis(dim0), self._axis(dim1)
         order = list(range(self.ndim))
         order[a], order[b] = order[b], order[a]

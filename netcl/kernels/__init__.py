@@ -97,10 +97,10 @@ def half_math(device: Any, family: str) -> str:
 
 def activation(name: str | None, allowed: tuple[str | None, ...] | None = None) -> str:
     """The ACT define of an activation name (ValueError listing the names `allowed`, default all)."""
-    names = allowed if allowed is not None else tuple(k for k in ACTIVATIONS if k not in (None, "none"))
     if name not in ACTIVATIONS or (
         allowed is not None and name not in allowed and name not in (None, "none")
     ):
+        names = allowed if allowed is not None else tuple(k for k in ACTIVATIONS if k not in (None, "none"))
         raise ValueError(f"activation must be one of {[n for n in names if n]}, or None; got {name!r}")
     return ACTIVATIONS[name]
 

@@ -118,7 +118,10 @@ class Module:
 
     def __getattr__(self, name: str) -> Any:
         d = self.__dict__
-        for table in ("_parameters", "_buffers", "_modules"):
+        parameters = d.get("_parameters")  # a layer's forward asks for its parameters every call: first
+        if parameters is not None and name in parameters:
+            return parameters[name]
+        for table in ("_buffers", "_modules"):
             if table in d and name in d[table]:
                 return d[table][name]
         raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")

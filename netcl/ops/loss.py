@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from netcl import kernels
-from netcl.core import dtypes
+from netcl.core import capture, dtypes
 from netcl.core.backend import device_check
 from netcl.core.tensor import Tensor, check_same_queue
 from netcl.errors import DTypeError, ShapeError
@@ -56,6 +56,7 @@ class Saved:
     dtype: np.dtype
     tensors: tuple[Tensor, ...]  # keep the buffers in `args` alive
     grad_b: bool = False
+    backward: Any = None  # the backward launch's Plan (class losses)
 
 
 # Tests set this to run class_loss_rows' GPU shape (a work-group tree per row) on any device.
@@ -75,6 +76,36 @@ def class_loss(x: Tensor, labels: Tensor, loss: str = "cross_entropy", ignore_in
             f"{loss}: labels must be a netcl Tensor or Node of integers, got {type(labels).__name__}"
         )
     queue = check_same_queue(x, labels)
+    # the launches of this call signature, built once (checks, program, static arguments): capture.plans
+    key = ("class_loss", id(queue.device), x.dtype, x.shape, labels.dtype, labels.shape, loss, ignore_index,
+           repr(smoothing), reduction, row_work_group_override)
+    plan = capture.plans.get(key)
+    if plan is None:
+        plan = capture.plans.put(key, _class_loss_plan(x, labels, loss, ignore_index, smoothing, reduction))
+    prg, rows_launch, total_launch, backward_launch, acc, out_shape, statics = plan
+    rows = statics["rows"]
+    xc, labc = x.contiguous(), labels.contiguous()
+    out = Tensor.empty(queue, out_shape, acc)
+    stats = Tensor.empty(queue, (max(int(rows), 1), 2), acc)  # per row: max and log-sum-exp of x - max
+    count = Tensor.empty(queue, (1,), acc)
+    row_loss = Tensor.empty(queue, (max(int(rows), 1),), acc)  # each row's loss and whether it counts
+    row_count = Tensor.empty(queue, (max(int(rows), 1),), acc)
+    x_off, lab_off = np.int64(xc.offset), np.int64(labc.offset)
+    if rows_launch is not None:  # a work-group per row, then one that adds the rows in a fixed order
+        rows_launch(queue, xc.buffer, x_off, labc.buffer, lab_off, out.buffer, stats.buffer, row_loss.buffer,
+                    row_count.buffer, queue.check_buffer())
+    total_launch(queue, row_loss.buffer, row_count.buffer, out.buffer, count.buffer)
+    args = dict(x=xc.buffer, x_off=x_off, labels=labc.buffer, lab_off=lab_off, stats=stats.buffer,
+                count=count.buffer, **statics)
+    return out, Saved(prg, args, x.shape, x.dtype, (xc, labc, stats, count), backward=backward_launch)
+
+
+def _class_loss_plan(x: Tensor, labels: Tensor, loss: str, ignore_index: int, smoothing: float,
+                     reduction: str) -> tuple:
+    """class_loss's checks and launches for one call signature: (program, the rows', total's and
+    backward's Plans (netcl.core.backend; buffers and offsets per call), loss dtype, result shape, the
+    static scalar arguments by name)."""
+    queue = x.queue
     if labels.dtype not in (np.dtype(np.int32), np.dtype(np.int64)):
         raise DTypeError(f"{loss}: labels must be int32 or int64 class indices, got {labels.dtype}")
     if x.ndim < 1 or x.shape[:-1] != labels.shape:
@@ -99,27 +130,27 @@ def class_loss(x: Tensor, labels: Tensor, loss: str = "cross_entropy", ignore_in
         WG=wg,
         ROW_WG=row_wg,
     )
-    xc, labc = x.contiguous(), labels.contiguous()
     acc = loss_dtype(x.dtype)
-    out = Tensor.empty(queue, labels.shape if reduction == "none" else (1,), acc)
-    stats = Tensor.empty(queue, (max(rows, 1), 2), acc)  # per row: max and log-sum-exp of x - max
-    count = Tensor.empty(queue, (1,), acc)
-    args = dict(x=xc.buffer, x_off=np.int64(xc.offset), rows=np.int64(rows), classes=np.int64(x.shape[-1]),
-                labels=labc.buffer, lab_off=np.int64(labc.offset), ignore_index=np.int64(ignore_index),
-                smoothing=kernels.scalar_type(acc)(smoothing))
-    row_loss = Tensor.empty(queue, (max(rows, 1),), acc)  # each row's loss and whether it counts
-    row_count = Tensor.empty(queue, (max(rows, 1),), acc)
-    static = {"rows": args["rows"], "classes": args["classes"]}  # the call's signature (netcl.core Plan)
-    if rows:  # a work-group per row, then one that adds the rows in a fixed order (reproducible)
-        prg.class_loss_rows.planned(
-            queue, (rows * row_wg,), (row_wg,), static, x=xc.buffer, x_off=args["x_off"], labels=labc.buffer,
-            lab_off=args["lab_off"], ignore_index=args["ignore_index"], smoothing=args["smoothing"],
-            out=out.buffer, stats=stats.buffer, row_loss=row_loss.buffer, row_count=row_count.buffer,
-            err=queue.check_buffer(), err_code=_LABEL_CHECK[loss])
-    prg.class_loss_total.planned(queue, (wg,), (wg,), {"rows": args["rows"]}, row_loss=row_loss.buffer,
-                                 row_count=row_count.buffer, out=out.buffer, count=count.buffer)
-    return out, Saved(prg, {**args, "stats": stats.buffer, "count": count.buffer}, x.shape, x.dtype,
-                      (xc, labc, stats, count))
+    statics = dict(rows=np.int64(rows), classes=np.int64(x.shape[-1]), ignore_index=np.int64(ignore_index),
+                   smoothing=kernels.scalar_type(acc)(smoothing))
+    rows_launch = None
+    if rows:
+        kernel = prg.class_loss_rows
+        dynamic = ("x", "x_off", "labels", "lab_off", "out", "stats", "row_loss", "row_count", "err")
+        rows_launch = kernel.plan((rows * row_wg,), (row_wg,), kernel.positional(
+            (), {**statics, **dict.fromkeys(dynamic), "err_code": _LABEL_CHECK[loss]}),
+            [kernel.arg_index[n] for n in dynamic])
+    kernel = prg.class_loss_total
+    dynamic = ("row_loss", "row_count", "out", "count")
+    total_launch = kernel.plan((wg,), (wg,), kernel.positional((), {"rows": statics["rows"],
+                                                                    **dict.fromkeys(dynamic)}),
+                               [kernel.arg_index[n] for n in dynamic])
+    kernel = prg.class_loss_backward
+    dynamic = ("x", "x_off", "labels", "lab_off", "stats", "count", "grad_out", "grad_out_off", "grad_x")
+    backward_launch = kernel.plan((x.shape[-1], max(rows, 1)), None, kernel.positional(
+        (), {**statics, **dict.fromkeys(dynamic)}), [kernel.arg_index[n] for n in dynamic])
+    out_shape = labels.shape if reduction == "none" else (1,)
+    return prg, rows_launch, total_launch, backward_launch, acc, out_shape, statics
 
 
 def loss_dtype(dtype: np.dtype) -> np.dtype:
@@ -139,12 +170,9 @@ def class_loss_backward(saved: Saved, grad_out: Tensor) -> Tensor:
     queue = grad_out.queue
     gc = _grad_in(grad_out, saved)
     grad = Tensor.empty(queue, saved.shape, saved.dtype)
-    rows = int(saved.args["rows"])
     a = saved.args
-    saved.program.class_loss_backward.planned(
-        queue, (saved.shape[-1], max(rows, 1)), None, {"rows": a["rows"], "classes": a["classes"]},
-        **{n: v for n, v in a.items() if n not in ("rows", "classes")}, grad_out=gc.buffer,
-        grad_out_off=np.int64(gc.offset), grad_x=grad.buffer)
+    saved.backward(queue, a["x"], a["x_off"], a["labels"], a["lab_off"], a["stats"], a["count"], gc.buffer,
+                   np.int64(gc.offset), grad.buffer)
     return grad
 
 

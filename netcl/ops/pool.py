@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from netcl import kernels
-from netcl.core import dtypes, shapes
+from netcl.core import capture, dtypes, shapes
 from netcl.core.tensor import Tensor, check_same_queue
 from netcl.errors import DTypeError, ShapeError
 
@@ -99,26 +99,59 @@ def max_pool2d(x: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0
     if algorithm not in ("auto", "element", "rows"):
         raise ValueError(f"algorithm must be 'auto', 'element' or 'rows', got {algorithm!r}")
     _check_input("max_pool2d", x)
-    p = _params("max_pool2d", x.shape, kernel_size, stride, padding, dilation, ceil_mode)
+    p, launch = _max_pool_plan("max_pool2d", x, x.shape, kernel_size, stride, padding, dilation, ceil_mode,
+                               algorithm)
     x = x.contiguous()
     out = Tensor.empty(x.queue, p.output_shape, x.dtype)
     idx = Tensor.empty(x.queue, p.output_shape, np.int64)
-    if out.size:
+    if launch is not None:
+        launch(x.queue, x.buffer, x.offset, out.buffer, idx.buffer)
+    return out, idx
+
+
+def _max_pool_plan(op: str, x: Tensor, input_shape: Sequence[int], kernel_size: Any, stride: Any,
+                   padding: Any, dilation: Any, ceil_mode: bool, algorithm: str) -> tuple[PoolParams, Any]:
+    """(PoolParams, the launch's Plan, None where nothing is computed) of max pooling's forward or backward
+    (`op`) for one call signature, kept in netcl.core.capture.plans: per call its tensors (and x's or
+    grad_out's offset) fill the kernel's first four arguments."""
+    try:
+        # repr: 2 and 2.0 hash alike, but only the int is a valid size
+        key = (op, id(x.device), x.dtype, tuple(input_shape), repr((kernel_size, stride, padding, dilation)),
+               ceil_mode, algorithm)
+        hit = capture.plans.get(key)
+    except TypeError:  # unhashable arguments (lists): planned every call
+        key, hit = None, None
+    if hit is not None:
+        return hit
+    p = _params(op, input_shape, kernel_size, stride, padding, dilation, ceil_mode)
+    launch = None
+    cpu = x.device.capabilities.kind == "cpu"
+    if op == "max_pool2d" and shapes.element_count(p.output_shape):
         prg = kernels.program(x.device, "pool.cl", dtype=x.dtype)
-        rows = algorithm == "rows" or (algorithm == "auto" and x.device.capabilities.kind == "cpu")
+        rows = algorithm == "rows" or (algorithm == "auto" and cpu)
         if rows and (p.KH, p.KW, p.SH, p.SW, p.PH, p.PW, p.DH, p.DW) == (2, 2, 2, 2, 0, 0, 1, 1) \
                 and 2 * p.OH <= p.H and 2 * p.OW <= p.W:  # ceil_mode may add a partial last window
             # the usual 2x2/2 pool: two input rows per output row, no bounds checks (1.6x the rows kernel)
-            kernel = prg.max_pool2d_2x2
-            kernel.planned(x.queue, (p.OH, p.N * p.C), None, dict(zip(kernel.arg_names[4:], p.args()[:5])),
-                           x=x.buffer, x_off=np.int64(x.offset), y=out.buffer, idx=idx.buffer)
+            kernel, size, tail = prg.max_pool2d_2x2, (p.OH, p.N * p.C), p.args()[:5]
         elif rows:
-            prg.max_pool2d_rows(x.queue, (p.OH, p.N * p.C), None, x.buffer, np.int64(x.offset), out.buffer,
-                                idx.buffer, *p.args())
+            kernel, size, tail = prg.max_pool2d_rows, (p.OH, p.N * p.C), p.args()
         else:
-            prg.max_pool2d(x.queue, (p.OW, p.OH, p.N * p.C), None, x.buffer, np.int64(x.offset), out.buffer,
-                           idx.buffer, *p.args())
-    return out, idx
+            kernel, size, tail = prg.max_pool2d, (p.OW, p.OH, p.N * p.C), p.args()
+        launch = kernel.plan(size, None, (None, np.int64(0), None, None, *tail), (0, 1, 2, 3))
+    elif op == "max_pool2d_backward" and shapes.element_count(tuple(input_shape)):
+        prg = kernels.program(x.device, "pool.cl", dtype=x.dtype)
+        if algorithm == "plane" or (algorithm == "auto" and cpu):
+            # CPUs: one work-item per plane scatters through the saved indices (measured 35 ms -> see
+            # bench/NOTES.md for the gather at batch 128 on PoCL)
+            kernel, size = prg.max_pool2d_backward_plane, (p.N * p.C,)
+            tail = (np.int32(p.N * p.C), np.int32(p.H * p.W), np.int32(p.OH * p.OW))
+        else:
+            kernel, size, tail = prg.max_pool2d_backward, (p.W, p.H, p.N * p.C), p.args()
+        launch = kernel.plan(size, None, (None, np.int64(0), None, None, *tail), (0, 1, 2, 3))
+    hit = (p, launch)
+    if key is not None:
+        capture.plans.put(key, hit)
+    return hit
 
 
 def max_pool2d_backward(grad_out: Tensor, indices: Tensor, input_shape: Sequence[int], kernel_size: Any,
@@ -135,7 +168,8 @@ def max_pool2d_backward(grad_out: Tensor, indices: Tensor, input_shape: Sequence
     _check_input("max_pool2d_backward", grad_out)
     if len(input_shape) != 4:
         raise ShapeError(f"max_pool2d_backward: input_shape must be 4-D, got {tuple(input_shape)}")
-    p = _params("max_pool2d_backward", input_shape, kernel_size, stride, padding, dilation, ceil_mode)
+    p, launch = _max_pool_plan("max_pool2d_backward", grad_out, input_shape, kernel_size, stride, padding,
+                               dilation, ceil_mode, algorithm)
     if tuple(grad_out.shape) != p.output_shape or tuple(indices.shape) != p.output_shape:
         raise ShapeError(
             f"max_pool2d_backward: grad_out {grad_out.shape} and indices {indices.shape} must both "
@@ -145,21 +179,11 @@ def max_pool2d_backward(grad_out: Tensor, indices: Tensor, input_shape: Sequence
         raise DTypeError(f"max_pool2d_backward: indices must be int64 (from max_pool2d), got {indices.dtype}")
     gy, idx = grad_out.contiguous(), indices.contiguous()
     gx = Tensor.empty(gy.queue, tuple(input_shape), gy.dtype)
-    if gx.size:
-        prg = kernels.program(gy.device, "pool.cl", dtype=gy.dtype)
+    if launch is not None:
         # idx must start at offset 0 for the kernel: copy it if it is a view into a larger buffer
         if idx.offset:
             idx = idx.clone()
-        if algorithm == "plane" or (algorithm == "auto" and gy.device.capabilities.kind == "cpu"):
-            # CPUs: one work-item per plane scatters through the saved indices (measured 35 ms -> see
-            # bench/NOTES.md for the gather at batch 128 on PoCL)
-            prg.max_pool2d_backward_plane.planned(
-                gy.queue, (p.N * p.C,), None,
-                {"NC": np.int32(p.N * p.C), "HW": np.int32(p.H * p.W), "OHW": np.int32(p.OH * p.OW)},
-                gy=gy.buffer, gy_off=np.int64(gy.offset), idx=idx.buffer, gx=gx.buffer)
-        else:
-            prg.max_pool2d_backward(gy.queue, (p.W, p.H, p.N * p.C), None, gy.buffer, np.int64(gy.offset),
-                                    idx.buffer, gx.buffer, *p.args())
+        launch(gy.queue, gy.buffer, gy.offset, idx.buffer, gx.buffer)
     return gx
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from netcl import kernels
-from netcl.core import capture, dtypes
+from netcl.core import capture, dtypes, shapes
 from netcl.core.tensor import Tensor
 from netcl.errors import NetclError
 
@@ -35,9 +35,6 @@ _GRAD_ARGS = [(f"x{i}", f"xo{i}", f"n{i}") for i in range(MAX_TENSORS_PER_LAUNCH
 # norm is ~1,800 work-groups over every compute unit, where one work-group per gradient took 4 ms of its
 # bfloat16 step on the H200)
 _SQ_CHUNK = 1 << 14
-# the arguments of an optimizer step fixed by its parameters' layout (offsets, lengths), per tensor count
-_STATIC_ARGS = [frozenset(n for i in range(count) for n in (f"po{i}", f"go{i}", f"n{i}"))
-                for count in range(MAX_TENSORS_PER_LAUNCH + 1)]
 
 
 def _grad_args(group: Sequence[Tensor]) -> dict[str, Any]:
@@ -90,16 +87,11 @@ def optimizer_step(rule: str, params: Sequence[Tensor], grads: Sequence[Tensor],
     half = dtypes.is_half(p0.dtype)
     if half and (masters is None or len(masters) != len(params)):
         raise NetclError(f"optimizer_step: {p0.dtype} parameters need one float32 master tensor each")
-    items = _items(queue)
-    defines: dict[str, Any] = {**kernels.float_defines(p0.dtype, rule, half=True), "N_TENSORS": len(params),
-                               "OPT": f"OPT_{rule.upper()}", "ITEMS": items}
-    if half:
-        defines["MASTER"] = None
     if found_inf is not None:
         _check_flag(found_inf, queue, "optimizer_step")
-        defines["FOUND_INF"] = None
-    prg = kernels.program(queue.device, "optim.cl", **defines)
-    named: dict[str, Any] = {}
+    items = _items(queue)
+    dynamic: dict[str, Any] = {}  # the arguments that change per call, by name: buffers and scalars
+    layout: list[int] = []  # the fixed ones (offsets, lengths): with the rest of the key, they pick the plan
     total = 0
     for i, (v, g, st) in enumerate(zip(params, grads, states)):
         if not (v.is_contiguous() and g.is_contiguous()) or g.shape != v.shape or g.dtype != v.dtype \
@@ -117,24 +109,42 @@ def optimizer_step(rule: str, params: Sequence[Tensor], grads: Sequence[Tensor],
                     f"optimizer_step: the master weights of parameter {i} must be a contiguous float32 "
                     f"tensor of shape {v.shape} on its queue, got {master.dtype} {master.shape}"
                 )
-        slots = [s.buffer if s is not None else master.buffer for s in st] + [master.buffer] * (3 - len(st))
-        named.update(zip(_TENSOR_ARGS[i], (v.buffer, np.int64(v.offset), g.buffer, np.int64(g.offset), *slots,
-                                           master.buffer, np.int64(v.size))))
-        total += -(-v.size // items)
+        master_buffer = master.buffer
+        slots = [s.buffer if s is not None else master_buffer for s in st] + [master_buffer] * (3 - len(st))
+        p_name, _, g_name, _, sa, sb, sc, mw, _ = _TENSOR_ARGS[i]
+        dynamic[p_name], dynamic[g_name], dynamic[mw] = v.buffer, g.buffer, master_buffer
+        dynamic[sa], dynamic[sb], dynamic[sc] = slots
+        size = shapes.element_count(v.shape)
+        layout += (v.offset, g.offset, size)
+        total += -(-size // items)
     if not total:
+        kernels.float_defines(p0.dtype, rule, half=True)  # a dtype the kernel does not take is refused
         return
     if found_inf is not None:
-        named["found_inf"] = found_inf.buffer
-    kernel = prg.optimizer_step
-    args = kernel.positional((), {**named, **_scalars(hyper, p0.dtype)})
+        dynamic["found_inf"] = found_inf.buffer
+    dynamic.update(_scalars(hyper, p0.dtype))
     # one Plan per (kernel, parameter offsets and lengths): the buffers and the step's scalars change per call
-    static = _STATIC_ARGS[len(params)]
-    key = ("optimizer_step", kernel, total, tuple([int(named[n]) for n in static]))
-    plan = capture.plans.get(key)
-    if plan is None:
-        dynamic = [i for i, n in enumerate(kernel.arg_names) if n not in static]
-        plan = capture.plans.put(key, kernel.plan((total,), None, args, dynamic))
-    plan(queue, *[args[i] for i in plan.dynamic])
+    key = ("optimizer_step", id(queue.device), rule, p0.dtype, half, found_inf is not None, total,
+           tuple(layout))
+    hit = capture.plans.get(key)
+    if hit is None:
+        defines: dict[str, Any] = {**kernels.float_defines(p0.dtype, rule, half=True),
+                                   "N_TENSORS": len(params), "OPT": f"OPT_{rule.upper()}", "ITEMS": items}
+        if half:
+            defines["MASTER"] = None
+        if found_inf is not None:
+            defines["FOUND_INF"] = None
+        kernel = kernels.program(queue.device, "optim.cl", **defines).optimizer_step
+        named = dict(dynamic)
+        for i in range(len(params)):
+            _, po, _, go, *_, n = _TENSOR_ARGS[i]
+            named[po], named[go], named[n] = (np.int64(x) for x in layout[3 * i:3 * i + 3])
+        args = kernel.positional((), named)
+        order = [i for i, n in enumerate(kernel.arg_names) if n in dynamic]
+        hit = capture.plans.put(key, (kernel, kernel.plan((total,), None, args, order),
+                                      [kernel.arg_names[i] for i in order]))
+    kernel, plan, names = hit
+    plan(queue, *[dynamic[n] for n in names])
     graph = capture.capturing()
     if graph is not None and refresh is not None:
         index, dtype = kernel.arg_index, p0.dtype

@@ -17,11 +17,15 @@ import numpy as np
 
 def is_real(value: Any) -> bool:
     """An int, float or NumPy scalar number; not a bool (True is not a learning rate)."""
+    if type(value) is float or type(value) is int:  # the usual values, without the ABC's isinstance
+        return True
     return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
 
 
 def is_count(value: Any) -> bool:
     """An int or NumPy integer; not a bool, not a float even if whole."""
+    if type(value) is int:
+        return True
     return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
 
 

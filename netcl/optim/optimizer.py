@@ -188,7 +188,7 @@ class Optimizer:
             )
 
     def _chunk_key(self, p: Node, st: dict[str, Any]) -> tuple:
-        return (id(p.value.queue), str(p.value.dtype), st["step"], id(p) in self._fresh)
+        return (id(p.value.queue), p.value.dtype, st["step"], id(p) in self._fresh)
 
     def _state_for(self, p: Node, group: dict[str, Any]) -> dict[str, Any]:
         """The parameter's state, with every tensor its group needs now (made as zeros when missing:

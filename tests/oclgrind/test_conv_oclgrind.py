@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from netcl import kernels, ops
+from netcl.core import capture
 from netcl.core.tensor import Tensor
 from netcl.ops import conv as conv_mod
 from netcl.ops import norm as norm_mod
@@ -157,7 +158,7 @@ def test_winograd_layouts_and_backward(queue, monkeypatch, layout):
     monkeypatch.setattr(conv_mod.winograd, "WINOGRAD_FLAT", 32 if layout == "flat" else 0)
     monkeypatch.setattr(conv_mod.choice, "_auto_algorithm", lambda device, p, dt: "winograd")
     monkeypatch.setattr(conv_mod.winograd, "_winograd_splits", lambda device, p, pt: 2 if pt % 2 == 0 else 1)
-    monkeypatch.setattr(conv_mod.geometry, "_checked", {})
+    monkeypatch.setattr(capture, "plans", capture.PlanCache())
     rng = np.random.default_rng(11)
     xs, ws = (2, 3, 5, 7), (4, 3, 3, 3)   # odd sizes: partial tiles; TW 4 (CH 4) forward, TW 4 backward
     x, w, b = rng.standard_normal(xs), rng.standard_normal(ws), rng.standard_normal(4)

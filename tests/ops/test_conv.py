@@ -8,6 +8,7 @@ import dataclasses
 import numpy as np
 import pytest
 
+from netcl.core import capture
 from netcl.core.tensor import Tensor
 from netcl.errors import DTypeError, ShapeError
 from netcl.ops import conv as C
@@ -188,7 +189,7 @@ WINOGRAD_CASES = [((2, 5, 9, 16), 7, 1), ((3, 4, 7, 7), 6, 1), ((1, 6, 8, 12), 3
 def winograd_layout(request, monkeypatch):
     """The CPU's row-walking transforms or the GPU's one-work-item-per-tile ones, on this device."""
     monkeypatch.setattr(C.winograd, "_winograd_rows", lambda device: request.param == "rows")
-    monkeypatch.setattr(C.geometry, "_checked", {})  # plans other tests cached must not decide the path here
+    monkeypatch.setattr(capture, "plans", capture.PlanCache())  # other tests' plans must not decide the path
     return request.param
 
 
@@ -217,7 +218,7 @@ def test_winograd_flat_transform_launch(queue, rng, monkeypatch, xs, k, pad):
     """The GPU transforms as a 1-D launch of whole work-groups (WINOGRAD_FLAT: padded past the last
     tile x channel x image), all three passes against float64."""
     monkeypatch.setattr(C.winograd, "_winograd_rows", lambda device: False)
-    monkeypatch.setattr(C.geometry, "_checked", {})
+    monkeypatch.setattr(capture, "plans", capture.PlanCache())
     monkeypatch.setattr(C.winograd, "WINOGRAD_FLAT", 64)
     test_winograd_three_passes_float64(queue, rng, monkeypatch, "tiles", xs, k, pad)
 
@@ -261,7 +262,7 @@ def test_winograd_weight_gradient_error_bound(queue, rng):
 def test_tuned_backward_algorithms(device, queue, rng, monkeypatch, tmp_path):
     """bench/conv.py --tune's per-pass records decide 'auto' (and only with an algorithm of that pass)."""
     monkeypatch.setenv("NETCL_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(C.geometry, "_checked", {})
+    monkeypatch.setattr(capture, "plans", capture.PlanCache())
     xs, ws = (2, 3, 6, 5), (4, 3, 3, 3)
     p = C.ConvParams(xs, ws, 1, 1, 1, 1)
     f64 = np.float64

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from netcl import kernels
+from netcl.core import capture
 from netcl.core.tensor import Tensor, check_same_queue
 from netcl.errors import ShapeError
 from netcl.ops.conv import choice, direct, im2col, winograd
@@ -17,7 +18,6 @@ from netcl.ops.conv.geometry import (
     ConvParams,
     _check_winograd_dtype,
     _checked_key,
-    _db_state,
     _float_dtype,
     _params,
     _recall,
@@ -47,8 +47,6 @@ def conv2d_backward_input(grad_out: Tensor, weight: Tensor, input_shape: Sequenc
     """
     key = _checked_key("conv2d_backward_input", (grad_out, weight), _shape_key(input_shape), stride, padding,
                        dilation, groups, algorithm)
-    if key is not None and algorithm == "auto":  # 'auto' reads the tuning database
-        key += _db_state(grad_out.device)
     hit = _recall(key)
     if hit is None:
         if algorithm not in ("auto", "gemm", "direct", "flipped"):
@@ -121,8 +119,6 @@ def conv2d_backward_weight(x: Tensor, grad_out: Tensor, weight_shape: Sequence[i
     """
     key = _checked_key("conv2d_backward_weight", (x, grad_out), _shape_key(weight_shape), stride, padding,
                        dilation, groups, algorithm)
-    if key is not None and algorithm == "auto":  # 'auto' reads the tuning database
-        key += _db_state(x.device)
     hit = _recall(key)
     if hit is None:
         if algorithm not in ("auto", "gemm", "direct", "winograd"):
@@ -163,14 +159,18 @@ def conv2d_backward_bias(grad_out: Tensor) -> Tensor:
     """d(loss)/d(bias) of conv2d: grad_out summed over N, H, W -> (K,)."""
     if grad_out.ndim != 4:
         raise ShapeError(f"conv2d_backward_bias: grad_out must be 4-D (N, K, OH, OW), got {grad_out.shape}")
-    dt = _float_dtype("conv2d_backward_bias", grad_out)
+    key = ("conv2d_backward_bias", id(grad_out.device), grad_out.dtype, grad_out.shape)
+    launch = capture.plans.get(key)
+    if launch is None:  # the checks, program and static arguments of this signature, once (capture.plans)
+        dt = _float_dtype("conv2d_backward_bias", grad_out)
+        n, k, oh, ow = grad_out.shape
+        # one work-group per channel: 256 work-items on GPUs (a 128x16x28x28 gradient took 1.3 ms with one
+        # work-item per channel on the H200), 8 on CPUs (PoCL vectorises across them)
+        wg = 8 if grad_out.device.capabilities.kind == "cpu" else 256
+        prg = kernels.program(grad_out.device, "conv_direct.cl", dtype=dt, BWG=wg)
+        args = (None, np.int64(0), None, np.int64(0), np.int32(n), np.int32(k), np.int32(oh * ow))
+        launch = capture.plans.put(key, prg.conv2d_backward_bias.plan((k * wg,), (wg,), args, (0, 1, 2)))
     g = grad_out.contiguous()
-    n, k, oh, ow = g.shape
-    gb = Tensor.empty(g.queue, (k,), dt)
-    # one work-group per channel: 256 work-items on GPUs (a 128x16x28x28 gradient took 1.3 ms with one
-    # work-item per channel on the H200), 8 on CPUs (PoCL vectorises across them)
-    wg = 8 if g.device.capabilities.kind == "cpu" else 256
-    prg = kernels.program(g.device, "conv_direct.cl", dtype=dt, BWG=wg)
-    prg.conv2d_backward_bias(g.queue, (k * wg,), (wg,), g.buffer, np.int64(g.offset), gb.buffer, np.int64(0),
-                             np.int32(n), np.int32(k), np.int32(oh * ow))
+    gb = Tensor.empty(g.queue, (g.shape[1],), g.dtype)
+    launch(g.queue, g.buffer, g.offset, gb.buffer)
     return gb

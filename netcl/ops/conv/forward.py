@@ -12,7 +12,6 @@ from netcl.ops.conv.geometry import (
     _activation,
     _check_winograd_dtype,
     _checked_key,
-    _db_state,
     _float_dtype,
     _params,
     _recall,
@@ -28,8 +27,6 @@ def conv2d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 
     activation: None or 'relu' (fused into the kernel's output stage). algorithm: one of ALGORITHMS.
     """
     key = _checked_key("conv2d", (x, weight, bias), stride, padding, dilation, groups, activation, algorithm)
-    if key is not None and algorithm == "auto":
-        key += _db_state(x.device)
     hit = _recall(key)
     if hit is not None:
         p, algo, act, dt = hit

@@ -9,10 +9,9 @@ from typing import Any
 import numpy as np
 
 from netcl import kernels
-from netcl.core import dtypes, shapes
+from netcl.core import capture, dtypes, shapes
 from netcl.core.tensor import Tensor
 from netcl.errors import DTypeError, ShapeError
-from netcl.kernels import tuning
 
 ALGORITHMS = ("auto", "direct", "depthwise", "winograd", "im2col")
 ACTIVATIONS = (None, "relu")  # what the direct and Winograd kernels fuse (kernels.ACTIVATIONS names)
@@ -158,8 +157,9 @@ def _params(x_shape: Sequence[int], w_shape: Sequence[int], stride: Any, padding
 # parameters. The first call runs every check and the algorithm choice; later calls with the same
 # signature reuse its result (ConvParams, algorithm) and go straight to allocation and launches, which
 # are the same launches with the same arguments (results stay bit-identical). Offsets are not part
-# of the signature: no check or choice depends on them, and every launch passes them afresh.
-_checked: dict[tuple, Any] = {}
+# of the signature: no check or choice depends on them, and every launch passes them afresh. The results
+# live in netcl.core.capture.plans (keys ("conv", op, ...)): an 'auto' choice read the tuning database when
+# it was made, and a change to the database empties that cache.
 
 
 def _shape_key(shape: Any) -> Any:
@@ -167,14 +167,12 @@ def _shape_key(shape: Any) -> Any:
     return tuple(shape) if isinstance(shape, (list, tuple)) else shape
 
 
-def _tsig(t: Any) -> tuple | None:
-    """What checks see of a tensor (AttributeError for non-tensors: the slow path reports them)."""
-    return None if t is None else (id(t.queue), t.shape, t.strides, t.dtype)
-
-
 def _checked_key(op: str, tensors: tuple, *params: Any) -> tuple | None:
     try:
-        key = (op, *(_tsig(t) for t in tensors), repr(params))  # repr: 2 and 2.0 must not share a key
+        # what checks see of each tensor (AttributeError for non-tensors: the slow path reports them);
+        # repr: 2 and 2.0 must not share a key
+        key = ("conv", op, *[None if t is None else (id(t.queue), t.shape, t.strides, t.dtype)
+                             for t in tensors], repr(params))
         hash(key)
     except (AttributeError, TypeError):
         return None
@@ -183,15 +181,10 @@ def _checked_key(op: str, tensors: tuple, *params: Any) -> tuple | None:
 
 def _recall(key: tuple | None) -> Any:
     """What the first call with this signature decided (None: not seen, or no key)."""
-    return _checked.get(key) if key is not None else None
+    return capture.plans.get(key) if key is not None else None
 
 
 def _remember(key: tuple | None, value: Any) -> Any:
-    if key is not None and len(_checked) < 4096:
-        _checked[key] = value
+    if key is not None:
+        capture.plans.put(key, value)
     return value
-
-
-def _db_state(device: Any) -> tuple:
-    """The tuning database state the 'auto' algorithm depends on (see _auto_algorithm)."""
-    return tuning.state(device)

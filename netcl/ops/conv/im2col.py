@@ -30,26 +30,21 @@ def _row_kernels(device: Any) -> bool:
     return device.capabilities.kind == "cpu"
 
 
-_im2col_plans: dict[tuple, tuple] = {}
-
-
 def _im2col(x: Tensor, p: ConvParams, n0: int, nb: int, ones_row: bool = False,
             batch_inner: bool = False) -> Tensor:
     """cols of images n0..n0+nb-1, R = Cg*KH*KW [+1 row of ones] rows of P = OH*OW positions each:
     (nb, G, R, P) per image, or with batch_inner (G, R, nb*P) (every image's positions in one row).
     The launch (kernel, sizes, scalar arguments) is built once per (device, dtype, geometry, chunk)."""
-    key = (id(x.device), x.dtype, p, n0, nb, ones_row, batch_inner, _row_kernels(x.device))
-    plan = _im2col_plans.get(key)
+    key = ("im2col", id(x.device), x.dtype, p, n0, nb, ones_row, batch_inner, _row_kernels(x.device))
+    plan = capture.plans.get(key)
     if plan is None or plan[0] is not x.device:
-        plan = _im2col_plan(x, p, n0, nb, ones_row, batch_inner)
-        if len(_im2col_plans) < 4096:
-            _im2col_plans[key] = plan
+        plan = capture.plans.put(key, _im2col_plan(x, p, n0, nb, ones_row, batch_inner))
     _, shape, launch = plan
     cols = Tensor.empty(x.queue, shape, x.dtype)
     if launch is not None:
         if capture.declaring():  # for the profiler: nb images read, the columns written
             profiling.work(0.0, float(nb * p.C * p.H * p.W * x.itemsize + cols.nbytes))
-        launch(x.queue, x.buffer, np.int64(x.offset), cols.buffer)
+        launch(x.queue, x.buffer, x.offset, cols.buffer)
     return cols
 
 
@@ -69,7 +64,7 @@ def _im2col_plan(x: Tensor, p: ConvParams, n0: int, nb: int, ones_row: bool, bat
     tail = (np.int64(sb), np.int64(sg), np.int64(sr),
             np.int32(n0), np.int32(nb), np.int32(ones_row), g[1], g[2], g[3], *g[5:])
     # a Plan (netcl.core.backend): the geometry arguments set once; x, its offset and cols per call
-    args = (None, None, None, *tail)
+    args = (None, np.int64(0), None, *tail)  # x's offset (a long) and the buffers per call
     if _row_kernels(x.device):
         return (x.device, shape, prg.im2col_rows.plan((rows, nb * p.G), None, args, (0, 1, 2)))
     return (x.device, shape, prg.im2col.plan((P, p.Cg + int(ones_row), nb * p.G), None, args, (0, 1, 2)))
@@ -124,23 +119,21 @@ def _backward_input_gemm(gy: Tensor, w: Tensor, gx: Tensor, p: ConvParams) -> No
         cols = mm.matmul(wt, gy[n0:n0 + nb].reshape(nb, p.G, p.Kg, P))        # (nb, G, R, P)
         if cols.offset or not cols.is_contiguous():
             cols = cols.clone()  # the kernels index a contiguous cols from element 0
-        _col2im_plan(gy, p, n0, nb)(gy.queue, cols.buffer, gx.buffer, np.int64(gx.offset))
-
-
-_col2im_plans: dict[tuple, tuple] = {}
+        _col2im_plan(gy, p, n0, nb)(gy.queue, cols.buffer, gx.buffer, gx.offset)
 
 
 def _col2im_plan(gy: Tensor, p: ConvParams, n0: int, nb: int) -> Any:
     """The Plan (netcl.core.backend) of one col2im chunk, built once: cols, gx and gx's offset per call."""
     rows = _row_kernels(gy.device)
-    key = (id(gy.device), gy.dtype, p, n0, nb, rows)
-    plan = _col2im_plans.get(key)
+    key = ("col2im", id(gy.device), gy.dtype, p, n0, nb, rows)
+    plan = capture.plans.get(key)
     if plan is None or plan[0] is not gy.device:
         g = p.geometry()
         tail = (np.int32(n0), np.int32(nb), g[1], g[2], g[3], *g[5:])
         if rows:
             prg = kernels.program(gy.device, "im2col.cl", dtype=gy.dtype)
-            plan = (gy.device, prg.col2im_plane.plan((nb * p.C,), None, (None, None, None, *tail), (0, 1, 2)))
+            plan = (gy.device, prg.col2im_plane.plan((nb * p.C,), None, (None, None, np.int64(0), *tail),
+                                                     (0, 1, 2)))
         else:  # the taps compiled in: no runtime division per tap (kernels/im2col.cl)
             prg = kernels.program(
                 gy.device,
@@ -155,10 +148,9 @@ def _col2im_plan(gy: Tensor, p: ConvParams, n0: int, nb: int) -> Any:
                 TAP_DH=p.DH,
                 TAP_DW=p.DW,
             )
-            plan = (gy.device, prg.col2im.plan((p.W, p.H, nb * p.C), None, (None, None, None, *tail),
+            plan = (gy.device, prg.col2im.plan((p.W, p.H, nb * p.C), None, (None, None, np.int64(0), *tail),
                                                (0, 1, 2)))
-        if len(_col2im_plans) < 4096:
-            _col2im_plans[key] = plan
+        capture.plans.put(key, plan)
     return plan[1]
 
 

@@ -172,7 +172,7 @@ def templates() -> dict[tuple, tuple[capture.Recording, tuple, Any]]:
 
 def _template_key(a: Any, b: Any, bias: Any, residual: Any, activation: Any, alpha: float,
                   bias_rows: bool = False) -> tuple | None:
-    if not (isinstance(a, Tensor) and isinstance(b, Tensor)) or a.ndim < 2 or b.ndim < 2:
+    if not (isinstance(a, Tensor) and isinstance(b, Tensor)) or len(a.shape) < 2 or len(b.shape) < 2:
         return None
     if a.queue is not b.queue or a.dtype != b.dtype or (
         activation not in ACTIVATIONS and activation not in ("rowsum", "relumask")
@@ -263,7 +263,7 @@ def matmul_rowsum(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor | None]:
     """(a @ b, row sums of a) for 2-D a (M, K) and b (K, N), in one launch where the CPU kernel runs
     (a linear layer's weight and bias gradients: a = g^T). Returns (a @ b, None) when the problem
     takes another kernel (GPU, tiny shapes); the caller then sums a's rows itself."""
-    if not (isinstance(a, Tensor) and isinstance(b, Tensor)) or a.ndim != 2 or b.ndim != 2:
+    if not (isinstance(a, Tensor) and isinstance(b, Tensor)) or len(a.shape) != 2 or len(b.shape) != 2:
         return matmul(a, b), None
     key = _template_key(a, b, None, None, "rowsum", 1.0)
     hit = capture.plans.get(key) if key is not None else None
@@ -291,7 +291,7 @@ def matmul_relu_mask(a: Tensor, b: Tensor, mask: Tensor) -> tuple[Tensor, bool]:
     applies the mask itself."""
     if (
         not (isinstance(a, Tensor) and isinstance(b, Tensor) and isinstance(mask, Tensor))
-        or a.ndim != 2 or b.ndim != 2 or mask.shape != (a.shape[0], b.shape[1])
+        or len(a.shape) != 2 or len(b.shape) != 2 or mask.shape != (a.shape[0], b.shape[1])
     ):
         return gemm(a, b), False
     key = _template_key(a, b, None, mask, "relumask", 1.0)
@@ -332,10 +332,10 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, activation: st
 
     The weight is read transposed in place (no copy). x is (..., in_features).
     """
-    if not isinstance(weight, Tensor) or weight.ndim != 2:
+    if not isinstance(weight, Tensor) or len(weight.shape) != 2:
         shape = getattr(weight, "shape", None)
         raise ShapeError(f"linear: weight must be 2-D (out_features, in_features), got shape {shape}")
-    if not isinstance(x, Tensor) or x.ndim < 1 or x.shape[-1] != weight.shape[1]:
+    if not isinstance(x, Tensor) or not x.shape or x.shape[-1] != weight.shape[1]:
         raise ShapeError(
             f"linear: x of shape {getattr(x, 'shape', None)} does not end in in_features={weight.shape[1]} "
             f"of weight {weight.shape}"
