@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pyopencl as cl
 
-from netcl import profiling
+from netcl.core import launch_labels, profile_hooks
 from netcl.core.backend import enqueue_copy, is_oom
 from netcl.core.hostcopy import copy_bytes
 from netcl.errors import DeviceError, OutOfMemoryError
@@ -101,7 +101,7 @@ class BufferPool:
         if nbytes > caps.max_alloc:
             raise OutOfMemoryError(self._oom_message(nbytes, "it is larger than one allocation may be"))
         cap = min(size_class(nbytes), max(caps.max_alloc, MIN_BLOCK))
-        site = profiling.site() if profiling.active else None
+        site = launch_labels.site() if profile_hooks.active else None
         with self._lock:
             self.requests += 1
             bucket = self._free.get(queue, {}).get(cap)
