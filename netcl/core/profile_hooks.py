@@ -107,19 +107,13 @@ class count_launches:
 # -- module and user scopes ---------------------------------------------------------------------------------
 def call_module(module: Any, args: tuple, kwargs: dict) -> Any:
     """Module.__call__ while profiling: forward() inside the module's scope (a host span of the trace)."""
-    local = labels.local
-    label = labels.module_label(module)
-    local.scopes.append(label)
-    local.modules += 1
+    label = labels.enter_module(module)
     t0 = _now()
     try:
         return module.forward(*args, **kwargs)
     finally:
         t1 = _now()
-        local.scopes.pop()
-        local.modules -= 1
-        if not local.modules:
-            local.root = None
+        labels.exit_module()
         _host_span(label, "module", t0, t1)
 
 
@@ -130,14 +124,13 @@ def scope(name: str) -> Iterator[None]:
     if not active:
         yield
         return
-    scopes = labels.local.scopes
-    scopes.append(str(name))
+    labels.enter_scope(str(name))
     t0 = _now()
     try:
         yield
     finally:
         t1 = _now()
-        scopes.pop()
+        labels.exit_scope()
         _host_span(str(name), "scope", t0, t1)
 
 
