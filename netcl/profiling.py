@@ -1,5 +1,7 @@
 """Seeing inside: the profiler (device time of every launch and transfer, by kernel, op and module scope;
-a table and a Chrome trace-event JSON timeline) and the launch counter tests use to prove fusion.
+a table and a Chrome trace-event JSON timeline). The launch path's half lives in core (profile_hooks,
+launch_labels); this module re-exports its public names: scope(), work(), transparent(), and the launch
+counter tests use to prove fusion (count_launches, launch_count).
 
     with profiling.profile() as prof:          # or NETCL_PROFILE=1 for a whole program
         train_step(...)
