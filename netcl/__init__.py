@@ -1,6 +1,8 @@
 """netcl: deep learning from first principles on PyOpenCL, on any OpenCL device."""
 
-from netcl import errors, ops  # noqa: F401  (importing ops installs Tensor's operators and kernel-backed methods)
+# importing ops installs Tensor's operators and kernel-backed methods; profiling hands the launch path its
+# process-wide profile (NETCL_PROFILE, queues made with event timing)
+from netcl import errors, ops, profiling  # noqa: F401
 from netcl.core.device import manager
 from netcl.core.memory import memory_summary
 from netcl.core.tensor import Tensor

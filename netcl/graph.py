@@ -42,8 +42,7 @@ from typing import Any
 import numpy as np
 import pyopencl as cl
 
-from netcl import profiling
-from netcl.core import backend, capture
+from netcl.core import backend, capture, launch_labels, profile_hooks
 from netcl.core.tensor import Tensor
 from netcl.errors import GraphCaptureError
 
@@ -159,8 +158,8 @@ class _HostTransfers(capture.Recording):
         self.seen: str | None = None
 
     def _record_launch(self, kernel: Any, queue: Any, global_size: tuple, local: Any, args: tuple) -> None:
-        if not profiling.active:
-            profiling.take_work()  # an op's declared work, consumed as a recording's launch would
+        if not profile_hooks.active:
+            launch_labels.take_work()  # an op's declared work, consumed as a recording's launch would
 
     def _record_fill(self, queue: Any, buffer: Any, pattern: Any, offset: int, nbytes: int) -> None:
         pass
@@ -316,3 +315,5 @@ def compile(fn: Callable[..., Any] | None = None, *, max_recordings: int = 16) -
     if fn is None:
         return lambda f: CompiledStep(f, max_recordings)
     return CompiledStep(fn, max_recordings)
+
+launch_labels.walks_through(__name__)  # netcl.profiling: a graph recording a launch: the op inside names it

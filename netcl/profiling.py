@@ -1,16 +1,19 @@
 """Seeing inside: the profiler (device time of every launch and transfer, by kernel, op and module scope;
-a table and a Chrome trace-event JSON timeline) and the launch counter tests use to prove fusion.
+a table and a Chrome trace-event JSON timeline). The launch path's half lives in core (profile_hooks,
+launch_labels); this module re-exports its public names: scope(), work(), transparent(), and the launch
+counter tests use to prove fusion (count_launches, launch_count).
 
     with profiling.profile() as prof:          # or NETCL_PROFILE=1 for a whole program
         train_step(...)
     prof.report()                              # calls, total, mean, share, GFLOP/s, GB/s per kernel and op
     prof.export_chrome_trace("step.json")      # open in Perfetto (ui.perfetto.dev) or chrome://tracing
 
-How it works, and what it costs when off: the backend asks `active` (one module global) on each launch and
-transfer. Inside a profile, each launch is timed with its OpenCL event (a queue made without event
-profiling is switched to one for the profile's duration, and back), and labelled with
+How it works, and what it costs when off: the backend asks `netcl.core.profile_hooks.active` (one module
+global) on each launch and transfer and hands each to the profiles running. Inside a profile, each launch is
+timed with its OpenCL event (a queue made without event profiling is switched to one for the profile's
+duration, and back), and labelled (netcl.core.launch_labels) with
 - its *op*: the outermost netcl op, autograd rule or optimizer step on the Python stack that launched it
-  (found by walking the frames: `conv2d`, `conv2d.backward`, `AdamW.step`), and
+  (the layers declare which of their frames name ops: `conv2d`, `conv2d.backward`, `AdamW.step`), and
 - its *scope*: the innermost `nn.Module` being called (its dotted name from `named_modules()` of the
   outermost module called, as `features.0 (Conv2d)`) or a user's `profiling.scope("name")`.
 Ops declare the work of their next launch (`profiling.work(flops, nbytes)`, under `if profiling.active`) so
@@ -21,336 +24,51 @@ per queue: each launch's QUEUED timestamp lies between the host times before and
 from __future__ import annotations
 
 import atexit
-import contextlib
 import json
 import runpy
 import sys
 import threading
 import time
 import traceback
-import weakref
 from collections import defaultdict
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from netcl import config
+from netcl.core import profile_hooks
+from netcl.core.launch_labels import current_op, current_scope, site, transparent, work
+from netcl.core.profile_hooks import (
+    BYTES,
+    END,
+    EVENT,
+    FLOPS,
+    KIND,
+    NAME,
+    OP,
+    QUEUE,
+    QUEUED,
+    SCOPE,
+    START,
+    T0,
+    T1,
+    THREAD,
+    count_launches,
+    launch_count,
+    scope,
+)
 
-# Read on every launch and transfer (the only cost when nothing is profiled).
-active = False
+__all__ = [
+    "Profile", "Row", "count_launches", "current_op", "current_scope", "launch_count", "process_profile",
+    "profile", "report", "reset", "run_script", "scope", "site", "table", "transparent", "work",
+]
 
 _now = time.perf_counter_ns
-_lock = threading.RLock()
-_sessions: list[Profile] = []  # replaced, never changed in place: hooks iterate it without the lock
 
 
-class _Local(threading.local):
-    def __init__(self) -> None:
-        self.scopes: list[str] = []  # module / user scope labels, innermost last
-        self.root: Any = None  # the outermost module being called (its named_modules() name the others)
-        self.modules = 0  # modules being called on this thread (0: the next one called is a root)
-        self.work: tuple[float, float] | None = None  # declared by an op for its next launch
-
-
-_local = _Local()
-
-
-# -- launch counter -------------------------------------------------------------------------------------
-_counter_lock = threading.Lock()
-_launches = 0
-
-
-def count_launch(n: int = 1) -> None:
-    """Count `n` kernel launches (the backend counts each launch; a graph replay counts its own)."""
-    global _launches
-    with _counter_lock:
-        _launches += n
-
-
-def launch_count() -> int:
-    """How many kernels netcl has launched in this process."""
-    return _launches
-
-
-class count_launches:
-    """Context manager: `with count_launches() as c: ...; c.count` is the launches inside."""
-
-    def __enter__(self) -> count_launches:
-        self._start = _launches
-        self.count = 0
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.count = _launches - self._start
-
-    @property
-    def so_far(self) -> int:
-        return _launches - self._start
-
-
-# -- op labels: the frames that launched ----------------------------------------------------------------
-_SKIP, _OP, _STOP = 0, 1, 2
-_code_kind: dict[Any, int] = {}
-_code_label: dict[Any, str] = {}
-# layers below ops (walked through), the op layers (the outermost frame there names the op), the rest stop
-_INNER = ("core", "kernels", "jit", "profiling", "config", "errors")
-_OPS = ("ops", "autograd", "optim")
-
-
-def _classify(module: str) -> int:
-    parts = module.split(".")
-    if parts[0] != "netcl" or len(parts) < 2:
-        return _STOP  # the user's code: the op is the outermost netcl frame below it
-    if module in ("netcl.jit.fuse", "netcl.jit.autodiff"):
-        return _OP  # @jit.fuse functions are ops of their own
-    if module in ("netcl.autograd.engine", "netcl.graph"):
-        return _SKIP  # the backward walk (its rules, closures named `op.<locals>.backward`, are the ops);
-        # a graph recording a launch
-    if parts[1] in _INNER:
-        return _SKIP
-    return _OP if parts[1] in _OPS else _STOP
-
-
-def transparent(fn: Any) -> Any:
-    """Mark `fn`, a wrapper that only forwards to an op (a Tensor or Node operator method, a classmethod
-    alias), as no op of its own: launches under it are labelled with the op it calls ("add", "randn"), not
-    with the wrapper's name ("method", "install"). Returns fn."""
-    _code_kind[fn.__code__] = _SKIP
-    return fn
-
-
-_ANONYMOUS = frozenset({"<locals>", "<lambda>", "<genexpr>", "<listcomp>", "<dictcomp>", "<setcomp>"})
-
-
-def _label(code: Any) -> str:
-    label = _code_label.get(code)
-    if label is None:
-        parts = [p for p in code.co_qualname.split(".") if p not in _ANONYMOUS]
-        label = _code_label[code] = ".".join(parts).lstrip("_") or code.co_name
-    return label
-
-
-def current_op(depth: int = 2) -> str:
-    """The op on this thread's Python stack (see the module docstring); "(direct)" for a kernel launched
-    straight from user code."""
-    f: Any = sys._getframe(depth)
-    best = outer = None
-    kinds = _code_kind
-    while f is not None:
-        code = f.f_code
-        kind = kinds.get(code)
-        if kind is None:
-            kind = kinds[code] = _classify(f.f_globals.get("__name__", ""))
-        if kind == _STOP:
-            break
-        if kind == _OP:
-            best = code
-        outer = code
-        f = f.f_back
-    code = best if best is not None else outer
-    return _label(code) if code is not None else "(direct)"
-
-
-def current_scope() -> str:
-    """The innermost module or user scope of this thread ("" outside any)."""
-    scopes = _local.scopes
-    return scopes[-1] if scopes else ""
-
-
-def site() -> str:
-    """Where work happens now: "scope / op" (allocation sites of netcl.memory_summary)."""
-    op = current_op(3)
-    scope = current_scope()
-    return f"{scope} / {op}" if scope else op
-
-
-# -- declared work ------------------------------------------------------------------------------------
-def work(flops: float = 0.0, nbytes: float = 0.0) -> None:
-    """Declare the FLOPs and compulsory bytes (read + written once) of this thread's next launch. Ops call
-    it only while it matters: `if capture.declaring(): profiling.work(2 * m * n * k, ...)` (a profile runs,
-    or a recording keeps it for replays that may be profiled)."""
-    _local.work = (float(flops), float(nbytes))
-
-
-def take_work() -> tuple[float, float] | None:
-    """The work declared for the next launch, consumed."""
-    declared, _local.work = _local.work, None
-    return declared
-
-
-def recorded_site() -> tuple[str, str, tuple[float, float] | None]:
-    """(op, scope, declared work) of the launch being recorded (netcl.core.capture keeps it for replays)."""
-    return current_op(3), current_scope(), _local.work
-
-
-# -- module and user scopes ---------------------------------------------------------------------------------
-# id(root module) -> (weak reference to it, id(module) -> dotted path from its named_modules())
-_module_names: dict[int, tuple[Any, dict[int, str]]] = {}
-
-
-def _paths(root: Any, refresh: bool = False) -> dict[int, str]:
-    entry = _module_names.get(id(root))
-    if entry is None or entry[0]() is not root or refresh:
-        entry = _module_names[id(root)] = (weakref.ref(root), {id(m): n for n, m in root.named_modules()})
-    return entry[1]
-
-
-def _module_label(module: Any, scopes: list[str]) -> str:
-    cls = type(module).__name__
-    if not _local.modules:
-        _paths(module)
-        _local.root = module
-        return cls
-    root = _local.root
-    path = _paths(root).get(id(module))
-    if path is None:  # a module added since, or one called that the root does not hold
-        path = _paths(root, refresh=True).get(id(module))
-    return f"{path} ({cls})" if path else f"{scopes[-1]}/{cls}"
-
-
-def call_module(module: Any, args: tuple, kwargs: dict) -> Any:
-    """Module.__call__ while profiling: forward() inside the module's scope (a host span of the trace)."""
-    scopes = _local.scopes
-    label = _module_label(module, scopes)
-    scopes.append(label)
-    _local.modules += 1
-    t0 = _now()
-    try:
-        return module.forward(*args, **kwargs)
-    finally:
-        t1 = _now()
-        scopes.pop()
-        _local.modules -= 1
-        if not _local.modules:
-            _local.root = None
-        _host_span(label, "module", t0, t1)
-
-
-@contextlib.contextmanager
-def scope(name: str) -> Iterator[None]:
-    """Label the launches inside with `name` (a span on the host track of a trace); cheap when not
-    profiling."""
-    if not active:
-        yield
-        return
-    scopes = _local.scopes
-    scopes.append(str(name))
-    t0 = _now()
-    try:
-        yield
-    finally:
-        t1 = _now()
-        scopes.pop()
-        _host_span(str(name), "scope", t0, t1)
-
-
-def _host_span(name: str, cat: str, t0: int, t1: int, args: dict | None = None) -> None:
-    tid = threading.get_ident()
-    for s in _sessions:
-        s._add_host(name, cat, t0, t1, tid, args)
-
-
-# -- launch and transfer hooks (netcl.core.backend, netcl.core.capture) -------------------------------------
-def before(queue: Any) -> int:
-    """Called before an enqueue while profiling: makes sure `queue` records event times; the host time."""
-    if not queue.timed:
-        _time_queue(queue)
-    return _now()
-
-
-def _time_queue(queue: Any) -> None:
-    with _lock:
-        if not queue.timed:
-            queue.set_timing(True)
-            _switched.append(queue)
-
-
-_switched: list[Any] = []  # queues switched to event timing by a profile (switched back after the last)
-
-
-def _targets(queue: Any) -> list[Profile]:
-    if queue.profiling and _process not in _sessions:
-        return _sessions + [_process]
-    return _sessions
-
-
-# record fields
-_KIND, _NAME, _OP_, _SCOPE, _Q, _EV, _T0, _T1, _FLOPS, _BYTES, _TID, _START, _END, _QUEUED = range(14)
-
-
-def launched(kernel: Any, queue: Any, event: Any, t0: int | None, site_info: tuple | None = None) -> None:
-    """A kernel launch was enqueued (t0: host ns before the enqueue, None when only the queue profiles)."""
-    t1 = _now()
-    if site_info is None:
-        op, scope_label, declared = current_op(3), current_scope(), _local.work
-        _local.work = None
-    else:  # a graph replay: the op and scope recorded at capture
-        op, scope_label, declared = site_info
-    flops, nbytes = declared if declared is not None else (None, None)
-    rec = [
-        "kernel",
-        kernel.name,
-        op,
-        scope_label,
-        queue,
-        event,
-        t0 if t0 is not None else t1,
-        t1,
-        flops,
-        nbytes,
-        threading.get_ident(),
-        0,
-        0,
-        0,
-    ]
-    for s in _targets(queue):
-        s._add(rec)
-
-
-def copied(queue: Any, event: Any, t0: int | None, dst: Any, src: Any, kwargs: dict, cl_module: Any) -> None:
-    """A transfer (enqueue_copy) was enqueued."""
-    t1 = _now()
-    dst_dev = isinstance(dst, cl_module.MemoryObject)
-    src_dev = isinstance(src, cl_module.MemoryObject)
-    name = "copy D2D" if dst_dev and src_dev else ("copy H2D" if dst_dev else "copy D2H")
-    nbytes = kwargs.get("byte_count")
-    if nbytes is None:
-        host = src if dst_dev and not src_dev else (dst if not dst_dev else None)
-        nbytes = getattr(host, "nbytes", None)
-        if nbytes is None:
-            nbytes = min(getattr(dst, "size", 0), getattr(src, "size", 0))
-    rec = ["copy", name, current_op(3), current_scope(), queue, event, t0 if t0 is not None else t1, t1, None,
-           float(nbytes), threading.get_ident(), 0, 0, 0]
-    for s in _targets(queue):
-        s._add(rec)
-
-
-def filled(queue: Any, event: Any, t0: int | None, nbytes: int) -> None:
-    """A fill (enqueue_fill_buffer) was enqueued (graph replays)."""
-    t1 = _now()
-    rec = [
-        "fill",
-        "fill",
-        current_op(3),
-        current_scope(),
-        queue,
-        event,
-        t0 if t0 is not None else t1,
-        t1,
-        None,
-        float(nbytes),
-        threading.get_ident(),
-        0,
-        0,
-        0,
-    ]
-    for s in _targets(queue):
-        s._add(rec)
-
-
-def span(name: str, cat: str, t0: int) -> None:
-    """A host span from `t0` (host ns) to now on the trace (graph replays add theirs while profiling)."""
-    _host_span(name, cat, t0, _now())
+def __getattr__(name: str) -> Any:
+    if name == "active":  # whether a profile records now: the launch path's own flag, read live
+        return profile_hooks.active
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # -- a profile ---------------------------------------------------------------------------------------------
@@ -395,13 +113,9 @@ class Profile:
 
     # -- recording --------------------------------------------------------------------------------
     def __enter__(self) -> Profile:
-        global active, _sessions
-        with _lock:
-            if self in _sessions:
-                raise RuntimeError("this profile is already active")
-            self.t_start = _now()
-            _sessions = [*_sessions, self]
-            active = True
+        t_start = _now()
+        profile_hooks.attach(self)  # raises if it is recording already
+        self.t_start = t_start
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -409,20 +123,10 @@ class Profile:
 
     def stop(self) -> None:
         """Stop recording (waits for the recorded events) and give queues back their own timing setting."""
-        global active, _sessions
-        with _lock:
-            if self not in _sessions:
-                return
-            _sessions = [s for s in _sessions if s is not self]
-            active = bool(_sessions)
-            self.t_end = _now()
-            if not active:
-                while _switched:
-                    q = _switched.pop()
-                    try:
-                        q.set_timing(False)
-                    except Exception:  # a queue whose device failed keeps its timing: harmless
-                        pass
+        t_end = _now()
+        if not profile_hooks.detach(self):
+            return
+        self.t_end = t_end
         self._drain()
 
     def _add(self, rec: list) -> None:
@@ -442,44 +146,44 @@ class Profile:
 
     def _drain_locked(self) -> None:
         for rec in self._pending:
-            ev = rec[_EV]
+            ev = rec[EVENT]
             if ev is not None:
                 try:
                     ev.wait()
                     prof = ev.profile
-                    rec[_START], rec[_END] = int(prof.start), int(prof.end)
+                    rec[START], rec[END] = int(prof.start), int(prof.end)
                 except Exception:  # a queue without event profiling: counted, no device time
-                    rec[_START] = rec[_END] = 0
+                    rec[START] = rec[END] = 0
                 try:  # the clock mapping's sample; a driver may not report it (no mapping then)
-                    rec[_QUEUED] = int(prof.queued) if rec[_END] else 0
+                    rec[QUEUED] = int(prof.queued) if rec[END] else 0
                 except Exception:
-                    rec[_QUEUED] = 0
-                rec[_EV] = None
-            q = rec[_Q]
+                    rec[QUEUED] = 0
+                rec[EVENT] = None
+            q = rec[QUEUE]
             if not isinstance(q, int):
                 key = id(q)
                 if key not in self._queue_names:
                     self._queue_names[key] = (q.device.device_name, f"queue {len(self._queue_names)}")
-                rec[_Q] = key
-            key = rec[_Q]
-            ns = max(rec[_END] - rec[_START], 0)
-            agg = self._agg[(rec[_KIND], rec[_NAME], rec[_OP_], rec[_SCOPE])]
+                rec[QUEUE] = key
+            key = rec[QUEUE]
+            ns = max(rec[END] - rec[START], 0)
+            agg = self._agg[(rec[KIND], rec[NAME], rec[OP], rec[SCOPE])]
             agg[0] += 1
             agg[1] += ns
-            if rec[_FLOPS] is not None:
-                agg[2] += rec[_FLOPS]
+            if rec[FLOPS] is not None:
+                agg[2] += rec[FLOPS]
                 agg[3] += ns
-            if rec[_BYTES] is not None:
-                agg[4] += rec[_BYTES]
+            if rec[BYTES] is not None:
+                agg[4] += rec[BYTES]
                 agg[5] += ns
-            if rec[_END]:
+            if rec[END]:
                 c = self._calib.get(key)
                 if c is None:  # [lower, upper bound from QUEUED, samples, lower bound from START]
                     c = self._calib[key] = [-(1 << 62), 1 << 62, 0, -(1 << 62)]
-                c[3] = max(c[3], rec[_T0] - rec[_START])  # nothing starts before it is enqueued
-                if rec[_QUEUED]:
-                    c[0] = max(c[0], rec[_T0] - rec[_QUEUED])  # offset >= t0 - queued (queued after t0)
-                    c[1] = min(c[1], rec[_T1] - rec[_QUEUED])  # offset <= t1 - queued (queued before t1)
+                c[3] = max(c[3], rec[T0] - rec[START])  # nothing starts before it is enqueued
+                if rec[QUEUED]:
+                    c[0] = max(c[0], rec[T0] - rec[QUEUED])  # offset >= t0 - queued (queued after t0)
+                    c[1] = min(c[1], rec[T1] - rec[QUEUED])  # offset <= t1 - queued (queued before t1)
                     c[2] += 1
             if len(self._records) < self.max_events:
                 self._records.append(rec)
@@ -569,23 +273,23 @@ class Profile:
         out = []
         with self._lock:
             for rec in self._records:
-                off = self._offset(rec[_Q])
-                start = rec[_START] + off if rec[_END] else None
-                end = rec[_END] + off if rec[_END] else None
+                off = self._offset(rec[QUEUE])
+                start = rec[START] + off if rec[END] else None
+                end = rec[END] + off if rec[END] else None
                 out.append(
                     {
-                        "kind": rec[_KIND],
-                        "name": rec[_NAME],
-                        "op": rec[_OP_],
-                        "scope": rec[_SCOPE],
-                        "queue": self._queue_names.get(rec[_Q], ("?", "?")),
-                        "t0": rec[_T0],
-                        "t1": rec[_T1],
+                        "kind": rec[KIND],
+                        "name": rec[NAME],
+                        "op": rec[OP],
+                        "scope": rec[SCOPE],
+                        "queue": self._queue_names.get(rec[QUEUE], ("?", "?")),
+                        "t0": rec[T0],
+                        "t1": rec[T1],
                         "start": start,
                         "end": end,
-                        "flops": rec[_FLOPS],
-                        "bytes": rec[_BYTES],
-                        "thread": rec[_TID],
+                        "flops": rec[FLOPS],
+                        "bytes": rec[BYTES],
+                        "thread": rec[THREAD],
                     }
                 )
         return out
@@ -734,19 +438,11 @@ def _report_at_exit() -> None:
         _process.report(file=sys.stderr)
 
 
-_whole_program = False
-
-
-def start_whole_program() -> None:
+def _record_whole_program() -> None:
     """NETCL_PROFILE: record the whole program into the process-wide profile and report it at exit. The
-    first queue made from the environment's setting starts it (netcl.core.device), not the import: nothing
-    runs on a device before a queue exists, and a bad NETCL_PROFILE is an error of that call, not of
-    `import netcl`."""
-    global _whole_program
-    with _lock:
-        if _whole_program:
-            return
-        _whole_program = True
+    first queue made from the environment's setting starts it (netcl.core.device, through
+    profile_hooks.start_whole_program), not the import: nothing runs on a device before a queue exists, and a
+    bad NETCL_PROFILE is an error of that call, not of `import netcl`."""
     _process.__enter__()
     atexit.register(_report_at_exit)
 
@@ -792,3 +488,6 @@ def run_script(
                       file=out)
     return status, prof
 
+
+
+profile_hooks.install(_process, _record_whole_program)

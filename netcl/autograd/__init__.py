@@ -30,8 +30,11 @@ from netcl.autograd.movement import *  # noqa: F403
 from netcl.autograd.nnops import *  # noqa: F403
 from netcl.autograd.reduce import *  # noqa: F403
 from netcl.autograd.transformer import *  # noqa: F403
+from netcl.core import launch_labels
 
 operators.install()
 
 __all__ = [name for module in (engine, attention, elementwise, loss, movement, nnops, reduce, transformer)
            for name in module.__all__]
+
+launch_labels.names_ops(__name__)  # netcl.profiling: a backward rule names its launches (conv2d.backward)

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from netcl import ops
-from netcl.core import dtypes
+from netcl.core import dtypes, launch_labels
 from netcl.core.tensor import Tensor
 from netcl.errors import DeviceMismatchError, DTypeError, NetclError, ShapeError
 
@@ -546,3 +546,5 @@ __all__ = [
     "record",
     "tensor",
 ]
+
+launch_labels.walks_through(__name__)  # netcl.profiling: the backward walk: its rules name the launches

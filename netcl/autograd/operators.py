@@ -9,13 +9,12 @@ import inspect
 
 import numpy as np
 
-from netcl import profiling
 from netcl.autograd import elementwise as ew
 from netcl.autograd import movement as mv
 from netcl.autograd import nnops
 from netcl.autograd import reduce as rd
 from netcl.autograd.engine import Node
-from netcl.core import dtypes
+from netcl.core import dtypes, launch_labels
 from netcl.ops.operators import ELEMENTWISE_METHODS, METHOD_ALIASES, REDUCE_METHODS
 
 
@@ -84,4 +83,4 @@ def install() -> None:
     for value in vars(N).values():
         fn = value.fget if isinstance(value, property) else value
         if inspect.isfunction(fn) and fn.__module__ == __name__:
-            profiling.transparent(fn)
+            launch_labels.transparent(fn)

@@ -20,8 +20,9 @@ from typing import Any
 import numpy as np
 import pyopencl as cl
 
-from netcl import config, profiling
+from netcl import config
 from netcl.core import capture, ptx
+from netcl.core import profile_hooks as profiling  # the launch path's side of netcl.profiling
 from netcl.core.files import atomic_write
 from netcl.errors import DeviceError, KernelBuildError, KernelLaunchError, OutOfMemoryError, ShapeError
 

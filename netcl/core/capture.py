@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import pyopencl as cl
 
-from netcl import profiling
+from netcl.core import launch_labels, profile_hooks
 from netcl.errors import GraphCaptureError
 
 
@@ -91,9 +91,9 @@ class Recording:
         self._check_queue(queue, f"kernel {kernel.name} launched")
         # the launch's op, scope and declared work, for the profile of its replays (ops declare work while
         # recording, see declaring(); without a profile running, the backend does not consume it: done here)
-        site = profiling.recorded_site()
-        if not profiling.active:
-            profiling.take_work()
+        site = launch_labels.recorded_site()
+        if not profile_hooks.active:
+            launch_labels.take_work()
         self.ops.append(["k", kernel, global_size, local, list(args), None, site])
 
     def _record_copy(self, queue: Any, dst: Any, src: Any, kwargs: dict) -> None:
@@ -170,12 +170,12 @@ class Recording:
             self._replay_template(bind)
             return
         launched = 0
-        timed = profiling.active
-        start = t0 = profiling.before(q) if timed else None
+        timed = profile_hooks.active
+        start = t0 = profile_hooks.before(q) if timed else None
         fixed = self._fixed_plans() if not (timed or q.profiling) else {}
         for i, op in enumerate(ops):
             if timed:
-                t0 = profiling.before(q)
+                t0 = profile_hooks.before(q)
             if op[0] == "k":
                 plan = fixed.get(i) if not (bind and op[5]) else None
                 if plan is not None:  # its own kernel object, every argument set when it was built
@@ -187,19 +187,19 @@ class Recording:
                     continue
                 event = op[1]._enqueue(q, op[2], op[3], _bound(op, bind), None)
                 if timed or q.profiling:
-                    profiling.launched(op[1], q, event, t0, op[6] or ("graph replay", "", None))
+                    profile_hooks.launched(op[1], q, event, t0, op[6] or ("graph replay", "", None))
                 launched += 1
             elif op[0] == "copy":
                 event = cl.enqueue_copy(q.cl, op[1], op[2], **op[3])
                 if timed or q.profiling:
-                    profiling.copied(q, event, t0, op[1], op[2], op[3], cl)
+                    profile_hooks.copied(q, event, t0, op[1], op[2], op[3], cl)
             else:
                 event = cl.enqueue_fill_buffer(q.cl, op[1], op[2], op[3], op[4])
                 if timed or q.profiling:
-                    profiling.filled(q, event, t0, op[4])
+                    profile_hooks.filled(q, event, t0, op[4])
         if timed:
-            profiling.span("Graph.replay", "graph", start)
-        profiling.count_launch(launched)
+            profile_hooks.span("Graph.replay", "graph", start)
+        profile_hooks.count_launch(launched)
 
     def _fixed_plans(self) -> dict[int, Any]:
         """A graph's launches whose arguments never change (no refresh; slots unless bound), as Plans with
@@ -219,8 +219,8 @@ class Recording:
         for op in self.ops:
             if op[0] == "k":
                 site = op[6]
-                if site is not None and site[2] is not None and profiling.active:
-                    profiling.work(*site[2])  # the work its op declared when it was recorded
+                if site is not None and site[2] is not None and profile_hooks.active:
+                    launch_labels.work(*site[2])  # the work its op declared when it was recorded
                 if len(op) > 7:  # its Plan: each slot's buffer, and its offset where the slot names one
                     values: list[Any] = []
                     for slot, positions in op[5]:
@@ -272,7 +272,7 @@ def recording_now() -> bool:
 def declaring() -> bool:
     """Whether an op should declare the work of its next launch (netcl.profiling.work): while profiling,
     and while this thread records (a replay may be profiled later)."""
-    return profiling.active or bool(_state.stack and not _state.paused)
+    return profile_hooks.active or bool(_state.stack and not _state.paused)
 
 
 def capturing() -> Recording | None:

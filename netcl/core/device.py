@@ -13,8 +13,8 @@ from netcl import config
 from netcl.core import variants
 from netcl.core.backend import Queue
 from netcl.core.memory import BufferPool
+from netcl.core.profile_hooks import start_whole_program
 from netcl.errors import DeviceError, NoPlatformError
-from netcl.profiling import start_whole_program
 
 _KIND_ORDER = ("gpu", "accelerator", "cpu")
 

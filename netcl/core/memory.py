@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pyopencl as cl
 
-from netcl import profiling
+from netcl.core import launch_labels, profile_hooks
 from netcl.core.backend import enqueue_copy, is_oom
 from netcl.core.hostcopy import copy_bytes
 from netcl.errors import DeviceError, OutOfMemoryError
@@ -114,7 +114,7 @@ class BufferPool:
             if len(self._classes) < 4096:
                 self._classes[nbytes] = checked
         nbytes, cap = checked
-        site = profiling.site() if profiling.active else None
+        site = launch_labels.site() if profile_hooks.active else None
         with self._lock:
             self.requests += 1
             free = self._free.get(queue)

@@ -13,7 +13,7 @@ import operator
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, TypeVar
 
-from netcl import profiling
+from netcl.core import launch_labels
 from netcl.errors import ShapeError, SizeTypeError
 
 
@@ -199,6 +199,6 @@ def torch_names(fn: F | None = None, *, indices: str | None = None) -> Any:
             found = fn.__globals__[indices](next(iter(given.values())), given["axis"], given["keepdims"])
             return ValuesIndices(out, found)
 
-        return profiling.transparent(reduction)  # type: ignore[return-value]
+        return launch_labels.transparent(reduction)  # type: ignore[return-value]
 
     return decorate if fn is None else decorate(fn)

@@ -8,6 +8,7 @@
   launch when its result is needed. NETCL_FUSION=0 turns it off.
 """
 
+from netcl.core import launch_labels
 from netcl.jit import autodiff, codegen, ir
 from netcl.jit.autodiff import vjp
 from netcl.jit.fuse import FusedFunction, fuse, substitute
@@ -17,3 +18,5 @@ from netcl.jit.runner import run_elementwise
 
 __all__ = ["FusedFunction", "Pending", "TraceError", "autodiff", "codegen", "fuse", "ir", "run_elementwise",
            "substitute", "trace_mode", "vjp"]
+
+launch_labels.walks_through(__name__)  # netcl.profiling: the JIT's launches are the ops' that call it

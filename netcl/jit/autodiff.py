@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
+from netcl.core import launch_labels
 from netcl.jit import ir
 from netcl.jit.ir import Node
 
@@ -354,3 +355,5 @@ def vjp(outputs: list[Node], grads: list[Node], values: dict[int, Node] | None =
             contrib = ir.cast(contrib, arg.dtype)
             adj[id(arg)] = _b("add", adj[id(arg)], contrib) if id(arg) in adj else contrib
     return result
+
+launch_labels.names_ops(__name__)  # netcl.profiling: a fused function's derivative is an op of its own

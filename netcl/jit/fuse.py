@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from netcl.core import dtypes
+from netcl.core import dtypes, launch_labels
 from netcl.core.tensor import Tensor, check_same_queue, contiguous_strides
 from netcl.errors import ShapeError
 from netcl.jit import autodiff, ir, lazy
@@ -213,3 +213,5 @@ class FusedFunction:
 def fuse(fn: Callable[..., Any]) -> FusedFunction:
     """Decorator: run `fn` (elementwise work on Tensors) as one kernel; see the module docstring."""
     return FusedFunction(fn)
+
+launch_labels.names_ops(__name__)  # netcl.profiling: a @jit.fuse function is an op of its own

@@ -28,9 +28,9 @@ from typing import Any
 
 import numpy as np
 
-from netcl import kernels, profiling
+from netcl import kernels
 from netcl.config import jit_knob
-from netcl.core import capture, dtypes
+from netcl.core import capture, dtypes, launch_labels
 from netcl.core.tensor import Tensor, _coalesce
 from netcl.jit import codegen, ir
 from netcl.jit.runner import broadcast_strides, declared_work, memo_params_args
@@ -589,7 +589,7 @@ def run(
         flops, nbytes = declared_work(
             desc, n, leaves, out.nbytes + (out_idx.nbytes if out_idx is not None else 0)
         )
-        profiling.work(flops + n, nbytes)
+        launch_labels.work(flops + n, nbytes)
     kernel(queue, gsize, lsize, *args)
     if P > 1:
         _stage2(queue, reducer, acc, parts, out, M, P, mean, R)

@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from netcl import kernels, profiling
+from netcl import kernels
 from netcl.config import jit_knob
-from netcl.core import capture
+from netcl.core import capture, launch_labels
 from netcl.core import dtypes as core_dtypes
 from netcl.core.tensor import Tensor, _coalesce, contiguous_strides
 from netcl.jit import codegen, ir
@@ -192,7 +192,7 @@ def run_elementwise(outputs: list[tuple[ir.Node, Tensor]]) -> None:
     if params:
         values += memo_params_args(params, memo)
     if capture.declaring():
-        profiling.work(*declared_work(desc, math.prod(shape), leaves, sum(o.nbytes for o in out_tensors)))
+        launch_labels.work(*declared_work(desc, math.prod(shape), leaves, sum(o.nbytes for o in out_tensors)))
     launch(queue, *values)
 
 

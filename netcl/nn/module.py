@@ -16,9 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from netcl import profiling
 from netcl.autograd.engine import Parameter
-from netcl.core import dtypes
+from netcl.core import dtypes, launch_labels, profile_hooks
 from netcl.core.backend import as_queue
 from netcl.core.tensor import Tensor
 from netcl.errors import DTypeError, NetclError
@@ -52,7 +51,7 @@ def _queue_first(init: Any, layer: str) -> Any:
             )
         init(self, *args, **kwargs)
 
-    return profiling.transparent(__init__)
+    return launch_labels.transparent(__init__)
 
 
 class Module:
@@ -351,8 +350,8 @@ class Module:
         raise NotImplementedError(f"{type(self).__name__} defines no forward()")
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if profiling.active:  # the module's scope labels the launches inside (one global read when off)
-            return profiling.call_module(self, args, kwargs)
+        if profile_hooks.active:  # the module's scope labels the launches inside (one global read when off)
+            return profile_hooks.call_module(self, args, kwargs)
         return self.forward(*args, **kwargs)
 
     def extra_repr(self) -> str:

@@ -5,6 +5,7 @@ Importing this package also installs Tensor's methods that launch kernels (opera
 numbers: netcl.ops.operators, netcl.ops.copy, netcl.ops.random); `import netcl` does it.
 """
 # ruff: noqa: F401  (this module exists to re-export)
+from netcl.core import launch_labels
 from netcl.ops import copy, operators, random
 from netcl.ops.attention import *  # noqa: F403
 from netcl.ops.conv import *  # noqa: F403
@@ -33,3 +34,5 @@ from netcl.ops.sampling import *  # noqa: F403
 copy.install()
 operators.install()
 random.install()
+
+launch_labels.names_ops(__name__)  # netcl.profiling: the outermost ops frame on a launch's stack names its op

@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from netcl import kernels, profiling
-from netcl.core import capture, dtypes
+from netcl import kernels
+from netcl.core import capture, dtypes, launch_labels
 from netcl.core.tensor import Tensor, check_same_queue
 from netcl.errors import DTypeError, ShapeError
 from netcl.ops import elementwise, reduce
@@ -163,7 +163,7 @@ def _bn_elementwise(prg: Any, layout: str, name: str, like: Tensor, hw: int, vec
     out = Tensor.empty(like.queue, like.shape, like.dtype)
     n, c = like.shape[0], like.shape[1]
     if capture.declaring():  # for the profiler: x (and grad_y) read once, the output written once
-        profiling.work(0.0, float(like.nbytes * (3 if "grad" in name else 2)))
+        launch_labels.work(0.0, float(like.nbytes * (3 if "grad" in name else 2)))
     if layout == "groups":
         getattr(prg, f"{name}_flat")(like.queue, (hw // vec, n * c), None, out=out.buffer, C=np.int32(c),
                                      NC=np.int32(n * c), **args)
@@ -253,7 +253,7 @@ def batch_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, running_me
         args = dict(x=x.buffer, x_off=np.int64(x.offset), part=part.buffer, N=np.int32(n), S=np.int32(parts),
                     **common)
         if capture.declaring():
-            profiling.work(0.0, float(x.nbytes))
+            launch_labels.work(0.0, float(x.nbytes))
         if layout == "groups":
             count = _bn_counter(x.queue, c) if fused else part
             prg.batch_norm_stats_groups(x.queue, (c * parts * local,), (local,), count=count.buffer, **args)
@@ -341,7 +341,7 @@ def batch_norm_backward(grad_out: Tensor, x: Tensor, weight: Tensor | None, save
     fused = _bn_fused(layout, parts, dt)
     prg = _bn_program(x.device, dt, layout, hw, vec, relu, fused)
     if capture.declaring():  # grad_y and x read once
-        profiling.work(0.0, float(2 * x.nbytes))
+        launch_labels.work(0.0, float(2 * x.nbytes))
     if layout == "groups":
         count = _bn_counter(x.queue, c) if fused else part
         prg.batch_norm_backward_groups(x.queue, (c * parts * local,), (local,), count=count.buffer, **args)

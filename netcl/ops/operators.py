@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from netcl import profiling
+from netcl.core import launch_labels
 from netcl.core.tensor import Tensor
 from netcl.ops import elementwise as ew
 from netcl.ops import movement as mv
@@ -55,11 +55,11 @@ def _method(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     method.__name__ = fn.__name__
     method.__doc__ = fn.__doc__
-    return profiling.transparent(method)  # the profiler names `fn`, not this wrapper
+    return launch_labels.transparent(method)  # the profiler names `fn`, not this wrapper
 
 
 def _reflected(fn: Callable[..., Any]) -> Callable[..., Any]:
-    return profiling.transparent(lambda self, other: fn(other, self))
+    return launch_labels.transparent(lambda self, other: fn(other, self))
 
 
 def _inplace(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -68,7 +68,7 @@ def _inplace(fn: Callable[..., Any]) -> Callable[..., Any]:
         mv.setitem(self, Ellipsis, fn(self, other))
         return self
 
-    return profiling.transparent(op)
+    return launch_labels.transparent(op)
 
 
 def _eq(self: Tensor, other: Any) -> Any:
@@ -93,4 +93,4 @@ def install() -> None:
     Tensor.__eq__ = _eq  # type: ignore[method-assign]
     Tensor.__ne__ = _ne  # type: ignore[method-assign]
     Tensor.__pos__ = lambda self: self
-    Tensor.__setitem__ = profiling.transparent(lambda self, index, value: mv.setitem(self, index, value))
+    Tensor.__setitem__ = launch_labels.transparent(lambda self, index, value: mv.setitem(self, index, value))

@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from netcl import kernels, profiling
-from netcl.core import dtypes
+from netcl import kernels
+from netcl.core import dtypes, launch_labels
 from netcl.core.backend import as_queue
 from netcl.core.capture import capturing
 from netcl.core.tensor import Tensor, _normalize_shape
@@ -151,7 +151,7 @@ def randint(q: Any, low: int, high: int, shape: Any, dtype: Any = np.int32,
 
 def install() -> None:
     """Tensor.rand / randn / randint: these functions as classmethods (Tensor.randn(q, shape, seed=0))."""
-    alias = profiling.transparent  # the profiler names rand/randn/randint, not these lambdas
+    alias = launch_labels.transparent  # the profiler names rand/randn/randint, not these lambdas
     Tensor.rand = classmethod(alias(
         lambda cls, q, shape, dtype=np.float32, **kw: rand(q, shape, dtype, **kw)))
     Tensor.randn = classmethod(alias(

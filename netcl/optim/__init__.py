@@ -1,6 +1,7 @@
 """Optimizers (one fused kernel launch per chunk of parameters), schedulers and gradient clipping.
 `optim.lr_scheduler` is PyTorch's name for the schedulers' module."""
 
+from netcl.core import launch_labels
 from netcl.optim import lr_scheduler
 from netcl.optim.adam import Adam, AdamW
 from netcl.optim.clip import clip_grad_norm_
@@ -37,3 +38,5 @@ __all__ = [
     "clip_grad_norm_",
     "lr_scheduler",
 ]
+
+launch_labels.names_ops(__name__)  # netcl.profiling: an optimizer step names its launches (AdamW.step)

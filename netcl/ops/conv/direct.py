@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from netcl import kernels, profiling
-from netcl.core import capture
+from netcl import kernels
+from netcl.core import capture, launch_labels
 from netcl.core.tensor import Tensor
 from netcl.ops.conv.geometry import ConvParams
 
@@ -28,7 +28,7 @@ def _conv_direct(x: Tensor, w: Tensor, bias: Tensor | None, out: Tensor, p: Conv
     kblocks = p.G * math.ceil(p.Kg / kb)
     b = bias if bias is not None else out
     if capture.declaring():  # for the profiler: the convolution's FLOPs, x, w and out moved once
-        profiling.work(p.flops, float(x.nbytes + w.nbytes + out.nbytes))
+        launch_labels.work(p.flops, float(x.nbytes + w.nbytes + out.nbytes))
     prg.conv2d_direct(
         x.queue,
         (math.ceil(p.OW / owb), p.OH, p.N * kblocks),
@@ -51,7 +51,7 @@ def _backward_input_into(gy: Tensor, w: Tensor, bias: Tensor | None, gx: Tensor,
     prg = kernels.program(gy.device, "conv_direct.cl", dtype=gy.dtype, act=act)
     b = bias if bias is not None else gx
     if capture.declaring():  # for the profiler: the convolution's FLOPs, grad_out, w and grad_in moved once
-        profiling.work(p.flops, float(gy.nbytes + w.nbytes + gx.nbytes))
+        launch_labels.work(p.flops, float(gy.nbytes + w.nbytes + gx.nbytes))
     prg.conv2d_backward_input(gy.queue, (p.W, p.H, p.N * p.C), None, gy.buffer, np.int64(gy.offset),
                               w.buffer, np.int64(w.offset), b.buffer, np.int64(b.offset),
                               np.int32(bias is not None), gx.buffer, np.int64(gx.offset), *p.geometry())

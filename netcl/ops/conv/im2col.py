@@ -9,8 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from netcl import kernels, profiling
-from netcl.core import capture
+from netcl import kernels
+from netcl.core import capture, launch_labels
 from netcl.core.tensor import Tensor
 from netcl.ops import gemm as mm
 from netcl.ops.conv.geometry import ConvParams, _params
@@ -43,7 +43,7 @@ def _im2col(x: Tensor, p: ConvParams, n0: int, nb: int, ones_row: bool = False,
     cols = Tensor.empty(x.queue, shape, x.dtype)
     if launch is not None:
         if capture.declaring():  # for the profiler: nb images read, the columns written
-            profiling.work(0.0, float(nb * p.C * p.H * p.W * x.itemsize + cols.nbytes))
+            launch_labels.work(0.0, float(nb * p.C * p.H * p.W * x.itemsize + cols.nbytes))
         launch(x.queue, x.buffer, x.offset, cols.buffer)
     return cols
 

@@ -8,8 +8,7 @@ from typing import Any
 import numpy as np
 import pyopencl as cl
 
-from netcl import profiling
-from netcl.core import capture, dtypes
+from netcl.core import capture, dtypes, launch_labels
 from netcl.core.tensor import Tensor
 from netcl.ops.gemm import splitk, variants
 from netcl.ops.gemm.problem import _batch_strides, _collapse, _long4, _matrix_strides, _Problem, _tiled_layout
@@ -189,7 +188,7 @@ def launch(
     for outer in np.ndindex(*outer_shape) if outer_shape else [()]:
         extra = [sum(i * s[j] for j, i in enumerate(outer)) for s in (a_bs, b_bs, c_bs, r_bs)]
         if capture.declaring():
-            profiling.work(*gemm_work(p.m, p.n, p.k, nbatch, dt.itemsize, res is not None))
+            launch_labels.work(*gemm_work(p.m, p.n, p.k, nbatch, dt.itemsize, res is not None))
         kernel(
             queue,
             gsize,

@@ -16,8 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from netcl import profiling
-from netcl.core import capture, dtypes
+from netcl.core import capture, dtypes, launch_labels
 from netcl.core.tensor import Tensor
 from netcl.errors import DTypeError, ShapeError
 from netcl.ops.gemm.problem import _long4, _matrix_strides, _Problem
@@ -112,7 +111,7 @@ def gpu_split(
     kernel = getattr(_program(p.out.device, variant, gemm_defines), f"gemm_{variant}")
     i64 = np.int64
     if capture.declaring():  # the K slices as a batch: A and B read once, `splits` partial products written
-        profiling.work(2.0 * p.m * p.n * p.k,
+        launch_labels.work(2.0 * p.m * p.n * p.k,
                        float((p.m * p.k + p.k * p.n) * dt.itemsize + splits * p.m * p.n * acc_dt.itemsize))
     kernel(
         p.out.queue, (*grid, splits), local,
@@ -160,7 +159,8 @@ def reduce_splits(p: _Problem, work: Tensor, splits: int) -> None:
     local = (lx, max(1, min(256 // lx, 4)), 1) if device.capabilities.kind != "cpu" else None
     i64 = np.int64
     if capture.declaring():  # S partial sums per output read, one output written
-        profiling.work(float(splits * p.m * p.n), float(p.m * p.n * (splits * work.itemsize + dt.itemsize)))
+        launch_labels.work(float(splits * p.m * p.n),
+                           float(p.m * p.n * (splits * work.itemsize + dt.itemsize)))
     reducer(
         out.queue,
         (p.n, p.m, 1),
