@@ -8,6 +8,8 @@ netcl's and PyTorch's first-step losses agree on the same weights and batch.
     python bench/resnet.py --gpu                 # GPU: batches 128 and 256, PyTorch CUDA (cudnn.benchmark on,
     TF32 off)
     python bench/resnet.py --gpu --batches 128 --steps 10 --skip torch-graph --out bench/results/resnet.json
+    python bench/resnet.py --gpu --amp bfloat16   # netcl's --amp step (netcl.train.loop.MixedPrecision)
+                                                  # beside torch.autocast (float16: both with a GradScaler)
 
 Work per step: 0.56 GFLOP of forward multiply-adds per image x 2 x 3 (forward + both gradients) ~ 3.3
 GFLOP per image; at batch 128 ~ 0.43 TFLOP, ~8.4 ms at the H200's ~51 TFLOP/s FP32 peak (cuBLAS SGEMM).
@@ -34,7 +36,7 @@ from netcl.core.tensor import Tensor  # noqa: E402
 from netcl.graph import Graph  # noqa: E402
 from netcl.nn.resnet import resnet18  # noqa: E402
 from netcl.ops import random  # noqa: E402
-from netcl.train.loop import train_step  # noqa: E402
+from netcl.train.loop import MixedPrecision, train_step  # noqa: E402
 
 LR, MOMENTUM, WEIGHT_DECAY, CLASSES = 0.05, 0.9, 5e-4, 10
 
@@ -75,24 +77,25 @@ def batch_data(batch: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 # -- netcl ---------------------------------------------------------------------------------------------
-def netcl_run(q, batch: int, steps: int, warmup: int, profile_steps: int) -> dict:
+def netcl_run(q, batch: int, steps: int, warmup: int, profile_steps: int, amp: str | None = None) -> dict:
     random.manual_seed(0)
     model = resnet18(q, CLASSES)
     opt = optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY)
+    mixed = MixedPrecision.make(amp) if amp else None   # what `netcl train --amp` runs
     xh, yh = batch_data(batch)
     x, y = Tensor.from_host(q, xh), Tensor.from_host(q, yh)
     state = {k: v.to_host().copy() for k, v in model.state_dict().items()}  # before any step: the torch check
-    first_loss = float(train_step(model, opt, x, y).to_host()[0])
-    eager = timed(lambda: train_step(model, opt, x, y), q.finish, steps, warmup)
+    first_loss = float(train_step(model, opt, x, y, mixed=mixed).to_host()[0])
+    eager = timed(lambda: train_step(model, opt, x, y, mixed=mixed), q.finish, steps, warmup)
     host = []
     for _ in range(3):  # host time to enqueue one eager step on an idle queue
         t0 = time.perf_counter()
-        train_step(model, opt, x, y)
+        train_step(model, opt, x, y, mixed=mixed)
         host.append(time.perf_counter() - t0)
         q.finish()
     graph = Graph()
     with graph.capture():
-        train_step(model, opt, x, y)
+        train_step(model, opt, x, y, mixed=mixed)
     replay = timed(graph.replay, q.finish, steps, warmup)
     with profiling.profile() as prof:
         for _ in range(profile_steps):
@@ -155,7 +158,8 @@ def torch_model(torch):
 
 
 def torch_run(
-    batch: int, gpu: bool, steps: int, warmup: int, state: dict, threads: int, graphs: bool
+    batch: int, gpu: bool, steps: int, warmup: int, state: dict, threads: int, graphs: bool,
+    amp: str | None = None,
 ) -> dict:
     import torch  # noqa: PLC0415  (a peer, imported only when measured)
 
@@ -178,10 +182,19 @@ def torch_run(
     x, y = torch.from_numpy(xh).to(dev), torch.from_numpy(yh).long().to(dev)
     finish = torch.cuda.synchronize if gpu else (lambda: None)
 
+    dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16}.get(amp or "")
+    scaler = torch.amp.GradScaler(dev) if amp == "float16" else None
+
     def step():
-        loss = torch.nn.functional.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
+        with torch.autocast(dev, dtype=dtype, enabled=dtype is not None):
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+        if scaler is not None:
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+        else:
+            loss.backward()
+            opt.step()
         opt.zero_grad(set_to_none=False)
         return loss
 
@@ -218,6 +231,9 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="PyTorch CPU threads")
     ap.add_argument("--skip", default="", help="comma list of peers to skip: torch, torch-graph")
     ap.add_argument("--top", type=int, default=12, help="kernels in the printed breakdown")
+    ap.add_argument("--amp", choices=("float16", "bfloat16"), default=None,
+                    help="mixed precision on both sides: netcl's --amp step, torch.autocast (float16 with "
+                         "a GradScaler each)")
     ap.add_argument("--out", default="bench/results/resnet.json")
     args = ap.parse_args()
     steps = args.steps or (20 if args.gpu else 3)
@@ -231,18 +247,19 @@ def main() -> int:
     rows = []
     for batch in batches:
         entry: dict = {"batch": batch, "step_gflop": gflop_image * batch}
-        nc = netcl_run(q, batch, steps, warmup, profile_steps)
+        nc = netcl_run(q, batch, steps, warmup, profile_steps, args.amp)
         state = nc.pop("_state")
         entry["netcl"] = {"device": dev.device_name, **nc}
         if "torch" not in skip:
             try:
                 entry["pytorch"] = torch_run(batch, args.gpu, steps, warmup, state, args.threads,
-                                             "torch-graph" not in skip)
+                                             "torch-graph" not in skip, args.amp)
             except Exception as exc:  # a missing peer is reported, not fatal
                 entry["pytorch"] = {"note": f"unavailable: {type(exc).__name__}: {exc}"[:160]}
         rows.append(entry)
 
-    print(f"ResNet-18 CIFAR training step (forward + cross-entropy + backward + SGD momentum), float32, "
+    precision = f"autocast {args.amp} (both)" if args.amp else "float32"
+    print(f"ResNet-18 CIFAR training step (forward + cross-entropy + backward + SGD momentum), {precision}, "
           f"median of {steps} after {warmup} warm-up")
     print(f"netcl device: {dev.describe()}; host: {platform.processor() or platform.machine()}")
     print(f"{'batch':>5}  {'impl':<22}{'ms/step':>9}{'img/s':>9}{'TFLOP/s':>9}{'x torch eager':>15}")
@@ -282,7 +299,7 @@ def main() -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"steps": steps, "warmup": warmup, "gpu": args.gpu, "device": dev.describe(),
-                               "rows": rows}, indent=2))
+                               "amp": args.amp, "rows": rows}, indent=2))
     print(f"wrote {out}")
     return 0
 
