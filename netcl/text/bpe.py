@@ -54,6 +54,17 @@ class BPETokenizer:
         merge_priority: optional bytes -> priority used for merging when it differs from the id
             (Hugging Face files whose ids do not follow merge order). Defaults to ``ranks``.
         cache_size: bound on the chunk -> ids cache.
+        byte_fallback: SentencePiece-style BPE: byte value (0..255) -> id of its ``<0xAB>`` token, for all
+            256 bytes. Then ``ranks`` need not hold the single bytes; merging works on characters (each
+            single-character token is whole before any merge, as Hugging Face's BPE starts from characters)
+            and a character outside the vocabulary becomes its UTF-8 bytes' fallback ids.
+        metaspace: SentencePiece's spaces, for tokenizers whose vocab writes a space as ``▁`` (stored here as
+            a space): a ``▁`` in the text is a space, and each text segment (the text between special tokens)
+            gets a space in front: ``"prepend"`` always (a Prepend normalizer), ``"always"`` unless it starts
+            with one (Metaspace pre-tokenizer), ``"first"`` likewise but only for the segment that starts the
+            text, ``"never"``. `decode` drops one leading space unless ``"never"``. None: no such handling.
+        bos_token: the special token a Hugging Face post-processor puts before the text (``<s>``); `encode`
+            adds it with ``add_bos=True``.
     """
 
     def __init__(
@@ -66,6 +77,9 @@ class BPETokenizer:
         merges: Sequence[tuple[tuple[int, int], int]] | None = None,
         merge_priority: Mapping[bytes, int] | None = None,
         cache_size: int = DEFAULT_CACHE_SIZE,
+        byte_fallback: Mapping[int, int] | None = None,
+        metaspace: str | None = None,
+        bos_token: str | None = None,
     ) -> None:
         if not isinstance(ranks, Mapping):
             raise TypeError(f"ranks must be a mapping bytes -> int, got {type(ranks).__name__}")
@@ -85,7 +99,8 @@ class BPETokenizer:
                 )
             self._encoder[token] = rank
             self._decoder[rank] = token
-        missing = [b for b in range(256) if bytes([b]) not in self._encoder]
+        self._byte_fallback = _check_byte_fallback(byte_fallback, self._decoder)
+        missing = [b for b in range(256) if bytes([b]) not in self._encoder and self._byte_fallback is None]
         if missing:
             raise ValueError(
                 f"byte-level BPE needs all 256 single bytes in ranks; {len(missing)} missing "
@@ -118,6 +133,23 @@ class BPETokenizer:
         for tid, token in special_by_id.items():
             self._decoder[tid] = token.encode("utf-8")
         self._priority = self._encoder if merge_priority is None else _check_priority(merge_priority, ranks)
+        if self._byte_fallback is not None:
+            for byte, tid in self._byte_fallback.items():
+                if tid in special_by_id:
+                    raise ValueError(
+                        f"byte_fallback id {tid} (byte {byte:#04x}) is also the special token "
+                        f"{special_by_id[tid]!r}"
+                    )
+                self._decoder[tid] = bytes([byte])
+            self._priority = _with_whole_characters(self._priority, self._encoder)
+        if metaspace is not None and metaspace not in formats.METASPACE_SCHEMES:
+            raise ValueError(
+                f"metaspace must be None or one of {formats.METASPACE_SCHEMES}, got {metaspace!r}"
+            )
+        self.metaspace = metaspace
+        if bos_token is not None and bos_token not in self._special:
+            raise ValueError(f"bos_token {bos_token!r} is not one of the special tokens")
+        self.bos_token = bos_token
         self.pattern = tokenizer_pattern(pattern)
         self._split = pre_splitter(self.pattern)
         if not isinstance(name, str):
@@ -172,12 +204,26 @@ class BPETokenizer:
     def _encode_chunk(self, chunk: str) -> tuple[int, ...]:
         data = chunk.encode("utf-8")
         tid = self._encoder.get(data)
-        if tid is not None:
+        fallback = self._byte_fallback
+        if tid is not None and (fallback is None or len(chunk) == 1 or data in self._priority):
+            # (with byte fallback, a whole chunk is a token only where merging can make it, as in
+            # Hugging Face's BPE without ignore_merges)
             ids: tuple[int, ...] = (tid,)
-        else:
+        elif fallback is None:
             starts = byte_pair_split(data, self._priority)
             encoder = self._encoder
             ids = tuple([encoder[data[s:e]] for s, e in itertools.pairwise(starts)])
+        else:
+            parts = [data[s:e] for s, e in itertools.pairwise(byte_pair_split(data, self._priority))]
+            get = self._encoder.get
+            out: list[int] = []
+            for part in parts:
+                tid = get(part)
+                if tid is None:  # a character outside the vocabulary (or a piece of one): its bytes
+                    out.extend([fallback[b] for b in part])
+                else:
+                    out.append(tid)
+            ids = tuple(out)
         cache = self._cache
         if len(cache) >= self._cache_size:
             cache.clear()
@@ -195,15 +241,26 @@ class BPETokenizer:
         """
         if not isinstance(text, str):
             raise TypeError(f"text must be str, got {type(text).__name__}")
+        return self._encode_segment(text, True)
+
+    def _encode_segment(self, text: str, first: bool) -> list[int]:
+        """`encode_ordinary` of one segment; ``first``: it starts the text (for metaspace "first")."""
         try:
-            return self._encode_ordinary(text)
+            return self._encode_ordinary(text, first)
         except UnicodeEncodeError:
             text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-            return self._encode_ordinary(text)
+            return self._encode_ordinary(text, first)
 
-    def _encode_ordinary(self, text: str) -> list[int]:
+    def _encode_ordinary(self, text: str, first: bool = True) -> list[int]:
         if not text:
             return []
+        scheme = self.metaspace
+        if scheme is not None:
+            text = text.replace(formats.METASPACE, " ")
+            if scheme == "prepend" or (
+                (scheme == "always" or (scheme == "first" and first)) and not text.startswith(" ")
+            ):
+                text = " " + text
         chunks = self._split(text)
         out: list[int] = []
         extend = out.extend
@@ -261,8 +318,10 @@ class BPETokenizer:
             pat = self._special_regexes[tokens] = _special_regex(tokens)
         return pat
 
-    def encode(self, text: str, *, allowed_special: AllowedSpecial = "none_raise") -> list[int]:
-        """Encode ``text`` to ids.
+    def encode(
+        self, text: str, *, allowed_special: AllowedSpecial = "none_raise", add_bos: bool = False
+    ) -> list[int]:
+        """Encode ``text`` to ids; ``add_bos`` puts `bos_token` first (as Hugging Face's post-processor).
 
         ``allowed_special`` says what a special-token string inside ``text`` becomes:
 
@@ -274,6 +333,13 @@ class BPETokenizer:
         """
         if not isinstance(text, str):
             raise TypeError(f"text must be str, got {type(text).__name__}")
+        if add_bos:
+            if self.bos_token is None:
+                raise ValueError(
+                    f"add_bos=True but tokenizer {self.name!r} has no bos_token (its file's post-processor "
+                    "adds none)"
+                )
+            return [self._special[self.bos_token], *self.encode(text, allowed_special=allowed_special)]
         allowed, disallowed = self._special_sets(allowed_special)
         if disallowed:
             found = self._regex_for(disallowed).search(text)
@@ -284,10 +350,10 @@ class BPETokenizer:
         out: list[int] = []
         start = 0
         for match in self._regex_for(allowed).finditer(text):
-            out.extend(self.encode_ordinary(text[start : match.start()]))
+            out.extend(self._encode_segment(text[start : match.start()], start == 0))
             out.append(self._special[match.group()])
             start = match.end()
-        out.extend(self.encode_ordinary(text[start:]))
+        out.extend(self._encode_segment(text[start:], start == 0))
         return out
 
     def encode_batch(
@@ -332,8 +398,15 @@ class BPETokenizer:
             raise
 
     def decode(self, ids: Iterable[int]) -> str:
-        """Decode to str; byte sequences that are not valid UTF-8 become U+FFFD (errors='replace')."""
-        return self.decode_bytes(ids).decode("utf-8", errors="replace")
+        """Decode to str; byte sequences that are not valid UTF-8 become U+FFFD (errors='replace').
+
+        With `metaspace` (other than "never") one leading space, the one encoding puts before the text, is
+        dropped (Hugging Face's Strip / Metaspace decoder).
+        """
+        text = self.decode_bytes(ids).decode("utf-8", errors="replace")
+        if self.metaspace not in (None, "never") and text.startswith(" "):
+            return text[1:]
+        return text
 
     # ------------------------------------------------------------------ training
 
@@ -447,6 +520,9 @@ class BPETokenizer:
             data.special_tokens,
             name=name or data.name,
             merge_priority=data.merge_priority,
+            byte_fallback=data.byte_fallback,
+            metaspace=data.metaspace,
+            bos_token=data.bos_token,
         )
 
 
@@ -500,6 +576,46 @@ def _check_priority(priority: Mapping[bytes, int], ranks: Mapping[bytes, int]) -
             )
         checked[token] = value
     return checked
+
+
+def _check_byte_fallback(
+    fallback: Mapping[int, int] | None, decoder: Mapping[int, bytes]
+) -> dict[int, int] | None:
+    if fallback is None:
+        return None
+    if not isinstance(fallback, Mapping):
+        raise TypeError(f"byte_fallback must be a mapping byte -> id, got {type(fallback).__name__}")
+    checked: dict[int, int] = {}
+    for byte, tid in fallback.items():
+        if not (_is_int(byte) and 0 <= byte < 256 and _is_int(tid) and tid >= 0):
+            raise TypeError(
+                f"byte_fallback must map bytes 0..255 to non-negative int ids, got {byte!r} -> {tid!r}"
+            )
+        if tid in decoder:
+            raise ValueError(
+                f"byte_fallback id {tid} (byte {byte:#04x}) is also the id of the token {decoder[tid]!r}"
+            )
+        checked[byte] = tid
+    if len(checked) != 256 or len(set(checked.values())) != 256:
+        raise ValueError(
+            f"byte_fallback needs 256 distinct ids, one per byte; got {len(checked)} bytes, "
+            f"{len(set(checked.values()))} distinct ids"
+        )
+    return checked
+
+
+def _with_whole_characters(priority: Mapping[bytes, int], encoder: Mapping[bytes, int]) -> dict[bytes, int]:
+    """``priority`` plus, for each single-character token of several UTF-8 bytes, its byte prefixes and
+    itself, ranked below every merge: the byte merging engine then first joins the bytes of each known
+    character, so merging proceeds on characters (an unknown character stays in pieces, and no key joins a
+    piece of a character to anything else)."""
+    out = dict(priority)
+    below = min(out.values(), default=0) - 1
+    for token in encoder:
+        if 1 < len(token) <= 4 and len(token.decode("utf-8", "replace")) == 1:
+            for end in range(2, len(token) + 1):
+                out[token[:end]] = below - end
+    return out
 
 
 def _check_merges(
