@@ -1,0 +1,248 @@
+"""SentencePiece-style tokenizer.json (Llama 2, TinyLlama, Mistral): byte_fallback BPE with ▁ for spaces,
+checked id for id against the `tokenizers` library on files it builds and trains here."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+
+from netcl.text import BPETokenizer, TokenizerFileError
+
+from .conftest import build_corpus
+
+tokenizers = pytest.importorskip("tokenizers")
+
+SPECIALS = ["<unk>", "<s>", "</s>"]
+BYTE_TOKENS = [f"<0x{b:02X}>" for b in range(256)]
+BOS_TEMPLATE = {
+    "type": "TemplateProcessing",
+    "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+    "pair": [
+        {"SpecialToken": {"id": "<s>", "type_id": 0}},
+        {"Sequence": {"id": "A", "type_id": 0}},
+        {"SpecialToken": {"id": "<s>", "type_id": 1}},
+        {"Sequence": {"id": "B", "type_id": 1}},
+    ],
+    "special_tokens": {"<s>": {"id": "<s>", "ids": [1], "tokens": ["<s>"]}},
+}
+#: TinyLlama's / Llama 2's (legacy converter) normalizer and decoder.
+PREPEND_NORMALIZER = {
+    "type": "Sequence",
+    "normalizers": [
+        {"type": "Prepend", "prepend": "▁"},
+        {"type": "Replace", "pattern": {"String": " "}, "content": "▁"},
+    ],
+}
+STRIP_DECODER = {
+    "type": "Sequence",
+    "decoders": [
+        {"type": "Replace", "pattern": {"String": "▁"}, "content": " "},
+        {"type": "ByteFallback"},
+        {"type": "Fuse"},
+        {"type": "Strip", "content": " ", "start": 1, "stop": 0},
+    ],
+}
+
+#: Text the trained vocabulary lacks characters for (byte fallback), odd whitespace, specials, a literal ▁.
+HARD_TEXTS = [
+    "Hello world",
+    "  two  leading, trailing  ",
+    " ",
+    "\t\ttabs\tand\nnew\r\nlines\n\n\n",
+    "中文 😀 é ñ Ω Ж 𝔘𝔫𝔦𝔠𝔬𝔡𝔢 👩‍👩‍👧",
+    "a▁literal▁metaspace ▁",
+    "<s>hi</s>there <unk> </s>",
+    "x",
+    "\x00\x01 control \x7f",
+]
+
+
+def _train(text: str, vocab_size: int = 900) -> dict:
+    """A tokenizer.json laid out as TinyLlama's: <unk> <s> </s>, the 256 byte tokens, then trained merges."""
+    from tokenizers import Tokenizer, models, normalizers, trainers
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=SPECIALS + BYTE_TOKENS, limit_alphabet=300, show_progress=False
+    )
+    tok.train_from_iterator([text[i : i + 2000] for i in range(0, len(text), 2000)], trainer)
+    doc = json.loads(tok.to_str())
+    doc["added_tokens"] = [a for a in doc["added_tokens"] if a["content"] in SPECIALS]
+    doc["post_processor"] = BOS_TEMPLATE
+    doc["decoder"] = STRIP_DECODER
+    return doc
+
+
+def _metaspace_variant(doc: dict, prepend_scheme: str, split: bool) -> dict:
+    """The same vocabulary behind a Metaspace pre-tokenizer (the newer Llama converter's layout)."""
+    out = copy.deepcopy(doc)
+    out["normalizer"] = None
+    out["pre_tokenizer"] = {"type": "Metaspace", "replacement": "▁", "prepend_scheme": prepend_scheme,
+                            "split": split}
+    # Llama's own decoder (the Metaspace decoder would leave <0xAB> tokens as text); no Strip for "never"
+    out["decoder"] = copy.deepcopy(STRIP_DECODER)
+    if prepend_scheme == "never":
+        out["decoder"]["decoders"].pop()
+    return out
+
+
+@pytest.fixture(scope="module")
+def trained() -> dict:
+    return _train(build_corpus(60_000))
+
+
+@pytest.fixture(scope="module")
+def texts() -> list[str]:
+    corpus = build_corpus(30_000)
+    lines = corpus.splitlines(keepends=True)
+    return ["".join(lines[i : i + 9]) for i in range(0, len(lines), 9)] + HARD_TEXTS
+
+
+def _pair(doc: dict, tmp_path, name: str = "tokenizer.json"):
+    path = tmp_path / name
+    path.write_text(json.dumps(doc, ensure_ascii=False), encoding="utf-8")
+    return BPETokenizer.from_hf(path), tokenizers.Tokenizer.from_file(str(path))
+
+
+VARIANTS = {
+    "normalizer": lambda doc: doc,
+    "metaspace-first": lambda doc: _metaspace_variant(doc, "first", False),
+    "metaspace-always-split": lambda doc: _metaspace_variant(doc, "always", True),
+    "metaspace-never": lambda doc: _metaspace_variant(doc, "never", False),
+}
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_ids_and_text_equal_tokenizers(trained, texts, tmp_path, variant):
+    ours, ref = _pair(VARIANTS[variant](trained), tmp_path)
+    for text in texts:
+        expected = ref.encode(text, add_special_tokens=False).ids
+        assert ours.encode(text, allowed_special="all") == expected, text[:80]
+        assert ours.encode(text, allowed_special="all", add_bos=True) == ref.encode(text).ids, text[:80]
+        assert ours.decode(expected) == ref.decode(expected, skip_special_tokens=False), text[:80]
+
+
+def test_round_trip_and_bos(trained, texts, tmp_path):
+    ours, _ = _pair(trained, tmp_path)
+    assert ours.metaspace == "prepend"
+    assert ours.bos_token == "<s>" and ours.special_tokens == {"<unk>": 0, "<s>": 1, "</s>": 2}
+    for text in texts:
+        expected = text.replace("▁", " ")  # ▁ is a space to SentencePiece, so it decodes as one
+        assert ours.decode(ours.encode_ordinary(text)) == expected, text[:80]
+        # the space before the text stays after <s>, as in Hugging Face's decode with the special tokens
+        assert ours.decode(ours.encode(text, allowed_special="none", add_bos=True)) == "<s> " + expected
+
+
+def test_byte_fallback_gives_the_bytes_of_unknown_characters(trained, tmp_path):
+    ours, ref = _pair(trained, tmp_path)
+    vocab = trained["model"]["vocab"]
+    for char in "😀Ω𝔘\x01":
+        assert char not in vocab
+        ids = ours.encode_ordinary(char)
+        # a space (▁ or its byte fallback when ▁ alone is not a token) then the character's UTF-8 bytes
+        byte_ids = [vocab[f"<0x{b:02X}>"] for b in char.encode("utf-8")]
+        assert ids[-len(byte_ids) :] == byte_ids
+        assert ids == ref.encode(char, add_special_tokens=False).ids
+        assert ours.decode(ids) == char
+
+
+def test_hand_checked_ids(tmp_path):
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{t: 3 + b for b, t in enumerate(BYTE_TOKENS)}}
+    for token in ["▁", "h", "i", "é", "▁h", "▁hi", "hi", "é▁"]:
+        vocab[token] = len(vocab)
+    doc = {
+        "added_tokens": [
+            {"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
+             "normalized": False, "special": True}
+            for i, t in enumerate(SPECIALS)
+        ],
+        "normalizer": PREPEND_NORMALIZER,
+        "pre_tokenizer": None,
+        "post_processor": BOS_TEMPLATE,
+        "decoder": STRIP_DECODER,
+        "model": {"type": "BPE", "dropout": None, "unk_token": "<unk>", "fuse_unk": True,
+                  "byte_fallback": True, "vocab": vocab, "merges": ["▁ h", "▁h i", "h i", "é ▁"]},
+    }
+    ours, ref = _pair(doc, tmp_path)
+    # ids: ▁ 259, h 260, i 261, é 262, ▁h 263, ▁hi 264, hi 265, é▁ 266
+    # "hi hé" -> "▁hi▁hé": ▁+h at both places (merge 0), then ▁h+i (merge 1); the second ▁h and é stay
+    expected = ref.encode("hi hé", add_special_tokens=False).ids
+    assert ours.encode_ordinary("hi hé") == [264, 263, 262] == expected
+    # "😀" is no token: ▁ then the four bytes F0 9F 98 80 as <0xF0> <0x9F> <0x98> <0x80>
+    assert ours.encode("😀", add_bos=True) == [1, 259, 3 + 0xF0, 3 + 0x9F, 3 + 0x98, 3 + 0x80]
+    # "▁é▁é": é+▁ (merge 3) is the only pair that is a merge
+    assert ours.encode("é é") == [259, 266, 262] == ref.encode("é é", add_special_tokens=False).ids
+    assert ours.decode([1, 264, 262]) == "<s> hié"
+    assert ours.decode([264, 262]) == "hié"
+    assert ours.decode([3 + 0xC3, 3 + 0xA9]) == "é"
+
+
+def _llama_file(**changes) -> dict:
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{t: 3 + b for b, t in enumerate(BYTE_TOKENS)}, "▁a": 259,
+             "▁": 260, "a": 261}
+    doc = {
+        "added_tokens": [
+            {"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
+             "normalized": False, "special": True}
+            for i, t in enumerate(SPECIALS)
+        ],
+        "normalizer": PREPEND_NORMALIZER,
+        "pre_tokenizer": None,
+        "post_processor": BOS_TEMPLATE,
+        "decoder": STRIP_DECODER,
+        "model": {"type": "BPE", "byte_fallback": True, "vocab": vocab, "merges": ["▁ a"]},
+    }
+    for key, value in changes.items():
+        doc[key] = value
+    return doc
+
+
+def test_tiny_file_loads(tmp_path):
+    ours, ref = _pair(_llama_file(), tmp_path)
+    assert ours.encode("a a") == [259, 259] == ref.encode("a a", add_special_tokens=False).ids
+
+
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        (lambda d: d["model"].update(type="Unigram"), "model.type is 'Unigram': netcl reads only BPE models"),
+        (lambda d: d.update(normalizer={"type": "NFKC"}), "normalizer 'NFKC' {} is not supported; "
+         "SentencePiece-style files need"),
+        (lambda d: d.update(normalizer=None, pre_tokenizer={"type": "Whitespace"}),
+         r"pre_tokenizer type 'Whitespace' is not supported with byte_fallback BPE \(Metaspace or null\)"),
+        (lambda d: d.update(normalizer=None), "neither normalizer nor pre_tokenizer"),
+        (lambda d: d.update(normalizer={"type": "Prepend", "prepend": "▁"}), 'has no Replace " " -> "▁"'),
+        (lambda d: d.update(pre_tokenizer={"type": "Metaspace", "replacement": "▁"}),
+         "normalizer and a Metaspace pre-tokenizer both"),
+        (lambda d: d.update(normalizer=None, pre_tokenizer={"type": "Metaspace", "replacement": "_"}),
+         "pre_tokenizer.replacement is '_'"),
+        (lambda d: d.update(normalizer=None, pre_tokenizer={"type": "Metaspace", "prepend_scheme": "often"}),
+         "prepend_scheme is 'often'; supported: 'always', 'first', 'never'"),
+        (lambda d: d["model"]["vocab"].pop("<0x7F>"), r"byte_fallback is true but model.vocab lacks 1 of the "
+         r"byte tokens <0x00>..<0xFF> \(first: <0x7F>\)"),
+        (lambda d: d["model"]["vocab"].update({" a": 262}), r"model.vocab\[' a'\] gives the byte string"),
+        (lambda d: d["model"]["merges"].append("a ▁"), r"model.merges\[1\] = 'a ▁' makes a token missing"),
+        (lambda d: d["post_processor"]["single"].append({"SpecialToken": {"id": "</s>", "type_id": 0}}),
+         r"post_processor.single is '<s> \$A </s>'; netcl supports '\$A' and one special token before it"),
+    ],
+)
+def test_unsupported_or_malformed(tmp_path, change, words):
+    doc = _llama_file()
+    change(doc)
+    path = tmp_path / "tokenizer.json"
+    path.write_text(json.dumps(doc, ensure_ascii=False), encoding="utf-8")
+    with pytest.raises(TokenizerFileError, match=words):
+        BPETokenizer.from_hf(path)
+
+
+def test_add_bos_without_a_bos_token_says_so(tmp_path):
+    doc = _llama_file(post_processor=None)
+    path = tmp_path / "tokenizer.json"
+    path.write_text(json.dumps(doc, ensure_ascii=False), encoding="utf-8")
+    tok = BPETokenizer.from_hf(path)
+    assert tok.bos_token is None
+    with pytest.raises(ValueError, match="has no bos_token"):
+        tok.encode("a", add_bos=True)
