@@ -234,14 +234,15 @@ class BPETokenizer:
         """Forget the chunk -> ids cache (results never depend on it; benchmarks use this for cold runs)."""
         self._cache.clear()
 
-    def encode_ordinary(self, text: str) -> list[int]:
+    def encode_ordinary(self, text: str, *, at_start: bool = True) -> list[int]:
         """Encode ``text`` with every special-token string treated as plain text.
 
         Lone surrogates (not encodable as UTF-8) are replaced by U+FFFD first, as tiktoken does.
+        ``at_start``: the text starts the input (metaspace "first" puts a space before it only then).
         """
         if not isinstance(text, str):
             raise TypeError(f"text must be str, got {type(text).__name__}")
-        return self._encode_segment(text, True)
+        return self._encode_segment(text, at_start)
 
     def _encode_segment(self, text: str, first: bool) -> list[int]:
         """`encode_ordinary` of one segment; ``first``: it starts the text (for metaspace "first")."""

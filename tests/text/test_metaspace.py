@@ -8,7 +8,15 @@ import json
 
 import pytest
 
-from netcl.text import BPETokenizer, TokenizerFileError
+from netcl.text import (
+    CHATML,
+    LLAMA3,
+    ZEPHYR,
+    BPETokenizer,
+    ChatFormat,
+    TokenizerFileError,
+    template_from_jinja,
+)
 
 from .conftest import build_corpus
 
@@ -71,8 +79,8 @@ def _train(text: str, vocab_size: int = 900) -> dict:
     tok.train_from_iterator([text[i : i + 2000] for i in range(0, len(text), 2000)], trainer)
     doc = json.loads(tok.to_str())
     doc["added_tokens"] = [a for a in doc["added_tokens"] if a["content"] in SPECIALS]
-    doc["post_processor"] = BOS_TEMPLATE
-    doc["decoder"] = STRIP_DECODER
+    doc["post_processor"] = copy.deepcopy(BOS_TEMPLATE)
+    doc["decoder"] = copy.deepcopy(STRIP_DECODER)
     return doc
 
 
@@ -195,9 +203,8 @@ def _llama_file(**changes) -> dict:
         "decoder": STRIP_DECODER,
         "model": {"type": "BPE", "byte_fallback": True, "vocab": vocab, "merges": ["▁ a"]},
     }
-    for key, value in changes.items():
-        doc[key] = value
-    return doc
+    doc.update(changes)
+    return copy.deepcopy(doc)  # the tests change it in place; the shared pieces must not change
 
 
 def test_tiny_file_loads(tmp_path):
@@ -246,3 +253,56 @@ def test_add_bos_without_a_bos_token_says_so(tmp_path):
     assert tok.bos_token is None
     with pytest.raises(ValueError, match="has no bos_token"):
         tok.encode("a", add_bos=True)
+
+
+#: TinyLlama-1.1B-Chat's chat_template (tokenizer_config.json), a Zephyr-style layout.
+TINYLLAMA_CHAT_TEMPLATE = (
+    "{% for message in messages %}\n{% if message['role'] == 'user' %}\n{{ '<|user|>\n' + "
+    "message['content'] + eos_token }}\n{% elif message['role'] == 'system' %}\n{{ '<|system|>\n' + "
+    "message['content'] + eos_token }}\n{% elif message['role'] == 'assistant' %}\n{{ '<|assistant|>\n'  + "
+    "message['content'] + eos_token }}\n"
+    "{% endif %}\n{% if loop.last and add_generation_prompt %}\n{{ '<|assistant|>' }}\n{% endif %}\n"
+    "{% endfor %}"
+)
+DIALOG = [
+    {"role": "system", "content": "You are a friendly chatbot who always responds in the style of a pirate."},
+    {"role": "user", "content": "How many helicopters can a human eat in one sitting? 😀"},
+    {"role": "assistant", "content": "  None, matey — Ω not on the menu.\n"},
+    {"role": "user", "content": "Why   not?"},
+]
+
+
+@pytest.mark.parametrize("variant", ["normalizer", "metaspace-first"])
+def test_zephyr_chat_equals_transformers_apply_chat_template(trained, tmp_path, variant):
+    transformers = pytest.importorskip("transformers")
+    ours, _ = _pair(VARIANTS[variant](trained), tmp_path)
+    hf = transformers.PreTrainedTokenizerFast(
+        tokenizer_file=str(tmp_path / "tokenizer.json"), bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )
+    hf.chat_template = TINYLLAMA_CHAT_TEMPLATE
+    chat = ChatFormat(ours, template_from_jinja(TINYLLAMA_CHAT_TEMPLATE))
+    assert chat.template is ZEPHYR
+    for messages, prompt in [(DIALOG, True), (DIALOG[:3], False), (DIALOG[1:2], True)]:
+        expected = hf.apply_chat_template(messages, tokenize=True, add_generation_prompt=prompt)
+        if not isinstance(expected, list):
+            expected = expected["input_ids"]
+        ids, mask = chat.encode_dialog(messages, add_generation_prompt=prompt)
+        assert ids == list(expected)
+        assert chat.render(messages, add_generation_prompt=prompt) == hf.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=prompt
+        )
+        # the loss mask covers the assistant's reply and its </s>, nothing else
+        replies = [m["content"] for m in messages if m["role"] == "assistant"]
+        trained_text = ours.decode_bytes([i for i, m in zip(ids, mask, strict=True) if m]).decode()
+        assert trained_text == "".join(r + "</s>" for r in replies)
+
+
+def test_template_from_jinja_recognizes_known_layouts_only():
+    assert template_from_jinja(TINYLLAMA_CHAT_TEMPLATE) is ZEPHYR
+    chatml = "{% for m in messages %}{{'<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n'}}"
+    assert template_from_jinja(chatml) is CHATML
+    llama3 = "{{ '<|start_header_id|>' + m['role'] + '<|end_header_id|>\n\n' + m['content'] + '<|eot_id|>' }}"
+    assert template_from_jinja(llama3) is LLAMA3
+    assert template_from_jinja("{{ '[INST] ' + m['content'] + ' [/INST]' }}") is None
+    with pytest.raises(TypeError, match="chat_template must be a str"):
+        template_from_jinja(None)
