@@ -480,8 +480,17 @@ class BPETokenizer:
 
     # ------------------------------------------------------------------ files
 
+    def _check_byte_level(self, method: str) -> None:
+        if self._byte_fallback is not None or self.metaspace is not None:
+            raise ValueError(
+                f"{method}() writes byte-level BPE; tokenizer {self.name!r} is SentencePiece-style (byte "
+                "fallback, ▁ for spaces), which these formats cannot hold: keep the tokenizer.json it came "
+                "from"
+            )
+
     def save(self, path: str | os.PathLike) -> None:
         """Write netcl's JSON format (see `formats.write_netcl`)."""
+        self._check_byte_level("save")
         formats.write_netcl(path, self._encoder, self.pattern, self._special, self.name, self.merges)
 
     @classmethod
@@ -492,6 +501,7 @@ class BPETokenizer:
 
     def save_tiktoken(self, path: str | os.PathLike) -> None:
         """Write the ordinary ranks as a ``.tiktoken`` file (pattern and specials are not part of it)."""
+        self._check_byte_level("save_tiktoken")
         formats.write_tiktoken(path, self._encoder)
 
     @classmethod
@@ -509,6 +519,7 @@ class BPETokenizer:
 
     def save_hf(self, path: str | os.PathLike) -> None:
         """Write a Hugging Face ``tokenizer.json`` (byte-level BPE, merges derived from the ranks)."""
+        self._check_byte_level("save_hf")
         formats.write_hf(path, self._encoder, self.pattern, self._special)
 
     @classmethod

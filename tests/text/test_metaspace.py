@@ -306,3 +306,33 @@ def test_template_from_jinja_recognizes_known_layouts_only():
     assert template_from_jinja("{{ '[INST] ' + m['content'] + ' [/INST]' }}") is None
     with pytest.raises(TypeError, match="chat_template must be a str"):
         template_from_jinja(None)
+
+
+def test_saving_as_byte_level_is_refused(tmp_path):
+    tok, _ = _pair(_llama_file(), tmp_path)
+    for method in ("save", "save_hf", "save_tiktoken"):
+        with pytest.raises(ValueError, match=f"{method}\\(\\) writes byte-level BPE; tokenizer .* is "
+                                             "SentencePiece-style"):
+            getattr(tok, method)(tmp_path / "out")
+        assert not (tmp_path / "out").exists()
+
+
+def test_byte_level_file_with_llama3_post_processor_has_its_bos(tmp_path):
+    """Llama 3's tokenizer.json: Sequence[ByteLevel, TemplateProcessing(<|begin_of_text|> $A)]."""
+    specials = ["<|begin_of_text|>", "<|eot_id|>"]
+    trained = BPETokenizer.train(build_corpus(20_000), 400, special_tokens=specials)
+    trained.save_hf(tmp_path / "tokenizer.json")
+    doc = json.loads((tmp_path / "tokenizer.json").read_text(encoding="utf-8"))
+    bos = copy.deepcopy(BOS_TEMPLATE)
+    bos["single"][0]["SpecialToken"]["id"] = "<|begin_of_text|>"
+    bos["pair"][0]["SpecialToken"]["id"] = bos["pair"][2]["SpecialToken"]["id"] = "<|begin_of_text|>"
+    begin = trained.special_id("<|begin_of_text|>")
+    bos["special_tokens"] = {"<|begin_of_text|>": {"id": "<|begin_of_text|>", "ids": [begin],
+                                                   "tokens": ["<|begin_of_text|>"]}}
+    doc["post_processor"] = {"type": "Sequence", "processors": [
+        {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": False, "use_regex": True}, bos]}
+    ours, ref = _pair(doc, tmp_path)
+    assert ours.bos_token == "<|begin_of_text|>" and ours.metaspace is None
+    for text in HARD_TEXTS:
+        assert ours.encode(text, allowed_special="all", add_bos=True) == ref.encode(text).ids
+        assert ours.encode(text, allowed_special="all") == ref.encode(text, add_special_tokens=False).ids
