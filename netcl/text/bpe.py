@@ -523,6 +523,22 @@ class BPETokenizer:
         formats.write_hf(path, self._encoder, self.pattern, self._special)
 
     @classmethod
+    def from_sentencepiece(cls, path: str | os.PathLike, *, name: str = "") -> BPETokenizer:
+        """Load a SentencePiece ``tokenizer.model`` (BPE with byte fallback, as Llama 2's; see
+        `formats.read_sentencepiece`)."""
+        data = formats.read_sentencepiece(path)
+        return cls(
+            data.ranks,
+            data.pattern,
+            data.special_tokens,
+            name=name or data.name,
+            merge_priority=data.merge_priority,
+            byte_fallback=data.byte_fallback,
+            metaspace=data.metaspace,
+            bos_token=data.bos_token,
+        )
+
+    @classmethod
     def from_hf(cls, path: str | os.PathLike, *, name: str = "") -> BPETokenizer:
         """Load a Hugging Face byte-level BPE ``tokenizer.json``; added tokens become special tokens."""
         data = formats.read_hf(path)

@@ -11,6 +11,7 @@ import binascii
 import itertools
 import json
 import os
+import struct
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -832,6 +833,149 @@ def _post_processor_bos(
     )
 
 
+
+
+# ---------------------------------------------------------------------- SentencePiece tokenizer.model
+
+# SentencePiece.Type values (sentencepiece_model.proto); UNUSED (5) pieces are ordinary, never merged to
+_PIECE_NORMAL, _PIECE_UNKNOWN, _PIECE_CONTROL, _PIECE_USER_DEFINED, _PIECE_BYTE = 1, 2, 3, 4, 6
+_SP_BPE = 2
+
+
+def _protobuf_fields(path: str | os.PathLike, data: bytes, where: str) -> list[tuple[int, int | bytes]]:
+    """The (field number, value) pairs of one protobuf message: varints as int, 32-bit values as their
+    4 bytes, length-delimited ones (strings, sub-messages) as bytes."""
+    fields: list[tuple[int, int | bytes]] = []
+    pos, n = 0, len(data)
+
+    def varint() -> int:
+        nonlocal pos
+        value = shift = 0
+        while True:
+            if pos >= n or shift > 63:
+                raise TokenizerFileError(
+                    f"{path}: {where}: truncated or invalid protobuf (not a SentencePiece model?)"
+                )
+            byte = data[pos]
+            pos += 1
+            value |= (byte & 0x7F) << shift
+            shift += 7
+            if byte < 0x80:
+                return value
+
+    while pos < n:
+        key = varint()
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            fields.append((number, varint()))
+        elif wire in (1, 5):
+            size = 8 if wire == 1 else 4
+            fields.append((number, data[pos : pos + size]))
+            pos += size
+        elif wire == 2:
+            size = varint()
+            fields.append((number, data[pos : pos + size]))
+            pos += size
+        else:
+            raise TokenizerFileError(
+                f"{path}: {where}: protobuf wire type {wire} (not a SentencePiece model?)"
+            )
+        if pos > n:
+            raise TokenizerFileError(f"{path}: {where}: truncated protobuf (not a SentencePiece model?)")
+    return fields
+
+
+def read_sentencepiece(path: str | os.PathLike) -> TokenizerData:
+    """Read a SentencePiece ``tokenizer.model`` (its protobuf): a BPE model with byte fallback and the
+    identity normalization, as Llama 2's and TinyLlama's, becomes what their tokenizer.json holds.
+
+    Pieces: NORMAL ones are the vocabulary (``▁`` stored as a space), BYTE ones ``<0xAB>`` the byte fallback,
+    UNKNOWN, CONTROL and USER_DEFINED ones special tokens. SentencePiece's BPE merges the adjacent pair whose
+    concatenation is the piece with the highest score, so a piece's merge priority is its place in score
+    order. ``add_dummy_prefix`` puts a space before each text segment (Hugging Face's legacy Llama
+    tokenizer); the BOS is ``trainer_spec.bos_id``'s piece.
+    """
+    data = Path(path).read_bytes()
+    pieces: list[tuple[str, float, int]] = []
+    trainer: dict[int, int | bytes] = {}
+    normalizer: dict[int, int | bytes] = {}
+    for number, value in _protobuf_fields(path, data, "ModelProto"):
+        if not isinstance(value, bytes):
+            continue
+        if number == 1:
+            piece, score, kind = "", 0.0, _PIECE_NORMAL
+            for field, item in _protobuf_fields(path, value, f"pieces[{len(pieces)}]"):
+                if field == 1 and isinstance(item, bytes):
+                    piece = item.decode("utf-8", "replace")
+                elif field == 2 and isinstance(item, bytes) and len(item) == 4:
+                    score = struct.unpack("<f", item)[0]
+                elif field == 3 and isinstance(item, int):
+                    kind = item
+            pieces.append((piece, score, kind))
+        elif number == 2:
+            trainer = dict(_protobuf_fields(path, value, "trainer_spec"))
+        elif number == 3:
+            normalizer = dict(_protobuf_fields(path, value, "normalizer_spec"))
+    if not pieces:
+        raise TokenizerFileError(f"{path}: no pieces: not a SentencePiece model")
+    model_type = trainer.get(3, 1)
+    if model_type != _SP_BPE:
+        kind = {1: "Unigram", 3: "Word", 4: "Char"}.get(model_type, str(model_type))  # type: ignore[arg-type]
+        raise TokenizerFileError(f"{path}: a {kind} SentencePiece model: netcl reads BPE models only")
+    if not trainer.get(35, 0):
+        raise TokenizerFileError(
+            f"{path}: trainer_spec.byte_fallback is false: netcl reads SentencePiece BPE with byte fallback "
+            "(as Llama's)"
+        )
+    name = normalizer.get(1, b"identity")
+    name = name.decode("utf-8", "replace") if isinstance(name, bytes) else str(name)
+    if name != "identity" or normalizer.get(4, 1) or not normalizer.get(5, 1):
+        raise TokenizerFileError(
+            f"{path}: normalizer_spec {name!r} (remove_extra_whitespaces={bool(normalizer.get(4, 1))}, "
+            f"escape_whitespaces={bool(normalizer.get(5, 1))}): netcl reads the identity normalization with "
+            "whitespace kept and escaped as ▁ only (Llama's); use the model's tokenizer.json"
+        )
+    ranks: dict[bytes, int] = {}
+    specials: dict[str, int] = {}
+    fallback: dict[int, int] = {}
+    scored: list[tuple[float, int, bytes]] = []
+    for tid, (piece, score, kind) in enumerate(pieces):
+        where = f"pieces[{tid}] {piece!r}"
+        if kind == _PIECE_BYTE:
+            byte = _byte_token(piece)
+            if byte is None or byte in fallback:
+                raise TokenizerFileError(f"{path}: {where} is a BYTE piece but not a new <0xAB> byte")
+            fallback[byte] = tid
+        elif kind in (_PIECE_UNKNOWN, _PIECE_CONTROL, _PIECE_USER_DEFINED):
+            if not piece or piece in specials:
+                raise TokenizerFileError(f"{path}: {where}: empty or repeated special piece")
+            specials[piece] = tid
+        elif piece:
+            token = piece.replace(METASPACE, " ").encode("utf-8")
+            if token in ranks:
+                raise TokenizerFileError(f"{path}: {where} repeats the piece of id {ranks[token]}")
+            ranks[token] = tid
+            if kind == _PIECE_NORMAL and len(piece) > 1:
+                scored.append((-score, tid, token))
+    missing = [b for b in range(256) if b not in fallback]
+    if missing:
+        raise TokenizerFileError(
+            f"{path}: byte_fallback is on but {len(missing)} BYTE pieces <0x00>..<0xFF> are missing "
+            f"(first: <0x{missing[0]:02X}>)"
+        )
+    priority = {token: rank for rank, (_, _, token) in enumerate(sorted(scored))}
+    bos_id = trainer.get(41, 1)
+    bos = next((p for p, tid in specials.items() if tid == bos_id), None)
+    return TokenizerData(
+        ranks,
+        None,
+        specials,
+        Path(path).parent.name if Path(path).name == "tokenizer.model" else Path(path).stem,
+        merge_priority=priority,
+        byte_fallback=fallback,
+        metaspace="prepend" if normalizer.get(3, 1) else "never",
+        bos_token=bos,
+    )
 
 
 def split_in_two(token: bytes, ranks: dict[bytes, int]) -> tuple[bytes, bytes] | None:

@@ -106,23 +106,25 @@ def load_model_dir(directory: str, device: str, flag: str = "--checkpoint", dtyp
         path = path.parent
     elif not path.is_dir():
         raise NetclError(f"{flag} {path}: no such directory or file")
-    if (path / "config.json").is_file() and not (path / TOKENIZER_FILE).is_file() and (
-        path / SENTENCEPIECE_MODEL
-    ).is_file():
-        raise NetclError(f"{flag} {path} has {SENTENCEPIECE_MODEL} (a SentencePiece model) but no "
-                         f"{TOKENIZER_FILE}: netcl reads {TOKENIZER_FILE} only; write it with transformers: "
-                         "AutoTokenizer.from_pretrained(DIR).save_pretrained(DIR)")
-    missing = [n for n in ("config.json", TOKENIZER_FILE) if not (path / n).is_file()]
+    # tokenizer.json first; a SentencePiece tokenizer.model (Llama 2's BPE) where it is the only one
+    tokenizer_file = path / TOKENIZER_FILE
+    if not tokenizer_file.is_file() and (path / SENTENCEPIECE_MODEL).is_file():
+        tokenizer_file = path / SENTENCEPIECE_MODEL
+    missing = [n for n in ("config.json", tokenizer_file.name) if not (path / n).is_file()]
     if missing:
         raise NetclError(f"{flag} {path} has no {' or '.join(missing)}: a model directory holds "
-                         "config.json, the weights and tokenizer.json (netcl lm-train writes them)")
+                         "config.json, the weights and tokenizer.json (netcl lm-train writes them; a "
+                         "SentencePiece tokenizer.model does too)")
     if checkpoint is not None and read_checkpoint(checkpoint)[1].get("extra", {}).get("kind") != "lm":
         raise NetclError(f"{flag} {checkpoint} is not a checkpoint of netcl lm-train; give the directory "
                          f"{path} for its model.safetensors")
     if checkpoint is not None and dtype != "float32":
         raise NetclError(f"--dtype {dtype} is for model directories; {checkpoint} is a float32 training "
                          f"checkpoint (give the directory {path}, or --dtype float32)")
-    tokenizer = BPETokenizer.from_hf(path / TOKENIZER_FILE)
+    if tokenizer_file.name == SENTENCEPIECE_MODEL:
+        tokenizer = BPETokenizer.from_sentencepiece(tokenizer_file)
+    else:
+        tokenizer = BPETokenizer.from_hf(tokenizer_file)
     model = GPT.from_pretrained(path, open_device(device).queue, dtype=dtype)
     if checkpoint is not None:
         load_checkpoint(checkpoint, model, restore_rng=False)

@@ -336,3 +336,59 @@ def test_byte_level_file_with_llama3_post_processor_has_its_bos(tmp_path):
     for text in HARD_TEXTS:
         assert ours.encode(text, allowed_special="all", add_bos=True) == ref.encode(text).ids
         assert ours.encode(text, allowed_special="all") == ref.encode(text, add_special_tokens=False).ids
+
+
+def _sentencepiece_model(doc: dict, path, **normalizer) -> None:
+    """``doc``'s vocabulary as a SentencePiece BPE ``tokenizer.model`` (the protobuf transformers bundles):
+    a merged piece scores minus the index of the first merge making it, so score order is merge order."""
+    pb = pytest.importorskip("transformers.utils.sentencepiece_model_pb2_new")
+    first_merge: dict[str, int] = {}
+    for i, merge in enumerate(doc["model"]["merges"]):
+        left, right = merge.split(" ") if isinstance(merge, str) else merge
+        first_merge.setdefault(left + right, i)
+    model = pb.ModelProto()
+    kinds = {"<unk>": pb.ModelProto.SentencePiece.UNKNOWN, "<s>": pb.ModelProto.SentencePiece.CONTROL,
+             "</s>": pb.ModelProto.SentencePiece.CONTROL}
+    for piece, _ in sorted(doc["model"]["vocab"].items(), key=lambda kv: kv[1]):
+        entry = model.pieces.add()
+        entry.piece = piece
+        entry.score = -float(first_merge.get(piece, 1_000_000))
+        entry.type = kinds.get(piece, pb.ModelProto.SentencePiece.BYTE if piece in BYTE_TOKENS
+                               else pb.ModelProto.SentencePiece.NORMAL)
+    model.trainer_spec.model_type = pb.TrainerSpec.BPE
+    model.trainer_spec.byte_fallback = True
+    model.trainer_spec.bos_id = 1
+    model.normalizer_spec.name = normalizer.get("name", "identity")
+    model.normalizer_spec.add_dummy_prefix = True
+    model.normalizer_spec.remove_extra_whitespaces = normalizer.get("remove_extra_whitespaces", False)
+    path.write_bytes(model.SerializeToString())
+
+
+def test_sentencepiece_model_encodes_as_its_tokenizer_json(trained, texts, tmp_path):
+    _, ref = _pair(trained, tmp_path)
+    _sentencepiece_model(trained, tmp_path / "tokenizer.model")
+    ours = BPETokenizer.from_sentencepiece(tmp_path / "tokenizer.model")
+    assert ours.bos_token == "<s>" and ours.metaspace == "prepend"
+    assert ours.n_vocab == len(trained["model"]["vocab"])
+    for text in texts:
+        expected = ref.encode(text, add_special_tokens=False).ids
+        assert ours.encode(text, allowed_special="all") == expected, text[:80]
+        assert ours.encode(text, allowed_special="all", add_bos=True) == ref.encode(text).ids
+        assert ours.decode(ours.encode_ordinary(text)) == text.replace("▁", " ")
+
+
+def test_sentencepiece_model_unsupported_is_clear(trained, tmp_path):
+    path = tmp_path / "tokenizer.model"
+    _sentencepiece_model(trained, path, name="nmt_nfkc", remove_extra_whitespaces=True)
+    with pytest.raises(TokenizerFileError, match="normalizer_spec 'nmt_nfkc' .*netcl reads the identity"):
+        BPETokenizer.from_sentencepiece(path)
+    path.write_bytes(b"\x0a\xff\xff")
+    with pytest.raises(TokenizerFileError, match="truncated or invalid protobuf"):
+        BPETokenizer.from_sentencepiece(path)
+    pb = pytest.importorskip("transformers.utils.sentencepiece_model_pb2_new")
+    model = pb.ModelProto()
+    model.pieces.add(piece="▁a", score=0.0)
+    model.trainer_spec.model_type = pb.TrainerSpec.UNIGRAM
+    path.write_bytes(model.SerializeToString())
+    with pytest.raises(TokenizerFileError, match="a Unigram SentencePiece model: netcl reads BPE models"):
+        BPETokenizer.from_sentencepiece(path)

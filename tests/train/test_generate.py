@@ -13,6 +13,7 @@ from netcl.cli import main
 from netcl.models import GPT, GPTConfig
 from netcl.text import ZEPHYR, BPETokenizer, ChatFormat
 from netcl.train.generate import chat_template, load_model_dir, stop_ids
+from tests.text.test_metaspace import _sentencepiece_model
 
 BYTE_TOKENS = [f"<0x{b:02X}>" for b in range(256)]
 SPECIALS = ["<unk>", "<s>", "</s>"]
@@ -137,16 +138,35 @@ def test_chat_takes_the_zephyr_template_from_tokenizer_config(llama_dir, capsys,
     assert ids[0] == tok.ranks[b" "] and ids[1] == tok.ranks[b"<|user|>"]
 
 
-def test_unknown_chat_template_and_sentencepiece_model_only_are_clear_errors(llama_dir, capsys, monkeypatch):
+def test_unknown_chat_template_is_a_clear_error(llama_dir, capsys, monkeypatch):
     (llama_dir / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{{ '[INST] ' + x }}"}))
     monkeypatch.setattr(sys, "stdin", io.StringIO("hi\n"))
     assert main(["chat", "--checkpoint", str(llama_dir)]) == 1
     err = capsys.readouterr().err
     assert "its chat_template is not a layout netcl knows (netcl runs no Jinja" in err
     assert "pass --template NAME" in err and "Traceback" not in err
-    (llama_dir / "tokenizer.json").rename(llama_dir / "tokenizer.model")
-    assert main(["generate", "--checkpoint", str(llama_dir), "--prompt", "hi"]) == 1
-    err = capsys.readouterr().err
-    assert (
-        "has tokenizer.model (a SentencePiece model) but no tokenizer.json: netcl reads tokenizer.json" in err
-    )
+
+
+def test_a_sentencepiece_model_alone_generates_as_tokenizer_json_does(llama_dir, capsys):
+    args = [
+        "generate",
+        "--checkpoint",
+        str(llama_dir),
+        "--prompt",
+        "hello hi 😀",
+        "--max-new-tokens",
+        "5",
+        "--temperature",
+        "0",
+    ]
+    assert main(args) == 0
+    with_json = capsys.readouterr().out
+    _sentencepiece_model(_tokenizer_json(), llama_dir / "tokenizer.model")
+    (llama_dir / "tokenizer.json").unlink()
+    assert main(args) == 0
+    assert capsys.readouterr().out == with_json
+    _, tok = load_model_dir(str(llama_dir), "auto")
+    assert tok.bos_token == "<s>" and tok.encode("hello") == [tok.ranks[b" hello"]]
+    (llama_dir / "tokenizer.model").write_bytes(b"\x0a\xff")
+    assert main(args) == 1
+    assert "tokenizer.model: ModelProto: truncated or invalid protobuf" in capsys.readouterr().err
