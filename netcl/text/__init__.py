@@ -1,4 +1,5 @@
-"""Text tokenization for netcl: byte-level BPE with regex pre-splitting, tokenizer files, chat templates.
+"""Text tokenization for netcl: BPE (byte-level with regex pre-splitting, or SentencePiece-style with byte
+fallback), tokenizer files, chat templates.
 
 Pure host code (no OpenCL); importing it does not import the rest of netcl.
 """

@@ -1,4 +1,5 @@
-"""Byte-level BPE tokenizer: regex pre-splitting, rank-based merging, special tokens, train/save/load.
+"""BPE tokenizer: regex pre-splitting, rank-based merging, special tokens, train/save/load; byte-level, or
+SentencePiece-style (byte fallback, ``▁`` for spaces) as loaded from Llama 2 / TinyLlama files.
 
 Token ids are ranks (tiktoken's convention): the id of a multi-byte token is also its merge priority.
 """
@@ -40,6 +41,9 @@ def _special_regex(tokens: Iterable[str]) -> regex.Pattern:
 
 class BPETokenizer:
     """Byte-level BPE: text -> pre-split chunks (regex) -> UTF-8 bytes -> merges by rank -> ids.
+
+    With ``byte_fallback`` and ``metaspace`` the same engine is a SentencePiece-style BPE (see those
+    arguments; `from_hf` and `from_sentencepiece` set them).
 
     Args:
         ranks: token bytes -> id. Must contain all 256 single bytes. Ids of merged tokens are their merge
