@@ -326,10 +326,19 @@ def _chat_loop(
             print(f"(dropped the {dropped} oldest message(s) to fit the context window of {context} tokens)",
                   file=sys.stderr)
         print("assistant> ", end="", flush=True)
-        reply = []
+        reply: list[str] = []
+        # a SentencePiece reply's first token carries the space its tokenizer puts before a text; the reply
+        # is its own text (Hugging Face's decode drops that space too)
+        drop_space = tokenizer.metaspace not in (None, "never")
         for piece in stream_tokens(model, tokenizer, ids, min(args.max_new_tokens, context - len(ids)),
                                    temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                                    seed=args.seed + turn, stop=stop):
+            if drop_space:  # one space, from the first piece only
+                drop_space = False
+                if piece.startswith(" "):
+                    piece = piece[1:]
+                    if not piece:
+                        continue
             reply.append(piece)
             print(piece, end="", flush=True)
         print()

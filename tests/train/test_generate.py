@@ -170,3 +170,13 @@ def test_a_sentencepiece_model_alone_generates_as_tokenizer_json_does(llama_dir,
     (llama_dir / "tokenizer.model").write_bytes(b"\x0a\xff")
     assert main(args) == 1
     assert "tokenizer.model: ModelProto: truncated or invalid protobuf" in capsys.readouterr().err
+
+
+def test_chat_reply_drops_the_space_its_first_token_carries(llama_dir, capsys, monkeypatch):
+    _, tok = load_model_dir(str(llama_dir), "auto")
+    reply = [tok.ranks[b" "], tok.ranks[b" hello"], tok.ranks[b" world"], 2, tok.ranks[b" hi"]]
+    monkeypatch.setattr(GPT, "generate", lambda self, ids, n, **kw: iter(reply[:n]))
+    monkeypatch.setattr(sys, "stdin", io.StringIO("hi\n"))
+    assert main(["chat", "--checkpoint", str(llama_dir), "--max-new-tokens", "5"]) == 0
+    # " " alone is dropped, then " hello world" as is; </s> (id 2) ends the reply
+    assert "assistant>  hello world\n" in capsys.readouterr().out
