@@ -423,10 +423,15 @@ def _pre_tokenizer_parts(
         if _check_bool(path, node, "add_prefix_space", where, False):
             raise TokenizerFileError(f"{path}: {where}: ByteLevel add_prefix_space=true is not supported")
         return [(where, None, _check_bool(path, node, "use_regex", where, True))]
+    hint = (
+        "; a Metaspace (SentencePiece-style) BPE needs model.byte_fallback=true, which this file lacks"
+        if kind == "Metaspace"
+        else ""
+    )
     raise TokenizerFileError(
         f"{path}: {where}: pre-tokenizer type {kind!r} is not "
         f"supported (byte-level BPE only: Split, ByteLevel, "
-        "Sequence)"
+        f"Sequence){hint}"
     )
 
 
@@ -560,8 +565,14 @@ def read_hf(path: str | os.PathLike) -> TokenizerData:
         try:
             return bytes([decode_char[ch] for ch in token])
         except KeyError as err:
+            hint = (
+                " (a SentencePiece-style vocab: netcl reads one with model.byte_fallback=true only)"
+                if err.args[0] == METASPACE
+                else ""
+            )
             raise TokenizerFileError(
                 f"{path}: {where}: {token!r} has character {err.args[0]!r} outside the byte-level alphabet"
+                f"{hint}"
             ) from None
 
     def vocab_field(token: str) -> str:

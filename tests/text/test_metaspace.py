@@ -232,6 +232,9 @@ def test_tiny_file_loads(tmp_path):
          r"byte tokens <0x00>..<0xFF> \(first: <0x7F>\)"),
         (lambda d: d["model"]["vocab"].update({" a": 262}), r"model.vocab\[' a'\] gives the byte string"),
         (lambda d: d["model"]["merges"].append("a ▁"), r"model.merges\[1\] = 'a ▁' makes a token missing"),
+        (lambda d: d.update(normalizer=None) or d["model"].update(byte_fallback=False),
+         r"outside the byte-level alphabet \(a SentencePiece-style vocab: netcl reads one with "
+         r"model.byte_fallback=true only\)"),
         (lambda d: d["post_processor"]["single"].append({"SpecialToken": {"id": "</s>", "type_id": 0}}),
          r"post_processor.single is '<s> \$A </s>'; netcl supports '\$A' and one special token before it"),
     ],
@@ -392,3 +395,16 @@ def test_sentencepiece_model_unsupported_is_clear(trained, tmp_path):
     path.write_bytes(model.SerializeToString())
     with pytest.raises(TokenizerFileError, match="a Unigram SentencePiece model: netcl reads BPE models"):
         BPETokenizer.from_sentencepiece(path)
+
+
+def test_metaspace_pre_tokenizer_without_byte_fallback_says_what_it_needs(tmp_path):
+    BPETokenizer.train("low lower lowest " * 20, 270).save_hf(tmp_path / "tokenizer.json")
+    doc = json.loads((tmp_path / "tokenizer.json").read_text(encoding="utf-8"))
+    doc["pre_tokenizer"] = {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "always"}
+    (tmp_path / "tokenizer.json").write_text(json.dumps(doc), encoding="utf-8")
+    words = (
+        r"pre-tokenizer type 'Metaspace' is not supported .*a Metaspace \(SentencePiece-style\) BPE "
+        "needs model.byte_fallback=true, which this file lacks"
+    )
+    with pytest.raises(TokenizerFileError, match=words):
+        BPETokenizer.from_hf(tmp_path / "tokenizer.json")
