@@ -1,4 +1,5 @@
-"""Byte-level BPE tokenizer: regex pre-splitting, rank-based merging, special tokens, train/save/load.
+"""BPE tokenizer: regex pre-splitting, rank-based merging, special tokens, train/save/load; byte-level, or
+SentencePiece-style (byte fallback, ``▁`` for spaces) as loaded from Llama 2 / TinyLlama files.
 
 Token ids are ranks (tiktoken's convention): the id of a multi-byte token is also its merge priority.
 """
@@ -41,6 +42,9 @@ def _special_regex(tokens: Iterable[str]) -> regex.Pattern:
 class BPETokenizer:
     """Byte-level BPE: text -> pre-split chunks (regex) -> UTF-8 bytes -> merges by rank -> ids.
 
+    With ``byte_fallback`` and ``metaspace`` the same engine is a SentencePiece-style BPE (see those
+    arguments; `from_hf` and `from_sentencepiece` set them).
+
     Args:
         ranks: token bytes -> id. Must contain all 256 single bytes. Ids of merged tokens are their merge
             priority: inside a chunk the adjacent pair whose concatenation has the lowest id merges first
@@ -54,6 +58,17 @@ class BPETokenizer:
         merge_priority: optional bytes -> priority used for merging when it differs from the id
             (Hugging Face files whose ids do not follow merge order). Defaults to ``ranks``.
         cache_size: bound on the chunk -> ids cache.
+        byte_fallback: SentencePiece-style BPE: byte value (0..255) -> id of its ``<0xAB>`` token, for all
+            256 bytes. Then ``ranks`` need not hold the single bytes; merging works on characters (each
+            single-character token is whole before any merge, as Hugging Face's BPE starts from characters)
+            and a character outside the vocabulary becomes its UTF-8 bytes' fallback ids.
+        metaspace: SentencePiece's spaces, for tokenizers whose vocab writes a space as ``▁`` (stored here as
+            a space): a ``▁`` in the text is a space, and each text segment (the text between special tokens)
+            gets a space in front: ``"prepend"`` always (a Prepend normalizer), ``"always"`` unless it starts
+            with one (Metaspace pre-tokenizer), ``"first"`` likewise but only for the segment that starts the
+            text, ``"never"``. `decode` drops one leading space unless ``"never"``. None: no such handling.
+        bos_token: the special token a Hugging Face post-processor puts before the text (``<s>``); `encode`
+            adds it with ``add_bos=True``.
     """
 
     def __init__(
@@ -66,6 +81,9 @@ class BPETokenizer:
         merges: Sequence[tuple[tuple[int, int], int]] | None = None,
         merge_priority: Mapping[bytes, int] | None = None,
         cache_size: int = DEFAULT_CACHE_SIZE,
+        byte_fallback: Mapping[int, int] | None = None,
+        metaspace: str | None = None,
+        bos_token: str | None = None,
     ) -> None:
         if not isinstance(ranks, Mapping):
             raise TypeError(f"ranks must be a mapping bytes -> int, got {type(ranks).__name__}")
@@ -85,7 +103,8 @@ class BPETokenizer:
                 )
             self._encoder[token] = rank
             self._decoder[rank] = token
-        missing = [b for b in range(256) if bytes([b]) not in self._encoder]
+        self._byte_fallback = _check_byte_fallback(byte_fallback, self._decoder)
+        missing = [b for b in range(256) if bytes([b]) not in self._encoder and self._byte_fallback is None]
         if missing:
             raise ValueError(
                 f"byte-level BPE needs all 256 single bytes in ranks; {len(missing)} missing "
@@ -118,6 +137,23 @@ class BPETokenizer:
         for tid, token in special_by_id.items():
             self._decoder[tid] = token.encode("utf-8")
         self._priority = self._encoder if merge_priority is None else _check_priority(merge_priority, ranks)
+        if self._byte_fallback is not None:
+            for byte, tid in self._byte_fallback.items():
+                if tid in special_by_id:
+                    raise ValueError(
+                        f"byte_fallback id {tid} (byte {byte:#04x}) is also the special token "
+                        f"{special_by_id[tid]!r}"
+                    )
+                self._decoder[tid] = bytes([byte])
+            self._priority = _with_whole_characters(self._priority, self._encoder)
+        if metaspace is not None and metaspace not in formats.METASPACE_SCHEMES:
+            raise ValueError(
+                f"metaspace must be None or one of {formats.METASPACE_SCHEMES}, got {metaspace!r}"
+            )
+        self.metaspace = metaspace
+        if bos_token is not None and bos_token not in self._special:
+            raise ValueError(f"bos_token {bos_token!r} is not one of the special tokens")
+        self.bos_token = bos_token
         self.pattern = tokenizer_pattern(pattern)
         self._split = pre_splitter(self.pattern)
         if not isinstance(name, str):
@@ -172,12 +208,26 @@ class BPETokenizer:
     def _encode_chunk(self, chunk: str) -> tuple[int, ...]:
         data = chunk.encode("utf-8")
         tid = self._encoder.get(data)
-        if tid is not None:
+        fallback = self._byte_fallback
+        if tid is not None and (fallback is None or len(chunk) == 1 or data in self._priority):
+            # (with byte fallback, a whole chunk is a token only where merging can make it, as in
+            # Hugging Face's BPE without ignore_merges)
             ids: tuple[int, ...] = (tid,)
-        else:
+        elif fallback is None:
             starts = byte_pair_split(data, self._priority)
             encoder = self._encoder
             ids = tuple([encoder[data[s:e]] for s, e in itertools.pairwise(starts)])
+        else:
+            parts = [data[s:e] for s, e in itertools.pairwise(byte_pair_split(data, self._priority))]
+            get = self._encoder.get
+            out: list[int] = []
+            for part in parts:
+                tid = get(part)
+                if tid is None:  # a character outside the vocabulary (or a piece of one): its bytes
+                    out.extend([fallback[b] for b in part])
+                else:
+                    out.append(tid)
+            ids = tuple(out)
         cache = self._cache
         if len(cache) >= self._cache_size:
             cache.clear()
@@ -188,22 +238,34 @@ class BPETokenizer:
         """Forget the chunk -> ids cache (results never depend on it; benchmarks use this for cold runs)."""
         self._cache.clear()
 
-    def encode_ordinary(self, text: str) -> list[int]:
+    def encode_ordinary(self, text: str, *, at_start: bool = True) -> list[int]:
         """Encode ``text`` with every special-token string treated as plain text.
 
         Lone surrogates (not encodable as UTF-8) are replaced by U+FFFD first, as tiktoken does.
+        ``at_start``: the text starts the input (metaspace "first" puts a space before it only then).
         """
         if not isinstance(text, str):
             raise TypeError(f"text must be str, got {type(text).__name__}")
+        return self._encode_segment(text, at_start)
+
+    def _encode_segment(self, text: str, first: bool) -> list[int]:
+        """`encode_ordinary` of one segment; ``first``: it starts the text (for metaspace "first")."""
         try:
-            return self._encode_ordinary(text)
+            return self._encode_ordinary(text, first)
         except UnicodeEncodeError:
             text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-            return self._encode_ordinary(text)
+            return self._encode_ordinary(text, first)
 
-    def _encode_ordinary(self, text: str) -> list[int]:
+    def _encode_ordinary(self, text: str, first: bool = True) -> list[int]:
         if not text:
             return []
+        scheme = self.metaspace
+        if scheme is not None:
+            text = text.replace(formats.METASPACE, " ")
+            if scheme == "prepend" or (
+                (scheme == "always" or (scheme == "first" and first)) and not text.startswith(" ")
+            ):
+                text = " " + text
         chunks = self._split(text)
         out: list[int] = []
         extend = out.extend
@@ -261,8 +323,10 @@ class BPETokenizer:
             pat = self._special_regexes[tokens] = _special_regex(tokens)
         return pat
 
-    def encode(self, text: str, *, allowed_special: AllowedSpecial = "none_raise") -> list[int]:
-        """Encode ``text`` to ids.
+    def encode(
+        self, text: str, *, allowed_special: AllowedSpecial = "none_raise", add_bos: bool = False
+    ) -> list[int]:
+        """Encode ``text`` to ids; ``add_bos`` puts `bos_token` first (as Hugging Face's post-processor).
 
         ``allowed_special`` says what a special-token string inside ``text`` becomes:
 
@@ -274,6 +338,13 @@ class BPETokenizer:
         """
         if not isinstance(text, str):
             raise TypeError(f"text must be str, got {type(text).__name__}")
+        if add_bos:
+            if self.bos_token is None:
+                raise ValueError(
+                    f"add_bos=True but tokenizer {self.name!r} has no bos_token (its file's post-processor "
+                    "adds none)"
+                )
+            return [self._special[self.bos_token], *self.encode(text, allowed_special=allowed_special)]
         allowed, disallowed = self._special_sets(allowed_special)
         if disallowed:
             found = self._regex_for(disallowed).search(text)
@@ -284,10 +355,10 @@ class BPETokenizer:
         out: list[int] = []
         start = 0
         for match in self._regex_for(allowed).finditer(text):
-            out.extend(self.encode_ordinary(text[start : match.start()]))
+            out.extend(self._encode_segment(text[start : match.start()], start == 0))
             out.append(self._special[match.group()])
             start = match.end()
-        out.extend(self.encode_ordinary(text[start:]))
+        out.extend(self._encode_segment(text[start:], start == 0))
         return out
 
     def encode_batch(
@@ -332,8 +403,15 @@ class BPETokenizer:
             raise
 
     def decode(self, ids: Iterable[int]) -> str:
-        """Decode to str; byte sequences that are not valid UTF-8 become U+FFFD (errors='replace')."""
-        return self.decode_bytes(ids).decode("utf-8", errors="replace")
+        """Decode to str; byte sequences that are not valid UTF-8 become U+FFFD (errors='replace').
+
+        With `metaspace` (other than "never") one leading space, the one encoding puts before the text, is
+        dropped (Hugging Face's Strip / Metaspace decoder).
+        """
+        text = self.decode_bytes(ids).decode("utf-8", errors="replace")
+        if self.metaspace not in (None, "never") and text.startswith(" "):
+            return text[1:]
+        return text
 
     # ------------------------------------------------------------------ training
 
@@ -406,8 +484,17 @@ class BPETokenizer:
 
     # ------------------------------------------------------------------ files
 
+    def _check_byte_level(self, method: str) -> None:
+        if self._byte_fallback is not None or self.metaspace is not None:
+            raise ValueError(
+                f"{method}() writes byte-level BPE; tokenizer {self.name!r} is SentencePiece-style (byte "
+                "fallback, ▁ for spaces), which these formats cannot hold: keep the tokenizer.json it came "
+                "from"
+            )
+
     def save(self, path: str | os.PathLike) -> None:
         """Write netcl's JSON format (see `formats.write_netcl`)."""
+        self._check_byte_level("save")
         formats.write_netcl(path, self._encoder, self.pattern, self._special, self.name, self.merges)
 
     @classmethod
@@ -418,6 +505,7 @@ class BPETokenizer:
 
     def save_tiktoken(self, path: str | os.PathLike) -> None:
         """Write the ordinary ranks as a ``.tiktoken`` file (pattern and specials are not part of it)."""
+        self._check_byte_level("save_tiktoken")
         formats.write_tiktoken(path, self._encoder)
 
     @classmethod
@@ -435,7 +523,24 @@ class BPETokenizer:
 
     def save_hf(self, path: str | os.PathLike) -> None:
         """Write a Hugging Face ``tokenizer.json`` (byte-level BPE, merges derived from the ranks)."""
+        self._check_byte_level("save_hf")
         formats.write_hf(path, self._encoder, self.pattern, self._special)
+
+    @classmethod
+    def from_sentencepiece(cls, path: str | os.PathLike, *, name: str = "") -> BPETokenizer:
+        """Load a SentencePiece ``tokenizer.model`` (BPE with byte fallback, as Llama 2's; see
+        `formats.read_sentencepiece`)."""
+        data = formats.read_sentencepiece(path)
+        return cls(
+            data.ranks,
+            data.pattern,
+            data.special_tokens,
+            name=name or data.name,
+            merge_priority=data.merge_priority,
+            byte_fallback=data.byte_fallback,
+            metaspace=data.metaspace,
+            bos_token=data.bos_token,
+        )
 
     @classmethod
     def from_hf(cls, path: str | os.PathLike, *, name: str = "") -> BPETokenizer:
@@ -447,6 +552,9 @@ class BPETokenizer:
             data.special_tokens,
             name=name or data.name,
             merge_priority=data.merge_priority,
+            byte_fallback=data.byte_fallback,
+            metaspace=data.metaspace,
+            bos_token=data.bos_token,
         )
 
 
@@ -500,6 +608,46 @@ def _check_priority(priority: Mapping[bytes, int], ranks: Mapping[bytes, int]) -
             )
         checked[token] = value
     return checked
+
+
+def _check_byte_fallback(
+    fallback: Mapping[int, int] | None, decoder: Mapping[int, bytes]
+) -> dict[int, int] | None:
+    if fallback is None:
+        return None
+    if not isinstance(fallback, Mapping):
+        raise TypeError(f"byte_fallback must be a mapping byte -> id, got {type(fallback).__name__}")
+    checked: dict[int, int] = {}
+    for byte, tid in fallback.items():
+        if not (_is_int(byte) and 0 <= byte < 256 and _is_int(tid) and tid >= 0):
+            raise TypeError(
+                f"byte_fallback must map bytes 0..255 to non-negative int ids, got {byte!r} -> {tid!r}"
+            )
+        if tid in decoder:
+            raise ValueError(
+                f"byte_fallback id {tid} (byte {byte:#04x}) is also the id of the token {decoder[tid]!r}"
+            )
+        checked[byte] = tid
+    if len(checked) != 256 or len(set(checked.values())) != 256:
+        raise ValueError(
+            f"byte_fallback needs 256 distinct ids, one per byte; got {len(checked)} bytes, "
+            f"{len(set(checked.values()))} distinct ids"
+        )
+    return checked
+
+
+def _with_whole_characters(priority: Mapping[bytes, int], encoder: Mapping[bytes, int]) -> dict[bytes, int]:
+    """``priority`` plus, for each single-character token of several UTF-8 bytes, its byte prefixes and
+    itself, ranked below every merge: the byte merging engine then first joins the bytes of each known
+    character, so merging proceeds on characters (an unknown character stays in pieces, and no key joins a
+    piece of a character to anything else)."""
+    out = dict(priority)
+    below = min(out.values(), default=0) - 1
+    for token in encoder:
+        if 1 < len(token) <= 4 and len(token.decode("utf-8", "replace")) == 1:
+            for end in range(2, len(token) + 1):
+                out[token[:end]] = below - end
+    return out
 
 
 def _check_merges(

@@ -1,7 +1,8 @@
-"""Multi-turn chat templates (ChatML, Llama-3, plain) that encode a dialog to ids plus a loss mask.
+"""Multi-turn chat templates (ChatML, Llama-3, Zephyr, plain) that encode a dialog to ids plus a loss mask.
 
 Role names and message contents are always encoded as plain text, so a message that contains a
-special-token string can never inject a control token.
+special-token string can never inject a control token. netcl does not run Jinja: `template_from_jinja`
+recognizes the Hugging Face chat templates these layouts come from.
 """
 
 from __future__ import annotations
@@ -80,11 +81,33 @@ LLAMA3 = ChatTemplate(
     begin="<|begin_of_text|>",
     strip_content=True,
 )
+#: ``<|{role}|>\n{content}</s>\n`` (Zephyr, TinyLlama-chat): the role markers are plain text, the end of a
+#: turn is the end-of-sequence token ``</s>``.
+ZEPHYR = ChatTemplate("zephyr", ("<|{role}|>\n",), "</s>", after_turn="\n")
 #: ``{role}: {content}<|endoftext|>\n``: no template tokens beyond the end-of-text token most vocabularies
 #have.
 PLAIN = ChatTemplate("plain", ("{role}: ",), "<|endoftext|>", after_turn="\n")
 
-TEMPLATES: dict[str, ChatTemplate] = {t.name: t for t in (CHATML, LLAMA3, PLAIN)}
+TEMPLATES: dict[str, ChatTemplate] = {t.name: t for t in (CHATML, LLAMA3, ZEPHYR, PLAIN)}
+
+#: Strings whose presence identifies a Hugging Face Jinja chat template as one of netcl's layouts.
+_JINJA_MARKERS: tuple[tuple[ChatTemplate, tuple[str, ...]], ...] = (
+    (LLAMA3, ("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")),
+    (CHATML, ("<|im_start|>", "<|im_end|>")),
+    (ZEPHYR, ("<|user|>", "<|assistant|>", "eos_token")),
+)
+
+
+def template_from_jinja(source: str) -> ChatTemplate | None:
+    """The built-in template a Hugging Face ``chat_template`` (Jinja source, from tokenizer_config.json)
+    lays dialogs out as, recognized by the marker strings it writes; None when it is none of them (netcl
+    does not run Jinja, so such a template is not supported: pick a built-in one)."""
+    if not isinstance(source, str):
+        raise TypeError(f"chat_template must be a str of Jinja source, got {type(source).__name__}")
+    for template, markers in _JINJA_MARKERS:
+        if all(marker in source for marker in markers):
+            return template
+    return None
 
 
 class ChatFormat:
@@ -123,6 +146,71 @@ class ChatFormat:
     def _header(self, role: str) -> list[int]:
         return [i for piece in self.template.header for i in self._piece_ids(piece, role)]
 
+    def _pieces(
+        self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool
+    ) -> list[tuple[str | int, int]]:
+        """The dialog as (plain text or special-token id, loss mask) pieces, in order."""
+        template = self.template
+        pieces: list[tuple[str | int, int]] = []
+        if template.begin is not None:
+            pieces.append((self._ids[template.begin], 0))
+
+        def header(role: str) -> None:
+            for piece in template.header:
+                if piece.startswith("<special:"):
+                    pieces.append((self._ids[piece[len("<special:") : -1]], 0))
+                else:
+                    pieces.append((piece.replace("{role}", role), 0))
+
+        for message in messages:
+            role, content = message["role"], message["content"]
+            trained = 1 if role == "assistant" else 0
+            header(role)
+            pieces.append((content.strip() if template.strip_content else content, trained))
+            pieces.append((self._ids[template.end_of_turn], trained))
+            pieces.append((template.after_turn, 0))
+        if add_generation_prompt:
+            header("assistant")
+        return pieces
+
+    def _encode_runs(self, pieces: list[tuple[str | int, int]]) -> tuple[list[int], list[int]]:
+        """For SentencePiece-style tokenizers: the text between two special tokens is encoded as one
+        segment, as Hugging Face tokenizes a rendered template (a space goes before each segment, not
+        before each piece). A token takes the mask of the piece its first byte is in."""
+        tok = self.tokenizer
+        ids: list[int] = []
+        mask: list[int] = []
+        run: list[tuple[str, int]] = []
+
+        def flush() -> None:
+            text = "".join(t for t, _ in run)
+            run_ids = tok.encode_ordinary(text, at_start=not ids)
+            lengths = [len(tok.token_bytes(i)) for i in run_ids]
+            # byte offsets in the encoded run: first the space the tokenizer put before it, if any
+            end = sum(lengths) - len(text.replace("\u2581", " ").encode("utf-8"))
+            ends = []
+            for piece, piece_mask in run:
+                end += len(piece.replace("\u2581", " ").encode("utf-8"))
+                ends.append((end, piece_mask))
+            offset = 0
+            for tid, length in zip(run_ids, lengths, strict=True):
+                ids.append(tid)
+                mask.append(next((m for e, m in ends if offset < e), run[-1][1]))
+                offset += length
+            run.clear()
+
+        for piece, piece_mask in pieces:
+            if isinstance(piece, int):
+                if run:
+                    flush()
+                ids.append(piece)
+                mask.append(piece_mask)
+            elif piece:
+                run.append((piece, piece_mask))
+        if run:
+            flush()
+        return ids, mask
+
     def encode_dialog(
         self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = False
     ) -> tuple[list[int], list[int]]:
@@ -133,6 +221,8 @@ class ChatFormat:
         with the reply (not allowed when the last message is already the assistant's).
         """
         _validate(messages, add_generation_prompt)
+        if self.tokenizer.metaspace is not None:
+            return self._encode_runs(self._pieces(messages, add_generation_prompt))
         template = self.template
         ids: list[int] = []
         mask: list[int] = []

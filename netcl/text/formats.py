@@ -11,6 +11,7 @@ import binascii
 import itertools
 import json
 import os
+import struct
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -36,6 +37,9 @@ class TokenizerData:
     name: str = ""
     merges: list[tuple[tuple[int, int], int]] | None = None
     merge_priority: dict[bytes, int] | None = None
+    byte_fallback: dict[int, int] | None = None
+    metaspace: str | None = None
+    bos_token: str | None = None
 
 
 # ---------------------------------------------------------------------- checks shared by the readers
@@ -419,10 +423,15 @@ def _pre_tokenizer_parts(
         if _check_bool(path, node, "add_prefix_space", where, False):
             raise TokenizerFileError(f"{path}: {where}: ByteLevel add_prefix_space=true is not supported")
         return [(where, None, _check_bool(path, node, "use_regex", where, True))]
+    hint = (
+        "; a Metaspace (SentencePiece-style) BPE needs model.byte_fallback=true, which this file lacks"
+        if kind == "Metaspace"
+        else ""
+    )
     raise TokenizerFileError(
         f"{path}: {where}: pre-tokenizer type {kind!r} is not "
         f"supported (byte-level BPE only: Split, ByteLevel, "
-        "Sequence)"
+        f"Sequence){hint}"
     )
 
 
@@ -451,75 +460,10 @@ def _pre_tokenizer_pattern(node: Any, path: str | os.PathLike) -> str | None:
     return source
 
 
-def read_hf(path: str | os.PathLike) -> TokenizerData:
-    """Read a Hugging Face byte-level BPE ``tokenizer.json``.
-
-    Vocab strings are mapped back to bytes through `bytes_to_unicode`. Merge ``i`` (``"a b"`` or
-    ``["a", "b"]``) gives the token ``a+b`` merge priority ``256 + i``; when priorities follow id order (as
-    in GPT-2 or Llama-3 files) the ids themselves are used. The pre-split regex is the ``Split``
-    pre-tokenizer's, else GPT-2's (for ``ByteLevel`` with ``use_regex`` or no pre-tokenizer). Every entry
-    of ``added_tokens`` becomes a special token. Normalizers, ``byte_fallback``, dropout and subword
-    prefixes/suffixes are refused.
-    """
-    doc = _load_json(path)
-    model = doc.get("model")
-    if not isinstance(model, dict):
-        raise TokenizerFileError(f"{path}: model must be an object (a BPE model), got {_json_type(model)}")
-    kind = model.get("type", "BPE")
-    if kind != "BPE":
-        raise TokenizerFileError(f"{path}: model.type is {kind!r}: netcl reads only a byte-level BPE model")
-    if _check_bool(path, model, "byte_fallback", "model", False):
-        raise TokenizerFileError(f"{path}: byte_fallback BPE (SentencePiece-style) is not byte-level BPE")
-    for key in ("continuing_subword_prefix", "end_of_word_suffix"):
-        if model.get(key) not in (None, ""):
-            raise TokenizerFileError(
-                f"{path}: model.{key} = {model[key]!r} is not supported (byte-level BPE has none)"
-            )
-    dropout = model.get("dropout")
-    if dropout not in (None, 0, 0.0) or isinstance(dropout, bool):
-        raise TokenizerFileError(
-            f"{path}: model.dropout = {dropout!r}: BPE dropout (random merges) is not supported; use null"
-        )
-    normalizer = doc.get("normalizer")
-    if normalizer is not None:
-        kind = normalizer.get("type") if isinstance(normalizer, dict) else None
-        raise TokenizerFileError(
-            f"{path}: normalizer {kind!r} is not supported (null only)"
-            if kind is not None
-            else f"{path}: normalizer must be null (or an object), got {_json_type(normalizer)}"
-        )
-    vocab = model.get("vocab")
-    if not isinstance(vocab, dict):
-        raise TokenizerFileError(
-            f"{path}: model.vocab must be an object of token -> id, got {_json_type(vocab)}"
-        )
-    merges = model.get("merges", [])
-    if not isinstance(merges, list):
-        raise TokenizerFileError(
-            f'{path}: model.merges must be a list of "a b" strings or ["a", "b"] pairs, got '
-            f'{_json_type(merges)}'
-        )
-    added_tokens = doc.get("added_tokens")
-    if added_tokens is None:
-        added_tokens = []
-    if not isinstance(added_tokens, list):
-        raise TokenizerFileError(
-            f"{path}: added_tokens must be a list of objects, got {_json_type(added_tokens)}"
-        )
-
-    decode_char = _byte_level_decoder()
-
-    def to_bytes(token: str, where: str) -> bytes:
-        try:
-            return bytes([decode_char[ch] for ch in token])
-        except KeyError as err:
-            raise TokenizerFileError(
-                f"{path}: {where}: {token!r} has character {err.args[0]!r} outside the byte-level alphabet"
-            ) from None
-
+def _added_tokens(path: str | os.PathLike, added_tokens: list) -> tuple[dict[str, int], dict[str, str]]:
+    """``added_tokens`` as (content -> id, content -> the field that gave it)."""
     specials: dict[str, int] = {}
     special_where: dict[str, str] = {}
-    content_by_id: dict[int, str] = {}
     for i, added in enumerate(added_tokens):
         where = f"added_tokens[{i}]"
         if not isinstance(added, dict):
@@ -541,7 +485,95 @@ def read_hf(path: str | os.PathLike) -> TokenizerData:
                 _check_bool(path, added, key, where, False)
         specials[content] = tid
         special_where[content] = where
+    return specials, special_where
+
+
+def read_hf(path: str | os.PathLike) -> TokenizerData:
+    """Read a Hugging Face BPE ``tokenizer.json``: byte-level (GPT-2, Llama 3, Qwen2) or SentencePiece-style
+    (Llama 2, TinyLlama, Mistral: ``byte_fallback`` with ``▁`` for spaces, see `_read_metaspace`).
+
+    Byte-level: vocab strings are mapped back to bytes through `bytes_to_unicode`. Merge ``i`` (``"a b"`` or
+    ``["a", "b"]``) gives the token ``a+b`` merge priority ``256 + i``; when priorities follow id order (as
+    in GPT-2 or Llama-3 files) the ids themselves are used. The pre-split regex is the ``Split``
+    pre-tokenizer's, else GPT-2's (for ``ByteLevel`` with ``use_regex`` or no pre-tokenizer). Normalizers,
+    dropout and subword prefixes/suffixes are refused.
+
+    Both: every entry of ``added_tokens`` becomes a special token; a ``TemplateProcessing`` post-processor
+    that puts one special token before the text names it ``bos_token``.
+    """
+    doc = _load_json(path)
+    model = doc.get("model")
+    if not isinstance(model, dict):
+        raise TokenizerFileError(f"{path}: model must be an object (a BPE model), got {_json_type(model)}")
+    kind = model.get("type", "BPE")
+    if kind != "BPE":
+        raise TokenizerFileError(
+            f"{path}: model.type is {kind!r}: netcl reads only BPE models (byte-level, or "
+            "SentencePiece-style with byte_fallback)"
+        )
+    byte_fallback = _check_bool(path, model, "byte_fallback", "model", False)
+    for key in ("continuing_subword_prefix", "end_of_word_suffix"):
+        if model.get(key) not in (None, ""):
+            raise TokenizerFileError(
+                f"{path}: model.{key} = {model[key]!r} is not supported (byte-level BPE has none)"
+            )
+    dropout = model.get("dropout")
+    if dropout not in (None, 0, 0.0) or isinstance(dropout, bool):
+        raise TokenizerFileError(
+            f"{path}: model.dropout = {dropout!r}: BPE dropout (random merges) is not supported; use null"
+        )
+    vocab = model.get("vocab")
+    if not isinstance(vocab, dict):
+        raise TokenizerFileError(
+            f"{path}: model.vocab must be an object of token -> id, got {_json_type(vocab)}"
+        )
+    merges = model.get("merges", [])
+    if not isinstance(merges, list):
+        raise TokenizerFileError(
+            f'{path}: model.merges must be a list of "a b" strings or ["a", "b"] pairs, got '
+            f'{_json_type(merges)}'
+        )
+    added_tokens = doc.get("added_tokens")
+    if added_tokens is None:
+        added_tokens = []
+    if not isinstance(added_tokens, list):
+        raise TokenizerFileError(
+            f"{path}: added_tokens must be a list of objects, got {_json_type(added_tokens)}"
+        )
+    specials, special_where = _added_tokens(path, added_tokens)
+    bos = _post_processor_bos(path, doc.get("post_processor"), specials, "post_processor")
+    name = Path(path).parent.name if Path(path).name == "tokenizer.json" else Path(path).stem
+    if byte_fallback:
+        data = _read_metaspace(path, doc, vocab, merges, specials, special_where)
+        data.name, data.bos_token = name, bos
+        return data
+    normalizer = doc.get("normalizer")
+    if normalizer is not None:
+        kind = normalizer.get("type") if isinstance(normalizer, dict) else None
+        raise TokenizerFileError(
+            f"{path}: normalizer {kind!r} is not supported for byte-level BPE (null only; a SentencePiece-"
+            "style file has model.byte_fallback=true)"
+            if kind is not None
+            else f"{path}: normalizer must be null (or an object), got {_json_type(normalizer)}"
+        )
+    content_by_id: dict[int, str] = {}
+    for content, tid in specials.items():
         content_by_id.setdefault(tid, content)
+    decode_char = _byte_level_decoder()
+
+    def to_bytes(token: str, where: str) -> bytes:
+        try:
+            return bytes([decode_char[ch] for ch in token])
+        except KeyError as err:
+            hint = (
+                " (a SentencePiece-style vocab: netcl reads one with model.byte_fallback=true only)"
+                if err.args[0] == METASPACE
+                else ""
+            )
+            raise TokenizerFileError(
+                f"{path}: {where}: {token!r} has character {err.args[0]!r} outside the byte-level alphabet"
+                f"{hint}"
+            ) from None
 
     def vocab_field(token: str) -> str:
         return f"model.vocab[{token!r}]"
@@ -592,8 +624,369 @@ def read_hf(path: str | os.PathLike) -> TokenizerData:
     reachable = {t: (ranks[t] if ids_follow_merges else p) for t, p in priority.items()}
 
     pattern = _pre_tokenizer_pattern(doc.get("pre_tokenizer"), path)
-    name = Path(path).parent.name if Path(path).name == "tokenizer.json" else Path(path).stem
-    return TokenizerData(ranks, pattern, specials, name, None, reachable)
+    return TokenizerData(ranks, pattern, specials, name, None, reachable, bos_token=bos)
+
+
+
+
+#: SentencePiece's stand-in for a space in vocab strings.
+METASPACE = "\u2581"
+#: The pieces a Metaspace pre-tokenizer with split=true cuts, on netcl's spaces: each space starts a piece.
+METASPACE_SPLIT_PATTERN = r" [^ ]*|[^ ]+"
+#: How a SentencePiece-style tokenizer puts a space before a text segment (`BPETokenizer`'s ``metaspace``).
+METASPACE_SCHEMES = ("prepend", "always", "first", "never")
+
+
+def _byte_token(token: str) -> int | None:
+    """The byte a SentencePiece byte-fallback token ``<0xAB>`` stands for, else None."""
+    if len(token) == 6 and token.startswith("<0x") and token.endswith(">"):
+        try:
+            return int(token[3:5], 16)
+        except ValueError:
+            return None
+    return None
+
+
+def _metaspace_scheme(path: str | os.PathLike, doc: dict) -> tuple[str, bool]:
+    """(how a space is put before each segment, whether pre-tokenizing splits before each space) from a
+    normalizer (Prepend "▁", Replace " " -> "▁", a Sequence of them) or a Metaspace pre-tokenizer."""
+    normalizer, pre_tokenizer = doc.get("normalizer"), doc.get("pre_tokenizer")
+    supported = (
+        'SentencePiece-style files need a normalizer of Prepend "\u2581" and Replace " " -> "\u2581" '
+        "(a Sequence of them), or a Metaspace pre-tokenizer"
+    )
+    prepend = replace = False
+    if normalizer is not None:
+        if not isinstance(normalizer, dict):
+            raise TokenizerFileError(
+                f"{path}: normalizer must be an object or null, got {_json_type(normalizer)}"
+            )
+        nodes = [("normalizer", normalizer)]
+        if normalizer.get("type") == "Sequence":
+            children = normalizer.get("normalizers")
+            if not isinstance(children, list):
+                raise TokenizerFileError(
+                    f"{path}: normalizer.normalizers must be a list, got {_json_type(children)}"
+                )
+            nodes = [(f"normalizer.normalizers[{i}]", child) for i, child in enumerate(children)]
+        for where, node in nodes:
+            kind = node.get("type") if isinstance(node, dict) else None
+            if kind == "Prepend" and node.get("prepend") == METASPACE:
+                prepend = True
+            elif kind == "Replace" and (node.get("pattern"), node.get("content")) == (
+                {"String": " "},
+                METASPACE,
+            ):
+                replace = True
+            else:
+                shown = {k: v for k, v in node.items() if k != "type"} if isinstance(node, dict) else node
+                raise TokenizerFileError(
+                    f"{path}: {where}: normalizer {kind!r} {shown} is not supported; {supported}"
+                )
+        if not replace:
+            raise TokenizerFileError(f'{path}: normalizer has no Replace " " -> "\u2581"; {supported}')
+    if pre_tokenizer is None:
+        if not replace:
+            raise TokenizerFileError(
+                f"{path}: byte_fallback BPE with neither normalizer nor pre_tokenizer; {supported}"
+            )
+        return ("prepend" if prepend else "never"), False
+    kind = pre_tokenizer.get("type") if isinstance(pre_tokenizer, dict) else None
+    if kind != "Metaspace":
+        raise TokenizerFileError(
+            f"{path}: pre_tokenizer type {kind!r} is not supported with byte_fallback BPE (Metaspace or null)"
+        )
+    if normalizer is not None:
+        raise TokenizerFileError(f"{path}: a ▁ normalizer and a Metaspace pre-tokenizer both: not supported")
+    if pre_tokenizer.get("replacement", METASPACE) != METASPACE:
+        raise TokenizerFileError(
+            f"{path}: pre_tokenizer.replacement is {pre_tokenizer.get('replacement')!r}; only {METASPACE!r} "
+            "is supported"
+        )
+    scheme = pre_tokenizer.get("prepend_scheme")
+    if scheme is None:
+        prefix = _check_bool(path, pre_tokenizer, "add_prefix_space", "pre_tokenizer", True)
+        scheme = "always" if prefix else "never"
+    if scheme not in ("always", "first", "never"):
+        raise TokenizerFileError(
+            f"{path}: pre_tokenizer.prepend_scheme is {scheme!r}; supported: 'always', 'first', 'never'"
+        )
+    return scheme, _check_bool(path, pre_tokenizer, "split", "pre_tokenizer", True)
+
+
+def _read_metaspace(
+    path: str | os.PathLike,
+    doc: dict,
+    vocab: dict,
+    merges: list,
+    specials: dict[str, int],
+    special_where: dict[str, str],
+) -> TokenizerData:
+    """A SentencePiece-style BPE (``byte_fallback``): vocab strings are text with ``▁`` for a space.
+
+    netcl keeps them as UTF-8 with a plain space instead of ``▁`` (``"▁the"`` -> ``b" the"``), so decoding
+    is concatenation and the text needs only ``▁`` -> space and a space before each segment (``metaspace``).
+    The tokens ``<0x00>``..``<0xFF>`` are the byte fallback: a character outside the vocabulary becomes its
+    UTF-8 bytes' tokens. Merge ``i`` gives ``a+b`` merge priority ``i`` (the first merge making it).
+    """
+    scheme, split = _metaspace_scheme(path, doc)
+    content_by_id = {tid: content for content, tid in reversed(list(specials.items()))}
+    fallback: dict[int, int] = {}
+
+    def internal(token: str) -> bytes:
+        return token.replace(METASPACE, " ").encode("utf-8")
+
+    def vocab_field(token: str) -> str:
+        return f"model.vocab[{token!r}]"
+
+    def vocab_entries() -> Iterable[tuple[bytes, int, str]]:
+        for token, tid in vocab.items():
+            if not _is_id(tid):
+                raise TokenizerFileError(
+                    f"{path}: {vocab_field(token)} = {tid!r} is not an int id (a non-negative integer)"
+                )
+            if tid in content_by_id:
+                content = content_by_id[tid]
+                if token != content:
+                    raise TokenizerFileError(
+                        f"{path}: {vocab_field(token)} has id {tid}, which {special_where[content]} "
+                        f"gives to {content!r}: one id may name only one token"
+                    )
+                continue
+            byte = _byte_token(token)
+            if byte is not None:
+                fallback[byte] = tid
+                continue
+            if not token:
+                raise TokenizerFileError(f"{path}: {vocab_field(token)}: the empty string cannot be a token")
+            yield internal(token), tid, token
+
+    items = list(vocab_entries())
+    ranks = {token: tid for token, tid, _ in items}
+    if len(ranks) != len(items) or len(set(ranks.values())) != len(items):
+        _raise_first_clash(path, items, vocab_field)  # names the clash ("▁a" and " a" are one token)
+    shared = {tid: token for token, tid, _ in items if tid in set(fallback.values())}
+    if shared:
+        tid, token = min(shared.items())
+        raise TokenizerFileError(
+            f"{path}: {vocab_field(token)} has id {tid}, which a byte token <0x..> has too: one id may name "
+            "only one token"
+        )
+    missing = [b for b in range(256) if b not in fallback]
+    if missing:
+        raise TokenizerFileError(
+            f"{path}: model.byte_fallback is true but model.vocab lacks {len(missing)} of the byte tokens "
+            f"<0x00>..<0xFF> (first: <0x{missing[0]:02X}>)"
+        )
+    _check_specials(path, specials, special_where, ranks)
+    priority: dict[bytes, int] = {}
+    for i, merge in enumerate(merges):
+        where = f"model.merges[{i}]"
+        parts = merge.split(" ") if isinstance(merge, str) else merge
+        if not isinstance(parts, list) or len(parts) != 2 or not all(isinstance(p, str) and p for p in parts):
+            raise TokenizerFileError(
+                f'{path}: {where} = {merge!r} is not a pair ("a b" or ["a", "b"] of two vocab tokens)'
+            )
+        for part in parts:
+            if part not in vocab:
+                raise TokenizerFileError(f"{path}: {where} = {merge!r}: {part!r} is not in model.vocab")
+        merged = internal(parts[0] + parts[1])
+        if merged not in ranks:
+            raise TokenizerFileError(f"{path}: {where} = {merge!r} makes a token missing from the vocab")
+        priority.setdefault(merged, i)
+    return TokenizerData(
+        ranks,
+        METASPACE_SPLIT_PATTERN if split else None,
+        specials,
+        merge_priority=priority,
+        byte_fallback=dict(sorted(fallback.items())),
+        metaspace=scheme,
+    )
+
+
+def _post_processor_bos(
+    path: str | os.PathLike, node: Any, specials: dict[str, int], where: str
+) -> str | None:
+    """The special token a ``TemplateProcessing`` post-processor puts before a single text (Llama's
+    ``<s> $A``, Llama 3's ``<|begin_of_text|> $A``); None for ``$A`` alone and for other post-processors
+    (ByteLevel's offsets, Roberta/Bert pairs: not read)."""
+    if not isinstance(node, dict):
+        return None
+    kind = node.get("type")
+    if kind == "Sequence":
+        found = None
+        processors = node.get("processors")
+        for i, child in enumerate(processors if isinstance(processors, list) else []):
+            found = _post_processor_bos(path, child, specials, f"{where}.processors[{i}]") or found
+        return found
+    if kind != "TemplateProcessing":
+        return None
+    single = node.get("single")
+    pieces = []
+    for item in single if isinstance(single, list) else [None]:
+        if isinstance(item, dict) and len(item) == 1 and isinstance(next(iter(item.values())), dict):
+            ((piece_kind, body),) = item.items()
+            pieces.append((piece_kind, body.get("id")))
+        else:
+            pieces.append((None, item))
+    if pieces == [("Sequence", "A")]:
+        return None
+    if len(pieces) == 2 and pieces[0][0] == "SpecialToken" and pieces[1] == ("Sequence", "A"):
+        token = pieces[0][1]
+        if token not in specials:
+            raise TokenizerFileError(
+                f"{path}: {where}.single puts {token!r} before the text, but added_tokens has no such token"
+            )
+        return token
+    shown = " ".join("$" + str(v) if k == "Sequence" else str(v) for k, v in pieces)
+    raise TokenizerFileError(
+        f"{path}: {where}.single is {shown!r}; netcl supports '$A' and one special token before it ('<s> $A')"
+    )
+
+
+
+
+# ---------------------------------------------------------------------- SentencePiece tokenizer.model
+
+# SentencePiece.Type values (sentencepiece_model.proto); UNUSED (5) pieces are ordinary, never merged to
+_PIECE_NORMAL, _PIECE_UNKNOWN, _PIECE_CONTROL, _PIECE_USER_DEFINED, _PIECE_BYTE = 1, 2, 3, 4, 6
+_SP_BPE = 2
+
+
+def _protobuf_fields(path: str | os.PathLike, data: bytes, where: str) -> list[tuple[int, int | bytes]]:
+    """The (field number, value) pairs of one protobuf message: varints as int, 32-bit values as their
+    4 bytes, length-delimited ones (strings, sub-messages) as bytes."""
+    fields: list[tuple[int, int | bytes]] = []
+    pos, n = 0, len(data)
+
+    def varint() -> int:
+        nonlocal pos
+        value = shift = 0
+        while True:
+            if pos >= n or shift > 63:
+                raise TokenizerFileError(
+                    f"{path}: {where}: truncated or invalid protobuf (not a SentencePiece model?)"
+                )
+            byte = data[pos]
+            pos += 1
+            value |= (byte & 0x7F) << shift
+            shift += 7
+            if byte < 0x80:
+                return value
+
+    while pos < n:
+        key = varint()
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            fields.append((number, varint()))
+        elif wire in (1, 5):
+            size = 8 if wire == 1 else 4
+            fields.append((number, data[pos : pos + size]))
+            pos += size
+        elif wire == 2:
+            size = varint()
+            fields.append((number, data[pos : pos + size]))
+            pos += size
+        else:
+            raise TokenizerFileError(
+                f"{path}: {where}: protobuf wire type {wire} (not a SentencePiece model?)"
+            )
+        if pos > n:
+            raise TokenizerFileError(f"{path}: {where}: truncated protobuf (not a SentencePiece model?)")
+    return fields
+
+
+def read_sentencepiece(path: str | os.PathLike) -> TokenizerData:
+    """Read a SentencePiece ``tokenizer.model`` (its protobuf): a BPE model with byte fallback and the
+    identity normalization, as Llama 2's and TinyLlama's, becomes what their tokenizer.json holds.
+
+    Pieces: NORMAL ones are the vocabulary (``▁`` stored as a space), BYTE ones ``<0xAB>`` the byte fallback,
+    UNKNOWN, CONTROL and USER_DEFINED ones special tokens. SentencePiece's BPE merges the adjacent pair whose
+    concatenation is the piece with the highest score, so a piece's merge priority is its place in score
+    order. ``add_dummy_prefix`` puts a space before each text segment (Hugging Face's legacy Llama
+    tokenizer); the BOS is ``trainer_spec.bos_id``'s piece.
+    """
+    data = Path(path).read_bytes()
+    pieces: list[tuple[str, float, int]] = []
+    trainer: dict[int, int | bytes] = {}
+    normalizer: dict[int, int | bytes] = {}
+    for number, value in _protobuf_fields(path, data, "ModelProto"):
+        if not isinstance(value, bytes):
+            continue
+        if number == 1:
+            piece, score, kind = "", 0.0, _PIECE_NORMAL
+            for field, item in _protobuf_fields(path, value, f"pieces[{len(pieces)}]"):
+                if field == 1 and isinstance(item, bytes):
+                    piece = item.decode("utf-8", "replace")
+                elif field == 2 and isinstance(item, bytes) and len(item) == 4:
+                    score = struct.unpack("<f", item)[0]
+                elif field == 3 and isinstance(item, int):
+                    kind = item
+            pieces.append((piece, score, kind))
+        elif number == 2:
+            trainer = dict(_protobuf_fields(path, value, "trainer_spec"))
+        elif number == 3:
+            normalizer = dict(_protobuf_fields(path, value, "normalizer_spec"))
+    if not pieces:
+        raise TokenizerFileError(f"{path}: no pieces: not a SentencePiece model")
+    model_type = trainer.get(3, 1)
+    if model_type != _SP_BPE:
+        kind = {1: "Unigram", 3: "Word", 4: "Char"}.get(model_type, str(model_type))  # type: ignore[arg-type]
+        raise TokenizerFileError(f"{path}: a {kind} SentencePiece model: netcl reads BPE models only")
+    if not trainer.get(35, 0):
+        raise TokenizerFileError(
+            f"{path}: trainer_spec.byte_fallback is false: netcl reads SentencePiece BPE with byte fallback "
+            "(as Llama's)"
+        )
+    name = normalizer.get(1, b"identity")
+    name = name.decode("utf-8", "replace") if isinstance(name, bytes) else str(name)
+    if name != "identity" or normalizer.get(4, 1) or not normalizer.get(5, 1):
+        raise TokenizerFileError(
+            f"{path}: normalizer_spec {name!r} (remove_extra_whitespaces={bool(normalizer.get(4, 1))}, "
+            f"escape_whitespaces={bool(normalizer.get(5, 1))}): netcl reads the identity normalization with "
+            "whitespace kept and escaped as ▁ only (Llama's); use the model's tokenizer.json"
+        )
+    ranks: dict[bytes, int] = {}
+    specials: dict[str, int] = {}
+    fallback: dict[int, int] = {}
+    scored: list[tuple[float, int, bytes]] = []
+    for tid, (piece, score, kind) in enumerate(pieces):
+        where = f"pieces[{tid}] {piece!r}"
+        if kind == _PIECE_BYTE:
+            byte = _byte_token(piece)
+            if byte is None or byte in fallback:
+                raise TokenizerFileError(f"{path}: {where} is a BYTE piece but not a new <0xAB> byte")
+            fallback[byte] = tid
+        elif kind in (_PIECE_UNKNOWN, _PIECE_CONTROL, _PIECE_USER_DEFINED):
+            if not piece or piece in specials:
+                raise TokenizerFileError(f"{path}: {where}: empty or repeated special piece")
+            specials[piece] = tid
+        elif piece:
+            token = piece.replace(METASPACE, " ").encode("utf-8")
+            if token in ranks:
+                raise TokenizerFileError(f"{path}: {where} repeats the piece of id {ranks[token]}")
+            ranks[token] = tid
+            if kind == _PIECE_NORMAL and len(piece) > 1:
+                scored.append((-score, tid, token))
+    missing = [b for b in range(256) if b not in fallback]
+    if missing:
+        raise TokenizerFileError(
+            f"{path}: byte_fallback is on but {len(missing)} BYTE pieces <0x00>..<0xFF> are missing "
+            f"(first: <0x{missing[0]:02X}>)"
+        )
+    priority = {token: rank for rank, (_, _, token) in enumerate(sorted(scored))}
+    bos_id = trainer.get(41, 1)
+    bos = next((p for p, tid in specials.items() if tid == bos_id), None)
+    return TokenizerData(
+        ranks,
+        None,
+        specials,
+        Path(path).parent.name if Path(path).name == "tokenizer.model" else Path(path).stem,
+        merge_priority=priority,
+        byte_fallback=fallback,
+        metaspace="prepend" if normalizer.get(3, 1) else "never",
+        bos_token=bos,
+    )
 
 
 def split_in_two(token: bytes, ranks: dict[bytes, int]) -> tuple[bytes, bytes] | None:

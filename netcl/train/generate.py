@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import codecs
+import json
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -16,12 +17,15 @@ from netcl.io.checkpoint import read_checkpoint
 from netcl.io.huggingface import WEIGHTS
 from netcl.models import GPT
 from netcl.models.config import DTYPES
-from netcl.text import BPETokenizer, ChatFormat
+from netcl.text import BPETokenizer, ChatFormat, ChatTemplate, template_from_jinja
+from netcl.text.chat import TEMPLATES
 from netcl.train import flags
 from netcl.train.corpus import END_OF_TEXT
 from netcl.train.runs import open_device
 
 TOKENIZER_FILE = "tokenizer.json"
+TOKENIZER_CONFIG = "tokenizer_config.json"
+SENTENCEPIECE_MODEL = "tokenizer.model"
 
 
 def _add_sampling(p: argparse.ArgumentParser, max_new: int) -> None:
@@ -57,8 +61,9 @@ def register(subparsers: Any) -> None:
     chat.add_argument("--checkpoint", required=True, metavar="PATH",
                       help="a run or model directory, or its checkpoint.safetensors")
     chat.add_argument("--system", default=None, help="a system message that starts the dialog")
-    chat.add_argument("--template", choices=("chatml", "llama3", "plain"), default="chatml",
-                      help="chat template (default chatml; the tokenizer must have its special tokens)")
+    chat.add_argument("--template", choices=tuple(TEMPLATES), default=None,
+                      help="chat template (default: the one tokenizer_config.json's chat_template lays out, "
+                           "else chatml; the tokenizer must have its special tokens)")
     _add_sampling(chat, 128)
     flags.add_device_argument(chat)
     chat.set_defaults(func=run_chat)
@@ -101,17 +106,25 @@ def load_model_dir(directory: str, device: str, flag: str = "--checkpoint", dtyp
         path = path.parent
     elif not path.is_dir():
         raise NetclError(f"{flag} {path}: no such directory or file")
-    missing = [n for n in ("config.json", TOKENIZER_FILE) if not (path / n).is_file()]
+    # tokenizer.json first; a SentencePiece tokenizer.model (Llama 2's BPE) where it is the only one
+    tokenizer_file = path / TOKENIZER_FILE
+    if not tokenizer_file.is_file() and (path / SENTENCEPIECE_MODEL).is_file():
+        tokenizer_file = path / SENTENCEPIECE_MODEL
+    missing = [n for n in ("config.json", tokenizer_file.name) if not (path / n).is_file()]
     if missing:
         raise NetclError(f"{flag} {path} has no {' or '.join(missing)}: a model directory holds "
-                         "config.json, the weights and tokenizer.json (netcl lm-train writes them)")
+                         "config.json, the weights and tokenizer.json (netcl lm-train writes them; a "
+                         "SentencePiece tokenizer.model does too)")
     if checkpoint is not None and read_checkpoint(checkpoint)[1].get("extra", {}).get("kind") != "lm":
         raise NetclError(f"{flag} {checkpoint} is not a checkpoint of netcl lm-train; give the directory "
                          f"{path} for its model.safetensors")
     if checkpoint is not None and dtype != "float32":
         raise NetclError(f"--dtype {dtype} is for model directories; {checkpoint} is a float32 training "
                          f"checkpoint (give the directory {path}, or --dtype float32)")
-    tokenizer = BPETokenizer.from_hf(path / TOKENIZER_FILE)
+    if tokenizer_file.name == SENTENCEPIECE_MODEL:
+        tokenizer = BPETokenizer.from_sentencepiece(tokenizer_file)
+    else:
+        tokenizer = BPETokenizer.from_hf(tokenizer_file)
     model = GPT.from_pretrained(path, open_device(device).queue, dtype=dtype)
     if checkpoint is not None:
         load_checkpoint(checkpoint, model, restore_rng=False)
@@ -125,16 +138,66 @@ def _context(model: GPT) -> int:
     return int(model.config.max_seq_len)
 
 
+def _model_dir(checkpoint: str) -> Path:
+    path = Path(checkpoint)
+    return path.parent if path.is_file() else path
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def stop_ids(checkpoint: str, tokenizer: BPETokenizer) -> set[int]:
+    """Tokens that end generation: <|endoftext|> where the tokenizer has it, and the end-of-sequence ids of
+    a Hugging Face directory (``eos_token_id`` in generation_config.json or config.json, an id or a list)."""
+    stop = {tokenizer.special_id(END_OF_TEXT)} if END_OF_TEXT in tokenizer.special_tokens else set()
+    directory = _model_dir(checkpoint)
+    for name in ("generation_config.json", "config.json"):
+        eos = _read_json(directory / name).get("eos_token_id")
+        for tid in eos if isinstance(eos, list) else [eos]:
+            if isinstance(tid, int) and not isinstance(tid, bool) and 0 <= tid < tokenizer.n_vocab:
+                stop.add(tid)
+    return stop
+
+
+def chat_template(checkpoint: str, name: str | None) -> str | ChatTemplate:
+    """``--template NAME``, else the built-in layout tokenizer_config.json's ``chat_template`` is (netcl
+    runs no Jinja: an unknown one is an error asking for --template), else chatml."""
+    if name is not None:
+        return name
+    config = _model_dir(checkpoint) / TOKENIZER_CONFIG
+    source = _read_json(config).get("chat_template")
+    if isinstance(source, list):  # [{"name": "default", "template": ...}, ...]
+        named = {t.get("name"): t.get("template") for t in source if isinstance(t, dict)}
+        source = named.get("default")
+    if not isinstance(source, str):
+        return "chatml"
+    template = template_from_jinja(source)
+    if template is None:
+        raise NetclError(f"{config}: its chat_template is not a layout netcl knows (netcl runs no Jinja; it "
+                         f"has {', '.join(TEMPLATES)}): pass --template NAME")
+    return template
+
+
 def run_generate(args: argparse.Namespace) -> int:
     model, tokenizer = load_model_dir(args.checkpoint, args.device, dtype=args.dtype, int8=args.int8)
     eot = tokenizer.special_tokens.get(END_OF_TEXT)
+    bos = tokenizer.bos_token
     # the prompt is the model's raw input: special-token text in it (<|endoftext|>, a hand-written
-    # <|im_start|>) is the control token, as the model saw it in training, not an error
-    ids = tokenizer.encode(args.prompt, allowed_special="all") if args.prompt else ([eot] if eot is not None
-                                                                                   else [])
+    # <|im_start|>) is the control token, as the model saw it in training, not an error; the BOS a
+    # Hugging Face tokenizer's post-processor adds (<s>, <|begin_of_text|>) comes first
+    if args.prompt:
+        ids = tokenizer.encode(args.prompt, allowed_special="all", add_bos=bos is not None)
+    else:
+        ids = [tokenizer.special_id(bos)] if bos is not None else ([eot] if eot is not None else [])
     if not ids:
         raise NetclError(
-            "--prompt is empty and the tokenizer has no <|endoftext|> token to start from; give a prompt"
+            "--prompt is empty and the tokenizer has no <|endoftext|> or BOS token to start from; give a "
+            "prompt"
         )
     context = _context(model)
     if len(ids) >= context:
@@ -162,7 +225,7 @@ def run_generate(args: argparse.Namespace) -> int:
             top_k=args.top_k,
             top_p=args.top_p,
             seed=args.seed,
-            stop=[eot] if eot is not None else [],
+            stop=stop_ids(args.checkpoint, tokenizer),
         ):
             out.write(piece)
             out.flush()
@@ -193,16 +256,18 @@ def fit_dialog(chat: ChatFormat, messages: list[dict[str, str]], budget: int) ->
     return (ids if len(ids) <= budget else ids[-budget:]), dropped
 
 
+def chat_name(template: str | ChatTemplate) -> str:
+    return template if isinstance(template, str) else template.name
+
+
 def run_chat(args: argparse.Namespace) -> int:
     model, tokenizer = load_model_dir(args.checkpoint, args.device, dtype=args.dtype, int8=args.int8)
+    template = chat_template(args.checkpoint, args.template)
     try:
-        chat = ChatFormat(tokenizer, args.template)
+        chat = ChatFormat(tokenizer, template)
     except ValueError as exc:
-        raise NetclError(f"--template {args.template}: {exc}") from None
-    end_of_turn = tokenizer.special_id(chat.template.end_of_turn)
-    stop = {end_of_turn}
-    if END_OF_TEXT in tokenizer.special_tokens:
-        stop.add(tokenizer.special_id(END_OF_TEXT))
+        raise NetclError(f"--template {chat_name(template)}: {exc}") from None
+    stop = {tokenizer.special_id(chat.template.end_of_turn)} | stop_ids(args.checkpoint, tokenizer)
     context = _context(model)
     system = [{"role": "system", "content": args.system}] if args.system else []
     if system:  # the dialog keeps the system message: one that fills the window would be cut silently
@@ -261,10 +326,19 @@ def _chat_loop(
             print(f"(dropped the {dropped} oldest message(s) to fit the context window of {context} tokens)",
                   file=sys.stderr)
         print("assistant> ", end="", flush=True)
-        reply = []
+        reply: list[str] = []
+        # a SentencePiece reply's first token carries the space its tokenizer puts before a text; the reply
+        # is its own text (Hugging Face's decode drops that space too)
+        drop_space = tokenizer.metaspace not in (None, "never")
         for piece in stream_tokens(model, tokenizer, ids, min(args.max_new_tokens, context - len(ids)),
                                    temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                                    seed=args.seed + turn, stop=stop):
+            if drop_space:  # one space, from the first piece only
+                drop_space = False
+                if piece.startswith(" "):
+                    piece = piece[1:]
+                    if not piece:
+                        continue
             reply.append(piece)
             print(piece, end="", flush=True)
         print()
