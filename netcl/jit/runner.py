@@ -17,6 +17,7 @@ from netcl.config import jit_knob
 from netcl.core import capture, launch_labels
 from netcl.core import dtypes as core_dtypes
 from netcl.core.tensor import Tensor, _coalesce, contiguous_strides
+from netcl.errors import NetclError
 from netcl.jit import codegen, ir
 
 
@@ -193,6 +194,34 @@ def run_elementwise(outputs: list[tuple[ir.Node, Tensor]]) -> None:
         values += memo_params_args(params, memo)
     if capture.declaring():
         launch_labels.work(*declared_work(desc, math.prod(shape), leaves, sum(o.nbytes for o in out_tensors)))
+    launch(queue, *values)
+
+
+def run_keyed(expr: ir.Node, out: Tensor, leaves: tuple[Tensor, ...], key: tuple, params: tuple) -> None:
+    """Compute `expr` into `out`, a new contiguous tensor of its own storage, by the plan of `expr`'s
+    structural key (netcl.jit.lazy keeps it on the nodes, with the leaves and params in slot order): a
+    repeat looks up one key and launches with the buffers and params; only a new key flattens the graph.
+    The key covers the leaves' layouts; the output's is fixed by its shape and the expression's dtype."""
+    queue = out.queue
+    shape = out.shape
+    pkey = ("ew", id(queue.device), key, shape)  # (run_elementwise's keys are longer: no clash)
+    plan = capture.plans.get(pkey)
+    if plan is None:
+        if math.prod(shape) == 0:
+            return
+        (desc, out_pos), flat_leaves, flat_params = codegen.flatten([expr])
+        if [id(t) for t in flat_leaves] != [id(t) for t in leaves] or len(flat_params) != len(params):
+            raise NetclError(f"internal: the structural key of {expr!r} disagrees with codegen.flatten")
+        codegen.check_no_inputs(desc)
+        launch, memo = _plan(queue.device, shape, desc, out_pos, [out], flat_leaves, len(flat_params))
+        plan = capture.plans.put(pkey, (launch, memo, desc))
+    launch, memo, desc = plan
+    values: list[Any] = [out.buffer]
+    values += [t._storage.buffer for t in leaves]
+    if params:
+        values += memo_params_args(params, memo)
+    if capture.declaring():
+        launch_labels.work(*declared_work(desc, math.prod(shape), leaves, out.nbytes))
     launch(queue, *values)
 
 
