@@ -233,11 +233,11 @@ def make_result(expr: ir.Node, shape: tuple[int, ...], queue: Any, inlined: list
             out._pending = Pending(expr, inlined, leaves)
             register_pending_reader(out, [t._storage for t in leaves])
             return out
-    out._storage = queue.device.pool.allocate(out.nbytes, queue)
     leaves, _, key, params = expr.info or _info(expr)
     if key is not None:
-        run_keyed(expr, out, leaves, key, params)
+        run_keyed(expr, out, leaves, key, params)  # (allocates out)
     else:
+        out._storage = queue.device.pool.allocate(out.nbytes, queue)
         run_elementwise([(expr, out)])
     return out
 
@@ -248,40 +248,37 @@ def realize(tensor: Tensor) -> None:
     pending = tensor._pending
     if pending is None:
         return
-    if pending.expr.op == "input" or _has_inputs(pending.expr):
+    expr = pending.expr
+    leaves, has_input, key, params = expr.info or _info(expr)
+    if expr.op == "input" or has_input:
         raise ir.TraceError(
             "a function traced by netcl.jit.fuse needed the value of a traced tensor (a host read, a "
             "view, or a non-elementwise op); fuse only elementwise work, call the rest outside"
         )
     tensor._pending = None
     queue = tensor.queue
-    outputs = [(pending.expr, tensor)]
-    done = {id(tensor)}
-    for ref in pending.inlined:
-        other = ref()
-        if other is None or other._pending is None or id(other) in done:
-            continue
-        done.add(id(other))
-        if other.shape == tensor.shape:
-            outputs.append((other._pending.expr, other))
-            other._pending = None
-        else:
-            other.realize()
+    outputs = [(expr, tensor)]
+    if pending.inlined:
+        done = {id(tensor)}
+        for ref in pending.inlined:
+            other = ref()
+            if other is None or other._pending is None or id(other) in done:
+                continue
+            done.add(id(other))
+            if other.shape == tensor.shape:
+                outputs.append((other._pending.expr, other))
+                other._pending = None
+            else:
+                other.realize()
+    if len(outputs) == 1 and key is not None:
+        run_keyed(expr, tensor, leaves, key, params)  # (allocates tensor)
+        forget_pending_reader(tensor)
+        return
     for _, t in outputs:
         t._storage = queue.device.pool.allocate(t.nbytes, queue)
-    if len(outputs) == 1:
-        leaves, _, key, params = pending.expr.info or _info(pending.expr)
-        if key is not None:
-            run_keyed(pending.expr, tensor, leaves, key, params)
-            forget_pending_reader(tensor)
-            return
     run_elementwise(outputs)
     for _, t in outputs:
         forget_pending_reader(t)
-
-
-def _has_inputs(expr: ir.Node) -> bool:
-    return _info(expr)[1]
 
 
 def expression_of(t: Tensor, inlined: list[weakref.ref] | None = None) -> ir.Node:
