@@ -217,7 +217,8 @@ def run_keyed(expr: ir.Node, out: Tensor, leaves: tuple[Tensor, ...], key: tuple
             out._storage = queue.device.pool.allocate(nbytes, queue)
             return
         (desc, out_pos), flat_leaves, flat_params = codegen.flatten([expr])
-        if [id(t) for t in flat_leaves] != [id(t) for t in leaves] or len(flat_params) != len(params):
+        if ([id(t) for t in flat_leaves] != [id(t) for t in leaves]
+                or [(id(v), dt) for v, dt in flat_params] != [(id(v), dt) for v, dt in params]):
             raise NetclError(f"internal: the structural key of {expr!r} disagrees with codegen.flatten")
         codegen.check_no_inputs(desc)
         launch, memo = _plan(queue.device, shape, desc, out_pos, [out], flat_leaves, len(flat_params))
