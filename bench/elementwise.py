@@ -17,9 +17,10 @@ run; the bound for all of them is memory bandwidth (FLOPs are a few per byte). P
 writes JSON to bench/results/elementwise.json (or --out).
 
 Host cost only:  python bench/elementwise.py --host   (tiny tensors, so the device time is negligible:
-             Python + driver enqueue time per call of add / 9-op chain (build + realize) / sum /
-             softmax, best of 5 rounds of 300 calls; on PoCL set POCL_MAX_PTHREAD_COUNT=1 so PoCL's
-             worker threads do not compete with Python for the 2 cores). Writes
+             Python + driver enqueue time per call of add / (a * 2).relu() / the relu mask
+             where(a > 0, b, 0) / 9-op chain (build + realize) / sum / softmax, best of 5 rounds of 300
+             calls; on PoCL set POCL_MAX_PTHREAD_COUNT=1 so PoCL's worker threads do not compete with
+             Python for the 2 cores). Writes
              bench/results/elementwise_host.json (or --out).
 """
 
@@ -360,6 +361,8 @@ def host_only(out: str) -> None:
     s = Tensor.from_host(q, rng.standard_normal((8, 32), dtype=np.float32))
     works = {
         "add": lambda: (a + b).realize(),
+        "mul_relu": lambda: (a * 2).relu().realize(),
+        "relu_mask": lambda: ops.where(ops.gt(a, 0), b, 0.0).realize(),  # autograd's relu backward
         "chain_fused": lambda: chain(a, b, ops).realize(),
         "chain_build_only": lambda: chain(a, b, ops),
         "sum": lambda: ops.sum(a),

@@ -5,7 +5,8 @@
 - `fuse`: decorator tracing an elementwise function into one kernel, with `.backward(inputs,
   grad_outputs)` computed by one more kernel (symbolic differentiation, `autodiff.vjp`).
 - Automatic fusion (netcl.jit.lazy): elementwise ops return pending tensors; a chain runs as one
-  launch when its result is needed. NETCL_FUSION=0 turns it off.
+  launch when its result is needed, its plan found by the structural key the nodes carry.
+  NETCL_FUSION=0 turns it off.
 """
 
 from netcl.core import launch_labels

@@ -55,7 +55,7 @@ class Node:
     """One value of an elementwise graph. `attr` is op-specific (leaf tensor, param value,
     const value, index axis); it is part of the structural key except for leaves and params."""
 
-    __slots__ = ("args", "attr", "dtype", "info", "op", "size")
+    __slots__ = ("args", "attr", "dtype", "info", "op", "size", "uses")
 
     def __init__(self, op: str, args: tuple[Node, ...], dtype: np.dtype, attr: Any = None):
         self.op = op
@@ -65,8 +65,13 @@ class Node:
         size = 1  # tree size: bounds how much inlining we do
         for a in args:
             size += a.size
+            a.uses += 1
         self.size = size
-        self.info: Any = None  # memo of netcl.jit.lazy: (leaf tensors, reaches a trace input)
+        # operand slots that name this node so far: a node used twice makes a graph with sharing, which
+        # netcl.jit.lazy's structural key does not describe (it falls back to codegen.flatten)
+        self.uses = 0
+        # memo of netcl.jit.lazy: (leaf tensors, reaches a trace input, structural key, params)
+        self.info: Any = None
 
     def __repr__(self) -> str:
         if self.op == "leaf":

@@ -30,7 +30,7 @@ from netcl.core import tensor as _tensor
 from netcl.core.memory import Storage
 from netcl.core.tensor import Tensor, contiguous_strides
 from netcl.jit import ir
-from netcl.jit.runner import run_elementwise
+from netcl.jit.runner import run_elementwise, run_keyed
 
 MAX_NODES = 160
 MAX_LEAVES = 14
@@ -137,37 +137,67 @@ class Pending:
         realize(tensor)
 
 
-def _info(expr: ir.Node) -> tuple[tuple[Tensor, ...], bool]:
-    """(distinct leaf tensors in walk order, whether a trace input is reachable), memoised on the
-    nodes: building a chain op by op stays linear instead of re-walking the whole graph per op."""
+def _info(expr: ir.Node) -> tuple:
+    """(distinct leaf tensors in slot order, whether a trace input is reachable, structural key, params),
+    memoised on the nodes: building a chain op by op stays linear instead of re-walking the whole graph per
+    op, and realizing it looks its plan up by the key without walking it again.
+
+    The structural key is what codegen.flatten's description and the leaves' layouts come to, built from
+    the operands' keys: op, dtype, attr (not a leaf's tensor nor a param's value), the operands' keys and
+    which leaf slots of the node each operand's leaves take (a tensor read by two operands has one slot).
+    params are (value, dtype) in slot order. Both are None where a node is reached twice (a node with
+    `uses` > 1 below): flatten numbers such a node once, so the caller flattens (runner.run_elementwise)."""
     info = expr.info
-    if info is None:
-        if expr.op == "leaf":
-            info = ((expr.attr,), False)
-        elif not expr.args:
-            info = ((), expr.op == "input")
-        elif len(expr.args) == 1:
-            a = expr.args[0]
-            info = a.info or _info(a)
+    if info is not None:
+        return info
+    op = expr.op
+    args = expr.args
+    if op == "leaf":
+        t = expr.attr
+        info = ((t,), False, ("leaf", t.dtype, t.shape, t.strides, t.offset), ())
+    elif not args:
+        if op == "param":
+            info = ((), False, ("param", expr.dtype), ((expr.attr, expr.dtype),))
         else:
-            infos = [a.info or _info(a) for a in expr.args]
-            first = infos[0]
-            f0 = first[0]
-            for i in infos:
-                if i[0] is not f0 and i[0]:
-                    break
-            else:  # nothing new past the first operand
-                expr.info = info = (f0, any(i[1] for i in infos))
-                return info
-            seen: dict[int, Tensor] = {}
-            has_input = False
-            for a in expr.args:
-                ts, hi = _info(a)
-                has_input = has_input or hi
-                for t in ts:
-                    seen.setdefault(id(t), t)
-            info = (tuple(seen.values()), has_input)
-        expr.info = info
+            info = ((), op == "input", (op, expr.dtype, expr.attr), ())
+    elif len(args) == 1:
+        a = args[0]
+        leaves, has_input, key, params = a.info or _info(a)
+        if key is not None and a.uses == 1:
+            info = (leaves, has_input, (op, expr.dtype, expr.attr, key), params)
+        else:
+            info = (leaves, has_input, None, None)
+    else:
+        first = args[0]
+        leaves0, has_input, key0, params = first.info or _info(first)
+        shared = first.uses != 1 or key0 is None
+        leaves = list(leaves0)
+        keys = [key0]
+        slots = []
+        for a in args[1:]:
+            ts, hi, key, ps = a.info or _info(a)
+            has_input = has_input or hi
+            if a.uses != 1 or key is None:
+                shared = True
+            elif not shared:
+                keys.append(key)
+                params += ps
+            taken = []
+            for t in ts:
+                k = 0
+                for u in leaves:
+                    if u is t:
+                        break
+                    k += 1
+                else:  # a new tensor: the next slot (k == its index)
+                    leaves.append(t)
+                taken.append(k)
+            slots.append(tuple(taken))
+        if shared:
+            info = (tuple(leaves), has_input, None, None)
+        else:
+            info = (tuple(leaves), has_input, (op, expr.dtype, expr.attr, tuple(keys), tuple(slots)), params)
+    expr.info = info
     return info
 
 
@@ -203,8 +233,12 @@ def make_result(expr: ir.Node, shape: tuple[int, ...], queue: Any, inlined: list
             out._pending = Pending(expr, inlined, leaves)
             register_pending_reader(out, [t._storage for t in leaves])
             return out
-    out._storage = queue.device.pool.allocate(out.nbytes, queue)
-    run_elementwise([(expr, out)])
+    leaves, _, key, params = expr.info or _info(expr)
+    if key is not None:
+        run_keyed(expr, out, leaves, key, params)  # (allocates out)
+    else:
+        out._storage = queue.device.pool.allocate(out.nbytes, queue)
+        run_elementwise([(expr, out)])
     return out
 
 
@@ -214,34 +248,37 @@ def realize(tensor: Tensor) -> None:
     pending = tensor._pending
     if pending is None:
         return
-    if pending.expr.op == "input" or _has_inputs(pending.expr):
+    expr = pending.expr
+    leaves, has_input, key, params = expr.info or _info(expr)
+    if expr.op == "input" or has_input:
         raise ir.TraceError(
             "a function traced by netcl.jit.fuse needed the value of a traced tensor (a host read, a "
             "view, or a non-elementwise op); fuse only elementwise work, call the rest outside"
         )
     tensor._pending = None
     queue = tensor.queue
-    outputs = [(pending.expr, tensor)]
-    done = {id(tensor)}
-    for ref in pending.inlined:
-        other = ref()
-        if other is None or other._pending is None or id(other) in done:
-            continue
-        done.add(id(other))
-        if other.shape == tensor.shape:
-            outputs.append((other._pending.expr, other))
-            other._pending = None
-        else:
-            other.realize()
+    outputs = [(expr, tensor)]
+    if pending.inlined:
+        done = {id(tensor)}
+        for ref in pending.inlined:
+            other = ref()
+            if other is None or other._pending is None or id(other) in done:
+                continue
+            done.add(id(other))
+            if other.shape == tensor.shape:
+                outputs.append((other._pending.expr, other))
+                other._pending = None
+            else:
+                other.realize()
+    if len(outputs) == 1 and key is not None:
+        run_keyed(expr, tensor, leaves, key, params)  # (allocates tensor)
+        forget_pending_reader(tensor)
+        return
     for _, t in outputs:
         t._storage = queue.device.pool.allocate(t.nbytes, queue)
     run_elementwise(outputs)
     for _, t in outputs:
         forget_pending_reader(t)
-
-
-def _has_inputs(expr: ir.Node) -> bool:
-    return _info(expr)[1]
 
 
 def expression_of(t: Tensor, inlined: list[weakref.ref] | None = None) -> ir.Node:

@@ -1,12 +1,15 @@
 """Plan, build (cached) and launch one elementwise kernel for a list of output expressions.
 
-`run_elementwise([(expr, out_tensor), ...])` is the single entry point: every output has the same
-shape; leaves are read in place through their own strides, broadcast to that shape.
+`run_elementwise([(expr, out_tensor), ...])` launches any list of outputs of one shape (leaves are read in
+place through their own strides, broadcast to that shape); it flattens the graph per call. `run_keyed` is
+the path of one pending result whose expression carries its structural key (netcl.jit.lazy): the plan is
+looked up by that key, and only a new key flattens.
 """
 
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +20,7 @@ from netcl.config import jit_knob
 from netcl.core import capture, launch_labels
 from netcl.core import dtypes as core_dtypes
 from netcl.core.tensor import Tensor, _coalesce, contiguous_strides
+from netcl.errors import NetclError
 from netcl.jit import codegen, ir
 
 
@@ -58,6 +62,7 @@ CPU_VECTOR_BYTES = 32
 _SCALAR_MATH = {"exp", "log", "log1p", "expm1", "sin", "cos", "tan", "tanh", "erf", "sigmoid", "gelu",
                 "gelu_tanh", "silu", "softplus", "pow", "atan2", "sqrt", "rsqrt"}
 _INT_LIMIT = 2**31 - 1
+_first = operator.itemgetter(0)
 
 
 
@@ -131,9 +136,9 @@ def memo_params_args(params: list[tuple[Any, np.dtype]], memo: list) -> list[Any
     """The kernel arguments of runtime params. They are usually the same Python objects call after call
     (literals): memo[0] keeps the last objects and their numpy scalars, reused when every value is
     the identical object of last time."""
-    raw = [v for v, _ in params]
+    raw = list(map(_first, params))
     last = memo[0]
-    if last is not None and len(last[0]) == len(raw) and all(a is b for a, b in zip(raw, last[0])):
+    if last is not None and len(last[0]) == len(raw) and all(map(operator.is_, raw, last[0])):
         return last[1]
     conv = _params_args(params)
     memo[0] = (raw, conv)
@@ -193,6 +198,39 @@ def run_elementwise(outputs: list[tuple[ir.Node, Tensor]]) -> None:
         values += memo_params_args(params, memo)
     if capture.declaring():
         launch_labels.work(*declared_work(desc, math.prod(shape), leaves, sum(o.nbytes for o in out_tensors)))
+    launch(queue, *values)
+
+
+def run_keyed(expr: ir.Node, out: Tensor, leaves: tuple[Tensor, ...], key: tuple, params: tuple) -> None:
+    """Allocate `out`, a new contiguous tensor with no storage yet, and compute `expr` into it by the plan
+    of `expr`'s structural key (netcl.jit.lazy keeps it on the nodes, with the leaves and params in slot
+    order): a repeat looks up one key and launches with the buffers and params; only a new key flattens the
+    graph. The key covers the leaves' layouts; the output's is fixed by its shape and the expression's
+    dtype."""
+    queue = out.queue
+    shape = out.shape
+    pkey = ("ew", id(queue.device), key, shape)  # (run_elementwise's keys are longer: no clash)
+    plan = capture.plans.get(pkey)
+    if plan is None:
+        nbytes = out.nbytes
+        if math.prod(shape) == 0:
+            out._storage = queue.device.pool.allocate(nbytes, queue)
+            return
+        (desc, out_pos), flat_leaves, flat_params = codegen.flatten([expr])
+        if ([id(t) for t in flat_leaves] != [id(t) for t in leaves]
+                or [(id(v), dt) for v, dt in flat_params] != [(id(v), dt) for v, dt in params]):
+            raise NetclError(f"internal: the structural key of {expr!r} disagrees with codegen.flatten")
+        codegen.check_no_inputs(desc)
+        launch, memo = _plan(queue.device, shape, desc, out_pos, [out], flat_leaves, len(flat_params))
+        plan = capture.plans.put(pkey, (launch, memo, desc, nbytes))
+    launch, memo, desc, nbytes = plan
+    storage = out._storage = queue.device.pool.allocate(nbytes, queue)
+    values: list[Any] = [storage.buffer]  # (new storage: nothing reads it, no before_access hook to run)
+    values += [t._storage.buffer for t in leaves]
+    if params:
+        values += memo_params_args(params, memo)
+    if capture.declaring():
+        launch_labels.work(*declared_work(desc, math.prod(shape), leaves, nbytes))
     launch(queue, *values)
 
 

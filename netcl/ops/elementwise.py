@@ -146,7 +146,11 @@ def from_ir(op: str, build: Any, *operands: Operand, dtype: np.dtype | None = No
         queue, shape = tensors[0].queue, tensors[0].shape
     else:
         queue = check_same_queue(*tensors)
-        shape = broadcast_shapes(op, *(t.shape for t in tensors))
+        shape = tensors[0].shape
+        for t in tensors:
+            if t.shape != shape:
+                shape = broadcast_shapes(op, *[t.shape for t in tensors])
+                break
     if dtype is None:
         dt = tensors[0].dtype
         for t in tensors[1:]:

@@ -9,7 +9,7 @@ import numpy as np
 from netcl import ops
 from netcl.core import capture
 from netcl.core.tensor import Tensor
-from netcl.jit import codegen, ir
+from netcl.jit import codegen, ir, lazy
 from netcl.jit import reduce as jreduce
 from tests.reference import assert_close
 
@@ -64,6 +64,71 @@ def test_flatten_matches_walk_order_on_shared_subgraphs(queue):
         want = codegen._flatten_iterative(outs)
         assert got[0] == want[0] and got[2] == want[2]
         assert [id(x) for x in got[1]] == [id(x) for x in want[1]]
+
+
+def _structure(t: Tensor) -> tuple:
+    """(codegen.flatten's description, the leaves' layouts, the number of params) of pending `t`."""
+    (desc, out_pos), leaves, params = codegen.flatten([t._pending.expr])
+    return desc, out_pos, tuple((x.shape, x.strides, x.offset, x.dtype) for x in leaves), len(params)
+
+
+def test_structural_key_names_one_flattened_structure(queue, rng):
+    """Expressions with shared leaves, shared pending operands and broadcasting, built op by op at random:
+    wherever two get the same structural key (netcl.jit.lazy), flatten gives them the same description."""
+    h = rng.standard_normal((4, 5)).astype(np.float32)
+    base = [Tensor.from_host(queue, x) for x in (h, h.copy(), h[0].copy())]
+    seen: dict[tuple, tuple] = {}
+    keyed = 0
+    for trial in range(300):
+        pool = list(base)
+        for _ in range(int(rng.integers(1, 6))):
+            a, b = pool[int(rng.integers(len(pool)))], pool[int(rng.integers(len(pool)))]
+            kind = int(rng.integers(5))
+            if kind == 0:
+                pool.append(a * b)
+            elif kind == 1:
+                pool.append(ops.relu(a + 1.5))
+            elif kind == 2:
+                pool.append(ops.where(ops.gt(a, 0), b, 0.0))
+            elif kind == 3:
+                pool.append(ops.exp(a) - a)
+            else:
+                pool.append(a.to(np.float16) * 2 if trial % 2 else a / (b * b + 1.0))
+        out = pool[-1]
+        if out._pending is None:
+            continue
+        key = lazy._info(out._pending.expr)[2]
+        if key is None:
+            continue
+        keyed += 1
+        assert seen.setdefault(key, _structure(out)) == _structure(out)
+    assert keyed > 100 and len(seen) > 20
+
+
+def test_repeat_by_key_does_not_flatten_and_honours_sharing(queue, rng, monkeypatch):
+    h, hg = rng.standard_normal(33).astype(np.float32), rng.standard_normal(33).astype(np.float32)
+    x, g = Tensor.from_host(queue, h), Tensor.from_host(queue, hg)
+    relu_mask = np.where(h > 0, hg, np.float32(0.0))
+    np.testing.assert_array_equal(ops.where(ops.gt(x, 0), g, 0.0).to_host(), relu_mask)
+    calls = []
+    real = codegen.flatten
+    monkeypatch.setattr(codegen, "flatten", lambda outs: calls.append(1) or real(outs))
+    for _ in range(3):  # a repeat: new nodes and result, the plan found by the key alone
+        y = Tensor.from_host(queue, h)
+        np.testing.assert_array_equal(ops.where(ops.gt(y, 0), g, 0.0).to_host(), relu_mask)
+    assert calls == []
+    # the same tree but one tensor in both places (one leaf slot): its own key and plan
+    got = ops.where(ops.gt(x, 0), x, 0.0).to_host()
+    np.testing.assert_array_equal(got, np.where(h > 0, h, 0).astype(np.float32))
+    assert len(calls) == 1
+    # a pending operand used twice (one node reached twice): flattened as before, values exact
+    p = x * 2.0
+    q = (p + 1.0) * (p - 1.0)
+    assert lazy._info(q._pending.expr)[2] is None
+    two = h * np.float32(2)
+    np.testing.assert_array_equal(q.to_host(), (two + np.float32(1)) * (two - np.float32(1)))
+    r = x * 3.0
+    np.testing.assert_array_equal((r * r).to_host(), (h * np.float32(3)) ** 2)
 
 
 def _softmax(a):
