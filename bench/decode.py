@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from random_llama import SHAPES, write_random_llama  # noqa: E402
 
+from netcl import profiling  # noqa: E402
 from netcl.core.backend import enqueue_copy  # noqa: E402
 from netcl.core.device import manager  # noqa: E402
 from netcl.core.tensor import Tensor  # noqa: E402
@@ -223,6 +224,9 @@ def main() -> int:
     ap.add_argument("--no-torch", action="store_true", help="the netcl rows only")
     ap.add_argument("--int8", action="store_true",
                     help="also netcl's rows with weight-only int8 linear layers (GPT.quantize_int8)")
+    ap.add_argument("--profile", type=int, default=0, metavar="TOP",
+                    help="also profile 32 decode steps at the first batch: device time a step beside "
+                         "its wall time, and the TOP kernels")
     ap.add_argument("--out", default=None, help="JSON path (default bench/results/decode[_gpu].json)")
     args = ap.parse_args()
     try:
@@ -357,6 +361,27 @@ def main() -> int:
         prefill["torch_eager_s"] = tf
         del peer
 
+    if args.profile:   # where a decode step's time goes: the device's work, or the launches around it
+        prompt = rng.integers(0, c.vocab_size, (batches[0], args.prompt_tokens)).astype(np.int64)
+        netcl_generate(model, prompt, 2)
+        spans = []
+        for new in (1, 33):
+            with profiling.profile() as prof:
+                t0 = time.perf_counter()
+                netcl_generate(model, prompt, new)
+                q.finish()
+                wall = time.perf_counter() - t0
+            spans.append((prof.device_seconds, wall, prof))
+        step_dev = (spans[1][0] - spans[0][0]) / 32
+        step_wall = (spans[1][1] - spans[0][1]) / 32
+        print(f"\nprofile of 32 decode steps at batch {batches[0]}: device time {step_dev * 1e3:.3f} ms a "
+              f"step ({step_bytes / step_dev / 1e9:,.0f} GB/s of the weights it reads), wall "
+              f"{step_wall * 1e3:.3f} ms a step (profiled: event timing on)")
+        spans[1][2].report(by="kernel", top=args.profile)
+        results_profile = {"batch": batches[0], "device_step_s": step_dev, "wall_step_s": step_wall,
+                           "kernels": [r._asdict() for r in spans[1][2].rows("kernel")[: args.profile]]}
+    else:
+        results_profile = None
     int8_bytes = None
     if args.int8:  # the same model, its linear layers quantized in place
         model.quantize_int8()
@@ -417,6 +442,7 @@ def main() -> int:
         "memory": memory,
         "greedy_agreement": agreement,
         "int8_step_bytes": int8_bytes,
+        "profile": results_profile,
     }
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps(result, indent=2))

@@ -646,6 +646,11 @@ def _plan(
         if W > 1 and order == "row" and 2 * W <= 16 and all(dtypes.is_half(dt) for dt in halves) and \
                 _aligned_at(2 * W, leaves, k_sets, leaf_rk, None if mode == "reduce" else (out, k_sets[-1])):
             W *= 2
+            # and half the work-group where the row then fits it twice over (a 1024-wide half row on 256
+            # lanes of 8 left half of them idle, so the row took float32's time: twice the rows in flight
+            # instead)
+            while L > 64 and (L // 2) * W >= R:
+                L //= 2
     else:
         L, W, order = 1, (8 if vec_ok and R >= 16 else 1), "row"
     # parts: enough parallel work, and a bounded serial chunk

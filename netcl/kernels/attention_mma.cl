@@ -15,7 +15,7 @@
 //   tile's memory first).
 //
 // Build options: attention_common.cl's (T is float16 or bfloat16 storage), HEAD_DIM (a multiple of 16, at
-// most 128), BM (query rows, a multiple of 16, at most BN), BN (keys of a tile, a multiple of 16),
+// most 128), BM (query rows, a multiple of 16), BN (keys of a tile, a multiple of 16),
 // NATIVE_EXP, MMA_EMULATE (mma, ldmatrix and the shuffles emulated through local memory: tests on any
 // device). Rows of q, k, v start on 16-byte boundaries (the host checks).
 
@@ -44,8 +44,8 @@
 #define DB (HEAD_DIM / 8)        // 8-column blocks of the output
 #define DK (HEAD_DIM / 16)       // k steps of q k^T
 #define CH (HEAD_DIM / 8)        // 16-byte chunks of a row
-#if (HEAD_DIM % 16) || HEAD_DIM > 128 || (BN % 16) || (BM % 16) || BM > BN
-#error "attention_mma.cl: HEAD_DIM a multiple of 16 up to 128, BM and BN multiples of 16, BM <= BN"
+#if (HEAD_DIM % 16) || HEAD_DIM > 128 || (BN % 16) || (BM % 16)
+#error "attention_mma.cl: HEAD_DIM a multiple of 16 up to 128, BM and BN multiples of 16"
 #endif
 
 // PREFETCH 1: the forward's and the dq pass's k and v tiles in a two-stage ring filled by cp.async, tile n + 1
@@ -54,6 +54,9 @@
 #ifndef PREFETCH
 #define PREFETCH 0
 #endif
+// rows of the forward's and dq's k and v buffers: the ring's stages, and the BM rows of q (and dO) that pass
+// through them first
+#define KV_ROWS ((1 + PREFETCH) * BN > BM ? (1 + PREFETCH) * BN : BM)
 
 #if defined(NATIVE_EXP) && !defined(MMA_EMULATE)
 // ex2.approx with flush to zero: one MUFU.EX2 after the multiply (native_exp keeps denormal results, which
@@ -257,7 +260,7 @@ void attention_forward_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARGS, LEN_AR
                            __global ACC *lse, const int HQ, const int GROUP, const int SQ, const int SK,
                            const int causal, const ACC scale, DROP_ARGS)
 {
-    __local uint4 ks4[(1 + PREFETCH) * BN * DPAD / 8], vs4[(1 + PREFETCH) * BN * DPAD / 8];
+    __local uint4 ks4[KV_ROWS * DPAD / 8], vs4[KV_ROWS * DPAD / 8];
     __local ushort *const ksb = (__local ushort *)ks4, *const vsb = (__local ushort *)vs4;
 #ifdef MMA_EMULATE
     __local float scratch_a[WARPS * 16 * KSTEP], scratch_b[WARPS * KSTEP * 8], shx[THREADS];
@@ -377,12 +380,13 @@ void attention_forward_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARGS, LEN_AR
 //   of one kv head (k's and v's fragments in registers) and walks the query tiles of BQ rows of the GROUP
 //   heads that can see them (q, dO tiles, lse, delta in local memory): s^T = k q^T and dp^T = v dO^T, p^T and
 //   ds^T as above, dv += (p z)^T dO and dk += ds^T q (q's and dO's fragments by ldmatrix.trans); dk = scale
-//   dk and dv stored in T. Local memory: 2 * BQ * (HEAD_DIM + 8) 16-bit values and 2 * BQ floats.
+//   dk and dv stored in T. Local memory: 2 * max(BM, BQ, 2 * BQ with DKDV_RING) * (HEAD_DIM + 8) 16-bit values
+//   and 2 * BQ floats (twice with DKDV_RING).
 #ifndef BQ
 #define BQ 32
 #endif
-#if (BQ % 16) || BQ > KEYS
-#error "attention_mma.cl: BQ a multiple of 16, at most BM"
+#if BQ % 16
+#error "attention_mma.cl: BQ a multiple of 16"
 #endif
 #define QB (BQ / 8)
 
@@ -438,13 +442,35 @@ inline void store_rows2(__global T *base, const long row, const float acc[DB][4]
     for (int db = 0; db < DB; ++db) dst[db * 4 + t] = pack2(acc[db][2 * r] * mul, acc[db][2 * r + 1] * mul);
 }
 
+// the sum of the products of two rows of eight 16-bit values (T's bits) in float32
+inline float bits16_lo(const uint w) {
+#if defined(IS_BF16)
+    return as_float(w << 16);
+#else
+    return nc_h2f((ushort)w);
+#endif
+}
+inline float bits16_hi(const uint w) {
+#if defined(IS_BF16)
+    return as_float(w & 0xffff0000u);
+#else
+    return nc_h2f((ushort)(w >> 16));
+#endif
+}
+inline float dot8_bits(const uint4 a, const uint4 o) {
+    return bits16_lo(a.s0) * bits16_lo(o.s0) + bits16_hi(a.s0) * bits16_hi(o.s0)
+         + bits16_lo(a.s1) * bits16_lo(o.s1) + bits16_hi(a.s1) * bits16_hi(o.s1)
+         + bits16_lo(a.s2) * bits16_lo(o.s2) + bits16_hi(a.s2) * bits16_hi(o.s2)
+         + bits16_lo(a.s3) * bits16_lo(o.s3) + bits16_hi(a.s3) * bits16_hi(o.s3);
+}
+
 __kernel __attribute__((reqd_work_group_size(THREADS, 1, 1)))
 void attention_backward_dq_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(grad_out), KV_ARGS(out), MASK_ARGS,
                                LEN_ARGS, __global const ACC *lse, __global ACC *delta, __global T *dq,
                                const int do_dq, const int HQ, const int GROUP, const int SQ, const int SK,
                                const int causal, const ACC scale, DROP_ARGS)
 {
-    __local uint4 ks4[(1 + PREFETCH) * BN * DPAD / 8], vs4[(1 + PREFETCH) * BN * DPAD / 8];
+    __local uint4 ks4[KV_ROWS * DPAD / 8], vs4[KV_ROWS * DPAD / 8];
     __local ushort *const ksb = (__local ushort *)ks4, *const vsb = (__local ushort *)vs4;
     __local float rowv[2 * BM];   // lse, then delta of the tile's rows
 #ifdef MMA_EMULATE
@@ -456,6 +482,24 @@ void attention_backward_dq_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(grad_
     const long row0 = ((long)b * HQ + h) * SQ + i0;
     __global const T *const grow = grad_out + grad_out_off + b * grad_out_sb + h * grad_out_sh;
     __global const T *const orow = out + out_off + b * out_sb + h * out_sh;
+#if (CH & (CH - 1)) == 0 && THREADS % CH == 0
+    // a row's CH 16-byte chunks of dO and out over CH neighbouring work-items, their products summed by
+    // shuffles (every work-item takes part in each: the loop's trip count is the same for all)
+    for (int rb = 0; rb < BM; rb += THREADS / CH) {
+        const int r = rb + tid / CH, c = tid % CH;
+        float d = 0.0f;
+        if (i0 + r < SQ)
+            d = dot8_bits(*(__global const uint4 *)(grow + (long)(i0 + r) * grad_out_ss + c * 8),
+                          *(__global const uint4 *)(orow + (long)(i0 + r) * out_ss + c * 8));
+        #pragma unroll
+        for (int m = 1; m < CH; m <<= 1) d += SHFL_XOR(d, m);
+        if (c == 0) {
+            if (i0 + r < SQ) delta[row0 + r] = d;
+            rowv[BM + r] = d;
+        }
+    }
+    for (int r = tid; r < BM; r += THREADS) rowv[r] = i0 + r < SQ ? lse[row0 + r] : INFINITY;
+#else
     for (int r = tid; r < BM; r += THREADS) {
         float d = 0.0f;
         if (i0 + r < SQ) {
@@ -466,6 +510,7 @@ void attention_backward_dq_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(grad_
         rowv[r] = i0 + r < SQ ? lse[row0 + r] : INFINITY;
         rowv[BM + r] = d;
     }
+#endif
     if (!do_dq) return;
     const int hk = h / GROUP;
     const int L = valid_keys(kv_len, kv_len_off, has_kv_len, kv_len_stride, b, SK);
@@ -523,15 +568,35 @@ void attention_backward_dq_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(grad_
         if (i0 + rloc[r] < SQ) store_rows2(dq, row0 + rloc[r], dqa, r, scale, t);
 }
 
+// DKDV_RING 1: the dk/dv pass's q and dO tiles (and their lse and delta) in a two-stage cp.async ring, tile
+// n + 1 in flight while tile n is computed (the query tiles of all GROUP heads as one sequence); 0: each
+// tile loaded by the work-items between two barriers
+#ifndef DKDV_RING
+#define DKDV_RING 0
+#endif
+// rows of the dk/dv pass's two tiles: k's and v's KEYS rows first, then the query tiles (two stages with
+// the ring)
+#if (1 + DKDV_RING) * BQ > KEYS
+#define QROWS ((1 + DKDV_RING) * BQ)
+#else
+#define QROWS KEYS
+#endif
+
+// query tile `it` of the dk/dv pass's sequence (head gi = it / ntiles of the kv head's GROUP, rows istart +
+// (it % ntiles) * BQ ..): its first row i0, head h, the rows' first index hrow0 in lse / delta
+#define QTILE_AT(it)                                                                                    \
+    const int gi_ = (it) / ntiles, i0 = istart + ((it) - gi_ * ntiles) * BQ, h = hk * GROUP + gi_;      \
+    const long hrow0 = ((long)b * HQ + h) * SQ
+
 __kernel __attribute__((reqd_work_group_size(THREADS, 1, 1)))
 void attention_backward_dkdv_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(grad_out), KV_ARGS(out), MASK_ARGS,
                                  LEN_ARGS, __global const ACC *lse, __global const ACC *delta, __global T *dk,
                                  __global T *dv, const int HQ, const int GROUP, const int SQ, const int SK,
                                  const int causal, const ACC scale, DROP_ARGS)
 {
-    __local uint4 qs4[KEYS * DPAD / 8], gs4[KEYS * DPAD / 8];   // (the k and v tiles first, then q and dO tiles)
-    __local ushort *const qs = (__local ushort *)qs4, *const gs = (__local ushort *)gs4;
-    __local float rowv[2 * BQ];   // lse, then delta of the query tile's rows
+    __local uint4 qs4[QROWS * DPAD / 8], gs4[QROWS * DPAD / 8];   // (the k and v tiles first, then q and dO tiles)
+    __local ushort *const qsb = (__local ushort *)qs4, *const gsb = (__local ushort *)gs4;
+    __local float rowvb[(1 + DKDV_RING) * 2 * BQ];   // lse, then delta of the query tile's rows (per stage)
 #ifdef MMA_EMULATE
     __local float scratch_a[WARPS * 16 * KSTEP], scratch_b[WARPS * KSTEP * 8], shx[THREADS];
 #endif
@@ -543,91 +608,121 @@ void attention_backward_dkdv_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(gra
     const long kvrow0 = ((long)b * HKV + hk) * SK + j0;
     const int jloc[2] = {warp * 16 + g, warp * 16 + g + 8};
 
-    load_tile(qs, (__global const ushort *)(k + k_off + b * k_sb + hk * k_sh), k_ss, j0, KEYS, SK, tid);
-    load_tile(gs, (__global const ushort *)(v + v_off + b * v_sb + hk * v_sh), v_ss, j0, KEYS, SK, tid);
-    barrier(CLK_LOCAL_MEM_FENCE);
     uint ka[DK][4], va[DK][4];
-    MMA_UNROLL
-    for (int kk = 0; kk < DK; ++kk) {
-        LDSM(ka[kk], QS_WARP, false);
-        LDSM(va[kk], GS_WARP, false);
+    {
+        __local ushort *const qs = qsb, *const gs = gsb;
+        load_tile(qs, (__global const ushort *)(k + k_off + b * k_sb + hk * k_sh), k_ss, j0, KEYS, SK, tid);
+        load_tile(gs, (__global const ushort *)(v + v_off + b * v_sb + hk * v_sh), v_ss, j0, KEYS, SK, tid);
+        barrier(CLK_LOCAL_MEM_FENCE);
+        MMA_UNROLL
+        for (int kk = 0; kk < DK; ++kk) {
+            LDSM(ka[kk], QS_WARP, false);
+            LDSM(va[kk], GS_WARP, false);
+        }
     }
     float dka[DB][4], dva[DB][4];
     ZERO_ACC(dka, DB);
     ZERO_ACC(dva, DB);
 
-    // the first query row that may see key j0 (causal: bottom-right aligned), rounded down to a tile
+    // the first query row that may see key j0 (causal: bottom-right aligned), rounded down to a tile; the
+    // query tiles of every head of the group as one sequence of GROUP * ntiles
     const int istart = causal ? max(0, j0 - L + SQ) / BQ * BQ : 0;
     const int qend = j0 < L ? SQ : 0;   // keys at or past L are seen by no query
-    for (int gi = 0; gi < GROUP; ++gi) {
-        const int h = hk * GROUP + gi;
+    const int ntiles = qend > istart ? (qend - istart + BQ - 1) / BQ : 0, total = GROUP * ntiles;
+    __global const ushort *const qhead = (__global const ushort *)(q + q_off + b * q_sb);
+    __global const ushort *const ghead = (__global const ushort *)(grad_out + grad_out_off + b * grad_out_sb);
+#if DKDV_RING
+    // rows past SQ are zero-filled: q and dO rows of zeros add nothing to dk and dv whatever their p
+    #define ISSUE_QTILE(it, stage)                                                                      \
+        do {                                                                                            \
+            QTILE_AT(it);                                                                               \
+            issue_tile(qsb + (stage) * BQ * DPAD, qhead + h * q_sh, q_ss, i0, BQ, SQ, tid);             \
+            issue_tile(gsb + (stage) * BQ * DPAD, ghead + h * grad_out_sh, grad_out_ss, i0, BQ, SQ, tid); \
+            for (int r = tid; r < BQ; r += THREADS) {                                                   \
+                const bool in = i0 + r < SQ;                                                            \
+                nc_cp_async4(rowvb + (stage) * 2 * BQ + r, lse + (in ? hrow0 + i0 + r : 0), in ? 4 : 0);      \
+                nc_cp_async4(rowvb + (stage) * 2 * BQ + BQ + r, delta + (in ? hrow0 + i0 + r : 0), in ? 4 : 0); \
+            }                                                                                           \
+        } while (0)
+    barrier(CLK_LOCAL_MEM_FENCE);   // k's and v's fragments are read: the tiles' memory is free
+    if (total > 0) ISSUE_QTILE(0, 0);
+    CP_COMMIT();
+#endif
+    for (int it = 0; it < total; ++it) {
+        QTILE_AT(it);
         const long mbase = mask_off + b * mask_sb + h * mask_sh;
-        __global const ushort *const qb = (__global const ushort *)(q + q_off + b * q_sb + h * q_sh);
-        __global const ushort *const gb =
-            (__global const ushort *)(grad_out + grad_out_off + b * grad_out_sb + h * grad_out_sh);
-        const long hrow0 = ((long)b * HQ + h) * SQ;
-        for (int i0 = istart; i0 < qend; i0 += BQ) {
-            barrier(CLK_LOCAL_MEM_FENCE);
-            load_tile(qs, qb, q_ss, i0, BQ, SQ, tid);
-            load_tile(gs, gb, grad_out_ss, i0, BQ, SQ, tid);
-            for (int r = tid; r < BQ; r += THREADS) {
-                const bool in = i0 + r < SQ;
-                rowv[r] = in ? lse[hrow0 + i0 + r] : INFINITY;   // rows past SQ: p = 0
-                rowv[BQ + r] = in ? delta[hrow0 + i0 + r] : 0.0f;
-            }
-            barrier(CLK_LOCAL_MEM_FENCE);
-            float st[QB][4], dpt[QB][4];
-            ZERO_ACC(st, QB);
-            ZERO_ACC(dpt, QB);
-            MMA_NT(st, ka, QB, QS_NT);
-            MMA_NT(dpt, va, QB, GS_NT);
-            // p^T = exp(s^T - lse) in place (0 where masked); ds^T = p^T (z dp^T - delta) in dpt's place and
-            // p^T z in st's (z: dropout's multiplier, 1 without)
-            SCALE_ACC(st, QB, scale);
-            if (!open_tile(j0, KEYS, i0, L, SQ, causal)) {
+#if DKDV_RING
+        __local ushort *const qs = qsb + (it & 1) * BQ * DPAD, *const gs = gsb + (it & 1) * BQ * DPAD;
+        __local float *const rowv = rowvb + (it & 1) * 2 * BQ;
+        barrier(CLK_LOCAL_MEM_FENCE);   // every warp is done with tile it - 1: its stage is free
+        if (it + 1 < total) ISSUE_QTILE(it + 1, (it + 1) & 1);
+        CP_COMMIT();
+        CP_WAIT1();                     // this work-item's copies of tile it have landed
+        barrier(CLK_LOCAL_MEM_FENCE);   // ... and everyone's
+#else
+        __local ushort *const qs = qsb, *const gs = gsb;
+        __local float *const rowv = rowvb;
+        barrier(CLK_LOCAL_MEM_FENCE);
+        load_tile(qs, qhead + h * q_sh, q_ss, i0, BQ, SQ, tid);
+        load_tile(gs, ghead + h * grad_out_sh, grad_out_ss, i0, BQ, SQ, tid);
+        for (int r = tid; r < BQ; r += THREADS) {
+            const bool in = i0 + r < SQ;
+            rowv[r] = in ? lse[hrow0 + i0 + r] : INFINITY;   // rows past SQ: p = 0
+            rowv[BQ + r] = in ? delta[hrow0 + i0 + r] : 0.0f;
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+#endif
+        float st[QB][4], dpt[QB][4];
+        ZERO_ACC(st, QB);
+        ZERO_ACC(dpt, QB);
+        MMA_NT(st, ka, QB, QS_NT);
+        MMA_NT(dpt, va, QB, GS_NT);
+        // p^T = exp(s^T - lse) in place (0 where masked); ds^T = p^T (z dp^T - delta) in dpt's place and
+        // p^T z in st's (z: dropout's multiplier, 1 without)
+        SCALE_ACC(st, QB, scale);
+        if (!open_tile(j0, KEYS, i0, L, SQ, causal)) {
+            #pragma unroll
+            for (int jb = 0; jb < QB; ++jb)
                 #pragma unroll
-                for (int jb = 0; jb < QB; ++jb)
-                    #pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const int j = j0 + jloc[e >> 1], i = min(i0 + jb * 8 + 2 * t + (e & 1), SQ - 1);
-                        st[jb][e] = masked_score(st[jb][e], i, j, L, SQ, causal, mask, mbase + i * mask_si + j * mask_sj);
-                    }
+                for (int e = 0; e < 4; ++e) {
+                    const int j = j0 + jloc[e >> 1], i = min(i0 + jb * 8 + 2 * t + (e & 1), SQ - 1);
+                    st[jb][e] = masked_score(st[jb][e], i, j, L, SQ, causal, mask, mbase + i * mask_si + j * mask_sj);
+                }
+        }
+        #pragma unroll
+        for (int jb = 0; jb < QB; ++jb)
+            #pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int c = jb * 8 + 2 * t + (e & 1);
+                st[jb][e] = st[jb][e] == -INFINITY ? 0.0f : EXPF(st[jb][e] - rowv[c]);
             }
+        if (drop_threshold) {
             #pragma unroll
             for (int jb = 0; jb < QB; ++jb)
                 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     const int c = jb * 8 + 2 * t + (e & 1);
-                    st[jb][e] = st[jb][e] == -INFINITY ? 0.0f : EXPF(st[jb][e] - rowv[c]);
+                    const float p = st[jb][e];
+                    const float z = p == 0.0f ? 1.0f : dropout_one(counter0, hrow0 + i0 + c, j0 + jloc[e >> 1],
+                                                                   seed_lo, seed_hi, drop_threshold, drop_scale);
+                    dpt[jb][e] = p * (z * dpt[jb][e] - rowv[BQ + c]);
+                    st[jb][e] = p * z;
                 }
-            if (drop_threshold) {
-                #pragma unroll
-                for (int jb = 0; jb < QB; ++jb)
-                    #pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const int c = jb * 8 + 2 * t + (e & 1);
-                        const float p = st[jb][e];
-                        const float z = p == 0.0f ? 1.0f : dropout_one(counter0, hrow0 + i0 + c, j0 + jloc[e >> 1],
-                                                                       seed_lo, seed_hi, drop_threshold, drop_scale);
-                        dpt[jb][e] = p * (z * dpt[jb][e] - rowv[BQ + c]);
-                        st[jb][e] = p * z;
-                    }
-            } else {
-                #pragma unroll
-                for (int jb = 0; jb < QB; ++jb)
-                    #pragma unroll
-                    for (int e = 0; e < 4; ++e)
-                        dpt[jb][e] = st[jb][e] * (dpt[jb][e] - rowv[BQ + jb * 8 + 2 * t + (e & 1)]);
-            }
-            uint pa[BQ / 16][4], da[BQ / 16][4];
+        } else {
             #pragma unroll
-            for (int jb = 0; jb < QB; ++jb) {
-                PACK_A(pa, jb, st[jb]);
-                PACK_A(da, jb, dpt[jb]);
-            }
-            MMA_KN(dva, pa, BQ / 16, GS_KN);
-            MMA_KN(dka, da, BQ / 16, QS_KN);
+            for (int jb = 0; jb < QB; ++jb)
+                #pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    dpt[jb][e] = st[jb][e] * (dpt[jb][e] - rowv[BQ + jb * 8 + 2 * t + (e & 1)]);
         }
+        uint pa[BQ / 16][4], da[BQ / 16][4];
+        #pragma unroll
+        for (int jb = 0; jb < QB; ++jb) {
+            PACK_A(pa, jb, st[jb]);
+            PACK_A(da, jb, dpt[jb]);
+        }
+        MMA_KN(dva, pa, BQ / 16, GS_KN);
+        MMA_KN(dka, da, BQ / 16, QS_KN);
     }
     #pragma unroll
     for (int r = 0; r < 2; ++r)

@@ -122,4 +122,15 @@ inline void nc_cp_async16(__local void *dst, __global const void *src, const int
 #endif
 }
 
+// one 4-byte copy global -> local through cp.async (.ca: the only cache mode for copies under 16 bytes);
+// `bytes` 0 writes a zero without reading. Emulated: a plain copy.
+inline void nc_cp_async4(__local void *dst, __global const void *src, const int bytes) {
+#ifdef MMA_EMULATE
+    *(__local uint *)dst = bytes ? *(__global const uint *)src : 0u;
+#else
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;"
+                 :: "r"((uint)(ulong)dst), "l"((ulong)src), "r"(bytes) : "memory");
+#endif
+}
+
 #endif

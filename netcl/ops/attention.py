@@ -134,7 +134,12 @@ MMA_EMULATE = False
 # of the forward and dq passes, BQ query rows a tile of the dk/dv pass; PREFETCH 1: the forward's and dq's k
 # and v tiles through a two-stage cp.async ring (where it fits the device's local memory; H200, bfloat16,
 # B=8 H=16 S=2048 D=64: forward+backward 4.79 against 5.13 ms, causal 2.61 against 2.96).
-MMA_TILES = {"BM": 64, "BN": 64, "BQ": 32, "PREFETCH": 1}
+# DKDV_RING 1: the dk/dv pass's q and dO tiles (with their lse and delta) through a two-stage cp.async ring
+# too, here with 64-row query tiles (H200, same run, B=8 H=16 S=2048 D=64 bfloat16, forward+backward: 4.31 ms
+# with BQ 32 and no ring, 3.14 with the ring, 2.88 with the ring and BQ 64; the dk/dv pass alone 1.19 ms).
+# A kernel's own tiles under its name ("forward", "dq", "dkdv": {"BN": 32}) override the shared ones for that
+# kernel's program (none of those tried beat these: bench/NOTES.md).
+MMA_TILES: dict[str, Any] = {"BM": 64, "BN": 64, "BQ": 64, "PREFETCH": 1, "DKDV_RING": 1}
 # The matrix-unit backward (dq pass, then dk/dv: no atomics) keeps k's and v's fragments and dk, dv in
 # registers: up to head dim 64 (larger ones take attention_gpu.cl's kernels).
 MMA_BACKWARD_MAX_HEAD_DIM = 64
@@ -477,19 +482,25 @@ class _Problem:
 
     def launch_mma(self, kernel: str, **args: Any) -> Any:
         """attention_mma.cl's `kernel` ("forward", "dq", "dkdv"; see mma_forward); returns the kernel."""
-        defines: dict[str, Any] = {"HEAD_DIM": self.D, "MASK": self.mask_kind, **MMA_TILES}
-        ring = 4 * defines["BN"] * (self.D + 8) * 2   # two stages of a k and a v tile, bytes
+        tiles = {key: value for key, value in MMA_TILES.items() if not isinstance(value, dict)}
+        tiles.update(MMA_TILES.get(kernel, {}))   # the kernel's own tiles, where MMA_TILES names some
+        defines: dict[str, Any] = {"HEAD_DIM": self.D, "MASK": self.mask_kind, **tiles}
+        # two stages of a k and a v tile (or q's and dO's BM rows, where more), bytes
+        ring = 2 * max(2 * defines["BN"], defines["BM"]) * (self.D + 8) * 2
         if defines.get("PREFETCH") and ring > self.device.capabilities.local_mem:
             defines["PREFETCH"] = 0
+        dkdv_ring = 2 * max(2 * defines["BQ"], defines["BM"]) * (self.D + 8) * 2 + 16 * defines["BQ"]
+        if defines.get("DKDV_RING") and dkdv_ring > self.device.capabilities.local_mem:
+            defines["DKDV_RING"] = 0
         if MMA_EMULATE:
             defines["MMA_EMULATE"] = None
         elif GPU_NATIVE_EXP or (GPU_NATIVE_EXP is None and _nvidia(self.device)):
             defines["NATIVE_EXP"] = None
         prg = kernels.program(self.device, "attention_mma.cl", dtype=self.dtype, options=("-cl-mad-enable",),
                               **defines)
-        threads = MMA_TILES["BM"] // 16 * 32
+        threads = tiles["BM"] // 16 * 32
         rows, heads = (self.SK, self.HKV) if kernel == "dkdv" else (self.SQ, self.HQ)
-        per_group = MMA_TILES["BM"]   # query rows a work-group (dk/dv: keys, 16 a warp)
+        per_group = tiles["BM"]   # query rows a work-group (dk/dv: keys, 16 a warp)
         k = getattr(prg, {"forward": "attention_forward_mma", "dq": "attention_backward_dq_mma",
                           "dkdv": "attention_backward_dkdv_mma"}[kernel])
         k(self.queue, (-(-rows // per_group) * threads, heads, self.B), (threads, 1, 1), **args)
@@ -781,6 +792,9 @@ def flash_attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: 
     args.update(_row_args("out", out))
     args.update(lse=lse.buffer, delta=delta.buffer)
     if pr.mma_backward(g):
+        if not _rows_16_bytes(out):   # the dq pass reads out's rows 16 bytes at a time (delta)
+            out = out.clone()
+            args.update(_row_args("out", out))
         # the matrix units' two passes: dq (and delta), then dk and dv; no atomics, the same bits each run
         kernel = pr.launch_mma("dq", dq=(dq if dq is not None else delta).buffer,
                                do_dq=np.int32(dq is not None), **args)

@@ -809,9 +809,13 @@ def test_matrix_unit_forward_takes_only_what_it_can(queue, rng, monkeypatch):
 
 @pytest.mark.gpu_shaped
 def test_matrix_units_prefetch_ring_and_small_tiles(queue, rng, mma_emulated, monkeypatch):
-    """The forward's and dq's k/v tiles through the two-stage cp.async ring (PREFETCH), with 32-row blocks
-    and 16-row query tiles of the dk/dv pass: several tiles per pass, a partial last one, GQA and kv_len."""
-    monkeypatch.setattr(attn, "MMA_TILES", {"BM": 32, "BN": 32, "BQ": 16, "PREFETCH": 1})
+    """Tiles other than the defaults (which MMA_CASES run: the cp.async rings of every pass, 64-row tiles):
+    32-row blocks with the forward's and dq's ring (PREFETCH) over 16-key tiles for dq (q's 32 rows pass
+    through the ring's two stages), and the dk/dv pass without its ring (DKDV_RING 0) over 16-row query tiles
+    with 64 keys a work-group: several tiles per pass, a partial last one, GQA and kv_len; each pass with
+    tiles of its own."""
+    monkeypatch.setattr(attn, "MMA_TILES", {"BM": 32, "BN": 32, "BQ": 16, "PREFETCH": 1, "DKDV_RING": 1,
+                                            "dq": {"BN": 16}, "dkdv": {"BM": 64, "DKDV_RING": 0}})
     q, k, v, g = (a.astype(BF16) for a in inputs(rng, 2, 4, 2, 45, 100, 32))
     lengths = np.array([100, 61], np.int32)
     nq, nk, nv, ng = (dev(queue, a) for a in (q, k, v, g))
