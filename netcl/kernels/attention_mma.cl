@@ -59,19 +59,30 @@
 #define KV_ROWS ((1 + PREFETCH) * BN > BM ? (1 + PREFETCH) * BN : BM)
 
 #if defined(NATIVE_EXP) && !defined(MMA_EMULATE)
-// ex2.approx with flush to zero: one MUFU.EX2 after the multiply (native_exp keeps denormal results, which
-// costs a range check, two multiplies and a select per value); a probability below 2^-126 of a row whose
-// largest is 1 is zero to the float32 sums it enters
-inline float nc_exp_ftz(const float x) {
+// ex2.approx with flush to zero: one MUFU.EX2 (native_exp keeps denormal results, which costs a range check,
+// two multiplies and a select per value); a probability below 2^-126 of a row whose largest is 1 is zero to
+// the float32 sums it enters
+inline float nc_exp2_ftz(const float x) {
     float r;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x * 1.4426950408889634f));
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
     return r;
 }
-#define EXPF(x) nc_exp_ftz(x)
+#define EXP2F(x) nc_exp2_ftz(x)
+#define EXPF(x) nc_exp2_ftz((x) * LOG2E)
 #elif defined(NATIVE_EXP)
+#define EXP2F(x) native_exp2(x)
 #define EXPF(x) native_exp(x)
 #else
+#define EXP2F(x) exp2(x)
 #define EXPF(x) exp(x)
+#endif
+#define LOG2E 1.4426950408889634f
+
+// EXP_FUSED 1: the forward's and dq's probabilities as exp2(s c - m log2 e) in one multiply-add from the
+// unscaled scores of an unmasked tile (c = scale log2 e), FlashAttention-2's form: no scaling pass, no -inf
+// test a score (a masked score is -inf, which exp2 takes to 0; a row that saw nothing yet subtracts 0)
+#ifndef EXP_FUSED
+#define EXP_FUSED 1
 #endif
 
 
@@ -174,11 +185,15 @@ inline float shfl_xor_sync(const float v, const int m) {
 // and no 64-bit multiply a chunk (they were most of the forward's integer instructions)
 #if THREADS % CH == 0
 #define ROW_STEP (THREADS / CH)
+// A fixed trip count (count is a constant once inlined), unrolled: no remainder loop, and no row check
+// where count is a multiple of the step (the loop had become ~30 instructions a 16-byte copy in the forward)
 #define TILE_CHUNKS(tid, first, row_stride, base)                                                       \
     const int ch = (tid) % CH;                                                                          \
     __global const ushort *src = (base) + ((long)(first) + (tid) / CH) * (row_stride) + ch * 8;         \
     const long step = (long)ROW_STEP * (row_stride);                                                    \
-    for (int r = (tid) / CH; r < count; r += ROW_STEP, src += step)
+    _Pragma("unroll")                                                                                   \
+    for (int i_ = 0, r = (tid) / CH; i_ < (count + ROW_STEP - 1) / ROW_STEP; ++i_, r += ROW_STEP, src += step) \
+        if (count % ROW_STEP == 0 || r < count)
 #else
 #define TILE_CHUNKS(tid, first, row_stride, base)                                                       \
     for (int c = (tid), r = c / CH, ch = c % CH; c < count * CH;                                        \
@@ -309,9 +324,17 @@ void attention_forward_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARGS, LEN_AR
                 MMA(s[jb + 1], qa[kk], b1, s[jb + 1]);
             }
 
-        // scale, mask, the rows' maxima over the tile (a lane's 2 * NB values, then its quad)
-        SCALE_ACC(s, NB, scale);
-        if (!open_tile(j0, BN, i0, L, SQ, causal)) MASK_ROWS(s);
+        // scale (here, or in the exponent: sc), mask, the rows' maxima over the tile (a lane's 2 * NB values,
+        // then its quad)
+        float sc = 1.0f;
+        if (!open_tile(j0, BN, i0, L, SQ, causal)) {
+            SCALE_ACC(s, NB, scale);
+            MASK_ROWS(s);
+        } else if (EXP_FUSED && scale > 0.0f) {
+            sc = scale;   // the maxima of unscaled scores, scaled after
+        } else {
+            SCALE_ACC(s, NB, scale);
+        }
         float mx[2] = {-INFINITY, -INFINITY};
         #pragma unroll
         for (int jb = 0; jb < NB; ++jb)
@@ -321,7 +344,7 @@ void attention_forward_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARGS, LEN_AR
         #pragma unroll
         for (int r = 0; r < 2; ++r) {
             QUAD_MAX(mx[r]);
-            mx[r] = fmax(m[r], mx[r]);
+            mx[r] = fmax(m[r], mx[r] * sc);
             // 1 while nothing is allowed yet (mx = -inf), else exp(m_old - m_new)
             alpha[r] = mx[r] == -INFINITY ? 1.0f : EXPF(m[r] - mx[r]);
             m[r] = mx[r];
@@ -334,6 +357,20 @@ void attention_forward_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARGS, LEN_AR
         }
         // p = exp(s - m) in place, the lane's share of the row sums, p (with dropout's multiplier) as A
         // fragments of p v
+#if EXP_FUSED
+        {
+            const float c = sc * LOG2E;
+            const float mb[2] = {m[0] == -INFINITY ? 0.0f : m[0] * LOG2E, m[1] == -INFINITY ? 0.0f : m[1] * LOG2E};
+            #pragma unroll
+            for (int jb = 0; jb < NB; ++jb)
+                #pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const float p = EXP2F(fma(s[jb][e], c, -mb[e >> 1]));
+                    l[e >> 1] += p;
+                    s[jb][e] = p;
+                }
+        }
+#else
         #pragma unroll
         for (int jb = 0; jb < NB; ++jb)
             #pragma unroll
@@ -342,6 +379,7 @@ void attention_forward_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARGS, LEN_AR
                 l[e >> 1] += p;
                 s[jb][e] = p;
             }
+#endif
         if (drop_threshold) DROP_ROWS(s, s);
         uint pa[BN / 16][4];
         #pragma unroll
@@ -534,6 +572,10 @@ void attention_backward_dq_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(grad_
         }
     }
     const float lse_r[2] = {rowv[rloc[0]], rowv[rloc[1]]}, delta_r[2] = {rowv[BM + rloc[0]], rowv[BM + rloc[1]]};
+#if EXP_FUSED
+    const float lse_b[2] = {lse_r[0] == -INFINITY ? 0.0f : lse_r[0] * LOG2E,
+                            lse_r[1] == -INFINITY ? 0.0f : lse_r[1] * LOG2E};
+#endif
     float dqa[DB][4];
     ZERO_ACC(dqa, DB);
 
@@ -546,12 +588,27 @@ void attention_backward_dq_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(grad_
         MMA_NT(s, qa, NB, KS_NT);
         MMA_NT(dp, ga, NB, VS_NT);
         // p = exp(s - lse) in place (0 where masked), dp times dropout's multipliers, ds = p (dp - delta)
+#if EXP_FUSED
+        // p = exp2(s c - lse log2 e): c = scale log2 e on an unmasked tile, log2 e on a masked one (scaled and
+        // masked first); lse_b = 0 where the row sees nothing (its scores are all -inf)
+        float c = scale * LOG2E;
+        if (!open_tile(j0, BN, i0, L, SQ, causal)) {
+            SCALE_ACC(s, NB, scale);
+            MASK_ROWS(s);
+            c = LOG2E;
+        }
+        #pragma unroll
+        for (int jb = 0; jb < NB; ++jb)
+            #pragma unroll
+            for (int e = 0; e < 4; ++e) s[jb][e] = EXP2F(fma(s[jb][e], c, -lse_b[e >> 1]));
+#else
         SCALE_ACC(s, NB, scale);
         if (!open_tile(j0, BN, i0, L, SQ, causal)) MASK_ROWS(s);
         #pragma unroll
         for (int jb = 0; jb < NB; ++jb)
             #pragma unroll
             for (int e = 0; e < 4; ++e) s[jb][e] = s[jb][e] == -INFINITY ? 0.0f : EXPF(s[jb][e] - lse_r[e >> 1]);
+#endif
         if (drop_threshold) DROP_ROWS(dp, s);
         uint da[BN / 16][4];
         #pragma unroll
