@@ -7,7 +7,7 @@ import math
 from typing import Any
 
 from netcl import ops
-from netcl.autograd import autocast
+from netcl.autograd.declared import OPS
 from netcl.autograd.elementwise import sqrt
 from netcl.autograd.engine import Node, as_node, record
 from netcl.core.shapes import torch_names
@@ -85,30 +85,9 @@ def min(x: Node, axis: Any = None, keepdims: bool = False) -> Node:  # noqa: A00
     return _extremum("min", x, axis, keepdims)
 
 
-@torch_names
-def softmax(x: Node, axis: int = -1) -> Node:
-    """d x = y (g - sum(g y))."""
-    (x,) = autocast.cast_inputs("softmax", as_node(x))
-    out = ops.softmax(x.value, axis=axis)
-
-    def backward(g: Tensor):
-        dot = ops.sum(ops.mul(g, out), axis=axis, keepdims=True)
-        return (ops.mul(out, ops.sub(g, dot)),)
-
-    return record(out, (x,), backward, "softmax")
-
-
-@torch_names
-def log_softmax(x: Node, axis: int = -1) -> Node:
-    """d x = g - exp(y) sum(g)."""
-    (x,) = autocast.cast_inputs("log_softmax", as_node(x))
-    out = ops.log_softmax(x.value, axis=axis)
-
-    def backward(g: Tensor):
-        total = ops.sum(g, axis=axis, keepdims=True)
-        return (ops.sub(g, ops.mul(ops.exp(out), total)),)
-
-    return record(out, (x,), backward, "log_softmax")
+# the generated ops (netcl.autograd.declared), under the names this module always had
+softmax = OPS["softmax"]
+log_softmax = OPS["log_softmax"]
 
 
 @torch_names

@@ -199,6 +199,7 @@ def torch_names(fn: F | None = None, *, indices: str | None = None) -> Any:
             found = fn.__globals__[indices](next(iter(given.values())), given["axis"], given["keepdims"])
             return ValuesIndices(out, found)
 
+        reduction.torch_names = True  # type: ignore[attr-defined]  (what netcl.autograd.declared looks for)
         return launch_labels.transparent(reduction)  # type: ignore[return-value]
 
     return decorate if fn is None else decorate(fn)

@@ -25,6 +25,8 @@ from netcl.core.tensor import Tensor
 from netcl.errors import DTypeError, ShapeError
 from netcl.jit import ir, lazy
 from netcl.jit import reduce as jreduce
+from netcl.ops import elementwise as _ew
+from netcl.ops.declaration import OpDecl, declare
 from netcl.ops.elementwise import sqrt
 
 __all__ = [
@@ -215,6 +217,38 @@ def softmax(x: Tensor, axis: int = -1) -> Tensor:
 def log_softmax(x: Tensor, axis: int = -1) -> Tensor:
     """x - logsumexp(x) along `axis` (one kernel)."""
     return _rowwise("log_softmax", "log_softmax", x, axis)
+
+
+def _softmax_backward(grad_out: Tensor, out: Tensor, axis: int) -> Tensor:
+    """d x = y (g - sum(g y)) along `axis`, y the softmax."""
+    dot = sum(_ew.mul(grad_out, out), axis=axis, keepdims=True)
+    return _ew.mul(out, _ew.sub(grad_out, dot))
+
+
+def _log_softmax_backward(grad_out: Tensor, out: Tensor, axis: int) -> Tensor:
+    """d x = g - exp(y) sum(g) along `axis`, y the log-softmax."""
+    total = sum(grad_out, axis=axis, keepdims=True)
+    return _ew.sub(grad_out, _ew.mul(_ew.exp(out), total))
+
+
+# the ops on Nodes, made from these (netcl.ops.declaration): float32 under autocast; Tensor and Node methods
+declare(OpDecl("softmax", softmax, _softmax_backward, inputs=("x",), autocast="float32", half_dtypes=(),
+               methods=("softmax",), functional=("softmax",)))
+declare(OpDecl("log_softmax", log_softmax, _log_softmax_backward, inputs=("x",), autocast="float32",
+               half_dtypes=(), methods=("log_softmax",), functional=("log_softmax",)))
+
+
+def sum_to_shape(g: Tensor, shape: tuple[int, ...]) -> Tensor:
+    """Sum a broadcast gradient back to `shape` (leading axes and axes where shape has 1)."""
+    if g.shape == shape:
+        return g
+    lead = g.ndim - len(shape)
+    axes = tuple(range(lead)) + tuple(
+        lead + i for i, s in enumerate(shape) if s == 1 and g.shape[lead + i] != 1
+    )
+    if not axes:
+        return g.reshape(shape)
+    return sum(g, axis=axes, keepdims=False).reshape(shape)
 
 
 @torch_names
