@@ -116,26 +116,17 @@ def _source(decl: OpDecl) -> tuple[str, dict[str, Any]]:
                          else f"        keep += ({i},)")
 
     # the backward's arguments, by name: what it reads is all the closure keeps
-    bparams = list(inspect.signature(decl.backward).parameters.values())
-    available: dict[str, str] = {"out": "out", **{s: s for s in decl.saves}}
-    for n in params:
-        available[n] = value[n]
-    for n in decl.inputs:
-        available[f"{n}_shape"] = f"{n}_shape"
+    available = {n: value[n] for n in params}
+    available.update({s: s for s in decl.saves}, out="out", needs="needs")
+    available.update({f"{n}_shape": f"{n}_shape" for n in decl.inputs})
     if decl.inputs:
         available["input_shape"] = f"{decl.inputs[0]}_shape"
-    available["needs"] = "needs"
-    bargs = []
-    for p in bparams[1:]:
-        if p.name in available:
-            bargs.append(f"{p.name}={available[p.name]}")
-        elif p.default is p.empty:
-            raise ValueError(f"OpDecl {decl.name!r}: the backward's parameter {p.name!r} is none of "
-                             f"{sorted(available)} and has no default")
+    bargs = [f"{n}={available[n]}" for n in decl.backward_arguments()]
     used = {a.split("=", 1)[1] for a in bargs}
     for n in decl.inputs:
         if f"{n}_shape" in used:
-            lines.append(f"    {n}_shape = {n}_v.shape")
+            lines.append(f"    {n}_shape = None if {n}_v is None else {n}_v.shape" if n in optional
+                         else f"    {n}_shape = {n}_v.shape")
     if "needs" in used:
         lines.append("    needs = (" + "".join(
             f"{n} is not None and {n}.requires_grad, " if n in optional else f"{n}.requires_grad, "

@@ -89,6 +89,32 @@ class OpDecl:
         stray = [n for n in self.cast_inputs() if n not in self.inputs]
         if stray:
             raise ValueError(f"OpDecl {self.name!r}: cast {stray} must name inputs {self.inputs}")
+        if self.methods and self.saves:
+            raise ValueError(f"OpDecl {self.name!r}: a method is the forward on Tensors, so the forward "
+                             f"of an op with methods {self.methods} returns its result alone (no saves "
+                             f"{self.saves})")
+        if self.backward is not None:
+            self.backward_arguments()
+
+    def available(self) -> tuple[str, ...]:
+        """The names a backward's parameters may take (the module docstring's list)."""
+        params = [n for n in self.parameters() if n not in self.hide]
+        shapes = [f"{n}_shape" for n in self.inputs] + (["input_shape"] if self.inputs else [])
+        return (*params, *self.saves, "out", "needs", *shapes)
+
+    def backward_arguments(self) -> tuple[str, ...]:
+        """The backward's parameters after the gradient that the op fills (ValueError for a name it cannot
+        fill that has no default)."""
+        assert self.backward is not None
+        available = set(self.available())
+        bound = []
+        for p in list(inspect.signature(self.backward).parameters.values())[1:]:
+            if p.name in available:
+                bound.append(p.name)
+            elif p.default is p.empty:
+                raise ValueError(f"OpDecl {self.name!r}: the backward's parameter {p.name!r} is none of "
+                                 f"{sorted(available)} and has no default")
+        return tuple(bound)
 
     def parameters(self) -> dict[str, inspect.Parameter]:
         """The forward's parameters (a torch_names wrapper's: the function it wraps)."""
