@@ -30,7 +30,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from netcl.autograd import autocast
+from netcl.autograd import autocast, engine
 from netcl.autograd.engine import Node, as_node, record
 from netcl.core.shapes import torch_names
 from netcl.ops import declaration
@@ -53,7 +53,7 @@ def _optional(p: inspect.Parameter) -> bool:
 
 def _source(decl: OpDecl) -> tuple[str, dict[str, Any]]:
     """The op's source and the values its defaults and body read."""
-    params = {n: p for n, p in decl.parameters().items() if n not in decl.hide}
+    params = {n: p for n, p in decl.parameters().items() if n not in decl.hide and n != "needs"}
     forward = inspect.unwrap(decl.forward)  # a torch_names wrapper: the generated op gets its own
     optional = [n for n in decl.inputs if _optional(params[n])]
     env: dict[str, Any] = {}
@@ -91,11 +91,21 @@ def _source(decl: OpDecl) -> tuple[str, dict[str, Any]]:
     value = {n: (f"{n}_v" if n in decl.inputs else n) for n in params}
     args, by_name = [], False
     for n, p in decl.parameters().items():
+        if n == "needs":
+            by_name = True
+            args.append("needs=needs")
+            continue
         if n in decl.hide:
             by_name = True
             continue
         by_name = by_name or p.kind == p.KEYWORD_ONLY
         args.append(f"{n}={value[n]}" if by_name else value[n])
+    wants_needs = "needs" in decl.parameters() or "needs" in decl.backward_arguments()
+    if wants_needs:  # whether each input gets a gradient: a tape records and it requires one
+        lines.append("    recording = _engine.grad_enabled and bool(_engine.tapes)")
+        lines.append("    needs = (" + "".join(
+            f"recording and {n} is not None and {n}.requires_grad, " if n in optional
+            else f"recording and {n}.requires_grad, " for n in decl.inputs) + ")")
     results = ", ".join(("out",) + decl.saves)
     lines.append(f"    {results}{',' if decl.saves else ''} = _forward({', '.join(args)})")
 
@@ -127,11 +137,9 @@ def _source(decl: OpDecl) -> tuple[str, dict[str, Any]]:
         if f"{n}_shape" in used:
             lines.append(f"    {n}_shape = None if {n}_v is None else {n}_v.shape" if n in optional
                          else f"    {n}_shape = {n}_v.shape")
-    if "needs" in used:
-        lines.append("    needs = (" + "".join(
-            f"{n} is not None and {n}.requires_grad, " if n in optional else f"{n}.requires_grad, "
-            for n in decl.inputs) + ")")
-    call = f"_backward(g, {', '.join(bargs)})" if bargs else "_backward(g)"
+    gname = decl.gradient_parameter()
+    first = next(iter(inspect.signature(decl.backward).parameters))
+    call = f"_backward({'g' if gname == first else 'grad_out=g'}{''.join(', ' + a for a in bargs)})"
     lines += ["    def backward(g):"]
     if optional:
         lines += [f"        grads = {call}", "        return grads if keep is None else _pick(grads, keep)"]
@@ -142,7 +150,7 @@ def _source(decl: OpDecl) -> tuple[str, dict[str, Any]]:
     lines.append(f"    return _record(out, parents, backward, {decl.name!r})")
     env.update(_forward=forward, _backward=decl.backward, _autocast=autocast._state,
                _cast_inputs=autocast.cast_inputs, _getattr=getattr, _isinstance=isinstance, _Node=Node,
-               _as_node=as_node, _record=record, _pick=_pick, __name__=__name__)
+               _as_node=as_node, _record=record, _engine=engine._state, _pick=_pick, __name__=__name__)
     return "\n".join(lines) + "\n", env
 
 
@@ -154,9 +162,9 @@ def _generate(decl: OpDecl) -> Callable[..., Any]:
     fn.__module__ = __name__
     fn.__qualname__ = decl.name
     signature = inspect.signature(decl.forward)
-    fn.__signature__ = signature.replace(
-        parameters=[p for p in signature.parameters.values() if p.name not in decl.hide],
-        return_annotation="Node")
+    hidden = (*decl.hide, "needs")
+    kept = [p for p in signature.parameters.values() if p.name not in hidden]
+    fn.__signature__ = signature.replace(parameters=kept, return_annotation="Node")
     summary = (decl.doc or decl.forward.__doc__ or f"{decl.name}.").strip()
     fn.__doc__ = f"{summary}\n\nOn Nodes: differentiable ({', '.join(decl.inputs)}), declared in " \
                  f"{decl.forward.__module__}."

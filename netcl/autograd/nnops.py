@@ -17,7 +17,6 @@ from netcl.autograd import elementwise as ew
 from netcl.autograd.declared import OPS, implements
 from netcl.autograd.engine import Node, as_node, record
 from netcl.core.tensor import Tensor
-from netcl.errors import DTypeError
 from netcl.ops import gemm as mm
 
 
@@ -105,30 +104,11 @@ batch_norm = OPS["batch_norm"]
 layer_norm = OPS["layer_norm"]
 group_norm = OPS["group_norm"]
 rms_norm = OPS["rms_norm"]
+embedding = OPS["embedding"]
 
 
 def conv2d_relu(x: Node, weight: Node, bias: Node | None = None, **kwargs: Any) -> Node:
     return conv2d(x, weight, bias, activation="relu", **kwargs)
-
-
-def embedding(weight: Node, ids: Any) -> Node:
-    """Rows of weight (V, D) picked by integer ids (...); the gradient is scatter-added into (V, D)."""
-    weight = as_node(weight)
-    idv = ids.value if isinstance(ids, Node) else ids
-    if not isinstance(idv, Tensor) or idv.dtype.kind not in "iu":
-        raise DTypeError(f"embedding: ids must be an integer Tensor (int32 or int64), got "
-                         f"{getattr(idv, 'dtype', type(idv).__name__)}")
-    wv = weight.value
-    out = ops.embedding(wv, idv)
-
-    def backward(g: Tensor):
-        flat_ids = idv.reshape(-1)
-        g2 = g.reshape(-1, wv.shape[1])
-        index = flat_ids.reshape(-1, 1).expand(-1, wv.shape[1])
-        # the forward's kernel checked the ids: no host check here, so a recorded step (netcl.graph) holds it
-        return (ops.scatter_add(Tensor.zeros(wv.queue, wv.shape, g.dtype), 0, index, g2, check_bounds=False),)
-
-    return record(out, (weight,), backward, "embedding")
 
 
 __all__ = [

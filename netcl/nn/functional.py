@@ -1,54 +1,33 @@
 """Stateless functions on Nodes (`import netcl.nn.functional as F`): activations, layers' ops, losses.
 
 They are the differentiable ops of netcl.autograd under PyTorch's functional names: the declared ops
-(netcl.ops.declaration: conv2d, linear, the pooling ops, the norms, softmax, log_softmax) under the names
-their declarations give (`functional=`), added here as each is declared; the others below.
+(netcl.ops.declaration: conv2d, linear, the pooling ops, the norms, softmax, log_softmax, embedding,
+the losses) under the names their declarations give (`functional=`), added here as each is declared; the
+others below.
 """
 
 import sys
 
 from netcl.autograd import (
-    binary_cross_entropy_with_logits,
-    cross_entropy,
     declared,
     dropout,
-    embedding,
     gelu,
-    l1,
-    l1_loss,
     leaky_relu,
-    mse,
-    mse_loss,
-    nll,
-    nll_loss,
     relu,
     sigmoid,
     silu,
-    smooth_l1,
-    smooth_l1_loss,
     softplus,
     tanh,
 )
 from netcl.ops import declaration
 
 __all__ = [
-    "binary_cross_entropy_with_logits",
-    "cross_entropy",
     "dropout",
-    "embedding",
     "gelu",
-    "l1",
-    "l1_loss",
     "leaky_relu",
-    "mse",
-    "mse_loss",
-    "nll",
-    "nll_loss",
     "relu",
     "sigmoid",
     "silu",
-    "smooth_l1",
-    "smooth_l1_loss",
     "softplus",
     "tanh",
 ]

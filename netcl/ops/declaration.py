@@ -12,14 +12,16 @@ op needs beyond its kernels and its test:
 
 The differentiable op takes the forward's parameters (less `hide`), Nodes where `inputs` and `constants`
 are, and calls the forward with their values. The forward returns its result, or the result and then one
-tensor (or value) per name of `saves`. The backward's first parameter is the result's gradient; each other
-parameter is filled by name, once, when the forward runs (only what it names is kept until backward):
+tensor (or value) per name of `saves`. The backward's parameter `grad_out` (else its first) is the result's
+gradient; each other parameter is filled by name, once, when the forward runs (only what it names is kept
+until backward):
 
     a parameter of the forward (the value given; an input's Tensor)    `out` (the forward's result)
     a name of `saves`              `<input>_shape` (an input's shape; `input_shape` the first input's)
-    `needs` (per input, whether it requires a gradient now)
+    `needs` (per input, whether it gets a gradient: a tape records and it requires one)
 
-A backward parameter with a default that none of these names keeps its default. The backward returns one
+A forward parameter `needs` is filled the same way (and is not the op's). A backward parameter with a
+default that none of these names keeps its default. The backward returns one
 gradient (or None) per name of `inputs`, in that order (an op of one input: the gradient itself); an
 optional input given as None gets none.
 """
@@ -102,13 +104,23 @@ class OpDecl:
         shapes = [f"{n}_shape" for n in self.inputs] + (["input_shape"] if self.inputs else [])
         return (*params, *self.saves, "out", "needs", *shapes)
 
+    def gradient_parameter(self) -> str:
+        """The backward's parameter that takes the result's gradient: `grad_out`, else the first."""
+        assert self.backward is not None
+        params = list(inspect.signature(self.backward).parameters)
+        if not params:
+            raise ValueError(f"OpDecl {self.name!r}: the backward takes the result's gradient (grad_out)")
+        return "grad_out" if "grad_out" in params else params[0]
+
     def backward_arguments(self) -> tuple[str, ...]:
         """The backward's parameters after the gradient that the op fills (ValueError for a name it cannot
         fill that has no default)."""
         assert self.backward is not None
         available = set(self.available())
         bound = []
-        for p in list(inspect.signature(self.backward).parameters.values())[1:]:
+        for p in inspect.signature(self.backward).parameters.values():
+            if p.name == self.gradient_parameter():
+                continue
             if p.name in available:
                 bound.append(p.name)
             elif p.default is p.empty:

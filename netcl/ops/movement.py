@@ -22,6 +22,7 @@ from netcl.jit import ir, lazy
 from netcl.jit.runner import run_elementwise
 from netcl.ops import reduce as _reduce
 from netcl.ops.copy import long4x2 as _long4x2
+from netcl.ops.declaration import OpDecl, declare
 from netcl.ops.determinism import get_deterministic
 from netcl.ops.elementwise import _is_scalar, broadcast_shapes, from_ir, where
 
@@ -278,7 +279,9 @@ def embedding(weight: Tensor, ids: Tensor) -> Tensor:
         raise ShapeError(
             f"embedding: weight must be a 2-D Tensor (vocab, dim), got {getattr(weight, 'shape', weight)}"
         )
-    _check_index("embedding", ids)
+    if not isinstance(ids, Tensor) or ids.dtype not in (dtypes.int32, dtypes.int64):
+        raise DTypeError(f"embedding: ids must be an integer Tensor (int32 or int64), got "
+                         f"{getattr(ids, 'dtype', type(ids).__name__)}")
     check_same_queue(weight, ids)
     flat = ids.reshape(ids.size)
     # ids outside [0, vocab) (negatives included, as in PyTorch) are reported by the kernel itself: no
@@ -289,6 +292,16 @@ def embedding(weight: Tensor, ids: Tensor) -> Tensor:
 
 _EMBEDDING_CHECK = device_check("embedding: id {value} at position {row} is outside [0, {limit}) (the "
                                 "number of embeddings)")
+
+
+def _embedding_backward(grad_out: Tensor, weight_shape: tuple[int, ...], ids: Tensor) -> Tensor:
+    """The rows of grad_out scatter-added into zeros of weight's shape at ids. The forward's kernel checked
+    the ids: no host check here, so a recorded step (netcl.graph) holds it."""
+    dim = weight_shape[1]
+    g2 = grad_out.reshape(-1, dim)
+    index = ids.reshape(-1).reshape(-1, 1).expand(-1, dim)
+    return scatter_add(Tensor.zeros(grad_out.queue, weight_shape, grad_out.dtype), 0, index, g2,
+                       check_bounds=False)
 
 
 def scatter_add(x: Tensor, axis: int, index: Tensor, src: Tensor, deterministic: bool | None = None,
@@ -548,3 +561,10 @@ def repeat(x: Tensor, *reps: Any) -> Tensor:
     if out.size:
         assign(out, view)
     return out.reshape(*(r * s for r, s in zip(reps, xs.shape)))
+
+
+# the op on Nodes, made from these (netcl.ops.declaration): the ids are a constant (no gradient)
+declare(OpDecl("embedding", embedding, _embedding_backward, inputs=("weight",), constants=("ids",),
+               functional=("embedding",),
+               doc="Rows of weight (V, D) picked by integer ids (...); the gradient is scatter-added into "
+                   "(V, D)."))

@@ -37,9 +37,11 @@ HAND_WRITTEN_TABLE = {
     "rms_norm": ("half", ("float16", "bfloat16")),
     "linear_residual": ("half", ("float16", "bfloat16")),
 }
-# nn.functional's names of the declared ops before (the rest of its list is hand-written still)
+# nn.functional's names of the declared ops, as its hand-written list had them (the rest of it stays so)
 HAND_WRITTEN_FUNCTIONAL = {"adaptive_avg_pool2d", "avg_pool2d", "batch_norm", "conv2d", "group_norm",
-                           "layer_norm", "linear", "log_softmax", "max_pool2d", "rms_norm", "softmax"}
+                           "layer_norm", "linear", "log_softmax", "max_pool2d", "rms_norm", "softmax",
+                           "embedding", "cross_entropy", "nll", "nll_loss", "mse", "mse_loss", "l1",
+                           "l1_loss", "smooth_l1", "smooth_l1_loss", "binary_cross_entropy_with_logits"}
 
 
 def rnd(*shape: int) -> np.ndarray:
@@ -50,8 +52,21 @@ def _attention_inputs() -> list[np.ndarray]:
     return [rnd(1, 2, 3, 4), rnd(1, 1, 5, 4), rnd(1, 1, 5, 4)]
 
 
-# op -> (function of Nodes, float64 inputs): one finite-difference check of each declared op
+def _labels(queue):
+    return (Tensor.from_host(queue, np.array([2, 0, 3, -100, 1], np.int32)),)
+
+
+# op -> (function of Nodes, float64 inputs[, constants made on the queue]): a finite-difference check of each
 CASES = {
+    "embedding": (lambda w, ids: ag.embedding(w, ids), [rnd(4, 3)],
+                  lambda q: (Tensor.from_host(q, np.array([[1, 3, 1], [0, 3, 3]], np.int64)),)),
+    "cross_entropy": (lambda x, y: ag.cross_entropy(x, y, label_smoothing=0.1), [rnd(5, 4)], _labels),
+    "nll": (lambda x, y: ag.nll_loss(x, y, reduction="sum"), [rnd(5, 4)], _labels),
+    "mse": (lambda a, b: ag.mse(a, b), [rnd(3, 4), rnd(3, 4)]),
+    "l1": (lambda a, b: ag.l1_loss(a, b, reduction="none"), [rnd(3, 4), rnd(3, 4)]),
+    "smooth_l1": (lambda a, b: ag.smooth_l1(a, b, beta=0.7), [rnd(3, 4), rnd(3, 4)]),
+    "binary_cross_entropy_with_logits": (lambda a, b: ag.binary_cross_entropy_with_logits(a, b),
+                                         [rnd(3, 4), R.uniform(size=(3, 4))]),
     "matmul": (lambda a, b: ag.matmul(a, b), [rnd(2, 3, 4), rnd(4, 5)]),
     "linear": (lambda x, w, b: ag.linear(x, w, b, activation="relu"), [rnd(5, 3), rnd(4, 3), rnd(4)]),
     "linear_residual": (lambda x, w, b, r: ag.linear_residual(x, w, b, r),
@@ -82,8 +97,9 @@ def test_every_declared_op_has_a_gradient_check_here():
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_gradient_of_each_declared_op(queue, name):
-    fn, inputs = CASES[name]
-    check_grads(queue, fn, inputs, rtol=1e-5, atol=1e-7)
+    fn, inputs, *constants = CASES[name]
+    extra = constants[0](queue) if constants else ()
+    check_grads(queue, fn, inputs, rtol=1e-5, atol=1e-7, extra=extra)
 
 
 def test_the_autocast_table_is_the_hand_written_one():
@@ -102,7 +118,8 @@ def test_each_declared_op_has_every_surface(decl):
         assert getattr(Node, name) is op, name
         assert callable(getattr(Tensor, name)), name
     if decl.autograd == "generated":
-        want = [p for p in inspect.signature(decl.forward).parameters.values() if p.name not in decl.hide]
+        hidden = (*decl.hide, "needs")  # needs: filled by the op
+        want = [p for p in inspect.signature(decl.forward).parameters.values() if p.name not in hidden]
         assert list(inspect.signature(op).parameters.values()) == want
         assert op.__name__ == decl.name and "def backward(g)" in declared.source(decl.name)
 
