@@ -1,9 +1,9 @@
-"""Reductions and softmax on Nodes, each with its backward rule beside it."""
+"""Reductions and softmax on Nodes: sum, mean, var, logsumexp, softmax and log_softmax are generated from
+their declarations in netcl.ops.reduce (netcl.autograd.declared); max and min (their dim= spelling returns
+PyTorch's (values, indices) pair) and std (sqrt of var) are written here."""
 
 from __future__ import annotations
 
-import builtins
-import math
 from typing import Any
 
 from netcl import ops
@@ -31,23 +31,11 @@ def _expand_back(g: Tensor, in_shape: tuple[int, ...], axes: tuple[int, ...]) ->
     return g.reshape(_keepdims_shape(in_shape, axes)).expand(in_shape)
 
 
-@torch_names
-def sum(x: Node, axis: Any = None, keepdims: bool = False) -> Node:  # noqa: A001
-    x = as_node(x)
-    xv = x.value
-    axes = _axes(axis, xv.ndim)
-    out = ops.sum(xv, axis=axis, keepdims=keepdims)
-    return record(out, (x,), lambda g: (_expand_back(g, xv.shape, axes),), "sum")
-
-
-@torch_names
-def mean(x: Node, axis: Any = None, keepdims: bool = False) -> Node:
-    x = as_node(x)
-    xv = x.value
-    axes = _axes(axis, xv.ndim)
-    count = math.prod(xv.shape[a] for a in axes) or 1
-    out = ops.mean(xv, axis=axis, keepdims=keepdims)
-    return record(out, (x,), lambda g: (_expand_back(ops.mul(g, 1.0 / count), xv.shape, axes),), "mean")
+# the generated ops (netcl.autograd.declared), under the names this module always had
+sum = OPS["sum"]  # noqa: A001
+mean = OPS["mean"]
+logsumexp = OPS["logsumexp"]
+var = OPS["var"]
 
 
 def _argmax_of_value(x: Any, axis: Any, keepdims: bool) -> Tensor:
@@ -85,41 +73,8 @@ def min(x: Node, axis: Any = None, keepdims: bool = False) -> Node:  # noqa: A00
     return _extremum("min", x, axis, keepdims)
 
 
-# the generated ops (netcl.autograd.declared), under the names this module always had
 softmax = OPS["softmax"]
 log_softmax = OPS["log_softmax"]
-
-
-@torch_names
-def logsumexp(x: Node, axis: Any = None, keepdims: bool = False) -> Node:
-    """d x = g exp(x - lse)."""
-    x = as_node(x)
-    xv = x.value
-    axes = _axes(axis, xv.ndim)
-    out = ops.logsumexp(xv, axis=axis, keepdims=keepdims)
-
-    def backward(g: Tensor):
-        lse = _expand_back(out, xv.shape, axes)
-        return (ops.mul(_expand_back(g, xv.shape, axes), ops.exp(ops.sub(xv, lse))),)
-
-    return record(out, (x,), backward, "logsumexp")
-
-
-@torch_names
-def var(x: Node, axis: Any = None, keepdims: bool = False, ddof: int = 0) -> Node:
-    """Variance / (n - ddof) (NumPy's default ddof=0); d x = 2 (x - mean) g / (n - ddof)."""
-    x = as_node(x)
-    xv = x.value
-    axes = _axes(axis, xv.ndim)
-    n = math.prod(xv.shape[a] for a in axes) or 1
-    out = ops.var(xv, axis=axis, keepdims=keepdims, ddof=ddof)
-
-    def backward(g: Tensor):
-        mu = ops.mean(xv, axis=axes, keepdims=True)
-        scale = 2.0 / builtins.max(n - ddof, 1)
-        return (ops.mul(ops.mul(ops.sub(xv, mu), scale), _expand_back(g, xv.shape, axes)),)
-
-    return record(out, (x,), backward, "var")
 
 
 @torch_names

@@ -292,3 +292,50 @@ def topk(x: Tensor, k: int, axis: int = -1) -> tuple[Tensor, Tensor]:
     if values.size:
         jreduce.run("topk", "max", expr, x.shape, (ax,), values, x.queue, out_idx=indices, topk_k=int(k))
     return values, indices
+
+
+# -- the reductions on Nodes (netcl.ops.declaration): each rule sees the gradient at the input's shape -------
+def _reduced_axes(axis: Any, ndim: int) -> tuple[int, ...]:
+    if axis is None:
+        return tuple(range(ndim))
+    if isinstance(axis, int):
+        axis = (axis,)
+    return tuple(sorted(a % ndim for a in axis))
+
+
+def _expand_back(g: Tensor, in_shape: tuple[int, ...], axes: tuple[int, ...]) -> Tensor:
+    """A reduced gradient seen at the input's shape (stride-0 view: no copy)."""
+    return g.reshape(tuple(1 if i in axes else s for i, s in enumerate(in_shape))).expand(in_shape)
+
+
+def _sum_backward(grad_out: Tensor, x_shape: tuple[int, ...], axis: Any) -> Tensor:
+    return _expand_back(grad_out, x_shape, _reduced_axes(axis, len(x_shape)))
+
+
+def _mean_backward(grad_out: Tensor, x_shape: tuple[int, ...], axis: Any) -> Tensor:
+    axes = _reduced_axes(axis, len(x_shape))
+    count = math.prod(x_shape[a] for a in axes) or 1
+    return _expand_back(_ew.mul(grad_out, 1.0 / count), x_shape, axes)
+
+
+def _logsumexp_backward(grad_out: Tensor, x: Tensor, out: Tensor, axis: Any) -> Tensor:
+    """d x = g exp(x - lse)."""
+    axes = _reduced_axes(axis, x.ndim)
+    lse = _expand_back(out, x.shape, axes)
+    return _ew.mul(_expand_back(grad_out, x.shape, axes), _ew.exp(_ew.sub(x, lse)))
+
+
+def _var_backward(grad_out: Tensor, x: Tensor, axis: Any, ddof: int) -> Tensor:
+    """d x = 2 (x - mean) g / (n - ddof)."""
+    axes = _reduced_axes(axis, x.ndim)
+    n = math.prod(x.shape[a] for a in axes) or 1
+    mu = mean(x, axis=axes, keepdims=True)
+    scale = 2.0 / builtins.max(n - ddof, 1)
+    return _ew.mul(_ew.mul(_ew.sub(x, mu), scale), _expand_back(grad_out, x.shape, axes))
+
+
+declare(OpDecl("sum", sum, _sum_backward, inputs=("x",), hide=("dtype",), methods=("sum",)))
+declare(OpDecl("mean", mean, _mean_backward, inputs=("x",), methods=("mean",)))
+declare(OpDecl("logsumexp", logsumexp, _logsumexp_backward, inputs=("x",), methods=("logsumexp",)))
+declare(OpDecl("var", var, _var_backward, inputs=("x",), methods=("var",),
+               doc="Variance / (n - ddof) (NumPy's default ddof=0); d x = 2 (x - mean) g / (n - ddof)."))

@@ -82,6 +82,10 @@ CASES = {
     "group_norm": (lambda x: ag.group_norm(x, 2), [rnd(2, 4, 3)]),
     "rms_norm": (lambda x, w: ag.rms_norm(x, (2, 3), w), [rnd(4, 2, 3), rnd(2, 3)]),
     "softmax": (lambda x: ag.softmax(x, dim=0), [rnd(3, 4)]),
+    "sum": (lambda x: x.sum(dim=(0, 2), keepdim=True), [rnd(2, 3, 4)]),
+    "mean": (lambda x: ag.mean(x, axis=1), [rnd(2, 3, 4)]),
+    "var": (lambda x: ag.var(x, axis=-1, ddof=1), [rnd(3, 5)]),
+    "logsumexp": (lambda x: x.logsumexp(), [rnd(3, 5)]),
     "log_softmax": (lambda x: x.log_softmax(1), [rnd(3, 4)]),
     "flash_attention": (lambda q, k, v: ag.flash_attention(q, k, v, causal=True), _attention_inputs()),
 }

@@ -349,21 +349,22 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, activation: st
 def _matmul_backward(grad_out: Tensor, a: Tensor, b: Tensor, needs: tuple[bool, ...]) -> tuple:
     """(g b^T, a^T g) of matmul, summed over broadcast batch axes; a 1-D operand as the GEMM sees it (a row
     for a, a column for b), its gradient reshaped back."""
-    a2 = a.reshape(1, a.shape[0]) if a.ndim == 1 else a
-    b2 = b.reshape(b.shape[0], 1) if b.ndim == 1 else b
+    a_row, b_column = len(a.shape) == 1, len(b.shape) == 1
+    a2 = a.reshape(1, a.shape[0]) if a_row else a
+    b2 = b.reshape(b.shape[0], 1) if b_column else b
     g = grad_out
-    if a.ndim == 1 or b.ndim == 1:  # the result's shape before the 1-D operands' axes were dropped
+    if a_row or b_column:  # the result's shape before the 1-D operands' axes were dropped
         shape = g.shape
-        if a.ndim == 1:
-            shape = shape + (1,) if b.ndim == 1 else shape[:-1] + (1,) + shape[-1:]
-        if b.ndim == 1:
+        if a_row:
+            shape = shape + (1,) if b_column else shape[:-1] + (1,) + shape[-1:]
+        if b_column:
             shape = shape + (1,)
         g = g.reshape(shape)
     ga = sum_to_shape(matmul(g, b2.transpose(-2, -1)), a2.shape) if needs[0] else None
     gb = sum_to_shape(matmul(a2.transpose(-2, -1), g), b2.shape) if needs[1] else None
-    if a.ndim == 1 and ga is not None:
+    if a_row and ga is not None:
         ga = ga.reshape(a.shape)
-    if b.ndim == 1 and gb is not None:
+    if b_column and gb is not None:
         gb = gb.reshape(b.shape)
     return ga, gb
 
