@@ -42,29 +42,38 @@ def linear(x: Node, weight: Node, bias: Node | None = None, activation: str | No
     """activation(x @ weight.T + bias), weight (out, in) like PyTorch; relu is fused into the GEMM.
 
     Backward: g_x = g W, g_W = g^T x (x flattened to 2-D), g_b = column sums of g."""
-    kernels.activation(activation)  # ValueError naming the choices (netcl.kernels.ACTIVATIONS)
-    x, weight, bias = autocast.cast_inputs("linear", x, weight, bias)
+    if activation is not None and activation != "relu":
+        kernels.activation(activation)  # ValueError naming the choices (netcl.kernels.ACTIVATIONS)
+    # as the generated ops do (netcl.autograd.declared): the autocast check an attribute read, no as_node call
+    # for what is a Node already
+    if getattr(autocast._state, "stack", None):
+        x, weight, bias = autocast.cast_inputs("linear", x, weight, bias)
     if activation not in (None, "none", "relu"):
         z = linear(x, weight, bias)
         if activation == "silu":
             return ew.silu(z)
         return ew.gelu(z, approximate="tanh" if activation == "gelu_tanh" else "none")
-    x, weight = as_node(x), as_node(weight)
-    bias = as_node(bias) if bias is not None else None
+    if not isinstance(x, Node):
+        x = as_node(x)
+    if not isinstance(weight, Node):
+        weight = as_node(weight)
+    if bias is not None and not isinstance(bias, Node):
+        bias = as_node(bias)
     xv, wv = x.value, weight.value
     bv = bias.value if bias is not None else None
     out = mm.linear(xv, wv, bv, activation=activation)
     parents = (x, weight) if bias is None else (x, weight, bias)
     in_features, out_features = wv.shape[1], wv.shape[0]
+    x_2d = len(xv.shape) == 2
 
-    x_relu_out = _RELU_OUT.get(x) if xv.ndim == 2 else None  # x made by a linear+relu: fold its mask
+    x_relu_out = _RELU_OUT.get(x) if x_2d else None  # x made by a linear+relu: fold its mask
 
     def backward(g: Tensor):
         if activation == "relu" and getattr(g, _MASKED_FOR, None) is not out:
             g = _relu_mask(g, out)
         # 2-D inputs (the common case) need no reshapes: each costs a view's construction per step
-        g2 = g if g.ndim == 2 else g.reshape(-1, out_features)
-        x2 = xv if xv.ndim == 2 else xv.reshape(-1, in_features)
+        g2 = g if x_2d else g.reshape(-1, out_features)
+        x2 = xv if x_2d else xv.reshape(-1, in_features)
         gx = None
         if x.requires_grad and x_relu_out is not None:
             gx, masked = mm.matmul_relu_mask(g2, wv, x_relu_out)
@@ -72,7 +81,7 @@ def linear(x: Node, weight: Node, bias: Node | None = None, activation: str | No
                 setattr(gx, _MASKED_FOR, x_relu_out)
         elif x.requires_grad:
             gx = mm.matmul(g2, wv)
-            gx = gx if xv.ndim == 2 else gx.reshape(xv.shape)
+            gx = gx if x_2d else gx.reshape(xv.shape)
         gw = gb = None
         want_b = bias is not None and bias.requires_grad
         if weight.requires_grad and want_b:
