@@ -56,8 +56,14 @@ def _labels(queue):
     return (Tensor.from_host(queue, np.array([2, 0, 3, -100, 1], np.int32)),)
 
 
+def _rope_tables(queue):
+    return ops.rope_tables(queue, 8, 4, dtype=np.float64)
+
+
 # op -> (function of Nodes, float64 inputs[, constants made on the queue]): a finite-difference check of each
 CASES = {
+    "rope": (lambda x, cos, sin: ag.rope(ag.permute(x, (0, 2, 1, 3)), cos, sin, pairing="interleaved"),
+             [rnd(1, 5, 2, 4)], _rope_tables),
     "embedding": (lambda w, ids: ag.embedding(w, ids), [rnd(4, 3)],
                   lambda q: (Tensor.from_host(q, np.array([[1, 3, 1], [0, 3, 3]], np.int64)),)),
     "cross_entropy": (lambda x, y: ag.cross_entropy(x, y, label_smoothing=0.1), [rnd(5, 4)], _labels),
