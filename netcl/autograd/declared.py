@@ -46,6 +46,15 @@ def _pick(grads: Any, keep: tuple[int, ...]) -> tuple:
     return tuple(map(grads.__getitem__, keep))
 
 
+def _on_values(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`fn` (a function of Tensors: argmax) taking a Node as its Tensor."""
+
+    def on_value(x: Any, *args: Any) -> Any:
+        return fn(x.value if isinstance(x, Node) else x, *args)
+
+    return on_value
+
+
 def _optional(p: inspect.Parameter) -> bool:
     """An input that may be None: its default is None, or its annotation says so (batch_norm's weight)."""
     return p.default is None or "None" in str(p.annotation)
@@ -170,7 +179,10 @@ def _generate(decl: OpDecl) -> Callable[..., Any]:
                  f"{decl.forward.__module__}."
     _SOURCES[decl.name] = source
     if getattr(decl.forward, "torch_names", False):  # the forward takes dim=/keepdim=: so does the op
-        fn = torch_names(fn)
+        indices = decl.forward.torch_names_indices  # max(x, dim=d): (values, indices), the indices a Tensor
+        if indices is not None:
+            env[indices] = _on_values(inspect.unwrap(decl.forward).__globals__[indices])
+        fn = torch_names(fn, indices=indices)
     return fn
 
 

@@ -39,7 +39,7 @@ ELEMENTWISE_METHODS = (
     "erf", "sigmoid", "relu", "silu", "softplus", "gelu", "leaky_relu", "neg", "abs", "sign", "floor", "ceil",
     "round", "trunc", "clamp", "pow", "cast",
 )
-REDUCE_METHODS = ("max", "min", "std")  # sum, mean, var, logsumexp: declared (netcl.ops.reduce)
+REDUCE_METHODS = ("std",)  # sum, mean, max, min, var, logsumexp: declared (netcl.ops.reduce)
 METHOD_ALIASES = {"astype": "cast"}  # NumPy's name beside netcl's
 # Tensor's alone: results no gradient flows through (indices, truth values) or reductions autograd has no
 # rule for yet

@@ -334,6 +334,17 @@ def _var_backward(grad_out: Tensor, x: Tensor, axis: Any, ddof: int) -> Tensor:
     return _ew.mul(_ew.mul(_ew.sub(x, mu), scale), _expand_back(grad_out, x.shape, axes))
 
 
+def _extremum_backward(grad_out: Tensor, x: Tensor, out: Tensor, axis: Any) -> Tensor:
+    """The gradient split evenly among the elements equal to the extremum."""
+    axes = _reduced_axes(axis, x.ndim)
+    hit = _ew.eq(x, _expand_back(out, x.shape, axes))
+    ties = sum(_ew.cast(hit, x.dtype), axis=tuple(axes), keepdims=True)
+    share = _ew.div(grad_out.reshape(tuple(1 if i in axes else s for i, s in enumerate(x.shape))), ties)
+    return _ew.where(hit, share, 0.0)
+
+
+declare(OpDecl("max", max, _extremum_backward, inputs=("x",), methods=("max",)))
+declare(OpDecl("min", min, _extremum_backward, inputs=("x",), methods=("min",)))
 declare(OpDecl("sum", sum, _sum_backward, inputs=("x",), hide=("dtype",), methods=("sum",)))
 declare(OpDecl("mean", mean, _mean_backward, inputs=("x",), methods=("mean",)))
 declare(OpDecl("logsumexp", logsumexp, _logsumexp_backward, inputs=("x",), methods=("logsumexp",)))

@@ -89,6 +89,8 @@ CASES = {
     "rms_norm": (lambda x, w: ag.rms_norm(x, (2, 3), w), [rnd(4, 2, 3), rnd(2, 3)]),
     "softmax": (lambda x: ag.softmax(x, dim=0), [rnd(3, 4)]),
     "sum": (lambda x: x.sum(dim=(0, 2), keepdim=True), [rnd(2, 3, 4)]),
+    "max": (lambda x: x.max(dim=1).values, [R.permutation(12).reshape(3, 4) / 4.0]),
+    "min": (lambda x: ag.min(x, axis=(0, 1)), [R.permutation(12).reshape(3, 4) / 4.0]),
     "mean": (lambda x: ag.mean(x, axis=1), [rnd(2, 3, 4)]),
     "var": (lambda x: ag.var(x, axis=-1, ddof=1), [rnd(3, 5)]),
     "logsumexp": (lambda x: x.logsumexp(), [rnd(3, 5)]),
