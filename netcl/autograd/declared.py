@@ -16,8 +16,9 @@ For `OpDecl("layer_norm", forward=norm.layer_norm, backward=norm.layer_norm_back
         return _record(out, parents, backward, "layer_norm")
 
 Generated source, not a generic wrapper: the op has the forward's own signature (help() and errors read
-as the forward's), binds no arguments per call and enters no Python function the hand-written rules did
-not (it enters fewer: no as_node or cast_inputs call for what is already a Node outside autocast). The
+as the forward's) and binds no arguments per call; forward and backward together enter no more Python
+functions than the hand-written rules did (no as_node or cast_inputs call for what is already a Node
+outside autocast; a rule the hand-written closure inlined is one frame deeper: bench/NOTES.md). The
 `backward` closure names the launches of the rule in the profiler (`layer_norm.backward`).
 
 Ops whose rule needs the graph itself (linear folds its producer's relu into its input gradient) are
@@ -55,6 +56,17 @@ def _on_values(fn: Callable[..., Any]) -> Callable[..., Any]:
     return on_value
 
 
+def _on_nodes(p: inspect.Parameter, decl: OpDecl) -> inspect.Parameter:
+    """The forward's parameter as the op takes it: an input a Node (a Tensor is wrapped), a constant a Node
+    or what the forward takes."""
+    ann = "" if p.annotation is p.empty else str(p.annotation)
+    if p.name in decl.inputs:
+        return p.replace(annotation=ann.replace("Tensor", "Node") if "Tensor" in ann else "Node")
+    if p.name in decl.constants:
+        return p.replace(annotation=f"Node | {ann}" if ann else "Any")
+    return p
+
+
 def _optional(p: inspect.Parameter) -> bool:
     """An input that may be None: its default is None, or its annotation says so (batch_norm's weight)."""
     return p.default is None or "None" in str(p.annotation)
@@ -73,9 +85,12 @@ def _source(decl: OpDecl) -> tuple[str, dict[str, Any]]:
         if p.kind == p.KEYWORD_ONLY and not seen_kwonly:
             head.append("*")
             seen_kwonly = True
-        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
-            raise ValueError(f"OpDecl {decl.name!r}: the forward may not take *args or **kwargs ({n})")
-        if p.default is p.empty:
+        if p.kind == p.VAR_KEYWORD:
+            raise ValueError(f"OpDecl {decl.name!r}: the forward may not take **kwargs ({n})")
+        if p.kind == p.VAR_POSITIONAL:  # reshape(x, *shape)
+            head.append(f"*{n}")
+            seen_kwonly = True
+        elif p.default is p.empty:
             head.append(n)
         else:
             env[f"_d{i}"] = p.default
@@ -108,6 +123,9 @@ def _source(decl: OpDecl) -> tuple[str, dict[str, Any]]:
             by_name = True
             continue
         by_name = by_name or p.kind == p.KEYWORD_ONLY
+        if p.kind == p.VAR_POSITIONAL:
+            args.append(f"*{n}")
+            continue
         args.append(f"{n}={value[n]}" if by_name else value[n])
     wants_needs = "needs" in decl.parameters() or "needs" in decl.backward_arguments()
     if wants_needs:  # whether each input gets a gradient: a tape records and it requires one
@@ -170,10 +188,9 @@ def _generate(decl: OpDecl) -> Callable[..., Any]:
     fn = env[decl.name]
     fn.__module__ = __name__
     fn.__qualname__ = decl.name
-    signature = inspect.signature(decl.forward)
     hidden = (*decl.hide, "needs")
-    kept = [p for p in signature.parameters.values() if p.name not in hidden]
-    fn.__signature__ = signature.replace(parameters=kept, return_annotation="Node")
+    kept = [_on_nodes(p, decl) for p in decl.parameters().values() if p.name not in hidden]
+    fn.__signature__ = inspect.Signature(kept, return_annotation="Node")
     summary = (decl.doc or decl.forward.__doc__ or f"{decl.name}.").strip()
     fn.__doc__ = f"{summary}\n\nOn Nodes: differentiable ({', '.join(decl.inputs)}), declared in " \
                  f"{decl.forward.__module__}."

@@ -43,15 +43,16 @@ class OpDecl:
     name: the op's name: the differentiable op in netcl.autograd, its autocast key, its node's label.
     forward: the launcher on Tensors. backward: the rule on Tensors; None for an op whose differentiable
     form netcl.autograd writes by hand on Nodes (`autograd="manual"`) or that has no gradient.
-    inputs: the differentiable Tensor parameters, in the order of the node's parents (a parameter whose
-    default is None is optional). constants: parameters that may be Nodes but get no gradient (their
+    inputs: the differentiable Tensor parameters, in the order of the node's parents (one whose default
+    or annotation is None is optional). constants: parameters that may be Nodes but get no gradient (their
     values are passed). saves: names of the forward's extra results. hide: forward parameters the
     differentiable op does not take (their defaults are used).
     autocast: None (the op follows its inputs), "half" (floating inputs in the autocast dtype where
     `half_dtypes` lists it, else float32) or "float32" (half inputs widened); cast: the inputs cast
     (default: all of `inputs`).
-    methods: names under which the op is a method of Tensor (the forward) and of Node (the differentiable
-    op). functional: its names in netcl.nn.functional (the differentiable op).
+    methods: names under which the op is a method of Tensor (the forward; a Tensor method given as the
+    forward is left as it is) and of Node (the differentiable op). functional: its names in
+    netcl.nn.functional (the differentiable op).
     autograd: "generated" (made from forward and backward), "manual" (netcl.autograd defines it by this
     name) or "none" (no differentiable op: methods are Tensor's alone).
     """
@@ -129,8 +130,12 @@ class OpDecl:
         return tuple(bound)
 
     def parameters(self) -> dict[str, inspect.Parameter]:
-        """The forward's parameters (a torch_names wrapper's: the function it wraps)."""
-        return dict(inspect.signature(self.forward).parameters)
+        """The forward's parameters (a torch_names wrapper's: the function it wraps; a Tensor method's `self`
+        is the op's `x`)."""
+        params = list(inspect.signature(self.forward).parameters.values())
+        if params and params[0].name == "self":
+            params[0] = params[0].replace(name="x")
+        return {p.name: p for p in params}
 
     def cast_inputs(self) -> tuple[str, ...]:
         """The inputs autocast casts (none without an autocast rule)."""

@@ -563,6 +563,47 @@ def repeat(x: Tensor, *reps: Any) -> Tensor:
     return out.reshape(*(r * s for r, s in zip(reps, xs.shape)))
 
 
+# -- the view ops on Nodes (netcl.ops.declaration): their forwards are Tensor's own methods ------------------
+def _reshape_backward(grad_out: Tensor, x_shape: tuple[int, ...]) -> Tensor:
+    return grad_out.reshape(x_shape)
+
+
+def _permute_backward(grad_out: Tensor, dims: tuple[Any, ...]) -> Tensor:
+    axes = tuple(dims[0]) if len(dims) == 1 and not isinstance(dims[0], int) else tuple(dims)
+    inverse = [0] * len(axes)
+    for i, a in enumerate(axes):
+        inverse[a % grad_out.ndim] = i
+    return grad_out.permute(inverse)
+
+
+def _transpose_backward(grad_out: Tensor, dim0: int, dim1: int) -> Tensor:
+    return grad_out.transpose(dim0, dim1)
+
+
+def _expand_backward(grad_out: Tensor, x_shape: tuple[int, ...]) -> Tensor:
+    return _reduce.sum_to_shape(grad_out, x_shape)
+
+
+def _getitem_backward(grad_out: Tensor, x_shape: tuple[int, ...], index: Any) -> Tensor:
+    """The gradient scattered into zeros of the input's shape."""
+    full = Tensor.zeros(grad_out.queue, x_shape, grad_out.dtype)
+    setitem(full, index, grad_out)
+    return full
+
+
+for _decl in (
+    OpDecl("reshape", Tensor.reshape, _reshape_backward, inputs=("x",), methods=("reshape",)),
+    OpDecl("permute", Tensor.permute, _permute_backward, inputs=("x",), methods=("permute",)),
+    OpDecl("transpose", Tensor.transpose, _transpose_backward, inputs=("x",), methods=("transpose",)),
+    OpDecl("squeeze", Tensor.squeeze, _reshape_backward, inputs=("x",), methods=("squeeze",)),
+    OpDecl("unsqueeze", Tensor.unsqueeze, _reshape_backward, inputs=("x",), methods=("unsqueeze",)),
+    OpDecl("expand", Tensor.expand, _expand_backward, inputs=("x",), methods=("expand",)),
+    OpDecl("getitem", Tensor.__getitem__, _getitem_backward, inputs=("x",),
+           doc="Basic indexing (a view); the gradient is scattered into zeros of the input's shape."),
+):
+    declare(_decl)
+
+
 # the op on Nodes, made from these (netcl.ops.declaration): the ids are a constant (no gradient)
 declare(OpDecl("embedding", embedding, _embedding_backward, inputs=("weight",), constants=("ids",),
                functional=("embedding",),

@@ -87,14 +87,20 @@ def declared_methods() -> tuple[str, ...]:
     return tuple(m for decl in declaration.declared() for m in decl.methods)
 
 
+_installed: set[str] = set()  # the method names installed here (a view op's forward is Tensor's own method)
+
+
 def _install_declared(decl: declaration.OpDecl) -> None:
     for name in decl.methods:
-        setattr(Tensor, name, _method(decl.forward))
+        if getattr(Tensor, name, None) is not decl.forward:
+            setattr(Tensor, name, _method(decl.forward))
+            _installed.add(name)
 
 
 def _remove_declared(decl: declaration.OpDecl) -> None:
     for name in decl.methods:
-        if name in vars(Tensor):
+        if name in _installed:
+            _installed.discard(name)
             delattr(Tensor, name)
 
 

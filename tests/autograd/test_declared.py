@@ -62,6 +62,14 @@ def _rope_tables(queue):
 
 # op -> (function of Nodes, float64 inputs[, constants made on the queue]): a finite-difference check of each
 CASES = {
+    "reshape": (lambda x: ag.reshape(x, 6, -1) * x.reshape((4, 6)).transpose(0, 1), [rnd(2, 3, 4)]),
+    "permute": (lambda x: ag.permute(x, (2, 0, 1)) * x.permute(2, 0, 1), [rnd(2, 3, 4)]),
+    "transpose": (lambda x: ag.transpose(x) * x.transpose(0, -1).transpose(0, 2).transpose(1, 2),
+                  [rnd(2, 3, 4)]),
+    "squeeze": (lambda x: ag.squeeze(x, 1), [rnd(3, 1, 4)]),
+    "unsqueeze": (lambda x: x.unsqueeze(0) * 2.0, [rnd(3, 4)]),
+    "expand": (lambda x: ag.expand(x, 2, 3, 4), [rnd(3, 1)]),
+    "getitem": (lambda x: x[1:, ::2] * x[0, ::2], [rnd(3, 5)]),
     "rope": (lambda x, cos, sin: ag.rope(ag.permute(x, (0, 2, 1, 3)), cos, sin, pairing="interleaved"),
              [rnd(1, 5, 2, 4)], _rope_tables),
     "embedding": (lambda w, ids: ag.embedding(w, ids), [rnd(4, 3)],
@@ -131,8 +139,10 @@ def test_each_declared_op_has_every_surface(decl):
         assert callable(getattr(Tensor, name)), name
     if decl.autograd == "generated":
         hidden = (*decl.hide, "needs")  # needs: filled by the op
-        want = [p for p in inspect.signature(decl.forward).parameters.values() if p.name not in hidden]
-        assert list(inspect.signature(op).parameters.values()) == want
+        want = [(p.name, p.kind, p.default) for p in decl.parameters().values() if p.name not in hidden]
+        got = inspect.signature(op).parameters.values()
+        assert [(p.name, p.kind, p.default) for p in got] == want  # a method's self: x
+        assert all("Node" in str(p.annotation) for p in got if p.name in decl.inputs)
         assert op.__name__ == decl.name and "def backward(g)" in declared.source(decl.name)
 
 
