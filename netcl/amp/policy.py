@@ -1,4 +1,5 @@
-"""The autocast policy: one table of what each op does under netcl.amp.autocast.
+"""The autocast policy: one table of what each op does under netcl.amp.autocast, made from the ops'
+declarations (netcl.ops.declaration: `OpDecl(..., autocast="half")` beside each op's forward).
 
 Rules (netcl.autograd.autocast.Rule): "half" ops take their floating inputs in the autocast dtype where
 their kernels have a path for it (the listed dtypes), else as "float32" ops: half inputs widened to float32
@@ -7,40 +8,21 @@ the table follow their inputs: elementwise ops compute in float32 and store in t
 reductions accumulate in float32; losses take half logits as they are and return a float32 loss
 (netcl.ops.loss).
 
-An op whose half path lands opts in with one call, `allow("conv2d", "float16", "bfloat16")`, or by its row
-below; the op's autograd function already calls autocast.cast_inputs with its name.
+Declared (see each declaration for why): the GEMMs (matmul, linear, linear_residual: float16 everywhere,
+bfloat16 on matrix units or through float32 products rounded once), conv2d, flash_attention, the norms
+(batch_norm casts only x: its weight, bias and statistics stay float32) in half; softmax and log_softmax
+in float32. An op whose half path lands opts in by its declaration, or with one call,
+`allow("conv2d", "float16", "bfloat16")`; the op's autograd function casts its inputs by its name.
 """
 
 from __future__ import annotations
 
 from netcl.autograd.autocast import POLICY, Rule
+from netcl.ops import declaration
+from netcl.ops.declaration import HALF_DTYPES, OpDecl
 
-HALF_DTYPES = ("float16", "bfloat16")
-
-# op -> (rule, the half dtypes its kernels take)
-TABLE: dict[str, tuple[str, tuple[str, ...]]] = {
-    # the GEMMs: float16 (IS_HALF) everywhere; bfloat16 on matrix units (gemm_mma.cl), elsewhere through
-    # float32 products rounded once (netcl.ops.gemm)
-    "matmul": ("half", ("float16", "bfloat16")),
-    "linear": ("half", ("float16", "bfloat16")),
-    # im2col, direct and Winograd kernels and the GEMM on half storage (float32 arithmetic)
-    "conv2d": ("half", ("float16", "bfloat16")),
-    # flash attention: float16 and bfloat16 storage, float32 softmax statistics and accumulators
-    "flash_attention": ("half", ("float16", "bfloat16")),
-    "softmax": ("float32", ()),
-    "log_softmax": ("float32", ()),
-    # batch norm: half x and y, float32 weight, bias and statistics (only x is cast)
-    "batch_norm": ("half", ("float16", "bfloat16")),
-    # row norms: half storage in and out, float32 arithmetic and statistics (norm.cl)
-    "layer_norm": ("half", ("float16", "bfloat16")),
-    "group_norm": ("half", ("float16", "bfloat16")),
-    "rms_norm": ("half", ("float16", "bfloat16")),
-    # the transformer's linear with its residual added in the GEMM epilogue: product and residual in half,
-    # so the residual stream is stored half (PyTorch keeps it float32 by type promotion; here every node's
-    # value lives until backward, so a float32 stream would be held beside the half copies the norms read:
-    # 0.70x float32's activation memory instead of 0.5x on the GPT of bench/amp.py)
-    "linear_residual": ("half", ("float16", "bfloat16")),
-}
+# op -> (rule, the half dtypes its kernels take), one row per declaration with an autocast rule
+TABLE: dict[str, tuple[str, tuple[str, ...]]] = {}
 
 
 def allow(op: str, *dtype_names: str) -> None:
@@ -61,5 +43,16 @@ def _install(op: str) -> None:
     POLICY[op] = Rule(rule, frozenset(names))
 
 
-for _op in TABLE:
-    _install(_op)
+def _declared(decl: OpDecl) -> None:
+    if decl.autocast is not None:
+        TABLE[decl.name] = (decl.autocast, decl.half_dtypes if decl.autocast == "half" else ())
+        _install(decl.name)
+
+
+def _withdrawn(decl: OpDecl) -> None:
+    if decl.autocast is not None:
+        TABLE.pop(decl.name, None)
+        POLICY.pop(decl.name, None)
+
+
+declaration.subscribe(_declared, _withdrawn)

@@ -7,12 +7,15 @@
     tape.backward(loss)
 
 Every elementwise function of netcl.ops is an op here, its derivative from netcl.jit.autodiff's table
-(elementwise.py); the other ops have their backward rule beside their forward (reduce.py, movement.py,
-nnops.py, loss.py), calling the backward kernels of netcl.ops. Reduced losses are Tensors of shape (1,).
+(elementwise.py); every op declared in netcl.ops (netcl.ops.declaration: matmul, conv2d, pooling, norms,
+softmax, attention, ...) is an op here generated from its declaration (declared.py); the others have their
+backward rule beside their forward (reduce.py, movement.py, nnops.py, loss.py), calling the backward kernels
+of netcl.ops. Reduced losses are Tensors of shape (1,).
 """
 
 from netcl.autograd import (
     attention,
+    declared,
     elementwise,
     engine,
     loss,
@@ -31,10 +34,28 @@ from netcl.autograd.nnops import *  # noqa: F403
 from netcl.autograd.reduce import *  # noqa: F403
 from netcl.autograd.transformer import *  # noqa: F403
 from netcl.core import launch_labels
+from netcl.ops import declaration
 
 operators.install()
 
 __all__ = [name for module in (engine, attention, elementwise, loss, movement, nnops, reduce, transformer)
            for name in module.__all__]
+
+
+def _export(decl: declaration.OpDecl) -> None:
+    """Each declared op is `netcl.autograd.<name>` (a new declaration too: nothing to add here)."""
+    if decl.name in declared.OPS:
+        globals()[decl.name] = declared.OPS[decl.name]
+        if decl.name not in __all__:
+            __all__.append(decl.name)
+
+
+def _unexport(decl: declaration.OpDecl) -> None:
+    if decl.name in __all__ and globals().get(decl.name) is not None:
+        __all__.remove(decl.name)
+        del globals()[decl.name]
+
+
+declaration.subscribe(_export, _unexport)
 
 launch_labels.names_ops(__name__)  # netcl.profiling: a backward rule names its launches (conv2d.backward)

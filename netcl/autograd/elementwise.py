@@ -28,25 +28,13 @@ from netcl.core.tensor import Tensor, contiguous_strides
 from netcl.jit import autodiff, ir, lazy
 from netcl.jit.fuse import substitute
 from netcl.ops import elementwise as ops_elementwise
+from netcl.ops.reduce import sum_to_shape
 
 Operand = Any  # a Node, a Tensor (a constant) or a Python number
 
 
 def _value(x: Operand) -> Any:
     return x.value if isinstance(x, Node) else x
-
-
-def sum_to_shape(g: Tensor, shape: tuple[int, ...]) -> Tensor:
-    """Sum a broadcast gradient back to `shape` (leading axes and axes where shape has 1)."""
-    if g.shape == shape:
-        return g
-    lead = g.ndim - len(shape)
-    axes = tuple(range(lead)) + tuple(
-        lead + i for i, s in enumerate(shape) if s == 1 and g.shape[lead + i] != 1
-    )
-    if not axes:
-        return g.reshape(shape)
-    return ops.sum(g, axis=axes, keepdims=False).reshape(shape)
 
 
 # -- the traced derivative of one function and signature --------------------------------------------

@@ -1,23 +1,28 @@
-"""Shape and indexing ops on Nodes (views where possible), each with its backward rule beside it."""
+"""Shape and indexing ops on Nodes (views where possible): reshape, permute, transpose, squeeze, unsqueeze,
+expand and getitem are generated from their declarations in netcl.ops.movement; contiguous, concat, stack and
+the composites (flatten, split, chunk) are written here with their backward rules."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from netcl import ops
-from netcl.autograd.elementwise import sum_to_shape
+from netcl.autograd.declared import OPS
 from netcl.autograd.engine import Node, as_node, record
 from netcl.core.tensor import Tensor
 
-
-def reshape(x: Node, *shape: Any) -> Node:
-    x = as_node(x)
-    in_shape = x.shape
-    out = x.value.reshape(*shape)
-    return record(out, (x,), lambda g: (g.reshape(in_shape),), "reshape")
-
-
+# the view ops generated from their declarations in netcl.ops.movement (netcl.autograd.declared)
+reshape = OPS["reshape"]
 view = reshape
+permute = OPS["permute"]
+transpose = OPS["transpose"]
+squeeze = OPS["squeeze"]
+unsqueeze = OPS["unsqueeze"]
+expand = OPS["expand"]
+getitem = OPS["getitem"]
+
+
+def contiguous(x: Node) -> Node:
+    x = as_node(x)
+    return record(x.value.contiguous(), (x,), lambda g: (g,), "contiguous")
 
 
 def flatten(x: Node, start_dim: int = 1, end_dim: int = -1) -> Node:
@@ -28,60 +33,6 @@ def flatten(x: Node, start_dim: int = 1, end_dim: int = -1) -> Node:
     for d in shape[s : e + 1]:
         merged *= d
     return reshape(x, shape[:s] + (merged,) + shape[e + 1 :])
-
-
-def permute(x: Node, *dims: Any) -> Node:
-    x = as_node(x)
-    out = x.value.permute(*dims)
-    axes = tuple(dims[0]) if len(dims) == 1 and not isinstance(dims[0], int) else tuple(dims)
-    axes = tuple(a % x.ndim for a in axes)
-    inverse = [0] * len(axes)
-    for i, a in enumerate(axes):
-        inverse[a] = i
-    return record(out, (x,), lambda g: (g.permute(inverse),), "permute")
-
-
-def transpose(x: Node, dim0: int = -2, dim1: int = -1) -> Node:
-    x = as_node(x)
-    out = x.value.transpose(dim0, dim1)
-    return record(out, (x,), lambda g: (g.transpose(dim0, dim1),), "transpose")
-
-
-def squeeze(x: Node, axis: int | None = None) -> Node:
-    x = as_node(x)
-    in_shape = x.shape
-    return record(x.value.squeeze(axis), (x,), lambda g: (g.reshape(in_shape),), "squeeze")
-
-
-def unsqueeze(x: Node, axis: int) -> Node:
-    x = as_node(x)
-    in_shape = x.shape
-    return record(x.value.unsqueeze(axis), (x,), lambda g: (g.reshape(in_shape),), "unsqueeze")
-
-
-def expand(x: Node, *shape: Any) -> Node:
-    x = as_node(x)
-    in_shape = x.shape
-    return record(x.value.expand(*shape), (x,), lambda g: (sum_to_shape(g, in_shape),), "expand")
-
-
-def contiguous(x: Node) -> Node:
-    x = as_node(x)
-    return record(x.value.contiguous(), (x,), lambda g: (g,), "contiguous")
-
-
-def getitem(x: Node, index: Any) -> Node:
-    """Basic indexing (a view); the gradient is scattered into zeros of the input's shape."""
-    x = as_node(x)
-    xv = x.value
-    out = xv[index]
-
-    def backward(g: Tensor):
-        full = Tensor.zeros(xv.queue, xv.shape, g.dtype)
-        ops.setitem(full, index, g)
-        return (full,)
-
-    return record(out, (x,), backward, "getitem")
 
 
 def concat(xs: list[Node], axis: int = 0) -> Node:

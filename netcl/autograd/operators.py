@@ -55,7 +55,8 @@ def install() -> None:
     N.__gt__ = lambda s, o: ew.gt(s, o)
     N.__ge__ = lambda s, o: ew.ge(s, o)
     N.__getitem__ = lambda s, idx: mv.getitem(s, idx)
-    # the math methods Tensor has too, from the one list netcl.ops.operators declares
+    # the math methods Tensor has too, from the one list netcl.ops.operators declares (a declared op's
+    # methods, matmul, softmax, ..., are set by netcl.autograd.declared as it makes the op)
     for name in ELEMENTWISE_METHODS:
         setattr(N, name, getattr(ew, name))
     for name in REDUCE_METHODS:
@@ -77,7 +78,6 @@ def install() -> None:
         "chunk",
     ):
         setattr(N, name, getattr(mv, name))
-    N.matmul = nnops.matmul
     N.T = property(lambda s: mv.permute(s, tuple(reversed(range(s.ndim)))))
     # the lambdas above only forward: the profiler labels launches with the ops they call ("add", "matmul")
     for value in vars(N).values():

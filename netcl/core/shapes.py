@@ -199,6 +199,9 @@ def torch_names(fn: F | None = None, *, indices: str | None = None) -> Any:
             found = fn.__globals__[indices](next(iter(given.values())), given["axis"], given["keepdims"])
             return ValuesIndices(out, found)
 
+        # what netcl.autograd.declared looks for: the op it makes of fn takes these names too
+        reduction.torch_names = True  # type: ignore[attr-defined]
+        reduction.torch_names_indices = indices  # type: ignore[attr-defined]
         return launch_labels.transparent(reduction)  # type: ignore[return-value]
 
     return decorate if fn is None else decorate(fn)

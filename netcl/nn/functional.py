@@ -1,70 +1,52 @@
 """Stateless functions on Nodes (`import netcl.nn.functional as F`): activations, layers' ops, losses.
 
-They are the differentiable ops of netcl.autograd under PyTorch's functional names.
+They are the differentiable ops of netcl.autograd under PyTorch's functional names: the declared ops
+(netcl.ops.declaration: conv2d, linear, the pooling ops, the norms, softmax, log_softmax, embedding,
+the losses) under the names their declarations give (`functional=`), added here as each is declared; the
+others below.
 """
 
+import sys
+
 from netcl.autograd import (
-    adaptive_avg_pool2d,
-    avg_pool2d,
-    batch_norm,
-    binary_cross_entropy_with_logits,
-    conv2d,
-    cross_entropy,
+    declared,
     dropout,
-    embedding,
     gelu,
-    group_norm,
-    l1,
-    l1_loss,
-    layer_norm,
     leaky_relu,
-    linear,
-    log_softmax,
-    max_pool2d,
-    mse,
-    mse_loss,
-    nll,
-    nll_loss,
     relu,
-    rms_norm,
     sigmoid,
     silu,
-    smooth_l1,
-    smooth_l1_loss,
-    softmax,
     softplus,
     tanh,
 )
+from netcl.ops import declaration
 
 __all__ = [
-    "adaptive_avg_pool2d",
-    "avg_pool2d",
-    "batch_norm",
-    "binary_cross_entropy_with_logits",
-    "conv2d",
-    "cross_entropy",
     "dropout",
-    "embedding",
     "gelu",
-    "group_norm",
-    "l1",
-    "l1_loss",
-    "layer_norm",
     "leaky_relu",
-    "linear",
-    "log_softmax",
-    "max_pool2d",
-    "mse",
-    "mse_loss",
-    "nll",
-    "nll_loss",
     "relu",
-    "rms_norm",
     "sigmoid",
     "silu",
-    "smooth_l1",
-    "smooth_l1_loss",
-    "softmax",
     "softplus",
     "tanh",
 ]
+
+
+def _add(decl: declaration.OpDecl) -> None:
+    module = sys.modules[__name__]
+    for name in decl.functional:
+        setattr(module, name, declared.OPS[decl.name])
+        if name not in __all__:
+            __all__.append(name)
+
+
+def _remove(decl: declaration.OpDecl) -> None:
+    module = sys.modules[__name__]
+    for name in decl.functional:
+        if name in __all__:
+            __all__.remove(name)
+            delattr(module, name)
+
+
+declaration.subscribe(_add, _remove)

@@ -6,7 +6,7 @@ numbers: netcl.ops.operators, netcl.ops.copy, netcl.ops.random); `import netcl` 
 """
 # ruff: noqa: F401  (this module exists to re-export)
 from netcl.core import launch_labels
-from netcl.ops import copy, operators, random
+from netcl.ops import copy, loss, operators, random  # (loss: its declarations, netcl.ops.declaration)
 from netcl.ops.attention import *  # noqa: F403
 from netcl.ops.conv import *  # noqa: F403
 from netcl.ops.determinism import *  # noqa: F403

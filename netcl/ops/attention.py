@@ -49,6 +49,7 @@ from netcl import kernels
 from netcl.core import capture, dtypes
 from netcl.core.tensor import Tensor, check_same_queue
 from netcl.errors import DTypeError, KernelBuildError, ShapeError
+from netcl.ops.declaration import OpDecl, declare
 from netcl.ops.determinism import get_deterministic
 from netcl.ops.elementwise import cast
 from netcl.ops.gemm.variants import matrix_units
@@ -862,3 +863,31 @@ def attention_dropout_mask(queue: Any, draw: DropoutDraw, shape: tuple[int, int,
             **draw.args(),
         )
     return keep
+
+
+# -- the op on Nodes (netcl.ops.declaration): the forward keeps out, the log-sum-exp and dropout's draw ------
+def _flash_attention_saving(
+    q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, scale: float | None = None,
+    mask: Tensor | None = None, dropout_p: float = 0.0, generator: Generator | None = None,
+    kv_len: Tensor | None = None,
+) -> tuple[Tensor, Tensor, DropoutDraw | None]:
+    """softmax(q k^T * scale + mask) v on (B, Hq, Sq, D) queries and (B, Hkv, Sk, D) keys and values, as
+    netcl.ops.flash_attention (its docstring has the options); gradients for whichever of q, k, v require
+    them (the mask and kv_len are constants)."""
+    draw = DropoutDraw(generator) if dropout_p and dropout_p > 0 else None
+    out, lse = flash_attention_forward(q, k, v, causal=causal, scale=scale, mask=mask, dropout_p=dropout_p,
+                                       kv_len=kv_len, dropout_draw=draw)
+    return out, lse, draw
+
+
+def _flash_attention_grads(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                           draw: DropoutDraw | None, causal: bool, scale: float | None, mask: Tensor | None,
+                           dropout_p: float, kv_len: Tensor | None, needs: tuple[bool, ...]) -> tuple:
+    dq, dk, dv = flash_attention_backward(q, k, v, out, lse, grad_out, causal=causal, scale=scale, mask=mask,
+                                          dropout_p=dropout_p, kv_len=kv_len, dropout_draw=draw,
+                                          need_dq=needs[0], need_dkv=needs[1] or needs[2])
+    return dq, (dk if needs[1] else None), (dv if needs[2] else None)
+
+
+declare(OpDecl("flash_attention", _flash_attention_saving, _flash_attention_grads, inputs=("q", "k", "v"),
+               constants=("mask", "kv_len"), saves=("lse", "draw"), autocast="half"))

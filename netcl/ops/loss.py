@@ -22,6 +22,7 @@ from netcl.core import capture, dtypes
 from netcl.core.backend import device_check
 from netcl.core.tensor import Tensor, check_same_queue
 from netcl.errors import DTypeError, ShapeError
+from netcl.ops.declaration import OpDecl, declare
 
 CLASS_LOSSES = ("cross_entropy", "nll")
 POINTWISE_LOSSES = ("mse", "l1", "smooth_l1", "binary_cross_entropy_with_logits")
@@ -217,3 +218,63 @@ def pointwise_loss_backward(saved: Saved, grad_out: Tensor) -> tuple[Tensor, Ten
                                           grad_out=gc.buffer, grad_out_off=np.int64(gc.offset),
                                           grad_a=grad_a.buffer, grad_b=grad_b.buffer)
     return grad_a, grad_b if saved.grad_b else None
+
+
+# -- the losses on Nodes (netcl.ops.declaration): labels are constants; a reduced loss has shape (1,) ------
+def cross_entropy_forward(logits: Tensor, labels: Tensor, ignore_index: int = -100,
+                          label_smoothing: float = 0.0, reduction: str = "mean") -> tuple[Tensor, Saved]:
+    """Softmax cross-entropy of logits (..., C) against integer labels (...): log-softmax and NLL
+    fused in one launch. Rows whose label is ignore_index count for nothing; label_smoothing mixes
+    the one-hot target with the uniform distribution (PyTorch's definition)."""
+    return class_loss(logits, labels, "cross_entropy", ignore_index, float(label_smoothing), reduction)
+
+
+def nll_forward(log_probs: Tensor, labels: Tensor, ignore_index: int = -100,
+                reduction: str = "mean") -> tuple[Tensor, Saved]:
+    """Negative log-likelihood of log-probabilities (..., C) at integer labels (...)."""
+    return class_loss(log_probs, labels, "nll", ignore_index, 0.0, reduction)
+
+
+# `needs`: whether (input, target) get a gradient (filled by the op on Nodes): the kernels for the target's
+# gradient are built only when it does
+def mse_forward(input: Tensor, target: Tensor, reduction: str = "mean",
+                needs: tuple[bool, ...] = (True, False)) -> tuple[Tensor, Saved]:
+    """Mean squared error (input - target)^2."""
+    return pointwise_loss(input, target, "mse", reduction, grad_b=needs[1])
+
+
+def l1_forward(input: Tensor, target: Tensor, reduction: str = "mean",
+               needs: tuple[bool, ...] = (True, False)) -> tuple[Tensor, Saved]:
+    """Mean absolute error |input - target|."""
+    return pointwise_loss(input, target, "l1", reduction, grad_b=needs[1])
+
+
+def smooth_l1_forward(input: Tensor, target: Tensor, reduction: str = "mean", beta: float = 1.0,
+                      needs: tuple[bool, ...] = (True, False)) -> tuple[Tensor, Saved]:
+    """Huber-like loss: 0.5 d^2 / beta where |d| < beta, else |d| - 0.5 beta (beta=0 is l1)."""
+    if beta < 0:
+        raise ValueError(f"smooth_l1: beta must be >= 0, got {beta}")
+    if beta == 0:
+        return pointwise_loss(input, target, "l1", reduction, grad_b=needs[1])
+    return pointwise_loss(input, target, "smooth_l1", reduction, beta, grad_b=needs[1])
+
+
+def binary_cross_entropy_with_logits_forward(input: Tensor, target: Tensor, reduction: str = "mean",
+                                             needs: tuple[bool, ...] = (True, False)) -> tuple[Tensor, Saved]:
+    """Sigmoid + binary cross-entropy in the stable form max(x, 0) - x y + log(1 + e^-|x|)."""
+    return pointwise_loss(input, target, "binary_cross_entropy_with_logits", reduction, grad_b=needs[1])
+
+
+declare(OpDecl("cross_entropy", cross_entropy_forward, class_loss_backward, inputs=("logits",),
+               constants=("labels",), saves=("saved",), functional=("cross_entropy",)))
+declare(OpDecl("nll", nll_forward, class_loss_backward, inputs=("log_probs",), constants=("labels",),
+               saves=("saved",), functional=("nll", "nll_loss")))
+for _name, _forward, _functional in (
+    ("mse", mse_forward, ("mse", "mse_loss")),
+    ("l1", l1_forward, ("l1", "l1_loss")),
+    ("smooth_l1", smooth_l1_forward, ("smooth_l1", "smooth_l1_loss")),
+    ("binary_cross_entropy_with_logits", binary_cross_entropy_with_logits_forward,
+     ("binary_cross_entropy_with_logits",)),
+):
+    declare(OpDecl(_name, _forward, pointwise_loss_backward, inputs=("input", "target"), saves=("saved",),
+                   functional=_functional))

@@ -22,6 +22,7 @@ from netcl.jit import ir, lazy
 from netcl.jit.runner import run_elementwise
 from netcl.ops import reduce as _reduce
 from netcl.ops.copy import long4x2 as _long4x2
+from netcl.ops.declaration import OpDecl, declare
 from netcl.ops.determinism import get_deterministic
 from netcl.ops.elementwise import _is_scalar, broadcast_shapes, from_ir, where
 
@@ -278,7 +279,9 @@ def embedding(weight: Tensor, ids: Tensor) -> Tensor:
         raise ShapeError(
             f"embedding: weight must be a 2-D Tensor (vocab, dim), got {getattr(weight, 'shape', weight)}"
         )
-    _check_index("embedding", ids)
+    if not isinstance(ids, Tensor) or ids.dtype not in (dtypes.int32, dtypes.int64):
+        raise DTypeError(f"embedding: ids must be an integer Tensor (int32 or int64), got "
+                         f"{getattr(ids, 'dtype', type(ids).__name__)}")
     check_same_queue(weight, ids)
     flat = ids.reshape(ids.size)
     # ids outside [0, vocab) (negatives included, as in PyTorch) are reported by the kernel itself: no
@@ -289,6 +292,16 @@ def embedding(weight: Tensor, ids: Tensor) -> Tensor:
 
 _EMBEDDING_CHECK = device_check("embedding: id {value} at position {row} is outside [0, {limit}) (the "
                                 "number of embeddings)")
+
+
+def _embedding_backward(grad_out: Tensor, weight_shape: tuple[int, ...], ids: Tensor) -> Tensor:
+    """The rows of grad_out scatter-added into zeros of weight's shape at ids. The forward's kernel checked
+    the ids: no host check here, so a recorded step (netcl.graph) holds it."""
+    dim = weight_shape[1]
+    g2 = grad_out.reshape(-1, dim)
+    index = ids.reshape(-1).reshape(-1, 1).expand(-1, dim)
+    return scatter_add(Tensor.zeros(grad_out.queue, weight_shape, grad_out.dtype), 0, index, g2,
+                       check_bounds=False)
 
 
 def scatter_add(x: Tensor, axis: int, index: Tensor, src: Tensor, deterministic: bool | None = None,
@@ -548,3 +561,51 @@ def repeat(x: Tensor, *reps: Any) -> Tensor:
     if out.size:
         assign(out, view)
     return out.reshape(*(r * s for r, s in zip(reps, xs.shape)))
+
+
+# -- the view ops on Nodes (netcl.ops.declaration): their forwards are Tensor's own methods ------------------
+def _reshape_backward(grad_out: Tensor, x_shape: tuple[int, ...]) -> Tensor:
+    return grad_out.reshape(x_shape)
+
+
+def _permute_backward(grad_out: Tensor, dims: tuple[Any, ...]) -> Tensor:
+    axes = tuple(dims[0]) if len(dims) == 1 and not isinstance(dims[0], int) else tuple(dims)
+    inverse = [0] * len(axes)
+    for i, a in enumerate(axes):
+        inverse[a % grad_out.ndim] = i
+    return grad_out.permute(inverse)
+
+
+def _transpose_backward(grad_out: Tensor, dim0: int, dim1: int) -> Tensor:
+    return grad_out.transpose(dim0, dim1)
+
+
+def _expand_backward(grad_out: Tensor, x_shape: tuple[int, ...]) -> Tensor:
+    return _reduce.sum_to_shape(grad_out, x_shape)
+
+
+def _getitem_backward(grad_out: Tensor, x_shape: tuple[int, ...], index: Any) -> Tensor:
+    """The gradient scattered into zeros of the input's shape."""
+    full = Tensor.zeros(grad_out.queue, x_shape, grad_out.dtype)
+    setitem(full, index, grad_out)
+    return full
+
+
+for _decl in (
+    OpDecl("reshape", Tensor.reshape, _reshape_backward, inputs=("x",), methods=("reshape",)),
+    OpDecl("permute", Tensor.permute, _permute_backward, inputs=("x",), methods=("permute",)),
+    OpDecl("transpose", Tensor.transpose, _transpose_backward, inputs=("x",), methods=("transpose",)),
+    OpDecl("squeeze", Tensor.squeeze, _reshape_backward, inputs=("x",), methods=("squeeze",)),
+    OpDecl("unsqueeze", Tensor.unsqueeze, _reshape_backward, inputs=("x",), methods=("unsqueeze",)),
+    OpDecl("expand", Tensor.expand, _expand_backward, inputs=("x",), methods=("expand",)),
+    OpDecl("getitem", Tensor.__getitem__, _getitem_backward, inputs=("x",),
+           doc="Basic indexing (a view); the gradient is scattered into zeros of the input's shape."),
+):
+    declare(_decl)
+
+
+# the op on Nodes, made from these (netcl.ops.declaration): the ids are a constant (no gradient)
+declare(OpDecl("embedding", embedding, _embedding_backward, inputs=("weight",), constants=("ids",),
+               functional=("embedding",),
+               doc="Rows of weight (V, D) picked by integer ids (...); the gradient is scatter-added into "
+                   "(V, D)."))

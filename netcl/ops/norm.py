@@ -22,6 +22,7 @@ from netcl.core import capture, dtypes, launch_labels
 from netcl.core.tensor import Tensor, check_same_queue
 from netcl.errors import DTypeError, ShapeError
 from netcl.ops import elementwise, reduce
+from netcl.ops.declaration import OpDecl, declare
 
 # Work-group size per row/channel; None = by device kind (1 on CPUs, 256 on GPUs). Tests set it
 # to exercise the GPU's local-memory reduction on the CPU device.
@@ -602,6 +603,18 @@ def group_norm_backward(grad_out: Tensor, x: Tensor, num_groups: int, mean: Tens
                                (c // g) * hw, g, max(hw, 1), c, False)
     return gx, gw if weight is not None else None, gb if bias is not None else None
 
+
+# the ops on Nodes, made from these (netcl.ops.declaration): float32 statistics, half storage under autocast
+declare(OpDecl("batch_norm", batch_norm, batch_norm_backward, inputs=("x", "weight", "bias"),
+               saves=("save_mean", "save_invstd"), autocast="half", cast=("x",), functional=("batch_norm",),
+               doc="BatchNorm over axis 1 (running stats updated in place when training); relu optionally "
+                   "fused. Only x is cast under autocast: weight, bias and statistics stay float32."))
+declare(OpDecl("layer_norm", layer_norm, layer_norm_backward, inputs=("x", "weight", "bias"),
+               saves=("mean", "rstd"), autocast="half", functional=("layer_norm",)))
+declare(OpDecl("group_norm", group_norm, group_norm_backward, inputs=("x", "weight", "bias"),
+               saves=("mean", "rstd"), autocast="half", functional=("group_norm",)))
+declare(OpDecl("rms_norm", rms_norm, rms_norm_backward, inputs=("x", "weight"), saves=("rstd",),
+               autocast="half", functional=("rms_norm",)))
 
 __all__ = [
     "batch_norm",

@@ -12,6 +12,7 @@ import numpy as np
 
 from netcl.core import launch_labels
 from netcl.core.tensor import Tensor
+from netcl.ops import declaration
 from netcl.ops import elementwise as ew
 from netcl.ops import movement as mv
 from netcl.ops import reduce as rd
@@ -27,6 +28,8 @@ _REFLECTED = {"__radd__": ew.add, "__rsub__": ew.sub, "__rmul__": ew.mul, "__rtr
               "__rmatmul__": matmul}
 _UNARY = {"__neg__": ew.neg, "__abs__": ew.abs, "__invert__": ew.logical_not}
 _INPLACE = {"__iadd__": ew.add, "__isub__": ew.sub, "__imul__": ew.mul, "__itruediv__": ew.div}
+# The methods of declared ops (netcl.ops.declaration: softmax, log_softmax, matmul, ...) are both Tensor's
+# (the forward) and Node's (the differentiable op), installed as each is declared (declared_methods()).
 # The math methods of both Tensor and Node, declared once: each name is a function of netcl.ops.elementwise
 # (or .reduce) taking the tensor first (x.exp(), x.sum(axis=1), x.clamp(0, 1)), and a differentiable op of
 # the same name in netcl.autograd.elementwise (or .reduce), which netcl.autograd.operators installs on Node
@@ -36,7 +39,7 @@ ELEMENTWISE_METHODS = (
     "erf", "sigmoid", "relu", "silu", "softplus", "gelu", "leaky_relu", "neg", "abs", "sign", "floor", "ceil",
     "round", "trunc", "clamp", "pow", "cast",
 )
-REDUCE_METHODS = ("sum", "mean", "max", "min", "var", "std", "logsumexp", "softmax", "log_softmax")
+REDUCE_METHODS = ("std",)  # sum, mean, max, min, var, logsumexp: declared (netcl.ops.reduce)
 METHOD_ALIASES = {"astype": "cast"}  # NumPy's name beside netcl's
 # Tensor's alone: results no gradient flows through (indices, truth values) or reductions autograd has no
 # rule for yet
@@ -79,6 +82,28 @@ def _ne(self: Tensor, other: Any) -> Any:
     return ew.ne(self, other) if isinstance(other, _SCALARS) else NotImplemented
 
 
+def declared_methods() -> tuple[str, ...]:
+    """The Tensor and Node method names of the declared ops."""
+    return tuple(m for decl in declaration.declared() for m in decl.methods)
+
+
+_installed: set[str] = set()  # the method names installed here (a view op's forward is Tensor's own method)
+
+
+def _install_declared(decl: declaration.OpDecl) -> None:
+    for name in decl.methods:
+        if getattr(Tensor, name, None) is not decl.forward:
+            setattr(Tensor, name, _method(decl.forward))
+            _installed.add(name)
+
+
+def _remove_declared(decl: declaration.OpDecl) -> None:
+    for name in decl.methods:
+        if name in _installed:
+            _installed.discard(name)
+            delattr(Tensor, name)
+
+
 def install() -> None:
     for name, fn in _BINARY.items():
         setattr(Tensor, name, _method(fn))
@@ -90,6 +115,7 @@ def install() -> None:
         setattr(Tensor, name, _inplace(fn))
     for name, fn in _METHODS.items():
         setattr(Tensor, name, _method(fn))
+    declaration.subscribe(_install_declared, _remove_declared)
     Tensor.__eq__ = _eq  # type: ignore[method-assign]
     Tensor.__ne__ = _ne  # type: ignore[method-assign]
     Tensor.__pos__ = lambda self: self

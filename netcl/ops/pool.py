@@ -11,6 +11,7 @@ from netcl import kernels
 from netcl.core import capture, dtypes, shapes
 from netcl.core.tensor import Tensor, check_same_queue
 from netcl.errors import DTypeError, ShapeError
+from netcl.ops.declaration import OpDecl, declare
 
 
 def _check_input(op: str, x: Tensor) -> None:
@@ -284,6 +285,15 @@ def global_avg_pool2d(x: Tensor) -> Tensor:
     """Mean over H and W, kept as (N, C, 1, 1)."""
     return adaptive_avg_pool2d(x, 1)
 
+
+# the ops on Nodes, made from these (netcl.ops.declaration)
+declare(OpDecl("max_pool2d", max_pool2d, max_pool2d_backward, inputs=("x",), saves=("indices",),
+               hide=("algorithm",), functional=("max_pool2d",),
+               doc="Window maxima; the gradient goes to each window's argmax (indices saved by the forward)."
+               ))
+declare(OpDecl("avg_pool2d", avg_pool2d, avg_pool2d_backward, inputs=("x",), functional=("avg_pool2d",)))
+declare(OpDecl("adaptive_avg_pool2d", adaptive_avg_pool2d, adaptive_avg_pool2d_backward, inputs=("x",),
+               functional=("adaptive_avg_pool2d",)))
 
 __all__ = [
     "adaptive_avg_pool2d",

@@ -25,6 +25,8 @@ from netcl.core.tensor import Tensor
 from netcl.errors import DTypeError, ShapeError
 from netcl.jit import ir, lazy
 from netcl.jit import reduce as jreduce
+from netcl.ops import elementwise as _ew
+from netcl.ops.declaration import OpDecl, declare
 from netcl.ops.elementwise import sqrt
 
 __all__ = [
@@ -217,6 +219,38 @@ def log_softmax(x: Tensor, axis: int = -1) -> Tensor:
     return _rowwise("log_softmax", "log_softmax", x, axis)
 
 
+def _softmax_backward(grad_out: Tensor, out: Tensor, axis: int) -> Tensor:
+    """d x = y (g - sum(g y)) along `axis`, y the softmax."""
+    dot = sum(_ew.mul(grad_out, out), axis=axis, keepdims=True)
+    return _ew.mul(out, _ew.sub(grad_out, dot))
+
+
+def _log_softmax_backward(grad_out: Tensor, out: Tensor, axis: int) -> Tensor:
+    """d x = g - exp(y) sum(g) along `axis`, y the log-softmax."""
+    total = sum(grad_out, axis=axis, keepdims=True)
+    return _ew.sub(grad_out, _ew.mul(_ew.exp(out), total))
+
+
+# the ops on Nodes, made from these (netcl.ops.declaration): float32 under autocast; Tensor and Node methods
+declare(OpDecl("softmax", softmax, _softmax_backward, inputs=("x",), autocast="float32", half_dtypes=(),
+               methods=("softmax",), functional=("softmax",)))
+declare(OpDecl("log_softmax", log_softmax, _log_softmax_backward, inputs=("x",), autocast="float32",
+               half_dtypes=(), methods=("log_softmax",), functional=("log_softmax",)))
+
+
+def sum_to_shape(g: Tensor, shape: tuple[int, ...]) -> Tensor:
+    """Sum a broadcast gradient back to `shape` (leading axes and axes where shape has 1)."""
+    if g.shape == shape:
+        return g
+    lead = g.ndim - len(shape)
+    axes = tuple(range(lead)) + tuple(
+        lead + i for i, s in enumerate(shape) if s == 1 and g.shape[lead + i] != 1
+    )
+    if not axes:
+        return g.reshape(shape)
+    return sum(g, axis=axes, keepdims=False).reshape(shape)
+
+
 @torch_names
 def cumsum(x: Tensor, axis: int) -> Tensor:
     """Inclusive prefix sum along `axis` (int64 for integer/bool input, like NumPy)."""
@@ -258,3 +292,61 @@ def topk(x: Tensor, k: int, axis: int = -1) -> tuple[Tensor, Tensor]:
     if values.size:
         jreduce.run("topk", "max", expr, x.shape, (ax,), values, x.queue, out_idx=indices, topk_k=int(k))
     return values, indices
+
+
+# -- the reductions on Nodes (netcl.ops.declaration): each rule sees the gradient at the input's shape -------
+def _reduced_axes(axis: Any, ndim: int) -> tuple[int, ...]:
+    if axis is None:
+        return tuple(range(ndim))
+    if isinstance(axis, int):
+        axis = (axis,)
+    return tuple(sorted(a % ndim for a in axis))
+
+
+def _expand_back(g: Tensor, in_shape: tuple[int, ...], axes: tuple[int, ...]) -> Tensor:
+    """A reduced gradient seen at the input's shape (stride-0 view: no copy)."""
+    return g.reshape(tuple(1 if i in axes else s for i, s in enumerate(in_shape))).expand(in_shape)
+
+
+def _sum_backward(grad_out: Tensor, x_shape: tuple[int, ...], axis: Any) -> Tensor:
+    return _expand_back(grad_out, x_shape, _reduced_axes(axis, len(x_shape)))
+
+
+def _mean_backward(grad_out: Tensor, x_shape: tuple[int, ...], axis: Any) -> Tensor:
+    axes = _reduced_axes(axis, len(x_shape))
+    count = math.prod(x_shape[a] for a in axes) or 1
+    return _expand_back(_ew.mul(grad_out, 1.0 / count), x_shape, axes)
+
+
+def _logsumexp_backward(grad_out: Tensor, x: Tensor, out: Tensor, axis: Any) -> Tensor:
+    """d x = g exp(x - lse)."""
+    axes = _reduced_axes(axis, x.ndim)
+    lse = _expand_back(out, x.shape, axes)
+    return _ew.mul(_expand_back(grad_out, x.shape, axes), _ew.exp(_ew.sub(x, lse)))
+
+
+def _var_backward(grad_out: Tensor, x: Tensor, axis: Any, ddof: int) -> Tensor:
+    """d x = 2 (x - mean) g / (n - ddof)."""
+    axes = _reduced_axes(axis, x.ndim)
+    n = math.prod(x.shape[a] for a in axes) or 1
+    mu = mean(x, axis=axes, keepdims=True)
+    scale = 2.0 / builtins.max(n - ddof, 1)
+    return _ew.mul(_ew.mul(_ew.sub(x, mu), scale), _expand_back(grad_out, x.shape, axes))
+
+
+def _extremum_backward(grad_out: Tensor, x: Tensor, out: Tensor, axis: Any) -> Tensor:
+    """The gradient split evenly among the elements equal to the extremum."""
+    axes = _reduced_axes(axis, x.ndim)
+    hit = _ew.eq(x, _expand_back(out, x.shape, axes))
+    ties = sum(_ew.cast(hit, x.dtype), axis=tuple(axes), keepdims=True)
+    share = _ew.div(grad_out.reshape(tuple(1 if i in axes else s for i, s in enumerate(x.shape))), ties)
+    return _ew.where(hit, share, 0.0)
+
+
+declare(OpDecl("max", max, _extremum_backward, inputs=("x",), methods=("max",)))
+declare(OpDecl("min", min, _extremum_backward, inputs=("x",), methods=("min",)))
+declare(OpDecl("sum", sum, _sum_backward, inputs=("x",), hide=("dtype",), methods=("sum",)))
+declare(OpDecl("mean", mean, _mean_backward, inputs=("x",), methods=("mean",)))
+declare(OpDecl("logsumexp", logsumexp, _logsumexp_backward, inputs=("x",), methods=("logsumexp",)))
+declare(OpDecl("var", var, _var_backward, inputs=("x",), methods=("var",),
+               doc="Variance / (n - ddof) (NumPy's default ddof=0); d x = 2 (x - mean) g / (n - ddof)."))

@@ -19,6 +19,7 @@ from netcl.core import dtypes, shapes
 from netcl.core.backend import as_queue, device_check
 from netcl.core.tensor import Tensor, check_same_queue
 from netcl.errors import DTypeError, ShapeError
+from netcl.ops.declaration import OpDecl, declare
 
 __all__ = ["rope", "rope_inv_freq", "rope_qkv_cache", "rope_scaling", "rope_tables"]
 
@@ -303,3 +304,24 @@ def rope_qkv_cache(x: Tensor, q_heads: int, cos: Tensor, sin: Tensor, k_cache: T
         err_code=_POSITION_CHECK,
     )
     return q
+
+
+# -- the op on Nodes (netcl.ops.declaration): cos, sin and offset are constants ---------------------------
+def _empty_in_layout(x: Tensor) -> Tensor:
+    """An uninitialised tensor of x's shape whose memory order follows x's strides (a permuted view of a
+    contiguous buffer): a gradient written in it lets the permute/reshape of x's producer stay views."""
+    order = sorted(range(x.ndim), key=lambda d: (-abs(x.strides[d]), d))
+    base = Tensor.empty(x.queue, tuple(x.shape[d] for d in order), x.dtype)
+    return base.permute([order.index(d) for d in range(x.ndim)])
+
+
+def _rope_backward(grad_out: Tensor, x: Tensor, cos: Tensor, sin: Tensor, offset: Tensor | None,
+                   pairing: str) -> Tensor:
+    """The rotation of grad_out by -theta, written in x's own memory order."""
+    return rope(grad_out, cos, sin, offset, pairing, inverse=True, out=_empty_in_layout(x))
+
+
+declare(OpDecl("rope", rope, _rope_backward, inputs=("x",), constants=("cos", "sin", "offset"),
+               hide=("inverse", "out", "out_at_offset"),
+               doc="Rotary embedding of x (B, H, S, D) at positions s + offset (netcl.ops.rope); the "
+                   "gradient is the rotation of g by -theta, written in x's own memory order."))

@@ -14,13 +14,21 @@ from netcl.autograd import reduce as ag_reduce
 from netcl.autograd.engine import Node
 from netcl.core.tensor import Tensor
 from netcl.ops import elementwise, reduce
-from netcl.ops.operators import ELEMENTWISE_METHODS, METHOD_ALIASES, REDUCE_METHODS, TENSOR_ONLY_METHODS
+from netcl.ops.operators import (
+    ELEMENTWISE_METHODS,
+    METHOD_ALIASES,
+    REDUCE_METHODS,
+    TENSOR_ONLY_METHODS,
+    declared_methods,
+)
 from tests.reference import assert_close
 
-SHARED = ELEMENTWISE_METHODS + REDUCE_METHODS + tuple(METHOD_ALIASES)
+# the declared ops' methods (netcl.ops.declaration: matmul, softmax, log_softmax) are both surfaces' too
+SHARED = ELEMENTWISE_METHODS + REDUCE_METHODS + declared_methods() + tuple(METHOD_ALIASES)
 # the arguments after the tensor of the methods that need some
 ARGS = {"clamp": (-0.5, 0.5), "pow": (2.0,), "cast": (np.float64,), "astype": (np.float64,),
-        "leaky_relu": (0.1,), "softmax": (-1,), "log_softmax": (-1,)}
+        "leaky_relu": (0.1,), "softmax": (-1,), "log_softmax": (-1,), "reshape": (17, 3), "permute": (1, 0),
+        "transpose": (0, 1), "unsqueeze": (1,), "expand": (2, 3, 17)}
 
 
 def test_tensor_and_node_have_the_same_math_methods():
@@ -46,6 +54,8 @@ def test_each_shared_method_gives_tensor_and_node_the_same_values(queue, rng, na
     if name in ("log", "sqrt", "rsqrt", "reciprocal"):
         a = np.abs(a) + 0.25
     args = ARGS.get(name, ())
+    if name == "matmul":
+        args = (Tensor.from_host(queue, (rng.standard_normal((17, 5)) * 0.8).astype(np.float32)),)
     on_tensor = getattr(Tensor.from_host(queue, a), name)(*args)
     with ag.Tape():
         on_node = getattr(ag.tensor(Tensor.from_host(queue, a)), name)(*args)

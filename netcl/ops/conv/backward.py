@@ -12,6 +12,7 @@ from netcl import kernels
 from netcl.core import capture
 from netcl.core.tensor import Tensor, check_same_queue
 from netcl.errors import ShapeError
+from netcl.ops import elementwise
 from netcl.ops.conv import choice, direct, im2col, winograd
 from netcl.ops.conv.forward import conv2d
 from netcl.ops.conv.geometry import (
@@ -24,6 +25,7 @@ from netcl.ops.conv.geometry import (
     _remember,
     _shape_key,
 )
+from netcl.ops.declaration import OpDecl, declare
 
 
 def _check_grad_out(op: str, grad_out: Tensor, p: ConvParams) -> None:
@@ -174,3 +176,26 @@ def conv2d_backward_bias(grad_out: Tensor) -> Tensor:
     gb = Tensor.empty(g.queue, (g.shape[1],), g.dtype)
     launch(g.queue, g.buffer, g.offset, gb.buffer)
     return gb
+
+
+def _conv2d_backward(grad_out: Tensor, x: Tensor, weight: Tensor, out: Tensor, stride: Any, padding: Any,
+                     dilation: Any, groups: int, activation: str | None,
+                     needs: tuple[bool, ...]) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+    """(d x, d weight, d bias) of conv2d for the inputs that need one; a fused relu is differentiated
+    through the saved output (where(out > 0, g, 0), fused by the JIT into the next kernel's input)."""
+    g = grad_out
+    if activation == "relu":
+        g = elementwise.where(elementwise.gt(out, 0), g, 0.0)
+    g = g.contiguous()
+    geometry = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
+    gx = conv2d_backward_input(g, weight, x.shape, **geometry) if needs[0] else None
+    gw = conv2d_backward_weight(x, g, weight.shape, **geometry) if needs[1] else None
+    return gx, gw, (conv2d_backward_bias(g) if needs[2] else None)
+
+
+# the op on Nodes, made from these (netcl.ops.declaration): im2col, direct and Winograd kernels and the GEMM
+# on half storage (float32 arithmetic) under autocast
+declare(OpDecl("conv2d", conv2d, _conv2d_backward, inputs=("x", "weight", "bias"), hide=("algorithm",),
+               autocast="half", functional=("conv2d",),
+               doc="NCHW convolution (relu epilogue optional); backward through conv2d_backward_input, "
+                   "_weight and _bias."))

@@ -24,6 +24,7 @@ from netcl.core.tensor import Tensor
 from netcl.errors import DTypeError, ShapeError
 from netcl.kernels import ACTIVATIONS
 from netcl.ops import elementwise
+from netcl.ops.declaration import OpDecl, declare
 from netcl.ops.gemm import splitk
 from netcl.ops.gemm.launch import launch
 from netcl.ops.gemm.problem import _finish, _k_contiguous, _prepare, _Problem
@@ -34,6 +35,8 @@ from netcl.ops.gemm.variants import (
     usable_params,
     uses_matrix_units,
 )
+from netcl.ops.reduce import sum as _sum
+from netcl.ops.reduce import sum_to_shape
 
 # rows of x up to which a half x @ W^T takes the gemv kernel (a decode step of up to 8 sequences): W is read
 # once for all rows; beyond it the FLOPs per byte of W favour the tiled and matrix-unit kernels
@@ -341,6 +344,68 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, activation: st
             f"of weight {weight.shape}"
         )
     return gemm(x, weight.transpose(0, 1), bias, activation)
+
+
+def _matmul_backward(grad_out: Tensor, a: Tensor, b: Tensor, needs: tuple[bool, ...]) -> tuple:
+    """(g b^T, a^T g) of matmul, summed over broadcast batch axes; a 1-D operand as the GEMM sees it (a row
+    for a, a column for b), its gradient reshaped back."""
+    a_row, b_column = len(a.shape) == 1, len(b.shape) == 1
+    a2 = a.reshape(1, a.shape[0]) if a_row else a
+    b2 = b.reshape(b.shape[0], 1) if b_column else b
+    g = grad_out
+    if a_row or b_column:  # the result's shape before the 1-D operands' axes were dropped
+        shape = g.shape
+        if a_row:
+            shape = shape + (1,) if b_column else shape[:-1] + (1,) + shape[-1:]
+        if b_column:
+            shape = shape + (1,)
+        g = g.reshape(shape)
+    ga = sum_to_shape(matmul(g, b2.transpose(-2, -1)), a2.shape) if needs[0] else None
+    gb = sum_to_shape(matmul(a2.transpose(-2, -1), g), b2.shape) if needs[1] else None
+    if a_row and ga is not None:
+        ga = ga.reshape(a.shape)
+    if b_column and gb is not None:
+        gb = gb.reshape(b.shape)
+    return ga, gb
+
+
+def linear_residual(x: Tensor, weight: Tensor, bias: Tensor | None, residual: Tensor) -> Tensor:
+    """x @ weight.T + bias + residual with the residual added in the GEMM's epilogue (one launch)."""
+    return gemm(x, weight.transpose(0, 1), bias, None, residual)
+
+
+def _linear_residual_backward(grad_out: Tensor, x: Tensor, weight: Tensor, residual_shape: tuple[int, ...],
+                              needs: tuple[bool, ...]) -> tuple:
+    """(g W, g^T x, g, column sums of g) of linear_residual (x, weight, residual, bias); the residual's
+    gradient is g itself."""
+    in_features, out_features = weight.shape[1], weight.shape[0]
+    g2 = grad_out.reshape(-1, out_features)
+    x2 = x.reshape(-1, in_features)
+    gx = matmul(g2, weight).reshape(x.shape) if needs[0] else None
+    gw = gb = None
+    want_b = needs[3]
+    if needs[1] and want_b:
+        gw, gb = matmul_rowsum(g2.transpose(0, 1), x2)
+    elif needs[1]:
+        gw = matmul(g2.transpose(0, 1), x2)
+    if want_b and gb is None:
+        gb = _sum(g2, axis=0)
+    gr = sum_to_shape(grad_out, residual_shape) if needs[2] else None
+    return gx, gw, gr, gb
+
+
+# the ops on Nodes, made from these (netcl.ops.declaration): float16 and bfloat16 under autocast. linear's
+# differentiable op is written by hand (netcl.autograd.nnops: it folds its producer's relu into its input
+# gradient, and composes silu and gelu); linear_residual's residual stream is stored half (PyTorch keeps it
+# float32 by type promotion; here every node's value lives until backward, so a float32 stream would be held
+# beside the half copies the norms read: 0.70x float32's activation memory instead of 0.5x, bench/amp.py)
+declare(OpDecl("matmul", matmul, _matmul_backward, inputs=("a", "b"), autocast="half", methods=("matmul",),
+               doc="a @ b with NumPy's rules (1-D operands, batch broadcasting); grads g b^T and a^T g."))
+declare(OpDecl("linear", linear, inputs=("x", "weight", "bias"), autocast="half", functional=("linear",),
+               autograd="manual"))
+declare(OpDecl("linear_residual", linear_residual, _linear_residual_backward,
+               inputs=("x", "weight", "residual", "bias"), cast=("x", "weight", "bias", "residual"),
+               autocast="half"))
 
 
 # -- the probe of a risky variant (netcl.core.variants runs it in a child process) -----------------------
