@@ -67,10 +67,12 @@
 #define GEMV_NACC (GEMV_NW * GEMV_M)      // its sums
 
 // Eight consecutive activations (STORE_T) from a 16-byte aligned address in address space AS: raw, then
-// converted to float8 (half storage moves as the bits of a uint4: NVIDIA's vload_half8 is slow).
+// converted to float8 (half storage moves as the bits of a uint4: NVIDIA's vload_half8 is slow). Loads go
+// through vector pointers, not vloadN: vload4 of uints need only be 4-byte aligned, and NVIDIA's compiler
+// then splits it into four 4-byte loads (bench/NOTES.md, "Vector loads were not vector loads").
 #if defined(IS_BF16) || (defined(IS_HALF) && defined(NC_NVIDIA))
 typedef uint4 GEMV_ARAW;
-#define GEMV_ALOAD(AS, p) vload4(0, (AS const uint *)(p))
+#define GEMV_ALOAD(AS, p) (*(AS const uint4 *)(p))
 inline float8 gemv_cvt8(const uint4 u)
 {
 #if defined(IS_BF16)
@@ -90,14 +92,14 @@ typedef float8 GEMV_ARAW;
 #define GEMV_ACVT(u) (u)
 #else
 typedef float8 GEMV_ARAW;
-#define GEMV_ALOAD(AS, p) vload8(0, (AS const float *)(p))
+#define GEMV_ALOAD(AS, p) (*(AS const float8 *)(p))  // 32-byte aligned: 8-element offsets and strides
 #define GEMV_ACVT(u) (u)
 #endif
 
 // Eight consecutive weights: int8 as 8 bytes (q + 128), else like the activations
 #ifdef W_INT8
 typedef uint2 GEMV_WRAW;
-#define GEMV_WLOAD(p) vload2(0, (__global const uint *)(p))
+#define GEMV_WLOAD(p) (*(__global const uint2 *)(p))
 #define GEMV_WCVT(u) (convert_float8(as_uchar8(u)) - 128.0f)
 #else
 typedef GEMV_ARAW GEMV_WRAW;
@@ -106,7 +108,7 @@ typedef GEMV_ARAW GEMV_WRAW;
 #endif
 
 #ifdef GEMV_STAGE_A
-#define GEMV_AROW(m, k) GEMV_ALOAD(__local, a_stage + (m) * K + (k))
+#define GEMV_AROW(m, k) GEMV_ALOAD(__local, (__local const STORE_T *)a_stage + (m) * K + (k))
 #else
 #define GEMV_AROW(m, k) GEMV_ALOAD(__global, A + (m) * a_rs + (k))
 #endif
@@ -129,7 +131,7 @@ inline float gemv_column_sum(float x)
 #endif
 
 __kernel __attribute__((reqd_work_group_size(GEMV_WG, GEMV_ROWS, 1)))
-void gemm_gemv(GEMM_ARGS, __global const float *scales, __local STORE_T *a_stage)
+void gemm_gemv(GEMM_ARGS, __global const float *scales, __local uint4 *a_stage)
 {
     const int lid = get_local_id(0);
     const int r = get_local_id(1);
@@ -167,7 +169,7 @@ void gemm_gemv(GEMM_ARGS, __global const float *scales, __local STORE_T *a_stage
         const int per_row = K * (int)sizeof(STORE_T) / 16;
         for (int i = r * GEMV_WG + lid; i < M * per_row; i += GEMV_WG * GEMV_ROWS) {
             const int m = i / per_row, v = i - m * per_row;
-            vstore4(vload4(v, (__global const uint *)(A + m * a_rs)), m * per_row + v, (__local uint *)a_stage);
+            a_stage[m * per_row + v] = ((__global const uint4 *)(A + m * a_rs))[v];
         }
         barrier(CLK_LOCAL_MEM_FENCE);
     }
