@@ -6,14 +6,39 @@
 // q[k, n]), dequantized in registers.
 // GLU: SwiGLU's gate and up in one launch: B has 2N columns (W's rows n and n + N: the gate's, then the
 // up projection's) and C[m, n] = silu(gate) * up (no bias, activation or residual).
-// Layout: local (GEMV_WG, GEMV_ROWS, 1), global (GEMV_WG, ceil(N / GEMV_ROWS) * GEMV_ROWS, 1); the GEMV_WG
-// work-items of local row r share column n = group * GEMV_ROWS + r, stride over K, keep M partial sums, and
-// add them in local memory. The host guarantees K-contiguous A and B, and K, row strides and offsets that
-// are multiples of 8 (16-byte aligned vectors). Reads A, B (, scales, bias, residual); writes C.
+//
+// Layout: local (GEMV_WG, GEMV_ROWS, 1), global (GEMV_WG, ceil(N / (GEMV_ROWS * GEMV_COLS)) * GEMV_ROWS, 1).
+// The GEMV_WG work-items of local row r share the GEMV_COLS columns n0 = (group * GEMV_ROWS + r) * GEMV_COLS
+// .. n0 + GEMV_COLS - 1 (and, GLU, their up rows n + N): work-item `lid` reads the 8-element chunks k = lid * 8,
+// lid * 8 + GEMV_WG * 8, ... of each of those weight rows, GEMV_UNROLL chunks a row issued before the first
+// is used (GEMV_UNROLL * GEMV_COLS * parts independent loads in flight), and keeps one float sum per (row,
+// m) (an A chunk is converted once for all the item's weight rows). Columns past N read row N - 1 and store
+// nothing, so every work-item runs the same loop (no divergence, barriers safe). The GEMV_WG sums of a
+// column are added by warp shuffles (NVIDIA, GEMV_WG <= 32: one column's items are lanes of one warp, no
+// barrier) or by a tree in local memory (elsewhere). GEMV_STAGE_A (the host sets it where GEMV_STAGE allows
+// and A's M x K elements fit `a_stage`): the work-group copies A into local memory once, after issuing its
+// first weight loads, and every column reads A there instead of through the cache.
+// The host guarantees K-contiguous A and B, and K, row strides and offsets that are multiples of 8 (16-byte
+// aligned vectors). Reads A, B (, scales, bias, residual); writes C.
+//
+// Why the GPU defaults (GEMV_WG 32, GEMV_ROWS 8, GEMV_UNROLL 4, GEMV_COLS 1; unmeasured, sweep them with
+// bench/gemv.py --sweep): by Little's law the H200 needs bandwidth x latency = ~4.1 TB/s x ~0.7 us = ~2.9 MB
+// of loads in flight, ~22 KB per SM of 132; 40-64 KB a SM leaves room for the latency under load. The
+// smallest decode GEMVs (K = 2048 -> N = 2048, 8 MB of bfloat16) have 2048 columns: 32 items a column is
+// 65,536 items, ~500 a SM, and 4 x 16 bytes in flight each gives 32 KB a SM (the old kernel: 64 items of
+// one load each, 8 KB at ~the same occupancy, matching its 28% of copy bandwidth); K = 2048 is then two
+// rounds of loads a column, and N >= 11264 (GLU, lm_head) has several work-groups a SM queued (2 x 64 = 128
+// bytes in flight a GLU item). One warp a column reduces with 5 shuffles and no barrier, against the old
+// 6-step tree with 6 barriers over 256 items. 8 columns make work-groups of 256. GEMV_COLS 2 halves the
+// reads of A for M = 8 (each A chunk then serves two weight rows) at twice the sums in registers.
+//
 // Tuning knobs:
-//   GEMV_WG    work-items per column, a power of two (default 64 on GPUs, 1 on CPUs)
-//   GEMV_ROWS  columns per work-group (default 4 on GPUs, 8 on CPUs)
-//   GEMV_M     rows of A the kernel is built for (the host sets it to M)
+//   GEMV_WG      work-items per column, a power of two (default 32 on GPUs, 1 on CPUs)
+//   GEMV_ROWS    column groups per work-group (default 8 on GPUs, 8 on CPUs)
+//   GEMV_COLS    columns per work-item (default 1)
+//   GEMV_UNROLL  chunks of 8 elements a weight row issued before use (default 4 on GPUs, 2 on CPUs)
+//   GEMV_STAGE   (host only) 1: stage A in local memory when it fits (GEMV_STAGE_A), 0: read it from global
+//   GEMV_M       rows of A the kernel is built for (the host sets it to M)
 
 #ifdef W_INT8
 #define B_T uchar
@@ -21,36 +46,16 @@
 #include "gemm_common.cl"
 
 #ifndef GEMV_WG
-#define GEMV_WG 64
+#define GEMV_WG 32
 #endif
 #ifndef GEMV_ROWS
-#define GEMV_ROWS 4
+#define GEMV_ROWS 8
 #endif
-
-// eight consecutive elements of the activation dtype (STORE_T) from a 16-byte aligned address
-inline float8 gemv_load8(__global const STORE_T *p)
-{
-#if defined(IS_BF16)
-    const uint4 u = vload4(0, (__global const uint *)p);
-    return (float8)(as_float(u.s0 << 16), as_float(u.s0 & 0xffff0000u), as_float(u.s1 << 16),
-                    as_float(u.s1 & 0xffff0000u), as_float(u.s2 << 16), as_float(u.s2 & 0xffff0000u),
-                    as_float(u.s3 << 16), as_float(u.s3 & 0xffff0000u));
-#elif defined(IS_HALF) && defined(NC_NVIDIA)
-    const uint4 u = vload4(0, (__global const uint *)p);
-    return (float8)(nc_h2f((ushort)u.s0), nc_h2f((ushort)(u.s0 >> 16)), nc_h2f((ushort)u.s1),
-                    nc_h2f((ushort)(u.s1 >> 16)), nc_h2f((ushort)u.s2), nc_h2f((ushort)(u.s2 >> 16)),
-                    nc_h2f((ushort)u.s3), nc_h2f((ushort)(u.s3 >> 16)));
-#elif defined(IS_HALF)
-    return vload_half8(0, p);
-#else
-    return vload8(0, p);
+#ifndef GEMV_COLS
+#define GEMV_COLS 1
 #endif
-}
-
-#ifdef W_INT8
-inline float8 gemv_load8_w(__global const uchar *p) { return convert_float8(vload8(0, p)) - 128.0f; }
-#else
-#define gemv_load8_w gemv_load8
+#ifndef GEMV_UNROLL
+#define GEMV_UNROLL 4
 #endif
 
 #ifdef GLU
@@ -58,61 +63,188 @@ inline float8 gemv_load8_w(__global const uchar *p) { return convert_float8(vloa
 #else
 #define GEMV_PARTS 1
 #endif
+#define GEMV_NW (GEMV_PARTS * GEMV_COLS)  // weight rows a work-item reads
+#define GEMV_NACC (GEMV_NW * GEMV_M)      // its sums
+
+// Eight consecutive activations (STORE_T) from a 16-byte aligned address in address space AS: raw, then
+// converted to float8 (half storage moves as the bits of a uint4: NVIDIA's vload_half8 is slow). Loads go
+// through vector pointers, not vloadN: vload4 of uints need only be 4-byte aligned, and NVIDIA's compiler
+// then splits it into four 4-byte loads (bench/NOTES.md, "Vector loads were not vector loads").
+#if defined(IS_BF16) || (defined(IS_HALF) && defined(NC_NVIDIA))
+typedef uint4 GEMV_ARAW;
+#define GEMV_ALOAD(AS, p) (*(AS const uint4 *)(p))
+inline float8 gemv_cvt8(const uint4 u)
+{
+#if defined(IS_BF16)
+    return (float8)(as_float(u.s0 << 16), as_float(u.s0 & 0xffff0000u), as_float(u.s1 << 16),
+                    as_float(u.s1 & 0xffff0000u), as_float(u.s2 << 16), as_float(u.s2 & 0xffff0000u),
+                    as_float(u.s3 << 16), as_float(u.s3 & 0xffff0000u));
+#else
+    return (float8)(nc_h2f((ushort)u.s0), nc_h2f((ushort)(u.s0 >> 16)), nc_h2f((ushort)u.s1),
+                    nc_h2f((ushort)(u.s1 >> 16)), nc_h2f((ushort)u.s2), nc_h2f((ushort)(u.s2 >> 16)),
+                    nc_h2f((ushort)u.s3), nc_h2f((ushort)(u.s3 >> 16)));
+#endif
+}
+#define GEMV_ACVT(u) gemv_cvt8(u)
+#elif defined(IS_HALF)
+typedef float8 GEMV_ARAW;
+#define GEMV_ALOAD(AS, p) vload_half8(0, (AS const half *)(p))
+#define GEMV_ACVT(u) (u)
+#else
+typedef float8 GEMV_ARAW;
+#define GEMV_ALOAD(AS, p) (*(AS const float8 *)(p))  // 32-byte aligned: 8-element offsets and strides
+#define GEMV_ACVT(u) (u)
+#endif
+
+// Eight consecutive weights: int8 as 8 bytes (q + 128), else like the activations
+#ifdef W_INT8
+typedef uint2 GEMV_WRAW;
+#define GEMV_WLOAD(p) (*(__global const uint2 *)(p))
+#define GEMV_WCVT(u) (convert_float8(as_uchar8(u)) - 128.0f)
+#else
+typedef GEMV_ARAW GEMV_WRAW;
+#define GEMV_WLOAD(p) GEMV_ALOAD(__global, p)
+#define GEMV_WCVT(u) GEMV_ACVT(u)
+#endif
+
+#ifdef GEMV_STAGE_A
+#define GEMV_AROW(m, k) GEMV_ALOAD(__local, (__local const STORE_T *)a_stage + (m) * K + (k))
+#else
+#define GEMV_AROW(m, k) GEMV_ALOAD(__global, A + (m) * a_rs + (k))
+#endif
+
+#if defined(NC_NVIDIA) && GEMV_WG <= 32 && !defined(GEMV_NO_SHFL)
+#define GEMV_SHFL 1
+// the sum of x over the GEMV_WG items of one column: lanes lid ^ s of the same warp (GEMV_WG a power of two
+// <= 32 and local size x = GEMV_WG keep each column's items inside one warp)
+inline float gemv_column_sum(float x)
+{
+    for (int s = GEMV_WG / 2; s > 0; s >>= 1) {
+        uint y;
+        asm volatile("shfl.sync.bfly.b32 %0, %1, %2, 0x1f, 0xffffffff;" : "=r"(y) : "r"(as_uint(x)), "r"(s));
+        x += as_float(y);
+    }
+    return x;
+}
+#else
+#define GEMV_SHFL 0
+#endif
 
 __kernel __attribute__((reqd_work_group_size(GEMV_WG, GEMV_ROWS, 1)))
-void gemm_gemv(GEMM_ARGS, __global const float *scales)
+void gemm_gemv(GEMM_ARGS, __global const float *scales, __local uint4 *a_stage)
 {
-    __local float part[GEMV_ROWS][GEMV_PARTS * GEMV_M][GEMV_WG];
     const int lid = get_local_id(0);
     const int r = get_local_id(1);
-    const int n = get_group_id(1) * GEMV_ROWS + r;
+    const int n0 = (get_group_id(1) * GEMV_ROWS + r) * GEMV_COLS;
+#if GEMV_WG > 1 && !GEMV_SHFL
+    __local float part[GEMV_ROWS][GEMV_NACC][GEMV_WG];
+#endif
     GEMM_SELECT_BATCH(0);
-    float8 acc[GEMV_PARTS * GEMV_M];
-    for (int i = 0; i < GEMV_PARTS * GEMV_M; ++i) acc[i] = (float8)(0.0f);
-    if (n < N) {
-        for (int j = 0; j < GEMV_PARTS; ++j) {
-            __global const B_T *w = B + (n + j * N) * b_ns;
-            for (int k = lid * 8; k < K; k += GEMV_WG * 8) {
-                const float8 wv = gemv_load8_w(w + k);
-                for (int m = 0; m < GEMV_M; ++m)
-                    if (m < M)
-                        acc[j * GEMV_M + m] = mad(gemv_load8(A + m * a_rs + k), wv, acc[j * GEMV_M + m]);
-            }
+
+    // the item's weight rows: column c of part j at w[j * GEMV_COLS + c] (columns past N: row N - 1)
+    __global const B_T *w[GEMV_NW];
+#pragma unroll
+    for (int j = 0; j < GEMV_PARTS; ++j)
+#pragma unroll
+        for (int c = 0; c < GEMV_COLS; ++c)
+            w[j * GEMV_COLS + c] = B + (min(n0 + c, N - 1) + j * N) * b_ns;
+
+    float acc[GEMV_NACC];
+#pragma unroll
+    for (int i = 0; i < GEMV_NACC; ++i) acc[i] = 0.0f;
+
+    const int step = GEMV_WG * 8;
+    int k = lid * 8;
+    GEMV_WRAW wr[GEMV_NW][GEMV_UNROLL];
+    // the first block of weight loads goes out before A is staged: its latency hides the copy
+#pragma unroll
+    for (int u = 0; u < GEMV_UNROLL; ++u)
+#pragma unroll
+        for (int j = 0; j < GEMV_NW; ++j)
+            if (k + u * step < K) wr[j][u] = GEMV_WLOAD(w[j] + k + u * step);
+
+#ifdef GEMV_STAGE_A
+    {
+        // A's M rows, K elements each, into a_stage (row m at m * K) 16 bytes an item at a time
+        const int per_row = K * (int)sizeof(STORE_T) / 16;
+        for (int i = r * GEMV_WG + lid; i < M * per_row; i += GEMV_WG * GEMV_ROWS) {
+            const int m = i / per_row, v = i - m * per_row;
+            a_stage[m * per_row + v] = ((__global const uint4 *)(A + m * a_rs))[v];
         }
-    }
-    for (int i = 0; i < GEMV_PARTS * GEMV_M; ++i) {
-        const float8 a = acc[i];
-        const float4 h = a.lo + a.hi;
-        part[r][i][lid] = (h.x + h.y) + (h.z + h.w);
-    }
-#if GEMV_WG > 1
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int s = GEMV_WG / 2; s > 0; s >>= 1) {
-        if (lid < s)
-            for (int i = 0; i < GEMV_PARTS * GEMV_M; ++i) part[r][i][lid] += part[r][i][lid + s];
         barrier(CLK_LOCAL_MEM_FENCE);
     }
 #endif
-    if (lid == 0 && n < N) {
+
+    while (k < K) {
+#pragma unroll
+        for (int u = 0; u < GEMV_UNROLL; ++u) {
+            const int ku = k + u * step;
+            if (ku < K) {
+                float8 wv[GEMV_NW];
+#pragma unroll
+                for (int j = 0; j < GEMV_NW; ++j) wv[j] = GEMV_WCVT(wr[j][u]);
+#pragma unroll
+                for (int m = 0; m < GEMV_M; ++m)
+                    if (m < M) {
+                        const float8 a = GEMV_ACVT(GEMV_AROW(m, ku));
+#pragma unroll
+                        for (int j = 0; j < GEMV_NW; ++j)
+                            acc[j * GEMV_M + m] += dot(a.lo, wv[j].lo) + dot(a.hi, wv[j].hi);
+                    }
+            }
+        }
+        k += GEMV_UNROLL * step;
+#pragma unroll
+        for (int u = 0; u < GEMV_UNROLL; ++u)
+#pragma unroll
+            for (int j = 0; j < GEMV_NW; ++j)
+                if (k + u * step < K) wr[j][u] = GEMV_WLOAD(w[j] + k + u * step);
+    }
+
+    // the column's GEMV_WG partial sums into acc of item lid == 0
+#if GEMV_WG > 1 && GEMV_SHFL
+#pragma unroll
+    for (int i = 0; i < GEMV_NACC; ++i) acc[i] = gemv_column_sum(acc[i]);
+#elif GEMV_WG > 1
+#pragma unroll
+    for (int i = 0; i < GEMV_NACC; ++i) part[r][i][lid] = acc[i];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int s = GEMV_WG / 2; s > 0; s >>= 1) {
+        if (lid < s)
+            for (int i = 0; i < GEMV_NACC; ++i) part[r][i][lid] += part[r][i][lid + s];
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    if (lid == 0)
+        for (int i = 0; i < GEMV_NACC; ++i) acc[i] = part[r][i][0];
+#endif
+
+    if (lid == 0) {
+#pragma unroll
+        for (int c = 0; c < GEMV_COLS; ++c) {
+            const int n = n0 + c;
+            if (n < N) {
 #ifdef W_INT8
-        const float scale = scales[n];
+                const float scale = scales[n];
 #else
-        const float scale = 1.0f;
+                const float scale = 1.0f;
 #endif
 #ifdef GLU
   #ifdef W_INT8
-        const float scale_up = scales[n + N];
+                const float scale_up = scales[n + N];
   #else
-        const float scale_up = 1.0f;
+                const float scale_up = 1.0f;
   #endif
-        for (int m = 0; m < GEMV_M; ++m)
-            if (m < M) {
-                const float gate = scale * part[r][m][0], up = scale_up * part[r][GEMV_M + m][0];
-                STORE1(gate / (1.0f + exp(-gate)) * up, m * c_rs + n, C);
-            }
+                for (int m = 0; m < GEMV_M; ++m)
+                    if (m < M) {
+                        const float gate = scale * acc[c * GEMV_M + m];
+                        const float up = scale_up * acc[(GEMV_COLS + c) * GEMV_M + m];
+                        STORE1(gate / (1.0f + exp(-gate)) * up, m * c_rs + n, C);
+                    }
 #else
-        for (int m = 0; m < GEMV_M; ++m)
-            if (m < M) STORE1(GEMM_EPILOGUE(scale * part[r][m][0], m, n), m * c_rs + n, C);
+                for (int m = 0; m < GEMV_M; ++m)
+                    if (m < M) STORE1(GEMM_EPILOGUE(scale * acc[c * GEMV_M + m], m, n), m * c_rs + n, C);
 #endif
+            }
+        }
     }
 }

@@ -8,6 +8,7 @@ import pytest
 
 from netcl.core.tensor import Tensor
 from netcl.ops.gemm import gemm
+from tests.oclgrind.cases import oclgrind_only
 
 TILED_SMALL = {"BM": 16, "BN": 16, "BK": 4, "TX": 4, "TY": 4, "VW": 2, "PADA": 2, "PADB": 2}
 TILED_WIDE = {"BM": 32, "BN": 16, "BK": 8, "TX": 4, "TY": 8, "VW": 4, "PADA": 0, "PADB": 4}
@@ -178,3 +179,48 @@ def test_wgmma_gemm_in_bounds(queue, ta, tb):
                variant="mma", params=params)
     want = np.maximum(a.astype(np.float64) @ b + bias, 0)
     np.testing.assert_allclose(got.to_host().astype(np.float64), want, rtol=0, atol=2e-3 * np.abs(want).max())
+
+
+# the decode GEMV (gemm_gemv.cl): the GPUs' layout (the local-memory tree here: Oclgrind is no NVIDIA
+# device), ragged column groups and K blocks, A staged in local memory or read from global, and the CPUs' one
+# item a row
+GEMV_KNOBS = [
+    {"GEMV_WG": 8, "GEMV_ROWS": 2, "GEMV_COLS": 2, "GEMV_UNROLL": 3, "GEMV_STAGE": 1},
+    {"GEMV_WG": 4, "GEMV_ROWS": 3, "GEMV_COLS": 1, "GEMV_UNROLL": 2, "GEMV_STAGE": 0},
+    {"GEMV_WG": 1, "GEMV_ROWS": 4, "GEMV_COLS": 3, "GEMV_UNROLL": 2, "GEMV_STAGE": 1},
+]
+
+
+@oclgrind_only
+@pytest.mark.parametrize("params", GEMV_KNOBS, ids=["wg8c2s1", "wg4c1s0", "wg1c3s1"])
+@pytest.mark.parametrize("m", [1, 3])
+def test_gemv_in_bounds(queue, params, m):
+    """bfloat16 with bias, silu and residual (x rows of a wider buffer); int8 weights plain and as SwiGLU."""
+    import ml_dtypes
+
+    from netcl.ops import quantize_int8
+    from tests.ops.test_gemm_gemv import launch_gemv
+
+    bf16 = np.dtype(ml_dtypes.bfloat16)
+    rng = np.random.default_rng(5)
+    n, k = 7, 56
+    x = rng.standard_normal((m, k + 8)).astype(bf16)
+    w = rng.standard_normal((2 * n, k)).astype(np.float32)
+    bias, res = rng.standard_normal(2 * n).astype(bf16), rng.standard_normal((m, 2 * n)).astype(bf16)
+    xs = Tensor.from_host(queue, x)[:, :k]
+    wb = w.astype(bf16)
+    got = gemm(xs, Tensor.from_host(queue, wb).transpose(0, 1), Tensor.from_host(queue, bias), "silu",
+               Tensor.from_host(queue, res), variant="gemv", params=params)
+    xd = x[:, :k].astype(np.float64)
+    z = xd @ wb.astype(np.float64).T + bias.astype(np.float64)
+    want = z / (1 + np.exp(-z)) + res.astype(np.float64)
+    got = got.to_host().astype(np.float64)
+    np.testing.assert_allclose(got, want, rtol=2e-2, atol=2e-2 * np.abs(want).max())
+    q, scales = quantize_int8(w)
+    qt, st = Tensor.from_host(queue, q).transpose(0, 1), Tensor.from_host(queue, scales)
+    zq = xd @ ((q.astype(np.float64) - 128) * scales[:, None]).T
+    glu = launch_gemv(xs, qt, params, scales=st, glu=True).to_host().astype(np.float64)
+    want = zq[:, :n] / (1 + np.exp(-zq[:, :n])) * zq[:, n:]
+    np.testing.assert_allclose(glu, want, rtol=2e-2, atol=2e-2 * np.abs(want).max())
+    plain = launch_gemv(xs, qt, params, scales=st).to_host().astype(np.float64)
+    np.testing.assert_allclose(plain, zq, rtol=2e-2, atol=2e-2 * np.abs(zq).max())

@@ -184,3 +184,76 @@ def test_a_device_that_cannot_build_the_gemv_takes_the_other_kernels(queue, rng,
     z = reference(x, w.astype(dtype))
     glu = linear_glu(xs, ws)
     assert_close(glu, z[:, :12] / (1 + np.exp(-z[:, :12])) * z[:, 12:], dtype)
+
+
+# the kernel's knobs beyond the device's defaults: the GPUs' tile as it is (a warp a column, 4 loads in
+# flight, A staged in local memory), two and three columns a work-item with ragged column groups, unroll steps
+# that leave K ragged (1000 = 125 chunks: 8-wide items x 3 or 4 chunks a block), A read from global memory
+KNOBS = [
+    {"GEMV_WG": 32, "GEMV_ROWS": 8, "GEMV_COLS": 1, "GEMV_UNROLL": 4, "GEMV_STAGE": 1},
+    {"GEMV_WG": 16, "GEMV_ROWS": 4, "GEMV_COLS": 2, "GEMV_UNROLL": 3, "GEMV_STAGE": 1},
+    {"GEMV_WG": 8, "GEMV_ROWS": 2, "GEMV_COLS": 3, "GEMV_UNROLL": 2, "GEMV_STAGE": 0},
+    {"GEMV_WG": 1, "GEMV_ROWS": 8, "GEMV_COLS": 2, "GEMV_UNROLL": 1, "GEMV_STAGE": 1},
+]
+
+
+def launch_gemv(x, w_t, params, scales=None, glu=False, bias=None, residual=None, activation=None):
+    """x @ w_t on the gemv kernel under tile `params` (int8 with `scales`, GLU: n = w_t's columns / 2)."""
+    from netcl.ops.gemm.launch import launch
+    from netcl.ops.gemm.problem import _Problem
+
+    m, k = x.shape
+    n = w_t.shape[1] // (2 if glu else 1)
+    out = Tensor.empty(x.queue, (m, n), x.dtype)
+    p = _Problem(a=x, b=w_t, out=out, bias=bias, residual=residual, activation=activation, alpha=1.0,
+                 m=m, n=n, k=k, batch=(), squeeze=())
+    launch(p, "gemv", params=params, scales=scales, glu=glu)
+    return out
+
+
+@pytest.mark.parametrize("params", KNOBS, ids=lambda p: "wg{GEMV_WG}r{GEMV_ROWS}c{GEMV_COLS}u{GEMV_UNROLL}"
+                         "s{GEMV_STAGE}".format(**p))
+@pytest.mark.parametrize("m,n,k", [(1, 37, 1000), (2, 130, 64), (5, 1, 8), (8, 19, 136)])
+def test_gemv_knobs_against_numpy(queue, rng, params, m, n, k):
+    """Half weights with the full epilogue, x rows a wider buffer's (row stride k + 8), odd N."""
+    dtype = HALVES[m % 2]
+    x = rng.standard_normal((m, k + 8)).astype(dtype)
+    w = rng.standard_normal((n, k)).astype(dtype)
+    bias, res = rng.standard_normal(n).astype(dtype), rng.standard_normal((m, n)).astype(dtype)
+    xs = Tensor.from_host(queue, x)[:, :k]
+    ws, bs, rs = (Tensor.from_host(queue, a) for a in (w, bias, res))
+    got = gemm(xs, ws.transpose(0, 1), bs, "silu", rs, variant="gemv", params=params)
+    assert_close(got, reference(x[:, :k], w, bias, res, "silu"), dtype)
+    assert_close(gemm(xs, ws.transpose(0, 1), variant="gemv", params=params), reference(x[:, :k], w), dtype)
+
+
+@pytest.mark.parametrize("params", KNOBS[:3], ids=lambda p: "wg{GEMV_WG}c{GEMV_COLS}".format(**p))
+@pytest.mark.parametrize("dtype", [HALVES[1], np.dtype(np.float32)], ids=lambda d: d.name)
+@pytest.mark.parametrize("m", [1, 3, 8])
+def test_gemv_knobs_int8_and_glu(queue, rng, params, dtype, m):
+    """int8 weights (per-column scales) plain with bias + residual and as SwiGLU, half weights as SwiGLU."""
+    from netcl.ops import quantize_int8
+
+    h, k = 21, 200
+    w = rng.standard_normal((2 * h, k)).astype(np.float32)
+    q, scales = quantize_int8(w)
+    wq = (q.astype(np.float64) - 128) * scales[:, None]
+    x = rng.standard_normal((m, k)).astype(dtype)
+    bias, res = rng.standard_normal(2 * h).astype(dtype), rng.standard_normal((m, 2 * h)).astype(dtype)
+    xs, bs, rs = (Tensor.from_host(queue, a) for a in (x, bias, res))
+    qt, st = Tensor.from_host(queue, q).transpose(0, 1), Tensor.from_host(queue, scales)
+    tol = {"float32": 1e-5, "bfloat16": TOL["bfloat16"]}[dtype.name]
+
+    def check(got, want):
+        err = np.abs(got.to_host().astype(np.float64) - want).max() / np.abs(want).max()
+        assert err < tol, err
+
+    check(launch_gemv(xs, qt, params, scales=st, bias=bs, residual=rs),
+          x.astype(np.float64) @ wq.T + bias.astype(np.float64) + res.astype(np.float64))
+    z = x.astype(np.float64) @ wq.T
+    check(launch_gemv(xs, qt, params, scales=st, glu=True), z[:, :h] / (1 + np.exp(-z[:, :h])) * z[:, h:])
+    if dtype != np.float32:
+        wh = w.astype(dtype)
+        z = x.astype(np.float64) @ wh.astype(np.float64).T
+        got = launch_gemv(xs, Tensor.from_host(queue, wh).transpose(0, 1), params, glu=True)
+        check(got, z[:, :h] / (1 + np.exp(-z[:, :h])) * z[:, h:])

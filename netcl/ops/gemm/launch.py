@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pyopencl as cl
 
-from netcl.core import capture, dtypes, launch_labels
+from netcl.core import backend, capture, dtypes, launch_labels
 from netcl.core.tensor import Tensor
 from netcl.ops.gemm import splitk, variants
 from netcl.ops.gemm.problem import _batch_strides, _collapse, _long4, _matrix_strides, _Problem, _tiled_layout
@@ -155,9 +155,14 @@ def launch(
             defines["W_INT8"] = None
         if glu:
             defines["GLU"] = None
-        rows = tile["GEMV_ROWS"]
-        gsize, lsize = (tile["GEMV_WG"], -(-p.n // rows) * rows, 1), (tile["GEMV_WG"], rows, 1)
-        more = {"scales": (scales if scales is not None else out).buffer}
+        rows, cols = tile["GEMV_ROWS"], tile.get("GEMV_COLS", 1)
+        gsize, lsize = (tile["GEMV_WG"], -(-p.n // (rows * cols)) * rows, 1), (tile["GEMV_WG"], rows, 1)
+        stage = _gemv_stage_bytes(device, tile, defines, p.m, p.k, a.dtype.itemsize)
+        if stage:
+            defines["GEMV_STAGE_A"] = None
+        defines.pop("GEMV_STAGE", None)  # the host's knob; the kernel sees GEMV_STAGE_A
+        more = {"scales": (scales if scales is not None else out).buffer,
+                "a_stage": cl.LocalMemory(stage or 16)}
     elif variant == "dot":
         gsize, lsize = (p.n * tile["DOT_WG"], p.m, nbatch), (tile["DOT_WG"], 1, 1)
     elif variant == "direct":
@@ -226,6 +231,26 @@ def launch(
             capture.name_slots(a=("A", "a_off"), b=("B", "b_off"), out=("C", "c_off"),
                                bias=("bias", "bias_off"), res=("residual", "res_off"))
     return None
+
+
+def _gemv_stage_bytes(device: Any, tile: dict[str, int], defines: dict[str, Any], m: int, k: int,
+                      itemsize: int) -> int:
+    """Bytes of local memory the gemv kernel stages A's m x k elements in (GEMV_STAGE_A), or 0 where the tile
+    says no (GEMV_STAGE 0) or they would take more than GEMV_STAGE_MAX bytes or, beside the reduction's
+    partial sums (the tree of devices without warp shuffles), half the device's local memory."""
+    if not tile.get("GEMV_STAGE", 0):
+        return 0
+    stage = m * k * itemsize
+    wg = tile["GEMV_WG"]
+    shuffles = backend.nvidia_define(device) is not None  # the kernel's GEMV_SHFL
+    tree = 0 if wg == 1 or (shuffles and wg <= 32) else 4 * tile["GEMV_ROWS"] * wg * m * tile.get(
+        "GEMV_COLS", 1) * (2 if "GLU" in defines else 1)
+    return stage if stage <= GEMV_STAGE_MAX and stage + tree <= device.capabilities.local_mem // 2 else 0
+
+
+# the most A bytes the gemv kernel stages in local memory: M = 8 rows of K = 2048 bfloat16 (32 KB leaves an
+# H200 SM room for 7 work-groups of 256, 1,792 of its 2,048 work-items)
+GEMV_STAGE_MAX = 32 * 1024
 
 
 def _mma_local_bytes(defines: dict[str, Any], dt: np.dtype) -> int:

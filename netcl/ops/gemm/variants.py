@@ -41,8 +41,9 @@ _KERNEL_FILES = {
 DEFAULTS: dict[str, dict[str, dict[str, int]]] = {
     "direct": {"any": {"UNROLL": 4}},
     "dot": {"any": {"DOT_WG": 64}},
-    # GPUs: 64 work-items along K per weight row (two warps of 16-byte loads), 4 rows per work-group
-    "gemv": {"any": {"GEMV_WG": 64, "GEMV_ROWS": 4}},
+    # GPUs: a warp of 32 work-items along K per weight row, each with 4 16-byte loads in flight, 8 rows per
+    # work-group, A staged in local memory (the reasoning: gemm_gemv.cl's header; unmeasured)
+    "gemv": {"any": {"GEMV_WG": 32, "GEMV_ROWS": 8, "GEMV_COLS": 1, "GEMV_UNROLL": 4, "GEMV_STAGE": 1}},
     "cpu": {
         # MB=128, NB=64: 128 divides the batch-sized M of training GEMMs (256: no ragged row block) and
         # a transposed B (linear's weight) is packed by half as many work-groups as with MB=64;
@@ -184,8 +185,9 @@ DEFAULTS: dict[str, dict[str, dict[str, int]]] = {
 # tune` finds their own): no warp-shaped id remap (WX assumes 32-wide warps), and 64 x 64 blocks, which
 # need fewer registers and less local memory than the H200's 128 x 128.
 CLASS_DEFAULTS: dict[str, dict[str, dict[str, dict[str, int]]]] = {
-    # CPUs: one work-item per weight row (no barriers), PoCL's work-group of 8 rows
-    "cpu": {"gemv": {name: {"GEMV_WG": 1, "GEMV_ROWS": 8} for name in ("float16", "bfloat16", "float32")}},
+    # CPUs: one work-item per weight row (no barriers), PoCL's work-group of 8 rows, A read through the cache
+    "cpu": {"gemv": {name: {"GEMV_WG": 1, "GEMV_ROWS": 8, "GEMV_COLS": 1, "GEMV_UNROLL": 2, "GEMV_STAGE": 0}
+                     for name in ("float16", "bfloat16", "float32")}},
     "gpu": {"tiled": {"float32": {"BM": 64, "BN": 64, "BK": 16, "WX": 0, "BKE": 0},
                       "float16": {"BM": 64, "BN": 64, "WX": 0}}},
 }

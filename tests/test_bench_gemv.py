@@ -1,0 +1,33 @@
+"""bench/gemv.py --sweep at a CPU smoke test's size: every TinyLlama shape under each knob set, both weight
+dtypes and row counts, checked against NumPy inside the script, timed, and written to JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_gemv_sweep_smoke(tmp_path):
+    out = tmp_path / "sweep.json"
+    knobs = [{}, {"GEMV_WG": 8, "GEMV_ROWS": 4, "GEMV_COLS": 2, "GEMV_UNROLL": 3, "GEMV_STAGE": 1}]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    cmd = [sys.executable, str(ROOT / "bench" / "gemv.py"), "--sweep", json.dumps(knobs), "--small",
+           "--calls", "2", "--out", str(out)]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["copy_bandwidth"] > 0 and result["small"]
+    rows = result["rows"]
+    assert len(rows) == len(knobs) * 2 * 2 * 5
+    assert {(r["weights"], r["m"]) for r in rows} == {(w, m) for w in ("bfloat16", "int8") for m in (1, 8)}
+    assert {r["shape"] for r in rows} == {"qkv", "o", "gate_up", "down", "lm_head"}
+    assert all(r["seconds"] > 0 and r["gb_s"] > 0 for r in rows)
+    glu = next(r for r in rows if r["shape"] == "gate_up" and r["weights"] == "bfloat16")
+    assert glu["weight_bytes"] == 2 * glu["n"] * glu["k"] * 2  # gate and up rows, 2 bytes each
+    assert rows[-1]["params"]["GEMV_COLS"] == 2
+    assert "WG ROWS COLS UNROLL STAGE" in proc.stdout
