@@ -16,10 +16,10 @@ from source, twice) short:
   and the loss scaler): the kernels they build are built and checked by the unit tests on every driver
   (k-means': tests/ops/test_kmeans.py; half ops and the scaler's: tests/amp/test_half_ops.py,
   tests/oclgrind/test_amp_oclgrind.py). PyPI's PoCL runs them.
-- LAYERS: the layers above the kernels (tests/autograd, tests/nn, tests/data, graphs, profiling, the
-  PyTorch patterns): the kernels they launch are netcl.ops' and the JIT's, which tests/ops, tests/jit,
-  tests/optim, tests/core and tests/amp/test_half_*.py build and check on every driver. The system PoCL
-  runs them.
+- LAYERS: the layers above the kernels (autograd's attention and elementwise rules, tests/nn, tests/data,
+  graphs, profiling): the kernels they launch are netcl.ops' and the JIT's, which tests/ops, tests/jit,
+  tests/optim, tests/core, tests/amp/test_half_*.py and the autograd tests that build define sets of their
+  own (losses, fused gradients) build and check on every driver. The system PoCL runs them.
 
 The GPU-shaped cases of tests/oclgrind (the GEMM kernels' GPU variants) run under Oclgrind only: the
 Oclgrind configuration runs every one of them with the same value checks, plus bounds and races.
@@ -67,9 +67,14 @@ ONCE = ["tests/docs", "tests/train", "tests/distributed", "tests/text", "tests/t
         "tests/models", "tests/fuzz", "tests/cluster", "tests/amp/test_amp.py", "tests/amp/test_train_amp.py",
         "tests/test_cli_errors.py", "tests/test_readme.py"]
 # the layers above the kernels (autograd's rules, modules, the data pipeline, graphs, profiling): the kernels
-# they launch are netcl.ops' and the JIT's, which the unit tests build and check on every driver
-LAYERS = ["tests/autograd", "tests/nn", "tests/data", "tests/test_graph.py", "tests/test_profiling.py",
-          "tests/test_profiling_labels.py", "tests/test_pytorch_patterns.py", "tests/test_seed_example.py",
+# they launch are netcl.ops' and the JIT's, which the unit tests build and check on every driver. Not here:
+# tests/autograd/test_{loss,grads,fused_grads,engine}.py and tests/test_pytorch_patterns.py, the only
+# tests that build most of loss.cl's define sets, the GEMMs' ROWSUM_A and BIAS_ROWS epilogues,
+# float64 direct convolution, 8-byte copies of one and two dimensions and clip_grad_norm_'s sums
+# (scripts/build_report.py --only-in, on the two configurations' profiles)
+LAYERS = ["tests/autograd/test_attention.py", "tests/autograd/test_elementwise.py", "tests/nn", "tests/data",
+          "tests/test_graph.py", "tests/test_profiling.py",
+          "tests/test_profiling_labels.py", "tests/test_seed_example.py",
           "tests/test_no_leak.py", "tests/test_config.py", "tests/test_gpu_target.py",
           "tests/test_bench_decode.py"]
 NOT_GPU_SHAPED = ["-m", "not gpu_shaped"]
