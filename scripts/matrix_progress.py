@@ -6,11 +6,13 @@
 so the matrix can say where each configuration is (pytest's own output goes to a log file, in blocks).
 --build-profile: one JSON line per test as it finishes: its seconds (wall and CPU), the programs it compiled
 from source in this process (netcl.core.backend.build_stats; subprocesses a test starts are not counted) and
-the programs (kernel file, options) it was the first test to ask for, to find where a cold run's time goes.
+the programs (kernel file, options) it was the first test to ask for, to find where a cold run's time goes
+(scripts/build_report.py sums a profile per file).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
@@ -25,6 +27,14 @@ from netcl.core.backend import build_stats
 def _programs_held() -> list[tuple]:
     """The keys of netcl's program cache that name a build (not the per-call shortcuts), in order."""
     return [k for k in list(kernels._programs) if k[0] != "args"]
+
+
+def _program_name(key: tuple) -> str:
+    """A kernel file's name, or for generated source "gen:" and a digest of its structural key (so two
+    profiles can be compared program by program)."""
+    if key[0] != "gen":
+        return str(key[2])
+    return "gen:" + hashlib.sha1(repr(key[2]).encode()).hexdigest()[:16]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -74,8 +84,7 @@ class _Progress:
             "build_seconds": round(build_stats.seconds["source"] - s0, 3),
         }
         if self.profile is not None:  # the programs this test was the first to ask for: (file, options)
-            row["programs"] = [[str(k[2]) if k[0] != "gen" else "gen:" + str(k[2])[:60], " ".join(k[3])]
-                               for k in _programs_held()[p0:]]
+            row["programs"] = [[_program_name(k), " ".join(k[3])] for k in _programs_held()[p0:]]
             with open(self.profile, "a") as f:
                 f.write(json.dumps(row) + "\n")
         self.write()

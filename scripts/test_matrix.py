@@ -5,7 +5,7 @@
 
 A kernel that one compiler builds can abort another (PyPI's PoCL 3.0 with LLVM 14 and Debian's PoCL 3.1
 with LLVM 15 differ, and each compiles for the CPU it finds), so every driver builds and runs every kernel
-a CPU user can get. Two kinds of test are run by one driver only, to keep a cold run (every program built
+a CPU user can get. Three kinds of test are run by one driver only, to keep a cold run (every program built
 from source, twice) short:
 
 - tests marked `gpu_shaped`: the GPUs' kernels (tiled GEMM, matrix-unit GEMM emulated, work-group
@@ -16,11 +16,18 @@ from source, twice) short:
   and the loss scaler): the kernels they build are built and checked by the unit tests on every driver
   (k-means': tests/ops/test_kmeans.py; half ops and the scaler's: tests/amp/test_half_ops.py,
   tests/oclgrind/test_amp_oclgrind.py). PyPI's PoCL runs them.
+- LAYERS: the layers above the kernels (autograd's attention and elementwise rules, tests/nn, tests/data,
+  graphs, profiling): the kernels they launch are netcl.ops' and the JIT's, which tests/ops, tests/jit,
+  tests/optim, tests/core, tests/amp/test_half_*.py and the autograd tests that build define sets of their
+  own (losses, fused gradients) build and check on every driver. The system PoCL runs them.
 
-  pocl-pypi          PyPI's PoCL (the `pocl` extra) alone, less the gpu_shaped tests: the ICD loader is
-                     pointed at an empty vendors folder, so no system driver is seen
+The GPU-shaped cases of tests/oclgrind (the GEMM kernels' GPU variants) run under Oclgrind only: the
+Oclgrind configuration runs every one of them with the same value checks, plus bounds and races.
+
+  pocl-pypi          PyPI's PoCL (the `pocl` extra) alone, less the gpu_shaped tests and LAYERS: the ICD
+                     loader is pointed at an empty vendors folder, so no system driver is seen
   pocl-system        each system PoCL (an /etc/OpenCL/vendors/*.icd naming libpocl) alone, less ONCE
-                     (the first system PoCL runs the gpu_shaped tests; another would skip them too)
+                     (the first runs LAYERS and the gpu_shaped tests; another skips them too)
   pocl-system@TARGET the kernel-heavy tests, less gpu_shaped, on that PoCL forced to another CPU target it
                      ships (POCL_KERNELLIB_NAME; PoCL 3.1+), for each of AVX-512 and AVX2 that this CPU
                      can run but PoCL would not pick itself: AVX2 code generation on an AVX-512 machine,
@@ -59,7 +66,21 @@ KERNEL_TESTS = ["tests/oclgrind", "tests/ops/test_matmul.py", "tests/jit", "test
 ONCE = ["tests/docs", "tests/train", "tests/distributed", "tests/text", "tests/tune", "tests/io",
         "tests/models", "tests/fuzz", "tests/cluster", "tests/amp/test_amp.py", "tests/amp/test_train_amp.py",
         "tests/test_cli_errors.py", "tests/test_readme.py"]
+# the layers above the kernels (autograd's rules, modules, the data pipeline, graphs, profiling): the kernels
+# they launch are netcl.ops' and the JIT's, which the unit tests build and check on every driver. Not here:
+# tests/autograd/test_{loss,grads,fused_grads,engine}.py and tests/test_pytorch_patterns.py, the only
+# tests that build most of loss.cl's define sets, the GEMMs' ROWSUM_A and BIAS_ROWS epilogues,
+# float64 direct convolution, 8-byte copies of one and two dimensions and clip_grad_norm_'s sums
+# (scripts/build_report.py --only-in, on the two configurations' profiles)
+LAYERS = ["tests/autograd/test_attention.py", "tests/autograd/test_elementwise.py", "tests/nn", "tests/data",
+          "tests/test_graph.py", "tests/test_profiling.py",
+          "tests/test_profiling_labels.py", "tests/test_seed_example.py",
+          "tests/test_no_leak.py", "tests/test_config.py", "tests/test_gpu_target.py",
+          "tests/test_bench_decode.py"]
 NOT_GPU_SHAPED = ["-m", "not gpu_shaped"]
+# the GPU-shaped cases of tests/oclgrind run under Oclgrind (every one, its values checked as on PoCL, and
+# its accesses and races too): on PoCL they would repeat it
+NOT_OCLGRIND_GPU_SHAPED = ["-m", "not (gpu_shaped and oclgrind_case)"]
 # seconds between two progress lines while configurations run
 NOTE_EVERY = 30
 # CPU seconds of each configuration from empty caches on CI's machine (the longest start first, so that the
@@ -128,16 +149,20 @@ def configurations(empty_vendors: Path, oclgrind: bool = True) -> list[Config]:
     configs = []
     systems = system_pocls()
     split = pypi_pocl() and bool(systems)  # two drivers: each runs its share of the run-once tests
+    # the configuration that runs the gpu_shaped tests leaves the Oclgrind cases' to the Oclgrind one
+    gpu_shaped = NOT_OCLGRIND_GPU_SHAPED if oclgrind else []
     if pypi_pocl():
-        configs.append(Config("pocl-pypi", "PyPI's PoCL alone" + (", less gpu_shaped" if split else ""),
-                              {**base, "OCL_ICD_VENDORS": str(empty_vendors)},
-                              list(NOT_GPU_SHAPED) if split else []))
+        what = "PyPI's PoCL alone" + (", less gpu_shaped and LAYERS" if split else "")
+        configs.append(Config("pocl-pypi", what, {**base, "OCL_ICD_VENDORS": str(empty_vendors)},
+                              [*NOT_GPU_SHAPED, *(f"--ignore={p}" for p in LAYERS)] if split else gpu_shaped))
     for i, icd in enumerate(systems):
         suffix = "" if len(systems) == 1 else f"-{icd.stem}"
-        tests = [f"--ignore={p}" for p in ONCE] if split else []
-        if i > 0:
-            tests += NOT_GPU_SHAPED
+        once = ONCE + (LAYERS if i > 0 else [])  # another system PoCL runs neither LAYERS nor gpu_shaped
+        tests = [f"--ignore={p}" for p in once] if split else []
+        tests += NOT_GPU_SHAPED if i > 0 else gpu_shaped
         what = f"the system PoCL of {icd} alone" + (", less ONCE" if split else "")
+        what += (", less gpu_shaped" + (" and LAYERS" if split else "") if i > 0
+                 else ", less the Oclgrind configuration's gpu_shaped cases" if oclgrind else "")
         configs.append(Config(f"pocl-system{suffix}", what, {**base, "OCL_ICD_VENDORS": str(icd)}, tests))
     for icd in systems:
         suffix = "" if len(systems) == 1 else f"-{icd.stem}"
