@@ -257,3 +257,20 @@ def test_gemv_knobs_int8_and_glu(queue, rng, params, dtype, m):
         z = x.astype(np.float64) @ wh.astype(np.float64).T
         got = launch_gemv(xs, Tensor.from_host(queue, wh).transpose(0, 1), params, glu=True)
         check(got, z[:, :h] / (1 + np.exp(-z[:, :h])) * z[:, h:])
+
+
+def test_decode_batches_take_the_rows_tile_on_nvidia(queue, monkeypatch):
+    """The gemv kernel's shape class: one row keeps the default tile; M > 1 ("rows") takes the tile the
+    H200's sweep chose for several rows (on NVIDIA's class; other classes keep their defaults)."""
+    from netcl.ops.gemm import variants
+
+    dev = queue.device
+    assert variants.shape_class(dev, "gemv", 1, 2048, 2048) is None
+    assert variants.shape_class(dev, "gemv", 8, 2048, 2048) == "rows"
+    monkeypatch.setattr(variants, "device_class", lambda d: "nvidia")
+    rows = variants.usable_params(dev, "gemv", ml_dtypes.bfloat16, shape_class="rows")
+    assert (rows["GEMV_WG"], rows["GEMV_ROWS"], rows["GEMV_UNROLL"], rows["GEMV_STAGE"]) == (64, 4, 1, 0)
+    one = variants.usable_params(dev, "gemv", ml_dtypes.bfloat16, shape_class=None)
+    assert one == variants.default_params("gemv", ml_dtypes.bfloat16, dev)
+    monkeypatch.setattr(variants, "device_class", lambda d: "gpu")
+    assert variants.shape_params(dev, "gemv", ml_dtypes.bfloat16, "rows") == {}

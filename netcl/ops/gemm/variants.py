@@ -42,7 +42,8 @@ DEFAULTS: dict[str, dict[str, dict[str, int]]] = {
     "direct": {"any": {"UNROLL": 4}},
     "dot": {"any": {"DOT_WG": 64}},
     # GPUs: a warp of 32 work-items along K per weight row, each with 4 16-byte loads in flight, 8 rows per
-    # work-group, A staged in local memory (the reasoning: gemm_gemv.cl's header; unmeasured)
+    # work-group, A staged in local memory (the reasoning: gemm_gemv.cl's header; H200: 71% of the copy rate
+    # at M = 1 on TinyLlama's decode shapes; M > 1 takes the "rows" class's tile, SHAPE_TILES)
     "gemv": {"any": {"GEMV_WG": 32, "GEMV_ROWS": 8, "GEMV_COLS": 1, "GEMV_UNROLL": 4, "GEMV_STAGE": 1}},
     "cpu": {
         # MB=128, NB=64: 128 divides the batch-sized M of training GEMMs (256: no ragged row block) and
@@ -209,11 +210,17 @@ _TILE_64 = {"BM": 64, "BN": 64, "BK": 16, "TX": 8, "TY": 8, "BKE": 0}
 # 128 x 128 (attention's 16384 x 512 x 512 forward 211 against 175 TFLOP/s), but K = 1376 and K = 4096
 # 10-17% slower, and 64 x 64 or 128 x 256 blocks no better anywhere.
 _MMA_SHORT_K = {"BM": 64}
+# The decode GEMV's class "rows" (M > 1: a batch of decode rows). H200, TinyLlama-1.1B's decode shapes
+# (bench/gemv.py --gpu --sweep, 2026-12-02, event time, weight bytes over the copy rate): the default tile
+# (a warp a column, 4 loads in flight, A staged) reads bfloat16 weights at 71% at M = 1 but 20% at M = 8,
+# where 64 work-items a column without staging or unrolling read them at 28% (68% at M = 1).
+_GEMV_ROWS = {"GEMV_WG": 64, "GEMV_ROWS": 4, "GEMV_COLS": 1, "GEMV_UNROLL": 1, "GEMV_STAGE": 0}
 SHAPE_TILES: dict[str, dict[str, dict[str, dict[str, int]]]] = {
-    "nvidia": {"float32": {"m64n64": _TILE_64, "m64": _TILE_64, "n64": _TILE_64},
-               "float16": {"short_k": _MMA_SHORT_K}, "bfloat16": {"short_k": _MMA_SHORT_K}},
+    "nvidia": {"float32": {"m64n64": _TILE_64, "m64": _TILE_64, "n64": _TILE_64, "rows": _GEMV_ROWS},
+               "float16": {"short_k": _MMA_SHORT_K, "rows": _GEMV_ROWS},
+               "bfloat16": {"short_k": _MMA_SHORT_K, "rows": _GEMV_ROWS}},
 }
-SHAPE_CLASSES = ("m64n64", "m64", "n64", "few_blocks", "short_k")
+SHAPE_CLASSES = ("m64n64", "m64", "n64", "few_blocks", "short_k", "rows")
 MMA_SHORT_K = 1024
 
 
@@ -239,9 +246,12 @@ def mma_shape_class(device: Any, m: int, n: int, k: int) -> str | None:
 
 
 def shape_class(device: Any, variant: str, m: int, n: int, k: int, batch: int = 1) -> str | None:
-    """The shape class `variant`'s tile is chosen by (tiled_shape_class, mma_shape_class), or None."""
+    """The shape class `variant`'s tile is chosen by (tiled_shape_class, mma_shape_class, gemv's "rows"), or
+    None."""
     if variant == "tiled":
         return tiled_shape_class(device, m, n, k, batch)
+    if variant == "gemv":
+        return "rows" if m > 1 else None
     return mma_shape_class(device, m, n, k) if variant == "mma" else None
 
 
@@ -249,7 +259,7 @@ def shape_params(device: Any, variant: str, dtype: Any, shape_class: str | None)
     """The tile changes of `shape_class` for `variant` on `device`: the tuning database's class entry when
     stored ("gemm_<variant>", "<dtype>/<class>"), else SHAPE_TILES of the device's class; {} for no class
     or no entry."""
-    if variant not in ("tiled", "mma") or shape_class is None:
+    if variant not in ("tiled", "mma", "gemv") or shape_class is None:
         return {}
     name = np.dtype(dtype).name
     db = tuning.active_database(device)
