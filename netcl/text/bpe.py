@@ -530,22 +530,16 @@ class BPETokenizer:
     def from_sentencepiece(cls, path: str | os.PathLike, *, name: str = "") -> BPETokenizer:
         """Load a SentencePiece ``tokenizer.model`` (BPE with byte fallback, as Llama 2's; see
         `formats.read_sentencepiece`)."""
-        data = formats.read_sentencepiece(path)
-        return cls(
-            data.ranks,
-            data.pattern,
-            data.special_tokens,
-            name=name or data.name,
-            merge_priority=data.merge_priority,
-            byte_fallback=data.byte_fallback,
-            metaspace=data.metaspace,
-            bos_token=data.bos_token,
-        )
+        return cls._from_data(formats.read_sentencepiece(path), name)
 
     @classmethod
     def from_hf(cls, path: str | os.PathLike, *, name: str = "") -> BPETokenizer:
         """Load a Hugging Face byte-level BPE ``tokenizer.json``; added tokens become special tokens."""
-        data = formats.read_hf(path)
+        return cls._from_data(formats.read_hf(path), name)
+
+    @classmethod
+    def _from_data(cls, data: formats.TokenizerData, name: str) -> BPETokenizer:
+        """The tokenizer a file reader of `formats` described (ranks, pattern, special tokens and options)."""
         return cls(
             data.ranks,
             data.pattern,
