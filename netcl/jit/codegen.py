@@ -26,12 +26,8 @@ PREAMBLE = kernels.source("half.cl") + r"""
 /* nc_rh rounds a float to the nearest half and back: float16 intermediates behave as stored ones (the
    N-wide half loads and stores, nc_ldhN / nc_sthN, are half.cl's) */
 inline float nc_rh(float x) { return nc_h2f(nc_f2h(x)); }
-/* bfloat16 (the high 16 bits of a float32, in a ushort): load, store rounding to nearest even (NaN kept
-   quiet NaN), and the same rounding for intermediates (vector forms: bf16_vector_helpers) */
-inline float nc_bf2f(ushort h) { return as_float(((uint)h) << 16); }
-inline ushort nc_f2bf(float f) { uint u = as_uint(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (ushort)((u >> 16) | 0x0040u);
-    return (ushort)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16); }
+/* bfloat16 intermediates round as stored ones (half.cl's nc_bf2f / nc_f2bf; vector forms:
+   bf16_vector_helpers) */
 inline float nc_rb(float x) { return nc_bf2f(nc_f2bf(x)); }
 inline int nc_ipow_int(int a, int b) {
     if (b < 0) return a == 1 ? 1 : (a == -1 ? ((b & 1) ? -1 : 1) : 0);
@@ -49,11 +45,18 @@ def bf16_vector_helpers(vec: int) -> str:
     only when it has bfloat16 operands and that vector width: a CPU compiler can abort on library calls with
     512-bit vectors (convert_uint16) even in a function no kernel calls (PoCL 3.0 on AVX-512, see runner)."""
     n = vec
-    return (f"inline float{n} nc_bf2f{n}(ushort{n} h) {{ return as_float{n}(convert_uint{n}(h) << 16); }}\n"
-            f"inline ushort{n} nc_f2bf{n}(float{n} f) {{ uint{n} u = as_uint{n}(f);\n"
-            f"    uint{n} r = (u + (uint{n})0x7fffu + ((u >> 16) & (uint{n})1u)) >> 16;\n"
-            f"    return convert_ushort{n}(select(r, (u >> 16) | (uint{n})0x0040u,\n"
-            f"                                    (u & (uint{n})0x7fffffffu) > (uint{n})0x7f800000u)); }}\n")
+    portable = (f"inline ushort{n} nc_f2bf{n}(float{n} f) {{ uint{n} u = as_uint{n}(f);\n"
+                f"    uint{n} r = (u + (uint{n})0x7fffu + ((u >> 16) & (uint{n})1u)) >> 16;\n"
+                f"    return convert_ushort{n}(select(r, (u >> 16) | (uint{n})0x0040u,\n"
+                f"        (u & (uint{n})0x7fffffffu) > (uint{n})0x7f800000u)); }}\n")
+    load = f"inline float{n} nc_bf2f{n}(ushort{n} h) {{ return as_float{n}(convert_uint{n}(h) << 16); }}\n"
+    if n not in (2, 4, 8, 16):
+        return load + portable
+    # NVIDIA sm_80+: pairs through cvt.rn.bf16x2.f32 (half.cl's nc_f2bf2u), one instruction per two lanes
+    pairs = ", ".join(f"nc_f2bf2u(f.s{LANES[i]}{LANES[i + 1]})" for i in range(0, n, 2))
+    words = f"(uint{n // 2})({pairs})" if n > 2 else pairs
+    cvt = f"inline ushort{n} nc_f2bf{n}(float{n} f) {{ return as_ushort{n}({words}); }}\n"
+    return load + "#ifdef NC_BF16_CVT\n" + cvt + "#else\n" + portable + "#endif\n"
 
 
 def helpers_for(tokens: list[str], vec: int) -> str:

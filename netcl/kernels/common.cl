@@ -23,18 +23,12 @@
 #define ACT ACT_NONE
 #endif
 
-/* bfloat16 <-> float: exact bit operations (no float arithmetic, so no flush-to-zero of subnormals).
- * Rounding adds 0x7fff plus the lowest kept bit (ties to even); a carry into the exponent gives the next
- * binade or infinity, as it should. A NaN keeps its sign and top payload bits and is made quiet, so it
- * cannot round into an infinity. */
-inline float nc_bf16_to_float(ushort h) { return as_float(((uint)h) << 16); }
-inline ushort nc_float_to_bf16(float f) {
-    uint u = as_uint(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (ushort)((u >> 16) | 0x0040u);
-    return (ushort)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
 #include "half.cl"
+
+/* bfloat16 <-> float: half.cl's nc_bf2f (exact) and nc_f2bf (round to nearest even; the conversion
+ * instruction on NVIDIA) */
+#define nc_bf16_to_float nc_bf2f
+#define nc_float_to_bf16 nc_f2bf
 
 #if defined(IS_HALF) && defined(NC_NVIDIA)
 #define LOAD_T(p, i) nc_h2f(((__global const ushort *)(p))[i])

@@ -1,5 +1,5 @@
 /* float16 <-> float32 of one value: nc_h2f (exact), nc_f2h (round to nearest even, NaN and infinities
- * kept). Included by common.cl and by every JIT kernel (netcl.jit.codegen's preamble). On NVIDIA
+ * kept); bfloat16's nc_bf2f and nc_f2bf at the end. Included by common.cl and by every JIT kernel (netcl.jit.codegen's preamble). On NVIDIA
  * (NC_NVIDIA, set by netcl.core.backend for every program built there) through the conversion
  * instructions on raw bits: its vload_half/vstore_half paths ran float16 kernels at a quarter to a half of
  * bfloat16's bandwidth on the H200 (bench/NOTES.md, mixed precision); elsewhere the OpenCL built-ins. */
@@ -65,5 +65,31 @@ inline void nc_sth16(const float16 v, __global half *p) { nc_sth8(v.lo, p); nc_s
 #define nc_sth16(v, p) vstorea_half16(v, 0, p)
 #define NC_LDH(p, i) vload_half(i, p)
 #define NC_STH(p, i, v) vstore_half(v, i, p)
+#endif
+/* bfloat16 (the high 16 bits of a float32, in a ushort) <-> float: nc_bf2f exact; nc_f2bf rounds to nearest
+   even, keeps infinities and subnormals, and a NaN stays NaN. On NVIDIA sm_80 and later the conversion
+   instruction (cvt.rn.bf16.f32; cvt.rn.bf16x2.f32 packs two: nc_f2bf2u), elsewhere bit operations: adding
+   0x7fff plus the lowest kept bit (ties to even) carries into the exponent where it should, and a NaN keeps
+   its sign and top payload bits and is made quiet so that it cannot round into an infinity (the
+   instruction gives the canonical NaN: NaN all the same). */
+inline float nc_bf2f(const ushort h) { return as_float(((uint)h) << 16); }
+#if defined(NC_NVIDIA) && NC_NVIDIA >= 80
+inline ushort nc_f2bf(const float f) {
+    uint r;
+    asm("{ .reg .b16 l; cvt.rn.bf16.f32 l, %1; mov.b32 %0, {l, l}; }" : "=r"(r) : "f"(f));
+    return (ushort)r;
+}
+inline uint nc_f2bf2u(const float2 v) {
+    uint r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(v.y), "f"(v.x));
+    return r;
+}
+#define NC_BF16_CVT 1
+#else
+inline ushort nc_f2bf(const float f) {
+    const uint u = as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (ushort)((u >> 16) | 0x0040u);
+    return (ushort)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
 #endif
 #endif
