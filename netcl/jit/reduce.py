@@ -61,6 +61,16 @@ class ReduceKnobs:
 _knobs: ReduceKnobs | None = None
 
 
+
+def row_group_size(local: int, lanes: int, length: int) -> int:
+    """The work-group of a kernel that gives a row of `length` elements to `local` work-items of `lanes`
+    elements each: halved (down to 64) while the row fits it twice over, so that no half of it idles (a
+    1024-wide half row on 256 work-items of 8 took float32's time; twice the rows in flight instead). The
+    reductions here and norm.cl's row kernels (netcl.ops.norm) size their groups by it."""
+    while local > 64 and (local // 2) * lanes >= length:
+        local //= 2
+    return local
+
 def knobs() -> ReduceKnobs:
     """The knobs, read from the environment on first use rather than at import (a bad value is an error of
     the first reduction, naming the variable; `import netcl` never fails on one)."""
@@ -649,8 +659,7 @@ def _plan(
             # and half the work-group where the row then fits it twice over (a 1024-wide half row on 256
             # lanes of 8 left half of them idle, so the row took float32's time: twice the rows in flight
             # instead)
-            while L > 64 and (L // 2) * W >= R:
-                L //= 2
+            L = row_group_size(L, W, R)
     else:
         L, W, order = 1, (8 if vec_ok and R >= 16 else 1), "row"
     # parts: enough parallel work, and a bounded serial chunk

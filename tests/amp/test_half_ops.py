@@ -224,3 +224,38 @@ def test_batch_norm_half_matches_float32(queue, rng, dt, layout, monkeypatch):
     assert ops.batch_norm_backward(gh, xh, wh, mh, sh, True)[1].dtype == dt
     with pytest.raises(DTypeError, match="running_mean of .* must be float32"):
         ops.batch_norm(xh, w, b, Tensor.from_host(queue, np.zeros(5, dt)), rv[0], True)
+
+
+def test_row_norm_work_group_halves_while_a_row_fits_twice():
+    """norm.cl's vector kernels size their work-group by the reductions' rule: a 1024-wide half row on 8
+    lanes a work-item takes 128 (not 256, half of which would idle), float32's 4 lanes keep 256, and 64 is
+    the floor."""
+    assert norm._vector_local(256, 8, 1024) == 128
+    assert norm._vector_local(256, 4, 1024) == 256
+    assert norm._vector_local(256, 8, 512) == 64 == norm._vector_local(256, 8, 40)
+    assert norm._vector_local(256, 8, 4096) == 256
+
+
+@GPU_SHAPED
+@pytest.mark.parametrize("dt", [F16, BF16])
+def test_row_norms_half_on_a_halved_work_group(queue, rng, dt, monkeypatch):
+    """Rows of 512 half values on the vector kernels with 128 work-items halved to 64 (each one 8-lane chunk
+    of a row; float32's 4 lanes keep 128): forward and backward as float32's within half's rounding. (128, not
+    the GPUs' 256: PoCL's CPU device crashes on these kernels at 256 work-items, with or without halving.)"""
+    monkeypatch.setattr(norm, "local_size_override", 128)
+    assert norm._vector_local(128, 8, 512) == 64 and norm._vector_local(128, 4, 512) == 128
+    xh, xf = _pair(queue, rng, (3, 512), dt)
+    wh, wf = _pair(queue, rng, (512,), dt)
+    bh, bf = _pair(queue, rng, (512,), dt)
+    gh, gf = _pair(queue, rng, (3, 512), dt)
+    yh, mh, rh = ops.layer_norm(xh, 512, wh, bh)
+    yf, mf, rf = ops.layer_norm(xf, 512, wf, bf)
+    _close(yh, yf, dt, "layer_norm")
+    for got, want, what in zip(ops.layer_norm_backward(gh, xh, 512, mh, rh, wh, bh),
+                               ops.layer_norm_backward(gf, xf, 512, mf, rf, wf, bf), ("gx", "gw", "gb")):
+        _close(got, want, dt, f"layer_norm {what}")
+    yh, rh = ops.rms_norm(xh, 512, wh)
+    yf, rf = ops.rms_norm(xf, 512, wf)
+    _close(yh, yf, dt, "rms_norm")
+    gx, _ = ops.rms_norm_backward(gh, xh, 512, rh, wh)
+    _close(gx, ops.rms_norm_backward(gf, xf, 512, rf, wf)[0], dt, "rms_norm gx")
