@@ -4,6 +4,8 @@ them (NVIDIA, compute capability 8.0+: run on such a GPU)."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -302,6 +304,26 @@ def test_emulated_wgmma_split_k_and_epilogue(queue, rng):
     want = np.maximum(0.5 * (a.astype(np.float64) @ b.astype(np.float64)) + bias.astype(np.float64), 0)
     want += res.astype(np.float64)
     np.testing.assert_allclose(got.to_host().astype(np.float64), want, rtol=0, atol=8e-3 * np.abs(want).max())
+
+
+@pytest.mark.gpu_shaped
+@pytest.mark.parametrize("dt, tile", [(BF16, {}),
+                                      (np.float16, {"BM": 128, "BN": 128, "WGS": 2, "WSTAGES": 3})],
+                         ids=["bfloat16", "float16-two-warpgroups"])
+def test_emulated_wgmma_staged_epilogue_same_bits(queue, rng, dt, tile):
+    """EPI_SMEM 1 (half C through local memory, 16-byte rows out) against the direct stores, bit for bit,
+    with bias, gelu and a residual, over interior blocks (staged) and edge blocks (stored directly), on a
+    batch of two; and against float64."""
+    m, n, k = 2 * tile.get("BM", 64) + 3, tile.get("BN", 64) + 8, 64
+    a, b = _inputs(rng, dt, m, n, k, batch=(2,))
+    bias, res = rng.standard_normal(n).astype(dt), rng.standard_normal((2, m, n)).astype(dt)
+    ta, tb, tbias, tres = (Tensor.from_host(queue, x) for x in (a, b, bias, res))
+    outs = [mm.gemm(ta, tb, tbias, "gelu", tres, 0.5, variant="mma",
+                    params={**WG_SMALL, **tile, "EPI_SMEM": e}).to_host() for e in (0, 1)]
+    assert outs[0].tobytes() == outs[1].tobytes()
+    x = 0.5 * (a.astype(np.float64) @ b.astype(np.float64)) + bias.astype(np.float64)
+    want = 0.5 * x * (1 + np.vectorize(math.erf)(x / math.sqrt(2))) + res.astype(np.float64)
+    np.testing.assert_allclose(outs[1].astype(np.float64), want, rtol=0, atol=1e-2 * np.abs(want).max())
 
 
 def test_short_k_problems_take_64_row_blocks_on_wgmma(queue, monkeypatch):
