@@ -92,7 +92,8 @@ class BufferPool:
         self._ranges: dict[int, list[int]] = {}
         # per allocation site (recorded while profiling): [in use, peak in use, blocks in use, allocations]
         self._sites: dict[str, list[int]] = {}
-        self._classes: dict[int, tuple[int, int]] = {}  # bytes asked -> (bytes, size class), checked
+        # bytes asked -> (bytes, size class, the statistics of the class's size range), checked
+        self._classes: dict[int, tuple[int, int, list[int]]] = {}
         _pools.add(self)
 
     # The one place that asks OpenCL for memory (tests replace it to force failures).
@@ -110,18 +111,17 @@ class BufferPool:
             if nbytes > caps.max_alloc:
                 raise OutOfMemoryError(self._oom_message(nbytes, "it is larger than one allocation may be"))
             cap = min(size_class(nbytes), max(caps.max_alloc, MIN_BLOCK))
-            checked = (nbytes, cap)
+            with self._lock:
+                rng = self._ranges.setdefault(cap.bit_length(), [0, 0, 0, 0])
+            checked = (nbytes, cap, rng)
             if len(self._classes) < 4096:
                 self._classes[nbytes] = checked
-        nbytes, cap = checked
+        nbytes, cap, rng = checked
         site = launch_labels.site() if profile_hooks.active else None
         with self._lock:
             self.requests += 1
             free = self._free.get(queue)
             bucket = free.get(cap) if free is not None else None
-            rng = self._ranges.get(cap.bit_length())
-            if rng is None:
-                rng = self._ranges[cap.bit_length()] = [0, 0, 0, 0]
             if bucket:
                 buf = bucket.pop()
                 self.cached -= cap
@@ -192,7 +192,14 @@ class BufferPool:
                 entry[2] -= 1
             if self._graph_held and id(buffer) in self._graph_held:
                 return  # a graph still writes here: dropped, freed when the graph is
-            self._free.setdefault(queue, {}).setdefault(capacity, []).append(buffer)
+            free = self._free.get(queue)
+            if free is None:
+                free = self._free[queue] = {}
+            bucket = free.get(capacity)
+            if bucket is None:
+                free[capacity] = [buffer]
+            else:
+                bucket.append(buffer)
             self.cached += capacity
             rng[1] += capacity
 
