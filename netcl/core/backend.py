@@ -494,7 +494,7 @@ class Kernel:
         if capture.open_recordings:
             for rec in capture.active():  # graph captures and ops' replay templates
                 rec._record_launch(self, queue, global_size, local, args)
-        profiling.count_launch()
+        next(profiling.launch_ticks)  # counts the launch (profile_hooks.launch_count)
         if timed or queue.profiling:
             profiling.launched(self, queue, event, t0)
         if self._debug:
@@ -700,7 +700,7 @@ class Plan:
             args = self.arguments(values)
             for rec in capture.active():
                 rec._record_launch(self.kernel, queue, self.global_size, self.local, args)
-        profiling.count_launch()
+        next(profiling.launch_ticks)  # counts the launch (profile_hooks.launch_count)
         if timed or queue.profiling:
             profiling.launched(self.kernel, queue, event, t0)
         if self._debug:
