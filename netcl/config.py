@@ -89,8 +89,23 @@ def debug_level() -> int:
     return _int("NETCL_DEBUG", 0)
 
 
+_FUSION = b"NETCL_FUSION"
+_fusion_by_value: dict[bytes | None, bool] = {}  # the variable's raw value -> what it means (valid ones)
+
+
 def fusion_enabled() -> bool:
-    """NETCL_FUSION=0 turns automatic elementwise fusion off (results are identical)."""
+    """NETCL_FUSION=0 turns automatic elementwise fusion off (results are identical). Read at every
+    elementwise op (a change takes effect at the next one): the meaning of each raw value seen is kept, so a
+    read is two lookups."""
+    if isinstance(_ENV_DATA, dict):
+        raw = _ENV_DATA.get(_FUSION)
+        known = _fusion_by_value.get(raw)
+        if known is not None:
+            return known
+        known = _flag("NETCL_FUSION", True)  # a bad value raises here, every time
+        if len(_fusion_by_value) < 64:
+            _fusion_by_value[raw] = known
+        return known
     return _flag("NETCL_FUSION", True)
 
 

@@ -59,7 +59,7 @@ class Node:
     def __init__(self, value: Tensor, requires_grad: bool = False):
         if not isinstance(value, Tensor):
             raise TypeError(f"a Node wraps a netcl Tensor, got {type(value).__name__}; use ag.tensor(t)")
-        if requires_grad:
+        if requires_grad and value.dtype not in dtypes.FLOATING:
             _check_differentiable(value)
         self.value = value
         self.grad: Tensor | None = None
@@ -345,10 +345,18 @@ def _topological_order(root: Node) -> list[Node]:
             continue
         visited.add(id(node))
         stack.append((node, True))
-        pending = [p for p in node._parents if p.requires_grad and id(p) not in visited]
-        # leaves first, each kind in its order (a stable sort on "has a rule", without a key call per node)
-        stack += [(p, False) for p in pending if p._backward is None]
-        stack += [(p, False) for p in pending if p._backward is not None]
+        # leaves first, each kind in its order (a stable sort on "has a rule", in one pass over the parents)
+        ruled = None
+        for p in node._parents:
+            if p.requires_grad and id(p) not in visited:
+                if p._backward is None:
+                    stack.append((p, False))
+                elif ruled is None:
+                    ruled = [(p, False)]
+                else:
+                    ruled.append((p, False))
+        if ruled is not None:
+            stack += ruled
     return order
 
 

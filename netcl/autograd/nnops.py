@@ -8,7 +8,6 @@ saved output: where(y > 0, g, 0), which the JIT fuses into the next kernel's inp
 
 from __future__ import annotations
 
-import weakref
 from typing import Any
 
 from netcl import kernels, ops
@@ -24,11 +23,12 @@ def _relu_mask(g: Tensor, out: Tensor) -> Tensor:
     return ops.where(ops.gt(out, 0), g, 0.0)
 
 
-# Nodes made by linear(..., activation="relu") -> their output: a linear layer fed by one folds the
-# producer's relu backward into its own input-gradient GEMM (where(out > 0, g W, 0) in one launch) and
-# tags that gradient tensor, so the producer's backward skips its separate mask launch. The mask is
-# idempotent, so a gradient that lost the tag (summed with another path's) is simply masked again.
-_RELU_OUT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# A node recorded as "linear_relu" (linear(..., activation="relu")) holds the relu's output as its value: a
+# linear layer fed by one folds the producer's relu backward into its own input-gradient GEMM
+# (where(out > 0, g W, 0) in one launch) and tags that gradient tensor, so the producer's backward skips its
+# separate mask launch. The mask is idempotent, so a gradient that lost the tag (summed with another path's)
+# is simply masked again.
+_RELU_OP = "linear_relu"
 _MASKED_FOR = "_netcl_relu_masked_for"
 
 
@@ -66,7 +66,7 @@ def linear(x: Node, weight: Node, bias: Node | None = None, activation: str | No
     in_features, out_features = wv.shape[1], wv.shape[0]
     x_2d = len(xv.shape) == 2
 
-    x_relu_out = _RELU_OUT.get(x) if x_2d else None  # x made by a linear+relu: fold its mask
+    x_relu_out = xv if x_2d and x._op == _RELU_OP else None  # x made by a linear+relu: fold its mask
 
     def backward(g: Tensor):
         if activation == "relu" and getattr(g, _MASKED_FOR, None) is not out:
@@ -93,10 +93,7 @@ def linear(x: Node, weight: Node, bias: Node | None = None, activation: str | No
             gb = sum_rows(g2)
         return (gx, gw) if bias is None else (gx, gw, gb)
 
-    node = record(out, parents, backward, "linear" if activation is None else "linear_relu")
-    if activation == "relu" and node.requires_grad:
-        _RELU_OUT[node] = out
-    return node
+    return record(out, parents, backward, _RELU_OP if activation == "relu" else "linear")
 
 
 def linear_relu(x: Node, weight: Node, bias: Node | None = None) -> Node:

@@ -491,9 +491,10 @@ class Kernel:
         timed = profiling.active
         t0 = profiling.before(queue) if timed else None
         event = self._enqueue(queue, global_size, local, args, wait_for)
-        for rec in capture.active():  # graph captures and ops' replay templates
-            rec._record_launch(self, queue, global_size, local, args)
-        profiling.count_launch()
+        if capture.open_recordings:
+            for rec in capture.active():  # graph captures and ops' replay templates
+                rec._record_launch(self, queue, global_size, local, args)
+        next(profiling.launch_ticks)  # counts the launch (profile_hooks.launch_count)
         if timed or queue.profiling:
             profiling.launched(self, queue, event, t0)
         if self._debug:
@@ -695,11 +696,11 @@ class Plan:
                 event = _enqueue_kernel(queue.cl, self.raw, self.global_size, self.local)
         except cl.Error as exc:
             event = self._retry(exc, queue, values)
-        if capture.recording_now():
+        if capture.open_recordings and capture.recording_now():
             args = self.arguments(values)
             for rec in capture.active():
                 rec._record_launch(self.kernel, queue, self.global_size, self.local, args)
-        profiling.count_launch()
+        next(profiling.launch_ticks)  # counts the launch (profile_hooks.launch_count)
         if timed or queue.profiling:
             profiling.launched(self.kernel, queue, event, t0)
         if self._debug:

@@ -61,6 +61,10 @@ class _State(threading.local):
 
 
 _state = _State()
+# recordings open now in any thread: while none is, a launch skips asking its own thread's (the usual eager
+# case: one module global read per launch instead of a call)
+open_recordings = 0
+_open_lock = threading.Lock()
 
 
 class Recording:
@@ -261,23 +265,23 @@ def _bound(op: list, bind: dict[str, Any] | None) -> list:
 # -- the active recordings of this thread -----------------------------------------------------------------
 def active() -> list[Recording]:
     """The recordings this thread's work goes to (empty while none, or while paused)."""
-    return [] if _state.paused else _state.stack
+    return _state.stack if open_recordings and not _state.paused else []
 
 
 def recording_now() -> bool:
     """Whether this thread records its launches now (active() is not empty), without building a list."""
-    return bool(_state.stack) and not _state.paused
+    return bool(open_recordings and _state.stack) and not _state.paused
 
 
 def declaring() -> bool:
     """Whether an op should declare the work of its next launch (netcl.profiling.work): while profiling,
     and while this thread records (a replay may be profiled later)."""
-    return profile_hooks.active or bool(_state.stack and not _state.paused)
+    return profile_hooks.active or bool(open_recordings and _state.stack and not _state.paused)
 
 
 def capturing() -> Recording | None:
     """The innermost user-level graph recording this thread's work (netcl.graph.Graph), or None."""
-    if _state.paused:
+    if not open_recordings or _state.paused:
         return None
     for rec in reversed(_state.stack):
         if rec.is_graph:
@@ -288,11 +292,16 @@ def capturing() -> Recording | None:
 @contextlib.contextmanager
 def recording(rec: Recording) -> Iterator[Recording]:
     """Send this thread's device work to `rec` (too) inside the block."""
+    global open_recordings
+    with _open_lock:
+        open_recordings += 1
     _state.stack.append(rec)
     try:
         yield rec
     finally:
         _state.stack.remove(rec)
+        with _open_lock:
+            open_recordings -= 1
 
 
 def name_slots(**slots: Any) -> None:

@@ -60,9 +60,31 @@ class Storage:
 
     def __del__(self) -> None:
         # __del__ rather than weakref.finalize: a training step allocates ~40 Storages, and a
-        # finalizer object costs ~2 us more per allocation than this method
+        # finalizer object costs ~2 us more per allocation than this method. It is the pool's release itself
+        # (BufferPool keeps no other way back): one Python call per freed block, not two.
         try:
-            self.pool._release(self.buffer, self.capacity, self.queue, self.site)
+            pool, buffer, capacity, queue = self.pool, self.buffer, self.capacity, self.queue
+            with pool._lock:
+                pool.in_use -= capacity
+                rng = pool._ranges[capacity.bit_length()]
+                rng[0] -= capacity
+                rng[3] -= 1
+                if self.site is not None:
+                    entry = pool._sites[self.site]
+                    entry[0] -= capacity
+                    entry[2] -= 1
+                if pool._graph_held and id(buffer) in pool._graph_held:
+                    return  # a graph still writes here: dropped, freed when the graph is
+                free = pool._free.get(queue)
+                if free is None:
+                    free = pool._free[queue] = {}
+                bucket = free.get(capacity)
+                if bucket is None:
+                    free[capacity] = [buffer]
+                else:
+                    bucket.append(buffer)
+                pool.cached += capacity
+                rng[1] += capacity
         except Exception:  # interpreter shutdown: modules may already be torn down
             pass
 
@@ -92,7 +114,8 @@ class BufferPool:
         self._ranges: dict[int, list[int]] = {}
         # per allocation site (recorded while profiling): [in use, peak in use, blocks in use, allocations]
         self._sites: dict[str, list[int]] = {}
-        self._classes: dict[int, tuple[int, int]] = {}  # bytes asked -> (bytes, size class), checked
+        # bytes asked -> (bytes, size class, the statistics of the class's size range), checked
+        self._classes: dict[int, tuple[int, int, list[int]]] = {}
         _pools.add(self)
 
     # The one place that asks OpenCL for memory (tests replace it to force failures).
@@ -110,18 +133,17 @@ class BufferPool:
             if nbytes > caps.max_alloc:
                 raise OutOfMemoryError(self._oom_message(nbytes, "it is larger than one allocation may be"))
             cap = min(size_class(nbytes), max(caps.max_alloc, MIN_BLOCK))
-            checked = (nbytes, cap)
+            with self._lock:
+                rng = self._ranges.setdefault(cap.bit_length(), [0, 0, 0, 0])
+            checked = (nbytes, cap, rng)
             if len(self._classes) < 4096:
                 self._classes[nbytes] = checked
-        nbytes, cap = checked
+        nbytes, cap, rng = checked
         site = launch_labels.site() if profile_hooks.active else None
         with self._lock:
             self.requests += 1
             free = self._free.get(queue)
             bucket = free.get(cap) if free is not None else None
-            rng = self._ranges.get(cap.bit_length())
-            if rng is None:
-                rng = self._ranges[cap.bit_length()] = [0, 0, 0, 0]
             if bucket:
                 buf = bucket.pop()
                 self.cached -= cap
@@ -179,22 +201,6 @@ class BufferPool:
                     self._oom_message(nbytes, "the device refused it", summary=True)
                 ) from None
         raise AssertionError("unreachable")
-
-    def _release(self, buffer: cl.Buffer, capacity: int, queue: Any, site: str | None = None) -> None:
-        with self._lock:
-            self.in_use -= capacity
-            rng = self._ranges[capacity.bit_length()]
-            rng[0] -= capacity
-            rng[3] -= 1
-            if site is not None:
-                entry = self._sites[site]
-                entry[0] -= capacity
-                entry[2] -= 1
-            if self._graph_held and id(buffer) in self._graph_held:
-                return  # a graph still writes here: dropped, freed when the graph is
-            self._free.setdefault(queue, {}).setdefault(capacity, []).append(buffer)
-            self.cached += capacity
-            rng[1] += capacity
 
     def hold_for_graph(self, buffers: Any) -> None:
         """Keep `buffers` out of the free lists while a graph that replays into them lives."""

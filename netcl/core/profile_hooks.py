@@ -6,6 +6,7 @@ objects), host spans, the switch of queues to event timing, and the launch count
 from __future__ import annotations
 
 import contextlib
+import itertools
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -72,12 +73,17 @@ def detach(profile: Any) -> bool:
 
 
 # -- launch counter -------------------------------------------------------------------------------------
+# The backend counts each launch by taking a number from `launch_ticks`: next() on an itertools.count is one C
+# call, atomic under the GIL (exact from any thread, no lock or Python frame on the launch path). A graph
+# replay adds its launches with count_launch(n). Reading the count takes a tick too, which it subtracts.
+launch_ticks = itertools.count()
 _counter_lock = threading.Lock()
-_launches = 0
+_launches = 0  # counted by count_launch(n)
+_reads = 0  # ticks taken by launch_count() itself
 
 
 def count_launch(n: int = 1) -> None:
-    """Count `n` kernel launches (the backend counts each launch; a graph replay counts its own)."""
+    """Count `n` kernel launches (a graph replay counts its own; the backend ticks `launch_ticks` instead)."""
     global _launches
     with _counter_lock:
         _launches += n
@@ -85,23 +91,27 @@ def count_launch(n: int = 1) -> None:
 
 def launch_count() -> int:
     """How many kernels netcl has launched in this process."""
-    return _launches
+    global _reads
+    with _counter_lock:
+        ticks = next(launch_ticks) - _reads  # next() gives the ticks taken before it: launches + reads
+        _reads += 1
+        return _launches + ticks
 
 
 class count_launches:
     """Context manager: `with count_launches() as c: ...; c.count` is the launches inside."""
 
     def __enter__(self) -> count_launches:
-        self._start = _launches
+        self._start = launch_count()
         self.count = 0
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.count = _launches - self._start
+        self.count = launch_count() - self._start
 
     @property
     def so_far(self) -> int:
-        return _launches - self._start
+        return launch_count() - self._start
 
 
 # -- module and user scopes ---------------------------------------------------------------------------------

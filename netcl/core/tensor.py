@@ -120,8 +120,9 @@ class Tensor:
         shp, strides, nbytes, dt, wide = plan
         if wide:  # float64: only where the device has it
             dtypes.check_supported_on(dt, queue.device)
-        storage = queue.device.pool.allocate(nbytes, queue)
-        return cls(storage, shp, strides, 0, dt, queue)
+        device = queue.device
+        pool = device._pool or device.pool  # the property makes it the first time
+        return cls(pool.allocate(nbytes, queue), shp, strides, 0, dt, queue)
 
     @classmethod
     def full(cls, q: Any, shape: Any, value: Any, dtype: Any = np.float32) -> Tensor:

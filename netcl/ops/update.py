@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from netcl import kernels
-from netcl.core import capture, dtypes, shapes
+from netcl.core import capture, dtypes
 from netcl.core.tensor import Tensor
 from netcl.errors import NetclError
 
@@ -94,7 +94,9 @@ def optimizer_step(rule: str, params: Sequence[Tensor], grads: Sequence[Tensor],
     layout: list[int] = []  # the fixed ones (offsets, lengths): with the rest of the key, they pick the plan
     total = 0
     for i, (v, g, st) in enumerate(zip(params, grads, states)):
-        if not (v.is_contiguous() and g.is_contiguous()) or g.shape != v.shape or g.dtype != v.dtype \
+        # a gradient laid out as its parameter (the usual case) is contiguous when the parameter is
+        if not (v.is_contiguous() and (g.strides == v.strides or g.is_contiguous())) or g.shape != v.shape \
+                or g.dtype != v.dtype \
                 or v.queue is not queue or v.dtype != p0.dtype:
             raise NetclError(
                 f"optimizer_step: parameter {i} ({v.shape}, {v.dtype}) and its gradient ({g.shape}, "
@@ -110,11 +112,14 @@ def optimizer_step(rule: str, params: Sequence[Tensor], grads: Sequence[Tensor],
                     f"tensor of shape {v.shape} on its queue, got {master.dtype} {master.shape}"
                 )
         master_buffer = master.buffer
-        slots = [s.buffer if s is not None else master_buffer for s in st] + [master_buffer] * (3 - len(st))
         p_name, _, g_name, _, sa, sb, sc, mw, _ = _TENSOR_ARGS[i]
-        dynamic[p_name], dynamic[g_name], dynamic[mw] = v.buffer, g.buffer, master_buffer
-        dynamic[sa], dynamic[sb], dynamic[sc] = slots
-        size = shapes.element_count(v.shape)
+        dynamic[p_name] = master_buffer if master is v else v.buffer
+        dynamic[g_name], dynamic[mw] = g.buffer, master_buffer
+        for name, s in zip((sa, sb, sc), st):
+            dynamic[name] = s.buffer if s is not None else master_buffer
+        for name in (sa, sb, sc)[len(st):]:
+            dynamic[name] = master_buffer
+        size = math.prod(v.shape)
         layout += (v.offset, g.offset, size)
         total += -(-size // items)
     if not total:

@@ -37,6 +37,17 @@ SCHEDULE_KEYS: dict[str, Callable[[Any, str], Any]] = {
 }
 
 
+_MISSING = object()
+_IMMUTABLE = (float, int, bool, str, type(None), np.generic)
+
+
+def _immutable(value: Any) -> bool:
+    """A value that cannot change in place: a number, string, None, or a tuple of them."""
+    if isinstance(value, _IMMUTABLE):
+        return True
+    return type(value) is tuple and all(isinstance(v, _IMMUTABLE) for v in value)
+
+
 @dataclass
 class _Loaded:
     """A state_dict that passed every check, ready to be put in place."""
@@ -67,6 +78,8 @@ class Optimizer:
         # per parameter: {"step": int, name: Tensor}
         self.state: dict[int, dict[str, Any]] = {}
         self._fresh: set[int] = set()  # parameters whose state tensors were just made (zeros)
+        # id(group) -> (group, its hyperparameters as last checked by step()): see _check_group_for_step
+        self._checked: dict[int, tuple[dict[str, Any], tuple]] = {}
 
     def _make_group(self, g: Mapping[str, Any], i: int, seen: dict[int, int]) -> dict[str, Any]:
         """Parameter group `i` from the dict `g`: its hyperparameters checked (the defaults fill the rest),
@@ -142,7 +155,7 @@ class Optimizer:
         step ahead of PyTorch's after each skipped step; GradScaler(sync=True) skips on the host instead)."""
         name = type(self).__name__
         for i, group in enumerate(self.param_groups):
-            self._check_group(group, f"{name}.step: param_groups[{i}]")
+            self._check_group_for_step(group, i)
             for j, p in enumerate(group["params"]):
                 if not isinstance(p, Node):
                     raise TypeError(
@@ -151,14 +164,29 @@ class Optimizer:
                     )
                 if p.grad is not None:
                     self._check_grad(p)
+        state, fresh = self.state, self._fresh
         for group in self.param_groups:
             chunks: dict[tuple, list[tuple[Node, dict[str, Any]]]] = {}
+            names = self._state_names(group)
             for p in group["params"]:
                 if p.grad is None:
                     continue
-                st = self._state_for(p, group)
-                key = self._chunk_key(p, st)
-                chunks.setdefault(key, []).append((p, st))
+                st = state.get(id(p))
+                v = p.value
+                if st is not None and v.dtype not in dtypes.HALF:  # the usual step: its state is all there
+                    for n in names:
+                        if st.get(n) is None:
+                            st = None
+                            break
+                if st is None or v.dtype in dtypes.HALF:
+                    st = self._state_for(p, group)
+                # chunks share a queue, a dtype and a step count, and were all just made or all not
+                key = (id(v.queue), v.dtype, st["step"], id(p) in fresh)
+                chunk = chunks.get(key)
+                if chunk is None:
+                    chunks[key] = [(p, st)]
+                else:
+                    chunk.append((p, st))
             for (_, _, step, *_), items in chunks.items():
                 for start in range(0, len(items), MAX_TENSORS_PER_LAUNCH):
                     self._launch(group, items[start : start + MAX_TENSORS_PER_LAUNCH], step + 1, found_inf)
@@ -167,6 +195,25 @@ class Optimizer:
                     self._fresh.discard(id(p))
 
     # -- machinery --------------------------------------------------------------------------------
+    def _check_group_for_step(self, group: dict[str, Any], index: int) -> None:
+        """step()'s check of a parameter group's hyperparameters, skipped when every value is the very object
+        that passed the last check of this group: each such value is immutable (numbers, strings, None, tuples
+        of them), so it would pass again; a new or rewritten value (a scheduler's lr) is checked."""
+        seen = self._checked.get(id(group))
+        if seen is not None and seen[0] is group and len(seen[1]) + 1 == len(group):
+            get = group.get
+            for key, value in seen[1]:
+                if get(key, _MISSING) is not value:
+                    break
+            else:
+                return
+        self._check_group(group, f"{type(self).__name__}.step: param_groups[{index}]")
+        values = tuple((k, v) for k, v in group.items() if k != "params")
+        if len(values) + 1 == len(group) and all(_immutable(v) for _, v in values):
+            self._checked[id(group)] = (group, values)
+        else:
+            self._checked.pop(id(group), None)
+
     def _check_grad(self, p: Node) -> None:
         """A parameter and its gradient fit an update (checked before any state is made)."""
         v, g = p.value, p.grad
@@ -186,9 +233,6 @@ class Optimizer:
                 f"{type(self).__name__}: gradient ({g.dtype}, {g.queue!r}) does not match "
                 f"its parameter ({v.dtype}, {v.queue!r})"
             )
-
-    def _chunk_key(self, p: Node, st: dict[str, Any]) -> tuple:
-        return (id(p.value.queue), p.value.dtype, st["step"], id(p) in self._fresh)
 
     def _state_for(self, p: Node, group: dict[str, Any]) -> dict[str, Any]:
         """The parameter's state, with every tensor its group needs now (made as zeros when missing:
@@ -214,9 +258,13 @@ class Optimizer:
 
     def _launch(self, group: dict[str, Any], items: list[tuple[Node, dict[str, Any]]], step: int,
                 found_inf: Tensor | None = None) -> None:
-        grads = [p.grad if p.grad.is_contiguous() else p.grad.contiguous() for p, _ in items]
+        # _check_grad saw each parameter contiguous and its gradient of its shape: one of its strides is too
+        grads = []
+        for p, _ in items:
+            g = p.grad
+            grads.append(g if g.strides == p.value.strides or g.is_contiguous() else g.contiguous())
         # a slot this group does not use stays None (_state_for made every slot its settings use)
-        states = [[st.get(name) for name in self.slot_names] for _, st in items]
+        states = [[*map(st.get, self.slot_names)] for _, st in items]
         refresh = None
         if capture.capturing() is not None:  # each replay is the next step: new step count, current lr
             kept = set.intersection(

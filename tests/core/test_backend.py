@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from netcl import kernels, profiling
-from netcl.core import backend, capture
+from netcl.core import backend, capture, profile_hooks
 from netcl.core.backend import Queue, as_queue
 from netcl.core.tensor import Tensor
 from netcl.errors import DeviceError, KernelBuildError, KernelLaunchError
@@ -138,6 +138,44 @@ def test_threads_launch_on_one_device(device, queue):
     assert c.count == threads * rounds
     for t in tensors:
         np.testing.assert_allclose(t.to_host(), np.full(n, 1.5**rounds, np.float32), rtol=1e-5)
+
+
+def test_launch_count_is_exact_with_plans_replays_and_readers_in_threads(device, queue):
+    # launches tick a lock-free counter; graph replays add theirs in one call; readers take a tick each
+    prg = kernels.build(device, SCALE, OFFSET="0.0f")
+    n, threads, rounds = 64, 3, 40
+    t = Tensor.ones(queue, (n,))
+    plan = prg.scale.plan((n,), None, (None, np.float32(1.0), np.int32(n)), (0,))
+    reads: list[int] = []
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def launch():
+        try:
+            for _ in range(rounds):
+                plan(queue, t.buffer)
+                profile_hooks.count_launch(2)  # as a graph replay of two launches counts them
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    def read():
+        while not stop.is_set():
+            reads.append(profiling.launch_count())
+
+    reader = threading.Thread(target=read)
+    pool = [threading.Thread(target=launch) for _ in range(threads)]
+    with count_launches() as c:
+        reader.start()
+        for th in pool:
+            th.start()
+        for th in pool:
+            th.join()
+        stop.set()
+        reader.join()
+    queue.finish()
+    assert not errors
+    assert c.count == threads * rounds * 3
+    assert reads == sorted(reads) and len(reads) > 0
 
 
 def test_profiling_table_counts_launches(device):

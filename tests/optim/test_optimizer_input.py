@@ -117,6 +117,34 @@ def test_step_rejects_a_bad_hyperparameter_written_into_param_groups(queue, case
     assert opt.state == {}
 
 
+@pytest.mark.parametrize("case", BAD_HYPER, ids=_ids)
+def test_step_rejects_a_bad_hyperparameter_written_after_a_good_step(queue, case):
+    # step() skips the checks of a group whose values are the very (immutable) objects that passed: a value
+    # written after that is checked all the same
+    cls, key, value, error, words = case
+    p = _param(queue)
+    opt = cls([p])
+    p.grad = Tensor.full(queue, (3,), 0.5)
+    opt.step()
+    opt.step()
+    before = p.value.to_host()
+    opt.param_groups[0][key] = value
+    with pytest.raises(error, match=rf"step: param_groups\[0\]: {key}.*{words}"):
+        opt.step()
+    np.testing.assert_array_equal(p.value.to_host(), before)
+
+
+def test_step_checks_again_a_list_changed_in_place(queue):
+    p = _param(queue)
+    opt = optim.Adam([p])
+    opt.param_groups[0]["betas"] = [0.9, 0.999]  # a list: may change in place, so never taken as checked
+    p.grad = Tensor.full(queue, (3,), 0.5)
+    opt.step()
+    opt.param_groups[0]["betas"][1] = 1.5
+    with pytest.raises(ValueError, match=r"step: param_groups\[0\]: betas\[1\].*got 1.5"):
+        opt.step()
+
+
 def test_sgd_with_nan_lr_never_steps(queue):
     p = _param(queue)
     with pytest.raises(ValueError, match="lr must be a finite number >= 0, got nan"):
