@@ -320,7 +320,9 @@ class Balancer:
             speeds = ", ".join(f"{r:,.0f}" for r in self.rates)
             self.log(f"balance: after step {self.steps}, shares {old} -> {new} of {self.global_batch} "
                      f"(measured {speeds} samples/s)")
-            for line in reasons:
+            for r, line in zip(now_out, reasons):
+                if r in was_out:
+                    continue  # said when it was left out
                 alone = "; no all-reduce: one rank works alone" if sum(s > 0 for s in new) == 1 else ""
                 self.log(f"balance: {line}; left out (no samples, no step of its own{alone})")
             if now_out and self.probe_at is not None:

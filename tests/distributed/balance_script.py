@@ -5,7 +5,9 @@ re-measures every 2 steps. A test-only hook slows one rank: its forward sleeps S
 rank 0 saves the parameters and the shares of every step; argv[2]: `run`, `die` (rank 1 exits at step
 DIE_AT) or `exclude`: rank 1 sleeps OUT_S a sample before SWITCH (worth less than it costs: left out, the
 Balancer knowing the optimizer), then both ranks sleep EVEN_S (measured again after PROBE steps, it takes part
-again); every rank saves its parameters (argv[1] with the rank before the suffix)."""
+again); every rank saves its parameters (argv[1] with the rank before the suffix). `third` (3 ranks): ranks 0
+and 1 sleep EVEN_S / 5 a sample, rank 2 OUT_S throughout and is never measured again: two ranks all-reduce,
+the third adds zeros; every rank saves."""
 
 from __future__ import annotations
 
@@ -38,7 +40,9 @@ class Throttled(nn.Module):
         self.mode = mode
 
     def forward(self, x):
-        if self.mode == "exclude":
+        if self.mode == "third":
+            delay = OUT_S if dist.rank() == 2 else EVEN_S / 5
+        elif self.mode == "exclude":
             delay = (OUT_S if dist.rank() == 1 else 0.0) if self.step < SWITCH else EVEN_S
         else:
             delay = SLOW_S if dist.rank() == (1 if self.step < SWITCH else 0) else 0.0
@@ -75,7 +79,8 @@ def main() -> None:
     ddp = dist.DistributedDataParallel(throttled)
     opt = optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
     balancer = dist.Balancer(ddp, GLOBAL_BATCH, mode="on", every=2, warmup=1, first=1, tolerance=0.0,
-                             optimizer=opt if mode == "exclude" else None, probe=PROBE,
+                             optimizer=opt if mode in ("exclude", "third") else None,
+                             probe=PROBE if mode == "exclude" else 0,
                              log=say if dist.rank() == 0 else None)
     shares: list[list[int]] = []
 
@@ -99,7 +104,7 @@ def main() -> None:
         sys.exit(3)
     balancer.synchronize()  # a rank left out at the end gets the working ranks' weights
     say(f"rank {dist.rank()} shares {shares} changes {balancer.changes} left out {balancer.left_out_at}")
-    if dist.rank() == 0 or mode == "exclude":
+    if dist.rank() == 0 or mode in ("exclude", "third"):
         path = out if dist.rank() == 0 else out.replace(".npz", f".rank{dist.rank()}.npz")
         np.savez(path, shares=np.array(shares), **{k: v.to_host() for k, v in model.state_dict().items()})
 

@@ -155,6 +155,22 @@ def test_a_rank_worth_less_than_it_costs_is_left_out_and_comes_back(tmp_path, on
             np.testing.assert_allclose(got[name], want, rtol=2e-5, atol=2e-6, err_msg=f"{path.name} {name}")
 
 
+def test_two_ranks_all_reduce_while_a_third_is_left_out(tmp_path, one_process):
+    out = tmp_path / "params.npz"
+    res = netcl_run(3, "balance_script.py", str(out), "third", timeout=300)
+    assert res.returncode == 0, (res.stdout, res.stderr[-3000:])
+    shares = np.load(out)["shares"]
+    assert shares[0].tolist() == [8, 8, 8] and np.all(shares.sum(axis=1) == 24), shares.tolist()
+    # rank 2's one sample (50 ms) costs more than ranks 0 and 1 take for the whole batch (~1 ms a sample)
+    assert np.all(shares[2:, 2] == 0) and np.all(shares[2:, :2] > 0), shares.tolist()
+    (left,) = res.lines("balance: rank 2 (")
+    assert "is worth less than it costs" in left and "one rank works alone" not in left, left
+    for path in (out, tmp_path / "params.rank1.npz", tmp_path / "params.rank2.npz"):
+        got = np.load(path)
+        for name, want in one_process.items():
+            np.testing.assert_allclose(got[name], want, rtol=2e-5, atol=2e-6, err_msg=f"{path.name} {name}")
+
+
 def test_a_rank_that_dies_while_balanced_is_named():
     res = netcl_run(2, "balance_script.py", "unused.npz", "die", timeout=240, NETCL_DIST_TIMEOUT="30")
     assert res.returncode in (1, 3), (res.stdout, res.stderr[-2000:])
