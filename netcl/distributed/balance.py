@@ -315,6 +315,8 @@ class Balancer:
         if now_out == was_out and (moved == 0 or moved <= self.tolerance * self.global_batch):
             return False
         old = self.shares
+        if set(was_out) - set(now_out):
+            self.synchronize()  # a rank that comes back starts from the working ranks' weights
         self._set(new)
         if self.log is not None:
             speeds = ", ".join(f"{r:,.0f}" for r in self.rates)
@@ -353,11 +355,14 @@ class Balancer:
                      f"{old} -> {new}")
         return True
 
-    def synchronize(self) -> None:
+    def synchronize(self, needed_by: Sequence[int] | None = None) -> None:
         """Bring the left-out ranks up to date: the first working rank's parameters, buffers and optimizer
         state copied to every rank. A collective (every rank calls it at the same point, e.g. before a
-        checkpoint or an evaluation); nothing happens while every rank works."""
+        checkpoint or an evaluation); nothing happens while every rank works, nor when none of the ranks
+        `needed_by` names (e.g. [0], the one that writes checkpoints) is left out."""
         if not self.stale:
+            return
+        if needed_by is not None and not set(needed_by) & set(self.left_out):
             return
         source = next(r for r, s in enumerate(self.shares) if s > 0)
         module = self.ddp.module
