@@ -142,8 +142,9 @@ class Balancer:
     Leaving a rank out (`optimizer` given): at each measurement plan_shares weighs what a rank brings (its
     share of the work) against what it costs (the all-reduce every step, and the one sample it holds at
     least, which the others wait for); a rank worth less gets share 0. It then runs no forward or backward;
-    when one rank is left working there is no collective in a step at all, else the left-out ranks add
-    zeros to the all-reduce. Their weights and `optimizer`'s state fall behind and are copied to them from
+    when one rank is left working there is no all-reduce in a step (only a handshake without data in step(),
+    so a left-out rank is never more than a step behind), else the left-out ranks add zeros to the
+    all-reduce. Their weights and `optimizer`'s state fall behind and are copied to them from
     the first working rank (synchronize) when they are needed: before a checkpoint or an evaluation (the
     commands call it) and when they come back. `probe` steps after a rank is left out, it takes part again
     for one measurement (its weights brought up to date first); left out again, it waits twice as long
@@ -268,10 +269,15 @@ class Balancer:
             synced = self.ddp.last_pass.pop("sync_s", None)
         if self.left_out:
             self.stale = True
+            if sum(s > 0 for s in self.shares) == 1:
+                # one rank works alone: nothing to balance and no all-reduce, only a handshake (no data) that
+                # keeps the left-out ranks one step behind at most, so none waits longer than a step in a
+                # collective (NETCL_DIST_TIMEOUT) and a rank that dies is still seen within a step
+                collectives.barrier()
+                if self.probe_at is None or self.steps < self.probe_at:
+                    return False
             if self.probe_at is not None and self.steps >= self.probe_at:
                 return self._readmit()
-            if sum(s > 0 for s in self.shares) == 1:
-                return False  # one rank works alone: nothing to balance, no collective
         if self.skip > 0:
             self.skip -= 1
             return False
