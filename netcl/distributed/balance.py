@@ -309,8 +309,8 @@ class Balancer:
         reasons: list[str] = []
         if self.optimizer is not None:
             new, reasons = plan_shares(self.global_batch, self.rates, self.sync_s, self.margin)
-        else:
-            new = proportional_shares(self.global_batch, self.rates)
+        else:  # one sample a rank at least, evened out where rounding gave a slow rank one more
+            new = _even_out(proportional_shares(self.global_batch, self.rates), np.asarray(self.rates))
         was_out = self.left_out
         now_out = [r for r, s in enumerate(new) if s == 0]
         moved = max(abs(a - b) for a, b in zip(new, self.shares))

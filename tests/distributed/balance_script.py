@@ -7,7 +7,8 @@ DIE_AT) or `exclude`: rank 1 sleeps OUT_S a sample before SWITCH (worth less tha
 Balancer knowing the optimizer), then both ranks sleep EVEN_S (measured again after PROBE steps, it takes part
 again); every rank saves its parameters (argv[1] with the rank before the suffix). `third` (3 ranks): ranks 0
 and 1 sleep EVEN_S / 5 a sample, rank 2 OUT_S throughout and is never measured again: two ranks all-reduce,
-the third adds zeros; every rank saves."""
+the third adds zeros; every rank saves. `die-out`: as `exclude`, and rank 1 exits at step DIE_AT, while it
+is left out."""
 
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ class Throttled(nn.Module):
     def forward(self, x):
         if self.mode == "third":
             delay = OUT_S if dist.rank() == 2 else EVEN_S / 5
-        elif self.mode == "exclude":
+        elif self.mode in ("exclude", "die-out"):
             delay = (OUT_S if dist.rank() == 1 else 0.0) if self.step < SWITCH else EVEN_S
         else:
             delay = SLOW_S if dist.rank() == (1 if self.step < SWITCH else 0) else 0.0
@@ -79,14 +80,14 @@ def main() -> None:
     ddp = dist.DistributedDataParallel(throttled)
     opt = optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
     balancer = dist.Balancer(ddp, GLOBAL_BATCH, mode="on", every=2, warmup=1, first=1, tolerance=0.0,
-                             optimizer=opt if mode in ("exclude", "third") else None,
-                             probe=PROBE if mode == "exclude" else 0,
+                             optimizer=opt if mode in ("exclude", "third", "die-out") else None,
+                             probe=0 if mode == "third" else PROBE,
                              log=say if dist.rank() == 0 else None)
     shares: list[list[int]] = []
 
     def on_step(step: int) -> None:
         shares.append(list(balancer.shares))  # the shares this step trained with
-        if mode == "die" and dist.rank() == 1 and step == DIE_AT:
+        if mode in ("die", "die-out") and dist.rank() == 1 and step == DIE_AT:
             os._exit(1)
         throttled.step = step + 1
 

@@ -180,6 +180,18 @@ def test_a_rank_that_dies_while_balanced_is_named():
     assert "rank 1 (pid" in res.stderr and "exited with status 1" in res.stderr
 
 
+def test_a_rank_that_dies_while_left_out_is_named():
+    # rank 1 is left out from step 2 (rank 0 works alone, no all-reduce) and exits at step 4: rank 0 sees it
+    # at the next step's handshake, not at the timeout
+    res = netcl_run(2, "balance_script.py", "unused.npz", "die-out", timeout=240, NETCL_DIST_TIMEOUT="30")
+    assert res.returncode in (1, 3), (res.stdout, res.stderr[-2000:])
+    assert res.lines("balance: after step 2, shares [12, 12] -> [24, 0] of 24"), res.stdout
+    (line,) = res.lines("rank 0 DistributedError")
+    assert "ranks=[1]" in line and "rank 1" in line, line
+    assert float(re.search(r"after ([\d.]+)s", line).group(1)) < 20
+    assert "rank 1 (pid" in res.stderr and "exited with status 1" in res.stderr
+
+
 def test_device_flags_are_checked(tmp_path):
     with pytest.raises(NetclError, match="--devices names 3 devices for --nproc 2"):
         launch.assign_devices(2, "1:0,1:0,1:0")
