@@ -247,9 +247,8 @@ def run(args: argparse.Namespace) -> int:
         q.finish()
         seconds = time.perf_counter() - t0
         bar.close()
-        if balancer is not None:
-            balancer.synchronize()  # a rank left out of the steps evaluates (rank 0 saves) the same weights
-        acc = run.agree(evaluate(model, x_test, data.y_test, q))
+        left_out = balancer is not None and not balancer.working  # its weights are behind: no evaluation
+        acc = run.agree(None if left_out else evaluate(model, x_test, data.y_test, q))
         history["loss"].extend(losses)
         history["test_accuracy"].append(acc)
         history["epoch_seconds"].append(seconds)
@@ -268,6 +267,8 @@ def run(args: argparse.Namespace) -> int:
             },
         )
         tb.flush()
+        if balancer is not None:
+            balancer.synchronize(needed_by=[0])  # rank 0 writes the checkpoint
         run.save(model, opt, sched, step=(epoch + 1) * len(loader), epoch=epoch + 1, loader=loader,
                  scaler=mixed.scaler if mixed is not None else None,
                  extra={"history": history, "model": s["model"], "dataset": data.name, "args": run_args})
