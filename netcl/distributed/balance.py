@@ -144,11 +144,12 @@ class Balancer:
     least, which the others wait for); a rank worth less gets share 0. It then runs no forward or backward;
     when one rank is left working there is no all-reduce in a step (only a handshake without data in step(),
     so a left-out rank is never more than a step behind), else the left-out ranks add zeros to the
-    all-reduce. Their weights and `optimizer`'s state fall behind and are copied to them from
-    the first working rank (synchronize) when they are needed: before a checkpoint or an evaluation (the
-    commands call it) and when they come back. `probe` steps after a rank is left out, it takes part again
-    for one measurement (its weights brought up to date first); left out again, it waits twice as long
-    before the next (0: never measured again). Without `optimizer` no rank is left out (one sample each).
+    all-reduce. Their weights and `optimizer`'s state fall behind and are copied to them from the first
+    working rank (synchronize) when they are needed: before a left-out rank 0 writes a checkpoint (the
+    commands call it; a left-out rank does not evaluate) and when they come back. `probe` steps after a rank
+    is left out, it takes part again for one measurement (its weights brought up to date first); left out
+    again, it waits twice as long before the next (0: never measured again). Without `optimizer` no rank is
+    left out (one sample each).
     `log` (rank 0's logger or None) hears each change. Call step() after each optimizer step (batches() does);
     every rank makes the same calls, so the re-measurements are collectives in step."""
 
