@@ -7,7 +7,7 @@
 #    another pyopencl, its pyopencl/.libs is not the imported one, and pip will not merge it into an existing
 #    pyopencl (it skips it, or with --upgrade replaces the whole package). So this script finds libpocl*.so (in
 #    the PYTHONPATH directories, /tmp/pocl-site, or installs $POCL_WHEEL / a pocl_binary_distribution wheel
-#    found in dist/, .gpu/wheels or shared/gpu/wheels into /tmp/pocl-site) and registers it by its path in an
+#    found in .gpu/pocl, dist/, .gpu/wheels or shared/gpu/wheels into /tmp/pocl-site) and registers it in an
 #    OCL_ICD_VENDORS directory beside the ones already there (NVIDIA's from .gpu/setup.sh, or
 #    /etc/OpenCL/vendors' copied). Its rpath finds hwloc and the kernel library in the same directory tree.
 # 1. bench/balance.py: an MLP 4 x 1024, global batch 1024: the GPU alone, the CPU alone, then both in one job
@@ -42,7 +42,8 @@ register_pocl() {  # make PyPI's PoCL visible to the ICD loader whatever pyopenc
     [ -n "$lib" ] && break
   done
   if [ -z "$lib" ]; then
-    whl=${POCL_WHEEL:-$(ls dist/pocl_binary_distribution-*.whl .gpu/wheels/pocl_binary_distribution-*.whl \
+    whl=${POCL_WHEEL:-$(ls .gpu/pocl/pocl_binary_distribution-*.whl dist/pocl_binary_distribution-*.whl \
+      .gpu/wheels/pocl_binary_distribution-*.whl \
       shared/gpu/wheels/pocl_binary_distribution-*.whl ../shared/gpu/wheels/pocl_binary_distribution-*.whl \
       2>/dev/null | head -1)}
     if [ -z "$whl" ]; then
