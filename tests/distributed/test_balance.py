@@ -88,6 +88,40 @@ def test_plan_explains_why():
         dist.plan_shares(64, [1, 0], 0.0)
 
 
+def test_one_process_balancer_and_shares_are_checked(queue):
+    """A job of one process (no launcher): the checks of DDP's shares and of the Balancer's settings."""
+    dist.init(backend="single")
+    try:
+        _check_one_process_balancer(queue)
+    finally:
+        dist.destroy()
+
+
+def _check_one_process_balancer(queue):
+    ddp = dist.DistributedDataParallel(ddp_script.build(queue))
+    with pytest.raises(ValueError, match=r"the ranks' shares \[0.0\] must be >= 0 and add up to 1"):
+        ddp.set_shares([0.0])
+    with pytest.raises(ValueError, match="2 shares for 1 ranks"):
+        ddp.set_shares([0.5, 0.5])
+    ddp.set_shares([1.0])
+    assert ddp.solo and ddp.source == 0 and ddp.weights == [1.0]
+    ddp.idle_pass()  # one rank works alone: nothing to take part in
+    ddp.set_shares(None)
+    assert not ddp.solo and ddp.weights is None
+    opt = optim.SGD(ddp.module.parameters(), lr=0.1)
+    with pytest.raises(TypeError, match="optimizer must be a netcl.optim Optimizer"):
+        dist.Balancer(ddp, 8, mode="on", optimizer="sgd")
+    with pytest.raises(ValueError, match="probe must be an integer >= 0, got -1"):
+        dist.Balancer(ddp, 8, mode="on", optimizer=opt, probe=-1)
+    with pytest.raises(ValueError, match="margin is a fraction of a step"):
+        dist.Balancer(ddp, 8, mode="on", optimizer=opt, margin=1.0)
+    balancer = dist.Balancer(ddp, 8, mode="on", optimizer=opt)
+    assert balancer.shares == [8] and balancer.working and balancer.left_out == []
+    balancer.synchronize()  # nobody is behind: nothing to copy
+    first = balancer.describe()[0]
+    assert "a rank worth less than its all-reduce and its one-sample floor is left out" in first, first
+
+
 def test_bad_share_inputs_are_named():
     with pytest.raises(ValueError, match="global batch of 2 cannot give each of 3 ranks"):
         dist.proportional_shares(2, [1, 1, 1])
