@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One job across mismatched devices (issue 29), for the one-GPU machine: the NVIDIA GPU beside the CPU through
 # PoCL, from the repo root, in about 5 minutes:
-#   bash bench/mismatched_gpu.sh            (everything into $OUT, default bench/results/mismatched)
+#   bash bench/mismatched_gpu.sh            (logs, JSON and the runs' metrics into $OUT, default
+#                                            bench/results/mismatched; the GPT checkpoints stay in /tmp)
 # 0. PoCL: PyPI's pocl-binary-distribution 3.0 puts libpocl and pocl.icd into *pyopencl*/.libs, where the
 #    ICD loader of PyOpenCL's wheel looks ($PYOPENCL_HOME/.libs). Installed with `pip --target DIR` beside
 #    another pyopencl, its pyopencl/.libs is not the imported one, and pip will not merge it into an existing
@@ -102,13 +103,15 @@ timeout 170 $py bench/balance.py --devices "$fast,$slow" --delays-ms 0,0 --runs 
 
 echo "== 2. netcl lm-train --preset 25m: the GPU alone with 16 sequences a step, then GPU + CPU sharing 16"
 lm=${LM_ARGS:---preset 25m --corpus netcl --steps 40 --eval-every 40 --eval-windows 16}
-rm -rf "$out/lm_alone" "$out/lm_job"
+runs=/tmp/netcl-mismatch-runs  # checkpoints of the 25m GPT are ~0.8 GB a run: not under $OUT, only the metrics
+rm -rf "$runs" && mkdir -p "$runs"
 # shellcheck disable=SC2086
 NETCL_DEVICE=$fast timeout 130 $py -m netcl.cli lm-train $lm --eager --batch-size 16 --samples 0 \
-  --no-progress --cache-dir /tmp/netcl-corpus --out "$out/lm_alone" 2>&1 | tee "$out/lm_alone.txt"
+  --no-progress --cache-dir /tmp/netcl-corpus --out "$runs/lm_alone" 2>&1 | tee "$out/lm_alone.txt"
 # shellcheck disable=SC2086
 timeout 240 $py -m netcl.cli lm-train $lm --eager --batch-size 8 --nproc 2 --devices "$fast,$slow" --samples 0 \
-  --no-progress --cache-dir /tmp/netcl-corpus --out "$out/lm_job" 2>&1 | tee "$out/lm_job.txt"
+  --no-progress --cache-dir /tmp/netcl-corpus --out "$runs/lm_job" 2>&1 | tee "$out/lm_job.txt"
+for r in alone job; do cp "$runs/lm_$r/metrics.json" "$out/lm_${r}_metrics.json" 2>/dev/null; done
 
 $py - "$out" "$(( $(date +%s) - t_start ))" <<'EOF' | tee "$out/verdict.txt"
 import json, sys
@@ -125,7 +128,7 @@ except (OSError, KeyError, ValueError) as exc:
     parts.append(f"MLP: no result ({exc!r})")
 ok = False
 try:
-    a, j = (json.loads((out / f"lm_{r}" / "metrics.json").read_text()) for r in ("alone", "job"))
+    a, j = (json.loads((out / f"lm_{r}_metrics.json").read_text()) for r in ("alone", "job"))
     ratio = j["tokens_per_second_median"] / a["tokens_per_second_median"]
     left = "is worth less than it costs" in (out / "lm_job.txt").read_text()
     ok = ratio >= 0.95
