@@ -13,7 +13,7 @@ by `mpiexec`), and a job of one process when neither launched the script. NETCL_
 choice.
 """
 
-from netcl.distributed.balance import Balancer, batch_shares, proportional_shares
+from netcl.distributed.balance import Balancer, batch_shares, plan_shares, proportional_shares
 from netcl.distributed.collectives import all_gather, all_reduce, barrier, broadcast
 from netcl.distributed.ddp import DistributedDataParallel
 from netcl.distributed.group import ProcessGroup
@@ -31,6 +31,7 @@ __all__ = [
     "barrier",
     "batch_shares",
     "broadcast",
+    "plan_shares",
     "proportional_shares",
     "destroy",
     "group",

@@ -83,7 +83,7 @@ class DistributedDataParallel(Module):
         state = [p.value for p in module.parameters()] + module.buffers()
         if state:
             collectives.broadcast(state, src=0)
-        self.op, self.weights = "mean", None
+        self.op, self.weights, self.source, self.solo = "mean", None, 0, False
         if sample_share is not None:
             share = float(sample_share)
             if not 0 < share <= 1:
@@ -106,7 +106,8 @@ class DistributedDataParallel(Module):
         # all-reduce ended ("ready", "done"), when backward's last
         # kernel was enqueued ("enqueued") and when backward had all results ("end"); "reduce_s": each
         # bucket's all-reduce time, "exposed_s": how long backward waited for them at its end;
-        # "compute_s": from this rank's forward to its last gradient on the device (its own work only)
+        # "compute_s": from this rank's forward to its last gradient on the device (its own work only),
+        # "sync_s": from then until every all-reduce had ended (waiting for the other ranks included)
         self.last_pass: dict[str, Any] = {"reduce_s": [], "exposed_s": 0.0}
         self._pass_t0 = 0.0
         self._forward_t0: float | None = None
@@ -115,18 +116,43 @@ class DistributedDataParallel(Module):
     def set_shares(self, fractions: list[float] | None) -> None:
         """Each rank's fraction of the global batch (the same list on every rank; it must add up to 1): from
         the next backward on, the gradients are summed weighted by them (netcl.distributed.Balancer calls
-        it when the shares move). None: the plain mean (equal shares)."""
+        it when the shares move). None: the plain mean (equal shares). A rank with fraction 0 is left out: it
+        runs no forward or backward and calls idle_pass() instead; when one rank alone has a fraction (1),
+        a step has no collective at all (its gradients are already the whole batch's)."""
         if fractions is None:
-            self.op, self.weights = "mean", None
+            self.op, self.weights, self.source, self.solo = "mean", None, 0, False
             return
         shares = np.asarray(fractions, np.float64).reshape(-1)
         if len(shares) != self.group.world_size:
             raise ValueError(f"{len(shares)} shares for {self.group.world_size} ranks")
-        if not np.all(shares > 0) or abs(shares.sum() - 1) > 1e-6:
+        if not np.all(shares >= 0) or not np.any(shares > 0) or abs(shares.sum() - 1) > 1e-6:
             raise ValueError(
-                f"the ranks' shares {shares.round(6).tolist()} must be > 0 and add up to 1"
+                f"the ranks' shares {shares.round(6).tolist()} must be >= 0 and add up to 1"
             )
         self.op, self.weights = "sum", shares.tolist()
+        self.source = int(np.flatnonzero(shares > 0)[0])  # the first working rank: its buffers go to all
+        self.solo = int(np.count_nonzero(shares)) == 1
+
+    def idle_pass(self) -> None:
+        """On a rank left out of a step (fraction 0): take part in the collectives the working ranks' forward
+        and backward run (the buffers' broadcast, each bucket's all-reduce, adding zeros; the results are not
+        used), in the same order. Nothing when one rank works alone."""
+        if self.solo or self.weights is None or self.group.world_size == 1:
+            return
+        self._close_pass()
+        if self.broadcast_buffers and self.training:
+            buffers = self.module.buffers()
+            if buffers:
+                collectives.broadcast(buffers, src=self.source)
+        for bucket in self.buckets:
+            bucket.flat.fill_(0)
+            bucket.events = [handoff(bucket.flat.queue)]
+            bucket.work = runtime.dispatcher().submit(lambda b=bucket: self._reduce(b))
+        try:
+            for bucket in self.buckets:
+                bucket.work.wait()
+        finally:
+            self._reset_pass()
 
     def _make_buckets(self, params: list[Parameter]) -> list[_Bucket]:
         buckets, current, size = [], [], 0
@@ -149,10 +175,10 @@ class DistributedDataParallel(Module):
                 "host memory, which a replay cannot redo; run the step eagerly"
             )
         self._close_pass()
-        if self.broadcast_buffers and self.training and self.group.world_size > 1:
+        if self.broadcast_buffers and self.training and self.group.world_size > 1 and not self.solo:
             buffers = self.module.buffers()
             if buffers:
-                collectives.broadcast(buffers, src=0)
+                collectives.broadcast(buffers, src=self.source)
         self._forward_t0 = time.perf_counter()  # after the broadcast: this rank's own work from here
         return self.module(*args, **kwargs)
 
@@ -169,7 +195,7 @@ class DistributedDataParallel(Module):
     # -- during backward
     # ---------------------------------------------------------------------------------------
     def _grad_ready(self, param: Parameter) -> None:
-        if not self._sync or self.group.world_size == 1 and self.weights is None:
+        if not self._sync or self.solo or self.group.world_size == 1 and self.weights is None:
             return
         if not self._pass_open:
             self._pass_open = True
@@ -235,7 +261,7 @@ class DistributedDataParallel(Module):
             t1, base = time.perf_counter(), self._pass_t0
             started, self._forward_t0 = self._forward_t0, None
             self.last_pass = {
-                "compute_s": None if started is None else computed - started,
+                "compute_s": None if started is None else computed - started, "sync_s": t1 - computed,
                 "reduce_s": [b.times[2] - b.times[1] for b in self.buckets], "exposed_s": t1 - t0,
                 "submitted": [b.submitted - base for b in self.buckets],
                 "ready": [b.times[1] - base for b in self.buckets],

@@ -375,7 +375,8 @@ def run_train(args: argparse.Namespace) -> int:
         log(f"resumed from {resume_from} at step {start}, lr {opt.param_groups[0]['lr']:.3g}")
     tokens_per_step = s["batch_size"] * nproc * s["context"]
     ddp = dist.DistributedDataParallel(model) if nproc > 1 else None  # after a resume's load
-    balancer = None if ddp is None else dist.Balancer(ddp, s["batch_size"] * nproc, args.balance, log=log)
+    balancer = None if ddp is None else dist.Balancer(ddp, s["batch_size"] * nproc, args.balance, log=log,
+                                                      optimizer=opt)
     log(
         f"netcl lm-train: {s['arch']} GPT, {s['layers']} "
         f"layers, {s['heads']} heads ({s['kv_heads']} kv), dim "
@@ -415,14 +416,16 @@ def run_train(args: argparse.Namespace) -> int:
         for step in range(start, s["steps"]):
             batch = windows.next_batch()
             fractions = [1.0] if balancer is None else balancer.fractions  # this step's shares
-            pending.append((step_fn(batch if balancer is None else balancer.split(batch)), fractions))
+            part = batch if balancer is None else balancer.split(batch)  # None: this rank is left out
+            pending.append((None if part is None else step_fn(part), fractions))
             if balancer is not None:
                 balancer.step()
             sched.step()
             n = step + 1
             if n % report_every == 0 or n % s["eval_every"] == 0 or n == s["steps"]:
                 if nproc > 1:  # the loss of the global batch: the ranks' losses weighted by their shares
-                    merged = np.asarray([float(t.to_host()[0]) * f[rank] for t, f in pending], np.float64)
+                    merged = np.asarray([0.0 if t is None else float(t.to_host()[0]) * f[rank]
+                                         for t, f in pending], np.float64)
                     dist.all_reduce(merged, op="sum")
                     values = merged.tolist()
                 else:
@@ -446,12 +449,16 @@ def run_train(args: argparse.Namespace) -> int:
                 run.tb.log(n, {"train/learning_rate": opt.param_groups[0]["lr"],
                                "train/tokens_per_second": rate})
             if n % s["eval_every"] == 0 or n == s["steps"]:
-                vloss = run.agree(validation_loss(model, val, s["batch_size"]))
+                # a rank left out of the steps (its weights behind) does not evaluate
+                left_out = balancer is not None and not balancer.working
+                vloss = run.agree(None if left_out else validation_loss(model, val, s["batch_size"]))
                 history["val_loss"].append((n, vloss))
                 log(f"step {n}: validation loss {vloss:.4f} nats ({vloss / math.log(2):.3f} bits) per token; "
                     f"a unigram model's: {corpus.info['unigram_val_loss_nats']:.4f}")
                 run.tb.log(n, {"validation/loss": vloss})
                 run.tb.flush()
+                if balancer is not None:
+                    balancer.synchronize(needed_by=[0])  # rank 0 writes the checkpoint
                 checkpoint(n)
                 if run.evaluated([(f"step {m}", v) for m, v in history["val_loss"]]):
                     break

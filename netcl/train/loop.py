@@ -174,19 +174,22 @@ def train_epoch(
     """One pass over `loader`; returns the per-step losses (read from the device in batches).
     `step(x, y) -> loss` replaces train_step (a GraphedStep, which then owns the scheduler). `balancer` (a
     netcl.distributed.Balancer, data parallelism): the loader gives global batches, this rank trains on its
-    rows of each, and the balancer counts (and re-measures) the steps."""
+    rows of each, and the balancer counts (and re-measures) the steps; a rank it leaves out of a step only
+    steps the scheduler, and reports no loss for it."""
     model.train()
     pending: list[Tensor] = []
     losses: list[float] = []
     for i, (x, y) in enumerate(loader):
-        if balancer is not None:
-            x, y = balancer.split((x, y))
-        pending.append(
-            step(x, y) if step is not None else train_step(model, optimizer, x, y, scheduler, mixed)
-        )
+        part = (x, y) if balancer is None else balancer.split((x, y))
+        if part is not None:
+            pending.append(
+                step(*part) if step is not None else train_step(model, optimizer, *part, scheduler, mixed)
+            )
+        elif scheduler is not None and step is None:
+            scheduler.step()  # the working ranks' schedules move on; so does this rank's
         if balancer is not None:
             balancer.step()
-        if (i + 1) % report_every == 0 or i + 1 == len(loader):
+        if pending and ((i + 1) % report_every == 0 or i + 1 == len(loader)):
             values = [float(t.to_host()[0]) for t in pending]
             losses.extend(values)
             pending.clear()

@@ -287,13 +287,18 @@ class Run:
         if path not in self.written:
             self.written.append(path)
 
-    def agree(self, value: float) -> float:
-        """An evaluation all ranks share (their mean: equal on equal devices), so --patience stops them
+    def agree(self, value: float | None) -> float:
+        """An evaluation all ranks share (the mean of the ranks that evaluated: equal on equal devices; None
+        from a rank that did not, e.g. one left out of the steps by the Balancer), so --patience stops them
         together."""
         if dist.is_initialized() and dist.world_size() > 1:
-            merged = np.asarray([value], np.float64)
-            dist.all_reduce(merged, op="mean")
-            return float(merged[0])
+            merged = np.asarray([0.0, 0.0] if value is None else [value, 1.0], np.float64)
+            dist.all_reduce(merged, op="sum")
+            if merged[1] == 0:
+                raise NetclError("no rank evaluated the model (every rank passed None to Run.agree)")
+            return float(merged[0] / merged[1])
+        if value is None:
+            raise NetclError("Run.agree: this process did not evaluate the model (None); no other rank did")
         return value
 
     def evaluated(self, evaluations: list[tuple[str, float]]) -> bool:

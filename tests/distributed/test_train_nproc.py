@@ -26,6 +26,8 @@ def test_netcl_train_with_two_processes(tmp_path):
         assert re.search(rf"rank {r}: \[{spec}\] .*, share 32 of 64 \(50\.0%\)", proc.stdout), proc.stdout
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["processes"] == 2 and metrics["epochs"] == 1
-    assert sum(metrics["shares"]) == 64 and min(metrics["shares"]) >= 1
+    assert sum(metrics["shares"]) == 64
+    # two ranks on one shared CPU: a measurement may find one worth less than the all-reduce it costs
+    assert min(metrics["shares"]) >= 1 or "is worth less than it costs" in proc.stdout, proc.stdout
     assert 0.2 < metrics["final_test_accuracy"] <= 1.0  # 5 steps of 64 images: well above chance (0.1)
     assert (out / "checkpoint.safetensors").is_file()

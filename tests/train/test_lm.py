@@ -552,6 +552,33 @@ def test_amp_float16_keeps_its_loss_scale_across_a_resume(corpus_dir, tmp_path, 
     assert not (tmp_path / "never").exists()
 
 
+def test_a_rank_left_out_still_trains_what_one_process_trains(corpus_dir, tmp_path, capsys):
+    """Rank 0 slowed to 0.2 s a sample (tests/train/slowed_rank_script.py): measured after 3 steps, it is left
+    out (rank 1 trains on the whole global batch of 4, no all-reduce), does not evaluate, and gets rank 1's
+    weights before it writes the checkpoint: the weights and losses are one process's with --batch-size 4."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    common = ("--steps", "6", "--eval-every", "6", "--warmup", "1", "--samples", "0")
+    assert main(_args(corpus_dir, one, *common, "--batch-size", "4")) == 0
+    capsys.readouterr()
+    cmd = [sys.executable, "-m", "netcl.cli", "run", "--nproc", "2", "--balance", "on",
+           str(ROOT / "tests/train/slowed_rank_script.py"), "0",
+           *_args(corpus_dir, two, *common, "--batch-size", "2", "--nproc", "2")]
+    proc = subprocess.run(cmd, env=environment(), cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "a rank worth less than its all-reduce and its one-sample floor is left out" in proc.stdout
+    assert "balance: after step 3, shares [2, 2] -> [0, 4] of 4" in proc.stdout, proc.stdout
+    assert "balance: rank 0 (" in proc.stdout and "one rank works alone" in proc.stdout, proc.stdout
+    assert proc.stdout.count("step 6: validation loss") == 1
+    a, b = load_file(str(one / "model.safetensors")), load_file(str(two / "model.safetensors"))
+    for k in a:
+        np.testing.assert_allclose(b[k], a[k], rtol=1e-4, atol=1e-6, err_msg=k)
+    ha = read_checkpoint(one / "checkpoint.safetensors")[1]["extra"]["history"]
+    hb = read_checkpoint(two / "checkpoint.safetensors")[1]["extra"]["history"]
+    np.testing.assert_allclose(hb["loss"], ha["loss"], rtol=1e-5)
+    np.testing.assert_allclose(hb["val_loss"][-1][1], ha["val_loss"][-1][1], rtol=1e-5)  # rank 1's alone
+    assert json.loads((two / "metrics.json").read_text())["shares"] == [0, 4]
+
+
 def test_two_processes_train_what_one_trains_on_their_joint_batch(corpus_dir, tmp_path, capsys):
     """--nproc 2 --batch-size 2: each rank takes half of every global batch of 4 and DDP averages the
     gradients,

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -11,8 +13,10 @@ from netcl import optim
 from netcl.cli import main
 from netcl.data import DataLoader, load_digits
 from netcl.io import load_checkpoint, save_checkpoint
+from netcl.io.checkpoint import read_checkpoint
 from netcl.ops import random
 from netcl.train import GraphedStep, build_model, evaluate, train_epoch
+from tests.distributed.launching import ROOT, environment
 
 
 @pytest.fixture(scope="module")
@@ -97,3 +101,39 @@ def test_netcl_train_command_and_resume(tmp_path, capsys):
     assert "resumed from" in text and "epoch 2:" in text
     metrics = json.loads((out / "metrics.json").read_text())
     assert len(metrics["test_accuracy"]) == 2 and metrics["final_test_accuracy"] > 0.8
+
+
+def test_a_rank_left_out_of_netcl_train_still_trains_what_one_process_trains(tmp_path):
+    """Rank 1 slowed to 0.2 s a sample (tests/train/slowed_rank_script.py) is left out after 3 steps: it
+    only steps the cosine schedule, does not evaluate (its weights are behind; the accuracy is rank 0's), and
+    rank 0's checkpoint equals one process's. With rank 0 slowed instead, rank 0 gets rank 1's weights and
+    AdamW state before it writes the checkpoint."""
+    common = ["--dataset", "digits", "--model", "mlp", "--epochs", "2", "--train-limit", "320", "--eager",
+              "--no-progress", "--seed", "3"]
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert main(["train", *common, "--batch-size", "64", "--out", str(one)]) == 0
+    a, meta_a = read_checkpoint(one / "checkpoint.safetensors")
+    one_m = json.loads((one / "metrics.json").read_text())
+    for slow, shares in ((1, [64, 0]), (0, [0, 64])):
+        two = tmp_path / f"two-slow{slow}"
+        cmd = [sys.executable, "-m", "netcl.cli", "run", "--nproc", "2", "--balance", "on",
+               str(ROOT / "tests/train/slowed_rank_script.py"), str(slow),
+               "train", *common, "--batch-size", "32", "--nproc", "2", "--out", str(two)]
+        proc = subprocess.run(cmd, env=environment(), cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert f"balance: after step 3, shares [32, 32] -> {shares} of 64" in proc.stdout, proc.stdout
+        assert f"balance: rank {slow} (" in proc.stdout and "is worth less than it costs" in proc.stdout
+        b, meta_b = read_checkpoint(two / "checkpoint.safetensors")
+        assert sorted(a) == sorted(b)
+        for k in a:
+            np.testing.assert_allclose(b[k], a[k], rtol=1e-4, atol=1e-6, err_msg=f"slow rank {slow}: {k}")
+        two_m = json.loads((two / "metrics.json").read_text())
+        assert two_m["shares"] == shares
+        # only the working rank evaluated: the accuracy is one process's
+        assert two_m["test_accuracy"] == pytest.approx(one_m["test_accuracy"], abs=1e-9)
+        loss_a, loss_b = meta_a["extra"]["history"]["loss"], meta_b["extra"]["history"]["loss"]
+        if slow == 1:  # rank 0's losses: of its 32 rows for 3 steps, then of the whole batch (one process's)
+            assert len(loss_a) == len(loss_b) == 10
+            np.testing.assert_allclose(loss_b[3:], loss_a[3:], rtol=1e-5)
+        else:  # rank 0 left out after 3 steps reports its 3 losses only
+            assert len(loss_b) == 3 and "mean loss - (this rank was left out of every step)" in proc.stdout
