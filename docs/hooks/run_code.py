@@ -109,6 +109,26 @@ def _figures() -> list[str]:
     return images
 
 
+@contextlib.contextmanager
+def _stderr_kept(err: io.StringIO):
+    """Inside: what a block writes to stderr goes into `err`, not the terminal of `mkdocs build`: progress
+    bars (tqdm writes to sys.stderr) and what the OpenCL compiler prints on file descriptor 2 itself (clang's
+    "1 error generated." for a page that shows a build error). Kept for the error of a failing block."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as raw:
+        os.dup2(raw.fileno(), 2)
+        try:
+            with contextlib.redirect_stderr(err):
+                yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            raw.seek(0)
+            err.write(raw.read().decode(errors="replace"))
+
+
 class BlockError(RuntimeError):
     """A guide page's code block raised: names the page and the line of the block."""
 
@@ -130,14 +150,15 @@ def run_page(name: str, markdown: str, workdir: Path | None = None) -> list[dict
                 if b.skip is not None:
                     results.append({"stdout": "", "figures": []})
                     continue
-                out = io.StringIO()
+                out, err = io.StringIO(), io.StringIO()
                 try:
-                    with contextlib.redirect_stdout(out):
+                    with contextlib.redirect_stdout(out), _stderr_kept(err):
                         exec(compile(b.code, f"{name}:{b.line}", "exec"), namespace)
                 except Exception as exc:
                     raise BlockError(
                         f"{name}, the code block at line {b.line} raised "
                         f"{type(exc).__name__}: {exc}\n--- its output so far:\n{out.getvalue()}"
+                        f"--- its stderr:\n{err.getvalue()}"
                     ) from exc
                 results.append({"stdout": out.getvalue(), "figures": _figures()})
         finally:

@@ -74,6 +74,20 @@ def test_a_failing_block_names_page_and_line(tmp_path):
         run_code.run_page("bad.md", page, workdir=tmp_path)
 
 
+def test_a_block_writes_nothing_to_the_terminal(tmp_path, capfd):
+    """`mkdocs build --strict` printed a stray "1 error generated." (clang, on file descriptor 2, for the page
+    that shows a build error) and progress bars (sys.stderr): a block's stderr is kept, not printed, and a
+    failing block's error shows it."""
+    page = ("```python\nimport os, sys\nos.write(2, b'1 error generated.\\n')\n"
+            "print('progress', file=sys.stderr)\nprint('out')\n```\n")
+    assert run_code.run_page("quiet.md", page, workdir=tmp_path) == [{"stdout": "out\n", "figures": []}]
+    assert capfd.readouterr().err == ""
+    with pytest.raises(run_code.BlockError, match=r"--- its stderr:\n") as failed:
+        run_code.run_page("loud.md", page.replace("print('out')", "1 / 0"), workdir=tmp_path)
+    assert "1 error generated.\n" in str(failed.value) and "progress\n" in str(failed.value)
+    assert capfd.readouterr().err == ""
+
+
 def test_pages_script_reports_each_page(capsys, monkeypatch, tmp_path):
     monkeypatch.setenv("NETCL_CACHE_DIR", str(tmp_path))
     spec = importlib.util.spec_from_file_location("netcl_docs_pages", ROOT / "scripts" / "docs_pages.py")
