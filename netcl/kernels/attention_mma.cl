@@ -3,9 +3,9 @@
 // scheme). The rules (masks, kv_len, causal alignment, dropout) are attention_common.cl's, so results and
 // lse match attention_gpu.cl's within half's rounding of p.
 //
-// attention_forward_mma: global (ceil(SQ / BM) * THREADS, HQ, B), local THREADS = BM / 16 warps. Warp w
-//   owns query rows i0 + 16 w .. + 15 of the work-group's BM; its q fragments (A operands, 16 x HEAD_DIM)
-//   stay in registers. Key tiles of BN: k and v rows into local memory (16-byte loads, rows past the last
+// attention_forward_mma: global (ceil(SQ / BM) * THREADS, HQ, B), local THREADS = BM / (16 RB) warps. Warp w
+//   owns query rows i0 + 16 RB w .. + 16 RB - 1 of the work-group's BM (RB blocks of 16); its q fragments (A
+//   operands, 16 x HEAD_DIM a block) stay in registers. Key tiles of BN: k and v rows into local memory (16-byte loads, rows past the last
 //   key a row may see are zeros), then per warp s = q k^T (16 x BN accumulators; lane: rows g and g + 8,
 //   columns 2t, 2t + 1 of each 8-key block), scale and mask, row maxima over the four lanes of a row (warp
 //   shuffles), p = exp(s - m) in float32, rescaled running sums and outputs, p rounded to the input's dtype
@@ -14,8 +14,14 @@
 //   may see no key). Local memory: 2 * BN * (HEAD_DIM + 8) 16-bit values (the q tile passes through the k
 //   tile's memory first).
 //
+// MMA_PASS: the one kernel a program holds (1 forward, 2 dq, 3 dk/dv: each pass is built with its own tiles, and
+// PoCL builds the emulated kernels slowly), 0 all three.
+#ifndef MMA_PASS
+#define MMA_PASS 0
+#endif
+
 // Build options: attention_common.cl's (T is float16 or bfloat16 storage), HEAD_DIM (a multiple of 16, at
-// most 128), BM (query rows, a multiple of 16), BN (keys of a tile, a multiple of 16),
+// most 128), BM (query rows, a multiple of 16 RB), BN (keys of a tile, a multiple of 16), RB (1 or 2),
 // NATIVE_EXP, MMA_EMULATE (mma, ldmatrix and the shuffles emulated through local memory: tests on any
 // device). Rows of q, k, v start on 16-byte boundaries (the host checks).
 
@@ -35,7 +41,15 @@
 #ifndef BN
 #define BN 64
 #endif
-#define WARPS (BM / 16)
+// RB: 16-row blocks of queries a warp of the forward and dq passes (FlashAttention-2 gives a warp 32 rows:
+// each k or v fragment read from local memory by ldmatrix then feeds RB mma, where one block gave it one;
+// local memory's bandwidth, not the units, bounded the passes at one block: 4 clocks an ldmatrix.x4 against
+// ~1.5 a mma an SM). The dk/dv pass keeps 16 keys a warp (RB 1).
+#ifndef RB
+#define RB 1
+#endif
+#define WROWS (16 * RB)          // query rows a warp
+#define WARPS (BM / WROWS)
 #define THREADS (WARPS * 32)
 #define KEYS (WARPS * 16)        // keys of a dk/dv work-group: 16 a warp
 #define DPAD (HEAD_DIM + 8)      // local row length (16-bit values): a 16-byte pad keeps ldmatrix's 8 rows
@@ -44,8 +58,8 @@
 #define DB (HEAD_DIM / 8)        // 8-column blocks of the output
 #define DK (HEAD_DIM / 16)       // k steps of q k^T
 #define CH (HEAD_DIM / 8)        // 16-byte chunks of a row
-#if (HEAD_DIM % 16) || HEAD_DIM > 128 || (BN % 16) || (BM % 16)
-#error "attention_mma.cl: HEAD_DIM a multiple of 16 up to 128, BM and BN multiples of 16"
+#if (HEAD_DIM % 16) || HEAD_DIM > 128 || (BN % 16) || (BM % WROWS) || RB < 1 || RB > 2
+#error "attention_mma.cl: HEAD_DIM a multiple of 16 up to 128, BN a multiple of 16, BM of 16 RB (RB 1 or 2)"
 #endif
 
 // PREFETCH 1: the forward's and the dq pass's k and v tiles in a two-stage ring filled by cp.async, tile n + 1
@@ -115,7 +129,7 @@ inline bool open_tile(const int j0, const int n, const int i0, const int L, cons
 // The masks of a tile of scores s[NB][4] (query rows irow[r], keys j0 + jb * 8 + 2t + (e & 1): the forward's
 // and the dq pass's layout), for tiles that have masked pairs: outside the hot path, which stays one
 // straight block without branches
-#define MASK_ROWS(s)                                                                                    \
+#define MASK_ROWS(s, irow)                                                                              \
     _Pragma("unroll")                                                                                   \
     for (int jb = 0; jb < NB; ++jb)                                                                     \
         _Pragma("unroll")                                                                               \
@@ -125,7 +139,7 @@ inline bool open_tile(const int j0, const int n, const int i0, const int L, cons
                                     mbase + irow[r_] * mask_si + j_ * mask_sj);                         \
         }
 // target[jb][e] *= dropout's multiplier of the pair where p[jb][e] != 0 (the same layout; rows row0 + rloc[r])
-#define DROP_ROWS(target, p)                                                                            \
+#define DROP_ROWS(target, p, rloc)                                                                      \
     _Pragma("unroll")                                                                                   \
     for (int jb = 0; jb < NB; ++jb)                                                                     \
         _Pragma("unroll")                                                                               \
@@ -228,7 +242,7 @@ inline void issue_tile(__local ushort *dst, __global const ushort *base, const l
 // ldmatrix row addresses by lane L: the warp's 16 q rows at k step kk (A); keys jb * 8 .. + 15 at k step
 // kk (B of q k^T: two 8-key blocks, k halves); keys kk * 16 .. + 15 of v at columns db * 8 .. + 15 (B of
 // p v, transposed)
-#define Q_ROWS(L) (ks + (warp * 16 + ((L) & 15)) * DPAD + kk * 16 + ((L) >> 4) * 8)
+#define Q_ROWS(L) (ks + (warp * WROWS + rb * 16 + ((L) & 15)) * DPAD + kk * 16 + ((L) >> 4) * 8)
 #define K_ROWS(L) (ks + (jb * 8 + ((L) >> 4) * 8 + ((L) & 7)) * DPAD + kk * 16 + (((L) >> 3) & 1) * 8)
 #define V_ROWS(L) (vs + (kk * 16 + (((L) >> 3) & 1) * 8 + ((L) & 7)) * DPAD + (db + ((L) >> 4)) * 8)
 
@@ -270,6 +284,7 @@ inline void issue_tile(__local ushort *dst, __global const ushort *base, const l
 #define STREAM_NEXT(abuf, bbuf, abase, astride, bbase, bstride, ROWS, END, as_, bs_)                     \
     STREAM_NEXT_AT(abuf, bbuf, abase, astride, bbase, bstride, ROWS, END, j0, as_, bs_)
 
+#if MMA_PASS == 0 || MMA_PASS == 1
 __kernel __attribute__((reqd_work_group_size(THREADS, 1, 1)))
 void attention_forward_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARGS, LEN_ARGS, __global T *out,
                            __global ACC *lse, const int HQ, const int GROUP, const int SQ, const int SK,
@@ -290,29 +305,45 @@ void attention_forward_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARGS, LEN_AR
     __global const ushort *const vb = (__global const ushort *)(v + v_off + b * v_sb + hk * v_sh);
     const long mbase = mask_off + b * mask_sb + h * mask_sh;
     const long row0 = ((long)b * HQ + h) * SQ + i0;
-    // this lane's two rows (r = 0: g, r = 1: g + 8 of the warp's 16), clamped for the mask's index
-    const int rloc[2] = {warp * 16 + g, warp * 16 + g + 8};
-    const int irow[2] = {min(i0 + rloc[0], SQ - 1), min(i0 + rloc[1], SQ - 1)};
+    // this lane's two rows of each of the warp's RB blocks (r = 0: g, r = 1: g + 8), clamped for the mask's
+    // index
+    int rloc[RB][2], irow[RB][2];
+    #pragma unroll
+    for (int rb = 0; rb < RB; ++rb) {
+        rloc[rb][0] = warp * WROWS + rb * 16 + g;
+        rloc[rb][1] = rloc[rb][0] + 8;
+        irow[rb][0] = min(i0 + rloc[rb][0], SQ - 1);
+        irow[rb][1] = min(i0 + rloc[rb][1], SQ - 1);
+    }
 
-    uint qa[DK][4];
+    uint qa[RB][DK][4];
     // q's fragments, through the k tile's memory
     {
         __local ushort *const ks = ksb;
         load_tile(ks, (__global const ushort *)(q + q_off + b * q_sb + h * q_sh), q_ss, i0, BM, SQ, tid);
         barrier(CLK_LOCAL_MEM_FENCE);
         MMA_UNROLL
-        for (int kk = 0; kk < DK; ++kk) LDSM(qa[kk], Q_ROWS, false);
+        for (int rb = 0; rb < RB; ++rb)
+            MMA_UNROLL
+            for (int kk = 0; kk < DK; ++kk) LDSM(qa[rb][kk], Q_ROWS, false);
     }
 
-    float o[DB][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-    ZERO_ACC(o, DB);
+    float o[RB][DB][4], m[RB][2], l[RB][2];
+    #pragma unroll
+    for (int rb = 0; rb < RB; ++rb) {
+        ZERO_ACC(o[rb], DB);
+        m[rb][0] = m[rb][1] = -INFINITY;
+        l[rb][0] = l[rb][1] = 0.0f;
+    }
 
     STREAM_BEGIN(ksb, vsb, kb, k_ss, vb, v_ss, BN, jend);
     for (int j0 = 0, it = 0; j0 < jend; j0 += BN, ++it) {
         STREAM_NEXT(ksb, vsb, kb, k_ss, vb, v_ss, BN, jend, ks, vs);
 
-        float s[NB][4];
-        ZERO_ACC(s, NB);
+        // s = q k^T: each k fragment pair read once for the warp's RB row blocks
+        float s[RB][NB][4];
+        #pragma unroll
+        for (int rb = 0; rb < RB; ++rb) ZERO_ACC(s[rb], NB);
         MMA_UNROLL
         for (int kk = 0; kk < DK; ++kk)
             MMA_UNROLL
@@ -320,70 +351,80 @@ void attention_forward_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARGS, LEN_AR
                 uint r_[4];
                 LDSM(r_, K_ROWS, false);
                 const uint b0[2] = {r_[0], r_[1]}, b1[2] = {r_[2], r_[3]};
-                MMA(s[jb], qa[kk], b0, s[jb]);
-                MMA(s[jb + 1], qa[kk], b1, s[jb + 1]);
+                MMA_UNROLL
+                for (int rb = 0; rb < RB; ++rb) {
+                    MMA(s[rb][jb], qa[rb][kk], b0, s[rb][jb]);
+                    MMA(s[rb][jb + 1], qa[rb][kk], b1, s[rb][jb + 1]);
+                }
             }
 
         // scale (here, or in the exponent: sc), mask, the rows' maxima over the tile (a lane's 2 * NB values,
         // then its quad)
         float sc = 1.0f;
         if (!open_tile(j0, BN, i0, L, SQ, causal)) {
-            SCALE_ACC(s, NB, scale);
-            MASK_ROWS(s);
+            #pragma unroll
+            for (int rb = 0; rb < RB; ++rb) {
+                SCALE_ACC(s[rb], NB, scale);
+                MASK_ROWS(s[rb], irow[rb]);
+            }
         } else if (EXP_FUSED && scale > 0.0f) {
             sc = scale;   // the maxima of unscaled scores, scaled after
         } else {
-            SCALE_ACC(s, NB, scale);
-        }
-        float mx[2] = {-INFINITY, -INFINITY};
-        #pragma unroll
-        for (int jb = 0; jb < NB; ++jb)
             #pragma unroll
-            for (int e = 0; e < 4; ++e) mx[e >> 1] = fmax(mx[e >> 1], s[jb][e]);
-        float alpha[2];
-        #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            QUAD_MAX(mx[r]);
-            mx[r] = fmax(m[r], mx[r] * sc);
-            // 1 while nothing is allowed yet (mx = -inf), else exp(m_old - m_new)
-            alpha[r] = mx[r] == -INFINITY ? 1.0f : EXPF(m[r] - mx[r]);
-            m[r] = mx[r];
-            l[r] *= alpha[r];
+            for (int rb = 0; rb < RB; ++rb) SCALE_ACC(s[rb], NB, scale);
         }
-        #pragma unroll
-        for (int db = 0; db < DB; ++db) {
-            o[db][0] *= alpha[0]; o[db][1] *= alpha[0];
-            o[db][2] *= alpha[1]; o[db][3] *= alpha[1];
-        }
-        // p = exp(s - m) in place, the lane's share of the row sums, p (with dropout's multiplier) as A
-        // fragments of p v
+        uint pa[RB][BN / 16][4];
+        MMA_UNROLL
+        for (int rb = 0; rb < RB; ++rb) {
+            float mx[2] = {-INFINITY, -INFINITY};
+            #pragma unroll
+            for (int jb = 0; jb < NB; ++jb)
+                #pragma unroll
+                for (int e = 0; e < 4; ++e) mx[e >> 1] = fmax(mx[e >> 1], s[rb][jb][e]);
+            float alpha[2];
+            #pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                QUAD_MAX(mx[r]);
+                mx[r] = fmax(m[rb][r], mx[r] * sc);
+                // 1 while nothing is allowed yet (mx = -inf), else exp(m_old - m_new)
+                alpha[r] = mx[r] == -INFINITY ? 1.0f : EXPF(m[rb][r] - mx[r]);
+                m[rb][r] = mx[r];
+                l[rb][r] *= alpha[r];
+            }
+            #pragma unroll
+            for (int db = 0; db < DB; ++db) {
+                o[rb][db][0] *= alpha[0]; o[rb][db][1] *= alpha[0];
+                o[rb][db][2] *= alpha[1]; o[rb][db][3] *= alpha[1];
+            }
+            // p = exp(s - m) in place, the lane's share of the row sums, p (with dropout's multiplier) as A
+            // fragments of p v
 #if EXP_FUSED
-        {
             const float c = sc * LOG2E;
-            const float mb[2] = {m[0] == -INFINITY ? 0.0f : m[0] * LOG2E, m[1] == -INFINITY ? 0.0f : m[1] * LOG2E};
+            const float mb[2] = {m[rb][0] == -INFINITY ? 0.0f : m[rb][0] * LOG2E,
+                                 m[rb][1] == -INFINITY ? 0.0f : m[rb][1] * LOG2E};
             #pragma unroll
             for (int jb = 0; jb < NB; ++jb)
                 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
-                    const float p = EXP2F(fma(s[jb][e], c, -mb[e >> 1]));
-                    l[e >> 1] += p;
-                    s[jb][e] = p;
+                    const float p = EXP2F(fma(s[rb][jb][e], c, -mb[e >> 1]));
+                    l[rb][e >> 1] += p;
+                    s[rb][jb][e] = p;
                 }
-        }
 #else
-        #pragma unroll
-        for (int jb = 0; jb < NB; ++jb)
             #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const float p = s[jb][e] == -INFINITY ? 0.0f : EXPF(s[jb][e] - m[e >> 1]);
-                l[e >> 1] += p;
-                s[jb][e] = p;
-            }
+            for (int jb = 0; jb < NB; ++jb)
+                #pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const float p = s[rb][jb][e] == -INFINITY ? 0.0f : EXPF(s[rb][jb][e] - m[rb][e >> 1]);
+                    l[rb][e >> 1] += p;
+                    s[rb][jb][e] = p;
+                }
 #endif
-        if (drop_threshold) DROP_ROWS(s, s);
-        uint pa[BN / 16][4];
-        #pragma unroll
-        for (int jb = 0; jb < NB; ++jb) PACK_A(pa, jb, s[jb]);
+            if (drop_threshold) DROP_ROWS(s[rb], s[rb], rloc[rb]);
+            #pragma unroll
+            for (int jb = 0; jb < NB; ++jb) PACK_A(pa[rb], jb, s[rb][jb]);
+        }
+        // o += p v: each v fragment pair read once for the RB row blocks
         MMA_UNROLL
         for (int kk = 0; kk < BN / 16; ++kk)
             MMA_UNROLL
@@ -391,22 +432,30 @@ void attention_forward_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARGS, LEN_AR
                 uint r_[4];
                 LDSM(r_, V_ROWS, true);
                 const uint b0[2] = {r_[0], r_[1]}, b1[2] = {r_[2], r_[3]};
-                MMA(o[db], pa[kk], b0, o[db]);
-                MMA(o[db + 1], pa[kk], b1, o[db + 1]);
+                MMA_UNROLL
+                for (int rb = 0; rb < RB; ++rb) {
+                    MMA(o[rb][db], pa[rb][kk], b0, o[rb][db]);
+                    MMA(o[rb][db + 1], pa[rb][kk], b1, o[rb][db + 1]);
+                }
             }
     }
 
-    #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        QUAD_SUM(l[r]);
-        if (i0 + rloc[r] >= SQ) continue;
-        const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
-        __global uint *orow = (__global uint *)(out + (row0 + rloc[r]) * HEAD_DIM);
+    MMA_UNROLL
+    for (int rb = 0; rb < RB; ++rb)
         #pragma unroll
-        for (int db = 0; db < DB; ++db) orow[db * 4 + t] = pack2(o[db][2 * r] * inv, o[db][2 * r + 1] * inv);
-        if (t == 0) lse[row0 + rloc[r]] = l[r] > 0.0f ? m[r] + log(l[r]) : -INFINITY;
-    }
+        for (int r = 0; r < 2; ++r) {
+            float lr = l[rb][r];
+            QUAD_SUM(lr);
+            if (i0 + rloc[rb][r] >= SQ) continue;
+            const float inv = lr > 0.0f ? 1.0f / lr : 0.0f;
+            __global uint *orow = (__global uint *)(out + (row0 + rloc[rb][r]) * HEAD_DIM);
+            #pragma unroll
+            for (int db = 0; db < DB; ++db)
+                orow[db * 4 + t] = pack2(o[rb][db][2 * r] * inv, o[rb][db][2 * r + 1] * inv);
+            if (t == 0) lse[row0 + rloc[rb][r]] = lr > 0.0f ? m[rb][r] + log(lr) : -INFINITY;
+        }
 }
+#endif
 
 // ---- the backward: two passes, no atomics (the same bits on every run) ------------------------------
 // attention_backward_dq_mma: global (ceil(SQ / BM) * THREADS, HQ, B). delta = rowsum(dO * out) of the
@@ -434,6 +483,8 @@ void attention_forward_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARGS, LEN_AR
 #define NT_ROWS(tile, L) ((tile) + (jb * 8 + ((L) >> 4) * 8 + ((L) & 7)) * DPAD + kk * 16 + (((L) >> 3) & 1) * 8)
 #define KN_ROWS(tile, L) ((tile) + (kk * 16 + (((L) >> 3) & 1) * 8 + ((L) & 7)) * DPAD + (db + ((L) >> 4)) * 8)
 #define WARP_ROWS(tile, L) ((tile) + (warp * 16 + ((L) & 15)) * DPAD + kk * 16 + ((L) >> 4) * 8)
+// the dq pass's rows of a warp's row block rb
+#define WARP_RB_ROWS(tile, L) ((tile) + (warp * WROWS + rb * 16 + ((L) & 15)) * DPAD + kk * 16 + ((L) >> 4) * 8)
 #define KS_NT(L) NT_ROWS(ks, L)
 #define VS_NT(L) NT_ROWS(vs, L)
 #define KS_KN(L) KN_ROWS(ks, L)
@@ -441,8 +492,8 @@ void attention_forward_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARGS, LEN_AR
 #define GS_NT(L) NT_ROWS(gs, L)
 #define QS_KN(L) KN_ROWS(qs, L)
 #define GS_KN(L) KN_ROWS(gs, L)
-#define KS_WARP(L) WARP_ROWS(ks, L)
-#define VS_WARP(L) WARP_ROWS(vs, L)
+#define KS_WARP(L) WARP_RB_ROWS(ks, L)
+#define VS_WARP(L) WARP_RB_ROWS(vs, L)
 #define QS_WARP(L) WARP_ROWS(qs, L)
 #define GS_WARP(L) WARP_ROWS(gs, L)
 
@@ -470,6 +521,37 @@ void attention_forward_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARGS, LEN_AR
             const uint b0_[2] = {r_[0], r_[1]}, b1_[2] = {r_[2], r_[3]};                                \
             MMA(acc[db], a[kk], b0_, acc[db]);                                                          \
             MMA(acc[db + 1], a[kk], b1_, acc[db + 1]);                                                  \
+        }
+
+// MMA_NT and MMA_KN for the RB row blocks of a warp (acc[RB][..][4], a[RB][..][4]): each B fragment pair read
+// from local memory once for the RB blocks
+#define MMA_NT_RB(acc, a, NBLK, ROWS)                                                                   \
+    MMA_UNROLL                                                                                          \
+    for (int kk = 0; kk < DK; ++kk)                                                                     \
+        MMA_UNROLL                                                                                      \
+        for (int jb = 0; jb < (NBLK); jb += 2) {                                                        \
+            uint r_[4];                                                                                 \
+            LDSM(r_, ROWS, false);                                                                      \
+            const uint b0_[2] = {r_[0], r_[1]}, b1_[2] = {r_[2], r_[3]};                                \
+            MMA_UNROLL                                                                                  \
+            for (int rb_ = 0; rb_ < RB; ++rb_) {                                                        \
+                MMA(acc[rb_][jb], a[rb_][kk], b0_, acc[rb_][jb]);                                       \
+                MMA(acc[rb_][jb + 1], a[rb_][kk], b1_, acc[rb_][jb + 1]);                               \
+            }                                                                                           \
+        }
+#define MMA_KN_RB(acc, a, KSTEPS, ROWS)                                                                 \
+    MMA_UNROLL                                                                                          \
+    for (int kk = 0; kk < (KSTEPS); ++kk)                                                               \
+        MMA_UNROLL                                                                                      \
+        for (int db = 0; db < DB; db += 2) {                                                            \
+            uint r_[4];                                                                                 \
+            LDSM(r_, ROWS, true);                                                                       \
+            const uint b0_[2] = {r_[0], r_[1]}, b1_[2] = {r_[2], r_[3]};                                \
+            MMA_UNROLL                                                                                  \
+            for (int rb_ = 0; rb_ < RB; ++rb_) {                                                        \
+                MMA(acc[rb_][db], a[rb_][kk], b0_, acc[rb_][db]);                                       \
+                MMA(acc[rb_][db + 1], a[rb_][kk], b1_, acc[rb_][db + 1]);                               \
+            }                                                                                           \
         }
 
 // out_rows[c][db] (c < 2: rows g, g + 8 of the warp) = acc * mul, stored in T at row `row` of `base`
@@ -502,6 +584,7 @@ inline float dot8_bits(const uint4 a, const uint4 o) {
          + bits16_lo(a.s3) * bits16_lo(o.s3) + bits16_hi(a.s3) * bits16_hi(o.s3);
 }
 
+#if MMA_PASS == 0 || MMA_PASS == 2
 __kernel __attribute__((reqd_work_group_size(THREADS, 1, 1)))
 void attention_backward_dq_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(grad_out), KV_ARGS(out), MASK_ARGS,
                                LEN_ARGS, __global const ACC *lse, __global ACC *delta, __global T *dq,
@@ -556,74 +639,100 @@ void attention_backward_dq_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(grad_
     __global const ushort *const kb = (__global const ushort *)(k + k_off + b * k_sb + hk * k_sh);
     __global const ushort *const vb = (__global const ushort *)(v + v_off + b * v_sb + hk * v_sh);
     const long mbase = mask_off + b * mask_sb + h * mask_sh;
-    const int rloc[2] = {warp * 16 + g, warp * 16 + g + 8};
-    const int irow[2] = {min(i0 + rloc[0], SQ - 1), min(i0 + rloc[1], SQ - 1)};
+    int rloc[RB][2], irow[RB][2];
+    #pragma unroll
+    for (int rb = 0; rb < RB; ++rb) {
+        rloc[rb][0] = warp * WROWS + rb * 16 + g;
+        rloc[rb][1] = rloc[rb][0] + 8;
+        irow[rb][0] = min(i0 + rloc[rb][0], SQ - 1);
+        irow[rb][1] = min(i0 + rloc[rb][1], SQ - 1);
+    }
 
-    uint qa[DK][4], ga[DK][4];
+    uint qa[RB][DK][4], ga[RB][DK][4];
     {
         __local ushort *const ks = ksb, *const vs = vsb;
         load_tile(ks, (__global const ushort *)(q + q_off + b * q_sb + h * q_sh), q_ss, i0, BM, SQ, tid);
         load_tile(vs, (__global const ushort *)grow, grad_out_ss, i0, BM, SQ, tid);
         barrier(CLK_LOCAL_MEM_FENCE);
         MMA_UNROLL
-        for (int kk = 0; kk < DK; ++kk) {
-            LDSM(qa[kk], KS_WARP, false);
-            LDSM(ga[kk], VS_WARP, false);
-        }
+        for (int rb = 0; rb < RB; ++rb)
+            MMA_UNROLL
+            for (int kk = 0; kk < DK; ++kk) {
+                LDSM(qa[rb][kk], KS_WARP, false);
+                LDSM(ga[rb][kk], VS_WARP, false);
+            }
     }
-    const float lse_r[2] = {rowv[rloc[0]], rowv[rloc[1]]}, delta_r[2] = {rowv[BM + rloc[0]], rowv[BM + rloc[1]]};
+    float lse_r[RB][2], delta_r[RB][2];
+    #pragma unroll
+    for (int rb = 0; rb < RB; ++rb)
+        #pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            lse_r[rb][r] = rowv[rloc[rb][r]];
+            delta_r[rb][r] = rowv[BM + rloc[rb][r]];
 #if EXP_FUSED
-    const float lse_b[2] = {lse_r[0] == -INFINITY ? 0.0f : lse_r[0] * LOG2E,
-                            lse_r[1] == -INFINITY ? 0.0f : lse_r[1] * LOG2E};
+            lse_r[rb][r] = lse_r[rb][r] == -INFINITY ? 0.0f : lse_r[rb][r] * LOG2E;   // in log2 units
 #endif
-    float dqa[DB][4];
-    ZERO_ACC(dqa, DB);
+        }
+    float dqa[RB][DB][4];
+    #pragma unroll
+    for (int rb = 0; rb < RB; ++rb) ZERO_ACC(dqa[rb], DB);
 
     STREAM_BEGIN(ksb, vsb, kb, k_ss, vb, v_ss, BN, jend);
     for (int j0 = 0, it = 0; j0 < jend; j0 += BN, ++it) {
         STREAM_NEXT(ksb, vsb, kb, k_ss, vb, v_ss, BN, jend, ks, vs);
-        float s[NB][4], dp[NB][4];
-        ZERO_ACC(s, NB);
-        ZERO_ACC(dp, NB);
-        MMA_NT(s, qa, NB, KS_NT);
-        MMA_NT(dp, ga, NB, VS_NT);
+        float s[RB][NB][4], dp[RB][NB][4];
+        #pragma unroll
+        for (int rb = 0; rb < RB; ++rb) {
+            ZERO_ACC(s[rb], NB);
+            ZERO_ACC(dp[rb], NB);
+        }
+        MMA_NT_RB(s, qa, NB, KS_NT);
+        MMA_NT_RB(dp, ga, NB, VS_NT);
         // p = exp(s - lse) in place (0 where masked), dp times dropout's multipliers, ds = p (dp - delta)
+        const bool open = open_tile(j0, BN, i0, L, SQ, causal);
+        uint da[RB][BN / 16][4];
+        #pragma unroll
+        for (int rb = 0; rb < RB; ++rb) {
 #if EXP_FUSED
-        // p = exp2(s c - lse log2 e): c = scale log2 e on an unmasked tile, log2 e on a masked one (scaled and
-        // masked first); lse_b = 0 where the row sees nothing (its scores are all -inf)
-        float c = scale * LOG2E;
-        if (!open_tile(j0, BN, i0, L, SQ, causal)) {
-            SCALE_ACC(s, NB, scale);
-            MASK_ROWS(s);
-            c = LOG2E;
-        }
-        #pragma unroll
-        for (int jb = 0; jb < NB; ++jb)
+            // p = exp2(s c - lse log2 e): c = scale log2 e on an unmasked tile, log2 e on a masked one (scaled
+            // and masked first); lse_r is 0 where the row sees nothing (its scores are all -inf)
+            float c = scale * LOG2E;
+            if (!open) {
+                SCALE_ACC(s[rb], NB, scale);
+                MASK_ROWS(s[rb], irow[rb]);
+                c = LOG2E;
+            }
             #pragma unroll
-            for (int e = 0; e < 4; ++e) s[jb][e] = EXP2F(fma(s[jb][e], c, -lse_b[e >> 1]));
+            for (int jb = 0; jb < NB; ++jb)
+                #pragma unroll
+                for (int e = 0; e < 4; ++e) s[rb][jb][e] = EXP2F(fma(s[rb][jb][e], c, -lse_r[rb][e >> 1]));
 #else
-        SCALE_ACC(s, NB, scale);
-        if (!open_tile(j0, BN, i0, L, SQ, causal)) MASK_ROWS(s);
-        #pragma unroll
-        for (int jb = 0; jb < NB; ++jb)
+            SCALE_ACC(s[rb], NB, scale);
+            if (!open) MASK_ROWS(s[rb], irow[rb]);
             #pragma unroll
-            for (int e = 0; e < 4; ++e) s[jb][e] = s[jb][e] == -INFINITY ? 0.0f : EXPF(s[jb][e] - lse_r[e >> 1]);
+            for (int jb = 0; jb < NB; ++jb)
+                #pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    s[rb][jb][e] = s[rb][jb][e] == -INFINITY ? 0.0f : EXPF(s[rb][jb][e] - lse_r[rb][e >> 1]);
 #endif
-        if (drop_threshold) DROP_ROWS(dp, s);
-        uint da[BN / 16][4];
-        #pragma unroll
-        for (int jb = 0; jb < NB; ++jb) {
-            float ds[4];
+            if (drop_threshold) DROP_ROWS(dp[rb], s[rb], rloc[rb]);
             #pragma unroll
-            for (int e = 0; e < 4; ++e) ds[e] = s[jb][e] * (dp[jb][e] - delta_r[e >> 1]);
-            PACK_A(da, jb, ds);
+            for (int jb = 0; jb < NB; ++jb) {
+                float ds[4];
+                #pragma unroll
+                for (int e = 0; e < 4; ++e) ds[e] = s[rb][jb][e] * (dp[rb][jb][e] - delta_r[rb][e >> 1]);
+                PACK_A(da[rb], jb, ds);
+            }
         }
-        MMA_KN(dqa, da, BN / 16, KS_KN);
+        MMA_KN_RB(dqa, da, BN / 16, KS_KN);
     }
     #pragma unroll
-    for (int r = 0; r < 2; ++r)
-        if (i0 + rloc[r] < SQ) store_rows2(dq, row0 + rloc[r], dqa, r, scale, t);
+    for (int rb = 0; rb < RB; ++rb)
+        #pragma unroll
+        for (int r = 0; r < 2; ++r)
+            if (i0 + rloc[rb][r] < SQ) store_rows2(dq, row0 + rloc[rb][r], dqa[rb], r, scale, t);
 }
+#endif
 
 // DKDV_RING 1: the dk/dv pass's q and dO tiles (and their lse and delta) in a two-stage cp.async ring, tile
 // n + 1 in flight while tile n is computed (the query tiles of all GROUP heads as one sequence); 0: each
@@ -645,6 +754,7 @@ void attention_backward_dq_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(grad_
     const int gi_ = (it) / ntiles, i0 = istart + ((it) - gi_ * ntiles) * BQ, h = hk * GROUP + gi_;      \
     const long hrow0 = ((long)b * HQ + h) * SQ
 
+#if MMA_PASS == 0 || MMA_PASS == 3
 __kernel __attribute__((reqd_work_group_size(THREADS, 1, 1)))
 void attention_backward_dkdv_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(grad_out), KV_ARGS(out), MASK_ARGS,
                                  LEN_ARGS, __global const ACC *lse, __global const ACC *delta, __global T *dk,
@@ -788,3 +898,4 @@ void attention_backward_dkdv_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(gra
             store_rows2(dv, kvrow0 + jloc[r], dva, r, 1.0f, t);
         }
 }
+#endif

@@ -140,7 +140,14 @@ MMA_EMULATE = False
 # with BQ 32 and no ring, 3.14 with the ring, 2.88 with the ring and BQ 64; the dk/dv pass alone 1.19 ms).
 # A kernel's own tiles under its name ("forward", "dq", "dkdv": {"BN": 32}) override the shared ones for that
 # kernel's program (none of those tried beat these: bench/NOTES.md).
-MMA_TILES: dict[str, Any] = {"BM": 64, "BN": 64, "BQ": 64, "PREFETCH": 1, "DKDV_RING": 1}
+# RB 2: two 16-row blocks of queries a warp in the forward and dq passes (FlashAttention-2's 32 rows a warp: a
+# k or v fragment read by ldmatrix feeds two mma), 128 rows a work-group, dq over 32-key tiles (at 64 its
+# registers spill); head dims over 64 keep one block a warp (RB 2 would spill there). H200, bfloat16, B=8 H=16
+# S=2048 D=64, device time per pass: forward 0.562 -> 0.514 ms, dq 0.781 -> 0.636 (dq at BN 64: 0.776, 380
+# bytes of spills); 235 and 243 registers.
+MMA_TILES: dict[str, Any] = {"BM": 64, "BN": 64, "BQ": 64, "PREFETCH": 1, "DKDV_RING": 1,
+                             "forward": {"BM": 128, "RB": 2}, "dq": {"BM": 128, "RB": 2, "BN": 32}}
+MMA_RB_MAX_HEAD_DIM = 64
 # The matrix-unit backward (dq pass, then dk/dv: no atomics) keeps k's and v's fragments and dk, dv in
 # registers: up to head dim 64 (larger ones take attention_gpu.cl's kernels).
 MMA_BACKWARD_MAX_HEAD_DIM = 64
@@ -485,7 +492,20 @@ class _Problem:
         """attention_mma.cl's `kernel` ("forward", "dq", "dkdv"; see mma_forward); returns the kernel."""
         tiles = {key: value for key, value in MMA_TILES.items() if not isinstance(value, dict)}
         tiles.update(MMA_TILES.get(kernel, {}))   # the kernel's own tiles, where MMA_TILES names some
-        defines: dict[str, Any] = {"HEAD_DIM": self.D, "MASK": self.mask_kind, **tiles}
+        if kernel == "dkdv":
+            if MMA_TILES.get("dkdv", {}).get("RB", 1) != 1:
+                raise ValueError("MMA_TILES: the dk/dv pass keeps 16 keys a warp (RB 1)")
+            tiles.pop("RB", None)
+        rb = tiles.get("RB", 1)
+        if rb == 2 and self.D > MMA_RB_MAX_HEAD_DIM:
+            tiles.update(RB=1, BM=tiles["BM"] // rb)   # the same warps, one row block each
+            rb = 1
+        if rb not in (1, 2) or tiles["BM"] % (16 * rb):
+            raise ValueError(f"MMA_TILES[{kernel!r}]: RB must be 1 or 2 and BM a multiple of 16 RB, "
+                             f"got {tiles}")
+        # one kernel a program (each pass has tiles of its own; PoCL builds the emulated kernels slowly)
+        defines: dict[str, Any] = {"HEAD_DIM": self.D, "MASK": self.mask_kind, **tiles,
+                                   "MMA_PASS": {"forward": 1, "dq": 2, "dkdv": 3}[kernel]}
         # two stages of a k and a v tile (or q's and dO's BM rows, where more), bytes
         ring = 2 * max(2 * defines["BN"], defines["BM"]) * (self.D + 8) * 2
         if defines.get("PREFETCH") and ring > self.device.capabilities.local_mem:
@@ -499,7 +519,7 @@ class _Problem:
             defines["NATIVE_EXP"] = None
         prg = kernels.program(self.device, "attention_mma.cl", dtype=self.dtype, options=("-cl-mad-enable",),
                               **defines)
-        threads = tiles["BM"] // 16 * 32
+        threads = tiles["BM"] // (16 * rb) * 32   # a warp: 16 RB query rows (the dk/dv pass: 16 keys)
         rows, heads = (self.SK, self.HKV) if kernel == "dkdv" else (self.SQ, self.HQ)
         per_group = tiles["BM"]   # query rows a work-group (dk/dv: keys, 16 a warp)
         k = getattr(prg, {"forward": "attention_forward_mma", "dq": "attention_backward_dq_mma",

@@ -828,3 +828,40 @@ def test_matrix_units_prefetch_ring_and_small_tiles(queue, rng, mma_emulated, mo
     for name, got, ref in zip(("dq", "dk", "dv"), grads, want[2:], strict=True):
         np.testing.assert_allclose(got.to_host().astype(np.float64), ref, rtol=5e-2,
                                    atol=2e-2 * max(np.abs(ref).max(), 1.0), err_msg=name)
+
+
+@pytest.mark.gpu_shaped
+def test_matrix_units_two_row_blocks_a_warp(queue, rng, mma_emulated, monkeypatch):
+    """RB 2 (FlashAttention-2's 32 query rows a warp: each k and v fragment feeds two row blocks) on two warps
+    in the forward and the dq pass (16-key tiles), with a row tile that ends inside a warp's second block,
+    GQA, kv_len and dropout (its multipliers indexed by the second block's rows); the dk/dv pass keeps 16
+    keys a warp. (MMA_CASES run the defaults: RB 2 on four warps.)"""
+    monkeypatch.setattr(attn, "MMA_TILES", {"BM": 64, "BN": 32, "BQ": 32, "PREFETCH": 1, "DKDV_RING": 1,
+                                            "RB": 2, "dq": {"BN": 16}})
+    B, HQ, HKV, SQ, SK, D = 2, 4, 2, 45, 70, 32
+    q, k, v, g = (a.astype(BF16) for a in inputs(rng, B, HQ, HKV, SQ, SK, D))
+    nq, nk, nv, ng = (dev(queue, a) for a in (q, k, v, g))
+    lengths = np.array([70, 29], np.int32)
+    opts = dict(causal=True, kv_len=dev(queue, lengths), dropout_p=0.25,
+                dropout_draw=attn.DropoutDraw(Generator(5)))
+    out, lse = ops.flash_attention_forward(nq, nk, nv, **opts)
+    keep = attn.attention_dropout_mask(queue, opts["dropout_draw"], (B, HQ, SQ, SK), 0.25).to_host()
+    want = reference(q, k, v, causal=True, kv_len=lengths, keep=keep, dropout_p=0.25, grad_out=g)
+    np.testing.assert_allclose(out.to_host().astype(np.float64), want[0], **MMA_TOL[BF16])
+    np.testing.assert_allclose(lse.to_host(), want[1], rtol=1e-5, atol=1e-5)
+    grads = ops.flash_attention_backward(nq, nk, nv, out, lse, ng, **opts)
+    for name, got, ref in zip(("dq", "dk", "dv"), grads, want[2:], strict=True):
+        np.testing.assert_allclose(got.to_host().astype(np.float64), ref, rtol=5e-2,
+                                   atol=2e-2 * max(np.abs(ref).max(), 1.0), err_msg=name)
+
+
+def test_matrix_unit_row_blocks_are_checked(queue, rng, monkeypatch):
+    """RB other than 1 or 2, a BM that is no multiple of 16 RB, or RB for the dk/dv pass: a clear error."""
+    monkeypatch.setattr(attn, "MMA_EMULATE", True)
+    q, k, v, g = (dev(queue, a.astype(BF16)) for a in inputs(rng, 1, 1, 1, 5, 7, 32))
+    for tiles in ({"BM": 64, "BN": 32, "RB": 3}, {"BM": 48, "BN": 32, "RB": 2},
+                  {"BM": 64, "BN": 32, "dkdv": {"RB": 2}}):
+        monkeypatch.setattr(attn, "MMA_TILES", {"BQ": 32, "PREFETCH": 1, "DKDV_RING": 1, **tiles})
+        with pytest.raises(ValueError, match="RB"):
+            out, lse = ops.flash_attention_forward(q, k, v)
+            ops.flash_attention_backward(q, k, v, out, lse, g)
