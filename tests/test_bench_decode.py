@@ -39,7 +39,9 @@ def test_random_llama_loads_into_transformers_and_netcl(queue, tmp_path):
 
 def test_decode_bench_smoke(tmp_path):
     out = tmp_path / "decode.json"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    # this checkout first, the rest of PYTHONPATH kept (a GPU machine's pyopencl may live there)
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "PYTHONPATH": path}
     cmd = [sys.executable, str(ROOT / "bench" / "decode.py"), "--shape", "tiny", "--dtype", "float32",
            "--batches", "1,3", "--gen-tokens", "6", "--prompt-tokens", "5", "--prefill-tokens", "24",
            "--repeats", "1", "--cache-dir", str(tmp_path), "--out", str(out)]

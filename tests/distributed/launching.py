@@ -96,12 +96,14 @@ def mpi_available() -> bool:
 
 
 def two_devices() -> tuple[list[str], list[str]]:
-    """Two devices of different platforms when this machine has them (PoCL's wheel beside Debian's), with the
-    --balance flags that go with them (none: auto balances different devices); else one device twice,
-    balanced on purpose (--balance on)."""
+    """Two devices of different platforms and of the default device's kind when this machine has them (PoCL's
+    wheel beside Debian's), with the --balance flags that go with them (none: auto balances different
+    devices); else one device twice, balanced on purpose (--balance on). Not a GPU beside a CPU: the tests'
+    timed slowdowns and float tolerances assume devices of one kind."""
+    kind = manager.default().kind
     first: dict[int, str] = {}
     for h in manager.devices():
-        if not h.is_simulator:
+        if not h.is_simulator and h.kind == kind:
             first.setdefault(h.index[0], h.spec)
     specs = list(first.values())[:2]
     return (specs, []) if len(specs) == 2 else (specs * 2, ["--balance", "on"])
