@@ -254,12 +254,13 @@ def test_matrix_units_on_device(queue, rng, dt, kernel, monkeypatch):
 WG_SMALL = {"BM": 64, "BN": 64, "BK": 32, "WGS": 1, "WSTAGES": 2, "GROUP_M": 0, "EMULATE": 2, "WGMMA": 1}
 WG_CASES = [
     (np.float16, "nn", {}),
-    # 128-byte rows; one wgmma batch in flight (WPIPE 1: was a float16 "nt" case of its own, ~10 CPU s cold;
-    # the pipeline depth is the same code for either 2-byte type, and float16 with a K-major B, values
-    # checked, is tests/oclgrind/test_gemm_oclgrind.py's test_wgmma_gemm_in_bounds[a_mnmajor-b_kmajor])
-    (BF16, "nt", {"BK": 64, "WSTAGES": 3, "GROUP_M": 2, "WPIPE": 1}),
+    (BF16, "nt", {"BK": 64, "WSTAGES": 3, "GROUP_M": 2}),    # 128-byte rows
     (np.float16, "tn", {"BK": 16}),                          # 32-byte rows
     (BF16, "tt", {"BM": 128, "BN": 128, "WGS": 2}),         # two warpgroups
+    # one wgmma batch in flight (its own case again: merged into the BK 64 case above, with K = 96's partial
+    # last tile, the emulation computed wrong sums on NVIDIA's compiler, not on PoCL; the real kernel with
+    # that tile is right: bench/NOTES.md, fifth session)
+    (np.float16, "nt", {"WSTAGES": 3, "WPIPE": 1}),
     (np.float32, "nt", {"BK": 16}),                          # TF32: 64-byte rows of float32, truncated
     (np.float32, "nt", {"BK": 32, "BM": 128, "WSTAGES": 3, "TF32_ROUND": 1}),  # two m tiles; rounded
 ]
