@@ -39,6 +39,32 @@ def _pair(queue, rng, shape, dt):
     return Tensor.from_host(queue, a), Tensor.from_host(queue, a.astype(np.float32))
 
 
+def _row_norms_match_float32(queue, rng, dt: np.dtype, shape: tuple[int, ...]) -> tuple[Tensor, ...]:
+    """LayerNorm and RMSNorm over the last axis of `shape` on half storage against the same values in
+    float32: outputs and every gradient within half's rounding, mean/rstd float32. Returns the half x, w and
+    gradient."""
+    n = shape[-1]
+    xh, xf = _pair(queue, rng, shape, dt)
+    wh, wf = _pair(queue, rng, (n,), dt)
+    bh, bf = _pair(queue, rng, (n,), dt)
+    gh, gf = _pair(queue, rng, shape, dt)
+    yh, mh, rh = ops.layer_norm(xh, n, wh, bh)
+    yf, mf, rf = ops.layer_norm(xf, n, wf, bf)
+    assert mh.dtype == rh.dtype == np.float32
+    np.testing.assert_allclose(rh.to_host(), rf.to_host(), rtol=1e-5)
+    _close(yh, yf, dt, "layer_norm")
+    for got, want, what in zip(ops.layer_norm_backward(gh, xh, n, mh, rh, wh, bh),
+                               ops.layer_norm_backward(gf, xf, n, mf, rf, wf, bf), ("gx", "gw", "gb")):
+        _close(got, want, dt, f"layer_norm {what}")
+    yh, rh = ops.rms_norm(xh, n, wh)
+    yf, rf = ops.rms_norm(xf, n, wf)
+    _close(yh, yf, dt, "rms_norm")
+    for got, want, what in zip(ops.rms_norm_backward(gh, xh, n, rh, wh),
+                               ops.rms_norm_backward(gf, xf, n, rf, wf), ("gx", "gw")):
+        _close(got, want, dt, f"rms_norm {what}")
+    return xh, wh, gh
+
+
 # dtype x kernel family paired (not crossed): each pair builds its own programs, and CI builds them cold
 @pytest.mark.parametrize(("dt", "algorithm"), [(F16, "im2col"), (BF16, "direct"), (BF16, "im2col")],
                          ids=["float16-im2col", "bfloat16-direct", "bfloat16-im2col"])
@@ -104,25 +130,7 @@ def test_row_norms_half_match_float32(queue, rng, dt, local, monkeypatch):
     the half dtype, mean/rstd float32; `local` 8 runs the GPUs' work-group kernels and their parameter
     gradients through the reduction engine."""
     monkeypatch.setattr(norm, "local_size_override", local)
-    xh, xf = _pair(queue, rng, (5, 3, 37), dt)
-    wh, wf = _pair(queue, rng, (37,), dt)
-    bh, bf = _pair(queue, rng, (37,), dt)
-    gh, gf = _pair(queue, rng, (5, 3, 37), dt)
-    yh, mh, rh = ops.layer_norm(xh, 37, wh, bh)
-    yf, mf, rf = ops.layer_norm(xf, 37, wf, bf)
-    assert mh.dtype == rh.dtype == np.float32
-    np.testing.assert_allclose(rh.to_host(), rf.to_host(), rtol=1e-5)
-    _close(yh, yf, dt, "layer_norm")
-    for got, want, what in zip(ops.layer_norm_backward(gh, xh, 37, mh, rh, wh, bh),
-                               ops.layer_norm_backward(gf, xf, 37, mf, rf, wf, bf), ("gx", "gw", "gb")):
-        _close(got, want, dt, f"layer_norm {what}")
-    yh, rh = ops.rms_norm(xh, 37, wh)
-    yf, rf = ops.rms_norm(xf, 37, wf)
-    _close(yh, yf, dt, "rms_norm")
-    for got, want, what in zip(ops.rms_norm_backward(gh, xh, 37, rh, wh),
-                               ops.rms_norm_backward(gf, xf, 37, rf, wf),
-                               ("gx", "gw")):
-        _close(got, want, dt, f"rms_norm {what}")
+    xh, wh, gh = _row_norms_match_float32(queue, rng, dt, (5, 3, 37))
     if local is None:
         x4h, x4f = _pair(queue, rng, (2, 6, 3, 5), dt)
         c6h, c6f = _pair(queue, rng, (6,), dt)
@@ -244,18 +252,4 @@ def test_row_norms_half_on_a_halved_work_group(queue, rng, dt, monkeypatch):
     the GPUs' 256: PoCL's CPU device crashes on these kernels at 256 work-items, with or without halving.)"""
     monkeypatch.setattr(norm, "local_size_override", 128)
     assert norm._vector_local(128, 8, 512) == 64 and norm._vector_local(128, 4, 512) == 128
-    xh, xf = _pair(queue, rng, (3, 512), dt)
-    wh, wf = _pair(queue, rng, (512,), dt)
-    bh, bf = _pair(queue, rng, (512,), dt)
-    gh, gf = _pair(queue, rng, (3, 512), dt)
-    yh, mh, rh = ops.layer_norm(xh, 512, wh, bh)
-    yf, mf, rf = ops.layer_norm(xf, 512, wf, bf)
-    _close(yh, yf, dt, "layer_norm")
-    for got, want, what in zip(ops.layer_norm_backward(gh, xh, 512, mh, rh, wh, bh),
-                               ops.layer_norm_backward(gf, xf, 512, mf, rf, wf, bf), ("gx", "gw", "gb")):
-        _close(got, want, dt, f"layer_norm {what}")
-    yh, rh = ops.rms_norm(xh, 512, wh)
-    yf, rf = ops.rms_norm(xf, 512, wf)
-    _close(yh, yf, dt, "rms_norm")
-    gx, _ = ops.rms_norm_backward(gh, xh, 512, rh, wh)
-    _close(gx, ops.rms_norm_backward(gf, xf, 512, rf, wf)[0], dt, "rms_norm gx")
+    _row_norms_match_float32(queue, rng, dt, (3, 512))

@@ -552,6 +552,17 @@ def test_amp_float16_keeps_its_loss_scale_across_a_resume(corpus_dir, tmp_path, 
     assert not (tmp_path / "never").exists()
 
 
+def _same_training(one, two) -> tuple[dict, dict]:
+    """Run `two`'s weights and loss history equal run `one`'s up to float rounding; returns both histories."""
+    a, b = load_file(str(one / "model.safetensors")), load_file(str(two / "model.safetensors"))
+    for k in a:
+        np.testing.assert_allclose(b[k], a[k], rtol=1e-4, atol=1e-6, err_msg=k)
+    ha = read_checkpoint(one / "checkpoint.safetensors")[1]["extra"]["history"]
+    hb = read_checkpoint(two / "checkpoint.safetensors")[1]["extra"]["history"]
+    np.testing.assert_allclose(hb["loss"], ha["loss"], rtol=1e-5)
+    return ha, hb
+
+
 def test_a_rank_left_out_still_trains_what_one_process_trains(corpus_dir, tmp_path, capsys):
     """Rank 0 slowed to 0.2 s a sample (tests/train/slowed_rank_script.py): measured after 3 steps, it is left
     out (rank 1 trains on the whole global batch of 4, no all-reduce), does not evaluate, and gets rank 1's
@@ -569,12 +580,7 @@ def test_a_rank_left_out_still_trains_what_one_process_trains(corpus_dir, tmp_pa
     assert "balance: after step 3, shares [2, 2] -> [0, 4] of 4" in proc.stdout, proc.stdout
     assert "balance: rank 0 (" in proc.stdout and "one rank works alone" in proc.stdout, proc.stdout
     assert proc.stdout.count("step 6: validation loss") == 1
-    a, b = load_file(str(one / "model.safetensors")), load_file(str(two / "model.safetensors"))
-    for k in a:
-        np.testing.assert_allclose(b[k], a[k], rtol=1e-4, atol=1e-6, err_msg=k)
-    ha = read_checkpoint(one / "checkpoint.safetensors")[1]["extra"]["history"]
-    hb = read_checkpoint(two / "checkpoint.safetensors")[1]["extra"]["history"]
-    np.testing.assert_allclose(hb["loss"], ha["loss"], rtol=1e-5)
+    ha, hb = _same_training(one, two)
     np.testing.assert_allclose(hb["val_loss"][-1][1], ha["val_loss"][-1][1], rtol=1e-5)  # rank 1's alone
     assert json.loads((two / "metrics.json").read_text())["shares"] == [0, 4]
 
@@ -602,12 +608,7 @@ def test_two_processes_train_what_one_trains_on_their_joint_batch(corpus_dir, tm
     for r, spec in enumerate(specs):
         assert f"rank {r}: [{spec}]" in proc.stdout and "share 2 of 4 (50.0%)" in proc.stdout, proc.stdout
     assert proc.stdout.count("step 3: validation loss") == 1  # rank 0 logs, rank 1 is quiet
-    a, b = load_file(str(one / "model.safetensors")), load_file(str(two / "model.safetensors"))
-    for k in a:
-        np.testing.assert_allclose(b[k], a[k], rtol=1e-4, atol=1e-6, err_msg=k)
-    ha = read_checkpoint(one / "checkpoint.safetensors")[1]["extra"]["history"]
-    hb = read_checkpoint(two / "checkpoint.safetensors")[1]["extra"]["history"]
-    np.testing.assert_allclose(hb["loss"], ha["loss"], rtol=1e-5)
+    _same_training(one, two)
     assert json.loads((two / "metrics.json").read_text())["processes"] == 2
     # a resumed run keeps its number of processes
     assert main(["lm-train", "--resume", str(two), "--steps", "4", "--no-progress"]) == 1
