@@ -284,6 +284,48 @@ inline void issue_tile(__local ushort *dst, __global const ushort *base, const l
 #define STREAM_NEXT(abuf, bbuf, abase, astride, bbase, bstride, ROWS, END, as_, bs_)                     \
     STREAM_NEXT_AT(abuf, bbuf, abase, astride, bbase, bstride, ROWS, END, j0, as_, bs_)
 
+// acc[NBLK][4] += A (16 x DK k steps, fragments a[DK][4]) times the rows of a local tile seen as B ("col":
+// its rows are the n side), ROWS(L) the ldmatrix addresses of (jb, kk); for R row blocks at once, AT(x, i)
+// naming block i of acc and a (RB_AT: x[i]; ONE_AT: x itself, one block): each B fragment pair read from
+// local memory once for the R blocks
+#define RB_AT(x, i) x[i]
+#define ONE_AT(x, i) x
+#define MMA_NT_BLOCKS(acc, a, NBLK, ROWS, R, AT)                                                        \
+    MMA_UNROLL                                                                                          \
+    for (int kk = 0; kk < DK; ++kk)                                                                     \
+        MMA_UNROLL                                                                                      \
+        for (int jb = 0; jb < (NBLK); jb += 2) {                                                        \
+            uint r_[4];                                                                                 \
+            LDSM(r_, ROWS, false);                                                                      \
+            const uint b0_[2] = {r_[0], r_[1]}, b1_[2] = {r_[2], r_[3]};                                \
+            MMA_UNROLL                                                                                  \
+            for (int rb_ = 0; rb_ < (R); ++rb_) {                                                       \
+                MMA(AT(acc, rb_)[jb], AT(a, rb_)[kk], b0_, AT(acc, rb_)[jb]);                           \
+                MMA(AT(acc, rb_)[jb + 1], AT(a, rb_)[kk], b1_, AT(acc, rb_)[jb + 1]);                   \
+            }                                                                                           \
+        }
+// acc[DB][4] += A (16 x KSTEPS * 16, fragments a[KSTEPS][4]) times a local tile's rows kk * 16 .. (k side);
+// R blocks and AT as MMA_NT_BLOCKS
+#define MMA_KN_BLOCKS(acc, a, KSTEPS, ROWS, R, AT)                                                      \
+    MMA_UNROLL                                                                                          \
+    for (int kk = 0; kk < (KSTEPS); ++kk)                                                               \
+        MMA_UNROLL                                                                                      \
+        for (int db = 0; db < DB; db += 2) {                                                            \
+            uint r_[4];                                                                                 \
+            LDSM(r_, ROWS, true);                                                                       \
+            const uint b0_[2] = {r_[0], r_[1]}, b1_[2] = {r_[2], r_[3]};                                \
+            MMA_UNROLL                                                                                  \
+            for (int rb_ = 0; rb_ < (R); ++rb_) {                                                       \
+                MMA(AT(acc, rb_)[db], AT(a, rb_)[kk], b0_, AT(acc, rb_)[db]);                           \
+                MMA(AT(acc, rb_)[db + 1], AT(a, rb_)[kk], b1_, AT(acc, rb_)[db + 1]);                   \
+            }                                                                                           \
+        }
+// one block (the dk/dv pass: acc[..][4], a[..][4]); the warp's RB blocks (acc[RB][..][4], a[RB][..][4])
+#define MMA_NT(acc, a, NBLK, ROWS) MMA_NT_BLOCKS(acc, a, NBLK, ROWS, 1, ONE_AT)
+#define MMA_KN(acc, a, KSTEPS, ROWS) MMA_KN_BLOCKS(acc, a, KSTEPS, ROWS, 1, ONE_AT)
+#define MMA_NT_RB(acc, a, NBLK, ROWS) MMA_NT_BLOCKS(acc, a, NBLK, ROWS, RB, RB_AT)
+#define MMA_KN_RB(acc, a, KSTEPS, ROWS) MMA_KN_BLOCKS(acc, a, KSTEPS, ROWS, RB, RB_AT)
+
 #if MMA_PASS == 0 || MMA_PASS == 1
 __kernel __attribute__((reqd_work_group_size(THREADS, 1, 1)))
 void attention_forward_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARGS, LEN_ARGS, __global T *out,
@@ -344,19 +386,7 @@ void attention_forward_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARGS, LEN_AR
         float s[RB][NB][4];
         #pragma unroll
         for (int rb = 0; rb < RB; ++rb) ZERO_ACC(s[rb], NB);
-        MMA_UNROLL
-        for (int kk = 0; kk < DK; ++kk)
-            MMA_UNROLL
-            for (int jb = 0; jb < NB; jb += 2) {
-                uint r_[4];
-                LDSM(r_, K_ROWS, false);
-                const uint b0[2] = {r_[0], r_[1]}, b1[2] = {r_[2], r_[3]};
-                MMA_UNROLL
-                for (int rb = 0; rb < RB; ++rb) {
-                    MMA(s[rb][jb], qa[rb][kk], b0, s[rb][jb]);
-                    MMA(s[rb][jb + 1], qa[rb][kk], b1, s[rb][jb + 1]);
-                }
-            }
+        MMA_NT_RB(s, qa, NB, K_ROWS);
 
         // scale (here, or in the exponent: sc), mask, the rows' maxima over the tile (a lane's 2 * NB values,
         // then its quad)
@@ -425,19 +455,7 @@ void attention_forward_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARGS, LEN_AR
             for (int jb = 0; jb < NB; ++jb) PACK_A(pa[rb], jb, s[rb][jb]);
         }
         // o += p v: each v fragment pair read once for the RB row blocks
-        MMA_UNROLL
-        for (int kk = 0; kk < BN / 16; ++kk)
-            MMA_UNROLL
-            for (int db = 0; db < DB; db += 2) {
-                uint r_[4];
-                LDSM(r_, V_ROWS, true);
-                const uint b0[2] = {r_[0], r_[1]}, b1[2] = {r_[2], r_[3]};
-                MMA_UNROLL
-                for (int rb = 0; rb < RB; ++rb) {
-                    MMA(o[rb][db], pa[rb][kk], b0, o[rb][db]);
-                    MMA(o[rb][db + 1], pa[rb][kk], b1, o[rb][db + 1]);
-                }
-            }
+        MMA_KN_RB(o, pa, BN / 16, V_ROWS);
     }
 
     MMA_UNROLL
@@ -497,62 +515,6 @@ void attention_forward_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARGS, LEN_AR
 #define QS_WARP(L) WARP_ROWS(qs, L)
 #define GS_WARP(L) WARP_ROWS(gs, L)
 
-// acc[NBLK][4] += A (16 x DK k steps, fragments a[DK][4]) times the rows of a local tile seen as B ("col":
-// its rows are the n side), ROWS(L) the ldmatrix addresses of (jb, kk)
-#define MMA_NT(acc, a, NBLK, ROWS)                                                                      \
-    MMA_UNROLL                                                                                          \
-    for (int kk = 0; kk < DK; ++kk)                                                                     \
-        MMA_UNROLL                                                                                      \
-        for (int jb = 0; jb < (NBLK); jb += 2) {                                                        \
-            uint r_[4];                                                                                 \
-            LDSM(r_, ROWS, false);                                                                      \
-            const uint b0_[2] = {r_[0], r_[1]}, b1_[2] = {r_[2], r_[3]};                                \
-            MMA(acc[jb], a[kk], b0_, acc[jb]);                                                          \
-            MMA(acc[jb + 1], a[kk], b1_, acc[jb + 1]);                                                  \
-        }
-// acc[DB][4] += A (16 x KSTEPS * 16, fragments a[KSTEPS][4]) times a local tile's rows kk * 16 .. (k side)
-#define MMA_KN(acc, a, KSTEPS, ROWS)                                                                    \
-    MMA_UNROLL                                                                                          \
-    for (int kk = 0; kk < (KSTEPS); ++kk)                                                               \
-        MMA_UNROLL                                                                                      \
-        for (int db = 0; db < DB; db += 2) {                                                            \
-            uint r_[4];                                                                                 \
-            LDSM(r_, ROWS, true);                                                                       \
-            const uint b0_[2] = {r_[0], r_[1]}, b1_[2] = {r_[2], r_[3]};                                \
-            MMA(acc[db], a[kk], b0_, acc[db]);                                                          \
-            MMA(acc[db + 1], a[kk], b1_, acc[db + 1]);                                                  \
-        }
-
-// MMA_NT and MMA_KN for the RB row blocks of a warp (acc[RB][..][4], a[RB][..][4]): each B fragment pair read
-// from local memory once for the RB blocks
-#define MMA_NT_RB(acc, a, NBLK, ROWS)                                                                   \
-    MMA_UNROLL                                                                                          \
-    for (int kk = 0; kk < DK; ++kk)                                                                     \
-        MMA_UNROLL                                                                                      \
-        for (int jb = 0; jb < (NBLK); jb += 2) {                                                        \
-            uint r_[4];                                                                                 \
-            LDSM(r_, ROWS, false);                                                                      \
-            const uint b0_[2] = {r_[0], r_[1]}, b1_[2] = {r_[2], r_[3]};                                \
-            MMA_UNROLL                                                                                  \
-            for (int rb_ = 0; rb_ < RB; ++rb_) {                                                        \
-                MMA(acc[rb_][jb], a[rb_][kk], b0_, acc[rb_][jb]);                                       \
-                MMA(acc[rb_][jb + 1], a[rb_][kk], b1_, acc[rb_][jb + 1]);                               \
-            }                                                                                           \
-        }
-#define MMA_KN_RB(acc, a, KSTEPS, ROWS)                                                                 \
-    MMA_UNROLL                                                                                          \
-    for (int kk = 0; kk < (KSTEPS); ++kk)                                                               \
-        MMA_UNROLL                                                                                      \
-        for (int db = 0; db < DB; db += 2) {                                                            \
-            uint r_[4];                                                                                 \
-            LDSM(r_, ROWS, true);                                                                       \
-            const uint b0_[2] = {r_[0], r_[1]}, b1_[2] = {r_[2], r_[3]};                                \
-            MMA_UNROLL                                                                                  \
-            for (int rb_ = 0; rb_ < RB; ++rb_) {                                                        \
-                MMA(acc[rb_][db], a[rb_][kk], b0_, acc[rb_][db]);                                       \
-                MMA(acc[rb_][db + 1], a[rb_][kk], b1_, acc[rb_][db + 1]);                               \
-            }                                                                                           \
-        }
 
 // out_rows[c][db] (c < 2: rows g, g + 8 of the warp) = acc * mul, stored in T at row `row` of `base`
 inline void store_rows2(__global T *base, const long row, const float acc[DB][4], const int r, const float mul,
