@@ -164,29 +164,18 @@ class Optimizer:
                     )
                 if p.grad is not None:
                     self._check_grad(p)
-        state, fresh = self.state, self._fresh
+        fresh = self._fresh
         for group in self.param_groups:
             chunks: dict[tuple, list[tuple[Node, dict[str, Any]]]] = {}
             names = self._state_names(group)
             for p in group["params"]:
                 if p.grad is None:
                     continue
-                st = state.get(id(p))
+                st = self._state_for(p, group, names)
                 v = p.value
-                if st is not None and v.dtype not in dtypes.HALF:  # the usual step: its state is all there
-                    for n in names:
-                        if st.get(n) is None:
-                            st = None
-                            break
-                if st is None or v.dtype in dtypes.HALF:
-                    st = self._state_for(p, group)
                 # chunks share a queue, a dtype and a step count, and were all just made or all not
                 key = (id(v.queue), v.dtype, st["step"], id(p) in fresh)
-                chunk = chunks.get(key)
-                if chunk is None:
-                    chunks[key] = [(p, st)]
-                else:
-                    chunk.append((p, st))
+                chunks.setdefault(key, []).append((p, st))
             for (_, _, step, *_), items in chunks.items():
                 for start in range(0, len(items), MAX_TENSORS_PER_LAUNCH):
                     self._launch(group, items[start : start + MAX_TENSORS_PER_LAUNCH], step + 1, found_inf)
@@ -234,14 +223,17 @@ class Optimizer:
                 f"its parameter ({v.dtype}, {v.queue!r})"
             )
 
-    def _state_for(self, p: Node, group: dict[str, Any]) -> dict[str, Any]:
+    def _state_for(self, p: Node, group: dict[str, Any],
+                   names: tuple[str, ...] | None = None) -> dict[str, Any]:
         """The parameter's state, with every tensor its group needs now (made as zeros when missing:
-        at the first step, or when a hyperparameter such as momentum was switched on later)."""
+        at the first step, or when a hyperparameter such as momentum was switched on later); `names`: the
+        group's _state_names when the caller has them."""
         st = self.state.get(id(p))
         if st is None:
             st = {"step": 0}
             self.state[id(p)] = st
-        missing = [name for name in self._state_names(group) if st.get(name) is None]
+        missing = [name for name in (self._state_names(group) if names is None else names)
+                   if st.get(name) is None]
         half = dtypes.is_half(p.value.dtype)
         if missing or (half and st.get("master") is None):
             with capture.capture_paused():  # made once: a graph replay must not zero it again
