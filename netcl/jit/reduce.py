@@ -61,7 +61,6 @@ class ReduceKnobs:
 _knobs: ReduceKnobs | None = None
 
 
-
 def row_group_size(local: int, lanes: int, length: int) -> int:
     """The work-group of a kernel that gives a row of `length` elements to `local` work-items of `lanes`
     elements each: halved (down to 64) while the row fits it twice over, so that no half of it idles (a
@@ -70,6 +69,7 @@ def row_group_size(local: int, lanes: int, length: int) -> int:
     while local > 64 and (local // 2) * lanes >= length:
         local //= 2
     return local
+
 
 def knobs() -> ReduceKnobs:
     """The knobs, read from the environment on first use rather than at import (a bad value is an error of
@@ -656,9 +656,7 @@ def _plan(
         if W > 1 and order == "row" and 2 * W <= 16 and all(dtypes.is_half(dt) for dt in halves) and \
                 _aligned_at(2 * W, leaves, k_sets, leaf_rk, None if mode == "reduce" else (out, k_sets[-1])):
             W *= 2
-            # and half the work-group where the row then fits it twice over (a 1024-wide half row on 256
-            # lanes of 8 left half of them idle, so the row took float32's time: twice the rows in flight
-            # instead)
+            # and half the work-group while the row then fits it twice over
             L = row_group_size(L, W, R)
     else:
         L, W, order = 1, (8 if vec_ok and R >= 16 else 1), "row"

@@ -23,8 +23,9 @@
 // Defines: MMA_F16 | MMA_BF16 | MMA_TF32, BM, BN (64, 128 or 256), BK, WSTAGES, WGS, WPIPE (0: each tile's
 // wgmmas finish before the next tile's barrier; 1: one batch stays in flight), A_MN (A stored K x M),
 // B_MN (B stored K x N), TF32_ROUND (1: float32 tiles rounded to TF32 in local memory; 0: the matrix units
-// truncate, as cuBLAS's TF32 mode does), EPI_SMEM (below), GROUP_M (as gemm_mma.cl), MMA_EMULATE (wgmma computed from the same local tiles by address arithmetic, cp.async as a
-// copy: the layouts and edges testable on any OpenCL device, e.g. PoCL and Oclgrind).
+// truncate, as cuBLAS's TF32 mode does), EPI_SMEM (below), GROUP_M (as gemm_mma.cl), MMA_EMULATE (wgmma
+// computed from the same local tiles by address arithmetic, cp.async as a copy: the layouts and edges
+// testable on any OpenCL device, e.g. PoCL and Oclgrind).
 
 #include "gemm_common.cl"
 #include "gemm_fragments.cl"
@@ -272,7 +273,8 @@ inline uint rna1(const uint x) {
 #endif
 #define EPI_LD (BN + 8)     // a row of the C tile in local memory, 16-bit values (a 16-byte pad: no conflicts)
 // (a tile whose stages cannot hold C, e.g. two stages of 128 x 128 x 32, stores directly)
-#if EPI_SMEM && !defined(C_ACC) && (defined(IS_BF16) || defined(IS_HALF)) && BM * EPI_LD * 2 <= WSTAGES * STAGE_BYTES
+#if EPI_SMEM && !defined(C_ACC) && (defined(IS_BF16) || defined(IS_HALF)) && \
+    BM * EPI_LD * 2 <= WSTAGES * STAGE_BYTES
 #if defined(IS_BF16)
 #define EPI_PAIR(v0, v1) ((uint)nc_float_to_bf16(v0) | ((uint)nc_float_to_bf16(v1) << 16))
 #else
@@ -425,14 +427,16 @@ void gemm_mma(GEMM_ARGS)
                 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
                     const int r = wg * WG_ROWS + wq * 16 + i * 64 + g + h * 8, c = j * 8 + 2 * t;
-                    *(__local uint *)(cs + r * EPI_LD + c) = EPI_PAIR(C_VALUE(acc[i][j][2 * h], m0 + r, n0 + c),
-                                                                      C_VALUE(acc[i][j][2 * h + 1], m0 + r, n0 + c + 1));
+                    *(__local uint *)(cs + r * EPI_LD + c) =
+                        EPI_PAIR(C_VALUE(acc[i][j][2 * h], m0 + r, n0 + c),
+                                 C_VALUE(acc[i][j][2 * h + 1], m0 + r, n0 + c + 1));
                 }
         barrier(CLK_LOCAL_MEM_FENCE);
         #pragma unroll
         for (int idx = tid; idx < BM * BN / 8; idx += THREADS) {
             const int r = idx / (BN / 8), c = (idx % (BN / 8)) * 8;
-            *(__global uint4 *)(C + (long)(m0 + r) * c_rs + n0 + c) = *(__local const uint4 *)(cs + r * EPI_LD + c);
+            *(__global uint4 *)(C + (long)(m0 + r) * c_rs + n0 + c) =
+                *(__local const uint4 *)(cs + r * EPI_LD + c);
         }
         return;
     }

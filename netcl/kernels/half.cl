@@ -1,5 +1,6 @@
 /* float16 <-> float32 of one value: nc_h2f (exact), nc_f2h (round to nearest even, NaN and infinities
- * kept); bfloat16's nc_bf2f and nc_f2bf at the end. Included by common.cl and by every JIT kernel (netcl.jit.codegen's preamble). On NVIDIA
+ * kept); bfloat16's nc_bf2f and nc_f2bf at the end. Included by common.cl and by every JIT kernel
+ * (netcl.jit.codegen's preamble). On NVIDIA
  * (NC_NVIDIA, set by netcl.core.backend for every program built there) through the conversion
  * instructions on raw bits: its vload_half/vstore_half paths ran float16 kernels at a quarter to a half of
  * bfloat16's bandwidth on the H200 (bench/NOTES.md, mixed precision); elsewhere the OpenCL built-ins. */

@@ -38,17 +38,11 @@ def _local_size(device: Any) -> int:
 
 def _program(device: Any, dt: np.dtype, relu: bool = False, vw: int = 4, local: int | None = None):
     """norm.cl for `dt`; vw: the elements a work-item of the vector kernels reads at once (_vector_width);
-    local: their work-group (_vector_local), else the device's."""
+    local: their work-group (the device's halved while a row fits it twice: jit.reduce.row_group_size), else
+    the device's."""
     return kernels.program(
         device, "norm.cl", dtype=dt, act="relu" if relu else None, LOCAL=local or _local_size(device), VW=vw
     )
-
-
-def _vector_local(local: int, vw: int, length: int) -> int:
-    """The vector kernels' work-group for rows of `length`: the device's, halved while a row fits it twice
-    (the reductions' rule, jit.reduce.row_group_size; H200, rows of 1024: a float16 row on 256 work-items of
-    8 lanes left half of them idle)."""
-    return row_group_size(local, vw, length)
 
 
 def _scalar(dt: np.dtype, v: float):
@@ -404,7 +398,7 @@ def _row_forward(
     dummy = out.buffer
     vw = _vector_width(local, pg, pdiv, length, dt, x)
     if vw:
-        local = _vector_local(local, vw, length)
+        local = row_group_size(local, vw, length)
     prg = _program(x.device, dt, relu, vw or 4, local)
     kernel = prg.row_norm_forward_vec4 if vw else prg.row_norm_forward
     kernel(
@@ -436,7 +430,7 @@ def _row_backward(grad_out: Tensor, x: Tensor, weight: Tensor | None, mean: Tens
         groups = rows + math.ceil(kernel_params / local)
         vw = _vector_width(local, pg, pdiv, length, dt, x, gy) if by_reduction else 0
         if vw:
-            local = _vector_local(local, vw, length)
+            local = row_group_size(local, vw, length)
             _program(x.device, dt, vw=vw, local=local).row_norm_backward_vec4(
                 x.queue, (rows * local,), (local,), gy=gy.buffer, gy_off=np.int64(gy.offset), x=x.buffer,
                 x_off=np.int64(x.offset), w=weight.buffer if weight is not None else gx.buffer,

@@ -12,6 +12,7 @@ import pytest
 from netcl import ops
 from netcl.core.tensor import Tensor
 from netcl.errors import DTypeError
+from netcl.jit.reduce import row_group_size
 from netcl.ops import attention, norm
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -235,13 +236,13 @@ def test_batch_norm_half_matches_float32(queue, rng, dt, layout, monkeypatch):
 
 
 def test_row_norm_work_group_halves_while_a_row_fits_twice():
-    """norm.cl's vector kernels size their work-group by the reductions' rule: a 1024-wide half row on 8
-    lanes a work-item takes 128 (not 256, half of which would idle), float32's 4 lanes keep 256, and 64 is
-    the floor."""
-    assert norm._vector_local(256, 8, 1024) == 128
-    assert norm._vector_local(256, 4, 1024) == 256
-    assert norm._vector_local(256, 8, 512) == 64 == norm._vector_local(256, 8, 40)
-    assert norm._vector_local(256, 8, 4096) == 256
+    """The row kernels' work-group rule (shared by norm.cl's vector kernels and the reductions): a 1024-wide
+    half row on 8 lanes a work-item takes 128 (not 256, half of which would idle), float32's 4 lanes keep
+    256, and 64 is the floor."""
+    assert row_group_size(256, 8, 1024) == 128
+    assert row_group_size(256, 4, 1024) == 256
+    assert row_group_size(256, 8, 512) == 64 == row_group_size(256, 8, 40)
+    assert row_group_size(256, 8, 4096) == 256
 
 
 @GPU_SHAPED
@@ -251,5 +252,5 @@ def test_row_norms_half_on_a_halved_work_group(queue, rng, dt, monkeypatch):
     of a row; float32's 4 lanes keep 128): forward and backward as float32's within half's rounding. (128, not
     the GPUs' 256: PoCL's CPU device crashes on these kernels at 256 work-items, with or without halving.)"""
     monkeypatch.setattr(norm, "local_size_override", 128)
-    assert norm._vector_local(128, 8, 512) == 64 and norm._vector_local(128, 4, 512) == 128
+    assert row_group_size(128, 8, 512) == 64 and row_group_size(128, 4, 512) == 128
     _row_norms_match_float32(queue, rng, dt, (3, 512))
