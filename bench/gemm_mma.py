@@ -467,20 +467,26 @@ def replay_seconds(fn, queue, repeat: int = 7, inner: int = 5) -> float:
     return seconds
 
 
-def gpt_tiles(dev, dt: np.dtype, tiles: list[dict]) -> dict[str, object]:
-    """--gpt --tiles: TFLOP/s of each wgmma tile (over the defaults) on each GPT GEMM shape."""
+def gpt_tiles(dev, dt: np.dtype, tiles: list[dict], only: str = "") -> dict[str, object]:
+    """--gpt --tiles: TFLOP/s of each wgmma tile (over the defaults) on each GPT GEMM shape (--only: the
+    shapes whose name holds that text). A tile's "splits" is split-K's slice count (mm.gemm's `splits`)."""
     q = dev.queue
     rng = np.random.default_rng(0)
     out: dict[str, object] = {}
     print("tiles: " + " | ".join(json.dumps(t) for t in tiles))
     for name, m, n, k, layout in gpt_shapes():
+        if only not in name:
+            continue
         ta = operand(q, rng.standard_normal((m, k), dtype=np.float32).astype(dt), layout[0] == "t")
         tb = operand(q, rng.standard_normal((k, n), dtype=np.float32).astype(dt), layout[1] == "t")
         row = []
         for tile in tiles:
             try:
-                def call(ta=ta, tb=tb, tile=tile):
-                    return mm.gemm(ta, tb, variant="mma", params=tile)
+                params = {key: value for key, value in tile.items() if key != "splits"}
+                splits = tile.get("splits")
+
+                def call(ta=ta, tb=tb, params=params, splits=splits):
+                    return mm.gemm(ta, tb, variant="mma", params=params, splits=splits)
                 sec = replay_seconds(call, q)
                 row.append(round(2.0 * m * n * k / sec / 1e12, 1))
             except Exception as exc:  # a tile this device cannot run is reported, not fatal
@@ -541,6 +547,7 @@ def main() -> None:
     ap.add_argument("--sizes", type=int, nargs="*", default=[4096, 8192], help="--wgmma: square sizes timed")
     ap.add_argument("--wgmma-one", default="", help=argparse.SUPPRESS)
     ap.add_argument("--gpt", action="store_true", help="each GEMM shape of the 25M GPT's step beside torch")
+    ap.add_argument("--only", default="", help="--gpt --tiles: only the shapes whose name holds this text")
     ap.add_argument("--tiles", default="", help="--gpt: a JSON list of mma tile params to time instead")
     args = ap.parse_args()
     if args.wgmma_one:
@@ -549,7 +556,7 @@ def main() -> None:
         print(json.dumps(wgmma_one(manager.get("gpu"), dt, params, sizes)))
         return
     if args.gpt and args.tiles:
-        result = gpt_tiles(manager.get("gpu"), BF16, json.loads(args.tiles))
+        result = gpt_tiles(manager.get("gpu"), BF16, json.loads(args.tiles), args.only)
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(result, indent=1))
         return
