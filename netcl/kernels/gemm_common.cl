@@ -36,6 +36,7 @@ typedef double16 ACC16;
 // (gemm_mma.cl) and read only the epilogue's values; the portable path takes bfloat16 through float32
 typedef ushort STORE_T;
 typedef float ACC_T;
+typedef float4 ACC4;
 #define LOAD1(i, p) nc_bf16_to_float((p)[i])
 #define STORE1(v, i, p) ((p)[i] = nc_float_to_bf16(v))
 #elif defined(IS_HALF)

@@ -233,9 +233,10 @@ def test_epilogue_argument_errors(queue):
 
 
 @GPU_SHAPED
-@pytest.mark.parametrize("ta,tb", [(False, False), (True, True)])
-def test_split_k_with_epilogue(queue, rng, ta, tb):
-    m, n, k = 37, 29, 96
+@pytest.mark.parametrize("ta,tb,n", [(False, False, 29), (True, True, 29), (False, False, 32)])
+def test_split_k_with_epilogue(queue, rng, ta, tb, n):
+    # n = 32: the reduction reads four columns a work-item (RED_VEC 4)
+    m, k = 37, 96
     a, b, bias, res = host(rng, (m, k)), host(rng, (k, n)), host(rng, (n,)), host(rng, (m, n))
     got = gemm(dev(queue, a, ta), dev(queue, b, tb), dev(queue, bias), "relu", dev(queue, res), 1.5,
                variant="tiled", params=SMALL_TILED, splits=4)
@@ -248,7 +249,8 @@ def test_split_k_choice_fills_a_gpu_only_for_skinny_problems(queue):
 
     choose_splits = splitk.choose_splits
 
-    h200_like = SimpleNamespace(capabilities=SimpleNamespace(kind="gpu", compute_units=132))
+    h200_like = SimpleNamespace(capabilities=SimpleNamespace(kind="gpu", compute_units=132, extensions=""),
+                                platform_name="some GPU")
     tile = {"BM": 128, "BN": 128}
     p = _prepare(Tensor.zeros(queue, (2, 3)), Tensor.zeros(queue, (3, 2)), None, None, None, 1.0)
     assert choose_splits(h200_like, replace(p, m=4096, n=4096, k=4096), tile) == 1
@@ -268,6 +270,16 @@ def test_split_k_choice_fills_a_gpu_only_for_skinny_problems(queue):
     assert choose_splits(h200_like, replace(p16, m=704, n=256, k=2048), tile, partial_sums=True) == 16
     assert choose_splits(h200_like, replace(p16, m=8192, n=8192, k=8192), tile, partial_sums=True) == 1
     assert choose_splits(cpu, replace(p16, m=704, n=256, k=2048), tile, partial_sums=True) == 1
+    # Hopper's warpgroup MMA: one wave of long slices (the 25M GPT's weight gradients over 16384 tokens),
+    # where another GPU aims long slices at two
+    hopper_caps = SimpleNamespace(kind="gpu", compute_units=132, nv_compute_capability=(9, 0),
+                                  extensions="cl_nv_compiler_options")
+    hopper = SimpleNamespace(capabilities=hopper_caps, platform_name="NVIDIA CUDA")
+    for m, n, on_hopper, elsewhere in ((512, 512, 8, 16), (1376, 512, 4, 8), (512, 1376, 4, 8)):
+        gw = replace(p16, m=m, n=n, k=16384)
+        assert choose_splits(hopper, gw, tile, partial_sums=True) == on_hopper
+        assert choose_splits(h200_like, gw, tile, partial_sums=True) == elsewhere
+    assert choose_splits(hopper, replace(p16, m=704, n=256, k=2048), tile, partial_sums=True) == 16
 
 
 def test_linear_on_tokens_is_one_row_gemm(queue, rng):
