@@ -158,7 +158,7 @@ class BaseKMeans:
         self._dtype = data.dtype
         self._mean = mean
         self._centers_centred = centers_centred
-        self.cluster_centers_ = (centers_centred + mean).astype(data.dtype)
+        self.cluster_centers_ = (centers_centred + mean).astype(data.compute_dtype)
         self.n_features_in_ = data.d
         self._n_features_out = self.n_clusters
 
@@ -170,7 +170,7 @@ class BaseKMeans:
         centers = Tensor.from_host(data.queue, self._centers_centred)
         packed = kmeans_pack(plan, centers)
         labels = Tensor.empty(data.queue, (data.n,), np.int32)
-        dist = Tensor.empty(data.queue, (data.n,), data.dtype)
+        dist = Tensor.empty(data.queue, (data.n,), plan.dtype)
         for x, row0 in data.chunks():
             kmeans_assign(plan, x, row0, shift, packed, centers, labels, dist)
         return labels, dist
@@ -198,8 +198,10 @@ class BaseKMeans:
         shift = Tensor.from_host(q, self._mean)
         centers = Tensor.from_host(q, self._centers_centred)
         norms = ops.sum(ops.square(centers), axis=1)
-        out = None if data.is_tensor else np.empty((data.n, self.n_clusters), data.dtype)
+        out = None if data.is_tensor else np.empty((data.n, self.n_clusters), data.compute_dtype)
         for x, row0 in data.chunks():
+            if x.dtype != data.compute_dtype:  # half rows: distances in float32
+                x = ops.cast(x, data.compute_dtype)
             xc = (x - shift).realize()
             sq = ops.sum(ops.square(xc), axis=1, keepdims=True) - 2 * ops.matmul(xc, centers.T) + norms
             dist = ops.sqrt(ops.maximum(sq, 0))
@@ -344,7 +346,10 @@ class KMeans(BaseKMeans):
     copied once and larger ones are streamed), and `variant` ("cpu"/"gpu" kernels; default by device).
 
     fit(X) takes a NumPy array (float32 and float64 stay as they are; integers become float64) or a netcl
-    Tensor. Fitted attributes (NumPy, as scikit-learn's): cluster_centers_ (n_clusters, n_features),
+    Tensor. float16 and bfloat16 rows (NumPy float16, ml_dtypes.bfloat16, or Tensors of those) stay half in
+    device memory and are computed in float32: centers, distances and inertia are float32, and where the
+    device has matrix units the assignment's dot products run on them.
+    Fitted attributes (NumPy, as scikit-learn's): cluster_centers_ (n_clusters, n_features),
     labels_ (int32), inertia_, n_iter_, n_features_in_. predict / transform return Tensors for Tensors.
     """
 
@@ -377,7 +382,7 @@ class KMeans(BaseKMeans):
         weights, weights_host = check_weights(sample_weight, data)
         init = self.init
         if not isinstance(init, str):
-            init = given_centers(init, self.n_clusters, data.d, data.dtype, data.queue.device)
+            init = given_centers(init, self.n_clusters, data.d, data.compute_dtype, data.queue.device)
         tol = self.tol * data.mean_variance() if self.tol else 0.0
         mean = data.mean()
         plan = kmeans_plan(data.queue, data.dtype, data.n, data.d, self.n_clusters, self.variant)

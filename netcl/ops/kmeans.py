@@ -10,6 +10,9 @@ Every launch takes a block of rows `x` (contiguous, rows x d) and `row0`, the da
 first row, so a data set streamed from the host in chunks runs the very same kernels as one held on
 the device, and (segments and k-means++ blocks being defined by data-set row numbers) gives the same
 bits. All kernels work on data centred by `shift` (netcl.cluster's Data.mean; see kmeans_common.cl).
+
+Half data (float16, bfloat16) is read as it is stored (`KMeansPlan.xdtype`) and computed in float32: the
+plan's `dtype`, that of the centers, shift, distances, weights and every sum, is then float32.
 """
 
 from __future__ import annotations
@@ -63,7 +66,8 @@ class KMeansPlan:
     """Kernel choice and parameters of one k-means problem (see the module docstring)."""
 
     queue: Any
-    dtype: np.dtype
+    dtype: np.dtype  # arithmetic, centers, shift, distances, weights, sums: float32 or float64
+    xdtype: np.dtype  # the rows x as stored: dtype, or float16 / bfloat16 (computed in float32)
     n: int
     d: int
     k: int
@@ -90,7 +94,13 @@ class KMeansPlan:
     def file(self) -> str:
         return "kmeans_cpu.cl" if self.variant == "cpu" else "kmeans_gpu.cl"
 
+    @property
+    def x_defines(self) -> dict[str, Any]:
+        """The defines of x's storage (kmeans_common.cl): X_HALF, X_BF16, or none when x is `dtype`."""
+        return x_defines(self.xdtype)
+
     def program(self, filename: str, defines: dict[str, Any], **extra: Any) -> Any:
+        extra = {**self.x_defines, **extra}
         if filename != "kmeans_gpu.cl":
             return kernels.program(self.device, filename, dtype=self.dtype, **defines, **extra)
         # the GEMM's block, built as the GEMM builds it (mad contraction; NVIDIA's register log on request)
@@ -98,6 +108,24 @@ class KMeansPlan:
         prg = kernels.program(self.device, filename, dtype=self.dtype, options=options, **defines, **extra)
         gemm_variants.print_build_log(self.device, prg, "kmeans_assign", defines)
         return prg
+
+
+HALF_DTYPES = (dtypes.float16, dtypes.bfloat16)
+
+
+def x_defines(xdtype: np.dtype) -> dict[str, Any]:
+    """kmeans_common.cl's defines for rows stored as `xdtype`."""
+    if xdtype == dtypes.float16:
+        return {"X_HALF": None}
+    if xdtype == dtypes.bfloat16:
+        return {"X_BF16": None}
+    return {}
+
+
+def compute_dtype(dtype: Any) -> np.dtype:
+    """The dtype k-means computes data of `dtype` in (centers, distances, sums): float32 for half data."""
+    dt = np.dtype(dtype)
+    return dtypes.float32 if dt in HALF_DTYPES else dt
 
 
 def _pow2_at_most(n: int) -> int:
@@ -113,14 +141,16 @@ ASSIGN_TILE_KNOBS = ("BM", "BN", "BK", "TX", "TY", "VW", "PADA", "PADB", "WX", "
 
 def kmeans_plan(queue: Any, dtype: Any, n_rows: int, n_features: int, n_clusters: int,
                 variant: str | None = None, assign_tiles: dict[str, int] | None = None) -> KMeansPlan:
-    """The plan for clustering n_rows x n_features data of `dtype` into n_clusters on `queue`'s device.
+    """The plan for clustering n_rows x n_features data of `dtype` (float32, float64, or float16 / bfloat16
+    rows computed in float32) into n_clusters on `queue`'s device.
     `variant` ("cpu" or "gpu") overrides the choice by device type (tests run both on one device);
     `assign_tiles` overrides some of the GPU assignment's tile knobs (ASSIGN_TILE_KNOBS: the tiled GEMM's;
     bench sweeps, tests)."""
-    dt = np.dtype(dtype)
-    if dt not in (dtypes.float32, dtypes.float64):
-        raise DTypeError(f"k-means takes float32 or float64 data, got {dt}")
-    dtypes.check_supported_on(dt, queue.device)
+    xdt = np.dtype(dtype)
+    if xdt not in (dtypes.float32, dtypes.float64, *HALF_DTYPES):
+        raise DTypeError(f"k-means takes float32, float64, float16 or bfloat16 data, got {xdt}")
+    dtypes.check_supported_on(xdt, queue.device)
+    dt = compute_dtype(xdt)
     n, d, k = int(n_rows), int(n_features), int(n_clusters)
     if n < 1 or d < 1 or k < 1:
         raise ShapeError(f"k-means needs at least one row, feature and cluster, got n={n}, d={d}, k={k}")
@@ -179,8 +209,8 @@ def kmeans_plan(queue: Any, dtype: Any, n_rows: int, n_features: int, n_clusters
     vf = vec if variant == "cpu" else max(1, vec // 2)
     shared = dict(WG=finalize_wg, VF=vf, BLK=PP_BLOCK)
     pp = dict(WG=pp_wg, VF=vf, BLK=PP_BLOCK)
-    return KMeansPlan(queue, dt, n, d, k, variant, kpad, dpad, rows_per_group, variant_defines, shared, pp,
-                      seg, nseg, nkc, nfc, update_wg, finalize_wg, pp_wg)
+    return KMeansPlan(queue, dt, xdt, n, d, k, variant, kpad, dpad, rows_per_group, variant_defines, shared,
+                      pp, seg, nseg, nkc, nfc, update_wg, finalize_wg, pp_wg)
 
 
 # -- the CPU assignment's vector width --------------------------------------------------------------------
@@ -342,7 +372,7 @@ def _check_rows(plan: KMeansPlan, op: str, x: Tensor, row0: int) -> int:
         raise ShapeError(f"{op}: x must be a 2-D Tensor of rows, got "
                          f"{getattr(x, 'shape', type(x).__name__)}")
     rows = x.shape[0]
-    _check(plan, op, "x", x, (rows, plan.d))
+    _check(plan, op, "x", x, (rows, plan.d), plan.xdtype)
     if rows < 1 or row0 < 0 or row0 + rows > plan.n:
         raise ShapeError(f"{op}: rows {row0}..{row0 + rows} do not lie in the plan's {plan.n} rows")
     return rows
@@ -585,12 +615,20 @@ def kmeans_minibatch_finalize(plan: KMeansPlan, partials: Partials, old: Tensor,
 def kmeans_copy_rows(x: Tensor, src_idx: Tensor, out: Tensor, shift: Tensor | None = None,
                      dst_idx: Tensor | None = None) -> None:
     """out[j] = x[src_idx[j]] (minus shift when given); with dst_idx, out[dst_idx[j]] instead. Indices are
-    int32 and must be valid rows (the callers draw them)."""
+    int32 and must be valid rows (the callers draw them). out has x's dtype, or for half x (float16,
+    bfloat16) float32, the dtype of the shift (rows gathered as centers)."""
     op = "kmeans_copy_rows"
     if x.ndim != 2 or out.ndim != 2 or out.shape[1] != x.shape[1]:
         raise ShapeError(f"{op}: x {x.shape} and out {out.shape} must be 2-D with one row length")
-    if x.dtype != out.dtype or x.dtype not in (dtypes.float32, dtypes.float64):
-        raise DTypeError(f"{op}: x and out must share a float32/float64 dtype, got {x.dtype} and {out.dtype}")
+    if x.dtype not in (dtypes.float32, dtypes.float64, *HALF_DTYPES) or \
+            out.dtype not in (x.dtype, compute_dtype(x.dtype)):
+        raise DTypeError(f"{op}: x must be float32, float64, float16 or bfloat16 and out x's dtype or (half "
+                         f"x) float32, got {x.dtype} and {out.dtype}")
+    raw = out.dtype == x.dtype and x.dtype in HALF_DTYPES
+    if raw and shift is not None:
+        raise DTypeError(f"{op}: rows minus a shift are float32, not {out.dtype}")
+    if shift is not None and shift.dtype != compute_dtype(x.dtype):
+        raise DTypeError(f"{op}: shift must be {compute_dtype(x.dtype)}, got {shift.dtype}")
     count = src_idx.size
     for name, t in (("src_idx", src_idx), ("dst_idx", dst_idx)):
         if t is not None and (t.dtype != np.int32 or t.ndim != 1 or t.size != count or not t.is_contiguous()):
@@ -603,7 +641,9 @@ def kmeans_copy_rows(x: Tensor, src_idx: Tensor, out: Tensor, shift: Tensor | No
     if count == 0:
         return
     d = x.shape[1]
-    prg = kernels.program(x.device, "kmeans.cl", dtype=x.dtype, WG=1)
+    extra = {"OUT_X": None} if raw else {}
+    prg = kernels.program(x.device, "kmeans.cl", dtype=compute_dtype(x.dtype), WG=1, **x_defines(x.dtype),
+                          **extra)
     prg.kmeans_copy_rows(
         x.queue,
         (d, count),
