@@ -23,6 +23,7 @@ from netcl.ops.kmeans import (
     kmeans_copy_rows,
     kmeans_minibatch_finalize,
     kmeans_pack,
+    kmeans_packed,
     kmeans_partials,
     kmeans_plan,
     kmeans_update,
@@ -58,7 +59,7 @@ class StepState:
         q = plan.queue
         return cls(plan, Tensor.empty(q, (plan.n,), np.int32), Tensor.empty(q, (plan.n,), plan.dtype),
                    kmeans_partials(plan), Tensor.empty(q, (2 * plan.k + 1,), plan.dtype),
-                   kmeans_pack(plan, Tensor.zeros(q, (plan.k, plan.d), plan.dtype)))
+                   kmeans_packed(plan))
 
 
 class MiniBatchKMeans(BaseKMeans):
@@ -192,7 +193,7 @@ class MiniBatchKMeans(BaseKMeans):
         reassignment of low-count centers. Returns (the batch's inertia before the update, the squared
         shift of all centers when need_shift, else 0)."""
         plan, k = state.plan, self.n_clusters
-        kmeans_pack(plan, centers, state.packed)
+        kmeans_pack(plan, centers, state.packed, shift)
         state.partials.zero_()
         for x, row0 in batch.chunks():
             kmeans_assign(plan, x, row0, shift, state.packed, centers, state.labels, state.dist)
@@ -300,7 +301,7 @@ class MiniBatchKMeans(BaseKMeans):
     def _inertia(
         self, plan: KMeansPlan, data: Data, weights: Tensor | None, shift: Tensor, centers: Tensor
     ) -> float:
-        packed = kmeans_pack(plan, centers)
+        packed = kmeans_pack(plan, centers, shift=shift)
         labels = Tensor.empty(plan.queue, (plan.n,), np.int32)
         dist = Tensor.empty(plan.queue, (plan.n,), plan.dtype)
         for x, row0 in data.chunks():

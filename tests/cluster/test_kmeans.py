@@ -294,3 +294,29 @@ def test_half_rows_end_at_the_nearest_centers(queue, rng, dt):
     md2 = ((x64[:, None] - mini.cluster_centers_.astype(np.float64)[None]) ** 2).sum(-1)
     assert mini.cluster_centers_.dtype == np.float32
     assert mini.inertia_ == pytest.approx(md2.min(1).sum(), rel=1e-5)
+
+
+@pytest.mark.gpu_shaped
+@pytest.mark.parametrize("dt", HALF)
+def test_mma_assignment_fits_half_rows(monkeypatch, rng, dt):
+    """The matrix-unit variant (its emulation, at a small tile) through a whole fit of half rows: the centers
+    are the means of their rows and the labels the nearest centers up to the half rounding of the centers
+    the matrix units multiply by (ops/test_kmeans.py's check_mma_assignment), the inertia their distances."""
+    tile = km.mma_tile
+    monkeypatch.setattr(km, "mma_tile", lambda device, xdt, d, k, overrides: tile(
+        device, xdt, d, k, {**dict(BM=32, BN=32, BK=32, WM=16, WN=16, EMULATE=1), **overrides}))
+    n, d, k = 301, 16, 6
+    blobs = rng.standard_normal((k, d)) * 4
+    X = (blobs[rng.integers(0, k, n)] + rng.standard_normal((n, d))).astype(dt)
+    fit = KMeans(k, n_init=1, random_state=0, variant="mma").fit(X)
+    x64, c = X.astype(np.float64), fit.cluster_centers_.astype(np.float64)
+    means = np.stack([x64[fit.labels_ == j].mean(0) for j in range(k)])
+    np.testing.assert_allclose(c, means, rtol=1e-5, atol=1e-4)
+    d2 = ((x64[:, None] - c[None]) ** 2).sum(-1)
+    shift = x64.mean(0).astype(np.float32)  # the data's mean (of all rows, n <= 16384): the centring
+    ch = (fit.cluster_centers_ - shift).astype(dt).astype(np.float64) + shift  # what the units multiply by
+    d2h = ((x64[:, None] - ch[None]) ** 2).sum(-1)
+    moved = np.abs(d2h - d2).max(1) + 1e-5 * (d2.min(1) + (x64 ** 2).sum(1) + 1)
+    assert (d2[np.arange(n), fit.labels_] - d2.min(1) <= 2 * moved).all()
+    assert fit.inertia_ == pytest.approx(d2[np.arange(n), fit.labels_].sum(), rel=1e-5)
+    np.testing.assert_array_equal(fit.predict(X), fit.labels_)

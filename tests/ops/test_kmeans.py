@@ -408,3 +408,82 @@ def test_half_rows_in_every_kernel(queue, rng, variant, dt):
         km.kmeans_copy_rows(xt, idx, raw, shift=shift)
     with pytest.raises(DTypeError, match="x must be"):
         km.kmeans_assign(plan, t(queue, x.astype(np.float32)), 0, shift, packed, cc, labels, dist)
+
+
+# The matrix-unit assignment (kmeans_mma.cl: gemm_mma.cl's block and k loop, the arg-min folded into the C
+# fragments) through the emulation of mma.sync, at small tiles: 4 warps of 16 x 16 over 32 x 32 blocks.
+MMA_SMALL = dict(BM=32, BN=32, BK=32, WM=16, WN=16, EMULATE=1)
+RING = dict(ASYNC=1, STAGES=2, LDMATRIX=1)
+MMA_CASES = [  # (n, d, k, dtype, element offset of x, loader): what each exercises
+    (37, 13, 7, np.float16, 0, RING),         # d % 8: the register loader (ASYNC dropped); k below a tile
+    (101, 72, 75, np.float16, 8, RING),       # the cp.async ring with ldmatrix: 3 k tiles, 3 center tiles
+    (67, 45, 100, dtypes.bfloat16, 3, dict(ASYNC=0, LDMATRIX=0)),  # rows off 16 bytes, plain fragment loads
+    (70, 24, 40, dtypes.bfloat16, 0, dict(ASYNC=1, STAGES=3, LDMATRIX=1)),  # a three-stage ring
+]
+UNIT_ROUNDOFF = {np.dtype(np.float16): 2.0 ** -11, np.dtype(dtypes.bfloat16): 2.0 ** -8}
+
+
+def check_mma_assignment(labels, dist, x, mean, c, dt):
+    """The matrix units multiply the rows by the centers rounded to the rows' format (c_h): labels must be the
+    nearest of the c_h in float64 on the half rows (either of two within float32 rounding of the uncentred
+    dot products), hence the nearest float32 center up to what the rounding moves each distance; dist is the
+    exact float32 distance to the chosen center."""
+    rows = np.arange(len(x))
+    xc = x.astype(np.float64) - mean
+    ch = c.astype(dt).astype(np.float64)
+    assert np.abs(ch - c).max() <= UNIT_ROUNDOFF[np.dtype(dt)] * np.abs(c).max()
+    d2h, d2 = sq_dists(xc, ch), sq_dists(xc, c)
+    slack = 1e-5 * (d2h.min(1) + (x.astype(np.float64) ** 2).sum(1) + (ch ** 2).sum(1).max() + 1)
+    assert (d2h[rows, labels] - d2h.min(1) <= slack).all()
+    moved = np.abs(d2h - d2).max(1)
+    assert (d2[rows, labels] - d2.min(1) <= 2 * moved + slack).all()
+    clear = np.sort(d2h, axis=1)[:, 1] - d2h.min(1) > 10 * slack
+    np.testing.assert_array_equal(labels[clear], d2h.argmin(1)[clear])
+    np.testing.assert_allclose(dist, d2[rows, labels], rtol=1e-4, atol=1e-4 * (1 + d2.max()))
+
+
+@pytest.mark.gpu_shaped
+@pytest.mark.parametrize("n,d,k,dt,off,loader", MMA_CASES, ids=[
+    f"{n}-{d}-{k}-{np.dtype(dt).name}-off{off}-" + "-".join(f"{a}{b}" for a, b in ld.items())
+    for n, d, k, dt, off, ld in MMA_CASES])
+def test_mma_assign_emulated(queue, rng, n, d, k, dt, off, loader):
+    x = (rng.standard_normal((n, d)) * 2 + 3).astype(dt)
+    c = (rng.standard_normal((k, d)) * 2).astype(np.float32)
+    c[k // 2] = c[k // 3]  # a repeated center: the first copy wins
+    mean = x.astype(np.float64).mean(axis=0).astype(np.float32)
+    flat = t(queue, np.concatenate([np.zeros(off, dt), x.ravel()]))
+    plan = km.kmeans_plan(queue, dt, n + 3, d, k, "mma", assign_tiles={**MMA_SMALL, **loader})
+    assert plan.kpad % 32 == 0 and plan.dpad % 8 == 0 and plan.mma["NKT"] == -(-d // 32)
+    cc, shift = t(queue, c), t(queue, mean)
+    packed = km.kmeans_pack(plan, cc, shift=shift)
+    ch = c.astype(dt).astype(np.float64)
+    np.testing.assert_array_equal(packed.layout.to_host()[:k, :d].astype(np.float64), ch)
+    np.testing.assert_allclose(packed.norms.to_host()[:k], (ch ** 2).sum(1) + 2 * ch @ mean, rtol=1e-5)
+    assert np.isinf(packed.norms.to_host()[k:]).all()
+    labels = Tensor.full(queue, (n + 3,), -1, np.int32)
+    dist = Tensor.zeros(queue, (n + 3,), np.float32)
+    changed = Tensor.zeros(queue, (1,), np.int32)
+    km.kmeans_assign(plan, flat[off:].reshape(n, d), 2, shift, packed, cc, labels, dist, changed)
+    got, got_dist = labels.to_host(), dist.to_host()
+    assert (got[:2] == -1).all() and got[-1] == -1  # nothing outside the rows
+    check_mma_assignment(got[2:2 + n], got_dist[2:2 + n], x, mean, c, dt)
+    assert not (got == k // 2).any()
+    assert changed.item() == n
+
+
+def test_mma_variant_is_refused_where_it_cannot_run(queue):
+    with pytest.raises(DTypeError, match="float16 or bfloat16 rows"):
+        km.kmeans_plan(queue, np.float32, 10, 2, 3, "mma")
+    if not km.takes_mma(queue.device, np.float16):
+        with pytest.raises(ValueError, match="needs matrix units"):
+            km.kmeans_plan(queue, np.float16, 10, 2, 3, "mma")
+        assert km.kmeans_plan(queue, np.float16, 10, 2, 3).variant != "mma"
+    with pytest.raises(ValueError, match="unknown k-means matrix-unit tile knob 'TX'"):
+        km.kmeans_plan(queue, np.float16, 10, 2, 3, "mma", assign_tiles=dict(TX=8, EMULATE=1))
+    with pytest.raises(ValueError, match="WM of 16"):
+        km.kmeans_plan(queue, np.float16, 10, 2, 3, "mma", assign_tiles=dict(MMA_SMALL, WM=8))
+    with pytest.raises(ValueError, match="16-byte chunks"):
+        km.kmeans_plan(queue, np.float16, 10, 2, 3, "mma", assign_tiles=dict(MMA_SMALL, BK=16))
+    plan = km.kmeans_plan(queue, np.float16, 10, 2, 3, "mma", assign_tiles=MMA_SMALL)
+    with pytest.raises(ValueError, match="pass shift="):
+        km.kmeans_pack(plan, Tensor.zeros(queue, (3, 2)))
