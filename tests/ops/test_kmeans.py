@@ -327,7 +327,7 @@ def test_bad_input_is_refused(queue):
                        assign_tiles=dict(BM=2048, BN=2048, BK=512, TX=16, TY=16, VW=4))
     with pytest.raises(ShapeError, match="rows of 1000000 features need"):
         km.kmeans_plan(queue, np.float32, 10, 10**6, 3, variant="cpu")
-    with pytest.raises(ValueError, match="knobs of the 'gpu' variant"):
+    with pytest.raises(ValueError, match="knobs of the 'gpu' and 'mma' variants"):
         km.kmeans_plan(queue, np.float32, 10, 2, 3, variant="cpu", assign_tiles=dict(TX=8))
     plan = km.kmeans_plan(queue, np.float32, 10, 2, 3)
     centers = Tensor.zeros(queue, (3, 2))
