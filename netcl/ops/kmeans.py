@@ -19,6 +19,7 @@ plan's `dtype`, that of the centers, shift, distances, weights and every sum, is
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,7 +29,7 @@ from netcl import kernels
 from netcl.core import dtypes
 from netcl.core.tensor import Tensor, check_same_queue
 from netcl.core.variants import Variant, first_usable, source_digest
-from netcl.errors import DeviceMismatchError, DTypeError, ShapeError
+from netcl.errors import DeviceMismatchError, DTypeError, KernelBuildError, ShapeError
 from netcl.ops.gemm import variants as gemm_variants
 
 __all__ = [
@@ -160,8 +161,10 @@ def kmeans_plan(queue: Any, dtype: Any, n_rows: int, n_features: int, n_clusters
     if n < 1 or d < 1 or k < 1:
         raise ShapeError(f"k-means needs at least one row, feature and cluster, got n={n}, d={d}, k={k}")
     caps = queue.device.capabilities
+    auto_mma = variant is None and not assign_tiles and takes_mma(queue.device, xdt) \
+        and (id(queue.device), xdt) not in _mma_unbuildable  # (matrix units: never a CPU device)
     if variant is None:
-        variant = "cpu" if caps.kind == "cpu" else "mma" if takes_mma(queue.device, xdt) else "gpu"
+        variant = "mma" if auto_mma else "cpu" if caps.kind == "cpu" else "gpu"
     if variant not in VARIANTS:
         raise ValueError(f"k-means variant must be one of {VARIANTS}, got {variant!r}")
     if variant == "mma" and xdt not in HALF_DTYPES:
@@ -228,8 +231,21 @@ def kmeans_plan(queue: Any, dtype: Any, n_rows: int, n_features: int, n_clusters
     vf = vec if variant == "cpu" else max(1, vec // 2)
     shared = dict(WG=finalize_wg, VF=vf, BLK=PP_BLOCK)
     pp = dict(WG=pp_wg, VF=vf, BLK=PP_BLOCK)
-    return KMeansPlan(queue, dt, xdt, n, d, k, variant, kpad, dpad, rows_per_group, variant_defines, shared,
+    plan = KMeansPlan(queue, dt, xdt, n, d, k, variant, kpad, dpad, rows_per_group, variant_defines, shared,
                       pp, seg, nseg, nkc, nfc, update_wg, finalize_wg, pp_wg, mma)
+    if auto_mma:  # a driver that rejects the matrix-unit kernel's PTX: the tiled assignment, warned once
+        try:
+            plan.program("kmeans_mma.cl", plan.mma)
+        except KernelBuildError as exc:
+            _mma_unbuildable.add((id(queue.device), xdt))
+            warnings.warn(f"kmeans_mma.cl does not build on {queue.device.describe()} for {xdt} rows "
+                          f"({exc}); k-means assigns them with the tiled kernel", RuntimeWarning,
+                          stacklevel=2)
+            return kmeans_plan(queue, dtype, n, d, k, "gpu", assign_tiles)
+    return plan
+
+
+_mma_unbuildable: set[tuple[int, np.dtype]] = set()  # (device, rows' dtype) whose matrix-unit build failed
 
 
 # -- the CPU assignment's vector width --------------------------------------------------------------------

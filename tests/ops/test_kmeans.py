@@ -8,6 +8,8 @@ PoCL takes about a minute to compile the default tile's barrier loops."""
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -487,3 +489,16 @@ def test_mma_variant_is_refused_where_it_cannot_run(queue):
     plan = km.kmeans_plan(queue, np.float16, 10, 2, 3, "mma", assign_tiles=MMA_SMALL)
     with pytest.raises(ValueError, match="pass shift="):
         km.kmeans_pack(plan, Tensor.zeros(queue, (3, 2)))
+
+
+def test_mma_build_failure_falls_back_to_the_tiled_assignment(queue, monkeypatch):
+    """Where the matrix-unit kernel would be the default but the driver rejects it (here: PoCL given the real
+    mma.sync PTX), the plan warns once and takes the tiled GPU assignment."""
+    monkeypatch.setattr(km, "takes_mma", lambda device, xdtype: True)
+    monkeypatch.setattr(km, "_mma_unbuildable", set())
+    with pytest.warns(RuntimeWarning, match="kmeans_mma.cl does not build"):
+        plan = km.kmeans_plan(queue, np.float16, 10, 8, 3)
+    assert plan.variant == "gpu" and not plan.mma
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # remembered: no second build, no second warning
+        assert km.kmeans_plan(queue, np.float16, 10, 8, 3).variant != "mma"
