@@ -12,7 +12,8 @@ Device memory: netcl's BufferPool peak beside torch.cuda.max_memory_allocated (b
                                                    # PyTorch's x @ c^T in half + argmin (and cdist)
 
 --dtype float16 / bfloat16 stores the rows in that format (centers stay float32 in netcl and PyTorch);
-scikit-learn and faiss, which take no half data, cluster the same half-rounded rows as float32.
+scikit-learn and faiss, which take no half data, cluster the same half-rounded rows as float32, and so does
+netcl in one more one-iteration row ("netcl, float32 rows").
 
 Timings are medians over --repeat runs after a warm-up, contenders interleaved round-robin (other jobs on
 a shared machine move absolute times; ratios within one run are what to read). FLOPs counted: 2 N K d per
@@ -358,8 +359,14 @@ def main() -> int:
         torch_mod.cuda.reset_peak_memory_stats()
         torch_one()
         torch_iter_peak = torch_mod.cuda.max_memory_allocated()
+    netcl_f32 = None
+    if xdt != dtypes.float32:  # the same (half-rounded) rows as float32 through netcl, in the same run
+        netcl_f32 = NetclLloyd(q, X32, C0)
+        contenders["netcl, float32 rows"] = netcl_f32
     times = round_robin(contenders, repeat)
     ours = netcl_iter.labels()
+    if netcl_f32 is not None:
+        peers_labels["netcl, float32 rows"] = netcl_f32.labels()
     if sk_state is not None:
         peers_labels["scikit-learn"] = sk_state[2]
     if "pytorch cdist+argmin" in contenders:
@@ -377,7 +384,7 @@ def main() -> int:
             note="faiss.Kmeans(niter=1).train: includes its setup" if name == "faiss" else "")
 
     contenders.clear()
-    del netcl_iter  # its copy of the data would count in the fit's peak below
+    del netcl_iter, netcl_f32  # their copies of the data would count in the fit's peak below
     if args.sweep:
         mma = xdt != dtypes.float32 and km.takes_mma(dev, xdt)
         sweep_assign(q, X, C0, repeat, row, note,
