@@ -77,7 +77,7 @@ class KMeansPlan:
     k: int
     variant: str
     kpad: int  # centers padded to the assignment's tile (+inf norms: never chosen)
-    dpad: int  # features padded to the GPU assignment's k tile
+    dpad: int  # features padded to the GPU assignment's k tile (mma: to 8, 16-byte rows of packed centers)
     rows_per_group: int  # rows one assignment work-group owns
     defines: dict[str, Any] = field(hash=False)  # kmeans_cpu.cl or kmeans_gpu.cl: pack, assign, update
     shared_defines: dict[str, Any] = field(hash=False)  # kmeans.cl: finalize, rows
@@ -424,8 +424,8 @@ def mma_tile(device: Any, xdt: np.dtype, d: int, k: int, overrides: dict[str, in
 
 @dataclass
 class PackedCenters:
-    """The centers laid out for the assignment kernel (GPU: feature-major; CPU: panels of VN centers) and
-    their squared norms."""
+    """The centers laid out for the assignment kernel (GPU: feature-major; CPU: panels of VN centers; mma:
+    center-major, rounded to the rows' half format) and their squared norms (mma: plus 2 shift.c)."""
 
     layout: Tensor
     norms: Tensor
