@@ -8,6 +8,12 @@ Device memory: netcl's BufferPool peak beside torch.cuda.max_memory_allocated (b
     python bench/kmeans.py                 # CPU: N=200,000, d=64, K=256 (about 1-2 min on 2 cores)
     python bench/kmeans.py --gpu           # GPU: N=1,000,000, d=64, K=1024; PyTorch on CUDA (TF32 off)
     python bench/kmeans.py --n 50000 --k 128 --iters 5 --repeat 2 --skip faiss,torch
+    python bench/kmeans.py --gpu --dtype float16   # half rows: netcl's matrix-unit assignment beside
+                                                   # PyTorch's x @ c^T in half + argmin (and cdist)
+
+--dtype float16 / bfloat16 stores the rows in that format (centers stay float32 in netcl and PyTorch);
+scikit-learn and faiss, which take no half data, cluster the same half-rounded rows as float32, and so does
+netcl in one more one-iteration row ("netcl, float32 rows").
 
 Timings are medians over --repeat runs after a warm-up, contenders interleaved round-robin (other jobs on
 a shared machine move absolute times; ratios within one run are what to read). FLOPs counted: 2 N K d per
@@ -33,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from netcl.cluster import KMeans  # noqa: E402
 from netcl.cluster.kmeans import LloydBuffers  # noqa: E402
+from netcl.core import dtypes  # noqa: E402
 from netcl.core.device import manager  # noqa: E402
 from netcl.core.tensor import Tensor  # noqa: E402
 from netcl.ops import kmeans as km  # noqa: E402
@@ -73,14 +80,14 @@ class NetclLloyd:
         self.q = q
         self.plan = km.kmeans_plan(q, X.dtype, n, d, k)
         self.x = Tensor.from_host(q, X)
-        self.shift = Tensor.zeros(q, (d,), X.dtype)
+        self.shift = Tensor.zeros(q, (d,), self.plan.dtype)
         self.centers = Tensor.from_host(q, C)
         self.bufs = LloydBuffers.make(self.plan)
         self.bufs.labels.fill_(-1)
 
     def __call__(self) -> np.ndarray:
         b, plan = self.bufs, self.plan
-        km.kmeans_pack(plan, self.centers, b.packed)
+        km.kmeans_pack(plan, self.centers, b.packed, self.shift)
         b.changed.fill_(0)
         b.partials.zero_()
         km.kmeans_assign(plan, self.x, 0, self.shift, b.packed, self.centers, b.labels, b.dist, b.changed)
@@ -92,20 +99,31 @@ class NetclLloyd:
         return self.bufs.labels.to_host()
 
 
-def torch_peer(X: np.ndarray, C: np.ndarray, gpu: bool):
-    """PyTorch k-means as one writes it: cdist + argmin (an n x k matrix), index_add_ for the sums."""
+def torch_peer(X: np.ndarray, C: np.ndarray, gpu: bool, matmul: bool = False):
+    """PyTorch k-means as one writes it: cdist + argmin (an n x k matrix), index_add_ for the sums. Half
+    rows (X float16 / bfloat16; centers C float32): the distances' cross term x @ c^T in the rows' format
+    (cuBLAS on the matrix units) with `matmul`, else cdist on half rows and centers; the sums in float32."""
     import torch
 
     torch.backends.cuda.matmul.allow_tf32 = False
     dev = "cuda" if gpu else "cpu"
     sync = torch.cuda.synchronize if gpu else (lambda: None)
-    x = torch.from_numpy(X).to(dev)
+    half = X.dtype != np.float32
+    tdtype = {dtypes.float16: torch.float16, dtypes.bfloat16: torch.bfloat16}.get(X.dtype, torch.float32)
+    # ml_dtypes' bfloat16 has no torch.from_numpy: its bits go over as int16
+    x = (torch.from_numpy(X.view(np.int16)).to(dev).view(tdtype) if X.dtype == dtypes.bfloat16
+         else torch.from_numpy(X).to(dev))
     c0 = torch.from_numpy(C).to(dev)
 
+    def nearest(c):
+        if matmul:
+            return ((c * c).sum(1) - 2 * (x @ c.to(tdtype).T).float()).argmin(dim=1)
+        return torch.cdist(x, c.to(tdtype)).argmin(dim=1)
+
     def iteration(c):
-        labels = torch.cdist(x, c).argmin(dim=1)
-        counts = torch.bincount(labels, minlength=c.shape[0]).to(x.dtype)
-        sums = torch.zeros_like(c).index_add_(0, labels, x)
+        labels = nearest(c)
+        counts = torch.bincount(labels, minlength=c.shape[0]).to(c.dtype)
+        sums = torch.zeros_like(c).index_add_(0, labels, x.float() if half else x)
         return torch.where(counts[:, None] > 0, sums / counts.clamp_min(1)[:, None], c), labels
 
     def one():
@@ -143,22 +161,45 @@ SWEEP_TILES = [
 ]
 
 
-def sweep_assign(q, X: np.ndarray, C: np.ndarray, repeat: int, row, note, tiles_list: list[dict]) -> None:
-    """The assignment kernel alone at each tile of `tiles_list` (labels checked against the first's), and
-    the update alone, each the median of `repeat` calls after a warm-up, waited for with finish()."""
+# Tiles of kmeans_mma.cl's assignment (half rows on matrix units: the matrix-unit GEMM's knobs,
+# km.MMA_TILE_KNOBS) for --sweep --dtype float16/bfloat16; {} is the default (128 x 128 x 32 blocks of 8 warps
+# of 64 x 32, a two-stage cp.async ring, ldmatrix).
+SWEEP_MMA_TILES = [
+    {},
+    {"WN": 64},  # 4 warps of 64 x 64: the GEMM's own warp patch
+    {"STAGES": 3, "BK": 16},
+    {"BK": 64},
+    {"BM": 64},
+    {"BN": 64},
+    {"BM": 64, "WN": 64},
+    {"LDMATRIX": 0},
+    {"ASYNC": 0},  # the register loader
+]
+
+
+def sweep_assign(q, X: np.ndarray, C: np.ndarray, repeat: int, row, note, tiles_list: list[dict],
+                 variant: str = "gpu") -> None:
+    """The assignment kernel of `variant` ("gpu": the tiled GEMM's block; "mma": the matrix units') alone at
+    each tile of `tiles_list` (labels checked against the first's), and the update alone, each the median of
+    `repeat` calls after a warm-up, waited for with finish()."""
     n, d = X.shape
     k = C.shape[0]
     x = Tensor.from_host(q, X)
-    shift = Tensor.zeros(q, (d,), X.dtype)
+    shift = Tensor.zeros(q, (d,), km.compute_dtype(X.dtype))
     centers = Tensor.from_host(q, C)
     reference = None
     for index, tiles in enumerate(tiles_list):
         try:
-            plan = km.kmeans_plan(q, X.dtype, n, d, k, "gpu", assign_tiles=tiles)
-            name = ",".join(f"{knob}={plan.defines.get(knob, 0)}" for knob in km.ASSIGN_TILE_KNOBS
-                            if knob != "GVEC") + f",GVEC={int('GVEC' in plan.defines)}"
+            plan = km.kmeans_plan(q, X.dtype, n, d, k, variant, assign_tiles=tiles)
+            if variant == "mma":
+                sizes = [f"{knob}={plan.mma[knob]}" for knob in ("BM", "BN", "BK", "WM", "WN", "STAGES")]
+                flags = [f"{flag}={int(flag in plan.mma)}" for flag in ("ASYNC", "LDMATRIX")]
+                name = "mma " + ",".join(sizes + flags)
+            else:
+                name = ",".join(f"{knob}={plan.defines.get(knob, 0)}" for knob in km.ASSIGN_TILE_KNOBS
+                                if knob != "GVEC") + f",GVEC={int('GVEC' in plan.defines)}"
             bufs = LloydBuffers.make(plan)
-            km.kmeans_pack(plan, centers, bufs.packed)
+            km.kmeans_pack(plan, centers, bufs.packed, shift)
 
             def assign(plan=plan, bufs=bufs):
                 km.kmeans_assign(plan, x, 0, shift, bufs.packed, centers, bufs.labels, bufs.dist)
@@ -206,6 +247,9 @@ def main() -> int:
     ap.add_argument("--tiles", default=None,
                     help="with --sweep: a JSON list of tile dicts to time instead of SWEEP_TILES, e.g. "
                          "'[{}, {\"BK\": 16}]' (each changes the default tile in the keys it names)")
+    ap.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"),
+                    help="storage of the rows (half: netcl's assignment on matrix units where the device has "
+                         "them; PyTorch's x @ c^T in half + argmin, and cdist)")
     ap.add_argument("--nv-verbose", action="store_true",
                     help="NVIDIA: build with -cl-nv-verbose, print registers/spills of k-means GPU builds")
     ap.add_argument("--out", default="bench/results/kmeans.json")
@@ -222,8 +266,10 @@ def main() -> int:
     threads = os.cpu_count() or 1
     dev = manager.get(args.device or ("gpu" if args.gpu else "auto"))
     q = dev.queue
-    X = blobs(n, d, k)
-    C0 = X[np.random.default_rng(1).choice(n, k, replace=False)].copy()
+    xdt = dtypes.normalize(args.dtype)
+    X = blobs(n, d, k).astype(xdt)
+    X32 = X if xdt == dtypes.float32 else X.astype(np.float32)  # the half-rounded rows, for the float peers
+    C0 = X32[np.random.default_rng(1).choice(n, k, replace=False)].copy()
     flops = 2.0 * n * k * d
     rows: list[dict] = []
     notes: list[str] = []
@@ -264,7 +310,7 @@ def main() -> int:
             def sk_iter():  # as sklearn's own Lloyd loop calls it: BLAS single-threaded inside its OpenMP
                 with threadpool_limits(limits=1, user_api="blas"):
                     lloyd_iter_chunked_dense(
-                        X, w, C0, sk_state[0], sk_state[1], sk_state[2], sk_state[3], threads
+                        X32, w, C0, sk_state[0], sk_state[1], sk_state[2], sk_state[3], threads
                     )
 
             contenders["scikit-learn"] = sk_iter
@@ -283,18 +329,21 @@ def main() -> int:
 
             def faiss_iter():
                 f = faiss.Kmeans(d, k, niter=1, max_points_per_centroid=n, min_points_per_centroid=1, seed=1)
-                f.train(X, init_centroids=C0)
+                f.train(X32, init_centroids=C0)
                 return f
 
             contenders["faiss"] = faiss_iter
         except Exception as exc:
             note(f"faiss-cpu skipped: it does not import ({type(exc).__name__}: {exc}); on the GPU machine "
                  "put its wheel into .gpu/wheels (see bench/NOTES.md, k-means)")
-    torch_mod = None
+    torch_mod = torch_mm_fit = None
     if "torch" not in skip:
         try:
             torch_mod, tdev, torch_one, torch_fit = torch_peer(X, C0, args.gpu)
             contenders["pytorch cdist+argmin"] = torch_one
+            if xdt != dtypes.float32:
+                _, _, torch_mm_one, torch_mm_fit = torch_peer(X, C0, args.gpu, matmul=True)
+                contenders["pytorch x@c^T+argmin"] = torch_mm_one
         except Exception as exc:
             notes.append(f"pytorch unavailable: {exc}")
 
@@ -310,12 +359,20 @@ def main() -> int:
         torch_mod.cuda.reset_peak_memory_stats()
         torch_one()
         torch_iter_peak = torch_mod.cuda.max_memory_allocated()
+    netcl_f32 = None
+    if xdt != dtypes.float32:  # the same (half-rounded) rows as float32 through netcl, in the same run
+        netcl_f32 = NetclLloyd(q, X32, C0)
+        contenders["netcl, float32 rows"] = netcl_f32
     times = round_robin(contenders, repeat)
     ours = netcl_iter.labels()
+    if netcl_f32 is not None:
+        peers_labels["netcl, float32 rows"] = netcl_f32.labels()
     if sk_state is not None:
         peers_labels["scikit-learn"] = sk_state[2]
     if "pytorch cdist+argmin" in contenders:
         peers_labels["pytorch cdist+argmin"] = torch_one()[1].cpu().numpy()
+    if "pytorch x@c^T+argmin" in contenders:
+        peers_labels["pytorch x@c^T+argmin"] = torch_mm_one()[1].cpu().numpy()
     for name, s in times.items():
         device = dev.device_name if name.startswith("netcl") else (
             ("cuda" if args.gpu else "cpu") if name.startswith("pytorch") else f"host, {threads} threads")
@@ -327,9 +384,14 @@ def main() -> int:
             note="faiss.Kmeans(niter=1).train: includes its setup" if name == "faiss" else "")
 
     contenders.clear()
-    del netcl_iter  # its copy of the data would count in the fit's peak below
+    del netcl_iter, netcl_f32  # their copies of the data would count in the fit's peak below
     if args.sweep:
-        sweep_assign(q, X, C0, repeat, row, note, json.loads(args.tiles) if args.tiles else SWEEP_TILES)
+        mma = xdt != dtypes.float32 and km.takes_mma(dev, xdt)
+        sweep_assign(q, X, C0, repeat, row, note,
+                     json.loads(args.tiles) if args.tiles else (SWEEP_MMA_TILES if mma else SWEEP_TILES),
+                     "mma" if mma else "gpu")
+        if mma:  # the portable path (rows converted to float32 as they are staged) at its default tile
+            sweep_assign(q, X, C0, repeat, row, note, [{}], "gpu")
 
     # -- full fits: `iters` iterations from C0, tol=0 ------------------------------------------------
     fits = {}
@@ -337,15 +399,17 @@ def main() -> int:
     if "sklearn" not in skip:
         from sklearn.cluster import KMeans as SKKMeans
 
-        fits["scikit-learn"] = lambda: SKKMeans(k, init=C0, n_init=1, max_iter=iters, tol=0.0).fit(X)
+        fits["scikit-learn"] = lambda: SKKMeans(k, init=C0, n_init=1, max_iter=iters, tol=0.0).fit(X32)
     if faiss is not None:
         def faiss_fit():
             f = faiss.Kmeans(d, k, niter=iters, max_points_per_centroid=n, min_points_per_centroid=1, seed=1)
-            f.train(X, init_centroids=C0)
+            f.train(X32, init_centroids=C0)
             return f
         fits["faiss"] = faiss_fit
     if torch_mod is not None:
         fits["pytorch cdist+argmin"] = lambda: torch_fit(iters)
+    if torch_mm_fit is not None:
+        fits["pytorch x@c^T+argmin"] = lambda: torch_mm_fit(iters)
     gc.collect()
     pool.reset_peak()
     netcl_model = fits["netcl"]()
@@ -374,7 +438,8 @@ def main() -> int:
         row(f"fit, {iters} iterations", name, device, s, mem, agree, inertia,
             note={"netcl": "from host memory (includes the upload)",
                   "netcl, device Tensor": "rows already on the device",
-                  "pytorch cdist+argmin": "rows already on the device"}.get(name, ""))
+                  "pytorch cdist+argmin": "rows already on the device",
+                  "pytorch x@c^T+argmin": "rows already on the device"}.get(name, ""))
     # the same fit streamed from host memory in 8 chunks
     chunk = -(-n // 8)
     t0 = time.perf_counter()
@@ -397,13 +462,13 @@ def main() -> int:
             from sklearn.cluster import kmeans_plusplus as sk_plusplus
 
             t0 = time.perf_counter()
-            _, sk_idx = sk_plusplus(X, k, random_state=0)
+            _, sk_idx = sk_plusplus(X32, k, random_state=0)
             row("k-means++", "scikit-learn", f"host, {threads} threads", time.perf_counter() - t0,
                 labels_agree=float((sk_idx == ours_idx).mean()), note="one run; agree = same rows chosen")
 
     # -- table ---------------------------------------------------------------------------------------
     print(
-        f"k-means, float32: N={n} d={d} K={k}; {flops / 1e9:.1f} GFLOP per assignment; "
+        f"k-means, {xdt.name} rows: N={n} d={d} K={k}; {flops / 1e9:.1f} GFLOP per assignment; "
         f"netcl device: {dev.describe()}; host: "
         f"{platform.processor() or platform.machine()}, {threads} threads"
     )
@@ -423,9 +488,9 @@ def main() -> int:
         )
     caps = dev.capabilities
     print(
-        f"limits: an assignment is {flops / 1e9:.1f} GFLOP over {n * d * 4 / 1e6:.0f} MB of data "
+        f"limits: an assignment is {flops / 1e9:.1f} GFLOP over {n * d * xdt.itemsize / 1e6:.0f} MB of data "
         f"(compute-bound: "
-        f"{flops / (n * d * 4):.0f} FLOP/byte); the n x k distance matrix PyTorch builds is "
+        f"{flops / (n * d * xdt.itemsize):.0f} FLOP/byte); the n x k distance matrix PyTorch builds is "
         f"{n * k * 4 / 2**20:.0f} MiB; "
         f"device: {caps.compute_units} compute units at {caps.max_clock_mhz} MHz"
     )
@@ -440,6 +505,7 @@ def main() -> int:
                 "n": n,
                 "d": d,
                 "k": k,
+                "dtype": xdt.name,
                 "iters": iters,
                 "repeat": repeat,
                 "gpu": args.gpu,

@@ -19,7 +19,7 @@ from netcl.core.device import DeviceHandle, manager
 from netcl.core.memory import staging
 from netcl.core.tensor import Tensor
 from netcl.errors import DeviceMismatchError, DTypeError, NetclError, ShapeError
-from netcl.ops.kmeans import PP_BLOCK, kmeans_copy_rows
+from netcl.ops.kmeans import HALF_DTYPES, PP_BLOCK, compute_dtype, kmeans_copy_rows
 
 DEVICE_SHARE = 0.5  # an array is streamed when it needs more than this share of the device's memory
 STREAM_CHUNK_BYTES = 64 << 20  # default chunk of a streamed array
@@ -63,16 +63,19 @@ def resolve_queue(X: Any, device: Any) -> Queue:
     return chosen if chosen is not None else manager.default("auto").queue
 
 
-def float_dtype(arr_dtype: np.dtype, device: Any, what: str) -> np.dtype:
-    """float32 and float64 stay; integers and booleans become float64 (float32 on a device without
-    fp64), as scikit-learn converts them; anything else is a DTypeError."""
+def float_dtype(arr_dtype: np.dtype, device: Any, what: str, half: bool = True) -> np.dtype:
+    """float32 and float64 stay, and (half=True) float16 and bfloat16, which k-means reads as stored and
+    computes in float32; integers and booleans become float64 (float32 on a device without fp64), as
+    scikit-learn converts them; anything else is a DTypeError."""
     dt = np.dtype(arr_dtype)
-    if dt in (dtypes.float32, dtypes.float64):
+    if dt in (dtypes.float32, dtypes.float64) or (half and dt in HALF_DTYPES):
         return dt
+    if dt in HALF_DTYPES:
+        return dtypes.float32
     if dt.kind in "iub":
         return dtypes.float64 if device.capabilities.fp64 else dtypes.float32
-    raise DTypeError(f"{what} must hold real numbers (float32, float64 or integers), got dtype {dt}; "
-                     f"convert it with .astype(np.float32)")
+    raise DTypeError(f"{what} must hold real numbers (float32, float64, float16, bfloat16 or integers), got "
+                     f"dtype {dt}; convert it with .astype(np.float32)")
 
 
 def _first_bad_row(X: np.ndarray) -> int | None:
@@ -85,9 +88,9 @@ def _first_bad_row(X: np.ndarray) -> int | None:
 
 
 def host_array(X: Any, device: Any, what: str = "X", n_features: int | None = None,
-               check_finite: bool = True) -> np.ndarray:
-    """A C-contiguous float32/float64 2-D NumPy array of `X`, checked (rank, dtype, feature count and,
-    unless the caller checks them on the device, finite values)."""
+               check_finite: bool = True, half: bool = True) -> np.ndarray:
+    """A C-contiguous float32/float64 (or, with half, float16/bfloat16) 2-D NumPy array of `X`, checked
+    (rank, dtype, feature count and, unless the caller checks them on the device, finite values)."""
     if isinstance(X, Tensor):
         raise TypeError(f"{what}: expected a host array here, got a netcl Tensor")
     try:
@@ -97,7 +100,7 @@ def host_array(X: Any, device: Any, what: str = "X", n_features: int | None = No
     if arr.ndim != 2:
         raise ShapeError(f"{what} must be 2-D (samples x features), got shape {arr.shape}"
                          + ("; reshape a single feature with X.reshape(-1, 1)" if arr.ndim == 1 else ""))
-    dt = float_dtype(arr.dtype, device, what)
+    dt = float_dtype(arr.dtype, device, what, half)
     arr = np.ascontiguousarray(arr, dtype=dt)
     check_features(arr.shape, what, n_features)
     bad = _first_bad_row(arr) if check_finite else None
@@ -121,12 +124,13 @@ def check_features(shape: tuple[int, ...], what: str, n_features: int | None) ->
 
 
 def check_tensor(X: Tensor, what: str = "X", n_features: int | None = None) -> Tensor:
-    """A contiguous float32/float64 2-D Tensor of finite values (DTypeError, ShapeError, NonFiniteError)."""
+    """A contiguous float32/float64/float16/bfloat16 2-D Tensor of finite values (DTypeError, ShapeError,
+    NonFiniteError)."""
     if X.ndim != 2:
         raise ShapeError(f"{what} must be 2-D (samples x features), got shape {X.shape}")
-    if X.dtype not in (dtypes.float32, dtypes.float64):
-        raise DTypeError(f"{what} must be a float32 or float64 Tensor, got {X.dtype}; cast it with "
-                         "netcl.ops.cast(x, np.float32)")
+    if X.dtype not in (dtypes.float32, dtypes.float64, *HALF_DTYPES):
+        raise DTypeError(f"{what} must be a float32, float64, float16 or bfloat16 Tensor, got {X.dtype}; "
+                         "cast it with netcl.ops.cast(x, np.float32)")
     check_features(X.shape, what, n_features)
     X = X.contiguous()
     check_finite_rows(X, what)
@@ -145,13 +149,18 @@ SHIFT_ROWS = 16384  # rows of the sample whose mean centres the data (Data.mean)
 
 
 class Data(ABC):
-    """Rows to cluster on `queue`: shape, dtype, where they live, and per-feature statistics."""
+    """Rows to cluster on `queue`: shape, dtype (as stored), where they live, and per-feature statistics."""
 
     queue: Queue
     n: int
     d: int
     dtype: np.dtype
     is_tensor: bool
+
+    @property
+    def compute_dtype(self) -> np.dtype:
+        """The dtype of centers, shift, distances and weights: float32 for half rows, else the rows'."""
+        return compute_dtype(self.dtype)
 
     @abstractmethod
     def chunks(self) -> Iterator[tuple[Tensor, int]]:
@@ -163,17 +172,18 @@ class Data(ABC):
 
     @abstractmethod
     def rows(self, idx: np.ndarray, shift: np.ndarray | None = None, out: Tensor | None = None) -> Tensor:
-        """Rows `idx` on the device (minus `shift`, the host copy of the device shift, when given)."""
+        """Rows `idx` on the device (minus `shift`, the host copy of the device shift, when given: then in
+        compute_dtype)."""
 
     def mean(self) -> np.ndarray:
-        """The centre the kernels subtract (a host array of the data's dtype): each feature's mean over at
+        """The centre the kernels subtract (a host array of compute_dtype): each feature's mean over at
         most SHIFT_ROWS evenly spaced rows (all rows when there are no more), summed in float64 by NumPy.
         The same rows and the same sum wherever the rows live, so an array held on the device, streamed in
         chunks, or given as a Tensor is centred by the same bits (a device reduction's order differs from
         NumPy's, and from one chunking to another); the sample's mean is within ~sigma / 128 of the whole
         one, which is all centring needs."""
         idx = np.arange(0, self.n, max(1, -(-self.n // SHIFT_ROWS)), dtype=np.int64)
-        return self.host_rows(idx).mean(axis=0, dtype=np.float64).astype(self.dtype)
+        return self.host_rows(idx).mean(axis=0, dtype=np.float64).astype(self.compute_dtype)
 
     @abstractmethod
     def mean_variance(self) -> float:
@@ -203,7 +213,8 @@ class DeviceData(Data):
 
     def rows(self, idx: np.ndarray, shift: np.ndarray | None = None, out: Tensor | None = None) -> Tensor:
         if out is None:
-            out = Tensor.empty(self.queue, (len(idx), self.d), self.dtype)
+            dt = self.dtype if shift is None else self.compute_dtype
+            out = Tensor.empty(self.queue, (len(idx), self.d), dt)
         if len(idx):
             shift_t = None if shift is None else Tensor.from_host(self.queue, shift)
             kmeans_copy_rows(
@@ -214,7 +225,8 @@ class DeviceData(Data):
     # The variance on the device, where the rows are (a host pass over a 256 MB array took 50 ms on the GPU
     # machine, five Lloyd iterations' worth).
     def mean_variance(self) -> float:
-        return float(ops.var(self.x, axis=0).to_host().astype(np.float64).mean())
+        x = self.x if self.dtype == self.compute_dtype else ops.cast(self.x, self.compute_dtype)
+        return float(ops.var(x, axis=0).to_host().astype(np.float64).mean())
 
 
 class StreamedData(Data):
@@ -265,12 +277,13 @@ class StreamedData(Data):
 
     def rows(self, idx: np.ndarray, shift: np.ndarray | None = None, out: Tensor | None = None) -> Tensor:
         block = self.host[idx]
+        dt = self.dtype
         if shift is not None:
-            block = block - shift
+            block, dt = block.astype(self.compute_dtype) - shift, self.compute_dtype
         if out is None:
-            return Tensor.from_host(self.queue, np.ascontiguousarray(block, dtype=self.dtype))
+            return Tensor.from_host(self.queue, np.ascontiguousarray(block, dtype=dt))
         if len(idx):
-            out[:len(idx)].copy_from_host(block)
+            out[:len(idx)].copy_from_host(np.ascontiguousarray(block, dtype=out.dtype))
         return out
 
     def mean_variance(self) -> float:
@@ -278,7 +291,7 @@ class StreamedData(Data):
         mean = self.host.mean(axis=0, dtype=np.float64)
         total = np.zeros(self.d)
         for start in range(0, self.n, step):
-            block = self.host[start:start + step] - mean
+            block = self.host[start:start + step].astype(np.float64) - mean
             total += np.einsum("ij,ij->j", block, block)
         return float(np.mean(total / self.n))
 
@@ -325,7 +338,7 @@ def as_data(X: Any, queue: Queue, chunk_rows: int | None = None, what: str = "X"
 
 
 def check_weights(sample_weight: Any, data: Data) -> tuple[Tensor | None, np.ndarray | None]:
-    """(device Tensor, host array) of per-sample weights in the data's dtype, or (None, None) for none;
+    """(device Tensor, host array) of per-sample weights in the data's compute_dtype, or (None, None);
     a scalar weighs every sample alike. Weights must be finite, non-negative and not all zero."""
     if sample_weight is None:
         return None, None
@@ -343,7 +356,7 @@ def check_weights(sample_weight: Any, data: Data) -> tuple[Tensor | None, np.nda
         raise DTypeError(f"sample_weight must hold real numbers, got dtype {w.dtype}")
     if w.shape != (data.n,):
         raise ShapeError(f"sample_weight must have shape ({data.n},), one weight per sample, got {w.shape}")
-    w = np.ascontiguousarray(w, dtype=data.dtype)
+    w = np.ascontiguousarray(w, dtype=data.compute_dtype)
     if not np.isfinite(w).all():
         raise NonFiniteError(f"sample_weight holds NaN or infinity at index {int(np.argmin(np.isfinite(w)))}")
     if (w < 0).any():

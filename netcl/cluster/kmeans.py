@@ -26,6 +26,7 @@ from netcl.ops.kmeans import (
     kmeans_finalize,
     kmeans_label_distance,
     kmeans_pack,
+    kmeans_packed,
     kmeans_partials,
     kmeans_plan,
     kmeans_update,
@@ -119,8 +120,8 @@ class BaseKMeans:
             )
         if self.chunk_rows is not None:
             check_int("chunk_rows", self.chunk_rows, 1)
-        if self.variant not in (None, "cpu", "gpu"):
-            raise ValueError(f"variant must be None, 'cpu' or 'gpu', got {self.variant!r}")
+        if self.variant not in (None, "cpu", "gpu", "mma"):
+            raise ValueError(f"variant must be None, 'cpu', 'gpu' or 'mma', got {self.variant!r}")
 
     def _resolve_n_init(self) -> int:
         if self.n_init == "auto":
@@ -158,7 +159,7 @@ class BaseKMeans:
         self._dtype = data.dtype
         self._mean = mean
         self._centers_centred = centers_centred
-        self.cluster_centers_ = (centers_centred + mean).astype(data.dtype)
+        self.cluster_centers_ = (centers_centred + mean).astype(data.compute_dtype)
         self.n_features_in_ = data.d
         self._n_features_out = self.n_clusters
 
@@ -168,9 +169,9 @@ class BaseKMeans:
         plan = kmeans_plan(data.queue, data.dtype, data.n, data.d, self.n_clusters, self.variant)
         shift = Tensor.from_host(data.queue, self._mean)
         centers = Tensor.from_host(data.queue, self._centers_centred)
-        packed = kmeans_pack(plan, centers)
+        packed = kmeans_pack(plan, centers, shift=shift)
         labels = Tensor.empty(data.queue, (data.n,), np.int32)
-        dist = Tensor.empty(data.queue, (data.n,), data.dtype)
+        dist = Tensor.empty(data.queue, (data.n,), plan.dtype)
         for x, row0 in data.chunks():
             kmeans_assign(plan, x, row0, shift, packed, centers, labels, dist)
         return labels, dist
@@ -198,8 +199,10 @@ class BaseKMeans:
         shift = Tensor.from_host(q, self._mean)
         centers = Tensor.from_host(q, self._centers_centred)
         norms = ops.sum(ops.square(centers), axis=1)
-        out = None if data.is_tensor else np.empty((data.n, self.n_clusters), data.dtype)
+        out = None if data.is_tensor else np.empty((data.n, self.n_clusters), data.compute_dtype)
         for x, row0 in data.chunks():
+            if x.dtype != data.compute_dtype:  # half rows: distances in float32
+                x = ops.cast(x, data.compute_dtype)
             xc = (x - shift).realize()
             sq = ops.sum(ops.square(xc), axis=1, keepdims=True) - 2 * ops.matmul(xc, centers.T) + norms
             dist = ops.sqrt(ops.maximum(sq, 0))
@@ -254,7 +257,7 @@ class LloydBuffers:
             kmeans_partials(plan),
             Tensor.empty(q, (k, d), plan.dtype),
             Tensor.empty(q, (2 * k + 1,), plan.dtype),
-            kmeans_pack(plan, centers),
+            kmeans_packed(plan),
             centers,
         )
 
@@ -289,7 +292,7 @@ def lloyd(bufs: LloydBuffers, data: Data, shift: Tensor, mean: np.ndarray, weigh
     bufs.labels.fill_(-1)
     strict = False
     for i in range(max_iter):
-        kmeans_pack(plan, centers, bufs.packed)
+        kmeans_pack(plan, centers, bufs.packed, shift)
         bufs.changed.fill_(0)
         bufs.partials.zero_()
         for x, row0 in data.chunks():
@@ -326,7 +329,7 @@ def lloyd(bufs: LloydBuffers, data: Data, shift: Tensor, mean: np.ndarray, weigh
         for x, row0 in data.chunks():
             kmeans_label_distance(plan, x, row0, shift, centers, bufs.labels, bufs.dist)
     else:  # the labels of the final centers
-        kmeans_pack(plan, centers, bufs.packed)
+        kmeans_pack(plan, centers, bufs.packed, shift)
         for x, row0 in data.chunks():
             kmeans_assign(plan, x, row0, shift, bufs.packed, centers, bufs.labels, bufs.dist)
     inertia = float((bufs.dist if weights is None else bufs.dist * weights).sum().item())
@@ -341,10 +344,14 @@ class KMeans(BaseKMeans):
     algorithm='lloyd') plus `device` (where to run: None for a Tensor's own device or the default one, a
     kind such as "gpu", a name as `netcl devices` lists, a DeviceHandle or a Queue), `chunk_rows` (stream a
     host array in chunks of this many rows; by default arrays that fit in half the device's memory are
-    copied once and larger ones are streamed), and `variant` ("cpu"/"gpu" kernels; default by device).
+    copied once and larger ones are streamed), and `variant` ("cpu"/"gpu" kernels, "mma": the "gpu" ones with
+    the assignment on matrix units, for half rows; default by device and dtype).
 
     fit(X) takes a NumPy array (float32 and float64 stay as they are; integers become float64) or a netcl
-    Tensor. Fitted attributes (NumPy, as scikit-learn's): cluster_centers_ (n_clusters, n_features),
+    Tensor. float16 and bfloat16 rows (NumPy float16, ml_dtypes.bfloat16, or Tensors of those) stay half in
+    device memory and are computed in float32: centers, distances and inertia are float32, and where the
+    device has matrix units the assignment's dot products run on them.
+    Fitted attributes (NumPy, as scikit-learn's): cluster_centers_ (n_clusters, n_features),
     labels_ (int32), inertia_, n_iter_, n_features_in_. predict / transform return Tensors for Tensors.
     """
 
@@ -377,7 +384,7 @@ class KMeans(BaseKMeans):
         weights, weights_host = check_weights(sample_weight, data)
         init = self.init
         if not isinstance(init, str):
-            init = given_centers(init, self.n_clusters, data.d, data.dtype, data.queue.device)
+            init = given_centers(init, self.n_clusters, data.d, data.compute_dtype, data.queue.device)
         tol = self.tol * data.mean_variance() if self.tol else 0.0
         mean = data.mean()
         plan = kmeans_plan(data.queue, data.dtype, data.n, data.d, self.n_clusters, self.variant)

@@ -23,6 +23,7 @@ from netcl.ops.kmeans import (
     kmeans_copy_rows,
     kmeans_minibatch_finalize,
     kmeans_pack,
+    kmeans_packed,
     kmeans_partials,
     kmeans_plan,
     kmeans_update,
@@ -58,7 +59,7 @@ class StepState:
         q = plan.queue
         return cls(plan, Tensor.empty(q, (plan.n,), np.int32), Tensor.empty(q, (plan.n,), plan.dtype),
                    kmeans_partials(plan), Tensor.empty(q, (2 * plan.k + 1,), plan.dtype),
-                   kmeans_pack(plan, Tensor.zeros(q, (plan.k, plan.d), plan.dtype)))
+                   kmeans_packed(plan))
 
 
 class MiniBatchKMeans(BaseKMeans):
@@ -192,7 +193,7 @@ class MiniBatchKMeans(BaseKMeans):
         reassignment of low-count centers. Returns (the batch's inertia before the update, the squared
         shift of all centers when need_shift, else 0)."""
         plan, k = state.plan, self.n_clusters
-        kmeans_pack(plan, centers, state.packed)
+        kmeans_pack(plan, centers, state.packed, shift)
         state.partials.zero_()
         for x, row0 in batch.chunks():
             kmeans_assign(plan, x, row0, shift, state.packed, centers, state.labels, state.dist)
@@ -236,7 +237,7 @@ class MiniBatchKMeans(BaseKMeans):
         q, n, k = data.queue, data.n, self.n_clusters
         init = self.init
         if not isinstance(init, str):
-            init = given_centers(init, k, data.d, data.dtype, q.device)
+            init = given_centers(init, k, data.d, data.compute_dtype, q.device)
         self._tol = self.tol * data.mean_variance() if self.tol else 0.0
         mean = data.mean()
         shift = Tensor.from_host(q, mean)
@@ -256,14 +257,14 @@ class MiniBatchKMeans(BaseKMeans):
             if best_inertia is None or inertia < best_inertia:
                 best, best_inertia = centers, inertia
 
-        centers, new = best, Tensor.empty(q, (k, data.d), data.dtype)
-        self._counts = np.zeros(k, dtype=data.dtype)
-        counts = Tensor.zeros(q, (k,), data.dtype)
+        centers, new = best, Tensor.empty(q, (k, data.d), data.compute_dtype)
+        self._counts = np.zeros(k, dtype=data.compute_dtype)
+        counts = Tensor.zeros(q, (k,), data.compute_dtype)
         self._ewa_inertia = self._ewa_inertia_min = None
         self._no_improvement = 0
         self._n_since_last_reassign = 0
         sum_of_weights = float(n if weights_host is None else weights_host.sum())
-        cdf = batch_sampler(weights_host, n, data.dtype)
+        cdf = batch_sampler(weights_host, n, data.compute_dtype)
         state = StepState.make(kmeans_plan(q, data.dtype, self._batch_size, data.d, k, self.variant))
         batch = Tensor.empty(q, (self._batch_size, data.d), data.dtype)
         n_steps = (self.max_iter * n) // self._batch_size
@@ -300,7 +301,7 @@ class MiniBatchKMeans(BaseKMeans):
     def _inertia(
         self, plan: KMeansPlan, data: Data, weights: Tensor | None, shift: Tensor, centers: Tensor
     ) -> float:
-        packed = kmeans_pack(plan, centers)
+        packed = kmeans_pack(plan, centers, shift=shift)
         labels = Tensor.empty(plan.queue, (plan.n,), np.int32)
         dist = Tensor.empty(plan.queue, (plan.n,), plan.dtype)
         for x, row0 in data.chunks():
@@ -327,16 +328,16 @@ class MiniBatchKMeans(BaseKMeans):
             self._resolve_n_init()
             init = self.init
             if not isinstance(init, str):
-                init = given_centers(init, k, data.d, data.dtype, q.device)
+                init = given_centers(init, k, data.d, data.compute_dtype, q.device)
             mean = data.mean()
             centers = self._init_centroids(data, init, weights_host, mean, Tensor.from_host(q, mean),
                                            self._random_state)
             self._set_fitted(data, centers.to_host(), mean)
-            self._counts = np.zeros(k, dtype=data.dtype)
+            self._counts = np.zeros(k, dtype=data.compute_dtype)
             self._n_since_last_reassign = 0
         shift = Tensor.from_host(q, self._mean)
         centers = Tensor.from_host(q, self._centers_centred)
-        new = Tensor.empty(q, centers.shape, data.dtype)
+        new = Tensor.empty(q, centers.shape, data.compute_dtype)
         counts = Tensor.from_host(q, self._counts)
         state = StepState.make(kmeans_plan(q, data.dtype, data.n, data.d, k, self.variant))
         self._step(

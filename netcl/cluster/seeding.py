@@ -97,7 +97,7 @@ def random_rows(plan: KMeansPlan, data: Data, shift_host: np.ndarray, weights_ho
 
 
 def given_centers(init: Any, k: int, d: int, dtype: np.dtype, device: Any) -> np.ndarray:
-    """Checked initial centers (k x d, finite) as a host array of the data's dtype."""
+    """Checked initial centers (k x d, finite) as a host array of `dtype` (the data's compute dtype)."""
     arr = host_array(init, device, "init")
     if arr.shape != (k, d):
         raise ShapeError(
@@ -119,7 +119,7 @@ def kmeans_plusplus(X: Any, n_clusters: int, *, sample_weight: Any = None, rando
         raise ValueError(f"n_samples={data.n} should be >= n_clusters={n_clusters}.")
     weights, weights_host = check_weights(sample_weight, data)
     plan = kmeans_plan(queue, data.dtype, data.n, data.d, int(n_clusters))
-    zero = np.zeros(data.d, data.dtype)
+    zero = np.zeros(data.d, data.compute_dtype)
     centers, indices = plusplus(plan, data, Tensor.from_host(queue, zero), zero, weights, weights_host,
                                 check_random_state(random_state), n_local_trials)
     return (centers if data.is_tensor else centers.to_host()), indices

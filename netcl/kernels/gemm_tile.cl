@@ -8,6 +8,8 @@
 //                       past M to the last one, so every row tile is interior)
 //   GEMM_A_MAP(v, k)    the value staged for element v of A at k (default v; k-means subtracts shift[k])
 //   GEMM_A_MAP4(v, k)   the same for a 4-wide fetch along k of elements k .. k+3 (A_TRANS == 0 only)
+//   GEMM_A_LOAD(i)      element i of A as ACC_T (default LOAD1(i, A); k-means reads half data through it)
+//   GEMM_A_LOAD4(i)     elements i .. i+3 of A as an ACC4, i a multiple of 4 (default GLOAD4(i, A))
 #ifndef NETCL_GEMM_TILE_CL
 #define NETCL_GEMM_TILE_CL
 #include "gemm_common.cl"
@@ -20,6 +22,12 @@
 #endif
 #ifndef GEMM_A_MAP4
 #define GEMM_A_MAP4(v, k) (v)
+#endif
+#ifndef GEMM_A_LOAD
+#define GEMM_A_LOAD(i) LOAD1(i, A)
+#endif
+#ifndef GEMM_A_LOAD4
+#define GEMM_A_LOAD4(i) GLOAD4(i, A)
 #endif
 
 #ifndef BM
@@ -150,8 +158,8 @@ typedef GEMM_CAT(ACC, VW) VEC_T;
             const int q = tid + i * NT;                                                             \
             A_VEC_COORDS(q, mm, kk);                                                                \
             if (q < BM * BK / 4) {                                                                  \
-                const ACC4 v_ = GEMM_A_MAP4(GLOAD4(A_OFFSET(GEMM_A_ROW((long)(m0 + mm)), (k0) + kk), A), \
-                                            (k0) + kk);                                             \
+                const long a_at_ = A_OFFSET(GEMM_A_ROW((long)(m0 + mm)), (k0) + kk);               \
+                const ACC4 v_ = GEMM_A_MAP4(GEMM_A_LOAD4(a_at_), (k0) + kk);                        \
                 ra[4 * i] = v_.s0; ra[4 * i + 1] = v_.s1; ra[4 * i + 2] = v_.s2; ra[4 * i + 3] = v_.s3; \
             }                                                                                       \
         }                                                                                           \
@@ -229,8 +237,8 @@ typedef GEMM_CAT(ACC, VW) VEC_T;
             const int e = tid + i * NT;                                                             \
             A_TILE_COORDS(e, mm, kk);                                                               \
             const int m = m0 + mm, k = (k0) + kk;                                                   \
-            ra[i] = (e < BM * BK && m < M && k < K) ? GEMM_A_MAP((ACC_T)LOAD1(A_OFFSET((long)m, k), A), k) \
-                                                    : (ACC_T)0;                                     \
+            ra[i] = (e < BM * BK && m < M && k < K)                                                 \
+                        ? GEMM_A_MAP((ACC_T)GEMM_A_LOAD(A_OFFSET((long)m, k)), k) : (ACC_T)0;       \
         }                                                                                           \
         _Pragma("unroll") for (int i = 0; i < LB; ++i) {                                            \
             const int e = tid + i * NT;                                                             \

@@ -31,6 +31,7 @@
 #if VF > 1
 #define ACCV KM_CAT(ACC, VF)
 #define VLOADF(p) KM_CAT(vload, VF)(0, p)
+#define XLOADF(p) XLOADV(VF, p)
 typedef union { ACCV v; ACC s[VF]; } km_lanes;
 inline ACC km_hsum(const ACCV v)
 {
@@ -43,6 +44,7 @@ inline ACC km_hsum(const ACCV v)
 #else
 #define ACCV ACC
 #define VLOADF(p) (*(p))
+#define XLOADF(p) XLOAD(p, 0)
 #define km_hsum(v) (v)
 #endif
 
@@ -53,7 +55,7 @@ inline ACC km_hsum(const ACCV v)
         for (int t_ = 0; t_ < (NC); ++t_) acc_[t_] = (ACCV)0;                                         \
         int f_ = 0;                                                                                   \
         for (; f_ + VF <= (d); f_ += VF) {                                                            \
-            const ACCV xv_ = VLOADF((xr) + f_) - VLOADF((shift) + f_);                                \
+            const ACCV xv_ = XLOADF((xr) + f_) - VLOADF((shift) + f_);                                \
             for (int t_ = 0; t_ < (NC); ++t_) {                                                       \
                 const ACCV diff_ = xv_ - VLOADF((c) + (long)t_ * (d) + f_);                           \
                 acc_[t_] += diff_ * diff_;                                                            \
@@ -61,7 +63,7 @@ inline ACC km_hsum(const ACCV v)
         }                                                                                             \
         for (int t_ = 0; t_ < (NC); ++t_) (dist)[t_] = km_hsum(acc_[t_]);                             \
         for (; f_ < (d); ++f_) {                                                                      \
-            const ACC xs_ = (ACC)(xr)[f_] - (ACC)(shift)[f_];                                         \
+            const ACC xs_ = XLOAD(xr, f_) - (ACC)(shift)[f_];                                         \
             for (int t_ = 0; t_ < (NC); ++t_) {                                                       \
                 const ACC diff_ = xs_ - (ACC)(c)[(long)t_ * (d) + f_];                                \
                 (dist)[t_] += diff_ * diff_;                                                          \
@@ -69,7 +71,7 @@ inline ACC km_hsum(const ACCV v)
         }                                                                                             \
     } while (0)
 
-inline ACC km_sqdist(__global const T *xr, __global const T *shift, __global const T *c, const int d)
+inline ACC km_sqdist(__global const XT *xr, __global const T *shift, __global const T *c, const int d)
 {
     ACC dist[1];
     KM_SQDISTS(1, dist, xr, shift, c, d);
@@ -175,7 +177,7 @@ void kmeans_minibatch_finalize(__global const ACC *psum, __global const ACC *pw,
 // centred), sum over rows of w * min(closest, ||x - cand_t||^2), as partial sums per block of BLK rows:
 // part[block, t]. Layout: one work-group per block (row0 is a multiple of BLK), rows lid + j * WG.
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
-void kmeans_pp_potential(__global const T *x, const long x_off, const int n, const int d, const long row0,
+void kmeans_pp_potential(__global const XT *x, const long x_off, const int n, const int d, const long row0,
                          __global const T *shift, __global const T *w, __global const T *cand,
                          __global const T *closest, __global ACC *part)
 {
@@ -187,7 +189,7 @@ void kmeans_pp_potential(__global const T *x, const long x_off, const int n, con
     for (int j = 0; j < BLK / WG; ++j) {
         const long i = base + j * WG + lid;
         if (i >= n) break;
-        __global const T *xr = x + x_off + i * d;
+        __global const XT *xr = x + x_off + i * d;
         const ACC near = closest[row0 + i];
         const ACC wt = KM_WEIGHT(w, row0 + i);
         ACC dist[TRIALS];
@@ -204,7 +206,7 @@ void kmeans_pp_potential(__global const T *x, const long x_off, const int n, con
 // k-means++, step 3: closest[i] = min(closest[i], ||x_i - center||^2) for the center just chosen
 // (centers row c), and the block sums of w * closest that the next search samples from.
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
-void kmeans_pp_update(__global const T *x, const long x_off, const int n, const int d, const long row0,
+void kmeans_pp_update(__global const XT *x, const long x_off, const int n, const int d, const long row0,
                       __global const T *shift, __global const T *w, __global const T *centers, const long c_off,
                       __global T *closest, __global ACC *bsum)
 {
@@ -294,23 +296,37 @@ void kmeans_pp_pick(__global const ACC *part, const int nblk, __global const int
 }
 
 // out row (scatter ? dst_idx[j] : j) = x row src_idx[j] (minus shift when `subtract`), for j < count.
-// Layout: global (d, count), one element per work-item.
-__kernel void kmeans_copy_rows(__global const T *x, const long x_off, const int d, __global const T *shift,
+// OUT_X (half data only): out is XT too and takes the elements' bits as they are (no shift); else out
+// is T. Layout: global (d, count), one element per work-item.
+#ifdef OUT_X
+#if !defined(X_HALF) && !defined(X_BF16)
+#error "kmeans_copy_rows: OUT_X copies half data"
+#endif
+#define OUT_T XT
+#else
+#define OUT_T T
+#endif
+__kernel void kmeans_copy_rows(__global const XT *x, const long x_off, const int d, __global const T *shift,
                                const int subtract, __global const int *src_idx, __global const int *dst_idx,
-                               const int scatter, const int count, __global T *out, const long out_off)
+                               const int scatter, const int count, __global OUT_T *out, const long out_off)
 {
     const int f = get_global_id(0);
     const int j = get_global_id(1);
     if (f >= d || j >= count) return;
-    ACC v = x[x_off + (long)src_idx[j] * d + f];
-    if (subtract) v -= (ACC)shift[f];
+    const long src = x_off + (long)src_idx[j] * d + f;
     const long row = scatter ? dst_idx[j] : j;
+#ifdef OUT_X
+    ((__global ushort *)out)[out_off + row * d + f] = ((__global const ushort *)x)[src];  // the bits
+#else
+    ACC v = XLOAD(x, src);
+    if (subtract) v -= (ACC)shift[f];
     out[out_off + row * d + f] = v;
+#endif
 }
 
 // dist[row0 + i] = ||x_i - centers[labels[row0 + i]]||^2 (the inertia of given labels). One row per
 // work-item.
-__kernel void kmeans_label_distance(__global const T *x, const long x_off, const int n, const int d,
+__kernel void kmeans_label_distance(__global const XT *x, const long x_off, const int n, const int d,
                                     const long row0, __global const T *shift, __global const T *centers,
                                     __global const int *labels, __global T *dist)
 {

@@ -15,7 +15,8 @@
 // (local scratch; lane l tracks centers l, l + VN, ... in increasing order). The lanes are folded at
 // the end (ties by index), so the result is the first minimum. Counts labels that changed when
 // count_changes is set (one atomic per work-item).
-// Reads x, shift, cp, cn, centers (and labels); writes labels, dist, changed. Local scratch MB*DSTAGE
+// Half data (X_HALF / X_BF16) is converted to float as it is staged. Reads x, shift, cp, cn, centers (and
+// labels); writes labels, dist, changed. Local scratch MB*DSTAGE
 // values + MB*(VN values + VN indices).
 //
 // kmeans_update_cpu: the per-cluster sums of the update step. Work-item s owns the rows of segment s
@@ -86,7 +87,7 @@ __kernel void kmeans_pack_cpu(__global const T *centers, const int k, const int 
 }
 
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
-void kmeans_assign_cpu(__global const T *x, const long x_off, const int n, const int d, const long row0,
+void kmeans_assign_cpu(__global const XT *x, const long x_off, const int n, const int d, const long row0,
                        __global const T *shift, __global const T *cp, __global const T *cn, const int kpad,
                        __global const T *centers, __global int *labels, __global T *dist,
                        __global int *changed, const int count_changes)
@@ -101,8 +102,8 @@ void kmeans_assign_cpu(__global const T *x, const long x_off, const int n, const
     __global const VT *norms = (__global const VT *)cn;
 
     for (int r = 0; r < MB; ++r) {  // rows past n repeat the last one (their results are dropped)
-        __global const T *xr = x + x_off + (m0 + min(r, rows - 1)) * d;
-        for (int f = 0; f < d; ++f) xs[r * d + f] = (ACC)xr[f] - (ACC)shift[f];
+        __global const XT *xr = x + x_off + (m0 + min(r, rows - 1)) * d;
+        for (int f = 0; f < d; ++f) xs[r * d + f] = XLOAD(xr, f) - (ACC)shift[f];
         bestv[r] = (VT)KM_INF;
         besti[r] = (IVT)0;
     }
@@ -165,7 +166,7 @@ void kmeans_assign_cpu(__global const T *x, const long x_off, const int n, const
 }
 
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
-void kmeans_update_cpu(__global const T *x, const long x_off, const int n, const int d, const long row0,
+void kmeans_update_cpu(__global const XT *x, const long x_off, const int n, const int d, const long row0,
                        __global const T *shift, __global const int *labels, __global const T *dist,
                        __global const T *w, const long seg, const long first_seg, const int k, const int nkc,
                        __global ACC *psum, __global ACC *pw, __global ACC *pin)
@@ -179,16 +180,16 @@ void kmeans_update_cpu(__global const T *x, const long x_off, const int n, const
     for (long i = lo; i < hi; ++i) {
         const int lab = labels[i];
         const ACC wt = KM_WEIGHT(w, i);
-        __global const T *xr = x + x_off + (i - row0) * d;
+        __global const XT *xr = x + x_off + (i - row0) * d;
         __global ACC *acc = ps + (long)lab * d;
         int f = 0;
 #if VF > 1
         for (; f + VF <= d; f += VF) {
-            const KM_CAT(ACC, VF) v = KM_CAT(vload, VF)(0, xr + f) - KM_CAT(vload, VF)(0, shift + f);
+            const KM_CAT(ACC, VF) v = XLOADV(VF, xr + f) - KM_CAT(vload, VF)(0, shift + f);
             KM_CAT(vstore, VF)(KM_CAT(vload, VF)(0, acc + f) + wt * v, 0, acc + f);
         }
 #endif
-        for (; f < d; ++f) acc[f] += wt * ((ACC)xr[f] - (ACC)shift[f]);
+        for (; f < d; ++f) acc[f] += wt * (XLOAD(xr, f) - (ACC)shift[f]);
         pws[lab] += wt;
         inertia += wt * (ACC)dist[i];
     }

@@ -43,8 +43,15 @@
 
 #include "kmeans_common.cl"
 
-// the GEMM block's hooks: rows past n repeat the last row; features are centred as they are staged
+// the GEMM block's hooks: rows past n repeat the last row; features are centred as they are staged; half
+// data (X_HALF, X_BF16) is converted to float as it is fetched (4-wide: 8-byte aligned, as the host ensures)
 #define GEMM_A_ROW(m) min((m), (long)M - 1)
+#define GEMM_A_LOAD(i) XLOAD(A, i)
+#if defined(X_HALF)
+#define GEMM_A_LOAD4(i) nc_ldh4(A + (i))
+#elif defined(X_BF16)
+#define GEMM_A_LOAD4(i) as_float4(convert_uint4(*(__global const ushort4 *)(A + (i))) << 16)
+#endif
 #define GEMM_A_MAP(v, k) ((v) - (ACC_T)shift[k])
 #define GEMM_A_MAP4(v, k) ((v) - vload4(0, shift + (k)))
 #include "gemm_tile.cl"
@@ -103,7 +110,7 @@ __kernel void kmeans_pack(__global const T *centers, const int k, const int d, c
     }
 
 __kernel __attribute__((reqd_work_group_size(TX, TY, 1)))
-void kmeans_assign(__global const T *x, const long x_off, const int n, const int d, const long row0,
+void kmeans_assign(__global const XT *x, const long x_off, const int n, const int d, const long row0,
                    __global const T *shift, __global const T *ct, __global const T *cn, const int kpad,
                    __global const T *centers, __global int *labels, __global T *dist,
                    __global int *changed, const int count_changes)
@@ -116,7 +123,7 @@ void kmeans_assign(__global const T *x, const long x_off, const int n, const int
     __local int *fold_idx = (__local int *)(fold + BM * TX);  // BM x TX
     __local int nchanged[1];
     // the GEMM's names: A = the rows (M x K, row-major), B = the packed centers (K x N, feature-major)
-    __global const STORE_T *A = x + x_off;
+    __global const XT *A = x + x_off;
     __global const STORE_T *B = ct;
     const int M = n, N = kpad, K = d;
     const long a_rs = d, b_ks = kpad;
@@ -172,7 +179,7 @@ void kmeans_assign(__global const T *x, const long x_off, const int n, const int
         const int c = fold_idx[r * TX];
         ACC s = 0;
         for (int f = tx; f < d; f += TX) {
-            const ACC diff = ((ACC)x[x_off + row * d + f] - (ACC)shift[f]) - (ACC)centers[(long)c * d + f];
+            const ACC diff = (XLOAD(x, x_off + row * d + f) - (ACC)shift[f]) - (ACC)centers[(long)c * d + f];
             s += diff * diff;
         }
         fold[r * TX + tx] = s;
@@ -197,7 +204,7 @@ void kmeans_assign(__global const T *x, const long x_off, const int n, const int
 }
 
 __kernel __attribute__((reqd_work_group_size(WGU, 1, 1)))
-void kmeans_update(__global const T *x, const long x_off, const int n, const int d, const long row0,
+void kmeans_update(__global const XT *x, const long x_off, const int n, const int d, const long row0,
                    __global const T *shift, __global const int *labels, __global const T *dist,
                    __global const T *w, const long seg, const long first_seg, const int k, const int nkc,
                    __global ACC *psum, __global ACC *pw, __global ACC *pin)
@@ -236,7 +243,7 @@ void kmeans_update(__global const T *x, const long x_off, const int n, const int
             if (lab < 0 || lab >= kc) continue;  // the same for the whole work-group
             const ACC wt = wts[j];
             if (f < d)
-                acc[lab * WGU + lid] += wt * ((ACC)x[x_off + (b + j - row0) * d + f] - (ACC)shift[f]);
+                acc[lab * WGU + lid] += wt * (XLOAD(x, x_off + (b + j - row0) * d + f) - (ACC)shift[f]);
             if (lid == 0 && first_f) {
                 wacc[lab] += wt;
                 inertia += wt * dd[j];

@@ -5,15 +5,21 @@ netcl.cluster drives them; the algorithms' host-side rules (stopping, empty clus
 
 A `KMeansPlan` fixes, for one problem (queue, dtype, rows n of the data set, features d, clusters k),
 the kernel variant ("cpu": work-items of one, register blocks of explicit vectors, for PoCL and other
-CPU drivers; "gpu": local-memory tiles), the tile parameters and the row segments of the update step.
+CPU drivers; "gpu": local-memory tiles; "mma": the "gpu" kernels with the assignment on NVIDIA's matrix
+units, for float16 / bfloat16 rows: kmeans_mma.cl), the tile parameters and the row segments of the update
+step.
 Every launch takes a block of rows `x` (contiguous, rows x d) and `row0`, the data-set index of its
 first row, so a data set streamed from the host in chunks runs the very same kernels as one held on
 the device, and (segments and k-means++ blocks being defined by data-set row numbers) gives the same
 bits. All kernels work on data centred by `shift` (netcl.cluster's Data.mean; see kmeans_common.cl).
+
+Half data (float16, bfloat16) is read as it is stored (`KMeansPlan.xdtype`) and computed in float32: the
+plan's `dtype`, that of the centers, shift, distances, weights and every sum, is then float32.
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +29,7 @@ from netcl import kernels
 from netcl.core import dtypes
 from netcl.core.tensor import Tensor, check_same_queue
 from netcl.core.variants import Variant, first_usable, source_digest
-from netcl.errors import DeviceMismatchError, DTypeError, ShapeError
+from netcl.errors import DeviceMismatchError, DTypeError, KernelBuildError, ShapeError
 from netcl.ops.gemm import variants as gemm_variants
 
 __all__ = [
@@ -36,6 +42,7 @@ __all__ = [
     "kmeans_label_distance",
     "kmeans_minibatch_finalize",
     "kmeans_pack",
+    "kmeans_packed",
     "kmeans_partials",
     "kmeans_plan",
     "kmeans_pp_pick",
@@ -46,7 +53,7 @@ __all__ = [
     "pp_trials",
 ]
 
-VARIANTS = ("cpu", "gpu")
+VARIANTS = ("cpu", "gpu", "mma")
 PP_BLOCK = 256  # rows per k-means++ block (BLK): streamed chunks start at multiples of it
 PARTIALS_BUDGET = 64 << 20  # bytes of update partial sums a GPU plan may hold
 MIN_SEGMENT_ROWS = 2048  # rows per GPU update segment at least: the partial sums stay far below the data
@@ -63,13 +70,14 @@ class KMeansPlan:
     """Kernel choice and parameters of one k-means problem (see the module docstring)."""
 
     queue: Any
-    dtype: np.dtype
+    dtype: np.dtype  # arithmetic, centers, shift, distances, weights, sums: float32 or float64
+    xdtype: np.dtype  # the rows x as stored: dtype, or float16 / bfloat16 (computed in float32)
     n: int
     d: int
     k: int
     variant: str
     kpad: int  # centers padded to the assignment's tile (+inf norms: never chosen)
-    dpad: int  # features padded to the GPU assignment's k tile
+    dpad: int  # features padded to the GPU assignment's k tile (mma: to 8, 16-byte rows of packed centers)
     rows_per_group: int  # rows one assignment work-group owns
     defines: dict[str, Any] = field(hash=False)  # kmeans_cpu.cl or kmeans_gpu.cl: pack, assign, update
     shared_defines: dict[str, Any] = field(hash=False)  # kmeans.cl: finalize, rows
@@ -81,6 +89,7 @@ class KMeansPlan:
     update_wg: int
     finalize_wg: int
     pp_wg: int
+    mma: dict[str, Any] = field(default_factory=dict, hash=False)  # kmeans_mma.cl ("mma" variant)
 
     @property
     def device(self) -> Any:
@@ -90,14 +99,38 @@ class KMeansPlan:
     def file(self) -> str:
         return "kmeans_cpu.cl" if self.variant == "cpu" else "kmeans_gpu.cl"
 
+    @property
+    def x_defines(self) -> dict[str, Any]:
+        """The defines of x's storage (kmeans_common.cl): X_HALF, X_BF16, or none when x is `dtype`."""
+        return x_defines(self.xdtype)
+
     def program(self, filename: str, defines: dict[str, Any], **extra: Any) -> Any:
-        if filename != "kmeans_gpu.cl":
+        extra = {**self.x_defines, **extra}
+        if filename not in ("kmeans_gpu.cl", "kmeans_mma.cl"):
             return kernels.program(self.device, filename, dtype=self.dtype, **defines, **extra)
         # the GEMM's block, built as the GEMM builds it (mad contraction; NVIDIA's register log on request)
         options = ("-cl-mad-enable", *gemm_variants.verbose_options(self.device))
         prg = kernels.program(self.device, filename, dtype=self.dtype, options=options, **defines, **extra)
-        gemm_variants.print_build_log(self.device, prg, "kmeans_assign", defines)
+        gemm_variants.print_build_log(self.device, prg, filename, defines)
         return prg
+
+
+HALF_DTYPES = (dtypes.float16, dtypes.bfloat16)
+
+
+def x_defines(xdtype: np.dtype) -> dict[str, Any]:
+    """kmeans_common.cl's defines for rows stored as `xdtype`."""
+    if xdtype == dtypes.float16:
+        return {"X_HALF": None}
+    if xdtype == dtypes.bfloat16:
+        return {"X_BF16": None}
+    return {}
+
+
+def compute_dtype(dtype: Any) -> np.dtype:
+    """The dtype k-means computes data of `dtype` in (centers, distances, sums): float32 for half data."""
+    dt = np.dtype(dtype)
+    return dtypes.float32 if dt in HALF_DTYPES else dt
 
 
 def _pow2_at_most(n: int) -> int:
@@ -113,27 +146,36 @@ ASSIGN_TILE_KNOBS = ("BM", "BN", "BK", "TX", "TY", "VW", "PADA", "PADB", "WX", "
 
 def kmeans_plan(queue: Any, dtype: Any, n_rows: int, n_features: int, n_clusters: int,
                 variant: str | None = None, assign_tiles: dict[str, int] | None = None) -> KMeansPlan:
-    """The plan for clustering n_rows x n_features data of `dtype` into n_clusters on `queue`'s device.
-    `variant` ("cpu" or "gpu") overrides the choice by device type (tests run both on one device);
-    `assign_tiles` overrides some of the GPU assignment's tile knobs (ASSIGN_TILE_KNOBS: the tiled GEMM's;
-    bench sweeps, tests)."""
-    dt = np.dtype(dtype)
-    if dt not in (dtypes.float32, dtypes.float64):
-        raise DTypeError(f"k-means takes float32 or float64 data, got {dt}")
-    dtypes.check_supported_on(dt, queue.device)
+    """The plan for clustering n_rows x n_features data of `dtype` (float32, float64, or float16 / bfloat16
+    rows computed in float32) into n_clusters on `queue`'s device.
+    `variant` ("cpu", "gpu" or "mma") overrides the choice by device type and dtype (tests run them all on one
+    device; by default "mma" where half rows meet matrix units that take them); `assign_tiles` overrides some
+    of the assignment's tile knobs (ASSIGN_TILE_KNOBS: the tiled GEMM's; MMA_TILE_KNOBS for "mma": the
+    matrix-unit GEMM's, EMULATE=1 its emulation on any device; bench sweeps, tests)."""
+    xdt = np.dtype(dtype)
+    if xdt not in (dtypes.float32, dtypes.float64, *HALF_DTYPES):
+        raise DTypeError(f"k-means takes float32, float64, float16 or bfloat16 data, got {xdt}")
+    dtypes.check_supported_on(xdt, queue.device)
+    dt = compute_dtype(xdt)
     n, d, k = int(n_rows), int(n_features), int(n_clusters)
     if n < 1 or d < 1 or k < 1:
         raise ShapeError(f"k-means needs at least one row, feature and cluster, got n={n}, d={d}, k={k}")
     caps = queue.device.capabilities
+    auto_mma = variant is None and not assign_tiles and takes_mma(queue.device, xdt) \
+        and (id(queue.device), xdt) not in _mma_unbuildable  # (matrix units: never a CPU device)
     if variant is None:
-        variant = "cpu" if caps.kind == "cpu" else "gpu"
+        variant = "mma" if auto_mma else "cpu" if caps.kind == "cpu" else "gpu"
     if variant not in VARIANTS:
         raise ValueError(f"k-means variant must be one of {VARIANTS}, got {variant!r}")
+    if variant == "mma" and xdt not in HALF_DTYPES:
+        raise DTypeError(f"the 'mma' k-means variant takes float16 or bfloat16 rows, got {xdt}; use 'gpu'")
     size = dt.itemsize
     vec = 32 // size  # widest vector netcl passes through OpenCL library calls (float8, double4)
     max_wg = caps.max_work_group_size
-    if assign_tiles and variant != "gpu":
-        raise ValueError(f"assign_tiles are knobs of the 'gpu' variant, got {assign_tiles} for {variant!r}")
+    if assign_tiles and variant == "cpu":
+        raise ValueError(f"assign_tiles are knobs of the 'gpu' and 'mma' variants, got {assign_tiles} for "
+                         f"{variant!r}")
+    mma: dict[str, Any] = {}
     if variant == "cpu":
         vn, rm, pb = cpu_lanes(queue.device, dt), 4, 2
         kpad = -(-k // (vn * pb)) * vn * pb
@@ -153,7 +195,7 @@ def kmeans_plan(queue: Any, dtype: Any, n_rows: int, n_features: int, n_clusters
         update_wg = finalize_wg = pp_wg = 1
         dpad = d
     else:
-        tiles = assign_tile(queue.device, dt, k, assign_tiles or {})
+        tiles = assign_tile(queue.device, dt, k, (assign_tiles or {}) if variant == "gpu" else {})
         bn = tiles["BN"]
         kpad = -(-k // bn) * bn
         dpad = -(-d // tiles["BK"]) * tiles["BK"]
@@ -174,13 +216,36 @@ def kmeans_plan(queue: Any, dtype: Any, n_rows: int, n_features: int, n_clusters
         variant_defines.update(WGU=update_wg, KC=kc)
         finalize_wg = min(64, _pow2_at_most(max_wg))
         pp_wg = min(PP_BLOCK, _pow2_at_most(max_wg))
+        if variant == "mma":
+            tile = mma_tile(queue.device, xdt, d, k, assign_tiles or {})
+            kpad = -(-k // tile["BN"]) * tile["BN"]
+            dpad = -(-d // 8) * 8  # packed center rows on 16 bytes (cp.async)
+            rows_per_group = tile["BM"]
+            mma = {name: tile[name] for name in ("BM", "BN", "BK", "WM", "WN", "PAD", "PADB", "STAGES")}
+            mma["NKT"] = -(-d // tile["BK"])
+            for knob, define in (("ASYNC", "ASYNC"), ("LDMATRIX", "LDMATRIX"), ("EMULATE", "MMA_EMULATE")):
+                if tile[knob]:
+                    mma[define] = None
     seg = -(-n // nseg)
     nseg = -(-n // seg)
     vf = vec if variant == "cpu" else max(1, vec // 2)
     shared = dict(WG=finalize_wg, VF=vf, BLK=PP_BLOCK)
     pp = dict(WG=pp_wg, VF=vf, BLK=PP_BLOCK)
-    return KMeansPlan(queue, dt, n, d, k, variant, kpad, dpad, rows_per_group, variant_defines, shared, pp,
-                      seg, nseg, nkc, nfc, update_wg, finalize_wg, pp_wg)
+    plan = KMeansPlan(queue, dt, xdt, n, d, k, variant, kpad, dpad, rows_per_group, variant_defines, shared,
+                      pp, seg, nseg, nkc, nfc, update_wg, finalize_wg, pp_wg, mma)
+    if auto_mma:  # a driver that rejects the matrix-unit kernel's PTX: the tiled assignment, warned once
+        try:
+            plan.program("kmeans_mma.cl", plan.mma)
+        except KernelBuildError as exc:
+            _mma_unbuildable.add((id(queue.device), xdt))
+            warnings.warn(f"kmeans_mma.cl does not build on {queue.device.describe()} for {xdt} rows "
+                          f"({exc}); k-means assigns them with the tiled kernel", RuntimeWarning,
+                          stacklevel=2)
+            return kmeans_plan(queue, dtype, n, d, k, "gpu", assign_tiles)
+    return plan
+
+
+_mma_unbuildable: set[tuple[int, np.dtype]] = set()  # (device, rows' dtype) whose matrix-unit build failed
 
 
 # -- the CPU assignment's vector width --------------------------------------------------------------------
@@ -295,10 +360,72 @@ def assign_tile(device: Any, dt: np.dtype, k: int, overrides: dict[str, int]) ->
     return tile
 
 
+# kmeans_mma.cl's tile: gemm_mma.cl's knobs (values the matrix-unit GEMM's, mma_tile), EMULATE its emulation
+MMA_TILE_KNOBS = ("BM", "BN", "BK", "WM", "WN", "PAD", "PADB", "STAGES", "ASYNC", "LDMATRIX", "EMULATE")
+# over the GEMM's tile: 8 warps of 64 x 32 (the GEMM's 4 of 64 x 64 hold 230-238 registers a thread on the
+# H200 without the fold's 2 * MT running minima and indices; 8 warps of 64 x 32 hold 124-128)
+MMA_ASSIGN_TILE = {"WM": 64, "WN": 32}
+
+
+def takes_mma(device: Any, xdtype: Any) -> bool:
+    """Whether the assignment of rows of `xdtype` runs on `device`'s matrix units by default: float16 or
+    bfloat16 rows where netcl drives matrix units that take them (netcl.ops.gemm.variants.matrix_units)."""
+    dt = np.dtype(xdtype)
+    return dt in HALF_DTYPES and dt.name in gemm_variants.matrix_units(device)
+
+
+def mma_tile(device: Any, xdt: np.dtype, d: int, k: int, overrides: dict[str, int]) -> dict[str, int]:
+    """The matrix-unit assignment's tile (MMA_TILE_KNOBS) for d features and k clusters of `xdt` rows: the
+    matrix-unit GEMM's (variants.tuned_params "mma") with MMA_ASSIGN_TILE, then `overrides`; the center
+    block halved (unless given) while k fits in half of it, the k tile halved (unless given) while d fits in
+    half of it. Without EMULATE the device must have matrix units for `xdt` (ValueError otherwise)."""
+    for name, value in overrides.items():
+        if name not in MMA_TILE_KNOBS:
+            raise ValueError(f"unknown k-means matrix-unit tile knob {name!r}; knobs: {MMA_TILE_KNOBS}")
+        if not isinstance(value, (int, np.integer)) or value < (0 if name in (
+                "PAD", "PADB", "ASYNC", "LDMATRIX", "EMULATE") else 1):
+            raise ValueError(f"k-means matrix-unit tile knob {name} must be a positive int, got {value!r}")
+    gemm = gemm_variants.tuned_params(device, "mma", xdt)
+    tile = {name: int(gemm.get(name, 0)) for name in MMA_TILE_KNOBS}
+    tile.update(MMA_ASSIGN_TILE)
+    tile.update({name: int(value) for name, value in overrides.items()})
+    if not tile["EMULATE"] and not takes_mma(device, xdt):
+        raise ValueError(f"the 'mma' k-means variant needs matrix units that take {xdt} rows (NVIDIA, "
+                         f"compute capability 8.0+); {device.describe()} has none: use variant 'gpu', or "
+                         "EMULATE=1 for the emulation")
+    if "BN" not in overrides:
+        while k <= tile["BN"] // 2 and (tile["BN"] // 2) % tile["WN"] == 0:
+            tile["BN"] //= 2
+    bm, bn, wm, wn = (tile[name] for name in ("BM", "BN", "WM", "WN"))
+    threads = (bm // max(wm, 1)) * (bn // max(wn, 1)) * 32
+    if "BK" not in overrides:  # while the tiles still split into whole 16-byte chunks per work-item
+        while d <= tile["BK"] // 2 and tile["BK"] // 2 >= 16 and \
+                (bm * tile["BK"] // 2) % (8 * threads) == 0 and (bn * tile["BK"] // 2) % (8 * threads) == 0:
+            tile["BK"] //= 2
+    bk = tile["BK"]
+    if bm % wm or bn % wn or wm % 16 or wn % (16 if tile["LDMATRIX"] else 8) or bk % 16:
+        raise ValueError(f"k-means matrix-unit tile {tile}: BM must be a multiple of WM, BN of WN, WM of 16, "
+                         "WN of 8 (16 with LDMATRIX), BK of 16")
+    if (bm * bk) % (8 * threads) or (bn * bk) % (8 * threads):
+        raise ValueError(f"k-means matrix-unit tile {tile}: the BM x BK and BN x BK tiles must split into "
+                         f"16-byte chunks evenly among the {threads} work-items")
+    if threads > device.capabilities.max_work_group_size:
+        raise ValueError(f"k-means matrix-unit tile {tile} needs work-groups of {threads}, more than the "
+                         f"device's {device.capabilities.max_work_group_size}")
+    ring = tile["STAGES"] if tile["ASYNC"] else 1
+    local = max(ring * (bm * (bk + tile["PAD"]) + bn * (bk + tile["PAD"])) * 2, bm * 4 * (bn // wn) * 8)
+    if tile["EMULATE"]:
+        local += (threads // 32) * (16 * 16 + 16 * 8) * 4
+    if local > device.capabilities.local_mem:
+        raise ValueError(f"k-means matrix-unit tile {tile} needs {local} bytes of local memory, more than "
+                         f"the device's {device.capabilities.local_mem}; use a smaller BM, BN or BK")
+    return tile
+
+
 @dataclass
 class PackedCenters:
-    """The centers laid out for the assignment kernel (GPU: feature-major; CPU: panels of VN centers) and
-    their squared norms."""
+    """The centers laid out for the assignment kernel (GPU: feature-major; CPU: panels of VN centers; mma:
+    center-major, rounded to the rows' half format) and their squared norms (mma: plus 2 shift.c)."""
 
     layout: Tensor
     norms: Tensor
@@ -342,7 +469,7 @@ def _check_rows(plan: KMeansPlan, op: str, x: Tensor, row0: int) -> int:
         raise ShapeError(f"{op}: x must be a 2-D Tensor of rows, got "
                          f"{getattr(x, 'shape', type(x).__name__)}")
     rows = x.shape[0]
-    _check(plan, op, "x", x, (rows, plan.d))
+    _check(plan, op, "x", x, (rows, plan.d), plan.xdtype)
     if rows < 1 or row0 < 0 or row0 + rows > plan.n:
         raise ShapeError(f"{op}: rows {row0}..{row0 + rows} do not lie in the plan's {plan.n} rows")
     return rows
@@ -356,17 +483,38 @@ def _weights_arg(plan: KMeansPlan, op: str, weights: Tensor | None, fallback: Te
 
 
 # -- assignment -----------------------------------------------------------------------------------------
-def kmeans_pack(plan: KMeansPlan, centers: Tensor, out: PackedCenters | None = None) -> PackedCenters:
-    """Lay out the (centred) k x d centers for kmeans_assign (into `out` when given)."""
-    _check(plan, "kmeans_pack", "centers", centers, (plan.k, plan.d))
-    q = plan.queue
+def kmeans_packed(plan: KMeansPlan) -> PackedCenters:
+    """Device memory for kmeans_pack's layout of the plan's centers (its `out`)."""
+    q, dtype = plan.queue, plan.dtype
     if plan.variant == "cpu":
         shape = (plan.kpad // plan.defines["VN"], plan.d, plan.defines["VN"])
+    elif plan.variant == "mma":
+        shape, dtype = (plan.kpad, plan.dpad), plan.xdtype
     else:
         shape = (plan.dpad, plan.kpad)
+    return PackedCenters(Tensor.empty(q, shape, dtype), Tensor.empty(q, (plan.kpad,), plan.dtype))
+
+
+def kmeans_pack(plan: KMeansPlan, centers: Tensor, out: PackedCenters | None = None,
+                shift: Tensor | None = None) -> PackedCenters:
+    """Lay out the (centred) k x d centers for kmeans_assign (into `out` when given). The "mma" variant's
+    layout is the centers rounded to the rows' half format, and its norms take the data's `shift` (its rows
+    reach the matrix units uncentred: kmeans_mma.cl), which it then requires; the others ignore it."""
+    op = "kmeans_pack"
+    _check(plan, op, "centers", centers, (plan.k, plan.d))
+    q = plan.queue
+    if plan.variant == "mma":
+        if shift is None:
+            raise ValueError(f"{op}: the 'mma' variant packs the centers with the data's shift; pass shift=")
+        _check(plan, op, "shift", shift, (plan.d,))
     if out is None:
-        out = PackedCenters(Tensor.empty(q, shape, plan.dtype), Tensor.empty(q, (plan.kpad,), plan.dtype))
-    if plan.variant == "cpu":
+        out = kmeans_packed(plan)
+    if plan.variant == "mma":
+        prg = plan.program("kmeans_mma.cl", plan.mma)
+        prg.kmeans_pack_mma(q, (plan.kpad,), None, centers=centers.buffer, k=np.int32(plan.k),
+                            d=np.int32(plan.d), kpad=np.int32(plan.kpad), dpad=np.int32(plan.dpad),
+                            shift=shift.buffer, ch=out.layout.buffer, cn=out.norms.buffer)
+    elif plan.variant == "cpu":
         prg = plan.program("kmeans_cpu.cl", plan.defines)
         prg.kmeans_pack_cpu(
             q,
@@ -438,6 +586,14 @@ def kmeans_assign(
     if plan.variant == "cpu":
         prg = plan.program("kmeans_cpu.cl", plan.defines)
         prg.kmeans_assign_cpu(q, (groups,), (1,), cp=packed.layout.buffer, **args)
+    elif plan.variant == "mma":
+        defines = plan.mma
+        if "ASYNC" in defines and (plan.d % 8 or x.offset % 8):
+            defines = {name: v for name, v in defines.items() if name != "ASYNC"}  # rows off 16 bytes
+        threads = (defines["BM"] // defines["WM"]) * (defines["BN"] // defines["WN"]) * 32
+        prg = plan.program("kmeans_mma.cl", defines)
+        prg.kmeans_assign_mma(q, (groups * threads,), (threads,), ch=packed.layout.buffer,
+                              dpad=np.int32(plan.dpad), **args)
     else:
         t = plan.defines["TX"]
         defines = plan.defines
@@ -585,12 +741,20 @@ def kmeans_minibatch_finalize(plan: KMeansPlan, partials: Partials, old: Tensor,
 def kmeans_copy_rows(x: Tensor, src_idx: Tensor, out: Tensor, shift: Tensor | None = None,
                      dst_idx: Tensor | None = None) -> None:
     """out[j] = x[src_idx[j]] (minus shift when given); with dst_idx, out[dst_idx[j]] instead. Indices are
-    int32 and must be valid rows (the callers draw them)."""
+    int32 and must be valid rows (the callers draw them). out has x's dtype, or for half x (float16,
+    bfloat16) float32, the dtype of the shift (rows gathered as centers)."""
     op = "kmeans_copy_rows"
     if x.ndim != 2 or out.ndim != 2 or out.shape[1] != x.shape[1]:
         raise ShapeError(f"{op}: x {x.shape} and out {out.shape} must be 2-D with one row length")
-    if x.dtype != out.dtype or x.dtype not in (dtypes.float32, dtypes.float64):
-        raise DTypeError(f"{op}: x and out must share a float32/float64 dtype, got {x.dtype} and {out.dtype}")
+    if x.dtype not in (dtypes.float32, dtypes.float64, *HALF_DTYPES) or \
+            out.dtype not in (x.dtype, compute_dtype(x.dtype)):
+        raise DTypeError(f"{op}: x must be float32, float64, float16 or bfloat16 and out x's dtype or (half "
+                         f"x) float32, got {x.dtype} and {out.dtype}")
+    raw = out.dtype == x.dtype and x.dtype in HALF_DTYPES
+    if raw and shift is not None:
+        raise DTypeError(f"{op}: rows minus a shift are float32, not {out.dtype}")
+    if shift is not None and shift.dtype != compute_dtype(x.dtype):
+        raise DTypeError(f"{op}: shift must be {compute_dtype(x.dtype)}, got {shift.dtype}")
     count = src_idx.size
     for name, t in (("src_idx", src_idx), ("dst_idx", dst_idx)):
         if t is not None and (t.dtype != np.int32 or t.ndim != 1 or t.size != count or not t.is_contiguous()):
@@ -603,7 +767,9 @@ def kmeans_copy_rows(x: Tensor, src_idx: Tensor, out: Tensor, shift: Tensor | No
     if count == 0:
         return
     d = x.shape[1]
-    prg = kernels.program(x.device, "kmeans.cl", dtype=x.dtype, WG=1)
+    extra = {"OUT_X": None} if raw else {}
+    prg = kernels.program(x.device, "kmeans.cl", dtype=compute_dtype(x.dtype), WG=1, **x_defines(x.dtype),
+                          **extra)
     prg.kmeans_copy_rows(
         x.queue,
         (d, count),

@@ -9,7 +9,15 @@ import gc
 import numpy as np
 import pytest
 
-from netcl.cluster import ConvergenceWarning, KMeans, NonFiniteError, NotFittedError, kmeans_plusplus
+from netcl.cluster import (
+    ConvergenceWarning,
+    KMeans,
+    MiniBatchKMeans,
+    NonFiniteError,
+    NotFittedError,
+    kmeans_plusplus,
+)
+from netcl.core import dtypes
 from netcl.core.tensor import Tensor
 from netcl.errors import DTypeError, ShapeError
 from netcl.ops import kmeans as km
@@ -198,7 +206,7 @@ def test_bad_input_is_refused(queue, digits):
         KMeans(3).fit(X.astype(np.complex64))
     with pytest.raises(DTypeError, match="real numbers"):
         KMeans(3).fit(np.array([["a", "b"], ["c", "d"]]))
-    with pytest.raises(DTypeError, match="float32 or float64 Tensor"):
+    with pytest.raises(DTypeError, match="float32, float64, float16 or bfloat16 Tensor"):
         KMeans(3).fit(Tensor.from_host(queue, X.astype(np.int32)))
     with pytest.raises(ShapeError, match=r"init of shape \(3, 5\)"):
         KMeans(3, init=np.zeros((3, 5))).fit(X)
@@ -238,3 +246,77 @@ def test_duplicate_points_warn_and_params_round_trip():
     assert repr(model) == "KMeans(n_clusters=3, max_iter=7)"
     with pytest.raises(ValueError, match="invalid parameter 'clusters'"):
         model.set_params(clusters=2)
+
+
+HALF = [np.float16, dtypes.bfloat16]
+
+
+@pytest.mark.parametrize("dt", HALF)
+def test_half_rows_fit_as_their_float32_values(queue, digits, dt):
+    """digits' pixels (integers 0..16) are exact in float16 and bfloat16: half rows are computed in float32
+    on the same values, so the fit is the float32 fit's bits (labels, iterations, inertia, centers, which
+    the tests above pin to scikit-learn's), from an array, a Tensor and in streamed chunks."""
+    init = digits[np.random.RandomState(0).choice(len(digits), 10, replace=False)]
+    ref = KMeans(10, init=init, n_init=1).fit(digits.astype(np.float32))
+    X = digits.astype(dt)
+    for fit in (KMeans(10, init=init, n_init=1).fit(X),
+                KMeans(10, init=init, n_init=1).fit(Tensor.from_host(queue, X)),
+                KMeans(10, init=init, n_init=1, chunk_rows=512).fit(X)):
+        assert fit.cluster_centers_.dtype == np.float32
+        np.testing.assert_array_equal(fit.labels_, ref.labels_)
+        assert fit.n_iter_ == ref.n_iter_ and fit.inertia_ == ref.inertia_
+        np.testing.assert_array_equal(fit.cluster_centers_, ref.cluster_centers_)
+
+
+@pytest.mark.parametrize("dt", HALF)
+def test_half_rows_end_at_the_nearest_centers(queue, rng, dt):
+    """Rows that half rounds (blobs with noise, odd n and d): the labels are the nearest of the fitted float32
+    centers in float64 arithmetic on the half-rounded rows (either of two within float32 rounding), the
+    centers are the means of their rows, the inertia their squared distances; k-means++ seeded on the
+    device. MiniBatchKMeans takes the same rows."""
+    n, d, k = 997, 11, 6
+    blobs = rng.standard_normal((k, d)) * 4
+    X = (blobs[rng.integers(0, k, n)] + rng.standard_normal((n, d))).astype(dt)
+    x64 = X.astype(np.float64)
+    fit = KMeans(k, n_init=1, random_state=0, tol=0).fit(X)
+    c = fit.cluster_centers_.astype(np.float64)
+    d2 = ((x64[:, None] - c[None]) ** 2).sum(-1)
+    best = d2.min(1)
+    chosen = d2[np.arange(n), fit.labels_]
+    assert (chosen - best <= 1e-5 * (best + (x64 ** 2).sum(1) + 1)).all()
+    assert fit.inertia_ == pytest.approx(best.sum(), rel=1e-5)
+    means = np.stack([x64[fit.labels_ == j].mean(0) for j in range(k)])
+    np.testing.assert_allclose(c, means, rtol=1e-5, atol=1e-4)
+    np.testing.assert_array_equal(fit.predict(X), fit.labels_)
+    np.testing.assert_allclose(fit.transform(X), np.sqrt(d2), rtol=1e-4, atol=1e-3)
+
+    mini = MiniBatchKMeans(k, batch_size=128, n_init=1, random_state=0).fit(Tensor.from_host(queue, X))
+    md2 = ((x64[:, None] - mini.cluster_centers_.astype(np.float64)[None]) ** 2).sum(-1)
+    assert mini.cluster_centers_.dtype == np.float32
+    assert mini.inertia_ == pytest.approx(md2.min(1).sum(), rel=1e-5)
+
+
+@pytest.mark.gpu_shaped
+@pytest.mark.parametrize("dt", HALF)
+def test_mma_assignment_fits_half_rows(monkeypatch, rng, dt):
+    """The matrix-unit variant (its emulation, at a small tile) through a whole fit of half rows: the centers
+    are the means of their rows and the labels the nearest centers up to the half rounding of the centers
+    the matrix units multiply by (ops/test_kmeans.py's check_mma_assignment), the inertia their distances."""
+    tile = km.mma_tile
+    monkeypatch.setattr(km, "mma_tile", lambda device, xdt, d, k, overrides: tile(
+        device, xdt, d, k, {**dict(BM=32, BN=32, BK=32, WM=16, WN=16, EMULATE=1), **overrides}))
+    n, d, k = 301, 16, 6
+    blobs = rng.standard_normal((k, d)) * 4
+    X = (blobs[rng.integers(0, k, n)] + rng.standard_normal((n, d))).astype(dt)
+    fit = KMeans(k, n_init=1, random_state=0, variant="mma").fit(X)
+    x64, c = X.astype(np.float64), fit.cluster_centers_.astype(np.float64)
+    means = np.stack([x64[fit.labels_ == j].mean(0) for j in range(k)])
+    np.testing.assert_allclose(c, means, rtol=1e-5, atol=1e-4)
+    d2 = ((x64[:, None] - c[None]) ** 2).sum(-1)
+    shift = x64.mean(0).astype(np.float32)  # the data's mean (of all rows, n <= 16384): the centring
+    ch = (fit.cluster_centers_ - shift).astype(dt).astype(np.float64) + shift  # what the units multiply by
+    d2h = ((x64[:, None] - ch[None]) ** 2).sum(-1)
+    moved = np.abs(d2h - d2).max(1) + 1e-5 * (d2.min(1) + (x64 ** 2).sum(1) + 1)
+    assert (d2[np.arange(n), fit.labels_] - d2.min(1) <= 2 * moved).all()
+    assert fit.inertia_ == pytest.approx(d2[np.arange(n), fit.labels_].sum(), rel=1e-5)
+    np.testing.assert_array_equal(fit.predict(X), fit.labels_)

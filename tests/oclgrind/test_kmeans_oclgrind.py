@@ -93,3 +93,30 @@ def test_wide_rows_and_many_clusters(queue):
         d2 = ((x[:, None, :].astype(np.float64) - shift - c[None]) ** 2).sum(-1)
         np.testing.assert_array_equal(labels.to_host(), d2.argmin(1))
         close(dist, d2.min(1), 1e-4, 1e-3)
+
+
+def test_half_rows_on_the_matrix_units_emulated(queue):
+    """Half rows: the matrix-unit assignment through its emulation (kmeans_mma.cl: the cp.async ring with
+    ldmatrix, and the register loader for rows off 16 bytes; the fold of the C fragments across lanes and
+    warps through local memory), and the tiled assignment converting them as it stages them."""
+    from netcl.core import dtypes
+
+    rng = np.random.default_rng(5)
+    small = dict(BM=32, BN=32, BK=32, WM=16, WN=16, EMULATE=1, ASYNC=1, STAGES=2, LDMATRIX=1)
+    for variant, dt, n, d, k, tiles in (("mma", np.float16, 45, 24, 40, small),
+                                        ("mma", dtypes.bfloat16, 37, 13, 7, small),
+                                        ("gpu", np.float16, 37, 16, 9, dict(BM=16, BN=16, BK=4, TX=4, TY=4,
+                                                                            VW=2, PADA=2, PADB=2, WX=0))):
+        x = (rng.standard_normal((n, d)) + 2).astype(dt)
+        c = rng.standard_normal((k, d)).astype(np.float32)
+        shift = np.full(d, 2.0, np.float32)
+        plan = km.kmeans_plan(queue, dt, n, d, k, variant, assign_tiles=tiles)
+        cc, sh = dev(queue, c), dev(queue, shift)
+        labels = dev(queue, np.full(n, -1, np.int32))
+        dist = dev(queue, np.zeros(n, np.float32))
+        km.kmeans_assign(plan, dev(queue, x), 0, sh, km.kmeans_pack(plan, cc, shift=sh), cc, labels, dist)
+        ch = c.astype(dt).astype(np.float64) if variant == "mma" else c.astype(np.float64)
+        d2 = ((x[:, None, :].astype(np.float64) - shift - ch[None]) ** 2).sum(-1)
+        np.testing.assert_array_equal(labels.to_host(), d2.argmin(1))
+        exact = ((x.astype(np.float64) - shift - c[labels.to_host()]) ** 2).sum(-1)
+        close(dist, exact, 1e-4, 1e-3)

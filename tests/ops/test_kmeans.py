@@ -8,15 +8,19 @@ PoCL takes about a minute to compile the default tile's barrier loops."""
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
 import netcl.ops.kmeans as km
+from netcl.core import dtypes
 from netcl.core.device import manager
 from netcl.core.tensor import Tensor
 from netcl.errors import DTypeError, ShapeError
 
 VARIANTS = ["cpu"] if manager.default("auto").kind == "cpu" else ["cpu", "gpu"]
+HALF = [np.float16, dtypes.bfloat16]
 
 
 @pytest.fixture(params=VARIANTS)
@@ -46,7 +50,7 @@ def check_assignment(labels, dist, x, c, dt):
         assert (chosen - best <= slack).all()
         clear = np.sort(d2, axis=1)[:, 1] - best > 10 * slack if c.shape[0] > 1 else np.ones(len(x), bool)
         np.testing.assert_array_equal(labels[clear], d2.argmin(axis=1)[clear])
-    rtol = 1e-4 if dt == np.float32 else 1e-10
+    rtol = 1e-10 if dt == np.float64 else 1e-4  # half rows are computed in float32
     np.testing.assert_allclose(dist, chosen, rtol=rtol, atol=rtol * (1 + best.max()))
 
 
@@ -109,6 +113,8 @@ GPU_CASES = [  # (n, d, k, tiles, dtype, element offset of x): what each exercis
     (130, 8, 40, GPU_SMALL, np.float32, 1),   # the same rows off 16 bytes: the guarded build
     (45, 12, 75, GPU_WARPS, np.float32, 0),   # 4-wide then a guarded last k tile; 32-lane patches
     (29, 6, 19, GPU_WARPS, np.float64, 0),
+    (37, 5, 7, GPU_SMALL, np.float16, 0),     # half rows, guarded fetches: converted as they are staged
+    (130, 8, 40, GPU_SMALL, dtypes.bfloat16, 0),  # bfloat16 rows, 4-wide fetches
     (300, 64, 1030, None, np.float32, 0),    # the device's default tile (the GEMM's), as d = 64 runs on GPUs
 ]
 
@@ -117,9 +123,10 @@ GPU_CASES = [  # (n, d, k, tiles, dtype, element offset of x): what each exercis
 @pytest.mark.parametrize("n,d,k,tiles,dt,off", GPU_CASES)
 def test_gpu_assign_tiles(queue, rng, n, d, k, tiles, dt, off):
     x = (rng.standard_normal((n, d)) * 2 + 3).astype(dt)
-    c = (rng.standard_normal((k, d)) * 2 + 3).astype(dt)
+    cdt = km.compute_dtype(dt)  # centers, shift and distances: float32 for half rows
+    c = (rng.standard_normal((k, d)) * 2 + 3).astype(cdt)
     c[k // 2] = c[k // 3]  # a repeated center: the first copy wins
-    mean = x.mean(axis=0)
+    mean = x.astype(cdt).mean(axis=0)
     flat = t(queue, np.concatenate([np.zeros(off, dt), x.ravel()]))
     rows = flat[off:].reshape(n, d)
     plan = km.kmeans_plan(queue, dt, n + 3, d, k, "gpu", assign_tiles=tiles)
@@ -127,12 +134,12 @@ def test_gpu_assign_tiles(queue, rng, n, d, k, tiles, dt, off):
     assert plan.variant == "gpu" and plan.rows_per_group == tile["BM"] and plan.kpad % tile["BN"] == 0
     cc = t(queue, c - mean)
     labels = Tensor.full(queue, (n + 3,), -1, np.int32)
-    dist = Tensor.zeros(queue, (n + 3,), dt)
+    dist = Tensor.zeros(queue, (n + 3,), cdt)
     changed = Tensor.zeros(queue, (1,), np.int32)
     km.kmeans_assign(plan, rows, 2, t(queue, mean), km.kmeans_pack(plan, cc), cc, labels, dist, changed)
     got, got_dist = labels.to_host(), dist.to_host()
     assert (got[:2] == -1).all() and got[-1] == -1  # nothing outside the rows
-    check_assignment(got[2:2 + n], got_dist[2:2 + n], x - mean, c - mean, dt)
+    check_assignment(got[2:2 + n], got_dist[2:2 + n], x.astype(np.float64) - mean, c - mean, dt)
     assert not (got == k // 2).any()
     assert changed.item() == n
 
@@ -303,9 +310,7 @@ def test_copy_rows_and_label_distance(queue, rng):
 
 
 def test_bad_input_is_refused(queue):
-    with pytest.raises(DTypeError, match="float32 or float64"):
-        km.kmeans_plan(queue, np.float16, 10, 2, 3)
-    with pytest.raises(DTypeError, match="float32 or float64"):
+    with pytest.raises(DTypeError, match="float32, float64, float16 or bfloat16"):
         km.kmeans_plan(queue, np.int32, 10, 2, 3)
     with pytest.raises(ShapeError, match="at least one row"):
         km.kmeans_plan(queue, np.float32, 10, 0, 3)
@@ -324,7 +329,7 @@ def test_bad_input_is_refused(queue):
                        assign_tiles=dict(BM=2048, BN=2048, BK=512, TX=16, TY=16, VW=4))
     with pytest.raises(ShapeError, match="rows of 1000000 features need"):
         km.kmeans_plan(queue, np.float32, 10, 10**6, 3, variant="cpu")
-    with pytest.raises(ValueError, match="knobs of the 'gpu' variant"):
+    with pytest.raises(ValueError, match="knobs of the 'gpu' and 'mma' variants"):
         km.kmeans_plan(queue, np.float32, 10, 2, 3, variant="cpu", assign_tiles=dict(TX=8))
     plan = km.kmeans_plan(queue, np.float32, 10, 2, 3)
     centers = Tensor.zeros(queue, (3, 2))
@@ -346,3 +351,154 @@ def test_bad_input_is_refused(queue):
     with pytest.raises(ShapeError, match="multiple of 256"):
         km.kmeans_pp_update(plan, Tensor.zeros(queue, (5, 2)), 3, shift, None, centers, 0, dist,
                             Tensor.empty(queue, (1,)))
+
+
+@pytest.mark.parametrize("dt", HALF)
+def test_half_rows_in_every_kernel(queue, rng, variant, dt):
+    """float16 / bfloat16 rows read as stored, computed in float32 (centers, shift, distances, sums float32):
+    each kernel that reads rows against float64 NumPy on the half-rounded rows."""
+    n, d, k = 301, 13, 9  # rows past a k-means++ block, odd features, clusters below a tile
+    x = (rng.standard_normal((n, d)) * 2 + 3).astype(dt)
+    x64 = x.astype(np.float64)
+    mean = x64.mean(axis=0).astype(np.float32)
+    c = (rng.standard_normal((k, d)) * 2).astype(np.float32)
+    plan = km.kmeans_plan(queue, dt, n, d, k, variant)
+    assert plan.dtype == np.float32 and plan.xdtype == dt
+    xt, shift, cc = t(queue, x), t(queue, mean), t(queue, c)
+
+    labels, dist = Tensor.full(queue, (n,), -1, np.int32), Tensor.empty(queue, (n,), np.float32)
+    packed = km.kmeans_pack(plan, cc)
+    km.kmeans_assign(plan, xt[:200], 0, shift, packed, cc, labels, dist)  # in two chunks
+    km.kmeans_assign(plan, xt[200:], 200, shift, packed, cc, labels, dist)
+    got = labels.to_host()
+    check_assignment(got, dist.to_host(), x64 - mean, c, np.float32)
+
+    # the update's sums of the half rows, centred, in float32
+    parts = km.kmeans_partials(plan)
+    km.kmeans_update(plan, xt, 0, shift, labels, dist, None, parts)
+    new, sums = Tensor.empty(queue, (k, d)), Tensor.empty(queue, (k, d))
+    stats = Tensor.empty(queue, (2 * k + 1,))
+    km.kmeans_finalize(plan, parts, cc, new, sums, stats)
+    ref_sums = np.zeros((k, d))
+    np.add.at(ref_sums, got, x64 - mean)
+    np.testing.assert_allclose(sums.to_host(), ref_sums, rtol=1e-5, atol=1e-3)
+    inertia = sq_dists(x64 - mean, c)[np.arange(n), got].sum()
+    np.testing.assert_allclose(stats.to_host()[2 * k], inertia, rtol=1e-5)
+
+    # given labels: their distances; k-means++'s distances and potentials
+    km.kmeans_label_distance(plan, xt, 0, shift, cc, labels, dist)
+    np.testing.assert_allclose(dist.to_host(), sq_dists(x64 - mean, c)[np.arange(n), got], rtol=1e-5)
+    nblk = -(-n // km.PP_BLOCK)
+    closest, bsum = Tensor.full(queue, (n,), np.inf), Tensor.empty(queue, (nblk,))
+    km.kmeans_pp_update(plan, xt, 0, shift, None, cc, 2, closest, bsum)
+    near = sq_dists(x64 - mean, c[[2]])[:, 0]
+    np.testing.assert_allclose(closest.to_host(), near, rtol=1e-5, atol=1e-5)
+    part = Tensor.empty(queue, (nblk, 3))
+    km.kmeans_pp_potential(plan, xt, 0, shift, None, cc[:3], closest, part)
+    pots = np.minimum(near[:, None], sq_dists(x64 - mean, c[:3])).sum(0)
+    np.testing.assert_allclose(part.to_host().sum(0), pots, rtol=1e-5)
+
+    # row gathers: the half bits as they are, or centred in float32
+    idx = t(queue, np.array([300, 0, 7, 7], np.int32))
+    raw = Tensor.empty(queue, (4, d), dt)
+    km.kmeans_copy_rows(xt, idx, raw)
+    np.testing.assert_array_equal(raw.to_host().view(np.uint16), x[[300, 0, 7, 7]].view(np.uint16))
+    centred = Tensor.empty(queue, (4, d))
+    km.kmeans_copy_rows(xt, idx, centred, shift=shift)
+    np.testing.assert_allclose(centred.to_host(), x64[[300, 0, 7, 7]] - mean, rtol=1e-6, atol=1e-6)
+    with pytest.raises(DTypeError, match="minus a shift are float32"):
+        km.kmeans_copy_rows(xt, idx, raw, shift=shift)
+    with pytest.raises(DTypeError, match="x must be"):
+        km.kmeans_assign(plan, t(queue, x.astype(np.float32)), 0, shift, packed, cc, labels, dist)
+
+
+# The matrix-unit assignment (kmeans_mma.cl: gemm_mma.cl's block and k loop, the arg-min folded into the C
+# fragments) through the emulation of mma.sync, at small tiles: 4 warps of 16 x 16 over 32 x 32 blocks.
+MMA_SMALL = dict(BM=32, BN=32, BK=32, WM=16, WN=16, EMULATE=1)
+RING = dict(ASYNC=1, STAGES=2, LDMATRIX=1)
+MMA_CASES = [  # (n, d, k, dtype, element offset of x, loader): what each exercises
+    (37, 13, 7, np.float16, 0, RING),         # d % 8: the register loader (ASYNC dropped); k below a tile
+    (101, 72, 75, np.float16, 8, RING),       # the cp.async ring with ldmatrix: 3 k tiles, 3 center tiles
+    (67, 45, 100, dtypes.bfloat16, 3, dict(ASYNC=0, LDMATRIX=0)),  # rows off 16 bytes, plain fragment loads
+    (70, 24, 40, dtypes.bfloat16, 0, dict(ASYNC=1, STAGES=3, LDMATRIX=1)),  # a three-stage ring
+]
+UNIT_ROUNDOFF = {np.dtype(np.float16): 2.0 ** -11, np.dtype(dtypes.bfloat16): 2.0 ** -8}
+
+
+def check_mma_assignment(labels, dist, x, mean, c, dt):
+    """The matrix units multiply the rows by the centers rounded to the rows' format (c_h): labels must be the
+    nearest of the c_h in float64 on the half rows (either of two within float32 rounding of the uncentred
+    dot products), hence the nearest float32 center up to what the rounding moves each distance; dist is the
+    exact float32 distance to the chosen center."""
+    rows = np.arange(len(x))
+    xc = x.astype(np.float64) - mean
+    ch = c.astype(dt).astype(np.float64)
+    assert np.abs(ch - c).max() <= UNIT_ROUNDOFF[np.dtype(dt)] * np.abs(c).max()
+    d2h, d2 = sq_dists(xc, ch), sq_dists(xc, c)
+    slack = 1e-5 * (d2h.min(1) + (x.astype(np.float64) ** 2).sum(1) + (ch ** 2).sum(1).max() + 1)
+    assert (d2h[rows, labels] - d2h.min(1) <= slack).all()
+    moved = np.abs(d2h - d2).max(1)
+    assert (d2[rows, labels] - d2.min(1) <= 2 * moved + slack).all()
+    clear = np.sort(d2h, axis=1)[:, 1] - d2h.min(1) > 10 * slack
+    np.testing.assert_array_equal(labels[clear], d2h.argmin(1)[clear])
+    np.testing.assert_allclose(dist, d2[rows, labels], rtol=1e-4, atol=1e-4 * (1 + d2.max()))
+
+
+@pytest.mark.gpu_shaped
+@pytest.mark.parametrize("n,d,k,dt,off,loader", MMA_CASES, ids=[
+    f"{n}-{d}-{k}-{np.dtype(dt).name}-off{off}-" + "-".join(f"{a}{b}" for a, b in ld.items())
+    for n, d, k, dt, off, ld in MMA_CASES])
+def test_mma_assign_emulated(queue, rng, n, d, k, dt, off, loader):
+    x = (rng.standard_normal((n, d)) * 2 + 3).astype(dt)
+    c = (rng.standard_normal((k, d)) * 2).astype(np.float32)
+    c[k // 2] = c[k // 3]  # a repeated center: the first copy wins
+    mean = x.astype(np.float64).mean(axis=0).astype(np.float32)
+    flat = t(queue, np.concatenate([np.zeros(off, dt), x.ravel()]))
+    plan = km.kmeans_plan(queue, dt, n + 3, d, k, "mma", assign_tiles={**MMA_SMALL, **loader})
+    assert plan.kpad % 32 == 0 and plan.dpad % 8 == 0 and plan.mma["NKT"] == -(-d // 32)
+    cc, shift = t(queue, c), t(queue, mean)
+    packed = km.kmeans_pack(plan, cc, shift=shift)
+    ch = c.astype(dt).astype(np.float64)
+    np.testing.assert_array_equal(packed.layout.to_host()[:k, :d].astype(np.float64), ch)
+    np.testing.assert_allclose(packed.norms.to_host()[:k], (ch ** 2).sum(1) + 2 * ch @ mean, rtol=1e-5)
+    assert np.isinf(packed.norms.to_host()[k:]).all()
+    labels = Tensor.full(queue, (n + 3,), -1, np.int32)
+    dist = Tensor.zeros(queue, (n + 3,), np.float32)
+    changed = Tensor.zeros(queue, (1,), np.int32)
+    km.kmeans_assign(plan, flat[off:].reshape(n, d), 2, shift, packed, cc, labels, dist, changed)
+    got, got_dist = labels.to_host(), dist.to_host()
+    assert (got[:2] == -1).all() and got[-1] == -1  # nothing outside the rows
+    check_mma_assignment(got[2:2 + n], got_dist[2:2 + n], x, mean, c, dt)
+    assert not (got == k // 2).any()
+    assert changed.item() == n
+
+
+def test_mma_variant_is_refused_where_it_cannot_run(queue):
+    with pytest.raises(DTypeError, match="float16 or bfloat16 rows"):
+        km.kmeans_plan(queue, np.float32, 10, 2, 3, "mma")
+    if not km.takes_mma(queue.device, np.float16):
+        with pytest.raises(ValueError, match="needs matrix units"):
+            km.kmeans_plan(queue, np.float16, 10, 2, 3, "mma")
+        assert km.kmeans_plan(queue, np.float16, 10, 2, 3).variant != "mma"
+    with pytest.raises(ValueError, match="unknown k-means matrix-unit tile knob 'TX'"):
+        km.kmeans_plan(queue, np.float16, 10, 2, 3, "mma", assign_tiles=dict(TX=8, EMULATE=1))
+    with pytest.raises(ValueError, match="WM of 16"):
+        km.kmeans_plan(queue, np.float16, 10, 2, 3, "mma", assign_tiles=dict(MMA_SMALL, WM=8))
+    with pytest.raises(ValueError, match="16-byte chunks"):
+        km.kmeans_plan(queue, np.float16, 10, 2, 3, "mma", assign_tiles=dict(MMA_SMALL, BK=16))
+    plan = km.kmeans_plan(queue, np.float16, 10, 2, 3, "mma", assign_tiles=MMA_SMALL)
+    with pytest.raises(ValueError, match="pass shift="):
+        km.kmeans_pack(plan, Tensor.zeros(queue, (3, 2)))
+
+
+def test_mma_build_failure_falls_back_to_the_tiled_assignment(queue, monkeypatch):
+    """Where the matrix-unit kernel would be the default but the driver rejects it (here: PoCL given the real
+    mma.sync PTX), the plan warns once and takes the tiled GPU assignment."""
+    monkeypatch.setattr(km, "takes_mma", lambda device, xdtype: True)
+    monkeypatch.setattr(km, "_mma_unbuildable", set())
+    with pytest.warns(RuntimeWarning, match="kmeans_mma.cl does not build"):
+        plan = km.kmeans_plan(queue, np.float16, 10, 8, 3)
+    assert plan.variant == "gpu" and not plan.mma
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # remembered: no second build, no second warning
+        assert km.kmeans_plan(queue, np.float16, 10, 8, 3).variant != "mma"
