@@ -493,15 +493,7 @@ void attention_forward_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARGS, LEN_AR
 #if BQ % 16
 #error "attention_mma.cl: BQ a multiple of 16"
 #endif
-// QCH: the dk/dv pass's queries a step inside a query tile (16 .. BQ, dividing it): its scores, probabilities
-// and ds live in registers QCH at a time (16 x QCH floats of each a warp), the tile's loads stay BQ rows
-#ifndef QCH
-#define QCH BQ
-#endif
-#if QCH % 16 || BQ % QCH
-#error "attention_mma.cl: QCH a multiple of 16 dividing BQ"
-#endif
-#define QCB (QCH / 8)
+#define QB (BQ / 8)
 
 // B operands of the backward's products, from rows of a local tile `tile` (addressing as Q_ROWS etc.):
 // rows (the n side) at jb * 8 .. + 15, k step kk along the head dim; rows kk * 16 .. + 15 (the k side) at
@@ -514,10 +506,10 @@ void attention_forward_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARGS, LEN_AR
 #define KS_NT(L) NT_ROWS(ks, L)
 #define VS_NT(L) NT_ROWS(vs, L)
 #define KS_KN(L) KN_ROWS(ks, L)
-#define QC_NT(L) NT_ROWS(qcs, L)     // the dk/dv pass's query chunk (QCH rows from qc)
-#define GC_NT(L) NT_ROWS(gcs, L)
-#define QC_KN(L) KN_ROWS(qcs, L)
-#define GC_KN(L) KN_ROWS(gcs, L)
+#define QS_NT(L) NT_ROWS(qs, L)
+#define GS_NT(L) NT_ROWS(gs, L)
+#define QS_KN(L) KN_ROWS(qs, L)
+#define GS_KN(L) KN_ROWS(gs, L)
 #define KS_WARP(L) WARP_RB_ROWS(ks, L)
 #define VS_WARP(L) WARP_RB_ROWS(vs, L)
 #define QS_WARP(L) WARP_ROWS(qs, L)
@@ -809,66 +801,57 @@ void attention_backward_dkdv_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(gra
         }
         barrier(CLK_LOCAL_MEM_FENCE);
 #endif
-        // the tile's queries QCH at a time: s^T, dp^T, p^T, ds^T of QCH queries, then their dv and dk terms
-        // (QCH < BQ: fewer score registers a work-item, the same fragments read from local memory)
-        const bool open = open_tile(j0, KEYS, i0, L, SQ, causal);
-        MMA_UNROLL
-        for (int qc = 0; qc < BQ; qc += QCH) {
-            __local ushort *const qcs = qs + qc * DPAD, *const gcs = gs + qc * DPAD;
-            float st[QCB][4], dpt[QCB][4];
-            ZERO_ACC(st, QCB);
-            ZERO_ACC(dpt, QCB);
-            MMA_NT(st, ka, QCB, QC_NT);
-            MMA_NT(dpt, va, QCB, GC_NT);
-            // p^T = exp(s^T - lse) in place (0 where masked); ds^T = p^T (z dp^T - delta) in dpt's place and
-            // p^T z in st's (z: dropout's multiplier, 1 without)
-            SCALE_ACC(st, QCB, scale);
-            if (!open) {
-                #pragma unroll
-                for (int jb = 0; jb < QCB; ++jb)
-                    #pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const int j = j0 + jloc[e >> 1], i = min(i0 + qc + jb * 8 + 2 * t + (e & 1), SQ - 1);
-                        st[jb][e] = masked_score(st[jb][e], i, j, L, SQ, causal, mask,
-                                                 mbase + i * mask_si + j * mask_sj);
-                    }
-            }
+        float st[QB][4], dpt[QB][4];
+        ZERO_ACC(st, QB);
+        ZERO_ACC(dpt, QB);
+        MMA_NT(st, ka, QB, QS_NT);
+        MMA_NT(dpt, va, QB, GS_NT);
+        // p^T = exp(s^T - lse) in place (0 where masked); ds^T = p^T (z dp^T - delta) in dpt's place and
+        // p^T z in st's (z: dropout's multiplier, 1 without)
+        SCALE_ACC(st, QB, scale);
+        if (!open_tile(j0, KEYS, i0, L, SQ, causal)) {
             #pragma unroll
-            for (int jb = 0; jb < QCB; ++jb)
+            for (int jb = 0; jb < QB; ++jb)
                 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
-                    const int c = qc + jb * 8 + 2 * t + (e & 1);
-                    st[jb][e] = st[jb][e] == -INFINITY ? 0.0f : EXPF(st[jb][e] - rowv[c]);
+                    const int j = j0 + jloc[e >> 1], i = min(i0 + jb * 8 + 2 * t + (e & 1), SQ - 1);
+                    st[jb][e] = masked_score(st[jb][e], i, j, L, SQ, causal, mask, mbase + i * mask_si + j * mask_sj);
                 }
-            if (drop_threshold) {
-                #pragma unroll
-                for (int jb = 0; jb < QCB; ++jb)
-                    #pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const int c = qc + jb * 8 + 2 * t + (e & 1);
-                        const float p = st[jb][e];
-                        const float z = p == 0.0f ? 1.0f
-                                                  : dropout_one(counter0, hrow0 + i0 + c, j0 + jloc[e >> 1], seed_lo,
-                                                                seed_hi, drop_threshold, drop_scale);
-                        dpt[jb][e] = p * (z * dpt[jb][e] - rowv[BQ + c]);
-                        st[jb][e] = p * z;
-                    }
-            } else {
-                #pragma unroll
-                for (int jb = 0; jb < QCB; ++jb)
-                    #pragma unroll
-                    for (int e = 0; e < 4; ++e)
-                        dpt[jb][e] = st[jb][e] * (dpt[jb][e] - rowv[BQ + qc + jb * 8 + 2 * t + (e & 1)]);
-            }
-            uint pa[QCH / 16][4], da[QCH / 16][4];
-            #pragma unroll
-            for (int jb = 0; jb < QCB; ++jb) {
-                PACK_A(pa, jb, st[jb]);
-                PACK_A(da, jb, dpt[jb]);
-            }
-            MMA_KN(dva, pa, QCH / 16, GC_KN);
-            MMA_KN(dka, da, QCH / 16, QC_KN);
         }
+        #pragma unroll
+        for (int jb = 0; jb < QB; ++jb)
+            #pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int c = jb * 8 + 2 * t + (e & 1);
+                st[jb][e] = st[jb][e] == -INFINITY ? 0.0f : EXPF(st[jb][e] - rowv[c]);
+            }
+        if (drop_threshold) {
+            #pragma unroll
+            for (int jb = 0; jb < QB; ++jb)
+                #pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int c = jb * 8 + 2 * t + (e & 1);
+                    const float p = st[jb][e];
+                    const float z = p == 0.0f ? 1.0f : dropout_one(counter0, hrow0 + i0 + c, j0 + jloc[e >> 1],
+                                                                   seed_lo, seed_hi, drop_threshold, drop_scale);
+                    dpt[jb][e] = p * (z * dpt[jb][e] - rowv[BQ + c]);
+                    st[jb][e] = p * z;
+                }
+        } else {
+            #pragma unroll
+            for (int jb = 0; jb < QB; ++jb)
+                #pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    dpt[jb][e] = st[jb][e] * (dpt[jb][e] - rowv[BQ + jb * 8 + 2 * t + (e & 1)]);
+        }
+        uint pa[BQ / 16][4], da[BQ / 16][4];
+        #pragma unroll
+        for (int jb = 0; jb < QB; ++jb) {
+            PACK_A(pa, jb, st[jb]);
+            PACK_A(da, jb, dpt[jb]);
+        }
+        MMA_KN(dva, pa, BQ / 16, GS_KN);
+        MMA_KN(dka, da, BQ / 16, QS_KN);
     }
     #pragma unroll
     for (int r = 0; r < 2; ++r)

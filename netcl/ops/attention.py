@@ -496,10 +496,6 @@ class _Problem:
             if MMA_TILES.get("dkdv", {}).get("RB", 1) != 1:
                 raise ValueError("MMA_TILES: the dk/dv pass keeps 16 keys a warp (RB 1)")
             tiles.pop("RB", None)
-            qch = tiles.get("QCH", tiles["BQ"])
-            if qch % 16 or tiles["BQ"] % qch:
-                raise ValueError(f"MMA_TILES['dkdv']: QCH (queries a step) must be a multiple of 16 dividing "
-                                 f"BQ={tiles['BQ']}, got {qch}")
         rb = tiles.get("RB", 1)
         if rb == 2 and self.D > MMA_RB_MAX_HEAD_DIM:
             tiles.update(RB=1, BM=tiles["BM"] // rb)   # the same warps, one row block each

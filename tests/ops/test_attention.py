@@ -835,10 +835,9 @@ def test_matrix_units_two_row_blocks_a_warp(queue, rng, mma_emulated, monkeypatc
     """RB 2 (FlashAttention-2's 32 query rows a warp: each k and v fragment feeds two row blocks) on two warps
     in the forward and the dq pass (16-key tiles), with a row tile that ends inside a warp's second block,
     GQA, kv_len and dropout (its multipliers indexed by the second block's rows); the dk/dv pass keeps 16
-    keys a warp and walks its 32-row query tiles 16 queries at a time (QCH). (MMA_CASES run the defaults:
-    RB 2 on four warps, QCH = BQ.)"""
+    keys a warp. (MMA_CASES run the defaults: RB 2 on four warps.)"""
     monkeypatch.setattr(attn, "MMA_TILES", {"BM": 64, "BN": 32, "BQ": 32, "PREFETCH": 1, "DKDV_RING": 1,
-                                            "RB": 2, "dq": {"BN": 16}, "dkdv": {"QCH": 16}})
+                                            "RB": 2, "dq": {"BN": 16}})
     B, HQ, HKV, SQ, SK, D = 2, 4, 2, 45, 70, 32
     q, k, v, g = (a.astype(BF16) for a in inputs(rng, B, HQ, HKV, SQ, SK, D))
     nq, nk, nv, ng = (dev(queue, a) for a in (q, k, v, g))
@@ -857,14 +856,12 @@ def test_matrix_units_two_row_blocks_a_warp(queue, rng, mma_emulated, monkeypatc
 
 
 def test_matrix_unit_row_blocks_are_checked(queue, rng, monkeypatch):
-    """RB other than 1 or 2, a BM that is no multiple of 16 RB, RB for the dk/dv pass, or a query step (QCH)
-    that is no multiple of 16 dividing BQ: a clear error."""
+    """RB other than 1 or 2, a BM that is no multiple of 16 RB, or RB for the dk/dv pass: a clear error."""
     monkeypatch.setattr(attn, "MMA_EMULATE", True)
     q, k, v, g = (dev(queue, a.astype(BF16)) for a in inputs(rng, 1, 1, 1, 5, 7, 32))
-    for tiles, what in (({"BM": 64, "BN": 32, "RB": 3}, "RB"), ({"BM": 48, "BN": 32, "RB": 2}, "RB"),
-                        ({"BM": 64, "BN": 32, "dkdv": {"RB": 2}}, "RB"),
-                        ({"BM": 64, "BN": 32, "dkdv": {"QCH": 24}}, "QCH")):
+    for tiles in ({"BM": 64, "BN": 32, "RB": 3}, {"BM": 48, "BN": 32, "RB": 2},
+                  {"BM": 64, "BN": 32, "dkdv": {"RB": 2}}):
         monkeypatch.setattr(attn, "MMA_TILES", {"BQ": 32, "PREFETCH": 1, "DKDV_RING": 1, **tiles})
-        with pytest.raises(ValueError, match=what):
+        with pytest.raises(ValueError, match="RB"):
             out, lse = ops.flash_attention_forward(q, k, v)
             ops.flash_attention_backward(q, k, v, out, lse, g)
