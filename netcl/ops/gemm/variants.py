@@ -404,25 +404,30 @@ NV_VERBOSE = False
 _nv_logged: set[tuple] = set()
 
 
-_gemv_ok: dict[tuple[int, str], bool] = {}
+_gemv_ok: dict[tuple[int, str, bool], bool] = {}
 
 
-def gemv_usable(device: Any, dtype: Any) -> bool:
-    """Whether the gemv kernel builds on `device` for activations of `dtype` (its plain, int8 and GLU forms,
-    tried once per device and dtype). A build failure is warned once; decode steps then take the other
-    GEMM kernels (int8 weights dequantized first) instead of failing."""
+def gemv_usable(device: Any, dtype: Any, rms: bool = False) -> bool:
+    """Whether the gemv kernel builds on `device` for activations of `dtype` (its plain, int8 and GLU forms;
+    with `rms` its RMSNorm prologue instead; tried once per device and dtype). A build failure is warned
+    once; decode steps then take the other GEMM kernels (int8 weights dequantized first; the norm as its
+    own launch) instead of failing."""
     dt = np.dtype(dtype)
-    key = (id(device), dt.name)
+    key = (id(device), dt.name, rms)
     ok = _gemv_ok.get(key)
     if ok is None:
         base = {"DTYPE": dt, "ACT": None, "GEMV_M": 1, **default_params("gemv", dt, device)}
+        forms = ({"GEMV_STAGE_A": None, "GEMV_RMS": None},) if rms else (
+            {}, {"W_INT8": None}, {"W_INT8": None, "GLU": None})
         try:
-            for extra in ({}, {"W_INT8": None}, {"W_INT8": None, "GLU": None}):
+            for extra in forms:
                 _program(device, "gemv", {**base, **extra})
             ok = True
         except KernelBuildError as exc:
-            warnings.warn(f"gemm_gemv.cl does not build on {device.describe()} for {dt.name}: {exc}; decode "
-                          "steps take the other GEMM kernels", RuntimeWarning, stacklevel=2)
+            what = "the RMSNorm prologue of gemm_gemv.cl" if rms else "gemm_gemv.cl"
+            warnings.warn(f"{what} does not build on {device.describe()} for {dt.name}: {exc}; decode "
+                          "steps take " + ("a separate norm launch" if rms else "the other GEMM kernels"),
+                          RuntimeWarning, stacklevel=2)
             ok = False
         _gemv_ok[key] = ok
     return ok
