@@ -149,9 +149,13 @@ class LinearStack:
         return all(layer.weight.value is w and (layer.bias is None or layer.bias.value is b)
                    and layer.weight_scale is s for layer, (w, b, s) in zip(self.layers, self._views))
 
-    def product(self, x: Node) -> Tensor:
-        """The layers' outputs side by side, (..., sum of out_features), from one GEMM (no gradient)."""
+    def product(self, x: Node, norm: RMSNorm | None = None) -> Tensor:
+        """The layers' outputs side by side, (..., sum of out_features), from one GEMM (no gradient); of
+        norm(x) where an RMSNorm is given (in the GEMV's prologue a decode step:
+        netcl.ops.rms_norm_linear)."""
         xv = as_node(x).value
+        if norm is not None:
+            return ops.rms_norm_linear(xv, norm.weight.value, norm.eps, self.weight, self.bias, self.scale)
         if self.scale is not None:
             return ops.linear_int8(xv, self.weight, self.scale, self.bias)
         return ops.linear(xv, self.weight, self.bias)
@@ -161,12 +165,17 @@ class LinearStack:
         y = self.product(x)
         return [as_node(y[..., a:b]) for a, b in self.rows]
 
-    def silu_mul(self, x: Node) -> Node:
+    def silu_mul(self, x: Node, norm: RMSNorm | None = None) -> Node:
         """silu(first layer) * second layer for a stack of two equal layers without biases (SwiGLU's gate
-        and up): one launch a decode step (netcl.ops.linear_glu)."""
+        and up): one launch a decode step (netcl.ops.linear_glu), of norm(x) where an RMSNorm is given (in
+        the same launch: netcl.ops.rms_norm_linear)."""
         if len(self.layers) != 2 or self.bias is not None or self.rows[0][1] * 2 != self.rows[1][1]:
             raise ShapeError("LinearStack.silu_mul: needs two layers of equal width without biases")
-        return as_node(ops.linear_glu(as_node(x).value, self.weight, self.scale))
+        xv = as_node(x).value
+        if norm is not None:
+            return as_node(ops.rms_norm_linear(xv, norm.weight.value, norm.eps, self.weight, None, self.scale,
+                                               glu=True))
+        return as_node(ops.linear_glu(xv, self.weight, self.scale))
 
 
 class Conv2d(Module):
@@ -323,6 +332,12 @@ class RMSNorm(Module):
 
     def forward(self, x: Node) -> Node:
         return ag.rms_norm(x, self.normalized_shape, self.weight, self.eps)
+
+    def fusable(self) -> bool:
+        """Whether the next linear layer may normalize its input itself (netcl.ops.rms_norm_linear: one
+        launch a decode step instead of two): over one axis, and outside a gradient recording (the
+        fused product has no backward)."""
+        return len(self.normalized_shape) == 1 and not ag.is_recording()
 
 
 class Embedding(Module):

@@ -197,8 +197,9 @@ KNOBS = [
 ]
 
 
-def launch_gemv(x, w_t, params, scales=None, glu=False, bias=None, residual=None, activation=None):
-    """x @ w_t on the gemv kernel under tile `params` (int8 with `scales`, GLU: n = w_t's columns / 2)."""
+def launch_gemv(x, w_t, params, scales=None, glu=False, bias=None, residual=None, activation=None, rms=None):
+    """x @ w_t on the gemv kernel under tile `params` (int8 with `scales`, GLU: n = w_t's columns / 2; rms:
+    (norm weight, eps), x's rows RMS-normalized in the prologue)."""
     from netcl.ops.gemm.launch import launch
     from netcl.ops.gemm.problem import _Problem
 
@@ -207,7 +208,7 @@ def launch_gemv(x, w_t, params, scales=None, glu=False, bias=None, residual=None
     out = Tensor.empty(x.queue, (m, n), x.dtype)
     p = _Problem(a=x, b=w_t, out=out, bias=bias, residual=residual, activation=activation, alpha=1.0,
                  m=m, n=n, k=k, batch=(), squeeze=())
-    launch(p, "gemv", params=params, scales=scales, glu=glu)
+    launch(p, "gemv", params=params, scales=scales, glu=glu, rms=rms)
     return out
 
 
@@ -297,23 +298,24 @@ TOL["float32"] = 1e-5
 @pytest.mark.parametrize("dtype", ALL_STORAGE, ids=lambda d: d.name)
 @pytest.mark.parametrize("m,n,k", [(1, 37, 200), (3, 20, 1000), (8, 9, 48)])
 @pytest.mark.parametrize("params", [None, {"GEMV_WG": 8, "GEMV_ROWS": 3}], ids=["default", "groups"])
-def test_rms_norm_linear_against_numpy(queue, rng, dtype, m, n, k, params, monkeypatch):
+def test_rms_norm_linear_against_numpy(queue, rng, dtype, m, n, k, params):
     """The RMSNorm prologue (one launch) against float64 NumPy: rms_norm, then x @ W^T + bias; both work
-    layouts (the CPUs' item a column, a tree of 8 items a column), K of an odd number of 8-element chunks."""
+    layouts (the CPUs' item a column through ops.rms_norm_linear; a tree of 8 items a column, 3 columns a
+    work-group), K of an odd number of 8-element chunks."""
     from netcl.core import capture
     from netcl.ops import rms_norm_linear
-    from netcl.ops.gemm import launch
 
-    if params is not None:
-        real = launch.usable_params
-        monkeypatch.setattr(launch, "usable_params", lambda *a, **kw: {**real(*a, **kw), **params})
     x = (3 * rng.standard_normal((m, k))).astype(dtype)
     norm_w = (1 + 0.5 * rng.standard_normal(k)).astype(dtype)
     w, bias = rng.standard_normal((n, k)).astype(dtype), rng.standard_normal(n).astype(dtype)
     xs, nws, ws, bs = (Tensor.from_host(queue, a) for a in (x, norm_w, w, bias))
     rec = capture.Recording()
     with capture.recording(rec):
-        got = rms_norm_linear(xs, nws, 1e-5, ws, bs)
+        if params is None:
+            got = rms_norm_linear(xs, nws, 1e-5, ws, bs)
+        else:
+            tile = {"GEMV_COLS": 1, "GEMV_UNROLL": 2, "GEMV_STAGE": 0, **params}
+            got = launch_gemv(xs, ws.transpose(0, 1), tile, bias=bs, rms=(nws, 1e-5))
     assert rec.launches == 1  # the norm is in the gemv's prologue
     assert_close(got, reference(rms_reference(x, norm_w, 1e-5, dtype), w, bias), dtype)
 
