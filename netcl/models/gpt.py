@@ -161,7 +161,7 @@ class GPT(Module):
     def logits(self, hidden: Node) -> Node:
         """The final norm and the language-model head: (..., dim) -> (..., vocab). An RMSNorm outside a
         gradient recording runs in the head's launch (netcl.ops.rms_norm_linear: one launch a decode step)."""
-        if isinstance(self.norm, RMSNorm) and self.norm.fusable():
+        if isinstance(self.norm, RMSNorm) and self.norm.fusable(hidden):
             tied = self.config.tie_embeddings
             weight = self.tok_embeddings.weight.value if tied else self.lm_head.weight.value
             bias = None if tied or self.lm_head.bias is None else self.lm_head.bias.value

@@ -12,6 +12,7 @@ from typing import Any
 
 import netcl.autograd as ag
 from netcl import ops
+from netcl.autograd import autocast
 from netcl.autograd.engine import Node, Parameter, as_node
 from netcl.core import shapes
 from netcl.core.backend import as_queue
@@ -333,11 +334,12 @@ class RMSNorm(Module):
     def forward(self, x: Node) -> Node:
         return ag.rms_norm(x, self.normalized_shape, self.weight, self.eps)
 
-    def fusable(self) -> bool:
-        """Whether the next linear layer may normalize its input itself (netcl.ops.rms_norm_linear: one
-        launch a decode step instead of two): over one axis, and outside a gradient recording (the
-        fused product has no backward)."""
-        return len(self.normalized_shape) == 1 and not ag.is_recording()
+    def fusable(self, x: Node) -> bool:
+        """Whether the next linear layer may normalize x itself (netcl.ops.rms_norm_linear: one launch a
+        decode step instead of two): over one axis, x in the weight's dtype, outside a gradient recording
+        (the fused product has no backward) and outside autocast (which would cast the norm's inputs)."""
+        return (len(self.normalized_shape) == 1 and not ag.is_recording() and autocast.active() is None
+                and as_node(x).value.dtype == self.weight.value.dtype)
 
 
 class Embedding(Module):

@@ -86,7 +86,7 @@ class SwiGLU(Module):
         stack = self._gate_up
         if stack is not None and not ag.is_recording() and stack.intact() and stack.bias is None:
             # gate and up in one GEMM (one launch with silu * up, and the norm, a decode step)
-            fused = _fused_norm(norm)
+            fused = _fused_norm(norm, x)
             h = stack.silu_mul(x if norm is None or fused else norm(x), fused)
         else:
             y = x if norm is None else norm(x)
@@ -121,9 +121,9 @@ def _project(h: Node, layer: Linear, residual: Node | None) -> Node:
     return layer(h, residual=residual)
 
 
-def _fused_norm(norm: Module | None) -> RMSNorm | None:
-    """`norm` where the next product may apply it in its own launch (an RMSNorm, no gradient recording)."""
-    return norm if isinstance(norm, RMSNorm) and norm.fusable() else None
+def _fused_norm(norm: Module | None, x: Node) -> RMSNorm | None:
+    """`norm` where the next product may apply it to x in its own launch (RMSNorm.fusable)."""
+    return norm if isinstance(norm, RMSNorm) and norm.fusable(x) else None
 
 
 class KVCache:
@@ -257,7 +257,7 @@ class MultiHeadAttention(Module):
         stack = self._qkv
         stacked = stack is not None and not ag.is_recording() and stack.intact()
         decoding = stacked and cache is not None and self.rope is not None
-        fused = _fused_norm(norm) if decoding else None
+        fused = _fused_norm(norm, x) if decoding else None
         if norm is not None and fused is None:
             x = norm(x)
         if decoding:
