@@ -300,24 +300,30 @@ TOL["float32"] = 1e-5
 @pytest.mark.parametrize("params", [None, {"GEMV_WG": 8, "GEMV_ROWS": 3}], ids=["default", "groups"])
 def test_rms_norm_linear_against_numpy(queue, rng, dtype, m, n, k, params):
     """The RMSNorm prologue (one launch) against float64 NumPy: rms_norm, then x @ W^T + bias; both work
-    layouts (the CPUs' item a column through ops.rms_norm_linear; a tree of 8 items a column, 3 columns a
-    work-group), K of an odd number of 8-element chunks."""
+    layouts (the CPUs' item a column; a tree of 8 items a column, 3 columns a work-group), K of an odd number
+    of 8-element chunks; and ops.rms_norm_linear, in one launch where the device's tile takes the prologue."""
     from netcl.core import capture
     from netcl.ops import rms_norm_linear
+    from netcl.ops.gemm.launch import gemv_rms_fits
+    from netcl.profiling import count_launches
 
     x = (3 * rng.standard_normal((m, k))).astype(dtype)
     norm_w = (1 + 0.5 * rng.standard_normal(k)).astype(dtype)
     w, bias = rng.standard_normal((n, k)).astype(dtype), rng.standard_normal(n).astype(dtype)
     xs, nws, ws, bs = (Tensor.from_host(queue, a) for a in (x, norm_w, w, bias))
+    tile = {"GEMV_WG": 1, "GEMV_ROWS": 8, **(params or {}), "GEMV_COLS": 1, "GEMV_UNROLL": 2, "GEMV_STAGE": 0}
     rec = capture.Recording()
     with capture.recording(rec):
-        if params is None:
-            got = rms_norm_linear(xs, nws, 1e-5, ws, bs)
-        else:
-            tile = {"GEMV_COLS": 1, "GEMV_UNROLL": 2, "GEMV_STAGE": 0, **params}
-            got = launch_gemv(xs, ws.transpose(0, 1), tile, bias=bs, rms=(nws, 1e-5))
+        got = launch_gemv(xs, ws.transpose(0, 1), tile, bias=bs, rms=(nws, 1e-5))
     assert rec.launches == 1  # the norm is in the gemv's prologue
-    assert_close(got, reference(rms_reference(x, norm_w, 1e-5, dtype), w, bias), dtype)
+    want = reference(rms_reference(x, norm_w, 1e-5, dtype), w, bias)
+    assert_close(got, want, dtype)
+    if params is None:  # the op: the prologue where the device's tile asks for it (GEMV_NORM), else two
+        fused = gemv_rms_fits(queue.device, dtype, m, n, k)
+        with count_launches() as launches:
+            got = rms_norm_linear(xs, nws, 1e-5, ws, bs)
+        assert_close(got, want, dtype)
+        assert (launches.count == 1) == fused
 
 
 @pytest.mark.parametrize("dtype", [np.dtype(np.float32), np.dtype(ml_dtypes.bfloat16)], ids=lambda d: d.name)
@@ -325,8 +331,10 @@ def test_rms_norm_linear_against_numpy(queue, rng, dtype, m, n, k, params):
 @pytest.mark.parametrize("m", [1, 4, 12])
 def test_rms_norm_linear_glu_and_int8(queue, rng, dtype, int8, m):
     """The prologue with SwiGLU's stacked gate and up (silu * up in the epilogue) and int8 weights: one launch
-    for up to 8 rows; 12 rows take rms_norm, then linear_glu."""
+    for up to 8 rows where the device's tile takes the prologue (else and for 12 rows: rms_norm, then
+    linear_glu / linear_int8)."""
     from netcl.ops import quantize_int8, rms_norm_linear
+    from netcl.ops.gemm.launch import gemv_rms_fits
     from netcl.profiling import count_launches
 
     h, k = 19, 72
@@ -346,12 +354,18 @@ def test_rms_norm_linear_glu_and_int8(queue, rng, dtype, int8, m):
     with count_launches() as launches:
         got = rms_norm_linear(xs, nws, 1e-6, *args, glu=True)
     assert_close(got, z[:, :h] / (1 + np.exp(-z[:, :h])) * z[:, h:], dtype)
-    assert (launches.count == 1) == (m <= api.GEMV_MAX_ROWS)
+    fused = m <= api.GEMV_MAX_ROWS and gemv_rms_fits(queue.device, dtype, m, h, k, glu=True)
+    assert (launches.count == 1) == fused
     with count_launches() as launches:  # the plain product (int8: linear_int8's form)
         got = rms_norm_linear(xs, nws, 1e-6, *args)
     assert_close(got, z, dtype)
-    if m <= api.GEMV_MAX_ROWS:
-        assert launches.count == 1
+    assert (launches.count == 1) == fused
+    if m <= api.GEMV_MAX_ROWS:  # the prologue itself, whatever the device's tile says
+        tile = {"GEMV_WG": 1, "GEMV_ROWS": 8, "GEMV_COLS": 1, "GEMV_UNROLL": 2, "GEMV_STAGE": 0}
+        w_t = args[0].transpose(0, 1)
+        scales = args[2] if int8 else None
+        got = launch_gemv(xs, w_t, tile, scales=scales, glu=True, rms=(nws, 1e-6))
+        assert_close(got, z[:, :h] / (1 + np.exp(-z[:, :h])) * z[:, h:], dtype)
 
 
 def test_rms_norm_linear_falls_back_and_checks(queue, rng):

@@ -168,6 +168,7 @@ def launch(
         if rms is not None:
             defines["GEMV_RMS"] = None
         defines.pop("GEMV_STAGE", None)  # the host's knob; the kernel sees GEMV_STAGE_A
+        defines.pop("GEMV_NORM", None)  # the host's (gemv_rms_fits); the kernel sees GEMV_RMS
         norm_w = rms[0] if rms is not None else out
         local = stage + _gemv_prologue_bytes(device, tile, p.m) if rms else stage or 16  # rms: sums after A
         more = {"scales": (scales if scales is not None else out).buffer, "a_stage": cl.LocalMemory(local),
@@ -271,14 +272,17 @@ def _gemv_prologue_bytes(device: Any, tile: dict[str, int], m: int) -> int:
 
 
 def gemv_rms_fits(device: Any, dtype: Any, m: int, n: int, k: int, glu: bool = False) -> bool:
-    """Whether the gemv kernel can RMS-normalize the m rows of a (m, k) A of `dtype` in its prologue (A
-    staged in local memory, not float64); the caller checked the layout (gemv_fits' rules)."""
+    """Whether the gemv kernel should RMS-normalize the m rows of a (m, k) A of `dtype` in its prologue: the
+    tile's GEMV_NORM says so, and A's rows fit the stage in local memory (not float64); the caller checked
+    the layout (gemv_fits' rules)."""
     dt = dtypes.normalize(dtype)
     if dt == dtypes.float64 or m < 1:
         return False
     tile = usable_params(device, "gemv", dt, None, shape_class=shape_class(device, "gemv", m, n, k, 1))
-    return _gemv_stage_bytes(device, tile, {"GLU": None} if glu else {}, m, k, dt.itemsize, True) > 0 and \
-        variants.gemv_usable(device, dt, rms=True)
+    if not tile.get("GEMV_NORM", 1):
+        return False
+    staged = _gemv_stage_bytes(device, tile, {"GLU": None} if glu else {}, m, k, dt.itemsize, True)
+    return staged > 0 and variants.gemv_usable(device, dt, rms=True)
 
 
 # the most A bytes the gemv kernel stages in local memory: M = 8 rows of K = 2048 bfloat16 (32 KB leaves an
