@@ -6,6 +6,11 @@
 // q[k, n]), dequantized in registers.
 // GLU: SwiGLU's gate and up in one launch: B has 2N columns (W's rows n and n + N: the gate's, then the
 // up projection's) and C[m, n] = silu(gate) * up (no bias, activation or residual).
+// GEMV_RMS (with GEMV_STAGE_A; not float64): A's rows are RMS-normalized first, C = epilogue(rms_norm(A) @ B):
+// after staging A, the work-group sums each row's squares over K (float32; every work-group the same sums
+// in the same order, so every column sees the same normalized row) and rewrites the staged row as
+// a * rsqrt(sum / K + rms_eps) * rms_w[k], rounded to A's storage like a separate rms_norm launch's output.
+// One launch instead of two a norm; the normalized row is never stored (the residual is the un-normed A).
 //
 // Layout: local (GEMV_WG, GEMV_ROWS, 1), global (GEMV_WG, ceil(N / (GEMV_ROWS * GEMV_COLS)) * GEMV_ROWS, 1).
 // The GEMV_WG work-items of local row r share the GEMV_COLS columns n0 = (group * GEMV_ROWS + r) * GEMV_COLS
@@ -19,7 +24,7 @@
 // and A's M x K elements fit `a_stage`): the work-group copies A into local memory once, after issuing its
 // first weight loads, and every column reads A there instead of through the cache.
 // The host guarantees K-contiguous A and B, and K, row strides and offsets that are multiples of 8 (16-byte
-// aligned vectors). Reads A, B (, scales, bias, residual); writes C.
+// aligned vectors). Reads A, B (, scales, bias, residual, rms_w); writes C.
 //
 // Why the GPU defaults (GEMV_WG 32, GEMV_ROWS 8, GEMV_UNROLL 4, GEMV_COLS 1; unmeasured, sweep them with
 // bench/gemv.py --sweep): by Little's law the H200 needs bandwidth x latency = ~4.1 TB/s x ~0.7 us = ~2.9 MB
@@ -39,6 +44,7 @@
 //   GEMV_UNROLL  chunks of 8 elements a weight row issued before use (default 4 on GPUs, 2 on CPUs)
 //   GEMV_STAGE   (host only) 1: stage A in local memory when it fits (GEMV_STAGE_A), 0: read it from global
 //   GEMV_M       rows of A the kernel is built for (the host sets it to M)
+//   GEMV_RMS     (host) RMSNorm A's rows in the prologue (rms_w, rms_eps); needs GEMV_STAGE_A
 
 #ifdef W_INT8
 #define B_T uchar
@@ -113,6 +119,61 @@ typedef GEMV_ARAW GEMV_WRAW;
 #define GEMV_AROW(m, k) GEMV_ALOAD(__global, A + (m) * a_rs + (k))
 #endif
 
+#ifdef GEMV_RMS
+#if !defined(GEMV_STAGE_A) || defined(USE_FP64)
+#error "gemm_gemv.cl: GEMV_RMS normalizes the staged rows (GEMV_STAGE_A), float32 or half storage"
+#endif
+// one staged 16-byte chunk of A as floats and back (rounded to the storage like STORE1), and the norm
+// weight's elements of chunk v
+#if defined(IS_BF16) || defined(IS_HALF)
+#define GEMV_CHUNK 8
+typedef float8 gemv_chunk_f;
+#if defined(IS_BF16)
+#define GEMV_H2F(h) as_float((uint)(h) << 16)
+#define GEMV_F2H(f) nc_float_to_bf16(f)
+#else
+#define GEMV_H2F(h) nc_h2f(h)
+#define GEMV_F2H(f) nc_f2h(f)
+#endif
+inline float8 gemv_unpack(const uint4 u)
+{
+    return (float8)(GEMV_H2F((ushort)u.s0), GEMV_H2F((ushort)(u.s0 >> 16)), GEMV_H2F((ushort)u.s1),
+                    GEMV_H2F((ushort)(u.s1 >> 16)), GEMV_H2F((ushort)u.s2), GEMV_H2F((ushort)(u.s2 >> 16)),
+                    GEMV_H2F((ushort)u.s3), GEMV_H2F((ushort)(u.s3 >> 16)));
+}
+inline uint gemv_pack2(const float lo, const float hi)
+{
+    return (uint)GEMV_F2H(lo) | ((uint)GEMV_F2H(hi) << 16);
+}
+inline uint4 gemv_pack(const float8 f)
+{
+    return (uint4)(gemv_pack2(f.s0, f.s1), gemv_pack2(f.s2, f.s3), gemv_pack2(f.s4, f.s5), gemv_pack2(f.s6, f.s7));
+}
+inline float8 gemv_norm_weight(__global const STORE_T *w, const int v)
+{
+    const ushort8 h = vload8(v, (__global const ushort *)w);
+    return (float8)(GEMV_H2F(h.s0), GEMV_H2F(h.s1), GEMV_H2F(h.s2), GEMV_H2F(h.s3), GEMV_H2F(h.s4),
+                    GEMV_H2F(h.s5), GEMV_H2F(h.s6), GEMV_H2F(h.s7));
+}
+inline float gemv_sumsq(const float8 x)
+{
+    const float8 q = x * x;
+    return ((q.s0 + q.s1) + (q.s2 + q.s3)) + ((q.s4 + q.s5) + (q.s6 + q.s7));
+}
+#else
+#define GEMV_CHUNK 4
+typedef float4 gemv_chunk_f;
+#define gemv_unpack(u) as_float4(u)
+#define gemv_pack(f) as_uint4(f)
+#define gemv_norm_weight(w, v) vload4((v), (w))
+inline float gemv_sumsq(const float4 x)
+{
+    const float4 q = x * x;
+    return (q.x + q.y) + (q.z + q.w);
+}
+#endif
+#endif
+
 #if defined(NC_NVIDIA) && GEMV_WG <= 32 && !defined(GEMV_NO_SHFL)
 #define GEMV_SHFL 1
 // the sum of x over the GEMV_WG items of one column: lanes lid ^ s of the same warp (GEMV_WG a power of two
@@ -129,9 +190,12 @@ inline float gemv_column_sum(float x)
 #else
 #define GEMV_SHFL 0
 #endif
+// GEMV_RMS: the column's items add their sums of squares through local memory (no shuffles, GEMV_WG > 1)
+#define GEMV_RMS_TREE (GEMV_WG > 1 && !GEMV_SHFL)
 
 __kernel __attribute__((reqd_work_group_size(GEMV_WG, GEMV_ROWS, 1)))
-void gemm_gemv(GEMM_ARGS, __global const float *scales, __local uint4 *a_stage)
+void gemm_gemv(GEMM_ARGS, __global const float *scales, __local uint4 *a_stage, __global const STORE_T *rms_w,
+               const long rms_off, const float rms_eps)
 {
     const int lid = get_local_id(0);
     const int r = get_local_id(1);
@@ -140,6 +204,7 @@ void gemm_gemv(GEMM_ARGS, __global const float *scales, __local uint4 *a_stage)
     __local float part[GEMV_ROWS][GEMV_NACC][GEMV_WG];
 #endif
     GEMM_SELECT_BATCH(0);
+    rms_w += rms_off;
 
     // the item's weight rows: column c of part j at w[j * GEMV_COLS + c] (columns past N: row N - 1)
     __global const B_T *w[GEMV_NW];
@@ -167,11 +232,60 @@ void gemm_gemv(GEMM_ARGS, __global const float *scales, __local uint4 *a_stage)
     {
         // A's M rows, K elements each, into a_stage (row m at m * K) 16 bytes an item at a time
         const int per_row = K * (int)sizeof(STORE_T) / 16;
-        for (int i = r * GEMV_WG + lid; i < M * per_row; i += GEMV_WG * GEMV_ROWS) {
+        const int item = r * GEMV_WG + lid;
+#ifndef GEMV_RMS
+        for (int i = item; i < M * per_row; i += GEMV_WG * GEMV_ROWS) {
             const int m = i / per_row, v = i - m * per_row;
             a_stage[m * per_row + v] = ((__global const uint4 *)(A + m * a_rs))[v];
         }
         barrier(CLK_LOCAL_MEM_FENCE);
+#else
+        // each item's chunks v = item, item + GEMV_WG * GEMV_ROWS, ... of every row: staged, their squares
+        // summed, then (the row's rstd known) rewritten normalized by the same item. No #pragma unroll on
+        // these loops over the rows: PoCL 3 (LLVM) then staged and scaled the wrong rows (M > 1)
+        // the rows' partial sums [GEMV_M][GEMV_ROWS][GEMV_RMS_TREE ? GEMV_WG : 1] after the staged rows
+        __local float *rms_part = (__local float *)(a_stage + M * per_row);
+#define RMS_PART(m, j, l) rms_part[((m) * GEMV_ROWS + (j)) * (GEMV_RMS_TREE ? GEMV_WG : 1) + (l)]
+        float ss[GEMV_M];
+        for (int m = 0; m < GEMV_M; ++m) {
+            ss[m] = 0.0f;
+            if (m < M)
+                for (int v = item; v < per_row; v += GEMV_WG * GEMV_ROWS) {
+                    const uint4 u = ((__global const uint4 *)(A + m * a_rs))[v];
+                    a_stage[m * per_row + v] = u;
+                    ss[m] += gemv_sumsq(gemv_unpack(u));
+                }
+        }
+        // the rows' sums over the work-group: over a column's GEMV_WG items (warp shuffles or a tree), then
+        // the GEMV_ROWS column sums in order by every item
+  #if GEMV_RMS_TREE == 0
+    #if GEMV_WG > 1
+        for (int m = 0; m < GEMV_M; ++m) ss[m] = gemv_column_sum(ss[m]);
+    #endif
+        if (lid == 0)
+            for (int m = 0; m < GEMV_M; ++m) RMS_PART(m, r, 0) = ss[m];
+        barrier(CLK_LOCAL_MEM_FENCE);
+  #else
+        for (int m = 0; m < GEMV_M; ++m) RMS_PART(m, r, lid) = ss[m];
+        barrier(CLK_LOCAL_MEM_FENCE);
+        for (int s = GEMV_WG / 2; s > 0; s >>= 1) {
+            if (lid < s)
+                for (int m = 0; m < GEMV_M; ++m) RMS_PART(m, r, lid) += RMS_PART(m, r, lid + s);
+            barrier(CLK_LOCAL_MEM_FENCE);
+        }
+  #endif
+        for (int m = 0; m < GEMV_M; ++m)
+            if (m < M) {
+                float total = 0.0f;
+                for (int j = 0; j < GEMV_ROWS; ++j) total += RMS_PART(m, j, 0);
+                const float rstd = rsqrt(total / (float)K + rms_eps);
+                for (int v = item; v < per_row; v += GEMV_WG * GEMV_ROWS) {
+                    const gemv_chunk_f x = gemv_unpack(a_stage[m * per_row + v]);
+                    a_stage[m * per_row + v] = gemv_pack(x * rstd * gemv_norm_weight(rms_w, v));
+                }
+            }
+        barrier(CLK_LOCAL_MEM_FENCE);
+#endif
     }
 #endif
 

@@ -25,7 +25,7 @@ import numpy as np
 
 import netcl.autograd as ag
 from netcl import ops
-from netcl.autograd.engine import Node
+from netcl.autograd.engine import Node, as_node
 from netcl.core import dtypes
 from netcl.core.backend import as_queue
 from netcl.core.tensor import Tensor
@@ -159,7 +159,15 @@ class GPT(Module):
         return h
 
     def logits(self, hidden: Node) -> Node:
-        """The final norm and the language-model head: (..., dim) -> (..., vocab)."""
+        """The final norm and the language-model head: (..., dim) -> (..., vocab). An RMSNorm outside a
+        gradient recording runs in the head's launch (netcl.ops.rms_norm_linear: one launch a decode step)."""
+        if isinstance(self.norm, RMSNorm) and self.norm.fusable(hidden):
+            tied = self.config.tie_embeddings
+            weight = self.tok_embeddings.weight.value if tied else self.lm_head.weight.value
+            bias = None if tied or self.lm_head.bias is None else self.lm_head.bias.value
+            scales = None if tied else self.lm_head.weight_scale
+            return as_node(ops.rms_norm_linear(as_node(hidden).value, self.norm.weight.value, self.norm.eps,
+                                               weight, bias, scales))
         h = self.norm(hidden)
         if self.config.tie_embeddings:
             return ag.linear(h, self.tok_embeddings.weight)

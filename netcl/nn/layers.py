@@ -12,6 +12,7 @@ from typing import Any
 
 import netcl.autograd as ag
 from netcl import ops
+from netcl.autograd import autocast
 from netcl.autograd.engine import Node, Parameter, as_node
 from netcl.core import shapes
 from netcl.core.backend import as_queue
@@ -149,9 +150,13 @@ class LinearStack:
         return all(layer.weight.value is w and (layer.bias is None or layer.bias.value is b)
                    and layer.weight_scale is s for layer, (w, b, s) in zip(self.layers, self._views))
 
-    def product(self, x: Node) -> Tensor:
-        """The layers' outputs side by side, (..., sum of out_features), from one GEMM (no gradient)."""
+    def product(self, x: Node, norm: RMSNorm | None = None) -> Tensor:
+        """The layers' outputs side by side, (..., sum of out_features), from one GEMM (no gradient); of
+        norm(x) where an RMSNorm is given (in the GEMV's prologue a decode step:
+        netcl.ops.rms_norm_linear)."""
         xv = as_node(x).value
+        if norm is not None:
+            return ops.rms_norm_linear(xv, norm.weight.value, norm.eps, self.weight, self.bias, self.scale)
         if self.scale is not None:
             return ops.linear_int8(xv, self.weight, self.scale, self.bias)
         return ops.linear(xv, self.weight, self.bias)
@@ -161,12 +166,17 @@ class LinearStack:
         y = self.product(x)
         return [as_node(y[..., a:b]) for a, b in self.rows]
 
-    def silu_mul(self, x: Node) -> Node:
+    def silu_mul(self, x: Node, norm: RMSNorm | None = None) -> Node:
         """silu(first layer) * second layer for a stack of two equal layers without biases (SwiGLU's gate
-        and up): one launch a decode step (netcl.ops.linear_glu)."""
+        and up): one launch a decode step (netcl.ops.linear_glu), of norm(x) where an RMSNorm is given (in
+        the same launch: netcl.ops.rms_norm_linear)."""
         if len(self.layers) != 2 or self.bias is not None or self.rows[0][1] * 2 != self.rows[1][1]:
             raise ShapeError("LinearStack.silu_mul: needs two layers of equal width without biases")
-        return as_node(ops.linear_glu(as_node(x).value, self.weight, self.scale))
+        xv = as_node(x).value
+        if norm is not None:
+            return as_node(ops.rms_norm_linear(xv, norm.weight.value, norm.eps, self.weight, None, self.scale,
+                                               glu=True))
+        return as_node(ops.linear_glu(xv, self.weight, self.scale))
 
 
 class Conv2d(Module):
@@ -323,6 +333,13 @@ class RMSNorm(Module):
 
     def forward(self, x: Node) -> Node:
         return ag.rms_norm(x, self.normalized_shape, self.weight, self.eps)
+
+    def fusable(self, x: Node) -> bool:
+        """Whether the next linear layer may normalize x itself (netcl.ops.rms_norm_linear: one launch a
+        decode step instead of two): over one axis, x in the weight's dtype, outside a gradient recording
+        (the fused product has no backward) and outside autocast (which would cast the norm's inputs)."""
+        return (len(self.normalized_shape) == 1 and not ag.is_recording() and autocast.active() is None
+                and as_node(x).value.dtype == self.weight.value.dtype)
 
 
 class Embedding(Module):

@@ -80,12 +80,17 @@ class SwiGLU(Module):
         """w1 and w3 as one matrix (LinearStack): an inference forward makes them one GEMM."""
         self._gate_up = LinearStack([self.w1, self.w3])
 
-    def forward(self, x: Node, residual: Node | None = None) -> Node:
+    def forward(self, x: Node, residual: Node | None = None, norm: Module | None = None) -> Node:
+        """x (..., dim) -> (..., dim) (+ residual); of norm(x) where a norm is given (an RMSNorm inside the
+        gate/up GEMV's prologue when decoding)."""
         stack = self._gate_up
         if stack is not None and not ag.is_recording() and stack.intact() and stack.bias is None:
-            h = stack.silu_mul(x)  # gate and up in one GEMM (one launch with silu * up a decode step)
+            # gate and up in one GEMM (one launch with silu * up, and the norm, a decode step)
+            fused = _fused_norm(norm, x)
+            h = stack.silu_mul(x if norm is None or fused else norm(x), fused)
         else:
-            h = ag.silu_mul(self.w1(x), self.w3(x))
+            y = x if norm is None else norm(x)
+            h = ag.silu_mul(self.w1(y), self.w3(y))
         return _project(h, self.w2, residual)
 
 
@@ -104,8 +109,8 @@ class GELUMLP(Module):
         self.fc = Linear(q, dim, hidden_dim, bias=bias, dtype=dtype, generator=generator)
         self.proj = Linear(q, hidden_dim, dim, bias=bias, dtype=dtype, generator=generator)
 
-    def forward(self, x: Node, residual: Node | None = None) -> Node:
-        h = self.fc(x, activation=self.activation)
+    def forward(self, x: Node, residual: Node | None = None, norm: Module | None = None) -> Node:
+        h = self.fc(x if norm is None else norm(x), activation=self.activation)
         return _project(h, self.proj, residual)
 
     def extra_repr(self) -> str:
@@ -114,6 +119,11 @@ class GELUMLP(Module):
 
 def _project(h: Node, layer: Linear, residual: Node | None) -> Node:
     return layer(h, residual=residual)
+
+
+def _fused_norm(norm: Module | None, x: Node) -> RMSNorm | None:
+    """`norm` where the next product may apply it to x in its own launch (RMSNorm.fusable)."""
+    return norm if isinstance(norm, RMSNorm) and norm.fusable(x) else None
 
 
 class KVCache:
@@ -216,8 +226,10 @@ class MultiHeadAttention(Module):
         return ag.permute(ag.reshape(t, (b, s, heads, self.head_dim)), (0, 2, 1, 3))
 
     def forward(self, x: Node, mask: Any = None, cache: KVCache | None = None, position: Tensor | None = None,
-                kv_len: Tensor | None = None, residual: Node | None = None) -> Node:
-        """x (B, S, dim) -> (B, S, dim) (+ residual, added in the output projection's epilogue).
+                kv_len: Tensor | None = None, residual: Node | None = None,
+                norm: Module | None = None) -> Node:
+        """x (B, S, dim) -> (B, S, dim) (+ residual, added in the output projection's epilogue); of norm(x)
+        where a norm is given (an RMSNorm inside the q/k/v GEMV's prologue when decoding).
 
         mask: bool (True = attend) or additive float, broadcastable to (B, n_heads, S, keys) (keys: S, or
         the cache's capacity). cache/position: the cached path (see the class docstring); kv_len: the
@@ -244,10 +256,14 @@ class MultiHeadAttention(Module):
                 )
         stack = self._qkv
         stacked = stack is not None and not ag.is_recording() and stack.intact()
-        if stacked and cache is not None and self.rope is not None:
-            # one GEMM for q, k and v, one launch to rotate q, and k and v into the cache
+        decoding = stacked and cache is not None and self.rope is not None
+        fused = _fused_norm(norm, x) if decoding else None
+        if norm is not None and fused is None:
+            x = norm(x)
+        if decoding:
+            # one GEMM (with the norm) for q, k and v, one launch to rotate q, and k and v into the cache
             heads = self.n_heads + 2 * self.n_kv_heads
-            y = stack.product(x).reshape(b, s, heads, self.head_dim).permute(0, 2, 1, 3)
+            y = stack.product(x, fused).reshape(b, s, heads, self.head_dim).permute(0, 2, 1, 3)
             qh = as_node(ops.rope_qkv_cache(y, self.n_heads, self.rope.cos, self.rope.sin, cache.k, cache.v,
                                             position, self.rope.pairing))
             keys, values = cache.k, cache.v
@@ -351,8 +367,9 @@ class TransformerBlock(Module):
         if self.training and self.dropout > 0:
             h = x + self._drop(self.attn(self.attn_norm(x), mask, cache, position, kv_len))
             return h + self._drop(self.mlp(self.mlp_norm(h)))
-        h = self.attn(self.attn_norm(x), mask, cache, position, kv_len, residual=x)
-        return self.mlp(self.mlp_norm(h), residual=h)
+        # the norms go in with their inputs: an RMSNorm runs in the next product's launch when decoding
+        h = self.attn(x, mask, cache, position, kv_len, residual=x, norm=self.attn_norm)
+        return self.mlp(h, residual=h, norm=self.mlp_norm)
 
 
 def padding_mask(mask: Any, batch: int, keys: int, queue: Any) -> Tensor:

@@ -20,6 +20,7 @@ from netcl.ops.gemm import (  # (the package stays netcl.ops.gemm: no star)
     matmul,
     matmul_epilogue,
     quantize_int8,
+    rms_norm_linear,
 )
 from netcl.ops.kmeans import *  # noqa: F403
 from netcl.ops.kvcache import *  # noqa: F403

@@ -195,7 +195,8 @@ GEMV_KNOBS = [
 @pytest.mark.parametrize("params", GEMV_KNOBS, ids=["wg8c2s1", "wg4c1s0", "wg1c3s1"])
 @pytest.mark.parametrize("m", [1, 3])
 def test_gemv_in_bounds(queue, params, m):
-    """bfloat16 with bias, silu and residual (x rows of a wider buffer); int8 weights plain and as SwiGLU."""
+    """bfloat16 with bias, silu and residual (x rows of a wider buffer); int8 weights plain and as SwiGLU; the
+    RMSNorm prologue."""
     import ml_dtypes
 
     from netcl.ops import quantize_int8
@@ -224,3 +225,15 @@ def test_gemv_in_bounds(queue, params, m):
     np.testing.assert_allclose(glu, want, rtol=2e-2, atol=2e-2 * np.abs(want).max())
     plain = launch_gemv(xs, qt, params, scales=st).to_host().astype(np.float64)
     np.testing.assert_allclose(plain, zq, rtol=2e-2, atol=2e-2 * np.abs(zq).max())
+    # the RMSNorm prologue (A staged whatever GEMV_STAGE says), plain and as SwiGLU of int8 weights
+    norm_w = (1 + 0.2 * rng.standard_normal(k)).astype(bf16)
+    rms = (Tensor.from_host(queue, norm_w), 1e-5)
+    xn = xd / np.sqrt((xd * xd).mean(-1, keepdims=True) + 1e-5) * norm_w.astype(np.float64)
+    normed = launch_gemv(xs, Tensor.from_host(queue, wb).transpose(0, 1), params, rms=rms)
+    want = xn @ wb.astype(np.float64).T
+    np.testing.assert_allclose(normed.to_host().astype(np.float64), want, rtol=2e-2,
+                               atol=2e-2 * np.abs(want).max())
+    zn = xn @ ((q.astype(np.float64) - 128) * scales[:, None]).T
+    glu = launch_gemv(xs, qt, params, scales=st, glu=True, rms=rms).to_host().astype(np.float64)
+    want = zn[:, :n] / (1 + np.exp(-zn[:, :n])) * zn[:, n:]
+    np.testing.assert_allclose(glu, want, rtol=2e-2, atol=2e-2 * np.abs(want).max())

@@ -197,8 +197,9 @@ KNOBS = [
 ]
 
 
-def launch_gemv(x, w_t, params, scales=None, glu=False, bias=None, residual=None, activation=None):
-    """x @ w_t on the gemv kernel under tile `params` (int8 with `scales`, GLU: n = w_t's columns / 2)."""
+def launch_gemv(x, w_t, params, scales=None, glu=False, bias=None, residual=None, activation=None, rms=None):
+    """x @ w_t on the gemv kernel under tile `params` (int8 with `scales`, GLU: n = w_t's columns / 2; rms:
+    (norm weight, eps), x's rows RMS-normalized in the prologue)."""
     from netcl.ops.gemm.launch import launch
     from netcl.ops.gemm.problem import _Problem
 
@@ -207,7 +208,7 @@ def launch_gemv(x, w_t, params, scales=None, glu=False, bias=None, residual=None
     out = Tensor.empty(x.queue, (m, n), x.dtype)
     p = _Problem(a=x, b=w_t, out=out, bias=bias, residual=residual, activation=activation, alpha=1.0,
                  m=m, n=n, k=k, batch=(), squeeze=())
-    launch(p, "gemv", params=params, scales=scales, glu=glu)
+    launch(p, "gemv", params=params, scales=scales, glu=glu, rms=rms)
     return out
 
 
@@ -281,3 +282,110 @@ def test_decode_batches_take_the_rows_tile_on_nvidia(queue, monkeypatch):
     assert one == variants.default_params("gemv", ml_dtypes.bfloat16, dev)
     monkeypatch.setattr(variants, "device_class", lambda d: "gpu")
     assert variants.shape_params(dev, "gemv", ml_dtypes.bfloat16, "rows") == {}
+
+
+def rms_reference(x, norm_w, eps, dtype):
+    """rms_norm in float64, rounded to the storage like the norm's output, as float64."""
+    x64 = x.astype(np.float64)
+    y = x64 / np.sqrt((x64 * x64).mean(-1, keepdims=True) + eps) * norm_w.astype(np.float64)
+    return y.astype(dtype).astype(np.float64)
+
+
+ALL_STORAGE = [np.dtype(np.float32), *HALVES]
+TOL["float32"] = 1e-5
+
+
+@pytest.mark.parametrize("dtype", ALL_STORAGE, ids=lambda d: d.name)
+@pytest.mark.parametrize("m,n,k", [(1, 37, 200), (3, 20, 1000), (8, 9, 48)])
+@pytest.mark.parametrize("params", [None, {"GEMV_WG": 8, "GEMV_ROWS": 3}], ids=["default", "groups"])
+def test_rms_norm_linear_against_numpy(queue, rng, dtype, m, n, k, params):
+    """The RMSNorm prologue (one launch) against float64 NumPy: rms_norm, then x @ W^T + bias; both work
+    layouts (the CPUs' item a column; a tree of 8 items a column, 3 columns a work-group), K of an odd number
+    of 8-element chunks; and ops.rms_norm_linear, in one launch where the device's tile takes the prologue."""
+    from netcl.core import capture
+    from netcl.ops import rms_norm_linear
+    from netcl.ops.gemm.launch import gemv_rms_fits
+    from netcl.profiling import count_launches
+
+    x = (3 * rng.standard_normal((m, k))).astype(dtype)
+    norm_w = (1 + 0.5 * rng.standard_normal(k)).astype(dtype)
+    w, bias = rng.standard_normal((n, k)).astype(dtype), rng.standard_normal(n).astype(dtype)
+    xs, nws, ws, bs = (Tensor.from_host(queue, a) for a in (x, norm_w, w, bias))
+    tile = {"GEMV_WG": 1, "GEMV_ROWS": 8, **(params or {}), "GEMV_COLS": 1, "GEMV_UNROLL": 2, "GEMV_STAGE": 0}
+    rec = capture.Recording()
+    with capture.recording(rec):
+        got = launch_gemv(xs, ws.transpose(0, 1), tile, bias=bs, rms=(nws, 1e-5))
+    assert rec.launches == 1  # the norm is in the gemv's prologue
+    want = reference(rms_reference(x, norm_w, 1e-5, dtype), w, bias)
+    assert_close(got, want, dtype)
+    if params is None:  # the op: the prologue where the device's tile asks for it (GEMV_NORM), else two
+        fused = gemv_rms_fits(queue.device, dtype, m, n, k)
+        with count_launches() as launches:
+            got = rms_norm_linear(xs, nws, 1e-5, ws, bs)
+        assert_close(got, want, dtype)
+        assert (launches.count == 1) == fused
+
+
+@pytest.mark.parametrize("dtype", [np.dtype(np.float32), np.dtype(ml_dtypes.bfloat16)], ids=lambda d: d.name)
+@pytest.mark.parametrize("int8", [False, True], ids=["plain", "int8"])
+@pytest.mark.parametrize("m", [1, 4, 12])
+def test_rms_norm_linear_glu_and_int8(queue, rng, dtype, int8, m):
+    """The prologue with SwiGLU's stacked gate and up (silu * up in the epilogue) and int8 weights: one launch
+    for up to 8 rows where the device's tile takes the prologue (else and for 12 rows: rms_norm, then
+    linear_glu / linear_int8)."""
+    from netcl.ops import quantize_int8, rms_norm_linear
+    from netcl.ops.gemm.launch import gemv_rms_fits
+    from netcl.profiling import count_launches
+
+    h, k = 19, 72
+    w = rng.standard_normal((2 * h, k)).astype(np.float32)
+    x = (2 * rng.standard_normal((m, k))).astype(dtype)
+    norm_w = (1 + 0.5 * rng.standard_normal(k)).astype(dtype)
+    xs, nws = Tensor.from_host(queue, x), Tensor.from_host(queue, norm_w)
+    if int8:
+        q, scales = quantize_int8(w)
+        wd = (q.astype(np.float64) - 128) * scales[:, None]
+        args = (Tensor.from_host(queue, q), None, Tensor.from_host(queue, scales))
+    else:
+        wd = w.astype(dtype).astype(np.float64)
+        args = (Tensor.from_host(queue, w.astype(dtype)),)
+    z = rms_reference(x, norm_w, 1e-6, dtype) @ wd.T
+    rms_norm_linear(xs, nws, 1e-6, *args, glu=True)  # programs built outside the count
+    with count_launches() as launches:
+        got = rms_norm_linear(xs, nws, 1e-6, *args, glu=True)
+    assert_close(got, z[:, :h] / (1 + np.exp(-z[:, :h])) * z[:, h:], dtype)
+    fused = m <= api.GEMV_MAX_ROWS and gemv_rms_fits(queue.device, dtype, m, h, k, glu=True)
+    assert (launches.count == 1) == fused
+    with count_launches() as launches:  # the plain product (int8: linear_int8's form)
+        got = rms_norm_linear(xs, nws, 1e-6, *args)
+    assert_close(got, z, dtype)
+    assert (launches.count == 1) == fused
+    if m <= api.GEMV_MAX_ROWS:  # the prologue itself, whatever the device's tile says
+        tile = {"GEMV_WG": 1, "GEMV_ROWS": 8, "GEMV_COLS": 1, "GEMV_UNROLL": 2, "GEMV_STAGE": 0}
+        w_t = args[0].transpose(0, 1)
+        scales = args[2] if int8 else None
+        got = launch_gemv(xs, w_t, tile, scales=scales, glu=True, rms=(nws, 1e-6))
+        assert_close(got, z[:, :h] / (1 + np.exp(-z[:, :h])) * z[:, h:], dtype)
+
+
+def test_rms_norm_linear_falls_back_and_checks(queue, rng):
+    """K off the 16-byte chunks (30) or a float64 x: rms_norm, then the GEMM, with the same values; bad
+    arguments raise before anything is enqueued."""
+    from netcl.errors import DTypeError, ShapeError
+    from netcl.ops import rms_norm_linear
+
+    for dtype, k in ((np.float32, 30), (np.float64, 32)):
+        x, norm_w = rng.standard_normal((2, k)).astype(dtype), rng.standard_normal(k).astype(dtype)
+        w = rng.standard_normal((5, k)).astype(dtype)
+        got = rms_norm_linear(Tensor.from_host(queue, x), Tensor.from_host(queue, norm_w), 1e-5,
+                              Tensor.from_host(queue, w))
+        want = rms_reference(x, norm_w, 1e-5, dtype) @ w.astype(np.float64).T
+        np.testing.assert_allclose(got.to_host(), want, rtol=1e-5, atol=1e-5)
+    xs = Tensor.from_host(queue, np.ones((1, 16), np.float32))
+    ws = Tensor.from_host(queue, np.ones((4, 16), np.float32))
+    with pytest.raises(ShapeError, match=r"norm_weight must be a float32 Tensor of shape \(16,\)"):
+        rms_norm_linear(xs, Tensor.from_host(queue, np.ones(8, np.float32)), 1e-5, ws)
+    with pytest.raises(ShapeError, match="glu needs a stacked weight of 2h rows"):
+        rms_norm_linear(xs, xs.reshape(16), 1e-5, ws[:3], glu=True)
+    with pytest.raises(DTypeError, match="x is float32 but the weight is float16"):
+        rms_norm_linear(xs, xs.reshape(16), 1e-5, Tensor.from_host(queue, np.ones((4, 16), np.float16)))

@@ -8,12 +8,13 @@ broadcast like NumPy's matmul. One idea per module:
 - variants: the four kernels, their tile parameters per device class, tuning, fallback chains;
 - launch: one problem onto one kernel (defines, geometry, named arguments and replay slots);
 - splitk: K split across work-groups when M x N alone cannot fill the device;
-- int8: weight-only int8 (per-channel scales) linear layers, dequantized on the fly;
+- int8: weight-only int8 (per-channel scales) linear layers, dequantized on the fly; the decode-step
+  linear layers on the gemv kernel (SwiGLU's gate and up, an RMSNorm in the prologue);
 - matrix units: the mma variant (NVIDIA mma.sync through inline PTX), set_matmul_precision.
 """
 # ruff: noqa: F401  (this module exists to re-export)
 from netcl.ops.gemm.api import gemm, linear, matmul, matmul_epilogue, matmul_relu_mask, matmul_rowsum
-from netcl.ops.gemm.int8 import dequantize_int8, linear_glu, linear_int8, quantize_int8
+from netcl.ops.gemm.int8 import dequantize_int8, linear_glu, linear_int8, quantize_int8, rms_norm_linear
 from netcl.ops.gemm.problem import flops
 from netcl.ops.gemm.variants import (
     ACTIVATIONS,

@@ -3,7 +3,8 @@ as int8 values q (stored uint8 q + 128) and one float32 scale per output channel
 `linear_int8` computes x @ W^T on the fly: the gemv kernel dequantizes in registers for a decode step's few
 rows (a quarter of float32's weight bytes, half of bfloat16's); more rows (a prompt) dequantize the weight
 once per call into x's dtype and take the GEMM. `linear_glu`: SwiGLU's silu(x @ W1^T) * (x @ W3^T) from one
-stacked weight [W1; W3], one launch a decode step."""
+stacked weight [W1; W3], one launch a decode step. `rms_norm_linear`: any of them after an RMSNorm of x,
+the norm in the gemv kernel's prologue: one launch a decode step instead of two."""
 
 from __future__ import annotations
 
@@ -15,9 +16,9 @@ from netcl import kernels
 from netcl.core import dtypes
 from netcl.core.tensor import Tensor, check_same_queue
 from netcl.errors import DTypeError, ShapeError
-from netcl.ops import elementwise
+from netcl.ops import elementwise, norm
 from netcl.ops.gemm.api import GEMV_MAX_ROWS, gemm, gemv_fits
-from netcl.ops.gemm.launch import launch
+from netcl.ops.gemm.launch import gemv_rms_fits, launch
 from netcl.ops.gemm.problem import _Problem
 from netcl.ops.gemm.variants import gemv_usable
 
@@ -120,3 +121,46 @@ def _glu_fits(x: Any, weight: Tensor) -> bool:
     rows = x.size // k if k and x.shape[-1] == k else 0
     return (0 < rows <= GEMV_MAX_ROWS and k % 8 == 0 and x.offset % 8 == 0 and weight.offset % 8 == 0
             and weight.is_contiguous() and gemv_usable(x.device, x.dtype))
+
+
+def rms_norm_linear(x: Tensor, norm_weight: Tensor, eps: float, weight: Tensor, bias: Tensor | None = None,
+                    scales: Tensor | None = None, glu: bool = False) -> Tensor:
+    """y @ W^T (+ bias) for y = rms_norm(x, norm_weight, eps) over x's last axis (..., in): W (out, in) in x's
+    dtype, or int8 with `scales` (linear_int8); `glu`: silu(y @ W[:h]^T) * (y @ W[h:]^T) of a stacked W (2h,
+    in) (linear_glu, no bias). A decode step's few rows (linear_glu's rules, and A's rows fitting the kernel's
+    local memory: gemv_rms_fits) take one gemv launch that normalizes each row in its prologue, rounded to
+    x's storage as rms_norm's output is; more rows take rms_norm and then the linear layer."""
+    if not isinstance(weight, Tensor) or weight.ndim != 2:
+        raise ShapeError(f"rms_norm_linear: the weight must be a 2-D Tensor (out, in), got "
+                         f"{getattr(weight, 'shape', type(weight).__name__)}")
+    n, k = weight.shape
+    if not isinstance(x, Tensor) or x.ndim < 1 or x.shape[-1] != k or not dtypes.is_floating(x.dtype):
+        raise ShapeError(f"rms_norm_linear: x must be a floating Tensor (..., {k}), got "
+                         f"{getattr(x, 'dtype', None)} {getattr(x, 'shape', None)}")
+    if not isinstance(norm_weight, Tensor) or norm_weight.shape != (k,) or norm_weight.dtype != x.dtype:
+        raise ShapeError(f"rms_norm_linear: norm_weight must be a {x.dtype} Tensor of shape ({k},), got "
+                         f"{getattr(norm_weight, 'dtype', None)} {getattr(norm_weight, 'shape', None)}")
+    if glu and (n % 2 or bias is not None):
+        raise ShapeError(f"rms_norm_linear: glu needs a stacked weight of 2h rows and no bias, got {n} rows"
+                         f"{' and a bias' if bias is not None else ''}")
+    if scales is None and weight.dtype != x.dtype:
+        raise DTypeError(f"rms_norm_linear: x is {x.dtype} but the weight is {weight.dtype}")
+    if bias is not None and (not isinstance(bias, Tensor) or bias.shape != (n,) or bias.dtype != x.dtype):
+        raise ShapeError(f"rms_norm_linear: bias must be a {x.dtype} Tensor of shape ({n},), got "
+                         f"{getattr(bias, 'dtype', None)} {getattr(bias, 'shape', None)}")
+    check_same_queue(x, norm_weight, weight)
+    rows = x.size // k if k else 0
+    width = n // 2 if glu else n
+    if not (_glu_fits(x, weight) and gemv_rms_fits(x.device, x.dtype, rows, width, k, glu)):
+        y = norm.rms_norm(x, (k,), norm_weight, eps)[0]
+        if glu:
+            return linear_glu(y, weight, scales)
+        if scales is not None:
+            return linear_int8(y, weight, scales, bias)
+        return gemm(y, weight.transpose(0, 1), bias)
+    x2 = (x if x.is_contiguous() else x.contiguous()).reshape(rows, k)
+    out = Tensor.empty(x.queue, (rows, width), x.dtype)
+    p = _Problem(a=x2, b=weight.transpose(0, 1), out=out, bias=bias, residual=None, activation=None,
+                 alpha=1.0, m=rows, n=width, k=k, batch=(), squeeze=())
+    launch(p, "gemv", scales=scales, glu=glu, rms=(norm_weight, float(eps)))
+    return out.reshape(x.shape[:-1] + (width,))

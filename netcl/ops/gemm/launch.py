@@ -10,6 +10,7 @@ import pyopencl as cl
 
 from netcl.core import backend, capture, dtypes, launch_labels
 from netcl.core.tensor import Tensor
+from netcl.errors import ShapeError
 from netcl.ops.gemm import splitk, variants
 from netcl.ops.gemm.problem import _batch_strides, _collapse, _long4, _matrix_strides, _Problem, _tiled_layout
 from netcl.ops.gemm.variants import _fit_local_memory, _program, shape_class, usable_params
@@ -30,13 +31,14 @@ def _all_inner(m: int, n: int, k: int, tile: dict[str, int]) -> bool:
 def launch(
     p: _Problem, variant: str, params: dict[str, int] | None = None, splits: int | None = None,
     rowsum: Tensor | None = None, mask_residual: bool = False, scales: Tensor | None = None,
-    glu: bool = False,
+    glu: bool = False, rms: tuple[Tensor, float] | None = None,
 ) -> Tensor | None:
     """Enqueue `p` on `variant` (tile `params` over the tuned ones; `splits` K slices, tiled and mma only,
     None: netcl's choice). `rowsum` (cpu only) also receives the row sums of A; `mask_residual` (cpu only)
     makes the residual a mask (out = where(mask > 0, a @ b, 0)); `scales` (gemv only: b is int8) are the
     float32 per-column scales of b; `glu` (gemv only) makes out silu(a @ b[:, :n]) * (a @ b[:, n:]) for a b of
-    2n columns. Each launch names its slots (a, b, out, bias,
+    2n columns; `rms` (gemv only: (weight (K,), eps), where gemv_rms_fits) RMS-normalizes a's rows first
+    (out = rms_norm(a) @ b). Each launch names its slots (a, b, out, bias,
     res; split-K also work) for a recording (netcl.core.capture). Returns split-K's workspace, else None."""
     device = p.out.device
     queue = p.out.queue
@@ -157,12 +159,22 @@ def launch(
             defines["GLU"] = None
         rows, cols = tile["GEMV_ROWS"], tile.get("GEMV_COLS", 1)
         gsize, lsize = (tile["GEMV_WG"], -(-p.n // (rows * cols)) * rows, 1), (tile["GEMV_WG"], rows, 1)
-        stage = _gemv_stage_bytes(device, tile, defines, p.m, p.k, a.dtype.itemsize)
+        stage = _gemv_stage_bytes(device, tile, defines, p.m, p.k, a.dtype.itemsize, rms is not None)
+        if rms is not None and not stage:
+            raise ShapeError(f"gemm: the RMSNorm prologue needs A ({p.m} x {p.k} {dt.name}) staged in local "
+                             f"memory, which it does not fit (check gemv_rms_fits first)")
         if stage:
             defines["GEMV_STAGE_A"] = None
+        if rms is not None:
+            defines["GEMV_RMS"] = None
         defines.pop("GEMV_STAGE", None)  # the host's knob; the kernel sees GEMV_STAGE_A
-        more = {"scales": (scales if scales is not None else out).buffer,
-                "a_stage": cl.LocalMemory(stage or 16)}
+        defines.pop("GEMV_NORM", None)  # the host's (gemv_rms_fits); the kernel sees GEMV_RMS
+        norm_w = rms[0] if rms is not None else out
+        local = stage + _gemv_prologue_bytes(device, tile, p.m) if rms else stage or 16  # rms: sums after A
+        more = {"scales": (scales if scales is not None else out).buffer, "a_stage": cl.LocalMemory(local),
+                "rms_w": norm_w.buffer,
+                "rms_off": np.int64(norm_w.offset if rms is not None else 0),
+                "rms_eps": np.float32(rms[1] if rms is not None else 0.0)}
     elif variant == "dot":
         gsize, lsize = (p.n * tile["DOT_WG"], p.m, nbatch), (tile["DOT_WG"], 1, 1)
     elif variant == "direct":
@@ -234,18 +246,43 @@ def launch(
 
 
 def _gemv_stage_bytes(device: Any, tile: dict[str, int], defines: dict[str, Any], m: int, k: int,
-                      itemsize: int) -> int:
+                      itemsize: int, rms: bool = False) -> int:
     """Bytes of local memory the gemv kernel stages A's m x k elements in (GEMV_STAGE_A), or 0 where the tile
-    says no (GEMV_STAGE 0) or they would take more than GEMV_STAGE_MAX bytes or, beside the reduction's
-    partial sums (the tree of devices without warp shuffles), half the device's local memory."""
-    if not tile.get("GEMV_STAGE", 0):
+    says no (GEMV_STAGE 0; the RMSNorm prologue, `rms`, stages whatever the tile says) or they would take
+    more than GEMV_STAGE_MAX bytes or, beside the reduction's partial sums (the tree of devices without warp
+    shuffles) and the prologue's, half the device's local memory."""
+    if not (tile.get("GEMV_STAGE", 0) or rms):
         return 0
     stage = m * k * itemsize
-    wg = tile["GEMV_WG"]
+    wg, rows = tile["GEMV_WG"], tile["GEMV_ROWS"]
     shuffles = backend.nvidia_define(device) is not None  # the kernel's GEMV_SHFL
-    tree = 0 if wg == 1 or (shuffles and wg <= 32) else 4 * tile["GEMV_ROWS"] * wg * m * tile.get(
-        "GEMV_COLS", 1) * (2 if "GLU" in defines else 1)
-    return stage if stage <= GEMV_STAGE_MAX and stage + tree <= device.capabilities.local_mem // 2 else 0
+    tree = 0 if wg == 1 or (shuffles and wg <= 32) else 4 * rows * wg * m * tile.get("GEMV_COLS", 1) * (
+        2 if "GLU" in defines else 1)
+    prologue = _gemv_prologue_bytes(device, tile, m) if rms else 0
+    fits = stage <= GEMV_STAGE_MAX and stage + tree + prologue <= device.capabilities.local_mem // 2
+    return stage if fits else 0
+
+
+def _gemv_prologue_bytes(device: Any, tile: dict[str, int], m: int) -> int:
+    """Bytes of the RMSNorm prologue's partial sums, after the staged rows in a_stage (the kernel's
+    rms_part): one float per row and column group, times the column's items where they add in a tree."""
+    wg = tile["GEMV_WG"]
+    tree = wg > 1 and not (backend.nvidia_define(device) is not None and wg <= 32)
+    return 4 * m * tile["GEMV_ROWS"] * (wg if tree else 1)
+
+
+def gemv_rms_fits(device: Any, dtype: Any, m: int, n: int, k: int, glu: bool = False) -> bool:
+    """Whether the gemv kernel should RMS-normalize the m rows of a (m, k) A of `dtype` in its prologue: the
+    tile's GEMV_NORM says so, and A's rows fit the stage in local memory (not float64); the caller checked
+    the layout (gemv_fits' rules)."""
+    dt = dtypes.normalize(dtype)
+    if dt == dtypes.float64 or m < 1:
+        return False
+    tile = usable_params(device, "gemv", dt, None, shape_class=shape_class(device, "gemv", m, n, k, 1))
+    if not tile.get("GEMV_NORM", 1):
+        return False
+    staged = _gemv_stage_bytes(device, tile, {"GLU": None} if glu else {}, m, k, dt.itemsize, True)
+    return staged > 0 and variants.gemv_usable(device, dt, rms=True)
 
 
 # the most A bytes the gemv kernel stages in local memory: M = 8 rows of K = 2048 bfloat16 (32 KB leaves an

@@ -43,8 +43,10 @@ DEFAULTS: dict[str, dict[str, dict[str, int]]] = {
     "dot": {"any": {"DOT_WG": 64}},
     # GPUs: a warp of 32 work-items along K per weight row, each with 4 16-byte loads in flight, 8 rows per
     # work-group, A staged in local memory (the reasoning: gemm_gemv.cl's header; H200: 71% of the copy rate
-    # at M = 1 on TinyLlama's decode shapes; M > 1 takes the "rows" class's tile, SHAPE_TILES)
-    "gemv": {"any": {"GEMV_WG": 32, "GEMV_ROWS": 8, "GEMV_COLS": 1, "GEMV_UNROLL": 4, "GEMV_STAGE": 1}},
+    # at M = 1 on TinyLlama's decode shapes; M > 1 takes the "rows" class's tile, SHAPE_TILES). GEMV_NORM
+    # (host only): ops.rms_norm_linear puts the RMSNorm in the GEMV's prologue (1) or launches it first (0)
+    "gemv": {"any": {"GEMV_WG": 32, "GEMV_ROWS": 8, "GEMV_COLS": 1, "GEMV_UNROLL": 4, "GEMV_STAGE": 1,
+                     "GEMV_NORM": 1}},
     "cpu": {
         # MB=128, NB=64: 128 divides the batch-sized M of training GEMMs (256: no ragged row block) and
         # a transposed B (linear's weight) is packed by half as many work-groups as with MB=64;
@@ -191,8 +193,12 @@ DEFAULTS: dict[str, dict[str, dict[str, int]]] = {
 # tune` finds their own): no warp-shaped id remap (WX assumes 32-wide warps), and 64 x 64 blocks, which
 # need fewer registers and less local memory than the H200's 128 x 128.
 CLASS_DEFAULTS: dict[str, dict[str, dict[str, dict[str, int]]]] = {
-    # CPUs: one work-item per weight row (no barriers), PoCL's work-group of 8 rows, A read through the cache
-    "cpu": {"gemv": {name: {"GEMV_WG": 1, "GEMV_ROWS": 8, "GEMV_COLS": 1, "GEMV_UNROLL": 2, "GEMV_STAGE": 0}
+    # CPUs: one work-item per weight row (no barriers), PoCL's work-group of 8 rows, A read through the cache;
+    # the RMSNorm prologue (which stages A) for float32 only. PoCL, 2 cores, x @ W^T of one row after its
+    # norm (2026-12-02, min of 5 x 50 calls): float32 K 512 -> N 768 199 us fused, 365 us norm + GEMV;
+    # bfloat16 K 2048 -> N 2560 3,533 us fused, 2,345 us norm + GEMV (A staged alone: 2,685; unstaged 2,236)
+    "cpu": {"gemv": {name: {"GEMV_WG": 1, "GEMV_ROWS": 8, "GEMV_COLS": 1, "GEMV_UNROLL": 2, "GEMV_STAGE": 0,
+                            "GEMV_NORM": int(name == "float32")}
                      for name in ("float16", "bfloat16", "float32")}},
     "gpu": {"tiled": {"float32": {"BM": 64, "BN": 64, "BK": 16, "WX": 0, "BKE": 0},
                       "float16": {"BM": 64, "BN": 64, "WX": 0}}},
@@ -404,25 +410,30 @@ NV_VERBOSE = False
 _nv_logged: set[tuple] = set()
 
 
-_gemv_ok: dict[tuple[int, str], bool] = {}
+_gemv_ok: dict[tuple[int, str, bool], bool] = {}
 
 
-def gemv_usable(device: Any, dtype: Any) -> bool:
-    """Whether the gemv kernel builds on `device` for activations of `dtype` (its plain, int8 and GLU forms,
-    tried once per device and dtype). A build failure is warned once; decode steps then take the other
-    GEMM kernels (int8 weights dequantized first) instead of failing."""
+def gemv_usable(device: Any, dtype: Any, rms: bool = False) -> bool:
+    """Whether the gemv kernel builds on `device` for activations of `dtype` (its plain, int8 and GLU forms;
+    with `rms` its RMSNorm prologue instead; tried once per device and dtype). A build failure is warned
+    once; decode steps then take the other GEMM kernels (int8 weights dequantized first; the norm as its
+    own launch) instead of failing."""
     dt = np.dtype(dtype)
-    key = (id(device), dt.name)
+    key = (id(device), dt.name, rms)
     ok = _gemv_ok.get(key)
     if ok is None:
         base = {"DTYPE": dt, "ACT": None, "GEMV_M": 1, **default_params("gemv", dt, device)}
+        forms = ({"GEMV_STAGE_A": None, "GEMV_RMS": None},) if rms else (
+            {}, {"W_INT8": None}, {"W_INT8": None, "GLU": None})
         try:
-            for extra in ({}, {"W_INT8": None}, {"W_INT8": None, "GLU": None}):
+            for extra in forms:
                 _program(device, "gemv", {**base, **extra})
             ok = True
         except KernelBuildError as exc:
-            warnings.warn(f"gemm_gemv.cl does not build on {device.describe()} for {dt.name}: {exc}; decode "
-                          "steps take the other GEMM kernels", RuntimeWarning, stacklevel=2)
+            what = "the RMSNorm prologue of gemm_gemv.cl" if rms else "gemm_gemv.cl"
+            warnings.warn(f"{what} does not build on {device.describe()} for {dt.name}: {exc}; decode "
+                          "steps take " + ("a separate norm launch" if rms else "the other GEMM kernels"),
+                          RuntimeWarning, stacklevel=2)
             ok = False
         _gemv_ok[key] = ok
     return ok
