@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 
 import netcl.autograd as ag
-from netcl import ops
+from netcl import amp, ops
+from netcl.core import dtypes
 from netcl.core.backend import enqueue_copy
 from netcl.core.tensor import Tensor
 from netcl.errors import ShapeError
@@ -38,11 +39,11 @@ class DecodeState:
     tensors the decode step reads and writes (position: tokens cached per row, (B,); tokens: the last
     tokens, (B, 1)), the sampling generator and the recorded decode step with what it was recorded for."""
 
-    def __init__(self, model: Any, batch: int, capacity: int):
+    def __init__(self, model: Any, batch: int, capacity: int, dtype: Any):
         c, q = model.config, model.queue
-        self.batch, self.capacity = batch, capacity
+        self.batch, self.capacity, self.dtype = batch, capacity, dtype
         self.caches = [
-            KVCache(q, batch, c.n_kv_heads, capacity, c.head_dim, c.dtype) for _ in range(c.n_layers)
+            KVCache(q, batch, c.n_kv_heads, capacity, c.head_dim, dtype) for _ in range(c.n_layers)
         ]
         self.position = Tensor.zeros(q, (batch,), np.int32)  # per row: ragged prompts differ
         self.tokens = Tensor.zeros(q, (batch, 1), np.int32)
@@ -162,11 +163,14 @@ def generate(model: Any, ids: Any, max_new_tokens: int, temperature: float = 1.0
 
 def _state(model: Any, batch: int, needed: int) -> DecodeState:
     capacity = min(model.config.max_seq_len, max(_MIN_CAPACITY, 1 << (needed - 1).bit_length()))
+    # the keys and values the layers write: the autocast dtype inside autocast (the projections' outputs),
+    # else the model's
+    dtype = np.dtype(amp.autocast_dtype() or dtypes.normalize(model.config.dtype))
     state = getattr(model, "_decoder", None)
-    if state is None or state.batch != batch or state.capacity != capacity:
+    if state is None or state.batch != batch or state.capacity != capacity or state.dtype != dtype:
         if state is not None:
             state.close()
-        state = DecodeState(model, batch, capacity)
+        state = DecodeState(model, batch, capacity, dtype)
         model._decoder = state
     return state
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from netcl import ops
+from netcl import amp, ops
+from netcl.core import dtypes
 from netcl.core.tensor import Tensor
 from netcl.errors import ShapeError
 from netcl.models import GPT, GPTConfig
@@ -81,6 +82,23 @@ def test_recorded_decode_step_equals_the_eager_one(queue, kind, options):
     if options.get("temperature"):
         other = np.array(list(model.generate(prompt, 12, seed=6, **options)))
         assert not np.array_equal(other, eager)
+
+
+def test_generation_under_autocast_caches_half_keys_and_values(queue):
+    """Inside autocast the projections write half keys and values: the caches take the autocast dtype (they
+    were float32 and the first write refused the bfloat16 keys), the recorded step equals the eager one, and
+    a float32 call after it gets float32 caches and its own tokens back."""
+    model = make(queue, "llama")
+    prompt = np.array([[2, 7, 1], [8, 2, 8]], np.int32)
+    plain = np.array(list(model.generate(prompt, 8, seed=3)))
+    assert model._decoder.caches[0].k.dtype == np.float32
+    with amp.autocast("bfloat16"):
+        eager = np.array(list(model.generate(prompt, 8, seed=3, use_graph=False)))
+        assert model._decoder.caches[0].k.dtype == dtypes.bfloat16
+        recorded = np.array(list(model.generate(prompt, 8, seed=3)))
+    np.testing.assert_array_equal(recorded, eager)
+    np.testing.assert_array_equal(np.array(list(model.generate(prompt, 8, seed=3))), plain)
+    assert model._decoder.caches[0].k.dtype == np.float32
 
 
 def test_the_recorded_step_is_reused_and_follows_new_weights(queue):
