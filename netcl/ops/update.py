@@ -18,6 +18,7 @@ import numpy as np
 
 from netcl import kernels
 from netcl.core import capture, dtypes
+from netcl.core.access import before_access
 from netcl.core.tensor import Tensor
 from netcl.errors import NetclError
 
@@ -58,7 +59,10 @@ def _items(queue: Any) -> int:
 def _scalars(hyper: dict[str, Any], dtype: np.dtype) -> dict[str, Any]:
     """Kernel arguments of the hyperparameters: flags as int, numbers in the parameters' dtype."""
     scalar = kernels.scalar_type(dtype)
-    return {k: np.int32(v) if isinstance(v, (bool, np.bool_)) else scalar(v) for k, v in hyper.items()}
+    named = {}
+    for k, v in hyper.items():  # (a loop, not a comprehension: one call less per step)
+        named[k] = np.int32(v) if isinstance(v, (bool, np.bool_)) else scalar(v)
+    return named
 
 
 def optimizer_step(rule: str, params: Sequence[Tensor], grads: Sequence[Tensor],
@@ -111,12 +115,17 @@ def optimizer_step(rule: str, params: Sequence[Tensor], grads: Sequence[Tensor],
                     f"optimizer_step: the master weights of parameter {i} must be a contiguous float32 "
                     f"tensor of shape {v.shape} on its queue, got {master.dtype} {master.shape}"
                 )
-        master_buffer = master.buffer
+        # Tensor.buffer's usual case read in place (nothing pending, no before-access hook to run): four
+        # buffers per parameter and step
+        plain = not before_access
+        master_buffer = master._storage.buffer if plain and master._pending is None else master.buffer
         p_name, _, g_name, _, sa, sb, sc, mw, _ = _TENSOR_ARGS[i]
         dynamic[p_name] = master_buffer if master is v else v.buffer
-        dynamic[g_name], dynamic[mw] = g.buffer, master_buffer
+        dynamic[g_name] = g._storage.buffer if plain and g._pending is None else g.buffer
+        dynamic[mw] = master_buffer
         for name, s in zip((sa, sb, sc), st):
-            dynamic[name] = s.buffer if s is not None else master_buffer
+            dynamic[name] = master_buffer if s is None else (
+                s._storage.buffer if plain and s._pending is None else s.buffer)
         for name in (sa, sb, sc)[len(st):]:
             dynamic[name] = master_buffer
         size = math.prod(v.shape)
@@ -149,7 +158,7 @@ def optimizer_step(rule: str, params: Sequence[Tensor], grads: Sequence[Tensor],
         hit = capture.plans.put(key, (kernel, kernel.plan((total,), None, args, order),
                                       [kernel.arg_names[i] for i in order]))
     kernel, plan, names = hit
-    plan(queue, *[dynamic[n] for n in names])
+    plan(queue, *map(dynamic.__getitem__, names))
     graph = capture.capturing()
     if graph is not None and refresh is not None:
         index, dtype = kernel.arg_index, p0.dtype
