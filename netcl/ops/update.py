@@ -59,10 +59,25 @@ def _items(queue: Any) -> int:
 def _scalars(hyper: dict[str, Any], dtype: np.dtype) -> dict[str, Any]:
     """Kernel arguments of the hyperparameters: flags as int, numbers in the parameters' dtype."""
     scalar = kernels.scalar_type(dtype)
-    named = {}
-    for k, v in hyper.items():  # (a loop, not a comprehension: one call less per step)
-        named[k] = np.int32(v) if isinstance(v, (bool, np.bool_)) else scalar(v)
-    return named
+    return {k: np.int32(v) if isinstance(v, (bool, np.bool_)) else scalar(v) for k, v in hyper.items()}
+
+
+def _plan_values(hyper: dict[str, Any], dtype: np.dtype, into: dict[str, Any]) -> None:
+    """The hyperparameters as a launch through the step's Plan takes them, written into `into`: a Python float
+    or int as it is (the Plan sets it as the NumPy type _scalars gave it when the plan was built, the same
+    bits, and only when it changed: most of them stay the same from step to step), a flag as int, anything
+    else (a NumPy number) as _scalars makes it."""
+    scalar = None
+    for k, v in hyper.items():
+        kind = type(v)
+        if kind is float or kind is int:
+            into[k] = v
+        elif kind is bool:
+            into[k] = int(v)
+        else:
+            if scalar is None:
+                scalar = kernels.scalar_type(dtype)
+            into[k] = np.int32(v) if isinstance(v, np.bool_) else scalar(v)
 
 
 def optimizer_step(rule: str, params: Sequence[Tensor], grads: Sequence[Tensor],
@@ -136,12 +151,12 @@ def optimizer_step(rule: str, params: Sequence[Tensor], grads: Sequence[Tensor],
         return
     if found_inf is not None:
         dynamic["found_inf"] = found_inf.buffer
-    dynamic.update(_scalars(hyper, p0.dtype))
     # one Plan per (kernel, parameter offsets and lengths): the buffers and the step's scalars change per call
     key = ("optimizer_step", id(queue.device), rule, p0.dtype, half, found_inf is not None, total,
            tuple(layout))
     hit = capture.plans.get(key)
     if hit is None:
+        dynamic.update(_scalars(hyper, p0.dtype))  # the plan learns each scalar's type from these
         defines: dict[str, Any] = {**kernels.float_defines(p0.dtype, rule, half=True),
                                    "N_TENSORS": len(params), "OPT": f"OPT_{rule.upper()}", "ITEMS": items}
         if half:
@@ -157,6 +172,8 @@ def optimizer_step(rule: str, params: Sequence[Tensor], grads: Sequence[Tensor],
         order = [i for i, n in enumerate(kernel.arg_names) if n in dynamic]
         hit = capture.plans.put(key, (kernel, kernel.plan((total,), None, args, order),
                                       [kernel.arg_names[i] for i in order]))
+    else:
+        _plan_values(hyper, p0.dtype, dynamic)
     kernel, plan, names = hit
     plan(queue, *map(dynamic.__getitem__, names))
     graph = capture.capturing()
