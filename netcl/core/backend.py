@@ -725,10 +725,10 @@ class Plan:
                     self._set_raw(i, kinds[j](a).tobytes())
                     last[j] = a
             elif type(a) is float and kinds[j] is not None:  # a Python float: the same, but a zero is set
-                if a != last[j] or not a:  # every time (-0.0 == 0.0, and their bits differ)
-                    last[j] = None
+                if a != last[j] or not a:  # every time and not remembered (-0.0 == 0.0 == 0, and their
+                    last[j] = None  # bits differ)
                     self._set_raw(i, kinds[j](a).tobytes())
-                    last[j] = a
+                    last[j] = a if a else None
             elif isinstance(a, _BY_VALUE):
                 data = a.tobytes()
                 if data != last[j]:

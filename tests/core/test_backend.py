@@ -258,7 +258,8 @@ def test_a_plan_takes_python_floats_at_a_numpy_scalar_position(device, queue, rn
     prg = kernels.build(device, SCALE, "scale_plan_float", OFFSET="(-0.0f)")  # -0.0 keeps a zero's sign
     plan = prg.scale.plan((37,), None, (None, np.float32(1.0), np.int32(37)), (0, 1))
     a = rng.standard_normal(37).astype(np.float32)
-    for factor in (2.0, 2.0, 1e-3, np.float32(0.5), 0.5, 0.0, -0.0, -0.0, 0.0, float("nan"), 3):
+    for factor in (2.0, 2.0, 1e-3, np.float32(0.5), 0.5, 0.0, -0.0, -0.0, 0.0, float("nan"), 3, -0.0, 0,
+                   -0.0):
         x = Tensor.from_host(queue, a)
         plan(queue, x.buffer, factor)
         got, want = x.to_host(), a * np.float32(factor) + np.float32(-0.0)
