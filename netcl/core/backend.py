@@ -710,8 +710,9 @@ class Plan:
 
     def _set_dynamic(self, values: Sequence[Any]) -> None:
         """Set the dynamic arguments (under the plan's lock): buffers always, by-value ones when their bytes
-        differ from this plan's previous launch. A Python int at a position whose build-time value was a
-        NumPy scalar is set as that scalar type (a slot's offset: np.int64)."""
+        differ from this plan's previous launch. A Python int or float at a position whose build-time value
+        was a NumPy scalar is set as that scalar type (a slot's offset: np.int64; a hyperparameter:
+        np.float32)."""
         last, raw, kinds = self._last, self.raw, self._kinds
         j = 0
         for i in self.dynamic:
@@ -723,6 +724,11 @@ class Plan:
                     last[j] = None
                     self._set_raw(i, kinds[j](a).tobytes())
                     last[j] = a
+            elif type(a) is float and kinds[j] is not None:  # a Python float: the same, but a zero is set
+                if a != last[j] or not a:  # every time and not remembered (-0.0 == 0.0 == 0, and their
+                    last[j] = None  # bits differ)
+                    self._set_raw(i, kinds[j](a).tobytes())
+                    last[j] = a if a else None
             elif isinstance(a, _BY_VALUE):
                 data = a.tobytes()
                 if data != last[j]:
@@ -752,7 +758,7 @@ class Plan:
         """The whole argument list of a launch with `values` at the dynamic positions."""
         args = list(self.args)
         for i, kind, a in zip(self.dynamic, self._kinds, values):
-            args[i] = kind(a) if type(a) is int and kind is not None else a
+            args[i] = kind(a) if (type(a) is int or type(a) is float) and kind is not None else a
         return args
 
 

@@ -31,6 +31,7 @@ import numpy as np
 import pyopencl as cl
 
 from netcl.core import launch_labels, profile_hooks
+from netcl.core.access import before_access
 from netcl.errors import GraphCaptureError
 
 
@@ -170,8 +171,28 @@ class Recording:
         for index, refresh in self._refresh:
             refresh(ops[index][4])
         q = self.queue
-        if not self.is_graph:
-            self._replay_template(bind)
+        if not self.is_graph:  # an op's template: each launch like any other (recorded, counted, profiled)
+            for op in ops:
+                if op[0] == "k":
+                    site = op[6]
+                    if site is not None and site[2] is not None and profile_hooks.active:
+                        launch_labels.work(*site[2])  # the work its op declared when it was recorded
+                    if len(op) > 7:  # its Plan: each slot's buffer, and its offset where the slot names one
+                        values: list[Any] = []
+                        for slot, positions in op[5]:
+                            t = bind[slot]
+                            # Tensor.buffer's usual case read in place (no pending result, no hook to run)
+                            values.append(t._storage.buffer if t._pending is None and not before_access
+                                          else t.buffer)
+                            if len(positions) > 1:
+                                values.append(t.offset)  # a Python int: the plan sets the long it recorded
+                        op[7](q, *values)
+                    else:
+                        op[1](q, op[2], op[3], *_bound(op, bind))
+                elif op[0] == "copy":
+                    cl.enqueue_copy(q.cl, op[1], op[2], **op[3])
+                else:
+                    cl.enqueue_fill_buffer(q.cl, op[1], op[2], op[3], op[4])
             return
         launched = 0
         timed = profile_hooks.active
@@ -216,29 +237,6 @@ class Recording:
             fixed = self._fixed = {i: op[1].plan(op[2], op[3], op[4], ()) for i, op in enumerate(self.ops)
                                    if op[0] == "k" and i not in refreshed}
         return fixed
-
-    def _replay_template(self, bind: dict[str, Any] | None) -> None:
-        """An op's template: each launch like any other (recorded, counted, profiled), its slots bound."""
-        q = self.queue
-        for op in self.ops:
-            if op[0] == "k":
-                site = op[6]
-                if site is not None and site[2] is not None and profile_hooks.active:
-                    launch_labels.work(*site[2])  # the work its op declared when it was recorded
-                if len(op) > 7:  # its Plan: each slot's buffer, and its offset where the slot names one
-                    values: list[Any] = []
-                    for slot, positions in op[5]:
-                        t = bind[slot]
-                        values.append(t.buffer)
-                        if len(positions) > 1:
-                            values.append(t.offset)  # a Python int: the plan sets the long it was recorded as
-                    op[7](q, *values)
-                else:
-                    op[1](q, op[2], op[3], *_bound(op, bind))
-            elif op[0] == "copy":
-                cl.enqueue_copy(q.cl, op[1], op[2], **op[3])
-            else:
-                cl.enqueue_fill_buffer(q.cl, op[1], op[2], op[3], op[4])
 
     @property
     def launches(self) -> int:

@@ -7,13 +7,14 @@ copies only when the layout needs it.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import pyopencl as cl
 
 from netcl.core import capture, dtypes, shapes
+from netcl.core.access import before_access
 from netcl.core.backend import Queue, as_queue, enqueue_copy
 from netcl.core.memory import Storage, is_pinned, staging
 from netcl.errors import DeviceMismatchError, DTypeError, IndexingError, ShapeError
@@ -68,9 +69,9 @@ def check_same_queue(*tensors: Tensor) -> Queue:
 # A Tensor made by an elementwise op may hold `_pending` (an object with .realize(tensor)) instead of
 # storage: it is computed when its storage is first needed (netcl.jit.lazy). Pending tensors read other
 # tensors' storages; before anyone touches such a storage (to write it in place, e.g. an optimizer step)
-# they must be computed from the old contents. The jit registers a callback here for each storage read
-# by a pending tensor: id(storage) -> callback(storage), called (and removed by the jit) on first access.
-before_access: dict[int, Callable[[Storage], None]] = {}
+# they must be computed from the old contents. The jit registers a callback for each storage read by a
+# pending tensor in `before_access` (netcl.core.access: id(storage) -> callback(storage), called and removed
+# by the jit on first access), the same dict under this module's name.
 
 
 class Tensor:

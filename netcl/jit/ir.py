@@ -228,8 +228,9 @@ def binary(op: str, a: Node, b: Node, dtype: np.dtype | None = None) -> Node:
     """Build a binary op; `dtype` is the promoted operand dtype (computed from a and b if None)."""
     dt = promote(a.dtype, b.dtype) if dtype is None else (
         dtype if isinstance(dtype, np.dtype) else np.dtype(dtype))
+    # an operand already of the dtype is taken as it is, without cast's call (what cast would return)
     if op in _COMPARE:
-        return Node(op, (cast(a, dt), cast(b, dt)), BOOL)
+        return Node(op, (a if a.dtype is dt else cast(a, dt), b if b.dtype is dt else cast(b, dt)), BOOL)
     if op in _LOGICAL:
         return Node(op, (cast(a, BOOL), cast(b, BOOL)), BOOL)
     if op in ("div", "atan2") and not is_float(dt):
@@ -240,13 +241,14 @@ def binary(op: str, a: Node, b: Node, dtype: np.dtype | None = None) -> Node:
         return Node(op, (cast(a, dt), cast(b, dt)), dt)
     if op not in _BINARY_ARITH:
         raise DTypeError(f"unknown binary op {op!r}")
-    return Node(op, (cast(a, dt), cast(b, dt)), dt)
+    return Node(op, (a if a.dtype is dt else cast(a, dt), b if b.dtype is dt else cast(b, dt)), dt)
 
 
 def where(c: Node, a: Node, b: Node, dtype: np.dtype | None = None) -> Node:
     dt = promote(a.dtype, b.dtype) if dtype is None else (
         dtype if isinstance(dtype, np.dtype) else np.dtype(dtype))
-    return Node("where", (cast(c, BOOL), cast(a, dt), cast(b, dt)), dt)
+    return Node("where", (c if c.dtype is BOOL else cast(c, BOOL), a if a.dtype is dt else cast(a, dt),
+                          b if b.dtype is dt else cast(b, dt)), dt)
 
 
 def walk(outputs: list[Node]) -> list[Node]:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import threading
 import weakref
+from collections.abc import Sequence
 from typing import Any
 
 from netcl import config
@@ -60,12 +61,15 @@ def _forget_reader(ref: _ReaderRef) -> None:
                 _tensor.before_access.pop(k, None)
 
 
-def register_pending_reader(tensor: Tensor, storages: list[Storage]) -> None:
+def register_pending_reader(tensor: Tensor, leaves: Sequence[Tensor]) -> None:
+    """Register pending `tensor` as a reader of the storages of the tensors its expression reads."""
     ref = _ReaderRef(tensor, _forget_reader)
     ref.tid = tid = id(tensor)
-    ref.keys = keys = [id(s) for s in storages]
+    ref.keys = keys = []
     hooks = _tensor.before_access
-    for k in keys:
+    for t in leaves:
+        k = id(t._storage)
+        keys.append(k)
         readers = _pending_readers.get(k)
         if readers is None:
             _pending_readers[k] = {tid: ref}
@@ -224,14 +228,14 @@ def make_result(expr: ir.Node, shape: tuple[int, ...], queue: Any, inlined: list
             _contiguous[shape] = strides
     # (an identity expression still gets a new tensor: ops never alias their input)
     out = Tensor(None, shape, strides, 0, expr.dtype, queue)  # type: ignore[arg-type]
-    if lazy_enabled():
+    if _state.tracing > 0 or config.fusion_enabled():  # lazy_enabled(), without its call
         leaves = (expr.info or _info(expr))[0]
         if expr.size > MAX_NODES or len(leaves) > MAX_LEAVES:
             if tracing():
                 raise ir.TraceError(f"a fused function grew past {MAX_NODES} nodes / {MAX_LEAVES} tensors")
         else:
             out._pending = Pending(expr, inlined, leaves)
-            register_pending_reader(out, [t._storage for t in leaves])
+            register_pending_reader(out, leaves)
             return out
     leaves, _, key, params = expr.info or _info(expr)
     if key is not None:

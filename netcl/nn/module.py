@@ -86,12 +86,12 @@ class Module:
         params, buffers, modules = d["_parameters"], d["_buffers"], d["_modules"]
         if isinstance(value, Parameter):
             self._forget(name, keep=params)
-            params[name] = value
+            params[name] = d[name] = value
         elif name in params:
             if value is not None:
                 raise TypeError(f"cannot assign {type(value).__name__} as parameter {name!r} of "
                                 f"{type(self).__name__} (a Parameter or None expected)")
-            params[name] = None
+            params[name] = d[name] = None
         elif isinstance(value, Module):
             self._forget(name, keep=modules)
             modules[name] = value
@@ -109,18 +109,20 @@ class Module:
             object.__setattr__(self, name, value)
 
     def _forget(self, name: str, keep: dict) -> None:
-        """Drop `name` from every table but `keep`, and from the plain attributes."""
+        """Drop `name` from every table but `keep`, and from the plain attributes (a parameter's copy too)."""
         self.__dict__.pop(name, None)
         for table in (self._parameters, self._buffers, self._modules):
             if table is not keep:
                 table.pop(name, None)
 
+    # A parameter is kept in _parameters (PyTorch's table: named_parameters, state_dict) and, the same object,
+    # in the instance's __dict__, so that `self.weight` in a layer's forward is an ordinary attribute lookup
+    # (before, the normal lookup failed, raised inside, and only then called __getattr__). Every write of a
+    # parameter goes through __setattr__, register_parameter or __delattr__, which keep both. Buffers and
+    # child modules are found by __getattr__ (containers write _modules directly).
     def __getattr__(self, name: str) -> Any:
         d = self.__dict__
-        parameters = d.get("_parameters")  # a layer's forward asks for its parameters every call: first
-        if parameters is not None and name in parameters:
-            return parameters[name]
-        for table in ("_buffers", "_modules"):
+        for table in ("_parameters", "_buffers", "_modules"):
             if table in d and name in d[table]:
                 return d[table][name]
         raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
@@ -129,6 +131,8 @@ class Module:
         for table in (self._parameters, self._buffers, self._modules):
             if name in table:
                 del table[name]
+                if table is self._parameters:
+                    self.__dict__.pop(name, None)
                 return
         object.__delattr__(self, name)
 
@@ -137,7 +141,8 @@ class Module:
             raise TypeError(f"{kind} name must be a str, got {type(name).__name__}")
         if not name or "." in name:
             raise KeyError(f"{kind} name {name!r} must be non-empty and contain no '.'")
-        if hasattr(type(self), name) or (name in self.__dict__ and name not in ("training",)):
+        if hasattr(type(self), name) or (name in self.__dict__ and name not in ("training",)
+                                         and name not in self._parameters):
             raise KeyError(
                 f"attribute {name!r} of {type(self).__name__} already exists: it cannot also be a {kind}"
             )
@@ -150,7 +155,7 @@ class Module:
         if name not in self._parameters:
             self._check_name(name, "parameter")
         self._forget(name, keep=self._parameters)
-        self._parameters[name] = param
+        self._parameters[name] = self.__dict__[name] = param
 
     def register_buffer(self, name: str, tensor: Tensor | None) -> None:
         """A Tensor that is part of the state (saved, moved by to()) but not trained, e.g. running_mean."""

@@ -118,12 +118,15 @@ def broadcast_shapes(op: str, *shapes: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(out)
 
 
+_SCALARS = (bool, int, float, np.bool_, np.integer, np.floating)  # what an operand may be besides a Tensor
+
+
 def _is_scalar(x: Any) -> bool:
-    return isinstance(x, (bool, int, float, np.bool_, np.integer, np.floating))
+    return isinstance(x, _SCALARS)
 
 
 def _check_operand(op: str, x: Any) -> None:
-    if not isinstance(x, Tensor) and not _is_scalar(x):
+    if not isinstance(x, Tensor) and not isinstance(x, _SCALARS):
         if isinstance(x, np.ndarray):
             raise DTypeError(f"{op}: got a NumPy array; move it to the device first with Tensor.from_host")
         raise DTypeError(f"{op}: operands must be Tensors or Python numbers, got {type(x).__name__}")
@@ -162,7 +165,9 @@ def from_ir(op: str, build: Any, *operands: Operand, dtype: np.dtype | None = No
     else:
         dt = np.dtype(dtype)
     inlined: list[weakref.ref] = []
-    nodes = [lazy.operand(x, inlined) if isinstance(x, Tensor) else ir.param(x, dt) for x in operands]
+    nodes = []  # (a loop, not a comprehension: one call less per op)
+    for x in operands:
+        nodes.append(lazy.operand(x, inlined) if isinstance(x, Tensor) else ir.param(x, dt))
     expr = build(*nodes, dt)
     if expr.dtype == ir.F64:
         dtypes.check_supported_on(expr.dtype, queue.device)
@@ -301,8 +306,12 @@ def clamp(x: Tensor, min: Operand = None, max: Operand = None) -> Tensor:
 def where(cond: Operand, a: Operand, b: Operand) -> Tensor:
     """a where cond is true (nonzero), else b; broadcasting all three."""
     for x in (cond, a, b):
-        _check_operand("where", x)
-    vals = [v for v in (a, b) if isinstance(v, Tensor)]
+        if not isinstance(x, Tensor):
+            _check_operand("where", x)
+    vals = []  # (loops, not a comprehension nor a call per Tensor: the relu mask of every backward)
+    for v in (a, b):
+        if isinstance(v, Tensor):
+            vals.append(v)
     if vals:
         dt = vals[0].dtype
         for v in vals[1:]:

@@ -45,6 +45,7 @@ class PoolParams:
                 f"{op}: kernel {(self.KH, self.KW)} (dilation {(self.DH, self.DW)}) does not fit "
                 f"the input {(self.H, self.W)} padded by {(self.PH, self.PW)}"
             )
+        self.output_shape = (self.N, self.C, self.OH, self.OW)  # (an instance is shared and only read)
 
     @staticmethod
     def _out(size: int, k: int, s: int, p: int, d: int, ceil_mode: bool) -> int:
@@ -55,10 +56,6 @@ class PoolParams:
         if ceil_mode and (out - 1) * s >= size + p:  # the last window must start inside the input
             out -= 1
         return out
-
-    @property
-    def output_shape(self) -> tuple[int, int, int, int]:
-        return (self.N, self.C, self.OH, self.OW)
 
     def args(self) -> tuple[np.int32, ...]:
         """The kernels' geometry arguments (built once: instances are shared through _params)."""
@@ -117,8 +114,8 @@ def _max_pool_plan(op: str, x: Tensor, input_shape: Sequence[int], kernel_size: 
     grad_out's offset) fill the kernel's first four arguments."""
     try:
         # repr: 2 and 2.0 hash alike, but only the int is a valid size
-        key = (op, id(x.device), x.dtype, tuple(input_shape), repr((kernel_size, stride, padding, dilation)),
-               ceil_mode, algorithm)
+        key = (op, id(x.queue.device), x.dtype, tuple(input_shape),
+               repr((kernel_size, stride, padding, dilation)), ceil_mode, algorithm)
         hit = capture.plans.get(key)
     except TypeError:  # unhashable arguments (lists): planned every call
         key, hit = None, None

@@ -18,6 +18,7 @@ import numpy as np
 
 from netcl import kernels
 from netcl.core import capture, dtypes
+from netcl.core.access import before_access
 from netcl.core.tensor import Tensor
 from netcl.errors import NetclError
 
@@ -59,6 +60,24 @@ def _scalars(hyper: dict[str, Any], dtype: np.dtype) -> dict[str, Any]:
     """Kernel arguments of the hyperparameters: flags as int, numbers in the parameters' dtype."""
     scalar = kernels.scalar_type(dtype)
     return {k: np.int32(v) if isinstance(v, (bool, np.bool_)) else scalar(v) for k, v in hyper.items()}
+
+
+def _plan_values(hyper: dict[str, Any], dtype: np.dtype, into: dict[str, Any]) -> None:
+    """The hyperparameters as a launch through the step's Plan takes them, written into `into`: a Python float
+    or int as it is (the Plan sets it as the NumPy type _scalars gave it when the plan was built, the same
+    bits, and only when it changed: most of them stay the same from step to step), a flag as int, anything
+    else (a NumPy number) as _scalars makes it."""
+    scalar = None
+    for k, v in hyper.items():
+        kind = type(v)
+        if kind is float or kind is int:
+            into[k] = v
+        elif kind is bool:
+            into[k] = int(v)
+        else:
+            if scalar is None:
+                scalar = kernels.scalar_type(dtype)
+            into[k] = np.int32(v) if isinstance(v, np.bool_) else scalar(v)
 
 
 def optimizer_step(rule: str, params: Sequence[Tensor], grads: Sequence[Tensor],
@@ -111,12 +130,17 @@ def optimizer_step(rule: str, params: Sequence[Tensor], grads: Sequence[Tensor],
                     f"optimizer_step: the master weights of parameter {i} must be a contiguous float32 "
                     f"tensor of shape {v.shape} on its queue, got {master.dtype} {master.shape}"
                 )
-        master_buffer = master.buffer
+        # Tensor.buffer's usual case read in place (nothing pending, no before-access hook to run): four
+        # buffers per parameter and step
+        plain = not before_access
+        master_buffer = master._storage.buffer if plain and master._pending is None else master.buffer
         p_name, _, g_name, _, sa, sb, sc, mw, _ = _TENSOR_ARGS[i]
         dynamic[p_name] = master_buffer if master is v else v.buffer
-        dynamic[g_name], dynamic[mw] = g.buffer, master_buffer
+        dynamic[g_name] = g._storage.buffer if plain and g._pending is None else g.buffer
+        dynamic[mw] = master_buffer
         for name, s in zip((sa, sb, sc), st):
-            dynamic[name] = s.buffer if s is not None else master_buffer
+            dynamic[name] = master_buffer if s is None else (
+                s._storage.buffer if plain and s._pending is None else s.buffer)
         for name in (sa, sb, sc)[len(st):]:
             dynamic[name] = master_buffer
         size = math.prod(v.shape)
@@ -127,12 +151,12 @@ def optimizer_step(rule: str, params: Sequence[Tensor], grads: Sequence[Tensor],
         return
     if found_inf is not None:
         dynamic["found_inf"] = found_inf.buffer
-    dynamic.update(_scalars(hyper, p0.dtype))
     # one Plan per (kernel, parameter offsets and lengths): the buffers and the step's scalars change per call
     key = ("optimizer_step", id(queue.device), rule, p0.dtype, half, found_inf is not None, total,
            tuple(layout))
     hit = capture.plans.get(key)
     if hit is None:
+        dynamic.update(_scalars(hyper, p0.dtype))  # the plan learns each scalar's type from these
         defines: dict[str, Any] = {**kernels.float_defines(p0.dtype, rule, half=True),
                                    "N_TENSORS": len(params), "OPT": f"OPT_{rule.upper()}", "ITEMS": items}
         if half:
@@ -148,8 +172,10 @@ def optimizer_step(rule: str, params: Sequence[Tensor], grads: Sequence[Tensor],
         order = [i for i, n in enumerate(kernel.arg_names) if n in dynamic]
         hit = capture.plans.put(key, (kernel, kernel.plan((total,), None, args, order),
                                       [kernel.arg_names[i] for i in order]))
+    else:
+        _plan_values(hyper, p0.dtype, dynamic)
     kernel, plan, names = hit
-    plan(queue, *[dynamic[n] for n in names])
+    plan(queue, *map(dynamic.__getitem__, names))
     graph = capture.capturing()
     if graph is not None and refresh is not None:
         index, dtype = kernel.arg_index, p0.dtype

@@ -232,9 +232,11 @@ class Optimizer:
         if st is None:
             st = {"step": 0}
             self.state[id(p)] = st
-        missing = [name for name in (self._state_names(group) if names is None else names)
-                   if st.get(name) is None]
-        half = dtypes.is_half(p.value.dtype)
+        missing = []  # (a loop, not a comprehension: one call less per parameter and step)
+        for name in self._state_names(group) if names is None else names:
+            if st.get(name) is None:
+                missing.append(name)
+        half = p.value.dtype in dtypes.HALF  # a Tensor's dtype is a np.dtype
         if missing or (half and st.get("master") is None):
             with capture.capture_paused():  # made once: a graph replay must not zero it again
                 for name in missing:

@@ -251,6 +251,28 @@ def test_a_plan_with_a_dynamic_scalar_and_a_graph(device, queue, rng):
     np.testing.assert_array_equal(y.to_host(), a * np.float32(1.5) * np.float32(1.5))
 
 
+def test_a_plan_takes_python_floats_at_a_numpy_scalar_position(device, queue, rng):
+    """A Python float at a by-value position built with a NumPy scalar is set as that type, only when it
+    changed; 0.0 and -0.0 compare equal but each is set with its own sign; NumPy scalars and Python floats
+    mix; a graph records the launch with the NumPy scalar."""
+    prg = kernels.build(device, SCALE, "scale_plan_float", OFFSET="(-0.0f)")  # -0.0 keeps a zero's sign
+    plan = prg.scale.plan((37,), None, (None, np.float32(1.0), np.int32(37)), (0, 1))
+    a = rng.standard_normal(37).astype(np.float32)
+    for factor in (2.0, 2.0, 1e-3, np.float32(0.5), 0.5, 0.0, -0.0, -0.0, 0.0, float("nan"), 3, -0.0, 0,
+                   -0.0):
+        x = Tensor.from_host(queue, a)
+        plan(queue, x.buffer, factor)
+        got, want = x.to_host(), a * np.float32(factor) + np.float32(-0.0)
+        np.testing.assert_array_equal(got, want)
+        assert np.signbit(got).tolist() == np.signbit(want).tolist()
+    y = Tensor.from_host(queue, a)
+    graph = Graph()
+    with graph.capture(queue):
+        plan(queue, y.buffer, 1.5)
+    graph.replay()
+    np.testing.assert_array_equal(y.to_host(), a * np.float32(1.5) * np.float32(1.5))
+
+
 def test_planned_launches_share_one_plan_per_static_signature(device, queue, rng, monkeypatch):
     """Kernel.planned keeps one Plan per (kernel, geometry, static values) in capture.plans: a repeat with
     new buffers reuses it, another static value (-0.0 is not 0.0) gets its own, and each computes with its

@@ -94,3 +94,31 @@ def test_register_functions_check_their_arguments(queue):
     assert list(m.state_dict()) == ["bias"]
     with pytest.raises(TypeError, match="list"):
         m.load_state_dict([("bias", np.zeros(1, np.float32))])
+
+
+def test_parameter_attribute_follows_every_change(queue):
+    """A parameter is read as a plain attribute (kept beside _parameters): no write path may leave the
+    attribute naming an old value."""
+    m = nn.Module()
+    p1, p2, p3, p4 = (_param(queue, float(i)) for i in range(4))
+    m.w = p1
+    m.w = p2
+    assert m.w is p2 and dict(m.named_parameters())["w"] is p2
+    buf = Tensor.zeros(queue, (1,))
+    m.register_buffer("w", buf)  # a buffer takes the name over (netcl's and PyTorch's register rules)
+    assert m.w is buf and list(m.named_parameters()) == [] and list(m.state_dict()) == ["w"]
+    m.register_parameter("w", p3)
+    assert m.w is p3 and m.state_dict()["w"].to_host()[0] == 2.0
+    child = nn.Linear(queue, 2, 2)
+    m.add_module("w", child)
+    assert m.w is child and [n for n, _ in m.named_parameters()] == ["w.weight", "w.bias"]
+    del m.w
+    m.register_parameter("w", p4)
+    assert m.w is p4
+    m.w = None
+    assert m.w is None and list(m.state_dict()) == []
+    del m.w
+    assert not hasattr(m, "w")
+    with pytest.raises(AttributeError, match="Module has no attribute 'w'"):
+        m.w  # noqa: B018
+

@@ -201,3 +201,27 @@ def test_clip_grad_norm(queue, rng):
     np.testing.assert_allclose(norm2.to_host(), [1.5], rtol=1e-6)
     for p, g in zip(params, grads):
         np.testing.assert_allclose(p.grad.to_host(), g * coef, rtol=1e-12)
+
+
+def test_step_computes_pending_readers_of_its_tensors_first(queue, rng):
+    """A pending elementwise result (netcl.jit.lazy) reading a parameter or its state sees the values from
+    before the step (the step writes them in place), and a pending gradient is computed before it is read."""
+    a = rng.standard_normal((5, 3)).astype(np.float32)
+    g = rng.standard_normal((5, 3)).astype(np.float32)
+    p = ag.Parameter(Tensor.from_host(queue, a))
+    opt = optim.Adam([p], lr=0.1)
+    p.grad = Tensor.from_host(queue, g) * 1.0
+    opt.step()  # the state exists from here
+    st = {}
+    want = _adam(a.astype(np.float64), g.astype(np.float64), st, 1, 0.1)
+    np.testing.assert_allclose(p.value.to_host(), want, rtol=1e-5, atol=1e-6)
+    p.grad = Tensor.from_host(queue, g) * 2.0
+    old_p = p.value * 3.0
+    old_m = opt.state[id(p)]["exp_avg"] * 1.0
+    assert p.grad.is_pending and old_p.is_pending and old_m.is_pending  # (fusion is on in the suite)
+    m_before = st["m"].copy()
+    want2 = _adam(want, 2.0 * g.astype(np.float64), st, 2, 0.1)
+    opt.step()
+    np.testing.assert_allclose(old_p.to_host(), 3.0 * want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(old_m.to_host(), m_before, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(p.value.to_host(), want2, rtol=1e-5, atol=1e-6)

@@ -159,9 +159,9 @@ def conv2d_backward_weight(x: Tensor, grad_out: Tensor, weight_shape: Sequence[i
 
 def conv2d_backward_bias(grad_out: Tensor) -> Tensor:
     """d(loss)/d(bias) of conv2d: grad_out summed over N, H, W -> (K,)."""
-    if grad_out.ndim != 4:
+    if len(grad_out.shape) != 4:
         raise ShapeError(f"conv2d_backward_bias: grad_out must be 4-D (N, K, OH, OW), got {grad_out.shape}")
-    key = ("conv2d_backward_bias", id(grad_out.device), grad_out.dtype, grad_out.shape)
+    key = ("conv2d_backward_bias", id(grad_out.queue.device), grad_out.dtype, grad_out.shape)
     launch = capture.plans.get(key)
     if launch is None:  # the checks, program and static arguments of this signature, once (capture.plans)
         dt = _float_dtype("conv2d_backward_bias", grad_out)

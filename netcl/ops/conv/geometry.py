@@ -101,18 +101,11 @@ class ConvParams:
                 f"{(self.H, self.W)} padded by {(self.PH, self.PW)} (output would be {(self.OH, self.OW)}); "
                 "use a smaller kernel or more padding"
             )
-
-    @property
-    def Cg(self) -> int:
-        return self.C // self.G
-
-    @property
-    def Kg(self) -> int:
-        return self.K // self.G
-
-    @property
-    def output_shape(self) -> tuple[int, int, int, int]:
-        return (self.N, self.K, self.OH, self.OW)
+        # worked out once (an instance is shared by every call with these arguments, and only read): the
+        # passes read them several times per call
+        self.Cg = self.C // self.G  # input channels per group
+        self.Kg = self.K // self.G  # output channels per group
+        self.output_shape = (self.N, self.K, self.OH, self.OW)
 
     def geometry(self) -> tuple[np.int32, ...]:
         """Kernel arguments N..G in the order every conv kernel takes them (built once per instance:

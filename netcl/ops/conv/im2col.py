@@ -35,9 +35,10 @@ def _im2col(x: Tensor, p: ConvParams, n0: int, nb: int, ones_row: bool = False,
     """cols of images n0..n0+nb-1, R = Cg*KH*KW [+1 row of ones] rows of P = OH*OW positions each:
     (nb, G, R, P) per image, or with batch_inner (G, R, nb*P) (every image's positions in one row).
     The launch (kernel, sizes, scalar arguments) is built once per (device, dtype, geometry, chunk)."""
-    key = ("im2col", id(x.device), x.dtype, p, n0, nb, ones_row, batch_inner, _row_kernels(x.device))
+    device = x.queue.device
+    key = ("im2col", id(device), x.dtype, p, n0, nb, ones_row, batch_inner, _row_kernels(device))
     plan = capture.plans.get(key)
-    if plan is None or plan[0] is not x.device:
+    if plan is None or plan[0] is not device:
         plan = capture.plans.put(key, _im2col_plan(x, p, n0, nb, ones_row, batch_inner))
     _, shape, launch = plan
     cols = Tensor.empty(x.queue, shape, x.dtype)
@@ -124,10 +125,11 @@ def _backward_input_gemm(gy: Tensor, w: Tensor, gx: Tensor, p: ConvParams) -> No
 
 def _col2im_plan(gy: Tensor, p: ConvParams, n0: int, nb: int) -> Any:
     """The Plan (netcl.core.backend) of one col2im chunk, built once: cols, gx and gx's offset per call."""
-    rows = _row_kernels(gy.device)
-    key = ("col2im", id(gy.device), gy.dtype, p, n0, nb, rows)
+    device = gy.queue.device
+    rows = _row_kernels(device)
+    key = ("col2im", id(device), gy.dtype, p, n0, nb, rows)
     plan = capture.plans.get(key)
-    if plan is None or plan[0] is not gy.device:
+    if plan is None or plan[0] is not device:
         g = p.geometry()
         tail = (np.int32(n0), np.int32(nb), g[1], g[2], g[3], *g[5:])
         if rows:
