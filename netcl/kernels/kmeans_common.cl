@@ -45,4 +45,59 @@
 
 #define KM_INF ((ACC)INFINITY)
 
+// The end of a GEMM-shaped assignment (kmeans_gpu.cl, kmeans_mma.cl) over block rows m0 .. m0 + BM - 1, run by
+// every work-item of the group (nt of them, this one tid) once each row's S partial results (its smallest value
+// and that center) are in fold / fold_idx (row r's at r * S ..) and visible: the row's label (the smallest
+// value, then the smallest index), its exact distance to that center (partial sums over features s, s + S, ...
+// added in the order s = 0 .. S - 1), both stored, and the labels that changed counted into `changed` (one
+// atomic a group) when count_changes is set. The kernel's names (x, x_off, n, d, m0, row0, shift, centers,
+// labels, dist, fold, fold_idx, nchanged, changed, count_changes, tid). A macro, not a function: PoCL 3.0 counted
+// every row once per work-item when these barriers sat in an inlined function
+#define KM_FINISH_BLOCK(S, nt)                                                                          \
+    do {                                                                                                \
+        for (int r_ = tid; r_ < BM; r_ += (nt)) {                                                       \
+            ACC v_ = fold[r_ * (S)];                                                                    \
+            int c_ = fold_idx[r_ * (S)];                                                                \
+            for (int s_ = 1; s_ < (S); ++s_) {                                                          \
+                const ACC vs_ = fold[r_ * (S) + s_];                                                    \
+                const int cs_ = fold_idx[r_ * (S) + s_];                                                \
+                if (vs_ < v_ || (vs_ == v_ && cs_ < c_)) {                                              \
+                    v_ = vs_;                                                                           \
+                    c_ = cs_;                                                                           \
+                }                                                                                       \
+            }                                                                                           \
+            fold_idx[r_ * (S)] = c_;                                                                    \
+        }                                                                                               \
+        barrier(CLK_LOCAL_MEM_FENCE);                                                                   \
+        for (int e_ = tid; e_ < BM * (S); e_ += (nt)) {                                                 \
+            const int r_ = e_ / (S);                                                                    \
+            const long row_ = min((long)(m0 + r_), (long)n - 1);                                        \
+            const int c_ = fold_idx[r_ * (S)];                                                          \
+            ACC s_ = 0;                                                                                 \
+            for (int f_ = e_ % (S); f_ < d; f_ += (S)) {                                                \
+                const ACC diff_ = (XLOAD(x, x_off + row_ * d + f_) - (ACC)shift[f_]) -                  \
+                                  (ACC)centers[(long)c_ * d + f_];                                      \
+                s_ += diff_ * diff_;                                                                    \
+            }                                                                                           \
+            fold[e_] = s_;                                                                              \
+        }                                                                                               \
+        barrier(CLK_LOCAL_MEM_FENCE);                                                                   \
+        int mine_ = 0;                                                                                  \
+        for (int r_ = tid; r_ < BM; r_ += (nt)) {                                                       \
+            const long row_ = (long)m0 + r_;                                                            \
+            if (row_ >= n) continue;                                                                    \
+            ACC s_ = 0;                                                                                 \
+            for (int q_ = 0; q_ < (S); ++q_) s_ += fold[r_ * (S) + q_];                                 \
+            const int c_ = fold_idx[r_ * (S)];                                                          \
+            if (count_changes && labels[row0 + row_] != c_) ++mine_;                                    \
+            labels[row0 + row_] = c_;                                                                   \
+            dist[row0 + row_] = s_;                                                                     \
+        }                                                                                               \
+        if (count_changes) {                                                                            \
+            if (mine_) atomic_add(nchanged, mine_);                                                     \
+            barrier(CLK_LOCAL_MEM_FENCE);                                                               \
+            if (tid == 0 && nchanged[0]) atomic_add(changed, nchanged[0]);                              \
+        }                                                                                               \
+    } while (0)
+
 #endif

@@ -158,49 +158,7 @@ void kmeans_assign(__global const XT *x, const long x_off, const int n, const in
         fold_idx[r * TX + tx] = best_idx[i];
     }
     barrier(CLK_LOCAL_MEM_FENCE);
-    for (int r = tid; r < BM; r += NT) {
-        ACC v = fold[r * TX];
-        int c = fold_idx[r * TX];
-        for (int t = 1; t < TX; ++t) {
-            const ACC vt = fold[r * TX + t];
-            const int ct_ = fold_idx[r * TX + t];
-            if (vt < v || (vt == v && ct_ < c)) {
-                v = vt;
-                c = ct_;
-            }
-        }
-        fold_idx[r * TX] = c;
-    }
-    barrier(CLK_LOCAL_MEM_FENCE);
-    // exact distance of each row to its center: work-item (tx, ty) sums features tx, tx + TX, ... of
-    // rows ty, ty + TY, ...
-    for (int r = ty; r < BM; r += TY) {
-        const long row = min((long)(m0 + r), (long)n - 1);
-        const int c = fold_idx[r * TX];
-        ACC s = 0;
-        for (int f = tx; f < d; f += TX) {
-            const ACC diff = (XLOAD(x, x_off + row * d + f) - (ACC)shift[f]) - (ACC)centers[(long)c * d + f];
-            s += diff * diff;
-        }
-        fold[r * TX + tx] = s;
-    }
-    barrier(CLK_LOCAL_MEM_FENCE);
-    int mine = 0;
-    for (int r = tid; r < BM; r += NT) {
-        const long row = (long)m0 + r;
-        if (row >= n) continue;
-        ACC s = 0;
-        for (int t = 0; t < TX; ++t) s += fold[r * TX + t];
-        const int c = fold_idx[r * TX];
-        if (count_changes && labels[row0 + row] != c) ++mine;
-        labels[row0 + row] = c;
-        dist[row0 + row] = s;
-    }
-    if (count_changes) {
-        if (mine) atomic_add(nchanged, mine);
-        barrier(CLK_LOCAL_MEM_FENCE);
-        if (tid == 0 && nchanged[0]) atomic_add(changed, nchanged[0]);
-    }
+    KM_FINISH_BLOCK(TX, NT);
 }
 
 __kernel __attribute__((reqd_work_group_size(WGU, 1, 1)))

@@ -153,47 +153,5 @@ void kmeans_assign_mma(__global const XT *x, const long x_off, const int n, cons
             fold_idx[r * KM_S + slot] = best_idx[i][h];
         }
     barrier(CLK_LOCAL_MEM_FENCE);
-    for (int r = tid; r < BM; r += THREADS) {
-        float v = fold[r * KM_S];
-        int c = fold_idx[r * KM_S];
-        for (int s = 1; s < KM_S; ++s) {
-            const float vs = fold[r * KM_S + s];
-            const int cs = fold_idx[r * KM_S + s];
-            if (vs < v || (vs == v && cs < c)) {
-                v = vs;
-                c = cs;
-            }
-        }
-        fold_idx[r * KM_S] = c;
-    }
-    barrier(CLK_LOCAL_MEM_FENCE);
-    // exact distance of each row to its center: work-item e sums features e % S, + S, ... of row e / S
-    for (int e = tid; e < BM * KM_S; e += THREADS) {
-        const int r = e / KM_S;
-        const long row = min((long)(m0 + r), (long)n - 1);
-        const int c = fold_idx[r * KM_S];
-        ACC s = 0;
-        for (int f = e % KM_S; f < d; f += KM_S) {
-            const ACC diff = (XLOAD(x, x_off + row * d + f) - (ACC)shift[f]) - (ACC)centers[(long)c * d + f];
-            s += diff * diff;
-        }
-        fold[e] = s;
-    }
-    barrier(CLK_LOCAL_MEM_FENCE);
-    int mine = 0;
-    for (int r = tid; r < BM; r += THREADS) {
-        const long row = (long)m0 + r;
-        if (row >= n) continue;
-        ACC s = 0;
-        for (int q = 0; q < KM_S; ++q) s += fold[r * KM_S + q];
-        const int c = fold_idx[r * KM_S];
-        if (count_changes && labels[row0 + row] != c) ++mine;
-        labels[row0 + row] = c;
-        dist[row0 + row] = s;
-    }
-    if (count_changes) {
-        if (mine) atomic_add(nchanged, mine);
-        barrier(CLK_LOCAL_MEM_FENCE);
-        if (tid == 0 && nchanged[0]) atomic_add(changed, nchanged[0]);
-    }
+    KM_FINISH_BLOCK(KM_S, THREADS);
 }
