@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 
 from netcl.core.tensor import Tensor
+from netcl.errors import DeviceError
 from netcl.ops.gemm import api, gemm
 from netcl.ops.gemm.problem import _prepare
+from netcl.ops.gemm.variants import gemv_rms_miscompiled
 
 HALVES = [np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)]
 # bfloat16 keeps 8 bits, float16 11: the inputs are exactly representable, only the result is rounded
@@ -312,12 +314,17 @@ def test_rms_norm_linear_against_numpy(queue, rng, dtype, m, n, k, params):
     w, bias = rng.standard_normal((n, k)).astype(dtype), rng.standard_normal(n).astype(dtype)
     xs, nws, ws, bs = (Tensor.from_host(queue, a) for a in (x, norm_w, w, bias))
     tile = {"GEMV_WG": 1, "GEMV_ROWS": 8, **(params or {}), "GEMV_COLS": 1, "GEMV_UNROLL": 2, "GEMV_STAGE": 0}
-    rec = capture.Recording()
-    with capture.recording(rec):
-        got = launch_gemv(xs, ws.transpose(0, 1), tile, bias=bs, rms=(nws, 1e-5))
-    assert rec.launches == 1  # the norm is in the gemv's prologue
     want = reference(rms_reference(x, norm_w, 1e-5, dtype), w, bias)
-    assert_close(got, want, dtype)
+    if gemv_rms_miscompiled(queue.device, dtype):  # PyPI's PoCL 3.0 on half rows: refused, the op takes two
+        with pytest.raises(DeviceError, match="miscompiles the RMSNorm prologue"):
+            launch_gemv(xs, ws.transpose(0, 1), tile, bias=bs, rms=(nws, 1e-5))
+        assert not gemv_rms_fits(queue.device, dtype, m, n, k)
+    else:
+        rec = capture.Recording()
+        with capture.recording(rec):
+            got = launch_gemv(xs, ws.transpose(0, 1), tile, bias=bs, rms=(nws, 1e-5))
+        assert rec.launches == 1  # the norm is in the gemv's prologue
+        assert_close(got, want, dtype)
     if params is None:  # the op: the prologue where the device's tile asks for it (GEMV_NORM), else two
         fused = gemv_rms_fits(queue.device, dtype, m, n, k)
         with count_launches() as launches:
@@ -360,7 +367,9 @@ def test_rms_norm_linear_glu_and_int8(queue, rng, dtype, int8, m):
         got = rms_norm_linear(xs, nws, 1e-6, *args)
     assert_close(got, z, dtype)
     assert (launches.count == 1) == fused
-    if m <= api.GEMV_MAX_ROWS:  # the prologue itself, whatever the device's tile says
+    if m <= api.GEMV_MAX_ROWS and not gemv_rms_miscompiled(queue.device, dtype):
+        # the prologue itself, whatever the device's tile says (test_rms_norm_linear_against_numpy checks the
+        # refusal where the compiler is known to get it wrong)
         tile = {"GEMV_WG": 1, "GEMV_ROWS": 8, "GEMV_COLS": 1, "GEMV_UNROLL": 2, "GEMV_STAGE": 0}
         w_t = args[0].transpose(0, 1)
         scales = args[2] if int8 else None

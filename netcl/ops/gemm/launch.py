@@ -10,7 +10,7 @@ import pyopencl as cl
 
 from netcl.core import backend, capture, dtypes, launch_labels
 from netcl.core.tensor import Tensor
-from netcl.errors import ShapeError
+from netcl.errors import DeviceError, ShapeError
 from netcl.ops.gemm import splitk, variants
 from netcl.ops.gemm.problem import _batch_strides, _collapse, _long4, _matrix_strides, _Problem, _tiled_layout
 from netcl.ops.gemm.variants import _fit_local_memory, _program, shape_class, usable_params
@@ -160,6 +160,10 @@ def launch(
         rows, cols = tile["GEMV_ROWS"], tile.get("GEMV_COLS", 1)
         gsize, lsize = (tile["GEMV_WG"], -(-p.n // (rows * cols)) * rows, 1), (tile["GEMV_WG"], rows, 1)
         stage = _gemv_stage_bytes(device, tile, defines, p.m, p.k, a.dtype.itemsize, rms is not None)
+        if rms is not None and variants.gemv_rms_miscompiled(device, dt):
+            raise DeviceError(f"gemm: {device.describe()} miscompiles the RMSNorm prologue for {dt.name} "
+                              f"rows (variants.gemv_rms_miscompiled); use rms_norm then the linear layer "
+                              f"(ops.rms_norm_linear does)")
         if rms is not None and not stage:
             raise ShapeError(f"gemm: the RMSNorm prologue needs A ({p.m} x {p.k} {dt.name}) staged in local "
                              f"memory, which it does not fit (check gemv_rms_fits first)")

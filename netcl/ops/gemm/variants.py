@@ -419,6 +419,8 @@ def gemv_usable(device: Any, dtype: Any, rms: bool = False) -> bool:
     once; decode steps then take the other GEMM kernels (int8 weights dequantized first; the norm as its
     own launch) instead of failing."""
     dt = np.dtype(dtype)
+    if rms and gemv_rms_miscompiled(device, dt):
+        return False
     key = (id(device), dt.name, rms)
     ok = _gemv_ok.get(key)
     if ok is None:
@@ -437,6 +439,18 @@ def gemv_usable(device: Any, dtype: Any, rms: bool = False) -> bool:
             ok = False
         _gemv_ok[key] = ok
     return ok
+
+
+def gemv_rms_miscompiled(device: Any, dtype: Any) -> bool:
+    """Whether `device`'s compiler is known to miscompile the gemv kernel's RMSNorm prologue for `dtype` rows:
+    PyPI's PoCL 3.0 (LLVM 14) on half rows with more than one row (NaN and wrong sums in its work-group
+    functions specialised to the local size; Oclgrind runs the same cases right, without races; PoCL 3.1 and
+    NVIDIA's driver right too). There the norm stays its own launch (rms_norm_linear) and launch_gemv refuses
+    the prologue."""
+    caps = device.capabilities
+    pocl_3_0 = caps.kind == "cpu" and caps.driver_version.startswith("3.0") and "Portable" in str(
+        device.platform_name)
+    return pocl_3_0 and np.dtype(dtype) in (np.dtype(np.float16), np.dtype(dtypes.bfloat16))
 
 
 def _program(device: Any, variant: str, defines: dict[str, Any]):
