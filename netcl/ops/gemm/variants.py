@@ -419,10 +419,10 @@ def gemv_usable(device: Any, dtype: Any, rms: bool = False) -> bool:
     once; decode steps then take the other GEMM kernels (int8 weights dequantized first; the norm as its
     own launch) instead of failing."""
     dt = np.dtype(dtype)
-    if rms and gemv_rms_miscompiled(device, dt):
-        return False
     key = (id(device), dt.name, rms)
     ok = _gemv_ok.get(key)
+    if ok is None and rms and gemv_rms_miscompiled(device, dt):
+        ok = _gemv_ok[key] = False
     if ok is None:
         base = {"DTYPE": dt, "ACT": None, "GEMV_M": 1, **default_params("gemv", dt, device)}
         forms = ({"GEMV_STAGE_A": None, "GEMV_RMS": None},) if rms else (
