@@ -284,6 +284,19 @@ inline void issue_tile(__local ushort *dst, __global const ushort *base, const l
 #define STREAM_NEXT(abuf, bbuf, abase, astride, bbase, bstride, ROWS, END, as_, bs_)                     \
     STREAM_NEXT_AT(abuf, bbuf, abase, astride, bbase, bstride, ROWS, END, j0, as_, bs_)
 
+// acc[..][nb], acc[..][nb + 1] += a[..][kk] times the two 8-wide B fragments one ldmatrix.x4 reads at ROWS
+// (transposed with TRANS), for the R blocks AT names: the step both loops below take
+#define MMA_B_PAIR(acc, a, kk, nb, ROWS, TRANS, R, AT)                                                  \
+    do {                                                                                                \
+        uint r_[4];                                                                                     \
+        LDSM(r_, ROWS, TRANS);                                                                          \
+        const uint b0_[2] = {r_[0], r_[1]}, b1_[2] = {r_[2], r_[3]};                                    \
+        MMA_UNROLL                                                                                      \
+        for (int rb_ = 0; rb_ < (R); ++rb_) {                                                           \
+            MMA(AT(acc, rb_)[nb], AT(a, rb_)[kk], b0_, AT(acc, rb_)[nb]);                               \
+            MMA(AT(acc, rb_)[(nb) + 1], AT(a, rb_)[kk], b1_, AT(acc, rb_)[(nb) + 1]);                   \
+        }                                                                                               \
+    } while (0)
 // acc[NBLK][4] += A (16 x DK k steps, fragments a[DK][4]) times the rows of a local tile seen as B ("col":
 // its rows are the n side), ROWS(L) the ldmatrix addresses of (jb, kk); for R row blocks at once, AT(x, i)
 // naming block i of acc and a (RB_AT: x[i]; ONE_AT: x itself, one block): each B fragment pair read from
@@ -294,32 +307,14 @@ inline void issue_tile(__local ushort *dst, __global const ushort *base, const l
     MMA_UNROLL                                                                                          \
     for (int kk = 0; kk < DK; ++kk)                                                                     \
         MMA_UNROLL                                                                                      \
-        for (int jb = 0; jb < (NBLK); jb += 2) {                                                        \
-            uint r_[4];                                                                                 \
-            LDSM(r_, ROWS, false);                                                                      \
-            const uint b0_[2] = {r_[0], r_[1]}, b1_[2] = {r_[2], r_[3]};                                \
-            MMA_UNROLL                                                                                  \
-            for (int rb_ = 0; rb_ < (R); ++rb_) {                                                       \
-                MMA(AT(acc, rb_)[jb], AT(a, rb_)[kk], b0_, AT(acc, rb_)[jb]);                           \
-                MMA(AT(acc, rb_)[jb + 1], AT(a, rb_)[kk], b1_, AT(acc, rb_)[jb + 1]);                   \
-            }                                                                                           \
-        }
+        for (int jb = 0; jb < (NBLK); jb += 2) MMA_B_PAIR(acc, a, kk, jb, ROWS, false, R, AT)
 // acc[DB][4] += A (16 x KSTEPS * 16, fragments a[KSTEPS][4]) times a local tile's rows kk * 16 .. (k side);
 // R blocks and AT as MMA_NT_BLOCKS
 #define MMA_KN_BLOCKS(acc, a, KSTEPS, ROWS, R, AT)                                                      \
     MMA_UNROLL                                                                                          \
     for (int kk = 0; kk < (KSTEPS); ++kk)                                                               \
         MMA_UNROLL                                                                                      \
-        for (int db = 0; db < DB; db += 2) {                                                            \
-            uint r_[4];                                                                                 \
-            LDSM(r_, ROWS, true);                                                                       \
-            const uint b0_[2] = {r_[0], r_[1]}, b1_[2] = {r_[2], r_[3]};                                \
-            MMA_UNROLL                                                                                  \
-            for (int rb_ = 0; rb_ < (R); ++rb_) {                                                       \
-                MMA(AT(acc, rb_)[db], AT(a, rb_)[kk], b0_, AT(acc, rb_)[db]);                           \
-                MMA(AT(acc, rb_)[db + 1], AT(a, rb_)[kk], b1_, AT(acc, rb_)[db + 1]);                   \
-            }                                                                                           \
-        }
+        for (int db = 0; db < DB; db += 2) MMA_B_PAIR(acc, a, kk, db, ROWS, true, R, AT)
 // one block (the dk/dv pass: acc[..][4], a[..][4]); the warp's RB blocks (acc[RB][..][4], a[RB][..][4])
 #define MMA_NT(acc, a, NBLK, ROWS) MMA_NT_BLOCKS(acc, a, NBLK, ROWS, 1, ONE_AT)
 #define MMA_KN(acc, a, KSTEPS, ROWS) MMA_KN_BLOCKS(acc, a, KSTEPS, ROWS, 1, ONE_AT)
