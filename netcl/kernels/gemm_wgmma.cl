@@ -20,10 +20,7 @@
 // the 16-byte chunk at byte L lives at L ^ (((L >> 7) & (W / 16 - 1)) << 4), W the swizzle width, which
 // the hardware undoes; every tile starts 1024-byte aligned.
 //
-// Defines: MMA_F16 | MMA_BF16 | MMA_TF32, BM, BN (64, 128 or 256), BK, WSTAGES, WGS, WPREFETCH (0, or a
-// distance D in tiles: as tile kt + LEAD is issued into the ring, tile kt + LEAD + D is asked into L2 by
-// prefetch.global.L2, so that the ring's copies find it there: more bytes in flight than the 48 KB of
-// local memory NVIDIA's OpenCL allows a work-group hold), WPIPE (0: each tile's
+// Defines: MMA_F16 | MMA_BF16 | MMA_TF32, BM, BN (64, 128 or 256), BK, WSTAGES, WGS, WPIPE (0: each tile's
 // wgmmas finish before the next tile's barrier; 1: one batch stays in flight), A_MN (A stored K x M),
 // B_MN (B stored K x N), TF32_ROUND (1: float32 tiles rounded to TF32 in local memory; 0: the matrix units
 // truncate, as cuBLAS's TF32 mode does), EPI_SMEM (below), GROUP_M (as gemm_mma.cl), MMA_EMULATE (wgmma
@@ -53,9 +50,6 @@
 #endif
 #ifndef TF32_ROUND
 #define TF32_ROUND 1
-#endif
-#ifndef WPREFETCH
-#define WPREFETCH 0
 #endif
 // tiles in flight ahead of the one the matrix units read: WPIPE=1 keeps one wgmma batch running across
 // the next tile's barrier, so the stage two tiles back is the one refilled (one tile less of prefetch)
@@ -186,7 +180,6 @@ inline void wg_emulate(float acc[NT][4], __local const uchar *tiles, const ulong
     } while (0)
 #define CP_COMMIT()
 #define CP_WAIT()
-#define L2_PREFETCH(src)
 #define FENCE_ASYNC()
 #define WG_FENCE()
 #define WG_COMMIT()
@@ -196,7 +189,6 @@ inline void wg_emulate(float acc[NT][4], __local const uchar *tiles, const ulong
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"                                        \
                  :: "r"((uint)(ulong)(dst)), "l"((ulong)(src)), "r"(bytes) : "memory")
 #define CP_COMMIT() asm volatile("cp.async.commit_group;" ::: "memory")
-#define L2_PREFETCH(src) asm volatile("prefetch.global.L2 [%0];" :: "l"((ulong)(src)))
 #define CP_WAIT() asm volatile("cp.async.wait_group " WG_STR(LEAD - 1) ";" ::: "memory")
 // cp.async writes through the generic proxy; wgmma reads through the async proxy
 #define FENCE_ASYNC() asm volatile(NCW("fence.proxy.async.shared::cta;") ::: "memory")
@@ -379,18 +371,6 @@ void gemm_mma(GEMM_ARGS)
         }                                                                                               \
     } while (0)
 
-// tile kt's chunks asked into L2 (no local memory, no registers held; the same chunks ISSUE copies later)
-#define PREFETCH(kt)                                                                                    \
-    do {                                                                                                \
-        const int k0_ = (kt) * BK;                                                                      \
-        _Pragma("unroll")                                                                               \
-        for (int h = 0; h < CH_A; ++h)                                                                  \
-            if (LEFT_A(h, k0_) > 0) L2_PREFETCH(src_a[h] + STEP_A(h, k0_));                             \
-        _Pragma("unroll")                                                                               \
-        for (int h = 0; h < CH_B; ++h)                                                                  \
-            if (LEFT_B(h, k0_) > 0) L2_PREFETCH(src_b[h] + STEP_B(h, k0_));                             \
-    } while (0)
-
 #if defined(MMA_TF32) && TF32_ROUND
     // the matrix units read TF32 from the tiles' float32 bits by truncation: each work-item rounds the
     // chunks it copied (to nearest, ties away: as mma.sync's cvt.rna.tf32.f32) once they have landed
@@ -417,9 +397,6 @@ void gemm_mma(GEMM_ARGS)
         if (s < nk) ISSUE(s);
         CP_COMMIT();
     }
-#if WPREFETCH > 0
-    for (int s = LEAD; s < LEAD + WPREFETCH && s < nk; ++s) PREFETCH(s);
-#endif
     for (int kt = 0; kt < nk; ++kt) {
         CP_WAIT();                       // tile kt has landed (this work-item's copies)
         ROUND_TF32((kt % WSTAGES) * STAGE_BYTES);
@@ -427,9 +404,6 @@ void gemm_mma(GEMM_ARGS)
         barrier(CLK_LOCAL_MEM_FENCE);    // ... for every work-item; all are done with tile kt - 1 - WPIPE
         if (kt + LEAD < nk) ISSUE(kt + LEAD);   // into the stage tile kt - 1 - WPIPE used
         CP_COMMIT();
-#if WPREFETCH > 0
-        if (kt + LEAD + WPREFETCH < nk) PREFETCH(kt + LEAD + WPREFETCH);
-#endif
         const int at = (kt % WSTAGES) * STAGE_BYTES;
         WG_FENCE();
         #pragma unroll

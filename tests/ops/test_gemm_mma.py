@@ -258,7 +258,6 @@ WG_CASES = [
     (np.float16, "nn", {}),
     (BF16, "nt", {"BK": 64, "WSTAGES": 3, "GROUP_M": 2}),    # 128-byte rows
     (np.float16, "tn", {"BK": 16}),                          # 32-byte rows
-    (BF16, "tn", {"WPREFETCH": 2}),                          # tiles asked into L2 ahead (a no-op emulated)
     (BF16, "tt", {"BM": 128, "BN": 128, "WGS": 2}),         # two warpgroups
     # one wgmma batch in flight (its own case again: merged into the BK 64 case above, with K = 96's partial
     # last tile, the emulation computed wrong sums on NVIDIA's compiler, not on PoCL; the real kernel with

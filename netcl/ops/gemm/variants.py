@@ -363,7 +363,7 @@ def matrix_units(device: Any) -> tuple[str, ...]:
 # choice, whatever the tile carries)
 MMA_SYNC_KNOBS = ("WM", "WN", "PAD", "PADB", "ASYNC", "STAGES", "LDMATRIX", "SWIZZLE", "DBUF", "DYN_LOCAL",
                   "ALIGNED", "B_KMAJOR")
-WGMMA_KNOBS = ("WGS", "WSTAGES", "WPREFETCH", "WPIPE", "A_MN", "B_MN", "TF32_ROUND", "EPI_SMEM")
+WGMMA_KNOBS = ("WGS", "WSTAGES", "WPIPE", "A_MN", "B_MN", "TF32_ROUND", "EPI_SMEM")
 
 
 def takes_wgmma(device: Any, defines: dict[str, Any]) -> bool:
