@@ -51,6 +51,7 @@ class Queue:
         self._staging: Any = None  # pinned staging buffers (netcl.core.memory.staging makes them)
         self._lock = threading.Lock()
         self._checks: cl.Buffer | None = None
+        self._arrivals: dict[int, cl.Buffer] = {}
 
     def _make(self, timed: bool) -> cl.CommandQueue:
         props = cl.command_queue_properties.PROFILING_ENABLE if timed else 0
@@ -95,6 +96,24 @@ class Queue:
                     raise DeviceError(f"could not allocate the check record on {self.device.describe()}: "
                                       f"{exc}") from exc
             return self._checks
+
+    def arrival_counts(self, n: int) -> cl.Buffer:
+        """n zeroed int32 for kernels whose last work-group to arrive merges the others' partials
+        (nc_last_arrival of common.cl: each launch's last arrival resets its count), so one buffer per
+        queue and size serves every launch and every recorded replay: launches on one in-order queue
+        never overlap. Made on first use."""
+        counts = self._arrivals.get(n)
+        if counts is not None:
+            return counts
+        with self._lock:
+            if n not in self._arrivals:
+                try:
+                    flags = cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR
+                    self._arrivals[n] = cl.Buffer(self.context, flags, hostbuf=np.zeros(max(n, 1), np.int32))
+                except cl.Error as exc:
+                    raise DeviceError(f"could not allocate {n} arrival counts on {self.device.describe()}: "
+                                      f"{exc}") from exc
+            return self._arrivals[n]
 
     def raise_device_errors(self) -> None:
         """Raise what a kernel recorded in the check record since the last look (and clear it)."""

@@ -801,10 +801,12 @@ __kernel void attention_dq_sum_gpu(__global const float *dq_acc, __global float 
 //   maxima, p, row sums -> the v tile over the k tile -> o += p v, the items as KG groups of DR * DQ4 (row,
 //   float4) pairs, a group taking every KG-th key of the tile). With nsplit == 1 it writes out and lse;
 //   else the split's output (unnormalised, at its own running max), running max and sum go to part_o
-//   (rows, nsplit, 4 * DQ4) and part_ml (rows, nsplit, 2), merged by attention_decode_combine_gpu.
+//   (rows, nsplit, 4 * DQ4) and part_ml (rows, nsplit, 2) (PART_STORE), and the last split of the (kv head,
+//   batch) to finish (nc_last_arrival on arrivals[b * HKV + hk]) merges the nsplit parts of its rows in the
+//   order s = 0..nsplit-1, whichever finished last: out = sum_s o_s exp(m_s - M) / sum_s l_s exp(m_s - M),
+//   lse = M + log(...), M = max_s m_s. One launch, no combine kernel. Float accumulators only when split
+//   (the parts move through 32-bit atomics; netcl.ops.attention keeps float64 in one split).
 //   Local memory: (DR + DK) * DRS4 * 4 + 2 * DR * DK + 4 * DR + 4 * KG * DPAIRS values.
-// attention_decode_combine_gpu: global (DQ4, B * HQ * SQ): out = sum_s o_s exp(m_s - M) / sum_s l_s exp(m_s - M),
-//   lse = M + log(...), M = max_s m_s.
 // Build options: DR (rows of a work-group: GROUP * SQ), DK (keys per tile, default 64), DNT (items, default 128).
 #ifndef DK
 #define DK 64
@@ -821,7 +823,7 @@ __kernel void attention_dq_sum_gpu(__global const float *dq_acc, __global float 
 
 __kernel void attention_decode_gpu(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARGS, LEN_ARGS,
                                    __global T *out, __global ACC *lse, __global ACC *part_o, __global ACC *part_ml,
-                                   const int nsplit, const int chunk, const int HQ, const int GROUP,
+                                   __global int *arrivals, const int nsplit, const int chunk, const int HQ, const int GROUP,
                                    const int SQ, const int SK, const int causal, const ACC scale, DROP_ARGS)
 {
     __local ACC4 qs[DR * DRS4];
@@ -930,35 +932,51 @@ __kernel void attention_decode_gpu(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARGS
             store4(out + row * HEAD_DIM, 4 * c4, acc * (l > (ACC)0 ? (ACC)1 / l : (ACC)0));
             if (c4 == 0) lse[row] = l > (ACC)0 ? m_s[r] + log(l) : -INFINITY;
         } else {
+#ifndef USE_FP64
             const long prow = row * nsplit + split;
-            vstore4(acc, 0, part_o + prow * 4 * DQ4 + 4 * c4);
+            __global ACC *po = part_o + prow * 4 * DQ4 + 4 * c4;
+            PART_STORE(po, 0, acc.x);
+            PART_STORE(po, 1, acc.y);
+            PART_STORE(po, 2, acc.z);
+            PART_STORE(po, 3, acc.w);
             if (c4 == 0) {
-                part_ml[2 * prow] = m_s[r];
-                part_ml[2 * prow + 1] = l;
+                PART_STORE(part_ml, 2 * prow, m_s[r]);
+                PART_STORE(part_ml, 2 * prow + 1, l);
             }
+#endif
         }
     }
+#ifndef USE_FP64
+    if (nsplit == 1) return;
+
+    // the last split of this (kv head, batch) to get here merges every split's parts of its rows
+    __local int last;
+    barrier(CLK_GLOBAL_MEM_FENCE);          // every item's parts are written
+    if (tid == 0) last = nc_last_arrival(arrivals + (long)b * get_global_size(1) + hk, nsplit);
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (!last) return;
+    for (int slot = tid; slot < DPAIRS; slot += DNT) {
+        const int r = slot / DQ4, c4 = slot - r * DQ4;
+        const int h = hk * GROUP + r / SQ, i = r % SQ;
+        const long row = ((long)b * HQ + h) * SQ + i;
+        const __global ACC *ml = part_ml + 2 * row * nsplit;
+        ACC M = -INFINITY;
+        for (int s = 0; s < nsplit; ++s)
+            if (PART_LOAD(ml, 2 * s + 1) > (ACC)0) M = fmax(M, PART_LOAD(ml, 2 * s));
+        ACC total = (ACC)0;
+        ACC4 acc = (ACC4)0;
+        for (int s = 0; s < nsplit; ++s) {
+            const ACC ls = PART_LOAD(ml, 2 * s + 1);
+            if (!(ls > (ACC)0)) continue;
+            const ACC w = exp(PART_LOAD(ml, 2 * s) - M);
+            total += ls * w;
+            const __global ACC *po = part_o + (row * nsplit + s) * 4 * DQ4 + 4 * c4;
+            acc += w * (ACC4)(PART_LOAD(po, 0), PART_LOAD(po, 1), PART_LOAD(po, 2), PART_LOAD(po, 3));
+        }
+        store4(out + row * HEAD_DIM, 4 * c4, acc * (total > (ACC)0 ? (ACC)1 / total : (ACC)0));
+        if (c4 == 0) lse[row] = total > (ACC)0 ? M + log(total) : -INFINITY;
+    }
+#endif
 }
 
-__kernel void attention_decode_combine_gpu(__global const ACC *part_o, __global const ACC *part_ml, __global T *out,
-                                           __global ACC *lse, const int nsplit)
-{
-    const int c4 = get_global_id(0);
-    const long row = get_global_id(1);
-    if (c4 >= DQ4) return;
-    const __global ACC *ml = part_ml + 2 * row * nsplit;
-    ACC M = -INFINITY;
-    for (int s = 0; s < nsplit; ++s)
-        if (ml[2 * s + 1] > (ACC)0) M = fmax(M, ml[2 * s]);
-    ACC total = (ACC)0;
-    ACC4 acc = (ACC4)0;
-    for (int s = 0; s < nsplit; ++s) {
-        if (!(ml[2 * s + 1] > (ACC)0)) continue;
-        const ACC w = exp(ml[2 * s] - M);
-        total += ml[2 * s + 1] * w;
-        acc += w * vload4(0, part_o + (row * nsplit + s) * 4 * DQ4 + 4 * c4);
-    }
-    store4(out + row * HEAD_DIM, 4 * c4, acc * (total > (ACC)0 ? (ACC)1 / total : (ACC)0));
-    if (c4 == 0) lse[row] = total > (ACC)0 ? M + log(total) : -INFINITY;
-}
 #endif

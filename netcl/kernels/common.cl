@@ -46,4 +46,21 @@
 #define LOAD_T(p, i) ((ACC)(p)[i])
 #define STORE_T(p, i, v) ((p)[i] = (T)(v))
 #endif
+/* Work-groups that merge their partial results without another launch (the threadfence-reduction pattern):
+ * each writes its partials through PART_STORE, then asks nc_last_arrival(count, n), which is true for the
+ * last of the n work-groups sharing count: the others' partials are then complete and read through
+ * PART_LOAD. count is a zeroed int that the last one resets for the next launch, so one buffer per queue
+ * serves every launch and recorded replay (netcl.ops.arrivals). The partials move through 32-bit atomics:
+ * reads from the device-wide coherent level, and the accesses are not a data race (Oclgrind checks). */
+#define PART_STORE(p, i, v) atomic_xchg((volatile __global float *)(p) + (i), (float)(v))
+#define PART_LOAD(p, i) as_float(atomic_or((volatile __global uint *)(p) + (i), 0u))
+
+inline int nc_last_arrival(__global int *count, const int n)
+{
+    mem_fence(CLK_GLOBAL_MEM_FENCE);
+    if (atomic_inc(count) != n - 1) return 0;
+    mem_fence(CLK_GLOBAL_MEM_FENCE);
+    atomic_xchg(count, 0);
+    return 1;
+}
 #endif

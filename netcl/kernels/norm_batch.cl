@@ -14,7 +14,7 @@
 //     deviations (the run is in L1), then merges (count HW) into its state. No barriers.
 //   With S == 1 the part is the channel: it writes the results itself (finish_stats); else it writes its
 //   (count, mean, M2) to part[(c*S + s)*3 ..] and batch_norm_finalize (global (C)) merges the S parts,
-//   or (_groups with LAST=1) the channel's last work-group to finish merges them itself (last_part: a
+//   or (_groups with LAST=1) the channel's last work-group to finish merges them itself (nc_last_arrival: a
 //   per-channel counter, incremented after the partials are written and reset by that last group), in
 //   the fixed order s = 0..S-1, so the results do not depend on which group finished last.
 // Results (finish_stats) into stats (4, C): mean, invstd = rsqrt(var + eps) (biased var), scale =
@@ -131,24 +131,8 @@ inline void finish_stats(const int c, const int C, const ACC n, const ACC mean, 
     const ACC momentum, const ACC eps
 #define STATS_PASS w, w_off, b, b_off, has_w, has_b, rmean, rvar, has_running, stats, momentum, eps
 
-// Whether the calling work-group is the last of its channel's S parts to get here (its partials already
-// written): count[c] is incremented after a global fence; the last one fences again before reading the
-// others' partials and resets the counter for the next launch (the threadfence-reduction pattern).
-// With LAST the partials are written and read through atomics (32-bit exchange / or): the other groups'
-// values are then read from the device-wide coherent level, and the accesses are not a data race.
-#if LAST
-#define PART_STORE(p, i, v) atomic_xchg((volatile __global float *)(p) + (i), (float)(v))
-#define PART_LOAD(p, i) as_float(atomic_or((volatile __global uint *)(p) + (i), 0u))
-#endif
-
-inline int last_part(__global int *count, const int S)
-{
-    mem_fence(CLK_GLOBAL_MEM_FENCE);
-    if (atomic_inc(count) != S - 1) return 0;
-    mem_fence(CLK_GLOBAL_MEM_FENCE);
-    atomic_xchg(count, 0);
-    return 1;
-}
+// With LAST the channel's last part to finish merges the S parts (nc_last_arrival, PART_STORE and PART_LOAD
+// of common.cl: count[c] per channel) instead of a finalize launch.
 
 __kernel __attribute__((reqd_work_group_size(LOCAL, 1, 1)))
 void batch_norm_stats_groups(STATS_ARGS, __global int *count)
@@ -223,7 +207,7 @@ void batch_norm_stats_groups(STATS_ARGS, __global int *count)
             PART_STORE(o, 0, n);
             PART_STORE(o, 1, mean);
             PART_STORE(o, 2, m2);
-            if (last_part(count + c, S)) {
+            if (nc_last_arrival(count + c, S)) {
                 __global ACC *pc = part + (long)c * S * 3;
                 ACC mn = (ACC)0, mm = (ACC)0, mq = (ACC)0;
                 for (int t = 0; t < S; ++t)
@@ -406,7 +390,7 @@ void batch_norm_backward_groups(BWD_ARGS, __global int *count)
 #if LAST
             PART_STORE(o, 0, sg);
             PART_STORE(o, 1, sgxm);
-            if (last_part(count + c, S)) {
+            if (nc_last_arrival(count + c, S)) {
                 __global ACC *pc = part + (long)c * S * 2;
                 ACC tg = (ACC)0, tq = (ACC)0;
                 for (int t = 0; t < S; ++t) {

@@ -215,9 +215,10 @@ def _dq_splits(slots: int, pairs: int, tiles: int, slack: float, most: int) -> i
 
 # Decoding (GPU variant): a forward whose GROUP * Sq query rows per kv head are at most DECODE_MAX_ROWS runs
 # attention_decode_gpu: one work-group per (kv head, batch, split of the keys) over all those rows, the splits
-# merged by attention_decode_combine_gpu. Splits: enough for DECODE_GROUPS_PER_CU work-groups per compute
-# unit,
-# at least one tile of keys each; DECODE_ITEMS work-items, tiles of the first of DECODE_TILE_KEYS that fits.
+# merged by the last of them to finish (one launch: the queue's arrival counts, one per (batch, kv head)).
+# Splits: enough for DECODE_GROUPS_PER_CU work-groups per compute unit, at least one tile of keys each
+# (float64: one split, its parts cannot move through the 32-bit atomics of the merge); DECODE_ITEMS
+# work-items, tiles of the first of DECODE_TILE_KEYS that fits.
 DECODE_MAX_ROWS = 16
 DECODE_GROUPS_PER_CU = 4
 DECODE_ITEMS = 128
@@ -434,14 +435,14 @@ class _Problem:
         return decode_tiles(self.device, rows, self.D, self.dtype)
 
     def launch_decode(self, tiles: dict[str, int], out: Tensor, lse: Tensor, args: dict[str, Any]) -> Any:
-        """attention_decode_gpu (and, over several splits of the keys, attention_decode_combine_gpu) into
-        out and lse; returns the decode kernel (for graph refreshes)."""
+        """attention_decode_gpu into out and lse (over several splits of the keys, merged by the last split of
+        each (batch, kv head) to finish); returns the kernel (for graph refreshes)."""
         dk = tiles["DK"]
         tiles_of_keys = max(1, -(-self.SK // dk))
         want = max(
             1, -(-DECODE_GROUPS_PER_CU * self.device.capabilities.compute_units // (self.B * self.HKV))
         )
-        nsplit = min(want, tiles_of_keys)
+        nsplit = 1 if self.dtype == dtypes.float64 else min(want, tiles_of_keys)
         chunk = -(-tiles_of_keys // nsplit) * dk
         nsplit = max(1, -(-self.SK // chunk))
         prg = kernels.program(self.device, "attention_gpu.cl", dtype=self.dtype, options=("-cl-mad-enable",),
@@ -449,25 +450,15 @@ class _Problem:
                               **({"VEC_ROWS": None} if self.vector_rows else {}))
         q4 = -(-self.D // 4)
         if nsplit > 1:
-            acc_dtype = dtypes.float64 if self.dtype == dtypes.float64 else dtypes.float32
-            part_o = Tensor.empty(self.queue, (self.B * self.HQ * self.SQ, nsplit, 4 * q4), acc_dtype)
-            part_ml = Tensor.empty(self.queue, (self.B * self.HQ * self.SQ, nsplit, 2), acc_dtype)
-            bufs = {"part_o": part_o.buffer, "part_ml": part_ml.buffer}
+            part_o = Tensor.empty(self.queue, (self.B * self.HQ * self.SQ, nsplit, 4 * q4), dtypes.float32)
+            part_ml = Tensor.empty(self.queue, (self.B * self.HQ * self.SQ, nsplit, 2), dtypes.float32)
+            bufs = {"part_o": part_o.buffer, "part_ml": part_ml.buffer,
+                    "arrivals": self.queue.arrival_counts(self.B * self.HKV)}
         else:
-            bufs = {"part_o": lse.buffer, "part_ml": lse.buffer}   # not read with one split
+            bufs = {"part_o": lse.buffer, "part_ml": lse.buffer, "arrivals": lse.buffer}  # unread: one split
         kernel = prg.attention_decode_gpu
         kernel(self.queue, (nsplit * tiles["DNT"], self.HKV, self.B), (tiles["DNT"], 1, 1), out=out.buffer,
                lse=lse.buffer, nsplit=np.int32(nsplit), chunk=np.int32(chunk), **bufs, **args)
-        if nsplit > 1:
-            prg.attention_decode_combine_gpu(
-                self.queue,
-                (q4, self.B * self.HQ * self.SQ),
-                None,
-                out=out.buffer,
-                lse=lse.buffer,
-                nsplit=np.int32(nsplit),
-                **bufs,
-            )
         return kernel
 
     def mma_forward(self) -> bool:

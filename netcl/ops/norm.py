@@ -12,7 +12,6 @@ also take float16/bfloat16 storage (float32 arithmetic; their mean/rstd are floa
 from __future__ import annotations
 
 import math
-import weakref
 from typing import Any
 
 import numpy as np
@@ -76,18 +75,6 @@ FUSED_FINALIZE = True
 # GPU layout: float4 loads each work-item of the reductions issues before folding them in (UNR in
 # norm_batch.cl; the statistics fold them as one batch of 4 x UNROLL values). bench/conv_sweep.py toggles it.
 UNROLL = 4
-_counters: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # queue -> {channels: int32 zeros}
-
-
-def _bn_counter(queue: Any, c: int) -> Tensor:
-    """The per-channel counters of the LAST=1 reductions on `queue`: zeros between launches (each
-    launch's last work-group per channel resets its counter), so one buffer per (queue, C) serves every
-    launch, recorded replays included (launches on one in-order queue never overlap)."""
-    per_queue = _counters.setdefault(queue, {})
-    t = per_queue.get(c)
-    if t is None:
-        t = per_queue[c] = Tensor.zeros(queue, (c,), np.int32)
-    return t
 
 
 def _bn_shape(op: str, x: Tensor) -> tuple[int, int, int]:
@@ -259,8 +246,8 @@ def batch_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, running_me
         if capture.declaring():
             launch_labels.work(0.0, float(x.nbytes))
         if layout == "groups":
-            count = _bn_counter(x.queue, c) if fused else part
-            prg.batch_norm_stats_groups(x.queue, (c * parts * local,), (local,), count=count.buffer, **args)
+            count = x.queue.arrival_counts(c) if fused else part.buffer
+            prg.batch_norm_stats_groups(x.queue, (c * parts * local,), (local,), count=count, **args)
         else:
             prg.batch_norm_stats_runs(x.queue, (c * parts,), None, hw=np.int32(hw), **args)
         if parts > 1 and not fused:
@@ -347,8 +334,8 @@ def batch_norm_backward(grad_out: Tensor, x: Tensor, weight: Tensor | None, save
     if capture.declaring():  # grad_y and x read once
         launch_labels.work(0.0, float(2 * x.nbytes))
     if layout == "groups":
-        count = _bn_counter(x.queue, c) if fused else part
-        prg.batch_norm_backward_groups(x.queue, (c * parts * local,), (local,), count=count.buffer, **args)
+        count = x.queue.arrival_counts(c) if fused else part.buffer
+        prg.batch_norm_backward_groups(x.queue, (c * parts * local,), (local,), count=count, **args)
     else:
         prg.batch_norm_backward_runs(x.queue, (c * parts,), None, hw=np.int32(hw), **args)
     if parts > 1 and not fused:
