@@ -16,6 +16,10 @@ Bandwidth over sizes (--sizes, the third table): per op, dtype and element count
 with `inner` calls queued between two finishes (so a small n shows the launch floor, not the host's sync),
 GB/s of compulsory bytes and float32 time / half time. Where half's ratio climbs with n toward 2x the
 gap at small n is the per-launch cost; where it stays flat at large n the kernel moves fewer bytes/s.
+Three clocks: "wall" (eager calls: the host's dispatch included), "dev" (the kernels' OpenCL event times:
+on NVIDIA's driver ~5 us a kernel of event overhead, bench/NOTES.md seventh session) and "replay" (the
+`inner` calls recorded once and replayed, wall time: the device's own pace wherever a launch's device time
+exceeds the driver's enqueue, ~6 us on the H200's host).
 
     python bench/amp.py                   # PoCL CPU
     python bench/amp.py --gpu             # the default GPU (the lead's H200)
@@ -240,27 +244,35 @@ def measure_bandwidth(dev, log2_sizes: list[int], repeat: int, gpu: bool) -> lis
                         many()                         # 2^26 can be shorter than the host's dispatch
                         q.finish()
                     dev_sec = prof.device_seconds / inner
+                    graph = Graph()
+                    with graph.capture():
+                        many()
+                    rep_sec = median_seconds(graph.replay, q.finish, repeat) / inner
+                    graph.close()
                 except Exception as exc:
                     out.append({"n": n, "op": name, "dtype": dt.name, "error": str(exc).splitlines()[0][:80]})
                     continue
                 out.append({"n": n, "op": name, "dtype": dt.name, "us": sec * 1e6, "gbps": nbytes / sec / 1e9,
-                            "dev_us": dev_sec * 1e6, "dev_gbps": nbytes / dev_sec / 1e9, "inner": inner})
+                            "dev_us": dev_sec * 1e6, "dev_gbps": nbytes / dev_sec / 1e9, "inner": inner,
+                            "rep_us": rep_sec * 1e6, "rep_gbps": nbytes / rep_sec / 1e9})
             del cases
             gc.collect()
-    for key in ("us", "dev_us"):
+    for key, ratio in (("us", "speedup_vs_f32"), ("dev_us", "dev_speedup_vs_f32"),
+                       ("rep_us", "rep_speedup_vs_f32")):
         f32 = {(r["n"], r["op"]): r[key] for r in out if r["dtype"] == "float32" and key in r}
         for r in out:
             if key in r and (r["n"], r["op"]) in f32:
-                r["speedup_vs_f32" if key == "us" else "dev_speedup_vs_f32"] = f32[(r["n"], r["op"])] / r[key]
+                r[ratio] = f32[(r["n"], r["op"])] / r[key]
     return out
 
 
 def print_bandwidth(rows: list[dict]) -> None:
     """One line per (op, n): float32 us and GB/s, then each half dtype's GB/s and f32 time / its time."""
-    print("\nwall: host time per call (dispatch included); dev: the kernels' event time. x f32 = float32's"
-          " time over this one (2.00 = the same GB/s)")
+    print("\nwall: host time per call (dispatch included); dev: the kernels' event time; rep: recorded and"
+          " replayed, wall time. x f32 = float32's time over this one (2.00 = the same GB/s)")
     print(f"{'op':<24} {'n':>9} {'f32 us':>9} {'f32 GB/s':>9} {'f16 GB/s':>9} {'x f32':>6} "
-          f"{'bf16 GB/s':>9} {'x f32':>6} | {'dev f32':>8} {'f16':>8} {'x f32':>6} {'bf16':>8} {'x f32':>6}")
+          f"{'bf16 GB/s':>9} {'x f32':>6} | {'dev f32':>8} {'f16':>8} {'x f32':>6} {'bf16':>8} {'x f32':>6} "
+          f"| {'rep f32':>8} {'f16':>8} {'x f32':>6} {'bf16':>8} {'x f32':>6}")
     by = {(r["op"], r["n"], r["dtype"]): r for r in rows}
     seen = []
     for r in rows:
@@ -279,7 +291,10 @@ def print_bandwidth(rows: list[dict]) -> None:
               f"{cell(b, 'gbps', '.1f', 9)} {cell(b, 'speedup_vs_f32', '.2f', 6)} | "
               f"{cell(a, 'dev_gbps', '.1f', 8)} {cell(h, 'dev_gbps', '.1f', 8)} "
               f"{cell(h, 'dev_speedup_vs_f32', '.2f', 6)} "
-              f"{cell(b, 'dev_gbps', '.1f', 8)} {cell(b, 'dev_speedup_vs_f32', '.2f', 6)}")
+              f"{cell(b, 'dev_gbps', '.1f', 8)} {cell(b, 'dev_speedup_vs_f32', '.2f', 6)} | "
+              f"{cell(a, 'rep_gbps', '.1f', 8)} {cell(h, 'rep_gbps', '.1f', 8)} "
+              f"{cell(h, 'rep_speedup_vs_f32', '.2f', 6)} "
+              f"{cell(b, 'rep_gbps', '.1f', 8)} {cell(b, 'rep_speedup_vs_f32', '.2f', 6)}")
     errs = {(r["op"], r["dtype"]): r["error"] for r in rows if "error" in r}
     for (op, dt), msg in errs.items():
         print(f"  ({op}, {dt}: {msg})")
