@@ -504,8 +504,12 @@ class Tensor:
             return self
         if ndim == 2 and type(dim0) is int and type(dim1) is int and dim0 in (0, -2) and dim1 in (1, -1):
             # the two axes of a matrix (a weight's transpose in every linear layer): no axis checks to make
+            # (what _view does, in place: one frame less for a view made twice per linear layer and step)
             (rows, cols), (row_stride, col_stride) = self.shape, self.strides
-            return self._view((cols, rows), (col_stride, row_stride), self.offset)
+            if self._pending is not None:
+                self._pending.realize(self)
+            return Tensor(self._storage, (cols, rows), (col_stride, row_stride), self.offset, self.dtype,
+                          self.queue)
         if type(dim0) is int and type(dim1) is int and -ndim <= dim0 < ndim and -ndim <= dim1 < ndim:
             a, b = dim0 % ndim, dim1 % ndim  # axes in range: the swap itself, without permute's checks
             shape, strides = list(self.shape), list(self.strides)
