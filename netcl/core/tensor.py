@@ -479,9 +479,17 @@ class Tensor:
 
     def reshape(self, *shape: Any) -> Tensor:
         """A view when the layout allows it, else a contiguous copy in the new shape."""
-        shp, strides = self._reshaped(shape)
+        # the usual case in place, two frames less (a CNN step reshapes ~14 times): _reshaped's entry for a
+        # layout and request seen before, and the view as _view makes it
+        try:
+            hit = _layouts.get(("view", self.shape, self.strides, shape))
+        except TypeError:  # unhashable entries: _reshaped's checks explain what is wrong
+            hit = None
+        shp, strides = hit if hit is not None else self._reshaped(shape)
         if strides is not None:
-            return self._view(shp, strides, self.offset)
+            if self._pending is not None:
+                self._pending.realize(self)
+            return Tensor(self._storage, shp, strides, self.offset, self.dtype, self.queue)
         c = self.contiguous()
         return c._view(shp, contiguous_strides(shp), c.offset)
 
