@@ -20,6 +20,7 @@ import numpy as np
 
 from netcl import ops
 from netcl.core import dtypes, launch_labels
+from netcl.core.access import before_access
 from netcl.core.tensor import Tensor
 from netcl.errors import DeviceMismatchError, DTypeError, NetclError, ShapeError
 
@@ -476,7 +477,8 @@ def _store_leaf_grad(node: Node, g: Tensor, claimed: set[int]) -> None:
     if g.dtype != node.value.dtype:
         g = ops.cast(g, node.dtype)
     if node.grad is None:
-        storage = g.storage
+        # Tensor.storage's usual case read in place (nothing pending, no before-access hook to run)
+        storage = g._storage if g._pending is None and not before_access else g.storage
         if not g.is_contiguous() or id(storage) in claimed:
             g = g.clone()  # optimizers and clip_grad_norm_ update .grad in place: it must own its memory
             storage = g.storage
