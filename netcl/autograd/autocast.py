@@ -42,19 +42,30 @@ class Rule:
 
 
 POLICY: dict[str, Rule] = {}
-_state = threading.local()
+class _State(threading.local):
+    """This thread's autocast: the stack of `enabled` blocks' dtypes and the casts they share. The class
+    attributes are what a thread that never entered a block reads: a plain attribute read, where
+    `getattr(local, name, None)` of a name never set raised and caught an AttributeError inside (~0.5 us
+    at every autocast-aware op's check)."""
+
+    stack: list | None = None
+    cache: dict | None = None
+    cache_tape: Any = None
+
+
+_state = _State()
 
 
 def active() -> np.dtype | None:
     """The autocast dtype in force on this thread (float16 or bfloat16), or None."""
-    stack = getattr(_state, "stack", None)
+    stack = _state.stack
     return stack[-1] if stack else None
 
 
 @contextlib.contextmanager
 def enabled(dtype: np.dtype | None) -> Iterator[None]:
     """Autocast to `dtype` (None: turned off) inside the block; blocks nest, the innermost wins."""
-    stack = getattr(_state, "stack", None)
+    stack = _state.stack
     if stack is None:
         stack = _state.stack = []
     if not stack:
@@ -70,7 +81,7 @@ def enabled(dtype: np.dtype | None) -> Iterator[None]:
 
 def target(op: str) -> np.dtype | None:
     """The dtype `op`'s floating inputs are cast to now (None: left as they are)."""
-    stack = getattr(_state, "stack", None)
+    stack = _state.stack
     dt = stack[-1] if stack else None
     if dt is None:
         return None
@@ -106,10 +117,10 @@ def _cast(x: Any, dt: np.dtype) -> Any:
     own tape, the optimizer between them) neither reuses stale casts nor keeps old steps' nodes alive."""
     tape = current_tape() if is_recording() else None
     leaf = isinstance(x, Tensor) or (isinstance(x, Node) and x.is_leaf)
-    cache = getattr(_state, "cache", None)
+    cache = _state.cache
     if cache is None or not (leaf or (tape is not None and x.requires_grad)):
         return ew.cast(x, dt)
-    if tape is not None and getattr(_state, "cache_tape", None) is not tape:
+    if tape is not None and _state.cache_tape is not tape:
         cache.clear()
         _state.cache_tape = tape
     key = (id(x), dt.name, id(tape))

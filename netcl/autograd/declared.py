@@ -4,7 +4,7 @@ For `OpDecl("layer_norm", forward=norm.layer_norm, backward=norm.layer_norm_back
 "weight", "bias"), saves=("mean", "rstd"), autocast="half")` this module writes and compiles, once:
 
     def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-05):
-        if _getattr(_autocast, "stack", None):
+        if _autocast.stack:
             x, weight, bias = _cast_inputs("layer_norm", x, weight, bias)
         if not _isinstance(x, _Node):
             x = _as_node(x)
@@ -99,7 +99,7 @@ def _source(decl: OpDecl) -> tuple[str, dict[str, Any]]:
     casts = decl.cast_inputs()
     if casts:
         names = ", ".join(casts)
-        lines += ["    if _getattr(_autocast, 'stack', None):",
+        lines += ["    if _autocast.stack:",
                   f"        {names}, = _cast_inputs({decl.name!r}, {names})"]
     for n in decl.inputs:
         if n in optional:
@@ -176,7 +176,7 @@ def _source(decl: OpDecl) -> tuple[str, dict[str, Any]]:
         lines += [f"        return {call}"]
     lines.append(f"    return _record(out, parents, backward, {decl.name!r})")
     env.update(_forward=forward, _backward=decl.backward, _autocast=autocast._state,
-               _cast_inputs=autocast.cast_inputs, _getattr=getattr, _isinstance=isinstance, _Node=Node,
+               _cast_inputs=autocast.cast_inputs, _isinstance=isinstance, _Node=Node,
                _as_node=as_node, _record=record, _engine=engine._state, _pick=_pick, __name__=__name__)
     return "\n".join(lines) + "\n", env
 

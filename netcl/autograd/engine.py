@@ -11,6 +11,7 @@ during a pass run when it ends (what netcl.distributed's gradient buckets start 
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -19,6 +20,7 @@ import numpy as np
 
 from netcl import ops
 from netcl.core import dtypes, launch_labels
+from netcl.core.access import before_access
 from netcl.core.tensor import Tensor
 from netcl.errors import DeviceMismatchError, DTypeError, NetclError, ShapeError
 
@@ -387,12 +389,13 @@ def backward(root: Node, grad: Tensor | None = None, retain_graph: bool = False,
     if root._freed:
         raise NetclError(_FREED.format(op=root._op))
     if grad is None:
-        if root.size != 1:
+        value = root.value  # (its Tensor read once, not through the Node's forwarding properties)
+        if math.prod(value.shape) != 1:
             raise ShapeError(
-                f"backward without a gradient needs a one-element output, got shape {root.shape}; pass "
+                f"backward without a gradient needs a one-element output, got shape {value.shape}; pass "
                 "grad= with the output's shape"
             )
-        grad = Tensor.full(root.queue, root.shape, 1.0, root.dtype)
+        grad = Tensor.full(value.queue, value.shape, 1.0, value.dtype)
     elif not isinstance(grad, Tensor):
         raise TypeError(f"backward: grad must be a netcl Tensor, got {type(grad).__name__}")
     elif grad.shape != root.shape:
@@ -409,18 +412,19 @@ def backward(root: Node, grad: Tensor | None = None, retain_graph: bool = False,
             "gradient on another device too)"
         )
     order = _topological_order(root)
-    freed = next((n for n in order if n._freed), None)
-    if freed is not None:  # checked before any rule runs: a refused backward changes nothing
-        raise NetclError(_FREED.format(op=freed._op))
+    for node in order:  # checked before any rule runs: a refused backward changes nothing
+        if node._freed:
+            raise NetclError(_FREED.format(op=node._op))
     grads: dict[int, Tensor] = {id(root): grad}
     claimed: set[int] = set()  # storages handed to a leaf's .grad this pass: never shared between two
     outer_callbacks, _state.callbacks = _state.callbacks, []
+    enabled, _state.grad_enabled = _state.grad_enabled, False  # no_grad()'s switch, without its three calls
     try:
-        with no_grad():
-            _run_rules(order, grads, claimed, retain_graph, _targets)
-            while _state.callbacks:
-                _state.callbacks.pop(0)()
+        _run_rules(order, grads, claimed, retain_graph, _targets)
+        while _state.callbacks:
+            _state.callbacks.pop(0)()
     finally:
+        _state.grad_enabled = enabled
         _state.callbacks = outer_callbacks
 
 
@@ -473,7 +477,8 @@ def _store_leaf_grad(node: Node, g: Tensor, claimed: set[int]) -> None:
     if g.dtype != node.value.dtype:
         g = ops.cast(g, node.dtype)
     if node.grad is None:
-        storage = g.storage
+        # Tensor.storage's usual case read in place (nothing pending, no before-access hook to run)
+        storage = g._storage if g._pending is None and not before_access else g.storage
         if not g.is_contiguous() or id(storage) in claimed:
             g = g.clone()  # optimizers and clip_grad_norm_ update .grad in place: it must own its memory
             storage = g.storage

@@ -46,7 +46,7 @@ def linear(x: Node, weight: Node, bias: Node | None = None, activation: str | No
         kernels.activation(activation)  # ValueError naming the choices (netcl.kernels.ACTIVATIONS)
     # as the generated ops do (netcl.autograd.declared): the autocast check an attribute read, no as_node call
     # for what is a Node already
-    if getattr(autocast._state, "stack", None):
+    if autocast._state.stack:
         x, weight, bias = autocast.cast_inputs("linear", x, weight, bias)
     if activation not in (None, "none", "relu"):
         z = linear(x, weight, bias)

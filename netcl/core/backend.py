@@ -704,17 +704,53 @@ class Plan:
                                     f" = {type(a).__name__} was refused: {exc}") from None
 
     def __call__(self, queue: Queue, *values: Any) -> cl.Event:
+        """Set the dynamic arguments (under the plan's lock): buffers always, by-value ones when their bytes
+        differ from this plan's previous launch; then enqueue. A Python int or float at a position whose
+        build-time value was a NumPy scalar is set as that scalar type (a slot's offset: np.int64; a
+        hyperparameter: np.float32). A failed launch that ran out of memory is tried once more after
+        emptying the pool's cache; anything else is the kernel's launch error. (One frame per launch: the
+        argument loop is inlined here, not a method.)"""
         if queue.device is not self.device:
             raise DeviceError(f"kernel {self.kernel.name} was built for {self.device.describe()} but "
                               f"launched on {queue.device.describe()}")
         timed = profiling.active
         t0 = profiling.before(queue) if timed else None
-        try:
-            with self._lock:
-                self._set_dynamic(values)
-                event = _enqueue_kernel(queue.cl, self.raw, self.global_size, self.local)
-        except cl.Error as exc:
-            event = self._retry(exc, queue, values)
+        raw, kinds, set_raw = self.raw, self._kinds, self._set_raw
+        for attempt in (0, 1):
+            try:
+                with self._lock:
+                    last = self._last
+                    j = 0
+                    for i in self.dynamic:
+                        a = values[j]
+                        if type(a) is cl.Buffer:
+                            raw.set_arg(i, a)
+                        elif type(a) is int and kinds[j] is not None:  # an offset or size as a Python int: no
+                            if a != last[j]:  # NumPy scalar made unless it changed (last: the int, or bytes)
+                                last[j] = None
+                                set_raw(i, kinds[j](a).tobytes())
+                                last[j] = a
+                        elif type(a) is float and kinds[j] is not None:  # a Python float: the same, but a
+                            if a != last[j] or not a:  # zero is set every time and not remembered (-0.0 ==
+                                last[j] = None  # 0.0 == 0, and their bits differ)
+                                set_raw(i, kinds[j](a).tobytes())
+                                last[j] = a if a else None
+                        elif isinstance(a, _BY_VALUE):
+                            data = a.tobytes()
+                            if data != last[j]:
+                                last[j] = None  # not known to be set until the call below returns
+                                set_raw(i, data)
+                                last[j] = data
+                        else:  # a memory object: always set (no reference kept, see Kernel._set_args)
+                            raw.set_arg(i, a)
+                        j += 1
+                    event = _enqueue_kernel(queue.cl, raw, self.global_size, self.local)
+                break
+            except cl.Error as exc:
+                self._last = [None] * len(self.dynamic)
+                if attempt or not is_oom(exc):
+                    raise self.kernel.launch_error(exc, queue, self.global_size, self.local) from None
+                queue.device.pool.empty_cache()
         if capture.open_recordings and capture.recording_now():
             args = self.arguments(values)
             for rec in capture.active():
@@ -726,52 +762,6 @@ class Plan:
             print(f"[netcl] launch {self.kernel.name} global={self.global_size} local={self.local} (plan)",
                   file=sys.stderr)
         return event
-
-    def _set_dynamic(self, values: Sequence[Any]) -> None:
-        """Set the dynamic arguments (under the plan's lock): buffers always, by-value ones when their bytes
-        differ from this plan's previous launch. A Python int or float at a position whose build-time value
-        was a NumPy scalar is set as that scalar type (a slot's offset: np.int64; a hyperparameter:
-        np.float32)."""
-        last, raw, kinds = self._last, self.raw, self._kinds
-        j = 0
-        for i in self.dynamic:
-            a = values[j]
-            if type(a) is cl.Buffer:
-                raw.set_arg(i, a)
-            elif type(a) is int and kinds[j] is not None:  # an offset or size as a Python int: no NumPy
-                if a != last[j]:  # scalar made unless it changed (last holds the int, or bytes)
-                    last[j] = None
-                    self._set_raw(i, kinds[j](a).tobytes())
-                    last[j] = a
-            elif type(a) is float and kinds[j] is not None:  # a Python float: the same, but a zero is set
-                if a != last[j] or not a:  # every time and not remembered (-0.0 == 0.0 == 0, and their
-                    last[j] = None  # bits differ)
-                    self._set_raw(i, kinds[j](a).tobytes())
-                    last[j] = a if a else None
-            elif isinstance(a, _BY_VALUE):
-                data = a.tobytes()
-                if data != last[j]:
-                    last[j] = None  # not known to be set until the call below returns
-                    self._set_raw(i, data)
-                    last[j] = data
-            else:  # a memory object: always set (no reference kept, see Kernel._set_args)
-                raw.set_arg(i, a)
-            j += 1
-
-    def _retry(self, exc: cl.Error, queue: Queue, values: Sequence[Any]) -> cl.Event:
-        """A failed launch: out of memory is retried once after emptying the pool's cache; anything else
-        is the kernel's launch error."""
-        self._last = [None] * len(self.dynamic)
-        if not is_oom(exc):
-            raise self.kernel.launch_error(exc, queue, self.global_size, self.local) from None
-        queue.device.pool.empty_cache()
-        try:
-            with self._lock:
-                self._set_dynamic(values)
-                return _enqueue_kernel(queue.cl, self.raw, self.global_size, self.local)
-        except cl.Error as again:
-            self._last = [None] * len(self.dynamic)
-            raise self.kernel.launch_error(again, queue, self.global_size, self.local) from None
 
     def arguments(self, values: Sequence[Any]) -> list[Any]:
         """The whole argument list of a launch with `values` at the dynamic positions."""

@@ -84,20 +84,23 @@ def class_loss(x: Tensor, labels: Tensor, loss: str = "cross_entropy", ignore_in
     if plan is None:
         plan = capture.plans.put(key, _class_loss_plan(x, labels, loss, ignore_index, smoothing, reduction))
     prg, rows_launch, total_launch, backward_launch, acc, out_shape, statics = plan
-    rows = statics["rows"]
+    rows = max(int(statics["rows"]), 1)
     xc, labc = x.contiguous(), labels.contiguous()
     out = Tensor.empty(queue, out_shape, acc)
-    stats = Tensor.empty(queue, (max(int(rows), 1), 2), acc)  # per row: max and log-sum-exp of x - max
+    stats = Tensor.empty(queue, (rows, 2), acc)  # per row: max and log-sum-exp of x - max
     count = Tensor.empty(queue, (1,), acc)
-    row_loss = Tensor.empty(queue, (max(int(rows), 1),), acc)  # each row's loss and whether it counts
-    row_count = Tensor.empty(queue, (max(int(rows), 1),), acc)
-    x_off, lab_off = np.int64(xc.offset), np.int64(labc.offset)
+    row_loss = Tensor.empty(queue, (rows,), acc)  # each row's loss and whether it counts
+    row_count = Tensor.empty(queue, (rows,), acc)
+    # the offsets as Python ints (each Plan sets the long it was built with); each buffer read once
+    x_off, lab_off = xc.offset, labc.offset
+    x_buf, lab_buf, out_buf, stats_buf = xc.buffer, labc.buffer, out.buffer, stats.buffer
+    count_buf, row_loss_buf, row_count_buf = count.buffer, row_loss.buffer, row_count.buffer
     if rows_launch is not None:  # a work-group per row, then one that adds the rows in a fixed order
-        rows_launch(queue, xc.buffer, x_off, labc.buffer, lab_off, out.buffer, stats.buffer, row_loss.buffer,
-                    row_count.buffer, queue.check_buffer())
-    total_launch(queue, row_loss.buffer, row_count.buffer, out.buffer, count.buffer)
-    args = dict(x=xc.buffer, x_off=x_off, labels=labc.buffer, lab_off=lab_off, stats=stats.buffer,
-                count=count.buffer, **statics)
+        rows_launch(queue, x_buf, x_off, lab_buf, lab_off, out_buf, stats_buf, row_loss_buf, row_count_buf,
+                    queue.check_buffer())
+    total_launch(queue, row_loss_buf, row_count_buf, out_buf, count_buf)
+    args = dict(x=x_buf, x_off=x_off, labels=lab_buf, lab_off=lab_off, stats=stats_buf, count=count_buf,
+                **statics)
     return out, Saved(prg, args, x.shape, x.dtype, (xc, labc, stats, count), backward=backward_launch)
 
 
@@ -134,12 +137,14 @@ def _class_loss_plan(x: Tensor, labels: Tensor, loss: str, ignore_index: int, sm
     acc = loss_dtype(x.dtype)
     statics = dict(rows=np.int64(rows), classes=np.int64(x.shape[-1]), ignore_index=np.int64(ignore_index),
                    smoothing=kernels.scalar_type(acc)(smoothing))
+    # the offsets' type (a launch passes them as Python ints: the plans set them as these longs)
+    offsets = dict(x_off=np.int64(0), lab_off=np.int64(0))
     rows_launch = None
     if rows:
         kernel = prg.class_loss_rows
         dynamic = ("x", "x_off", "labels", "lab_off", "out", "stats", "row_loss", "row_count", "err")
         rows_launch = kernel.plan((rows * row_wg,), (row_wg,), kernel.positional(
-            (), {**statics, **dict.fromkeys(dynamic), "err_code": _LABEL_CHECK[loss]}),
+            (), {**statics, **dict.fromkeys(dynamic), **offsets, "err_code": _LABEL_CHECK[loss]}),
             [kernel.arg_index[n] for n in dynamic])
     kernel = prg.class_loss_total
     dynamic = ("row_loss", "row_count", "out", "count")
@@ -149,7 +154,8 @@ def _class_loss_plan(x: Tensor, labels: Tensor, loss: str, ignore_index: int, sm
     kernel = prg.class_loss_backward
     dynamic = ("x", "x_off", "labels", "lab_off", "stats", "count", "grad_out", "grad_out_off", "grad_x")
     backward_launch = kernel.plan((x.shape[-1], max(rows, 1)), None, kernel.positional(
-        (), {**statics, **dict.fromkeys(dynamic)}), [kernel.arg_index[n] for n in dynamic])
+        (), {**statics, **dict.fromkeys(dynamic), **offsets, "grad_out_off": np.int64(0)}),
+        [kernel.arg_index[n] for n in dynamic])
     out_shape = labels.shape if reduction == "none" else (1,)
     return prg, rows_launch, total_launch, backward_launch, acc, out_shape, statics
 
@@ -173,7 +179,7 @@ def class_loss_backward(saved: Saved, grad_out: Tensor) -> Tensor:
     grad = Tensor.empty(queue, saved.shape, saved.dtype)
     a = saved.args
     saved.backward(queue, a["x"], a["x_off"], a["labels"], a["lab_off"], a["stats"], a["count"], gc.buffer,
-                   np.int64(gc.offset), grad.buffer)
+                   gc.offset, grad.buffer)
     return grad
 
 

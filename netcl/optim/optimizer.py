@@ -138,7 +138,8 @@ class Optimizer:
     # -- user API -------------------------------------------------------------------------------
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Forget the accumulated gradients (set_to_none=False fills them with zeros instead)."""
-        set_to_none = Flag()(set_to_none, f"{type(self).__name__}.zero_grad: set_to_none")
+        if type(set_to_none) is not bool:  # a bool is its own check's answer (no message built per step)
+            set_to_none = Flag()(set_to_none, f"{type(self).__name__}.zero_grad: set_to_none")
         for group in self.param_groups:
             for p in group["params"]:
                 if set_to_none or p.grad is None:

@@ -14,7 +14,7 @@ from netcl import kernels, profiling
 from netcl.core import backend, capture, profile_hooks
 from netcl.core.backend import Queue, as_queue
 from netcl.core.tensor import Tensor
-from netcl.errors import DeviceError, KernelBuildError, KernelLaunchError
+from netcl.errors import DeviceError, KernelBuildError, KernelLaunchError, OutOfMemoryError
 from netcl.graph import Graph
 from netcl.profiling import count_launches
 
@@ -271,6 +271,53 @@ def test_a_plan_takes_python_floats_at_a_numpy_scalar_position(device, queue, rn
         plan(queue, y.buffer, 1.5)
     graph.replay()
     np.testing.assert_array_equal(y.to_host(), a * np.float32(1.5) * np.float32(1.5))
+
+
+def test_a_plan_launch_out_of_memory_is_retried_once_and_other_errors_are_launch_errors(device, queue, rng,
+                                                                                           monkeypatch):
+    """A plan's launch refused for memory empties the pool's cache and is tried once more, with every dynamic
+    argument set again (the one that changed before the failure too); a second refusal is OutOfMemoryError,
+    any other error the kernel's launch error."""
+    import pyopencl as cl
+
+    prg = kernels.build(device, SCALE, "scale_plan_retry", OFFSET="0.0f")
+    plan = prg.scale.plan((37,), None, (None, np.float32(1.0), np.int32(37)), (0, 1))
+    a = rng.standard_normal(37).astype(np.float32)
+    real, calls, emptied = backend._enqueue_kernel, [], []
+    refusals = [0]
+
+    def enqueue(*args, **kwargs):
+        calls.append(1)
+        if refusals[0]:
+            refusals[0] -= 1
+            raise cl.MemoryError("clEnqueueNDRangeKernel failed: MEM_OBJECT_ALLOCATION_FAILURE")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(backend, "_enqueue_kernel", enqueue)
+    monkeypatch.setattr(device.pool, "empty_cache", lambda: emptied.append(1))
+    x = Tensor.from_host(queue, a)
+    plan(queue, x.buffer, 2.0)
+    refusals[0] = 1
+    y = Tensor.from_host(queue, a)
+    plan(queue, y.buffer, 3.0)  # refused once, then launched
+    assert len(calls) == 3 and len(emptied) == 1
+    np.testing.assert_array_equal(x.to_host(), a * np.float32(2.0))
+    np.testing.assert_array_equal(y.to_host(), a * np.float32(3.0))
+    refusals[0] = 2
+    with pytest.raises(OutOfMemoryError, match="launching scale"):
+        plan(queue, y.buffer, 5.0)
+    assert len(emptied) == 2
+    z = Tensor.from_host(queue, a)
+    plan(queue, z.buffer, 5.0)  # the failed launch left nothing half-remembered: 5.0 is set again
+    np.testing.assert_array_equal(z.to_host(), a * np.float32(5.0))
+
+    def refuse(*args, **kwargs):
+        raise cl.LogicError("clEnqueueNDRangeKernel failed: INVALID_WORK_GROUP_SIZE")
+
+    monkeypatch.setattr(backend, "_enqueue_kernel", refuse)
+    with pytest.raises(KernelLaunchError, match="INVALID_WORK_GROUP_SIZE"):
+        plan(queue, z.buffer, 7.0)
+    assert len(emptied) == 2  # not a memory error: the cache is left alone
 
 
 def test_planned_launches_share_one_plan_per_static_signature(device, queue, rng, monkeypatch):
