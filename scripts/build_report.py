@@ -34,7 +34,7 @@ def programs(rows: list[dict]) -> dict[tuple[str, str], str]:
 
 
 def per_file(rows: list[dict]) -> list[tuple[str, list[float]]]:
-    sums: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0, 0, 0.0])
+    sums: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0, 0, 0.0, 0.0])
     for row in rows:
         s = sums[row["test"].split("::")[0]]
         s[0] += 1
@@ -42,6 +42,7 @@ def per_file(rows: list[dict]) -> list[tuple[str, list[float]]]:
         s[2] += row["cpu"]
         s[3] += row["builds"]
         s[4] += row["build_seconds"]
+        s[5] += row.get("children_cpu", 0.0)  # (profiles older than the field: 0)
     return sorted(sums.items(), key=lambda kv: -kv[1][4])
 
 
@@ -54,16 +55,19 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     rows = load(args.profile)
     files = per_file(rows)
-    total = [sum(s[i] for _, s in files) for i in range(5)]
-    print(f"{args.profile}: {len(rows)} tests, {total[1]:.0f} s wall, {total[2]:.0f} s CPU, "
-          f"{total[3]:.0f} programs built from source in {total[4]:.0f} s")
-    print(f"{'test file':<52} {'tests':>5} {'wall s':>7} {'CPU s':>6} {'builds':>6} {'build s':>7}")
-    for name, (n, wall, cpu, builds, build_s) in files[:args.top]:
-        print(f"{name:<52} {n:>5} {wall:>7.1f} {cpu:>6.1f} {builds:>6.0f} {build_s:>7.1f}")
+    total = [sum(s[i] for _, s in files) for i in range(6)]
+    print(f"{args.profile}: {len(rows)} tests, {total[1]:.0f} s wall, {total[2]:.0f} s CPU "
+          f"(+ {total[5]:.0f} s of subprocesses), {total[3]:.0f} programs built from source in "
+          f"{total[4]:.0f} s")
+    print(f"{'test file':<52} {'tests':>5} {'wall s':>7} {'CPU s':>6} {'sub s':>6} {'builds':>6} "
+          f"{'build s':>7}")
+    for name, (n, wall, cpu, builds, build_s, sub) in files[:args.top]:
+        print(f"{name:<52} {n:>5} {wall:>7.1f} {cpu:>6.1f} {sub:>6.1f} {builds:>6.0f} {build_s:>7.1f}")
     if len(files) > args.top:
-        rest = [sum(s[i] for _, s in files[args.top:]) for i in range(5)]
+        rest = [sum(s[i] for _, s in files[args.top:]) for i in range(6)]
         label = f"({len(files) - args.top} more files)"
-        print(f"{label:<52} {rest[0]:>5.0f} {rest[1]:>7.1f} {rest[2]:>6.1f} {rest[3]:>6.0f} {rest[4]:>7.1f}")
+        print(f"{label:<52} {rest[0]:>5.0f} {rest[1]:>7.1f} {rest[2]:>6.1f} {rest[5]:>6.1f} {rest[3]:>6.0f} "
+              f"{rest[4]:>7.1f}")
     held = programs(rows)
     kinds = Counter("generated (JIT)" if name.startswith("gen:") else name for name, _ in held)
     print(f"\n{len(held)} distinct programs (kernel file, options), by file: "

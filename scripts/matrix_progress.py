@@ -4,9 +4,10 @@
 
 --progress-file: rewritten after each test as one line, "DONE TOTAL FAILED SOURCE_BUILDS BUILD_SECONDS",
 so the matrix can say where each configuration is (pytest's own output goes to a log file, in blocks).
---build-profile: one JSON line per test as it finishes: its seconds (wall and CPU), the programs it compiled
-from source in this process (netcl.core.backend.build_stats; subprocesses a test starts are not counted) and
-the programs (kernel file, options) it was the first test to ask for, to find where a cold run's time goes
+--build-profile: one JSON line per test as it finishes: its seconds (wall and CPU; children_cpu, that of the
+subprocesses it waited for: launches, scripts, the docs' builds), the programs it compiled from source in this
+process (netcl.core.backend.build_stats; a subprocess's builds are not counted) and the programs (kernel
+file, options) it was the first test to ask for, to find where a cold run's time goes
 (scripts/build_report.py sums a profile per file).
 """
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import resource
 import time
 from pathlib import Path
 
@@ -27,6 +29,12 @@ from netcl.core.backend import build_stats
 def _programs_held() -> list[tuple]:
     """The keys of netcl's program cache that name a build (not the per-call shortcuts), in order."""
     return [k for k in list(kernels._programs) if k[0] != "args"]
+
+
+def _children_cpu() -> float:
+    """User + system seconds of the subprocesses this process has waited for (a test's launches, scripts)."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
 
 
 def _program_name(key: tuple) -> str:
@@ -50,7 +58,7 @@ class _Progress:
         self.total = 0
         self.done = 0
         self.failed = 0
-        self._start: dict[str, tuple[float, int, float]] = {}
+        self._start: dict[str, tuple] = {}
 
     def write(self) -> None:
         if self.progress is None:
@@ -68,7 +76,7 @@ class _Progress:
 
     def pytest_runtest_logstart(self, nodeid: str) -> None:
         self._start[nodeid] = (time.perf_counter(), time.process_time(), build_stats.counts["source"],
-                               build_stats.seconds["source"], len(_programs_held()))
+                               build_stats.seconds["source"], len(_programs_held()), _children_cpu())
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.failed:
@@ -76,10 +84,12 @@ class _Progress:
 
     def pytest_runtest_logfinish(self, nodeid: str) -> None:
         self.done += 1
-        t0, c0, n0, s0, p0 = self._start.pop(nodeid, (time.perf_counter(), time.process_time(), 0, 0.0, 0))
+        t0, c0, n0, s0, p0, k0 = self._start.pop(
+            nodeid, (time.perf_counter(), time.process_time(), 0, 0.0, 0, _children_cpu()))
         row = {
             "test": nodeid, "seconds": round(time.perf_counter() - t0, 3),
             "cpu": round(time.process_time() - c0, 3),
+            "children_cpu": round(_children_cpu() - k0, 3),
             "builds": build_stats.counts["source"] - n0,
             "build_seconds": round(build_stats.seconds["source"] - s0, 3),
         }

@@ -13,9 +13,10 @@ from source, twice) short:
   does not depend on the compiler; a CPU device never chooses them. The system PoCL runs them.
 - ONCE: end-to-end and driver-independent tests (the docs' pages, the CLI's training runs, launches of
   several processes, the tokenizer, Hugging Face files, k-means estimators against scikit-learn, autocast
-  and the loss scaler): the kernels they build are built and checked by the unit tests on every driver
-  (k-means': tests/ops/test_kmeans.py; half ops and the scaler's: tests/amp/test_half_ops.py,
-  tests/oclgrind/test_amp_oclgrind.py). PyPI's PoCL runs them.
+  and the loss scaler, bench/gemv.py's sweep): the kernels they build are built and checked by the unit
+  tests on every driver (k-means': tests/ops/test_kmeans.py; half ops and the scaler's:
+  tests/amp/test_half_ops.py, tests/oclgrind/test_amp_oclgrind.py; the GEMV's knob sets, int8 and SwiGLU:
+  tests/ops/test_gemm_gemv.py). PyPI's PoCL runs them.
 - LAYERS: the layers above the kernels (autograd's attention and elementwise rules, tests/nn, tests/data,
   graphs, profiling): the kernels they launch are netcl.ops' and the JIT's, which tests/ops, tests/jit,
   tests/optim, tests/core, tests/amp/test_half_*.py and the autograd tests that build define sets of their
@@ -65,7 +66,7 @@ KERNEL_TESTS = ["tests/oclgrind", "tests/ops/test_matmul.py", "tests/jit", "test
 # driver-independent tests, run by one driver (see above)
 ONCE = ["tests/docs", "tests/train", "tests/distributed", "tests/text", "tests/tune", "tests/io",
         "tests/models", "tests/fuzz", "tests/cluster", "tests/amp/test_amp.py", "tests/amp/test_train_amp.py",
-        "tests/test_cli_errors.py", "tests/test_readme.py"]
+        "tests/test_cli_errors.py", "tests/test_readme.py", "tests/test_bench_gemv.py"]
 # the layers above the kernels (autograd's rules, modules, the data pipeline, graphs, profiling): the kernels
 # they launch are netcl.ops' and the JIT's, which the unit tests build and check on every driver. Not here:
 # tests/autograd/test_{loss,grads,fused_grads,engine}.py and tests/test_pytorch_patterns.py, the only

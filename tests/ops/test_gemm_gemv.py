@@ -35,10 +35,26 @@ def assert_close(got, want, dtype):
     assert err < TOL[np.dtype(dtype).name], err
 
 
-@pytest.mark.parametrize("dtype", HALVES, ids=lambda d: d.name)
-@pytest.mark.parametrize("m,n,k", [(1, 37, 64), (3, 130, 48), (8, 17, 1000), (5, 1, 8)])
-@pytest.mark.parametrize("params", [None, {"GEMV_WG": 8, "GEMV_ROWS": 3}], ids=["default", "groups"])
-def test_gemv_against_numpy(queue, rng, dtype, m, n, k, params):
+GROUPS = {"GEMV_WG": 8, "GEMV_ROWS": 3}
+F16, BF16 = HALVES
+
+
+def _paired(shapes: list[tuple], dtypes: list[np.dtype]) -> list:
+    """Both work layouts at every shape, the dtypes paired with the shapes (not crossed: each (dtype, rows)
+    is a program of its own, ~0.5 CPU s cold on PoCL), rotated between the layouts so that each layout runs
+    every dtype and each shape runs several."""
+    cases = []
+    for i, (name, params) in enumerate((("default", None), ("groups", GROUPS))):
+        for j, shape in enumerate(shapes):
+            dt = dtypes[(i + j) % len(dtypes)]
+            cases.append(pytest.param(*shape, dt, params, id=f"{name}-{'-'.join(map(str, shape))}-{dt.name}"))
+    return cases
+
+
+# the shapes: one row, several, the most (8), an odd count with one column and K of one chunk
+@pytest.mark.parametrize("m,n,k,dtype,params", _paired([(1, 37, 64), (3, 130, 48), (8, 17, 1000), (5, 1, 8)],
+                                                      HALVES))
+def test_gemv_against_numpy(queue, rng, m, n, k, dtype, params):
     x, w = rng.standard_normal((m, k)).astype(dtype), rng.standard_normal((n, k)).astype(dtype)
     bias, res = rng.standard_normal(n).astype(dtype), rng.standard_normal((m, n)).astype(dtype)
     xs, ws, bs, rs = (Tensor.from_host(queue, a) for a in (x, w, bias, res))
@@ -297,10 +313,9 @@ ALL_STORAGE = [np.dtype(np.float32), *HALVES]
 TOL["float32"] = 1e-5
 
 
-@pytest.mark.parametrize("dtype", ALL_STORAGE, ids=lambda d: d.name)
-@pytest.mark.parametrize("m,n,k", [(1, 37, 200), (3, 20, 1000), (8, 9, 48)])
-@pytest.mark.parametrize("params", [None, {"GEMV_WG": 8, "GEMV_ROWS": 3}], ids=["default", "groups"])
-def test_rms_norm_linear_against_numpy(queue, rng, dtype, m, n, k, params):
+@pytest.mark.parametrize("m,n,k,dtype,params",
+                         _paired([(1, 37, 200), (3, 20, 1000), (8, 9, 48)], ALL_STORAGE))
+def test_rms_norm_linear_against_numpy(queue, rng, m, n, k, dtype, params):
     """The RMSNorm prologue (one launch) against float64 NumPy: rms_norm, then x @ W^T + bias; both work
     layouts (the CPUs' item a column; a tree of 8 items a column, 3 columns a work-group), K of an odd number
     of 8-element chunks; and ops.rms_norm_linear, in one launch where the device's tile takes the prologue."""
