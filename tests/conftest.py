@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from netcl.core import capture
 from netcl.core.device import manager
 
 
@@ -21,3 +22,10 @@ def queue(device):
 @pytest.fixture
 def rng():
     return np.random.default_rng(12345)
+
+
+@pytest.fixture(autouse=True)
+def _own_plans():
+    """Every test builds its own launch plans: a plan keeps the kernel its op chose from module switches that
+    tests monkeypatch (FORCE_KIND, variant overrides, tiles), so one test's plans must not serve the next."""
+    capture.plans.invalidate()

@@ -173,7 +173,8 @@ def _combine(reducer: str, acc: np.dtype, s: str, t: str) -> str:
     if reducer == "lse":
         ct = ir.COMPUTE_TYPE[acc]
         return (f"if ({t}m > {s}m) {{ {s}s = {s}s * exp({s}m - {t}m) + {t}s; {s}m = {t}m; }} "
-                f"else if ({t}m != -({ct})INFINITY || {t}m != {t}m) {{ {s}s += {t}s * exp({t}m - {s}m); }}")
+                f"else if ({t}m != -({ct})INFINITY || {t}m != {t}m || {t}s != {t}s) "
+                f"{{ {s}s += {t}s * exp({t}m - {s}m); }}")
     raise KeyError(reducer)
 
 

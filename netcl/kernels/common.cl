@@ -50,10 +50,18 @@
  * each writes its partials through PART_STORE, then asks nc_last_arrival(count, n), which is true for the
  * last of the n work-groups sharing count: the others' partials are then complete and read through
  * PART_LOAD. count is a zeroed int that the last one resets for the next launch, so one buffer per queue
- * serves every launch and recorded replay (netcl.ops.arrivals). The partials move through 32-bit atomics:
- * reads from the device-wide coherent level, and the accesses are not a data race (Oclgrind checks). */
+ * serves every launch and recorded replay (Queue.arrival_counts). The partials (floats) move through
+ * 32-bit atomics, read from the device-wide coherent level and not a data race (Oclgrind checks); on
+ * NVIDIA through volatile accesses (L2, past the SM's L1, after the fences), as CUDA's threadfence
+ * reduction: its atomic loads are issued one after another (the split decode attention's merge of 63
+ * splits took 76 us more through them on the H200, bench/NOTES.md seventh session). */
+#ifdef NC_NVIDIA
+#define PART_STORE(p, i, v) (((volatile __global float *)(p))[i] = (float)(v))
+#define PART_LOAD(p, i) (((volatile __global const float *)(p))[i])
+#else
 #define PART_STORE(p, i, v) atomic_xchg((volatile __global float *)(p) + (i), (float)(v))
 #define PART_LOAD(p, i) as_float(atomic_or((volatile __global uint *)(p) + (i), 0u))
+#endif
 
 inline int nc_last_arrival(__global int *count, const int n)
 {

@@ -227,15 +227,21 @@ def test_sum_vector_widths_unaligned(queue, rng, layout, monkeypatch, vec):
 
 
 @pytest.mark.gpu_shaped
-def test_softmax_nan_row_registers(queue, monkeypatch):
-    """A NaN poisons its whole row (as in NumPy/PyTorch) in the row-in-registers GPU variant."""
+@pytest.mark.parametrize("registers", [8, 0], ids=["row-in-registers", "online"])
+def test_softmax_nan_row(queue, monkeypatch, registers):
+    """A NaN poisons its whole row (as in NumPy/PyTorch) in both GPU variants: the row held in registers,
+    and the online max/sum pass, where the NaN is the only value of its vector lane on its work-item (the
+    lane's state keeps max -inf with a NaN sum, which the merge of states once skipped)."""
     monkeypatch.setattr(jreduce, "FORCE_KIND", "gpu")
-    monkeypatch.setattr(jreduce, "_knobs", replace(jreduce.knobs(), softmax_reg=8))
+    monkeypatch.setattr(jreduce, "_knobs", replace(jreduce.knobs(), softmax_reg=registers))
     a = np.linspace(-3, 3, 3 * 130, dtype=np.float32).reshape(3, 130)
     a[1, 5] = np.nan
-    y = ops.softmax(Tensor.from_host(queue, a), -1).to_host()
+    x = Tensor.from_host(queue, a)
+    y = ops.softmax(x, -1).to_host()
     assert np.isnan(y[1]).all() and not np.isnan(y[[0, 2]]).any()
     np.testing.assert_allclose(y[[0, 2]].sum(1), 1.0, rtol=1e-5)
+    z = ops.log_softmax(x, -1).to_host()
+    assert np.isnan(z[1]).all() and not np.isnan(z[[0, 2]]).any()
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # NumPy's "Degrees of freedom <= 0"

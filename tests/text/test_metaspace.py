@@ -97,9 +97,17 @@ def _metaspace_variant(doc: dict, prepend_scheme: str, split: bool) -> dict:
     return out
 
 
+# characters the trained vocabulary must not hold (the byte-fallback test): taken out of the corpus, whose
+# stdlib part differs between Python versions (3.12's put "😀" among the 300 most frequent characters)
+UNKNOWN_CHARS = "😀Ω𝔘\x01"
+
+
 @pytest.fixture(scope="module")
 def trained() -> dict:
-    return _train(build_corpus(60_000))
+    text = build_corpus(60_000)
+    for char in UNKNOWN_CHARS:
+        text = text.replace(char, "")
+    return _train(text)
 
 
 @pytest.fixture(scope="module")
@@ -147,7 +155,7 @@ def test_round_trip_and_bos(trained, texts, tmp_path):
 def test_byte_fallback_gives_the_bytes_of_unknown_characters(trained, tmp_path):
     ours, ref = _pair(trained, tmp_path)
     vocab = trained["model"]["vocab"]
-    for char in "😀Ω𝔘\x01":
+    for char in UNKNOWN_CHARS:
         assert char not in vocab
         ids = ours.encode_ordinary(char)
         # a space (▁ or its byte fallback when ▁ alone is not a token) then the character's UTF-8 bytes
