@@ -220,8 +220,11 @@ def _dq_splits(slots: int, pairs: int, tiles: int, slack: float, most: int) -> i
 # (float64: one split, its parts cannot move through the 32-bit atomics of the merge); DECODE_ITEMS
 # work-items, tiles of the first of DECODE_TILE_KEYS that fits.
 DECODE_MAX_ROWS = 16
-DECODE_GROUPS_PER_CU = 4
-DECODE_ITEMS = 128
+# H200, TinyLlama's 32:4 heads of 64, bfloat16, the splits merged in the last one (graph-replayed us at 96,
+# 1,000 and 4,000 cached keys, batch 8 at 200): 4 groups a CU and 128 items 14.0 / 22.7 / 51.6 / 15.6; 1 and
+# 256 12.2 / 20.7 / 35.5 / 13.7 (fewer splits for the last one to merge; bench/NOTES.md, seventh session)
+DECODE_GROUPS_PER_CU = 1
+DECODE_ITEMS = 256
 DECODE_TILE_KEYS = (64, 32, 16)
 
 
