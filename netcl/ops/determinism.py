@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from netcl import config
+from netcl.core import capture
 
 __all__ = ["get_deterministic", "set_deterministic"]
 
@@ -23,7 +24,9 @@ def set_deterministic(flag: bool) -> None:
         raise TypeError(
             f"set_deterministic: flag must be True or False, got {flag!r} ({type(flag).__name__})"
         )
-    _deterministic[0] = bool(flag)
+    if bool(flag) != _deterministic[0]:
+        _deterministic[0] = bool(flag)
+        capture.plans.invalidate()  # no plan may keep a kernel the other setting chose
 
 
 def get_deterministic() -> bool:

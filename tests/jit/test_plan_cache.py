@@ -134,3 +134,26 @@ def test_repeat_by_key_does_not_flatten_and_honours_sharing(queue, rng, monkeypa
 def _softmax(a):
     e = np.exp(a - a.max(-1, keepdims=True))
     return e / e.sum(-1, keepdims=True)
+
+
+def test_precision_and_determinism_switches_forget_the_plans(queue, rng):
+    """A plan keeps the kernel its op chose: changing a setting an op's choice reads (the float32 matmul
+    precision: TF32 or not; determinism: the float-atomic paths or not) empties the cache, so the next call
+    chooses again, and setting the same value keeps the plans."""
+    import netcl
+
+    a = Tensor.from_host(queue, rng.standard_normal((8, 8)).astype(np.float32))
+    was_precision, was_deterministic = netcl.get_matmul_precision(), netcl.get_deterministic()
+    try:
+        for switch, values in ((netcl.set_matmul_precision, ("highest", "high")),
+                               (netcl.set_deterministic, (True, False))):
+            switch(values[0])
+            (a @ a).realize()
+            assert len(capture.plans) > 0
+            switch(values[0])
+            assert len(capture.plans) > 0
+            switch(values[1])
+            assert len(capture.plans) == 0
+    finally:
+        netcl.set_matmul_precision(was_precision)
+        netcl.set_deterministic(was_deterministic)

@@ -18,7 +18,7 @@ import numpy as np
 import pyopencl as cl
 
 from netcl import kernels
-from netcl.core import dtypes
+from netcl.core import capture, dtypes
 from netcl.core.backend import format_options
 from netcl.core.variants import Variant, first_usable, source_digest
 from netcl.errors import KernelBuildError
@@ -343,7 +343,9 @@ def set_matmul_precision(precision: str) -> None:
     inputs rounded to 10-bit mantissas, float32 accumulation). float16 inputs always take matrix units."""
     if precision not in MATMUL_PRECISIONS:
         raise ValueError(f"matmul precision must be one of {MATMUL_PRECISIONS}, got {precision!r}")
-    _precision[0] = precision
+    if precision != _precision[0]:
+        _precision[0] = precision
+        capture.plans.invalidate()  # a GEMM's plan keeps the kernel this setting chose (TF32 or not)
 
 
 def get_matmul_precision() -> str:
