@@ -805,7 +805,8 @@ __kernel void attention_dq_sum_gpu(__global const float *dq_acc, __global float 
 //   batch) to finish (nc_last_arrival on arrivals[b * HKV + hk]) merges the nsplit parts of its rows in the
 //   order s = 0..nsplit-1, whichever finished last: out = sum_s o_s exp(m_s - M) / sum_s l_s exp(m_s - M),
 //   lse = M + log(...), M = max_s m_s. One launch, no combine kernel. Float accumulators only when split
-//   (the parts move through 32-bit atomics; netcl.ops.attention keeps float64 in one split).
+//   (the parts move through PART_STORE / PART_LOAD of common.cl: 32-bit atomics, or volatile accesses on
+//   NVIDIA; netcl.ops.attention keeps float64 in one split).
 //   Local memory: (DR + DK) * DRS4 * 4 + 2 * DR * DK + 4 * DR + 4 * KG * DPAIRS values.
 // Build options: DR (rows of a work-group: GROUP * SQ), DK (keys per tile, default 64), DNT (items, default 128).
 #ifndef DK
