@@ -11,7 +11,6 @@ during a pass run when it ends (what netcl.distributed's gradient buckets start 
 from __future__ import annotations
 
 import contextlib
-import math
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -389,13 +388,12 @@ def backward(root: Node, grad: Tensor | None = None, retain_graph: bool = False,
     if root._freed:
         raise NetclError(_FREED.format(op=root._op))
     if grad is None:
-        value = root.value  # (its Tensor read once, not through the Node's forwarding properties)
-        if math.prod(value.shape) != 1:
+        if root.size != 1:
             raise ShapeError(
-                f"backward without a gradient needs a one-element output, got shape {value.shape}; pass "
+                f"backward without a gradient needs a one-element output, got shape {root.shape}; pass "
                 "grad= with the output's shape"
             )
-        grad = Tensor.full(value.queue, value.shape, 1.0, value.dtype)
+        grad = Tensor.full(root.queue, root.shape, 1.0, root.dtype)
     elif not isinstance(grad, Tensor):
         raise TypeError(f"backward: grad must be a netcl Tensor, got {type(grad).__name__}")
     elif grad.shape != root.shape:
@@ -412,19 +410,18 @@ def backward(root: Node, grad: Tensor | None = None, retain_graph: bool = False,
             "gradient on another device too)"
         )
     order = _topological_order(root)
-    for node in order:  # checked before any rule runs: a refused backward changes nothing
-        if node._freed:
-            raise NetclError(_FREED.format(op=node._op))
+    freed = next((n for n in order if n._freed), None)
+    if freed is not None:  # checked before any rule runs: a refused backward changes nothing
+        raise NetclError(_FREED.format(op=freed._op))
     grads: dict[int, Tensor] = {id(root): grad}
     claimed: set[int] = set()  # storages handed to a leaf's .grad this pass: never shared between two
     outer_callbacks, _state.callbacks = _state.callbacks, []
-    enabled, _state.grad_enabled = _state.grad_enabled, False  # no_grad()'s switch, without its three calls
     try:
-        _run_rules(order, grads, claimed, retain_graph, _targets)
-        while _state.callbacks:
-            _state.callbacks.pop(0)()
+        with no_grad():
+            _run_rules(order, grads, claimed, retain_graph, _targets)
+            while _state.callbacks:
+                _state.callbacks.pop(0)()
     finally:
-        _state.grad_enabled = enabled
         _state.callbacks = outer_callbacks
 
 

@@ -479,17 +479,9 @@ class Tensor:
 
     def reshape(self, *shape: Any) -> Tensor:
         """A view when the layout allows it, else a contiguous copy in the new shape."""
-        # the usual case in place, two frames less (a CNN step reshapes ~14 times): _reshaped's entry for a
-        # layout and request seen before, and the view as _view makes it
-        try:
-            hit = _layouts.get(("view", self.shape, self.strides, shape))
-        except TypeError:  # unhashable entries: _reshaped's checks explain what is wrong
-            hit = None
-        shp, strides = hit if hit is not None else self._reshaped(shape)
+        shp, strides = self._reshaped(shape)
         if strides is not None:
-            if self._pending is not None:
-                self._pending.realize(self)
-            return Tensor(self._storage, shp, strides, self.offset, self.dtype, self.queue)
+            return self._view(shp, strides, self.offset)
         c = self.contiguous()
         return c._view(shp, contiguous_strides(shp), c.offset)
 
@@ -512,12 +504,8 @@ class Tensor:
             return self
         if ndim == 2 and type(dim0) is int and type(dim1) is int and dim0 in (0, -2) and dim1 in (1, -1):
             # the two axes of a matrix (a weight's transpose in every linear layer): no axis checks to make
-            # (what _view does, in place: one frame less for a view made twice per linear layer and step)
             (rows, cols), (row_stride, col_stride) = self.shape, self.strides
-            if self._pending is not None:
-                self._pending.realize(self)
-            return Tensor(self._storage, (cols, rows), (col_stride, row_stride), self.offset, self.dtype,
-                          self.queue)
+            return self._view((cols, rows), (col_stride, row_stride), self.offset)
         if type(dim0) is int and type(dim1) is int and -ndim <= dim0 < ndim and -ndim <= dim1 < ndim:
             a, b = dim0 % ndim, dim1 % ndim  # axes in range: the swap itself, without permute's checks
             shape, strides = list(self.shape), list(self.strides)
