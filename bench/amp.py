@@ -13,7 +13,8 @@ softmax over rows, a row sum, and causal flash attention; time and GB/s per
 dtype, ratio = float32 time / half time. Target on the H200: >= 1.6x with half storage.
 
 Bandwidth over sizes (--sizes, the third table): per op, dtype and element count n, the time per call
-with `inner` calls queued between two finishes (so a small n shows the launch floor, not the host's sync),
+with `inner` calls queued between two finishes (>= 2^27 elements a sample: the launch floor shows at small n,
+the host's sync nowhere),
 GB/s of compulsory bytes and float32 time / half time. Where half's ratio climbs with n toward 2x the
 gap at small n is the per-launch cost; where it stays flat at large n the kernel moves fewer bytes/s.
 Three clocks: "wall" (eager calls: the host's dispatch included), "dev" (the kernels' OpenCL event times:
@@ -226,7 +227,9 @@ def measure_bandwidth(dev, log2_sizes: list[int], repeat: int, gpu: bool) -> lis
     out = []
     for lg in log2_sizes:
         n = 1 << lg
-        inner = max(1, min(64, (1 << 24) // n))  # calls queued per timed sample: ~16 M elements each
+        # calls queued per timed sample: >= 128 M elements each (8 calls at 2^24, 2 at 2^26), so that a sample's
+        # one finish (a sync round trip, ~10-15 us on the H200) does not weigh on half's shorter kernels
+        inner = max(1, min(64, (1 << 27) // n))
         for dt in (dtypes.float32, dtypes.float16, dtypes.bfloat16):
             try:
                 cases = _bw_cases(q, n, dt, rng, gpu)
