@@ -20,7 +20,8 @@ dq by float atomic adds (GPU_DQ_SPLIT_RESIDENT, GPU_DQ_ATOMIC). Kernels
 in private memory (attention_cpu.cl); on GPUs a work-group takes a tile of rows in local memory and streams
 the other operand's tiles past it (attention_gpu.cl), and a forward with few query rows per kv head (decoding
 with a KV cache: GROUP * Sq <= DECODE_MAX_ROWS) splits the keys over work-groups that each take all the rows
-of one kv head (so the cache is read once per kv head), merged by a second small kernel.
+of one kv head (so the cache is read once per kv head), merged by the last of them to finish.
+rope_cache_decode_attention is a decode step's rope_qkv_cache and attention in that kernel's one launch.
 
 Options:
 - scale: default 1 / sqrt(D).
