@@ -500,6 +500,7 @@ ROPE_DECODE_CASES = [
     (3, 4, 2, 3, 150, 20, np.float32, "half", [62, 0, 147]),
     (1, 8, 2, 2, 130, 32, np.float32, "interleaved", [128]),
     (2, 2, 1, 1, 70, 32, np.float64, "half", [69, 5]),
+    (2, 4, 1, 1, 90, 32, np.float32, "interleaved", [70]),   # one position (1,) for both rows
 ]
 
 
