@@ -808,7 +808,22 @@ __kernel void attention_dq_sum_gpu(__global const float *dq_acc, __global float 
 //   (the parts move through PART_STORE / PART_LOAD of common.cl: 32-bit atomics, or volatile accesses on
 //   NVIDIA; netcl.ops.attention keeps float64 in one split).
 //   Local memory: (DR + DK) * DRS4 * 4 + 2 * DR * DK + 4 * DR + 4 * KG * DPAIRS values.
-// Build options: DR (rows of a work-group: GROUP * SQ), DK (keys per tile, default 64), DNT (items, default 128).
+//   With ROPE_CACHE (netcl.ops.rope_cache_decode_attention: the rotary embedding and the cache write of the new
+//   rows in this launch, instead of rope_qkv_cache before it): q is the stacked q/k/v projection's heads
+//   (B, HQ + 2 HKV, SQ, D) through its strides, un-rotated; k and v are the caches (B, HKV, SK = capacity, D),
+//   written here; kv_len's arguments are replaced by position (position[position_off + b * position_stride]:
+//   the keys cached before these SQ rows), so the valid keys are L = position + SQ and row i sits at position
+//   p = position + i. q's rows are rotated at p while staged (rope_common.cl's arithmetic, rounded to T as
+//   rope_qkv_cache stores them, then times scale). The split whose keys [s * chunk, s * chunk + chunk) hold
+//   new positions rotates those rows' k (head HQ + hk of q) into k and copies their v (head HQ + HKV + hk) into
+//   v, then a barrier with a global fence lets its own tile loads read them back: no other work-group reads
+//   those positions (other splits hold other keys, other (b, hk) other cache rows), so the bits are those of
+//   rope_qkv_cache and then this kernel. A position outside [0, SK - SQ] is reported to err (err_code); that
+//   batch row then has no valid keys and writes nothing (output 0, lse -inf). (An early return there crashed
+//   PoCL 3.1's float64 build.)
+//   cos_table, sin_table: (>= SK, D / 2) of ACC. PAIRING: ROPE_HALF or ROPE_INTERLEAVED (rope_common.cl).
+// Build options: DR (rows of a work-group: GROUP * SQ), DK (keys per tile, default 64), DNT (items, default 128),
+//   ROPE_CACHE (flag) with PAIRING.
 #ifndef DK
 #define DK 64
 #endif
@@ -822,10 +837,58 @@ __kernel void attention_dq_sum_gpu(__global const float *dq_acc, __global float 
 #define DSLOTS (KG * DPAIRS)
 #define NPT ((DSLOTS + DNT - 1) / DNT)                    // output slots per item
 
-__kernel void attention_decode_gpu(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARGS, LEN_ARGS,
+#ifdef ROPE_CACHE
+#include "checks.cl"
+#include "rope_common.cl"
+#define ROPE_HALF_DIM (HEAD_DIM / 2)
+#if defined(IS_HALF)
+#define ROUND_T(x) nc_h2f(nc_f2h(x))
+#elif defined(IS_BF16)
+#define ROUND_T(x) nc_bf16_to_float(nc_float_to_bf16(x))
+#else
+#define ROUND_T(x) (x)
+#endif
+// the caches are written; kv_len's four arguments become position's three; the tables and the check record
+#define DECODE_KV_ARGS(n) __global T *n, const long n##_off, const long n##_sb, const long n##_sh, const long n##_ss
+#define DECODE_LEN_ARGS __global const int *position, const long position_off, const int position_stride
+#define DECODE_ROPE_ARGS , __global const ACC *cos_table, __global const ACC *sin_table, __global int *err, \
+                         const int err_code
+
+// Element e of row x rotated at the position whose table rows are cosr and sinr, rounded to T (what
+// rope_qkv_cache stores and the un-fused kernel loads).
+inline ACC rope_element(__global const T *x, const int e, __global const ACC *cosr, __global const ACC *sinr)
+{
+#if PAIRING == ROPE_HALF
+    const int i = e < ROPE_HALF_DIM ? e : e - ROPE_HALF_DIM, i1 = i, i2 = i + ROPE_HALF_DIM;
+    const int second = e >= ROPE_HALF_DIM;
+#else
+    const int i = e >> 1, i1 = 2 * i, i2 = 2 * i + 1;
+    const int second = e & 1;
+#endif
+    const ACC x1 = LDS(x, i1), x2 = LDS(x, i2), c = cosr[i], sn = sinr[i];
+    return ROUND_T(second ? rope_second(x1, x2, c, sn) : rope_first(x1, x2, c, sn));
+}
+
+inline ACC4 rope_load4(__global const T *x, const int d, __global const ACC *cosr, __global const ACC *sinr)
+{
+    ACC4 r = (ACC4)0;
+    if (d < HEAD_DIM) r.x = rope_element(x, d, cosr, sinr);
+    if (d + 1 < HEAD_DIM) r.y = rope_element(x, d + 1, cosr, sinr);
+    if (d + 2 < HEAD_DIM) r.z = rope_element(x, d + 2, cosr, sinr);
+    if (d + 3 < HEAD_DIM) r.w = rope_element(x, d + 3, cosr, sinr);
+    return r;
+}
+#else
+#define DECODE_KV_ARGS(n) KV_ARGS(n)
+#define DECODE_LEN_ARGS LEN_ARGS
+#define DECODE_ROPE_ARGS
+#endif
+
+__kernel void attention_decode_gpu(KV_ARGS(q), DECODE_KV_ARGS(k), DECODE_KV_ARGS(v), MASK_ARGS, DECODE_LEN_ARGS,
                                    __global T *out, __global ACC *lse, __global ACC *part_o, __global ACC *part_ml,
                                    __global int *arrivals, const int nsplit, const int chunk, const int HQ, const int GROUP,
-                                   const int SQ, const int SK, const int causal, const ACC scale, DROP_ARGS)
+                                   const int SQ, const int SK, const int causal, const ACC scale, DROP_ARGS
+                                   DECODE_ROPE_ARGS)
 {
     __local ACC4 qs[DR * DRS4];
     __local ACC4 kvs[DK * DRS4];        // the k tile, then the v tile
@@ -835,7 +898,15 @@ __kernel void attention_decode_gpu(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARGS
     __local ACC4 ored[KG > 1 ? DSLOTS : 1];
 
     const int tid = get_local_id(0), split = get_group_id(0), hk = get_global_id(1), b = get_global_id(2);
+#ifdef ROPE_CACHE
+    const int asked = position[position_off + b * position_stride];
+    const int bad = asked < 0 || asked > SK - SQ;   // reported; then no keys, no writes, output 0 (lse -inf)
+    if (bad && tid == 0 && split == 0 && hk == 0)
+        report_check(err, err_code, asked < 0 ? asked : asked + SQ - 1, b, SK);
+    const int p0 = bad ? 0 : asked, L = bad ? 0 : p0 + SQ;
+#else
     const int L = valid_keys(kv_len, kv_len_off, has_kv_len, kv_len_stride, b, SK);
+#endif
     const int jend = key_end(causal, SQ - 1, L, SQ);
     const int jstart = split * chunk, jstop = min(jstart + chunk, jend);
     const __global T *kb = k + k_off + b * k_sb + hk * k_sh;
@@ -844,8 +915,39 @@ __kernel void attention_decode_gpu(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARGS
     for (int slot = tid; slot < DR * DQ4; slot += DNT) {
         const int r = slot / DQ4, c4 = slot - r * DQ4;
         const int h = hk * GROUP + r / SQ, i = r % SQ;
+#ifdef ROPE_CACHE
+        const long at = (long)(p0 + i) * ROPE_HALF_DIM;
+        qs[r * DRS4 + c4] = rope_load4(q + q_off + b * q_sb + h * q_sh + i * q_ss, 4 * c4, cos_table + at,
+                                       sin_table + at) * scale;
+#else
         qs[r * DRS4 + c4] = load4(q + q_off + b * q_sb + h * q_sh + i * q_ss, 4 * c4) * scale;
+#endif
     }
+#ifdef ROPE_CACHE
+    {   // the new rows among this split's keys: k rotated into its cache, v copied into its own
+        const int first = max(jstart, p0);
+        const __global T *ky = q + q_off + b * q_sb + (HQ + hk) * q_sh;
+        const __global T *vy = ky + get_global_size(1) * q_sh;
+        __global T *kw = k + k_off + b * k_sb + hk * k_sh;
+        __global T *vw = v + v_off + b * v_sb + hk * v_sh;
+        for (int slot = tid; slot < (jstop - first) * ROPE_HALF_DIM; slot += DNT) {
+            const int jj = slot / ROPE_HALF_DIM, i = slot - jj * ROPE_HALF_DIM, j = first + jj;
+#if PAIRING == ROPE_HALF
+            const int i1 = i, i2 = i + ROPE_HALF_DIM;
+#else
+            const int i1 = 2 * i, i2 = 2 * i + 1;
+#endif
+            const __global T *kx = ky + (j - p0) * q_ss, *vx = vy + (j - p0) * q_ss;
+            const ACC c = cos_table[(long)j * ROPE_HALF_DIM + i], sn = sin_table[(long)j * ROPE_HALF_DIM + i];
+            const ACC x1 = LDS(kx, i1), x2 = LDS(kx, i2);
+            STS(kw + j * k_ss, i1, rope_first(x1, x2, c, sn));
+            STS(kw + j * k_ss, i2, rope_second(x1, x2, c, sn));
+            STS(vw + j * v_ss, i1, LDS(vx, i1));
+            STS(vw + j * v_ss, i2, LDS(vx, i2));
+        }
+        barrier(CLK_GLOBAL_MEM_FENCE);   // the tiles below read these rows back
+    }
+#endif
     for (int r = tid; r < DR; r += DNT) {
         m_s[r] = -INFINITY;
         l_s[r] = (ACC)0;

@@ -2,6 +2,7 @@
 // p * inv_freq[i] of its position p and pair index i:
 //   out1 = x1 cos - d x2 sin,   out2 = x2 cos + d x1 sin      (direction d = -1: the inverse rotation,
 //   which is also the backward of the rotation).
+// (rope_common.cl: rope_first and rope_second, the arithmetic every rotating kernel shares.)
 // Pairing (PAIRING): ROPE_HALF pairs x[i] with x[i + D/2] (GPT-NeoX, Hugging Face Llama's
 // rotate_half); ROPE_INTERLEAVED pairs x[2i] with x[2i + 1] (Meta's original Llama, GPT-J).
 // x is (B, H, S, D) read through any strides; the position of row s of batch b is
@@ -16,9 +17,7 @@
 
 #include "common.cl"
 #include "checks.cl"
-
-#define ROPE_HALF 1
-#define ROPE_INTERLEAVED 2
+#include "rope_common.cl"
 
 __kernel void rope_rotate(__global const T *x, const long x_off, const long4 x_strides,
                           __global T *out, const long out_off, const long4 out_strides,
@@ -54,8 +53,8 @@ __kernel void rope_rotate(__global const T *x, const long x_off, const long4 x_s
     const ACC sn = direction * sin_table[p * half_dim + i];
     const ACC x1 = LOAD_T(x, xb + i1 * x_strides.s3);
     const ACC x2 = LOAD_T(x, xb + i2 * x_strides.s3);
-    STORE_T(out, ob + i1 * out_strides.s3, x1 * c - x2 * sn);
-    STORE_T(out, ob + i2 * out_strides.s3, x2 * c + x1 * sn);
+    STORE_T(out, ob + i1 * out_strides.s3, rope_first(x1, x2, c, sn));
+    STORE_T(out, ob + i2 * out_strides.s3, rope_second(x1, x2, c, sn));
 }
 
 // A decode step's q, k and v in one launch (rope_qkv_cache): x holds the heads of one stacked projection,
@@ -104,6 +103,6 @@ __kernel void rope_qkv_cache(__global const T *x, const long x_off, const long4 
     const long ob = h < q_heads ? q_off + b * q_strides.s0 + h * q_strides.s1 + s * q_strides.s2
                                 : k_off + b * k_strides.s0 + (h - q_heads) * k_strides.s1 + p * k_strides.s2;
     const long os3 = h < q_heads ? q_strides.s3 : k_strides.s3;
-    STORE_T(out, ob + i1 * os3, x1 * c - x2 * sn);
-    STORE_T(out, ob + i2 * os3, x2 * c + x1 * sn);
+    STORE_T(out, ob + i1 * os3, rope_first(x1, x2, c, sn));
+    STORE_T(out, ob + i2 * os3, rope_second(x1, x2, c, sn));
 }

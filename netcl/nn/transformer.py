@@ -256,18 +256,21 @@ class MultiHeadAttention(Module):
                 )
         stack = self._qkv
         stacked = stack is not None and not ag.is_recording() and stack.intact()
-        decoding = stacked and cache is not None and self.rope is not None
+        p = self.dropout if self.training else 0.0
+        decoding = stacked and cache is not None and self.rope is not None and p == 0.0
         fused = _fused_norm(norm, x) if decoding else None
         if norm is not None and fused is None:
             x = norm(x)
         if decoding:
-            # one GEMM (with the norm) for q, k and v, one launch to rotate q, and k and v into the cache
+            # one GEMM (with the norm) for q, k and v; the rotations, the cache writes and the attention in
+            # one launch where the decode kernel runs (else rope_qkv_cache, then the attention)
             heads = self.n_heads + 2 * self.n_kv_heads
             y = stack.product(x, fused).reshape(b, s, heads, self.head_dim).permute(0, 2, 1, 3)
-            qh = as_node(ops.rope_qkv_cache(y, self.n_heads, self.rope.cos, self.rope.sin, cache.k, cache.v,
-                                            position, self.rope.pairing))
-            keys, values = cache.k, cache.v
-            lengths = kv_len if kv_len is not None else ops.add(position, s)
+            o, _ = ops.rope_cache_decode_attention(y, self.n_heads, self.rope.cos, self.rope.sin, cache.k,
+                                                   cache.v, position, self.rope.pairing, causal=self.causal,
+                                                   mask=mask.value if isinstance(mask, Node) else mask,
+                                                   kv_len=kv_len)
+            o = as_node(o)
         else:
             q, k, v = stack(x) if stacked else (self.q_proj(x), self.k_proj(x), self.v_proj(x))
             qh = self._heads(q, b, s, self.n_heads)
@@ -286,10 +289,9 @@ class MultiHeadAttention(Module):
                 ops.cache_write(cache.v, vh.value, position)
                 keys, values = cache.k, cache.v
                 lengths = kv_len if kv_len is not None else ops.add(position, s)
-        p = self.dropout if self.training else 0.0
-        gen = self.generator if self.generator is not None else random.default_generator
-        o = ag.flash_attention(qh, keys, values, causal=self.causal, mask=mask, dropout_p=p, generator=gen,
-                               kv_len=lengths)
+            gen = self.generator if self.generator is not None else random.default_generator
+            o = ag.flash_attention(qh, keys, values, causal=self.causal, mask=mask, dropout_p=p,
+                                   generator=gen, kv_len=lengths)
         o = ag.reshape(ag.permute(o, (0, 2, 1, 3)), (b, s, self.n_heads * self.head_dim))
         return _project(o, self.o_proj, residual)
 

@@ -20,7 +20,8 @@ dq by float atomic adds (GPU_DQ_SPLIT_RESIDENT, GPU_DQ_ATOMIC). Kernels
 in private memory (attention_cpu.cl); on GPUs a work-group takes a tile of rows in local memory and streams
 the other operand's tiles past it (attention_gpu.cl), and a forward with few query rows per kv head (decoding
 with a KV cache: GROUP * Sq <= DECODE_MAX_ROWS) splits the keys over work-groups that each take all the rows
-of one kv head (so the cache is read once per kv head), merged by a second small kernel.
+of one kv head (so the cache is read once per kv head), merged by the last of them to finish.
+rope_cache_decode_attention is a decode step's rope_qkv_cache and attention in that kernel's one launch.
 
 Options:
 - scale: default 1 / sqrt(D).
@@ -47,13 +48,15 @@ import numpy as np
 
 from netcl import kernels
 from netcl.core import capture, dtypes
+from netcl.core.backend import device_check
 from netcl.core.tensor import Tensor, check_same_queue
 from netcl.errors import DTypeError, KernelBuildError, ShapeError
 from netcl.ops.declaration import OpDecl, declare
 from netcl.ops.determinism import get_deterministic
-from netcl.ops.elementwise import cast
+from netcl.ops.elementwise import add, cast
 from netcl.ops.gemm.variants import matrix_units
 from netcl.ops.random import Generator, default_generator
+from netcl.ops.rope import ROPE_PAIRINGS, check_qkv_cache, rope_qkv_cache
 
 __all__ = [
     "DropoutDraw",
@@ -61,6 +64,7 @@ __all__ = [
     "flash_attention",
     "flash_attention_backward",
     "flash_attention_forward",
+    "rope_cache_decode_attention",
 ]
 
 MAX_HEAD_DIM = 256
@@ -226,6 +230,13 @@ DECODE_MAX_ROWS = 16
 DECODE_GROUPS_PER_CU = 1
 DECODE_ITEMS = 256
 DECODE_TILE_KEYS = (64, 32, 16)
+# rope_cache_decode_attention where the decode kernel runs: q rotated, k rotated into its cache and v copied
+# into its cache inside that kernel (ROPE_CACHE), one launch a layer fewer than rope_qkv_cache and then the
+# kernel; False: always the two launches (the same bits either way).
+DECODE_ROPE_CACHE = True
+_DECODE_POSITION_CHECK = device_check(
+    "rope_cache_decode_attention: the new rows of batch row {row} reach position {value}, outside the "
+    "cache's [0, {limit})")
 
 
 def decode_tiles(device: Any, rows: int, head_dim: int, dtype: Any) -> dict[str, int] | None:
@@ -437,9 +448,11 @@ class _Problem:
             return None
         return decode_tiles(self.device, rows, self.D, self.dtype)
 
-    def launch_decode(self, tiles: dict[str, int], out: Tensor, lse: Tensor, args: dict[str, Any]) -> Any:
+    def launch_decode(self, tiles: dict[str, int], out: Tensor, lse: Tensor, args: dict[str, Any],
+                      defines: dict[str, Any] | None = None) -> Any:
         """attention_decode_gpu into out and lse (over several splits of the keys, merged by the last split of
-        each (batch, kv head) to finish); returns the kernel (for graph refreshes)."""
+        each (batch, kv head) to finish), with extra `defines` (ROPE_CACHE); returns the kernel (for graph
+        refreshes)."""
         dk = tiles["DK"]
         tiles_of_keys = max(1, -(-self.SK // dk))
         want = max(
@@ -450,7 +463,7 @@ class _Problem:
         nsplit = max(1, -(-self.SK // chunk))
         prg = kernels.program(self.device, "attention_gpu.cl", dtype=self.dtype, options=("-cl-mad-enable",),
                               HEAD_DIM=self.D, MASK=self.mask_kind, PASS="PASS_DECODE", **tiles,
-                              **({"VEC_ROWS": None} if self.vector_rows else {}))
+                              **({"VEC_ROWS": None} if self.vector_rows else {}), **(defines or {}))
         q4 = -(-self.D // 4)
         if nsplit > 1:
             part_o = Tensor.empty(self.queue, (self.B * self.HQ * self.SQ, nsplit, 4 * q4), dtypes.float32)
@@ -750,6 +763,49 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, sc
     """softmax(q k^T * scale + mask) v, (B, Hq, Sq, D) (module docstring; no S x S memory)."""
     return flash_attention_forward(q, k, v, causal=causal, scale=scale, mask=mask, dropout_p=dropout_p,
                                    generator=generator, kv_len=kv_len)[0]
+
+
+def rope_cache_decode_attention(y: Tensor, q_heads: int, cos: Tensor, sin: Tensor, k_cache: Tensor,
+                                v_cache: Tensor, position: Tensor, pairing: str = "half", *,
+                                causal: bool = True, scale: float | None = None, mask: Tensor | None = None,
+                                kv_len: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """A decode step's attention from its stacked projection: (out, lse) of attention over the caches' first
+    position + S keys after writing the new rows into them, what rope_qkv_cache (its arguments: y (B,
+    q_heads + 2 kv_heads, S, D), the tables, the caches (B, kv_heads, capacity, D), `position` the keys
+    cached before, pairing) and then flash_attention_forward(q, k_cache, v_cache, causal, scale, mask,
+    kv_len=position + S) give, bit for bit. kv_len: position + S when the caller computed it once for every
+    layer.
+
+    Where the decode kernel runs (the GPU variant, GROUP * S <= DECODE_MAX_ROWS, rows of y and the caches
+    contiguous, tables of at least `capacity` rows, DECODE_ROPE_CACHE) it is one launch: the kernel rotates q
+    while staging it and the split holding the new positions writes them (attention_gpu.cl, ROPE_CACHE; a
+    position outside the cache raises ShapeError at the next host read); elsewhere the two launches."""
+    op = "rope_cache_decode_attention"
+    queue, _, offset = check_qkv_cache(op, y, q_heads, cos, sin, k_cache, v_cache, position, pairing)
+    b, _, s, d = y.shape
+    tiles = None
+    fusable = (DECODE_ROPE_CACHE and y.size and y.strides[3] == 1 and k_cache.strides[3] == 1
+               and v_cache.strides[3] == 1 and k_cache.shape == v_cache.shape
+               and min(cos.shape[0], sin.shape[0]) >= k_cache.shape[2] >= s)
+    if fusable:
+        pr = _Problem(op, y[:, :q_heads], k_cache, v_cache, causal, scale, mask, 0.0, None)
+        tiles = pr.decode_plan()
+    if tiles is None:
+        q = rope_qkv_cache(y, q_heads, cos, sin, k_cache, v_cache, position, pairing)
+        lengths = kv_len if kv_len is not None else add(position, s)
+        return flash_attention_forward(q, k_cache, v_cache, causal=causal, scale=scale, mask=mask,
+                                       kv_len=lengths)
+    acc_dtype = dtypes.float64 if pr.dtype == dtypes.float64 else dtypes.float32
+    out = Tensor.empty(queue, (b, q_heads, s, d), pr.dtype)
+    lse = Tensor.empty(queue, (b, q_heads, s), acc_dtype)
+    args = pr.common_args(None)
+    for name in ("kv_len", "kv_len_off", "has_kv_len", "kv_len_stride"):
+        del args[name]
+    args.update(position=offset["offsets"], position_off=offset["offset_off"],
+                position_stride=offset["offset_stride"], cos_table=cos.contiguous().buffer,
+                sin_table=sin.contiguous().buffer, err=queue.check_buffer(), err_code=_DECODE_POSITION_CHECK)
+    pr.launch_decode(tiles, out, lse, args, {"ROPE_CACHE": None, "PAIRING": ROPE_PAIRINGS[pairing]})
+    return out, lse
 
 
 # -- backward --------------------------------------------------------------------------------------------

@@ -265,27 +265,9 @@ def rope_qkv_cache(x: Tensor, q_heads: int, cos: Tensor, sin: Tensor, k_cache: T
     heads of one stacked q/k/v projection) gives q rotated at positions s + offset (returned, (B, q_heads,
     S, D)), k rotated into k_cache and v copied into v_cache (B, kv_heads, capacity, D) at those positions
     (what rope(q), rope(k, out=k_cache, out_at_offset=True) and cache_write(v_cache, v) do in three)."""
-    if pairing not in ROPE_PAIRINGS:
-        raise ValueError(f"rope_qkv_cache: pairing must be one of {sorted(ROPE_PAIRINGS)}, got {pairing!r}")
-    for name, t in (("x", x), ("k_cache", k_cache), ("v_cache", v_cache)):
-        if not isinstance(t, Tensor) or t.ndim != 4:
-            raise ShapeError(f"rope_qkv_cache: {name} must be a 4-D Tensor, got "
-                             f"{getattr(t, 'shape', type(t).__name__)}")
+    queue, kv, position = check_qkv_cache("rope_qkv_cache", x, q_heads, cos, sin, k_cache, v_cache, offset,
+                                          pairing)
     b, heads, s, d = x.shape
-    kv = (heads - q_heads) // 2
-    if q_heads < 1 or kv < 1 or q_heads + 2 * kv != heads or d % 2:
-        raise ShapeError(f"rope_qkv_cache: x of shape {x.shape} is not q_heads={q_heads} plus two equal "
-                         "groups of kv heads of an even head_dim")
-    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
-        if t.shape[:2] != (b, kv) or t.shape[3] != d or t.dtype != x.dtype:
-            raise ShapeError(f"rope_qkv_cache: {name} must be {x.dtype} ({b}, {kv}, capacity, {d}), got "
-                             f"{t.dtype} {t.shape}")
-    table_dt = _table_dtype(x.dtype)
-    tables = (cos, sin)
-    if not all(isinstance(t, Tensor) and t.shape[1:] == (d // 2,) and t.dtype == table_dt for t in tables):
-        raise ShapeError(f"rope_qkv_cache: cos and sin must be {table_dt} tables (max_len, {d // 2})")
-    queue = check_same_queue(x, cos, sin, k_cache, v_cache)
-    position = offset_args("rope_qkv_cache", offset, b, queue)
     q = Tensor.empty(queue, (b, q_heads, s, d), x.dtype)
     if x.size == 0:
         return q
@@ -304,6 +286,33 @@ def rope_qkv_cache(x: Tensor, q_heads: int, cos: Tensor, sin: Tensor, k_cache: T
         err_code=_POSITION_CHECK,
     )
     return q
+
+
+def check_qkv_cache(op: str, x: Tensor, q_heads: int, cos: Tensor, sin: Tensor, k_cache: Tensor,
+                    v_cache: Tensor, offset: Tensor, pairing: str) -> tuple[Any, int, dict[str, Any]]:
+    """(queue, kv_heads, the offset's kernel arguments) of rope_qkv_cache's inputs (its docstring), checked;
+    `op` names the caller in the errors."""
+    if pairing not in ROPE_PAIRINGS:
+        raise ValueError(f"{op}: pairing must be one of {sorted(ROPE_PAIRINGS)}, got {pairing!r}")
+    for name, t in (("x", x), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if not isinstance(t, Tensor) or t.ndim != 4:
+            got = getattr(t, "shape", type(t).__name__)
+            raise ShapeError(f"{op}: {name} must be a 4-D Tensor, got {got}")
+    b, heads, s, d = x.shape
+    kv = (heads - q_heads) // 2
+    if q_heads < 1 or kv < 1 or q_heads + 2 * kv != heads or d % 2:
+        raise ShapeError(f"{op}: x of shape {x.shape} is not q_heads={q_heads} plus two equal groups of kv "
+                         "heads of an even head_dim")
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.shape[:2] != (b, kv) or t.shape[3] != d or t.dtype != x.dtype:
+            raise ShapeError(f"{op}: {name} must be {x.dtype} ({b}, {kv}, capacity, {d}), got "
+                             f"{t.dtype} {t.shape}")
+    table_dt = _table_dtype(x.dtype)
+    tables = (cos, sin)
+    if not all(isinstance(t, Tensor) and t.shape[1:] == (d // 2,) and t.dtype == table_dt for t in tables):
+        raise ShapeError(f"{op}: cos and sin must be {table_dt} tables (max_len, {d // 2})")
+    queue = check_same_queue(x, cos, sin, k_cache, v_cache)
+    return queue, kv, offset_args(op, offset, b, queue)
 
 
 # -- the op on Nodes (netcl.ops.declaration): cos, sin and offset are constants ---------------------------

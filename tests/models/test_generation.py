@@ -18,10 +18,9 @@ LLAMA = dict(arch="llama", vocab_size=41, dim=16, n_layers=2, n_heads=4, n_kv_he
 GPT2 = dict(arch="gpt2", vocab_size=37, dim=12, n_layers=2, n_heads=3, max_seq_len=40)
 
 
-def make(queue, kind, seed=0, dtype="float32"):
-    model = GPT(
-        queue, GPTConfig(**(LLAMA if kind == "llama" else GPT2), dtype=dtype), generator=Generator(seed)
-    )
+def make(queue, kind, seed=0, dtype="float32", **config):
+    base = {**(LLAMA if kind == "llama" else GPT2), **config}
+    model = GPT(queue, GPTConfig(**base, dtype=dtype), generator=Generator(seed))
     rng = np.random.default_rng(seed)
     for name, p in model.named_parameters():
         if "norm" not in name:  # sharper distributions than the 0.02 init: tokens depend on the weights
@@ -221,3 +220,33 @@ def test_a_stacked_llama_decodes_with_its_norms_in_the_projections(queue, batch)
     for t in tokens:
         np.testing.assert_array_equal(t, ref.gpt_logits(seq, state, c)[:, -1].argmax(-1))
         seq = np.concatenate([seq, t[:, None]], 1)
+
+
+@pytest.mark.gpu_shaped
+@pytest.mark.parametrize("dtype,pairing,batch", [("bfloat16", "half", 1), ("float32", "interleaved", 3)])
+def test_the_decode_attention_rotates_and_caches_the_new_rows(queue, monkeypatch, dtype, pairing, batch):
+    """With the GPU attention kernels (forced here), a stacked Llama's decode step runs rope_qkv_cache's work
+    inside the decode attention (ops.rope_cache_decode_attention): one launch a layer fewer in the recorded
+    step, and the same greedy tokens and caches bit for bit as the two launches (ragged prompts: positions
+    differ per row; keys split over several work-groups; the prompt itself takes the two launches)."""
+    from netcl.ops import attention as attn
+
+    monkeypatch.setattr(attn, "variant_override", "gpu")
+    monkeypatch.setattr(attn, "DECODE_GROUPS_PER_CU", 1000)
+    monkeypatch.setattr(attn, "DECODE_TILE_KEYS", (8,))   # a split of 8 keys a work-group
+    rng = np.random.default_rng(batch)
+    prompts = [list(rng.integers(0, LLAMA["vocab_size"], n)) for n in (17, 9, 20)[:batch]]
+    runs = []
+    for fused in (True, False):
+        monkeypatch.setattr(attn, "DECODE_ROPE_CACHE", fused)
+        model = make(queue, "llama", dtype=dtype, dim=32, rope_pairing=pairing).stack_projections()
+        tokens = np.array(list(model.generate(prompts if batch > 1 else prompts[0], 12, temperature=0)))
+        state = model._decoder
+        caches = [(c.k.to_host(), c.v.to_host()) for c in state.caches]
+        runs.append((tokens, caches, state.graph.launches))
+    (tokens, caches, launches), (want_tokens, want_caches, want_launches) = runs
+    assert launches == want_launches - LLAMA["n_layers"]
+    np.testing.assert_array_equal(tokens, want_tokens)
+    for (k, v), (wk, wv) in zip(caches, want_caches, strict=True):
+        np.testing.assert_array_equal(k.view(np.uint8), wk.view(np.uint8))
+        np.testing.assert_array_equal(v.view(np.uint8), wv.view(np.uint8))

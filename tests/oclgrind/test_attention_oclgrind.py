@@ -95,3 +95,29 @@ def test_attention_decode_split_keys(queue, monkeypatch, D):
     want = reference(q, k, v, causal=True, mask=mask, kv_len=lengths, keep=keep, dropout_p=p)
     close(out, want[0], 1e-4, 1e-4)
     close(lse, want[1], 1e-4, 1e-4)
+
+
+@pytest.mark.parametrize("D,pairing", [(12, "interleaved"), (32, "half")])
+def test_attention_decode_rotates_and_writes_the_caches(queue, monkeypatch, D, pairing):
+    """attention_gpu.cl's decode kernel with ROPE_CACHE (ops.rope_cache_decode_attention): q rotated while
+    staged, the split holding the new rows writes them into the caches and reads them back after its barrier
+    (positions 15 and 16 straddle two 16-key splits, 35 and 36 sit in the last one); the same bits as
+    rope_qkv_cache and then the kernel."""
+    monkeypatch.setattr(attn, "variant_override", "gpu")
+    monkeypatch.setattr(attn, "DECODE_GROUPS_PER_CU", 1000)
+    monkeypatch.setattr(attn, "DECODE_TILE_KEYS", (16,))
+    rng = np.random.default_rng(5)
+    B, HQ, HKV, S, cap = 2, 4, 2, 2, 37
+    y = rng.standard_normal((B, S, HQ + 2 * HKV, D)).astype(np.float32)
+    caches = [rng.standard_normal((B, HKV, cap, D)).astype(np.float32) for _ in range(2)]
+    tables = ops.rope_tables(queue, cap, D)
+    position = dev(queue, np.array([15, 35], np.int32))
+    runs = []
+    for fused in (True, False):
+        monkeypatch.setattr(attn, "DECODE_ROPE_CACHE", fused)
+        kc, vc = dev(queue, caches[0]), dev(queue, caches[1])
+        out, lse = ops.rope_cache_decode_attention(dev(queue, y).permute(0, 2, 1, 3), HQ, *tables, kc, vc,
+                                                   position, pairing)
+        runs.append([t.to_host() for t in (out, lse, kc, vc)])
+    for got, want in zip(*runs, strict=True):
+        np.testing.assert_array_equal(got, want)

@@ -20,6 +20,7 @@ from netcl.graph import Graph
 from netcl.ops import attention as attn
 from netcl.ops import determinism
 from netcl.ops.random import Generator
+from netcl.profiling import count_launches
 
 
 @pytest.fixture(params=["cpu", pytest.param("gpu", marks=pytest.mark.gpu_shaped)])
@@ -472,6 +473,110 @@ def test_decode_replayed_graph_reads_new_length(queue, rng, decode_splits):
         graph.replay()
         np.testing.assert_allclose(out.to_host(), reference(q, k, v, causal=True, kv_len=[L])[0], rtol=2e-4,
                                    atol=2e-5)
+
+
+# -- a decode step's rotary embedding and cache write inside the decode kernel (ROPE_CACHE) ---------------
+def _rope_decode(queue, y, hq, tables, caches, position, pairing, fused, monkeypatch, **opts):
+    """(out, lse, k cache, v cache) on the host and the launches of rope_cache_decode_attention, fused or by
+    rope_qkv_cache and the attention (the caches start from copies of `caches`)."""
+    monkeypatch.setattr(attn, "DECODE_ROPE_CACHE", fused)
+    kc, vc = (dev(queue, c) for c in caches)
+    b, heads, s, d = y.shape
+    # the heads as the stacked projection makes them: a (B, S, heads, D) buffer seen as (B, heads, S, D)
+    ny = dev(queue, np.ascontiguousarray(y.transpose(0, 2, 1, 3))).permute(0, 2, 1, 3)
+    npos = dev(queue, np.asarray(position, np.int32))
+    kv_len = ops.add(npos, s).realize()
+    with count_launches() as launches:
+        out, lse = ops.rope_cache_decode_attention(ny, hq, *tables, kc, vc, npos, pairing, kv_len=kv_len,
+                                                   **opts)
+    return out.to_host(), lse.to_host(), kc.to_host(), vc.to_host(), launches.count
+
+
+ROPE_DECODE_CASES = [
+    # B, HQ, HKV, S, capacity, D, dtype, pairing, positions: with one 64-key split a work-group, the new rows
+    # fall in the first, a middle and the last split, at a split's last key, and across two splits (S > 1)
+    (3, 8, 2, 1, 200, 32, np.dtype(dtypes.bfloat16), "half", [3, 100, 199]),
+    (1, 8, 2, 1, 200, 32, np.float16, "interleaved", [63]),
+    (3, 4, 2, 3, 150, 20, np.float32, "half", [62, 0, 147]),
+    (1, 8, 2, 2, 130, 32, np.float32, "interleaved", [128]),
+    (2, 2, 1, 1, 70, 32, np.float64, "half", [69, 5]),
+    (2, 4, 1, 1, 90, 32, np.float32, "interleaved", [70]),   # one position (1,) for both rows
+]
+
+
+@pytest.mark.gpu_shaped
+@pytest.mark.parametrize("B,HQ,HKV,S,cap,D,dtype,pairing,positions", ROPE_DECODE_CASES)
+def test_rope_cache_decode_attention_is_bit_identical(queue, rng, decode_splits, monkeypatch, B, HQ, HKV, S,
+                                                       cap, D, dtype, pairing, positions):
+    """The decode kernel rotating q and writing the new rows itself gives the bits of rope_qkv_cache then the
+    kernel: out, lse and both caches, in one launch instead of two (ragged positions, GQA, S > 1)."""
+    heads = HQ + 2 * HKV
+    y = rng.standard_normal((B, heads, S, D)).astype(dtype)
+    caches = [rng.standard_normal((B, HKV, cap, D)).astype(dtype) for _ in range(2)]   # stale contents
+    tables = ops.rope_tables(queue, cap + 3, D, dtype=dtype)
+    position = positions if B > 1 else positions[:1]
+    runs = [_rope_decode(queue, y, HQ, tables, caches, position, pairing, fused, monkeypatch, causal=True)
+            for fused in (True, False)]
+    assert [r[-1] for r in runs] == [1, 2]
+    for name, got, want in zip(("out", "lse", "k cache", "v cache"), runs[0], runs[1], strict=False):
+        np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8), err_msg=name)
+    # and what they both compute: the float64 reference over the rotated keys
+    qr = ops.rope(dev(queue, y[:, :HQ]), *tables, dev(queue, np.asarray(position, np.int32)), pairing)
+    want = reference(qr.to_host(), runs[1][2], runs[1][3], causal=True, kv_len=np.asarray(position) + S)
+    tol = {BF16: 3e-2, np.float16: 4e-3, np.float32: 2e-5, np.float64: 1e-12}[dtype]
+    np.testing.assert_allclose(runs[0][0].astype(np.float64), want[0], rtol=tol, atol=tol)
+
+
+@pytest.mark.gpu_shaped
+def test_rope_cache_decode_attention_with_a_mask_and_not_causal(queue, rng, decode_splits, monkeypatch):
+    B, HQ, HKV, S, cap, D = 3, 4, 2, 2, 150, 32
+    y = rng.standard_normal((B, HQ + 2 * HKV, S, D)).astype(np.float32)
+    caches = [rng.standard_normal((B, HKV, cap, D)).astype(np.float32) for _ in range(2)]
+    tables = ops.rope_tables(queue, cap, D)
+    mask = dev(queue, rng.random((B, 1, S, cap)) < 0.8)
+    runs = [_rope_decode(queue, y, HQ, tables, caches, [64, 7, 140], "half", fused, monkeypatch, causal=False,
+                         mask=mask) for fused in (True, False)]
+    assert [r[-1] for r in runs] == [1, 2]
+    for got, want in zip(runs[0][:4], runs[1][:4], strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_rope_cache_decode_attention_elsewhere_takes_two_launches(queue, rng, monkeypatch):
+    """The CPU kernels keep rope_qkv_cache and the attention (the same function, two launches)."""
+    y = rng.standard_normal((1, 6, 1, 16)).astype(np.float32)
+    caches = [rng.standard_normal((1, 1, 40, 16)).astype(np.float32) for _ in range(2)]
+    tables = ops.rope_tables(queue, 40, 16)
+    monkeypatch.setattr(attn, "variant_override", "cpu")
+    runs = [_rope_decode(queue, y, 4, tables, caches, [9], "half", fused, monkeypatch)
+            for fused in (True, False)]
+    assert [r[-1] for r in runs] == [2, 2]
+    for got, want in zip(runs[0][:4], runs[1][:4], strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.gpu_shaped
+def test_rope_cache_decode_attention_replays_and_checks_the_position(queue, rng, decode_splits):
+    """A recorded step reads the position on the device; a position past the cache raises at the next read."""
+    B, HQ, HKV, cap, D = 2, 4, 1, 90, 32
+    y = dev(queue, rng.standard_normal((B, HQ + 2 * HKV, 1, D)).astype(np.float32))
+    kc, vc = (Tensor.zeros(queue, (B, HKV, cap, D), np.float32) for _ in range(2))
+    tables = ops.rope_tables(queue, cap, D)
+    position = dev(queue, np.array([0, 0], np.int32))
+    graph = Graph()
+    with graph.capture():
+        out, _ = ops.rope_cache_decode_attention(y, HQ, *tables, kc, vc, position)
+    for pos in ([5, 80], [89, 0]):
+        position.copy_from_host(np.array(pos, np.int32))
+        graph.replay()
+        got = out.to_host()
+        want_q = ops.rope_qkv_cache(y, HQ, *tables, Tensor.zeros(queue, kc.shape, np.float32),
+                                    Tensor.zeros(queue, vc.shape, np.float32), position)
+        want = ops.flash_attention(want_q, kc, vc, causal=True, kv_len=ops.add(position, 1))
+        np.testing.assert_array_equal(got, want.to_host())
+    position.copy_from_host(np.array([3, 90], np.int32))
+    graph.replay()
+    with pytest.raises(ShapeError, match="batch row 1 reach position 90, outside the cache's"):
+        out.to_host()
 
 
 # -- dropout ---------------------------------------------------------------------------------------
