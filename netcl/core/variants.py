@@ -86,8 +86,10 @@ def fingerprint(device: Any) -> str:
 
 # -- verdicts ---------------------------------------------------------------------------------------
 class Verdicts:
-    """The verdicts of one device: key -> {"ok": bool, "reason": str, "when": str}, in memory and (unless
-    NETCL_DISK_CACHE=0) in NETCL_CACHE_DIR/variants/<device hash>.json."""
+    """The verdicts of one device: key -> {"ok": bool, "reason": str, "when": str}, in memory and in
+    NETCL_CACHE_DIR/variants/<device hash>.json. NETCL_DISK_CACHE=0 does not stop them: it is about program
+    binaries, and without the file every process would run each probe again (a child process compiling
+    its variant from an empty PoCL cache, ~5 CPU s on a CPU)."""
 
     def __init__(self, device: Any):
         self.device_text = device.describe()
@@ -98,8 +100,6 @@ class Verdicts:
         self._lock = threading.Lock()
 
     def _read_disk(self) -> dict[str, dict[str, Any]]:
-        if not config.disk_cache_enabled():
-            return {}
         try:
             data = json.loads(self.path.read_text())
             entries = data.get("verdicts", {}) if isinstance(data, dict) else {}
@@ -121,8 +121,6 @@ class Verdicts:
         entry = {"ok": bool(ok), "reason": reason, "when": time.strftime("%Y-%m-%d %H:%M:%S")}
         with self._lock:
             self._memory[key] = entry
-        if not config.disk_cache_enabled():
-            return
         entries = self._read_disk()
         entries[key] = entry
         data = {"device": self.device_text, "fingerprint": self.fingerprint, "verdicts": entries}
@@ -143,7 +141,7 @@ _verdicts_lock = threading.Lock()
 
 def verdicts(device: Any) -> Verdicts:
     """The verdict store of `device` (one per device and cache directory in this process)."""
-    key = (id(device), str(config.cache_dir()), config.disk_cache_enabled())
+    key = (id(device), str(config.cache_dir()))
     with _verdicts_lock:
         store = _verdicts.get(key)
         if store is None:
@@ -268,7 +266,7 @@ def _warn(device: Any, bad: Variant, reason: str, instead: Variant | None, store
         return
     _warned.add(token)
     then = f"using {instead.label} instead" if instead is not None else "and no other variant works"
-    where = f"; remembered in {store.path} (delete it to try again)" if config.disk_cache_enabled() else ""
+    where = f"; remembered in {store.path} (delete it to try again)"
     # warn_explicit at "netcl:0": the message says everything; no source line of netcl's under it
     warnings.warn_explicit(
         f"kernel {bad.family} ({bad.label}; options {' '.join(bad.options)}) does not work on "

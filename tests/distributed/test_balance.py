@@ -14,6 +14,7 @@ import pytest
 
 import netcl.distributed as dist
 from netcl import optim
+from netcl.cli import main
 from netcl.distributed import launch
 from netcl.errors import NetclError
 from tests.distributed import balance_script, ddp_script
@@ -228,15 +229,16 @@ def test_a_rank_that_dies_while_left_out_is_named():
     assert "rank 1 (pid" in res.stderr and "exited with status 1" in res.stderr
 
 
-def test_device_flags_are_checked(tmp_path):
+def test_device_flags_are_checked(tmp_path, capsys):
+    """Argument checks, in this process (the commands' own processes: test_train_nproc.py and below)."""
     with pytest.raises(NetclError, match="--devices names 3 devices for --nproc 2"):
         launch.assign_devices(2, "1:0,1:0,1:0")
-    cmd = [sys.executable, "-m", "netcl.cli", "train", "--devices", "1:0", "--out", str(tmp_path / "r")]
-    proc = subprocess.run(cmd, env=environment(), cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert proc.returncode != 0 and "--devices 1:0 names one device per rank of --nproc N" in proc.stderr
-    cmd = [sys.executable, "-m", "netcl.cli", "run", "--nproc", "2", "--balance", "fast", "x.py"]
-    proc = subprocess.run(cmd, env=environment(), cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2 and "--balance: invalid choice: 'fast'" in proc.stderr
+    assert main(["train", "--devices", "1:0", "--out", str(tmp_path / "r")]) != 0
+    assert "--devices 1:0 names one device per rank of --nproc N" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
+    with pytest.raises(SystemExit) as exited:
+        main(["run", "--nproc", "2", "--balance", "fast", "x.py"])
+    assert exited.value.code == 2 and "--balance: invalid choice: 'fast'" in capsys.readouterr().err
 
 
 def test_netcl_run_passes_balance_to_its_ranks(tmp_path):
