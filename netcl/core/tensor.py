@@ -111,6 +111,11 @@ class Tensor:
             plan = _layouts.get(("empty", shape, dtype)) if type(shape) is tuple else None
         except TypeError:  # unhashable entries: the checks below explain what is wrong
             plan, shape = None, list(shape)
+        if plan is not None:  # (2.0,) hashes and compares as (2,): only plain ints take the cached plan
+            for s in shape:
+                if type(s) is not int:
+                    plan = None
+                    break
         if plan is None:  # checked once per (shape, dtype): a training step repeats its shapes
             dt = dtypes.normalize(dtype)
             shp = _normalize_shape(shape)
@@ -460,6 +465,11 @@ class Tensor:
             hit = _layouts.get(key)
         except TypeError:  # unhashable entries (a list): the checks explain what is wrong, if anything
             hit, key = None, None
+        if hit is not None:  # (3.0, 2) hashes and compares as (3, 2): only plain ints take the cached layout
+            for s in (shape[0] if len(shape) == 1 and type(shape[0]) is tuple else shape):
+                if type(s) is not int:
+                    hit = None
+                    break
         if hit is None:
             shp = self._infer_shape(shape)
             hit = (shp, self._view_strides(shp))

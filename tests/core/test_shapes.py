@@ -49,3 +49,19 @@ def test_a_bare_negative_size_is_refused_by_name(queue):
     with pytest.raises(ShapeError, match=r"negative dimension \(-1\)"):
         Tensor.zeros(queue, -1)
     assert Tensor.empty(queue, shape=0).shape == (0,)
+
+
+def test_float_sizes_are_refused_after_the_int_shape_was_cached(queue):
+    # (2.0,) hashes and compares equal to (2,): the layout caches must not let it through
+    Tensor.empty(queue, (2,), np.float32)
+    with pytest.raises(SizeTypeError):
+        Tensor.full(queue, (2.0,), 1.0)
+    x = Tensor.zeros(queue, (6,))
+    x.reshape((3, 2))
+    x.reshape(3, 2)
+    with pytest.raises(SizeTypeError):
+        x.reshape((3.0, 2))
+    with pytest.raises(SizeTypeError):
+        x.reshape(3.0, 2)
+    with pytest.raises(SizeTypeError):
+        x.view(3, True + 1.0)
