@@ -227,8 +227,8 @@ def measure_bandwidth(dev, log2_sizes: list[int], repeat: int, gpu: bool) -> lis
     out = []
     for lg in log2_sizes:
         n = 1 << lg
-        # calls queued per timed sample: >= 128 M elements each (8 calls at 2^24, 2 at 2^26), so that a sample's
-        # one finish (a sync round trip, ~10-15 us on the H200) does not weigh on half's shorter kernels
+        # calls queued per timed sample: >= 128 M elements each (8 calls at 2^24, 2 at 2^26), so that a
+        # sample's one finish (a sync round trip, ~10-15 us on the H200) skews half
         inner = max(1, min(64, (1 << 27) // n))
         for dt in (dtypes.float32, dtypes.float16, dtypes.bfloat16):
             try:
