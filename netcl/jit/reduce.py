@@ -63,10 +63,12 @@ _knobs: ReduceKnobs | None = None
 
 def row_group_size(local: int, lanes: int, length: int) -> int:
     """The work-group of a kernel that gives a row of `length` elements to `local` work-items of `lanes`
-    elements each: halved (down to 64) while the row fits it twice over, so that no half of it idles (a
-    1024-wide half row on 256 work-items of 8 took float32's time; twice the rows in flight instead). The
-    reductions here and norm.cl's row kernels (netcl.ops.norm) size their groups by it."""
-    while local > 64 and (local // 2) * lanes >= length:
+    elements each: halved (down to 64) while each work-item still makes two loads of the row, so that no
+    part of the group idles and each work-item has a second load in flight (a 1024-wide half row on 256
+    work-items of 8 took float32's time; 64 of 8 runs it at twice float32's elements a second, and float32's
+    1024-wide rows on 128 of 4 are 20-35% faster in the norms than on 256: bench/NOTES.md, ninth session).
+    The reductions here and norm.cl's row kernels (netcl.ops.norm) size their groups by it."""
+    while local > 64 and local * lanes >= length:
         local //= 2
     return local
 

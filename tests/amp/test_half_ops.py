@@ -235,22 +235,24 @@ def test_batch_norm_half_matches_float32(queue, rng, dt, layout, monkeypatch):
         ops.batch_norm(xh, w, b, Tensor.from_host(queue, np.zeros(5, dt)), rv[0], True)
 
 
-def test_row_norm_work_group_halves_while_a_row_fits_twice():
+def test_row_norm_work_group_halves_while_each_work_item_loads_twice():
     """The row kernels' work-group rule (shared by norm.cl's vector kernels and the reductions): a 1024-wide
-    half row on 8 lanes a work-item takes 128 (not 256, half of which would idle), float32's 4 lanes keep
-    256, and 64 is the floor."""
-    assert row_group_size(256, 8, 1024) == 128
-    assert row_group_size(256, 4, 1024) == 256
+    half row on 8 lanes a work-item takes 64 (two loads each; 256 would leave half of them idle), float32's 4
+    lanes 128, rows of two loads a work-item or more keep the group, and 64 is the floor."""
+    assert row_group_size(256, 8, 1024) == 64
+    assert row_group_size(256, 4, 1024) == 128
     assert row_group_size(256, 8, 512) == 64 == row_group_size(256, 8, 40)
-    assert row_group_size(256, 8, 4096) == 256
+    assert row_group_size(256, 8, 4096) == 256 == row_group_size(256, 4, 2048)
+    assert row_group_size(256, 4, 1023) == 128 and row_group_size(256, 4, 1025) == 256
 
 
 @GPU_SHAPED
 @pytest.mark.parametrize("dt", [F16, BF16])
 def test_row_norms_half_on_a_halved_work_group(queue, rng, dt, monkeypatch):
     """Rows of 512 half values on the vector kernels with 128 work-items halved to 64 (each one 8-lane chunk
-    of a row; float32's 4 lanes keep 128): forward and backward as float32's within half's rounding. (128, not
-    the GPUs' 256: PoCL's CPU device crashes on these kernels at 256 work-items, with or without halving.)"""
+    of a row, the floor; float32's 4 lanes: 64 of two loads each): forward and backward as float32's within
+    half's rounding. (128, not the GPUs' 256: PoCL's CPU device crashes on these kernels at 256 work-items,
+    with or without halving.)"""
     monkeypatch.setattr(norm, "local_size_override", 128)
-    assert row_group_size(128, 8, 512) == 64 and row_group_size(128, 4, 512) == 128
+    assert row_group_size(128, 8, 512) == 64 == row_group_size(128, 4, 512)
     _row_norms_match_float32(queue, rng, dt, (3, 512))
