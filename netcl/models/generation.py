@@ -27,6 +27,7 @@ from netcl.core.backend import enqueue_copy
 from netcl.core.tensor import Tensor
 from netcl.errors import ShapeError
 from netcl.graph import Graph
+from netcl.nn.module import structure_version
 from netcl.nn.transformer import KVCache
 from netcl.ops.random import Generator, default_generator
 from netcl.ops.sampling import check_sampling
@@ -76,17 +77,32 @@ class DecodeState:
             self.graph = None
 
 
+def _flat(model: Any) -> tuple[list[Any], list[Any]]:
+    """(modules, parameters) of `model` as flat lists, kept on it while no module's parameters or children
+    change (nn.module.structure_version): the decode loop reads both every token, and walking a 1B Llama's
+    modules twice a token (eval, then train) and its parameters once took ~0.9 ms of a 2.3 ms token on the
+    H200's host."""
+    version = structure_version()
+    cached = model.__dict__.get("_generation_flat")
+    if cached is None or cached[0] != version:
+        cached = (version, list(model.modules()), model.parameters())
+        object.__setattr__(model, "_generation_flat", cached)
+    return cached[1], cached[2]
+
+
 @contextlib.contextmanager
 def _inference(model: Any) -> Iterator[None]:
-    """Eval mode (no dropout) and no graph recording, restored afterwards (between yields too)."""
-    was_training = model.training
-    model.eval()
+    """Eval mode (no dropout) and no graph recording; each module's own mode restored afterwards (between
+    yields too)."""
+    training = [m for m in _flat(model)[0] if m.training]
+    for m in training:
+        object.__setattr__(m, "training", False)
     try:
         with ag.no_grad():
             yield
     finally:
-        if was_training:
-            model.train()
+        for m in training:
+            object.__setattr__(m, "training", True)
 
 
 def _prompt(model: Any, ids: Any) -> tuple[np.ndarray, bool, np.ndarray | None]:
@@ -229,7 +245,7 @@ def _decode_step(model: Any, state: DecodeState, sampling: tuple, use_graph: boo
         return
     # the recorded step reads the parameters' buffers: re-record when a parameter got a new Tensor (held
     # here, not its id(), which a new Tensor may reuse once the old one is freed)
-    values = tuple(p.value for p in model.parameters())
+    values = tuple(p.value for p in _flat(model)[1])
     key = (sampling, values)
     old = state.graph_key
     if state.graph is not None and old is not None and old[0] == sampling and len(old[1]) == len(values) \

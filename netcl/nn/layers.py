@@ -19,7 +19,7 @@ from netcl.core.backend import as_queue
 from netcl.core.tensor import Tensor
 from netcl.errors import ShapeError
 from netcl.nn import init
-from netcl.nn.module import Module
+from netcl.nn.module import Module, structure_changed
 from netcl.ops import random
 
 
@@ -539,6 +539,7 @@ class Sequential(Module):
             if not isinstance(m, Module):
                 raise TypeError(f"Sequential takes Modules, argument {i} is {type(m).__name__}")
             self._modules[str(i)] = m
+        structure_changed()
 
     def __getitem__(self, i: int) -> Module:
         return list(self._modules.values())[i]
@@ -553,6 +554,7 @@ class Sequential(Module):
         if not isinstance(m, Module):
             raise TypeError(f"Sequential.append takes a Module, got {type(m).__name__}")
         self._modules[str(len(self._modules))] = m
+        structure_changed()
         return self
 
     def forward(self, x: Any) -> Any:
@@ -582,6 +584,7 @@ class ModuleList(Module):
         if not isinstance(m, Module):
             raise TypeError(f"ModuleList takes Modules, got {type(m).__name__}")
         self._modules[str(len(self._modules))] = m
+        structure_changed()
         return self
 
     def extend(self, modules: Any) -> ModuleList:

@@ -54,6 +54,23 @@ def _queue_first(init: Any, layer: str) -> Any:
     return launch_labels.transparent(__init__)
 
 
+# Bumped by every change of which parameters and child modules a module holds (assignment, registration,
+# deletion, a container's append): flat lists of a model's modules and parameters made under one value (the
+# decode loop's, netcl.models.generation) are valid while it holds.
+_structure_version = 0
+
+
+def structure_version() -> int:
+    """The current value of the counter above."""
+    return _structure_version
+
+
+def structure_changed() -> None:
+    """Mark a change of some module's parameters or children (containers that write _modules call it)."""
+    global _structure_version
+    _structure_version += 1
+
+
 class Module:
     """Base class of every layer. Subclasses set attributes in __init__ and define forward()."""
 
@@ -84,6 +101,8 @@ class Module:
                 f"{type(self).__name__}.__init__ must call super().__init__() before setting {name!r}"
             )
         params, buffers, modules = d["_parameters"], d["_buffers"], d["_modules"]
+        if isinstance(value, (Parameter, Module)) or name in params or name in modules:
+            structure_changed()
         if isinstance(value, Parameter):
             self._forget(name, keep=params)
             params[name] = d[name] = value
@@ -130,6 +149,8 @@ class Module:
     def __delattr__(self, name: str) -> None:
         for table in (self._parameters, self._buffers, self._modules):
             if name in table:
+                if table is not self._buffers:
+                    structure_changed()
                 del table[name]
                 if table is self._parameters:
                     self.__dict__.pop(name, None)
@@ -156,6 +177,7 @@ class Module:
             self._check_name(name, "parameter")
         self._forget(name, keep=self._parameters)
         self._parameters[name] = self.__dict__[name] = param
+        structure_changed()
 
     def register_buffer(self, name: str, tensor: Tensor | None) -> None:
         """A Tensor that is part of the state (saved, moved by to()) but not trained, e.g. running_mean."""
@@ -176,6 +198,7 @@ class Module:
             self._check_name(name, "module")
         self._forget(name, keep=self._modules)
         self._modules[name] = module
+        structure_changed()
 
     # -- traversal ------------------------------------------------------------------------------
     def named_modules(self, prefix: str = "") -> Iterator[tuple[str, Module]]:

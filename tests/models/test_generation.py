@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from netcl import amp, ops
+from netcl.autograd import Parameter
 from netcl.core import dtypes
 from netcl.core.tensor import Tensor
 from netcl.errors import ShapeError
@@ -119,6 +120,37 @@ def test_the_recorded_step_is_reused_and_follows_new_weights(queue):
         halved.generate([1, 2, 3], 6, temperature=0)
     )
     assert model._decoder.graph is not graph
+
+
+def test_a_parameter_replaced_by_a_new_one_is_followed(queue):
+    """A new Parameter object assigned to a layer between two generations (not a new value of the old one):
+    the decode loop's flat lists of modules and parameters, kept while no module's parameters or children
+    change (nn.module.structure_version), are made again and the step recorded again."""
+    model = make(queue, "llama")
+    first = list(model.generate([1, 2, 3], 6, temperature=0))
+    rng = np.random.default_rng(5)
+    new = {"layers.1.attn.o_proj": (0.6 * rng.standard_normal((16, 16))).astype(np.float32),
+           "layers.0.mlp.w2": (0.6 * rng.standard_normal((16, 64))).astype(np.float32)}
+    reference = make(queue, "llama")
+    modules, ref_modules = dict(model.named_modules()), dict(reference.named_modules())
+    for name, w in new.items():
+        ref_modules[name].weight.value.copy_from_host(w)                 # in place
+        modules[name].weight = Parameter(Tensor.from_host(queue, w))    # a new Parameter
+    expected = list(reference.generate([1, 2, 3], 6, temperature=0))
+    assert expected != first
+    assert list(model.generate([1, 2, 3], 6, temperature=0)) == expected
+
+
+def test_each_module_keeps_its_own_mode_after_generating(queue):
+    """Generation runs every module in eval mode and gives each back its own mode: a block the user put in
+    eval mode inside a training model stays in eval mode (model.train() after would have undone it)."""
+    model = make(queue, "llama")
+    model.train()
+    model.layers[0].eval()
+    before = {name: m.training for name, m in model.named_modules()}
+    assert not before["layers.0.mlp"] and before["layers.1.mlp"]
+    list(model.generate([1, 2], 3, temperature=0))
+    assert {name: m.training for name, m in model.named_modules()} == before
 
 
 def test_seed_none_follows_manual_seed(queue):

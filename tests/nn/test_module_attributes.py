@@ -122,3 +122,37 @@ def test_parameter_attribute_follows_every_change(queue):
     with pytest.raises(AttributeError, match="Module has no attribute 'w'"):
         m.w  # noqa: B018
 
+
+
+def test_structure_version_moves_with_every_change_of_parameters_or_children(queue):
+    """nn.module.structure_version (what cached flat lists of a model's modules and parameters are checked
+    against) changes with each way of changing a module's parameters or children, and not with plain
+    attributes, buffers or a parameter's new value."""
+    from netcl.nn.module import structure_version
+    m = nn.Module()
+    seq, lst = nn.Sequential(nn.Linear(queue, 2, 2)), nn.ModuleList()
+    changes = {
+        "parameter": lambda: setattr(m, "w", _param(queue, 1.0)),
+        "parameter again": lambda: setattr(m, "w", _param(queue, 2.0)),
+        "parameter to None": lambda: setattr(m, "w", None),
+        "register_parameter": lambda: m.register_parameter("v", _param(queue, 3.0)),
+        "child": lambda: setattr(m, "child", nn.Linear(queue, 2, 2)),
+        "child to None": lambda: setattr(m, "child", None),
+        "add_module": lambda: m.add_module("other", nn.ReLU()),
+        "delattr": lambda: delattr(m, "other"),
+        "Sequential.append": lambda: seq.append(nn.ReLU()),
+        "ModuleList.append": lambda: lst.append(nn.ReLU()),
+    }
+    for what, change in changes.items():
+        before = structure_version()
+        change()
+        assert structure_version() != before, what
+    same = {
+        "plain attribute": lambda: setattr(m, "scale", 2.0),
+        "buffer": lambda: m.register_buffer("stat", Tensor.from_host(queue, np.zeros(2, np.float32))),
+        "new value": lambda: setattr(m.v, "value", Tensor.from_host(queue, np.zeros(1, np.float32))),
+    }
+    for what, change in same.items():
+        before = structure_version()
+        change()
+        assert structure_version() == before, what
