@@ -659,7 +659,9 @@ def _plan(
         if W > 1 and order == "row" and 2 * W <= 16 and all(dtypes.is_half(dt) for dt in halves) and \
                 _aligned_at(2 * W, leaves, k_sets, leaf_rk, None if mode == "reduce" else (out, k_sets[-1])):
             W *= 2
-            # and half the work-group while the row then fits it twice over
+        if order == "row":
+            # the work-group halved while each work-item still makes two loads of a row (H200, float32 rows of
+            # 1024 and 512: sum, max, softmax 1.3-1.6x and 2-2.8x faster than on 256; rows of 4096 keep 256)
             L = row_group_size(L, W, R)
     else:
         L, W, order = 1, (8 if vec_ok and R >= 16 else 1), "row"
