@@ -8,6 +8,7 @@ directory, where they are downloaded when the network allows.
 from __future__ import annotations
 
 import gzip
+import importlib.util
 import math
 import numbers
 import os
@@ -44,6 +45,29 @@ class Split:
         return self.x_train.shape[1:]
 
 
+def _digits() -> tuple[np.ndarray, np.ndarray]:
+    """(images (1797, 8, 8) float64, targets) of scikit-learn's digits: read from the CSV the package ships
+    (datasets/data/digits.csv.gz, found without importing scikit-learn, which takes 1-2 s: each rank of a
+    `netcl run` job loads the digits), else through sklearn.datasets.load_digits; the same values either
+    way."""
+    spec = importlib.util.find_spec("sklearn")
+    if spec is None or spec.origin is None:
+        raise DatasetUnavailable("the digits dataset needs scikit-learn: pip install scikit-learn")
+    shipped = Path(spec.origin).parent / "datasets" / "data" / "digits.csv.gz"
+    try:
+        table = np.loadtxt(shipped, delimiter=",", dtype=np.float64)
+        if table.ndim == 2 and table.shape[1] == 65:
+            return table[:, :64].reshape(-1, 8, 8), table[:, 64].astype(np.int64)
+    except (OSError, ValueError):  # another layout of the package: ask it
+        pass
+    try:
+        from sklearn.datasets import load_digits as sk_digits  # noqa: PLC0415
+    except ImportError as exc:
+        raise DatasetUnavailable("the digits dataset needs scikit-learn: pip install scikit-learn") from exc
+    d = sk_digits()
+    return d.images, d.target
+
+
 def load_digits(test_fraction: float = 0.2, seed: int = 0) -> Split:
     """scikit-learn's 1797 8x8 digits (0..16 scaled to [0, 1], then standardised), a fixed split.
 
@@ -58,13 +82,9 @@ def load_digits(test_fraction: float = 0.2, seed: int = 0) -> Split:
         raise TypeError(f"load_digits: seed must be an integer >= 0, got {type(seed).__name__} {seed!r}")
     if seed < 0:
         raise ValueError(f"load_digits: seed must be an integer >= 0, got {seed}")
-    try:  # scikit-learn takes ~1 s to import: only when the digits are asked for
-        from sklearn.datasets import load_digits as sk_digits  # noqa: PLC0415
-    except ImportError as exc:
-        raise DatasetUnavailable("the digits dataset needs scikit-learn: pip install scikit-learn") from exc
-    d = sk_digits()
-    x = (d.images.astype(np.float32) / 16.0)[:, None, :, :]
-    y = d.target.astype(np.int32)
+    images, target = _digits()
+    x = (images.astype(np.float32) / 16.0)[:, None, :, :]
+    y = target.astype(np.int32)
     perm = np.random.default_rng(seed).permutation(len(y))
     n_test = int(round(len(y) * test_fraction))
     if not 0 < n_test < len(y):

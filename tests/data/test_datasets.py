@@ -187,3 +187,41 @@ def test_locate_arguments(tmp_path):
         locate("mnist", 5)
     with pytest.raises(TypeError, match="download must be True or False, got str 'no'"):
         locate("mnist", None, download="no")
+
+
+def test_digits_read_from_the_shipped_csv_equal_scikit_learns(monkeypatch, tmp_path):
+    """load_digits reads scikit-learn's digits from the CSV the package ships, without importing it (1-2 s,
+    once per rank of a job): the same images and targets as sklearn.datasets.load_digits; where the file is
+    not there, through scikit-learn; without scikit-learn, DatasetUnavailable naming it."""
+    import importlib.util
+    import subprocess
+    import sys
+    from types import SimpleNamespace
+
+    from sklearn.datasets import load_digits as sk_digits
+
+    from netcl.data import DatasetUnavailable, datasets
+
+    want = sk_digits()
+    images, target = datasets._digits()
+    assert images.dtype == want.images.dtype and images.shape == (1797, 8, 8)
+    np.testing.assert_array_equal(images, want.images)
+    np.testing.assert_array_equal(target, want.target)
+    real = importlib.util.find_spec
+
+    def spec_of(sklearn):
+        return lambda name, *rest: sklearn if name == "sklearn" else real(name, *rest)
+
+    # another layout: no shipped file beside the package's __init__ (the import path answers)
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        spec_of(SimpleNamespace(origin=str(tmp_path / "sklearn" / "__init__.py"))))
+    images, target = datasets._digits()
+    np.testing.assert_array_equal(images, want.images)
+    monkeypatch.setattr(importlib.util, "find_spec", spec_of(None))
+    with pytest.raises(DatasetUnavailable, match="pip install scikit-learn"):
+        datasets._digits()
+    # and the shipped file's path imports no scikit-learn (a fresh interpreter)
+    code = ("import sys; from netcl.data import datasets; datasets._digits(); "
+            "print('sklearn' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False", out.stdout + out.stderr
