@@ -232,11 +232,21 @@ class _Worker:
             self.proc = None
 
 
-def run_cases(cases: list[Case], timeout: float = 120.0, env: dict | None = None) -> list[Outcome]:
-    """Run `cases` in order in worker processes; returns one Outcome per case."""
+def new_worker(env: dict | None = None) -> _Worker:
+    """A worker (started by the first run_cases that takes it) that several run_cases calls can share: one
+    process (~1 CPU s of imports) for many areas, a fresh one only after a crash or hang. stop() it after."""
     env = dict(os.environ if env is None else env)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH", ""), str(ROOT)) if p)
-    worker = _Worker(env)
+    return _Worker(env)
+
+
+def run_cases(cases: list[Case], timeout: float = 120.0, env: dict | None = None,
+              worker: _Worker | None = None) -> list[Outcome]:
+    """Run `cases` in order in worker processes; returns one Outcome per case. `worker` (new_worker): run
+    them there and leave it running; else in a worker of their own, stopped at the end."""
+    own = worker is None
+    if worker is None:
+        worker = new_worker(env)
     results: list[Outcome] = []
     for case in cases:
         if worker.proc is None or worker.proc.poll() is not None:
@@ -268,7 +278,8 @@ def run_cases(cases: list[Case], timeout: float = 120.0, env: dict | None = None
         out = classify(case, json.loads(answer))
         out.seconds = time.time() - t0
         results.append(out)
-    worker.stop()
+    if own:
+        worker.stop()
     return results
 
 
