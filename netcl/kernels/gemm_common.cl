@@ -14,6 +14,8 @@
 //   HAS_BIAS      add bias[n] (bias is a vector over columns with element stride bias_stride)
 //   BIAS_ROWS     with HAS_BIAS: add bias[m] instead (a vector over rows: a convolution's per-channel bias)
 //   HAS_RESIDUAL  add residual[z, m, n] after the activation (any strides)
+//   MASK_RESIDUAL (HAS_RESIDUAL off) the `residual` operand is a mask instead: C = residual > 0 ? y : 0
+//                 (a ReLU's backward, where(out > 0, g @ W, 0), in the GEMM that makes g @ W)
 //   ACT           ACT_NONE, ACT_RELU, ACT_GELU (erf), ACT_GELU_TANH, ACT_SILU (common.cl)
 //   C_ACC         C holds ACC_T partial sums, no epilogue (split-K's workspace for inputs narrower than
 //                 the accumulator; gemm_mma.cl only: the other kernels split K at float32 storage)
@@ -103,6 +105,8 @@ inline ACC_T gemm_epilogue(ACC_T acc, const int m, const int n, const ACC_T alph
     y = gemm_activation(y);
 #ifdef HAS_RESIDUAL
     y += (ACC_T)LOAD1(m * res_rs + n * res_cs, residual);
+#elif defined(MASK_RESIDUAL)
+    y = (ACC_T)LOAD1(m * res_rs + n * res_cs, residual) > (ACC_T)0 ? y : (ACC_T)0;
 #endif
     return y;
 }

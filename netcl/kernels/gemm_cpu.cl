@@ -20,8 +20,6 @@
 // sums of A, rowsum[m] = sum_k A[m, k], into the `bias` buffer (at bias_off, stride bias_stride),
 // which is then an output and not added to C (HAS_BIAS must be off). This is a linear layer's bias
 // gradient (A = g^T) computed in the weight-gradient launch instead of a reduction launch of its own.
-// MASK_RESIDUAL (HAS_RESIDUAL off): the `residual` operand is a mask instead: C = residual > 0 ? y : 0
-// (a ReLU's backward, where(out > 0, g @ W, 0), in the GEMM that makes g @ W).
 
 #include "gemm_common.cl"
 
@@ -178,12 +176,7 @@ void gemm_cpu(GEMM_ARGS)
                         const ACC_T *vals = lanes.s;
                         const int m = m0 + i + r;
                         for (int j = 0; j < cols; ++j) {
-#ifdef MASK_RESIDUAL
-                            const bool keep = (ACC_T)LOAD1(m * res_rs + (n + j) * res_cs, residual) > (ACC_T)0;
-                            STORE1(keep ? GEMM_EPILOGUE(vals[j], m, n + j) : (ACC_T)0, m * c_rs + n + j, C);
-#else
                             STORE1(GEMM_EPILOGUE(vals[j], m, n + j), m * c_rs + n + j, C);
-#endif
                         }
                     }
                 }

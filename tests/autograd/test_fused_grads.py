@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import netcl.autograd as ag
+from netcl import profiling
 from netcl.core.tensor import Tensor
 from netcl.ops import gemm as mm
 from netcl.profiling import count_launches
@@ -80,11 +81,14 @@ def test_relu_mask_folded_into_next_layers_grad_gemm(queue, rng):
     with ag.Tape() as tape:
         h = ag.linear(nodes["x"], nodes["w1"], nodes["b1"], activation="relu")
         y = ag.linear(h, nodes["w2"], nodes["b2"])
-    with count_launches() as c:
+    with count_launches() as c, profiling.profile() as prof:
         tape.backward(y, Tensor.from_host(queue, npv["g"]))
+        queue.finish()
     ref = _mlp_grads_numpy(*(npv[k].astype(np.float64) for k in ("x", "w1", "b1", "w2", "b2", "g")))
     for k, want in ref.items():
         assert_close(nodes[k].grad, want, np.float32, atol=1e-4, err_msg=k)
+    # on any device the mask is no elementwise launch of its own (a GPU: the GEMM epilogue's MASK_RESIDUAL)
+    assert "ew" not in {r.name for r in prof.rows()}, [r.name for r in prof.rows()]
     if queue.device.capabilities.kind == "cpu":
         assert c.count == 4  # per layer: grad x (masked for layer 1's relu), grad W with grad b
 

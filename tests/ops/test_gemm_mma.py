@@ -15,6 +15,8 @@ from netcl.core.tensor import Tensor
 from netcl.errors import DTypeError
 from netcl.ops import gemm as mm
 from netcl.ops.gemm import api, splitk, variants
+from netcl.ops.gemm.launch import launch
+from netcl.ops.gemm.problem import _prepare as prepare
 
 SMALL = {"BM": 32, "BN": 32, "BK": 32, "WM": 16, "WN": 16, "EMULATE": 1}
 BF16 = dtypes.bfloat16
@@ -120,6 +122,24 @@ def test_emulated_split_k_partial_sums(queue, rng, dt, layout, k, splits, loader
     want = np.maximum(0.5 * product + bias.astype(np.float64), 0) + res.astype(np.float64)
     tol = {np.dtype(np.float16): 2e-3, np.dtype(BF16): 8e-3}.get(np.dtype(dt), 1e-5)
     np.testing.assert_allclose(got.to_host().astype(np.float64), want, rtol=0, atol=tol * np.abs(want).max())
+
+
+@pytest.mark.gpu_shaped
+@pytest.mark.parametrize("splits", [None, 3], ids=["one", "split3"])
+def test_emulated_relu_mask_in_the_epilogue(queue, rng, splits):
+    """where(mask > 0, a @ b, 0) on the matrix units (MASK_RESIDUAL: matmul_relu_mask on a GPU, a ReLU's
+    backward in its gradient's GEMM): in the epilogue, or split-K's reduction after raw partial sums (the
+    slices' build is test_emulated_split_k_partial_sums' first case)."""
+    m, n, k = 37, 29, 96
+    a, b = _inputs(rng, np.float16, m, n, k)
+    mask = rng.standard_normal((m, n)).astype(np.float16)
+    mask[0, :5] = 0
+    p = prepare(Tensor.from_host(queue, a), Tensor.from_host(queue, b), None, Tensor.from_host(queue, mask),
+                None, 1.0)
+    launch(p, "mma", {**SMALL, **SPLIT_CASES[0][4]}, splits, mask_residual=True)
+    want = np.where(mask > 0, a.astype(np.float64) @ b.astype(np.float64), 0.0)
+    got = p.out.to_host().astype(np.float64)
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-3 * np.abs(want).max())
 
 
 @pytest.mark.gpu_shaped

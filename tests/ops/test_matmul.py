@@ -243,6 +243,22 @@ def test_split_k_with_epilogue(queue, rng, ta, tb, n):
     check(got, np.maximum(1.5 * (a.astype(np.float64) @ b) + bias, 0) + res, k=k)
 
 
+@GPU_SHAPED
+@pytest.mark.parametrize("variant, params, splits", [("tiled", SMALL_TILED, None), ("tiled", SMALL_TILED, 3),
+                                                     ("direct", None, None), ("dot", None, None)],
+                         ids=["tiled", "tiled-split3", "direct", "dot"])
+def test_relu_mask_in_the_gpu_kernels_epilogue(queue, rng, variant, params, splits):
+    """where(mask > 0, a @ b, 0) in the epilogue (MASK_RESIDUAL) of the GPU kernels, split-K's in its
+    reduction (the slices stay raw sums): a ReLU's backward in the GEMM that makes the gradient
+    (matmul_relu_mask on a GPU), against float64 with the mask's zeros and negatives."""
+    m, n, k = 37, 29, 96
+    a, b, mask = host(rng, (m, k)), host(rng, (k, n)), host(rng, (m, n))
+    mask[0, :5] = 0.0                                     # exactly 0: not kept
+    p = _prepare(dev(queue, a), dev(queue, b), None, dev(queue, mask), None, 1.0)
+    gemm_launch.launch(p, variant, params, splits, mask_residual=True)
+    check(p.out, np.where(mask > 0, a.astype(np.float64) @ b, 0.0), k=k)
+
+
 def test_split_k_choice_fills_a_gpu_only_for_skinny_problems(queue):
     from dataclasses import replace
     from types import SimpleNamespace

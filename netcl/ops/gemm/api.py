@@ -289,9 +289,10 @@ def matmul_rowsum(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor | None]:
 
 def matmul_relu_mask(a: Tensor, b: Tensor, mask: Tensor) -> tuple[Tensor, bool]:
     """where(mask > 0, a @ b, 0) for 2-D a, b and mask shaped like the product (a ReLU's backward
-    folded into the GEMM that makes the incoming gradient), in one launch where the CPU kernel runs.
-    Returns (result, True), or (a @ b, False) when the problem takes another kernel: the caller then
-    applies the mask itself."""
+    folded into the GEMM that makes the incoming gradient), in the GEMM's epilogue (MASK_RESIDUAL; split-K's
+    reduction applies it): on a GPU whatever kernel the problem takes, on a CPU where the cpu kernel runs.
+    Returns (result, True), or (a @ b, False) where the mask is not folded (a CPU problem of another kernel,
+    bfloat16 through float32): the caller then applies the mask itself."""
     if (
         not (isinstance(a, Tensor) and isinstance(b, Tensor) and isinstance(mask, Tensor))
         or len(a.shape) != 2 or len(b.shape) != 2 or mask.shape != (a.shape[0], b.shape[1])
@@ -299,18 +300,21 @@ def matmul_relu_mask(a: Tensor, b: Tensor, mask: Tensor) -> tuple[Tensor, bool]:
         return gemm(a, b), False
     key = _template_key(a, b, None, mask, "relumask", 1.0)
     hit = capture.plans.get(key) if key is not None else None
-    if hit is not None:  # recorded only where the checks below chose the cpu kernel
+    if hit is not None:  # recorded only where the checks below folded the mask
         return _replay(hit, a, b, None, mask), True
-    if (a.device.capabilities.kind != "cpu" or a.dtype == dtypes.bfloat16
-            or choose_variant(a.device, a.shape[0], b.shape[1], a.shape[1]) != "cpu"):
+    cpu = a.device.capabilities.kind == "cpu"
+    half_wide = a.dtype == dtypes.bfloat16 and (cpu or not (uses_matrix_units(a.device, a.dtype)
+                                                            or gemv_fits(a, b)))
+    if half_wide or (cpu and choose_variant(a.device, a.shape[0], b.shape[1], a.shape[1]) != "cpu"):
         return gemm(a, b), False
     p = _prepare(a, b, None, mask, None, 1.0)
     if p.out.size == 0:
         return _finish(p), True
+    variant = "cpu" if cpu else _auto_variant(p)
     if key is not None:
-        _record(key, p, lambda: launch(p, "cpu", mask_residual=True))
+        _record(key, p, lambda: launch(p, variant, mask_residual=True))
     else:
-        launch(p, "cpu", mask_residual=True)
+        launch(p, variant, mask_residual=True)
     return _finish(p), True
 
 

@@ -34,8 +34,9 @@ def launch(
     glu: bool = False, rms: tuple[Tensor, float] | None = None,
 ) -> Tensor | None:
     """Enqueue `p` on `variant` (tile `params` over the tuned ones; `splits` K slices, tiled and mma only,
-    None: netcl's choice). `rowsum` (cpu only) also receives the row sums of A; `mask_residual` (cpu only)
-    makes the residual a mask (out = where(mask > 0, a @ b, 0)); `scales` (gemv only: b is int8) are the
+    None: netcl's choice). `rowsum` (cpu only) also receives the row sums of A; `mask_residual` (any variant:
+    the epilogue's MASK_RESIDUAL; split-K's reduction applies it) makes the residual a mask (out = where(mask
+    > 0, a @ b, 0)); `scales` (gemv only: b is int8) are the
     float32 per-column scales of b; `glu` (gemv only) makes out silu(a @ b[:, :n]) * (a @ b[:, n:]) for a b of
     2n columns; `rms` (gemv only: (weight (K,), eps), where gemv_rms_fits) RMS-normalizes a's rows first
     (out = rms_norm(a) @ b). Each launch names its slots (a, b, out, bias,
@@ -89,7 +90,7 @@ def launch(
         defines["A_MCONTIG"] = None
     if rowsum is not None:
         defines["ROWSUM_A"] = None  # cpu variant only (see matmul_rowsum): row sums of A into `rowsum`
-    if mask_residual:  # cpu variant only (see matmul_relu_mask): the residual slot holds a mask
+    if mask_residual:  # see matmul_relu_mask: the residual slot holds a mask
         defines.pop("HAS_RESIDUAL", None)
         defines["MASK_RESIDUAL"] = None
     if variant == "mma":

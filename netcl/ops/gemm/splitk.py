@@ -106,7 +106,8 @@ def gpu_split(
         raise DTypeError(f"split-K on the {variant} kernel runs for float32/float64 only, got {dt}")
     chunk = p.k // splits
     work = Tensor.empty(p.out.queue, (splits, p.m, p.n), acc_dt)
-    gemm_defines = {k: v for k, v in defines.items() if k not in ("HAS_BIAS", "BIAS_ROWS", "HAS_RESIDUAL")}
+    gemm_defines = {k: v for k, v in defines.items()
+                    if k not in ("HAS_BIAS", "BIAS_ROWS", "HAS_RESIDUAL", "MASK_RESIDUAL")}
     gemm_defines["ACT"] = None
     if partial_sums:
         gemm_defines["C_ACC"] = None  # C is the float32 workspace whatever the inputs
@@ -130,7 +131,7 @@ def gpu_split(
         **extra,
     )
     capture.name_slots(a=("A", "a_off"), b=("B", "b_off"), work=[("C", "c_off"), ("bias",), ("residual",)])
-    reduce_splits(p, work, splits)
+    reduce_splits(p, work, splits, mask_residual="MASK_RESIDUAL" in defines)
     return work
 
 
@@ -145,8 +146,9 @@ def cpu_slices(p: _Problem, splits: int) -> tuple[Tensor, Tensor]:
             b._view((splits, chunk, p.n), (chunk * b_ks, b_ks, b_ns), b.offset))
 
 
-def reduce_splits(p: _Problem, work: Tensor, splits: int) -> None:
-    """p.out = epilogue(sum over the first axis of `work`), the last launch of either split."""
+def reduce_splits(p: _Problem, work: Tensor, splits: int, mask_residual: bool = False) -> None:
+    """p.out = epilogue(sum over the first axis of `work`), the last launch of either split; mask_residual:
+    p.residual is a mask (launch's mask_residual), applied here."""
     out, dt, device = p.out, p.out.dtype, p.out.device
     defines: dict[str, Any] = {"DTYPE": dt, "ACT": p.activation}
     if p.bias is not None:
@@ -154,7 +156,7 @@ def reduce_splits(p: _Problem, work: Tensor, splits: int) -> None:
         if p.bias_rows:
             defines["BIAS_ROWS"] = None
     if p.residual is not None:
-        defines["HAS_RESIDUAL"] = None
+        defines["MASK_RESIDUAL" if mask_residual else "HAS_RESIDUAL"] = None
     vec = 4 if p.n % 4 == 0 and work.offset % 4 == 0 else 1   # 16-byte loads of the slices (gemm_direct.cl)
     if vec != 1:
         defines["RED_VEC"] = vec
