@@ -79,9 +79,9 @@ class DecodeState:
 
 def _flat(model: Any) -> tuple[list[Any], list[Any]]:
     """(modules, parameters) of `model` as flat lists, kept on it while no module's parameters or children
-    change (nn.module.structure_version): the decode loop reads both every token, and walking a 1B Llama's
-    modules twice a token (eval, then train) and its parameters once took ~0.9 ms of a 2.3 ms token on the
-    H200's host."""
+    change (nn.module.structure_version): the decode loop reads both every token, and walked a model's modules
+    twice a token (eval, then train) and its parameters once (a 2-layer Llama: 86,801 -> 12,101 Python calls
+    for 100 tokens; TinyLlama has 11x the modules)."""
     version = structure_version()
     cached = model.__dict__.get("_generation_flat")
     if cached is None or cached[0] != version:
