@@ -101,24 +101,26 @@ class Module:
                 f"{type(self).__name__}.__init__ must call super().__init__() before setting {name!r}"
             )
         params, buffers, modules = d["_parameters"], d["_buffers"], d["_modules"]
-        if isinstance(value, (Parameter, Module)) or name in params or name in modules:
-            structure_changed()
         if isinstance(value, Parameter):
             self._forget(name, keep=params)
             params[name] = d[name] = value
+            structure_changed()
         elif name in params:
             if value is not None:
                 raise TypeError(f"cannot assign {type(value).__name__} as parameter {name!r} of "
                                 f"{type(self).__name__} (a Parameter or None expected)")
             params[name] = d[name] = None
+            structure_changed()
         elif isinstance(value, Module):
             self._forget(name, keep=modules)
             modules[name] = value
+            structure_changed()
         elif name in modules:
             if value is not None:
                 raise TypeError(f"cannot assign {type(value).__name__} as child module {name!r} of "
                                 f"{type(self).__name__} (a Module or None expected)")
             modules[name] = None
+            structure_changed()
         elif name in buffers:
             if value is not None and not isinstance(value, Tensor):
                 raise TypeError(f"cannot assign {type(value).__name__} as buffer {name!r} of "

@@ -61,7 +61,7 @@ def gemm(
     (M,), one value per output row (a convolution's bias in y = W @ cols), shared by every batch."""
     bias_rows = bias_rows and bias is not None
     if isinstance(a, Tensor) and a.dtype == dtypes.bfloat16 and variant not in ("mma", "gemv") and not (
-            variant is None and (uses_matrix_units(a.device, a.dtype) or gemv_fits(a, b))):
+            variant is None and not _bfloat16_through_float32(a, b)):
         if variant is not None:
             raise DTypeError(f"gemm: bfloat16 runs on matrix units (variant 'mma'), the decode GEMV ('gemv') "
                              f"or through float32 (variant None), not on the {variant!r} kernel")
@@ -100,6 +100,12 @@ def gemm(
         raise ValueError("split-K is for the tiled and mma variants on unbatched problems")
     launch(p, variant, params, splits)
     return _finish(p)
+
+
+def _bfloat16_through_float32(a: Tensor, b: Tensor) -> bool:
+    """Whether netcl's own choice runs a bfloat16 a @ b through float32 (_through_float32): neither matrix
+    units nor the decode GEMV take it on a's device."""
+    return a.dtype == dtypes.bfloat16 and not (uses_matrix_units(a.device, a.dtype) or gemv_fits(a, b))
 
 
 def _through_float32(
@@ -303,9 +309,8 @@ def matmul_relu_mask(a: Tensor, b: Tensor, mask: Tensor) -> tuple[Tensor, bool]:
     if hit is not None:  # recorded only where the checks below folded the mask
         return _replay(hit, a, b, None, mask), True
     cpu = a.device.capabilities.kind == "cpu"
-    half_wide = a.dtype == dtypes.bfloat16 and (cpu or not (uses_matrix_units(a.device, a.dtype)
-                                                            or gemv_fits(a, b)))
-    if half_wide or (cpu and choose_variant(a.device, a.shape[0], b.shape[1], a.shape[1]) != "cpu"):
+    if (cpu and (a.dtype == dtypes.bfloat16 or choose_variant(a.device, a.shape[0], b.shape[1], a.shape[1])
+                 != "cpu")) or (not cpu and _bfloat16_through_float32(a, b)):
         return gemm(a, b), False
     p = _prepare(a, b, None, mask, None, 1.0)
     if p.out.size == 0:

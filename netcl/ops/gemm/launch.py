@@ -35,12 +35,12 @@ def launch(
 ) -> Tensor | None:
     """Enqueue `p` on `variant` (tile `params` over the tuned ones; `splits` K slices, tiled and mma only,
     None: netcl's choice). `rowsum` (cpu only) also receives the row sums of A; `mask_residual` (any variant:
-    the epilogue's MASK_RESIDUAL; split-K's reduction applies it) makes the residual a mask (out = where(mask
-    > 0, a @ b, 0)); `scales` (gemv only: b is int8) are the
-    float32 per-column scales of b; `glu` (gemv only) makes out silu(a @ b[:, :n]) * (a @ b[:, n:]) for a b of
-    2n columns; `rms` (gemv only: (weight (K,), eps), where gemv_rms_fits) RMS-normalizes a's rows first
-    (out = rms_norm(a) @ b). Each launch names its slots (a, b, out, bias,
-    res; split-K also work) for a recording (netcl.core.capture). Returns split-K's workspace, else None."""
+    the epilogue's MASK_RESIDUAL; split-K's reduction applies it) makes the residual a mask (out =
+    where(mask > 0, a @ b, 0)); `scales` (gemv only: b is int8) are the float32 per-column scales of b; `glu`
+    (gemv only) makes out silu(a @ b[:, :n]) * (a @ b[:, n:]) for a b of 2n columns; `rms` (gemv only:
+    (weight (K,), eps), where gemv_rms_fits) RMS-normalizes a's rows first (out = rms_norm(a) @ b). Each
+    launch names its slots (a, b, out, bias, res; split-K also work) for a recording (netcl.core.capture).
+    Returns split-K's workspace, else None."""
     device = p.out.device
     queue = p.out.queue
     a, b = p.a, p.b
