@@ -19,6 +19,13 @@
 //   ACT           ACT_NONE, ACT_RELU, ACT_GELU (erf), ACT_GELU_TANH, ACT_SILU (common.cl)
 //   C_ACC         C holds ACC_T partial sums, no epilogue (split-K's workspace for inputs narrower than
 //                 the accumulator; gemm_mma.cl only: the other kernels split K at float32 storage)
+//   SPLIT_LAST    split-K summed in the kernel (gemm_tiled.cl, gemm_mma.cl, gemm_wgmma.cl; float32
+//                 accumulators): batch z of the launch is K slice z (A and B moved by bs_ab, C and the
+//                 residual not); every work-group writes its raw sums to slice z of the float workspace
+//                 `work` (S = get_num_groups(2) slices of M x N), and the last of a block's S work-groups to
+//                 finish (nc_last_arrival on arrivals[its block]) adds the S slices in order 0 .. S-1 from
+//                 0 (its own read back too) and stores C through the epilogue: the bits of the separate
+//                 reduction (gemm_reduce_splits), one launch fewer
 
 #include "common.cl"
 
@@ -115,10 +122,53 @@ inline ACC_T gemm_epilogue(ACC_T acc, const int m, const int n, const ACC_T alph
 #define B_T STORE_T  // B's element type (gemm_gemv.cl's W_INT8: uchar)
 #endif
 
+#ifdef SPLIT_LAST
+#if defined(USE_FP64) || defined(C_ACC)
+#error "SPLIT_LAST: float32 accumulators, C in the operands' dtype"
+#endif
+#define GEMM_SPLIT_ARGS , __global float *work, __global int *arrivals
+// at the kernel's outermost scope: whether this work-group is its block's last (local memory)
+#define GEMM_SPLIT_LOCAL __local int split_last_
+// The slices move as plain stores and loads on NVIDIA, fenced device-wide by every work-item on both sides
+// (CUDA's threadfence reduction): common.cl's volatile PART_STORE / PART_LOAD, and ld.global.cg through
+// inline asm, are issued one after another, and made a 512 x 512 x 16384 bfloat16 split 2.6-6.5x slower on
+// the H200 than the separate reduction (110-285 against 43 us). Elsewhere 32-bit atomics, which Oclgrind
+// sees are not a data race.
+#ifdef NC_NVIDIA
+#define SPLIT_STORE(p, i, v) ((p)[i] = (v))
+#define SPLIT_LOAD(p, i) ((p)[i])
+#else
+#define SPLIT_STORE(p, i, v) PART_STORE(p, i, v)
+#define SPLIT_LOAD(p, i) PART_LOAD(p, i)
+#endif
+// slice z's raw sum at (m, n), before the arrival
+#define SPLIT_PUT(v, m, n) SPLIT_STORE(work, (long)get_group_id(2) * M * N + (long)(m) * N + (n), (v))
+// slice s's raw sum at (m, n), after it
+#define SPLIT_GET(s, m, n) SPLIT_LOAD(work, (long)(s) * M * N + (long)(m) * N + (n))
+// every work-item's slice written; true (uniform) for the block's last work-group to get here
+#define SPLIT_ARRIVE() gemm_split_arrive(arrivals, &split_last_)
+inline int gemm_split_arrive(__global int *arrivals, __local int *flag)
+{
+    mem_fence(CLK_GLOBAL_MEM_FENCE);        // this work-item's slice values are visible device-wide ...
+    barrier(CLK_GLOBAL_MEM_FENCE);          // ... and every work-item's
+    if (get_local_id(0) == 0 && get_local_id(1) == 0)
+        *flag = nc_last_arrival(arrivals + get_group_id(1) * get_num_groups(0) + get_group_id(0),
+                                get_num_groups(2));
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (!*flag) return 0;
+    mem_fence(CLK_GLOBAL_MEM_FENCE);        // the last one's loads see the other work-groups' slices
+    return 1;
+}
+#else
+#define GEMM_SPLIT_ARGS
+#define GEMM_SPLIT_LOCAL
+#endif
+
 // The argument list every GEMM kernel takes (the host passes the same tuple to each variant).
 // Strides and offsets are in elements. Batch z = z1 * nb_inner + z2 adds z1 * stride1 + z2 * stride2
 // to each operand's offset; bs_ab = (A stride1, A stride2, B stride1, B stride2), bs_cr likewise for C
-// and the residual. `bias` and `residual` are ignored unless HAS_BIAS / HAS_RESIDUAL are defined.
+// and the residual. `bias` and `residual` are ignored unless HAS_BIAS / HAS_RESIDUAL are defined. SPLIT_LAST
+// adds `work` and `arrivals` (above).
 #define GEMM_ARGS                                                                                   \
     const int M, const int N, const int K,                                                          \
     __global const STORE_T *A, const long a_off, const long a_rs, const long a_ks,                  \
@@ -126,7 +176,7 @@ inline ACC_T gemm_epilogue(ACC_T acc, const int m, const int n, const ACC_T alph
     __global C_T *C, const long c_off, const long c_rs,                                             \
     __global const STORE_T *bias, const long bias_off, const long bias_stride,                      \
     __global const STORE_T *residual, const long res_off, const long res_rs, const long res_cs,     \
-    const ACC_T alpha, const int nb_inner, const long4 bs_ab, const long4 bs_cr
+    const ACC_T alpha, const int nb_inner, const long4 bs_ab, const long4 bs_cr GEMM_SPLIT_ARGS
 
 // Move every operand pointer to batch `z` (call once at the top of a kernel).
 #define GEMM_SELECT_BATCH(z)                                                                        \

@@ -56,11 +56,37 @@
 #define STORE_C(v, i, p) STORE1(v, i, p)
 #endif
 
+#ifdef SPLIT_LAST
+#define MMA_FOR_EACH(ROW0, MSTEP, COL0, body)                                                           \
+    _Pragma("unroll")                                                                                   \
+    for (int i = 0; i < MT; ++i)                                                                        \
+        _Pragma("unroll")                                                                               \
+        for (int j = 0; j < NT; ++j)                                                                    \
+            _Pragma("unroll")                                                                           \
+            for (int o = 0; o < 4; ++o) {                                                               \
+                const int m = m0 + (ROW0) + i * (MSTEP) + g + (o >> 1) * 8;                             \
+                const int n = n0 + (COL0) + j * 8 + 2 * t + (o & 1);                                    \
+                if (m < M && n < N) { body; }                                                           \
+            }
+// every work-group's raw sums to its slice of the workspace; the block's last one (the others return) sums
+// the slices into acc, a slice at a time (gemm_common.cl), and stores them through the epilogue
+#define MMA_SPLIT_PUT(ROW0, MSTEP, COL0)                                                                \
+    MMA_FOR_EACH(ROW0, MSTEP, COL0, SPLIT_PUT(acc[i][j][o], m, n));                                     \
+    if (!SPLIT_ARRIVE()) return;                                                                        \
+    MMA_FOR_EACH(ROW0, MSTEP, COL0, acc[i][j][o] = 0.0f);                                               \
+    for (int s = 0; s < get_num_groups(2); ++s)                                                         \
+        MMA_FOR_EACH(ROW0, MSTEP, COL0, acc[i][j][o] += SPLIT_GET(s, m, n))
+#else
+#define MMA_SPLIT_PUT(ROW0, MSTEP, COL0)
+#endif
+
 // Fragment (i, j) of this lane covers C rows m0 + ROW0 + i * MSTEP + g (+ 8) and columns
 // n0 + COL0 + 8 j + 2t (+ 1); each lane holds pairs of neighbours (n, n + 1), n even: one 2-element store
-// where C's rows allow. Needs M, N, C, c_rs, m0, n0, g, t, acc, MT, NT in scope.
+// where C's rows allow. Needs M, N, C, c_rs, m0, n0, g, t, acc, MT, NT in scope (SPLIT_LAST: work,
+// arrivals, split_last_ too; the work-groups that are not their block's last return).
 #define MMA_STORE_ACC(ROW0, MSTEP, COL0)                                                                \
     do {                                                                                                \
+        MMA_SPLIT_PUT(ROW0, MSTEP, COL0);                                                               \
         const bool pairs_ = (((ulong)C) % (2 * sizeof(C_T))) == 0 && (c_rs % 2) == 0;                  \
         _Pragma("unroll")                                                                               \
         for (int i = 0; i < MT; ++i)                                                                    \

@@ -59,6 +59,7 @@ void gemm_mma(GEMM_ARGS)
     __local float scratch_a[WARPS_M * WARPS_N * 16 * KSTEP];
     __local float scratch_b[WARPS_M * WARPS_N * KSTEP * 8];
 #endif
+    GEMM_SPLIT_LOCAL;
     const int tid = get_local_id(0), lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int wm = (warp / WARPS_N) * WM, wn = (warp % WARPS_N) * WN;

@@ -41,6 +41,7 @@ void gemm_tiled(GEMM_ARGS)
 {
     __local VEC_T As[2 * BK * LDA_L];
     __local VEC_T Bs[2 * BK * LDB_L];
+    GEMM_SPLIT_LOCAL;
     const int tid = get_local_id(1) * TX + get_local_id(0);   // linear id: drives the tile fetch
     const int tx = GEMM_TILED_TX(tid), ty = GEMM_TILED_TY(tid);   // compute position
 #if GM > 0
@@ -71,14 +72,23 @@ void gemm_tiled(GEMM_ARGS)
 #define TILE_DONE(t)
 #include "gemm_tiled_loop.cl"
 
-#pragma unroll
-    for (int i = 0; i < TM; ++i) {
-        const int m = m0 + (i / VW) * (TY * VW) + ty * VW + (i % VW);
-        if (m >= M) continue;
-#pragma unroll
-        for (int j = 0; j < TN; ++j) {
-            const int n = n0 + (j / VW) * (TX * VW) + tx * VW + (j % VW);
-            if (n < N) STORE1(GEMM_EPILOGUE(acc[i][j], m, n), m * c_rs + n, C);
-        }
+#define TILED_FOR_EACH(body)                                                                        \
+    _Pragma("unroll")                                                                               \
+    for (int i = 0; i < TM; ++i) {                                                                  \
+        const int m = m0 + (i / VW) * (TY * VW) + ty * VW + (i % VW);                              \
+        if (m >= M) continue;                                                                       \
+        _Pragma("unroll")                                                                           \
+        for (int j = 0; j < TN; ++j) {                                                              \
+            const int n = n0 + (j / VW) * (TX * VW) + tx * VW + (j % VW);                          \
+            if (n < N) { body; }                                                                    \
+        }                                                                                           \
     }
+#ifdef SPLIT_LAST
+    // the block's last work-group sums the slices (gemm_common.cl), a slice at a time: its loads fly together
+    TILED_FOR_EACH(SPLIT_PUT(acc[i][j], m, n));
+    if (!SPLIT_ARRIVE()) return;
+    TILED_FOR_EACH(acc[i][j] = 0);
+    for (int s = 0; s < get_num_groups(2); ++s) TILED_FOR_EACH(acc[i][j] += SPLIT_GET(s, m, n));
+#endif
+    TILED_FOR_EACH(STORE1(GEMM_EPILOGUE(acc[i][j], m, n), m * c_rs + n, C));
 }

@@ -273,7 +273,7 @@ inline uint rna1(const uint x) {
 #endif
 #define EPI_LD (BN + 8)     // a row of the C tile in local memory, 16-bit values (a 16-byte pad: no conflicts)
 // (a tile whose stages cannot hold C, e.g. two stages of 128 x 128 x 32, stores directly)
-#if EPI_SMEM && !defined(C_ACC) && (defined(IS_BF16) || defined(IS_HALF)) && \
+#if EPI_SMEM && !defined(C_ACC) && !defined(SPLIT_LAST) && (defined(IS_BF16) || defined(IS_HALF)) && \
     BM * EPI_LD * 2 <= WSTAGES * STAGE_BYTES
 #if defined(IS_BF16)
 #define EPI_PAIR(v0, v1) ((uint)nc_float_to_bf16(v0) | ((uint)nc_float_to_bf16(v1) << 16))
@@ -289,6 +289,7 @@ void gemm_mma(GEMM_ARGS)
     // one region: stage s holds A at s * STAGE_BYTES, B at s * STAGE_BYTES + A_BYTES (each 1024-aligned)
     __local uchar tiles[WSTAGES * STAGE_BYTES] __attribute__((aligned(1024)));
     __local uchar *const As = tiles, *const Bs = tiles + A_BYTES;
+    GEMM_SPLIT_LOCAL;
 #ifdef MMA_EMULATE
     const uint base = 0;                         // descriptors address `tiles` by offset
 #else

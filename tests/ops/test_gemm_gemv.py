@@ -69,22 +69,25 @@ def test_thin_aligned_half_problems_choose_the_gemv(queue, rng, dtype):
     def variant(x, w):
         return api._auto_variant(_prepare(x, w.transpose(0, 1), None, None, None, 1.0, False))
 
+    # up to 8 rows, or 1 where matrix units take the dtype (their "skinny" tile then)
+    limit = api.gemv_max_rows(queue.device, dtype)
     w = Tensor.from_host(queue, rng.standard_normal((24, 32)).astype(dtype))
-    tokens = Tensor.from_host(queue, rng.standard_normal((2, 3, 32)).astype(dtype))  # 6 rows: folded
+    shape = (2, 3, 32) if limit >= 6 else (1, limit, 32)
+    tokens = Tensor.from_host(queue, rng.standard_normal(shape).astype(dtype))  # batch and rows: folded
     assert api.gemv_fits(tokens, w.transpose(0, 1))
-    assert variant(tokens.view(6, 32), w) == "gemv"
-    many = Tensor.from_host(queue, rng.standard_normal((api.GEMV_MAX_ROWS + 1, 32)).astype(dtype))
+    assert variant(tokens.view(-1, 32), w) == "gemv"
+    many = Tensor.from_host(queue, rng.standard_normal((limit + 1, 32)).astype(dtype))
     odd_k = Tensor.from_host(queue, rng.standard_normal((24, 30)).astype(dtype))
     assert not api.gemv_fits(many, w.transpose(0, 1))  # too many rows: the GEMM kernels
     assert not api.gemv_fits(many[:2, :30], odd_k.transpose(0, 1))  # K not a multiple of 8
     assert not api.gemv_fits(tokens[:, :, 1:9], w[:, :8].transpose(0, 1))  # x off a 16-byte boundary
-    assert not api.gemv_fits(tokens.view(6, 32), w)  # W not read along K
+    assert not api.gemv_fits(tokens.view(-1, 32), w)  # W not read along K
     wide = Tensor.from_host(queue, rng.standard_normal((1, 32)).astype(np.float32))
     assert not api.gemv_fits(wide, Tensor.from_host(queue, np.ones((24, 32), np.float32)).transpose(0, 1))
     # the model's call: a (batch, tokens, dim) activation against a weight, through linear's folding
     x = tokens.to_host()
-    assert_close(gemm(tokens, w.transpose(0, 1)), reference(x.reshape(6, 32), w.to_host()).reshape(2, 3, 24),
-                 dtype)
+    want = reference(x.reshape(-1, 32), w.to_host()).reshape(*shape[:2], 24)
+    assert_close(gemm(tokens, w.transpose(0, 1)), want, dtype)
 
 
 def test_quantize_int8_rounds_per_channel(rng):
@@ -189,7 +192,7 @@ def test_a_device_that_cannot_build_the_gemv_takes_the_other_kernels(queue, rng,
     monkeypatch.setattr(variants, "_program", refuse)
     monkeypatch.setattr(variants, "_gemv_ok", {})
     dtype = HALVES[1]
-    x = rng.standard_normal((2, 32)).astype(dtype)
+    x = rng.standard_normal((api.gemv_max_rows(queue.device, dtype), 32)).astype(dtype)  # rows gemv takes
     w = rng.standard_normal((24, 32)).astype(np.float32)
     xs, ws = Tensor.from_host(queue, x), Tensor.from_host(queue, w.astype(dtype))
     with pytest.warns(RuntimeWarning, match="does not build"):

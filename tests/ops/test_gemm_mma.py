@@ -17,6 +17,7 @@ from netcl.ops import gemm as mm
 from netcl.ops.gemm import api, splitk, variants
 from netcl.ops.gemm.launch import launch
 from netcl.ops.gemm.problem import _prepare as prepare
+from netcl.profiling import count_launches
 
 SMALL = {"BM": 32, "BN": 32, "BK": 32, "WM": 16, "WN": 16, "EMULATE": 1}
 BF16 = dtypes.bfloat16
@@ -125,6 +126,61 @@ def test_emulated_split_k_partial_sums(queue, rng, dt, layout, k, splits, loader
 
 
 @pytest.mark.gpu_shaped
+@pytest.mark.parametrize("m, splits", [(8, 1), (13, 4)])
+def test_emulated_skinny_tile_for_decode_rows(queue, rng, m, splits):
+    """The "skinny" tile (16-row blocks for a few decode rows, x @ W^T with W (N, K) row-major, emulated),
+    edges in M, N and the last K tile, with split-K summed in the kernel."""
+    n, k = 70, 256
+    x, w = rng.standard_normal((m, k)).astype(BF16), rng.standard_normal((n, k)).astype(BF16)
+    got = mm.gemm(Tensor.from_host(queue, x), Tensor.from_host(queue, w).T, variant="mma",
+                  params={**variants._MMA_SKINNY, "EMULATE": 1}, splits=splits)
+    want = x.astype(np.float64) @ w.astype(np.float64).T
+    np.testing.assert_allclose(got.to_host().astype(np.float64), want, rtol=0, atol=8e-3 * np.abs(want).max())
+
+
+def test_decode_rows_past_one_take_the_skinny_tile_where_matrix_units_are(device, queue, monkeypatch):
+    """Where matrix units take the dtype, a decode step of one row keeps the gemv kernel and more rows take
+    the matrix units' "skinny" class (up to MMA_SKINNY_ROWS rows); elsewhere gemv takes up to
+    GEMV_MAX_ROWS."""
+    def variant(m):
+        a, w = Tensor.zeros(queue, (m, 64), BF16), Tensor.zeros(queue, (32, 64), BF16)
+        return api._auto_variant(prepare(a, w.T, None, None, None, 1.0))
+    if not variants.gemv_usable(device, BF16):
+        pytest.skip(f"the gemv kernel does not run bfloat16 on {device.describe()}")
+    monkeypatch.setattr(api, "uses_matrix_units", lambda dev_, dt: False)
+    assert [variant(m) for m in (1, api.GEMV_MAX_ROWS)] == ["gemv", "gemv"]
+    monkeypatch.setattr(api, "uses_matrix_units", lambda dev_, dt: True)
+    assert [variant(m) for m in (1, 2, 8)] == ["gemv", "mma", "mma"]
+    assert [variants.mma_shape_class(device, m, 2048, 2048) for m in (8, variants.MMA_SKINNY_ROWS)] == [
+        "skinny", "skinny"]
+    assert variants.mma_shape_class(device, variants.MMA_SKINNY_ROWS + 1, 2048, 8192) is None
+
+
+@pytest.mark.gpu_shaped
+def test_emulated_split_k_summed_in_the_kernel_gives_the_reductions_bits(queue, rng, monkeypatch):
+    """The mma kernel's slices summed by each block's last work-group (SPLIT_LAST) against its float32
+    partial sums (C_ACC) and the separate reduction: the same bits, one launch instead of two, twice (the
+    arrival counts reset)."""
+    m, n, k = 37, 29, 96
+    a, b = _inputs(rng, BF16, m, n, k)
+    bias, res = rng.standard_normal(n).astype(BF16), rng.standard_normal((m, n)).astype(BF16)
+    results = []
+    for in_kernel in (True, False, True):
+        monkeypatch.setattr(splitk, "SPLIT_SUM", "kernel" if in_kernel else "launch")
+        with count_launches() as c:
+            ta, tb, tbias = (Tensor.from_host(queue, v) for v in (a, b, bias))
+            got = mm.gemm(ta, tb, tbias, "relu", Tensor.from_host(queue, res), 0.5, variant="mma",
+                          params=SMALL, splits=3)
+        assert c.count == (1 if in_kernel else 2)
+        results.append(got.to_host())
+    want = np.maximum(0.5 * (a.astype(np.float64) @ b.astype(np.float64)) + bias.astype(np.float64), 0)
+    want += res.astype(np.float64)
+    np.testing.assert_allclose(results[0].astype(np.float64), want, rtol=0, atol=8e-3 * np.abs(want).max())
+    for other in results[1:]:
+        np.testing.assert_array_equal(other.view(np.uint16), results[0].view(np.uint16))
+
+
+@pytest.mark.gpu_shaped
 @pytest.mark.parametrize("splits", [None, 3], ids=["one", "split3"])
 def test_emulated_relu_mask_in_the_epilogue(queue, rng, splits):
     """where(mask > 0, a @ b, 0) on the matrix units (MASK_RESIDUAL: matmul_relu_mask on a GPU, a ReLU's
@@ -145,7 +201,8 @@ def test_emulated_relu_mask_in_the_epilogue(queue, rng, splits):
 @pytest.mark.gpu_shaped
 def test_split_k_on_matrix_units_is_replayed(queue, rng, monkeypatch):
     """netcl's own choice on matrix units (forced here: the emulated kernel, 2 slices) records the split's
-    two launches once; later calls replay them with new operands, output and float32 workspace."""
+    launch (its blocks' last work-groups sum the slices) once; later calls replay it with new operands,
+    output and float32 workspace."""
     real = variants.tuned_params
     monkeypatch.setattr(api, "uses_matrix_units", lambda dev_, dt: True)
     monkeypatch.setattr(api, "choose_variant", lambda dev_, m, n, k: "tiled")
@@ -163,7 +220,7 @@ def test_split_k_on_matrix_units_is_replayed(queue, rng, monkeypatch):
         want = a.astype(np.float64) @ b.astype(np.float64)
         np.testing.assert_allclose(got, want, rtol=0, atol=2e-3 * np.abs(want).max())
     (template, _, work), = api.templates().values()
-    assert template.launches == 2 and work == ((2, m, n), np.dtype(np.float32))
+    assert template.launches == 1 and work == ((2, m, n), np.dtype(np.float32))
 
 
 def test_bfloat16_gemm_and_epilogue(queue, rng):

@@ -364,10 +364,14 @@ def test_cpu_split_k_long_k(device, queue, rng, dtype):
 
 
 @GPU_SHAPED
-def test_split_k_calls_are_replayed(queue, rng, monkeypatch):
+@pytest.mark.parametrize("in_kernel", [True, False], ids=["summed-in-kernel", "reduction-launch"])
+def test_split_k_calls_are_replayed(queue, rng, monkeypatch, in_kernel):
     """A repeated split-K problem (the GPU's choice for skinny shapes, forced here) skips the host
-    path on later calls: both launches (GEMM into the workspace, reduction with the epilogue) are
-    replayed with the new operands, output and workspace, and the results stay right."""
+    path on later calls: its launches (the GEMM whose blocks' last work-group sums the slices, or the GEMM
+    into the workspace and the reduction with the epilogue) are replayed with the new operands, output and
+    workspace (the arrival counts reset by each launch), and the results stay right."""
+    monkeypatch.setattr(splitk, "SPLIT_SUM", "kernel" if in_kernel else "launch")
+    launches = 1 if in_kernel else 2
     real = variants.tuned_params
     monkeypatch.setattr(api, "choose_variant", lambda dev_, m, n, k: "tiled")
     monkeypatch.setattr(splitk, "choose_splits", lambda dev_, p, tile: 2)
@@ -386,10 +390,56 @@ def test_split_k_calls_are_replayed(queue, rng, monkeypatch):
         with count_launches() as c:
             got = matmul_epilogue(dev(queue, a), dev(queue, b), dev(queue, bias), "relu", dev(queue, res))
         check(got, np.maximum(a.astype(np.float64) @ b + bias, 0) + res, k=k)
-        assert c.count == 2  # GEMM into the workspace + reduction
+        assert c.count == launches
     assert len(calls) == 1  # the host path ran once; the later calls were replays
     (template, _, work), = api.templates().values()
-    assert template.launches == 2 and work[0] == (2, m, n)
+    assert template.launches == launches and work[0] == (2, m, n)
+
+
+@GPU_SHAPED
+def test_split_k_summed_in_the_kernel_gives_the_reductions_bits(queue, rng, monkeypatch):
+    """The slices summed by each block's last work-group (SPLIT_LAST) give the separate reduction's bits (the
+    same order of additions, the same epilogue: bias, relu, residual, alpha) in one launch instead of two;
+    blocks at the edges of M and N, 2 and 5 slices, and a second call (the arrival counts were reset). The
+    matrix units' kernels: tests/ops/test_gemm_mma.py."""
+    m, n, k = 37, 70, 120
+    a, b, bias, res = host(rng, (m, k)), host(rng, (k, n)), host(rng, (n,)), host(rng, (m, n))
+    results = {}
+    for in_kernel in (True, False):
+        monkeypatch.setattr(splitk, "SPLIT_SUM", "kernel" if in_kernel else "launch")
+        for splits in (2, 5):
+            for _ in range(2):
+                with count_launches() as c:
+                    got = gemm(dev(queue, a), dev(queue, b), dev(queue, bias), "relu", dev(queue, res), 0.75,
+                               variant="tiled", params=SMALL_TILED, splits=splits)
+                assert c.count == (1 if in_kernel else 2)
+                results.setdefault(splits, []).append(got.to_host())
+    want = np.maximum(0.75 * (a.astype(np.float64) @ b) + bias, 0) + res
+    for got in results.values():
+        check(got[0], want, k=k)
+        for other in got[1:]:
+            np.testing.assert_array_equal(other, got[0])
+
+
+@GPU_SHAPED
+def test_split_k_sums_in_the_kernel_for_small_blocks(queue, rng, monkeypatch):
+    """netcl's choice (SPLIT_SUM "auto"): blocks of at most SPLIT_KERNEL_MAX_BLOCK outputs sum their slices in
+    the kernel (one launch), larger ones by the reduction launch (two), with the same bits; float64 always
+    takes the reduction."""
+    monkeypatch.setattr(splitk, "SPLIT_SUM", "auto")
+    m, n, k = 37, 29, 96
+    a, b = host(rng, (m, k)), host(rng, (k, n))
+    small = {**SMALL_TILED, "BM": 32, "BN": 32, "TX": 8, "TY": 8}
+    assert small["BM"] * small["BN"] <= splitk.SPLIT_KERNEL_MAX_BLOCK < 64 * 64
+    results = []
+    for tile, launches in ((small, 1), ({**small, "BM": 64, "BN": 64}, 2)):
+        with count_launches() as c:
+            out = gemm(dev(queue, a), dev(queue, b), variant="tiled", params=tile, splits=3)
+        results.append(out.to_host())
+        assert c.count == launches
+    np.testing.assert_array_equal(results[1], results[0])
+    check(results[0], a.astype(np.float64) @ b, k=k)
+    assert not splitk.sums_in_kernel(np.dtype(np.float64), small)
 
 
 @GPU_SHAPED
@@ -472,13 +522,18 @@ def test_tiled_tile_per_shape_class(device, queue, rng, monkeypatch):
     assert cls(device, 128, 128 * (units - 1), 9, batch=2) is None
 
 
+TILED_CLASSES = ("m64n64", "m64", "n64", "few_blocks")  # variants.tiled_shape_class's
+
+
 @GPU_SHAPED
 @pytest.mark.parametrize("tile", [dict(t) for t in {tuple(sorted(t.items()))
                                                    for per in variants.SHAPE_TILES.values()
-                                                   for classes in per.values() for t in classes.values()}])
+                                                   for classes in per.values() for name, t in classes.items()
+                                                   if name in TILED_CLASSES}])
 def test_shape_class_tiles_are_exact(queue, rng, tile):
-    """Every tile SHAPE_TILES names, on a batched problem with edge tiles (guarded path) and on a
-    tile-divisible one (edge-free kernel), a transposed operand among them."""
+    """Every tiled tile SHAPE_TILES names, on a batched problem with edge tiles (guarded path) and on a
+    tile-divisible one (edge-free kernel), a transposed operand among them (the matrix units' classes:
+    tests/ops/test_gemm_mma.py)."""
     for (bs, m, n, k), tb in (((3, 37, 70, 45), False), ((2, 64, 128, 64), True)):
         a, b = host(rng, (bs, m, k)), host(rng, (bs, k, n))
         bd = (Tensor.from_host(queue, np.ascontiguousarray(b.transpose(0, 2, 1))).transpose(1, 2) if tb

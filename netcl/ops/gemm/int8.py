@@ -17,7 +17,7 @@ from netcl.core import dtypes
 from netcl.core.tensor import Tensor, check_same_queue
 from netcl.errors import DTypeError, ShapeError
 from netcl.ops import elementwise, norm
-from netcl.ops.gemm.api import GEMV_MAX_ROWS, gemm, gemv_fits
+from netcl.ops.gemm.api import GEMV_MAX_ROWS, gemm, gemv_fits, gemv_max_rows
 from netcl.ops.gemm.launch import gemv_rms_fits, launch
 from netcl.ops.gemm.problem import _Problem
 from netcl.ops.gemm.variants import gemv_usable
@@ -94,7 +94,7 @@ def linear_glu(x: Tensor, weight: Tensor, scales: Tensor | None = None) -> Tenso
     h2, k = weight.shape
     h = h2 // 2
     if scales is not None:
-        y = None if _glu_fits(x, weight) else linear_int8(x, weight, scales)
+        y = None if _glu_fits(x, weight, int8=True) else linear_int8(x, weight, scales)
     else:
         if weight.dtype != getattr(x, "dtype", None):
             raise DTypeError(f"linear_glu: x is {getattr(x, 'dtype', None)} but the weight is {weight.dtype}")
@@ -111,15 +111,17 @@ def linear_glu(x: Tensor, weight: Tensor, scales: Tensor | None = None) -> Tenso
     return out.reshape(x.shape[:-1] + (h,))
 
 
-def _glu_fits(x: Any, weight: Tensor) -> bool:
-    """x takes the gemv kernel against `weight`: a floating Tensor of at most GEMV_MAX_ROWS rows, K and the
-    offsets multiples of 8 (the stacked weight is contiguous)."""
+def _glu_fits(x: Any, weight: Tensor, int8: bool = False) -> bool:
+    """x takes the gemv kernel against `weight`: a floating Tensor of at most gemv_max_rows rows (an `int8`
+    weight: GEMV_MAX_ROWS, the matrix units do not take it), K and the offsets multiples of 8 (the stacked
+    weight is contiguous)."""
     if not isinstance(x, Tensor) or x.ndim < 1 or x.dtype not in (dtypes.float16, dtypes.bfloat16,
                                                                    dtypes.float32):
         return False
     k = weight.shape[1]
     rows = x.size // k if k and x.shape[-1] == k else 0
-    return (0 < rows <= GEMV_MAX_ROWS and k % 8 == 0 and x.offset % 8 == 0 and weight.offset % 8 == 0
+    limit = GEMV_MAX_ROWS if int8 else gemv_max_rows(x.device, x.dtype)
+    return (0 < rows <= limit and k % 8 == 0 and x.offset % 8 == 0 and weight.offset % 8 == 0
             and weight.is_contiguous() and gemv_usable(x.device, x.dtype))
 
 
@@ -151,7 +153,8 @@ def rms_norm_linear(x: Tensor, norm_weight: Tensor, eps: float, weight: Tensor, 
     check_same_queue(x, norm_weight, weight)
     rows = x.size // k if k else 0
     width = n // 2 if glu else n
-    if not (_glu_fits(x, weight) and gemv_rms_fits(x.device, x.dtype, rows, width, k, glu)):
+    fits = _glu_fits(x, weight, scales is not None)
+    if not (fits and gemv_rms_fits(x.device, x.dtype, rows, width, k, glu)):
         y = norm.rms_norm(x, (k,), norm_weight, eps)[0]
         if glu:
             return linear_glu(y, weight, scales)

@@ -25,6 +25,26 @@ from netcl.ops.gemm.variants import _program, has_wgmma, usable_params
 GPU_SPLIT_MIN_K = 64  # GPUs: each K slice at least this long ...
 GPU_SPLIT_FILL = 0.9  # ... and more slices while the blocks x slices are fewer than this x the waves
 GPU_SPLIT_LONG_K = 512  # slices at least this long aim at 2 work-groups per compute unit, shorter ones at 1
+# Who sums float32 split-K slices (float64's always take the reduction launch, gemm_reduce_splits):
+# "kernel", each block's last work-group to finish (SPLIT_LAST of gemm_common.cl: one launch fewer);
+# "launch", the reduction; "auto" (netcl's choice), the kernel for blocks of at most SPLIT_KERNEL_MAX_BLOCK
+# outputs. The same bits either way. H200, replayed, alternated in one process (2026-12-03): the last
+# work-group's serial tail (fences, the arrival, S slices read by one work-group a block) costs more than the
+# reduction launch on large blocks (bfloat16 512 x 512 x 16384 in 8 slices of 128 x 128 blocks 61 against
+# 43 us, 1376 x 512 x 16384 88 against 81, float32 512^3 56 against 25, the seed MLP's 64 x 64 blocks
+# 784 x 100 x 128 33 against 27), and less on the 16 x 64 blocks of decode rows (the "skinny" tile, M = 8:
+# TinyLlama's 2048 x 2048 9.9 against 17.7 us, 256 x 2048 9.8 against 17.5, 2048 x 5632 11.3 against 17.6,
+# 11264 x 2048 17.3 against 20.7)
+SPLIT_SUM = "auto"
+SPLIT_KERNEL_MAX_BLOCK = 2048
+
+
+def sums_in_kernel(acc_dtype: Any, tile: dict[str, int]) -> bool:
+    """Whether a split GEMM with `acc_dtype` accumulators and blocks of `tile` sums its slices in the kernel
+    (SPLIT_SUM)."""
+    if acc_dtype != dtypes.float32 or SPLIT_SUM == "launch":
+        return False
+    return SPLIT_SUM == "kernel" or tile["BM"] * tile["BN"] <= SPLIT_KERNEL_MAX_BLOCK
 CPU_SPLIT_MIN_K = 8192  # split only K at least this long ...
 CPU_SPLIT_MAX_BLOCKS = 8  # ... when the unsplit launch has at most this many MB x NB blocks
 
@@ -106,18 +126,49 @@ def gpu_split(
         raise DTypeError(f"split-K on the {variant} kernel runs for float32/float64 only, got {dt}")
     chunk = p.k // splits
     work = Tensor.empty(p.out.queue, (splits, p.m, p.n), acc_dt)
-    gemm_defines = {k: v for k, v in defines.items()
-                    if k not in ("HAS_BIAS", "BIAS_ROWS", "HAS_RESIDUAL", "MASK_RESIDUAL")}
-    gemm_defines["ACT"] = None
-    if partial_sums:
-        gemm_defines["C_ACC"] = None  # C is the float32 workspace whatever the inputs
-    elif (chunk * a_ks) % 4 or (chunk * b_ks) % 4:
+    in_kernel = sums_in_kernel(acc_dt, defines)
+    if in_kernel:  # the epilogue's defines stay: the block's last work-group applies it
+        gemm_defines = {**defines, "SPLIT_LAST": None}
+    else:
+        gemm_defines = {k: v for k, v in defines.items()
+                        if k not in ("HAS_BIAS", "BIAS_ROWS", "HAS_RESIDUAL", "MASK_RESIDUAL")}
+        gemm_defines["ACT"] = None
+        if partial_sums:
+            gemm_defines["C_ACC"] = None  # C is the float32 workspace whatever the inputs
+    if not partial_sums and ((chunk * a_ks) % 4 or (chunk * b_ks) % 4):
         gemm_defines.pop("GVEC", None)  # slice starts must stay 4-aligned for the 4-wide loads
     kernel = getattr(_program(p.out.device, variant, gemm_defines), f"gemm_{variant}")
     i64 = np.int64
     if capture.declaring():  # the K slices as a batch: A and B read once, `splits` partial products written
+        # (and, summed in the kernel, S - 1 of them read back and C written)
+        written = splits * p.m * p.n * acc_dt.itemsize
+        merged = ((splits - 1) * acc_dt.itemsize + dt.itemsize) * p.m * p.n if in_kernel else 0
         launch_labels.work(2.0 * p.m * p.n * p.k,
-                       float((p.m * p.k + p.k * p.n) * dt.itemsize + splits * p.m * p.n * acc_dt.itemsize))
+                           float((p.m * p.k + p.k * p.n) * dt.itemsize + written + merged))
+    if in_kernel:
+        out, bias, res = p.out, p.bias, p.residual
+        bias_t = bias if bias is not None else out
+        res_t = res if res is not None else out
+        blocks = (grid[0] // local[0]) * (grid[1] // local[1])
+        kernel(
+            p.out.queue, (*grid, splits), local,
+            M=np.int32(p.m), N=np.int32(p.n), K=np.int32(chunk),
+            A=a.buffer, a_off=i64(a.offset), a_rs=i64(a_rs), a_ks=i64(a_ks),
+            B=b.buffer, b_off=i64(b.offset), b_ks=i64(b_ks), b_ns=i64(b_ns),
+            C=out.buffer, c_off=i64(out.offset), c_rs=i64(out.strides[-2]),
+            bias=bias_t.buffer, bias_off=i64(bias_t.offset),
+            bias_stride=i64(bias.strides[0] if bias is not None else 0),
+            residual=res_t.buffer, res_off=i64(res_t.offset),
+            res_rs=i64(res.strides[-2] if res is not None else 0),
+            res_cs=i64(res.strides[-1] if res is not None else 0),
+            alpha=acc_dt.type(p.alpha), nb_inner=np.int32(splits),
+            bs_ab=_long4(0, chunk * a_ks, 0, chunk * b_ks), bs_cr=_long4(0, 0, 0, 0),
+            work=work.buffer, arrivals=out.queue.arrival_counts(blocks),
+            **extra,
+        )
+        capture.name_slots(a=("A", "a_off"), b=("B", "b_off"), out=("C", "c_off"), bias=("bias", "bias_off"),
+                           res=("residual", "res_off"), work=("work",))
+        return work
     kernel(
         p.out.queue, (*grid, splits), local,
         M=np.int32(p.m), N=np.int32(p.n), K=np.int32(chunk),

@@ -221,6 +221,15 @@ _TILE_64 = {"BM": 64, "BN": 64, "BK": 16, "TX": 8, "TY": 8, "BKE": 0}
 # 128 x 128 (attention's 16384 x 512 x 512 forward 211 against 175 TFLOP/s), but K = 1376 and K = 4096
 # 10-17% slower, and 64 x 64 or 128 x 256 blocks no better anywhere.
 _MMA_SHORT_K = {"BM": 64}
+# "skinny" (M <= MMA_SKINNY_ROWS: a decode step of a few sequences, x @ W^T): blocks of 16 rows on mma.sync,
+# W streamed through a three-stage cp.async ring, split-K summed in the kernel where N alone gives few blocks.
+# H200, TinyLlama-1.1B's decode shapes at M = 8, bfloat16, replayed (.gpu-style A/B, 2026-12-03): 16 x 64 x 64
+# blocks read the weights 1.4-2.4x faster than the gemv kernel (N = 11264 x K = 2048: 17-19 against 40.5 us;
+# 2048 x 5632: 12.2 against 26.1; 32000 x 2048: 46.6 against 99.6); 16 x 128, 32 x 128 and the wgmma 64-row
+# blocks no better
+_MMA_SKINNY = {"WGMMA": 0, "BM": 16, "BN": 64, "BK": 64, "WM": 16, "WN": 16, "ASYNC": 1, "STAGES": 3,
+               "LDMATRIX": 1, "SWIZZLE": 0, "DBUF": 0, "GROUP_M": 0}
+MMA_SKINNY_ROWS = 16
 # The decode GEMV's class "rows" (M > 1: a batch of decode rows). H200, TinyLlama-1.1B's decode shapes
 # (bench/gemv.py --gpu --sweep, 2026-12-02, event time, weight bytes over the copy rate): the default tile
 # (a warp a column, 4 loads in flight, A staged) reads bfloat16 weights at 71% at M = 1 but 20% at M = 8,
@@ -228,10 +237,10 @@ _MMA_SHORT_K = {"BM": 64}
 _GEMV_ROWS = {"GEMV_WG": 64, "GEMV_ROWS": 4, "GEMV_COLS": 1, "GEMV_UNROLL": 1, "GEMV_STAGE": 0}
 SHAPE_TILES: dict[str, dict[str, dict[str, dict[str, int]]]] = {
     "nvidia": {"float32": {"m64n64": _TILE_64, "m64": _TILE_64, "n64": _TILE_64, "rows": _GEMV_ROWS},
-               "float16": {"short_k": _MMA_SHORT_K, "rows": _GEMV_ROWS},
-               "bfloat16": {"short_k": _MMA_SHORT_K, "rows": _GEMV_ROWS}},
+               "float16": {"short_k": _MMA_SHORT_K, "skinny": _MMA_SKINNY, "rows": _GEMV_ROWS},
+               "bfloat16": {"short_k": _MMA_SHORT_K, "skinny": _MMA_SKINNY, "rows": _GEMV_ROWS}},
 }
-SHAPE_CLASSES = ("m64n64", "m64", "n64", "few_blocks", "short_k", "rows")
+SHAPE_CLASSES = ("m64n64", "m64", "n64", "few_blocks", "short_k", "skinny", "rows")
 MMA_SHORT_K = 1024
 
 
@@ -251,8 +260,10 @@ def tiled_shape_class(device: Any, m: int, n: int, k: int, batch: int = 1) -> st
 
 
 def mma_shape_class(device: Any, m: int, n: int, k: int) -> str | None:
-    """The matrix-unit kernel's shape class of an m x n x k GEMM: "short_k" (K <= MMA_SHORT_K on a device
-    with wgmma), None otherwise (the general tile)."""
+    """The matrix-unit kernel's shape class of an m x n x k GEMM: "skinny" (M <= MMA_SKINNY_ROWS), "short_k"
+    (K <= MMA_SHORT_K on a device with wgmma), None otherwise (the general tile)."""
+    if m <= MMA_SKINNY_ROWS:
+        return "skinny"
     return "short_k" if k <= MMA_SHORT_K and has_wgmma(device) else None
 
 
