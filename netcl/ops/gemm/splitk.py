@@ -1,6 +1,7 @@
 """Split-K: a GEMM whose M x N alone cannot fill the device runs as S GEMMs over K/S slices (a batch)
 into an accumulator-typed workspace, then one reduction launch (gemm_reduce_splits) sums the slices and
-applies the epilogue. Shorter sums are also more accurate.
+applies the epilogue, or (GPU, float32 accumulators, small blocks: sums_in_kernel) each block's last work-group
+to finish sums them inside the same launch. Shorter sums are also more accurate.
 
 GPU (tiled kernel): skinny problems such as 256 x 4096 x 4096 give too few 128 x 128 work-groups for the
 SMs. CPU (cpu kernel): a convolution's weight gradient (M = 16/32 output channels, N = C*KH*KW = 9..144,
@@ -109,7 +110,8 @@ def gpu_split(
     **extra: Any,
 ) -> Tensor:
     """The GPU split: one launch of `variant` (tiled or mma) over the K slices (as a batch) into a fresh
-    workspace, then the reduction, which applies the epilogue. `defines`, `grid` (the unsplit launch's
+    workspace, then the reduction, which applies the epilogue (or, sums_in_kernel, the block's last work-group
+    sums the slices and applies it: one launch). `defines`, `grid` (the unsplit launch's
     first two global sizes), `local` and `extra` (mma's DYN_LOCAL tiles) are the unsplit launch's
     (netcl.ops.gemm.launch, which checked the slices' alignment for mma's cp.async). The tiled kernel stores
     at its operands' dtype, so it splits float32/float64 only; the matrix units write float32 partial sums
