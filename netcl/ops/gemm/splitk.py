@@ -1,7 +1,7 @@
 """Split-K: a GEMM whose M x N alone cannot fill the device runs as S GEMMs over K/S slices (a batch)
 into an accumulator-typed workspace, then one reduction launch (gemm_reduce_splits) sums the slices and
-applies the epilogue, or (GPU, float32 accumulators, small blocks: sums_in_kernel) each block's last work-group
-to finish sums them inside the same launch. Shorter sums are also more accurate.
+applies the epilogue, or (GPU, float32 accumulators, small blocks: sums_in_kernel) each block's last
+work-group to finish sums them inside the same launch. Shorter sums are also more accurate.
 
 GPU (tiled kernel): skinny problems such as 256 x 4096 x 4096 give too few 128 x 128 work-groups for the
 SMs. CPU (cpu kernel): a convolution's weight gradient (M = 16/32 output channels, N = C*KH*KW = 9..144,
