@@ -28,9 +28,7 @@ Oclgrind configuration runs every one of them with the same value checks, plus b
   pocl-pypi          PyPI's PoCL (the `pocl` extra) alone, less the gpu_shaped tests and LAYERS: the ICD
                      loader is pointed at an empty vendors folder, so no system driver is seen
   pocl-system        each system PoCL (an /etc/OpenCL/vendors/*.icd naming libpocl) alone, less ONCE
-                     (the first runs LAYERS and the gpu_shaped tests; another skips them too), its kernels'
-                     work-group functions compiled once each, not per local size (PyPI's PoCL compiles the
-                     specialized ones PoCL makes by default)
+                     (the first runs LAYERS and the gpu_shaped tests; another skips them too)
   pocl-system@TARGET the kernel-heavy tests, less gpu_shaped, on that PoCL forced to another CPU target it
                      ships (POCL_KERNELLIB_NAME; PoCL 3.1+), for each of AVX-512 and AVX2 that this CPU
                      can run but PoCL would not pick itself: AVX2 code generation on an AVX-512 machine,
@@ -150,12 +148,6 @@ def configurations(empty_vendors: Path, oclgrind: bool = True) -> list[Config]:
     # seconds against 62 for tests/ops/test_{reduce,norm,pool}.py and tests/autograd/test_loss.py from cold.
     # The tests of netcl's disk cache turn it on for themselves.
     base.setdefault("NETCL_DISK_CACHE", "0")
-    # PoCL compiles a kernel's work-group function again for each local size it is launched with (and for a
-    # zero global offset and small grids) unless POCL_WORK_GROUP_SPECIALIZATION=0: the system PoCL's
-    # configurations build the one generic function a kernel (LLVM 15), PyPI's the specialized ones users of
-    # either driver get by default (LLVM 14). tests/ops/test_{norm,reduce}.py from cold: 135 -> 99 s,
-    # 617 -> 368 compiled work-group functions.
-    generic = {"POCL_WORK_GROUP_SPECIALIZATION": base.get("POCL_WORK_GROUP_SPECIALIZATION", "0")}
     configs = []
     systems = system_pocls()
     split = pypi_pocl() and bool(systems)  # two drivers: each runs its share of the run-once tests
@@ -173,18 +165,15 @@ def configurations(empty_vendors: Path, oclgrind: bool = True) -> list[Config]:
         what = f"the system PoCL of {icd} alone" + (", less ONCE" if split else "")
         what += (", less gpu_shaped" + (" and LAYERS" if split else "") if i > 0
                  else ", less the Oclgrind configuration's gpu_shaped cases" if oclgrind else "")
-        what += ", generic work-group functions"
-        configs.append(Config(f"pocl-system{suffix}", what, {**base, **generic, "OCL_ICD_VENDORS": str(icd)},
-                              tests))
+        configs.append(Config(f"pocl-system{suffix}", what, {**base, "OCL_ICD_VENDORS": str(icd)}, tests))
     for icd in systems:
         suffix = "" if len(systems) == 1 else f"-{icd.stem}"
         for target in pocl_targets(icd):
             configs.append(
                 Config(
                     f"pocl-system{suffix}@{target}",
-                    f"the kernel tests less gpu_shaped, system PoCL forced to {target}, generic work-group "
-                    "functions",
-                    {**base, **generic, "OCL_ICD_VENDORS": str(icd), "POCL_KERNELLIB_NAME": target},
+                    f"the kernel tests less gpu_shaped, system PoCL forced to {target}",
+                    {**base, "OCL_ICD_VENDORS": str(icd), "POCL_KERNELLIB_NAME": target},
                     list(KERNEL_TESTS) + NOT_GPU_SHAPED,
                 )
             )
