@@ -142,15 +142,18 @@ def test_decode_rows_past_one_take_the_skinny_tile_where_matrix_units_are(device
     """Where matrix units take the dtype, a decode step of one row keeps the gemv kernel and more rows take
     the matrix units' "skinny" class (up to MMA_SKINNY_ROWS rows); elsewhere gemv takes up to
     GEMV_MAX_ROWS."""
-    def variant(m):
-        a, w = Tensor.zeros(queue, (m, 64), BF16), Tensor.zeros(queue, (32, 64), BF16)
+    def variant(m, dt=BF16):
+        a, w = Tensor.zeros(queue, (m, 64), dt), Tensor.zeros(queue, (32, 64), dt)
         return api._auto_variant(prepare(a, w.T, None, None, None, 1.0))
-    if not variants.gemv_usable(device, BF16):
-        pytest.skip(f"the gemv kernel does not run bfloat16 on {device.describe()}")
+    if not (variants.gemv_usable(device, BF16) and variants.gemv_usable(device, np.float16)):
+        pytest.skip(f"the gemv kernel does not run half on {device.describe()}")
     monkeypatch.setattr(api, "uses_matrix_units", lambda dev_, dt: False)
     assert [variant(m) for m in (1, api.GEMV_MAX_ROWS)] == ["gemv", "gemv"]
+    assert variant(api.GEMV_MAX_ROWS, np.float16) == "gemv"
     monkeypatch.setattr(api, "uses_matrix_units", lambda dev_, dt: True)
-    assert [variant(m) for m in (1, 2, 8)] == ["gemv", "mma", "mma"]
+    monkeypatch.setattr(api, "usable_params", lambda *args, **kw: {})  # a device whose mma kernel builds
+    for dt in (BF16, np.float16):
+        assert [variant(m, dt) for m in (1, 2, 8, variants.MMA_SKINNY_ROWS)] == ["gemv", "mma", "mma", "mma"]
     assert [variants.mma_shape_class(device, m, 2048, 2048) for m in (8, variants.MMA_SKINNY_ROWS)] == [
         "skinny", "skinny"]
     assert variants.mma_shape_class(device, variants.MMA_SKINNY_ROWS + 1, 2048, 8192) is None

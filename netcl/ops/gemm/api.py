@@ -29,6 +29,7 @@ from netcl.ops.gemm import splitk
 from netcl.ops.gemm.launch import launch
 from netcl.ops.gemm.problem import _finish, _k_contiguous, _prepare, _Problem
 from netcl.ops.gemm.variants import (
+    MMA_SKINNY_ROWS,
     VARIANTS,
     choose_variant,
     gemv_usable,
@@ -171,7 +172,10 @@ def _auto_variant(p: _Problem) -> str:
         variant = "dot"  # GPU, thin, both operands contiguous along K: coalesce along K instead
     if p.k == 0 and variant == "tiled":
         variant = "direct"
-    if variant == "tiled" and uses_matrix_units(p.out.device, p.out.dtype) and usable_params(
+    # decode rows past gemv_max_rows (float16 as bfloat16 above): the matrix units' "skinny" tile
+    rows = variant in ("direct", "dot") and dtypes.is_half(p.out.dtype) and p.m <= MMA_SKINNY_ROWS \
+        and p.n >= 16 and p.k >= 16
+    if (variant == "tiled" or rows) and uses_matrix_units(p.out.device, p.out.dtype) and usable_params(
             p.out.device, "mma", p.out.dtype, required=False) is not None:
         variant = "mma"  # NVIDIA's matrix units (float16, or TF32 under set_matmul_precision("high"))
     if (
