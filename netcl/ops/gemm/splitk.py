@@ -39,6 +39,9 @@ GPU_SPLIT_LONG_K = 512  # slices at least this long aim at 2 work-groups per com
 SPLIT_SUM = "auto"
 SPLIT_KERNEL_MAX_BLOCK = 2048
 
+CPU_SPLIT_MIN_K = 8192  # split only K at least this long ...
+CPU_SPLIT_MAX_BLOCKS = 8  # ... when the unsplit launch has at most this many MB x NB blocks
+
 
 def sums_in_kernel(acc_dtype: Any, tile: dict[str, int]) -> bool:
     """Whether a split GEMM with `acc_dtype` accumulators and blocks of `tile` sums its slices in the kernel
@@ -46,8 +49,6 @@ def sums_in_kernel(acc_dtype: Any, tile: dict[str, int]) -> bool:
     if acc_dtype != dtypes.float32 or SPLIT_SUM == "launch":
         return False
     return SPLIT_SUM == "kernel" or tile["BM"] * tile["BN"] <= SPLIT_KERNEL_MAX_BLOCK
-CPU_SPLIT_MIN_K = 8192  # split only K at least this long ...
-CPU_SPLIT_MAX_BLOCKS = 8  # ... when the unsplit launch has at most this many MB x NB blocks
 
 
 def choose_splits(device: Any, p: _Problem, tile: dict[str, int], partial_sums: bool = False) -> int:
@@ -142,47 +143,45 @@ def gpu_split(
     kernel = getattr(_program(p.out.device, variant, gemm_defines), f"gemm_{variant}")
     i64 = np.int64
     if capture.declaring():  # the K slices as a batch: A and B read once, `splits` partial products written
-        # (and, summed in the kernel, S - 1 of them read back and C written)
+        # (and, summed in the kernel, all S read back and C written)
         written = splits * p.m * p.n * acc_dt.itemsize
-        merged = ((splits - 1) * acc_dt.itemsize + dt.itemsize) * p.m * p.n if in_kernel else 0
+        merged = (splits * acc_dt.itemsize + dt.itemsize) * p.m * p.n if in_kernel else 0
         launch_labels.work(2.0 * p.m * p.n * p.k,
                            float((p.m * p.k + p.k * p.n) * dt.itemsize + written + merged))
-    if in_kernel:
+    if in_kernel:  # C, bias and residual are the output's (every slice's); the slices go to `work`
         out, bias, res = p.out, p.bias, p.residual
         bias_t = bias if bias is not None else out
         res_t = res if res is not None else out
         blocks = (grid[0] // local[0]) * (grid[1] // local[1])
-        kernel(
-            p.out.queue, (*grid, splits), local,
-            M=np.int32(p.m), N=np.int32(p.n), K=np.int32(chunk),
-            A=a.buffer, a_off=i64(a.offset), a_rs=i64(a_rs), a_ks=i64(a_ks),
-            B=b.buffer, b_off=i64(b.offset), b_ks=i64(b_ks), b_ns=i64(b_ns),
+        tail = dict(
             C=out.buffer, c_off=i64(out.offset), c_rs=i64(out.strides[-2]),
             bias=bias_t.buffer, bias_off=i64(bias_t.offset),
             bias_stride=i64(bias.strides[0] if bias is not None else 0),
             residual=res_t.buffer, res_off=i64(res_t.offset),
             res_rs=i64(res.strides[-2] if res is not None else 0),
             res_cs=i64(res.strides[-1] if res is not None else 0),
-            alpha=acc_dt.type(p.alpha), nb_inner=np.int32(splits),
-            bs_ab=_long4(0, chunk * a_ks, 0, chunk * b_ks), bs_cr=_long4(0, 0, 0, 0),
+            alpha=acc_dt.type(p.alpha), bs_cr=_long4(0, 0, 0, 0),
             work=work.buffer, arrivals=out.queue.arrival_counts(blocks),
-            **extra,
         )
-        capture.name_slots(a=("A", "a_off"), b=("B", "b_off"), out=("C", "c_off"), bias=("bias", "bias_off"),
-                           res=("residual", "res_off"), work=("work",))
-        return work
+    else:  # C is slice z of the workspace; no epilogue
+        tail = dict(
+            C=work.buffer, c_off=i64(work.offset), c_rs=i64(p.n),
+            bias=work.buffer, bias_off=i64(0), bias_stride=i64(0),
+            residual=work.buffer, res_off=i64(0), res_rs=i64(0), res_cs=i64(0),
+            alpha=acc_dt.type(1.0), bs_cr=_long4(0, p.m * p.n, 0, 0),
+        )
     kernel(
         p.out.queue, (*grid, splits), local,
         M=np.int32(p.m), N=np.int32(p.n), K=np.int32(chunk),
         A=a.buffer, a_off=i64(a.offset), a_rs=i64(a_rs), a_ks=i64(a_ks),
         B=b.buffer, b_off=i64(b.offset), b_ks=i64(b_ks), b_ns=i64(b_ns),
-        C=work.buffer, c_off=i64(work.offset), c_rs=i64(p.n),
-        bias=work.buffer, bias_off=i64(0), bias_stride=i64(0),
-        residual=work.buffer, res_off=i64(0), res_rs=i64(0), res_cs=i64(0),
-        alpha=acc_dt.type(1.0), nb_inner=np.int32(splits),
-        bs_ab=_long4(0, chunk * a_ks, 0, chunk * b_ks), bs_cr=_long4(0, p.m * p.n, 0, 0),
-        **extra,
+        nb_inner=np.int32(splits), bs_ab=_long4(0, chunk * a_ks, 0, chunk * b_ks),
+        **tail, **extra,
     )
+    if in_kernel:
+        capture.name_slots(a=("A", "a_off"), b=("B", "b_off"), out=("C", "c_off"), bias=("bias", "bias_off"),
+                           res=("residual", "res_off"), work=("work",))
+        return work
     capture.name_slots(a=("A", "a_off"), b=("B", "b_off"), work=[("C", "c_off"), ("bias",), ("residual",)])
     reduce_splits(p, work, splits, mask_residual="MASK_RESIDUAL" in defines)
     return work
