@@ -171,7 +171,7 @@ def test_linear_glu_against_numpy(queue, rng, dtype, int8, m):
         got = linear_glu(xs, *args)
     assert_close(got, want, dtype)
     assert got.shape == (m, h)
-    if m <= api.GEMV_MAX_ROWS:
+    if m <= (api.GEMV_MAX_ROWS if int8 else api.gemv_max_rows(queue.device, dtype)):  # int8: the gemv's rows
         assert launches.count == 1
 
 
@@ -344,7 +344,7 @@ def test_rms_norm_linear_against_numpy(queue, rng, m, n, k, dtype, params):
         assert rec.launches == 1  # the norm is in the gemv's prologue
         assert_close(got, want, dtype)
     if params is None:  # the op: the prologue where the device's tile asks for it (GEMV_NORM), else two
-        fused = gemv_rms_fits(queue.device, dtype, m, n, k)
+        fused = m <= api.gemv_max_rows(queue.device, dtype) and gemv_rms_fits(queue.device, dtype, m, n, k)
         with count_launches() as launches:
             got = rms_norm_linear(xs, nws, 1e-5, ws, bs)
         assert_close(got, want, dtype)
@@ -379,7 +379,8 @@ def test_rms_norm_linear_glu_and_int8(queue, rng, dtype, int8, m):
     with count_launches() as launches:
         got = rms_norm_linear(xs, nws, 1e-6, *args, glu=True)
     assert_close(got, z[:, :h] / (1 + np.exp(-z[:, :h])) * z[:, h:], dtype)
-    fused = m <= api.GEMV_MAX_ROWS and gemv_rms_fits(queue.device, dtype, m, h, k, glu=True)
+    limit = api.GEMV_MAX_ROWS if int8 else api.gemv_max_rows(queue.device, dtype)  # int8: the gemv's rows
+    fused = m <= limit and gemv_rms_fits(queue.device, dtype, m, h, k, glu=True)
     assert (launches.count == 1) == fused
     with count_launches() as launches:  # the plain product (int8: linear_int8's form)
         got = rms_norm_linear(xs, nws, 1e-6, *args)
