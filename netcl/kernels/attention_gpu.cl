@@ -802,11 +802,12 @@ __kernel void attention_dq_sum_gpu(__global const float *dq_acc, __global float 
 //   float4) pairs, a group taking every KG-th key of the tile). With nsplit == 1 it writes out and lse;
 //   else the split's output (unnormalised, at its own running max), running max and sum go to part_o
 //   (rows, nsplit, 4 * DQ4) and part_ml (rows, nsplit, 2) (PART_STORE), and the last split of the (kv head,
-//   batch) to finish (nc_last_arrival on arrivals[b * HKV + hk]) merges the nsplit parts of its rows in the
-//   order s = 0..nsplit-1, whichever finished last: out = sum_s o_s exp(m_s - M) / sum_s l_s exp(m_s - M),
+//   batch) to finish (nc_group_last_arrival on arrivals[b * HKV + hk]) merges the parts of its rows in the
+//   order s = 0..nsplit-1 (the splits that held keys), whichever finished last: out = sum_s o_s exp(m_s - M) /
+//   sum_s l_s exp(m_s - M),
 //   lse = M + log(...), M = max_s m_s. One launch, no combine kernel. Float accumulators only when split
-//   (the parts move through PART_STORE / PART_LOAD of common.cl: 32-bit atomics, or volatile accesses on
-//   NVIDIA; netcl.ops.attention keeps float64 in one split).
+//   (the parts move through PART_STORE / PART_LOAD of common.cl: 32-bit atomics, or plain accesses fenced
+//   on NVIDIA; netcl.ops.attention keeps float64 in one split).
 //   Local memory: (DR + DK) * DRS4 * 4 + 2 * DR * DK + 4 * DR + 4 * KG * DPAIRS values.
 //   With ROPE_CACHE (netcl.ops.rope_cache_decode_attention: the rotary embedding and the cache write of the new
 //   rows in this launch, instead of rope_qkv_cache before it): q is the stacked q/k/v projection's heads
@@ -1052,23 +1053,23 @@ __kernel void attention_decode_gpu(KV_ARGS(q), DECODE_KV_ARGS(k), DECODE_KV_ARGS
 #ifndef USE_FP64
     if (nsplit == 1) return;
 
-    // the last split of this (kv head, batch) to get here merges every split's parts of its rows
+    // the last split of this (kv head, batch) to get here merges the parts of its rows from the splits that
+    // held keys (those past the last valid key, [live, nsplit), had none: l = 0, the merge skips them anyway;
+    // a recorded decode step keeps the cache's capacity of splits while the valid keys grow)
     __local int last;
-    barrier(CLK_GLOBAL_MEM_FENCE);          // every item's parts are written
-    if (tid == 0) last = nc_last_arrival(arrivals + (long)b * get_global_size(1) + hk, nsplit);
-    barrier(CLK_LOCAL_MEM_FENCE);
-    if (!last) return;
+    if (!nc_group_last_arrival(arrivals + (long)b * get_global_size(1) + hk, nsplit, &last)) return;
+    const int live = min(nsplit, (jend + chunk - 1) / chunk);
     for (int slot = tid; slot < DPAIRS; slot += DNT) {
         const int r = slot / DQ4, c4 = slot - r * DQ4;
         const int h = hk * GROUP + r / SQ, i = r % SQ;
         const long row = ((long)b * HQ + h) * SQ + i;
         const __global ACC *ml = part_ml + 2 * row * nsplit;
         ACC M = -INFINITY;
-        for (int s = 0; s < nsplit; ++s)
+        for (int s = 0; s < live; ++s)
             if (PART_LOAD(ml, 2 * s + 1) > (ACC)0) M = fmax(M, PART_LOAD(ml, 2 * s));
         ACC total = (ACC)0;
         ACC4 acc = (ACC4)0;
-        for (int s = 0; s < nsplit; ++s) {
+        for (int s = 0; s < live; ++s) {
             const ACC ls = PART_LOAD(ml, 2 * s + 1);
             if (!(ls > (ACC)0)) continue;
             const ACC w = exp(PART_LOAD(ml, 2 * s) - M);

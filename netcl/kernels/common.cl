@@ -47,17 +47,19 @@
 #define STORE_T(p, i, v) ((p)[i] = (T)(v))
 #endif
 /* Work-groups that merge their partial results without another launch (the threadfence-reduction pattern):
- * each writes its partials through PART_STORE, then asks nc_last_arrival(count, n), which is true for the
- * last of the n work-groups sharing count: the others' partials are then complete and read through
- * PART_LOAD. count is a zeroed int that the last one resets for the next launch, so one buffer per queue
- * serves every launch and recorded replay (Queue.arrival_counts). The partials (floats) move through
- * 32-bit atomics, read from the device-wide coherent level and not a data race (Oclgrind checks); on
- * NVIDIA through volatile accesses (L2, past the SM's L1, after the fences), as CUDA's threadfence
- * reduction: its atomic loads are issued one after another (the split decode attention's merge of 63
- * splits took 76 us more through them on the H200, bench/NOTES.md seventh session). */
+ * each writes its partials through PART_STORE, then asks nc_last_arrival(count, n) (one work-item that wrote
+ * every partial itself) or nc_group_last_arrival(count, n, flag) (every work-item of the group wrote some),
+ * which is true for the last of the n work-groups sharing count: the others' partials are then complete and
+ * read through PART_LOAD. count is a zeroed int that the last one resets for the next launch, so one buffer
+ * per queue serves every launch and recorded replay (Queue.arrival_counts). Elsewhere the partials (floats)
+ * move through 32-bit atomics, read from the device-wide coherent level and not a data race (Oclgrind
+ * checks); on NVIDIA through plain stores and loads, ordered by the arrival's fences on both sides (CUDA's
+ * threadfence reduction): volatile accesses and atomics are issued one after another (a 512 x 512 x 16384
+ * bfloat16 split-K GEMM 2.6-6.5x slower than a separate reduction launch; the split decode attention's merge
+ * of 63 splits 76 us more through atomics; bench/NOTES.md, seventh and tenth sessions). */
 #ifdef NC_NVIDIA
-#define PART_STORE(p, i, v) (((volatile __global float *)(p))[i] = (float)(v))
-#define PART_LOAD(p, i) (((volatile __global const float *)(p))[i])
+#define PART_STORE(p, i, v) (((__global float *)(p))[i] = (float)(v))
+#define PART_LOAD(p, i) (((__global const float *)(p))[i])
 #else
 #define PART_STORE(p, i, v) atomic_xchg((volatile __global float *)(p) + (i), (float)(v))
 #define PART_LOAD(p, i) as_float(atomic_or((volatile __global uint *)(p) + (i), 0u))
@@ -69,6 +71,22 @@ inline int nc_last_arrival(__global int *count, const int n)
     if (atomic_inc(count) != n - 1) return 0;
     mem_fence(CLK_GLOBAL_MEM_FENCE);
     atomic_xchg(count, 0);
+    return 1;
+}
+
+/* nc_last_arrival for a work-group whose work-items each stored partials: every work-item's stores fenced
+ * device-wide, the first work-item arrives, and (uniform over the group) true for the last group, whose
+ * work-items fence again before their PART_LOADs. flag: an int in local memory (declared at the kernel's
+ * outermost scope). Every work-item must call it. */
+inline int nc_group_last_arrival(__global int *count, const int n, __local int *flag)
+{
+    mem_fence(CLK_GLOBAL_MEM_FENCE);        // this work-item's partials are visible device-wide ...
+    barrier(CLK_GLOBAL_MEM_FENCE);          // ... and every work-item's
+    if (get_local_id(0) == 0 && get_local_id(1) == 0 && get_local_id(2) == 0)
+        *flag = nc_last_arrival(count, n);
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (!*flag) return 0;
+    mem_fence(CLK_GLOBAL_MEM_FENCE);        // the last one's loads see the other work-groups' partials
     return 1;
 }
 #endif

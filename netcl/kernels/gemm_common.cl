@@ -129,36 +129,13 @@ inline ACC_T gemm_epilogue(ACC_T acc, const int m, const int n, const ACC_T alph
 #define GEMM_SPLIT_ARGS , __global float *work, __global int *arrivals
 // at the kernel's outermost scope: whether this work-group is its block's last (local memory)
 #define GEMM_SPLIT_LOCAL __local int split_last_
-// The slices move as plain stores and loads on NVIDIA, fenced device-wide by every work-item on both sides
-// (CUDA's threadfence reduction): common.cl's volatile PART_STORE / PART_LOAD, and ld.global.cg through
-// inline asm, are issued one after another, and made a 512 x 512 x 16384 bfloat16 split 2.6-6.5x slower on
-// the H200 than the separate reduction (110-285 against 43 us). Elsewhere 32-bit atomics, which Oclgrind
-// sees are not a data race.
-#ifdef NC_NVIDIA
-#define SPLIT_STORE(p, i, v) ((p)[i] = (v))
-#define SPLIT_LOAD(p, i) ((p)[i])
-#else
-#define SPLIT_STORE(p, i, v) PART_STORE(p, i, v)
-#define SPLIT_LOAD(p, i) PART_LOAD(p, i)
-#endif
-// slice z's raw sum at (m, n), before the arrival
-#define SPLIT_PUT(v, m, n) SPLIT_STORE(work, (long)get_group_id(2) * M * N + (long)(m) * N + (n), (v))
+// slice z's raw sum at (m, n), before the arrival (common.cl's PART_STORE: plain on NVIDIA, atomics elsewhere)
+#define SPLIT_PUT(v, m, n) PART_STORE(work, (long)get_group_id(2) * M * N + (long)(m) * N + (n), (v))
 // slice s's raw sum at (m, n), after it
-#define SPLIT_GET(s, m, n) SPLIT_LOAD(work, (long)(s) * M * N + (long)(m) * N + (n))
+#define SPLIT_GET(s, m, n) PART_LOAD(work, (long)(s) * M * N + (long)(m) * N + (n))
 // every work-item's slice written; true (uniform) for the block's last work-group to get here
-#define SPLIT_ARRIVE() gemm_split_arrive(arrivals, &split_last_)
-inline int gemm_split_arrive(__global int *arrivals, __local int *flag)
-{
-    mem_fence(CLK_GLOBAL_MEM_FENCE);        // this work-item's slice values are visible device-wide ...
-    barrier(CLK_GLOBAL_MEM_FENCE);          // ... and every work-item's
-    if (get_local_id(0) == 0 && get_local_id(1) == 0)
-        *flag = nc_last_arrival(arrivals + get_group_id(1) * get_num_groups(0) + get_group_id(0),
-                                get_num_groups(2));
-    barrier(CLK_LOCAL_MEM_FENCE);
-    if (!*flag) return 0;
-    mem_fence(CLK_GLOBAL_MEM_FENCE);        // the last one's loads see the other work-groups' slices
-    return 1;
-}
+#define SPLIT_ARRIVE() nc_group_last_arrival(arrivals + get_group_id(1) * get_num_groups(0) + get_group_id(0), \
+                                             get_num_groups(2), &split_last_)
 #else
 #define GEMM_SPLIT_ARGS
 #define GEMM_SPLIT_LOCAL
