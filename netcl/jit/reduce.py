@@ -61,16 +61,25 @@ class ReduceKnobs:
 _knobs: ReduceKnobs | None = None
 
 
-def row_group_size(local: int, lanes: int, length: int) -> int:
+def row_group_size(local: int, lanes: int, length: int, loads: int = 2, least: int = 64) -> int:
     """The work-group of a kernel that gives a row of `length` elements to `local` work-items of `lanes`
-    elements each: halved (down to 64) while each work-item still makes two loads of the row, so that no
-    part of the group idles and each work-item has a second load in flight (a 1024-wide half row on 256
+    elements each: halved (down to `least`) while each work-item still makes `loads` loads of the row, so that
+    no part of the group idles and each work-item has more loads in flight (a 1024-wide half row on 256
     work-items of 8 took float32's time; 64 of 8 runs it at twice float32's elements a second, and float32's
     1024-wide rows on 128 of 4 are 20-35% faster in the norms than on 256: bench/NOTES.md, ninth session).
-    The reductions here and norm.cl's row kernels (netcl.ops.norm) size their groups by it."""
-    while local > 64 and local * lanes >= length:
+    norm.cl's row kernels (netcl.ops.norm) size their groups by it with two loads; the reductions here with
+    four, down to one warp (ROW_LOADS, ROW_LEAST)."""
+    while local > least and local * lanes * loads >= 2 * length:
         local //= 2
     return local
+
+
+# the reductions' row work-groups: halved while each work-item makes four loads, down to 32 work-items (H200,
+# rows of 1024, graph-replayed, against two loads and 64: half softmax 5-7% faster at 2^24 and 2^26 (float16
+# 2^26 1.80x float32's elements a second, was 1.66x), float32 row sum 4-5%, the rest within 2%; one load a
+# work-item 5-35% slower; bench/NOTES.md, eleventh session)
+ROW_LOADS = 4
+ROW_LEAST = 32
 
 
 def knobs() -> ReduceKnobs:
@@ -662,7 +671,7 @@ def _plan(
         if order == "row":
             # the work-group halved while each work-item still makes two loads of a row (H200, float32 rows of
             # 1024 and 512: sum, max, softmax 1.3-1.6x and 2-2.8x faster than on 256; rows of 4096 keep 256)
-            L = row_group_size(L, W, R)
+            L = row_group_size(L, W, R, ROW_LOADS, ROW_LEAST)
     else:
         L, W, order = 1, (8 if vec_ok and R >= 16 else 1), "row"
     # parts: enough parallel work, and a bounded serial chunk

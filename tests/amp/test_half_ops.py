@@ -236,14 +236,19 @@ def test_batch_norm_half_matches_float32(queue, rng, dt, layout, monkeypatch):
 
 
 def test_row_norm_work_group_halves_while_each_work_item_loads_twice():
-    """The row kernels' work-group rule (shared by norm.cl's vector kernels and the reductions): a 1024-wide
-    half row on 8 lanes a work-item takes 64 (two loads each; 256 would leave half of them idle), float32's 4
-    lanes 128, rows of two loads a work-item or more keep the group, and 64 is the floor."""
+    """The row kernels' work-group rule (norm.cl's vector kernels; the reductions with four loads): a
+    1024-wide half row on 8 lanes a work-item takes 64 (two loads each; 256 would leave half of them idle),
+    float32's 4 lanes 128, rows of two loads a work-item or more keep the group, and 64 is the floor."""
     assert row_group_size(256, 8, 1024) == 64
     assert row_group_size(256, 4, 1024) == 128
     assert row_group_size(256, 8, 512) == 64 == row_group_size(256, 8, 40)
     assert row_group_size(256, 8, 4096) == 256 == row_group_size(256, 4, 2048)
     assert row_group_size(256, 4, 1023) == 128 and row_group_size(256, 4, 1025) == 256
+    # the reductions' rule (ROW_LOADS 4, ROW_LEAST 32): four loads a work-item, down to one warp
+    four = dict(loads=4, least=32)
+    assert row_group_size(256, 8, 1024, **four) == 32 and row_group_size(256, 4, 1024, **four) == 64
+    assert row_group_size(256, 8, 40, **four) == 32 and row_group_size(256, 4, 4096, **four) == 256
+    assert row_group_size(256, 4, 2047, **four) == 128 and row_group_size(256, 4, 2049, **four) == 256
 
 
 @GPU_SHAPED

@@ -118,8 +118,8 @@ def test_softmax_log_softmax(queue, rng, layout):
 def test_half_rows_on_the_gpu_layout_load_16_bytes_where_aligned(queue, rng, monkeypatch, dt):
     """Half rows on the GPU's work-group tree: 8 lanes a load (16 bytes) where every operand is aligned to 8
     elements, 4 where one is not (a view one element in, rows of 1003: a partial vector); the work-group
-    halved while each work-item still makes two loads of a row (256 would leave half of them idle): 64
-    work-items of 8 lanes for a row of 1000, 128 of 4."""
+    halved while each work-item still makes four loads of a row (jreduce.ROW_LOADS; 256 would leave half of
+    them idle), down to one warp: 32 work-items of 8 lanes for a row of 1000, 64 of 4."""
     monkeypatch.setattr(jreduce, "FORCE_KIND", "gpu")
     lanes, groups = [], []
 
@@ -144,7 +144,7 @@ def test_half_rows_on_the_gpu_layout_load_16_bytes_where_aligned(queue, rng, mon
         seen.add(aligned)
         assert set(lanes) == {2 * jreduce.knobs().vec if aligned else jreduce.knobs().vec}, lanes
         if jreduce.knobs().vec == 4:   # the default width
-            assert set(groups) == {64 if aligned else 128}, groups
+            assert set(groups) == {32 if aligned else 64}, groups
         lanes.clear()
         groups.clear()
     assert seen == {True, False}
