@@ -80,6 +80,12 @@ def row_group_size(local: int, lanes: int, length: int, loads: int = 2, least: i
 # work-item 5-35% slower; bench/NOTES.md, eleventh session)
 ROW_LOADS = 4
 ROW_LEAST = 32
+# Several rows a work-group (G, a power of two, while a group's rows read fewer bytes than this and it has at
+# most 256 work-items): at most 32 work-groups are resident on an H200 SM, so a half row sum of rows of 1024
+# (2 KB a group) is bound by the groups' count and lifetime, not by the bytes (1.38-1.45x float32's elements a
+# second under every work-group size tried; bench/NOTES.md, eleventh session). 0: one row a group. Not yet
+# measured on a GPU, so off; `.gpu`-style A/B: the half row sum and softmax at 2^24 and 2^26 with 4096.
+ROW_GROUP_BYTES = 0
 
 
 def knobs() -> ReduceKnobs:
@@ -225,7 +231,7 @@ def _rkind(r_strides: list[int], r_shape: list[int]) -> str:
 
 def source(key: tuple) -> str:
     (mode, reducer, (desc, out_pos), leaf_dts, leaf_rkinds, knd, rnd, L, W, order, acc_str, out_str,
-     stage2, topk_k, idx_t, mean, out_rkind, aligned, unroll, kreg) = key
+     stage2, topk_k, idx_t, mean, out_rkind, aligned, unroll, kreg, G) = key
     load_v = codegen.load_vector_aligned if aligned else codegen.load_vector
     acc = dtypes.from_token(acc_str)
     out_dt = dtypes.from_token(out_str)
@@ -266,14 +272,21 @@ def source(key: tuple) -> str:
     ]
     ps += [f"const {idx_t} kd{d}" for d in range(knd)] + [f"const {idx_t} rd{d}" for d in range(rnd)]
     b: list[str] = []
-    if kreg:
-        b.append(f"__local {act} shr[{L}];")
-    if L > 1:
+    if G > 1:  # G rows a work-group: rows (g) of L work-items each at tb = (local id / L) * L; a row past the
+        # last (the last group's) computes the last row again and stores nothing (`live`), so every work-item
+        # reaches the barriers
+        b.append(f"const {idx_t} tb = (get_local_id(0) / {L}) * {L};")
+        b.append(f"const {idx_t} lid = get_local_id(0) % {L};")
+        b.append(f"const {idx_t} g_ = get_group_id(0) * {G} + get_local_id(0) / {L};")
+        b.append(f"const int live = g_ < M * P; const {idx_t} g = live ? g_ : M * P - 1;")
+    elif L > 1:
         b.append(f"const {idx_t} g = get_group_id(0); const {idx_t} lid = get_local_id(0);")
     else:
         b.append(f"const {idx_t} g = get_global_id(0); const {idx_t} lid = 0;")
-    if not kreg:  # (the register softmax launches exactly M groups; PoCL corrupted its heap with this
-        b.append("if (g >= M * P) return;")  # early return ahead of the barriers)
+    if kreg:
+        b += local_array(act, "shr", L, G)
+    if not kreg and G == 1:  # (the register softmax launches exactly M groups; PoCL corrupted its heap with
+        b.append("if (g >= M * P) return;")  # this early return ahead of the barriers)
     if order == "col":
         b.append(f"const {idx_t} o = g % M; const {idx_t} part = g / M;")
     else:
@@ -384,7 +397,7 @@ def source(key: tuple) -> str:
     def local_tree(prefix: str) -> list[str]:
         if L == 1:
             return []
-        lines = [f"__local {ftype[k]} sh_{n}[{L}];" for n, k in fields]
+        lines = [x for n, k in fields for x in local_array(ftype[k], f"sh_{n}", L, G)]
         lines += [f"sh_{n}[lid] = {prefix}{n};" for n, _ in fields]
         lines.append("barrier(CLK_LOCAL_MEM_FENCE);")
         lines.append(f"for (int s = {L // 2}; s > 0; s >>= 1) {{")
@@ -404,7 +417,7 @@ def source(key: tuple) -> str:
         b += declare_state("st_")
         b += fold_main("st_")
         b += local_tree("st_")
-        b.append("if (lid == 0) {")
+        b.append("if (lid == 0 && live) {" if G > 1 else "if (lid == 0) {")
         b.append("  if (P > 1) {")
         b += [f"    part_{n}[o * P + part] = st_{n};" for n, _ in fields]
         b.append("  } else {")
@@ -414,12 +427,13 @@ def source(key: tuple) -> str:
         b.append("}")
     elif mode in ("softmax", "log_softmax") and kreg:
         b += _softmax_registers(mode, desc, out_pos, leaf_dts, leaf_rkinds, L, W, kreg, act, out_dt, idx_t,
-                                load_v, aligned, leaf_value_at)
+                                load_v, aligned, leaf_value_at, G)
     elif mode in ("softmax", "log_softmax"):
         b += declare_state("st_")
         b += fold_main("st_")
         b += local_tree("st_")
-        b.append(f"for ({idx_t} r = start + lid; r < end; r += {L}) {{")
+        b.append(f"for ({idx_t} r = start + lid; r < (live ? end : start); r += {L}) {{" if G > 1 else
+                 f"for ({idx_t} r = start + lid; r < end; r += {L}) {{")
         vl, var = value_lines("r")
         b += ["  " + x for x in vl]
         oc = ("obase + r * out_r0" if out_rkind != "g"
@@ -472,7 +486,7 @@ def source(key: tuple) -> str:
 
 
 def _softmax_registers(mode, desc, out_pos, leaf_dts, leaf_rkinds, L, W, K, act, out_dt, idx_t, load_v,
-                       aligned, leaf_value_at) -> list[str]:
+                       aligned, leaf_value_at, G=1) -> list[str]:
     """Row held in registers: work-item `lid` keeps vectors k * L + lid (k < K) of W elements; max
     and sum of exp through two local-memory trees; one read and one write of the row."""
     oct_ = ir.COMPUTE_TYPE[out_dt]
@@ -530,6 +544,8 @@ def _softmax_registers(mode, desc, out_pos, leaf_dts, leaf_rkinds, L, W, K, act,
         b.append(f"const {act} lsum = log(sm);")
         val = "((x{k}_{j} - mx) - lsum)"
     store_v = codegen.store_vector_aligned if aligned else codegen.store_vector
+    if G > 1:
+        b.append("if (live) {")   # a repeated last row (several rows a work-group) stores nothing
     for k in range(K):
         vals = ", ".join(f"(({oct_}){val.format(k=k, j=j)})" for j in range(W))
         b.append(f"if (r{k} + {W} <= R) {{")
@@ -541,7 +557,17 @@ def _softmax_registers(mode, desc, out_pos, leaf_dts, leaf_rkinds, L, W, K, act,
             b.append(f"  if (r{k} + {j} < R) " + codegen.store_scalar(
                 out_dt, "out", f"obase + r{k} + {j}", f"(({oct_}){val.format(k=k, j=j)})"))
         b.append("}")
+    if G > 1:
+        b.append("}")
     return b
+
+
+def local_array(ctype: str, name: str, L: int, G: int) -> list[str]:
+    """A work-group tree's local array of L values a row: with G rows a work-group, `name` points at this
+    row's L (offset tb), so the tree's indices are the one-row kernel's."""
+    if G == 1:
+        return [f"__local {ctype} {name}[{L}];"]
+    return [f"__local {ctype} {name}_all[{L * G}];", f"__local {ctype} *{name} = {name}_all + tb;"]
 
 
 def _aligned_at(w: int, leaves: list[Tensor], k_sets: list, leaf_rk: tuple, out: tuple | None) -> bool:
@@ -712,6 +738,12 @@ def _plan(
         kreg = -(-R // (L * W))
         aligned = aligned and out.offset % W == 0 and all(x % W == 0 for x in k_sets[-1])
     unroll = knob.unroll if gpu and L > 1 else 1
+    G = 1  # rows a work-group (ROW_GROUP_BYTES)
+    if ROW_GROUP_BYTES and gpu and order == "row" and L > 1 and mode in ("reduce", "softmax", "log_softmax"):
+        row_bytes = chunk * max((t.dtype.itemsize for t in leaves), default=4)
+        most = min(256, caps.max_work_group_size)
+        while G * row_bytes < ROW_GROUP_BYTES and 2 * G * L <= most and G < M * P:
+            G *= 2
     key = (
         mode,
         reducer,
@@ -733,6 +765,7 @@ def _plan(
         aligned,
         unroll,
         kreg,
+        G,
     )
     kernel = _kernel(device, key)
     part_dts = [ir.I64 if kind == "long" else acc for _, kind in fields]
@@ -744,8 +777,8 @@ def _plan(
     leaf_static = [[it(t.offset)] + [it(s) for s in ks] + [it(s) for s in rs]
                    for t, ks, rs in zip(leaves, k_sets, r_sets)]
     tail = [it(M), it(R), it(P), it(chunk), it(R)] + [it(s) for s in k_shape] + [it(s) for s in r_shape]
-    groups = M * P
-    gsize, lsize = ((groups * L,), (L,)) if L > 1 else ((groups,), None)
+    groups = -(-M * P // G)
+    gsize, lsize = ((groups * L * G,), (L * G,)) if L > 1 else ((groups,), None)
     return kernel, P, part_dts, M, R, head, leaf_static, tail, gsize, lsize, acc, [None]
 
 
@@ -777,6 +810,7 @@ def _stage2(queue: Any, reducer: str, acc: np.dtype, parts: list[Tensor], out: T
         False,
         1,
         0,
+        1,
     )
     k = kernels.generated(device, key, lambda: source(key), f"jit_reduce2_{reducer}").kernel("red")
     args: list[Any] = [out.buffer]

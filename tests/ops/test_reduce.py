@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from netcl import ops
-from netcl.core import dtypes
+from netcl.core import capture, dtypes
 from netcl.core.tensor import Tensor
 from netcl.errors import ShapeError
 from netcl.jit import reduce as jreduce
@@ -148,6 +148,44 @@ def test_half_rows_on_the_gpu_layout_load_16_bytes_where_aligned(queue, rng, mon
         lanes.clear()
         groups.clear()
     assert seen == {True, False}
+
+
+@pytest.mark.gpu_shaped
+def test_several_rows_a_work_group_give_one_rows_bits(queue, rng, monkeypatch):
+    """ROW_GROUP_BYTES: G rows a work-group of G x L work-items (each row its own tree in its slice of the
+    local arrays; the last group's rows past M repeat the last row and store nothing) give the bits of one
+    row a group, for every row-shaped reduction and both softmax forms (registers and two-pass), M not a
+    multiple of G."""
+    monkeypatch.setattr(jreduce, "FORCE_KIND", "gpu")
+    seen: list[tuple[int, int]] = []
+
+    def kernel(device, key, real=jreduce._kernel):
+        seen.append((key[7], key[20]))  # (L, G)
+        return real(device, key)
+
+    monkeypatch.setattr(jreduce, "_kernel", kernel)
+    # rows along the last axis (16-byte loads; the softmax in registers), and along the first of a (100, 6)
+    # tensor (scalar loads of strided rows: the two-pass softmax)
+    every = ("sum", "argmax", "logsumexp", "softmax", "log_softmax")  # one, two and the lse state; both forms
+    cases = [((7, 300), np.float32, 1, every), ((5, 1000), np.float16, 1, every),
+             ((100, 6), np.float32, 0, ("softmax", "log_softmax"))]
+    for shape, dt, ax, names in cases:
+        x = Tensor.from_host(queue, (rng.standard_normal(shape) * 3).astype(dt))
+        for name in names:
+            def fn(name=name, x=x, ax=ax):
+                return getattr(ops, name)(x, ax)
+
+            monkeypatch.setattr(jreduce, "ROW_GROUP_BYTES", 0)
+            capture.plans.invalidate()  # a plan keeps its group's rows
+            one = fn().to_host()
+            monkeypatch.setattr(jreduce, "ROW_GROUP_BYTES", 1 << 20)
+            capture.plans.invalidate()
+            seen.clear()
+            several = fn().to_host()
+            assert any(g > 1 for _, g in seen), (name, shape, seen)
+            np.testing.assert_array_equal(several.view(np.uint8), one.view(np.uint8), err_msg=name)
+        d = x.to_host().astype(np.float64)
+        assert_close(ops.sum(x, axis=ax), d.sum(ax), dt)
 
 
 def test_cumsum_topk(queue, rng, layout):
