@@ -34,15 +34,24 @@ __kernel void k25(int m, int n, int k, __global float *a, long ao, long ars, lon
 """
 
 
-def per_call(fn, n: int) -> float:
+def per_call(fn, n: int, q) -> float:
+    """Median host seconds of one call of fn over 5 samples of n calls, each sample behind a gate (as the
+    eager steps below): the kernels it enqueues run after the sample, not beside it (on PoCL they took the
+    other core from the enqueueing thread: a Plan's launch read 15.9 us ungated, 3.8-7.0 gated, against the
+    raw enqueue's 1.7-3.4; bench/NOTES.md, eleventh session)."""
     for _ in range(50):
         fn()
+    q.finish()
     samples = []
     for _ in range(5):
+        gate = cl.UserEvent(q.context)
+        cl.enqueue_marker(q.cl, wait_for=[gate])
         t0 = time.perf_counter()
         for _ in range(n):
             fn()
         samples.append((time.perf_counter() - t0) / n)
+        gate.set_status(cl.command_execution_status.COMPLETE)
+        q.finish()
     return statistics.median(samples)
 
 
@@ -128,7 +137,7 @@ def main() -> int:
     rows = []
 
     def bench(label, fn):
-        t = per_call(fn, args.n)
+        t = per_call(fn, args.n, q)
         q.finish()
         rows.append((label, t))
 
