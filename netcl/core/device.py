@@ -154,6 +154,13 @@ class DeviceHandle:
         return "oclgrind" in self.platform_name.lower()
 
     @property
+    def is_pocl_3_0(self) -> bool:
+        """PyPI's PoCL 3.0 (LLVM 14) on a CPU, whose compiler is known to get some of the GPUs' kernels wrong
+        (the gemv's RMSNorm prologue on half rows: variants.gemv_rms_miscompiled) or to abort on them."""
+        return self.kind == "cpu" and self.capabilities.driver_version.startswith("3.0") and \
+            "Portable" in str(self.platform_name)
+
+    @property
     def spec(self) -> str:
         return f"{self.index[0]}:{self.index[1]}"
 

@@ -695,8 +695,8 @@ def _plan(
                 _aligned_at(2 * W, leaves, k_sets, leaf_rk, None if mode == "reduce" else (out, k_sets[-1])):
             W *= 2
         if order == "row":
-            # the work-group halved while each work-item still makes two loads of a row (H200, float32 rows of
-            # 1024 and 512: sum, max, softmax 1.3-1.6x and 2-2.8x faster than on 256; rows of 4096 keep 256)
+            # the work-group halved while each work-item still makes ROW_LOADS loads of a row (H200, float32
+            # rows of 1024 and 512: two loads 1.3-2.8x faster than 256 items; four: half softmax 4-7%)
             L = row_group_size(L, W, R, ROW_LOADS, ROW_LEAST)
     else:
         L, W, order = 1, (8 if vec_ok and R >= 16 else 1), "row"

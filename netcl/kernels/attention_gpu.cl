@@ -803,9 +803,8 @@ __kernel void attention_dq_sum_gpu(__global const float *dq_acc, __global float 
 //   else the split's output (unnormalised, at its own running max), running max and sum go to part_o
 //   (rows, nsplit, 4 * DQ4) and part_ml (rows, nsplit, 2) (PART_STORE), and the last split of the (kv head,
 //   batch) to finish (nc_group_last_arrival on arrivals[b * HKV + hk]) merges the parts of its rows in the
-//   order s = 0..nsplit-1 (the splits that held keys), whichever finished last: out = sum_s o_s exp(m_s - M) /
-//   sum_s l_s exp(m_s - M),
-//   lse = M + log(...), M = max_s m_s. One launch, no combine kernel. Float accumulators only when split
+//   order s = 0..nsplit-1 (the splits that held keys), whichever finished last:
+//   out = sum_s o_s exp(m_s - M) / sum_s l_s exp(m_s - M), lse = M + log(...), M = max_s m_s. One launch, no combine kernel. Float accumulators only when split
 //   (the parts move through PART_STORE / PART_LOAD of common.cl: 32-bit atomics, or plain accesses fenced
 //   on NVIDIA; netcl.ops.attention keeps float64 in one split).
 //   Local memory: (DR + DK) * DRS4 * 4 + 2 * DR * DK + 4 * DR + 4 * KG * DPAIRS values.

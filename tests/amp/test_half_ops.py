@@ -152,9 +152,7 @@ def test_row_norm_vec4_kernels_match_the_scalar_ones(queue, rng, dt, monkeypatch
     """Rows of a multiple of 4 on GPUs take the vector kernels (work-groups of 8 here; float16 and bfloat16
     rows of a multiple of 8 read 8 values a work-item, of 36 four): LayerNorm and RMSNorm forward and
     backward against the float32 scalar (CPU-row) kernels."""
-    caps = queue.device.capabilities
-    if dt != np.float32 and caps.kind == "cpu" and caps.driver_version.startswith("3.0") and \
-            "Portable" in str(queue.device.platform_name):
+    if dt != np.float32 and queue.device.is_pocl_3_0:
         pytest.skip("PyPI's PoCL 3.0 aborts the process on the half vector norm kernels at work-groups of 8 "
                     "(the GPUs' layout, emulated); the test matrix runs this on Debian's PoCL 3.1")
     widths = []

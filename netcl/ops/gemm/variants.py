@@ -460,10 +460,7 @@ def gemv_rms_miscompiled(device: Any, dtype: Any) -> bool:
     functions specialised to the local size; Oclgrind runs the same cases right, without races; PoCL 3.1 and
     NVIDIA's driver right too). There the norm stays its own launch (rms_norm_linear) and launch_gemv refuses
     the prologue."""
-    caps = device.capabilities
-    pocl_3_0 = caps.kind == "cpu" and caps.driver_version.startswith("3.0") and "Portable" in str(
-        device.platform_name)
-    return pocl_3_0 and np.dtype(dtype) in (np.dtype(np.float16), np.dtype(dtypes.bfloat16))
+    return device.is_pocl_3_0 and np.dtype(dtype) in (np.dtype(np.float16), np.dtype(dtypes.bfloat16))
 
 
 def _program(device: Any, variant: str, defines: dict[str, Any]):
