@@ -61,31 +61,37 @@ class ReduceKnobs:
 _knobs: ReduceKnobs | None = None
 
 
-def row_group_size(local: int, lanes: int, length: int, loads: int = 2, least: int = 64) -> int:
+# the row kernels' work-groups (the reductions' and norm.cl's): halved while each work-item makes four
+# loads, down to 32 work-items. H200, rows of 1024, graph-replayed, against two loads and 64: half softmax
+# 5-7% faster at 2^24 and 2^26, float32 row sum 4-5%, one load a work-item 5-35% slower (eleventh session);
+# the norms' forward: float32 layer_norm 16-20% faster, rms_norm 4-7%, half layer_norm 7-10%, their backward
+# 1-4% (twelfth session; bench/NOTES.md)
+ROW_LOADS = 4
+ROW_LEAST = 32
+
+
+def row_group_size(local: int, lanes: int, length: int, loads: int = ROW_LOADS,
+                   least: int = ROW_LEAST) -> int:
     """The work-group of a kernel that gives a row of `length` elements to `local` work-items of `lanes`
     elements each: halved (down to `least`) while each work-item still makes `loads` loads of the row, so that
     no part of the group idles and each work-item has more loads in flight (a 1024-wide half row on 256
     work-items of 8 took float32's time; 64 of 8 runs it at twice float32's elements a second, and float32's
     1024-wide rows on 128 of 4 are 20-35% faster in the norms than on 256: bench/NOTES.md, ninth session).
-    norm.cl's row kernels (netcl.ops.norm) size their groups by it with two loads; the reductions here with
-    four, down to one warp (ROW_LOADS, ROW_LEAST)."""
+    The reductions here and norm.cl's row kernels (netcl.ops.norm) size their groups by it, with ROW_LOADS
+    loads a work-item down to ROW_LEAST work-items."""
     while local > least and local * lanes * loads >= 2 * length:
         local //= 2
     return local
 
 
-# the reductions' row work-groups: halved while each work-item makes four loads, down to 32 work-items (H200,
-# rows of 1024, graph-replayed, against two loads and 64: half softmax 5-7% faster at 2^24 and 2^26 (float16
-# 2^26 1.80x float32's elements a second, was 1.66x), float32 row sum 4-5%, the rest within 2%; one load a
-# work-item 5-35% slower; bench/NOTES.md, eleventh session)
-ROW_LOADS = 4
-ROW_LEAST = 32
 # Several rows a work-group (G, a power of two, while a group's rows read fewer bytes than this and it has at
 # most 256 work-items): at most 32 work-groups are resident on an H200 SM, so a half row sum of rows of 1024
-# (2 KB a group) is bound by the groups' count and lifetime, not by the bytes (1.38-1.45x float32's elements a
-# second under every work-group size tried; bench/NOTES.md, eleventh session). 0: one row a group. Not yet
-# measured on a GPU, so off; `.gpu`-style A/B: the half row sum and softmax at 2^24 and 2^26 with 4096.
-ROW_GROUP_BYTES = 0
+# (2 KB a group) one row a group was bound by the groups' count and lifetime, not by the bytes (1.38-1.45x
+# float32's elements a second under every work-group size tried). H200, rows of 1024, graph-replayed, fresh
+# processes, against one row a group: half row sum 2^26 51 -> 39.5 us (1.74x float32's elements a second, was
+# 1.37x), 2^24 16 -> 10.3 us (2.04x); half softmax 3-6% faster; float32 within 1.5%; 4096 a little slower,
+# 16384 the same (bench/NOTES.md, twelfth session). 0: one row a group.
+ROW_GROUP_BYTES = 8192
 
 
 def knobs() -> ReduceKnobs:
@@ -697,7 +703,7 @@ def _plan(
         if order == "row":
             # the work-group halved while each work-item still makes ROW_LOADS loads of a row (H200, float32
             # rows of 1024 and 512: two loads 1.3-2.8x faster than 256 items; four: half softmax 4-7%)
-            L = row_group_size(L, W, R, ROW_LOADS, ROW_LEAST)
+            L = row_group_size(L, W, R)
     else:
         L, W, order = 1, (8 if vec_ok and R >= 16 else 1), "row"
     # parts: enough parallel work, and a bounded serial chunk

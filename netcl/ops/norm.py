@@ -37,8 +37,8 @@ def _local_size(device: Any) -> int:
 
 def _program(device: Any, dt: np.dtype, relu: bool = False, vw: int = 4, local: int | None = None):
     """norm.cl for `dt`; vw: the elements a work-item of the vector kernels reads at once (_vector_width);
-    local: their work-group (the device's halved while each work-item makes two loads of a row:
-    jit.reduce.row_group_size), else the device's."""
+    local: their work-group (the device's halved by jit.reduce.row_group_size, the reductions' rule), else
+    the device's."""
     return kernels.program(
         device, "norm.cl", dtype=dt, act="relu" if relu else None, LOCAL=local or _local_size(device), VW=vw
     )

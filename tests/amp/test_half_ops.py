@@ -12,7 +12,7 @@ import pytest
 from netcl import ops
 from netcl.core.tensor import Tensor
 from netcl.errors import DTypeError
-from netcl.jit.reduce import row_group_size
+from netcl.jit.reduce import ROW_LEAST, ROW_LOADS, row_group_size
 from netcl.ops import attention, norm
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -239,15 +239,19 @@ def test_batch_norm_half_matches_float32(queue, rng, dt, layout, monkeypatch):
 
 
 def test_row_norm_work_group_halves_while_each_work_item_loads_twice():
-    """The row kernels' work-group rule (norm.cl's vector kernels; the reductions with four loads): a
-    1024-wide half row on 8 lanes a work-item takes 64 (two loads each; 256 would leave half of them idle),
-    float32's 4 lanes 128, rows of two loads a work-item or more keep the group, and 64 is the floor."""
-    assert row_group_size(256, 8, 1024) == 64
-    assert row_group_size(256, 4, 1024) == 128
-    assert row_group_size(256, 8, 512) == 64 == row_group_size(256, 8, 40)
-    assert row_group_size(256, 8, 4096) == 256 == row_group_size(256, 4, 2048)
-    assert row_group_size(256, 4, 1023) == 128 and row_group_size(256, 4, 1025) == 256
-    # the reductions' rule (ROW_LOADS 4, ROW_LEAST 32): four loads a work-item, down to one warp
+    """The row kernels' work-group rule (norm.cl's vector kernels and the reductions, four loads a work-item
+    down to one warp; at two loads and 64, as it was: a 1024-wide half row on 8 lanes a work-item takes 64
+    (256 would leave half of them idle), float32's 4 lanes 128, rows of two loads a work-item or more keep
+    the group, and 64 is the floor)."""
+    assert (ROW_LOADS, ROW_LEAST) == (4, 32)
+    assert row_group_size(256, 8, 1024) == 32 == row_group_size(256, 8, 1024, ROW_LOADS, ROW_LEAST)
+    two = dict(loads=2, least=64)
+    assert row_group_size(256, 8, 1024, **two) == 64
+    assert row_group_size(256, 4, 1024, **two) == 128
+    assert row_group_size(256, 8, 512, **two) == 64 == row_group_size(256, 8, 40, **two)
+    assert row_group_size(256, 8, 4096, **two) == 256 == row_group_size(256, 4, 2048, **two)
+    assert row_group_size(256, 4, 1023, **two) == 128 and row_group_size(256, 4, 1025, **two) == 256
+    # four loads a work-item, down to one warp
     four = dict(loads=4, least=32)
     assert row_group_size(256, 8, 1024, **four) == 32 and row_group_size(256, 4, 1024, **four) == 64
     assert row_group_size(256, 8, 40, **four) == 32 and row_group_size(256, 4, 4096, **four) == 256
@@ -257,10 +261,10 @@ def test_row_norm_work_group_halves_while_each_work_item_loads_twice():
 @GPU_SHAPED
 @pytest.mark.parametrize("dt", [F16, BF16])
 def test_row_norms_half_on_a_halved_work_group(queue, rng, dt, monkeypatch):
-    """Rows of 512 half values on the vector kernels with 128 work-items halved to 64 (each one 8-lane chunk
-    of a row, the floor; float32's 4 lanes: 64 of two loads each): forward and backward as float32's within
-    half's rounding. (128, not the GPUs' 256: PoCL's CPU device crashes on these kernels at 256 work-items,
-    with or without halving.)"""
+    """Rows of 512 half values on the vector kernels with 128 work-items halved to 32 (the floor: two 8-lane
+    chunks of a row each; float32's 4 lanes: 32 of four loads each): forward and backward as float32's within
+    half's rounding. (128, not the GPUs' 256:
+    PoCL's CPU device crashes on these kernels at 256 work-items, with or without halving.)"""
     monkeypatch.setattr(norm, "local_size_override", 128)
-    assert row_group_size(128, 8, 512) == 64 == row_group_size(128, 4, 512)
+    assert row_group_size(128, 8, 512) == 32 == row_group_size(128, 4, 512)
     _row_norms_match_float32(queue, rng, dt, (3, 512))
