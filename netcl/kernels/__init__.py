@@ -167,6 +167,11 @@ def _takes_bf16(filename: str) -> bool:
 # device id, digest, options) for other sources. A repeat is one dict lookup.
 _programs: dict[tuple, Program] = {}
 _lock = threading.Lock()
+# Build options added to every program built here, part of each program's key (the cache above). The test
+# suite sets -cl-opt-disable for its GPU-shaped cases on CPU devices (tests/conftest.py): they check the GPU
+# kernels' index arithmetic, which no CPU user runs, and PoCL builds them ~5x faster unoptimized (272 -> 54
+# CPU s for those of tests/ops/test_{gemm_mma,attention}.py from cold caches).
+EXTRA_OPTIONS: tuple[str, ...] = ()
 
 
 def _cached(key: tuple, make: Callable[[], Program]) -> Program:
@@ -188,6 +193,8 @@ def program(device: Any, filename: str, *, dtype: Any = None, act: str | None = 
 
     Ops call this on every launch: a repeat is one dict lookup on the arguments as given (no option
     formatting; ~0.2 ms a call once went to re-reading and hashing sources here)."""
+    if EXTRA_OPTIONS:
+        options = options + EXTRA_OPTIONS
     fast = ("args", id(device), filename, dtype, act, options, ptx_target, tuple(sorted(defines.items())))
     prg = _programs.get(fast)
     if prg is not None:
@@ -212,7 +219,7 @@ def generated(device: Any, key: Any, make_source: Callable[[], str], name: str,
               options: tuple[str, ...] = (), **defines: Any) -> Program:
     """A program of generated source (the JIT's kernels), cached under `key`, which must determine the
     source: `make_source()` runs only when `key` is new."""
-    opts = format_options(defines, options)
+    opts = format_options(defines, options + EXTRA_OPTIONS)
     return _cached(
         ("gen", id(device), key, opts), lambda: build_program(device, make_source(), opts, name=name)
     )
@@ -222,7 +229,7 @@ def build(
     device: Any, text: str, name: str = "<source>", options: tuple[str, ...] = (), **defines: Any
 ) -> Program:
     """A program of any OpenCL C `text` (cached by its hash)."""
-    opts = format_options(defines, options)
+    opts = format_options(defines, options + EXTRA_OPTIONS)
     digest = hashlib.sha256(text.encode()).hexdigest()
     return _cached(("src", id(device), digest, opts), lambda: build_program(device, text, opts, name=name))
 
