@@ -86,6 +86,19 @@ inline uint nc_f2bf2u(const float2 v) {
     return r;
 }
 #define NC_BF16_CVT 1
+/* bfloat16 N-wide 16-byte-aligned loads and stores through 32-bit words (nc_ldbfN, nc_stbfN; norm.cl): two
+   lanes a word (NVIDIA is little-endian: the lower address in the low half), the stores' pairs rounded by
+   one instruction; the same bits as the lane-by-lane forms */
+inline float2 nc_bf2f2u(const uint u) { return (float2)(as_float(u << 16), as_float(u & 0xffff0000u)); }
+inline float4 nc_ldbf4(__global const ushort *p) {
+    const uint2 u = *(__global const uint2 *)p; return (float4)(nc_bf2f2u(u.x), nc_bf2f2u(u.y)); }
+inline float8 nc_ldbf8(__global const ushort *p) {
+    const uint4 u = *(__global const uint4 *)p;
+    return (float8)(nc_bf2f2u(u.x), nc_bf2f2u(u.y), nc_bf2f2u(u.z), nc_bf2f2u(u.w)); }
+inline void nc_stbf4(const float4 v, __global ushort *p) {
+    *(__global uint2 *)p = (uint2)(nc_f2bf2u(v.s01), nc_f2bf2u(v.s23)); }
+inline void nc_stbf8(const float8 v, __global ushort *p) {
+    *(__global uint4 *)p = (uint4)(nc_f2bf2u(v.s01), nc_f2bf2u(v.s23), nc_f2bf2u(v.s45), nc_f2bf2u(v.s67)); }
 #else
 inline ushort nc_f2bf(const float f) {
     const uint u = as_uint(f);

@@ -146,8 +146,8 @@ __kernel void row_norm_backward(__global const T *gy, const long gy_off, __globa
 // LayerNorm / RMSNorm rows on GPUs with VW elements a work-item (row_norm_forward_vec4,
 // row_norm_backward_vec4: PG = PDIV = 1, L % VW == 0, rows and parameters on VW-element boundaries; not
 // float64): one 16-byte access per work-item and pass instead of VW scalar ones: float4 (VW 4), and for
-// float16/bfloat16 eight values (VW 8: half.cl's raw-bits loads on NVIDIA); VW 4 for a half row that is
-// not on 8-element boundaries (8 bytes an access).
+// float16/bfloat16 eight values (VW 8: half.cl's raw-bits loads on NVIDIA, 32-bit words for bfloat16 there);
+// VW 4 for a half row that is not on 8-element boundaries (8 bytes an access).
 // Same arguments as the scalar kernels; the backward's parameter gradients come from the reduction
 // engine (netcl.ops.norm), so it has no parameter part. Sums in another order than the scalar kernels.
 #ifndef USE_FP64
@@ -165,6 +165,12 @@ __kernel void row_norm_backward(__global const T *gy, const long gy_off, __globa
 // kernels (work-groups of 8, rows of 40; clean under Oclgrind)
 #define LOADV(p, i) ((float8)(vloada_half4(0, (p) + (i)), vloada_half4(0, (p) + (i) + 4)))
 #define STOREV(p, i, v) do { vstorea_half4((v).lo, 0, (p) + (i)); vstorea_half4((v).hi, 0, (p) + (i) + 4); } while (0)
+#elif VW == 8 && defined(IS_BF16) && defined(NC_BF16_CVT)
+#define LOADV(p, i) nc_ldbf8((p) + (i))
+#define STOREV(p, i, v) nc_stbf8((v), (p) + (i))
+#elif VW == 4 && defined(IS_BF16) && defined(NC_BF16_CVT)
+#define LOADV(p, i) nc_ldbf4((p) + (i))
+#define STOREV(p, i, v) nc_stbf4((v), (p) + (i))
 #elif VW == 8 && defined(IS_BF16)
 #define LOADV(p, i) as_float8(convert_uint8(*(const __global ushort8 *)((p) + (i))) << 16)
 #define STOREV(p, i, v) (*(__global ushort8 *)((p) + (i)) = (ushort8)(nc_float_to_bf16((v).s0), \
