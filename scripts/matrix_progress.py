@@ -1,6 +1,6 @@
 """pytest plugin of scripts/test_matrix.py: the run's progress in a file, and what each test costs to build.
 
-    pytest -p matrix_progress --progress-file P [--build-profile J.json]
+    pytest -p matrix_progress --progress-file P [--build-profile J.json] [--gpu-shaped-only PATH ...]
 
 --progress-file: rewritten after each test as one line, "DONE TOTAL FAILED SOURCE_BUILDS BUILD_SECONDS",
 so the matrix can say where each configuration is (pytest's own output goes to a log file, in blocks).
@@ -9,6 +9,9 @@ subprocesses it waited for: launches, scripts, the docs' builds), the programs i
 process (netcl.core.backend.build_stats; a subprocess's builds are not counted) and the programs (kernel
 file, options) it was the first test to ask for, to find where a cold run's time goes
 (scripts/build_report.py sums a profile per file).
+--gpu-shaped-only PATH (repeatable): of the tests under PATH (a file or folder, from the rootdir), run only
+those marked gpu_shaped (the configuration that runs the GPU-shaped tests takes them from the run-once paths,
+whose other tests another configuration runs).
 """
 
 from __future__ import annotations
@@ -49,6 +52,27 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("matrix_progress")
     group.addoption("--progress-file", default=None, help="write DONE TOTAL FAILED BUILDS SECONDS here")
     group.addoption("--build-profile", default=None, help="append each test's costs (JSON lines)")
+    group.addoption("--gpu-shaped-only", action="append", default=[], metavar="PATH",
+                    help="under PATH, run only the tests marked gpu_shaped (repeatable)")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """--gpu-shaped-only: deselect the tests under those paths that are not marked gpu_shaped."""
+    paths = [p.rstrip("/") for p in config.getoption("--gpu-shaped-only")]
+    if not paths:
+        return
+    keep, drop = [], []
+    for item in items:
+        try:
+            rel = item.path.relative_to(config.rootpath).as_posix()
+        except ValueError:
+            rel = ""
+        under = any(rel == p or rel.startswith(p + "/") for p in paths)
+        (drop if under and item.get_closest_marker("gpu_shaped") is None else keep).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
 
 
 class _Progress:

@@ -10,7 +10,9 @@ from source, twice) short:
 
 - tests marked `gpu_shaped`: the GPUs' kernels (tiled GEMM, matrix-unit GEMM emulated, work-group
   norms and reductions, the GPU flash attention) run on the CPU to check their index arithmetic, which
-  does not depend on the compiler; a CPU device never chooses them. The system PoCL runs them.
+  does not depend on the compiler; a CPU device never chooses them. The system PoCL runs them, those of
+  the run-once paths too (ONCE_GPU_SHAPED), built unoptimized (tests/conftest.py: PoCL builds them ~5x
+  faster; the optimizer's work on kernels no CPU user gets tests nothing a user meets).
 - ONCE: end-to-end and driver-independent tests (the docs' pages, the CLI's training runs, launches of
   several processes, the tokenizer, Hugging Face files, k-means estimators against scikit-learn, autocast
   and the loss scaler, bench/gemv.py's sweep): the kernels they build are built and checked by the unit
@@ -67,6 +69,9 @@ KERNEL_TESTS = ["tests/oclgrind", "tests/ops/test_matmul.py", "tests/jit", "test
 ONCE = ["tests/docs", "tests/train", "tests/distributed", "tests/text", "tests/tune", "tests/io",
         "tests/models", "tests/fuzz", "tests/cluster", "tests/amp/test_amp.py", "tests/amp/test_train_amp.py",
         "tests/test_cli_errors.py", "tests/test_readme.py", "tests/test_bench_gemv.py"]
+# the run-once paths that hold gpu_shaped tests: the system PoCL that runs the gpu_shaped tests collects these
+# and runs only those of them (matrix_progress's --gpu-shaped-only); tests/test_matrix_lists.py keeps it whole
+ONCE_GPU_SHAPED = ["tests/models", "tests/cluster"]
 # the layers above the kernels (autograd's rules, modules, the data pipeline, graphs, profiling): the kernels
 # they launch are netcl.ops' and the JIT's, which the unit tests build and check on every driver. Not here:
 # tests/autograd/test_{loss,grads,fused_grads,engine}.py and tests/test_pytorch_patterns.py, the only
@@ -85,9 +90,10 @@ NOT_OCLGRIND_GPU_SHAPED = ["-m", "not (gpu_shaped and oclgrind_case)"]
 # seconds between two progress lines while configurations run
 NOTE_EVERY = 30
 # CPU seconds of each configuration from empty caches on CI's machine (the longest start first, so that the
-# two at a time end close together); "@" stands for any forced target. The Oclgrind check's since its tests
-# give their pool blocks back (scripts/oclgrind_exact_alloc.py): 140 on the 2-core machine at load 6, was 281
-COLD_CPU_SECONDS = {"pocl-pypi": 717, "pocl-system": 562, "oclgrind": 140, "pocl-system@": 121}
+# two at a time end close together); "@" stands for any forced target. Measured by `.ci/run` from empty caches
+# on the 2-core AMD EPYC machine, twelfth session (the system PoCL's since its GPU-shaped tests build
+# unoptimized: 627, was 848-1,004)
+COLD_CPU_SECONDS = {"pocl-pypi": 933, "pocl-system": 680, "oclgrind": 167, "pocl-system@": 121}
 # PoCL's x86-64 kernel-library variants and the CPU flags each needs, widest first
 TARGETS = {"avx512": ("avx512f", "avx512bw", "avx512vl", "avx512dq"), "avx2": ("avx2", "fma", "f16c")}
 
@@ -160,9 +166,12 @@ def configurations(empty_vendors: Path, oclgrind: bool = True) -> list[Config]:
     for i, icd in enumerate(systems):
         suffix = "" if len(systems) == 1 else f"-{icd.stem}"
         once = ONCE + (LAYERS if i > 0 else [])  # another system PoCL runs neither LAYERS nor gpu_shaped
-        tests = [f"--ignore={p}" for p in once] if split else []
+        shaped_once = ONCE_GPU_SHAPED if i == 0 and split else []
+        tests = [f"--ignore={p}" for p in once if p not in shaped_once] if split else []
+        tests += [f"--gpu-shaped-only={p}" for p in shaped_once]
         tests += NOT_GPU_SHAPED if i > 0 else gpu_shaped
-        what = f"the system PoCL of {icd} alone" + (", less ONCE" if split else "")
+        what = f"the system PoCL of {icd} alone" + (
+            ", less ONCE but its gpu_shaped tests" if shaped_once else ", less ONCE" if split else "")
         what += (", less gpu_shaped" + (" and LAYERS" if split else "") if i > 0
                  else ", less the Oclgrind configuration's gpu_shaped cases" if oclgrind else "")
         configs.append(Config(f"pocl-system{suffix}", what, {**base, "OCL_ICD_VENDORS": str(icd)}, tests))
