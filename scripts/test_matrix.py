@@ -14,15 +14,17 @@ from source, twice) short:
   the run-once paths too (ONCE_GPU_SHAPED), built unoptimized (tests/conftest.py: PoCL builds them ~5x
   faster; the optimizer's work on kernels no CPU user gets tests nothing a user meets).
 - ONCE: end-to-end and driver-independent tests (the docs' pages, the CLI's training runs, launches of
-  several processes, the tokenizer, Hugging Face files, k-means estimators against scikit-learn, autocast
-  and the loss scaler, bench/gemv.py's sweep): the kernels they build are built and checked by the unit
-  tests on every driver (k-means': tests/ops/test_kmeans.py; half ops and the scaler's:
+  several processes, the tokenizer, Hugging Face files, autocast and the loss scaler, bench/gemv.py's
+  sweep): the kernels they build are built and checked by the unit tests on every driver (half ops and the
+  scaler's:
   tests/amp/test_half_ops.py, tests/oclgrind/test_amp_oclgrind.py; the GEMV's knob sets, int8 and SwiGLU:
   tests/ops/test_gemm_gemv.py). PyPI's PoCL runs them.
 - LAYERS: the layers above the kernels (autograd's attention and elementwise rules, tests/nn, tests/data,
-  graphs, profiling): the kernels they launch are netcl.ops' and the JIT's, which tests/ops, tests/jit,
-  tests/optim, tests/core, tests/amp/test_half_*.py and the autograd tests that build define sets of their
-  own (losses, fused gradients) build and check on every driver. The system PoCL runs them.
+  graphs, profiling, the k-means estimators against scikit-learn): the kernels they launch are netcl.ops'
+  and the JIT's, which tests/ops (k-means': tests/ops/test_kmeans.py), tests/jit, tests/optim, tests/core,
+  tests/amp/test_half_*.py and the autograd tests that build define sets of their own (losses, fused
+  gradients) build and check on every driver. The system PoCL runs them (the k-means estimators since the
+  twelfth session, to even the two configurations' time: PyPI's is the longer).
 
 The GPU-shaped cases of tests/oclgrind (the GEMM kernels' GPU variants) run under Oclgrind only: the
 Oclgrind configuration runs every one of them with the same value checks, plus bounds and races.
@@ -67,14 +69,14 @@ VENDORS = Path("/etc/OpenCL/vendors")
 KERNEL_TESTS = ["tests/oclgrind", "tests/ops/test_matmul.py", "tests/jit", "tests/optim"]
 # driver-independent tests, run by one driver (see above)
 ONCE = ["tests/docs", "tests/train", "tests/distributed", "tests/text", "tests/tune", "tests/io",
-        "tests/models", "tests/fuzz", "tests/cluster", "tests/amp/test_amp.py", "tests/amp/test_train_amp.py",
+        "tests/models", "tests/fuzz", "tests/amp/test_amp.py", "tests/amp/test_train_amp.py",
         "tests/test_cli_errors.py", "tests/test_readme.py", "tests/test_bench_gemv.py"]
 # the run-once paths that hold gpu_shaped tests: the system PoCL that runs the gpu_shaped tests collects these
 # and runs only those of them (matrix_progress's --gpu-shaped-only); tests/test_matrix_lists.py keeps it whole
-ONCE_GPU_SHAPED = ["tests/models", "tests/cluster"]
-# the layers above the kernels (autograd's rules, modules, the data pipeline, graphs, profiling): the kernels
-# they launch are netcl.ops' and the JIT's, which the unit tests build and check on every driver. Not here:
-# tests/autograd/test_{loss,grads,fused_grads,engine}.py and tests/test_pytorch_patterns.py, the only
+ONCE_GPU_SHAPED = ["tests/models"]
+# the layers above the kernels (autograd's rules, modules, the data pipeline, graphs, profiling, k-means): the
+# kernels they launch are netcl.ops' and the JIT's, which the unit tests build and check on every driver. Not
+# here: tests/autograd/test_{loss,grads,fused_grads,engine}.py and tests/test_pytorch_patterns.py, the only
 # tests that build most of loss.cl's define sets, the GEMMs' ROWSUM_A and BIAS_ROWS epilogues,
 # float64 direct convolution, 8-byte copies of one and two dimensions and clip_grad_norm_'s sums
 # (scripts/build_report.py --only-in, on the two configurations' profiles)
@@ -82,7 +84,7 @@ LAYERS = ["tests/autograd/test_attention.py", "tests/autograd/test_elementwise.p
           "tests/test_graph.py", "tests/test_profiling.py",
           "tests/test_profiling_labels.py", "tests/test_seed_example.py",
           "tests/test_no_leak.py", "tests/test_config.py", "tests/test_gpu_target.py",
-          "tests/test_bench_decode.py"]
+          "tests/test_bench_decode.py", "tests/cluster"]
 NOT_GPU_SHAPED = ["-m", "not gpu_shaped"]
 # the GPU-shaped cases of tests/oclgrind run under Oclgrind (every one, its values checked as on PoCL, and
 # its accesses and races too): on PoCL they would repeat it
