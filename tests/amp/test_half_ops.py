@@ -238,7 +238,7 @@ def test_batch_norm_half_matches_float32(queue, rng, dt, layout, monkeypatch):
         ops.batch_norm(xh, w, b, Tensor.from_host(queue, np.zeros(5, dt)), rv[0], True)
 
 
-def test_row_norm_work_group_halves_while_each_work_item_loads_twice():
+def test_row_work_group_halves_while_each_work_item_makes_its_loads():
     """The row kernels' work-group rule (norm.cl's vector kernels and the reductions, four loads a work-item
     down to one warp; at two loads and 64, as it was: a 1024-wide half row on 8 lanes a work-item takes 64
     (256 would leave half of them idle), float32's 4 lanes 128, rows of two loads a work-item or more keep
@@ -263,8 +263,8 @@ def test_row_norm_work_group_halves_while_each_work_item_loads_twice():
 def test_row_norms_half_on_a_halved_work_group(queue, rng, dt, monkeypatch):
     """Rows of 512 half values on the vector kernels with 128 work-items halved to 32 (the floor: two 8-lane
     chunks of a row each; float32's 4 lanes: 32 of four loads each): forward and backward as float32's within
-    half's rounding. (128, not the GPUs' 256:
-    PoCL's CPU device crashes on these kernels at 256 work-items, with or without halving.)"""
+    half's rounding. (128, not the GPUs' 256: PoCL's CPU device crashes on these kernels at 256 work-items,
+    with or without halving.)"""
     monkeypatch.setattr(norm, "local_size_override", 128)
     assert row_group_size(128, 8, 512) == 32 == row_group_size(128, 4, 512)
     _row_norms_match_float32(queue, rng, dt, (3, 512))
