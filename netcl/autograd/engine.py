@@ -427,8 +427,14 @@ def backward(root: Node, grad: Tensor | None = None, retain_graph: bool = False,
 
 def _run_rules(order: list[Node], grads: dict[int, Tensor], claimed: set[int], retain_graph: bool,
                _targets: dict[int, Node] | None) -> None:
-    """The pass itself: each node's rule once, in reverse topological order (see backward)."""
-    for node in reversed(order):
+    """The pass itself: each node's rule once, in reverse topological order (see backward). The order lets go
+    of each node as its turn comes: a node whose rule ran (or a leaf whose gradient is stored) is then held
+    only by what still needs it, so without retain_graph a forward output (the node's value) goes back to the
+    pool as soon as no later rule saved it, as in PyTorch, instead of when the pass ends: the step's peak
+    is the forward's activations, not the activations plus every gradient (bench/amp.py's act peak)."""
+    for i in range(len(order) - 1, -1, -1):
+        node = order[i]
+        order[i] = None  # type: ignore[call-overload]
         g = grads.pop(id(node), None)
         if g is None:
             continue

@@ -151,6 +151,30 @@ def test_backward_through_a_freed_intermediate_raises_and_retain_graph_allows_it
     np.testing.assert_array_equal(x.grad.to_host(), [8.0, 8.0])
 
 
+def test_an_output_no_rule_saved_is_freed_when_its_turn_in_backward_comes(queue):
+    """PyTorch frees a forward output during backward once nothing still needs it; the pass used to hold
+    every node (and so every forward output) until it ended, so a step's peak was its activations plus all
+    of its gradients. h = x @ w: no rule saves h (matmul's saves x and w; sum saves nothing), so by the time
+    x's gradient is stored (after h's rule) h's tensor is gone, and with retain_graph it is kept."""
+    import gc
+    import weakref
+
+    for retain in (False, True):
+        x = _leaf(queue, np.ones((3, 4)))
+        w = _leaf(queue, np.full((4, 5), 0.5))
+        with ag.Tape() as tape:
+            h = ag.matmul(x, w)
+            loss = ag.sum(h)
+        h_value = weakref.ref(h.value)
+        del h
+        seen = []
+        x.register_post_accumulate_grad_hook(
+            lambda node, seen=seen, h_value=h_value: (gc.collect(), seen.append(h_value() is None)))
+        tape.backward(loss, retain_graph=retain)
+        assert seen == [not retain]
+        np.testing.assert_array_equal(x.grad.to_host(), np.full((3, 4), 2.5))
+
+
 def test_only_floating_tensors_require_grad(queue):
     ints = Tensor.from_host(queue, np.array([1, 2], np.int32))
     with pytest.raises(DTypeError, match="only floating-point tensors can require gradients, got int32"):
