@@ -35,7 +35,7 @@ from netcl.autograd import autocast, engine
 from netcl.autograd.engine import Node, as_node, record
 from netcl.core.shapes import torch_names
 from netcl.ops import declaration
-from netcl.ops.declaration import OpDecl
+from netcl.ops.declaration import Layout, OpDecl
 
 # name -> the differentiable op of every declaration that has one (generated or hand-written)
 OPS: dict[str, Callable[..., Any]] = {}
@@ -155,7 +155,7 @@ def _source(decl: OpDecl) -> tuple[str, dict[str, Any]]:
     # the backward's arguments, by name: what it reads is all the closure keeps
     available = {n: value[n] for n in params}
     available.update({s: s for s in decl.saves}, out="out", needs="needs")
-    available.update({f"{n}_shape": f"{n}_shape" for n in decl.inputs})
+    available.update({f"{n}_{form}": f"{n}_{form}" for form in ("shape", "layout") for n in decl.inputs})
     if decl.inputs:
         available["input_shape"] = f"{decl.inputs[0]}_shape"
     bargs = [f"{n}={available[n]}" for n in decl.backward_arguments()]
@@ -164,6 +164,9 @@ def _source(decl: OpDecl) -> tuple[str, dict[str, Any]]:
         if f"{n}_shape" in used:
             lines.append(f"    {n}_shape = None if {n}_v is None else {n}_v.shape" if n in optional
                          else f"    {n}_shape = {n}_v.shape")
+        if f"{n}_layout" in used:
+            lines.append(f"    {n}_layout = None if {n}_v is None else _layout({n}_v)" if n in optional
+                         else f"    {n}_layout = _layout({n}_v)")
     gname = decl.gradient_parameter()
     first = next(iter(inspect.signature(decl.backward).parameters))
     call = f"_backward({'g' if gname == first else 'grad_out=g'}{''.join(', ' + a for a in bargs)})"
@@ -177,7 +180,8 @@ def _source(decl: OpDecl) -> tuple[str, dict[str, Any]]:
     lines.append(f"    return _record(out, parents, backward, {decl.name!r})")
     env.update(_forward=forward, _backward=decl.backward, _autocast=autocast._state,
                _cast_inputs=autocast.cast_inputs, _isinstance=isinstance, _Node=Node,
-               _as_node=as_node, _record=record, _engine=engine._state, _pick=_pick, __name__=__name__)
+               _as_node=as_node, _record=record, _layout=Layout.of, _engine=engine._state, _pick=_pick,
+               __name__=__name__)
     return "\n".join(lines) + "\n", env
 
 

@@ -1,5 +1,11 @@
 """The autograd engine: Node (a Tensor plus how it was made), Parameter, Tape, no_grad, backward.
 
+A recorded Node's graph side is its GradFn (PyTorch's grad_fn): the rule, the rule's parents (a leaf
+Node itself, a recorded one by its GradFn) and what the pass needs of the node (shape, op). A GradFn holds its
+Node only weakly and no Node holds another, so a forward output lives while the user or a rule that saved it
+does, not until backward: an intermediate nothing saved (q and k before their rotation, say) goes back to the
+pool as soon as the forward pass lets go of it.
+
 Ops record Nodes only inside `with Tape()` and only when an input requires a gradient, so code
 that runs outside a tape (evaluation) builds no graph. `tape.backward(loss)` sorts the graph
 topologically from the loss, runs each node's local rule once in reverse order, sums the
@@ -12,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -47,11 +54,9 @@ class Node:
         "value",
         "grad",
         "requires_grad",
-        "_parents",
-        "_backward",
+        "grad_fn",
         "_op",
         "_retain",
-        "_freed",
         "_hooks",
         "__weakref__",
     )
@@ -65,11 +70,9 @@ class Node:
         self.value = value
         self.grad: Tensor | None = None
         self.requires_grad = bool(requires_grad)
-        self._parents: tuple[Node, ...] = ()
-        self._backward: BackwardFn | None = None
+        self.grad_fn: GradFn | None = None  # set by record(): None for a leaf
         self._op = "leaf"
         self._retain = False
-        self._freed = False
         self._hooks: list[Callable[[Node], None]] | None = None
 
     # -- tensor-like properties -------------------------------------------------------------
@@ -99,7 +102,7 @@ class Node:
 
     @property
     def is_leaf(self) -> bool:
-        return self._backward is None and not self._freed
+        return self.grad_fn is None
 
     def numpy(self) -> np.ndarray:
         return self.value.to_host()
@@ -123,7 +126,7 @@ class Node:
 
     def requires_grad_(self, requires_grad: bool = True) -> Node:
         """Make this leaf require a gradient (or not), in place; returns it (PyTorch's x.requires_grad_())."""
-        if self._backward is not None or self._freed:
+        if self.grad_fn is not None:
             raise NetclError(
                 f"requires_grad_ sets a leaf's flag; {self!r} is computed by an op (use .detach() to cut it "
                 "off the graph first)"
@@ -151,7 +154,7 @@ class Node:
         Returns a handle whose remove() unregisters it."""
         if not callable(hook):
             raise TypeError(f"a gradient hook must be callable, got {type(hook).__name__}")
-        if self._backward is not None or self._freed:
+        if self.grad_fn is not None:
             raise NetclError(f"post-accumulate gradient hooks belong on leaves (parameters), not on {self!r}")
         if self._hooks is None:
             self._hooks = []
@@ -179,6 +182,31 @@ class Node:
     def __repr__(self) -> str:
         flag = ", requires_grad=True" if self.requires_grad else ""
         return f"Node(shape={self.shape}, dtype={self.dtype}, op={self._op}{flag})"
+
+
+class GradFn:
+    """The graph side of a recorded Node: its rule (`backward(grad)` -> one gradient per parent), its parents
+    (a leaf Node itself, a recorded Node by its GradFn, None for a parent no gradient flows to), the node's
+    shape and op, and the node itself weakly (for retain_grad). After the rule ran without retain_graph its
+    saved tensors and parents are dropped and it is marked freed."""
+
+    __slots__ = ("backward", "parents", "shape", "op", "node", "freed", "__weakref__")
+
+    def __init__(self, node: Node, parents: tuple, backward: BackwardFn, op: str) -> None:
+        self.backward: BackwardFn | None = backward
+        self.parents = parents
+        self.shape = node.value.shape
+        self.op = op
+        self.node = weakref.ref(node)
+        self.freed = False
+
+    def __repr__(self) -> str:
+        return f"GradFn(op={self.op}{', freed' if self.freed else ''})"
+
+
+def _vertex(node: Node) -> Node | GradFn:
+    """What the graph holds for `node` as a parent: its GradFn if it was recorded, the leaf itself."""
+    return node if node.grad_fn is None else node.grad_fn
 
 
 class HookHandle:
@@ -276,8 +304,8 @@ def record(value: Tensor, parents: Sequence[Node], backward: BackwardFn, op: str
     else:
         return Node(value)
     node = Node(value, requires_grad=True)
-    node._parents = tuple(parents)
-    node._backward = backward
+    # a parent no gradient can reach (a constant, an index) is not kept: None in its place
+    node.grad_fn = GradFn(node, tuple(_vertex(p) if p.requires_grad else None for p in parents), backward, op)
     node._op = op
     state.tapes[-1]._count += 1
     return node
@@ -328,15 +356,16 @@ class enable_grad(_GradMode):
 
 
 # -- backward -------------------------------------------------------------------------------
-def _topological_order(root: Node) -> list[Node]:
-    """Nodes that need a gradient, parents before children (iterative post-order DFS). Leaves go onto the
-    stack first, so they are explored last: a leaf lands in the order right before its first consumer, and
-    the pass stores its gradient (and runs its hooks) right after the last rule that feeds it, not at the end
-    of the pass (a parameter explored first would come after its consumer's whole input subtree; DDP then
-    saw every gradient only once backward was over and could overlap no communication)."""
-    order: list[Node] = []
+def _topological_order(root: Node | GradFn) -> list[Node | GradFn]:
+    """The graph's vertices (GradFns, and leaf Nodes that need a gradient) from `root`, parents before
+    children (iterative post-order DFS). Leaves go onto the stack first, so they are explored last: a leaf
+    lands in the order right before its first consumer, and the pass stores its gradient (and runs its hooks)
+    right after the last rule that feeds it, not at the end of the pass (a parameter explored first would come
+    after its consumer's whole input subtree; DDP then saw every gradient only once backward was over and
+    could overlap no communication)."""
+    order: list[Node | GradFn] = []
     visited: set[int] = set()
-    stack: list[tuple[Node, bool]] = [(root, False)]
+    stack: list[tuple[Node | GradFn, bool]] = [(root, False)]
     while stack:
         node, expanded = stack.pop()
         if expanded:
@@ -348,9 +377,9 @@ def _topological_order(root: Node) -> list[Node]:
         stack.append((node, True))
         # leaves first, each kind in its order (a stable sort on "has a rule", in one pass over the parents)
         ruled = None
-        for p in node._parents:
-            if p.requires_grad and id(p) not in visited:
-                if p._backward is None:
+        for p in node.parents if type(node) is GradFn else ():
+            if p is not None and id(p) not in visited and (type(p) is GradFn or p.requires_grad):
+                if type(p) is not GradFn:
                     stack.append((p, False))
                 elif ruled is None:
                     ruled = [(p, False)]
@@ -385,7 +414,7 @@ def backward(root: Node, grad: Tensor | None = None, retain_graph: bool = False,
             "inside `with ag.Tape() as tape:` with at least one parameter or ag.tensor(..., "
             "requires_grad=True)"
         )
-    if root._freed:
+    if root.grad_fn is not None and root.grad_fn.freed:
         raise NetclError(_FREED.format(op=root._op))
     if grad is None:
         if root.size != 1:
@@ -409,11 +438,11 @@ def backward(root: Node, grad: Tensor | None = None, retain_graph: bool = False,
             f"backward: grad is on {where}; move it first, grad.to(output.queue) (PyTorch refuses a "
             "gradient on another device too)"
         )
-    order = _topological_order(root)
-    freed = next((n for n in order if n._freed), None)
+    order = _topological_order(_vertex(root))
+    freed = next((n for n in order if type(n) is GradFn and n.freed), None)
     if freed is not None:  # checked before any rule runs: a refused backward changes nothing
-        raise NetclError(_FREED.format(op=freed._op))
-    grads: dict[int, Tensor] = {id(root): grad}
+        raise NetclError(_FREED.format(op=freed.op))
+    grads: dict[int, Tensor] = {id(_vertex(root)): grad}
     claimed: set[int] = set()  # storages handed to a leaf's .grad this pass: never shared between two
     outer_callbacks, _state.callbacks = _state.callbacks, []
     try:
@@ -425,51 +454,57 @@ def backward(root: Node, grad: Tensor | None = None, retain_graph: bool = False,
         _state.callbacks = outer_callbacks
 
 
-def _run_rules(order: list[Node], grads: dict[int, Tensor], claimed: set[int], retain_graph: bool,
+def _run_rules(order: list[Node | GradFn], grads: dict[int, Tensor], claimed: set[int], retain_graph: bool,
                _targets: dict[int, Node] | None) -> None:
-    """The pass itself: each node's rule once, in reverse topological order (see backward). The order lets go
-    of each node as its turn comes: a node whose rule ran (or a leaf whose gradient is stored) is then held
-    only by what still needs it, so without retain_graph a forward output (the node's value) goes back to the
-    pool as soon as no later rule saved it, as in PyTorch, instead of when the pass ends: the step's peak
-    is the forward's activations, not the activations plus every gradient (bench/amp.py's act peak)."""
+    """The pass itself: each rule once, in reverse topological order (see backward); `_targets`
+    (tape.gradient) maps vertices to the Nodes whose gradients are wanted instead of stored in leaves. The
+    order lets go of each vertex as its turn comes, so without retain_graph what a rule saved goes back to the
+    pool right after the rule ran, as in PyTorch, not when the pass ends (bench/amp.py's act peak)."""
     for i in range(len(order) - 1, -1, -1):
-        node = order[i]
+        vertex = order[i]
         order[i] = None  # type: ignore[call-overload]
-        g = grads.pop(id(node), None)
+        g = grads.pop(id(vertex), None)
         if g is None:
             continue
-        if _targets is not None and id(node) in _targets:
-            node.grad = g if node.grad is None else _accumulate(node.grad, g)
-            if node._backward is None:
-                continue
-        fn = node._backward
-        if fn is None:  # a leaf: parameters and ag.tensor(..., requires_grad=True)
+        if _targets is not None:
+            target = _targets.get(id(vertex))
+            if target is not None:
+                target.grad = g if target.grad is None else _accumulate(target.grad, g)
+        if type(vertex) is not GradFn:  # a leaf: parameters and ag.tensor(..., requires_grad=True)
             if _targets is None:
-                _store_leaf_grad(node, g, claimed)
-                if node._hooks:
-                    for hook in tuple(node._hooks):
-                        hook(node)
+                _store_leaf_grad(vertex, g, claimed)
+                if vertex._hooks:
+                    for hook in tuple(vertex._hooks):
+                        hook(vertex)
             continue
-        if node._retain and _targets is None:
-            node.grad = g if node.grad is None else _accumulate(node.grad, g)
-        parent_grads = fn(g)
-        parents = node._parents
+        if _targets is None:
+            node = vertex.node()
+            if node is not None and node._retain:
+                node.grad = g if node.grad is None else _accumulate(node.grad, g)
+        parent_grads = vertex.backward(g)
+        parents = vertex.parents
         if not retain_graph:
-            node._backward = None  # frees the tensors the rule saved
-            node._parents = ()
-            node._freed = True
+            vertex.backward = None  # frees the tensors the rule saved
+            vertex.parents = ()
+            vertex.freed = True
         if len(parent_grads) != len(parents):
             raise NetclError(
-                f"backward rule of {node._op} returned {len(parent_grads)} gradients "
+                f"backward rule of {vertex.op} returned {len(parent_grads)} gradients "
                 f"for {len(parents)} inputs"
             )
         for parent, pg in zip(parents, parent_grads):
-            if pg is None or not parent.requires_grad:
+            if pg is None or parent is None:
                 continue
-            if pg.shape != parent.value.shape:
+            if type(parent) is GradFn:
+                shape = parent.shape
+            elif parent.requires_grad:
+                shape = parent.value.shape
+            else:
+                continue
+            if pg.shape != shape:
                 raise ShapeError(
-                    f"backward rule of {node._op} made a gradient of shape {pg.shape} "
-                    f"for an input of shape {parent.shape}"
+                    f"backward rule of {vertex.op} made a gradient of shape {pg.shape} "
+                    f"for an input of shape {shape}"
                 )
             key = id(parent)
             prev = grads.get(key)
@@ -527,8 +562,8 @@ class Tape:
                 raise TypeError(f"gradient: wrt[{i}] is a {type(n).__name__}, not a Node")
             if not n.requires_grad:
                 raise NetclError(f"gradient: wrt[{i}] ({n!r}) does not require grad, so it has no gradient")
-        reached = {id(n) for n in _topological_order(loss)} if isinstance(loss, Node) else set()
-        unused = [i for i, n in enumerate(wrt) if id(n) not in reached]
+        reached = {id(n) for n in _topological_order(_vertex(loss))} if isinstance(loss, Node) else set()
+        unused = [i for i, n in enumerate(wrt) if id(_vertex(n)) not in reached]
         if unused and not allow_unused:
             raise NetclError(
                 f"gradient: wrt{unused} is not used in computing the loss (pass allow_unused=True "
@@ -538,7 +573,7 @@ class Tape:
         for n in wrt:
             n.grad = None
         try:
-            backward(loss, grad, retain_graph, _targets={id(n): n for n in wrt})
+            backward(loss, grad, retain_graph, _targets={id(_vertex(n)): n for n in wrt})
             return [n.grad for n in wrt]
         finally:
             for n, s in zip(wrt, saved):
@@ -546,6 +581,7 @@ class Tape:
 
 
 __all__ = [
+    "GradFn",
     "HookHandle",
     "Node",
     "Parameter",

@@ -67,10 +67,11 @@ def linear(x: Node, weight: Node, bias: Node | None = None, activation: str | No
     x_2d = len(xv.shape) == 2
 
     x_relu_out = xv if x_2d and x._op == _RELU_OP else None  # x made by a linear+relu: fold its mask
+    relu_out = out if activation == "relu" else None  # the rule keeps the output only for relu's mask
 
     def backward(g: Tensor):
-        if activation == "relu" and getattr(g, _MASKED_FOR, None) is not out:
-            g = _relu_mask(g, out)
+        if relu_out is not None and getattr(g, _MASKED_FOR, None) is not relu_out:
+            g = _relu_mask(g, relu_out)
         # 2-D inputs (the common case) need no reshapes: each costs a view's construction per step
         g2 = g if x_2d else g.reshape(-1, out_features)
         x2 = xv if x_2d else xv.reshape(-1, in_features)

@@ -19,6 +19,10 @@ until backward):
     a parameter of the forward (the value given; an input's Tensor)    `out` (the forward's result)
     a name of `saves`              `<input>_shape` (an input's shape; `input_shape` the first input's)
     `needs` (per input, whether it gets a gradient: a tape records and it requires one)
+    `<input>_layout` (an input's Layout: shape, strides, dtype and queue, not its memory)
+
+A backward that needs an input's form and not its values names the shape or the layout: the input's memory
+is then not kept for it (rope's input, rotated into the next op's, goes back to the pool in the forward).
 
 A forward parameter `needs` is filled the same way (and is not the op's). A backward parameter with a
 default that none of these names keeps its default. The backward returns one
@@ -31,9 +35,27 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 HALF_DTYPES = ("float16", "bfloat16")
+
+
+class Layout(NamedTuple):
+    """An input's form without its memory (a backward's `<input>_layout`): what allocating a gradient in the
+    input's own memory order needs."""
+
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    dtype: Any
+    queue: Any
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @classmethod
+    def of(cls, t: Any) -> Layout:
+        return cls(t.shape, t.strides, t.dtype, t.queue)
 
 
 @dataclass(frozen=True)
@@ -102,7 +124,8 @@ class OpDecl:
     def available(self) -> tuple[str, ...]:
         """The names a backward's parameters may take (the module docstring's list)."""
         params = [n for n in self.parameters() if n not in self.hide]
-        shapes = [f"{n}_shape" for n in self.inputs] + (["input_shape"] if self.inputs else [])
+        shapes = [f"{n}_{form}" for form in ("shape", "layout") for n in self.inputs]
+        shapes += ["input_shape"] if self.inputs else []
         return (*params, *self.saves, "out", "needs", *shapes)
 
     def gradient_parameter(self) -> str:

@@ -19,7 +19,7 @@ from netcl.core import dtypes, shapes
 from netcl.core.backend import as_queue, device_check
 from netcl.core.tensor import Tensor, check_same_queue
 from netcl.errors import DTypeError, ShapeError
-from netcl.ops.declaration import OpDecl, declare
+from netcl.ops.declaration import Layout, OpDecl, declare
 
 __all__ = ["rope", "rope_inv_freq", "rope_qkv_cache", "rope_scaling", "rope_tables"]
 
@@ -316,7 +316,7 @@ def check_qkv_cache(op: str, x: Tensor, q_heads: int, cos: Tensor, sin: Tensor, 
 
 
 # -- the op on Nodes (netcl.ops.declaration): cos, sin and offset are constants ---------------------------
-def _empty_in_layout(x: Tensor) -> Tensor:
+def _empty_in_layout(x: Layout) -> Tensor:
     """An uninitialised tensor of x's shape whose memory order follows x's strides (a permuted view of a
     contiguous buffer): a gradient written in it lets the permute/reshape of x's producer stay views."""
     order = sorted(range(x.ndim), key=lambda d: (-abs(x.strides[d]), d))
@@ -324,10 +324,11 @@ def _empty_in_layout(x: Tensor) -> Tensor:
     return base.permute([order.index(d) for d in range(x.ndim)])
 
 
-def _rope_backward(grad_out: Tensor, x: Tensor, cos: Tensor, sin: Tensor, offset: Tensor | None,
+def _rope_backward(grad_out: Tensor, x_layout: Layout, cos: Tensor, sin: Tensor, offset: Tensor | None,
                    pairing: str) -> Tensor:
-    """The rotation of grad_out by -theta, written in x's own memory order."""
-    return rope(grad_out, cos, sin, offset, pairing, inverse=True, out=_empty_in_layout(x))
+    """The rotation of grad_out by -theta, written in x's own memory order (x's layout is all it keeps of x:
+    the input's memory goes back to the pool once the forward lets go of it)."""
+    return rope(grad_out, cos, sin, offset, pairing, inverse=True, out=_empty_in_layout(x_layout))
 
 
 declare(OpDecl("rope", rope, _rope_backward, inputs=("x",), constants=("cos", "sin", "offset"),

@@ -80,7 +80,7 @@ def test_saved_tensors_are_freed_and_second_backward_refuses(queue):
         y = x.exp()
         loss = y.sum()
     tape.backward(loss)
-    assert y._backward is None and y._parents == ()
+    assert y.grad_fn.freed and y.grad_fn.backward is None and y.grad_fn.parents == ()
     with pytest.raises(NetclError, match="already differentiated"):
         tape.backward(loss)
 
@@ -151,28 +151,74 @@ def test_backward_through_a_freed_intermediate_raises_and_retain_graph_allows_it
     np.testing.assert_array_equal(x.grad.to_host(), [8.0, 8.0])
 
 
-def test_an_output_no_rule_saved_is_freed_when_its_turn_in_backward_comes(queue):
-    """PyTorch frees a forward output during backward once nothing still needs it; the pass used to hold
-    every node (and so every forward output) until it ended, so a step's peak was its activations plus all
-    of its gradients. h = x @ w: no rule saves h (matmul's saves x and w; sum saves nothing), so by the time
-    x's gradient is stored (after h's rule) h's tensor is gone, and with retain_graph it is kept."""
+def test_a_forward_output_lives_while_the_user_or_a_rule_holds_it(queue):
+    """PyTorch's rule: the graph holds no output. h = x @ w, which no rule saves (matmul's saves x and
+    w, sum's nothing), goes when the user lets go of it, before backward; u = exp(a), which matmul's rule
+    saves, lives until that rule (and exp's) ran, then goes during the pass, or stays with retain_graph. (A
+    Node used to hold its parents, so every forward output lived until backward, and the pass held every
+    node until it ended.)"""
     import gc
     import weakref
 
+    x = _leaf(queue, np.ones((3, 4)))
+    w = _leaf(queue, np.full((4, 5), 0.5))
+    with ag.Tape() as tape:
+        h = ag.matmul(x, w)
+        loss = ag.sum(h)
+    h_value = weakref.ref(h.value)
+    del h
+    gc.collect()
+    assert h_value() is None
+    tape.backward(loss)
+    np.testing.assert_array_equal(x.grad.to_host(), np.full((3, 4), 2.5))
+
     for retain in (False, True):
-        x = _leaf(queue, np.ones((3, 4)))
-        w = _leaf(queue, np.full((4, 5), 0.5))
+        a = _leaf(queue, np.zeros((3, 4)))
         with ag.Tape() as tape:
-            h = ag.matmul(x, w)
-            loss = ag.sum(h)
-        h_value = weakref.ref(h.value)
-        del h
+            u = ag.exp(a)
+            loss = ag.sum(ag.matmul(u, w))
+        u_value = weakref.ref(u.value)
+        del u
+        gc.collect()
+        assert u_value() is not None  # matmul's rule saved it
         seen = []
-        x.register_post_accumulate_grad_hook(
-            lambda node, seen=seen, h_value=h_value: (gc.collect(), seen.append(h_value() is None)))
+        a.register_post_accumulate_grad_hook(
+            lambda node, seen=seen, u_value=u_value: (gc.collect(), seen.append(u_value() is None)))
         tape.backward(loss, retain_graph=retain)
         assert seen == [not retain]
-        np.testing.assert_array_equal(x.grad.to_host(), np.full((3, 4), 2.5))
+        np.testing.assert_array_equal(a.grad.to_host(), np.full((3, 4), 2.5))
+
+
+def test_rules_keep_only_what_they_read(queue):
+    """A linear layer without relu keeps x and W, not its output (its rule read `out` only for relu's mask,
+    but held it always); rope keeps its input's layout, not its memory (it allocates the gradient in the
+    input's order). Both outputs went unfreed until backward: q and k before their rotation, every
+    projection's output."""
+    import gc
+    import weakref
+
+    from netcl import ops
+
+    x = _leaf(queue, np.ones((6, 4)))
+    w = _leaf(queue, np.full((8, 4), 0.25))
+    cos, sin = ops.rope_tables(queue, 8, 4, dtype=np.float64)
+    with ag.Tape() as tape:
+        h = ag.linear(x, w)
+        q = ag.permute(ag.reshape(h, (1, 6, 2, 4)), (0, 2, 1, 3))
+        loss = ag.sum(ag.rope(q, cos, sin))
+    h_value = weakref.ref(h.value)
+    del h, q
+    gc.collect()
+    assert h_value() is None
+    tape.backward(loss)
+    assert x.grad.shape == (6, 4) and w.grad.shape == (8, 4)
+    with ag.Tape() as tape:
+        h = ag.linear(x, w, activation="relu")
+        loss = ag.sum(h)
+    h_value = weakref.ref(h.value)
+    del h
+    gc.collect()
+    assert h_value() is not None  # relu's mask reads it
 
 
 def test_only_floating_tensors_require_grad(queue):
