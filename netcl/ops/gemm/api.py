@@ -419,8 +419,9 @@ def _linear_residual_backward(grad_out: Tensor, x: Tensor, weight: Tensor, resid
 # the ops on Nodes, made from these (netcl.ops.declaration): float16 and bfloat16 under autocast. linear's
 # differentiable op is written by hand (netcl.autograd.nnops: it folds its producer's relu into its input
 # gradient, and composes silu and gelu); linear_residual's residual stream is stored half (PyTorch keeps it
-# float32 by type promotion; here every node's value lives until backward, so a float32 stream would be held
-# beside the half copies the norms read: 0.70x float32's activation memory instead of 0.5x, bench/amp.py)
+# float32 by type promotion; here the stream is what the next norm saves until its rule runs, so a float32
+# stream would be held beside the half copies the norms read: 0.70x float32's activation memory instead of
+# 0.5x, bench/amp.py)
 declare(OpDecl("matmul", matmul, _matmul_backward, inputs=("a", "b"), autocast="half", methods=("matmul",),
                doc="a @ b with NumPy's rules (1-D operands, batch broadcasting); grads g b^T and a^T g."))
 declare(OpDecl("linear", linear, inputs=("x", "weight", "bias"), autocast="half", functional=("linear",),
