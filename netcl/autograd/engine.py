@@ -56,7 +56,6 @@ class Node:
         "requires_grad",
         "grad_fn",
         "_op",
-        "_retain",
         "_hooks",
         "__weakref__",
     )
@@ -72,7 +71,6 @@ class Node:
         self.requires_grad = bool(requires_grad)
         self.grad_fn: GradFn | None = None  # set by record(): None for a leaf
         self._op = "leaf"
-        self._retain = False
         self._hooks: list[Callable[[Node], None]] | None = None
 
     # -- tensor-like properties -------------------------------------------------------------
@@ -137,8 +135,10 @@ class Node:
         return self
 
     def retain_grad(self) -> Node:
-        """Keep this (non-leaf) node's gradient in `.grad` after backward."""
-        self._retain = True
+        """Keep this (non-leaf) node's gradient in `.grad` after backward (while the node lives: the graph
+        holds it weakly)."""
+        if self.grad_fn is not None:
+            self.grad_fn.retained = weakref.ref(self)
         return self
 
     def detach(self) -> Node:
@@ -187,18 +187,18 @@ class Node:
 class GradFn:
     """The graph side of a recorded Node: its rule (`backward(grad)` -> one gradient per parent), its parents
     (a leaf Node itself, a recorded Node by its GradFn, None for a parent no gradient flows to), the node's
-    shape and op, and the node itself weakly (for retain_grad). After the rule ran without retain_graph its
-    saved tensors and parents are dropped and it is marked freed."""
+    shape and op; the node itself only weakly and only once it called retain_grad(). After the rule ran
+    without retain_graph its saved tensors and parents are dropped and it is marked freed."""
 
-    __slots__ = ("backward", "parents", "shape", "op", "node", "freed", "__weakref__")
+    __slots__ = ("backward", "parents", "shape", "op", "freed", "retained")
 
-    def __init__(self, node: Node, parents: tuple, backward: BackwardFn, op: str) -> None:
+    def __init__(self, parents: tuple, backward: BackwardFn, shape: tuple[int, ...], op: str) -> None:
         self.backward: BackwardFn | None = backward
         self.parents = parents
-        self.shape = node.value.shape
+        self.shape = shape
         self.op = op
-        self.node = weakref.ref(node)
         self.freed = False
+        self.retained: weakref.ref[Node] | None = None
 
     def __repr__(self) -> str:
         return f"GradFn(op={self.op}{', freed' if self.freed else ''})"
@@ -305,7 +305,10 @@ def record(value: Tensor, parents: Sequence[Node], backward: BackwardFn, op: str
         return Node(value)
     node = Node(value, requires_grad=True)
     # a parent no gradient can reach (a constant, an index) is not kept: None in its place
-    node.grad_fn = GradFn(node, tuple(_vertex(p) if p.requires_grad else None for p in parents), backward, op)
+    vertices = []
+    for p in parents:
+        vertices.append((p.grad_fn or p) if p.requires_grad else None)
+    node.grad_fn = GradFn(tuple(vertices), backward, value.shape, op)
     node._op = op
     state.tapes[-1]._count += 1
     return node
@@ -477,9 +480,9 @@ def _run_rules(order: list[Node | GradFn], grads: dict[int, Tensor], claimed: se
                     for hook in tuple(vertex._hooks):
                         hook(vertex)
             continue
-        if _targets is None:
-            node = vertex.node()
-            if node is not None and node._retain:
+        if _targets is None and vertex.retained is not None:
+            node = vertex.retained()
+            if node is not None:
                 node.grad = g if node.grad is None else _accumulate(node.grad, g)
         parent_grads = vertex.backward(g)
         parents = vertex.parents
