@@ -231,6 +231,45 @@ def test_a_withdrawn_declaration_leaves_no_surface(toy_op):
         declaration.declare(toy_op)  # for the fixture's withdraw
 
 
+def _toy_transpose(x: Tensor) -> Tensor:
+    return x.transpose(0, 1).contiguous()
+
+
+def _toy_transpose_backward(grad_out: Tensor, x_layout: declaration.Layout) -> Tensor:
+    seen.append(x_layout)
+    return grad_out.transpose(0, 1).contiguous()
+
+
+seen: list = []
+
+
+def test_a_backward_may_take_an_inputs_layout_instead_of_its_memory(queue):
+    """`<input>_layout`: the input's shape, strides, dtype and queue, its memory not kept (rope's backward
+    allocates its gradient in the input's order this way)."""
+    import gc
+    import weakref
+
+    declaration.declare(OpDecl("toy_transpose", _toy_transpose, _toy_transpose_backward, inputs=("x",)))
+    try:
+        w = ag.tensor(Tensor.from_host(queue, rnd(4, 6).astype(np.float32)), requires_grad=True)
+        with ag.Tape() as tape:
+            x = ag.mul(w, 2.0)
+            loss = ag.sum(ag.toy_transpose(x) * ag.tensor(Tensor.from_host(queue, rnd(6, 4).astype(
+                np.float32))))
+        x_value = weakref.ref(x.value)
+        strides = x.value.strides
+        del x
+        gc.collect()
+        assert x_value() is None  # neither the graph nor toy_transpose's rule kept it
+        seen.clear()
+        tape.backward(loss)
+        (layout,) = seen
+        assert (layout.shape, layout.strides, layout.dtype, layout.ndim) == ((4, 6), strides, np.float32, 2)
+        assert layout.queue is queue and w.grad.shape == (4, 6)
+    finally:
+        declaration.withdraw("toy_transpose")
+
+
 def test_bad_declarations_say_what_is_wrong():
     with pytest.raises(ValueError, match="declared twice"):
         declaration.declare(declaration.get("softmax"))
