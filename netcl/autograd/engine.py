@@ -1,10 +1,10 @@
 """The autograd engine: Node (a Tensor plus how it was made), Parameter, Tape, no_grad, backward.
 
 A recorded Node's graph side is its GradFn (PyTorch's grad_fn): the rule, the rule's parents (a leaf
-Node itself, a recorded one by its GradFn) and what the pass needs of the node (shape, op). A GradFn holds its
-Node only weakly and no Node holds another, so a forward output lives while the user or a rule that saved it
-does, not until backward: an intermediate nothing saved (q and k before their rotation, say) goes back to the
-pool as soon as the forward pass lets go of it.
+Node itself, a recorded one by its GradFn) and what the pass needs of the node (shape, op). A GradFn does not
+hold its Node (weakly, once retain_grad() asks) and no Node holds another, so a forward output lives while
+the user or a rule that saved it does, not until backward: an intermediate nothing saved (q and k before their
+rotation, say) goes back to the pool as soon as the forward pass lets go of it.
 
 Ops record Nodes only inside `with Tape()` and only when an input requires a gradient, so code
 that runs outside a tape (evaluation) builds no graph. `tape.backward(loss)` sorts the graph
