@@ -86,11 +86,14 @@ def make_step(kind: str, q, mode: str, gpu: bool):
 
         def loss_of():
             return ag.cross_entropy(model(ag.tensor(x)), ag.tensor(y))
-    else:
-        cfg = GPTConfig(vocab_size=512, dim=256, n_layers=4, n_heads=4, max_seq_len=256)
+    else:  # gpt: a small GPT; gpt25m: lm-train's 25m preset (8 layers, dim 512, batch 32 x 512; GPU-sized)
+        big = kind == "gpt25m"
+        vocab, rows, seq = (4096, 32, 512) if big else (512, 8, 256)
+        cfg = GPTConfig(vocab_size=vocab, dim=512 if big else 256, n_layers=8 if big else 4,
+                        n_heads=8 if big else 4, max_seq_len=seq)
         model = GPT(q, cfg)
-        ids = Tensor.from_host(q, rng.integers(0, 512, (8, 256)).astype(np.int32))
-        targets = Tensor.from_host(q, rng.integers(0, 512, (8, 256)).astype(np.int32))
+        ids = Tensor.from_host(q, rng.integers(0, vocab, (rows, seq)).astype(np.int32))
+        targets = Tensor.from_host(q, rng.integers(0, vocab, (rows, seq)).astype(np.int32))
 
         def loss_of():
             return model.loss(ids, targets)
@@ -306,9 +309,9 @@ def print_bandwidth(rows: list[dict]) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gpu", action="store_true", help="run on the default GPU (else the CPU through PoCL)")
-    ap.add_argument("--models", nargs="*", default=["cnn", "gpt"], choices=["cnn", "gpt", "resnet"],
+    ap.add_argument("--models", nargs="*", default=["cnn", "gpt"], choices=["cnn", "gpt", "gpt25m", "resnet"],
                     help="step models (none: no step table); resnet: ResNet-18 (CIFAR layout, batch norm) at "
-                         "batch 64 (GPU) / 8 (CPU)")
+                         "batch 64 (GPU) / 8 (CPU); gpt25m: lm-train's 25m preset (a GPU's size)")
     ap.add_argument("--sizes", nargs="*", type=int, default=None, metavar="LOG2N",
                     help="the bandwidth table at 2**LOG2N elements (none given: no table)")
     ap.add_argument("--repeat", type=int, default=10)
@@ -321,7 +324,7 @@ def main() -> None:
     dev = manager.default("gpu" if args.gpu else "cpu")
     steps = []
     for kind in args.models:
-        if kind == "gpt" and GPT is None:
+        if kind.startswith("gpt") and GPT is None:
             print("(netcl.models is not here: GPT rows skipped)")
             continue
         for mode in MODES:
@@ -361,7 +364,7 @@ def main() -> None:
     profiles = {}
     for kind in args.models if args.profile else ():
         for mode in MODES:
-            if kind == "gpt" and GPT is None:
+            if kind.startswith("gpt") and GPT is None:
                 continue
             text = profile_step(kind, dev, mode, args.profile)
             profiles[f"{kind} {mode}"] = text
