@@ -282,6 +282,15 @@ inline uint rna1(const uint x) {
 #endif
 #define EPI_STAGED 1
 #endif
+// ... and float32 C (split-K's partial sums, C_ACC, or a TF32 product's float32 output) 64 rows at a time
+// (BM x BN floats do not fit the stages): rows of BN + 4 floats, then 16-byte pieces of them to C. H200, the
+// 25M GPT's bfloat16 weight gradients: the direct stores' 8-byte pieces wrote the slices at ~1.3 TB/s
+// (a 128-block launch of 8 k-tiles took 6 us longer into 8 MB of float32 slices than into bfloat16 C)
+#define EPI_LD32 (BN + 4)
+#if EPI_SMEM && !defined(SPLIT_LAST) && (defined(C_ACC) || !(defined(IS_BF16) || defined(IS_HALF))) && \
+    64 * EPI_LD32 * 4 <= WSTAGES * STAGE_BYTES
+#define EPI_STAGED32 1
+#endif
 
 __kernel __attribute__((reqd_work_group_size(THREADS, 1, 1)))
 void gemm_mma(GEMM_ARGS)
@@ -438,6 +447,35 @@ void gemm_mma(GEMM_ARGS)
             const int r = idx / (BN / 8), c = (idx % (BN / 8)) * 8;
             *(__global uint4 *)(C + (long)(m0 + r) * c_rs + n0 + c) =
                 *(__local const uint4 *)(cs + r * EPI_LD + c);
+        }
+        return;
+    }
+#endif
+#ifdef EPI_STAGED32
+    // the same for every work-item of the group
+    if (m0 + BM <= M && n0 + BN <= N && ((ulong)C) % 16 == 0 && c_rs % 4 == 0) {
+        __local float *const cs = (__local float *)tiles;
+        #pragma unroll
+        for (int pass = 0; pass < BM / 64; ++pass) {   // rows pass * 64 ..: m tile i of warpgroup wg
+            barrier(CLK_LOCAL_MEM_FENCE);   // the stages, or the last pass's rows, are free
+            #pragma unroll
+            for (int i = 0; i < MT; ++i)
+                if (wg * MT + i == pass) {
+                    #pragma unroll
+                    for (int j = 0; j < NT; ++j)
+                        #pragma unroll
+                        for (int h = 0; h < 2; ++h) {
+                            const int r = wq * 16 + g + h * 8, c = j * 8 + 2 * t, m = m0 + pass * 64 + r;
+                            vstore2((float2)(C_VALUE(acc[i][j][2 * h], m, n0 + c),
+                                             C_VALUE(acc[i][j][2 * h + 1], m, n0 + c + 1)),
+                                    0, cs + r * EPI_LD32 + c);
+                        }
+                }
+            barrier(CLK_LOCAL_MEM_FENCE);
+            for (int idx = tid; idx < 64 * BN / 4; idx += THREADS) {
+                const int r = idx / (BN / 4), c = (idx % (BN / 4)) * 4;
+                vstore4(vload4(0, cs + r * EPI_LD32 + c), 0, C + (long)(m0 + pass * 64 + r) * c_rs + n0 + c);
+            }
         }
         return;
     }

@@ -181,6 +181,20 @@ def test_wgmma_gemm_in_bounds(queue, ta, tb):
     np.testing.assert_allclose(got.to_host().astype(np.float64), want, rtol=0, atol=2e-3 * np.abs(want).max())
 
 
+@pytest.mark.gpu_shaped
+def test_wgmma_split_slices_staged_in_bounds(queue):
+    """The wgmma GEMM's split-K float32 slices through local memory (EPI_SMEM: 64 rows of BN + 4 floats, then
+    16-byte pieces), two slices of one interior 64 x 64 block: the passes' barriers leave no race."""
+    rng = np.random.default_rng(12)
+    a = rng.standard_normal((64, 64)).astype(np.float16)
+    b = rng.standard_normal((64, 64)).astype(np.float16)
+    params = {"BM": 64, "BN": 64, "BK": 32, "WGS": 1, "WSTAGES": 3, "GROUP_M": 0, "EMULATE": 2, "WGMMA": 1,
+              "EPI_SMEM": 1}
+    got = gemm(_operand(queue, a, False), _operand(queue, b, False), variant="mma", params=params, splits=2)
+    want = a.astype(np.float64) @ b
+    np.testing.assert_allclose(got.to_host().astype(np.float64), want, rtol=0, atol=2e-3 * np.abs(want).max())
+
+
 # the decode GEMV (gemm_gemv.cl): the GPUs' layout (the local-memory tree here: Oclgrind is no NVIDIA
 # device), ragged column groups and K blocks, A staged in local memory or read from global, and the CPUs' one
 # item a row

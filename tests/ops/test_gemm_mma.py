@@ -392,6 +392,22 @@ def test_emulated_wgmma_split_k_and_epilogue(queue, rng):
 
 
 @pytest.mark.gpu_shaped
+def test_emulated_wgmma_split_k_staged_slices_same_bits(queue, rng):
+    """EPI_SMEM 1 on split-K's float32 slices (C_ACC: 64 rows at a time through local memory, 16-byte pieces
+    out) against the direct stores, bit for bit, over interior and edge blocks of two m tiles; and against
+    float64."""
+    m, n, k = 131, 72, 192
+    a, b = _inputs(rng, BF16, m, n, k)
+    ta, tb = _aligned_view(queue, a, "t"), _aligned_view(queue, b, "n")
+    tile = {**WG_SMALL, "BM": 128, "WSTAGES": 3}
+    outs = [mm.gemm(ta, tb, variant="mma", params={**tile, "EPI_SMEM": e}, splits=3).to_host()
+            for e in (0, 1)]
+    assert outs[0].tobytes() == outs[1].tobytes()
+    want = a.astype(np.float64) @ b.astype(np.float64)
+    np.testing.assert_allclose(outs[1].astype(np.float64), want, rtol=0, atol=8e-3 * np.abs(want).max())
+
+
+@pytest.mark.gpu_shaped
 # float16 on one warpgroup, bfloat16 on two (two stages): the other way round (float16's emulated stores on
 # 256 items, three stages) took PoCL ~66 CPU s to compile, ~35 this way; WSTAGES 3 is
 # test_emulated_wgmma_matches_numpy's (both dtypes)

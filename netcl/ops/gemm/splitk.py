@@ -68,16 +68,23 @@ def choose_splits(device: Any, p: _Problem, tile: dict[str, int], partial_sums: 
     units = device.capabilities.compute_units
     if tiles >= GPU_SPLIT_FILL * 2 * units:
         return 1
-    # Hopper's warpgroup MMA: one wave of long slices (H200, the 25M GPT's bfloat16 weight gradients, kernel +
-    # reduction: 1376 x 512 x 16384 in 4 slices 83.6 us against 92.0 in 8, 512 x 512 x 16384 in 8 47.8 against
-    # 49.6 in 16)
-    one_wave = partial_sums and has_wgmma(device)
     best = 1
+    if partial_sums and has_wgmma(device):
+        # Hopper's warpgroup MMA: as many slices as keep the blocks within one wave of two an SM (two fit:
+        # registers and 48 KB of local memory each; an SM's k-tiles run ~1.6x faster with two than with one).
+        # H200, the 25M GPT's bfloat16 weight gradients, kernel + reduction, the float32 slices staged
+        # (EPI_SMEM): 512 x 512 x 16384 in 16 slices 40.6 us against 43.0 in 8; 1376 x 512 x 16384 in 4 83.7
+        # against 90.5 in 8 (bench/NOTES.md, fourteenth session)
+        for s in (2, 4, 8, 16):
+            if p.k % s or p.k // s < GPU_SPLIT_MIN_K or tiles * s > 2 * units:
+                break
+            best = s
+        return best
     for s in (2, 4, 8, 16):
         if p.k % s or p.k // s < GPU_SPLIT_MIN_K:
             break
         best = s
-        waves = 2 if p.k // s >= GPU_SPLIT_LONG_K and not one_wave else 1
+        waves = 2 if p.k // s >= GPU_SPLIT_LONG_K else 1
         if tiles * s >= GPU_SPLIT_FILL * waves * units:
             break
     return best
