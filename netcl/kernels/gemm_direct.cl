@@ -53,9 +53,17 @@ __kernel void gemm_reduce_splits(const int S, const int M, const int N, __global
     const long plane = (long)M * N;
 #if RED_VEC == 4
     __global const ACC4 *const part4 = (__global const ACC4 *)partial + ((long)m * N + n) / 4;
+    // eight slices' loads in flight at a time, added in slice order (the same sums as one at a time)
     ACC4 acc = 0;
-    #pragma unroll 4
-    for (int s = 0; s < S; ++s) acc += part4[s * (plane / 4)];
+    int s = 0;
+    for (; s + 8 <= S; s += 8) {
+        ACC4 v[8];
+        #pragma unroll
+        for (int u = 0; u < 8; ++u) v[u] = part4[(s + u) * (plane / 4)];
+        #pragma unroll
+        for (int u = 0; u < 8; ++u) acc += v[u];
+    }
+    for (; s < S; ++s) acc += part4[s * (plane / 4)];
     const long c = c_off + m * c_rs + n;
     STORE1(gemm_epilogue(acc.s0, m, n, alpha, bias, bias_stride, residual, res_rs, res_cs), c, C);
     STORE1(gemm_epilogue(acc.s1, m, n + 1, alpha, bias, bias_stride, residual, res_rs, res_cs), c + 1, C);

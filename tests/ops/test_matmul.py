@@ -235,11 +235,12 @@ def test_epilogue_argument_errors(queue):
 @GPU_SHAPED
 @pytest.mark.parametrize("ta,tb,n", [(False, False, 29), (True, True, 29), (False, False, 32)])
 def test_split_k_with_epilogue(queue, rng, ta, tb, n):
-    # n = 32: the reduction reads four columns a work-item (RED_VEC 4)
+    # n = 32: the reduction reads four columns a work-item (RED_VEC 4), twelve slices (a group of eight
+    # loads in flight, then four one at a time)
     m, k = 37, 96
     a, b, bias, res = host(rng, (m, k)), host(rng, (k, n)), host(rng, (n,)), host(rng, (m, n))
     got = gemm(dev(queue, a, ta), dev(queue, b, tb), dev(queue, bias), "relu", dev(queue, res), 1.5,
-               variant="tiled", params=SMALL_TILED, splits=4)
+               variant="tiled", params=SMALL_TILED, splits=12 if n == 32 else 4)
     check(got, np.maximum(1.5 * (a.astype(np.float64) @ b) + bias, 0) + res, k=k)
 
 
