@@ -496,6 +496,37 @@ def gpt_tiles(dev, dt: np.dtype, tiles: list[dict], only: str = "") -> dict[str,
     return out
 
 
+def gpt_splits(dev, dt: np.dtype, slices: list[int | None]) -> dict[str, object]:
+    """--gpt-splits: the GPT's weight gradients (split-K) with each slice count (None: netcl's choice), the
+    GEMM launch and the slices' reduction apart: each kernel's mean event time over 20 eager calls."""
+    from netcl import profiling  # noqa: PLC0415
+
+    q = dev.queue
+    rng = np.random.default_rng(0)
+    out: dict[str, object] = {}
+    for name, m, n, k, layout in gpt_shapes():
+        if "grad weight" not in name:
+            continue
+        ta = operand(q, rng.standard_normal((m, k), dtype=np.float32).astype(dt), layout[0] == "t")
+        tb = operand(q, rng.standard_normal((k, n), dtype=np.float32).astype(dt), layout[1] == "t")
+        for s in slices:
+            for _ in range(5):
+                mm.gemm(ta, tb, variant="mma", splits=s)
+            q.finish()
+            with profiling.profile() as prof:
+                for _ in range(20):
+                    mm.gemm(ta, tb, variant="mma", splits=s)
+                q.finish()
+            kernels = {r.name: round(r.mean * 1e6, 1) for r in prof.rows("kernel")}
+            total = sum(kernels.values())
+            out[f"{name} S={s or 'auto'}"] = {**kernels, "us": round(total, 1),
+                                               "tflops": round(2.0 * m * n * k / total / 1e6, 1)}
+            parts = "  ".join(f"{key} {v} us" for key, v in kernels.items())
+            print(f"{name:28s} S={str(s or 'auto'):4s} {parts}  = {total:.1f} us, "
+                  f"{2.0 * m * n * k / total / 1e6:.0f} TFLOP/s", flush=True)
+    return out
+
+
 def torch_graphed_seconds(torch, fn, repeat: int = 7, inner: int = 5) -> float:
     """Median seconds of `fn`'s device work alone on PyTorch's side: `inner` calls captured in a CUDA graph
     and replayed (the peer of netcl's replayed figure: eager calls of a 20 us GEMM are host-bound there)."""
@@ -567,11 +598,19 @@ def main() -> None:
     ap.add_argument("--gpt", action="store_true", help="each GEMM shape of the 25M GPT's step beside torch")
     ap.add_argument("--only", default="", help="--gpt --tiles: only the shapes whose name holds this text")
     ap.add_argument("--tiles", default="", help="--gpt: a JSON list of mma tile params to time instead")
+    ap.add_argument("--gpt-splits", action="store_true",
+                    help="the GPT's weight gradients in 4, 8, 16 slices and netcl's choice: the GEMM and "
+                         "the reduction apart")
     args = ap.parse_args()
     if args.wgmma_one:
         name, params, sizes = json.loads(args.wgmma_one)
         dt = BF16 if name == "bfloat16" else np.dtype(name)
         print(json.dumps(wgmma_one(manager.get("gpu"), dt, params, sizes)))
+        return
+    if args.gpt_splits:
+        result = gpt_splits(manager.get("gpu"), BF16, [None, 4, 8, 16])
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result, indent=1))
         return
     if args.gpt and args.tiles:
         result = gpt_tiles(manager.get("gpu"), BF16, json.loads(args.tiles), args.only)
