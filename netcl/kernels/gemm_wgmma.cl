@@ -23,7 +23,8 @@
 // Defines: MMA_F16 | MMA_BF16 | MMA_TF32, BM, BN (64, 128 or 256), BK, WSTAGES, WGS, WPIPE (0: each tile's
 // wgmmas finish before the next tile's barrier; 1: one batch stays in flight), A_MN (A stored K x M),
 // B_MN (B stored K x N), TF32_ROUND (1: float32 tiles rounded to TF32 in local memory; 0: the matrix units
-// truncate, as cuBLAS's TF32 mode does), EPI_SMEM (below), GROUP_M (as gemm_mma.cl), MMA_EMULATE (wgmma
+// truncate, as cuBLAS's TF32 mode does), EPI_SMEM (below), GROUP_M (as gemm_mma.cl), SPLIT_KT (split-K's
+// whole K where the slices do not divide it: K is each slice's length, the last one shorter), MMA_EMULATE (wgmma
 // computed from the same local tiles by address arithmetic, cp.async as a copy: the layouts and edges
 // testable on any OpenCL device, e.g. PoCL and Oclgrind).
 
@@ -308,6 +309,12 @@ void gemm_mma(GEMM_ARGS)
     const int wg = warp >> 2, wq = warp & 3, g = lane >> 2, t = lane & 3;
     MMA_BLOCK();
     MMA_ACC_ZERO();
+#ifdef SPLIT_KT
+    // split-K whose slices do not divide K (SPLIT_KT, the whole K): slice z starts z K on, the last covers
+    // only what is left
+    const int k_slice = min(K, SPLIT_KT - (int)get_group_id(2) * K);
+#define K k_slice
+#endif
 
     // Each work-item's 16-byte chunks keep their place from tile to tile: sources, destinations and edge
     // limits are set up once. K-major chunks: (row, k chunk), `lim` the elements left in the row from
@@ -481,4 +488,7 @@ void gemm_mma(GEMM_ARGS)
     }
 #endif
     MMA_STORE_ACC(wg * WG_ROWS + wq * 16, 64, 0);
+#ifdef SPLIT_KT
+#undef K
+#endif
 }

@@ -392,6 +392,21 @@ def test_emulated_wgmma_split_k_and_epilogue(queue, rng):
 
 
 @pytest.mark.gpu_shaped
+@pytest.mark.parametrize("layout", ["tn", "nt"])
+def test_emulated_wgmma_uneven_split_k(queue, rng, layout):
+    """K = 160 in three slices: two of 64 and a last one of 32 (SPLIT_KT), K- and MN-major operands, edge
+    blocks; against float64. The mma.sync kernel, which takes equal slices only, runs the nearest count that
+    divides K (here 2) and agrees."""
+    m, n, k = 37, 29, 160
+    a, b = _inputs(rng, BF16, m, n, k)
+    ta, tb = _aligned_view(queue, a, layout[0]), _aligned_view(queue, b, layout[1])
+    want = a.astype(np.float64) @ b.astype(np.float64)
+    for params in (WG_SMALL, {**WG_SMALL, "EMULATE": 1, "WGMMA": 0, "BM": 64, "BN": 64, "WM": 32, "WN": 32}):
+        got = mm.gemm(ta, tb, variant="mma", params=params, splits=3).to_host().astype(np.float64)
+        np.testing.assert_allclose(got, want, rtol=0, atol=8e-3 * np.abs(want).max())
+
+
+@pytest.mark.gpu_shaped
 def test_emulated_wgmma_split_k_staged_slices_same_bits(queue, rng):
     """EPI_SMEM 1 on split-K's float32 slices (C_ACC: 64 rows at a time through local memory, 16-byte pieces
     out) against the direct stores, bit for bit, over interior and edge blocks of two m tiles; and against

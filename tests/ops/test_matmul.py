@@ -292,11 +292,16 @@ def test_split_k_choice_fills_a_gpu_only_for_skinny_problems(queue):
     hopper_caps = SimpleNamespace(kind="gpu", compute_units=132, nv_compute_capability=(9, 0),
                                   extensions="cl_nv_compiler_options")
     hopper = SimpleNamespace(capabilities=hopper_caps, platform_name="NVIDIA CUDA")
-    for m, n, on_hopper, elsewhere in ((512, 512, 16, 16), (1376, 512, 4, 8), (512, 1376, 4, 8)):
+    for m, n, on_hopper, elsewhere in ((512, 512, 16, 16), (1376, 512, 6, 8), (512, 1376, 6, 8)):
         gw = replace(p16, m=m, n=n, k=16384)
         assert choose_splits(hopper, gw, tile, partial_sums=True) == on_hopper
         assert choose_splits(h200_like, gw, tile, partial_sums=True) == elsewhere
     assert choose_splits(hopper, replace(p16, m=704, n=256, k=2048), tile, partial_sums=True) == 16
+    # slices at least 64 deep: 600 in 9
+    assert choose_splits(hopper, replace(p16, m=704, n=256, k=600), tile, partial_sums=True) == 9
+    # six slices of 16384: five of 2752 (a 32-deep multiple) and a last one of 2624
+    assert splitk.slices(16384, 6) == (2752, 6) and splitk.slices(16384, 8) == (2048, 8)
+    assert splitk.slices(100, 3) == (64, 2)  # 34 -> 64 deep: two slices cover it
 
 
 def test_linear_on_tokens_is_one_row_gemm(queue, rng):

@@ -97,7 +97,8 @@ def launch(
         if splits is None:
             splits = splitk.choose_splits(device, p, tile, partial_sums=True)
         # split-K's slices start chunk * a_ks / chunk * b_ks elements on: batch steps as any other
-        slice_steps = (p.k // splits * a_ks, p.k // splits * b_ks) if splits > 1 else ()
+        chunk = splitk.slices(p.k, splits)[0]
+        slice_steps = (chunk * a_ks, chunk * b_ks) if splits > 1 else ()
         vec = 16 // dt.itemsize
         # the operands' contiguous axes: cp.async needs each row (and matrix, and slice) start on 16 bytes
         a_lead = a_rs if a_ks == 1 else a_ks if a_rs == 1 else 0
@@ -115,6 +116,8 @@ def launch(
                 defines["B_MN"] = None
         else:
             defines["WGMMA"] = 0  # the mma.sync kernel
+            if splits > 1 and p.k % splits:  # its slices are all one length: the nearest count that divides
+                splits = max(s for s in range(1, splits + 1) if p.k % s == 0)
             # 16-byte loads where A runs along K and B along N (its rows: a k-major tile) or along K;
             # cp.async (ASYNC) also needs every row and matrix start on a 16-byte boundary
             aligned = a_ks == 1 and (b_ns == 1 or b_ks == 1)

@@ -70,15 +70,15 @@ def choose_splits(device: Any, p: _Problem, tile: dict[str, int], partial_sums: 
         return 1
     best = 1
     if partial_sums and has_wgmma(device):
-        # Hopper's warpgroup MMA: as many slices as keep the blocks within one wave of two an SM (two fit:
-        # registers and 48 KB of local memory each; an SM's k-tiles run ~1.6x faster with two than with one).
-        # H200, the 25M GPT's bfloat16 weight gradients, kernel + reduction, the float32 slices staged
-        # (EPI_SMEM): 512 x 512 x 16384 in 16 slices 40.6 us against 43.0 in 8; 1376 x 512 x 16384 in 4 83.7
-        # against 90.5 in 8 (bench/NOTES.md, fourteenth session)
-        for s in (2, 4, 8, 16):
-            if p.k % s or p.k // s < GPU_SPLIT_MIN_K or tiles * s > 2 * units:
-                break
-            best = s
+        # Hopper's warpgroup MMA: as many slices as make one wave of two blocks an SM (two fit: registers
+        # and 48 KB of local memory each; an SM's k-tiles run ~1.6x faster with two than with one), any
+        # count up to 16 (K need not divide: the last slice is shorter, `slices`). H200, the 25M GPT's
+        # bfloat16 weight gradients, kernel + reduction, the float32 slices staged (EPI_SMEM): 512 x 512 x
+        # 16384 in 16 slices 40.6 us against 43.0 in 8; 1376 x 512 x 16384 (44 blocks) in 4 83.7 against
+        # 90.5 in 8 (bench/NOTES.md, fourteenth session)
+        best = max(1, min(16, 2 * units // tiles))
+        while best > 1 and -(-p.k // best) < GPU_SPLIT_MIN_K:
+            best -= 1
         return best
     for s in (2, 4, 8, 16):
         if p.k % s or p.k // s < GPU_SPLIT_MIN_K:
@@ -105,6 +105,17 @@ def choose_cpu_splits(p: _Problem, variant: str) -> int:
     return 0
 
 
+def slices(k: int, splits: int) -> tuple[int, int]:
+    """(chunk, count): K in `splits` slices of `chunk` (K divisible), or, where it does not divide, slices
+    of a 32-deep multiple (a k-tile of every matrix-unit block: the slices start on 16-byte boundaries
+    wherever K's rows do) and a shorter last one, fewer of them where that covers K sooner."""
+    if splits <= 1 or k % splits == 0:
+        return max(1, k // max(splits, 1)), max(splits, 1)
+    even = -(-k // splits)
+    chunk = -(-even // 32) * 32
+    return chunk, -(-k // chunk)
+
+
 def gpu_split(
     variant: str,
     p: _Problem,
@@ -127,14 +138,18 @@ def gpu_split(
     gradients (M x N = 256..704 x 256, K = 2048 tokens) gave the unsplit mma kernel 4-11 blocks of 128 x 128
     for the H200's 132 SMs (2.35 TFLOP/s, bench/NOTES.md, mixed precision). Returns the workspace."""
     a_rs, a_ks, b_ks, b_ns = strides
-    if p.k % splits:
-        raise ShapeError(f"split-K needs K={p.k} divisible by {splits}")
+    uneven = p.k % splits != 0
+    if uneven and not (variant == "mma" and defines.get("WGMMA", 0) is None):
+        raise ShapeError(f"split-K needs K={p.k} divisible by {splits} (a shorter last slice: the wgmma "
+                         f"kernel only)")
     dt = p.out.dtype
     acc_dt = dtypes.float64 if dt == dtypes.float64 else dtypes.float32
     partial_sums = variant == "mma"
     if dt != acc_dt and not partial_sums:
         raise DTypeError(f"split-K on the {variant} kernel runs for float32/float64 only, got {dt}")
-    chunk = p.k // splits
+    chunk, splits = slices(p.k, splits)
+    if uneven:
+        defines = {**defines, "SPLIT_KT": p.k}  # each slice's K: the chunk, the last one what is left
     work = Tensor.empty(p.out.queue, (splits, p.m, p.n), acc_dt)
     in_kernel = sums_in_kernel(acc_dt, defines)
     if in_kernel:  # the epilogue's defines stay: the block's last work-group applies it
