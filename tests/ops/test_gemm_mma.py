@@ -12,7 +12,7 @@ import pytest
 import netcl
 from netcl.core import capture, dtypes
 from netcl.core.tensor import Tensor
-from netcl.errors import DTypeError
+from netcl.errors import DTypeError, ShapeError
 from netcl.ops import gemm as mm
 from netcl.ops.gemm import api, splitk, variants
 from netcl.ops.gemm.launch import launch
@@ -393,17 +393,24 @@ def test_emulated_wgmma_split_k_and_epilogue(queue, rng):
 
 @pytest.mark.gpu_shaped
 @pytest.mark.parametrize("layout", ["tn", "nt"])
-def test_emulated_wgmma_uneven_split_k(queue, rng, layout):
+def test_emulated_wgmma_uneven_split_k(queue, rng, layout, monkeypatch):
     """K = 160 in three slices: two of 64 and a last one of 32 (SPLIT_KT), K- and MN-major operands, edge
-    blocks; against float64. The mma.sync kernel, which takes equal slices only, runs the nearest count that
-    divides K (here 2) and agrees."""
+    blocks; against float64. The mma.sync kernel takes equal slices only: three of 160 are refused there
+    (netcl's own choice takes the nearest count that divides K instead)."""
     m, n, k = 37, 29, 160
     a, b = _inputs(rng, BF16, m, n, k)
     ta, tb = _aligned_view(queue, a, layout[0]), _aligned_view(queue, b, layout[1])
     want = a.astype(np.float64) @ b.astype(np.float64)
-    for params in (WG_SMALL, {**WG_SMALL, "EMULATE": 1, "WGMMA": 0, "BM": 64, "BN": 64, "WM": 32, "WN": 32}):
-        got = mm.gemm(ta, tb, variant="mma", params=params, splits=3).to_host().astype(np.float64)
-        np.testing.assert_allclose(got, want, rtol=0, atol=8e-3 * np.abs(want).max())
+    got = mm.gemm(ta, tb, variant="mma", params=WG_SMALL, splits=3).to_host().astype(np.float64)
+    np.testing.assert_allclose(got, want, rtol=0, atol=8e-3 * np.abs(want).max())
+    sync = {**WG_SMALL, "EMULATE": 1, "WGMMA": 0, "BM": 64, "BN": 64, "WM": 32, "WN": 32}
+    with pytest.raises(ShapeError, match="divisible by 3"):
+        mm.gemm(ta, tb, variant="mma", params=sync, splits=3)
+    monkeypatch.setattr(splitk, "choose_splits", lambda dev_, p, tile, partial_sums=False: 3)
+    with count_launches() as c:
+        got = mm.gemm(ta, tb, variant="mma", params=sync).to_host().astype(np.float64)
+    assert c.count == 2  # the GEMM over 2 slices of 80, the reduction
+    np.testing.assert_allclose(got, want, rtol=0, atol=8e-3 * np.abs(want).max())
 
 
 @pytest.mark.gpu_shaped

@@ -94,21 +94,32 @@ def launch(
         defines.pop("HAS_RESIDUAL", None)
         defines["MASK_RESIDUAL"] = None
     if variant == "mma":
-        if splits is None:
+        chosen = splits is None
+        if chosen:
             splits = splitk.choose_splits(device, p, tile, partial_sums=True)
-        # split-K's slices start chunk * a_ks / chunk * b_ks elements on: batch steps as any other
-        chunk = splitk.slices(p.k, splits)[0]
-        slice_steps = (chunk * a_ks, chunk * b_ks) if splits > 1 else ()
         vec = 16 // dt.itemsize
         # the operands' contiguous axes: cp.async needs each row (and matrix, and slice) start on 16 bytes
         a_lead = a_rs if a_ks == 1 else a_ks if a_rs == 1 else 0
         b_lead = b_ks if b_ns == 1 else b_ns if b_ks == 1 else 0
-        copies_16 = a_lead > 0 and b_lead > 0 and all(
-            v % vec == 0 for v in (a.offset, b.offset, a_lead, b_lead, *a_bs, *b_bs, *slice_steps))
+
+        def copies_16(splits: int) -> bool:
+            # split-K's slices start chunk * a_ks / chunk * b_ks elements on: batch steps as any other
+            chunk = splitk.slices(p.k, splits)[0]
+            slice_steps = (chunk * a_ks, chunk * b_ks) if splits > 1 else ()
+            return a_lead > 0 and b_lead > 0 and all(
+                v % vec == 0 for v in (a.offset, b.offset, a_lead, b_lead, *a_bs, *b_bs, *slice_steps))
+
         # Hopper's warpgroup MMA (gemm_wgmma.cl) where the tile asks for it and the device has it: A and B
         # K- or MN-major, copied 16 bytes at a time (TF32 both K-major: wgmma transposes 16-bit operands)
         wgmma_layout = dt != dtypes.float32 or (a_ks == 1 and b_ks == 1)
-        if copies_16 and wgmma_layout and variants.takes_wgmma(device, defines):
+        wgmma = wgmma_layout and variants.takes_wgmma(device, defines) and copies_16(splits)
+        if chosen and not wgmma and splits > 1 and p.k % splits:
+            # the mma.sync kernel's slices are all one length (a shorter last one: wgmma's SPLIT_KT only):
+            # the nearest count that divides K, its slices' alignment checked again (a count the caller
+            # gave that does not divide K is refused there: splitk.gpu_split)
+            splits = max(s for s in range(1, splits + 1) if p.k % s == 0)
+        aligned_16 = copies_16(splits)
+        if wgmma:
             defines["WGMMA"] = None
             if a_ks != 1:
                 defines["A_MN"] = None
@@ -116,8 +127,6 @@ def launch(
                 defines["B_MN"] = None
         else:
             defines["WGMMA"] = 0  # the mma.sync kernel
-            if splits > 1 and p.k % splits:  # its slices are all one length: the nearest count that divides
-                splits = max(s for s in range(1, splits + 1) if p.k % s == 0)
             # 16-byte loads where A runs along K and B along N (its rows: a k-major tile) or along K;
             # cp.async (ASYNC) also needs every row and matrix start on a 16-byte boundary
             aligned = a_ks == 1 and (b_ns == 1 or b_ks == 1)
@@ -125,7 +134,7 @@ def launch(
                 defines["ALIGNED"] = None
             if b_ns == 1:
                 defines["B_KMAJOR"] = None
-            if not (defines.pop("ASYNC", 0) and aligned and copies_16):
+            if not (defines.pop("ASYNC", 0) and aligned and aligned_16):
                 defines.pop("STAGES", None)
             else:
                 defines["ASYNC"] = None

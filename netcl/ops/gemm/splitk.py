@@ -74,8 +74,8 @@ def choose_splits(device: Any, p: _Problem, tile: dict[str, int], partial_sums: 
         # and 48 KB of local memory each; an SM's k-tiles run ~1.6x faster with two than with one), any
         # count up to 16 (K need not divide: the last slice is shorter, `slices`). H200, the 25M GPT's
         # bfloat16 weight gradients, kernel + reduction, the float32 slices staged (EPI_SMEM): 512 x 512 x
-        # 16384 in 16 slices 40.6 us against 43.0 in 8; 1376 x 512 x 16384 (44 blocks) in 4 83.7 against
-        # 90.5 in 8 (bench/NOTES.md, fourteenth session)
+        # 16384 in 16 slices 40.6 us against 43.0 in 8; 1376 x 512 x 16384 (44 blocks) in 6 70.4 against
+        # 85.9 in 4 and 85.0 in 8 (bench/NOTES.md, fourteenth session)
         best = max(1, min(16, 2 * units // tiles))
         while best > 1 and -(-p.k // best) < GPU_SPLIT_MIN_K:
             best -= 1

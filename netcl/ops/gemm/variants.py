@@ -119,8 +119,9 @@ DEFAULTS: dict[str, dict[str, dict[str, int]]] = {
     # EMULATE=2 emulates that kernel on any device. EPI_SMEM=1: half C leaves through local memory in 16-byte
     # rows (H200, the 25M GPT's bfloat16 shapes, TFLOP/s: K = 512 forwards 179 -> 266, 247 -> 330, 253 -> 344,
     # lm_head 293 -> 380; grad inputs 231 -> 309, 358 -> 408, 257 -> 325, 462 -> 481); split-K's float32
-    # partial sums leave the same way, 64 rows at a time (the weight gradients, replayed against torch's CUDA
-    # graph: 0.40 / 0.47 / 0.46x -> 0.45 / 0.50 / 0.49x, fourteenth session). TF32 there: the float32 tiles
+    # partial sums leave the same way, 64 rows at a time (with one wave of two blocks an SM,
+    # splitk.choose_splits: the weight gradients, replayed against torch's CUDA graph, 0.40 / 0.47 / 0.46x ->
+    # 0.53 / 0.61 / 0.59x, fourteenth session). TF32 there: the float32 tiles
     # as they landed, the units reading their top 19 bits (TF32_ROUND=0, as CUTLASS's Hopper TF32 kernels
     # feed them); rounding them in local memory first (TF32_ROUND=1, mma.sync's cvt.rna) cost 1.5x: 135
     # against 215 TFLOP/s at 8192^3 on the H200, cuBLAS TF32 389 (bench/NOTES.md).
