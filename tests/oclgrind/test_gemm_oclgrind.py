@@ -195,6 +195,19 @@ def test_wgmma_split_slices_staged_in_bounds(queue):
     np.testing.assert_allclose(got.to_host().astype(np.float64), want, rtol=0, atol=2e-3 * np.abs(want).max())
 
 
+@pytest.mark.gpu_shaped
+def test_wgmma_uneven_split_in_bounds(queue):
+    """The wgmma GEMM's split-K where the slices do not divide K (SPLIT_KT): K = 80 in slices of 32, 32 and 16,
+    A stored K x M, the last slice's rows read up to K and no further; edges in M and N."""
+    rng = np.random.default_rng(13)
+    a = rng.standard_normal((24, 80)).astype(np.float16)
+    b = rng.standard_normal((80, 24)).astype(np.float16)
+    params = {"BM": 64, "BN": 64, "BK": 32, "WGS": 1, "WSTAGES": 2, "GROUP_M": 0, "EMULATE": 2, "WGMMA": 1}
+    got = gemm(_operand(queue, a, True), _operand(queue, b, False), variant="mma", params=params, splits=3)
+    want = a.astype(np.float64) @ b
+    np.testing.assert_allclose(got.to_host().astype(np.float64), want, rtol=0, atol=2e-3 * np.abs(want).max())
+
+
 # the decode GEMV (gemm_gemv.cl): the GPUs' layout (the local-memory tree here: Oclgrind is no NVIDIA
 # device), ragged column groups and K blocks, A staged in local memory or read from global, and the CPUs' one
 # item a row
