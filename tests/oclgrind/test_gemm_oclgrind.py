@@ -197,8 +197,8 @@ def test_wgmma_split_slices_staged_in_bounds(queue):
 
 @pytest.mark.gpu_shaped
 def test_wgmma_uneven_split_in_bounds(queue):
-    """The wgmma GEMM's split-K where the slices do not divide K (SPLIT_KT): K = 80 in slices of 32, 32 and 16,
-    A stored K x M, the last slice's rows read up to K and no further; edges in M and N."""
+    """The wgmma GEMM's split-K where the slices do not divide K (SPLIT_KT): K = 80 in slices of 32, 32 and
+    16, A stored K x M, the last slice's rows read up to K and no further; edges in M and N."""
     rng = np.random.default_rng(13)
     a = rng.standard_normal((24, 80)).astype(np.float16)
     b = rng.standard_normal((80, 24)).astype(np.float16)
