@@ -109,8 +109,10 @@ def slices(k: int, splits: int) -> tuple[int, int]:
     """(chunk, count): K in `splits` slices of `chunk` (K divisible), or, where it does not divide, slices
     of a 32-deep multiple (a k-tile of every matrix-unit block: the slices start on 16-byte boundaries
     wherever K's rows do) and a shorter last one, fewer of them where that covers K sooner."""
-    if splits <= 1 or k % splits == 0:
-        return max(1, k // max(splits, 1)), max(splits, 1)
+    if splits <= 1:
+        return k, 1
+    if k % splits == 0:
+        return k // splits, splits
     even = -(-k // splits)
     chunk = -(-even // 32) * 32
     return chunk, -(-k // chunk)
