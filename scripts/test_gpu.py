@@ -36,7 +36,13 @@ def main(argv: list[str]) -> int:
     print(f"make test-gpu: the suite on {device.describe()} (NETCL_DEVICE=gpu)", flush=True)
     if argv[:1] == ["--check"]:
         return 0
-    return subprocess.call([sys.executable, "-m", "pytest", "tests", *workers(argv), *argv], cwd=ROOT)
+    return subprocess.call([sys.executable, "-m", "pytest", *targets(argv), *workers(argv), *argv], cwd=ROOT)
+
+
+def targets(argv: list[str]) -> list[str]:
+    """The whole suite, unless the arguments name tests of their own (a path, or a path::test)."""
+    named = [a for a in argv if not a.startswith("-") and (ROOT / a.split("::")[0]).exists()]
+    return [] if named else ["tests"]
 
 
 def workers(argv: list[str]) -> list[str]:

@@ -30,3 +30,16 @@ def test_the_makefile_and_the_readme_name_it():
     recipe = "\ntest-gpu: $(STAMP)\n\t$(PY) scripts/test_gpu.py $(PYTEST_ARGS)"
     assert recipe in (ROOT / "Makefile").read_text()
     assert "make test-gpu" in (ROOT / "README.md").read_text()
+
+
+def test_named_tests_replace_the_whole_suite():
+    """`make test-gpu PYTEST_ARGS=tests/ops/test_matmul.py` runs that file, not the suite and the file."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import test_gpu
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    assert test_gpu.targets(["-q", "-p", "no:cacheprovider", "-rf"]) == ["tests"]
+    assert test_gpu.targets(["-q", "tests/ops/test_matmul.py"]) == []
+    assert test_gpu.targets(["tests/ops/test_matmul.py::test_tiled_four_wide_fetch", "-x"]) == []
+    assert test_gpu.targets(["-k", "no/such/path"]) == ["tests"]
