@@ -112,13 +112,14 @@ def launch(
         # Hopper's warpgroup MMA (gemm_wgmma.cl) where the tile asks for it and the device has it: A and B
         # K- or MN-major, copied 16 bytes at a time (TF32 both K-major: wgmma transposes 16-bit operands)
         wgmma_layout = dt != dtypes.float32 or (a_ks == 1 and b_ks == 1)
-        wgmma = wgmma_layout and variants.takes_wgmma(device, defines) and copies_16(splits)
+        aligned_16 = copies_16(splits)
+        wgmma = wgmma_layout and aligned_16 and variants.takes_wgmma(device, defines)
         if chosen and not wgmma and splits > 1 and p.k % splits:
             # the mma.sync kernel's slices are all one length (a shorter last one: wgmma's SPLIT_KT only):
             # the nearest count that divides K, its slices' alignment checked again (a count the caller
             # gave that does not divide K is refused there: splitk.gpu_split)
             splits = max(s for s in range(1, splits + 1) if p.k % s == 0)
-        aligned_16 = copies_16(splits)
+            aligned_16 = copies_16(splits)
         if wgmma:
             defines["WGMMA"] = None
             if a_ks != 1:
