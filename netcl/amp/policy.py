@@ -10,7 +10,8 @@ reductions accumulate in float32; losses take half logits as they are and return
 
 Declared (see each declaration for why): the GEMMs (matmul, linear, linear_residual: float16 everywhere,
 bfloat16 on matrix units or through float32 products rounded once), conv2d, flash_attention, the norms
-(batch_norm casts only x: its weight, bias and statistics stay float32) in half; softmax and log_softmax
+(they cast only x: their weights, biases and statistics stay float32, and so do the parameters'
+gradients) in half; softmax and log_softmax
 in float32. An op whose half path lands opts in by its declaration, or with one call,
 `allow("conv2d", "float16", "bfloat16")`; the op's autograd function casts its inputs by its name.
 """

@@ -108,6 +108,17 @@ def cast_inputs(op: str, *xs: Any) -> tuple[Any, ...]:
     return tuple(out)
 
 
+def widened(given: Any, cast: Any) -> bool:
+    """Whether cast_inputs made `cast` from `given`, a float32 Node or Tensor: the op's rule may then return
+    that input's gradient in float32 (the cast's rule passes a gradient already in float32 on unchanged), as
+    the GEMMs' weight gradients do (netcl.ops.gemm.matmul_wide: the float32 sums, not rounded to half and
+    widened again by a launch of their own)."""
+    if cast is given or given is None:
+        return False
+    value = given.value if isinstance(given, Node) else given
+    return isinstance(value, Tensor) and value.dtype == dtypes.float32
+
+
 def _cast(x: Any, dt: np.dtype) -> Any:
     """ew.cast(x, dt), shared within the autocast block for leaves (parameters, plain Tensors) and, while a
     tape records, for nodes that require grad (the tape holds them until backward anyway: a value used by

@@ -97,10 +97,19 @@ def _source(decl: OpDecl) -> tuple[str, dict[str, Any]]:
             head.append(f"{n}=_d{i}")
     lines = [f"def {decl.name}({', '.join(head)}):"]
     casts = decl.cast_inputs()
+    wants_wide = decl.backward is not None and "wide" in decl.backward_arguments()
+    if wants_wide:  # per input: whether autocast widened it here (declaration's `wide`)
+        lines.append(f"    wide = {(False,) * len(decl.inputs)!r}")
     if casts:
         names = ", ".join(casts)
-        lines += ["    if _autocast.stack:",
-                  f"        {names}, = _cast_inputs({decl.name!r}, {names})"]
+        lines += ["    if _autocast.stack:"]
+        if wants_wide:
+            lines.append(f"        _given = ({names},)")
+        lines.append(f"        {names}, = _cast_inputs({decl.name!r}, {names})")
+        if wants_wide:
+            lines.append("        wide = (" + "".join(
+                f"_widened(_given[{casts.index(n)}], {n}), " if n in casts else "False, "
+                for n in decl.inputs) + ")")
     for n in decl.inputs:
         if n in optional:
             lines += [f"    if {n} is not None and not _isinstance({n}, _Node):",
@@ -154,7 +163,7 @@ def _source(decl: OpDecl) -> tuple[str, dict[str, Any]]:
 
     # the backward's arguments, by name: what it reads is all the closure keeps
     available = {n: value[n] for n in params}
-    available.update({s: s for s in decl.saves}, out="out", needs="needs")
+    available.update({s: s for s in decl.saves}, out="out", needs="needs", wide="wide")
     available.update({f"{n}_{form}": f"{n}_{form}" for form in ("shape", "layout") for n in decl.inputs})
     if decl.inputs:
         available["input_shape"] = f"{decl.inputs[0]}_shape"
@@ -179,9 +188,9 @@ def _source(decl: OpDecl) -> tuple[str, dict[str, Any]]:
         lines += [f"        return {call}"]
     lines.append(f"    return _record(out, parents, backward, {decl.name!r})")
     env.update(_forward=forward, _backward=decl.backward, _autocast=autocast._state,
-               _cast_inputs=autocast.cast_inputs, _isinstance=isinstance, _Node=Node,
-               _as_node=as_node, _record=record, _layout=Layout.of, _engine=engine._state, _pick=_pick,
-               __name__=__name__)
+               _cast_inputs=autocast.cast_inputs, _widened=autocast.widened, _isinstance=isinstance,
+               _Node=Node, _as_node=as_node, _record=record, _layout=Layout.of, _engine=engine._state,
+               _pick=_pick, __name__=__name__)
     return "\n".join(lines) + "\n", env
 
 

@@ -143,6 +143,11 @@ def _gradients(d: _Derivative, wanted: tuple[int, ...], saved: dict[int, Tensor]
         traced = d.grads[i]
         if traced.op == "input" and traced.attr == d.g_slot and g.dtype == dtypes[i]:
             grads[i] = g  # add, sub: the gradient passes unchanged (no copy)
+        elif (traced.op == "cast" and traced.args[0].op == "input" and traced.args[0].attr == d.g_slot
+              and g.dtype == dtypes[i]):
+            # a cast whose gradient arrives in its input's dtype already (autocast's float32 weight gradients,
+            # netcl.autograd.autocast.widened): the identity, not a round trip through the cast's dtype
+            grads[i] = g
         else:
             grads[i] = lazy.make_result(expr, g.shape, g.queue, inlined)
             made.append(grads[i])

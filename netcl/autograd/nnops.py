@@ -46,8 +46,11 @@ def linear(x: Node, weight: Node, bias: Node | None = None, activation: str | No
         kernels.activation(activation)  # ValueError naming the choices (netcl.kernels.ACTIVATIONS)
     # as the generated ops do (netcl.autograd.declared): the autocast check an attribute read, no as_node call
     # for what is a Node already
+    wide_w = wide_b = False  # weight, bias cast from float32 by autocast: their gradients' float32 sums kept
     if autocast._state.stack:
+        given = weight, bias
         x, weight, bias = autocast.cast_inputs("linear", x, weight, bias)
+        wide_w, wide_b = autocast.widened(given[0], weight), autocast.widened(given[1], bias)
     if activation not in (None, "none", "relu"):
         z = linear(x, weight, bias)
         if activation == "silu":
@@ -85,13 +88,15 @@ def linear(x: Node, weight: Node, bias: Node | None = None, activation: str | No
             gx = gx if x_2d else gx.reshape(xv.shape)
         gw = gb = None
         want_b = bias is not None and bias.requires_grad
-        if weight.requires_grad and want_b:
+        if weight.requires_grad and wide_w:  # float32 sums for a float32 parameter (autocast.widened)
+            gw = mm.matmul_wide(g2.transpose(0, 1), x2)
+        elif weight.requires_grad and want_b:
             # g^T x and the column sums of g in one launch where the CPU GEMM runs (gb None elsewhere)
             gw, gb = mm.matmul_rowsum(g2.transpose(0, 1), x2)
         elif weight.requires_grad:
             gw = mm.matmul(g2.transpose(0, 1), x2)
         if want_b and gb is None:
-            gb = sum_rows(g2)
+            gb = ops.sum(g2, axis=0, dtype="float32") if wide_b else sum_rows(g2)
         return (gx, gw) if bias is None else (gx, gw, gb)
 
     return record(out, parents, backward, _RELU_OP if activation == "relu" else "linear")

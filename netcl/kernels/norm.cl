@@ -15,7 +15,8 @@
 // LOCAL is 1 on CPUs (no barrier cost, rows spread over cores) and 128-256 on GPUs.
 // Dtypes: every floating one of common.cl. x, y, w, b and the gradients are T (read with LOAD_T, written
 // with STORE_T: float16/bfloat16 storage, float arithmetic); mean and rstd are ACC (float32 statistics for
-// half storage).
+// half storage). PARAM_F32 (float16/bfloat16 T only): w, b and their gradients are float32 (P), as
+// autocast leaves a model's float32 parameters: no cast of them either way.
 // Memory: forward reads x twice and writes y once;
 //   backward reads x and grad_y twice, writes grad_x once.
 
@@ -33,6 +34,17 @@
 // ACT (common.cl): ACT_RELU fuses a relu into the output (forward) / masks the gradient by it (backward)
 
 #define LD(p, i) LOAD_T(p, i)
+
+// P: the parameters' storage, their loads (LDP) and their gradients' stores (STP)
+#ifdef PARAM_F32
+#define P float
+#define LDP(p, i) ((ACC)(p)[i])
+#define STP(p, i, v) ((p)[i] = (float)(v))
+#else
+#define P T
+#define LDP(p, i) LD(p, i)
+#define STP(p, i, v) STORE_T(p, i, v)
+#endif
 
 inline ACC group_sum(ACC v, __local ACC *scratch)
 {
@@ -52,7 +64,7 @@ inline ACC group_sum(ACC v, __local ACC *scratch)
 #endif
 }
 
-__kernel void row_norm_forward(__global const T *x, const long x_off, __global const T *w, __global const T *b,
+__kernel void row_norm_forward(__global const T *x, const long x_off, __global const P *w, __global const P *b,
                                const int has_w, const int has_b, __global T *y, __global ACC *mean_out,
                                __global ACC *rstd_out, const int ROWS, const int L, const int PG, const int PDIV,
                                const int rms, const ACC eps)
@@ -78,8 +90,8 @@ __kernel void row_norm_forward(__global const T *x, const long x_off, __global c
     for (int i = lid; i < L; i += LOCAL) {
         ACC v = (LD(xr, i) - mean) * rstd;
         const int p = (pbase + i) / PDIV;
-        if (has_w) v *= LD(w, p);
-        if (has_b) v += LD(b, p);
+        if (has_w) v *= LDP(w, p);
+        if (has_b) v += LDP(b, p);
 #if ACT == ACT_RELU
         v = fmax(v, (ACC)0);
 #endif
@@ -92,8 +104,8 @@ __kernel void row_norm_forward(__global const T *x, const long x_off, __global c
 }
 
 __kernel void row_norm_backward(__global const T *gy, const long gy_off, __global const T *x, const long x_off,
-                                __global const T *w, const int has_w, __global const ACC *mean_in,
-                                __global const ACC *rstd_in, __global T *gx, __global T *gw, __global T *gb,
+                                __global const P *w, const int has_w, __global const ACC *mean_in,
+                                __global const ACC *rstd_in, __global T *gx, __global P *gw, __global P *gb,
                                 const int ROWS, const int L, const int PG, const int PDIV, const int NPARAM,
                                 const int rms)
 {
@@ -108,7 +120,7 @@ __kernel void row_norm_backward(__global const T *gy, const long gy_off, __globa
         ACC s1 = (ACC)0, s2 = (ACC)0;  // sum(g'), sum(g' * xhat) with g' = gy * w
         for (int i = lid; i < L; i += LOCAL) {
             ACC g = LD(gr, i);
-            if (has_w) g *= LD(w, (pbase + i) / PDIV);
+            if (has_w) g *= LDP(w, (pbase + i) / PDIV);
             s1 += g;
             s2 += g * (LD(xr, i) - mean) * rstd;
         }
@@ -117,7 +129,7 @@ __kernel void row_norm_backward(__global const T *gy, const long gy_off, __globa
         __global T *gxr = gx + (long)r * L;
         for (int i = lid; i < L; i += LOCAL) {
             ACC g = LD(gr, i);
-            if (has_w) g *= LD(w, (pbase + i) / PDIV);
+            if (has_w) g *= LDP(w, (pbase + i) / PDIV);
             const ACC xhat = (LD(xr, i) - mean) * rstd;
             STORE_T(gxr, i, rstd * (g - s1 - xhat * s2));
         }
@@ -139,8 +151,8 @@ __kernel void row_norm_backward(__global const T *gy, const long gy_off, __globa
             sb += gv;
         }
     }
-    STORE_T(gw, p, sw);
-    STORE_T(gb, p, sb);
+    STP(gw, p, sw);
+    STP(gb, p, sb);
 }
 
 // LayerNorm / RMSNorm rows on GPUs with VW elements a work-item (row_norm_forward_vec4,
@@ -189,14 +201,22 @@ __kernel void row_norm_backward(__global const T *gy, const long gy_off, __globa
 #else
 #error "norm.cl: VW is 4, or 8 for float16 / bfloat16"
 #endif
+// the parameters' VW values: float32 ones (PARAM_F32) by vload, else as the rows
+#if defined(PARAM_F32) && VW == 8
+#define LOADVP(p, i) vload8(0, (p) + (i))
+#elif defined(PARAM_F32)
+#define LOADVP(p, i) vload4(0, (p) + (i))
+#else
+#define LOADVP(p, i) LOADV(p, i)
+#endif
 #if VW == 8
 #define SUMV(v) ((((v).s0 + (v).s1) + ((v).s2 + (v).s3)) + (((v).s4 + (v).s5) + ((v).s6 + (v).s7)))
 #else
 #define SUMV(v) (((v).x + (v).y) + ((v).z + (v).w))
 #endif
 
-__kernel void row_norm_forward_vec4(__global const T *x, const long x_off, __global const T *w,
-                                    __global const T *b, const int has_w, const int has_b, __global T *y,
+__kernel void row_norm_forward_vec4(__global const T *x, const long x_off, __global const P *w,
+                                    __global const P *b, const int has_w, const int has_b, __global T *y,
                                     __global ACC *mean_out, __global ACC *rstd_out, const int ROWS, const int L,
                                     const int PG, const int PDIV, const int rms, const ACC eps)
 {
@@ -219,8 +239,8 @@ __kernel void row_norm_forward_vec4(__global const T *x, const long x_off, __glo
     __global T *yr = y + (long)r * L;
     for (int i = VW * lid; i < L; i += VW * LOCAL) {
         floatv v = (LOADV(xr, i) - mean) * rstd;
-        if (has_w) v *= LOADV(w, i);
-        if (has_b) v += LOADV(b, i);
+        if (has_w) v *= LOADVP(w, i);
+        if (has_b) v += LOADVP(b, i);
 #if ACT == ACT_RELU
         v = fmax(v, (floatv)(0.0f));
 #endif
@@ -233,7 +253,7 @@ __kernel void row_norm_forward_vec4(__global const T *x, const long x_off, __glo
 }
 
 __kernel void row_norm_backward_vec4(__global const T *gy, const long gy_off, __global const T *x,
-                                     const long x_off, __global const T *w, const int has_w,
+                                     const long x_off, __global const P *w, const int has_w,
                                      __global const ACC *mean_in, __global const ACC *rstd_in, __global T *gx,
                                      const int ROWS, const int L, const int rms)
 {
@@ -246,7 +266,7 @@ __kernel void row_norm_backward_vec4(__global const T *gy, const long gy_off, __
     floatv s1 = (floatv)(0.0f), s2 = (floatv)(0.0f);  // sum(g'), sum(g' * xhat) with g' = gy * w
     for (int i = VW * lid; i < L; i += VW * LOCAL) {
         floatv g = LOADV(gr, i);
-        if (has_w) g *= LOADV(w, i);
+        if (has_w) g *= LOADVP(w, i);
         s1 += g;
         s2 += g * (LOADV(xr, i) - mean) * rstd;
     }
@@ -255,7 +275,7 @@ __kernel void row_norm_backward_vec4(__global const T *gy, const long gy_off, __
     __global T *gxr = gx + (long)r * L;
     for (int i = VW * lid; i < L; i += VW * LOCAL) {
         floatv g = LOADV(gr, i);
-        if (has_w) g *= LOADV(w, i);
+        if (has_w) g *= LOADVP(w, i);
         const floatv xhat = (LOADV(xr, i) - mean) * rstd;
         STOREV(gxr, i, rstd * (g - m1 - xhat * m2));
     }

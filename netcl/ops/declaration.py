@@ -20,6 +20,9 @@ until backward):
     a name of `saves`              `<input>_shape` (an input's shape; `input_shape` the first input's)
     `needs` (per input, whether it gets a gradient: a tape records and it requires one)
     `<input>_layout` (an input's Layout: shape, strides, dtype and queue, not its memory)
+    `wide` (per input, whether autocast cast it from float32 to half for this call: its gradient may be
+    returned in float32, which the cast passes on unchanged; a weight gradient's float32 sums need not be
+    rounded to half and widened again)
 
 A backward that needs an input's form and not its values names the shape or the layout: the input's memory
 is then not kept for it (rope's input, rotated into the next op's, goes back to the pool in the forward).
@@ -126,7 +129,7 @@ class OpDecl:
         params = [n for n in self.parameters() if n not in self.hide]
         shapes = [f"{n}_{form}" for form in ("shape", "layout") for n in self.inputs]
         shapes += ["input_shape"] if self.inputs else []
-        return (*params, *self.saves, "out", "needs", *shapes)
+        return (*params, *self.saves, "out", "needs", "wide", *shapes)
 
     def gradient_parameter(self) -> str:
         """The backward's parameter that takes the result's gradient: `grad_out`, else the first."""

@@ -35,10 +35,14 @@ def _local_size(device: Any) -> int:
     return 1 if device.capabilities.kind == "cpu" else 256
 
 
-def _program(device: Any, dt: np.dtype, relu: bool = False, vw: int = 4, local: int | None = None):
+def _program(device: Any, dt: np.dtype, relu: bool = False, vw: int = 4, local: int | None = None,
+             pdt: np.dtype | None = None):
     """norm.cl for `dt`; vw: the elements a work-item of the vector kernels reads at once (_vector_width);
     local: their work-group (the device's halved by jit.reduce.row_group_size, the reductions' rule), else
-    the device's."""
+    the device's; pdt: the parameters' dtype (float32 beside half rows: PARAM_F32), else dt."""
+    if pdt is not None and pdt != dt:
+        return kernels.program(device, "norm.cl", dtype=dt, act="relu" if relu else None,
+                               LOCAL=local or _local_size(device), VW=vw, PARAM_F32=None)
     return kernels.program(
         device, "norm.cl", dtype=dt, act="relu" if relu else None, LOCAL=local or _local_size(device), VW=vw
     )
@@ -386,7 +390,7 @@ def _row_forward(
     vw = _vector_width(local, pg, pdiv, length, dt, x)
     if vw:
         local = row_group_size(local, vw, length)
-    prg = _program(x.device, dt, relu, vw or 4, local)
+    prg = _program(x.device, dt, relu, vw or 4, local, _param_dtype(dt, weight, bias))
     kernel = prg.row_norm_forward_vec4 if vw else prg.row_norm_forward
     kernel(
         x.queue, (rows * local,), (local,), x.buffer, np.int64(x.offset),
@@ -399,14 +403,16 @@ def _row_forward(
 
 def _row_backward(grad_out: Tensor, x: Tensor, weight: Tensor | None, mean: Tensor | None, rstd: Tensor,
                   rows: int, length: int, pg: int, pdiv: int, nparam: int,
-                  rms: bool) -> tuple[Tensor, Tensor, Tensor]:
+                  rms: bool, bias: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """(grad x, grad weight, grad bias); the parameters' gradients in their dtype (`bias` only says it)."""
     dt = x.dtype
+    pdt = _param_dtype(dt, weight, bias)
     gy, x = grad_out.contiguous(), x.contiguous()
     weight, mean, rstd = (t.clone() if t is not None and (t.offset or not t.is_contiguous()) else t
                           for t in (weight, mean, rstd))
     gx = Tensor.empty(x.queue, x.shape, dt)
-    gw = Tensor.empty(x.queue, (max(nparam, 1),), dt)
-    gb = Tensor.empty(x.queue, (max(nparam, 1),), dt)
+    gw = Tensor.empty(x.queue, (max(nparam, 1),), pdt)
+    gb = Tensor.empty(x.queue, (max(nparam, 1),), pdt)
     if rows:
         local = _local_size(x.device)
         # GPUs: a parameter per last-axis element (layer/RMS norm) takes its sums over the rows from the
@@ -418,13 +424,13 @@ def _row_backward(grad_out: Tensor, x: Tensor, weight: Tensor | None, mean: Tens
         vw = _vector_width(local, pg, pdiv, length, dt, x, gy) if by_reduction else 0
         if vw:
             local = row_group_size(local, vw, length)
-            _program(x.device, dt, vw=vw, local=local).row_norm_backward_vec4(
+            _program(x.device, dt, vw=vw, local=local, pdt=pdt).row_norm_backward_vec4(
                 x.queue, (rows * local,), (local,), gy=gy.buffer, gy_off=np.int64(gy.offset), x=x.buffer,
                 x_off=np.int64(x.offset), w=weight.buffer if weight is not None else gx.buffer,
                 has_w=np.int32(weight is not None), mean_in=(mean if mean is not None else rstd).buffer,
                 rstd_in=rstd.buffer, gx=gx.buffer, ROWS=np.int32(rows), L=np.int32(length), rms=np.int32(rms))
         else:
-            _program(x.device, dt).row_norm_backward(
+            _program(x.device, dt, pdt=pdt).row_norm_backward(
                 x.queue,
                 (groups * local,),
                 (local,),
@@ -451,9 +457,9 @@ def _row_backward(grad_out: Tensor, x: Tensor, weight: Tensor | None, mean: Tens
             centered = x2 if mean is None else elementwise.sub(x2, mean.reshape(rows, 1))
             xhat = elementwise.mul(centered, rstd.reshape(rows, 1))
             gw = reduce.sum(elementwise.mul(g2, xhat), axis=0)  # half g2 * float32 xhat: float32 sums
-            if not rms:
-                gb = reduce.sum(g2, axis=0)
-            gw, gb = (t if t.dtype == dt else elementwise.cast(t, dt) for t in (gw, gb))
+            if not rms:  # float32 sums (of half rows, rounded once at the end when the bias is half)
+                gb = reduce.sum(g2, axis=0, dtype=dtypes.float32 if dtypes.is_half(dt) else None)
+            gw, gb = (t if t.dtype == pdt else elementwise.cast(t, pdt) for t in (gw, gb))
     return gx, gw, gb
 
 
@@ -474,21 +480,39 @@ def _stat_dtype(dt: np.dtype) -> np.dtype:
     return dtypes.float64 if dt == dtypes.float64 else dtypes.float32
 
 
-def _row_dtype(op: str, *tensors: Tensor | None, stats: tuple[Tensor | None, ...] = ()) -> np.dtype:
-    """The row norms' dtype check: x and the parameters (and gradients) share one floating dtype, half
-    included; the statistics are _stat_dtype of it."""
+def _row_dtype(op: str, *tensors: Tensor | None, params: tuple[Tensor | None, ...] = (),
+               stats: tuple[Tensor | None, ...] = ()) -> np.dtype:
+    """The row norms' dtype check: x (and the incoming gradient) and the parameters share one floating dtype,
+    half included, or the rows are float16/bfloat16 and the parameters float32 (a float32 model under
+    autocast: the parameters are not cast); the statistics are _stat_dtype of the rows' dtype."""
     ts = [t for t in tensors if t is not None]
-    check_same_queue(*ts, *(t for t in stats if t is not None))
+    ps = [t for t in params if t is not None]
+    check_same_queue(*ts, *ps, *(t for t in stats if t is not None))
     dt = ts[0].dtype
     for t in ts:
         if t.dtype != dt:
-            raise DTypeError(f"{op}: all tensors must share one dtype, got {[str(t.dtype) for t in ts]}")
+            raise DTypeError(f"{op}: all tensors must share one dtype, got {[str(t.dtype) for t in ts + ps]}")
     if dt not in _ROW_DTYPES:
         raise DTypeError(f"{op} supports float16, bfloat16, float32 and float64 tensors, got {dt}")
+    if ps:
+        pdt = ps[0].dtype
+        widened = dtypes.is_half(dt) and pdt == dtypes.float32
+        if any(t.dtype != pdt for t in ps) or not (pdt == dt or widened):
+            raise DTypeError(f"{op}: the parameters must share the input's dtype ({dt})"
+                             + (" or be float32" if dtypes.is_half(dt) else "")
+                             + f", got {[str(t.dtype) for t in ps]}")
     for t in stats:
         if t is not None and t.dtype != _stat_dtype(dt):
             raise DTypeError(f"{op}: mean/rstd of {dt} tensors must be {_stat_dtype(dt)} (the forward's), "
                              f"got {t.dtype}")
+    return dt
+
+
+def _param_dtype(dt: np.dtype, *params: Tensor | None) -> np.dtype:
+    """The dtype of the row norms' parameters (checked by _row_dtype): theirs, else the rows'."""
+    for t in params:
+        if t is not None:
+            return t.dtype
     return dt
 
 
@@ -508,7 +532,7 @@ def _normalized(op: str, x: Tensor, normalized_shape: Any) -> tuple[tuple[int, .
 def layer_norm(x: Tensor, normalized_shape: Any, weight: Tensor | None = None, bias: Tensor | None = None,
                eps: float = 1e-5) -> tuple[Tensor, Tensor, Tensor]:
     """(out, mean, rstd): normalise over the trailing `normalized_shape` dims; mean/rstd are per row."""
-    _row_dtype("layer_norm", x, weight, bias)
+    _row_dtype("layer_norm", x, params=(weight, bias))
     shape, rows, length = _normalized("layer_norm", x, normalized_shape)
     weight = _check_param("layer_norm", "weight", weight, shape)
     bias = _check_param("layer_norm", "bias", bias, shape)
@@ -521,13 +545,13 @@ def layer_norm_backward(grad_out: Tensor, x: Tensor, normalized_shape: Any, mean
                         weight: Tensor | None = None, bias: Tensor | None = None
                         ) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """(grad_x, grad_weight, grad_bias) of layer_norm; grads of absent parameters are None."""
-    _row_dtype("layer_norm_backward", grad_out, x, weight, stats=(mean, rstd))
+    _row_dtype("layer_norm_backward", grad_out, x, params=(weight, bias), stats=(mean, rstd))
     if tuple(grad_out.shape) != tuple(x.shape):
         raise ShapeError(f"layer_norm_backward: grad_out shape {grad_out.shape} != input shape {x.shape}")
     shape, rows, length = _normalized("layer_norm_backward", x, normalized_shape)
     weight = _check_param("layer_norm_backward", "weight", weight, shape)
     gx, gw, gb = _row_backward(
-        grad_out, x, weight, mean.reshape(rows), rstd.reshape(rows), rows, length, 1, 1, length, False
+        grad_out, x, weight, mean.reshape(rows), rstd.reshape(rows), rows, length, 1, 1, length, False, bias
     )
     return (
         gx,
@@ -539,7 +563,7 @@ def layer_norm_backward(grad_out: Tensor, x: Tensor, normalized_shape: Any, mean
 def rms_norm(x: Tensor, normalized_shape: Any, weight: Tensor | None = None,
              eps: float = 1e-6) -> tuple[Tensor, Tensor]:
     """(out, rstd): out = x * rsqrt(mean(x^2) + eps) * weight over the trailing dims."""
-    _row_dtype("rms_norm", x, weight)
+    _row_dtype("rms_norm", x, params=(weight,))
     shape, rows, length = _normalized("rms_norm", x, normalized_shape)
     weight = _check_param("rms_norm", "weight", weight, shape)
     out, _, rstd = _row_forward("rms_norm", x, weight, None, rows, length, 1, 1, True, eps)
@@ -549,7 +573,7 @@ def rms_norm(x: Tensor, normalized_shape: Any, weight: Tensor | None = None,
 def rms_norm_backward(grad_out: Tensor, x: Tensor, normalized_shape: Any, rstd: Tensor,
                       weight: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
     """(grad_x, grad_weight) of rms_norm."""
-    _row_dtype("rms_norm_backward", grad_out, x, weight, stats=(rstd,))
+    _row_dtype("rms_norm_backward", grad_out, x, params=(weight,), stats=(rstd,))
     if tuple(grad_out.shape) != tuple(x.shape):
         raise ShapeError(f"rms_norm_backward: grad_out shape {grad_out.shape} != input shape {x.shape}")
     shape, rows, length = _normalized("rms_norm_backward", x, normalized_shape)
@@ -573,7 +597,7 @@ def group_norm(x: Tensor, num_groups: int, weight: Tensor | None = None, bias: T
                eps: float = 1e-5) -> tuple[Tensor, Tensor, Tensor]:
     """(out, mean, rstd): normalise each of num_groups channel groups per sample; weight/bias per channel.
     mean and rstd have shape (N, num_groups)."""
-    _row_dtype("group_norm", x, weight, bias)
+    _row_dtype("group_norm", x, params=(weight, bias))
     n, c, hw, g = _group_geometry("group_norm", x, num_groups)
     weight = _check_param("group_norm", "weight", weight, (c,))
     bias = _check_param("group_norm", "bias", bias, (c,))
@@ -587,13 +611,13 @@ def group_norm_backward(grad_out: Tensor, x: Tensor, num_groups: int, mean: Tens
                         weight: Tensor | None = None, bias: Tensor | None = None
                         ) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """(grad_x, grad_weight, grad_bias) of group_norm; grads of absent parameters are None."""
-    _row_dtype("group_norm_backward", grad_out, x, weight, stats=(mean, rstd))
+    _row_dtype("group_norm_backward", grad_out, x, params=(weight, bias), stats=(mean, rstd))
     if tuple(grad_out.shape) != tuple(x.shape):
         raise ShapeError(f"group_norm_backward: grad_out shape {grad_out.shape} != input shape {x.shape}")
     n, c, hw, g = _group_geometry("group_norm_backward", x, num_groups)
     weight = _check_param("group_norm_backward", "weight", weight, (c,))
     gx, gw, gb = _row_backward(grad_out, x, weight, mean.reshape(n * g), rstd.reshape(n * g), n * g,
-                               (c // g) * hw, g, max(hw, 1), c, False)
+                               (c // g) * hw, g, max(hw, 1), c, False, bias)
     return gx, gw if weight is not None else None, gb if bias is not None else None
 
 
@@ -602,12 +626,15 @@ declare(OpDecl("batch_norm", batch_norm, batch_norm_backward, inputs=("x", "weig
                saves=("save_mean", "save_invstd"), autocast="half", cast=("x",), functional=("batch_norm",),
                doc="BatchNorm over axis 1 (running stats updated in place when training); relu optionally "
                    "fused. Only x is cast under autocast: weight, bias and statistics stay float32."))
+# The row norms likewise cast only x: float32 weights and biases are read as they are (PARAM_F32 in norm.cl)
+# and their gradients come out float32, where a cast each way made three launches a norm a step (the
+# weight's cast in the forward and again in the backward, the gradient's back to float32)
 declare(OpDecl("layer_norm", layer_norm, layer_norm_backward, inputs=("x", "weight", "bias"),
-               saves=("mean", "rstd"), autocast="half", functional=("layer_norm",)))
+               saves=("mean", "rstd"), autocast="half", cast=("x",), functional=("layer_norm",)))
 declare(OpDecl("group_norm", group_norm, group_norm_backward, inputs=("x", "weight", "bias"),
-               saves=("mean", "rstd"), autocast="half", functional=("group_norm",)))
+               saves=("mean", "rstd"), autocast="half", cast=("x",), functional=("group_norm",)))
 declare(OpDecl("rms_norm", rms_norm, rms_norm_backward, inputs=("x", "weight"), saves=("rstd",),
-               autocast="half", functional=("rms_norm",)))
+               autocast="half", cast=("x",), functional=("rms_norm",)))
 
 __all__ = [
     "batch_norm",

@@ -435,3 +435,68 @@ def test_fused_kernel_inputs_are_freed_without_the_garbage_collector(queue, rng)
         assert ref() is None
     finally:
         gc.enable()
+
+
+@HALVES
+def test_autocast_row_norms_keep_float32_parameters(queue, rng, dt):
+    """Under autocast the row norms cast only x (as batch norm): the float32 weight and bias are read as they
+    are, with no cast launch either way, and their gradients are the norm's float32 sums, bit for bit the
+    op's own on the half input (before: the parameters cast to half in the forward and again in the
+    backward, the gradients rounded to half and cast back)."""
+    from netcl.nn import LayerNorm, RMSNorm
+    from netcl.ops import norm as Nm
+    from netcl.profiling import count_launches
+
+    x = Tensor.from_host(queue, rng.standard_normal((4, 7, 24)).astype(np.float32))
+    gy = rng.standard_normal((4, 7, 24)).astype(dt)
+    for norm_ in (LayerNorm(queue, 24), RMSNorm(queue, 24)):
+        for p in norm_.parameters():
+            p.value.copy_from_host(rng.standard_normal(24).astype(np.float32))
+        with amp.autocast(dt), ag.Tape() as tape:
+            with count_launches() as c:
+                y = norm_(ag.tensor(x))
+        assert y.dtype == dt
+        assert c.count == 2  # x's cast and the norm: the parameters are not cast
+        with count_launches() as c:
+            tape.backward(y, Tensor.from_host(queue, gy))
+        params = list(norm_.parameters())
+        assert all(p.grad.dtype == np.float32 for p in params)
+        xh = ops.cast(x, dt)
+        if isinstance(norm_, RMSNorm):
+            _, rstd = Nm.rms_norm(xh, 24, params[0].value, norm_.eps)
+            want = Nm.rms_norm_backward(Tensor.from_host(queue, gy), xh, 24, rstd, params[0].value)[1:]
+        else:
+            _, mean, rstd = Nm.layer_norm(xh, 24, params[0].value, params[1].value, norm_.eps)
+            want = Nm.layer_norm_backward(Tensor.from_host(queue, gy), xh, 24, mean, rstd, params[0].value,
+                                          params[1].value)[1:]
+        for p, w in zip(params, want):
+            np.testing.assert_array_equal(p.grad.to_host(), w.to_host())
+
+
+@HALVES
+def test_autocast_weight_gradients_are_float32_sums(device, queue, rng, dt):
+    """A float32 Linear and linear_residual under autocast: the weight and bias gradients come from the half
+    operands' float32 sums (netcl.ops.gemm.matmul_wide), passed through their casts unchanged, not a half
+    product rounded and widened again: float32's tolerance against float64. bfloat16 without matrix units
+    runs through float32; on matrix units the weight gradient (300 tokens) splits K and the split's
+    reduction writes float32; float16's CPU GEMM stores half: there the half product widened, at its
+    tolerance."""
+    from netcl.ops.gemm.variants import uses_matrix_units
+
+    tol = 1e-5 if dt == BF16 or uses_matrix_units(device, dt) else 2.0**-10
+    x = rng.standard_normal((3, 100, 24)).astype(np.float32)
+    gy = rng.standard_normal((3, 100, 10)).astype(dt)
+    xh = x.astype(dt).astype(np.float64).reshape(-1, 24)
+    g64 = gy.astype(np.float64).reshape(-1, 10)
+    lin = Linear(queue, 24, 10)
+    res = Tensor.from_host(queue, rng.standard_normal((3, 100, 10)).astype(np.float32))
+    for residual in (False, True):
+        lin.zero_grad()
+        with amp.autocast(dt), ag.Tape() as tape:
+            xn = ag.tensor(Tensor.from_host(queue, x))
+            y = (ag.linear_residual(xn, lin.weight, lin.bias, ag.tensor(res)) if residual
+                 else lin(xn))
+        tape.backward(y, Tensor.from_host(queue, gy))
+        for p, want in ((lin.weight, g64.T @ xh), (lin.bias, g64.sum(0))):
+            assert p.grad.dtype == np.float32
+            np.testing.assert_allclose(p.grad.to_host(), want, rtol=0, atol=tol * np.abs(want).max())

@@ -110,7 +110,7 @@ def test_update_scale_growth_and_backoff(queue):
 def test_half_conv_pool_and_row_norms(queue, dt, monkeypatch):
     """conv2d on half storage (im2col + col2im + weight_bias with groups, the direct kernels and the bias
     gradient), max/avg pooling, and the row norms' work-group and 4-wide kernels (LOCAL=8), each against
-    its float32 path on the same values."""
+    its float32 path on the same values (the norms with half parameters and with float32 ones)."""
     from netcl.ops import norm
 
     rng = np.random.default_rng(24)
@@ -147,6 +147,12 @@ def test_half_conv_pool_and_row_norms(queue, dt, monkeypatch):
         lh, lf = ops.layer_norm(rh, length, nh, nh), ops.layer_norm(rf, length, nf, nf)
         same(lh[0], lf[0])
         for got, want in zip(ops.layer_norm_backward(rh, rh, length, lh[1], lh[2], nh, nh),
+                             ops.layer_norm_backward(rf, rf, length, lf[1], lf[2], nf, nf)):
+            same(got, want)
+        # half rows with float32 parameters (autocast's: PARAM_F32)
+        lp = ops.layer_norm(rh, length, nf, nf)
+        same(lp[0], lf[0])
+        for got, want in zip(ops.layer_norm_backward(rh, rh, length, lp[1], lp[2], nf, nf),
                              ops.layer_norm_backward(rf, rf, length, lf[1], lf[2], nf, nf)):
             same(got, want)
 

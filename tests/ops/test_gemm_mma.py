@@ -226,6 +226,49 @@ def test_split_k_on_matrix_units_is_replayed(queue, rng, monkeypatch):
     assert template.launches == 1 and work == ((2, m, n), np.dtype(np.float32))
 
 
+@pytest.mark.gpu_shaped
+@pytest.mark.parametrize("dt", [np.float16, BF16], ids=["float16", "bfloat16"])
+def test_matmul_wide_keeps_the_float32_sums(queue, rng, monkeypatch, dt):
+    """matmul_wide (autocast's weight gradients g^T x of float32 parameters) on the matrix units, split as
+    netcl's own choice would (forced here: the emulated kernel, 2 slices): the reduction writes the float32
+    sums (2 launches, no half product, no cast), closer to float64 than the half product by far, and later
+    calls replay its template; a problem that does not split gets the half product widened (its template is
+    matmul's)."""
+    real = variants.tuned_params
+    monkeypatch.setattr(api, "uses_matrix_units", lambda dev_, dt_: True)
+    monkeypatch.setattr(api, "choose_variant", lambda dev_, m, n, k: "tiled")
+    splits = [2]
+    monkeypatch.setattr(splitk, "choose_splits",
+                        lambda dev_, p, tile, partial_sums=False: splits[0] if partial_sums else 1)
+    monkeypatch.setattr(variants, "tuned_params",
+                        lambda d, v, dt_: {**real(d, v, dt_), **SMALL} if v == "mma" else real(d, v, dt_))
+    monkeypatch.setattr(variants, "mma_shape_class", lambda *args: None)
+    monkeypatch.setattr(capture, "plans", capture.PlanCache())
+    m, n, k = 37, 29, 96
+    for _ in range(3):
+        g, x = _inputs(rng, dt, k, m, m)[0], rng.standard_normal((k, n)).astype(dt)  # g (K, M), x (K, N)
+        tg = Tensor.from_host(queue, g).T  # g^T: a weight gradient's transposed view
+        tx = Tensor.from_host(queue, x)
+        with count_launches() as c:
+            got = mm.matmul_wide(tg, tx)
+        assert got.dtype == np.float32 and c.count == 2
+        want = g.astype(np.float64).T @ x.astype(np.float64)
+        err = np.abs(got.to_host() - want).max()
+        half_err = np.abs(mm.matmul(tg, tx).to_host().astype(np.float64) - want).max()
+        assert err < 1e-5 * np.abs(want).max() and err < half_err / 20
+    wide = [key for key in api.templates() if "wide" in key]
+    assert len(wide) == 1
+    splits[0] = 1  # unsplit: the mma kernel stores half, widened by one launch more
+    g, x = _inputs(rng, dt, k, m, m)[0], rng.standard_normal((k, n)).astype(dt)
+    tg, tx = Tensor.from_host(queue, np.ascontiguousarray(g.T)), Tensor.from_host(queue, x)
+    for _ in range(2):
+        with count_launches() as c:
+            got = mm.matmul_wide(tg, tx)
+            got.realize()  # (the widening is a pending cast: it would fuse into a consumer)
+        assert got.dtype == np.float32 and c.count == 2
+        np.testing.assert_array_equal(got.to_host(), mm.matmul(tg, tx).to_host().astype(np.float32))
+
+
 def test_bfloat16_gemm_and_epilogue(queue, rng):
     """bfloat16: on matrix units where the device has them, elsewhere a float32 GEMM and epilogue with one
     rounding (PyTorch's CPU way); either way float32 accumulation and one rounding of the result."""

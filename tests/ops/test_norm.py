@@ -185,6 +185,59 @@ def test_row_norm_parameter_grads_against_float64(queue, rng, monkeypatch, local
     assert_close(gw, (gy64 * x64 * r).reshape(-1, 37).sum(0), dt, **tol)
 
 
+# half rows with float32 parameters (autocast leaves a model's parameters float32): the parameters read as
+# they are, their gradients float32 sums; 16 is the GPU shape (vector kernels, parameter sums by the
+# reduction)
+@pytest.mark.parametrize("local", [None, pytest.param(16, marks=GROUPS)])
+@pytest.mark.parametrize("dt", ["float16", "bfloat16"])
+def test_row_norms_take_float32_parameters_beside_half_rows(queue, rng, monkeypatch, local, dt):
+    import ml_dtypes
+
+    half = np.dtype(np.float16) if dt == "float16" else np.dtype(ml_dtypes.bfloat16)
+    ulp = 2.0**-10 if dt == "float16" else 2.0**-7
+    monkeypatch.setattr(Nm, "local_size_override", local)
+    x = (rng.standard_normal((3, 21, 40)) * 2 + 1).astype(half)
+    gy = rng.standard_normal(x.shape).astype(half)
+    w, b = rng.standard_normal(40).astype(np.float32), rng.standard_normal(40).astype(np.float32)
+    x64, gy64 = x.astype(np.float64), gy.astype(np.float64)
+    out, mean, rstd = Nm.layer_norm(_t(queue, x), 40, _t(queue, w), _t(queue, b))
+    xhat = (x64 - x64.mean(-1, keepdims=True)) / np.sqrt(x64.var(-1, keepdims=True) + 1e-5)
+    want = xhat * w + b
+    assert out.dtype == half
+    assert_close(out.to_host().astype(np.float64), want, rtol=ulp, atol=ulp * np.abs(want).max())
+    gx, gw, gb = Nm.layer_norm_backward(_t(queue, gy), _t(queue, x), 40, mean, rstd, _t(queue, w),
+                                        _t(queue, b))
+    assert gx.dtype == half and gw.dtype == gb.dtype == np.float32
+    # float32 sums of the half rows: float32's tolerance, not half's
+    assert_close(gw, (gy64 * xhat).reshape(-1, 40).sum(0), rtol=2e-5, atol=2e-4)
+    assert_close(gb, gy64.reshape(-1, 40).sum(0), rtol=2e-5, atol=2e-4)
+    g = gy64 * w
+    want_gx = (g - g.mean(-1, keepdims=True) - xhat * (g * xhat).mean(-1, keepdims=True)) / np.sqrt(
+        x64.var(-1, keepdims=True) + 1e-5)
+    assert_close(gx.to_host().astype(np.float64), want_gx, rtol=2 * ulp, atol=2 * ulp * np.abs(want_gx).max())
+    out, rstd = Nm.rms_norm(_t(queue, x), 40, _t(queue, w), eps=1e-6)
+    r = 1 / np.sqrt((x64 * x64).mean(-1, keepdims=True) + 1e-6)
+    want = x64 * r * w
+    assert_close(out.to_host().astype(np.float64), want, rtol=ulp, atol=ulp * np.abs(want).max())
+    _, gw = Nm.rms_norm_backward(_t(queue, gy), _t(queue, x), 40, rstd, _t(queue, w))
+    assert gw.dtype == np.float32
+    assert_close(gw, (gy64 * x64 * r).reshape(-1, 40).sum(0), rtol=2e-5, atol=2e-4)
+    # group norm: the scalar kernels' parameter part (per channel, over rows and positions)
+    xg = x.reshape(3, 6, 140)[:, :, :35].copy().reshape(3, 6, 5, 7)
+    gyg = gy.reshape(3, 6, 140)[:, :, :35].copy().reshape(3, 6, 5, 7)
+    wg, bg = w[:6].copy(), b[:6].copy()
+    out, mean, rstd = Nm.group_norm(_t(queue, xg), 3, _t(queue, wg), _t(queue, bg))
+    want = ref_gn(xg.astype(np.float64), 3, wg, bg, 1e-5)
+    assert_close(out.to_host().astype(np.float64), want, rtol=ulp, atol=ulp * np.abs(want).max())
+    _, gw, gb = Nm.group_norm_backward(_t(queue, gyg), _t(queue, xg), 3, mean, rstd, _t(queue, wg),
+                                       _t(queue, bg))
+    xr = xg.astype(np.float64).reshape(3, 3, -1)
+    xh = ((xr - xr.mean(-1, keepdims=True)) / np.sqrt(xr.var(-1, keepdims=True) + 1e-5)).reshape(xg.shape)
+    assert gw.dtype == gb.dtype == np.float32
+    assert_close(gw, (gyg.astype(np.float64) * xh).sum((0, 2, 3)), rtol=2e-5, atol=2e-4)
+    assert_close(gb, gyg.astype(np.float64).sum((0, 2, 3)), rtol=2e-5, atol=2e-4)
+
+
 def ref_gn(x, g, w, b, eps):
     n, c = x.shape[:2]
     xr = x.reshape(n, g, -1)
@@ -230,6 +283,14 @@ def test_norm_errors(queue):
         Nm.batch_norm(x, Tensor.zeros(queue, (4,)), None, None, None, True)
     with pytest.raises(DTypeError):
         Nm.rms_norm(Tensor.zeros(queue, (2, 3), np.int32), 3)
+    # parameters in the rows' dtype, or float32 beside half rows; nothing else
+    with pytest.raises(DTypeError, match=r"share the input's dtype \(float32\), got \['float16'\]"):
+        Nm.rms_norm(x, 4, Tensor.zeros(queue, (4,), np.float16))
+    with pytest.raises(DTypeError, match=r"\(float16\) or be float32, got \['float32', 'float16'\]"):
+        Nm.layer_norm(Tensor.zeros(queue, (2, 4), np.float16), 4, Tensor.zeros(queue, (4,)),
+                      Tensor.zeros(queue, (4,), np.float16))
+    with pytest.raises(DTypeError, match=r"share the input's dtype \(float64\), got \['float32'\]"):
+        Nm.layer_norm(Tensor.zeros(queue, (2, 4), np.float64), 4, Tensor.zeros(queue, (4,)))
 
 
 def _bn_reference(x, w, b, gy, relu, eps=1e-5):

@@ -13,7 +13,15 @@ broadcast like NumPy's matmul. One idea per module:
 - matrix units: the mma variant (NVIDIA mma.sync through inline PTX), set_matmul_precision.
 """
 # ruff: noqa: F401  (this module exists to re-export)
-from netcl.ops.gemm.api import gemm, linear, matmul, matmul_epilogue, matmul_relu_mask, matmul_rowsum
+from netcl.ops.gemm.api import (
+    gemm,
+    linear,
+    matmul,
+    matmul_epilogue,
+    matmul_relu_mask,
+    matmul_rowsum,
+    matmul_wide,
+)
 from netcl.ops.gemm.int8 import dequantize_int8, linear_glu, linear_int8, quantize_int8, rms_norm_linear
 from netcl.ops.gemm.problem import flops
 from netcl.ops.gemm.variants import (
@@ -47,6 +55,7 @@ __all__ = [
     "matmul_epilogue",
     "matmul_relu_mask",
     "matmul_rowsum",
+    "matmul_wide",
     "matrix_units",
     "set_matmul_precision",
     "tiled_block",

@@ -189,7 +189,7 @@ def _auto_variant(p: _Problem) -> str:
 # -- the fast path: templates of repeated calls (module docstring) ---------------------------------------
 def templates() -> dict[tuple, tuple[capture.Recording, tuple, Any]]:
     """The GEMM templates kept now (key -> (recording, output shape, workspace shape and dtype or None))."""
-    return {k: v for k, v in capture.plans.items() if k[0] == "gemm"}
+    return {k: v for k, v in capture.plans.items() if k[0] == "gemm" and isinstance(v, tuple)}
 
 
 def _template_key(a: Any, b: Any, bias: Any, residual: Any, activation: Any, alpha: float,
@@ -197,7 +197,7 @@ def _template_key(a: Any, b: Any, bias: Any, residual: Any, activation: Any, alp
     if not (isinstance(a, Tensor) and isinstance(b, Tensor)) or len(a.shape) < 2 or len(b.shape) < 2:
         return None
     if a.queue is not b.queue or a.dtype != b.dtype or (
-        activation not in ACTIVATIONS and activation not in ("rowsum", "relumask")
+        activation not in ACTIVATIONS and activation not in ("rowsum", "relumask", "wide")
     ):
         return None
     extra: list[Any] = []
@@ -243,9 +243,9 @@ def _record(key: tuple, p: _Problem, run: Any) -> None:
 
 
 def _replay(hit: tuple, a: Tensor, b: Tensor, bias: Tensor | None, residual: Tensor | None,
-            rowsum: Tensor | None = None) -> Tensor:
+            rowsum: Tensor | None = None, out_dtype: Any = None) -> Tensor:
     rec, out_shape, work_spec = hit
-    out = Tensor.empty(a.queue, out_shape, a.dtype)
+    out = Tensor.empty(a.queue, out_shape, out_dtype or a.dtype)
     bind = {"a": a, "b": b, "out": out,
             "bias": bias if bias is not None else (rowsum if rowsum is not None else out),
             "res": residual if residual is not None else out}
@@ -304,6 +304,42 @@ def matmul_rowsum(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor | None]:
     else:
         launch(p, "cpu", rowsum=rowsum)
     return _finish(p), rowsum
+
+
+def matmul_wide(a: Tensor, b: Tensor) -> Tensor:
+    """a @ b for 2-D float16/bfloat16 a (M, K) and b (K, N) as float32: the sums as accumulated, not rounded
+    to half (autocast's weight gradient g^T x of a float32 parameter, which its cast would only widen again).
+    Where the GPU splits K and sums the slices in a reduction launch (a weight gradient: K the batch's
+    tokens), that launch writes float32 and no half product is made; bfloat16 through float32 (no matrix
+    units) returns the float32 product; elsewhere the half product widened (one launch more). Other
+    operands: matmul's result as float32."""
+    if not (isinstance(a, Tensor) and isinstance(b, Tensor) and len(a.shape) == 2 and len(b.shape) == 2
+            and a.dtype == b.dtype and dtypes.is_half(a.dtype)):
+        y = matmul(a, b)
+        return y if y.dtype == dtypes.float32 else elementwise.cast(y, dtypes.float32)
+    key = _template_key(a, b, None, None, "wide", 1.0)
+    hit = capture.plans.get(key) if key is not None else None
+    if hit == "narrow":  # the problem takes no split reduction here (found on its first call)
+        return elementwise.cast(gemm(a, b), dtypes.float32)
+    if hit is not None:
+        return _replay(hit, a, b, None, None, out_dtype=dtypes.float32)
+    if _bfloat16_through_float32(a, b):
+        return gemm(elementwise.cast(a, dtypes.float32), elementwise.cast(b, dtypes.float32))
+    p = _prepare(a, b, None, None, None, 1.0)
+    if p.out.size == 0 or _auto_variant(p) != "mma":
+        if key is not None:
+            capture.plans.put(key, "narrow")
+        return elementwise.cast(gemm(a, b), dtypes.float32)
+    p.wide = Tensor.empty(p.out.queue, p.out.shape, dtypes.float32)
+    if key is not None:
+        _record(key, p, lambda: launch(p, "mma"))
+        if p.out is not p.wide:  # not split here: the half product is kept (and its template is matmul's)
+            capture.plans.pop(key, None)
+            capture.plans.put(key, "narrow")
+    else:
+        launch(p, "mma")
+    out = _finish(p)
+    return out if out.dtype == dtypes.float32 else elementwise.cast(out, dtypes.float32)
 
 
 def matmul_relu_mask(a: Tensor, b: Tensor, mask: Tensor) -> tuple[Tensor, bool]:
@@ -397,21 +433,24 @@ def linear_residual(x: Tensor, weight: Tensor, bias: Tensor | None, residual: Te
 
 
 def _linear_residual_backward(grad_out: Tensor, x: Tensor, weight: Tensor, residual_shape: tuple[int, ...],
-                              needs: tuple[bool, ...]) -> tuple:
+                              needs: tuple[bool, ...], wide: tuple[bool, ...] = ()) -> tuple:
     """(g W, g^T x, g, column sums of g) of linear_residual (x, weight, residual, bias); the residual's
-    gradient is g itself."""
+    gradient is g itself. A weight or bias autocast cast from float32 (`wide`) gets float32 sums."""
     in_features, out_features = weight.shape[1], weight.shape[0]
     g2 = grad_out.reshape(-1, out_features)
     x2 = x.reshape(-1, in_features)
     gx = matmul(g2, weight).reshape(x.shape) if needs[0] else None
     gw = gb = None
     want_b = needs[3]
-    if needs[1] and want_b:
+    wide_w, wide_b = (wide[1], wide[3]) if wide else (False, False)
+    if needs[1] and wide_w:
+        gw = matmul_wide(g2.transpose(0, 1), x2)
+    elif needs[1] and want_b:
         gw, gb = matmul_rowsum(g2.transpose(0, 1), x2)
     elif needs[1]:
         gw = matmul(g2.transpose(0, 1), x2)
     if want_b and gb is None:
-        gb = _sum(g2, axis=0)
+        gb = _sum(g2, axis=0, dtype=dtypes.float32 if wide_b else None)
     gr = sum_to_shape(grad_out, residual_shape) if needs[2] else None
     return gx, gw, gr, gb
 

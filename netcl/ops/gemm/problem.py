@@ -100,6 +100,9 @@ class _Problem:
     batch: tuple[int, ...]
     squeeze: tuple[int, ...]  # axes of the result removed because an operand was 1-D
     bias_rows: bool = False  # the bias runs along M (one value per output row) instead of N
+    # matmul_wide: a float32 tensor shaped like `out` that split-K's reduction launch writes instead of `out`
+    # (the float32 sums of half operands, not rounded to half); the launch then makes it `out`
+    wide: Tensor | None = None
 
 
 def _as_float_dtype(a: Tensor, b: Tensor, extra: Sequence[tuple[str, Tensor | None]]) -> np.dtype:

@@ -153,7 +153,7 @@ def gpu_split(
     if uneven:
         defines = {**defines, "SPLIT_KT": p.k}  # each slice's K: the chunk, the last one what is left
     work = Tensor.empty(p.out.queue, (splits, p.m, p.n), acc_dt)
-    in_kernel = sums_in_kernel(acc_dt, defines)
+    in_kernel = sums_in_kernel(acc_dt, defines) and p.wide is None  # (the last work-group stores at dt)
     if in_kernel:  # the epilogue's defines stay: the block's last work-group applies it
         gemm_defines = {**defines, "SPLIT_LAST": None}
     else:
@@ -207,6 +207,8 @@ def gpu_split(
                            res=("residual", "res_off"), work=("work",))
         return work
     capture.name_slots(a=("A", "a_off"), b=("B", "b_off"), work=[("C", "c_off"), ("bias",), ("residual",)])
+    if p.wide is not None and dt != acc_dt:  # the reduction writes the float32 sums: they are the result
+        p.out = p.wide
     reduce_splits(p, work, splits, mask_residual="MASK_RESIDUAL" in defines)
     return work
 
