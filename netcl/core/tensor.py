@@ -65,6 +65,19 @@ def check_same_queue(*tensors: Tensor) -> Queue:
     return first.queue
 
 
+def empty_in_order(like: Any) -> Tensor:
+    """An uninitialised tensor of `like`'s shape and dtype on its queue (a Tensor, or anything with shape,
+    strides, dtype and queue: netcl.ops.declaration.Layout) whose memory order follows like's strides: a
+    permuted view of a fresh contiguous buffer. An op's result written in its input's order keeps the
+    permutes and reshapes around it views (PyTorch's preserve_format): rope's output and gradient, the
+    attention's output in its query's order. Broadcast (zero-stride) axes go outermost; equal strides keep
+    the axes' order, so a last axis of stride 1 stays innermost."""
+    ndim = len(like.shape)
+    order = sorted(range(ndim), key=lambda d: (-abs(like.strides[d]) if like.strides[d] else -math.inf, d))
+    base = Tensor.empty(like.queue, tuple(like.shape[d] for d in order), like.dtype)
+    return base.permute([order.index(d) for d in range(ndim)])
+
+
 # -- before-access hook (netcl.jit's pending readers) ---------------------------------------------
 # A Tensor made by an elementwise op may hold `_pending` (an object with .realize(tensor)) instead of
 # storage: it is computed when its storage is first needed (netcl.jit.lazy). Pending tensors read other

@@ -38,6 +38,14 @@
 // the kernels' argument groups: a (B, H, S, D) operand's buffer, offset and batch / head / row strides; the
 // mask and its strides; kv_len; dropout's threshold, scale, seed and first counter
 #define KV_ARGS(n) __global const T *n, const long n##_off, const long n##_sb, const long n##_sh, const long n##_ss
+// the forward's output (B, HQ, SQ, HEAD_DIM) at batch / head / row strides (the query's memory order, which the
+// host picks: heads of a (B, S, H, D) projection give an output whose (B, S, H * D) reshape is a view) and
+// the first element of its row (b, h, i)
+#define OUT_ARGS __global T *out, const long out_sb, const long out_sh, const long out_ss
+#define OUT_ROW(b, h, i) (out + (long)(b) * out_sb + (long)(h) * out_sh + (long)(i) * out_ss)
+// the backward's dq, dk and dv (B, H, S, HEAD_DIM) likewise, in q's, k's and v's memory order
+#define GRAD_ARGS(n) __global T *n, const long n##_sb, const long n##_sh, const long n##_ss
+#define GRAD_ROW(n, b, h, j) ((n) + (long)(b) * n##_sb + (long)(h) * n##_sh + (long)(j) * n##_ss)
 #define MASK_ARGS __global const MASK_T *mask, const long mask_off, const long mask_sb, const long mask_sh, \
                   const long mask_si, const long mask_sj
 #define LEN_ARGS __global const int *kv_len, const long kv_len_off, const int has_kv_len, const long kv_len_stride

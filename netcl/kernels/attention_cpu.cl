@@ -6,7 +6,7 @@
 // attention_forward_cpu: global (ceil(SQ / BQ), HQ, B), local (1, 1, 1). A work-item takes BQ query rows
 //   of one head: q rows (times scale) stay in private memory; keys stream in blocks of BK (scores of
 //   the block for every row, then the online softmax: running max m and sum l per row, the output
-//   accumulator rescaled by exp(m_old - m_new)). Writes out (B, HQ, SQ, D) contiguous and
+//   accumulator rescaled by exp(m_old - m_new)). Writes out (B, HQ, SQ, D) at its strides (OUT_ARGS) and
 //   lse = m + log(l) (B, HQ, SQ). Reads q once, k and v once per BQ rows; never more than BQ x BK scores.
 // attention_backward_dq_cpu: same grid; writes delta_i = dO_i . out_i (what the dkdv pass reads), then
 //   (do_dq) recomputes the scores and p = exp(s - lse) block by block and accumulates
@@ -14,7 +14,7 @@
 // attention_backward_dkdv_cpu: global (ceil(SK / BKV), HKV, B), local (1, 1, 1). A work-item takes BKV
 //   keys of one kv head (k, v rows in private memory) and walks the query rows of the GROUP query
 //   heads that read them (causal: only rows that can see the block), BI rows at a time: dv_j += p z dO_i,
-//   dk_j += p (z dO_i.v_j - delta_i) scale q_i. No atomics; dk, dv (B, HKV, SK, D) contiguous.
+//   dk_j += p (z dO_i.v_j - delta_i) scale q_i. No atomics; dk, dv (B, HKV, SK, D) in k's and v's memory order (GRAD_ARGS).
 //
 // Build options: attention_common.cl's, and
 //   BQ   query rows per work-item (forward, dq)                                       default 4
@@ -209,7 +209,7 @@ inline accv dropout_vec(const ulong counter0, const long row, const int j, const
 
 
 __kernel void attention_forward_cpu(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARGS, LEN_ARGS,
-                                    __global T *out, __global ACC *lse, const int HQ, const int GROUP,
+                                    OUT_ARGS, __global ACC *lse, const int HQ, const int GROUP,
                                     const int SQ, const int SK, const int causal, const ACC scale, DROP_ARGS)
 {
     const int i0 = get_global_id(0) * BQ, h = get_global_id(1), b = get_global_id(2);
@@ -289,7 +289,7 @@ __kernel void attention_forward_cpu(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARG
 
     for (int r = 0; r < rows; ++r) {
         const ACC inv = l[r] > (ACC)0 ? (ACC)1 / l[r] : (ACC)0;
-        __global T *orow = out + (row0 + r) * HEAD_DIM;
+        __global T *orow = OUT_ROW(b, h, i0 + r);
         for (int c = 0; c < NV; ++c) store_vec(orow, c, o[r][c] * inv);
         lse[row0 + r] = l[r] > (ACC)0 ? m[r] + log(l[r]) : -INFINITY;
     }
@@ -297,7 +297,7 @@ __kernel void attention_forward_cpu(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARG
 
 __kernel void attention_backward_dq_cpu(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(grad_out), KV_ARGS(out),
                                         MASK_ARGS, LEN_ARGS, __global const ACC *lse, __global ACC *delta,
-                                        __global T *dq, const int do_dq, const int HQ, const int GROUP,
+                                        GRAD_ARGS(dq), const int do_dq, const int HQ, const int GROUP,
                                         const int SQ, const int SK, const int causal, const ACC scale, DROP_ARGS)
 {
     const int i0 = get_global_id(0) * BQ, h = get_global_id(1), b = get_global_id(2);
@@ -365,21 +365,20 @@ __kernel void attention_backward_dq_cpu(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_A
     }
 
     for (int r = 0; r < rows; ++r) {
-        __global T *drow = dq + (row0 + r) * HEAD_DIM;
+        __global T *drow = GRAD_ROW(dq, b, h, i0 + r);
         for (int c = 0; c < NV; ++c) store_vec(drow, c, dqa[r][c] * scale);
     }
 }
 
 __kernel void attention_backward_dkdv_cpu(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(grad_out), KV_ARGS(out),
                                           MASK_ARGS, LEN_ARGS, __global const ACC *lse, __global const ACC *delta,
-                                          __global T *dk, __global T *dv, const int HQ, const int GROUP,
+                                          GRAD_ARGS(dk), GRAD_ARGS(dv), const int HQ, const int GROUP,
                                           const int SQ, const int SK, const int causal, const ACC scale,
                                           DROP_ARGS)
 {
     const int j0 = get_global_id(0) * BKV, hk = get_global_id(1), b = get_global_id(2);
     if (j0 >= SK) return;
     const int nkeys = min(BKV, SK - j0);
-    const int HKV = HQ / GROUP;
     const int L = valid_keys(kv_len, kv_len_off, has_kv_len, kv_len_stride, b, SK);
     const __global T *kb = k + k_off + b * k_sb + hk * k_sh;
     const __global T *vb = v + v_off + b * v_sb + hk * v_sh;
@@ -447,11 +446,10 @@ __kernel void attention_backward_dkdv_cpu(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV
         }
     }
 
-    const long krow0 = ((long)b * HKV + hk) * SK + j0;
     for (int jj = 0; jj < nkeys; ++jj) {
         for (int c = 0; c < NV; ++c) {
-            store_vec(dk + (krow0 + jj) * HEAD_DIM, c, dka[jj][c]);
-            store_vec(dv + (krow0 + jj) * HEAD_DIM, c, dva[jj][c]);
+            store_vec(GRAD_ROW(dk, b, hk, j0 + jj), c, dka[jj][c]);
+            store_vec(GRAD_ROW(dv, b, hk, j0 + jj), c, dva[jj][c]);
         }
     }
 }

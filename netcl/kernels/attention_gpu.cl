@@ -12,8 +12,8 @@
 //   head (q times scale in local memory) and streams the valid keys in tiles of BN: k tile -> scores
 //   (RM x CN per item) -> tile row max through local memory -> p = exp(s - m), the items' partial row sums
 //   and outputs rescaled by exp(m_old - m_new) -> p (times the dropout multiplier) into local memory, v tile
-//   over the k tile's memory -> out += p v. Writes out (B, HQ, SQ, D) and lse. Local memory:
-//   (BM + BN) * (DP + 4) + BM * (BN + 4) + BM * TC values.
+//   over the k tile's memory -> out += p v. Writes out (B, HQ, SQ, D) at its strides (OUT_ARGS) and lse.
+//   Local memory: (BM + BN) * (DP + 4) + BM * (BN + 4) + BM * TC values.
 // attention_backward_dq_gpu: global (ceil(SQ / BM) * TR * TC, HQ, B). First delta = rowsum(dO * out) of the
 //   tile's rows (written out: the dkdv pass reads it); then, when do_dq, per key tile: s = q k^T and
 //   dp = dO v^T together, ds = p (z dp - delta) into local memory, dq += ds k. Local memory:
@@ -229,7 +229,7 @@ inline ACC row_max(ACC x)
 
 #if PASS == PASS_ALL || PASS == PASS_FORWARD
 __kernel void attention_forward_gpu(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARGS, LEN_ARGS,
-                                    __global T *out, __global ACC *lse, const int HQ, const int GROUP,
+                                    OUT_ARGS, __global ACC *lse, const int HQ, const int GROUP,
                                     const int SQ, const int SK, const int causal, const ACC scale, DROP_ARGS)
 {
     __local ACC4 qs[BM * RS4];
@@ -399,7 +399,7 @@ __kernel void attention_forward_gpu(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARG
         ACC total = (ACC)0;
         for (int t = 0; t < TC; ++t) total += red[r * TC + t];
         const ACC inv = total > (ACC)0 ? (ACC)1 / total : (ACC)0;
-        __global T *orow = out + (row0 + r) * HEAD_DIM;
+        __global T *orow = OUT_ROW(b, h, i0 + r);
         for (int e = 0; e < CE; ++e) store4(orow, 4 * (tc + TC * e), o[a][e] * inv);
         if (tc == 0) lse[row0 + r] = total > (ACC)0 ? m[a] + log(total) : -INFINITY;
     }
@@ -409,7 +409,7 @@ __kernel void attention_forward_gpu(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARG
 #if PASS == PASS_ALL || PASS == PASS_DQ
 __kernel void attention_backward_dq_gpu(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(grad_out), KV_ARGS(out),
                                         MASK_ARGS, LEN_ARGS, __global const ACC *lse, __global ACC *delta,
-                                        __global T *dq, const int do_dq, const int HQ, const int GROUP,
+                                        GRAD_ARGS(dq), const int do_dq, const int HQ, const int GROUP,
                                         const int SQ, const int SK, const int causal, const ACC scale, DROP_ARGS)
 {
     __local ACC4 qs[BM * RS4], gs[BM * RS4], ks[BN * RS4], vs[BN * RS4];
@@ -511,7 +511,7 @@ __kernel void attention_backward_dq_gpu(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_A
     for (int a = 0; a < RM_; ++a) {
         const int r = tr + TR * a;
         if (i0 + r >= SQ) continue;
-        __global T *drow = dq + (row0 + r) * HEAD_DIM;
+        __global T *drow = GRAD_ROW(dq, b, h, i0 + r);
         for (int e = 0; e < CE; ++e) store4(drow, 4 * (tc + TC * e), dqa[a][e] * scale);
     }
 }
@@ -571,7 +571,7 @@ inline void add4_atomic(__global float *p, const float4 x, const int n)
 #if PASS == PASS_ALL || PASS == PASS_DKDV
 __kernel void attention_backward_dkdv_gpu(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(grad_out), KV_ARGS(out),
                                           MASK_ARGS, LEN_ARGS, __global const ACC *lse, __global const ACC *delta,
-                                          __global T *dk, __global T *dv DQ_ARG, const int HQ,
+                                          GRAD_ARGS(dk), GRAD_ARGS(dv) DQ_ARG, const int HQ,
                                           const int GROUP, const int SQ, const int SK, const int causal,
                                           const ACC scale, DROP_ARGS)
 {
@@ -582,7 +582,6 @@ __kernel void attention_backward_dkdv_gpu(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV
 
     const int tid = get_local_id(0), tr = tid / TC, tc = tid - tr * TC;
     const int hk = get_global_id(1), b = get_global_id(2);
-    const int HKV = HQ / GROUP;
     const int L = valid_keys(kv_len, kv_len_off, has_kv_len, kv_len_stride, b, SK);
 
 #ifdef DQ_SPLIT
@@ -755,13 +754,12 @@ __kernel void attention_backward_dkdv_gpu(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV
             }
         }
 
-        const long krow0 = ((long)b * HKV + hk) * SK + j0;
         for (int a = 0; a < RK_; ++a) {
             const int kr = tr + TR * a;
             if (j0 + kr >= SK) continue;
             for (int e = 0; e < CE; ++e) {
-                store4(dk + (krow0 + kr) * HEAD_DIM, 4 * (tc + TC * e), dka[a][e]);
-                store4(dv + (krow0 + kr) * HEAD_DIM, 4 * (tc + TC * e), dva[a][e]);
+                store4(GRAD_ROW(dk, b, hk, j0 + kr), 4 * (tc + TC * e), dka[a][e]);
+                store4(GRAD_ROW(dv, b, hk, j0 + kr), 4 * (tc + TC * e), dva[a][e]);
             }
         }
 #ifdef DQ_SPLIT

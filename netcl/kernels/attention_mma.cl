@@ -323,7 +323,7 @@ inline void issue_tile(__local ushort *dst, __global const ushort *base, const l
 
 #if MMA_PASS == 0 || MMA_PASS == 1
 __kernel __attribute__((reqd_work_group_size(THREADS, 1, 1)))
-void attention_forward_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARGS, LEN_ARGS, __global T *out,
+void attention_forward_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARGS, LEN_ARGS, OUT_ARGS,
                            __global ACC *lse, const int HQ, const int GROUP, const int SQ, const int SK,
                            const int causal, const ACC scale, DROP_ARGS)
 {
@@ -461,7 +461,7 @@ void attention_forward_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARGS, LEN_AR
             QUAD_SUM(lr);
             if (i0 + rloc[rb][r] >= SQ) continue;
             const float inv = lr > 0.0f ? 1.0f / lr : 0.0f;
-            __global uint *orow = (__global uint *)(out + (row0 + rloc[rb][r]) * HEAD_DIM);
+            __global uint *orow = (__global uint *)OUT_ROW(b, h, i0 + rloc[rb][r]);
             #pragma unroll
             for (int db = 0; db < DB; ++db)
                 orow[db * 4 + t] = pack2(o[rb][db][2 * r] * inv, o[rb][db][2 * r + 1] * inv);
@@ -544,7 +544,7 @@ inline float dot8_bits(const uint4 a, const uint4 o) {
 #if MMA_PASS == 0 || MMA_PASS == 2
 __kernel __attribute__((reqd_work_group_size(THREADS, 1, 1)))
 void attention_backward_dq_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(grad_out), KV_ARGS(out), MASK_ARGS,
-                               LEN_ARGS, __global const ACC *lse, __global ACC *delta, __global T *dq,
+                               LEN_ARGS, __global const ACC *lse, __global ACC *delta, GRAD_ARGS(dq),
                                const int do_dq, const int HQ, const int GROUP, const int SQ, const int SK,
                                const int causal, const ACC scale, DROP_ARGS)
 {
@@ -687,7 +687,7 @@ void attention_backward_dq_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(grad_
     for (int rb = 0; rb < RB; ++rb)
         #pragma unroll
         for (int r = 0; r < 2; ++r)
-            if (i0 + rloc[rb][r] < SQ) store_rows2(dq, row0 + rloc[rb][r], dqa[rb], r, scale, t);
+            if (i0 + rloc[rb][r] < SQ) store_rows2(GRAD_ROW(dq, b, h, i0 + rloc[rb][r]), 0, dqa[rb], r, scale, t);
 }
 #endif
 
@@ -714,8 +714,8 @@ void attention_backward_dq_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(grad_
 #if MMA_PASS == 0 || MMA_PASS == 3
 __kernel __attribute__((reqd_work_group_size(THREADS, 1, 1)))
 void attention_backward_dkdv_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(grad_out), KV_ARGS(out), MASK_ARGS,
-                                 LEN_ARGS, __global const ACC *lse, __global const ACC *delta, __global T *dk,
-                                 __global T *dv, const int HQ, const int GROUP, const int SQ, const int SK,
+                                 LEN_ARGS, __global const ACC *lse, __global const ACC *delta, GRAD_ARGS(dk),
+                                 GRAD_ARGS(dv), const int HQ, const int GROUP, const int SQ, const int SK,
                                  const int causal, const ACC scale, DROP_ARGS)
 {
     __local uint4 qs4[QROWS * DPAD / 8], gs4[QROWS * DPAD / 8];   // (the k and v tiles first, then q and dO tiles)
@@ -728,8 +728,6 @@ void attention_backward_dkdv_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(gra
     const int j0 = get_group_id(0) * KEYS, hk = get_global_id(1), b = get_global_id(2);
     if (j0 >= SK) return;
     const int L = valid_keys(kv_len, kv_len_off, has_kv_len, kv_len_stride, b, SK);
-    const int HKV = HQ / GROUP;
-    const long kvrow0 = ((long)b * HKV + hk) * SK + j0;
     const int jloc[2] = {warp * 16 + g, warp * 16 + g + 8};
 
     uint ka[DK][4], va[DK][4];
@@ -851,8 +849,8 @@ void attention_backward_dkdv_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(gra
     #pragma unroll
     for (int r = 0; r < 2; ++r)
         if (j0 + jloc[r] < SK) {
-            store_rows2(dk, kvrow0 + jloc[r], dka, r, scale, t);
-            store_rows2(dv, kvrow0 + jloc[r], dva, r, 1.0f, t);
+            store_rows2(GRAD_ROW(dk, b, hk, j0 + jloc[r]), 0, dka, r, scale, t);
+            store_rows2(GRAD_ROW(dv, b, hk, j0 + jloc[r]), 0, dva, r, 1.0f, t);
         }
 }
 #endif

@@ -49,7 +49,7 @@ import numpy as np
 from netcl import kernels
 from netcl.core import capture, dtypes
 from netcl.core.backend import device_check
-from netcl.core.tensor import Tensor, check_same_queue
+from netcl.core.tensor import Tensor, check_same_queue, empty_in_order
 from netcl.errors import DTypeError, KernelBuildError, ShapeError
 from netcl.ops.declaration import OpDecl, declare
 from netcl.ops.determinism import get_deterministic
@@ -682,6 +682,19 @@ def _rows_16_bytes(*ts: Tensor) -> bool:
                for t in ts)
 
 
+def _grad_rows(dk: Tensor, dv: Tensor) -> dict[str, Any]:
+    """The dk/dv kernels' GRAD_ARGS of dk and dv (fresh tensors: offset 0, any order of their axes)."""
+    i64 = np.int64
+    return dict(dk=dk.buffer, dk_sb=i64(dk.strides[0]), dk_sh=i64(dk.strides[1]), dk_ss=i64(dk.strides[2]),
+                dv=dv.buffer, dv_sb=i64(dv.strides[0]), dv_sh=i64(dv.strides[1]), dv_ss=i64(dv.strides[2]))
+
+
+def _dq_rows(dq: Tensor) -> dict[str, Any]:
+    """The dq passes' GRAD_ARGS of dq (or of delta, when the pass writes no dq: strides unused)."""
+    st = dq.strides[:3] if dq.ndim == 4 else (0, 0, 0)
+    return dict(dq=dq.buffer, dq_sb=np.int64(st[0]), dq_sh=np.int64(st[1]), dq_ss=np.int64(st[2]))
+
+
 def _rows_contiguous(t: Tensor) -> Tensor:
     """t itself when its last axis is contiguous (read in place), else a contiguous copy."""
     if t.shape[-1] == 1 or t.strides[-1] == 1:
@@ -734,10 +747,14 @@ def flash_attention_forward(
         raise ValueError(f"{op}: pass generator= or dropout_draw= (which holds its generator), not both")
     if dropout_draw is not None and not isinstance(dropout_draw, DropoutDraw):
         raise TypeError(f"{op}: dropout_draw must be a DropoutDraw, got {type(dropout_draw).__name__}")
-    pr = _Problem(op, _rows_contiguous(q), _rows_contiguous(k), _rows_contiguous(v), causal, scale, mask,
-                  dropout_p, kv_len)
+    q = _rows_contiguous(q)
+    pr = _Problem(op, q, _rows_contiguous(k), _rows_contiguous(v), causal, scale, mask, dropout_p, kv_len)
     acc_dtype = dtypes.float64 if pr.dtype == dtypes.float64 else dtypes.float32
-    out = Tensor.empty(pr.queue, (pr.B, pr.HQ, pr.SQ, pr.D), pr.dtype)
+    decode = pr.decode_plan() if q.size else None
+    # the output in the query's memory order (the decode kernel's contiguous): heads of a (B, S, H, D)
+    # projection give an output whose (B, S, H * D) reshape for the next projection is a view, not a copy
+    out = (Tensor.empty(pr.queue, (pr.B, pr.HQ, pr.SQ, pr.D), pr.dtype) if decode is not None
+           else empty_in_order(q))
     lse = Tensor.empty(pr.queue, (pr.B, pr.HQ, pr.SQ), acc_dtype)
     draw = None
     if pr.dropout_p > 0:
@@ -745,13 +762,15 @@ def flash_attention_forward(
         draw.take(pr.B * pr.HQ * pr.SQ)
     if out.size == 0:
         return out, lse
-    decode = pr.decode_plan()
     if decode is not None:
         kernel = pr.launch_decode(decode, out, lse, pr.common_args(draw))
-    elif pr.mma_forward():
-        kernel = pr.launch_mma("forward", out=out.buffer, lse=lse.buffer, **pr.common_args(draw))
     else:
-        kernel = pr.launch("forward", out=out.buffer, lse=lse.buffer, **pr.common_args(draw))
+        rows = dict(out=out.buffer, out_sb=np.int64(out.strides[0]), out_sh=np.int64(out.strides[1]),
+                    out_ss=np.int64(out.strides[2]), lse=lse.buffer)
+        if pr.mma_forward():
+            kernel = pr.launch_mma("forward", **rows, **pr.common_args(draw))
+        else:
+            kernel = pr.launch("forward", **rows, **pr.common_args(draw))
     if draw is not None:
         _refresh_dropout_on_replay(draw, kernel, draws=True)
     return out, lse
@@ -818,8 +837,8 @@ def flash_attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: 
     options (and, with dropout, the same DropoutDraw). need_dq / need_dkv skip a pass (its results None).
     Shapes and dtypes: those of q, k, v."""
     op = "flash_attention_backward"
-    pr = _Problem(op, _rows_contiguous(q), _rows_contiguous(k), _rows_contiguous(v), causal, scale, mask,
-                  dropout_p, kv_len)
+    k, v = _rows_contiguous(k), _rows_contiguous(v)
+    pr = _Problem(op, _rows_contiguous(q), k, v, causal, scale, mask, dropout_p, kv_len)
     full = (pr.B, pr.HQ, pr.SQ, pr.D)
     for name, t in (("out", out), ("grad_out", grad_out)):
         if not isinstance(t, Tensor):
@@ -845,15 +864,20 @@ def flash_attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: 
                 f"{pr.B * pr.HQ * pr.SQ}"
             )
         draw = dropout_draw
-    dq = Tensor.empty(pr.queue, full, pr.dtype) if need_dq else None
-    dk = Tensor.empty(pr.queue, (pr.B, pr.HKV, pr.SK, pr.D), pr.dtype) if need_dkv else None
-    dv = Tensor.empty(pr.queue, (pr.B, pr.HKV, pr.SK, pr.D), pr.dtype) if need_dkv else None
+    g, out = _rows_contiguous(grad_out), _rows_contiguous(out)
+    mma = pr.mma_backward(g)
+    fused = not mma and need_dq and need_dkv and pr.fused_backward()
+    # dq, dk and dv in q's, k's and v's memory order: heads of a (B, S, H, D) projection get gradients whose
+    # (B, S, H * D) reshape for the projection's backward is a view, not a copy (the fused pass's dq, made by
+    # float atomic adds over a float32 buffer, is contiguous)
+    dq = (Tensor.empty(pr.queue, full, pr.dtype) if fused else empty_in_order(q)) if need_dq else None
+    dk = empty_in_order(k) if need_dkv else None
+    dv = empty_in_order(v) if need_dkv else None
     if pr.B * pr.HQ * pr.SQ * pr.D == 0 or pr.SK == 0:
         for t in (dq, dk, dv):
             if t is not None and t.size:
                 t.fill_(0)
         return dq, dk, dv
-    g, out = _rows_contiguous(grad_out), _rows_contiguous(out)
     lse = lse if lse.offset == 0 and lse.is_contiguous() else lse.clone()
     delta = Tensor.empty(pr.queue, full[:3], acc_dtype)  # rowsum(grad_out * out), written by the dq pass
     if not (out.dtype == dtypes.float32 and _rows_aligned(g, out)):
@@ -862,28 +886,23 @@ def flash_attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: 
     args.update(_row_args("grad_out", g))
     args.update(_row_args("out", out))
     args.update(lse=lse.buffer, delta=delta.buffer)
-    if pr.mma_backward(g):
+    if mma:
         if not _rows_16_bytes(out):   # the dq pass reads out's rows 16 bytes at a time (delta)
             out = out.clone()
             args.update(_row_args("out", out))
         # the matrix units' two passes: dq (and delta), then dk and dv; no atomics, the same bits each run
-        kernel = pr.launch_mma("dq", dq=(dq if dq is not None else delta).buffer,
+        kernel = pr.launch_mma("dq", **_dq_rows(dq if dq is not None else delta),
                                do_dq=np.int32(dq is not None), **args)
         if draw is not None:
             _refresh_dropout_on_replay(draw, kernel, draws=False)
         if dk is not None:
-            kernel = pr.launch_mma("dkdv", dk=dk.buffer, dv=dv.buffer, **args)
+            kernel = pr.launch_mma("dkdv", **_grad_rows(dk, dv), **args)
             if draw is not None:
                 _refresh_dropout_on_replay(draw, kernel, draws=False)
         return dq, dk, dv
-    fused = dq is not None and dk is not None and pr.fused_backward()
     # the dq pass (or, fused / dk and dv only, its first part: delta alone)
-    kernel = pr.launch(
-        "dq",
-        dq=(dq if dq is not None else delta).buffer,
-        do_dq=np.int32(dq is not None and not fused),
-        **args,
-    )
+    kernel = pr.launch("dq", **_dq_rows(dq if dq is not None else delta),
+                       do_dq=np.int32(dq is not None and not fused), **args)
     if draw is not None:
         _refresh_dropout_on_replay(draw, kernel, draws=False)
     split = fused and get_deterministic()
@@ -892,12 +911,12 @@ def flash_attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: 
         key_tile = gpu_tiles(pr.device, "fused", pr.D, pr.dtype)["BN"]
         nsplit = dq_splits(pr.device, pr.B, pr.HKV, pr.SK, key_tile)
         copies = Tensor.empty(pr.queue, (nsplit, *full), dtypes.float32)
-        kernel = pr.launch("fused", nsplit=nsplit, dk=dk.buffer, dv=dv.buffer, dq_acc=copies.buffer, **args)
+        kernel = pr.launch("fused", nsplit=nsplit, **_grad_rows(dk, dv), dq_acc=copies.buffer, **args)
     elif fused:
         dq.fill_(0.0)
-        kernel = pr.launch("fused", dk=dk.buffer, dv=dv.buffer, dq_acc=dq.buffer, **args)
+        kernel = pr.launch("fused", **_grad_rows(dk, dv), dq_acc=dq.buffer, **args)
     elif dk is not None:
-        kernel = pr.launch("dkdv", dk=dk.buffer, dv=dv.buffer, **args)
+        kernel = pr.launch("dkdv", **_grad_rows(dk, dv), **args)
     if dk is not None and draw is not None:
         _refresh_dropout_on_replay(draw, kernel, draws=False)   # (refreshes the launch just recorded)
     if split:

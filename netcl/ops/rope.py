@@ -17,7 +17,7 @@ import pyopencl.cltypes as cltypes
 from netcl import kernels
 from netcl.core import dtypes, shapes
 from netcl.core.backend import as_queue, device_check
-from netcl.core.tensor import Tensor, check_same_queue
+from netcl.core.tensor import Tensor, check_same_queue, empty_in_order
 from netcl.errors import DTypeError, ShapeError
 from netcl.ops.declaration import Layout, OpDecl, declare
 
@@ -186,8 +186,9 @@ def rope(x: Tensor, cos: Tensor, sin: Tensor, offset: Tensor | None = None, pair
     cos, sin: rope_tables (max_len, D / 2). offset: None or an int32 device Tensor (1,) or (B,) (a KV
     cache's length, so a recorded decode step replays at the next position). pairing: "half" (x[i] with
     x[i + D/2]: GPT-NeoX, Hugging Face Llama) or "interleaved" (x[2i] with x[2i+1]: Meta's Llama, GPT-J).
-    inverse: rotate by -theta (the backward). out: where to write (any strides; a new contiguous tensor by
-    default); out_at_offset: out is a KV cache (B, H, capacity, D) and row s goes to position s + offset.
+    inverse: rotate by -theta (the backward). out: where to write (any strides; by default a new tensor in x's
+    memory order, core.tensor.empty_in_order); out_at_offset: out is a KV cache (B, H, capacity, D) and row s
+    goes to position s + offset.
     A position beyond the table (or the cache) raises ShapeError at the next host read."""
     if pairing not in ROPE_PAIRINGS:
         raise ValueError(f"rope: pairing must be one of {sorted(ROPE_PAIRINGS)}, got {pairing!r}")
@@ -216,7 +217,7 @@ def rope(x: Tensor, cos: Tensor, sin: Tensor, offset: Tensor | None = None, pair
     if out is None:
         if out_at_offset:
             raise ValueError("rope: out_at_offset needs out= (the cache to write into)")
-        out = Tensor.empty(queue, x.shape, x.dtype)
+        out = empty_in_order(x)  # x's memory order: a projection's heads stay a view of it
     else:
         check_same_queue(out, x)
         want = (b, h, out.shape[2], d) if out_at_offset else x.shape
@@ -316,19 +317,11 @@ def check_qkv_cache(op: str, x: Tensor, q_heads: int, cos: Tensor, sin: Tensor, 
 
 
 # -- the op on Nodes (netcl.ops.declaration): cos, sin and offset are constants ---------------------------
-def _empty_in_layout(x: Layout) -> Tensor:
-    """An uninitialised tensor of x's shape whose memory order follows x's strides (a permuted view of a
-    contiguous buffer): a gradient written in it lets the permute/reshape of x's producer stay views."""
-    order = sorted(range(x.ndim), key=lambda d: (-abs(x.strides[d]), d))
-    base = Tensor.empty(x.queue, tuple(x.shape[d] for d in order), x.dtype)
-    return base.permute([order.index(d) for d in range(x.ndim)])
-
-
 def _rope_backward(grad_out: Tensor, x_layout: Layout, cos: Tensor, sin: Tensor, offset: Tensor | None,
                    pairing: str) -> Tensor:
     """The rotation of grad_out by -theta, written in x's own memory order (x's layout is all it keeps of x:
     the input's memory goes back to the pool once the forward lets go of it)."""
-    return rope(grad_out, cos, sin, offset, pairing, inverse=True, out=_empty_in_layout(x_layout))
+    return rope(grad_out, cos, sin, offset, pairing, inverse=True, out=empty_in_order(x_layout))
 
 
 declare(OpDecl("rope", rope, _rope_backward, inputs=("x",), constants=("cos", "sin", "offset"),

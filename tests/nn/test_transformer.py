@@ -122,6 +122,27 @@ def test_attention_forward_backward(queue, rng, n_heads, n_kv_heads, use_rope, c
     check_directional_grads(queue, attn, lambda n: attn(n), reference, x, rng)
 
 
+@pytest.mark.parametrize("use_rope", [True, False])
+def test_attention_heads_need_no_copies(queue, rng, monkeypatch, use_rope):
+    """The heads are views of the projections (B, S, H, D) in and out: rope writes in its input's memory
+    order, the attention's output and dq, dk, dv come in q's, k's and v's, so neither the output's reshape for
+    the output projection nor the gradients' for the projections' backward copies (a strided copy each way
+    a layer before)."""
+    from netcl.ops import copy as copy_ops
+
+    copies = []
+    real = copy_ops.strided_copy
+    monkeypatch.setattr(copy_ops, "strided_copy", lambda *a, **k: copies.append(a) or real(*a, **k))
+    rope = RoPE(queue, 8, 16) if use_rope else None
+    attn = MultiHeadAttention(queue, 32, 4, 2, causal=True, rope=rope)
+    x = ag.tensor(Tensor.from_host(queue, rng.standard_normal((2, 9, 32)).astype(np.float32)))
+    with ag.Tape() as tape:
+        y = attn(x)
+    tape.backward(y, Tensor.from_host(queue, rng.standard_normal((2, 9, 32)).astype(np.float32)))
+    assert copies == []
+    assert all(p.grad is not None for p in attn.parameters())
+
+
 def test_attention_padding_and_float_masks(queue, rng):
     d, h, s = 8, 2, 5
     attn = MultiHeadAttention(queue, d, h, rope=RoPE(queue, 4, 8, dtype="float64"), dtype="float64")

@@ -1,6 +1,7 @@
 """Attention kernels under Oclgrind: attention_cpu.cl and attention_gpu.cl (forward, dq and dk/dv passes) and
 attention_dropout.cl's keep-mask on small odd shapes (rows and keys not multiples of the blocks, GQA, a
-strided bool mask, kv_len, causal, dropout, a head dim that is not a multiple of the vector width)."""
+strided bool mask, kv_len, causal, dropout, a head dim that is not a multiple of the vector width; q, k, v
+and so the output and dk, dv in a (B, S, H, D) memory order)."""
 
 from __future__ import annotations
 
@@ -56,7 +57,9 @@ def test_attention_forward_backward(queue, monkeypatch, variant, D):
     old = attn.variant_override
     attn.variant_override = variant
     try:
-        nq, nk, nv, ng = dev(queue, q), dev(queue, k), dev(queue, v), dev(queue, g)
+        # q, k and v as the heads of (B, S, H, D) projections: the output and dk, dv in that memory order
+        nq, nk, nv = (dev(queue, t.transpose(0, 2, 1, 3)).permute(0, 2, 1, 3) for t in (q, k, v))
+        ng = dev(queue, g)
         nmask = dev(queue, mask).transpose(-2, -1)
         opts = dict(causal=True, mask=nmask, kv_len=dev(queue, lengths), dropout_p=p)
         draw = attn.DropoutDraw(Generator(1))
@@ -68,6 +71,9 @@ def test_attention_forward_backward(queue, monkeypatch, variant, D):
     want = reference(q, k, v, causal=True, mask=mask.transpose(0, 1, 3, 2), kv_len=lengths, keep=keep,
                      dropout_p=p, grad_out=g)
     close(out, want[0], 1e-4, 1e-4)
+    for got, like in ((out, nq), (grads[1], nk), (grads[2], nv)):  # their memory order (axes of more than 1)
+        assert [st for st, n in zip(got.strides, got.shape) if n > 1] == \
+            [st for st, n in zip(like.strides, like.shape) if n > 1]
     for got, ref in zip(grads, want[2:], strict=True):
         close(got, ref, 1e-4, 1e-4)
 

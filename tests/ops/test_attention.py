@@ -870,6 +870,8 @@ def test_matrix_units_forward_backward_match_float64(queue, rng, mma_emulated, d
         bias[4, :] = -np.inf
         opts["mask"], host["mask"] = dev(queue, bias), bias
     nq, nk, nv, ng = (dev(queue, a) for a in (q, k, v, g))
+    if D == 64:  # q, k, v as heads of (B, S, H, D) projections: out, dk and dv come in their memory order
+        nq, nk, nv = (dev(queue, a.transpose(0, 2, 1, 3)).permute(0, 2, 1, 3) for a in (q, k, v))
     pr = attn._Problem("test", nq, nk, nv, False, None, None, 0.0, None)
     assert pr.mma_forward() and pr.mma_backward(ng) == (D <= attn.MMA_BACKWARD_MAX_HEAD_DIM)
     if case == "bool_mask_kv_len_dropout":
@@ -886,6 +888,9 @@ def test_matrix_units_forward_backward_match_float64(queue, rng, mma_emulated, d
     if case == "bool_mask_kv_len_dropout":
         assert np.all(out.to_host()[0, 1, 30] == 0) and lse.to_host()[0, 1, 30] == -np.inf
     grads = ops.flash_attention_backward(nq, nk, nv, out, lse, ng, **opts)
+    for got, like in ((out, nq), (grads[0], nq), (grads[1], nk), (grads[2], nv)):  # their inputs' order
+        assert [st for st, n in zip(got.strides, got.shape) if n > 1] == \
+            [st for st, n in zip(like.strides, like.shape) if n > 1]
     for name, got, ref in zip(("dq", "dk", "dv"), grads, want[2:], strict=True):
         # ds and p rounded to the inputs' dtype before their products (FlashAttention-2's way)
         np.testing.assert_allclose(got.to_host().astype(np.float64), ref, rtol=5e-2,
