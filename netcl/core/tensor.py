@@ -71,11 +71,27 @@ def empty_in_order(like: Any) -> Tensor:
     permuted view of a fresh contiguous buffer. An op's result written in its input's order keeps the
     permutes and reshapes around it views (PyTorch's preserve_format): rope's output and gradient, the
     attention's output in its query's order. Broadcast (zero-stride) axes go outermost; equal strides keep
-    the axes' order, so a last axis of stride 1 stays innermost."""
-    ndim = len(like.shape)
-    order = sorted(range(ndim), key=lambda d: (-abs(like.strides[d]) if like.strides[d] else -math.inf, d))
-    base = Tensor.empty(like.queue, tuple(like.shape[d] for d in order), like.dtype)
-    return base.permute([order.index(d) for d in range(ndim)])
+    the axes' order, so a last axis of stride 1 stays innermost. (The layout is worked out once per shape
+    and strides: ops call this every step.)"""
+    key = (like.shape, like.strides)
+    plan = _orders.get(key)
+    if plan is None:
+        ndim = len(like.shape)
+        st = like.strides
+        order = sorted(range(ndim), key=lambda d: (-abs(st[d]) if st[d] else -math.inf, d))
+        base_shape = tuple(like.shape[d] for d in order)
+        base_strides = contiguous_strides(base_shape)
+        strides = [0] * ndim
+        for i, d in enumerate(order):
+            strides[d] = base_strides[i]
+        plan = (base_shape, tuple(like.shape), tuple(strides))
+        if len(_orders) < 4096:
+            _orders[key] = plan
+    base = Tensor.empty(like.queue, plan[0], like.dtype)
+    return base._view(plan[1], plan[2], 0)
+
+
+_orders: dict[tuple, tuple] = {}
 
 
 # -- before-access hook (netcl.jit's pending readers) ---------------------------------------------
