@@ -201,21 +201,27 @@ def test_emulated_relu_mask_in_the_epilogue(queue, rng, splits):
     np.testing.assert_allclose(got, want, rtol=0, atol=2e-3 * np.abs(want).max())
 
 
-@pytest.mark.gpu_shaped
-def test_split_k_on_matrix_units_is_replayed(queue, rng, monkeypatch):
-    """netcl's own choice on matrix units (forced here: the emulated kernel, 2 slices) records the split's
-    launch (its blocks' last work-groups sum the slices) once; later calls replay it with new operands,
-    output and float32 workspace."""
+def _force_mma_splits(monkeypatch, splits: list[int]) -> None:
+    """netcl's own choice forced onto the emulated matrix units with SMALL tiles and splits[0] slices of K (a
+    list: a test may change the count), and an empty plan cache."""
     real = variants.tuned_params
     monkeypatch.setattr(api, "uses_matrix_units", lambda dev_, dt: True)
     monkeypatch.setattr(api, "choose_variant", lambda dev_, m, n, k: "tiled")
     monkeypatch.setattr(splitk, "choose_splits",
-                        lambda dev_, p, tile, partial_sums=False: 2 if partial_sums else 1)
+                        lambda dev_, p, tile, partial_sums=False: splits[0] if partial_sums else 1)
     monkeypatch.setattr(variants, "tuned_params",
                         lambda d, v, dt: {**real(d, v, dt), **SMALL} if v == "mma" else real(d, v, dt))
     # no shape class's tile over SMALL (on the H200 short K took BM 64: 8 warps, too many for SMALL's chunks)
     monkeypatch.setattr(variants, "mma_shape_class", lambda *args: None)
     monkeypatch.setattr(capture, "plans", capture.PlanCache())
+
+
+@pytest.mark.gpu_shaped
+def test_split_k_on_matrix_units_is_replayed(queue, rng, monkeypatch):
+    """netcl's own choice on matrix units (forced here: the emulated kernel, 2 slices) records the split's
+    launch (its blocks' last work-groups sum the slices) once; later calls replay it with new operands,
+    output and float32 workspace."""
+    _force_mma_splits(monkeypatch, [2])
     m, n, k = 37, 29, 96
     for _ in range(3):
         a, b = _inputs(rng, np.float16, m, n, k)
@@ -234,16 +240,8 @@ def test_matmul_wide_keeps_the_float32_sums(queue, rng, monkeypatch, dt):
     sums (2 launches, no half product, no cast), closer to float64 than the half product by far, and later
     calls replay its template; a problem that does not split gets the half product widened (its template is
     matmul's)."""
-    real = variants.tuned_params
-    monkeypatch.setattr(api, "uses_matrix_units", lambda dev_, dt_: True)
-    monkeypatch.setattr(api, "choose_variant", lambda dev_, m, n, k: "tiled")
     splits = [2]
-    monkeypatch.setattr(splitk, "choose_splits",
-                        lambda dev_, p, tile, partial_sums=False: splits[0] if partial_sums else 1)
-    monkeypatch.setattr(variants, "tuned_params",
-                        lambda d, v, dt_: {**real(d, v, dt_), **SMALL} if v == "mma" else real(d, v, dt_))
-    monkeypatch.setattr(variants, "mma_shape_class", lambda *args: None)
-    monkeypatch.setattr(capture, "plans", capture.PlanCache())
+    _force_mma_splits(monkeypatch, splits)
     m, n, k = 37, 29, 96
     for _ in range(3):
         g, x = _inputs(rng, dt, k, m, m)[0], rng.standard_normal((k, n)).astype(dt)  # g (K, M), x (K, N)
