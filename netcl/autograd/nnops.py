@@ -32,11 +32,6 @@ _RELU_OP = "linear_relu"
 _MASKED_FOR = "_netcl_relu_masked_for"
 
 
-def sum_rows(g2: Tensor) -> Tensor:
-    """Column sums of a 2-D gradient (the bias gradient)."""
-    return ops.sum(g2, axis=0)
-
-
 @implements("linear")
 def linear(x: Node, weight: Node, bias: Node | None = None, activation: str | None = None) -> Node:
     """activation(x @ weight.T + bias), weight (out, in) like PyTorch; relu is fused into the GEMM.
@@ -86,17 +81,8 @@ def linear(x: Node, weight: Node, bias: Node | None = None, activation: str | No
         elif x.requires_grad:
             gx = mm.matmul(g2, wv)
             gx = gx if x_2d else gx.reshape(xv.shape)
-        gw = gb = None
-        want_b = bias is not None and bias.requires_grad
-        if weight.requires_grad and wide_w:  # float32 sums for a float32 parameter (autocast.widened)
-            gw = mm.matmul_wide(g2.transpose(0, 1), x2)
-        elif weight.requires_grad and want_b:
-            # g^T x and the column sums of g in one launch where the CPU GEMM runs (gb None elsewhere)
-            gw, gb = mm.matmul_rowsum(g2.transpose(0, 1), x2)
-        elif weight.requires_grad:
-            gw = mm.matmul(g2.transpose(0, 1), x2)
-        if want_b and gb is None:
-            gb = ops.sum(g2, axis=0, dtype="float32") if wide_b else sum_rows(g2)
+        gw, gb = mm.linear_param_grads(g2, x2, weight.requires_grad, bias is not None and bias.requires_grad,
+                                       wide_w, wide_b)
         return (gx, gw) if bias is None else (gx, gw, gb)
 
     return record(out, parents, backward, _RELU_OP if activation == "relu" else "linear")

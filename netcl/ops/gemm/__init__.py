@@ -16,6 +16,7 @@ broadcast like NumPy's matmul. One idea per module:
 from netcl.ops.gemm.api import (
     gemm,
     linear,
+    linear_param_grads,
     matmul,
     matmul_epilogue,
     matmul_relu_mask,
@@ -51,6 +52,7 @@ __all__ = [
     "get_matmul_precision",
     "gemm",
     "linear",
+    "linear_param_grads",
     "matmul",
     "matmul_epilogue",
     "matmul_relu_mask",

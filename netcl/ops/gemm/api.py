@@ -440,19 +440,26 @@ def _linear_residual_backward(grad_out: Tensor, x: Tensor, weight: Tensor, resid
     g2 = grad_out.reshape(-1, out_features)
     x2 = x.reshape(-1, in_features)
     gx = matmul(g2, weight).reshape(x.shape) if needs[0] else None
+    gw, gb = linear_param_grads(g2, x2, needs[1], needs[3], *((wide[1], wide[3]) if wide else ()))
+    gr = sum_to_shape(grad_out, residual_shape) if needs[2] else None
+    return gx, gw, gr, gb
+
+
+def linear_param_grads(g2: Tensor, x2: Tensor, want_w: bool, want_b: bool, wide_w: bool = False,
+                       wide_b: bool = False) -> tuple[Tensor | None, Tensor | None]:
+    """(g^T x, column sums of g) of a linear layer's 2-D output gradient g2 and input x2, None where not
+    wanted: in one launch where the CPU GEMM runs; float32 sums for a weight or bias autocast cast from
+    float32 (`wide_w`, `wide_b`: matmul_wide, float32 column sums)."""
     gw = gb = None
-    want_b = needs[3]
-    wide_w, wide_b = (wide[1], wide[3]) if wide else (False, False)
-    if needs[1] and wide_w:
+    if want_w and wide_w:
         gw = matmul_wide(g2.transpose(0, 1), x2)
-    elif needs[1] and want_b:
+    elif want_w and want_b:
         gw, gb = matmul_rowsum(g2.transpose(0, 1), x2)
-    elif needs[1]:
+    elif want_w:
         gw = matmul(g2.transpose(0, 1), x2)
     if want_b and gb is None:
         gb = _sum(g2, axis=0, dtype=dtypes.float32 if wide_b else None)
-    gr = sum_to_shape(grad_out, residual_shape) if needs[2] else None
-    return gx, gw, gr, gb
+    return gw, gb
 
 
 # the ops on Nodes, made from these (netcl.ops.declaration): float16 and bfloat16 under autocast. linear's
