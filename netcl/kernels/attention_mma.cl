@@ -481,7 +481,7 @@ void attention_forward_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARGS, LEN_AR
 //   heads that can see them (q, dO tiles, lse, delta in local memory): s^T = k q^T and dp^T = v dO^T, p^T and
 //   ds^T as above, dv += (p z)^T dO and dk += ds^T q (q's and dO's fragments by ldmatrix.trans); dk = scale
 //   dk and dv stored in T. Local memory: 2 * max(BM, BQ, 2 * BQ with DKDV_RING) * (HEAD_DIM + 8) 16-bit values
-//   and 2 * BQ floats (twice with DKDV_RING).
+//   and 2 * BQ floats (twice with DKDV_RING). DKDV_WG (below): s^T and dp^T on the warpgroup units.
 #ifndef BQ
 #define BQ 32
 #endif
@@ -705,6 +705,123 @@ void attention_backward_dq_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(grad_
 #define QROWS KEYS
 #endif
 
+// DKDV_WG 1: s^T = k q^T and dp^T = v dO^T of the dk/dv pass on Hopper's warpgroup matrix units (wgmma, PTX
+// sm_90a behind the "//NCWG " prefix, netcl.core.ptx). A warpgroup (four warps) owns 64 keys; k's and v's
+// fragments stay in registers as wgmma's A operands (a warp's 16 rows are mma.sync's A fragment), and the
+// query tiles' q and dO (BQ = 64 rows of HEAD_DIM = 64: 128-byte rows, swizzled as wgmma's canonical 128-byte
+// K-major layout) are its B operands, read by the units from local memory: no ldmatrix for these two products
+// (the mma.sync pass spent about half its time on ldmatrix traffic, one fragment for every two mma). The
+// accumulators of a warp are laid out as mma.sync's, so the masks, exponentials and dropout are the same code,
+// and dv += (p z)^T dO, dk += ds^T q stay on mma.sync, their q and dO fragments read by ldmatrix.trans from the
+// swizzled rows. (Those two on wgmma too, A from registers and the tiles read MN-major, computed the first
+// query tile right and added next to nothing for every later one on the H200, whatever the fences, waits and
+// register arrangements tried: bench/NOTES.md, seventeenth session.)
+#ifndef DKDV_WG
+#define DKDV_WG 0
+#endif
+#if DKDV_WG
+#if HEAD_DIM != 64 || BQ != 64 || (KEYS % 64) || !DKDV_RING
+#error "attention_mma.cl DKDV_WG: HEAD_DIM 64, BQ 64, 64 keys a warpgroup, and the ring"
+#endif
+#define WG_ROW 128                       // bytes of a q or dO row in local memory (HEAD_DIM 16-bit values)
+#define WG_STAGE (BQ * WG_ROW)           // bytes of one query tile (1024-aligned: stages stay aligned)
+// chunk `ch` (16 bytes) of row r of a tile, swizzled (the units undo it): byte r * 128 + (ch ^ r % 8) * 16
+#define WG_CHUNK(r, ch) ((r) * WG_ROW + ((((ch) ^ (r)) & 7) << 4))
+// ldmatrix row addresses of the swizzled tile: rows kk * 16 .. + 15 (the k side) at columns db * 8 .. + 15,
+// as KN_ROWS
+#define KN_SWIZZLED(tile, L)                                                                            \
+    ((__local ushort *)((__local uchar *)(tile) + WG_CHUNK(kk * 16 + (((L) >> 3) & 1) * 8 + ((L) & 7), db + ((L) >> 4))))
+// a shared-memory matrix descriptor: start address, leading and stride byte offsets, 128-byte swizzle
+inline ulong wg_desc(const uint addr, const uint lbo, const uint sbo) {
+    return (ulong)((addr >> 4) & 0x3fffu) | ((ulong)((lbo >> 4) & 0x3fffu) << 16)
+           | ((ulong)((sbo >> 4) & 0x3fffu) << 32) | ((ulong)1 << 62);
+}
+// B of k step kk of a tile at local address `at`: K-major (n = query rows, k = head dim; 32 bytes a step along
+// the rows, 8-row groups 1024 bytes apart)
+#define DESC_KM(at, kk) wg_desc((at) + (kk) * 32, 16, 1024)
+#define NCW(x) "//NCWG " x
+
+// q's or dO's rows first .. first + BQ - 1 into a stage (cp.async, rows at or past `limit` zero-filled)
+inline void issue_tile_wg(__local ushort *dst, __global const ushort *base, const long row_stride, const int first,
+                          const int limit, const int tid) {
+    const int count = BQ;
+    TILE_CHUNKS(tid, first, row_stride, base) {
+        const bool in = first + r < limit;
+        nc_cp_async16((__local uchar *)dst + WG_CHUNK(r, ch), in ? src : base, in ? 16 : 0);
+    }
+}
+
+#ifdef MMA_EMULATE
+// element (row n, k) of a K-major B operand as the units read it through descriptor `desc` (an offset in
+// `tile`): n / 8 * SBO + n % 8 * 128 + 2 k, then swizzled
+inline float wg_b(__local const uchar *tile, const ulong desc, const int n, const int k) {
+    const uint start = (uint)(desc & 0x3fffu) << 4, sbo = (uint)((desc >> 32) & 0x3fffu) << 4;
+    const uint at = start + (n / 8) * sbo + (n % 8) * 128 + k * 2;
+    return lane_value(*(__local const ushort *)(tile + (at ^ (((at >> 7) & 7) << 4))));
+}
+// acc (64 x 64 of the warpgroup; this lane's fragments) = A (this warp's 16 x 16 fragment a, the other warps'
+// theirs) x the 16 x 64 B of `desc` (+ acc where `accumulate`): the A fragments through scratch (the
+// warpgroup's 64 x 16)
+inline void wg_emulate_rs(float acc[8][4], const uint a[4], __local const uchar *tile, const ulong desc,
+                          const int accumulate, __local float *sa, const int wq, const int g, const int t) {
+    #pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        sa[(wq * 16 + g) * 16 + 2 * t + h] = lane_value(a[0] >> (16 * h));
+        sa[(wq * 16 + g + 8) * 16 + 2 * t + h] = lane_value(a[1] >> (16 * h));
+        sa[(wq * 16 + g) * 16 + 2 * t + 8 + h] = lane_value(a[2] >> (16 * h));
+        sa[(wq * 16 + g + 8) * 16 + 2 * t + 8 + h] = lane_value(a[3] >> (16 * h));
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int j = 0; j < 8; ++j)
+        for (int e = 0; e < 4; ++e) {
+            const int r = wq * 16 + g + 8 * (e >> 1), c = 8 * j + 2 * t + (e & 1);
+            float s = accumulate ? acc[j][e] : 0.0f;
+            for (int k = 0; k < 16; ++k) s += sa[r * 16 + k] * wg_b(tile, desc, c, k);
+            acc[j][e] = s;
+        }
+    barrier(CLK_LOCAL_MEM_FENCE);
+}
+#define WGR(acc, a, tile, desc, accumulate)                                                             \
+    wg_emulate_rs(acc, a, (__local const uchar *)(tile), desc, accumulate, scratch_a + (warp >> 2) * 64 * 16, \
+                  warp & 3, g, t)
+#define FENCE_ASYNC()
+#define WG_FENCE()
+#define WG_COMMIT()
+#define WG_WAIT_ACC(x, y)
+#else
+#define WG_TYPE "bf16"
+#if !defined(IS_BF16)
+#undef WG_TYPE
+#define WG_TYPE "f16"
+#endif
+#define WG_ACC4(x, j) "+f"(x[j][0]), "+f"(x[j][1]), "+f"(x[j][2]), "+f"(x[j][3])
+#define WG_ACC(x) WG_ACC4(x, 0), WG_ACC4(x, 1), WG_ACC4(x, 2), WG_ACC4(x, 3), WG_ACC4(x, 4), WG_ACC4(x, 5),    \
+                  WG_ACC4(x, 6), WG_ACC4(x, 7)
+// acc (m64n64, 32 floats a lane) = a (registers) x B (descriptor) + (accumulate ? acc : 0)
+#define WGR(acc, a, tile, desc, accumulate)                                                             \
+    asm volatile(NCW("{ .reg .pred p; setp.ne.b32 p, %37, 0; wgmma.mma_async.sync.aligned.m64n64k16.f32." \
+                     WG_TYPE "." WG_TYPE " {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,"    \
+                     "%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, " \
+                     "0; }")                                                                            \
+                 : WG_ACC(acc) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate) : "memory")
+#define FENCE_ASYNC() asm volatile(NCW("fence.proxy.async.shared::cta;") ::: "memory")
+#define WG_FENCE() asm volatile(NCW("wgmma.fence.sync.aligned;") ::: "memory")
+#define WG_COMMIT() asm volatile(NCW("wgmma.commit_group.sync.aligned;") ::: "memory")
+// until every wgmma batch is done: the wait names x's and y's accumulators as written (no read of them
+// moves above it)
+#define WG_WAIT_ACC(x, y)                                                                               \
+    do {                                                                                                \
+        asm volatile(NCW("wgmma.wait_group.sync.aligned 0;") : WG_ACC(x) :: "memory");                 \
+        asm volatile("" : WG_ACC(y) :: "memory");                                                       \
+    } while (0)
+#endif
+#define QS_KN_T(L) KN_SWIZZLED(qs, L)
+#define GS_KN_T(L) KN_SWIZZLED(gs, L)
+#else
+#define QS_KN_T(L) QS_KN(L)
+#define GS_KN_T(L) GS_KN(L)
+#endif
+
 // query tile `it` of the dk/dv pass's sequence (head gi = it / ntiles of the kv head's GROUP, rows istart +
 // (it % ntiles) * BQ ..): its first row i0, head h, the rows' first index hrow0 in lse / delta
 #define QTILE_AT(it)                                                                                    \
@@ -721,6 +838,17 @@ void attention_backward_dkdv_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(gra
     __local uint4 qs4[QROWS * DPAD / 8], gs4[QROWS * DPAD / 8];   // (the k and v tiles first, then q and dO tiles)
     __local ushort *const qsb = (__local ushort *)qs4, *const gsb = (__local ushort *)gs4;
     __local float rowvb[(1 + DKDV_RING) * 2 * BQ];   // lse, then delta of the query tile's rows (per stage)
+#if DKDV_WG
+    // the stages' local addresses as the descriptors take them (the emulation: offsets in qs4 and gs4)
+#ifdef MMA_EMULATE
+    const uint qbase = 0, gbase = 0;
+#else
+    const uint qbase = (uint)(ulong)qsb, gbase = (uint)(ulong)gsb;
+#endif
+#define QTILE_STAGE(buf, stage) ((buf) + (stage) * (WG_STAGE / 2))
+#else
+#define QTILE_STAGE(buf, stage) ((buf) + (stage) * BQ * DPAD)
+#endif
 #ifdef MMA_EMULATE
     __local float scratch_a[WARPS * 16 * KSTEP], scratch_b[WARPS * KSTEP * 8], shx[THREADS];
 #endif
@@ -753,13 +881,18 @@ void attention_backward_dkdv_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(gra
     const int ntiles = qend > istart ? (qend - istart + BQ - 1) / BQ : 0, total = GROUP * ntiles;
     __global const ushort *const qhead = (__global const ushort *)(q + q_off + b * q_sb);
     __global const ushort *const ghead = (__global const ushort *)(grad_out + grad_out_off + b * grad_out_sb);
+#if DKDV_WG
+#define ISSUE_Q(dst, base, stride, i0, tid) issue_tile_wg(dst, base, stride, i0, SQ, tid)
+#else
+#define ISSUE_Q(dst, base, stride, i0, tid) issue_tile(dst, base, stride, i0, BQ, SQ, tid)
+#endif
 #if DKDV_RING
     // rows past SQ are zero-filled: q and dO rows of zeros add nothing to dk and dv whatever their p
     #define ISSUE_QTILE(it, stage)                                                                      \
         do {                                                                                            \
             QTILE_AT(it);                                                                               \
-            issue_tile(qsb + (stage) * BQ * DPAD, qhead + h * q_sh, q_ss, i0, BQ, SQ, tid);             \
-            issue_tile(gsb + (stage) * BQ * DPAD, ghead + h * grad_out_sh, grad_out_ss, i0, BQ, SQ, tid); \
+            ISSUE_Q(QTILE_STAGE(qsb, stage), qhead + h * q_sh, q_ss, i0, tid);                          \
+            ISSUE_Q(QTILE_STAGE(gsb, stage), ghead + h * grad_out_sh, grad_out_ss, i0, tid);            \
             for (int r = tid; r < BQ; r += THREADS) {                                                   \
                 const bool in = i0 + r < SQ;                                                            \
                 nc_cp_async4(rowvb + (stage) * 2 * BQ + r, lse + (in ? hrow0 + i0 + r : 0), in ? 4 : 0);      \
@@ -774,12 +907,15 @@ void attention_backward_dkdv_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(gra
         QTILE_AT(it);
         const long mbase = mask_off + b * mask_sb + h * mask_sh;
 #if DKDV_RING
-        __local ushort *const qs = qsb + (it & 1) * BQ * DPAD, *const gs = gsb + (it & 1) * BQ * DPAD;
+        __local ushort *const qs = QTILE_STAGE(qsb, it & 1), *const gs = QTILE_STAGE(gsb, it & 1);
         __local float *const rowv = rowvb + (it & 1) * 2 * BQ;
         barrier(CLK_LOCAL_MEM_FENCE);   // every warp is done with tile it - 1: its stage is free
         if (it + 1 < total) ISSUE_QTILE(it + 1, (it + 1) & 1);
         CP_COMMIT();
         CP_WAIT1();                     // this work-item's copies of tile it have landed
+#if DKDV_WG
+        FENCE_ASYNC();                  // ... and are visible to the matrix units
+#endif
         barrier(CLK_LOCAL_MEM_FENCE);   // ... and everyone's
 #else
         __local ushort *const qs = qsb, *const gs = gsb;
@@ -795,10 +931,23 @@ void attention_backward_dkdv_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(gra
         barrier(CLK_LOCAL_MEM_FENCE);
 #endif
         float st[QB][4], dpt[QB][4];
+#if DKDV_WG
+        // (the first k step overwrites the accumulators: no register writes between the fence and the units)
+        const uint qat = qbase + (it & 1) * WG_STAGE, gat = gbase + (it & 1) * WG_STAGE;
+        WG_FENCE();
+        #pragma unroll
+        for (int kk = 0; kk < DK; ++kk) {
+            WGR(st, ka[kk], qsb, DESC_KM(qat, kk), kk > 0);
+            WGR(dpt, va[kk], gsb, DESC_KM(gat, kk), kk > 0);
+        }
+        WG_COMMIT();
+        WG_WAIT_ACC(st, dpt);
+#else
         ZERO_ACC(st, QB);
         ZERO_ACC(dpt, QB);
         MMA_NT(st, ka, QB, QS_NT);
         MMA_NT(dpt, va, QB, GS_NT);
+#endif
         // p^T = exp(s^T - lse) in place (0 where masked); ds^T = p^T (z dp^T - delta) in dpt's place and
         // p^T z in st's (z: dropout's multiplier, 1 without)
         SCALE_ACC(st, QB, scale);
@@ -843,8 +992,8 @@ void attention_backward_dkdv_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(gra
             PACK_A(pa, jb, st[jb]);
             PACK_A(da, jb, dpt[jb]);
         }
-        MMA_KN(dva, pa, BQ / 16, GS_KN);
-        MMA_KN(dka, da, BQ / 16, QS_KN);
+        MMA_KN(dva, pa, BQ / 16, GS_KN_T);
+        MMA_KN(dka, da, BQ / 16, QS_KN_T);
     }
     #pragma unroll
     for (int r = 0; r < 2; ++r)

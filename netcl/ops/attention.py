@@ -54,7 +54,7 @@ from netcl.errors import DTypeError, KernelBuildError, ShapeError
 from netcl.ops.declaration import OpDecl, declare
 from netcl.ops.determinism import get_deterministic
 from netcl.ops.elementwise import add, cast
-from netcl.ops.gemm.variants import matrix_units
+from netcl.ops.gemm.variants import has_wgmma, matrix_units
 from netcl.ops.random import Generator, default_generator
 from netcl.ops.rope import ROPE_PAIRINGS, check_qkv_cache, rope_qkv_cache
 
@@ -150,7 +150,15 @@ MMA_EMULATE = False
 # S=2048 D=64, device time per pass: forward 0.562 -> 0.514 ms, dq 0.781 -> 0.636 (dq at BN 64: 0.776, 380
 # bytes of spills); 235 and 243 registers.
 MMA_TILES: dict[str, Any] = {"BM": 64, "BN": 64, "BQ": 64, "PREFETCH": 1, "DKDV_RING": 1,
-                             "forward": {"BM": 128, "RB": 2}, "dq": {"BM": 128, "RB": 2, "BN": 32}}
+                             "forward": {"BM": 128, "RB": 2}, "dq": {"BM": 128, "RB": 2, "BN": 32},
+                             "dkdv_wg": {"BM": 64}}
+# DKDV_WGMMA: the dk/dv pass's s^T = k q^T and dp^T = v dO^T on Hopper's warpgroup matrix units (attention_mma.cl
+# DKDV_WG: wgmma with k's and v's fragments in registers, q's and dO's swizzled tiles read by the units from
+# local memory; head dim 64, 64-row query tiles, 64 keys a warpgroup, MMA_TILES["dkdv_wg"]["BM"] keys a
+# work-group; H200, bfloat16, B=8 H=16 S=2048 D=64, the pass's device time: 0.947 ms with one warpgroup a
+# work-group, 1.013 with two, 1.063 on mma.sync; causal 0.535 / 0.599 / 0.596): None = where the device runs
+# wgmma (gemm.variants.has_wgmma), or True / False (True with MMA_EMULATE: its emulation).
+DKDV_WGMMA: bool | None = None
 MMA_RB_MAX_HEAD_DIM = 64
 # The matrix-unit backward (dq pass, then dk/dv: no atomics) keeps k's and v's fragments and dk, dv in
 # registers: up to head dim 64 (larger ones take attention_gpu.cl's kernels).
@@ -495,14 +503,27 @@ class _Problem:
         MMA_BACKWARD_MAX_HEAD_DIM, and grad_out's rows on 16-byte boundaries too."""
         return self.D <= MMA_BACKWARD_MAX_HEAD_DIM and self.mma_forward() and _rows_16_bytes(grad_out)
 
+    def dkdv_wgmma(self) -> bool:
+        """Whether the matrix-unit dk/dv pass runs on wgmma (DKDV_WGMMA): head dim 64, and a device that runs
+        wgmma or the emulation asked for."""
+        if self.D != 64:
+            return False
+        return DKDV_WGMMA if DKDV_WGMMA is not None else (not MMA_EMULATE and has_wgmma(self.device))
+
     def launch_mma(self, kernel: str, **args: Any) -> Any:
         """attention_mma.cl's `kernel` ("forward", "dq", "dkdv"; see mma_forward); returns the kernel."""
         tiles = {key: value for key, value in MMA_TILES.items() if not isinstance(value, dict)}
         tiles.update(MMA_TILES.get(kernel, {}))   # the kernel's own tiles, where MMA_TILES names some
+        wg = kernel == "dkdv" and self.dkdv_wgmma()
         if kernel == "dkdv":
             if MMA_TILES.get("dkdv", {}).get("RB", 1) != 1:
                 raise ValueError("MMA_TILES: the dk/dv pass keeps 16 keys a warp (RB 1)")
             tiles.pop("RB", None)
+        if wg:
+            tiles.update(MMA_TILES.get("dkdv_wg", {}), BQ=64, DKDV_RING=1, DKDV_WG=1)
+            if tiles["BM"] % 64:
+                raise ValueError(f"MMA_TILES['dkdv_wg']: BM must be a multiple of 64 (keys of whole warpgroups), "
+                                 f"got {tiles['BM']}")
         rb = tiles.get("RB", 1)
         if rb == 2 and self.D > MMA_RB_MAX_HEAD_DIM:
             tiles.update(RB=1, BM=tiles["BM"] // rb)   # the same warps, one row block each
@@ -519,13 +540,16 @@ class _Problem:
             defines["PREFETCH"] = 0
         dkdv_ring = 2 * max(2 * defines["BQ"], defines["BM"]) * (self.D + 8) * 2 + 16 * defines["BQ"]
         if defines.get("DKDV_RING") and dkdv_ring > self.device.capabilities.local_mem:
+            if wg:
+                raise KernelBuildError(f"attention_mma.cl's wgmma dk/dv pass needs {dkdv_ring} bytes of local "
+                                       f"memory; {self.device.describe()} has {self.device.capabilities.local_mem}")
             defines["DKDV_RING"] = 0
         if MMA_EMULATE:
             defines["MMA_EMULATE"] = None
         elif GPU_NATIVE_EXP or (GPU_NATIVE_EXP is None and _nvidia(self.device)):
             defines["NATIVE_EXP"] = None
         prg = kernels.program(self.device, "attention_mma.cl", dtype=self.dtype, options=("-cl-mad-enable",),
-                              **defines)
+                              ptx_target="sm_90a" if wg and not MMA_EMULATE else None, **defines)
         threads = tiles["BM"] // (16 * rb) * 32   # a warp: 16 RB query rows (the dk/dv pass: 16 keys)
         rows, heads = (self.SK, self.HKV) if kernel == "dkdv" else (self.SQ, self.HQ)
         per_group = tiles["BM"]   # query rows a work-group (dk/dv: keys, 16 a warp)
