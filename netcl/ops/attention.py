@@ -152,12 +152,13 @@ MMA_EMULATE = False
 MMA_TILES: dict[str, Any] = {"BM": 64, "BN": 64, "BQ": 64, "PREFETCH": 1, "DKDV_RING": 1,
                              "forward": {"BM": 128, "RB": 2}, "dq": {"BM": 128, "RB": 2, "BN": 32},
                              "dkdv_wg": {"BM": 64}}
-# DKDV_WGMMA: the dk/dv pass's s^T = k q^T and dp^T = v dO^T on Hopper's warpgroup matrix units (attention_mma.cl
-# DKDV_WG: wgmma with k's and v's fragments in registers, q's and dO's swizzled tiles read by the units from
-# local memory; head dim 64, 64-row query tiles, 64 keys a warpgroup, MMA_TILES["dkdv_wg"]["BM"] keys a
-# work-group; H200, bfloat16, B=8 H=16 S=2048 D=64, the pass's device time: 0.947 ms with one warpgroup a
-# work-group, 1.013 with two, 1.063 on mma.sync; causal 0.535 / 0.599 / 0.596): None = where the device runs
-# wgmma (gemm.variants.has_wgmma), or True / False (True with MMA_EMULATE: its emulation).
+# DKDV_WGMMA: the dk/dv pass's s^T = k q^T and dp^T = v dO^T on Hopper's warpgroup matrix units
+# (attention_mma.cl DKDV_WG: wgmma with k's and v's fragments in registers, q's and dO's swizzled tiles read
+# by the units from local memory; head dim 64, 64-row query tiles, 64 keys a warpgroup,
+# MMA_TILES["dkdv_wg"]["BM"] keys a work-group). H200, bfloat16, B=8 H=16 S=2048 D=64, the pass's device
+# time: 0.947 ms with one warpgroup a work-group, 1.013 with two, 1.063 on mma.sync (causal 0.535 / 0.599 /
+# 0.596). None = where the device runs wgmma (gemm.variants.has_wgmma), or True / False (True with
+# MMA_EMULATE: its emulation).
 DKDV_WGMMA: bool | None = None
 MMA_RB_MAX_HEAD_DIM = 64
 # The matrix-unit backward (dq pass, then dk/dv: no atomics) keeps k's and v's fragments and dk, dv in
@@ -522,8 +523,8 @@ class _Problem:
         if wg:
             tiles.update(MMA_TILES.get("dkdv_wg", {}), BQ=64, DKDV_RING=1, DKDV_WG=1)
             if tiles["BM"] % 64:
-                raise ValueError(f"MMA_TILES['dkdv_wg']: BM must be a multiple of 64 (keys of whole warpgroups), "
-                                 f"got {tiles['BM']}")
+                raise ValueError(f"MMA_TILES['dkdv_wg']: BM must be a multiple of 64 (keys of whole "
+                                 f"warpgroups), got {tiles['BM']}")
         rb = tiles.get("RB", 1)
         if rb == 2 and self.D > MMA_RB_MAX_HEAD_DIM:
             tiles.update(RB=1, BM=tiles["BM"] // rb)   # the same warps, one row block each
@@ -541,8 +542,9 @@ class _Problem:
         dkdv_ring = 2 * max(2 * defines["BQ"], defines["BM"]) * (self.D + 8) * 2 + 16 * defines["BQ"]
         if defines.get("DKDV_RING") and dkdv_ring > self.device.capabilities.local_mem:
             if wg:
-                raise KernelBuildError(f"attention_mma.cl's wgmma dk/dv pass needs {dkdv_ring} bytes of local "
-                                       f"memory; {self.device.describe()} has {self.device.capabilities.local_mem}")
+                raise KernelBuildError(f"attention_mma.cl's wgmma dk/dv pass needs {dkdv_ring} bytes of "
+                                       f"local memory; {self.device.describe()} has "
+                                       f"{self.device.capabilities.local_mem}")
             defines["DKDV_RING"] = 0
         if MMA_EMULATE:
             defines["MMA_EMULATE"] = None

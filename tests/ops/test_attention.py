@@ -964,10 +964,11 @@ def test_matrix_units_two_row_blocks_a_warp(queue, rng, mma_emulated, monkeypatc
 @pytest.mark.gpu_shaped
 @pytest.mark.parametrize("keys", [64, 128])
 def test_matrix_units_dkdv_on_warpgroup_units(queue, rng, mma_emulated, monkeypatch, keys):
-    """The dk/dv pass on Hopper's wgmma (DKDV_WGMMA; emulated from the same swizzled tiles and descriptors where
-    the device has no wgmma): one and two warpgroups a work-group, against float64 NumPy and against the
-    mma.sync pass (the same products, so the same bits but for the units' summation order), with GQA, causal
-    rows that end inside a query tile, kv_len and dropout (its multipliers in the transposed layout)."""
+    """The dk/dv pass's s^T and dp^T on Hopper's wgmma (DKDV_WGMMA; emulated from the same swizzled tiles and
+    descriptors where the device has no wgmma): one and two warpgroups a work-group, against float64 NumPy and
+    against the mma.sync pass (the same products, the same bits but for the units' summation order), with
+    GQA, causal rows that end inside a query tile, kv_len and dropout (its multipliers in the transposed
+    layout), over several query tiles of both ring stages."""
     if not attn.MMA_EMULATE and not attn.has_wgmma(queue.device):
         pytest.skip("the device runs mma.sync but not wgmma (its emulation runs on the CPUs)")
     monkeypatch.setattr(attn, "MMA_TILES", {**attn.MMA_TILES, "dkdv_wg": {"BM": keys}})
@@ -990,9 +991,9 @@ def test_matrix_units_dkdv_on_warpgroup_units(queue, rng, mma_emulated, monkeypa
     monkeypatch.setattr(attn, "DKDV_WGMMA", False)
     sync = ops.flash_attention_backward(nq, nk, nv, out, lse, ng, **opts)
     for name, a, b in zip(("dk", "dv"), grads[1:], sync[1:], strict=True):
-        np.testing.assert_allclose(a.to_host().astype(np.float64), b.to_host().astype(np.float64),
-                                   rtol=1e-2, atol=1e-2 * max(np.abs(b.to_host().astype(np.float64)).max(), 1.0),
-                                   err_msg=name)
+        ref = b.to_host().astype(np.float64)
+        np.testing.assert_allclose(a.to_host().astype(np.float64), ref, rtol=1e-2,
+                                   atol=1e-2 * max(np.abs(ref).max(), 1.0), err_msg=name)
 
 
 def test_matrix_unit_row_blocks_are_checked(queue, rng, monkeypatch):
