@@ -723,23 +723,18 @@ void attention_backward_dq_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(grad_
 #if HEAD_DIM != 64 || BQ != 64 || (KEYS % 64) || !DKDV_RING
 #error "attention_mma.cl DKDV_WG: HEAD_DIM 64, BQ 64, 64 keys a warpgroup, and the ring"
 #endif
+#include "wgmma.cl"
 #define WG_ROW 128                       // bytes of a q or dO row in local memory (HEAD_DIM 16-bit values)
 #define WG_STAGE (BQ * WG_ROW)           // bytes of one query tile (1024-aligned: stages stay aligned)
-// chunk `ch` (16 bytes) of row r of a tile, swizzled (the units undo it): byte r * 128 + (ch ^ r % 8) * 16
+// chunk `ch` (16 bytes) of row r of a tile, swizzled (wgmma.cl's swizzle of byte r * 128 + ch * 16)
 #define WG_CHUNK(r, ch) ((r) * WG_ROW + ((((ch) ^ (r)) & 7) << 4))
 // ldmatrix row addresses of the swizzled tile: rows kk * 16 .. + 15 (the k side) at columns db * 8 .. + 15,
 // as KN_ROWS
 #define KN_SWIZZLED(tile, L)                                                                            \
     ((__local ushort *)((__local uchar *)(tile) + WG_CHUNK(kk * 16 + (((L) >> 3) & 1) * 8 + ((L) & 7), db + ((L) >> 4))))
-// a shared-memory matrix descriptor: start address, leading and stride byte offsets, 128-byte swizzle
-inline ulong wg_desc(const uint addr, const uint lbo, const uint sbo) {
-    return (ulong)((addr >> 4) & 0x3fffu) | ((ulong)((lbo >> 4) & 0x3fffu) << 16)
-           | ((ulong)((sbo >> 4) & 0x3fffu) << 32) | ((ulong)1 << 62);
-}
 // B of k step kk of a tile at local address `at`: K-major (n = query rows, k = head dim; 32 bytes a step along
 // the rows, 8-row groups 1024 bytes apart)
-#define DESC_KM(at, kk) wg_desc((at) + (kk) * 32, 16, 1024)
-#define NCW(x) "//NCWG " x
+#define DESC_KM(at, kk) wg_desc((at) + (kk) * 32, 16, 1024, SWZ_MODE(WG_ROW))
 
 // q's or dO's rows first .. first + BQ - 1 into a stage (cp.async, rows at or past `limit` zero-filled)
 inline void issue_tile_wg(__local ushort *dst, __global const ushort *base, const long row_stride, const int first,
@@ -757,7 +752,7 @@ inline void issue_tile_wg(__local ushort *dst, __global const ushort *base, cons
 inline float wg_b(__local const uchar *tile, const ulong desc, const int n, const int k) {
     const uint start = (uint)(desc & 0x3fffu) << 4, sbo = (uint)((desc >> 32) & 0x3fffu) << 4;
     const uint at = start + (n / 8) * sbo + (n % 8) * 128 + k * 2;
-    return lane_value(*(__local const ushort *)(tile + (at ^ (((at >> 7) & 7) << 4))));
+    return lane_value(*(__local const ushort *)(tile + swizzle(at, WG_ROW)));
 }
 // acc (64 x 64 of the warpgroup; this lane's fragments) = A (this warp's 16 x 16 fragment a, the other warps'
 // theirs) x the 16 x 64 B of `desc` (+ acc where `accumulate`): the A fragments through scratch (the
@@ -784,9 +779,6 @@ inline void wg_emulate_rs(float acc[8][4], const uint a[4], __local const uchar 
 #define WGR(acc, a, tile, desc, accumulate)                                                             \
     wg_emulate_rs(acc, a, (__local const uchar *)(tile), desc, accumulate, scratch_a + (warp >> 2) * 64 * 16, \
                   warp & 3, g, t)
-#define FENCE_ASYNC()
-#define WG_FENCE()
-#define WG_COMMIT()
 #define WG_WAIT_ACC(x, y)
 #else
 #define WG_TYPE "bf16"
@@ -804,9 +796,6 @@ inline void wg_emulate_rs(float acc[8][4], const uint a[4], __local const uchar 
                      "%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, " \
                      "0; }")                                                                            \
                  : WG_ACC(acc) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate) : "memory")
-#define FENCE_ASYNC() asm volatile(NCW("fence.proxy.async.shared::cta;") ::: "memory")
-#define WG_FENCE() asm volatile(NCW("wgmma.fence.sync.aligned;") ::: "memory")
-#define WG_COMMIT() asm volatile(NCW("wgmma.commit_group.sync.aligned;") ::: "memory")
 // until every wgmma batch is done: the wait names x's and y's accumulators as written (no read of them
 // moves above it)
 #define WG_WAIT_ACC(x, y)                                                                               \

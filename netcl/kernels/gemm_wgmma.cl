@@ -30,6 +30,7 @@
 
 #include "gemm_common.cl"
 #include "gemm_fragments.cl"
+#include "wgmma.cl"
 
 #ifndef BM
 #define BM 128
@@ -98,20 +99,13 @@
 #if ((BM * BK / VEC) % THREADS) || ((BN * BK / VEC) % THREADS) || (A_BYTES % 1024)
 #error "16-byte chunks of the BM x BK and BN x BK tiles must divide evenly among the work-items"
 #endif
-#define SWZ_MODE(w) ((w) == 128 ? 1 : (w) == 64 ? 2 : 3)   // the descriptor's bits 62-63
 
 // byte offsets in a tile: K-major element (row r, k) and MN-major element (mn, k)
-inline uint swizzle(const uint L, const uint w) { return L ^ (((L >> 7) & (w / 16 - 1)) << 4); }
 inline uint kmajor_byte(const int r, const int k) { return swizzle(r * ROWB + k * ESZ, ROWB); }
 inline uint mnmajor_byte(const int mn, const int k) {
     return swizzle((mn / MNE) * (BK * 128) + k * 128 + (mn % MNE) * ESZ, 128);
 }
 
-// the shared-memory matrix descriptor: start address, leading / stride byte offsets (16-byte units), swizzle
-inline ulong wg_desc(const uint addr, const uint lbo, const uint sbo, const uint mode) {
-    return (ulong)((addr >> 4) & 0x3fffu) | ((ulong)((lbo >> 4) & 0x3fffu) << 16)
-           | ((ulong)((sbo >> 4) & 0x3fffu) << 32) | ((ulong)mode << 62);
-}
 #define MN_LBO (BK * 128)     // MN-major: LBO = the 128-byte blocks' stride, SBO = 8 k rows (the H200 probe)
 #define MN_SBO 1024
 // k step kk of m tile `row0` (A) and of B, in a stage at local address `a_at` / `b_at`: K-major tiles move
@@ -127,9 +121,6 @@ inline ulong wg_desc(const uint addr, const uint lbo, const uint sbo, const uint
 #define DESC_B(b_at, kk) wg_desc((b_at) + (kk) * 32, 16, 8 * ROWB, SWZ_MODE(ROWB))
 #endif
 
-#define NCW(x) "//NCWG " x
-#define WG_STR2(x) #x
-#define WG_STR(x) WG_STR2(x)
 
 #ifdef MMA_EMULATE
 inline float wg_value(__local const uchar *p) {
@@ -181,9 +172,6 @@ inline void wg_emulate(float acc[NT][4], __local const uchar *tiles, const ulong
     } while (0)
 #define CP_COMMIT()
 #define CP_WAIT()
-#define FENCE_ASYNC()
-#define WG_FENCE()
-#define WG_COMMIT()
 #define WG_WAIT(n)
 #else
 #define CP_ASYNC(dst, src, bytes)                                                                       \
@@ -191,10 +179,6 @@ inline void wg_emulate(float acc[NT][4], __local const uchar *tiles, const ulong
                  :: "r"((uint)(ulong)(dst)), "l"((ulong)(src)), "r"(bytes) : "memory")
 #define CP_COMMIT() asm volatile("cp.async.commit_group;" ::: "memory")
 #define CP_WAIT() asm volatile("cp.async.wait_group " WG_STR(LEAD - 1) ";" ::: "memory")
-// cp.async writes through the generic proxy; wgmma reads through the async proxy
-#define FENCE_ASYNC() asm volatile(NCW("fence.proxy.async.shared::cta;") ::: "memory")
-#define WG_FENCE() asm volatile(NCW("wgmma.fence.sync.aligned;") ::: "memory")
-#define WG_COMMIT() asm volatile(NCW("wgmma.commit_group.sync.aligned;") ::: "memory")
 // until at most n wgmma batches are in flight; the wait names every accumulator as written (and an empty
 // asm each further m tile's): no read of them may move above it
 #define WG_WAIT(n)                                                                                      \
