@@ -249,14 +249,17 @@ inline void issue_tile(__local ushort *dst, __global const ushort *base, const l
 // The loop over streamed tiles of ROWS rows (up to END) of two operands A and B (bases, row strides) into the
 // local buffers abuf, bbuf: STREAM_BEGIN before the loop (`it` counts its tiles, r0 their first rows),
 // STREAM_NEXT at the top of each pass, which names the tile's buffers `as_`, `bs_` and leaves the tile
-// visible to every work-item.
+// visible to every work-item. TILE_ELEMS, ISSUE_TILE and STREAM_FENCE are the layout's (MMA_WG below: the
+// dq pass's tiles swizzled for the warpgroup units, and fenced for their reads).
 #define TILE_ELEMS(rows) ((rows) * DPAD)
+#define ISSUE_TILE(dst, base, stride, first, count, limit, tid) issue_tile(dst, base, stride, first, count, limit, tid)
+#define STREAM_FENCE()
 #if PREFETCH
 #define STREAM_BEGIN_AT(abuf, bbuf, abase, astride, bbase, bstride, ROWS, END, r0)                      \
     barrier(CLK_LOCAL_MEM_FENCE);       /* the reads of the first stage before the loop are done */     \
     if ((r0) < (END)) {                                                                                 \
-        issue_tile(abuf, abase, astride, r0, ROWS, END, tid);                                           \
-        issue_tile(bbuf, bbase, bstride, r0, ROWS, END, tid);                                           \
+        ISSUE_TILE(abuf, abase, astride, r0, ROWS, END, tid);                                           \
+        ISSUE_TILE(bbuf, bbase, bstride, r0, ROWS, END, tid);                                           \
     }                                                                                                   \
     CP_COMMIT()
 #define STREAM_NEXT_AT(abuf, bbuf, abase, astride, bbase, bstride, ROWS, END, r0, as_, bs_)              \
@@ -264,11 +267,12 @@ inline void issue_tile(__local ushort *dst, __global const ushort *base, const l
     __local ushort *const bs_ = (bbuf) + (it & 1) * TILE_ELEMS(ROWS);                                   \
     barrier(CLK_LOCAL_MEM_FENCE);       /* every warp is done with the tile before: its stage is free */ \
     if ((r0) + (ROWS) < (END)) {                                                                        \
-        issue_tile((abuf) + ((it + 1) & 1) * TILE_ELEMS(ROWS), abase, astride, (r0) + (ROWS), ROWS, END, tid); \
-        issue_tile((bbuf) + ((it + 1) & 1) * TILE_ELEMS(ROWS), bbase, bstride, (r0) + (ROWS), ROWS, END, tid); \
+        ISSUE_TILE((abuf) + ((it + 1) & 1) * TILE_ELEMS(ROWS), abase, astride, (r0) + (ROWS), ROWS, END, tid); \
+        ISSUE_TILE((bbuf) + ((it + 1) & 1) * TILE_ELEMS(ROWS), bbase, bstride, (r0) + (ROWS), ROWS, END, tid); \
     }                                                                                                   \
     CP_COMMIT();                                                                                        \
     CP_WAIT1();                         /* this work-item's copies of the tile have landed */            \
+    STREAM_FENCE();                                                                                     \
     barrier(CLK_LOCAL_MEM_FENCE)        /* ... and everyone's */
 #else
 #define STREAM_BEGIN_AT(abuf, bbuf, abase, astride, bbase, bstride, ROWS, END, r0)
@@ -481,7 +485,7 @@ void attention_forward_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARGS, LEN_AR
 //   heads that can see them (q, dO tiles, lse, delta in local memory): s^T = k q^T and dp^T = v dO^T, p^T and
 //   ds^T as above, dv += (p z)^T dO and dk += ds^T q (q's and dO's fragments by ldmatrix.trans); dk = scale
 //   dk and dv stored in T. Local memory: 2 * max(BM, BQ, 2 * BQ with DKDV_RING) * (HEAD_DIM + 8) 16-bit values
-//   and 2 * BQ floats (twice with DKDV_RING). DKDV_WG (below): s^T and dp^T on the warpgroup units.
+//   and 2 * BQ floats (twice with DKDV_RING). MMA_WG (below): s^T and dp^T on the warpgroup units.
 #ifndef BQ
 #define BQ 32
 #endif
@@ -540,6 +544,131 @@ inline float dot8_bits(const uint4 a, const uint4 o) {
          + bits16_lo(a.s2) * bits16_lo(o.s2) + bits16_hi(a.s2) * bits16_hi(o.s2)
          + bits16_lo(a.s3) * bits16_lo(o.s3) + bits16_hi(a.s3) * bits16_hi(o.s3);
 }
+
+// MMA_WG 1: the backward pass's two score products on Hopper's warpgroup matrix units (wgmma, PTX sm_90a
+// behind the "//NCWG " prefix, netcl.core.ptx): s = q k^T and dp = dO v^T in the dq pass (MMA_PASS 2), s^T =
+// k q^T and dp^T = v dO^T in the dk/dv pass (3). A warpgroup (four warps) owns 64 rows (queries, or keys);
+// their fragments (q and dO, or k and v) stay in registers as wgmma's A operands (a warp's 16 rows are
+// mma.sync's A fragment), and the streamed tiles (k and v, or q and dO: 64 rows of HEAD_DIM = 64, 128-byte
+// rows swizzled as wgmma's canonical 128-byte K-major layout) are its B operands, read by the units from
+// local memory: no ldmatrix for these two products (the mma.sync passes spent about half their time on
+// ldmatrix traffic). The accumulators of a warp are laid out as mma.sync's, so the masks, exponentials and
+// dropout are the same code, and the third product (dq += ds k; dv += (p z)^T dO and dk += ds^T q) stays on
+// mma.sync, its fragments read by ldmatrix.trans from the swizzled rows. (The dk/dv pass's last two on wgmma
+// too, A from registers and the tiles read MN-major, computed the first query tile right and added next to
+// nothing for every later one on the H200, whatever the fences, waits and register arrangements tried:
+// bench/NOTES.md, seventeenth session.)
+#ifndef MMA_WG
+#define MMA_WG 0
+#endif
+#if MMA_WG
+#if MMA_PASS == 2 && (HEAD_DIM != 64 || BN != 64 || RB != 1 || (BM % 64) || !PREFETCH)
+#error "attention_mma.cl MMA_WG dq pass: HEAD_DIM 64, BN 64, RB 1, 64 rows a warpgroup, and the ring"
+#elif MMA_PASS == 3 && (HEAD_DIM != 64 || BQ != 64 || (BM % 64) || !DKDV_RING)
+#error "attention_mma.cl MMA_WG dk/dv pass: HEAD_DIM 64, BQ 64, 64 keys a warpgroup, and the ring"
+#elif MMA_PASS != 2 && MMA_PASS != 3
+#error "attention_mma.cl MMA_WG: the dq (MMA_PASS 2) or the dk/dv pass (3) alone"
+#endif
+#include "wgmma.cl"
+#define WG_ROW 128                       // bytes of a streamed row in local memory (HEAD_DIM 16-bit values)
+// chunk `ch` (16 bytes) of row r of a tile, swizzled (wgmma.cl's swizzle of byte r * 128 + ch * 16)
+#define WG_CHUNK(r, ch) ((r) * WG_ROW + ((((ch) ^ (r)) & 7) << 4))
+// ldmatrix row addresses of the swizzled tile: rows kk * 16 .. + 15 (the k side) at columns db * 8 .. + 15,
+// as KN_ROWS
+#define KN_SWIZZLED(tile, L)                                                                            \
+    ((__local ushort *)((__local uchar *)(tile) + WG_CHUNK(kk * 16 + (((L) >> 3) & 1) * 8 + ((L) & 7), db + ((L) >> 4))))
+// B of k step kk of a tile at local address `at`: K-major (n = query rows, k = head dim; 32 bytes a step along
+// the rows, 8-row groups 1024 bytes apart)
+#define DESC_KM(at, kk) wg_desc((at) + (kk) * 32, 16, 1024, SWZ_MODE(WG_ROW))
+
+// rows first .. first + count - 1 of an operand into a stage (cp.async, rows at or past `limit` zero-filled)
+inline void issue_tile_wg(__local ushort *dst, __global const ushort *base, const long row_stride, const int first,
+                          const int count, const int limit, const int tid) {
+    TILE_CHUNKS(tid, first, row_stride, base) {
+        const bool in = first + r < limit;
+        nc_cp_async16((__local uchar *)dst + WG_CHUNK(r, ch), in ? src : base, in ? 16 : 0);
+    }
+}
+
+#ifdef MMA_EMULATE
+// element (row n, k) of a K-major B operand as the units read it through descriptor `desc` (an offset in
+// `tile`): n / 8 * SBO + n % 8 * 128 + 2 k, then swizzled
+inline float wg_b(__local const uchar *tile, const ulong desc, const int n, const int k) {
+    const uint start = (uint)(desc & 0x3fffu) << 4, sbo = (uint)((desc >> 32) & 0x3fffu) << 4;
+    const uint at = start + (n / 8) * sbo + (n % 8) * 128 + k * 2;
+    return lane_value(*(__local const ushort *)(tile + swizzle(at, WG_ROW)));
+}
+// acc (64 x 64 of the warpgroup; this lane's fragments) = A (this warp's 16 x 16 fragment a, the other warps'
+// theirs) x the 16 x 64 B of `desc` (+ acc where `accumulate`): the A fragments through scratch (the
+// warpgroup's 64 x 16)
+inline void wg_emulate_rs(float acc[8][4], const uint a[4], __local const uchar *tile, const ulong desc,
+                          const int accumulate, __local float *sa, const int wq, const int g, const int t) {
+    #pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        sa[(wq * 16 + g) * 16 + 2 * t + h] = lane_value(a[0] >> (16 * h));
+        sa[(wq * 16 + g + 8) * 16 + 2 * t + h] = lane_value(a[1] >> (16 * h));
+        sa[(wq * 16 + g) * 16 + 2 * t + 8 + h] = lane_value(a[2] >> (16 * h));
+        sa[(wq * 16 + g + 8) * 16 + 2 * t + 8 + h] = lane_value(a[3] >> (16 * h));
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int j = 0; j < 8; ++j)
+        for (int e = 0; e < 4; ++e) {
+            const int r = wq * 16 + g + 8 * (e >> 1), c = 8 * j + 2 * t + (e & 1);
+            float s = accumulate ? acc[j][e] : 0.0f;
+            for (int k = 0; k < 16; ++k) s += sa[r * 16 + k] * wg_b(tile, desc, c, k);
+            acc[j][e] = s;
+        }
+    barrier(CLK_LOCAL_MEM_FENCE);
+}
+#define WGR(acc, a, tile, desc, accumulate)                                                             \
+    wg_emulate_rs(acc, a, (__local const uchar *)(tile), desc, accumulate, scratch_a + (warp >> 2) * 64 * 16, \
+                  warp & 3, g, t)
+#define WG_WAIT_ACC(x, y)
+#else
+#define WG_TYPE "bf16"
+#if !defined(IS_BF16)
+#undef WG_TYPE
+#define WG_TYPE "f16"
+#endif
+#define WG_ACC4(x, j) "+f"(x[j][0]), "+f"(x[j][1]), "+f"(x[j][2]), "+f"(x[j][3])
+#define WG_ACC(x) WG_ACC4(x, 0), WG_ACC4(x, 1), WG_ACC4(x, 2), WG_ACC4(x, 3), WG_ACC4(x, 4), WG_ACC4(x, 5),    \
+                  WG_ACC4(x, 6), WG_ACC4(x, 7)
+// acc (m64n64, 32 floats a lane) = a (registers) x B (descriptor) + (accumulate ? acc : 0)
+#define WGR(acc, a, tile, desc, accumulate)                                                             \
+    asm volatile(NCW("{ .reg .pred p; setp.ne.b32 p, %37, 0; wgmma.mma_async.sync.aligned.m64n64k16.f32." \
+                     WG_TYPE "." WG_TYPE " {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,"    \
+                     "%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, " \
+                     "0; }")                                                                            \
+                 : WG_ACC(acc) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate) : "memory")
+// until every wgmma batch is done: the wait names x's and y's accumulators as written (no read of them
+// moves above it)
+#define WG_WAIT_ACC(x, y)                                                                               \
+    do {                                                                                                \
+        asm volatile(NCW("wgmma.wait_group.sync.aligned 0;") : WG_ACC(x) :: "memory");                 \
+        asm volatile("" : WG_ACC(y) :: "memory");                                                       \
+    } while (0)
+#endif
+// the third product's B fragments from the swizzled rows; the streamed tiles in that layout, fenced
+#define QS_KN_T(L) KN_SWIZZLED(qs, L)
+#define GS_KN_T(L) KN_SWIZZLED(gs, L)
+#define KS_KN_T(L) KN_SWIZZLED(ks, L)
+#undef TILE_ELEMS
+#define TILE_ELEMS(rows) ((rows) * (WG_ROW / 2))
+#undef ISSUE_TILE
+#define ISSUE_TILE(dst, base, stride, first, count, limit, tid) issue_tile_wg(dst, base, stride, first, count, limit, tid)
+#undef STREAM_FENCE
+#define STREAM_FENCE() FENCE_ASYNC()
+// the local addresses of buffers as the descriptors take them (the emulation: offsets in the buffers)
+#ifdef MMA_EMULATE
+#define WG_BASE(buf) 0u
+#else
+#define WG_BASE(buf) ((uint)(ulong)(buf))
+#endif
+#else
+#define QS_KN_T(L) QS_KN(L)
+#define GS_KN_T(L) GS_KN(L)
+#define KS_KN_T(L) KS_KN(L)
+#endif
 
 #if MMA_PASS == 0 || MMA_PASS == 2
 __kernel __attribute__((reqd_work_group_size(THREADS, 1, 1)))
@@ -638,6 +767,19 @@ void attention_backward_dq_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(grad_
     for (int j0 = 0, it = 0; j0 < jend; j0 += BN, ++it) {
         STREAM_NEXT(ksb, vsb, kb, k_ss, vb, v_ss, BN, jend, ks, vs);
         float s[RB][NB][4], dp[RB][NB][4];
+#if MMA_WG
+        // (RB 1: s[0], dp[0] are the warpgroup's 64 x 64 accumulators; the first k step overwrites them)
+        const uint kat = WG_BASE(ksb) + (it & 1) * TILE_ELEMS(BN) * 2;
+        const uint vat = WG_BASE(vsb) + (it & 1) * TILE_ELEMS(BN) * 2;
+        WG_FENCE();
+        #pragma unroll
+        for (int kk = 0; kk < DK; ++kk) {
+            WGR(s[0], qa[0][kk], ksb, DESC_KM(kat, kk), kk > 0);
+            WGR(dp[0], ga[0][kk], vsb, DESC_KM(vat, kk), kk > 0);
+        }
+        WG_COMMIT();
+        WG_WAIT_ACC(s[0], dp[0]);
+#else
         #pragma unroll
         for (int rb = 0; rb < RB; ++rb) {
             ZERO_ACC(s[rb], NB);
@@ -645,6 +787,7 @@ void attention_backward_dq_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(grad_
         }
         MMA_NT_RB(s, qa, NB, KS_NT);
         MMA_NT_RB(dp, ga, NB, VS_NT);
+#endif
         // p = exp(s - lse) in place (0 where masked), dp times dropout's multipliers, ds = p (dp - delta)
         const bool open = open_tile(j0, BN, i0, L, SQ, causal);
         uint da[RB][BN / 16][4];
@@ -681,7 +824,7 @@ void attention_backward_dq_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(grad_
                 PACK_A(da[rb], jb, ds);
             }
         }
-        MMA_KN_RB(dqa, da, BN / 16, KS_KN);
+        MMA_KN_RB(dqa, da, BN / 16, KS_KN_T);
     }
     #pragma unroll
     for (int rb = 0; rb < RB; ++rb)
@@ -705,112 +848,6 @@ void attention_backward_dq_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(grad_
 #define QROWS KEYS
 #endif
 
-// DKDV_WG 1: s^T = k q^T and dp^T = v dO^T of the dk/dv pass on Hopper's warpgroup matrix units (wgmma, PTX
-// sm_90a behind the "//NCWG " prefix, netcl.core.ptx). A warpgroup (four warps) owns 64 keys; k's and v's
-// fragments stay in registers as wgmma's A operands (a warp's 16 rows are mma.sync's A fragment), and the
-// query tiles' q and dO (BQ = 64 rows of HEAD_DIM = 64: 128-byte rows, swizzled as wgmma's canonical 128-byte
-// K-major layout) are its B operands, read by the units from local memory: no ldmatrix for these two products
-// (the mma.sync pass spent about half its time on ldmatrix traffic, one fragment for every two mma). The
-// accumulators of a warp are laid out as mma.sync's, so the masks, exponentials and dropout are the same code,
-// and dv += (p z)^T dO, dk += ds^T q stay on mma.sync, their q and dO fragments read by ldmatrix.trans from the
-// swizzled rows. (Those two on wgmma too, A from registers and the tiles read MN-major, computed the first
-// query tile right and added next to nothing for every later one on the H200, whatever the fences, waits and
-// register arrangements tried: bench/NOTES.md, seventeenth session.)
-#ifndef DKDV_WG
-#define DKDV_WG 0
-#endif
-#if DKDV_WG
-#if HEAD_DIM != 64 || BQ != 64 || (KEYS % 64) || !DKDV_RING
-#error "attention_mma.cl DKDV_WG: HEAD_DIM 64, BQ 64, 64 keys a warpgroup, and the ring"
-#endif
-#include "wgmma.cl"
-#define WG_ROW 128                       // bytes of a q or dO row in local memory (HEAD_DIM 16-bit values)
-#define WG_STAGE (BQ * WG_ROW)           // bytes of one query tile (1024-aligned: stages stay aligned)
-// chunk `ch` (16 bytes) of row r of a tile, swizzled (wgmma.cl's swizzle of byte r * 128 + ch * 16)
-#define WG_CHUNK(r, ch) ((r) * WG_ROW + ((((ch) ^ (r)) & 7) << 4))
-// ldmatrix row addresses of the swizzled tile: rows kk * 16 .. + 15 (the k side) at columns db * 8 .. + 15,
-// as KN_ROWS
-#define KN_SWIZZLED(tile, L)                                                                            \
-    ((__local ushort *)((__local uchar *)(tile) + WG_CHUNK(kk * 16 + (((L) >> 3) & 1) * 8 + ((L) & 7), db + ((L) >> 4))))
-// B of k step kk of a tile at local address `at`: K-major (n = query rows, k = head dim; 32 bytes a step along
-// the rows, 8-row groups 1024 bytes apart)
-#define DESC_KM(at, kk) wg_desc((at) + (kk) * 32, 16, 1024, SWZ_MODE(WG_ROW))
-
-// q's or dO's rows first .. first + BQ - 1 into a stage (cp.async, rows at or past `limit` zero-filled)
-inline void issue_tile_wg(__local ushort *dst, __global const ushort *base, const long row_stride, const int first,
-                          const int limit, const int tid) {
-    const int count = BQ;
-    TILE_CHUNKS(tid, first, row_stride, base) {
-        const bool in = first + r < limit;
-        nc_cp_async16((__local uchar *)dst + WG_CHUNK(r, ch), in ? src : base, in ? 16 : 0);
-    }
-}
-
-#ifdef MMA_EMULATE
-// element (row n, k) of a K-major B operand as the units read it through descriptor `desc` (an offset in
-// `tile`): n / 8 * SBO + n % 8 * 128 + 2 k, then swizzled
-inline float wg_b(__local const uchar *tile, const ulong desc, const int n, const int k) {
-    const uint start = (uint)(desc & 0x3fffu) << 4, sbo = (uint)((desc >> 32) & 0x3fffu) << 4;
-    const uint at = start + (n / 8) * sbo + (n % 8) * 128 + k * 2;
-    return lane_value(*(__local const ushort *)(tile + swizzle(at, WG_ROW)));
-}
-// acc (64 x 64 of the warpgroup; this lane's fragments) = A (this warp's 16 x 16 fragment a, the other warps'
-// theirs) x the 16 x 64 B of `desc` (+ acc where `accumulate`): the A fragments through scratch (the
-// warpgroup's 64 x 16)
-inline void wg_emulate_rs(float acc[8][4], const uint a[4], __local const uchar *tile, const ulong desc,
-                          const int accumulate, __local float *sa, const int wq, const int g, const int t) {
-    #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        sa[(wq * 16 + g) * 16 + 2 * t + h] = lane_value(a[0] >> (16 * h));
-        sa[(wq * 16 + g + 8) * 16 + 2 * t + h] = lane_value(a[1] >> (16 * h));
-        sa[(wq * 16 + g) * 16 + 2 * t + 8 + h] = lane_value(a[2] >> (16 * h));
-        sa[(wq * 16 + g + 8) * 16 + 2 * t + 8 + h] = lane_value(a[3] >> (16 * h));
-    }
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int j = 0; j < 8; ++j)
-        for (int e = 0; e < 4; ++e) {
-            const int r = wq * 16 + g + 8 * (e >> 1), c = 8 * j + 2 * t + (e & 1);
-            float s = accumulate ? acc[j][e] : 0.0f;
-            for (int k = 0; k < 16; ++k) s += sa[r * 16 + k] * wg_b(tile, desc, c, k);
-            acc[j][e] = s;
-        }
-    barrier(CLK_LOCAL_MEM_FENCE);
-}
-#define WGR(acc, a, tile, desc, accumulate)                                                             \
-    wg_emulate_rs(acc, a, (__local const uchar *)(tile), desc, accumulate, scratch_a + (warp >> 2) * 64 * 16, \
-                  warp & 3, g, t)
-#define WG_WAIT_ACC(x, y)
-#else
-#define WG_TYPE "bf16"
-#if !defined(IS_BF16)
-#undef WG_TYPE
-#define WG_TYPE "f16"
-#endif
-#define WG_ACC4(x, j) "+f"(x[j][0]), "+f"(x[j][1]), "+f"(x[j][2]), "+f"(x[j][3])
-#define WG_ACC(x) WG_ACC4(x, 0), WG_ACC4(x, 1), WG_ACC4(x, 2), WG_ACC4(x, 3), WG_ACC4(x, 4), WG_ACC4(x, 5),    \
-                  WG_ACC4(x, 6), WG_ACC4(x, 7)
-// acc (m64n64, 32 floats a lane) = a (registers) x B (descriptor) + (accumulate ? acc : 0)
-#define WGR(acc, a, tile, desc, accumulate)                                                             \
-    asm volatile(NCW("{ .reg .pred p; setp.ne.b32 p, %37, 0; wgmma.mma_async.sync.aligned.m64n64k16.f32." \
-                     WG_TYPE "." WG_TYPE " {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,"    \
-                     "%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, " \
-                     "0; }")                                                                            \
-                 : WG_ACC(acc) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate) : "memory")
-// until every wgmma batch is done: the wait names x's and y's accumulators as written (no read of them
-// moves above it)
-#define WG_WAIT_ACC(x, y)                                                                               \
-    do {                                                                                                \
-        asm volatile(NCW("wgmma.wait_group.sync.aligned 0;") : WG_ACC(x) :: "memory");                 \
-        asm volatile("" : WG_ACC(y) :: "memory");                                                       \
-    } while (0)
-#endif
-#define QS_KN_T(L) KN_SWIZZLED(qs, L)
-#define GS_KN_T(L) KN_SWIZZLED(gs, L)
-#else
-#define QS_KN_T(L) QS_KN(L)
-#define GS_KN_T(L) GS_KN(L)
-#endif
-
 // query tile `it` of the dk/dv pass's sequence (head gi = it / ntiles of the kv head's GROUP, rows istart +
 // (it % ntiles) * BQ ..): its first row i0, head h, the rows' first index hrow0 in lse / delta
 #define QTILE_AT(it)                                                                                    \
@@ -827,14 +864,9 @@ void attention_backward_dkdv_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(gra
     __local uint4 qs4[QROWS * DPAD / 8], gs4[QROWS * DPAD / 8];   // (the k and v tiles first, then q and dO tiles)
     __local ushort *const qsb = (__local ushort *)qs4, *const gsb = (__local ushort *)gs4;
     __local float rowvb[(1 + DKDV_RING) * 2 * BQ];   // lse, then delta of the query tile's rows (per stage)
-#if DKDV_WG
-    // the stages' local addresses as the descriptors take them (the emulation: offsets in qs4 and gs4)
-#ifdef MMA_EMULATE
-    const uint qbase = 0, gbase = 0;
-#else
-    const uint qbase = (uint)(ulong)qsb, gbase = (uint)(ulong)gsb;
-#endif
-#define QTILE_STAGE(buf, stage) ((buf) + (stage) * (WG_STAGE / 2))
+#if MMA_WG
+    const uint qbase = WG_BASE(qsb), gbase = WG_BASE(gsb);   // the stages' local addresses for the descriptors
+#define QTILE_STAGE(buf, stage) ((buf) + (stage) * TILE_ELEMS(BQ))
 #else
 #define QTILE_STAGE(buf, stage) ((buf) + (stage) * BQ * DPAD)
 #endif
@@ -870,18 +902,13 @@ void attention_backward_dkdv_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(gra
     const int ntiles = qend > istart ? (qend - istart + BQ - 1) / BQ : 0, total = GROUP * ntiles;
     __global const ushort *const qhead = (__global const ushort *)(q + q_off + b * q_sb);
     __global const ushort *const ghead = (__global const ushort *)(grad_out + grad_out_off + b * grad_out_sb);
-#if DKDV_WG
-#define ISSUE_Q(dst, base, stride, i0, tid) issue_tile_wg(dst, base, stride, i0, SQ, tid)
-#else
-#define ISSUE_Q(dst, base, stride, i0, tid) issue_tile(dst, base, stride, i0, BQ, SQ, tid)
-#endif
 #if DKDV_RING
     // rows past SQ are zero-filled: q and dO rows of zeros add nothing to dk and dv whatever their p
     #define ISSUE_QTILE(it, stage)                                                                      \
         do {                                                                                            \
             QTILE_AT(it);                                                                               \
-            ISSUE_Q(QTILE_STAGE(qsb, stage), qhead + h * q_sh, q_ss, i0, tid);                          \
-            ISSUE_Q(QTILE_STAGE(gsb, stage), ghead + h * grad_out_sh, grad_out_ss, i0, tid);            \
+            ISSUE_TILE(QTILE_STAGE(qsb, stage), qhead + h * q_sh, q_ss, i0, BQ, SQ, tid);               \
+            ISSUE_TILE(QTILE_STAGE(gsb, stage), ghead + h * grad_out_sh, grad_out_ss, i0, BQ, SQ, tid); \
             for (int r = tid; r < BQ; r += THREADS) {                                                   \
                 const bool in = i0 + r < SQ;                                                            \
                 nc_cp_async4(rowvb + (stage) * 2 * BQ + r, lse + (in ? hrow0 + i0 + r : 0), in ? 4 : 0);      \
@@ -902,9 +929,7 @@ void attention_backward_dkdv_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(gra
         if (it + 1 < total) ISSUE_QTILE(it + 1, (it + 1) & 1);
         CP_COMMIT();
         CP_WAIT1();                     // this work-item's copies of tile it have landed
-#if DKDV_WG
-        FENCE_ASYNC();                  // ... and are visible to the matrix units
-#endif
+        STREAM_FENCE();                 // (MMA_WG: ... and are visible to the matrix units)
         barrier(CLK_LOCAL_MEM_FENCE);   // ... and everyone's
 #else
         __local ushort *const qs = qsb, *const gs = gsb;
@@ -920,9 +945,9 @@ void attention_backward_dkdv_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(gra
         barrier(CLK_LOCAL_MEM_FENCE);
 #endif
         float st[QB][4], dpt[QB][4];
-#if DKDV_WG
+#if MMA_WG
         // (the first k step overwrites the accumulators: no register writes between the fence and the units)
-        const uint qat = qbase + (it & 1) * WG_STAGE, gat = gbase + (it & 1) * WG_STAGE;
+        const uint qat = qbase + (it & 1) * TILE_ELEMS(BQ) * 2, gat = gbase + (it & 1) * TILE_ELEMS(BQ) * 2;
         WG_FENCE();
         #pragma unroll
         for (int kk = 0; kk < DK; ++kk) {

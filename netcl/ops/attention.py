@@ -151,15 +151,17 @@ MMA_EMULATE = False
 # bytes of spills); 235 and 243 registers.
 MMA_TILES: dict[str, Any] = {"BM": 64, "BN": 64, "BQ": 64, "PREFETCH": 1, "DKDV_RING": 1,
                              "forward": {"BM": 128, "RB": 2}, "dq": {"BM": 128, "RB": 2, "BN": 32},
-                             "dkdv_wg": {"BM": 64}}
-# DKDV_WGMMA: the dk/dv pass's s^T = k q^T and dp^T = v dO^T on Hopper's warpgroup matrix units
-# (attention_mma.cl DKDV_WG: wgmma with k's and v's fragments in registers, q's and dO's swizzled tiles read
-# by the units from local memory; head dim 64, 64-row query tiles, 64 keys a warpgroup,
-# MMA_TILES["dkdv_wg"]["BM"] keys a work-group). H200, bfloat16, B=8 H=16 S=2048 D=64, the pass's device
-# time: 0.947 ms with one warpgroup a work-group, 1.013 with two, 1.063 on mma.sync (causal 0.535 / 0.599 /
-# 0.596). None = where the device runs wgmma (gemm.variants.has_wgmma), or True / False (True with
-# MMA_EMULATE: its emulation).
-DKDV_WGMMA: bool | None = None
+                             "dq_wg": {"BM": 64}, "dkdv_wg": {"BM": 64}}
+# WGMMA_PASSES: the backward passes whose two score products run on Hopper's warpgroup matrix units
+# (attention_mma.cl MMA_WG, head dim 64: s = q k^T and dp = dO v^T in the dq pass, s^T and dp^T in the dk/dv
+# pass, by wgmma with the pass's own rows' fragments in registers and the streamed tiles swizzled for the
+# units, read from local memory; 64 rows a warpgroup, MMA_TILES["dq_wg"] / ["dkdv_wg"]["BM"] rows a
+# work-group). H200, bfloat16, B=8 H=16 S=2048 D=64, the dk/dv pass's device time: 0.947 ms with one
+# warpgroup a work-group, 1.013 with two, 1.063 on mma.sync (causal 0.535 / 0.599 / 0.596); the dq pass's
+# 0.637 / 0.711 / 0.635 ms (causal 0.370 / 0.449 / 0.407: mma.sync there takes 32 rows a warp). None = both
+# where the device runs wgmma (gemm.variants.has_wgmma), none elsewhere; or a tuple of "dq", "dkdv" (with
+# MMA_EMULATE: their emulation on any device).
+WGMMA_PASSES: tuple[str, ...] | None = None
 MMA_RB_MAX_HEAD_DIM = 64
 # The matrix-unit backward (dq pass, then dk/dv: no atomics) keeps k's and v's fragments and dk, dv in
 # registers: up to head dim 64 (larger ones take attention_gpu.cl's kernels).
@@ -504,26 +506,29 @@ class _Problem:
         MMA_BACKWARD_MAX_HEAD_DIM, and grad_out's rows on 16-byte boundaries too."""
         return self.D <= MMA_BACKWARD_MAX_HEAD_DIM and self.mma_forward() and _rows_16_bytes(grad_out)
 
-    def dkdv_wgmma(self) -> bool:
-        """Whether the matrix-unit dk/dv pass runs on wgmma (DKDV_WGMMA): head dim 64, and a device that runs
-        wgmma or the emulation asked for."""
-        if self.D != 64:
+    def wgmma_pass(self, kernel: str) -> bool:
+        """Whether the matrix-unit backward pass `kernel` ("dq", "dkdv") takes its score products on wgmma
+        (WGMMA_PASSES): head dim 64, and a device that runs wgmma or the emulation asked for."""
+        if self.D != 64 or kernel not in ("dq", "dkdv"):
             return False
-        return DKDV_WGMMA if DKDV_WGMMA is not None else (not MMA_EMULATE and has_wgmma(self.device))
+        if WGMMA_PASSES is not None:
+            return kernel in WGMMA_PASSES
+        return not MMA_EMULATE and has_wgmma(self.device)
 
     def launch_mma(self, kernel: str, **args: Any) -> Any:
         """attention_mma.cl's `kernel` ("forward", "dq", "dkdv"; see mma_forward); returns the kernel."""
         tiles = {key: value for key, value in MMA_TILES.items() if not isinstance(value, dict)}
         tiles.update(MMA_TILES.get(kernel, {}))   # the kernel's own tiles, where MMA_TILES names some
-        wg = kernel == "dkdv" and self.dkdv_wgmma()
+        wg = self.wgmma_pass(kernel)
         if kernel == "dkdv":
             if MMA_TILES.get("dkdv", {}).get("RB", 1) != 1:
                 raise ValueError("MMA_TILES: the dk/dv pass keeps 16 keys a warp (RB 1)")
             tiles.pop("RB", None)
-        if wg:
-            tiles.update(MMA_TILES.get("dkdv_wg", {}), BQ=64, DKDV_RING=1, DKDV_WG=1)
+        if wg:   # the units' tiles: 64 rows a warpgroup, 64-row streamed tiles through the ring
+            fixed = {"BN": 64, "RB": 1, "PREFETCH": 1} if kernel == "dq" else {"BQ": 64, "DKDV_RING": 1}
+            tiles.update(MMA_TILES.get(f"{kernel}_wg", {}), **fixed, MMA_WG=1)
             if tiles["BM"] % 64:
-                raise ValueError(f"MMA_TILES['dkdv_wg']: BM must be a multiple of 64 (keys of whole "
+                raise ValueError(f"MMA_TILES['{kernel}_wg']: BM must be a multiple of 64 (rows of whole "
                                  f"warpgroups), got {tiles['BM']}")
         rb = tiles.get("RB", 1)
         if rb == 2 and self.D > MMA_RB_MAX_HEAD_DIM:
@@ -537,14 +542,15 @@ class _Problem:
                                    "MMA_PASS": {"forward": 1, "dq": 2, "dkdv": 3}[kernel]}
         # two stages of a k and a v tile (or q's and dO's BM rows, where more), bytes
         ring = 2 * max(2 * defines["BN"], defines["BM"]) * (self.D + 8) * 2
-        if defines.get("PREFETCH") and ring > self.device.capabilities.local_mem:
-            defines["PREFETCH"] = 0
         dkdv_ring = 2 * max(2 * defines["BQ"], defines["BM"]) * (self.D + 8) * 2 + 16 * defines["BQ"]
-        if defines.get("DKDV_RING") and dkdv_ring > self.device.capabilities.local_mem:
-            if wg:
-                raise KernelBuildError(f"attention_mma.cl's wgmma dk/dv pass needs {dkdv_ring} bytes of "
-                                       f"local memory; {self.device.describe()} has "
-                                       f"{self.device.capabilities.local_mem}")
+        local_mem = self.device.capabilities.local_mem
+        if wg and (dkdv_ring if kernel == "dkdv" else ring) > local_mem:
+            raise KernelBuildError(f"attention_mma.cl's wgmma {kernel} pass needs "
+                                   f"{dkdv_ring if kernel == 'dkdv' else ring} bytes of local memory; "
+                                   f"{self.device.describe()} has {local_mem}")
+        if defines.get("PREFETCH") and ring > local_mem:
+            defines["PREFETCH"] = 0
+        if defines.get("DKDV_RING") and dkdv_ring > local_mem:
             defines["DKDV_RING"] = 0
         if MMA_EMULATE:
             defines["MMA_EMULATE"] = None

@@ -962,16 +962,16 @@ def test_matrix_units_two_row_blocks_a_warp(queue, rng, mma_emulated, monkeypatc
 
 
 @pytest.mark.gpu_shaped
-@pytest.mark.parametrize("keys", [64, 128])
-def test_matrix_units_dkdv_on_warpgroup_units(queue, rng, mma_emulated, monkeypatch, keys):
-    """The dk/dv pass's s^T and dp^T on Hopper's wgmma (DKDV_WGMMA; emulated from the same swizzled tiles and
-    descriptors where the device has no wgmma): one and two warpgroups a work-group, against float64 NumPy and
-    against the mma.sync pass (the same products, the same bits but for the units' summation order), with
-    GQA, causal rows that end inside a query tile, kv_len and dropout (its multipliers in the transposed
-    layout), over several query tiles of both ring stages."""
+@pytest.mark.parametrize("rows", [64, 128])
+def test_matrix_units_backward_on_warpgroup_units(queue, rng, mma_emulated, monkeypatch, rows):
+    """The dq and dk/dv passes' score products on Hopper's wgmma (WGMMA_PASSES; emulated from the same
+    swizzled tiles and descriptors where the device has no wgmma): one and two warpgroups a work-group,
+    against float64 NumPy and against the mma.sync passes (the same products, the same bits but for the
+    units' summation order), with GQA, causal rows that end inside a tile, kv_len and dropout (its
+    multipliers in both passes' layouts), over several tiles of both ring stages."""
     if not attn.MMA_EMULATE and not attn.has_wgmma(queue.device):
         pytest.skip("the device runs mma.sync but not wgmma (its emulation runs on the CPUs)")
-    monkeypatch.setattr(attn, "MMA_TILES", {**attn.MMA_TILES, "dkdv_wg": {"BM": keys}})
+    monkeypatch.setattr(attn, "MMA_TILES", {**attn.MMA_TILES, "dq_wg": {"BM": rows}, "dkdv_wg": {"BM": rows}})
     B, HQ, HKV, SQ, SK, D = 2, 4, 2, 83, 150, 64
     q, k, v, g = (a.astype(BF16) for a in inputs(rng, B, HQ, HKV, SQ, SK, D))
     nq, nk, nv, ng = (dev(queue, a) for a in (q, k, v, g))
@@ -980,17 +980,17 @@ def test_matrix_units_dkdv_on_warpgroup_units(queue, rng, mma_emulated, monkeypa
                 dropout_draw=attn.DropoutDraw(Generator(7)))
     out, lse = ops.flash_attention_forward(nq, nk, nv, **opts)
     pr = attn._Problem("test", nq, nk, nv, True, None, None, 0.0, None)
-    monkeypatch.setattr(attn, "DKDV_WGMMA", True)
-    assert pr.dkdv_wgmma()
+    monkeypatch.setattr(attn, "WGMMA_PASSES", ("dq", "dkdv"))
+    assert pr.wgmma_pass("dq") and pr.wgmma_pass("dkdv")
     grads = ops.flash_attention_backward(nq, nk, nv, out, lse, ng, **opts)
     keep = attn.attention_dropout_mask(queue, opts["dropout_draw"], (B, HQ, SQ, SK), 0.2).to_host()
     want = reference(q, k, v, causal=True, kv_len=lengths, keep=keep, dropout_p=0.2, grad_out=g)
-    for name, got, ref in zip(("dk", "dv"), grads[1:], want[3:], strict=True):
+    for name, got, ref in zip(("dq", "dk", "dv"), grads, want[2:], strict=True):
         np.testing.assert_allclose(got.to_host().astype(np.float64), ref, rtol=5e-2,
                                    atol=2e-2 * max(np.abs(ref).max(), 1.0), err_msg=name)
-    monkeypatch.setattr(attn, "DKDV_WGMMA", False)
+    monkeypatch.setattr(attn, "WGMMA_PASSES", ())
     sync = ops.flash_attention_backward(nq, nk, nv, out, lse, ng, **opts)
-    for name, a, b in zip(("dk", "dv"), grads[1:], sync[1:], strict=True):
+    for name, a, b in zip(("dq", "dk", "dv"), grads, sync, strict=True):
         ref = b.to_host().astype(np.float64)
         np.testing.assert_allclose(a.to_host().astype(np.float64), ref, rtol=1e-2,
                                    atol=1e-2 * max(np.abs(ref).max(), 1.0), err_msg=name)
