@@ -968,7 +968,8 @@ def test_matrix_units_backward_on_warpgroup_units(queue, rng, mma_emulated, monk
     swizzled tiles and descriptors where the device has no wgmma): one and two warpgroups a work-group,
     against float64 NumPy and against the mma.sync passes (the same products, the same bits but for the
     units' summation order), with GQA, causal rows that end inside a tile, kv_len and dropout (its
-    multipliers in both passes' layouts), over several tiles of both ring stages."""
+    multipliers in both passes' layouts), over several tiles of both ring stages; two warpgroups with a bool
+    mask besides (the masked tiles' path of both passes)."""
     if not attn.MMA_EMULATE and not attn.has_wgmma(queue.device):
         pytest.skip("the device runs mma.sync but not wgmma (its emulation runs on the CPUs)")
     monkeypatch.setattr(attn, "MMA_TILES", {**attn.MMA_TILES, "dq_wg": {"BM": rows}, "dkdv_wg": {"BM": rows}})
@@ -978,13 +979,17 @@ def test_matrix_units_backward_on_warpgroup_units(queue, rng, mma_emulated, monk
     lengths = np.array([150, 97], np.int32)
     opts = dict(causal=True, kv_len=dev(queue, lengths), dropout_p=0.2,
                 dropout_draw=attn.DropoutDraw(Generator(7)))
+    host = {}
+    if rows == 128:
+        mask = rng.random((B, 1, SQ, SK)) < 0.7
+        opts["mask"], host["mask"] = dev(queue, mask), mask
     out, lse = ops.flash_attention_forward(nq, nk, nv, **opts)
     pr = attn._Problem("test", nq, nk, nv, True, None, None, 0.0, None)
     monkeypatch.setattr(attn, "WGMMA_PASSES", ("dq", "dkdv"))
     assert pr.wgmma_pass("dq") and pr.wgmma_pass("dkdv")
     grads = ops.flash_attention_backward(nq, nk, nv, out, lse, ng, **opts)
     keep = attn.attention_dropout_mask(queue, opts["dropout_draw"], (B, HQ, SQ, SK), 0.2).to_host()
-    want = reference(q, k, v, causal=True, kv_len=lengths, keep=keep, dropout_p=0.2, grad_out=g)
+    want = reference(q, k, v, causal=True, kv_len=lengths, keep=keep, dropout_p=0.2, grad_out=g, **host)
     for name, got, ref in zip(("dq", "dk", "dv"), grads, want[2:], strict=True):
         np.testing.assert_allclose(got.to_host().astype(np.float64), ref, rtol=5e-2,
                                    atol=2e-2 * max(np.abs(ref).max(), 1.0), err_msg=name)
