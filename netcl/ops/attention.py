@@ -564,6 +564,8 @@ class _Problem:
         k = getattr(prg, {"forward": "attention_forward_mma", "dq": "attention_backward_dq_mma",
                           "dkdv": "attention_backward_dkdv_mma"}[kernel])
         k(self.queue, (-(-rows // per_group) * threads, heads, self.B), (threads, 1, 1), **args)
+        if capture.recording_now():   # an op template (the fast path below): what a replay rebinds
+            capture.name_slots(**_MMA_SLOTS[kernel])
         return k
 
     def fused_backward(self) -> bool:
@@ -758,6 +760,62 @@ def _refresh_dropout_on_replay(draw: DropoutDraw, kernel: Any, draws: bool) -> N
 
 
 # -- forward ---------------------------------------------------------------------------------------------
+# -- the fast path: templates of repeated calls -----------------------------------------------------------
+# An attention call on the matrix units without dropout records its launches the first time a call signature
+# is seen (netcl.core.capture: the operands, outputs and workspaces as named slots) and replays them after:
+# the checks, the tile choices and the ~45 kernel arguments are worked out once per signature, not per call
+# (the GEMM's fast path, netcl.ops.gemm). A signature: the operands' shapes, strides, row alignment, dtype
+# and queue, causal, scale, the mask's and kv_len's layout, and the module switches the kernels' choice reads
+# (a switch assigned anew gives new signatures; capture.plans.invalidate() forgets every plan). Everything
+# else (dropout, another kernel family, a copy or a fill on the way) takes the full path, remembered as such.
+_MMA_INPUT_SLOTS = dict(q=("q", "q_off"), k=("k", "k_off"), v=("v", "v_off"), mask=("mask", "mask_off"),
+                        kv=("kv_len", "kv_len_off"))
+_MMA_SLOTS = {
+    "forward": dict(_MMA_INPUT_SLOTS, out=("out",), lse=("lse",)),
+    "dq": dict(_MMA_INPUT_SLOTS, g=("grad_out", "grad_out_off"), out=("out", "out_off"), lse=("lse",),
+               delta=("delta",), dq=("dq",)),
+    "dkdv": dict(_MMA_INPUT_SLOTS, g=("grad_out", "grad_out_off"), out=("out", "out_off"), lse=("lse",),
+                 delta=("delta",), dk=("dk",), dv=("dv",)),
+}
+
+
+def _layout(t: Any) -> tuple | None:
+    """An operand's part of a template key: its shape, strides, row alignment, dtype and queue."""
+    return (t.shape, t.strides, t.offset % 8, t.dtype, id(t.queue)) if type(t) is Tensor else None
+
+
+def _template_key(kind: str, q: Any, k: Any, v: Any, causal: Any, scale: Any, mask: Any, kv_len: Any,
+                  *extra: Any) -> tuple | None:
+    """The signature of an attention call that may take a template, or None (it takes the full path, which
+    checks it and says what is wrong)."""
+    if type(q) is not Tensor or type(k) is not Tensor or type(v) is not Tensor or type(causal) is not bool:
+        return None
+    if scale is not None and type(scale) not in (float, int):
+        return None
+    if (mask is not None and type(mask) is not Tensor) or (kv_len is not None and type(kv_len) is not Tensor):
+        return None
+    return ("attention", kind, _layout(q), _layout(k), _layout(v), causal, scale, _layout(mask),
+            _layout(kv_len), *extra, id(MMA_TILES), WGMMA_PASSES, MMA_EMULATE, GPU_MMA, GPU_NATIVE_EXP,
+            variant_override, MMA_RB_MAX_HEAD_DIM, MMA_BACKWARD_MAX_HEAD_DIM)
+
+
+def _recorded(key: tuple, inputs: tuple, run: Any) -> Any:
+    """run() while recording; its launches become the template of `key` when a replay can rebind all of them
+    (the matrix-unit kernels, their slots named), else the key is remembered as taking the full path."""
+    for t in inputs:
+        if t is not None:
+            t.realize()   # a pending operand (netcl.jit.lazy) is computed now, not inside the recording
+    rec = capture.Recording()
+    with capture.recording(rec):
+        result = run()
+    if rec.slotted:
+        rec.unbind()
+        capture.plans.put(key, rec)
+    else:
+        capture.plans.put(key, False)
+    return result
+
+
 def flash_attention_forward(
     q: Tensor,
     k: Tensor,
@@ -774,6 +832,30 @@ def flash_attention_forward(
     """(out, lse) of attention (module docstring). With dropout_p > 0 the mask comes from `dropout_draw`
     (filled with fresh counters here; keep it for flash_attention_backward), or from a new draw of
     `generator` (default: the default generator) when none is given."""
+    key = None
+    if type(dropout_p) in (float, int) and dropout_p == 0 and generator is None and dropout_draw is None \
+            and capture.capturing() is None:
+        key = _template_key("forward", q, k, v, causal, scale, mask, kv_len)
+        hit = capture.plans.get(key) if key is not None else None
+        if hit:   # the template: the output in q's memory order, lse
+            out = empty_in_order(q)
+            lse = Tensor.empty(q.queue, q.shape[:3], dtypes.float32)
+            hit.replay({"q": q, "k": k, "v": v, "mask": q if mask is None else mask,
+                        "kv": q if kv_len is None else kv_len, "out": out, "lse": lse})
+            return out, lse
+        if hit is False:
+            key = None
+    if key is not None:
+        return _recorded(key, (q, k, v, mask, kv_len), lambda: _forward(
+            q, k, v, causal=causal, scale=scale, mask=mask, kv_len=kv_len))
+    return _forward(q, k, v, causal=causal, scale=scale, mask=mask, dropout_p=dropout_p, generator=generator,
+                    kv_len=kv_len, dropout_draw=dropout_draw)
+
+
+def _forward(q: Tensor, k: Tensor, v: Tensor, *, causal: Any = False, scale: Any = None, mask: Any = None,
+             dropout_p: Any = 0.0, generator: Any = None, kv_len: Any = None,
+             dropout_draw: Any = None) -> tuple[Tensor, Tensor]:
+    """flash_attention_forward's full path: every check, the kernel's choice and its arguments."""
     op = "flash_attention"
     if generator is not None and dropout_draw is not None:
         raise ValueError(f"{op}: pass generator= or dropout_draw= (which holds its generator), not both")
@@ -868,6 +950,36 @@ def flash_attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: 
     """(dq, dk, dv) of flash_attention_forward's `out` for `grad_out`, given its `out` and `lse` and the same
     options (and, with dropout, the same DropoutDraw). need_dq / need_dkv skip a pass (its results None).
     Shapes and dtypes: those of q, k, v."""
+    key = None
+    if type(dropout_p) in (float, int) and dropout_p == 0 and dropout_draw is None and type(need_dq) is bool \
+            and type(need_dkv) is bool and type(lse) is Tensor and capture.capturing() is None:
+        key = _template_key("backward", q, k, v, causal, scale, mask, kv_len, _layout(out), _layout(grad_out),
+                            lse.shape, lse.strides, lse.offset, lse.dtype, id(lse.queue), need_dq, need_dkv)
+        hit = capture.plans.get(key) if key is not None else None
+        if hit:   # the template: dq, dk, dv in q's, k's and v's memory order, delta its workspace
+            dq = empty_in_order(q) if need_dq else None
+            dk = empty_in_order(k) if need_dkv else None
+            dv = empty_in_order(v) if need_dkv else None
+            delta = Tensor.empty(q.queue, q.shape[:3], dtypes.float32)
+            hit.replay({"q": q, "k": k, "v": v, "mask": q if mask is None else mask,
+                        "kv": q if kv_len is None else kv_len, "g": grad_out, "out": out, "lse": lse,
+                        "delta": delta, "dq": delta if dq is None else dq, "dk": dk, "dv": dv})
+            return dq, dk, dv
+        if hit is False:
+            key = None
+    if key is not None:
+        return _recorded(key, (q, k, v, out, lse, grad_out, mask, kv_len), lambda: _backward(
+            q, k, v, out, lse, grad_out, causal=causal, scale=scale, mask=mask, kv_len=kv_len,
+            need_dq=need_dq, need_dkv=need_dkv))
+    return _backward(q, k, v, out, lse, grad_out, causal=causal, scale=scale, mask=mask, dropout_p=dropout_p,
+                     kv_len=kv_len, dropout_draw=dropout_draw, need_dq=need_dq, need_dkv=need_dkv)
+
+
+def _backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, grad_out: Tensor, *,
+              causal: Any = False, scale: Any = None, mask: Any = None, dropout_p: Any = 0.0,
+              kv_len: Any = None, dropout_draw: Any = None, need_dq: Any = True,
+              need_dkv: Any = True) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+    """flash_attention_backward's full path: every check, the kernels' choice and their arguments."""
     op = "flash_attention_backward"
     k, v = _rows_contiguous(k), _rows_contiguous(v)
     pr = _Problem(op, _rows_contiguous(q), k, v, causal, scale, mask, dropout_p, kv_len)

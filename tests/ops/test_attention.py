@@ -1001,6 +1001,65 @@ def test_matrix_units_backward_on_warpgroup_units(queue, rng, mma_emulated, monk
                                    atol=1e-2 * max(np.abs(ref).max(), 1.0), err_msg=name)
 
 
+@pytest.mark.gpu_shaped
+def test_matrix_unit_calls_replay_their_template(queue, rng, mma_emulated, monkeypatch):
+    """A second call of a signature replays the launches the first one recorded (netcl.core.capture.plans):
+    other tensors bound (q, k, v, grad_out, a bool mask and kv_len of other values), the same bits and the
+    same launches as the full path; need_dq=False a signature of its own; a switch assigned anew (MMA_TILES)
+    a new signature; dropout and a graph capture always the full path."""
+    from netcl.core import capture
+    B, HQ, HKV, SQ, SK, D = 1, 2, 1, 37, 50, 32
+
+    def problem(seed):
+        r = np.random.default_rng(seed)
+        q, k, v, g = (dev(queue, a.astype(BF16)) for a in inputs(r, B, HQ, HKV, SQ, SK, D))
+        mask, lengths = r.random((B, HQ, SQ, SK)) < 0.7, np.array([40 + seed], np.int32)
+        return q, k, v, g, dict(causal=True, mask=dev(queue, mask), kv_len=dev(queue, lengths))
+
+    def run(q, k, v, g, opts, **bwd):
+        out, lse = ops.flash_attention_forward(q, k, v, **opts)
+        return (out, lse) + ops.flash_attention_backward(q, k, v, out, lse, g, **opts, **bwd)
+
+    def templates():
+        return {key: plan for key, plan in capture.plans.items() if key[0] == "attention"}
+
+    run(*problem(1))
+    assert len(templates()) == 2 and all(templates().values())
+    full = []   # the full paths' calls from here on
+
+    def counted(fn, tag):
+        def call(*a, **kw):
+            full.append(tag)
+            return fn(*a, **kw)
+        return call
+
+    monkeypatch.setattr(attn, "_forward", counted(attn._forward, "f"))
+    monkeypatch.setattr(attn, "_backward", counted(attn._backward, "b"))
+    q, k, v, g, opts = problem(2)
+    with count_launches() as replayed:
+        got = run(q, k, v, g, opts)
+    assert full == [] and replayed.count == 3
+    with count_launches() as direct:
+        out, lse = attn._forward(q, k, v, **opts)
+        want = (out, lse) + attn._backward(q, k, v, out, lse, g, **opts)
+    assert direct.count == 3
+    for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), got, want, strict=True):
+        assert a.shape == b.shape and a.strides == b.strides, name
+        assert a.to_host().tobytes() == b.to_host().tobytes(), name
+    dq, dk, dv = ops.flash_attention_backward(q, k, v, out, lse, g, **opts, need_dq=False)
+    assert dq is None and dk.to_host().tobytes() == want[3].to_host().tobytes() and len(templates()) == 3
+    full.clear()
+    ops.flash_attention_forward(q, k, v, dropout_p=0.1, **opts)
+    graph = Graph()
+    with graph.capture():
+        ops.flash_attention_forward(q, k, v, **opts)
+    graph.replay()
+    assert full == ["f", "f"] and len(templates()) == 3
+    monkeypatch.setattr(attn, "MMA_TILES", dict(attn.MMA_TILES))
+    run(q, k, v, g, opts)
+    assert len(templates()) == 5
+
+
 def test_matrix_unit_row_blocks_are_checked(queue, rng, monkeypatch):
     """RB other than 1 or 2, a BM that is no multiple of 16 RB, or RB for the dk/dv pass: a clear error."""
     monkeypatch.setattr(attn, "MMA_EMULATE", True)
