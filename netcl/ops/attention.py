@@ -759,7 +759,6 @@ def _refresh_dropout_on_replay(draw: DropoutDraw, kernel: Any, draws: bool) -> N
     graph.on_replay(refresh)
 
 
-# -- forward ---------------------------------------------------------------------------------------------
 # -- the fast path: templates of repeated calls -----------------------------------------------------------
 # An attention call on the matrix units without dropout records its launches the first time a call signature
 # is seen (netcl.core.capture: the operands, outputs and workspaces as named slots) and replays them after:
@@ -816,6 +815,7 @@ def _recorded(key: tuple, inputs: tuple, run: Any) -> Any:
     return result
 
 
+# -- forward ---------------------------------------------------------------------------------------------
 def flash_attention_forward(
     q: Tensor,
     k: Tensor,
