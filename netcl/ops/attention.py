@@ -509,6 +509,9 @@ class _Problem:
     def wgmma_pass(self, kernel: str) -> bool:
         """Whether the matrix-unit backward pass `kernel` ("dq", "dkdv") takes its score products on wgmma
         (WGMMA_PASSES): head dim 64, and a device that runs wgmma or the emulation asked for."""
+        if WGMMA_PASSES is not None and (not isinstance(WGMMA_PASSES, tuple)
+                                         or not set(WGMMA_PASSES) <= {"dq", "dkdv"}):
+            raise ValueError(f"WGMMA_PASSES must be None or a tuple of 'dq', 'dkdv', got {WGMMA_PASSES!r}")
         if self.D != 64 or kernel not in ("dq", "dkdv"):
             return False
         if WGMMA_PASSES is not None:

@@ -1060,6 +1060,19 @@ def test_matrix_unit_calls_replay_their_template(queue, rng, mma_emulated, monke
     assert len(templates()) == 5
 
 
+def test_wgmma_passes_are_checked(queue, rng, monkeypatch):
+    """WGMMA_PASSES other than None or a tuple of "dq", "dkdv" (a misspelt pass, a bare string): a clear error
+    naming the switch, not a silent mma.sync."""
+    q = dev(queue, rng.standard_normal((1, 1, 5, 64)).astype(BF16))
+    pr = attn._Problem("test", q, q, q, False, None, None, 0.0, None)
+    for bad in (("dkv",), "dq"):
+        monkeypatch.setattr(attn, "WGMMA_PASSES", bad)
+        with pytest.raises(ValueError, match="WGMMA_PASSES"):
+            pr.wgmma_pass("dq")
+    monkeypatch.setattr(attn, "WGMMA_PASSES", ("dkdv",))
+    assert pr.wgmma_pass("dkdv") and not pr.wgmma_pass("dq") and not pr.wgmma_pass("forward")
+
+
 def test_matrix_unit_row_blocks_are_checked(queue, rng, monkeypatch):
     """RB other than 1 or 2, a BM that is no multiple of 16 RB, or RB for the dk/dv pass: a clear error."""
     monkeypatch.setattr(attn, "MMA_EMULATE", True)
