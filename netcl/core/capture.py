@@ -302,6 +302,22 @@ def recording(rec: Recording) -> Iterator[Recording]:
             open_recordings -= 1
 
 
+def record_template(run: Callable[[], Any], inputs: tuple = ()) -> tuple[Any, Recording | None]:
+    """run() while recording, for an op's fast path: (its result, the recording made an op's template, unbound
+    with each launch a Plan, when a replay can rebind all of it, else None). The tensors of `inputs` that are
+    pending (netcl.jit.lazy) are computed first, not inside the recording."""
+    for t in inputs:
+        if t is not None:
+            t.realize()
+    rec = Recording()
+    with recording(rec):
+        result = run()
+    if not rec.slotted:
+        return result, None
+    rec.unbind()
+    return result, rec
+
+
 def name_slots(**slots: Any) -> None:
     """Name the arguments of the launch just made that the innermost op recording (not a graph) rebinds
     at replay: slot=(buffer argument, offset argument), or (buffer argument,), or a list of such tuples

@@ -804,17 +804,8 @@ def _template_key(kind: str, q: Any, k: Any, v: Any, causal: Any, scale: Any, ma
 def _recorded(key: tuple, inputs: tuple, run: Any) -> Any:
     """run() while recording; its launches become the template of `key` when a replay can rebind all of them
     (the matrix-unit kernels, their slots named), else the key is remembered as taking the full path."""
-    for t in inputs:
-        if t is not None:
-            t.realize()   # a pending operand (netcl.jit.lazy) is computed now, not inside the recording
-    rec = capture.Recording()
-    with capture.recording(rec):
-        result = run()
-    if rec.slotted:
-        rec.unbind()
-        capture.plans.put(key, rec)
-    else:
-        capture.plans.put(key, False)
+    result, rec = capture.record_template(run, inputs)
+    capture.plans.put(key, rec if rec is not None else False)
     return result
 
 

@@ -231,14 +231,8 @@ def _record(key: tuple, p: _Problem, run: Any) -> None:
     """Launch `p` by `run()` while recording; keep the recording as the template of `key` when a replay
     can rebind all of it (every launch on the operands in place, its slots named). `run` returns split-K's
     workspace or None."""
-    for t in (p.a, p.b, p.bias, p.residual):
-        if t is not None:
-            t.realize()  # a pending operand (netcl.jit.lazy) is computed now, not inside the recording
-    rec = capture.Recording()
-    with capture.recording(rec):
-        work = run()
-    if rec.slotted:
-        rec.unbind()
+    work, rec = capture.record_template(run, (p.a, p.b, p.bias, p.residual))
+    if rec is not None:
         capture.plans.put(key, (rec, p.out.shape, None if work is None else (work.shape, work.dtype)))
 
 
