@@ -308,9 +308,9 @@ def main() -> int:
     gpu_variant = (attn.variant_override or ("cpu" if dev.capabilities.kind == "cpu" else "gpu")) == "gpu"
     if gpu_variant and args.dtype != "float32" and attn.matrix_units(dev):
         wg = attn.WGMMA_PASSES if attn.WGMMA_PASSES is not None else (
-            ("dq", "dkdv") if attn.has_wgmma(dev) else ())
-        print(f"matrix-unit kernels (attention_mma.cl): tiles {attn.MMA_TILES}; the backward passes' score "
-              f"products on wgmma: {', '.join(wg) or 'none'} (head dim 64)")
+            ("forward", "dq", "dkdv") if attn.has_wgmma(dev) else ())
+        print(f"matrix-unit kernels (attention_mma.cl): tiles {attn.MMA_TILES}; the passes on wgmma: "
+              f"{', '.join(wg) or 'none'} (head dim 64)")
     elif gpu_variant:
         native = attn.GPU_NATIVE_EXP if attn.GPU_NATIVE_EXP is not None else attn._nvidia(dev)
         dq_adds = (f"dq copies per work-group ({attn.GPU_DQ_SPLIT_RESIDENT} resident per CU), add "

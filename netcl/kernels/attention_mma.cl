@@ -325,6 +325,205 @@ inline void issue_tile(__local ushort *dst, __global const ushort *base, const l
 #define MMA_NT_RB(acc, a, NBLK, ROWS) MMA_NT_BLOCKS(acc, a, NBLK, ROWS, RB, RB_AT)
 #define MMA_KN_RB(acc, a, KSTEPS, ROWS) MMA_KN_BLOCKS(acc, a, KSTEPS, ROWS, RB, RB_AT)
 
+// MMA_WG 1: the score products on Hopper's warpgroup matrix units (wgmma, PTX sm_90a behind the "//NCWG "
+// prefix, netcl.core.ptx): s = q k^T and o += p v in the forward (MMA_PASS 1), s = q k^T and dp = dO v^T in
+// the dq pass (2), s^T = k q^T and dp^T = v dO^T in the dk/dv pass (3). A warpgroup (four warps) owns 64 rows
+// (queries, or keys); their fragments (q and dO, or k and v) stay in registers as wgmma's A operands (a
+// warp's 16 rows are mma.sync's A fragment), and the streamed tiles (k and v, or q and dO: 64 rows of
+// HEAD_DIM = 64, 128-byte rows swizzled as wgmma's canonical 128-byte K-major layout) are its B operands,
+// read by the units from local memory: no ldmatrix for these products (the mma.sync passes spent about half
+// their time on ldmatrix traffic). The forward's p v takes p's fragments from registers (packed from the
+// accumulators, as for mma.sync) and reads the v tile's same bytes MN-major (wgmma's imm-trans-b). The
+// accumulators of a warp are laid out as mma.sync's, so the masks, exponentials and dropout are the same
+// code; the backward's third product (dq += ds k; dv += (p z)^T dO and dk += ds^T q) stays on mma.sync, its
+// fragments read by ldmatrix.trans from the swizzled rows. (The dk/dv pass's last two on wgmma too, A from
+// registers and the tiles read MN-major, computed the first query tile right and added next to nothing for
+// every later one on the H200, whatever the fences, waits and register arrangements tried, while the same
+// four products alone in a kernel of their own are right over any number of tiles: bench/NOTES.md,
+// seventeenth and eighteenth sessions.)
+#ifndef MMA_WG
+#define MMA_WG 0
+#endif
+// WG_KN 1 (with MMA_WG): the products whose tile is read MN-major on wgmma too, each k = 64 product in one
+// asm statement (WGR_TILE): the forward's o += p v, the dq pass's dq += ds k, the dk/dv pass's dv += (p z)^T
+// dO and dk += ds^T q; 0: those on mma.sync (the tiles' fragments by ldmatrix.trans)
+#ifndef WG_KN
+#define WG_KN 0
+#endif
+#if MMA_WG
+#if (MMA_PASS == 1 || MMA_PASS == 2) && (HEAD_DIM != 64 || BN != 64 || RB != 1 || (BM % 64) || !PREFETCH)
+#error "attention_mma.cl MMA_WG forward and dq pass: HEAD_DIM 64, BN 64, RB 1, 64 rows a warpgroup, and the ring"
+#elif MMA_PASS == 3 && (HEAD_DIM != 64 || BQ != 64 || (BM % 64) || !DKDV_RING)
+#error "attention_mma.cl MMA_WG dk/dv pass: HEAD_DIM 64, BQ 64, 64 keys a warpgroup, and the ring"
+#elif MMA_PASS != 1 && MMA_PASS != 2 && MMA_PASS != 3
+#error "attention_mma.cl MMA_WG: the forward (MMA_PASS 1), the dq (2) or the dk/dv pass (3) alone"
+#endif
+#include "wgmma.cl"
+#define WG_ROW 128                       // bytes of a streamed row in local memory (HEAD_DIM 16-bit values)
+// chunk `ch` (16 bytes) of row r of a tile, swizzled (wgmma.cl's swizzle of byte r * 128 + ch * 16)
+#define WG_CHUNK(r, ch) ((r) * WG_ROW + ((((ch) ^ (r)) & 7) << 4))
+// ldmatrix row addresses of the swizzled tile: rows kk * 16 .. + 15 (the k side) at columns db * 8 .. + 15,
+// as KN_ROWS
+#define KN_SWIZZLED(tile, L)                                                                            \
+    ((__local ushort *)((__local uchar *)(tile) + WG_CHUNK(kk * 16 + (((L) >> 3) & 1) * 8 + ((L) & 7), db + ((L) >> 4))))
+// B of k step kk of a tile at local address `at`: K-major (n = query rows, k = head dim; 32 bytes a step along
+// the rows, 8-row groups 1024 bytes apart)
+#define DESC_KM(at, kk) wg_desc((at) + (kk) * 32, 16, 1024, SWZ_MODE(WG_ROW))
+// the same tile's bytes read MN-major (k = the tile's rows, n = head dim: 16 rows of 128 bytes a step; 8-row
+// groups 1024 bytes apart; the head dim one 64-wide block, so the leading offset is not read)
+#define DESC_MN(at, kk) wg_desc((at) + (kk) * 16 * WG_ROW, 64 * WG_ROW, 1024, SWZ_MODE(WG_ROW))
+
+// rows first .. first + count - 1 of an operand into a stage (cp.async, rows at or past `limit` zero-filled)
+inline void issue_tile_wg(__local ushort *dst, __global const ushort *base, const long row_stride, const int first,
+                          const int count, const int limit, const int tid) {
+    TILE_CHUNKS(tid, first, row_stride, base) {
+        const bool in = first + r < limit;
+        nc_cp_async16((__local uchar *)dst + WG_CHUNK(r, ch), in ? src : base, in ? 16 : 0);
+    }
+}
+
+#ifdef MMA_EMULATE
+// element (row n, k) of a B operand as the units read it through descriptor `desc` (an offset in `tile`):
+// K-major at n / 8 * SBO + n % 8 * 128 + 2 k, MN-major at k / 8 * SBO + k % 8 * 128 + 2 n, then swizzled
+inline float wg_b(__local const uchar *tile, const ulong desc, const int n, const int k, const int mn_major) {
+    const uint start = (uint)(desc & 0x3fffu) << 4, sbo = (uint)((desc >> 32) & 0x3fffu) << 4;
+    const uint at = mn_major ? start + (k / 8) * sbo + (k % 8) * 128 + n * 2
+                             : start + (n / 8) * sbo + (n % 8) * 128 + k * 2;
+    return lane_value(*(__local const ushort *)(tile + swizzle(at, WG_ROW)));
+}
+// acc (64 x 64 of the warpgroup; this lane's fragments) = A (this warp's 16 x 16 fragment a, the other warps'
+// theirs) x the 16 x 64 B of `desc` (+ acc where `accumulate`): the A fragments through scratch (the
+// warpgroup's 64 x 16)
+inline void wg_emulate_rs(float acc[8][4], const uint a[4], __local const uchar *tile, const ulong desc,
+                          const int accumulate, const int mn_major, __local float *sa, const int wq, const int g,
+                          const int t) {
+    #pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        sa[(wq * 16 + g) * 16 + 2 * t + h] = lane_value(a[0] >> (16 * h));
+        sa[(wq * 16 + g + 8) * 16 + 2 * t + h] = lane_value(a[1] >> (16 * h));
+        sa[(wq * 16 + g) * 16 + 2 * t + 8 + h] = lane_value(a[2] >> (16 * h));
+        sa[(wq * 16 + g + 8) * 16 + 2 * t + 8 + h] = lane_value(a[3] >> (16 * h));
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int j = 0; j < 8; ++j)
+        for (int e = 0; e < 4; ++e) {
+            const int r = wq * 16 + g + 8 * (e >> 1), c = 8 * j + 2 * t + (e & 1);
+            float s = accumulate ? acc[j][e] : 0.0f;
+            for (int k = 0; k < 16; ++k) s += sa[r * 16 + k] * wg_b(tile, desc, c, k, mn_major);
+            acc[j][e] = s;
+        }
+    barrier(CLK_LOCAL_MEM_FENCE);
+}
+#define WGR_(acc, a, tile, desc, accumulate, TRANS)                                                     \
+    wg_emulate_rs(acc, a, (__local const uchar *)(tile), desc, accumulate, TRANS,                       \
+                  scratch_a + (warp >> 2) * 64 * 16, warp & 3, g, t)
+#define WGR_TILE(acc, a, tile, at, DESC, accumulate, TRANS)                                             \
+    do {                                                                                                \
+        for (int kk_ = 0; kk_ < 4; ++kk_) WGR_(acc, a[kk_], tile, DESC(at, kk_), kk_ > 0 || (accumulate), TRANS); \
+    } while (0)
+#define WG_WAIT_ACC(x, y)
+#else
+#define WG_TYPE "bf16"
+#if !defined(IS_BF16)
+#undef WG_TYPE
+#define WG_TYPE "f16"
+#endif
+#define WG_ACC4(x, j) "+f"(x[j][0]), "+f"(x[j][1]), "+f"(x[j][2]), "+f"(x[j][3])
+#define WG_ACC(x) WG_ACC4(x, 0), WG_ACC4(x, 1), WG_ACC4(x, 2), WG_ACC4(x, 3), WG_ACC4(x, 4), WG_ACC4(x, 5),    \
+                  WG_ACC4(x, 6), WG_ACC4(x, 7)
+// acc (m64n64, 32 floats a lane) = a (registers) x B (descriptor) + (accumulate ? acc : 0); TRANS 1: B read
+// MN-major
+#define WGR_(acc, a, tile, desc, accumulate, TRANS)                                                     \
+    asm volatile(NCW("{ .reg .pred p; setp.ne.b32 p, %37, 0; wgmma.mma_async.sync.aligned.m64n64k16.f32." \
+                     WG_TYPE "." WG_TYPE " {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,"    \
+                     "%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, " \
+                     #TRANS "; }")                                                                      \
+                 : WG_ACC(acc) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate) : "memory")
+// acc (m64n64) = A (k = 64: this lane's fragments a[0..3] from registers) x the 64 x 64 B tile at local
+// address `at` (DESC(at, kk): its descriptors; TRANS 1: read MN-major) + (accumulate ? acc : 0): the fence,
+// the four products, the commit and the wait in one asm statement, so that nothing the compiler emits
+// touches acc or a while the units work on them. (With a product issued by one statement and waited for by
+// another, the forward's o += p v, whose accumulators are rescaled and carried from tile to tile, came out
+// right for the first tile only on the H200, as the dk/dv pass's third products had in the seventeenth
+// session: an access the compiler placed between the two; bench/NOTES.md, eighteenth session.)
+#define WG_RS_STEP(A, D, P, TRANS)                                                                      \
+    "wgmma.mma_async.sync.aligned.m64n64k16.f32." WG_TYPE "." WG_TYPE " {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,"  \
+    "%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {" A "}, " \
+    D ", " P ", 1, 1, " #TRANS "; "
+#define WGR_TILE(acc, a, tile, at, DESC, accumulate, TRANS)                                             \
+    asm volatile(NCW("{ .reg .pred p, q; setp.ne.b32 p, %52, 0; setp.ne.b32 q, %53, 0; "                \
+                     "wgmma.fence.sync.aligned; "                                                      \
+                     WG_RS_STEP("%32,%33,%34,%35", "%48", "p", TRANS)                                   \
+                     WG_RS_STEP("%36,%37,%38,%39", "%49", "q", TRANS)                                   \
+                     WG_RS_STEP("%40,%41,%42,%43", "%50", "q", TRANS)                                   \
+                     WG_RS_STEP("%44,%45,%46,%47", "%51", "q", TRANS)                                   \
+                     "wgmma.commit_group.sync.aligned; wgmma.wait_group.sync.aligned 0; }")             \
+                 : WG_ACC(acc)                                                                          \
+                 : "r"(a[0][0]), "r"(a[0][1]), "r"(a[0][2]), "r"(a[0][3]), "r"(a[1][0]), "r"(a[1][1]),  \
+                   "r"(a[1][2]), "r"(a[1][3]), "r"(a[2][0]), "r"(a[2][1]), "r"(a[2][2]), "r"(a[2][3]),  \
+                   "r"(a[3][0]), "r"(a[3][1]), "r"(a[3][2]), "r"(a[3][3]), "l"(DESC(at, 0)),            \
+                   "l"(DESC(at, 1)), "l"(DESC(at, 2)), "l"(DESC(at, 3)), "r"(accumulate), "r"(1)        \
+                 : "memory")
+// until every wgmma batch is done: the wait names x's and y's accumulators as written (no read of them
+// moves above it)
+#define WG_WAIT_ACC(x, y)                                                                               \
+    do {                                                                                                \
+        asm volatile(NCW("wgmma.wait_group.sync.aligned 0;") : WG_ACC(x) :: "memory");                 \
+        asm volatile("" : WG_ACC(y) :: "memory");                                                       \
+    } while (0)
+#endif
+// WG_KN: the loop-invariant A operand of the tile's first products (q's, or k's and v's fragments) through
+// fresh registers each tile, x ^ a zero neither compiler can fold or hoist out of the loop (the cycle
+// counter's top bits, read each tile). Without it ptxas gave those fragments and the A operand of the
+// products that follow in the same loop (p, ds, packed each tile) the same registers, so every tile after
+// the first read the last tile's p as q (the forward's SASS, H200, driver 580: the q fragments' registers
+// reused for the exponentials and p): a wgmma's register A operands look dead to it once the wgmma has read
+// them. bench/NOTES.md, eighteenth session.
+#ifdef MMA_EMULATE
+#define WG_ZERO() 0u
+#else
+inline uint wg_zero(void) {
+    ulong c;
+    asm volatile("mov.u64 %0, %%clock64;" : "=l"(c));
+    return (uint)(c >> 62);
+}
+#define WG_ZERO() wg_zero()
+#endif
+#define WG_FRESH(dst, src)                                                                              \
+    uint dst[DK][4];                                                                                    \
+    {                                                                                                   \
+        const uint z_ = WG_ZERO();                                                                      \
+        _Pragma("unroll")                                                                               \
+        for (int kk_ = 0; kk_ < DK; ++kk_)                                                              \
+            _Pragma("unroll")                                                                           \
+            for (int e_ = 0; e_ < 4; ++e_) dst[kk_][e_] = src[kk_][e_] ^ z_;                            \
+    }
+// B K-major (the tile's rows are the n side)
+#define WGR(acc, a, tile, desc, accumulate) WGR_(acc, a, tile, desc, accumulate, 0)
+// the third product's B fragments from the swizzled rows; the streamed tiles in that layout, fenced
+#define QS_KN_T(L) KN_SWIZZLED(qs, L)
+#define VS_KN_T(L) KN_SWIZZLED(vs, L)
+#define GS_KN_T(L) KN_SWIZZLED(gs, L)
+#define KS_KN_T(L) KN_SWIZZLED(ks, L)
+#undef TILE_ELEMS
+#define TILE_ELEMS(rows) ((rows) * (WG_ROW / 2))
+#undef ISSUE_TILE
+#define ISSUE_TILE(dst, base, stride, first, count, limit, tid) issue_tile_wg(dst, base, stride, first, count, limit, tid)
+#undef STREAM_FENCE
+#define STREAM_FENCE() FENCE_ASYNC()
+// the local addresses of buffers as the descriptors take them (the emulation: offsets in the buffers)
+#ifdef MMA_EMULATE
+#define WG_BASE(buf) 0u
+#else
+#define WG_BASE(buf) ((uint)(ulong)(buf))
+#endif
+#else
+#define QS_KN_T(L) QS_KN(L)
+#define VS_KN_T(L) V_ROWS(L)
+#define GS_KN_T(L) GS_KN(L)
+#define KS_KN_T(L) KS_KN(L)
+#endif
+
 #if MMA_PASS == 0 || MMA_PASS == 1
 __kernel __attribute__((reqd_work_group_size(THREADS, 1, 1)))
 void attention_forward_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARGS, LEN_ARGS, OUT_ARGS,
@@ -383,9 +582,26 @@ void attention_forward_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARGS, LEN_AR
 
         // s = q k^T: each k fragment pair read once for the warp's RB row blocks
         float s[RB][NB][4];
+#if MMA_WG
+        // (RB 1: s[0] and o[0] are the warpgroup's 64 x 64 accumulators; the first k step overwrites s)
+        const uint kat = WG_BASE(ksb) + (it & 1) * TILE_ELEMS(BN) * 2;
+        const uint vat = WG_BASE(vsb) + (it & 1) * TILE_ELEMS(BN) * 2;
+        WG_FENCE();
+#if WG_KN
+        WG_FRESH(qf, qa[0]);
+#else
+#define qf qa[0]
+#endif
+        #pragma unroll
+        for (int kk = 0; kk < DK; ++kk) WGR(s[0], qf[kk], ksb, DESC_KM(kat, kk), kk > 0);
+#undef qf
+        WG_COMMIT();
+        WG_WAIT_ACC(s[0], s[0]);
+#else
         #pragma unroll
         for (int rb = 0; rb < RB; ++rb) ZERO_ACC(s[rb], NB);
         MMA_NT_RB(s, qa, NB, K_ROWS);
+#endif
 
         // scale (here, or in the exponent: sc), mask, the rows' maxima over the tile (a lane's 2 * NB values,
         // then its quad)
@@ -453,8 +669,12 @@ void attention_forward_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARGS, LEN_AR
             #pragma unroll
             for (int jb = 0; jb < NB; ++jb) PACK_A(pa[rb], jb, s[rb][jb]);
         }
+#if MMA_WG && WG_KN
+        WGR_TILE(o[0], pa[0], vsb, vat, DESC_MN, 1, 1);   // o += p v: p from registers, v read MN-major
+#else
         // o += p v: each v fragment pair read once for the RB row blocks
-        MMA_KN_RB(o, pa, BN / 16, V_ROWS);
+        MMA_KN_RB(o, pa, BN / 16, VS_KN_T);
+#endif
     }
 
     MMA_UNROLL
@@ -544,131 +764,6 @@ inline float dot8_bits(const uint4 a, const uint4 o) {
          + bits16_lo(a.s2) * bits16_lo(o.s2) + bits16_hi(a.s2) * bits16_hi(o.s2)
          + bits16_lo(a.s3) * bits16_lo(o.s3) + bits16_hi(a.s3) * bits16_hi(o.s3);
 }
-
-// MMA_WG 1: the backward pass's two score products on Hopper's warpgroup matrix units (wgmma, PTX sm_90a
-// behind the "//NCWG " prefix, netcl.core.ptx): s = q k^T and dp = dO v^T in the dq pass (MMA_PASS 2), s^T =
-// k q^T and dp^T = v dO^T in the dk/dv pass (3). A warpgroup (four warps) owns 64 rows (queries, or keys);
-// their fragments (q and dO, or k and v) stay in registers as wgmma's A operands (a warp's 16 rows are
-// mma.sync's A fragment), and the streamed tiles (k and v, or q and dO: 64 rows of HEAD_DIM = 64, 128-byte
-// rows swizzled as wgmma's canonical 128-byte K-major layout) are its B operands, read by the units from
-// local memory: no ldmatrix for these two products (the mma.sync passes spent about half their time on
-// ldmatrix traffic). The accumulators of a warp are laid out as mma.sync's, so the masks, exponentials and
-// dropout are the same code, and the third product (dq += ds k; dv += (p z)^T dO and dk += ds^T q) stays on
-// mma.sync, its fragments read by ldmatrix.trans from the swizzled rows. (The dk/dv pass's last two on wgmma
-// too, A from registers and the tiles read MN-major, computed the first query tile right and added next to
-// nothing for every later one on the H200, whatever the fences, waits and register arrangements tried:
-// bench/NOTES.md, seventeenth session.)
-#ifndef MMA_WG
-#define MMA_WG 0
-#endif
-#if MMA_WG
-#if MMA_PASS == 2 && (HEAD_DIM != 64 || BN != 64 || RB != 1 || (BM % 64) || !PREFETCH)
-#error "attention_mma.cl MMA_WG dq pass: HEAD_DIM 64, BN 64, RB 1, 64 rows a warpgroup, and the ring"
-#elif MMA_PASS == 3 && (HEAD_DIM != 64 || BQ != 64 || (BM % 64) || !DKDV_RING)
-#error "attention_mma.cl MMA_WG dk/dv pass: HEAD_DIM 64, BQ 64, 64 keys a warpgroup, and the ring"
-#elif MMA_PASS != 2 && MMA_PASS != 3
-#error "attention_mma.cl MMA_WG: the dq (MMA_PASS 2) or the dk/dv pass (3) alone"
-#endif
-#include "wgmma.cl"
-#define WG_ROW 128                       // bytes of a streamed row in local memory (HEAD_DIM 16-bit values)
-// chunk `ch` (16 bytes) of row r of a tile, swizzled (wgmma.cl's swizzle of byte r * 128 + ch * 16)
-#define WG_CHUNK(r, ch) ((r) * WG_ROW + ((((ch) ^ (r)) & 7) << 4))
-// ldmatrix row addresses of the swizzled tile: rows kk * 16 .. + 15 (the k side) at columns db * 8 .. + 15,
-// as KN_ROWS
-#define KN_SWIZZLED(tile, L)                                                                            \
-    ((__local ushort *)((__local uchar *)(tile) + WG_CHUNK(kk * 16 + (((L) >> 3) & 1) * 8 + ((L) & 7), db + ((L) >> 4))))
-// B of k step kk of a tile at local address `at`: K-major (n = query rows, k = head dim; 32 bytes a step along
-// the rows, 8-row groups 1024 bytes apart)
-#define DESC_KM(at, kk) wg_desc((at) + (kk) * 32, 16, 1024, SWZ_MODE(WG_ROW))
-
-// rows first .. first + count - 1 of an operand into a stage (cp.async, rows at or past `limit` zero-filled)
-inline void issue_tile_wg(__local ushort *dst, __global const ushort *base, const long row_stride, const int first,
-                          const int count, const int limit, const int tid) {
-    TILE_CHUNKS(tid, first, row_stride, base) {
-        const bool in = first + r < limit;
-        nc_cp_async16((__local uchar *)dst + WG_CHUNK(r, ch), in ? src : base, in ? 16 : 0);
-    }
-}
-
-#ifdef MMA_EMULATE
-// element (row n, k) of a K-major B operand as the units read it through descriptor `desc` (an offset in
-// `tile`): n / 8 * SBO + n % 8 * 128 + 2 k, then swizzled
-inline float wg_b(__local const uchar *tile, const ulong desc, const int n, const int k) {
-    const uint start = (uint)(desc & 0x3fffu) << 4, sbo = (uint)((desc >> 32) & 0x3fffu) << 4;
-    const uint at = start + (n / 8) * sbo + (n % 8) * 128 + k * 2;
-    return lane_value(*(__local const ushort *)(tile + swizzle(at, WG_ROW)));
-}
-// acc (64 x 64 of the warpgroup; this lane's fragments) = A (this warp's 16 x 16 fragment a, the other warps'
-// theirs) x the 16 x 64 B of `desc` (+ acc where `accumulate`): the A fragments through scratch (the
-// warpgroup's 64 x 16)
-inline void wg_emulate_rs(float acc[8][4], const uint a[4], __local const uchar *tile, const ulong desc,
-                          const int accumulate, __local float *sa, const int wq, const int g, const int t) {
-    #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        sa[(wq * 16 + g) * 16 + 2 * t + h] = lane_value(a[0] >> (16 * h));
-        sa[(wq * 16 + g + 8) * 16 + 2 * t + h] = lane_value(a[1] >> (16 * h));
-        sa[(wq * 16 + g) * 16 + 2 * t + 8 + h] = lane_value(a[2] >> (16 * h));
-        sa[(wq * 16 + g + 8) * 16 + 2 * t + 8 + h] = lane_value(a[3] >> (16 * h));
-    }
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int j = 0; j < 8; ++j)
-        for (int e = 0; e < 4; ++e) {
-            const int r = wq * 16 + g + 8 * (e >> 1), c = 8 * j + 2 * t + (e & 1);
-            float s = accumulate ? acc[j][e] : 0.0f;
-            for (int k = 0; k < 16; ++k) s += sa[r * 16 + k] * wg_b(tile, desc, c, k);
-            acc[j][e] = s;
-        }
-    barrier(CLK_LOCAL_MEM_FENCE);
-}
-#define WGR(acc, a, tile, desc, accumulate)                                                             \
-    wg_emulate_rs(acc, a, (__local const uchar *)(tile), desc, accumulate, scratch_a + (warp >> 2) * 64 * 16, \
-                  warp & 3, g, t)
-#define WG_WAIT_ACC(x, y)
-#else
-#define WG_TYPE "bf16"
-#if !defined(IS_BF16)
-#undef WG_TYPE
-#define WG_TYPE "f16"
-#endif
-#define WG_ACC4(x, j) "+f"(x[j][0]), "+f"(x[j][1]), "+f"(x[j][2]), "+f"(x[j][3])
-#define WG_ACC(x) WG_ACC4(x, 0), WG_ACC4(x, 1), WG_ACC4(x, 2), WG_ACC4(x, 3), WG_ACC4(x, 4), WG_ACC4(x, 5),    \
-                  WG_ACC4(x, 6), WG_ACC4(x, 7)
-// acc (m64n64, 32 floats a lane) = a (registers) x B (descriptor) + (accumulate ? acc : 0)
-#define WGR(acc, a, tile, desc, accumulate)                                                             \
-    asm volatile(NCW("{ .reg .pred p; setp.ne.b32 p, %37, 0; wgmma.mma_async.sync.aligned.m64n64k16.f32." \
-                     WG_TYPE "." WG_TYPE " {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,"    \
-                     "%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, " \
-                     "0; }")                                                                            \
-                 : WG_ACC(acc) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate) : "memory")
-// until every wgmma batch is done: the wait names x's and y's accumulators as written (no read of them
-// moves above it)
-#define WG_WAIT_ACC(x, y)                                                                               \
-    do {                                                                                                \
-        asm volatile(NCW("wgmma.wait_group.sync.aligned 0;") : WG_ACC(x) :: "memory");                 \
-        asm volatile("" : WG_ACC(y) :: "memory");                                                       \
-    } while (0)
-#endif
-// the third product's B fragments from the swizzled rows; the streamed tiles in that layout, fenced
-#define QS_KN_T(L) KN_SWIZZLED(qs, L)
-#define GS_KN_T(L) KN_SWIZZLED(gs, L)
-#define KS_KN_T(L) KN_SWIZZLED(ks, L)
-#undef TILE_ELEMS
-#define TILE_ELEMS(rows) ((rows) * (WG_ROW / 2))
-#undef ISSUE_TILE
-#define ISSUE_TILE(dst, base, stride, first, count, limit, tid) issue_tile_wg(dst, base, stride, first, count, limit, tid)
-#undef STREAM_FENCE
-#define STREAM_FENCE() FENCE_ASYNC()
-// the local addresses of buffers as the descriptors take them (the emulation: offsets in the buffers)
-#ifdef MMA_EMULATE
-#define WG_BASE(buf) 0u
-#else
-#define WG_BASE(buf) ((uint)(ulong)(buf))
-#endif
-#else
-#define QS_KN_T(L) QS_KN(L)
-#define GS_KN_T(L) GS_KN(L)
-#define KS_KN_T(L) KS_KN(L)
-#endif
 
 #if MMA_PASS == 0 || MMA_PASS == 2
 __kernel __attribute__((reqd_work_group_size(THREADS, 1, 1)))
@@ -771,14 +866,23 @@ void attention_backward_dq_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(grad_
         // (RB 1: s[0], dp[0] are the warpgroup's 64 x 64 accumulators; the first k step overwrites them)
         const uint kat = WG_BASE(ksb) + (it & 1) * TILE_ELEMS(BN) * 2;
         const uint vat = WG_BASE(vsb) + (it & 1) * TILE_ELEMS(BN) * 2;
+#if WG_KN
+        WG_FRESH(qf, qa[0]);
+        WG_FRESH(gf, ga[0]);
+#else
+#define qf qa[0]
+#define gf ga[0]
+#endif
         WG_FENCE();
         #pragma unroll
         for (int kk = 0; kk < DK; ++kk) {
-            WGR(s[0], qa[0][kk], ksb, DESC_KM(kat, kk), kk > 0);
-            WGR(dp[0], ga[0][kk], vsb, DESC_KM(vat, kk), kk > 0);
+            WGR(s[0], qf[kk], ksb, DESC_KM(kat, kk), kk > 0);
+            WGR(dp[0], gf[kk], vsb, DESC_KM(vat, kk), kk > 0);
         }
         WG_COMMIT();
         WG_WAIT_ACC(s[0], dp[0]);
+#undef qf
+#undef gf
 #else
         #pragma unroll
         for (int rb = 0; rb < RB; ++rb) {
@@ -824,7 +928,11 @@ void attention_backward_dq_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(grad_
                 PACK_A(da[rb], jb, ds);
             }
         }
+#if MMA_WG && WG_KN
+        WGR_TILE(dqa[0], da[0], ksb, kat, DESC_MN, 1, 1);   // dq += ds k: k read MN-major
+#else
         MMA_KN_RB(dqa, da, BN / 16, KS_KN_T);
+#endif
     }
     #pragma unroll
     for (int rb = 0; rb < RB; ++rb)
@@ -948,14 +1056,23 @@ void attention_backward_dkdv_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(gra
 #if MMA_WG
         // (the first k step overwrites the accumulators: no register writes between the fence and the units)
         const uint qat = qbase + (it & 1) * TILE_ELEMS(BQ) * 2, gat = gbase + (it & 1) * TILE_ELEMS(BQ) * 2;
+#if WG_KN
+        WG_FRESH(kf, ka);
+        WG_FRESH(vf, va);
+#else
+#define kf ka
+#define vf va
+#endif
         WG_FENCE();
         #pragma unroll
         for (int kk = 0; kk < DK; ++kk) {
-            WGR(st, ka[kk], qsb, DESC_KM(qat, kk), kk > 0);
-            WGR(dpt, va[kk], gsb, DESC_KM(gat, kk), kk > 0);
+            WGR(st, kf[kk], qsb, DESC_KM(qat, kk), kk > 0);
+            WGR(dpt, vf[kk], gsb, DESC_KM(gat, kk), kk > 0);
         }
         WG_COMMIT();
         WG_WAIT_ACC(st, dpt);
+#undef kf
+#undef vf
 #else
         ZERO_ACC(st, QB);
         ZERO_ACC(dpt, QB);
@@ -1006,8 +1123,13 @@ void attention_backward_dkdv_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(gra
             PACK_A(pa, jb, st[jb]);
             PACK_A(da, jb, dpt[jb]);
         }
+#if MMA_WG && WG_KN
+        WGR_TILE(dva, pa, gsb, gat, DESC_MN, 1, 1);   // dv += (p z)^T dO, dk += ds^T q: the tiles read MN-major
+        WGR_TILE(dka, da, qsb, qat, DESC_MN, 1, 1);
+#else
         MMA_KN(dva, pa, BQ / 16, GS_KN_T);
         MMA_KN(dka, da, BQ / 16, QS_KN_T);
+#endif
     }
     #pragma unroll
     for (int r = 0; r < 2; ++r)

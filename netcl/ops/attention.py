@@ -107,11 +107,14 @@ _ATOMIC_DEFINES = {"cas": "ATOMIC_CAS", "red": "ATOMIC_RED", "red4": "ATOMIC_RED
 # Work-group s of a kv head takes the key tiles s, s + nsplit, ... in turn and adds dq's shares into its own
 # float32 copy of dq; attention_dq_sum_gpu sums the nsplit copies in a fixed order (dq_splits picks nsplit).
 # The copies cost nsplit x dq of memory, written (zeroed) and read once more. GPU_DQ_SPLIT_RESIDENT: the
-# fused pass's work-groups one compute unit runs at once (the H200, by estimate: 4, its 44 KiB of local
-# memory of 228 per SM and 128 items of ~128 registers; not yet measured); nsplit within GPU_DQ_SPLIT_SLACK
-# of the best estimated time, the fewest copies.
-GPU_DQ_SPLIT_RESIDENT = 4
-GPU_DQ_SPLIT_SLACK = 1.05
+# fused pass's work-groups one compute unit runs at once, as measured on the H200 (B=8 H=16 S=2048 D=64,
+# nsplit swept, backward ms full / causal: 1 33.2 / 16.9, 2 21.4 / 10.7, 3 17.0 / 8.1, 4 22.2 / 11.3,
+# 6 16.0 / 8.1, 8 16.7 / 8.7, 16 16.0 / 8.2, 32 15.5 / 8.2; the atomic pass 14.3 / 7.4): 4 and 2 take two
+# waves where 3 takes one, so three fit (4 was an estimate from its local memory and registers, which picked
+# 4 copies: 22 ms); nsplit within GPU_DQ_SPLIT_SLACK of the best estimated time, the fewest copies (10%:
+# 3 copies for the bench's shape and the 25m GPT's, where 5% took 16 for the GPT, the atomic pass's count).
+GPU_DQ_SPLIT_RESIDENT = 3
+GPU_DQ_SPLIT_SLACK = 1.10
 GPU_DQ_SPLIT_MAX = 64
 # How a work-group adds into its own copy: None = by device (the PTX add dq_atomic would take, "red4" or
 # "red": fire-and-forget, and applied in order since the work-group's key tiles are separated by barriers with
@@ -151,16 +154,18 @@ MMA_EMULATE = False
 # bytes of spills); 235 and 243 registers.
 MMA_TILES: dict[str, Any] = {"BM": 64, "BN": 64, "BQ": 64, "PREFETCH": 1, "DKDV_RING": 1,
                              "forward": {"BM": 128, "RB": 2}, "dq": {"BM": 128, "RB": 2, "BN": 32},
-                             "dq_wg": {"BM": 64}, "dkdv_wg": {"BM": 64}}
-# WGMMA_PASSES: the backward passes whose two score products run on Hopper's warpgroup matrix units
-# (attention_mma.cl MMA_WG, head dim 64: s = q k^T and dp = dO v^T in the dq pass, s^T and dp^T in the dk/dv
-# pass, by wgmma with the pass's own rows' fragments in registers and the streamed tiles swizzled for the
-# units, read from local memory; 64 rows a warpgroup, MMA_TILES["dq_wg"] / ["dkdv_wg"]["BM"] rows a
-# work-group). H200, bfloat16, B=8 H=16 S=2048 D=64, the dk/dv pass's device time: 0.947 ms with one
-# warpgroup a work-group, 1.013 with two, 1.063 on mma.sync (causal 0.535 / 0.599 / 0.596); the dq pass's
-# 0.637 / 0.711 / 0.635 ms (causal 0.370 / 0.449 / 0.407: mma.sync there takes 32 rows a warp). None = both
-# where the device runs wgmma (gemm.variants.has_wgmma), none elsewhere; or a tuple of "dq", "dkdv" (with
-# MMA_EMULATE: their emulation on any device).
+                             "forward_wg": {"BM": 64, "WG_KN": 1}, "dq_wg": {"BM": 64, "WG_KN": 1},
+                             "dkdv_wg": {"BM": 64, "WG_KN": 1}}
+# WGMMA_PASSES: the passes whose products run on Hopper's warpgroup matrix units (attention_mma.cl MMA_WG,
+# head dim 64): s = q k^T and o += p v in the forward, s = q k^T and dp = dO v^T (and dq += ds k) in the dq
+# pass, s^T and dp^T (and dv += (p z)^T dO, dk += ds^T q) in the dk/dv pass, by wgmma with the pass's own
+# rows' fragments (and p, ds) in registers and the streamed tiles swizzled for the units, read from local
+# memory; 64 rows a warpgroup, MMA_TILES["forward_wg"] / ["dq_wg"] / ["dkdv_wg"]["BM"] rows a work-group;
+# their "WG_KN" 1: the products that read a tile MN-major on the units too (0: on mma.sync). H200, bfloat16,
+# B=8 H=16 S=2048 D=64, device time a pass (eighteenth session): forward 0.526 ms on mma.sync -> 0.411,
+# dq 0.630 -> 0.568 with WG_KN, dk/dv 0.944 -> 0.863 with WG_KN (1.063 on mma.sync; two warpgroups a
+# work-group were slower). None = all three where the device runs wgmma (gemm.variants.has_wgmma), none
+# elsewhere; or a tuple of "forward", "dq", "dkdv" (with MMA_EMULATE: their emulation on any device).
 WGMMA_PASSES: tuple[str, ...] | None = None
 MMA_RB_MAX_HEAD_DIM = 64
 # The matrix-unit backward (dq pass, then dk/dv: no atomics) keeps k's and v's fragments and dk, dv in
@@ -507,12 +512,13 @@ class _Problem:
         return self.D <= MMA_BACKWARD_MAX_HEAD_DIM and self.mma_forward() and _rows_16_bytes(grad_out)
 
     def wgmma_pass(self, kernel: str) -> bool:
-        """Whether the matrix-unit backward pass `kernel` ("dq", "dkdv") takes its score products on wgmma
+        """Whether the matrix-unit pass `kernel` ("forward", "dq", "dkdv") takes its products on wgmma
         (WGMMA_PASSES): head dim 64, and a device that runs wgmma or the emulation asked for."""
         if WGMMA_PASSES is not None and (not isinstance(WGMMA_PASSES, tuple)
-                                         or not set(WGMMA_PASSES) <= {"dq", "dkdv"}):
-            raise ValueError(f"WGMMA_PASSES must be None or a tuple of 'dq', 'dkdv', got {WGMMA_PASSES!r}")
-        if self.D != 64 or kernel not in ("dq", "dkdv"):
+                                         or not set(WGMMA_PASSES) <= {"forward", "dq", "dkdv"}):
+            raise ValueError(f"WGMMA_PASSES must be None or a tuple of 'forward', 'dq', 'dkdv', got "
+                             f"{WGMMA_PASSES!r}")
+        if self.D != 64 or kernel not in ("forward", "dq", "dkdv"):
             return False
         if WGMMA_PASSES is not None:
             return kernel in WGMMA_PASSES
@@ -528,7 +534,7 @@ class _Problem:
                 raise ValueError("MMA_TILES: the dk/dv pass keeps 16 keys a warp (RB 1)")
             tiles.pop("RB", None)
         if wg:   # the units' tiles: 64 rows a warpgroup, 64-row streamed tiles through the ring
-            fixed = {"BN": 64, "RB": 1, "PREFETCH": 1} if kernel == "dq" else {"BQ": 64, "DKDV_RING": 1}
+            fixed = {"BQ": 64, "DKDV_RING": 1} if kernel == "dkdv" else {"BN": 64, "RB": 1, "PREFETCH": 1}
             tiles.update(MMA_TILES.get(f"{kernel}_wg", {}), **fixed, MMA_WG=1)
             if tiles["BM"] % 64:
                 raise ValueError(f"MMA_TILES['{kernel}_wg']: BM must be a multiple of 64 (rows of whole "

@@ -384,18 +384,20 @@ def test_gpu_fused_backward_gives_the_same_bits_each_run(queue, rng, monkeypatch
 
 
 def test_dq_copies_fill_whole_waves_with_the_fewest_copies(monkeypatch):
-    """dq_splits on an H200-sized device (132 compute units, 4 resident work-groups each: 528 slots), values
-    worked by hand: B=8 x 16 kv heads, 64 key tiles: 4 copies fill one wave of 512 work-groups walking 16
-    tiles each (the atomic pass's 8192 one-tile work-groups: 16 waves); the 25m GPT (32 x 8, 16 tiles): 2;
-    600 pairs: 13 copies, 15 waves of 5 tiles = 75 against the best 73 (64 copies), 1 copy takes 128; 1024
-    pairs: 1 copy (2 waves of 64 tiles = 128, within 5% of the best 125); one pair: a copy per key tile."""
+    """dq_splits on an H200-sized device (132 compute units, 3 resident work-groups each: 396 slots, 10%
+    slack), values worked by hand: B=8 x 16 kv heads, 64 key tiles: 3 copies fill one wave of 384
+    work-groups walking 22 tiles each (the best, 64 copies, 21 waves of one tile; 4 copies two waves of 16:
+    32); the 25m GPT (32 x 8, 16 tiles): 3 copies, two waves of 6 tiles = 12 against 11 for 16 copies;
+    600 pairs: 5 copies, 8 waves of 13 tiles = 104 against the best 97 (64 copies), 1 copy takes 128;
+    1024 pairs: 3 copies (8 waves of 22 tiles = 176, within 10% of the best 166); one pair: a copy per key
+    tile."""
     device = SimpleNamespace(capabilities=SimpleNamespace(compute_units=132))
-    monkeypatch.setattr(attn, "GPU_DQ_SPLIT_RESIDENT", 4)
-    monkeypatch.setattr(attn, "GPU_DQ_SPLIT_SLACK", 1.05)
-    assert attn.dq_splits(device, 8, 16, 2048, 32) == 4
-    assert attn.dq_splits(device, 32, 8, 512, 32) == 2
-    assert attn.dq_splits(device, 600, 1, 2048, 32) == 13
-    assert attn.dq_splits(device, 64, 16, 2048, 32) == 1
+    monkeypatch.setattr(attn, "GPU_DQ_SPLIT_RESIDENT", 3)
+    monkeypatch.setattr(attn, "GPU_DQ_SPLIT_SLACK", 1.10)
+    assert attn.dq_splits(device, 8, 16, 2048, 32) == 3
+    assert attn.dq_splits(device, 32, 8, 512, 32) == 3
+    assert attn.dq_splits(device, 600, 1, 2048, 32) == 5
+    assert attn.dq_splits(device, 64, 16, 2048, 32) == 3
     assert attn.dq_splits(device, 1, 1, 2000, 32) == 63
     assert attn.dq_splits(device, 1, 1, 20, 32) == 1
 
@@ -962,40 +964,51 @@ def test_matrix_units_two_row_blocks_a_warp(queue, rng, mma_emulated, monkeypatc
 
 
 @pytest.mark.gpu_shaped
-@pytest.mark.parametrize("rows", [64, 128])
-def test_matrix_units_backward_on_warpgroup_units(queue, rng, mma_emulated, monkeypatch, rows):
-    """The dq and dk/dv passes' score products on Hopper's wgmma (WGMMA_PASSES; emulated from the same
-    swizzled tiles and descriptors where the device has no wgmma): one and two warpgroups a work-group,
-    against float64 NumPy and against the mma.sync passes (the same products, the same bits but for the
-    units' summation order), with GQA, causal rows that end inside a tile, kv_len and dropout (its
-    multipliers in both passes' layouts), over several tiles of both ring stages; two warpgroups with a bool
-    mask besides (the masked tiles' path of both passes)."""
+@pytest.mark.parametrize("rows, kn", [(64, 1), (128, 0)])
+def test_matrix_units_on_warpgroup_units(queue, rng, mma_emulated, monkeypatch, rows, kn):
+    """The forward's products and the dq and dk/dv passes' score products on Hopper's wgmma (WGMMA_PASSES;
+    emulated from the same swizzled tiles and descriptors where the device has no wgmma; the forward's p v
+    reads the v tile MN-major): one and two warpgroups a work-group, the products that read a tile MN-major
+    on the units too (WG_KN 1, one warpgroup) or on mma.sync, against float64 NumPy and against the
+    mma.sync passes (the same products, the same bits but for the units' summation order), with GQA, causal
+    rows that end inside a tile, kv_len and dropout (its multipliers in every pass's layout), over several
+    tiles of both ring stages; two warpgroups with a bool mask besides (the masked tiles' path)."""
     if not attn.MMA_EMULATE and not attn.has_wgmma(queue.device):
         pytest.skip("the device runs mma.sync but not wgmma (its emulation runs on the CPUs)")
-    monkeypatch.setattr(attn, "MMA_TILES", {**attn.MMA_TILES, "dq_wg": {"BM": rows}, "dkdv_wg": {"BM": rows}})
+    wg = {"BM": rows, "WG_KN": kn}
+    monkeypatch.setattr(attn, "MMA_TILES", {**attn.MMA_TILES, "forward_wg": wg, "dq_wg": wg, "dkdv_wg": wg})
     B, HQ, HKV, SQ, SK, D = 2, 4, 2, 83, 150, 64
     q, k, v, g = (a.astype(BF16) for a in inputs(rng, B, HQ, HKV, SQ, SK, D))
     nq, nk, nv, ng = (dev(queue, a) for a in (q, k, v, g))
     lengths = np.array([150, 97], np.int32)
-    opts = dict(causal=True, kv_len=dev(queue, lengths), dropout_p=0.2,
-                dropout_draw=attn.DropoutDraw(Generator(7)))
-    host = {}
+
+    def options():
+        return dict(causal=True, kv_len=dev(queue, lengths), dropout_p=0.2,
+                    dropout_draw=attn.DropoutDraw(Generator(7)))
+
+    opts, host = options(), {}
     if rows == 128:
         mask = rng.random((B, 1, SQ, SK)) < 0.7
-        opts["mask"], host["mask"] = dev(queue, mask), mask
-    out, lse = ops.flash_attention_forward(nq, nk, nv, **opts)
+        host["mask"] = mask
+    mask_opt = {"mask": dev(queue, host["mask"])} if host else {}
+    opts.update(mask_opt)
+    monkeypatch.setattr(attn, "WGMMA_PASSES", ("forward", "dq", "dkdv"))
     pr = attn._Problem("test", nq, nk, nv, True, None, None, 0.0, None)
-    monkeypatch.setattr(attn, "WGMMA_PASSES", ("dq", "dkdv"))
-    assert pr.wgmma_pass("dq") and pr.wgmma_pass("dkdv")
+    assert pr.wgmma_pass("forward") and pr.wgmma_pass("dq") and pr.wgmma_pass("dkdv")
+    out, lse = ops.flash_attention_forward(nq, nk, nv, **opts)
     grads = ops.flash_attention_backward(nq, nk, nv, out, lse, ng, **opts)
     keep = attn.attention_dropout_mask(queue, opts["dropout_draw"], (B, HQ, SQ, SK), 0.2).to_host()
     want = reference(q, k, v, causal=True, kv_len=lengths, keep=keep, dropout_p=0.2, grad_out=g, **host)
+    np.testing.assert_allclose(out.to_host().astype(np.float64), want[0], **MMA_TOL[BF16])
+    np.testing.assert_allclose(lse.to_host(), want[1], rtol=1e-5, atol=1e-5)
     for name, got, ref in zip(("dq", "dk", "dv"), grads, want[2:], strict=True):
         np.testing.assert_allclose(got.to_host().astype(np.float64), ref, rtol=5e-2,
                                    atol=2e-2 * max(np.abs(ref).max(), 1.0), err_msg=name)
     monkeypatch.setattr(attn, "WGMMA_PASSES", ())
     sync = ops.flash_attention_backward(nq, nk, nv, out, lse, ng, **opts)
-    for name, a, b in zip(("dq", "dk", "dv"), grads, sync, strict=True):
+    again = dict(options(), **mask_opt)   # the same draw again (a fresh generator of the same seed)
+    sync = ops.flash_attention_forward(nq, nk, nv, **again) + sync
+    for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), (out, lse) + grads, sync, strict=True):
         ref = b.to_host().astype(np.float64)
         np.testing.assert_allclose(a.to_host().astype(np.float64), ref, rtol=1e-2,
                                    atol=1e-2 * max(np.abs(ref).max(), 1.0), err_msg=name)
@@ -1061,8 +1074,8 @@ def test_matrix_unit_calls_replay_their_template(queue, rng, mma_emulated, monke
 
 
 def test_wgmma_passes_are_checked(queue, rng, monkeypatch):
-    """WGMMA_PASSES other than None or a tuple of "dq", "dkdv" (a misspelt pass, a bare string): a clear error
-    naming the switch, not a silent mma.sync."""
+    """WGMMA_PASSES other than None or a tuple of "forward", "dq", "dkdv" (a misspelt pass, a bare string): a
+    clear error naming the switch, not a silent mma.sync."""
     q = dev(queue, rng.standard_normal((1, 1, 5, 64)).astype(BF16))
     pr = attn._Problem("test", q, q, q, False, None, None, 0.0, None)
     for bad in (("dkv",), "dq"):
