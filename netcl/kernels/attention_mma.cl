@@ -335,12 +335,11 @@ inline void issue_tile(__local ushort *dst, __global const ushort *base, const l
 // their time on ldmatrix traffic). The forward's p v takes p's fragments from registers (packed from the
 // accumulators, as for mma.sync) and reads the v tile's same bytes MN-major (wgmma's imm-trans-b). The
 // accumulators of a warp are laid out as mma.sync's, so the masks, exponentials and dropout are the same
-// code; the backward's third product (dq += ds k; dv += (p z)^T dO and dk += ds^T q) stays on mma.sync, its
-// fragments read by ldmatrix.trans from the swizzled rows. (The dk/dv pass's last two on wgmma too, A from
-// registers and the tiles read MN-major, computed the first query tile right and added next to nothing for
-// every later one on the H200, whatever the fences, waits and register arrangements tried, while the same
-// four products alone in a kernel of their own are right over any number of tiles: bench/NOTES.md,
-// seventeenth and eighteenth sessions.)
+// code. The backward's third products (dq += ds k; dv += (p z)^T dO and dk += ds^T q) take ds, p from
+// registers too and read their tiles MN-major with WG_KN 1, else run on mma.sync, their fragments read by
+// ldmatrix.trans from the swizzled rows. (Two register-sourced wgmma operands in one loop need WG_FRESH
+// below: without it every tile after the first was wrong on the H200, which cost the seventeenth session its
+// dk/dv attempt; bench/NOTES.md, seventeenth and eighteenth sessions.)
 #ifndef MMA_WG
 #define MMA_WG 0
 #endif
@@ -441,11 +440,9 @@ inline void wg_emulate_rs(float acc[8][4], const uint a[4], __local const uchar 
                  : WG_ACC(acc) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate) : "memory")
 // acc (m64n64) = A (k = 64: this lane's fragments a[0..3] from registers) x the 64 x 64 B tile at local
 // address `at` (DESC(at, kk): its descriptors; TRANS 1: read MN-major) + (accumulate ? acc : 0): the fence,
-// the four products, the commit and the wait in one asm statement, so that nothing the compiler emits
-// touches acc or a while the units work on them. (With a product issued by one statement and waited for by
-// another, the forward's o += p v, whose accumulators are rescaled and carried from tile to tile, came out
-// right for the first tile only on the H200, as the dk/dv pass's third products had in the seventeenth
-// session: an access the compiler placed between the two; bench/NOTES.md, eighteenth session.)
+// the four products, the commit and the wait in one asm statement (nothing the compiler emits can come
+// between them; these products are waited for at once anyway). Their A operand is packed each tile: the
+// first products' loop-invariant A goes through WG_FRESH beside them.
 #define WG_RS_STEP(A, D, P, TRANS)                                                                      \
     "wgmma.mma_async.sync.aligned.m64n64k16.f32." WG_TYPE "." WG_TYPE " {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,"  \
     "%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {" A "}, " \
