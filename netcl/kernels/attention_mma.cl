@@ -413,6 +413,21 @@ inline void wg_emulate_rs(float acc[8][4], const uint a[4], __local const uchar 
         }
     barrier(CLK_LOCAL_MEM_FENCE);
 }
+// acc = A x B (+ acc where `accumulate`), both read from local memory through K-major descriptors (the
+// warpgroup's 64 rows of A: this lane's rows of its warp)
+inline void wg_emulate_ss(float acc[8][4], __local const uchar *atile, const ulong adesc, __local const uchar *btile,
+                          const ulong bdesc, const int accumulate, const int wq, const int g, const int t) {
+    for (int j = 0; j < 8; ++j)
+        for (int e = 0; e < 4; ++e) {
+            const int r = wq * 16 + g + 8 * (e >> 1), c = 8 * j + 2 * t + (e & 1);
+            float s = accumulate ? acc[j][e] : 0.0f;
+            for (int k = 0; k < 16; ++k) s += wg_b(atile, adesc, r, k, 0) * wg_b(btile, bdesc, c, k, 0);
+            acc[j][e] = s;
+        }
+}
+#define WGS(acc, atile, adesc, btile, bdesc, accumulate)                                                \
+    wg_emulate_ss(acc, (__local const uchar *)(atile), adesc, (__local const uchar *)(btile), bdesc, accumulate, \
+                  warp & 3, g, t)
 #define WGR_(acc, a, tile, desc, accumulate, TRANS)                                                     \
     wg_emulate_rs(acc, a, (__local const uchar *)(tile), desc, accumulate, TRANS,                       \
                   scratch_a + (warp >> 2) * 64 * 16, warp & 3, g, t)
@@ -430,6 +445,13 @@ inline void wg_emulate_rs(float acc[8][4], const uint a[4], __local const uchar 
 #define WG_ACC4(x, j) "+f"(x[j][0]), "+f"(x[j][1]), "+f"(x[j][2]), "+f"(x[j][3])
 #define WG_ACC(x) WG_ACC4(x, 0), WG_ACC4(x, 1), WG_ACC4(x, 2), WG_ACC4(x, 3), WG_ACC4(x, 4), WG_ACC4(x, 5),    \
                   WG_ACC4(x, 6), WG_ACC4(x, 7)
+// acc (m64n64, 32 floats a lane) = A x B (both from local memory through K-major descriptors) +
+// (accumulate ? acc : 0)
+#define WGS(acc, atile, adesc, btile, bdesc, accumulate)                                                \
+    asm volatile(NCW("{ .reg .pred p; setp.ne.b32 p, %34, 0; wgmma.mma_async.sync.aligned.m64n64k16.f32." \
+                     WG_TYPE "." WG_TYPE " {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,"    \
+                     "%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1, 0, 0; }")   \
+                 : WG_ACC(acc) : "l"(adesc), "l"(bdesc), "r"(accumulate) : "memory")
 // acc (m64n64, 32 floats a lane) = a (registers) x B (descriptor) + (accumulate ? acc : 0); TRANS 1: B read
 // MN-major
 #define WGR_(acc, a, tile, desc, accumulate, TRANS)                                                     \
@@ -469,13 +491,13 @@ inline void wg_emulate_rs(float acc[8][4], const uint a[4], __local const uchar 
         asm volatile("" : WG_ACC(y) :: "memory");                                                       \
     } while (0)
 #endif
-// WG_KN: the loop-invariant A operand of the tile's first products (q's, or k's and v's fragments) through
-// fresh registers each tile, x ^ a zero neither compiler can fold or hoist out of the loop (the cycle
-// counter's top bits, read each tile). Without it ptxas gave those fragments and the A operand of the
-// products that follow in the same loop (p, ds, packed each tile) the same registers, so every tile after
-// the first read the last tile's p as q (the forward's SASS, H200, driver 580: the q fragments' registers
-// reused for the exponentials and p): a wgmma's register A operands look dead to it once the wgmma has read
-// them. bench/NOTES.md, eighteenth session.
+// WG_KN: the loop-invariant A operand of the backward's first products (q's and dO's, or k's and v's
+// fragments) through fresh registers each tile, x ^ a zero neither compiler can fold or hoist out of the
+// loop (the cycle counter's top bits, read each tile). Without it ptxas gave those fragments and the A
+// operand of the products that follow in the same loop (p, ds, packed each tile) the same registers, so
+// every tile after the first read the last tile's p as q (the forward's SASS, H200, driver 580: q's
+// fragments' registers reused for the exponentials and p): a wgmma's register A operands look dead to it
+// once the wgmma has read them. bench/NOTES.md, eighteenth session.
 #ifdef MMA_EMULATE
 #define WG_ZERO() 0u
 #else
@@ -553,6 +575,15 @@ void attention_forward_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARGS, LEN_AR
         irow[rb][1] = min(i0 + rloc[rb][1], SQ - 1);
     }
 
+#if MMA_WG
+    // q's BM rows swizzled in local memory, wgmma's A operand by descriptor (A from registers here and p's
+    // registers in the same loop would need WG_FRESH's copies: ~10% slower; the ring's first wait lands it)
+    __local uint4 qw4[BM * WG_ROW / 16];
+    ISSUE_TILE((__local ushort *)qw4, (__global const ushort *)(q + q_off + b * q_sb + h * q_sh), q_ss, i0, BM, SQ,
+               tid);
+    CP_COMMIT();
+    const uint qat = WG_BASE(qw4) + (warp >> 2) * 64 * WG_ROW;   // this warpgroup's 64 rows
+#else
     uint qa[RB][DK][4];
     // q's fragments, through the k tile's memory
     {
@@ -564,6 +595,7 @@ void attention_forward_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARGS, LEN_AR
             MMA_UNROLL
             for (int kk = 0; kk < DK; ++kk) LDSM(qa[rb][kk], Q_ROWS, false);
     }
+#endif
 
     float o[RB][DB][4], m[RB][2], l[RB][2];
     #pragma unroll
@@ -584,14 +616,8 @@ void attention_forward_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARGS, LEN_AR
         const uint kat = WG_BASE(ksb) + (it & 1) * TILE_ELEMS(BN) * 2;
         const uint vat = WG_BASE(vsb) + (it & 1) * TILE_ELEMS(BN) * 2;
         WG_FENCE();
-#if WG_KN
-        WG_FRESH(qf, qa[0]);
-#else
-#define qf qa[0]
-#endif
         #pragma unroll
-        for (int kk = 0; kk < DK; ++kk) WGR(s[0], qf[kk], ksb, DESC_KM(kat, kk), kk > 0);
-#undef qf
+        for (int kk = 0; kk < DK; ++kk) WGS(s[0], qw4, DESC_KM(qat, kk), ksb, DESC_KM(kat, kk), kk > 0);
         WG_COMMIT();
         WG_WAIT_ACC(s[0], s[0]);
 #else

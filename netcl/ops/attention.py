@@ -162,7 +162,7 @@ MMA_TILES: dict[str, Any] = {"BM": 64, "BN": 64, "BQ": 64, "PREFETCH": 1, "DKDV_
 # rows' fragments (and p, ds) in registers and the streamed tiles swizzled for the units, read from local
 # memory; 64 rows a warpgroup, MMA_TILES["forward_wg"] / ["dq_wg"] / ["dkdv_wg"]["BM"] rows a work-group;
 # their "WG_KN" 1: the products that read a tile MN-major on the units too (0: on mma.sync). H200, bfloat16,
-# B=8 H=16 S=2048 D=64, device time a pass (eighteenth session): forward 0.526 ms on mma.sync -> 0.411,
+# B=8 H=16 S=2048 D=64, device time a pass (eighteenth session): forward 0.526 ms on mma.sync -> 0.371,
 # dq 0.630 -> 0.568 with WG_KN, dk/dv 0.944 -> 0.863 with WG_KN (1.063 on mma.sync; two warpgroups a
 # work-group were slower). None = all three where the device runs wgmma (gemm.variants.has_wgmma), none
 # elsewhere; or a tuple of "forward", "dq", "dkdv" (with MMA_EMULATE: their emulation on any device).
@@ -553,10 +553,11 @@ class _Problem:
         ring = 2 * max(2 * defines["BN"], defines["BM"]) * (self.D + 8) * 2
         dkdv_ring = 2 * max(2 * defines["BQ"], defines["BM"]) * (self.D + 8) * 2 + 16 * defines["BQ"]
         local_mem = self.device.capabilities.local_mem
-        if wg and (dkdv_ring if kernel == "dkdv" else ring) > local_mem:
-            raise KernelBuildError(f"attention_mma.cl's wgmma {kernel} pass needs "
-                                   f"{dkdv_ring if kernel == 'dkdv' else ring} bytes of local memory; "
-                                   f"{self.device.describe()} has {local_mem}")
+        # (the wgmma forward keeps q's BM rows in local memory besides: its A operand)
+        need = {"dkdv": dkdv_ring, "forward": ring + defines["BM"] * self.D * 2}.get(kernel, ring)
+        if wg and need > local_mem:
+            raise KernelBuildError(f"attention_mma.cl's wgmma {kernel} pass needs {need} bytes of local "
+                                   f"memory; {self.device.describe()} has {local_mem}")
         if defines.get("PREFETCH") and ring > local_mem:
             defines["PREFETCH"] = 0
         if defines.get("DKDV_RING") and dkdv_ring > local_mem:
