@@ -349,6 +349,13 @@ inline void issue_tile(__local ushort *dst, __global const ushort *base, const l
 #ifndef WG_KN
 #define WG_KN 0
 #endif
+// WG_SS 1 (the dk/dv pass, with MMA_WG, 64 keys a work-group): k's and v's rows swizzled in local memory as
+// the first products' A operands by descriptor, as the forward's q (no fresh copies), and each query tile's
+// lse and delta read into registers a tile's products ahead instead of through local memory: 48 KB with the
+// ring. 0: k's and v's fragments in registers (WG_FRESH with WG_KN)
+#ifndef WG_SS
+#define WG_SS 0
+#endif
 #if MMA_WG
 #if (MMA_PASS == 1 || MMA_PASS == 2) && (HEAD_DIM != 64 || BN != 64 || RB != 1 || (BM % 64) || !PREFETCH)
 #error "attention_mma.cl MMA_WG forward and dq pass: HEAD_DIM 64, BN 64, RB 1, 64 rows a warpgroup, and the ring"
@@ -992,9 +999,21 @@ void attention_backward_dkdv_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(gra
                                  GRAD_ARGS(dv), const int HQ, const int GROUP, const int SQ, const int SK,
                                  const int causal, const ACC scale, DROP_ARGS)
 {
+#if MMA_WG && WG_SS
+#if KEYS != 64
+#error "attention_mma.cl WG_SS: 64 keys a work-group (one warpgroup: 48 KB of local memory)"
+#endif
+    __local uint4 qs4[2 * BQ * WG_ROW / 16], gs4[2 * BQ * WG_ROW / 16];   // the ring's q and dO tiles
+    __local uint4 kw4[KEYS * WG_ROW / 16], vw4[KEYS * WG_ROW / 16];       // k's and v's rows: A operands
+#define ROW_LSE(jb, e) lse_c[jb][(e) & 1]
+#define ROW_DELTA(jb, e) delta_c[jb][(e) & 1]
+#else
     __local uint4 qs4[QROWS * DPAD / 8], gs4[QROWS * DPAD / 8];   // (the k and v tiles first, then q and dO tiles)
-    __local ushort *const qsb = (__local ushort *)qs4, *const gsb = (__local ushort *)gs4;
     __local float rowvb[(1 + DKDV_RING) * 2 * BQ];   // lse, then delta of the query tile's rows (per stage)
+#define ROW_LSE(jb, e) rowv[(jb) * 8 + 2 * t + ((e) & 1)]
+#define ROW_DELTA(jb, e) rowv[BQ + (jb) * 8 + 2 * t + ((e) & 1)]
+#endif
+    __local ushort *const qsb = (__local ushort *)qs4, *const gsb = (__local ushort *)gs4;
 #if MMA_WG
     const uint qbase = WG_BASE(qsb), gbase = WG_BASE(gsb);   // the stages' local addresses for the descriptors
 #define QTILE_STAGE(buf, stage) ((buf) + (stage) * TILE_ELEMS(BQ))
@@ -1010,6 +1029,14 @@ void attention_backward_dkdv_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(gra
     const int L = valid_keys(kv_len, kv_len_off, has_kv_len, kv_len_stride, b, SK);
     const int jloc[2] = {warp * 16 + g, warp * 16 + g + 8};
 
+#if MMA_WG && WG_SS
+    // (landed by the ring's first wait: the same commit group as the first query tile)
+    ISSUE_TILE((__local ushort *)kw4, (__global const ushort *)(k + k_off + b * k_sb + hk * k_sh), k_ss, j0, KEYS,
+               SK, tid);
+    ISSUE_TILE((__local ushort *)vw4, (__global const ushort *)(v + v_off + b * v_sb + hk * v_sh), v_ss, j0, KEYS,
+               SK, tid);
+    const uint kat = WG_BASE(kw4), vat = WG_BASE(vw4);
+#else
     uint ka[DK][4], va[DK][4];
     {
         __local ushort *const qs = qsb, *const gs = gsb;
@@ -1022,6 +1049,7 @@ void attention_backward_dkdv_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(gra
             LDSM(va[kk], GS_WARP, false);
         }
     }
+#endif
     float dka[DB][4], dva[DB][4];
     ZERO_ACC(dka, DB);
     ZERO_ACC(dva, DB);
@@ -1040,12 +1068,18 @@ void attention_backward_dkdv_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(gra
             QTILE_AT(it);                                                                               \
             ISSUE_TILE(QTILE_STAGE(qsb, stage), qhead + h * q_sh, q_ss, i0, BQ, SQ, tid);               \
             ISSUE_TILE(QTILE_STAGE(gsb, stage), ghead + h * grad_out_sh, grad_out_ss, i0, BQ, SQ, tid); \
-            for (int r = tid; r < BQ; r += THREADS) {                                                   \
-                const bool in = i0 + r < SQ;                                                            \
-                nc_cp_async4(rowvb + (stage) * 2 * BQ + r, lse + (in ? hrow0 + i0 + r : 0), in ? 4 : 0);      \
-                nc_cp_async4(rowvb + (stage) * 2 * BQ + BQ + r, delta + (in ? hrow0 + i0 + r : 0), in ? 4 : 0); \
-            }                                                                                           \
+            ISSUE_ROWV(stage);                                                                          \
         } while (0)
+#if MMA_WG && WG_SS
+    #define ISSUE_ROWV(stage)
+#else
+    #define ISSUE_ROWV(stage)                                                                           \
+        for (int r = tid; r < BQ; r += THREADS) {                                                       \
+            const bool in = i0 + r < SQ;                                                                \
+            nc_cp_async4(rowvb + (stage) * 2 * BQ + r, lse + (in ? hrow0 + i0 + r : 0), in ? 4 : 0);    \
+            nc_cp_async4(rowvb + (stage) * 2 * BQ + BQ + r, delta + (in ? hrow0 + i0 + r : 0), in ? 4 : 0); \
+        }
+#endif
     barrier(CLK_LOCAL_MEM_FENCE);   // k's and v's fragments are read: the tiles' memory is free
     if (total > 0) ISSUE_QTILE(0, 0);
     CP_COMMIT();
@@ -1055,7 +1089,9 @@ void attention_backward_dkdv_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(gra
         const long mbase = mask_off + b * mask_sb + h * mask_sh;
 #if DKDV_RING
         __local ushort *const qs = QTILE_STAGE(qsb, it & 1), *const gs = QTILE_STAGE(gsb, it & 1);
+#if !(MMA_WG && WG_SS)
         __local float *const rowv = rowvb + (it & 1) * 2 * BQ;
+#endif
         barrier(CLK_LOCAL_MEM_FENCE);   // every warp is done with tile it - 1: its stage is free
         if (it + 1 < total) ISSUE_QTILE(it + 1, (it + 1) & 1);
         CP_COMMIT();
@@ -1079,6 +1115,24 @@ void attention_backward_dkdv_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(gra
 #if MMA_WG
         // (the first k step overwrites the accumulators: no register writes between the fence and the units)
         const uint qat = qbase + (it & 1) * TILE_ELEMS(BQ) * 2, gat = gbase + (it & 1) * TILE_ELEMS(BQ) * 2;
+#if WG_SS
+        // this lane's 16 query columns' lse and delta, read while the units work (rows past SQ: p = 0)
+        float lse_c[QB][2], delta_c[QB][2];
+        #pragma unroll
+        for (int jb = 0; jb < QB; ++jb)
+            #pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int c = i0 + jb * 8 + 2 * t + e;
+                lse_c[jb][e] = c < SQ ? lse[hrow0 + c] : INFINITY;
+                delta_c[jb][e] = c < SQ ? delta[hrow0 + c] : 0.0f;
+            }
+        WG_FENCE();
+        #pragma unroll
+        for (int kk = 0; kk < DK; ++kk) {
+            WGS(st, kw4, DESC_KM(kat, kk), qsb, DESC_KM(qat, kk), kk > 0);
+            WGS(dpt, vw4, DESC_KM(vat, kk), gsb, DESC_KM(gat, kk), kk > 0);
+        }
+#else
 #if WG_KN
         WG_FRESH(kf, ka);
         WG_FRESH(vf, va);
@@ -1092,10 +1146,11 @@ void attention_backward_dkdv_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(gra
             WGR(st, kf[kk], qsb, DESC_KM(qat, kk), kk > 0);
             WGR(dpt, vf[kk], gsb, DESC_KM(gat, kk), kk > 0);
         }
-        WG_COMMIT();
-        WG_WAIT_ACC(st, dpt);
 #undef kf
 #undef vf
+#endif
+        WG_COMMIT();
+        WG_WAIT_ACC(st, dpt);
 #else
         ZERO_ACC(st, QB);
         ZERO_ACC(dpt, QB);
@@ -1117,10 +1172,7 @@ void attention_backward_dkdv_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(gra
         #pragma unroll
         for (int jb = 0; jb < QB; ++jb)
             #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int c = jb * 8 + 2 * t + (e & 1);
-                st[jb][e] = st[jb][e] == -INFINITY ? 0.0f : EXPF(st[jb][e] - rowv[c]);
-            }
+            for (int e = 0; e < 4; ++e) st[jb][e] = st[jb][e] == -INFINITY ? 0.0f : EXPF(st[jb][e] - ROW_LSE(jb, e));
         if (drop_threshold) {
             #pragma unroll
             for (int jb = 0; jb < QB; ++jb)
@@ -1130,7 +1182,7 @@ void attention_backward_dkdv_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(gra
                     const float p = st[jb][e];
                     const float z = p == 0.0f ? 1.0f : dropout_one(counter0, hrow0 + i0 + c, j0 + jloc[e >> 1],
                                                                    seed_lo, seed_hi, drop_threshold, drop_scale);
-                    dpt[jb][e] = p * (z * dpt[jb][e] - rowv[BQ + c]);
+                    dpt[jb][e] = p * (z * dpt[jb][e] - ROW_DELTA(jb, e));
                     st[jb][e] = p * z;
                 }
         } else {
@@ -1138,7 +1190,7 @@ void attention_backward_dkdv_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(gra
             for (int jb = 0; jb < QB; ++jb)
                 #pragma unroll
                 for (int e = 0; e < 4; ++e)
-                    dpt[jb][e] = st[jb][e] * (dpt[jb][e] - rowv[BQ + jb * 8 + 2 * t + (e & 1)]);
+                    dpt[jb][e] = st[jb][e] * (dpt[jb][e] - ROW_DELTA(jb, e));
         }
         uint pa[BQ / 16][4], da[BQ / 16][4];
         #pragma unroll
