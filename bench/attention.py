@@ -36,6 +36,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import netcl  # noqa: E402
+from netcl import profiling  # noqa: E402
 from netcl.core import dtypes  # noqa: E402
 from netcl.core.backend import enqueue_copy  # noqa: E402
 from netcl.core.device import manager  # noqa: E402
@@ -119,7 +120,17 @@ def run_torch(case: Case, arrays: dict, gpu: bool, repeat: int) -> dict:
     return res
 
 
-def run_netcl(case: Case, arrays: dict, dev, repeat: int) -> dict:
+def kernel_times(fn, q) -> list[tuple[str, float]]:
+    """(kernel, device ms) of each launch one more call of `fn` makes, from the profiler's events."""
+    q.finish()
+    with profiling.profile() as prof:
+        fn()
+        q.finish()
+    return [(s["name"], (s["end"] - s["start"]) / 1e6) for s in prof.device_spans()
+            if s["kind"] == "kernel" and s["start"] is not None]
+
+
+def run_netcl(case: Case, arrays: dict, dev, repeat: int, kernels: bool = False) -> dict:
     q = dev.queue
     nq, nk, nv, ng = (Tensor.from_host(q, arrays[n]) for n in ("q", "k", "v", "g"))
     opts: dict = {"causal": case.causal}
@@ -135,7 +146,7 @@ def run_netcl(case: Case, arrays: dict, dev, repeat: int) -> dict:
     s = time_callable(fn, q.finish, repeat, 2)
     variant = attn.variant_override or ("cpu" if dev.capabilities.kind == "cpu" else "gpu")
     return {"impl": f"netcl ({variant} kernels)", "device": dev.device_name, "seconds": s,
-            "results": [t.to_host() for t in fn()]}
+            "results": [t.to_host() for t in fn()], "kernels": kernel_times(fn, q) if kernels else None}
 
 
 def memory_case(dev, rng) -> dict:
@@ -262,6 +273,8 @@ def main() -> int:
     ap.add_argument("--d", type=int)
     ap.add_argument("--decode-len", type=int, help="keys in the decode case's cache")
     ap.add_argument("--causal-only", action="store_true", help="skip the non-causal rows")
+    ap.add_argument("--kernels", action="store_true",
+                    help="print each netcl kernel's device time in one more call of every case")
     ap.add_argument("--no-decode", action="store_true", help="skip the decode case")
     ap.add_argument(
         "--memory", action="store_true", help="also measure the S=8192 forward+backward pool peak"
@@ -336,7 +349,7 @@ def main() -> int:
                 results.append(run_torch(case, arrays, args.gpu, repeat))
             except Exception as exc:  # a missing peer is reported, not fatal
                 results.append({"impl": "torch sdpa", "seconds": None, "note": f"unavailable: {exc}"[:160]})
-        results.append(run_netcl(case, arrays, dev, repeat))
+        results.append(run_netcl(case, arrays, dev, repeat, args.kernels))
         ref = results[0].get("results") if results[0]["seconds"] else None
         torch_s = results[0]["seconds"] if len(results) > 1 else None
         for r in results:
@@ -370,6 +383,10 @@ def main() -> int:
                 f"{row.get('x_torch', nan):8.2f}"
                 f"{row.get('max_rel_err', nan):9.1e}  {row['note']}"
             )
+            if r.get("kernels"):
+                row["kernels"] = r["kernels"]
+                for name, ms in r["kernels"]:
+                    print(f"{'':16}  kernel {name:<40}{ms:9.3f} ms")
     memory = None
     if args.memory:
         memory = memory_case(dev, rng)
