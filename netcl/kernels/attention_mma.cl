@@ -349,10 +349,11 @@ inline void issue_tile(__local ushort *dst, __global const ushort *base, const l
 #ifndef WG_KN
 #define WG_KN 0
 #endif
-// WG_SS 1 (the dk/dv pass, with MMA_WG, 64 keys a work-group): k's and v's rows swizzled in local memory as
-// the first products' A operands by descriptor, as the forward's q (no fresh copies), and each query tile's
-// lse and delta read into registers a tile's products ahead instead of through local memory: 48 KB with the
-// ring. 0: k's and v's fragments in registers (WG_FRESH with WG_KN)
+// WG_SS 1 (the backward passes, with MMA_WG, 64 rows a work-group): the pass's own rows (q and dO; k and v)
+// swizzled in local memory as the first products' A operands by descriptor, as the forward's q (no fresh
+// copies): 48 KB with the ring; the dq pass's lse and delta pass through the ring's memory before it starts,
+// the dk/dv pass reads each query tile's into registers as the tile's products are issued. 0: the rows'
+// fragments in registers (WG_FRESH with WG_KN)
 #ifndef WG_SS
 #define WG_SS 0
 #endif
@@ -802,9 +803,18 @@ void attention_backward_dq_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(grad_
                                const int do_dq, const int HQ, const int GROUP, const int SQ, const int SK,
                                const int causal, const ACC scale, DROP_ARGS)
 {
+#if MMA_WG && WG_SS
+#if BM != 64
+#error "attention_mma.cl WG_SS: 64 query rows a work-group (one warpgroup: 48 KB of local memory)"
+#endif
+    __local uint4 ks4[2 * BN * WG_ROW / 16], vs4[2 * BN * WG_ROW / 16];   // the ring's k and v tiles
+    __local uint4 qw4[BM * WG_ROW / 16], gw4[BM * WG_ROW / 16];           // q's and dO's rows: A operands
+    __local float *const rowv = (__local float *)ks4;   // lse, then delta of the rows (before the ring)
+#else
     __local uint4 ks4[KV_ROWS * DPAD / 8], vs4[KV_ROWS * DPAD / 8];
-    __local ushort *const ksb = (__local ushort *)ks4, *const vsb = (__local ushort *)vs4;
     __local float rowv[2 * BM];   // lse, then delta of the tile's rows
+#endif
+    __local ushort *const ksb = (__local ushort *)ks4, *const vsb = (__local ushort *)vs4;
 #ifdef MMA_EMULATE
     __local float scratch_a[WARPS * 16 * KSTEP], scratch_b[WARPS * KSTEP * 8], shx[THREADS];
 #endif
@@ -859,6 +869,16 @@ void attention_backward_dq_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(grad_
         irow[rb][1] = min(i0 + rloc[rb][1], SQ - 1);
     }
 
+#if MMA_WG && WG_SS
+    // (landed by the ring's first wait; the barrier: rowv's values for everyone, read below, before the ring's
+    // first tile takes their memory)
+    ISSUE_TILE((__local ushort *)qw4, (__global const ushort *)(q + q_off + b * q_sb + h * q_sh), q_ss, i0, BM, SQ,
+               tid);
+    ISSUE_TILE((__local ushort *)gw4, (__global const ushort *)grow, grad_out_ss, i0, BM, SQ, tid);
+    CP_COMMIT();
+    barrier(CLK_LOCAL_MEM_FENCE);
+    const uint qat = WG_BASE(qw4), gat = WG_BASE(gw4);
+#else
     uint qa[RB][DK][4], ga[RB][DK][4];
     {
         __local ushort *const ks = ksb, *const vs = vsb;
@@ -873,6 +893,7 @@ void attention_backward_dq_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(grad_
                 LDSM(ga[rb][kk], VS_WARP, false);
             }
     }
+#endif
     float lse_r[RB][2], delta_r[RB][2];
     #pragma unroll
     for (int rb = 0; rb < RB; ++rb)
@@ -896,6 +917,14 @@ void attention_backward_dq_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(grad_
         // (RB 1: s[0], dp[0] are the warpgroup's 64 x 64 accumulators; the first k step overwrites them)
         const uint kat = WG_BASE(ksb) + (it & 1) * TILE_ELEMS(BN) * 2;
         const uint vat = WG_BASE(vsb) + (it & 1) * TILE_ELEMS(BN) * 2;
+#if WG_SS
+        WG_FENCE();
+        #pragma unroll
+        for (int kk = 0; kk < DK; ++kk) {
+            WGS(s[0], qw4, DESC_KM(qat, kk), ksb, DESC_KM(kat, kk), kk > 0);
+            WGS(dp[0], gw4, DESC_KM(gat, kk), vsb, DESC_KM(vat, kk), kk > 0);
+        }
+#else
 #if WG_KN
         WG_FRESH(qf, qa[0]);
         WG_FRESH(gf, ga[0]);
@@ -909,10 +938,11 @@ void attention_backward_dq_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(grad_
             WGR(s[0], qf[kk], ksb, DESC_KM(kat, kk), kk > 0);
             WGR(dp[0], gf[kk], vsb, DESC_KM(vat, kk), kk > 0);
         }
-        WG_COMMIT();
-        WG_WAIT_ACC(s[0], dp[0]);
 #undef qf
 #undef gf
+#endif
+        WG_COMMIT();
+        WG_WAIT_ACC(s[0], dp[0]);
 #else
         #pragma unroll
         for (int rb = 0; rb < RB; ++rb) {

@@ -161,8 +161,8 @@ MMA_TILES: dict[str, Any] = {"BM": 64, "BN": 64, "BQ": 64, "PREFETCH": 1, "DKDV_
 # pass, s^T and dp^T (and dv += (p z)^T dO, dk += ds^T q) in the dk/dv pass, by wgmma with the pass's own
 # rows' fragments (and p, ds) in registers and the streamed tiles swizzled for the units, read from local
 # memory; 64 rows a warpgroup, MMA_TILES["forward_wg"] / ["dq_wg"] / ["dkdv_wg"]["BM"] rows a work-group;
-# their "WG_KN" 1: the products that read a tile MN-major on the units too (0: on mma.sync); the dk/dv
-# pass's "WG_SS" 1: k's and v's rows in local memory as the forward's q (not yet measured). H200, bfloat16,
+# their "WG_KN" 1: the products that read a tile MN-major on the units too (0: on mma.sync); the backward
+# passes' "WG_SS" 1: their rows in local memory as the forward's q (not yet measured). H200, bfloat16,
 # B=8 H=16 S=2048 D=64, device time a pass (eighteenth session): forward 0.526 ms on mma.sync -> 0.371,
 # dq 0.630 -> 0.568 with WG_KN, dk/dv 0.944 -> 0.863 with WG_KN (1.063 on mma.sync; two warpgroups a
 # work-group were slower). None = all three where the device runs wgmma (gemm.variants.has_wgmma), none
@@ -540,9 +540,9 @@ class _Problem:
             if tiles["BM"] % 64:
                 raise ValueError(f"MMA_TILES['{kernel}_wg']: BM must be a multiple of 64 (rows of whole "
                                  f"warpgroups), got {tiles['BM']}")
-            if tiles.get("WG_SS") and (kernel != "dkdv" or tiles["BM"] != 64):
-                raise ValueError(f"MMA_TILES['{kernel}_wg']: WG_SS is the dk/dv pass's, with BM 64 (k's and "
-                                 f"v's rows beside the ring fill 48 KB), got {tiles}")
+            if tiles.get("WG_SS") and (kernel == "forward" or tiles["BM"] != 64):
+                raise ValueError(f"MMA_TILES['{kernel}_wg']: WG_SS is the backward passes', with BM 64 "
+                                 f"(their rows beside the ring fill 48 KB), got {tiles}")
         rb = tiles.get("RB", 1)
         if rb == 2 and self.D > MMA_RB_MAX_HEAD_DIM:
             tiles.update(RB=1, BM=tiles["BM"] // rb)   # the same warps, one row block each
@@ -557,10 +557,11 @@ class _Problem:
         ring = 2 * max(2 * defines["BN"], defines["BM"]) * (self.D + 8) * 2
         dkdv_ring = 2 * max(2 * defines["BQ"], defines["BM"]) * (self.D + 8) * 2 + 16 * defines["BQ"]
         local_mem = self.device.capabilities.local_mem
-        # (the wgmma forward keeps q's BM rows in local memory besides: its A operand; the dk/dv pass with
-        # WG_SS k's and v's rows beside the ring's unpadded stages, lse and delta in registers)
-        if tiles.get("WG_SS"):
+        # (the wgmma forward keeps q's BM rows in local memory besides: its A operand; the backward passes
+        # with WG_SS their rows beside the ring)
+        if tiles.get("WG_SS"):   # (the unpadded stages; lse and delta in registers, or before the ring)
             dkdv_ring = (2 * 2 * defines["BQ"] + 2 * defines["BM"]) * self.D * 2
+            ring = (2 * 2 * defines["BN"] + 2 * defines["BM"]) * self.D * 2
         need = {"dkdv": dkdv_ring, "forward": ring + defines["BM"] * self.D * 2}.get(kernel, ring)
         if wg and need > local_mem:
             raise KernelBuildError(f"attention_mma.cl's wgmma {kernel} pass needs {need} bytes of local "

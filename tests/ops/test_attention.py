@@ -970,8 +970,8 @@ def test_matrix_units_on_warpgroup_units(queue, rng, mma_emulated, monkeypatch, 
     emulated from the same swizzled tiles and descriptors where the device has no wgmma; the forward's s
     from q's rows in local memory, its p v reading the v tile MN-major): one and two warpgroups a work-group
     in the backward passes (the forward keeps one: two and their q rows overflow 48 KB), the products that
-    read a tile MN-major on the units too (WG_KN 1, one warpgroup) or on mma.sync, the dk/dv pass's k and v
-    rows in local memory with lse and delta in registers (WG_SS) or as fragments, against float64 NumPy and
+    read a tile MN-major on the units too (WG_KN 1, one warpgroup) or on mma.sync, the backward passes' own
+    rows in local memory (WG_SS) or as fragments in registers, against float64 NumPy and
     against the mma.sync passes (the same products, the same bits but for the units' summation order), with
     GQA, causal rows that end inside a tile, kv_len and dropout (its multipliers in every pass's layout),
     over several tiles of both ring stages; two warpgroups with a bool mask besides (the masked tiles'
@@ -980,7 +980,7 @@ def test_matrix_units_on_warpgroup_units(queue, rng, mma_emulated, monkeypatch, 
         pytest.skip("the device runs mma.sync but not wgmma (its emulation runs on the CPUs)")
     wg = {"BM": rows, "WG_KN": kn}   # (the forward's q rows in local memory: one warpgroup fits 48 KB)
     monkeypatch.setattr(attn, "MMA_TILES", {**attn.MMA_TILES, "forward_wg": {"BM": 64, "WG_KN": kn},
-                                            "dq_wg": wg, "dkdv_wg": {**wg, "WG_SS": ss}})
+                                            "dq_wg": {**wg, "WG_SS": ss}, "dkdv_wg": {**wg, "WG_SS": ss}})
     B, HQ, HKV, SQ, SK, D = 2, 4, 2, 83, 150, 64
     q, k, v, g = (a.astype(BF16) for a in inputs(rng, B, HQ, HKV, SQ, SK, D))
     nq, nk, nv, ng = (dev(queue, a) for a in (q, k, v, g))
