@@ -328,8 +328,9 @@ inline void issue_tile(__local ushort *dst, __global const ushort *base, const l
 // MMA_WG 1: the score products on Hopper's warpgroup matrix units (wgmma, PTX sm_90a behind the "//NCWG "
 // prefix, netcl.core.ptx): s = q k^T and o += p v in the forward (MMA_PASS 1), s = q k^T and dp = dO v^T in
 // the dq pass (2), s^T = k q^T and dp^T = v dO^T in the dk/dv pass (3). A warpgroup (four warps) owns 64 rows
-// (queries, or keys); their fragments (q and dO, or k and v) stay in registers as wgmma's A operands (a
-// warp's 16 rows are mma.sync's A fragment), and the streamed tiles (k and v, or q and dO: 64 rows of
+// (queries, or keys) and takes them as wgmma's A operands: the forward's q rows swizzled in local memory (by
+// descriptor), the backward's q and dO, or k and v, as fragments in registers (a warp's 16 rows are mma.sync's
+// A fragment; WG_SS: in local memory too), and the streamed tiles (k and v, or q and dO: 64 rows of
 // HEAD_DIM = 64, 128-byte rows swizzled as wgmma's canonical 128-byte K-major layout) are its B operands,
 // read by the units from local memory: no ldmatrix for these products (the mma.sync passes spent about half
 // their time on ldmatrix traffic). The forward's p v takes p's fragments from registers (packed from the
@@ -499,7 +500,7 @@ inline void wg_emulate_ss(float acc[8][4], __local const uchar *atile, const ulo
         asm volatile("" : WG_ACC(y) :: "memory");                                                       \
     } while (0)
 #endif
-// WG_KN: the loop-invariant A operand of the backward's first products (q's and dO's, or k's and v's
+// WG_FRESH (the backward passes with WG_KN): the loop-invariant A operand of their first products (q's and dO's, or k's and v's
 // fragments) through fresh registers each tile, x ^ a zero neither compiler can fold or hoist out of the
 // loop (the cycle counter's top bits, read each tile). Without it ptxas gave those fragments and the A
 // operand of the products that follow in the same loop (p, ds, packed each tile) the same registers, so
@@ -736,7 +737,7 @@ void attention_forward_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARGS, LEN_AR
 //   heads that can see them (q, dO tiles, lse, delta in local memory): s^T = k q^T and dp^T = v dO^T, p^T and
 //   ds^T as above, dv += (p z)^T dO and dk += ds^T q (q's and dO's fragments by ldmatrix.trans); dk = scale
 //   dk and dv stored in T. Local memory: 2 * max(BM, BQ, 2 * BQ with DKDV_RING) * (HEAD_DIM + 8) 16-bit values
-//   and 2 * BQ floats (twice with DKDV_RING). MMA_WG (below): s^T and dp^T on the warpgroup units.
+//   and 2 * BQ floats (twice with DKDV_RING). MMA_WG (above): the products on the warpgroup units.
 #ifndef BQ
 #define BQ 32
 #endif
@@ -1110,7 +1111,9 @@ void attention_backward_dkdv_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(gra
             nc_cp_async4(rowvb + (stage) * 2 * BQ + BQ + r, delta + (in ? hrow0 + i0 + r : 0), in ? 4 : 0); \
         }
 #endif
+#if !(MMA_WG && WG_SS)
     barrier(CLK_LOCAL_MEM_FENCE);   // k's and v's fragments are read: the tiles' memory is free
+#endif
     if (total > 0) ISSUE_QTILE(0, 0);
     CP_COMMIT();
 #endif

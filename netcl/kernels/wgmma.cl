@@ -1,4 +1,4 @@
-// Hopper's warpgroup matrix units from OpenCL C, shared by gemm_wgmma.cl and attention_mma.cl (DKDV_WG).
+// Hopper's warpgroup matrix units from OpenCL C, shared by gemm_wgmma.cl and attention_mma.cl (MMA_WG).
 // NVIDIA's OpenCL compiler targets plain sm_90 and its ptxas refuses the sm_90a instructions (wgmma), so they
 // are written behind the comment prefix "//NCWG " (NCW): the compiler passes inline asm through with its
 // operands filled in, and netcl.core.ptx uncomments them and raises the PTX's target to sm_90a before the

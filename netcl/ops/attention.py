@@ -159,8 +159,9 @@ MMA_TILES: dict[str, Any] = {"BM": 64, "BN": 64, "BQ": 64, "PREFETCH": 1, "DKDV_
 # WGMMA_PASSES: the passes whose products run on Hopper's warpgroup matrix units (attention_mma.cl MMA_WG,
 # head dim 64): s = q k^T and o += p v in the forward, s = q k^T and dp = dO v^T (and dq += ds k) in the dq
 # pass, s^T and dp^T (and dv += (p z)^T dO, dk += ds^T q) in the dk/dv pass, by wgmma with the pass's own
-# rows' fragments (and p, ds) in registers and the streamed tiles swizzled for the units, read from local
-# memory; 64 rows a warpgroup, MMA_TILES["forward_wg"] / ["dq_wg"] / ["dkdv_wg"]["BM"] rows a work-group;
+# rows as A (the forward's q in local memory, the backward's as fragments in registers; p and ds packed in
+# registers) and the streamed tiles swizzled for the units, read from local memory; 64 rows a warpgroup,
+# MMA_TILES["forward_wg"] / ["dq_wg"] / ["dkdv_wg"]["BM"] rows a work-group;
 # their "WG_KN" 1: the products that read a tile MN-major on the units too (0: on mma.sync); the backward
 # passes' "WG_SS" 1: their rows in local memory as the forward's q (not yet measured). H200, bfloat16,
 # B=8 H=16 S=2048 D=64, device time a pass (eighteenth session): forward 0.526 ms on mma.sync -> 0.371,
