@@ -396,18 +396,26 @@ def main() -> int:
     sweep_rows = sweep(dev, B, H, S, D, repeat, False, args.sweep_only) if args.sweep else None
     if args.mma_tiles:
         base = dict(attn.MMA_TILES)
-        for tiles in json.loads(args.mma_tiles):
-            attn.MMA_TILES = {**base, **tiles}
-            for case in cases:
-                arrays = {n: rng.standard_normal((case.B, case.H, case.SQ if n in "qg" else case.SK,
-                                                  case.D)).astype(dtype) for n in "qkvg"}
+        for case in cases:
+            arrays = {n: rng.standard_normal((case.B, case.H, case.SQ if n in "qg" else case.SK,
+                                              case.D)).astype(dtype) for n in "qkvg"}
+            attn.MMA_TILES = base   # the default tiles' results on these inputs: each row's error is to them
+            ref = [np.asarray(a, np.float64) for a in run_netcl(case, arrays, dev, 1)["results"]]
+            for tiles in json.loads(args.mma_tiles):
+                attn.MMA_TILES = {**base, **tiles}
                 try:
-                    sec = run_netcl(case, arrays, dev, repeat)["seconds"]
-                    rows.append({"case": case.name, "mma_tiles": attn.MMA_TILES, "seconds": sec})
-                    print(f"mma tiles {json.dumps(tiles):32} {case.name:16} {sec * 1e3:9.3f} ms "
-                          f"{case.flops() / sec / 1e9:9.0f} GFLOP/s", flush=True)
+                    r = run_netcl(case, arrays, dev, repeat, args.kernels)
                 except Exception as exc:  # a tile the device cannot build is reported, not fatal
                     print(f"mma tiles {json.dumps(tiles):32} {case.name:16} failed: {exc}"[:300], flush=True)
+                    continue
+                sec, err = r["seconds"], max(rel_err(g, w) for g, w in zip(r["results"], ref, strict=True))
+                rows.append({"case": case.name, "mma_tiles": attn.MMA_TILES, "seconds": sec,
+                             "rel_err_to_default": err, "kernels": r["kernels"]})
+                print(f"mma tiles {json.dumps(tiles):32} {case.name:16} {sec * 1e3:9.3f} ms "
+                      f"{case.flops() / sec / 1e9:9.0f} GFLOP/s  err to the default tiles {err:.1e}",
+                      flush=True)
+                for name, ms in r["kernels"] or ():
+                    print(f"{'':16}  kernel {name:<40}{ms:9.3f} ms")
         attn.MMA_TILES = base
     if args.gpu:
         if args.dtype == "float32":
