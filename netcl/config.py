@@ -115,9 +115,18 @@ def deterministic() -> bool:
     return _flag("NETCL_DETERMINISTIC", True)
 
 
-def disk_cache_enabled() -> bool:
-    """NETCL_DISK_CACHE=0 stops netcl storing and loading program binaries on disk."""
-    return _flag("NETCL_DISK_CACHE", True)
+def disk_cache_setting() -> bool | None:
+    """NETCL_DISK_CACHE: `1` stores and loads program binaries on disk, `0` never; `auto` (unset, the default:
+    None here): on, except for drivers that keep every program they build in a cache of their own
+    (netcl.core.backend.disk_cache_enabled decides per device: PoCL with its kernel cache on)."""
+    raw = env("NETCL_DISK_CACHE")
+    if raw is None or raw.strip().lower() in ("", "auto"):
+        return None
+    value = raw.strip().lower()
+    if value in _ON or value in _OFF:
+        return value in _ON
+    raise ConfigError(f"NETCL_DISK_CACHE={raw!r}: expected auto, 1 or 0 (or true/false, yes/no, on/off) "
+                      "(unset it for auto)")
 
 
 def cache_dir() -> Path:
@@ -275,7 +284,7 @@ def in_variant_probe() -> bool:
 
 # The readers check_environment runs: every variable above (the JIT knobs through jit_knob).
 _READERS: tuple[Callable[[], object], ...] = (
-    device_spec, profiling, debug_level, fusion_enabled, deterministic, disk_cache_enabled, cache_dir,
+    device_spec, profiling, debug_level, fusion_enabled, deterministic, disk_cache_setting, cache_dir,
     half_mode, tuning_enabled, dist_backend, dist_timeout, dist_bucket_mb, dist_device_sum, dist_balance,
     dist_launch, in_variant_probe,
 )

@@ -150,12 +150,8 @@ def pocl_targets(icd: Path) -> list[str]:
 
 def configurations(empty_vendors: Path, oclgrind: bool = True) -> list[Config]:
     base = {k: v for k, v in os.environ.items() if k not in ("OCL_ICD_VENDORS", "OCL_ICD_FILENAMES")}
-    # PoCL keeps every program it compiles in its own cache (a second process that builds the same source
-    # finds it there, as fast as netcl's disk cache); netcl's copy of the binary costs PoCL a second
-    # compile of every kernel of the program (clGetProgramInfo(BINARIES) generates them all): 153 CPU
-    # seconds against 62 for tests/ops/test_{reduce,norm,pool}.py and tests/autograd/test_loss.py from cold.
-    # The tests of netcl's disk cache turn it on for themselves.
-    base.setdefault("NETCL_DISK_CACHE", "0")
+    # (NETCL_DISK_CACHE as the user has it: its default, auto, keeps no copy of PoCL's programs, which PoCL
+    # caches itself; netcl.core.backend.disk_cache_enabled. The tests of netcl's disk cache turn it on.)
     configs = []
     systems = system_pocls()
     split = pypi_pocl() and bool(systems)  # two drivers: each runs its share of the run-once tests

@@ -208,9 +208,10 @@ class BuildStats:
 
 build_stats = BuildStats()
 
-# Called as listener(device, program name) just before each program is compiled from source (not found in
-# the disk cache): the `netcl` command says once that a first run is building its kernels.
-source_build_listeners: list[Callable[[Any, str], None]] = []
+# Called as listener(device, program name, seconds) after each program built from source (not found in netcl's
+# disk cache; found in the driver's own, where it keeps one, it took little time): the `netcl` command says
+# once that a first run is building its kernels.
+source_build_listeners: list[Callable[[Any, str, float], None]] = []
 
 
 class Program:
@@ -259,6 +260,25 @@ ARG_INFO = "-cl-kernel-arg-info"
 def _device_fingerprint(device: Any) -> str:
     d = device.cl_device
     return "|".join([device.platform_name, device.platform.version, d.name, d.driver_version, d.version])
+
+
+def disk_cache_enabled(device: Any) -> bool:
+    """Whether netcl keeps `device`'s program binaries in its disk cache (NETCL_DISK_CACHE: 1, 0, or auto).
+    auto: yes, except on PoCL while its own kernel cache is on (POCL_KERNEL_CACHE, on unless 0): PoCL keeps
+    every program it builds and every work-group function it compiles there, so a second process building the
+    same source finds it; asking PoCL for a binary (clGetProgramInfo(BINARIES)) makes it compile a generic
+    work-group function of every kernel of the program besides the ones its launches compile (a first
+    `netcl train` on a 2-core CPU: 22.7 s with netcl's copies, 13.4 s without; the second run 2.7 and 2.9 s:
+    bench/NOTES.md, nineteenth session)."""
+    setting = config.disk_cache_setting()
+    return (not driver_keeps_programs(device)) if setting is None else setting
+
+
+def driver_keeps_programs(device: Any) -> bool:
+    """Whether `device`'s driver keeps the programs it builds in a cache of its own, where another process
+    finds them: PoCL, unless POCL_KERNEL_CACHE=0."""
+    pocl = "portable computing language" in str(getattr(device, "platform_name", "")).lower()
+    return pocl and config.env("POCL_KERNEL_CACHE", "1").strip() != "0"
 
 
 def _disk_path(device: Any, source: str, options: tuple[str, ...]) -> Path:
@@ -375,7 +395,7 @@ def build_program(
     if nv is not None and not any(o.startswith(NVIDIA_DEFINE) for o in options):
         options = options + (nv,)
     key_source = source if ptx_target is None else f"{source}\0ptx_target={ptx_target}"
-    path = _disk_path(device, key_source, options) if config.disk_cache_enabled() else None
+    path = _disk_path(device, key_source, options) if disk_cache_enabled(device) else None
     lock_key = (
         id(device),
         str(path) if path is not None else hashlib.sha256(source.encode()).hexdigest(),
@@ -399,9 +419,9 @@ def build_program(
                 except (OSError, ValueError, AttributeError):
                     arg_names = _read_arg_names(prg)
         if prg is None:
-            for listener in list(source_build_listeners):
-                listener(device, name)
             prg = _build_from_source(device, source, options, name)
+            for listener in list(source_build_listeners):
+                listener(device, name, time.perf_counter() - t0)
             arg_names = _read_arg_names(prg)
             if ptx_target is not None:
                 prg = _retargeted(device, prg, options, ptx_target, name)

@@ -47,7 +47,7 @@ d = manager.default()
 kernels.build(d, {src!r}, OFFSET="0.0f")
 print(build_stats.counts["source"], build_stats.counts["disk"])
 """
-    # the disk cache on, whatever the run's setting (scripts/test_matrix.py turns it off on PoCL)
+    # netcl's disk cache on, whatever the driver (the default leaves it off on PoCL)
     env = {"NETCL_CACHE_DIR": str(tmp_path), "NETCL_DISK_CACHE": "1", "PATH": "/usr/bin:/bin"}
     import os
 
@@ -60,6 +60,42 @@ print(build_stats.counts["source"], build_stats.counts["disk"])
     assert first.stdout.split() == ["1", "0"]
     assert second.stdout.split() == ["0", "1"]
     assert list((tmp_path / "programs").glob("*.bin"))
+
+
+@pytest.mark.parametrize("platform,setting,pocl_cache,want", [
+    ("Portable Computing Language", None, None, False),  # auto: PoCL keeps its own
+    ("Portable Computing Language", None, "0", True),  # ... unless its cache is off
+    ("Portable Computing Language", "1", None, True),
+    ("NVIDIA CUDA", None, None, True),
+    ("NVIDIA CUDA", "off", None, False),
+    ("Oclgrind", "auto", None, True),
+])
+def test_the_disk_cache_is_off_where_the_driver_keeps_its_own(monkeypatch, platform, setting, pocl_cache,
+                                                              want):
+    """NETCL_DISK_CACHE auto (the default): netcl keeps program binaries except on PoCL with its kernel cache
+    on, which keeps every program and work-group function itself (asking it for a binary compiles every
+    kernel of the program once more); 1 / 0 decide for every driver."""
+    from types import SimpleNamespace
+
+    for name, value in (("NETCL_DISK_CACHE", setting), ("POCL_KERNEL_CACHE", pocl_cache)):
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+    assert backend.disk_cache_enabled(SimpleNamespace(platform_name=platform)) is want
+
+
+def test_pocl_builds_write_no_binary_by_default(tmp_path, monkeypatch, device):
+    """On PoCL the default writes nothing to netcl's cache (and a second build of the source in this process
+    finds PoCL's); elsewhere the binary is there."""
+    monkeypatch.setenv("NETCL_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("NETCL_DISK_CACHE", raising=False)
+    monkeypatch.delenv("POCL_KERNEL_CACHE", raising=False)
+    source = SCALE.replace("scale", "scale_" + uuid.uuid4().hex[:8]).replace("OFFSET", "1.0f")
+    backend.build_program(device, source)
+    written = list(tmp_path.glob("programs/*.bin"))
+    assert bool(written) is (not backend.driver_keeps_programs(device))
+    assert backend.driver_keeps_programs(device) is ("Portable" in device.platform_name)
 
 
 def test_build_error_carries_log_and_offending_line(device):
