@@ -93,9 +93,8 @@ NOT_OCLGRIND_GPU_SHAPED = ["-m", "not (gpu_shaped and oclgrind_case)"]
 NOTE_EVERY = 30
 # CPU seconds of each configuration from empty caches on CI's machine (the longest start first, so that the
 # two at a time end close together); "@" stands for any forced target. Measured by `.ci/run` from empty caches
-# on the 2-core AMD EPYC machine, twelfth session (the system PoCL's since its GPU-shaped tests build
-# unoptimized and the k-means estimators' tests moved there: 671, was 848-1,004)
-COLD_CPU_SECONDS = {"pocl-pypi": 854, "pocl-system": 671, "oclgrind": 152, "pocl-system@": 121}
+# on the 2-core AMD EPYC machine, eighteenth session (649-667, 508-543, 119 and 94 CPU s in its last runs)
+COLD_CPU_SECONDS = {"pocl-pypi": 660, "pocl-system": 530, "oclgrind": 120, "pocl-system@": 95}
 # PoCL's x86-64 kernel-library variants and the CPU flags each needs, widest first
 TARGETS = {"avx512": ("avx512f", "avx512bw", "avx512vl", "avx512dq"), "avx2": ("avx2", "fma", "f16c")}
 
