@@ -6,12 +6,13 @@ launch of whole eager training steps (bench/train_step.py's MLP and CNN), each s
 gate (a marker waiting on a user event) so the device runs nothing until the host is done: on PoCL the
 kernels would otherwise share the CPU with the Python that enqueues them.
 
-    python bench/launch_cost.py [--gpu] [--n 2000] [--steps mlp,cnn] [--repeat 20]
+    python bench/launch_cost.py [--gpu] [--n 2000] [--steps mlp,cnn] [--repeat 20] [--out JSON]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
@@ -116,6 +117,7 @@ def main() -> int:
     ap.add_argument("--n", type=int, default=2000)
     ap.add_argument("--steps", default="mlp,cnn", help="eager steps to time (empty: none)")
     ap.add_argument("--repeat", type=int, default=20)
+    ap.add_argument("--out", default=None, help="also write the figures as JSON here")
     args = ap.parse_args()
     dev = manager.get("gpu" if args.gpu else "auto")
     q = dev.queue
@@ -162,12 +164,19 @@ def main() -> int:
     print(f"{dev.device_name}: host seconds per call, median of 5 x {args.n}")
     for label, t in rows:
         print(f"  {label:42s} {t * 1e6:8.2f} us")
+    steps = {}
     for kind in filter(None, args.steps.split(",")):
         step, launches = eager_step(kind, q)
         host, cpu, full = gated_host_seconds(step, q, args.repeat)
+        steps[kind] = {"launches": launches, "host_us_per_launch": host / launches * 1e6,
+                       "thread_cpu_us_per_launch": cpu / launches * 1e6, "step_ms": full * 1e3}
         print(f"  eager {kind} step: {launches} launches, host {host * 1e3:.2f} ms = "
               f"{host / launches * 1e6:.1f} us per launch (thread CPU {cpu / launches * 1e6:.1f} us); "
               f"step (enqueue + finish) {full * 1e3:.2f} ms")
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps({"device": dev.device_name, "per_call_us": {
+            label: t * 1e6 for label, t in rows}, "eager_steps": steps}, indent=1))
     return 0
 
 
