@@ -30,6 +30,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -197,6 +198,57 @@ def run_probe(
     return False, _reason_from(proc.stderr + proc.stdout, proc.returncode)
 
 
+# probes start_probes began: (verdict file, probe key) -> the Future of run_probe's (passed, reason)
+_pending: dict[tuple[str, str], Future] = {}
+_pending_lock = threading.Lock()
+
+
+def start_probes(device: Any, variants: Sequence[Variant]) -> None:
+    """Begin, in a background thread, the probe that first_usable(device, variants) would run first (that
+    of the first variant not known to fail, when it is a risky one without a verdict), so that its child
+    process runs while this process does other work (a command opening its device, loading data and
+    building its other kernels); the first_usable that needs the verdict waits for it instead of starting
+    its own. The thread keeps the verdict as first_usable does, whether or not anything asks for it."""
+    if in_probe_child():
+        return
+    store = verdicts(device)
+    for v in variants:
+        verdict = store.get(v.key)
+        if verdict is not None and not verdict["ok"]:
+            continue
+        key = v.probe_key or v.key
+        if v.probe is None or store.get(key) is not None:
+            return
+        with _pending_lock:
+            if (str(store.path), key) in _pending:
+                return
+            future: Future = Future()
+            _pending[(str(store.path), key)] = future
+        threading.Thread(target=_probe_into, args=(future, device, store, key, v.probe), daemon=True,
+                         name="netcl-variant-probe").start()
+        return
+
+
+def _probe_into(future: Future, device: Any, store: Verdicts, key: str, probe: tuple) -> None:
+    try:
+        ok, reason = run_probe(device, probe[0], probe[1])
+        store.put(key, ok, reason)
+        future.set_result((ok, reason))
+    except BaseException as exc:  # handed to whoever waits for it
+        future.set_exception(exc)
+
+
+def _probe(device: Any, store: Verdicts, key: str, probe: tuple) -> tuple[bool, str]:
+    """(passed, reason) of the probe `key`: the one start_probes began, or one run now; kept in `store`."""
+    with _pending_lock:
+        future = _pending.pop((str(store.path), key), None)
+    if future is not None:
+        return future.result()
+    ok, reason = run_probe(device, probe[0], probe[1])
+    store.put(key, ok, reason)
+    return ok, reason
+
+
 # -- choosing a variant ------------------------------------------------------------------------------
 _warned: set[tuple[int, str]] = set()
 
@@ -229,8 +281,7 @@ def first_usable(device: Any, variants: Sequence[Variant]) -> tuple[Variant, Any
             probed = store.get(probe_key)
             ran = probed is None
             if ran:
-                ok, reason = run_probe(device, v.probe[0], v.probe[1])
-                store.put(probe_key, ok, reason)
+                ok, reason = _probe(device, store, probe_key, v.probe)
                 probed = {"ok": ok, "reason": reason}
             if not probed["ok"]:
                 reason = f"probe failed: {probed.get('reason', '')}"

@@ -25,6 +25,7 @@ from netcl.distributed import launch
 from netcl.errors import NetclError
 from netcl.io import load_checkpoint, save_checkpoint
 from netcl.io.checkpoint import read_checkpoint
+from netcl.ops.gemm import variants as gemm_variants
 from netcl.train import tensorboard
 from netcl.train.flags import path_arg
 
@@ -41,13 +42,14 @@ def open_device(spec: str) -> Any:
     the user named wins over NETCL_DEVICE (a flag over the environment), except in a rank of `netcl run`,
     whose launcher sets each rank's NETCL_DEVICE; "auto" takes NETCL_DEVICE where it is set."""
     try:
-        if spec != "auto":
-            named = manager.get(spec)  # checked wherever it runs, NETCL_DEVICE set or not
-            if config.dist_launch() is None:
-                return named
-        return manager.default(spec)
+        # a named device is checked wherever it runs, NETCL_DEVICE set or not
+        device = manager.get(spec) if spec != "auto" else None
+        if device is None or config.dist_launch() is not None:
+            device = manager.default(spec)
     except NetclError as exc:
         raise NetclError(f"--device {spec}: {exc}") from None
+    gemm_variants.start_probes(device)  # a first run's probe of the CPU GEMM runs beside the data loading
+    return device
 
 
 def start_ranks(args: argparse.Namespace, nproc: int, default_out: Path) -> tuple[int | None, bool]:

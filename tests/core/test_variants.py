@@ -148,6 +148,37 @@ def test_a_probe_that_passes_runs_once_per_device_and_construct(device, probe_mo
     assert chosen.payload == 7 and probe_module.read_text().split() == ["8"]
 
 
+def test_a_probe_started_early_runs_once_and_is_waited_for(device, probe_module, monkeypatch):
+    """start_probes (a command opening its device) runs the first risky variant's probe in the background;
+    first_usable then waits for it instead of probing again; the verdict is kept even when nothing asks."""
+    builds: list[int] = []
+    calls = []
+    real = variants.run_probe
+    monkeypatch.setattr(variants, "run_probe", lambda *a, **k: calls.append(a[1:]) or real(*a, **k))
+    known_bad = fill_variant(device, 16, builds)
+    variants.verdicts(device).put(known_bad.key, False, "build failed")  # skipped, as first_usable skips it
+    risky = fill_variant(device, 8, builds, probe=("netcl_test_probes:fine", (8,)), probe_key="fill | 8 wide")
+    variants.start_probes(device, [known_bad, risky])
+    variants.start_probes(device, [known_bad, risky])  # already running: not a second one
+    assert list(variants._pending) == [(str(variants.verdicts(device).path), "fill | 8 wide")]
+    chosen, _ = variants.first_usable(device, [known_bad, risky])
+    assert chosen.payload == 8 and builds == [8]
+    assert calls == [("netcl_test_probes:fine", (8,))] and probe_module.read_text().split() == ["8"]
+    assert variants._pending == {}
+    # nothing asks: the thread keeps the verdict, the next process skips the probe
+    other = fill_variant(device, 6, builds, probe=("netcl_test_probes:fine", (6,)), probe_key="fill | 6 wide")
+    variants.start_probes(device, [other])
+    future = variants._pending[(str(variants.verdicts(device).path), "fill | 6 wide")]
+    assert future.result(timeout=120) == (True, "")
+    variants.forget_memory()
+    assert variants.verdicts(device).get("fill | 6 wide")["ok"] is True
+    variants._pending.clear()
+    # a device whose verdict is known, or a chain whose first usable variant is not risky: nothing starts
+    variants.start_probes(device, [other])
+    variants.start_probes(device, [fill_variant(device, 4, builds), other])
+    assert variants._pending == {} and len(calls) == 2
+
+
 def test_gemm_falls_back_from_a_tile_that_does_not_build(device, queue, monkeypatch):
     """The GEMM chain: a tuned tile this device cannot build (VN=3: the kernel's #error) gives way to the
     next of its chain, with one warning, and the result is still right."""

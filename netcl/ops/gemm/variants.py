@@ -21,6 +21,7 @@ from netcl import kernels
 from netcl.core import capture, dtypes
 from netcl.core.backend import format_options
 from netcl.core.variants import Variant, first_usable, source_digest
+from netcl.core.variants import start_probes as start_variant_probes
 from netcl.errors import KernelBuildError
 from netcl.kernels import tuning
 
@@ -615,6 +616,19 @@ def _variant(device: Any, variant: str, dt: np.dtype, tile: dict[str, int]) -> V
         probe_key=risky_key,
         payload=tile,
     )
+
+
+def start_probes(device: Any) -> None:
+    """Begin judging, in the background, the float32 tile of the CPU GEMM that `device` would take first,
+    where that tile is a risky one (wide vectors: a child process builds and checks it, ~3 s on a 2-core
+    CPU, once per device): a command calls this when it opens its device, and the first GEMM waits only
+    for what is left of the probe (netcl.core.variants.start_probes). Nothing on other devices."""
+    if device.capabilities.kind != "cpu":
+        return
+    dt = np.dtype(np.float32)
+    requested = {**tuned_params(device, "cpu", dt), **shape_params(device, "cpu", dt, None)}
+    start_variant_probes(device, [_variant(device, "cpu", dt, t)
+                                  for t in variant_chain("cpu", dt, requested, device)])
 
 
 def usable_params(device: Any, variant: str, dtype: Any, params: dict[str, int] | None = None,
