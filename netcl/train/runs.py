@@ -36,11 +36,13 @@ __all__ = ["BEST_FILE", "CHECKPOINT_FILE", "Metric", "Run", "check_out", "check_
            "fresh_default_out", "holds_run", "open_device", "path_arg", "plan_output", "start_ranks"]
 
 
-def open_device(spec: str) -> Any:
+def open_device(spec: str, probe: bool = True) -> Any:
     """The device of a --device flag; a bad one is an error naming the flag and listing the devices. A
     command with --nproc N calls it before it starts the ranks, so a bad device is one error, not N. A device
     the user named wins over NETCL_DEVICE (a flag over the environment), except in a rank of `netcl run`,
-    whose launcher sets each rank's NETCL_DEVICE; "auto" takes NETCL_DEVICE where it is set."""
+    whose launcher sets each rank's NETCL_DEVICE; "auto" takes NETCL_DEVICE where it is set. `probe`: begin
+    the CPU GEMM's probe in the background (a first run's; gemm.variants.start_probes), for a process that
+    computes on the device (not a launcher that only checks the flag)."""
     try:
         # a named device is checked wherever it runs, NETCL_DEVICE set or not
         device = manager.get(spec) if spec != "auto" else None
@@ -48,7 +50,8 @@ def open_device(spec: str) -> Any:
             device = manager.default(spec)
     except NetclError as exc:
         raise NetclError(f"--device {spec}: {exc}") from None
-    gemm_variants.start_probes(device)  # a first run's probe of the CPU GEMM runs beside the data loading
+    if probe:
+        gemm_variants.start_probes(device)  # a first run's probe of the CPU GEMM runs beside the data loading
     return device
 
 
@@ -57,7 +60,7 @@ def start_ranks(args: argparse.Namespace, nproc: int, default_out: Path) -> tupl
     start N ranks of this command line, all with the same --out (a fresh default one when none was given),
     and return (their exit status, False) in the process the user started. In a rank, or with N = 1:
     (None, whether this process is rank 0, the one that logs and writes)."""
-    open_device(args.device)
+    open_device(args.device, probe=False)
     if args.devices is not None and nproc <= 1:
         raise NetclError(f"--devices {args.devices} names one device per rank of --nproc N (N > 1); for one "
                          "process give --device")
