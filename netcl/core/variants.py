@@ -21,6 +21,7 @@ log and what to install.
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import os
@@ -185,17 +186,41 @@ def run_probe(
     request = {"fingerprint": fingerprint(device), "function": function, "args": list(args)}
     env = {**os.environ, PROBE_ENV: "1", "NETCL_DISK_CACHE": "0"}
     try:
-        proc = subprocess.run(
-            [sys.executable, "-m", "netcl.core.probe", json.dumps(request)],
-            capture_output=True, text=True, env=env, timeout=timeout or PROBE_TIMEOUT_S,
-        )
-    except subprocess.TimeoutExpired:
-        return False, f"the probe did not finish within {timeout or PROBE_TIMEOUT_S:.0f} s"
+        proc = subprocess.Popen([sys.executable, "-m", "netcl.core.probe", json.dumps(request)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     except OSError as exc:
         return False, f"the probe process could not start: {exc}"
-    if proc.returncode == 0 and proc.stdout.strip().endswith("probe ok"):
+    with _children_lock:
+        _children.add(proc)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout or PROBE_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        return False, f"the probe did not finish within {timeout or PROBE_TIMEOUT_S:.0f} s"
+    finally:
+        with _children_lock:
+            _children.discard(proc)
+    if proc.returncode == 0 and stdout.strip().endswith("probe ok"):
         return True, ""
-    return False, _reason_from(proc.stderr + proc.stdout, proc.returncode)
+    return False, _reason_from(stderr + stdout, proc.returncode)
+
+
+# probe processes running now; one that start_probes began may still run when this process exits (a command
+# that stopped early): it is ended then, unjudged, instead of computing on as an orphan
+_children: set[subprocess.Popen] = set()
+_children_lock = threading.Lock()
+
+
+@atexit.register
+def _end_children() -> None:
+    with _children_lock:
+        running = list(_children)
+    for proc in running:
+        try:
+            proc.kill()
+        except OSError:
+            pass
 
 
 # probes start_probes began: (verdict file, probe key) -> the Future of run_probe's (passed, reason)

@@ -3,9 +3,14 @@ in a child process (a crash there ends only the child), and the final error's te
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 import sys
 import textwrap
+import time
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -112,6 +117,11 @@ def probe_module(tmp_path, monkeypatch):
         def fine(device, width):
             with open(RUNS, "a") as f:
                 f.write(f"{{width}}\\n")
+
+        def slow(device, *args):
+            Path(str(RUNS) + ".pid").write_text(str(os.getpid()))
+            import time
+            time.sleep(60)
     """))
     monkeypatch.setenv("PYTHONPATH", f"{tmp_path}:{':'.join(sys.path)}")
     return tmp_path / "runs"
@@ -177,6 +187,38 @@ def test_a_probe_started_early_runs_once_and_is_waited_for(device, probe_module,
     variants.start_probes(device, [other])
     variants.start_probes(device, [fill_variant(device, 4, builds), other])
     assert variants._pending == {} and len(calls) == 2
+
+
+def test_a_background_probe_ends_with_its_process(probe_module, tmp_path):
+    """A command that stops before its first GEMM (a bad flag after the device opened) leaves no probe child
+    computing on: the probe start_probes began is ended at exit, unjudged."""
+    pid_file = Path(f"{probe_module}.pid")
+    code = textwrap.dedent(f"""
+        import os, time
+        from netcl.core import variants
+        from netcl.core.device import manager
+        v = variants.Variant("fill", "WIDTH=8", (), "digest", lambda: None,
+                             probe=("netcl_test_probes:slow", ()), probe_key="fill | slow")
+        variants.start_probes(manager.default(), [v])
+        for _ in range(600):  # until the child runs, then exit
+            if os.path.exists({str(pid_file)!r}):
+                break
+            time.sleep(0.1)
+    """)
+    env = {**os.environ, "NETCL_CACHE_DIR": str(tmp_path / "cache")}
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120, env=env)
+    pid = int(pid_file.read_text())
+    for _ in range(50):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(pid, signal.SIGKILL)
+        raise AssertionError("the probe child outlived the process that started it")
+    verdicts = list((tmp_path / "cache").glob("variants/*.json"))
+    assert all("fill | slow" not in f.read_text() for f in verdicts)  # unjudged: the next run probes again
 
 
 def test_gemm_falls_back_from_a_tile_that_does_not_build(device, queue, monkeypatch):
