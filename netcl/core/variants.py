@@ -263,15 +263,10 @@ def _probe_into(future: Future, device: Any, store: Verdicts, key: str, probe: t
         future.set_exception(exc)
 
 
-def _probe(device: Any, store: Verdicts, key: str, probe: tuple) -> tuple[bool, str]:
-    """(passed, reason) of the probe `key`: the one start_probes began, or one run now; kept in `store`."""
+def _take_pending(store: Verdicts, key: str) -> Future | None:
+    """The probe `key` that start_probes began in this process, if any (taken: it is waited for once)."""
     with _pending_lock:
-        future = _pending.pop((str(store.path), key), None)
-    if future is not None:
-        return future.result()
-    ok, reason = run_probe(device, probe[0], probe[1])
-    store.put(key, ok, reason)
-    return ok, reason
+        return _pending.pop((str(store.path), key), None)
 
 
 # -- choosing a variant ------------------------------------------------------------------------------
@@ -303,10 +298,15 @@ def first_usable(device: Any, variants: Sequence[Variant]) -> tuple[Variant, Any
             continue
         if v.probe is not None and not in_probe_child():
             probe_key = v.probe_key or v.key
-            probed = store.get(probe_key)
+            pending = _take_pending(store, probe_key)  # begun here: judged in this process, warned here
+            probed = store.get(probe_key) if pending is None else None
             ran = probed is None
             if ran:
-                ok, reason = _probe(device, store, probe_key, v.probe)
+                if pending is not None:
+                    ok, reason = pending.result()  # its thread kept the verdict
+                else:
+                    ok, reason = run_probe(device, v.probe[0], v.probe[1])
+                    store.put(probe_key, ok, reason)
                 probed = {"ok": ok, "reason": reason}
             if not probed["ok"]:
                 reason = f"probe failed: {probed.get('reason', '')}"

@@ -189,6 +189,20 @@ def test_a_probe_started_early_runs_once_and_is_waited_for(device, probe_module,
     assert variants._pending == {} and len(calls) == 2
 
 
+def test_a_failed_probe_started_early_is_warned_once_when_it_is_used(device, queue, probe_module):
+    """A background probe that failed, finished before the first GEMM asked: still one warning, in this
+    process (the verdict alone would silence it)."""
+    builds: list[int] = []
+    risky = fill_variant(device, 8, builds, probe=("netcl_test_probes:wrong", ()), probe_key="fill | 8 wide")
+    variants.start_probes(device, [risky])
+    future = variants._pending[(str(variants.verdicts(device).path), "fill | 8 wide")]
+    assert future.result(timeout=120)[0] is False
+    assert variants.verdicts(device).get("fill | 8 wide")["ok"] is False  # kept before anything asked
+    with pytest.warns(KernelVariantWarning, match="gemm gave 3.0 where NumPy gives 2.0"):
+        chosen, _ = variants.first_usable(device, [risky, fill_variant(device, 2, builds)])
+    assert chosen.payload == 2 and builds == [2] and variants._pending == {}
+
+
 def test_a_background_probe_ends_with_its_process(probe_module, tmp_path):
     """A command that stops before its first GEMM (a bad flag after the device opened) leaves no probe child
     computing on: the probe start_probes began is ended at exit, unjudged."""
