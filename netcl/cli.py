@@ -151,8 +151,10 @@ def announce_kernel_builds() -> Iterator[None]:
     lock = threading.Lock()
 
     def say(device: Any, name: str, seconds: float) -> None:
+        if said or (launched is not None and launched[0] != 0):
+            return  # (every later build: nothing read)
         ours = backend.disk_cache_enabled(device)
-        if said or (not ours and seconds < SLOW_BUILD_SECONDS) or (launched is not None and launched[0] != 0):
+        if not ours and seconds < SLOW_BUILD_SECONDS:
             return
         with lock:  # builds may run on several threads
             if said:

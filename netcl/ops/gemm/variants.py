@@ -626,9 +626,22 @@ def start_probes(device: Any) -> None:
     if device.capabilities.kind != "cpu":
         return
     dt = np.dtype(np.float32)
-    requested = {**tuned_params(device, "cpu", dt), **shape_params(device, "cpu", dt, None)}
-    start_variant_probes(device, [_variant(device, "cpu", dt, t)
-                                  for t in variant_chain("cpu", dt, requested, device)])
+    start_variant_probes(device, _chain(device, "cpu", dt, _requested(device, "cpu", dt, None, None)))
+
+
+def _requested(device: Any, variant: str, dt: np.dtype, params: dict[str, int] | None,
+               shape_class: str | None) -> dict[str, int]:
+    """The tile a GEMM asks for: `params` over the defaults, else the tuned one with `shape_class`'s."""
+    if params is not None:
+        return {**default_params(variant, dt, device), **params}
+    return {**tuned_params(device, variant, dt), **shape_params(device, variant, dt, shape_class)}
+
+
+def _chain(device: Any, variant: str, dt: np.dtype, requested: dict[str, int],
+           fallbacks: bool = True) -> list[Variant]:
+    """The variants usable_params tries for `requested`, best first (its fallback chain, or itself alone)."""
+    tiles = variant_chain(variant, dt, requested, device) if fallbacks else [requested]
+    return [_variant(device, variant, dt, _fit_device(device, variant, dt, t)) for t in tiles]
 
 
 def usable_params(device: Any, variant: str, dtype: Any, params: dict[str, int] | None = None,
@@ -639,8 +652,7 @@ def usable_params(device: Any, variant: str, dtype: Any, params: dict[str, int] 
     When none works: KernelBuildError, or None with required=False (the caller then takes the direct
     kernel)."""
     dt = np.dtype(dtype)
-    requested = ({**default_params(variant, dt, device), **params} if params is not None
-                 else {**tuned_params(device, variant, dt), **shape_params(device, variant, dt, shape_class)})
+    requested = _requested(device, variant, dt, params, shape_class)
     if variant in ("direct", "dot", "gemv"):
         return requested
     key = (id(device), variant, dt, tuple(sorted(requested.items())), params is None)
@@ -650,10 +662,8 @@ def usable_params(device: Any, variant: str, dtype: Any, params: dict[str, int] 
             raise KernelBuildError(f"no variant of gemm_{variant} works on {device.describe()} (see the "
                                    "warnings printed when it was tried)")
         return None if found is None else dict(found)
-    chain = variant_chain(variant, dt, requested, device) if params is None else [requested]
-    chain = [_fit_device(device, variant, dt, t) for t in chain]
     try:
-        chosen, _ = first_usable(device, [_variant(device, variant, dt, t) for t in chain])
+        chosen, _ = first_usable(device, _chain(device, variant, dt, requested, fallbacks=params is None))
         found = chosen.payload
     except KernelBuildError:
         _usable[key] = None
