@@ -1,6 +1,7 @@
-"""A netcl command (argv[2:]) run in a rank of `netcl run`, with rank argv[1]'s model slowed by SLOW_S a
-sample in the forward DistributedDataParallel times (a device far slower than the other: the Balancer leaves
-it out). For the tests of the commands' data parallelism (tests/train/test_lm.py, test_train.py)."""
+"""A netcl command (argv[3:]) run in a rank of `netcl run`, with rank argv[1]'s model slowed by argv[2]
+seconds a sample in the forward DistributedDataParallel times (a device far slower than the other: the
+Balancer leaves it out). For the tests of the commands' data parallelism (tests/train/test_lm.py,
+test_train.py)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,7 @@ import netcl.distributed as dist
 from netcl.cli import main
 from netcl.distributed.ddp import DistributedDataParallel
 
-SLOW_S = 0.2
-
-slow_rank = int(sys.argv[1])
+slow_rank, slow_s = int(sys.argv[1]), float(sys.argv[2])
 wrap = DistributedDataParallel.__init__
 
 
@@ -24,11 +23,11 @@ def slowed_init(self, module, *args, **kwargs):
     forward = module.forward
 
     def slowed(x, *rest, **named):
-        time.sleep(SLOW_S * x.shape[0])
+        time.sleep(slow_s * x.shape[0])
         return forward(x, *rest, **named)
 
     module.forward = slowed  # an instance attribute: Module.__call__ finds it first
 
 
 DistributedDataParallel.__init__ = slowed_init
-sys.exit(main(sys.argv[2:]))
+sys.exit(main(sys.argv[3:]))

@@ -572,7 +572,7 @@ def test_a_rank_left_out_still_trains_what_one_process_trains(corpus_dir, tmp_pa
     assert main(_args(corpus_dir, one, *common, "--batch-size", "4")) == 0
     capsys.readouterr()
     cmd = [sys.executable, "-m", "netcl.cli", "run", "--nproc", "2", "--balance", "on",
-           str(ROOT / "tests/train/slowed_rank_script.py"), "0",
+           str(ROOT / "tests/train/slowed_rank_script.py"), "0", "0.2",
            *_args(corpus_dir, two, *common, "--batch-size", "2", "--nproc", "2")]
     proc = subprocess.run(cmd, env=environment(), cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
