@@ -444,6 +444,13 @@ def round_up(n: int, multiple: int) -> int:
     return ((n + multiple - 1) // multiple) * multiple
 
 
+# A CPU 2-D/3-D launch without a local size of at most this many work-items gets netcl's work-group (the
+# GPUs' rule below), a larger one PoCL's pick. PoCL picks the largest divisors of the grid (the whole grid as
+# one group up to 4,096 items) and compiles a work-group function for each local size it meets (0.05-0.4 s
+# each), so without this every new small shape (a test's odd sizes, a last partial batch, a prompt's length)
+# compiled one more; a large grid's shape recurs step after step, and there PoCL's larger groups stay.
+CPU_PICKED_GRID = 1 << 16
+
 _BY_VALUE = (np.generic, np.ndarray)  # arguments set from their bytes
 _enqueue_kernel = cl.enqueue_nd_range_kernel
 
@@ -489,11 +496,12 @@ class Kernel:
                 while size * 2 <= min(limit, 256):
                     size *= 2
                 return (size,)
-            if caps.kind == "cpu":
+            if caps.kind == "cpu" and int(np.prod(global_size)) > CPU_PICKED_GRID:
                 return None  # PoCL's own pick (it vectorises across the work-group)
-            # GPUs, 2-D/3-D grids whose first axis is the contiguous one: up to 64 work-items along it,
-            # then along the second, 256 in all. NVIDIA's own pick for im2col's (positions, rows, images)
-            # grid ran it ~6x slower (1.03 ms for 462 MB written on the H200).
+            # 2-D/3-D grids whose first axis is the contiguous one: up to 64 work-items along it, then along
+            # the second, 256 in all. NVIDIA's own pick for im2col's (positions, rows, images) grid ran it
+            # ~6x slower (1.03 ms for 462 MB written on the H200). On a CPU for small grids only (see
+            # CPU_PICKED_GRID): PoCL's pick depends on every odd shape.
             cap = min(limit, 256)
             lx = min(64, cap, 1 << max(0, (int(global_size[0]) - 1).bit_length()))
             ly = max(1, min(cap // lx, caps.max_work_item_sizes[1],

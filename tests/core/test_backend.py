@@ -132,6 +132,38 @@ def test_global_size_rounds_up_to_local(device, queue):
     np.testing.assert_array_equal(x.to_host(), np.ones(13, np.float32))
 
 
+LOCAL_SIZES = """
+__kernel void local_sizes(__global int *out, const int w, const int h) {
+    const int x = get_global_id(0), y = get_global_id(1);
+    if (x >= w || y >= h) return;
+    out[y * w + x] = (int)(get_local_size(0) * 1000 + get_local_size(1));
+}
+"""
+
+
+@pytest.mark.parametrize("shape", [(17, 9), (13, 5), (1, 300), (1024, 128)])
+def test_small_2d_grids_get_netcls_work_group_and_large_cpu_ones_the_drivers(device, queue, shape):
+    """PoCL compiles a work-group function for each local size it meets, and its own pick divides every odd
+    grid, so netcl chooses the work-group of a small 2-D grid on a CPU as on a GPU (powers of two, up to 64
+    along the first axis, 256 in all; the grid rounded up, the kernel bound-checks) and leaves a CPU's large
+    grid (more than backend.CPU_PICKED_GRID work-items: its shape recurs step after step) to the driver."""
+    k = kernels.build(device, LOCAL_SIZES).kernel("local_sizes")
+    w, h = shape
+    netcls = (min(64, 1 << (w - 1).bit_length()),)
+    netcls += (min(256 // netcls[0], 1 << (h - 1).bit_length()),)
+    grid, local = k.geometry(shape, None)
+    if device.capabilities.kind == "cpu" and w * h > backend.CPU_PICKED_GRID:
+        assert (grid, local) == (shape, None)
+    else:
+        assert local == netcls and grid == tuple(-(-n // m) * m for n, m in zip(shape, netcls))
+    out = Tensor.full(queue, (h, w), -1, dtype=np.int32)
+    k(queue, shape, None, out.buffer, np.int32(w), np.int32(h))
+    got = out.to_host()
+    assert (got > 0).all()  # every work-item of the shape ran, none past it wrote
+    if local is not None:
+        assert (got == local[0] * 1000 + local[1]).all()
+
+
 def test_launch_on_other_device_queue_is_refused(device):
     class Fake:
         pass
