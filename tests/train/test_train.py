@@ -106,10 +106,9 @@ def test_netcl_train_command_and_resume(tmp_path, capsys):
 def test_a_rank_left_out_of_netcl_train_still_trains_what_one_process_trains(tmp_path):
     """Rank 1 slowed to 20 ms a sample (tests/train/slowed_rank_script.py; one sample takes 10x the other
     rank's whole batch of 64, which runs ~30,000 samples/s on a 2-core PoCL machine) is left out after 3
-    steps: it
-    only steps the cosine schedule, does not evaluate (its weights are behind; the accuracy is rank 0's), and
-    rank 0's checkpoint equals one process's. With rank 0 slowed instead, rank 0 gets rank 1's weights and
-    AdamW state before it writes the checkpoint."""
+    steps: it only steps the cosine schedule, does not evaluate (its weights are behind; the accuracy is
+    rank 0's), and rank 0's checkpoint equals one process's. With rank 0 slowed instead, rank 0 gets rank
+    1's weights and AdamW state before it writes the checkpoint."""
     common = ["--dataset", "digits", "--model", "mlp", "--epochs", "2", "--train-limit", "320", "--eager",
               "--no-progress", "--seed", "3"]
     one, two = tmp_path / "one", tmp_path / "two"
