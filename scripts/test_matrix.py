@@ -14,17 +14,18 @@ from source, twice) short:
   the run-once paths too (ONCE_GPU_SHAPED), built unoptimized (tests/conftest.py: PoCL builds them ~5x
   faster; the optimizer's work on kernels no CPU user gets tests nothing a user meets).
 - ONCE: end-to-end and driver-independent tests (the docs' pages, the CLI's training runs, launches of
-  several processes, the tokenizer, Hugging Face files, autocast and the loss scaler, bench/gemv.py's
-  sweep): the kernels they build are built and checked by the unit tests on every driver (half ops and the
-  scaler's:
-  tests/amp/test_half_ops.py, tests/oclgrind/test_amp_oclgrind.py; the GEMV's knob sets, int8 and SwiGLU:
-  tests/ops/test_gemm_gemv.py). PyPI's PoCL runs them.
+  several processes, Hugging Face files, autocast and the loss scaler): the kernels they build are built
+  and checked by the unit tests on every driver (half ops and the scaler's: tests/amp/test_half_ops.py,
+  tests/oclgrind/test_amp_oclgrind.py). PyPI's PoCL runs them.
 - LAYERS: the layers above the kernels (autograd's attention and elementwise rules, tests/nn, tests/data,
   graphs, profiling, the k-means estimators against scikit-learn): the kernels they launch are netcl.ops'
   and the JIT's, which tests/ops (k-means': tests/ops/test_kmeans.py), tests/jit, tests/optim, tests/core,
   tests/amp/test_half_*.py and the autograd tests that build define sets of their own (losses, fused
   gradients) build and check on every driver. The system PoCL runs them (the k-means estimators since the
-  twelfth session, to even the two configurations' time: PyPI's is the longer).
+  twelfth session, to even the two configurations' time: PyPI's is the longer), and with them, for the
+  same reason, run-once tests that build few kernels of their own (the public API's fuzz, the tokenizer,
+  files, tuning records, bench/gemv.py's sweep, whose GEMV knob sets, int8 and SwiGLU
+  tests/ops/test_gemm_gemv.py checks on every driver).
 
 The GPU-shaped cases of tests/oclgrind (the GEMM kernels' GPU variants) run under Oclgrind only: the
 Oclgrind configuration runs every one of them with the same value checks, plus bounds and races.
@@ -68,9 +69,8 @@ VENDORS = Path("/etc/OpenCL/vendors")
 # the tests that build and run every kernel family on small shapes (the forced-target runs)
 KERNEL_TESTS = ["tests/oclgrind", "tests/ops/test_matmul.py", "tests/jit", "tests/optim"]
 # driver-independent tests, run by one driver (see above)
-ONCE = ["tests/docs", "tests/train", "tests/distributed", "tests/text", "tests/tune", "tests/io",
-        "tests/models", "tests/fuzz", "tests/amp/test_amp.py", "tests/amp/test_train_amp.py",
-        "tests/test_cli_errors.py", "tests/test_readme.py", "tests/test_bench_gemv.py"]
+ONCE = ["tests/docs", "tests/train", "tests/distributed", "tests/models", "tests/amp/test_amp.py",
+        "tests/amp/test_train_amp.py", "tests/test_cli_errors.py", "tests/test_readme.py"]
 # the run-once paths that hold gpu_shaped tests: the system PoCL that runs the gpu_shaped tests collects these
 # and runs only those of them (matrix_progress's --gpu-shaped-only); tests/test_matrix_lists.py keeps it whole
 ONCE_GPU_SHAPED = ["tests/models"]
@@ -84,7 +84,10 @@ LAYERS = ["tests/autograd/test_attention.py", "tests/autograd/test_elementwise.p
           "tests/test_graph.py", "tests/test_profiling.py",
           "tests/test_profiling_labels.py", "tests/test_seed_example.py",
           "tests/test_no_leak.py", "tests/test_config.py", "tests/test_gpu_target.py",
-          "tests/test_bench_decode.py", "tests/cluster"]
+          "tests/test_bench_decode.py", "tests/cluster",
+          # and run-once tests of few kernels of their own, here to even the two configurations' time (PyPI's
+          # is the longer): the fuzz, the tokenizer, files, tuning records, bench/gemv.py's sweep
+          "tests/fuzz", "tests/text", "tests/io", "tests/tune", "tests/test_bench_gemv.py"]
 NOT_GPU_SHAPED = ["-m", "not gpu_shaped"]
 # the GPU-shaped cases of tests/oclgrind run under Oclgrind (every one, its values checked as on PoCL, and
 # its accesses and races too): on PoCL they would repeat it
@@ -93,8 +96,9 @@ NOT_OCLGRIND_GPU_SHAPED = ["-m", "not (gpu_shaped and oclgrind_case)"]
 NOTE_EVERY = 30
 # CPU seconds of each configuration from empty caches on CI's machine (the longest start first, so that the
 # two at a time end close together); "@" stands for any forced target. Measured by `.ci/run` from empty caches
-# on the 2-core AMD EPYC machine, eighteenth session (649-667, 508-543, 119 and 94 CPU s in its last runs)
-COLD_CPU_SECONDS = {"pocl-pypi": 660, "pocl-system": 530, "oclgrind": 120, "pocl-system@": 95}
+# on the 2-core AMD EPYC machine, twentieth session (505, 428, 104 and 72 CPU s before the fuzz, tokenizer,
+# io, tune and gemv-sweep tests, ~25 s, moved from PyPI's configuration to the system PoCL's)
+COLD_CPU_SECONDS = {"pocl-pypi": 480, "pocl-system": 455, "oclgrind": 105, "pocl-system@": 75}
 # PoCL's x86-64 kernel-library variants and the CPU flags each needs, widest first
 TARGETS = {"avx512": ("avx512f", "avx512bw", "avx512vl", "avx512dq"), "avx2": ("avx2", "fma", "f16c")}
 
