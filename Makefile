@@ -10,7 +10,10 @@ STAMP := $(VENV)/.netcl-installed
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[pocl,test]"
+	$(PY) -m pip install -q --no-compile -e ".[pocl,test]"
+	@# the bytecode on every core (pip compiles it on one: 30 of its 54 s on 2 cores); a file that does not
+	@# compile (torch ships test files of newer Pythons) is left to Python, as pip leaves it
+	$(PY) -m compileall -q -j 0 $(VENV)/lib >/dev/null 2>&1 || true
 	touch $(STAMP)
 
 install: $(STAMP)
