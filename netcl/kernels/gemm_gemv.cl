@@ -119,9 +119,9 @@ typedef GEMV_ARAW GEMV_WRAW;
 #define GEMV_AROW(m, k) GEMV_ALOAD(__global, A + (m) * a_rs + (k))
 #endif
 
-#ifdef GEMV_RMS
-#if !defined(GEMV_STAGE_A) || defined(USE_FP64)
-#error "gemm_gemv.cl: GEMV_RMS normalizes the staged rows (GEMV_STAGE_A), float32 or half storage"
+#if defined(GEMV_RMS) || defined(GEMV_CHAIN)
+#if (defined(GEMV_RMS) && !defined(GEMV_STAGE_A)) || defined(USE_FP64)
+#error "gemm_gemv.cl: GEMV_RMS normalizes the staged rows (GEMV_STAGE_A), and GEMV_CHAIN stages its rows: float32 or half storage"
 #endif
 // one staged 16-byte chunk of A as floats and back (rounded to the storage like STORE1), and the norm
 // weight's elements of chunk v
@@ -193,6 +193,7 @@ inline float gemv_column_sum(float x)
 // GEMV_RMS: the column's items add their sums of squares through local memory (no shuffles, GEMV_WG > 1)
 #define GEMV_RMS_TREE (GEMV_WG > 1 && !GEMV_SHFL)
 
+#ifndef GEMV_CHAIN
 __kernel __attribute__((reqd_work_group_size(GEMV_WG, GEMV_ROWS, 1)))
 void gemm_gemv(GEMM_ARGS, __global const float *scales, __local uint4 *a_stage, __global const STORE_T *rms_w,
                const long rms_off, const float rms_eps)
@@ -362,3 +363,231 @@ void gemm_gemv(GEMM_ARGS, __global const float *scales, __local uint4 *a_stage, 
         }
     }
 }
+#endif  // !GEMV_CHAIN
+
+#ifdef GEMV_CHAIN
+// gemv_chain: CHAIN_P (1 to 4) GEMVs in one launch, in order: phase p may read what phases < p wrote
+// (a decode layer's o-projection + residual, RMSNorm + gate/up + SwiGLU, down-projection + residual: three
+// launches in one, and no gap between them). Phase i: C_i (M, N_i) = epilogue(A_i (M, K_i) @ W_i^T), W_i
+// (N_i, K_i) row-major (2 N_i rows with GLU), every operand contiguous, CHAIN_F<i> its flags at build time:
+// CHAIN_RMS (A_i's rows RMS-normalized in the prologue as GEMV_RMS does: weight nw_i, eps_i), CHAIN_GLU
+// (C = silu(gate) * up, as GLU), CHAIN_RES (C = y + R_i, R_i (M, N_i)).
+//
+// Order without co-residency: each work-group takes a ticket (atomic_inc of counts[0]) when it starts and
+// takes tile t of the phases' tiles in ticket order (phase 0's ceil(N_0 / GEMV_ROWS) tiles, then phase 1's,
+// ...). A tile of phase p > 0 first issues its first weight loads (they depend on no phase), then waits
+// until counts[p] (the tiles of phase p - 1 done) is phase p - 1's tile count, then stages its rows. It
+// waits only on tiles whose tickets were taken before its own, by work-groups that are running (a ticket is
+// taken by a started work-group), so no schedule deadlocks, on any number of compute units (Oclgrind and a
+// one-thread CPU run the work-groups in ticket order: nothing ever waits). Each tile's stores are fenced
+// device-wide before it counts itself done (nc_group_last_arrival's pattern), and its rows are staged
+// after a fence; on NVIDIA through volatile loads (L2, never an L1 line of this SM). The last tile of the
+// last phase resets counts[0 .. CHAIN_P] to zero, so one buffer of the queue serves every launch and
+// replay (Queue.arrival_counts). Work-group layout, loads and sums as gemm_gemv (GEMV_WG, GEMV_ROWS,
+// GEMV_UNROLL; GEMV_COLS 1; GEMV_M rows at most, M of them present); a_stage holds M x max K_i elements.
+#ifndef CHAIN_P
+#error "gemm_gemv.cl: GEMV_CHAIN needs CHAIN_P, its number of phases (1 to 4)"
+#endif
+#define CHAIN_RMS 1
+#define CHAIN_GLU 2
+#define CHAIN_RES 4
+#ifndef CHAIN_F0
+#define CHAIN_F0 0
+#endif
+#ifndef CHAIN_F1
+#define CHAIN_F1 0
+#endif
+#ifndef CHAIN_F2
+#define CHAIN_F2 0
+#endif
+#ifndef CHAIN_F3
+#define CHAIN_F3 0
+#endif
+#ifdef NC_NVIDIA
+#define CHAIN_SRC volatile __global const
+#else
+#define CHAIN_SRC __global const
+#endif
+// the rows' sums of squares [GEMV_M][GEMV_ROWS][GEMV_RMS_TREE ? GEMV_WG : 1], then the columns' partial sums
+// [GEMV_ROWS][2 GEMV_M][GEMV_WG] (without shuffles): one scratch array, used one after the other
+#define CHAIN_SCRATCH (GEMV_ROWS * 2 * GEMV_M * GEMV_WG)
+#define CHAIN_RMS_PART(m, j, l) scratch[((m) * GEMV_ROWS + (j)) * (GEMV_RMS_TREE ? GEMV_WG : 1) + (l)]
+
+inline void chain_tile(const int tile, const int phase, const int flags, const int wait_for, const int M,
+                       const int N, const int K, CHAIN_SRC STORE_T *A, __global const STORE_T *W,
+                       __global STORE_T *C, __global const STORE_T *R, __global const STORE_T *NW,
+                       const float eps, __global int *counts, __local uint4 *a_stage, __local float *scratch)
+{
+    const int lid = get_local_id(0);
+    const int r = get_local_id(1);
+    const int n0 = tile * GEMV_ROWS + r;
+    const int parts = (flags & CHAIN_GLU) ? 2 : 1;
+    __global const STORE_T *w[2];
+    w[0] = W + (long)min(n0, N - 1) * K;
+    w[1] = W + (long)(min(n0, N - 1) + ((flags & CHAIN_GLU) ? N : 0)) * K;
+
+    float acc[2 * GEMV_M];
+#pragma unroll
+    for (int i = 0; i < 2 * GEMV_M; ++i) acc[i] = 0.0f;
+    const int step = GEMV_WG * 8;
+    int k = lid * 8;
+    GEMV_WRAW wr[2][GEMV_UNROLL];
+    // the first weight loads depend on no phase: in flight while the tile waits
+#pragma unroll
+    for (int u = 0; u < GEMV_UNROLL; ++u)
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+            if (j < parts && k + u * step < K) wr[j][u] = GEMV_WLOAD(w[j] + k + u * step);
+
+    // (every barrier of this function is reached by every work-item of every tile: PoCL's work-group
+    // functions computed wrong rows with barriers under a condition, even a uniform one)
+    if (lid == 0 && r == 0 && wait_for > 0)
+        while (atomic_or(counts + phase, 0) < wait_for) {}
+    barrier(CLK_GLOBAL_MEM_FENCE);
+    mem_fence(CLK_GLOBAL_MEM_FENCE);
+
+    // A's rows into a_stage (row m at m * K), their squares summed for the RMSNorm prologue
+    const int per_row = K * (int)sizeof(STORE_T) / 16;
+    const int item = r * GEMV_WG + lid;
+    float ss[GEMV_M];
+    for (int m = 0; m < GEMV_M; ++m) {
+        ss[m] = 0.0f;
+        if (m < M)
+            for (int v = item; v < per_row; v += GEMV_WG * GEMV_ROWS) {
+                const uint4 u = ((CHAIN_SRC uint4 *)(A + (long)m * K))[v];
+                a_stage[m * per_row + v] = u;
+                if (flags & CHAIN_RMS) ss[m] += gemv_sumsq(gemv_unpack(u));
+            }
+    }
+    {
+#if GEMV_RMS_TREE == 0
+  #if GEMV_WG > 1
+        for (int m = 0; m < GEMV_M; ++m) ss[m] = gemv_column_sum(ss[m]);
+  #endif
+        if (lid == 0)
+            for (int m = 0; m < GEMV_M; ++m) CHAIN_RMS_PART(m, r, 0) = ss[m];
+        barrier(CLK_LOCAL_MEM_FENCE);
+#else
+        for (int m = 0; m < GEMV_M; ++m) CHAIN_RMS_PART(m, r, lid) = ss[m];
+        barrier(CLK_LOCAL_MEM_FENCE);
+        for (int s = GEMV_WG / 2; s > 0; s >>= 1) {
+            if (lid < s)
+                for (int m = 0; m < GEMV_M; ++m) CHAIN_RMS_PART(m, r, lid) += CHAIN_RMS_PART(m, r, lid + s);
+            barrier(CLK_LOCAL_MEM_FENCE);
+        }
+#endif
+        for (int m = 0; m < GEMV_M; ++m)
+            if (m < M && (flags & CHAIN_RMS)) {
+                float total = 0.0f;
+                for (int j = 0; j < GEMV_ROWS; ++j) total += CHAIN_RMS_PART(m, j, 0);
+                const float rstd = rsqrt(total / (float)K + eps);
+                for (int v = item; v < per_row; v += GEMV_WG * GEMV_ROWS) {
+                    const gemv_chunk_f x = gemv_unpack(a_stage[m * per_row + v]);
+                    a_stage[m * per_row + v] = gemv_pack(x * rstd * gemv_norm_weight(NW, v));
+                }
+            }
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+
+    while (k < K) {
+#pragma unroll
+        for (int u = 0; u < GEMV_UNROLL; ++u) {
+            const int ku = k + u * step;
+            if (ku < K) {
+                const float8 w0 = GEMV_WCVT(wr[0][u]);
+                const float8 w1 = parts == 2 ? GEMV_WCVT(wr[1][u]) : (float8)(0.0f);
+                for (int m = 0; m < GEMV_M; ++m)
+                    if (m < M) {
+                        const float8 a = GEMV_ACVT(GEMV_ALOAD(__local, (__local const STORE_T *)a_stage + m * K + ku));
+                        acc[m] += dot(a.lo, w0.lo) + dot(a.hi, w0.hi);
+                        if (parts == 2) acc[GEMV_M + m] += dot(a.lo, w1.lo) + dot(a.hi, w1.hi);
+                    }
+            }
+        }
+        k += GEMV_UNROLL * step;
+#pragma unroll
+        for (int u = 0; u < GEMV_UNROLL; ++u)
+#pragma unroll
+            for (int j = 0; j < 2; ++j)
+                if (j < parts && k + u * step < K) wr[j][u] = GEMV_WLOAD(w[j] + k + u * step);
+    }
+
+    // the column's GEMV_WG partial sums into acc of item lid == 0
+#if GEMV_WG > 1 && GEMV_SHFL
+#pragma unroll
+    for (int i = 0; i < 2 * GEMV_M; ++i) acc[i] = gemv_column_sum(acc[i]);
+#elif GEMV_WG > 1
+    __local float *part = scratch + r * 2 * GEMV_M * GEMV_WG;
+    for (int i = 0; i < 2 * GEMV_M; ++i) part[i * GEMV_WG + lid] = acc[i];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int s = GEMV_WG / 2; s > 0; s >>= 1) {
+        if (lid < s)
+            for (int i = 0; i < 2 * GEMV_M; ++i) part[i * GEMV_WG + lid] += part[i * GEMV_WG + lid + s];
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    if (lid == 0)
+        for (int i = 0; i < 2 * GEMV_M; ++i) acc[i] = part[i * GEMV_WG];
+#endif
+
+    if (lid == 0 && n0 < N)
+        for (int m = 0; m < GEMV_M; ++m)
+            if (m < M) {
+                float y = acc[m];
+                if (flags & CHAIN_GLU) y = y / (1.0f + exp(-y)) * acc[GEMV_M + m];
+                if (flags & CHAIN_RES) y += LOAD1((long)m * N + n0, R);
+                STORE1(y, (long)m * N + n0, C);
+            }
+    mem_fence(CLK_GLOBAL_MEM_FENCE);  // this item's stores are visible device-wide ...
+    barrier(CLK_GLOBAL_MEM_FENCE);    // ... and every item's, before the tile counts itself done
+}
+
+#define CHAIN_PHASE_ARGS(i)                                                                              \
+    __global const STORE_T *a##i, const long a##i##_off, __global const STORE_T *w##i, const long w##i##_off, \
+    __global STORE_T *c##i, const long c##i##_off, __global const STORE_T *r##i, const long r##i##_off,  \
+    __global const STORE_T *nw##i, const long nw##i##_off, const int n##i, const int k##i, const float eps##i
+#define CHAIN_TILES(i) ((n##i + GEMV_ROWS - 1) / GEMV_ROWS)
+#define CHAIN_SELECT(i, wait)                                                                            \
+    do {                                                                                                 \
+        phase = i, tiles = CHAIN_TILES(i), wait_for = wait, flags = CHAIN_F##i, N = n##i, K = k##i, eps = eps##i; \
+        A = a##i + a##i##_off, W = w##i + w##i##_off, C = c##i + c##i##_off, R = r##i + r##i##_off;         \
+        NW = nw##i + nw##i##_off;                                                                        \
+    } while (0)
+
+// global (GEMV_WG, GEMV_ROWS * the phases' tiles, 1); the arguments of phases >= CHAIN_P are not read
+__kernel __attribute__((reqd_work_group_size(GEMV_WG, GEMV_ROWS, 1)))
+void gemv_chain(const int M, __global int *counts, __local uint4 *a_stage, CHAIN_PHASE_ARGS(0),
+                CHAIN_PHASE_ARGS(1), CHAIN_PHASE_ARGS(2), CHAIN_PHASE_ARGS(3))
+{
+    __local float scratch[CHAIN_SCRATCH];
+    __local int ticket;
+    const int first = get_local_id(0) == 0 && get_local_id(1) == 0;
+    if (first) ticket = atomic_inc(counts);
+    barrier(CLK_LOCAL_MEM_FENCE);
+    int t = ticket;
+    // the tile's phase and operands (uniform over the work-group; one call below, so no barrier is under a
+    // condition)
+    int phase, tiles, wait_for, flags, N, K;
+    float eps;
+    CHAIN_SRC STORE_T *A;
+    __global const STORE_T *W, *R, *NW;
+    __global STORE_T *C;
+    if (t < CHAIN_TILES(0) || CHAIN_P == 1) {
+        CHAIN_SELECT(0, 0);
+    } else if ((t -= CHAIN_TILES(0)) < CHAIN_TILES(1) || CHAIN_P == 2) {
+        CHAIN_SELECT(1, CHAIN_TILES(0));
+    } else if ((t -= CHAIN_TILES(1)) < CHAIN_TILES(2) || CHAIN_P == 3) {
+        CHAIN_SELECT(2, CHAIN_TILES(1));
+    } else {
+        t -= CHAIN_TILES(2);
+        CHAIN_SELECT(3, CHAIN_TILES(2));
+    }
+    chain_tile(t, phase, flags, wait_for, M, N, K, A, W, C, R, NW, eps, counts, a_stage, scratch);
+    if (first) {
+        const int done = atomic_inc(counts + 1 + phase);
+        if (phase == CHAIN_P - 1 && done == tiles - 1) {  // the launch's last tile: the counts for the next
+            mem_fence(CLK_GLOBAL_MEM_FENCE);
+            for (int i = 0; i <= CHAIN_P; ++i) atomic_xchg(counts + i, 0);
+        }
+    }
+}
+#endif  // GEMV_CHAIN

@@ -10,6 +10,7 @@ broadcast like NumPy's matmul. One idea per module:
 - splitk: K split across work-groups when M x N alone cannot fill the device;
 - int8: weight-only int8 (per-channel scales) linear layers, dequantized on the fly; the decode-step
   linear layers on the gemv kernel (SwiGLU's gate and up, an RMSNorm in the prologue);
+- chain: dependent GEMVs of a decode step in one launch, phase after phase (gemv_chain);
 - matrix units: the mma variant (NVIDIA mma.sync through inline PTX), set_matmul_precision.
 """
 # ruff: noqa: F401  (this module exists to re-export)
@@ -23,6 +24,7 @@ from netcl.ops.gemm.api import (
     matmul_rowsum,
     matmul_wide,
 )
+from netcl.ops.gemm.chain import ChainStep, gemv_chain
 from netcl.ops.gemm.int8 import dequantize_int8, linear_glu, linear_int8, quantize_int8, rms_norm_linear
 from netcl.ops.gemm.problem import flops
 from netcl.ops.gemm.variants import (

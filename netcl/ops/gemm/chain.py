@@ -1,0 +1,165 @@
+"""A chain of GEMVs in one launch (gemm_gemv.cl's gemv_chain): a decode step's dependent matrix-vector
+products, phase after phase, without a launch (and the driver's gap between dependent kernels) between them.
+
+    y, h, z = gemv_chain([
+        ChainStep(attn, wo, residual=x),                           # y = attn @ wo^T + x
+        ChainStep(0, w_gate_up, norm=(ln_w, 1e-5), glu=True),      # h = swiglu(rms_norm(y) @ w_gate_up^T)
+        ChainStep(1, w_down, residual=0),                          # z = h @ w_down^T + y
+    ])
+
+A step's input rows and residual are Tensors or the index of an earlier step (its output). Work-groups take
+tiles in the order of tickets drawn when they start, and a tile of a later step waits for the earlier step's
+tiles to be done (gemm_gemv.cl explains why no schedule deadlocks); the last tile resets the counts, so one
+launch of the queue's arrival counts serves every call and recorded replay. Each step's result has the bits
+of the separate launch it replaces (ops.linear on the gemv kernel; with `norm`, ops.rms_norm_linear's
+prologue; with `glu`, linear_glu).
+
+Rows: 1 to MAX_ROWS (a decode batch), contiguous, K a multiple of 8 elements; float32, float16 or bfloat16.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyopencl as cl
+
+from netcl.core import dtypes
+from netcl.core.tensor import Tensor
+from netcl.errors import DTypeError, NetclError, ShapeError
+from netcl.ops.gemm.launch import _gemv_prologue_bytes
+from netcl.ops.gemm.variants import _program, usable_params
+
+MAX_STEPS = 4  # the kernel's phases (CHAIN_PHASE_ARGS 0 .. 3)
+MAX_ROWS = 8
+_FLAGS = {"norm": 1, "glu": 2, "residual": 4}  # gemm_gemv.cl's CHAIN_RMS, CHAIN_GLU, CHAIN_RES
+_DTYPES = (dtypes.float32, dtypes.float16, dtypes.bfloat16)
+
+
+@dataclass(frozen=True)
+class ChainStep:
+    """out (M, N) = a (M, K) @ weight^T, weight (N, K); `norm` (weight (K,), eps): a's rows RMS-normalized
+    first; `glu`: weight (2N, K) and out = silu(a @ weight[:N]^T) * (a @ weight[N:]^T); `residual` (M, N)
+    added last. `a` and `residual` may be the index of an earlier step, meaning its output."""
+
+    a: Tensor | int
+    weight: Tensor
+    residual: Tensor | int | None = None
+    norm: tuple[Tensor, float] | None = None
+    glu: bool = False
+
+
+def _operand(step: int, what: str, x: Any, outs: list[Tensor]) -> Tensor:
+    if type(x) is int:
+        if not 0 <= x < step:
+            raise NetclError(f"gemv_chain: step {step}'s {what} names step {x}; only earlier steps "
+                             f"(0 .. {step - 1}) have outputs")
+        return outs[x]
+    if not isinstance(x, Tensor):
+        raise TypeError(f"gemv_chain: step {step}'s {what} must be a Tensor or an earlier step's index, got "
+                        f"{type(x).__name__}")
+    return x
+
+
+def _aligned(step: int, what: str, t: Tensor, shape: tuple[int, ...], dtype: np.dtype, queue: Any) -> None:
+    if t.queue is not queue or t.dtype != dtype:
+        raise NetclError(f"gemv_chain: step {step}'s {what} is {t.dtype} on {t.queue.device.describe()}; "
+                         f"every operand must be {dtype} on the first step's queue")
+    if t.shape != shape:
+        raise ShapeError(f"gemv_chain: step {step}'s {what} has shape {t.shape}, expected {shape}")
+    if not t.is_contiguous() or t.offset % 8:
+        raise ShapeError(f"gemv_chain: step {step}'s {what} must be contiguous and start at a multiple of 8 "
+                         f"elements (16-byte loads); take .contiguous() of it first")
+
+
+def gemv_chain(steps: list[ChainStep]) -> list[Tensor]:
+    """The outputs of `steps` (1 to MAX_STEPS ChainSteps), computed in one launch (module docstring)."""
+    if not isinstance(steps, (list, tuple)) or not 1 <= len(steps) <= MAX_STEPS:
+        raise ValueError(f"gemv_chain takes a list of 1 to {MAX_STEPS} ChainSteps, got "
+                         f"{len(steps) if isinstance(steps, (list, tuple)) else type(steps).__name__}")
+    outs: list[Tensor] = []
+    args: dict[str, Any] = {}
+    defines: dict[str, Any] = {"GEMV_CHAIN": None, "CHAIN_P": len(steps)}
+    first = None
+    for i, s in enumerate(steps):
+        if not isinstance(s, ChainStep):
+            raise TypeError(f"gemv_chain: step {i} is a {type(s).__name__}, not a ChainStep")
+        a = _operand(i, "input", s.a, outs)
+        if first is None:
+            first = a
+            if a.dtype not in _DTYPES:
+                raise DTypeError(f"gemv_chain: {a.dtype} rows; the chain takes float32, float16 or bfloat16")
+            if len(a.shape) != 2 or not 1 <= a.shape[0] <= MAX_ROWS:
+                raise ShapeError(f"gemv_chain: the input rows must be 2-D (M, K) with 1 <= M <= {MAX_ROWS}, "
+                                 f"got shape {a.shape}")
+        q, dt, m = first.queue, first.dtype, first.shape[0]
+        if len(a.shape) != 2 or a.shape[0] != m:
+            raise ShapeError(f"gemv_chain: step {i}'s input has shape {a.shape}; every step takes the "
+                             f"first's {m} rows")
+        k = a.shape[1]
+        if k % 8 or k == 0:
+            raise ShapeError(f"gemv_chain: step {i}'s K = {k} must be a positive multiple of 8")
+        w = s.weight
+        if not isinstance(w, Tensor) or len(w.shape) != 2 or w.shape[1] != k or (s.glu and w.shape[0] % 2):
+            raise ShapeError(f"gemv_chain: step {i}'s weight must be ({'2N' if s.glu else 'N'}, {k}), got "
+                             f"{getattr(w, 'shape', type(w).__name__)}")
+        n = w.shape[0] // 2 if s.glu else w.shape[0]
+        if n == 0:
+            raise ShapeError(f"gemv_chain: step {i} has no output columns")
+        _aligned(i, "input", a, (m, k), dt, q)
+        _aligned(i, "weight", w, w.shape, dt, q)
+        res = None if s.residual is None else _operand(i, "residual", s.residual, outs)
+        if res is not None:
+            _aligned(i, "residual", res, (m, n), dt, q)
+        norm_w, eps = None, 0.0
+        if s.norm is not None:
+            norm_w, eps = s.norm
+            if not isinstance(norm_w, Tensor):
+                raise TypeError(f"gemv_chain: step {i}'s norm must be (weight Tensor, eps)")
+            _aligned(i, "norm weight", norm_w, (k,), dt, q)
+            eps = float(eps)
+            if not eps >= 0.0:
+                raise ValueError(f"gemv_chain: step {i}'s norm eps must be >= 0, got {eps}")
+        out = Tensor.empty(q, (m, n), dt)
+        outs.append(out)
+        flags = (_FLAGS["norm"] if norm_w is not None else 0) | (_FLAGS["glu"] if s.glu else 0) | (
+            _FLAGS["residual"] if res is not None else 0)
+        defines[f"CHAIN_F{i}"] = flags
+        args.update({f"a{i}": a, f"w{i}": w, f"c{i}": out, f"r{i}": res if res is not None else out,
+                     f"nw{i}": norm_w if norm_w is not None else out, f"n{i}": n, f"k{i}": k, f"eps{i}": eps})
+    assert first is not None
+    q, dt, m = first.queue, first.dtype, first.shape[0]
+    device = q.device
+    tile = usable_params(device, "gemv", dt)
+    for knob in ("GEMV_WG", "GEMV_ROWS", "GEMV_UNROLL"):
+        defines[knob] = tile[knob]
+    defines["GEMV_M"] = m
+    wg, rows = tile["GEMV_WG"], tile["GEMV_ROWS"]
+    stage = m * max(int(args[f"k{i}"]) for i in range(len(steps))) * dt.itemsize
+    local = stage + _gemv_prologue_bytes(device, tile, m)
+    scratch = 4 * rows * 2 * m * wg
+    if local + scratch > device.capabilities.local_mem:
+        raise ShapeError(f"gemv_chain: {m} rows of K = {stage // (m * dt.itemsize)} {dt.name} do not fit "
+                         f"{device.describe()}'s local memory ({device.capabilities.local_mem} bytes)")
+    kernel = _program(device, "gemv", {"DTYPE": dt, **defines}).gemv_chain
+    tiles = sum(-(-int(args[f"n{i}"]) // rows) for i in range(len(steps)))
+    named: dict[str, Any] = {"M": np.int32(m), "counts": q.arrival_counts(MAX_STEPS + 1),
+                             "a_stage": cl.LocalMemory(local)}
+    for i in range(MAX_STEPS):
+        if i < len(steps):
+            for name in ("a", "w", "c", "r", "nw"):
+                t = args[f"{name}{i}"]
+                named[f"{name}{i}"], named[f"{name}{i}_off"] = t.buffer, np.int64(t.offset)
+            named[f"n{i}"], named[f"k{i}"] = np.int32(args[f"n{i}"]), np.int32(args[f"k{i}"])
+            named[f"eps{i}"] = np.float32(args[f"eps{i}"])
+        else:  # phases past CHAIN_P are not read
+            buf = outs[0].buffer
+            for name in ("a", "w", "c", "r", "nw"):
+                named[f"{name}{i}"], named[f"{name}{i}_off"] = buf, np.int64(0)
+            named[f"n{i}"], named[f"k{i}"], named[f"eps{i}"] = np.int32(0), np.int32(8), np.float32(0.0)
+    kernel(q, (wg, rows * tiles, 1), (wg, rows, 1), **named)
+    return outs
+
+
+__all__ = ["MAX_ROWS", "MAX_STEPS", "ChainStep", "gemv_chain"]

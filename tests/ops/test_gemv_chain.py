@@ -1,0 +1,123 @@
+"""ops.gemm.gemv_chain (gemm_gemv.cl's gemv_chain): a decode layer's MLP half in one launch, against float64
+NumPy on the stored inputs and each step's own inputs, over repeated calls (the counts reset by the launch's
+last tile), a graph replay, and its refusals."""
+
+import numpy as np
+import pytest
+
+from netcl import graph
+from netcl.core import dtypes
+from netcl.core.tensor import Tensor
+from netcl.errors import NetclError, ShapeError
+from netcl.ops.gemm import ChainStep, gemv_chain
+
+# max |error| / max |reference| of each step: float32's sums, a half output's rounding (and its input's)
+TOL = {"float32": 2e-6, "float16": 2e-3, "bfloat16": 1.6e-2}
+
+
+def _f64(t: Tensor) -> np.ndarray:
+    return t.to_host().astype(np.float64)
+
+
+def _layer(queue, rng, dt, m, d=64, hidden=176):
+    """The tensors of a decode layer's MLP half: the attention's rows, the residual stream, o-proj, the norm
+    weight, gate/up stacked, down."""
+    def t(shape, scale=1.0):
+        return Tensor.from_host(queue, (rng.standard_normal(shape) * scale).astype(dt))
+    return (t((m, d)), t((m, d)), t((d, d), 0.125), t((d,)), t((2 * hidden, d), 0.125), t((d, hidden), 0.08))
+
+
+def _check(y, h, z, attn, x, wo, ln, wgu, wd, eps, tol):
+    """Each step against float64 NumPy on what it read (the earlier steps' stored outputs)."""
+    hidden = wd.shape[1]
+    y_ref = _f64(attn) @ _f64(wo).T + _f64(x)
+    yy = _f64(y)
+    normed = yy / np.sqrt((yy ** 2).mean(-1, keepdims=True) + eps) * _f64(ln)
+    gate, up = normed @ _f64(wgu)[:hidden].T, normed @ _f64(wgu)[hidden:].T
+    h_ref = gate / (1 + np.exp(-gate)) * up
+    z_ref = _f64(h) @ _f64(wd).T + yy
+    for name, got, ref in (("o + residual", y, y_ref), ("norm + swiglu", h, h_ref),
+                           ("down + residual", z, z_ref)):
+        err = np.abs(_f64(got) - ref).max() / np.abs(ref).max()
+        assert err < tol, f"{name}: relative error {err:.2e} >= {tol}"
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("m", [1, 3])
+def test_mlp_half_of_a_decode_layer_in_one_launch(queue, dtype, m):
+    rng = np.random.default_rng(m)
+    dt = dtypes.normalize(dtype)
+    attn, x, wo, ln, wgu, wd = _layer(queue, rng, dt, m)
+    steps = [ChainStep(attn, wo, residual=x), ChainStep(0, wgu, norm=(ln, 1e-5), glu=True),
+             ChainStep(1, wd, residual=0)]
+    first = gemv_chain(steps)
+    _check(*first, attn, x, wo, ln, wgu, wd, 1e-5, TOL[dtype])
+    for _ in range(3):  # the counts were reset: the same bits every call
+        again = gemv_chain(steps)
+        for a, b in zip(first, again):
+            np.testing.assert_array_equal(a.to_host(), b.to_host())
+
+
+def test_each_step_alone_and_two_steps_equal_the_chain(queue):
+    """A step's result does not depend on what else shares its launch."""
+    rng = np.random.default_rng(5)
+    attn, x, wo, ln, wgu, wd = _layer(queue, rng, np.float32, 2)
+    y, h, z = gemv_chain([ChainStep(attn, wo, residual=x), ChainStep(0, wgu, norm=(ln, 1e-5), glu=True),
+                          ChainStep(1, wd, residual=0)])
+    (y1,) = gemv_chain([ChainStep(attn, wo, residual=x)])
+    (h1,) = gemv_chain([ChainStep(y1, wgu, norm=(ln, 1e-5), glu=True)])
+    y2, h2 = gemv_chain([ChainStep(attn, wo, residual=x), ChainStep(0, wgu, norm=(ln, 1e-5), glu=True)])
+    (z1,) = gemv_chain([ChainStep(h1, wd, residual=y1)])
+    for a, b in ((y, y1), (h, h1), (z, z1), (y, y2), (h, h2)):
+        np.testing.assert_array_equal(a.to_host(), b.to_host())
+
+
+def test_four_steps_and_a_step_reading_two_steps_back(queue):
+    rng = np.random.default_rng(6)
+    d = 32
+    x = Tensor.from_host(queue, rng.standard_normal((1, d)).astype(np.float32))
+    ws = [Tensor.from_host(queue, (rng.standard_normal((d, d)) / 4).astype(np.float32)) for _ in range(4)]
+    outs = gemv_chain([ChainStep(x, ws[0]), ChainStep(0, ws[1]), ChainStep(1, ws[2], residual=0),
+                       ChainStep(2, ws[3], residual=1)])
+    a = x.to_host().astype(np.float64)
+    o0 = a @ _f64(ws[0]).T
+    o1 = _f64(outs[0]) @ _f64(ws[1]).T
+    o2 = _f64(outs[1]) @ _f64(ws[2]).T + _f64(outs[0])
+    o3 = _f64(outs[2]) @ _f64(ws[3]).T + _f64(outs[1])
+    for got, ref in zip(outs, (o0, o1, o2, o3)):
+        np.testing.assert_allclose(_f64(got), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_graph_replay_reads_the_new_inputs(queue):
+    rng = np.random.default_rng(7)
+    attn, x, wo, ln, wgu, wd = _layer(queue, rng, np.float32, 1)
+    steps = [ChainStep(attn, wo, residual=x), ChainStep(0, wgu, norm=(ln, 1e-5), glu=True),
+             ChainStep(1, wd, residual=0)]
+    g = graph.Graph()
+    with g.capture(queue):
+        outs = gemv_chain(steps)
+    for _ in range(2):
+        attn.copy_from_host(rng.standard_normal(attn.shape).astype(np.float32))
+        g.replay()
+        _check(*outs, attn, x, wo, ln, wgu, wd, 1e-5, TOL["float32"])
+
+
+def test_refusals_name_the_step(queue):
+    rng = np.random.default_rng(8)
+    attn, x, wo, ln, wgu, wd = _layer(queue, rng, np.float32, 1)
+    with pytest.raises(NetclError, match="step 0's input names step 1"):
+        gemv_chain([ChainStep(1, wo)])
+    with pytest.raises(ShapeError, match="step 1's weight"):
+        gemv_chain([ChainStep(attn, wo), ChainStep(0, wd)])
+    with pytest.raises(ShapeError, match="K = 12"):
+        gemv_chain([ChainStep(Tensor.zeros(queue, (1, 12)), Tensor.zeros(queue, (4, 12)))])
+    with pytest.raises(ShapeError, match="1 <= M <= 8"):
+        gemv_chain([ChainStep(Tensor.zeros(queue, (9, 64)), wo)])
+    with pytest.raises(NetclError, match="float16"):
+        gemv_chain([ChainStep(attn, wo, residual=Tensor.zeros(queue, (1, 64), np.float16))])
+    with pytest.raises(ShapeError, match="contiguous"):
+        gemv_chain([ChainStep(attn, wo.transpose(0, 1))])
+    with pytest.raises(ValueError, match="1 to 4"):
+        gemv_chain([ChainStep(attn, wo)] * 5)
+    with pytest.raises(TypeError, match="not a ChainStep"):
+        gemv_chain([(attn, wo)])
