@@ -45,6 +45,8 @@
 //   GEMV_STAGE   (host only) 1: stage A in local memory when it fits (GEMV_STAGE_A), 0: read it from global
 //   GEMV_M       rows of A the kernel is built for (the host sets it to M)
 //   GEMV_RMS     (host) RMSNorm A's rows in the prologue (rms_w, rms_eps); needs GEMV_STAGE_A
+//   GEMV_CHAIN   (host) the program holds gemv_chain (at the end of this file: dependent GEMVs in one launch)
+//                instead of gemm_gemv; CHAIN_P and CHAIN_F<i> describe its phases
 
 #ifdef W_INT8
 #define B_T uchar
