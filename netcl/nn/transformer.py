@@ -22,9 +22,15 @@ from netcl.errors import ShapeError
 from netcl.nn.layers import LayerNorm, Linear, LinearStack, RMSNorm, _probability
 from netcl.nn.module import Module
 from netcl.ops import random
+from netcl.ops.gemm import chain
 from netcl.ops.rope import ROPE_PAIRINGS
 
 __all__ = ["GELUMLP", "KVCache", "MultiHeadAttention", "RoPE", "SwiGLU", "TransformerBlock"]
+
+# A decode step's MLP half (o-projection + residual, RMSNorm + gate/up + SwiGLU, down + residual) as one
+# launch where it keeps the three launches' bits (TransformerBlock._mlp_half_chain; ops.gemm.gemv_chain).
+# False: three launches a layer (bench/decode.py --no-chain compares).
+DECODE_CHAIN = True
 
 
 class RoPE(Module):
@@ -227,9 +233,11 @@ class MultiHeadAttention(Module):
 
     def forward(self, x: Node, mask: Any = None, cache: KVCache | None = None, position: Tensor | None = None,
                 kv_len: Tensor | None = None, residual: Node | None = None,
-                norm: Module | None = None) -> Node:
+                norm: Module | None = None, project: bool = True) -> Node:
         """x (B, S, dim) -> (B, S, dim) (+ residual, added in the output projection's epilogue); of norm(x)
-        where a norm is given (an RMSNorm inside the q/k/v GEMV's prologue when decoding).
+        where a norm is given (an RMSNorm inside the q/k/v GEMV's prologue when decoding). project=False:
+        the heads' outputs side by side (B, S, n_heads * head_dim), before the output projection (the
+        block's decode chain makes that product itself).
 
         mask: bool (True = attend) or additive float, broadcastable to (B, n_heads, S, keys) (keys: S, or
         the cache's capacity). cache/position: the cached path (see the class docstring); kv_len: the
@@ -293,7 +301,7 @@ class MultiHeadAttention(Module):
             o = ag.flash_attention(qh, keys, values, causal=self.causal, mask=mask, dropout_p=p,
                                    generator=gen, kv_len=lengths)
         o = ag.reshape(ag.permute(o, (0, 2, 1, 3)), (b, s, self.n_heads * self.head_dim))
-        return _project(o, self.o_proj, residual)
+        return _project(o, self.o_proj, residual) if project else o
 
     def extra_repr(self) -> str:
         return (
@@ -370,8 +378,39 @@ class TransformerBlock(Module):
             h = x + self._drop(self.attn(self.attn_norm(x), mask, cache, position, kv_len))
             return h + self._drop(self.mlp(self.mlp_norm(h)))
         # the norms go in with their inputs: an RMSNorm runs in the next product's launch when decoding
-        h = self.attn(x, mask, cache, position, kv_len, residual=x, norm=self.attn_norm)
+        if cache is not None and DECODE_CHAIN and not ag.is_recording():
+            o = self.attn(x, mask, cache, position, kv_len, norm=self.attn_norm, project=False)
+            out = self._mlp_half_chain(o, x)
+            if out is not None:
+                return out
+            h = _project(o, self.attn.o_proj, x)
+        else:
+            h = self.attn(x, mask, cache, position, kv_len, residual=x, norm=self.attn_norm)
         return self.mlp(h, residual=h, norm=self.mlp_norm)
+
+    def _mlp_half_chain(self, o: Node, x: Node) -> Node | None:
+        """A decode step's o-projection + residual, RMSNorm + gate/up + SwiGLU and down-projection + residual
+        as one launch (ops.gemm.gemv_chain), where the three launches it replaces would be the gemv kernel's
+        (ops.gemm.chain.mlp_half_fits: the same bits); else None."""
+        mlp, wo, norm = self.mlp, self.attn.o_proj, self.mlp_norm
+        if not isinstance(mlp, SwiGLU) or not isinstance(norm, RMSNorm) or len(norm.normalized_shape) != 1:
+            return None
+        stack = mlp._gate_up
+        if stack is None or not stack.intact() or stack.bias is not None or stack.scale is not None:
+            return None
+        if any(layer.bias is not None or layer.weight_scale is not None for layer in (wo, mlp.w2)):
+            return None
+        ov, xv, nw = o.value, x.value, norm.weight.value
+        if nw.dtype != xv.dtype or not chain.mlp_half_fits(ov, xv, wo.weight.value, stack.weight,
+                                                           mlp.w2.weight.value):
+            return None
+        dim = xv.shape[-1]
+        _, _, out = chain.gemv_chain([
+            chain.ChainStep(ov.reshape(1, ov.shape[-1]), wo.weight.value, residual=xv.reshape(1, dim)),
+            chain.ChainStep(0, stack.weight, norm=(nw, norm.eps), glu=True),
+            chain.ChainStep(1, mlp.w2.weight.value, residual=0),
+        ])
+        return as_node(out.reshape(xv.shape))
 
 
 def padding_mask(mask: Any, batch: int, keys: int, queue: Any) -> Tensor:

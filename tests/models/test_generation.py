@@ -286,3 +286,40 @@ def test_the_decode_attention_rotates_and_caches_the_new_rows(queue, monkeypatch
     for (k, v), (wk, wv) in zip(caches, want_caches, strict=True):
         np.testing.assert_array_equal(k.view(np.uint8), wk.view(np.uint8))
         np.testing.assert_array_equal(v.view(np.uint8), wv.view(np.uint8))
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_the_mlp_half_of_a_decode_layer_is_one_launch(queue, monkeypatch, dtype, batch):
+    """Where the gemv kernel normalizes rows in its prologue (the device's tile says GEMV_NORM: GPUs; forced
+    here on CPUs, whose tile keeps the norm a launch of its own for speed), a one-row decode step makes each
+    layer's o-projection + residual, RMSNorm + gate/up + SwiGLU and down + residual one launch
+    (ops.gemm.gemv_chain): 2 launches a layer fewer, the same greedy tokens and caches bit for bit. Three
+    rows (other GEMV tiles) and drivers that miscompile the prologue keep the separate launches."""
+    from netcl.nn import transformer
+    from netcl.ops.gemm import variants
+    from netcl.ops.gemm.launch import gemv_rms_fits
+
+    if queue.device.capabilities.kind == "cpu":
+        for name in ("float16", "bfloat16"):
+            monkeypatch.setitem(variants.CLASS_DEFAULTS["cpu"]["gemv"][name], "GEMV_NORM", 1)
+    rng = np.random.default_rng(batch)
+    prompts = [list(rng.integers(0, LLAMA["vocab_size"], n)) for n in (7, 9, 5)[:batch]]
+    runs = []
+    for chained in (True, False):
+        monkeypatch.setattr(transformer, "DECODE_CHAIN", chained)
+        model = make(queue, "llama", dtype=dtype, dim=32).stack_projections()
+        tokens = np.array(list(model.generate(prompts if batch > 1 else prompts[0], 8, temperature=0)))
+        state = model._decoder
+        names = [op[1].name for op in state.graph.ops if op[0] == "k"]
+        runs.append((tokens, [(c.k.to_host(), c.v.to_host()) for c in state.caches], state.graph.launches,
+                     names.count("gemv_chain")))
+    (tokens, caches, launches, chains), (want_tokens, want_caches, want_launches, _) = runs
+    hidden = model.layers[0].mlp.w2.in_features
+    fits = batch == 1 and gemv_rms_fits(queue.device, dtypes.normalize(dtype), 1, hidden, 32, glu=True)
+    assert chains == (LLAMA["n_layers"] if fits else 0)
+    assert launches == want_launches - (2 * LLAMA["n_layers"] if fits else 0)
+    np.testing.assert_array_equal(tokens, want_tokens)
+    for (k, v), (wk, wv) in zip(caches, want_caches, strict=True):
+        np.testing.assert_array_equal(k.view(np.uint8), wk.view(np.uint8))
+        np.testing.assert_array_equal(v.view(np.uint8), wv.view(np.uint8))

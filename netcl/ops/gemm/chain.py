@@ -28,7 +28,8 @@ import pyopencl as cl
 from netcl.core import dtypes
 from netcl.core.tensor import Tensor
 from netcl.errors import DTypeError, NetclError, ShapeError
-from netcl.ops.gemm.launch import _gemv_prologue_bytes
+from netcl.ops.gemm.api import gemv_fits
+from netcl.ops.gemm.launch import _gemv_prologue_bytes, gemv_rms_fits
 from netcl.ops.gemm.variants import _program, usable_params
 
 MAX_STEPS = 4  # the kernel's phases (CHAIN_PHASE_ARGS 0 .. 3)
@@ -71,6 +72,38 @@ def _aligned(step: int, what: str, t: Tensor, shape: tuple[int, ...], dtype: np.
     if not t.is_contiguous() or t.offset % 8:
         raise ShapeError(f"gemv_chain: step {step}'s {what} must be contiguous and start at a multiple of 8 "
                          f"elements (16-byte loads); take .contiguous() of it first")
+
+
+def mlp_half_fits(o: Tensor, x: Tensor, o_weight: Tensor, gate_up: Tensor, down: Tensor) -> bool:
+    """Whether a decode layer's MLP half (o @ o_weight^T + x, then SwiGLU of its RMSNorm through the stacked
+    gate_up (2h, d), then down (d, h) + the first result) may run as one gemv_chain with the bits of the three
+    launches it replaces: one row (the gemv kernel's default tile; more rows take the "rows" tile or the
+    matrix units'), half storage, each product one the gemv kernel takes (api.gemv_fits, and
+    launch.gemv_rms_fits for the norm's prologue), the rows contiguous from a multiple of 8 elements."""
+    if not all(isinstance(t, Tensor) for t in (o, x, o_weight, gate_up, down)):
+        return False
+    if o.ndim < 2 or o.size != o.shape[-1] or o.shape[-1] != o_weight.shape[-1] \
+            or x.shape != o.shape[:-1] + (o_weight.shape[0],):
+        return False
+    d, h = o_weight.shape[0], down.shape[1]
+    if gate_up.shape != (2 * h, d) or down.shape[0] != d or not dtypes.is_half(o.dtype):
+        return False
+    if any(t.dtype != o.dtype or t.queue is not o.queue for t in (x, o_weight, gate_up, down)):
+        return False
+    if not all(t.is_contiguous() and t.offset % 8 == 0 for t in (o, x, o_weight, gate_up, down)):
+        return False
+    if h % 8 or not (gemv_fits(o.reshape(1, d), o_weight.transpose(0, 1))
+                     and gemv_rms_fits(o.device, o.dtype, 1, h, d, glu=True)):
+        return False
+    tile = usable_params(o.device, "gemv", o.dtype)
+    return _local_bytes(o.device, tile, o.dtype, 1, max(d, h)) <= o.device.capabilities.local_mem
+
+
+def _local_bytes(device: Any, tile: dict[str, int], dt: np.dtype, m: int, k: int) -> int:
+    """Local memory of a chain of m rows whose longest K is k: the staged rows and the RMSNorm's partial sums
+    (a_stage), the columns' partial sums (the kernel's scratch)."""
+    return m * k * dt.itemsize + _gemv_prologue_bytes(device, tile, m) + 4 * tile["GEMV_ROWS"] * 2 * m * tile[
+        "GEMV_WG"]
 
 
 def gemv_chain(steps: list[ChainStep]) -> list[Tensor]:
@@ -136,12 +169,11 @@ def gemv_chain(steps: list[ChainStep]) -> list[Tensor]:
         defines[knob] = tile[knob]
     defines["GEMV_M"] = m
     wg, rows = tile["GEMV_WG"], tile["GEMV_ROWS"]
-    stage = m * max(int(args[f"k{i}"]) for i in range(len(steps))) * dt.itemsize
-    local = stage + _gemv_prologue_bytes(device, tile, m)
-    scratch = 4 * rows * 2 * m * wg
-    if local + scratch > device.capabilities.local_mem:
-        raise ShapeError(f"gemv_chain: {m} rows of K = {stage // (m * dt.itemsize)} {dt.name} do not fit "
-                         f"{device.describe()}'s local memory ({device.capabilities.local_mem} bytes)")
+    most_k = max(int(args[f"k{i}"]) for i in range(len(steps)))
+    if _local_bytes(device, tile, dt, m, most_k) > device.capabilities.local_mem:
+        raise ShapeError(f"gemv_chain: {m} rows of K = {most_k} {dt.name} do not fit {device.describe()}'s "
+                         f"local memory ({device.capabilities.local_mem} bytes)")
+    local = m * most_k * dt.itemsize + _gemv_prologue_bytes(device, tile, m)
     kernel = _program(device, "gemv", {"DTYPE": dt, **defines}).gemv_chain
     tiles = sum(-(-int(args[f"n{i}"]) // rows) for i in range(len(steps)))
     named: dict[str, Any] = {"M": np.int32(m), "counts": q.arrival_counts(MAX_STEPS + 1),
