@@ -227,8 +227,14 @@ def main() -> int:
     ap.add_argument("--profile", type=int, default=0, metavar="TOP",
                     help="also profile 32 decode steps at the first batch: device time a step beside "
                          "its wall time, and the TOP kernels")
+    ap.add_argument("--no-chain", action="store_true",
+                    help="a layer's MLP half as three launches, not one (nn.transformer.DECODE_CHAIN)")
     ap.add_argument("--out", default=None, help="JSON path (default bench/results/decode[_gpu].json)")
     args = ap.parse_args()
+    if args.no_chain:
+        from netcl.nn import transformer
+
+        transformer.DECODE_CHAIN = False
     try:
         batches = [int(b) for b in args.batches.split(",")]
     except ValueError:
