@@ -195,6 +195,52 @@ inline float gemv_column_sum(float x)
 // GEMV_RMS: the column's items add their sums of squares through local memory (no shuffles, GEMV_WG > 1)
 #define GEMV_RMS_TREE (GEMV_WG > 1 && !GEMV_SHFL)
 
+#if defined(GEMV_RMS) || defined(GEMV_CHAIN)
+// The RMSNorm prologue once A's rows are staged (gemm_gemv's GEMV_RMS, gemv_chain's CHAIN_RMS): ss[m] is this
+// item's sum of squares over its chunks v = item, item + GEMV_WG * GEMV_ROWS, ... of row m; the sums are added
+// over the work-group (a column's GEMV_WG items by warp shuffles or a tree, then the GEMV_ROWS column sums in
+// order by every item: every work-group the same sums in the same order, so every column sees the same
+// normalized row), and the item rewrites its own chunks of the rows m < M as x * rsqrt(sum / K + eps) * w,
+// rounded to the storage like a separate rms_norm launch's output (nothing is rewritten when normalize is 0).
+// rms_part: [GEMV_M][GEMV_ROWS][GEMV_RMS_TREE ? GEMV_WG : 1] floats. Every work-item calls it: its barriers,
+// the last one included (the staged rows are then ready for every item), are reached by all.
+#define GEMV_RMS_PART(m, j, l) rms_part[((m) * GEMV_ROWS + (j)) * (GEMV_RMS_TREE ? GEMV_WG : 1) + (l)]
+inline void gemv_rms_prologue(float *ss, __local float *rms_part, __local uint4 *a_stage, const int M,
+                              const int K, const int normalize, __global const STORE_T *w, const float eps)
+{
+    const int lid = get_local_id(0), r = get_local_id(1);
+    const int per_row = K * (int)sizeof(STORE_T) / 16;
+    const int item = r * GEMV_WG + lid;
+#if GEMV_RMS_TREE == 0
+  #if GEMV_WG > 1
+    for (int m = 0; m < GEMV_M; ++m) ss[m] = gemv_column_sum(ss[m]);
+  #endif
+    if (lid == 0)
+        for (int m = 0; m < GEMV_M; ++m) GEMV_RMS_PART(m, r, 0) = ss[m];
+    barrier(CLK_LOCAL_MEM_FENCE);
+#else
+    for (int m = 0; m < GEMV_M; ++m) GEMV_RMS_PART(m, r, lid) = ss[m];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int s = GEMV_WG / 2; s > 0; s >>= 1) {
+        if (lid < s)
+            for (int m = 0; m < GEMV_M; ++m) GEMV_RMS_PART(m, r, lid) += GEMV_RMS_PART(m, r, lid + s);
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+#endif
+    for (int m = 0; m < GEMV_M; ++m)
+        if (m < M && normalize) {
+            float total = 0.0f;
+            for (int j = 0; j < GEMV_ROWS; ++j) total += GEMV_RMS_PART(m, j, 0);
+            const float rstd = rsqrt(total / (float)K + eps);
+            for (int v = item; v < per_row; v += GEMV_WG * GEMV_ROWS) {
+                const gemv_chunk_f x = gemv_unpack(a_stage[m * per_row + v]);
+                a_stage[m * per_row + v] = gemv_pack(x * rstd * gemv_norm_weight(w, v));
+            }
+        }
+    barrier(CLK_LOCAL_MEM_FENCE);
+}
+#endif
+
 #ifndef GEMV_CHAIN
 __kernel __attribute__((reqd_work_group_size(GEMV_WG, GEMV_ROWS, 1)))
 void gemm_gemv(GEMM_ARGS, __global const float *scales, __local uint4 *a_stage, __global const STORE_T *rms_w,
@@ -246,9 +292,8 @@ void gemm_gemv(GEMM_ARGS, __global const float *scales, __local uint4 *a_stage, 
         // each item's chunks v = item, item + GEMV_WG * GEMV_ROWS, ... of every row: staged, their squares
         // summed, then (the row's rstd known) rewritten normalized by the same item. No #pragma unroll on
         // these loops over the rows: PoCL 3 (LLVM) then staged and scaled the wrong rows (M > 1)
-        // the rows' partial sums [GEMV_M][GEMV_ROWS][GEMV_RMS_TREE ? GEMV_WG : 1] after the staged rows
+        // the rows' partial sums after the staged rows (gemv_rms_prologue)
         __local float *rms_part = (__local float *)(a_stage + M * per_row);
-#define RMS_PART(m, j, l) rms_part[((m) * GEMV_ROWS + (j)) * (GEMV_RMS_TREE ? GEMV_WG : 1) + (l)]
         float ss[GEMV_M];
         for (int m = 0; m < GEMV_M; ++m) {
             ss[m] = 0.0f;
@@ -259,35 +304,7 @@ void gemm_gemv(GEMM_ARGS, __global const float *scales, __local uint4 *a_stage, 
                     ss[m] += gemv_sumsq(gemv_unpack(u));
                 }
         }
-        // the rows' sums over the work-group: over a column's GEMV_WG items (warp shuffles or a tree), then
-        // the GEMV_ROWS column sums in order by every item
-  #if GEMV_RMS_TREE == 0
-    #if GEMV_WG > 1
-        for (int m = 0; m < GEMV_M; ++m) ss[m] = gemv_column_sum(ss[m]);
-    #endif
-        if (lid == 0)
-            for (int m = 0; m < GEMV_M; ++m) RMS_PART(m, r, 0) = ss[m];
-        barrier(CLK_LOCAL_MEM_FENCE);
-  #else
-        for (int m = 0; m < GEMV_M; ++m) RMS_PART(m, r, lid) = ss[m];
-        barrier(CLK_LOCAL_MEM_FENCE);
-        for (int s = GEMV_WG / 2; s > 0; s >>= 1) {
-            if (lid < s)
-                for (int m = 0; m < GEMV_M; ++m) RMS_PART(m, r, lid) += RMS_PART(m, r, lid + s);
-            barrier(CLK_LOCAL_MEM_FENCE);
-        }
-  #endif
-        for (int m = 0; m < GEMV_M; ++m)
-            if (m < M) {
-                float total = 0.0f;
-                for (int j = 0; j < GEMV_ROWS; ++j) total += RMS_PART(m, j, 0);
-                const float rstd = rsqrt(total / (float)K + rms_eps);
-                for (int v = item; v < per_row; v += GEMV_WG * GEMV_ROWS) {
-                    const gemv_chunk_f x = gemv_unpack(a_stage[m * per_row + v]);
-                    a_stage[m * per_row + v] = gemv_pack(x * rstd * gemv_norm_weight(rms_w, v));
-                }
-            }
-        barrier(CLK_LOCAL_MEM_FENCE);
+        gemv_rms_prologue(ss, rms_part, a_stage, M, K, 1, rms_w, rms_eps);
 #endif
     }
 #endif
@@ -410,10 +427,9 @@ void gemm_gemv(GEMM_ARGS, __global const float *scales, __local uint4 *a_stage, 
 #else
 #define CHAIN_SRC __global const
 #endif
-// the rows' sums of squares [GEMV_M][GEMV_ROWS][GEMV_RMS_TREE ? GEMV_WG : 1], then the columns' partial sums
+// the rows' sums of squares (gemv_rms_prologue's rms_part), then the columns' partial sums
 // [GEMV_ROWS][2 GEMV_M][GEMV_WG] (without shuffles): one scratch array, used one after the other
 #define CHAIN_SCRATCH (GEMV_ROWS * 2 * GEMV_M * GEMV_WG)
-#define CHAIN_RMS_PART(m, j, l) scratch[((m) * GEMV_ROWS + (j)) * (GEMV_RMS_TREE ? GEMV_WG : 1) + (l)]
 
 inline void chain_tile(const int tile, const int phase, const int flags, const int wait_for, const int M,
                        const int N, const int K, CHAIN_SRC STORE_T *A, __global const STORE_T *W,
@@ -461,35 +477,7 @@ inline void chain_tile(const int tile, const int phase, const int flags, const i
                 if (flags & CHAIN_RMS) ss[m] += gemv_sumsq(gemv_unpack(u));
             }
     }
-    {
-#if GEMV_RMS_TREE == 0
-  #if GEMV_WG > 1
-        for (int m = 0; m < GEMV_M; ++m) ss[m] = gemv_column_sum(ss[m]);
-  #endif
-        if (lid == 0)
-            for (int m = 0; m < GEMV_M; ++m) CHAIN_RMS_PART(m, r, 0) = ss[m];
-        barrier(CLK_LOCAL_MEM_FENCE);
-#else
-        for (int m = 0; m < GEMV_M; ++m) CHAIN_RMS_PART(m, r, lid) = ss[m];
-        barrier(CLK_LOCAL_MEM_FENCE);
-        for (int s = GEMV_WG / 2; s > 0; s >>= 1) {
-            if (lid < s)
-                for (int m = 0; m < GEMV_M; ++m) CHAIN_RMS_PART(m, r, lid) += CHAIN_RMS_PART(m, r, lid + s);
-            barrier(CLK_LOCAL_MEM_FENCE);
-        }
-#endif
-        for (int m = 0; m < GEMV_M; ++m)
-            if (m < M && (flags & CHAIN_RMS)) {
-                float total = 0.0f;
-                for (int j = 0; j < GEMV_ROWS; ++j) total += CHAIN_RMS_PART(m, j, 0);
-                const float rstd = rsqrt(total / (float)K + eps);
-                for (int v = item; v < per_row; v += GEMV_WG * GEMV_ROWS) {
-                    const gemv_chunk_f x = gemv_unpack(a_stage[m * per_row + v]);
-                    a_stage[m * per_row + v] = gemv_pack(x * rstd * gemv_norm_weight(NW, v));
-                }
-            }
-    }
-    barrier(CLK_LOCAL_MEM_FENCE);
+    gemv_rms_prologue(ss, scratch, a_stage, M, K, flags & CHAIN_RMS, NW, eps);
 
     while (k < K) {
 #pragma unroll
