@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import pyopencl as cl
 
-from netcl.core import dtypes
+from netcl.core import capture, dtypes
 from netcl.core.tensor import Tensor
 from netcl.errors import DTypeError, NetclError, ShapeError
 from netcl.ops.gemm.api import gemv_fits
@@ -106,6 +106,33 @@ def _local_bytes(device: Any, tile: dict[str, int], dt: np.dtype, m: int, k: int
         "GEMV_WG"]
 
 
+def _plan(device: Any, dt: np.dtype, m: int, args: dict[str, Any], defines: dict[str, Any],
+          dynamic: dict[str, Any]) -> tuple[Any, list[str]]:
+    """(the Plan of a chain of this signature, the names of its dynamic arguments in the Plan's order)."""
+    steps = defines["CHAIN_P"]
+    tile = usable_params(device, "gemv", dt)
+    knobs = {knob: tile[knob] for knob in ("GEMV_WG", "GEMV_ROWS", "GEMV_UNROLL")}
+    defines = {**defines, "GEMV_M": m, **knobs}
+    wg, rows = tile["GEMV_WG"], tile["GEMV_ROWS"]
+    most_k = max(int(args[f"k{i}"]) for i in range(steps))
+    if _local_bytes(device, tile, dt, m, most_k) > device.capabilities.local_mem:
+        raise ShapeError(f"gemv_chain: {m} rows of K = {most_k} {dt.name} do not fit {device.describe()}'s "
+                         f"local memory ({device.capabilities.local_mem} bytes)")
+    stage = m * most_k * dt.itemsize + _gemv_prologue_bytes(device, tile, m)  # rows, then the norm's sums
+    static: dict[str, Any] = {"M": np.int32(m), "a_stage": cl.LocalMemory(stage)}
+    for i in range(MAX_STEPS):
+        live = i < steps
+        static[f"n{i}"] = np.int32(args[f"n{i}"] if live else 0)
+        static[f"k{i}"] = np.int32(args[f"k{i}"] if live else 8)
+        static[f"eps{i}"] = np.float32(args[f"eps{i}"] if live else 0.0)
+    kernel = _program(device, "gemv", {"DTYPE": dt, **defines}).gemv_chain
+    tiles = sum(-(-int(args[f"n{i}"]) // rows) for i in range(steps))
+    order = [i for i, name in enumerate(kernel.arg_names) if name in dynamic]
+    plan = kernel.plan((wg, rows * tiles, 1), (wg, rows, 1), kernel.positional((), {**static, **dynamic}),
+                       order)
+    return plan, [kernel.arg_names[i] for i in order]
+
+
 def gemv_chain(steps: list[ChainStep]) -> list[Tensor]:
     """The outputs of `steps` (1 to MAX_STEPS ChainSteps), computed in one launch (module docstring)."""
     if not isinstance(steps, (list, tuple)) or not 1 <= len(steps) <= MAX_STEPS:
@@ -162,35 +189,23 @@ def gemv_chain(steps: list[ChainStep]) -> list[Tensor]:
         args.update({f"a{i}": a, f"w{i}": w, f"c{i}": out, f"r{i}": res if res is not None else out,
                      f"nw{i}": norm_w if norm_w is not None else out, f"n{i}": n, f"k{i}": k, f"eps{i}": eps})
     assert first is not None
-    q, dt, m = first.queue, first.dtype, first.shape[0]
-    device = q.device
-    tile = usable_params(device, "gemv", dt)
-    for knob in ("GEMV_WG", "GEMV_ROWS", "GEMV_UNROLL"):
-        defines[knob] = tile[knob]
-    defines["GEMV_M"] = m
-    wg, rows = tile["GEMV_WG"], tile["GEMV_ROWS"]
-    most_k = max(int(args[f"k{i}"]) for i in range(len(steps)))
-    if _local_bytes(device, tile, dt, m, most_k) > device.capabilities.local_mem:
-        raise ShapeError(f"gemv_chain: {m} rows of K = {most_k} {dt.name} do not fit {device.describe()}'s "
-                         f"local memory ({device.capabilities.local_mem} bytes)")
-    local = m * most_k * dt.itemsize + _gemv_prologue_bytes(device, tile, m)
-    kernel = _program(device, "gemv", {"DTYPE": dt, **defines}).gemv_chain
-    tiles = sum(-(-int(args[f"n{i}"]) // rows) for i in range(len(steps)))
-    named: dict[str, Any] = {"M": np.int32(m), "counts": q.arrival_counts(MAX_STEPS + 1),
-                             "a_stage": cl.LocalMemory(local)}
+    q = first.queue
+    dynamic: dict[str, Any] = {"counts": q.arrival_counts(MAX_STEPS + 1)}
     for i in range(MAX_STEPS):
-        if i < len(steps):
-            for name in ("a", "w", "c", "r", "nw"):
-                t = args[f"{name}{i}"]
-                named[f"{name}{i}"], named[f"{name}{i}_off"] = t.buffer, np.int64(t.offset)
-            named[f"n{i}"], named[f"k{i}"] = np.int32(args[f"n{i}"]), np.int32(args[f"k{i}"])
-            named[f"eps{i}"] = np.float32(args[f"eps{i}"])
-        else:  # phases past CHAIN_P are not read
-            buf = outs[0].buffer
-            for name in ("a", "w", "c", "r", "nw"):
-                named[f"{name}{i}"], named[f"{name}{i}_off"] = buf, np.int64(0)
-            named[f"n{i}"], named[f"k{i}"], named[f"eps{i}"] = np.int32(0), np.int32(8), np.float32(0.0)
-    kernel(q, (wg, rows * tiles, 1), (wg, rows, 1), **named)
+        live = i < len(steps)  # phases past CHAIN_P are not read
+        for name in ("a", "w", "c", "r", "nw"):
+            t = args[f"{name}{i}"] if live else outs[0]
+            dynamic[f"{name}{i}"], dynamic[f"{name}{i}_off"] = t.buffer, np.int64(t.offset if live else 0)
+    # one Plan per signature (dtype, rows, each step's sizes, flags and eps), in netcl.core.capture.plans: the
+    # tile, the program and the fixed arguments are worked out once; a call sets the buffers and offsets
+    key = ("gemv_chain", id(q.device), first.dtype, first.shape[0],
+           tuple((args[f"n{i}"], args[f"k{i}"], defines[f"CHAIN_F{i}"], args[f"eps{i}"])
+                 for i in range(len(steps))))
+    hit = capture.plans.get(key)
+    if hit is None:
+        hit = capture.plans.put(key, _plan(q.device, first.dtype, first.shape[0], args, defines, dynamic))
+    plan, names = hit
+    plan(q, *[dynamic[n] for n in names])
     return outs
 
 
