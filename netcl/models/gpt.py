@@ -154,8 +154,18 @@ class GPT(Module):
         mask = padding_mask(attention_mask, b, s, self.queue) if attention_mask is not None else None
         if caches is not None and kv_len is None:
             kv_len = ops.add(position, s).realize()
+        if caches is None:
+            for layer in self.layers:
+                h = layer(h, mask, None, position, kv_len)
+            return h
+        # a decode step: each block's decode chain may make the next block's normalized q/k/v product
+        # (TransformerBlock.forward's `then`), one launch a layer fewer
+        qkv, last = None, len(self.layers) - 1
         for i, layer in enumerate(self.layers):
-            h = layer(h, mask, caches[i] if caches is not None else None, position, kv_len)
+            if i == last:
+                h = layer(h, mask, caches[i], position, kv_len, qkv=qkv)
+            else:
+                h, qkv = layer(h, mask, caches[i], position, kv_len, qkv=qkv, then=self.layers[i + 1])
         return h
 
     def logits(self, hidden: Node) -> Node:

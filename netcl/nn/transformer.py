@@ -233,11 +233,12 @@ class MultiHeadAttention(Module):
 
     def forward(self, x: Node, mask: Any = None, cache: KVCache | None = None, position: Tensor | None = None,
                 kv_len: Tensor | None = None, residual: Node | None = None,
-                norm: Module | None = None, project: bool = True) -> Node:
+                norm: Module | None = None, project: bool = True, qkv: Tensor | None = None) -> Node:
         """x (B, S, dim) -> (B, S, dim) (+ residual, added in the output projection's epilogue); of norm(x)
         where a norm is given (an RMSNorm inside the q/k/v GEMV's prologue when decoding). project=False:
         the heads' outputs side by side (B, S, n_heads * head_dim), before the output projection (the
-        block's decode chain makes that product itself).
+        block's decode chain makes that product itself). qkv: a decode step's (normalized) q/k/v product of
+        x, already made (the block before made it in its decode chain: TransformerBlock.forward's `then`).
 
         mask: bool (True = attend) or additive float, broadcastable to (B, n_heads, S, keys) (keys: S, or
         the cache's capacity). cache/position: the cached path (see the class docstring); kv_len: the
@@ -266,14 +267,18 @@ class MultiHeadAttention(Module):
         stacked = stack is not None and not ag.is_recording() and stack.intact()
         p = self.dropout if self.training else 0.0
         decoding = stacked and cache is not None and self.rope is not None and p == 0.0
-        fused = _fused_norm(norm, x) if decoding else None
-        if norm is not None and fused is None:
+        if qkv is not None and not decoding:
+            raise ShapeError("MultiHeadAttention: qkv= is a cached decode step's product (stacked "
+                             "projections, rope, a cache, no dropout, no gradient recording)")
+        fused = _fused_norm(norm, x) if decoding and qkv is None else None
+        if norm is not None and fused is None and qkv is None:
             x = norm(x)
         if decoding:
             # one GEMM (with the norm) for q, k and v; the rotations, the cache writes and the attention in
             # one launch where the decode kernel runs (else rope_qkv_cache, then the attention)
             heads = self.n_heads + 2 * self.n_kv_heads
-            y = stack.product(x, fused).reshape(b, s, heads, self.head_dim).permute(0, 2, 1, 3)
+            y = stack.product(x, fused) if qkv is None else qkv
+            y = y.reshape(b, s, heads, self.head_dim).permute(0, 2, 1, 3)
             o, _ = ops.rope_cache_decode_attention(y, self.n_heads, self.rope.cos, self.rope.sin, cache.k,
                                                    cache.v, position, self.rope.pairing, causal=self.causal,
                                                    mask=mask.value if isinstance(mask, Node) else mask,
@@ -372,26 +377,56 @@ class TransformerBlock(Module):
         return ag.dropout(x, self.dropout, True, generator=gen)
 
     def forward(self, x: Node, mask: Any = None, cache: KVCache | None = None, position: Tensor | None = None,
-                kv_len: Tensor | None = None) -> Node:
+                kv_len: Tensor | None = None, qkv: Tensor | None = None,
+                then: TransformerBlock | None = None) -> Node | tuple[Node, Tensor | None]:
+        """x (B, S, dim) -> (B, S, dim); mask, cache, position, kv_len as MultiHeadAttention's.
+
+        A decode step through several blocks may pass each block the next one as `then`: where the block's
+        decode chain fits (one row, half storage; _mlp_half_chain), the chain's last phase makes then's
+        RMSNorm + q/k/v product as well, one launch a layer fewer. With `then` the call returns (output,
+        that product or None), and the caller hands the product to `then` as qkv= (GPT.hidden does)."""
         x = as_node(x)
         if self.training and self.dropout > 0:
+            if qkv is not None:
+                raise ShapeError("TransformerBlock: qkv= is for a cached decode step, not training with "
+                                 "dropout")
             h = x + self._drop(self.attn(self.attn_norm(x), mask, cache, position, kv_len))
-            return h + self._drop(self.mlp(self.mlp_norm(h)))
+            out: Node = h + self._drop(self.mlp(self.mlp_norm(h)))
+            return out if then is None else (out, None)
         # the norms go in with their inputs: an RMSNorm runs in the next product's launch when decoding
+        following = None
         if cache is not None and DECODE_CHAIN and not ag.is_recording():
-            o = self.attn(x, mask, cache, position, kv_len, norm=self.attn_norm, project=False)
-            out = self._mlp_half_chain(o, x)
-            if out is not None:
-                return out
-            h = _project(o, self.attn.o_proj, x)
+            o = self.attn(x, mask, cache, position, kv_len, norm=self.attn_norm, project=False, qkv=qkv)
+            chained = self._mlp_half_chain(o, x, then)
+            if chained is not None:
+                out, following = chained
+            else:
+                h = _project(o, self.attn.o_proj, x)
+                out = self.mlp(h, residual=h, norm=self.mlp_norm)
         else:
-            h = self.attn(x, mask, cache, position, kv_len, residual=x, norm=self.attn_norm)
-        return self.mlp(h, residual=h, norm=self.mlp_norm)
+            h = self.attn(x, mask, cache, position, kv_len, residual=x, norm=self.attn_norm, qkv=qkv)
+            out = self.mlp(h, residual=h, norm=self.mlp_norm)
+        return out if then is None else (out, following)
 
-    def _mlp_half_chain(self, o: Node, x: Node) -> Node | None:
+    def _qkv_step(self, a: int, x: Tensor) -> chain.ChainStep | None:
+        """This block's RMSNorm + q/k/v product (a decode step's) as a chain step reading step `a`'s output
+        (shaped and typed as x), where it has the bits of the launch it replaces; else None."""
+        attn, norm = self.attn, self.attn_norm
+        stack = attn._qkv
+        if attn.rope is None or (attn.training and attn.dropout > 0) or stack is None or not stack.intact():
+            return None
+        if stack.bias is not None or stack.scale is not None or _fused_norm(norm, as_node(x)) is None:
+            return None
+        if not chain.rms_step_fits(x, stack.weight):
+            return None
+        return chain.ChainStep(a, stack.weight, norm=(norm.weight.value, norm.eps))
+
+    def _mlp_half_chain(self, o: Node, x: Node,
+                        then: TransformerBlock | None = None) -> tuple[Node, Tensor | None] | None:
         """A decode step's o-projection + residual, RMSNorm + gate/up + SwiGLU and down-projection + residual
         as one launch (ops.gemm.gemv_chain), where the three launches it replaces would be the gemv kernel's
-        (ops.gemm.chain.mlp_half_fits: the same bits); else None."""
+        (ops.gemm.chain.mlp_half_fits: the same bits), with `then`'s RMSNorm + q/k/v product as a fourth step
+        where that fits too: (output, then's product or None); else None."""
         mlp, wo, norm = self.mlp, self.attn.o_proj, self.mlp_norm
         if not isinstance(mlp, SwiGLU) or not isinstance(norm, RMSNorm) or len(norm.normalized_shape) != 1:
             return None
@@ -405,12 +440,16 @@ class TransformerBlock(Module):
                                                            mlp.w2.weight.value):
             return None
         dim = xv.shape[-1]
-        _, _, out = chain.gemv_chain([
+        steps = [
             chain.ChainStep(ov.reshape(1, ov.shape[-1]), wo.weight.value, residual=xv.reshape(1, dim)),
             chain.ChainStep(0, stack.weight, norm=(nw, norm.eps), glu=True),
             chain.ChainStep(1, mlp.w2.weight.value, residual=0),
-        ])
-        return as_node(out.reshape(xv.shape))
+        ]
+        step = then._qkv_step(2, xv) if isinstance(then, TransformerBlock) else None
+        if step is not None:
+            steps.append(step)
+        outs = chain.gemv_chain(steps)
+        return as_node(outs[2].reshape(xv.shape)), (outs[3] if step is not None else None)
 
 
 def padding_mask(mask: Any, batch: int, keys: int, queue: Any) -> Tensor:

@@ -93,10 +93,30 @@ def mlp_half_fits(o: Tensor, x: Tensor, o_weight: Tensor, gate_up: Tensor, down:
     if not all(t.is_contiguous() and t.offset % 8 == 0 for t in (o, x, o_weight, gate_up, down)):
         return False
     if h % 8 or not (gemv_fits(o.reshape(1, d), o_weight.transpose(0, 1))
-                     and gemv_rms_fits(o.device, o.dtype, 1, h, d, glu=True)):
+                     and rms_step_fits(x, gate_up, glu=True)):
         return False
     tile = usable_params(o.device, "gemv", o.dtype)
     return _local_bytes(o.device, tile, o.dtype, 1, max(d, h)) <= o.device.capabilities.local_mem
+
+
+def rms_step_fits(x: Tensor, weight: Tensor, glu: bool = False) -> bool:
+    """Whether ChainStep(x, weight, norm=..., glu=glu) of one half-precision row x (..., K) has the bits of
+    ops.rms_norm_linear(x, ..., weight, glu=glu) (no bias, no int8 scales): the launch it replaces would be
+    the gemv kernel's default tile with the norm in its prologue (launch.gemv_rms_fits), and the row fits
+    the chain's local memory beside a K of its own."""
+    if not (isinstance(x, Tensor) and isinstance(weight, Tensor)) or weight.ndim != 2 or x.ndim < 1:
+        return False
+    n, k = weight.shape
+    if x.size != k or x.shape[-1] != k or not dtypes.is_half(x.dtype) or weight.dtype != x.dtype \
+            or weight.queue is not x.queue or (glu and n % 2) or k % 8:
+        return False
+    if not (x.is_contiguous() and weight.is_contiguous() and x.offset % 8 == 0 and weight.offset % 8 == 0):
+        return False
+    if not (gemv_fits(x.reshape(1, k), weight.transpose(0, 1))
+            and gemv_rms_fits(x.device, x.dtype, 1, n // 2 if glu else n, k, glu=glu)):
+        return False
+    tile = usable_params(x.device, "gemv", x.dtype)
+    return _local_bytes(x.device, tile, x.dtype, 1, k) <= x.device.capabilities.local_mem
 
 
 def _local_bytes(device: Any, tile: dict[str, int], dt: np.dtype, m: int, k: int) -> int:
