@@ -154,8 +154,9 @@ MMA_EMULATE = False
 # bytes of spills); 235 and 243 registers.
 MMA_TILES: dict[str, Any] = {"BM": 64, "BN": 64, "BQ": 64, "PREFETCH": 1, "DKDV_RING": 1,
                              "forward": {"BM": 128, "RB": 2}, "dq": {"BM": 128, "RB": 2, "BN": 32},
-                             "forward_wg": {"BM": 64, "WG_KN": 1}, "dq_wg": {"BM": 64, "WG_KN": 1},
-                             "dkdv_wg": {"BM": 64, "WG_KN": 1}}
+                             "forward_wg": {"BM": 64, "WG_KN": 1},
+                             "dq_wg": {"BM": 64, "WG_KN": 1, "WG_SS": 1},
+                             "dkdv_wg": {"BM": 64, "WG_KN": 1, "WG_SS": 1}}
 # WGMMA_PASSES: the passes whose products run on Hopper's warpgroup matrix units (attention_mma.cl MMA_WG,
 # head dim 64): s = q k^T and o += p v in the forward, s = q k^T and dp = dO v^T (and dq += ds k) in the dq
 # pass, s^T and dp^T (and dv += (p z)^T dO, dk += ds^T q) in the dk/dv pass, by wgmma with the pass's own
@@ -163,11 +164,13 @@ MMA_TILES: dict[str, Any] = {"BM": 64, "BN": 64, "BQ": 64, "PREFETCH": 1, "DKDV_
 # registers) and the streamed tiles swizzled for the units, read from local memory; 64 rows a warpgroup,
 # MMA_TILES["forward_wg"] / ["dq_wg"] / ["dkdv_wg"]["BM"] rows a work-group;
 # their "WG_KN" 1: the products that read a tile MN-major on the units too (0: on mma.sync); the backward
-# passes' "WG_SS" 1: their rows in local memory as the forward's q (not yet measured). H200, bfloat16,
+# passes' "WG_SS" 1: their rows in local memory as the forward's q. H200, bfloat16,
 # B=8 H=16 S=2048 D=64, device time a pass (eighteenth session): forward 0.526 ms on mma.sync -> 0.371,
 # dq 0.630 -> 0.568 with WG_KN, dk/dv 0.944 -> 0.863 with WG_KN (1.063 on mma.sync; two warpgroups a
-# work-group were slower). None = all three where the device runs wgmma (gemm.variants.has_wgmma), none
-# elsewhere; or a tuple of "forward", "dq", "dkdv" (with MMA_EMULATE: their emulation on any device).
+# work-group were slower); twenty-second session, WG_SS: dq 0.576 -> 0.468, dk/dv 0.874 -> 0.808 (causal
+# 0.346 -> 0.280, 0.492 -> 0.437), fwd+bwd 1.843 -> 1.667 ms full, 1.081 -> 0.960 causal.
+# None = all three where the device runs wgmma (gemm.variants.has_wgmma), none elsewhere; or a tuple of
+# "forward", "dq", "dkdv" (with MMA_EMULATE: their emulation on any device).
 WGMMA_PASSES: tuple[str, ...] | None = None
 MMA_RB_MAX_HEAD_DIM = 64
 # The matrix-unit backward (dq pass, then dk/dv: no atomics) keeps k's and v's fragments and dk, dv in
