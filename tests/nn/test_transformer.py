@@ -242,6 +242,29 @@ def test_cached_attention_matches_the_full_pass(queue, rng, rotary):
     np.testing.assert_allclose(np.concatenate(pieces, 1), full, rtol=1e-11, atol=1e-12)
 
 
+def test_block_then_returns_the_next_blocks_product_or_none(queue, rng):
+    """forward(then=next block) returns (output, next block's q/k/v product or None): None where the decode
+    chain does not run (float64 here), with the output of the call without `then`."""
+    d, h, kv, hd = 12, 4, 2, 4
+    rope = RoPE(queue, hd, 32, dtype="float64")
+    blocks = [TransformerBlock(queue, d, h, 16, n_kv_heads=kv, head_dim=hd, rope=rope, dtype="float64")
+              for _ in range(2)]
+    for b in blocks:
+        randomize(b, rng)
+        b.attn.stack_projections()
+    x = Tensor.from_host(queue, rng.standard_normal((1, 1, d)))
+    outs = []
+    for then in (None, blocks[1]):
+        cache = KVCache(queue, 1, kv, 8, hd, "float64")
+        position = Tensor.zeros(queue, (1,), np.int32)
+        got = blocks[0](ag.tensor(x), cache=cache, position=position, then=then)
+        if then is not None:
+            got, qkv = got
+            assert qkv is None
+        outs.append(got.value.to_host())
+    np.testing.assert_array_equal(outs[0], outs[1])
+
+
 def test_attention_errors(queue):
     with pytest.raises(ShapeError, match="must divide"):
         MultiHeadAttention(queue, 12, 4, 3)
@@ -257,6 +280,8 @@ def test_attention_errors(queue):
     with pytest.raises(ShapeError, match="KVCache of shape"):
         attn(ag.tensor(Tensor.zeros(queue, (1, 3, 8))), cache=KVCache(queue, 2, 2, 8, 4),
              position=Tensor.zeros(queue, (1,), np.int32))
+    with pytest.raises(ShapeError, match="qkv= is a cached decode step's product"):
+        attn(ag.tensor(Tensor.zeros(queue, (1, 1, 8))), qkv=Tensor.zeros(queue, (1, 24)))
     with pytest.raises(ValueError, match="norm"):
         TransformerBlock(queue, 8, 2, 16, norm="batch")
     with pytest.raises(ValueError, match="mlp"):
