@@ -568,12 +568,15 @@ class Kernel:
         return Plan(self, global_size, local_size, args, dynamic)
 
     def planned(self, queue: Queue, global_size: Sequence[int], local_size: Sequence[int] | None,
-                static: dict[str, Any], **dynamic: Any) -> cl.Event:
+                static: dict[str, Any], *, signature: Any = None, **dynamic: Any) -> cl.Event:
         """Launch with named arguments through the Plan of (this kernel, geometry, `static` values), kept in
         netcl.core.capture.plans: `static` holds the arguments fixed by the call's signature (sizes,
-        strides, flags), `dynamic` those that change per call (buffers, offsets, per-step scalars)."""
+        strides, flags), `dynamic` those that change per call (buffers, offsets, per-step scalars).
+        `signature`: a hashable of plain Python values that determines `static` (the op's sizes and flags),
+        the plan's key in place of the static values' bytes (cheaper to make and hash each launch)."""
         key = ("kernel", self, tuple(global_size), None if local_size is None else tuple(local_size),
-               tuple([(n, v.tobytes() if isinstance(v, np.generic) else v) for n, v in static.items()]))
+               tuple([(n, v.tobytes() if isinstance(v, np.generic) else v) for n, v in static.items()])
+               if signature is None else signature)
         plan = capture.plans.get(key)
         if plan is None:
             args = self.positional((), {**static, **dynamic})

@@ -53,23 +53,17 @@ def winograd_transform_weight(w: Tensor, flip: bool = False) -> Tensor:
     K, C = w.shape[0], w.shape[1]
     u = Tensor.empty(w.queue, (16, C, K) if flip else (16, K, C), w.dtype)
     prg = kernels.program(w.device, "winograd.cl", dtype=w.dtype)
+    # each launch through its Plan, keyed by the sizes (netcl.core.backend.Kernel.planned)
     if _winograd_rows(w.device):
-        prg.winograd_filter_rows_2x2_3x3(
-            w.queue,
-            (C if flip else K,),
-            None,
-            w=w.buffer,
-            w_off=np.int64(w.offset),
-            u=u.buffer,
-            K=np.int32(K),
-            C=np.int32(C),
-            flip=np.int32(flip),
-        )
+        prg.winograd_filter_rows_2x2_3x3.planned(
+            w.queue, (C if flip else K,), None, {"K": np.int32(K), "C": np.int32(C), "flip": np.int32(flip)},
+            signature=(K, C, flip), w=w.buffer, w_off=np.int64(w.offset), u=u.buffer)
     else:
-        prg.winograd_filter_2x2_3x3(w.queue, (K * C,), None, w=w.buffer, w_off=np.int64(w.offset), u=u.buffer,
-                                    K=np.int32(K), C=np.int32(C), SE=np.int64(K * C),
-                                    SK=np.int64(1 if flip else C), SC=np.int64(K if flip else 1),
-                                    flip=np.int32(flip))
+        prg.winograd_filter_2x2_3x3.planned(
+            w.queue, (K * C,), None, {"K": np.int32(K), "C": np.int32(C), "SE": np.int64(K * C),
+                                      "SK": np.int64(1 if flip else C), "SC": np.int64(K if flip else 1),
+                                      "flip": np.int32(flip)},
+            signature=(K, C, flip), w=w.buffer, w_off=np.int64(w.offset), u=u.buffer)
     return u
 
 
@@ -87,13 +81,17 @@ def _winograd_input(prg: Any, x: Tensor, p: ConvParams, n0: int, nb: int) -> Ten
     """V (16, C, nb*TT): B^T d B of every input tile of images n0..n0+nb-1."""
     th, tw = math.ceil(p.OH / 2), math.ceil(p.OW / 2)
     v = Tensor.empty(x.queue, (16, p.C, nb * th * tw), x.dtype)
-    args = dict(x=x.buffer, x_off=np.int64(x.offset), v=v.buffer, n0=np.int32(n0), NB=np.int32(nb),
-                C=np.int32(p.C), H=np.int32(p.H), W=np.int32(p.W), TW=np.int32(tw), TT=np.int32(th * tw),
-                PH=np.int32(p.PH), PW=np.int32(p.PW))
+    static = dict(n0=np.int32(n0), NB=np.int32(nb), C=np.int32(p.C), H=np.int32(p.H), W=np.int32(p.W),
+                  TW=np.int32(tw), TT=np.int32(th * tw), PH=np.int32(p.PH), PW=np.int32(p.PW))
+    signature = (n0, nb, p.C, p.H, p.W, p.PH, p.PW, th, tw)
     if _winograd_rows(x.device):
-        prg.winograd_input_rows_2x2_3x3(x.queue, (th, p.C, nb), None, TH=np.int32(th), **args)
+        prg.winograd_input_rows_2x2_3x3.planned(x.queue, (th, p.C, nb), None, {**static, "TH": np.int32(th)},
+                                                signature=signature, x=x.buffer, x_off=np.int64(x.offset),
+                                                v=v.buffer)
     else:
-        prg.winograd_input_2x2_3x3(x.queue, *_tile_grid(th * tw, p.C, nb), **args)
+        prg.winograd_input_2x2_3x3.planned(x.queue, *_tile_grid(th * tw, p.C, nb), static,
+                                           signature=signature, x=x.buffer, x_off=np.int64(x.offset),
+                                           v=v.buffer)
     return v
 
 
@@ -113,25 +111,18 @@ def _conv_winograd(
         v = _winograd_input(prg, x, p, n0, nb)
         m = mm.matmul(u, v)
         del v
-        args = dict(
-            m=m.buffer,
-            bias=b.buffer,
-            b_off=np.int64(b.offset),
-            has_bias=np.int32(bias is not None),
-            y=out.buffer,
-            y_off=np.int64(out.offset),
-            n0=np.int32(n0),
-            NB=np.int32(nb),
-            K=np.int32(p.K),
-            OH=np.int32(p.OH),
-            OW=np.int32(p.OW),
-            TW=np.int32(tw),
-            TT=np.int32(th * tw),
-        )
+        static = dict(has_bias=np.int32(bias is not None), n0=np.int32(n0), NB=np.int32(nb), K=np.int32(p.K),
+                      OH=np.int32(p.OH), OW=np.int32(p.OW), TW=np.int32(tw), TT=np.int32(th * tw))
+        signature = (bias is not None, n0, nb, p.K, p.OH, p.OW, th, tw)
+        dynamic = dict(m=m.buffer, bias=b.buffer, b_off=np.int64(b.offset), y=out.buffer,
+                       y_off=np.int64(out.offset))
         if _winograd_rows(x.device):
-            prg.winograd_output_rows_2x2_3x3(x.queue, (th, p.K, nb), None, TH=np.int32(th), **args)
+            prg.winograd_output_rows_2x2_3x3.planned(x.queue, (th, p.K, nb), None,
+                                                     {**static, "TH": np.int32(th)}, signature=signature,
+                                                     **dynamic)
         else:
-            prg.winograd_output_2x2_3x3(x.queue, *_tile_grid(th * tw, p.K, nb), **args)
+            prg.winograd_output_2x2_3x3.planned(x.queue, *_tile_grid(th * tw, p.K, nb), static,
+                                                signature=signature, **dynamic)
 
 
 WINOGRAD_SPLIT_WAVES = 2  # GPUs: weight-gradient slices until 16 x S x blocks >= this many x compute units
@@ -174,25 +165,28 @@ def _backward_weight_winograd(x: Tensor, gy: Tensor, p: ConvParams) -> Tensor:
         pt = nb * tt
         v = _winograd_input(prg, x, p, n0, nb)                                  # (16, C, pt)
         z = Tensor.empty(x.queue, (16, p.K, pt), x.dtype)
-        args = dict(gy=gy.buffer, gy_off=np.int64(gy.offset), z=z.buffer, n0=np.int32(n0), NB=np.int32(nb),
-                    K=np.int32(p.K), OH=np.int32(p.OH), OW=np.int32(p.OW), TW=np.int32(tw), TT=np.int32(tt))
+        static = dict(n0=np.int32(n0), NB=np.int32(nb), K=np.int32(p.K), OH=np.int32(p.OH), OW=np.int32(p.OW),
+                      TW=np.int32(tw), TT=np.int32(tt))
+        signature = (n0, nb, p.K, p.OH, p.OW, th, tw)
         if rows:
-            prg.winograd_grad_output_rows_2x2_3x3(x.queue, (th, p.K, nb), None, TH=np.int32(th), **args)
+            prg.winograd_grad_output_rows_2x2_3x3.planned(
+                x.queue, (th, p.K, nb), None, {**static, "TH": np.int32(th)}, signature=signature,
+                gy=gy.buffer, gy_off=np.int64(gy.offset), z=z.buffer)
         else:
-            prg.winograd_grad_output_2x2_3x3(x.queue, *_tile_grid(tt, p.K, nb), **args)
+            prg.winograd_grad_output_2x2_3x3.planned(x.queue, *_tile_grid(tt, p.K, nb), static,
+                                                     signature=signature, gy=gy.buffer,
+                                                     gy_off=np.int64(gy.offset), z=z.buffer)
         sl = pt // splits
         zs = z._view((splits, 16, p.K, sl), (sl, p.K * pt, pt, 1), z.offset)      # (S, 16, K, sl)
         vs = v._view((splits, 16, sl, p.C), (sl, p.C * pt, 1, pt), v.offset)      # (S, 16, sl, C)
         du = mm.matmul_epilogue(zs, vs, residual=du)                               # (S, 16, K, C)
         del v, z
     gw = Tensor.empty(x.queue, (p.K, p.C, 3, 3), x.dtype)
-    args = dict(du=du.buffer, gw=gw.buffer, gw_off=np.int64(gw.offset), K=np.int32(p.K), C=np.int32(p.C),
-                S=np.int32(du.shape[0]))
     if du.offset or not du.is_contiguous():
         du = du.contiguous()
-        args["du"] = du.buffer
-    if rows:
-        prg.winograd_grad_filter_rows_2x2_3x3(x.queue, (p.K,), None, **args)
-    else:
-        prg.winograd_grad_filter_2x2_3x3(x.queue, (p.K * p.C,), None, **args)
+    splits = du.shape[0]
+    static = dict(K=np.int32(p.K), C=np.int32(p.C), S=np.int32(splits))
+    kernel = prg.winograd_grad_filter_rows_2x2_3x3 if rows else prg.winograd_grad_filter_2x2_3x3
+    kernel.planned(x.queue, (p.K,) if rows else (p.K * p.C,), None, static, signature=(p.K, p.C, splits),
+                   du=du.buffer, gw=gw.buffer, gw_off=np.int64(gw.offset))
     return gw
