@@ -154,25 +154,18 @@ def _bn_program(device: Any, dt: np.dtype, layout: str, hw: int, vec: int, relu:
 
 def _bn_elementwise(prg: Any, layout: str, name: str, like: Tensor, hw: int, vec: int, **args: Any) -> Tensor:
     """One of the elementwise passes (batch_norm_apply, batch_norm_grad_input) into a new tensor shaped like
-    x."""
+    x; `args` are the launch's buffers and offsets (its Plan keyed by the sizes)."""
     out = Tensor.empty(like.queue, like.shape, like.dtype)
     n, c = like.shape[0], like.shape[1]
     if capture.declaring():  # for the profiler: x (and grad_y) read once, the output written once
         launch_labels.work(0.0, float(like.nbytes * (3 if "grad" in name else 2)))
+    static = {"C": np.int32(c), "NC": np.int32(n * c)}
     if layout == "groups":
-        getattr(prg, f"{name}_flat")(like.queue, (hw // vec, n * c), None, out=out.buffer, C=np.int32(c),
-                                     NC=np.int32(n * c), **args)
+        getattr(prg, f"{name}_flat").planned(like.queue, (hw // vec, n * c), None, static, signature=(n, c),
+                                             out=out.buffer, **args)
     else:
-        getattr(prg, f"{name}_runs")(
-            like.queue,
-            (n * c,),
-            None,
-            out=out.buffer,
-            C=np.int32(c),
-            NC=np.int32(n * c),
-            hw=np.int32(hw),
-            **args,
-        )
+        getattr(prg, f"{name}_runs").planned(like.queue, (n * c,), None, {**static, "hw": np.int32(hw)},
+                                             signature=(n, c, hw), out=out.buffer, **args)
     return out
 
 
@@ -219,21 +212,22 @@ def batch_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, running_me
     vec = _bn_vec(x) if layout == "groups" else 1
     local = _local_size(x.device) if layout == "groups" else 1
     dummy = stats.buffer
+    # each launch through its Plan (Kernel.planned): `fixed` holds what the signature `sig` determines,
+    # `common` the buffers and offsets of the call
     common = dict(
         w=weight.buffer if weight is not None else dummy,
         w_off=np.int64(weight.offset if weight is not None else 0),
         b=bias.buffer if bias is not None else dummy,
         b_off=np.int64(bias.offset if bias is not None else 0),
-        has_w=np.int32(weight is not None),
-        has_b=np.int32(bias is not None),
         rmean=running_mean.buffer if running_mean is not None else dummy,
         rvar=running_var.buffer if running_var is not None else dummy,
-        has_running=np.int32(running_mean is not None and training),
         stats=stats.buffer,
-        C=np.int32(c),
-        momentum=_scalar(dt, momentum),
-        eps=_scalar(dt, eps),
     )
+    has_running = running_mean is not None and training
+    fixed = dict(has_w=np.int32(weight is not None), has_b=np.int32(bias is not None),
+                 has_running=np.int32(has_running), C=np.int32(c), momentum=_scalar(dt, momentum),
+                 eps=_scalar(dt, eps))
+    sig = (weight is not None, bias is not None, has_running, c, float(momentum), float(eps))
     parts = _bn_parts(x.device, layout, n, c, hw, local, vec) if training else 1
     fused = _bn_fused(layout, parts, dt)
     prg = _bn_program(x.device, dt, layout, hw, vec, relu, fused)
@@ -245,22 +239,25 @@ def batch_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, running_me
             if parts > 1
             else stats
         )
-        args = dict(x=x.buffer, x_off=np.int64(x.offset), part=part.buffer, N=np.int32(n), S=np.int32(parts),
-                    **common)
+        args = dict(x=x.buffer, x_off=np.int64(x.offset), part=part.buffer, **common)
+        static = dict(N=np.int32(n), S=np.int32(parts), **fixed)
         if capture.declaring():
             launch_labels.work(0.0, float(x.nbytes))
         if layout == "groups":
             count = x.queue.arrival_counts(c) if fused else part.buffer
-            prg.batch_norm_stats_groups(x.queue, (c * parts * local,), (local,), count=count, **args)
+            prg.batch_norm_stats_groups.planned(x.queue, (c * parts * local,), (local,), static,
+                                                signature=(n, parts, *sig), count=count, **args)
         else:
-            prg.batch_norm_stats_runs(x.queue, (c * parts,), None, hw=np.int32(hw), **args)
+            prg.batch_norm_stats_runs.planned(x.queue, (c * parts,), None, {**static, "hw": np.int32(hw)},
+                                              signature=(n, parts, hw, *sig), **args)
         if parts > 1 and not fused:
-            prg.batch_norm_finalize(
-                x.queue, (c,), None, part=part.buffer, S=np.int32(parts), training=np.int32(1), **common
-            )
+            prg.batch_norm_finalize.planned(x.queue, (c,), None,
+                                            {"S": np.int32(parts), "training": np.int32(1), **fixed},
+                                            signature=(parts, True, *sig), part=part.buffer, **common)
     else:
-        prg.batch_norm_finalize(x.queue, (c,), None, part=stats.buffer, S=np.int32(0), training=np.int32(0),
-                                **common)
+        prg.batch_norm_finalize.planned(x.queue, (c,), None,
+                                        {"S": np.int32(0), "training": np.int32(0), **fixed},
+                                        signature=(0, False, *sig), part=stats.buffer, **common)
     out = _bn_elementwise(prg, layout, "batch_norm_apply", x, hw, vec, x=x.buffer, x_off=np.int64(x.offset),
                           stats=stats.buffer, stats_off=np.int64(stats.offset))
     return out, save_mean, save_invstd
@@ -318,8 +315,6 @@ def batch_norm_backward(grad_out: Tensor, x: Tensor, weight: Tensor | None, save
         w_off=np.int64(weight.offset if weight is not None else 0),
         b=bias.buffer if bias is not None else dummy,
         b_off=np.int64(bias.offset if bias is not None else 0),
-        has_w=np.int32(weight is not None),
-        has_b=np.int32(bias is not None),
         mean_in=save_mean.buffer,
         mean_off=np.int64(save_mean.offset),
         invstd_in=save_invstd.buffer,
@@ -328,22 +323,25 @@ def batch_norm_backward(grad_out: Tensor, x: Tensor, weight: Tensor | None, save
         gw=gw.buffer,
         gb=gb.buffer,
         coef=coef.buffer,
-        N=np.int32(n),
-        C=np.int32(c),
-        S=np.int32(parts),
-        training=np.int32(bool(training)),
     )
+    # each launch through its Plan (Kernel.planned), keyed by the signature `sig` that fixes `static`
+    static = dict(has_w=np.int32(weight is not None), has_b=np.int32(bias is not None), N=np.int32(n),
+                  C=np.int32(c), S=np.int32(parts), training=np.int32(bool(training)))
+    sig = (weight is not None, bias is not None, n, c, parts, bool(training))
     fused = _bn_fused(layout, parts, dt)
     prg = _bn_program(x.device, dt, layout, hw, vec, relu, fused)
     if capture.declaring():  # grad_y and x read once
         launch_labels.work(0.0, float(2 * x.nbytes))
     if layout == "groups":
         count = x.queue.arrival_counts(c) if fused else part.buffer
-        prg.batch_norm_backward_groups(x.queue, (c * parts * local,), (local,), count=count, **args)
+        prg.batch_norm_backward_groups.planned(x.queue, (c * parts * local,), (local,), static, signature=sig,
+                                               count=count, **args)
     else:
-        prg.batch_norm_backward_runs(x.queue, (c * parts,), None, hw=np.int32(hw), **args)
+        prg.batch_norm_backward_runs.planned(x.queue, (c * parts,), None, {**static, "hw": np.int32(hw)},
+                                             signature=(hw, *sig), **args)
     if parts > 1 and not fused:
-        prg.batch_norm_backward_finalize(x.queue, (c,), None, M=np.int64(n * hw), **args)
+        prg.batch_norm_backward_finalize.planned(x.queue, (c,), None, {**static, "M": np.int64(n * hw)},
+                                                 signature=(hw, *sig), **args)
     gx = _bn_elementwise(
         prg,
         layout,
