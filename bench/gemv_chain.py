@@ -4,11 +4,9 @@ o-projection + residual, RMSNorm + gate/up + SwiGLU, down-projection + residual.
 netcl Graph and replayed back to back (what generate does with a decode step): the wall time a replay of the
 22 layers, and weight GB/s over the copy bandwidth measured in the same run. Results of the two ways are
 compared (the same kernel and sums: equal bits). --qkv adds each layer's fourth phase of the decode step,
-the next layer's RMSNorm + q/k/v product (2,560 x 2,048); --spin times the chain once per way of waiting
-(ops.gemm.chain.SPIN: 0 atomics, 1 volatile loads, n > 1 loads with ~n ns of nanosleep; NVIDIA only).
+the next layer's RMSNorm + q/k/v product (2,560 x 2,048).
 
-    python3 bench/gemv_chain.py --gpu [--layers 22] [--dtype bfloat16] [--rows 1] [--qkv] [--spin 0,1,64]
-                                [--out JSON]
+    python3 bench/gemv_chain.py --gpu [--layers 22] [--dtype bfloat16] [--rows 1] [--qkv] [--out JSON]
     python bench/gemv_chain.py --small       # CPU smoke test: every size / 16, 2 layers
 """
 
@@ -29,7 +27,7 @@ from netcl.core import dtypes  # noqa: E402
 from netcl.core.backend import enqueue_copy  # noqa: E402
 from netcl.core.device import manager  # noqa: E402
 from netcl.core.tensor import Tensor  # noqa: E402
-from netcl.ops.gemm import ChainStep, chain, gemv_chain  # noqa: E402
+from netcl.ops.gemm import ChainStep, gemv_chain  # noqa: E402
 
 
 def copy_gbs(q, nbytes: int = 256 << 20) -> float:
@@ -69,7 +67,6 @@ def main() -> int:
     ap.add_argument("--replays", type=int, default=20)
     ap.add_argument("--qkv", action="store_true",
                     help="a fourth phase a layer: the next layer's norm + q/k/v")
-    ap.add_argument("--spin", default="0", help="comma list of chain.SPIN values to time (default 0)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     q = manager.get("gpu" if args.gpu else "auto").queue
@@ -78,12 +75,6 @@ def main() -> int:
     if args.small:
         d, hidden, layers = d // 16, hidden // 16, 2
     layers = args.layers or layers
-    try:
-        spins = [int(v) for v in args.spin.split(",")]
-    except ValueError:
-        ap.error(f"--spin takes a comma list of integers, got {args.spin!r}")
-    if any(v < 0 for v in spins):
-        ap.error("--spin values must be >= 0")
     qkv_n = 2560 // (16 if args.small else 1)
     rng = np.random.default_rng(0)
 
@@ -124,30 +115,22 @@ def main() -> int:
     rows = []
     results = []
     copy = copy_gbs(q)
-    ways = [(f"chain, spin {v}" if len(spins) > 1 else "chain (1 launch a layer)", chained, layers, v)
-            for v in spins]
-    ways.append((f"separate ({phases} launches a layer)", separate, phases * layers, 0))
-    for name, fn, launches, spin in ways:
-        chain.SPIN = spin
-        try:
-            g = graph.Graph()
-            with g.capture(q):
-                outs = fn()
-            ms = replay_ms(g, q, args.replays)
-        finally:
-            chain.SPIN = 0
+    for name, fn, launches in (("chain (1 launch a layer)", chained, layers),
+                               (f"separate ({phases} launches a layer)", separate, phases * layers)):
+        g = graph.Graph()
+        with g.capture(q):
+            outs = fn()
+        ms = replay_ms(g, q, args.replays)
         results.append([o.to_host().astype(np.float64) for o in outs])
         gbs = nbytes / ms / 1e6
         rows.append({"way": name, "launches": launches, "ms": ms, "weight_gbs": gbs, "of_copy": gbs / copy})
-    same = all(np.array_equal(a, b) for res in results[1:] for a, b in zip(results[0], res, strict=True))
+    same = all(np.array_equal(a, b) for a, b in zip(*results, strict=True))
     print(f"{q.device.describe()}: {layers} layers' MLP halves{' + next q/k/v' if args.qkv else ''}, "
           f"M = {args.rows}, {dt.name}, {nbytes / 1e9:.3f} GB of weights; copy {copy:.0f} GB/s")
     print(f"{'way':32s} {'launches':>8s} {'ms':>8s} {'GB/s':>8s} {'of copy':>8s}")
     for r in rows:
         print(f"{r['way']:32s} {r['launches']:8d} {r['ms']:8.3f} {r['weight_gbs']:8.0f} {r['of_copy']:8.1%}")
-    best = min(rows[:-1], key=lambda r: r["ms"])
-    print(f"{best['way']} / separate: {rows[-1]['ms'] / best['ms']:.2f}x faster; results equal bit "
-          f"for bit: {same}")
+    print(f"chain / separate: {rows[1]['ms'] / rows[0]['ms']:.2f}x faster; results equal bit for bit: {same}")
     if args.out:
         Path(args.out).write_text(json.dumps({"device": q.device.describe(), "rows": rows, "equal": same,
                                               "copy_gbs": copy, "dtype": dt.name, "m": args.rows,

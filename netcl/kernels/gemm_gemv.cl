@@ -410,11 +410,6 @@ void gemm_gemv(GEMM_ARGS, __global const float *scales, __local uint4 *a_stage, 
 #define CHAIN_RMS 1
 #define CHAIN_GLU 2
 #define CHAIN_RES 4
-// CHAIN_SPIN (NVIDIA): 0 the wait polls the count by atomics; 1 by volatile loads; > 1 by volatile loads
-// with a nanosleep of about CHAIN_SPIN ns between them
-#ifndef CHAIN_SPIN
-#define CHAIN_SPIN 0
-#endif
 #ifndef CHAIN_F0
 #define CHAIN_F0 0
 #endif
@@ -464,19 +459,8 @@ inline void chain_tile(const int tile, const int phase, const int flags, const i
 
     // (every barrier of this function is reached by every work-item of every tile: PoCL's work-group
     // functions computed wrong rows with barriers under a condition, even a uniform one)
-    if (lid == 0 && r == 0 && wait_for > 0) {
-#if defined(NC_NVIDIA) && CHAIN_SPIN > 0
-        // polled by loads from L2 (volatile: never this SM's L1), not atomics: the atomic unit of the
-        // counter's L2 slice serves the done counts without the waiters' reads in its queue
-        while (*(volatile __global const int *)(counts + phase) < wait_for) {
-#if CHAIN_SPIN > 1
-            asm volatile("nanosleep.u32 %0;" :: "r"(CHAIN_SPIN));
-#endif
-        }
-#else
+    if (lid == 0 && r == 0 && wait_for > 0)
         while (atomic_or(counts + phase, 0) < wait_for) {}
-#endif
-    }
     barrier(CLK_GLOBAL_MEM_FENCE);
     mem_fence(CLK_GLOBAL_MEM_FENCE);
 

@@ -33,10 +33,6 @@ from netcl.ops.gemm.launch import _gemv_prologue_bytes, gemv_rms_fits
 from netcl.ops.gemm.variants import _program, usable_params
 
 MAX_STEPS = 4  # the kernel's phases (CHAIN_PHASE_ARGS 0 .. 3)
-# How a tile waits for the phase before it, on NVIDIA (gemm_gemv.cl's CHAIN_SPIN): 0 polls the count by
-# atomics, 1 by volatile loads, n > 1 by volatile loads with a nanosleep of ~n ns between them
-# (bench/gemv_chain.py --spin compares them)
-SPIN = 0
 MAX_ROWS = 8
 _FLAGS = {"norm": 1, "glu": 2, "residual": 4}  # gemm_gemv.cl's CHAIN_RMS, CHAIN_GLU, CHAIN_RES
 _DTYPES = (dtypes.float32, dtypes.float16, dtypes.bfloat16)
@@ -164,7 +160,7 @@ def gemv_chain(steps: list[ChainStep]) -> list[Tensor]:
                          f"{len(steps) if isinstance(steps, (list, tuple)) else type(steps).__name__}")
     outs: list[Tensor] = []
     args: dict[str, Any] = {}
-    defines: dict[str, Any] = {"GEMV_CHAIN": None, "CHAIN_P": len(steps), "CHAIN_SPIN": int(SPIN)}
+    defines: dict[str, Any] = {"GEMV_CHAIN": None, "CHAIN_P": len(steps)}
     first = None
     for i, s in enumerate(steps):
         if not isinstance(s, ChainStep):
@@ -222,7 +218,7 @@ def gemv_chain(steps: list[ChainStep]) -> list[Tensor]:
             dynamic[f"{name}{i}"], dynamic[f"{name}{i}_off"] = t.buffer, np.int64(t.offset if live else 0)
     # one Plan per signature (dtype, rows, each step's sizes, flags and eps), in netcl.core.capture.plans: the
     # tile, the program and the fixed arguments are worked out once; a call sets the buffers and offsets
-    key = ("gemv_chain", id(q.device), first.dtype, first.shape[0], defines["CHAIN_SPIN"],
+    key = ("gemv_chain", id(q.device), first.dtype, first.shape[0],
            tuple((args[f"n{i}"], args[f"k{i}"], defines[f"CHAIN_F{i}"], args[f"eps{i}"])
                  for i in range(len(steps))))
     hit = capture.plans.get(key)
