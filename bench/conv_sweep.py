@@ -14,8 +14,9 @@ seconds lasts, so one command always ends in time and prints what it measured):
   twice, dx written) over time = GB/s and % of the copy bandwidth (torch's clone of the same tensor, read +
   write); beside torch's batch_norm forward + backward (cuDNN). Knobs: parts per channel (PARTS, x1 x2 x4
   the automatic count), the reduction work-group size (L128/256), "fused" (the last work-group of a
-  channel merges the parts: no finalize launches, norm.FUSED_FINALIZE) and U (float4 loads in flight
-  per work-item, norm.UNROLL).
+  channel merges the parts: no finalize launches, norm.FUSED_FINALIZE), U (float4 loads in flight
+  per work-item, norm.UNROLL) and "chained" (each way one launch, the elementwise parts waiting for their
+  channel's statistics: norm.CHAINED; "2 launches" rows are the separate passes).
 - wino: the batched GEMMs of Winograd F(2x2,3x3): forward (and flipped backward-data, the same shape)
   U (16, K, C) @ V (16, C, tiles) and the weight gradient's (S, 16, K, tiles/S) @ (S, 16, tiles/S, C) over
   the S tile slices conv picks (and half / twice that), per candidate tile; torch.bmm of the same product
@@ -156,6 +157,7 @@ def bn_section(args, dev, q, tt: TorchTimer, rows: list) -> None:
         torch_ms = tt.ms(torch_bn, args.repeat)
         auto_local = norm_ops._local_size(dev)
         fused_default, unroll_default = norm_ops.FUSED_FINALIZE, norm_ops.UNROLL
+        chained_default = norm_ops.CHAINED
         vec = norm_ops._bn_vec(x, g)
         auto_parts = norm_ops._bn_parts(dev, "groups" if dev.capabilities.kind != "cpu" else "runs",
                                         args.batch, c, hw * hw, auto_local, vec)
@@ -171,22 +173,26 @@ def bn_section(args, dev, q, tt: TorchTimer, rows: list) -> None:
         gxd = wd * inv * (gm - gm.mean(axis=(0, 2, 3), keepdims=True)
                           - xhat * (gm * xhat).mean(axis=(0, 2, 3), keepdims=True))
         gpu = dev.capabilities.kind != "cpu"
-        knobs = [(256, 1, True, 1), (256, 1, True, 2), (256, 1, True, 4), (256, 2, True, 4),
-                 (128, 2, True, 4), (256, 1, False, 4)]
+        knobs = [(256, 1, True, 4, False), (256, 1, True, 4, True), (256, 2, True, 4, True),
+                 (256, 2, True, 4, False), (128, 2, True, 4, True), (256, 1, True, 1, True),
+                 (256, 1, True, 2, True), (256, 1, False, 4, False)]
         if not gpu:
-            knobs = [(None, 2, False, 1)]
-        for local, mult, fused, unroll in [(None, None, None, None)] + ([] if args.defaults_only else knobs):
+            knobs = [(None, 2, False, 1, False)]
+        for local, mult, fused, unroll, chained in ([(None, None, None, None, None)]
+                                                    + ([] if args.defaults_only else knobs)):
             if budget_over(args):
                 return
             if mult is None:  # netcl's own settings
-                label = f"auto (L{auto_local}{' fused' if fused_default else ''} U{unroll_default})"
+                label = (f"auto (L{auto_local}{' fused' if fused_default else ''} U{unroll_default}"
+                         f"{' chained' if chained_default and gpu else ''})")
             else:
                 norm_ops.local_size_override = local
                 norm_ops.FUSED_FINALIZE = fused
                 norm_ops.UNROLL = unroll
+                norm_ops.CHAINED = chained
                 norm_ops.PARTS = None if mult == 1 and local == auto_local else max(1, auto_parts * mult)
                 label = (f"L{local} parts={'auto' if norm_ops.PARTS is None else norm_ops.PARTS}"
-                         f"{' fused' if fused else ''} U{unroll}")
+                         f"{' fused' if fused else ''} U{unroll}{' chained' if chained else ' 2 launches'}")
 
             def run():
                 y, m, s = norm_ops.batch_norm(x, w, b, None, None, True, activation="relu")
@@ -207,6 +213,7 @@ def bn_section(args, dev, q, tt: TorchTimer, rows: list) -> None:
                 norm_ops.PARTS = None
                 norm_ops.FUSED_FINALIZE = fused_default
                 norm_ops.UNROLL = unroll_default
+                norm_ops.CHAINED = chained_default
             total = sum(per_kernel.values())
             moved = 8 * nbytes  # fwd: 2 reads + 1 write, bwd: 4 reads + 1 write
             rows.append(dict(section="bn", shape=f"{args.batch}x{c}x{hw}x{hw}", config=label,

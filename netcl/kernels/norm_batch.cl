@@ -96,6 +96,21 @@
 #define CAT(a, b) CAT_(a, b)
 #define VT(n) CAT(T, n)
 
+// The per-channel results an elementwise part of the same launch reads (the chains below: LAST, float
+// accumulators) are stored through PART_STORE and read through CHAIN_LOAD: atomics (not a data race) but on
+// NVIDIA, where they are a plain store and a volatile load (never an L1 line read before the channel was
+// ready: channels share lines).
+#if LAST
+#define RESULT_STORE(p, i, v) PART_STORE(p, i, v)
+#else
+#define RESULT_STORE(p, i, v) ((p)[i] = (PT)(v))
+#endif
+#ifdef NC_NVIDIA
+#define CHAIN_LOAD(p, i) ((ACC)((volatile __global const float *)(p))[i])
+#else
+#define CHAIN_LOAD(p, i) ((ACC)PART_LOAD(p, i))
+#endif
+
 // Chan et al.'s merge of (na, ma, m2a) with (nb, mb, m2b) into the first.
 inline void welford_merge(ACC *na, ACC *ma, ACC *m2a, const ACC nb, const ACC mb, const ACC m2b)
 {
@@ -113,10 +128,10 @@ inline void finish_stats(const int c, const int C, const ACC n, const ACC mean, 
                          const int has_running, __global PT *stats, const ACC momentum, const ACC eps)
 {
     const ACC var = m2 / n, invstd = rsqrt(var + eps);
-    stats[c] = (PT)mean;
-    stats[C + c] = (PT)invstd;
-    stats[2 * C + c] = (PT)(has_w ? LD(w, w_off + c) * invstd : invstd);
-    stats[3 * C + c] = has_b ? b[b_off + c] : (PT)0;
+    RESULT_STORE(stats, c, mean);
+    RESULT_STORE(stats, C + c, invstd);
+    RESULT_STORE(stats, 2 * C + c, has_w ? LD(w, w_off + c) * invstd : invstd);
+    RESULT_STORE(stats, 3 * C + c, has_b ? LD(b, b_off + c) : (ACC)0);
     if (has_running) {
         const ACC unbiased = n > (ACC)1 ? m2 / (n - (ACC)1) : var;
         rmean[c] = (PT)(((ACC)1 - momentum) * LD(rmean, c) + momentum * mean);
@@ -134,14 +149,14 @@ inline void finish_stats(const int c, const int C, const ACC n, const ACC mean, 
 // With LAST the channel's last part to finish merges the S parts (nc_last_arrival, PART_STORE and PART_LOAD
 // of common.cl: count[c] per channel) instead of a finalize launch.
 
-__kernel __attribute__((reqd_work_group_size(LOCAL, 1, 1)))
-void batch_norm_stats_groups(STATS_ARGS, __global int *count)
+// Welford's (count, mean, M2) of part s of channel c (the channel's N * HW / VEC loads split into S parts),
+// merged over the work-group: valid in work-item 0. Every work-item calls it (its barriers); a part with
+// start == end (the chain's apply work-groups) folds nothing in.
+inline void stats_part(const int c, const long start, const long end, __global const T *x, const long x_off,
+                       const int C, ACC *pn, ACC *pmean, ACC *pm2, __local ACC *sn, __local ACC *sm,
+                       __local ACC *sq)
 {
-    __local ACC sn[LOCAL], sm[LOCAL], sq[LOCAL];
-    const int grp = get_group_id(0), lid = get_local_id(0);
-    const int c = grp / S, s = grp - (grp / S) * S;   // the grid is exactly C*S work-groups
-    const long total = (long)N * (HW / VEC);          // the channel's values, in VEC-wide loads
-    const long per = (total + S - 1) / S, start = s * per, end = min(total, start + per);
+    const int lid = get_local_id(0);
     ACC n = (ACC)0, mean = (ACC)0, m2 = (ACC)0;
 #if VEC == 4
     // UNR loads in flight per work-item (j, j + LOCAL, ...), then each float4 folds in as a batch of 4
@@ -198,24 +213,56 @@ void batch_norm_stats_groups(STATS_ARGS, __global int *count)
     mean = sm[0];
     m2 = sq[0];
 #endif
+    *pn = n;
+    *pmean = mean;
+    *pm2 = m2;
+}
+
+#if LAST
+// Work-item 0 of part s: its partials stored, and true for the channel's last part to arrive, which then
+// merged the S parts in the fixed order s = 0..S-1 and wrote the statistics (finish_stats).
+inline int stats_arrive(const int c, const int s, const ACC n, const ACC mean, const ACC m2, __global ACC *part,
+                        __global int *count, const int C, const int S, __global const PT *w, const long w_off,
+                        __global const PT *b, const long b_off, const int has_w, const int has_b,
+                        __global PT *rmean, __global PT *rvar, const int has_running, __global PT *stats,
+                        const ACC momentum, const ACC eps)
+{
+    __global ACC *o = part + ((long)c * S + s) * 3;
+    PART_STORE(o, 0, n);
+    PART_STORE(o, 1, mean);
+    PART_STORE(o, 2, m2);
+    if (!nc_last_arrival(count + c, S)) return 0;
+    __global ACC *pc = part + (long)c * S * 3;
+    ACC mn = (ACC)0, mm = (ACC)0, mq = (ACC)0;
+    for (int t = 0; t < S; ++t)
+        welford_merge(&mn, &mm, &mq, PART_LOAD(pc, 3 * t), PART_LOAD(pc, 3 * t + 1), PART_LOAD(pc, 3 * t + 2));
+    finish_stats(c, C, mn, mm, mq, STATS_PASS);
+    return 1;
+}
+#endif
+
+// the part's loads [start, end) of the channel's N * (HW / VEC)
+#define PART_RANGE(s)                                                                                \
+    const long total = (long)N * (HW / VEC);                                                         \
+    const long per = (total + S - 1) / S, start = (s) * per, end = min(total, start + per)
+
+__kernel __attribute__((reqd_work_group_size(LOCAL, 1, 1)))
+void batch_norm_stats_groups(STATS_ARGS, __global int *count)
+{
+    __local ACC sn[LOCAL], sm[LOCAL], sq[LOCAL];
+    const int grp = get_group_id(0), lid = get_local_id(0);
+    const int c = grp / S, s = grp - (grp / S) * S;   // the grid is exactly C*S work-groups
+    PART_RANGE(s);
+    ACC n, mean, m2;
+    stats_part(c, start, end, x, x_off, C, &n, &mean, &m2, sn, sm, sq);
     if (lid == 0) {   // no early return of the other work-items: PoCL hung on that beside barriers
         if (S == 1) {
             finish_stats(c, C, n, mean, m2, STATS_PASS);
         } else {
-            __global ACC *o = part + ((long)c * S + s) * 3;
 #if LAST
-            PART_STORE(o, 0, n);
-            PART_STORE(o, 1, mean);
-            PART_STORE(o, 2, m2);
-            if (nc_last_arrival(count + c, S)) {
-                __global ACC *pc = part + (long)c * S * 3;
-                ACC mn = (ACC)0, mm = (ACC)0, mq = (ACC)0;
-                for (int t = 0; t < S; ++t)
-                    welford_merge(&mn, &mm, &mq, PART_LOAD(pc, 3 * t), PART_LOAD(pc, 3 * t + 1),
-                                  PART_LOAD(pc, 3 * t + 2));
-                finish_stats(c, C, mn, mm, mq, STATS_PASS);
-            }
+            stats_arrive(c, s, n, mean, m2, part, count, C, S, STATS_PASS);
 #else
+            __global ACC *o = part + ((long)c * S + s) * 3;
             o[0] = n;
             o[1] = mean;
             o[2] = m2;
@@ -301,11 +348,11 @@ inline void finish_backward(const int c, const int C, const ACC M, const ACC sg,
     const ACC k = wc * invstd;
     gw[c] = (PT)(sgxm * invstd);
     gb[c] = (PT)sg;
-    coef[c] = (PT)k;
-    coef[C + c] = (PT)(training ? sg / M : (ACC)0);
-    coef[2 * C + c] = (PT)mean;
-    coef[3 * C + c] = (PT)(training ? k * invstd * invstd * sgxm / M : (ACC)0);
-    coef[4 * C + c] = (PT)beta;
+    RESULT_STORE(coef, c, k);
+    RESULT_STORE(coef, C + c, training ? sg / M : (ACC)0);
+    RESULT_STORE(coef, 2 * C + c, mean);
+    RESULT_STORE(coef, 3 * C + c, training ? k * invstd * invstd * sgxm / M : (ACC)0);
+    RESULT_STORE(coef, 4 * C + c, beta);
 }
 
 #define BWD_ARGS                                                                                     \
@@ -328,15 +375,13 @@ inline void finish_backward(const int c, const int C, const ACC M, const ACC sg,
 #define MASKED(g, xv) (g)
 #endif
 
-__kernel __attribute__((reqd_work_group_size(LOCAL, 1, 1)))
-void batch_norm_backward_groups(BWD_ARGS, __global int *count)
+// The sums sg and sgxm of part [start, end) of channel c, over the work-group (valid in work-item 0); every
+// work-item calls it (its barriers). mean, scale, beta: the channel's constants (MASKED).
+inline void sums_part(const int c, const long start, const long end, __global const T *gy, const long gy_off,
+                      __global const T *x, const long x_off, const int C, const ACC mean, const ACC scale,
+                      const ACC beta, ACC *psg, ACC *psgxm, __local ACC *s1, __local ACC *s2)
 {
-    __local ACC s1[LOCAL], s2[LOCAL];
-    const int grp = get_group_id(0), lid = get_local_id(0);
-    const int c = grp / S, s = grp - (grp / S) * S;   // the grid is exactly C*S work-groups
-    BWD_CONSTANTS;
-    const long total = (long)N * (HW / VEC);
-    const long per = (total + S - 1) / S, start = s * per, end = min(total, start + per);
+    const int lid = get_local_id(0);
     ACC sg = (ACC)0, sgxm = (ACC)0;
 #if VEC == 4
     for (long j0 = start + lid; j0 < end; j0 += (long)LOCAL * UNR) {   // UNR loads in flight, as the stats
@@ -382,24 +427,51 @@ void batch_norm_backward_groups(BWD_ARGS, __global int *count)
     sg = s1[0];
     sgxm = s2[0];
 #endif
+    *psg = sg;
+    *psgxm = sgxm;
+}
+
+#if LAST
+// Work-item 0 of part s: its partial sums stored, and true for the channel's last part to arrive, which then
+// added the S parts in the order s = 0..S-1 and wrote the results (finish_backward).
+inline int backward_arrive(const int c, const int s, const ACC sg, const ACC sgxm, __global ACC *part,
+                           __global int *count, const int N, const int C, const int S, const ACC mean,
+                           const ACC invstd, const ACC wc, const ACC beta, const int training, __global PT *gw,
+                           __global PT *gb, __global PT *coef)
+{
+    __global ACC *o = part + ((long)c * S + s) * 2;
+    PART_STORE(o, 0, sg);
+    PART_STORE(o, 1, sgxm);
+    if (!nc_last_arrival(count + c, S)) return 0;
+    __global ACC *pc = part + (long)c * S * 2;
+    ACC tg = (ACC)0, tq = (ACC)0;
+    for (int t = 0; t < S; ++t) {
+        tg += PART_LOAD(pc, 2 * t);
+        tq += PART_LOAD(pc, 2 * t + 1);
+    }
+    finish_backward(c, C, (ACC)N * HW, tg, tq, mean, invstd, wc, beta, training, gw, gb, coef);
+    return 1;
+}
+#endif
+
+__kernel __attribute__((reqd_work_group_size(LOCAL, 1, 1)))
+void batch_norm_backward_groups(BWD_ARGS, __global int *count)
+{
+    __local ACC s1[LOCAL], s2[LOCAL];
+    const int grp = get_group_id(0), lid = get_local_id(0);
+    const int c = grp / S, s = grp - (grp / S) * S;   // the grid is exactly C*S work-groups
+    BWD_CONSTANTS;
+    PART_RANGE(s);
+    ACC sg, sgxm;
+    sums_part(c, start, end, gy, gy_off, x, x_off, C, mean, scale, beta, &sg, &sgxm, s1, s2);
     if (lid == 0) {
         if (S == 1) {
             finish_backward(c, C, (ACC)N * HW, sg, sgxm, mean, invstd, wc, beta, training, gw, gb, coef);
         } else {
-            __global ACC *o = part + ((long)c * S + s) * 2;
 #if LAST
-            PART_STORE(o, 0, sg);
-            PART_STORE(o, 1, sgxm);
-            if (nc_last_arrival(count + c, S)) {
-                __global ACC *pc = part + (long)c * S * 2;
-                ACC tg = (ACC)0, tq = (ACC)0;
-                for (int t = 0; t < S; ++t) {
-                    tg += PART_LOAD(pc, 2 * t);
-                    tq += PART_LOAD(pc, 2 * t + 1);
-                }
-                finish_backward(c, C, (ACC)N * HW, tg, tq, mean, invstd, wc, beta, training, gw, gb, coef);
-            }
+            backward_arrive(c, s, sg, sgxm, part, count, N, C, S, mean, invstd, wc, beta, training, gw, gb, coef);
 #else
+            __global ACC *o = part + ((long)c * S + s) * 2;
             o[0] = sg;
             o[1] = sgxm;
 #endif
@@ -462,15 +534,10 @@ __kernel void batch_norm_backward_finalize(BWD_ARGS, const long M)
 #define ACTIVATE(v) (v)
 #endif
 
-__kernel void batch_norm_apply_flat(__global const T *x, const long x_off, __global const PT *stats,
-                                    const long stats_off, __global T *out, const int C, const int NC)
+// y at load `at` (VEC values) of (N, C, HW / VEC) from the channel's mean, scale and beta
+inline void apply_one(__global const T *x, const long x_off, __global T *out, const long at, const ACC mean,
+                      const ACC scale, const ACC beta)
 {
-    const int i = get_global_id(0), nc = get_global_id(1);
-    if (i >= HW / VEC || nc >= NC) return;   // the launch may round the grid up to whole work-groups
-    const int c = nc % C;
-    const __global PT *st = stats + stats_off;
-    const ACC mean = LD(st, c), scale = LD(st, 2 * C + c), beta = LD(st, 3 * C + c);
-    const long at = (long)nc * (HW / VEC) + i;
 #if VEC == 4
     const XV4 v = XLOAD4(x + x_off, at);
     XV4 o;
@@ -482,6 +549,16 @@ __kernel void batch_norm_apply_flat(__global const T *x, const long x_off, __glo
 #else
     STORE_T(out, at, ACTIVATE((XL(x, x_off + at) - mean) * scale + beta));
 #endif
+}
+
+__kernel void batch_norm_apply_flat(__global const T *x, const long x_off, __global const PT *stats,
+                                    const long stats_off, __global T *out, const int C, const int NC)
+{
+    const int i = get_global_id(0), nc = get_global_id(1);
+    if (i >= HW / VEC || nc >= NC) return;   // the launch may round the grid up to whole work-groups
+    const int c = nc % C;
+    const __global PT *st = stats + stats_off;
+    apply_one(x, x_off, out, (long)nc * (HW / VEC) + i, LD(st, c), LD(st, 2 * C + c), LD(st, 3 * C + c));
 }
 
 __kernel void batch_norm_apply_runs(__global const T *x, const long x_off, __global const PT *stats,
@@ -510,15 +587,12 @@ __kernel void batch_norm_apply_runs(__global const T *x, const long x_off, __glo
     const ACC beta = LD(cf, 4 * C + c);                                                              \
     (void)beta
 
-__kernel void batch_norm_grad_input_flat(__global const T *gy, const long gy_off, __global const T *x,
-                                         const long x_off, __global const PT *coef, const long coef_off,
-                                         __global T *out, const int C, const int NC)
+// grad_x at load `at` (VEC values) from the channel's coefficients (GRAD_X)
+inline void grad_one(__global const T *gy, const long gy_off, __global const T *x, const long x_off,
+                     __global T *out, const long at, const ACC k, const ACC mg, const ACC mean, const ACC d,
+                     const ACC beta)
 {
-    const int i = get_global_id(0), nc = get_global_id(1);
-    if (i >= HW / VEC || nc >= NC) return;
-    const int c = nc % C;
-    COEF_LOAD;
-    const long at = (long)nc * (HW / VEC) + i;
+    (void)beta;
 #if VEC == 4
     const XV4 g = XLOAD4(gy + gy_off, at);
     const XV4 v = XLOAD4(x + x_off, at);
@@ -531,6 +605,17 @@ __kernel void batch_norm_grad_input_flat(__global const T *gy, const long gy_off
 #else
     STORE_T(out, at, GRAD_X(XL(gy, gy_off + at), XL(x, x_off + at)));
 #endif
+}
+
+__kernel void batch_norm_grad_input_flat(__global const T *gy, const long gy_off, __global const T *x,
+                                         const long x_off, __global const PT *coef, const long coef_off,
+                                         __global T *out, const int C, const int NC)
+{
+    const int i = get_global_id(0), nc = get_global_id(1);
+    if (i >= HW / VEC || nc >= NC) return;
+    const int c = nc % C;
+    COEF_LOAD;
+    grad_one(gy, gy_off, x, x_off, out, (long)nc * (HW / VEC) + i, k, mg, mean, d, beta);
 }
 
 __kernel void batch_norm_grad_input_runs(__global const T *gy, const long gy_off, __global const T *x,
@@ -546,3 +631,111 @@ __kernel void batch_norm_grad_input_runs(__global const T *gy, const long gy_off
     __global T *op = out + base;
     for (int i = 0; i < hw; ++i) STORE_T(op, i, GRAD_X(XL(gp, i), XL(xp, i)));
 }
+
+// -- one launch a way: training, the _groups layout with LAST ------------------------------------------
+// batch_norm_train_chain (the statistics, then batch_norm_apply) and batch_norm_backward_chain (the two
+// sums, then batch_norm_grad_input), each in one launch of 2 * C * S work-groups of LOCAL, without the
+// launch (and the driver's gap) between the reduction and the elementwise pass. A work-group takes a
+// ticket (count[0]) when it starts: tickets 0 .. C*S-1 are the reduction's parts (c, s), as the _groups
+// kernels, the channel's last part merging them (count[2 + c], nc_last_arrival) and then marking the
+// channel ready (count[2 + C + c] = 1); tickets C*S .. 2*C*S-1 take the same parts (c, s) of the
+// elementwise pass once channel c is ready, reading the channel's constants through volatile loads. A
+// work-group waits only on tickets taken before its own, by running work-groups that never wait, so no
+// schedule deadlocks on any number of compute units (gemm_gemv.cl's gemv_chain argues the same; a
+// one-thread CPU runs the work-groups in ticket order and nothing waits). The elementwise pass's last part
+// of a channel clears its ready mark, the launch's last part (count[1]) the tickets: one zeroed buffer of
+// 2 + 2C counts serves every launch and recorded replay (Queue.arrival_counts). Every work-item reaches
+// every barrier (the elementwise parts run the reduction's tree on nothing).
+#if LAST
+
+// tickets and the part (c, s) a work-group takes; `apply`: the elementwise pass's
+#define CHAIN_TICKET                                                                                 \
+    __local int ticket;                                                                              \
+    const int lid = get_local_id(0);                                                                 \
+    if (lid == 0) ticket = atomic_inc(count);                                                        \
+    barrier(CLK_LOCAL_MEM_FENCE);                                                                    \
+    const int parts = C * S, apply = ticket >= parts;                                                \
+    const int cs = apply ? ticket - parts : ticket, c = cs / S, s = cs - (cs / S) * S;               \
+    __global int *ready = count + 2 + C
+
+// work-item 0 of a reduction part that finished channel c marks it ready; an elementwise part waits for it
+#define CHAIN_READY(done)                                                                            \
+    if (lid == 0 && !apply && (done)) {                                                              \
+        mem_fence(CLK_GLOBAL_MEM_FENCE);                                                             \
+        atomic_xchg(ready + c, 1);                                                                   \
+    }                                                                                                \
+    if (lid == 0 && apply)                                                                           \
+        while (atomic_or(ready + c, 0) == 0) {}                                                      \
+    barrier(CLK_GLOBAL_MEM_FENCE);                                                                   \
+    mem_fence(CLK_GLOBAL_MEM_FENCE)
+
+// an elementwise part done: the channel's last clears its mark, the launch's last the tickets
+#define CHAIN_DONE                                                                                   \
+    if (lid == 0 && apply) {                                                                         \
+        if (atomic_inc(ready + c) == S) atomic_xchg(ready + c, 0);                                   \
+        if (atomic_inc(count + 1) == parts - 1) {                                                    \
+            atomic_xchg(count + 1, 0);                                                               \
+            atomic_xchg(count, 0);                                                                   \
+        }                                                                                            \
+    }
+
+__kernel __attribute__((reqd_work_group_size(LOCAL, 1, 1)))
+void batch_norm_train_chain(STATS_ARGS, __global int *count, __global T *out)
+{
+    __local ACC sn[LOCAL], sm[LOCAL], sq[LOCAL];
+    CHAIN_TICKET;
+    PART_RANGE(s);
+    ACC n, mean, m2;
+    stats_part(c, start, apply ? start : end, x, x_off, C, &n, &mean, &m2, sn, sm, sq);
+    int done = 0;
+    if (lid == 0 && !apply) {
+        if (S == 1) {
+            finish_stats(c, C, n, mean, m2, STATS_PASS);
+            done = 1;
+        } else {
+            done = stats_arrive(c, s, n, mean, m2, part, count + 2, C, S, STATS_PASS);
+        }
+    }
+    CHAIN_READY(done);
+    if (apply) {
+        const ACC cmean = CHAIN_LOAD(stats, c), scale = CHAIN_LOAD(stats, 2 * C + c);
+        const ACC beta = CHAIN_LOAD(stats, 3 * C + c);
+        for (long j = start + lid; j < end; j += LOCAL) {
+            const long img = j / (HW / VEC), i = j - img * (HW / VEC);
+            apply_one(x, x_off, out, (img * C + c) * (HW / VEC) + i, cmean, scale, beta);
+        }
+    }
+    CHAIN_DONE;
+}
+
+__kernel __attribute__((reqd_work_group_size(LOCAL, 1, 1)))
+void batch_norm_backward_chain(BWD_ARGS, __global int *count, __global T *out)
+{
+    __local ACC s1[LOCAL], s2[LOCAL];
+    CHAIN_TICKET;
+    BWD_CONSTANTS;
+    PART_RANGE(s);
+    ACC sg, sgxm;
+    sums_part(c, start, apply ? start : end, gy, gy_off, x, x_off, C, mean, scale, beta, &sg, &sgxm, s1, s2);
+    int done = 0;
+    if (lid == 0 && !apply) {
+        if (S == 1) {
+            finish_backward(c, C, (ACC)N * HW, sg, sgxm, mean, invstd, wc, beta, training, gw, gb, coef);
+            done = 1;
+        } else {
+            done = backward_arrive(c, s, sg, sgxm, part, count + 2, N, C, S, mean, invstd, wc, beta, training,
+                                   gw, gb, coef);
+        }
+    }
+    CHAIN_READY(done);
+    if (apply) {
+        const ACC k = CHAIN_LOAD(coef, c), mg = CHAIN_LOAD(coef, C + c), cmean = CHAIN_LOAD(coef, 2 * C + c);
+        const ACC d = CHAIN_LOAD(coef, 3 * C + c), cbeta = CHAIN_LOAD(coef, 4 * C + c);
+        for (long j = start + lid; j < end; j += LOCAL) {
+            const long img = j / (HW / VEC), i = j - img * (HW / VEC);
+            grad_one(gy, gy_off, x, x_off, out, (img * C + c) * (HW / VEC) + i, k, mg, cmean, d, cbeta);
+        }
+    }
+    CHAIN_DONE;
+}
+#endif  // LAST

@@ -76,6 +76,11 @@ PARTS: int | None = None
 # norm_batch.cl, a per-channel counter) instead of a finalize launch: forward + backward of
 # (128, 64, 32, 32) 116 -> 104 us on the H200 (bench/conv_sweep.py; twice the parts: 120 / 112 us).
 FUSED_FINALIZE = True
+# GPU layout, training, float accumulators: the reduction and the elementwise pass of each way in one launch
+# (norm_batch.cl's batch_norm_train_chain / batch_norm_backward_chain: the elementwise parts wait for their
+# channel's statistics); two launches a batch norm a step instead of four. Off: the separate launches
+# (tests compare the two bit for bit).
+CHAINED = True
 # GPU layout: float4 loads each work-item of the reductions issues before folding them in (UNR in
 # norm_batch.cl; the statistics fold them as one batch of 4 x UNROLL values). bench/conv_sweep.py toggles it.
 UNROLL = 4
@@ -142,6 +147,12 @@ def _bn_fused(layout: str, parts: int, dt: np.dtype) -> bool:
     """Whether the reductions merge their parts in their last work-group (float accumulators only: the
     partials move through 32-bit atomics)."""
     return FUSED_FINALIZE and layout == "groups" and parts > 1 and dt != dtypes.float64
+
+
+def _bn_chained(layout: str, dt: np.dtype) -> bool:
+    """Whether a training batch norm runs each way as one launch (CHAINED): the GPU layout, float
+    accumulators (the partials and the ready marks move through 32-bit atomics, as LAST's)."""
+    return CHAINED and layout == "groups" and dt != dtypes.float64
 
 
 def _bn_program(device: Any, dt: np.dtype, layout: str, hw: int, vec: int, relu: bool = False,
@@ -229,7 +240,8 @@ def batch_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, running_me
                  eps=_scalar(dt, eps))
     sig = (weight is not None, bias is not None, has_running, c, float(momentum), float(eps))
     parts = _bn_parts(x.device, layout, n, c, hw, local, vec) if training else 1
-    fused = _bn_fused(layout, parts, dt)
+    chained = training and _bn_chained(layout, dt)
+    fused = chained or _bn_fused(layout, parts, dt)
     prg = _bn_program(x.device, dt, layout, hw, vec, relu, fused)
     if training:
         part = (
@@ -241,8 +253,15 @@ def batch_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, running_me
         )
         args = dict(x=x.buffer, x_off=np.int64(x.offset), part=part.buffer, **common)
         static = dict(N=np.int32(n), S=np.int32(parts), **fixed)
-        if capture.declaring():
-            launch_labels.work(0.0, float(x.nbytes))
+        if capture.declaring():  # x read (twice when chained: the statistics, then the output from it)
+            launch_labels.work(0.0, float(x.nbytes * (3 if chained else 1)))
+        if chained:
+            out = Tensor.empty(x.queue, x.shape, dt)
+            prg.batch_norm_train_chain.planned(x.queue, (2 * c * parts * local,), (local,), static,
+                                               signature=(n, parts, *sig),
+                                               count=x.queue.arrival_counts(2 + 2 * c),
+                                               out=out.buffer, **args)
+            return out, save_mean, save_invstd
         if layout == "groups":
             count = x.queue.arrival_counts(c) if fused else part.buffer
             prg.batch_norm_stats_groups.planned(x.queue, (c * parts * local,), (local,), static,
@@ -328,11 +347,17 @@ def batch_norm_backward(grad_out: Tensor, x: Tensor, weight: Tensor | None, save
     static = dict(has_w=np.int32(weight is not None), has_b=np.int32(bias is not None), N=np.int32(n),
                   C=np.int32(c), S=np.int32(parts), training=np.int32(bool(training)))
     sig = (weight is not None, bias is not None, n, c, parts, bool(training))
-    fused = _bn_fused(layout, parts, dt)
+    chained = _bn_chained(layout, dt)
+    fused = chained or _bn_fused(layout, parts, dt)
     prg = _bn_program(x.device, dt, layout, hw, vec, relu, fused)
-    if capture.declaring():  # grad_y and x read once
-        launch_labels.work(0.0, float(2 * x.nbytes))
-    if layout == "groups":
+    if capture.declaring():  # grad_y and x read (twice when chained: the sums, then grad_x written)
+        launch_labels.work(0.0, float((5 if chained else 2) * x.nbytes))
+    if chained:
+        gx = Tensor.empty(x.queue, x.shape, dt)
+        prg.batch_norm_backward_chain.planned(x.queue, (2 * c * parts * local,), (local,), static,
+                                              signature=sig, count=x.queue.arrival_counts(2 + 2 * c),
+                                              out=gx.buffer, **args)
+    elif layout == "groups":
         count = x.queue.arrival_counts(c) if fused else part.buffer
         prg.batch_norm_backward_groups.planned(x.queue, (c * parts * local,), (local,), static, signature=sig,
                                                count=count, **args)
@@ -342,20 +367,10 @@ def batch_norm_backward(grad_out: Tensor, x: Tensor, weight: Tensor | None, save
     if parts > 1 and not fused:
         prg.batch_norm_backward_finalize.planned(x.queue, (c,), None, {**static, "M": np.int64(n * hw)},
                                                  signature=(hw, *sig), **args)
-    gx = _bn_elementwise(
-        prg,
-        layout,
-        "batch_norm_grad_input",
-        x,
-        hw,
-        vec,
-        gy=gy.buffer,
-        gy_off=np.int64(gy.offset),
-        x=x.buffer,
-        x_off=np.int64(x.offset),
-        coef=coef.buffer,
-        coef_off=np.int64(coef.offset),
-    )
+    if not chained:
+        gx = _bn_elementwise(prg, layout, "batch_norm_grad_input", x, hw, vec, gy=gy.buffer,
+                             gy_off=np.int64(gy.offset), x=x.buffer, x_off=np.int64(x.offset),
+                             coef=coef.buffer, coef_off=np.int64(coef.offset))
     # half weight/bias (widened above): their gradients in their own dtype
     gw, gb = (g if pd in (None, pdt) else elementwise.cast(g, pd) for g, pd in zip((gw, gb), param_dtypes))
     return gx, gw, gb

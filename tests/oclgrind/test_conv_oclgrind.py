@@ -300,15 +300,17 @@ def test_batch_norm(queue):
 
 
 @pytest.mark.parametrize(
-    "layout,parts,shape,offset,fused",
-    [("runs", 2, (4, 3, 2, 5), 0, False), ("groups", 1, (3, 2, 4, 4), 0, False),
-     ("groups", 3, (3, 2, 5, 3), 1, False), ("groups", 3, (3, 2, 4, 4), 0, True)],
+    "layout,parts,shape,offset,fused,chained",
+    [("runs", 2, (4, 3, 2, 5), 0, False, False), ("groups", 1, (3, 2, 4, 4), 0, False, False),
+     ("groups", 3, (3, 2, 5, 3), 1, False, False), ("groups", 3, (3, 2, 4, 4), 0, True, False),
+     ("groups", 3, (3, 2, 4, 4), 0, True, True), ("groups", 1, (3, 2, 5, 3), 1, True, True)],
 )
-def test_batch_norm_layouts(queue, monkeypatch, layout, parts, shape, offset, fused):
+def test_batch_norm_layouts(queue, monkeypatch, layout, parts, shape, offset, fused, chained):
     """norm_batch.cl's CPU runs and GPU work-group trees (4-wide loads when aligned, scalar at an odd
-    offset), one part per channel or several (the finalize kernels, or the last work-group: fused), relu
-    fused, and eval."""
+    offset), one part per channel or several (the finalize kernels, or the last work-group: fused), each
+    way as one launch (chained), relu fused, and eval."""
     monkeypatch.setattr(norm_mod, "FUSED_FINALIZE", fused)
+    monkeypatch.setattr(norm_mod, "CHAINED", chained)
     monkeypatch.setattr(norm_mod, "FORCE_LAYOUT", layout)
     monkeypatch.setattr(norm_mod, "PARTS", parts)
     monkeypatch.setattr(norm_mod, "local_size_override", 4 if layout == "groups" else None)

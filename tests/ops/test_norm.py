@@ -347,18 +347,20 @@ def test_batch_norm_layouts(queue, rng, monkeypatch, layout, parts, local, shape
 
 
 @GROUPS
-@pytest.mark.parametrize("shape,relu,unroll", [((5, 3, 4, 6), True, 1), ((3, 4, 5, 7), False, 4),
-                                               ((7, 2, 8, 8), True, 4)])
-def test_batch_norm_fused_finalize(queue, rng, monkeypatch, shape, relu, unroll):
+@pytest.mark.parametrize("shape,relu,unroll,parts", [((5, 3, 4, 6), True, 1, 5), ((3, 4, 5, 7), False, 4, 5),
+                                                     ((7, 2, 8, 8), True, 4, 5), ((2, 3, 6, 6), True, 4, 1)])
+@pytest.mark.parametrize("chained", [False, True])
+def test_batch_norm_fused_finalize(queue, rng, monkeypatch, shape, relu, unroll, parts, chained):
     """The GPU reductions with LAST=1: each channel's last work-group merges the parts (a counter per
     channel, reset by that group) instead of a finalize launch, with 1 or 4 loads in flight (whole batches
     and a part's tail): 2 launches each way, float32 results against float64, and
     a second call on the same counters gives the same values (float32: the partials move through 32-bit
-    atomics; float64 keeps the finalize launch)."""
+    atomics; float64 keeps the finalize launch). CHAINED: each way one launch (the elementwise parts wait for
+    their channel's statistics), the same bits as the two launches."""
     from netcl.profiling import count_launches
 
     monkeypatch.setattr(Nm, "FORCE_LAYOUT", "groups")
-    monkeypatch.setattr(Nm, "PARTS", 5)
+    monkeypatch.setattr(Nm, "PARTS", parts)
     monkeypatch.setattr(Nm, "local_size_override", 8)
     monkeypatch.setattr(Nm, "FUSED_FINALIZE", True)
     monkeypatch.setattr(Nm, "UNROLL", unroll)  # float4 loads in flight (4-wide when HW % 4 == 0)
@@ -369,12 +371,19 @@ def test_batch_norm_fused_finalize(queue, rng, monkeypatch, shape, relu, unroll)
     xt, wt, bt, gyt = _t(queue, x), _t(queue, w), _t(queue, b), _t(queue, gy)
     act = "relu" if relu else None
     y, mean, inv, gx_ref, gw_ref, gb_ref = _bn_reference(x.astype(np.float64), w, b, gy, relu)
+    monkeypatch.setattr(Nm, "CHAINED", not chained)  # the other way, for the bits
+    other = [t.to_host() for t in (*Nm.batch_norm(xt, wt, bt, None, None, True, activation=act),
+                                   *Nm.batch_norm_backward(gyt, xt, wt, *Nm.batch_norm(
+                                       xt, wt, bt, None, None, True, activation=act)[1:], True, bias=bt,
+                                       activation=act))]
+    monkeypatch.setattr(Nm, "CHAINED", chained)
     first = None
     for _ in range(2):
         with count_launches() as launches:
             out, sm, si = Nm.batch_norm(xt, wt, bt, None, None, True, activation=act)
             gx, gw, gb = Nm.batch_norm_backward(gyt, xt, wt, sm, si, True, bias=bt, activation=act)
-        assert launches.count == 4
+        assert launches.count == (2 if chained else 4)
+        assert all(np.array_equal(a, t.to_host()) for a, t in zip(other, (out, sm, si, gx, gw, gb)))
         assert_close(out, y, np.float32, rtol=1e-5, atol=1e-5)
         assert_close(si, inv, np.float32, rtol=1e-5, atol=1e-6)
         assert_close(gx, gx_ref, np.float32, rtol=1e-4, atol=1e-4)
@@ -404,11 +413,13 @@ def test_batch_norm_statistics_survive_a_large_mean(queue, rng, monkeypatch, lay
 def test_batch_norm_launches(queue, rng, monkeypatch, parts):
     """Each direction is the one-pass reduction and one elementwise pass, plus a finalize launch when a
     channel is split in parts on the layout the device's own defaults take: on a CPU's ("runs"); a GPU's
-    ("groups", FUSED_FINALIZE) merges the parts in each channel's last work-group instead."""
+    ("groups", FUSED_FINALIZE) merges the parts in each channel's last work-group instead, and (CHAINED)
+    runs both passes as one launch."""
     from netcl.profiling import count_launches
 
     merged_in_place = Nm._bn_layout(queue.device) == "groups" and Nm.FUSED_FINALIZE
-    launches = 2 if parts == 1 or merged_in_place else 3
+    launches = 1 if Nm._bn_chained(Nm._bn_layout(queue.device), np.dtype(np.float32)) else (
+        2 if parts == 1 or merged_in_place else 3)
     monkeypatch.setattr(Nm, "PARTS", parts)
     x, gy = (
         rng.standard_normal((4, 3, 5, 5)).astype(np.float32),
