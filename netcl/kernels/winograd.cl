@@ -79,12 +79,10 @@
 // flip = 1: the filter rotated by 180 degrees (g[8 - t]): the backward-data convolution's weight.
 #define FILTER_TAP(g, t) LOAD_T((g), flip ? 8 - (t) : (t))
 
-__kernel void winograd_filter_2x2_3x3(__global const TS *w, const long w_off, __global TS *u,
-                                      const int K, const int C, const long SE, const long SK, const long SC,
-                                      const int flip)
+// U of filter i (0 .. K*C-1) into u (see winograd_filter_2x2_3x3)
+inline void filter_one(const int i, __global const TS *w, const long w_off, __global TS *u, const int K,
+                       const int C, const long SE, const long SK, const long SC, const int flip)
 {
-    const int i = get_global_id(0);
-    if (i >= K * C) return;
     // consecutive work-items take consecutive output columns: c for U[e, k, c], k for the flipped U[e, c, k]
     // (SK = 1), so the 16 stores coalesce either way
     const int k = flip ? i % K : i / C, c = flip ? i / K : i % C;
@@ -107,6 +105,15 @@ __kernel void winograd_filter_2x2_3x3(__global const TS *w, const long w_off, __
     }
 }
 
+__kernel void winograd_filter_2x2_3x3(__global const TS *w, const long w_off, __global TS *u,
+                                      const int K, const int C, const long SE, const long SK, const long SC,
+                                      const int flip)
+{
+    const int i = get_global_id(0);
+    if (i >= K * C) return;
+    filter_one(i, w, w_off, u, K, C, SE, SK, SC, flip);
+}
+
 inline T4 load_row4(const __global TS *xc, const int ih, const int iw0, const int H, const int W)
 {
     T4 r = (T4)(0);
@@ -119,12 +126,11 @@ inline T4 load_row4(const __global TS *xc, const int ih, const int iw0, const in
     return r;
 }
 
-__kernel void winograd_input_2x2_3x3(__global const TS *x, const long x_off, __global TS *v,
-                                     const int n0, const int NB, const int C, const int H, const int W,
-                                     const int TW, const int TT, const int PH, const int PW)
+// V of tile t, channel c, image n0 + n (see winograd_input_2x2_3x3)
+inline void input_one(const int t, const int c, const int n, __global const TS *x, const long x_off,
+                      __global TS *v, const int n0, const int NB, const int C, const int H, const int W,
+                      const int TW, const int TT, const int PH, const int PW)
 {
-    TILE_IDS(t, c, n, C);
-    if (t >= TT || c >= C || n >= NB) return;
     const int th = t / TW, tw = t - (t / TW) * TW;
     const int ih0 = th * 2 - PH, iw0 = tw * 2 - PW;
     const __global TS *xc = x + x_off + ((long)(n0 + n) * C + c) * H * W;
@@ -142,6 +148,15 @@ __kernel void winograd_input_2x2_3x3(__global const TS *x, const long x_off, __g
         STORE_T(out, (4 * i + 2) * SE, r[i].z - r[i].y);
         STORE_T(out, (4 * i + 3) * SE, r[i].y - r[i].w);
     }
+}
+
+__kernel void winograd_input_2x2_3x3(__global const TS *x, const long x_off, __global TS *v,
+                                     const int n0, const int NB, const int C, const int H, const int W,
+                                     const int TW, const int TT, const int PH, const int PW)
+{
+    TILE_IDS(t, c, n, C);
+    if (t >= TT || c >= C || n >= NB) return;
+    input_one(t, c, n, x, x_off, v, n0, NB, C, H, W, TW, TT, PH, PW);
 }
 
 __kernel void winograd_output_2x2_3x3(__global const TS *m, __global const TS *bias, const long b_off,
@@ -201,18 +216,26 @@ inline T2 load_pair(const __global TS *gk, const int oh, const int ow0, const in
         STORE_T(out, 14 * (SE), (d) - (c)); STORE_T(out, 15 * (SE), (d));                      \
     } while (0)
 
-__kernel void winograd_grad_output_2x2_3x3(__global const TS *gy, const long gy_off, __global TS *z,
-                                           const int n0, const int NB, const int K, const int OH,
-                                           const int OW, const int TW, const int TT)
+// Z of tile t, channel k of grad_y, image n0 + n (see winograd_grad_output_2x2_3x3)
+inline void grad_output_one(const int t, const int k, const int n, __global const TS *gy, const long gy_off,
+                            __global TS *z, const int n0, const int NB, const int K, const int OH, const int OW,
+                            const int TW, const int TT)
 {
-    TILE_IDS(t, k, n, K);
-    if (t >= TT || k >= K || n >= NB) return;
     const int th = t / TW, tw = t - (t / TW) * TW;
     const __global TS *gk = gy + gy_off + ((long)(n0 + n) * K + k) * OH * OW;
     const T2 r0 = load_pair(gk, 2 * th, 2 * tw, OH, OW), r1 = load_pair(gk, 2 * th + 1, 2 * tw, OH, OW);
     const long PT = (long)NB * TT, SE = (long)K * PT;
     __global TS *out = z + (long)k * PT + (long)n * TT + t;
     GRAD_OUT_STORE(out, SE, r0.x, r0.y, r1.x, r1.y);
+}
+
+__kernel void winograd_grad_output_2x2_3x3(__global const TS *gy, const long gy_off, __global TS *z,
+                                           const int n0, const int NB, const int K, const int OH,
+                                           const int OW, const int TW, const int TT)
+{
+    TILE_IDS(t, k, n, K);
+    if (t >= TT || k >= K || n >= NB) return;
+    grad_output_one(t, k, n, gy, gy_off, z, n0, NB, K, OH, OW, TW, TT);
 }
 
 // dW[k, c] = G^T D G for D = sum over s of dU[s, :, k, c] (4x4), G^T = [[1, 1/2, 1/2, 0],
@@ -246,6 +269,51 @@ __kernel void winograd_grad_filter_2x2_3x3(__global const TS *du, __global TS *g
     if (i >= K * C) return;
     const long SE = (long)K * C, SS = 16 * SE;
     grad_filter_one(du + i, SE, SS, S, gw + gw_off + (long)i * 9);
+}
+
+// -- several transforms in one launch (GPUs) --------------------------------------------------------------
+// winograd_transforms_2x2_3x3: up to four independent transforms of one convolution step in one 1-D launch
+// (global: the items' sum rounded up to the work-group, local LOCAL), each item running one transform's
+// work-item as its own kernel above would: items [0, nf) the filter transform (f_*: winograd_filter's
+// arguments, item i = filter i), then na items of an input transform (a_*: winograd_input's, t fastest,
+// then c, then n, as FLAT), nb of a second input transform (b_*), nz of a grad-output transform (z_*). A
+// forward pass takes the filter and its input (2 launches -> 1); a backward pass the rotated filter and
+// grad_y's input tiles (the input gradient), x's input tiles and grad_y's Z (the weight gradient): 4 -> 1.
+// The same arithmetic per element as the separate kernels: the same bits.
+#define XFORM_ARGS(p) __global const TS *p##_x, const long p##_x_off, __global TS *p##_v, const int p##_n0,  \
+    const int p##_NB, const int p##_C, const int p##_H, const int p##_W, const int p##_TW, const int p##_TT, \
+    const int p##_PH, const int p##_PW, const long p##_items
+
+__kernel void winograd_transforms_2x2_3x3(__global const TS *f_w, const long f_w_off, __global TS *f_u,
+                                          const int f_K, const int f_C, const long f_SE, const long f_SK,
+                                          const long f_SC, const int f_flip, const long f_items, XFORM_ARGS(a),
+                                          XFORM_ARGS(b), __global const TS *z_gy, const long z_gy_off,
+                                          __global TS *z_z, const int z_n0, const int z_NB, const int z_K,
+                                          const int z_OH, const int z_OW, const int z_TW, const int z_TT,
+                                          const long z_items)
+{
+    long i = get_global_id(0);
+    if (i < f_items) {
+        filter_one((int)i, f_w, f_w_off, f_u, f_K, f_C, f_SE, f_SK, f_SC, f_flip);
+        return;
+    }
+    i -= f_items;
+    if (i < a_items) {
+        const int t = (int)(i % a_TT), c = (int)((i / a_TT) % a_C), n = (int)(i / a_TT / a_C);
+        input_one(t, c, n, a_x, a_x_off, a_v, a_n0, a_NB, a_C, a_H, a_W, a_TW, a_TT, a_PH, a_PW);
+        return;
+    }
+    i -= a_items;
+    if (i < b_items) {
+        const int t = (int)(i % b_TT), c = (int)((i / b_TT) % b_C), n = (int)(i / b_TT / b_C);
+        input_one(t, c, n, b_x, b_x_off, b_v, b_n0, b_NB, b_C, b_H, b_W, b_TW, b_TT, b_PH, b_PW);
+        return;
+    }
+    i -= b_items;
+    if (i < z_items) {
+        const int t = (int)(i % z_TT), k = (int)((i / z_TT) % z_K), n = (int)(i / z_TT / z_K);
+        grad_output_one(t, k, n, z_gy, z_gy_off, z_z, z_n0, z_NB, z_K, z_OH, z_OW, z_TW, z_TT);
+    }
 }
 
 // -- CPU variants ----------------------------------------------------------------------------------

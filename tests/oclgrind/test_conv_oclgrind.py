@@ -149,12 +149,18 @@ def test_conv2d_backward(queue, xs, ws, stride, pad, dil, groups, algo, bwd):
     close(ops.conv2d_backward_bias(gyt), gy.sum(axis=(0, 2, 3)), 1e-4, 1e-4)
 
 
-@pytest.mark.parametrize("layout", ["rows", "tiles", "flat"])
+@pytest.mark.parametrize("layout", ["rows", "tiles", "flat", "tiles-apart"])
 def test_winograd_layouts_and_backward(queue, monkeypatch, layout):
     """Both Winograd kernel layouts (the CPU's row walkers, the GPU's per-tile ones, also as a padded 1-D
-    launch: flat): forward, backward data (flipped filters transformed from the weight) and backward
-    weight (2 tile slices summed)."""
+    launch: flat; their transforms batched into one launch, or a launch each: tiles-apart): forward,
+    backward data (flipped filters transformed from the weight) and backward weight (2 tile slices
+    summed), then both backward passes together (the GPUs' four transforms in one launch)."""
+    from netcl.ops.conv.backward import _conv2d_backward
+
     monkeypatch.setattr(conv_mod.winograd, "_winograd_rows", lambda device: layout == "rows")
+    monkeypatch.setattr(conv_mod.winograd, "BATCH_TRANSFORMS", layout != "tiles-apart")
+    monkeypatch.setattr(conv_mod.choice, "backward_input_algorithm", lambda device, p, dt: "flipped")
+    monkeypatch.setattr(conv_mod.choice, "backward_weight_algorithm", lambda device, p, dt: "winograd")
     monkeypatch.setattr(conv_mod.winograd, "WINOGRAD_FLAT", 32 if layout == "flat" else 0)
     monkeypatch.setattr(conv_mod.choice, "_auto_algorithm", lambda device, p, dt: "winograd")
     monkeypatch.setattr(conv_mod.winograd, "_winograd_splits", lambda device, p, pt: 2 if pt % 2 == 0 else 1)
@@ -169,6 +175,9 @@ def test_winograd_layouts_and_backward(queue, monkeypatch, layout):
     gx_ref, gw_ref = conv_grads_ref(x, w, gy, (1, 1), (1, 1), (1, 1), 1)
     close(ops.conv2d_backward_input(f(gy), f(w), xs, 1, 1, algorithm="flipped"), gx_ref, 1e-4, 1e-4)
     close(ops.conv2d_backward_weight(f(x), f(gy), ws, 1, 1, algorithm="winograd"), gw_ref, 1e-4, 1e-4)
+    gx, gw, _ = _conv2d_backward(f(gy), f(x), f(w), None, 1, 1, 1, 1, None, (True, True, False))
+    close(gx, gx_ref, 1e-4, 1e-4)
+    close(gw, gw_ref, 1e-4, 1e-4)
 
 
 def test_col2im_kernel(queue):

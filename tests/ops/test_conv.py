@@ -510,3 +510,41 @@ def test_repeated_calls_reuse_checks_bitwise(queue, rng):
         C.conv2d(xt, wt, bt, 1, 1, groups=3)
     with pytest.raises(ShapeError):
         C.conv2d_backward_input(Tensor.from_host(queue, first[0][:, :5].copy()), wt, xs, 1, 1)
+
+
+@pytest.mark.parametrize("xs,k,pad", WINOGRAD_CASES)
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_winograd_transforms_in_one_launch(queue, rng, monkeypatch, xs, k, pad, dtype):
+    """The GPUs' transforms batched (BATCH_TRANSFORMS, winograd_transforms_2x2_3x3): forward the filter and
+    the input tiles in one launch (3 launches, not 4); the backward of both x and the weight the rotated
+    filter, grad_y's input tiles, x's input tiles and grad_y's Z in one (5 launches, not 8); the same bits
+    as a launch each, and float64 against the adjoint."""
+    from netcl.ops.conv.backward import _conv2d_backward
+    from netcl.profiling import count_launches
+
+    monkeypatch.setattr(C.winograd, "_winograd_rows", lambda device: False)
+    monkeypatch.setattr(C.choice, "_auto_algorithm", lambda device, p, dt: "winograd")
+    monkeypatch.setattr(C.choice, "backward_input_algorithm", lambda device, p, dt: "flipped")
+    monkeypatch.setattr(C.choice, "backward_weight_algorithm", lambda device, p, dt: "winograd")
+    ws = (k, xs[1], 3, 3)
+    p = C.ConvParams(xs, ws, 1, pad, 1, 1)
+    x, w, gy = _data(rng, xs, dtype), _data(rng, ws, dtype), _data(rng, p.output_shape, dtype)
+    xt, wt, gyt = Tensor.from_host(queue, x), Tensor.from_host(queue, w), Tensor.from_host(queue, gy)
+    got = {}
+    for together in (False, True):
+        monkeypatch.setattr(C.winograd, "BATCH_TRANSFORMS", together)
+        monkeypatch.setattr(capture, "plans", capture.PlanCache())
+        C.conv2d(xt, wt, padding=pad)  # built once, then counted
+        _conv2d_backward(gyt, xt, wt, None, 1, pad, 1, 1, None, (True, True, False))
+        with count_launches() as fwd:
+            out = C.conv2d(xt, wt, padding=pad)
+        with count_launches() as bwd:
+            gx, gw, _ = _conv2d_backward(gyt, xt, wt, None, 1, pad, 1, 1, None, (True, True, False))
+        assert (fwd.count, bwd.count) == ((3, 5) if together else (4, 8))
+        got[together] = [t.to_host() for t in (out, gx, gw)]
+    assert all(np.array_equal(a, b) for a, b in zip(got[False], got[True]))
+    if dtype == np.float64:
+        gx_ref, gw_ref = ref_conv_backward(xs, w, gy, pad=(pad, pad), x=x)
+        assert_close(got[True][0], ref_conv(x, w, pad=(pad, pad)), rtol=1e-11, atol=1e-11)
+        assert_close(got[True][1], gx_ref, rtol=1e-11, atol=1e-11)
+        assert_close(got[True][2], gw_ref, rtol=1e-11, atol=1e-11)

@@ -47,6 +47,35 @@ def conv2d_backward_input(grad_out: Tensor, weight: Tensor, input_shape: Sequenc
     where it runs on Winograd and Winograd pays (3x3 kernels, winograd_pays), else gemm unless the
     layer is depthwise.
     """
+    p, dt, algo, flipped_algo = _backward_input_plan(grad_out, weight, input_shape, stride, padding, dilation,
+                                                     groups, algorithm)
+    if algo == "flipped":
+        fp, fa = flipped_algo
+        if fa == "winograd":  # the rotated, transposed filters transformed straight from the weight
+            gx = Tensor.empty(grad_out.queue, (p.N, p.C, p.H, p.W), dt)
+            if gx.size:
+                winograd._conv_winograd(grad_out.contiguous(), weight.contiguous(), None, gx, fp, None,
+                                        flip=True)
+            return gx
+        flipped = weight[:, :, ::-1, ::-1].permute(1, 0, 2, 3).contiguous()
+        return conv2d(
+            grad_out, flipped, None, stride=1, padding=(p.KH - 1 - p.PH, p.KW - 1 - p.PW), algorithm=fa
+        )
+    gx = Tensor.empty(grad_out.queue, (p.N, p.C, p.H, p.W), dt)
+    if gx.size == 0:
+        return gx
+    gy, w = grad_out.contiguous(), weight.contiguous()
+    if algo == "gemm" and p.OH * p.OW:
+        im2col._backward_input_gemm(gy, w, gx, p)
+    else:
+        direct._backward_input_into(gy, w, None, gx, p, None)
+    return gx
+
+
+def _backward_input_plan(grad_out: Tensor, weight: Tensor, input_shape: Sequence[int], stride: Any,
+                         padding: Any, dilation: Any, groups: int, algorithm: str) -> tuple:
+    """conv2d_backward_input's checks and choice, once per signature: (ConvParams, dtype, algorithm, and
+    for 'flipped' (the forward convolution's ConvParams, its algorithm))."""
     key = _checked_key("conv2d_backward_input", (grad_out, weight), _shape_key(input_shape), stride, padding,
                        dilation, groups, algorithm)
     hit = _recall(key)
@@ -79,34 +108,7 @@ def conv2d_backward_input(grad_out: Tensor, weight: Tensor, input_shape: Sequenc
             )
             flipped_algo = (fp, choice._auto_algorithm(grad_out.device, fp, dt))
         hit = _remember(key, (p, dt, algo, flipped_algo))
-    p, dt, algo, flipped_algo = hit
-    if algo == "flipped":
-        fp, fa = flipped_algo
-        if fa == "winograd":  # the rotated, transposed filters transformed straight from the weight
-            gx = Tensor.empty(grad_out.queue, (p.N, p.C, p.H, p.W), dt)
-            if gx.size:
-                winograd._conv_winograd(
-                    grad_out.contiguous(),
-                    winograd.winograd_transform_weight(weight.contiguous(), flip=True),
-                    None,
-                    gx,
-                    fp,
-                    None,
-                )
-            return gx
-        flipped = weight[:, :, ::-1, ::-1].permute(1, 0, 2, 3).contiguous()
-        return conv2d(
-            grad_out, flipped, None, stride=1, padding=(p.KH - 1 - p.PH, p.KW - 1 - p.PW), algorithm=fa
-        )
-    gx = Tensor.empty(grad_out.queue, (p.N, p.C, p.H, p.W), dt)
-    if gx.size == 0:
-        return gx
-    gy, w = grad_out.contiguous(), weight.contiguous()
-    if algo == "gemm" and p.OH * p.OW:
-        im2col._backward_input_gemm(gy, w, gx, p)
-    else:
-        direct._backward_input_into(gy, w, None, gx, p, None)
-    return gx
+    return hit
 
 
 def conv2d_backward_weight(x: Tensor, grad_out: Tensor, weight_shape: Sequence[int], stride: Any = 1,
@@ -119,6 +121,26 @@ def conv2d_backward_weight(x: Tensor, grad_out: Tensor, weight_shape: Sequence[i
     kernel: one work-item per weight element), or 'auto': the tuning database's choice for this
     geometry, else winograd where it pays (winograd_pays), else gemm.
     """
+    p, dt, algo = _backward_weight_plan(x, grad_out, weight_shape, stride, padding, dilation, groups,
+                                        algorithm)
+    x, grad_out = x.contiguous(), grad_out.contiguous()
+    if algo in ("gemm", "winograd"):
+        if p.N * p.OH * p.OW == 0:
+            return Tensor.zeros(x.queue, (p.K, p.Cg, p.KH, p.KW), dt)
+        if algo == "winograd":
+            return winograd._backward_weight_winograd(x, grad_out, p)
+        return im2col._backward_weight_gemm(x, grad_out, p)
+    gw = Tensor.empty(x.queue, (p.K, p.Cg, p.KH, p.KW), dt)
+    prg = kernels.program(x.device, "conv_direct.cl", dtype=dt)
+    prg.conv2d_backward_weight(x.queue, (p.Cg * p.KH * p.KW, p.K), None, x.buffer, np.int64(x.offset),
+                               grad_out.buffer, np.int64(grad_out.offset), gw.buffer, np.int64(gw.offset),
+                               *p.geometry())
+    return gw
+
+
+def _backward_weight_plan(x: Tensor, grad_out: Tensor, weight_shape: Sequence[int], stride: Any, padding: Any,
+                          dilation: Any, groups: int, algorithm: str) -> tuple:
+    """conv2d_backward_weight's checks and choice, once per signature: (ConvParams, dtype, algorithm)."""
     key = _checked_key("conv2d_backward_weight", (x, grad_out), _shape_key(weight_shape), stride, padding,
                        dilation, groups, algorithm)
     hit = _recall(key)
@@ -141,20 +163,7 @@ def conv2d_backward_weight(x: Tensor, grad_out: Tensor, weight_shape: Sequence[i
             )
         algo = choice.backward_weight_algorithm(x.device, p, dt) if algorithm == "auto" else algorithm
         hit = _remember(key, (p, dt, algo))
-    p, dt, algo = hit
-    x, grad_out = x.contiguous(), grad_out.contiguous()
-    if algo in ("gemm", "winograd"):
-        if p.N * p.OH * p.OW == 0:
-            return Tensor.zeros(x.queue, (p.K, p.Cg, p.KH, p.KW), dt)
-        if algo == "winograd":
-            return winograd._backward_weight_winograd(x, grad_out, p)
-        return im2col._backward_weight_gemm(x, grad_out, p)
-    gw = Tensor.empty(x.queue, (p.K, p.Cg, p.KH, p.KW), dt)
-    prg = kernels.program(x.device, "conv_direct.cl", dtype=dt)
-    prg.conv2d_backward_weight(x.queue, (p.Cg * p.KH * p.KW, p.K), None, x.buffer, np.int64(x.offset),
-                               grad_out.buffer, np.int64(grad_out.offset), gw.buffer, np.int64(gw.offset),
-                               *p.geometry())
-    return gw
+    return hit
 
 
 def conv2d_backward_bias(grad_out: Tensor) -> Tensor:
@@ -188,6 +197,13 @@ def _conv2d_backward(grad_out: Tensor, x: Tensor, weight: Tensor, out: Tensor, s
         g = elementwise.where(elementwise.gt(out, 0), g, 0.0)
     g = g.contiguous()
     geometry = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
+    if needs[0] and needs[1]:  # both on Winograd: their four transforms in one launch (GPUs, one chunk)
+        pi = _backward_input_plan(g, weight, x.shape, stride, padding, dilation, groups, "auto")
+        pw = _backward_weight_plan(x, g, weight.shape, stride, padding, dilation, groups, "auto")
+        if pi[2] == "flipped" and pi[3][1] == "winograd" and pw[2] == "winograd":
+            both = winograd._backward_winograd(x.contiguous(), g, weight.contiguous(), pw[0], pi[3][0])
+            if both is not None:
+                return (*both, conv2d_backward_bias(g) if needs[2] else None)
     gx = conv2d_backward_input(g, weight, x.shape, **geometry) if needs[0] else None
     gw = conv2d_backward_weight(x, g, weight.shape, **geometry) if needs[1] else None
     return gx, gw, (conv2d_backward_bias(g) if needs[2] else None)

@@ -41,7 +41,7 @@ def conv2d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 
     if out.size == 0:
         return out
     if algo == "winograd":
-        winograd._conv_winograd(x, winograd.winograd_transform_weight(weight), bias, out, p, act)
+        winograd._conv_winograd(x, weight, bias, out, p, act)
     else:
         direct._conv_direct(x, weight, bias, out, p, act, depthwise=(algo == "depthwise"))
     return out

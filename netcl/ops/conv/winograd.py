@@ -46,6 +46,72 @@ def _winograd_program(x: Tensor, p: ConvParams, act: str | None = None) -> Any:
     return kernels.program(x.device, "winograd.cl", dtype=x.dtype, act=act, CH=ch)
 
 
+# GPUs: the independent transforms of one pass (the filter and the input tiles; in a backward pass the
+# rotated filter, grad_y's input tiles, x's input tiles and grad_y's Z) in one launch of
+# winograd_transforms_2x2_3x3, work-groups of TRANSFORMS_LOCAL items: 2 and 4 launches become 1 (ResNet-18's
+# step 52 launches fewer). Off: a launch each (tests compare the bits).
+BATCH_TRANSFORMS = True
+TRANSFORMS_LOCAL = 256
+
+
+def _batched(device: Any) -> bool:
+    """Whether this device's passes launch their transforms together (BATCH_TRANSFORMS; GPUs' per-tile
+    kernels: the CPUs' row kernels keep a launch each)."""
+    return BATCH_TRANSFORMS and not _winograd_rows(device)
+
+
+def _transform_part(name: str, part: tuple | None, spare: Any) -> tuple[dict, dict, Any]:
+    """(static arguments, dynamic arguments, signature) of one part of winograd_transforms_2x2_3x3: "f" the
+    filter (w, u, flip), "a" / "b" an input transform (x, v, p, n0, nb), "z" a grad-output transform
+    (gy, z, p, n0, nb); an absent part takes no items (its buffers: `spare`)."""
+    if name == "f":
+        w, out, flip = part if part is not None else (None, None, 0)
+        kk, cc = (w.shape[0], w.shape[1]) if w is not None else (1, 1)
+        ints = dict(K=kk, C=cc, SE=kk * cc, SK=1 if flip else cc, SC=kk if flip else 1, flip=int(flip))
+        items, src = (kk * cc if w is not None else 0), w
+        names = ("w", "w_off", "u")
+    else:
+        src, out, p, n0, nb = part if part is not None else (None, None, None, 1, 1)
+        th, tw = (math.ceil(p.OH / 2), math.ceil(p.OW / 2)) if p is not None else (1, 1)
+        if name == "z":
+            kk = p.K if p is not None else 1
+            ints = dict(n0=n0, NB=nb, K=kk, OH=p.OH if p else 1, OW=p.OW if p else 1, TW=tw, TT=th * tw)
+            names = ("gy", "gy_off", "z")
+        else:
+            kk = p.C if p is not None else 1
+            ints = dict(n0=n0, NB=nb, C=kk, H=p.H if p else 1, W=p.W if p else 1, TW=tw, TT=th * tw,
+                        PH=p.PH if p else 0, PW=p.PW if p else 0)
+            names = ("x", "x_off", "v")
+        items = th * tw * kk * nb if p is not None else 0
+    longs = ("SE", "SK", "SC")
+    static = {f"{name}_{k}": (np.int64 if k in longs else np.int32)(v) for k, v in ints.items()}
+    static[f"{name}_items"] = np.int64(items)
+    dynamic = {f"{name}_{names[0]}": src.buffer if src is not None else spare,
+               f"{name}_{names[1]}": np.int64(src.offset if src is not None else 0),
+               f"{name}_{names[2]}": out.buffer if out is not None else spare}
+    return static, dynamic, (tuple(ints.values()) if part is not None else None)
+
+
+def _transform_together(prg: Any, queue: Any, filt: tuple | None = None, a: tuple | None = None,
+                        b: tuple | None = None, z: tuple | None = None) -> None:
+    """One launch of winograd_transforms_2x2_3x3 (GPUs): filt = (w, u, flip) as winograd_transform_weight;
+    a and b = (x, v, p, n0, nb) as _winograd_input; z = (gy, z, p, n0, nb) as the weight gradient's Z. Its
+    Plan is keyed by the sizes (Kernel.planned's signature)."""
+    spare = next(part[1] for part in (filt, a, b, z) if part is not None).buffer
+    static: dict[str, Any] = {}
+    dynamic: dict[str, Any] = {}
+    signature = []
+    for name, part in (("f", filt), ("a", a), ("b", b), ("z", z)):
+        st, dyn, sig = _transform_part(name, part, spare)
+        static.update(st)
+        dynamic.update(dyn)
+        signature.append(sig)
+    items = sum(int(static[f"{name}_items"]) for name in "fabz")
+    local = TRANSFORMS_LOCAL
+    prg.winograd_transforms_2x2_3x3.planned(queue, (-(-items // local) * local,), (local,), static,
+                                            signature=tuple(signature), **dynamic)
+
+
 def winograd_transform_weight(w: Tensor, flip: bool = False) -> Tensor:
     """U = G g G^T for every (k, c) filter of a contiguous (K, C, 3, 3) weight: (16, K, C), 16 K x C
     matrices. flip=True transforms the filters rotated by 180 degrees into (16, C, K): the weight of the
@@ -95,34 +161,47 @@ def _winograd_input(prg: Any, x: Tensor, p: ConvParams, n0: int, nb: int) -> Ten
     return v
 
 
-def _conv_winograd(
-    x: Tensor, u: Tensor, bias: Tensor | None, out: Tensor, p: ConvParams, act: str | None
-) -> None:
-    """Input transform -> 16 batched GEMMs U[e] (K x C) @ V[e] (C x tiles) -> output transform (bias and
-    activation there), over chunks of images; `u` is the transformed weight (winograd_transform_weight).
-    The GEMM is netcl's tuned one, so Winograd gains what it does on every device (2.25x fewer
-    multiply-adds) on top of it."""
+def _conv_winograd(x: Tensor, weight: Tensor, bias: Tensor | None, out: Tensor, p: ConvParams,
+                   act: str | None, flip: bool = False) -> None:
+    """Filter transform (winograd_transform_weight of `weight`, rotated with `flip`: the backward-data
+    convolution's) and input transform -> 16 batched GEMMs U[e] (K x C) @ V[e] (C x tiles) -> output
+    transform (bias and activation there), over chunks of images. The GEMM is netcl's tuned one, so Winograd
+    gains what it does on every device (2.25x fewer multiply-adds) on top of it. GPUs transform the filter
+    and a single chunk's input tiles in one launch (_transform_together)."""
     prg = _winograd_program(x, p, act)
     th, tw = math.ceil(p.OH / 2), math.ceil(p.OW / 2)
     b = bias if bias is not None else out
     chunk = _winograd_chunk(x.device, p, x.itemsize)
+    v = None
+    if chunk >= p.N and _batched(x.device):
+        u = Tensor.empty(x.queue, (16, p.K, p.C), x.dtype)
+        v = Tensor.empty(x.queue, (16, p.C, p.N * th * tw), x.dtype)
+        _transform_together(prg, x.queue, filt=(weight, u, flip), a=(x, v, p, 0, p.N))
+    else:
+        u = winograd_transform_weight(weight, flip)
     for n0 in range(0, p.N, chunk):
         nb = min(chunk, p.N - n0)
-        v = _winograd_input(prg, x, p, n0, nb)
-        m = mm.matmul(u, v)
-        del v
-        static = dict(has_bias=np.int32(bias is not None), n0=np.int32(n0), NB=np.int32(nb), K=np.int32(p.K),
-                      OH=np.int32(p.OH), OW=np.int32(p.OW), TW=np.int32(tw), TT=np.int32(th * tw))
-        signature = (bias is not None, n0, nb, p.K, p.OH, p.OW, th, tw)
-        dynamic = dict(m=m.buffer, bias=b.buffer, b_off=np.int64(b.offset), y=out.buffer,
-                       y_off=np.int64(out.offset))
-        if _winograd_rows(x.device):
-            prg.winograd_output_rows_2x2_3x3.planned(x.queue, (th, p.K, nb), None,
-                                                     {**static, "TH": np.int32(th)}, signature=signature,
-                                                     **dynamic)
-        else:
-            prg.winograd_output_2x2_3x3.planned(x.queue, *_tile_grid(th * tw, p.K, nb), static,
-                                                signature=signature, **dynamic)
+        if v is None:
+            v = _winograd_input(prg, x, p, n0, nb)
+        _winograd_output(prg, x.queue, mm.matmul(u, v), bias, b, out, p, act, n0, nb)
+        v = None
+
+
+def _winograd_output(prg: Any, queue: Any, m: Tensor, bias: Tensor | None, b: Tensor, out: Tensor,
+                     p: ConvParams, act: str | None, n0: int, nb: int) -> None:
+    """y of images n0..n0+nb-1 = A^T m A (+ bias, activation) from the GEMM's product m (16, K, nb*TT)."""
+    th, tw = math.ceil(p.OH / 2), math.ceil(p.OW / 2)
+    static = dict(has_bias=np.int32(bias is not None), n0=np.int32(n0), NB=np.int32(nb), K=np.int32(p.K),
+                  OH=np.int32(p.OH), OW=np.int32(p.OW), TW=np.int32(tw), TT=np.int32(th * tw))
+    signature = (bias is not None, n0, nb, p.K, p.OH, p.OW, th, tw)
+    dynamic = dict(m=m.buffer, bias=b.buffer, b_off=np.int64(b.offset), y=out.buffer,
+                   y_off=np.int64(out.offset))
+    if _winograd_rows(out.device):
+        prg.winograd_output_rows_2x2_3x3.planned(queue, (th, p.K, nb), None, {**static, "TH": np.int32(th)},
+                                                 signature=signature, **dynamic)
+    else:
+        prg.winograd_output_2x2_3x3.planned(queue, *_tile_grid(th * tw, p.K, nb), static, signature=signature,
+                                            **dynamic)
 
 
 WINOGRAD_SPLIT_WAVES = 2  # GPUs: weight-gradient slices until 16 x S x blocks >= this many x compute units
@@ -147,35 +226,40 @@ def _winograd_splits(device: Any, p: ConvParams, pt: int) -> int:
     return best
 
 
-def _backward_weight_winograd(x: Tensor, gy: Tensor, p: ConvParams) -> Tensor:
+def _backward_weight_winograd(x: Tensor, gy: Tensor, p: ConvParams, vz: tuple | None = None) -> Tensor:
     """dW of a 3x3, stride-1 convolution by Winograd F(2x2, 3x3) run backwards (kernels/winograd.cl):
     V = B^T d B of the input tiles (as the forward), Z = A dY A^T of the output-gradient tiles, one
     batched GEMM dU[s, e] = Z[e][:, slice s] @ V[e][:, slice s]^T over the 16 positions e (and S slices
     of the tiles), then dW = G^T (sum over s of dU[s]) G. 2.25x fewer multiply-adds than im2col + GEMM,
-    and no im2col buffer. Image chunks accumulate through the GEMM's residual epilogue."""
+    and no im2col buffer. Image chunks accumulate through the GEMM's residual epilogue. `vz`: (V, Z) of
+    all the images, transformed already (_backward_winograd: one chunk)."""
     prg = _winograd_program(x, p)
     th, tw = math.ceil(p.OH / 2), math.ceil(p.OW / 2)
     tt = th * tw
-    chunk = _winograd_chunk(x.device, p, x.itemsize, per_tile=16 * (p.C + p.K))
+    chunk = p.N if vz is not None else _winograd_chunk(x.device, p, x.itemsize, per_tile=16 * (p.C + p.K))
     rows = _winograd_rows(x.device)
     splits = _winograd_splits(x.device, p, tt * math.gcd(chunk, p.N % chunk or chunk))  # divides every chunk
     du = None
     for n0 in range(0, p.N, chunk):
         nb = min(chunk, p.N - n0)
         pt = nb * tt
-        v = _winograd_input(prg, x, p, n0, nb)                                  # (16, C, pt)
-        z = Tensor.empty(x.queue, (16, p.K, pt), x.dtype)
-        static = dict(n0=np.int32(n0), NB=np.int32(nb), K=np.int32(p.K), OH=np.int32(p.OH), OW=np.int32(p.OW),
-                      TW=np.int32(tw), TT=np.int32(tt))
-        signature = (n0, nb, p.K, p.OH, p.OW, th, tw)
-        if rows:
-            prg.winograd_grad_output_rows_2x2_3x3.planned(
-                x.queue, (th, p.K, nb), None, {**static, "TH": np.int32(th)}, signature=signature,
-                gy=gy.buffer, gy_off=np.int64(gy.offset), z=z.buffer)
+        if vz is not None:
+            v, z = vz
+            vz = None
         else:
-            prg.winograd_grad_output_2x2_3x3.planned(x.queue, *_tile_grid(tt, p.K, nb), static,
-                                                     signature=signature, gy=gy.buffer,
-                                                     gy_off=np.int64(gy.offset), z=z.buffer)
+            v = _winograd_input(prg, x, p, n0, nb)                              # (16, C, pt)
+            z = Tensor.empty(x.queue, (16, p.K, pt), x.dtype)
+            static = dict(n0=np.int32(n0), NB=np.int32(nb), K=np.int32(p.K), OH=np.int32(p.OH),
+                          OW=np.int32(p.OW), TW=np.int32(tw), TT=np.int32(tt))
+            signature = (n0, nb, p.K, p.OH, p.OW, th, tw)
+            if rows:
+                prg.winograd_grad_output_rows_2x2_3x3.planned(
+                    x.queue, (th, p.K, nb), None, {**static, "TH": np.int32(th)}, signature=signature,
+                    gy=gy.buffer, gy_off=np.int64(gy.offset), z=z.buffer)
+            else:
+                prg.winograd_grad_output_2x2_3x3.planned(x.queue, *_tile_grid(tt, p.K, nb), static,
+                                                         signature=signature, gy=gy.buffer,
+                                                         gy_off=np.int64(gy.offset), z=z.buffer)
         sl = pt // splits
         zs = z._view((splits, 16, p.K, sl), (sl, p.K * pt, pt, 1), z.offset)      # (S, 16, K, sl)
         vs = v._view((splits, 16, sl, p.C), (sl, p.C * pt, 1, pt), v.offset)      # (S, 16, sl, C)
@@ -190,3 +274,30 @@ def _backward_weight_winograd(x: Tensor, gy: Tensor, p: ConvParams) -> Tensor:
     kernel.planned(x.queue, (p.K,) if rows else (p.K * p.C,), None, static, signature=(p.K, p.C, splits),
                    du=du.buffer, gw=gw.buffer, gw_off=np.int64(gw.offset))
     return gw
+
+
+def _backward_winograd(x: Tensor, gy: Tensor, w: Tensor, p: ConvParams, fp: ConvParams) -> tuple | None:
+    """(grad_x, grad_w) of a 3x3 stride-1 convolution whose input gradient runs as the flipped convolution
+    fp on Winograd and whose weight gradient runs on Winograd, with the four transforms (the rotated filter,
+    grad_y's input tiles, x's input tiles, grad_y's Z) in one launch; then the two GEMMs and their output
+    transforms, the same bits as the two passes apart. None where it does not apply: the CPUs' row
+    kernels, or images in more than one chunk."""
+    dev = x.device
+    if not (_batched(dev) and p.N * p.OH * p.OW and p.C
+            and _winograd_chunk(dev, p, x.itemsize, per_tile=16 * (p.C + p.K)) >= p.N
+            and _winograd_chunk(dev, fp, x.itemsize) >= p.N):
+        return None
+    q, dt = x.queue, x.dtype
+    tt = math.ceil(p.OH / 2) * math.ceil(p.OW / 2)
+    ftt = math.ceil(fp.OH / 2) * math.ceil(fp.OW / 2)
+    u = Tensor.empty(q, (16, fp.K, fp.C), dt)                 # the rotated filters, (16, C, K)
+    vg = Tensor.empty(q, (16, fp.C, p.N * ftt), dt)           # grad_y's input tiles
+    vx = Tensor.empty(q, (16, p.C, p.N * tt), dt)             # x's
+    z = Tensor.empty(q, (16, p.K, p.N * tt), dt)              # grad_y's Z
+    prg = _winograd_program(x, p)
+    _transform_together(prg, q, filt=(w, u, True), a=(gy, vg, fp, 0, p.N), b=(x, vx, p, 0, p.N),
+                        z=(gy, z, p, 0, p.N))
+    gx = Tensor.empty(q, (p.N, p.C, p.H, p.W), dt)
+    _winograd_output(_winograd_program(gy, fp), q, mm.matmul(u, vg), None, gx, gx, fp, None, 0, p.N)
+    del u, vg
+    return gx, _backward_weight_winograd(x, gy, p, vz=(vx, z))
