@@ -567,6 +567,18 @@ class Kernel:
         """A Plan of this kernel: `args` fixed except at the positions `dynamic`, which each launch gives."""
         return Plan(self, global_size, local_size, args, dynamic)
 
+    def plan_named(self, global_size: Sequence[int], local_size: Sequence[int] | None, static: dict[str, Any],
+                   per_call: dict[str, Any]) -> Plan:
+        """A Plan with the arguments named in `static` fixed and those named in `per_call` left open: samples
+        (buffers, np.int64 offsets: a Python int given there at a launch becomes that type), listed in this
+        kernel's argument order, which is the order `plan(queue, *values)` takes them in. For an op that keeps
+        its plan under its own key (built once; a call then passes only its buffers and offsets)."""
+        positions = [self.arg_index[n] for n in per_call]
+        if positions != sorted(positions):
+            raise KernelLaunchError(f"kernel {self.name}: per-call arguments {list(per_call)} are not in its "
+                                    f"argument order ({', '.join(self.arg_names)})")
+        return self.plan(global_size, local_size, self.positional((), {**static, **per_call}), positions)
+
     def planned(self, queue: Queue, global_size: Sequence[int], local_size: Sequence[int] | None,
                 static: dict[str, Any], *, signature: Any = None, **dynamic: Any) -> cl.Event:
         """Launch with named arguments through the Plan of (this kernel, geometry, `static` values), kept in

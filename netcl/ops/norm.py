@@ -180,6 +180,46 @@ def _bn_elementwise(prg: Any, layout: str, name: str, like: Tensor, hw: int, vec
     return out
 
 
+def _bn_key(op: str, tensors: tuple, *values: Any) -> tuple | None:
+    """A batch norm call's signature for its one-launch fast path: what its checks and choices read of each
+    tensor (queue, shape, strides, dtype, offset modulo 4: the 4-wide loads), its other arguments (the
+    running statistics' offsets whole: they must be 0) and the module's switches; None where something is
+    not hashable."""
+    try:  # the module's switches too (tests and benches flip them)
+        key = (op, *[None if t is None else (id(t.queue), t.shape, t.strides, t.dtype, t.offset % 4)
+                     for t in tensors], *values, CHAINED, FORCE_LAYOUT, PARTS, local_size_override, UNROLL,
+               FUSED_FINALIZE)
+        hash(key)
+    except (AttributeError, TypeError):
+        return None
+    return key
+
+
+def _bn_train_fast(plan: Any, shape: tuple[int, ...], dt: np.dtype, pdt: np.dtype, part_size: int) -> Any:
+    """batch_norm's training call on the GPU layout as one launch of `plan` (batch_norm_train_chain): the
+    statistics (4, C), the parts' partials (part_size values, 0: none) and the output made, the buffers
+    passed in the kernel's order (x, weight, bias, running statistics, partials, statistics, output)."""
+    c = shape[1]
+    work = float(math.prod(shape) * dt.itemsize * 3)  # x read twice, the output written
+
+    def run(x: Tensor, weight: Tensor | None, bias: Tensor | None, rmean: Tensor | None,
+            rvar: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+        q = x.queue
+        stats = Tensor.empty(q, (4, c), pdt)
+        sb = stats.buffer
+        part = Tensor.empty(q, (part_size,), dtypes.float32) if part_size else stats  # held to the launch
+        out = Tensor.empty(q, shape, dt)
+        if capture.declaring():
+            launch_labels.work(0.0, work)
+        plan(q, x.buffer, x.offset, sb if weight is None else weight.buffer,
+             0 if weight is None else weight.offset, sb if bias is None else bias.buffer,
+             0 if bias is None else bias.offset, sb if rmean is None else rmean.buffer,
+             sb if rvar is None else rvar.buffer, part.buffer, sb, out.buffer)
+        return out, stats._view((c,), (1,), 0), stats._view((c,), (1,), c)
+
+    return run
+
+
 def batch_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, running_mean: Tensor | None,
                running_var: Tensor | None, training: bool, momentum: float = 0.1, eps: float = 1e-5,
                activation: str | None = None) -> tuple[Tensor, Tensor, Tensor]:
@@ -189,7 +229,16 @@ def batch_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, running_me
     updated in place with `momentum` and the unbiased variance, as PyTorch does. Eval: running stats.
     Returns (out, save_mean, save_invstd) where the saves are the statistics used, shape (C,).
     """
+    stats_offsets = tuple(t.offset if isinstance(t, Tensor) else None for t in (running_mean, running_var))
+    key = _bn_key("batch_norm", (x, weight, bias, running_mean, running_var), stats_offsets, training,
+                  momentum, eps, activation)
+    fast = capture.plans.get(key) if key is not None else None
+    if fast is not None:  # a training call on the GPU layout seen before: its one launch, no checks again
+        return fast(x, weight, bias, running_mean, running_var)
     relu = _activation_flag("batch_norm", activation)
+    # the fast path passes the tensors as they come: only for those the checks below take as they are
+    as_given = key is not None and all(t is None or (t.dtype == _stat_dtype(x.dtype) and t.is_contiguous())
+                                       for t in (weight, bias)) and x.is_contiguous()
     dt, pdt, params = _bn_dtypes("batch_norm", x, None, {"weight": weight, "bias": bias},
                                  {"running_mean": running_mean, "running_var": running_var})
     weight, bias = params["weight"], params["bias"]
@@ -257,11 +306,15 @@ def batch_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, running_me
             launch_labels.work(0.0, float(x.nbytes * (3 if chained else 1)))
         if chained:
             out = Tensor.empty(x.queue, x.shape, dt)
-            prg.batch_norm_train_chain.planned(x.queue, (2 * c * parts * local,), (local,), static,
-                                               signature=(n, parts, *sig),
-                                               count=x.queue.arrival_counts(2 + 2 * c),
-                                               out=out.buffer, **args)
-            return out, save_mean, save_invstd
+            plan = prg.batch_norm_train_chain.plan_named(
+                (2 * c * parts * local,), (local,), {**static, "count": x.queue.arrival_counts(2 + 2 * c)},
+                {name: np.int64(0) if name.endswith("_off") else args[name]
+                 for name in ("x", "x_off", "w", "w_off", "b", "b_off", "rmean", "rvar", "part", "stats")}
+                | {"out": out.buffer})
+            fast = _bn_train_fast(plan, x.shape, dt, pdt, c * parts * 3 if parts > 1 else 0)
+            if as_given:
+                capture.plans.put(key, fast)
+            return fast(x, weight, bias, running_mean, running_var)
         if layout == "groups":
             count = x.queue.arrival_counts(c) if fused else part.buffer
             prg.batch_norm_stats_groups.planned(x.queue, (c * parts * local,), (local,), static,
@@ -289,12 +342,46 @@ def batch_norm_relu(x: Tensor, weight: Tensor | None, bias: Tensor | None, runni
     return batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps, activation="relu")
 
 
+def _bn_backward_fast(plan: Any, shape: tuple[int, ...], dt: np.dtype, pdt: np.dtype, part_size: int) -> Any:
+    """batch_norm_backward on the GPU layout as one launch of `plan` (batch_norm_backward_chain): the
+    parameter gradients, the coefficients (5, C), the partials (part_size values, 0: none) and grad_x made,
+    the buffers passed in the kernel's order."""
+    c = shape[1]
+    work = float(math.prod(shape) * dt.itemsize * 5)  # grad_y and x read twice, grad_x written
+
+    def run(gy: Tensor, x: Tensor, weight: Tensor | None, bias: Tensor | None, save_mean: Tensor,
+            save_invstd: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        q = x.queue
+        gw, gb = Tensor.empty(q, (c,), pdt), Tensor.empty(q, (c,), pdt)
+        coef = Tensor.empty(q, (5, c), pdt)  # k, mg, mean, d, beta; held (as part) to the launch: a
+        cb = coef.buffer  # tensor dropped before it goes back to the pool, which may hand it to gx
+        part = Tensor.empty(q, (part_size,), dtypes.float32) if part_size else coef
+        gx = Tensor.empty(q, shape, dt)
+        if capture.declaring():
+            launch_labels.work(0.0, work)
+        plan(q, gy.buffer, gy.offset, x.buffer, x.offset, cb if weight is None else weight.buffer,
+             0 if weight is None else weight.offset, cb if bias is None else bias.buffer,
+             0 if bias is None else bias.offset, save_mean.buffer, save_mean.offset, save_invstd.buffer,
+             save_invstd.offset, part.buffer, gw.buffer, gb.buffer, cb, gx.buffer)
+        return gx, gw, gb
+
+    return run
+
+
 def batch_norm_backward(grad_out: Tensor, x: Tensor, weight: Tensor | None, save_mean: Tensor,
                         save_invstd: Tensor, training: bool = True, bias: Tensor | None = None,
                         activation: str | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """(grad_x, grad_weight, grad_bias) of batch_norm; activation='relu' (with bias) for batch_norm_relu.
     One pass over grad_out and x for the two per-channel sums, one more for grad_x."""
+    key = _bn_key("batch_norm_backward", (grad_out, x, weight, bias, save_mean, save_invstd), training,
+                  activation)
+    fast = capture.plans.get(key) if key is not None else None
+    if fast is not None:  # a call on the GPU layout seen before: its one launch, no checks again
+        return fast(grad_out, x, weight, bias, save_mean, save_invstd)
     relu = _activation_flag("batch_norm_backward", activation)
+    as_given = key is not None and all(  # what the fast path may pass as it comes (see batch_norm)
+        t is None or (t.dtype == _stat_dtype(x.dtype) and t.is_contiguous())
+        for t in (weight, bias, save_mean, save_invstd)) and x.is_contiguous() and grad_out.is_contiguous()
     param_dtypes = [t.dtype if t is not None else None for t in (weight, bias)]
     dt, pdt, params = _bn_dtypes("batch_norm_backward", x, grad_out, {"weight": weight, "bias": bias},
                                  {"save_mean": save_mean, "save_invstd": save_invstd})
@@ -354,9 +441,16 @@ def batch_norm_backward(grad_out: Tensor, x: Tensor, weight: Tensor | None, save
         launch_labels.work(0.0, float((5 if chained else 2) * x.nbytes))
     if chained:
         gx = Tensor.empty(x.queue, x.shape, dt)
-        prg.batch_norm_backward_chain.planned(x.queue, (2 * c * parts * local,), (local,), static,
-                                              signature=sig, count=x.queue.arrival_counts(2 + 2 * c),
-                                              out=gx.buffer, **args)
+        names = ("gy", "gy_off", "x", "x_off", "w", "w_off", "b", "b_off", "mean_in", "mean_off", "invstd_in",
+                 "invstd_off", "part", "gw", "gb", "coef")
+        plan = prg.batch_norm_backward_chain.plan_named(
+            (2 * c * parts * local,), (local,), {**static, "count": x.queue.arrival_counts(2 + 2 * c)},
+            {name: np.int64(0) if name.endswith("_off") else args[name] for name in names}
+            | {"out": gx.buffer})
+        fast = _bn_backward_fast(plan, x.shape, dt, pdt, c * parts * 2 if parts > 1 else 0)
+        if as_given:
+            capture.plans.put(key, fast)
+        gx, gw, gb = fast(gy, x, weight, bias, save_mean, save_invstd)
     elif layout == "groups":
         count = x.queue.arrival_counts(c) if fused else part.buffer
         prg.batch_norm_backward_groups.planned(x.queue, (c * parts * local,), (local,), static, signature=sig,

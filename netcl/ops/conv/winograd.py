@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from netcl import kernels
+from netcl.core import capture
 from netcl.core.tensor import Tensor
 from netcl.ops import gemm as mm
 from netcl.ops.conv.geometry import ConvParams
@@ -36,14 +37,23 @@ def _tile_grid(tt: int, c: int, nb: int) -> tuple[tuple[int, ...], tuple[int, ..
 
 def _winograd_program(x: Tensor, p: ConvParams, act: str | None = None) -> Any:
     """winograd.cl for x's device and dtype; the CPU's row kernels take CH tiles at a time, CH the
-    largest of 8, 4, 2, 1 that divides the TW tiles of a row (kernels/winograd.cl)."""
-    if not _winograd_rows(x.device):
+    largest of 8, 4, 2, 1 that divides the TW tiles of a row (kernels/winograd.cl). Looked up once per
+    (device, dtype, activation, geometry, layout) in netcl.core.capture.plans."""
+    rows = _winograd_rows(x.device)
+    key = ("winograd_program", x.device, x.dtype, act, p, rows, WINOGRAD_FLAT)
+    prg = capture.plans.get(key)
+    if prg is not None:
+        return prg
+    if not rows:
         if WINOGRAD_FLAT:
-            return kernels.program(x.device, "winograd.cl", dtype=x.dtype, act=act, FLAT=None)
-        return kernels.program(x.device, "winograd.cl", dtype=x.dtype, act=act)
-    tw = math.ceil(p.OW / 2)
-    ch = next(c for c in (8, 4, 2, 1) if tw % c == 0)
-    return kernels.program(x.device, "winograd.cl", dtype=x.dtype, act=act, CH=ch)
+            prg = kernels.program(x.device, "winograd.cl", dtype=x.dtype, act=act, FLAT=None)
+        else:
+            prg = kernels.program(x.device, "winograd.cl", dtype=x.dtype, act=act)
+    else:
+        tw = math.ceil(p.OW / 2)
+        ch = next(c for c in (8, 4, 2, 1) if tw % c == 0)
+        prg = kernels.program(x.device, "winograd.cl", dtype=x.dtype, act=act, CH=ch)
+    return capture.plans.put(key, prg)
 
 
 # GPUs: the independent transforms of one pass (the filter and the input tiles; in a backward pass the
@@ -61,7 +71,7 @@ def _batched(device: Any) -> bool:
 
 
 def _transform_part(name: str, part: tuple | None, spare: Any) -> tuple[dict, dict, Any]:
-    """(static arguments, dynamic arguments, signature) of one part of winograd_transforms_2x2_3x3: "f" the
+    """(static arguments, dynamic arguments, sizes) of one part of winograd_transforms_2x2_3x3: "f" the
     filter (w, u, flip), "a" / "b" an input transform (x, v, p, n0, nb), "z" a grad-output transform
     (gy, z, p, n0, nb); an absent part takes no items (its buffers: `spare`)."""
     if name == "f":
@@ -96,20 +106,32 @@ def _transform_together(prg: Any, queue: Any, filt: tuple | None = None, a: tupl
                         b: tuple | None = None, z: tuple | None = None) -> None:
     """One launch of winograd_transforms_2x2_3x3 (GPUs): filt = (w, u, flip) as winograd_transform_weight;
     a and b = (x, v, p, n0, nb) as _winograd_input; z = (gy, z, p, n0, nb) as the weight gradient's Z. Its
-    Plan is keyed by the sizes (Kernel.planned's signature)."""
-    spare = next(part[1] for part in (filt, a, b, z) if part is not None).buffer
-    static: dict[str, Any] = {}
-    dynamic: dict[str, Any] = {}
-    signature = []
-    for name, part in (("f", filt), ("a", a), ("b", b), ("z", z)):
-        st, dyn, sig = _transform_part(name, part, spare)
-        static.update(st)
-        dynamic.update(dyn)
-        signature.append(sig)
-    items = sum(int(static[f"{name}_items"]) for name in "fabz")
-    local = TRANSFORMS_LOCAL
-    prg.winograd_transforms_2x2_3x3.planned(queue, (-(-items // local) * local,), (local,), static,
-                                            signature=tuple(signature), **dynamic)
+    Plan is made once per program and sizes (netcl.core.capture.plans); a call passes the buffers."""
+    parts = (filt, a, b, z)
+    key = ("winograd_transforms", prg, None if filt is None else (filt[0].shape, filt[2]),
+           *[None if part is None else part[2:] for part in parts[1:]])
+    plan = capture.plans.get(key)
+    if plan is None:
+        spare = next(part[1] for part in parts if part is not None).buffer
+        static: dict[str, Any] = {}
+        per_call: dict[str, Any] = {}
+        for name, part in zip("fabz", parts):
+            st, dyn, _ = _transform_part(name, part, spare)
+            static.update(st)
+            per_call.update(dyn)
+        items = sum(int(static[f"{name}_items"]) for name in "fabz")
+        local = TRANSFORMS_LOCAL
+        plan = capture.plans.put(key, prg.winograd_transforms_2x2_3x3.plan_named(
+            (-(-items // local) * local,), (local,), static, per_call))
+    spare = next(part[1] for part in parts if part is not None).buffer
+    values: list[Any] = []
+    for part in parts:
+        if part is None:
+            values += (spare, 0, spare)
+        else:
+            src = part[0]
+            values += (src.buffer, src.offset, part[1].buffer)
+    plan(queue, *values)
 
 
 def winograd_transform_weight(w: Tensor, flip: bool = False) -> Tensor:
@@ -118,18 +140,23 @@ def winograd_transform_weight(w: Tensor, flip: bool = False) -> Tensor:
     backward-data convolution (grad_x = conv(grad_y, rotated and transposed w)) without materialising it."""
     K, C = w.shape[0], w.shape[1]
     u = Tensor.empty(w.queue, (16, C, K) if flip else (16, K, C), w.dtype)
-    prg = kernels.program(w.device, "winograd.cl", dtype=w.dtype)
-    # each launch through its Plan, keyed by the sizes (netcl.core.backend.Kernel.planned)
-    if _winograd_rows(w.device):
-        prg.winograd_filter_rows_2x2_3x3.planned(
-            w.queue, (C if flip else K,), None, {"K": np.int32(K), "C": np.int32(C), "flip": np.int32(flip)},
-            signature=(K, C, flip), w=w.buffer, w_off=np.int64(w.offset), u=u.buffer)
-    else:
-        prg.winograd_filter_2x2_3x3.planned(
-            w.queue, (K * C,), None, {"K": np.int32(K), "C": np.int32(C), "SE": np.int64(K * C),
-                                      "SK": np.int64(1 if flip else C), "SC": np.int64(K if flip else 1),
-                                      "flip": np.int32(flip)},
-            signature=(K, C, flip), w=w.buffer, w_off=np.int64(w.offset), u=u.buffer)
+    rows = _winograd_rows(w.device)
+    key = ("winograd_filter", w.device, w.dtype, K, C, bool(flip), rows)
+    plan = capture.plans.get(key)
+    if plan is None:  # its Plan, once per size
+        prg = kernels.program(w.device, "winograd.cl", dtype=w.dtype)
+        per_call = dict(w=w.buffer, w_off=np.int64(0), u=u.buffer)
+        if rows:
+            plan = prg.winograd_filter_rows_2x2_3x3.plan_named(
+                (C if flip else K,), None, {"K": np.int32(K), "C": np.int32(C), "flip": np.int32(flip)},
+                per_call)
+        else:
+            plan = prg.winograd_filter_2x2_3x3.plan_named(
+                (K * C,), None, {"K": np.int32(K), "C": np.int32(C), "SE": np.int64(K * C),
+                                 "SK": np.int64(1 if flip else C), "SC": np.int64(K if flip else 1),
+                                 "flip": np.int32(flip)}, per_call)
+        capture.plans.put(key, plan)
+    plan(w.queue, w.buffer, w.offset, u.buffer)
     return u
 
 
@@ -147,17 +174,19 @@ def _winograd_input(prg: Any, x: Tensor, p: ConvParams, n0: int, nb: int) -> Ten
     """V (16, C, nb*TT): B^T d B of every input tile of images n0..n0+nb-1."""
     th, tw = math.ceil(p.OH / 2), math.ceil(p.OW / 2)
     v = Tensor.empty(x.queue, (16, p.C, nb * th * tw), x.dtype)
-    static = dict(n0=np.int32(n0), NB=np.int32(nb), C=np.int32(p.C), H=np.int32(p.H), W=np.int32(p.W),
-                  TW=np.int32(tw), TT=np.int32(th * tw), PH=np.int32(p.PH), PW=np.int32(p.PW))
-    signature = (n0, nb, p.C, p.H, p.W, p.PH, p.PW, th, tw)
-    if _winograd_rows(x.device):
-        prg.winograd_input_rows_2x2_3x3.planned(x.queue, (th, p.C, nb), None, {**static, "TH": np.int32(th)},
-                                                signature=signature, x=x.buffer, x_off=np.int64(x.offset),
-                                                v=v.buffer)
-    else:
-        prg.winograd_input_2x2_3x3.planned(x.queue, *_tile_grid(th * tw, p.C, nb), static,
-                                           signature=signature, x=x.buffer, x_off=np.int64(x.offset),
-                                           v=v.buffer)
+    key = ("winograd_input", prg, p, n0, nb)
+    plan = capture.plans.get(key)
+    if plan is None:  # its Plan, once per program, geometry and chunk
+        static = dict(n0=np.int32(n0), NB=np.int32(nb), C=np.int32(p.C), H=np.int32(p.H), W=np.int32(p.W),
+                      TW=np.int32(tw), TT=np.int32(th * tw), PH=np.int32(p.PH), PW=np.int32(p.PW))
+        per_call = dict(x=x.buffer, x_off=np.int64(0), v=v.buffer)
+        if _winograd_rows(x.device):
+            plan = prg.winograd_input_rows_2x2_3x3.plan_named((th, p.C, nb), None,
+                                                              {**static, "TH": np.int32(th)}, per_call)
+        else:
+            plan = prg.winograd_input_2x2_3x3.plan_named(*_tile_grid(th * tw, p.C, nb), static, per_call)
+        capture.plans.put(key, plan)
+    plan(x.queue, x.buffer, x.offset, v.buffer)
     return v
 
 
@@ -190,18 +219,20 @@ def _conv_winograd(x: Tensor, weight: Tensor, bias: Tensor | None, out: Tensor, 
 def _winograd_output(prg: Any, queue: Any, m: Tensor, bias: Tensor | None, b: Tensor, out: Tensor,
                      p: ConvParams, act: str | None, n0: int, nb: int) -> None:
     """y of images n0..n0+nb-1 = A^T m A (+ bias, activation) from the GEMM's product m (16, K, nb*TT)."""
-    th, tw = math.ceil(p.OH / 2), math.ceil(p.OW / 2)
-    static = dict(has_bias=np.int32(bias is not None), n0=np.int32(n0), NB=np.int32(nb), K=np.int32(p.K),
-                  OH=np.int32(p.OH), OW=np.int32(p.OW), TW=np.int32(tw), TT=np.int32(th * tw))
-    signature = (bias is not None, n0, nb, p.K, p.OH, p.OW, th, tw)
-    dynamic = dict(m=m.buffer, bias=b.buffer, b_off=np.int64(b.offset), y=out.buffer,
-                   y_off=np.int64(out.offset))
-    if _winograd_rows(out.device):
-        prg.winograd_output_rows_2x2_3x3.planned(queue, (th, p.K, nb), None, {**static, "TH": np.int32(th)},
-                                                 signature=signature, **dynamic)
-    else:
-        prg.winograd_output_2x2_3x3.planned(queue, *_tile_grid(th * tw, p.K, nb), static, signature=signature,
-                                            **dynamic)
+    key = ("winograd_output", prg, p, n0, nb, bias is not None)
+    plan = capture.plans.get(key)
+    if plan is None:  # its Plan, once per program (the activation), geometry, chunk and bias
+        th, tw = math.ceil(p.OH / 2), math.ceil(p.OW / 2)
+        static = dict(has_bias=np.int32(bias is not None), n0=np.int32(n0), NB=np.int32(nb), K=np.int32(p.K),
+                      OH=np.int32(p.OH), OW=np.int32(p.OW), TW=np.int32(tw), TT=np.int32(th * tw))
+        per_call = dict(m=m.buffer, bias=b.buffer, b_off=np.int64(0), y=out.buffer, y_off=np.int64(0))
+        if _winograd_rows(out.device):
+            plan = prg.winograd_output_rows_2x2_3x3.plan_named((th, p.K, nb), None,
+                                                               {**static, "TH": np.int32(th)}, per_call)
+        else:
+            plan = prg.winograd_output_2x2_3x3.plan_named(*_tile_grid(th * tw, p.K, nb), static, per_call)
+        capture.plans.put(key, plan)
+    plan(queue, m.buffer, b.buffer, b.offset, out.buffer, out.offset)
 
 
 WINOGRAD_SPLIT_WAVES = 2  # GPUs: weight-gradient slices until 16 x S x blocks >= this many x compute units
@@ -236,9 +267,15 @@ def _backward_weight_winograd(x: Tensor, gy: Tensor, p: ConvParams, vz: tuple | 
     prg = _winograd_program(x, p)
     th, tw = math.ceil(p.OH / 2), math.ceil(p.OW / 2)
     tt = th * tw
-    chunk = p.N if vz is not None else _winograd_chunk(x.device, p, x.itemsize, per_tile=16 * (p.C + p.K))
     rows = _winograd_rows(x.device)
-    splits = _winograd_splits(x.device, p, tt * math.gcd(chunk, p.N % chunk or chunk))  # divides every chunk
+    key = ("winograd_weight_gradient", prg, p, vz is not None)
+    sizes = capture.plans.get(key)
+    if sizes is None:  # the chunk of images and the tile slices, once per geometry
+        chunk = p.N if vz is not None else _winograd_chunk(x.device, p, x.itemsize, per_tile=16 * (p.C + p.K))
+        # slices that divide every chunk's tiles
+        splits = _winograd_splits(x.device, p, tt * math.gcd(chunk, p.N % chunk or chunk))
+        sizes = capture.plans.put(key, (chunk, splits))
+    chunk, splits = sizes
     du = None
     for n0 in range(0, p.N, chunk):
         nb = min(chunk, p.N - n0)
@@ -249,17 +286,19 @@ def _backward_weight_winograd(x: Tensor, gy: Tensor, p: ConvParams, vz: tuple | 
         else:
             v = _winograd_input(prg, x, p, n0, nb)                              # (16, C, pt)
             z = Tensor.empty(x.queue, (16, p.K, pt), x.dtype)
-            static = dict(n0=np.int32(n0), NB=np.int32(nb), K=np.int32(p.K), OH=np.int32(p.OH),
-                          OW=np.int32(p.OW), TW=np.int32(tw), TT=np.int32(tt))
-            signature = (n0, nb, p.K, p.OH, p.OW, th, tw)
-            if rows:
-                prg.winograd_grad_output_rows_2x2_3x3.planned(
-                    x.queue, (th, p.K, nb), None, {**static, "TH": np.int32(th)}, signature=signature,
-                    gy=gy.buffer, gy_off=np.int64(gy.offset), z=z.buffer)
-            else:
-                prg.winograd_grad_output_2x2_3x3.planned(x.queue, *_tile_grid(tt, p.K, nb), static,
-                                                         signature=signature, gy=gy.buffer,
-                                                         gy_off=np.int64(gy.offset), z=z.buffer)
+            plan = capture.plans.get(("winograd_grad_output", prg, p, n0, nb))
+            if plan is None:
+                static = dict(n0=np.int32(n0), NB=np.int32(nb), K=np.int32(p.K), OH=np.int32(p.OH),
+                              OW=np.int32(p.OW), TW=np.int32(tw), TT=np.int32(tt))
+                per_call = dict(gy=gy.buffer, gy_off=np.int64(0), z=z.buffer)
+                if rows:
+                    plan = prg.winograd_grad_output_rows_2x2_3x3.plan_named(
+                        (th, p.K, nb), None, {**static, "TH": np.int32(th)}, per_call)
+                else:
+                    plan = prg.winograd_grad_output_2x2_3x3.plan_named(*_tile_grid(tt, p.K, nb), static,
+                                                                       per_call)
+                capture.plans.put(("winograd_grad_output", prg, p, n0, nb), plan)
+            plan(x.queue, gy.buffer, gy.offset, z.buffer)
         sl = pt // splits
         zs = z._view((splits, 16, p.K, sl), (sl, p.K * pt, pt, 1), z.offset)      # (S, 16, K, sl)
         vs = v._view((splits, 16, sl, p.C), (sl, p.C * pt, 1, pt), v.offset)      # (S, 16, sl, C)
@@ -269,10 +308,14 @@ def _backward_weight_winograd(x: Tensor, gy: Tensor, p: ConvParams, vz: tuple | 
     if du.offset or not du.is_contiguous():
         du = du.contiguous()
     splits = du.shape[0]
-    static = dict(K=np.int32(p.K), C=np.int32(p.C), S=np.int32(splits))
-    kernel = prg.winograd_grad_filter_rows_2x2_3x3 if rows else prg.winograd_grad_filter_2x2_3x3
-    kernel.planned(x.queue, (p.K,) if rows else (p.K * p.C,), None, static, signature=(p.K, p.C, splits),
-                   du=du.buffer, gw=gw.buffer, gw_off=np.int64(gw.offset))
+    plan = capture.plans.get(("winograd_grad_filter", prg, p.K, p.C, splits))
+    if plan is None:
+        kernel = prg.winograd_grad_filter_rows_2x2_3x3 if rows else prg.winograd_grad_filter_2x2_3x3
+        plan = capture.plans.put(("winograd_grad_filter", prg, p.K, p.C, splits), kernel.plan_named(
+            (p.K,) if rows else (p.K * p.C,), None,
+            dict(K=np.int32(p.K), C=np.int32(p.C), S=np.int32(splits)),
+            dict(du=du.buffer, gw=gw.buffer, gw_off=np.int64(0))))
+    plan(x.queue, du.buffer, gw.buffer, gw.offset)
     return gw
 
 
