@@ -587,7 +587,7 @@ class _Problem:
                           "dkdv": "attention_backward_dkdv_mma"}[kernel])
         k(self.queue, (-(-rows // per_group) * threads, heads, self.B), (threads, 1, 1), **args)
         if capture.recording_now():   # an op template (the fast path below): what a replay rebinds
-            capture.name_slots(**_MMA_SLOTS[kernel])
+            capture.name_slots(**_SLOTS[kernel])
         return k
 
     def fused_backward(self) -> bool:
@@ -673,6 +673,8 @@ class _Problem:
         k(self.queue, global_size, local_size, **args)
         if nsplit is not None:
             self._split_program = prg
+        elif kernel != "fused" and capture.recording_now():   # an op template: what a replay rebinds
+            capture.name_slots(**_SLOTS[kernel])
         return k
 
     def sum_dq_copies(self, copies: Tensor, dq: Tensor) -> None:
@@ -782,20 +784,22 @@ def _refresh_dropout_on_replay(draw: DropoutDraw, kernel: Any, draws: bool) -> N
 
 
 # -- the fast path: templates of repeated calls -----------------------------------------------------------
-# An attention call on the matrix units without dropout records its launches the first time a call signature
-# is seen (netcl.core.capture: the operands, outputs and workspaces as named slots) and replays them after:
+# An attention call without dropout whose passes are the matrix units', or the forward / dq / dk-dv kernels
+# of the CPU and GPU variants (not the fused float32 pass, nor decoding), records its launches the first time
+# a call signature is seen (netcl.core.capture: the operands, outputs and workspaces as named slots) and
+# replays them after:
 # the checks, the tile choices and the ~45 kernel arguments are worked out once per signature, not per call
 # (the GEMM's fast path, netcl.ops.gemm). A signature: the operands' shapes, strides, row alignment, dtype
 # and queue, causal, scale, the mask's and kv_len's layout, and the module switches the kernels' choice reads
 # (a switch assigned anew gives new signatures; capture.plans.invalidate() forgets every plan). Everything
 # else (dropout, another kernel family, a copy or a fill on the way) takes the full path, remembered as such.
-_MMA_INPUT_SLOTS = dict(q=("q", "q_off"), k=("k", "k_off"), v=("v", "v_off"), mask=("mask", "mask_off"),
+_INPUT_SLOTS = dict(q=("q", "q_off"), k=("k", "k_off"), v=("v", "v_off"), mask=("mask", "mask_off"),
                         kv=("kv_len", "kv_len_off"))
-_MMA_SLOTS = {
-    "forward": dict(_MMA_INPUT_SLOTS, out=("out",), lse=("lse",)),
-    "dq": dict(_MMA_INPUT_SLOTS, g=("grad_out", "grad_out_off"), out=("out", "out_off"), lse=("lse",),
+_SLOTS = {
+    "forward": dict(_INPUT_SLOTS, out=("out",), lse=("lse",)),
+    "dq": dict(_INPUT_SLOTS, g=("grad_out", "grad_out_off"), out=("out", "out_off"), lse=("lse",),
                delta=("delta",), dq=("dq",)),
-    "dkdv": dict(_MMA_INPUT_SLOTS, g=("grad_out", "grad_out_off"), out=("out", "out_off"), lse=("lse",),
+    "dkdv": dict(_INPUT_SLOTS, g=("grad_out", "grad_out_off"), out=("out", "out_off"), lse=("lse",),
                  delta=("delta",), dk=("dk",), dv=("dv",)),
 }
 
@@ -817,7 +821,9 @@ def _template_key(kind: str, q: Any, k: Any, v: Any, causal: Any, scale: Any, ma
         return None
     return ("attention", kind, _layout(q), _layout(k), _layout(v), causal, scale, _layout(mask),
             _layout(kv_len), *extra, id(MMA_TILES), WGMMA_PASSES, MMA_EMULATE, GPU_MMA, GPU_NATIVE_EXP,
-            variant_override, MMA_RB_MAX_HEAD_DIM, MMA_BACKWARD_MAX_HEAD_DIM)
+            variant_override, MMA_RB_MAX_HEAD_DIM, MMA_BACKWARD_MAX_HEAD_DIM, GPU_PREFETCH, id(CPU_TILES),
+            id(GPU_GRIDS), GPU_BACKWARD, GPU_ROW_SHFL, GPU_DQ_ATOMIC, GPU_DQ_SPLIT_ADD, DECODE_MAX_ROWS,
+            get_deterministic())
 
 
 def _recorded(key: tuple, inputs: tuple, run: Any) -> Any:
@@ -852,7 +858,8 @@ def flash_attention_forward(
         hit = capture.plans.get(key) if key is not None else None
         if hit:   # the template: the output in q's memory order, lse
             out = empty_in_order(q)
-            lse = Tensor.empty(q.queue, q.shape[:3], dtypes.float32)
+            lse = Tensor.empty(q.queue, q.shape[:3],
+                               dtypes.float64 if q.dtype == dtypes.float64 else dtypes.float32)
             hit.replay({"q": q, "k": k, "v": v, "mask": q if mask is None else mask,
                         "kv": q if kv_len is None else kv_len, "out": out, "lse": lse})
             return out, lse
@@ -973,7 +980,8 @@ def flash_attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: 
             dq = empty_in_order(q) if need_dq else None
             dk = empty_in_order(k) if need_dkv else None
             dv = empty_in_order(v) if need_dkv else None
-            delta = Tensor.empty(q.queue, q.shape[:3], dtypes.float32)
+            delta = Tensor.empty(q.queue, q.shape[:3],
+                                 dtypes.float64 if q.dtype == dtypes.float64 else dtypes.float32)
             hit.replay({"q": q, "k": k, "v": v, "mask": q if mask is None else mask,
                         "kv": q if kv_len is None else kv_len, "g": grad_out, "out": out, "lse": lse,
                         "delta": delta, "dq": delta if dq is None else dq, "dk": dk, "dv": dv})

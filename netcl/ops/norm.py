@@ -18,7 +18,7 @@ import numpy as np
 
 from netcl import kernels
 from netcl.core import capture, dtypes, launch_labels
-from netcl.core.tensor import Tensor, check_same_queue
+from netcl.core.tensor import Tensor, check_same_queue, contiguous_strides
 from netcl.errors import DTypeError, ShapeError
 from netcl.jit.reduce import row_group_size
 from netcl.ops import elementwise, reduce
@@ -181,18 +181,10 @@ def _bn_elementwise(prg: Any, layout: str, name: str, like: Tensor, hw: int, vec
 
 
 def _bn_key(op: str, tensors: tuple, *values: Any) -> tuple | None:
-    """A batch norm call's signature for its one-launch fast path: what its checks and choices read of each
-    tensor (queue, shape, strides, dtype, offset modulo 4: the 4-wide loads), its other arguments (the
-    running statistics' offsets whole: they must be 0) and the module's switches; None where something is
-    not hashable."""
-    try:  # the module's switches too (tests and benches flip them)
-        key = (op, *[None if t is None else (id(t.queue), t.shape, t.strides, t.dtype, t.offset % 4)
-                     for t in tensors], *values, CHAINED, FORCE_LAYOUT, PARTS, local_size_override, UNROLL,
-               FUSED_FINALIZE)
-        hash(key)
-    except (AttributeError, TypeError):
-        return None
-    return key
+    """A batch norm call's signature for its one-launch fast path (capture.call_key: offsets modulo 4 for the
+    4-wide loads), with the module's switches."""
+    return capture.call_key(op, tensors, *values, CHAINED, FORCE_LAYOUT, PARTS, local_size_override, UNROLL,
+                            FUSED_FINALIZE, align=4)
 
 
 def _bn_train_fast(plan: Any, shape: tuple[int, ...], dt: np.dtype, pdt: np.dtype, part_size: int) -> Any:
@@ -483,29 +475,66 @@ def _row_forward(
     rms: bool,
     eps: float,
     relu: bool = False,
+    key: tuple | None = None,
+    lead: tuple[int, ...] | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
+    """(out, mean, rstd) of the row norm `op` (mean and rstd (rows,), or shaped `lead` when given). `key`:
+    the public call's signature (capture.call_key), under which the launch is kept for the next call with it
+    (the checks then not run again); the caller gives one only where the call's tensors are used as they
+    came (_as_given)."""
     dt = x.dtype
     x = x.contiguous()
-    out = Tensor.empty(x.queue, x.shape, dt)
-    mean = Tensor.empty(x.queue, (rows,), _stat_dtype(dt))
-    rstd = Tensor.empty(x.queue, (rows,), _stat_dtype(dt))
-    if rows == 0:
-        return out, mean, rstd
     weight, bias = (t.clone() if t is not None and t.offset else t for t in (weight, bias))
+    if rows == 0:
+        out = Tensor.empty(x.queue, x.shape, dt)
+        mean = Tensor.empty(x.queue, (rows,), _stat_dtype(dt))
+        rstd = Tensor.empty(x.queue, (rows,), _stat_dtype(dt))
+        return out, mean, rstd
     local = _local_size(x.device)
-    dummy = out.buffer
     vw = _vector_width(local, pg, pdiv, length, dt, x)
     if vw:
         local = row_group_size(local, vw, length)
     prg = _program(x.device, dt, relu, vw or 4, local, _param_dtype(dt, weight, bias))
     kernel = prg.row_norm_forward_vec4 if vw else prg.row_norm_forward
-    kernel(
-        x.queue, (rows * local,), (local,), x.buffer, np.int64(x.offset),
-        weight.buffer if weight is not None else dummy, bias.buffer if bias is not None else dummy,
-        np.int32(weight is not None), np.int32(bias is not None), out.buffer, mean.buffer, rstd.buffer,
-        np.int32(rows), np.int32(length), np.int32(pg), np.int32(pdiv), np.int32(rms), _scalar(dt, eps),
-    )
-    return out, mean, rstd
+    static = dict(has_w=np.int32(weight is not None), has_b=np.int32(bias is not None), ROWS=np.int32(rows),
+                  L=np.int32(length), PG=np.int32(pg), PDIV=np.int32(pdiv), rms=np.int32(rms),
+                  eps=_scalar(dt, eps))
+    per_call = dict(x=x.buffer, x_off=np.int64(0), w=x.buffer, b=x.buffer, y=x.buffer, mean_out=x.buffer,
+                    rstd_out=x.buffer)
+    launch = _row_forward_launch(kernel.plan_named((rows * local,), (local,), static, per_call), x.shape, dt,
+                                 rows, lead)
+    if key is not None:
+        capture.plans.put(key, launch)
+    return launch(x, weight, bias)
+
+
+def _as_given(x: Tensor, *params: Tensor | None) -> bool:
+    """Whether a row norm takes these tensors as they come (x contiguous, parameters contiguous from their
+    storage's start): only such a call's launch is kept for its signature."""
+    return x.is_contiguous() and all(t is None or (t.offset == 0 and t.is_contiguous()) for t in params)
+
+
+def _row_forward_launch(plan: Any, shape: tuple[int, ...], dt: np.dtype, rows: int,
+                        lead: tuple[int, ...] | None) -> Any:
+    """A row norm's forward through its Plan: the output and the statistics made (shaped `lead`), the
+    buffers passed."""
+    sdt = _stat_dtype(dt)
+    stat_shape = (rows,) if lead is None else lead
+    stat_strides = contiguous_strides(stat_shape)
+
+    def run(x: Tensor, weight: Tensor | None, bias: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+        q = x.queue
+        out = Tensor.empty(q, shape, dt)
+        mean = Tensor.empty(q, (rows,), sdt)
+        rstd = Tensor.empty(q, (rows,), sdt)
+        ob = out.buffer
+        plan(q, x.buffer, x.offset, ob if weight is None else weight.buffer,
+             ob if bias is None else bias.buffer, ob, mean.buffer, rstd.buffer)
+        if lead is None:
+            return out, mean, rstd
+        return out, mean._view(stat_shape, stat_strides, 0), rstd._view(stat_shape, stat_strides, 0)
+
+    return run
 
 
 def _row_backward(grad_out: Tensor, x: Tensor, weight: Tensor | None, mean: Tensor | None, rstd: Tensor,
@@ -639,13 +668,19 @@ def _normalized(op: str, x: Tensor, normalized_shape: Any) -> tuple[tuple[int, .
 def layer_norm(x: Tensor, normalized_shape: Any, weight: Tensor | None = None, bias: Tensor | None = None,
                eps: float = 1e-5) -> tuple[Tensor, Tensor, Tensor]:
     """(out, mean, rstd): normalise over the trailing `normalized_shape` dims; mean/rstd are per row."""
+    key = capture.call_key("layer_norm", (x, weight, bias), normalized_shape, eps, local_size_override,
+                           align=8)
+    fast = capture.plans.get(key) if key is not None else None
+    if fast is not None:  # a call seen before: its launch, without the checks again
+        return fast(x, weight, bias)
     _row_dtype("layer_norm", x, params=(weight, bias))
+    if not _as_given(x, weight, bias):
+        key = None
     shape, rows, length = _normalized("layer_norm", x, normalized_shape)
     weight = _check_param("layer_norm", "weight", weight, shape)
     bias = _check_param("layer_norm", "bias", bias, shape)
-    out, mean, rstd = _row_forward("layer_norm", x, weight, bias, rows, length, 1, 1, False, eps)
-    lead = x.shape[: x.ndim - len(shape)]
-    return out, mean.reshape(lead), rstd.reshape(lead)
+    return _row_forward("layer_norm", x, weight, bias, rows, length, 1, 1, False, eps, key=key,
+                        lead=x.shape[: x.ndim - len(shape)])
 
 
 def layer_norm_backward(grad_out: Tensor, x: Tensor, normalized_shape: Any, mean: Tensor, rstd: Tensor,
@@ -670,11 +705,19 @@ def layer_norm_backward(grad_out: Tensor, x: Tensor, normalized_shape: Any, mean
 def rms_norm(x: Tensor, normalized_shape: Any, weight: Tensor | None = None,
              eps: float = 1e-6) -> tuple[Tensor, Tensor]:
     """(out, rstd): out = x * rsqrt(mean(x^2) + eps) * weight over the trailing dims."""
-    _row_dtype("rms_norm", x, params=(weight,))
-    shape, rows, length = _normalized("rms_norm", x, normalized_shape)
-    weight = _check_param("rms_norm", "weight", weight, shape)
-    out, _, rstd = _row_forward("rms_norm", x, weight, None, rows, length, 1, 1, True, eps)
-    return out, rstd.reshape(x.shape[: x.ndim - len(shape)])
+    key = capture.call_key("rms_norm", (x, weight), normalized_shape, eps, local_size_override, align=8)
+    fast = capture.plans.get(key) if key is not None else None
+    if fast is None:  # a call not seen before: the checks, then its launch kept under its signature
+        _row_dtype("rms_norm", x, params=(weight,))
+        if not _as_given(x, weight):
+            key = None
+        shape, rows, length = _normalized("rms_norm", x, normalized_shape)
+        weight = _check_param("rms_norm", "weight", weight, shape)
+        out, _, rstd = _row_forward("rms_norm", x, weight, None, rows, length, 1, 1, True, eps, key=key,
+                                    lead=x.shape[: x.ndim - len(shape)])
+        return out, rstd
+    out, _, rstd = fast(x, weight, None)
+    return out, rstd
 
 
 def rms_norm_backward(grad_out: Tensor, x: Tensor, normalized_shape: Any, rstd: Tensor,

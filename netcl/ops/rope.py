@@ -15,7 +15,7 @@ import numpy as np
 import pyopencl.cltypes as cltypes
 
 from netcl import kernels
-from netcl.core import dtypes, shapes
+from netcl.core import capture, dtypes, shapes
 from netcl.core.backend import as_queue, device_check
 from netcl.core.tensor import Tensor, check_same_queue, empty_in_order
 from netcl.errors import DTypeError, ShapeError
@@ -190,6 +190,10 @@ def rope(x: Tensor, cos: Tensor, sin: Tensor, offset: Tensor | None = None, pair
     memory order, core.tensor.empty_in_order); out_at_offset: out is a KV cache (B, H, capacity, D) and row s
     goes to position s + offset.
     A position beyond the table (or the cache) raises ShapeError at the next host read."""
+    key = capture.call_key("rope", (x, cos, sin, offset, out), pairing, bool(inverse), bool(out_at_offset))
+    fast = capture.plans.get(key) if key is not None else None
+    if fast is not None:  # a call seen before: its launch, without the checks again
+        return fast(x, cos, sin, offset, out)
     if pairing not in ROPE_PAIRINGS:
         raise ValueError(f"rope: pairing must be one of {sorted(ROPE_PAIRINGS)}, got {pairing!r}")
     if not isinstance(x, Tensor) or x.ndim != 4:
@@ -227,6 +231,7 @@ def rope(x: Tensor, cos: Tensor, sin: Tensor, offset: Tensor | None = None, pair
                              f", got {out.dtype} {out.shape}")
         if out_at_offset:
             limit = min(limit, out.shape[2])
+    tables_as_given = cos.is_contiguous() and sin.is_contiguous()
     cos, sin = cos.contiguous(), sin.contiguous()
     if x.size == 0:
         return out
@@ -235,29 +240,34 @@ def rope(x: Tensor, cos: Tensor, sin: Tensor, offset: Tensor | None = None, pair
         defines["OUT_AT_POSITION"] = None
     prg = kernels.program(queue.device, "rope.cl", dtype=x.dtype, **defines)
     rows = b * h * s
-    prg.rope_rotate(
-        queue,
-        (d // 2, rows),
-        None,
-        x=x.buffer,
-        x_off=np.int64(x.offset),
-        x_strides=strides4(x),
-        out=out.buffer,
-        out_off=np.int64(out.offset),
-        out_strides=strides4(out),
-        cos_table=cos.buffer,
-        sin_table=sin.buffer,
-        **position,
-        heads=np.int32(h),
-        seq=np.int32(s),
-        rows=np.int64(rows),
-        half_dim=np.int32(d // 2),
-        max_len=np.int32(limit),
-        direction=kernels.scalar_type(x.dtype)(-1.0 if inverse else 1.0),
-        err=queue.check_buffer(),
-        err_code=_POSITION_CHECK,
-    )
-    return out
+    # its Plan: the sizes and strides fixed (they are the call's signature), the buffers and offsets per call
+    static = dict(x_strides=strides4(x), out_strides=strides4(out), offset_stride=position["offset_stride"],
+                  heads=np.int32(h), seq=np.int32(s), rows=np.int64(rows), half_dim=np.int32(d // 2),
+                  max_len=np.int32(limit), direction=kernels.scalar_type(x.dtype)(-1.0 if inverse else 1.0),
+                  err_code=_POSITION_CHECK)
+    per_call = dict(x=x.buffer, x_off=np.int64(0), out=out.buffer, out_off=np.int64(0), cos_table=cos.buffer,
+                    sin_table=sin.buffer, offsets=position["offsets"], offset_off=np.int64(0),
+                    err=queue.check_buffer())
+    fast = _rope_launch(prg.rope_rotate.plan_named((d // 2, rows), None, static, per_call))
+    if key is not None and tables_as_given:
+        capture.plans.put(key, fast)
+    return fast(x, cos, sin, offset, out)
+
+
+def _rope_launch(plan: Any) -> Any:
+    """rope's call through its Plan (rope_rotate with the call's sizes and strides): the output made in x's
+    memory order unless given, the buffers and offsets passed."""
+
+    def run(x: Tensor, cos: Tensor, sin: Tensor, offset: Tensor | None, out: Tensor | None) -> Tensor:
+        q = x.queue
+        if out is None:
+            out = empty_in_order(x)
+        position = _zero_offset(q) if offset is None else offset
+        plan(q, x.buffer, x.offset, out.buffer, out.offset, cos.buffer, sin.buffer, position.buffer,
+             0 if offset is None else offset.offset, q.check_buffer())
+        return out
+
+    return run
 
 
 def rope_qkv_cache(x: Tensor, q_heads: int, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor,

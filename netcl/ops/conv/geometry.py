@@ -161,15 +161,8 @@ def _shape_key(shape: Any) -> Any:
 
 
 def _checked_key(op: str, tensors: tuple, *params: Any) -> tuple | None:
-    try:
-        # what checks see of each tensor (AttributeError for non-tensors: the slow path reports them);
-        # repr: 2 and 2.0 must not share a key
-        key = ("conv", op, *[None if t is None else (id(t.queue), t.shape, t.strides, t.dtype)
-                             for t in tensors], repr(params))
-        hash(key)
-    except (AttributeError, TypeError):
-        return None
-    return key
+    # what checks see of each tensor (capture.call_key); repr: 2 and 2.0 must not share a key
+    return capture.call_key("conv", tensors, op, repr(params))
 
 
 def _recall(key: tuple | None) -> Any:
