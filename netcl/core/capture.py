@@ -55,15 +55,20 @@ class PlanCache(dict):
 plans = PlanCache()
 
 
-def call_key(op: str, tensors: tuple, *values: Any, align: int = 1) -> tuple | None:
+def call_key(op: str, tensors: tuple, *values: Any, align: int | None = 1) -> tuple | None:
     """The signature of an op's call, as a key of `plans` for the call's whole fast path (its checks made
     once, then the launch replayed): per tensor what the op's checks and choices read (its queue, shape,
     strides, dtype, and its offset modulo `align`: 1 when only the offset's value is passed on, 4 where
-    4-wide loads need a multiple of 4) or None, then `values` (the other arguments, the module switches the
-    op reads); None when something is not hashable (the op then takes its slow path)."""
+    4-wide loads need a multiple of 4, None: the offset itself, where the launch keeps it) or None, then
+    `values` (the other arguments, the module switches the op reads); None when something is not hashable
+    (the op then takes its slow path)."""
     try:
-        key = (op, *[None if t is None else (id(t.queue), t.shape, t.strides, t.dtype, t.offset % align)
-                     for t in tensors], *values)
+        if align is None:
+            key = (op, *[None if t is None else (id(t.queue), t.shape, t.strides, t.dtype, t.offset)
+                         for t in tensors], *values)
+        else:
+            key = (op, *[None if t is None else (id(t.queue), t.shape, t.strides, t.dtype, t.offset % align)
+                         for t in tensors], *values)
         hash(key)
     except (AttributeError, TypeError):
         return None

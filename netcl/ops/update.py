@@ -202,6 +202,11 @@ def clip_grad_norm(grads: Sequence[Tensor], max_norm: float, error_if_nonfinite:
     float32, and the norm is float32."""
     if not grads:
         raise NetclError("clip_grad_norm_: no parameter has a gradient (call backward first)")
+    key = capture.call_key("clip_grad_norm", tuple(grads), max_norm, error_if_nonfinite,
+                           align=None)  # the offsets are the launches' (fixed) arguments
+    fast = capture.plans.get(key) if key is not None else None
+    if fast is not None:  # the same gradients' layout as a call before: its launches, no checks again
+        return fast(grads)
     queue, dtype = grads[0].queue, grads[0].dtype
     for g in grads:
         if g.queue is not queue or g.dtype != dtype:
@@ -219,30 +224,62 @@ def clip_grad_norm(grads: Sequence[Tensor], max_norm: float, error_if_nonfinite:
                                 WG=wg, N_TENSORS=len(group), ITEMS=_items(queue), SQ_CHUNK=_SQ_CHUNK)
                 for group in groups]
     chunks = [sum(-(-g.size // _SQ_CHUNK) for g in group) for group in groups]
-    partial = Tensor.empty(queue, (max(sum(chunks), 1),), acc)
-    norm = Tensor.empty(queue, (2,), acc)
-    first = 0
-    for prg, group, n in zip(programs, groups, chunks):
-        if n:
-            prg.sum_squares(queue, (n * wg,), (wg,), **_grad_args(group), partial=partial.buffer,
-                            first=np.int64(first))
-        first += n
-    programs[0].clip_coef(queue, (wg,), (wg,), partial=partial.buffer, count=np.int32(first),
-                          max_norm=kernels.scalar_type(acc)(max_norm), norm=norm.buffer)
-    if error_if_nonfinite:
-        total = float(norm.to_host()[0])
-        if not math.isfinite(total):
-            raise NetclError(
-                f"clip_grad_norm_: the total norm of order 2.0 of "
-                f"the gradients is {total}, so they cannot be "
-                "clipped; the gradients were left as they are (error_if_nonfinite=False scales them anyway)"
-            )
     items = _items(queue)
-    for prg, group in zip(programs, groups):
+    # the Plans of the launches (each group's sums of squares, the coefficient, each group's scaling; None
+    # for a group of empty gradients): the gradients' offsets and lengths fixed, their buffers and the
+    # workspaces given per call
+    plans, first = [], 0
+    for prg, group, n in zip(programs, groups, chunks):
+        lengths = {name: v for g, (_, off, length) in zip(group, _GRAD_ARGS)
+                   for name, v in ((off, np.int64(g.offset)), (length, np.int64(g.size)))}
+        buffers = {x: g.buffer for g, (x, _, _) in zip(group, _GRAD_ARGS)}
         total_items = sum(-(-g.size // items) for g in group)
-        if total_items:
-            prg.scale_by(queue, (total_items,), None, **_grad_args(group), norm=norm.buffer)
-    return norm[0:1]
+        plans.append((
+            prg.sum_squares.plan_named((n * wg,), (wg,), {**lengths, "first": np.int64(first)},
+                                       {**buffers, "partial": group[0].buffer}) if n else None,
+            prg.scale_by.plan_named((total_items,), None, lengths, {**buffers, "norm": group[0].buffer})
+            if total_items else None, len(group)))
+        first += n
+    coef = programs[0].clip_coef.plan_named((wg,), (wg,), {"count": np.int32(first),
+                                                         "max_norm": kernels.scalar_type(acc)(max_norm)},
+                                            {"partial": grads[0].buffer, "norm": grads[0].buffer})
+    fast = _clip_launches(plans, coef, max(first, 1), acc, bool(error_if_nonfinite))
+    if key is not None:
+        capture.plans.put(key, fast)
+    return fast(grads)
+
+
+def _clip_launches(plans: list, coef: Any, partials: int, acc: np.dtype, check: bool) -> Any:
+    """clip_grad_norm's call through its Plans (`plans`: per launch group (its sums' Plan, its scaling's
+    Plan, its gradients' count); `partials`: the partial sums' count); `check`: error_if_nonfinite's host
+    read between the coefficient and the scaling."""
+
+    def run(grads: Sequence[Tensor]) -> Tensor:
+        queue = grads[0].queue
+        partial = Tensor.empty(queue, (partials,), acc)
+        norm = Tensor.empty(queue, (2,), acc)
+        buffers = [g.buffer for g in grads]
+        start = 0
+        for squares, _, n in plans:
+            if squares is not None:
+                squares(queue, *buffers[start:start + n], partial.buffer)
+            start += n
+        coef(queue, partial.buffer, norm.buffer)
+        if check:
+            total = float(norm.to_host()[0])
+            if not math.isfinite(total):
+                raise NetclError(
+                    f"clip_grad_norm_: the total norm of order 2.0 of the gradients is {total}, so they "
+                    "cannot be clipped; the gradients were left as they are (error_if_nonfinite=False scales "
+                    "them anyway)")
+        start = 0
+        for _, scale, n in plans:
+            if scale is not None:
+                scale(queue, *buffers[start:start + n], norm.buffer)
+            start += n
+        return norm[0:1]
+
+    return run
 
 
 def unscale_grads(grads: Sequence[Tensor], scale: Tensor, found_inf: Tensor) -> None:

@@ -82,7 +82,8 @@ def gemm(
                              f"or through float32 (variant None), not on the {variant!r} kernel")
         return _through_float32(a, b, bias, activation, residual, alpha, bias_rows)
     if not bias_rows:  # folding the batch into rows would change which row a bias value belongs to
-        folded = _fold_batch_into_rows(a, b, bias, activation, residual, alpha, variant, params, splits)
+        folded = _fold_batch_into_rows(a, b, bias, activation, residual, alpha, variant, params, splits,
+                                       key if fast else None)
         if folded is not None:
             return folded
     p = _prepare(a, b, bias, residual, activation, alpha, bias_rows)
@@ -249,9 +250,13 @@ def _replay(hit: tuple, a: Tensor, b: Tensor, bias: Tensor | None, residual: Ten
     return out
 
 
-def _fold_batch_into_rows(a, b, bias, activation, residual, alpha, variant, params, splits) -> Tensor | None:
+def _fold_batch_into_rows(a, b, bias, activation, residual, alpha, variant, params, splits,
+                          key=None) -> Tensor | None:
     """(..., M, K) @ (K, N) with a's batch dims laid out like rows is one (prod(...)*M, K) GEMM: one
-    launch with big tiles instead of a batch of thin ones (linear layers on (batch, tokens, features))."""
+    launch with big tiles instead of a batch of thin ones (linear layers on (batch, tokens, features)).
+    `key`: the batched call's template key, under which the rows' template is kept too (a template binds
+    buffers and offsets, which the batched operands and their row views share): the next such call replays
+    it without folding again."""
     if not (isinstance(a, Tensor) and isinstance(b, Tensor)) or b.ndim != 2 or a.ndim <= 2:
         return None
     if a.shape[-1] != b.shape[0] or a.size == 0 or b.size == 0:
@@ -263,6 +268,11 @@ def _fold_batch_into_rows(a, b, bias, activation, residual, alpha, variant, para
     except ShapeError:
         return None  # batch strides that do not merge into rows (or a broadcast residual): batched path
     out = gemm(rows, b, bias, activation, res_rows, alpha, variant=variant, params=params, splits=splits)
+    if key is not None:
+        inner = _template_key(rows, b, bias, res_rows, activation, alpha)
+        hit = capture.plans.get(inner) if inner is not None else None
+        if isinstance(hit, tuple):
+            capture.plans.put(key, (hit[0], out_shape, hit[2]))
     return out.view(out_shape)
 
 
