@@ -56,7 +56,7 @@ from netcl.ops.determinism import get_deterministic
 from netcl.ops.elementwise import add, cast
 from netcl.ops.gemm.variants import has_wgmma, matrix_units
 from netcl.ops.random import Generator, default_generator
-from netcl.ops.rope import ROPE_PAIRINGS, check_qkv_cache, rope_qkv_cache
+from netcl.ops.rope import ROPE_PAIRINGS, check_qkv_cache, rope_qkv_cache, table_rows
 
 __all__ = [
     "DropoutDraw",
@@ -955,8 +955,8 @@ def rope_cache_decode_attention(y: Tensor, q_heads: int, cos: Tensor, sin: Tenso
     for name in ("kv_len", "kv_len_off", "has_kv_len", "kv_len_stride"):
         del args[name]
     args.update(position=offset["offsets"], position_off=offset["offset_off"],
-                position_stride=offset["offset_stride"], cos_table=cos.contiguous().buffer,
-                sin_table=sin.contiguous().buffer, err=queue.check_buffer(), err_code=_DECODE_POSITION_CHECK)
+                position_stride=offset["offset_stride"], cos_table=table_rows(cos).buffer,
+                sin_table=table_rows(sin).buffer, err=queue.check_buffer(), err_code=_DECODE_POSITION_CHECK)
     pr.launch_decode(tiles, out, lse, args, {"ROPE_CACHE": None, "PAIRING": ROPE_PAIRINGS[pairing]})
     return out, lse
 

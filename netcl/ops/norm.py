@@ -669,7 +669,7 @@ def layer_norm(x: Tensor, normalized_shape: Any, weight: Tensor | None = None, b
                eps: float = 1e-5) -> tuple[Tensor, Tensor, Tensor]:
     """(out, mean, rstd): normalise over the trailing `normalized_shape` dims; mean/rstd are per row."""
     key = capture.call_key("layer_norm", (x, weight, bias), normalized_shape, eps, local_size_override,
-                           align=8)
+                           align=None)  # offsets whole: x's picks the loads' width, the parameters' a copy
     fast = capture.plans.get(key) if key is not None else None
     if fast is not None:  # a call seen before: its launch, without the checks again
         return fast(x, weight, bias)
@@ -705,7 +705,8 @@ def layer_norm_backward(grad_out: Tensor, x: Tensor, normalized_shape: Any, mean
 def rms_norm(x: Tensor, normalized_shape: Any, weight: Tensor | None = None,
              eps: float = 1e-6) -> tuple[Tensor, Tensor]:
     """(out, rstd): out = x * rsqrt(mean(x^2) + eps) * weight over the trailing dims."""
-    key = capture.call_key("rms_norm", (x, weight), normalized_shape, eps, local_size_override, align=8)
+    key = capture.call_key("rms_norm", (x, weight), normalized_shape, eps, local_size_override,
+                           align=None)  # offsets whole: x's picks the loads' width, the weight's a copy
     fast = capture.plans.get(key) if key is not None else None
     if fast is None:  # a call not seen before: the checks, then its launch kept under its signature
         _row_dtype("rms_norm", x, params=(weight,))

@@ -169,6 +169,12 @@ def offset_args(op: str, offset: Tensor | None, batch: int, queue: Any) -> dict[
     return dict(offsets=offset.buffer, offset_off=np.int64(offset.offset), offset_stride=np.int32(stride))
 
 
+def table_rows(t: Tensor) -> Tensor:
+    """A rope table as the kernels read it, from its storage's first element: itself, or a copy of a view
+    that starts elsewhere or is not contiguous."""
+    return t if t.offset == 0 and t.is_contiguous() else t.clone()
+
+
 def strides4(t: Tensor) -> np.ndarray:
     """A 4-D tensor's strides as the long4 kernel argument."""
     return _long4(tuple(t.strides))
@@ -190,7 +196,8 @@ def rope(x: Tensor, cos: Tensor, sin: Tensor, offset: Tensor | None = None, pair
     memory order, core.tensor.empty_in_order); out_at_offset: out is a KV cache (B, H, capacity, D) and row s
     goes to position s + offset.
     A position beyond the table (or the cache) raises ShapeError at the next host read."""
-    key = capture.call_key("rope", (x, cos, sin, offset, out), pairing, bool(inverse), bool(out_at_offset))
+    key = capture.call_key("rope", (x, cos, sin, offset, out), pairing, bool(inverse), bool(out_at_offset),
+                           align=None)  # the tables' offsets whole (the kernel reads them from element 0)
     fast = capture.plans.get(key) if key is not None else None
     if fast is not None:  # a call seen before: its launch, without the checks again
         return fast(x, cos, sin, offset, out)
@@ -231,8 +238,9 @@ def rope(x: Tensor, cos: Tensor, sin: Tensor, offset: Tensor | None = None, pair
                              f", got {out.dtype} {out.shape}")
         if out_at_offset:
             limit = min(limit, out.shape[2])
-    tables_as_given = cos.is_contiguous() and sin.is_contiguous()
-    cos, sin = cos.contiguous(), sin.contiguous()
+    # the kernel reads the tables from their first element: a view elsewhere is copied (not kept as given)
+    tables_as_given = all(t.is_contiguous() and t.offset == 0 for t in (cos, sin))
+    cos, sin = table_rows(cos), table_rows(sin)
     if x.size == 0:
         return out
     defines: dict[str, Any] = {"PAIRING": ROPE_PAIRINGS[pairing]}
@@ -291,7 +299,7 @@ def rope_qkv_cache(x: Tensor, q_heads: int, cos: Tensor, sin: Tensor, k_cache: T
         q_out=q.buffer, q_off=np.int64(q.offset), q_strides=strides4(q),
         k_cache=k_cache.buffer, k_off=np.int64(k_cache.offset), k_strides=strides4(k_cache),
         v_cache=v_cache.buffer, v_off=np.int64(v_cache.offset), v_strides=strides4(v_cache),
-        cos_table=cos.contiguous().buffer, sin_table=sin.contiguous().buffer, **position,
+        cos_table=table_rows(cos).buffer, sin_table=table_rows(sin).buffer, **position,
         q_heads=np.int32(q_heads), kv_heads=np.int32(kv), seq=np.int32(s), rows=np.int64(rows),
         half_dim=np.int32(d // 2), max_len=np.int32(limit), err=queue.check_buffer(),
         err_code=_POSITION_CHECK,
