@@ -1,6 +1,6 @@
-"""The ops that keep a call's whole launch under its signature (capture.call_key): a repeat of a signature skips
-the checks and gives the same bits as the first call; another signature (dtype, shape, an offset the launch
-keeps) takes the full path; a call that the checks refuse still raises after a signature was kept; and
+"""The ops that keep a call's whole launch under its signature (capture.call_key): a repeat of a signature
+skips the checks and gives the same bits as the first call; another signature (dtype, shape, an offset the
+launch keeps) takes the full path; a call that the checks refuse still raises after a signature was kept; and
 capture.plans.invalidate() forgets them."""
 
 from __future__ import annotations
