@@ -117,7 +117,8 @@ def _backward_input_gemm(gy: Tensor, w: Tensor, gx: Tensor, p: ConvParams) -> No
     chunk = _im2col_chunk(gy.device, p, gy.itemsize)
     for n0 in range(0, p.N, chunk):
         nb = min(chunk, p.N - n0)
-        cols = mm.matmul(wt, gy[n0:n0 + nb].reshape(nb, p.G, p.Kg, P))        # (nb, G, R, P)
+        chunk_gy = gy if nb == p.N else gy[n0:n0 + nb]                       # (a whole batch: no slicing)
+        cols = mm.matmul(wt, chunk_gy.reshape(nb, p.G, p.Kg, P))              # (nb, G, R, P)
         if cols.offset or not cols.is_contiguous():
             cols = cols.clone()  # the kernels index a contiguous cols from element 0
         _col2im_plan(gy, p, n0, nb)(gy.queue, cols.buffer, gx.buffer, gx.offset)
@@ -180,7 +181,7 @@ def _backward_weight_batched(x: Tensor, gy: Tensor, p: ConvParams) -> Tensor:
     for n0 in range(0, p.N, chunk):
         nb = min(chunk, p.N - n0)
         cols = _im2col(x, p, n0, nb)                                              # (nb, G, R, P)
-        g = gy[n0:n0 + nb].reshape(nb, p.G, p.Kg, p.OH * p.OW)                   # a view
+        g = (gy if nb == p.N else gy[n0:n0 + nb]).reshape(nb, p.G, p.Kg, p.OH * p.OW)  # a view
         part = sum_(mm.matmul(g, cols.transpose(2, 3)), axis=0)                  # (G, Kg, R)
         gw = part if gw is None else add(gw, part)
     return gw.reshape(p.K, p.Cg, p.KH, p.KW)
