@@ -2,7 +2,8 @@
 arguments are set: pyopencl's per-argument set_arg, its one-call _set_arg_multi, netcl's Kernel
 (skips unchanged by-value arguments), a netcl Plan (static arguments set once, only the buffers per call),
 and setting nothing (the enqueue alone); then the host time per
-launch of whole eager training steps (bench/train_step.py's MLP and CNN), each step enqueued behind a
+launch of whole eager training steps (bench/train_step.py's MLP and CNN; ResNet-18 and a transformer with
+`--steps`), each step enqueued behind a
 gate (a marker waiting on a user event) so the device runs nothing until the host is done: on PoCL the
 kernels would otherwise share the CPU with the Python that enqueues them.
 
@@ -57,7 +58,10 @@ def per_call(fn, n: int, q) -> float:
 
 
 def eager_step(kind: str, q):
-    """(step function, launches per step) of bench/train_step.py's eager step on `kind` (mlp, cnn)."""
+    """(step function, launches per step) of an eager training step: bench/train_step.py's `mlp` and `cnn`,
+    bench/resnet.py's `resnet` (ResNet-18, batch 32: the host's work a launch does not depend on the batch),
+    or `gpt` (lm-train's 25m preset's widths, 8 layers, batch 4 x 128 tokens, float32, lm_step as `lm-train
+    --eager` runs it, clipping included)."""
     import netcl.autograd as ag
     from netcl import optim
     from netcl.core.tensor import Tensor
@@ -66,19 +70,38 @@ def eager_step(kind: str, q):
     from netcl.train.loop import build_model
 
     random.manual_seed(0)
-    shape = (256, 1, 28, 28) if kind == "mlp" else (128, 1, 28, 28)
-    model = build_model(kind, q, (1, 28, 28), 10)
-    opt = optim.AdamW(model.parameters(), lr=1e-3, weight_decay=1e-4)
     rng = np.random.default_rng(0)
-    x = Tensor.from_host(q, rng.standard_normal(shape).astype(np.float32))
-    y = Tensor.from_host(q, rng.integers(0, 10, shape[0]).astype(np.int32))
+    if kind == "gpt":
+        from netcl.models.gpt import GPT, GPTConfig
+        from netcl.train.lm import lm_step, make_optimizer
 
-    def step() -> None:
-        with ag.Tape() as tape:
-            loss = ag.cross_entropy(model(ag.tensor(x)), ag.tensor(y))
-        tape.backward(loss)
-        opt.step()
-        opt.zero_grad()
+        net = GPT(q, GPTConfig(vocab_size=4096, dim=512, n_layers=8, n_heads=8, max_seq_len=128))
+        opt = make_optimizer(net, {"weight_decay": 0.1, "lr": 1e-4})
+        batch = rng.integers(0, 4096, (4, 129)).astype(np.int32)
+        ids = Tensor.from_host(q, np.ascontiguousarray(batch[:, :-1]))
+        targets = Tensor.from_host(q, np.ascontiguousarray(batch[:, 1:]))
+
+        def step() -> None:
+            lm_step(net, opt, ids, targets, 1.0, None, None)
+    else:
+        if kind == "resnet":
+            from netcl.nn.resnet import resnet18
+
+            shape, model = (32, 3, 32, 32), resnet18(q, 10)
+            opt = optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4)
+        else:
+            shape = (256, 1, 28, 28) if kind == "mlp" else (128, 1, 28, 28)
+            model = build_model(kind, q, (1, 28, 28), 10)
+            opt = optim.AdamW(model.parameters(), lr=1e-3, weight_decay=1e-4)
+        x = Tensor.from_host(q, rng.standard_normal(shape).astype(np.float32))
+        y = Tensor.from_host(q, rng.integers(0, 10, shape[0]).astype(np.int32))
+
+        def step() -> None:
+            with ag.Tape() as tape:
+                loss = ag.cross_entropy(model(ag.tensor(x)), ag.tensor(y))
+            tape.backward(loss)
+            opt.step()
+            opt.zero_grad()
 
     for _ in range(3):
         step()
@@ -115,7 +138,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gpu", action="store_true")
     ap.add_argument("--n", type=int, default=2000)
-    ap.add_argument("--steps", default="mlp,cnn", help="eager steps to time (empty: none)")
+    ap.add_argument("--steps", default="mlp,cnn",
+                    help="eager steps to time, of mlp, cnn, resnet, gpt (empty: none)")
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--out", default=None, help="also write the figures as JSON here")
     args = ap.parse_args()
