@@ -90,7 +90,7 @@ def target(op: str) -> np.dtype | None:
         return None
     if rule.cast == "float32":
         return dtypes.float32
-    return dt if dt.name in rule.half_dtypes else dtypes.float32
+    return dt if dtypes.token(dt) in rule.half_dtypes else dtypes.float32
 
 
 def cast_inputs(op: str, *xs: Any) -> tuple[Any, ...]:
@@ -134,7 +134,7 @@ def _cast(x: Any, dt: np.dtype) -> Any:
     if tape is not None and _state.cache_tape is not tape:
         cache.clear()
         _state.cache_tape = tape
-    key = (id(x), dt.name, id(tape))
+    key = (id(x), dtypes.token(dt), id(tape))
     hit = cache.get(key)
     if hit is not None and hit[0] is x and hit[1] is tape and not getattr(hit[2], "_freed", False):
         return hit[2]

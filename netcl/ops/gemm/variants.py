@@ -399,7 +399,7 @@ def has_wgmma(device: Any) -> bool:
 def uses_matrix_units(device: Any, dtype: Any) -> bool:
     """Whether a GEMM of `dtype` on `device` runs on matrix units (float32: only under precision "high")."""
     units = matrix_units(device)
-    name = np.dtype(dtype).name
+    name = dtypes.token(dtype if isinstance(dtype, np.dtype) else np.dtype(dtype))  # (dtype.name: ~1 us)
     return (name in ("float16", "bfloat16") and name in units) or (
         name == "float32" and "tfloat32" in units and _precision[0] == "high")
 
@@ -435,7 +435,7 @@ def gemv_usable(device: Any, dtype: Any, rms: bool = False) -> bool:
     once; decode steps then take the other GEMM kernels (int8 weights dequantized first; the norm as its
     own launch) instead of failing."""
     dt = np.dtype(dtype)
-    key = (id(device), dt.name, rms)
+    key = (id(device), dtypes.token(dt), rms)
     ok = _gemv_ok.get(key)
     if ok is None and rms and gemv_rms_miscompiled(device, dt):
         ok = _gemv_ok[key] = False
