@@ -548,3 +548,24 @@ def test_winograd_transforms_in_one_launch(queue, rng, monkeypatch, xs, k, pad, 
         assert_close(got[True][0], ref_conv(x, w, pad=(pad, pad)), rtol=1e-11, atol=1e-11)
         assert_close(got[True][1], gx_ref, rtol=1e-11, atol=1e-11)
         assert_close(got[True][2], gw_ref, rtol=1e-11, atol=1e-11)
+
+
+def test_winograd_backward_in_chunks_takes_the_passes_apart(queue, rng, monkeypatch):
+    """Images in more than one chunk: the backward of both gradients takes the two passes apart (the batched
+    transforms cover one chunk only), with the same values."""
+    from netcl.ops.conv.backward import _conv2d_backward
+
+    monkeypatch.setattr(C.winograd, "_winograd_rows", lambda device: False)
+    monkeypatch.setattr(C.choice, "_auto_algorithm", lambda device, p, dt: "winograd")
+    monkeypatch.setattr(C.choice, "backward_input_algorithm", lambda device, p, dt: "flipped")
+    monkeypatch.setattr(C.choice, "backward_weight_algorithm", lambda device, p, dt: "winograd")
+    monkeypatch.setattr(C.winograd, "_winograd_chunk", lambda device, p, itemsize, per_tile=None: 2)
+    monkeypatch.setattr(capture, "plans", capture.PlanCache())
+    xs, ws = (5, 3, 6, 7), (4, 3, 3, 3)
+    p = C.ConvParams(xs, ws, 1, 1, 1, 1)
+    x, w, gy = _data(rng, xs, np.float64), _data(rng, ws, np.float64), _data(rng, p.output_shape, np.float64)
+    gyt, xt, wt = (Tensor.from_host(queue, a) for a in (gy, x, w))
+    gx, gw, _ = _conv2d_backward(gyt, xt, wt, None, 1, 1, 1, 1, None, (True, True, False))
+    gx_ref, gw_ref = ref_conv_backward(xs, w, gy, pad=(1, 1), x=x)
+    assert_close(gx, gx_ref, rtol=1e-11, atol=1e-11)
+    assert_close(gw, gw_ref, rtol=1e-11, atol=1e-11)
