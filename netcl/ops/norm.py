@@ -486,9 +486,10 @@ def _row_forward(
     x = x.contiguous()
     weight, bias = (t.clone() if t is not None and t.offset else t for t in (weight, bias))
     if rows == 0:
+        stat_shape = (rows,) if lead is None else lead
         out = Tensor.empty(x.queue, x.shape, dt)
-        mean = Tensor.empty(x.queue, (rows,), _stat_dtype(dt))
-        rstd = Tensor.empty(x.queue, (rows,), _stat_dtype(dt))
+        mean = Tensor.empty(x.queue, stat_shape, _stat_dtype(dt))
+        rstd = Tensor.empty(x.queue, stat_shape, _stat_dtype(dt))
         return out, mean, rstd
     local = _local_size(x.device)
     vw = _vector_width(local, pg, pdiv, length, dt, x)

@@ -135,3 +135,13 @@ def test_rope_tables_at_an_offset(queue, rng):
     shifted = rope_mod.rope(x, cos, sin, _t(queue, np.array([3], np.int32))).to_host()
     np.testing.assert_array_equal(want, shifted)
     np.testing.assert_array_equal(rope_mod.rope(x, cos[3:], sin[3:]).to_host(), shifted)
+
+
+def test_row_norms_of_no_rows_keep_their_statistics_shape(queue):
+    """An input with no rows: the statistics have the leading shape (as with rows), whether or not a call of
+    that signature was kept."""
+    x = Tensor.empty(queue, (2, 0, 6), np.float32)
+    for _ in range(2):
+        out, mean, rstd = norm.layer_norm(x, (6,), None, None, 1e-5)
+        assert out.shape == (2, 0, 6) and mean.shape == rstd.shape == (2, 0)
+        assert norm.rms_norm(x, (6,), None, 1e-5)[1].shape == (2, 0)
