@@ -7,7 +7,8 @@ launch of whole eager training steps (bench/train_step.py's MLP and CNN; ResNet-
 gate (a marker waiting on a user event) so the device runs nothing until the host is done: on PoCL the
 kernels would otherwise share the CPU with the Python that enqueues them.
 
-    python bench/launch_cost.py [--gpu] [--n 2000] [--steps mlp,cnn] [--repeat 20] [--out JSON]
+    python bench/launch_cost.py [--gpu] [--n 2000] [--steps mlp,cnn] [--repeat 20] [--python-only]
+                                [--out JSON]
 """
 
 from __future__ import annotations
@@ -134,6 +135,29 @@ def gated_host_seconds(step, q, repeat: int) -> tuple[float, float, float]:
     return statistics.median(host), statistics.median(cpu), statistics.median(full)
 
 
+def python_only_seconds(step, q, repeat: int) -> float:
+    """The best host seconds of a step with its kernel launches not enqueued (netcl.core.backend's
+    _enqueue_kernel replaced by a marker for the duration): the Python a step costs, without the driver's
+    enqueue; the step's results are not computed (copies and fills still run), so the model's state is not
+    advanced by these calls."""
+    from netcl.core import backend
+
+    q.finish()
+    marker = cl.enqueue_marker(q.cl)
+    real = backend._enqueue_kernel
+    backend._enqueue_kernel = lambda *a, **k: marker
+    try:
+        times = []
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            step()
+            times.append(time.perf_counter() - t0)
+    finally:
+        backend._enqueue_kernel = real
+    q.finish()
+    return min(times)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gpu", action="store_true")
@@ -141,6 +165,8 @@ def main() -> int:
     ap.add_argument("--steps", default="mlp,cnn",
                     help="eager steps to time, of mlp, cnn, resnet, gpt (empty: none)")
     ap.add_argument("--repeat", type=int, default=20)
+    ap.add_argument("--python-only", action="store_true",
+                    help="also each step's Python alone: its kernel launches not enqueued (best of --repeat)")
     ap.add_argument("--out", default=None, help="also write the figures as JSON here")
     args = ap.parse_args()
     dev = manager.get("gpu" if args.gpu else "auto")
@@ -197,6 +223,11 @@ def main() -> int:
         print(f"  eager {kind} step: {launches} launches, host {host * 1e3:.2f} ms = "
               f"{host / launches * 1e6:.1f} us per launch (thread CPU {cpu / launches * 1e6:.1f} us); "
               f"step (enqueue + finish) {full * 1e3:.2f} ms")
+        if args.python_only:
+            best = python_only_seconds(step, q, args.repeat)
+            steps[kind]["python_only_us_per_launch"] = best / launches * 1e6
+            print(f"    its Python alone (kernel enqueues skipped, best of {args.repeat}): "
+                  f"{best * 1e3:.2f} ms = {best / launches * 1e6:.1f} us per launch")
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps({"device": dev.device_name, "per_call_us": {
