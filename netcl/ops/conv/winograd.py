@@ -35,6 +35,17 @@ def _tile_grid(tt: int, c: int, nb: int) -> tuple[tuple[int, ...], tuple[int, ..
     return (-(-total // WINOGRAD_FLAT) * WINOGRAD_FLAT,), (WINOGRAD_FLAT,)
 
 
+def _tile_plan(prg: Any, kernel: str, device: Any, th: int, tw: int, channels: int, nb: int,
+               static: dict[str, Any], per_call: dict[str, Any]) -> Any:
+    """The Plan of tile transform `kernel` ("winograd_input", "winograd_output", "winograd_grad_output") over
+    th x tw tiles, `channels` and nb images: the CPUs' row kernel (a work-item a tile row, TH added), or the
+    GPUs' (a work-item a tile; _tile_grid)."""
+    if _winograd_rows(device):
+        return getattr(prg, f"{kernel}_rows_2x2_3x3").plan_named((th, channels, nb), None,
+                                                                 {**static, "TH": np.int32(th)}, per_call)
+    return getattr(prg, f"{kernel}_2x2_3x3").plan_named(*_tile_grid(th * tw, channels, nb), static, per_call)
+
+
 def _winograd_program(x: Tensor, p: ConvParams, act: str | None = None) -> Any:
     """winograd.cl for x's device and dtype; the CPU's row kernels take CH tiles at a time, CH the
     largest of 8, 4, 2, 1 that divides the TW tiles of a row (kernels/winograd.cl). Looked up once per
@@ -70,67 +81,61 @@ def _batched(device: Any) -> bool:
     return BATCH_TRANSFORMS and not _winograd_rows(device)
 
 
-def _transform_part(name: str, part: tuple | None, spare: Any) -> tuple[dict, dict, Any]:
-    """(static arguments, dynamic arguments, sizes) of one part of winograd_transforms_2x2_3x3: "f" the
-    filter (w, u, flip), "a" / "b" an input transform (x, v, p, n0, nb), "z" a grad-output transform
-    (gy, z, p, n0, nb); an absent part takes no items (its buffers: `spare`)."""
+# winograd_transforms_2x2_3x3's parts: f the filter, a and b input transforms, z a grad-output transform; per
+# part its sizes' argument names (prefixed "<part>_"), and its source buffer, offset and output buffer
+_PART_SIZES = {"f": ("K", "C", "SE", "SK", "SC", "flip"),
+               "a": ("n0", "NB", "C", "H", "W", "TW", "TT", "PH", "PW"),
+               "z": ("n0", "NB", "K", "OH", "OW", "TW", "TT")}
+_PART_SIZES["b"] = _PART_SIZES["a"]
+_PART_BUFFERS = {"f": ("w", "w_off", "u"), "a": ("x", "x_off", "v"), "b": ("x", "x_off", "v"),
+                 "z": ("gy", "gy_off", "z")}
+_LONG_SIZES = ("SE", "SK", "SC")
+
+
+def _part_sizes(name: str, part: tuple) -> tuple[tuple[int, ...], int]:
+    """(the sizes of _PART_SIZES[name], its work-items) of a present part: filt (w, u, flip), a / b (x, v, p,
+    n0, nb), z (gy, z, p, n0, nb), as _transform_together takes them."""
     if name == "f":
-        w, out, flip = part if part is not None else (None, None, 0)
-        kk, cc = (w.shape[0], w.shape[1]) if w is not None else (1, 1)
-        ints = dict(K=kk, C=cc, SE=kk * cc, SK=1 if flip else cc, SC=kk if flip else 1, flip=int(flip))
-        items, src = (kk * cc if w is not None else 0), w
-        names = ("w", "w_off", "u")
-    else:
-        src, out, p, n0, nb = part if part is not None else (None, None, None, 1, 1)
-        th, tw = (math.ceil(p.OH / 2), math.ceil(p.OW / 2)) if p is not None else (1, 1)
-        if name == "z":
-            kk = p.K if p is not None else 1
-            ints = dict(n0=n0, NB=nb, K=kk, OH=p.OH if p else 1, OW=p.OW if p else 1, TW=tw, TT=th * tw)
-            names = ("gy", "gy_off", "z")
-        else:
-            kk = p.C if p is not None else 1
-            ints = dict(n0=n0, NB=nb, C=kk, H=p.H if p else 1, W=p.W if p else 1, TW=tw, TT=th * tw,
-                        PH=p.PH if p else 0, PW=p.PW if p else 0)
-            names = ("x", "x_off", "v")
-        items = th * tw * kk * nb if p is not None else 0
-    longs = ("SE", "SK", "SC")
-    static = {f"{name}_{k}": (np.int64 if k in longs else np.int32)(v) for k, v in ints.items()}
-    static[f"{name}_items"] = np.int64(items)
-    dynamic = {f"{name}_{names[0]}": src.buffer if src is not None else spare,
-               f"{name}_{names[1]}": np.int64(src.offset if src is not None else 0),
-               f"{name}_{names[2]}": out.buffer if out is not None else spare}
-    return static, dynamic, (tuple(ints.values()) if part is not None else None)
+        w, _, flip = part
+        kk, cc = w.shape[0], w.shape[1]
+        return (kk, cc, kk * cc, 1 if flip else cc, kk if flip else 1, int(flip)), kk * cc
+    _, _, p, n0, nb = part
+    th, tw = math.ceil(p.OH / 2), math.ceil(p.OW / 2)
+    if name == "z":
+        return (n0, nb, p.K, p.OH, p.OW, tw, th * tw), th * tw * p.K * nb
+    return (n0, nb, p.C, p.H, p.W, tw, th * tw, p.PH, p.PW), th * tw * p.C * nb
 
 
 def _transform_together(prg: Any, queue: Any, filt: tuple | None = None, a: tuple | None = None,
                         b: tuple | None = None, z: tuple | None = None) -> None:
     """One launch of winograd_transforms_2x2_3x3 (GPUs): filt = (w, u, flip) as winograd_transform_weight;
-    a and b = (x, v, p, n0, nb) as _winograd_input; z = (gy, z, p, n0, nb) as the weight gradient's Z. Its
-    Plan is made once per program and sizes (netcl.core.capture.plans); a call passes the buffers."""
+    a and b = (x, v, p, n0, nb) as _winograd_input; z = (gy, z, p, n0, nb) as the weight gradient's Z; an
+    absent part takes no work-items. Its Plan is made once per program and sizes (netcl.core.capture.plans);
+    a call passes the buffers."""
     parts = (filt, a, b, z)
     key = ("winograd_transforms", prg, None if filt is None else (filt[0].shape, filt[2]),
            *[None if part is None else part[2:] for part in parts[1:]])
+    spare = next(part[1] for part in parts if part is not None).buffer  # an absent part's buffers
     plan = capture.plans.get(key)
     if plan is None:
-        spare = next(part[1] for part in parts if part is not None).buffer
         static: dict[str, Any] = {}
         per_call: dict[str, Any] = {}
+        items = 0
         for name, part in zip("fabz", parts):
-            st, dyn, _ = _transform_part(name, part, spare)
-            static.update(st)
-            per_call.update(dyn)
-        items = sum(int(static[f"{name}_items"]) for name in "fabz")
+            names = _PART_SIZES[name]
+            sizes, count = _part_sizes(name, part) if part is not None else ((1,) * len(names), 0)
+            static.update({f"{name}_{k}": (np.int64 if k in _LONG_SIZES else np.int32)(v)
+                           for k, v in zip(names, sizes)})
+            static[f"{name}_items"] = np.int64(count)
+            items += count
+            src, off, dst = _PART_BUFFERS[name]
+            per_call.update({f"{name}_{src}": spare, f"{name}_{off}": np.int64(0), f"{name}_{dst}": spare})
         local = TRANSFORMS_LOCAL
         plan = capture.plans.put(key, prg.winograd_transforms_2x2_3x3.plan_named(
             (-(-items // local) * local,), (local,), static, per_call))
-    spare = next(part[1] for part in parts if part is not None).buffer
     values: list[Any] = []
     for part in parts:
-        if part is None:
-            values += (spare, 0, spare)
-        else:
-            src = part[0]
-            values += (src.buffer, src.offset, part[1].buffer)
+        values += (spare, 0, spare) if part is None else (part[0].buffer, part[0].offset, part[1].buffer)
     plan(queue, *values)
 
 
@@ -179,13 +184,8 @@ def _winograd_input(prg: Any, x: Tensor, p: ConvParams, n0: int, nb: int) -> Ten
     if plan is None:  # its Plan, once per program, geometry and chunk
         static = dict(n0=np.int32(n0), NB=np.int32(nb), C=np.int32(p.C), H=np.int32(p.H), W=np.int32(p.W),
                       TW=np.int32(tw), TT=np.int32(th * tw), PH=np.int32(p.PH), PW=np.int32(p.PW))
-        per_call = dict(x=x.buffer, x_off=np.int64(0), v=v.buffer)
-        if _winograd_rows(x.device):
-            plan = prg.winograd_input_rows_2x2_3x3.plan_named((th, p.C, nb), None,
-                                                              {**static, "TH": np.int32(th)}, per_call)
-        else:
-            plan = prg.winograd_input_2x2_3x3.plan_named(*_tile_grid(th * tw, p.C, nb), static, per_call)
-        capture.plans.put(key, plan)
+        plan = capture.plans.put(key, _tile_plan(prg, "winograd_input", x.device, th, tw, p.C, nb, static,
+                                                 dict(x=x.buffer, x_off=np.int64(0), v=v.buffer)))
     plan(x.queue, x.buffer, x.offset, v.buffer)
     return v
 
@@ -226,12 +226,8 @@ def _winograd_output(prg: Any, queue: Any, m: Tensor, bias: Tensor | None, b: Te
         static = dict(has_bias=np.int32(bias is not None), n0=np.int32(n0), NB=np.int32(nb), K=np.int32(p.K),
                       OH=np.int32(p.OH), OW=np.int32(p.OW), TW=np.int32(tw), TT=np.int32(th * tw))
         per_call = dict(m=m.buffer, bias=b.buffer, b_off=np.int64(0), y=out.buffer, y_off=np.int64(0))
-        if _winograd_rows(out.device):
-            plan = prg.winograd_output_rows_2x2_3x3.plan_named((th, p.K, nb), None,
-                                                               {**static, "TH": np.int32(th)}, per_call)
-        else:
-            plan = prg.winograd_output_2x2_3x3.plan_named(*_tile_grid(th * tw, p.K, nb), static, per_call)
-        capture.plans.put(key, plan)
+        plan = capture.plans.put(key, _tile_plan(prg, "winograd_output", out.device, th, tw, p.K, nb, static,
+                                                 per_call))
     plan(queue, m.buffer, b.buffer, b.offset, out.buffer, out.offset)
 
 
@@ -290,14 +286,9 @@ def _backward_weight_winograd(x: Tensor, gy: Tensor, p: ConvParams, vz: tuple | 
             if plan is None:
                 static = dict(n0=np.int32(n0), NB=np.int32(nb), K=np.int32(p.K), OH=np.int32(p.OH),
                               OW=np.int32(p.OW), TW=np.int32(tw), TT=np.int32(tt))
-                per_call = dict(gy=gy.buffer, gy_off=np.int64(0), z=z.buffer)
-                if rows:
-                    plan = prg.winograd_grad_output_rows_2x2_3x3.plan_named(
-                        (th, p.K, nb), None, {**static, "TH": np.int32(th)}, per_call)
-                else:
-                    plan = prg.winograd_grad_output_2x2_3x3.plan_named(*_tile_grid(tt, p.K, nb), static,
-                                                                       per_call)
-                capture.plans.put(("winograd_grad_output", prg, p, n0, nb), plan)
+                plan = capture.plans.put(("winograd_grad_output", prg, p, n0, nb), _tile_plan(
+                    prg, "winograd_grad_output", x.device, th, tw, p.K, nb, static,
+                    dict(gy=gy.buffer, gy_off=np.int64(0), z=z.buffer)))
             plan(x.queue, gy.buffer, gy.offset, z.buffer)
         sl = pt // splits
         zs = z._view((splits, 16, p.K, sl), (sl, p.K * pt, pt, 1), z.offset)      # (S, 16, K, sl)
