@@ -63,12 +63,9 @@ def call_key(op: str, tensors: tuple, *values: Any, align: int | None = 1) -> tu
     `values` (the other arguments, the module switches the op reads); None when something is not hashable
     (the op then takes its slow path)."""
     try:
-        if align is None:
-            key = (op, *[None if t is None else (id(t.queue), t.shape, t.strides, t.dtype, t.offset)
-                         for t in tensors], *values)
-        else:
-            key = (op, *[None if t is None else (id(t.queue), t.shape, t.strides, t.dtype, t.offset % align)
-                         for t in tensors], *values)
+        key = (op, *[None if t is None else (id(t.queue), t.shape, t.strides, t.dtype,
+                                             t.offset if align is None else t.offset % align)
+                     for t in tensors], *values)
         hash(key)
     except (AttributeError, TypeError):
         return None

@@ -804,6 +804,11 @@ _SLOTS = {
 }
 
 
+def _acc_dtype(dt: np.dtype) -> np.dtype:
+    """The dtype of the log-sum-exp and delta rows: float64 for float64 operands, else float32."""
+    return dtypes.float64 if dt == dtypes.float64 else dtypes.float32
+
+
 def _layout(t: Any) -> tuple | None:
     """An operand's part of a template key: its shape, strides, row alignment, dtype and queue."""
     return (t.shape, t.strides, t.offset % 8, t.dtype, id(t.queue)) if type(t) is Tensor else None
@@ -858,8 +863,7 @@ def flash_attention_forward(
         hit = capture.plans.get(key) if key is not None else None
         if hit:   # the template: the output in q's memory order, lse
             out = empty_in_order(q)
-            lse = Tensor.empty(q.queue, q.shape[:3],
-                               dtypes.float64 if q.dtype == dtypes.float64 else dtypes.float32)
+            lse = Tensor.empty(q.queue, q.shape[:3], _acc_dtype(q.dtype))
             hit.replay({"q": q, "k": k, "v": v, "mask": q if mask is None else mask,
                         "kv": q if kv_len is None else kv_len, "out": out, "lse": lse})
             return out, lse
@@ -883,7 +887,7 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, *, causal: Any = False, scale: Any
         raise TypeError(f"{op}: dropout_draw must be a DropoutDraw, got {type(dropout_draw).__name__}")
     q = _rows_contiguous(q)
     pr = _Problem(op, q, _rows_contiguous(k), _rows_contiguous(v), causal, scale, mask, dropout_p, kv_len)
-    acc_dtype = dtypes.float64 if pr.dtype == dtypes.float64 else dtypes.float32
+    acc_dtype = _acc_dtype(pr.dtype)
     decode = pr.decode_plan() if q.size else None
     # the output in the query's memory order (the decode kernel's contiguous): heads of a (B, S, H, D)
     # projection give an output whose (B, S, H * D) reshape for the next projection is a view, not a copy
@@ -948,7 +952,7 @@ def rope_cache_decode_attention(y: Tensor, q_heads: int, cos: Tensor, sin: Tenso
         lengths = kv_len if kv_len is not None else add(position, s)
         return flash_attention_forward(q, k_cache, v_cache, causal=causal, scale=scale, mask=mask,
                                        kv_len=lengths)
-    acc_dtype = dtypes.float64 if pr.dtype == dtypes.float64 else dtypes.float32
+    acc_dtype = _acc_dtype(pr.dtype)
     out = Tensor.empty(queue, (b, q_heads, s, d), pr.dtype)
     lse = Tensor.empty(queue, (b, q_heads, s), acc_dtype)
     args = pr.common_args(None)
@@ -980,8 +984,7 @@ def flash_attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: 
             dq = empty_in_order(q) if need_dq else None
             dk = empty_in_order(k) if need_dkv else None
             dv = empty_in_order(v) if need_dkv else None
-            delta = Tensor.empty(q.queue, q.shape[:3],
-                                 dtypes.float64 if q.dtype == dtypes.float64 else dtypes.float32)
+            delta = Tensor.empty(q.queue, q.shape[:3], _acc_dtype(q.dtype))
             hit.replay({"q": q, "k": k, "v": v, "mask": q if mask is None else mask,
                         "kv": q if kv_len is None else kv_len, "g": grad_out, "out": out, "lse": lse,
                         "delta": delta, "dq": delta if dq is None else dq, "dk": dk, "dv": dv})
@@ -1011,7 +1014,7 @@ def _backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, grad_ou
         if tuple(t.shape) != full or t.dtype != pr.dtype:
             raise ShapeError(f"{op}: {name} must be a {pr.dtype} tensor of q's shape {full}, got {t.dtype} "
                              f"{t.shape}")
-    acc_dtype = dtypes.float64 if pr.dtype == dtypes.float64 else dtypes.float32
+    acc_dtype = _acc_dtype(pr.dtype)
     if not isinstance(lse, Tensor) or tuple(lse.shape) != full[:3] or lse.dtype != acc_dtype:
         got = f"{lse.dtype} {lse.shape}" if isinstance(lse, Tensor) else type(lse).__name__
         raise ShapeError(f"{op}: lse must be the forward's {acc_dtype} tensor of shape {full[:3]}, got {got}")

@@ -230,9 +230,8 @@ def clip_grad_norm(grads: Sequence[Tensor], max_norm: float, error_if_nonfinite:
     # workspaces given per call
     plans, first = [], 0
     for prg, group, n in zip(programs, groups, chunks):
-        lengths = {name: v for g, (_, off, length) in zip(group, _GRAD_ARGS)
-                   for name, v in ((off, np.int64(g.offset)), (length, np.int64(g.size)))}
-        buffers = {x: g.buffer for g, (x, _, _) in zip(group, _GRAD_ARGS)}
+        lengths = _grad_args(group)  # each gradient's buffer (given per call), offset and length (fixed)
+        buffers = {x: lengths.pop(x) for x, _, _ in _GRAD_ARGS[:len(group)]}
         total_items = sum(-(-g.size // items) for g in group)
         plans.append((
             prg.sum_squares.plan_named((n * wg,), (wg,), {**lengths, "first": np.int64(first)},

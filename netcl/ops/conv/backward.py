@@ -198,10 +198,11 @@ def _conv2d_backward(grad_out: Tensor, x: Tensor, weight: Tensor, out: Tensor, s
     g = g.contiguous()
     geometry = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
     if needs[0] and needs[1]:  # both on Winograd: their four transforms in one launch (GPUs, one chunk)
-        pi = _backward_input_plan(g, weight, x.shape, stride, padding, dilation, groups, "auto")
-        pw = _backward_weight_plan(x, g, weight.shape, stride, padding, dilation, groups, "auto")
-        if pi[2] == "flipped" and pi[3][1] == "winograd" and pw[2] == "winograd":
-            both = winograd._backward_winograd(x.contiguous(), g, weight.contiguous(), pw[0], pi[3][0])
+        args = (stride, padding, dilation, groups, "auto")
+        _, _, input_algo, flipped = _backward_input_plan(g, weight, x.shape, *args)
+        p, _, weight_algo = _backward_weight_plan(x, g, weight.shape, *args)
+        if input_algo == "flipped" and flipped[1] == "winograd" and weight_algo == "winograd":
+            both = winograd._backward_winograd(x.contiguous(), g, weight.contiguous(), p, flipped[0])
             if both is not None:
                 return (*both, conv2d_backward_bias(g) if needs[2] else None)
     gx = conv2d_backward_input(g, weight, x.shape, **geometry) if needs[0] else None
