@@ -63,12 +63,11 @@ def eager_step(kind: str, q):
     bench/resnet.py's `resnet` (ResNet-18, batch 32: the host's work a launch does not depend on the batch),
     or `gpt` (lm-train's 25m preset's widths, 8 layers, batch 4 x 128 tokens, float32, lm_step as `lm-train
     --eager` runs it, clipping included)."""
-    import netcl.autograd as ag
     from netcl import optim
     from netcl.core.tensor import Tensor
     from netcl.ops import random
     from netcl.profiling import count_launches
-    from netcl.train.loop import build_model
+    from netcl.train.loop import build_model, train_step
 
     random.manual_seed(0)
     rng = np.random.default_rng(0)
@@ -98,11 +97,7 @@ def eager_step(kind: str, q):
         y = Tensor.from_host(q, rng.integers(0, 10, shape[0]).astype(np.int32))
 
         def step() -> None:
-            with ag.Tape() as tape:
-                loss = ag.cross_entropy(model(ag.tensor(x)), ag.tensor(y))
-            tape.backward(loss)
-            opt.step()
-            opt.zero_grad()
+            train_step(model, opt, x, y)
 
     for _ in range(3):
         step()
