@@ -229,12 +229,16 @@ def main() -> int:
                          "its wall time, and the TOP kernels")
     ap.add_argument("--no-chain", action="store_true",
                     help="a layer's MLP half as three launches, not one (nn.transformer.DECODE_CHAIN)")
+    ap.add_argument("--no-attention-chain", action="store_true",
+                    help="a layer's attention its own launch, not the first tiles of the layer's chain "
+                         "(nn.transformer.DECODE_ATTENTION_CHAIN)")
     ap.add_argument("--out", default=None, help="JSON path (default bench/results/decode[_gpu].json)")
     args = ap.parse_args()
-    if args.no_chain:
+    if args.no_chain or args.no_attention_chain:
         from netcl.nn import transformer
 
-        transformer.DECODE_CHAIN = False
+        transformer.DECODE_CHAIN = not args.no_chain
+        transformer.DECODE_ATTENTION_CHAIN = not args.no_attention_chain
     try:
         batches = [int(b) for b in args.batches.split(",")]
     except ValueError:

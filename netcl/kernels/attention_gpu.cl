@@ -882,20 +882,47 @@ inline ACC4 rope_load4(__global const T *x, const int d, __global const ACC *cos
 #define DECODE_ROPE_ARGS
 #endif
 
-__kernel void attention_decode_gpu(KV_ARGS(q), DECODE_KV_ARGS(k), DECODE_KV_ARGS(v), MASK_ARGS, DECODE_LEN_ARGS,
-                                   __global T *out, __global ACC *lse, __global ACC *part_o, __global ACC *part_ml,
-                                   __global int *arrivals, const int nsplit, const int chunk, const int HQ, const int GROUP,
-                                   const int SQ, const int SK, const int causal, const ACC scale, DROP_ARGS
-                                   DECODE_ROPE_ARGS)
-{
-    __local ACC4 qs[DR * DRS4];
-    __local ACC4 kvs[DK * DRS4];        // the k tile, then the v tile
-    __local ACC ss[DR * DK];            // scores, then p times the dropout multiplier
-    __local ACC pl[DR * DK];            // p (the row sums' terms)
-    __local ACC m_s[DR], mnew_s[DR], alpha_s[DR], l_s[DR];
-    __local ACC4 ored[KG > 1 ? DSLOTS : 1];
+// The decode local memory of one work-group (a struct, so a chain kernel can hold it beside its own).
+typedef struct {
+    ACC4 qs[DR * DRS4];
+    ACC4 kvs[DK * DRS4];        // the k tile, then the v tile
+    ACC ss[DR * DK];            // scores, then p times the dropout multiplier
+    ACC pl[DR * DK];            // p (the row sums' terms)
+    ACC m_s[DR], mnew_s[DR], alpha_s[DR], l_s[DR];
+    ACC4 ored[KG > 1 ? DSLOTS : 1];
+    int last;
+} decode_local;
 
-    const int tid = get_local_id(0), split = get_group_id(0), hk = get_global_id(1), b = get_global_id(2);
+// The decode arguments after the operands' (attention_decode_gpu's, and gemm_gemv.cl's gemv_chain's with
+// CHAIN_ATTN, which passes its own arrival counts)
+#define DECODE_TAIL_ARGS __global T *out, __global ACC *lse, __global ACC *part_o, __global ACC *part_ml, \
+    const int nsplit, const int chunk, const int HQ, const int GROUP, const int SQ, const int SK, const int causal, \
+    const ACC scale, DROP_ARGS DECODE_ROPE_ARGS
+#ifdef ROPE_CACHE
+#define DECODE_LEN_PASS position, position_off, position_stride
+#define DECODE_ROPE_PASS , cos_table, sin_table, err, err_code
+#else
+#define DECODE_LEN_PASS kv_len, kv_len_off, has_kv_len, kv_len_stride
+#define DECODE_ROPE_PASS
+#endif
+#define DECODE_PASS(tid, split, hk, b, hkv, arrivals, lm)                                                   \
+    decode_tile(tid, split, hk, b, hkv, arrivals, lm, q, q_off, q_sb, q_sh, q_ss, k, k_off, k_sb, k_sh, k_ss,  \
+                v, v_off, v_sb, v_sh, v_ss, mask, mask_off, mask_sb, mask_sh, mask_si, mask_sj, DECODE_LEN_PASS, \
+                out, lse, part_o, part_ml, nsplit, chunk, HQ, GROUP, SQ, SK, causal, scale, drop_threshold,      \
+                drop_scale, seed_lo, seed_hi, counter0 DECODE_ROPE_PASS)
+
+// One work-group's share of the decode attention: the rows of kv head hk of batch row b against split
+// `split` of the keys (hkv kv heads; arrivals: the (b, hk) arrival counts of the splits' merge). tid: the
+// work-item, 0 .. DNT - 1; a work-group of more items gives the others a tid past every slot count (2^28):
+// they take no slot and only reach the barriers (every work-item calls this).
+inline void decode_tile(const int tid, const int split, const int hk, const int b, const int hkv,
+                        __global int *arrivals, __local decode_local *lm, KV_ARGS(q), DECODE_KV_ARGS(k),
+                        DECODE_KV_ARGS(v), MASK_ARGS, DECODE_LEN_ARGS, DECODE_TAIL_ARGS)
+{
+    __local ACC4 *qs = lm->qs, *kvs = lm->kvs, *ored = lm->ored;
+    __local ACC *ss = lm->ss, *pl = lm->pl, *m_s = lm->m_s, *mnew_s = lm->mnew_s, *alpha_s = lm->alpha_s;
+    __local ACC *l_s = lm->l_s;
+
 #ifdef ROPE_CACHE
     const int asked = position[position_off + b * position_stride];
     const int bad = asked < 0 || asked > SK - SQ;   // reported; then no keys, no writes, output 0 (lse -inf)
@@ -925,7 +952,7 @@ __kernel void attention_decode_gpu(KV_ARGS(q), DECODE_KV_ARGS(k), DECODE_KV_ARGS
     {   // the new rows among this split's keys: k rotated into its cache, v copied into its own
         const int first = max(jstart, p0);
         const __global T *ky = q + q_off + b * q_sb + (HQ + hk) * q_sh;
-        const __global T *vy = ky + get_global_size(1) * q_sh;
+        const __global T *vy = ky + hkv * q_sh;
         __global T *kw = k + k_off + b * k_sb + hk * k_sh;
         __global T *vw = v + v_off + b * v_sb + hk * v_sh;
         for (int slot = tid; slot < (jstop - first) * ROPE_HALF_DIM; slot += DNT) {
@@ -1053,8 +1080,7 @@ __kernel void attention_decode_gpu(KV_ARGS(q), DECODE_KV_ARGS(k), DECODE_KV_ARGS
     // the last split of this (kv head, batch) to get here merges the parts of its rows from the splits that
     // held keys (those past the last valid key, [live, nsplit), had none: l = 0, the merge skips them anyway;
     // a recorded decode step keeps the cache's capacity of splits while the valid keys grow)
-    __local int last;
-    if (!nc_group_last_arrival(arrivals + (long)b * get_global_size(1) + hk, nsplit, &last)) return;
+    if (!nc_group_last_arrival(arrivals + (long)b * hkv + hk, nsplit, &lm->last)) return;
     const int live = min(nsplit, (jend + chunk - 1) / chunk);
     for (int slot = tid; slot < DPAIRS; slot += DNT) {
         const int r = slot / DQ4, c4 = slot - r * DQ4;
@@ -1078,6 +1104,15 @@ __kernel void attention_decode_gpu(KV_ARGS(q), DECODE_KV_ARGS(k), DECODE_KV_ARGS
         if (c4 == 0) lse[row] = total > (ACC)0 ? M + log(total) : -INFINITY;
     }
 #endif
+}
+
+
+__kernel void attention_decode_gpu(KV_ARGS(q), DECODE_KV_ARGS(k), DECODE_KV_ARGS(v), MASK_ARGS, DECODE_LEN_ARGS,
+                                   __global int *arrivals, DECODE_TAIL_ARGS)
+{
+    __local decode_local lm;
+    DECODE_PASS(get_local_id(0), get_group_id(0), get_global_id(1), get_global_id(2), get_global_size(1),
+                arrivals, &lm);
 }
 
 #endif

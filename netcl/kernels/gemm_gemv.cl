@@ -543,10 +543,30 @@ inline void chain_tile(const int tile, const int phase, const int flags, const i
         NW = nw##i + nw##i##_off;                                                                        \
     } while (0)
 
-// global (GEMV_WG, GEMV_ROWS * the phases' tiles, 1); the arguments of phases >= CHAIN_P are not read
+// With CHAIN_ATTN (netcl.ops.attention's decode phase): the launch's first tiles, before phase 0's, are a
+// decode step's attention (attention_gpu.cl's decode_tile with its ROPE_CACHE and PASS_DECODE defines: one tile
+// a (split of the keys, kv head, batch row), tile t = (b * attn_heads + hk) * nsplit + split), and phase 0 waits
+// for all of them (its input rows are the attention's output). The attention's arrival counts (its splits'
+// merge) follow the chain's in `counts`, from counts + CHAIN_COUNTS; its local memory (decode_local) is a_stage,
+// which the host sizes for the larger of the two. DNT <= GEMV_WG * GEMV_ROWS; the items past
+// DNT take no slot (tid 2^28) and only reach the attention's barriers. The chain's count index of GEMV phase i is then i + 1.
+#ifdef CHAIN_ATTN
+#include "attention_gpu.cl"
+#define CHAIN_A 1
+#define CHAIN_ATTN_ARGS , KV_ARGS(q), DECODE_KV_ARGS(k), DECODE_KV_ARGS(v), MASK_ARGS, DECODE_LEN_ARGS, \
+    DECODE_TAIL_ARGS, const int attn_heads, const int attn_batch
+#else
+#define CHAIN_A 0
+#define CHAIN_ATTN_ARGS
+#endif
+#define CHAIN_COUNTS (2 + MAX_CHAIN_PHASES)  // the ticket, the phases' done counts, one spare
+#define MAX_CHAIN_PHASES 5
+
+// global (GEMV_WG, GEMV_ROWS * the phases' tiles (and the attention's), 1); the arguments of phases >= CHAIN_P
+// are not read
 __kernel __attribute__((reqd_work_group_size(GEMV_WG, GEMV_ROWS, 1)))
 void gemv_chain(const int M, __global int *counts, __local uint4 *a_stage, CHAIN_PHASE_ARGS(0),
-                CHAIN_PHASE_ARGS(1), CHAIN_PHASE_ARGS(2), CHAIN_PHASE_ARGS(3))
+                CHAIN_PHASE_ARGS(1), CHAIN_PHASE_ARGS(2), CHAIN_PHASE_ARGS(3) CHAIN_ATTN_ARGS)
 {
     __local float scratch[CHAIN_SCRATCH];
     __local int ticket;
@@ -561,8 +581,25 @@ void gemv_chain(const int M, __global int *counts, __local uint4 *a_stage, CHAIN
     CHAIN_SRC STORE_T *A;
     __global const STORE_T *W, *R, *NW;
     __global STORE_T *C;
+#ifdef CHAIN_ATTN
+    __local decode_local *lm = (__local decode_local *)a_stage;  // the host sized a_stage for either
+    const int attn_tiles = nsplit * attn_heads * attn_batch;
+    if (t < attn_tiles) {   // an attention tile: its phase is 0, its done count counts[1]
+        const int tid = get_local_id(1) * GEMV_WG + get_local_id(0);
+        const int split = t % nsplit, hk = (t / nsplit) % attn_heads, b = t / (nsplit * attn_heads);
+        DECODE_PASS(tid < DNT ? tid : (1 << 28), split, hk, b, attn_heads, counts + CHAIN_COUNTS, lm);
+        mem_fence(CLK_GLOBAL_MEM_FENCE);  // this item's stores are visible device-wide ...
+        barrier(CLK_GLOBAL_MEM_FENCE);    // ... and every item's, before the tile counts itself done
+        if (first) atomic_inc(counts + 1);
+        return;
+    }
+    t -= attn_tiles;
+#define CHAIN_WAIT0 attn_tiles
+#else
+#define CHAIN_WAIT0 0
+#endif
     if (t < CHAIN_TILES(0) || CHAIN_P == 1) {
-        CHAIN_SELECT(0, 0);
+        CHAIN_SELECT(0, CHAIN_WAIT0);
     } else if ((t -= CHAIN_TILES(0)) < CHAIN_TILES(1) || CHAIN_P == 2) {
         CHAIN_SELECT(1, CHAIN_TILES(0));
     } else if ((t -= CHAIN_TILES(1)) < CHAIN_TILES(2) || CHAIN_P == 3) {
@@ -571,12 +608,13 @@ void gemv_chain(const int M, __global int *counts, __local uint4 *a_stage, CHAIN
         t -= CHAIN_TILES(2);
         CHAIN_SELECT(3, CHAIN_TILES(2));
     }
+    phase += CHAIN_A;
     chain_tile(t, phase, flags, wait_for, M, N, K, A, W, C, R, NW, eps, counts, a_stage, scratch);
     if (first) {
         const int done = atomic_inc(counts + 1 + phase);
-        if (phase == CHAIN_P - 1 && done == tiles - 1) {  // the launch's last tile: the counts for the next
-            mem_fence(CLK_GLOBAL_MEM_FENCE);
-            for (int i = 0; i <= CHAIN_P; ++i) atomic_xchg(counts + i, 0);
+        if (phase == CHAIN_A + CHAIN_P - 1 && done == tiles - 1) {  // the launch's last tile: the counts for
+            mem_fence(CLK_GLOBAL_MEM_FENCE);                        // the next
+            for (int i = 0; i <= CHAIN_A + CHAIN_P; ++i) atomic_xchg(counts + i, 0);
         }
     }
 }

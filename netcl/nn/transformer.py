@@ -31,6 +31,11 @@ __all__ = ["GELUMLP", "KVCache", "MultiHeadAttention", "RoPE", "SwiGLU", "Transf
 # launch where it keeps the three launches' bits (TransformerBlock._mlp_half_chain; ops.gemm.gemv_chain).
 # False: three launches a layer (bench/decode.py --no-chain compares).
 DECODE_CHAIN = True
+# With DECODE_CHAIN, the layer's attention (rope, cache writes, the split-key decode kernel) as the chain's
+# first tiles where the block before made the q/k/v product in its chain: one launch a layer
+# (MultiHeadAttention.decode_phase; gemm_gemv.cl's CHAIN_ATTN). False: the attention its own launch
+# (bench/decode.py --no-attention-chain compares).
+DECODE_ATTENTION_CHAIN = True
 
 
 class RoPE(Module):
@@ -231,6 +236,41 @@ class MultiHeadAttention(Module):
     def _heads(self, t: Node, b: int, s: int, heads: int) -> Node:
         return ag.permute(ag.reshape(t, (b, s, heads, self.head_dim)), (0, 2, 1, 3))
 
+    def _check_cache(self, cache: Any, position: Any, b: int) -> None:
+        want = (b, self.n_kv_heads, getattr(cache, "capacity", 0), self.head_dim)
+        if not isinstance(cache, KVCache) or cache.shape != want:
+            raise ShapeError(
+                f"MultiHeadAttention: cache must be a KVCache of shape ({b}, {self.n_kv_heads}, "
+                f"capacity, {self.head_dim}), got {cache!r}"
+            )
+        if position is None:
+            raise ShapeError(
+                "MultiHeadAttention: a cache needs position= (an int32 device Tensor holding "
+                "how many tokens the cache already holds)"
+            )
+
+    def decode_phase(self, x: Node, qkv: Tensor, mask: Any, cache: KVCache, position: Tensor) -> Any:
+        """The attention of a cached decode step whose q/k/v product `qkv` of x is made (the block before
+        made it in its decode chain), as an ops.DecodePhase not yet launched (rope_cache_decode_phase: the
+        rotations, the cache writes and the attention, forward(..., project=False, qkv=qkv)'s bits), for the
+        block's decode chain to take as its first tiles (one row: batch 1, one position); None where that one
+        launch is not what forward would make, or more rows."""
+        stack = self._qkv
+        if self.rope is None or (self.training and self.dropout > 0) or stack is None or ag.is_recording() \
+                or not stack.intact():
+            return None
+        x = as_node(x)
+        if x.ndim != 3 or x.shape[2] != self.dim:
+            raise ShapeError(f"MultiHeadAttention: x must be (batch, positions, {self.dim}), got {x.shape}")
+        b, s, _ = x.shape
+        self._check_cache(cache, position, b)
+        if b * s != 1:
+            return None
+        y = qkv.reshape(b, s, self.n_heads + 2 * self.n_kv_heads, self.head_dim).permute(0, 2, 1, 3)
+        return ops.rope_cache_decode_phase(y, self.n_heads, self.rope.cos, self.rope.sin, cache.k, cache.v,
+                                           position, self.rope.pairing, causal=self.causal,
+                                           mask=mask.value if isinstance(mask, Node) else mask)
+
     def forward(self, x: Node, mask: Any = None, cache: KVCache | None = None, position: Tensor | None = None,
                 kv_len: Tensor | None = None, residual: Node | None = None,
                 norm: Module | None = None, project: bool = True, qkv: Tensor | None = None) -> Node:
@@ -248,21 +288,7 @@ class MultiHeadAttention(Module):
             raise ShapeError(f"MultiHeadAttention: x must be (batch, positions, {self.dim}), got {x.shape}")
         b, s, _ = x.shape
         if cache is not None:
-            if not isinstance(cache, KVCache) or cache.shape != (
-                b,
-                self.n_kv_heads,
-                cache.capacity,
-                self.head_dim,
-            ):
-                raise ShapeError(
-                    f"MultiHeadAttention: cache must be a KVCache of shape ({b}, {self.n_kv_heads}, "
-                    f"capacity, {self.head_dim}), got {cache!r}"
-                )
-            if position is None:
-                raise ShapeError(
-                    "MultiHeadAttention: a cache needs position= (an int32 device Tensor holding "
-                    "how many tokens the cache already holds)"
-                )
+            self._check_cache(cache, position, b)
         stack = self._qkv
         stacked = stack is not None and not ag.is_recording() and stack.intact()
         p = self.dropout if self.training else 0.0
@@ -396,11 +422,19 @@ class TransformerBlock(Module):
         # the norms go in with their inputs: an RMSNorm runs in the next product's launch when decoding
         following = None
         if cache is not None and DECODE_CHAIN and not ag.is_recording():
-            o = self.attn(x, mask, cache, position, kv_len, norm=self.attn_norm, project=False, qkv=qkv)
-            chained = self._mlp_half_chain(o, x, then)
+            phase = None
+            if qkv is not None and DECODE_ATTENTION_CHAIN:
+                phase = self.attn.decode_phase(x, qkv, mask, cache, position)
+            if phase is not None:
+                o = as_node(phase.out.reshape(x.shape[0], x.shape[1], -1))
+            else:
+                o = self.attn(x, mask, cache, position, kv_len, norm=self.attn_norm, project=False, qkv=qkv)
+            chained = self._mlp_half_chain(o, x, then, phase)
             if chained is not None:
                 out, following = chained
             else:
+                if phase is not None:
+                    phase.launch()
                 h = _project(o, self.attn.o_proj, x)
                 out = self.mlp(h, residual=h, norm=self.mlp_norm)
         else:
@@ -421,12 +455,14 @@ class TransformerBlock(Module):
             return None
         return chain.ChainStep(a, stack.weight, norm=(norm.weight.value, norm.eps))
 
-    def _mlp_half_chain(self, o: Node, x: Node,
-                        then: TransformerBlock | None = None) -> tuple[Node, Tensor | None] | None:
+    def _mlp_half_chain(self, o: Node, x: Node, then: TransformerBlock | None = None,
+                        attention: Any = None) -> tuple[Node, Tensor | None] | None:
         """A decode step's o-projection + residual, RMSNorm + gate/up + SwiGLU and down-projection + residual
         as one launch (ops.gemm.gemv_chain), where the three launches it replaces would be the gemv kernel's
         (ops.gemm.chain.mlp_half_fits: the same bits), with `then`'s RMSNorm + q/k/v product as a fourth step
-        where that fits too: (output, then's product or None); else None."""
+        where that fits too: (output, then's product or None); else None, having launched nothing.
+        attention: the DecodePhase that makes o (not launched yet), the launch's first tiles where it fits
+        (chain.attention_fits), else launched before the chain."""
         mlp, wo, norm = self.mlp, self.attn.o_proj, self.mlp_norm
         if not isinstance(mlp, SwiGLU) or not isinstance(norm, RMSNorm) or len(norm.normalized_shape) != 1:
             return None
@@ -448,7 +484,11 @@ class TransformerBlock(Module):
         step = then._qkv_step(2, xv) if isinstance(then, TransformerBlock) else None
         if step is not None:
             steps.append(step)
-        outs = chain.gemv_chain(steps)
+        if attention is not None and not chain.attention_fits(attention, steps[0].a,
+                                                              max(dim, mlp.w2.weight.value.shape[1])):
+            attention.launch()
+            attention = None
+        outs = chain.gemv_chain(steps, attention)
         return as_node(outs[2].reshape(xv.shape)), (outs[3] if step is not None else None)
 
 

@@ -59,12 +59,14 @@ from netcl.ops.random import Generator, default_generator
 from netcl.ops.rope import ROPE_PAIRINGS, check_qkv_cache, rope_qkv_cache, table_rows
 
 __all__ = [
+    "DecodePhase",
     "DropoutDraw",
     "attention_dropout_mask",
     "flash_attention",
     "flash_attention_backward",
     "flash_attention_forward",
     "rope_cache_decode_attention",
+    "rope_cache_decode_phase",
 ]
 
 MAX_HEAD_DIM = 256
@@ -260,21 +262,60 @@ _DECODE_POSITION_CHECK = device_check(
     "cache's [0, {limit})")
 
 
+class DecodePhase:
+    """One launch of attention_decode_gpu, described and not yet made: `launch()` makes it; a chain kernel
+    (ops.gemm.gemv_chain's attention=) may take it as its first tiles instead (gemm_gemv.cl, CHAIN_ATTN).
+    program: the attention's build defines; args: the kernel's arguments by name but its arrival counts;
+    grid: (splits of the keys, kv heads, batch rows), one work-group of `items` work-items each; out, lse:
+    the results' Tensors."""
+
+    __slots__ = ("queue", "dtype", "program", "args", "grid", "items", "out", "lse")
+
+    def __init__(self, queue: Any, dtype: Any, program: dict[str, Any], args: dict[str, Any],
+                 grid: tuple[int, int, int], items: int, out: Tensor, lse: Tensor):
+        self.queue, self.dtype, self.program, self.args = queue, dtype, program, args
+        self.grid, self.items, self.out, self.lse = grid, items, out, lse
+
+    @property
+    def arrivals(self) -> int:
+        """Arrival counts the splits' merge takes (one a (batch row, kv head))."""
+        return self.grid[1] * self.grid[2]
+
+    def local_bytes(self) -> int:
+        """The work-group's local memory (decode_local of attention_gpu.cl; decode_tiles' sum)."""
+        return _decode_local_bytes(self.program, self.program["HEAD_DIM"], self.dtype)
+
+    def launch(self) -> Any:
+        """The attention's own launch; returns its kernel."""
+        nsplit, heads, batch = self.grid
+        prg = kernels.program(self.queue.device, "attention_gpu.cl", dtype=self.dtype,
+                              options=("-cl-mad-enable",), **self.program)
+        arrivals = self.queue.arrival_counts(self.arrivals) if nsplit > 1 else self.lse.buffer
+        kernel = prg.attention_decode_gpu
+        kernel(self.queue, (nsplit * self.items, heads, batch), (self.items, 1, 1), arrivals=arrivals,
+               **self.args)
+        return kernel
+
+
 def decode_tiles(device: Any, rows: int, head_dim: int, dtype: Any) -> dict[str, int] | None:
     """attention_decode_gpu's defines (DR, DK, DNT) for `rows` rows per kv head, or None when no key tile fits
     the device's local memory (the regular forward then runs)."""
-    q4 = -(-head_dim // 4)
-    pairs = rows * q4
-    groups = max(DECODE_ITEMS // pairs, 1)
-    item = 8 if np.dtype(dtype) == dtypes.float64 else 4
     budget = device.capabilities.local_mem - 1024
     for dk in DECODE_TILE_KEYS:
-        values = (
-            (rows + dk) * (q4 + 1) * 4 + 2 * rows * dk + 4 * rows + (4 * groups * pairs if groups > 1 else 4)
-        )
-        if values * item <= budget and DECODE_ITEMS <= device.capabilities.max_work_group_size:
-            return {"DR": rows, "DK": dk, "DNT": DECODE_ITEMS}
+        tiles = {"DR": rows, "DK": dk, "DNT": DECODE_ITEMS}
+        if _decode_local_bytes(tiles, head_dim, dtype) <= budget \
+                and DECODE_ITEMS <= device.capabilities.max_work_group_size:
+            return tiles
     return None
+
+
+def _decode_local_bytes(tiles: dict[str, int], head_dim: int, dtype: Any) -> int:
+    """attention_decode_gpu's local memory (its decode_local; attention_gpu.cl's sum) for these tiles."""
+    rows, dk, q4 = tiles["DR"], tiles["DK"], -(-head_dim // 4)
+    pairs = rows * q4
+    groups = max(tiles["DNT"] // pairs, 1)
+    values = (rows + dk) * (q4 + 1) * 4 + 2 * rows * dk + 4 * rows + (4 * groups * pairs if groups > 1 else 4)
+    return values * (8 if np.dtype(dtype) == dtypes.float64 else 4) + 16   # + the merge's flag, aligned
 
 
 def _gpu_local_bytes(kernel: str, BM: int, BN: int, DP: int, TR: int, TC: int, item: int,
@@ -469,11 +510,10 @@ class _Problem:
             return None
         return decode_tiles(self.device, rows, self.D, self.dtype)
 
-    def launch_decode(self, tiles: dict[str, int], out: Tensor, lse: Tensor, args: dict[str, Any],
-                      defines: dict[str, Any] | None = None) -> Any:
-        """attention_decode_gpu into out and lse (over several splits of the keys, merged by the last split of
-        each (batch, kv head) to finish), with extra `defines` (ROPE_CACHE); returns the kernel (for graph
-        refreshes)."""
+    def decode_phase(self, tiles: dict[str, int], out: Tensor, lse: Tensor, args: dict[str, Any],
+                     defines: dict[str, Any] | None = None) -> DecodePhase:
+        """attention_decode_gpu's launch into out and lse, not yet made (over several splits of the keys,
+        merged by the last split of each (batch, kv head) to finish), with extra `defines` (ROPE_CACHE)."""
         dk = tiles["DK"]
         tiles_of_keys = max(1, -(-self.SK // dk))
         want = max(
@@ -482,21 +522,24 @@ class _Problem:
         nsplit = 1 if self.dtype == dtypes.float64 else min(want, tiles_of_keys)
         chunk = -(-tiles_of_keys // nsplit) * dk
         nsplit = max(1, -(-self.SK // chunk))
-        prg = kernels.program(self.device, "attention_gpu.cl", dtype=self.dtype, options=("-cl-mad-enable",),
-                              HEAD_DIM=self.D, MASK=self.mask_kind, PASS="PASS_DECODE", **tiles,
-                              **({"VEC_ROWS": None} if self.vector_rows else {}), **(defines or {}))
+        program = {"HEAD_DIM": self.D, "MASK": self.mask_kind, "PASS": "PASS_DECODE", **tiles,
+                   **({"VEC_ROWS": None} if self.vector_rows else {}), **(defines or {})}
         q4 = -(-self.D // 4)
         if nsplit > 1:
             part_o = Tensor.empty(self.queue, (self.B * self.HQ * self.SQ, nsplit, 4 * q4), dtypes.float32)
             part_ml = Tensor.empty(self.queue, (self.B * self.HQ * self.SQ, nsplit, 2), dtypes.float32)
-            bufs = {"part_o": part_o.buffer, "part_ml": part_ml.buffer,
-                    "arrivals": self.queue.arrival_counts(self.B * self.HKV)}
+            bufs = {"part_o": part_o.buffer, "part_ml": part_ml.buffer}
         else:
-            bufs = {"part_o": lse.buffer, "part_ml": lse.buffer, "arrivals": lse.buffer}  # unread: one split
-        kernel = prg.attention_decode_gpu
-        kernel(self.queue, (nsplit * tiles["DNT"], self.HKV, self.B), (tiles["DNT"], 1, 1), out=out.buffer,
-               lse=lse.buffer, nsplit=np.int32(nsplit), chunk=np.int32(chunk), **bufs, **args)
-        return kernel
+            bufs = {"part_o": lse.buffer, "part_ml": lse.buffer}  # unread: one split
+        launch = {"out": out.buffer, "lse": lse.buffer, "nsplit": np.int32(nsplit), "chunk": np.int32(chunk),
+                  **bufs, **args}
+        return DecodePhase(self.queue, self.dtype, program, launch, (nsplit, self.HKV, self.B), tiles["DNT"],
+                           out, lse)
+
+    def launch_decode(self, tiles: dict[str, int], out: Tensor, lse: Tensor, args: dict[str, Any],
+                      defines: dict[str, Any] | None = None) -> Any:
+        """decode_phase's launch, made; returns the kernel (for graph refreshes)."""
+        return self.decode_phase(tiles, out, lse, args, defines).launch()
 
     def mma_forward(self) -> bool:
         """Whether the forward runs attention_mma.cl: float16 / bfloat16 inputs, a head dim that is a multiple
@@ -937,21 +980,35 @@ def rope_cache_decode_attention(y: Tensor, q_heads: int, cos: Tensor, sin: Tenso
     contiguous, tables of at least `capacity` rows, DECODE_ROPE_CACHE) it is one launch: the kernel rotates q
     while staging it and the split holding the new positions writes them (attention_gpu.cl, ROPE_CACHE; a
     position outside the cache raises ShapeError at the next host read); elsewhere the two launches."""
+    phase = rope_cache_decode_phase(y, q_heads, cos, sin, k_cache, v_cache, position, pairing, causal=causal,
+                                    scale=scale, mask=mask)
+    if phase is None:
+        q = rope_qkv_cache(y, q_heads, cos, sin, k_cache, v_cache, position, pairing)
+        lengths = kv_len if kv_len is not None else add(position, y.shape[2])
+        return flash_attention_forward(q, k_cache, v_cache, causal=causal, scale=scale, mask=mask,
+                                       kv_len=lengths)
+    phase.launch()
+    return phase.out, phase.lse
+
+
+def rope_cache_decode_phase(y: Tensor, q_heads: int, cos: Tensor, sin: Tensor, k_cache: Tensor,
+                            v_cache: Tensor, position: Tensor, pairing: str = "half", *, causal: bool = True,
+                            scale: float | None = None, mask: Tensor | None = None) -> DecodePhase | None:
+    """rope_cache_decode_attention's one launch, checked and described but not made (a DecodePhase: its
+    `launch()`, or the first tiles of a gemv_chain, ops.gemm.chain), where the decode kernel runs; else None
+    (the caller then takes rope_cache_decode_attention's two launches)."""
     op = "rope_cache_decode_attention"
     queue, _, offset = check_qkv_cache(op, y, q_heads, cos, sin, k_cache, v_cache, position, pairing)
     b, _, s, d = y.shape
-    tiles = None
     fusable = (DECODE_ROPE_CACHE and y.size and y.strides[3] == 1 and k_cache.strides[3] == 1
                and v_cache.strides[3] == 1 and k_cache.shape == v_cache.shape
                and min(cos.shape[0], sin.shape[0]) >= k_cache.shape[2] >= s)
-    if fusable:
-        pr = _Problem(op, y[:, :q_heads], k_cache, v_cache, causal, scale, mask, 0.0, None)
-        tiles = pr.decode_plan()
+    if not fusable:
+        return None
+    pr = _Problem(op, y[:, :q_heads], k_cache, v_cache, causal, scale, mask, 0.0, None)
+    tiles = pr.decode_plan()
     if tiles is None:
-        q = rope_qkv_cache(y, q_heads, cos, sin, k_cache, v_cache, position, pairing)
-        lengths = kv_len if kv_len is not None else add(position, s)
-        return flash_attention_forward(q, k_cache, v_cache, causal=causal, scale=scale, mask=mask,
-                                       kv_len=lengths)
+        return None
     acc_dtype = _acc_dtype(pr.dtype)
     out = Tensor.empty(queue, (b, q_heads, s, d), pr.dtype)
     lse = Tensor.empty(queue, (b, q_heads, s), acc_dtype)
@@ -961,8 +1018,7 @@ def rope_cache_decode_attention(y: Tensor, q_heads: int, cos: Tensor, sin: Tenso
     args.update(position=offset["offsets"], position_off=offset["offset_off"],
                 position_stride=offset["offset_stride"], cos_table=table_rows(cos).buffer,
                 sin_table=table_rows(sin).buffer, err=queue.check_buffer(), err_code=_DECODE_POSITION_CHECK)
-    pr.launch_decode(tiles, out, lse, args, {"ROPE_CACHE": None, "PAIRING": ROPE_PAIRINGS[pairing]})
-    return out, lse
+    return pr.decode_phase(tiles, out, lse, args, {"ROPE_CACHE": None, "PAIRING": ROPE_PAIRINGS[pairing]})
 
 
 # -- backward --------------------------------------------------------------------------------------------

@@ -328,3 +328,39 @@ def test_the_mlp_half_of_a_decode_layer_is_one_launch(queue, monkeypatch, dtype,
     for (k, v), (wk, wv) in zip(caches, want_caches, strict=True):
         np.testing.assert_array_equal(k.view(np.uint8), wk.view(np.uint8))
         np.testing.assert_array_equal(v.view(np.uint8), wv.view(np.uint8))
+
+
+@pytest.mark.gpu_shaped
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_a_decode_layer_is_one_launch(queue, monkeypatch, dtype):
+    """With the GPU kernels (forced here: the split-key decode attention, the GPUs' gemv tile with the norm
+    in its prologue), a one-row decode step runs each layer after the first as one launch: its attention
+    (rope, the cache writes, the keys' splits and their merge) as the first tiles of the chain that makes the
+    MLP half and the next layer's q/k/v (MultiHeadAttention.decode_phase, gemm_gemv.cl's CHAIN_ATTN): one
+    launch a layer fewer than the attention launched alone, the same greedy tokens and caches bit for bit."""
+    from netcl.nn import transformer
+    from netcl.ops.gemm.launch import gemv_rms_fits
+    from tests.ops.test_gemv_chain import gpu_shaped_chain
+
+    gpu_shaped_chain(monkeypatch, 8)
+    prompt = list(np.random.default_rng(4).integers(0, LLAMA["vocab_size"], 13))
+    runs = []
+    for joined in (True, False):
+        monkeypatch.setattr(transformer, "DECODE_ATTENTION_CHAIN", joined)
+        model = make(queue, "llama", dtype=dtype, dim=32).stack_projections()
+        tokens = np.array(list(model.generate(prompt, 10, temperature=0)))
+        state = model._decoder
+        names = [op[1].name for op in state.graph.ops if op[0] == "k"]
+        runs.append((tokens, [(c.k.to_host(), c.v.to_host()) for c in state.caches], state.graph.launches,
+                     names.count("attention_decode_gpu"), names.count("gemv_chain")))
+    (tokens, caches, launches, alone, chains), (want_tokens, want_caches, want_launches, want_alone, _) = runs
+    layers = LLAMA["n_layers"]
+    hidden = model.layers[0].mlp.w2.in_features
+    # PyPI's PoCL 3.0 keeps the norm out of half rows' GEMVs (variants.gemv_rms_miscompiled): no chain there
+    fits = gemv_rms_fits(queue.device, dtypes.normalize(dtype), 1, hidden, 32, glu=True)
+    assert chains == (layers if fits else 0) and want_alone == layers
+    assert (alone, launches) == ((1, want_launches - (layers - 1)) if fits else (layers, want_launches))
+    np.testing.assert_array_equal(tokens, want_tokens)
+    for (k, v), (wk, wv) in zip(caches, want_caches, strict=True):
+        np.testing.assert_array_equal(k.view(np.uint8), wk.view(np.uint8))
+        np.testing.assert_array_equal(v.view(np.uint8), wv.view(np.uint8))

@@ -121,3 +121,143 @@ def test_refusals_name_the_step(queue):
         gemv_chain([ChainStep(attn, wo)] * 5)
     with pytest.raises(TypeError, match="not a ChainStep"):
         gemv_chain([(attn, wo)])
+
+
+# -- a decode step's attention as the chain's first tiles (gemm_gemv.cl's CHAIN_ATTN) ---------------------
+def gpu_shaped_chain(monkeypatch, keys_a_tile=None, tile=(32, 8), items=None):
+    """The GPU kernels on any device: the decode attention (split over the keys; `items` work-items, default
+    256) and the GPUs' gemv tile (GEMV_WG, GEMV_ROWS = `tile`: 32 x 8 work-items, which the attention's 256
+    fill) with the norm in its prologue."""
+    from netcl.ops import attention as attn_mod
+    from netcl.ops.gemm import variants
+
+    monkeypatch.setattr(attn_mod, "variant_override", "gpu")
+    monkeypatch.setattr(attn_mod, "DECODE_GROUPS_PER_CU", 1000)
+    if keys_a_tile is not None:
+        monkeypatch.setattr(attn_mod, "DECODE_TILE_KEYS", (keys_a_tile,))
+    if items is not None:
+        monkeypatch.setattr(attn_mod, "DECODE_ITEMS", items)
+    for name in ("float32", "float16", "bfloat16"):
+        knobs = dict(variants.CLASS_DEFAULTS["cpu"]["gemv"][name], GEMV_WG=tile[0], GEMV_ROWS=tile[1],
+                     GEMV_NORM=1)
+        monkeypatch.setitem(variants.CLASS_DEFAULTS["cpu"]["gemv"], name, knobs)
+
+
+def attention_layer(queue, dt, position, heads=(8, 2), head_dim=16, cap=40, hidden=48, seed=0):
+    """A decode layer of one row: its stacked q/k/v product y (1, HQ + 2 HKV, 1, D), rope tables, the caches'
+    contents (host), the residual stream and the MLP half's weights."""
+    from netcl import ops
+
+    rng = np.random.default_rng(seed)
+    hq, hkv = heads
+    dim = hq * head_dim
+
+    def t(shape, scale=1.0):
+        return Tensor.from_host(queue, (rng.standard_normal(shape) * scale).astype(dt))
+    y = t((1, hq + 2 * hkv, 1, head_dim))
+    caches = [rng.standard_normal((1, hkv, cap, head_dim)).astype(dt) for _ in range(2)]
+    return dict(y=y, hq=hq, tables=ops.rope_tables(queue, cap, head_dim), caches=caches,
+                position=Tensor.from_host(queue, np.array([position], np.int32)), x=t((1, dim)),
+                wo=t((dim, dim), 0.1), ln=t((dim,)), wgu=t((2 * hidden, dim), 0.1), wd=t((dim, hidden), 0.1))
+
+
+def run_attention_layer(queue, layer, joined):
+    """The layer's attention and MLP half, the attention joined to the chain's launch or launched alone
+    first: (the attention's out and lse, the caches, the chain's outputs), on the host."""
+    from netcl import ops
+    from netcl.ops.gemm import chain
+
+    kc, vc = (Tensor.from_host(queue, c.copy()) for c in layer["caches"])
+    phase = ops.rope_cache_decode_phase(layer["y"], layer["hq"], *layer["tables"], kc, vc, layer["position"])
+    assert phase is not None
+    o = phase.out.reshape(1, -1)
+    steps = [ChainStep(o, layer["wo"], residual=layer["x"]),
+             ChainStep(0, layer["wgu"], norm=(layer["ln"], 1e-5), glu=True),
+             ChainStep(1, layer["wd"], residual=0)]
+    if joined:
+        assert chain.attention_fits(phase, o, max(o.shape[1], layer["wd"].shape[1]))
+        outs = gemv_chain(steps, attention=phase)
+    else:
+        phase.launch()
+        outs = gemv_chain(steps)
+    return [t.to_host() for t in (phase.out, phase.lse, kc, vc, *outs)], phase.grid[0]
+
+
+@pytest.mark.gpu_shaped
+@pytest.mark.parametrize("dtype,position,keys,cap,splits,items", [
+    ("bfloat16", 21, None, 64, 1, None),
+    ("float16", 250, 64, 300, 5, None),
+    ("float32", 99, 16, 128, 8, 96),       # the chain's work-items past the attention's 96 only wait
+])
+def test_a_decode_attention_joins_the_chain(queue, monkeypatch, dtype, position, keys, cap, splits, items):
+    """rope_cache_decode_phase's launch as the chain's first tiles: the attention (q rotated, the new k and v
+    rows into the caches, the keys in one split or several merged by the last) and the three steps after it
+    (the first reads the attention's rows) with the bits of the attention's own launch and then the chain,
+    call after call (the chain's counts and the merge's arrival counts reset), float32 and half storage."""
+    gpu_shaped_chain(monkeypatch, keys, items=items)
+    layer = attention_layer(queue, dtypes.normalize(dtype), position, cap=cap)
+    want, made = run_attention_layer(queue, layer, joined=False)
+    assert made == splits
+    for _ in range(3):
+        got, _ = run_attention_layer(queue, layer, joined=True)
+        for a, b in zip(got, want, strict=True):
+            np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
+
+
+@pytest.mark.gpu_shaped
+def test_a_joined_attention_replays_with_a_new_position(queue, monkeypatch):
+    """A graph of the joined launch replayed after the position moved: the attention reads the new length
+    and writes the new rows where the separate launches do."""
+    gpu_shaped_chain(monkeypatch, 16)
+    layer = attention_layer(queue, dtypes.bfloat16, 30, cap=64)
+    from netcl import ops
+
+    results = []
+    for joined in (True, False):
+        kc, vc = (Tensor.from_host(queue, c.copy()) for c in layer["caches"])
+        layer["position"].copy_from_host(np.array([30], np.int32))
+        g = graph.Graph()
+        with g.capture(queue):
+            phase = ops.rope_cache_decode_phase(layer["y"], layer["hq"], *layer["tables"], kc, vc,
+                                                layer["position"])
+            o = phase.out.reshape(1, -1)
+            steps = [ChainStep(o, layer["wo"], residual=layer["x"]),
+                     ChainStep(0, layer["wgu"], norm=(layer["ln"], 1e-5), glu=True)]
+            if joined:
+                outs = gemv_chain(steps, attention=phase)
+            else:
+                phase.launch()
+                outs = gemv_chain(steps)
+        seen = []
+        for p in (31, 47, 48):
+            layer["position"].copy_from_host(np.array([p], np.int32))
+            g.replay()
+            seen.append([t.to_host() for t in (phase.out, phase.lse, *outs)])
+        results.append((seen, kc.to_host(), vc.to_host()))
+    (seen, kc, vc), (want_seen, wkc, wvc) = results
+    for got, want in zip(seen, want_seen, strict=True):
+        for a, b in zip(got, want, strict=True):
+            np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
+    np.testing.assert_array_equal(kc.view(np.uint8), wkc.view(np.uint8))
+    np.testing.assert_array_equal(vc.view(np.uint8), wvc.view(np.uint8))
+
+
+@pytest.mark.gpu_shaped
+def test_an_attention_that_does_not_fit_is_refused(queue, monkeypatch):
+    """More work-items than the chain's work-group, or another dtype: attention_fits says no and gemv_chain
+    refuses it (the caller then launches it alone)."""
+    from netcl import ops
+    from netcl.ops import attention as attn_mod
+    from netcl.ops.gemm import chain
+
+    gpu_shaped_chain(monkeypatch)
+    layer = attention_layer(queue, dtypes.bfloat16, 5)
+    kc, vc = (Tensor.from_host(queue, c.copy()) for c in layer["caches"])
+    monkeypatch.setattr(attn_mod, "DECODE_ITEMS", 512)
+    phase = ops.rope_cache_decode_phase(layer["y"], layer["hq"], *layer["tables"], kc, vc, layer["position"])
+    o = phase.out.reshape(1, -1)
+    assert not chain.attention_fits(phase, o, o.shape[1])
+    with pytest.raises(NetclError, match="cannot join the chain"):
+        gemv_chain([ChainStep(o, layer["wo"], residual=layer["x"])], attention=phase)
+    other = Tensor.zeros(queue, o.shape, np.float32)
+    assert not chain.attention_fits(phase, other, o.shape[1])

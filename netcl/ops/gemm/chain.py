@@ -15,6 +15,12 @@ of the separate launch it replaces (ops.linear on the gemv kernel; with `norm`, 
 prologue; with `glu`, linear_glu).
 
 Rows: 1 to MAX_ROWS (a decode batch), contiguous, K a multiple of 8 elements; float32, float16 or bfloat16.
+
+`attention=` (a DecodePhase of ops.attention: rope_cache_decode_phase's launch, not made) puts a decode step's
+attention into the same launch as its first tiles: step 0 (usually reading the attention's output rows) waits
+for them, so a decode layer (attention, o-projection + residual, RMSNorm + gate/up + SwiGLU, down + residual,
+the next layer's RMSNorm + q/k/v) is one launch. The attention has the bits of its own launch
+(attention_fits says where it may join).
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from netcl.ops.gemm.variants import _program, usable_params
 
 MAX_STEPS = 4  # the kernel's phases (CHAIN_PHASE_ARGS 0 .. 3)
 MAX_ROWS = 8
+_ATTN_COUNTS = 7  # gemm_gemv.cl's CHAIN_COUNTS: where a joined attention's arrival counts start
 _FLAGS = {"norm": 1, "glu": 2, "residual": 4}  # gemm_gemv.cl's CHAIN_RMS, CHAIN_GLU, CHAIN_RES
 _DTYPES = (dtypes.float32, dtypes.float16, dtypes.bfloat16)
 
@@ -119,15 +126,38 @@ def rms_step_fits(x: Tensor, weight: Tensor, glu: bool = False) -> bool:
     return _local_bytes(x.device, tile, x.dtype, 1, k) <= x.device.capabilities.local_mem
 
 
-def _local_bytes(device: Any, tile: dict[str, int], dt: np.dtype, m: int, k: int) -> int:
-    """Local memory of a chain of m rows whose longest K is k: the staged rows and the RMSNorm's partial sums
-    (a_stage), the columns' partial sums (the kernel's scratch)."""
-    return m * k * dt.itemsize + _gemv_prologue_bytes(device, tile, m) + 4 * tile["GEMV_ROWS"] * 2 * m * tile[
-        "GEMV_WG"]
+def _stage_bytes(device: Any, tile: dict[str, int], dt: np.dtype, m: int, k: int,
+                 attention: Any = None) -> int:
+    """The chain's a_stage: the staged rows and the RMSNorm's partial sums, or a joined attention's local
+    memory where that is more (the attention's tiles hold theirs there)."""
+    stage = m * k * dt.itemsize + _gemv_prologue_bytes(device, tile, m)
+    return stage if attention is None else max(stage, attention.local_bytes())
+
+
+def _local_bytes(device: Any, tile: dict[str, int], dt: np.dtype, m: int, k: int,
+                 attention: Any = None) -> int:
+    """Local memory of a chain of m rows whose longest K is k: a_stage (_stage_bytes), the columns' partial
+    sums (the kernel's scratch)."""
+    return _stage_bytes(device, tile, dt, m, k, attention) + 4 * tile["GEMV_ROWS"] * 2 * m * tile["GEMV_WG"]
+
+
+def attention_fits(attention: Any, rows: Tensor, most_k: int) -> bool:
+    """Whether `attention` (a DecodePhase) may join a chain of these rows (its output's, (M, K)) whose longest
+    K is most_k: the rows' dtype and queue, its work-items within the chain's work-group (the tile's GEMV_WG x
+    GEMV_ROWS; the items past its own only reach its barriers), and the local memory (the attention's in the
+    chain's a_stage) within the device's."""
+    if attention is None or attention.queue is not rows.queue or attention.dtype != rows.dtype:
+        return False
+    device = rows.device
+    tile = usable_params(device, "gemv", rows.dtype)
+    if attention.items > tile["GEMV_WG"] * tile["GEMV_ROWS"]:
+        return False
+    local = _local_bytes(device, tile, rows.dtype, rows.shape[0], most_k, attention)
+    return local <= device.capabilities.local_mem
 
 
 def _plan(device: Any, dt: np.dtype, m: int, args: dict[str, Any], defines: dict[str, Any],
-          dynamic: dict[str, Any]) -> tuple[Any, list[str]]:
+          dynamic: dict[str, Any], attention: Any = None) -> tuple[Any, list[str]]:
     """(the Plan of a chain of this signature, the names of its dynamic arguments in the Plan's order)."""
     steps = defines["CHAIN_P"]
     tile = usable_params(device, "gemv", dt)
@@ -138,23 +168,29 @@ def _plan(device: Any, dt: np.dtype, m: int, args: dict[str, Any], defines: dict
     if _local_bytes(device, tile, dt, m, most_k) > device.capabilities.local_mem:
         raise ShapeError(f"gemv_chain: {m} rows of K = {most_k} {dt.name} do not fit {device.describe()}'s "
                          f"local memory ({device.capabilities.local_mem} bytes)")
-    stage = m * most_k * dt.itemsize + _gemv_prologue_bytes(device, tile, m)  # rows, then the norm's sums
-    static: dict[str, Any] = {"M": np.int32(m), "a_stage": cl.LocalMemory(stage)}
+    static: dict[str, Any] = {"M": np.int32(m),
+                              "a_stage": cl.LocalMemory(_stage_bytes(device, tile, dt, m, most_k, attention))}
     for i in range(MAX_STEPS):
         live = i < steps
         static[f"n{i}"] = np.int32(args[f"n{i}"] if live else 0)
         static[f"k{i}"] = np.int32(args[f"k{i}"] if live else 8)
         static[f"eps{i}"] = np.float32(args[f"eps{i}"] if live else 0.0)
-    kernel = _program(device, "gemv", {"DTYPE": dt, **defines}).gemv_chain
     tiles = sum(-(-int(args[f"n{i}"]) // rows) for i in range(steps))
+    if attention is not None:
+        defines = {**defines, **attention.program, "CHAIN_ATTN": None}
+        nsplit, heads, batch = attention.grid
+        static.update(attn_heads=np.int32(heads), attn_batch=np.int32(batch))
+        tiles += nsplit * heads * batch
+    kernel = _program(device, "gemv", {"DTYPE": dt, **defines}).gemv_chain
     order = [i for i, name in enumerate(kernel.arg_names) if name in dynamic]
     plan = kernel.plan((wg, rows * tiles, 1), (wg, rows, 1), kernel.positional((), {**static, **dynamic}),
                        order)
     return plan, [kernel.arg_names[i] for i in order]
 
 
-def gemv_chain(steps: list[ChainStep]) -> list[Tensor]:
-    """The outputs of `steps` (1 to MAX_STEPS ChainSteps), computed in one launch (module docstring)."""
+def gemv_chain(steps: list[ChainStep], attention: Any = None) -> list[Tensor]:
+    """The outputs of `steps` (1 to MAX_STEPS ChainSteps), computed in one launch (module docstring); with
+    `attention` (a DecodePhase where attention_fits), that attention's tiles first, in the same launch."""
     if not isinstance(steps, (list, tuple)) or not 1 <= len(steps) <= MAX_STEPS:
         raise ValueError(f"gemv_chain takes a list of 1 to {MAX_STEPS} ChainSteps, got "
                          f"{len(steps) if isinstance(steps, (list, tuple)) else type(steps).__name__}")
@@ -210,7 +246,14 @@ def gemv_chain(steps: list[ChainStep]) -> list[Tensor]:
                      f"nw{i}": norm_w if norm_w is not None else out, f"n{i}": n, f"k{i}": k, f"eps{i}": eps})
     assert first is not None
     q = first.queue
-    dynamic: dict[str, Any] = {"counts": q.arrival_counts(MAX_STEPS + 1)}
+    most_k = max(args[f"k{i}"] for i in range(len(steps)))
+    if attention is not None and not attention_fits(attention, first, most_k):
+        raise NetclError("gemv_chain: this attention cannot join the chain (attention_fits: another queue or "
+                         "dtype, more work-items than the chain's work-group, or too much local memory)")
+    counts = MAX_STEPS + 1 if attention is None else _ATTN_COUNTS + attention.arrivals
+    dynamic: dict[str, Any] = {"counts": q.arrival_counts(counts)}
+    if attention is not None:
+        dynamic.update(attention.args)
     for i in range(MAX_STEPS):
         live = i < len(steps)  # phases past CHAIN_P are not read
         for name in ("a", "w", "c", "r", "nw"):
@@ -220,13 +263,16 @@ def gemv_chain(steps: list[ChainStep]) -> list[Tensor]:
     # tile, the program and the fixed arguments are worked out once; a call sets the buffers and offsets
     key = ("gemv_chain", id(q.device), first.dtype, first.shape[0],
            tuple((args[f"n{i}"], args[f"k{i}"], defines[f"CHAIN_F{i}"], args[f"eps{i}"])
-                 for i in range(len(steps))))
+                 for i in range(len(steps))),
+           None if attention is None else (tuple(sorted(attention.program.items())), attention.grid,
+                                           tuple((n, type(v)) for n, v in attention.args.items())))
     hit = capture.plans.get(key)
     if hit is None:
-        hit = capture.plans.put(key, _plan(q.device, first.dtype, first.shape[0], args, defines, dynamic))
+        hit = capture.plans.put(key, _plan(q.device, first.dtype, first.shape[0], args, defines, dynamic,
+                                           attention))
     plan, names = hit
     plan(q, *[dynamic[n] for n in names])
     return outs
 
 
-__all__ = ["MAX_ROWS", "MAX_STEPS", "ChainStep", "gemv_chain"]
+__all__ = ["MAX_ROWS", "MAX_STEPS", "ChainStep", "attention_fits", "gemv_chain"]
