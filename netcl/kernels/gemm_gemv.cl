@@ -547,20 +547,22 @@ inline void chain_tile(const int tile, const int phase, const int flags, const i
 // decode step's attention (attention_gpu.cl's decode_tile with its ROPE_CACHE and PASS_DECODE defines: one tile
 // a (split of the keys, kv head, batch row), tile t = (b * attn_heads + hk) * nsplit + split), and phase 0 waits
 // for all of them (its input rows are the attention's output). The attention's arrival counts (its splits'
-// merge) follow the chain's in `counts`, from counts + CHAIN_COUNTS; its local memory (decode_local) is a_stage,
-// which the host sizes for the larger of the two. DNT <= GEMV_WG * GEMV_ROWS; the items past
-// DNT take no slot (tid 2^28) and only reach the attention's barriers. The chain's count index of GEMV phase i is then i + 1.
+// merge) follow the chain's in `counts`, from counts + CHAIN_COUNTS (the host's define: the ticket, the
+// attention's done count, the phases'); its local memory (decode_local) is a_stage, which the host sizes for
+// the larger of the two. DNT <= GEMV_WG * GEMV_ROWS; the items past DNT take no slot (tid 2^28) and only
+// reach the attention's barriers. The chain's count index of GEMV phase i is then i + 1.
 #ifdef CHAIN_ATTN
 #include "attention_gpu.cl"
 #define CHAIN_A 1
 #define CHAIN_ATTN_ARGS , KV_ARGS(q), DECODE_KV_ARGS(k), DECODE_KV_ARGS(v), MASK_ARGS, DECODE_LEN_ARGS, \
     DECODE_TAIL_ARGS, const int attn_heads, const int attn_batch
+#ifndef CHAIN_COUNTS
+#error "gemm_gemv.cl: CHAIN_ATTN needs CHAIN_COUNTS, where the attention's arrival counts start"
+#endif
 #else
 #define CHAIN_A 0
 #define CHAIN_ATTN_ARGS
 #endif
-#define CHAIN_COUNTS (2 + MAX_CHAIN_PHASES)  // the ticket, the phases' done counts, one spare
-#define MAX_CHAIN_PHASES 5
 
 // global (GEMV_WG, GEMV_ROWS * the phases' tiles (and the attention's), 1); the arguments of phases >= CHAIN_P
 // are not read

@@ -40,7 +40,6 @@ from netcl.ops.gemm.variants import _program, usable_params
 
 MAX_STEPS = 4  # the kernel's phases (CHAIN_PHASE_ARGS 0 .. 3)
 MAX_ROWS = 8
-_ATTN_COUNTS = 7  # gemm_gemv.cl's CHAIN_COUNTS: where a joined attention's arrival counts start
 _FLAGS = {"norm": 1, "glu": 2, "residual": 4}  # gemm_gemv.cl's CHAIN_RMS, CHAIN_GLU, CHAIN_RES
 _DTYPES = (dtypes.float32, dtypes.float16, dtypes.bfloat16)
 
@@ -141,6 +140,12 @@ def _local_bytes(device: Any, tile: dict[str, int], dt: np.dtype, m: int, k: int
     return _stage_bytes(device, tile, dt, m, k, attention) + 4 * tile["GEMV_ROWS"] * 2 * m * tile["GEMV_WG"]
 
 
+def _counts(steps: int) -> int:
+    """A chain's own arrival counts with a joined attention (gemm_gemv.cl's CHAIN_COUNTS): the ticket, the
+    attention's done count, each step's; the attention's merge counts follow."""
+    return 2 + steps
+
+
 def attention_fits(attention: Any, rows: Tensor, most_k: int) -> bool:
     """Whether `attention` (a DecodePhase) may join a chain of these rows (its output's, (M, K)) whose longest
     K is most_k: the rows' dtype and queue, its work-items within the chain's work-group (the tile's GEMV_WG x
@@ -148,12 +153,14 @@ def attention_fits(attention: Any, rows: Tensor, most_k: int) -> bool:
     chain's a_stage) within the device's."""
     if attention is None or attention.queue is not rows.queue or attention.dtype != rows.dtype:
         return False
-    device = rows.device
-    tile = usable_params(device, "gemv", rows.dtype)
+    return _attention_fits(rows.device, rows.dtype, rows.shape[0], most_k, attention)
+
+
+def _attention_fits(device: Any, dt: np.dtype, m: int, most_k: int, attention: Any) -> bool:
+    tile = usable_params(device, "gemv", dt)
     if attention.items > tile["GEMV_WG"] * tile["GEMV_ROWS"]:
         return False
-    local = _local_bytes(device, tile, rows.dtype, rows.shape[0], most_k, attention)
-    return local <= device.capabilities.local_mem
+    return _local_bytes(device, tile, dt, m, most_k, attention) <= device.capabilities.local_mem
 
 
 def _plan(device: Any, dt: np.dtype, m: int, args: dict[str, Any], defines: dict[str, Any],
@@ -177,7 +184,10 @@ def _plan(device: Any, dt: np.dtype, m: int, args: dict[str, Any], defines: dict
         static[f"eps{i}"] = np.float32(args[f"eps{i}"] if live else 0.0)
     tiles = sum(-(-int(args[f"n{i}"]) // rows) for i in range(steps))
     if attention is not None:
-        defines = {**defines, **attention.program, "CHAIN_ATTN": None}
+        if not _attention_fits(device, dt, m, most_k, attention):
+            raise NetclError("gemv_chain: this attention cannot join the chain (attention_fits: more "
+                             "work-items than the chain's work-group, or too much local memory)")
+        defines = {**defines, **attention.program, "CHAIN_ATTN": None, "CHAIN_COUNTS": _counts(steps)}
         nsplit, heads, batch = attention.grid
         static.update(attn_heads=np.int32(heads), attn_batch=np.int32(batch))
         tiles += nsplit * heads * batch
@@ -246,14 +256,13 @@ def gemv_chain(steps: list[ChainStep], attention: Any = None) -> list[Tensor]:
                      f"nw{i}": norm_w if norm_w is not None else out, f"n{i}": n, f"k{i}": k, f"eps{i}": eps})
     assert first is not None
     q = first.queue
-    most_k = max(args[f"k{i}"] for i in range(len(steps)))
-    if attention is not None and not attention_fits(attention, first, most_k):
-        raise NetclError("gemv_chain: this attention cannot join the chain (attention_fits: another queue or "
-                         "dtype, more work-items than the chain's work-group, or too much local memory)")
-    counts = MAX_STEPS + 1 if attention is None else _ATTN_COUNTS + attention.arrivals
-    dynamic: dict[str, Any] = {"counts": q.arrival_counts(counts)}
-    if attention is not None:
-        dynamic.update(attention.args)
+    if attention is None:
+        dynamic: dict[str, Any] = {"counts": q.arrival_counts(MAX_STEPS + 1)}
+    else:   # the plan's build checks the rest (attention_fits)
+        if attention.queue is not q or attention.dtype != first.dtype:
+            raise NetclError(f"gemv_chain: the attention must be {first.dtype} on the chain's queue, got "
+                             f"{attention.dtype} on {attention.queue.device.describe()}")
+        dynamic = {"counts": q.arrival_counts(_counts(len(steps)) + attention.arrivals), **attention.args}
     for i in range(MAX_STEPS):
         live = i < len(steps)  # phases past CHAIN_P are not read
         for name in ("a", "w", "c", "r", "nw"):
@@ -264,8 +273,7 @@ def gemv_chain(steps: list[ChainStep], attention: Any = None) -> list[Tensor]:
     key = ("gemv_chain", id(q.device), first.dtype, first.shape[0],
            tuple((args[f"n{i}"], args[f"k{i}"], defines[f"CHAIN_F{i}"], args[f"eps{i}"])
                  for i in range(len(steps))),
-           None if attention is None else (tuple(sorted(attention.program.items())), attention.grid,
-                                           tuple((n, type(v)) for n, v in attention.args.items())))
+           None if attention is None else (tuple(sorted(attention.program.items())), attention.grid))
     hit = capture.plans.get(key)
     if hit is None:
         hit = capture.plans.put(key, _plan(q.device, first.dtype, first.shape[0], args, defines, dynamic,
