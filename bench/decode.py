@@ -232,13 +232,16 @@ def main() -> int:
     ap.add_argument("--no-attention-chain", action="store_true",
                     help="a layer's attention its own launch, not the first tiles of the layer's chain "
                          "(nn.transformer.DECODE_ATTENTION_CHAIN)")
+    ap.add_argument("--no-layer-chain", action="store_true",
+                    help="a launch a layer, not all layers in one launch (nn.transformer.DECODE_LAYER_CHAIN)")
     ap.add_argument("--out", default=None, help="JSON path (default bench/results/decode[_gpu].json)")
     args = ap.parse_args()
-    if args.no_chain or args.no_attention_chain:
+    if args.no_chain or args.no_attention_chain or args.no_layer_chain:
         from netcl.nn import transformer
 
         transformer.DECODE_CHAIN = not args.no_chain
         transformer.DECODE_ATTENTION_CHAIN = not args.no_attention_chain
+        transformer.DECODE_LAYER_CHAIN = not args.no_layer_chain
     try:
         batches = [int(b) for b in args.batches.split(",")]
     except ValueError:

@@ -60,6 +60,8 @@ class Capabilities:
     extensions: frozenset[str] = field(repr=False)
     # NVIDIA's compute capability (cl_nv_device_attribute_query), e.g. (9, 0) for an H100/H200; None elsewhere
     nv_compute_capability: tuple[int, int] | None = None
+    # bytes of a kernel's arguments together (CL_DEVICE_MAX_PARAMETER_SIZE; 1024 is OpenCL's minimum)
+    max_parameter_size: int = 1024
 
     @classmethod
     def read(cls, dev: cl.Device) -> Capabilities:
@@ -99,6 +101,7 @@ class Capabilities:
             subgroup_sizes=subgroups,
             extensions=exts,
             nv_compute_capability=nv_cc,
+            max_parameter_size=int(_query(lambda: dev.max_parameter_size, 1024)),
         )
 
 

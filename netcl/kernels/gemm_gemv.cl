@@ -404,7 +404,7 @@ void gemm_gemv(GEMM_ARGS, __global const float *scales, __local uint4 *a_stage, 
 // last phase resets counts[0 .. CHAIN_P] to zero, so one buffer of the queue serves every launch and
 // replay (Queue.arrival_counts). Work-group layout, loads and sums as gemm_gemv (GEMV_WG, GEMV_ROWS,
 // GEMV_UNROLL; GEMV_COLS 1; GEMV_M rows at most, M of them present); a_stage holds M x max K_i elements.
-#ifndef CHAIN_P
+#if !defined(CHAIN_P) && !defined(GEMV_LAYERS)
 #error "gemm_gemv.cl: GEMV_CHAIN needs CHAIN_P, its number of phases (1 to 4)"
 #endif
 #define CHAIN_RMS 1
@@ -531,6 +531,13 @@ inline void chain_tile(const int tile, const int phase, const int flags, const i
     barrier(CLK_GLOBAL_MEM_FENCE);    // ... and every item's, before the tile counts itself done
 }
 
+// a decode attention's tiles in the launch (CHAIN_ATTN, GEMV_LAYERS): attention_gpu.cl's decode_tile (one
+// #include for both: the kernel sources are expanded with each file once)
+#if defined(CHAIN_ATTN) || defined(GEMV_LAYERS)
+#include "attention_gpu.cl"
+#endif
+
+#ifndef GEMV_LAYERS
 #define CHAIN_PHASE_ARGS(i)                                                                              \
     __global const STORE_T *a##i, const long a##i##_off, __global const STORE_T *w##i, const long w##i##_off, \
     __global STORE_T *c##i, const long c##i##_off, __global const STORE_T *r##i, const long r##i##_off,  \
@@ -552,7 +559,6 @@ inline void chain_tile(const int tile, const int phase, const int flags, const i
 // the larger of the two. DNT <= GEMV_WG * GEMV_ROWS; the items past DNT take no slot (tid 2^28) and only
 // reach the attention's barriers. The chain's count index of GEMV phase i is then i + 1.
 #ifdef CHAIN_ATTN
-#include "attention_gpu.cl"
 #define CHAIN_A 1
 #define CHAIN_ATTN_ARGS , KV_ARGS(q), DECODE_KV_ARGS(k), DECODE_KV_ARGS(v), MASK_ARGS, DECODE_LEN_ARGS, \
     DECODE_TAIL_ARGS, const int attn_heads, const int attn_batch
@@ -620,4 +626,202 @@ void gemv_chain(const int M, __global int *counts, __local uint4 *a_stage, CHAIN
         }
     }
 }
+#endif  // !GEMV_LAYERS
+#ifdef GEMV_LAYERS
+// gemv_layers: GEMV_LAYERS (1 to 32) decode layers of a Llama-style transformer for M rows at one position
+// (netcl.ops.gemm.chain.gemv_layers: a decode step at batch 1) in one launch. Layer j is five phases, number
+// g = 5 j + p in the launch:
+//   p 0  qkv_j = rms_norm(x_j; nwa_j, eps_a) @ wq_j^T        (NQ columns: the stacked q/k/v, K = D)
+//   p 1  o_j = the decode attention of qkv_j's heads with the caches kc_j, vc_j (attention_gpu.cl's decode_tile:
+//        q and the new k rotated, the new k and v rows written into the caches, the keys in nsplit splits
+//        merged by the last to finish; nsplit * attn_heads * attn_batch tiles)            (M x KO, KO = HQ * D_h)
+//   p 2  y_j = o_j @ wo_j^T + x_j                            (D columns, K = KO)
+//   p 3  h_j = silu(n @ wgu_j[:F]^T) * (n @ wgu_j[F:]^T), n = rms_norm(y_j; nwm_j, eps_m)   (F columns, K = D)
+//   p 4  z_j = h_j @ wd_j^T + y_j, which is x_{j+1}          (D columns, K = F)
+// x_0 is the rows `x` (x_off); layer j's qkv, o, y, h, z lie in that order in `act` from act_off + j * LAYER_ACT
+// (LAYER_ACT = M (NQ + KO + D + F + D) elements), so every address of `act` is written once a launch and read
+// after (no L1 line of this SM can hold it stale); the attention's lse and parts at its own strides per layer
+// in lse, part_o and part_ml; its merge's arrival counts at counts + CHAIN_COUNTS + j * attn_batch * attn_heads.
+// Order as gemv_chain's: tiles in ticket order, a phase's tiles wait until the phase before it is done
+// (counts[g] = the tiles of phase g - 1 done; counts[0] the ticket), the attention's too; the last tile of the
+// last phase resets counts[0 .. 5 GEMV_LAYERS]. Each phase computes what its own launch would (the same tile,
+// loads, sums and rounding: chain_tile and decode_tile). Layer j's weights, norms and caches are arguments of
+// their own (LAYER_ARGS: 8 buffers and their offsets, 128 bytes of the driver's parameter space a layer;
+// the host puts as many layers in a launch as the device's CL_DEVICE_MAX_PARAMETER_SIZE holds).
+#ifndef CHAIN_COUNTS
+#error "gemm_gemv.cl: GEMV_LAYERS needs CHAIN_COUNTS, where the attention's arrival counts start"
+#endif
+#if GEMV_LAYERS < 1 || GEMV_LAYERS > 32
+#error "gemm_gemv.cl: GEMV_LAYERS must be 1 to 32"
+#endif
+#define LAYER_ARGS(j) , __global const STORE_T *wq##j, const long wq##j##_off, __global const STORE_T *nwa##j,  \
+    const long nwa##j##_off, __global T *kc##j, const long kc##j##_off, __global T *vc##j, const long vc##j##_off, \
+    __global const STORE_T *wo##j, const long wo##j##_off, __global const STORE_T *nwm##j, const long nwm##j##_off, \
+    __global const STORE_T *wgu##j, const long wgu##j##_off, __global const STORE_T *wd##j, const long wd##j##_off
+#define LAYER_CASE(j)                                                                                      \
+    case j:                                                                                                \
+        wq = wq##j + wq##j##_off, nwa = nwa##j + nwa##j##_off, kc = kc##j, kc_off = kc##j##_off, vc = vc##j;    \
+        vc_off = vc##j##_off, wo = wo##j + wo##j##_off, nwm = nwm##j + nwm##j##_off;                            \
+        wgu = wgu##j + wgu##j##_off, wd = wd##j + wd##j##_off;                                              \
+        break;
+#define LAYERS_ARGS_1 LAYER_ARGS(0)
+#define LAYERS_ARGS_2 LAYERS_ARGS_1 LAYER_ARGS(1)
+#define LAYERS_ARGS_3 LAYERS_ARGS_2 LAYER_ARGS(2)
+#define LAYERS_ARGS_4 LAYERS_ARGS_3 LAYER_ARGS(3)
+#define LAYERS_ARGS_5 LAYERS_ARGS_4 LAYER_ARGS(4)
+#define LAYERS_ARGS_6 LAYERS_ARGS_5 LAYER_ARGS(5)
+#define LAYERS_ARGS_7 LAYERS_ARGS_6 LAYER_ARGS(6)
+#define LAYERS_ARGS_8 LAYERS_ARGS_7 LAYER_ARGS(7)
+#define LAYERS_ARGS_9 LAYERS_ARGS_8 LAYER_ARGS(8)
+#define LAYERS_ARGS_10 LAYERS_ARGS_9 LAYER_ARGS(9)
+#define LAYERS_ARGS_11 LAYERS_ARGS_10 LAYER_ARGS(10)
+#define LAYERS_ARGS_12 LAYERS_ARGS_11 LAYER_ARGS(11)
+#define LAYERS_ARGS_13 LAYERS_ARGS_12 LAYER_ARGS(12)
+#define LAYERS_ARGS_14 LAYERS_ARGS_13 LAYER_ARGS(13)
+#define LAYERS_ARGS_15 LAYERS_ARGS_14 LAYER_ARGS(14)
+#define LAYERS_ARGS_16 LAYERS_ARGS_15 LAYER_ARGS(15)
+#define LAYERS_ARGS_17 LAYERS_ARGS_16 LAYER_ARGS(16)
+#define LAYERS_ARGS_18 LAYERS_ARGS_17 LAYER_ARGS(17)
+#define LAYERS_ARGS_19 LAYERS_ARGS_18 LAYER_ARGS(18)
+#define LAYERS_ARGS_20 LAYERS_ARGS_19 LAYER_ARGS(19)
+#define LAYERS_ARGS_21 LAYERS_ARGS_20 LAYER_ARGS(20)
+#define LAYERS_ARGS_22 LAYERS_ARGS_21 LAYER_ARGS(21)
+#define LAYERS_ARGS_23 LAYERS_ARGS_22 LAYER_ARGS(22)
+#define LAYERS_ARGS_24 LAYERS_ARGS_23 LAYER_ARGS(23)
+#define LAYERS_ARGS_25 LAYERS_ARGS_24 LAYER_ARGS(24)
+#define LAYERS_ARGS_26 LAYERS_ARGS_25 LAYER_ARGS(25)
+#define LAYERS_ARGS_27 LAYERS_ARGS_26 LAYER_ARGS(26)
+#define LAYERS_ARGS_28 LAYERS_ARGS_27 LAYER_ARGS(27)
+#define LAYERS_ARGS_29 LAYERS_ARGS_28 LAYER_ARGS(28)
+#define LAYERS_ARGS_30 LAYERS_ARGS_29 LAYER_ARGS(29)
+#define LAYERS_ARGS_31 LAYERS_ARGS_30 LAYER_ARGS(30)
+#define LAYERS_ARGS_32 LAYERS_ARGS_31 LAYER_ARGS(31)
+#define LAYERS_CASES_1 LAYER_CASE(0)
+#define LAYERS_CASES_2 LAYERS_CASES_1 LAYER_CASE(1)
+#define LAYERS_CASES_3 LAYERS_CASES_2 LAYER_CASE(2)
+#define LAYERS_CASES_4 LAYERS_CASES_3 LAYER_CASE(3)
+#define LAYERS_CASES_5 LAYERS_CASES_4 LAYER_CASE(4)
+#define LAYERS_CASES_6 LAYERS_CASES_5 LAYER_CASE(5)
+#define LAYERS_CASES_7 LAYERS_CASES_6 LAYER_CASE(6)
+#define LAYERS_CASES_8 LAYERS_CASES_7 LAYER_CASE(7)
+#define LAYERS_CASES_9 LAYERS_CASES_8 LAYER_CASE(8)
+#define LAYERS_CASES_10 LAYERS_CASES_9 LAYER_CASE(9)
+#define LAYERS_CASES_11 LAYERS_CASES_10 LAYER_CASE(10)
+#define LAYERS_CASES_12 LAYERS_CASES_11 LAYER_CASE(11)
+#define LAYERS_CASES_13 LAYERS_CASES_12 LAYER_CASE(12)
+#define LAYERS_CASES_14 LAYERS_CASES_13 LAYER_CASE(13)
+#define LAYERS_CASES_15 LAYERS_CASES_14 LAYER_CASE(14)
+#define LAYERS_CASES_16 LAYERS_CASES_15 LAYER_CASE(15)
+#define LAYERS_CASES_17 LAYERS_CASES_16 LAYER_CASE(16)
+#define LAYERS_CASES_18 LAYERS_CASES_17 LAYER_CASE(17)
+#define LAYERS_CASES_19 LAYERS_CASES_18 LAYER_CASE(18)
+#define LAYERS_CASES_20 LAYERS_CASES_19 LAYER_CASE(19)
+#define LAYERS_CASES_21 LAYERS_CASES_20 LAYER_CASE(20)
+#define LAYERS_CASES_22 LAYERS_CASES_21 LAYER_CASE(21)
+#define LAYERS_CASES_23 LAYERS_CASES_22 LAYER_CASE(22)
+#define LAYERS_CASES_24 LAYERS_CASES_23 LAYER_CASE(23)
+#define LAYERS_CASES_25 LAYERS_CASES_24 LAYER_CASE(24)
+#define LAYERS_CASES_26 LAYERS_CASES_25 LAYER_CASE(25)
+#define LAYERS_CASES_27 LAYERS_CASES_26 LAYER_CASE(26)
+#define LAYERS_CASES_28 LAYERS_CASES_27 LAYER_CASE(27)
+#define LAYERS_CASES_29 LAYERS_CASES_28 LAYER_CASE(28)
+#define LAYERS_CASES_30 LAYERS_CASES_29 LAYER_CASE(29)
+#define LAYERS_CASES_31 LAYERS_CASES_30 LAYER_CASE(30)
+#define LAYERS_CASES_32 LAYERS_CASES_31 LAYER_CASE(31)
+#define LAYERS_CAT_(a, b) a##b
+#define LAYERS_CAT(a, b) LAYERS_CAT_(a, b)
+
+// global (GEMV_WG, GEMV_ROWS * GEMV_LAYERS * (a layer's tiles), 1)
+__kernel __attribute__((reqd_work_group_size(GEMV_WG, GEMV_ROWS, 1)))
+void gemv_layers(const int M, __global int *counts, __local uint4 *a_stage, __global const STORE_T *x,
+                 const long x_off, __global STORE_T *act, const long act_off, const int NQ, const int KO,
+                 const int D, const int F, const float eps_a, const float eps_m, const long q_sb, const long q_sh,
+                 const long q_ss, const long k_sb, const long k_sh, const long k_ss, const long v_sb,
+                 const long v_sh, const long v_ss, MASK_ARGS, DECODE_LEN_ARGS, __global ACC *lse,
+                 __global ACC *part_o, __global ACC *part_ml, const int nsplit, const int chunk, const int HQ,
+                 const int GROUP, const int SQ, const int SK, const int causal, const ACC scale,
+                 DROP_ARGS DECODE_ROPE_ARGS, const int attn_heads, const int attn_batch
+                 LAYERS_CAT(LAYERS_ARGS_, GEMV_LAYERS))
+{
+    __local float scratch[CHAIN_SCRATCH];
+    __local int ticket;
+    const int first = get_local_id(0) == 0 && get_local_id(1) == 0;
+    if (first) ticket = atomic_inc(counts);
+    barrier(CLK_LOCAL_MEM_FENCE);
+    const int T0 = (NQ + GEMV_ROWS - 1) / GEMV_ROWS, TA = nsplit * attn_heads * attn_batch;
+    const int T2 = (D + GEMV_ROWS - 1) / GEMV_ROWS, T3 = (F + GEMV_ROWS - 1) / GEMV_ROWS, T4 = T2;
+    const int per_layer = T0 + TA + T2 + T3 + T4;
+    int t = ticket;
+    const int j = t / per_layer;
+    t -= j * per_layer;
+    __global const STORE_T *wq, *nwa, *wo, *nwm, *wgu, *wd;
+    __global T *kc, *vc;
+    long kc_off, vc_off;
+    switch (j) {
+        LAYERS_CAT(LAYERS_CASES_, GEMV_LAYERS)
+    }
+    const long layer_act = (long)M * (NQ + KO + D + F + D);
+    __global STORE_T *qkv = act + act_off + j * layer_act;
+    __global STORE_T *o = qkv + (long)M * NQ, *y = o + (long)M * KO, *h = y + (long)M * D, *z = h + (long)M * F;
+    __global const STORE_T *xin = j == 0 ? x + x_off : z - layer_act;   // x_j: the layer before's z
+
+    // the tile's phase and operands (uniform over the work-group; one call of each tile function below, so
+    // no barrier is under a condition PoCL mis-compiles)
+    int p, tiles, wait_for;
+    if (t < T0) {
+        p = 0, tiles = T0, wait_for = j == 0 ? 0 : T4;
+    } else if ((t -= T0) < TA) {
+        p = 1, tiles = TA, wait_for = T0;
+    } else if ((t -= TA) < T2) {
+        p = 2, tiles = T2, wait_for = TA;
+    } else if ((t -= T2) < T3) {
+        p = 3, tiles = T3, wait_for = T2;
+    } else {
+        t -= T3;
+        p = 4, tiles = T4, wait_for = T3;
+    }
+    const int g = 5 * j + p;
+    if (p == 1) {   // the attention: waits for the q/k/v product like a GEMV phase, then its decode tile
+        if (first)
+            while (atomic_or(counts + g, 0) < wait_for) {}
+        barrier(CLK_GLOBAL_MEM_FENCE);
+        mem_fence(CLK_GLOBAL_MEM_FENCE);
+        const int tid = get_local_id(1) * GEMV_WG + get_local_id(0);
+        const int split = t % nsplit, hk = (t / nsplit) % attn_heads, b = t / (nsplit * attn_heads);
+        const long rows = (long)attn_batch * HQ * SQ;
+        decode_tile(tid < DNT ? tid : (1 << 28), split, hk, b, attn_heads,
+                    counts + CHAIN_COUNTS + j * attn_batch * attn_heads, (__local decode_local *)a_stage,
+                    (__global const T *)act, act_off + j * layer_act, q_sb, q_sh, q_ss, kc, kc_off, k_sb, k_sh,
+                    k_ss, vc, vc_off, v_sb, v_sh, v_ss, mask, mask_off, mask_sb, mask_sh, mask_si, mask_sj,
+                    DECODE_LEN_PASS, (__global T *)o, lse + j * rows, part_o + j * rows * nsplit * 4 * DQ4,
+                    part_ml + j * rows * nsplit * 2, nsplit, chunk, HQ, GROUP, SQ, SK, causal, scale,
+                    drop_threshold, drop_scale, seed_lo, seed_hi, counter0 DECODE_ROPE_PASS);
+        mem_fence(CLK_GLOBAL_MEM_FENCE);  // this item's stores are visible device-wide ...
+        barrier(CLK_GLOBAL_MEM_FENCE);    // ... and every item's, before the tile counts itself done
+        if (first) atomic_inc(counts + 1 + g);
+        return;
+    }
+    int flags, N, K;
+    float eps = 0.0f;
+    __global const STORE_T *A, *W, *R = xin, *NW = wq;
+    __global STORE_T *C;
+    if (p == 0) {
+        flags = CHAIN_RMS, A = xin, W = wq, C = qkv, NW = nwa, N = NQ, K = D, eps = eps_a;
+    } else if (p == 2) {
+        flags = CHAIN_RES, A = o, W = wo, C = y, R = xin, N = D, K = KO;
+    } else if (p == 3) {
+        flags = CHAIN_RMS | CHAIN_GLU, A = y, W = wgu, C = h, NW = nwm, N = F, K = D, eps = eps_m;
+    } else {
+        flags = CHAIN_RES, A = h, W = wd, C = z, R = y, N = D, K = F;
+    }
+    chain_tile(t, g, flags, wait_for, M, N, K, A, W, C, R, NW, eps, counts, a_stage, scratch);
+    if (first) {
+        const int done = atomic_inc(counts + 1 + g);
+        if (g == 5 * GEMV_LAYERS - 1 && done == tiles - 1) {  // the launch's last tile: the counts for the next
+            mem_fence(CLK_GLOBAL_MEM_FENCE);
+            for (int i = 0; i <= 5 * GEMV_LAYERS; ++i) atomic_xchg(counts + i, 0);
+        }
+    }
+}
+#endif  // GEMV_LAYERS
 #endif  // GEMV_CHAIN

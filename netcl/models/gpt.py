@@ -35,7 +35,7 @@ from netcl.models.config import GPTConfig
 from netcl.nn import init
 from netcl.nn.layers import Embedding, LayerNorm, Linear, ModuleList, RMSNorm
 from netcl.nn.module import Module
-from netcl.nn.transformer import KVCache, RoPE, TransformerBlock, padding_mask
+from netcl.nn.transformer import KVCache, RoPE, TransformerBlock, decode_layers, padding_mask
 from netcl.ops import random
 
 INIT_STD = 0.02
@@ -158,8 +158,12 @@ class GPT(Module):
             for layer in self.layers:
                 h = layer(h, mask, None, position, kv_len)
             return h
-        # a decode step: each block's decode chain may make the next block's normalized q/k/v product
+        # a decode step: one row through whole-layer launches where the blocks fit them (decode_layers);
+        # else each block's decode chain may make the next block's normalized q/k/v product
         # (TransformerBlock.forward's `then`), one launch a layer fewer
+        out = decode_layers(list(self.layers), h, caches, position, mask)
+        if out is not None:
+            return out
         qkv, last = None, len(self.layers) - 1
         for i, layer in enumerate(self.layers):
             if i == last:

@@ -25,7 +25,7 @@ from netcl.ops import random
 from netcl.ops.gemm import chain
 from netcl.ops.rope import ROPE_PAIRINGS
 
-__all__ = ["GELUMLP", "KVCache", "MultiHeadAttention", "RoPE", "SwiGLU", "TransformerBlock"]
+__all__ = ["GELUMLP", "KVCache", "MultiHeadAttention", "RoPE", "SwiGLU", "TransformerBlock", "decode_layers"]
 
 # A decode step's MLP half (o-projection + residual, RMSNorm + gate/up + SwiGLU, down + residual) as one
 # launch where it keeps the three launches' bits (TransformerBlock._mlp_half_chain; ops.gemm.gemv_chain).
@@ -36,6 +36,10 @@ DECODE_CHAIN = True
 # (MultiHeadAttention.decode_phase; gemm_gemv.cl's CHAIN_ATTN). False: the attention its own launch
 # (bench/decode.py --no-attention-chain compares).
 DECODE_ATTENTION_CHAIN = True
+# With both, a one-row decode step's layers as whole-layer launches (decode_layers; gemm_gemv.cl's
+# gemv_layers): every layer in one launch where the device's kernel-argument space holds them (NVIDIA: 30).
+# False: a launch a layer as above (bench/decode.py --no-layer-chain compares).
+DECODE_LAYER_CHAIN = True
 
 
 class RoPE(Module):
@@ -463,6 +467,30 @@ class TransformerBlock(Module):
         where that fits too: (output, then's product or None); else None, having launched nothing.
         attention: the DecodePhase that makes o (not launched yet), the launch's first tiles where it fits
         (chain.attention_fits), else launched before the chain."""
+        ov, xv = o.value, x.value
+        weights = self._mlp_half_weights(ov, xv)
+        if weights is None:
+            return None
+        wo, gate_up, down, nw = weights
+        dim = xv.shape[-1]
+        steps = [
+            chain.ChainStep(ov.reshape(1, ov.shape[-1]), wo, residual=xv.reshape(1, dim)),
+            chain.ChainStep(0, gate_up, norm=(nw, self.mlp_norm.eps), glu=True),
+            chain.ChainStep(1, down, residual=0),
+        ]
+        step = then._qkv_step(2, xv) if isinstance(then, TransformerBlock) else None
+        if step is not None:
+            steps.append(step)
+        if attention is not None and not chain.attention_fits(attention, steps[0].a, max(dim, down.shape[1])):
+            attention.launch()
+            attention = None
+        outs = chain.gemv_chain(steps, attention)
+        return as_node(outs[2].reshape(xv.shape)), (outs[3] if step is not None else None)
+
+    def _mlp_half_weights(self, o: Tensor, x: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor] | None:
+        """(o-projection, stacked gate/up, down-projection, the MLP norm's weight) where a decode step's MLP
+        half after the attention's rows o may be one chain with the three launches' bits
+        (chain.mlp_half_fits: an RMSNorm, SwiGLU's stack intact, no biases or int8 scales); else None."""
         mlp, wo, norm = self.mlp, self.attn.o_proj, self.mlp_norm
         if not isinstance(mlp, SwiGLU) or not isinstance(norm, RMSNorm) or len(norm.normalized_shape) != 1:
             return None
@@ -471,25 +499,69 @@ class TransformerBlock(Module):
             return None
         if any(layer.bias is not None or layer.weight_scale is not None for layer in (wo, mlp.w2)):
             return None
-        ov, xv, nw = o.value, x.value, norm.weight.value
-        if nw.dtype != xv.dtype or not chain.mlp_half_fits(ov, xv, wo.weight.value, stack.weight,
-                                                           mlp.w2.weight.value):
+        nw = norm.weight.value
+        if nw.dtype != x.dtype or not chain.mlp_half_fits(o, x, wo.weight.value, stack.weight,
+                                                          mlp.w2.weight.value):
             return None
-        dim = xv.shape[-1]
-        steps = [
-            chain.ChainStep(ov.reshape(1, ov.shape[-1]), wo.weight.value, residual=xv.reshape(1, dim)),
-            chain.ChainStep(0, stack.weight, norm=(nw, norm.eps), glu=True),
-            chain.ChainStep(1, mlp.w2.weight.value, residual=0),
-        ]
-        step = then._qkv_step(2, xv) if isinstance(then, TransformerBlock) else None
-        if step is not None:
-            steps.append(step)
-        if attention is not None and not chain.attention_fits(attention, steps[0].a,
-                                                              max(dim, mlp.w2.weight.value.shape[1])):
-            attention.launch()
-            attention = None
-        outs = chain.gemv_chain(steps, attention)
-        return as_node(outs[2].reshape(xv.shape)), (outs[3] if step is not None else None)
+        return wo.weight.value, stack.weight, mlp.w2.weight.value, nw
+
+    def _decode_layer(self, x: Tensor, cache: KVCache) -> chain.DecodeLayer | None:
+        """This block as a layer of chain.gemv_layers for a one-row decode step of x (1, 1, dim), where each
+        of its phases there has the bits of this block's own decode: the q/k/v product as _qkv_step's, the
+        MLP half as _mlp_half_chain's (the attention's rows laid out as x: n_heads * head_dim = dim); else
+        None."""
+        step = self._qkv_step(0, x)
+        attn = self.attn
+        if step is None or step.norm is None or attn.n_heads * attn.head_dim != attn.dim:
+            return None
+        weights = self._mlp_half_weights(x, x)
+        if weights is None:
+            return None
+        wo, gate_up, down, nw = weights
+        return chain.DecodeLayer(step.weight, step.norm[0], cache.k, cache.v, wo, nw, gate_up, down)
+
+
+def decode_layers(blocks: list[TransformerBlock], x: Node, caches: list[KVCache], position: Tensor,
+                  mask: Any = None) -> Node | None:
+    """A cached decode step of one row (x (1, 1, dim), position as MultiHeadAttention's) through `blocks` as
+    whole-layer launches (chain.gemv_layers: every layer in one launch where the device's argument space
+    holds them): the last block's output, with the bits of the blocks run one by one (forward with `then`)
+    and their caches written alike. None, having launched nothing, where that is not so: a block that does
+    not fit (_decode_layer), blocks that differ in shape, norms' eps, rotary tables or causality, a mask, a
+    gradient recording, the attention not fitting the launch (the caller then runs the blocks)."""
+    if not (DECODE_CHAIN and DECODE_ATTENTION_CHAIN and DECODE_LAYER_CHAIN) or mask is not None \
+            or ag.is_recording() or not blocks or len(blocks) != len(caches):
+        return None
+    xv = as_node(x).value
+    if xv.ndim != 3 or xv.shape[0] * xv.shape[1] != 1:
+        return None
+    first = blocks[0]
+    attn, norms = first.attn, (first.attn_norm, first.mlp_norm)
+    layers = []
+    for block, cache in zip(blocks, caches):
+        if not isinstance(block, TransformerBlock):
+            return None
+        block.attn._check_cache(cache, position, 1)
+        other = block.attn
+        if (other.rope is not attn.rope or other.causal != attn.causal or other.n_heads != attn.n_heads
+                or other.n_kv_heads != attn.n_kv_heads or other.head_dim != attn.head_dim
+                or not isinstance(block.attn_norm, RMSNorm) or not isinstance(block.mlp_norm, RMSNorm)
+                or (block.attn_norm.eps, block.mlp_norm.eps) != (norms[0].eps, norms[1].eps)):
+            return None
+        layer = block._decode_layer(xv, cache)
+        if layer is None or (layers and any(a.shape != b.shape for a, b in zip(
+                (layer.qkv, layer.o, layer.gate_up, layer.down),
+                (layers[0].qkv, layers[0].o, layers[0].gate_up, layers[0].down)))):
+            return None
+        layers.append(layer)
+    rope, heads = attn.rope, attn.n_heads + 2 * attn.n_kv_heads
+
+    def phase(qkv: Tensor, n: int) -> Any:
+        y = qkv.reshape(1, 1, heads, attn.head_dim).permute(0, 2, 1, 3)
+        return ops.rope_cache_decode_phase(y, attn.n_heads, rope.cos, rope.sin, caches[0].k, caches[0].v,
+                                           position, rope.pairing, causal=attn.causal, layers=n)
+    out = chain.gemv_layers(xv.reshape(1, xv.shape[-1]), layers, (norms[0].eps, norms[1].eps), phase)
+    return None if out is None else as_node(out.reshape(xv.shape))
 
 
 def padding_mask(mask: Any, batch: int, keys: int, queue: Any) -> Tensor:

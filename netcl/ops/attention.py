@@ -511,9 +511,10 @@ class _Problem:
         return decode_tiles(self.device, rows, self.D, self.dtype)
 
     def decode_phase(self, tiles: dict[str, int], out: Tensor, lse: Tensor, args: dict[str, Any],
-                     defines: dict[str, Any] | None = None) -> DecodePhase:
+                     defines: dict[str, Any] | None = None, layers: int = 1) -> DecodePhase:
         """attention_decode_gpu's launch into out and lse, not yet made (over several splits of the keys,
-        merged by the last split of each (batch, kv head) to finish), with extra `defines` (ROPE_CACHE)."""
+        merged by the last split of each (batch, kv head) to finish), with extra `defines` (ROPE_CACHE); the
+        splits' parts sized for `layers` layers one after the other (rope_cache_decode_phase)."""
         dk = tiles["DK"]
         tiles_of_keys = max(1, -(-self.SK // dk))
         want = max(
@@ -526,8 +527,9 @@ class _Problem:
                    **({"VEC_ROWS": None} if self.vector_rows else {}), **(defines or {})}
         q4 = -(-self.D // 4)
         if nsplit > 1:
-            part_o = Tensor.empty(self.queue, (self.B * self.HQ * self.SQ, nsplit, 4 * q4), dtypes.float32)
-            part_ml = Tensor.empty(self.queue, (self.B * self.HQ * self.SQ, nsplit, 2), dtypes.float32)
+            rows = layers * self.B * self.HQ * self.SQ
+            part_o = Tensor.empty(self.queue, (rows, nsplit, 4 * q4), dtypes.float32)
+            part_ml = Tensor.empty(self.queue, (rows, nsplit, 2), dtypes.float32)
             bufs = {"part_o": part_o.buffer, "part_ml": part_ml.buffer}
         else:
             bufs = {"part_o": lse.buffer, "part_ml": lse.buffer}  # unread: one split
@@ -993,10 +995,13 @@ def rope_cache_decode_attention(y: Tensor, q_heads: int, cos: Tensor, sin: Tenso
 
 def rope_cache_decode_phase(y: Tensor, q_heads: int, cos: Tensor, sin: Tensor, k_cache: Tensor,
                             v_cache: Tensor, position: Tensor, pairing: str = "half", *, causal: bool = True,
-                            scale: float | None = None, mask: Tensor | None = None) -> DecodePhase | None:
+                            scale: float | None = None, mask: Tensor | None = None,
+                            layers: int = 1) -> DecodePhase | None:
     """rope_cache_decode_attention's one launch, checked and described but not made (a DecodePhase: its
     `launch()`, or the first tiles of a gemv_chain, ops.gemm.chain), where the decode kernel runs; else None
-    (the caller then takes rope_cache_decode_attention's two launches)."""
+    (the caller then takes rope_cache_decode_attention's two launches). layers > 1: the phase of that many
+    layers of ops.gemm.chain.gemv_layers (its lse and the splits' parts sized for all of them, one after the
+    other; `launch()` makes the first layer's)."""
     op = "rope_cache_decode_attention"
     queue, _, offset = check_qkv_cache(op, y, q_heads, cos, sin, k_cache, v_cache, position, pairing)
     b, _, s, d = y.shape
@@ -1011,14 +1016,17 @@ def rope_cache_decode_phase(y: Tensor, q_heads: int, cos: Tensor, sin: Tensor, k
         return None
     acc_dtype = _acc_dtype(pr.dtype)
     out = Tensor.empty(queue, (b, q_heads, s, d), pr.dtype)
-    lse = Tensor.empty(queue, (b, q_heads, s), acc_dtype)
+    if type(layers) is not int or layers < 1:
+        raise ValueError(f"{op}: layers must be a positive int, got {layers!r}")
+    lse = Tensor.empty(queue, (b, q_heads, s) if layers == 1 else (layers, b, q_heads, s), acc_dtype)
     args = pr.common_args(None)
     for name in ("kv_len", "kv_len_off", "has_kv_len", "kv_len_stride"):
         del args[name]
     args.update(position=offset["offsets"], position_off=offset["offset_off"],
                 position_stride=offset["offset_stride"], cos_table=table_rows(cos).buffer,
                 sin_table=table_rows(sin).buffer, err=queue.check_buffer(), err_code=_DECODE_POSITION_CHECK)
-    return pr.decode_phase(tiles, out, lse, args, {"ROPE_CACHE": None, "PAIRING": ROPE_PAIRINGS[pairing]})
+    return pr.decode_phase(tiles, out, lse, args, {"ROPE_CACHE": None, "PAIRING": ROPE_PAIRINGS[pairing]},
+                           layers)
 
 
 # -- backward --------------------------------------------------------------------------------------------

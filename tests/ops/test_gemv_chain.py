@@ -261,3 +261,78 @@ def test_an_attention_that_does_not_fit_is_refused(queue, monkeypatch):
         gemv_chain([ChainStep(o, layer["wo"], residual=layer["x"])], attention=phase)
     other = Tensor.zeros(queue, o.shape, np.float32)
     assert not chain.attention_fits(phase, other, o.shape[1])
+
+
+# -- whole decode layers in one launch (gemm_gemv.cl's gemv_layers) ------------------------------------------
+def decode_layers(queue, dt, n, position, heads=(8, 2), head_dim=16, cap=40, hidden=48, seed=0):
+    """n decode layers of one row (their weights, the caches' contents on the host), the input row, the rope
+    tables and the position."""
+    from netcl import ops
+
+    rng = np.random.default_rng(seed)
+    hq, hkv = heads
+    dim, nq = hq * head_dim, (hq + 2 * hkv) * head_dim
+
+    def t(shape, scale=1.0, offset=0.0):
+        return Tensor.from_host(queue, (rng.standard_normal(shape) * scale + offset).astype(dt))
+    layers = [dict(wq=t((nq, dim), 0.2), nwa=t((dim,), 0.1, 1.0), wo=t((dim, dim), 0.1),
+                   nwm=t((dim,), 0.1, 1.0), wgu=t((2 * hidden, dim), 0.1), wd=t((dim, hidden), 0.1),
+                   caches=[rng.standard_normal((1, hkv, cap, head_dim)).astype(dt) for _ in range(2)])
+              for _ in range(n)]
+    return dict(layers=layers, hq=hq, hkv=hkv, head_dim=head_dim, x=t((1, dim)),
+                tables=ops.rope_tables(queue, cap, head_dim),
+                position=Tensor.from_host(queue, np.array([position], np.int32)))
+
+
+def run_decode_layers(queue, model, layered, eps=(1e-5, 1e-6)):
+    """The layers' last output and every cache on the host: through gemv_layers, or each phase's own launch
+    (the q/k/v product as a one-step chain, the attention's launch, the MLP half's chain)."""
+    from netcl import ops
+    from netcl.ops.gemm import chain
+
+    caches = [[Tensor.from_host(queue, c.copy()) for c in layer["caches"]] for layer in model["layers"]]
+    hq, hkv, hd = model["hq"], model["hkv"], model["head_dim"]
+
+    def phase(qkv, kc, vc, n=1):
+        y = qkv.reshape(1, 1, hq + 2 * hkv, hd).permute(0, 2, 1, 3)
+        return ops.rope_cache_decode_phase(y, hq, *model["tables"], kc, vc, model["position"], layers=n)
+    x = model["x"]
+    if layered:
+        layers = [chain.DecodeLayer(lay["wq"], lay["nwa"], kc, vc, lay["wo"], lay["nwm"], lay["wgu"],
+                                    lay["wd"]) for lay, (kc, vc) in zip(model["layers"], caches, strict=True)]
+        out = chain.gemv_layers(x, layers, eps, lambda qkv, n: phase(qkv, caches[0][0], caches[0][1], n))
+        assert out is not None
+    else:
+        for lay, (kc, vc) in zip(model["layers"], caches, strict=True):
+            (qkv,) = gemv_chain([ChainStep(x, lay["wq"], norm=(lay["nwa"], eps[0]))])
+            p = phase(qkv, kc, vc)
+            p.launch()
+            x = gemv_chain([ChainStep(p.out.reshape(1, -1), lay["wo"], residual=x),
+                            ChainStep(0, lay["wgu"], norm=(lay["nwm"], eps[1]), glu=True),
+                            ChainStep(1, lay["wd"], residual=0)])[2]
+        out = x
+    return [out.to_host()] + [c.to_host() for pair in caches for c in pair]
+
+
+@pytest.mark.gpu_shaped
+@pytest.mark.parametrize("dtype,n,per,position,keys,cap", [
+    ("bfloat16", 3, None, 21, None, 64),     # one launch, one split of the keys
+    ("float16", 5, 2, 250, 64, 300),         # three launches (2 + 2 + 1 layers), five splits
+    ("float32", 4, 3, 99, 16, 128),          # two launches, eight splits
+])
+def test_decode_layers_in_one_launch(queue, monkeypatch, dtype, n, per, position, keys, cap):
+    """Whole decode layers (RMSNorm + q/k/v, the attention with its caches, o-projection + residual, RMSNorm +
+    gate/up + SwiGLU, down + residual) through gemv_layers, in one launch or several (the device's argument
+    space; forced smaller here): the last output and every layer's caches with the bits of each phase's own
+    launch, call after call (the counts reset)."""
+    from netcl.ops.gemm import chain
+
+    gpu_shaped_chain(monkeypatch, keys)
+    if per is not None:
+        monkeypatch.setattr(chain, "layers_per_launch", lambda device: per)
+    model = decode_layers(queue, dtypes.normalize(dtype), n, position, cap=cap)
+    want = run_decode_layers(queue, model, layered=False)
+    for _ in range(2):
+        got = run_decode_layers(queue, model, layered=True)
+        for a, b in zip(got, want, strict=True):
+            np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))

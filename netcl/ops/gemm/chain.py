@@ -283,4 +283,158 @@ def gemv_chain(steps: list[ChainStep], attention: Any = None) -> list[Tensor]:
     return outs
 
 
-__all__ = ["MAX_ROWS", "MAX_STEPS", "ChainStep", "attention_fits", "gemv_chain"]
+# -- whole decode layers in one launch (gemm_gemv.cl's gemv_layers) ------------------------------------------
+MAX_LAYERS = 32     # gemv_layers' layers a launch at most (its LAYERS_ARGS cascade)
+_LAYER_ARGS = 16    # a layer's own arguments (LAYER_ARGS: 8 buffers and their offsets)
+_LAYERS_FIXED_ARGS = 53  # gemv_layers' other arguments (tests/ops/test_gemv_chain.py checks both counts)
+
+
+@dataclass(frozen=True)
+class DecodeLayer:
+    """One decode layer's operands for gemv_layers: the stacked q/k/v weight (NQ, D) and the RMSNorm weight
+    (D,) before it, the layer's key and value caches (the attention's), the o-projection (D, KO), the MLP's
+    RMSNorm weight (D,), the stacked gate/up weight (2F, D) and the down-projection (D, F)."""
+
+    qkv: Tensor
+    attn_norm: Tensor
+    k_cache: Tensor
+    v_cache: Tensor
+    o: Tensor
+    mlp_norm: Tensor
+    gate_up: Tensor
+    down: Tensor
+
+
+def layers_per_launch(device: Any) -> int:
+    """How many decode layers one gemv_layers launch takes on `device`: as many as its kernel-argument space
+    (CL_DEVICE_MAX_PARAMETER_SIZE; 8 bytes counted for every argument) holds beside the fixed ones, at most
+    MAX_LAYERS (1024 bytes, OpenCL's minimum and PoCL's: 4; NVIDIA's 4352: 32)."""
+    room = device.capabilities.max_parameter_size // 8 - _LAYERS_FIXED_ARGS
+    return max(0, min(MAX_LAYERS, room // _LAYER_ARGS))
+
+
+def _check_layers(x: Tensor, layers: list[DecodeLayer]) -> tuple[int, int, int]:
+    """(NQ, KO, F) of layers that gemv_layers takes after x (M, D); a clear error for anything else."""
+    if not isinstance(x, Tensor) or x.ndim != 2 or not 1 <= x.shape[0] <= MAX_ROWS:
+        raise ShapeError(f"gemv_layers: x must be a 2-D Tensor (M, D) with 1 <= M <= {MAX_ROWS}, got "
+                         f"{getattr(x, 'shape', type(x).__name__)}")
+    if x.dtype not in _DTYPES:
+        raise DTypeError(f"gemv_layers: {x.dtype} rows; the layers take float32, float16 or bfloat16")
+    if not isinstance(layers, (list, tuple)) or not layers:
+        raise ValueError("gemv_layers takes a non-empty list of DecodeLayers")
+    m, d = x.shape
+    first = layers[0]
+    if not isinstance(first, DecodeLayer):
+        raise TypeError(f"gemv_layers: layer 0 is a {type(first).__name__}, not a DecodeLayer")
+    nq, ko, f = first.qkv.shape[0], first.o.shape[1], first.down.shape[1]
+    if min(d, nq, ko, f) <= 0 or d % 8 or nq % 8 or ko % 8 or f % 8:
+        raise ShapeError(f"gemv_layers: D = {d}, NQ = {nq}, KO = {ko} and F = {f} must be positive multiples "
+                         "of 8")
+    _aligned(0, "input", x, (m, d), x.dtype, x.queue)
+    cache = first.k_cache
+    for j, layer in enumerate(layers):
+        if not isinstance(layer, DecodeLayer):
+            raise TypeError(f"gemv_layers: layer {j} is a {type(layer).__name__}, not a DecodeLayer")
+        for what, t, shape in (("qkv", layer.qkv, (nq, d)), ("attn_norm", layer.attn_norm, (d,)),
+                               ("o", layer.o, (d, ko)), ("mlp_norm", layer.mlp_norm, (d,)),
+                               ("gate_up", layer.gate_up, (2 * f, d)), ("down", layer.down, (d, f))):
+            if not isinstance(t, Tensor):
+                raise TypeError(f"gemv_layers: layer {j}'s {what} must be a Tensor, got {type(t).__name__}")
+            _aligned(j, f"layer {j}'s {what}", t, shape, x.dtype, x.queue)
+        for what, t in (("k_cache", layer.k_cache), ("v_cache", layer.v_cache)):
+            if not isinstance(t, Tensor) or t.queue is not x.queue or t.dtype != x.dtype \
+                    or t.shape != cache.shape or t.strides != cache.strides:
+                raise ShapeError(f"gemv_layers: layer {j}'s {what} must be a {x.dtype} Tensor on x's queue "
+                                 f"shaped and strided as layer 0's key cache {cache.shape}")
+    return nq, ko, f
+
+
+def gemv_layers(x: Tensor, layers: list[DecodeLayer], eps: tuple[float, float],
+                attention: Any) -> Tensor | None:
+    """The rows x (M, D) through whole decode layers (each: RMSNorm + q/k/v, the decode attention with its
+    caches, o-projection + residual, RMSNorm + gate/up + SwiGLU, down + residual; gemm_gemv.cl's gemv_layers)
+    in as few launches as the device's argument space allows (layers_per_launch): the last layer's output
+    (M, D), every phase with the bits of its own launch (gemv_chain's steps and the DecodePhase's attention),
+    the caches written as those launches write them. eps: the two RMSNorms' (attention's, MLP's), the same in
+    every layer. attention(qkv, n): the DecodePhase (ops.rope_cache_decode_phase, not launched) of layer 0's
+    attention reading the q/k/v rows `qkv` (M, NQ), sized for n layers; its arguments serve every layer (each
+    layer's caches are its own, shaped and strided as layer 0's).
+
+    None, having launched nothing, where the layers cannot run so: attention() gives None, the attention does
+    not fit the launch's work-group (attention_fits), or the device's argument space holds no layer."""
+    nq, ko, f = _check_layers(x, layers)
+    q, dt, (m, d) = x.queue, x.dtype, x.shape
+    eps_a, eps_m = (float(e) for e in eps)
+    if not (eps_a >= 0.0 and eps_m >= 0.0):
+        raise ValueError(f"gemv_layers: the norms' eps must be >= 0, got {eps}")
+    per = layers_per_launch(q.device)
+    if per == 0:
+        return None
+    layer_act = m * (nq + ko + d + f + d)
+    act = Tensor.empty(q, (len(layers) * layer_act,), dt)
+    n0 = min(per, len(layers))
+    phase = attention(act[:m * nq].reshape(m, nq), n0)
+    if phase is None or phase.queue is not q or phase.dtype != dt \
+            or not _attention_fits(q.device, dt, m, max(d, ko, f), phase):
+        return None
+    at_z = m * (nq + ko + d + f)
+    for a in range(0, len(layers), per):
+        chunk = layers[a:a + per]
+        x_in = x if a == 0 else act[(a - 1) * layer_act + at_z:(a - 1) * layer_act + at_z + m * d]
+        _launch_layers(x_in, act, a * layer_act, chunk, (nq, ko, d, f), (eps_a, eps_m), phase)
+    last = (len(layers) - 1) * layer_act + at_z
+    return act[last:last + m * d].reshape(m, d)
+
+
+def _launch_layers(x: Tensor, act: Tensor, act_off: int, layers: list[DecodeLayer], sizes: tuple[int, ...],
+                   eps: tuple[float, float], phase: Any) -> None:
+    q, dt, m = act.queue, act.dtype, x.size // sizes[2]
+    n = len(layers)
+    dynamic: dict[str, Any] = {
+        "counts": q.arrival_counts(1 + 5 * n + n * phase.arrivals), "x": x.buffer,
+        "x_off": np.int64(x.offset), "act": act.buffer, "act_off": np.int64(act.offset + act_off)}
+    for j, layer in enumerate(layers):
+        for name, t in (("wq", layer.qkv), ("nwa", layer.attn_norm), ("kc", layer.k_cache),
+                        ("vc", layer.v_cache), ("wo", layer.o), ("nwm", layer.mlp_norm),
+                        ("wgu", layer.gate_up), ("wd", layer.down)):
+            dynamic[f"{name}{j}"], dynamic[f"{name}{j}_off"] = t.buffer, np.int64(t.offset)
+    call = {**phase.args, **dynamic}   # the attention's arguments not gemv_layers' are not read
+    key = ("gemv_layers", id(q.device), dt, m, sizes, eps, n, tuple(sorted(phase.program.items())),
+           phase.grid)
+    hit = capture.plans.get(key)
+    if hit is None:
+        hit = capture.plans.put(key, _layers_plan(q.device, dt, m, sizes, eps, n, phase, call))
+    plan, names = hit
+    plan(q, *[call[name] for name in names])
+
+
+def _layers_plan(device: Any, dt: np.dtype, m: int, sizes: tuple[int, ...], eps: tuple[float, float], n: int,
+                 phase: Any, call: dict[str, Any]) -> tuple[Any, list[str]]:
+    """(the Plan of a gemv_layers launch of n layers, the names of its per-call arguments in the Plan's
+    order): the sizes, the norms' eps and the tile fixed; the buffers, offsets and the attention's arguments
+    (`call`: this call's) set per call."""
+    nq, ko, d, f = sizes
+    tile = usable_params(device, "gemv", dt)
+    knobs = {knob: tile[knob] for knob in ("GEMV_WG", "GEMV_ROWS", "GEMV_UNROLL")}
+    rows = tile["GEMV_ROWS"]
+    most_k = max(d, ko, f)
+    defines = {"DTYPE": dt, "GEMV_CHAIN": None, "GEMV_LAYERS": n, "GEMV_M": m, **knobs, **phase.program,
+               "CHAIN_COUNTS": 1 + 5 * n}
+    static: dict[str, Any] = {
+        "M": np.int32(m), "a_stage": cl.LocalMemory(_stage_bytes(device, tile, dt, m, most_k, phase)),
+        "NQ": np.int32(nq), "KO": np.int32(ko), "D": np.int32(d), "F": np.int32(f),
+        "eps_a": np.float32(eps[0]), "eps_m": np.float32(eps[1]),
+        "attn_heads": np.int32(phase.grid[1]), "attn_batch": np.int32(phase.grid[2])}
+    kernel = _program(device, "gemv", defines).gemv_layers
+    if len(kernel.arg_names) != _LAYERS_FIXED_ARGS + _LAYER_ARGS * n:
+        raise NetclError(f"gemv_layers has {len(kernel.arg_names)} arguments for {n} layers; "
+                         f"chain._LAYERS_FIXED_ARGS and _LAYER_ARGS are out of date")
+    per_layer = sum(-(-c // rows) for c in (nq, d, f, d)) + phase.grid[0] * phase.grid[1] * phase.grid[2]
+    order = [i for i, name in enumerate(kernel.arg_names) if name not in static]
+    plan = kernel.plan((tile["GEMV_WG"], rows * per_layer * n, 1), (tile["GEMV_WG"], rows, 1),
+                       [static[name] if name in static else call[name] for name in kernel.arg_names], order)
+    return plan, [kernel.arg_names[i] for i in order]
+
+
+__all__ = ["MAX_LAYERS", "MAX_ROWS", "MAX_STEPS", "ChainStep", "DecodeLayer", "attention_fits", "gemv_chain",
+           "gemv_layers", "layers_per_launch"]
