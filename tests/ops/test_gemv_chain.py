@@ -336,3 +336,41 @@ def test_decode_layers_in_one_launch(queue, monkeypatch, dtype, n, per, position
         got = run_decode_layers(queue, model, layered=True)
         for a, b in zip(got, want, strict=True):
             np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
+
+
+def test_decode_layers_refusals(queue, monkeypatch):
+    """gemv_layers names what is wrong (no list, a layer of another kind or shape, a cache unlike layer 0's,
+    bad eps), and gives None without launching where the attention does not come or the device's argument
+    space holds no layer."""
+    from netcl.ops.gemm import chain
+    from netcl.profiling import count_launches
+
+    model = decode_layers(queue, dtypes.bfloat16, 2, 5)
+    caches = [[Tensor.from_host(queue, c) for c in lay["caches"]] for lay in model["layers"]]
+    layers = [chain.DecodeLayer(lay["wq"], lay["nwa"], kc, vc, lay["wo"], lay["nwm"], lay["wgu"], lay["wd"])
+              for lay, (kc, vc) in zip(model["layers"], caches, strict=True)]
+    x, eps = model["x"], (1e-5, 1e-5)
+    with pytest.raises(ValueError, match="non-empty list"):
+        chain.gemv_layers(x, [], eps, lambda qkv, n: None)
+    with pytest.raises(TypeError, match="layer 1 is a tuple"):
+        chain.gemv_layers(x, [layers[0], tuple(layers[1].__dict__.values())], eps, lambda qkv, n: None)
+    bad = chain.DecodeLayer(*[t if i != 6 else model["layers"][0]["wo"] for i, t in
+                              enumerate(layers[1].__dict__.values())])
+    with pytest.raises(ShapeError, match="layer 1's gate_up"):
+        chain.gemv_layers(x, [layers[0], bad], eps, lambda qkv, n: None)
+    short = Tensor.from_host(queue, np.zeros((1, 2, 8, 16), dtypes.bfloat16))
+    with pytest.raises(ShapeError, match="layer 1's k_cache"):
+        chain.gemv_layers(x, [layers[0], chain.DecodeLayer(*[short if i == 2 else t for i, t in
+                                                             enumerate(layers[1].__dict__.values())])],
+                          eps, lambda qkv, n: None)
+    with pytest.raises(ShapeError, match="2-D Tensor"):
+        chain.gemv_layers(x.reshape(-1), layers, eps, lambda qkv, n: None)
+    with pytest.raises(ValueError, match="eps must be >= 0"):
+        chain.gemv_layers(x, layers, (1e-5, -1.0), lambda qkv, n: None)
+    with count_launches() as c:
+        assert chain.gemv_layers(x, layers, eps, lambda qkv, n: None) is None
+        monkeypatch.setattr(chain, "layers_per_launch", lambda device: 0)
+        asked = []
+        assert chain.gemv_layers(x, layers, eps, lambda qkv, n: asked.append(n)) is None
+        assert not asked
+    assert c.count == 0
