@@ -265,11 +265,14 @@ def test_the_decode_attention_rotates_and_caches_the_new_rows(queue, monkeypatch
     inside the decode attention (ops.rope_cache_decode_attention): one launch a layer fewer in the recorded
     step, and the same greedy tokens and caches bit for bit as the two launches (ragged prompts: positions
     differ per row; keys split over several work-groups; the prompt itself takes the two launches)."""
+    from netcl.nn import transformer
     from netcl.ops import attention as attn
 
     monkeypatch.setattr(attn, "variant_override", "gpu")
     monkeypatch.setattr(attn, "DECODE_GROUPS_PER_CU", 1000)
     monkeypatch.setattr(attn, "DECODE_TILE_KEYS", (8,))   # a split of 8 keys a work-group
+    # the attention its own launch, counted below (GPUs would join it to the layer's or the layers' launch)
+    monkeypatch.setattr(transformer, "DECODE_ATTENTION_CHAIN", False)
     rng = np.random.default_rng(batch)
     prompts = [list(rng.integers(0, LLAMA["vocab_size"], n)) for n in (17, 9, 20)[:batch]]
     runs = []
@@ -304,6 +307,8 @@ def test_the_mlp_half_of_a_decode_layer_is_one_launch(queue, monkeypatch, dtype,
     if queue.device.capabilities.kind == "cpu":
         for name in ("float16", "bfloat16"):
             monkeypatch.setitem(variants.CLASS_DEFAULTS["cpu"]["gemv"][name], "GEMV_NORM", 1)
+    # the attention its own launch, counted below (GPUs would join it to the layer's or the layers' launch)
+    monkeypatch.setattr(transformer, "DECODE_ATTENTION_CHAIN", False)
     rng = np.random.default_rng(batch)
     prompts = [list(rng.integers(0, LLAMA["vocab_size"], n)) for n in (7, 9, 5)[:batch]]
     runs = []
