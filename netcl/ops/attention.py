@@ -245,7 +245,10 @@ def _dq_splits(slots: int, pairs: int, tiles: int, slack: float, most: int) -> i
 # merged by the last of them to finish (one launch: the queue's arrival counts, one per (batch, kv head)).
 # Splits: enough for DECODE_GROUPS_PER_CU work-groups per compute unit, at least one tile of keys each
 # (float64: one split, its parts cannot move through the 32-bit atomics of the merge); DECODE_ITEMS
-# work-items, tiles of the first of DECODE_TILE_KEYS that fits.
+# work-items; tiles of keys: the largest of DECODE_TILE_KEYS that fits and still gives every wanted split a
+# tile, else the smallest that fits (a short cache is latency: more, smaller splits; H100, TinyLlama's
+# layers in one launch at 96 cached keys: 64 keys a tile 1,095 us a step, 32 1,040, 16 1,007, 8 1,030; at
+# 1,064 keys 16 and 64 within 1%; bench/NOTES.md, twenty-fifth session).
 DECODE_MAX_ROWS = 16
 # H200, TinyLlama's 32:4 heads of 64, bfloat16, the splits merged in the last one (graph-replayed us at 96,
 # 1,000 and 4,000 cached keys, batch 8 at 200): 4 groups a CU and 128 items 14.0 / 22.7 / 51.6 / 15.6; 1 and
@@ -297,16 +300,28 @@ class DecodePhase:
         return kernel
 
 
-def decode_tiles(device: Any, rows: int, head_dim: int, dtype: Any) -> dict[str, int] | None:
+def decode_tiles(device: Any, rows: int, head_dim: int, dtype: Any, keys: int = 0,
+                 heads: int = 1) -> dict[str, int] | None:
     """attention_decode_gpu's defines (DR, DK, DNT) for `rows` rows per kv head, or None when no key tile fits
-    the device's local memory (the regular forward then runs)."""
+    the device's local memory (the regular forward then runs). DK: of the DECODE_TILE_KEYS that fit, the
+    largest that cuts `keys` (the cache's) into at least the splits wanted for `heads` (batch rows x kv
+    heads; decode_splits_wanted), else the smallest."""
     budget = device.capabilities.local_mem - 1024
-    for dk in DECODE_TILE_KEYS:
-        tiles = {"DR": rows, "DK": dk, "DNT": DECODE_ITEMS}
-        if _decode_local_bytes(tiles, head_dim, dtype) <= budget \
-                and DECODE_ITEMS <= device.capabilities.max_work_group_size:
-            return tiles
-    return None
+    if DECODE_ITEMS > device.capabilities.max_work_group_size:
+        return None
+    fits = sorted(dk for dk in DECODE_TILE_KEYS if _decode_local_bytes(
+        {"DR": rows, "DK": dk, "DNT": DECODE_ITEMS}, head_dim, dtype) <= budget)
+    if not fits:
+        return None
+    want = decode_splits_wanted(device, heads)
+    dk = max((d for d in fits if -(-keys // d) >= want), default=fits[0])
+    return {"DR": rows, "DK": dk, "DNT": DECODE_ITEMS}
+
+
+def decode_splits_wanted(device: Any, heads: int) -> int:
+    """Splits of the keys a decode attention of `heads` (batch rows x kv heads) work-groups of its own wants:
+    DECODE_GROUPS_PER_CU work-groups on every compute unit."""
+    return max(1, -(-DECODE_GROUPS_PER_CU * device.capabilities.compute_units // heads))
 
 
 def _decode_local_bytes(tiles: dict[str, int], head_dim: int, dtype: Any) -> int:
@@ -508,7 +523,7 @@ class _Problem:
         rows = self.group * self.SQ
         if self.variant() != "gpu" or rows > DECODE_MAX_ROWS:
             return None
-        return decode_tiles(self.device, rows, self.D, self.dtype)
+        return decode_tiles(self.device, rows, self.D, self.dtype, self.SK, self.B * self.HKV)
 
     def decode_phase(self, tiles: dict[str, int], out: Tensor, lse: Tensor, args: dict[str, Any],
                      defines: dict[str, Any] | None = None, layers: int = 1) -> DecodePhase:
@@ -517,9 +532,7 @@ class _Problem:
         splits' parts sized for `layers` layers one after the other (rope_cache_decode_phase)."""
         dk = tiles["DK"]
         tiles_of_keys = max(1, -(-self.SK // dk))
-        want = max(
-            1, -(-DECODE_GROUPS_PER_CU * self.device.capabilities.compute_units // (self.B * self.HKV))
-        )
+        want = decode_splits_wanted(self.device, self.B * self.HKV)
         nsplit = 1 if self.dtype == dtypes.float64 else min(want, tiles_of_keys)
         chunk = -(-tiles_of_keys // nsplit) * dk
         nsplit = max(1, -(-self.SK // chunk))

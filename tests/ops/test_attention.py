@@ -422,9 +422,24 @@ def decode_splits(monkeypatch):
     monkeypatch.setattr(attn, "DECODE_GROUPS_PER_CU", 1000)
 
 
+def test_decode_key_tiles_follow_the_cache(queue, monkeypatch):
+    """The decode attention's key tile: the largest that still gives every wanted split a tile of the cache,
+    else the smallest (a short cache is latency-bound: more, smaller splits)."""
+    monkeypatch.setattr(attn, "DECODE_TILE_KEYS", (64, 32, 16))
+    monkeypatch.setattr(attn, "DECODE_ITEMS", 1)
+    heads = 4
+    monkeypatch.setattr(attn, "DECODE_GROUPS_PER_CU", 4 * heads)
+    want = attn.decode_splits_wanted(queue.device, heads)
+    assert want == 4 * queue.device.capabilities.compute_units
+    for keys, dk in ((want * 64, 64), ((want - 1) * 64, 32), (want * 32, 32), (want * 16, 16),
+                     (want * 16 - 17, 16), (0, 16)):
+        tiles = attn.decode_tiles(queue.device, 8, 64, np.float32, keys, heads)
+        assert tiles == {"DR": 8, "DK": dk, "DNT": 1}, (keys, want)
+
+
 @pytest.mark.gpu_shaped
 @pytest.mark.parametrize("B,HQ,HKV,SQ,SK,D,dtype", [
-    (2, 4, 1, 1, 300, 32, np.float32),    # GQA: the 4 query heads of a kv head in one work-group; 5 splits
+    (2, 4, 1, 1, 300, 32, np.float32),    # GQA: the 4 query heads of a kv head in one work-group; 19 splits
     (1, 2, 2, 3, 130, 20, np.float16),    # 3 rows per head, a head dim not a multiple of 4, a partial tile
     (2, 8, 2, 2, 200, 128, np.float32),   # 8 rows x 32 float4s: several output slots per work-item
     (1, 2, 1, 1, 77, 32, np.float64),

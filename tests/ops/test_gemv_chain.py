@@ -185,7 +185,7 @@ def run_attention_layer(queue, layer, joined):
 
 @pytest.mark.gpu_shaped
 @pytest.mark.parametrize("dtype,position,keys,cap,splits,items", [
-    ("bfloat16", 21, None, 64, 1, None),
+    ("bfloat16", 21, 64, 64, 1, None),       # one split
     ("float16", 250, 64, 300, 5, None),
     ("float32", 99, 16, 128, 8, 96),       # the chain's work-items past the attention's 96 only wait
 ])
