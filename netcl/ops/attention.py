@@ -305,7 +305,7 @@ def decode_tiles(device: Any, rows: int, head_dim: int, dtype: Any, keys: int = 
     """attention_decode_gpu's defines (DR, DK, DNT) for `rows` rows per kv head, or None when no key tile fits
     the device's local memory (the regular forward then runs). DK: of the DECODE_TILE_KEYS that fit, the
     largest that cuts `keys` (the cache's) into at least the splits wanted for `heads` (batch rows x kv
-    heads; decode_splits_wanted), else the smallest."""
+    heads; decode_splits_wanted; float64 takes one split), else the smallest."""
     budget = device.capabilities.local_mem - 1024
     if DECODE_ITEMS > device.capabilities.max_work_group_size:
         return None
@@ -313,7 +313,7 @@ def decode_tiles(device: Any, rows: int, head_dim: int, dtype: Any, keys: int = 
         {"DR": rows, "DK": dk, "DNT": DECODE_ITEMS}, head_dim, dtype) <= budget)
     if not fits:
         return None
-    want = decode_splits_wanted(device, heads)
+    want = 1 if np.dtype(dtype) == dtypes.float64 else decode_splits_wanted(device, heads)  # float64: 1 split
     dk = max((d for d in fits if -(-keys // d) >= want), default=fits[0])
     return {"DR": rows, "DK": dk, "DNT": DECODE_ITEMS}
 

@@ -435,6 +435,8 @@ def test_decode_key_tiles_follow_the_cache(queue, monkeypatch):
                      (want * 16 - 17, 16), (0, 16)):
         tiles = attn.decode_tiles(queue.device, 8, 64, np.float32, keys, heads)
         assert tiles == {"DR": 8, "DK": dk, "DNT": 1}, (keys, want)
+    # float64 runs one split: the largest tile
+    assert attn.decode_tiles(queue.device, 8, 64, np.float64, want * 16, heads)["DK"] == 64
 
 
 @pytest.mark.gpu_shaped
