@@ -527,8 +527,8 @@ def decode_layers(blocks: list[TransformerBlock], x: Node, caches: list[KVCache]
     whole-layer launches (chain.gemv_layers: every layer in one launch where the device's argument space
     holds them): the last block's output, with the bits of the blocks run one by one (forward with `then`)
     and their caches written alike. None, having launched nothing, where that is not so: a block that does
-    not fit (_decode_layer), blocks that differ in shape, norms' eps, rotary tables or causality, a mask, a
-    gradient recording, the attention not fitting the launch (the caller then runs the blocks)."""
+    not fit (_decode_layer), blocks or caches that differ in shape, norms' eps, rotary tables or causality,
+    a mask, a gradient recording, the attention not fitting the launch (the caller then runs the blocks)."""
     if not (DECODE_CHAIN and DECODE_ATTENTION_CHAIN and DECODE_LAYER_CHAIN) or mask is not None \
             or ag.is_recording() or not blocks or len(blocks) != len(caches):
         return None
@@ -543,7 +543,8 @@ def decode_layers(blocks: list[TransformerBlock], x: Node, caches: list[KVCache]
             return None
         block.attn._check_cache(cache, position, 1)
         other = block.attn
-        if (other.rope is not attn.rope or other.causal != attn.causal or other.n_heads != attn.n_heads
+        if (cache.k.shape != caches[0].k.shape or cache.k.dtype != xv.dtype or other.rope is not attn.rope
+                or other.causal != attn.causal or other.n_heads != attn.n_heads
                 or other.n_kv_heads != attn.n_kv_heads or other.head_dim != attn.head_dim
                 or not isinstance(block.attn_norm, RMSNorm) or not isinstance(block.mlp_norm, RMSNorm)
                 or (block.attn_norm.eps, block.mlp_norm.eps) != (norms[0].eps, norms[1].eps)):
