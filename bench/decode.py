@@ -246,8 +246,10 @@ def main() -> int:
         batches = [int(b) for b in args.batches.split(",")]
     except ValueError:
         ap.error(f"--batches must be comma-separated integers, got {args.batches!r}")
-    if min(batches) < 1 or args.gen_tokens < 2 or args.prompt_tokens < 1 or args.repeats < 1:
-        ap.error("--batches >= 1, --gen-tokens >= 2, --prompt-tokens >= 1, --repeats >= 1")
+    if min(batches) < 1 or args.gen_tokens < 2 or args.prompt_tokens < 1 or args.repeats < 1 \
+            or args.prefill_tokens < 1:
+        ap.error("--batches >= 1, --gen-tokens >= 2, --prompt-tokens >= 1, --repeats >= 1, "
+                 "--prefill-tokens >= 1")
     out_path = (
         Path(args.out)
         if args.out
