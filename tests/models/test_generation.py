@@ -350,26 +350,36 @@ def test_a_decode_layer_is_one_launch(queue, monkeypatch, dtype):
     gpu_shaped_chain(monkeypatch, 8)
     monkeypatch.setattr(transformer, "DECODE_LAYER_CHAIN", False)
     prompt = list(np.random.default_rng(4).integers(0, LLAMA["vocab_size"], 13))
-    runs = []
-    for joined in (True, False):
-        monkeypatch.setattr(transformer, "DECODE_ATTENTION_CHAIN", joined)
-        model = make(queue, "llama", dtype=dtype, dim=32).stack_projections()
-        tokens = np.array(list(model.generate(prompt, 10, temperature=0)))
-        state = model._decoder
-        names = [op[1].name for op in state.graph.ops if op[0] == "k"]
-        runs.append((tokens, [(c.k.to_host(), c.v.to_host()) for c in state.caches], state.graph.launches,
-                     names.count("attention_decode_gpu"), names.count("gemv_chain")))
-    (tokens, caches, launches, alone, chains), (want_tokens, want_caches, want_launches, want_alone, _) = runs
+    (launches, alone, chains), (want_launches, want_alone, _), hidden = _decode_both_ways(
+        queue, monkeypatch, dtype, prompt, "DECODE_ATTENTION_CHAIN", ("attention_decode_gpu", "gemv_chain"))
     layers = LLAMA["n_layers"]
-    hidden = model.layers[0].mlp.w2.in_features
     # PyPI's PoCL 3.0 keeps the norm out of half rows' GEMVs (variants.gemv_rms_miscompiled): no chain there
     fits = gemv_rms_fits(queue.device, dtypes.normalize(dtype), 1, hidden, 32, glu=True)
     assert chains == (layers if fits else 0) and want_alone == layers
     assert (alone, launches) == ((1, want_launches - (layers - 1)) if fits else (layers, want_launches))
+
+
+def _decode_both_ways(queue, monkeypatch, dtype, prompt, switch, kernels):
+    """Greedy tokens of a small Llama (dim 32, hidden 128) with nn.transformer's `switch` on and then off:
+    asserts the tokens and every cache equal bit for bit, and returns, for each way, (the recorded decode
+    step's launches, how many of them are each of `kernels`), and the MLP's hidden width."""
+    from netcl.nn import transformer
+
+    runs = []
+    for on in (True, False):
+        monkeypatch.setattr(transformer, switch, on)
+        model = make(queue, "llama", dtype=dtype, dim=32).stack_projections()
+        tokens = np.array(list(model.generate(prompt, 10, temperature=0)))
+        state = model._decoder
+        names = [op[1].name for op in state.graph.ops if op[0] == "k"]
+        runs.append((tokens, [(c.k.to_host(), c.v.to_host()) for c in state.caches],
+                     (state.graph.launches, *[names.count(k) for k in kernels])))
+    (tokens, caches, counts), (want_tokens, want_caches, want_counts) = runs
     np.testing.assert_array_equal(tokens, want_tokens)
     for (k, v), (wk, wv) in zip(caches, want_caches, strict=True):
         np.testing.assert_array_equal(k.view(np.uint8), wk.view(np.uint8))
         np.testing.assert_array_equal(v.view(np.uint8), wv.view(np.uint8))
+    return counts, want_counts, model.layers[0].mlp.w2.in_features
 
 
 @pytest.mark.gpu_shaped
@@ -379,7 +389,6 @@ def test_a_decode_step_is_one_launch_for_all_layers(queue, monkeypatch, dtype, p
     (transformer.decode_layers, gemm_gemv.cl's gemv_layers; `per` layers a launch where the device's argument
     space holds fewer, forced here): the same greedy tokens and caches, bit for bit, as the blocks run one by
     one with a launch a layer, and the layers' launches replaced by ceil(layers / per)."""
-    from netcl.nn import transformer
     from netcl.ops.gemm import chain
     from netcl.ops.gemm.launch import gemv_rms_fits
     from tests.ops.test_gemv_chain import gpu_shaped_chain
@@ -388,25 +397,12 @@ def test_a_decode_step_is_one_launch_for_all_layers(queue, monkeypatch, dtype, p
     if per is not None:
         monkeypatch.setattr(chain, "layers_per_launch", lambda device: per)
     prompt = list(np.random.default_rng(5).integers(0, LLAMA["vocab_size"], 11))
-    runs = []
-    for layered in (True, False):
-        monkeypatch.setattr(transformer, "DECODE_LAYER_CHAIN", layered)
-        model = make(queue, "llama", dtype=dtype, dim=32).stack_projections()
-        tokens = np.array(list(model.generate(prompt, 10, temperature=0)))
-        state = model._decoder
-        names = [op[1].name for op in state.graph.ops if op[0] == "k"]
-        runs.append((tokens, [(c.k.to_host(), c.v.to_host()) for c in state.caches], state.graph.launches,
-                     names.count("gemv_layers")))
-    (tokens, caches, launches, layer_launches), (want_tokens, want_caches, want_launches, _) = runs
+    (launches, layer_launches), (want_launches, _), hidden = _decode_both_ways(
+        queue, monkeypatch, dtype, prompt, "DECODE_LAYER_CHAIN", ("gemv_layers",))
     layers = LLAMA["n_layers"]
-    hidden = model.layers[0].mlp.w2.in_features
     # PyPI's PoCL 3.0 keeps the norm out of half rows' GEMVs (variants.gemv_rms_miscompiled): no chain there
     fits = gemv_rms_fits(queue.device, dtypes.normalize(dtype), 1, hidden, 32, glu=True)
     launched = -(-layers // (per or layers))
     assert layer_launches == (launched if fits else 0)
     # one launch a layer before (the first layer's q/k/v product and attention two more) -> `launched`
     assert launches == (want_launches - (layers + 2) + launched if fits else want_launches)
-    np.testing.assert_array_equal(tokens, want_tokens)
-    for (k, v), (wk, wv) in zip(caches, want_caches, strict=True):
-        np.testing.assert_array_equal(k.view(np.uint8), wk.view(np.uint8))
-        np.testing.assert_array_equal(v.view(np.uint8), wv.view(np.uint8))
