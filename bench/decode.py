@@ -234,6 +234,12 @@ def main() -> int:
                          "(nn.transformer.DECODE_ATTENTION_CHAIN)")
     ap.add_argument("--no-layer-chain", action="store_true",
                     help="a launch a layer, not all layers in one launch (nn.transformer.DECODE_LAYER_CHAIN)")
+    ap.add_argument("--attention-keys", type=int, default=None, metavar="DK",
+                    help="the decode attention's keys a tile, fixed (ops.attention.DECODE_TILE_KEYS; "
+                         "default: by the cache's length)")
+    ap.add_argument("--attention-groups", type=int, default=None, metavar="G",
+                    help="the decode attention's wanted work-groups a compute unit "
+                         "(ops.attention.DECODE_GROUPS_PER_CU; 0: one split)")
     ap.add_argument("--out", default=None, help="JSON path (default bench/results/decode[_gpu].json)")
     args = ap.parse_args()
     if args.no_chain or args.no_attention_chain or args.no_layer_chain:
@@ -242,6 +248,16 @@ def main() -> int:
         transformer.DECODE_CHAIN = not args.no_chain
         transformer.DECODE_ATTENTION_CHAIN = not args.no_attention_chain
         transformer.DECODE_LAYER_CHAIN = not args.no_layer_chain
+    if (args.attention_keys is not None and args.attention_keys < 1) \
+            or (args.attention_groups is not None and args.attention_groups < 0):
+        ap.error("--attention-keys >= 1, --attention-groups >= 0")
+    if args.attention_keys is not None or args.attention_groups is not None:
+        from netcl.ops import attention
+
+        if args.attention_keys is not None:
+            attention.DECODE_TILE_KEYS = (args.attention_keys,)
+        if args.attention_groups is not None:
+            attention.DECODE_GROUPS_PER_CU = args.attention_groups
     try:
         batches = [int(b) for b in args.batches.split(",")]
     except ValueError:

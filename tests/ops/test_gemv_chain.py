@@ -264,7 +264,7 @@ def test_an_attention_that_does_not_fit_is_refused(queue, monkeypatch):
 
 
 # -- whole decode layers in one launch (gemm_gemv.cl's gemv_layers) ------------------------------------------
-def decode_layers(queue, dt, n, position, heads=(8, 2), head_dim=16, cap=40, hidden=48, seed=0):
+def random_decode_layers(queue, dt, n, position, heads=(8, 2), head_dim=16, cap=40, hidden=48, seed=0):
     """n decode layers of one row (their weights, the caches' contents on the host), the input row, the rope
     tables and the position."""
     from netcl import ops
@@ -330,7 +330,7 @@ def test_decode_layers_in_one_launch(queue, monkeypatch, dtype, n, per, position
     gpu_shaped_chain(monkeypatch, keys)
     if per is not None:
         monkeypatch.setattr(chain, "layers_per_launch", lambda device: per)
-    model = decode_layers(queue, dtypes.normalize(dtype), n, position, cap=cap)
+    model = random_decode_layers(queue, dtypes.normalize(dtype), n, position, cap=cap)
     want = run_decode_layers(queue, model, layered=False)
     for _ in range(2):
         got = run_decode_layers(queue, model, layered=True)
@@ -345,7 +345,7 @@ def test_decode_layers_refusals(queue, monkeypatch):
     from netcl.ops.gemm import chain
     from netcl.profiling import count_launches
 
-    model = decode_layers(queue, dtypes.bfloat16, 2, 5)
+    model = random_decode_layers(queue, dtypes.bfloat16, 2, 5)
     caches = [[Tensor.from_host(queue, c) for c in lay["caches"]] for lay in model["layers"]]
     layers = [chain.DecodeLayer(lay["wq"], lay["nwa"], kc, vc, lay["wo"], lay["nwm"], lay["wgu"], lay["wd"])
               for lay, (kc, vc) in zip(model["layers"], caches, strict=True)]
