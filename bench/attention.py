@@ -42,6 +42,7 @@ from netcl.core.backend import enqueue_copy  # noqa: E402
 from netcl.core.device import manager  # noqa: E402
 from netcl.core.tensor import Tensor  # noqa: E402
 from netcl.ops import attention as attn  # noqa: E402
+from netcl.ops.gemm import variants as gemm_variants  # noqa: E402
 from netcl.tune.tuner import time_callable  # noqa: E402
 
 FP32_PEAK_GPU = 67e12   # H200 FP32 (CUDA cores)
@@ -175,11 +176,20 @@ def memory_case(dev, rng) -> dict:
 # (attn.GPU_DQ_ATOMIC), native_exp (attn.GPU_NATIVE_EXP), backward (attn.GPU_BACKWARD), prefetch
 # (attn.GPU_PREFETCH; () = none), row_shfl (attn.GPU_ROW_SHFL), deterministic (netcl.set_deterministic: False
 # = dq by float atomics), split_resident (attn.GPU_DQ_SPLIT_RESIDENT: the work-groups per compute unit that
-# the deterministic pass's choice of dq copies assumes), split_add (attn.GPU_DQ_SPLIT_ADD). The first row of
+# the deterministic pass's choice of dq copies assumes), split_add (attn.GPU_DQ_SPLIT_ADD), tf32
+# (attn.GPU_TF32X3: False = attention_gpu.cl's float32 kernels where the TF32 units' 3xTF32 passes would run),
+# tf32_tiles (attn.TF32_TILES; the grid is then unused). The first row of
 # each kernel is the default and the reference of the others' err.
 SWEEP = [   # the most telling first (a run cut short by a time limit still prints them)
     ("forward", (16, 8, 8, 2), {}),
     ("backward", (16, 8, 4, 2), {}),
+    ("forward", (16, 8, 8, 2), {"tf32": False}),
+    ("backward", (16, 8, 4, 2), {"tf32": False}),
+    ("forward", (16, 8, 8, 2), {"tf32_tiles": {"WARPS": 2, "BN": 32, "BQ": 32}}),
+    ("backward", (16, 8, 4, 2), {"tf32_tiles": {"WARPS": 2, "BN": 32, "BQ": 32}}),
+    ("forward", (16, 8, 8, 2), {"tf32_tiles": {"WARPS": 2, "BN": 16, "BQ": 16}}),
+    ("backward", (16, 8, 4, 2), {"tf32_tiles": {"WARPS": 2, "BN": 16, "BQ": 16}}),
+    ("backward", (16, 8, 4, 2), {"tf32_tiles": {"WARPS": 4, "BN": 32, "BQ": 32, "dkdv": {"WARPS": 2}}}),
     ("backward", (16, 8, 4, 2), {"deterministic": False}),
     ("backward", (16, 8, 4, 2), {"split_resident": 2}),
     ("backward", (16, 8, 4, 2), {"split_resident": 8}),
@@ -194,7 +204,7 @@ SWEEP = [   # the most telling first (a run cut short by a time limit still prin
 ]
 _KNOBS = {"atomic": "GPU_DQ_ATOMIC", "native_exp": "GPU_NATIVE_EXP", "backward": "GPU_BACKWARD",
          "prefetch": "GPU_PREFETCH", "row_shfl": "GPU_ROW_SHFL", "split_resident": "GPU_DQ_SPLIT_RESIDENT",
-         "split_add": "GPU_DQ_SPLIT_ADD"}
+         "split_add": "GPU_DQ_SPLIT_ADD", "tf32": "GPU_TF32X3", "tf32_tiles": "TF32_TILES"}
 
 
 def sweep(dev, B: int, H: int, S: int, D: int, repeat: int, causal: bool, only: str = "") -> list[dict]:
@@ -292,8 +302,16 @@ def main() -> int:
     ap.add_argument("--skip", default="", help="comma list of peers to skip: torch")
     ap.add_argument("--mma-tiles", default="", help="also time netcl under each of these attention_mma.cl "
                     "tiles (a JSON list of dicts over attn.MMA_TILES), float16/bfloat16 only")
+    ap.add_argument("--no-tf32", action="store_true",
+                    help="float32 on attention_gpu.cl's kernels, not the TF32 units' 3xTF32 passes")
+    ap.add_argument("--nv-verbose", action="store_true",
+                    help="NVIDIA: build attention_tf32.cl with -cl-nv-verbose and print registers/spills")
     ap.add_argument("--out", default="bench/results/attention.json")
     args = ap.parse_args()
+    if args.no_tf32:
+        attn.GPU_TF32X3 = False
+    if args.nv_verbose:
+        gemm_variants.NV_VERBOSE = True
 
     B, H, S, D = (8, 16, 2048, 64) if args.gpu else (1, 8, 1024, 64)
     B, H, S, D = args.b or B, args.h or H, args.s or S, args.d or D

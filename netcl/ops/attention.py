@@ -15,7 +15,9 @@ out)), one for dk and dv (no atomics); on GPUs, float32 with all three gradients
 single pass instead (delta, then per key tile dk, dv and dq's share: 5 products per (query, key) pair where
 the two passes take 7; GPU_BACKWARD). Its dq shares go, while netcl.get_deterministic() (the default), into a
 float32 copy of dq per work-group, summed in a fixed order (the same bits on every run), else straight into
-dq by float atomic adds (GPU_DQ_SPLIT_RESIDENT, GPU_DQ_ATOMIC). Kernels
+dq by float atomic adds (GPU_DQ_SPLIT_RESIDENT, GPU_DQ_ATOMIC). On NVIDIA's matrix units the float16 /
+bfloat16 passes run attention_mma.cl, and float32 ones attention_tf32.cl (3xTF32: float32's accuracy, the
+two backward passes without atomics; GPU_TF32X3). Kernels
 (netcl/kernels/attention_*.cl), by device class: on CPUs a work-item (work-group size 1) takes a block of rows
 in private memory (attention_cpu.cl); on GPUs a work-group takes a tile of rows in local memory and streams
 the other operand's tiles past it (attention_gpu.cl), and a forward with few query rows per kv head (decoding
@@ -54,7 +56,7 @@ from netcl.errors import DTypeError, KernelBuildError, ShapeError
 from netcl.ops.declaration import OpDecl, declare
 from netcl.ops.determinism import get_deterministic
 from netcl.ops.elementwise import add, cast
-from netcl.ops.gemm.variants import has_wgmma, matrix_units
+from netcl.ops.gemm.variants import has_wgmma, matrix_units, print_build_log, verbose_options
 from netcl.ops.random import Generator, default_generator
 from netcl.ops.rope import ROPE_PAIRINGS, check_qkv_cache, rope_qkv_cache, table_rows
 
@@ -178,6 +180,21 @@ MMA_RB_MAX_HEAD_DIM = 64
 # The matrix-unit backward (dq pass, then dk/dv: no atomics) keeps k's and v's fragments and dk, dv in
 # registers: up to head dim 64 (larger ones take attention_gpu.cl's kernels).
 MMA_BACKWARD_MAX_HEAD_DIM = 64
+# float32 on NVIDIA's TF32 matrix units at float32's accuracy (attention_tf32.cl): each product as three TF32
+# mma.sync (3xTF32: both operands split into a TF32 high part and a TF32 rest, the rest times the rest
+# dropped, ~2^-22 of a product; CUTLASS's OpMultiplyAddFastF32, which PyTorch's float32 SDPA runs on sm_80+),
+# the forward and two backward passes (no atomics: the same bits every run, deterministic or not), head dims
+# that are multiples of 8 up to TF32_MAX_HEAD_DIM (q's or k's and v's fragments and two accumulators stay in
+# registers), every row on a 16-byte boundary. None = where the device has matrix units
+# (gemm.variants.matrix_units), or True / False (True on a device without them: the emulation, as
+# MMA_EMULATE). The other float32 problems take attention_gpu.cl's kernels.
+GPU_TF32X3: bool | None = None
+TF32_MAX_HEAD_DIM = 64
+# attention_tf32.cl's tiles: WARPS warps a work-group (16 query rows a warp; the dk/dv pass: 16 keys), BN keys
+# a tile of the forward and dq passes, BQ query rows a tile of the dk/dv pass (each through a two-stage
+# cp.async ring: 4 BN or 4 BQ rows of head dim + 4 floats of local memory); a pass's own tiles under its name
+# ("forward", "dq", "dkdv") override the shared ones.
+TF32_TILES: dict[str, Any] = {"WARPS": 4, "BN": 32, "BQ": 32}
 
 
 def _row_shfl(device: Any) -> bool:
@@ -648,6 +665,65 @@ class _Problem:
             capture.name_slots(**_SLOTS[kernel])
         return k
 
+    def tf32_tiles(self, kernel: str) -> dict[str, int]:
+        """attention_tf32.cl's tiles of pass `kernel` ("forward", "dq", "dkdv"; TF32_TILES), checked."""
+        tiles = {key: value for key, value in TF32_TILES.items() if not isinstance(value, dict)}
+        tiles.update(TF32_TILES.get(kernel, {}))
+        warps, rows = tiles.get("WARPS"), tiles.get("BQ" if kernel == "dkdv" else "BN")
+        if type(warps) is not int or type(rows) is not int or warps < 1 or rows < 16 or rows % 16 \
+                or 16 * warps > 2 * rows:
+            raise ValueError(f"TF32_TILES[{kernel!r}]: WARPS >= 1 and {'BQ' if kernel == 'dkdv' else 'BN'} a "
+                             f"multiple of 16 of at least 8 WARPS, got {tiles}")
+        return tiles
+
+    def tf32_local_bytes(self, kernel: str) -> int:
+        """Local memory of attention_tf32.cl's pass `kernel` (its header's sum, the emulation's scratch)."""
+        tiles = self.tf32_tiles(kernel)
+        rows = tiles["BQ"] if kernel == "dkdv" else tiles["BN"]
+        need = 4 * rows * (self.D + 4) * 4 + {"forward": 0, "dq": 2 * 16 * tiles["WARPS"],
+                                              "dkdv": 4 * tiles["BQ"]}[kernel] * 4
+        if self._tf32_emulated():
+            need += (tiles["WARPS"] * (16 * 8 + 8 * 8) + 32 * tiles["WARPS"]) * 4
+        return need
+
+    def _tf32_emulated(self) -> bool:
+        return MMA_EMULATE or not matrix_units(self.device)
+
+    def tf32_pass(self, kernel: str, *others: Tensor) -> bool:
+        """Whether pass `kernel` ("forward", "dq", "dkdv") of this float32 problem runs attention_tf32.cl
+        (GPU_TF32X3): the GPU variant, a head dim that is a multiple of 8 up to TF32_MAX_HEAD_DIM, the rows of
+        q, k, v and `others` (the backward's grad_out and out) on 16-byte boundaries, its local memory on the
+        device."""
+        if self.dtype != dtypes.float32 or self.D % 8 or self.D > TF32_MAX_HEAD_DIM:
+            return False
+        if self.variant() != "gpu":
+            return False
+        use = GPU_TF32X3 if GPU_TF32X3 is not None else bool(matrix_units(self.device))
+        return bool(use) and _rows_aligned(self.q, self.k, self.v, *others) and \
+            self.tf32_local_bytes(kernel) <= self.device.capabilities.local_mem
+
+    def launch_tf32(self, kernel: str, **args: Any) -> Any:
+        """attention_tf32.cl's pass `kernel` ("forward", "dq", "dkdv"; see tf32_pass); returns the kernel."""
+        tiles = self.tf32_tiles(kernel)
+        defines: dict[str, Any] = {"HEAD_DIM": self.D, "MASK": self.mask_kind, "WARPS": tiles["WARPS"],
+                                   "BN": tiles["BN"], "BQ": tiles["BQ"],
+                                   "MMA_PASS": {"forward": 1, "dq": 2, "dkdv": 3}[kernel]}
+        if self._tf32_emulated():
+            defines["MMA_EMULATE"] = None
+        elif GPU_NATIVE_EXP or (GPU_NATIVE_EXP is None and _nvidia(self.device)):
+            defines["NATIVE_EXP"] = None
+        prg = kernels.program(self.device, "attention_tf32.cl", dtype=self.dtype,
+                              options=("-cl-mad-enable", *verbose_options(self.device)), **defines)
+        print_build_log(self.device, prg, f"attention_tf32 {kernel}", defines)
+        threads = 32 * tiles["WARPS"]
+        rows, heads = (self.SK, self.HKV) if kernel == "dkdv" else (self.SQ, self.HQ)
+        k = getattr(prg, {"forward": "attention_forward_tf32", "dq": "attention_backward_dq_tf32",
+                          "dkdv": "attention_backward_dkdv_tf32"}[kernel])
+        k(self.queue, (-(-rows // (16 * tiles["WARPS"])) * threads, heads, self.B), (threads, 1, 1), **args)
+        if capture.recording_now():   # an op template (the fast path below): what a replay rebinds
+            capture.name_slots(**_SLOTS[kernel])
+        return k
+
     def fused_backward(self) -> bool:
         """Whether dq, dk and dv come from the single fused pass (GPU variant, float32, GPU_BACKWARD "fused",
         a grid that fits)."""
@@ -885,7 +961,8 @@ def _template_key(kind: str, q: Any, k: Any, v: Any, causal: Any, scale: Any, ma
     return ("attention", kind, _layout(q), _layout(k), _layout(v), causal, scale, _layout(mask),
             _layout(kv_len), *extra, id(MMA_TILES), WGMMA_PASSES, MMA_EMULATE, GPU_MMA, GPU_NATIVE_EXP,
             variant_override, MMA_RB_MAX_HEAD_DIM, MMA_BACKWARD_MAX_HEAD_DIM, GPU_PREFETCH, id(CPU_TILES),
-            id(GPU_GRIDS), GPU_BACKWARD, GPU_ROW_SHFL, GPU_DQ_ATOMIC, GPU_DQ_SPLIT_ADD, DECODE_MAX_ROWS,
+            id(GPU_GRIDS), GPU_TF32X3, id(TF32_TILES), TF32_MAX_HEAD_DIM, GPU_BACKWARD, GPU_ROW_SHFL,
+            GPU_DQ_ATOMIC, GPU_DQ_SPLIT_ADD, DECODE_MAX_ROWS,
             get_deterministic())
 
 
@@ -965,6 +1042,8 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, *, causal: Any = False, scale: Any
                     out_ss=np.int64(out.strides[2]), lse=lse.buffer)
         if pr.mma_forward():
             kernel = pr.launch_mma("forward", **rows, **pr.common_args(draw))
+        elif pr.tf32_pass("forward"):
+            kernel = pr.launch_tf32("forward", **rows, **pr.common_args(draw))
         else:
             kernel = pr.launch("forward", **rows, **pr.common_args(draw))
     if draw is not None:
@@ -1111,7 +1190,8 @@ def _backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, grad_ou
         draw = dropout_draw
     g, out = _rows_contiguous(grad_out), _rows_contiguous(out)
     mma = pr.mma_backward(g)
-    fused = not mma and need_dq and need_dkv and pr.fused_backward()
+    tf32 = not mma and pr.tf32_pass("dq", g, out) and (not need_dkv or pr.tf32_pass("dkdv"))
+    fused = not mma and not tf32 and need_dq and need_dkv and pr.fused_backward()
     # dq, dk and dv in q's, k's and v's memory order: heads of a (B, S, H, D) projection get gradients whose
     # (B, S, H * D) reshape for the projection's backward is a view, not a copy (the fused pass's dq, made by
     # float atomic adds over a float32 buffer, is contiguous)
@@ -1131,17 +1211,18 @@ def _backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, grad_ou
     args.update(_row_args("grad_out", g))
     args.update(_row_args("out", out))
     args.update(lse=lse.buffer, delta=delta.buffer)
-    if mma:
-        if not _rows_16_bytes(out):   # the dq pass reads out's rows 16 bytes at a time (delta)
+    if mma or tf32:
+        if mma and not _rows_16_bytes(out):   # the dq pass reads out's rows 16 bytes at a time (delta)
             out = out.clone()
             args.update(_row_args("out", out))
         # the matrix units' two passes: dq (and delta), then dk and dv; no atomics, the same bits each run
-        kernel = pr.launch_mma("dq", **_dq_rows(dq if dq is not None else delta),
-                               do_dq=np.int32(dq is not None), **args)
+        launch = pr.launch_mma if mma else pr.launch_tf32
+        kernel = launch("dq", **_dq_rows(dq if dq is not None else delta), do_dq=np.int32(dq is not None),
+                        **args)
         if draw is not None:
             _refresh_dropout_on_replay(draw, kernel, draws=False)
         if dk is not None:
-            kernel = pr.launch_mma("dkdv", **_grad_rows(dk, dv), **args)
+            kernel = launch("dkdv", **_grad_rows(dk, dv), **args)
             if draw is not None:
                 _refresh_dropout_on_replay(draw, kernel, draws=False)
         return dq, dk, dv

@@ -918,6 +918,113 @@ def test_matrix_units_forward_backward_match_float64(queue, rng, mma_emulated, d
     assert all(a.to_host().tobytes() == b.to_host().tobytes() for a, b in zip(grads, again, strict=True))
 
 
+# -- float32 on the TF32 units (attention_tf32.cl, 3xTF32), through the emulation where the device has none --
+@pytest.fixture
+def tf32_units(queue, monkeypatch):
+    """attention_tf32.cl for every float32 pass: the real kernels where the device has matrix units, else
+    their emulation of mma, ldmatrix, cp.async and the shuffles."""
+    monkeypatch.setattr(attn, "GPU_TF32X3", True)
+    monkeypatch.setattr(attn, "variant_override", "gpu")
+
+
+# (B, HQ, HKV, SQ, SK, D, case, tiles): few define sets (each an emulated build on PoCL): head dim 64 causal
+# with GQA over partial tiles (the default tiles); 32 with a bool mask, kv_len and dropout together; 24 (six
+# 16-byte chunks a row) with a float mask on two warps, 16-key and 16-query tiles (several tiles of both ring
+# stages a pass, a work-group's rows reaching past its ring tile)
+TF32_CASES = [
+    (1, 2, 1, 70, 70, 64, "causal", None),
+    (2, 2, 1, 33, 100, 32, "bool_mask_kv_len_dropout", None),
+    (1, 4, 2, 21, 45, 24, "float_mask", {"WARPS": 2, "BN": 16, "BQ": 16}),
+]
+
+
+@pytest.mark.gpu_shaped
+@pytest.mark.parametrize("B,HQ,HKV,SQ,SK,D,case,tiles", TF32_CASES,
+                         ids=[f"d{c[5]}-{c[6]}" for c in TF32_CASES])
+def test_tf32_units_forward_backward_match_float64(queue, rng, tf32_units, monkeypatch, B, HQ, HKV, SQ, SK, D,
+                                                    case, tiles):
+    """attention_tf32.cl's forward and two backward passes against float64 NumPy at float32's tolerances
+    (every case causal): 3xTF32 keeps about 21 bits of each operand; the backward twice gives the same bits
+    (no atomics, whether deterministic or not); results in their inputs' memory order."""
+    if tiles is not None:
+        monkeypatch.setattr(attn, "TF32_TILES", tiles)
+    q, k, v, g = inputs(rng, B, HQ, HKV, SQ, SK, D)
+    opts, host = {"causal": True}, {}
+    if case == "bool_mask_kv_len_dropout":
+        lengths = np.array([100, 7], np.int32)
+        opts["kv_len"], host["kv_len"] = dev(queue, lengths), lengths
+        mask = rng.random((B, HQ, SQ, SK)) < 0.6
+        mask[0, 1, 30] = False                                   # a row that attends nothing
+        opts["mask"], host["mask"] = dev(queue, mask), mask
+    elif case == "float_mask":
+        bias = rng.standard_normal((SQ, SK)).astype(np.float32)
+        bias[4, :] = -np.inf
+        opts["mask"], host["mask"] = dev(queue, bias), bias
+    nq, nk, nv, ng = (dev(queue, a) for a in (q, k, v, g))
+    if D == 64:  # q, k, v as heads of (B, S, H, D) projections: out, dk and dv come in their memory order
+        nq, nk, nv = (dev(queue, a.transpose(0, 2, 1, 3)).permute(0, 2, 1, 3) for a in (q, k, v))
+    pr = attn._Problem("test", nq, nk, nv, False, None, None, 0.0, None)
+    if tiles is None and not pr.tf32_pass("forward"):   # Oclgrind's 32 KB of local memory: smaller tiles
+        monkeypatch.setattr(attn, "TF32_TILES", {"WARPS": 2, "BN": 16, "BQ": 16})
+    assert pr.tf32_pass("forward") and pr.tf32_pass("dq", ng, ng) and pr.tf32_pass("dkdv")
+    if case == "bool_mask_kv_len_dropout":
+        opts.update(dropout_p=0.25, dropout_draw=attn.DropoutDraw(Generator(3)))
+        out, lse = ops.flash_attention_forward(nq, nk, nv, **opts)
+        keep = attn.attention_dropout_mask(queue, opts["dropout_draw"], (B, HQ, SQ, SK), 0.25).to_host()
+        want = reference(q, k, v, causal=True, keep=keep, dropout_p=0.25, grad_out=g, **host)
+    else:
+        out, lse = ops.flash_attention_forward(nq, nk, nv, **opts)
+        want = reference(q, k, v, causal=True, grad_out=g, **host)
+    assert out.dtype == np.float32 and lse.dtype == np.float32
+    np.testing.assert_allclose(out.to_host(), want[0], **TOL[np.float32])
+    np.testing.assert_allclose(lse.to_host(), want[1], rtol=1e-5, atol=1e-5)
+    if case == "bool_mask_kv_len_dropout":
+        assert np.all(out.to_host()[0, 1, 30] == 0) and lse.to_host()[0, 1, 30] == -np.inf
+    grads = ops.flash_attention_backward(nq, nk, nv, out, lse, ng, **opts)
+    for got, like in ((out, nq), (grads[0], nq), (grads[1], nk), (grads[2], nv)):  # their inputs' order
+        assert [st for st, n in zip(got.strides, got.shape) if n > 1] == \
+            [st for st, n in zip(like.strides, like.shape) if n > 1]
+    for name, got, ref in zip(("dq", "dk", "dv"), grads, want[2:], strict=True):
+        np.testing.assert_allclose(got.to_host(), ref, rtol=2e-4, atol=2e-5 * max(np.abs(ref).max(), 1.0),
+                                   err_msg=name)
+    netcl.set_deterministic(False)
+    try:
+        again = ops.flash_attention_backward(nq, nk, nv, out, lse, ng, **opts)
+    finally:
+        netcl.set_deterministic(True)
+    assert all(a.to_host().tobytes() == b.to_host().tobytes() for a, b in zip(grads, again, strict=True))
+
+
+def test_tf32_units_take_only_what_they_can(queue, rng, monkeypatch):
+    """attention_tf32.cl's conditions: float32 on the GPU variant, a head dim that is a multiple of 8 up to
+    TF32_MAX_HEAD_DIM, rows on 16-byte boundaries, tiles that fit the device; bad tiles say what is wrong."""
+    def problem(dt=np.float32, D=32, offset=0):
+        q = dev(queue, rng.standard_normal((1, 1, 5, D + offset)).astype(dt))[..., offset:]
+        k = dev(queue, rng.standard_normal((1, 1, 7, D)).astype(dt))
+        return attn._Problem("test", q, k, k, False, None, None, 0.0, None)
+    monkeypatch.setattr(attn, "GPU_TF32X3", None)
+    assert problem().tf32_pass("forward") == (bool(attn.matrix_units(queue.device))
+                                              and problem().variant() == "gpu")
+    monkeypatch.setattr(attn, "GPU_TF32X3", True)
+    monkeypatch.setattr(attn, "variant_override", "gpu")
+    assert problem().tf32_pass("forward") and problem(D=8).tf32_pass("dkdv") and problem(D=64).tf32_pass("dq")
+    assert not problem(np.float64).tf32_pass("forward") and not problem(np.float16).tf32_pass("forward")
+    assert not problem(D=20).tf32_pass("forward") and not problem(D=72).tf32_pass("forward")
+    assert not problem(offset=2).tf32_pass("forward")   # rows 8 bytes off a 16-byte boundary
+    monkeypatch.setattr(attn, "GPU_TF32X3", False)
+    assert not problem().tf32_pass("forward")
+    monkeypatch.setattr(attn, "GPU_TF32X3", True)
+    monkeypatch.setattr(attn, "variant_override", "cpu")
+    assert not problem().tf32_pass("forward")
+    monkeypatch.setattr(attn, "variant_override", "gpu")
+    for bad in ({"WARPS": 4, "BN": 24, "BQ": 32}, {"WARPS": 0, "BN": 32, "BQ": 32},
+                {"WARPS": 4, "BN": 16, "BQ": 32}, {"WARPS": 4, "BN": 32, "BQ": 32, "dkdv": {"BQ": 8}}):
+        monkeypatch.setattr(attn, "TF32_TILES", bad)
+        kernel = "dkdv" if "dkdv" in bad else "forward"
+        with pytest.raises(ValueError, match="TF32_TILES"):
+            problem().tf32_pass(kernel)
+
+
 def test_matrix_unit_forward_takes_only_what_it_can(queue, rng, monkeypatch):
     """The matrix-unit forward's conditions: float16/bfloat16, a head dim that is a multiple of 16 up to 128,
     rows on 16-byte boundaries, and a device with matrix units (or the emulation)."""
