@@ -193,9 +193,10 @@ def avg_pool2d(x: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0
     x = x.contiguous()
     out = Tensor.empty(x.queue, p.output_shape, x.dtype)
     if out.size:
-        prg = kernels.program(x.device, "pool.cl", dtype=x.dtype)
-        prg.avg_pool2d(x.queue, (p.OW, p.OH, p.N * p.C), None, x.buffer, np.int64(x.offset), out.buffer,
-                       *p.args(), np.int32(bool(count_include_pad)))
+        tail = (*p.args(), np.int32(bool(count_include_pad)))
+        launch = _pool_plan(("avg_pool2d", x.dtype, *map(int, tail)), x, "avg_pool2d",
+                            (p.OW, p.OH, p.N * p.C), tail)
+        launch(x.queue, x.buffer, x.offset, out.buffer)
     return out
 
 
@@ -212,18 +213,24 @@ def avg_pool2d_backward(grad_out: Tensor, input_shape: Sequence[int], kernel_siz
     gy = grad_out.contiguous()
     gx = Tensor.empty(gy.queue, tuple(input_shape), gy.dtype)
     if gx.size:
-        prg = kernels.program(gy.device, "pool.cl", dtype=gy.dtype)
-        prg.avg_pool2d_backward(
-            gy.queue,
-            (p.W, p.H, p.N * p.C),
-            None,
-            gy.buffer,
-            np.int64(gy.offset),
-            gx.buffer,
-            *p.args(),
-            np.int32(bool(count_include_pad)),
-        )
+        tail = (*p.args(), np.int32(bool(count_include_pad)))
+        launch = _pool_plan(("avg_pool2d_backward", gy.dtype, *map(int, tail)), gy, "avg_pool2d_backward",
+                            (p.W, p.H, p.N * p.C), tail)
+        launch(gy.queue, gy.buffer, gy.offset, gx.buffer)
     return gx
+
+
+def _pool_plan(key: tuple, x: Tensor, kernel: str, size: tuple[int, ...], tail: Sequence[Any]) -> Any:
+    """The Plan of one average-pooling launch of pool.cl's `kernel` over `size` (the kernel's arguments: the
+    input's buffer and offset, the output's buffer, then `tail`), kept in netcl.core.capture.plans under
+    `key` and the device: per call the two tensors fill its first three arguments."""
+    key = (*key, id(x.queue.device))
+    launch = capture.plans.get(key)
+    if launch is None:
+        prg = kernels.program(x.device, "pool.cl", dtype=x.dtype)
+        launch = getattr(prg, kernel).plan(size, None, (None, np.int64(0), None, *tail), (0, 1, 2))
+        capture.plans.put(key, launch)
+    return launch
 
 
 def _adaptive_size(output_size: Any, h: int, w: int) -> tuple[int, int]:
@@ -253,9 +260,9 @@ def adaptive_avg_pool2d(x: Tensor, output_size: Any) -> Tensor:
     x = x.contiguous()
     out = Tensor.empty(x.queue, (n, c, oh, ow), x.dtype)
     if out.size:
-        prg = kernels.program(x.device, "pool.cl", dtype=x.dtype)
-        prg.adaptive_avg_pool2d(x.queue, (ow, oh, n * c), None, x.buffer, np.int64(x.offset), out.buffer,
-                                *_adaptive_args(n, c, h, w, oh, ow))
+        launch = _pool_plan(("adaptive_avg_pool2d", x.dtype, (n, c, h, w), oh, ow), x, "adaptive_avg_pool2d",
+                            (ow, oh, n * c), _adaptive_args(n, c, h, w, oh, ow))
+        launch(x.queue, x.buffer, x.offset, out.buffer)
     return out
 
 
@@ -272,9 +279,9 @@ def adaptive_avg_pool2d_backward(grad_out: Tensor, input_shape: Sequence[int]) -
     gy = grad_out.contiguous()
     gx = Tensor.empty(gy.queue, (n, c, h, w), gy.dtype)
     if gx.size:
-        prg = kernels.program(gy.device, "pool.cl", dtype=gy.dtype)
-        prg.adaptive_avg_pool2d_backward(gy.queue, (w, h, n * c), None, gy.buffer, np.int64(gy.offset),
-                                         gx.buffer, *_adaptive_args(n, c, h, w, oh, ow))
+        launch = _pool_plan(("adaptive_avg_pool2d_backward", gy.dtype, (n, c, h, w), oh, ow), gy,
+                            "adaptive_avg_pool2d_backward", (w, h, n * c), _adaptive_args(n, c, h, w, oh, ow))
+        launch(gy.queue, gy.buffer, gy.offset, gx.buffer)
     return gx
 
 

@@ -140,6 +140,34 @@ def test_adaptive_avg_pool2d(queue, rng, shape, size):
     assert gx[0, -1, -1, -1] == pytest.approx(np.sum(ref_adaptive(basis, oh, ow) * gy))
 
 
+def test_average_pools_keep_one_plan_a_signature(queue, rng):
+    """The average pools' launches are Plans kept per call signature (netcl.core.capture.plans): a second call
+    of the same shape, on other memory at another offset (a view), adds no plan and reads its own input; a new
+    shape or output size adds one."""
+    from netcl.core import capture
+    x = rng.standard_normal((2, 3, 6, 5))
+    big = rng.standard_normal((4, 3, 6, 5))
+    calls = [lambda t: P.adaptive_avg_pool2d(t, (3, 2)), lambda t: P.avg_pool2d(t, 2, 1, 1),
+             lambda t: P.adaptive_avg_pool2d_backward(t, (2, 3, 12, 10)),
+             lambda t: P.avg_pool2d_backward(t, (2, 3, 5, 4), 2, 1, 1)]
+    wants = [lambda a: ref_adaptive(a, 3, 2), lambda a: ref_avg_pool(a, (2, 2), (1, 1), (1, 1), True, False),
+             None, None]
+    for call, want in zip(calls, wants, strict=True):
+        first = call(Tensor.from_host(queue, x)).to_host()
+        before = len(capture.plans)
+        view = Tensor.from_host(queue, big)[2:]   # the same shape at an offset into other memory
+        second = call(view).to_host()
+        assert len(capture.plans) == before
+        if want is not None:
+            assert_close(first, want(x))
+            assert_close(second, want(big[2:]))
+        else:
+            assert_close(second, call(Tensor.from_host(queue, big[2:].copy())).to_host(), rtol=0, atol=0)
+            assert not np.array_equal(first, second)
+    P.adaptive_avg_pool2d(Tensor.from_host(queue, x), (2, 2))
+    assert len(capture.plans) == before + 1
+
+
 def test_global_avg_pool2d_float32(queue, rng):
     x = rng.standard_normal((3, 5, 7, 7)).astype(np.float32)
     assert_close(
