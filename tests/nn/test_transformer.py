@@ -144,7 +144,8 @@ def test_attention_heads_need_no_copies(queue, rng, monkeypatch, use_rope):
     from netcl.ops import attention as attn_ops
 
     q_, k_ = Tensor.empty(queue, (2, 4, 9, 8)), Tensor.empty(queue, (2, 2, 9, 8))
-    fused = attn_ops._Problem("test", q_, k_, k_, True, None, None, 0.0, None).fused_backward()
+    pr = attn_ops._Problem("test", q_, k_, k_, True, None, None, 0.0, None)
+    fused = pr.fused_backward() and not (pr.tf32_pass("dq") and pr.tf32_pass("dkdv"))   # (the TF32 units')
     assert len(copies) == (0 if use_rope or not fused else 1)
     assert all(p.grad is not None for p in attn.parameters())
 

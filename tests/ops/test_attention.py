@@ -346,8 +346,10 @@ def test_gpu_ptx_atomics_fall_back_to_cas(queue, rng, monkeypatch, deterministic
 # -- determinism: the fused backward's dq (GPU kernels) --------------------------------------------------
 def _fused_backward_twice(queue, rng, monkeypatch, nsplit, shape, causal):
     """(dq, dk, dv) of the GPU variant's fused backward run twice on the same inputs (host arrays), the
-    reference, and the nsplit each run launched with (None: the atomic pass)."""
+    reference, and the nsplit each run launched with (None: the atomic pass). (Not the TF32 units' passes,
+    which float32 takes where the device has them.)"""
     monkeypatch.setattr(attn, "variant_override", "gpu")
+    monkeypatch.setattr(attn, "GPU_TF32X3", False)
     if nsplit is not None:
         monkeypatch.setattr(attn, "dq_splits", lambda device, b, h, keys, tile: min(nsplit, -(-keys // tile)))
     used = []
