@@ -343,6 +343,10 @@ def main() -> int:
             ("forward", "dq", "dkdv") if attn.has_wgmma(dev) else ())
         print(f"matrix-unit kernels (attention_mma.cl): tiles {attn.MMA_TILES}; the passes on wgmma: "
               f"{', '.join(wg) or 'none'} (head dim 64)")
+    elif gpu_variant and args.dtype == "float32" and D % 8 == 0 and D <= attn.TF32_MAX_HEAD_DIM and (
+            attn.GPU_TF32X3 if attn.GPU_TF32X3 is not None else bool(attn.matrix_units(dev))):
+        print(f"float32 on the TF32 units (attention_tf32.cl, 3xTF32): tiles {attn.TF32_TILES}; forward, dq "
+              f"and dk/dv passes, no atomics")
     elif gpu_variant:
         native = attn.GPU_NATIVE_EXP if attn.GPU_NATIVE_EXP is not None else attn._nvidia(dev)
         dq_adds = (f"dq copies per work-group ({attn.GPU_DQ_SPLIT_RESIDENT} resident per CU), add "
