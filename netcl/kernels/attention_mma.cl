@@ -62,6 +62,16 @@
 #if (HEAD_DIM % 16) || HEAD_DIM > 128 || (BN % 16) || (BM % WROWS) || RB < 1 || RB > 2
 #error "attention_mma.cl: HEAD_DIM a multiple of 16 up to 128, BN a multiple of 16, BM of 16 RB (RB 1 or 2)"
 #endif
+// DSPLIT (the dk/dv pass): dk's and dv's head-dim columns in DSPLIT slices, one a work-group (each recomputes
+// s^T and dp^T over the whole head dim: 6 products where one work-group takes 4), for head dims whose dk and
+// dv accumulators and k's and v's fragments do not fit the registers at once (128: 64 + 64 + 64 a lane)
+#ifndef DSPLIT
+#define DSPLIT 1
+#endif
+#define DBS (DB / DSPLIT)        // 8-column blocks of a slice of dk and dv
+#if DSPLIT < 1 || (DB % (2 * DSPLIT))
+#error "attention_mma.cl: DSPLIT slices of whole pairs of 8-column blocks"
+#endif
 
 // PREFETCH 1: the forward's and the dq pass's k and v tiles in a two-stage ring filled by cp.async, tile n + 1
 // in flight while tile n is computed (twice the tiles' local memory); 0: each tile loaded by the work-items
@@ -222,16 +232,18 @@ inline void issue_tile(__local ushort *dst, __global const ushort *base, const l
         for (int jb = 0; jb < (NBLK); jb += 2) MMA_B_PAIR(acc, a, kk, jb, ROWS, false, R, AT)
 // acc[DB][4] += A (16 x KSTEPS * 16, fragments a[KSTEPS][4]) times a local tile's rows kk * 16 .. (k side);
 // R blocks and AT as MMA_NT_BLOCKS
-#define MMA_KN_BLOCKS(acc, a, KSTEPS, ROWS, R, AT)                                                      \
+#define MMA_KN_BLOCKS(acc, a, KSTEPS, ROWS, R, AT, NDB)                                                 \
     MMA_UNROLL                                                                                          \
     for (int kk = 0; kk < (KSTEPS); ++kk)                                                               \
         MMA_UNROLL                                                                                      \
-        for (int db = 0; db < DB; db += 2) MMA_B_PAIR(acc, a, kk, db, ROWS, true, R, AT)
+        for (int db = 0; db < (NDB); db += 2) MMA_B_PAIR(acc, a, kk, db, ROWS, true, R, AT)
 // one block (the dk/dv pass: acc[..][4], a[..][4]); the warp's RB blocks (acc[RB][..][4], a[RB][..][4])
 #define MMA_NT(acc, a, NBLK, ROWS) MMA_NT_BLOCKS(acc, a, NBLK, ROWS, 1, ONE_AT)
-#define MMA_KN(acc, a, KSTEPS, ROWS) MMA_KN_BLOCKS(acc, a, KSTEPS, ROWS, 1, ONE_AT)
+#define MMA_KN(acc, a, KSTEPS, ROWS) MMA_KN_BLOCKS(acc, a, KSTEPS, ROWS, 1, ONE_AT, DB)
+// the dk/dv pass's slice of dk and dv (DSPLIT): its DBS blocks from column block KN_COL0 of the tile
+#define MMA_KN_SLICE(acc, a, KSTEPS, ROWS) MMA_KN_BLOCKS(acc, a, KSTEPS, ROWS, 1, ONE_AT, DBS)
 #define MMA_NT_RB(acc, a, NBLK, ROWS) MMA_NT_BLOCKS(acc, a, NBLK, ROWS, RB, RB_AT)
-#define MMA_KN_RB(acc, a, KSTEPS, ROWS) MMA_KN_BLOCKS(acc, a, KSTEPS, ROWS, RB, RB_AT)
+#define MMA_KN_RB(acc, a, KSTEPS, ROWS) MMA_KN_BLOCKS(acc, a, KSTEPS, ROWS, RB, RB_AT, DB)
 
 // MMA_WG 1: the score products on Hopper's warpgroup matrix units (wgmma, PTX sm_90a behind the "//NCWG "
 // prefix, netcl.core.ptx): s = q k^T and o += p v in the forward (MMA_PASS 1), s = q k^T and dp = dO v^T in
@@ -269,7 +281,7 @@ inline void issue_tile(__local ushort *dst, __global const ushort *base, const l
 #if MMA_WG
 #if (MMA_PASS == 1 || MMA_PASS == 2) && (HEAD_DIM != 64 || BN != 64 || RB != 1 || (BM % 64) || !PREFETCH)
 #error "attention_mma.cl MMA_WG forward and dq pass: HEAD_DIM 64, BN 64, RB 1, 64 rows a warpgroup, and the ring"
-#elif MMA_PASS == 3 && (HEAD_DIM != 64 || BQ != 64 || (BM % 64) || !DKDV_RING)
+#elif MMA_PASS == 3 && (HEAD_DIM != 64 || BQ != 64 || (BM % 64) || !DKDV_RING || DSPLIT != 1)
 #error "attention_mma.cl MMA_WG dk/dv pass: HEAD_DIM 64, BQ 64, 64 keys a warpgroup, and the ring"
 #elif MMA_PASS != 1 && MMA_PASS != 2 && MMA_PASS != 3
 #error "attention_mma.cl MMA_WG: the forward (MMA_PASS 1), the dq (2) or the dk/dv pass (3) alone"
@@ -658,7 +670,9 @@ void attention_forward_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARGS, LEN_AR
 // rows (the n side) at jb * 8 .. + 15, k step kk along the head dim; rows kk * 16 .. + 15 (the k side) at
 // columns db * 8 .. + 15, transposed
 #define NT_ROWS(tile, L) ((tile) + (jb * 8 + ((L) >> 4) * 8 + ((L) & 7)) * DPAD + kk * 16 + (((L) >> 3) & 1) * 8)
-#define KN_ROWS(tile, L) ((tile) + (kk * 16 + (((L) >> 3) & 1) * 8 + ((L) & 7)) * DPAD + (db + ((L) >> 4)) * 8)
+#define KN_ROWS(tile, L) ((tile) + (kk * 16 + (((L) >> 3) & 1) * 8 + ((L) & 7)) * DPAD                        \
+                          + (KN_COL0 + db + ((L) >> 4)) * 8)
+#define KN_COL0 0                // (the dk/dv pass: its slice's first column block)
 #define WARP_ROWS(tile, L) ((tile) + (warp * 16 + ((L) & 15)) * DPAD + kk * 16 + ((L) >> 4) * 8)
 // the dq pass's rows of a warp's row block rb
 #define WARP_RB_ROWS(tile, L) ((tile) + (warp * WROWS + rb * 16 + ((L) & 15)) * DPAD + kk * 16 + ((L) >> 4) * 8)
@@ -681,6 +695,14 @@ inline void store_rows2(__global T *base, const long row, const float acc[DB][4]
     __global uint *dst = (__global uint *)(base + row * HEAD_DIM);
     #pragma unroll
     for (int db = 0; db < DB; ++db) dst[db * 4 + t] = pack2(acc[db][2 * r] * mul, acc[db][2 * r + 1] * mul);
+}
+
+// the same for a slice of DBS column blocks from block col0 (the dk/dv pass's DSPLIT)
+inline void store_slice2(__global T *row, const float acc[DBS][4], const int r, const float mul, const int t,
+                         const int col0) {
+    __global uint *dst = (__global uint *)row + col0 * 4;
+    #pragma unroll
+    for (int db = 0; db < DBS; ++db) dst[db * 4 + t] = pack2(acc[db][2 * r] * mul, acc[db][2 * r + 1] * mul);
 }
 
 // the sum of the products of two rows of eight 16-bit values (T's bits) in float32
@@ -963,7 +985,10 @@ void attention_backward_dkdv_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(gra
     __local float scratch_a[WARPS * 16 * KSTEP], scratch_b[WARPS * KSTEP * 8], shx[THREADS];
 #endif
     const int tid = get_local_id(0), lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
-    const int j0 = get_group_id(0) * KEYS, hk = get_global_id(1), b = get_global_id(2);
+    const int j0 = get_group_id(0) / DSPLIT * KEYS, hk = get_global_id(1), b = get_global_id(2);
+    const int dcol0 = get_group_id(0) % DSPLIT * DBS;   // this work-group's slice of dk's and dv's columns
+#undef KN_COL0
+#define KN_COL0 dcol0
     if (j0 >= SK) return;
     const int L = valid_keys(kv_len, kv_len_off, has_kv_len, kv_len_stride, b, SK);
     const int jloc[2] = {warp * 16 + g, warp * 16 + g + 8};
@@ -989,9 +1014,9 @@ void attention_backward_dkdv_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(gra
         }
     }
 #endif
-    float dka[DB][4], dva[DB][4];
-    ZERO_ACC(dka, DB);
-    ZERO_ACC(dva, DB);
+    float dka[DBS][4], dva[DBS][4];
+    ZERO_ACC(dka, DBS);
+    ZERO_ACC(dva, DBS);
 
     // the first query row that may see key j0 (causal: bottom-right aligned), rounded down to a tile; the
     // query tiles of every head of the group as one sequence of GROUP * ntiles
@@ -1143,15 +1168,17 @@ void attention_backward_dkdv_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(gra
         WGR_TILE(dva, pa, gsb, gat, DESC_MN, 1, 1);   // dv += (p z)^T dO, dk += ds^T q: the tiles read MN-major
         WGR_TILE(dka, da, qsb, qat, DESC_MN, 1, 1);
 #else
-        MMA_KN(dva, pa, BQ / 16, GS_KN_T);
-        MMA_KN(dka, da, BQ / 16, QS_KN_T);
+        MMA_KN_SLICE(dva, pa, BQ / 16, GS_KN_T);
+        MMA_KN_SLICE(dka, da, BQ / 16, QS_KN_T);
 #endif
     }
     #pragma unroll
     for (int r = 0; r < 2; ++r)
         if (j0 + jloc[r] < SK) {
-            store_rows2(GRAD_ROW(dk, b, hk, j0 + jloc[r]), 0, dka, r, scale, t);
-            store_rows2(GRAD_ROW(dv, b, hk, j0 + jloc[r]), 0, dva, r, 1.0f, t);
+            store_slice2(GRAD_ROW(dk, b, hk, j0 + jloc[r]), dka, r, scale, t, dcol0);
+            store_slice2(GRAD_ROW(dv, b, hk, j0 + jloc[r]), dva, r, 1.0f, t, dcol0);
         }
+#undef KN_COL0
+#define KN_COL0 0
 }
 #endif

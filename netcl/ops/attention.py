@@ -178,8 +178,10 @@ MMA_TILES: dict[str, Any] = {"BM": 64, "BN": 64, "BQ": 64, "PREFETCH": 1, "DKDV_
 WGMMA_PASSES: tuple[str, ...] | None = None
 MMA_RB_MAX_HEAD_DIM = 64
 # The matrix-unit backward (dq pass, then dk/dv: no atomics) keeps k's and v's fragments and dk, dv in
-# registers: up to head dim 64 (larger ones take attention_gpu.cl's kernels).
-MMA_BACKWARD_MAX_HEAD_DIM = 64
+# registers: whole up to head dim 64; above it each dk/dv work-group takes half of dk's and dv's columns
+# (attention_mma.cl DSPLIT 2: s^T and dp^T computed by both halves), for head dims that are multiples of 32 up
+# to MMA_BACKWARD_MAX_HEAD_DIM (the others take attention_gpu.cl's kernels).
+MMA_BACKWARD_MAX_HEAD_DIM = 128
 # float32 on NVIDIA's TF32 matrix units at float32's accuracy (attention_tf32.cl): each product as three TF32
 # mma.sync (3xTF32: both operands split into a TF32 high part and a TF32 rest, the rest times the rest
 # dropped, ~2^-22 of a product; CUTLASS's OpMultiplyAddFastF32, which PyTorch's float32 SDPA runs on sm_80+),
@@ -588,8 +590,10 @@ class _Problem:
 
     def mma_backward(self, grad_out: Tensor) -> bool:
         """Whether the backward runs attention_mma.cl's two passes: the forward's conditions, a head dim up to
-        MMA_BACKWARD_MAX_HEAD_DIM, and grad_out's rows on 16-byte boundaries too."""
-        return self.D <= MMA_BACKWARD_MAX_HEAD_DIM and self.mma_forward() and _rows_16_bytes(grad_out)
+        MMA_BACKWARD_MAX_HEAD_DIM (above 64 a multiple of 32: dk/dv in two column slices), and grad_out's rows
+        on 16-byte boundaries too."""
+        return (self.D <= 64 or (self.D <= MMA_BACKWARD_MAX_HEAD_DIM and self.D % 32 == 0)) \
+            and self.mma_forward() and _rows_16_bytes(grad_out)
 
     def wgmma_pass(self, kernel: str) -> bool:
         """Whether the matrix-unit pass `kernel` ("forward", "dq", "dkdv") takes its products on wgmma
@@ -647,6 +651,13 @@ class _Problem:
                                    f"memory; {self.device.describe()} has {local_mem}")
         if defines.get("PREFETCH") and ring > local_mem:
             defines["PREFETCH"] = 0
+        if kernel == "dkdv" and self.D > 64:   # dk's and dv's columns in two slices (DSPLIT)
+            defines["DSPLIT"] = 2
+            if defines.get("DKDV_RING") and dkdv_ring > local_mem and defines["BQ"] > 32:
+                # the ring with 32-row query tiles rather than none (H200, bfloat16, head dim 64: no ring 4.31
+                # ms against 3.14 with it at BQ 32; bench/NOTES.md)
+                defines["BQ"] = 32
+                dkdv_ring = 2 * max(2 * defines["BQ"], defines["BM"]) * (self.D + 8) * 2 + 16 * defines["BQ"]
         if defines.get("DKDV_RING") and dkdv_ring > local_mem:
             defines["DKDV_RING"] = 0
         if MMA_EMULATE:
@@ -660,7 +671,8 @@ class _Problem:
         per_group = tiles["BM"]   # query rows a work-group (dk/dv: keys, 16 a warp)
         k = getattr(prg, {"forward": "attention_forward_mma", "dq": "attention_backward_dq_mma",
                           "dkdv": "attention_backward_dkdv_mma"}[kernel])
-        k(self.queue, (-(-rows // per_group) * threads, heads, self.B), (threads, 1, 1), **args)
+        slices = defines.get("DSPLIT", 1)   # (dk/dv: work-groups a key tile)
+        k(self.queue, (-(-rows // per_group) * slices * threads, heads, self.B), (threads, 1, 1), **args)
         if capture.recording_now():   # an op template (the fast path below): what a replay rebinds
             capture.name_slots(**_SLOTS[kernel])
         return k

@@ -127,3 +127,39 @@ def test_attention_decode_rotates_and_writes_the_caches(queue, monkeypatch, D, p
         runs.append([t.to_host() for t in (out, lse, kc, vc)])
     for got, want in zip(*runs, strict=True):
         np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("kind", ["tf32", "bf16-dsplit"])
+def test_attention_matrix_unit_passes(queue, monkeypatch, kind):
+    """The matrix-unit passes through their emulation, on small tiles (Oclgrind's 32 KiB of local memory):
+    attention_tf32.cl's forward, dq and dk/dv (float32, D = 24: six 16-byte chunks a row, two warps, 16-key
+    and 16-query tiles, both ring stages), and attention_mma.cl's bfloat16 passes at D = 96, whose dk/dv pass
+    takes dk's and dv's columns in two slices (DSPLIT); GQA, a bool mask, kv_len, causal rows and dropout."""
+    from netcl.core import dtypes
+    monkeypatch.setattr(attn, "MMA_EMULATE", True)
+    if kind == "tf32":
+        monkeypatch.setattr(attn, "GPU_TF32X3", True)
+        monkeypatch.setattr(attn, "TF32_TILES", {"WARPS": 2, "BN": 16, "BQ": 16})
+        monkeypatch.setattr(attn, "variant_override", "gpu")
+        dt, D, tol = np.dtype(np.float32), 24, 1e-4
+    else:
+        monkeypatch.setattr(attn, "MMA_TILES", {"BM": 32, "BN": 16, "BQ": 16, "PREFETCH": 1, "DKDV_RING": 1})
+        dt, D, tol = np.dtype(dtypes.bfloat16), 96, 5e-2
+    rng = np.random.default_rng(6)
+    B, HQ, HKV, SQ, SK, p = 1, 2, 1, 37, 41, 0.25
+    rows = ((B, HQ, SQ, D), (B, HKV, SK, D), (B, HKV, SK, D), (B, HQ, SQ, D))
+    q, k, v, g = (rng.standard_normal(s).astype(dt) for s in rows)
+    mask = rng.random((B, 1, SQ, SK)) < 0.8
+    lengths = np.array([35], np.int32)
+    nq, nk, nv, ng = (dev(queue, t) for t in (q, k, v, g))
+    pr = attn._Problem("test", nq, nk, nv, False, None, None, 0.0, None)
+    assert (pr.tf32_pass("forward") and pr.tf32_pass("dkdv")) if kind == "tf32" else pr.mma_backward(ng)
+    opts = dict(causal=True, mask=dev(queue, mask), kv_len=dev(queue, lengths), dropout_p=p)
+    draw = attn.DropoutDraw(Generator(7))
+    out, lse = ops.flash_attention_forward(nq, nk, nv, dropout_draw=draw, **opts)
+    grads = ops.flash_attention_backward(nq, nk, nv, out, lse, ng, dropout_draw=draw, **opts)
+    keep = attn.attention_dropout_mask(queue, draw, (B, HQ, SQ, SK), p).to_host()
+    want = reference(q, k, v, causal=True, mask=mask, kv_len=lengths, keep=keep, dropout_p=p, grad_out=g)
+    close(out, want[0], tol, tol)
+    for got, ref in zip(grads, want[2:], strict=True):
+        close(got, ref, tol, tol * max(np.abs(ref).max(), 1.0))
