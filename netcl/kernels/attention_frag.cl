@@ -4,7 +4,8 @@
 // columns 2t and 2t + 1 of each block), the masks and dropout of a tile of scores in that layout, the quad
 // shuffles of the row statistics and the cp.async groups. The includer has included attention_common.cl and
 // mma_sync.cl, and names `t`, `j0`, `L`, `SQ`, `causal`, `mask`, `mbase`, `mask_si`, `mask_sj`, `row0` and
-// the dropout arguments where it uses MASK_ROWS / DROP_ROWS (NB: the 8-key blocks of a tile), and `shx`,
+// the dropout arguments where it uses MASK_ROWS / DROP_ROWS (NB: the 8-key blocks of a tile; MASK_COLS:
+// `jloc`, `i0`), and `shx`,
 // `tid` where it emulates the shuffles.
 #ifndef NETCL_ATTENTION_FRAG_CL
 #define NETCL_ATTENTION_FRAG_CL
@@ -66,6 +67,17 @@ inline bool open_tile(const int j0, const int n, const int i0, const int L, cons
             const int r_ = e >> 1, j_ = j0 + jb * 8 + 2 * t + (e & 1);                                  \
             s[jb][e] = masked_score(s[jb][e], irow[r_], j_, L, SQ, causal, mask,                        \
                                     mbase + irow[r_] * mask_si + j_ * mask_sj);                         \
+        }
+// The masks of a tile of transposed scores s[NQB][4] (the dk/dv passes' layout: keys j0 + jloc[e >> 1] the
+// rows, queries i0 + jb * 8 + 2t + (e & 1) the columns, clamped to the last row for the mask's index), for
+// tiles that have masked pairs
+#define MASK_COLS(s, NQB)                                                                               \
+    _Pragma("unroll")                                                                                   \
+    for (int jb = 0; jb < (NQB); ++jb)                                                                  \
+        _Pragma("unroll")                                                                               \
+        for (int e = 0; e < 4; ++e) {                                                                   \
+            const int j_ = j0 + jloc[e >> 1], i_ = min(i0 + jb * 8 + 2 * t + (e & 1), SQ - 1);          \
+            s[jb][e] = masked_score(s[jb][e], i_, j_, L, SQ, causal, mask, mbase + i_ * mask_si + j_ * mask_sj); \
         }
 // target[jb][e] *= dropout's multiplier of the pair where p[jb][e] != 0 (the same layout; rows row0 + rloc[r])
 #define DROP_ROWS(target, p, rloc)                                                                      \

@@ -1127,13 +1127,7 @@ void attention_backward_dkdv_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(gra
         // p^T z in st's (z: dropout's multiplier, 1 without)
         SCALE_ACC(st, QB, scale);
         if (!open_tile(j0, KEYS, i0, L, SQ, causal)) {
-            #pragma unroll
-            for (int jb = 0; jb < QB; ++jb)
-                #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int j = j0 + jloc[e >> 1], i = min(i0 + jb * 8 + 2 * t + (e & 1), SQ - 1);
-                    st[jb][e] = masked_score(st[jb][e], i, j, L, SQ, causal, mask, mbase + i * mask_si + j * mask_sj);
-                }
+            MASK_COLS(st, QB);
         }
         #pragma unroll
         for (int jb = 0; jb < QB; ++jb)

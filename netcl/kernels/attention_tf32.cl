@@ -168,6 +168,16 @@ inline void issue_rows_f(__local float *dst, __global const float *base, const l
     }
 }
 
+// the raw A fragments a[DK8][4] of 16 rows of a local tile from `rows` (the warp's first), k step by k step
+inline void warp_fragments(uint a[DK8][4], __local float *rows, const int lane) {
+    const int g = lane >> 2, t = lane & 3;
+    (void)g; (void)t;   // (the emulated ldmatrix's lane coordinates)
+#define WARP_ROWS_(LN) A_ROWS(rows, 0, LN)
+    MMA_UNROLL
+    for (int kk = 0; kk < DK8; ++kk) LDSM(a[kk], WARP_ROWS_, false);
+#undef WARP_ROWS_
+}
+
 // the accumulators' two rows r (0: g, 1: g + 8) times mul into row `row` of a float operand
 inline void store_acc_row(__global float *row, const float acc[DB][4], const int r, const float mul, const int t) {
     #pragma unroll
@@ -207,14 +217,9 @@ void attention_forward_tf32(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARGS, LEN_A
     uint qh[DK8][4], ql[DK8][4];
     load_rows_f(ring, q + q_off + b * q_sb + h * q_sh, q_ss, i0, BM, SQ, tid);
     barrier(CLK_LOCAL_MEM_FENCE);
+    warp_fragments(qh, ring + warp * 16 * DPADF, lane);
     MMA_UNROLL
-    for (int kk = 0; kk < DK8; ++kk) {
-        uint r[4];
-#define Q_ROWS(LN) A_ROWS(ring, warp * 16, LN)
-        LDSM(r, Q_ROWS, false);
-#undef Q_ROWS
-        SPLIT_A(qh[kk], ql[kk], r);
-    }
+    for (int kk = 0; kk < DK8; ++kk) SPLIT_A(qh[kk], ql[kk], qh[kk]);
     float o[DB][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
     ZERO_ACC(o, DB);
 
@@ -363,15 +368,8 @@ void attention_backward_dq_tf32(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(grad
     load_rows_f(ring, q + q_off + b * q_sb + h * q_sh, q_ss, i0, BM, SQ, tid);
     load_rows_f(ring + 2 * BN * DPADF, grow, grad_out_ss, i0, BM, SQ, tid);
     barrier(CLK_LOCAL_MEM_FENCE);
-    MMA_UNROLL
-    for (int kk = 0; kk < DK8; ++kk) {
-#define Q_ROWS(LN) A_ROWS(ring, warp * 16, LN)
-#define G_ROWS(LN) A_ROWS(ring + 2 * BN * DPADF, warp * 16, LN)
-        LDSM(qa[kk], Q_ROWS, false);
-        LDSM(ga[kk], G_ROWS, false);
-#undef Q_ROWS
-#undef G_ROWS
-    }
+    warp_fragments(qa, ring + warp * 16 * DPADF, lane);
+    warp_fragments(ga, ring + (2 * BN + warp * 16) * DPADF, lane);
     float lse_r[2], delta_r[2];
     #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -425,7 +423,9 @@ void attention_backward_dq_tf32(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(grad
             for (int e = 0; e < 4; ++e) s[jb][e] = EXP2F(fma(s[jb][e], c, -lse_r[e >> 1]));
 #else
         SCALE_ACC(s, NB, scale);
-        if (!open_tile(j0, BN, i0, L, SQ, causal)) MASK_ROWS(s, irow);
+        if (!open_tile(j0, BN, i0, L, SQ, causal)) {
+            MASK_ROWS(s, irow);
+        }
         #pragma unroll
         for (int jb = 0; jb < NB; ++jb)
             #pragma unroll
@@ -472,15 +472,8 @@ void attention_backward_dkdv_tf32(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(gr
     load_rows_f(ring, k + k_off + b * k_sb + hk * k_sh, k_ss, j0, KEYS, SK, tid);
     load_rows_f(ring + 2 * BQ * DPADF, v + v_off + b * v_sb + hk * v_sh, v_ss, j0, KEYS, SK, tid);
     barrier(CLK_LOCAL_MEM_FENCE);
-    MMA_UNROLL
-    for (int kk = 0; kk < DK8; ++kk) {
-#define K_ROWS(LN) A_ROWS(ring, warp * 16, LN)
-#define V_ROWS(LN) A_ROWS(ring + 2 * BQ * DPADF, warp * 16, LN)
-        LDSM(ka[kk], K_ROWS, false);
-        LDSM(va[kk], V_ROWS, false);
-#undef K_ROWS
-#undef V_ROWS
-    }
+    warp_fragments(ka, ring + warp * 16 * DPADF, lane);
+    warp_fragments(va, ring + (2 * BQ + warp * 16) * DPADF, lane);
     float dka[DB][4], dva[DB][4];
     ZERO_ACC(dka, DB);
     ZERO_ACC(dva, DB);
@@ -528,17 +521,11 @@ void attention_backward_dkdv_tf32(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(gr
         NT3(dpt, va, QB, G_ROWS);
 #undef Q_ROWS
 #undef G_ROWS
-        // p^T = exp(s^T - lse) (0 where masked; rows past SQ have lse = +inf: 0); ds^T = p^T (z dp^T - delta)
-        // in dpt's place and p^T z in st's (z: dropout's multiplier, 1 without)
+        // p^T = exp(s^T - lse) (0 where masked; columns past SQ meet zero rows of q and dO in the products);
+        // ds^T = p^T (z dp^T - delta) in dpt's place and p^T z in st's (z: dropout's multiplier, 1 without)
         SCALE_ACC(st, QB, scale);
         if (!open_tile(j0, KEYS, i0, L, SQ, causal)) {
-            #pragma unroll
-            for (int jb = 0; jb < QB; ++jb)
-                #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int j = j0 + jloc[e >> 1], i = min(i0 + jb * 8 + 2 * t + (e & 1), SQ - 1);
-                    st[jb][e] = masked_score(st[jb][e], i, j, L, SQ, causal, mask, mbase + i * mask_si + j * mask_sj);
-                }
+            MASK_COLS(st, QB);
         }
         #pragma unroll
         for (int jb = 0; jb < QB; ++jb)

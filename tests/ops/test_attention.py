@@ -880,6 +880,19 @@ def test_matrix_units_forward_backward_match_float64(queue, rng, mma_emulated, d
     """attention_mma.cl's forward and its two backward passes (head dim 128: dk and dv in two column slices)
     against float64 NumPy on the inputs rounded to `dt` (every case causal); the backward twice gives the same
     bits (no atomics)."""
+    _matrix_unit_case(queue, rng, np.dtype(dt), B, HQ, HKV, SQ, SK, D, case,
+                      lambda pr, ng: pr.mma_forward() and pr.mma_backward(ng), MMA_TOL[np.dtype(dt)],
+                      # ds and p rounded to the inputs' dtype before their products (FlashAttention-2's way)
+                      dict(rtol=5e-2, atol=2e-2))
+
+
+def _matrix_unit_case(queue, rng, dt, B, HQ, HKV, SQ, SK, D, case, routed, tol, grad_tol):
+    """One case of the matrix-unit passes (every case causal; `case`: "bool_mask_kv_len_dropout" with a row
+    that attends nothing, "float_mask" with a row of -inf, else none) against float64 NumPy on the inputs
+    rounded to `dt`: out within `tol`, lse within 1e-5, the gradients within grad_tol (atol relative to the
+    largest value); routed(problem, grad_out) says the passes under test take the call; out, dq, dk, dv in
+    their inputs' memory order; the backward again, under the other determinism switch, gives the same
+    bits (no atomics either way)."""
     q, k, v, g = (a.astype(dt) for a in inputs(rng, B, HQ, HKV, SQ, SK, D))
     opts, host = {"causal": True}, {}
     if case == "bool_mask_kv_len_dropout":
@@ -895,8 +908,7 @@ def test_matrix_units_forward_backward_match_float64(queue, rng, mma_emulated, d
     nq, nk, nv, ng = (dev(queue, a) for a in (q, k, v, g))
     if D == 64:  # q, k, v as heads of (B, S, H, D) projections: out, dk and dv come in their memory order
         nq, nk, nv = (dev(queue, a.transpose(0, 2, 1, 3)).permute(0, 2, 1, 3) for a in (q, k, v))
-    pr = attn._Problem("test", nq, nk, nv, False, None, None, 0.0, None)
-    assert pr.mma_forward() and pr.mma_backward(ng)
+    assert routed(attn._Problem("test", nq, nk, nv, False, None, None, 0.0, None), ng)
     if case == "bool_mask_kv_len_dropout":
         opts.update(dropout_p=0.25, dropout_draw=attn.DropoutDraw(Generator(3)))
         out, lse = ops.flash_attention_forward(nq, nk, nv, **opts)
@@ -905,8 +917,8 @@ def test_matrix_units_forward_backward_match_float64(queue, rng, mma_emulated, d
     else:
         out, lse = ops.flash_attention_forward(nq, nk, nv, **opts)
         want = reference(q, k, v, causal=True, grad_out=g, **host)
-    assert out.dtype == np.dtype(dt) and lse.dtype == np.float32
-    np.testing.assert_allclose(out.to_host().astype(np.float64), want[0], **MMA_TOL[np.dtype(dt)])
+    assert out.dtype == dt and lse.dtype == np.float32
+    np.testing.assert_allclose(out.to_host().astype(np.float64), want[0], **tol)
     np.testing.assert_allclose(lse.to_host(), want[1], rtol=1e-5, atol=1e-5)
     if case == "bool_mask_kv_len_dropout":
         assert np.all(out.to_host()[0, 1, 30] == 0) and lse.to_host()[0, 1, 30] == -np.inf
@@ -915,10 +927,14 @@ def test_matrix_units_forward_backward_match_float64(queue, rng, mma_emulated, d
         assert [st for st, n in zip(got.strides, got.shape) if n > 1] == \
             [st for st, n in zip(like.strides, like.shape) if n > 1]
     for name, got, ref in zip(("dq", "dk", "dv"), grads, want[2:], strict=True):
-        # ds and p rounded to the inputs' dtype before their products (FlashAttention-2's way)
-        np.testing.assert_allclose(got.to_host().astype(np.float64), ref, rtol=5e-2,
-                                   atol=2e-2 * max(np.abs(ref).max(), 1.0), err_msg=name)
-    again = ops.flash_attention_backward(nq, nk, nv, out, lse, ng, **opts)
+        np.testing.assert_allclose(got.to_host().astype(np.float64), ref, rtol=grad_tol["rtol"],
+                                   atol=grad_tol["atol"] * max(np.abs(ref).max(), 1.0), err_msg=name)
+    deterministic = netcl.get_deterministic()
+    netcl.set_deterministic(not deterministic)
+    try:
+        again = ops.flash_attention_backward(nq, nk, nv, out, lse, ng, **opts)
+    finally:
+        netcl.set_deterministic(deterministic)
     assert all(a.to_host().tobytes() == b.to_host().tobytes() for a, b in zip(grads, again, strict=True))
 
 
@@ -952,52 +968,13 @@ def test_tf32_units_forward_backward_match_float64(queue, rng, tf32_units, monke
     (no atomics, whether deterministic or not); results in their inputs' memory order."""
     if tiles is not None:
         monkeypatch.setattr(attn, "TF32_TILES", tiles)
-    q, k, v, g = inputs(rng, B, HQ, HKV, SQ, SK, D)
-    opts, host = {"causal": True}, {}
-    if case == "bool_mask_kv_len_dropout":
-        lengths = np.array([100, 7], np.int32)
-        opts["kv_len"], host["kv_len"] = dev(queue, lengths), lengths
-        mask = rng.random((B, HQ, SQ, SK)) < 0.6
-        mask[0, 1, 30] = False                                   # a row that attends nothing
-        opts["mask"], host["mask"] = dev(queue, mask), mask
-    elif case == "float_mask":
-        bias = rng.standard_normal((SQ, SK)).astype(np.float32)
-        bias[4, :] = -np.inf
-        opts["mask"], host["mask"] = dev(queue, bias), bias
-    nq, nk, nv, ng = (dev(queue, a) for a in (q, k, v, g))
-    if D == 64:  # q, k, v as heads of (B, S, H, D) projections: out, dk and dv come in their memory order
-        nq, nk, nv = (dev(queue, a.transpose(0, 2, 1, 3)).permute(0, 2, 1, 3) for a in (q, k, v))
-    pr = attn._Problem("test", nq, nk, nv, False, None, None, 0.0, None)
-    if tiles is None and not pr.tf32_pass("forward"):   # Oclgrind's 32 KB of local memory: smaller tiles
-        monkeypatch.setattr(attn, "TF32_TILES", {"WARPS": 2, "BN": 16, "BQ": 16})
-    assert pr.tf32_pass("forward") and pr.tf32_pass("dq", ng, ng) and pr.tf32_pass("dkdv")
-    if case == "bool_mask_kv_len_dropout":
-        opts.update(dropout_p=0.25, dropout_draw=attn.DropoutDraw(Generator(3)))
-        out, lse = ops.flash_attention_forward(nq, nk, nv, **opts)
-        keep = attn.attention_dropout_mask(queue, opts["dropout_draw"], (B, HQ, SQ, SK), 0.25).to_host()
-        want = reference(q, k, v, causal=True, keep=keep, dropout_p=0.25, grad_out=g, **host)
-    else:
-        out, lse = ops.flash_attention_forward(nq, nk, nv, **opts)
-        want = reference(q, k, v, causal=True, grad_out=g, **host)
-    assert out.dtype == np.float32 and lse.dtype == np.float32
-    np.testing.assert_allclose(out.to_host(), want[0], **TOL[np.float32])
-    np.testing.assert_allclose(lse.to_host(), want[1], rtol=1e-5, atol=1e-5)
-    if case == "bool_mask_kv_len_dropout":
-        assert np.all(out.to_host()[0, 1, 30] == 0) and lse.to_host()[0, 1, 30] == -np.inf
-    grads = ops.flash_attention_backward(nq, nk, nv, out, lse, ng, **opts)
-    for got, like in ((out, nq), (grads[0], nq), (grads[1], nk), (grads[2], nv)):  # their inputs' order
-        assert [st for st, n in zip(got.strides, got.shape) if n > 1] == \
-            [st for st, n in zip(like.strides, like.shape) if n > 1]
-    for name, got, ref in zip(("dq", "dk", "dv"), grads, want[2:], strict=True):
-        np.testing.assert_allclose(got.to_host(), ref, rtol=2e-4, atol=2e-5 * max(np.abs(ref).max(), 1.0),
-                                   err_msg=name)
-    deterministic = netcl.get_deterministic()
-    netcl.set_deterministic(not deterministic)
-    try:
-        again = ops.flash_attention_backward(nq, nk, nv, out, lse, ng, **opts)
-    finally:
-        netcl.set_deterministic(deterministic)
-    assert all(a.to_host().tobytes() == b.to_host().tobytes() for a, b in zip(grads, again, strict=True))
+
+    def routed(pr, ng):
+        if tiles is None and not pr.tf32_pass("forward"):   # Oclgrind's 32 KB of local memory: smaller tiles
+            monkeypatch.setattr(attn, "TF32_TILES", {"WARPS": 2, "BN": 16, "BQ": 16})
+        return pr.tf32_pass("forward") and pr.tf32_pass("dq", ng, ng) and pr.tf32_pass("dkdv")
+    _matrix_unit_case(queue, rng, np.dtype(np.float32), B, HQ, HKV, SQ, SK, D, case, routed, TOL[np.float32],
+                      dict(rtol=2e-4, atol=2e-5))
 
 
 def test_tf32_units_take_only_what_they_can(queue, rng, monkeypatch):
