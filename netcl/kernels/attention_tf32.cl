@@ -64,8 +64,9 @@
 #define CH4 (HEAD_DIM / 4)       // 16-byte chunks of a row
 #define NB (BN / 8)              // 8-key blocks of a key tile
 #define QB (BQ / 8)              // 8-query blocks of a query tile
-#if (HEAD_DIM % 8) || HEAD_DIM > 64 || (BN % 16) || (BQ % 16) || BM > 2 * BN || KEYS > 2 * BQ
-#error "attention_tf32.cl: HEAD_DIM a multiple of 8 up to 64, BN and BQ multiples of 16, 16 WARPS <= 2 BN, 2 BQ"
+#if (HEAD_DIM % 8) || HEAD_DIM > 64 || (BN % 16) || (BQ % 16) || (MMA_PASS != 3 && BM > 2 * BN) \
+    || (MMA_PASS == 3 && KEYS > 2 * BQ)
+#error "attention_tf32.cl: HEAD_DIM a multiple of 8 up to 64, BN and BQ multiples of 16, 16 WARPS <= 2 BN (2 BQ)"
 #endif
 
 // x rounded to TF32 (nearest, ties away), as cvt.rna.tf32.f32 (gemm_mma_tile.cl's rounding)
