@@ -79,6 +79,14 @@ inline bool open_tile(const int j0, const int n, const int i0, const int L, cons
             const int j_ = j0 + jloc[e >> 1], i_ = min(i0 + jb * 8 + 2 * t + (e & 1), SQ - 1);          \
             s[jb][e] = masked_score(s[jb][e], i_, j_, L, SQ, causal, mask, mbase + i_ * mask_si + j_ * mask_sj); \
         }
+// The dk/dv passes' query tiles of bq rows for the keys from j0: the first row that may see key j0 (causal:
+// bottom-right aligned) rounded down to a tile, and how many tiles from there (none for keys at or past L)
+inline int query_start(const int causal, const int j0, const int L, const int SQ, const int bq) {
+    return causal ? max(0, j0 - L + SQ) / bq * bq : 0;
+}
+inline int query_tiles(const int istart, const int j0, const int L, const int SQ, const int bq) {
+    return j0 < L && SQ > istart ? (SQ - istart + bq - 1) / bq : 0;
+}
 // target[jb][e] *= dropout's multiplier of the pair where p[jb][e] != 0 (the same layout; rows row0 + rloc[r])
 #define DROP_ROWS(target, p, rloc)                                                                      \
     _Pragma("unroll")                                                                                   \

@@ -1018,11 +1018,9 @@ void attention_backward_dkdv_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(gra
     ZERO_ACC(dka, DBS);
     ZERO_ACC(dva, DBS);
 
-    // the first query row that may see key j0 (causal: bottom-right aligned), rounded down to a tile; the
-    // query tiles of every head of the group as one sequence of GROUP * ntiles
-    const int istart = causal ? max(0, j0 - L + SQ) / BQ * BQ : 0;
-    const int qend = j0 < L ? SQ : 0;   // keys at or past L are seen by no query
-    const int ntiles = qend > istart ? (qend - istart + BQ - 1) / BQ : 0, total = GROUP * ntiles;
+    // the query tiles of every head of the group as one sequence of GROUP * ntiles
+    const int istart = query_start(causal, j0, L, SQ, BQ), ntiles = query_tiles(istart, j0, L, SQ, BQ);
+    const int total = GROUP * ntiles;
     __global const ushort *const qhead = (__global const ushort *)(q + q_off + b * q_sb);
     __global const ushort *const ghead = (__global const ushort *)(grad_out + grad_out_off + b * grad_out_sb);
 #if DKDV_RING
