@@ -240,15 +240,8 @@ def main() -> int:
     ap.add_argument("--attention-groups", type=int, default=None, metavar="G",
                     help="the decode attention's wanted work-groups a compute unit "
                          "(ops.attention.DECODE_GROUPS_PER_CU; 0: one split)")
-    ap.add_argument("--l2-ahead", action="store_true",
-                    help="a waiting chain tile asks L2 for the rest of its weight rows first "
-                         "(ops.gemm.chain.L2_AHEAD; NVIDIA only)")
     ap.add_argument("--out", default=None, help="JSON path (default bench/results/decode[_gpu].json)")
     args = ap.parse_args()
-    if args.l2_ahead:
-        from netcl.ops.gemm import chain
-
-        chain.L2_AHEAD = True
     if args.no_chain or args.no_attention_chain or args.no_layer_chain:
         from netcl.nn import transformer
 

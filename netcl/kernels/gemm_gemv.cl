@@ -457,16 +457,6 @@ inline void chain_tile(const int tile, const int phase, const int flags, const i
         for (int j = 0; j < 2; ++j)
             if (j < parts && k + u * step < K) wr[j][u] = GEMV_WLOAD(w[j] + k + u * step);
 
-#if defined(CHAIN_L2_AHEAD) && defined(NC_NVIDIA)
-    // CHAIN_L2_AHEAD: the rest of the tile's weight rows on their way into L2 while it waits for the phase
-    // before (prefetch.global.L2: no register, nothing waits for it), a 128-byte line a work-item at a time
-    if (wait_for > 0) {
-        const int bytes = K * (int)sizeof(STORE_T);
-        for (int j = 0; j < parts; ++j)
-            for (int off = GEMV_UNROLL * step * (int)sizeof(STORE_T) + lid * 128; off < bytes; off += GEMV_WG * 128)
-                asm volatile("prefetch.global.L2 [%0];" :: "l"((ulong)((__global const uchar *)w[j] + off)));
-    }
-#endif
     // (every barrier of this function is reached by every work-item of every tile: PoCL's work-group
     // functions computed wrong rows with barriers under a condition, even a uniform one)
     if (lid == 0 && r == 0 && wait_for > 0)

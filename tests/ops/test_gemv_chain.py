@@ -338,22 +338,6 @@ def test_decode_layers_in_one_launch(queue, monkeypatch, dtype, n, per, position
             np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
 
 
-def test_l2_read_ahead_keeps_the_bits(queue, monkeypatch):
-    """chain.L2_AHEAD (a waiting tile's weight rows asked of L2 first: NVIDIA's prefetch.global.L2, a hint)
-    leaves every output and cache bit as it was, whole layers in one launch."""
-    from netcl.ops.gemm import chain
-
-    if "cl_nv_compiler_options" not in queue.device.capabilities.extensions:
-        pytest.skip("the read-ahead is NVIDIA's PTX; elsewhere it compiles to nothing")
-    gpu_shaped_chain(monkeypatch, 16)   # several splits of the keys: the attention's tiles wait too
-    model = random_decode_layers(queue, dtypes.bfloat16, 3, 17)
-    want = run_decode_layers(queue, model, layered=True)
-    monkeypatch.setattr(chain, "L2_AHEAD", True)
-    got = run_decode_layers(queue, model, layered=True)
-    for a, b in zip(got, want, strict=True):
-        np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
-
-
 def test_decode_layers_refusals(queue, monkeypatch):
     """gemv_layers names what is wrong (no list, a layer of another kind or shape, a cache unlike layer 0's,
     bad eps), and gives None without launching where the attention does not come or the device's argument

@@ -39,10 +39,6 @@ from netcl.ops.gemm.launch import _gemv_prologue_bytes, gemv_rms_fits
 from netcl.ops.gemm.variants import _program, usable_params
 
 MAX_STEPS = 4  # the kernel's phases (CHAIN_PHASE_ARGS 0 .. 3)
-# L2_AHEAD: a chain tile that must wait for the phase before it first asks L2 for the rest of its weight rows
-# (gemm_gemv.cl CHAIN_L2_AHEAD, NVIDIA's prefetch.global.L2; nothing elsewhere), so the wait overlaps the
-# next phase's reads. Off until measured (bench/decode.py --l2-ahead).
-L2_AHEAD = False
 MAX_ROWS = 8
 _FLAGS = {"norm": 1, "glu": 2, "residual": 4}  # gemm_gemv.cl's CHAIN_RMS, CHAIN_GLU, CHAIN_RES
 _DTYPES = (dtypes.float32, dtypes.float16, dtypes.bfloat16)
@@ -173,7 +169,7 @@ def _plan(device: Any, dt: np.dtype, m: int, args: dict[str, Any], defines: dict
     steps = defines["CHAIN_P"]
     tile = usable_params(device, "gemv", dt)
     knobs = {knob: tile[knob] for knob in ("GEMV_WG", "GEMV_ROWS", "GEMV_UNROLL")}
-    defines = {**defines, "GEMV_M": m, **knobs, **({"CHAIN_L2_AHEAD": None} if L2_AHEAD else {})}
+    defines = {**defines, "GEMV_M": m, **knobs}
     wg, rows = tile["GEMV_WG"], tile["GEMV_ROWS"]
     most_k = max(int(args[f"k{i}"]) for i in range(steps))
     if _local_bytes(device, tile, dt, m, most_k) > device.capabilities.local_mem:
@@ -277,8 +273,7 @@ def gemv_chain(steps: list[ChainStep], attention: Any = None) -> list[Tensor]:
     key = ("gemv_chain", id(q.device), first.dtype, first.shape[0],
            tuple((args[f"n{i}"], args[f"k{i}"], defines[f"CHAIN_F{i}"], args[f"eps{i}"])
                  for i in range(len(steps))),
-           None if attention is None else (tuple(sorted(attention.program.items())), attention.grid),
-           L2_AHEAD)
+           None if attention is None else (tuple(sorted(attention.program.items())), attention.grid))
     hit = capture.plans.get(key)
     if hit is None:
         hit = capture.plans.put(key, _plan(q.device, first.dtype, first.shape[0], args, defines, dynamic,
@@ -405,7 +400,7 @@ def _launch_layers(x: Tensor, act: Tensor, act_off: int, layers: list[DecodeLaye
             dynamic[f"{name}{j}"], dynamic[f"{name}{j}_off"] = t.buffer, np.int64(t.offset)
     call = {**phase.args, **dynamic}   # the attention's arguments not gemv_layers' are not read
     key = ("gemv_layers", id(q.device), dt, m, sizes, eps, n, tuple(sorted(phase.program.items())),
-           phase.grid, L2_AHEAD)
+           phase.grid)
     hit = capture.plans.get(key)
     if hit is None:
         hit = capture.plans.put(key, _layers_plan(q.device, dt, m, sizes, eps, n, phase, call))
@@ -424,7 +419,7 @@ def _layers_plan(device: Any, dt: np.dtype, m: int, sizes: tuple[int, ...], eps:
     rows = tile["GEMV_ROWS"]
     most_k = max(d, ko, f)
     defines = {"DTYPE": dt, "GEMV_CHAIN": None, "GEMV_LAYERS": n, "GEMV_M": m, **knobs, **phase.program,
-               "CHAIN_COUNTS": 1 + 5 * n, **({"CHAIN_L2_AHEAD": None} if L2_AHEAD else {})}
+               "CHAIN_COUNTS": 1 + 5 * n}
     static: dict[str, Any] = {
         "M": np.int32(m), "a_stage": cl.LocalMemory(_stage_bytes(device, tile, dt, m, most_k, phase)),
         "NQ": np.int32(nq), "KO": np.int32(ko), "D": np.int32(d), "F": np.int32(f),
