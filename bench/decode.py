@@ -409,8 +409,19 @@ def main() -> int:
               f"step ({step_bytes / step_dev / 1e9:,.0f} GB/s of the weights it reads), wall "
               f"{step_wall * 1e3:.3f} ms a step (profiled: event timing on)")
         spans[1][2].report(by="kernel", top=args.profile)
+        # the device's idle time between commands: the driver's, or the host's late enqueues
+        gap_totals, gap_rows = spans[1][2].gaps(top=args.profile)
+        idle, late = gap_totals["idle"], gap_totals["host_late"]
+        span = gap_totals["span"]
+        print(f"idle device time between commands: {idle * 1e3:.3f} ms of a {span * 1e3:.3f} ms "
+              f"timeline ({idle / 33 * 1e6:.1f} us a token of the 33), of which the next command not yet "
+              f"enqueued {late * 1e3:.3f} ms")
+        for r in gap_rows:
+            print(f"  {r['before'][:28]:<28} -> {r['after'][:28]:<28} {r['calls']:>5}  "
+                  f"{r['idle'] * 1e3:8.3f} ms  ({r['host_late'] * 1e3:.3f} ms host late)")
         results_profile = {"batch": batches[0], "device_step_s": step_dev, "wall_step_s": step_wall,
-                           "kernels": [r._asdict() for r in spans[1][2].rows("kernel")[: args.profile]]}
+                           "kernels": [r._asdict() for r in spans[1][2].rows("kernel")[: args.profile]],
+                           "idle": gap_totals, "idle_pairs": gap_rows}
     else:
         results_profile = None
     int8_bytes = None

@@ -294,6 +294,42 @@ class Profile:
                 )
         return out
 
+    def gaps(self, top: int = 10) -> tuple[dict[str, float], list[dict[str, Any]]]:
+        """Where the device sat idle between the recorded launches and transfers of each queue: (totals,
+        rows). totals: "span" (first start to last end), "busy" (the union of the events), "idle" (span -
+        busy), "host_late" (idle while the next command had not been enqueued yet: its enqueue ended after
+        the device had finished what came before; the rest of the idle time is the driver's between
+        commands), in seconds. rows: the `top` (before, after) name pairs by idle time, each with calls, idle
+        and host_late seconds. Events without device times (a driver that gave none) are left out."""
+        totals = {"span": 0.0, "busy": 0.0, "idle": 0.0, "host_late": 0.0}
+        pairs: dict[tuple[str, str], list] = defaultdict(lambda: [0, 0, 0])
+        by_queue: dict[Any, list[dict[str, Any]]] = defaultdict(list)
+        for span in self.device_spans():
+            if span["start"] is not None and span["end"] is not None:
+                by_queue[span["queue"]].append(span)
+        for spans in by_queue.values():
+            spans.sort(key=lambda sp: sp["start"])
+            totals["span"] += (max(sp["end"] for sp in spans) - spans[0]["start"]) * 1e-9
+            done = spans[0]["end"]
+            busy = done - spans[0]["start"]
+            for before, after in zip(spans, spans[1:]):
+                idle = after["start"] - done
+                if idle > 0:
+                    late = min(idle, max(0, after["t1"] - done))
+                    pair = pairs[(before["name"], after["name"])]
+                    pair[0] += 1
+                    pair[1] += idle
+                    pair[2] += late
+                    totals["host_late"] += late * 1e-9
+                busy += max(0, after["end"] - max(done, after["start"]))
+                done = max(done, after["end"])
+            totals["busy"] += busy * 1e-9
+        totals["idle"] = max(0.0, totals["span"] - totals["busy"])
+        rows = [{"before": a, "after": b, "calls": n, "idle": ns * 1e-9, "host_late": late * 1e-9}
+                for (a, b), (n, ns, late) in pairs.items()]
+        rows.sort(key=lambda r: (-r["idle"], r["before"], r["after"]))
+        return totals, rows[:top]
+
     def host_spans(self) -> list[tuple]:
         """(name, category, t0 ns, t1 ns, thread id, args) of module scopes, user scopes and graph replays."""
         with self._lock:

@@ -79,6 +79,48 @@ def test_launch_timings_lie_inside_a_synchronous_run(queue, batch):
     assert all(r.total >= 0 and r.mean >= 0 for r in rows)
 
 
+def test_gaps_add_up_the_idle_device_time():
+    """Profile.gaps over made-up spans (ns): overlapping events count once in busy, the idle time between
+    them goes to its (before, after) pair, and the part of it before the next command was enqueued is the
+    host's lateness; queues apart."""
+    prof = profiling.Profile()
+
+    def span(name, t1, start, end, queue="q0"):
+        return {"name": name, "queue": queue, "t0": t1 - 5, "t1": t1, "start": start, "end": end}
+
+    spans = [span("a", 0, 100, 200), span("b", 150, 180, 260),     # overlaps a: no gap
+             span("c", 300, 310, 400),                               # 50 idle, host late 40 (enqueued at 300)
+             span("a", 350, 420, 500),                               # 20 idle, enqueued before: late 0
+             span("c", 600, 650, 700),                               # 150 idle, late 100
+             span("z", 0, 1000, 1100, queue="q1"), span("x", 0, 5, None)]   # another queue; no device time
+    prof.device_spans = lambda: spans
+    totals, rows = prof.gaps()
+    assert totals["span"] == pytest.approx((700 - 100 + 100) * 1e-9)
+    assert totals["busy"] == pytest.approx((160 + 90 + 80 + 50 + 100) * 1e-9)
+    assert totals["idle"] == pytest.approx((50 + 20 + 150) * 1e-9)
+    assert totals["host_late"] == pytest.approx((40 + 100) * 1e-9)
+    pairs = [(r["before"], r["after"], r["calls"]) for r in rows]
+    assert pairs == [("a", "c", 1), ("b", "c", 1), ("c", "a", 1)]
+    assert rows[0]["idle"] == pytest.approx(150e-9) and rows[0]["host_late"] == pytest.approx(100e-9)
+    assert rows[1]["idle"] == pytest.approx(50e-9) and rows[1]["host_late"] == pytest.approx(40e-9)
+    assert profiling.Profile().gaps() == ({"span": 0.0, "busy": 0.0, "idle": 0.0, "host_late": 0.0}, [])
+
+
+def test_gaps_find_the_host_sleeping_between_launches(queue, rng):
+    """A launch and its read, 30 ms of host sleep, another: the device's idle time between them is the
+    host's, and the pair (the read, the next launch) holds it."""
+    x = Tensor.from_host(queue, rng.standard_normal(1000).astype(np.float32))
+    (x + 1.0).to_host()
+    with profiling.profile() as prof:
+        (x * 2.0).to_host()
+        time.sleep(0.03)
+        (x + 1.0).to_host()
+    totals, rows = prof.gaps()
+    assert totals["idle"] >= 0.025 and totals["host_late"] >= 0.025
+    assert totals["busy"] <= totals["span"] and rows[0]["idle"] >= 0.025 and rows[0]["calls"] == 1
+    assert rows[0]["host_late"] >= 0.025 and "D2H" in rows[0]["before"]
+
+
 def test_ops_and_module_scopes_label_launches(queue, batch):
     model = _mlp(queue)
     opt = optim.AdamW(model.parameters(), lr=1e-2)
