@@ -240,8 +240,17 @@ def main() -> int:
     ap.add_argument("--attention-groups", type=int, default=None, metavar="G",
                     help="the decode attention's wanted work-groups a compute unit "
                          "(ops.attention.DECODE_GROUPS_PER_CU; 0: one split)")
+    ap.add_argument("--spin-ns", type=int, default=None, metavar="NS",
+                    help="a chain tile polls its phase's count with loads, sleeping NS ns between them "
+                         "(ops.gemm.chain.SPIN_NS; NVIDIA only; default: atomic reads)")
     ap.add_argument("--out", default=None, help="JSON path (default bench/results/decode[_gpu].json)")
     args = ap.parse_args()
+    if args.spin_ns is not None:
+        from netcl.ops.gemm import chain
+
+        if not 0 <= args.spin_ns <= 1_000_000:
+            ap.error(f"--spin-ns must be 0 to 1000000, got {args.spin_ns}")
+        chain.SPIN_NS = args.spin_ns
     if args.no_chain or args.no_attention_chain or args.no_layer_chain:
         from netcl.nn import transformer
 

@@ -59,7 +59,18 @@
  * of 63 splits 76 us more through atomics; bench/NOTES.md, seventh and tenth sessions). */
 #ifdef NC_NVIDIA
 #define PART_STORE(p, i, v) (((__global float *)(p))[i] = (float)(v))
-#define PART_LOAD(p, i) (((__global const float *)(p))[i])
+#define PART_LOAD(p, i) nc_part_load((__global const float *)(p) + (i))
+/* The last arrival's loads bypass the SM's L1 (ld.global.cg: cached in L2 only, the device-wide coherent
+ * level): a plain load may hit an L1 line this SM read before the other work-groups' partials landed, since
+ * neighbouring merges share lines (a batch norm's per-channel partials), and the fence does not invalidate
+ * it (CUDA's threadfence example reads the partials through a volatile pointer for this). Unlike volatile,
+ * the loads stay in flight together. asm volatile keeps them after the arrival's fence. */
+inline float nc_part_load(__global const float *p)
+{
+    float v;
+    asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"((ulong)p) : "memory");
+    return v;
+}
 #else
 #define PART_STORE(p, i, v) atomic_xchg((volatile __global float *)(p) + (i), (float)(v))
 #define PART_LOAD(p, i) as_float(atomic_or((volatile __global uint *)(p) + (i), 0u))
@@ -72,6 +83,27 @@ inline int nc_last_arrival(__global int *count, const int n)
     mem_fence(CLK_GLOBAL_MEM_FENCE);
     atomic_xchg(count, 0);
     return 1;
+}
+
+/* One work-item of a work-group waits until *count >= at_least (a count other work-groups raise; the
+ * caller fences after it). By default an atomic read in a loop. NC_SPIN_LOAD (NVIDIA): a volatile load in
+ * the loop instead, not a read-modify-write: hundreds of work-groups polling one count with atomics queue
+ * at its L2 slice behind the increments they wait for; with NC_SPIN_NS > 0 (compute capability 7.0 and
+ * later) each miss sleeps about that many ns (nanosleep) before it reads again. */
+inline void nc_wait_at_least(__global int *count, const int at_least)
+{
+#if defined(NC_NVIDIA) && defined(NC_SPIN_LOAD)
+    for (;;) {
+        int v;
+        asm volatile("ld.volatile.global.s32 %0, [%1];" : "=r"(v) : "l"((ulong)count) : "memory");
+        if (v >= at_least) break;
+#if defined(NC_SPIN_NS) && NC_SPIN_NS > 0 && NC_NVIDIA >= 70
+        asm volatile("nanosleep.u32 %0;" :: "r"(NC_SPIN_NS));
+#endif
+    }
+#else
+    while (atomic_or(count, 0) < at_least) {}
+#endif
 }
 
 /* nc_last_arrival for a work-group whose work-items each stored partials: every work-item's stores fenced

@@ -460,7 +460,7 @@ inline void chain_tile(const int tile, const int phase, const int flags, const i
     // (every barrier of this function is reached by every work-item of every tile: PoCL's work-group
     // functions computed wrong rows with barriers under a condition, even a uniform one)
     if (lid == 0 && r == 0 && wait_for > 0)
-        while (atomic_or(counts + phase, 0) < wait_for) {}
+        nc_wait_at_least(counts + phase, wait_for);
     barrier(CLK_GLOBAL_MEM_FENCE);
     mem_fence(CLK_GLOBAL_MEM_FENCE);
 
@@ -783,7 +783,7 @@ void gemv_layers(const int M, __global int *counts, __local uint4 *a_stage, __gl
     const int g = 5 * j + p;
     if (p == 1) {   // the attention: waits for the q/k/v product like a GEMV phase, then its decode tile
         if (first)
-            while (atomic_or(counts + g, 0) < wait_for) {}
+            nc_wait_at_least(counts + g, wait_for);
         barrier(CLK_GLOBAL_MEM_FENCE);
         mem_fence(CLK_GLOBAL_MEM_FENCE);
         const int tid = get_local_id(1) * GEMV_WG + get_local_id(0);

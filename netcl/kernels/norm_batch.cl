@@ -98,18 +98,14 @@
 
 // The per-channel results an elementwise part of the same launch reads (the chains below: LAST, float
 // accumulators) are stored through PART_STORE and read through CHAIN_LOAD: atomics (not a data race) but on
-// NVIDIA, where they are a plain store and a volatile load (never an L1 line read before the channel was
-// ready: channels share lines).
+// NVIDIA, where they are a plain store and a load from L2 (never an L1 line read before the channel was
+// ready: channels share lines; common.cl's nc_part_load).
 #if LAST
 #define RESULT_STORE(p, i, v) PART_STORE(p, i, v)
 #else
 #define RESULT_STORE(p, i, v) ((p)[i] = (PT)(v))
 #endif
-#ifdef NC_NVIDIA
-#define CHAIN_LOAD(p, i) ((ACC)((volatile __global const float *)(p))[i])
-#else
 #define CHAIN_LOAD(p, i) ((ACC)PART_LOAD(p, i))
-#endif
 
 // Chan et al.'s merge of (na, ma, m2a) with (nb, mb, m2b) into the first.
 inline void welford_merge(ACC *na, ACC *ma, ACC *m2a, const ACC nb, const ACC mb, const ACC m2b)
@@ -639,7 +635,7 @@ __kernel void batch_norm_grad_input_runs(__global const T *gy, const long gy_off
 // ticket (count[0]) when it starts: tickets 0 .. C*S-1 are the reduction's parts (c, s), as the _groups
 // kernels, the channel's last part merging them (count[2 + c], nc_last_arrival) and then marking the
 // channel ready (count[2 + C + c] = 1); tickets C*S .. 2*C*S-1 take the same parts (c, s) of the
-// elementwise pass once channel c is ready, reading the channel's constants through volatile loads. A
+// elementwise pass once channel c is ready, reading the channel's constants through CHAIN_LOAD. A
 // work-group waits only on tickets taken before its own, by running work-groups that never wait, so no
 // schedule deadlocks on any number of compute units (gemm_gemv.cl's gemv_chain argues the same; a
 // one-thread CPU runs the work-groups in ticket order and nothing waits). The elementwise pass's last part
@@ -665,7 +661,7 @@ __kernel void batch_norm_grad_input_runs(__global const T *gy, const long gy_off
         atomic_xchg(ready + c, 1);                                                                   \
     }                                                                                                \
     if (lid == 0 && apply)                                                                           \
-        while (atomic_or(ready + c, 0) == 0) {}                                                      \
+        nc_wait_at_least(ready + c, 1);                                                              \
     barrier(CLK_GLOBAL_MEM_FENCE);                                                                   \
     mem_fence(CLK_GLOBAL_MEM_FENCE)
 

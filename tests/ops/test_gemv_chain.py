@@ -338,6 +338,27 @@ def test_decode_layers_in_one_launch(queue, monkeypatch, dtype, n, per, position
             np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
 
 
+@pytest.mark.parametrize("spin", [0, 64])
+def test_polled_waits_keep_the_bits(queue, monkeypatch, spin):
+    """chain.SPIN_NS (a chain tile polls its phase's count with loads, sleeping between them, instead of
+    atomics) leaves every output and cache bit as it was, whole layers in one launch; a bad value is named."""
+    from netcl.ops.gemm import chain
+
+    monkeypatch.setattr(chain, "SPIN_NS", -5)
+    with pytest.raises(ValueError, match="SPIN_NS"):
+        chain._spin_defines()
+    if "cl_nv_compiler_options" not in queue.device.capabilities.extensions:
+        pytest.skip("the polled wait is NVIDIA's PTX; elsewhere the atomic read stays")
+    monkeypatch.setattr(chain, "SPIN_NS", None)
+    gpu_shaped_chain(monkeypatch, 16)   # several splits of the keys: the attention's tiles wait too
+    model = random_decode_layers(queue, dtypes.bfloat16, 3, 17)
+    want = run_decode_layers(queue, model, layered=True)
+    monkeypatch.setattr(chain, "SPIN_NS", spin)
+    got = run_decode_layers(queue, model, layered=True)
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
+
+
 def test_decode_layers_refusals(queue, monkeypatch):
     """gemv_layers names what is wrong (no list, a layer of another kind or shape, a cache unlike layer 0's,
     bad eps), and gives None without launching where the attention does not come or the device's argument

@@ -395,6 +395,41 @@ def test_batch_norm_fused_finalize(queue, rng, monkeypatch, shape, relu, unroll,
         first = got
 
 
+@GROUPS
+@pytest.mark.parametrize("dt", [np.float32, np.float16], ids=["float32", "float16"])
+@pytest.mark.parametrize("shape,parts", [((3, 5, 3, 4), 2), ((2, 24, 4, 4), 3)])
+def test_batch_norm_merges_repeat_bit_for_bit(queue, rng, monkeypatch, dt, shape, parts):
+    """The in-launch merges (each channel's last part reads the others' partials, the chained elementwise
+    parts the channel's constants) launch after launch: the same bits every time, and right. Neighbouring
+    channels' partials share cache lines: a merge that reads a line its SM cached before the partials landed
+    (NVIDIA's plain loads, before common.cl's nc_part_load) would give a channel wrong now and then, as the
+    H100 suite once did (the float16 mixed batch norm's grad x; right when rerun alone), hence the repeats
+    on a GPU."""
+    monkeypatch.setattr(Nm, "FORCE_LAYOUT", "groups")
+    monkeypatch.setattr(Nm, "PARTS", parts)
+    monkeypatch.setattr(Nm, "local_size_override", 8)
+    c = shape[1]
+    x, gy = (_t(queue, rng.standard_normal(shape).astype(dt)) for _ in range(2))
+    w, b = (_t(queue, rng.standard_normal(c).astype(np.float32)) for _ in range(2))
+
+    def step():
+        y, sm, si = Nm.batch_norm(x, w, b, None, None, True, activation="relu")
+        return [t.to_host() for t in (y, sm, si, *Nm.batch_norm_backward(gy, x, w, sm, si, True, bias=b,
+                                                                           activation="relu"))]
+
+    first = step()
+    x64, gy64 = x.to_host().astype(np.float64), gy.to_host().astype(np.float64)
+    want = _bn_reference(x64, w.to_host().astype(np.float64), b.to_host().astype(np.float64), gy64, True)
+    tol = 2e-2 if dt == np.float16 else 1e-4
+    for got, ref in zip([first[i] for i in (0, 1, 2, 3, 4, 5)], want):
+        np.testing.assert_allclose(got.astype(np.float64), ref, rtol=tol, atol=tol * np.abs(ref).max())
+    repeats = 300 if queue.device.kind == "gpu" else 5
+    for i in range(repeats):
+        again = step()
+        bad = [k for k, (a, f) in enumerate(zip(again, first)) if not np.array_equal(a, f)]
+        assert not bad, f"repeat {i}: outputs {bad} (y, mean, invstd, grad x, grad w, grad b) changed"
+
+
 @pytest.mark.parametrize("layout", ["runs", pytest.param("groups", marks=GROUPS)])
 def test_batch_norm_statistics_survive_a_large_mean(queue, rng, monkeypatch, layout):
     """float32 values around 3000 with unit spread: a sum-of-squares variance would lose every digit

@@ -39,6 +39,11 @@ from netcl.ops.gemm.launch import _gemv_prologue_bytes, gemv_rms_fits
 from netcl.ops.gemm.variants import _program, usable_params
 
 MAX_STEPS = 4  # the kernel's phases (CHAIN_PHASE_ARGS 0 .. 3)
+# SPIN_NS: how a chain tile waits for the phase before it (common.cl nc_wait_at_least). None: an atomic read
+# in a loop; an int: on NVIDIA a volatile load in the loop (NC_SPIN_LOAD: no read-modify-write queued at the
+# count's L2 slice beside the increments awaited), sleeping about SPIN_NS ns between reads when > 0
+# (nanosleep); elsewhere the atomic read still.
+SPIN_NS: int | None = None
 MAX_ROWS = 8
 _FLAGS = {"norm": 1, "glu": 2, "residual": 4}  # gemm_gemv.cl's CHAIN_RMS, CHAIN_GLU, CHAIN_RES
 _DTYPES = (dtypes.float32, dtypes.float16, dtypes.bfloat16)
@@ -163,13 +168,22 @@ def _attention_fits(device: Any, dt: np.dtype, m: int, most_k: int, attention: A
     return _local_bytes(device, tile, dt, m, most_k, attention) <= device.capabilities.local_mem
 
 
+def _spin_defines() -> dict[str, Any]:
+    """The wait's build switches of SPIN_NS (checked)."""
+    if SPIN_NS is None:
+        return {}
+    if isinstance(SPIN_NS, bool) or not isinstance(SPIN_NS, int) or not 0 <= SPIN_NS <= 1_000_000:
+        raise ValueError(f"chain.SPIN_NS must be None or an int of 0 to 1000000 ns, got {SPIN_NS!r}")
+    return {"NC_SPIN_LOAD": None, "NC_SPIN_NS": SPIN_NS}
+
+
 def _plan(device: Any, dt: np.dtype, m: int, args: dict[str, Any], defines: dict[str, Any],
           dynamic: dict[str, Any], attention: Any = None) -> tuple[Any, list[str]]:
     """(the Plan of a chain of this signature, the names of its dynamic arguments in the Plan's order)."""
     steps = defines["CHAIN_P"]
     tile = usable_params(device, "gemv", dt)
     knobs = {knob: tile[knob] for knob in ("GEMV_WG", "GEMV_ROWS", "GEMV_UNROLL")}
-    defines = {**defines, "GEMV_M": m, **knobs}
+    defines = {**defines, "GEMV_M": m, **knobs, **_spin_defines()}
     wg, rows = tile["GEMV_WG"], tile["GEMV_ROWS"]
     most_k = max(int(args[f"k{i}"]) for i in range(steps))
     if _local_bytes(device, tile, dt, m, most_k) > device.capabilities.local_mem:
@@ -273,7 +287,7 @@ def gemv_chain(steps: list[ChainStep], attention: Any = None) -> list[Tensor]:
     key = ("gemv_chain", id(q.device), first.dtype, first.shape[0],
            tuple((args[f"n{i}"], args[f"k{i}"], defines[f"CHAIN_F{i}"], args[f"eps{i}"])
                  for i in range(len(steps))),
-           None if attention is None else (tuple(sorted(attention.program.items())), attention.grid))
+           None if attention is None else (tuple(sorted(attention.program.items())), attention.grid), SPIN_NS)
     hit = capture.plans.get(key)
     if hit is None:
         hit = capture.plans.put(key, _plan(q.device, first.dtype, first.shape[0], args, defines, dynamic,
@@ -400,7 +414,7 @@ def _launch_layers(x: Tensor, act: Tensor, act_off: int, layers: list[DecodeLaye
             dynamic[f"{name}{j}"], dynamic[f"{name}{j}_off"] = t.buffer, np.int64(t.offset)
     call = {**phase.args, **dynamic}   # the attention's arguments not gemv_layers' are not read
     key = ("gemv_layers", id(q.device), dt, m, sizes, eps, n, tuple(sorted(phase.program.items())),
-           phase.grid)
+           phase.grid, SPIN_NS)
     hit = capture.plans.get(key)
     if hit is None:
         hit = capture.plans.put(key, _layers_plan(q.device, dt, m, sizes, eps, n, phase, call))
@@ -419,7 +433,7 @@ def _layers_plan(device: Any, dt: np.dtype, m: int, sizes: tuple[int, ...], eps:
     rows = tile["GEMV_ROWS"]
     most_k = max(d, ko, f)
     defines = {"DTYPE": dt, "GEMV_CHAIN": None, "GEMV_LAYERS": n, "GEMV_M": m, **knobs, **phase.program,
-               "CHAIN_COUNTS": 1 + 5 * n}
+               "CHAIN_COUNTS": 1 + 5 * n, **_spin_defines()}
     static: dict[str, Any] = {
         "M": np.int32(m), "a_stage": cl.LocalMemory(_stage_bytes(device, tile, dt, m, most_k, phase)),
         "NQ": np.int32(nq), "KO": np.int32(ko), "D": np.int32(d), "F": np.int32(f),
