@@ -306,10 +306,14 @@ def main() -> int:
                     help="float32 on attention_gpu.cl's kernels, not the TF32 units' 3xTF32 passes")
     ap.add_argument("--nv-verbose", action="store_true",
                     help="NVIDIA: build attention_tf32.cl with -cl-nv-verbose and print registers/spills")
+    ap.add_argument("--wgmma-128", action="store_true",
+                    help="half at head dim 128: the forward on wgmma (attn.WGMMA_FORWARD_128; Hopper)")
     ap.add_argument("--out", default="bench/results/attention.json")
     args = ap.parse_args()
     if args.no_tf32:
         attn.GPU_TF32X3 = False
+    if args.wgmma_128:
+        attn.WGMMA_FORWARD_128 = True
     if args.nv_verbose:
         gemm_variants.NV_VERBOSE = True
 
@@ -341,8 +345,9 @@ def main() -> int:
     if gpu_variant and args.dtype != "float32" and attn.matrix_units(dev):
         wg = attn.WGMMA_PASSES if attn.WGMMA_PASSES is not None else (
             ("forward", "dq", "dkdv") if attn.has_wgmma(dev) else ())
+        at_128 = "; the forward at 128 too" if attn.WGMMA_FORWARD_128 else ""
         print(f"matrix-unit kernels (attention_mma.cl): tiles {attn.MMA_TILES}; the passes on wgmma: "
-              f"{', '.join(wg) or 'none'} (head dim 64)")
+              f"{', '.join(wg) or 'none'} (head dim 64{at_128})")
     elif gpu_variant and args.dtype == "float32" and D % 8 == 0 and D <= attn.TF32_MAX_HEAD_DIM and (
             attn.GPU_TF32X3 if attn.GPU_TF32X3 is not None else bool(attn.matrix_units(dev))):
         print(f"float32 on the TF32 units (attention_tf32.cl, 3xTF32): tiles {attn.TF32_TILES}; forward, dq "

@@ -279,17 +279,26 @@ inline void issue_tile(__local ushort *dst, __global const ushort *base, const l
 #define WG_SS 0
 #endif
 #if MMA_WG
-#if (MMA_PASS == 1 || MMA_PASS == 2) && (HEAD_DIM != 64 || BN != 64 || RB != 1 || (BM % 64) || !PREFETCH)
+#if MMA_PASS == 1 && HEAD_DIM == 128 && (BN != 32 || BM != 64 || RB != 1 || !PREFETCH || !WG_KN)
+#error "attention_mma.cl MMA_WG forward at HEAD_DIM 128: BN 32, one warpgroup (BM 64), RB 1, the ring and WG_KN"
+#elif (MMA_PASS == 1 || MMA_PASS == 2) && HEAD_DIM != 128 \
+    && (HEAD_DIM != 64 || BN != 64 || RB != 1 || (BM % 64) || !PREFETCH)
 #error "attention_mma.cl MMA_WG forward and dq pass: HEAD_DIM 64, BN 64, RB 1, 64 rows a warpgroup, and the ring"
+#elif MMA_PASS == 2 && HEAD_DIM != 64
+#error "attention_mma.cl MMA_WG dq pass: HEAD_DIM 64"
 #elif MMA_PASS == 3 && (HEAD_DIM != 64 || BQ != 64 || (BM % 64) || !DKDV_RING || DSPLIT != 1)
 #error "attention_mma.cl MMA_WG dk/dv pass: HEAD_DIM 64, BQ 64, 64 keys a warpgroup, and the ring"
 #elif MMA_PASS != 1 && MMA_PASS != 2 && MMA_PASS != 3
 #error "attention_mma.cl MMA_WG: the forward (MMA_PASS 1), the dq (2) or the dk/dv pass (3) alone"
 #endif
 #include "wgmma.cl"
-#define WG_ROW 128                       // bytes of a streamed row in local memory (HEAD_DIM 16-bit values)
+#define WG_ROW 128                       // bytes of a streamed row in local memory (64 16-bit values)
 // chunk `ch` (16 bytes) of row r of a tile, swizzled (wgmma.cl's swizzle of byte r * 128 + ch * 16)
 #define WG_CHUNK(r, ch) ((r) * WG_ROW + ((((ch) ^ (r)) & 7) << 4))
+// HEAD_DIM 128 (the forward): a tile of `rows` rows is two such tiles one after the other, columns 0-63 then
+// 64-127 (each 64-column half the layout above: the descriptors of head dim 64 read either half), chunk ch
+// of row r at WG_CHUNK_H
+#define WG_CHUNK_H(r, ch, rows) (((ch) >> 3) * (rows) * WG_ROW + WG_CHUNK(r, (ch) & 7))
 // ldmatrix row addresses of the swizzled tile: rows kk * 16 .. + 15 (the k side) at columns db * 8 .. + 15,
 // as KN_ROWS
 #define KN_SWIZZLED(tile, L)                                                                            \
@@ -297,6 +306,8 @@ inline void issue_tile(__local ushort *dst, __global const ushort *base, const l
 // B of k step kk of a tile at local address `at`: K-major (n = query rows, k = head dim; 32 bytes a step along
 // the rows, 8-row groups 1024 bytes apart)
 #define DESC_KM(at, kk) wg_desc((at) + (kk) * 32, 16, 1024, SWZ_MODE(WG_ROW))
+// the same over a whole head dim of DK k steps, the tile `rows` rows (its halves at HEAD_DIM 128, WG_CHUNK_H)
+#define DESC_KMH(at, kk, rows) DESC_KM((at) + ((kk) >> 2) * (rows) * WG_ROW, (kk) & 3)
 // the same tile's bytes read MN-major (k = the tile's rows, n = head dim: 16 rows of 128 bytes a step; 8-row
 // groups 1024 bytes apart; the head dim one 64-wide block, so the leading offset is not read)
 #define DESC_MN(at, kk) wg_desc((at) + (kk) * 16 * WG_ROW, 64 * WG_ROW, 1024, SWZ_MODE(WG_ROW))
@@ -306,7 +317,7 @@ inline void issue_tile_wg(__local ushort *dst, __global const ushort *base, cons
                           const int count, const int limit, const int tid) {
     TILE_CHUNKS(tid, first, row_stride, base) {
         const bool in = first + r < limit;
-        nc_cp_async16((__local uchar *)dst + WG_CHUNK(r, ch), in ? src : base, in ? 16 : 0);
+        nc_cp_async16((__local uchar *)dst + WG_CHUNK_H(r, ch, count), in ? src : base, in ? 16 : 0);
     }
 }
 
@@ -322,7 +333,7 @@ inline float wg_b(__local const uchar *tile, const ulong desc, const int n, cons
 // acc (64 x 64 of the warpgroup; this lane's fragments) = A (this warp's 16 x 16 fragment a, the other warps'
 // theirs) x the 16 x 64 B of `desc` (+ acc where `accumulate`): the A fragments through scratch (the
 // warpgroup's 64 x 16)
-inline void wg_emulate_rs(float acc[8][4], const uint a[4], __local const uchar *tile, const ulong desc,
+inline void wg_emulate_rs(float acc[][4], const uint a[4], __local const uchar *tile, const ulong desc,
                           const int accumulate, const int mn_major, __local float *sa, const int wq, const int g,
                           const int t) {
     #pragma unroll
@@ -342,11 +353,12 @@ inline void wg_emulate_rs(float acc[8][4], const uint a[4], __local const uchar 
         }
     barrier(CLK_LOCAL_MEM_FENCE);
 }
-// acc = A x B (+ acc where `accumulate`), both read from local memory through K-major descriptors (the
-// warpgroup's 64 rows of A: this lane's rows of its warp)
-inline void wg_emulate_ss(float acc[8][4], __local const uchar *atile, const ulong adesc, __local const uchar *btile,
-                          const ulong bdesc, const int accumulate, const int wq, const int g, const int t) {
-    for (int j = 0; j < 8; ++j)
+// acc (64 x 8 nblk) = A x B (+ acc where `accumulate`), both read from local memory through K-major
+// descriptors (the warpgroup's 64 rows of A: this lane's rows of its warp)
+inline void wg_emulate_ss(float acc[][4], __local const uchar *atile, const ulong adesc, __local const uchar *btile,
+                          const ulong bdesc, const int accumulate, const int wq, const int g, const int t,
+                          const int nblk) {
+    for (int j = 0; j < nblk; ++j)
         for (int e = 0; e < 4; ++e) {
             const int r = wq * 16 + g + 8 * (e >> 1), c = 8 * j + 2 * t + (e & 1);
             float s = accumulate ? acc[j][e] : 0.0f;
@@ -356,7 +368,10 @@ inline void wg_emulate_ss(float acc[8][4], __local const uchar *atile, const ulo
 }
 #define WGS(acc, atile, adesc, btile, bdesc, accumulate)                                                \
     wg_emulate_ss(acc, (__local const uchar *)(atile), adesc, (__local const uchar *)(btile), bdesc, accumulate, \
-                  warp & 3, g, t)
+                  warp & 3, g, t, 8)
+#define WGS32(acc, atile, adesc, btile, bdesc, accumulate)                                              \
+    wg_emulate_ss(acc, (__local const uchar *)(atile), adesc, (__local const uchar *)(btile), bdesc, accumulate, \
+                  warp & 3, g, t, 4)
 #define WGR_(acc, a, tile, desc, accumulate, TRANS)                                                     \
     wg_emulate_rs(acc, a, (__local const uchar *)(tile), desc, accumulate, TRANS,                       \
                   scratch_a + (warp >> 2) * 64 * 16, warp & 3, g, t)
@@ -364,7 +379,12 @@ inline void wg_emulate_ss(float acc[8][4], __local const uchar *atile, const ulo
     do {                                                                                                \
         for (int kk_ = 0; kk_ < 4; ++kk_) WGR_(acc, a[kk_], tile, DESC(at, kk_), kk_ > 0 || (accumulate), TRANS); \
     } while (0)
+#define WGR_TILE2(acc, a, tile, at, DESC, accumulate, TRANS)                                            \
+    do {                                                                                                \
+        for (int kk_ = 0; kk_ < 2; ++kk_) WGR_(acc, a[kk_], tile, DESC(at, kk_), kk_ > 0 || (accumulate), TRANS); \
+    } while (0)
 #define WG_WAIT_ACC(x, y)
+#define WG_WAIT_ACC16(x)
 #else
 #define WG_TYPE "bf16"
 #if !defined(IS_BF16)
@@ -374,6 +394,7 @@ inline void wg_emulate_ss(float acc[8][4], __local const uchar *atile, const ulo
 #define WG_ACC4(x, j) "+f"(x[j][0]), "+f"(x[j][1]), "+f"(x[j][2]), "+f"(x[j][3])
 #define WG_ACC(x) WG_ACC4(x, 0), WG_ACC4(x, 1), WG_ACC4(x, 2), WG_ACC4(x, 3), WG_ACC4(x, 4), WG_ACC4(x, 5),    \
                   WG_ACC4(x, 6), WG_ACC4(x, 7)
+#define WG_ACC16(x) WG_ACC4(x, 0), WG_ACC4(x, 1), WG_ACC4(x, 2), WG_ACC4(x, 3)
 // acc (m64n64, 32 floats a lane) = A x B (both from local memory through K-major descriptors) +
 // (accumulate ? acc : 0)
 #define WGS(acc, atile, adesc, btile, bdesc, accumulate)                                                \
@@ -381,6 +402,12 @@ inline void wg_emulate_ss(float acc[8][4], __local const uchar *atile, const ulo
                      WG_TYPE "." WG_TYPE " {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,"    \
                      "%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1, 0, 0; }")   \
                  : WG_ACC(acc) : "l"(adesc), "l"(bdesc), "r"(accumulate) : "memory")
+// the same at m64n32 (16 floats a lane: the forward's scores at head dim 128, 32-key tiles)
+#define WGS32(acc, atile, adesc, btile, bdesc, accumulate)                                              \
+    asm volatile(NCW("{ .reg .pred p; setp.ne.b32 p, %18, 0; wgmma.mma_async.sync.aligned.m64n32k16.f32." \
+                     WG_TYPE "." WG_TYPE " {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, " \
+                     "p, 1, 1, 0, 0; }")                                                                \
+                 : WG_ACC16(acc) : "l"(adesc), "l"(bdesc), "r"(accumulate) : "memory")
 // acc (m64n64, 32 floats a lane) = a (registers) x B (descriptor) + (accumulate ? acc : 0); TRANS 1: B read
 // MN-major
 #define WGR_(acc, a, tile, desc, accumulate, TRANS)                                                     \
@@ -412,6 +439,17 @@ inline void wg_emulate_ss(float acc[8][4], __local const uchar *atile, const ulo
                    "r"(a[3][0]), "r"(a[3][1]), "r"(a[3][2]), "r"(a[3][3]), "l"(DESC(at, 0)),            \
                    "l"(DESC(at, 1)), "l"(DESC(at, 2)), "l"(DESC(at, 3)), "r"(accumulate), "r"(1)        \
                  : "memory")
+// WGR_TILE over k = 32 (a[0..1]: a 32-row tile)
+#define WGR_TILE2(acc, a, tile, at, DESC, accumulate, TRANS)                                            \
+    asm volatile(NCW("{ .reg .pred p, q; setp.ne.b32 p, %42, 0; setp.ne.b32 q, %43, 0; "                \
+                     "wgmma.fence.sync.aligned; "                                                      \
+                     WG_RS_STEP("%32,%33,%34,%35", "%40", "p", TRANS)                                   \
+                     WG_RS_STEP("%36,%37,%38,%39", "%41", "q", TRANS)                                   \
+                     "wgmma.commit_group.sync.aligned; wgmma.wait_group.sync.aligned 0; }")             \
+                 : WG_ACC(acc)                                                                          \
+                 : "r"(a[0][0]), "r"(a[0][1]), "r"(a[0][2]), "r"(a[0][3]), "r"(a[1][0]), "r"(a[1][1]),  \
+                   "r"(a[1][2]), "r"(a[1][3]), "l"(DESC(at, 0)), "l"(DESC(at, 1)), "r"(accumulate), "r"(1) \
+                 : "memory")
 // until every wgmma batch is done: the wait names x's and y's accumulators as written (no read of them
 // moves above it)
 #define WG_WAIT_ACC(x, y)                                                                               \
@@ -419,6 +457,7 @@ inline void wg_emulate_ss(float acc[8][4], __local const uchar *atile, const ulo
         asm volatile(NCW("wgmma.wait_group.sync.aligned 0;") : WG_ACC(x) :: "memory");                 \
         asm volatile("" : WG_ACC(y) :: "memory");                                                       \
     } while (0)
+#define WG_WAIT_ACC16(x) asm volatile(NCW("wgmma.wait_group.sync.aligned 0;") : WG_ACC16(x) :: "memory")
 #endif
 // WG_FRESH (the backward passes with WG_KN): the loop-invariant A operand of their first products (q's and dO's, or k's and v's
 // fragments) through fresh registers each tile, x ^ a zero neither compiler can fold or hoist out of the
@@ -454,7 +493,7 @@ inline uint wg_zero(void) {
 #define GS_KN_T(L) KN_SWIZZLED(gs, L)
 #define KS_KN_T(L) KN_SWIZZLED(ks, L)
 #undef TILE_ELEMS
-#define TILE_ELEMS(rows) ((rows) * (WG_ROW / 2))
+#define TILE_ELEMS(rows) ((rows) * HEAD_DIM)
 #undef ISSUE_TILE
 #define ISSUE_TILE(dst, base, stride, first, count, limit, tid) issue_tile_wg(dst, base, stride, first, count, limit, tid)
 #undef STREAM_FENCE
@@ -478,7 +517,11 @@ void attention_forward_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARGS, LEN_AR
                            __global ACC *lse, const int HQ, const int GROUP, const int SQ, const int SK,
                            const int causal, const ACC scale, DROP_ARGS)
 {
+#if MMA_WG   // the ring's two stages of unpadded swizzled rows (q has its own buffer below)
+    __local uint4 ks4[2 * BN * HEAD_DIM / 8], vs4[2 * BN * HEAD_DIM / 8];
+#else
     __local uint4 ks4[KV_ROWS * DPAD / 8], vs4[KV_ROWS * DPAD / 8];
+#endif
     __local ushort *const ksb = (__local ushort *)ks4, *const vsb = (__local ushort *)vs4;
 #ifdef MMA_EMULATE
     __local float scratch_a[WARPS * 16 * KSTEP], scratch_b[WARPS * KSTEP * 8], shx[THREADS];
@@ -507,11 +550,11 @@ void attention_forward_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARGS, LEN_AR
 #if MMA_WG
     // q's BM rows swizzled in local memory, wgmma's A operand by descriptor (A from registers here and p's
     // registers in the same loop would need WG_FRESH's copies: ~10% slower; the ring's first wait lands it)
-    __local uint4 qw4[BM * WG_ROW / 16];
+    __local uint4 qw4[BM * HEAD_DIM / 8];
     ISSUE_TILE((__local ushort *)qw4, (__global const ushort *)(q + q_off + b * q_sb + h * q_sh), q_ss, i0, BM, SQ,
                tid);
     CP_COMMIT();
-    const uint qat = WG_BASE(qw4) + (warp >> 2) * 64 * WG_ROW;   // this warpgroup's 64 rows
+    const uint qat = WG_BASE(qw4) + (warp >> 2) * 64 * WG_ROW;   // this warpgroup's 64 rows (of each half)
 #else
     uint qa[RB][DK][4];
     // q's fragments, through the k tile's memory
@@ -546,9 +589,15 @@ void attention_forward_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARGS, LEN_AR
         const uint vat = WG_BASE(vsb) + (it & 1) * TILE_ELEMS(BN) * 2;
         WG_FENCE();
         #pragma unroll
+#if BN == 32   // (head dim 128: 8 k steps over the two halves of q's and k's rows)
+        for (int kk = 0; kk < DK; ++kk) WGS32(s[0], qw4, DESC_KMH(qat, kk, BM), ksb, DESC_KMH(kat, kk, BN), kk > 0);
+        WG_COMMIT();
+        WG_WAIT_ACC16(s[0]);
+#else
         for (int kk = 0; kk < DK; ++kk) WGS(s[0], qw4, DESC_KM(qat, kk), ksb, DESC_KM(kat, kk), kk > 0);
         WG_COMMIT();
         WG_WAIT_ACC(s[0], s[0]);
+#endif
 #else
         #pragma unroll
         for (int rb = 0; rb < RB; ++rb) ZERO_ACC(s[rb], NB);
@@ -621,7 +670,11 @@ void attention_forward_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARGS, LEN_AR
             #pragma unroll
             for (int jb = 0; jb < NB; ++jb) PACK_A(pa[rb], jb, s[rb][jb]);
         }
-#if MMA_WG && WG_KN
+#if MMA_WG && WG_KN && HEAD_DIM == 128
+        // o += p v by 64-column halves: p from registers, each half of the v tile read MN-major
+        WGR_TILE2(o[0], pa[0], vsb, vat, DESC_MN, 1, 1);
+        WGR_TILE2((o[0] + 8), pa[0], vsb, vat + BN * WG_ROW, DESC_MN, 1, 1);
+#elif MMA_WG && WG_KN
         WGR_TILE(o[0], pa[0], vsb, vat, DESC_MN, 1, 1);   // o += p v: p from registers, v read MN-major
 #else
         // o += p v: each v fragment pair read once for the RB row blocks

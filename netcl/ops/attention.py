@@ -176,6 +176,12 @@ MMA_TILES: dict[str, Any] = {"BM": 64, "BN": 64, "BQ": 64, "PREFETCH": 1, "DKDV_
 # None = all three where the device runs wgmma (gemm.variants.has_wgmma), none elsewhere; or a tuple of
 # "forward", "dq", "dkdv" (with MMA_EMULATE: their emulation on any device).
 WGMMA_PASSES: tuple[str, ...] | None = None
+# The forward on wgmma at head dim 128 too (attention_mma.cl MMA_WG at HEAD_DIM 128: 32-key tiles, each
+# row in local memory as two 64-column swizzled halves that the head dim 64 descriptors read, s as
+# m64n32, o += p v a half at a time; q's 64 rows and the ring's two stages exactly 48 KB), where the
+# forward runs on wgmma (WGMMA_PASSES). Off until measured on a GPU: tested through the emulation only.
+# The dq and dk/dv passes keep mma.sync at 128.
+WGMMA_FORWARD_128 = False
 MMA_RB_MAX_HEAD_DIM = 64
 # The matrix-unit backward (dq pass, then dk/dv: no atomics) keeps k's and v's fragments and dk, dv in
 # registers: whole up to head dim 64; above it each dk/dv work-group takes half of dk's and dv's columns
@@ -602,7 +608,12 @@ class _Problem:
                                          or not set(WGMMA_PASSES) <= {"forward", "dq", "dkdv"}):
             raise ValueError(f"WGMMA_PASSES must be None or a tuple of 'forward', 'dq', 'dkdv', got "
                              f"{WGMMA_PASSES!r}")
-        if self.D != 64 or kernel not in ("forward", "dq", "dkdv"):
+        if kernel not in ("forward", "dq", "dkdv"):
+            return False
+        if self.D == 128:
+            if kernel != "forward" or not WGMMA_FORWARD_128:
+                return False
+        elif self.D != 64:
             return False
         if WGMMA_PASSES is not None:
             return kernel in WGMMA_PASSES
@@ -619,6 +630,8 @@ class _Problem:
             tiles.pop("RB", None)
         if wg:   # the units' tiles: 64 rows a warpgroup, 64-row streamed tiles through the ring
             fixed = {"BQ": 64, "DKDV_RING": 1} if kernel == "dkdv" else {"BN": 64, "RB": 1, "PREFETCH": 1}
+            if self.D == 128:   # (the forward: one warpgroup, 32-key tiles, to fit 48 KB)
+                fixed = {"BN": 32, "RB": 1, "PREFETCH": 1, "BM": 64, "WG_KN": 1}
             tiles.update(MMA_TILES.get(f"{kernel}_wg", {}), **fixed, MMA_WG=1)
             if tiles["BM"] % 64:
                 raise ValueError(f"MMA_TILES['{kernel}_wg']: BM must be a multiple of 64 (rows of whole "
@@ -642,6 +655,8 @@ class _Problem:
         local_mem = self.device.capabilities.local_mem
         # (the wgmma forward keeps q's BM rows in local memory besides: its A operand; the backward passes
         # with WG_SS their rows beside the ring)
+        if wg and kernel == "forward":   # (the unpadded stages of k and v; q's rows have their own buffer)
+            ring = 2 * 2 * defines["BN"] * self.D * 2
         if tiles.get("WG_SS"):   # (the unpadded stages; lse and delta in registers, or before the ring)
             dkdv_ring = (2 * 2 * defines["BQ"] + 2 * defines["BM"]) * self.D * 2
             ring = (2 * 2 * defines["BN"] + 2 * defines["BM"]) * self.D * 2
@@ -971,11 +986,10 @@ def _template_key(kind: str, q: Any, k: Any, v: Any, causal: Any, scale: Any, ma
     if (mask is not None and type(mask) is not Tensor) or (kv_len is not None and type(kv_len) is not Tensor):
         return None
     return ("attention", kind, _layout(q), _layout(k), _layout(v), causal, scale, _layout(mask),
-            _layout(kv_len), *extra, id(MMA_TILES), WGMMA_PASSES, MMA_EMULATE, GPU_MMA, GPU_NATIVE_EXP,
-            variant_override, MMA_RB_MAX_HEAD_DIM, MMA_BACKWARD_MAX_HEAD_DIM, GPU_PREFETCH, id(CPU_TILES),
-            id(GPU_GRIDS), GPU_TF32X3, id(TF32_TILES), TF32_MAX_HEAD_DIM, GPU_BACKWARD, GPU_ROW_SHFL,
-            GPU_DQ_ATOMIC, GPU_DQ_SPLIT_ADD, DECODE_MAX_ROWS,
-            get_deterministic())
+            _layout(kv_len), *extra, id(MMA_TILES), WGMMA_PASSES, WGMMA_FORWARD_128, MMA_EMULATE, GPU_MMA,
+            GPU_NATIVE_EXP, variant_override, MMA_RB_MAX_HEAD_DIM, MMA_BACKWARD_MAX_HEAD_DIM, GPU_PREFETCH,
+            id(CPU_TILES), id(GPU_GRIDS), GPU_TF32X3, id(TF32_TILES), TF32_MAX_HEAD_DIM, GPU_BACKWARD,
+            GPU_ROW_SHFL, GPU_DQ_ATOMIC, GPU_DQ_SPLIT_ADD, DECODE_MAX_ROWS, get_deterministic())
 
 
 def _recorded(key: tuple, inputs: tuple, run: Any) -> Any:

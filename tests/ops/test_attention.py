@@ -1125,6 +1125,48 @@ def test_matrix_units_on_warpgroup_units(queue, rng, mma_emulated, monkeypatch, 
 
 
 @pytest.mark.gpu_shaped
+def test_matrix_unit_forward_on_warpgroup_units_at_head_dim_128(queue, rng, mma_emulated, monkeypatch):
+    """WGMMA_FORWARD_128: the forward at head dim 128 on wgmma (32-key tiles, each row as two swizzled
+    64-column halves; emulated from the same tiles and descriptors where the device has no wgmma), against
+    float64 NumPy and against the mma.sync forward: GQA, causal rows ending inside a tile, kv_len and dropout
+    over five key tiles (both ring stages); then a full row without options. The backward keeps mma.sync."""
+    if not attn.MMA_EMULATE and not attn.has_wgmma(queue.device):
+        pytest.skip("the device runs mma.sync but not wgmma (its emulation runs on the CPUs)")
+    B, HQ, HKV, SQ, SK, D = 1, 2, 1, 83, 150, 128
+    q, k, v, _ = (a.astype(np.float16) for a in inputs(rng, B, HQ, HKV, SQ, SK, D))
+    nq, nk, nv = (dev(queue, a) for a in (q, k, v))
+    lengths = np.array([131], np.int32)
+    monkeypatch.setattr(attn, "WGMMA_PASSES", ("forward",))
+    pr = attn._Problem("test", nq, nk, nv, True, None, None, 0.0, None)
+    assert not pr.wgmma_pass("forward")   # (off by default)
+    monkeypatch.setattr(attn, "WGMMA_FORWARD_128", True)
+    assert pr.wgmma_pass("forward") and not pr.wgmma_pass("dq") and not pr.wgmma_pass("dkdv")
+    def options(causal, extra):
+        if not extra:
+            return dict(causal=causal)
+        return dict(causal=causal, kv_len=dev(queue, lengths), dropout_p=0.2,
+                    dropout_draw=attn.DropoutDraw(Generator(3)))
+
+    for causal, extra in ((True, True), (False, False)):
+        opts = options(causal, extra)
+        monkeypatch.setattr(attn, "WGMMA_PASSES", ("forward",))
+        out, lse = ops.flash_attention_forward(nq, nk, nv, **opts)
+        ref_opts = {}
+        if extra:
+            keep = attn.attention_dropout_mask(queue, opts["dropout_draw"], (B, HQ, SQ, SK), 0.2).to_host()
+            ref_opts = dict(kv_len=lengths, keep=keep, dropout_p=0.2)
+        want = reference(q, k, v, causal=causal, **ref_opts)
+        np.testing.assert_allclose(out.to_host().astype(np.float64), want[0], **MMA_TOL[np.dtype(np.float16)])
+        np.testing.assert_allclose(lse.to_host(), want[1], rtol=1e-5, atol=1e-5)
+        monkeypatch.setattr(attn, "WGMMA_PASSES", ())
+        sync = ops.flash_attention_forward(nq, nk, nv, **options(causal, extra))
+        for name, a, b in zip(("out", "lse"), (out, lse), sync, strict=True):
+            ref = b.to_host().astype(np.float64)
+            np.testing.assert_allclose(a.to_host().astype(np.float64), ref, rtol=1e-2,
+                                       atol=1e-2 * max(np.abs(ref).max(), 1.0), err_msg=name)
+
+
+@pytest.mark.gpu_shaped
 def test_matrix_unit_calls_replay_their_template(queue, rng, mma_emulated, monkeypatch):
     """A second call of a signature replays the launches the first one recorded (netcl.core.capture.plans):
     other tensors bound (q, k, v, grad_out, a bool mask and kv_len of other values), the same bits and the
