@@ -512,6 +512,13 @@ inline uint wg_zero(void) {
 #endif
 
 #if MMA_PASS == 0 || MMA_PASS == 1
+#if MMA_WG && BN == 32   // the forward's scores on the units: m64n32 (head dim 128) or m64n64
+#define WGS_S WGS32
+#define WG_WAIT_S(x) WG_WAIT_ACC16(x)
+#elif MMA_WG
+#define WGS_S WGS
+#define WG_WAIT_S(x) WG_WAIT_ACC(x, x)
+#endif
 __kernel __attribute__((reqd_work_group_size(THREADS, 1, 1)))
 void attention_forward_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARGS, LEN_ARGS, OUT_ARGS,
                            __global ACC *lse, const int HQ, const int GROUP, const int SQ, const int SK,
@@ -588,16 +595,10 @@ void attention_forward_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARGS, LEN_AR
         const uint kat = WG_BASE(ksb) + (it & 1) * TILE_ELEMS(BN) * 2;
         const uint vat = WG_BASE(vsb) + (it & 1) * TILE_ELEMS(BN) * 2;
         WG_FENCE();
-        #pragma unroll
-#if BN == 32   // (head dim 128: 8 k steps over the two halves of q's and k's rows)
-        for (int kk = 0; kk < DK; ++kk) WGS32(s[0], qw4, DESC_KMH(qat, kk, BM), ksb, DESC_KMH(kat, kk, BN), kk > 0);
+        #pragma unroll   // (head dim 128: 8 k steps over the two halves of q's and k's rows)
+        for (int kk = 0; kk < DK; ++kk) WGS_S(s[0], qw4, DESC_KMH(qat, kk, BM), ksb, DESC_KMH(kat, kk, BN), kk > 0);
         WG_COMMIT();
-        WG_WAIT_ACC16(s[0]);
-#else
-        for (int kk = 0; kk < DK; ++kk) WGS(s[0], qw4, DESC_KM(qat, kk), ksb, DESC_KM(kat, kk), kk > 0);
-        WG_COMMIT();
-        WG_WAIT_ACC(s[0], s[0]);
-#endif
+        WG_WAIT_S(s[0]);
 #else
         #pragma unroll
         for (int rb = 0; rb < RB; ++rb) ZERO_ACC(s[rb], NB);

@@ -53,8 +53,8 @@
  * read through PART_LOAD. count is a zeroed int that the last one resets for the next launch, so one buffer
  * per queue serves every launch and recorded replay (Queue.arrival_counts). Elsewhere the partials (floats)
  * move through 32-bit atomics, read from the device-wide coherent level and not a data race (Oclgrind
- * checks); on NVIDIA through plain stores and loads, ordered by the arrival's fences on both sides (CUDA's
- * threadfence reduction): volatile accesses and atomics are issued one after another (a 512 x 512 x 16384
+ * checks); on NVIDIA through plain stores and loads from L2 (nc_part_load below), ordered by the arrival's
+ * fences on both sides (CUDA's threadfence reduction): volatile accesses and atomics are issued one after another (a 512 x 512 x 16384
  * bfloat16 split-K GEMM 2.6-6.5x slower than a separate reduction launch; the split decode attention's merge
  * of 63 splits 76 us more through atomics; bench/NOTES.md, seventh and tenth sessions). */
 #ifdef NC_NVIDIA
