@@ -306,14 +306,18 @@ def main() -> int:
                     help="float32 on attention_gpu.cl's kernels, not the TF32 units' 3xTF32 passes")
     ap.add_argument("--nv-verbose", action="store_true",
                     help="NVIDIA: build attention_tf32.cl with -cl-nv-verbose and print registers/spills")
-    ap.add_argument("--wgmma-128", action="store_true",
-                    help="half at head dim 128: the forward on wgmma (attn.WGMMA_FORWARD_128; Hopper)")
+    ap.add_argument("--wgmma-128", nargs="?", const="forward,dq", default="",
+                    help="half at head dim 128: these passes on wgmma (attn.WGMMA_128; Hopper): a comma list "
+                    "of forward, dq (bare: both)")
     ap.add_argument("--out", default="bench/results/attention.json")
     args = ap.parse_args()
     if args.no_tf32:
         attn.GPU_TF32X3 = False
     if args.wgmma_128:
-        attn.WGMMA_FORWARD_128 = True
+        passes = tuple(args.wgmma_128.split(","))
+        if not set(passes) <= {"forward", "dq"}:
+            ap.error(f"--wgmma-128: a comma list of forward, dq, got {args.wgmma_128!r}")
+        attn.WGMMA_128 = passes
     if args.nv_verbose:
         gemm_variants.NV_VERBOSE = True
 
@@ -345,7 +349,7 @@ def main() -> int:
     if gpu_variant and args.dtype != "float32" and attn.matrix_units(dev):
         wg = attn.WGMMA_PASSES if attn.WGMMA_PASSES is not None else (
             ("forward", "dq", "dkdv") if attn.has_wgmma(dev) else ())
-        at_128 = "; the forward at 128 too" if attn.WGMMA_FORWARD_128 else ""
+        at_128 = f"; {', '.join(attn.WGMMA_128)} at 128 too" if attn.WGMMA_128 else ""
         print(f"matrix-unit kernels (attention_mma.cl): tiles {attn.MMA_TILES}; the passes on wgmma: "
               f"{', '.join(wg) or 'none'} (head dim 64{at_128})")
     elif gpu_variant and args.dtype == "float32" and D % 8 == 0 and D <= attn.TF32_MAX_HEAD_DIM and (

@@ -121,9 +121,11 @@ inline float shfl_xor_sync(const float v, const int m) {
 #ifdef MMA_EMULATE
 #define CP_COMMIT()
 #define CP_WAIT1()
+#define CP_WAIT0()
 #else
 #define CP_COMMIT() asm volatile("cp.async.commit_group;" ::: "memory")
 #define CP_WAIT1() asm volatile("cp.async.wait_group 1;" ::: "memory")   // all but the newest group landed
+#define CP_WAIT0() asm volatile("cp.async.wait_group 0;" ::: "memory")   // every group landed
 #endif
 
 #endif

@@ -279,13 +279,12 @@ inline void issue_tile(__local ushort *dst, __global const ushort *base, const l
 #define WG_SS 0
 #endif
 #if MMA_WG
-#if MMA_PASS == 1 && HEAD_DIM == 128 && (BN != 32 || BM != 64 || RB != 1 || !PREFETCH || !WG_KN)
-#error "attention_mma.cl MMA_WG forward at HEAD_DIM 128: BN 32, one warpgroup (BM 64), RB 1, the ring and WG_KN"
+#if (MMA_PASS == 1 || MMA_PASS == 2) && HEAD_DIM == 128 \
+    && (BN != 32 || BM != 64 || RB != 1 || !PREFETCH || !WG_KN || WG_SS)
+#error "attention_mma.cl MMA_WG forward and dq pass at HEAD_DIM 128: BN 32, one warpgroup (BM 64), RB 1, the ring, WG_KN"
 #elif (MMA_PASS == 1 || MMA_PASS == 2) && HEAD_DIM != 128 \
     && (HEAD_DIM != 64 || BN != 64 || RB != 1 || (BM % 64) || !PREFETCH)
 #error "attention_mma.cl MMA_WG forward and dq pass: HEAD_DIM 64, BN 64, RB 1, 64 rows a warpgroup, and the ring"
-#elif MMA_PASS == 2 && HEAD_DIM != 64
-#error "attention_mma.cl MMA_WG dq pass: HEAD_DIM 64"
 #elif MMA_PASS == 3 && (HEAD_DIM != 64 || BQ != 64 || (BM % 64) || !DKDV_RING || DSPLIT != 1)
 #error "attention_mma.cl MMA_WG dk/dv pass: HEAD_DIM 64, BQ 64, 64 keys a warpgroup, and the ring"
 #elif MMA_PASS != 1 && MMA_PASS != 2 && MMA_PASS != 3
@@ -299,6 +298,10 @@ inline void issue_tile(__local ushort *dst, __global const ushort *base, const l
 // 64-127 (each 64-column half the layout above: the descriptors of head dim 64 read either half), chunk ch
 // of row r at WG_CHUNK_H
 #define WG_CHUNK_H(r, ch, rows) (((ch) >> 3) * (rows) * WG_ROW + WG_CHUNK(r, (ch) & 7))
+// ldmatrix row addresses of the A fragment of k step kk of a warp's 16 rows in such a tile of BM rows at ksb
+// (the dq pass's dO at head dim 128), as WARP_ROWS
+#define GW_ROWS(L)                                                                                      \
+    ((__local ushort *)((__local uchar *)ksb + WG_CHUNK_H(warp * 16 + ((L) & 15), kk * 2 + ((L) >> 4), BM)))
 // ldmatrix row addresses of the swizzled tile: rows kk * 16 .. + 15 (the k side) at columns db * 8 .. + 15,
 // as KN_ROWS
 #define KN_SWIZZLED(tile, L)                                                                            \
@@ -330,12 +333,12 @@ inline float wg_b(__local const uchar *tile, const ulong desc, const int n, cons
                              : start + (n / 8) * sbo + (n % 8) * 128 + k * 2;
     return lane_value(*(__local const ushort *)(tile + swizzle(at, WG_ROW)));
 }
-// acc (64 x 64 of the warpgroup; this lane's fragments) = A (this warp's 16 x 16 fragment a, the other warps'
-// theirs) x the 16 x 64 B of `desc` (+ acc where `accumulate`): the A fragments through scratch (the
-// warpgroup's 64 x 16)
+// acc (64 x 8 nblk of the warpgroup; this lane's fragments) = A (this warp's 16 x 16 fragment a, the other
+// warps' theirs) x the 16 x 8 nblk B of `desc` (+ acc where `accumulate`): the A fragments through scratch
+// (the warpgroup's 64 x 16)
 inline void wg_emulate_rs(float acc[][4], const uint a[4], __local const uchar *tile, const ulong desc,
                           const int accumulate, const int mn_major, __local float *sa, const int wq, const int g,
-                          const int t) {
+                          const int t, const int nblk) {
     #pragma unroll
     for (int h = 0; h < 2; ++h) {
         sa[(wq * 16 + g) * 16 + 2 * t + h] = lane_value(a[0] >> (16 * h));
@@ -344,7 +347,7 @@ inline void wg_emulate_rs(float acc[][4], const uint a[4], __local const uchar *
         sa[(wq * 16 + g + 8) * 16 + 2 * t + 8 + h] = lane_value(a[3] >> (16 * h));
     }
     barrier(CLK_LOCAL_MEM_FENCE);
-    for (int j = 0; j < 8; ++j)
+    for (int j = 0; j < nblk; ++j)
         for (int e = 0; e < 4; ++e) {
             const int r = wq * 16 + g + 8 * (e >> 1), c = 8 * j + 2 * t + (e & 1);
             float s = accumulate ? acc[j][e] : 0.0f;
@@ -374,7 +377,10 @@ inline void wg_emulate_ss(float acc[][4], __local const uchar *atile, const ulon
                   warp & 3, g, t, 4)
 #define WGR_(acc, a, tile, desc, accumulate, TRANS)                                                     \
     wg_emulate_rs(acc, a, (__local const uchar *)(tile), desc, accumulate, TRANS,                       \
-                  scratch_a + (warp >> 2) * 64 * 16, warp & 3, g, t)
+                  scratch_a + (warp >> 2) * 64 * 16, warp & 3, g, t, 8)
+#define WGR32(acc, a, tile, desc, accumulate)                                                           \
+    wg_emulate_rs(acc, a, (__local const uchar *)(tile), desc, accumulate, 0,                           \
+                  scratch_a + (warp >> 2) * 64 * 16, warp & 3, g, t, 4)
 #define WGR_TILE(acc, a, tile, at, DESC, accumulate, TRANS)                                             \
     do {                                                                                                \
         for (int kk_ = 0; kk_ < 4; ++kk_) WGR_(acc, a[kk_], tile, DESC(at, kk_), kk_ > 0 || (accumulate), TRANS); \
@@ -385,6 +391,7 @@ inline void wg_emulate_ss(float acc[][4], __local const uchar *atile, const ulon
     } while (0)
 #define WG_WAIT_ACC(x, y)
 #define WG_WAIT_ACC16(x)
+#define WG_WAIT_ACC16X2(x, y)
 #else
 #define WG_TYPE "bf16"
 #if !defined(IS_BF16)
@@ -408,6 +415,13 @@ inline void wg_emulate_ss(float acc[][4], __local const uchar *atile, const ulon
                      WG_TYPE "." WG_TYPE " {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, " \
                      "p, 1, 1, 0, 0; }")                                                                \
                  : WG_ACC16(acc) : "l"(adesc), "l"(bdesc), "r"(accumulate) : "memory")
+// the same at m64n32, B K-major (the dq pass's dp at head dim 128)
+#define WGR32(acc, a, tile, desc, accumulate)                                                           \
+    asm volatile(NCW("{ .reg .pred p; setp.ne.b32 p, %21, 0; wgmma.mma_async.sync.aligned.m64n32k16.f32." \
+                     WG_TYPE "." WG_TYPE " {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, "     \
+                     "{%16,%17,%18,%19}, %20, p, 1, 1, 0; }")                                           \
+                 : WG_ACC16(acc) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate) \
+                 : "memory")
 // acc (m64n64, 32 floats a lane) = a (registers) x B (descriptor) + (accumulate ? acc : 0); TRANS 1: B read
 // MN-major
 #define WGR_(acc, a, tile, desc, accumulate, TRANS)                                                     \
@@ -458,6 +472,11 @@ inline void wg_emulate_ss(float acc[][4], __local const uchar *atile, const ulon
         asm volatile("" : WG_ACC(y) :: "memory");                                                       \
     } while (0)
 #define WG_WAIT_ACC16(x) asm volatile(NCW("wgmma.wait_group.sync.aligned 0;") : WG_ACC16(x) :: "memory")
+#define WG_WAIT_ACC16X2(x, y)                                                                           \
+    do {                                                                                                \
+        WG_WAIT_ACC16(x);                                                                               \
+        asm volatile("" : WG_ACC16(y) :: "memory");                                                     \
+    } while (0)
 #endif
 // WG_FRESH (the backward passes with WG_KN): the loop-invariant A operand of their first products (q's and dO's, or k's and v's
 // fragments) through fresh registers each tile, x ^ a zero neither compiler can fold or hoist out of the
@@ -788,7 +807,13 @@ void attention_backward_dq_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(grad_
                                const int do_dq, const int HQ, const int GROUP, const int SQ, const int SK,
                                const int causal, const ACC scale, DROP_ARGS)
 {
-#if MMA_WG && WG_SS
+#if MMA_WG && HEAD_DIM == 128
+    // the ring's two stages of 32-key k and v tiles (16 KB each), q's 64 rows (16 KB) as the score product's
+    // A operand by descriptor (as the forward's); dO's rows pass through the k stages (swizzled, 16 KB) into
+    // registers (dp's A operand), lse and delta through the v stages, before the ring starts
+    __local uint4 ks4[2 * BN * HEAD_DIM / 8], vs4[2 * BN * HEAD_DIM / 8], qw4[BM * HEAD_DIM / 8];
+    __local float *const rowv = (__local float *)vs4;
+#elif MMA_WG && WG_SS
 #if BM != 64
 #error "attention_mma.cl WG_SS: 64 query rows a work-group (one warpgroup: 48 KB of local memory)"
 #endif
@@ -854,7 +879,20 @@ void attention_backward_dq_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(grad_
         irow[rb][1] = min(i0 + rloc[rb][1], SQ - 1);
     }
 
-#if MMA_WG && WG_SS
+#if MMA_WG && HEAD_DIM == 128
+    // q's rows into their buffer (landed by the wait below, fenced for the units by the ring's first), dO's
+    // through the k stages into registers
+    ISSUE_TILE((__local ushort *)qw4, (__global const ushort *)(q + q_off + b * q_sb + h * q_sh), q_ss, i0, BM, SQ,
+               tid);
+    ISSUE_TILE(ksb, (__global const ushort *)grow, grad_out_ss, i0, BM, SQ, tid);
+    CP_COMMIT();
+    CP_WAIT0();
+    barrier(CLK_LOCAL_MEM_FENCE);
+    const uint qat = WG_BASE(qw4);
+    uint ga[RB][DK][4];
+    MMA_UNROLL
+    for (int kk = 0; kk < DK; ++kk) LDSM(ga[0][kk], GW_ROWS, false);
+#elif MMA_WG && WG_SS
     // (landed by the ring's first wait; the barrier: rowv's values for everyone, read below, before the ring's
     // first tile takes their memory)
     ISSUE_TILE((__local ushort *)qw4, (__global const ushort *)(q + q_off + b * q_sb + h * q_sh), q_ss, i0, BM, SQ,
@@ -902,6 +940,18 @@ void attention_backward_dq_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(grad_
         // (RB 1: s[0], dp[0] are the warpgroup's 64 x 64 accumulators; the first k step overwrites them)
         const uint kat = WG_BASE(ksb) + (it & 1) * TILE_ELEMS(BN) * 2;
         const uint vat = WG_BASE(vsb) + (it & 1) * TILE_ELEMS(BN) * 2;
+#if HEAD_DIM == 128
+        // s (m64n32) from q's rows in local memory, dp from dO's fragments; 8 k steps over both halves
+        WG_FRESH(gf, ga[0]);
+        WG_FENCE();
+        #pragma unroll
+        for (int kk = 0; kk < DK; ++kk) {
+            WGS32(s[0], qw4, DESC_KMH(qat, kk, BM), ksb, DESC_KMH(kat, kk, BN), kk > 0);
+            WGR32(dp[0], gf[kk], vsb, DESC_KMH(vat, kk, BN), kk > 0);
+        }
+        WG_COMMIT();
+        WG_WAIT_ACC16X2(s[0], dp[0]);
+#else
 #if WG_SS
         WG_FENCE();
         #pragma unroll
@@ -928,6 +978,7 @@ void attention_backward_dq_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(grad_
 #endif
         WG_COMMIT();
         WG_WAIT_ACC(s[0], dp[0]);
+#endif
 #else
         #pragma unroll
         for (int rb = 0; rb < RB; ++rb) {
@@ -973,7 +1024,11 @@ void attention_backward_dq_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(grad_
                 PACK_A(da[rb], jb, ds);
             }
         }
-#if MMA_WG && WG_KN
+#if MMA_WG && WG_KN && HEAD_DIM == 128
+        // dq += ds k by 64-column halves: ds from registers, each half of the k tile read MN-major
+        WGR_TILE2(dqa[0], da[0], ksb, kat, DESC_MN, 1, 1);
+        WGR_TILE2((dqa[0] + 8), da[0], ksb, kat + BN * WG_ROW, DESC_MN, 1, 1);
+#elif MMA_WG && WG_KN
         WGR_TILE(dqa[0], da[0], ksb, kat, DESC_MN, 1, 1);   // dq += ds k: k read MN-major
 #else
         MMA_KN_RB(dqa, da, BN / 16, KS_KN_T);

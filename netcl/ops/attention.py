@@ -176,12 +176,13 @@ MMA_TILES: dict[str, Any] = {"BM": 64, "BN": 64, "BQ": 64, "PREFETCH": 1, "DKDV_
 # None = all three where the device runs wgmma (gemm.variants.has_wgmma), none elsewhere; or a tuple of
 # "forward", "dq", "dkdv" (with MMA_EMULATE: their emulation on any device).
 WGMMA_PASSES: tuple[str, ...] | None = None
-# The forward on wgmma at head dim 128 too (attention_mma.cl MMA_WG at HEAD_DIM 128: 32-key tiles, each
-# row in local memory as two 64-column swizzled halves that the head dim 64 descriptors read, s as
-# m64n32, o += p v a half at a time; q's 64 rows and the ring's two stages exactly 48 KB), where the
-# forward runs on wgmma (WGMMA_PASSES). Off until measured on a GPU: tested through the emulation only.
-# The dq and dk/dv passes keep mma.sync at 128.
-WGMMA_FORWARD_128 = False
+# The passes ("forward", "dq") that run on wgmma at head dim 128 too, where WGMMA_PASSES puts them there
+# (attention_mma.cl MMA_WG at HEAD_DIM 128: 32-key tiles, each row in local memory as two 64-column
+# swizzled halves that the head dim 64 descriptors read, s (and dp) as m64n32, o += p v and dq += ds k a
+# half at a time; q's 64 rows and the ring's two stages exactly 48 KB, the dq pass's dO as fragments in
+# registers). Off until measured on a GPU: tested through the emulation only. The dk/dv pass keeps
+# mma.sync at 128.
+WGMMA_128: tuple[str, ...] = ()
 MMA_RB_MAX_HEAD_DIM = 64
 # The matrix-unit backward (dq pass, then dk/dv: no atomics) keeps k's and v's fragments and dk, dv in
 # registers: whole up to head dim 64; above it each dk/dv work-group takes half of dk's and dv's columns
@@ -603,15 +604,18 @@ class _Problem:
 
     def wgmma_pass(self, kernel: str) -> bool:
         """Whether the matrix-unit pass `kernel` ("forward", "dq", "dkdv") takes its products on wgmma
-        (WGMMA_PASSES): head dim 64, and a device that runs wgmma or the emulation asked for."""
+        (WGMMA_PASSES): head dim 64 (or 128, the passes WGMMA_128 names), and a device that runs wgmma or the
+        emulation asked for."""
         if WGMMA_PASSES is not None and (not isinstance(WGMMA_PASSES, tuple)
                                          or not set(WGMMA_PASSES) <= {"forward", "dq", "dkdv"}):
             raise ValueError(f"WGMMA_PASSES must be None or a tuple of 'forward', 'dq', 'dkdv', got "
                              f"{WGMMA_PASSES!r}")
+        if not isinstance(WGMMA_128, tuple) or not set(WGMMA_128) <= {"forward", "dq"}:
+            raise ValueError(f"WGMMA_128 must be a tuple of 'forward', 'dq', got {WGMMA_128!r}")
         if kernel not in ("forward", "dq", "dkdv"):
             return False
         if self.D == 128:
-            if kernel != "forward" or not WGMMA_FORWARD_128:
+            if kernel not in WGMMA_128:
                 return False
         elif self.D != 64:
             return False
@@ -630,8 +634,8 @@ class _Problem:
             tiles.pop("RB", None)
         if wg:   # the units' tiles: 64 rows a warpgroup, 64-row streamed tiles through the ring
             fixed = {"BQ": 64, "DKDV_RING": 1} if kernel == "dkdv" else {"BN": 64, "RB": 1, "PREFETCH": 1}
-            if self.D == 128:   # (the forward: one warpgroup, 32-key tiles, to fit 48 KB)
-                fixed = {"BN": 32, "RB": 1, "PREFETCH": 1, "BM": 64, "WG_KN": 1}
+            if self.D == 128:   # (one warpgroup, 32-key tiles, to fit 48 KB; dO's rows in registers)
+                fixed = {"BN": 32, "RB": 1, "PREFETCH": 1, "BM": 64, "WG_KN": 1, "WG_SS": 0}
             tiles.update(MMA_TILES.get(f"{kernel}_wg", {}), **fixed, MMA_WG=1)
             if tiles["BM"] % 64:
                 raise ValueError(f"MMA_TILES['{kernel}_wg']: BM must be a multiple of 64 (rows of whole "
@@ -653,14 +657,16 @@ class _Problem:
         ring = 2 * max(2 * defines["BN"], defines["BM"]) * (self.D + 8) * 2
         dkdv_ring = 2 * max(2 * defines["BQ"], defines["BM"]) * (self.D + 8) * 2 + 16 * defines["BQ"]
         local_mem = self.device.capabilities.local_mem
-        # (the wgmma forward keeps q's BM rows in local memory besides: its A operand; the backward passes
-        # with WG_SS their rows beside the ring)
-        if wg and kernel == "forward":   # (the unpadded stages of k and v; q's rows have their own buffer)
+        # (the wgmma forward, and the dq pass at head dim 128, keep q's BM rows in local memory besides: the
+        # score product's A operand; the backward passes with WG_SS their rows beside the ring)
+        q_rows = 0
+        if wg and (kernel == "forward" or self.D == 128):   # (the unpadded stages of k and v)
             ring = 2 * 2 * defines["BN"] * self.D * 2
+            q_rows = defines["BM"] * self.D * 2
         if tiles.get("WG_SS"):   # (the unpadded stages; lse and delta in registers, or before the ring)
             dkdv_ring = (2 * 2 * defines["BQ"] + 2 * defines["BM"]) * self.D * 2
             ring = (2 * 2 * defines["BN"] + 2 * defines["BM"]) * self.D * 2
-        need = {"dkdv": dkdv_ring, "forward": ring + defines["BM"] * self.D * 2}.get(kernel, ring)
+        need = dkdv_ring if kernel == "dkdv" else ring + q_rows
         if wg and need > local_mem:
             raise KernelBuildError(f"attention_mma.cl's wgmma {kernel} pass needs {need} bytes of local "
                                    f"memory; {self.device.describe()} has {local_mem}")
@@ -986,7 +992,7 @@ def _template_key(kind: str, q: Any, k: Any, v: Any, causal: Any, scale: Any, ma
     if (mask is not None and type(mask) is not Tensor) or (kv_len is not None and type(kv_len) is not Tensor):
         return None
     return ("attention", kind, _layout(q), _layout(k), _layout(v), causal, scale, _layout(mask),
-            _layout(kv_len), *extra, id(MMA_TILES), WGMMA_PASSES, WGMMA_FORWARD_128, MMA_EMULATE, GPU_MMA,
+            _layout(kv_len), *extra, id(MMA_TILES), WGMMA_PASSES, WGMMA_128, MMA_EMULATE, GPU_MMA,
             GPU_NATIVE_EXP, variant_override, MMA_RB_MAX_HEAD_DIM, MMA_BACKWARD_MAX_HEAD_DIM, GPU_PREFETCH,
             id(CPU_TILES), id(GPU_GRIDS), GPU_TF32X3, id(TF32_TILES), TF32_MAX_HEAD_DIM, GPU_BACKWARD,
             GPU_ROW_SHFL, GPU_DQ_ATOMIC, GPU_DQ_SPLIT_ADD, DECODE_MAX_ROWS, get_deterministic())

@@ -1125,42 +1125,56 @@ def test_matrix_units_on_warpgroup_units(queue, rng, mma_emulated, monkeypatch, 
 
 
 @pytest.mark.gpu_shaped
-def test_matrix_unit_forward_on_warpgroup_units_at_head_dim_128(queue, rng, mma_emulated, monkeypatch):
-    """WGMMA_FORWARD_128: the forward at head dim 128 on wgmma (32-key tiles, each row as two swizzled
-    64-column halves; emulated from the same tiles and descriptors where the device has no wgmma), against
-    float64 NumPy and against the mma.sync forward: GQA, causal rows ending inside a tile, kv_len and dropout
-    over five key tiles (both ring stages); then a full row without options. The backward keeps mma.sync."""
+def test_matrix_unit_passes_on_warpgroup_units_at_head_dim_128(queue, rng, mma_emulated, monkeypatch):
+    """WGMMA_128: the forward and the dq pass at head dim 128 on wgmma (32-key tiles, each row as two swizzled
+    64-column halves, the dq pass's dO as fragments in registers; emulated from the same tiles and
+    descriptors where the device has no wgmma), against float64 NumPy and against the mma.sync passes: GQA,
+    causal rows ending inside a tile, kv_len and dropout over five key tiles (both ring stages); then full
+    rows without options. The dk/dv pass keeps mma.sync."""
     if not attn.MMA_EMULATE and not attn.has_wgmma(queue.device):
         pytest.skip("the device runs mma.sync but not wgmma (its emulation runs on the CPUs)")
     B, HQ, HKV, SQ, SK, D = 1, 2, 1, 83, 150, 128
-    q, k, v, _ = (a.astype(np.float16) for a in inputs(rng, B, HQ, HKV, SQ, SK, D))
-    nq, nk, nv = (dev(queue, a) for a in (q, k, v))
+    q, k, v, g = (a.astype(np.float16) for a in inputs(rng, B, HQ, HKV, SQ, SK, D))
+    nq, nk, nv, ng = (dev(queue, a) for a in (q, k, v, g))
     lengths = np.array([131], np.int32)
-    monkeypatch.setattr(attn, "WGMMA_PASSES", ("forward",))
+    monkeypatch.setattr(attn, "WGMMA_PASSES", ("forward", "dq", "dkdv"))
     pr = attn._Problem("test", nq, nk, nv, True, None, None, 0.0, None)
-    assert not pr.wgmma_pass("forward")   # (off by default)
-    monkeypatch.setattr(attn, "WGMMA_FORWARD_128", True)
-    assert pr.wgmma_pass("forward") and not pr.wgmma_pass("dq") and not pr.wgmma_pass("dkdv")
+    assert not pr.wgmma_pass("forward") and not pr.wgmma_pass("dq")   # (off by default)
+    monkeypatch.setattr(attn, "WGMMA_128", ("forward", "dq"))
+    assert pr.wgmma_pass("forward") and pr.wgmma_pass("dq") and not pr.wgmma_pass("dkdv")
+    for bad in (["dq"], ("dkdv",), "forward"):
+        monkeypatch.setattr(attn, "WGMMA_128", bad)
+        with pytest.raises(ValueError, match="WGMMA_128"):
+            pr.wgmma_pass("dq")
+    monkeypatch.setattr(attn, "WGMMA_128", ("forward", "dq"))
+
     def options(causal, extra):
         if not extra:
             return dict(causal=causal)
         return dict(causal=causal, kv_len=dev(queue, lengths), dropout_p=0.2,
                     dropout_draw=attn.DropoutDraw(Generator(3)))
 
+    def run(passes, opts):
+        monkeypatch.setattr(attn, "WGMMA_PASSES", passes)
+        out, lse = ops.flash_attention_forward(nq, nk, nv, **opts)
+        dq = ops.flash_attention_backward(nq, nk, nv, out, lse, ng, **opts)[0]
+        return out, lse, dq
+
     for causal, extra in ((True, True), (False, False)):
         opts = options(causal, extra)
-        monkeypatch.setattr(attn, "WGMMA_PASSES", ("forward",))
-        out, lse = ops.flash_attention_forward(nq, nk, nv, **opts)
+        got = run(("forward", "dq"), opts)
         ref_opts = {}
         if extra:
             keep = attn.attention_dropout_mask(queue, opts["dropout_draw"], (B, HQ, SQ, SK), 0.2).to_host()
             ref_opts = dict(kv_len=lengths, keep=keep, dropout_p=0.2)
-        want = reference(q, k, v, causal=causal, **ref_opts)
-        np.testing.assert_allclose(out.to_host().astype(np.float64), want[0], **MMA_TOL[np.dtype(np.float16)])
-        np.testing.assert_allclose(lse.to_host(), want[1], rtol=1e-5, atol=1e-5)
-        monkeypatch.setattr(attn, "WGMMA_PASSES", ())
-        sync = ops.flash_attention_forward(nq, nk, nv, **options(causal, extra))
-        for name, a, b in zip(("out", "lse"), (out, lse), sync, strict=True):
+        want = reference(q, k, v, causal=causal, grad_out=g, **ref_opts)
+        np.testing.assert_allclose(got[0].to_host().astype(np.float64), want[0],
+                                   **MMA_TOL[np.dtype(np.float16)])
+        np.testing.assert_allclose(got[1].to_host(), want[1], rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(got[2].to_host().astype(np.float64), want[2], rtol=5e-2,
+                                   atol=2e-2 * max(np.abs(want[2]).max(), 1.0), err_msg="dq")
+        sync = run((), options(causal, extra))
+        for name, a, b in zip(("out", "lse", "dq"), got, sync, strict=True):
             ref = b.to_host().astype(np.float64)
             np.testing.assert_allclose(a.to_host().astype(np.float64), ref, rtol=1e-2,
                                        atol=1e-2 * max(np.abs(ref).max(), 1.0), err_msg=name)
