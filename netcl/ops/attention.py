@@ -176,12 +176,13 @@ MMA_TILES: dict[str, Any] = {"BM": 64, "BN": 64, "BQ": 64, "PREFETCH": 1, "DKDV_
 # None = all three where the device runs wgmma (gemm.variants.has_wgmma), none elsewhere; or a tuple of
 # "forward", "dq", "dkdv" (with MMA_EMULATE: their emulation on any device).
 WGMMA_PASSES: tuple[str, ...] | None = None
-# The passes ("forward", "dq") that run on wgmma at head dim 128 too, where WGMMA_PASSES puts them there
-# (attention_mma.cl MMA_WG at HEAD_DIM 128: 32-key tiles, each row in local memory as two 64-column
-# swizzled halves that the head dim 64 descriptors read, s (and dp) as m64n32, o += p v and dq += ds k a
-# half at a time; q's 64 rows and the ring's two stages exactly 48 KB, the dq pass's dO as fragments in
-# registers). Off until measured on a GPU: tested through the emulation only. The dk/dv pass keeps
-# mma.sync at 128.
+# The passes ("forward", "dq", "dkdv") that run on wgmma at head dim 128 too, where WGMMA_PASSES puts them
+# there (attention_mma.cl MMA_WG at HEAD_DIM 128: each row in local memory as two 64-column swizzled halves
+# that the head dim 64 descriptors read; the forward and dq pass over 32-key tiles, s (and dp) as m64n32, o
+# += p v and dq += ds k a half at a time, q's 64 rows and the ring's two stages exactly 48 KB, the dq pass's
+# dO as fragments in registers; the dk/dv pass with k's and v's 64 rows in local memory and 16-row query
+# tiles through the ring (48 KB), s^T and dp^T as m64n16, dk and dv whole in registers, no DSPLIT). Off until
+# measured on a GPU: tested through the emulation only.
 WGMMA_128: tuple[str, ...] = ()
 MMA_RB_MAX_HEAD_DIM = 64
 # The matrix-unit backward (dq pass, then dk/dv: no atomics) keeps k's and v's fragments and dk, dv in
@@ -610,8 +611,8 @@ class _Problem:
                                          or not set(WGMMA_PASSES) <= {"forward", "dq", "dkdv"}):
             raise ValueError(f"WGMMA_PASSES must be None or a tuple of 'forward', 'dq', 'dkdv', got "
                              f"{WGMMA_PASSES!r}")
-        if not isinstance(WGMMA_128, tuple) or not set(WGMMA_128) <= {"forward", "dq"}:
-            raise ValueError(f"WGMMA_128 must be a tuple of 'forward', 'dq', got {WGMMA_128!r}")
+        if not isinstance(WGMMA_128, tuple) or not set(WGMMA_128) <= {"forward", "dq", "dkdv"}:
+            raise ValueError(f"WGMMA_128 must be a tuple of 'forward', 'dq', 'dkdv', got {WGMMA_128!r}")
         if kernel not in ("forward", "dq", "dkdv"):
             return False
         if self.D == 128:
@@ -634,7 +635,9 @@ class _Problem:
             tiles.pop("RB", None)
         if wg:   # the units' tiles: 64 rows a warpgroup, 64-row streamed tiles through the ring
             fixed = {"BQ": 64, "DKDV_RING": 1} if kernel == "dkdv" else {"BN": 64, "RB": 1, "PREFETCH": 1}
-            if self.D == 128:   # (one warpgroup, 32-key tiles, to fit 48 KB; dO's rows in registers)
+            if self.D == 128 and kernel == "dkdv":   # (64 keys, 16-row query tiles: 48 KB)
+                fixed = {"BQ": 16, "DKDV_RING": 1, "BM": 64, "WG_KN": 1, "WG_SS": 1}
+            elif self.D == 128:   # (one warpgroup, 32-key tiles, to fit 48 KB; dO's rows in registers)
                 fixed = {"BN": 32, "RB": 1, "PREFETCH": 1, "BM": 64, "WG_KN": 1, "WG_SS": 0}
             tiles.update(MMA_TILES.get(f"{kernel}_wg", {}), **fixed, MMA_WG=1)
             if tiles["BM"] % 64:
@@ -672,7 +675,7 @@ class _Problem:
                                    f"memory; {self.device.describe()} has {local_mem}")
         if defines.get("PREFETCH") and ring > local_mem:
             defines["PREFETCH"] = 0
-        if kernel == "dkdv" and self.D > 64:   # dk's and dv's columns in two slices (DSPLIT)
+        if kernel == "dkdv" and self.D > 64 and not wg:   # dk's and dv's columns in two slices (DSPLIT)
             defines["DSPLIT"] = 2
             if defines.get("DKDV_RING") and dkdv_ring > local_mem and defines["BQ"] > 32:
                 # the ring with 32-row query tiles rather than none (H200, bfloat16, head dim 64: no ring 4.31

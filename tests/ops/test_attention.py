@@ -1126,11 +1126,12 @@ def test_matrix_units_on_warpgroup_units(queue, rng, mma_emulated, monkeypatch, 
 
 @pytest.mark.gpu_shaped
 def test_matrix_unit_passes_on_warpgroup_units_at_head_dim_128(queue, rng, mma_emulated, monkeypatch):
-    """WGMMA_128: the forward and the dq pass at head dim 128 on wgmma (32-key tiles, each row as two swizzled
-    64-column halves, the dq pass's dO as fragments in registers; emulated from the same tiles and
-    descriptors where the device has no wgmma), against float64 NumPy and against the mma.sync passes: GQA,
-    causal rows ending inside a tile, kv_len and dropout over five key tiles (both ring stages); then full
-    rows without options. The dk/dv pass keeps mma.sync."""
+    """WGMMA_128: the three passes at head dim 128 on wgmma (each row as two swizzled 64-column halves; the
+    forward and dq over 32-key tiles, the dq pass's dO as fragments in registers; the dk/dv pass over
+    16-row query tiles, k and v in local memory; emulated from the same tiles and descriptors where the
+    device has no wgmma), against float64 NumPy and against the mma.sync passes: GQA, causal rows ending
+    inside a tile, kv_len and dropout over five key tiles (both ring stages) and three key work-groups; then
+    full rows without options."""
     if not attn.MMA_EMULATE and not attn.has_wgmma(queue.device):
         pytest.skip("the device runs mma.sync but not wgmma (its emulation runs on the CPUs)")
     B, HQ, HKV, SQ, SK, D = 1, 2, 1, 83, 150, 128
@@ -1142,11 +1143,13 @@ def test_matrix_unit_passes_on_warpgroup_units_at_head_dim_128(queue, rng, mma_e
     assert not pr.wgmma_pass("forward") and not pr.wgmma_pass("dq")   # (off by default)
     monkeypatch.setattr(attn, "WGMMA_128", ("forward", "dq"))
     assert pr.wgmma_pass("forward") and pr.wgmma_pass("dq") and not pr.wgmma_pass("dkdv")
-    for bad in (["dq"], ("dkdv",), "forward"):
+    monkeypatch.setattr(attn, "WGMMA_128", ("forward", "dq", "dkdv"))
+    assert pr.wgmma_pass("dkdv")
+    for bad in (["dq"], ("fwd",), "forward"):
         monkeypatch.setattr(attn, "WGMMA_128", bad)
         with pytest.raises(ValueError, match="WGMMA_128"):
             pr.wgmma_pass("dq")
-    monkeypatch.setattr(attn, "WGMMA_128", ("forward", "dq"))
+    monkeypatch.setattr(attn, "WGMMA_128", ("forward", "dq", "dkdv"))
 
     def options(causal, extra):
         if not extra:
@@ -1157,12 +1160,11 @@ def test_matrix_unit_passes_on_warpgroup_units_at_head_dim_128(queue, rng, mma_e
     def run(passes, opts):
         monkeypatch.setattr(attn, "WGMMA_PASSES", passes)
         out, lse = ops.flash_attention_forward(nq, nk, nv, **opts)
-        dq = ops.flash_attention_backward(nq, nk, nv, out, lse, ng, **opts)[0]
-        return out, lse, dq
+        return (out, lse) + ops.flash_attention_backward(nq, nk, nv, out, lse, ng, **opts)
 
     for causal, extra in ((True, True), (False, False)):
         opts = options(causal, extra)
-        got = run(("forward", "dq"), opts)
+        got = run(("forward", "dq", "dkdv"), opts)
         ref_opts = {}
         if extra:
             keep = attn.attention_dropout_mask(queue, opts["dropout_draw"], (B, HQ, SQ, SK), 0.2).to_host()
@@ -1171,10 +1173,11 @@ def test_matrix_unit_passes_on_warpgroup_units_at_head_dim_128(queue, rng, mma_e
         np.testing.assert_allclose(got[0].to_host().astype(np.float64), want[0],
                                    **MMA_TOL[np.dtype(np.float16)])
         np.testing.assert_allclose(got[1].to_host(), want[1], rtol=1e-5, atol=1e-5)
-        np.testing.assert_allclose(got[2].to_host().astype(np.float64), want[2], rtol=5e-2,
-                                   atol=2e-2 * max(np.abs(want[2]).max(), 1.0), err_msg="dq")
+        for name, a, ref in zip(("dq", "dk", "dv"), got[2:], want[2:], strict=True):
+            np.testing.assert_allclose(a.to_host().astype(np.float64), ref, rtol=5e-2,
+                                       atol=2e-2 * max(np.abs(ref).max(), 1.0), err_msg=name)
         sync = run((), options(causal, extra))
-        for name, a, b in zip(("out", "lse", "dq"), got, sync, strict=True):
+        for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), got, sync, strict=True):
             ref = b.to_host().astype(np.float64)
             np.testing.assert_allclose(a.to_host().astype(np.float64), ref, rtol=1e-2,
                                        atol=1e-2 * max(np.abs(ref).max(), 1.0), err_msg=name)
