@@ -111,8 +111,17 @@ def main() -> None:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--d", type=int, default=64, help="attention head dim")
     ap.add_argument("--match", default="", help="regex on program names (default: the --what's kernels)")
+    ap.add_argument("--wgmma-128", default="",
+                    help="attention at head dim 128: these passes on wgmma (a comma list of forward, dq, "
+                    "dkdv: netcl.ops.attention.WGMMA_128)")
     ap.add_argument("--out", default="bench/results/kernel_info")
     a = ap.parse_args()
+    if a.wgmma_128:
+        from netcl.ops import attention as attn
+        passes = tuple(a.wgmma_128.split(","))
+        if not set(passes) <= {"forward", "dq", "dkdv"}:
+            ap.error(f"--wgmma-128: a comma list of forward, dq, dkdv, got {a.wgmma_128!r}")
+        attn.WGMMA_128 = passes
     match = re.compile(a.match or ("attention" if a.what == "attention" else "gemm"))
     _install_hook(match)
     out = Path(a.out)
