@@ -251,7 +251,9 @@ inline void issue_tile(__local ushort *dst, __global const ushort *base, const l
 // (queries, or keys) and takes them as wgmma's A operands: the forward's q rows swizzled in local memory (by
 // descriptor), the backward's q and dO, or k and v, as fragments in registers (a warp's 16 rows are mma.sync's
 // A fragment; WG_SS: in local memory too), and the streamed tiles (k and v, or q and dO: 64 rows of
-// HEAD_DIM = 64, 128-byte rows swizzled as wgmma's canonical 128-byte K-major layout) are its B operands,
+// HEAD_DIM = 64, 128-byte rows swizzled as wgmma's canonical 128-byte K-major layout; at HEAD_DIM 128 32-key
+// or 16-query tiles, each row two such halves, WG_CHUNK_H, so that all three passes fit 48 KB: the dq pass
+// with q in local memory and dO in registers, the dk/dv pass with WG_SS) are its B operands,
 // read by the units from local memory: no ldmatrix for these products (the mma.sync passes spent about half
 // their time on ldmatrix traffic). The forward's p v takes p's fragments from registers (packed from the
 // accumulators, as for mma.sync) and reads the v tile's same bytes MN-major (wgmma's imm-trans-b). The
@@ -296,7 +298,7 @@ inline void issue_tile(__local ushort *dst, __global const ushort *base, const l
 #define WG_ROW 128                       // bytes of a streamed row in local memory (64 16-bit values)
 // chunk `ch` (16 bytes) of row r of a tile, swizzled (wgmma.cl's swizzle of byte r * 128 + ch * 16)
 #define WG_CHUNK(r, ch) ((r) * WG_ROW + ((((ch) ^ (r)) & 7) << 4))
-// HEAD_DIM 128 (the forward): a tile of `rows` rows is two such tiles one after the other, columns 0-63 then
+// HEAD_DIM 128 (each pass): a tile of `rows` rows is two such tiles one after the other, columns 0-63 then
 // 64-127 (each 64-column half the layout above: the descriptors of head dim 64 read either half), chunk ch
 // of row r at WG_CHUNK_H
 #define WG_CHUNK_H(r, ch, rows) (((ch) >> 3) * (rows) * WG_ROW + WG_CHUNK(r, (ch) & 7))
