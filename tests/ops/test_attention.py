@@ -1131,13 +1131,14 @@ def test_matrix_unit_passes_on_warpgroup_units_at_head_dim_128(queue, rng, mma_e
     16-row query tiles, k and v in local memory; emulated from the same tiles and descriptors where the
     device has no wgmma), against float64 NumPy and against the mma.sync passes: GQA, causal rows ending
     inside a tile, kv_len and dropout over five key tiles (both ring stages) and three key work-groups; then
-    full rows without options."""
+    full rows under a bool mask (the masked tiles' path)."""
     if not attn.MMA_EMULATE and not attn.has_wgmma(queue.device):
         pytest.skip("the device runs mma.sync but not wgmma (its emulation runs on the CPUs)")
     B, HQ, HKV, SQ, SK, D = 1, 2, 1, 83, 150, 128
     q, k, v, g = (a.astype(np.float16) for a in inputs(rng, B, HQ, HKV, SQ, SK, D))
     nq, nk, nv, ng = (dev(queue, a) for a in (q, k, v, g))
     lengths = np.array([131], np.int32)
+    mask = rng.random((B, 1, SQ, SK)) < 0.7
     monkeypatch.setattr(attn, "WGMMA_PASSES", ("forward", "dq", "dkdv"))
     pr = attn._Problem("test", nq, nk, nv, True, None, None, 0.0, None)
     assert not pr.wgmma_pass("forward") and not pr.wgmma_pass("dq")   # (off by default)
@@ -1153,7 +1154,7 @@ def test_matrix_unit_passes_on_warpgroup_units_at_head_dim_128(queue, rng, mma_e
 
     def options(causal, extra):
         if not extra:
-            return dict(causal=causal)
+            return dict(causal=causal, mask=dev(queue, mask))
         return dict(causal=causal, kv_len=dev(queue, lengths), dropout_p=0.2,
                     dropout_draw=attn.DropoutDraw(Generator(3)))
 
@@ -1165,7 +1166,7 @@ def test_matrix_unit_passes_on_warpgroup_units_at_head_dim_128(queue, rng, mma_e
     for causal, extra in ((True, True), (False, False)):
         opts = options(causal, extra)
         got = run(("forward", "dq", "dkdv"), opts)
-        ref_opts = {}
+        ref_opts = {"mask": mask}   # (the extra options' case has no mask)
         if extra:
             keep = attn.attention_dropout_mask(queue, opts["dropout_draw"], (B, HQ, SQ, SK), 0.2).to_host()
             ref_opts = dict(kv_len=lengths, keep=keep, dropout_p=0.2)
