@@ -663,7 +663,7 @@ class _Problem:
         # (the wgmma forward, and the dq pass at head dim 128, keep q's BM rows in local memory besides: the
         # score product's A operand; the backward passes with WG_SS their rows beside the ring)
         q_rows = 0
-        if wg and (kernel == "forward" or self.D == 128):   # (the unpadded stages of k and v)
+        if wg and (kernel == "forward" or (kernel == "dq" and self.D == 128)):   # (k, v unpadded)
             ring = 2 * 2 * defines["BN"] * self.D * 2
             q_rows = defines["BM"] * self.D * 2
         if tiles.get("WG_SS"):   # (the unpadded stages; lse and delta in registers, or before the ring)
