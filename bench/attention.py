@@ -306,15 +306,15 @@ def main() -> int:
                     help="float32 on attention_gpu.cl's kernels, not the TF32 units' 3xTF32 passes")
     ap.add_argument("--nv-verbose", action="store_true",
                     help="NVIDIA: build attention_tf32.cl with -cl-nv-verbose and print registers/spills")
-    ap.add_argument("--wgmma-128", nargs="?", const="forward,dq,dkdv", default="",
-                    help="half at head dim 128: these passes on wgmma (attn.WGMMA_128; Hopper): a comma list "
-                    "of forward, dq, dkdv (bare: all three)")
+    ap.add_argument("--wgmma-128", default="",
+                    help="half at head dim 128: these passes on wgmma (attn.WGMMA_128, default all three; "
+                    "Hopper): a comma list of forward, dq, dkdv, or none (all on mma.sync)")
     ap.add_argument("--out", default="bench/results/attention.json")
     args = ap.parse_args()
     if args.no_tf32:
         attn.GPU_TF32X3 = False
     if args.wgmma_128:
-        passes = tuple(args.wgmma_128.split(","))
+        passes = () if args.wgmma_128 == "none" else tuple(args.wgmma_128.split(","))
         if not set(passes) <= {"forward", "dq", "dkdv"}:
             ap.error(f"--wgmma-128: a comma list of forward, dq, dkdv, got {args.wgmma_128!r}")
         attn.WGMMA_128 = passes

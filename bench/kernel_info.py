@@ -113,12 +113,12 @@ def main() -> None:
     ap.add_argument("--match", default="", help="regex on program names (default: the --what's kernels)")
     ap.add_argument("--wgmma-128", default="",
                     help="attention at head dim 128: these passes on wgmma (a comma list of forward, dq, "
-                    "dkdv: netcl.ops.attention.WGMMA_128)")
+                    "dkdv, or none: netcl.ops.attention.WGMMA_128)")
     ap.add_argument("--out", default="bench/results/kernel_info")
     a = ap.parse_args()
     if a.wgmma_128:
         from netcl.ops import attention as attn
-        passes = tuple(a.wgmma_128.split(","))
+        passes = () if a.wgmma_128 == "none" else tuple(a.wgmma_128.split(","))
         if not set(passes) <= {"forward", "dq", "dkdv"}:
             ap.error(f"--wgmma-128: a comma list of forward, dq, dkdv, got {a.wgmma_128!r}")
         attn.WGMMA_128 = passes

@@ -1141,7 +1141,9 @@ def test_matrix_unit_passes_on_warpgroup_units_at_head_dim_128(queue, rng, mma_e
     mask = rng.random((B, 1, SQ, SK)) < 0.7
     monkeypatch.setattr(attn, "WGMMA_PASSES", ("forward", "dq", "dkdv"))
     pr = attn._Problem("test", nq, nk, nv, True, None, None, 0.0, None)
-    assert not pr.wgmma_pass("forward") and not pr.wgmma_pass("dq")   # (off by default)
+    assert pr.wgmma_pass("forward") and pr.wgmma_pass("dq") and pr.wgmma_pass("dkdv")   # (the default)
+    monkeypatch.setattr(attn, "WGMMA_128", ())
+    assert not pr.wgmma_pass("forward") and not pr.wgmma_pass("dq") and not pr.wgmma_pass("dkdv")
     monkeypatch.setattr(attn, "WGMMA_128", ("forward", "dq"))
     assert pr.wgmma_pass("forward") and pr.wgmma_pass("dq") and not pr.wgmma_pass("dkdv")
     monkeypatch.setattr(attn, "WGMMA_128", ("forward", "dq", "dkdv"))
