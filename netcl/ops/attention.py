@@ -636,8 +636,8 @@ class _Problem:
             tiles.pop("RB", None)
         if wg:   # the units' tiles: 64 rows a warpgroup, 64-row streamed tiles through the ring
             fixed = {"BQ": 64, "DKDV_RING": 1} if kernel == "dkdv" else {"BN": 64, "RB": 1, "PREFETCH": 1}
-            if self.D == 128 and kernel == "dkdv":   # (64 keys, 16-row query tiles: 48 KB)
-                fixed = {"BQ": 16, "DKDV_RING": 1, "BM": 64, "WG_KN": 1, "WG_SS": 1}
+            if self.D == 128 and kernel == "dkdv":   # (64 keys, two warpgroups, 32-row query tiles: 40 KB)
+                fixed = {"BQ": 32, "DKDV_RING": 1, "BM": 64, "WG_KN": 1, "WG_SS": 0, "WG_PAIR": 1}
             elif self.D == 128:   # (one warpgroup, 32-key tiles, to fit 48 KB; dO's rows in registers)
                 fixed = {"BN": 32, "RB": 1, "PREFETCH": 1, "BM": 64, "WG_KN": 1, "WG_SS": 0}
             tiles.update(MMA_TILES.get(f"{kernel}_wg", {}), **fixed, MMA_WG=1)
@@ -670,6 +670,8 @@ class _Problem:
         if tiles.get("WG_SS"):   # (the unpadded stages; lse and delta in registers, or before the ring)
             dkdv_ring = (2 * 2 * defines["BQ"] + 2 * defines["BM"]) * self.D * 2
             ring = (2 * 2 * defines["BN"] + 2 * defines["BM"]) * self.D * 2
+        if tiles.get("WG_PAIR"):   # (the ring's unpadded stages and p^T in float32)
+            dkdv_ring = 2 * 2 * defines["BQ"] * self.D * 2 + defines["BM"] * defines["BQ"] * 4
         need = dkdv_ring if kernel == "dkdv" else ring + q_rows
         if wg and need > local_mem:
             raise KernelBuildError(f"attention_mma.cl's wgmma {kernel} pass needs {need} bytes of local "
@@ -691,7 +693,8 @@ class _Problem:
             defines["NATIVE_EXP"] = None
         prg = kernels.program(self.device, "attention_mma.cl", dtype=self.dtype, options=("-cl-mad-enable",),
                               ptx_target="sm_90a" if wg and not MMA_EMULATE else None, **defines)
-        threads = tiles["BM"] // (16 * rb) * 32   # a warp: 16 RB query rows (the dk/dv pass: 16 keys)
+        # a warp: 16 RB query rows (the dk/dv pass: 16 keys; WG_PAIR: two warpgroups share them)
+        threads = tiles["BM"] // (16 * rb) * 32 * (1 + tiles.get("WG_PAIR", 0))
         rows, heads = (self.SK, self.HKV) if kernel == "dkdv" else (self.SQ, self.HQ)
         per_group = tiles["BM"]   # query rows a work-group (dk/dv: keys, 16 a warp)
         k = getattr(prg, {"forward": "attention_forward_mma", "dq": "attention_backward_dq_mma",
