@@ -1128,7 +1128,8 @@ def test_matrix_units_on_warpgroup_units(queue, rng, mma_emulated, monkeypatch, 
 def test_matrix_unit_passes_on_warpgroup_units_at_head_dim_128(queue, rng, mma_emulated, monkeypatch):
     """WGMMA_128: the three passes at head dim 128 on wgmma (each row as two swizzled 64-column halves; the
     forward and dq over 32-key tiles, the dq pass's dO as fragments in registers; the dk/dv pass over
-    16-row query tiles, k and v in local memory; emulated from the same tiles and descriptors where the
+    32-row query tiles on two warpgroups, k's and v's fragments in registers, p^T passed between them
+    through local memory; emulated from the same tiles and descriptors where the
     device has no wgmma), against float64 NumPy and against the mma.sync passes: GQA, causal rows ending
     inside a tile, kv_len and dropout over five key tiles (both ring stages) and three key work-groups; then
     full rows under a bool mask (the masked tiles' path)."""
