@@ -294,13 +294,17 @@ class Profile:
                 )
         return out
 
-    def gaps(self, top: int = 10) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    def gaps(self, top: int = 10, skip: int = 0) -> tuple[dict[str, float], list[dict[str, Any]]]:
         """Where the device sat idle between the recorded launches and transfers of each queue: (totals,
         rows). totals: "span" (first start to last end), "busy" (the union of the events), "idle" (span -
         busy), "host_late" (idle while the next command had not been enqueued yet: its enqueue ended after
         the device had finished what came before; the rest of the idle time is the driver's between
         commands), in seconds. rows: the `top` (before, after) name pairs by idle time, each with calls, idle
-        and host_late seconds. Events without device times (a driver that gave none) are left out."""
+        and host_late seconds. Events without device times (a driver that gave none) are left out, and so
+        are the first `skip` commands of each queue by start time (what came before the part of the
+        timeline asked about: a prefill before the decode steps)."""
+        if skip < 0:
+            raise ValueError(f"Profile.gaps: skip must be >= 0, got {skip}")
         totals = {"span": 0.0, "busy": 0.0, "idle": 0.0, "host_late": 0.0}
         pairs: dict[tuple[str, str], list] = defaultdict(lambda: [0, 0, 0])
         by_queue: dict[Any, list[dict[str, Any]]] = defaultdict(list)
@@ -309,6 +313,9 @@ class Profile:
                 by_queue[span["queue"]].append(span)
         for spans in by_queue.values():
             spans.sort(key=lambda sp: sp["start"])
+            del spans[:skip]
+            if not spans:
+                continue
             totals["span"] += (max(sp["end"] for sp in spans) - spans[0]["start"]) * 1e-9
             done = spans[0]["end"]
             busy = done - spans[0]["start"]

@@ -104,6 +104,16 @@ def test_gaps_add_up_the_idle_device_time():
     assert rows[0]["idle"] == pytest.approx(150e-9) and rows[0]["host_late"] == pytest.approx(100e-9)
     assert rows[1]["idle"] == pytest.approx(50e-9) and rows[1]["host_late"] == pytest.approx(40e-9)
     assert profiling.Profile().gaps() == ({"span": 0.0, "busy": 0.0, "idle": 0.0, "host_late": 0.0}, [])
+    # the first two commands of each queue left out (q1 has one: none left): q0 from c at 310 on
+    totals, rows = prof.gaps(skip=2)
+    assert totals["span"] == pytest.approx((700 - 310) * 1e-9)
+    assert totals["busy"] == pytest.approx((90 + 80 + 50) * 1e-9)
+    assert totals["idle"] == pytest.approx((20 + 150) * 1e-9)
+    assert totals["host_late"] == pytest.approx(100e-9)
+    assert [(r["before"], r["after"]) for r in rows] == [("a", "c"), ("c", "a")]
+    assert prof.gaps(skip=10) == ({"span": 0.0, "busy": 0.0, "idle": 0.0, "host_late": 0.0}, [])
+    with pytest.raises(ValueError, match="skip"):
+        prof.gaps(skip=-1)
 
 
 def test_gaps_find_the_host_sleeping_between_launches(queue, rng):
