@@ -277,6 +277,12 @@ inline void issue_tile(__local ushort *dst, __global const ushort *base, const l
 #ifndef WG_KN
 #define WG_KN 0
 #endif
+// WG_QREG 1 (the forward at head dim 128): two warpgroups, 128 query rows, q's fragments in registers (the
+// score product's A; WG_FRESH) where one warpgroup's 64 rows filled 16 KB beside the ring: each k and v tile
+// of the ring feeds both
+#ifndef WG_QREG
+#define WG_QREG 0
+#endif
 // WG_SS 1 (the backward passes, with MMA_WG, 64 rows a work-group): the pass's own rows (q and dO; k and v)
 // swizzled in local memory as the first products' A operands by descriptor, as the forward's q (no fresh
 // copies): 48 KB with the ring; the dq pass's lse and delta pass through the ring's memory before it starts,
@@ -287,8 +293,10 @@ inline void issue_tile(__local ushort *dst, __global const ushort *base, const l
 #endif
 #if MMA_WG
 #if (MMA_PASS == 1 || MMA_PASS == 2) && HEAD_DIM == 128 \
-    && (BN != 32 || BM != 64 || RB != 1 || !PREFETCH || !WG_KN || WG_SS)
-#error "attention_mma.cl MMA_WG forward and dq pass at HEAD_DIM 128: BN 32, one warpgroup (BM 64), RB 1, the ring, WG_KN"
+    && (BN != 32 || BM != (WG_QREG ? 128 : 64) || RB != 1 || !PREFETCH || !WG_KN || WG_SS)
+#error "attention_mma.cl MMA_WG forward, dq at HEAD_DIM 128: BN 32, BM 64 (WG_QREG: 128), RB 1, the ring, WG_KN"
+#elif WG_QREG && (MMA_PASS != 1 || HEAD_DIM != 128)
+#error "attention_mma.cl WG_QREG: the forward at HEAD_DIM 128"
 #elif (MMA_PASS == 1 || MMA_PASS == 2) && HEAD_DIM != 128 \
     && (HEAD_DIM != 64 || BN != 64 || RB != 1 || (BM % 64) || !PREFETCH)
 #error "attention_mma.cl MMA_WG forward and dq pass: HEAD_DIM 64, BN 64, RB 1, 64 rows a warpgroup, and the ring"
@@ -613,7 +621,23 @@ void attention_forward_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARGS, LEN_AR
         irow[rb][1] = min(i0 + rloc[rb][1], SQ - 1);
     }
 
-#if MMA_WG
+#if MMA_WG && WG_QREG
+    // q's fragments in registers (head dim 128, two warpgroups): its 128 rows through the ring's memory, 64
+    // swizzled rows in the k stages and 64 in the v stages, each warpgroup reading its own
+    ISSUE_TILE(ksb, (__global const ushort *)(q + q_off + b * q_sb + h * q_sh), q_ss, i0, 64, SQ, tid);
+    ISSUE_TILE(vsb, (__global const ushort *)(q + q_off + b * q_sb + h * q_sh), q_ss, i0 + 64, 64, SQ, tid);
+    CP_COMMIT();
+    CP_WAIT0();
+    barrier(CLK_LOCAL_MEM_FENCE);
+    uint qa[1][DK][4];
+    {
+        __local const uchar *const rows = (__local const uchar *)((warp >> 2) ? vsb : ksb);
+#define QREG_ROWS(L) ((__local ushort *)(rows + WG_CHUNK_H((warp & 3) * 16 + ((L) & 15), kk * 2 + ((L) >> 4), 64)))
+        MMA_UNROLL
+        for (int kk = 0; kk < DK; ++kk) LDSM(qa[0][kk], QREG_ROWS, false);
+#undef QREG_ROWS
+    }
+#elif MMA_WG
     // q's BM rows swizzled in local memory, wgmma's A operand by descriptor (A from registers here and p's
     // registers in the same loop would need WG_FRESH's copies: ~10% slower; the ring's first wait lands it)
     __local uint4 qw4[BM * HEAD_DIM / 8];
@@ -653,9 +677,16 @@ void attention_forward_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARGS, LEN_AR
         // (RB 1: s[0] and o[0] are the warpgroup's 64 x 64 accumulators; the first k step overwrites s)
         const uint kat = WG_BASE(ksb) + (it & 1) * TILE_ELEMS(BN) * 2;
         const uint vat = WG_BASE(vsb) + (it & 1) * TILE_ELEMS(BN) * 2;
+#if WG_QREG
+        WG_FRESH(qf, qa[0]);
+        WG_FENCE();
+        #pragma unroll   // (8 k steps over the two halves of k's rows)
+        for (int kk = 0; kk < DK; ++kk) WGR32(s[0], qf[kk], ksb, DESC_KMH(kat, kk, BN), kk > 0);
+#else
         WG_FENCE();
         #pragma unroll   // (head dim 128: 8 k steps over the two halves of q's and k's rows)
         for (int kk = 0; kk < DK; ++kk) WGS_S(s[0], qw4, DESC_KMH(qat, kk, BM), ksb, DESC_KMH(kat, kk, BN), kk > 0);
+#endif
         WG_COMMIT();
         WG_WAIT_S(s[0]);
 #else

@@ -180,8 +180,8 @@ WGMMA_PASSES: tuple[str, ...] | None = None
 # there (attention_mma.cl MMA_WG at HEAD_DIM 128: each row in local memory as two 64-column swizzled halves
 # that the head dim 64 descriptors read; the forward and dq pass over 32-key tiles, s (and dp) as m64n32, o
 # += p v and dq += ds k a half at a time, q's 64 rows and the ring's two stages exactly 48 KB, the dq pass's
-# dO as fragments in registers; the dk/dv pass with k's and v's 64 rows in local memory and 16-row query
-# tiles through the ring (48 KB), s^T and dp^T as m64n16, dk and dv whole in registers, no DSPLIT). H100,
+# dO as fragments in registers; the dk/dv pass on two warpgroups (WG_PAIR: k's fragments and dv in one, v's
+# and dk in the other, 32-row query tiles, p^T passed through local memory: 40 KB), no DSPLIT). H100,
 # bfloat16, B=8 H=16 S=2048 D=128, causal, one call: forward 0.675 -> 0.437 ms, dq 0.786 -> 0.664, dk/dv
 # 1.755 -> 1.174 (fwd+bwd 0.37x -> 0.52x SDPA; full 0.46x); () = all three on mma.sync at 128.
 WGMMA_128: tuple[str, ...] = ("forward", "dq", "dkdv")
@@ -638,6 +638,8 @@ class _Problem:
             fixed = {"BQ": 64, "DKDV_RING": 1} if kernel == "dkdv" else {"BN": 64, "RB": 1, "PREFETCH": 1}
             if self.D == 128 and kernel == "dkdv":   # (64 keys, two warpgroups, 32-row query tiles: 40 KB)
                 fixed = {"BQ": 32, "DKDV_RING": 1, "BM": 64, "WG_KN": 1, "WG_SS": 0, "WG_PAIR": 1}
+            elif self.D == 128 and kernel == "forward":   # (two warpgroups, q's fragments in registers)
+                fixed = {"BN": 32, "RB": 1, "PREFETCH": 1, "BM": 128, "WG_KN": 1, "WG_SS": 0, "WG_QREG": 1}
             elif self.D == 128:   # (one warpgroup, 32-key tiles, to fit 48 KB; dO's rows in registers)
                 fixed = {"BN": 32, "RB": 1, "PREFETCH": 1, "BM": 64, "WG_KN": 1, "WG_SS": 0}
             tiles.update(MMA_TILES.get(f"{kernel}_wg", {}), **fixed, MMA_WG=1)
@@ -666,7 +668,7 @@ class _Problem:
         q_rows = 0
         if wg and (kernel == "forward" or (kernel == "dq" and self.D == 128)):   # (k, v unpadded)
             ring = 2 * 2 * defines["BN"] * self.D * 2
-            q_rows = defines["BM"] * self.D * 2
+            q_rows = 0 if tiles.get("WG_QREG") else defines["BM"] * self.D * 2
         if tiles.get("WG_SS"):   # (the unpadded stages; lse and delta in registers, or before the ring)
             dkdv_ring = (2 * 2 * defines["BQ"] + 2 * defines["BM"]) * self.D * 2
             ring = (2 * 2 * defines["BN"] + 2 * defines["BM"]) * self.D * 2
