@@ -405,6 +405,10 @@ inline void wg_emulate_ss(float acc[][4], __local const uchar *atile, const ulon
     do {                                                                                                \
         for (int kk_ = 0; kk_ < 4; ++kk_) WGR_(acc, a[kk_], tile, DESC(at, kk_), kk_ > 0 || (accumulate), TRANS); \
     } while (0)
+#define WGR_TILE2(acc, a, tile, at, DESC, accumulate, TRANS)                                            \
+    do {                                                                                                \
+        for (int kk_ = 0; kk_ < 2; ++kk_) WGR_(acc, a[kk_], tile, DESC(at, kk_), kk_ > 0 || (accumulate), TRANS); \
+    } while (0)
 #define WGR_HALVES2(acc, a, tile, d0, d1, d2, d3, TRANS)                                                \
     do {                                                                                                \
         WGR_(acc, a[0], tile, d0, 1, TRANS);                                                            \
@@ -478,8 +482,8 @@ inline void wg_emulate_ss(float acc[][4], __local const uchar *atile, const ulon
                  : "memory")
 // acc (m64n128: acc[0..15], columns 0-63 then 64-127) += A (k = 32: this lane's fragments a[0], a[1]) x a
 // 32-row tile stored as two 64-column halves (d0, d1: the halves of its first 16 rows; d2, d3 of the next
-// 16; TRANS 1: read MN-major): four products, one commit and one wait (the third products at head dim 128:
-// the forward's o += p v, the dq pass's dq += ds k, the dk/dv pass's dv and dk)
+// 16; TRANS 1: read MN-major): four products, one commit and one wait (the dk/dv pass's third products at
+// head dim 128, WG_PAIR)
 #define WG_HALF_STEP(ACC, A, D)                                                                         \
     "wgmma.mma_async.sync.aligned.m64n64k16.f32." WG_TYPE "." WG_TYPE " {" ACC "}, {" A "}, " D ", p, 1, 1, "
 #define WG_ACC_LO "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24," \
@@ -496,6 +500,17 @@ inline void wg_emulate_ss(float acc[][4], __local const uchar *atile, const ulon
                  : WG_ACC(acc), WG_ACC((acc + 8))                                                       \
                  : "r"(a[0][0]), "r"(a[0][1]), "r"(a[0][2]), "r"(a[0][3]), "r"(a[1][0]), "r"(a[1][1]),  \
                    "r"(a[1][2]), "r"(a[1][3]), "l"(d0), "l"(d1), "l"(d2), "l"(d3), "r"(1)               \
+                 : "memory")
+// WGR_TILE over k = 32 (a[0..1]: a 32-row tile)
+#define WGR_TILE2(acc, a, tile, at, DESC, accumulate, TRANS)                                            \
+    asm volatile(NCW("{ .reg .pred p, q; setp.ne.b32 p, %42, 0; setp.ne.b32 q, %43, 0; "                \
+                     "wgmma.fence.sync.aligned; "                                                      \
+                     WG_RS_STEP("%32,%33,%34,%35", "%40", "p", TRANS)                                   \
+                     WG_RS_STEP("%36,%37,%38,%39", "%41", "q", TRANS)                                   \
+                     "wgmma.commit_group.sync.aligned; wgmma.wait_group.sync.aligned 0; }")             \
+                 : WG_ACC(acc)                                                                          \
+                 : "r"(a[0][0]), "r"(a[0][1]), "r"(a[0][2]), "r"(a[0][3]), "r"(a[1][0]), "r"(a[1][1]),  \
+                   "r"(a[1][2]), "r"(a[1][3]), "l"(DESC(at, 0)), "l"(DESC(at, 1)), "r"(accumulate), "r"(1) \
                  : "memory")
 // until every wgmma batch is done: the wait names x's and y's accumulators as written (no read of them
 // moves above it)
@@ -748,8 +763,8 @@ void attention_forward_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARGS, LEN_AR
         }
 #if MMA_WG && WG_KN && HEAD_DIM == 128
         // o += p v by 64-column halves: p from registers, each half of the v tile read MN-major
-        WGR_HALVES2(o[0], pa[0], vsb, DESC_MN(vat, 0), DESC_MN(vat + BN * WG_ROW, 0), DESC_MN(vat, 1),
-                    DESC_MN(vat + BN * WG_ROW, 1), 1);
+        WGR_TILE2(o[0], pa[0], vsb, vat, DESC_MN, 1, 1);
+        WGR_TILE2((o[0] + 8), pa[0], vsb, vat + BN * WG_ROW, DESC_MN, 1, 1);
 #elif MMA_WG && WG_KN
         WGR_TILE(o[0], pa[0], vsb, vat, DESC_MN, 1, 1);   // o += p v: p from registers, v read MN-major
 #else
@@ -1082,8 +1097,8 @@ void attention_backward_dq_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(grad_
         }
 #if MMA_WG && WG_KN && HEAD_DIM == 128
         // dq += ds k by 64-column halves: ds from registers, each half of the k tile read MN-major
-        WGR_HALVES2(dqa[0], da[0], ksb, DESC_MN(kat, 0), DESC_MN(kat + BN * WG_ROW, 0), DESC_MN(kat, 1),
-                    DESC_MN(kat + BN * WG_ROW, 1), 1);
+        WGR_TILE2(dqa[0], da[0], ksb, kat, DESC_MN, 1, 1);
+        WGR_TILE2((dqa[0] + 8), da[0], ksb, kat + BN * WG_ROW, DESC_MN, 1, 1);
 #elif MMA_WG && WG_KN
         WGR_TILE(dqa[0], da[0], ksb, kat, DESC_MN, 1, 1);   // dq += ds k: k read MN-major
 #else
