@@ -257,8 +257,8 @@ inline void issue_tile(__local ushort *dst, __global const ushort *base, const l
 // descriptor), the backward's q and dO, or k and v, as fragments in registers (a warp's 16 rows are mma.sync's
 // A fragment; WG_SS: in local memory too), and the streamed tiles (k and v, or q and dO: 64 rows of
 // HEAD_DIM = 64, 128-byte rows swizzled as wgmma's canonical 128-byte K-major layout; at HEAD_DIM 128 32-key
-// or 32-query tiles, each row two such halves, WG_CHUNK_H, so that all three passes fit 48 KB: the dq pass
-// with q in local memory and dO in registers, the dk/dv pass on two warpgroups, WG_PAIR) are its B operands,
+// or 16-query tiles, each row two such halves, WG_CHUNK_H, so that all three passes fit 48 KB: the dq pass
+// with q in local memory and dO in registers, the dk/dv pass with WG_SS) are its B operands,
 // read by the units from local memory: no ldmatrix for these products (the mma.sync passes spent about half
 // their time on ldmatrix traffic). The forward's p v takes p's fragments from registers (packed from the
 // accumulators, as for mma.sync) and reads the v tile's same bytes MN-major (wgmma's imm-trans-b). The
@@ -302,9 +302,9 @@ inline void issue_tile(__local ushort *dst, __global const ushort *base, const l
 #error "attention_mma.cl MMA_WG forward and dq pass: HEAD_DIM 64, BN 64, RB 1, 64 rows a warpgroup, and the ring"
 #elif MMA_PASS == 3 && HEAD_DIM != 128 && (HEAD_DIM != 64 || BQ != 64 || (BM % 64) || !DKDV_RING || DSPLIT != 1)
 #error "attention_mma.cl MMA_WG dk/dv pass: HEAD_DIM 64, BQ 64, 64 keys a warpgroup, and the ring"
-#elif MMA_PASS == 3 && HEAD_DIM == 128 && (BQ != 32 || BM != 64 || !DKDV_RING || DSPLIT != 1 || WG_SS || !WG_KN \
-                                            || !WG_PAIR)
-#error "attention_mma.cl MMA_WG dk/dv pass at HEAD_DIM 128: BQ 32, WG_PAIR (BM 64), the ring, WG_KN, not WG_SS"
+#elif MMA_PASS == 3 && HEAD_DIM == 128 && (BQ != (WG_PAIR ? 32 : 16) || BM != 64 || !DKDV_RING || DSPLIT != 1 \
+                                            || WG_SS == WG_PAIR || !WG_KN)
+#error "attention_mma.cl MMA_WG dk/dv pass at HEAD_DIM 128: BQ 16 and WG_SS (WG_PAIR: BQ 32), BM 64, the ring, WG_KN"
 #elif WG_PAIR && (MMA_PASS != 3 || HEAD_DIM != 128)
 #error "attention_mma.cl WG_PAIR: the dk/dv pass at HEAD_DIM 128"
 #elif MMA_PASS != 1 && MMA_PASS != 2 && MMA_PASS != 3
@@ -409,16 +409,23 @@ inline void wg_emulate_ss(float acc[][4], __local const uchar *atile, const ulon
     do {                                                                                                \
         for (int kk_ = 0; kk_ < 2; ++kk_) WGR_(acc, a[kk_], tile, DESC(at, kk_), kk_ > 0 || (accumulate), TRANS); \
     } while (0)
-#define WGR_HALVES2(acc, a, tile, d0, d1, d2, d3, TRANS)                                                \
+#define WGS16(acc, atile, adesc, btile, bdesc, accumulate)                                              \
+    wg_emulate_ss(acc, (__local const uchar *)(atile), adesc, (__local const uchar *)(btile), bdesc, accumulate, \
+                  warp & 3, g, t, 2)
+#define WGR_HALVES1(acc, a, tile, d0, d1, TRANS)                                                        \
     do {                                                                                                \
         WGR_(acc, a[0], tile, d0, 1, TRANS);                                                            \
         WGR_((acc + 8), a[0], tile, d1, 1, TRANS);                                                      \
-        WGR_(acc, a[1], tile, d2, 1, TRANS);                                                            \
-        WGR_((acc + 8), a[1], tile, d3, 1, TRANS);                                                      \
+    } while (0)
+#define WGR_HALVES2(acc, a, tile, d0, d1, d2, d3, TRANS)                                                \
+    do {                                                                                                \
+        WGR_HALVES1(acc, a, tile, d0, d1, TRANS);                                                       \
+        WGR_HALVES1(acc, (a + 1), tile, d2, d3, TRANS);                                                 \
     } while (0)
 #define WG_WAIT_ACC(x, y)
 #define WG_WAIT_ACC16(x)
 #define WG_WAIT_ACC16X2(x, y)
+#define WG_WAIT_ACC8X2(x, y)
 #else
 #define WG_TYPE "bf16"
 #if !defined(IS_BF16)
@@ -429,6 +436,7 @@ inline void wg_emulate_ss(float acc[][4], __local const uchar *atile, const ulon
 #define WG_ACC(x) WG_ACC4(x, 0), WG_ACC4(x, 1), WG_ACC4(x, 2), WG_ACC4(x, 3), WG_ACC4(x, 4), WG_ACC4(x, 5),    \
                   WG_ACC4(x, 6), WG_ACC4(x, 7)
 #define WG_ACC16(x) WG_ACC4(x, 0), WG_ACC4(x, 1), WG_ACC4(x, 2), WG_ACC4(x, 3)
+#define WG_ACC8(x) WG_ACC4(x, 0), WG_ACC4(x, 1)
 // acc (m64n64, 32 floats a lane) = A x B (both from local memory through K-major descriptors) +
 // (accumulate ? acc : 0)
 #define WGS(acc, atile, adesc, btile, bdesc, accumulate)                                                \
@@ -442,6 +450,11 @@ inline void wg_emulate_ss(float acc[][4], __local const uchar *atile, const ulon
                      WG_TYPE "." WG_TYPE " {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, " \
                      "p, 1, 1, 0, 0; }")                                                                \
                  : WG_ACC16(acc) : "l"(adesc), "l"(bdesc), "r"(accumulate) : "memory")
+// the same at m64n16 (8 floats a lane: the dk/dv pass's s^T and dp^T at head dim 128, 16-row query tiles)
+#define WGS16(acc, atile, adesc, btile, bdesc, accumulate)                                              \
+    asm volatile(NCW("{ .reg .pred p; setp.ne.b32 p, %10, 0; wgmma.mma_async.sync.aligned.m64n16k16.f32." \
+                     WG_TYPE "." WG_TYPE " {%0,%1,%2,%3,%4,%5,%6,%7}, %8, %9, p, 1, 1, 0, 0; }")         \
+                 : WG_ACC8(acc) : "l"(adesc), "l"(bdesc), "r"(accumulate) : "memory")
 // the same at m64n32, B K-major (the dq pass's dp at head dim 128)
 #define WGR32(acc, a, tile, desc, accumulate)                                                           \
     asm volatile(NCW("{ .reg .pred p; setp.ne.b32 p, %21, 0; wgmma.mma_async.sync.aligned.m64n32k16.f32." \
@@ -480,10 +493,23 @@ inline void wg_emulate_ss(float acc[][4], __local const uchar *atile, const ulon
                    "r"(a[3][0]), "r"(a[3][1]), "r"(a[3][2]), "r"(a[3][3]), "l"(DESC(at, 0)),            \
                    "l"(DESC(at, 1)), "l"(DESC(at, 2)), "l"(DESC(at, 3)), "r"(accumulate), "r"(1)        \
                  : "memory")
-// acc (m64n128: acc[0..15], columns 0-63 then 64-127) += A (k = 32: this lane's fragments a[0], a[1]) x a
-// 32-row tile stored as two 64-column halves (d0, d1: the halves of its first 16 rows; d2, d3 of the next
-// 16; TRANS 1: read MN-major): four products, one commit and one wait (the dk/dv pass's third products at
-// head dim 128, WG_PAIR)
+// acc (m64n128: acc[0..15], columns 0-63 then 64-127) += A (k = 16: this lane's fragment a[0]) x a 16-row
+// tile stored as two 64-column halves, d0 and d1 their descriptors (TRANS 1: read MN-major): both products,
+// the commit and the wait in one asm statement (the dk/dv pass's third products at head dim 128)
+#define WGR_HALVES1(acc, a, tile, d0, d1, TRANS)                                                        \
+    asm volatile(NCW("{ .reg .pred p; setp.ne.b32 p, %70, 0; wgmma.fence.sync.aligned; "                \
+                     "wgmma.mma_async.sync.aligned.m64n64k16.f32." WG_TYPE "." WG_TYPE " {%0,%1,%2,%3,%4,%5,%6," \
+                     "%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29," \
+                     "%30,%31}, {%64,%65,%66,%67}, %68, p, 1, 1, " #TRANS "; "                          \
+                     "wgmma.mma_async.sync.aligned.m64n64k16.f32." WG_TYPE "." WG_TYPE " {%32,%33,%34,%35,%36," \
+                     "%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58," \
+                     "%59,%60,%61,%62,%63}, {%64,%65,%66,%67}, %69, p, 1, 1, " #TRANS "; "              \
+                     "wgmma.commit_group.sync.aligned; wgmma.wait_group.sync.aligned 0; }")             \
+                 : WG_ACC(acc), WG_ACC((acc + 8))                                                       \
+                 : "r"(a[0][0]), "r"(a[0][1]), "r"(a[0][2]), "r"(a[0][3]), "l"(d0), "l"(d1), "r"(1)      \
+                 : "memory")
+// the same over k = 32 (a[0], a[1]: a 32-row tile; d0, d1 its first 16 rows' halves, d2, d3 the next 16's):
+// four products, one commit and one wait (the dk/dv pass's third products with WG_PAIR)
 #define WG_HALF_STEP(ACC, A, D)                                                                         \
     "wgmma.mma_async.sync.aligned.m64n64k16.f32." WG_TYPE "." WG_TYPE " {" ACC "}, {" A "}, " D ", p, 1, 1, "
 #define WG_ACC_LO "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24," \
@@ -520,6 +546,11 @@ inline void wg_emulate_ss(float acc[][4], __local const uchar *atile, const ulon
         asm volatile("" : WG_ACC(y) :: "memory");                                                       \
     } while (0)
 #define WG_WAIT_ACC16(x) asm volatile(NCW("wgmma.wait_group.sync.aligned 0;") : WG_ACC16(x) :: "memory")
+#define WG_WAIT_ACC8X2(x, y)                                                                            \
+    do {                                                                                                \
+        asm volatile(NCW("wgmma.wait_group.sync.aligned 0;") : WG_ACC8(x) :: "memory");                \
+        asm volatile("" : WG_ACC8(y) :: "memory");                                                      \
+    } while (0)
 #define WG_WAIT_ACC16X2(x, y)                                                                           \
     do {                                                                                                \
         WG_WAIT_ACC16(x);                                                                               \
@@ -1278,6 +1309,7 @@ void attention_backward_dkdv_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(gra
 #if KEYS != 64
 #error "attention_mma.cl WG_SS: 64 keys a work-group (one warpgroup: 48 KB of local memory)"
 #endif
+    // (head dim 128: 16-row query tiles, each row two swizzled halves; k, v and the ring 48 KB exactly)
     __local uint4 qs4[2 * TILE_ELEMS(BQ) / 8], gs4[2 * TILE_ELEMS(BQ) / 8];   // the ring's q and dO tiles
     __local uint4 kw4[TILE_ELEMS(KEYS) / 8], vw4[TILE_ELEMS(KEYS) / 8];       // k's and v's rows: A operands
 #define ROW_LSE(jb, e) lse_c[jb][(e) & 1]
@@ -1405,11 +1437,19 @@ void attention_backward_dkdv_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(gra
                 delta_c[jb][e] = c < SQ ? delta[hrow0 + c] : 0.0f;
             }
         WG_FENCE();
+#if HEAD_DIM == 128   // s^T and dp^T as m64n16, 8 k steps over both halves of the rows
+        #pragma unroll
+        for (int kk = 0; kk < DK; ++kk) {
+            WGS16(st, kw4, DESC_KMH(kat, kk, KEYS), qsb, DESC_KMH(qat, kk, BQ), kk > 0);
+            WGS16(dpt, vw4, DESC_KMH(vat, kk, KEYS), gsb, DESC_KMH(gat, kk, BQ), kk > 0);
+        }
+#else
         #pragma unroll
         for (int kk = 0; kk < DK; ++kk) {
             WGS(st, kw4, DESC_KM(kat, kk), qsb, DESC_KM(qat, kk), kk > 0);
             WGS(dpt, vw4, DESC_KM(vat, kk), gsb, DESC_KM(gat, kk), kk > 0);
         }
+#endif
 #else
 #if WG_KN
         WG_FRESH(kf, ka);
@@ -1428,7 +1468,11 @@ void attention_backward_dkdv_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(gra
 #undef vf
 #endif
         WG_COMMIT();
+#if HEAD_DIM == 128
+        WG_WAIT_ACC8X2(st, dpt);
+#else
         WG_WAIT_ACC(st, dpt);
+#endif
 #else
         ZERO_ACC(st, QB);
         ZERO_ACC(dpt, QB);
@@ -1470,7 +1514,11 @@ void attention_backward_dkdv_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(gra
             PACK_A(pa, jb, st[jb]);
             PACK_A(da, jb, dpt[jb]);
         }
-#if MMA_WG && WG_KN
+#if MMA_WG && WG_KN && HEAD_DIM == 128
+        // dv += (p z)^T dO, dk += ds^T q by 64-column halves: the 16-row tiles read MN-major
+        WGR_HALVES1(dva, pa, gsb, DESC_MN(gat, 0), DESC_MN(gat + BQ * WG_ROW, 0), 1);
+        WGR_HALVES1(dka, da, qsb, DESC_MN(qat, 0), DESC_MN(qat + BQ * WG_ROW, 0), 1);
+#elif MMA_WG && WG_KN
         WGR_TILE(dva, pa, gsb, gat, DESC_MN, 1, 1);   // dv += (p z)^T dO, dk += ds^T q: the tiles read MN-major
         WGR_TILE(dka, da, qsb, qat, DESC_MN, 1, 1);
 #else

@@ -180,11 +180,20 @@ WGMMA_PASSES: tuple[str, ...] | None = None
 # there (attention_mma.cl MMA_WG at HEAD_DIM 128: each row in local memory as two 64-column swizzled halves
 # that the head dim 64 descriptors read; the forward and dq pass over 32-key tiles, s (and dp) as m64n32, o
 # += p v and dq += ds k a half at a time, q's 64 rows and the ring's two stages exactly 48 KB, the dq pass's
-# dO as fragments in registers; the dk/dv pass on two warpgroups (WG_PAIR: k's fragments and dv in one, v's
-# and dk in the other, 32-row query tiles, p^T passed through local memory: 40 KB), no DSPLIT). H100,
+# dO as fragments in registers; the dk/dv pass with k's and v's 64 rows in local memory and 16-row query
+# tiles through the ring (48 KB), s^T and dp^T as m64n16, dk and dv whole in registers, no DSPLIT). H100,
 # bfloat16, B=8 H=16 S=2048 D=128, causal, one call: forward 0.675 -> 0.437 ms, dq 0.786 -> 0.664, dk/dv
 # 1.755 -> 1.174 (fwd+bwd 0.37x -> 0.52x SDPA; full 0.46x); () = all three on mma.sync at 128.
 WGMMA_128: tuple[str, ...] = ("forward", "dq", "dkdv")
+# The forward and dk/dv passes at head dim 128 on two warpgroups a work-group (twenty-ninth session), where
+# WGMMA_128 puts them on wgmma: the forward over 128 query rows with q's fragments in registers (WG_QREG:
+# each k and v tile of the ring feeds both warpgroups; 32 KB), the dk/dv pass with k's fragments and dv in
+# one warpgroup, v's and dk in the other, 32-row query tiles, p^T passed through local memory (WG_PAIR: s^T
+# and dp^T as m64n32 from registers where the one-warpgroup pass reads k and v from local memory for each
+# 16-row tile; 40 KB). Tested through the emulation, assembled for sm_90a by ptxas offline
+# (bench/ptx_offline.py: 227 and 250 registers, no spills); off until measured on a GPU
+# (bench/attention.py --wg-pairs-128).
+WG_PAIRS_128 = False
 MMA_RB_MAX_HEAD_DIM = 64
 # The matrix-unit backward (dq pass, then dk/dv: no atomics) keeps k's and v's fragments and dk, dv in
 # registers: whole up to head dim 64; above it each dk/dv work-group takes half of dk's and dv's columns
@@ -636,9 +645,11 @@ class _Problem:
             tiles.pop("RB", None)
         if wg:   # the units' tiles: 64 rows a warpgroup, 64-row streamed tiles through the ring
             fixed = {"BQ": 64, "DKDV_RING": 1} if kernel == "dkdv" else {"BN": 64, "RB": 1, "PREFETCH": 1}
-            if self.D == 128 and kernel == "dkdv":   # (64 keys, two warpgroups, 32-row query tiles: 40 KB)
+            if self.D == 128 and kernel == "dkdv" and WG_PAIRS_128:   # (two warpgroups, 32-row query tiles)
                 fixed = {"BQ": 32, "DKDV_RING": 1, "BM": 64, "WG_KN": 1, "WG_SS": 0, "WG_PAIR": 1}
-            elif self.D == 128 and kernel == "forward":   # (two warpgroups, q's fragments in registers)
+            elif self.D == 128 and kernel == "dkdv":   # (64 keys, 16-row query tiles: 48 KB)
+                fixed = {"BQ": 16, "DKDV_RING": 1, "BM": 64, "WG_KN": 1, "WG_SS": 1}
+            elif self.D == 128 and kernel == "forward" and WG_PAIRS_128:   # (q's fragments in registers)
                 fixed = {"BN": 32, "RB": 1, "PREFETCH": 1, "BM": 128, "WG_KN": 1, "WG_SS": 0, "WG_QREG": 1}
             elif self.D == 128:   # (one warpgroup, 32-key tiles, to fit 48 KB; dO's rows in registers)
                 fixed = {"BN": 32, "RB": 1, "PREFETCH": 1, "BM": 64, "WG_KN": 1, "WG_SS": 0}
@@ -1001,10 +1012,10 @@ def _template_key(kind: str, q: Any, k: Any, v: Any, causal: Any, scale: Any, ma
     if (mask is not None and type(mask) is not Tensor) or (kv_len is not None and type(kv_len) is not Tensor):
         return None
     return ("attention", kind, _layout(q), _layout(k), _layout(v), causal, scale, _layout(mask),
-            _layout(kv_len), *extra, id(MMA_TILES), WGMMA_PASSES, WGMMA_128, MMA_EMULATE, GPU_MMA,
-            GPU_NATIVE_EXP, variant_override, MMA_RB_MAX_HEAD_DIM, MMA_BACKWARD_MAX_HEAD_DIM, GPU_PREFETCH,
-            id(CPU_TILES), id(GPU_GRIDS), GPU_TF32X3, id(TF32_TILES), TF32_MAX_HEAD_DIM, GPU_BACKWARD,
-            GPU_ROW_SHFL, GPU_DQ_ATOMIC, GPU_DQ_SPLIT_ADD, DECODE_MAX_ROWS, get_deterministic())
+            _layout(kv_len), *extra, id(MMA_TILES), WGMMA_PASSES, WGMMA_128, WG_PAIRS_128, MMA_EMULATE,
+            GPU_MMA, GPU_NATIVE_EXP, variant_override, MMA_RB_MAX_HEAD_DIM, MMA_BACKWARD_MAX_HEAD_DIM,
+            GPU_PREFETCH, id(CPU_TILES), id(GPU_GRIDS), GPU_TF32X3, id(TF32_TILES), TF32_MAX_HEAD_DIM,
+            GPU_BACKWARD, GPU_ROW_SHFL, GPU_DQ_ATOMIC, GPU_DQ_SPLIT_ADD, DECODE_MAX_ROWS, get_deterministic())
 
 
 def _recorded(key: tuple, inputs: tuple, run: Any) -> Any:
