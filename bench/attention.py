@@ -309,12 +309,8 @@ def main() -> int:
     ap.add_argument("--wgmma-128", default="",
                     help="half at head dim 128: these passes on wgmma (attn.WGMMA_128, default all three; "
                     "Hopper): a comma list of forward, dq, dkdv, or none (all on mma.sync)")
-    ap.add_argument("--wg-pairs-128", action="store_true",
-                    help="half at head dim 128 on wgmma: the forward and dk/dv passes on two warpgroups a "
-                    "work-group (attn.WG_PAIRS_128)")
     ap.add_argument("--out", default="bench/results/attention.json")
     args = ap.parse_args()
-    attn.WG_PAIRS_128 = attn.WG_PAIRS_128 or args.wg_pairs_128
     if args.no_tf32:
         attn.GPU_TF32X3 = False
     if args.wgmma_128:
@@ -354,7 +350,6 @@ def main() -> int:
         wg = attn.WGMMA_PASSES if attn.WGMMA_PASSES is not None else (
             ("forward", "dq", "dkdv") if attn.has_wgmma(dev) else ())
         at_128 = f"; {', '.join(attn.WGMMA_128)} at 128 too" if attn.WGMMA_128 else ""
-        at_128 += " (WG_PAIRS_128)" if attn.WGMMA_128 and attn.WG_PAIRS_128 else ""
         print(f"matrix-unit kernels (attention_mma.cl): tiles {attn.MMA_TILES}; the passes on wgmma: "
               f"{', '.join(wg) or 'none'} (head dim 64{at_128})")
     elif gpu_variant and args.dtype == "float32" and D % 8 == 0 and D <= attn.TF32_MAX_HEAD_DIM and (

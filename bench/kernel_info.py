@@ -114,14 +114,8 @@ def main() -> None:
     ap.add_argument("--wgmma-128", default="",
                     help="attention at head dim 128: these passes on wgmma (a comma list of forward, dq, "
                     "dkdv, or none: netcl.ops.attention.WGMMA_128)")
-    ap.add_argument("--wg-pairs-128", action="store_true",
-                    help="attention at head dim 128: the forward and dk/dv passes on two warpgroups "
-                    "(netcl.ops.attention.WG_PAIRS_128)")
     ap.add_argument("--out", default="bench/results/kernel_info")
     a = ap.parse_args()
-    if a.wg_pairs_128:
-        from netcl.ops import attention as attn
-        attn.WG_PAIRS_128 = True
     if a.wgmma_128:
         from netcl.ops import attention as attn
         passes = () if a.wgmma_128 == "none" else tuple(a.wgmma_128.split(","))

@@ -8,8 +8,7 @@ this clang, so the counts are estimates (the k-means kernel's registers came wit
 bench/NOTES.md), but a kernel that does not assemble here, or spills here, is worth knowing about before a
 device call.
 
-    python bench/ptx_offline.py [--d 128] [--dtype bfloat16] [--wg-pairs-128] [--clang clang-15]
-                                [--ptxas ptxas]
+    python bench/ptx_offline.py [--d 128] [--dtype bfloat16] [--clang clang-15] [--ptxas ptxas]
 """
 
 from __future__ import annotations
@@ -110,10 +109,7 @@ def main() -> None:
     ap.add_argument("--dtype", default="bfloat16", choices=("float16", "bfloat16"))
     ap.add_argument("--clang", default="clang-15")
     ap.add_argument("--ptxas", default="ptxas")
-    ap.add_argument("--wg-pairs-128", action="store_true",
-                    help="head dim 128: the forward and dk/dv passes on two warpgroups (attn.WG_PAIRS_128)")
     args = ap.parse_args()
-    attn.WG_PAIRS_128 = args.wg_pairs_128
     for tool in (args.clang, args.ptxas):
         if shutil.which(tool) is None:
             sys.exit(f"bench/ptx_offline.py: {tool} is not on PATH (--clang / --ptxas name another)")
@@ -121,7 +117,7 @@ def main() -> None:
         sys.exit(f"bench/ptx_offline.py: --d must be 64 or 128 (the wgmma passes' head dims), got {args.d}")
     with tempfile.TemporaryDirectory() as tmp:
         for name, filename, defines in attention_builds(args.d, args.dtype):
-            tiles = {k: defines[k] for k in ("BM", "BN", "BQ", "WG_SS", "WG_PAIR", "WG_QREG") if k in defines}
+            tiles = {k: defines[k] for k in ("BM", "BN", "BQ", "WG_SS") if k in defines}
             report = assemble(filename, defines, args.clang, args.ptxas, Path(tmp))
             print(f"{name:8} {tiles}\n         {report}")
 

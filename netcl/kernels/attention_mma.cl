@@ -51,13 +51,8 @@
 #endif
 #define WROWS (16 * RB)          // query rows a warp
 #define WARPS (BM / WROWS)
-// WG_PAIR 1 (the dk/dv pass at head dim 128 on wgmma): two warpgroups share a work-group's 64 keys, the first
-// taking s^T and dv, the second dp^T and dk (below)
-#ifndef WG_PAIR
-#define WG_PAIR 0
-#endif
-#define THREADS (WARPS * 32 * (1 + WG_PAIR))
-#define KEYS (WARPS * 16)        // keys of a dk/dv work-group: 16 a warp (of a warpgroup, with WG_PAIR)
+#define THREADS (WARPS * 32)
+#define KEYS (WARPS * 16)        // keys of a dk/dv work-group: 16 a warp
 #define DPAD (HEAD_DIM + 8)      // local row length (16-bit values): a 16-byte pad keeps ldmatrix's 8 rows
                                  // on 8 different bank groups
 #define NB (BN / 8)              // 8-key blocks of the scores
@@ -277,12 +272,6 @@ inline void issue_tile(__local ushort *dst, __global const ushort *base, const l
 #ifndef WG_KN
 #define WG_KN 0
 #endif
-// WG_QREG 1 (the forward at head dim 128): two warpgroups, 128 query rows, q's fragments in registers (the
-// score product's A; WG_FRESH) where one warpgroup's 64 rows filled 16 KB beside the ring: each k and v tile
-// of the ring feeds both
-#ifndef WG_QREG
-#define WG_QREG 0
-#endif
 // WG_SS 1 (the backward passes, with MMA_WG, 64 rows a work-group): the pass's own rows (q and dO; k and v)
 // swizzled in local memory as the first products' A operands by descriptor, as the forward's q (no fresh
 // copies): 48 KB with the ring; the dq pass's lse and delta pass through the ring's memory before it starts,
@@ -293,20 +282,15 @@ inline void issue_tile(__local ushort *dst, __global const ushort *base, const l
 #endif
 #if MMA_WG
 #if (MMA_PASS == 1 || MMA_PASS == 2) && HEAD_DIM == 128 \
-    && (BN != 32 || BM != (WG_QREG ? 128 : 64) || RB != 1 || !PREFETCH || !WG_KN || WG_SS)
-#error "attention_mma.cl MMA_WG forward, dq at HEAD_DIM 128: BN 32, BM 64 (WG_QREG: 128), RB 1, the ring, WG_KN"
-#elif WG_QREG && (MMA_PASS != 1 || HEAD_DIM != 128)
-#error "attention_mma.cl WG_QREG: the forward at HEAD_DIM 128"
+    && (BN != 32 || BM != 64 || RB != 1 || !PREFETCH || !WG_KN || WG_SS)
+#error "attention_mma.cl MMA_WG forward and dq pass at HEAD_DIM 128: BN 32, one warpgroup (BM 64), RB 1, the ring, WG_KN"
 #elif (MMA_PASS == 1 || MMA_PASS == 2) && HEAD_DIM != 128 \
     && (HEAD_DIM != 64 || BN != 64 || RB != 1 || (BM % 64) || !PREFETCH)
 #error "attention_mma.cl MMA_WG forward and dq pass: HEAD_DIM 64, BN 64, RB 1, 64 rows a warpgroup, and the ring"
 #elif MMA_PASS == 3 && HEAD_DIM != 128 && (HEAD_DIM != 64 || BQ != 64 || (BM % 64) || !DKDV_RING || DSPLIT != 1)
 #error "attention_mma.cl MMA_WG dk/dv pass: HEAD_DIM 64, BQ 64, 64 keys a warpgroup, and the ring"
-#elif MMA_PASS == 3 && HEAD_DIM == 128 && (BQ != (WG_PAIR ? 32 : 16) || BM != 64 || !DKDV_RING || DSPLIT != 1 \
-                                            || WG_SS == WG_PAIR || !WG_KN)
-#error "attention_mma.cl MMA_WG dk/dv pass at HEAD_DIM 128: BQ 16 and WG_SS (WG_PAIR: BQ 32), BM 64, the ring, WG_KN"
-#elif WG_PAIR && (MMA_PASS != 3 || HEAD_DIM != 128)
-#error "attention_mma.cl WG_PAIR: the dk/dv pass at HEAD_DIM 128"
+#elif MMA_PASS == 3 && HEAD_DIM == 128 && (BQ != 16 || BM != 64 || !DKDV_RING || DSPLIT != 1 || !WG_SS || !WG_KN)
+#error "attention_mma.cl MMA_WG dk/dv pass at HEAD_DIM 128: BQ 16, one warpgroup (BM 64), the ring, WG_SS, WG_KN"
 #elif MMA_PASS != 1 && MMA_PASS != 2 && MMA_PASS != 3
 #error "attention_mma.cl MMA_WG: the forward (MMA_PASS 1), the dq (2) or the dk/dv pass (3) alone"
 #endif
@@ -417,11 +401,6 @@ inline void wg_emulate_ss(float acc[][4], __local const uchar *atile, const ulon
         WGR_(acc, a[0], tile, d0, 1, TRANS);                                                            \
         WGR_((acc + 8), a[0], tile, d1, 1, TRANS);                                                      \
     } while (0)
-#define WGR_HALVES2(acc, a, tile, d0, d1, d2, d3, TRANS)                                                \
-    do {                                                                                                \
-        WGR_HALVES1(acc, a, tile, d0, d1, TRANS);                                                       \
-        WGR_HALVES1(acc, (a + 1), tile, d2, d3, TRANS);                                                 \
-    } while (0)
 #define WG_WAIT_ACC(x, y)
 #define WG_WAIT_ACC16(x)
 #define WG_WAIT_ACC16X2(x, y)
@@ -507,25 +486,6 @@ inline void wg_emulate_ss(float acc[][4], __local const uchar *atile, const ulon
                      "wgmma.commit_group.sync.aligned; wgmma.wait_group.sync.aligned 0; }")             \
                  : WG_ACC(acc), WG_ACC((acc + 8))                                                       \
                  : "r"(a[0][0]), "r"(a[0][1]), "r"(a[0][2]), "r"(a[0][3]), "l"(d0), "l"(d1), "r"(1)      \
-                 : "memory")
-// the same over k = 32 (a[0], a[1]: a 32-row tile; d0, d1 its first 16 rows' halves, d2, d3 the next 16's):
-// four products, one commit and one wait (the dk/dv pass's third products with WG_PAIR)
-#define WG_HALF_STEP(ACC, A, D)                                                                         \
-    "wgmma.mma_async.sync.aligned.m64n64k16.f32." WG_TYPE "." WG_TYPE " {" ACC "}, {" A "}, " D ", p, 1, 1, "
-#define WG_ACC_LO "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24," \
-                  "%25,%26,%27,%28,%29,%30,%31"
-#define WG_ACC_HI "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53," \
-                  "%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"
-#define WGR_HALVES2(acc, a, tile, d0, d1, d2, d3, TRANS)                                                \
-    asm volatile(NCW("{ .reg .pred p; setp.ne.b32 p, %76, 0; wgmma.fence.sync.aligned; "                \
-                     WG_HALF_STEP(WG_ACC_LO, "%64,%65,%66,%67", "%72") #TRANS "; "                      \
-                     WG_HALF_STEP(WG_ACC_HI, "%64,%65,%66,%67", "%73") #TRANS "; "                      \
-                     WG_HALF_STEP(WG_ACC_LO, "%68,%69,%70,%71", "%74") #TRANS "; "                      \
-                     WG_HALF_STEP(WG_ACC_HI, "%68,%69,%70,%71", "%75") #TRANS "; "                      \
-                     "wgmma.commit_group.sync.aligned; wgmma.wait_group.sync.aligned 0; }")             \
-                 : WG_ACC(acc), WG_ACC((acc + 8))                                                       \
-                 : "r"(a[0][0]), "r"(a[0][1]), "r"(a[0][2]), "r"(a[0][3]), "r"(a[1][0]), "r"(a[1][1]),  \
-                   "r"(a[1][2]), "r"(a[1][3]), "l"(d0), "l"(d1), "l"(d2), "l"(d3), "r"(1)               \
                  : "memory")
 // WGR_TILE over k = 32 (a[0..1]: a 32-row tile)
 #define WGR_TILE2(acc, a, tile, at, DESC, accumulate, TRANS)                                            \
@@ -652,23 +612,7 @@ void attention_forward_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARGS, LEN_AR
         irow[rb][1] = min(i0 + rloc[rb][1], SQ - 1);
     }
 
-#if MMA_WG && WG_QREG
-    // q's fragments in registers (head dim 128, two warpgroups): its 128 rows through the ring's memory, 64
-    // swizzled rows in the k stages and 64 in the v stages, each warpgroup reading its own
-    ISSUE_TILE(ksb, (__global const ushort *)(q + q_off + b * q_sb + h * q_sh), q_ss, i0, 64, SQ, tid);
-    ISSUE_TILE(vsb, (__global const ushort *)(q + q_off + b * q_sb + h * q_sh), q_ss, i0 + 64, 64, SQ, tid);
-    CP_COMMIT();
-    CP_WAIT0();
-    barrier(CLK_LOCAL_MEM_FENCE);
-    uint qa[1][DK][4];
-    {
-        __local const uchar *const rows = (__local const uchar *)((warp >> 2) ? vsb : ksb);
-#define QREG_ROWS(L) ((__local ushort *)(rows + WG_CHUNK_H((warp & 3) * 16 + ((L) & 15), kk * 2 + ((L) >> 4), 64)))
-        MMA_UNROLL
-        for (int kk = 0; kk < DK; ++kk) LDSM(qa[0][kk], QREG_ROWS, false);
-#undef QREG_ROWS
-    }
-#elif MMA_WG
+#if MMA_WG
     // q's BM rows swizzled in local memory, wgmma's A operand by descriptor (A from registers here and p's
     // registers in the same loop would need WG_FRESH's copies: ~10% slower; the ring's first wait lands it)
     __local uint4 qw4[BM * HEAD_DIM / 8];
@@ -708,16 +652,9 @@ void attention_forward_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARGS, LEN_AR
         // (RB 1: s[0] and o[0] are the warpgroup's 64 x 64 accumulators; the first k step overwrites s)
         const uint kat = WG_BASE(ksb) + (it & 1) * TILE_ELEMS(BN) * 2;
         const uint vat = WG_BASE(vsb) + (it & 1) * TILE_ELEMS(BN) * 2;
-#if WG_QREG
-        WG_FRESH(qf, qa[0]);
-        WG_FENCE();
-        #pragma unroll   // (8 k steps over the two halves of k's rows)
-        for (int kk = 0; kk < DK; ++kk) WGR32(s[0], qf[kk], ksb, DESC_KMH(kat, kk, BN), kk > 0);
-#else
         WG_FENCE();
         #pragma unroll   // (head dim 128: 8 k steps over the two halves of q's and k's rows)
         for (int kk = 0; kk < DK; ++kk) WGS_S(s[0], qw4, DESC_KMH(qat, kk, BM), ksb, DESC_KMH(kat, kk, BN), kk > 0);
-#endif
         WG_COMMIT();
         WG_WAIT_S(s[0]);
 #else
@@ -1164,141 +1101,7 @@ void attention_backward_dq_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(grad_
     const int gi_ = (it) / ntiles, i0 = istart + ((it) - gi_ * ntiles) * BQ, h = hk * GROUP + gi_;      \
     const long hrow0 = ((long)b * HQ + h) * SQ
 
-#if MMA_PASS == 3 && WG_PAIR
-// WG_PAIR (head dim 128 on wgmma): 64 keys a work-group and two warpgroups. Each keeps the A operand of its
-// first product in registers (warpgroup 0 k's fragments, 1 v's: 32 registers a lane) and the accumulators of
-// its third (64 x 128: dv, or dk), and per query tile of the ring (32 rows of q and dO, 16 KB a stage) they
-// run side by side: warpgroup 0 s^T = k q^T, p^T = exp(s^T - lse) (masked; stored in local memory for the
-// other), dv += (p z)^T dO; warpgroup 1 dp^T = v dO^T, ds^T = p^T (z dp^T - delta) (z: dropout's multiplier,
-// drawn by both), dk += ds^T q. The score products are m64n32 with A from registers (the one-warpgroup kernel
-// read k's and v's 2 KB from local memory for each 512 bytes of a 16-row tile), and the 256 work-items
-// share the copies. Local memory: 2 stages of 2 tiles of 32 x 128 16-bit values, 64 x 32 floats of p (40 KB).
-__kernel __attribute__((reqd_work_group_size(THREADS, 1, 1)))
-void attention_backward_dkdv_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(grad_out), KV_ARGS(out), MASK_ARGS,
-                                 LEN_ARGS, __global const ACC *lse, __global const ACC *delta, GRAD_ARGS(dk),
-                                 GRAD_ARGS(dv), const int HQ, const int GROUP, const int SQ, const int SK,
-                                 const int causal, const ACC scale, DROP_ARGS)
-{
-    __local uint4 qs4[2 * TILE_ELEMS(BQ) / 8], gs4[2 * TILE_ELEMS(BQ) / 8];   // the ring's q and dO tiles
-    __local float pt[KEYS * BQ];   // p^T of the tile, in the accumulators' order (warpgroup 0 -> 1)
-#ifdef MMA_EMULATE
-    __local float scratch_a[(THREADS / 32) * 16 * KSTEP], shx[THREADS];
-#endif
-    __local ushort *const qsb = (__local ushort *)qs4, *const gsb = (__local ushort *)gs4;
-    const int tid = get_local_id(0), lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
-    const int wq = warp & 3, pair = warp >> 2;   // the warp within its warpgroup; the warpgroup
-    const int j0 = get_group_id(0) * KEYS, hk = get_global_id(1), b = get_global_id(2);
-    if (j0 >= SK) return;
-    const int L = valid_keys(kv_len, kv_len_off, has_kv_len, kv_len_stride, b, SK);
-    const int jloc[2] = {wq * 16 + g, wq * 16 + g + 8};
-
-    // k's rows through the q stages, v's through the dO stages (64 swizzled rows: 16 KB each), into registers
-    ISSUE_TILE(qsb, (__global const ushort *)(k + k_off + b * k_sb + hk * k_sh), k_ss, j0, KEYS, SK, tid);
-    ISSUE_TILE(gsb, (__global const ushort *)(v + v_off + b * v_sb + hk * v_sh), v_ss, j0, KEYS, SK, tid);
-    CP_COMMIT();
-    CP_WAIT0();
-    barrier(CLK_LOCAL_MEM_FENCE);
-    uint ka[DK][4];   // warpgroup 0: k's fragments; 1: v's
-    {
-        __local const uchar *const rows = (__local const uchar *)(pair ? gsb : qsb);
-#define PAIR_ROWS(L) ((__local ushort *)(rows + WG_CHUNK_H(wq * 16 + ((L) & 15), kk * 2 + ((L) >> 4), KEYS)))
-        MMA_UNROLL
-        for (int kk = 0; kk < DK; ++kk) LDSM(ka[kk], PAIR_ROWS, false);
-#undef PAIR_ROWS
-    }
-    float acc[DB][4];   // warpgroup 0: dv; 1: dk
-    ZERO_ACC(acc, DB);
-
-    // the query tiles of every head of the group as one sequence of GROUP * ntiles
-    const int istart = query_start(causal, j0, L, SQ, BQ), ntiles = query_tiles(istart, j0, L, SQ, BQ);
-    const int total = GROUP * ntiles;
-    __global const ushort *const qhead = (__global const ushort *)(q + q_off + b * q_sb);
-    __global const ushort *const ghead = (__global const ushort *)(grad_out + grad_out_off + b * grad_out_sb);
-    // rows past SQ are zero-filled: q and dO rows of zeros add nothing to dk and dv whatever their p
-#define ISSUE_PAIR_QTILE(it, stage)                                                                     \
-    do {                                                                                                \
-        QTILE_AT(it);                                                                                   \
-        ISSUE_TILE(qsb + (stage) * TILE_ELEMS(BQ), qhead + h * q_sh, q_ss, i0, BQ, SQ, tid);            \
-        ISSUE_TILE(gsb + (stage) * TILE_ELEMS(BQ), ghead + h * grad_out_sh, grad_out_ss, i0, BQ, SQ, tid); \
-    } while (0)
-    barrier(CLK_LOCAL_MEM_FENCE);   // k's and v's fragments are read: the stages are free
-    if (total > 0) ISSUE_PAIR_QTILE(0, 0);
-    CP_COMMIT();
-    const uint qbase = WG_BASE(qsb), gbase = WG_BASE(gsb);
-    for (int it = 0; it < total; ++it) {
-        QTILE_AT(it);
-        const long mbase = mask_off + b * mask_sb + h * mask_sh;
-        barrier(CLK_LOCAL_MEM_FENCE);   // both warpgroups are done with tile it - 1: its stage and pt are free
-        if (it + 1 < total) ISSUE_PAIR_QTILE(it + 1, (it + 1) & 1);
-        CP_COMMIT();
-        CP_WAIT1();                     // this work-item's copies of tile it have landed
-        STREAM_FENCE();                 // ... and are visible to the matrix units
-        barrier(CLK_LOCAL_MEM_FENCE);   // ... and everyone's
-        const uint qat = qbase + (it & 1) * TILE_ELEMS(BQ) * 2, gat = gbase + (it & 1) * TILE_ELEMS(BQ) * 2;
-        // s^T = k q^T (warpgroup 0) or dp^T = v dO^T (1), m64n32 over the 8 k steps of both halves of the rows
-        const uint bat = pair ? gat : qat;
-        __local const ushort *const btile = pair ? gsb : qsb;
-        float st[QB][4];
-        WG_FRESH(af, ka);
-        WG_FENCE();
-        #pragma unroll
-        for (int kk = 0; kk < DK; ++kk) WGR32(st, af[kk], btile, DESC_KMH(bat, kk, BQ), kk > 0);
-        WG_COMMIT();
-        // this lane's query columns' lse (warpgroup 0) or delta (1), read while the units work (rows past SQ:
-        // p = 0)
-        float rowc[QB][2];
-        #pragma unroll
-        for (int jb = 0; jb < QB; ++jb)
-            #pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const int c = i0 + jb * 8 + 2 * t + e;
-                rowc[jb][e] = c < SQ ? (pair ? delta[hrow0 + c] : lse[hrow0 + c]) : (pair ? 0.0f : INFINITY);
-            }
-        WG_WAIT_ACC16(st);
-        if (!pair) {   // p^T = exp(s^T - lse) (0 where masked) for both; p^T z for dv
-            SCALE_ACC(st, QB, scale);
-            if (!open_tile(j0, KEYS, i0, L, SQ, causal)) {
-                MASK_COLS(st, QB);
-            }
-            #pragma unroll
-            for (int jb = 0; jb < QB; ++jb)
-                #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const float p = st[jb][e] == -INFINITY ? 0.0f : EXPF(st[jb][e] - rowc[jb][e & 1]);
-                    pt[((wq * QB + jb) * 4 + e) * 32 + lane] = p;
-                    st[jb][e] = p;
-                }
-        }
-        barrier(CLK_LOCAL_MEM_FENCE);   // p^T for warpgroup 1
-        #pragma unroll
-        for (int jb = 0; jb < QB; ++jb)
-            #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const float p = pair ? pt[((wq * QB + jb) * 4 + e) * 32 + lane] : st[jb][e];
-                float z = 1.0f;
-                if (drop_threshold && p != 0.0f)
-                    z = dropout_one(counter0, hrow0 + i0 + jb * 8 + 2 * t + (e & 1), j0 + jloc[e >> 1], seed_lo,
-                                    seed_hi, drop_threshold, drop_scale);
-                st[jb][e] = pair ? p * (z * st[jb][e] - rowc[jb][e & 1]) : p * z;
-            }
-        uint pa[BQ / 16][4];
-        #pragma unroll
-        for (int jb = 0; jb < QB; ++jb) PACK_A(pa, jb, st[jb]);
-        // dv += (p z)^T dO (warpgroup 0) or dk += ds^T q (1) by 64-column halves: the tiles read MN-major
-        const uint cat = pair ? qat : gat;
-        __local const ushort *const ctile = pair ? qsb : gsb;
-        WGR_HALVES2(acc, pa, ctile, DESC_MN(cat, 0), DESC_MN(cat + BQ * WG_ROW, 0), DESC_MN(cat, 1),
-                    DESC_MN(cat + BQ * WG_ROW, 1), 1);
-    }
-#undef ISSUE_PAIR_QTILE
-    #pragma unroll
-    for (int r = 0; r < 2; ++r)
-        if (j0 + jloc[r] < SK) {
-            if (pair) store_slice2(GRAD_ROW(dk, b, hk, j0 + jloc[r]), acc, r, scale, t, 0);
-            else store_slice2(GRAD_ROW(dv, b, hk, j0 + jloc[r]), acc, r, 1.0f, t, 0);
-        }
-}
-#elif MMA_PASS == 0 || MMA_PASS == 3
+#if MMA_PASS == 0 || MMA_PASS == 3
 __kernel __attribute__((reqd_work_group_size(THREADS, 1, 1)))
 void attention_backward_dkdv_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(grad_out), KV_ARGS(out), MASK_ARGS,
                                  LEN_ARGS, __global const ACC *lse, __global const ACC *delta, GRAD_ARGS(dk),

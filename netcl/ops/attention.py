@@ -185,15 +185,6 @@ WGMMA_PASSES: tuple[str, ...] | None = None
 # bfloat16, B=8 H=16 S=2048 D=128, causal, one call: forward 0.675 -> 0.437 ms, dq 0.786 -> 0.664, dk/dv
 # 1.755 -> 1.174 (fwd+bwd 0.37x -> 0.52x SDPA; full 0.46x); () = all three on mma.sync at 128.
 WGMMA_128: tuple[str, ...] = ("forward", "dq", "dkdv")
-# The forward and dk/dv passes at head dim 128 on two warpgroups a work-group (twenty-ninth session), where
-# WGMMA_128 puts them on wgmma: the forward over 128 query rows with q's fragments in registers (WG_QREG:
-# each k and v tile of the ring feeds both warpgroups; 32 KB), the dk/dv pass with k's fragments and dv in
-# one warpgroup, v's and dk in the other, 32-row query tiles, p^T passed through local memory (WG_PAIR: s^T
-# and dp^T as m64n32 from registers where the one-warpgroup pass reads k and v from local memory for each
-# 16-row tile; 40 KB). Tested through the emulation, assembled for sm_90a by ptxas offline
-# (bench/ptx_offline.py: 227 and 250 registers, no spills); off until measured on a GPU
-# (bench/attention.py --wg-pairs-128).
-WG_PAIRS_128 = False
 MMA_RB_MAX_HEAD_DIM = 64
 # The matrix-unit backward (dq pass, then dk/dv: no atomics) keeps k's and v's fragments and dk, dv in
 # registers: whole up to head dim 64; above it each dk/dv work-group takes half of dk's and dv's columns
@@ -645,12 +636,8 @@ class _Problem:
             tiles.pop("RB", None)
         if wg:   # the units' tiles: 64 rows a warpgroup, 64-row streamed tiles through the ring
             fixed = {"BQ": 64, "DKDV_RING": 1} if kernel == "dkdv" else {"BN": 64, "RB": 1, "PREFETCH": 1}
-            if self.D == 128 and kernel == "dkdv" and WG_PAIRS_128:   # (two warpgroups, 32-row query tiles)
-                fixed = {"BQ": 32, "DKDV_RING": 1, "BM": 64, "WG_KN": 1, "WG_SS": 0, "WG_PAIR": 1}
-            elif self.D == 128 and kernel == "dkdv":   # (64 keys, 16-row query tiles: 48 KB)
+            if self.D == 128 and kernel == "dkdv":   # (64 keys, 16-row query tiles: 48 KB)
                 fixed = {"BQ": 16, "DKDV_RING": 1, "BM": 64, "WG_KN": 1, "WG_SS": 1}
-            elif self.D == 128 and kernel == "forward" and WG_PAIRS_128:   # (q's fragments in registers)
-                fixed = {"BN": 32, "RB": 1, "PREFETCH": 1, "BM": 128, "WG_KN": 1, "WG_SS": 0, "WG_QREG": 1}
             elif self.D == 128:   # (one warpgroup, 32-key tiles, to fit 48 KB; dO's rows in registers)
                 fixed = {"BN": 32, "RB": 1, "PREFETCH": 1, "BM": 64, "WG_KN": 1, "WG_SS": 0}
             tiles.update(MMA_TILES.get(f"{kernel}_wg", {}), **fixed, MMA_WG=1)
@@ -679,12 +666,10 @@ class _Problem:
         q_rows = 0
         if wg and (kernel == "forward" or (kernel == "dq" and self.D == 128)):   # (k, v unpadded)
             ring = 2 * 2 * defines["BN"] * self.D * 2
-            q_rows = 0 if tiles.get("WG_QREG") else defines["BM"] * self.D * 2
+            q_rows = defines["BM"] * self.D * 2
         if tiles.get("WG_SS"):   # (the unpadded stages; lse and delta in registers, or before the ring)
             dkdv_ring = (2 * 2 * defines["BQ"] + 2 * defines["BM"]) * self.D * 2
             ring = (2 * 2 * defines["BN"] + 2 * defines["BM"]) * self.D * 2
-        if tiles.get("WG_PAIR"):   # (the ring's unpadded stages and p^T in float32)
-            dkdv_ring = 2 * 2 * defines["BQ"] * self.D * 2 + defines["BM"] * defines["BQ"] * 4
         need = dkdv_ring if kernel == "dkdv" else ring + q_rows
         if wg and need > local_mem:
             raise KernelBuildError(f"attention_mma.cl's wgmma {kernel} pass needs {need} bytes of local "
@@ -706,8 +691,7 @@ class _Problem:
             defines["NATIVE_EXP"] = None
         prg = kernels.program(self.device, "attention_mma.cl", dtype=self.dtype, options=("-cl-mad-enable",),
                               ptx_target="sm_90a" if wg and not MMA_EMULATE else None, **defines)
-        # a warp: 16 RB query rows (the dk/dv pass: 16 keys; WG_PAIR: two warpgroups share them)
-        threads = tiles["BM"] // (16 * rb) * 32 * (1 + tiles.get("WG_PAIR", 0))
+        threads = tiles["BM"] // (16 * rb) * 32   # a warp: 16 RB query rows (the dk/dv pass: 16 keys)
         rows, heads = (self.SK, self.HKV) if kernel == "dkdv" else (self.SQ, self.HQ)
         per_group = tiles["BM"]   # query rows a work-group (dk/dv: keys, 16 a warp)
         k = getattr(prg, {"forward": "attention_forward_mma", "dq": "attention_backward_dq_mma",
@@ -1012,10 +996,10 @@ def _template_key(kind: str, q: Any, k: Any, v: Any, causal: Any, scale: Any, ma
     if (mask is not None and type(mask) is not Tensor) or (kv_len is not None and type(kv_len) is not Tensor):
         return None
     return ("attention", kind, _layout(q), _layout(k), _layout(v), causal, scale, _layout(mask),
-            _layout(kv_len), *extra, id(MMA_TILES), WGMMA_PASSES, WGMMA_128, WG_PAIRS_128, MMA_EMULATE,
-            GPU_MMA, GPU_NATIVE_EXP, variant_override, MMA_RB_MAX_HEAD_DIM, MMA_BACKWARD_MAX_HEAD_DIM,
-            GPU_PREFETCH, id(CPU_TILES), id(GPU_GRIDS), GPU_TF32X3, id(TF32_TILES), TF32_MAX_HEAD_DIM,
-            GPU_BACKWARD, GPU_ROW_SHFL, GPU_DQ_ATOMIC, GPU_DQ_SPLIT_ADD, DECODE_MAX_ROWS, get_deterministic())
+            _layout(kv_len), *extra, id(MMA_TILES), WGMMA_PASSES, WGMMA_128, MMA_EMULATE, GPU_MMA,
+            GPU_NATIVE_EXP, variant_override, MMA_RB_MAX_HEAD_DIM, MMA_BACKWARD_MAX_HEAD_DIM, GPU_PREFETCH,
+            id(CPU_TILES), id(GPU_GRIDS), GPU_TF32X3, id(TF32_TILES), TF32_MAX_HEAD_DIM, GPU_BACKWARD,
+            GPU_ROW_SHFL, GPU_DQ_ATOMIC, GPU_DQ_SPLIT_ADD, DECODE_MAX_ROWS, get_deterministic())
 
 
 def _recorded(key: tuple, inputs: tuple, run: Any) -> Any:

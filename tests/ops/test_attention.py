@@ -1128,13 +1128,11 @@ def test_matrix_units_on_warpgroup_units(queue, rng, mma_emulated, monkeypatch, 
 def test_matrix_unit_passes_on_warpgroup_units_at_head_dim_128(queue, rng, mma_emulated, monkeypatch):
     """WGMMA_128: the three passes at head dim 128 on wgmma (each row as two swizzled 64-column halves; the
     forward and dq over 32-key tiles, the dq pass's dO as fragments in registers; the dk/dv pass over
-    16-row query tiles, k and v in local memory; with WG_PAIRS_128 the forward on two warpgroups with q's
-    fragments in registers and the dk/dv pass over 32-row query tiles on two warpgroups, k's and v's
-    fragments in registers, p^T passed between them through local memory; emulated from the same tiles and
-    descriptors where the device has no wgmma), against float64 NumPy and against the mma.sync passes: GQA,
+    16-row query tiles, k and v in local memory; emulated from the same tiles and descriptors where the
+    device has no wgmma), against float64 NumPy and against the mma.sync passes: GQA,
     causal rows ending inside a tile, rows that see no key (causal under kv_len), kv_len and dropout over
-    five key tiles (both ring stages), two query work-groups of the forward and three key work-groups; then
-    full rows under a bool mask (the masked tiles' path)."""
+    five key tiles (both ring stages), three query work-groups and three key work-groups; then full rows
+    under a bool mask (the masked tiles' path)."""
     if not attn.MMA_EMULATE and not attn.has_wgmma(queue.device):
         pytest.skip("the device runs mma.sync but not wgmma (its emulation runs on the CPUs)")
     B, HQ, HKV, SQ, SK, D = 1, 2, 1, 147, 150, 128
@@ -1168,10 +1166,7 @@ def test_matrix_unit_passes_on_warpgroup_units_at_head_dim_128(queue, rng, mma_e
         out, lse = ops.flash_attention_forward(nq, nk, nv, **opts)
         return (out, lse) + ops.flash_attention_backward(nq, nk, nv, out, lse, ng, **opts)
 
-    # (the one-warpgroup passes, then WG_PAIRS_128's two-warpgroup forward and dk/dv, each in both cases)
-    for pairs, causal, extra in ((False, True, True), (False, False, False), (True, True, True),
-                                 (True, False, False)):
-        monkeypatch.setattr(attn, "WG_PAIRS_128", pairs)
+    for causal, extra in ((True, True), (False, False)):
         opts = options(causal, extra)
         got = run(("forward", "dq", "dkdv"), opts)
         ref_opts = {"mask": mask}   # (the extra options' case has no mask)
