@@ -1129,10 +1129,10 @@ def test_matrix_unit_passes_on_warpgroup_units_at_head_dim_128(queue, rng, mma_e
     """WGMMA_128: the three passes at head dim 128 on wgmma (each row as two swizzled 64-column halves; the
     forward and dq over 32-key tiles, the dq pass's dO as fragments in registers; the dk/dv pass over
     16-row query tiles, k and v in local memory; emulated from the same tiles and descriptors where the
-    device has no wgmma), against float64 NumPy and against the mma.sync passes: GQA,
-    causal rows ending inside a tile, rows that see no key (causal under kv_len), kv_len and dropout over
-    five key tiles (both ring stages), three query work-groups and three key work-groups; then full rows
-    under a bool mask (the masked tiles' path)."""
+    device has no wgmma), against float64 NumPy and against the mma.sync passes: GQA, causal rows ending
+    inside a tile, rows that see no key (causal under kv_len), kv_len and dropout over five key tiles (both
+    ring stages), three query work-groups and three key work-groups; then full rows under a bool mask (the
+    masked tiles' path)."""
     if not attn.MMA_EMULATE and not attn.has_wgmma(queue.device):
         pytest.skip("the device runs mma.sync but not wgmma (its emulation runs on the CPUs)")
     B, HQ, HKV, SQ, SK, D = 1, 2, 1, 147, 150, 128
