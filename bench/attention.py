@@ -309,8 +309,14 @@ def main() -> int:
     ap.add_argument("--wgmma-128", default="",
                     help="half at head dim 128: these passes on wgmma (attn.WGMMA_128, default all three; "
                     "Hopper): a comma list of forward, dq, dkdv, or none (all on mma.sync)")
+    ap.add_argument("--dkdv-bq-128", default="",
+                    help="half at head dim 128 on wgmma: also time netcl with the dk/dv pass's query tiles of "
+                    "each of these rows (attn.DKDV_128_BQ: a comma list of 16, 32)")
     ap.add_argument("--out", default="bench/results/attention.json")
     args = ap.parse_args()
+    dkdv_bqs = [int(x) for x in args.dkdv_bq_128.split(",") if x.strip().isdigit()]
+    if args.dkdv_bq_128 and (len(dkdv_bqs) != len(args.dkdv_bq_128.split(",")) or not set(dkdv_bqs) <= {16, 32}):
+        ap.error(f"--dkdv-bq-128: a comma list of 16, 32, got {args.dkdv_bq_128!r}")
     if args.no_tf32:
         attn.GPU_TF32X3 = False
     if args.wgmma_128:
@@ -448,6 +454,28 @@ def main() -> int:
                 for name, ms in r["kernels"] or ():
                     print(f"{'':16}  kernel {name:<40}{ms:9.3f} ms")
         attn.MMA_TILES = base
+    if dkdv_bqs:
+        base_bq = attn.DKDV_128_BQ
+        for case in (c for c in cases if c.backward):
+            arrays = {n: rng.standard_normal((case.B, case.H, case.SQ if n in "qg" else case.SK,
+                                              case.D)).astype(dtype) for n in "qkvg"}
+            attn.DKDV_128_BQ = base_bq
+            ref = [np.asarray(a, np.float64) for a in run_netcl(case, arrays, dev, 1)["results"]]
+            for bq in dkdv_bqs:
+                attn.DKDV_128_BQ = bq
+                try:
+                    r = run_netcl(case, arrays, dev, repeat, args.kernels)
+                except Exception as exc:  # a configuration the device cannot build is reported, not fatal
+                    print(f"dkdv bq {bq:3} {case.name:16} failed: {exc}"[:300], flush=True)
+                    continue
+                sec, err = r["seconds"], max(rel_err(g, w) for g, w in zip(r["results"], ref, strict=True))
+                rows.append({"case": case.name, "dkdv_bq_128": bq, "seconds": sec, "rel_err_to_default": err,
+                             "kernels": r["kernels"]})
+                print(f"dkdv bq {bq:3} {case.name:16} {sec * 1e3:9.3f} ms {case.flops() / sec / 1e9:9.0f} "
+                      f"GFLOP/s  err to the default {err:.1e}", flush=True)
+                for name, ms in r["kernels"] or ():
+                    print(f"{'':16}  kernel {name:<40}{ms:9.3f} ms")
+        attn.DKDV_128_BQ = base_bq
     if args.gpu:
         if args.dtype == "float32":
             print(f"limit: FP32 peak ~{FP32_PEAK_GPU / 1e12:.0f} TFLOP/s; target (issue 26) fwd+bwd full "

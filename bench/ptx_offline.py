@@ -8,7 +8,7 @@ this clang, so the counts are estimates (the k-means kernel's registers came wit
 bench/NOTES.md), but a kernel that does not assemble here, or spills here, is worth knowing about before a
 device call.
 
-    python bench/ptx_offline.py [--d 128] [--dtype bfloat16] [--clang clang-15] [--ptxas ptxas]
+    python bench/ptx_offline.py [--d 128] [--dtype bfloat16] [--dkdv-bq 16|32] [--clang clang-15] [--ptxas ptxas]
 """
 
 from __future__ import annotations
@@ -107,18 +107,29 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--d", type=int, default=128, help="attention head dim (64 or 128)")
     ap.add_argument("--dtype", default="bfloat16", choices=("float16", "bfloat16"))
+    ap.add_argument("--dkdv-bq", type=int, default=None, choices=(16, 32),
+                    help="the dk/dv pass's query rows a tile at head dim 128 (netcl.ops.attention.DKDV_128_BQ)")
     ap.add_argument("--clang", default="clang-15")
     ap.add_argument("--ptxas", default="ptxas")
+    ap.add_argument("--keep", type=Path, default=None,
+                    help="a folder for each pass's PTX and cubin (PASS.ptx, PASS.cubin: nvdisasm reads the latter)")
     args = ap.parse_args()
     for tool in (args.clang, args.ptxas):
         if shutil.which(tool) is None:
             sys.exit(f"bench/ptx_offline.py: {tool} is not on PATH (--clang / --ptxas name another)")
     if args.d not in (64, 128):
         sys.exit(f"bench/ptx_offline.py: --d must be 64 or 128 (the wgmma passes' head dims), got {args.d}")
+    if args.dkdv_bq is not None:
+        attn.DKDV_128_BQ = args.dkdv_bq
     with tempfile.TemporaryDirectory() as tmp:
         for name, filename, defines in attention_builds(args.d, args.dtype):
-            tiles = {k: defines[k] for k in ("BM", "BN", "BQ", "WG_SS") if k in defines}
+            tiles = {k: defines[k] for k in ("BM", "BN", "BQ", "DKDV_STAGES", "WG_SS") if k in defines}
             report = assemble(filename, defines, args.clang, args.ptxas, Path(tmp))
+            if args.keep is not None:
+                args.keep.mkdir(parents=True, exist_ok=True)
+                for ext in ("ptx", "cubin"):
+                    if (Path(tmp) / f"k.{ext}").exists():
+                        shutil.copyfile(Path(tmp) / f"k.{ext}", args.keep / f"{name}.{ext}")
             print(f"{name:8} {tiles}\n         {report}")
 
 

@@ -289,8 +289,9 @@ inline void issue_tile(__local ushort *dst, __global const ushort *base, const l
 #error "attention_mma.cl MMA_WG forward and dq pass: HEAD_DIM 64, BN 64, RB 1, 64 rows a warpgroup, and the ring"
 #elif MMA_PASS == 3 && HEAD_DIM != 128 && (HEAD_DIM != 64 || BQ != 64 || (BM % 64) || !DKDV_RING || DSPLIT != 1)
 #error "attention_mma.cl MMA_WG dk/dv pass: HEAD_DIM 64, BQ 64, 64 keys a warpgroup, and the ring"
-#elif MMA_PASS == 3 && HEAD_DIM == 128 && (BQ != 16 || BM != 64 || !DKDV_RING || DSPLIT != 1 || !WG_SS || !WG_KN)
-#error "attention_mma.cl MMA_WG dk/dv pass at HEAD_DIM 128: BQ 16, one warpgroup (BM 64), the ring, WG_SS, WG_KN"
+#elif MMA_PASS == 3 && HEAD_DIM == 128 && ((BQ != 16 && BQ != 32) || (BQ == 32) != (DKDV_STAGES == 1) \
+      || BM != 64 || !DKDV_RING || DSPLIT != 1 || !WG_SS || !WG_KN)
+#error "attention_mma.cl MMA_WG dk/dv pass at HEAD_DIM 128: BQ 16 (two stages) or 32 (one), one warpgroup (BM 64), the ring, WG_SS, WG_KN"
 #elif MMA_PASS != 1 && MMA_PASS != 2 && MMA_PASS != 3
 #error "attention_mma.cl MMA_WG: the forward (MMA_PASS 1), the dq (2) or the dk/dv pass (3) alone"
 #endif
@@ -401,6 +402,13 @@ inline void wg_emulate_ss(float acc[][4], __local const uchar *atile, const ulon
         WGR_(acc, a[0], tile, d0, 1, TRANS);                                                            \
         WGR_((acc + 8), a[0], tile, d1, 1, TRANS);                                                      \
     } while (0)
+#define WGR_HALVES2(acc, a, tile, d00, d01, d10, d11, TRANS)                                           \
+    do {                                                                                                \
+        WGR_(acc, a[0], tile, d00, 1, TRANS);                                                           \
+        WGR_(acc, a[1], tile, d01, 1, TRANS);                                                           \
+        WGR_((acc + 8), a[0], tile, d10, 1, TRANS);                                                     \
+        WGR_((acc + 8), a[1], tile, d11, 1, TRANS);                                                     \
+    } while (0)
 #define WG_WAIT_ACC(x, y)
 #define WG_WAIT_ACC16(x)
 #define WG_WAIT_ACC16X2(x, y)
@@ -486,6 +494,25 @@ inline void wg_emulate_ss(float acc[][4], __local const uchar *atile, const ulon
                      "wgmma.commit_group.sync.aligned; wgmma.wait_group.sync.aligned 0; }")             \
                  : WG_ACC(acc), WG_ACC((acc + 8))                                                       \
                  : "r"(a[0][0]), "r"(a[0][1]), "r"(a[0][2]), "r"(a[0][3]), "l"(d0), "l"(d1), "r"(1)      \
+                 : "memory")
+// the same over k = 32 (a[0..1]: a 32-row tile; dXY the descriptor of half X's k step Y): four products
+#define WG_HALF_STEP(ACC, A, D, TRANS)                                                                  \
+    "wgmma.mma_async.sync.aligned.m64n64k16.f32." WG_TYPE "." WG_TYPE " {" ACC "}, {" A "}, " D ", p, 1, 1, " \
+    #TRANS "; "
+#define WG_ACC_0 "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24," \
+                 "%25,%26,%27,%28,%29,%30,%31"
+#define WG_ACC_1 "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53," \
+                 "%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"
+#define WGR_HALVES2(acc, a, tile, d00, d01, d10, d11, TRANS)                                           \
+    asm volatile(NCW("{ .reg .pred p; setp.ne.b32 p, %76, 0; wgmma.fence.sync.aligned; "                \
+                     WG_HALF_STEP(WG_ACC_0, "%64,%65,%66,%67", "%72", TRANS)                            \
+                     WG_HALF_STEP(WG_ACC_0, "%68,%69,%70,%71", "%73", TRANS)                            \
+                     WG_HALF_STEP(WG_ACC_1, "%64,%65,%66,%67", "%74", TRANS)                            \
+                     WG_HALF_STEP(WG_ACC_1, "%68,%69,%70,%71", "%75", TRANS)                            \
+                     "wgmma.commit_group.sync.aligned; wgmma.wait_group.sync.aligned 0; }")             \
+                 : WG_ACC(acc), WG_ACC((acc + 8))                                                       \
+                 : "r"(a[0][0]), "r"(a[0][1]), "r"(a[0][2]), "r"(a[0][3]), "r"(a[1][0]), "r"(a[1][1]),  \
+                   "r"(a[1][2]), "r"(a[1][3]), "l"(d00), "l"(d01), "l"(d10), "l"(d11), "r"(1)            \
                  : "memory")
 // WGR_TILE over k = 32 (a[0..1]: a 32-row tile)
 #define WGR_TILE2(acc, a, tile, at, DESC, accumulate, TRANS)                                            \
@@ -1087,6 +1114,16 @@ void attention_backward_dq_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(grad_
 #ifndef DKDV_RING
 #define DKDV_RING 0
 #endif
+// the ring's stages: 2; 1 (MMA_WG at head dim 128 with 32-row query tiles: k, v and one stage fill 48 KB)
+// issues each tile once every warp is done with the last one and waits for it at once, the SM's other
+// work-group computing meanwhile
+#ifndef DKDV_STAGES
+#define DKDV_STAGES 2
+#endif
+#if DKDV_STAGES != 2 && !(DKDV_STAGES == 1 && MMA_WG && WG_SS)
+#error "attention_mma.cl DKDV_STAGES: 2, or 1 with MMA_WG and WG_SS"
+#endif
+#define QSTAGE(it) (DKDV_STAGES == 2 ? (it) & 1 : 0)   // the ring stage of query tile `it`
 // rows of the dk/dv pass's two tiles: k's and v's KEYS rows first, then the query tiles (two stages with
 // the ring)
 #if (1 + DKDV_RING) * BQ > KEYS
@@ -1112,8 +1149,9 @@ void attention_backward_dkdv_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(gra
 #if KEYS != 64
 #error "attention_mma.cl WG_SS: 64 keys a work-group (one warpgroup: 48 KB of local memory)"
 #endif
-    // (head dim 128: 16-row query tiles, each row two swizzled halves; k, v and the ring 48 KB exactly)
-    __local uint4 qs4[2 * TILE_ELEMS(BQ) / 8], gs4[2 * TILE_ELEMS(BQ) / 8];   // the ring's q and dO tiles
+    // (head dim 128: 16-row query tiles in two stages or 32-row ones in one, each row two swizzled halves;
+    // k, v and the ring 48 KB exactly)
+    __local uint4 qs4[DKDV_STAGES * TILE_ELEMS(BQ) / 8], gs4[DKDV_STAGES * TILE_ELEMS(BQ) / 8];   // q's, dO's
     __local uint4 kw4[TILE_ELEMS(KEYS) / 8], vw4[TILE_ELEMS(KEYS) / 8];       // k's and v's rows: A operands
 #define ROW_LSE(jb, e) lse_c[jb][(e) & 1]
 #define ROW_DELTA(jb, e) delta_c[jb][(e) & 1]
@@ -1194,21 +1232,29 @@ void attention_backward_dkdv_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(gra
 #if !(MMA_WG && WG_SS)
     barrier(CLK_LOCAL_MEM_FENCE);   // k's and v's fragments are read: the tiles' memory is free
 #endif
+#if DKDV_STAGES == 2
     if (total > 0) ISSUE_QTILE(0, 0);
+#endif
     CP_COMMIT();
 #endif
     for (int it = 0; it < total; ++it) {
         QTILE_AT(it);
         const long mbase = mask_off + b * mask_sb + h * mask_sh;
 #if DKDV_RING
-        __local ushort *const qs = QTILE_STAGE(qsb, it & 1), *const gs = QTILE_STAGE(gsb, it & 1);
+        __local ushort *const qs = QTILE_STAGE(qsb, QSTAGE(it)), *const gs = QTILE_STAGE(gsb, QSTAGE(it));
 #if !(MMA_WG && WG_SS)
         __local float *const rowv = rowvb + (it & 1) * 2 * BQ;
 #endif
         barrier(CLK_LOCAL_MEM_FENCE);   // every warp is done with tile it - 1: its stage is free
+#if DKDV_STAGES == 2
         if (it + 1 < total) ISSUE_QTILE(it + 1, (it + 1) & 1);
         CP_COMMIT();
         CP_WAIT1();                     // this work-item's copies of tile it have landed
+#else
+        ISSUE_QTILE(it, 0);
+        CP_COMMIT();
+        CP_WAIT0();                     // this work-item's copies of tile it have landed
+#endif
         STREAM_FENCE();                 // (MMA_WG: ... and are visible to the matrix units)
         barrier(CLK_LOCAL_MEM_FENCE);   // ... and everyone's
 #else
@@ -1227,7 +1273,13 @@ void attention_backward_dkdv_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(gra
         float st[QB][4], dpt[QB][4];
 #if MMA_WG
         // (the first k step overwrites the accumulators: no register writes between the fence and the units)
-        const uint qat = qbase + (it & 1) * TILE_ELEMS(BQ) * 2, gat = gbase + (it & 1) * TILE_ELEMS(BQ) * 2;
+#if DKDV_STAGES == 1
+        // (one stage: the tiles' descriptors are loop-invariant; made each tile, as two stages' are, rather
+        // than kept in registers all along, through WG_FRESH's zero)
+        const uint zq_ = WG_ZERO(), qat = qbase ^ zq_, gat = gbase ^ zq_;
+#else
+        const uint qat = qbase + QSTAGE(it) * TILE_ELEMS(BQ) * 2, gat = gbase + QSTAGE(it) * TILE_ELEMS(BQ) * 2;
+#endif
 #if WG_SS
         // this lane's 16 query columns' lse and delta, read while the units work (rows past SQ: p = 0)
         float lse_c[QB][2], delta_c[QB][2];
@@ -1237,10 +1289,18 @@ void attention_backward_dkdv_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(gra
             for (int e = 0; e < 2; ++e) {
                 const int c = i0 + jb * 8 + 2 * t + e;
                 lse_c[jb][e] = c < SQ ? lse[hrow0 + c] : INFINITY;
+#if BQ != 32
                 delta_c[jb][e] = c < SQ ? delta[hrow0 + c] : 0.0f;
+#endif
             }
         WG_FENCE();
-#if HEAD_DIM == 128   // s^T and dp^T as m64n16, 8 k steps over both halves of the rows
+#if HEAD_DIM == 128 && BQ == 32   // s^T and dp^T as m64n32, 8 k steps over both halves of the rows
+        #pragma unroll
+        for (int kk = 0; kk < DK; ++kk) {
+            WGS32(st, kw4, DESC_KMH(kat, kk, KEYS), qsb, DESC_KMH(qat, kk, BQ), kk > 0);
+            WGS32(dpt, vw4, DESC_KMH(vat, kk, KEYS), gsb, DESC_KMH(gat, kk, BQ), kk > 0);
+        }
+#elif HEAD_DIM == 128   // the same as m64n16
         #pragma unroll
         for (int kk = 0; kk < DK; ++kk) {
             WGS16(st, kw4, DESC_KMH(kat, kk, KEYS), qsb, DESC_KMH(qat, kk, BQ), kk > 0);
@@ -1271,7 +1331,17 @@ void attention_backward_dkdv_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(gra
 #undef vf
 #endif
         WG_COMMIT();
-#if HEAD_DIM == 128
+#if HEAD_DIM == 128 && BQ == 32
+        WG_WAIT_ACC16X2(st, dpt);
+        // (delta read once the products are done: registers for m64n32's accumulators)
+        #pragma unroll
+        for (int jb = 0; jb < QB; ++jb)
+            #pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int c = i0 + jb * 8 + 2 * t + e;
+                delta_c[jb][e] = c < SQ ? delta[hrow0 + c] : 0.0f;
+            }
+#elif HEAD_DIM == 128
         WG_WAIT_ACC8X2(st, dpt);
 #else
         WG_WAIT_ACC(st, dpt);
@@ -1317,7 +1387,13 @@ void attention_backward_dkdv_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(gra
             PACK_A(pa, jb, st[jb]);
             PACK_A(da, jb, dpt[jb]);
         }
-#if MMA_WG && WG_KN && HEAD_DIM == 128
+#if MMA_WG && WG_KN && HEAD_DIM == 128 && BQ == 32
+        // dv += (p z)^T dO, dk += ds^T q by 64-column halves: the 32-row tiles read MN-major, two k steps
+        WGR_HALVES2(dva, pa, gsb, DESC_MN(gat, 0), DESC_MN(gat, 1), DESC_MN(gat + BQ * WG_ROW, 0),
+                    DESC_MN(gat + BQ * WG_ROW, 1), 1);
+        WGR_HALVES2(dka, da, qsb, DESC_MN(qat, 0), DESC_MN(qat, 1), DESC_MN(qat + BQ * WG_ROW, 0),
+                    DESC_MN(qat + BQ * WG_ROW, 1), 1);
+#elif MMA_WG && WG_KN && HEAD_DIM == 128
         // dv += (p z)^T dO, dk += ds^T q by 64-column halves: the 16-row tiles read MN-major
         WGR_HALVES1(dva, pa, gsb, DESC_MN(gat, 0), DESC_MN(gat + BQ * WG_ROW, 0), 1);
         WGR_HALVES1(dka, da, qsb, DESC_MN(qat, 0), DESC_MN(qat + BQ * WG_ROW, 0), 1);

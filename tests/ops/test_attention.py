@@ -1125,16 +1125,23 @@ def test_matrix_units_on_warpgroup_units(queue, rng, mma_emulated, monkeypatch, 
 
 
 @pytest.mark.gpu_shaped
-def test_matrix_unit_passes_on_warpgroup_units_at_head_dim_128(queue, rng, mma_emulated, monkeypatch):
+@pytest.mark.parametrize("dkdv_bq", [16, 32])
+def test_matrix_unit_passes_on_warpgroup_units_at_head_dim_128(queue, rng, mma_emulated, monkeypatch, dkdv_bq):
     """WGMMA_128: the three passes at head dim 128 on wgmma (each row as two swizzled 64-column halves; the
     forward and dq over 32-key tiles, the dq pass's dO as fragments in registers; the dk/dv pass over
-    16-row query tiles, k and v in local memory; emulated from the same tiles and descriptors where the
-    device has no wgmma), against float64 NumPy and against the mma.sync passes: GQA, causal rows ending
-    inside a tile, rows that see no key (causal under kv_len), kv_len and dropout over five key tiles (both
-    ring stages), three query work-groups and three key work-groups; then full rows under a bool mask (the
-    masked tiles' path)."""
+    16-row query tiles in two ring stages or 32-row ones in one (DKDV_128_BQ), k and v in local memory;
+    emulated from the same tiles and descriptors where the device has no wgmma), against float64 NumPy and
+    against the mma.sync passes: GQA, causal rows ending inside a tile, rows that see no key (causal under
+    kv_len), kv_len and dropout over five key tiles (both ring stages), three query work-groups and three
+    key work-groups; then full rows under a bool mask (the masked tiles' path)."""
     if not attn.MMA_EMULATE and not attn.has_wgmma(queue.device):
         pytest.skip("the device runs mma.sync but not wgmma (its emulation runs on the CPUs)")
+    monkeypatch.setattr(attn, "WGMMA_PASSES", ("forward", "dq", "dkdv"))
+    monkeypatch.setattr(attn, "DKDV_128_BQ", 24)
+    with pytest.raises(ValueError, match="DKDV_128_BQ must be 16 or 32"):
+        attn._Problem("test", *(dev(queue, np.zeros((1, 1, 16, 128), np.float16)) for _ in "qkv"), True, None,
+                      None, 0.0, None).launch_mma("dkdv")
+    monkeypatch.setattr(attn, "DKDV_128_BQ", dkdv_bq)
     B, HQ, HKV, SQ, SK, D = 1, 2, 1, 147, 150, 128
     q, k, v, g = (a.astype(np.float16) for a in inputs(rng, B, HQ, HKV, SQ, SK, D))
     nq, nk, nv, ng = (dev(queue, a) for a in (q, k, v, g))
