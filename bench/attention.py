@@ -310,12 +310,13 @@ def main() -> int:
                     help="half at head dim 128: these passes on wgmma (attn.WGMMA_128, default all three; "
                     "Hopper): a comma list of forward, dq, dkdv, or none (all on mma.sync)")
     ap.add_argument("--dkdv-bq-128", default="",
-                    help="half at head dim 128 on wgmma: also time netcl with the dk/dv pass's query tiles of "
-                    "each of these rows (attn.DKDV_128_BQ: a comma list of 16, 32)")
+                    help="half at head dim 128 on wgmma: also time netcl with the dk/dv pass's query tiles "
+                    "of each of these rows (attn.DKDV_128_BQ: a comma list of 16, 32)")
     ap.add_argument("--out", default="bench/results/attention.json")
     args = ap.parse_args()
-    dkdv_bqs = [int(x) for x in args.dkdv_bq_128.split(",") if x.strip().isdigit()]
-    if args.dkdv_bq_128 and (len(dkdv_bqs) != len(args.dkdv_bq_128.split(",")) or not set(dkdv_bqs) <= {16, 32}):
+    words = args.dkdv_bq_128.split(",") if args.dkdv_bq_128 else []
+    dkdv_bqs = [int(x) for x in words if x.strip().isdigit()]
+    if len(dkdv_bqs) != len(words) or not set(dkdv_bqs) <= {16, 32}:
         ap.error(f"--dkdv-bq-128: a comma list of 16, 32, got {args.dkdv_bq_128!r}")
     if args.no_tf32:
         attn.GPU_TF32X3 = False

@@ -8,7 +8,8 @@ this clang, so the counts are estimates (the k-means kernel's registers came wit
 bench/NOTES.md), but a kernel that does not assemble here, or spills here, is worth knowing about before a
 device call.
 
-    python bench/ptx_offline.py [--d 128] [--dtype bfloat16] [--dkdv-bq 16|32] [--clang clang-15] [--ptxas ptxas]
+    python bench/ptx_offline.py [--d 128] [--dtype bfloat16] [--dkdv-bq 16|32] [--keep DIR]
+                                [--clang clang-15] [--ptxas ptxas]
 """
 
 from __future__ import annotations
@@ -108,11 +109,11 @@ def main() -> None:
     ap.add_argument("--d", type=int, default=128, help="attention head dim (64 or 128)")
     ap.add_argument("--dtype", default="bfloat16", choices=("float16", "bfloat16"))
     ap.add_argument("--dkdv-bq", type=int, default=None, choices=(16, 32),
-                    help="the dk/dv pass's query rows a tile at head dim 128 (netcl.ops.attention.DKDV_128_BQ)")
+                    help="the dk/dv pass's query rows a tile at head dim 128 (attention.DKDV_128_BQ)")
     ap.add_argument("--clang", default="clang-15")
     ap.add_argument("--ptxas", default="ptxas")
     ap.add_argument("--keep", type=Path, default=None,
-                    help="a folder for each pass's PTX and cubin (PASS.ptx, PASS.cubin: nvdisasm reads the latter)")
+                    help="a folder for each pass's PTX and cubin (PASS.ptx, PASS.cubin: nvdisasm reads it)")
     args = ap.parse_args()
     for tool in (args.clang, args.ptxas):
         if shutil.which(tool) is None:

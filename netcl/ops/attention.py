@@ -1005,8 +1005,8 @@ def _template_key(kind: str, q: Any, k: Any, v: Any, causal: Any, scale: Any, ma
     return ("attention", kind, _layout(q), _layout(k), _layout(v), causal, scale, _layout(mask),
             _layout(kv_len), *extra, id(MMA_TILES), WGMMA_PASSES, WGMMA_128, DKDV_128_BQ, MMA_EMULATE,
             GPU_MMA, GPU_NATIVE_EXP, variant_override, MMA_RB_MAX_HEAD_DIM, MMA_BACKWARD_MAX_HEAD_DIM,
-            GPU_PREFETCH, id(CPU_TILES), id(GPU_GRIDS), GPU_TF32X3, id(TF32_TILES), TF32_MAX_HEAD_DIM, GPU_BACKWARD,
-            GPU_ROW_SHFL, GPU_DQ_ATOMIC, GPU_DQ_SPLIT_ADD, DECODE_MAX_ROWS, get_deterministic())
+            GPU_PREFETCH, id(CPU_TILES), id(GPU_GRIDS), GPU_TF32X3, id(TF32_TILES), TF32_MAX_HEAD_DIM,
+            GPU_BACKWARD, GPU_ROW_SHFL, GPU_DQ_ATOMIC, GPU_DQ_SPLIT_ADD, DECODE_MAX_ROWS, get_deterministic())
 
 
 def _recorded(key: tuple, inputs: tuple, run: Any) -> Any:

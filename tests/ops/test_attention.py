@@ -1126,7 +1126,8 @@ def test_matrix_units_on_warpgroup_units(queue, rng, mma_emulated, monkeypatch, 
 
 @pytest.mark.gpu_shaped
 @pytest.mark.parametrize("dkdv_bq", [16, 32])
-def test_matrix_unit_passes_on_warpgroup_units_at_head_dim_128(queue, rng, mma_emulated, monkeypatch, dkdv_bq):
+def test_matrix_unit_passes_on_warpgroup_units_at_head_dim_128(queue, rng, mma_emulated, monkeypatch,
+                                                               dkdv_bq):
     """WGMMA_128: the three passes at head dim 128 on wgmma (each row as two swizzled 64-column halves; the
     forward and dq over 32-key tiles, the dq pass's dO as fragments in registers; the dk/dv pass over
     16-row query tiles in two ring stages or 32-row ones in one (DKDV_128_BQ), k and v in local memory;
