@@ -309,15 +309,25 @@ def main() -> int:
     ap.add_argument("--wgmma-128", default="",
                     help="half at head dim 128: these passes on wgmma (attn.WGMMA_128, default all three; "
                     "Hopper): a comma list of forward, dq, dkdv, or none (all on mma.sync)")
-    ap.add_argument("--dkdv-bq-128", default="",
-                    help="half at head dim 128 on wgmma: also time netcl with the dk/dv pass's query tiles "
-                    "of each of these rows (attn.DKDV_128_BQ: a comma list of 16, 32)")
+    ap.add_argument("--switches", default="",
+                    help="also time netcl under each of these settings of netcl.ops.attention's switches, a "
+                    'JSON list of objects, e.g. \'[{"DKDV_128_BQ": 16}, {"FORWARD_128_BN": 64}]\' '
+                    "(MMA_TILES: merged into the default tiles)")
     ap.add_argument("--out", default="bench/results/attention.json")
     args = ap.parse_args()
-    words = args.dkdv_bq_128.split(",") if args.dkdv_bq_128 else []
-    dkdv_bqs = [int(x) for x in words if x.strip().isdigit()]
-    if len(dkdv_bqs) != len(words) or not set(dkdv_bqs) <= {16, 32}:
-        ap.error(f"--dkdv-bq-128: a comma list of 16, 32, got {args.dkdv_bq_128!r}")
+    try:
+        switch_sets = json.loads(args.switches) if args.switches else []
+        if args.mma_tiles:
+            switch_sets += [{"MMA_TILES": tiles} for tiles in json.loads(args.mma_tiles)]
+        if not isinstance(switch_sets, list) or not all(isinstance(x, dict) for x in switch_sets):
+            raise ValueError("not a list of objects")
+        if any(not isinstance(x.get("MMA_TILES", {}), dict) for x in switch_sets):
+            raise ValueError("MMA_TILES: an object of tiles")
+        for name in {n for x in switch_sets for n in x}:
+            if not name.isupper() or not hasattr(attn, name):
+                raise ValueError(f"netcl.ops.attention has no switch {name!r}")
+    except ValueError as exc:
+        ap.error(f"--switches / --mma-tiles: {exc}")
     if args.no_tf32:
         attn.GPU_TF32X3 = False
     if args.wgmma_128:
@@ -432,51 +442,31 @@ def main() -> int:
               f"{memory['peak_over_tensor']:.2f} x one (B,H,S,D) tensor; one head's S x S would be "
               f"{memory['one_head_SxS_bytes'] / 2**20:.0f} MiB")
     sweep_rows = sweep(dev, B, H, S, D, repeat, False, args.sweep_only) if args.sweep else None
-    if args.mma_tiles:
-        base = dict(attn.MMA_TILES)
+    if switch_sets:
+        saved = {name: getattr(attn, name) for x in switch_sets for name in x}
         for case in cases:
             arrays = {n: rng.standard_normal((case.B, case.H, case.SQ if n in "qg" else case.SK,
                                               case.D)).astype(dtype) for n in "qkvg"}
-            attn.MMA_TILES = base   # the default tiles' results on these inputs: each row's error is to them
             ref = [np.asarray(a, np.float64) for a in run_netcl(case, arrays, dev, 1)["results"]]
-            for tiles in json.loads(args.mma_tiles):
-                attn.MMA_TILES = {**base, **tiles}
+            for switches in switch_sets:
+                for name, value in switches.items():   # (MMA_TILES: merged into the default tiles)
+                    setattr(attn, name, {**saved[name], **value} if name == "MMA_TILES" else value)
                 try:
                     r = run_netcl(case, arrays, dev, repeat, args.kernels)
-                except Exception as exc:  # a tile the device cannot build is reported, not fatal
-                    print(f"mma tiles {json.dumps(tiles):32} {case.name:16} failed: {exc}"[:300], flush=True)
+                except Exception as exc:  # a setting the device cannot build is reported, not fatal
+                    print(f"switches {json.dumps(switches):32} {case.name:16} failed: {exc}"[:300],
+                          flush=True)
                     continue
+                finally:
+                    for name, value in saved.items():
+                        setattr(attn, name, value)
                 sec, err = r["seconds"], max(rel_err(g, w) for g, w in zip(r["results"], ref, strict=True))
-                rows.append({"case": case.name, "mma_tiles": attn.MMA_TILES, "seconds": sec,
+                rows.append({"case": case.name, "switches": switches, "seconds": sec,
                              "rel_err_to_default": err, "kernels": r["kernels"]})
-                print(f"mma tiles {json.dumps(tiles):32} {case.name:16} {sec * 1e3:9.3f} ms "
-                      f"{case.flops() / sec / 1e9:9.0f} GFLOP/s  err to the default tiles {err:.1e}",
-                      flush=True)
+                print(f"switches {json.dumps(switches):32} {case.name:16} {sec * 1e3:9.3f} ms "
+                      f"{case.flops() / sec / 1e9:9.0f} GFLOP/s  err to the default {err:.1e}", flush=True)
                 for name, ms in r["kernels"] or ():
                     print(f"{'':16}  kernel {name:<40}{ms:9.3f} ms")
-        attn.MMA_TILES = base
-    if dkdv_bqs:
-        base_bq = attn.DKDV_128_BQ
-        for case in (c for c in cases if c.backward):
-            arrays = {n: rng.standard_normal((case.B, case.H, case.SQ if n in "qg" else case.SK,
-                                              case.D)).astype(dtype) for n in "qkvg"}
-            attn.DKDV_128_BQ = base_bq
-            ref = [np.asarray(a, np.float64) for a in run_netcl(case, arrays, dev, 1)["results"]]
-            for bq in dkdv_bqs:
-                attn.DKDV_128_BQ = bq
-                try:
-                    r = run_netcl(case, arrays, dev, repeat, args.kernels)
-                except Exception as exc:  # a configuration the device cannot build is reported, not fatal
-                    print(f"dkdv bq {bq:3} {case.name:16} failed: {exc}"[:300], flush=True)
-                    continue
-                sec, err = r["seconds"], max(rel_err(g, w) for g, w in zip(r["results"], ref, strict=True))
-                rows.append({"case": case.name, "dkdv_bq_128": bq, "seconds": sec, "rel_err_to_default": err,
-                             "kernels": r["kernels"]})
-                print(f"dkdv bq {bq:3} {case.name:16} {sec * 1e3:9.3f} ms {case.flops() / sec / 1e9:9.0f} "
-                      f"GFLOP/s  err to the default {err:.1e}", flush=True)
-                for name, ms in r["kernels"] or ():
-                    print(f"{'':16}  kernel {name:<40}{ms:9.3f} ms")
-        attn.DKDV_128_BQ = base_bq
     if args.gpu:
         if args.dtype == "float32":
             print(f"limit: FP32 peak ~{FP32_PEAK_GPU / 1e12:.0f} TFLOP/s; target (issue 26) fwd+bwd full "

@@ -8,8 +8,8 @@ this clang, so the counts are estimates (the k-means kernel's registers came wit
 bench/NOTES.md), but a kernel that does not assemble here, or spills here, is worth knowing about before a
 device call.
 
-    python bench/ptx_offline.py [--d 128] [--dtype bfloat16] [--dkdv-bq 16|32] [--keep DIR]
-                                [--clang clang-15] [--ptxas ptxas]
+    python bench/ptx_offline.py [--d 128] [--dtype bfloat16] [--dkdv-bq 16|32] [--forward-bn 32|64]
+                                [--keep DIR] [--clang clang-15] [--ptxas ptxas]
 """
 
 from __future__ import annotations
@@ -110,6 +110,8 @@ def main() -> None:
     ap.add_argument("--dtype", default="bfloat16", choices=("float16", "bfloat16"))
     ap.add_argument("--dkdv-bq", type=int, default=None, choices=(16, 32),
                     help="the dk/dv pass's query rows a tile at head dim 128 (attention.DKDV_128_BQ)")
+    ap.add_argument("--forward-bn", type=int, default=None, choices=(32, 64),
+                    help="the forward's keys a tile at head dim 128 (attention.FORWARD_128_BN)")
     ap.add_argument("--clang", default="clang-15")
     ap.add_argument("--ptxas", default="ptxas")
     ap.add_argument("--keep", type=Path, default=None,
@@ -122,9 +124,12 @@ def main() -> None:
         sys.exit(f"bench/ptx_offline.py: --d must be 64 or 128 (the wgmma passes' head dims), got {args.d}")
     if args.dkdv_bq is not None:
         attn.DKDV_128_BQ = args.dkdv_bq
+    if args.forward_bn is not None:
+        attn.FORWARD_128_BN = args.forward_bn
     with tempfile.TemporaryDirectory() as tmp:
         for name, filename, defines in attention_builds(args.d, args.dtype):
-            tiles = {k: defines[k] for k in ("BM", "BN", "BQ", "DKDV_STAGES", "WG_SS") if k in defines}
+            names = ("BM", "BN", "BQ", "KV_STAGES", "DKDV_STAGES", "WG_SS")
+            tiles = {k: defines[k] for k in names if k in defines}
             report = assemble(filename, defines, args.clang, args.ptxas, Path(tmp))
             if args.keep is not None:
                 args.keep.mkdir(parents=True, exist_ok=True)

@@ -79,6 +79,16 @@
 #ifndef PREFETCH
 #define PREFETCH 0
 #endif
+// the ring's stages: 2; 1 (the wgmma forward at head dim 128 with 64-key tiles: q, k and v fill 48 KB) issues
+// each tile once every warp is done with the last one and waits for it at once, the SM's other work-group
+// computing meanwhile
+#ifndef KV_STAGES
+#define KV_STAGES 2
+#endif
+#if KV_STAGES != 2 && !(KV_STAGES == 1 && PREFETCH)
+#error "attention_mma.cl KV_STAGES: 2, or 1 with PREFETCH"
+#endif
+#define KV_STAGE(it) (KV_STAGES == 2 ? (it) & 1 : 0)   // the ring stage of key tile `it`
 // rows of the forward's and dq's k and v buffers: the ring's stages, and the BM rows of q (and dO) that pass
 // through them first
 #define KV_ROWS ((1 + PREFETCH) * BN > BM ? (1 + PREFETCH) * BN : BM)
@@ -172,7 +182,18 @@ inline void issue_tile(__local ushort *dst, __global const ushort *base, const l
 #define TILE_ELEMS(rows) ((rows) * DPAD)
 #define ISSUE_TILE(dst, base, stride, first, count, limit, tid) issue_tile(dst, base, stride, first, count, limit, tid)
 #define STREAM_FENCE()
-#if PREFETCH
+#if PREFETCH && KV_STAGES == 1
+#define STREAM_BEGIN_AT(abuf, bbuf, abase, astride, bbase, bstride, ROWS, END, r0)
+#define STREAM_NEXT_AT(abuf, bbuf, abase, astride, bbase, bstride, ROWS, END, r0, as_, bs_)              \
+    __local ushort *const as_ = (abuf), *const bs_ = (bbuf);                                            \
+    barrier(CLK_LOCAL_MEM_FENCE);       /* every warp is done with the tile before: the stage is free */ \
+    ISSUE_TILE(abuf, abase, astride, r0, ROWS, END, tid);                                               \
+    ISSUE_TILE(bbuf, bbase, bstride, r0, ROWS, END, tid);                                               \
+    CP_COMMIT();                                                                                        \
+    CP_WAIT0();                         /* this work-item's copies of the tile have landed */            \
+    STREAM_FENCE();                                                                                     \
+    barrier(CLK_LOCAL_MEM_FENCE)        /* ... and everyone's */
+#elif PREFETCH
 #define STREAM_BEGIN_AT(abuf, bbuf, abase, astride, bbase, bstride, ROWS, END, r0)                      \
     barrier(CLK_LOCAL_MEM_FENCE);       /* the reads of the first stage before the loop are done */     \
     if ((r0) < (END)) {                                                                                 \
@@ -282,8 +303,9 @@ inline void issue_tile(__local ushort *dst, __global const ushort *base, const l
 #endif
 #if MMA_WG
 #if (MMA_PASS == 1 || MMA_PASS == 2) && HEAD_DIM == 128 \
-    && (BN != 32 || BM != 64 || RB != 1 || !PREFETCH || !WG_KN || WG_SS)
-#error "attention_mma.cl MMA_WG forward and dq pass at HEAD_DIM 128: BN 32, one warpgroup (BM 64), RB 1, the ring, WG_KN"
+    && (!(BN == 32 && KV_STAGES == 2) && !(MMA_PASS == 1 && BN == 64 && KV_STAGES == 1) \
+        || BM != 64 || RB != 1 || !PREFETCH || !WG_KN || WG_SS)
+#error "attention_mma.cl MMA_WG forward and dq pass at HEAD_DIM 128: BN 32 (two stages; the forward: or 64, one), one warpgroup (BM 64), RB 1, the ring, WG_KN"
 #elif (MMA_PASS == 1 || MMA_PASS == 2) && HEAD_DIM != 128 \
     && (HEAD_DIM != 64 || BN != 64 || RB != 1 || (BM % 64) || !PREFETCH)
 #error "attention_mma.cl MMA_WG forward and dq pass: HEAD_DIM 64, BN 64, RB 1, 64 rows a warpgroup, and the ring"
@@ -609,8 +631,8 @@ void attention_forward_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARGS, LEN_AR
                            __global ACC *lse, const int HQ, const int GROUP, const int SQ, const int SK,
                            const int causal, const ACC scale, DROP_ARGS)
 {
-#if MMA_WG   // the ring's two stages of unpadded swizzled rows (q has its own buffer below)
-    __local uint4 ks4[2 * BN * HEAD_DIM / 8], vs4[2 * BN * HEAD_DIM / 8];
+#if MMA_WG   // the ring's stages of unpadded swizzled rows (q has its own buffer below)
+    __local uint4 ks4[KV_STAGES * BN * HEAD_DIM / 8], vs4[KV_STAGES * BN * HEAD_DIM / 8];
 #else
     __local uint4 ks4[KV_ROWS * DPAD / 8], vs4[KV_ROWS * DPAD / 8];
 #endif
@@ -677,8 +699,8 @@ void attention_forward_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARGS, LEN_AR
         float s[RB][NB][4];
 #if MMA_WG
         // (RB 1: s[0] and o[0] are the warpgroup's 64 x 64 accumulators; the first k step overwrites s)
-        const uint kat = WG_BASE(ksb) + (it & 1) * TILE_ELEMS(BN) * 2;
-        const uint vat = WG_BASE(vsb) + (it & 1) * TILE_ELEMS(BN) * 2;
+        const uint kat = WG_BASE(ksb) + KV_STAGE(it) * TILE_ELEMS(BN) * 2;
+        const uint vat = WG_BASE(vsb) + KV_STAGE(it) * TILE_ELEMS(BN) * 2;
         WG_FENCE();
         #pragma unroll   // (head dim 128: 8 k steps over the two halves of q's and k's rows)
         for (int kk = 0; kk < DK; ++kk) WGS_S(s[0], qw4, DESC_KMH(qat, kk, BM), ksb, DESC_KMH(kat, kk, BN), kk > 0);
@@ -756,7 +778,11 @@ void attention_forward_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARGS, LEN_AR
             #pragma unroll
             for (int jb = 0; jb < NB; ++jb) PACK_A(pa[rb], jb, s[rb][jb]);
         }
-#if MMA_WG && WG_KN && HEAD_DIM == 128
+#if MMA_WG && WG_KN && HEAD_DIM == 128 && BN == 64
+        // o += p v by 64-column halves: p from registers, each half of the v tile read MN-major, k = 64
+        WGR_TILE(o[0], pa[0], vsb, vat, DESC_MN, 1, 1);
+        WGR_TILE((o[0] + 8), pa[0], vsb, vat + BN * WG_ROW, DESC_MN, 1, 1);
+#elif MMA_WG && WG_KN && HEAD_DIM == 128
         // o += p v by 64-column halves: p from registers, each half of the v tile read MN-major
         WGR_TILE2(o[0], pa[0], vsb, vat, DESC_MN, 1, 1);
         WGR_TILE2((o[0] + 8), pa[0], vsb, vat + BN * WG_ROW, DESC_MN, 1, 1);
@@ -1004,8 +1030,8 @@ void attention_backward_dq_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(grad_
         float s[RB][NB][4], dp[RB][NB][4];
 #if MMA_WG
         // (RB 1: s[0], dp[0] are the warpgroup's 64 x 64 accumulators; the first k step overwrites them)
-        const uint kat = WG_BASE(ksb) + (it & 1) * TILE_ELEMS(BN) * 2;
-        const uint vat = WG_BASE(vsb) + (it & 1) * TILE_ELEMS(BN) * 2;
+        const uint kat = WG_BASE(ksb) + KV_STAGE(it) * TILE_ELEMS(BN) * 2;
+        const uint vat = WG_BASE(vsb) + KV_STAGE(it) * TILE_ELEMS(BN) * 2;
 #if HEAD_DIM == 128
         // s (m64n32) from q's rows in local memory, dp from dO's fragments; 8 k steps over both halves
         WG_FRESH(gf, ga[0]);

@@ -185,10 +185,14 @@ WGMMA_PASSES: tuple[str, ...] | None = None
 # bfloat16, B=8 H=16 S=2048 D=128, causal, one call: forward 0.675 -> 0.437 ms, dq 0.786 -> 0.664, dk/dv
 # 1.755 -> 1.174 (fwd+bwd 0.37x -> 0.52x SDPA; full 0.46x); () = all three on mma.sync at 128.
 WGMMA_128: tuple[str, ...] = ("forward", "dq", "dkdv")
-# The dk/dv pass's query rows a tile on wgmma at head dim 128: 16 (two ring stages, s^T and dp^T as m64n16),
-# or 32 (one stage, loaded between two barriers while the SM's other work-group computes; s^T and dp^T as
-# m64n32: k's and v's tiles read from local memory once for 32 query rows, not 16).
-DKDV_128_BQ = 16
+# The dk/dv pass's query rows a tile on wgmma at head dim 128: 32 (one ring stage, loaded between two barriers
+# while the SM's other work-group computes; s^T and dp^T as m64n32: k's and v's tiles read from local memory
+# once for 32 query rows) or 16 (two stages, m64n16). H100, bfloat16, B=8 H=16 S=2048 D=128, one call: dk/dv
+# 1.174 -> 0.857 ms causal, 2.217 -> 1.784 full (fwd+bwd 0.51x -> 0.60x SDPA causal, 0.44x -> 0.49x full).
+DKDV_128_BQ = 32
+# The forward's keys a tile on wgmma at head dim 128: 32 (two ring stages beside q's 64 rows, s as m64n32) or
+# 64 (one stage, s as m64n64: q's tile read once for 64 keys).
+FORWARD_128_BN = 32
 MMA_RB_MAX_HEAD_DIM = 64
 # The matrix-unit backward (dq pass, then dk/dv: no atomics) keeps k's and v's fragments and dk, dv in
 # registers: whole up to head dim 64; above it each dk/dv work-group takes half of dk's and dv's columns
@@ -645,8 +649,12 @@ class _Problem:
                     raise ValueError(f"DKDV_128_BQ must be 16 or 32, got {DKDV_128_BQ!r}")
                 fixed = {"BQ": DKDV_128_BQ, "DKDV_RING": 1, "DKDV_STAGES": 2 if DKDV_128_BQ == 16 else 1,
                          "BM": 64, "WG_KN": 1, "WG_SS": 1}
-            elif self.D == 128:   # (one warpgroup, 32-key tiles, to fit 48 KB; dO's rows in registers)
-                fixed = {"BN": 32, "RB": 1, "PREFETCH": 1, "BM": 64, "WG_KN": 1, "WG_SS": 0}
+            elif self.D == 128:   # (one warpgroup, 32-key tiles twice or 64 once: 48 KB; dO in registers)
+                bn = FORWARD_128_BN if kernel == "forward" else 32
+                if bn not in (32, 64):
+                    raise ValueError(f"FORWARD_128_BN must be 32 or 64, got {bn!r}")
+                fixed = {"BN": bn, "KV_STAGES": 2 if bn == 32 else 1, "RB": 1, "PREFETCH": 1, "BM": 64,
+                         "WG_KN": 1, "WG_SS": 0}
             tiles.update(MMA_TILES.get(f"{kernel}_wg", {}), **fixed, MMA_WG=1)
             if tiles["BM"] % 64:
                 raise ValueError(f"MMA_TILES['{kernel}_wg']: BM must be a multiple of 64 (rows of whole "
@@ -672,7 +680,7 @@ class _Problem:
         # score product's A operand; the backward passes with WG_SS their rows beside the ring)
         q_rows = 0
         if wg and (kernel == "forward" or (kernel == "dq" and self.D == 128)):   # (k, v unpadded)
-            ring = 2 * 2 * defines["BN"] * self.D * 2
+            ring = defines.get("KV_STAGES", 2) * 2 * defines["BN"] * self.D * 2
             q_rows = defines["BM"] * self.D * 2
         if tiles.get("WG_SS"):   # (the unpadded stages; lse and delta in registers, or before the ring)
             dkdv_ring = (2 * defines.get("DKDV_STAGES", 2) * defines["BQ"] + 2 * defines["BM"]) * self.D * 2
@@ -1003,10 +1011,11 @@ def _template_key(kind: str, q: Any, k: Any, v: Any, causal: Any, scale: Any, ma
     if (mask is not None and type(mask) is not Tensor) or (kv_len is not None and type(kv_len) is not Tensor):
         return None
     return ("attention", kind, _layout(q), _layout(k), _layout(v), causal, scale, _layout(mask),
-            _layout(kv_len), *extra, id(MMA_TILES), WGMMA_PASSES, WGMMA_128, DKDV_128_BQ, MMA_EMULATE,
-            GPU_MMA, GPU_NATIVE_EXP, variant_override, MMA_RB_MAX_HEAD_DIM, MMA_BACKWARD_MAX_HEAD_DIM,
-            GPU_PREFETCH, id(CPU_TILES), id(GPU_GRIDS), GPU_TF32X3, id(TF32_TILES), TF32_MAX_HEAD_DIM,
-            GPU_BACKWARD, GPU_ROW_SHFL, GPU_DQ_ATOMIC, GPU_DQ_SPLIT_ADD, DECODE_MAX_ROWS, get_deterministic())
+            _layout(kv_len), *extra, id(MMA_TILES), WGMMA_PASSES, WGMMA_128, DKDV_128_BQ, FORWARD_128_BN,
+            MMA_EMULATE, GPU_MMA, GPU_NATIVE_EXP, variant_override, MMA_RB_MAX_HEAD_DIM,
+            MMA_BACKWARD_MAX_HEAD_DIM, GPU_PREFETCH, id(CPU_TILES), id(GPU_GRIDS), GPU_TF32X3, id(TF32_TILES),
+            TF32_MAX_HEAD_DIM, GPU_BACKWARD, GPU_ROW_SHFL, GPU_DQ_ATOMIC, GPU_DQ_SPLIT_ADD, DECODE_MAX_ROWS,
+            get_deterministic())
 
 
 def _recorded(key: tuple, inputs: tuple, run: Any) -> Any:
