@@ -311,8 +311,8 @@ def main() -> int:
                     "Hopper): a comma list of forward, dq, dkdv, or none (all on mma.sync)")
     ap.add_argument("--switches", default="",
                     help="also time netcl under each of these settings of netcl.ops.attention's switches, a "
-                    'JSON list of objects, e.g. \'[{"DKDV_128_BQ": 16}, {"FORWARD_128_BN": 64}]\' '
-                    "(MMA_TILES: merged into the default tiles)")
+                    'JSON list of objects, e.g. \'[{"TILES_128": {"dkdv": 16}}, {"WGMMA_128": []}]\' '
+                    "(an object's value, as MMA_TILES's, merged into the switch's default)")
     ap.add_argument("--out", default="bench/results/attention.json")
     args = ap.parse_args()
     try:
@@ -321,11 +321,12 @@ def main() -> int:
             switch_sets += [{"MMA_TILES": tiles} for tiles in json.loads(args.mma_tiles)]
         if not isinstance(switch_sets, list) or not all(isinstance(x, dict) for x in switch_sets):
             raise ValueError("not a list of objects")
-        if any(not isinstance(x.get("MMA_TILES", {}), dict) for x in switch_sets):
-            raise ValueError("MMA_TILES: an object of tiles")
-        for name in {n for x in switch_sets for n in x}:
-            if not name.isupper() or not hasattr(attn, name):
-                raise ValueError(f"netcl.ops.attention has no switch {name!r}")
+        for switches in switch_sets:
+            for name, value in switches.items():
+                if not name.isupper() or not hasattr(attn, name):
+                    raise ValueError(f"netcl.ops.attention has no switch {name!r}")
+                if isinstance(getattr(attn, name), dict) and not isinstance(value, dict):
+                    raise ValueError(f"{name}: an object (merged into the default's), got {value!r}")
     except ValueError as exc:
         ap.error(f"--switches / --mma-tiles: {exc}")
     if args.no_tf32:
@@ -449,8 +450,10 @@ def main() -> int:
                                               case.D)).astype(dtype) for n in "qkvg"}
             ref = [np.asarray(a, np.float64) for a in run_netcl(case, arrays, dev, 1)["results"]]
             for switches in switch_sets:
-                for name, value in switches.items():   # (MMA_TILES: merged into the default tiles)
-                    setattr(attn, name, {**saved[name], **value} if name == "MMA_TILES" else value)
+                for name, value in switches.items():   # (an object merged into the default's; a list a tuple)
+                    if isinstance(saved[name], dict):
+                        value = {**saved[name], **value}
+                    setattr(attn, name, tuple(value) if isinstance(value, list) else value)
                 try:
                     r = run_netcl(case, arrays, dev, repeat, args.kernels)
                 except Exception as exc:  # a setting the device cannot build is reported, not fatal

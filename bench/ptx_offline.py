@@ -8,13 +8,14 @@ this clang, so the counts are estimates (the k-means kernel's registers came wit
 bench/NOTES.md), but a kernel that does not assemble here, or spills here, is worth knowing about before a
 device call.
 
-    python bench/ptx_offline.py [--d 128] [--dtype bfloat16] [--dkdv-bq 16|32] [--forward-bn 32|64]
+    python bench/ptx_offline.py [--d 128] [--dtype bfloat16] [--tiles-128 JSON]
                                 [--keep DIR] [--clang clang-15] [--ptxas ptxas]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import shutil
 import subprocess
@@ -108,10 +109,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--d", type=int, default=128, help="attention head dim (64 or 128)")
     ap.add_argument("--dtype", default="bfloat16", choices=("float16", "bfloat16"))
-    ap.add_argument("--dkdv-bq", type=int, default=None, choices=(16, 32),
-                    help="the dk/dv pass's query rows a tile at head dim 128 (attention.DKDV_128_BQ)")
-    ap.add_argument("--forward-bn", type=int, default=None, choices=(32, 64),
-                    help="the forward's keys a tile at head dim 128 (attention.FORWARD_128_BN)")
+    ap.add_argument("--tiles-128", type=json.loads, default=None,
+                    help='the streamed tiles at head dim 128: a JSON object over attention.TILES_128')
     ap.add_argument("--clang", default="clang-15")
     ap.add_argument("--ptxas", default="ptxas")
     ap.add_argument("--keep", type=Path, default=None,
@@ -122,10 +121,8 @@ def main() -> None:
             sys.exit(f"bench/ptx_offline.py: {tool} is not on PATH (--clang / --ptxas name another)")
     if args.d not in (64, 128):
         sys.exit(f"bench/ptx_offline.py: --d must be 64 or 128 (the wgmma passes' head dims), got {args.d}")
-    if args.dkdv_bq is not None:
-        attn.DKDV_128_BQ = args.dkdv_bq
-    if args.forward_bn is not None:
-        attn.FORWARD_128_BN = args.forward_bn
+    if args.tiles_128 is not None:
+        attn.TILES_128 = {**attn.TILES_128, **args.tiles_128}
     with tempfile.TemporaryDirectory() as tmp:
         for name, filename, defines in attention_builds(args.d, args.dtype):
             names = ("BM", "BN", "BQ", "KV_STAGES", "DKDV_STAGES", "WG_SS")

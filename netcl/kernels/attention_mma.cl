@@ -303,9 +303,9 @@ inline void issue_tile(__local ushort *dst, __global const ushort *base, const l
 #endif
 #if MMA_WG
 #if (MMA_PASS == 1 || MMA_PASS == 2) && HEAD_DIM == 128 \
-    && (!(BN == 32 && KV_STAGES == 2) && !(MMA_PASS == 1 && BN == 64 && KV_STAGES == 1) \
+    && (!(BN == 32 && KV_STAGES == 2) && !(BN == 64 && KV_STAGES == 1) \
         || BM != 64 || RB != 1 || !PREFETCH || !WG_KN || WG_SS)
-#error "attention_mma.cl MMA_WG forward and dq pass at HEAD_DIM 128: BN 32 (two stages; the forward: or 64, one), one warpgroup (BM 64), RB 1, the ring, WG_KN"
+#error "attention_mma.cl MMA_WG forward and dq pass at HEAD_DIM 128: BN 32 (two stages) or 64 (one), one warpgroup (BM 64), RB 1, the ring, WG_KN"
 #elif (MMA_PASS == 1 || MMA_PASS == 2) && HEAD_DIM != 128 \
     && (HEAD_DIM != 64 || BN != 64 || RB != 1 || (BM % 64) || !PREFETCH)
 #error "attention_mma.cl MMA_WG forward and dq pass: HEAD_DIM 64, BN 64, RB 1, 64 rows a warpgroup, and the ring"
@@ -903,7 +903,7 @@ void attention_backward_dq_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(grad_
     // the ring's two stages of 32-key k and v tiles (16 KB each), q's 64 rows (16 KB) as the score product's
     // A operand by descriptor (as the forward's); dO's rows pass through the k stages (swizzled, 16 KB) into
     // registers (dp's A operand), lse and delta through the v stages, before the ring starts
-    __local uint4 ks4[2 * BN * HEAD_DIM / 8], vs4[2 * BN * HEAD_DIM / 8], qw4[BM * HEAD_DIM / 8];
+    __local uint4 ks4[KV_STAGES * BN * HEAD_DIM / 8], vs4[KV_STAGES * BN * HEAD_DIM / 8], qw4[BM * HEAD_DIM / 8];
     __local float *const rowv = (__local float *)vs4;
 #elif MMA_WG && WG_SS
 #if BM != 64
@@ -1032,7 +1032,18 @@ void attention_backward_dq_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(grad_
         // (RB 1: s[0], dp[0] are the warpgroup's 64 x 64 accumulators; the first k step overwrites them)
         const uint kat = WG_BASE(ksb) + KV_STAGE(it) * TILE_ELEMS(BN) * 2;
         const uint vat = WG_BASE(vsb) + KV_STAGE(it) * TILE_ELEMS(BN) * 2;
-#if HEAD_DIM == 128
+#if HEAD_DIM == 128 && BN == 64
+        // s (m64n64) from q's rows in local memory, dp from dO's fragments; 8 k steps over both halves
+        WG_FRESH(gf, ga[0]);
+        WG_FENCE();
+        #pragma unroll
+        for (int kk = 0; kk < DK; ++kk) {
+            WGS(s[0], qw4, DESC_KMH(qat, kk, BM), ksb, DESC_KMH(kat, kk, BN), kk > 0);
+            WGR(dp[0], gf[kk], vsb, DESC_KMH(vat, kk, BN), kk > 0);
+        }
+        WG_COMMIT();
+        WG_WAIT_ACC(s[0], dp[0]);
+#elif HEAD_DIM == 128
         // s (m64n32) from q's rows in local memory, dp from dO's fragments; 8 k steps over both halves
         WG_FRESH(gf, ga[0]);
         WG_FENCE();
@@ -1116,7 +1127,11 @@ void attention_backward_dq_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(grad_
                 PACK_A(da[rb], jb, ds);
             }
         }
-#if MMA_WG && WG_KN && HEAD_DIM == 128
+#if MMA_WG && WG_KN && HEAD_DIM == 128 && BN == 64
+        // dq += ds k by 64-column halves: ds from registers, each half of the k tile read MN-major, k = 64
+        WGR_TILE(dqa[0], da[0], ksb, kat, DESC_MN, 1, 1);
+        WGR_TILE((dqa[0] + 8), da[0], ksb, kat + BN * WG_ROW, DESC_MN, 1, 1);
+#elif MMA_WG && WG_KN && HEAD_DIM == 128
         // dq += ds k by 64-column halves: ds from registers, each half of the k tile read MN-major
         WGR_TILE2(dqa[0], da[0], ksb, kat, DESC_MN, 1, 1);
         WGR_TILE2((dqa[0] + 8), da[0], ksb, kat + BN * WG_ROW, DESC_MN, 1, 1);

@@ -185,14 +185,14 @@ WGMMA_PASSES: tuple[str, ...] | None = None
 # bfloat16, B=8 H=16 S=2048 D=128, causal, one call: forward 0.675 -> 0.437 ms, dq 0.786 -> 0.664, dk/dv
 # 1.755 -> 1.174 (fwd+bwd 0.37x -> 0.52x SDPA; full 0.46x); () = all three on mma.sync at 128.
 WGMMA_128: tuple[str, ...] = ("forward", "dq", "dkdv")
-# The dk/dv pass's query rows a tile on wgmma at head dim 128: 32 (one ring stage, loaded between two barriers
-# while the SM's other work-group computes; s^T and dp^T as m64n32: k's and v's tiles read from local memory
-# once for 32 query rows) or 16 (two stages, m64n16). H100, bfloat16, B=8 H=16 S=2048 D=128, one call: dk/dv
-# 1.174 -> 0.857 ms causal, 2.217 -> 1.784 full (fwd+bwd 0.51x -> 0.60x SDPA causal, 0.44x -> 0.49x full).
-DKDV_128_BQ = 32
-# The forward's keys a tile on wgmma at head dim 128: 32 (two ring stages beside q's 64 rows, s as m64n32) or
-# 64 (one stage, s as m64n64: q's tile read once for 64 keys).
-FORWARD_128_BN = 32
+# The passes' streamed tiles on wgmma at head dim 128: keys a tile of the forward and the dq pass (32 or 64),
+# query rows a tile of the dk/dv pass (16 or 32). The smaller size runs a two-stage ring; the larger one
+# stage (48 KB hold no second), each tile loaded between two barriers while the SM's other work-group
+# computes, and the score products twice as wide (m64n64 or m64n32: the A tile in local memory, q or k and
+# v, read once for twice the columns). H100, bfloat16, B=8 H=16 S=2048 D=128, kernel ms, the two sizes in
+# one call: forward 0.442 -> 0.402 causal, 0.751 -> 0.663 full; dk/dv 1.174 -> 0.857 causal, 2.217 -> 1.784
+# full (fwd+bwd 0.51x -> 0.60x SDPA causal, 0.44x -> 0.51x full).
+TILES_128 = {"forward": 64, "dq": 32, "dkdv": 32}
 MMA_RB_MAX_HEAD_DIM = 64
 # The matrix-unit backward (dq pass, then dk/dv: no atomics) keeps k's and v's fragments and dk, dv in
 # registers: whole up to head dim 64; above it each dk/dv work-group takes half of dk's and dv's columns
@@ -644,16 +644,15 @@ class _Problem:
             tiles.pop("RB", None)
         if wg:   # the units' tiles: 64 rows a warpgroup, 64-row streamed tiles through the ring
             fixed = {"BQ": 64, "DKDV_RING": 1} if kernel == "dkdv" else {"BN": 64, "RB": 1, "PREFETCH": 1}
+            size = TILES_128.get(kernel) if isinstance(TILES_128, dict) else None
+            sizes = (16, 32) if kernel == "dkdv" else (32, 64)
+            if self.D == 128 and size not in sizes:
+                raise ValueError(f"TILES_128[{kernel!r}] must be {sizes[0]} or {sizes[1]}, got {size!r}")
             if self.D == 128 and kernel == "dkdv":   # (64 keys, 16-row query tiles twice or 32 once: 48 KB)
-                if DKDV_128_BQ not in (16, 32):
-                    raise ValueError(f"DKDV_128_BQ must be 16 or 32, got {DKDV_128_BQ!r}")
-                fixed = {"BQ": DKDV_128_BQ, "DKDV_RING": 1, "DKDV_STAGES": 2 if DKDV_128_BQ == 16 else 1,
-                         "BM": 64, "WG_KN": 1, "WG_SS": 1}
+                fixed = {"BQ": size, "DKDV_RING": 1, "DKDV_STAGES": 2 if size == 16 else 1, "BM": 64,
+                         "WG_KN": 1, "WG_SS": 1}
             elif self.D == 128:   # (one warpgroup, 32-key tiles twice or 64 once: 48 KB; dO in registers)
-                bn = FORWARD_128_BN if kernel == "forward" else 32
-                if bn not in (32, 64):
-                    raise ValueError(f"FORWARD_128_BN must be 32 or 64, got {bn!r}")
-                fixed = {"BN": bn, "KV_STAGES": 2 if bn == 32 else 1, "RB": 1, "PREFETCH": 1, "BM": 64,
+                fixed = {"BN": size, "KV_STAGES": 2 if size == 32 else 1, "RB": 1, "PREFETCH": 1, "BM": 64,
                          "WG_KN": 1, "WG_SS": 0}
             tiles.update(MMA_TILES.get(f"{kernel}_wg", {}), **fixed, MMA_WG=1)
             if tiles["BM"] % 64:
@@ -1011,7 +1010,7 @@ def _template_key(kind: str, q: Any, k: Any, v: Any, causal: Any, scale: Any, ma
     if (mask is not None and type(mask) is not Tensor) or (kv_len is not None and type(kv_len) is not Tensor):
         return None
     return ("attention", kind, _layout(q), _layout(k), _layout(v), causal, scale, _layout(mask),
-            _layout(kv_len), *extra, id(MMA_TILES), WGMMA_PASSES, WGMMA_128, DKDV_128_BQ, FORWARD_128_BN,
+            _layout(kv_len), *extra, id(MMA_TILES), WGMMA_PASSES, WGMMA_128, id(TILES_128),
             MMA_EMULATE, GPU_MMA, GPU_NATIVE_EXP, variant_override, MMA_RB_MAX_HEAD_DIM,
             MMA_BACKWARD_MAX_HEAD_DIM, GPU_PREFETCH, id(CPU_TILES), id(GPU_GRIDS), GPU_TF32X3, id(TF32_TILES),
             TF32_MAX_HEAD_DIM, GPU_BACKWARD, GPU_ROW_SHFL, GPU_DQ_ATOMIC, GPU_DQ_SPLIT_ADD, DECODE_MAX_ROWS,

@@ -1125,13 +1125,13 @@ def test_matrix_units_on_warpgroup_units(queue, rng, mma_emulated, monkeypatch, 
 
 
 @pytest.mark.gpu_shaped
-@pytest.mark.parametrize("dkdv_bq, forward_bn", [(16, 32), (32, 64)])
-def test_matrix_unit_passes_on_warpgroup_units_at_head_dim_128(queue, rng, mma_emulated, monkeypatch,
-                                                               dkdv_bq, forward_bn):
+@pytest.mark.parametrize("tiles", [{"forward": 32, "dq": 32, "dkdv": 16},
+                                   {"forward": 64, "dq": 64, "dkdv": 32}])
+def test_matrix_unit_passes_on_warpgroup_units_at_head_dim_128(queue, rng, mma_emulated, monkeypatch, tiles):
     """WGMMA_128: the three passes at head dim 128 on wgmma (each row as two swizzled 64-column halves; the
-    forward over 32-key tiles in two ring stages or 64-key ones in one (FORWARD_128_BN), the dq pass over
-    32-key tiles, its dO as fragments in registers; the dk/dv pass over 16-row query tiles in two ring
-    stages or 32-row ones in one (DKDV_128_BQ), k and v in local memory;
+    forward and dq over 32-key tiles in two ring stages or 64-key ones in one, the dq pass's dO as fragments
+    in registers; the dk/dv pass over 16-row query tiles in two ring stages or 32-row ones in one
+    (TILES_128), k and v in local memory;
     emulated from the same tiles and descriptors where the device has no wgmma), against float64 NumPy and
     against the mma.sync passes: GQA, causal rows ending inside a tile, rows that see no key (causal under
     kv_len), kv_len and dropout over five key tiles (both ring stages), three query work-groups and three
@@ -1141,12 +1141,11 @@ def test_matrix_unit_passes_on_warpgroup_units_at_head_dim_128(queue, rng, mma_e
     monkeypatch.setattr(attn, "WGMMA_PASSES", ("forward", "dq", "dkdv"))
     small = attn._Problem("test", *(dev(queue, np.zeros((1, 1, 16, 128), np.float16)) for _ in "qkv"), True,
                           None, None, 0.0, None)
-    for name, bad, kernel in (("DKDV_128_BQ", 24, "dkdv"), ("FORWARD_128_BN", 16, "forward")):
-        monkeypatch.setattr(attn, name, bad)
-        with pytest.raises(ValueError, match=f"{name} must be"):
+    for kernel, bad in (("dkdv", 64), ("forward", 16), ("dq", None)):
+        monkeypatch.setattr(attn, "TILES_128", {**tiles, kernel: bad})
+        with pytest.raises(ValueError, match=rf"TILES_128\['{kernel}'\] must be"):
             small.launch_mma(kernel)
-    monkeypatch.setattr(attn, "DKDV_128_BQ", dkdv_bq)
-    monkeypatch.setattr(attn, "FORWARD_128_BN", forward_bn)
+    monkeypatch.setattr(attn, "TILES_128", tiles)
     B, HQ, HKV, SQ, SK, D = 1, 2, 1, 147, 150, 128
     q, k, v, g = (a.astype(np.float16) for a in inputs(rng, B, HQ, HKV, SQ, SK, D))
     nq, nk, nv, ng = (dev(queue, a) for a in (q, k, v, g))
