@@ -181,9 +181,10 @@ WGMMA_PASSES: tuple[str, ...] | None = None
 # that the head dim 64 descriptors read; the forward and dq pass over 32-key tiles, s (and dp) as m64n32, o
 # += p v and dq += ds k a half at a time, q's 64 rows and the ring's two stages exactly 48 KB, the dq pass's
 # dO as fragments in registers; the dk/dv pass with k's and v's 64 rows in local memory and 16-row query
-# tiles through the ring (48 KB), s^T and dp^T as m64n16, dk and dv whole in registers, no DSPLIT). H100,
-# bfloat16, B=8 H=16 S=2048 D=128, causal, one call: forward 0.675 -> 0.437 ms, dq 0.786 -> 0.664, dk/dv
-# 1.755 -> 1.174 (fwd+bwd 0.37x -> 0.52x SDPA; full 0.46x); () = all three on mma.sync at 128.
+# tiles through the ring (48 KB), s^T and dp^T as m64n16, dk and dv whole in registers, no DSPLIT; TILES_128
+# below: the tiles' sizes). Before TILES_128, H100, bfloat16, B=8 H=16 S=2048 D=128, causal, one call:
+# forward 0.675 -> 0.437 ms, dq 0.786 -> 0.664, dk/dv 1.755 -> 1.174 (fwd+bwd 0.37x -> 0.52x SDPA; full
+# 0.46x); () = all three on mma.sync at 128.
 WGMMA_128: tuple[str, ...] = ("forward", "dq", "dkdv")
 # The passes' streamed tiles on wgmma at head dim 128: keys a tile of the forward and the dq pass (32 or 64),
 # query rows a tile of the dk/dv pass (16 or 32). The smaller size runs a two-stage ring; the larger one
