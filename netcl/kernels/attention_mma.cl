@@ -1173,6 +1173,18 @@ void attention_backward_dq_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(grad_
 #define QROWS KEYS
 #endif
 
+// this lane's 16 query columns' lse and delta (of query tile i0 of head h; rows past SQ: p = 0), with WG_SS
+#define LSE_DELTA_COLS()                                                                                \
+    float lse_c[QB][2], delta_c[QB][2];                                                                 \
+    _Pragma("unroll")                                                                                   \
+    for (int jb = 0; jb < QB; ++jb)                                                                     \
+        _Pragma("unroll")                                                                               \
+        for (int e = 0; e < 2; ++e) {                                                                   \
+            const int c = i0 + jb * 8 + 2 * t + e;                                                      \
+            lse_c[jb][e] = c < SQ ? lse[hrow0 + c] : INFINITY;                                          \
+            delta_c[jb][e] = c < SQ ? delta[hrow0 + c] : 0.0f;                                          \
+        }
+
 // query tile `it` of the dk/dv pass's sequence (head gi = it / ntiles of the kv head's GROUP, rows istart +
 // (it % ntiles) * BQ ..): its first row i0, head h, the rows' first index hrow0 in lse / delta
 #define QTILE_AT(it)                                                                                    \
@@ -1294,6 +1306,7 @@ void attention_backward_dkdv_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(gra
 #else
         ISSUE_QTILE(it, 0);
         CP_COMMIT();
+        LSE_DELTA_COLS();               // (read while the tile is in flight)
         CP_WAIT0();                     // this work-item's copies of tile it have landed
 #endif
         STREAM_FENCE();                 // (MMA_WG: ... and are visible to the matrix units)
@@ -1322,18 +1335,9 @@ void attention_backward_dkdv_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(gra
         const uint qat = qbase + QSTAGE(it) * TILE_ELEMS(BQ) * 2, gat = gbase + QSTAGE(it) * TILE_ELEMS(BQ) * 2;
 #endif
 #if WG_SS
-        // this lane's 16 query columns' lse and delta, read while the units work (rows past SQ: p = 0)
-        float lse_c[QB][2], delta_c[QB][2];
-        #pragma unroll
-        for (int jb = 0; jb < QB; ++jb)
-            #pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const int c = i0 + jb * 8 + 2 * t + e;
-                lse_c[jb][e] = c < SQ ? lse[hrow0 + c] : INFINITY;
-#if BQ != 32
-                delta_c[jb][e] = c < SQ ? delta[hrow0 + c] : 0.0f;
+#if DKDV_STAGES == 2
+        LSE_DELTA_COLS();   // (read while the units work)
 #endif
-            }
         WG_FENCE();
 #if HEAD_DIM == 128 && BQ == 32   // s^T and dp^T as m64n32, 8 k steps over both halves of the rows
         #pragma unroll
@@ -1374,14 +1378,6 @@ void attention_backward_dkdv_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(gra
         WG_COMMIT();
 #if HEAD_DIM == 128 && BQ == 32
         WG_WAIT_ACC16X2(st, dpt);
-        // (delta read once the products are done: registers for m64n32's accumulators)
-        #pragma unroll
-        for (int jb = 0; jb < QB; ++jb)
-            #pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const int c = i0 + jb * 8 + 2 * t + e;
-                delta_c[jb][e] = c < SQ ? delta[hrow0 + c] : 0.0f;
-            }
 #elif HEAD_DIM == 128
         WG_WAIT_ACC8X2(st, dpt);
 #else
