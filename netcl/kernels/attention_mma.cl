@@ -89,26 +89,6 @@
 #error "attention_mma.cl KV_STAGES: 2, or 1 with PREFETCH"
 #endif
 #define KV_STAGE(it) (KV_STAGES == 2 ? (it) & 1 : 0)   // the ring stage of key tile `it`
-// SPLIT_WAIT 1 (the one-stage rings at head dim 128 on wgmma; no effect elsewhere): a tile's two halves (k and v; q and dO) in two
-// copy groups, the products that read the first issued once it has landed, the second waited for after
-// them (one barrier more a tile, the second half's copy overlapping the first products)
-#ifndef SPLIT_WAIT
-#define SPLIT_WAIT 0
-#endif
-#if SPLIT_WAIT
-#define SPLIT_COMMIT() CP_COMMIT()
-#define SPLIT_FIRST() CP_WAIT1()
-#define STREAM_SECOND()                                                                                 \
-    do {                                                                                                \
-        CP_WAIT0();                                                                                     \
-        STREAM_FENCE();                                                                                 \
-        barrier(CLK_LOCAL_MEM_FENCE);                                                                   \
-    } while (0)
-#else
-#define SPLIT_COMMIT()
-#define SPLIT_FIRST() CP_WAIT0()
-#define STREAM_SECOND()
-#endif
 // rows of the forward's and dq's k and v buffers: the ring's stages, and the BM rows of q (and dO) that pass
 // through them first
 #define KV_ROWS ((1 + PREFETCH) * BN > BM ? (1 + PREFETCH) * BN : BM)
@@ -208,10 +188,9 @@ inline void issue_tile(__local ushort *dst, __global const ushort *base, const l
     __local ushort *const as_ = (abuf), *const bs_ = (bbuf);                                            \
     barrier(CLK_LOCAL_MEM_FENCE);       /* every warp is done with the tile before: the stage is free */ \
     ISSUE_TILE(abuf, abase, astride, r0, ROWS, END, tid);                                               \
-    SPLIT_COMMIT();                                                                                     \
     ISSUE_TILE(bbuf, bbase, bstride, r0, ROWS, END, tid);                                               \
     CP_COMMIT();                                                                                        \
-    SPLIT_FIRST();                      /* this work-item's copies of the tile (its first half) landed */ \
+    CP_WAIT0();                         /* this work-item's copies of the tile have landed */            \
     STREAM_FENCE();                                                                                     \
     barrier(CLK_LOCAL_MEM_FENCE)        /* ... and everyone's */
 #elif PREFETCH
@@ -800,7 +779,6 @@ void attention_forward_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARGS, LEN_AR
             for (int jb = 0; jb < NB; ++jb) PACK_A(pa[rb], jb, s[rb][jb]);
         }
 #if MMA_WG && WG_KN && HEAD_DIM == 128 && BN == 64
-        STREAM_SECOND();   // (SPLIT_WAIT: v's tile)
         // o += p v by 64-column halves: p from registers, each half of the v tile read MN-major, k = 64
         WGR_TILE(o[0], pa[0], vsb, vat, DESC_MN, 1, 1);
         WGR_TILE((o[0] + 8), pa[0], vsb, vat + BN * WG_ROW, DESC_MN, 1, 1);
@@ -1054,19 +1032,7 @@ void attention_backward_dq_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(grad_
         // (RB 1: s[0], dp[0] are the warpgroup's 64 x 64 accumulators; the first k step overwrites them)
         const uint kat = WG_BASE(ksb) + KV_STAGE(it) * TILE_ELEMS(BN) * 2;
         const uint vat = WG_BASE(vsb) + KV_STAGE(it) * TILE_ELEMS(BN) * 2;
-#if HEAD_DIM == 128 && BN == 64 && SPLIT_WAIT
-        // s (m64n64) from q's rows in local memory once k's tile has landed, then dp from dO's fragments
-        // once v's has; 8 k steps over both halves
-        WG_FRESH(gf, ga[0]);
-        WG_FENCE();
-        #pragma unroll
-        for (int kk = 0; kk < DK; ++kk) WGS(s[0], qw4, DESC_KMH(qat, kk, BM), ksb, DESC_KMH(kat, kk, BN), kk > 0);
-        STREAM_SECOND();
-        #pragma unroll
-        for (int kk = 0; kk < DK; ++kk) WGR(dp[0], gf[kk], vsb, DESC_KMH(vat, kk, BN), kk > 0);
-        WG_COMMIT();
-        WG_WAIT_ACC(s[0], dp[0]);
-#elif HEAD_DIM == 128 && BN == 64
+#if HEAD_DIM == 128 && BN == 64
         // s (m64n64) from q's rows in local memory, dp from dO's fragments; 8 k steps over both halves
         WG_FRESH(gf, ga[0]);
         WG_FENCE();
@@ -1303,7 +1269,6 @@ void attention_backward_dkdv_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(gra
         do {                                                                                            \
             QTILE_AT(it);                                                                               \
             ISSUE_TILE(QTILE_STAGE(qsb, stage), qhead + h * q_sh, q_ss, i0, BQ, SQ, tid);               \
-            if (DKDV_STAGES == 1) SPLIT_COMMIT();                                                       \
             ISSUE_TILE(QTILE_STAGE(gsb, stage), ghead + h * grad_out_sh, grad_out_ss, i0, BQ, SQ, tid); \
             ISSUE_ROWV(stage);                                                                          \
         } while (0)
@@ -1342,7 +1307,7 @@ void attention_backward_dkdv_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(gra
         ISSUE_QTILE(it, 0);
         CP_COMMIT();
         LSE_DELTA_COLS();               // (read while the tile is in flight)
-        SPLIT_FIRST();                  // this work-item's copies of tile it (its q rows) have landed
+        CP_WAIT0();                     // this work-item's copies of tile it have landed
 #endif
         STREAM_FENCE();                 // (MMA_WG: ... and are visible to the matrix units)
         barrier(CLK_LOCAL_MEM_FENCE);   // ... and everyone's
@@ -1374,13 +1339,7 @@ void attention_backward_dkdv_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(gra
         LSE_DELTA_COLS();   // (read while the units work)
 #endif
         WG_FENCE();
-#if HEAD_DIM == 128 && BQ == 32 && SPLIT_WAIT   // the same, dp^T once dO's rows have landed
-        #pragma unroll
-        for (int kk = 0; kk < DK; ++kk) WGS32(st, kw4, DESC_KMH(kat, kk, KEYS), qsb, DESC_KMH(qat, kk, BQ), kk > 0);
-        STREAM_SECOND();
-        #pragma unroll
-        for (int kk = 0; kk < DK; ++kk) WGS32(dpt, vw4, DESC_KMH(vat, kk, KEYS), gsb, DESC_KMH(gat, kk, BQ), kk > 0);
-#elif HEAD_DIM == 128 && BQ == 32   // s^T and dp^T as m64n32, 8 k steps over both halves of the rows
+#if HEAD_DIM == 128 && BQ == 32   // s^T and dp^T as m64n32, 8 k steps over both halves of the rows
         #pragma unroll
         for (int kk = 0; kk < DK; ++kk) {
             WGS32(st, kw4, DESC_KMH(kat, kk, KEYS), qsb, DESC_KMH(qat, kk, BQ), kk > 0);
