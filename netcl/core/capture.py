@@ -214,7 +214,7 @@ class Recording:
         launched = 0
         timed = profile_hooks.active
         start = t0 = profile_hooks.before(q) if timed else None
-        fixed = self._fixed_plans() if not (timed or q.profiling) else {}
+        fixed = self._fixed_plans()
         for i, op in enumerate(ops):
             if timed:
                 t0 = profile_hooks.before(q)
@@ -222,12 +222,11 @@ class Recording:
                 plan = fixed.get(i) if not (bind and op[5]) else None
                 if plan is not None:  # its own kernel object, every argument set when it was built
                     try:
-                        cl.enqueue_nd_range_kernel(q.cl, plan.raw, plan.global_size, plan.local)
+                        event = cl.enqueue_nd_range_kernel(q.cl, plan.raw, plan.global_size, plan.local)
                     except cl.Error as exc:
                         raise op[1].launch_error(exc, q, plan.global_size, plan.local) from None
-                    launched += 1
-                    continue
-                event = op[1]._enqueue(q, op[2], op[3], _bound(op, bind), None)
+                else:
+                    event = op[1]._enqueue(q, op[2], op[3], _bound(op, bind), None)
                 if timed or q.profiling:
                     profile_hooks.launched(op[1], q, event, t0, op[6] or ("graph replay", "", None))
                 launched += 1
