@@ -79,9 +79,9 @@
 #ifndef PREFETCH
 #define PREFETCH 0
 #endif
-// the ring's stages: 2; 1 (the wgmma forward at head dim 128 with 64-key tiles: q, k and v fill 48 KB) issues
-// each tile once every warp is done with the last one and waits for it at once, the SM's other work-group
-// computing meanwhile
+// the ring's stages: 2; 1 (the wgmma forward and dq pass at head dim 128 with 64-key tiles: q, k and v fill
+// 48 KB) issues each tile once every warp is done with the last one and waits for it at once, the SM's other
+// work-group computing meanwhile
 #ifndef KV_STAGES
 #define KV_STAGES 2
 #endif
@@ -900,9 +900,10 @@ void attention_backward_dq_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(grad_
                                const int causal, const ACC scale, DROP_ARGS)
 {
 #if MMA_WG && HEAD_DIM == 128
-    // the ring's two stages of 32-key k and v tiles (16 KB each), q's 64 rows (16 KB) as the score product's
-    // A operand by descriptor (as the forward's); dO's rows pass through the k stages (swizzled, 16 KB) into
-    // registers (dp's A operand), lse and delta through the v stages, before the ring starts
+    // the ring's two stages of 32-key k and v tiles or one of 64 keys (16 KB each), q's 64 rows (16 KB) as
+    // the score product's A operand by descriptor (as the forward's); dO's rows pass through the k stages
+    // (swizzled, 16 KB) into registers (dp's A operand), lse and delta through the v stages, before the ring
+    // starts
     __local uint4 ks4[KV_STAGES * BN * HEAD_DIM / 8], vs4[KV_STAGES * BN * HEAD_DIM / 8], qw4[BM * HEAD_DIM / 8];
     __local float *const rowv = (__local float *)vs4;
 #elif MMA_WG && WG_SS
@@ -1327,13 +1328,7 @@ void attention_backward_dkdv_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(gra
         float st[QB][4], dpt[QB][4];
 #if MMA_WG
         // (the first k step overwrites the accumulators: no register writes between the fence and the units)
-#if DKDV_STAGES == 1
-        // (one stage: the tiles' descriptors are loop-invariant; made each tile, as two stages' are, rather
-        // than kept in registers all along, through WG_FRESH's zero)
-        const uint zq_ = WG_ZERO(), qat = qbase ^ zq_, gat = gbase ^ zq_;
-#else
         const uint qat = qbase + QSTAGE(it) * TILE_ELEMS(BQ) * 2, gat = gbase + QSTAGE(it) * TILE_ELEMS(BQ) * 2;
-#endif
 #if WG_SS
 #if DKDV_STAGES == 2
         LSE_DELTA_COLS();   // (read while the units work)
