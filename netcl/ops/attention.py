@@ -192,8 +192,10 @@ WGMMA_128: tuple[str, ...] = ("forward", "dq", "dkdv")
 # computes, and the score products twice as wide (m64n64 or m64n32: the A tile in local memory, q or k and
 # v, read once for twice the columns). H100, bfloat16, B=8 H=16 S=2048 D=128, kernel ms, the two sizes in
 # one call: forward 0.442 -> 0.402 causal, 0.751 -> 0.663 full; dq 0.657 -> 0.593 causal, 1.134 -> 0.962
-# full (60 bytes of spills); dk/dv 1.174 -> 0.857 causal, 2.217 -> 1.784 full (fwd+bwd 0.51x -> 0.62x SDPA
-# causal, 0.44x -> 0.52x full).
+# full (60 bytes of spills); dk/dv 1.174 -> 0.857 causal, 2.217 -> 1.784 full (then 0.831 / 1.591 with its
+# lse and delta read while the tile flies). fwd+bwd with all three: 0.65x SDPA causal (1.838 vs 1.195 ms),
+# 0.56x full (3.278 vs 1.843); 0.51x / 0.44x before (bench/NOTES.md, thirtieth session). A new setting is
+# a new dict (attention calls key their templates on the dict's identity, as MMA_TILES's).
 TILES_128 = {"forward": 64, "dq": 64, "dkdv": 32}
 MMA_RB_MAX_HEAD_DIM = 64
 # The matrix-unit backward (dq pass, then dk/dv: no atomics) keeps k's and v's fragments and dk, dv in
