@@ -618,14 +618,21 @@ inline uint wg_zero(void) {
 #define KS_KN_T(L) KS_KN(L)
 #endif
 
-#if MMA_PASS == 0 || MMA_PASS == 1
-#if MMA_WG && BN == 32   // the forward's scores on the units: m64n32 (head dim 128) or m64n64
+// the forward's and the dq pass's score products on the units, BN keys wide: m64n32 (head dim 128's 32-key
+// tiles) or m64n64; s from local memory (WGS_S), the dq pass's dp from registers (WGR_S); their waits
+#if MMA_WG && BN == 32
 #define WGS_S WGS32
+#define WGR_S WGR32
 #define WG_WAIT_S(x) WG_WAIT_ACC16(x)
+#define WG_WAIT_S2(x, y) WG_WAIT_ACC16X2(x, y)
 #elif MMA_WG
 #define WGS_S WGS
+#define WGR_S WGR
 #define WG_WAIT_S(x) WG_WAIT_ACC(x, x)
+#define WG_WAIT_S2(x, y) WG_WAIT_ACC(x, y)
 #endif
+
+#if MMA_PASS == 0 || MMA_PASS == 1
 __kernel __attribute__((reqd_work_group_size(THREADS, 1, 1)))
 void attention_forward_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARGS, LEN_ARGS, OUT_ARGS,
                            __global ACC *lse, const int HQ, const int GROUP, const int SQ, const int SK,
@@ -1033,28 +1040,18 @@ void attention_backward_dq_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(grad_
         // (RB 1: s[0], dp[0] are the warpgroup's 64 x 64 accumulators; the first k step overwrites them)
         const uint kat = WG_BASE(ksb) + KV_STAGE(it) * TILE_ELEMS(BN) * 2;
         const uint vat = WG_BASE(vsb) + KV_STAGE(it) * TILE_ELEMS(BN) * 2;
-#if HEAD_DIM == 128 && BN == 64
-        // s (m64n64) from q's rows in local memory, dp from dO's fragments; 8 k steps over both halves
+#if HEAD_DIM == 128
+        // s (m64n32 or m64n64) from q's rows in local memory, dp from dO's fragments; 8 k steps over both
+        // halves
         WG_FRESH(gf, ga[0]);
         WG_FENCE();
         #pragma unroll
         for (int kk = 0; kk < DK; ++kk) {
-            WGS(s[0], qw4, DESC_KMH(qat, kk, BM), ksb, DESC_KMH(kat, kk, BN), kk > 0);
-            WGR(dp[0], gf[kk], vsb, DESC_KMH(vat, kk, BN), kk > 0);
+            WGS_S(s[0], qw4, DESC_KMH(qat, kk, BM), ksb, DESC_KMH(kat, kk, BN), kk > 0);
+            WGR_S(dp[0], gf[kk], vsb, DESC_KMH(vat, kk, BN), kk > 0);
         }
         WG_COMMIT();
-        WG_WAIT_ACC(s[0], dp[0]);
-#elif HEAD_DIM == 128
-        // s (m64n32) from q's rows in local memory, dp from dO's fragments; 8 k steps over both halves
-        WG_FRESH(gf, ga[0]);
-        WG_FENCE();
-        #pragma unroll
-        for (int kk = 0; kk < DK; ++kk) {
-            WGS32(s[0], qw4, DESC_KMH(qat, kk, BM), ksb, DESC_KMH(kat, kk, BN), kk > 0);
-            WGR32(dp[0], gf[kk], vsb, DESC_KMH(vat, kk, BN), kk > 0);
-        }
-        WG_COMMIT();
-        WG_WAIT_ACC16X2(s[0], dp[0]);
+        WG_WAIT_S2(s[0], dp[0]);
 #else
 #if WG_SS
         WG_FENCE();
