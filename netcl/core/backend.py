@@ -289,30 +289,44 @@ def _disk_path(device: Any, source: str, options: tuple[str, ...]) -> Path:
     return config.cache_dir() / "programs" / f"{h.hexdigest()}.bin"
 
 
+# seconds to wait before each further try of a build that raced the driver's cache (_driver_cache_race)
+RACE_RETRY_WAITS = (0.5, 2.0)
+
+
 def _build_from_source(device: Any, source: str, options: tuple[str, ...], name: str) -> cl.Program:
-    try:
-        prg = cl.Program(device.context, source)
-        with warnings.catch_warnings():  # compiler chatter is shown with NETCL_DEBUG=2, not warned
-            warnings.simplefilter("ignore", cl.CompilerWarning)
-            prg.build(options=list(options), devices=[device.cl_device])
-        return prg
-    except cl.Error as exc:
+    for attempt in range(len(RACE_RETRY_WAITS) + 1):
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                log = prg.get_build_info(device.cl_device, cl.program_build_info.LOG)  # type: ignore[possibly-undefined]
-        except Exception:
-            log = str(exc)
-        log = log.strip() or str(exc)
-        lines = _offending_lines(log, source)
-        msg = [
-            f"OpenCL program {name} failed to build on {device.describe()}",
-            f"options: {' '.join(options)}",
-        ]
-        msg.append("build log:\n" + "\n".join(log.splitlines()[:40]))
-        if lines:
-            msg.append("source:\n" + lines)
-        raise KernelBuildError("\n".join(msg), log=log, source=source, options=options) from None
+            prg = cl.Program(device.context, source)
+            with warnings.catch_warnings():  # compiler chatter is shown with NETCL_DEBUG=2, not warned
+                warnings.simplefilter("ignore", cl.CompilerWarning)
+                prg.build(options=list(options), devices=[device.cl_device])
+            return prg
+        except cl.Error as exc:
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    log = prg.get_build_info(device.cl_device, cl.program_build_info.LOG)  # type: ignore[possibly-undefined]
+            except Exception:
+                log = str(exc)
+            log = log.strip() or str(exc)
+            if attempt < len(RACE_RETRY_WAITS) and _driver_cache_race(device, log):
+                time.sleep(RACE_RETRY_WAITS[attempt])
+                continue
+            break
+    lines = _offending_lines(log, source)
+    msg = [f"OpenCL program {name} failed to build on {device.describe()}", f"options: {' '.join(options)}"]
+    msg.append("build log:\n" + "\n".join(log.splitlines()[:40]))
+    if lines:
+        msg.append("source:\n" + lines)
+    raise KernelBuildError("\n".join(msg), log=log, source=source, options=options)
+
+
+def _driver_cache_race(device: Any, log: str) -> bool:
+    """Whether a failed build looks like PoCL's kernel cache raced another process building the same program
+    (pocl/pocl#1480: the ranks of `netcl run` on one machine with a cold cache): PoCL with its cache on and a
+    log that names no diagnostic ("Device X failed to build the program" alone). Such a build is tried again
+    after RACE_RETRY_WAITS; a real compile error has clang's "error:" lines and is not."""
+    return driver_keeps_programs(device) and "error" not in log.lower()
 
 
 def _build_from_binary(device: Any, binary: bytes, options: tuple[str, ...]) -> cl.Program | None:

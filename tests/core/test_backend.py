@@ -109,6 +109,55 @@ def test_build_error_carries_log_and_offending_line(device):
     assert e.source == bad
 
 
+def test_a_build_that_raced_the_drivers_cache_is_tried_once_more(device, monkeypatch):
+    """PoCL's kernel cache shared by processes building the same program at once can fail a build with no
+    diagnostic (pocl/pocl#1480; CI's `netcl run` ranks on a cold cache): such a build is tried again (twice
+    at most), a failure with the compiler's errors is not, and a third bare failure is reported."""
+    real = backend.cl.Program
+    calls = {"build": 0, "fail": 1}
+
+    class Racing:
+        def __init__(self, *args):
+            self.prg = real(*args)
+
+        def build(self, *args, **kwargs):
+            calls["build"] += 1
+            if calls["build"] <= calls["fail"]:
+                raise backend.cl.RuntimeError("clBuildProgram failed: BUILD_PROGRAM_FAILURE")
+            return self.prg.build(*args, **kwargs)
+
+        def get_build_info(self, *args):
+            return "Device pthread failed to build the program"
+
+        def __getattr__(self, name):
+            return getattr(self.prg, name)
+
+    monkeypatch.setattr(backend.cl, "Program", Racing)
+    monkeypatch.setattr(backend, "driver_keeps_programs", lambda device: True)
+    monkeypatch.setattr(backend, "RACE_RETRY_WAITS", (0.0, 0.0))
+    src = SCALE.replace("scale", "scale_" + uuid.uuid4().hex[:8]).replace("OFFSET", "0.5f")
+    backend._build_from_source(device, src, (backend.CL_STD,), "racing.cl")
+    assert calls["build"] == 2
+    calls.update(build=0, fail=2)
+    backend._build_from_source(device, src, (backend.CL_STD,), "racing.cl")
+    assert calls["build"] == 3
+    calls.update(build=0, fail=3)   # failing three times: reported
+    with pytest.raises(KernelBuildError, match="racing.cl failed to build"):
+        backend._build_from_source(device, src, (backend.CL_STD,), "racing.cl")
+    assert calls["build"] == 3
+    monkeypatch.setattr(Racing, "get_build_info", lambda self, *a: "<source>:2:5: error: expected ';'")
+    calls.update(build=0, fail=1)   # a compile error: not tried again
+    with pytest.raises(KernelBuildError, match="expected ';'"):
+        backend._build_from_source(device, src, (backend.CL_STD,), "racing.cl")
+    assert calls["build"] == 1
+    monkeypatch.setattr(backend, "driver_keeps_programs", lambda device: False)
+    monkeypatch.setattr(Racing, "get_build_info", lambda self, *a: "Device X failed to build the program")
+    calls.update(build=0, fail=1)   # no driver cache to race: not tried again
+    with pytest.raises(KernelBuildError):
+        backend._build_from_source(device, src, (backend.CL_STD,), "racing.cl")
+    assert calls["build"] == 1
+
+
 def test_missing_kernel_name_and_file(device):
     prg = kernels.build(device, SCALE, OFFSET="0.0f")
     with pytest.raises(KernelBuildError, match="no kernel 'nope'"):
