@@ -1131,11 +1131,11 @@ def test_matrix_unit_passes_on_warpgroup_units_at_head_dim_128(queue, rng, mma_e
     """WGMMA_128: the three passes at head dim 128 on wgmma (each row as two swizzled 64-column halves; the
     forward and dq over 32-key tiles in two ring stages or 64-key ones in one, the dq pass's dO as fragments
     in registers; the dk/dv pass over 16-row query tiles in two ring stages or 32-row ones in one
-    (TILES_128), k and v in local memory;
-    emulated from the same tiles and descriptors where the device has no wgmma), against float64 NumPy and
-    against the mma.sync passes: GQA, causal rows ending inside a tile, rows that see no key (causal under
-    kv_len), kv_len and dropout over five key tiles (both ring stages), three query work-groups and three
-    key work-groups; then full rows under a bool mask (the masked tiles' path)."""
+    (TILES_128), k and v in local memory; emulated from the same tiles and descriptors where the device has
+    no wgmma), against float64 NumPy and against the mma.sync passes: GQA, causal rows ending inside a tile,
+    rows that see no key (causal under kv_len), kv_len and dropout over several key tiles (both stages of
+    the two-stage rings), three query work-groups and three key work-groups; then full rows under a bool
+    mask (the masked tiles' path). Sizes TILES_128 does not have are refused."""
     if not attn.MMA_EMULATE and not attn.has_wgmma(queue.device):
         pytest.skip("the device runs mma.sync but not wgmma (its emulation runs on the CPUs)")
     monkeypatch.setattr(attn, "WGMMA_PASSES", ("forward", "dq", "dkdv"))
