@@ -484,10 +484,16 @@ inline void wg_emulate_ss(float acc[][4], __local const uchar *atile, const ulon
 // the four products, the commit and the wait in one asm statement (nothing the compiler emits can come
 // between them; these products are waited for at once anyway). Their A operand is packed each tile: the
 // first products' loop-invariant A goes through WG_FRESH beside them.
-#define WG_RS_STEP(A, D, P, TRANS)                                                                      \
-    "wgmma.mma_async.sync.aligned.m64n64k16.f32." WG_TYPE "." WG_TYPE " {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,"  \
-    "%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {" A "}, " \
-    D ", " P ", 1, 1, " #TRANS "; "
+// One m64n64k16 product with A from registers, as asm text: accumulators ACC, A's registers, B's
+// descriptor D, predicate P (accumulate); WG_ACC_0 / WG_ACC_1: the first / second 32 operands.
+#define WG_RS_PRODUCT(ACC, A, D, P, TRANS)                                                              \
+    "wgmma.mma_async.sync.aligned.m64n64k16.f32." WG_TYPE "." WG_TYPE " {" ACC "}, {" A "}, " D ", " P ", 1, 1, " \
+    #TRANS "; "
+#define WG_ACC_0 "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24," \
+                 "%25,%26,%27,%28,%29,%30,%31"
+#define WG_ACC_1 "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53," \
+                 "%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"
+#define WG_RS_STEP(A, D, P, TRANS) WG_RS_PRODUCT(WG_ACC_0, A, D, P, TRANS)
 #define WGR_TILE(acc, a, tile, at, DESC, accumulate, TRANS)                                             \
     asm volatile(NCW("{ .reg .pred p, q; setp.ne.b32 p, %52, 0; setp.ne.b32 q, %53, 0; "                \
                      "wgmma.fence.sync.aligned; "                                                      \
@@ -507,30 +513,19 @@ inline void wg_emulate_ss(float acc[][4], __local const uchar *atile, const ulon
 // the commit and the wait in one asm statement (the dk/dv pass's third products at head dim 128)
 #define WGR_HALVES1(acc, a, tile, d0, d1, TRANS)                                                        \
     asm volatile(NCW("{ .reg .pred p; setp.ne.b32 p, %70, 0; wgmma.fence.sync.aligned; "                \
-                     "wgmma.mma_async.sync.aligned.m64n64k16.f32." WG_TYPE "." WG_TYPE " {%0,%1,%2,%3,%4,%5,%6," \
-                     "%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29," \
-                     "%30,%31}, {%64,%65,%66,%67}, %68, p, 1, 1, " #TRANS "; "                          \
-                     "wgmma.mma_async.sync.aligned.m64n64k16.f32." WG_TYPE "." WG_TYPE " {%32,%33,%34,%35,%36," \
-                     "%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58," \
-                     "%59,%60,%61,%62,%63}, {%64,%65,%66,%67}, %69, p, 1, 1, " #TRANS "; "              \
+                     WG_RS_PRODUCT(WG_ACC_0, "%64,%65,%66,%67", "%68", "p", TRANS)                         \
+                     WG_RS_PRODUCT(WG_ACC_1, "%64,%65,%66,%67", "%69", "p", TRANS)                         \
                      "wgmma.commit_group.sync.aligned; wgmma.wait_group.sync.aligned 0; }")             \
                  : WG_ACC(acc), WG_ACC((acc + 8))                                                       \
                  : "r"(a[0][0]), "r"(a[0][1]), "r"(a[0][2]), "r"(a[0][3]), "l"(d0), "l"(d1), "r"(1)      \
                  : "memory")
 // the same over k = 32 (a[0..1]: a 32-row tile; dXY the descriptor of half X's k step Y): four products
-#define WG_HALF_STEP(ACC, A, D, TRANS)                                                                  \
-    "wgmma.mma_async.sync.aligned.m64n64k16.f32." WG_TYPE "." WG_TYPE " {" ACC "}, {" A "}, " D ", p, 1, 1, " \
-    #TRANS "; "
-#define WG_ACC_0 "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24," \
-                 "%25,%26,%27,%28,%29,%30,%31"
-#define WG_ACC_1 "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53," \
-                 "%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"
 #define WGR_HALVES2(acc, a, tile, d00, d01, d10, d11, TRANS)                                           \
     asm volatile(NCW("{ .reg .pred p; setp.ne.b32 p, %76, 0; wgmma.fence.sync.aligned; "                \
-                     WG_HALF_STEP(WG_ACC_0, "%64,%65,%66,%67", "%72", TRANS)                            \
-                     WG_HALF_STEP(WG_ACC_0, "%68,%69,%70,%71", "%73", TRANS)                            \
-                     WG_HALF_STEP(WG_ACC_1, "%64,%65,%66,%67", "%74", TRANS)                            \
-                     WG_HALF_STEP(WG_ACC_1, "%68,%69,%70,%71", "%75", TRANS)                            \
+                     WG_RS_PRODUCT(WG_ACC_0, "%64,%65,%66,%67", "%72", "p", TRANS)                         \
+                     WG_RS_PRODUCT(WG_ACC_0, "%68,%69,%70,%71", "%73", "p", TRANS)                         \
+                     WG_RS_PRODUCT(WG_ACC_1, "%64,%65,%66,%67", "%74", "p", TRANS)                         \
+                     WG_RS_PRODUCT(WG_ACC_1, "%68,%69,%70,%71", "%75", "p", TRANS)                         \
                      "wgmma.commit_group.sync.aligned; wgmma.wait_group.sync.aligned 0; }")             \
                  : WG_ACC(acc), WG_ACC((acc + 8))                                                       \
                  : "r"(a[0][0]), "r"(a[0][1]), "r"(a[0][2]), "r"(a[0][3]), "r"(a[1][0]), "r"(a[1][1]),  \
