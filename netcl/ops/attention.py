@@ -648,16 +648,17 @@ class _Problem:
             tiles.pop("RB", None)
         if wg:   # the units' tiles: 64 rows a warpgroup, 64-row streamed tiles through the ring
             fixed = {"BQ": 64, "DKDV_RING": 1} if kernel == "dkdv" else {"BN": 64, "RB": 1, "PREFETCH": 1}
-            size = TILES_128.get(kernel) if isinstance(TILES_128, dict) else None
-            sizes = (16, 32) if kernel == "dkdv" else (32, 64)
-            if self.D == 128 and size not in sizes:
-                raise ValueError(f"TILES_128[{kernel!r}] must be {sizes[0]} or {sizes[1]}, got {size!r}")
-            if self.D == 128 and kernel == "dkdv":   # (64 keys, 16-row query tiles twice or 32 once: 48 KB)
-                fixed = {"BQ": size, "DKDV_RING": 1, "DKDV_STAGES": 2 if size == 16 else 1, "BM": 64,
-                         "WG_KN": 1, "WG_SS": 1}
-            elif self.D == 128:   # (one warpgroup, 32-key tiles twice or 64 once: 48 KB; dO in registers)
-                fixed = {"BN": size, "KV_STAGES": 2 if size == 32 else 1, "RB": 1, "PREFETCH": 1, "BM": 64,
-                         "WG_KN": 1, "WG_SS": 0}
+            if self.D == 128:   # TILES_128's size: the smaller two stages, the larger one (48 KB either way)
+                size = TILES_128.get(kernel) if isinstance(TILES_128, dict) else None
+                small, large = (16, 32) if kernel == "dkdv" else (32, 64)
+                if size not in (small, large):
+                    raise ValueError(f"TILES_128[{kernel!r}] must be {small} or {large}, got {size!r}")
+                if kernel == "dkdv":   # (64 keys and their k and v rows beside the query tiles)
+                    fixed = {"BQ": size, "DKDV_RING": 1, "DKDV_STAGES": 2 if size == small else 1, "BM": 64,
+                             "WG_KN": 1, "WG_SS": 1}
+                else:   # (one warpgroup, q's rows beside the key tiles; the dq pass's dO in registers)
+                    fixed = {"BN": size, "KV_STAGES": 2 if size == small else 1, "RB": 1, "PREFETCH": 1,
+                             "BM": 64, "WG_KN": 1, "WG_SS": 0}
             tiles.update(MMA_TILES.get(f"{kernel}_wg", {}), **fixed, MMA_WG=1)
             if tiles["BM"] % 64:
                 raise ValueError(f"MMA_TILES['{kernel}_wg']: BM must be a multiple of 64 (rows of whole "
