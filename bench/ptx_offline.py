@@ -9,7 +9,7 @@ bench/NOTES.md), but a kernel that does not assemble here, or spills here, is wo
 device call.
 
     python bench/ptx_offline.py [--d 128] [--dtype bfloat16] [--tiles-128 JSON]
-                                [--keep DIR] [--clang clang-15] [--ptxas ptxas]
+                                [--switches JSON] [--keep DIR] [--clang clang-15] [--ptxas ptxas]
 """
 
 from __future__ import annotations
@@ -111,6 +111,9 @@ def main() -> None:
     ap.add_argument("--dtype", default="bfloat16", choices=("float16", "bfloat16"))
     ap.add_argument("--tiles-128", type=json.loads, default=None,
                     help='the streamed tiles at head dim 128: a JSON object over attention.TILES_128')
+    ap.add_argument("--switches", type=json.loads, default=None,
+                    help="netcl.ops.attention's switches as a JSON object (an object's value merged into the "
+                    "switch's default, a list a tuple), e.g. '{\"TILES_128\": {\"dkdv\": 16}}'")
     ap.add_argument("--clang", default="clang-15")
     ap.add_argument("--ptxas", default="ptxas")
     ap.add_argument("--keep", type=Path, default=None,
@@ -123,6 +126,12 @@ def main() -> None:
         sys.exit(f"bench/ptx_offline.py: --d must be 64 or 128 (the wgmma passes' head dims), got {args.d}")
     if args.tiles_128 is not None:
         attn.TILES_128 = {**attn.TILES_128, **args.tiles_128}
+    for name, value in (args.switches or {}).items():
+        if not hasattr(attn, name):
+            sys.exit(f"bench/ptx_offline.py: --switches: netcl.ops.attention has no switch {name!r}")
+        current = getattr(attn, name)
+        setattr(attn, name, {**current, **value} if isinstance(current, dict) and isinstance(value, dict)
+                else tuple(value) if isinstance(value, list) else value)
     with tempfile.TemporaryDirectory() as tmp:
         for name, filename, defines in attention_builds(args.d, args.dtype):
             names = ("BM", "BN", "BQ", "KV_STAGES", "DKDV_STAGES", "WG_SS")

@@ -317,6 +317,13 @@ inline void issue_tile(__local ushort *dst, __global const ushort *base, const l
 #elif MMA_PASS != 1 && MMA_PASS != 2 && MMA_PASS != 3
 #error "attention_mma.cl MMA_WG: the forward (MMA_PASS 1), the dq (2) or the dk/dv pass (3) alone"
 #endif
+// The one-stage backward passes at head dim 128 (the dq pass over 64-key tiles, the dk/dv pass over 32-row
+// query tiles) overlap their products with their own element-wise work: the score product and the dp product
+// in two batches, the exponentials formed while dp's run; the dk/dv pass issues dv's products before ds^T is
+// formed and waits for dk's and dv's at once, the dq pass takes dq += ds k as one batch of eight products.
+// H100, bfloat16, B=8 H=16 S=2048 D=128, against one batch each, one call: dk/dv 1.572 -> 1.501 ms full,
+// 0.825 -> 0.782 causal; dq 0.969 -> 0.955 full (bench/NOTES.md, thirty-first session).
+#define WG_OVERLAP (HEAD_DIM == 128 && ((MMA_PASS == 2 && KV_STAGES == 1) || (MMA_PASS == 3 && DKDV_STAGES == 1)))
 #include "wgmma.cl"
 #define WG_ROW 128                       // bytes of a streamed row in local memory (64 16-bit values)
 // chunk `ch` (16 bytes) of row r of a tile, swizzled (wgmma.cl's swizzle of byte r * 128 + ch * 16)
@@ -424,7 +431,7 @@ inline void wg_emulate_ss(float acc[][4], __local const uchar *atile, const ulon
         WGR_(acc, a[0], tile, d0, 1, TRANS);                                                            \
         WGR_((acc + 8), a[0], tile, d1, 1, TRANS);                                                      \
     } while (0)
-#define WGR_HALVES2(acc, a, tile, d00, d01, d10, d11, TRANS)                                           \
+#define WGR_HALVES2_ASYNC(acc, a, tile, d00, d01, d10, d11, TRANS)                                     \
     do {                                                                                                \
         WGR_(acc, a[0], tile, d00, 1, TRANS);                                                           \
         WGR_(acc, a[1], tile, d01, 1, TRANS);                                                           \
@@ -435,6 +442,14 @@ inline void wg_emulate_ss(float acc[][4], __local const uchar *atile, const ulon
 #define WG_WAIT_ACC16(x)
 #define WG_WAIT_ACC16X2(x, y)
 #define WG_WAIT_ACC8X2(x, y)
+#define WGR_TILE_HALVES(acc, a, tile, at0, at1, DESC, TRANS)                                           \
+    do {                                                                                                \
+        WGR_TILE(acc, a, tile, at0, DESC, 1, TRANS);                                                    \
+        WGR_TILE((acc + 8), a, tile, at1, DESC, 1, TRANS);                                              \
+    } while (0)
+#define WG_WAIT1_ACC(x)
+#define WG_WAIT1_ACC16(x)
+#define WG_WAIT_HALVES2(x, y)
 #else
 #define WG_TYPE "bf16"
 #if !defined(IS_BF16)
@@ -519,18 +534,50 @@ inline void wg_emulate_ss(float acc[][4], __local const uchar *atile, const ulon
                  : WG_ACC(acc), WG_ACC((acc + 8))                                                       \
                  : "r"(a[0][0]), "r"(a[0][1]), "r"(a[0][2]), "r"(a[0][3]), "l"(d0), "l"(d1), "r"(1)      \
                  : "memory")
-// the same over k = 32 (a[0..1]: a 32-row tile; dXY the descriptor of half X's k step Y): four products
-#define WGR_HALVES2(acc, a, tile, d00, d01, d10, d11, TRANS)                                           \
+// acc (m64n128: acc[0..15], columns 0-63 then 64-127) += A (k = 64: a[0..3] from registers) x two 64 x 64 B
+// tiles at local addresses at0 and at1 (DESC(at, kk): their descriptors): the eight products in one batch,
+// waited for once (the one-stage dq pass's dq += ds k at head dim 128)
+#define WGR_TILE_HALVES(acc, a, tile, at0, at1, DESC, TRANS)                                           \
+    asm volatile(NCW("{ .reg .pred p; setp.ne.b32 p, %88, 0; wgmma.fence.sync.aligned; "                \
+                     WG_RS_PRODUCT(WG_ACC_0, "%64,%65,%66,%67", "%80", "p", TRANS)                         \
+                     WG_RS_PRODUCT(WG_ACC_0, "%68,%69,%70,%71", "%81", "p", TRANS)                         \
+                     WG_RS_PRODUCT(WG_ACC_0, "%72,%73,%74,%75", "%82", "p", TRANS)                         \
+                     WG_RS_PRODUCT(WG_ACC_0, "%76,%77,%78,%79", "%83", "p", TRANS)                         \
+                     WG_RS_PRODUCT(WG_ACC_1, "%64,%65,%66,%67", "%84", "p", TRANS)                         \
+                     WG_RS_PRODUCT(WG_ACC_1, "%68,%69,%70,%71", "%85", "p", TRANS)                         \
+                     WG_RS_PRODUCT(WG_ACC_1, "%72,%73,%74,%75", "%86", "p", TRANS)                         \
+                     WG_RS_PRODUCT(WG_ACC_1, "%76,%77,%78,%79", "%87", "p", TRANS)                         \
+                     "wgmma.commit_group.sync.aligned; wgmma.wait_group.sync.aligned 0; }")             \
+                 : WG_ACC(acc), WG_ACC((acc + 8))                                                       \
+                 : "r"(a[0][0]), "r"(a[0][1]), "r"(a[0][2]), "r"(a[0][3]), "r"(a[1][0]), "r"(a[1][1]),  \
+                   "r"(a[1][2]), "r"(a[1][3]), "r"(a[2][0]), "r"(a[2][1]), "r"(a[2][2]), "r"(a[2][3]),  \
+                   "r"(a[3][0]), "r"(a[3][1]), "r"(a[3][2]), "r"(a[3][3]), "l"(DESC(at0, 0)),           \
+                   "l"(DESC(at0, 1)), "l"(DESC(at0, 2)), "l"(DESC(at0, 3)), "l"(DESC(at1, 0)),          \
+                   "l"(DESC(at1, 1)), "l"(DESC(at1, 2)), "l"(DESC(at1, 3)), "r"(1)                      \
+                 : "memory")
+// acc (m64n128, as WGR_HALVES1) += A (k = 32: a[0..1], a 32-row tile) x B (dXY the descriptor of half X's k
+// step Y): the four products and their commit, not waited for (WG_OVERLAP: they run while the work-items go
+// on; WG_WAIT_HALVES2 waits)
+#define WGR_HALVES2_ASYNC(acc, a, tile, d00, d01, d10, d11, TRANS)                                     \
     asm volatile(NCW("{ .reg .pred p; setp.ne.b32 p, %76, 0; wgmma.fence.sync.aligned; "                \
                      WG_RS_PRODUCT(WG_ACC_0, "%64,%65,%66,%67", "%72", "p", TRANS)                         \
                      WG_RS_PRODUCT(WG_ACC_0, "%68,%69,%70,%71", "%73", "p", TRANS)                         \
                      WG_RS_PRODUCT(WG_ACC_1, "%64,%65,%66,%67", "%74", "p", TRANS)                         \
                      WG_RS_PRODUCT(WG_ACC_1, "%68,%69,%70,%71", "%75", "p", TRANS)                         \
-                     "wgmma.commit_group.sync.aligned; wgmma.wait_group.sync.aligned 0; }")             \
+                     "wgmma.commit_group.sync.aligned; }")                                              \
                  : WG_ACC(acc), WG_ACC((acc + 8))                                                       \
                  : "r"(a[0][0]), "r"(a[0][1]), "r"(a[0][2]), "r"(a[0][3]), "r"(a[1][0]), "r"(a[1][1]),  \
                    "r"(a[1][2]), "r"(a[1][3]), "l"(d00), "l"(d01), "l"(d10), "l"(d11), "r"(1)            \
                  : "memory")
+// until every batch is done, x's and y's m64n128 accumulators named as written
+#define WG_WAIT_HALVES2(x, y)                                                                           \
+    do {                                                                                                \
+        asm volatile(NCW("wgmma.wait_group.sync.aligned 0;") : WG_ACC(x), WG_ACC((x + 8)) :: "memory"); \
+        asm volatile("" : WG_ACC(y), WG_ACC((y + 8)) :: "memory");                                      \
+    } while (0)
+// until at most the newest batch is in flight, x's accumulators (m64n64 / m64n32) named as written
+#define WG_WAIT1_ACC(x) asm volatile(NCW("wgmma.wait_group.sync.aligned 1;") : WG_ACC(x) :: "memory")
+#define WG_WAIT1_ACC16(x) asm volatile(NCW("wgmma.wait_group.sync.aligned 1;") : WG_ACC16(x) :: "memory")
 // WGR_TILE over k = 32 (a[0..1]: a 32-row tile)
 #define WGR_TILE2(acc, a, tile, at, DESC, accumulate, TRANS)                                            \
     asm volatile(NCW("{ .reg .pred p, q; setp.ne.b32 p, %42, 0; setp.ne.b32 q, %43, 0; "                \
@@ -619,11 +666,13 @@ inline uint wg_zero(void) {
 #define WGS_S WGS32
 #define WGR_S WGR32
 #define WG_WAIT_S(x) WG_WAIT_ACC16(x)
+#define WG_WAIT1_S(x) WG_WAIT1_ACC16(x)
 #define WG_WAIT_S2(x, y) WG_WAIT_ACC16X2(x, y)
 #elif MMA_WG
 #define WGS_S WGS
 #define WGR_S WGR
 #define WG_WAIT_S(x) WG_WAIT_ACC(x, x)
+#define WG_WAIT1_S(x) WG_WAIT1_ACC(x)
 #define WG_WAIT_S2(x, y) WG_WAIT_ACC(x, y)
 #endif
 
@@ -1040,6 +1089,15 @@ void attention_backward_dq_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(grad_
         // halves
         WG_FRESH(gf, ga[0]);
         WG_FENCE();
+#if WG_OVERLAP   // s's batch, then dp's: s waited for alone (dp's products run while p is formed below)
+        #pragma unroll
+        for (int kk = 0; kk < DK; ++kk) WGS_S(s[0], qw4, DESC_KMH(qat, kk, BM), ksb, DESC_KMH(kat, kk, BN), kk > 0);
+        WG_COMMIT();
+        #pragma unroll
+        for (int kk = 0; kk < DK; ++kk) WGR_S(dp[0], gf[kk], vsb, DESC_KMH(vat, kk, BN), kk > 0);
+        WG_COMMIT();
+        WG_WAIT1_S(s[0]);
+#else
         #pragma unroll
         for (int kk = 0; kk < DK; ++kk) {
             WGS_S(s[0], qw4, DESC_KMH(qat, kk, BM), ksb, DESC_KMH(kat, kk, BN), kk > 0);
@@ -1047,6 +1105,7 @@ void attention_backward_dq_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(grad_
         }
         WG_COMMIT();
         WG_WAIT_S2(s[0], dp[0]);
+#endif
 #else
 #if WG_SS
         WG_FENCE();
@@ -1111,6 +1170,9 @@ void attention_backward_dq_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(grad_
                 for (int e = 0; e < 4; ++e)
                     s[rb][jb][e] = s[rb][jb][e] == -INFINITY ? 0.0f : EXPF(s[rb][jb][e] - lse_r[rb][e >> 1]);
 #endif
+#if MMA_WG && WG_OVERLAP
+            WG_WAIT_S(dp[0]);   // dp's batch
+#endif
             if (drop_threshold) DROP_ROWS(dp[rb], s[rb], rloc[rb]);
             #pragma unroll
             for (int jb = 0; jb < NB; ++jb) {
@@ -1121,9 +1183,9 @@ void attention_backward_dq_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(grad_
             }
         }
 #if MMA_WG && WG_KN && HEAD_DIM == 128 && BN == 64
-        // dq += ds k by 64-column halves: ds from registers, each half of the k tile read MN-major, k = 64
-        WGR_TILE(dqa[0], da[0], ksb, kat, DESC_MN, 1, 1);
-        WGR_TILE((dqa[0] + 8), da[0], ksb, kat + BN * WG_ROW, DESC_MN, 1, 1);
+        // dq += ds k by 64-column halves in one batch: ds from registers, each half of the k tile read
+        // MN-major, k = 64
+        WGR_TILE_HALVES(dqa[0], da[0], ksb, kat, kat + BN * WG_ROW, DESC_MN, 1);
 #elif MMA_WG && WG_KN && HEAD_DIM == 128
         // dq += ds k by 64-column halves: ds from registers, each half of the k tile read MN-major
         WGR_TILE2(dqa[0], da[0], ksb, kat, DESC_MN, 1, 1);
@@ -1326,12 +1388,12 @@ void attention_backward_dkdv_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(gra
         LSE_DELTA_COLS();   // (read while the units work)
 #endif
         WG_FENCE();
-#if HEAD_DIM == 128 && BQ == 32   // s^T and dp^T as m64n32, 8 k steps over both halves of the rows
+#if WG_OVERLAP   // s^T's batch, then dp^T's (waited for below), m64n32, 8 k steps over both halves of the rows
         #pragma unroll
-        for (int kk = 0; kk < DK; ++kk) {
-            WGS32(st, kw4, DESC_KMH(kat, kk, KEYS), qsb, DESC_KMH(qat, kk, BQ), kk > 0);
-            WGS32(dpt, vw4, DESC_KMH(vat, kk, KEYS), gsb, DESC_KMH(gat, kk, BQ), kk > 0);
-        }
+        for (int kk = 0; kk < DK; ++kk) WGS32(st, kw4, DESC_KMH(kat, kk, KEYS), qsb, DESC_KMH(qat, kk, BQ), kk > 0);
+        WG_COMMIT();
+        #pragma unroll
+        for (int kk = 0; kk < DK; ++kk) WGS32(dpt, vw4, DESC_KMH(vat, kk, KEYS), gsb, DESC_KMH(gat, kk, BQ), kk > 0);
 #elif HEAD_DIM == 128   // the same as m64n16
         #pragma unroll
         for (int kk = 0; kk < DK; ++kk) {
@@ -1363,8 +1425,8 @@ void attention_backward_dkdv_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(gra
 #undef vf
 #endif
         WG_COMMIT();
-#if HEAD_DIM == 128 && BQ == 32
-        WG_WAIT_ACC16X2(st, dpt);
+#if WG_OVERLAP
+        WG_WAIT1_ACC16(st);   // (dp^T's products still running)
 #elif HEAD_DIM == 128
         WG_WAIT_ACC8X2(st, dpt);
 #else
@@ -1387,6 +1449,9 @@ void attention_backward_dkdv_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(gra
             #pragma unroll
             for (int e = 0; e < 4; ++e) st[jb][e] = st[jb][e] == -INFINITY ? 0.0f : EXPF(st[jb][e] - ROW_LSE(jb, e));
         if (drop_threshold) {
+#if MMA_WG && WG_OVERLAP
+            WG_WAIT_ACC16(dpt);   // (dropout's multipliers go into both)
+#endif
             #pragma unroll
             for (int jb = 0; jb < QB; ++jb)
                 #pragma unroll
@@ -1398,25 +1463,46 @@ void attention_backward_dkdv_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(gra
                     dpt[jb][e] = p * (z * dpt[jb][e] - ROW_DELTA(jb, e));
                     st[jb][e] = p * z;
                 }
-        } else {
+        }
+#if !(MMA_WG && WG_OVERLAP)   // (ds^T below, with dv's products running)
+        else {
             #pragma unroll
             for (int jb = 0; jb < QB; ++jb)
                 #pragma unroll
                 for (int e = 0; e < 4; ++e)
                     dpt[jb][e] = st[jb][e] * (dpt[jb][e] - ROW_DELTA(jb, e));
         }
+#endif
+#if MMA_WG && WG_OVERLAP
+        // dv += (p z)^T dO, dk += ds^T q by 64-column halves, the 32-row tiles read MN-major, two k steps: dv's
+        // issued first (running while ds^T is formed), then dk's; both waited for at once
+        uint pa[BQ / 16][4], da[BQ / 16][4];
+        #pragma unroll
+        for (int jb = 0; jb < QB; ++jb) PACK_A(pa, jb, st[jb]);
+        WGR_HALVES2_ASYNC(dva, pa, gsb, DESC_MN(gat, 0), DESC_MN(gat, 1), DESC_MN(gat + BQ * WG_ROW, 0),
+                          DESC_MN(gat + BQ * WG_ROW, 1), 1);
+        WG_WAIT1_ACC16(dpt);   // dp^T's batch (dv's may still run)
+        if (!drop_threshold) {
+            #pragma unroll
+            for (int jb = 0; jb < QB; ++jb)
+                #pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    dpt[jb][e] = st[jb][e] * (dpt[jb][e] - ROW_DELTA(jb, e));
+        }
+        #pragma unroll
+        for (int jb = 0; jb < QB; ++jb) PACK_A(da, jb, dpt[jb]);
+        WGR_HALVES2_ASYNC(dka, da, qsb, DESC_MN(qat, 0), DESC_MN(qat, 1), DESC_MN(qat + BQ * WG_ROW, 0),
+                          DESC_MN(qat + BQ * WG_ROW, 1), 1);
+        WG_WAIT_HALVES2(dka, dva);
+#else
         uint pa[BQ / 16][4], da[BQ / 16][4];
         #pragma unroll
         for (int jb = 0; jb < QB; ++jb) {
             PACK_A(pa, jb, st[jb]);
             PACK_A(da, jb, dpt[jb]);
         }
-#if MMA_WG && WG_KN && HEAD_DIM == 128 && BQ == 32
-        // dv += (p z)^T dO, dk += ds^T q by 64-column halves: the 32-row tiles read MN-major, two k steps
-        WGR_HALVES2(dva, pa, gsb, DESC_MN(gat, 0), DESC_MN(gat, 1), DESC_MN(gat + BQ * WG_ROW, 0),
-                    DESC_MN(gat + BQ * WG_ROW, 1), 1);
-        WGR_HALVES2(dka, da, qsb, DESC_MN(qat, 0), DESC_MN(qat, 1), DESC_MN(qat + BQ * WG_ROW, 0),
-                    DESC_MN(qat + BQ * WG_ROW, 1), 1);
+#endif
+#if MMA_WG && WG_OVERLAP   // (above)
 #elif MMA_WG && WG_KN && HEAD_DIM == 128
         // dv += (p z)^T dO, dk += ds^T q by 64-column halves: the 16-row tiles read MN-major
         WGR_HALVES1(dva, pa, gsb, DESC_MN(gat, 0), DESC_MN(gat + BQ * WG_ROW, 0), 1);
