@@ -85,8 +85,8 @@
 #ifndef KV_STAGES
 #define KV_STAGES 2
 #endif
-#if KV_STAGES != 2 && !(KV_STAGES == 1 && PREFETCH)
-#error "attention_mma.cl KV_STAGES: 2, or 1 with PREFETCH"
+#if KV_STAGES != 2 && !(KV_STAGES == 1 && PREFETCH && MMA_WG && HEAD_DIM == 128)
+#error "attention_mma.cl KV_STAGES: 2, or 1 with PREFETCH on the warpgroup units at head dim 128 (KV_SPLIT)"
 #endif
 #define KV_STAGE(it) (KV_STAGES == 2 ? (it) & 1 : 0)   // the ring stage of key tile `it`
 // rows of the forward's and dq's k and v buffers: the ring's stages, and the BM rows of q (and dO) that pass
@@ -132,6 +132,15 @@ inline uint pack2(const float lo, const float hi) {
 // a work-item at a time; rows at or past `limit` are zeros. Where the work-group's width is a multiple of a
 // row's chunks (CH), a work-item keeps one column of chunks and steps its pointer by whole rows: no division
 // and no 64-bit multiply a chunk (they were most of the forward's integer instructions)
+// COPY_ROLLED 1: that loop not unrolled (its addresses are not all kept in registers across the pass)
+#ifndef COPY_ROLLED
+#define COPY_ROLLED 0
+#endif
+#if COPY_ROLLED
+#define COPY_UNROLL _Pragma("unroll 1")
+#else
+#define COPY_UNROLL _Pragma("unroll")
+#endif
 #if THREADS % CH == 0
 #define ROW_STEP (THREADS / CH)
 // A fixed trip count (count is a constant once inlined), unrolled: no remainder loop, and no row check
@@ -140,7 +149,7 @@ inline uint pack2(const float lo, const float hi) {
     const int ch = (tid) % CH;                                                                          \
     __global const ushort *src = (base) + ((long)(first) + (tid) / CH) * (row_stride) + ch * 8;         \
     const long step = (long)ROW_STEP * (row_stride);                                                    \
-    _Pragma("unroll")                                                                                   \
+    COPY_UNROLL                                                                                         \
     for (int i_ = 0, r = (tid) / CH; i_ < (count + ROW_STEP - 1) / ROW_STEP; ++i_, r += ROW_STEP, src += step) \
         if (count % ROW_STEP == 0 || r < count)
 #else
@@ -182,18 +191,7 @@ inline void issue_tile(__local ushort *dst, __global const ushort *base, const l
 #define TILE_ELEMS(rows) ((rows) * DPAD)
 #define ISSUE_TILE(dst, base, stride, first, count, limit, tid) issue_tile(dst, base, stride, first, count, limit, tid)
 #define STREAM_FENCE()
-#if PREFETCH && KV_STAGES == 1
-#define STREAM_BEGIN_AT(abuf, bbuf, abase, astride, bbase, bstride, ROWS, END, r0)
-#define STREAM_NEXT_AT(abuf, bbuf, abase, astride, bbase, bstride, ROWS, END, r0, as_, bs_)              \
-    __local ushort *const as_ = (abuf), *const bs_ = (bbuf);                                            \
-    barrier(CLK_LOCAL_MEM_FENCE);       /* every warp is done with the tile before: the stage is free */ \
-    ISSUE_TILE(abuf, abase, astride, r0, ROWS, END, tid);                                               \
-    ISSUE_TILE(bbuf, bbase, bstride, r0, ROWS, END, tid);                                               \
-    CP_COMMIT();                                                                                        \
-    CP_WAIT0();                         /* this work-item's copies of the tile have landed */            \
-    STREAM_FENCE();                                                                                     \
-    barrier(CLK_LOCAL_MEM_FENCE)        /* ... and everyone's */
-#elif PREFETCH
+#if PREFETCH && KV_STAGES == 2
 #define STREAM_BEGIN_AT(abuf, bbuf, abase, astride, bbase, bstride, ROWS, END, r0)                      \
     barrier(CLK_LOCAL_MEM_FENCE);       /* the reads of the first stage before the loop are done */     \
     if ((r0) < (END)) {                                                                                 \
@@ -317,13 +315,18 @@ inline void issue_tile(__local ushort *dst, __global const ushort *base, const l
 #elif MMA_PASS != 1 && MMA_PASS != 2 && MMA_PASS != 3
 #error "attention_mma.cl MMA_WG: the forward (MMA_PASS 1), the dq (2) or the dk/dv pass (3) alone"
 #endif
-// The one-stage backward passes at head dim 128 (the dq pass over 64-key tiles, the dk/dv pass over 32-row
-// query tiles) overlap their products with their own element-wise work: the score product and the dp product
-// in two batches, the exponentials formed while dp's run; the dk/dv pass issues dv's products before ds^T is
-// formed and waits for dk's and dv's at once, the dq pass takes dq += ds k as one batch of eight products.
-// H100, bfloat16, B=8 H=16 S=2048 D=128, against one batch each, one call: dk/dv 1.572 -> 1.501 ms full,
-// 0.825 -> 0.782 causal; dq 0.969 -> 0.955 full (bench/NOTES.md, thirty-first session).
-#define WG_OVERLAP (HEAD_DIM == 128 && ((MMA_PASS == 2 && KV_STAGES == 1) || (MMA_PASS == 3 && DKDV_STAGES == 1)))
+// The one-stage forward and dq passes at head dim 128 (64-key tiles) refill their k and v buffers each as
+// soon as the tile's last product that reads it is done, in cp.async groups of their own: the forward's next
+// k tile flies while p and o += p v are formed, its next v tile while s and p are; the dq pass's next v tile
+// while ds and dq += ds k are, its next k tile while dp's products run (dp issued first, then s), and it
+// takes dq += ds k as one batch of eight products. H100, bfloat16, B=8 H=16 S=2048 D=128, one call, against
+// both tiles issued at the top of the loop and waited for together: forward 0.667 -> 0.619 ms full, 0.403
+// -> 0.377 causal; dq 0.961 -> 0.882, 0.588 -> 0.538 (bench/NOTES.md, thirty-first session).
+#define KV_SPLIT (KV_STAGES == 1)
+// The one-stage dk/dv pass (32-row query tiles) overlaps its products with its own element-wise work: s^T's
+// and dp^T's products in two batches, p^T formed while dp^T's run, dv's products issued before ds^T is
+// formed, dk's and dv's waited for at once. Same call as above: 1.572 -> 1.501 ms full, 0.825 -> 0.782 causal.
+#define WG_OVERLAP (HEAD_DIM == 128 && MMA_PASS == 3 && DKDV_STAGES == 1)
 #include "wgmma.cl"
 #define WG_ROW 128                       // bytes of a streamed row in local memory (64 16-bit values)
 // chunk `ch` (16 bytes) of row r of a tile, swizzled (wgmma.cl's swizzle of byte r * 128 + ch * 16)
@@ -447,7 +450,6 @@ inline void wg_emulate_ss(float acc[][4], __local const uchar *atile, const ulon
         WGR_TILE(acc, a, tile, at0, DESC, 1, TRANS);                                                    \
         WGR_TILE((acc + 8), a, tile, at1, DESC, 1, TRANS);                                              \
     } while (0)
-#define WG_WAIT1_ACC(x)
 #define WG_WAIT1_ACC16(x)
 #define WG_WAIT_HALVES2(x, y)
 #else
@@ -575,8 +577,7 @@ inline void wg_emulate_ss(float acc[][4], __local const uchar *atile, const ulon
         asm volatile(NCW("wgmma.wait_group.sync.aligned 0;") : WG_ACC(x), WG_ACC((x + 8)) :: "memory"); \
         asm volatile("" : WG_ACC(y), WG_ACC((y + 8)) :: "memory");                                      \
     } while (0)
-// until at most the newest batch is in flight, x's accumulators (m64n64 / m64n32) named as written
-#define WG_WAIT1_ACC(x) asm volatile(NCW("wgmma.wait_group.sync.aligned 1;") : WG_ACC(x) :: "memory")
+// until at most the newest batch is in flight, x's m64n32 accumulators named as written
 #define WG_WAIT1_ACC16(x) asm volatile(NCW("wgmma.wait_group.sync.aligned 1;") : WG_ACC16(x) :: "memory")
 // WGR_TILE over k = 32 (a[0..1]: a 32-row tile)
 #define WGR_TILE2(acc, a, tile, at, DESC, accumulate, TRANS)                                            \
@@ -666,13 +667,11 @@ inline uint wg_zero(void) {
 #define WGS_S WGS32
 #define WGR_S WGR32
 #define WG_WAIT_S(x) WG_WAIT_ACC16(x)
-#define WG_WAIT1_S(x) WG_WAIT1_ACC16(x)
 #define WG_WAIT_S2(x, y) WG_WAIT_ACC16X2(x, y)
 #elif MMA_WG
 #define WGS_S WGS
 #define WGR_S WGR
 #define WG_WAIT_S(x) WG_WAIT_ACC(x, x)
-#define WG_WAIT1_S(x) WG_WAIT1_ACC(x)
 #define WG_WAIT_S2(x, y) WG_WAIT_ACC(x, y)
 #endif
 
@@ -742,9 +741,22 @@ void attention_forward_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARGS, LEN_AR
         l[rb][0] = l[rb][1] = 0.0f;
     }
 
+#if KV_SPLIT   // the first k tile and the first v tile, each its own group (after q's)
+    ISSUE_TILE(ksb, kb, k_ss, 0, BN, jend, tid);
+    CP_COMMIT();
+    ISSUE_TILE(vsb, vb, v_ss, 0, BN, jend, tid);
+    CP_COMMIT();
+#else
     STREAM_BEGIN(ksb, vsb, kb, k_ss, vb, v_ss, BN, jend);
+#endif
     for (int j0 = 0, it = 0; j0 < jend; j0 += BN, ++it) {
+#if KV_SPLIT
+        CP_WAIT1();                     // this work-item's copies of k tile it have landed (v's may fly)
+        FENCE_ASYNC();
+        barrier(CLK_LOCAL_MEM_FENCE);   // ... and everyone's
+#else
         STREAM_NEXT(ksb, vsb, kb, k_ss, vb, v_ss, BN, jend, ks, vs);
+#endif
 
         // s = q k^T: each k fragment pair read once for the warp's RB row blocks
         float s[RB][NB][4];
@@ -757,6 +769,11 @@ void attention_forward_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARGS, LEN_AR
         for (int kk = 0; kk < DK; ++kk) WGS_S(s[0], qw4, DESC_KMH(qat, kk, BM), ksb, DESC_KMH(kat, kk, BN), kk > 0);
         WG_COMMIT();
         WG_WAIT_S(s[0]);
+#if KV_SPLIT
+        barrier(CLK_LOCAL_MEM_FENCE);   // every warp's s is done: the k buffer takes the next tile
+        if (j0 + BN < jend) ISSUE_TILE(ksb, kb, k_ss, j0 + BN, BN, jend, tid);
+        CP_COMMIT();                    // (empty after the last tile: the groups stay counted alike)
+#endif
 #else
         #pragma unroll
         for (int rb = 0; rb < RB; ++rb) ZERO_ACC(s[rb], NB);
@@ -831,8 +848,18 @@ void attention_forward_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARGS, LEN_AR
         }
 #if MMA_WG && WG_KN && HEAD_DIM == 128 && BN == 64
         // o += p v by 64-column halves: p from registers, each half of the v tile read MN-major, k = 64
+#if KV_SPLIT
+        CP_WAIT1();                     // v tile it has landed (k tile it + 1 may fly)
+        FENCE_ASYNC();
+        barrier(CLK_LOCAL_MEM_FENCE);
+#endif
         WGR_TILE(o[0], pa[0], vsb, vat, DESC_MN, 1, 1);
         WGR_TILE((o[0] + 8), pa[0], vsb, vat + BN * WG_ROW, DESC_MN, 1, 1);
+#if KV_SPLIT
+        barrier(CLK_LOCAL_MEM_FENCE);   // every warp's o += p v is done: the v buffer takes the next tile
+        if (j0 + BN < jend) ISSUE_TILE(vsb, vb, v_ss, j0 + BN, BN, jend, tid);
+        CP_COMMIT();
+#endif
 #elif MMA_WG && WG_KN && HEAD_DIM == 128
         // o += p v by 64-column halves: p from registers, each half of the v tile read MN-major
         WGR_TILE2(o[0], pa[0], vsb, vat, DESC_MN, 1, 1);
@@ -1076,9 +1103,23 @@ void attention_backward_dq_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(grad_
     #pragma unroll
     for (int rb = 0; rb < RB; ++rb) ZERO_ACC(dqa[rb], DB);
 
+#if KV_SPLIT   // (every warp has read dO's rows and lse, delta from the stages) the first v, then k tile
+    barrier(CLK_LOCAL_MEM_FENCE);
+    ISSUE_TILE(vsb, vb, v_ss, 0, BN, jend, tid);
+    CP_COMMIT();
+    ISSUE_TILE(ksb, kb, k_ss, 0, BN, jend, tid);
+    CP_COMMIT();
+#else
     STREAM_BEGIN(ksb, vsb, kb, k_ss, vb, v_ss, BN, jend);
+#endif
     for (int j0 = 0, it = 0; j0 < jend; j0 += BN, ++it) {
+#if KV_SPLIT
+        CP_WAIT1();                     // this work-item's copies of v tile it have landed (k's may fly)
+        FENCE_ASYNC();
+        barrier(CLK_LOCAL_MEM_FENCE);   // ... and everyone's
+#else
         STREAM_NEXT(ksb, vsb, kb, k_ss, vb, v_ss, BN, jend, ks, vs);
+#endif
         float s[RB][NB][4], dp[RB][NB][4];
 #if MMA_WG
         // (RB 1: s[0], dp[0] are the warpgroup's 64 x 64 accumulators; the first k step overwrites them)
@@ -1089,14 +1130,20 @@ void attention_backward_dq_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(grad_
         // halves
         WG_FRESH(gf, ga[0]);
         WG_FENCE();
-#if WG_OVERLAP   // s's batch, then dp's: s waited for alone (dp's products run while p is formed below)
-        #pragma unroll
-        for (int kk = 0; kk < DK; ++kk) WGS_S(s[0], qw4, DESC_KMH(qat, kk, BM), ksb, DESC_KMH(kat, kk, BN), kk > 0);
-        WG_COMMIT();
+#if KV_SPLIT   // dp's batch while k tile it lands, then s's; both waited for
         #pragma unroll
         for (int kk = 0; kk < DK; ++kk) WGR_S(dp[0], gf[kk], vsb, DESC_KMH(vat, kk, BN), kk > 0);
         WG_COMMIT();
-        WG_WAIT1_S(s[0]);
+        CP_WAIT0();
+        FENCE_ASYNC();
+        barrier(CLK_LOCAL_MEM_FENCE);
+        #pragma unroll
+        for (int kk = 0; kk < DK; ++kk) WGS_S(s[0], qw4, DESC_KMH(qat, kk, BM), ksb, DESC_KMH(kat, kk, BN), kk > 0);
+        WG_COMMIT();
+        WG_WAIT_S2(s[0], dp[0]);
+        barrier(CLK_LOCAL_MEM_FENCE);   // every warp's dp is done: the v buffer takes the next tile
+        if (j0 + BN < jend) ISSUE_TILE(vsb, vb, v_ss, j0 + BN, BN, jend, tid);
+        CP_COMMIT();
 #else
         #pragma unroll
         for (int kk = 0; kk < DK; ++kk) {
@@ -1170,9 +1217,6 @@ void attention_backward_dq_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(grad_
                 for (int e = 0; e < 4; ++e)
                     s[rb][jb][e] = s[rb][jb][e] == -INFINITY ? 0.0f : EXPF(s[rb][jb][e] - lse_r[rb][e >> 1]);
 #endif
-#if MMA_WG && WG_OVERLAP
-            WG_WAIT_S(dp[0]);   // dp's batch
-#endif
             if (drop_threshold) DROP_ROWS(dp[rb], s[rb], rloc[rb]);
             #pragma unroll
             for (int jb = 0; jb < NB; ++jb) {
@@ -1186,6 +1230,11 @@ void attention_backward_dq_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(grad_
         // dq += ds k by 64-column halves in one batch: ds from registers, each half of the k tile read
         // MN-major, k = 64
         WGR_TILE_HALVES(dqa[0], da[0], ksb, kat, kat + BN * WG_ROW, DESC_MN, 1);
+#if KV_SPLIT
+        barrier(CLK_LOCAL_MEM_FENCE);   // every warp's dq += ds k is done: the k buffer takes the next tile
+        if (j0 + BN < jend) ISSUE_TILE(ksb, kb, k_ss, j0 + BN, BN, jend, tid);
+        CP_COMMIT();
+#endif
 #elif MMA_WG && WG_KN && HEAD_DIM == 128
         // dq += ds k by 64-column halves: ds from registers, each half of the k tile read MN-major
         WGR_TILE2(dqa[0], da[0], ksb, kat, DESC_MN, 1, 1);
