@@ -132,15 +132,6 @@ inline uint pack2(const float lo, const float hi) {
 // a work-item at a time; rows at or past `limit` are zeros. Where the work-group's width is a multiple of a
 // row's chunks (CH), a work-item keeps one column of chunks and steps its pointer by whole rows: no division
 // and no 64-bit multiply a chunk (they were most of the forward's integer instructions)
-// COPY_ROLLED 1: that loop not unrolled (its addresses are not all kept in registers across the pass)
-#ifndef COPY_ROLLED
-#define COPY_ROLLED 0
-#endif
-#if COPY_ROLLED
-#define COPY_UNROLL _Pragma("unroll 1")
-#else
-#define COPY_UNROLL _Pragma("unroll")
-#endif
 #if THREADS % CH == 0
 #define ROW_STEP (THREADS / CH)
 // A fixed trip count (count is a constant once inlined), unrolled: no remainder loop, and no row check
@@ -149,7 +140,7 @@ inline uint pack2(const float lo, const float hi) {
     const int ch = (tid) % CH;                                                                          \
     __global const ushort *src = (base) + ((long)(first) + (tid) / CH) * (row_stride) + ch * 8;         \
     const long step = (long)ROW_STEP * (row_stride);                                                    \
-    COPY_UNROLL                                                                                         \
+    _Pragma("unroll")                                                                                   \
     for (int i_ = 0, r = (tid) / CH; i_ < (count + ROW_STEP - 1) / ROW_STEP; ++i_, r += ROW_STEP, src += step) \
         if (count % ROW_STEP == 0 || r < count)
 #else
