@@ -318,16 +318,6 @@ inline void issue_tile(__local ushort *dst, __global const ushort *base, const l
 // and dp^T's products in two batches, p^T formed while dp^T's run, dv's products issued before ds^T is
 // formed, dk's and dv's waited for at once. Same call as above: 1.572 -> 1.501 ms full, 0.825 -> 0.782 causal.
 #define WG_OVERLAP (HEAD_DIM == 128 && MMA_PASS == 3 && DKDV_STAGES == 1)
-// DKDV_REGS 1 (with WG_OVERLAP; not yet measured, off): the next query tile's q and dO rows are loaded into
-// registers (32 a work-item) once s^T's products are done, and stored into the stage at the next tile's top:
-// their latency hidden behind p^T, the dv, ds^T and dk work of this tile, where the one stage's cp.async
-// waited for it at every tile's top
-#ifndef DKDV_REGS
-#define DKDV_REGS 0
-#endif
-#if DKDV_REGS && (!WG_OVERLAP || THREADS % CH || BQ != 4 * (THREADS / CH))
-#error "attention_mma.cl DKDV_REGS: the one-stage dk/dv pass at head dim 128 (four chunks a work-item a tile)"
-#endif
 #include "wgmma.cl"
 #define WG_ROW 128                       // bytes of a streamed row in local memory (64 16-bit values)
 // chunk `ch` (16 bytes) of row r of a tile, swizzled (wgmma.cl's swizzle of byte r * 128 + ch * 16)
@@ -361,34 +351,6 @@ inline void issue_tile_wg(__local ushort *dst, __global const ushort *base, cons
         nc_cp_async16((__local uchar *)dst + WG_CHUNK_H(r, ch, count), in ? src : base, in ? 16 : 0);
     }
 }
-
-#if THREADS % CH == 0
-// the same 32 rows into four registers (x0 .. x3: the work-item's chunks, zeros past `limit`) and from them
-// into a stage (DKDV_REGS; named registers, not an array, so that no compiler puts them on the stack)
-#define REG_CHUNK(x, i, base, row_stride, first, limit)                                                 \
-    do {                                                                                                \
-        const int r_ = tid / CH + (i) * ROW_STEP;                                                       \
-        x = (first) + r_ < (limit)                                                                      \
-            ? *(__global const uint4 *)((base) + ((long)(first) + r_) * (row_stride) + tid % CH * 8)    \
-            : (uint4)(0);                                                                               \
-    } while (0)
-#define LOAD_TILE_REGS(x, base, row_stride, first, limit)                                               \
-    do {                                                                                                \
-        REG_CHUNK(x##0, 0, base, row_stride, first, limit);                                             \
-        REG_CHUNK(x##1, 1, base, row_stride, first, limit);                                             \
-        REG_CHUNK(x##2, 2, base, row_stride, first, limit);                                             \
-        REG_CHUNK(x##3, 3, base, row_stride, first, limit);                                             \
-    } while (0)
-#define STORE_REG_CHUNK(dst, x, i)                                                                      \
-    *(__local uint4 *)((__local uchar *)(dst) + WG_CHUNK_H(tid / CH + (i) * ROW_STEP, tid % CH, BQ)) = x
-#define STORE_TILE_REGS(dst, x)                                                                         \
-    do {                                                                                                \
-        STORE_REG_CHUNK(dst, x##0, 0);                                                                  \
-        STORE_REG_CHUNK(dst, x##1, 1);                                                                  \
-        STORE_REG_CHUNK(dst, x##2, 2);                                                                  \
-        STORE_REG_CHUNK(dst, x##3, 3);                                                                  \
-    } while (0)
-#endif
 
 #ifdef MMA_EMULATE
 // element (row n, k) of a B operand as the units read it through descriptor `desc` (an offset in `tile`):
@@ -1423,9 +1385,6 @@ void attention_backward_dkdv_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(gra
 #endif
     CP_COMMIT();
 #endif
-#if DKDV_REGS
-    uint4 qr0, qr1, qr2, qr3, gr0, gr1, gr2, gr3;   // the next tile's chunks
-#endif
     for (int it = 0; it < total; ++it) {
         QTILE_AT(it);
         const long mbase = mask_off + b * mask_sb + h * mask_sh;
@@ -1439,16 +1398,6 @@ void attention_backward_dkdv_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(gra
         if (it + 1 < total) ISSUE_QTILE(it + 1, (it + 1) & 1);
         CP_COMMIT();
         CP_WAIT1();                     // this work-item's copies of tile it have landed
-#elif DKDV_REGS
-        if (it == 0) {
-            ISSUE_QTILE(0, 0);
-            CP_COMMIT();
-        } else {                        // the rows loaded into registers during tile it - 1
-            STORE_TILE_REGS(qsb, qr);
-            STORE_TILE_REGS(gsb, gr);
-        }
-        LSE_DELTA_COLS();
-        CP_WAIT0();                     // (tile 0: this work-item's copies have landed)
 #else
         ISSUE_QTILE(it, 0);
         CP_COMMIT();
@@ -1518,13 +1467,6 @@ void attention_backward_dkdv_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(gra
         WG_COMMIT();
 #if WG_OVERLAP
         WG_WAIT1_ACC16(st);   // (dp^T's products still running)
-#if DKDV_REGS
-        if (it + 1 < total) {   // the next tile's rows into registers, in flight while this tile computes
-            QTILE_AT(it + 1);
-            LOAD_TILE_REGS(qr, qhead + h * q_sh, q_ss, i0, SQ);
-            LOAD_TILE_REGS(gr, ghead + h * grad_out_sh, grad_out_ss, i0, SQ);
-        }
-#endif
 #elif HEAD_DIM == 128
         WG_WAIT_ACC8X2(st, dpt);
 #else

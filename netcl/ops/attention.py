@@ -196,9 +196,8 @@ WGMMA_128: tuple[str, ...] = ("forward", "dq", "dkdv")
 # lse and delta read while the tile flies). fwd+bwd with all three: 0.65x SDPA causal (1.838 vs 1.195 ms),
 # 0.56x full (3.278 vs 1.843); 0.51x / 0.44x before (bench/NOTES.md, thirtieth session); with the
 # one-stage passes' refills split and their products overlapped (attention_mma.cl KV_SPLIT, WG_OVERLAP;
-# thirty-first session) 0.70x / 0.61x; MMA_TILES["dkdv_wg"]["DKDV_REGS"] 1 stages the dk/dv pass's next
-# query tile in registers (not yet measured, off). A new setting is a new dict (attention calls key their
-# templates on the dict's identity, as MMA_TILES's).
+# thirty-first session) 0.70x / 0.61x. A new setting is a new dict (attention calls key their templates on
+# the dict's identity, as MMA_TILES's).
 TILES_128 = {"forward": 64, "dq": 64, "dkdv": 32}
 MMA_RB_MAX_HEAD_DIM = 64
 # The matrix-unit backward (dq pass, then dk/dv: no atomics) keeps k's and v's fragments and dk, dv in
