@@ -8,8 +8,11 @@ this clang, so the counts are estimates (the k-means kernel's registers came wit
 bench/NOTES.md), but a kernel that does not assemble here, or spills here, is worth knowing about before a
 device call.
 
-    python bench/ptx_offline.py [--d 128] [--dtype bfloat16] [--tiles-128 JSON]
-                                [--switches JSON] [--keep DIR] [--clang clang-15] [--ptxas ptxas]
+    python bench/ptx_offline.py [--d 128] [--dtype bfloat16] [--switches JSON] [--keep DIR]
+                                [--clang clang-15] [--ptxas ptxas]
+
+--switches sets netcl.ops.attention's switches first, e.g. '{"TILES_128": {"dkdv": 16}}' (the two-stage
+dk/dv pass) or '{"MMA_TILES": {"dkdv_wg": {"NAME": 1}}}' (a build define of that pass).
 """
 
 from __future__ import annotations
@@ -109,8 +112,6 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--d", type=int, default=128, help="attention head dim (64 or 128)")
     ap.add_argument("--dtype", default="bfloat16", choices=("float16", "bfloat16"))
-    ap.add_argument("--tiles-128", type=json.loads, default=None,
-                    help='the streamed tiles at head dim 128: a JSON object over attention.TILES_128')
     ap.add_argument("--switches", type=json.loads, default=None,
                     help="netcl.ops.attention's switches as a JSON object (an object's value merged into the "
                     "switch's default, a list a tuple), e.g. '{\"TILES_128\": {\"dkdv\": 16}}'")
@@ -124,8 +125,6 @@ def main() -> None:
             sys.exit(f"bench/ptx_offline.py: {tool} is not on PATH (--clang / --ptxas name another)")
     if args.d not in (64, 128):
         sys.exit(f"bench/ptx_offline.py: --d must be 64 or 128 (the wgmma passes' head dims), got {args.d}")
-    if args.tiles_128 is not None:
-        attn.TILES_128 = {**attn.TILES_128, **args.tiles_128}
     for name, value in (args.switches or {}).items():
         if not hasattr(attn, name):
             sys.exit(f"bench/ptx_offline.py: --switches: netcl.ops.attention has no switch {name!r}")

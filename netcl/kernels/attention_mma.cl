@@ -862,6 +862,9 @@ void attention_forward_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), MASK_ARGS, LEN_AR
         MMA_KN_RB(o, pa, BN / 16, VS_KN_T);
 #endif
     }
+#if KV_SPLIT
+    CP_WAIT0();   // (a work-group whose rows see no key never waited for the tiles it issued)
+#endif
 
     MMA_UNROLL
     for (int rb = 0; rb < RB; ++rb)
@@ -1236,6 +1239,9 @@ void attention_backward_dq_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(grad_
         MMA_KN_RB(dqa, da, BN / 16, KS_KN_T);
 #endif
     }
+#if KV_SPLIT
+    CP_WAIT0();   // (as the forward's)
+#endif
     #pragma unroll
     for (int rb = 0; rb < RB; ++rb)
         #pragma unroll
@@ -1541,9 +1547,7 @@ void attention_backward_dkdv_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(gra
             PACK_A(pa, jb, st[jb]);
             PACK_A(da, jb, dpt[jb]);
         }
-#endif
-#if MMA_WG && WG_OVERLAP   // (above)
-#elif MMA_WG && WG_KN && HEAD_DIM == 128
+#if MMA_WG && WG_KN && HEAD_DIM == 128
         // dv += (p z)^T dO, dk += ds^T q by 64-column halves: the 16-row tiles read MN-major
         WGR_HALVES1(dva, pa, gsb, DESC_MN(gat, 0), DESC_MN(gat + BQ * WG_ROW, 0), 1);
         WGR_HALVES1(dka, da, qsb, DESC_MN(qat, 0), DESC_MN(qat + BQ * WG_ROW, 0), 1);
@@ -1553,6 +1557,7 @@ void attention_backward_dkdv_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(gra
 #else
         MMA_KN_SLICE(dva, pa, BQ / 16, GS_KN_T);
         MMA_KN_SLICE(dka, da, BQ / 16, QS_KN_T);
+#endif
 #endif
     }
     #pragma unroll
