@@ -290,6 +290,13 @@ inline void issue_tile(__local ushort *dst, __global const ushort *base, const l
 #ifndef WG_SS
 #define WG_SS 0
 #endif
+// DKDV_KREG 1 (the dk/dv pass at head dim 128 with 32-row query tiles; not yet measured, off:
+// MMA_TILES["dkdv_wg"]["DKDV_KREG"]): k's rows as fragments in registers (s^T's A operand, through WG_FRESH)
+// instead of local memory, which frees 16 KB for a second stage of query tiles: the next tile's copy flies
+// while this one computes, where the one stage waited for it at every tile's top
+#ifndef DKDV_KREG
+#define DKDV_KREG 0
+#endif
 #if MMA_WG
 #if (MMA_PASS == 1 || MMA_PASS == 2) && HEAD_DIM == 128 \
     && (!(BN == 32 && KV_STAGES == 2) && !(BN == 64 && KV_STAGES == 1) \
@@ -300,9 +307,9 @@ inline void issue_tile(__local ushort *dst, __global const ushort *base, const l
 #error "attention_mma.cl MMA_WG forward and dq pass: HEAD_DIM 64, BN 64, RB 1, 64 rows a warpgroup, and the ring"
 #elif MMA_PASS == 3 && HEAD_DIM != 128 && (HEAD_DIM != 64 || BQ != 64 || (BM % 64) || !DKDV_RING || DSPLIT != 1)
 #error "attention_mma.cl MMA_WG dk/dv pass: HEAD_DIM 64, BQ 64, 64 keys a warpgroup, and the ring"
-#elif MMA_PASS == 3 && HEAD_DIM == 128 && ((BQ != 16 && BQ != 32) || (BQ == 32) != (DKDV_STAGES == 1) \
-      || BM != 64 || !DKDV_RING || DSPLIT != 1 || !WG_SS || !WG_KN)
-#error "attention_mma.cl MMA_WG dk/dv pass at HEAD_DIM 128: BQ 16 (two stages) or 32 (one), one warpgroup (BM 64), the ring, WG_SS, WG_KN"
+#elif MMA_PASS == 3 && HEAD_DIM == 128 && ((BQ != 16 && BQ != 32) || (BQ == 32) != (DKDV_STAGES == 1 || DKDV_KREG) \
+      || (DKDV_KREG && (BQ != 32 || DKDV_STAGES != 2)) || BM != 64 || !DKDV_RING || DSPLIT != 1 || !WG_SS || !WG_KN)
+#error "attention_mma.cl MMA_WG dk/dv pass at HEAD_DIM 128: BQ 16 (two stages) or 32 (one; two with DKDV_KREG), one warpgroup (BM 64), the ring, WG_SS, WG_KN"
 #elif MMA_PASS != 1 && MMA_PASS != 2 && MMA_PASS != 3
 #error "attention_mma.cl MMA_WG: the forward (MMA_PASS 1), the dq (2) or the dk/dv pass (3) alone"
 #endif
@@ -317,7 +324,7 @@ inline void issue_tile(__local ushort *dst, __global const ushort *base, const l
 // The one-stage dk/dv pass (32-row query tiles) overlaps its products with its own element-wise work: s^T's
 // and dp^T's products in two batches, p^T formed while dp^T's run, dv's products issued before ds^T is
 // formed, dk's and dv's waited for at once. Same call as above: 1.572 -> 1.501 ms full, 0.825 -> 0.782 causal.
-#define WG_OVERLAP (HEAD_DIM == 128 && MMA_PASS == 3 && DKDV_STAGES == 1)
+#define WG_OVERLAP (HEAD_DIM == 128 && MMA_PASS == 3 && BQ == 32)
 #include "wgmma.cl"
 #define WG_ROW 128                       // bytes of a streamed row in local memory (64 16-bit values)
 // chunk `ch` (16 bytes) of row r of a tile, swizzled (wgmma.cl's swizzle of byte r * 128 + ch * 16)
@@ -330,6 +337,9 @@ inline void issue_tile(__local ushort *dst, __global const ushort *base, const l
 // (the dq pass's dO at head dim 128), as WARP_ROWS
 #define GW_ROWS(L)                                                                                      \
     ((__local ushort *)((__local uchar *)ksb + WG_CHUNK_H(warp * 16 + ((L) & 15), kk * 2 + ((L) >> 4), BM)))
+// the same for the dk/dv pass's k rows (KEYS of them) passing through the query stages (DKDV_KREG)
+#define KW_ROWS(L)                                                                                      \
+    ((__local ushort *)((__local uchar *)qs4 + WG_CHUNK_H(warp * 16 + ((L) & 15), kk * 2 + ((L) >> 4), KEYS)))
 // ldmatrix row addresses of the swizzled tile: rows kk * 16 .. + 15 (the k side) at columns db * 8 .. + 15,
 // as KN_ROWS
 #define KN_SWIZZLED(tile, L)                                                                            \
@@ -1306,7 +1316,11 @@ void attention_backward_dkdv_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(gra
     // (head dim 128: 16-row query tiles in two stages or 32-row ones in one, each row two swizzled halves;
     // k, v and the ring 48 KB exactly)
     __local uint4 qs4[DKDV_STAGES * TILE_ELEMS(BQ) / 8], gs4[DKDV_STAGES * TILE_ELEMS(BQ) / 8];   // q's, dO's
+#if DKDV_KREG
+    __local uint4 vw4[TILE_ELEMS(KEYS) / 8];   // v's rows: dp^T's A operand (k's pass through the stages)
+#else
     __local uint4 kw4[TILE_ELEMS(KEYS) / 8], vw4[TILE_ELEMS(KEYS) / 8];       // k's and v's rows: A operands
+#endif
 #define ROW_LSE(jb, e) lse_c[jb][(e) & 1]
 #define ROW_DELTA(jb, e) delta_c[jb][(e) & 1]
 #else
@@ -1334,7 +1348,22 @@ void attention_backward_dkdv_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(gra
     const int L = valid_keys(kv_len, kv_len_off, has_kv_len, kv_len_stride, b, SK);
     const int jloc[2] = {warp * 16 + g, warp * 16 + g + 8};
 
-#if MMA_WG && WG_SS
+#if MMA_WG && WG_SS && DKDV_KREG
+    // k's rows through the query stages (16 KB: both) into fragments before the ring takes them; v's rows
+    // into their buffer
+    ISSUE_TILE((__local ushort *)qs4, (__global const ushort *)(k + k_off + b * k_sb + hk * k_sh), k_ss, j0, KEYS,
+               SK, tid);
+    ISSUE_TILE((__local ushort *)vw4, (__global const ushort *)(v + v_off + b * v_sb + hk * v_sh), v_ss, j0, KEYS,
+               SK, tid);
+    CP_COMMIT();
+    CP_WAIT0();
+    barrier(CLK_LOCAL_MEM_FENCE);
+    uint ka[DK][4];
+    MMA_UNROLL
+    for (int kk = 0; kk < DK; ++kk) LDSM(ka[kk], KW_ROWS, false);
+    barrier(CLK_LOCAL_MEM_FENCE);   // every warp has its fragments: the stages are free
+    const uint vat = WG_BASE(vw4);
+#elif MMA_WG && WG_SS
     // (landed by the ring's first wait: the same commit group as the first query tile)
     ISSUE_TILE((__local ushort *)kw4, (__global const ushort *)(k + k_off + b * k_sb + hk * k_sh), k_ss, j0, KEYS,
                SK, tid);
@@ -1433,10 +1462,18 @@ void attention_backward_dkdv_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(gra
 #if DKDV_STAGES == 2
         LSE_DELTA_COLS();   // (read while the units work)
 #endif
+#if DKDV_KREG
+        WG_FRESH(kf, ka);
+#endif
         WG_FENCE();
 #if WG_OVERLAP   // s^T's batch, then dp^T's (waited for below), m64n32, 8 k steps over both halves of the rows
+#if DKDV_KREG
+        #pragma unroll
+        for (int kk = 0; kk < DK; ++kk) WGR32(st, kf[kk], qsb, DESC_KMH(qat, kk, BQ), kk > 0);
+#else
         #pragma unroll
         for (int kk = 0; kk < DK; ++kk) WGS32(st, kw4, DESC_KMH(kat, kk, KEYS), qsb, DESC_KMH(qat, kk, BQ), kk > 0);
+#endif
         WG_COMMIT();
         #pragma unroll
         for (int kk = 0; kk < DK; ++kk) WGS32(dpt, vw4, DESC_KMH(vat, kk, KEYS), gsb, DESC_KMH(gat, kk, BQ), kk > 0);

@@ -196,8 +196,9 @@ WGMMA_128: tuple[str, ...] = ("forward", "dq", "dkdv")
 # lse and delta read while the tile flies). fwd+bwd with all three: 0.65x SDPA causal (1.838 vs 1.195 ms),
 # 0.56x full (3.278 vs 1.843); 0.51x / 0.44x before (bench/NOTES.md, thirtieth session); with the
 # one-stage passes' refills split and their products overlapped (attention_mma.cl KV_SPLIT, WG_OVERLAP;
-# thirty-first session) 0.70x / 0.61x. A new setting is a new dict (attention calls key their templates on
-# the dict's identity, as MMA_TILES's).
+# thirty-first session) 0.70x / 0.61x; MMA_TILES["dkdv_wg"]["DKDV_KREG"] 1 keeps the dk/dv pass's k rows in
+# registers and its 32-row query tiles in two stages (not yet measured, off). A new setting is a new dict
+# (attention calls key their templates on the dict's identity, as MMA_TILES's).
 TILES_128 = {"forward": 64, "dq": 64, "dkdv": 32}
 MMA_RB_MAX_HEAD_DIM = 64
 # The matrix-unit backward (dq pass, then dk/dv: no atomics) keeps k's and v's fragments and dk, dv in
@@ -656,12 +657,16 @@ class _Problem:
                 if size not in (small, large):
                     raise ValueError(f"TILES_128[{kernel!r}] must be {small} or {large}, got {size!r}")
                 if kernel == "dkdv":   # (64 keys and their k and v rows beside the query tiles)
-                    fixed = {"BQ": size, "DKDV_RING": 1, "DKDV_STAGES": 2 if size == small else 1, "BM": 64,
-                             "WG_KN": 1, "WG_SS": 1}
+                    # (DKDV_KREG: k's rows in registers, two stages of the larger tile)
+                    kreg = int(bool(MMA_TILES.get("dkdv_wg", {}).get("DKDV_KREG")) and size == large)
+                    fixed = {"BQ": size, "DKDV_RING": 1, "DKDV_STAGES": 2 if size == small or kreg else 1,
+                             "BM": 64, "WG_KN": 1, "WG_SS": 1, "DKDV_KREG": kreg}
                 else:   # (one warpgroup, q's rows beside the key tiles; the dq pass's dO in registers)
                     fixed = {"BN": size, "KV_STAGES": 2 if size == small else 1, "RB": 1, "PREFETCH": 1,
                              "BM": 64, "WG_KN": 1, "WG_SS": 0}
             tiles.update(MMA_TILES.get(f"{kernel}_wg", {}), **fixed, MMA_WG=1)
+            if self.D != 128:
+                tiles.pop("DKDV_KREG", None)   # (head dim 128's option)
             if tiles["BM"] % 64:
                 raise ValueError(f"MMA_TILES['{kernel}_wg']: BM must be a multiple of 64 (rows of whole "
                                  f"warpgroups), got {tiles['BM']}")
@@ -689,7 +694,8 @@ class _Problem:
             ring = defines.get("KV_STAGES", 2) * 2 * defines["BN"] * self.D * 2
             q_rows = defines["BM"] * self.D * 2
         if tiles.get("WG_SS"):   # (the unpadded stages; lse and delta in registers, or before the ring)
-            dkdv_ring = (2 * defines.get("DKDV_STAGES", 2) * defines["BQ"] + 2 * defines["BM"]) * self.D * 2
+            dkdv_ring = (2 * defines.get("DKDV_STAGES", 2) * defines["BQ"]
+                         + (2 - defines.get("DKDV_KREG", 0)) * defines["BM"]) * self.D * 2
             ring = (2 * 2 * defines["BN"] + 2 * defines["BM"]) * self.D * 2
         need = dkdv_ring if kernel == "dkdv" else ring + q_rows
         if wg and need > local_mem:

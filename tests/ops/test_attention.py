@@ -1125,9 +1125,11 @@ def test_matrix_units_on_warpgroup_units(queue, rng, mma_emulated, monkeypatch, 
 
 
 @pytest.mark.gpu_shaped
-@pytest.mark.parametrize("tiles", [{"forward": 32, "dq": 32, "dkdv": 16},
-                                   {"forward": 64, "dq": 64, "dkdv": 32}])
-def test_matrix_unit_passes_on_warpgroup_units_at_head_dim_128(queue, rng, mma_emulated, monkeypatch, tiles):
+@pytest.mark.parametrize("tiles, dkdv_wg", [({"forward": 32, "dq": 32, "dkdv": 16}, {}),
+                                            ({"forward": 64, "dq": 64, "dkdv": 32}, {}),
+                                            ({"forward": 64, "dq": 64, "dkdv": 32}, {"DKDV_KREG": 1})])
+def test_matrix_unit_passes_on_warpgroup_units_at_head_dim_128(queue, rng, mma_emulated, monkeypatch, tiles,
+                                                               dkdv_wg):
     """WGMMA_128: the three passes at head dim 128 on wgmma (each row as two swizzled 64-column halves; the
     forward and dq over 32-key tiles in two ring stages or 64-key ones in one, the dq pass's dO as fragments
     in registers; the dk/dv pass over 16-row query tiles in two ring stages or 32-row ones in one
@@ -1135,7 +1137,8 @@ def test_matrix_unit_passes_on_warpgroup_units_at_head_dim_128(queue, rng, mma_e
     no wgmma), against float64 NumPy and against the mma.sync passes: GQA, causal rows ending inside a tile,
     rows that see no key (causal under kv_len), kv_len and dropout over several key tiles (both stages of
     the two-stage rings), three query work-groups and three key work-groups; then full rows under a bool
-    mask (the masked tiles' path). Sizes TILES_128 does not have are refused."""
+    mask (the masked tiles' path); the dk/dv pass with k's rows in registers and two stages of 32-row query
+    tiles too (MMA_TILES["dkdv_wg"]["DKDV_KREG"]). Sizes TILES_128 does not have are refused."""
     if not attn.MMA_EMULATE and not attn.has_wgmma(queue.device):
         pytest.skip("the device runs mma.sync but not wgmma (its emulation runs on the CPUs)")
     monkeypatch.setattr(attn, "WGMMA_PASSES", ("forward", "dq", "dkdv"))
@@ -1146,6 +1149,8 @@ def test_matrix_unit_passes_on_warpgroup_units_at_head_dim_128(queue, rng, mma_e
         with pytest.raises(ValueError, match=rf"TILES_128\['{kernel}'\] must be"):
             small.launch_mma(kernel)
     monkeypatch.setattr(attn, "TILES_128", tiles)
+    monkeypatch.setattr(attn, "MMA_TILES", {**attn.MMA_TILES,
+                                            "dkdv_wg": {**attn.MMA_TILES["dkdv_wg"], **dkdv_wg}})
     B, HQ, HKV, SQ, SK, D = 1, 2, 1, 147, 150, 128
     q, k, v, g = (a.astype(np.float16) for a in inputs(rng, B, HQ, HKV, SQ, SK, D))
     nq, nk, nv, ng = (dev(queue, a) for a in (q, k, v, g))
