@@ -321,9 +321,10 @@ inline void issue_tile(__local ushort *dst, __global const ushort *base, const l
 // both tiles issued at the top of the loop and waited for together: forward 0.667 -> 0.619 ms full, 0.403
 // -> 0.377 causal; dq 0.961 -> 0.882, 0.588 -> 0.538 (bench/NOTES.md, thirty-first session).
 #define KV_SPLIT (KV_STAGES == 1)
-// The one-stage dk/dv pass (32-row query tiles) overlaps its products with its own element-wise work: s^T's
-// and dp^T's products in two batches, p^T formed while dp^T's run, dv's products issued before ds^T is
-// formed, dk's and dv's waited for at once. Same call as above: 1.572 -> 1.501 ms full, 0.825 -> 0.782 causal.
+// The dk/dv pass over 32-row query tiles (one stage; two with DKDV_KREG) overlaps its products with its own
+// element-wise work: s^T's and dp^T's products in two batches, p^T formed while dp^T's run, dv's products
+// issued before ds^T is formed, dk's and dv's waited for at once. Same call as above (one stage): 1.572 ->
+// 1.501 ms full, 0.825 -> 0.782 causal.
 #define WG_OVERLAP (HEAD_DIM == 128 && MMA_PASS == 3 && BQ == 32)
 #include "wgmma.cl"
 #define WG_ROW 128                       // bytes of a streamed row in local memory (64 16-bit values)
