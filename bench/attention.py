@@ -207,6 +207,27 @@ _KNOBS = {"atomic": "GPU_DQ_ATOMIC", "native_exp": "GPU_NATIVE_EXP", "backward":
          "split_add": "GPU_DQ_SPLIT_ADD", "tf32": "GPU_TF32X3", "tf32_tiles": "TF32_TILES"}
 
 
+def check_switches(switch_sets: object) -> None:
+    """ValueError unless `switch_sets` is a list of objects, each naming switches of netcl.ops.attention (an
+    object for a dict switch: merged into its default); bench/ptx_offline.py checks its --switches here."""
+    if not isinstance(switch_sets, list) or not all(isinstance(x, dict) for x in switch_sets):
+        raise ValueError("not a list of objects")
+    for switches in switch_sets:
+        for name, value in switches.items():
+            if not name.isupper() or not hasattr(attn, name):
+                raise ValueError(f"netcl.ops.attention has no switch {name!r}")
+            if isinstance(getattr(attn, name), dict) and not isinstance(value, dict):
+                raise ValueError(f"{name}: an object (merged into the default's), got {value!r}")
+
+
+def switched(default: object, value: object) -> object:
+    """A switch's setting as netcl.ops.attention takes it: an object merged into the switch's default dict, a
+    list as a tuple, anything else as it is."""
+    if isinstance(default, dict):
+        return {**default, **value}
+    return tuple(value) if isinstance(value, list) else value
+
+
 def sweep(dev, B: int, H: int, S: int, D: int, repeat: int, causal: bool, only: str = "") -> list[dict]:
     """Time each configuration of SWEEP (the rows whose kernel is in `only`, a comma list; all when empty)
     on one problem: the forward alone, or the whole backward (delta, then the fused pass or both passes)."""
@@ -317,16 +338,9 @@ def main() -> int:
     args = ap.parse_args()
     try:
         switch_sets = json.loads(args.switches) if args.switches else []
-        if args.mma_tiles:
+        if args.mma_tiles and isinstance(switch_sets, list):
             switch_sets += [{"MMA_TILES": tiles} for tiles in json.loads(args.mma_tiles)]
-        if not isinstance(switch_sets, list) or not all(isinstance(x, dict) for x in switch_sets):
-            raise ValueError("not a list of objects")
-        for switches in switch_sets:
-            for name, value in switches.items():
-                if not name.isupper() or not hasattr(attn, name):
-                    raise ValueError(f"netcl.ops.attention has no switch {name!r}")
-                if isinstance(getattr(attn, name), dict) and not isinstance(value, dict):
-                    raise ValueError(f"{name}: an object (merged into the default's), got {value!r}")
+        check_switches(switch_sets)
     except ValueError as exc:
         ap.error(f"--switches / --mma-tiles: {exc}")
     if args.no_tf32:
@@ -450,10 +464,8 @@ def main() -> int:
                                               case.D)).astype(dtype) for n in "qkvg"}
             ref = [np.asarray(a, np.float64) for a in run_netcl(case, arrays, dev, 1)["results"]]
             for switches in switch_sets:
-                for name, value in switches.items():   # (an object merged into the default's; a list a tuple)
-                    if isinstance(saved[name], dict):
-                        value = {**saved[name], **value}
-                    setattr(attn, name, tuple(value) if isinstance(value, list) else value)
+                for name, value in switches.items():
+                    setattr(attn, name, switched(saved[name], value))
                 try:
                     r = run_netcl(case, arrays, dev, repeat, args.kernels)
                 except Exception as exc:  # a setting the device cannot build is reported, not fatal

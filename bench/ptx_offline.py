@@ -29,6 +29,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from attention import check_switches, switched  # noqa: E402  (bench/attention.py)
 
 import netcl.ops.attention as attn  # noqa: E402
 from netcl import kernels  # noqa: E402
@@ -125,12 +128,12 @@ def main() -> None:
             sys.exit(f"bench/ptx_offline.py: {tool} is not on PATH (--clang / --ptxas name another)")
     if args.d not in (64, 128):
         sys.exit(f"bench/ptx_offline.py: --d must be 64 or 128 (the wgmma passes' head dims), got {args.d}")
+    try:
+        check_switches([args.switches or {}])
+    except ValueError as exc:
+        sys.exit(f"bench/ptx_offline.py: --switches: {exc}")
     for name, value in (args.switches or {}).items():
-        if not hasattr(attn, name):
-            sys.exit(f"bench/ptx_offline.py: --switches: netcl.ops.attention has no switch {name!r}")
-        current = getattr(attn, name)
-        setattr(attn, name, {**current, **value} if isinstance(current, dict) and isinstance(value, dict)
-                else tuple(value) if isinstance(value, list) else value)
+        setattr(attn, name, switched(getattr(attn, name), value))
     with tempfile.TemporaryDirectory() as tmp:
         for name, filename, defines in attention_builds(args.d, args.dtype):
             names = ("BM", "BN", "BQ", "KV_STAGES", "DKDV_STAGES", "WG_SS")
