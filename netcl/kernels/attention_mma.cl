@@ -1548,13 +1548,15 @@ void attention_backward_dkdv_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(gra
                     st[jb][e] = p * z;
                 }
         }
-#if !(MMA_WG && WG_OVERLAP)   // (ds^T below, with dv's products running)
+        // ds^T = p^T (dp^T - delta) in dpt's place, without dropout (WG_OVERLAP: below, dv's products running)
+#define DS_T()                                                                                          \
+    _Pragma("unroll")                                                                                   \
+    for (int jb = 0; jb < QB; ++jb)                                                                     \
+        _Pragma("unroll")                                                                               \
+        for (int e = 0; e < 4; ++e) dpt[jb][e] = st[jb][e] * (dpt[jb][e] - ROW_DELTA(jb, e))
+#if !(MMA_WG && WG_OVERLAP)
         else {
-            #pragma unroll
-            for (int jb = 0; jb < QB; ++jb)
-                #pragma unroll
-                for (int e = 0; e < 4; ++e)
-                    dpt[jb][e] = st[jb][e] * (dpt[jb][e] - ROW_DELTA(jb, e));
+            DS_T();
         }
 #endif
 #if MMA_WG && WG_OVERLAP
@@ -1567,11 +1569,7 @@ void attention_backward_dkdv_mma(KV_ARGS(q), KV_ARGS(k), KV_ARGS(v), KV_ARGS(gra
                           DESC_MN(gat + BQ * WG_ROW, 1), 1);
         WG_WAIT1_ACC16(dpt);   // dp^T's batch (dv's may still run)
         if (!drop_threshold) {
-            #pragma unroll
-            for (int jb = 0; jb < QB; ++jb)
-                #pragma unroll
-                for (int e = 0; e < 4; ++e)
-                    dpt[jb][e] = st[jb][e] * (dpt[jb][e] - ROW_DELTA(jb, e));
+            DS_T();
         }
         #pragma unroll
         for (int jb = 0; jb < QB; ++jb) PACK_A(da, jb, dpt[jb]);
