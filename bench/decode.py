@@ -243,8 +243,21 @@ def main() -> int:
     ap.add_argument("--spin-ns", type=int, default=None, metavar="NS",
                     help="a chain tile polls its phase's count with loads, sleeping NS ns between them "
                          "(ops.gemm.chain.SPIN_NS; NVIDIA only; default: atomic reads)")
+    ap.add_argument("--gemv", default=None, metavar="KNOB=V,...",
+                    help="the decode GEMVs' knobs (GEMV_WG, GEMV_ROWS, GEMV_UNROLL) set in "
+                         "ops.gemm.variants.DEFAULTS['gemv']['any'], e.g. GEMV_UNROLL=8")
     ap.add_argument("--out", default=None, help="JSON path (default bench/results/decode[_gpu].json)")
     args = ap.parse_args()
+    if args.gemv is not None:
+        from netcl.ops.gemm import variants
+
+        knobs = {}
+        for item in args.gemv.split(","):
+            name, _, value = item.partition("=")
+            if name not in ("GEMV_WG", "GEMV_ROWS", "GEMV_UNROLL") or not value.isdigit() or int(value) < 1:
+                ap.error(f"--gemv takes GEMV_WG, GEMV_ROWS or GEMV_UNROLL = a positive integer, got {item!r}")
+            knobs[name] = int(value)
+        variants.DEFAULTS["gemv"]["any"].update(knobs)
     if args.spin_ns is not None:
         from netcl.ops.gemm import chain
 
