@@ -196,9 +196,11 @@ WGMMA_128: tuple[str, ...] = ("forward", "dq", "dkdv")
 # lse and delta read while the tile flies). fwd+bwd with all three: 0.65x SDPA causal (1.838 vs 1.195 ms),
 # 0.56x full (3.278 vs 1.843); 0.51x / 0.44x before (bench/NOTES.md, thirtieth session); with the
 # one-stage passes' refills split and their products overlapped (attention_mma.cl KV_SPLIT, WG_OVERLAP;
-# thirty-first session) 0.70x / 0.61x; MMA_TILES["dkdv_wg"]["DKDV_KREG"] 1 keeps the dk/dv pass's k rows in
-# registers and its 32-row query tiles in two stages (not yet measured, off). A new setting is a new dict
-# (attention calls key their templates on the dict's identity, as MMA_TILES's).
+# thirty-first session) 0.70x / 0.61x. MMA_TILES["dkdv_wg"]["DKDV_KREG"] keeps the dk/dv pass's k rows in
+# registers and its 32-row query tiles in two stages (1), or k in local memory and one stage (0); unset, the
+# former for rows that are not causal, the latter for causal ones (thirty-second session, one call: dk/dv
+# 1.499 -> 1.423 ms full, 0.769 -> 0.793 causal). A new setting is a new dict (attention calls key their
+# templates on the dict's identity, as MMA_TILES's).
 TILES_128 = {"forward": 64, "dq": 64, "dkdv": 32}
 MMA_RB_MAX_HEAD_DIM = 64
 # The matrix-unit backward (dq pass, then dk/dv: no atomics) keeps k's and v's fragments and dk, dv in
@@ -657,8 +659,10 @@ class _Problem:
                 if size not in (small, large):
                     raise ValueError(f"TILES_128[{kernel!r}] must be {small} or {large}, got {size!r}")
                 if kernel == "dkdv":   # (64 keys and their k and v rows beside the query tiles)
-                    # (DKDV_KREG: k's rows in registers, two stages of the larger tile)
-                    kreg = int(bool(MMA_TILES.get("dkdv_wg", {}).get("DKDV_KREG")) and size == large)
+                    # (DKDV_KREG: k's rows in registers, two stages of the larger tile; unset, on for
+                    # rows that are not causal: see the note above TILES_128)
+                    kreg = MMA_TILES.get("dkdv_wg", {}).get("DKDV_KREG")
+                    kreg = int((not self.causal if kreg is None else bool(kreg)) and size == large)
                     fixed = {"BQ": size, "DKDV_RING": 1, "DKDV_STAGES": 2 if size == small or kreg else 1,
                              "BM": 64, "WG_KN": 1, "WG_SS": 1, "DKDV_KREG": kreg}
                 else:   # (one warpgroup, q's rows beside the key tiles; the dq pass's dO in registers)

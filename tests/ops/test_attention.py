@@ -1127,7 +1127,8 @@ def test_matrix_units_on_warpgroup_units(queue, rng, mma_emulated, monkeypatch, 
 @pytest.mark.gpu_shaped
 @pytest.mark.parametrize("tiles, dkdv_wg", [({"forward": 32, "dq": 32, "dkdv": 16}, {}),
                                             ({"forward": 64, "dq": 64, "dkdv": 32}, {}),
-                                            ({"forward": 64, "dq": 64, "dkdv": 32}, {"DKDV_KREG": 1})])
+                                            ({"forward": 64, "dq": 64, "dkdv": 32}, {"DKDV_KREG": 1}),
+                                            ({"forward": 64, "dq": 64, "dkdv": 32}, {"DKDV_KREG": 0})])
 def test_matrix_unit_passes_on_warpgroup_units_at_head_dim_128(queue, rng, mma_emulated, monkeypatch, tiles,
                                                                dkdv_wg):
     """WGMMA_128: the three passes at head dim 128 on wgmma (each row as two swizzled 64-column halves; the
@@ -1138,7 +1139,8 @@ def test_matrix_unit_passes_on_warpgroup_units_at_head_dim_128(queue, rng, mma_e
     rows that see no key (causal under kv_len), kv_len and dropout over several key tiles (both stages of
     the two-stage rings), three query work-groups and three key work-groups; then full rows under a bool
     mask (the masked tiles' path); the dk/dv pass with k's rows in registers and two stages of 32-row query
-    tiles too (MMA_TILES["dkdv_wg"]["DKDV_KREG"]). Sizes TILES_128 does not have are refused."""
+    tiles (MMA_TILES["dkdv_wg"]["DKDV_KREG"]: unset, for the full rows only; 1 for both; 0 for neither).
+    Sizes TILES_128 does not have are refused."""
     if not attn.MMA_EMULATE and not attn.has_wgmma(queue.device):
         pytest.skip("the device runs mma.sync but not wgmma (its emulation runs on the CPUs)")
     monkeypatch.setattr(attn, "WGMMA_PASSES", ("forward", "dq", "dkdv"))
@@ -1182,9 +1184,20 @@ def test_matrix_unit_passes_on_warpgroup_units_at_head_dim_128(queue, rng, mma_e
         out, lse = ops.flash_attention_forward(nq, nk, nv, **opts)
         return (out, lse) + ops.flash_attention_backward(nq, nk, nv, out, lse, ng, **opts)
 
+    built = []   # the dk/dv pass's DKDV_KREG as built
+
+    def program(*a, **defines):
+        if defines.get("MMA_PASS") == 3 and defines.get("MMA_WG"):
+            built.append(defines.get("DKDV_KREG"))
+        return kernels_program(*a, **defines)
+    kernels_program = attn.kernels.program
+    monkeypatch.setattr(attn.kernels, "program", program)
     for causal, extra in ((True, True), (False, False)):
         opts = options(causal, extra)
+        built.clear()
         got = run(("forward", "dq", "dkdv"), opts)
+        kreg = dkdv_wg.get("DKDV_KREG", int(not causal)) if tiles["dkdv"] == 32 else 0
+        assert built == [kreg], (causal, built)
         ref_opts = {"mask": mask}   # (the extra options' case has no mask)
         if extra:
             keep = attn.attention_dropout_mask(queue, opts["dropout_draw"], (B, HQ, SQ, SK), 0.2).to_host()
