@@ -246,9 +246,6 @@ def main() -> int:
     ap.add_argument("--gemv", default=None, metavar="KNOB=V,...",
                     help="the decode GEMVs' knobs (GEMV_WG, GEMV_ROWS, GEMV_UNROLL) set in "
                          "ops.gemm.variants.DEFAULTS['gemv']['any'], e.g. GEMV_UNROLL=8")
-    ap.add_argument("--l2-ahead", action="store_true",
-                    help="a chain tile fetches its weight rows into L2 while it waits "
-                         "(ops.gemm.chain.L2_AHEAD)")
     ap.add_argument("--out", default=None, help="JSON path (default bench/results/decode[_gpu].json)")
     args = ap.parse_args()
     if args.gemv is not None:
@@ -267,10 +264,6 @@ def main() -> int:
         if not 0 <= args.spin_ns <= 1_000_000:
             ap.error(f"--spin-ns must be 0 to 1000000, got {args.spin_ns}")
         chain.SPIN_NS = args.spin_ns
-    if args.l2_ahead:
-        from netcl.ops.gemm import chain
-
-        chain.L2_AHEAD = True
     if args.no_chain or args.no_attention_chain or args.no_layer_chain:
         from netcl.nn import transformer
 

@@ -456,14 +456,6 @@ inline void chain_tile(const int tile, const int phase, const int flags, const i
 #pragma unroll
         for (int j = 0; j < 2; ++j)
             if (j < parts && k + u * step < K) wr[j][u] = GEMV_WLOAD(w[j] + k + u * step);
-#if defined(GEMV_L2_AHEAD) && defined(NC_NVIDIA)
-    // the rows' later chunks into L2 meanwhile (chain.L2_AHEAD): one prefetch a 128-byte line, by the items
-    // whose chunk starts one
-    if ((lid * 8 * (int)sizeof(W[0]) & 127) == 0)
-        for (int kk = k + GEMV_UNROLL * step; kk < K; kk += step)
-            for (int j = 0; j < parts; ++j)
-                asm volatile("prefetch.global.L2 [%0];" :: "l"((ulong)(w[j] + kk)));
-#endif
 
     // (every barrier of this function is reached by every work-item of every tile: PoCL's work-group
     // functions computed wrong rows with barriers under a condition, even a uniform one)

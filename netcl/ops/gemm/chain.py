@@ -44,10 +44,6 @@ MAX_STEPS = 4  # the kernel's phases (CHAIN_PHASE_ARGS 0 .. 3)
 # count's L2 slice beside the increments awaited), sleeping about SPIN_NS ns between reads when > 0
 # (nanosleep); elsewhere the atomic read still.
 SPIN_NS: int | None = None
-# L2_AHEAD: while a chain tile waits for the phase before it, its weight rows past the first GEMV_UNROLL
-# chunks (already in flight into registers) are fetched into L2 (NVIDIA: prefetch.global.L2, one a 128-byte
-# line; elsewhere nothing), so the rows stream from HBM during the wait (experiment, off)
-L2_AHEAD = False
 MAX_ROWS = 8
 _FLAGS = {"norm": 1, "glu": 2, "residual": 4}  # gemm_gemv.cl's CHAIN_RMS, CHAIN_GLU, CHAIN_RES
 _DTYPES = (dtypes.float32, dtypes.float16, dtypes.bfloat16)
@@ -172,14 +168,13 @@ def _attention_fits(device: Any, dt: np.dtype, m: int, most_k: int, attention: A
     return _local_bytes(device, tile, dt, m, most_k, attention) <= device.capabilities.local_mem
 
 
-def _wait_defines() -> dict[str, Any]:
-    """The wait's build switches of SPIN_NS and L2_AHEAD (checked)."""
-    ahead = {"GEMV_L2_AHEAD": None} if L2_AHEAD else {}
+def _spin_defines() -> dict[str, Any]:
+    """The wait's build switches of SPIN_NS (checked)."""
     if SPIN_NS is None:
-        return ahead
+        return {}
     if isinstance(SPIN_NS, bool) or not isinstance(SPIN_NS, int) or not 0 <= SPIN_NS <= 1_000_000:
         raise ValueError(f"chain.SPIN_NS must be None or an int of 0 to 1000000 ns, got {SPIN_NS!r}")
-    return {"NC_SPIN_LOAD": None, "NC_SPIN_NS": SPIN_NS, **ahead}
+    return {"NC_SPIN_LOAD": None, "NC_SPIN_NS": SPIN_NS}
 
 
 def _plan(device: Any, dt: np.dtype, m: int, args: dict[str, Any], defines: dict[str, Any],
@@ -188,7 +183,7 @@ def _plan(device: Any, dt: np.dtype, m: int, args: dict[str, Any], defines: dict
     steps = defines["CHAIN_P"]
     tile = usable_params(device, "gemv", dt)
     knobs = {knob: tile[knob] for knob in ("GEMV_WG", "GEMV_ROWS", "GEMV_UNROLL")}
-    defines = {**defines, "GEMV_M": m, **knobs, **_wait_defines()}
+    defines = {**defines, "GEMV_M": m, **knobs, **_spin_defines()}
     wg, rows = tile["GEMV_WG"], tile["GEMV_ROWS"]
     most_k = max(int(args[f"k{i}"]) for i in range(steps))
     if _local_bytes(device, tile, dt, m, most_k) > device.capabilities.local_mem:
@@ -438,7 +433,7 @@ def _layers_plan(device: Any, dt: np.dtype, m: int, sizes: tuple[int, ...], eps:
     rows = tile["GEMV_ROWS"]
     most_k = max(d, ko, f)
     defines = {"DTYPE": dt, "GEMV_CHAIN": None, "GEMV_LAYERS": n, "GEMV_M": m, **knobs, **phase.program,
-               "CHAIN_COUNTS": 1 + 5 * n, **_wait_defines()}
+               "CHAIN_COUNTS": 1 + 5 * n, **_spin_defines()}
     static: dict[str, Any] = {
         "M": np.int32(m), "a_stage": cl.LocalMemory(_stage_bytes(device, tile, dt, m, most_k, phase)),
         "NQ": np.int32(nq), "KO": np.int32(ko), "D": np.int32(d), "F": np.int32(f),
