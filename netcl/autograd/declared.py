@@ -33,6 +33,7 @@ from typing import Any
 
 from netcl.autograd import autocast, engine
 from netcl.autograd.engine import Node, as_node, record
+from netcl.core import template
 from netcl.core.shapes import torch_names
 from netcl.ops import declaration
 from netcl.ops.declaration import Layout, OpDecl
@@ -143,7 +144,13 @@ def _source(decl: OpDecl) -> tuple[str, dict[str, Any]]:
             f"recording and {n} is not None and {n}.requires_grad, " if n in optional
             else f"recording and {n}.requires_grad, " for n in decl.inputs) + ")")
     results = ", ".join(("out",) + decl.saves)
-    lines.append(f"    {results}{',' if decl.saves else ''} = _forward({', '.join(args)})")
+    if decl.replay is None:
+        lines.append(f"    {results}{',' if decl.saves else ''} = _forward({', '.join(args)})")
+    else:   # (netcl.core.template: the call replayed from its signature's template)
+        named = [f"{n!r}: {'needs' if n == 'needs' else value[n]}" for n in decl.parameters()
+                 if n not in decl.hide]
+        lines.append(f"    {results}{',' if decl.saves else ''} = _replayed({decl.name!r}, _forward, "
+                     f"{{{', '.join(named)}}}, _switch_values({decl.replay!r}))")
 
     # parents: the inputs given, in declaration order
     lead = []  # the inputs before the first optional one: the tuple's start
@@ -179,6 +186,10 @@ def _source(decl: OpDecl) -> tuple[str, dict[str, Any]]:
     gname = decl.gradient_parameter()
     first = next(iter(inspect.signature(decl.backward).parameters))
     call = f"_backward({'g' if gname == first else 'grad_out=g'}{''.join(', ' + a for a in bargs)})"
+    if decl.replay is not None:
+        named = [f"{gname!r}: g"] + [f"{a.split('=', 1)[0]!r}: {a.split('=', 1)[1]}" for a in bargs]
+        call = (f"_replayed({decl.name + '.backward'!r}, _backward, {{{', '.join(named)}}}, "
+                f"_switch_values({decl.replay!r}))")
     lines += ["    def backward(g):"]
     if optional:
         lines += [f"        grads = {call}", "        return grads if keep is None else _pick(grads, keep)"]
@@ -190,7 +201,8 @@ def _source(decl: OpDecl) -> tuple[str, dict[str, Any]]:
     env.update(_forward=forward, _backward=decl.backward, _autocast=autocast._state,
                _cast_inputs=autocast.cast_inputs, _widened=autocast.widened, _isinstance=isinstance,
                _Node=Node, _as_node=as_node, _record=record, _layout=Layout.of, _engine=engine._state,
-               _pick=_pick, __name__=__name__)
+               _pick=_pick, _replayed=template.replayed, _switch_values=template.switch_values,
+               __name__=__name__)
     return "\n".join(lines) + "\n", env
 
 

@@ -116,6 +116,8 @@ class BufferPool:
         self._sites: dict[str, list[int]] = {}
         # bytes asked -> (bytes, size class, the statistics of the class's size range), checked
         self._classes: dict[int, tuple[int, int, list[int]]] = {}
+        # while an op records its template (netcl.core.template): the blocks handed out, as (buffer, bytes)
+        self.watch: list[tuple[cl.Buffer, int]] | None = None
         _pools.add(self)
 
     # The one place that asks OpenCL for memory (tests replace it to force failures).
@@ -153,6 +155,8 @@ class BufferPool:
                 self._check_total(cap, nbytes)
                 buf = self._create_with_retry(cap, nbytes)
                 self.allocations += 1
+            if self.watch is not None:
+                self.watch.append((buf, nbytes))
             self.in_use += cap
             rng[0] += cap
             rng[3] += 1

@@ -80,6 +80,9 @@ class OpDecl:
     netcl.nn.functional (the differentiable op).
     autograd: "generated" (made from forward and backward), "manual" (netcl.autograd defines it by this
     name) or "none" (no differentiable op: methods are Tensor's alone).
+    replay: for a generated op whose launches depend only on its tensors' layouts, its other arguments and
+    the module switches of this package (e.g. "netcl.ops.conv"): its forward and backward calls are replayed
+    from a template per call signature (netcl.core.template), not run through their Python again.
     """
 
     name: str
@@ -95,6 +98,7 @@ class OpDecl:
     methods: tuple[str, ...] = ()
     functional: tuple[str, ...] = ()
     autograd: str = "generated"
+    replay: str | None = None
     doc: str = ""
 
     def __post_init__(self) -> None:
@@ -123,6 +127,10 @@ class OpDecl:
                              f"{self.saves})")
         if self.backward is not None:
             self.backward_arguments()
+        if self.replay is not None and (self.autograd != "generated" or any(
+                p.kind in (p.VAR_POSITIONAL, p.POSITIONAL_ONLY) for p in self.parameters().values())):
+            raise ValueError(f"OpDecl {self.name!r}: replay is for a generated op whose forward takes its "
+                             f"arguments by name")
 
     def available(self) -> tuple[str, ...]:
         """The names a backward's parameters may take (the module docstring's list)."""

@@ -213,6 +213,7 @@ def _conv2d_backward(grad_out: Tensor, x: Tensor, weight: Tensor, out: Tensor, s
 # the op on Nodes, made from these (netcl.ops.declaration): im2col, direct and Winograd kernels and the GEMM
 # on half storage (float32 arithmetic) under autocast
 declare(OpDecl("conv2d", conv2d, _conv2d_backward, inputs=("x", "weight", "bias"), hide=("algorithm",),
+               replay="netcl.ops.conv",
                autocast="half", functional=("conv2d",),
                doc="NCHW convolution (relu epilogue optional); backward through conv2d_backward_input, "
                    "_weight and _bias."))

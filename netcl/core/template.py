@@ -1,0 +1,237 @@
+"""A whole op call replayed from a template of its signature: the Python of an eager op, paid once.
+
+An op declared with `replay` (netcl.ops.declaration.OpDecl) runs its forward and its backward through
+`replayed(op, fn, args)`. The first call of a signature (the op, each tensor argument's queue, shape, strides,
+dtype and offset, which arguments share memory, every other argument's value, and the values of the module
+switches the op reads) runs `fn(**args)` while recording (netcl.core.capture): its launches, copies and fills,
+and the blocks the BufferPool handed out meanwhile. Each buffer a launch reads or writes is then one of the
+call's tensors or one of those blocks (a temporary or a result); the template keeps, per launch, a Plan whose
+dynamic arguments are exactly those buffers, and per result its block and view. A later call of the
+signature allocates the blocks again (the pool's same size classes), enqueues the plans on the new tensors'
+buffers and returns the results as views of the new blocks: the same kernels on the same offsets and sizes,
+hence the same bits, without the op's checks, choices and plan lookups.
+
+A tensor argument still pending (netcl.jit.lazy) is computed first, templated or not. A call is not
+templated, and runs as it is (`fn(**args)`), where a template could not be complete: a launch on a buffer
+that is neither the call's nor made by it (a constant the op keeps), a host transfer, a result still
+pending, or a result that is not a tensor, None, or a plain value. Under a recording (a graph capture,
+another op's template) or a profile the op runs as it is too. Templates live in netcl.core.capture.plans:
+the one cache, emptied when something a plan read changes (a tuning record).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import pyopencl as cl
+
+from netcl.core import capture, profile_hooks
+from netcl.core.tensor import Tensor
+
+ENABLED = True  # False: every call runs as it is (tests compare the two)
+_REFUSED = "no template"  # kept under a signature whose call cannot be templated: it runs as it is
+_PLAIN = (int, float, bool, str, type(None), tuple)
+_switches: dict[str, tuple[tuple[Any, str], ...]] = {}
+
+
+def switch_values(package: str) -> tuple:
+    """The values of the module switches (UPPERCASE globals) of every module loaded under `package`: part of
+    a template's signature, so a switch set anew (a test, a benchmark's option) is a new signature. A dict
+    or list counts by identity: set a new one rather than changing one in place (as netcl.ops.attention's)."""
+    names = _switches.get(package)
+    if names is None:
+        prefix = package + "."
+        names = tuple((mod, n) for name, mod in sorted(sys.modules.items())
+                      if mod is not None and (name == package or name.startswith(prefix))
+                      for n in sorted(vars(mod)) if n.isupper() and not n.startswith("_"))
+        _switches[package] = names
+    return tuple(v if type(v) in _PLAIN else id(v) for v in (vars(m)[n] for m, n in names))
+
+
+class Template:
+    """One signature's recorded call: steps ("k", plan, refs) | ("copy", dst ref, src ref, kwargs) | ("fill",
+    ref, pattern, offset, nbytes), a ref being ("in", argument index) or ("new", block index); the blocks'
+    byte counts; the result's form (`_form`)."""
+
+    __slots__ = ("steps", "blocks", "result")
+
+    def __init__(self, steps: list, blocks: list[int], result: Any):
+        self.steps, self.blocks, self.result = steps, blocks, result
+
+    def replay(self, tensors: list[Tensor]) -> Any:
+        q = tensors[0].queue
+        pool = q.device.pool
+        given = [t.buffer for t in tensors]
+        made = [pool.allocate(n, q) for n in self.blocks]
+        bufs = {"in": given, "new": [s.buffer for s in made]}
+        for step in self.steps:
+            if step[0] == "k":
+                step[1](q, *[bufs[kind][i] for kind, i in step[2]])
+            elif step[0] == "copy":
+                (dk, di), (sk, si) = step[1], step[2]
+                cl.enqueue_copy(q.cl, bufs[dk][di], bufs[sk][si], **step[3])
+            else:
+                kind, i = step[1]
+                cl.enqueue_fill_buffer(q.cl, bufs[kind][i], step[2], step[3], step[4])
+        return _build(self.result, tensors, made, q)
+
+
+def _build(form: Any, tensors: list[Tensor], made: list[Any], q: Any) -> Any:
+    kind = form[0]
+    if kind == "value":
+        return form[1]
+    if kind == "tuple":
+        return tuple(_build(f, tensors, made, q) for f in form[1])
+    _, (where, i), shape, strides, offset, dtype = form
+    if where == "in":
+        t = tensors[i]
+        if t.shape == shape and t.strides == strides and t.offset == offset:
+            return t
+        return Tensor(t._storage, shape, strides, offset, dtype, q)
+    return Tensor(made[i], shape, strides, offset, dtype, q)
+
+
+def replayed(op: str, fn: Callable[..., Any], args: dict[str, Any], switches: tuple = ()) -> Any:
+    """fn(**args), from the template of the call's signature where there is one (the module docstring);
+    `switches`: switch_values of the op's package."""
+    for v in args.values():   # (either way: the op's results do not depend on whether it replays)
+        if type(v) is Tensor and v._pending is not None:
+            v.realize()
+    if capture.open_recordings or profile_hooks.active or not ENABLED:
+        return fn(**args)
+    tensors: list[Tensor] = []
+    values: list[Any] = [switches]
+    for name, v in args.items():
+        if type(v) is Tensor:
+            # (which earlier argument shares its memory, if one does)
+            same = next((j for j, t in enumerate(tensors) if t._storage is v._storage), -1)
+            tensors.append(v)
+            values.append((name, same))
+        else:
+            values.append((name, v))
+    if not tensors:
+        return fn(**args)
+    key = capture.call_key(f"{op} (replayed)", tuple(tensors), *values, align=None)
+    if key is None:
+        return fn(**args)
+    hit = capture.plans.get(key)
+    if hit is not None:
+        if hit is _REFUSED:
+            return fn(**args)
+        return hit.replay(tensors)
+    pool = tensors[0].queue.device.pool
+    outer, pool.watch = pool.watch, []
+    rec = capture.Recording()
+    try:
+        with capture.recording(rec):
+            result = fn(**args)
+    finally:
+        made, pool.watch = pool.watch, outer
+        if outer is not None:
+            outer.extend(made)
+    template = _template(rec, tensors, made, result)
+    capture.plans.put(key, _REFUSED if template is None else template)
+    return result
+
+
+def _template(rec: capture.Recording, tensors: list[Tensor], made: list[tuple[Any, int]],
+              result: Any) -> Template | None:
+    """The template of a recorded call, or None where it could not be complete (the module docstring)."""
+    if not rec.replayable:
+        return None
+    refs: dict[int, tuple[str, int]] = {}
+    for i, t in enumerate(tensors):
+        refs.setdefault(id(t._storage.buffer), ("in", i))
+    blocks: list[int] = []
+    for buf, nbytes in made:
+        ref = refs.get(id(buf))
+        if ref is None:
+            refs[id(buf)] = ("new", len(blocks))
+            blocks.append(nbytes)
+        elif ref[0] == "new":   # a block freed and handed out again inside the call: one block, the larger
+            blocks[ref[1]] = max(blocks[ref[1]], nbytes)
+    steps: list[Any] = []
+    for op in rec.ops:
+        if op[0] == "k":
+            kernel, args = op[1], list(op[4])
+            dynamic, used = [], []
+            for j, a in enumerate(args):
+                if isinstance(a, cl.MemoryObject):
+                    ref = refs.get(id(a))
+                    if ref is None:
+                        return None
+                    dynamic.append(j)
+                    used.append(ref)
+            steps.append(("k", kernel.plan(op[2], op[3], args, dynamic), tuple(used)))
+        elif op[0] == "copy":
+            dst, src = refs.get(id(op[1])), refs.get(id(op[2]))
+            if dst is None or src is None:
+                return None
+            steps.append(("copy", dst, src, dict(op[3])))
+        else:
+            ref = refs.get(id(op[1]))
+            if ref is None:
+                return None
+            steps.append(("fill", ref, op[2], op[3], op[4]))
+    form = _form(result, refs)
+    if form is None:
+        return None
+    # only the blocks a step or the result uses (another thread's allocations meanwhile are not the call's)
+    used = sorted({r[1] for step in steps for r in _step_refs(step) if r[0] == "new"} | _form_blocks(form))
+    if len(used) < len(blocks):
+        index = {old: new for new, old in enumerate(used)}
+        steps = [_renumber(step, index) for step in steps]
+        form = _renumber_form(form, index)
+        blocks = [blocks[i] for i in used]
+    return Template(steps, blocks, form)
+
+
+def _step_refs(step: Any) -> tuple:
+    return step[2] if step[0] == "k" else (step[1], step[2]) if step[0] == "copy" else (step[1],)
+
+
+def _form_blocks(form: Any) -> set[int]:
+    if form[0] == "tuple":
+        return set().union(*(_form_blocks(f) for f in form[1]))
+    return {form[1][1]} if form[0] == "tensor" and form[1][0] == "new" else set()
+
+
+def _renumber(step: Any, index: dict[int, int]) -> Any:
+    def ref(r: tuple[str, int]) -> tuple[str, int]:
+        return ("new", index[r[1]]) if r[0] == "new" else r
+    if step[0] == "k":
+        return ("k", step[1], tuple(ref(r) for r in step[2]))
+    if step[0] == "copy":
+        return ("copy", ref(step[1]), ref(step[2]), step[3])
+    return ("fill", ref(step[1]), *step[2:])
+
+
+def _renumber_form(form: Any, index: dict[int, int]) -> Any:
+    if form[0] == "tuple":
+        return ("tuple", tuple(_renumber_form(f, index) for f in form[1]))
+    if form[0] == "tensor" and form[1][0] == "new":
+        return ("tensor", ("new", index[form[1][1]]), *form[2:])
+    return form
+
+
+def _form(result: Any, refs: dict[int, tuple[str, int]]) -> Any:
+    """How a replay makes the result: ("value", v), ("tuple", forms), or ("tensor", ref, shape, strides,
+    offset, dtype); None where it cannot."""
+    if type(result) is Tensor:
+        if result._pending is not None:
+            return None
+        ref = refs.get(id(result._storage.buffer))
+        if ref is None:
+            return None
+        return ("tensor", ref, result.shape, result.strides, result.offset, result.dtype)
+    if type(result) is tuple:
+        forms = tuple(_form(r, refs) for r in result)
+        return None if any(f is None for f in forms) else ("tuple", forms)
+    if type(result) in _PLAIN and type(result) is not tuple:
+        return ("value", result)
+    return None
+
+
+__all__ = ["Template", "replayed", "switch_values"]
