@@ -776,17 +776,20 @@ def group_norm_backward(grad_out: Tensor, x: Tensor, num_groups: int, mean: Tens
 # the ops on Nodes, made from these (netcl.ops.declaration): float32 statistics, half storage under autocast
 declare(OpDecl("batch_norm", batch_norm, batch_norm_backward, inputs=("x", "weight", "bias"),
                saves=("save_mean", "save_invstd"), autocast="half", cast=("x",), functional=("batch_norm",),
+               replay="netcl.ops.norm",
                doc="BatchNorm over axis 1 (running stats updated in place when training); relu optionally "
                    "fused. Only x is cast under autocast: weight, bias and statistics stay float32."))
 # The row norms likewise cast only x: float32 weights and biases are read as they are (PARAM_F32 in norm.cl)
 # and their gradients come out float32, where a cast each way made three launches a norm a step (the
 # weight's cast in the forward and again in the backward, the gradient's back to float32)
 declare(OpDecl("layer_norm", layer_norm, layer_norm_backward, inputs=("x", "weight", "bias"),
-               saves=("mean", "rstd"), autocast="half", cast=("x",), functional=("layer_norm",)))
+               saves=("mean", "rstd"), autocast="half", cast=("x",), functional=("layer_norm",),
+               replay="netcl.ops.norm"))
 declare(OpDecl("group_norm", group_norm, group_norm_backward, inputs=("x", "weight", "bias"),
-               saves=("mean", "rstd"), autocast="half", cast=("x",), functional=("group_norm",)))
+               saves=("mean", "rstd"), autocast="half", cast=("x",), functional=("group_norm",),
+               replay="netcl.ops.norm"))
 declare(OpDecl("rms_norm", rms_norm, rms_norm_backward, inputs=("x", "weight"), saves=("rstd",),
-               autocast="half", cast=("x",), functional=("rms_norm",)))
+               autocast="half", cast=("x",), functional=("rms_norm",), replay="netcl.ops.norm"))
 
 __all__ = [
     "batch_norm",

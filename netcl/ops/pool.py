@@ -292,12 +292,14 @@ def global_avg_pool2d(x: Tensor) -> Tensor:
 
 # the ops on Nodes, made from these (netcl.ops.declaration)
 declare(OpDecl("max_pool2d", max_pool2d, max_pool2d_backward, inputs=("x",), saves=("indices",),
+               replay="netcl.ops.pool",
                hide=("algorithm",), functional=("max_pool2d",),
                doc="Window maxima; the gradient goes to each window's argmax (indices saved by the forward)."
                ))
-declare(OpDecl("avg_pool2d", avg_pool2d, avg_pool2d_backward, inputs=("x",), functional=("avg_pool2d",)))
+declare(OpDecl("avg_pool2d", avg_pool2d, avg_pool2d_backward, inputs=("x",), functional=("avg_pool2d",),
+               replay="netcl.ops.pool"))
 declare(OpDecl("adaptive_avg_pool2d", adaptive_avg_pool2d, adaptive_avg_pool2d_backward, inputs=("x",),
-               functional=("adaptive_avg_pool2d",)))
+               functional=("adaptive_avg_pool2d",), replay="netcl.ops.pool"))
 
 __all__ = [
     "adaptive_avg_pool2d",

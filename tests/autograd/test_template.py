@@ -22,8 +22,10 @@ def templates(op: str) -> list:
 
 
 def conv_steps(queue, batches, steps=3):
-    """Plain SGD on a two-convolution network, eagerly: every step's loss, gradients and weights, as bytes."""
+    """Plain SGD on a two-convolution network with a batch norm (running statistics updated in place) and a
+    max pool, eagerly: every step's loss, gradients, weights and running statistics, as bytes."""
     rng = np.random.default_rng(5)
+    mean, var = Tensor.zeros(queue, (6,), np.float32), Tensor.ones(queue, (6,), np.float32)
     w1 = ag.tensor(Tensor.from_host(queue, rng.standard_normal((6, 3, 3, 3)).astype(np.float32) * 0.3),
                    requires_grad=True)
     b1 = ag.tensor(Tensor.from_host(queue, rng.standard_normal(6).astype(np.float32)), requires_grad=True)
@@ -35,10 +37,11 @@ def conv_steps(queue, batches, steps=3):
             x = ag.tensor(Tensor.from_host(queue, rng.standard_normal((batch, 3, 9, 8)).astype(np.float32)))
             with ag.Tape() as tape:
                 h = ag.conv2d(x, w1, b1, padding=1, activation="relu")
-                y = ag.conv2d(h, w2, None, stride=2)
+                h = ag.max_pool2d(ag.batch_norm(h, None, None, mean, var, True, activation="relu"), 2)
+                y = ag.conv2d(h, w2, None, padding=1, stride=2)
                 loss = ag.sum(ag.mul(y, y))
             tape.backward(loss)
-            seen.append(loss.value.to_host().tobytes())
+            seen += [loss.value.to_host().tobytes(), mean.to_host().tobytes(), var.to_host().tobytes()]
             for p in (w1, b1, w2):
                 seen.append(p.grad.to_host().tobytes())
                 p.value = ops.sub(p.value, ops.mul(p.grad, 1e-3)).realize()
@@ -48,8 +51,9 @@ def conv_steps(queue, batches, steps=3):
 
 def test_conv_steps_replay_their_templates_bit_for_bit(queue, monkeypatch):
     """Training steps of conv2d (forward with bias and fused relu, strided without; backward with the relu's
-    mask): every result the same bytes as with the op run each time, over steps and a new batch size (new
-    signatures); the first call of a signature records, the later ones replay (no op Python)."""
+    mask), batch_norm and max_pool2d: every result the same bytes as with the ops run each time, over steps
+    and a new batch size (new signatures); the first call of a signature records, the later ones replay (no
+    op Python)."""
     monkeypatch.setattr(template, "ENABLED", False)
     want = conv_steps(queue, (2, 3))
     assert not templates("conv2d")
@@ -59,9 +63,10 @@ def test_conv_steps_replay_their_templates_bit_for_bit(queue, monkeypatch):
     monkeypatch.setattr(template.Template, "replay", lambda self, t: replays.append(self) or real(self, t))
     got = conv_steps(queue, (2, 3))
     assert got == want
-    made = templates("conv2d") + templates("conv2d.backward")
-    assert len(made) == 8 and all(isinstance(t, template.Template) for t in made)   # 2 layers x 2 batches
-    assert len(replays) == 16   # (3 - 1) steps x 2 layers x 2 batches, forward and backward
+    made = [t for op in ("conv2d", "batch_norm", "max_pool2d")
+            for t in templates(op) + templates(op + ".backward")]
+    assert len(made) == 16 and all(isinstance(t, template.Template) for t in made)   # 4 calls x 2 batches x 2
+    assert len(replays) == 32   # (3 - 1) steps x 4 calls x 2 batches, forward and backward
 
 
 def test_a_switch_set_anew_is_a_new_signature(queue, monkeypatch):
