@@ -234,8 +234,14 @@ def main() -> int:
     ap.add_argument("--amp", choices=("float16", "bfloat16"), default=None,
                     help="mixed precision on both sides: netcl's --amp step, torch.autocast (float16 with "
                          "a GradScaler each)")
+    ap.add_argument("--no-op-templates", action="store_true",
+                    help="run every op's Python each call (netcl.core.template.ENABLED off)")
     ap.add_argument("--out", default="bench/results/resnet.json")
     args = ap.parse_args()
+    if args.no_op_templates:
+        from netcl.core import template
+
+        template.ENABLED = False
     steps = args.steps or (20 if args.gpu else 3)
     warmup = args.warmup if args.warmup is not None else (3 if args.gpu else 1)
     profile_steps = args.profile_steps or (5 if args.gpu else 1)
