@@ -5,8 +5,9 @@ An op declared with `replay` (netcl.ops.declaration.OpDecl) runs its forward and
 dtype and offset, which arguments share memory, every other argument's value, and the values of the module
 switches the op reads) runs `fn(**args)` while recording (netcl.core.capture): its launches, copies and fills,
 and the blocks the BufferPool handed out meanwhile. Each buffer a launch reads or writes is then one of the
-call's tensors or one of those blocks (a temporary or a result); the template keeps, per launch, a Plan whose
-dynamic arguments are exactly those buffers, and per result its block and view. A later call of the
+call's tensors, one of those blocks (a temporary or a result), or one its queue keeps for kernels to share
+(arrival counts, the check record: at a replay, the replaying queue's); the template keeps, per launch, a
+Plan whose dynamic arguments are exactly those buffers, and per result its block and view. A later call of the
 signature allocates the blocks again (the pool's same size classes), enqueues the plans on the new tensors'
 buffers and returns the results as views of the new blocks: the same kernels on the same offsets and sizes,
 hence the same bits, without the op's checks, choices and plan lookups.
@@ -65,7 +66,7 @@ class Template:
         pool = q.device.pool
         given = [t.buffer for t in tensors]
         made = [pool.allocate(n, q) for n in self.blocks]
-        bufs = {"in": given, "new": [s.buffer for s in made]}
+        bufs = {"in": given, "new": [s.buffer for s in made], "queue": _QueueBuffers(q)}
         for step in self.steps:
             if step[0] == "k":
                 step[1](q, *[bufs[kind][i] for kind, i in step[2]])
@@ -76,6 +77,19 @@ class Template:
                 kind, i = step[1]
                 cl.enqueue_fill_buffer(q.cl, bufs[kind][i], step[2], step[3], step[4])
         return _build(self.result, tensors, made, q)
+
+
+class _QueueBuffers:
+    """A replay's queue-owned buffers by ref index: -1 the device-check record (Queue.check_buffer), n >= 0
+    the arrival counts of n (Queue.arrival_counts), the replaying queue's own."""
+
+    __slots__ = ("q",)
+
+    def __init__(self, q: Any):
+        self.q = q
+
+    def __getitem__(self, n: int) -> Any:
+        return self.q.check_buffer() if n < 0 else self.q.arrival_counts(n)
 
 
 def _build(form: Any, tensors: list[Tensor], made: list[Any], q: Any) -> Any:
@@ -144,6 +158,11 @@ def _template(rec: capture.Recording, tensors: list[Tensor], made: list[tuple[An
     refs: dict[int, tuple[str, int]] = {}
     for i, t in enumerate(tensors):
         refs.setdefault(id(t._storage.buffer), ("in", i))
+    q = tensors[0].queue   # (its buffers that kernels share: the replaying queue's own at each replay)
+    for n, buf in list(q._arrivals.items()):
+        refs.setdefault(id(buf), ("queue", n))
+    if q._checks is not None:
+        refs.setdefault(id(q._checks), ("queue", -1))
     blocks: list[int] = []
     for buf, nbytes in made:
         ref = refs.get(id(buf))

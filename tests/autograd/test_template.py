@@ -10,6 +10,7 @@ import pytest
 import netcl.autograd as ag
 from netcl import ops
 from netcl.core import capture, template
+from netcl.core.backend import CHECK_WORDS, enqueue_copy
 from netcl.core.tensor import Tensor
 from netcl.ops import declaration
 from netcl.ops.conv import choice
@@ -94,6 +95,10 @@ def _toy(x: Tensor, w: Tensor, mode: str = "mul") -> Tensor:
         return ops.mul(x, w)
     elif mode == "input":   # an input given back
         return x
+    elif mode == "queue":   # a buffer the queue keeps (its check record), read through a copy
+        record = Tensor.empty(x.queue, (CHECK_WORDS,), np.int32)
+        enqueue_copy(x.queue, record.buffer, x.queue.check_buffer(), byte_count=4 * CHECK_WORDS)
+        out = ops.mul(x, w)
     else:
         out = ops.mul(x, w)
     return out.realize()
@@ -116,8 +121,8 @@ def toy():
 def test_calls_a_template_cannot_cover_run_as_they_are(queue, toy):
     """A launch on a buffer the call neither got nor made, a host transfer, or a pending result: the
     signature keeps a refusal and every call runs the op (right results each time); a pending argument is
-    computed first; an argument given back is returned itself; two arguments sharing memory are another
-    signature than two apart."""
+    computed first; an argument given back is returned itself; a buffer its queue keeps is the replaying
+    queue's; two arguments sharing memory are another signature than two apart."""
     rng = np.random.default_rng(1)
 
     def arrays():
@@ -138,6 +143,11 @@ def test_calls_a_template_cannot_cover_run_as_they_are(queue, toy):
         assert toy(x, Tensor.from_host(queue, b), mode="input").value is x
     (made,) = templates("toy_replayed")
     assert isinstance(made, template.Template) and not made.steps
+    capture.plans.invalidate()
+    for _ in range(2):
+        np.testing.assert_array_equal(toy(x, Tensor.from_host(queue, b), mode="queue").value.to_host(), a * b)
+    (made,) = templates("toy_replayed")
+    assert [step[2] for step in made.steps if step[0] == "copy"] == [("queue", -1)]
     capture.plans.invalidate()
     for _ in range(2):
         lazy = ops.add(x, 1.0)
