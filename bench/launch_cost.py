@@ -108,6 +108,18 @@ def eager_step(kind: str, q):
     return step, c.count
 
 
+def op_templates() -> dict[str, tuple[int, int]]:
+    """Per op: (signatures replayed from a template, signatures refused one) in netcl.core.capture.plans."""
+    from netcl.core import capture, template
+
+    counts: dict[str, list[int]] = {}
+    for key, value in list(capture.plans.items()):
+        if isinstance(key[0], str) and key[0].endswith(" (replayed)"):
+            entry = counts.setdefault(key[0][:-len(" (replayed)")], [0, 0])
+            entry[isinstance(value, str) and value == template._REFUSED] += 1
+    return {op: (kept, refused) for op, (kept, refused) in counts.items()}
+
+
 def gated_host_seconds(step, q, repeat: int) -> tuple[float, float, float]:
     """(median host seconds to enqueue one step while the device waits, the same in the enqueueing thread's
     CPU time (what the Python costs, without the time other processes took the core), median seconds of the
@@ -224,6 +236,11 @@ def main() -> int:
         print(f"  eager {kind} step: {launches} launches, host {host * 1e3:.2f} ms = "
               f"{host / launches * 1e6:.1f} us per launch (thread CPU {cpu / launches * 1e6:.1f} us); "
               f"step (enqueue + finish) {full * 1e3:.2f} ms")
+        kept = op_templates()
+        steps[kind]["op_templates"] = kept
+        listed = ", ".join(f"{op} {n} kept" + (f" / {r} refused" if r else "")
+                           for op, (n, r) in sorted(kept.items()))
+        print(f"    op templates (netcl.core.template) after it: {listed or 'none'}")
         if args.python_only:
             best = python_only_seconds(step, q, args.repeat)
             steps[kind]["python_only_us_per_launch"] = best / launches * 1e6
