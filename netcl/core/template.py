@@ -22,6 +22,7 @@ the one cache, emptied when something a plan read changes (a tuning record).
 
 from __future__ import annotations
 
+import operator
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -34,62 +35,70 @@ from netcl.core.tensor import Tensor
 ENABLED = True  # False: every call runs as it is (tests compare the two)
 _REFUSED = "no template"  # kept under a signature whose call cannot be templated: it runs as it is
 _PLAIN = (int, float, bool, str, type(None), tuple)
-_switches: dict[str, tuple[tuple[Any, str], ...]] = {}
+_switches: dict[str, tuple[tuple, tuple]] = {}
 
 
 def switch_values(package: str) -> tuple:
     """The values of the module switches (UPPERCASE globals) of every module loaded under `package`: part of
     a template's signature, so a switch set anew (a test, a benchmark's option) is a new signature. A dict
     or list counts by identity: set a new one rather than changing one in place (as netcl.ops.attention's)."""
-    names = _switches.get(package)
-    if names is None:
+    read = _switches.get(package)
+    if read is None:
         prefix = package + "."
-        names = tuple((mod, n) for name, mod in sorted(sys.modules.items())
-                      if mod is not None and (name == package or name.startswith(prefix))
-                      for n in sorted(vars(mod)) if n.isupper() and not n.startswith("_"))
-        _switches[package] = names
-    return tuple(v if type(v) in _PLAIN else id(v) for v in (vars(m)[n] for m, n in names))
+        getters, by_identity = [], []
+        for name, mod in sorted(sys.modules.items()):
+            if mod is not None and (name == package or name.startswith(prefix)):
+                names = sorted(n for n in vars(mod) if n.isupper() and not n.startswith("_"))
+                if names:   # (one attrgetter a module: its values read in one call)
+                    by_identity += [(len(getters), j) for j, n in enumerate(names)
+                                    if type(vars(mod)[n]) not in _PLAIN]
+                    getters.append((operator.attrgetter(*names, names[0]), mod))
+        read = _switches[package] = (tuple(getters), tuple(by_identity))
+    getters, by_identity = read
+    values = [get(mod) for get, mod in getters]
+    for i, j in by_identity:   # (a value that became unhashable since: the key fails, the op runs as it is)
+        group = list(values[i])
+        group[j] = id(group[j])
+        values[i] = tuple(group)
+    return tuple(values)
 
 
 class Template:
     """One signature's recorded call: steps ("k", plan, refs) | ("copy", dst ref, src ref, kwargs) | ("fill",
-    ref, pattern, offset, nbytes), a ref being ("in", argument index) or ("new", block index); the blocks'
-    byte counts; the result's form (`_form`)."""
+    ref, pattern, offset, nbytes), a ref being ("in", argument index), ("new", block index) or ("queue", n:
+    the queue's arrival counts of n, its check record for -1); the blocks' byte counts; the result's form
+    (`_form`). A replay reads the buffers from one list (the arguments', the blocks', the queue's)."""
 
-    __slots__ = ("steps", "blocks", "result")
+    __slots__ = ("steps", "blocks", "result", "_queue", "_run")
 
-    def __init__(self, steps: list, blocks: list[int], result: Any):
+    def __init__(self, steps: list, blocks: list[int], result: Any, arguments: int):
         self.steps, self.blocks, self.result = steps, blocks, result
+        self._queue = sorted({r[1] for step in steps for r in _step_refs(step) if r[0] == "queue"})
+        at = {"in": 0, "new": arguments, "queue": arguments + len(blocks)}
+        queue_at = {n: i for i, n in enumerate(self._queue)}
+
+        def index(r: tuple[str, int]) -> int:
+            return at["queue"] + queue_at[r[1]] if r[0] == "queue" else at[r[0]] + r[1]
+        self._run = [(step[0], step[1], tuple(index(r) for r in step[2])) if step[0] == "k"
+                     else ("copy", index(step[1]), index(step[2]), step[3]) if step[0] == "copy"
+                     else ("fill", index(step[1]), *step[2:]) for step in steps]
 
     def replay(self, tensors: list[Tensor]) -> Any:
         q = tensors[0].queue
         pool = q.device.pool
-        given = [t.buffer for t in tensors]
         made = [pool.allocate(n, q) for n in self.blocks]
-        bufs = {"in": given, "new": [s.buffer for s in made], "queue": _QueueBuffers(q)}
-        for step in self.steps:
+        bufs = [t.buffer for t in tensors]
+        bufs += [s.buffer for s in made]
+        if self._queue:
+            bufs += [q.check_buffer() if n < 0 else q.arrival_counts(n) for n in self._queue]
+        for step in self._run:
             if step[0] == "k":
-                step[1](q, *[bufs[kind][i] for kind, i in step[2]])
+                step[1](q, *[bufs[i] for i in step[2]])
             elif step[0] == "copy":
-                (dk, di), (sk, si) = step[1], step[2]
-                cl.enqueue_copy(q.cl, bufs[dk][di], bufs[sk][si], **step[3])
+                cl.enqueue_copy(q.cl, bufs[step[1]], bufs[step[2]], **step[3])
             else:
-                kind, i = step[1]
-                cl.enqueue_fill_buffer(q.cl, bufs[kind][i], step[2], step[3], step[4])
+                cl.enqueue_fill_buffer(q.cl, bufs[step[1]], step[2], step[3], step[4])
         return _build(self.result, tensors, made, q)
-
-
-class _QueueBuffers:
-    """A replay's queue-owned buffers by ref index: -1 the device-check record (Queue.check_buffer), n >= 0
-    the arrival counts of n (Queue.arrival_counts), the replaying queue's own."""
-
-    __slots__ = ("q",)
-
-    def __init__(self, q: Any):
-        self.q = q
-
-    def __getitem__(self, n: int) -> Any:
-        return self.q.check_buffer() if n < 0 else self.q.arrival_counts(n)
 
 
 def _build(form: Any, tensors: list[Tensor], made: list[Any], q: Any) -> Any:
@@ -110,27 +119,31 @@ def _build(form: Any, tensors: list[Tensor], made: list[Any], q: Any) -> Any:
 def replayed(op: str, fn: Callable[..., Any], args: dict[str, Any], switches: tuple = ()) -> Any:
     """fn(**args), from the template of the call's signature where there is one (the module docstring);
     `switches`: switch_values of the op's package."""
-    for v in args.values():   # (either way: the op's results do not depend on whether it replays)
-        if type(v) is Tensor and v._pending is not None:
-            v.realize()
     if capture.open_recordings or profile_hooks.active or not ENABLED:
+        for v in args.values():   # (either way: the op's results do not depend on whether it replays)
+            if type(v) is Tensor and v._pending is not None:
+                v.realize()
         return fn(**args)
     tensors: list[Tensor] = []
-    values: list[Any] = [switches]
+    key: list[Any] = [f"{op} (replayed)", switches]
+    storages: dict[int, int] = {}
     for name, v in args.items():
         if type(v) is Tensor:
-            # (which earlier argument shares its memory, if one does)
-            same = next((j for j, t in enumerate(tensors) if t._storage is v._storage), -1)
+            if v._pending is not None:
+                v.realize()
+            # its layout, and which earlier argument shares its memory (if one does)
+            same = storages.setdefault(id(v._storage), len(tensors))
+            key.append((name, id(v.queue), v.shape, v.strides, v.dtype, v.offset, same))
             tensors.append(v)
-            values.append((name, same))
         else:
-            values.append((name, v))
+            key.append((name, v))
     if not tensors:
         return fn(**args)
-    key = capture.call_key(f"{op} (replayed)", tuple(tensors), *values, align=None)
-    if key is None:
+    signature = tuple(key)
+    try:
+        hit = capture.plans.get(signature)
+    except TypeError:   # a value that does not hash: no signature
         return fn(**args)
-    hit = capture.plans.get(key)
     if hit is not None:
         if hit is _REFUSED:
             return fn(**args)
@@ -146,7 +159,7 @@ def replayed(op: str, fn: Callable[..., Any], args: dict[str, Any], switches: tu
         if outer is not None:
             outer.extend(made)
     template = _template(rec, tensors, made, result)
-    capture.plans.put(key, _REFUSED if template is None else template)
+    capture.plans.put(signature, _REFUSED if template is None else template)
     return result
 
 
@@ -204,7 +217,7 @@ def _template(rec: capture.Recording, tensors: list[Tensor], made: list[tuple[An
         steps = [_renumber(step, index) for step in steps]
         form = _renumber_form(form, index)
         blocks = [blocks[i] for i in used]
-    return Template(steps, blocks, form)
+    return Template(steps, blocks, form, len(tensors))
 
 
 def _step_refs(step: Any) -> tuple:
