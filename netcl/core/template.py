@@ -40,8 +40,9 @@ _switches: dict[str, tuple[tuple, tuple]] = {}
 
 def switch_values(package: str) -> tuple:
     """The values of the module switches (UPPERCASE globals) of every module loaded under `package`: part of
-    a template's signature, so a switch set anew (a test, a benchmark's option) is a new signature. A dict
-    or list counts by identity: set a new one rather than changing one in place (as netcl.ops.attention's)."""
+    a template's signature, so a switch set anew (a test, a benchmark's option) is a new signature. A value
+    that does not hash (a dict, a list) counts by identity: set a new one rather than changing one in place
+    (as netcl.ops.attention's)."""
     read = _switches.get(package)
     if read is None:
         prefix = package + "."
@@ -51,8 +52,10 @@ def switch_values(package: str) -> tuple:
                 names = sorted(n for n in vars(mod) if n.isupper() and not n.startswith("_"))
                 if names:   # (one attrgetter a module: its values read in one call)
                     by_identity += [(len(getters), j) for j, n in enumerate(names)
-                                    if type(vars(mod)[n]) not in _PLAIN]
-                    getters.append((operator.attrgetter(*names, names[0]), mod))
+                                    if not _hashable(vars(mod)[n])]
+                    get = operator.attrgetter(*names) if len(names) > 1 else \
+                        (lambda m, n=names[0]: (getattr(m, n),))
+                    getters.append((get, mod))
         read = _switches[package] = (tuple(getters), tuple(by_identity))
     getters, by_identity = read
     values = [get(mod) for get, mod in getters]
@@ -61,6 +64,14 @@ def switch_values(package: str) -> tuple:
         group[j] = id(group[j])
         values[i] = tuple(group)
     return tuple(values)
+
+
+def _hashable(value: Any) -> bool:
+    try:
+        hash(value)
+        return True
+    except TypeError:
+        return False
 
 
 class Template:
