@@ -72,7 +72,10 @@ def test_conv_steps_replay_their_templates_bit_for_bit(queue, monkeypatch):
 
 def test_a_switch_set_anew_is_a_new_signature(queue, monkeypatch):
     """A module switch of the op's package (here conv.choice's) is part of the signature: set anew, the call
-    records again and gives what the op gives under the new setting."""
+    records again and gives what the op gives under the new setting. Every package's switches hash."""
+    import netcl.ops.gemm  # noqa: F401  (its switches hold a tuple of dicts)
+    for package in ("netcl.ops.conv", "netcl.ops.gemm", "netcl.ops.norm", "netcl.ops.pool"):
+        hash(template.switch_values(package))   # (a value that does not hash counts by identity)
     conv_steps(queue, (2,), steps=1)
     before = len(templates("conv2d"))
     monkeypatch.setattr(choice, "WINOGRAD_MIN_FLOPS_CPU", 1)
