@@ -57,7 +57,7 @@
  * fences on both sides (CUDA's threadfence reduction): volatile accesses and atomics are issued one after another (a 512 x 512 x 16384
  * bfloat16 split-K GEMM 2.6-6.5x slower than a separate reduction launch; the split decode attention's merge
  * of 63 splits 76 us more through atomics; bench/NOTES.md, seventh and tenth sessions). */
-#ifdef NC_NVIDIA
+#if defined(NC_NVIDIA) && !defined(NC_PART_ATOMIC)
 #define PART_STORE(p, i, v) (((__global float *)(p))[i] = (float)(v))
 #define PART_LOAD(p, i) nc_part_load((__global const float *)(p) + (i))
 /* The last arrival's loads bypass the SM's L1 (ld.global.cg: cached in L2 only, the device-wide coherent
@@ -76,11 +76,23 @@ inline float nc_part_load(__global const float *p)
 #define PART_LOAD(p, i) as_float(atomic_or((volatile __global uint *)(p) + (i), 0u))
 #endif
 
+/* A fence at device scope: what a work-item wrote before it is visible device-wide before what it writes after
+ * (release), and what it reads after sees what others released before (acquire); with a barrier before it (a
+ * release) or after it (an acquire) it covers the whole work-group. NVIDIA (compute capability 7.0 and later):
+ * PTX fence.acq_rel.gpu. NVIDIA's mem_fence(CLK_GLOBAL_MEM_FENCE) did not order a store before a later flag
+ * for other work-groups: a chained batch norm backward's elementwise parts read their channel's coefficients
+ * from before the launch (H100, bench/NOTES.md, thirty-second session). Elsewhere OpenCL's mem_fence. */
+#if defined(NC_NVIDIA) && NC_NVIDIA >= 70 && !defined(NC_FENCE_OLD)
+#define NC_FENCE_DEVICE() asm volatile("fence.acq_rel.gpu;" ::: "memory")
+#else
+#define NC_FENCE_DEVICE() mem_fence(CLK_GLOBAL_MEM_FENCE)
+#endif
+
 inline int nc_last_arrival(__global int *count, const int n)
 {
-    mem_fence(CLK_GLOBAL_MEM_FENCE);
+    NC_FENCE_DEVICE();
     if (atomic_inc(count) != n - 1) return 0;
-    mem_fence(CLK_GLOBAL_MEM_FENCE);
+    NC_FENCE_DEVICE();
     atomic_xchg(count, 0);
     return 1;
 }
@@ -106,13 +118,14 @@ inline void nc_wait_at_least(__global int *count, const int at_least)
 #endif
 }
 
-/* nc_last_arrival for a work-group whose work-items each stored partials: every work-item's stores fenced
- * device-wide, the first work-item arrives, and (uniform over the group) true for the last group, whose
- * work-items fence again before their PART_LOADs. flag: an int in local memory (declared at the kernel's
+/* nc_last_arrival for a work-group whose work-items each stored partials: every work-item's stores ordered by
+ * the barrier before the first work-item's device-scope fence and arrival (CUDA's grid sync: __syncthreads,
+ * then one thread's __threadfence and atomic), and (uniform over the group) true for the last group, whose
+ * work-items read after that work-item's acquiring fence and a barrier. flag: an int in local memory (declared at the kernel's
  * outermost scope). Every work-item must call it. */
 inline int nc_group_last_arrival(__global int *count, const int n, __local int *flag)
 {
-    mem_fence(CLK_GLOBAL_MEM_FENCE);        // this work-item's partials are visible device-wide ...
+    mem_fence(CLK_GLOBAL_MEM_FENCE);        // this work-item's partials are visible to work-item 0 ...
     barrier(CLK_GLOBAL_MEM_FENCE);          // ... and every work-item's
     if (get_local_id(0) == 0 && get_local_id(1) == 0 && get_local_id(2) == 0)
         *flag = nc_last_arrival(count, n);

@@ -398,9 +398,10 @@ void gemm_gemv(GEMM_ARGS, __global const float *scales, __local uint4 *a_stage, 
 // until counts[p] (the tiles of phase p - 1 done) is phase p - 1's tile count, then stages its rows. It
 // waits only on tiles whose tickets were taken before its own, by work-groups that are running (a ticket is
 // taken by a started work-group), so no schedule deadlocks, on any number of compute units (Oclgrind and a
-// one-thread CPU run the work-groups in ticket order: nothing ever waits). Each tile's stores are fenced
-// device-wide before it counts itself done (nc_group_last_arrival's pattern), and its rows are staged
-// after a fence; on NVIDIA through volatile loads (L2, never an L1 line of this SM). The last tile of the
+// one-thread CPU run the work-groups in ticket order: nothing ever waits). Each tile's stores are ordered by
+// a barrier before its first item's device-scope fence (NC_FENCE_DEVICE) and count (nc_group_last_arrival's
+// pattern), and a waiting tile's first item fences after the wait, before the barrier its rows are staged
+// after; on NVIDIA through volatile loads (L2, never an L1 line of this SM). The last tile of the
 // last phase resets counts[0 .. CHAIN_P] to zero, so one buffer of the queue serves every launch and
 // replay (Queue.arrival_counts). Work-group layout, loads and sums as gemm_gemv (GEMV_WG, GEMV_ROWS,
 // GEMV_UNROLL; GEMV_COLS 1; GEMV_M rows at most, M of them present); a_stage holds M x max K_i elements.
@@ -459,8 +460,10 @@ inline void chain_tile(const int tile, const int phase, const int flags, const i
 
     // (every barrier of this function is reached by every work-item of every tile: PoCL's work-group
     // functions computed wrong rows with barriers under a condition, even a uniform one)
-    if (lid == 0 && r == 0 && wait_for > 0)
+    if (lid == 0 && r == 0 && wait_for > 0) {
         nc_wait_at_least(counts + phase, wait_for);
+        NC_FENCE_DEVICE();   // (acquire: what the phase's tiles released, for every item after the barrier)
+    }
     barrier(CLK_GLOBAL_MEM_FENCE);
     mem_fence(CLK_GLOBAL_MEM_FENCE);
 
@@ -527,8 +530,8 @@ inline void chain_tile(const int tile, const int phase, const int flags, const i
                 if (flags & CHAIN_RES) y += LOAD1((long)m * N + n0, R);
                 STORE1(y, (long)m * N + n0, C);
             }
-    mem_fence(CLK_GLOBAL_MEM_FENCE);  // this item's stores are visible device-wide ...
-    barrier(CLK_GLOBAL_MEM_FENCE);    // ... and every item's, before the tile counts itself done
+    mem_fence(CLK_GLOBAL_MEM_FENCE);  // this item's stores are visible to the work-group's first ...
+    barrier(CLK_GLOBAL_MEM_FENCE);    // ... which fences at device scope before the tile counts itself done
 }
 
 // a decode attention's tiles in the launch (CHAIN_ATTN, GEMV_LAYERS): attention_gpu.cl's decode_tile (one
@@ -596,9 +599,12 @@ void gemv_chain(const int M, __global int *counts, __local uint4 *a_stage, CHAIN
         const int tid = get_local_id(1) * GEMV_WG + get_local_id(0);
         const int split = t % nsplit, hk = (t / nsplit) % attn_heads, b = t / (nsplit * attn_heads);
         DECODE_PASS(tid < DNT ? tid : (1 << 28), split, hk, b, attn_heads, counts + CHAIN_COUNTS, lm);
-        mem_fence(CLK_GLOBAL_MEM_FENCE);  // this item's stores are visible device-wide ...
-        barrier(CLK_GLOBAL_MEM_FENCE);    // ... and every item's, before the tile counts itself done
-        if (first) atomic_inc(counts + 1);
+        mem_fence(CLK_GLOBAL_MEM_FENCE);  // this item's stores are visible to the work-group's first ...
+        barrier(CLK_GLOBAL_MEM_FENCE);    // ... which fences at device scope before the tile counts itself done
+        if (first) {
+            NC_FENCE_DEVICE();   // (release: every item's stores, ordered before by the barrier)
+            atomic_inc(counts + 1);
+        }
         return;
     }
     t -= attn_tiles;
@@ -619,9 +625,10 @@ void gemv_chain(const int M, __global int *counts, __local uint4 *a_stage, CHAIN
     phase += CHAIN_A;
     chain_tile(t, phase, flags, wait_for, M, N, K, A, W, C, R, NW, eps, counts, a_stage, scratch);
     if (first) {
+        NC_FENCE_DEVICE();   // (release: the tile's stores, every item's ordered before by chain_tile's barrier)
         const int done = atomic_inc(counts + 1 + phase);
         if (phase == CHAIN_A + CHAIN_P - 1 && done == tiles - 1) {  // the launch's last tile: the counts for
-            mem_fence(CLK_GLOBAL_MEM_FENCE);                        // the next
+            NC_FENCE_DEVICE();                        // the next
             for (int i = 0; i <= CHAIN_A + CHAIN_P; ++i) atomic_xchg(counts + i, 0);
         }
     }
@@ -782,8 +789,10 @@ void gemv_layers(const int M, __global int *counts, __local uint4 *a_stage, __gl
     }
     const int g = 5 * j + p;
     if (p == 1) {   // the attention: waits for the q/k/v product like a GEMV phase, then its decode tile
-        if (first)
+        if (first) {
             nc_wait_at_least(counts + g, wait_for);
+            NC_FENCE_DEVICE();
+        }
         barrier(CLK_GLOBAL_MEM_FENCE);
         mem_fence(CLK_GLOBAL_MEM_FENCE);
         const int tid = get_local_id(1) * GEMV_WG + get_local_id(0);
@@ -796,9 +805,12 @@ void gemv_layers(const int M, __global int *counts, __local uint4 *a_stage, __gl
                     DECODE_LEN_PASS, (__global T *)o, lse + j * rows, part_o + j * rows * nsplit * 4 * DQ4,
                     part_ml + j * rows * nsplit * 2, nsplit, chunk, HQ, GROUP, SQ, SK, causal, scale,
                     drop_threshold, drop_scale, seed_lo, seed_hi, counter0 DECODE_ROPE_PASS);
-        mem_fence(CLK_GLOBAL_MEM_FENCE);  // this item's stores are visible device-wide ...
-        barrier(CLK_GLOBAL_MEM_FENCE);    // ... and every item's, before the tile counts itself done
-        if (first) atomic_inc(counts + 1 + g);
+        mem_fence(CLK_GLOBAL_MEM_FENCE);  // this item's stores are visible to the work-group's first ...
+        barrier(CLK_GLOBAL_MEM_FENCE);    // ... which fences at device scope before the tile counts itself done
+        if (first) {
+            NC_FENCE_DEVICE();
+            atomic_inc(counts + 1 + g);
+        }
         return;
     }
     int flags, N, K;
@@ -816,9 +828,10 @@ void gemv_layers(const int M, __global int *counts, __local uint4 *a_stage, __gl
     }
     chain_tile(t, g, flags, wait_for, M, N, K, A, W, C, R, NW, eps, counts, a_stage, scratch);
     if (first) {
+        NC_FENCE_DEVICE();
         const int done = atomic_inc(counts + 1 + g);
         if (g == 5 * GEMV_LAYERS - 1 && done == tiles - 1) {  // the launch's last tile: the counts for the next
-            mem_fence(CLK_GLOBAL_MEM_FENCE);
+            NC_FENCE_DEVICE();
             for (int i = 0; i <= 5 * GEMV_LAYERS; ++i) atomic_xchg(counts + i, 0);
         }
     }

@@ -657,11 +657,13 @@ __kernel void batch_norm_grad_input_runs(__global const T *gy, const long gy_off
 // work-item 0 of a reduction part that finished channel c marks it ready; an elementwise part waits for it
 #define CHAIN_READY(done)                                                                            \
     if (lid == 0 && !apply && (done)) {                                                              \
-        mem_fence(CLK_GLOBAL_MEM_FENCE);                                                             \
+        NC_FENCE_DEVICE();                                                                           \
         atomic_xchg(ready + c, 1);                                                                   \
     }                                                                                                \
-    if (lid == 0 && apply)                                                                           \
+    if (lid == 0 && apply) {                                                                         \
         nc_wait_at_least(ready + c, 1);                                                              \
+        NC_FENCE_DEVICE();                                                                           \
+    }                                                                                                \
     barrier(CLK_GLOBAL_MEM_FENCE);                                                                   \
     mem_fence(CLK_GLOBAL_MEM_FENCE)
 

@@ -404,7 +404,10 @@ def test_batch_norm_merges_repeat_bit_for_bit(queue, rng, monkeypatch, dt, shape
     channels' partials share cache lines: a merge that reads a line its SM cached before the partials landed
     (NVIDIA's plain loads, before common.cl's nc_part_load) would give a channel wrong now and then, as the
     H100 suite once did (the float16 mixed batch norm's grad x; right when rerun alone), hence the repeats
-    on a GPU."""
+    on a GPU. Before each step the pool holds NaN-filled blocks of the launch's own sizes (statistics,
+    coefficients, partials): a part that reads its channel's constants before they are written for this
+    launch reads NaN (the chained backward on NVIDIA with OpenCL's mem_fence as the release: every grad x;
+    common.cl's NC_FENCE_DEVICE), where without them it read the last launch's and repeated its bits."""
     monkeypatch.setattr(Nm, "FORCE_LAYOUT", "groups")
     monkeypatch.setattr(Nm, "PARTS", parts)
     monkeypatch.setattr(Nm, "local_size_override", 8)
@@ -413,6 +416,8 @@ def test_batch_norm_merges_repeat_bit_for_bit(queue, rng, monkeypatch, dt, shape
     w, b = (_t(queue, rng.standard_normal(c).astype(np.float32)) for _ in range(2))
 
     def step():
+        for n in (4 * c, 5 * c, 2 * c * parts, 3 * c * parts, c):   # NaN blocks back to the pool
+            Tensor.full(queue, (n,), float("nan"), np.float32)
         y, sm, si = Nm.batch_norm(x, w, b, None, None, True, activation="relu")
         return [t.to_host() for t in (y, sm, si, *Nm.batch_norm_backward(gy, x, w, sm, si, True, bias=b,
                                                                            activation="relu"))]
