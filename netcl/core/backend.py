@@ -115,6 +115,16 @@ class Queue:
                                       f"{exc}") from exc
             return self._arrivals[n]
 
+    def shared_buffers(self) -> list[tuple[int, cl.Buffer]]:
+        """The buffers this queue keeps for kernels to share, each with the number that asks for it again:
+        (n, arrival_counts(n)) for each made, and (-1, the check record) once made (netcl.core.template: a
+        replay passes the replaying queue's own)."""
+        with self._lock:
+            kept = list(self._arrivals.items())
+            if self._checks is not None:
+                kept.append((-1, self._checks))
+        return kept
+
     def raise_device_errors(self) -> None:
         """Raise what a kernel recorded in the check record since the last look (and clear it)."""
         if self._checks is None:

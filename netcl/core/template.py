@@ -182,11 +182,8 @@ def _template(rec: capture.Recording, tensors: list[Tensor], made: list[tuple[An
     refs: dict[int, tuple[str, int]] = {}
     for i, t in enumerate(tensors):
         refs.setdefault(id(t._storage.buffer), ("in", i))
-    q = tensors[0].queue   # (its buffers that kernels share: the replaying queue's own at each replay)
-    for n, buf in list(q._arrivals.items()):
+    for n, buf in tensors[0].queue.shared_buffers():   # (at each replay, the replaying queue's own)
         refs.setdefault(id(buf), ("queue", n))
-    if q._checks is not None:
-        refs.setdefault(id(q._checks), ("queue", -1))
     blocks: list[int] = []
     for buf, nbytes in made:
         ref = refs.get(id(buf))
@@ -266,7 +263,7 @@ def _form(result: Any, refs: dict[int, tuple[str, int]]) -> Any:
         if result._pending is not None:
             return None
         ref = refs.get(id(result._storage.buffer))
-        if ref is None:
+        if ref is None or ref[0] == "queue":
             return None
         return ("tensor", ref, result.shape, result.strides, result.offset, result.dtype)
     if type(result) is tuple:
