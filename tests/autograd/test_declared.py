@@ -283,4 +283,8 @@ def test_bad_declarations_say_what_is_wrong():
         OpDecl("bad", _toy_scale, _toy_scale_backward, inputs=("x",), autocast="float16")
     with pytest.raises(ValueError, match="returns its result alone"):
         OpDecl("bad", _toy_scale, _toy_scale_backward, inputs=("x",), saves=("s",), methods=("bad",))
+    with pytest.raises(ValueError, match="replay is for a generated op"):
+        OpDecl("bad", _toy_scale, _toy_scale_backward, inputs=("x",), autograd="manual", replay="netcl.ops")
+    with pytest.raises(ValueError, match="replay is for a generated op"):
+        OpDecl("bad", lambda x, *shape: x, lambda g: g, inputs=("x",), replay="netcl.ops")
     assert "bad" not in declared.OPS
