@@ -3,8 +3,10 @@ and pinned host staging."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -116,8 +118,9 @@ class BufferPool:
         self._sites: dict[str, list[int]] = {}
         # bytes asked -> (bytes, size class, the statistics of the class's size range), checked
         self._classes: dict[int, tuple[int, int, list[int]]] = {}
-        # while an op records its template (netcl.core.template): the blocks handed out, as (buffer, bytes)
-        self.watch: list[tuple[cl.Buffer, int]] | None = None
+        # threads recording an op's template (netcl.core.template) -> the blocks handed out to each meanwhile,
+        # as (buffer, bytes) (`watching`)
+        self._watch: dict[int, list[tuple[cl.Buffer, int]]] = {}
         _pools.add(self)
 
     # The one place that asks OpenCL for memory (tests replace it to force failures).
@@ -155,8 +158,10 @@ class BufferPool:
                 self._check_total(cap, nbytes)
                 buf = self._create_with_retry(cap, nbytes)
                 self.allocations += 1
-            if self.watch is not None:
-                self.watch.append((buf, nbytes))
+            if self._watch:
+                watched = self._watch.get(threading.get_ident())
+                if watched is not None:
+                    watched.append((buf, nbytes))
             self.in_use += cap
             rng[0] += cap
             rng[3] += 1
@@ -174,6 +179,25 @@ class BufferPool:
                 if entry[0] > entry[1]:
                     entry[1] = entry[0]
         return Storage(self, buf, nbytes, cap, queue, site)
+
+    @contextlib.contextmanager
+    def watching(self) -> Iterator[list[tuple[cl.Buffer, int]]]:
+        """`with pool.watching() as made:` the blocks this thread is handed inside the block, as (buffer,
+        bytes asked), in order (another thread's are not in it)."""
+        me = threading.get_ident()
+        made: list[tuple[cl.Buffer, int]] = []
+        with self._lock:
+            outer = self._watch.get(me)
+            self._watch[me] = made
+        try:
+            yield made
+        finally:
+            with self._lock:
+                if outer is None:
+                    del self._watch[me]
+                else:   # (a watch around this one sees these blocks too)
+                    outer.extend(made)
+                    self._watch[me] = outer
 
     def _check_total(self, cap: int, nbytes: int) -> None:
         """Refuse a block that, with what netcl already holds, exceeds the device's global memory. Drivers

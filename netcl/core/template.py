@@ -1,16 +1,17 @@
 """A whole op call replayed from a template of its signature: the Python of an eager op, paid once.
 
 An op declared with `replay` (netcl.ops.declaration.OpDecl) runs its forward and its backward through
-`replayed(op, fn, args)`. The first call of a signature (the op, each tensor argument's queue, shape, strides,
-dtype and offset, which arguments share memory, every other argument's value, and the values of the module
-switches the op reads) runs `fn(**args)` while recording (netcl.core.capture): its launches, copies and fills,
-and the blocks the BufferPool handed out meanwhile. Each buffer a launch reads or writes is then one of the
-call's tensors, one of those blocks (a temporary or a result), or one its queue keeps for kernels to share
-(arrival counts, the check record: at a replay, the replaying queue's); the template keeps, per launch, a
-Plan whose dynamic arguments are exactly those buffers, and per result its block and view. A later call of the
-signature allocates the blocks again (the pool's same size classes), enqueues the plans on the new tensors'
-buffers and returns the results as views of the new blocks: the same kernels on the same offsets and sizes,
-hence the same bits, without the op's checks, choices and plan lookups.
+`replayed(op, fn, args)`. The first call of a signature (the op, each tensor argument's queue, shape,
+strides, dtype and offset, which arguments share memory, every other argument's value, and the values of the
+module switches the op reads) runs `fn(**args)` while recording (netcl.core.capture): its launches, copies
+and fills, and the blocks the BufferPool handed this thread meanwhile (BufferPool.watching). Each buffer a
+launch reads or writes is then one of the call's tensors, one of those blocks (a temporary or a result), or
+one its queue keeps for kernels to share (arrival counts, the check record: at a replay, the replaying
+queue's); the template keeps, per launch, a Plan whose dynamic arguments are exactly those buffers, and per
+result its block and view. A later call of the signature allocates the blocks again (the pool's same size
+classes), enqueues the plans on the new tensors' buffers and returns the results as views of the new blocks:
+the same kernels on the same offsets and sizes, hence the same bits, without the op's checks, choices and
+plan lookups.
 
 A tensor argument still pending (netcl.jit.lazy) is computed first, templated or not. A call is not
 templated, and runs as it is (`fn(**args)`), where a template could not be complete: a launch on a buffer
@@ -159,16 +160,9 @@ def replayed(op: str, fn: Callable[..., Any], args: dict[str, Any], switches: tu
         if hit is _REFUSED:
             return fn(**args)
         return hit.replay(tensors)
-    pool = tensors[0].queue.device.pool
-    outer, pool.watch = pool.watch, []
     rec = capture.Recording()
-    try:
-        with capture.recording(rec):
-            result = fn(**args)
-    finally:
-        made, pool.watch = pool.watch, outer
-        if outer is not None:
-            outer.extend(made)
+    with tensors[0].queue.device.pool.watching() as made, capture.recording(rec):
+        result = fn(**args)
     template = _template(rec, tensors, made, result)
     capture.plans.put(signature, _REFUSED if template is None else template)
     return result
@@ -218,7 +212,7 @@ def _template(rec: capture.Recording, tensors: list[Tensor], made: list[tuple[An
     form = _form(result, refs)
     if form is None:
         return None
-    # only the blocks a step or the result uses (another thread's allocations meanwhile are not the call's)
+    # only the blocks a step or the result uses
     used = sorted({r[1] for step in steps for r in _step_refs(step) if r[0] == "new"} | _form_blocks(form))
     if len(used) < len(blocks):
         index = {old: new for new, old in enumerate(used)}

@@ -46,6 +46,38 @@ def test_freed_tensors_return_to_pool_and_are_reused(device, queue):
     del t2
 
 
+def test_watching_sees_this_threads_blocks_only(device, queue):
+    """BufferPool.watching (an op template's record of the blocks its call was handed): the blocks this thread
+    is handed inside, in order, with the bytes asked; another thread's meanwhile not; a watch around another
+    sees the inner one's blocks too; nothing is watched after."""
+    import threading
+
+    pool = device.pool
+    other: list = []
+    go, done = threading.Event(), threading.Event()
+
+    def allocate_elsewhere():
+        go.wait()
+        other.append(Tensor.empty(queue, (333,), np.float32))
+        done.set()
+
+    thread = threading.Thread(target=allocate_elsewhere)
+    thread.start()
+    with pool.watching() as outer:
+        a = Tensor.empty(queue, (100,), np.float32)
+        with pool.watching() as inner:
+            b = Tensor.empty(queue, (7,), np.int32)
+            go.set()
+            assert done.wait(10)
+        c = Tensor.empty(queue, (5,), np.uint8)
+    thread.join()
+    assert inner == [(b.buffer, 28)]
+    assert outer == [(a.buffer, 400), (b.buffer, 28), (c.buffer, 5)]
+    assert not pool._watch
+    Tensor.empty(queue, (9,), np.float32)
+    assert len(outer) == 3
+
+
 def test_views_keep_the_buffer_alive(device, queue):
     a = Tensor.from_host(queue, np.arange(100, dtype=np.float32))
     v = a[10:20]
