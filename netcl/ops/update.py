@@ -80,10 +80,39 @@ def _plan_values(hyper: dict[str, Any], dtype: np.dtype, into: dict[str, Any]) -
             into[k] = np.int32(v) if isinstance(v, np.bool_) else scalar(v)
 
 
+class StepLaunch:
+    """An optimizer_step launch kept for the next steps of the same parameters, states and gradient layouts
+    (netcl.optim's step memo). At its first call it makes a Plan of its own with the parameters', states' and
+    masters' buffers and the offsets set once; each call sets the new gradients' buffers and the step's
+    scalars and enqueues (the same launch, without the per-tensor checks and the fixed arguments set again).
+    The Plan keeps those buffers alive as long as the launch is kept."""
+
+    __slots__ = ("queue", "kernel", "global_size", "named", "grad_names", "hyper_names", "dtype", "_plan")
+
+    def __init__(self, queue: Any, kernel: Any, global_size: tuple[int, ...], named: dict[str, Any],
+                 grad_names: tuple[str, ...], hyper_names: tuple[str, ...], dtype: np.dtype):
+        self.queue, self.kernel, self.global_size, self.named = queue, kernel, global_size, named
+        self.grad_names, self.hyper_names, self.dtype = grad_names, hyper_names, dtype
+        self._plan: Any = None
+
+    def __call__(self, grads: Sequence[Tensor], hyper: dict[str, Any]) -> None:
+        plan = self._plan
+        if plan is None:   # (its dynamic arguments: the gradients, then the scalars, in the kernel's order)
+            kernel = self.kernel
+            args = kernel.positional((), self.named)
+            dynamic = sorted(kernel.arg_index[n] for n in (*self.grad_names, *self.hyper_names))
+            plan = self._plan = (kernel.plan(self.global_size, None, args, dynamic),
+                                 [kernel.arg_names[i] for i in dynamic])
+        values = {name: g.buffer for name, g in zip(self.grad_names, grads, strict=True)}
+        _plan_values(hyper, self.dtype, values)
+        plan[0](self.queue, *map(values.__getitem__, plan[1]))
+
+
 def optimizer_step(rule: str, params: Sequence[Tensor], grads: Sequence[Tensor],
                    states: Sequence[Sequence[Tensor | None]], hyper: dict[str, Any],
                    refresh: Callable[[], dict[str, Any]] | None = None,
-                   masters: Sequence[Tensor] | None = None, found_inf: Tensor | None = None) -> None:
+                   masters: Sequence[Tensor] | None = None, found_inf: Tensor | None = None
+                   ) -> StepLaunch | None:
     """One launch of update `rule` (an OPT_ name of optim.cl, lower case: "sgd", "adam", "rmsprop") over up
     to 8 contiguous parameters of one queue and dtype (updated in place), their gradients, and each one's
     state tensors in the rule's slot order (sa, sb, sc; None where its hyperparameters use none: the
@@ -93,7 +122,10 @@ def optimizer_step(rule: str, params: Sequence[Tensor], grads: Sequence[Tensor],
     float16/bfloat16 parameters need `masters`: one contiguous float32 tensor per parameter, the weights the
     update really keeps (state is float32 too); the kernel updates the master and writes the parameter
     rounded from it. `found_inf` (int32, shape (1,), from unscale_grads): when nonzero on the device the
-    launch changes nothing, so an overflowing AMP step is skipped without the host reading the flag."""
+    launch changes nothing, so an overflowing AMP step is skipped without the host reading the flag.
+
+    Returns the launch as a StepLaunch for later steps of the same tensors (None under a graph capture,
+    with found_inf, or when there was nothing to update)."""
     if rule not in _RULES:
         raise ValueError(f"update rule must be one of {sorted(_RULES)} (optim.cl's OPT_ names), got {rule!r}")
     if not 0 < len(params) <= MAX_TENSORS_PER_LAUNCH or not len(params) == len(grads) == len(states):
@@ -148,7 +180,7 @@ def optimizer_step(rule: str, params: Sequence[Tensor], grads: Sequence[Tensor],
         total += -(-size // items)
     if not total:
         kernels.float_defines(p0.dtype, rule, half=True)  # a dtype the kernel does not take is refused
-        return
+        return None
     if found_inf is not None:
         dynamic["found_inf"] = found_inf.buffer
     # one Plan per (kernel, parameter offsets and lengths): the buffers and the step's scalars change per call
@@ -185,6 +217,17 @@ def optimizer_step(rule: str, params: Sequence[Tensor], grads: Sequence[Tensor],
                 args[index[name]] = value
 
         graph.on_replay(on_replay)
+    if graph is not None or found_inf is not None:
+        return None
+    named = dict(dynamic)
+    named.update(_scalars(hyper, p0.dtype))   # (the scalars' types, as the step's own Plan learned them)
+    for i in range(len(params)):
+        _, po, _, go, *_, n = _TENSOR_ARGS[i]
+        named[po], named[go], named[n] = (np.int64(x) for x in layout[3 * i:3 * i + 3])
+    grad_names = tuple(_TENSOR_ARGS[i][2] for i in range(len(params)))
+    for name in grad_names:
+        named[name] = None   # (set at each call: this step's gradients are not kept)
+    return StepLaunch(queue, kernel, (total,), named, grad_names, tuple(hyper), p0.dtype)
 
 
 def _check_flag(found_inf: Tensor, queue: Any, what: str) -> None:

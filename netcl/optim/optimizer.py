@@ -23,6 +23,7 @@ import numpy as np
 
 from netcl.autograd.engine import Node
 from netcl.core import capture, dtypes
+from netcl.core.access import before_access
 from netcl.core.tensor import Tensor
 from netcl.errors import DTypeError, GraphCaptureError, NetclError, ShapeError
 from netcl.ops import elementwise, update
@@ -80,6 +81,8 @@ class Optimizer:
         self._fresh: set[int] = set()  # parameters whose state tensors were just made (zeros)
         # id(group) -> (group, its hyperparameters as last checked by step()): see _check_group_for_step
         self._checked: dict[int, tuple[dict[str, Any], tuple]] = {}
+        # the last step's launches and what they were made for (_make_memo, _memo_step), or None
+        self._memo: list[tuple] | None = None
 
     def _make_group(self, g: Mapping[str, Any], i: int, seen: dict[int, int]) -> dict[str, Any]:
         """Parameter group `i` from the dict `g`: its hyperparameters checked (the defaults fill the rest),
@@ -154,6 +157,10 @@ class Optimizer:
         reads it and changes nothing when it is nonzero, so a step whose gradients overflowed is skipped
         without a host sync. The host's step count still advances (Adam's bias corrections then run one
         step ahead of PyTorch's after each skipped step; GradScaler(sync=True) skips on the host instead)."""
+        memo = self._memo
+        if memo is not None and found_inf is None and not capture.open_recordings and self._memo_step(memo):
+            return
+        self._memo = None
         name = type(self).__name__
         for i, group in enumerate(self.param_groups):
             self._check_group_for_step(group, i)
@@ -166,6 +173,7 @@ class Optimizer:
                 if p.grad is not None:
                     self._check_grad(p)
         fresh = self._fresh
+        launched: list[tuple[dict[str, Any], tuple[str, ...], list]] = []
         for group in self.param_groups:
             chunks: dict[tuple, list[tuple[Node, dict[str, Any]]]] = {}
             names = self._state_names(group)
@@ -177,12 +185,89 @@ class Optimizer:
                 # chunks share a queue, a dtype and a step count, and were all just made or all not
                 key = (id(v.queue), v.dtype, st["step"], id(p) in fresh)
                 chunks.setdefault(key, []).append((p, st))
+            launches = []
             for (_, _, step, *_), items in chunks.items():
                 for start in range(0, len(items), MAX_TENSORS_PER_LAUNCH):
-                    self._launch(group, items[start : start + MAX_TENSORS_PER_LAUNCH], step + 1, found_inf)
+                    part = items[start : start + MAX_TENSORS_PER_LAUNCH]
+                    launches.append((part, self._launch(group, part, step + 1, found_inf)))
                 for p, st in items:
                     st["step"] = step + 1
                     self._fresh.discard(id(p))
+            launched.append((group, names, launches))
+        if found_inf is None and not capture.open_recordings:
+            self._memo = self._make_memo(launched)
+
+    # -- the step memo: a step like the last one, without its per-parameter Python ----------------------
+    def _make_memo(self, launched: list[tuple[dict[str, Any], tuple[str, ...], list]]) -> list[tuple] | None:
+        """What the next step() may replay (`_memo_step`): per group, the group, its state names, its
+        parameters with their values (and the values' storages), their state dicts and the state tensors in
+        them, their gradients' layouts (None: no gradient), and its launches (the items and
+        optimizer_step's StepLaunch). None where a launch cannot be kept (a graph capture, found_inf, a
+        gradient laid out unlike its parameter)."""
+        memo = []
+        for group, names, launches in launched:
+            if any(launch is None for _, launch in launches):
+                return None
+            params = tuple(group["params"])
+            rows = []
+            for p in params:
+                g = p.grad
+                if g is None:
+                    rows.append((p, p.value, p.value._storage, None, None, None))
+                    continue
+                if g.strides != p.value.strides:   # (_launch gave the launch a contiguous copy)
+                    return None
+                st = self.state[id(p)]
+                slots = tuple((n, st.get(n)) for n in (*names, "master") if st.get(n) is not None)
+                layout = (g.shape, g.strides, g.dtype, g.queue, g.offset)
+                rows.append((p, p.value, p.value._storage, layout, st, slots))
+            memo.append((group, names, tuple(rows), launches))
+        return memo
+
+    def _memo_step(self, memo: list[tuple]) -> bool:
+        """One step through the last step's launches, when everything they were made for is as it was: the
+        same groups and parameters, each parameter's value, state dict and state tensors the same objects,
+        its gradient (or none) laid out as then, and the group's hyperparameters checked as step() checks
+        them; False (nothing done) otherwise. The scalars of the step (its count, the current lr) are given
+        to each launch as step() gives them."""
+        groups = self.param_groups
+        if len(groups) != len(memo):
+            return False
+        state = self.state
+        for i, (group, (group0, names, rows, _)) in enumerate(zip(groups, memo)):
+            params = group["params"]
+            if group is not group0 or len(params) != len(rows):
+                return False
+            self._check_group_for_step(group, i)
+            if self._state_names(group) != names:
+                return False
+            for p, (p0, v0, s0, layout, st0, slots) in zip(params, rows):
+                if p is not p0 or p.value is not v0 or v0._storage is not s0:
+                    return False
+                g = p.grad
+                if layout is None:
+                    if g is not None:
+                        return False
+                    continue
+                if type(g) is not Tensor or g.queue is not layout[3] or g.shape != layout[0] \
+                        or g.strides != layout[1] or g.dtype != layout[2] or g.offset != layout[4] \
+                        or state.get(id(p)) is not st0:
+                    return False
+                for n, t in slots:
+                    if st0.get(n) is not t:
+                        return False
+                # a pending result that reads what the step writes in place is computed before the write
+                # (the slow path's Tensor.buffer reads do that): such a step takes the slow path
+                if before_access and (id(s0) in before_access
+                                      or any(id(t._storage) in before_access for _, t in slots)):
+                    return False
+        for group, (_, _, _, launches) in zip(groups, memo):
+            for items, launch in launches:
+                step = items[0][1]["step"] + 1
+                launch([p.grad for p, _ in items], self._hyper(group, step, items))
+                for _, st in items:
+                    st["step"] = step
+        return True
 
     # -- machinery --------------------------------------------------------------------------------
     def _check_group_for_step(self, group: dict[str, Any], index: int) -> None:
@@ -252,7 +337,7 @@ class Optimizer:
         raise NotImplementedError
 
     def _launch(self, group: dict[str, Any], items: list[tuple[Node, dict[str, Any]]], step: int,
-                found_inf: Tensor | None = None) -> None:
+                found_inf: Tensor | None = None) -> update.StepLaunch | None:
         # _check_grad saw each parameter contiguous and its gradient of its shape: one of its strides is too
         grads = []
         for p, _ in items:
@@ -267,8 +352,8 @@ class Optimizer:
             )
             refresh = lambda: self._replay_step(group, items, kept)  # noqa: E731
         masters = [st["master"] for _, st in items] if dtypes.is_half(items[0][0].value.dtype) else None
-        update.optimizer_step(self.rule, [p.value for p, _ in items], grads, states,
-                              self._hyper(group, step, items), refresh, masters, found_inf)
+        return update.optimizer_step(self.rule, [p.value for p, _ in items], grads, states,
+                                     self._hyper(group, step, items), refresh, masters, found_inf)
 
     def _replay_step(self, group: dict[str, Any], items: list, kept: set[str]) -> dict[str, Any]:
         """Before a graph replays this launch: check the group's hyperparameters as step() does,

@@ -225,3 +225,67 @@ def test_step_computes_pending_readers_of_its_tensors_first(queue, rng):
     np.testing.assert_allclose(old_p.to_host(), 3.0 * want, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(old_m.to_host(), m_before, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(p.value.to_host(), want2, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["adamw", "sgd", "bfloat16"])
+def test_step_memo_gives_the_slow_steps_bits(queue, monkeypatch, kind):
+    """step() replays the last step's launches (Optimizer._memo_step) while the groups, parameters, values,
+    state tensors and gradient layouts are the ones they were made for: over steps with a scheduler's lr, a
+    parameter without a gradient for a step, zero_grad(set_to_none=False), a hyperparameter switched on that
+    needs new state, a parameter given a new value and a state_dict loaded, every parameter and state the same
+    bits as step() without the memo; the memo runs, and a bad hyperparameter is still refused."""
+    shapes = [(7, 3), (17,), (5,), (2, 3, 4)]
+    dt = np.float32 if kind != "bfloat16" else "bfloat16"
+
+    def run(memo: bool):
+        if not memo:
+            monkeypatch.setattr(optim.Optimizer, "_memo_step", lambda self, m: False)
+        data = np.random.default_rng(11)
+
+        def tensor(a):
+            t = Tensor.from_host(queue, a.astype(np.float32))
+            return t.to(dt).realize() if kind == "bfloat16" else t
+
+        params = [ag.Parameter(tensor(data.standard_normal(s))) for s in shapes]
+        if kind == "sgd":
+            opt = optim.SGD([{"params": params[:2]}, {"params": params[2:], "lr": 0.05}], lr=0.1)
+        else:
+            opt = optim.AdamW([{"params": params[:2]}, {"params": params[2:], "lr": 3e-3}], lr=1e-2,
+                              weight_decay=0.1)
+        sched = optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+        seen = []
+        for step in range(9):
+            for i, p in enumerate(params):
+                if step == 3 and i == 1:
+                    p.grad = None   # no gradient this step
+                elif p.grad is not None and step == 5:
+                    p.grad.fill_(0.25)   # zero_grad(set_to_none=False)'s kind of reuse
+                else:
+                    p.grad = tensor(data.standard_normal(p.value.shape))
+            if step == 4 and kind == "sgd":
+                opt.param_groups[1]["momentum"] = 0.9   # new state from here
+            if step == 6:
+                params[2].value = params[2].value.clone()   # a new value tensor
+            if step == 7:
+                opt.load_state_dict(opt.state_dict())
+            opt.step()
+            sched.step()
+            for p in params:
+                seen.append(p.value.to_host().tobytes())
+                for t in opt.state[id(p)].values():
+                    if isinstance(t, Tensor):
+                        seen.append(t.to_host().tobytes())
+        return seen, opt
+
+    want, _ = run(False)
+    monkeypatch.undo()
+    replays = []
+    real = optim.Optimizer._memo_step
+    monkeypatch.setattr(optim.Optimizer, "_memo_step",
+                        lambda self, m: replays.append(real(self, m)) or replays[-1])
+    got, opt = run(True)
+    assert got == want
+    assert sum(replays) >= 3, replays
+    opt.param_groups[0]["lr"] = -1.0
+    with pytest.raises(ValueError, match="lr"):
+        opt.step()
