@@ -174,6 +174,8 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--python-only", action="store_true",
                     help="also each step's Python alone: its kernel launches not enqueued (best of --repeat)")
+    ap.add_argument("--no-step-memo", action="store_true",
+                    help="every optimizer step through its full path (netcl.optim.optimizer.STEP_MEMO off)")
     ap.add_argument("--no-op-templates", action="store_true",
                     help="run every op's Python each call (netcl.core.template.ENABLED off)")
     ap.add_argument("--out", default=None, help="also write the figures as JSON here")
@@ -182,6 +184,10 @@ def main() -> int:
         from netcl.core import template
 
         template.ENABLED = False
+    if args.no_step_memo:
+        from netcl.optim import optimizer
+
+        optimizer.STEP_MEMO = False
     dev = manager.get("gpu" if args.gpu else "auto")
     q = dev.queue
     prg = build_program(dev, SRC)

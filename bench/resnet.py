@@ -234,6 +234,8 @@ def main() -> int:
     ap.add_argument("--amp", choices=("float16", "bfloat16"), default=None,
                     help="mixed precision on both sides: netcl's --amp step, torch.autocast (float16 with "
                          "a GradScaler each)")
+    ap.add_argument("--no-step-memo", action="store_true",
+                    help="every optimizer step through its full path (netcl.optim.optimizer.STEP_MEMO off)")
     ap.add_argument("--no-op-templates", action="store_true",
                     help="run every op's Python each call (netcl.core.template.ENABLED off)")
     ap.add_argument("--out", default="bench/results/resnet.json")
@@ -242,6 +244,10 @@ def main() -> int:
         from netcl.core import template
 
         template.ENABLED = False
+    if args.no_step_memo:
+        from netcl.optim import optimizer
+
+        optimizer.STEP_MEMO = False
     steps = args.steps or (20 if args.gpu else 3)
     warmup = args.warmup if args.warmup is not None else (3 if args.gpu else 1)
     profile_steps = args.profile_steps or (5 if args.gpu else 1)

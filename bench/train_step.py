@@ -231,6 +231,8 @@ def main() -> int:
     ap.add_argument("--models", default="mlp,cnn")
     ap.add_argument("--repeat", type=int, default=None)
     ap.add_argument("--skip", default="", help="comma list of peers to skip: torch,tinygrad")
+    ap.add_argument("--no-step-memo", action="store_true",
+                    help="every optimizer step through its full path (netcl.optim.optimizer.STEP_MEMO off)")
     ap.add_argument("--no-op-templates", action="store_true",
                     help="run every op's Python each call (netcl.core.template.ENABLED off)")
     ap.add_argument("--out", default="bench/results/train_step.json")
@@ -239,6 +241,10 @@ def main() -> int:
         from netcl.core import template
 
         template.ENABLED = False
+    if args.no_step_memo:
+        from netcl.optim import optimizer
+
+        optimizer.STEP_MEMO = False
     repeat = args.repeat or (50 if args.gpu else 10)
     skip = set(filter(None, args.skip.split(",")))
     dev = manager.get(args.device or ("gpu" if args.gpu else "auto"))

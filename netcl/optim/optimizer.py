@@ -38,6 +38,9 @@ SCHEDULE_KEYS: dict[str, Callable[[Any, str], Any]] = {
 }
 
 
+# step() replays the last step's launches while nothing they were made for changed (_memo_step); False: every
+# step takes the full path (benchmarks compare the two: --no-step-memo)
+STEP_MEMO = True
 _MISSING = object()
 _IMMUTABLE = (float, int, bool, str, type(None), np.generic)
 
@@ -158,7 +161,8 @@ class Optimizer:
         without a host sync. The host's step count still advances (Adam's bias corrections then run one
         step ahead of PyTorch's after each skipped step; GradScaler(sync=True) skips on the host instead)."""
         memo = self._memo
-        if memo is not None and found_inf is None and not capture.open_recordings and self._memo_step(memo):
+        if memo is not None and found_inf is None and STEP_MEMO and not capture.open_recordings \
+                and self._memo_step(memo):
             return
         self._memo = None
         name = type(self).__name__

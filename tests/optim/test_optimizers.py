@@ -238,8 +238,9 @@ def test_step_memo_gives_the_slow_steps_bits(queue, monkeypatch, kind):
     dt = np.float32 if kind != "bfloat16" else "bfloat16"
 
     def run(memo: bool):
-        if not memo:
-            monkeypatch.setattr(optim.Optimizer, "_memo_step", lambda self, m: False)
+        from netcl.optim import optimizer as optimizer_module
+
+        monkeypatch.setattr(optimizer_module, "STEP_MEMO", memo)
         data = np.random.default_rng(11)
 
         def tensor(a):
@@ -277,9 +278,11 @@ def test_step_memo_gives_the_slow_steps_bits(queue, monkeypatch, kind):
                         seen.append(t.to_host().tobytes())
         return seen, opt
 
-    want, _ = run(False)
-    monkeypatch.undo()
     replays = []
+    monkeypatch.setattr(optim.Optimizer, "_memo_step", lambda self, m: replays.append(True) or False)
+    want, _ = run(False)
+    assert not replays   # (STEP_MEMO off: never tried)
+    monkeypatch.undo()
     real = optim.Optimizer._memo_step
     monkeypatch.setattr(optim.Optimizer, "_memo_step",
                         lambda self, m: replays.append(real(self, m)) or replays[-1])
