@@ -117,6 +117,7 @@ class Optimizer:
                             f"'lr': 0.1}}, got {type(param_group).__name__}")
         seen = {id(p): gi for gi, g in enumerate(self.param_groups) for p in g["params"]}
         self.param_groups.append(self._make_group(param_group, len(self.param_groups), seen))
+        self._memo = None
 
     # -- checks -----------------------------------------------------------------------------------
     def _check_group(self, values: Mapping[str, Any], where: str) -> dict[str, Any]:
@@ -419,6 +420,7 @@ class Optimizer:
         for values, group in zip(loaded.groups, self.param_groups):
             group.update(values)
         self.state = new_state
+        self._memo = None   # (it holds the old state's tensors)
         self._fresh.clear()
 
     def _check_state_dict(self, state_dict: Any) -> _Loaded:
