@@ -57,7 +57,7 @@
  * fences on both sides (CUDA's threadfence reduction): volatile accesses and atomics are issued one after another (a 512 x 512 x 16384
  * bfloat16 split-K GEMM 2.6-6.5x slower than a separate reduction launch; the split decode attention's merge
  * of 63 splits 76 us more through atomics; bench/NOTES.md, seventh and tenth sessions). */
-#if defined(NC_NVIDIA) && !defined(NC_PART_ATOMIC)
+#ifdef NC_NVIDIA
 #define PART_STORE(p, i, v) (((__global float *)(p))[i] = (float)(v))
 #define PART_LOAD(p, i) nc_part_load((__global const float *)(p) + (i))
 /* The last arrival's loads bypass the SM's L1 (ld.global.cg: cached in L2 only, the device-wide coherent
@@ -76,32 +76,41 @@ inline float nc_part_load(__global const float *p)
 #define PART_LOAD(p, i) as_float(atomic_or((volatile __global uint *)(p) + (i), 0u))
 #endif
 
-/* A fence at device scope: what a work-item wrote before it is visible device-wide before what it writes after
- * (release), and what it reads after sees what others released before (acquire); with a barrier before it (a
- * release) or after it (an acquire) it covers the whole work-group. NVIDIA (compute capability 7.0 and later):
- * PTX fence.acq_rel.gpu. NVIDIA's mem_fence(CLK_GLOBAL_MEM_FENCE) did not order a store before a later flag
- * for other work-groups: a chained batch norm backward's elementwise parts read their channel's coefficients
- * from before the launch (H100, bench/NOTES.md, thirty-second session). Elsewhere OpenCL's mem_fence. */
-#if defined(NC_NVIDIA) && NC_NVIDIA >= 70 && !defined(NC_FENCE_OLD)
+/* A fence at device scope: what a work-item wrote before it is visible device-wide before what it writes
+ * after (release), and what it reads after sees what others released before (acquire); with a barrier
+ * before it (a release) or after it (an acquire) it covers the whole work-group. NVIDIA (compute capability
+ * 7.0 and later): PTX fence.acq_rel.gpu. NVIDIA's mem_fence(CLK_GLOBAL_MEM_FENCE) did not order a store
+ * before a later flag for other work-groups: a chained batch norm backward's elementwise parts read their
+ * channel's coefficients from before the launch (H100, bench/NOTES.md, thirty-second session). Elsewhere
+ * OpenCL's mem_fence. */
+#if defined(NC_NVIDIA) && NC_NVIDIA >= 70
 #define NC_FENCE_DEVICE() asm volatile("fence.acq_rel.gpu;" ::: "memory")
 #else
 #define NC_FENCE_DEVICE() mem_fence(CLK_GLOBAL_MEM_FENCE)
 #endif
 
-inline int nc_last_arrival(__global int *count, const int n)
+/* One work-item's arrival at a count other work-groups wait on or merge by: what it (and, after a barrier,
+ * its work-group) wrote is released device-wide first; returns the count before. */
+inline int nc_arrive(__global int *count)
 {
     NC_FENCE_DEVICE();
-    if (atomic_inc(count) != n - 1) return 0;
+    return atomic_inc(count);
+}
+
+inline int nc_last_arrival(__global int *count, const int n)
+{
+    if (nc_arrive(count) != n - 1) return 0;
     NC_FENCE_DEVICE();
     atomic_xchg(count, 0);
     return 1;
 }
 
-/* One work-item of a work-group waits until *count >= at_least (a count other work-groups raise; the
- * caller fences after it). By default an atomic read in a loop. NC_SPIN_LOAD (NVIDIA): a volatile load in
- * the loop instead, not a read-modify-write: hundreds of work-groups polling one count with atomics queue
- * at its L2 slice behind the increments they wait for; with NC_SPIN_NS > 0 (compute capability 7.0 and
- * later) each miss sleeps about that many ns (nanosleep) before it reads again. */
+/* One work-item of a work-group waits until *count >= at_least (a count other work-groups raise through
+ * nc_arrive), then acquires what they released (for its work-group, after a barrier). By default an atomic
+ * read in a loop. NC_SPIN_LOAD (NVIDIA): a volatile load in the loop instead, not a read-modify-write:
+ * hundreds of work-groups polling one count with atomics queue at its L2 slice behind the increments they
+ * wait for; with NC_SPIN_NS > 0 (compute capability 7.0 and later) each miss sleeps about that many ns
+ * (nanosleep) before it reads again. */
 inline void nc_wait_at_least(__global int *count, const int at_least)
 {
 #if defined(NC_NVIDIA) && defined(NC_SPIN_LOAD)
@@ -116,13 +125,14 @@ inline void nc_wait_at_least(__global int *count, const int at_least)
 #else
     while (atomic_or(count, 0) < at_least) {}
 #endif
+    NC_FENCE_DEVICE();
 }
 
 /* nc_last_arrival for a work-group whose work-items each stored partials: every work-item's stores ordered by
  * the barrier before the first work-item's device-scope fence and arrival (CUDA's grid sync: __syncthreads,
  * then one thread's __threadfence and atomic), and (uniform over the group) true for the last group, whose
- * work-items read after that work-item's acquiring fence and a barrier. flag: an int in local memory (declared at the kernel's
- * outermost scope). Every work-item must call it. */
+ * work-items read after that work-item's acquiring fence and a barrier. flag: an int in local memory
+ * (declared at the kernel's outermost scope). Every work-item must call it. */
 inline int nc_group_last_arrival(__global int *count, const int n, __local int *flag)
 {
     mem_fence(CLK_GLOBAL_MEM_FENCE);        // this work-item's partials are visible to work-item 0 ...

@@ -399,11 +399,11 @@ void gemm_gemv(GEMM_ARGS, __global const float *scales, __local uint4 *a_stage, 
 // waits only on tiles whose tickets were taken before its own, by work-groups that are running (a ticket is
 // taken by a started work-group), so no schedule deadlocks, on any number of compute units (Oclgrind and a
 // one-thread CPU run the work-groups in ticket order: nothing ever waits). Each tile's stores are ordered by
-// a barrier before its first item's device-scope fence (NC_FENCE_DEVICE) and count (nc_group_last_arrival's
-// pattern), and a waiting tile's first item fences after the wait, before the barrier its rows are staged
-// after; on NVIDIA through volatile loads (L2, never an L1 line of this SM). The last tile of the
-// last phase resets counts[0 .. CHAIN_P] to zero, so one buffer of the queue serves every launch and
-// replay (Queue.arrival_counts). Work-group layout, loads and sums as gemm_gemv (GEMV_WG, GEMV_ROWS,
+// a barrier before its first item's arrival (nc_arrive: a device-scope fence, then the count), and a waiting
+// tile's first item acquires in nc_wait_at_least, before the barrier its rows are staged after (on NVIDIA
+// through volatile loads: L2, never an L1 line of this SM). The last tile of the last phase resets
+// counts[0 .. CHAIN_P] to zero, so one buffer of the queue serves every launch and replay
+// (Queue.arrival_counts). Work-group layout, loads and sums as gemm_gemv (GEMV_WG, GEMV_ROWS,
 // GEMV_UNROLL; GEMV_COLS 1; GEMV_M rows at most, M of them present); a_stage holds M x max K_i elements.
 #if !defined(CHAIN_P) && !defined(GEMV_LAYERS)
 #error "gemm_gemv.cl: GEMV_CHAIN needs CHAIN_P, its number of phases (1 to 4)"
@@ -460,10 +460,8 @@ inline void chain_tile(const int tile, const int phase, const int flags, const i
 
     // (every barrier of this function is reached by every work-item of every tile: PoCL's work-group
     // functions computed wrong rows with barriers under a condition, even a uniform one)
-    if (lid == 0 && r == 0 && wait_for > 0) {
-        nc_wait_at_least(counts + phase, wait_for);
-        NC_FENCE_DEVICE();   // (acquire: what the phase's tiles released, for every item after the barrier)
-    }
+    if (lid == 0 && r == 0 && wait_for > 0)
+        nc_wait_at_least(counts + phase, wait_for);   // (and acquires, for every item after the barrier)
     barrier(CLK_GLOBAL_MEM_FENCE);
     mem_fence(CLK_GLOBAL_MEM_FENCE);
 
@@ -601,10 +599,7 @@ void gemv_chain(const int M, __global int *counts, __local uint4 *a_stage, CHAIN
         DECODE_PASS(tid < DNT ? tid : (1 << 28), split, hk, b, attn_heads, counts + CHAIN_COUNTS, lm);
         mem_fence(CLK_GLOBAL_MEM_FENCE);  // this item's stores are visible to the work-group's first ...
         barrier(CLK_GLOBAL_MEM_FENCE);    // ... which fences at device scope before the tile counts itself done
-        if (first) {
-            NC_FENCE_DEVICE();   // (release: every item's stores, ordered before by the barrier)
-            atomic_inc(counts + 1);
-        }
+        if (first) nc_arrive(counts + 1);   // (releases every item's stores, ordered before by the barrier)
         return;
     }
     t -= attn_tiles;
@@ -625,8 +620,7 @@ void gemv_chain(const int M, __global int *counts, __local uint4 *a_stage, CHAIN
     phase += CHAIN_A;
     chain_tile(t, phase, flags, wait_for, M, N, K, A, W, C, R, NW, eps, counts, a_stage, scratch);
     if (first) {
-        NC_FENCE_DEVICE();   // (release: the tile's stores, every item's ordered before by chain_tile's barrier)
-        const int done = atomic_inc(counts + 1 + phase);
+        const int done = nc_arrive(counts + 1 + phase);   // (every item's stores: chain_tile's barrier)
         if (phase == CHAIN_A + CHAIN_P - 1 && done == tiles - 1) {  // the launch's last tile: the counts for
             NC_FENCE_DEVICE();                        // the next
             for (int i = 0; i <= CHAIN_A + CHAIN_P; ++i) atomic_xchg(counts + i, 0);
@@ -789,10 +783,8 @@ void gemv_layers(const int M, __global int *counts, __local uint4 *a_stage, __gl
     }
     const int g = 5 * j + p;
     if (p == 1) {   // the attention: waits for the q/k/v product like a GEMV phase, then its decode tile
-        if (first) {
+        if (first)
             nc_wait_at_least(counts + g, wait_for);
-            NC_FENCE_DEVICE();
-        }
         barrier(CLK_GLOBAL_MEM_FENCE);
         mem_fence(CLK_GLOBAL_MEM_FENCE);
         const int tid = get_local_id(1) * GEMV_WG + get_local_id(0);
@@ -807,10 +799,7 @@ void gemv_layers(const int M, __global int *counts, __local uint4 *a_stage, __gl
                     drop_threshold, drop_scale, seed_lo, seed_hi, counter0 DECODE_ROPE_PASS);
         mem_fence(CLK_GLOBAL_MEM_FENCE);  // this item's stores are visible to the work-group's first ...
         barrier(CLK_GLOBAL_MEM_FENCE);    // ... which fences at device scope before the tile counts itself done
-        if (first) {
-            NC_FENCE_DEVICE();
-            atomic_inc(counts + 1 + g);
-        }
+        if (first) nc_arrive(counts + 1 + g);
         return;
     }
     int flags, N, K;
@@ -828,8 +817,7 @@ void gemv_layers(const int M, __global int *counts, __local uint4 *a_stage, __gl
     }
     chain_tile(t, g, flags, wait_for, M, N, K, A, W, C, R, NW, eps, counts, a_stage, scratch);
     if (first) {
-        NC_FENCE_DEVICE();
-        const int done = atomic_inc(counts + 1 + g);
+        const int done = nc_arrive(counts + 1 + g);
         if (g == 5 * GEMV_LAYERS - 1 && done == tiles - 1) {  // the launch's last tile: the counts for the next
             NC_FENCE_DEVICE();
             for (int i = 0; i <= 5 * GEMV_LAYERS; ++i) atomic_xchg(counts + i, 0);

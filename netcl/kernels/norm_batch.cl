@@ -660,10 +660,8 @@ __kernel void batch_norm_grad_input_runs(__global const T *gy, const long gy_off
         NC_FENCE_DEVICE();                                                                           \
         atomic_xchg(ready + c, 1);                                                                   \
     }                                                                                                \
-    if (lid == 0 && apply) {                                                                         \
+    if (lid == 0 && apply)                                                                           \
         nc_wait_at_least(ready + c, 1);                                                              \
-        NC_FENCE_DEVICE();                                                                           \
-    }                                                                                                \
     barrier(CLK_GLOBAL_MEM_FENCE);                                                                   \
     mem_fence(CLK_GLOBAL_MEM_FENCE)
 
