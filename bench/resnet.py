@@ -2,7 +2,7 @@
 netcl eager and recorded (netcl.graph) beside PyTorch eager and PyTorch with CUDA graphs on the same device
 in one run. Table + JSON: ms/step, images/s, ratios; a per-kernel breakdown of netcl's recorded step
 (netcl.profiling: device time, share, GB/s and GFLOP/s where the op declares its work); a check that
-netcl's and PyTorch's first-step losses agree on the same weights and batch.
+netcl's and PyTorch's first- and second-step losses agree on the same weights and batch.
 
     python bench/resnet.py                       # CPU (PoCL): batch 32, PyTorch CPU (same thread count)
     python bench/resnet.py --gpu                 # GPU: batches 128 and 256, PyTorch CUDA (cudnn.benchmark on,
@@ -86,6 +86,7 @@ def netcl_run(q, batch: int, steps: int, warmup: int, profile_steps: int, amp: s
     x, y = Tensor.from_host(q, xh), Tensor.from_host(q, yh)
     state = {k: v.to_host().copy() for k, v in model.state_dict().items()}  # before any step: the torch check
     first_loss = float(train_step(model, opt, x, y, mixed=mixed).to_host()[0])
+    second_loss = float(train_step(model, opt, x, y, mixed=mixed).to_host()[0])  # after one update: the backward
     eager = timed(lambda: train_step(model, opt, x, y, mixed=mixed), q.finish, steps, warmup)
     host = []
     for _ in range(3):  # host time to enqueue one eager step on an idle queue
@@ -111,6 +112,7 @@ def netcl_run(q, batch: int, steps: int, warmup: int, profile_steps: int, amp: s
         "host_enqueue_ms": statistics.median(host) * 1e3,
         "device_ms_per_step": prof.device_seconds / profile_steps * 1e3,
         "first_loss": first_loss,
+        "second_loss": second_loss,
         "kernels": kernels,
         "_state": state,
     }
@@ -199,8 +201,9 @@ def torch_run(
         return loss
 
     first_loss = float(step().item())
+    second_loss = float(step().item())
     out = {"device": torch.cuda.get_device_name() if gpu else f"cpu, {torch.get_num_threads()} threads",
-           "first_loss": first_loss, "eager_ms": timed(step, finish, steps, warmup) * 1e3}
+           "first_loss": first_loss, "second_loss": second_loss, "eager_ms": timed(step, finish, steps, warmup) * 1e3}
     if gpu and graphs:  # the whole step captured once (PyTorch's "whole network capture" recipe)
         try:
             s = torch.cuda.Stream()
@@ -292,7 +295,8 @@ def main() -> int:
         nc = e["netcl"]
         if "first_loss" in pt:
             print(f"       first-step loss on the same weights and batch: netcl {nc['first_loss']:.5f}, "
-                  f"pytorch {pt['first_loss']:.5f}")
+                  f"pytorch {pt['first_loss']:.5f}; second step (after one update) netcl "
+                  f"{nc['second_loss']:.5f}, pytorch {pt['second_loss']:.5f}")
         print(
             f"       step = {e['step_gflop']:.1f} GFLOP; netcl host enqueue (eager) "
             f"{nc['host_enqueue_ms']:.2f} ms; "
