@@ -241,8 +241,8 @@ def main() -> int:
                     help="the decode attention's wanted work-groups a compute unit "
                          "(ops.attention.DECODE_GROUPS_PER_CU; 0: one split)")
     ap.add_argument("--spin-ns", type=int, default=None, metavar="NS",
-                    help="a chain tile polls its phase's count with loads, sleeping NS ns between them "
-                         "(ops.gemm.chain.SPIN_NS; NVIDIA only; default: atomic reads)")
+                    help="a chain tile polling its phase's count sleeps NS ns between reads "
+                         "(ops.gemm.chain.SPIN_NS; NVIDIA only; default: no sleep)")
     ap.add_argument("--gemv", default=None, metavar="KNOB=V,...",
                     help="the decode GEMVs' knobs (GEMV_WG, GEMV_ROWS, GEMV_UNROLL) set in "
                          "ops.gemm.variants.DEFAULTS['gemv']['any'], e.g. GEMV_UNROLL=8")

@@ -106,26 +106,36 @@ inline int nc_last_arrival(__global int *count, const int n)
 }
 
 /* One work-item of a work-group waits until *count >= at_least (a count other work-groups raise through
- * nc_arrive), then acquires what they released (for its work-group, after a barrier). By default an atomic
- * read in a loop. NC_SPIN_LOAD (NVIDIA): a volatile load in the loop instead, not a read-modify-write:
- * hundreds of work-groups polling one count with atomics queue at its L2 slice behind the increments they
- * wait for; with NC_SPIN_NS > 0 (compute capability 7.0 and later) each miss sleeps about that many ns
- * (nanosleep) before it reads again. */
+ * nc_arrive), then acquires what they released (for its work-group, after a barrier). NVIDIA (compute
+ * capability 7.0 and later): acquire loads in the loop (PTX ld.acquire.gpu: L2, no read-modify-write queued at
+ * the count's slice beside the increments awaited; the reads after it see what the arrivals released), where a
+ * fence after the loop would also wait for every load the work-item issued before it (gemm_gemv.cl's chain
+ * tiles issue their first weight loads before they wait); with NC_SPIN_NS > 0 each miss sleeps about that many
+ * ns (nanosleep) before it reads again. Elsewhere an atomic read in a loop (NC_SPIN_LOAD on older NVIDIA: a
+ * volatile load), then a fence. */
 inline void nc_wait_at_least(__global int *count, const int at_least)
 {
+#if defined(NC_NVIDIA) && NC_NVIDIA >= 70
+    for (;;) {
+        int v;
+        asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"((ulong)count) : "memory");
+        if (v >= at_least) return;
+#if defined(NC_SPIN_NS) && NC_SPIN_NS > 0
+        asm volatile("nanosleep.u32 %0;" :: "r"(NC_SPIN_NS));
+#endif
+    }
+#else
 #if defined(NC_NVIDIA) && defined(NC_SPIN_LOAD)
     for (;;) {
         int v;
         asm volatile("ld.volatile.global.s32 %0, [%1];" : "=r"(v) : "l"((ulong)count) : "memory");
         if (v >= at_least) break;
-#if defined(NC_SPIN_NS) && NC_SPIN_NS > 0 && NC_NVIDIA >= 70
-        asm volatile("nanosleep.u32 %0;" :: "r"(NC_SPIN_NS));
-#endif
     }
 #else
     while (atomic_or(count, 0) < at_least) {}
 #endif
     NC_FENCE_DEVICE();
+#endif
 }
 
 /* nc_last_arrival for a work-group whose work-items each stored partials: every work-item's stores ordered by

@@ -39,10 +39,10 @@ from netcl.ops.gemm.launch import _gemv_prologue_bytes, gemv_rms_fits
 from netcl.ops.gemm.variants import _program, usable_params
 
 MAX_STEPS = 4  # the kernel's phases (CHAIN_PHASE_ARGS 0 .. 3)
-# SPIN_NS: how a chain tile waits for the phase before it (common.cl nc_wait_at_least). None: an atomic read
-# in a loop; an int: on NVIDIA a volatile load in the loop (NC_SPIN_LOAD: no read-modify-write queued at the
-# count's L2 slice beside the increments awaited), sleeping about SPIN_NS ns between reads when > 0
-# (nanosleep); elsewhere the atomic read still.
+# SPIN_NS: how a chain tile waits for the phase before it (common.cl nc_wait_at_least: on NVIDIA of compute
+# capability 7.0 and later acquire loads in a loop, elsewhere atomic reads). None: that; an int: on NVIDIA the
+# loop sleeps about SPIN_NS ns between reads when > 0 (nanosleep; before 7.0, volatile loads: NC_SPIN_LOAD);
+# elsewhere the atomic read still.
 SPIN_NS: int | None = None
 MAX_ROWS = 8
 _FLAGS = {"norm": 1, "glu": 2, "residual": 4}  # gemm_gemv.cl's CHAIN_RMS, CHAIN_GLU, CHAIN_RES
