@@ -243,9 +243,6 @@ def main() -> int:
     ap.add_argument("--spin-ns", type=int, default=None, metavar="NS",
                     help="a chain tile polling its phase's count sleeps NS ns between reads "
                          "(ops.gemm.chain.SPIN_NS; NVIDIA only; default: no sleep)")
-    ap.add_argument("--weight-stage", type=int, default=None, metavar="N",
-                    help="whole-layer decode: the 16-byte weight chunks a work-item copies into local memory "
-                         "before its tile waits (ops.gemm.chain.WEIGHT_STAGE; 0: none)")
     ap.add_argument("--gemv", default=None, metavar="KNOB=V,...",
                     help="the decode GEMVs' knobs (GEMV_WG, GEMV_ROWS, GEMV_UNROLL) set in "
                          "ops.gemm.variants.DEFAULTS['gemv']['any'], e.g. GEMV_UNROLL=8")
@@ -267,12 +264,6 @@ def main() -> int:
         if not 0 <= args.spin_ns <= 1_000_000:
             ap.error(f"--spin-ns must be 0 to 1000000, got {args.spin_ns}")
         chain.SPIN_NS = args.spin_ns
-    if args.weight_stage is not None:
-        from netcl.ops.gemm import chain
-
-        if args.weight_stage < 0:
-            ap.error(f"--weight-stage must be >= 0, got {args.weight_stage}")
-        chain.WEIGHT_STAGE = args.weight_stage
     if args.no_chain or args.no_attention_chain or args.no_layer_chain:
         from netcl.nn import transformer
 

@@ -428,38 +428,6 @@ void gemm_gemv(GEMM_ARGS, __global const float *scales, __local uint4 *a_stage, 
 #else
 #define CHAIN_SRC __global const
 #endif
-// CHAIN_WCH > 0 (gemv_layers, half storage): a GEMV tile copies the first of its weight chunks (a work-item's
-// 16-byte chunks k = lid * 8 + u * GEMV_WG * 8 of its rows, u = 0, 1, ...) into local memory before it waits
-// for the phase before it: CHAIN_WCH chunks a work-item in all, split evenly between a GLU tile's two rows.
-// The copies fly while the tile waits (cp.async on NVIDIA of compute capability 8.0 and later: no registers
-// held; elsewhere plain copies), so a tile released by its phase count finds its first chunks landed, where
-// the register loads below hold GEMV_UNROLL chunks at most. The stage lies CHAIN_WOFF bytes into a_stage
-// (after the rows staged there); a work-item reads back only its own chunks. The sums take the chunks in the
-// same order either way: the bits of the tile's own launch.
-#ifndef CHAIN_WCH
-#define CHAIN_WCH 0
-#endif
-#if CHAIN_WCH > 0
-#if !defined(CHAIN_WOFF) || defined(W_INT8) || !(defined(IS_BF16) || (defined(IS_HALF) && defined(NC_NVIDIA)))
-#error "gemm_gemv.cl: CHAIN_WCH needs CHAIN_WOFF and 16-byte half weight chunks (uint4)"
-#endif
-inline void chain_copy16(__local uint4 *dst, __global const STORE_T *src)
-{
-#if defined(NC_NVIDIA) && NC_NVIDIA >= 80
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"((uint)(ulong)dst), "l"((ulong)src) : "memory");
-#else
-    *dst = *(__global const uint4 *)src;
-#endif
-}
-#if defined(NC_NVIDIA) && NC_NVIDIA >= 80
-#define CHAIN_COPY_COMMIT() asm volatile("cp.async.commit_group;" ::: "memory")
-#define CHAIN_COPY_WAIT() asm volatile("cp.async.wait_group 0;" ::: "memory")
-#else
-#define CHAIN_COPY_COMMIT()
-#define CHAIN_COPY_WAIT()
-#endif
-#endif
-
 // the rows' sums of squares (gemv_rms_prologue's rms_part), then the columns' partial sums
 // [GEMV_ROWS][2 GEMV_M][GEMV_WG] (without shuffles): one scratch array, used one after the other
 #define CHAIN_SCRATCH (GEMV_ROWS * 2 * GEMV_M * GEMV_WG)
@@ -482,20 +450,8 @@ inline void chain_tile(const int tile, const int phase, const int flags, const i
     for (int i = 0; i < 2 * GEMV_M; ++i) acc[i] = 0.0f;
     const int step = GEMV_WG * 8;
     int k = lid * 8;
-#if CHAIN_WCH > 0
-    // the first chunks into local memory (chunk u of row part j at slot u * parts + j), in flight while the
-    // tile waits
-    __local uint4 *wst = (__local uint4 *)((__local uchar *)a_stage + CHAIN_WOFF) + r * GEMV_WG + lid;
-    const int staged = k < K ? min((K - k + step - 1) / step, CHAIN_WCH / parts) : 0;
-    for (int u = 0; u < staged; ++u)
-        for (int j = 0; j < parts; ++j)
-            chain_copy16(wst + (u * parts + j) * (GEMV_ROWS * GEMV_WG), w[j] + k + u * step);
-    CHAIN_COPY_COMMIT();
-    const int k_staged = k;
-    k += staged * step;
-#endif
     GEMV_WRAW wr[2][GEMV_UNROLL];
-    // the first weight loads (after the staged ones) depend on no phase: in flight while the tile waits
+    // the first weight loads depend on no phase: in flight while the tile waits
 #pragma unroll
     for (int u = 0; u < GEMV_UNROLL; ++u)
 #pragma unroll
@@ -524,20 +480,6 @@ inline void chain_tile(const int tile, const int phase, const int flags, const i
     }
     gemv_rms_prologue(ss, scratch, a_stage, M, K, flags & CHAIN_RMS, NW, eps);
 
-#if CHAIN_WCH > 0
-    CHAIN_COPY_WAIT();   // this work-item's copies landed (it reads back only its own)
-    for (int u = 0; u < staged; ++u) {
-        const int ku = k_staged + u * step;
-        const float8 w0 = GEMV_WCVT(wst[u * parts * (GEMV_ROWS * GEMV_WG)]);
-        const float8 w1 = parts == 2 ? GEMV_WCVT(wst[(u * parts + 1) * (GEMV_ROWS * GEMV_WG)]) : (float8)(0.0f);
-        for (int m = 0; m < GEMV_M; ++m)
-            if (m < M) {
-                const float8 a = GEMV_ACVT(GEMV_ALOAD(__local, (__local const STORE_T *)a_stage + m * K + ku));
-                acc[m] += dot(a.lo, w0.lo) + dot(a.hi, w0.hi);
-                if (parts == 2) acc[GEMV_M + m] += dot(a.lo, w1.lo) + dot(a.hi, w1.hi);
-            }
-    }
-#endif
     while (k < K) {
 #pragma unroll
         for (int u = 0; u < GEMV_UNROLL; ++u) {

@@ -338,27 +338,6 @@ def test_decode_layers_in_one_launch(queue, monkeypatch, dtype, n, per, position
             np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
 
 
-@pytest.mark.gpu_shaped
-@pytest.mark.parametrize("stage", [0, 2, 8])
-def test_weight_stage_keeps_the_bits(queue, monkeypatch, stage):
-    """chain.WEIGHT_STAGE (gemv_layers' tiles copy their first weight chunks into local memory before they
-    wait: all of a row, part of one, none; a GLU tile's two rows sharing the chunks) leaves every output and
-    cache bit as each phase's own launch gives it; a bad value is named."""
-    from netcl.ops.gemm import chain
-
-    monkeypatch.setattr(chain, "WEIGHT_STAGE", -1)
-    with pytest.raises(ValueError, match="WEIGHT_STAGE"):
-        chain._weight_stage(queue.device, {"GEMV_ROWS": 8, "GEMV_WG": 32}, dtypes.bfloat16, 1, 64)
-    gpu_shaped_chain(monkeypatch, 16)
-    monkeypatch.setattr(chain, "WEIGHT_STAGE", stage)
-    # K = 128 (the attention's rows, the norms') and 600 (down: 3 chunks of 256 for the first lanes, 2 after)
-    model = random_decode_layers(queue, dtypes.bfloat16, 2, 17, hidden=600)
-    want = run_decode_layers(queue, model, layered=False)
-    got = run_decode_layers(queue, model, layered=True)
-    for a, b in zip(got, want, strict=True):
-        np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
-
-
 @pytest.mark.parametrize("spin", [0, 64])
 def test_polled_waits_keep_the_bits(queue, monkeypatch, spin):
     """chain.SPIN_NS (a chain tile polls its phase's count with loads, sleeping between them, instead of

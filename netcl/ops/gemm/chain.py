@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import pyopencl as cl
 
-from netcl.core import backend, capture, dtypes
+from netcl.core import capture, dtypes
 from netcl.core.tensor import Tensor
 from netcl.errors import DTypeError, NetclError, ShapeError
 from netcl.ops.gemm.api import gemv_fits
@@ -44,11 +44,6 @@ MAX_STEPS = 4  # the kernel's phases (CHAIN_PHASE_ARGS 0 .. 3)
 # loop sleeps about SPIN_NS ns between reads when > 0 (nanosleep; before 7.0, volatile loads: NC_SPIN_LOAD);
 # elsewhere the atomic read still.
 SPIN_NS: int | None = None
-# WEIGHT_STAGE: gemv_layers' GEMV tiles copy the first of their weight chunks (16 bytes a work-item each;
-# split between a GLU tile's two rows) into local memory before they wait for the phase before them
-# (gemm_gemv.cl's CHAIN_WCH: cp.async on NVIDIA), at most this many a work-item and what the local memory left
-# by the rows' stage holds; 0: none. Half storage of 16-byte chunks only (bfloat16; float16 on NVIDIA).
-WEIGHT_STAGE = 8
 MAX_ROWS = 8
 _FLAGS = {"norm": 1, "glu": 2, "residual": 4}  # gemm_gemv.cl's CHAIN_RMS, CHAIN_GLU, CHAIN_RES
 _DTYPES = (dtypes.float32, dtypes.float16, dtypes.bfloat16)
@@ -148,24 +143,6 @@ def _local_bytes(device: Any, tile: dict[str, int], dt: np.dtype, m: int, k: int
     """Local memory of a chain of m rows whose longest K is k: a_stage (_stage_bytes), the columns' partial
     sums (the kernel's scratch)."""
     return _stage_bytes(device, tile, dt, m, k, attention) + 4 * tile["GEMV_ROWS"] * 2 * m * tile["GEMV_WG"]
-
-
-def _weight_stage(device: Any, tile: dict[str, int], dt: np.dtype, m: int, most_k: int) -> tuple[int, int]:
-    """(CHAIN_WOFF, CHAIN_WCH) of gemv_layers' weight stage (WEIGHT_STAGE): its byte offset in a_stage after
-    the rows' stage, and the 16-byte chunks a work-item copies there (even, so a GLU tile's two rows share it;
-    what the device's local memory holds beside the rows and the kernel's scratch); (0, 0) where off."""
-    if isinstance(WEIGHT_STAGE, bool) or not isinstance(WEIGHT_STAGE, int) or WEIGHT_STAGE < 0:
-        raise ValueError(f"chain.WEIGHT_STAGE must be an int >= 0, got {WEIGHT_STAGE!r}")
-    dt = np.dtype(dt)
-    nvidia = backend.nvidia_define(device) is not None
-    sixteen = dt == np.dtype(dtypes.bfloat16) or (dt == np.float16 and nvidia)
-    if not WEIGHT_STAGE or not sixteen:
-        return 0, 0
-    woff = -(-_stage_bytes(device, tile, dt, m, most_k) // 16) * 16
-    scratch = 4 * tile["GEMV_ROWS"] * 2 * m * tile["GEMV_WG"] + 64   # the kernel's own (ticket and alignment)
-    fits = (device.capabilities.local_mem - woff - scratch) // (16 * tile["GEMV_ROWS"] * tile["GEMV_WG"])
-    wch = min(WEIGHT_STAGE, fits) // 2 * 2
-    return (woff, wch) if wch > 0 else (0, 0)
 
 
 def _counts(steps: int) -> int:
@@ -437,7 +414,7 @@ def _launch_layers(x: Tensor, act: Tensor, act_off: int, layers: list[DecodeLaye
             dynamic[f"{name}{j}"], dynamic[f"{name}{j}_off"] = t.buffer, np.int64(t.offset)
     call = {**phase.args, **dynamic}   # the attention's arguments not gemv_layers' are not read
     key = ("gemv_layers", id(q.device), dt, m, sizes, eps, n, tuple(sorted(phase.program.items())),
-           phase.grid, SPIN_NS, WEIGHT_STAGE)
+           phase.grid, SPIN_NS)
     hit = capture.plans.get(key)
     if hit is None:
         hit = capture.plans.put(key, _layers_plan(q.device, dt, m, sizes, eps, n, phase, call))
@@ -457,13 +434,8 @@ def _layers_plan(device: Any, dt: np.dtype, m: int, sizes: tuple[int, ...], eps:
     most_k = max(d, ko, f)
     defines = {"DTYPE": dt, "GEMV_CHAIN": None, "GEMV_LAYERS": n, "GEMV_M": m, **knobs, **phase.program,
                "CHAIN_COUNTS": 1 + 5 * n, **_spin_defines()}
-    stage = _stage_bytes(device, tile, dt, m, most_k, phase)
-    woff, wch = _weight_stage(device, tile, dt, m, most_k)
-    if wch:
-        defines.update(CHAIN_WCH=wch, CHAIN_WOFF=woff)
-        stage = max(stage, woff + wch * rows * tile["GEMV_WG"] * 16)
     static: dict[str, Any] = {
-        "M": np.int32(m), "a_stage": cl.LocalMemory(stage),
+        "M": np.int32(m), "a_stage": cl.LocalMemory(_stage_bytes(device, tile, dt, m, most_k, phase)),
         "NQ": np.int32(nq), "KO": np.int32(ko), "D": np.int32(d), "F": np.int32(f),
         "eps_a": np.float32(eps[0]), "eps_m": np.float32(eps[1]),
         "attn_heads": np.int32(phase.grid[1]), "attn_batch": np.int32(phase.grid[2])}
