@@ -86,7 +86,8 @@ def netcl_run(q, batch: int, steps: int, warmup: int, profile_steps: int, amp: s
     x, y = Tensor.from_host(q, xh), Tensor.from_host(q, yh)
     state = {k: v.to_host().copy() for k, v in model.state_dict().items()}  # before any step: the torch check
     first_loss = float(train_step(model, opt, x, y, mixed=mixed).to_host()[0])
-    second_loss = float(train_step(model, opt, x, y, mixed=mixed).to_host()[0])  # after one update: the backward
+    # after one update: a wrong backward shows here, not in the first loss
+    second_loss = float(train_step(model, opt, x, y, mixed=mixed).to_host()[0])
     eager = timed(lambda: train_step(model, opt, x, y, mixed=mixed), q.finish, steps, warmup)
     host = []
     for _ in range(3):  # host time to enqueue one eager step on an idle queue
@@ -203,7 +204,8 @@ def torch_run(
     first_loss = float(step().item())
     second_loss = float(step().item())
     out = {"device": torch.cuda.get_device_name() if gpu else f"cpu, {torch.get_num_threads()} threads",
-           "first_loss": first_loss, "second_loss": second_loss, "eager_ms": timed(step, finish, steps, warmup) * 1e3}
+           "first_loss": first_loss, "second_loss": second_loss,
+           "eager_ms": timed(step, finish, steps, warmup) * 1e3}
     if gpu and graphs:  # the whole step captured once (PyTorch's "whole network capture" recipe)
         try:
             s = torch.cuda.Stream()
