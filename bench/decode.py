@@ -176,6 +176,59 @@ def netcl_generate(model: GPT, prompt: np.ndarray, new_tokens: int) -> tuple[flo
     return t1 - t0, time.perf_counter() - t1, np.concatenate(out, axis=1)
 
 
+def trace_phases(model: GPT, rng: Any, batch: int, prompt_tokens: int, step_bytes: int,
+                 copy_bw: float) -> dict[str, Any] | None:
+    """One decode step's whole-layer launch traced (ops.gemm.chain.TRACE; the step run eagerly, not
+    replayed): per phase of a layer, the medians over the layers of its tiles, its time (from the last tile
+    of the phase before ending to its own last ending), the lag before its first release, a tile's work
+    (release to end) and wait (start to release). Printed; returned for the JSON (None where no such launch
+    ran: another decode path)."""
+    from netcl.ops.gemm import chain
+
+    prompt = rng.integers(0, model.config.vocab_size, (batch, prompt_tokens)).astype(np.int64)
+    chain.TRACE, chain._last_trace = True, {}
+    try:
+        for _ in model.generate(prompt, 3, temperature=0.0, use_graph=False):
+            pass
+        tr = chain.read_trace()
+    finally:
+        chain.TRACE = False
+    if tr is None:
+        print("\ntrace: no whole-layer decode launch ran (--no-layer-chain, or the model does not fit it)")
+        return None
+    unit = 1e-3 if tr["ns"] else 1.0   # us, or the counter's ticks
+    what = "us" if tr["ns"] else "ticks (an order, not a time: no device timer here)"
+    names = ("q/k/v", "attention", "o", "gate/up", "down")
+    phases = int(tr["phase"].max()) + 1
+    last_end = [float(tr["end"][tr["phase"] == g].max()) for g in range(phases)]
+    rows = []
+    for p in range(5):
+        per = {"time": [], "lag": [], "work": [], "wait": []}
+        for g in range(p, phases, 5):
+            mine = tr["phase"] == g
+            before = last_end[g - 1] if g else float(tr["start"].min())
+            per["time"].append(last_end[g] - before)
+            per["lag"].append(float(tr["release"][mine].min()) - before)
+            per["work"].append(float(np.median(tr["end"][mine] - tr["release"][mine])))
+            per["wait"].append(float(np.median(tr["release"][mine] - tr["start"][mine])))
+        rows.append({"phase": names[p], "tiles": tr["phase_tiles"][p],
+                     **{k: float(np.median(v)) * unit for k, v in per.items()},
+                     "sum": float(np.sum(per["time"])) * unit})
+    span = (float(tr["arrived"].max()) - float(tr["start"].min())) * unit
+    print(f"\ntrace of one decode step's whole-layer launch ({tr['layers']} layers, {len(tr['start']):,} "
+          f"tiles, {span:,.1f} {what.split()[0]}): per phase, medians over the layers, in {what}")
+    head = ("phase", "tiles", "time", "all layers", "lag", "tile work", "wait")
+    print("  {:<10} {:>6} {:>8} {:>11} {:>6} {:>10} {:>8}".format(*head))
+    for r in rows:
+        print(f"  {r['phase']:<10} {r['tiles']:>6} {r['time']:>8.2f} {r['sum']:>11.1f} {r['lag']:>6.2f} "
+              f"{r['work']:>10.2f} {r['wait']:>8.2f}")
+    if tr["ns"]:
+        print(f"  (time: from the last tile of the phase before ending to its own last ending; lag: to its "
+              f"first release; at the copy bandwidth the step's {step_bytes / 1e6:,.0f} MB take "
+              f"{step_bytes / copy_bw * 1e6:,.0f} us)")
+    return {"span": span, "unit": what.split()[0], "phases": rows}
+
+
 def copy_bandwidth(q: Any, nbytes: int, repeats: int = 10) -> float:
     """The device's buffer-to-buffer copy rate, 2 x bytes / time (median of `repeats` after a warm-up)."""
     src = Tensor.empty(q, (nbytes // 4,), np.float32)
@@ -243,6 +296,9 @@ def main() -> int:
     ap.add_argument("--spin-ns", type=int, default=None, metavar="NS",
                     help="a chain tile polling its phase's count sleeps NS ns between reads "
                          "(ops.gemm.chain.SPIN_NS; NVIDIA only; default: no sleep)")
+    ap.add_argument("--trace", action="store_true",
+                    help="also trace the whole-layer decode launch of one step at the first batch: each "
+                         "tile's start, release, end and arrival (ops.gemm.chain.TRACE), summed by phase")
     ap.add_argument("--gemv", default=None, metavar="KNOB=V,...",
                     help="the decode GEMVs' knobs (GEMV_WG, GEMV_ROWS, GEMV_UNROLL) set in "
                          "ops.gemm.variants.DEFAULTS['gemv']['any'], e.g. GEMV_UNROLL=8")
@@ -448,6 +504,8 @@ def main() -> int:
                            "idle": gap_totals, "idle_pairs": gap_rows}
     else:
         results_profile = None
+    results_trace = trace_phases(model, rng, batches[0], args.prompt_tokens, step_bytes, copy_bw) \
+        if args.trace else None
     int8_bytes = None
     if args.int8:  # the same model, its linear layers quantized in place
         model.quantize_int8()
@@ -509,6 +567,7 @@ def main() -> int:
         "greedy_agreement": agreement,
         "int8_step_bytes": int8_bytes,
         "profile": results_profile,
+        "trace": results_trace,
     }
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps(result, indent=2))

@@ -428,6 +428,36 @@ void gemm_gemv(GEMM_ARGS, __global const float *scales, __local uint4 *a_stage, 
 #else
 #define CHAIN_SRC __global const
 #endif
+// CHAIN_TRACE (gemv_layers; netcl.ops.gemm.chain.TRACE): each tile stamps when it starts, when its wait
+// releases it, when its rows are done and when it has arrived, with its phase and tile, into a record of the
+// trace that follows the arrival counts: (__global ulong *)(counts + CHAIN_TRACE), slot 0 a clock, record of
+// ticket t at 1 + 5 t: {start, release, end, arrived, g | tile << 16 | compute unit << 40}. The stamps are
+// NVIDIA's %globaltimer (ns) and %smid; elsewhere ticks of a device-wide counter (slot 0): an order, not a
+// time. Written by each tile's first work-item; nothing else reads them.
+#ifdef CHAIN_TRACE
+inline ulong chain_stamp(__global ulong *trace)
+{
+#ifdef NC_NVIDIA
+    ulong t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t) :: "memory");
+    return t;
+#else
+    return (ulong)atomic_inc((volatile __global uint *)trace) + 1;
+#endif
+}
+inline ulong chain_unit(void)
+{
+#ifdef NC_NVIDIA
+    uint id;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(id));
+    return id;
+#else
+    return 0;
+#endif
+}
+#define CHAIN_STAMP(rec, i) (rec)[i] = chain_stamp(rec##_clock)
+#endif
+
 // the rows' sums of squares (gemv_rms_prologue's rms_part), then the columns' partial sums
 // [GEMV_ROWS][2 GEMV_M][GEMV_WG] (without shuffles): one scratch array, used one after the other
 #define CHAIN_SCRATCH (GEMV_ROWS * 2 * GEMV_M * GEMV_WG)
@@ -435,7 +465,8 @@ void gemm_gemv(GEMM_ARGS, __global const float *scales, __local uint4 *a_stage, 
 inline void chain_tile(const int tile, const int phase, const int flags, const int wait_for, const int M,
                        const int N, const int K, CHAIN_SRC STORE_T *A, __global const STORE_T *W,
                        __global STORE_T *C, __global const STORE_T *R, __global const STORE_T *NW,
-                       const float eps, __global int *counts, __local uint4 *a_stage, __local float *scratch)
+                       const float eps, __global int *counts, __local uint4 *a_stage, __local float *scratch,
+                       __global ulong *rec)
 {
     const int lid = get_local_id(0);
     const int r = get_local_id(1);
@@ -464,6 +495,10 @@ inline void chain_tile(const int tile, const int phase, const int flags, const i
         nc_wait_at_least(counts + phase, wait_for);   // (and acquires, for every item after the barrier)
     barrier(CLK_GLOBAL_MEM_FENCE);
     mem_fence(CLK_GLOBAL_MEM_FENCE);
+#ifdef CHAIN_TRACE
+    __global ulong *rec_clock = (__global ulong *)(counts + CHAIN_TRACE);
+    if (lid == 0 && r == 0) CHAIN_STAMP(rec, 1);
+#endif
 
     // A's rows into a_stage (row m at m * K), their squares summed for the RMSNorm prologue
     const int per_row = K * (int)sizeof(STORE_T) / 16;
@@ -618,7 +653,7 @@ void gemv_chain(const int M, __global int *counts, __local uint4 *a_stage, CHAIN
         CHAIN_SELECT(3, CHAIN_TILES(2));
     }
     phase += CHAIN_A;
-    chain_tile(t, phase, flags, wait_for, M, N, K, A, W, C, R, NW, eps, counts, a_stage, scratch);
+    chain_tile(t, phase, flags, wait_for, M, N, K, A, W, C, R, NW, eps, counts, a_stage, scratch, 0);
     if (first) {
         const int done = nc_arrive(counts + 1 + phase);   // (every item's stores: chain_tile's barrier)
         if (phase == CHAIN_A + CHAIN_P - 1 && done == tiles - 1) {  // the launch's last tile: the counts for
@@ -753,6 +788,12 @@ void gemv_layers(const int M, __global int *counts, __local uint4 *a_stage, __gl
     const int T2 = (D + GEMV_ROWS - 1) / GEMV_ROWS, T3 = (F + GEMV_ROWS - 1) / GEMV_ROWS, T4 = T2;
     const int per_layer = T0 + TA + T2 + T3 + T4;
     int t = ticket;
+#ifdef CHAIN_TRACE
+    __global ulong *rec_clock = (__global ulong *)(counts + CHAIN_TRACE), *rec = rec_clock + 1 + 5 * (long)ticket;
+    if (first) CHAIN_STAMP(rec, 0);
+#else
+    __global ulong *rec = 0;
+#endif
     const int j = t / per_layer;
     t -= j * per_layer;
     __global const STORE_T *wq, *nwa, *wo, *nwm, *wgu, *wd;
@@ -782,11 +823,17 @@ void gemv_layers(const int M, __global int *counts, __local uint4 *a_stage, __gl
         p = 4, tiles = T4, wait_for = T3;
     }
     const int g = 5 * j + p;
+#ifdef CHAIN_TRACE
+    if (first) rec[4] = (ulong)g | ((ulong)t << 16) | (chain_unit() << 40);
+#endif
     if (p == 1) {   // the attention: waits for the q/k/v product like a GEMV phase, then its decode tile
         if (first)
             nc_wait_at_least(counts + g, wait_for);
         barrier(CLK_GLOBAL_MEM_FENCE);
         mem_fence(CLK_GLOBAL_MEM_FENCE);
+#ifdef CHAIN_TRACE
+        if (first) CHAIN_STAMP(rec, 1);
+#endif
         const int tid = get_local_id(1) * GEMV_WG + get_local_id(0);
         const int split = t % nsplit, hk = (t / nsplit) % attn_heads, b = t / (nsplit * attn_heads);
         const long rows = (long)attn_batch * HQ * SQ;
@@ -799,7 +846,15 @@ void gemv_layers(const int M, __global int *counts, __local uint4 *a_stage, __gl
                     drop_threshold, drop_scale, seed_lo, seed_hi, counter0 DECODE_ROPE_PASS);
         mem_fence(CLK_GLOBAL_MEM_FENCE);  // this item's stores are visible to the work-group's first ...
         barrier(CLK_GLOBAL_MEM_FENCE);    // ... which fences at device scope before the tile counts itself done
-        if (first) nc_arrive(counts + 1 + g);
+        if (first) {
+#ifdef CHAIN_TRACE
+            CHAIN_STAMP(rec, 2);
+#endif
+            nc_arrive(counts + 1 + g);
+#ifdef CHAIN_TRACE
+            CHAIN_STAMP(rec, 3);
+#endif
+        }
         return;
     }
     int flags, N, K;
@@ -815,9 +870,15 @@ void gemv_layers(const int M, __global int *counts, __local uint4 *a_stage, __gl
     } else {
         flags = CHAIN_RES, A = h, W = wd, C = z, R = y, N = D, K = F;
     }
-    chain_tile(t, g, flags, wait_for, M, N, K, A, W, C, R, NW, eps, counts, a_stage, scratch);
+    chain_tile(t, g, flags, wait_for, M, N, K, A, W, C, R, NW, eps, counts, a_stage, scratch, rec);
     if (first) {
+#ifdef CHAIN_TRACE
+        CHAIN_STAMP(rec, 2);
+#endif
         const int done = nc_arrive(counts + 1 + g);
+#ifdef CHAIN_TRACE
+        CHAIN_STAMP(rec, 3);
+#endif
         if (g == 5 * GEMV_LAYERS - 1 && done == tiles - 1) {  // the launch's last tile: the counts for the next
             NC_FENCE_DEVICE();
             for (int i = 0; i <= 5 * GEMV_LAYERS; ++i) atomic_xchg(counts + i, 0);

@@ -338,6 +338,37 @@ def test_decode_layers_in_one_launch(queue, monkeypatch, dtype, n, per, position
             np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
 
 
+@pytest.mark.gpu_shaped
+def test_layers_trace_records_every_tile_in_phase_order(queue, monkeypatch):
+    """chain.TRACE: every tile of a gemv_layers launch leaves one record (its phase and tile, four stamps in
+    order), no tile of a phase is released before the last tile of the phase it waits for has ended, and
+    the outputs and caches keep their bits."""
+    from netcl.ops.gemm import chain
+
+    gpu_shaped_chain(monkeypatch, 16)   # several splits of the keys
+    model = random_decode_layers(queue, dtypes.bfloat16, 3, 17)
+    want = run_decode_layers(queue, model, layered=True)
+    monkeypatch.setattr(chain, "TRACE", True)
+    monkeypatch.setattr(chain, "_last_trace", {})
+    assert chain.read_trace() is None
+    got = run_decode_layers(queue, model, layered=True)
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
+    tr = chain.read_trace()
+    per = tr["phase_tiles"]
+    assert tr["layers"] == 3 and per[1] > 1 and len(tr["start"]) == 3 * sum(per)
+    for g in range(15):
+        mine = tr["phase"] == g
+        assert sorted(tr["tile"][mine]) == list(range(per[g % 5]))
+    stamps = np.stack([tr[k] for k in ("start", "release", "end", "arrived")], axis=1)
+    later = (lambda a, b: a >= b) if tr["ns"] else (lambda a, b: a > b)   # a timer's tick holds two stamps
+    assert later(np.diff(stamps, axis=1), 0).all()
+    if not tr["ns"]:   # ticks of one counter: every stamp its own
+        assert len(np.unique(stamps)) == stamps.size
+    for g in range(1, 15):
+        assert later(tr["release"][tr["phase"] == g].min(), tr["end"][tr["phase"] == g - 1].max())
+
+
 @pytest.mark.parametrize("spin", [0, 64])
 def test_polled_waits_keep_the_bits(queue, monkeypatch, spin):
     """chain.SPIN_NS (a chain tile polls its phase's count with loads, sleeping between them, instead of

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import pyopencl as cl
 
-from netcl.core import capture, dtypes
+from netcl.core import backend, capture, dtypes
 from netcl.core.tensor import Tensor
 from netcl.errors import DTypeError, NetclError, ShapeError
 from netcl.ops.gemm.api import gemv_fits
@@ -299,6 +299,11 @@ def gemv_chain(steps: list[ChainStep], attention: Any = None) -> list[Tensor]:
 
 # -- whole decode layers in one launch (gemm_gemv.cl's gemv_layers) ------------------------------------------
 MAX_LAYERS = 32     # gemv_layers' layers a launch at most (its LAYERS_ARGS cascade)
+# TRACE: gemv_layers' tiles stamp their start, release, end and arrival (gemm_gemv.cl's CHAIN_TRACE) into room
+# after the queue's arrival counts; read_trace() gives the last traced launch's records (bench/decode.py
+# --trace). A diagnostic: the stamps cost a few stores a tile.
+TRACE = False
+_last_trace: dict[str, Any] = {}
 _LAYER_ARGS = 16    # a layer's own arguments (LAYER_ARGS: 8 buffers and their offsets)
 _LAYERS_FIXED_ARGS = 53  # gemv_layers' other arguments (tests/ops/test_gemv_chain.py checks both counts)
 
@@ -404,8 +409,12 @@ def _launch_layers(x: Tensor, act: Tensor, act_off: int, layers: list[DecodeLaye
                    eps: tuple[float, float], phase: Any) -> None:
     q, dt, m = act.queue, act.dtype, x.size // sizes[2]
     n = len(layers)
+    n_counts = 1 + 5 * n + n * phase.arrivals
+    trace = _trace_at(n_counts) if TRACE else None
+    tiles = n * _layer_tiles(q.device, dt, sizes, phase) if TRACE else 0
+    counts = q.arrival_counts(n_counts if trace is None else trace + 2 + 10 * tiles)
     dynamic: dict[str, Any] = {
-        "counts": q.arrival_counts(1 + 5 * n + n * phase.arrivals), "x": x.buffer,
+        "counts": counts, "x": x.buffer,
         "x_off": np.int64(x.offset), "act": act.buffer, "act_off": np.int64(act.offset + act_off)}
     for j, layer in enumerate(layers):
         for name, t in (("wq", layer.qkv), ("nwa", layer.attn_norm), ("kc", layer.k_cache),
@@ -414,16 +423,61 @@ def _launch_layers(x: Tensor, act: Tensor, act_off: int, layers: list[DecodeLaye
             dynamic[f"{name}{j}"], dynamic[f"{name}{j}_off"] = t.buffer, np.int64(t.offset)
     call = {**phase.args, **dynamic}   # the attention's arguments not gemv_layers' are not read
     key = ("gemv_layers", id(q.device), dt, m, sizes, eps, n, tuple(sorted(phase.program.items())),
-           phase.grid, SPIN_NS)
+           phase.grid, SPIN_NS, trace)
     hit = capture.plans.get(key)
     if hit is None:
-        hit = capture.plans.put(key, _layers_plan(q.device, dt, m, sizes, eps, n, phase, call))
+        hit = capture.plans.put(key, _layers_plan(q.device, dt, m, sizes, eps, n, phase, call, trace))
     plan, names = hit
     plan(q, *[call[name] for name in names])
+    if trace is not None:
+        _last_trace.update(queue=q, counts=counts, at=trace, tiles=tiles, layers=n,
+                           phase_tiles=_phase_tiles(q.device, dt, sizes, phase))
+
+
+def _trace_at(n_counts: int) -> int:
+    """The int index in the arrival counts where CHAIN_TRACE's records start (8-byte aligned, after them)."""
+    return -(-n_counts // 2) * 2
+
+
+def _phase_tiles(device: Any, dt: np.dtype, sizes: tuple[int, ...], phase: Any) -> tuple[int, ...]:
+    """The tiles of a layer's five phases in gemv_layers (q/k/v, attention, o, gate/up, down)."""
+    nq, _, d, f = sizes
+    rows = usable_params(device, "gemv", dt)["GEMV_ROWS"]
+    nsplit, heads, batch = phase.grid
+    return (-(-nq // rows), nsplit * heads * batch, -(-d // rows), -(-f // rows), -(-d // rows))
+
+
+def _layer_tiles(device: Any, dt: np.dtype, sizes: tuple[int, ...], phase: Any) -> int:
+    return sum(_phase_tiles(device, dt, sizes, phase))
+
+
+def read_trace() -> dict[str, Any] | None:
+    """The records of the last gemv_layers launch made with TRACE on (its queue finished first), or None:
+    {"start", "release", "end", "arrived"}: int64 arrays by ticket (NVIDIA: ns of %globaltimer from the
+    launch's first start; elsewhere ticks of a device-wide counter, an order only), "phase" (the phase number
+    g = 5 * layer + p in the launch, p: 0 q/k/v, 1 attention, 2 o, 3 gate/up, 4 down), "tile" (within its
+    phase), "unit" (the compute unit, NVIDIA), "phase_tiles" (a layer's tiles by p), "layers", "ns" (whether
+    the stamps are ns)."""
+    if not _last_trace:
+        return None
+    q, at, tiles = _last_trace["queue"], _last_trace["at"], _last_trace["tiles"]
+    q.finish()
+    words = np.empty(at + 2 + 10 * tiles, np.int32)
+    cl.enqueue_copy(q.cl, words, _last_trace["counts"])
+    rec = words[at + 2:].view(np.uint64).reshape(tiles, 5)
+    info = rec[:, 4]
+    stamps = rec[:, :4].astype(np.int64)
+    ns = backend.nvidia_define(q.device) is not None
+    if ns:
+        stamps = stamps - stamps[:, 0].min()
+    return {"start": stamps[:, 0], "release": stamps[:, 1], "end": stamps[:, 2], "arrived": stamps[:, 3],
+            "phase": (info & 0xFFFF).astype(np.int64), "tile": ((info >> 16) & 0xFFFFFF).astype(np.int64),
+            "unit": (info >> 40).astype(np.int64), "phase_tiles": _last_trace["phase_tiles"],
+            "layers": _last_trace["layers"], "ns": ns}
 
 
 def _layers_plan(device: Any, dt: np.dtype, m: int, sizes: tuple[int, ...], eps: tuple[float, float], n: int,
-                 phase: Any, call: dict[str, Any]) -> tuple[Any, list[str]]:
+                 phase: Any, call: dict[str, Any], trace: int | None = None) -> tuple[Any, list[str]]:
     """(the Plan of a gemv_layers launch of n layers, the names of its per-call arguments in the Plan's
     order): the sizes, the norms' eps and the tile fixed; the buffers, offsets and the attention's arguments
     (`call`: this call's) set per call."""
@@ -434,6 +488,8 @@ def _layers_plan(device: Any, dt: np.dtype, m: int, sizes: tuple[int, ...], eps:
     most_k = max(d, ko, f)
     defines = {"DTYPE": dt, "GEMV_CHAIN": None, "GEMV_LAYERS": n, "GEMV_M": m, **knobs, **phase.program,
                "CHAIN_COUNTS": 1 + 5 * n, **_spin_defines()}
+    if trace is not None:
+        defines["CHAIN_TRACE"] = trace
     static: dict[str, Any] = {
         "M": np.int32(m), "a_stage": cl.LocalMemory(_stage_bytes(device, tile, dt, m, most_k, phase)),
         "NQ": np.int32(nq), "KO": np.int32(ko), "D": np.int32(d), "F": np.int32(f),
@@ -443,7 +499,7 @@ def _layers_plan(device: Any, dt: np.dtype, m: int, sizes: tuple[int, ...], eps:
     if len(kernel.arg_names) != _LAYERS_FIXED_ARGS + _LAYER_ARGS * n:
         raise NetclError(f"gemv_layers has {len(kernel.arg_names)} arguments for {n} layers; "
                          f"chain._LAYERS_FIXED_ARGS and _LAYER_ARGS are out of date")
-    per_layer = sum(-(-c // rows) for c in (nq, d, f, d)) + phase.grid[0] * phase.grid[1] * phase.grid[2]
+    per_layer = _layer_tiles(device, dt, sizes, phase)
     order = [i for i, name in enumerate(kernel.arg_names) if name not in static]
     plan = kernel.plan((tile["GEMV_WG"], rows * per_layer * n, 1), (tile["GEMV_WG"], rows, 1),
                        [static[name] if name in static else call[name] for name in kernel.arg_names], order)
@@ -451,4 +507,4 @@ def _layers_plan(device: Any, dt: np.dtype, m: int, sizes: tuple[int, ...], eps:
 
 
 __all__ = ["MAX_LAYERS", "MAX_ROWS", "MAX_STEPS", "ChainStep", "DecodeLayer", "attention_fits", "gemv_chain",
-           "gemv_layers", "layers_per_launch"]
+           "gemv_layers", "layers_per_launch", "read_trace"]
