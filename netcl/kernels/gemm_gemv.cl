@@ -429,11 +429,11 @@ void gemm_gemv(GEMM_ARGS, __global const float *scales, __local uint4 *a_stage, 
 #define CHAIN_SRC __global const
 #endif
 // CHAIN_TRACE (gemv_layers; netcl.ops.gemm.chain.TRACE): each tile stamps when it starts, when its wait
-// releases it, when its rows are done and when it has arrived, with its phase and tile, into a record of the
-// trace that follows the arrival counts: (__global ulong *)(counts + CHAIN_TRACE), slot 0 a clock, record of
-// ticket t at 1 + 5 t: {start, release, end, arrived, g | tile << 16 | compute unit << 40}. The stamps are
-// NVIDIA's %globaltimer (ns) and %smid; elsewhere ticks of a device-wide counter (slot 0): an order, not a
-// time. Written by each tile's first work-item; nothing else reads them.
+// releases it, when its rows are done and when it has arrived, with its phase and tile, into its record of
+// gemv_layers' `trace` argument: slot 0 a clock, the record of ticket t at 1 + 5 t: {start, release, end,
+// arrived, g | tile << 16 | compute unit << 40}. The stamps are NVIDIA's %globaltimer (ns) and %smid;
+// elsewhere ticks of a device-wide counter (slot 0): an order, not a time. Written by each tile's first
+// work-item; nothing in the launch reads them. Without CHAIN_TRACE `trace` is not touched.
 #ifdef CHAIN_TRACE
 inline ulong chain_stamp(__global ulong *trace)
 {
@@ -455,7 +455,7 @@ inline ulong chain_unit(void)
     return 0;
 #endif
 }
-#define CHAIN_STAMP(rec, i) (rec)[i] = chain_stamp(rec##_clock)
+#define CHAIN_STAMP(rec, i) (rec)[i] = chain_stamp(rec_clock)
 #endif
 
 // the rows' sums of squares (gemv_rms_prologue's rms_part), then the columns' partial sums
@@ -466,7 +466,7 @@ inline void chain_tile(const int tile, const int phase, const int flags, const i
                        const int N, const int K, CHAIN_SRC STORE_T *A, __global const STORE_T *W,
                        __global STORE_T *C, __global const STORE_T *R, __global const STORE_T *NW,
                        const float eps, __global int *counts, __local uint4 *a_stage, __local float *scratch,
-                       __global ulong *rec)
+                       __global ulong *rec, __global ulong *rec_clock)
 {
     const int lid = get_local_id(0);
     const int r = get_local_id(1);
@@ -496,7 +496,6 @@ inline void chain_tile(const int tile, const int phase, const int flags, const i
     barrier(CLK_GLOBAL_MEM_FENCE);
     mem_fence(CLK_GLOBAL_MEM_FENCE);
 #ifdef CHAIN_TRACE
-    __global ulong *rec_clock = (__global ulong *)(counts + CHAIN_TRACE);
     if (lid == 0 && r == 0) CHAIN_STAMP(rec, 1);
 #endif
 
@@ -653,7 +652,7 @@ void gemv_chain(const int M, __global int *counts, __local uint4 *a_stage, CHAIN
         CHAIN_SELECT(3, CHAIN_TILES(2));
     }
     phase += CHAIN_A;
-    chain_tile(t, phase, flags, wait_for, M, N, K, A, W, C, R, NW, eps, counts, a_stage, scratch, 0);
+    chain_tile(t, phase, flags, wait_for, M, N, K, A, W, C, R, NW, eps, counts, a_stage, scratch, 0, 0);
     if (first) {
         const int done = nc_arrive(counts + 1 + phase);   // (every item's stores: chain_tile's barrier)
         if (phase == CHAIN_A + CHAIN_P - 1 && done == tiles - 1) {  // the launch's last tile: the counts for
@@ -769,8 +768,8 @@ void gemv_chain(const int M, __global int *counts, __local uint4 *a_stage, CHAIN
 
 // global (GEMV_WG, GEMV_ROWS * GEMV_LAYERS * (a layer's tiles), 1)
 __kernel __attribute__((reqd_work_group_size(GEMV_WG, GEMV_ROWS, 1)))
-void gemv_layers(const int M, __global int *counts, __local uint4 *a_stage, __global const STORE_T *x,
-                 const long x_off, __global STORE_T *act, const long act_off, const int NQ, const int KO,
+void gemv_layers(const int M, __global int *counts, __global ulong *trace, __local uint4 *a_stage,
+                 __global const STORE_T *x, const long x_off, __global STORE_T *act, const long act_off, const int NQ, const int KO,
                  const int D, const int F, const float eps_a, const float eps_m, const long q_sb, const long q_sh,
                  const long q_ss, const long k_sb, const long k_sh, const long k_ss, const long v_sb,
                  const long v_sh, const long v_ss, MASK_ARGS, DECODE_LEN_ARGS, __global ACC *lse,
@@ -788,11 +787,9 @@ void gemv_layers(const int M, __global int *counts, __local uint4 *a_stage, __gl
     const int T2 = (D + GEMV_ROWS - 1) / GEMV_ROWS, T3 = (F + GEMV_ROWS - 1) / GEMV_ROWS, T4 = T2;
     const int per_layer = T0 + TA + T2 + T3 + T4;
     int t = ticket;
+    __global ulong *rec_clock = trace, *rec = trace + 1 + 5 * (long)ticket;
 #ifdef CHAIN_TRACE
-    __global ulong *rec_clock = (__global ulong *)(counts + CHAIN_TRACE), *rec = rec_clock + 1 + 5 * (long)ticket;
     if (first) CHAIN_STAMP(rec, 0);
-#else
-    __global ulong *rec = 0;
 #endif
     const int j = t / per_layer;
     t -= j * per_layer;
@@ -870,7 +867,7 @@ void gemv_layers(const int M, __global int *counts, __local uint4 *a_stage, __gl
     } else {
         flags = CHAIN_RES, A = h, W = wd, C = z, R = y, N = D, K = F;
     }
-    chain_tile(t, g, flags, wait_for, M, N, K, A, W, C, R, NW, eps, counts, a_stage, scratch, rec);
+    chain_tile(t, g, flags, wait_for, M, N, K, A, W, C, R, NW, eps, counts, a_stage, scratch, rec, rec_clock);
     if (first) {
 #ifdef CHAIN_TRACE
         CHAIN_STAMP(rec, 2);

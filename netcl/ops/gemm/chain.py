@@ -299,13 +299,13 @@ def gemv_chain(steps: list[ChainStep], attention: Any = None) -> list[Tensor]:
 
 # -- whole decode layers in one launch (gemm_gemv.cl's gemv_layers) ------------------------------------------
 MAX_LAYERS = 32     # gemv_layers' layers a launch at most (its LAYERS_ARGS cascade)
-# TRACE: gemv_layers' tiles stamp their start, release, end and arrival (gemm_gemv.cl's CHAIN_TRACE) into room
-# after the queue's arrival counts; read_trace() gives the last traced launch's records (bench/decode.py
-# --trace). A diagnostic: the stamps cost a few stores a tile.
+# TRACE: gemv_layers' tiles stamp their start, release, end and arrival (gemm_gemv.cl's CHAIN_TRACE) into a
+# buffer of their own; read_trace() gives the last traced launch's records (bench/decode.py --trace). A
+# diagnostic: the stamps cost a few stores a tile.
 TRACE = False
 _last_trace: dict[str, Any] = {}
 _LAYER_ARGS = 16    # a layer's own arguments (LAYER_ARGS: 8 buffers and their offsets)
-_LAYERS_FIXED_ARGS = 53  # gemv_layers' other arguments (tests/ops/test_gemv_chain.py checks both counts)
+_LAYERS_FIXED_ARGS = 54  # gemv_layers' other arguments (tests/ops/test_gemv_chain.py checks both counts)
 
 
 @dataclass(frozen=True)
@@ -409,12 +409,10 @@ def _launch_layers(x: Tensor, act: Tensor, act_off: int, layers: list[DecodeLaye
                    eps: tuple[float, float], phase: Any) -> None:
     q, dt, m = act.queue, act.dtype, x.size // sizes[2]
     n = len(layers)
-    n_counts = 1 + 5 * n + n * phase.arrivals
-    trace = _trace_at(n_counts) if TRACE else None
-    tiles = n * _layer_tiles(q.device, dt, sizes, phase) if TRACE else 0
-    counts = q.arrival_counts(n_counts if trace is None else trace + 2 + 10 * tiles)
+    counts = q.arrival_counts(1 + 5 * n + n * phase.arrivals)
+    trace = _trace_buffer(q, n * _layer_tiles(q.device, dt, sizes, phase)) if TRACE else None
     dynamic: dict[str, Any] = {
-        "counts": counts, "x": x.buffer,
+        "counts": counts, "trace": counts if trace is None else trace, "x": x.buffer,
         "x_off": np.int64(x.offset), "act": act.buffer, "act_off": np.int64(act.offset + act_off)}
     for j, layer in enumerate(layers):
         for name, t in (("wq", layer.qkv), ("nwa", layer.attn_norm), ("kc", layer.k_cache),
@@ -423,20 +421,26 @@ def _launch_layers(x: Tensor, act: Tensor, act_off: int, layers: list[DecodeLaye
             dynamic[f"{name}{j}"], dynamic[f"{name}{j}_off"] = t.buffer, np.int64(t.offset)
     call = {**phase.args, **dynamic}   # the attention's arguments not gemv_layers' are not read
     key = ("gemv_layers", id(q.device), dt, m, sizes, eps, n, tuple(sorted(phase.program.items())),
-           phase.grid, SPIN_NS, trace)
+           phase.grid, SPIN_NS, trace is not None)
     hit = capture.plans.get(key)
     if hit is None:
-        hit = capture.plans.put(key, _layers_plan(q.device, dt, m, sizes, eps, n, phase, call, trace))
+        hit = capture.plans.put(key, _layers_plan(q.device, dt, m, sizes, eps, n, phase, call, key[-1]))
     plan, names = hit
     plan(q, *[call[name] for name in names])
     if trace is not None:
-        _last_trace.update(queue=q, counts=counts, at=trace, tiles=tiles, layers=n,
+        _last_trace.update(queue=q, buffer=trace, layers=n,
                            phase_tiles=_phase_tiles(q.device, dt, sizes, phase))
 
 
-def _trace_at(n_counts: int) -> int:
-    """The int index in the arrival counts where CHAIN_TRACE's records start (8-byte aligned, after them)."""
-    return -(-n_counts // 2) * 2
+def _trace_buffer(q: Any, tiles: int) -> cl.Buffer:
+    """A zeroed trace for a launch of `tiles` tiles (a clock, then five 64-bit words a tile), kept while
+    the last traced launch's shape stays."""
+    old = _last_trace.get("buffer")
+    if old is not None and _last_trace.get("queue") is q and _last_trace.get("tiles") == tiles:
+        return old
+    _last_trace["tiles"] = tiles
+    flags = cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR
+    return cl.Buffer(q.device.context, flags, hostbuf=np.zeros(1 + 5 * tiles, np.uint64))
 
 
 def _phase_tiles(device: Any, dt: np.dtype, sizes: tuple[int, ...], phase: Any) -> tuple[int, ...]:
@@ -460,11 +464,11 @@ def read_trace() -> dict[str, Any] | None:
     the stamps are ns)."""
     if not _last_trace:
         return None
-    q, at, tiles = _last_trace["queue"], _last_trace["at"], _last_trace["tiles"]
+    q, tiles = _last_trace["queue"], _last_trace["tiles"]
     q.finish()
-    words = np.empty(at + 2 + 10 * tiles, np.int32)
-    cl.enqueue_copy(q.cl, words, _last_trace["counts"])
-    rec = words[at + 2:].view(np.uint64).reshape(tiles, 5)
+    words = np.empty(1 + 5 * tiles, np.uint64)
+    cl.enqueue_copy(q.cl, words, _last_trace["buffer"])
+    rec = words[1:].reshape(tiles, 5)
     info = rec[:, 4]
     stamps = rec[:, :4].astype(np.int64)
     ns = backend.nvidia_define(q.device) is not None
@@ -477,7 +481,7 @@ def read_trace() -> dict[str, Any] | None:
 
 
 def _layers_plan(device: Any, dt: np.dtype, m: int, sizes: tuple[int, ...], eps: tuple[float, float], n: int,
-                 phase: Any, call: dict[str, Any], trace: int | None = None) -> tuple[Any, list[str]]:
+                 phase: Any, call: dict[str, Any], trace: bool = False) -> tuple[Any, list[str]]:
     """(the Plan of a gemv_layers launch of n layers, the names of its per-call arguments in the Plan's
     order): the sizes, the norms' eps and the tile fixed; the buffers, offsets and the attention's arguments
     (`call`: this call's) set per call."""
@@ -488,8 +492,8 @@ def _layers_plan(device: Any, dt: np.dtype, m: int, sizes: tuple[int, ...], eps:
     most_k = max(d, ko, f)
     defines = {"DTYPE": dt, "GEMV_CHAIN": None, "GEMV_LAYERS": n, "GEMV_M": m, **knobs, **phase.program,
                "CHAIN_COUNTS": 1 + 5 * n, **_spin_defines()}
-    if trace is not None:
-        defines["CHAIN_TRACE"] = trace
+    if trace:
+        defines["CHAIN_TRACE"] = None
     static: dict[str, Any] = {
         "M": np.int32(m), "a_stage": cl.LocalMemory(_stage_bytes(device, tile, dt, m, most_k, phase)),
         "NQ": np.int32(nq), "KO": np.int32(ko), "D": np.int32(d), "F": np.int32(f),
