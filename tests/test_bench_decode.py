@@ -44,7 +44,7 @@ def test_decode_bench_smoke(tmp_path):
     env = {**os.environ, "PYTHONPATH": path}
     cmd = [sys.executable, str(ROOT / "bench" / "decode.py"), "--shape", "tiny", "--dtype", "float32",
            "--batches", "1,3", "--gen-tokens", "6", "--prompt-tokens", "5", "--prefill-tokens", "24",
-           "--repeats", "1", "--cache-dir", str(tmp_path), "--out", str(out)]
+           "--repeats", "1", "--cache-dir", str(tmp_path), "--out", str(out), "--trace"]
     run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
     result = json.loads(out.read_text())
@@ -56,3 +56,9 @@ def test_decode_bench_smoke(tmp_path):
     mem = result["memory"]
     assert mem["weights"] + mem["kv_cache"] <= mem["pool_peak"] <= 2 * (mem["weights"] + mem["kv_cache"])
     assert result["prefill"]["tokens"] == 24
+    # --trace: the whole-layer decode launch's phases where it ran (GPUs), else a line saying it did not
+    trace = result["trace"]
+    if trace is None:
+        assert "no whole-layer decode launch ran" in run.stdout
+    else:
+        assert [p["phase"] for p in trace["phases"]] == ["q/k/v", "attention", "o", "gate/up", "down"]
