@@ -222,11 +222,18 @@ def trace_phases(model: GPT, rng: Any, batch: int, prompt_tokens: int, step_byte
     for r in rows:
         print(f"  {r['phase']:<10} {r['tiles']:>6} {r['time']:>8.2f} {r['sum']:>11.1f} {r['lag']:>6.2f} "
               f"{r['work']:>10.2f} {r['wait']:>8.2f}")
+    nsplit = tr["attention_grid"][0]
+    attn = tr["phase"] % 5 == 1
+    split = tr["tile"][attn] % nsplit
+    work = (tr["end"] - tr["release"])[attn]
+    by_split = [float(np.median(work[split == s])) * unit for s in range(nsplit)]
+    print("  attention tiles' work by split of the keys (the last to finish merges the splits): "
+          + ", ".join(f"{w:.2f}" for w in by_split))
     if tr["ns"]:
         print(f"  (time: from the last tile of the phase before ending to its own last ending; lag: to its "
               f"first release; at the copy bandwidth the step's {step_bytes / 1e6:,.0f} MB take "
               f"{step_bytes / copy_bw * 1e6:,.0f} us)")
-    return {"span": span, "unit": what.split()[0], "phases": rows}
+    return {"span": span, "unit": what.split()[0], "phases": rows, "attention_work_by_split": by_split}
 
 
 def copy_bandwidth(q: Any, nbytes: int, repeats: int = 10) -> float:

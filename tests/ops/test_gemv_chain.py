@@ -357,6 +357,7 @@ def test_layers_trace_records_every_tile_in_phase_order(queue, monkeypatch):
     tr = chain.read_trace()
     per = tr["phase_tiles"]
     assert tr["layers"] == 3 and per[1] > 1 and len(tr["start"]) == 3 * sum(per)
+    assert per[1] == int(np.prod(tr["attention_grid"])) and tr["attention_grid"][0] > 1   # several splits
     for g in range(15):
         mine = tr["phase"] == g
         assert sorted(tr["tile"][mine]) == list(range(per[g % 5]))

@@ -428,7 +428,7 @@ def _launch_layers(x: Tensor, act: Tensor, act_off: int, layers: list[DecodeLaye
     plan, names = hit
     plan(q, *[call[name] for name in names])
     if trace is not None:
-        _last_trace.update(queue=q, buffer=trace, layers=n,
+        _last_trace.update(queue=q, buffer=trace, layers=n, attention_grid=tuple(phase.grid),
                            phase_tiles=_phase_tiles(q.device, dt, sizes, phase))
 
 
@@ -460,8 +460,9 @@ def read_trace() -> dict[str, Any] | None:
     {"start", "release", "end", "arrived"}: int64 arrays by ticket (NVIDIA: ns of %globaltimer from the
     launch's first start; elsewhere ticks of a device-wide counter, an order only), "phase" (the phase number
     g = 5 * layer + p in the launch, p: 0 q/k/v, 1 attention, 2 o, 3 gate/up, 4 down), "tile" (within its
-    phase), "unit" (the compute unit, NVIDIA), "phase_tiles" (a layer's tiles by p), "layers", "ns" (whether
-    the stamps are ns)."""
+    phase; an attention tile's is (batch row * kv heads + kv head) * splits + split), "unit" (the compute
+    unit, NVIDIA), "phase_tiles" (a layer's tiles by p), "attention_grid" (splits, kv heads, batch rows),
+    "layers", "ns" (whether the stamps are ns)."""
     if not _last_trace:
         return None
     q, tiles = _last_trace["queue"], _last_trace["tiles"]
@@ -477,6 +478,7 @@ def read_trace() -> dict[str, Any] | None:
     return {"start": stamps[:, 0], "release": stamps[:, 1], "end": stamps[:, 2], "arrived": stamps[:, 3],
             "phase": (info & 0xFFFF).astype(np.int64), "tile": ((info >> 16) & 0xFFFFFF).astype(np.int64),
             "unit": (info >> 40).astype(np.int64), "phase_tiles": _last_trace["phase_tiles"],
+            "attention_grid": _last_trace["attention_grid"],
             "layers": _last_trace["layers"], "ns": ns}
 
 
