@@ -410,7 +410,8 @@ def _launch_layers(x: Tensor, act: Tensor, act_off: int, layers: list[DecodeLaye
     q, dt, m = act.queue, act.dtype, x.size // sizes[2]
     n = len(layers)
     counts = q.arrival_counts(1 + 5 * n + n * phase.arrivals)
-    trace = _trace_buffer(q, n * _layer_tiles(q.device, dt, sizes, phase)) if TRACE else None
+    tiles = n * _layer_tiles(q.device, dt, sizes, phase) if TRACE else 0
+    trace = _trace_buffer(q, tiles) if TRACE else None
     dynamic: dict[str, Any] = {
         "counts": counts, "trace": counts if trace is None else trace, "x": x.buffer,
         "x_off": np.int64(x.offset), "act": act.buffer, "act_off": np.int64(act.offset + act_off)}
@@ -428,17 +429,15 @@ def _launch_layers(x: Tensor, act: Tensor, act_off: int, layers: list[DecodeLaye
     plan, names = hit
     plan(q, *[call[name] for name in names])
     if trace is not None:
-        _last_trace.update(queue=q, buffer=trace, layers=n, attention_grid=tuple(phase.grid),
+        _last_trace.update(queue=q, buffer=trace, tiles=tiles, layers=n, attention_grid=tuple(phase.grid),
                            phase_tiles=_phase_tiles(q.device, dt, sizes, phase))
 
 
 def _trace_buffer(q: Any, tiles: int) -> cl.Buffer:
     """A zeroed trace for a launch of `tiles` tiles (a clock, then five 64-bit words a tile), kept while
     the last traced launch's shape stays."""
-    old = _last_trace.get("buffer")
-    if old is not None and _last_trace.get("queue") is q and _last_trace.get("tiles") == tiles:
-        return old
-    _last_trace["tiles"] = tiles
+    if _last_trace.get("queue") is q and _last_trace.get("tiles") == tiles:
+        return _last_trace["buffer"]
     flags = cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR
     return cl.Buffer(q.device.context, flags, hostbuf=np.zeros(1 + 5 * tiles, np.uint64))
 
