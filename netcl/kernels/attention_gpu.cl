@@ -821,6 +821,7 @@ __kernel void attention_dq_sum_gpu(__global const float *dq_acc, __global float 
 //   PoCL 3.1's float64 build.)
 //   cos_table, sin_table: (>= SK, D / 2) of ACC. PAIRING: ROPE_HALF or ROPE_INTERLEAVED (rope_common.cl).
 // Build options: DR (rows of a work-group: GROUP * SQ), DK (keys per tile, default 64), DNT (items, default 128),
+//   MERGE_BATCH (the splits whose parts the merge loads at once, default 4),
 //   ROPE_CACHE (flag) with PAIRING.
 #ifndef DK
 #define DK 64
@@ -834,6 +835,9 @@ __kernel void attention_dq_sum_gpu(__global const float *dq_acc, __global float 
 #define KG (DNT / DPAIRS > 1 ? DNT / DPAIRS : 1)          // item groups over a tile's keys
 #define DSLOTS (KG * DPAIRS)
 #define NPT ((DSLOTS + DNT - 1) / DNT)                    // output slots per item
+#ifndef MERGE_BATCH
+#define MERGE_BATCH 4                                     // splits' parts a merge loads at once
+#endif
 
 #ifdef ROPE_CACHE
 #include "checks.cl"
@@ -1087,18 +1091,42 @@ inline void decode_tile(const int tid, const int split, const int hk, const int 
         const int h = hk * GROUP + r / SQ, i = r % SQ;
         const long row = ((long)b * HQ + h) * SQ + i;
         const __global ACC *ml = part_ml + 2 * row * nsplit;
+        const __global ACC *po = part_o + row * nsplit * 4 * DQ4 + 4 * c4;
+        // the parts are loaded MERGE_BATCH splits at a time, every load of a batch issued before any is read
+        // (a load under a branch on the one before it waits a round trip each: 4 a split)
         ACC M = -INFINITY;
-        for (int s = 0; s < live; ++s)
-            if (PART_LOAD(ml, 2 * s + 1) > (ACC)0) M = fmax(M, PART_LOAD(ml, 2 * s));
+        for (int s0 = 0; s0 < live; s0 += MERGE_BATCH) {
+            ACC mb[MERGE_BATCH], lb[MERGE_BATCH];
+#pragma unroll
+            for (int u = 0; u < MERGE_BATCH; ++u) {
+                const int s = min(s0 + u, live - 1);
+                mb[u] = PART_LOAD(ml, 2 * s);
+                lb[u] = PART_LOAD(ml, 2 * s + 1);
+            }
+#pragma unroll
+            for (int u = 0; u < MERGE_BATCH; ++u)
+                if (s0 + u < live && lb[u] > (ACC)0) M = fmax(M, mb[u]);
+        }
         ACC total = (ACC)0;
         ACC4 acc = (ACC4)0;
-        for (int s = 0; s < live; ++s) {
-            const ACC ls = PART_LOAD(ml, 2 * s + 1);
-            if (!(ls > (ACC)0)) continue;
-            const ACC w = exp(PART_LOAD(ml, 2 * s) - M);
-            total += ls * w;
-            const __global ACC *po = part_o + (row * nsplit + s) * 4 * DQ4 + 4 * c4;
-            acc += w * (ACC4)(PART_LOAD(po, 0), PART_LOAD(po, 1), PART_LOAD(po, 2), PART_LOAD(po, 3));
+        for (int s0 = 0; s0 < live; s0 += MERGE_BATCH) {
+            ACC mb[MERGE_BATCH], lb[MERGE_BATCH];
+            ACC4 ob[MERGE_BATCH];
+#pragma unroll
+            for (int u = 0; u < MERGE_BATCH; ++u) {
+                const int s = min(s0 + u, live - 1);
+                mb[u] = PART_LOAD(ml, 2 * s);
+                lb[u] = PART_LOAD(ml, 2 * s + 1);
+                const __global ACC *ps = po + s * 4 * DQ4;
+                ob[u] = (ACC4)(PART_LOAD(ps, 0), PART_LOAD(ps, 1), PART_LOAD(ps, 2), PART_LOAD(ps, 3));
+            }
+#pragma unroll
+            for (int u = 0; u < MERGE_BATCH; ++u) {
+                if (s0 + u >= live || !(lb[u] > (ACC)0)) continue;
+                const ACC w = exp(mb[u] - M);
+                total += lb[u] * w;
+                acc += w * ob[u];
+            }
         }
         store4(out + row * HEAD_DIM, 4 * c4, acc * (total > (ACC)0 ? (ACC)1 / total : (ACC)0));
         if (c4 == 0) lse[row] = total > (ACC)0 ? M + log(total) : -INFINITY;
