@@ -889,13 +889,79 @@ inline ACC4 rope_load4(__global const T *x, const int d, __global const ACC *cos
 // The decode local memory of one work-group (a struct, so a chain kernel can hold it beside its own).
 typedef struct {
     ACC4 qs[DR * DRS4];
-    ACC4 kvs[DK * DRS4];        // the k tile, then the v tile
+    ACC4 kvs[DK * DRS4];        // the k tile (then the v tile, without DECODE_VS)
+#ifdef DECODE_VS
+    ACC4 vs[DK * DRS4];         // the v tile
+#endif
     ACC ss[DR * DK];            // scores, then p times the dropout multiplier
     ACC pl[DR * DK];            // p (the row sums' terms)
     ACC m_s[DR], mnew_s[DR], alpha_s[DR], l_s[DR];
     ACC4 ored[KG > 1 ? DSLOTS : 1];
     int last;
 } decode_local;
+
+// The keys of one decode tile: L valid ones, the new rows from p0 (ROPE_CACHE: this step's, [p0, L); else
+// p0 = L), this split's [jstart, jstop), and jend those the last query row may attend.
+typedef struct {
+    int L, p0, jend, jstart, jstop;
+} decode_span;
+
+// Rows [j0, j0 + DK) of a key tile of k (is_v 0) or v (is_v 1) into dst (local, rows of DRS4): with `cached`,
+// the rows below p0 from the cache (row j at cache + j * cache_ss) and zeros from jstop; with `fresh`, the
+// new rows [p0, jstop) from the q/k/v heads (row p0 + i at src + i * src_ss: ROPE_CACHE), k rotated at its
+// position and rounded to T as its cache row is written: the values the cache's row would give back.
+inline void decode_rows(__local ACC4 *dst, const __global T *cache, const long cache_ss, const int j0,
+                        const int jstop, const int p0, const int cached, const int fresh,
+                        const __global T *src, const long src_ss, const int is_v,
+                        __global const ACC *cosines, __global const ACC *sines, const int tid)
+{
+    for (int slot = tid; slot < DK * DQ4; slot += DNT) {
+        const int jj = slot / DQ4, c4 = slot - jj * DQ4, j = j0 + jj;
+        if (j >= jstop || j < p0) {
+            if (cached) dst[jj * DRS4 + c4] = j < jstop ? load4(cache + j * cache_ss, 4 * c4) : (ACC4)0;
+        }
+#ifdef ROPE_CACHE
+        else if (fresh) {
+            const __global T *x = src + (j - p0) * src_ss;
+            const long at = (long)j * ROPE_HALF_DIM;
+            dst[jj * DRS4 + c4] = is_v ? load4(x, 4 * c4) : rope_load4(x, 4 * c4, cosines + at, sines + at);
+        }
+#endif
+    }
+}
+
+// The part of a decode tile that reads nothing the phases of its chain write (gemm_gemv.cl's gemv_layers
+// runs it before it waits for the q/k/v product): the span of its keys (the position, which is checked, or
+// kv_len) and the cached rows of its first key tile (k into kvs, and v into vs with DECODE_VS).
+inline decode_span decode_begin(const int tid, const int split, const int hk, const int b,
+                                __local decode_local *lm, DECODE_KV_ARGS(k), DECODE_KV_ARGS(v), DECODE_LEN_ARGS,
+                                const int chunk, const int SQ, const int SK, const int causal DECODE_ROPE_ARGS)
+{
+    decode_span sp;
+#ifdef ROPE_CACHE
+    const int asked = position[position_off + b * position_stride];
+    const int bad = asked < 0 || asked > SK - SQ;   // reported; then no keys, no writes, output 0 (lse -inf)
+    if (bad && tid == 0 && split == 0 && hk == 0)
+        report_check(err, err_code, asked < 0 ? asked : asked + SQ - 1, b, SK);
+    sp.p0 = bad ? 0 : asked;
+    sp.L = bad ? 0 : sp.p0 + SQ;
+    __global const ACC *cosines = cos_table, *sines = sin_table;
+#else
+    sp.L = valid_keys(kv_len, kv_len_off, has_kv_len, kv_len_stride, b, SK);
+    sp.p0 = sp.L;
+    __global const ACC *cosines = 0, *sines = 0;
+#endif
+    sp.jend = key_end(causal, SQ - 1, sp.L, SQ);
+    sp.jstart = split * chunk;
+    sp.jstop = min(sp.jstart + chunk, sp.jend);
+    decode_rows(lm->kvs, k + k_off + b * k_sb + hk * k_sh, k_ss, sp.jstart, sp.jstop, sp.p0, 1, 0, k, 0, 0,
+                cosines, sines, tid);
+#ifdef DECODE_VS
+    decode_rows(lm->vs, v + v_off + b * v_sb + hk * v_sh, v_ss, sp.jstart, sp.jstop, sp.p0, 1, 0, v, 0, 1,
+                cosines, sines, tid);
+#endif
+    return sp;
+}
 
 // The decode arguments after the operands' (attention_decode_gpu's, and gemm_gemv.cl's gemv_chain's with
 // CHAIN_ATTN, which passes its own arrival counts)
@@ -910,34 +976,31 @@ typedef struct {
 #define DECODE_ROPE_PASS
 #endif
 #define DECODE_PASS(tid, split, hk, b, hkv, arrivals, lm)                                                   \
-    decode_tile(tid, split, hk, b, hkv, arrivals, lm, q, q_off, q_sb, q_sh, q_ss, k, k_off, k_sb, k_sh, k_ss,  \
-                v, v_off, v_sb, v_sh, v_ss, mask, mask_off, mask_sb, mask_sh, mask_si, mask_sj, DECODE_LEN_PASS, \
-                out, lse, part_o, part_ml, nsplit, chunk, HQ, GROUP, SQ, SK, causal, scale, drop_threshold,      \
-                drop_scale, seed_lo, seed_hi, counter0 DECODE_ROPE_PASS)
+    decode_tile(tid, split, hk, b, hkv, arrivals, lm,                                                      \
+                decode_begin(tid, split, hk, b, lm, k, k_off, k_sb, k_sh, k_ss, v, v_off, v_sb, v_sh, v_ss,      \
+                             DECODE_LEN_PASS, chunk, SQ, SK, causal DECODE_ROPE_PASS),                          \
+                q, q_off, q_sb, q_sh, q_ss, k, k_off, k_sb, k_sh, k_ss, v, v_off, v_sb, v_sh, v_ss, mask, mask_off, \
+                mask_sb, mask_sh, mask_si, mask_sj, out, lse, part_o, part_ml, nsplit, chunk, HQ, GROUP, SQ, SK,  \
+                causal, scale, drop_threshold, drop_scale, seed_lo, seed_hi, counter0 DECODE_ROPE_PASS)
 
 // One work-group's share of the decode attention: the rows of kv head hk of batch row b against split
 // `split` of the keys (hkv kv heads; arrivals: the (b, hk) arrival counts of the splits' merge). tid: the
 // work-item, 0 .. DNT - 1; a work-group of more items gives the others a tid past every slot count (2^28):
-// they take no slot and only reach the barriers (every work-item calls this).
+// they take no slot and only reach the barriers (every work-item calls this). sp: decode_begin's, which
+// loaded the first key tile's cached rows into lm.
 inline void decode_tile(const int tid, const int split, const int hk, const int b, const int hkv,
-                        __global int *arrivals, __local decode_local *lm, KV_ARGS(q), DECODE_KV_ARGS(k),
-                        DECODE_KV_ARGS(v), MASK_ARGS, DECODE_LEN_ARGS, DECODE_TAIL_ARGS)
+                        __global int *arrivals, __local decode_local *lm, const decode_span sp, KV_ARGS(q),
+                        DECODE_KV_ARGS(k), DECODE_KV_ARGS(v), MASK_ARGS, DECODE_TAIL_ARGS)
 {
     __local ACC4 *qs = lm->qs, *kvs = lm->kvs, *ored = lm->ored;
     __local ACC *ss = lm->ss, *pl = lm->pl, *m_s = lm->m_s, *mnew_s = lm->mnew_s, *alpha_s = lm->alpha_s;
     __local ACC *l_s = lm->l_s;
-
-#ifdef ROPE_CACHE
-    const int asked = position[position_off + b * position_stride];
-    const int bad = asked < 0 || asked > SK - SQ;   // reported; then no keys, no writes, output 0 (lse -inf)
-    if (bad && tid == 0 && split == 0 && hk == 0)
-        report_check(err, err_code, asked < 0 ? asked : asked + SQ - 1, b, SK);
-    const int p0 = bad ? 0 : asked, L = bad ? 0 : p0 + SQ;
+#ifdef DECODE_VS
+    __local ACC4 *vt = lm->vs;
 #else
-    const int L = valid_keys(kv_len, kv_len_off, has_kv_len, kv_len_stride, b, SK);
+    __local ACC4 *vt = kvs;
 #endif
-    const int jend = key_end(causal, SQ - 1, L, SQ);
-    const int jstart = split * chunk, jstop = min(jstart + chunk, jend);
+    const int L = sp.L, p0 = sp.p0, jend = sp.jend, jstart = sp.jstart, jstop = sp.jstop;
     const __global T *kb = k + k_off + b * k_sb + hk * k_sh;
     const __global T *vb = v + v_off + b * v_sb + hk * v_sh;
 
@@ -953,10 +1016,13 @@ inline void decode_tile(const int tid, const int split, const int hk, const int 
 #endif
     }
 #ifdef ROPE_CACHE
-    {   // the new rows among this split's keys: k rotated into its cache, v copied into its own
+    // the new rows' k and v heads (the key tiles take them from here, not back from the caches)
+    const __global T *ky = q + q_off + b * q_sb + (HQ + hk) * q_sh;
+    const __global T *vy = ky + hkv * q_sh;
+    __global const ACC *cosines = cos_table, *sines = sin_table;
+    {   // the new rows among this split's keys: k rotated into its cache, v copied into its own (read by the
+        // decode steps after this one)
         const int first = max(jstart, p0);
-        const __global T *ky = q + q_off + b * q_sb + (HQ + hk) * q_sh;
-        const __global T *vy = ky + hkv * q_sh;
         __global T *kw = k + k_off + b * k_sb + hk * k_sh;
         __global T *vw = v + v_off + b * v_sb + hk * v_sh;
         for (int slot = tid; slot < (jstop - first) * ROPE_HALF_DIM; slot += DNT) {
@@ -974,8 +1040,10 @@ inline void decode_tile(const int tid, const int split, const int hk, const int 
             STS(vw + j * v_ss, i1, LDS(vx, i1));
             STS(vw + j * v_ss, i2, LDS(vx, i2));
         }
-        barrier(CLK_GLOBAL_MEM_FENCE);   // the tiles below read these rows back
     }
+#else
+    const __global T *ky = kb, *vy = vb;   // (no new rows: p0 = L)
+    __global const ACC *cosines = 0, *sines = 0;
 #endif
     for (int r = tid; r < DR; r += DNT) {
         m_s[r] = -INFINITY;
@@ -986,11 +1054,12 @@ inline void decode_tile(const int tid, const int split, const int hk, const int 
     for (int n = 0; n < NPT; ++n) o[n] = (ACC4)0;
 
     for (int j0 = jstart; j0 < jstop; j0 += DK) {
-        barrier(CLK_LOCAL_MEM_FENCE);  // the previous tile's p v is done with kvs, ss and alpha_s
-        for (int slot = tid; slot < DK * DQ4; slot += DNT) {
-            const int jj = slot / DQ4, c4 = slot - jj * DQ4;
-            kvs[jj * DRS4 + c4] = j0 + jj < jstop ? load4(kb + (j0 + jj) * k_ss, 4 * c4) : (ACC4)0;
-        }
+        barrier(CLK_LOCAL_MEM_FENCE);  // the previous tile's p v is done with kvs, vs, ss and alpha_s
+        // the first tile's cached rows are decode_begin's
+        decode_rows(kvs, kb, k_ss, j0, jstop, p0, j0 != jstart, 1, ky, q_ss, 0, cosines, sines, tid);
+#ifdef DECODE_VS
+        decode_rows(vt, vb, v_ss, j0, jstop, p0, j0 != jstart, 1, vy, q_ss, 1, cosines, sines, tid);
+#endif
         barrier(CLK_LOCAL_MEM_FENCE);
         for (int slot = tid; slot < DR * DK; slot += DNT) {
             const int r = slot / DK, jj = slot - r * DK, j = j0 + jj;
@@ -1021,10 +1090,9 @@ inline void decode_tile(const int tid, const int split, const int hk, const int 
             }
             ss[slot] = p;
         }
-        for (int slot = tid; slot < DK * DQ4; slot += DNT) {  // every item is past its reads of the k tile
-            const int jj = slot / DQ4, c4 = slot - jj * DQ4;
-            kvs[jj * DRS4 + c4] = j0 + jj < jstop ? load4(vb + (j0 + jj) * v_ss, 4 * c4) : (ACC4)0;
-        }
+#ifndef DECODE_VS  // every item is past its reads of the k tile: the v tile takes its place
+        decode_rows(kvs, vb, v_ss, j0, jstop, p0, 1, 1, vy, q_ss, 1, cosines, sines, tid);
+#endif
         barrier(CLK_LOCAL_MEM_FENCE);
         for (int r = tid; r < DR; r += DNT) {
             ACC sum = (ACC)0;
@@ -1037,7 +1105,7 @@ inline void decode_tile(const int tid, const int split, const int hk, const int 
             if (slot >= DSLOTS) break;
             const int g = slot / DPAIRS, pair = slot - g * DPAIRS, r = pair / DQ4, c4 = pair - r * DQ4;
             ACC4 acc = o[n] * alpha_s[r];
-            for (int jj = g; jj < DK; jj += KG) acc += ss[r * DK + jj] * kvs[jj * DRS4 + c4];
+            for (int jj = g; jj < DK; jj += KG) acc += ss[r * DK + jj] * vt[jj * DRS4 + c4];
             o[n] = acc;
         }
     }

@@ -823,22 +823,24 @@ void gemv_layers(const int M, __global int *counts, __global ulong *trace, __loc
 #ifdef CHAIN_TRACE
     if (first) rec[4] = (ulong)g | ((ulong)t << 16) | (chain_unit() << 40);
 #endif
-    if (p == 1) {   // the attention: waits for the q/k/v product like a GEMV phase, then its decode tile
-        if (first)
+    if (p == 1) {   // the attention: its cached keys read, then it waits for the q/k/v product like a GEMV
+        const int tid = get_local_id(1) * GEMV_WG + get_local_id(0), item = tid < DNT ? tid : (1 << 28);
+        const int split = t % nsplit, hk = (t / nsplit) % attn_heads, b = t / (nsplit * attn_heads);
+        __local decode_local *lm = (__local decode_local *)a_stage;
+        const decode_span sp = decode_begin(item, split, hk, b, lm, kc, kc_off, k_sb, k_sh, k_ss, vc, vc_off, v_sb,
+                                            v_sh, v_ss, DECODE_LEN_PASS, chunk, SQ, SK, causal DECODE_ROPE_PASS);
+        if (first)   // phase, then the rest of its decode tile
             nc_wait_at_least(counts + g, wait_for);
         barrier(CLK_GLOBAL_MEM_FENCE);
         mem_fence(CLK_GLOBAL_MEM_FENCE);
 #ifdef CHAIN_TRACE
         if (first) CHAIN_STAMP(rec, 1);
 #endif
-        const int tid = get_local_id(1) * GEMV_WG + get_local_id(0);
-        const int split = t % nsplit, hk = (t / nsplit) % attn_heads, b = t / (nsplit * attn_heads);
         const long rows = (long)attn_batch * HQ * SQ;
-        decode_tile(tid < DNT ? tid : (1 << 28), split, hk, b, attn_heads,
-                    counts + CHAIN_COUNTS + j * attn_batch * attn_heads, (__local decode_local *)a_stage,
+        decode_tile(item, split, hk, b, attn_heads, counts + CHAIN_COUNTS + j * attn_batch * attn_heads, lm, sp,
                     (__global const T *)act, act_off + j * layer_act, q_sb, q_sh, q_ss, kc, kc_off, k_sb, k_sh,
                     k_ss, vc, vc_off, v_sb, v_sh, v_ss, mask, mask_off, mask_sb, mask_sh, mask_si, mask_sj,
-                    DECODE_LEN_PASS, (__global T *)o, lse + j * rows, part_o + j * rows * nsplit * 4 * DQ4,
+                    (__global T *)o, lse + j * rows, part_o + j * rows * nsplit * 4 * DQ4,
                     part_ml + j * rows * nsplit * 2, nsplit, chunk, HQ, GROUP, SQ, SK, causal, scale,
                     drop_threshold, drop_scale, seed_lo, seed_hi, counter0 DECODE_ROPE_PASS);
         mem_fence(CLK_GLOBAL_MEM_FENCE);  // this item's stores are visible to the work-group's first ...

@@ -301,6 +301,10 @@ DECODE_MAX_ROWS = 16
 DECODE_GROUPS_PER_CU = 1
 DECODE_ITEMS = 256
 DECODE_TILE_KEYS = (64, 32, 16)
+# A v tile of its own in the decode kernel's local memory where it fits (DECODE_VS): a key tile's k and v rows
+# are read together (one memory round trip a tile, not two), and a chained tile (gemv_layers) reads both of
+# its first tile's cached rows before it waits for the q/k/v product.
+DECODE_V_TILE = True
 # rope_cache_decode_attention where the decode kernel runs: q rotated, k rotated into its cache and v copied
 # into its cache inside that kernel (ROPE_CACHE), one launch a layer fewer than rope_qkv_cache and then the
 # kernel; False: always the two launches (the same bits either way).
@@ -360,7 +364,10 @@ def decode_tiles(device: Any, rows: int, head_dim: int, dtype: Any, keys: int = 
         return None
     want = 1 if np.dtype(dtype) == dtypes.float64 else decode_splits_wanted(device, heads)  # float64: 1 split
     dk = max((d for d in fits if -(-keys // d) >= want), default=fits[0])
-    return {"DR": rows, "DK": dk, "DNT": DECODE_ITEMS}
+    tiles = {"DR": rows, "DK": dk, "DNT": DECODE_ITEMS}
+    if DECODE_V_TILE and _decode_local_bytes({**tiles, "DECODE_VS": None}, head_dim, dtype) <= budget:
+        tiles["DECODE_VS"] = None
+    return tiles
 
 
 def decode_splits_wanted(device: Any, heads: int) -> int:
@@ -374,7 +381,9 @@ def _decode_local_bytes(tiles: dict[str, int], head_dim: int, dtype: Any) -> int
     rows, dk, q4 = tiles["DR"], tiles["DK"], -(-head_dim // 4)
     pairs = rows * q4
     groups = max(tiles["DNT"] // pairs, 1)
-    values = (rows + dk) * (q4 + 1) * 4 + 2 * rows * dk + 4 * rows + (4 * groups * pairs if groups > 1 else 4)
+    kv = 2 if "DECODE_VS" in tiles else 1
+    values = ((rows + kv * dk) * (q4 + 1) * 4 + 2 * rows * dk + 4 * rows
+              + (4 * groups * pairs if groups > 1 else 4))
     return values * (8 if np.dtype(dtype) == dtypes.float64 else 4) + 16   # + the merge's flag, aligned
 
 

@@ -436,9 +436,25 @@ def test_decode_key_tiles_follow_the_cache(queue, monkeypatch):
     for keys, dk in ((want * 64, 64), ((want - 1) * 64, 32), (want * 32, 32), (want * 16, 16),
                      (want * 16 - 17, 16), (0, 16)):
         tiles = attn.decode_tiles(queue.device, 8, 64, np.float32, keys, heads)
-        assert tiles == {"DR": 8, "DK": dk, "DNT": 1}, (keys, want)
+        assert tiles == {"DR": 8, "DK": dk, "DNT": 1, "DECODE_VS": None}, (keys, want)
     # float64 runs one split: the largest tile
     assert attn.decode_tiles(queue.device, 8, 64, np.float64, want * 16, heads)["DK"] == 64
+
+
+def test_decode_v_tile_where_it_fits():
+    """The v tile of its own (DECODE_VS) where the local memory holds it beside the k tile, else the k tile's
+    room takes both in turn; the tile of keys is chosen without it."""
+    def device(local_mem):
+        return SimpleNamespace(capabilities=SimpleNamespace(compute_units=4, local_mem=local_mem,
+                                                            max_work_group_size=1024))
+    one = attn._decode_local_bytes({"DR": 8, "DK": 64, "DNT": attn.DECODE_ITEMS}, 64, np.float32)
+    two = attn._decode_local_bytes({"DR": 8, "DK": 64, "DNT": attn.DECODE_ITEMS, "DECODE_VS": None}, 64,
+                                   np.float32)
+    assert two - one == 64 * 17 * 16   # DK rows of DRS4 float4s
+    roomy = attn.decode_tiles(device(two + 1024), 8, 64, np.float32, 64 * 1000)
+    assert roomy == {"DR": 8, "DK": 64, "DNT": attn.DECODE_ITEMS, "DECODE_VS": None}
+    tight = attn.decode_tiles(device(two + 1023), 8, 64, np.float32, 64 * 1000)
+    assert tight == {"DR": 8, "DK": 64, "DNT": attn.DECODE_ITEMS}
 
 
 @pytest.mark.gpu_shaped
@@ -536,8 +552,11 @@ def test_rope_cache_decode_attention_is_bit_identical(queue, rng, decode_splits,
     caches = [rng.standard_normal((B, HKV, cap, D)).astype(dtype) for _ in range(2)]   # stale contents
     tables = ops.rope_tables(queue, cap + 3, D, dtype=dtype)
     position = positions if B > 1 else positions[:1]
-    runs = [_rope_decode(queue, y, HQ, tables, caches, position, pairing, fused, monkeypatch, causal=True)
-            for fused in (True, False)]
+    runs = []
+    for fused in (True, False):   # and the one launch without a v tile of its own, the other with one
+        monkeypatch.setattr(attn, "DECODE_V_TILE", not fused)
+        runs.append(_rope_decode(queue, y, HQ, tables, caches, position, pairing, fused, monkeypatch,
+                                 causal=True))
     assert [r[-1] for r in runs] == [1, 2]
     for name, got, want in zip(("out", "lse", "k cache", "v cache"), runs[0], runs[1], strict=False):
         np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8), err_msg=name)
@@ -546,6 +565,27 @@ def test_rope_cache_decode_attention_is_bit_identical(queue, rng, decode_splits,
     want = reference(qr.to_host(), runs[1][2], runs[1][3], causal=True, kv_len=np.asarray(position) + S)
     tol = {BF16: 3e-2, np.float16: 4e-3, np.float32: 2e-5, np.float64: 1e-12}[dtype]
     np.testing.assert_allclose(runs[0][0].astype(np.float64), want[0], rtol=tol, atol=tol)
+
+
+@pytest.mark.gpu_shaped
+@pytest.mark.parametrize("v_tile", [True, False])
+def test_rope_cache_decode_attention_new_rows_past_a_splits_first_tile(queue, rng, monkeypatch, v_tile):
+    """One split of several key tiles (the first tile's cached rows are read before the rest of the work; the
+    new rows come from the q/k/v heads in whichever tile holds them): the bits of the two launches."""
+    B, HQ, HKV, S, cap, D = 2, 4, 1, 2, 200, 32
+    monkeypatch.setattr(attn, "variant_override", "gpu")
+    monkeypatch.setattr(attn, "DECODE_GROUPS_PER_CU", 0)   # one split wanted
+    monkeypatch.setattr(attn, "DECODE_V_TILE", v_tile)
+    tiles = attn.decode_tiles(queue.device, HQ // HKV * S, D, np.float32, cap, B * HKV)
+    assert tiles["DK"] == 64 and ("DECODE_VS" in tiles) == v_tile
+    y = rng.standard_normal((B, HQ + 2 * HKV, S, D)).astype(np.float32)
+    caches = [rng.standard_normal((B, HKV, cap, D)).astype(np.float32) for _ in range(2)]
+    tables = ops.rope_tables(queue, cap, D)
+    runs = [_rope_decode(queue, y, HQ, tables, caches, [150, 63], "half", fused, monkeypatch, causal=True)
+            for fused in (True, False)]
+    assert [r[-1] for r in runs] == [1, 2]
+    for name, got, want in zip(("out", "lse", "k cache", "v cache"), runs[0], runs[1], strict=False):
+        np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8), err_msg=name)
 
 
 @pytest.mark.gpu_shaped
