@@ -303,9 +303,6 @@ def main() -> int:
     ap.add_argument("--spin-ns", type=int, default=None, metavar="NS",
                     help="a chain tile polling its phase's count sleeps NS ns between reads "
                          "(ops.gemm.chain.SPIN_NS; NVIDIA only; default: no sleep)")
-    ap.add_argument("--pair", default=None, metavar="P,...",
-                    help="the whole-layer launch's phases whose work-items take two rows each "
-                         "(ops.gemm.chain.PAIRED: 0 q/k/v, 2 o, 4 down; 'none' for none)")
     ap.add_argument("--trace", action="store_true",
                     help="also trace the whole-layer decode launch of one step at the first batch: each "
                          "tile's start, release, end and arrival (ops.gemm.chain.TRACE), summed by phase")
@@ -330,13 +327,6 @@ def main() -> int:
         if not 0 <= args.spin_ns <= 1_000_000:
             ap.error(f"--spin-ns must be 0 to 1000000, got {args.spin_ns}")
         chain.SPIN_NS = args.spin_ns
-    if args.pair is not None:
-        from netcl.ops.gemm import chain
-
-        words = [] if args.pair == "none" else args.pair.split(",")
-        if any(w not in ("0", "2", "4") for w in words):
-            ap.error(f"--pair takes phases 0, 2 and 4 (comma-separated) or 'none', got {args.pair!r}")
-        chain.PAIRED = tuple(sorted({int(w) for w in words}))
     if args.no_chain or args.no_attention_chain or args.no_layer_chain:
         from netcl.nn import transformer
 

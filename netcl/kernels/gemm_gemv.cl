@@ -390,9 +390,7 @@ void gemm_gemv(GEMM_ARGS, __global const float *scales, __local uint4 *a_stage, 
 // launches in one, and no gap between them). Phase i: C_i (M, N_i) = epilogue(A_i (M, K_i) @ W_i^T), W_i
 // (N_i, K_i) row-major (2 N_i rows with GLU), every operand contiguous, CHAIN_F<i> its flags at build time:
 // CHAIN_RMS (A_i's rows RMS-normalized in the prologue as GEMV_RMS does: weight nw_i, eps_i), CHAIN_GLU
-// (C = silu(gate) * up, as GLU), CHAIN_RES (C = y + R_i, R_i (M, N_i)), CHAIN_PAIR (gemv_layers' GEMV_PAIR:
-// every item takes two rows, n and n + H, H = ceil(N / (2 GEMV_ROWS)) GEMV_ROWS, as GLU takes gate and up, in
-// half the tiles: each row's sum in the same order, so the same bits).
+// (C = silu(gate) * up, as GLU), CHAIN_RES (C = y + R_i, R_i (M, N_i)).
 //
 // Order without co-residency: each work-group takes a ticket (atomic_inc of counts[0]) when it starts and
 // takes tile t of the phases' tiles in ticket order (phase 0's ceil(N_0 / GEMV_ROWS) tiles, then phase 1's,
@@ -413,7 +411,6 @@ void gemm_gemv(GEMM_ARGS, __global const float *scales, __local uint4 *a_stage, 
 #define CHAIN_RMS 1
 #define CHAIN_GLU 2
 #define CHAIN_RES 4
-#define CHAIN_PAIR 8
 #ifndef CHAIN_F0
 #define CHAIN_F0 0
 #endif
@@ -474,12 +471,10 @@ inline void chain_tile(const int tile, const int phase, const int flags, const i
     const int lid = get_local_id(0);
     const int r = get_local_id(1);
     const int n0 = tile * GEMV_ROWS + r;
-    const int pair = (flags & CHAIN_PAIR) != 0;
-    const int n1 = n0 + (pair ? (N + 2 * GEMV_ROWS - 1) / (2 * GEMV_ROWS) * GEMV_ROWS : 0);   // (pair)
-    const int parts = (flags & CHAIN_GLU) || pair ? 2 : 1;
+    const int parts = (flags & CHAIN_GLU) ? 2 : 1;
     __global const STORE_T *w[2];
     w[0] = W + (long)min(n0, N - 1) * K;
-    w[1] = W + (long)(pair ? min(n1, N - 1) : min(n0, N - 1) + ((flags & CHAIN_GLU) ? N : 0)) * K;
+    w[1] = W + (long)(min(n0, N - 1) + ((flags & CHAIN_GLU) ? N : 0)) * K;
 
     float acc[2 * GEMV_M];
 #pragma unroll
@@ -566,11 +561,6 @@ inline void chain_tile(const int tile, const int phase, const int flags, const i
                 if (flags & CHAIN_GLU) y = y / (1.0f + exp(-y)) * acc[GEMV_M + m];
                 if (flags & CHAIN_RES) y += LOAD1((long)m * N + n0, R);
                 STORE1(y, (long)m * N + n0, C);
-                if (pair && n1 < N) {
-                    float y1 = acc[GEMV_M + m];
-                    if (flags & CHAIN_RES) y1 += LOAD1((long)m * N + n1, R);
-                    STORE1(y1, (long)m * N + n1, C);
-                }
             }
     mem_fence(CLK_GLOBAL_MEM_FENCE);  // this item's stores are visible to the work-group's first ...
     barrier(CLK_GLOBAL_MEM_FENCE);    // ... which fences at device scope before the tile counts itself done
@@ -773,16 +763,6 @@ void gemv_chain(const int M, __global int *counts, __local uint4 *a_stage, CHAIN
 #define LAYERS_CASES_30 LAYERS_CASES_29 LAYER_CASE(29)
 #define LAYERS_CASES_31 LAYERS_CASES_30 LAYER_CASE(30)
 #define LAYERS_CASES_32 LAYERS_CASES_31 LAYER_CASE(31)
-// GEMV_PAIR: a bit mask of the layer phases (0 q/k/v, 2 o, 4 down; not 3, whose items take gate and up
-// already) whose items take two rows each (CHAIN_PAIR), in half the tiles
-#ifndef GEMV_PAIR
-#define GEMV_PAIR 0
-#endif
-#if GEMV_PAIR & ~21
-#error "gemm_gemv.cl: GEMV_PAIR pairs phases 0, 2 and 4 only (bits 1, 4, 16)"
-#endif
-#define LAYER_TILES(n, p) \
-    (((GEMV_PAIR >> (p)) & 1) ? ((n) + 2 * GEMV_ROWS - 1) / (2 * GEMV_ROWS) : ((n) + GEMV_ROWS - 1) / GEMV_ROWS)
 #define LAYERS_CAT_(a, b) a##b
 #define LAYERS_CAT(a, b) LAYERS_CAT_(a, b)
 
@@ -803,8 +783,8 @@ void gemv_layers(const int M, __global int *counts, __global ulong *trace, __loc
     const int first = get_local_id(0) == 0 && get_local_id(1) == 0;
     if (first) ticket = atomic_inc(counts);
     barrier(CLK_LOCAL_MEM_FENCE);
-    const int T0 = LAYER_TILES(NQ, 0), TA = nsplit * attn_heads * attn_batch;
-    const int T2 = LAYER_TILES(D, 2), T3 = LAYER_TILES(F, 3), T4 = LAYER_TILES(D, 4);
+    const int T0 = (NQ + GEMV_ROWS - 1) / GEMV_ROWS, TA = nsplit * attn_heads * attn_batch;
+    const int T2 = (D + GEMV_ROWS - 1) / GEMV_ROWS, T3 = (F + GEMV_ROWS - 1) / GEMV_ROWS, T4 = T2;
     const int per_layer = T0 + TA + T2 + T3 + T4;
     int t = ticket;
     __global ulong *rec_clock = trace, *rec = trace + 1 + 5 * (long)ticket;
@@ -889,7 +869,6 @@ void gemv_layers(const int M, __global int *counts, __global ulong *trace, __loc
     } else {
         flags = CHAIN_RES, A = h, W = wd, C = z, R = y, N = D, K = F;
     }
-    if ((GEMV_PAIR >> p) & 1) flags |= CHAIN_PAIR;
     chain_tile(t, g, flags, wait_for, M, N, K, A, W, C, R, NW, eps, counts, a_stage, scratch, rec, rec_clock);
     if (first) {
 #ifdef CHAIN_TRACE

@@ -2,8 +2,6 @@
 NumPy on the stored inputs and each step's own inputs, over repeated calls (the counts reset by the launch's
 last tile), a graph replay, and its refusals."""
 
-from types import SimpleNamespace
-
 import numpy as np
 import pytest
 
@@ -338,30 +336,6 @@ def test_decode_layers_in_one_launch(queue, monkeypatch, dtype, n, per, position
         got = run_decode_layers(queue, model, layered=True)
         for a, b in zip(got, want, strict=True):
             np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
-
-
-@pytest.mark.gpu_shaped
-@pytest.mark.parametrize("paired,dtype", [((0, 2, 4), "bfloat16"), ((2,), "float32")])
-def test_decode_layers_with_paired_rows(queue, monkeypatch, paired, dtype):
-    """chain.PAIRED: the paired phases' work-items take two rows each, in half the tiles (here halves that
-    end past the rows: 72 and 120 rows, 16 a tile): the bits of each phase's own launch."""
-    from netcl.ops.gemm import chain
-
-    gpu_shaped_chain(monkeypatch)
-    model = random_decode_layers(queue, dtypes.normalize(dtype), 3, 30, heads=(6, 2), head_dim=12, cap=64)
-    want = run_decode_layers(queue, model, layered=False)
-    monkeypatch.setattr(chain, "PAIRED", paired)
-    phase = SimpleNamespace(grid=(1, 2, 1))
-    sizes = (120, 72, 72, 48)
-    tiles = chain._phase_tiles(queue.device, dtypes.normalize(dtype), sizes, phase)
-    assert tiles == tuple(-(-n // (16 if p in paired else 8)) if p != 1 else 2
-                          for p, n in enumerate((120, 0, 72, 48, 72)))
-    got = run_decode_layers(queue, model, layered=True)
-    for a, b in zip(got, want, strict=True):
-        np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
-    monkeypatch.setattr(chain, "PAIRED", (3,))
-    with pytest.raises(ValueError, match="PAIRED"):
-        run_decode_layers(queue, model, layered=True)
 
 
 @pytest.mark.gpu_shaped

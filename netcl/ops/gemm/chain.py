@@ -44,10 +44,6 @@ MAX_STEPS = 4  # the kernel's phases (CHAIN_PHASE_ARGS 0 .. 3)
 # loop sleeps about SPIN_NS ns between reads when > 0 (nanosleep; before 7.0, volatile loads: NC_SPIN_LOAD);
 # elsewhere the atomic read still.
 SPIN_NS: int | None = None
-# PAIRED: the phases of a gemv_layers layer (0 q/k/v, 2 o-projection, 4 down) whose work-items take two rows
-# each (gemm_gemv.cl's GEMV_PAIR, CHAIN_PAIR): half the tiles, so more of the phase is resident (its first
-# weight loads in flight) when the phase before it ends; each row's sum as before (the same bits).
-PAIRED: tuple[int, ...] = ()
 MAX_ROWS = 8
 _FLAGS = {"norm": 1, "glu": 2, "residual": 4}  # gemm_gemv.cl's CHAIN_RMS, CHAIN_GLU, CHAIN_RES
 _DTYPES = (dtypes.float32, dtypes.float16, dtypes.bfloat16)
@@ -426,7 +422,7 @@ def _launch_layers(x: Tensor, act: Tensor, act_off: int, layers: list[DecodeLaye
             dynamic[f"{name}{j}"], dynamic[f"{name}{j}_off"] = t.buffer, np.int64(t.offset)
     call = {**phase.args, **dynamic}   # the attention's arguments not gemv_layers' are not read
     key = ("gemv_layers", id(q.device), dt, m, sizes, eps, n, tuple(sorted(phase.program.items())),
-           phase.grid, SPIN_NS, _paired_mask(), trace is not None)
+           phase.grid, SPIN_NS, trace is not None)
     hit = capture.plans.get(key)
     if hit is None:
         hit = capture.plans.put(key, _layers_plan(q.device, dt, m, sizes, eps, n, phase, call, key[-1]))
@@ -447,24 +443,11 @@ def _trace_buffer(q: Any, tiles: int) -> cl.Buffer:
 
 
 def _phase_tiles(device: Any, dt: np.dtype, sizes: tuple[int, ...], phase: Any) -> tuple[int, ...]:
-    """The tiles of a layer's five phases in gemv_layers (q/k/v, attention, o, gate/up, down): gemm_gemv.cl's
-    LAYER_TILES."""
+    """The tiles of a layer's five phases in gemv_layers (q/k/v, attention, o, gate/up, down)."""
     nq, _, d, f = sizes
     rows = usable_params(device, "gemv", dt)["GEMV_ROWS"]
     nsplit, heads, batch = phase.grid
-    paired = _paired_mask()
-
-    def tiles(n: int, p: int) -> int:
-        per = 2 * rows if paired >> p & 1 else rows
-        return -(-n // per)
-    return (tiles(nq, 0), nsplit * heads * batch, tiles(d, 2), tiles(f, 3), tiles(d, 4))
-
-
-def _paired_mask() -> int:
-    """GEMV_PAIR of PAIRED (checked)."""
-    if not isinstance(PAIRED, tuple) or any(p not in (0, 2, 4) for p in PAIRED):
-        raise ValueError(f"chain.PAIRED must be a tuple of the phases 0, 2 and 4, got {PAIRED!r}")
-    return sum(1 << p for p in set(PAIRED))
+    return (-(-nq // rows), nsplit * heads * batch, -(-d // rows), -(-f // rows), -(-d // rows))
 
 
 def _layer_tiles(device: Any, dt: np.dtype, sizes: tuple[int, ...], phase: Any) -> int:
@@ -509,7 +492,7 @@ def _layers_plan(device: Any, dt: np.dtype, m: int, sizes: tuple[int, ...], eps:
     rows = tile["GEMV_ROWS"]
     most_k = max(d, ko, f)
     defines = {"DTYPE": dt, "GEMV_CHAIN": None, "GEMV_LAYERS": n, "GEMV_M": m, **knobs, **phase.program,
-               "CHAIN_COUNTS": 1 + 5 * n, "GEMV_PAIR": _paired_mask(), **_spin_defines()}
+               "CHAIN_COUNTS": 1 + 5 * n, **_spin_defines()}
     if trace:
         defines["CHAIN_TRACE"] = None
     static: dict[str, Any] = {
