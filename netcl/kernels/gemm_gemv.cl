@@ -823,13 +823,13 @@ void gemv_layers(const int M, __global int *counts, __global ulong *trace, __loc
 #ifdef CHAIN_TRACE
     if (first) rec[4] = (ulong)g | ((ulong)t << 16) | (chain_unit() << 40);
 #endif
-    if (p == 1) {   // the attention: its cached keys read, then it waits for the q/k/v product like a GEMV
+    if (p == 1) {   // the attention: decode_begin (its cached keys), the wait for the q/k/v product, the rest
         const int tid = get_local_id(1) * GEMV_WG + get_local_id(0), item = tid < DNT ? tid : (1 << 28);
         const int split = t % nsplit, hk = (t / nsplit) % attn_heads, b = t / (nsplit * attn_heads);
         __local decode_local *lm = (__local decode_local *)a_stage;
         const decode_span sp = decode_begin(item, split, hk, b, lm, kc, kc_off, k_sb, k_sh, k_ss, vc, vc_off, v_sb,
                                             v_sh, v_ss, DECODE_LEN_PASS, chunk, SQ, SK, causal DECODE_ROPE_PASS);
-        if (first)   // phase, then the rest of its decode tile
+        if (first)
             nc_wait_at_least(counts + g, wait_for);
         barrier(CLK_GLOBAL_MEM_FENCE);
         mem_fence(CLK_GLOBAL_MEM_FENCE);

@@ -350,11 +350,12 @@ class DecodePhase:
 
 
 def decode_tiles(device: Any, rows: int, head_dim: int, dtype: Any, keys: int = 0,
-                 heads: int = 1) -> dict[str, int] | None:
-    """attention_decode_gpu's defines (DR, DK, DNT) for `rows` rows per kv head, or None when no key tile fits
-    the device's local memory (the regular forward then runs). DK: of the DECODE_TILE_KEYS that fit, the
-    largest that cuts `keys` (the cache's) into at least the splits wanted for `heads` (batch rows x kv
-    heads; decode_splits_wanted; float64 takes one split), else the smallest."""
+                 heads: int = 1) -> dict[str, int | None] | None:
+    """attention_decode_gpu's defines (DR, DK, DNT; DECODE_VS, a flag: DECODE_V_TILE where it fits) for `rows`
+    rows per kv head, or None when no key tile fits the device's local memory (the regular forward then
+    runs). DK: of the DECODE_TILE_KEYS that fit, the largest that cuts `keys` (the cache's) into at least the
+    splits wanted for `heads` (batch rows x kv heads; decode_splits_wanted; float64 takes one split), else
+    the smallest."""
     budget = device.capabilities.local_mem - 1024
     if DECODE_ITEMS > device.capabilities.max_work_group_size:
         return None
@@ -376,7 +377,7 @@ def decode_splits_wanted(device: Any, heads: int) -> int:
     return max(1, -(-DECODE_GROUPS_PER_CU * device.capabilities.compute_units // heads))
 
 
-def _decode_local_bytes(tiles: dict[str, int], head_dim: int, dtype: Any) -> int:
+def _decode_local_bytes(tiles: dict[str, Any], head_dim: int, dtype: Any) -> int:
     """attention_decode_gpu's local memory (its decode_local; attention_gpu.cl's sum) for these tiles."""
     rows, dk, q4 = tiles["DR"], tiles["DK"], -(-head_dim // 4)
     pairs = rows * q4
@@ -572,14 +573,14 @@ class _Problem:
         return variant_override if variant_override is not None else \
             ("cpu" if self.device.capabilities.kind == "cpu" else "gpu")
 
-    def decode_plan(self) -> dict[str, int] | None:
+    def decode_plan(self) -> dict[str, int | None] | None:
         """The decode kernel's defines when this forward should run it (GPU variant, few rows per kv head)."""
         rows = self.group * self.SQ
         if self.variant() != "gpu" or rows > DECODE_MAX_ROWS:
             return None
         return decode_tiles(self.device, rows, self.D, self.dtype, self.SK, self.B * self.HKV)
 
-    def decode_phase(self, tiles: dict[str, int], out: Tensor, lse: Tensor, args: dict[str, Any],
+    def decode_phase(self, tiles: dict[str, Any], out: Tensor, lse: Tensor, args: dict[str, Any],
                      defines: dict[str, Any] | None = None, layers: int = 1) -> DecodePhase:
         """attention_decode_gpu's launch into out and lse, not yet made (over several splits of the keys,
         merged by the last split of each (batch, kv head) to finish), with extra `defines` (ROPE_CACHE); the
@@ -605,7 +606,7 @@ class _Problem:
         return DecodePhase(self.queue, self.dtype, program, launch, (nsplit, self.HKV, self.B), tiles["DNT"],
                            out, lse)
 
-    def launch_decode(self, tiles: dict[str, int], out: Tensor, lse: Tensor, args: dict[str, Any],
+    def launch_decode(self, tiles: dict[str, Any], out: Tensor, lse: Tensor, args: dict[str, Any],
                       defines: dict[str, Any] | None = None) -> Any:
         """decode_phase's launch, made; returns the kernel (for graph refreshes)."""
         return self.decode_phase(tiles, out, lse, args, defines).launch()
