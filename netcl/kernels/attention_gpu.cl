@@ -814,9 +814,9 @@ __kernel void attention_dq_sum_gpu(__global const float *dq_acc, __global float 
 //   p = position + i. q's rows are rotated at p while staged (rope_common.cl's arithmetic, rounded to T as
 //   rope_qkv_cache stores them, then times scale). The split whose keys [s * chunk, s * chunk + chunk) hold
 //   new positions rotates those rows' k (head HQ + hk of q) into k and copies their v (head HQ + HKV + hk) into
-//   v, then a barrier with a global fence lets its own tile loads read them back: no other work-group reads
-//   those positions (other splits hold other keys, other (b, hk) other cache rows), so the bits are those of
-//   rope_qkv_cache and then this kernel. A position outside [0, SK - SQ] is reported to err (err_code); that
+//   v as its key tiles take them (decode_rows: the tiles hold the rounded values a read back would give, and
+//   no other work-group reads those positions: other splits hold other keys, other (b, hk) other cache
+//   rows), so the bits are those of rope_qkv_cache and then this kernel. A position outside [0, SK - SQ] is reported to err (err_code); that
 //   batch row then has no valid keys and writes nothing (output 0, lse -inf). (An early return there crashed
 //   PoCL 3.1's float64 build.)
 //   cos_table, sin_table: (>= SK, D / 2) of ACC. PAIRING: ROPE_HALF or ROPE_INTERLEAVED (rope_common.cl).
@@ -909,11 +909,12 @@ typedef struct {
 // Rows [j0, j0 + DK) of a key tile of k (is_v 0) or v (is_v 1) into dst (local, rows of DRS4): with `cached`,
 // the rows below p0 from the cache (row j at cache + j * cache_ss) and zeros from jstop; with `fresh`, the
 // new rows [p0, jstop) from the q/k/v heads (row p0 + i at src + i * src_ss: ROPE_CACHE), k rotated at its
-// position and rounded to T as its cache row is written: the values the cache's row would give back.
+// position and rounded to T, and written into the cache for the steps after this one (its bits: the values
+// rounded to T already), so the tile holds what the cache's row gives back, without that round trip.
 inline void decode_rows(__local ACC4 *dst, const __global T *cache, const long cache_ss, const int j0,
                         const int jstop, const int p0, const int cached, const int fresh,
                         const __global T *src, const long src_ss, const int is_v,
-                        __global const ACC *cosines, __global const ACC *sines, const int tid)
+                        __global const ACC *cosines, __global const ACC *sines, __global T *write, const int tid)
 {
     for (int slot = tid; slot < DK * DQ4; slot += DNT) {
         const int jj = slot / DQ4, c4 = slot - jj * DQ4, j = j0 + jj;
@@ -924,7 +925,9 @@ inline void decode_rows(__local ACC4 *dst, const __global T *cache, const long c
         else if (fresh) {
             const __global T *x = src + (j - p0) * src_ss;
             const long at = (long)j * ROPE_HALF_DIM;
-            dst[jj * DRS4 + c4] = is_v ? load4(x, 4 * c4) : rope_load4(x, 4 * c4, cosines + at, sines + at);
+            const ACC4 row = is_v ? load4(x, 4 * c4) : rope_load4(x, 4 * c4, cosines + at, sines + at);
+            dst[jj * DRS4 + c4] = row;
+            store4(write + j * cache_ss, 4 * c4, row);
         }
 #endif
     }
@@ -955,10 +958,10 @@ inline decode_span decode_begin(const int tid, const int split, const int hk, co
     sp.jstart = split * chunk;
     sp.jstop = min(sp.jstart + chunk, sp.jend);
     decode_rows(lm->kvs, k + k_off + b * k_sb + hk * k_sh, k_ss, sp.jstart, sp.jstop, sp.p0, 1, 0, k, 0, 0,
-                cosines, sines, tid);
+                cosines, sines, 0, tid);
 #ifdef DECODE_VS
     decode_rows(lm->vs, v + v_off + b * v_sb + hk * v_sh, v_ss, sp.jstart, sp.jstop, sp.p0, 1, 0, v, 0, 1,
-                cosines, sines, tid);
+                cosines, sines, 0, tid);
 #endif
     return sp;
 }
@@ -1016,34 +1019,16 @@ inline void decode_tile(const int tid, const int split, const int hk, const int 
 #endif
     }
 #ifdef ROPE_CACHE
-    // the new rows' k and v heads (the key tiles take them from here, not back from the caches)
+    // the new rows among this split's keys: their k and v heads, which the key tiles (decode_rows) rotate,
+    // hold and write into the caches
     const __global T *ky = q + q_off + b * q_sb + (HQ + hk) * q_sh;
     const __global T *vy = ky + hkv * q_sh;
     __global const ACC *cosines = cos_table, *sines = sin_table;
-    {   // the new rows among this split's keys: k rotated into its cache, v copied into its own (read by the
-        // decode steps after this one)
-        const int first = max(jstart, p0);
-        __global T *kw = k + k_off + b * k_sb + hk * k_sh;
-        __global T *vw = v + v_off + b * v_sb + hk * v_sh;
-        for (int slot = tid; slot < (jstop - first) * ROPE_HALF_DIM; slot += DNT) {
-            const int jj = slot / ROPE_HALF_DIM, i = slot - jj * ROPE_HALF_DIM, j = first + jj;
-#if PAIRING == ROPE_HALF
-            const int i1 = i, i2 = i + ROPE_HALF_DIM;
-#else
-            const int i1 = 2 * i, i2 = 2 * i + 1;
-#endif
-            const __global T *kx = ky + (j - p0) * q_ss, *vx = vy + (j - p0) * q_ss;
-            const ACC c = cos_table[(long)j * ROPE_HALF_DIM + i], sn = sin_table[(long)j * ROPE_HALF_DIM + i];
-            const ACC x1 = LDS(kx, i1), x2 = LDS(kx, i2);
-            STS(kw + j * k_ss, i1, rope_first(x1, x2, c, sn));
-            STS(kw + j * k_ss, i2, rope_second(x1, x2, c, sn));
-            STS(vw + j * v_ss, i1, LDS(vx, i1));
-            STS(vw + j * v_ss, i2, LDS(vx, i2));
-        }
-    }
+    __global T *kw = k + k_off + b * k_sb + hk * k_sh, *vw = v + v_off + b * v_sb + hk * v_sh;
 #else
     const __global T *ky = kb, *vy = vb;   // (no new rows: p0 = L)
     __global const ACC *cosines = 0, *sines = 0;
+    __global T *kw = 0, *vw = 0;
 #endif
     for (int r = tid; r < DR; r += DNT) {
         m_s[r] = -INFINITY;
@@ -1056,9 +1041,9 @@ inline void decode_tile(const int tid, const int split, const int hk, const int 
     for (int j0 = jstart; j0 < jstop; j0 += DK) {
         barrier(CLK_LOCAL_MEM_FENCE);  // the previous tile's p v is done with kvs, vs, ss and alpha_s
         // the first tile's cached rows are decode_begin's
-        decode_rows(kvs, kb, k_ss, j0, jstop, p0, j0 != jstart, 1, ky, q_ss, 0, cosines, sines, tid);
+        decode_rows(kvs, kb, k_ss, j0, jstop, p0, j0 != jstart, 1, ky, q_ss, 0, cosines, sines, kw, tid);
 #ifdef DECODE_VS
-        decode_rows(vt, vb, v_ss, j0, jstop, p0, j0 != jstart, 1, vy, q_ss, 1, cosines, sines, tid);
+        decode_rows(vt, vb, v_ss, j0, jstop, p0, j0 != jstart, 1, vy, q_ss, 1, cosines, sines, vw, tid);
 #endif
         barrier(CLK_LOCAL_MEM_FENCE);
         for (int slot = tid; slot < DR * DK; slot += DNT) {
@@ -1091,7 +1076,7 @@ inline void decode_tile(const int tid, const int split, const int hk, const int 
             ss[slot] = p;
         }
 #ifndef DECODE_VS  // every item is past its reads of the k tile: the v tile takes its place
-        decode_rows(kvs, vb, v_ss, j0, jstop, p0, 1, 1, vy, q_ss, 1, cosines, sines, tid);
+        decode_rows(kvs, vb, v_ss, j0, jstop, p0, 1, 1, vy, q_ss, 1, cosines, sines, vw, tid);
 #endif
         barrier(CLK_LOCAL_MEM_FENCE);
         for (int r = tid; r < DR; r += DNT) {
