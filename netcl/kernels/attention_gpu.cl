@@ -1146,32 +1146,46 @@ inline void decode_tile(const int tid, const int split, const int hk, const int 
         const __global ACC *ml = part_ml + 2 * row * nsplit;
         const __global ACC *po = part_o + row * nsplit * 4 * DQ4 + 4 * c4;
         // the parts are loaded MERGE_BATCH splits at a time, every load of a batch issued before any is read
-        // (a load under a branch on the one before it waits a round trip each: 4 a split)
+        // (a load under a branch on the one before it waits a round trip each: 4 a split); the first batch,
+        // part values too, once for both passes (one round trip where live <= MERGE_BATCH)
+        ACC mb[MERGE_BATCH], lb[MERGE_BATCH];
+        ACC4 ob[MERGE_BATCH];
+#pragma unroll
+        for (int u = 0; u < MERGE_BATCH; ++u) {
+            const int s = max(min(u, live - 1), 0);   // (live 0: no keys, nothing read)
+            mb[u] = PART_LOAD(ml, 2 * s);
+            lb[u] = PART_LOAD(ml, 2 * s + 1);
+            const __global ACC *ps = po + s * 4 * DQ4;
+            ob[u] = (ACC4)(PART_LOAD(ps, 0), PART_LOAD(ps, 1), PART_LOAD(ps, 2), PART_LOAD(ps, 3));
+        }
         ACC M = -INFINITY;
-        for (int s0 = 0; s0 < live; s0 += MERGE_BATCH) {
-            ACC mb[MERGE_BATCH], lb[MERGE_BATCH];
+#pragma unroll
+        for (int u = 0; u < MERGE_BATCH; ++u)
+            if (u < live && lb[u] > (ACC)0) M = fmax(M, mb[u]);
+        for (int s0 = MERGE_BATCH; s0 < live; s0 += MERGE_BATCH) {
+            ACC mr[MERGE_BATCH], lr[MERGE_BATCH];
 #pragma unroll
             for (int u = 0; u < MERGE_BATCH; ++u) {
                 const int s = min(s0 + u, live - 1);
-                mb[u] = PART_LOAD(ml, 2 * s);
-                lb[u] = PART_LOAD(ml, 2 * s + 1);
+                mr[u] = PART_LOAD(ml, 2 * s);
+                lr[u] = PART_LOAD(ml, 2 * s + 1);
             }
 #pragma unroll
             for (int u = 0; u < MERGE_BATCH; ++u)
-                if (s0 + u < live && lb[u] > (ACC)0) M = fmax(M, mb[u]);
+                if (s0 + u < live && lr[u] > (ACC)0) M = fmax(M, mr[u]);
         }
         ACC total = (ACC)0;
         ACC4 acc = (ACC4)0;
         for (int s0 = 0; s0 < live; s0 += MERGE_BATCH) {
-            ACC mb[MERGE_BATCH], lb[MERGE_BATCH];
-            ACC4 ob[MERGE_BATCH];
+            if (s0 > 0) {
 #pragma unroll
-            for (int u = 0; u < MERGE_BATCH; ++u) {
-                const int s = min(s0 + u, live - 1);
-                mb[u] = PART_LOAD(ml, 2 * s);
-                lb[u] = PART_LOAD(ml, 2 * s + 1);
-                const __global ACC *ps = po + s * 4 * DQ4;
-                ob[u] = (ACC4)(PART_LOAD(ps, 0), PART_LOAD(ps, 1), PART_LOAD(ps, 2), PART_LOAD(ps, 3));
+                for (int u = 0; u < MERGE_BATCH; ++u) {
+                    const int s = min(s0 + u, live - 1);
+                    mb[u] = PART_LOAD(ml, 2 * s);
+                    lb[u] = PART_LOAD(ml, 2 * s + 1);
+                    const __global ACC *ps = po + s * 4 * DQ4;
+                    ob[u] = (ACC4)(PART_LOAD(ps, 0), PART_LOAD(ps, 1), PART_LOAD(ps, 2), PART_LOAD(ps, 3));
+                }
             }
 #pragma unroll
             for (int u = 0; u < MERGE_BATCH; ++u) {
