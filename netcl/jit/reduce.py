@@ -618,35 +618,50 @@ def run(
                                              desc, out_pos, leaves))
     if plan is _NOTHING:
         return
-    kernel, P, part_dts, M, R, head, leaf_static, tail, gsize, lsize, acc, memo = plan
+    kernel, P, part_dts, M, R, head, leaf_static, tail, gsize, lsize, acc, memo, launch = plan
     parts = [Tensor.empty(queue, (M * P,), dt) for dt in part_dts] if P > 1 else []
-    args: list[Any] = []
-    if mode == "reduce":
-        args.append(out.buffer if P == 1 else parts[0].buffer)
-    else:
-        args.append(out.buffer)
-        args += head
-        if mode == "topk":
-            args.append(out_idx.buffer)
-    if P > 1:
-        args += [p.buffer for p in parts]
-    else:
-        args += [out.buffer] * len(part_dts)
-    for t, stat in zip(leaves, leaf_static):
-        args.append(t._storage.buffer)
-        args += stat
+    # the launch's dynamic arguments, in the kernel's order (see _launch_plan)
+    values: list[Any] = [out.buffer if mode != "reduce" or P == 1 else parts[0].buffer]
+    if mode == "topk":
+        values.append(out_idx.buffer)
+    values += [p.buffer for p in parts] if P > 1 else [out.buffer] * len(part_dts)
+    values += [t._storage.buffer for t in leaves]
     if params:
-        args += memo_params_args(params, memo)
-    args += tail
+        values += memo_params_args(params, memo)
+    if launch[0] is None:
+        launch[0] = _launch_plan(kernel, mode, values, len(part_dts), leaf_static, head, tail, gsize, lsize)
     if capture.declaring():  # the expression's work plus one combining operation per input element
         n = math.prod(in_shape)
         flops, nbytes = declared_work(
             desc, n, leaves, out.nbytes + (out_idx.nbytes if out_idx is not None else 0)
         )
         launch_labels.work(flops + n, nbytes)
-    kernel(queue, gsize, lsize, *args)
+    launch[0](queue, *values)
     if P > 1:
         _stage2(queue, reducer, acc, parts, out, M, P, mean, R)
+
+
+def _launch_plan(kernel: Any, mode: str, values: list[Any], n_parts: int, leaf_static: list[list[Any]],
+                 head: list[Any], tail: list[Any], gsize: tuple, lsize: tuple | None) -> Any:
+    """The Plan of a reduction launch: its layout arguments (head, each leaf's offset and strides, the
+    tail's sizes) fixed, `values` (the output or first partial buffer, topk's index output, the partials'
+    buffers, the leaves' buffers, the params) at their positions in the kernel's order: first the output,
+    then head, the index output, the partials, each leaf's buffer before its layout, the params, the tail."""
+    values = list(values)
+    args: list[Any] = [values.pop(0)] + head
+    dynamic = [0]
+    if mode == "topk":
+        dynamic.append(len(args))
+        args.append(values.pop(0))
+    for _ in range(n_parts):
+        dynamic.append(len(args))
+        args.append(values.pop(0))
+    for stat in leaf_static:
+        dynamic.append(len(args))
+        args += [values.pop(0)] + stat
+    dynamic += range(len(args), len(args) + len(values))   # the params
+    args += values + tail
+    return kernel.plan(gsize, lsize, args, dynamic)
 
 
 _NOTHING = ("nothing to compute",)
@@ -785,7 +800,7 @@ def _plan(
     tail = [it(M), it(R), it(P), it(chunk), it(R)] + [it(s) for s in k_shape] + [it(s) for s in r_shape]
     groups = -(-M * P // G)
     gsize, lsize = ((groups * L * G,), (L * G,)) if L > 1 else ((groups,), None)
-    return kernel, P, part_dts, M, R, head, leaf_static, tail, gsize, lsize, acc, [None]
+    return kernel, P, part_dts, M, R, head, leaf_static, tail, gsize, lsize, acc, [None], [None]
 
 
 def _stage2(queue: Any, reducer: str, acc: np.dtype, parts: list[Tensor], out: Tensor, M: int, P: int,

@@ -218,6 +218,37 @@ def test_prologue_fusion_one_launch(queue, rng):
     assert_close(sm, e / e.sum(1, keepdims=True), np.float32, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.parametrize("mode", ["reduce", "softmax", "topk"])
+def test_a_repeated_reduction_launches_its_plan_with_new_buffers_and_params(queue, rng, layout, mode):
+    """One Plan a reduction's layout (its offsets, strides and sizes set once): repeats with other inputs,
+    outputs and a prologue's scalar give NumPy's values, from the same plan."""
+    def run(x, c):
+        if mode == "reduce":
+            return (x * c).sum(axis=1)
+        if mode == "softmax":
+            return ops.softmax(x * c, axis=-1)
+        return ops.topk(x * c, 3, axis=1)[0]
+
+    def want(a, c):
+        y = a.astype(np.float64) * c
+        if mode == "reduce":
+            return y.sum(1)
+        if mode == "softmax":
+            e = np.exp(y - y.max(1, keepdims=True))
+            return e / e.sum(1, keepdims=True)
+        return -np.sort(-y, axis=1)[:, :3]
+
+    plans = []
+    for c in (0.5, -1.5, 2.0):
+        a = rng.standard_normal((19, 700)).astype(np.float32)
+        got = run(Tensor.from_host(queue, a), c)
+        assert_close(got, want(a, c), np.float32, rtol=1e-5, atol=1e-5)
+        plans.append([p[-1][0] for k, p in capture.plans.items()
+                      if type(k) is tuple and k[:1] == ("reduce",) and k[3] == mode and p[-1][0] is not None])
+    assert plans[0] and all(len(p) == len(plans[0]) for p in plans)   # no new plan after the first call
+    assert all(a is b for a, b in zip(plans[0], plans[-1]))
+
+
 def test_empty_and_errors(queue):
     z = Tensor.from_host(queue, np.zeros((0, 4), np.float32))
     np.testing.assert_array_equal(ops.sum(z, 0).to_host(), np.zeros(4))
