@@ -307,7 +307,7 @@ def main() -> int:
                     help="also trace the whole-layer decode launch of one step at the first batch: each "
                          "tile's start, release, end and arrival (ops.gemm.chain.TRACE), summed by phase")
     ap.add_argument("--gemv", default=None, metavar="KNOB=V,...",
-                    help="the decode GEMVs' knobs (GEMV_WG, GEMV_ROWS, GEMV_UNROLL, GEMV_PREFETCH) set in "
+                    help="the decode GEMVs' knobs (GEMV_WG, GEMV_ROWS, GEMV_UNROLL) set in "
                          "ops.gemm.variants.DEFAULTS['gemv']['any'], e.g. GEMV_UNROLL=8")
     ap.add_argument("--out", default=None, help="JSON path (default bench/results/decode[_gpu].json)")
     args = ap.parse_args()
@@ -317,11 +317,8 @@ def main() -> int:
         knobs = {}
         for item in args.gemv.split(","):
             name, _, value = item.partition("=")
-            least = 0 if name == "GEMV_PREFETCH" else 1
-            if name not in ("GEMV_WG", "GEMV_ROWS", "GEMV_UNROLL", "GEMV_PREFETCH") or not value.isdigit() \
-                    or int(value) < least:
-                ap.error(f"--gemv takes GEMV_WG, GEMV_ROWS or GEMV_UNROLL = a positive integer, or "
-                         f"GEMV_PREFETCH = an integer >= 0, got {item!r}")
+            if name not in ("GEMV_WG", "GEMV_ROWS", "GEMV_UNROLL") or not value.isdigit() or int(value) < 1:
+                ap.error(f"--gemv takes GEMV_WG, GEMV_ROWS or GEMV_UNROLL = a positive integer, got {item!r}")
             knobs[name] = int(value)
         variants.DEFAULTS["gemv"]["any"].update(knobs)
     if args.spin_ns is not None:

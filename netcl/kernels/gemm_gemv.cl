@@ -42,8 +42,6 @@
 //   GEMV_ROWS    column groups per work-group (default 8 on GPUs, 8 on CPUs)
 //   GEMV_COLS    columns per work-item (default 1)
 //   GEMV_UNROLL  chunks of 8 elements a weight row issued before use (default 4 on GPUs, 2 on CPUs)
-//   GEMV_PREFETCH (gemv_chain and gemv_layers) 128-byte lines of each weight row past its first loads that a
-//                tile asks L2 for before it waits for the phase before (0: none)
 //   GEMV_STAGE   (host only) 1: stage A in local memory when it fits (GEMV_STAGE_A), 0: read it from global
 //   GEMV_M       rows of A the kernel is built for (the host sets it to M)
 //   GEMV_RMS     (host) RMSNorm A's rows in the prologue (rms_w, rms_eps); needs GEMV_STAGE_A
@@ -66,9 +64,6 @@
 #endif
 #ifndef GEMV_UNROLL
 #define GEMV_UNROLL 4
-#endif
-#ifndef GEMV_PREFETCH
-#define GEMV_PREFETCH 0
 #endif
 
 #ifdef GLU
@@ -494,18 +489,6 @@ inline void chain_tile(const int tile, const int phase, const int flags, const i
         for (int j = 0; j < 2; ++j)
             if (j < parts && k + u * step < K) wr[j][u] = GEMV_WLOAD(w[j] + k + u * step);
 
-#if GEMV_PREFETCH > 0
-    // a tile that waits for the phase before asks L2 for the rest of its weight rows first (past the loads
-    // above, GEMV_PREFETCH lines of 128 bytes a row at most): they arrive while it waits, where the memory
-    // would otherwise idle behind a latency-bound phase (a hint: nothing waits for them, and the loads below
-    // read the same bytes either way)
-    if (wait_for > 0) {
-        const int row_bytes = K * (int)sizeof(STORE_T);
-        const int from = min(K, GEMV_UNROLL * step) * (int)sizeof(STORE_T);
-        for (int i = lid; i < GEMV_PREFETCH && from + i * 128 < row_bytes; i += GEMV_WG)
-            for (int j = 0; j < parts; ++j) nc_prefetch_l2((__global const uchar *)w[j] + from + i * 128);
-    }
-#endif
     // (every barrier of this function is reached by every work-item of every tile: PoCL's work-group
     // functions computed wrong rows with barriers under a condition, even a uniform one)
     if (lid == 0 && r == 0 && wait_for > 0)

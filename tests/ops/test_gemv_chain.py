@@ -124,10 +124,10 @@ def test_refusals_name_the_step(queue):
 
 
 # -- a decode step's attention as the chain's first tiles (gemm_gemv.cl's CHAIN_ATTN) ---------------------
-def gpu_shaped_chain(monkeypatch, keys_a_tile=None, tile=(32, 8), items=None, **knobs):
+def gpu_shaped_chain(monkeypatch, keys_a_tile=None, tile=(32, 8), items=None):
     """The GPU kernels on any device: the decode attention (split over the keys; `items` work-items, default
     256) and the GPUs' gemv tile (GEMV_WG, GEMV_ROWS = `tile`: 32 x 8 work-items, which the attention's 256
-    fill) with the norm in its prologue; `knobs`: more of the gemv tile's."""
+    fill) with the norm in its prologue."""
     from netcl.ops import attention as attn_mod
     from netcl.ops.gemm import variants
 
@@ -138,9 +138,9 @@ def gpu_shaped_chain(monkeypatch, keys_a_tile=None, tile=(32, 8), items=None, **
     if items is not None:
         monkeypatch.setattr(attn_mod, "DECODE_ITEMS", items)
     for name in ("float32", "float16", "bfloat16"):
-        tiled = dict(variants.CLASS_DEFAULTS["cpu"]["gemv"][name], GEMV_WG=tile[0], GEMV_ROWS=tile[1],
-                     GEMV_NORM=1, **knobs)
-        monkeypatch.setitem(variants.CLASS_DEFAULTS["cpu"]["gemv"], name, tiled)
+        knobs = dict(variants.CLASS_DEFAULTS["cpu"]["gemv"][name], GEMV_WG=tile[0], GEMV_ROWS=tile[1],
+                     GEMV_NORM=1)
+        monkeypatch.setitem(variants.CLASS_DEFAULTS["cpu"]["gemv"], name, knobs)
 
 
 def attention_layer(queue, dt, position, heads=(8, 2), head_dim=16, cap=40, hidden=48, seed=0):
@@ -389,28 +389,6 @@ def test_polled_waits_keep_the_bits(queue, monkeypatch, spin):
     got = run_decode_layers(queue, model, layered=True)
     for a, b in zip(got, want, strict=True):
         np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
-
-
-@pytest.mark.gpu_shaped
-@pytest.mark.parametrize("lines", [1, 1000])
-def test_prefetched_weight_rows_keep_the_bits(queue, monkeypatch, lines):
-    """GEMV_PREFETCH (a waiting chain tile asks L2 for the rest of its weight rows, `lines` 128-byte lines of
-    a row at most: some, or every one) leaves every output and cache bit of whole layers in one launch as each
-    phase's own launch gives them, and the MLP half's chain as it was."""
-    gpu_shaped_chain(monkeypatch, 16, tile=(8, 32), GEMV_UNROLL=1)   # 8 work-items x 8 elements a round of
-    model = random_decode_layers(queue, dtypes.bfloat16, 2, 17, hidden=200)   # loads: rows past 128 bytes
-    want = run_decode_layers(queue, model, layered=False)
-    rng = np.random.default_rng(3)
-    attn, x, wo, ln, wgu, wd = _layer(queue, rng, dtypes.bfloat16, 2)
-    steps = [ChainStep(attn, wo, residual=x), ChainStep(0, wgu, norm=(ln, 1e-5), glu=True),
-             ChainStep(1, wd, residual=0)]
-    first = [t.to_host() for t in gemv_chain(steps)]
-    gpu_shaped_chain(monkeypatch, 16, tile=(8, 32), GEMV_UNROLL=1, GEMV_PREFETCH=lines)
-    got = run_decode_layers(queue, model, layered=True)
-    for a, b in zip(got, want, strict=True):
-        np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
-    for a, b in zip(gemv_chain(steps), first, strict=True):
-        np.testing.assert_array_equal(a.to_host().view(np.uint8), b.view(np.uint8))
 
 
 def test_decode_layers_refusals(queue, monkeypatch):

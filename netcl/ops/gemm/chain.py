@@ -168,13 +168,6 @@ def _attention_fits(device: Any, dt: np.dtype, m: int, most_k: int, attention: A
     return _local_bytes(device, tile, dt, m, most_k, attention) <= device.capabilities.local_mem
 
 
-def _tile_knobs(tile: dict[str, int]) -> dict[str, int]:
-    """The chain kernels' defines of the gemv tile (GEMV_PREFETCH 0 where the tile has none: a tuning record
-    from before it)."""
-    return {**{knob: tile[knob] for knob in ("GEMV_WG", "GEMV_ROWS", "GEMV_UNROLL")},
-            "GEMV_PREFETCH": int(tile.get("GEMV_PREFETCH", 0))}
-
-
 def _spin_defines() -> dict[str, Any]:
     """The wait's build switches of SPIN_NS (checked)."""
     if SPIN_NS is None:
@@ -189,7 +182,7 @@ def _plan(device: Any, dt: np.dtype, m: int, args: dict[str, Any], defines: dict
     """(the Plan of a chain of this signature, the names of its dynamic arguments in the Plan's order)."""
     steps = defines["CHAIN_P"]
     tile = usable_params(device, "gemv", dt)
-    knobs = _tile_knobs(tile)
+    knobs = {knob: tile[knob] for knob in ("GEMV_WG", "GEMV_ROWS", "GEMV_UNROLL")}
     defines = {**defines, "GEMV_M": m, **knobs, **_spin_defines()}
     wg, rows = tile["GEMV_WG"], tile["GEMV_ROWS"]
     most_k = max(int(args[f"k{i}"]) for i in range(steps))
@@ -495,7 +488,7 @@ def _layers_plan(device: Any, dt: np.dtype, m: int, sizes: tuple[int, ...], eps:
     (`call`: this call's) set per call."""
     nq, ko, d, f = sizes
     tile = usable_params(device, "gemv", dt)
-    knobs = _tile_knobs(tile)
+    knobs = {knob: tile[knob] for knob in ("GEMV_WG", "GEMV_ROWS", "GEMV_UNROLL")}
     rows = tile["GEMV_ROWS"]
     most_k = max(d, ko, f)
     defines = {"DTYPE": dt, "GEMV_CHAIN": None, "GEMV_LAYERS": n, "GEMV_M": m, **knobs, **phase.program,

@@ -187,7 +187,6 @@ def launch(
             defines["GEMV_RMS"] = None
         defines.pop("GEMV_STAGE", None)  # the host's knob; the kernel sees GEMV_STAGE_A
         defines.pop("GEMV_NORM", None)  # the host's (gemv_rms_fits); the kernel sees GEMV_RMS
-        defines.pop("GEMV_PREFETCH", None)  # the chain tiles' (nothing waits in gemm_gemv)
         norm_w = rms[0] if rms is not None else out
         local = stage + _gemv_prologue_bytes(device, tile, p.m) if rms else stage or 16  # rms: sums after A
         more = {"scales": (scales if scales is not None else out).buffer, "a_stage": cl.LocalMemory(local),

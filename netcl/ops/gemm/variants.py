@@ -46,10 +46,8 @@ DEFAULTS: dict[str, dict[str, dict[str, int]]] = {
     # work-group, A staged in local memory (the reasoning: gemm_gemv.cl's header; H200: 71% of the copy rate
     # at M = 1 on TinyLlama's decode shapes; M > 1 takes the "rows" class's tile, SHAPE_TILES). GEMV_NORM
     # (host only): ops.rms_norm_linear puts the RMSNorm in the GEMV's prologue (1) or launches it first (0)
-    # GEMV_PREFETCH (the chain tiles': gemv_chain, gemv_layers): lines of each weight row a waiting tile asks
-    # L2 for
     "gemv": {"any": {"GEMV_WG": 32, "GEMV_ROWS": 8, "GEMV_COLS": 1, "GEMV_UNROLL": 4, "GEMV_STAGE": 1,
-                     "GEMV_NORM": 1, "GEMV_PREFETCH": 0}},
+                     "GEMV_NORM": 1}},
     "cpu": {
         # MB=128, NB=64: 128 divides the batch-sized M of training GEMMs (256: no ragged row block) and
         # a transposed B (linear's weight) is packed by half as many work-groups as with MB=64;
