@@ -723,8 +723,7 @@ void gemv_chain(const int M, __global int *counts, __local uint4 *a_stage, CHAIN
 //   p 1  o_j = the decode attention of qkv_j's heads with the caches kc_j, vc_j (attention_gpu.cl's decode_tile:
 //        q and the new k rotated, the new k and v rows written into the caches, the keys in nsplit splits
 //        merged by the last to finish; nsplit * attn_heads * attn_batch tiles)            (M x KO, KO = HQ * D_h)
-//   p 2  y_j = o_j @ wo_j^T + x_j                            (D columns, K = KO; with DECODE_MERGE_READS and
-//        nsplit > 1, o_j's rows merged from the splits' parts here, as they are staged, not by a split)
+//   p 2  y_j = o_j @ wo_j^T + x_j                            (D columns, K = KO)
 //   p 3  h_j = silu(n @ wgu_j[:F]^T) * (n @ wgu_j[F:]^T), n = rms_norm(y_j; nwm_j, eps_m)   (F columns, K = D)
 //   p 4  z_j = h_j @ wd_j^T + y_j, which is x_{j+1}          (D columns, K = F)
 // x_0 is the rows `x` (x_off); layer j's qkv, o, y, h, z lie in that order in `act` from act_off + j * LAYER_ACT
