@@ -886,14 +886,6 @@ inline ACC4 rope_load4(__global const T *x, const int d, __global const ACC *cos
 #define DECODE_ROPE_ARGS
 #endif
 
-#ifdef ROPE_CACHE
-#define DECODE_LEN_PASS position, position_off, position_stride
-#define DECODE_ROPE_PASS , cos_table, sin_table, err, err_code
-#else
-#define DECODE_LEN_PASS kv_len, kv_len_off, has_kv_len, kv_len_stride
-#define DECODE_ROPE_PASS
-#endif
-
 // The decode local memory of one work-group (a struct, so a chain kernel can hold it beside its own).
 typedef struct {
     ACC4 qs[DR * DRS4];
@@ -941,33 +933,6 @@ inline void decode_rows(__local ACC4 *dst, const __global T *cache, const long c
     }
 }
 
-// The keys batch row b holds (ROPE_CACHE: the position asked, at *asked, plus SQ; none where the position
-// is outside [0, SK - SQ]: *bad; else kv_len's) and, at *p0, where its new rows start.
-inline int decode_valid_keys(const int b, DECODE_LEN_ARGS, const int SQ, const int SK, int *p0, int *asked,
-                             int *bad)
-{
-#ifdef ROPE_CACHE
-    *asked = position[position_off + b * position_stride];
-    *bad = *asked < 0 || *asked > SK - SQ;
-    *p0 = *bad ? 0 : *asked;
-    return *bad ? 0 : *p0 + SQ;
-#else
-    const int L = valid_keys(kv_len, kv_len_off, has_kv_len, kv_len_stride, b, SK);
-    *p0 = L, *asked = L, *bad = 0;
-    return L;
-#endif
-}
-
-// The splits of `chunk` keys that hold keys the last query row of batch row b may attend: those whose parts
-// the merge reads (the others', l = 0, it would skip).
-inline int decode_live_splits(const int b, DECODE_LEN_ARGS, const int nsplit, const int chunk, const int SQ,
-                              const int SK, const int causal)
-{
-    int p0, asked, bad;
-    const int L = decode_valid_keys(b, DECODE_LEN_PASS, SQ, SK, &p0, &asked, &bad);
-    return min(nsplit, (key_end(causal, SQ - 1, L, SQ) + chunk - 1) / chunk);
-}
-
 // The part of a decode tile that reads nothing the phases of its chain write (gemm_gemv.cl's gemv_layers
 // runs it before it waits for the q/k/v product): the span of its keys (the position, which is checked, or
 // kv_len) and the cached rows of its first key tile (k into kvs, and v into vs with DECODE_VS).
@@ -976,13 +941,17 @@ inline decode_span decode_begin(const int tid, const int split, const int hk, co
                                 const int chunk, const int SQ, const int SK, const int causal DECODE_ROPE_ARGS)
 {
     decode_span sp;
-    int asked, bad;
-    sp.L = decode_valid_keys(b, DECODE_LEN_PASS, SQ, SK, &sp.p0, &asked, &bad);
 #ifdef ROPE_CACHE
-    if (bad && tid == 0 && split == 0 && hk == 0)   // reported; then no keys, no writes, output 0 (lse -inf)
+    const int asked = position[position_off + b * position_stride];
+    const int bad = asked < 0 || asked > SK - SQ;   // reported; then no keys, no writes, output 0 (lse -inf)
+    if (bad && tid == 0 && split == 0 && hk == 0)
         report_check(err, err_code, asked < 0 ? asked : asked + SQ - 1, b, SK);
+    sp.p0 = bad ? 0 : asked;
+    sp.L = bad ? 0 : sp.p0 + SQ;
     __global const ACC *cosines = cos_table, *sines = sin_table;
 #else
+    sp.L = valid_keys(kv_len, kv_len_off, has_kv_len, kv_len_stride, b, SK);
+    sp.p0 = sp.L;
     __global const ACC *cosines = 0, *sines = 0;
 #endif
     sp.jend = key_end(causal, SQ - 1, sp.L, SQ);
@@ -1002,6 +971,13 @@ inline decode_span decode_begin(const int tid, const int split, const int hk, co
 #define DECODE_TAIL_ARGS __global T *out, __global ACC *lse, __global ACC *part_o, __global ACC *part_ml, \
     const int nsplit, const int chunk, const int HQ, const int GROUP, const int SQ, const int SK, const int causal, \
     const ACC scale, DROP_ARGS DECODE_ROPE_ARGS
+#ifdef ROPE_CACHE
+#define DECODE_LEN_PASS position, position_off, position_stride
+#define DECODE_ROPE_PASS , cos_table, sin_table, err, err_code
+#else
+#define DECODE_LEN_PASS kv_len, kv_len_off, has_kv_len, kv_len_stride
+#define DECODE_ROPE_PASS
+#endif
 #define DECODE_PASS(tid, split, hk, b, hkv, arrivals, lm)                                                   \
     decode_tile(tid, split, hk, b, hkv, arrivals, lm,                                                      \
                 decode_begin(tid, split, hk, b, lm, k, k_off, k_sb, k_sh, k_ss, v, v_off, v_sb, v_sh, v_ss,      \
@@ -1009,69 +985,6 @@ inline decode_span decode_begin(const int tid, const int split, const int hk, co
                 q, q_off, q_sb, q_sh, q_ss, k, k_off, k_sb, k_sh, k_ss, v, v_off, v_sb, v_sh, v_ss, mask, mask_off, \
                 mask_sb, mask_sh, mask_si, mask_sj, out, lse, part_o, part_ml, nsplit, chunk, HQ, GROUP, SQ, SK,  \
                 causal, scale, drop_threshold, drop_scale, seed_lo, seed_hi, counter0 DECODE_ROPE_PASS)
-
-#ifndef USE_FP64
-// The merge of one (row, float4) pair of a decode's split parts: ml the row's part_ml (m, l a split), po the
-// pair's first value in the row's part_o (4 * DQ4 values a split), the first `live` splits (those that held
-// keys) in the order s = 0 .. live - 1: sum_s o_s exp(m_s - M) / sum_s l_s exp(m_s - M), M = max_s m_s, and at
-// *lse (where not 0) M + log(the sum). decode_tile's last split merges so, and with DECODE_MERGE_READS
-// gemm_gemv.cl's gemv_layers' o-projection tiles as they stage their rows (the same bits either way).
-inline ACC4 decode_merge4(const __global ACC *ml, const __global ACC *po, const int live, ACC *lse)
-{
-    // the parts are loaded MERGE_BATCH splits at a time, every load of a batch issued before any is read
-    // (a load under a branch on the one before it waits a round trip each: 4 a split); the first batch,
-    // part values too, once for both passes (one round trip where live <= MERGE_BATCH)
-    ACC mb[MERGE_BATCH], lb[MERGE_BATCH];
-    ACC4 ob[MERGE_BATCH];
-#pragma unroll
-    for (int u = 0; u < MERGE_BATCH; ++u) {
-        const int s = max(min(u, live - 1), 0);   // (live 0: no keys, nothing read)
-        mb[u] = PART_LOAD(ml, 2 * s);
-        lb[u] = PART_LOAD(ml, 2 * s + 1);
-        const __global ACC *ps = po + s * 4 * DQ4;
-        ob[u] = (ACC4)(PART_LOAD(ps, 0), PART_LOAD(ps, 1), PART_LOAD(ps, 2), PART_LOAD(ps, 3));
-    }
-    ACC M = -INFINITY;
-#pragma unroll
-    for (int u = 0; u < MERGE_BATCH; ++u)
-        if (u < live && lb[u] > (ACC)0) M = fmax(M, mb[u]);
-    for (int s0 = MERGE_BATCH; s0 < live; s0 += MERGE_BATCH) {
-        ACC mr[MERGE_BATCH], lr[MERGE_BATCH];
-#pragma unroll
-        for (int u = 0; u < MERGE_BATCH; ++u) {
-            const int s = min(s0 + u, live - 1);
-            mr[u] = PART_LOAD(ml, 2 * s);
-            lr[u] = PART_LOAD(ml, 2 * s + 1);
-        }
-#pragma unroll
-        for (int u = 0; u < MERGE_BATCH; ++u)
-            if (s0 + u < live && lr[u] > (ACC)0) M = fmax(M, mr[u]);
-    }
-    ACC total = (ACC)0;
-    ACC4 acc = (ACC4)0;
-    for (int s0 = 0; s0 < live; s0 += MERGE_BATCH) {
-        if (s0 > 0) {
-#pragma unroll
-            for (int u = 0; u < MERGE_BATCH; ++u) {
-                const int s = min(s0 + u, live - 1);
-                mb[u] = PART_LOAD(ml, 2 * s);
-                lb[u] = PART_LOAD(ml, 2 * s + 1);
-                const __global ACC *ps = po + s * 4 * DQ4;
-                ob[u] = (ACC4)(PART_LOAD(ps, 0), PART_LOAD(ps, 1), PART_LOAD(ps, 2), PART_LOAD(ps, 3));
-            }
-        }
-#pragma unroll
-        for (int u = 0; u < MERGE_BATCH; ++u) {
-            if (s0 + u >= live || !(lb[u] > (ACC)0)) continue;
-            const ACC w = exp(mb[u] - M);
-            total += lb[u] * w;
-            acc += w * ob[u];
-        }
-    }
-    if (lse) *lse = total > (ACC)0 ? M + log(total) : -INFINITY;
-    return acc * (total > (ACC)0 ? (ACC)1 / total : (ACC)0);
-}
-#endif
 
 // One work-group's share of the decode attention: the rows of kv head hk of batch row b against split
 // `split` of the keys (hkv kv heads; arrivals: the (b, hk) arrival counts of the splits' merge). tid: the
@@ -1224,20 +1137,66 @@ inline void decode_tile(const int tid, const int split, const int hk, const int 
     // the last split of this (kv head, batch) to get here merges the parts of its rows from the splits that
     // held keys (those past the last valid key, [live, nsplit), had none: l = 0, the merge skips them anyway;
     // a recorded decode step keeps the cache's capacity of splits while the valid keys grow)
-#ifdef DECODE_MERGE_READS
-    if (SQ == 1) return;   // gemv_layers' o-projection tiles merge the parts as they read them
-#endif
     if (!nc_group_last_arrival(arrivals + (long)b * hkv + hk, nsplit, &lm->last)) return;
     const int live = min(nsplit, (jend + chunk - 1) / chunk);
     for (int slot = tid; slot < DPAIRS; slot += DNT) {
         const int r = slot / DQ4, c4 = slot - r * DQ4;
         const int h = hk * GROUP + r / SQ, i = r % SQ;
         const long row = ((long)b * HQ + h) * SQ + i;
-        ACC row_lse;
-        store4(out + row * HEAD_DIM, 4 * c4, decode_merge4(part_ml + 2 * row * nsplit,
-                                                           part_o + row * nsplit * 4 * DQ4 + 4 * c4, live,
-                                                           &row_lse));
-        if (c4 == 0) lse[row] = row_lse;
+        const __global ACC *ml = part_ml + 2 * row * nsplit;
+        const __global ACC *po = part_o + row * nsplit * 4 * DQ4 + 4 * c4;
+        // the parts are loaded MERGE_BATCH splits at a time, every load of a batch issued before any is read
+        // (a load under a branch on the one before it waits a round trip each: 4 a split); the first batch,
+        // part values too, once for both passes (one round trip where live <= MERGE_BATCH)
+        ACC mb[MERGE_BATCH], lb[MERGE_BATCH];
+        ACC4 ob[MERGE_BATCH];
+#pragma unroll
+        for (int u = 0; u < MERGE_BATCH; ++u) {
+            const int s = max(min(u, live - 1), 0);   // (live 0: no keys, nothing read)
+            mb[u] = PART_LOAD(ml, 2 * s);
+            lb[u] = PART_LOAD(ml, 2 * s + 1);
+            const __global ACC *ps = po + s * 4 * DQ4;
+            ob[u] = (ACC4)(PART_LOAD(ps, 0), PART_LOAD(ps, 1), PART_LOAD(ps, 2), PART_LOAD(ps, 3));
+        }
+        ACC M = -INFINITY;
+#pragma unroll
+        for (int u = 0; u < MERGE_BATCH; ++u)
+            if (u < live && lb[u] > (ACC)0) M = fmax(M, mb[u]);
+        for (int s0 = MERGE_BATCH; s0 < live; s0 += MERGE_BATCH) {
+            ACC mr[MERGE_BATCH], lr[MERGE_BATCH];
+#pragma unroll
+            for (int u = 0; u < MERGE_BATCH; ++u) {
+                const int s = min(s0 + u, live - 1);
+                mr[u] = PART_LOAD(ml, 2 * s);
+                lr[u] = PART_LOAD(ml, 2 * s + 1);
+            }
+#pragma unroll
+            for (int u = 0; u < MERGE_BATCH; ++u)
+                if (s0 + u < live && lr[u] > (ACC)0) M = fmax(M, mr[u]);
+        }
+        ACC total = (ACC)0;
+        ACC4 acc = (ACC4)0;
+        for (int s0 = 0; s0 < live; s0 += MERGE_BATCH) {
+            if (s0 > 0) {
+#pragma unroll
+                for (int u = 0; u < MERGE_BATCH; ++u) {
+                    const int s = min(s0 + u, live - 1);
+                    mb[u] = PART_LOAD(ml, 2 * s);
+                    lb[u] = PART_LOAD(ml, 2 * s + 1);
+                    const __global ACC *ps = po + s * 4 * DQ4;
+                    ob[u] = (ACC4)(PART_LOAD(ps, 0), PART_LOAD(ps, 1), PART_LOAD(ps, 2), PART_LOAD(ps, 3));
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < MERGE_BATCH; ++u) {
+                if (s0 + u >= live || !(lb[u] > (ACC)0)) continue;
+                const ACC w = exp(mb[u] - M);
+                total += lb[u] * w;
+                acc += w * ob[u];
+            }
+        }
+        store4(out + row * HEAD_DIM, 4 * c4, acc * (total > (ACC)0 ? (ACC)1 / total : (ACC)0));
+        if (c4 == 0) lse[row] = total > (ACC)0 ? M + log(total) : -INFINITY;
     }
 #endif
 }

@@ -458,56 +458,6 @@ inline ulong chain_unit(void)
 #define CHAIN_STAMP(rec, i) (rec)[i] = chain_stamp(rec_clock)
 #endif
 
-// a decode attention's tiles in the launch (CHAIN_ATTN, GEMV_LAYERS): attention_gpu.cl's decode_tile (one
-// #include for both: the kernel sources are expanded with each file once)
-#if defined(CHAIN_ATTN) || defined(GEMV_LAYERS)
-#include "attention_gpu.cl"
-#endif
-
-// DECODE_MERGE_READS (gemv_layers; netcl.ops.gemm.chain.MERGE_READS): where the attention's keys are split
-// (and SQ is 1), its tiles store their parts and no split merges them; the o-projection's tiles merge them
-// as they stage their rows (CHAIN_MERGE), each element as decode_tile's merge would have stored it
-// (decode_merge4, rounded to T as store4 rounds), so the bits stay. The attention's lse is then not written.
-#define CHAIN_MERGE 8
-#ifdef DECODE_MERGE_READS
-#if HEAD_DIM % GEMV_CHUNK != 0
-#error "gemm_gemv.cl: DECODE_MERGE_READS needs HEAD_DIM a multiple of a staged chunk's elements"
-#endif
-#define CHAIN_MERGE_ARGS , __global const ACC *part_o, __global const ACC *part_ml, const int nsplit, \
-    const int *live
-#define CHAIN_MERGE_PASS(po, pml, n, lv) , po, pml, n, lv
-// The staged chunk of the attention's output (M x HQ * HEAD_DIM) at flat element f (GEMV_CHUNK elements of
-// one head's row) from the splits' parts: `live` of nsplit hold keys
-inline uint4 decode_merged_chunk(__global const ACC *part_o, __global const ACC *part_ml, const int nsplit,
-                                 const int live, const long f)
-{
-    const long row = f / HEAD_DIM;
-    const int d = (int)(f - row * HEAD_DIM);
-    const __global ACC *ml = part_ml + 2 * row * nsplit;
-    const __global ACC *po = part_o + row * nsplit * 4 * DQ4 + d;
-#if GEMV_CHUNK == 8
-    const ACC4 lo = decode_merge4(ml, po, live, 0), hi = decode_merge4(ml, po + 4, live, 0);
-#if defined(IS_BF16)
-    return (uint4)((uint)nc_float_to_bf16(lo.x) | ((uint)nc_float_to_bf16(lo.y) << 16),
-                   (uint)nc_float_to_bf16(lo.z) | ((uint)nc_float_to_bf16(lo.w) << 16),
-                   (uint)nc_float_to_bf16(hi.x) | ((uint)nc_float_to_bf16(hi.y) << 16),
-                   (uint)nc_float_to_bf16(hi.z) | ((uint)nc_float_to_bf16(hi.w) << 16));
-#else
-    ushort4 a, c;   // store4's rounding: vstore_half4
-    vstore_half4(lo, 0, (__private half *)&a);
-    vstore_half4(hi, 0, (__private half *)&c);
-    return (uint4)((uint)a.x | ((uint)a.y << 16), (uint)a.z | ((uint)a.w << 16), (uint)c.x | ((uint)c.y << 16),
-                   (uint)c.z | ((uint)c.w << 16));
-#endif
-#else
-    return as_uint4(decode_merge4(ml, po, live, 0));
-#endif
-}
-#else
-#define CHAIN_MERGE_ARGS
-#define CHAIN_MERGE_PASS(po, pml, n, lv)
-#endif
-
 // the rows' sums of squares (gemv_rms_prologue's rms_part), then the columns' partial sums
 // [GEMV_ROWS][2 GEMV_M][GEMV_WG] (without shuffles): one scratch array, used one after the other
 #define CHAIN_SCRATCH (GEMV_ROWS * 2 * GEMV_M * GEMV_WG)
@@ -516,7 +466,7 @@ inline void chain_tile(const int tile, const int phase, const int flags, const i
                        const int N, const int K, CHAIN_SRC STORE_T *A, __global const STORE_T *W,
                        __global STORE_T *C, __global const STORE_T *R, __global const STORE_T *NW,
                        const float eps, __global int *counts, __local uint4 *a_stage, __local float *scratch,
-                       __global ulong *rec, __global ulong *rec_clock CHAIN_MERGE_ARGS)
+                       __global ulong *rec, __global ulong *rec_clock)
 {
     const int lid = get_local_id(0);
     const int r = get_local_id(1);
@@ -557,14 +507,7 @@ inline void chain_tile(const int tile, const int phase, const int flags, const i
         ss[m] = 0.0f;
         if (m < M)
             for (int v = item; v < per_row; v += GEMV_WG * GEMV_ROWS) {
-#ifdef DECODE_MERGE_READS
-                const uint4 u = (flags & CHAIN_MERGE)
-                                    ? decode_merged_chunk(part_o, part_ml, nsplit, live[m],
-                                                          (long)m * K + (long)v * GEMV_CHUNK)
-                                    : ((CHAIN_SRC uint4 *)(A + (long)m * K))[v];
-#else
                 const uint4 u = ((CHAIN_SRC uint4 *)(A + (long)m * K))[v];
-#endif
                 a_stage[m * per_row + v] = u;
                 if (flags & CHAIN_RMS) ss[m] += gemv_sumsq(gemv_unpack(u));
             }
@@ -623,6 +566,11 @@ inline void chain_tile(const int tile, const int phase, const int flags, const i
     barrier(CLK_GLOBAL_MEM_FENCE);    // ... which fences at device scope before the tile counts itself done
 }
 
+// a decode attention's tiles in the launch (CHAIN_ATTN, GEMV_LAYERS): attention_gpu.cl's decode_tile (one
+// #include for both: the kernel sources are expanded with each file once)
+#if defined(CHAIN_ATTN) || defined(GEMV_LAYERS)
+#include "attention_gpu.cl"
+#endif
 
 #ifndef GEMV_LAYERS
 #define CHAIN_PHASE_ARGS(i)                                                                              \
@@ -704,8 +652,7 @@ void gemv_chain(const int M, __global int *counts, __local uint4 *a_stage, CHAIN
         CHAIN_SELECT(3, CHAIN_TILES(2));
     }
     phase += CHAIN_A;
-    chain_tile(t, phase, flags, wait_for, M, N, K, A, W, C, R, NW, eps, counts, a_stage, scratch, 0, 0
-               CHAIN_MERGE_PASS(0, 0, 1, 0));
+    chain_tile(t, phase, flags, wait_for, M, N, K, A, W, C, R, NW, eps, counts, a_stage, scratch, 0, 0);
     if (first) {
         const int done = nc_arrive(counts + 1 + phase);   // (every item's stores: chain_tile's barrier)
         if (phase == CHAIN_A + CHAIN_P - 1 && done == tiles - 1) {  // the launch's last tile: the counts for
@@ -917,25 +864,12 @@ void gemv_layers(const int M, __global int *counts, __global ulong *trace, __loc
         flags = CHAIN_RMS, A = xin, W = wq, C = qkv, NW = nwa, N = NQ, K = D, eps = eps_a;
     } else if (p == 2) {
         flags = CHAIN_RES, A = o, W = wo, C = y, R = xin, N = D, K = KO;
-#ifdef DECODE_MERGE_READS
-        if (nsplit > 1 && SQ == 1) flags |= CHAIN_MERGE;   // (decode_tile then leaves the parts unmerged)
-#endif
     } else if (p == 3) {
         flags = CHAIN_RMS | CHAIN_GLU, A = y, W = wgu, C = h, NW = nwm, N = F, K = D, eps = eps_m;
     } else {
         flags = CHAIN_RES, A = h, W = wd, C = z, R = y, N = D, K = F;
     }
-#ifdef DECODE_MERGE_READS
-    // the splits that hold keys, a row (its batch row's position: read before the wait)
-    int live[GEMV_M];
-    for (int m = 0; m < GEMV_M; ++m)
-        live[m] = (flags & CHAIN_MERGE) && m < M
-                      ? decode_live_splits(m, DECODE_LEN_PASS, nsplit, chunk, SQ, SK, causal) : 0;
-    const long attn_rows = (long)attn_batch * HQ * SQ;
-#endif
-    chain_tile(t, g, flags, wait_for, M, N, K, A, W, C, R, NW, eps, counts, a_stage, scratch, rec, rec_clock
-               CHAIN_MERGE_PASS(part_o + j * attn_rows * nsplit * 4 * DQ4, part_ml + j * attn_rows * nsplit * 2,
-                                nsplit, live));
+    chain_tile(t, g, flags, wait_for, M, N, K, A, W, C, R, NW, eps, counts, a_stage, scratch, rec, rec_clock);
     if (first) {
 #ifdef CHAIN_TRACE
         CHAIN_STAMP(rec, 2);

@@ -303,10 +303,6 @@ MAX_LAYERS = 32     # gemv_layers' layers a launch at most (its LAYERS_ARGS casc
 # buffer of their own; read_trace() gives the last traced launch's records (bench/decode.py --trace). A
 # diagnostic: the stamps cost a few stores a tile.
 TRACE = False
-# MERGE_READS: where a decode step's attention splits its keys, the o-projection's tiles merge the splits'
-# parts as they stage their rows (gemm_gemv.cl's DECODE_MERGE_READS), instead of the last split to finish
-# merging them first: a phase's tail fewer on the step's critical path; the same bits either way.
-MERGE_READS = True
 _last_trace: dict[str, Any] = {}
 _LAYER_ARGS = 16    # a layer's own arguments (LAYER_ARGS: 8 buffers and their offsets)
 _LAYERS_FIXED_ARGS = 54  # gemv_layers' other arguments (tests/ops/test_gemv_chain.py checks both counts)
@@ -426,7 +422,7 @@ def _launch_layers(x: Tensor, act: Tensor, act_off: int, layers: list[DecodeLaye
             dynamic[f"{name}{j}"], dynamic[f"{name}{j}_off"] = t.buffer, np.int64(t.offset)
     call = {**phase.args, **dynamic}   # the attention's arguments not gemv_layers' are not read
     key = ("gemv_layers", id(q.device), dt, m, sizes, eps, n, tuple(sorted(phase.program.items())),
-           phase.grid, SPIN_NS, MERGE_READS, trace is not None)
+           phase.grid, SPIN_NS, trace is not None)
     hit = capture.plans.get(key)
     if hit is None:
         hit = capture.plans.put(key, _layers_plan(q.device, dt, m, sizes, eps, n, phase, call, key[-1]))
@@ -499,8 +495,6 @@ def _layers_plan(device: Any, dt: np.dtype, m: int, sizes: tuple[int, ...], eps:
                "CHAIN_COUNTS": 1 + 5 * n, **_spin_defines()}
     if trace:
         defines["CHAIN_TRACE"] = None
-    if MERGE_READS and int(phase.program["HEAD_DIM"]) % (16 // np.dtype(dt).itemsize) == 0:
-        defines["DECODE_MERGE_READS"] = None   # (a staged chunk's elements lie in one head's row)
     static: dict[str, Any] = {
         "M": np.int32(m), "a_stage": cl.LocalMemory(_stage_bytes(device, tile, dt, m, most_k, phase)),
         "NQ": np.int32(nq), "KO": np.int32(ko), "D": np.int32(d), "F": np.int32(f),
