@@ -1030,6 +1030,13 @@ inline void decode_tile(const int tid, const int split, const int hk, const int 
     __global const ACC *cosines = 0, *sines = 0;
     __global T *kw = 0, *vw = 0;
 #endif
+    // the first key tile's new rows (its cached ones are decode_begin's) are read with q, before the first
+    // barrier: the items that take them are mostly not those staging q, so both loads fly at once (one round
+    // trip after a chain's wait, not two)
+    decode_rows(kvs, kb, k_ss, jstart, jstop, p0, 0, 1, ky, q_ss, 0, cosines, sines, kw, tid);
+#ifdef DECODE_VS
+    decode_rows(vt, vb, v_ss, jstart, jstop, p0, 0, 1, vy, q_ss, 1, cosines, sines, vw, tid);
+#endif
     for (int r = tid; r < DR; r += DNT) {
         m_s[r] = -INFINITY;
         l_s[r] = (ACC)0;
@@ -1040,11 +1047,12 @@ inline void decode_tile(const int tid, const int split, const int hk, const int 
 
     for (int j0 = jstart; j0 < jstop; j0 += DK) {
         barrier(CLK_LOCAL_MEM_FENCE);  // the previous tile's p v is done with kvs, vs, ss and alpha_s
-        // the first tile's cached rows are decode_begin's
-        decode_rows(kvs, kb, k_ss, j0, jstop, p0, j0 != jstart, 1, ky, q_ss, 0, cosines, sines, kw, tid);
+        if (j0 != jstart) {   // (the first tile's rows are in place)
+            decode_rows(kvs, kb, k_ss, j0, jstop, p0, 1, 1, ky, q_ss, 0, cosines, sines, kw, tid);
 #ifdef DECODE_VS
-        decode_rows(vt, vb, v_ss, j0, jstop, p0, j0 != jstart, 1, vy, q_ss, 1, cosines, sines, vw, tid);
+            decode_rows(vt, vb, v_ss, j0, jstop, p0, 1, 1, vy, q_ss, 1, cosines, sines, vw, tid);
 #endif
+        }
         barrier(CLK_LOCAL_MEM_FENCE);
         for (int slot = tid; slot < DR * DK; slot += DNT) {
             const int r = slot / DK, jj = slot - r * DK, j = j0 + jj;
