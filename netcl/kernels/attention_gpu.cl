@@ -1025,17 +1025,17 @@ inline void decode_tile(const int tid, const int split, const int hk, const int 
     const __global T *vy = ky + hkv * q_sh;
     __global const ACC *cosines = cos_table, *sines = sin_table;
     __global T *kw = k + k_off + b * k_sb + hk * k_sh, *vw = v + v_off + b * v_sb + hk * v_sh;
-#else
-    const __global T *ky = kb, *vy = vb;   // (no new rows: p0 = L)
-    __global const ACC *cosines = 0, *sines = 0;
-    __global T *kw = 0, *vw = 0;
-#endif
     // the first key tile's new rows (its cached ones are decode_begin's) are read with q, before the first
     // barrier: the items that take them are mostly not those staging q, so both loads fly at once (one round
     // trip after a chain's wait, not two)
     decode_rows(kvs, kb, k_ss, jstart, jstop, p0, 0, 1, ky, q_ss, 0, cosines, sines, kw, tid);
 #ifdef DECODE_VS
     decode_rows(vt, vb, v_ss, jstart, jstop, p0, 0, 1, vy, q_ss, 1, cosines, sines, vw, tid);
+#endif
+#else
+    const __global T *ky = kb, *vy = vb;   // (no new rows: p0 = L, the first tile's rows are in place)
+    __global const ACC *cosines = 0, *sines = 0;
+    __global T *kw = 0, *vw = 0;
 #endif
     for (int r = tid; r < DR; r += DNT) {
         m_s[r] = -INFINITY;
