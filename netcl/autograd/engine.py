@@ -38,6 +38,9 @@ class _State(threading.local):
         self.tapes: list[Tape] = []
         self.grad_enabled = True
         self.callbacks: list[Callable[[], None]] | None = None  # queued during a backward pass
+        # the running rule's parents' gradients summed so far, and which of them it took (partial_gradient)
+        self.partials: list[Tensor | None] | None = None
+        self.taken: list[int] | None = None
 
 
 _state = _State()
@@ -190,15 +193,17 @@ class GradFn:
     shape and op; the node itself only weakly and only once it called retain_grad(). After the rule ran
     without retain_graph its saved tensors and parents are dropped and it is marked freed."""
 
-    __slots__ = ("backward", "parents", "shape", "op", "freed", "retained")
+    __slots__ = ("backward", "parents", "shape", "op", "freed", "retained", "sums")
 
-    def __init__(self, parents: tuple, backward: BackwardFn, shape: tuple[int, ...], op: str) -> None:
+    def __init__(self, parents: tuple, backward: BackwardFn, shape: tuple[int, ...], op: str,
+                 sums: bool = False) -> None:
         self.backward: BackwardFn | None = backward
         self.parents = parents
         self.shape = shape
         self.op = op
         self.freed = False
         self.retained: weakref.ref[Node] | None = None
+        self.sums = sums  # the rule may add a parent's gradient so far into its own (partial_gradient)
 
     def __repr__(self) -> str:
         return f"GradFn(op={self.op}{', freed' if self.freed else ''})"
@@ -292,9 +297,10 @@ def is_recording() -> bool:
     return _state.grad_enabled and bool(_state.tapes)
 
 
-def record(value: Tensor, parents: Sequence[Node], backward: BackwardFn, op: str) -> Node:
+def record(value: Tensor, parents: Sequence[Node], backward: BackwardFn, op: str, sums: bool = False) -> Node:
     """The node for `value` made from `parents`; `backward(grad)` returns one gradient per parent
-    (None where none flows). Outside a tape, or when no parent requires grad, a plain node."""
+    (None where none flows). Outside a tape, or when no parent requires grad, a plain node. `sums`: the rule
+    may take a parent's gradient summed so far into its own (partial_gradient)."""
     state = _state
     if not (state.grad_enabled and state.tapes):
         return Node(value)
@@ -308,7 +314,7 @@ def record(value: Tensor, parents: Sequence[Node], backward: BackwardFn, op: str
     vertices = []
     for p in parents:
         vertices.append((p.grad_fn or p) if p.requires_grad else None)
-    node.grad_fn = GradFn(tuple(vertices), backward, value.shape, op)
+    node.grad_fn = GradFn(tuple(vertices), backward, value.shape, op, sums)
     node._op = op
     state.tapes[-1]._count += 1
     return node
@@ -484,8 +490,30 @@ def _run_rules(order: list[Node | GradFn], grads: dict[int, Tensor], claimed: se
             node = vertex.retained()
             if node is not None:
                 node.grad = g if node.grad is None else _accumulate(node.grad, g)
-        parent_grads = vertex.backward(g)
         parents = vertex.parents
+        taken = None
+        if vertex.sums:  # hand the rule what its parents' gradients sum to so far (partial_gradient)
+            partials = None
+            for k, parent in enumerate(parents):
+                prev = grads.get(id(parent)) if parent is not None else None
+                # (a pending sum fuses into its consumer; a parent given twice is offered at its first place)
+                if prev is not None and prev._pending is None and not any(p is parent for p in parents[:k]):
+                    if partials is None:
+                        partials = [None] * len(parents)
+                    partials[k] = prev
+            if partials is not None:
+                state = _state
+                outer = state.partials, state.taken  # (a rule may run a backward pass of its own)
+                state.partials, state.taken = partials, []
+                try:
+                    parent_grads = vertex.backward(g)
+                finally:
+                    taken = state.taken
+                    state.partials, state.taken = outer
+            else:
+                parent_grads = vertex.backward(g)
+        else:
+            parent_grads = vertex.backward(g)
         if not retain_graph:
             vertex.backward = None  # frees the tensors the rule saved
             vertex.parents = ()
@@ -495,7 +523,7 @@ def _run_rules(order: list[Node | GradFn], grads: dict[int, Tensor], claimed: se
                 f"backward rule of {vertex.op} returned {len(parent_grads)} gradients "
                 f"for {len(parents)} inputs"
             )
-        for parent, pg in zip(parents, parent_grads):
+        for k, (parent, pg) in enumerate(zip(parents, parent_grads)):
             if pg is None or parent is None:
                 continue
             if type(parent) is GradFn:
@@ -511,7 +539,26 @@ def _run_rules(order: list[Node | GradFn], grads: dict[int, Tensor], claimed: se
                 )
             key = id(parent)
             prev = grads.get(key)
-            grads[key] = pg if prev is None else _accumulate(prev, pg)
+            grads[key] = pg if prev is None or (taken and k in taken) else _accumulate(prev, pg)
+
+
+def partial_gradient(index: int, shape: tuple[int, ...], dtype: Any, queue: Any) -> Tensor | None:
+    """Inside a backward rule recorded with `sums=True`: the gradient of the rule's parent `index` summed so
+    far from the rules that ran before it, for the rule to add into its own gradient of that parent where
+    it costs nothing (a GEMM's residual epilogue: no add launch, one tensor less read and written). None
+    where there is none yet, where it is still pending (an elementwise sum fuses into its consumer instead),
+    or where it differs from the rule's gradient in shape, dtype or queue. A rule that gets a Tensor must
+    return that gradient with it included: the pass stores the rule's gradient as the sum."""
+    state = _state
+    partials = state.partials
+    if partials is None or index >= len(partials):
+        return None
+    prev = partials[index]
+    if prev is None or prev.shape != shape or prev.dtype != dtype or prev.queue is not queue:
+        return None
+    partials[index] = None
+    state.taken.append(index)
+    return prev
 
 
 def _store_leaf_grad(node: Node, g: Tensor, claimed: set[int]) -> None:

@@ -14,7 +14,7 @@ from netcl import kernels, ops
 from netcl.autograd import autocast
 from netcl.autograd import elementwise as ew
 from netcl.autograd.declared import OPS, implements
-from netcl.autograd.engine import Node, as_node, record
+from netcl.autograd.engine import Node, as_node, partial_gradient, record
 from netcl.core.tensor import Tensor
 from netcl.ops import gemm as mm
 
@@ -79,13 +79,18 @@ def linear(x: Node, weight: Node, bias: Node | None = None, activation: str | No
             if masked:
                 setattr(gx, _MASKED_FOR, x_relu_out)
         elif x.requires_grad:
-            gx = mm.matmul(g2, wv)
+            # x's gradient so far (another layer read x: attention's q, k and v, SwiGLU's gate and up) added
+            # in the GEMM's epilogue instead of by a launch of its own
+            prev = partial_gradient(0, xv.shape, g2.dtype, g2.queue)
+            if prev is not None and not x_2d:
+                prev = prev.reshape(-1, in_features)
+            gx = mm.matmul(g2, wv) if prev is None else mm.gemm(g2, wv, residual=prev)
             gx = gx if x_2d else gx.reshape(xv.shape)
         gw, gb = mm.linear_param_grads(g2, x2, weight.requires_grad, bias is not None and bias.requires_grad,
                                        wide_w, wide_b)
         return (gx, gw) if bias is None else (gx, gw, gb)
 
-    return record(out, parents, backward, _RELU_OP if activation == "relu" else "linear")
+    return record(out, parents, backward, _RELU_OP if activation == "relu" else "linear", sums=True)
 
 
 def linear_relu(x: Node, weight: Node, bias: Node | None = None) -> Node:

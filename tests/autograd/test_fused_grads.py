@@ -109,3 +109,74 @@ def test_relu_mask_applied_when_gradient_is_summed(queue, rng):
     z = x_np.astype(np.float64) @ w_np.T.astype(np.float64)
     gz = np.where(z > 0, 2 * g_np @ v_np.astype(np.float64), 0.0)
     assert_close(w.grad, gz.T @ x_np.astype(np.float64), np.float32, atol=1e-4)
+
+
+def _three_readers(queue, npv, dtype=np.float32):
+    """x (batch, positions, features) read by three linear layers (attention's q, k and v), each output
+    weighted by a constant and summed: the backward of that sum, with x's gradient and the weights'."""
+    nodes = {k: ag.tensor(Tensor.from_host(queue, npv[k].astype(dtype)), requires_grad=True)
+             for k in ("x", "wq", "wk", "wv")}
+    with ag.Tape() as tape:
+        terms = [ag.sum(ag.linear(nodes["x"], nodes[w]) * Tensor.from_host(queue, npv[c].astype(dtype)))
+                 for w, c in (("wq", "cq"), ("wk", "ck"), ("wv", "cv"))]
+        loss = terms[0] + terms[1] + terms[2]
+    with count_launches() as c:
+        tape.backward(loss)
+        queue.finish()
+    return nodes, c.count
+
+
+def test_input_gradient_summed_in_the_gemm_epilogue(queue, rng, monkeypatch):
+    """A tensor read by several linear layers: each layer's input-gradient GEMM adds the gradient summed so
+    far in its epilogue (engine.partial_gradient), the same bits as the separate adds in float32, one
+    launch fewer here, and float64 NumPy's gradients."""
+    from netcl.autograd import nnops
+
+    shapes = {"x": (3, 11, 24), "wq": (16, 24), "wk": (8, 24), "wv": (8, 24),
+              "cq": (3, 11, 16), "ck": (3, 11, 8), "cv": (3, 11, 8)}
+    npv = {k: rng.standard_normal(s).astype(np.float32) for k, s in shapes.items()}
+    fused, launches = _three_readers(queue, npv)
+    x64 = npv["x"].astype(np.float64)
+    want_x = sum(npv[c].astype(np.float64) @ npv[w].astype(np.float64)
+                 for w, c in (("wq", "cq"), ("wk", "ck"), ("wv", "cv")))
+    assert_close(fused["x"].grad, want_x, np.float32, atol=1e-4)
+    for w, c in (("wq", "cq"), ("wk", "ck"), ("wv", "cv")):
+        want = np.einsum("bsn,bsk->nk", npv[c].astype(np.float64), x64)
+        assert_close(fused[w].grad, want, np.float32, atol=1e-4, err_msg=w)
+    monkeypatch.setattr(nnops, "partial_gradient", lambda *args: None)  # the separate adds, as before
+    separate, launches_before = _three_readers(queue, npv)
+    for k in ("x", "wq", "wk", "wv"):
+        np.testing.assert_array_equal(fused[k].grad.to_host(), separate[k].grad.to_host(), err_msg=k)
+    assert launches == launches_before - 1  # (the separate adds fused into one launch of x + y + z)
+
+
+def test_partial_gradient_only_inside_a_summing_rule(queue):
+    """partial_gradient is None outside a rule, inside a rule recorded without sums=True, and for a partial
+    of another dtype; a summing rule that runs after another reader of its input gets that gradient once, and
+    the pass stores the rule's gradient (which includes it) as the sum."""
+    from netcl import ops
+    from netcl.autograd import engine
+
+    assert engine.partial_gradient(0, (4,), np.dtype(np.float32), queue) is None
+    taken = []
+    for first_summing in (True, False):
+        x = ag.tensor(Tensor.from_host(queue, np.arange(4, dtype=np.float32)), requires_grad=True)
+        seen = []
+
+        def op(node, summing, seen=seen):
+            def backward(g):
+                wrong = engine.partial_gradient(0, (4,), np.dtype(np.float64), queue)
+                prev = engine.partial_gradient(0, (4,), np.dtype(np.float32), queue)
+                seen.append((summing, wrong, prev))
+                return [g.realize() if prev is None else ops.add(g, prev)]  # (a pending one is not offered)
+            return engine.record(node.value, [node], backward, "probe", sums=summing)
+
+        with ag.Tape() as tape:
+            a, b = op(x, first_summing), op(x, not first_summing)
+            loss = ag.sum(a * 2.0) + ag.sum(b * 3.0)
+        tape.backward(loss)
+        np.testing.assert_array_equal(x.grad.to_host(), np.full(4, 5.0, np.float32))
+        assert len(seen) == 2 and all(wrong is None for _, wrong, _ in seen)
+        assert all(prev is None for summing, _, prev in seen if not summing)
+        taken += [prev for summing, _, prev in seen if summing and prev is not None]
+    assert len(taken) == 1  # once, where the summing rule ran second
