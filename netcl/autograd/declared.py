@@ -68,9 +68,7 @@ def _on_nodes(p: inspect.Parameter, decl: OpDecl) -> inspect.Parameter:
     return p
 
 
-def _optional(p: inspect.Parameter) -> bool:
-    """An input that may be None: its default is None, or its annotation says so (batch_norm's weight)."""
-    return p.default is None or "None" in str(p.annotation)
+_optional = declaration._maybe_none  # an input that may be None (batch_norm's weight)
 
 
 def _source(decl: OpDecl) -> tuple[str, dict[str, Any]]:
@@ -172,10 +170,17 @@ def _source(decl: OpDecl) -> tuple[str, dict[str, Any]]:
     available = {n: value[n] for n in params}
     available.update({s: s for s in decl.saves}, out="out", needs="needs", wide="wide")
     available.update({f"{n}_{form}": f"{n}_{form}" for form in ("shape", "layout") for n in decl.inputs})
+    sums = decl.sums()
+    available.update({f"{n}_into": f"{n}_into" for n in sums})
     if decl.inputs:
         available["input_shape"] = f"{decl.inputs[0]}_shape"
     bargs = [f"{n}={available[n]}" for n in decl.backward_arguments()]
     used = {a.split("=", 1)[1] for a in bargs}
+    form = {}  # per input of `sums`: what the backward reads its shape, dtype and queue from
+    for n in sums:  # (the input's Tensor where the backward keeps it anyway, else its layout)
+        form[n] = f"{n}_v" if f"{n}_v" in used else f"{n}_layout"
+        if form[n] == f"{n}_layout" and f"{n}_layout" not in used:
+            lines.append(f"    {n}_layout = _layout({n}_v)")
     for n in decl.inputs:
         if f"{n}_shape" in used:
             lines.append(f"    {n}_shape = None if {n}_v is None else {n}_v.shape" if n in optional
@@ -191,14 +196,18 @@ def _source(decl: OpDecl) -> tuple[str, dict[str, Any]]:
         call = (f"_replayed({decl.name + '.backward'!r}, _backward, {{{', '.join(named)}}}, "
                 f"_switch_values({decl.replay!r}))")
     lines += ["    def backward(g):"]
+    for n in sums:  # (a required input: its place among the parents is its place among the inputs)
+        lines.append(f"        {n}_into = _partial({decl.inputs.index(n)}, {form[n]}.shape, {form[n]}.dtype, "
+                     f"{form[n]}.queue)")
     if optional:
         lines += [f"        grads = {call}", "        return grads if keep is None else _pick(grads, keep)"]
     elif len(decl.inputs) == 1:
         lines += [f"        return ({call},)"]
     else:
         lines += [f"        return {call}"]
-    lines.append(f"    return _record(out, parents, backward, {decl.name!r})")
-    env.update(_forward=forward, _backward=decl.backward, _autocast=autocast._state,
+    lines.append(f"    return _record(out, parents, backward, {decl.name!r}{', True' if sums else ''})")
+    env.update(_partial=engine.partial_gradient, _forward=forward, _backward=decl.backward,
+               _autocast=autocast._state,
                _cast_inputs=autocast.cast_inputs, _widened=autocast.widened, _isinstance=isinstance,
                _Node=Node, _as_node=as_node, _record=record, _layout=Layout.of, _engine=engine._state,
                _pick=_pick, _replayed=template.replayed, _switch_values=template.switch_values,

@@ -45,6 +45,11 @@ class _State(threading.local):
 
 _state = _State()
 
+# rules recorded with sums=True add their parents' gradients so far into their own where they can (a GEMM's
+# epilogue, a norm's backward launch: partial_gradient); False: every sum is an add of its own (as before;
+# tests compare the two)
+SUMS = True
+
 
 class Node:
     """A Tensor in the autograd graph.
@@ -492,7 +497,7 @@ def _run_rules(order: list[Node | GradFn], grads: dict[int, Tensor], claimed: se
                 node.grad = g if node.grad is None else _accumulate(node.grad, g)
         parents = vertex.parents
         taken = None
-        if vertex.sums:  # hand the rule what its parents' gradients sum to so far (partial_gradient)
+        if vertex.sums and SUMS:  # hand the rule what its parents' gradients sum to so far (partial_gradient)
             partials = None
             for k, parent in enumerate(parents):
                 prev = grads.get(id(parent)) if parent is not None else None

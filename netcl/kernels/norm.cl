@@ -12,6 +12,8 @@
 // row_norm_backward: global ((ROWS + ceil(NPARAM/LOCAL))*LOCAL), local (LOCAL). Work-groups below
 //   ROWS each take one row and write grad_x; the rest each take LOCAL parameters and write grad_w,
 //   grad_b by summing over the rows that use them. One launch, no atomics.
+//   GX_IN: with has_in, grad_x is written plus gin's row (x's gradient summed so far from the other ops
+//   that read it, netcl.autograd.engine.partial_gradient), rounded once: no add launch of its own.
 // LOCAL is 1 on CPUs (no barrier cost, rows spread over cores) and 128-256 on GPUs.
 // Dtypes: every floating one of common.cl. x, y, w, b and the gradients are T (read with LOAD_T, written
 // with STORE_T: float16/bfloat16 storage, float arithmetic); mean and rstd are ACC (float32 statistics for
@@ -105,7 +107,8 @@ __kernel void row_norm_forward(__global const T *x, const long x_off, __global c
 
 __kernel void row_norm_backward(__global const T *gy, const long gy_off, __global const T *x, const long x_off,
                                 __global const P *w, const int has_w, __global const ACC *mean_in,
-                                __global const ACC *rstd_in, __global T *gx, __global P *gw, __global P *gb,
+                                __global const ACC *rstd_in, __global T *gx, __global const T *gin,
+                                const long gin_off, const int has_in, __global P *gw, __global P *gb,
                                 const int ROWS, const int L, const int PG, const int PDIV, const int NPARAM,
                                 const int rms)
 {
@@ -127,11 +130,14 @@ __kernel void row_norm_backward(__global const T *gy, const long gy_off, __globa
         s1 = rms ? (ACC)0 : group_sum(s1, scratch) / (ACC)L;
         s2 = group_sum(s2, scratch) / (ACC)L;
         __global T *gxr = gx + (long)r * L;
+        const __global T *inr = gin + gin_off + (long)r * L;
         for (int i = lid; i < L; i += LOCAL) {
             ACC g = LD(gr, i);
             if (has_w) g *= LDP(w, (pbase + i) / PDIV);
             const ACC xhat = (LD(xr, i) - mean) * rstd;
-            STORE_T(gxr, i, rstd * (g - s1 - xhat * s2));
+            ACC v = rstd * (g - s1 - xhat * s2);
+            if (has_in) v += LD(inr, i);  // the gradient summed so far (GX_IN above)
+            STORE_T(gxr, i, v);
         }
         return;
     }
@@ -255,6 +261,7 @@ __kernel void row_norm_forward_vec4(__global const T *x, const long x_off, __glo
 __kernel void row_norm_backward_vec4(__global const T *gy, const long gy_off, __global const T *x,
                                      const long x_off, __global const P *w, const int has_w,
                                      __global const ACC *mean_in, __global const ACC *rstd_in, __global T *gx,
+                                     __global const T *gin, const long gin_off, const int has_in,
                                      const int ROWS, const int L, const int rms)
 {
     __local ACC scratch[LOCAL];
@@ -273,11 +280,14 @@ __kernel void row_norm_backward_vec4(__global const T *gy, const long gy_off, __
     const float m1 = rms ? 0.0f : group_sum(SUMV(s1), scratch) / (float)L;
     const float m2 = group_sum(SUMV(s2), scratch) / (float)L;
     __global T *gxr = gx + (long)r * L;
+    const __global T *inr = gin + gin_off + (long)r * L;
     for (int i = VW * lid; i < L; i += VW * LOCAL) {
         floatv g = LOADV(gr, i);
         if (has_w) g *= LOADVP(w, i);
         const floatv xhat = (LOADV(xr, i) - mean) * rstd;
-        STOREV(gxr, i, rstd * (g - m1 - xhat * m2));
+        floatv v = rstd * (g - m1 - xhat * m2);
+        if (has_in) v += LOADV(inr, i);  // the gradient summed so far (GX_IN above)
+        STOREV(gxr, i, v);
     }
 }
 #endif

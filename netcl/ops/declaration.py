@@ -23,6 +23,10 @@ until backward):
     `wide` (per input, whether autocast cast it from float32 to half for this call: its gradient may be
     returned in float32, which the cast passes on unchanged; a weight gradient's float32 sums need not be
     rounded to half and widened again)
+    `<input>_into` (filled when backward runs, not when the forward does: the input's gradient summed so far
+    from the other ops that read it, a Tensor of the input's shape and dtype or None; a backward that takes
+    it adds it into the input's gradient it returns, in its own launch instead of a separate add:
+    netcl.autograd.engine.partial_gradient; for the inputs before the first that may be None)
 
 A backward that needs an input's form and not its values names the shape or the layout: the input's memory
 is then not kept for it (rope's input, rotated into the next op's, goes back to the pool in the forward).
@@ -137,7 +141,19 @@ class OpDecl:
         params = [n for n in self.parameters() if n not in self.hide]
         shapes = [f"{n}_{form}" for form in ("shape", "layout") for n in self.inputs]
         shapes += ["input_shape"] if self.inputs else []
-        return (*params, *self.saves, "out", "needs", "wide", *shapes)
+        into = []  # the inputs before the first that may be None (each one's place among the node's parents)
+        for n in self.inputs:
+            if _maybe_none(self.parameters()[n]):
+                break
+            into.append(f"{n}_into")
+        return (*params, *self.saves, "out", "needs", "wide", *shapes, *into)
+
+    def sums(self) -> tuple[str, ...]:
+        """The inputs whose gradient so far the backward adds into its own (`<input>_into`)."""
+        if self.backward is None:
+            return ()
+        names = self.backward_arguments()
+        return tuple(n for n in self.inputs if f"{n}_into" in names)
 
     def gradient_parameter(self) -> str:
         """The backward's parameter that takes the result's gradient: `grad_out`, else the first."""
@@ -176,6 +192,11 @@ class OpDecl:
         if self.autocast is None:
             return ()
         return self.inputs if self.cast is None else self.cast
+
+
+def _maybe_none(p: inspect.Parameter) -> bool:
+    """A parameter that may be None: its default is None, or its annotation says so."""
+    return p.default is None or "None" in str(p.annotation)
 
 
 _DECLARED: dict[str, OpDecl] = {}

@@ -540,11 +540,17 @@ def _row_forward_launch(plan: Any, shape: tuple[int, ...], dt: np.dtype, rows: i
 
 def _row_backward(grad_out: Tensor, x: Tensor, weight: Tensor | None, mean: Tensor | None, rstd: Tensor,
                   rows: int, length: int, pg: int, pdiv: int, nparam: int,
-                  rms: bool, bias: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
-    """(grad x, grad weight, grad bias); the parameters' gradients in their dtype (`bias` only says it)."""
+                  rms: bool, bias: Tensor | None = None,
+                  into: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """(grad x, grad weight, grad bias); the parameters' gradients in their dtype (`bias` only says it).
+    `into` (x's shape and dtype): added to grad x in the same launch (x's gradient summed so far)."""
     dt = x.dtype
     pdt = _param_dtype(dt, weight, bias)
     gy, x = grad_out.contiguous(), x.contiguous()
+    if into is not None:
+        if tuple(into.shape) != tuple(x.shape) or into.dtype != dt:
+            raise ShapeError(f"row norm backward: into {into.shape} {into.dtype} must be x's {x.shape} {dt}")
+        into = into.contiguous()
     weight, mean, rstd = (t.clone() if t is not None and (t.offset or not t.is_contiguous()) else t
                           for t in (weight, mean, rstd))
     gx = Tensor.empty(x.queue, x.shape, dt)
@@ -565,7 +571,9 @@ def _row_backward(grad_out: Tensor, x: Tensor, weight: Tensor | None, mean: Tens
                 x.queue, (rows * local,), (local,), gy=gy.buffer, gy_off=np.int64(gy.offset), x=x.buffer,
                 x_off=np.int64(x.offset), w=weight.buffer if weight is not None else gx.buffer,
                 has_w=np.int32(weight is not None), mean_in=(mean if mean is not None else rstd).buffer,
-                rstd_in=rstd.buffer, gx=gx.buffer, ROWS=np.int32(rows), L=np.int32(length), rms=np.int32(rms))
+                rstd_in=rstd.buffer, gx=gx.buffer, gin=(gx if into is None else into).buffer,
+                gin_off=np.int64(0 if into is None else into.offset), has_in=np.int32(into is not None),
+                ROWS=np.int32(rows), L=np.int32(length), rms=np.int32(rms))
         else:
             _program(x.device, dt, pdt=pdt).row_norm_backward(
                 x.queue,
@@ -580,6 +588,9 @@ def _row_backward(grad_out: Tensor, x: Tensor, weight: Tensor | None, mean: Tens
                 mean.buffer if mean is not None else rstd.buffer,
                 rstd.buffer,
                 gx.buffer,
+                (gx if into is None else into).buffer,
+                np.int64(0 if into is None else into.offset),
+                np.int32(into is not None),
                 gw.buffer,
                 gb.buffer,
                 np.int32(rows),
@@ -685,17 +696,18 @@ def layer_norm(x: Tensor, normalized_shape: Any, weight: Tensor | None = None, b
 
 
 def layer_norm_backward(grad_out: Tensor, x: Tensor, normalized_shape: Any, mean: Tensor, rstd: Tensor,
-                        weight: Tensor | None = None, bias: Tensor | None = None
+                        weight: Tensor | None = None, bias: Tensor | None = None, x_into: Tensor | None = None
                         ) -> tuple[Tensor, Tensor | None, Tensor | None]:
-    """(grad_x, grad_weight, grad_bias) of layer_norm; grads of absent parameters are None."""
+    """(grad_x, grad_weight, grad_bias) of layer_norm; grads of absent parameters are None. x_into as
+    rms_norm_backward's."""
     _row_dtype("layer_norm_backward", grad_out, x, params=(weight, bias), stats=(mean, rstd))
     if tuple(grad_out.shape) != tuple(x.shape):
         raise ShapeError(f"layer_norm_backward: grad_out shape {grad_out.shape} != input shape {x.shape}")
     shape, rows, length = _normalized("layer_norm_backward", x, normalized_shape)
     weight = _check_param("layer_norm_backward", "weight", weight, shape)
     gx, gw, gb = _row_backward(
-        grad_out, x, weight, mean.reshape(rows), rstd.reshape(rows), rows, length, 1, 1, length, False, bias
-    )
+        grad_out, x, weight, mean.reshape(rows), rstd.reshape(rows), rows, length, 1, 1, length, False, bias,
+        into=x_into)
     return (
         gx,
         gw.reshape(shape) if weight is not None else None,
@@ -723,14 +735,17 @@ def rms_norm(x: Tensor, normalized_shape: Any, weight: Tensor | None = None,
 
 
 def rms_norm_backward(grad_out: Tensor, x: Tensor, normalized_shape: Any, rstd: Tensor,
-                      weight: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
-    """(grad_x, grad_weight) of rms_norm."""
+                      weight: Tensor | None = None,
+                      x_into: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+    """(grad_x, grad_weight) of rms_norm; x_into (x's shape and dtype), where given, is added to grad_x in its
+    launch (x's gradient from its other readers: the residual stream of a pre-norm block)."""
     _row_dtype("rms_norm_backward", grad_out, x, params=(weight,), stats=(rstd,))
     if tuple(grad_out.shape) != tuple(x.shape):
         raise ShapeError(f"rms_norm_backward: grad_out shape {grad_out.shape} != input shape {x.shape}")
     shape, rows, length = _normalized("rms_norm_backward", x, normalized_shape)
     weight = _check_param("rms_norm_backward", "weight", weight, shape)
-    gx, gw, _ = _row_backward(grad_out, x, weight, None, rstd.reshape(rows), rows, length, 1, 1, length, True)
+    gx, gw, _ = _row_backward(grad_out, x, weight, None, rstd.reshape(rows), rows, length, 1, 1, length, True,
+                              into=x_into)
     return gx, gw.reshape(shape) if weight is not None else None
 
 

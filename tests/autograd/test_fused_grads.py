@@ -130,7 +130,7 @@ def test_input_gradient_summed_in_the_gemm_epilogue(queue, rng, monkeypatch):
     """A tensor read by several linear layers: each layer's input-gradient GEMM adds the gradient summed so
     far in its epilogue (engine.partial_gradient), the same bits as the separate adds in float32, one
     launch fewer here, and float64 NumPy's gradients."""
-    from netcl.autograd import nnops
+    from netcl.autograd import engine
 
     shapes = {"x": (3, 11, 24), "wq": (16, 24), "wk": (8, 24), "wv": (8, 24),
               "cq": (3, 11, 16), "ck": (3, 11, 8), "cv": (3, 11, 8)}
@@ -143,7 +143,7 @@ def test_input_gradient_summed_in_the_gemm_epilogue(queue, rng, monkeypatch):
     for w, c in (("wq", "cq"), ("wk", "ck"), ("wv", "cv")):
         want = np.einsum("bsn,bsk->nk", npv[c].astype(np.float64), x64)
         assert_close(fused[w].grad, want, np.float32, atol=1e-4, err_msg=w)
-    monkeypatch.setattr(nnops, "partial_gradient", lambda *args: None)  # the separate adds, as before
+    monkeypatch.setattr(engine, "SUMS", False)  # the separate adds, as before
     separate, launches_before = _three_readers(queue, npv)
     for k in ("x", "wq", "wk", "wv"):
         np.testing.assert_array_equal(fused[k].grad.to_host(), separate[k].grad.to_host(), err_msg=k)
@@ -180,3 +180,40 @@ def test_partial_gradient_only_inside_a_summing_rule(queue):
         assert all(prev is None for summing, _, prev in seen if not summing)
         taken += [prev for summing, _, prev in seen if summing and prev is not None]
     assert len(taken) == 1  # once, where the summing rule ran second
+
+
+def test_transformer_block_backward_sums_in_its_launches(queue, rng, monkeypatch):
+    """A pre-norm block's backward: x's and h's gradients (the residual stream, read by a norm and by a
+    projection's residual epilogue) and the q/k/v and gate/up inputs' (read by several projections) summed in
+    the norms' and the GEMMs' own launches: no elementwise add launch remains, the same bits as with every
+    sum an add of its own (whose gradients the transformer tests check against references)."""
+    from netcl.autograd import engine
+    from netcl.nn.transformer import RoPE, TransformerBlock
+
+    dim, heads, b, s = 32, 4, 2, 7
+    x_np = rng.standard_normal((b, s, dim)).astype(np.float32)
+    c_np = rng.standard_normal((b, s, dim)).astype(np.float32)
+
+    def run():
+        from netcl.ops import random
+
+        random.manual_seed(3)
+        block = TransformerBlock(queue, dim, heads, 48, n_kv_heads=2, rope=RoPE(queue, dim // heads, 16))
+        x = ag.tensor(Tensor.from_host(queue, x_np), requires_grad=True)
+        with ag.Tape() as tape:
+            loss = ag.sum(block(x) * Tensor.from_host(queue, c_np))
+        with profiling.profile() as prof:
+            tape.backward(loss)
+            queue.finish()
+        grads = {name: p.grad.to_host() for name, p in block.named_parameters()}
+        grads["x"] = x.grad.to_host()
+        return grads, prof.rows(by="kernel")
+
+    fused, rows = run()
+    monkeypatch.setattr(engine, "SUMS", False)
+    separate, rows_before = run()
+    for name, g in separate.items():
+        np.testing.assert_array_equal(fused[name], g, err_msg=name)
+    ew = {r.name: r.calls for r in rows}.get("ew", 0)
+    ew_before = {r.name: r.calls for r in rows_before}.get("ew", 0)
+    assert ew == ew_before - 4  # (per block: q/k/v's inputs, gate/up's, and the two residual sums)

@@ -509,3 +509,48 @@ def test_work_group_reduction_path(queue, rng, monkeypatch):
                                            _t(queue, lb))
     assert_close(gb_l, gyl.sum(axis=0))
     assert_close(gw_l, (gyl * ref_ln(xl, 1, None, None, 1e-5)).sum(axis=0), rtol=1e-10, atol=1e-12)
+
+
+# x's gradient from its other readers added in the backward's own launch (x_into; engine.partial_gradient):
+# float32's bits are those of the separate add, half rounds the sum once; 16 is the GPU shape (vector kernels)
+@pytest.mark.parametrize("local", [None, pytest.param(16, marks=GROUPS)])
+@pytest.mark.parametrize("dt", ["float32", "float64", "bfloat16"])
+def test_row_norm_backward_adds_the_gradient_so_far(queue, rng, monkeypatch, local, dt):
+    import ml_dtypes
+
+    from netcl import ops
+
+    half = dt == "bfloat16"
+    npdt = np.dtype(ml_dtypes.bfloat16) if half else np.dtype(dt)
+    monkeypatch.setattr(Nm, "local_size_override", local)
+    x = (rng.standard_normal((5, 9, 40)) * 2 + 1).astype(npdt)
+    gy, into = (rng.standard_normal(x.shape).astype(npdt) for _ in range(2))
+    w = rng.standard_normal(40).astype(np.float32 if half else npdt)
+    b = rng.standard_normal(40).astype(w.dtype)
+    x64, gy64, into64 = (a.astype(np.float64) for a in (x, gy, into))
+    _, mean, rstd = Nm.layer_norm(_t(queue, x), 40, _t(queue, w), _t(queue, b))
+    _, rs = Nm.rms_norm(_t(queue, x), 40, _t(queue, w), eps=1e-6)
+    calls = {
+        "layer": lambda **kw: Nm.layer_norm_backward(_t(queue, gy), _t(queue, x), 40, mean, rstd,
+                                                     _t(queue, w), _t(queue, b), **kw),
+        "rms": lambda **kw: Nm.rms_norm_backward(_t(queue, gy), _t(queue, x), 40, rs, _t(queue, w), **kw),
+    }
+    xhat = (x64 - x64.mean(-1, keepdims=True)) / np.sqrt(x64.var(-1, keepdims=True) + 1e-5)
+    g = gy64 * w
+    want = {"layer": (g - g.mean(-1, keepdims=True) - xhat * (g * xhat).mean(-1, keepdims=True))
+            / np.sqrt(x64.var(-1, keepdims=True) + 1e-5)}
+    r = 1 / np.sqrt((x64 * x64).mean(-1, keepdims=True) + 1e-6)
+    want["rms"] = r * (g - x64 * r * (g * x64 * r).mean(-1, keepdims=True))
+    for name, call in calls.items():
+        fused = call(x_into=_t(queue, into))[0].to_host()
+        alone = call()[0]
+        if half:  # one rounding of the sum: within half's precision of float64's
+            ulp = 2.0**-7
+            scale = np.abs(want[name] + into64).max()
+            assert_close(fused.astype(np.float64), want[name] + into64, rtol=2 * ulp, atol=2 * ulp * scale)
+        else:
+            np.testing.assert_array_equal(fused, ops.add(alone, _t(queue, into)).to_host(), err_msg=name)
+            tol = dict(rtol=2e-5, atol=2e-4) if dt == "float32" else dict(rtol=1e-10, atol=1e-10)
+            assert_close(fused, want[name] + into64, npdt, **tol)
+    with pytest.raises(ShapeError, match="into"):
+        calls["rms"](x_into=_t(queue, into[:, :3]))
