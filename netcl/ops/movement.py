@@ -300,8 +300,8 @@ def _embedding_backward(grad_out: Tensor, weight_shape: tuple[int, ...], ids: Te
     dim = weight_shape[1]
     g2 = grad_out.reshape(-1, dim)
     index = ids.reshape(-1).reshape(-1, 1).expand(-1, dim)
-    return scatter_add(Tensor.zeros(grad_out.queue, weight_shape, grad_out.dtype), 0, index, g2,
-                       check_bounds=False)
+    return _scatter_add_into(Tensor.zeros(grad_out.queue, weight_shape, grad_out.dtype), 0, index, g2,
+                             get_deterministic())
 
 
 def scatter_add(x: Tensor, axis: int, index: Tensor, src: Tensor, deterministic: bool | None = None,
@@ -335,7 +335,13 @@ def scatter_add(x: Tensor, axis: int, index: Tensor, src: Tensor, deterministic:
         raise TypeError(f"scatter_add: deterministic must be None, True or False, got {deterministic!r}")
     if check_bounds:
         _check_bounds("scatter_add", index, x.shape[ax])
-    out = x.clone()
+    return _scatter_add_into(x.clone(), ax, index, src, deterministic)
+
+
+def _scatter_add_into(x: Tensor, ax: int, index: Tensor, src: Tensor, deterministic: bool) -> Tensor:
+    """scatter_add's work on checked arguments, adding into x itself (contiguous, the caller's own); returns
+    x (embedding's backward adds into its zeros directly, not into a copy of them)."""
+    out = x
     n = index.size
     if n == 0:
         return out
