@@ -111,13 +111,18 @@ def test_relu_mask_applied_when_gradient_is_summed(queue, rng):
     assert_close(w.grad, gz.T @ x_np.astype(np.float64), np.float32, atol=1e-4)
 
 
-def _three_readers(queue, npv, dtype=np.float32):
-    """x (batch, positions, features) read by three linear layers (attention's q, k and v), each output
-    weighted by a constant and summed: the backward of that sum, with x's gradient and the weights'."""
-    nodes = {k: ag.tensor(Tensor.from_host(queue, npv[k].astype(dtype)), requires_grad=True)
+def _three_readers(queue, npv, op="linear"):
+    """x (batch, positions, features) read by three linear layers (attention's q, k and v), or three
+    matmuls x @ w^T, each output weighted by a constant and summed: the backward of that sum, with x's
+    gradient and the weights'."""
+    nodes = {k: ag.tensor(Tensor.from_host(queue, npv[k]), requires_grad=True)
              for k in ("x", "wq", "wk", "wv")}
+
+    def product(x, w):
+        return ag.linear(x, w) if op == "linear" else ag.matmul(x, ag.transpose(w, 0, 1))
+
     with ag.Tape() as tape:
-        terms = [ag.sum(ag.linear(nodes["x"], nodes[w]) * Tensor.from_host(queue, npv[c].astype(dtype)))
+        terms = [ag.sum(product(nodes["x"], nodes[w]) * Tensor.from_host(queue, npv[c]))
                  for w, c in (("wq", "cq"), ("wk", "ck"), ("wv", "cv"))]
         loss = terms[0] + terms[1] + terms[2]
     with count_launches() as c:
@@ -126,16 +131,17 @@ def _three_readers(queue, npv, dtype=np.float32):
     return nodes, c.count
 
 
-def test_input_gradient_summed_in_the_gemm_epilogue(queue, rng, monkeypatch):
-    """A tensor read by several linear layers: each layer's input-gradient GEMM adds the gradient summed so
-    far in its epilogue (engine.partial_gradient), the same bits as the separate adds in float32, one
-    launch fewer here, and float64 NumPy's gradients."""
+@pytest.mark.parametrize("op", ["linear", "matmul"])
+def test_input_gradient_summed_in_the_gemm_epilogue(queue, rng, monkeypatch, op):
+    """A tensor read by several linear layers (or matmuls): each one's input-gradient GEMM adds the gradient
+    summed so far in its epilogue (engine.partial_gradient), the same bits as the separate adds in float32,
+    one launch fewer here, and float64 NumPy's gradients."""
     from netcl.autograd import engine
 
     shapes = {"x": (3, 11, 24), "wq": (16, 24), "wk": (8, 24), "wv": (8, 24),
               "cq": (3, 11, 16), "ck": (3, 11, 8), "cv": (3, 11, 8)}
     npv = {k: rng.standard_normal(s).astype(np.float32) for k, s in shapes.items()}
-    fused, launches = _three_readers(queue, npv)
+    fused, launches = _three_readers(queue, npv, op)
     x64 = npv["x"].astype(np.float64)
     want_x = sum(npv[c].astype(np.float64) @ npv[w].astype(np.float64)
                  for w, c in (("wq", "cq"), ("wk", "ck"), ("wv", "cv")))
@@ -144,10 +150,31 @@ def test_input_gradient_summed_in_the_gemm_epilogue(queue, rng, monkeypatch):
         want = np.einsum("bsn,bsk->nk", npv[c].astype(np.float64), x64)
         assert_close(fused[w].grad, want, np.float32, atol=1e-4, err_msg=w)
     monkeypatch.setattr(engine, "SUMS", False)  # the separate adds, as before
-    separate, launches_before = _three_readers(queue, npv)
+    separate, launches_before = _three_readers(queue, npv, op)
     for k in ("x", "wq", "wk", "wv"):
         np.testing.assert_array_equal(fused[k].grad.to_host(), separate[k].grad.to_host(), err_msg=k)
     assert launches == launches_before - 1  # (the separate adds fused into one launch of x + y + z)
+
+
+def test_matmul_adds_the_gradient_so_far_where_a_is_broadcast(queue, rng):
+    """a broadcast over b's batch (its gradient a sum over that batch) or a 1-D a: the gradient so far is
+    added after the sum, against float64."""
+    for a_shape, b_shape in (((5, 6), (4, 6, 3)), ((6,), (6, 3))):
+        a_np = rng.standard_normal(a_shape).astype(np.float32)
+        b_np = rng.standard_normal(b_shape).astype(np.float32)
+        w_np = rng.standard_normal((7, a_shape[-1])).astype(np.float32)
+        a = ag.tensor(Tensor.from_host(queue, a_np), requires_grad=True)
+        b = ag.tensor(Tensor.from_host(queue, b_np))
+        w = ag.tensor(Tensor.from_host(queue, w_np))
+        with ag.Tape() as tape:  # a read by a linear layer too (its gradient realized: offered to matmul)
+            loss = ag.sum(ag.linear(a, w)) + ag.sum(ag.matmul(a, b))
+        tape.backward(loss)
+        a64, b64 = a_np.astype(np.float64), b_np.astype(np.float64)
+        ones = np.ones(np.broadcast_shapes(a_shape[:-1] or (1,), (1,))[:0] + (a64 @ b64).shape)
+        want = np.broadcast_to(w_np.astype(np.float64).sum(0), a_shape).copy()
+        ga = ones @ np.swapaxes(b64, -1, -2)
+        want += ga.reshape(-1, a_shape[-1]).sum(0).reshape(a_shape) if len(a_shape) == 1 else ga.sum(0)
+        assert_close(a.grad, want, np.float32, atol=1e-4, err_msg=str(a_shape))
 
 
 def test_partial_gradient_only_inside_a_summing_rule(queue):

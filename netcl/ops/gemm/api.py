@@ -408,9 +408,11 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, activation: st
     return gemm(x, weight.transpose(0, 1), bias, activation)
 
 
-def _matmul_backward(grad_out: Tensor, a: Tensor, b: Tensor, needs: tuple[bool, ...]) -> tuple:
+def _matmul_backward(grad_out: Tensor, a: Tensor, b: Tensor, needs: tuple[bool, ...],
+                     a_into: Tensor | None = None) -> tuple:
     """(g b^T, a^T g) of matmul, summed over broadcast batch axes; a 1-D operand as the GEMM sees it (a row
-    for a, a column for b), its gradient reshaped back."""
+    for a, a column for b), its gradient reshaped back. a_into (a's shape and dtype: a's gradient from its
+    other readers) is added to g b^T in the GEMM's epilogue where a is not broadcast."""
     a_row, b_column = len(a.shape) == 1, len(b.shape) == 1
     a2 = a.reshape(1, a.shape[0]) if a_row else a
     b2 = b.reshape(b.shape[0], 1) if b_column else b
@@ -422,7 +424,15 @@ def _matmul_backward(grad_out: Tensor, a: Tensor, b: Tensor, needs: tuple[bool, 
         if b_column:
             shape = shape + (1,)
         g = g.reshape(shape)
-    ga = sum_to_shape(matmul(g, b2.transpose(-2, -1)), a2.shape) if needs[0] else None
+    ga = None
+    if needs[0]:
+        bt = b2.transpose(-2, -1)
+        if a_into is not None and not a_row and g.shape[:-1] + bt.shape[-1:] == a2.shape:
+            ga = gemm(g, bt, residual=a_into)
+        else:
+            ga = sum_to_shape(matmul(g, bt), a2.shape)
+            if a_into is not None:
+                ga = elementwise.add(ga.reshape(a.shape) if a_row else ga, a_into)
     gb = sum_to_shape(matmul(a2.transpose(-2, -1), g), b2.shape) if needs[1] else None
     if a_row and ga is not None:
         ga = ga.reshape(a.shape)
