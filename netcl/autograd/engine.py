@@ -649,6 +649,7 @@ __all__ = [
     "is_recording",
     "needs_grad",
     "no_grad",
+    "partial_gradient",
     "queue_callback",
     "record",
     "tensor",
