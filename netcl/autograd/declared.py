@@ -68,7 +68,7 @@ def _on_nodes(p: inspect.Parameter, decl: OpDecl) -> inspect.Parameter:
     return p
 
 
-_optional = declaration._maybe_none  # an input that may be None (batch_norm's weight)
+_optional = declaration.may_be_none  # an input that may be None (batch_norm's weight)
 
 
 def _source(decl: OpDecl) -> tuple[str, dict[str, Any]]:

@@ -12,8 +12,8 @@
 // row_norm_backward: global ((ROWS + ceil(NPARAM/LOCAL))*LOCAL), local (LOCAL). Work-groups below
 //   ROWS each take one row and write grad_x; the rest each take LOCAL parameters and write grad_w,
 //   grad_b by summing over the rows that use them. One launch, no atomics.
-//   GX_IN: with has_in, grad_x is written plus gin's row (x's gradient summed so far from the other ops
-//   that read it, netcl.autograd.engine.partial_gradient), rounded once: no add launch of its own.
+//   has_in: grad_x is written plus gin's row (x's gradient summed so far from the other ops that read it,
+//   netcl.autograd.engine.partial_gradient), rounded once: no add launch of its own.
 // LOCAL is 1 on CPUs (no barrier cost, rows spread over cores) and 128-256 on GPUs.
 // Dtypes: every floating one of common.cl. x, y, w, b and the gradients are T (read with LOAD_T, written
 // with STORE_T: float16/bfloat16 storage, float arithmetic); mean and rstd are ACC (float32 statistics for
@@ -136,7 +136,7 @@ __kernel void row_norm_backward(__global const T *gy, const long gy_off, __globa
             if (has_w) g *= LDP(w, (pbase + i) / PDIV);
             const ACC xhat = (LD(xr, i) - mean) * rstd;
             ACC v = rstd * (g - s1 - xhat * s2);
-            if (has_in) v += LD(inr, i);  // the gradient summed so far (GX_IN above)
+            if (has_in) v += LD(inr, i);  // x's gradient summed so far (has_in, at the top)
             STORE_T(gxr, i, v);
         }
         return;
@@ -286,7 +286,7 @@ __kernel void row_norm_backward_vec4(__global const T *gy, const long gy_off, __
         if (has_w) g *= LOADVP(w, i);
         const floatv xhat = (LOADV(xr, i) - mean) * rstd;
         floatv v = rstd * (g - m1 - xhat * m2);
-        if (has_in) v += LOADV(inr, i);  // the gradient summed so far (GX_IN above)
+        if (has_in) v += LOADV(inr, i);  // x's gradient summed so far (has_in, at the top)
         STOREV(gxr, i, v);
     }
 }

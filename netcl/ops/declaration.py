@@ -143,7 +143,7 @@ class OpDecl:
         shapes += ["input_shape"] if self.inputs else []
         into = []  # the inputs before the first that may be None (each one's place among the node's parents)
         for n in self.inputs:
-            if _maybe_none(self.parameters()[n]):
+            if may_be_none(self.parameters()[n]):
                 break
             into.append(f"{n}_into")
         return (*params, *self.saves, "out", "needs", "wide", *shapes, *into)
@@ -194,7 +194,7 @@ class OpDecl:
         return self.inputs if self.cast is None else self.cast
 
 
-def _maybe_none(p: inspect.Parameter) -> bool:
+def may_be_none(p: inspect.Parameter) -> bool:
     """A parameter that may be None: its default is None, or its annotation says so."""
     return p.default is None or "None" in str(p.annotation)
 

@@ -548,8 +548,10 @@ def _row_backward(grad_out: Tensor, x: Tensor, weight: Tensor | None, mean: Tens
     pdt = _param_dtype(dt, weight, bias)
     gy, x = grad_out.contiguous(), x.contiguous()
     if into is not None:
-        if tuple(into.shape) != tuple(x.shape) or into.dtype != dt:
-            raise ShapeError(f"row norm backward: into {into.shape} {into.dtype} must be x's {x.shape} {dt}")
+        if tuple(into.shape) != tuple(x.shape):
+            raise ShapeError(f"row norm backward: into of shape {into.shape} must have x's {x.shape}")
+        if into.dtype != dt:
+            raise DTypeError(f"row norm backward: into is {into.dtype}, x {dt}")
         into = into.contiguous()
     weight, mean, rstd = (t.clone() if t is not None and (t.offset or not t.is_contiguous()) else t
                           for t in (weight, mean, rstd))

@@ -1,4 +1,5 @@
-"""The fused weight + bias gradient launch (matmul_rowsum) and launch-argument reuse on repeat calls."""
+"""The fused weight + bias gradient launch (matmul_rowsum), launch-argument reuse on repeat calls, and a
+tensor's gradients from several readers summed in the last reader's own launch (engine.partial_gradient)."""
 
 from __future__ import annotations
 
