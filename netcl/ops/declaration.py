@@ -138,12 +138,13 @@ class OpDecl:
 
     def available(self) -> tuple[str, ...]:
         """The names a backward's parameters may take (the module docstring's list)."""
-        params = [n for n in self.parameters() if n not in self.hide]
+        signature = self.parameters()
+        params = [n for n in signature if n not in self.hide]
         shapes = [f"{n}_{form}" for form in ("shape", "layout") for n in self.inputs]
         shapes += ["input_shape"] if self.inputs else []
         into = []  # the inputs before the first that may be None (each one's place among the node's parents)
         for n in self.inputs:
-            if may_be_none(self.parameters()[n]):
+            if may_be_none(signature[n]):
                 break
             into.append(f"{n}_into")
         return (*params, *self.saves, "out", "needs", "wide", *shapes, *into)

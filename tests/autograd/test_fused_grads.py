@@ -171,10 +171,9 @@ def test_matmul_adds_the_gradient_so_far_where_a_is_broadcast(queue, rng):
             loss = ag.sum(ag.linear(a, w)) + ag.sum(ag.matmul(a, b))
         tape.backward(loss)
         a64, b64 = a_np.astype(np.float64), b_np.astype(np.float64)
-        ones = np.ones(np.broadcast_shapes(a_shape[:-1] or (1,), (1,))[:0] + (a64 @ b64).shape)
         want = np.broadcast_to(w_np.astype(np.float64).sum(0), a_shape).copy()
-        ga = ones @ np.swapaxes(b64, -1, -2)
-        want += ga.reshape(-1, a_shape[-1]).sum(0).reshape(a_shape) if len(a_shape) == 1 else ga.sum(0)
+        ga = np.ones((a64 @ b64).shape) @ np.swapaxes(b64, -1, -2)  # summed over b's batch below
+        want += ga.reshape((-1,) + a_shape).sum(0)
         assert_close(a.grad, want, np.float32, atol=1e-4, err_msg=str(a_shape))
 
 
