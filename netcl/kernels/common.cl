@@ -89,6 +89,17 @@ inline float nc_part_load(__global const float *p)
 #define NC_FENCE_DEVICE() mem_fence(CLK_GLOBAL_MEM_FENCE)
 #endif
 
+/* A hint that the line of global memory holding p is read soon: fetched into the L2 cache, nothing waits for
+ * it and no register holds it (NVIDIA: PTX prefetch.global.L2; elsewhere OpenCL's prefetch of one byte). */
+inline void nc_prefetch_l2(__global const uchar *p)
+{
+#ifdef NC_NVIDIA
+    asm volatile("prefetch.global.L2 [%0];" :: "l"((ulong)p));
+#else
+    prefetch(p, 1);
+#endif
+}
+
 /* One work-item's arrival at a count other work-groups wait on or merge by: what it (and, after a barrier,
  * its work-group) wrote is released device-wide first; returns the count before. */
 inline int nc_arrive(__global int *count)

@@ -391,6 +391,29 @@ def test_polled_waits_keep_the_bits(queue, monkeypatch, spin):
         np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
 
 
+@pytest.mark.gpu_shaped
+@pytest.mark.parametrize("ahead", [(16, 4), (96, 0b11101)])
+def test_read_ahead_keeps_the_bits(queue, monkeypatch, ahead):
+    """chain.AHEAD (a tile asks L2 for the rest of its weight rows once the phase before its own is
+    released: the o-projection's only, and every GEMV phase's) leaves every output and cache bit as it was,
+    call after call; a bad value is named."""
+    from netcl.ops.gemm import chain
+
+    for bad in [(0, 4), (16, 2), (16, 32), [16, 4], (16.0, 4)]:
+        monkeypatch.setattr(chain, "AHEAD", bad)
+        with pytest.raises(ValueError, match="AHEAD"):
+            chain._ahead_defines()
+    monkeypatch.setattr(chain, "AHEAD", None)
+    gpu_shaped_chain(monkeypatch, 16)
+    model = random_decode_layers(queue, dtypes.bfloat16, 3, 17)
+    want = run_decode_layers(queue, model, layered=True)
+    monkeypatch.setattr(chain, "AHEAD", ahead)
+    for _ in range(2):
+        got = run_decode_layers(queue, model, layered=True)
+        for a, b in zip(got, want, strict=True):
+            np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
+
+
 def test_decode_layers_refusals(queue, monkeypatch):
     """gemv_layers names what is wrong (no list, a layer of another kind or shape, a cache unlike layer 0's,
     bad eps), and gives None without launching where the attention does not come or the device's argument

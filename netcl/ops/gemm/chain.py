@@ -44,6 +44,11 @@ MAX_STEPS = 4  # the kernel's phases (CHAIN_PHASE_ARGS 0 .. 3)
 # loop sleeps about SPIN_NS ns between reads when > 0 (nanosleep; before 7.0, volatile loads: NC_SPIN_LOAD);
 # elsewhere the atomic read still.
 SPIN_NS: int | None = None
+# AHEAD: None, or (lines, phases): in gemv_layers a tile of a phase p with bit p of `phases` set (p: 0 q/k/v,
+# 2 o, 3 gate/up, 4 down; the attention's tiles read no weights) asks L2 for at most `lines` 128-byte lines of
+# each weight row past its first loads once the phase before its own is released (gemm_gemv.cl's
+# GEMV_AHEAD_LINES): the weights arrive while it waits, at most one phase ahead. The same bits either way.
+AHEAD: tuple[int, int] | None = None
 MAX_ROWS = 8
 _FLAGS = {"norm": 1, "glu": 2, "residual": 4}  # gemm_gemv.cl's CHAIN_RMS, CHAIN_GLU, CHAIN_RES
 _DTYPES = (dtypes.float32, dtypes.float16, dtypes.bfloat16)
@@ -175,6 +180,17 @@ def _spin_defines() -> dict[str, Any]:
     if isinstance(SPIN_NS, bool) or not isinstance(SPIN_NS, int) or not 0 <= SPIN_NS <= 1_000_000:
         raise ValueError(f"chain.SPIN_NS must be None or an int of 0 to 1000000 ns, got {SPIN_NS!r}")
     return {"NC_SPIN_LOAD": None, "NC_SPIN_NS": SPIN_NS}
+
+
+def _ahead_defines() -> dict[str, Any]:
+    """The read-ahead's build switches of AHEAD (checked)."""
+    if AHEAD is None:
+        return {}
+    ok = isinstance(AHEAD, tuple) and len(AHEAD) == 2 and all(type(v) is int for v in AHEAD)
+    if not ok or not (1 <= AHEAD[0] <= 4096 and 0 < AHEAD[1] < 32 and not AHEAD[1] & 2):
+        raise ValueError(f"chain.AHEAD must be None or (lines 1 to 4096, a mask of the phases 0, 2, 3, 4), "
+                         f"got {AHEAD!r}")
+    return {"GEMV_AHEAD_LINES": AHEAD[0], "GEMV_AHEAD_PHASES": AHEAD[1]}
 
 
 def _plan(device: Any, dt: np.dtype, m: int, args: dict[str, Any], defines: dict[str, Any],
@@ -422,7 +438,7 @@ def _launch_layers(x: Tensor, act: Tensor, act_off: int, layers: list[DecodeLaye
             dynamic[f"{name}{j}"], dynamic[f"{name}{j}_off"] = t.buffer, np.int64(t.offset)
     call = {**phase.args, **dynamic}   # the attention's arguments not gemv_layers' are not read
     key = ("gemv_layers", id(q.device), dt, m, sizes, eps, n, tuple(sorted(phase.program.items())),
-           phase.grid, SPIN_NS, trace is not None)
+           phase.grid, SPIN_NS, AHEAD, trace is not None)
     hit = capture.plans.get(key)
     if hit is None:
         hit = capture.plans.put(key, _layers_plan(q.device, dt, m, sizes, eps, n, phase, call, key[-1]))
@@ -492,7 +508,7 @@ def _layers_plan(device: Any, dt: np.dtype, m: int, sizes: tuple[int, ...], eps:
     rows = tile["GEMV_ROWS"]
     most_k = max(d, ko, f)
     defines = {"DTYPE": dt, "GEMV_CHAIN": None, "GEMV_LAYERS": n, "GEMV_M": m, **knobs, **phase.program,
-               "CHAIN_COUNTS": 1 + 5 * n, **_spin_defines()}
+               "CHAIN_COUNTS": 1 + 5 * n, **_spin_defines(), **_ahead_defines()}
     if trace:
         defines["CHAIN_TRACE"] = None
     static: dict[str, Any] = {
