@@ -47,10 +47,11 @@
 //   GEMV_RMS     (host) RMSNorm A's rows in the prologue (rms_w, rms_eps); needs GEMV_STAGE_A
 //   GEMV_CHAIN   (host) the program holds gemv_chain (at the end of this file: dependent GEMVs in one launch)
 //                instead of gemm_gemv; CHAIN_P and CHAIN_F<i> describe its phases
-//   GEMV_AHEAD_LINES, GEMV_AHEAD_PHASES (host, gemv_layers: netcl.ops.gemm.chain.AHEAD) a tile of a phase p
-//                in the mask GEMV_AHEAD_PHASES (bit p) waits until the phase before its own is released, then
-//                asks L2 for at most GEMV_AHEAD_LINES 128-byte lines of each weight row past its first loads,
-//                then waits for its own phase: a read-ahead bounded to one phase
+//   GEMV_AHEAD_LINES, GEMV_AHEAD_PHASES, GEMV_AHEAD_FAR (host, gemv_layers: netcl.ops.gemm.chain.AHEAD) a
+//                tile of a phase p in the mask GEMV_AHEAD_PHASES (bit p) waits until the phase before its own
+//                (bit p of GEMV_AHEAD_FAR: the one before that) is released, then asks L2 for at most
+//                GEMV_AHEAD_LINES 128-byte lines of each weight row past its first loads, then waits for its
+//                own phase: a read-ahead bounded to one (two) phases
 
 #ifdef W_INT8
 #define B_T uchar
@@ -71,6 +72,9 @@
 #endif
 #ifndef GEMV_AHEAD_LINES
 #define GEMV_AHEAD_LINES 0
+#endif
+#ifndef GEMV_AHEAD_FAR
+#define GEMV_AHEAD_FAR 0
 #endif
 
 #ifdef GLU
@@ -473,7 +477,7 @@ inline void chain_tile(const int tile, const int phase, const int flags, const i
                        const int N, const int K, CHAIN_SRC STORE_T *A, __global const STORE_T *W,
                        __global STORE_T *C, __global const STORE_T *R, __global const STORE_T *NW,
                        const float eps, __global int *counts, __local uint4 *a_stage, __local float *scratch,
-                       __global ulong *rec, __global ulong *rec_clock, const int ahead)
+                       __global ulong *rec, __global ulong *rec_clock, const int ahead_at, const int ahead)
 {
     const int lid = get_local_id(0);
     const int r = get_local_id(1);
@@ -497,12 +501,12 @@ inline void chain_tile(const int tile, const int phase, const int flags, const i
             if (j < parts && k + u * step < K) wr[j][u] = GEMV_WLOAD(w[j] + k + u * step);
 
 #if GEMV_AHEAD_LINES > 0
-    // ahead > 0: once the phase before this one is released (counts[phase - 1] >= ahead: the one before it
-    // done), the rest of the weight rows are asked of L2 (a hint: nothing waits for them; the loads below read
-    // the same bytes either way), so they arrive while this tile waits, and no earlier than one phase ahead
-    if (lid == 0 && r == 0 && ahead > 0) nc_wait_at_least(counts + phase - 1, ahead);
+    // ahead >= 0: once counts[ahead_at] >= ahead (an earlier phase released), the rest of the weight rows are
+    // asked of L2 (a hint: nothing waits for them; the loads below read the same bytes either way), so they
+    // arrive while this tile waits, and no earlier than the host's bound; ahead < 0: no read-ahead
+    if (lid == 0 && r == 0 && ahead > 0) nc_wait_at_least(counts + ahead_at, ahead);
     barrier(CLK_LOCAL_MEM_FENCE);
-    if (ahead > 0) {
+    if (ahead >= 0) {
         const int row_bytes = K * (int)sizeof(STORE_T);
         const int from = min(K, GEMV_UNROLL * step) * (int)sizeof(STORE_T);
         for (int i = lid; i < GEMV_AHEAD_LINES && from + i * 128 < row_bytes; i += GEMV_WG)
@@ -672,7 +676,7 @@ void gemv_chain(const int M, __global int *counts, __local uint4 *a_stage, CHAIN
         CHAIN_SELECT(3, CHAIN_TILES(2));
     }
     phase += CHAIN_A;
-    chain_tile(t, phase, flags, wait_for, M, N, K, A, W, C, R, NW, eps, counts, a_stage, scratch, 0, 0, 0);
+    chain_tile(t, phase, flags, wait_for, M, N, K, A, W, C, R, NW, eps, counts, a_stage, scratch, 0, 0, 0, -1);
     if (first) {
         const int done = nc_arrive(counts + 1 + phase);   // (every item's stores: chain_tile's barrier)
         if (phase == CHAIN_A + CHAIN_P - 1 && done == tiles - 1) {  // the launch's last tile: the counts for
@@ -890,14 +894,17 @@ void gemv_layers(const int M, __global int *counts, __global ulong *trace, __loc
         flags = CHAIN_RES, A = h, W = wd, C = z, R = y, N = D, K = F;
     }
 #if GEMV_AHEAD_LINES > 0
-    // the tiles of the phase two before this one's (its predecessor released): q/k/v's is the layer before's
-    // gate/up (none in layer 0), o's the q/k/v, gate/up's the attention, down's the o-projection
-    const int before2 = p == 0 ? (j > 0 ? T3 : 0) : p == 2 ? T0 : p == 3 ? TA : T2;
-    const int ahead = (GEMV_AHEAD_PHASES >> p) & 1 ? before2 : 0;
+    // the read-ahead waits until phase g - dist is released: counts[g - dist] holds the tiles done of the
+    // phase before it, `before` (none before the launch's first phases: at once)
+    const int dist = (GEMV_AHEAD_FAR >> p) & 1 ? 2 : 1, before = g - dist - 1, bp = before % 5;
+    const int before_tiles = bp == 0 ? T0 : bp == 1 ? TA : bp == 2 ? T2 : bp == 3 ? T3 : T4;
+    const int ahead = !((GEMV_AHEAD_PHASES >> p) & 1) ? -1 : before < 0 ? 0 : before_tiles;
+    const int ahead_at = g - dist;
 #else
-    const int ahead = 0;
+    const int ahead = -1, ahead_at = 0;
 #endif
-    chain_tile(t, g, flags, wait_for, M, N, K, A, W, C, R, NW, eps, counts, a_stage, scratch, rec, rec_clock, ahead);
+    chain_tile(t, g, flags, wait_for, M, N, K, A, W, C, R, NW, eps, counts, a_stage, scratch, rec, rec_clock,
+               ahead_at, ahead);
     if (first) {
 #ifdef CHAIN_TRACE
         CHAIN_STAMP(rec, 2);

@@ -44,11 +44,12 @@ MAX_STEPS = 4  # the kernel's phases (CHAIN_PHASE_ARGS 0 .. 3)
 # loop sleeps about SPIN_NS ns between reads when > 0 (nanosleep; before 7.0, volatile loads: NC_SPIN_LOAD);
 # elsewhere the atomic read still.
 SPIN_NS: int | None = None
-# AHEAD: None, or (lines, phases): in gemv_layers a tile of a phase p with bit p of `phases` set (p: 0 q/k/v,
-# 2 o, 3 gate/up, 4 down; the attention's tiles read no weights) asks L2 for at most `lines` 128-byte lines of
-# each weight row past its first loads once the phase before its own is released (gemm_gemv.cl's
-# GEMV_AHEAD_LINES): the weights arrive while it waits, at most one phase ahead. The same bits either way.
-AHEAD: tuple[int, int] | None = None
+# AHEAD: None, or (lines, phases[, far]): in gemv_layers a tile of a phase p with bit p of `phases` set (p: 0
+# q/k/v, 2 o, 3 gate/up, 4 down; the attention's tiles read no weights) asks L2 for at most `lines` 128-byte
+# lines of each weight row past its first loads once the phase before its own is released (bit p of `far`: the
+# phase before that; gemm_gemv.cl's GEMV_AHEAD_LINES): the weights arrive while it waits, at most one (two)
+# phases ahead. The same bits either way.
+AHEAD: tuple[int, ...] | None = None
 MAX_ROWS = 8
 _FLAGS = {"norm": 1, "glu": 2, "residual": 4}  # gemm_gemv.cl's CHAIN_RMS, CHAIN_GLU, CHAIN_RES
 _DTYPES = (dtypes.float32, dtypes.float16, dtypes.bfloat16)
@@ -186,11 +187,14 @@ def _ahead_defines() -> dict[str, Any]:
     """The read-ahead's build switches of AHEAD (checked)."""
     if AHEAD is None:
         return {}
-    ok = isinstance(AHEAD, tuple) and len(AHEAD) == 2 and all(type(v) is int for v in AHEAD)
-    if not ok or not (1 <= AHEAD[0] <= 4096 and 0 < AHEAD[1] < 32 and not AHEAD[1] & 2):
-        raise ValueError(f"chain.AHEAD must be None or (lines 1 to 4096, a mask of the phases 0, 2, 3, 4), "
-                         f"got {AHEAD!r}")
-    return {"GEMV_AHEAD_LINES": AHEAD[0], "GEMV_AHEAD_PHASES": AHEAD[1]}
+    ok = isinstance(AHEAD, tuple) and len(AHEAD) in (2, 3) and all(type(v) is int for v in AHEAD)
+    if ok:
+        lines, phases, far = (*AHEAD, 0) if len(AHEAD) == 2 else AHEAD
+        ok = 1 <= lines <= 4096 and 0 < phases < 32 and not phases & 2 and 0 <= far < 32 and not far & ~phases
+    if not ok:
+        raise ValueError(f"chain.AHEAD must be None or (lines 1 to 4096, a mask of the phases 0, 2, 3, 4[, a "
+                         f"mask of those of them that read two phases ahead]), got {AHEAD!r}")
+    return {"GEMV_AHEAD_LINES": lines, "GEMV_AHEAD_PHASES": phases, "GEMV_AHEAD_FAR": far}
 
 
 def _plan(device: Any, dt: np.dtype, m: int, args: dict[str, Any], defines: dict[str, Any],
