@@ -618,7 +618,7 @@ def run(
                                              desc, out_pos, leaves))
     if plan is _NOTHING:
         return
-    kernel, P, part_dts, M, R, head, leaf_static, tail, gsize, lsize, acc, memo, launch = plan
+    kernel, P, part_dts, M, R, head, leaf_static, tail, gsize, lsize, acc, memo, stage2, launch = plan
     parts = [Tensor.empty(queue, (M * P,), dt) for dt in part_dts] if P > 1 else []
     # the launch's dynamic arguments, in the kernel's order (see _launch_plan)
     values: list[Any] = [out.buffer if mode != "reduce" or P == 1 else parts[0].buffer]
@@ -637,8 +637,10 @@ def run(
         )
         launch_labels.work(flops + n, nbytes)
     launch[0](queue, *values)
-    if P > 1:
-        _stage2(queue, reducer, acc, parts, out, M, P, mean, R)
+    if P > 1:   # the partials' combination: its Plan made once, with the launch's
+        if stage2[0] is None:
+            stage2[0] = _stage2_plan(device, reducer, acc, len(parts), out, M, P, mean, R)
+        stage2[0](queue, *[out.buffer] * (1 + len(parts)), *[p.buffer for p in parts])
 
 
 def _launch_plan(kernel: Any, mode: str, values: list[Any], n_parts: int, leaf_static: list[list[Any]],
@@ -800,12 +802,14 @@ def _plan(
     tail = [it(M), it(R), it(P), it(chunk), it(R)] + [it(s) for s in k_shape] + [it(s) for s in r_shape]
     groups = -(-M * P // G)
     gsize, lsize = ((groups * L * G,), (L * G,)) if L > 1 else ((groups,), None)
-    return kernel, P, part_dts, M, R, head, leaf_static, tail, gsize, lsize, acc, [None], [None]
+    return kernel, P, part_dts, M, R, head, leaf_static, tail, gsize, lsize, acc, [None], [None], [None]
 
 
-def _stage2(queue: Any, reducer: str, acc: np.dtype, parts: list[Tensor], out: Tensor, M: int, P: int,
-            mean: bool, R_total: int) -> None:
-    device = queue.device
+def _stage2_plan(device: Any, reducer: str, acc: np.dtype, n_parts: int, out: Tensor, M: int, P: int,
+                 mean: bool, R_total: int) -> Any:
+    """The Plan of a reduction's second stage, which combines the P partials of each of the M outputs (the
+    n_parts state arrays) into `out`: the output, the unused partial outputs (P == 1 here) and the partials'
+    buffers given per launch, in that order; sizes fixed."""
     gpu = (FORCE_KIND or device.capabilities.kind) == "gpu"
     L = (256 if P >= 256 else 64) if gpu and P >= 64 else 1
     idx_t = "int" if M * P < 2**31 - 2**24 else "long"
@@ -834,11 +838,6 @@ def _stage2(queue: Any, reducer: str, acc: np.dtype, parts: list[Tensor], out: T
         1,
     )
     k = kernels.generated(device, key, lambda: source(key), f"jit_reduce2_{reducer}").kernel("red")
-    args: list[Any] = [out.buffer]
-    args += [out.buffer for _ in parts]  # unused partial outputs (P == 1 in stage 2)
-    args += [p.buffer for p in parts]
-    args += [it(M), it(P), it(1), it(P), it(R_total), it(M), it(P)]
-    if L > 1:
-        k(queue, (M * L,), (L,), *args)
-    else:
-        k(queue, (M,), None, *args)
+    buffers = [out.buffer] * (1 + 2 * n_parts)  # the output, unused partial outputs, the partials (samples)
+    args = buffers + [it(M), it(P), it(1), it(P), it(R_total), it(M), it(P)]
+    return k.plan((M * L,) if L > 1 else (M,), (L,) if L > 1 else None, args, list(range(len(buffers))))

@@ -218,13 +218,18 @@ def test_prologue_fusion_one_launch(queue, rng):
     assert_close(sm, e / e.sum(1, keepdims=True), np.float32, rtol=1e-5, atol=1e-7)
 
 
-@pytest.mark.parametrize("mode", ["reduce", "softmax", "topk"])
+@pytest.mark.parametrize("mode", ["reduce", "softmax", "topk", "whole", "argmax"])
 def test_a_repeated_reduction_launches_its_plan_with_new_buffers_and_params(queue, rng, layout, mode):
     """One Plan a reduction's layout (its offsets, strides and sizes set once): repeats with other inputs,
-    outputs and a prologue's scalar give NumPy's values, from the same plan."""
+    outputs and a prologue's scalar give NumPy's values, from the same plan (a whole tensor's sum and argmax:
+    on the GPU's layout in two stages, the second's Plan kept beside the first's)."""
     def run(x, c):
         if mode == "reduce":
             return (x * c).sum(axis=1)
+        if mode == "whole":
+            return (x * c).sum()
+        if mode == "argmax":
+            return (x * c).argmax()
         if mode == "softmax":
             return ops.softmax(x * c, axis=-1)
         return ops.topk(x * c, 3, axis=1)[0]
@@ -233,6 +238,10 @@ def test_a_repeated_reduction_launches_its_plan_with_new_buffers_and_params(queu
         y = a.astype(np.float64) * c
         if mode == "reduce":
             return y.sum(1)
+        if mode == "whole":
+            return y.sum()
+        if mode == "argmax":
+            return np.argmax(y)
         if mode == "softmax":
             e = np.exp(y - y.max(1, keepdims=True))
             return e / e.sum(1, keepdims=True)
@@ -242,11 +251,17 @@ def test_a_repeated_reduction_launches_its_plan_with_new_buffers_and_params(queu
     for c in (0.5, -1.5, 2.0):
         a = rng.standard_normal((19, 700)).astype(np.float32)
         got = run(Tensor.from_host(queue, a), c)
-        assert_close(got, want(a, c), np.float32, rtol=1e-5, atol=1e-5)
-        plans.append([p[-1][0] for k, p in capture.plans.items()
-                      if type(k) is tuple and k[:1] == ("reduce",) and k[3] == mode and p[-1][0] is not None])
+        if mode == "argmax":
+            assert int(got.item()) == want(a, c)
+        else:
+            assert_close(got, want(a, c), np.float32, rtol=1e-5, atol=1e-4)
+        kind = "reduce" if mode in ("whole", "argmax") else mode
+        plans.append([(p[-1][0], p[-2][0]) for k, p in capture.plans.items()
+                      if type(k) is tuple and k[:1] == ("reduce",) and k[3] == kind and p[-1][0] is not None])
     assert plans[0] and all(len(p) == len(plans[0]) for p in plans)   # no new plan after the first call
-    assert all(a is b for a, b in zip(plans[0], plans[-1]))
+    assert all(a is b for pa, pb in zip(plans[0], plans[-1]) for a, b in zip(pa, pb))
+    if layout == "gpu-layout" and mode in ("whole", "argmax"):   # the second stage's Plan, made once
+        assert any(stage2 is not None for _, stage2 in plans[-1])
 
 
 def test_empty_and_errors(queue):
