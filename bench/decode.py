@@ -310,7 +310,8 @@ def main() -> int:
                     help="the whole-layer launch's read-ahead (ops.gemm.chain.AHEAD): a tile of a phase in "
                          "the mask PHASES (bit p: 0 q/k/v, 2 o, 3 gate/up, 4 down) asks L2 for LINES "
                          "128-byte lines of each weight row once the phase before its own (those in the "
-                         "mask FAR: the one before that) is released; e.g. 16,4 (o)")
+                         "mask FAR: the one before that) is released; default 64,4 (the o-projection's), "
+                         "0 for none")
     ap.add_argument("--gemv", default=None, metavar="KNOB=V,...",
                     help="the decode GEMVs' knobs (GEMV_WG, GEMV_ROWS, GEMV_UNROLL) set in "
                          "ops.gemm.variants.DEFAULTS['gemv']['any'], e.g. GEMV_UNROLL=8")
@@ -336,7 +337,7 @@ def main() -> int:
         from netcl.ops.gemm import chain
 
         try:
-            chain.AHEAD = tuple(int(v) for v in args.ahead.split(","))
+            chain.AHEAD = None if args.ahead.strip() == "0" else tuple(int(v) for v in args.ahead.split(","))
             chain._ahead_defines()
         except ValueError as e:
             ap.error(f"--ahead {args.ahead!r}: {e}")

@@ -48,8 +48,12 @@ SPIN_NS: int | None = None
 # q/k/v, 2 o, 3 gate/up, 4 down; the attention's tiles read no weights) asks L2 for at most `lines` 128-byte
 # lines of each weight row past its first loads once the phase before its own is released (bit p of `far`: the
 # phase before that; gemm_gemv.cl's GEMV_AHEAD_LINES): the weights arrive while it waits, at most one (two)
-# phases ahead. The same bits either way.
-AHEAD: tuple[int, ...] | None = None
+# phases ahead. The same bits either way. The default: the o-projection's tiles read the rest of their rows
+# while the attention runs, which reads almost nothing (H100, TinyLlama-shaped decode at batch 1: gemv_layers
+# 1,010 -> 997 us a step, alternated twice; the gate/up's or down's too, or from two phases ahead, were
+# slower: their reads delay the latency-bound attention and the running phase; bench/NOTES.md, thirty-seventh
+# session).
+AHEAD: tuple[int, ...] | None = (64, 0b00100)
 MAX_ROWS = 8
 _FLAGS = {"norm": 1, "glu": 2, "residual": 4}  # gemm_gemv.cl's CHAIN_RMS, CHAIN_GLU, CHAIN_RES
 _DTYPES = (dtypes.float32, dtypes.float16, dtypes.bfloat16)
