@@ -432,7 +432,7 @@ def _matmul_backward(grad_out: Tensor, a: Tensor, b: Tensor, needs: tuple[bool, 
         else:
             ga = sum_to_shape(matmul(g, bt), a2.shape)
             if a_into is not None:
-                ga = elementwise.add(ga.reshape(a.shape) if a_row else ga, a_into)
+                ga = elementwise.add(ga.reshape(a.shape), a_into)   # (a's shape: a2's but for a row)
     gb = sum_to_shape(matmul(a2.transpose(-2, -1), g), b2.shape) if needs[1] else None
     if a_row and ga is not None:
         ga = ga.reshape(a.shape)
