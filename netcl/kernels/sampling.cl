@@ -1,6 +1,7 @@
 // Next-token sampling from a row of logits per batch element, on the device (a recorded decode step then
 // needs no host work but reading the tokens).
-//   SAMPLE_GREEDY: the index of the largest logit (the first on ties).
+//   SAMPLE_GREEDY: the index of the largest logit (the first on ties; -0.0 equals 0.0; NaN is the largest,
+//     as in torch.argmax).
 //   SAMPLE_RANDOM: z = logit / temperature; keep the top_k largest z (0: all; ties at the k-th value all
 //     kept, as Hugging Face's TopKLogitsWarper), then the smallest set of the largest kept z whose softmax
 //     mass reaches top_p (>= 1: all; Hugging Face's TopPLogitsWarper, ties kept); draw from the softmax
@@ -11,10 +12,10 @@
 //   of each kept token is stored once in `scratch`).
 // Layout: one work-group of WG work-items per row (global WG * rows); each work-item strides over the
 // vocabulary, then a tree reduction in local memory. CPUs use WG = 1 (one row per work-item, no barrier
-// work). Reads logits (row stride any, elements contiguous), uniforms (rows, vocab) contiguous; writes
+// work); GPUs 256, and greedy rows up to 1,024 (a decode step's one row: its loads are all the launch does). Reads logits (row stride any, elements contiguous), uniforms (rows, vocab) contiguous; writes
 // scratch (top_p only) and out[out_off + row * out_stride] (int).
 // Build options: T, ACC, IS_HALF, IS_BF16 (common.cl; float16, bfloat16 or float32 logits, read with LOAD_T), -DMODE=SAMPLE_GREEDY|SAMPLE_RANDOM,
-//   -DWG=<power of two>.
+//   -DWG=<power of two>, -DGREEDY_UNROLL=<loads in flight a work-item, greedy>.
 
 #include "common.cl"
 
@@ -73,6 +74,34 @@ inline int better(float s, int i, float best, int best_i) {
     return s > best || (s == best && i < best_i);
 }
 
+// greedy's order of logits: a float's order_key, with -0.0 equal to 0.0 and NaN above everything (the
+// first NaN wins, as torch.argmax's)
+inline uint greedy_key(float v) {
+    return isnan(v) ? 0xFFFFFFFFu : order_key(v == 0.0f ? 0.0f : v);
+}
+
+// group_argmax over greedy_key's keys: the largest key, then the smallest index; index -1 loses
+inline int group_argmax_key(uint k, int i, __local uint *keys, __local int *idx) {
+    const int l = get_local_id(0);
+    keys[l] = k;
+    idx[l] = i;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int w = WG / 2; w > 0; w >>= 1) {
+        if (l < w) {
+            const uint ko = keys[l + w];
+            const int io = idx[l + w];
+            if (io >= 0 && (idx[l] < 0 || ko > keys[l] || (ko == keys[l] && io < idx[l]))) {
+                keys[l] = ko;
+                idx[l] = io;
+            }
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    const int r = idx[0];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    return r;
+}
+
 inline int group_argmax(float s, int i, __local float *scores, __local int *idx) {
     const int l = get_local_id(0);
     scores[l] = s;
@@ -102,13 +131,23 @@ __kernel void sample_tokens(__global const T *logits, const long logits_off, con
     const int l = get_local_id(0);
     const long base = logits_off + row * row_stride;
 #if MODE == SAMPLE_GREEDY
-    float best = 0.0f;
+    // GREEDY_UNROLL loads in flight a work-item before any is compared (a row is one work-group's: on a GPU
+    // its loads are the launch's latency); the order of the visits does not change the answer
+    uint best = 0u;
     int best_i = -1;
-    for (int j = l; j < vocab; j += WG) {
-        const float v = LOAD_T(logits, base + j);
-        if (better(v, j, best, best_i)) { best = v; best_i = j; }
+    for (int j0 = l; j0 < vocab; j0 += WG * GREEDY_UNROLL) {
+        float v[GREEDY_UNROLL];
+#pragma unroll
+        for (int u = 0; u < GREEDY_UNROLL; ++u)
+            v[u] = j0 + u * WG < vocab ? LOAD_T(logits, base + j0 + u * WG) : 0.0f;
+#pragma unroll
+        for (int u = 0; u < GREEDY_UNROLL; ++u) {
+            const uint key = greedy_key(v[u]);
+            const int j = j0 + u * WG;
+            if (j < vocab && (best_i < 0 || key > best)) { best = key; best_i = j; }
+        }
     }
-    const int token = group_argmax(best, best_i, fbuf, ibuf);
+    const int token = group_argmax_key(best, best_i, ubuf, ibuf);
 #else
     // top_k: the largest key t with count(key >= t) >= top_k is the key of the k-th largest z
     uint keep_from = 0u;

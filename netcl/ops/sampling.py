@@ -20,6 +20,11 @@ from netcl.ops.random import Generator, rand
 
 __all__ = ["check_sampling", "sample"]
 
+# the layout: None (by the device: one work-item a row on CPUs, a work-group a row elsewhere), "cpu" or "gpu"
+variant_override: str | None = None
+# greedy: loads a work-item issues before it compares any (a GPU's one-row decode step waits for them)
+GREEDY_UNROLL = 8
+
 
 def check_sampling(temperature: Any, top_k: Any, top_p: Any) -> tuple[float, int, float]:
     """(temperature, top_k, top_p) checked: temperature >= 0 (0: greedy), top_k None or >= 1 (0 after
@@ -45,7 +50,8 @@ def sample(logits: Tensor, out: Tensor | None = None, *, temperature: float = 1.
            generator: Generator | None = None) -> Tensor:
     """One token id per row of logits (B, V) into out (B,) int32 (any stride; new if None).
 
-    temperature 0 is greedy (argmax, the first on ties). Otherwise the logits are divided by temperature,
+    temperature 0 is greedy (argmax, the first on ties; -0.0 equals 0.0 and NaN counts as the largest, as in
+    torch.argmax). Otherwise the logits are divided by temperature,
     filtered by top_k, then top_p (Hugging Face's warpers, in that order; ties at a threshold are all
     kept), and one token is drawn from the softmax of what is left by the Gumbel-max trick with
     `uniforms` (B, V) float32 in [0, 1), drawn from `generator` (netcl.ops.random) when None (a recorded
@@ -81,9 +87,11 @@ def sample(logits: Tensor, out: Tensor | None = None, *, temperature: float = 1.
         uniforms = uniforms.contiguous() if uniforms.offset == 0 else uniforms.clone()
     if rows == 0:
         return out
-    wg = 1 if queue.device.capabilities.kind == "cpu" else kernels.work_group(queue.device)
+    gpu = (variant_override or queue.device.capabilities.kind) != "cpu"
+    wg = kernels.work_group(queue.device, 1024 if greedy else 256) if gpu else 1
     prg = kernels.program(queue.device, "sampling.cl", dtype=logits.dtype,
-                          MODE="SAMPLE_GREEDY" if greedy else "SAMPLE_RANDOM", WG=wg)
+                          MODE="SAMPLE_GREEDY" if greedy else "SAMPLE_RANDOM", WG=wg,
+                          GREEDY_UNROLL=GREEDY_UNROLL)
     scratch = Tensor.empty(queue, (rows, vocab), np.float32) if not greedy and top_p < 1.0 else None
     noise = uniforms if uniforms is not None else out  # (unread when greedy)
     prg.sample_tokens(queue, (wg * rows,), (wg,), logits=logits.buffer, logits_off=np.int64(logits.offset),

@@ -79,6 +79,31 @@ def test_sample_with_a_generator_is_reproducible(queue, rng):
     np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.parametrize("layout", ["cpu", "gpu"])
+@pytest.mark.parametrize("dtype", [np.float32, dtypes.bfloat16])
+def test_greedy_on_each_layout(queue, rng, monkeypatch, layout, dtype):
+    """Greedy on both layouts (a work-item a row; a work-group a row, GREEDY_UNROLL loads a work-item in
+    flight): vocabularies shorter than one round of loads and longer than several, equal maxima far apart
+    (the first wins, wherever the work-items' rounds put them), -0.0 and 0.0 equal, and NaN as torch.argmax
+    takes it: the largest, its first occurrence."""
+    from netcl.ops import sampling
+
+    monkeypatch.setattr(sampling, "variant_override", layout)
+    for vocab in (1, 7, 300, 32001):
+        logits = rng.standard_normal((6, vocab)).astype(dtype)
+        if vocab > 1:
+            logits[1, [vocab - 1, vocab // 3]] = 50   # a tie: the smaller index wins
+            logits[2] = 0.0
+            logits[2, : vocab // 2] = -0.0              # -0.0 first: it ties with 0.0 and is first
+            logits[3, [vocab - 1, vocab // 2]] = np.nan  # the first NaN
+            logits[4] = -np.inf
+            logits[4, vocab - 1] = np.inf
+        logits[5] = -np.inf                             # all equal: the first
+        want = [int(np.argmax(r.astype(np.float32))) for r in logits]  # NaN: NumPy as torch
+        out = ops.sample(Tensor.from_host(queue, logits), temperature=0)
+        np.testing.assert_array_equal(out.to_host(), want, err_msg=f"vocab {vocab}")
+
+
 @pytest.mark.parametrize("dtype", [np.float64, np.float16, dtypes.bfloat16])
 def test_sample_other_float_logits(queue, rng, dtype):
     logits = rng.standard_normal((2, 33)).astype(dtype)
