@@ -119,10 +119,11 @@ inline int group_argmax(float s, int i, __local float *scores, __local int *idx)
     return r;
 }
 
-__kernel void sample_tokens(__global const T *logits, const long logits_off, const long row_stride,
-                            const int vocab, __global const float *uniforms, __global float *scratch,
-                            __global int *out, const long out_off, const long out_stride,
-                            const float inv_temperature, const int top_k, const float top_p)
+__kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
+void sample_tokens(__global const T *logits, const long logits_off, const long row_stride, const int vocab,
+                   __global const float *uniforms, __global float *scratch, __global int *out,
+                   const long out_off, const long out_stride, const float inv_temperature, const int top_k,
+                   const float top_p)
 {
     __local float fbuf[WG];
     __local int ibuf[WG];

@@ -89,9 +89,14 @@ def sample(logits: Tensor, out: Tensor | None = None, *, temperature: float = 1.
         return out
     gpu = (variant_override or queue.device.capabilities.kind) != "cpu"
     wg = kernels.work_group(queue.device, 1024 if greedy else 256) if gpu else 1
-    prg = kernels.program(queue.device, "sampling.cl", dtype=logits.dtype,
-                          MODE="SAMPLE_GREEDY" if greedy else "SAMPLE_RANDOM", WG=wg,
+    mode = "SAMPLE_GREEDY" if greedy else "SAMPLE_RANDOM"
+    prg = kernels.program(queue.device, "sampling.cl", dtype=logits.dtype, MODE=mode, WG=wg,
                           GREEDY_UNROLL=GREEDY_UNROLL)
+    fits = prg.sample_tokens.max_work_group_size
+    if fits < wg:  # the compiled kernel takes fewer (without reqd_work_group_size NVIDIA's H100 took 256)
+        wg = kernels.work_group(queue.device, fits)
+        prg = kernels.program(queue.device, "sampling.cl", dtype=logits.dtype, MODE=mode, WG=wg,
+                              GREEDY_UNROLL=GREEDY_UNROLL)
     scratch = Tensor.empty(queue, (rows, vocab), np.float32) if not greedy and top_p < 1.0 else None
     noise = uniforms if uniforms is not None else out  # (unread when greedy)
     prg.sample_tokens(queue, (wg * rows,), (wg,), logits=logits.buffer, logits_off=np.int64(logits.offset),

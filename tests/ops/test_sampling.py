@@ -104,6 +104,36 @@ def test_greedy_on_each_layout(queue, rng, monkeypatch, layout, dtype):
         np.testing.assert_array_equal(out.to_host(), want, err_msg=f"vocab {vocab}")
 
 
+def test_greedy_takes_the_work_group_its_kernel_allows(queue, rng, monkeypatch):
+    """Where the kernel built for the layout's work-group takes fewer work-items (its registers: NVIDIA's H100
+    allowed 256 of a greedy build for 1,024), the sampler builds it again for what it takes and the tokens
+    are the same."""
+    from netcl.core import backend
+    from netcl.ops import sampling
+
+    monkeypatch.setattr(sampling, "variant_override", "gpu")
+    logits = rng.standard_normal((3, 5000)).astype(np.float32)
+    want = logits.argmax(1)
+    real = backend.Kernel.max_work_group_size
+
+    def limited(self):
+        return min(real.fget(self), 64) if self.name == "sample_tokens" else real.fget(self)
+
+    monkeypatch.setattr(backend.Kernel, "max_work_group_size", property(limited))
+    launched = []
+    call = backend.Kernel.__call__
+
+    def spy(self, queue_, global_size, local_size=None, *args, **kwargs):
+        if self.name == "sample_tokens":
+            launched.append(tuple(local_size))
+        return call(self, queue_, global_size, local_size, *args, **kwargs)
+
+    monkeypatch.setattr(backend.Kernel, "__call__", spy)
+    out = ops.sample(Tensor.from_host(queue, logits), temperature=0)
+    np.testing.assert_array_equal(out.to_host(), want)
+    assert launched == [(64,)]
+
+
 @pytest.mark.parametrize("dtype", [np.float64, np.float16, dtypes.bfloat16])
 def test_sample_other_float_logits(queue, rng, dtype):
     logits = rng.standard_normal((2, 33)).astype(dtype)
