@@ -12,10 +12,12 @@
 //   of each kept token is stored once in `scratch`).
 // Layout: one work-group of WG work-items per row (global WG * rows); each work-item strides over the
 // vocabulary, then a tree reduction in local memory. CPUs use WG = 1 (one row per work-item, no barrier
-// work); GPUs 256, and greedy rows up to 1,024 (a decode step's one row: its loads are all the launch does). Reads logits (row stride any, elements contiguous), uniforms (rows, vocab) contiguous; writes
+// work); GPUs 256, and greedy rows up to 1,024 (a decode step's one row: its loads are all the launch
+// does). Reads logits (row stride any, elements contiguous), uniforms (rows, vocab) contiguous; writes
 // scratch (top_p only) and out[out_off + row * out_stride] (int).
-// Build options: T, ACC, IS_HALF, IS_BF16 (common.cl; float16, bfloat16 or float32 logits, read with LOAD_T), -DMODE=SAMPLE_GREEDY|SAMPLE_RANDOM,
-//   -DWG=<power of two>, -DGREEDY_UNROLL=<loads in flight a work-item, greedy>.
+// Build options: T, ACC, IS_HALF, IS_BF16 (common.cl; float16, bfloat16 or float32 logits, read with
+//   LOAD_T), -DMODE=SAMPLE_GREEDY|SAMPLE_RANDOM, -DWG=<power of two, the work-group size it requires>,
+//   -DGREEDY_UNROLL=<loads in flight a work-item, greedy>.
 
 #include "common.cl"
 

@@ -51,11 +51,10 @@ def sample(logits: Tensor, out: Tensor | None = None, *, temperature: float = 1.
     """One token id per row of logits (B, V) into out (B,) int32 (any stride; new if None).
 
     temperature 0 is greedy (argmax, the first on ties; -0.0 equals 0.0 and NaN counts as the largest, as in
-    torch.argmax). Otherwise the logits are divided by temperature,
-    filtered by top_k, then top_p (Hugging Face's warpers, in that order; ties at a threshold are all
-    kept), and one token is drawn from the softmax of what is left by the Gumbel-max trick with
-    `uniforms` (B, V) float32 in [0, 1), drawn from `generator` (netcl.ops.random) when None (a recorded
-    step then draws fresh numbers at each replay)."""
+    torch.argmax). Otherwise the logits are divided by temperature, filtered by top_k, then top_p (Hugging
+    Face's warpers, in that order; ties at a threshold are all kept), and one token is drawn from the softmax
+    of what is left by the Gumbel-max trick with `uniforms` (B, V) float32 in [0, 1), drawn from `generator`
+    (netcl.ops.random) when None (a recorded step then draws fresh numbers at each replay)."""
     temperature, top_k, top_p = check_sampling(temperature, top_k, top_p)
     if not isinstance(logits, Tensor) or logits.ndim != 2 or logits.shape[1] == 0:
         raise ShapeError(f"sample: logits must be a Tensor (batch, vocab) with vocab >= 1, got "
