@@ -6,7 +6,7 @@
 //     kept, as Hugging Face's TopKLogitsWarper), then the smallest set of the largest kept z whose softmax
 //     mass reaches top_p (>= 1: all; Hugging Face's TopPLogitsWarper, ties kept); draw from the softmax
 //     of the kept z by the Gumbel-max trick: argmax of z - log(-log(u)) over the kept tokens, u the
-//     row's uniforms in [0, 1).
+//     row's uniforms in [0, 1). Both argmaxes order values as greedy's (argmax_key).
 //   Both thresholds are found exactly by bisection over the 32 bits of an order-preserving integer key
 //   of z (no sort): 32 counting passes over the row for top_k, 32 mass passes for top_p (exp(z - max)
 //   of each kept token is stored once in `scratch`).
@@ -69,21 +69,15 @@ inline uint group_count(uint v, __local uint *buf) {
     return r;
 }
 
-// (score, index) pairs: the larger score wins, then the smaller index; index -1 (nothing yet) loses
-inline int better(float s, int i, float best, int best_i) {
-    if (i < 0) return 0;
-    if (best_i < 0) return 1;
-    return s > best || (s == best && i < best_i);
-}
-
-// greedy's order of logits: a float's order_key, with -0.0 equal to 0.0 and NaN above everything (the
-// first NaN wins, as torch.argmax's)
-inline uint greedy_key(float v) {
+// the order the argmax of both modes takes its values in: a float's order_key, with -0.0 equal to 0.0 and NaN
+// above everything (the first NaN wins, as torch.argmax's)
+inline uint argmax_key(float v) {
     return isnan(v) ? 0xFFFFFFFFu : order_key(v == 0.0f ? 0.0f : v);
 }
 
-// group_argmax over greedy_key's keys: the largest key, then the smallest index; index -1 loses
-inline int group_argmax_key(uint k, int i, __local uint *keys, __local int *idx) {
+// the work-group's argmax of (argmax_key, index) pairs: the largest key, then the smallest index; index -1
+// (nothing yet) loses
+inline int group_argmax(uint k, int i, __local uint *keys, __local int *idx) {
     const int l = get_local_id(0);
     keys[l] = k;
     idx[l] = i;
@@ -96,23 +90,6 @@ inline int group_argmax_key(uint k, int i, __local uint *keys, __local int *idx)
                 keys[l] = ko;
                 idx[l] = io;
             }
-        }
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }
-    const int r = idx[0];
-    barrier(CLK_LOCAL_MEM_FENCE);
-    return r;
-}
-
-inline int group_argmax(float s, int i, __local float *scores, __local int *idx) {
-    const int l = get_local_id(0);
-    scores[l] = s;
-    idx[l] = i;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int w = WG / 2; w > 0; w >>= 1) {
-        if (l < w && better(scores[l + w], idx[l + w], scores[l], idx[l])) {
-            scores[l] = scores[l + w];
-            idx[l] = idx[l + w];
         }
         barrier(CLK_LOCAL_MEM_FENCE);
     }
@@ -145,12 +122,12 @@ void sample_tokens(__global const T *logits, const long logits_off, const long r
             v[u] = j0 + u * WG < vocab ? LOAD_T(logits, base + j0 + u * WG) : 0.0f;
 #pragma unroll
         for (int u = 0; u < GREEDY_UNROLL; ++u) {
-            const uint key = greedy_key(v[u]);
+            const uint key = argmax_key(v[u]);
             const int j = j0 + u * WG;
             if (j < vocab && (best_i < 0 || key > best)) { best = key; best_i = j; }
         }
     }
-    const int token = group_argmax_key(best, best_i, ubuf, ibuf);
+    const int token = group_argmax(best, best_i, ubuf, ibuf);
 #else
     // top_k: the largest key t with count(key >= t) >= top_k is the key of the k-th largest z
     uint keep_from = 0u;
@@ -187,16 +164,16 @@ void sample_tokens(__global const T *logits, const long logits_off, const long r
         }
         keep_from = max(keep_from, t);
     }
-    float best = 0.0f;
+    uint best = 0u;
     int best_i = -1;
     __global const float *u = uniforms + row * (long)vocab;
     for (int j = l; j < vocab; j += WG) {
         const float z = LOAD_T(logits, base + j) * inv_temperature;
         if (order_key(z) < keep_from) continue;
-        const float score = z - log(-log(u[j]));
-        if (better(score, j, best, best_i)) { best = score; best_i = j; }
+        const uint key = argmax_key(z - log(-log(u[j])));
+        if (best_i < 0 || key > best) { best = key; best_i = j; }
     }
-    const int token = group_argmax(best, best_i, fbuf, ibuf);
+    const int token = group_argmax(best, best_i, ubuf, ibuf);
 #endif
     if (l == 0) out[out_off + row * out_stride] = token;
 }
