@@ -24,6 +24,10 @@ __all__ = ["check_sampling", "sample"]
 variant_override: str | None = None
 # greedy: loads a work-item issues before it compares any (a GPU's one-row decode step waits for them)
 GREEDY_UNROLL = 8
+# on GPUs, the work-items of a row's work-group at most: greedy (its loads are the launch) and random modes;
+# the device's and the compiled kernel's limits may make them smaller (bench/sampling.py --sweep times them)
+GREEDY_WG = 1024
+RANDOM_WG = 256
 
 
 def check_sampling(temperature: Any, top_k: Any, top_p: Any) -> tuple[float, int, float]:
@@ -87,7 +91,7 @@ def sample(logits: Tensor, out: Tensor | None = None, *, temperature: float = 1.
     if rows == 0:
         return out
     gpu = (variant_override or queue.device.capabilities.kind) != "cpu"
-    wg = kernels.work_group(queue.device, 1024 if greedy else 256) if gpu else 1
+    wg = kernels.work_group(queue.device, GREEDY_WG if greedy else RANDOM_WG) if gpu else 1
     mode = "SAMPLE_GREEDY" if greedy else "SAMPLE_RANDOM"
     prg = kernels.program(queue.device, "sampling.cl", dtype=logits.dtype, MODE=mode, WG=wg,
                           GREEDY_UNROLL=GREEDY_UNROLL)
