@@ -7,9 +7,9 @@
 //     mass reaches top_p (>= 1: all; Hugging Face's TopPLogitsWarper, ties kept); draw from the softmax
 //     of the kept z by the Gumbel-max trick: argmax of z - log(-log(u)) over the kept tokens, u the
 //     row's uniforms in [0, 1). Both argmaxes order values as greedy's (argmax_key).
-//   Both thresholds are found exactly by bisection over the 32 bits of an order-preserving integer key
-//   of z (no sort): 32 counting passes over the row for top_k, 32 mass passes for top_p (exp(z - max)
-//   of each kept token is stored once in `scratch`).
+//   Both thresholds are found exactly on an order-preserving integer key of z (no sort): top_k's by a
+//   radix select over the key's 4 bytes (4 counting passes over the row), top_p's by bisection over its
+//   32 bits (32 mass passes; exp(z - max) of each kept token is stored once in `scratch`).
 // Layout: one work-group of WG work-items per row (global WG * rows); each work-item strides over the
 // vocabulary, then a tree reduction in local memory. CPUs use WG = 1 (one row per work-item, no barrier
 // work); GPUs 256, and greedy rows up to 1,024 (a decode step's one row: its loads are all the launch
@@ -56,19 +56,6 @@ inline float group_max(float v, __local float *buf) {
     return r;
 }
 
-inline uint group_count(uint v, __local uint *buf) {
-    const int l = get_local_id(0);
-    buf[l] = v;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int s = WG / 2; s > 0; s >>= 1) {
-        if (l < s) buf[l] += buf[l + s];
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }
-    const uint r = buf[0];
-    barrier(CLK_LOCAL_MEM_FENCE);
-    return r;
-}
-
 // the order the argmax of both modes takes its values in: a float's order_key, with -0.0 equal to 0.0 and NaN
 // above everything (the first NaN wins, as torch.argmax's)
 inline uint argmax_key(float v) {
@@ -107,6 +94,10 @@ void sample_tokens(__global const T *logits, const long logits_off, const long r
     __local float fbuf[WG];
     __local int ibuf[WG];
     __local uint ubuf[WG];
+#if MODE != SAMPLE_GREEDY
+    __local uint hist[256];   // top_k's radix select: the counts of one byte's values
+    __local uint pick[2];     // its byte and the keys above the prefix, from work-item 0
+#endif
     const long row = get_group_id(0);
     const int l = get_local_id(0);
     const long base = logits_off + row * row_stride;
@@ -129,15 +120,37 @@ void sample_tokens(__global const T *logits, const long logits_off, const long r
     }
     const int token = group_argmax(best, best_i, ubuf, ibuf);
 #else
-    // top_k: the largest key t with count(key >= t) >= top_k is the key of the k-th largest z
+    // top_k: keep_from = the largest key t with count(key >= t) >= top_k, the k-th largest key, by a radix
+    // select over the key's bytes, high to low: 4 passes over the row (a bisection over its bits took 32).
+    // A pass counts the keys on the prefix found so far by their next byte (`hist`); the largest byte whose
+    // count, with the keys above it and `above` (the keys above the prefix), reaches top_k extends it.
     uint keep_from = 0u;
     if (top_k > 0 && top_k < vocab) {
-        for (int bit = 31; bit >= 0; --bit) {
-            const uint cand = keep_from | (1u << bit);
-            uint n = 0u;
-            for (int j = l; j < vocab; j += WG)
-                n += order_key(LOAD_T(logits, base + j) * inv_temperature) >= cand;
-            if (group_count(n, ubuf) >= (uint)top_k) keep_from = cand;
+        uint above = 0u;
+        for (int shift = 24; shift >= 0; shift -= 8) {
+            for (int b = l; b < 256; b += WG) hist[b] = 0u;
+            barrier(CLK_LOCAL_MEM_FENCE);
+            const uint high = shift == 24 ? 0u : 0xFFFFFFFFu << (shift + 8);   // the bytes found so far
+            for (int j = l; j < vocab; j += WG) {
+                const uint key = order_key(LOAD_T(logits, base + j) * inv_temperature);
+#if WG == 1
+                if ((key & high) == keep_from) ++hist[(key >> shift) & 255u];
+#else
+                if ((key & high) == keep_from) atomic_inc(&hist[(key >> shift) & 255u]);
+#endif
+            }
+            barrier(CLK_LOCAL_MEM_FENCE);
+            if (l == 0) {   // the keys on the prefix reach top_k with `above`: some byte d >= 0 does
+                uint n = above;
+                int d = 255;
+                for (; d > 0 && n + hist[d] < (uint)top_k; --d) n += hist[d];
+                pick[0] = (uint)d;
+                pick[1] = n;
+            }
+            barrier(CLK_LOCAL_MEM_FENCE);
+            keep_from |= pick[0] << shift;
+            above = pick[1];
+            barrier(CLK_LOCAL_MEM_FENCE);   // every item has read pick before hist and pick are written again
         }
     }
     // top_p: the largest key t whose kept mass sum(exp(z - max) over key >= t) reaches top_p of the total

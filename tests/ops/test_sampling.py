@@ -104,6 +104,44 @@ def test_greedy_on_each_layout(queue, rng, monkeypatch, layout, dtype):
         np.testing.assert_array_equal(out.to_host(), want, err_msg=f"vocab {vocab}")
 
 
+@pytest.mark.parametrize("layout", ["cpu", "gpu"])
+def test_top_k_on_each_layout(queue, rng, monkeypatch, layout):
+    """top_k's radix select on both layouts (a work-item a row; a work-group a row counting into one local
+    histogram): k of 1, 2, half and all but one of the row; the k-th value tied many times (every tie kept);
+    keys that share their high bytes and differ in the lowest (floats an ulp apart); negative and positive
+    values; one value everywhere; with top_p after it."""
+    from netcl.ops import sampling
+
+    monkeypatch.setattr(sampling, "variant_override", layout)
+    for vocab in (2, 301, 5000):
+        logits = (rng.standard_normal((6, vocab)) * 3).astype(np.float32)
+        logits[1, rng.permutation(vocab)[: max(1, vocab // 4)]] = 0.5       # the k-th value tied often
+        logits[2] = np.float32(1.0) + np.arange(vocab, dtype=np.float32) % 7 * np.float32(2 ** -23)
+        logits[3] = -np.abs(logits[3])                                       # all negative
+        logits[4] = 2.0                                                      # one value everywhere
+        logits[5, rng.permutation(vocab)[: max(1, vocab // 3)]] = -1.25
+        u = rng.random(logits.shape).astype(np.float32)
+        for top_k, top_p, rows in ((1, None, ...), (2, None, ...), (max(1, vocab // 2), None, ...),
+                                   (vocab - 1, None, ...), (max(1, vocab // 4), 0.7, [0, 3])):
+            # (top_p where no tie straddles its cut: the reference keeps ties in index order there)
+            z, uu = np.ascontiguousarray(logits[rows]), np.ascontiguousarray(u[rows])
+            out = ops.sample(Tensor.from_host(queue, z), temperature=1.0, top_k=top_k, top_p=top_p,
+                             uniforms=Tensor.from_host(queue, uu))
+            np.testing.assert_array_equal(out.to_host(), reference(z, uu, 1.0, top_k, top_p),
+                                          err_msg=f"vocab {vocab}, top_k {top_k}, top_p {top_p}")
+        if vocab < 7:
+            continue
+        # the k-th value 1 + 5 ulp (an odd key): 1 + 4 ulp, one bit lower, must not be drawn; 16 draws
+        m = np.arange(vocab) % 7
+        z = np.tile(np.float32(1.0) + m.astype(np.float32) * np.float32(2 ** -23), (16, 1))
+        uu = rng.random(z.shape).astype(np.float32)
+        top_k = int((m >= 5).sum())
+        out = ops.sample(Tensor.from_host(queue, z), temperature=1.0, top_k=top_k,
+                         uniforms=Tensor.from_host(queue, uu))
+        np.testing.assert_array_equal(out.to_host(), reference(z, uu, 1.0, top_k, None),
+                                      err_msg=f"vocab {vocab}")
+
+
 def test_greedy_takes_the_work_group_its_kernel_allows(queue, rng, monkeypatch):
     """Where the kernel built for the layout's work-group takes fewer work-items (its registers: NVIDIA's H100
     allowed 256 of a greedy build for 1,024), the sampler builds it again for what it takes and the tokens
