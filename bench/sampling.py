@@ -23,7 +23,10 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from netcl import kernels, ops, profiling  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gemv import device_seconds_per_call  # noqa: E402
+
+from netcl import kernels, ops  # noqa: E402
 from netcl.core import dtypes  # noqa: E402
 from netcl.core.device import manager  # noqa: E402
 from netcl.core.tensor import Tensor  # noqa: E402
@@ -33,21 +36,6 @@ from netcl.ops import sampling  # noqa: E402
 MODES = [("greedy", 0.0, None, 1.0), ("random T=0.8", 0.8, None, 1.0), ("top-k 50, top-p 0.9", 0.8, 50, 0.9)]
 SWEEP_WG = (128, 256, 512, 1024)
 SWEEP_UNROLL = (1, 2, 4, 8, 16)
-
-
-def device_seconds_per_call(fn, queue, calls: int, spans: int = 3) -> float:
-    """Median over `spans` of the device time of `calls` calls of fn (OpenCL events), per call."""
-    for _ in range(3):
-        fn()
-    queue.finish()
-    per_call = []
-    for _ in range(spans):
-        with profiling.profile() as prof:
-            for _ in range(calls):
-                fn()
-            queue.finish()
-        per_call.append(prof.device_seconds / calls)
-    return statistics.median(per_call)
 
 
 def netcl_rows(q, logits: Tensor, calls: int) -> list[dict]:
