@@ -9,7 +9,8 @@
 //     row's uniforms in [0, 1). Both argmaxes order values as greedy's (argmax_key).
 //   Both thresholds are found exactly on an order-preserving integer key of z (no sort): top_k's by a
 //   radix select over the key's 4 bytes (4 counting passes over the row), top_p's by bisection over its
-//   32 bits (32 mass passes; exp(z - max) of each kept token is stored once in `scratch`).
+//   32 bits taken 4 at a time (8 mass passes of 15 candidates each; exp(z - max) of each kept token is
+//   stored once in `scratch`).
 // Layout: one work-group of WG work-items per row (global WG * rows); each work-item strides over the
 // vocabulary, then a tree reduction in local memory. CPUs use WG = 1 (one row per work-item, no barrier
 // work); GPUs 256, and greedy rows up to 1,024 (a decode step's one row: its loads are all the launch
@@ -23,6 +24,9 @@
 
 #define SAMPLE_GREEDY 1
 #define SAMPLE_RANDOM 2
+#if MODE != SAMPLE_GREEDY && WG > 512
+#error "sampling.cl: the random modes take at most 512 work-items a row (top_p: 15 masses an item, local)"
+#endif
 
 // an unsigned key with key(a) < key(b) exactly when a < b (for non-NaN floats)
 inline uint order_key(float f) {
@@ -41,6 +45,21 @@ inline float group_sum(float v, __local float *buf) {
     const float r = buf[0];
     barrier(CLK_LOCAL_MEM_FENCE);
     return r;
+}
+
+// group_sum of 15 values a work-item at once, into v (every work-item gets the sums): each one's additions
+// those of a group_sum of its own
+inline void group_sums15(float *v, __local float *buf) {
+    const int l = get_local_id(0);
+    for (int c = 0; c < 15; ++c) buf[c * WG + l] = v[c];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int s = WG / 2; s > 0; s >>= 1) {
+        if (l < s)
+            for (int c = 0; c < 15; ++c) buf[c * WG + l] += buf[c * WG + l + s];
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    for (int c = 0; c < 15; ++c) v[c] = buf[c * WG];
+    barrier(CLK_LOCAL_MEM_FENCE);
 }
 
 inline float group_max(float v, __local float *buf) {
@@ -97,6 +116,7 @@ void sample_tokens(__global const T *logits, const long logits_off, const long r
 #if MODE != SAMPLE_GREEDY
     __local uint hist[256];   // top_k's radix select: the counts of one byte's values
     __local uint pick[2];     // its byte and the keys above the prefix, from work-item 0
+    __local float mbuf[15 * WG];   // top_p: the masses of a pass's 15 candidates (15 KB at WG 256)
 #endif
     const long row = get_group_id(0);
     const int l = get_local_id(0);
@@ -167,13 +187,29 @@ void sample_tokens(__global const T *logits, const long logits_off, const long r
             part += w;
         }
         const float goal = top_p * group_sum(part, fbuf);
+        // t is found 4 bits a pass (8 passes over the row): a pass sums the mass of each of the 15 candidates
+        // t | c << shift (c = 1..15) at once, each as a bisection step would (a work-item's own tokens in
+        // index order, then group_sum's tree), and takes the largest c whose mass reaches the goal: the
+        // masses fall as c grows (nested sets summed in one order), so the bisection's 4 steps over these
+        // bits would take the same c, and t is the same to the last bit
         uint t = 0u;
-        for (int bit = 31; bit >= 0; --bit) {
-            const uint cand = t | (1u << bit);
-            float mass = 0.0f;
-            for (int j = l; j < vocab; j += WG)
-                if (order_key(LOAD_T(logits, base + j) * inv_temperature) >= cand) mass += e[j];
-            if (group_sum(mass, fbuf) >= goal) t = cand;
+        for (int shift = 28; shift >= 0; shift -= 4) {
+            float mass[15];
+            for (int c = 0; c < 15; ++c) mass[c] = 0.0f;
+            const uint high = shift == 28 ? 0u : 0xFFFFFFFFu << (shift + 4);   // the bits found so far
+            for (int j = l; j < vocab; j += WG) {
+                const uint key = order_key(LOAD_T(logits, base + j) * inv_temperature);
+                if ((key & high) < t) continue;
+                // key >= t | c << shift exactly for c <= d (every c where the found bits are exceeded)
+                const uint d = (key & high) > t ? 15u : (key >> shift) & 15u;
+                const float w = e[j];
+                for (int c = 0; c < 15; ++c)
+                    if ((uint)c < d) mass[c] += w;
+            }
+            group_sums15(mass, mbuf);
+            uint c = 15u;
+            while (c > 0u && !(mass[c - 1u] >= goal)) --c;
+            t |= c << shift;
         }
         keep_from = max(keep_from, t);
     }

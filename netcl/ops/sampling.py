@@ -27,7 +27,7 @@ GREEDY_UNROLL = 8
 # on GPUs, the work-items of a row's work-group at most: greedy (its loads are the launch) and random modes;
 # the device's and the compiled kernel's limits may make them smaller (bench/sampling.py --sweep times them)
 GREEDY_WG = 1024
-RANDOM_WG = 256
+RANDOM_WG = 256   # at most 512: top_p keeps 15 masses a work-item in local memory (sampling.cl)
 
 
 def check_sampling(temperature: Any, top_k: Any, top_p: Any) -> tuple[float, int, float]:
