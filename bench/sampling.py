@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gemv import device_seconds_per_call  # noqa: E402
 
-from netcl import kernels, ops  # noqa: E402
+from netcl import ops  # noqa: E402
 from netcl.core import dtypes  # noqa: E402
 from netcl.core.device import manager  # noqa: E402
 from netcl.core.tensor import Tensor  # noqa: E402
@@ -123,11 +123,7 @@ def sweep(q, logits: Tensor, calls: int) -> list[dict]:
                 sec = device_seconds_per_call(call, q, calls)
                 if not np.array_equal(out.to_host(), want):
                     raise AssertionError(f"WG {wg} unroll {unroll}: greedy tokens differ from NumPy's argmax")
-                took = kernels.work_group(q.device, wg) if q.device.capabilities.kind != "cpu" else 1
-                prg = kernels.program(q.device, "sampling.cl", dtype=logits.dtype, MODE="SAMPLE_GREEDY",
-                                      WG=took, GREEDY_UNROLL=unroll)
-                took = min(took, kernels.work_group(q.device, prg.sample_tokens.max_work_group_size)) \
-                    if took > 1 else 1
+                took = sampling.program(q.device, logits.dtype, greedy=True)[1]
                 result.append({"wg": wg, "unroll": unroll, "wg_taken": took, "us": sec * 1e6})
     finally:
         sampling.GREEDY_WG, sampling.GREEDY_UNROLL = old

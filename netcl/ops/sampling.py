@@ -49,6 +49,20 @@ def check_sampling(temperature: Any, top_k: Any, top_p: Any) -> tuple[float, int
     return float(temperature), int(top_k or 0), float(1.0 if top_p is None else top_p)
 
 
+def program(device: Any, dtype: Any, greedy: bool) -> tuple[Any, int]:
+    """(sampling.cl's program, the work-items a row) for logits of `dtype` on `device`: one on CPUs, else
+    GREEDY_WG or RANDOM_WG within the device's limit and the compiled kernel's."""
+    gpu = (variant_override or device.capabilities.kind) != "cpu"
+    wg = kernels.work_group(device, GREEDY_WG if greedy else RANDOM_WG) if gpu else 1
+    options = {"MODE": "SAMPLE_GREEDY" if greedy else "SAMPLE_RANDOM", "GREEDY_UNROLL": GREEDY_UNROLL}
+    prg = kernels.program(device, "sampling.cl", dtype=dtype, WG=wg, **options)
+    fits = prg.sample_tokens.max_work_group_size
+    if fits < wg:  # the compiled kernel takes fewer (without reqd_work_group_size NVIDIA's H100 took 256)
+        wg = kernels.work_group(device, fits)
+        prg = kernels.program(device, "sampling.cl", dtype=dtype, WG=wg, **options)
+    return prg, wg
+
+
 def sample(logits: Tensor, out: Tensor | None = None, *, temperature: float = 1.0, top_k: int | None = None,
            top_p: float | None = None, uniforms: Tensor | None = None,
            generator: Generator | None = None) -> Tensor:
@@ -90,16 +104,7 @@ def sample(logits: Tensor, out: Tensor | None = None, *, temperature: float = 1.
         uniforms = uniforms.contiguous() if uniforms.offset == 0 else uniforms.clone()
     if rows == 0:
         return out
-    gpu = (variant_override or queue.device.capabilities.kind) != "cpu"
-    wg = kernels.work_group(queue.device, GREEDY_WG if greedy else RANDOM_WG) if gpu else 1
-    mode = "SAMPLE_GREEDY" if greedy else "SAMPLE_RANDOM"
-    prg = kernels.program(queue.device, "sampling.cl", dtype=logits.dtype, MODE=mode, WG=wg,
-                          GREEDY_UNROLL=GREEDY_UNROLL)
-    fits = prg.sample_tokens.max_work_group_size
-    if fits < wg:  # the compiled kernel takes fewer (without reqd_work_group_size NVIDIA's H100 took 256)
-        wg = kernels.work_group(queue.device, fits)
-        prg = kernels.program(queue.device, "sampling.cl", dtype=logits.dtype, MODE=mode, WG=wg,
-                              GREEDY_UNROLL=GREEDY_UNROLL)
+    prg, wg = program(queue.device, logits.dtype, greedy)
     scratch = Tensor.empty(queue, (rows, vocab), np.float32) if not greedy and top_p < 1.0 else None
     noise = uniforms if uniforms is not None else out  # (unread when greedy)
     prg.sample_tokens(queue, (wg * rows,), (wg,), logits=logits.buffer, logits_off=np.int64(logits.offset),
