@@ -4,10 +4,13 @@ on the same device (argmax; softmax + multinomial; top-k, then top-p over the k 
 the floor of any launch: the device time of a one-element add. The compulsory bytes are the logits, read once;
 at a decode step's one row they are a launch's worth of latency, not of bandwidth. Each greedy token is
 checked against NumPy's argmax; netcl's figures are OpenCL event time (netcl.profiling) of every launch of a
-call (the random modes draw their uniforms in a launch of their own), median of three spans of --calls calls;
-PyTorch's CUDA event time over the same calls (on the CPU: wall time after the last call).
+call, median of three spans of --calls calls; PyTorch's CUDA event time over the same calls (on the CPU: wall
+time after the last call). The rows' logits (--logits): `normal` (standard normal, a flat row: every token
+within reach of the draw) or `zipf` (a trained model's shape, synthetic: 15 - 2.2 log(rank) plus noise of
+0.5, ranks shuffled; netcl's draw skips the tokens that cannot win, so the random modes' cost depends on it).
 
-    python bench/sampling.py [--gpu] [--vocab 32000] [--rows 1,8] [--dtypes bfloat16,float32] [--out JSON]
+    python bench/sampling.py [--gpu] [--vocab 32000] [--rows 1,8] [--dtypes bfloat16,float32]
+                             [--logits normal,zipf] [--out JSON]
     python3 bench/sampling.py --gpu --sweep      # greedy by ops.sampling.GREEDY_WG x GREEDY_UNROLL
 """
 
@@ -36,6 +39,14 @@ from netcl.ops import sampling  # noqa: E402
 MODES = [("greedy", 0.0, None, 1.0), ("random T=0.8", 0.8, None, 1.0), ("top-k 50, top-p 0.9", 0.8, 50, 0.9)]
 SWEEP_WG = (128, 256, 512, 1024)
 SWEEP_UNROLL = (1, 2, 4, 8, 16)
+
+
+def row_values(rng: np.random.Generator, shape: str, rows: int, vocab: int) -> np.ndarray:
+    """(rows, vocab) float32 logits: `normal` or `zipf` (the module docstring)."""
+    if shape == "normal":
+        return rng.standard_normal((rows, vocab)).astype(np.float32)
+    ranks = np.stack([rng.permutation(vocab) + 1 for _ in range(rows)])
+    return (15.0 - 2.2 * np.log(ranks) + 0.5 * rng.standard_normal((rows, vocab))).astype(np.float32)
 
 
 def netcl_rows(q, logits: Tensor, calls: int) -> list[dict]:
@@ -137,6 +148,8 @@ def main() -> int:
     ap.add_argument("--rows", default="1,8", help="rows (batch) of logits, comma-separated (default 1,8)")
     ap.add_argument("--dtypes", default="bfloat16,float32", help="logits' dtypes (default bfloat16,float32)")
     ap.add_argument("--calls", type=int, default=100, help="calls a timed span (default 100)")
+    ap.add_argument("--logits", default="normal,zipf",
+                    help="the rows' values, comma-separated: normal, zipf (default both; see above)")
     ap.add_argument("--sweep", action="store_true",
                     help="also greedy by GREEDY_WG x GREEDY_UNROLL (the first --rows)")
     ap.add_argument("--no-torch", action="store_true", help="the netcl rows only")
@@ -152,6 +165,9 @@ def main() -> int:
     bad = [n for n in names if n not in ("bfloat16", "float16", "float32")]
     if bad:
         ap.error(f"--dtypes: {bad} (choose from bfloat16, float16, float32)")
+    shapes = [k.strip() for k in args.logits.split(",")]
+    if not shapes or any(k not in ("normal", "zipf") for k in shapes):
+        ap.error(f"--logits takes a comma list of normal, zipf; got {args.logits!r}")
     dev = manager.get("gpu" if args.gpu else "auto")
     q = dev.queue
     one = Tensor.from_host(q, np.zeros(1, np.int32))
@@ -160,9 +176,9 @@ def main() -> int:
           f"the smallest launch (a one-element add) {floor * 1e6:.1f} us")
     rng = np.random.default_rng(0)
     table, results = [], {"device": dev.device_name, "vocab": args.vocab, "floor_us": floor * 1e6, "rows": []}
-    for name in names:
+    for name, shape in [(n, k) for n in names for k in shapes]:
         for rows in batch:
-            host = rng.standard_normal((rows, args.vocab)).astype(np.float32)
+            host = row_values(rng, shape, rows, args.vocab)
             logits = Tensor.from_host(q, host)
             if name != "float32":
                 logits = ops.cast(logits, getattr(dtypes, name)).realize()
@@ -176,18 +192,19 @@ def main() -> int:
                     print(f"  (PyTorch not timed: {exc})")
             for k, row in enumerate(mine):
                 theirs = peer[k]["us"] if peer else None
-                table.append((name, rows, row["mode"], row["us"], theirs))
-                results["rows"].append({"dtype": name, "rows": rows, **row, "torch_us": theirs})
-            if args.sweep and rows == batch[0]:
+                table.append((name, shape, rows, row["mode"], row["us"], theirs))
+                results["rows"].append({"dtype": name, "logits": shape, "rows": rows, **row,
+                                        "torch_us": theirs})
+            if args.sweep and rows == batch[0] and shape == shapes[0]:
                 results.setdefault("sweep", {})[name] = found = sweep(q, logits, args.calls)
                 print(f"  greedy, {name}, {rows} row(s), us by GREEDY_WG (asked / taken) x GREEDY_UNROLL:")
                 for r in found:
                     print(f"    WG {r['wg']:5d} / {r['wg_taken']:5d}  unroll {r['unroll']:3d}  "
                           f"{r['us']:8.1f}")
-    print(f"\n{'dtype':9} {'rows':>4}  {'mode':22} {'netcl us':>9} {'torch us':>9} {'ratio':>6}")
-    for name, rows, mode, us, theirs in table:
+    print(f"\n{'dtype':9} {'logits':6} {'rows':>4}  {'mode':22} {'netcl us':>9} {'torch us':>9} {'ratio':>6}")
+    for name, shape, rows, mode, us, theirs in table:
         peer = f"{theirs:9.1f} {theirs / us:6.2f}" if theirs else f"{'-':>9} {'-':>6}"
-        print(f"{name:9} {rows:4d}  {mode:22} {us:9.1f} {peer}")
+        print(f"{name:9} {shape:6} {rows:4d}  {mode:22} {us:9.1f} {peer}")
     print("ratio: PyTorch's time over netcl's (above 1: netcl faster)")
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -12,9 +12,8 @@
 inline uint4 philox4x32_10(uint4 c, uint2 k)
 {
     for (int r = 0; r < 10; ++r) {
-        const uint hi0 = mul_hi(PHILOX_M0, c.x), lo0 = PHILOX_M0 * c.x;
-        const uint hi1 = mul_hi(PHILOX_M1, c.z), lo1 = PHILOX_M1 * c.z;
-        c = (uint4)(hi1 ^ c.y ^ k.x, lo1, hi0 ^ c.w ^ k.y, lo0);
+        const ulong p0 = (ulong)PHILOX_M0 * c.x, p1 = (ulong)PHILOX_M1 * c.z;   // hi and lo: one multiply
+        c = (uint4)((uint)(p1 >> 32) ^ c.y ^ k.x, (uint)p1, (uint)(p0 >> 32) ^ c.w ^ k.y, (uint)p0);
         k += (uint2)(PHILOX_W0, PHILOX_W1);
     }
     return c;

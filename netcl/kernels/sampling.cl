@@ -6,7 +6,13 @@
 //     kept, as Hugging Face's TopKLogitsWarper), then the smallest set of the largest kept z whose softmax
 //     mass reaches top_p (>= 1: all; Hugging Face's TopPLogitsWarper, ties kept); draw from the softmax
 //     of the kept z by the Gumbel-max trick: argmax of z - log(-log(u)) over the kept tokens, u the
-//     row's uniforms in [0, 1). Both argmaxes order values as greedy's (argmax_key).
+//     row's uniforms in [0, 1): the given ones (`given`), else drawn here, element row * vocab + j of the
+//     (rows, vocab) float32 draw netcl.ops.random.rand makes from (seed, counter0): Philox block
+//     counter0 + n / 4, word n % 4, 24 bits (random.cl's philox_fill), the same numbers without that launch,
+//     and only for the tokens that need one. A token whose value cannot reach the best one a work-item
+//     holds is skipped before its draw and logarithms: z + 16.75 below it (u < 1 puts -log(-log(u)) at most
+//     16.64, and rounding is monotone, so the value rounds no higher than z + 16.75 does). Both argmaxes
+//     order values as greedy's (argmax_key).
 //   Both thresholds are found exactly on an order-preserving integer key of z (no sort): top_k's by a
 //   radix select over the key's 4 bytes (4 counting passes over the row), top_p's by bisection over its
 //   32 bits taken 4 at a time (8 mass passes of 15 candidates each; exp(z - max) of each kept token is
@@ -14,13 +20,15 @@
 // Layout: one work-group of WG work-items per row (global WG * rows); each work-item strides over the
 // vocabulary, then a tree reduction in local memory. CPUs use WG = 1 (one row per work-item, no barrier
 // work); GPUs 256, and greedy rows up to 1,024 (a decode step's one row: its loads are all the launch
-// does). Reads logits (row stride any, elements contiguous), uniforms (rows, vocab) contiguous; writes
-// scratch (top_p only) and out[out_off + row * out_stride] (int).
+// does); the random draw's work-items take Philox blocks (4 tokens each) in turn. Reads logits (row stride
+// any, elements contiguous), uniforms (rows, vocab) contiguous where given; writes scratch (top_p only) and
+// out[out_off + row * out_stride] (int).
 // Build options: T, ACC, IS_HALF, IS_BF16 (common.cl; float16, bfloat16 or float32 logits, read with
 //   LOAD_T), -DMODE=SAMPLE_GREEDY|SAMPLE_RANDOM, -DWG=<power of two, the work-group size it requires>,
 //   -DGREEDY_UNROLL=<loads in flight a work-item, greedy>.
 
 #include "common.cl"
+#include "philox.cl"
 
 #define SAMPLE_GREEDY 1
 #define SAMPLE_RANDOM 2
@@ -104,26 +112,13 @@ inline int group_argmax(uint k, int i, __local uint *keys, __local int *idx) {
     return r;
 }
 
-__kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
-void sample_tokens(__global const T *logits, const long logits_off, const long row_stride, const int vocab,
-                   __global const float *uniforms, __global float *scratch, __global int *out,
-                   const long out_off, const long out_stride, const float inv_temperature, const int top_k,
-                   const float top_p)
+// The index of the row's largest logit (greedy's token; argmax_key's order), for the work-group:
+// GREEDY_UNROLL loads in flight a work-item before any is compared (a row is one work-group's: on a GPU its
+// loads are the launch's latency); the order of the visits does not change the answer
+inline int row_argmax(__global const T *logits, const long base, const int vocab, __local uint *keys,
+                      __local int *idx)
 {
-    __local float fbuf[WG];
-    __local int ibuf[WG];
-    __local uint ubuf[WG];
-#if MODE != SAMPLE_GREEDY
-    __local uint hist[256];   // top_k's radix select: the counts of one byte's values
-    __local uint pick[2];     // its byte and the keys above the prefix, from work-item 0
-    __local float mbuf[15 * WG];   // top_p: the masses of a pass's 15 candidates (15 KB at WG 256)
-#endif
-    const long row = get_group_id(0);
     const int l = get_local_id(0);
-    const long base = logits_off + row * row_stride;
-#if MODE == SAMPLE_GREEDY
-    // GREEDY_UNROLL loads in flight a work-item before any is compared (a row is one work-group's: on a GPU
-    // its loads are the launch's latency); the order of the visits does not change the answer
     uint best = 0u;
     int best_i = -1;
     for (int j0 = l; j0 < vocab; j0 += WG * GREEDY_UNROLL) {
@@ -138,7 +133,42 @@ void sample_tokens(__global const T *logits, const long logits_off, const long r
             if (j < vocab && (best_i < 0 || key > best)) { best = key; best_i = j; }
         }
     }
-    const int token = group_argmax(best, best_i, ubuf, ibuf);
+    return group_argmax(best, best_i, keys, idx);
+}
+
+// Block b of the (rows, vocab) float32 draw rand() makes from (seed, counter0): Philox of counter0 + b
+// (random.cl's philox_fill, 4 elements a work-item); element n is word n % 4 of block n / 4, 24 bits
+// (draw_word)
+inline uint4 draw_block(const long b, const uint seed_lo, const uint seed_hi, const ulong counter0)
+{
+    const ulong ctr = counter0 + (ulong)b;
+    return philox4x32_10((uint4)((uint)ctr, (uint)(ctr >> 32), 0u, 0u), (uint2)(seed_lo, seed_hi));
+}
+
+inline float draw_word(const uint4 w, const int k)
+{
+    return u24(k == 0 ? w.x : k == 1 ? w.y : k == 2 ? w.z : w.w);
+}
+
+__kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
+void sample_tokens(__global const T *logits, const long logits_off, const long row_stride, const int vocab,
+                   __global const float *uniforms, const int given, const uint seed_lo, const uint seed_hi,
+                   const ulong counter0, __global float *scratch, __global int *out, const long out_off,
+                   const long out_stride, const float inv_temperature, const int top_k, const float top_p)
+{
+    __local float fbuf[WG];
+    __local int ibuf[WG];
+    __local uint ubuf[WG];
+#if MODE != SAMPLE_GREEDY
+    __local uint hist[256];   // top_k's radix select: the counts of one byte's values
+    __local uint pick[2];     // its byte and the keys above the prefix, from work-item 0
+    __local float mbuf[15 * WG];   // top_p: the masses of a pass's 15 candidates (15 KB at WG 256)
+#endif
+    const long row = get_group_id(0);
+    const int l = get_local_id(0);
+    const long base = logits_off + row * row_stride;
+#if MODE == SAMPLE_GREEDY
+    const int token = row_argmax(logits, base, vocab, ubuf, ibuf);
 #else
     // top_k: keep_from = the largest key t with count(key >= t) >= top_k, the k-th largest key, by a radix
     // select over the key's bytes, high to low: 4 passes over the row (a bisection over its bits took 32).
@@ -215,12 +245,43 @@ void sample_tokens(__global const T *logits, const long logits_off, const long r
     }
     uint best = 0u;
     int best_i = -1;
-    __global const float *u = uniforms + row * (long)vocab;
-    for (int j = l; j < vocab; j += WG) {
-        const float z = LOAD_T(logits, base + j) * inv_temperature;
-        if (order_key(z) < keep_from) continue;
-        const uint key = argmax_key(z - log(-log(u[j])));
-        if (best_i < 0 || key > best) { best = key; best_i = j; }
+    const long first = row * (long)vocab;   // the row's first element of the (rows, vocab) draw
+    __global const float *u = uniforms + first;
+    // floor: a value the draw's winner reaches (the largest value a work-item has met; where a row is a
+    // work-group's and no top_k bounds the tokens kept, from the start the most likely token's own, which
+    // top_p always keeps: else a work-item's tokens would be drawn until it met a large value itself); a
+    // token below it is skipped
+    float floor_v = -INFINITY;
+#if WG > 1
+    if (top_k == 0 || top_k >= vocab) {
+        const int top = row_argmax(logits, base, vocab, ubuf, ibuf);
+        floor_v = LOAD_T(logits, base + top) * inv_temperature
+                - log(-log(given ? u[top]
+                                 : draw_word(draw_block((first + top) >> 2, seed_lo, seed_hi, counter0),
+                                             (int)((first + top) & 3))));
+    }
+#endif
+    // the row's Philox blocks, first >> 2 .. (first + vocab - 1) >> 2, taken in turn by the work-items (each
+    // visits its tokens in index order: the first of equal values wins, as everywhere here)
+    const long b0 = first >> 2, blocks = vocab > 0 ? ((first + vocab - 1) >> 2) - b0 + 1 : 0;
+    for (long bk = l; bk < blocks; bk += WG) {
+        uint4 words = (uint4)0u;
+        int drawn = 0;
+        for (int w = 0; w < 4; ++w) {
+            const long j = 4 * (b0 + bk) + w - first;
+            if (j < 0 || j >= vocab) continue;
+            const float z = LOAD_T(logits, base + j) * inv_temperature;
+            if (order_key(z) < keep_from) continue;
+            const float uj = given ? u[j] : 0.0f;
+            if ((!given || uj < 1.0f) && z + 16.75f < floor_v) continue;
+            if (!given && !drawn) {   // (the block's words once, for its first token that needs one)
+                words = draw_block(b0 + bk, seed_lo, seed_hi, counter0);
+                drawn = 1;
+            }
+            const float v = z - log(-log(given ? uj : draw_word(words, w)));
+            const uint key = argmax_key(v);
+            if (best_i < 0 || key > best) { best = key; best_i = (int)j; floor_v = fmax(floor_v, v); }
+        }
     }
     const int token = group_argmax(best, best_i, ubuf, ibuf);
 #endif

@@ -13,10 +13,11 @@ import numpy as np
 
 from netcl import kernels
 from netcl.core import dtypes
+from netcl.core.capture import capturing
 from netcl.core.tensor import Tensor, check_same_queue
 from netcl.errors import DTypeError, ShapeError
 from netcl.ops.elementwise import cast
-from netcl.ops.random import Generator, rand
+from netcl.ops.random import Generator, default_generator
 
 __all__ = ["check_sampling", "sample"]
 
@@ -71,8 +72,9 @@ def sample(logits: Tensor, out: Tensor | None = None, *, temperature: float = 1.
     temperature 0 is greedy (argmax, the first on ties; -0.0 equals 0.0 and NaN counts as the largest, as in
     torch.argmax). Otherwise the logits are divided by temperature, filtered by top_k, then top_p (Hugging
     Face's warpers, in that order; ties at a threshold are all kept), and one token is drawn from the softmax
-    of what is left by the Gumbel-max trick with `uniforms` (B, V) float32 in [0, 1), drawn from `generator`
-    (netcl.ops.random) when None (a recorded step then draws fresh numbers at each replay)."""
+    of what is left by the Gumbel-max trick with `uniforms` (B, V) float32 in [0, 1); when None, the numbers
+    rand((B, V), generator=generator) would give (netcl.ops.random; the same stream, drawn inside the kernel
+    for the tokens that need them; a recorded step draws fresh ones at each replay)."""
     temperature, top_k, top_p = check_sampling(temperature, top_k, top_p)
     if not isinstance(logits, Tensor) or logits.ndim != 2 or logits.shape[1] == 0:
         raise ShapeError(f"sample: logits must be a Tensor (batch, vocab) with vocab >= 1, got "
@@ -90,10 +92,8 @@ def sample(logits: Tensor, out: Tensor | None = None, *, temperature: float = 1.
                          f"{getattr(out, 'dtype', None)} {getattr(out, 'shape', None)}")
     check_same_queue(logits, out)
     greedy = temperature == 0.0
-    if not greedy:
-        if uniforms is None:
-            uniforms = rand(queue, (rows, vocab), np.float32, generator=generator)
-        elif (
+    if not greedy and uniforms is not None:
+        if (
             not isinstance(uniforms, Tensor)
             or uniforms.shape != (rows, vocab)
             or uniforms.dtype != dtypes.float32
@@ -102,15 +102,37 @@ def sample(logits: Tensor, out: Tensor | None = None, *, temperature: float = 1.
                              f"{getattr(uniforms, 'dtype', None)} {getattr(uniforms, 'shape', None)}")
         check_same_queue(logits, uniforms)
         uniforms = uniforms.contiguous() if uniforms.offset == 0 else uniforms.clone()
+    # the draw rand((rows, vocab), float32) would make: its Philox blocks taken from the generator here, the
+    # numbers made inside the kernel where a token needs one (sampling.cl)
+    gen = draw_blocks = None
+    counter0 = 0
+    if not greedy and uniforms is None:
+        gen = generator if generator is not None else default_generator
+        draw_blocks = max(-(-rows * vocab // 4), 1)
+        counter0 = gen.take(draw_blocks)
     if rows == 0:
         return out
     prg, wg = program(queue.device, logits.dtype, greedy)
     scratch = Tensor.empty(queue, (rows, vocab), np.float32) if not greedy and top_p < 1.0 else None
-    noise = uniforms if uniforms is not None else out  # (unread when greedy)
-    prg.sample_tokens(queue, (wg * rows,), (wg,), logits=logits.buffer, logits_off=np.int64(logits.offset),
-                      row_stride=np.int64(logits.strides[0]), vocab=np.int32(vocab), uniforms=noise.buffer,
-                      scratch=(scratch if scratch is not None else noise).buffer, out=out.buffer,
-                      out_off=np.int64(out.offset), out_stride=np.int64(out.strides[0]),
-                      inv_temperature=np.float32(0.0 if greedy else 1.0 / temperature), top_k=np.int32(top_k),
-                      top_p=np.float32(top_p))
+    noise = uniforms if uniforms is not None else out  # (unread unless given)
+    seed = gen.seed if gen is not None else 0
+    kernel = prg.sample_tokens
+    kernel(queue, (wg * rows,), (wg,), logits=logits.buffer, logits_off=np.int64(logits.offset),
+           row_stride=np.int64(logits.strides[0]), vocab=np.int32(vocab), uniforms=noise.buffer,
+           given=np.int32(uniforms is not None), seed_lo=np.uint32(seed & 0xFFFFFFFF),
+           seed_hi=np.uint32(seed >> 32), counter0=np.uint64(counter0),
+           scratch=(scratch if scratch is not None else noise).buffer, out=out.buffer,
+           out_off=np.int64(out.offset), out_stride=np.int64(out.strides[0]),
+           inv_temperature=np.float32(0.0 if greedy else 1.0 / temperature), top_k=np.int32(top_k),
+           top_p=np.float32(top_p))
+    graph = capturing()
+    if graph is not None and gen is not None:   # a replay draws the stream's next numbers, as rand's would
+        at = kernel.arg_index
+
+        def next_draw(args: list, gen: Generator = gen, blocks: int = draw_blocks) -> None:
+            args[at["seed_lo"]] = np.uint32(gen.seed & 0xFFFFFFFF)
+            args[at["seed_hi"]] = np.uint32(gen.seed >> 32)
+            args[at["counter0"]] = np.uint64(gen.take(blocks))
+
+        graph.on_replay(next_draw)
     return out

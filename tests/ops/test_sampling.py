@@ -80,6 +80,53 @@ def test_sample_with_a_generator_is_reproducible(queue, rng):
 
 
 @pytest.mark.parametrize("layout", ["cpu", "gpu"])
+def test_drawn_inside_equals_rand_then_given(queue, rng, monkeypatch, layout):
+    """Without uniforms the kernel draws the numbers rand((rows, vocab), generator=...) would (the same Philox
+    blocks, taken from the generator alike): the same tokens as rand's draw given, on both layouts, for
+    vocabularies whose rows start inside a block, and the generator left where rand leaves it."""
+    from netcl.ops import sampling
+    from netcl.ops.random import rand
+
+    monkeypatch.setattr(sampling, "variant_override", layout)
+    for rows, vocab in ((1, 1), (3, 7), (5, 301), (2, 5003)):
+        logits = Tensor.from_host(queue, (rng.standard_normal((rows, vocab)) * 3).astype(np.float32))
+        for temperature, top_k, top_p in ((1.0, None, None), (0.8, 5, None), (1.3, None, 0.8),
+                                          (0.9, 40, 0.6)):
+            drawn, given = Generator(11), Generator(11)
+            drawn.take(3)   # (a counter past zero)
+            given.take(3)
+            for _ in range(3):   # (each call takes the next blocks)
+                out = ops.sample(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=drawn)
+                u = rand(queue, (rows, vocab), np.float32, generator=given)
+                want = ops.sample(logits, temperature=temperature, top_k=top_k, top_p=top_p, uniforms=u)
+                np.testing.assert_array_equal(out.to_host(), want.to_host(),
+                                              err_msg=f"{rows} x {vocab}, {temperature}, {top_k}, {top_p}")
+            assert drawn.counter == given.counter
+
+
+@pytest.mark.parametrize("layout", ["cpu", "gpu"])
+def test_a_token_is_skipped_only_when_it_cannot_win(queue, monkeypatch, layout):
+    """A work-item skips a token whose z + 16.75 is below the best value it holds, since u < 1 caps
+    -log(-log(u)) at 16.64: a token 16.0 below the first one that wins by the largest noise (u = 1 - 2^-24)
+    is still drawn, also where z's ulp is 8, and u >= 1 (given: -log(-log(1)) is +inf) is never skipped."""
+    from netcl.ops import sampling
+
+    monkeypatch.setattr(sampling, "variant_override", layout)
+    top = np.float32(1 - 2 ** -24)
+    logits = np.full((3, 8), -100.0, np.float32)
+    u = np.full((3, 8), 0.5, np.float32)
+    logits[0, 0], logits[0, 3] = 16.0, 0.0   # v 16.0 + 0.37 against 0.0 + 16.64 (the same work-item)
+    u[0, 3] = top
+    logits[1, 0], logits[1, 2] = 1e8, 1e8 - 8   # z's ulp 8: 1e8 + 0.37 rounds to 1e8, the other to 1e8 + 8
+    u[1, 0], u[1, 2] = 0.5, top
+    logits[2, 0], logits[2, 1] = 50.0, 0.0   # u = 1 wins from anywhere
+    u[2, 1] = 1.0
+    out = ops.sample(Tensor.from_host(queue, logits), temperature=1.0, uniforms=Tensor.from_host(queue, u))
+    np.testing.assert_array_equal(out.to_host(), [3, 2, 1])
+    np.testing.assert_array_equal(out.to_host()[:2], reference(logits[:2], u[:2], 1.0, None, None))
+
+
+@pytest.mark.parametrize("layout", ["cpu", "gpu"])
 @pytest.mark.parametrize("dtype", [np.float32, dtypes.bfloat16])
 def test_greedy_on_each_layout(queue, rng, monkeypatch, layout, dtype):
     """Greedy on both layouts (a work-item a row; a work-group a row, GREEDY_UNROLL loads a work-item in
