@@ -306,12 +306,11 @@ def main() -> int:
     ap.add_argument("--trace", action="store_true",
                     help="also trace the whole-layer decode launch of one step at the first batch: each "
                          "tile's start, release, end and arrival (ops.gemm.chain.TRACE), summed by phase")
-    ap.add_argument("--ahead", default=None, metavar="LINES,PHASES[,FAR[,TAIL,SIXTEENTHS]]",
+    ap.add_argument("--ahead", default=None, metavar="LINES,PHASES[,FAR]",
                     help="the whole-layer launch's read-ahead (ops.gemm.chain.AHEAD): a tile of a phase in "
                          "the mask PHASES (bit p: 0 q/k/v, 2 o, 3 gate/up, 4 down) asks L2 for LINES "
                          "128-byte lines of each weight row once the phase before its own (those in the "
-                         "mask FAR: the one before that) is released, or (those in the mask TAIL) once "
-                         "SIXTEENTHS/16 of that phase's tiles are done; default 64,4 (the o-projection's), "
+                         "mask FAR: the one before that) is released; default 64,4 (the o-projection's), "
                          "0 for none")
     ap.add_argument("--gemv", default=None, metavar="KNOB=V,...",
                     help="the decode GEMVs' knobs (GEMV_WG, GEMV_ROWS, GEMV_UNROLL) set in "

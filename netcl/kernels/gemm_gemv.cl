@@ -51,9 +51,7 @@
 //                tile of a phase p in the mask GEMV_AHEAD_PHASES (bit p) waits until the phase before its own
 //                (bit p of GEMV_AHEAD_FAR: the one before that) is released, then asks L2 for at most
 //                GEMV_AHEAD_LINES 128-byte lines of each weight row past its first loads, then waits for its
-//                own phase: a read-ahead bounded to one (two) phases; a phase in the mask GEMV_AHEAD_TAIL
-//                instead waits until GEMV_AHEAD_SIXTEENTHS / 16 of the phase before its own have arrived
-//                (that phase's tail, where its loads no longer fill the memory system)
+//                own phase: a read-ahead bounded to one (two) phases
 
 #ifdef W_INT8
 #define B_T uchar
@@ -77,10 +75,6 @@
 #endif
 #ifndef GEMV_AHEAD_FAR
 #define GEMV_AHEAD_FAR 0
-#endif
-#ifndef GEMV_AHEAD_TAIL
-#define GEMV_AHEAD_TAIL 0
-#define GEMV_AHEAD_SIXTEENTHS 16
 #endif
 
 #ifdef GLU
@@ -901,13 +895,10 @@ void gemv_layers(const int M, __global int *counts, __global ulong *trace, __loc
     }
 #if GEMV_AHEAD_LINES > 0
     // the read-ahead waits until phase g - dist is released: counts[g - dist] holds the tiles done of the
-    // phase before it, `before` (none before the launch's first phases: at once); a tail phase until
-    // GEMV_AHEAD_SIXTEENTHS / 16 of phase g - 1's tiles are done (counts[g], dist 0)
-    const int tail = (GEMV_AHEAD_TAIL >> p) & 1;
-    const int dist = tail ? 0 : (GEMV_AHEAD_FAR >> p) & 1 ? 2 : 1, before = g - dist - 1, bp = before % 5;
+    // phase before it, `before` (none before the launch's first phases: at once)
+    const int dist = (GEMV_AHEAD_FAR >> p) & 1 ? 2 : 1, before = g - dist - 1, bp = before % 5;
     const int before_tiles = bp == 0 ? T0 : bp == 1 ? TA : bp == 2 ? T2 : bp == 3 ? T3 : T4;
-    const int ahead = !((GEMV_AHEAD_PHASES >> p) & 1) ? -1 : before < 0 ? 0
-                    : tail ? (before_tiles * GEMV_AHEAD_SIXTEENTHS + 15) / 16 : before_tiles;
+    const int ahead = !((GEMV_AHEAD_PHASES >> p) & 1) ? -1 : before < 0 ? 0 : before_tiles;
     const int ahead_at = g - dist;
 #else
     const int ahead = -1, ahead_at = 0;

@@ -392,16 +392,14 @@ def test_polled_waits_keep_the_bits(queue, monkeypatch, spin):
 
 
 @pytest.mark.gpu_shaped
-@pytest.mark.parametrize("ahead", [(16, 4), (96, 0b11101, 0b01101), (64, 0b11101, 0, 0b11001, 12)])
+@pytest.mark.parametrize("ahead", [(16, 4), (96, 0b11101, 0b01101)])
 def test_read_ahead_keeps_the_bits(queue, monkeypatch, ahead):
     """chain.AHEAD (a tile asks L2 for the rest of its weight rows once the phase before its own is
-    released: the o-projection's only; every GEMV phase's, all but down's from two phases ahead; the o's at
-    the attention's release and the others in the tail of the phase before theirs) leaves every output and
-    cache bit as it was, call after call; a bad value is named."""
+    released: the o-projection's only; every GEMV phase's, all but down's from two phases ahead) leaves every
+    output and cache bit as it was, call after call; a bad value is named."""
     from netcl.ops.gemm import chain
 
-    for bad in [(0, 4), (16, 2), (16, 32), [16, 4], (16.0, 4), (16, 4, 8), (16, 4, 4, 4), (16, 4, 0, 8, 12),
-                (16, 12, 0, 8, 0), (16, 12, 0, 8, 17), (16, 12, 8, 8, 12)]:
+    for bad in [(0, 4), (16, 2), (16, 32), [16, 4], (16.0, 4), (16, 4, 8), (16, 4, 4, 4)]:
         monkeypatch.setattr(chain, "AHEAD", bad)
         with pytest.raises(ValueError, match="AHEAD"):
             chain._ahead_defines()
