@@ -25,7 +25,7 @@
 // out[out_off + row * out_stride] (int).
 // Build options: T, ACC, IS_HALF, IS_BF16 (common.cl; float16, bfloat16 or float32 logits, read with
 //   LOAD_T), -DMODE=SAMPLE_GREEDY|SAMPLE_RANDOM, -DWG=<power of two, the work-group size it requires>,
-//   -DGREEDY_UNROLL=<loads in flight a work-item, greedy>.
+//   -DGREEDY_UNROLL=<loads (16-byte chunks where the row starts on 16 bytes) in flight a work-item, greedy>.
 
 #include "common.cl"
 #include "philox.cl"
@@ -112,16 +112,60 @@ inline int group_argmax(uint k, int i, __local uint *keys, __local int *idx) {
     return r;
 }
 
-// The index of the row's largest logit (greedy's token; argmax_key's order), for the work-group:
-// GREEDY_UNROLL loads in flight a work-item before any is compared (a row is one work-group's: on a GPU its
-// loads are the launch's latency); the order of the visits does not change the answer
+// A row's 16-byte chunk: CHUNK values of T (float: 4; float16 and bfloat16: 8), element e into v[e]
+#if defined(IS_HALF) || defined(IS_BF16)
+#define CHUNK 8
+#else
+#define CHUNK 4
+#endif
+inline void chunk_values(const uint4 r, float *v)
+{
+    const uint w[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+#if defined(IS_BF16)
+        v[2 * i] = as_float(w[i] << 16);
+        v[2 * i + 1] = as_float(w[i] & 0xFFFF0000u);
+#elif defined(IS_HALF)
+        v[2 * i] = nc_h2f((ushort)(w[i] & 0xFFFFu));
+        v[2 * i + 1] = nc_h2f((ushort)(w[i] >> 16));
+#else
+        v[i] = as_float(w[i]);
+#endif
+    }
+}
+
+// The index of the row's largest logit (greedy's token; argmax_key's order), for the work-group: where the
+// row starts on 16 bytes (a decode step's logits do) a work-item reads it in 16-byte chunks, GREEDY_UNROLL
+// chunks in flight before any is compared (a row is one work-group's: on a GPU its loads are the launch's
+// latency), then the rest element by element (all of it where the row does not start on 16 bytes); a
+// work-item visits its tokens in index order, so the first of equal values wins
 inline int row_argmax(__global const T *logits, const long base, const int vocab, __local uint *keys,
                       __local int *idx)
 {
     const int l = get_local_id(0);
     uint best = 0u;
     int best_i = -1;
-    for (int j0 = l; j0 < vocab; j0 += WG * GREEDY_UNROLL) {
+    __global const uint4 *c = (__global const uint4 *)(logits + base);
+    const int chunks = ((ulong)c & 15) == 0 ? vocab / CHUNK : 0;
+    for (int c0 = l; c0 < chunks; c0 += WG * GREEDY_UNROLL) {
+        uint4 raw[GREEDY_UNROLL];
+#pragma unroll
+        for (int u = 0; u < GREEDY_UNROLL; ++u)
+            raw[u] = c0 + u * WG < chunks ? c[c0 + u * WG] : (uint4)0u;
+#pragma unroll
+        for (int u = 0; u < GREEDY_UNROLL; ++u) {
+            if (c0 + u * WG >= chunks) continue;
+            float v[CHUNK];
+            chunk_values(raw[u], v);
+#pragma unroll
+            for (int e = 0; e < CHUNK; ++e) {
+                const uint key = argmax_key(v[e]);
+                if (best_i < 0 || key > best) { best = key; best_i = (c0 + u * WG) * CHUNK + e; }
+            }
+        }
+    }
+    for (int j0 = chunks * CHUNK + l; j0 < vocab; j0 += WG * GREEDY_UNROLL) {
         float v[GREEDY_UNROLL];
 #pragma unroll
         for (int u = 0; u < GREEDY_UNROLL; ++u)

@@ -152,6 +152,30 @@ def test_greedy_on_each_layout(queue, rng, monkeypatch, layout, dtype):
 
 
 @pytest.mark.parametrize("layout", ["cpu", "gpu"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, dtypes.bfloat16])
+def test_greedy_reads_chunks_then_the_rest(queue, rng, monkeypatch, layout, dtype):
+    """A row that starts on 16 bytes is read in 16-byte chunks and its last values one by one; one that does
+    not, one by one throughout: equal maxima in a chunk and in the rest (the chunk's, first, wins), the
+    maximum in the rest alone, and the same rows read through a view one element off (not on 16 bytes)."""
+    from netcl.ops import sampling
+
+    monkeypatch.setattr(sampling, "variant_override", layout)
+    vocab = 16 * 37 + 5   # 8-value and 4-value chunks, then 5 values
+    host = rng.standard_normal((3, vocab)).astype(dtype)
+    host[0, [9, vocab - 2]] = 40          # a tie: the chunk's
+    host[1, vocab - 1] = 40               # the rest's
+    host[2, [vocab - 3, vocab - 1]] = 40  # a tie in the rest
+    want = [9, vocab - 1, vocab - 3]
+    flat = Tensor.from_host(queue, host)
+    out = ops.sample(flat, temperature=0)
+    np.testing.assert_array_equal(out.to_host(), want)
+    padded = np.zeros((3, vocab + 1), dtype)
+    padded[:, 1:] = host
+    view = Tensor.from_host(queue, padded)[:, 1:]   # every row one element past a chunk's start
+    np.testing.assert_array_equal(ops.sample(view, temperature=0).to_host(), want)
+
+
+@pytest.mark.parametrize("layout", ["cpu", "gpu"])
 def test_top_k_on_each_layout(queue, rng, monkeypatch, layout):
     """top_k's radix select on both layouts (a work-item a row; a work-group a row counting into one local
     histogram): k of 1, 2, half and all but one of the row; the k-th value tied many times (every tie kept);
