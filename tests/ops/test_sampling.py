@@ -49,6 +49,20 @@ def test_sample_matches_reference(queue, rng, temperature, top_k, top_p):
     np.testing.assert_array_equal(out.to_host(), reference(logits, u, temperature, top_k, top_p))
 
 
+@pytest.mark.parametrize("layout", ["cpu", "gpu"])
+def test_top_p_of_far_negative_logits(queue, rng, monkeypatch, layout):
+    """top_p's masses are exp(z - max) with max the row's own (every z near -150 here: measured from 0
+    instead, each would underflow to 0 and the cut would keep nothing)."""
+    from netcl.ops import sampling
+
+    monkeypatch.setattr(sampling, "variant_override", layout)
+    logits = (rng.standard_normal((4, 301)) * 3 - 150).astype(np.float32)
+    u = rng.random(logits.shape).astype(np.float32)
+    out = ops.sample(Tensor.from_host(queue, logits), temperature=1.0, top_p=0.8,
+                     uniforms=Tensor.from_host(queue, u))
+    np.testing.assert_array_equal(out.to_host(), reference(logits, u, 1.0, None, 0.8))
+
+
 def test_greedy_takes_the_first_of_equal_maxima_and_writes_strided_out(queue):
     logits = np.zeros((3, 9), np.float32)
     logits[0, [2, 7]] = 5
