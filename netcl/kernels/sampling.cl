@@ -180,20 +180,6 @@ inline int row_argmax(__global const T *logits, const long base, const int vocab
     return group_argmax(best, best_i, keys, idx);
 }
 
-// The random modes' passes over a row visit a work-item's tokens j0, j0 + WG, ... (index order)
-// RANDOM_UNROLL at a time, every one's z (the logit over the temperature) loaded before any is used (a row is
-// one work-group's: on a GPU its loads are the pass's latency); past the row z is -inf
-#ifndef RANDOM_UNROLL
-#define RANDOM_UNROLL 8
-#endif
-inline void row_z(__global const T *logits, const long base, const int vocab, const int j0, const float inv_t,
-                  float *z)
-{
-#pragma unroll
-    for (int u = 0; u < RANDOM_UNROLL; ++u)
-        z[u] = j0 + u * WG < vocab ? LOAD_T(logits, base + j0 + u * WG) * inv_t : -INFINITY;
-}
-
 // Block b of the (rows, vocab) float32 draw rand() makes from (seed, counter0): Philox of counter0 + b
 // (random.cl's philox_fill, 4 elements a work-item); element n is word n % 4 of block n / 4, 24 bits
 // (draw_word)
@@ -239,19 +225,13 @@ void sample_tokens(__global const T *logits, const long logits_off, const long r
             for (int b = l; b < 256; b += WG) hist[b] = 0u;
             barrier(CLK_LOCAL_MEM_FENCE);
             const uint high = shift == 24 ? 0u : 0xFFFFFFFFu << (shift + 8);   // the bytes found so far
-            for (int j0 = l; j0 < vocab; j0 += WG * RANDOM_UNROLL) {
-                float z[RANDOM_UNROLL];
-                row_z(logits, base, vocab, j0, inv_temperature, z);
-                #pragma unroll
-                for (int i = 0; i < RANDOM_UNROLL; ++i) {
-                    if (j0 + i * WG >= vocab) break;
-                    const uint key = order_key(z[i]);
+            for (int j = l; j < vocab; j += WG) {
+                const uint key = order_key(LOAD_T(logits, base + j) * inv_temperature);
 #if WG == 1
-                    if ((key & high) == keep_from) ++hist[(key >> shift) & 255u];
+                if ((key & high) == keep_from) ++hist[(key >> shift) & 255u];
 #else
-                    if ((key & high) == keep_from) atomic_inc(&hist[(key >> shift) & 255u]);
+                if ((key & high) == keep_from) atomic_inc(&hist[(key >> shift) & 255u]);
 #endif
-                }
             }
             barrier(CLK_LOCAL_MEM_FENCE);
             if (l == 0) {   // the keys on the prefix reach top_k with `above`: some byte d >= 0 does
@@ -270,24 +250,15 @@ void sample_tokens(__global const T *logits, const long logits_off, const long r
     // top_p: the largest key t whose kept mass sum(exp(z - max) over key >= t) reaches top_p of the total
     if (top_p < 1.0f) {
         float m = -INFINITY;
-        for (int j0 = l; j0 < vocab; j0 += WG * RANDOM_UNROLL) {
-            float z[RANDOM_UNROLL];
-            row_z(logits, base, vocab, j0, inv_temperature, z);
-            for (int i = 0; i < RANDOM_UNROLL; ++i) m = fmax(m, z[i]);   // (-inf past the row)
-        }
+        for (int j = l; j < vocab; j += WG) m = fmax(m, LOAD_T(logits, base + j) * inv_temperature);
         m = group_max(m, fbuf);
         __global float *e = scratch + row * (long)vocab;
         float part = 0.0f;
-        for (int j0 = l; j0 < vocab; j0 += WG * RANDOM_UNROLL) {
-            float z[RANDOM_UNROLL];
-            row_z(logits, base, vocab, j0, inv_temperature, z);
-            #pragma unroll
-            for (int i = 0; i < RANDOM_UNROLL; ++i) {
-                if (j0 + i * WG >= vocab) break;
-                const float w = order_key(z[i]) >= keep_from ? exp(z[i] - m) : 0.0f;
-                e[j0 + i * WG] = w;
-                part += w;
-            }
+        for (int j = l; j < vocab; j += WG) {
+            const float z = LOAD_T(logits, base + j) * inv_temperature;
+            const float w = order_key(z) >= keep_from ? exp(z - m) : 0.0f;
+            e[j] = w;
+            part += w;
         }
         const float goal = top_p * group_sum(part, fbuf);
         // t is found 4 bits a pass (8 passes over the row): a pass sums the mass of each of the 15 candidates
@@ -300,20 +271,14 @@ void sample_tokens(__global const T *logits, const long logits_off, const long r
             float mass[15];
             for (int c = 0; c < 15; ++c) mass[c] = 0.0f;
             const uint high = shift == 28 ? 0u : 0xFFFFFFFFu << (shift + 4);   // the bits found so far
-            for (int j0 = l; j0 < vocab; j0 += WG * RANDOM_UNROLL) {
-                float z[RANDOM_UNROLL];
-                row_z(logits, base, vocab, j0, inv_temperature, z);
-                #pragma unroll
-                for (int i = 0; i < RANDOM_UNROLL; ++i) {
-                    if (j0 + i * WG >= vocab) break;
-                    const uint key = order_key(z[i]);
-                    if ((key & high) < t) continue;
-                    // key >= t | c << shift exactly for c <= d (every c where the found bits are exceeded)
-                    const uint d = (key & high) > t ? 15u : (key >> shift) & 15u;
-                    const float w = e[j0 + i * WG];
-                    for (int c = 0; c < 15; ++c)
-                        if ((uint)c < d) mass[c] += w;
-                }
+            for (int j = l; j < vocab; j += WG) {
+                const uint key = order_key(LOAD_T(logits, base + j) * inv_temperature);
+                if ((key & high) < t) continue;
+                // key >= t | c << shift exactly for c <= d (every c where the found bits are exceeded)
+                const uint d = (key & high) > t ? 15u : (key >> shift) & 15u;
+                const float w = e[j];
+                for (int c = 0; c < 15; ++c)
+                    if ((uint)c < d) mass[c] += w;
             }
             group_sums15(mass, mbuf);
             uint c = 15u;
@@ -341,44 +306,25 @@ void sample_tokens(__global const T *logits, const long logits_off, const long r
     }
 #endif
     // the row's Philox blocks, first >> 2 .. (first + vocab - 1) >> 2, taken in turn by the work-items (each
-    // visits its tokens in index order: the first of equal values wins, as everywhere here), the z of
-    // RANDOM_UNROLL / 4 blocks loaded before any is used
+    // visits its tokens in index order: the first of equal values wins, as everywhere here)
     const long b0 = first >> 2, blocks = vocab > 0 ? ((first + vocab - 1) >> 2) - b0 + 1 : 0;
-#define DRAW_BLOCKS ((RANDOM_UNROLL + 3) / 4)
-    for (long bk0 = l; bk0 < blocks; bk0 += WG * DRAW_BLOCKS) {
-        float z[4 * DRAW_BLOCKS];
-#pragma unroll
-        for (int i = 0; i < 4 * DRAW_BLOCKS; ++i) {
-            const long j = 4 * (b0 + bk0 + (i >> 2) * WG) + (i & 3) - first;
-            const int in = bk0 + (i >> 2) * WG < blocks && j >= 0 && j < vocab;
-            z[i] = in ? LOAD_T(logits, base + j) * inv_temperature : 0.0f;
-        }
-#if RANDOM_UNROLL > 1
-#pragma unroll   // (z in registers; one work-item a row, CPUs', runs faster rolled on PoCL)
-#endif
-        for (int q = 0; q < DRAW_BLOCKS; ++q) {
-            const long bk = bk0 + q * WG;
-            if (bk >= blocks) break;
-            uint4 words = (uint4)0u;
-            int drawn = 0;
-#if RANDOM_UNROLL > 1
-#pragma unroll
-#endif
-            for (int w = 0; w < 4; ++w) {
-                const long j = 4 * (b0 + bk) + w - first;
-                if (j < 0 || j >= vocab) continue;
-                const float zj = z[4 * q + w];
-                if (order_key(zj) < keep_from) continue;
-                const float uj = given ? u[j] : 0.0f;
-                if ((!given || uj < 1.0f) && zj + 16.75f < floor_v) continue;
-                if (!given && !drawn) {   // (the block's words once, for its first token that needs one)
-                    words = draw_block(b0 + bk, seed_lo, seed_hi, counter0);
-                    drawn = 1;
-                }
-                const float v = zj - log(-log(given ? uj : draw_word(words, w)));
-                const uint key = argmax_key(v);
-                if (best_i < 0 || key > best) { best = key; best_i = (int)j; floor_v = fmax(floor_v, v); }
+    for (long bk = l; bk < blocks; bk += WG) {
+        uint4 words = (uint4)0u;
+        int drawn = 0;
+        for (int w = 0; w < 4; ++w) {
+            const long j = 4 * (b0 + bk) + w - first;
+            if (j < 0 || j >= vocab) continue;
+            const float z = LOAD_T(logits, base + j) * inv_temperature;
+            if (order_key(z) < keep_from) continue;
+            const float uj = given ? u[j] : 0.0f;
+            if ((!given || uj < 1.0f) && z + 16.75f < floor_v) continue;
+            if (!given && !drawn) {   // (the block's words once, for its first token that needs one)
+                words = draw_block(b0 + bk, seed_lo, seed_hi, counter0);
+                drawn = 1;
             }
+            const float v = z - log(-log(given ? uj : draw_word(words, w)));
+            const uint key = argmax_key(v);
+            if (best_i < 0 || key > best) { best = key; best_i = (int)j; floor_v = fmax(floor_v, v); }
         }
     }
     const int token = group_argmax(best, best_i, ubuf, ibuf);

@@ -29,9 +29,6 @@ GREEDY_UNROLL = 8
 # the device's and the compiled kernel's limits may make them smaller (bench/sampling.py --sweep times them)
 GREEDY_WG = 1024
 RANDOM_WG = 256   # at most 512: top_p keeps 15 masses a work-item in local memory (sampling.cl)
-# on GPUs, the random modes' passes over a row: a work-item's tokens whose loads are in flight before any is
-# used (a row's work-group is one launch's latency); CPUs visit one at a time (more was slower on PoCL)
-RANDOM_UNROLL = 8
 
 
 def check_sampling(temperature: Any, top_k: Any, top_p: Any) -> tuple[float, int, float]:
@@ -58,8 +55,7 @@ def program(device: Any, dtype: Any, greedy: bool) -> tuple[Any, int]:
     GREEDY_WG or RANDOM_WG within the device's limit and the compiled kernel's."""
     gpu = (variant_override or device.capabilities.kind) != "cpu"
     wg = kernels.work_group(device, GREEDY_WG if greedy else RANDOM_WG) if gpu else 1
-    options = {"MODE": "SAMPLE_GREEDY" if greedy else "SAMPLE_RANDOM", "GREEDY_UNROLL": GREEDY_UNROLL,
-               "RANDOM_UNROLL": RANDOM_UNROLL if gpu else 1}
+    options = {"MODE": "SAMPLE_GREEDY" if greedy else "SAMPLE_RANDOM", "GREEDY_UNROLL": GREEDY_UNROLL}
     prg = kernels.program(device, "sampling.cl", dtype=dtype, WG=wg, **options)
     fits = prg.sample_tokens.max_work_group_size
     if fits < wg:  # the compiled kernel takes fewer (without reqd_work_group_size NVIDIA's H100 took 256)
