@@ -11,7 +11,7 @@ within reach of the draw) or `zipf` (a trained model's shape, synthetic: 15 - 2.
 
     python bench/sampling.py [--gpu] [--vocab 32000] [--rows 1,8] [--dtypes bfloat16,float32]
                              [--logits normal,zipf] [--out JSON]
-    python3 bench/sampling.py --gpu --sweep      # greedy by ops.sampling.GREEDY_WG x GREEDY_UNROLL
+    python3 bench/sampling.py --gpu --sweep      # greedy by GREEDY_WG x GREEDY_UNROLL; by SPLIT_TOKENS
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from netcl.ops import sampling  # noqa: E402
 MODES = [("greedy", 0.0, None, 1.0), ("random T=0.8", 0.8, None, 1.0), ("top-k 50, top-p 0.9", 0.8, 50, 0.9)]
 SWEEP_WG = (128, 256, 512, 1024)
 SWEEP_UNROLL = (1, 2, 4, 8, 16)
+SWEEP_SPLIT = (0, 512, 1024, 2048, 4096)   # ops.sampling.SPLIT_TOKENS (0: one work-group a row)
 
 
 def row_values(rng: np.random.Generator, shape: str, rows: int, vocab: int) -> np.ndarray:
@@ -141,6 +142,25 @@ def sweep(q, logits: Tensor, calls: int) -> list[dict]:
     return result
 
 
+def sweep_split(q, logits: Tensor, calls: int) -> list[dict]:
+    """Greedy and the plain draw (T=0.8) by SPLIT_TOKENS: the work-groups a row took, device us a call."""
+    rows, vocab = logits.shape
+    out = Tensor.empty(q, (rows,), np.int32)
+    old = sampling.SPLIT_TOKENS
+    result = []
+    try:
+        for tokens in SWEEP_SPLIT:
+            sampling.SPLIT_TOKENS = tokens
+            row = {"split_tokens": tokens, "groups": sampling.splits(q.device, vocab, False)}
+            for name, t in (("greedy", 0.0), ("random T=0.8", 0.8)):
+                row[name] = device_seconds_per_call(
+                    lambda t=t: ops.sample(logits, out, temperature=t), q, calls) * 1e6
+            result.append(row)
+    finally:
+        sampling.SPLIT_TOKENS = old
+    return result
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gpu", action="store_true", help="netcl on the OpenCL GPU, PyTorch on CUDA")
@@ -151,7 +171,8 @@ def main() -> int:
     ap.add_argument("--logits", default="normal,zipf",
                     help="the rows' values, comma-separated: normal, zipf (default both; see above)")
     ap.add_argument("--sweep", action="store_true",
-                    help="also greedy by GREEDY_WG x GREEDY_UNROLL (the first --rows)")
+                    help="also greedy by GREEDY_WG x GREEDY_UNROLL, and greedy and T=0.8 by SPLIT_TOKENS "
+                         "(the first --rows)")
     ap.add_argument("--no-torch", action="store_true", help="the netcl rows only")
     ap.add_argument("--out", default=None, help="also write the figures as JSON here")
     args = ap.parse_args()
@@ -201,6 +222,11 @@ def main() -> int:
                 for r in found:
                     print(f"    WG {r['wg']:5d} / {r['wg_taken']:5d}  unroll {r['unroll']:3d}  "
                           f"{r['us']:8.1f}")
+                results.setdefault("sweep_split", {})[name] = spread = sweep_split(q, logits, args.calls)
+                print(f"  {name}, {rows} row(s), us by SPLIT_TOKENS (work-groups a row): greedy, T=0.8")
+                for r in spread:
+                    print(f"    {r['split_tokens']:5d} ({r['groups']:3d})  {r['greedy']:8.1f} "
+                          f"{r['random T=0.8']:8.1f}")
     print(f"\n{'dtype':9} {'logits':6} {'rows':>4}  {'mode':22} {'netcl us':>9} {'torch us':>9} {'ratio':>6}")
     for name, shape, rows, mode, us, theirs in table:
         peer = f"{theirs:9.1f} {theirs / us:6.2f}" if theirs else f"{'-':>9} {'-':>6}"

@@ -35,6 +35,9 @@ def test_sampling_bench_smoke(tmp_path):
     assert [(r["wg"], r["unroll"]) for r in sweep] == [
         (wg, unroll) for wg in (128, 256, 512, 1024) for unroll in (1, 2, 4, 8, 16)]
     assert all(r["us"] > 0 for r in sweep)
+    spread = result["sweep_split"]["float32"]
+    assert [r["split_tokens"] for r in spread] == [0, 512, 1024, 2048, 4096]
+    assert all(r["groups"] >= 1 and r["greedy"] > 0 and r["random T=0.8"] > 0 for r in spread)
     assert "greedy, float32, 1 row(s)" in proc.stdout
 
 

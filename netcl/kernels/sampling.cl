@@ -30,6 +30,10 @@
 #include "common.cl"
 #include "philox.cl"
 
+#ifndef SPLIT
+#define SPLIT 1
+#endif
+
 #define SAMPLE_GREEDY 1
 #define SAMPLE_RANDOM 2
 #if MODE != SAMPLE_GREEDY && WG > 512
@@ -198,7 +202,8 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
 void sample_tokens(__global const T *logits, const long logits_off, const long row_stride, const int vocab,
                    __global const float *uniforms, const int given, const uint seed_lo, const uint seed_hi,
                    const ulong counter0, __global float *scratch, __global int *out, const long out_off,
-                   const long out_stride, const float inv_temperature, const int top_k, const float top_p)
+                   const long out_stride, const float inv_temperature, const int top_k, const float top_p,
+                   __global int *arrivals, __global float *parts)
 {
     __local float fbuf[WG];
     __local int ibuf[WG];
@@ -208,11 +213,19 @@ void sample_tokens(__global const T *logits, const long logits_off, const long r
     __local uint pick[2];     // its byte and the keys above the prefix, from work-item 0
     __local float mbuf[15 * WG];   // top_p: the masses of a pass's 15 candidates (15 KB at WG 256)
 #endif
-    const long row = get_group_id(0);
+#if SPLIT > 1
+    __local int last;
+#endif
+    const long row = get_group_id(0) / SPLIT;
     const int l = get_local_id(0);
     const long base = logits_off + row * row_stride;
+    // this work-group's tokens of the row: [lo, hi), SPLIT slices of a multiple of 8 tokens (16-byte chunks
+    // stay on 16 bytes), the last ones possibly empty
+    const int part = (int)(get_group_id(0) % SPLIT), per = ((vocab + SPLIT - 1) / SPLIT + 7) & ~7;
+    const int lo = min(part * per, vocab), hi = min(lo + per, vocab);
 #if MODE == SAMPLE_GREEDY
-    const int token = row_argmax(logits, base, vocab, ubuf, ibuf);
+    const int found = row_argmax(logits, base + lo, hi - lo, ubuf, ibuf);
+    const int token = found < 0 ? -1 : lo + found;
 #else
     // top_k: keep_from = the largest key t with count(key >= t) >= top_k, the k-th largest key, by a radix
     // select over the key's bytes, high to low: 4 passes over the row (a bisection over its bits took 32).
@@ -297,23 +310,24 @@ void sample_tokens(__global const T *logits, const long logits_off, const long r
     // token below it is skipped
     float floor_v = -INFINITY;
 #if WG > 1
-    if (top_k == 0 || top_k >= vocab) {
-        const int top = row_argmax(logits, base, vocab, ubuf, ibuf);
+    if ((top_k == 0 || top_k >= vocab) && lo < hi) {   // (a slice's own most likely token does as well)
+        const int top = lo + row_argmax(logits, base + lo, hi - lo, ubuf, ibuf);
         floor_v = LOAD_T(logits, base + top) * inv_temperature
                 - log(-log(given ? u[top]
                                  : draw_word(draw_block((first + top) >> 2, seed_lo, seed_hi, counter0),
                                              (int)((first + top) & 3))));
     }
 #endif
-    // the row's Philox blocks, first >> 2 .. (first + vocab - 1) >> 2, taken in turn by the work-items (each
-    // visits its tokens in index order: the first of equal values wins, as everywhere here)
-    const long b0 = first >> 2, blocks = vocab > 0 ? ((first + vocab - 1) >> 2) - b0 + 1 : 0;
+    // the Philox blocks of the slice's tokens, (first + lo) >> 2 .. (first + hi - 1) >> 2, taken in turn by
+    // the work-items (each visits its tokens in index order: the first of equal values wins, as everywhere
+    // here); a block across two slices is drawn by both, each taking its own tokens
+    const long b0 = (first + lo) >> 2, blocks = lo < hi ? ((first + hi - 1) >> 2) - b0 + 1 : 0;
     for (long bk = l; bk < blocks; bk += WG) {
         uint4 words = (uint4)0u;
         int drawn = 0;
         for (int w = 0; w < 4; ++w) {
             const long j = 4 * (b0 + bk) + w - first;
-            if (j < 0 || j >= vocab) continue;
+            if (j < lo || j >= hi) continue;
             const float z = LOAD_T(logits, base + j) * inv_temperature;
             if (order_key(z) < keep_from) continue;
             const float uj = given ? u[j] : 0.0f;
@@ -329,5 +343,25 @@ void sample_tokens(__global const T *logits, const long logits_off, const long r
     }
     const int token = group_argmax(best, best_i, ubuf, ibuf);
 #endif
+#if SPLIT > 1
+    // the slices' best (key, index) pairs: the last work-group of the row to finish takes the largest key,
+    // the smallest index among equal ones (a slice with none: index -1, it loses)
+    __global float *mine = parts + 2 * (row * SPLIT + part);
+    if (l == 0) {
+        PART_STORE(mine, 0, as_float(token < 0 ? 0u : ubuf[0]));   // (ubuf[0]: group_argmax's key)
+        PART_STORE(mine, 1, as_float(token));
+    }
+    if (nc_group_last_arrival(arrivals + row, SPLIT, &last) && l == 0) {
+        uint bk = 0u;
+        int bi = -1;
+        for (int q = 0; q < SPLIT; ++q) {
+            const uint k = as_uint(PART_LOAD(parts, 2 * (row * SPLIT + q)));
+            const int i = as_int(PART_LOAD(parts, 2 * (row * SPLIT + q) + 1));
+            if (i >= 0 && (bi < 0 || k > bk || (k == bk && i < bi))) { bk = k; bi = i; }
+        }
+        out[out_off + row * out_stride] = bi;
+    }
+#else
     if (l == 0) out[out_off + row * out_stride] = token;
+#endif
 }

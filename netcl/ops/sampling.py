@@ -29,6 +29,12 @@ GREEDY_UNROLL = 8
 # the device's and the compiled kernel's limits may make them smaller (bench/sampling.py --sweep times them)
 GREEDY_WG = 1024
 RANDOM_WG = 256   # at most 512: top_p keeps 15 masses a work-item in local memory (sampling.cl)
+# on GPUs, greedy and the unfiltered draw (no top_k, no top_p) spread a row over work-groups of at least
+# SPLIT_TOKENS tokens each, at most one a compute unit, the last to finish taking the best of their picks (one
+# launch still); 0: a row is one work-group's, as the filtered modes' always are (their thresholds are the
+# whole row's) and a CPU's (PoCL, 2 cores: a zipf-shaped row's draw 160 -> 330 us spread, a flat one's
+# 1,750 -> 900; most rows a model gives are of the first kind)
+SPLIT_TOKENS = 2048
 
 
 def check_sampling(temperature: Any, top_k: Any, top_p: Any) -> tuple[float, int, float]:
@@ -50,12 +56,21 @@ def check_sampling(temperature: Any, top_k: Any, top_p: Any) -> tuple[float, int
     return float(temperature), int(top_k or 0), float(1.0 if top_p is None else top_p)
 
 
-def program(device: Any, dtype: Any, greedy: bool) -> tuple[Any, int]:
-    """(sampling.cl's program, the work-items a row) for logits of `dtype` on `device`: one on CPUs, else
-    GREEDY_WG or RANDOM_WG within the device's limit and the compiled kernel's."""
+def splits(device: Any, vocab: int, filtered: bool) -> int:
+    """The work-groups a row of `vocab` logits is spread over (SPLIT_TOKENS)."""
+    if filtered or SPLIT_TOKENS <= 0 or (variant_override or device.capabilities.kind) == "cpu":
+        return 1
+    return max(1, min(-(-vocab // SPLIT_TOKENS), device.capabilities.compute_units))
+
+
+def program(device: Any, dtype: Any, greedy: bool, split: int = 1) -> tuple[Any, int]:
+    """(sampling.cl's program, the work-items of a work-group) for logits of `dtype` on `device`, `split`
+    work-groups a row: one work-item on CPUs, else GREEDY_WG or RANDOM_WG within the device's limit and the
+    compiled kernel's."""
     gpu = (variant_override or device.capabilities.kind) != "cpu"
     wg = kernels.work_group(device, GREEDY_WG if greedy else RANDOM_WG) if gpu else 1
-    options = {"MODE": "SAMPLE_GREEDY" if greedy else "SAMPLE_RANDOM", "GREEDY_UNROLL": GREEDY_UNROLL}
+    options = {"MODE": "SAMPLE_GREEDY" if greedy else "SAMPLE_RANDOM", "GREEDY_UNROLL": GREEDY_UNROLL,
+               "SPLIT": split}
     prg = kernels.program(device, "sampling.cl", dtype=dtype, WG=wg, **options)
     fits = prg.sample_tokens.max_work_group_size
     if fits < wg:  # the compiled kernel takes fewer (without reqd_work_group_size NVIDIA's H100 took 256)
@@ -112,19 +127,22 @@ def sample(logits: Tensor, out: Tensor | None = None, *, temperature: float = 1.
         counter0 = gen.take(draw_blocks)
     if rows == 0:
         return out
-    prg, wg = program(queue.device, logits.dtype, greedy)
+    split = splits(queue.device, vocab, not greedy and (0 < top_k < vocab or top_p < 1.0))
+    prg, wg = program(queue.device, logits.dtype, greedy, split)
     scratch = Tensor.empty(queue, (rows, vocab), np.float32) if not greedy and top_p < 1.0 else None
     noise = uniforms if uniforms is not None else out  # (unread unless given)
+    parts = Tensor.empty(queue, (rows, split, 2), np.float32) if split > 1 else noise   # (key, index) bits
     seed = gen.seed if gen is not None else 0
     kernel = prg.sample_tokens
-    kernel(queue, (wg * rows,), (wg,), logits=logits.buffer, logits_off=np.int64(logits.offset),
+    kernel(queue, (wg * rows * split,), (wg,), logits=logits.buffer, logits_off=np.int64(logits.offset),
            row_stride=np.int64(logits.strides[0]), vocab=np.int32(vocab), uniforms=noise.buffer,
            given=np.int32(uniforms is not None), seed_lo=np.uint32(seed & 0xFFFFFFFF),
            seed_hi=np.uint32(seed >> 32), counter0=np.uint64(counter0),
            scratch=(scratch if scratch is not None else noise).buffer, out=out.buffer,
            out_off=np.int64(out.offset), out_stride=np.int64(out.strides[0]),
            inv_temperature=np.float32(0.0 if greedy else 1.0 / temperature), top_k=np.int32(top_k),
-           top_p=np.float32(top_p))
+           top_p=np.float32(top_p), arrivals=queue.arrival_counts(rows) if split > 1 else out.buffer,
+           parts=parts.buffer)
     graph = capturing()
     if graph is not None and gen is not None:   # a replay draws the stream's next numbers, as rand's would
         at = kernel.arg_index

@@ -190,6 +190,43 @@ def test_greedy_reads_chunks_then_the_rest(queue, rng, monkeypatch, layout, dtyp
 
 
 @pytest.mark.parametrize("layout", ["cpu", "gpu"])
+@pytest.mark.parametrize("groups", [2, 5, 9])
+def test_a_row_spread_over_work_groups(queue, rng, monkeypatch, layout, groups):
+    """Greedy and the unfiltered draw with a row spread over work-groups (slices of a multiple of 8 tokens,
+    trailing ones empty where the row is short): the same tokens as one work-group a row, equal maxima in
+    two slices (the first wins), NaN in a later slice, rows starting inside a Philox block; the filtered
+    modes keep one work-group a row."""
+    from netcl.ops import sampling
+
+    monkeypatch.setattr(sampling, "variant_override", layout)
+    launched = []
+    real = sampling.splits
+
+    def fixed(device, vocab, filtered):
+        launched.append(1 if filtered else groups)
+        return 1 if filtered else groups
+
+    for vocab in (9, 67, 301):
+        logits = (rng.standard_normal((4, vocab)) * 3).astype(np.float32)
+        logits[1, [vocab - 1, vocab // 3]] = 50   # a tie across slices: the first
+        logits[2, [1, vocab - 2]] = np.nan         # the first NaN
+        u = rng.random(logits.shape).astype(np.float32)
+        t, g = Tensor.from_host(queue, logits), Tensor.from_host(queue, u)
+        monkeypatch.setattr(sampling, "splits", real)
+        monkeypatch.setattr(sampling, "SPLIT_TOKENS", 0)
+        want = [ops.sample(t, temperature=0).to_host(), ops.sample(t, temperature=0.7, uniforms=g).to_host(),
+                ops.sample(t, temperature=0.7, generator=Generator(3)).to_host()]
+        np.testing.assert_array_equal(want[0], [int(np.argmax(r)) for r in logits])
+        monkeypatch.setattr(sampling, "splits", fixed)
+        got = [ops.sample(t, temperature=0).to_host(), ops.sample(t, temperature=0.7, uniforms=g).to_host(),
+               ops.sample(t, temperature=0.7, generator=Generator(3)).to_host()]
+        for a, b in zip(got, want, strict=True):
+            np.testing.assert_array_equal(a, b, err_msg=f"vocab {vocab}, {groups} groups")
+        ops.sample(t, temperature=0.7, top_k=3, uniforms=g)
+        assert launched[-1] == 1
+
+
+@pytest.mark.parametrize("layout", ["cpu", "gpu"])
 def test_top_k_on_each_layout(queue, rng, monkeypatch, layout):
     """top_k's radix select on both layouts (a work-item a row; a work-group a row counting into one local
     histogram): k of 1, 2, half and all but one of the row; the k-th value tied many times (every tie kept);
