@@ -17,15 +17,19 @@
 //   radix select over the key's 4 bytes (4 counting passes over the row), top_p's by bisection over its
 //   32 bits taken 4 at a time (8 mass passes of 15 candidates each; exp(z - max) of each kept token is
 //   stored once in `scratch`).
-// Layout: one work-group of WG work-items per row (global WG * rows); each work-item strides over the
-// vocabulary, then a tree reduction in local memory. CPUs use WG = 1 (one row per work-item, no barrier
-// work); GPUs 256, and greedy rows up to 1,024 (a decode step's one row: its loads are all the launch
-// does); the random draw's work-items take Philox blocks (4 tokens each) in turn. Reads logits (row stride
-// any, elements contiguous), uniforms (rows, vocab) contiguous where given; writes scratch (top_p only) and
-// out[out_off + row * out_stride] (int).
+// Layout: SPLIT work-groups of WG work-items per row (global WG * rows * SPLIT); each work-item strides over
+// its work-group's slice of the vocabulary (all of it where SPLIT is 1), then a tree reduction in local
+// memory; with SPLIT > 1 (greedy and the draw without top_k or top_p only: the filtered modes' thresholds
+// are the whole row's) each work-group stores its pick as (key, index) bits in parts (rows, SPLIT, 2) and the
+// last of the row to arrive (arrivals[row], common.cl's nc_group_last_arrival) writes the best. CPUs use
+// WG = 1 (one row per work-item, no barrier work); GPUs 256, and greedy rows up to 1,024; the random draw's
+// work-items take Philox blocks (4 tokens each) in turn. Reads logits (row stride any, elements contiguous),
+// uniforms (rows, vocab) contiguous where given; writes scratch (top_p only) and out[out_off + row *
+// out_stride] (int).
 // Build options: T, ACC, IS_HALF, IS_BF16 (common.cl; float16, bfloat16 or float32 logits, read with
 //   LOAD_T), -DMODE=SAMPLE_GREEDY|SAMPLE_RANDOM, -DWG=<power of two, the work-group size it requires>,
-//   -DGREEDY_UNROLL=<loads (16-byte chunks where the row starts on 16 bytes) in flight a work-item, greedy>.
+//   -DGREEDY_UNROLL=<loads (16-byte chunks where the row starts on 16 bytes) in flight a work-item, greedy>,
+//   -DSPLIT=<work-groups a row, default 1>.
 
 #include "common.cl"
 #include "philox.cl"
