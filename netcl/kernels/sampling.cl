@@ -37,6 +37,9 @@
 #ifndef SPLIT
 #define SPLIT 1
 #endif
+#ifndef KEPT_MAX
+#define KEPT_MAX 1024   // top_p after top_k: the kept tokens a row's work-group lists at most
+#endif
 
 #define SAMPLE_GREEDY 1
 #define SAMPLE_RANDOM 2
@@ -216,6 +219,7 @@ void sample_tokens(__global const T *logits, const long logits_off, const long r
     __local uint hist[256];   // top_k's radix select: the counts of one byte's values
     __local uint pick[2];     // its byte and the keys above the prefix, from work-item 0
     __local float mbuf[15 * WG];   // top_p: the masses of a pass's 15 candidates (15 KB at WG 256)
+    __local float kz[KEPT_MAX], ke[KEPT_MAX];   // top_p after top_k: the kept tokens' z and exp(z - max)
 #endif
 #if SPLIT > 1
     __local int last;
@@ -264,17 +268,49 @@ void sample_tokens(__global const T *logits, const long logits_off, const long r
             barrier(CLK_LOCAL_MEM_FENCE);   // every item has read pick before hist and pick are written again
         }
     }
-    // top_p: the largest key t whose kept mass sum(exp(z - max) over key >= t) reaches top_p of the total
+    // top_p: the largest key t whose kept mass sum(exp(z - max) over key >= t) reaches top_p of the total.
+    // With top_k on, each work-item's kept tokens (key >= keep_from) go first to local memory, in its index
+    // order at its own place (a count, a scan, a copy; KEPT_MAX at most, else the row as below), and the
+    // passes visit only those: a token not kept adds exp's 0 to nothing, so every sum is the same to the last
+    // bit, and the max is the row's (top_k keeps the largest z; fmax passes NaN by)
     if (top_p < 1.0f) {
+        int mine = (vocab - l + WG - 1) / WG, at = 0;   // this work-item's tokens; at: its first kept slot
+        int listed = 0;
+        if (keep_from > 0u) {
+            int own = 0;
+            for (int j = l; j < vocab; j += WG) own += order_key(LOAD_T(logits, base + j) * inv_temperature)
+                                                      >= keep_from;
+            ibuf[l] = own;   // an inclusive scan of the counts (Hillis-Steele)
+            barrier(CLK_LOCAL_MEM_FENCE);
+            for (int off = 1; off < WG; off <<= 1) {
+                const int add = l >= off ? ibuf[l - off] : 0;
+                barrier(CLK_LOCAL_MEM_FENCE);
+                ibuf[l] += add;
+                barrier(CLK_LOCAL_MEM_FENCE);
+            }
+            listed = ibuf[WG - 1] <= KEPT_MAX;
+            at = ibuf[l] - own;
+            barrier(CLK_LOCAL_MEM_FENCE);
+            if (listed) {
+                int n = at;
+                for (int j = l; j < vocab; j += WG) {
+                    const float z = LOAD_T(logits, base + j) * inv_temperature;
+                    if (order_key(z) >= keep_from) kz[n++] = z;
+                }
+                mine = own;
+            }
+        }
         float m = -INFINITY;
-        for (int j = l; j < vocab; j += WG) m = fmax(m, LOAD_T(logits, base + j) * inv_temperature);
+        for (int i = 0; i < mine; ++i)
+            m = fmax(m, listed ? kz[at + i] : LOAD_T(logits, base + l + i * WG) * inv_temperature);
         m = group_max(m, fbuf);
         __global float *e = scratch + row * (long)vocab;
         float part = 0.0f;
-        for (int j = l; j < vocab; j += WG) {
-            const float z = LOAD_T(logits, base + j) * inv_temperature;
+        for (int i = 0; i < mine; ++i) {
+            const float z = listed ? kz[at + i] : LOAD_T(logits, base + l + i * WG) * inv_temperature;
             const float w = order_key(z) >= keep_from ? exp(z - m) : 0.0f;
-            e[j] = w;
+            if (listed) ke[at + i] = w;
+            else e[l + i * WG] = w;
             part += w;
         }
         const float goal = top_p * group_sum(part, fbuf);
@@ -288,12 +324,13 @@ void sample_tokens(__global const T *logits, const long logits_off, const long r
             float mass[15];
             for (int c = 0; c < 15; ++c) mass[c] = 0.0f;
             const uint high = shift == 28 ? 0u : 0xFFFFFFFFu << (shift + 4);   // the bits found so far
-            for (int j = l; j < vocab; j += WG) {
-                const uint key = order_key(LOAD_T(logits, base + j) * inv_temperature);
+            for (int i = 0; i < mine; ++i) {
+                const uint key = order_key(listed ? kz[at + i]
+                                                  : LOAD_T(logits, base + l + i * WG) * inv_temperature);
                 if ((key & high) < t) continue;
                 // key >= t | c << shift exactly for c <= d (every c where the found bits are exceeded)
                 const uint d = (key & high) > t ? 15u : (key >> shift) & 15u;
-                const float w = e[j];
+                const float w = listed ? ke[at + i] : e[l + i * WG];
                 for (int c = 0; c < 15; ++c)
                     if ((uint)c < d) mass[c] += w;
             }

@@ -35,6 +35,9 @@ RANDOM_WG = 256   # at most 512: top_p keeps 15 masses a work-item in local memo
 # whole row's) and a CPU's (PoCL, 2 cores: a zipf-shaped row's draw 160 -> 330 us spread, a flat one's
 # 1,750 -> 900; most rows a model gives are of the first kind)
 SPLIT_TOKENS = 2048
+# top_p after top_k: the kept tokens a row's work-group lists in local memory for top_p's passes at most
+# (more: the passes read the whole row again; the same bits either way)
+KEPT_MAX = 1024
 
 
 def check_sampling(temperature: Any, top_k: Any, top_p: Any) -> tuple[float, int, float]:
@@ -70,7 +73,7 @@ def program(device: Any, dtype: Any, greedy: bool, split: int = 1) -> tuple[Any,
     gpu = (variant_override or device.capabilities.kind) != "cpu"
     wg = kernels.work_group(device, GREEDY_WG if greedy else RANDOM_WG) if gpu else 1
     options = {"MODE": "SAMPLE_GREEDY" if greedy else "SAMPLE_RANDOM", "GREEDY_UNROLL": GREEDY_UNROLL,
-               "SPLIT": split}
+               "SPLIT": split, "KEPT_MAX": KEPT_MAX}
     prg = kernels.program(device, "sampling.cl", dtype=dtype, WG=wg, **options)
     fits = prg.sample_tokens.max_work_group_size
     if fits < wg:  # the compiled kernel takes fewer (without reqd_work_group_size NVIDIA's H100 took 256)

@@ -227,6 +227,25 @@ def test_a_row_spread_over_work_groups(queue, rng, monkeypatch, layout, groups):
 
 
 @pytest.mark.parametrize("layout", ["cpu", "gpu"])
+def test_top_p_after_top_k_listed_or_not(queue, rng, monkeypatch, layout):
+    """top_p after top_k visits the kept tokens listed in local memory, or the whole row where more are kept
+    than the list holds (ops.sampling.KEPT_MAX): the same tokens either way, ties at the k-th value too."""
+    from netcl.ops import sampling
+
+    monkeypatch.setattr(sampling, "variant_override", layout)
+    logits = np.round(rng.standard_normal((8, 3001)) * 6) / 2   # many ties
+    u = rng.random(logits.shape).astype(np.float32)
+    t, g = Tensor.from_host(queue, logits.astype(np.float32)), Tensor.from_host(queue, u)
+    runs = []
+    for kept_max in (1024, 4):
+        monkeypatch.setattr(sampling, "KEPT_MAX", kept_max)
+        runs.append([ops.sample(t, temperature=0.9, top_k=k, top_p=p, uniforms=g).to_host()
+                     for k, p in ((3, 0.8), (40, 0.9), (700, 0.95))])
+    for a, b in zip(*runs, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("layout", ["cpu", "gpu"])
 def test_top_k_on_each_layout(queue, rng, monkeypatch, layout):
     """top_k's radix select on both layouts (a work-item a row; a work-group a row counting into one local
     histogram): k of 1, 2, half and all but one of the row; the k-th value tied many times (every tie kept);
