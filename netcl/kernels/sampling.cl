@@ -16,7 +16,8 @@
 //   Both thresholds are found exactly on an order-preserving integer key of z (no sort): top_k's by a
 //   radix select over the key's 4 bytes (4 counting passes over the row), top_p's by bisection over its
 //   32 bits taken 4 at a time (8 mass passes of 15 candidates each; exp(z - max) of each kept token is
-//   stored once in `scratch`).
+//   stored once in `scratch`, or, after top_k, beside its z in a local list of the kept tokens that the
+//   passes visit instead of the row).
 // Layout: SPLIT work-groups of WG work-items per row (global WG * rows * SPLIT); each work-item strides over
 // its work-group's slice of the vocabulary (all of it where SPLIT is 1), then a tree reduction in local
 // memory; with SPLIT > 1 (greedy and the draw without top_k or top_p only: the filtered modes' thresholds
