@@ -95,17 +95,24 @@ def _launch(q: Any, shape: Any, dtype: Any, kind: str, gen: Generator,
         np.uint32(gen.seed & 0xFFFFFFFF), np.uint32(gen.seed >> 32), np.uint64(counter0),
         scalar(low), scalar(high), np.int64(int_low), np.uint64(int_range),
     )
-    graph = capturing()
-    if (
-        graph is not None and refresh
-    ):  # a replay draws the next numbers of the stream (a seed= call: the same)
-
-        def next_draw(args: list, gen: Generator = gen, blocks: int = max(items, 1)) -> None:
-            args[3], args[4] = np.uint32(gen.seed & 0xFFFFFFFF), np.uint32(gen.seed >> 32)
-            args[5] = np.uint64(gen.take(blocks))
-
-        graph.on_replay(next_draw)
+    if refresh:  # a replay draws the next numbers of the stream (a seed= call: the same)
+        draw_on_replay(gen, max(items, 1), (3, 4, 5))
     return out
+
+
+def draw_on_replay(gen: Generator, blocks: int, at: tuple[int, int, int]) -> None:
+    """Inside a graph capture: before each replay, the launch just recorded takes the stream's next `blocks`
+    counter values as a new call would (its arguments at positions `at`: the seed's low and high words and the
+    first counter). rand's launches and the sampler's draw (netcl.ops.sampling) share it."""
+    graph = capturing()
+    if graph is None:
+        return
+
+    def next_draw(args: list) -> None:
+        args[at[0]], args[at[1]] = np.uint32(gen.seed & 0xFFFFFFFF), np.uint32(gen.seed >> 32)
+        args[at[2]] = np.uint64(gen.take(blocks))
+
+    graph.on_replay(next_draw)
 
 
 def rand(q: Any, shape: Any, dtype: Any = np.float32, low: float = 0.0, high: float = 1.0,

@@ -13,11 +13,10 @@ import numpy as np
 
 from netcl import kernels
 from netcl.core import dtypes
-from netcl.core.capture import capturing
 from netcl.core.tensor import Tensor, check_same_queue
 from netcl.errors import DTypeError, ShapeError
 from netcl.ops.elementwise import cast
-from netcl.ops.random import Generator, default_generator
+from netcl.ops.random import Generator, default_generator, draw_on_replay
 
 __all__ = ["check_sampling", "sample"]
 
@@ -146,14 +145,7 @@ def sample(logits: Tensor, out: Tensor | None = None, *, temperature: float = 1.
            inv_temperature=np.float32(0.0 if greedy else 1.0 / temperature), top_k=np.int32(top_k),
            top_p=np.float32(top_p), arrivals=queue.arrival_counts(rows) if split > 1 else out.buffer,
            parts=parts.buffer)
-    graph = capturing()
-    if graph is not None and gen is not None:   # a replay draws the stream's next numbers, as rand's would
+    if gen is not None:   # a recorded step's replay draws the stream's next numbers, as rand's would
         at = kernel.arg_index
-
-        def next_draw(args: list, gen: Generator = gen, blocks: int = draw_blocks) -> None:
-            args[at["seed_lo"]] = np.uint32(gen.seed & 0xFFFFFFFF)
-            args[at["seed_hi"]] = np.uint32(gen.seed >> 32)
-            args[at["counter0"]] = np.uint64(gen.take(blocks))
-
-        graph.on_replay(next_draw)
+        draw_on_replay(gen, draw_blocks, (at["seed_lo"], at["seed_hi"], at["counter0"]))
     return out
