@@ -19,6 +19,13 @@ inline uint4 philox4x32_10(uint4 c, uint2 k)
     return c;
 }
 
+// The 4 words of block ctr of the stream of (seed_lo, seed_hi): random.cl's tensors (4 floats a block) and
+// the sampler's draw of the same numbers (sampling.cl)
+inline uint4 philox_block(const ulong ctr, const uint seed_lo, const uint seed_hi)
+{
+    return philox4x32_10((uint4)((uint)ctr, (uint)(ctr >> 32), 0u, 0u), (uint2)(seed_lo, seed_hi));
+}
+
 // uniform in [0, 1) with 24 bits (exact in float)
 inline float u24(uint x) { return (float)(x >> 8) * 0x1.0p-24f; }
 

@@ -15,7 +15,7 @@ __kernel void philox_fill(__global T *out, const long out_offset, const long n,
 {
     const long g = get_global_id(0);
     const ulong ctr = counter0 + (ulong)g;
-    const uint4 w = philox4x32_10((uint4)((uint)ctr, (uint)(ctr >> 32), 0u, 0u), (uint2)(seed_lo, seed_hi));
+    const uint4 w = philox_block(ctr, seed_lo, seed_hi);
     uint words[4] = {w.x, w.y, w.z, w.w};
     __global T *dst = out + out_offset;
     const long base = (long)PER_ITEM * g;

@@ -192,13 +192,12 @@ inline int row_argmax(__global const T *logits, const long base, const int vocab
     return group_argmax(best, best_i, keys, idx);
 }
 
-// Block b of the (rows, vocab) float32 draw rand() makes from (seed, counter0): Philox of counter0 + b
+// Block b of the (rows, vocab) float32 draw rand() makes from (seed, counter0): philox_block(counter0 + b)
 // (random.cl's philox_fill, 4 elements a work-item); element n is word n % 4 of block n / 4, 24 bits
 // (draw_word)
 inline uint4 draw_block(const long b, const uint seed_lo, const uint seed_hi, const ulong counter0)
 {
-    const ulong ctr = counter0 + (ulong)b;
-    return philox4x32_10((uint4)((uint)ctr, (uint)(ctr >> 32), 0u, 0u), (uint2)(seed_lo, seed_hi));
+    return philox_block(counter0 + (ulong)b, seed_lo, seed_hi);
 }
 
 inline float draw_word(const uint4 w, const int k)
