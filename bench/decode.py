@@ -300,6 +300,9 @@ def main() -> int:
     ap.add_argument("--attention-groups", type=int, default=None, metavar="G",
                     help="the decode attention's wanted work-groups a compute unit "
                          "(ops.attention.DECODE_GROUPS_PER_CU; 0: one split)")
+    ap.add_argument("--attention-preload", type=int, default=None, metavar="KEYS",
+                    help="the most keys a split of the decode attention holds in local memory "
+                         "(ops.attention.DECODE_PRELOAD_KEYS; 0: none, the splits by --attention-groups)")
     ap.add_argument("--spin-ns", type=int, default=None, metavar="NS",
                     help="a chain tile polling its phase's count sleeps NS ns between reads "
                          "(ops.gemm.chain.SPIN_NS; NVIDIA only; default: no sleep)")
@@ -348,15 +351,19 @@ def main() -> int:
         transformer.DECODE_ATTENTION_CHAIN = not args.no_attention_chain
         transformer.DECODE_LAYER_CHAIN = not args.no_layer_chain
     if (args.attention_keys is not None and args.attention_keys < 1) \
-            or (args.attention_groups is not None and args.attention_groups < 0):
-        ap.error("--attention-keys >= 1, --attention-groups >= 0")
-    if args.attention_keys is not None or args.attention_groups is not None:
+            or (args.attention_groups is not None and args.attention_groups < 0) \
+            or (args.attention_preload is not None and args.attention_preload < 0):
+        ap.error("--attention-keys >= 1, --attention-groups >= 0, --attention-preload >= 0")
+    if args.attention_keys is not None or args.attention_groups is not None \
+            or args.attention_preload is not None:
         from netcl.ops import attention
 
         if args.attention_keys is not None:
             attention.DECODE_TILE_KEYS = (args.attention_keys,)
         if args.attention_groups is not None:
             attention.DECODE_GROUPS_PER_CU = args.attention_groups
+        if args.attention_preload is not None:
+            attention.DECODE_PRELOAD_KEYS = args.attention_preload
     try:
         batches = [int(b) for b in args.batches.split(",")]
     except ValueError:

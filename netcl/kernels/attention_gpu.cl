@@ -820,8 +820,14 @@ __kernel void attention_dq_sum_gpu(__global const float *dq_acc, __global float 
 //   batch row then has no valid keys and writes nothing (output 0, lse -inf). (An early return there crashed
 //   PoCL 3.1's float64 build.)
 //   cos_table, sin_table: (>= SK, D / 2) of ACC. PAIRING: ROPE_HALF or ROPE_INTERLEAVED (rope_common.cl).
+//   With DECODE_PRELOAD (P keys, a multiple of DK; not float64): a split's cached keys and values (at most P:
+//   the host's chunk) are read into local memory at once by decode_begin, as T's bits, and each key tile takes
+//   its rows from there (the same values load4 gives): one round trip for the split's keys, before a chain's
+//   wait, instead of one a tile after it. Splits past the last that holds keys (live, from the valid keys)
+//   return at once; where one split holds them all it writes out and lse itself (the merge of one part: the
+//   same bits), and the merge counts the live splits only.
 // Build options: DR (rows of a work-group: GROUP * SQ), DK (keys per tile, default 64), DNT (items, default 128),
-//   MERGE_BATCH (the splits whose parts the merge loads at once, default 4),
+//   MERGE_BATCH (the splits whose parts the merge loads at once, default 4), DECODE_PRELOAD,
 //   ROPE_CACHE (flag) with PAIRING.
 #ifndef DK
 #define DK 64
@@ -837,6 +843,64 @@ __kernel void attention_dq_sum_gpu(__global const float *dq_acc, __global float 
 #define NPT ((DSLOTS + DNT - 1) / DNT)                    // output slots per item
 #ifndef MERGE_BATCH
 #define MERGE_BATCH 4                                     // splits' parts a merge loads at once
+#endif
+#ifdef DECODE_PRELOAD
+#if defined(USE_FP64)
+#error "attention_gpu.cl: DECODE_PRELOAD holds 16- or 32-bit rows"
+#endif
+#if DECODE_PRELOAD % DK
+#error "attention_gpu.cl: DECODE_PRELOAD must be a multiple of DK"
+#endif
+#if defined(IS_HALF) || defined(IS_BF16)
+#define PRE_T ushort                                      // a preloaded element: T's bits
+#define PRE_BYTES 2
+#else
+#define PRE_T float
+#define PRE_BYTES 4
+#endif
+#define PRE_ROW (4 * DQ4)                                 // elements a preloaded row (zeros past HEAD_DIM)
+#if KG > 1 && DSLOTS * 16 <= DECODE_PRELOAD * PRE_ROW * PRE_BYTES
+#define ORED_IN_PRE                                       // the groups' partial outputs in pk's room (unread by then)
+#endif
+#define PRE_BATCH 4                                       // loads an item issues before it stores them
+
+#if defined(IS_HALF) || defined(IS_BF16)
+#define PRE_T4 ushort4
+#else
+#define PRE_T4 float4
+#endif
+
+// Elements d .. d + 3 of a row of the cache as PRE_T (zeros past D); pre_load4: four of them in local memory
+// as ACC (load4's values exactly).
+inline PRE_T4 pre_get4(const __global T *row, const int d)
+{
+#if defined(IS_HALF) || defined(IS_BF16)
+    const __global ushort *r = (const __global ushort *)row;
+#else
+    const __global float *r = row;
+#endif
+#if HEAD_DIM % 4 == 0
+    return vload4(0, r + d);
+#else
+    PRE_T4 x = (PRE_T4)0;
+    if (d < HEAD_DIM) x.x = r[d];
+    if (d + 1 < HEAD_DIM) x.y = r[d + 1];
+    if (d + 2 < HEAD_DIM) x.z = r[d + 2];
+    if (d + 3 < HEAD_DIM) x.w = r[d + 3];
+    return x;
+#endif
+}
+
+inline ACC4 pre_load4(__local const PRE_T *p)
+{
+#if defined(IS_HALF)
+    return vload_half4(0, (__local const half *)p);
+#elif defined(IS_BF16)
+    return as_float4(convert_uint4(vload4(0, p)) << 16);
+#else
+    return vload4(0, p);
+#endif
+}
 #endif
 
 #ifdef ROPE_CACHE
@@ -893,10 +957,17 @@ typedef struct {
 #ifdef DECODE_VS
     ACC4 vs[DK * DRS4];         // the v tile
 #endif
+#ifdef DECODE_PRELOAD
+    PRE_T pk[DECODE_PRELOAD * PRE_ROW], pv[DECODE_PRELOAD * PRE_ROW];   // the split's cached keys, values
+#endif
     ACC ss[DR * DK];            // scores, then p times the dropout multiplier
     ACC pl[DR * DK];            // p (the row sums' terms)
     ACC m_s[DR], mnew_s[DR], alpha_s[DR], l_s[DR];
+#ifdef ORED_IN_PRE
+    ACC4 ored[1];
+#else
     ACC4 ored[KG > 1 ? DSLOTS : 1];
+#endif
     int last;
 } decode_local;
 
@@ -911,15 +982,28 @@ typedef struct {
 // new rows [p0, jstop) from the q/k/v heads (row p0 + i at src + i * src_ss: ROPE_CACHE), k rotated at its
 // position and rounded to T, and written into the cache for the steps after this one (its bits: the values
 // rounded to T already), so the tile holds what the cache's row gives back, without that round trip.
+// (DECODE_PRELOAD: the cached rows from the split's rows in local memory, pre, whose first is key jbase.)
+#ifdef DECODE_PRELOAD
+#define DECODE_PRE_PARAMS , __local const PRE_T *pre, const int jbase
+#define DECODE_PRE(rows, jbase) , rows, jbase
+#else
+#define DECODE_PRE_PARAMS
+#define DECODE_PRE(rows, jbase)
+#endif
 inline void decode_rows(__local ACC4 *dst, const __global T *cache, const long cache_ss, const int j0,
                         const int jstop, const int p0, const int cached, const int fresh,
                         const __global T *src, const long src_ss, const int is_v,
-                        __global const ACC *cosines, __global const ACC *sines, __global T *write, const int tid)
+                        __global const ACC *cosines, __global const ACC *sines, __global T *write, const int tid
+                        DECODE_PRE_PARAMS)
 {
     for (int slot = tid; slot < DK * DQ4; slot += DNT) {
         const int jj = slot / DQ4, c4 = slot - jj * DQ4, j = j0 + jj;
         if (j >= jstop || j < p0) {
+#ifdef DECODE_PRELOAD
+            if (cached) dst[jj * DRS4 + c4] = j < jstop ? pre_load4(pre + (j - jbase) * PRE_ROW + 4 * c4) : (ACC4)0;
+#else
             if (cached) dst[jj * DRS4 + c4] = j < jstop ? load4(cache + j * cache_ss, 4 * c4) : (ACC4)0;
+#endif
         }
 #ifdef ROPE_CACHE
         else if (fresh) {
@@ -957,11 +1041,34 @@ inline decode_span decode_begin(const int tid, const int split, const int hk, co
     sp.jend = key_end(causal, SQ - 1, sp.L, SQ);
     sp.jstart = split * chunk;
     sp.jstop = min(sp.jstart + chunk, sp.jend);
+#ifdef DECODE_PRELOAD
+    // every cached row of the split (those below p0), k and v, PRE_BATCH loads an item in flight at once
+    const __global T *kr = k + k_off + b * k_sb + hk * k_sh, *vr = v + v_off + b * v_sb + hk * v_sh;
+    const int slots = max(min(sp.jstop, sp.p0) - sp.jstart, 0) * DQ4;
+    for (int s0 = 0; s0 < slots; s0 += PRE_BATCH * DNT) {
+        PRE_T4 kx[PRE_BATCH], vx[PRE_BATCH];
+#pragma unroll
+        for (int u = 0; u < PRE_BATCH; ++u) {
+            const int slot = min(s0 + u * DNT + tid, slots - 1), jj = slot / DQ4, c4 = slot - jj * DQ4;
+            kx[u] = pre_get4(kr + (sp.jstart + jj) * k_ss, 4 * c4);
+            vx[u] = pre_get4(vr + (sp.jstart + jj) * v_ss, 4 * c4);
+        }
+#pragma unroll
+        for (int u = 0; u < PRE_BATCH; ++u) {
+            const int slot = s0 + u * DNT + tid, jj = slot / DQ4, c4 = slot - jj * DQ4;
+            if (slot < slots) {
+                vstore4(kx[u], 0, lm->pk + jj * PRE_ROW + 4 * c4);
+                vstore4(vx[u], 0, lm->pv + jj * PRE_ROW + 4 * c4);
+            }
+        }
+    }
+#else
     decode_rows(lm->kvs, k + k_off + b * k_sb + hk * k_sh, k_ss, sp.jstart, sp.jstop, sp.p0, 1, 0, k, 0, 0,
                 cosines, sines, 0, tid);
 #ifdef DECODE_VS
     decode_rows(lm->vs, v + v_off + b * v_sb + hk * v_sh, v_ss, sp.jstart, sp.jstop, sp.p0, 1, 0, v, 0, 1,
                 cosines, sines, 0, tid);
+#endif
 #endif
     return sp;
 }
@@ -995,7 +1102,11 @@ inline void decode_tile(const int tid, const int split, const int hk, const int 
                         __global int *arrivals, __local decode_local *lm, const decode_span sp, KV_ARGS(q),
                         DECODE_KV_ARGS(k), DECODE_KV_ARGS(v), MASK_ARGS, DECODE_TAIL_ARGS)
 {
+#ifdef ORED_IN_PRE
+    __local ACC4 *qs = lm->qs, *kvs = lm->kvs, *ored = (__local ACC4 *)lm->pk;
+#else
     __local ACC4 *qs = lm->qs, *kvs = lm->kvs, *ored = lm->ored;
+#endif
     __local ACC *ss = lm->ss, *pl = lm->pl, *m_s = lm->m_s, *mnew_s = lm->mnew_s, *alpha_s = lm->alpha_s;
     __local ACC *l_s = lm->l_s;
 #ifdef DECODE_VS
@@ -1004,6 +1115,9 @@ inline void decode_tile(const int tid, const int split, const int hk, const int 
     __local ACC4 *vt = kvs;
 #endif
     const int L = sp.L, p0 = sp.p0, jend = sp.jend, jstart = sp.jstart, jstop = sp.jstop;
+    // the splits that hold keys (at least one: split 0 writes a row with none); the others have nothing to do
+    const int live = max(1, min(nsplit, (jend + chunk - 1) / chunk));
+    if (split >= live) return;
     const __global T *kb = k + k_off + b * k_sb + hk * k_sh;
     const __global T *vb = v + v_off + b * v_sb + hk * v_sh;
 
@@ -1028,9 +1142,11 @@ inline void decode_tile(const int tid, const int split, const int hk, const int 
     // the first key tile's new rows (its cached ones are decode_begin's) are read with q, before the first
     // barrier: the items that take them are mostly not those staging q, so both loads fly at once (one round
     // trip after a chain's wait, not two)
-    decode_rows(kvs, kb, k_ss, jstart, jstop, p0, 0, 1, ky, q_ss, 0, cosines, sines, kw, tid);
+    decode_rows(kvs, kb, k_ss, jstart, jstop, p0, 0, 1, ky, q_ss, 0, cosines, sines, kw, tid
+                DECODE_PRE(lm->pk, jstart));
 #ifdef DECODE_VS
-    decode_rows(vt, vb, v_ss, jstart, jstop, p0, 0, 1, vy, q_ss, 1, cosines, sines, vw, tid);
+    decode_rows(vt, vb, v_ss, jstart, jstop, p0, 0, 1, vy, q_ss, 1, cosines, sines, vw, tid
+                DECODE_PRE(lm->pv, jstart));
 #endif
 #else
     const __global T *ky = kb, *vy = vb;   // (no new rows: p0 = L, the first tile's rows are in place)
@@ -1047,12 +1163,22 @@ inline void decode_tile(const int tid, const int split, const int hk, const int 
 
     for (int j0 = jstart; j0 < jstop; j0 += DK) {
         barrier(CLK_LOCAL_MEM_FENCE);  // the previous tile's p v is done with kvs, vs, ss and alpha_s
+#ifdef DECODE_PRELOAD
+        // the cached rows from local memory (the first tile's new rows are in place: fresh only past it)
+        decode_rows(kvs, kb, k_ss, j0, jstop, p0, 1, j0 != jstart, ky, q_ss, 0, cosines, sines, kw, tid
+                    DECODE_PRE(lm->pk, jstart));
+#ifdef DECODE_VS
+        decode_rows(vt, vb, v_ss, j0, jstop, p0, 1, j0 != jstart, vy, q_ss, 1, cosines, sines, vw, tid
+                    DECODE_PRE(lm->pv, jstart));
+#endif
+#else
         if (j0 != jstart) {   // (the first tile's rows are in place)
             decode_rows(kvs, kb, k_ss, j0, jstop, p0, 1, 1, ky, q_ss, 0, cosines, sines, kw, tid);
 #ifdef DECODE_VS
             decode_rows(vt, vb, v_ss, j0, jstop, p0, 1, 1, vy, q_ss, 1, cosines, sines, vw, tid);
 #endif
         }
+#endif
         barrier(CLK_LOCAL_MEM_FENCE);
         for (int slot = tid; slot < DR * DK; slot += DNT) {
             const int r = slot / DK, jj = slot - r * DK, j = j0 + jj;
@@ -1084,7 +1210,8 @@ inline void decode_tile(const int tid, const int split, const int hk, const int 
             ss[slot] = p;
         }
 #ifndef DECODE_VS  // every item is past its reads of the k tile: the v tile takes its place
-        decode_rows(kvs, vb, v_ss, j0, jstop, p0, 1, 1, vy, q_ss, 1, cosines, sines, vw, tid);
+        decode_rows(kvs, vb, v_ss, j0, jstop, p0, 1, 1, vy, q_ss, 1, cosines, sines, vw, tid
+                    DECODE_PRE(lm->pv, jstart));
 #endif
         barrier(CLK_LOCAL_MEM_FENCE);
         for (int r = tid; r < DR; r += DNT) {
@@ -1121,7 +1248,7 @@ inline void decode_tile(const int tid, const int split, const int hk, const int 
         const int h = hk * GROUP + r / SQ, i = r % SQ;
         const long row = ((long)b * HQ + h) * SQ + i;
         const ACC l = l_s[r];
-        if (nsplit == 1) {
+        if (live == 1) {   // (the merge of this one part would give the same bits)
             store4(out + row * HEAD_DIM, 4 * c4, acc * (l > (ACC)0 ? (ACC)1 / l : (ACC)0));
             if (c4 == 0) lse[row] = l > (ACC)0 ? m_s[r] + log(l) : -INFINITY;
         } else {
@@ -1140,13 +1267,12 @@ inline void decode_tile(const int tid, const int split, const int hk, const int 
         }
     }
 #ifndef USE_FP64
-    if (nsplit == 1) return;
+    if (live == 1) return;
 
-    // the last split of this (kv head, batch) to get here merges the parts of its rows from the splits that
-    // held keys (those past the last valid key, [live, nsplit), had none: l = 0, the merge skips them anyway;
-    // a recorded decode step keeps the cache's capacity of splits while the valid keys grow)
-    if (!nc_group_last_arrival(arrivals + (long)b * hkv + hk, nsplit, &lm->last)) return;
-    const int live = min(nsplit, (jend + chunk - 1) / chunk);
+    // the last of the live splits of this (kv head, batch) to get here merges their parts (a recorded decode
+    // step keeps the cache's capacity of splits while the valid keys grow; those past the valid keys left
+    // above)
+    if (!nc_group_last_arrival(arrivals + (long)b * hkv + hk, live, &lm->last)) return;
     for (int slot = tid; slot < DPAIRS; slot += DNT) {
         const int r = slot / DQ4, c4 = slot - r * DQ4;
         const int h = hk * GROUP + r / SQ, i = r % SQ;
@@ -1160,7 +1286,7 @@ inline void decode_tile(const int tid, const int split, const int hk, const int 
         ACC4 ob[MERGE_BATCH];
 #pragma unroll
         for (int u = 0; u < MERGE_BATCH; ++u) {
-            const int s = max(min(u, live - 1), 0);   // (live 0: no keys, nothing read)
+            const int s = min(u, live - 1);
             mb[u] = PART_LOAD(ml, 2 * s);
             lb[u] = PART_LOAD(ml, 2 * s + 1);
             const __global ACC *ps = po + s * 4 * DQ4;

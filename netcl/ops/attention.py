@@ -305,6 +305,14 @@ DECODE_TILE_KEYS = (64, 32, 16)
 # are read together (one memory round trip a tile, not two), and a chained tile (gemv_layers) reads both of
 # its first tile's cached rows before it waits for the q/k/v product.
 DECODE_V_TILE = True
+# The most keys a split of the decode kernel holds in local memory (DECODE_PRELOAD: its cached keys and values
+# read at once, before a chained tile waits for the q/k/v product, instead of a round trip a key tile after
+# it): the splits are then as few as hold the cache at that many keys each (no merge where one holds them
+# all), in place of DECODE_GROUPS_PER_CU's. Within the device's local memory less DECODE_PRELOAD_SPARE bytes
+# (a chain's own partial sums beside it, gemm/chain.py); 0, or float64: the splits of DECODE_GROUPS_PER_CU
+# and only the first key tile read ahead.
+DECODE_PRELOAD_KEYS = 128
+DECODE_PRELOAD_SPARE = 4096
 # rope_cache_decode_attention where the decode kernel runs: q rotated, k rotated into its cache and v copied
 # into its cache inside that kernel (ROPE_CACHE), one launch a layer fewer than rope_qkv_cache and then the
 # kernel; False: always the two launches (the same bits either way).
@@ -366,9 +374,27 @@ def decode_tiles(device: Any, rows: int, head_dim: int, dtype: Any, keys: int = 
     want = 1 if np.dtype(dtype) == dtypes.float64 else decode_splits_wanted(device, heads)  # float64: 1 split
     dk = max((d for d in fits if -(-keys // d) >= want), default=fits[0])
     tiles = {"DR": rows, "DK": dk, "DNT": DECODE_ITEMS}
-    if DECODE_V_TILE and _decode_local_bytes({**tiles, "DECODE_VS": None}, head_dim, dtype) <= budget:
+    preload = _decode_preload(device, tiles, head_dim, dtype, keys)
+    if preload:
+        tiles["DECODE_PRELOAD"] = preload
+    if DECODE_V_TILE and _decode_local_bytes({**tiles, "DECODE_VS": None}, head_dim, dtype) <= budget - (
+            DECODE_PRELOAD_SPARE if preload else 0):
         tiles["DECODE_VS"] = None
     return tiles
+
+
+def _decode_preload(device: Any, tiles: dict[str, Any], head_dim: int, dtype: Any, keys: int) -> int:
+    """DECODE_PRELOAD's keys for these tiles (a multiple of DK: at most DECODE_PRELOAD_KEYS, the cache's keys
+    rounded up to a tile, and what the local memory less DECODE_PRELOAD_SPARE holds), or 0 (float64, or not
+    one tile)."""
+    dk = tiles["DK"]
+    if np.dtype(dtype) == dtypes.float64:
+        return 0
+    budget = device.capabilities.local_mem - 1024 - DECODE_PRELOAD_SPARE
+    most = min(DECODE_PRELOAD_KEYS, max(-(-keys // dk), 1) * dk) // dk * dk
+    while most >= dk and _decode_local_bytes({**tiles, "DECODE_PRELOAD": most}, head_dim, dtype) > budget:
+        most -= dk
+    return most if most >= dk else 0
 
 
 def decode_splits_wanted(device: Any, heads: int) -> int:
@@ -378,14 +404,22 @@ def decode_splits_wanted(device: Any, heads: int) -> int:
 
 
 def _decode_local_bytes(tiles: dict[str, Any], head_dim: int, dtype: Any) -> int:
-    """attention_decode_gpu's local memory (its decode_local; attention_gpu.cl's sum) for these tiles."""
+    """attention_decode_gpu's local memory for these tiles: sizeof(decode_local) of attention_gpu.cl, its
+    fields in order at their alignments (ACC, and ACC4 at 4 ACCs)."""
     rows, dk, q4 = tiles["DR"], tiles["DK"], -(-head_dim // 4)
     pairs = rows * q4
     groups = max(tiles["DNT"] // pairs, 1)
-    kv = 2 if "DECODE_VS" in tiles else 1
-    values = ((rows + kv * dk) * (q4 + 1) * 4 + 2 * rows * dk + 4 * rows
-              + (4 * groups * pairs if groups > 1 else 4))
-    return values * (8 if np.dtype(dtype) == dtypes.float64 else 4) + 16   # + the merge's flag, aligned
+    acc = 8 if np.dtype(dtype) == dtypes.float64 else 4
+    pre_t = min(np.dtype(dtype).itemsize, 4)   # DECODE_PRELOAD's elements: T's bits (float32: floats)
+    preload = tiles.get("DECODE_PRELOAD", 0) * 4 * q4 * pre_t   # pk's bytes, and pv's
+    in_pre = groups > 1 and 16 * groups * pairs <= preload      # ORED_IN_PRE
+    fields = [(4 * acc, rows * (q4 + 1)), (4 * acc, dk * (q4 + 1) * (2 if "DECODE_VS" in tiles else 1)),
+              (pre_t, 2 * preload // pre_t), (acc, 2 * rows * dk + 4 * rows),
+              (4 * acc, groups * pairs if groups > 1 and not in_pre else 1), (4, 1)]
+    size = 0
+    for align, count in fields:
+        size = -(-size // align) * align + align * count
+    return -(-size // (4 * acc)) * (4 * acc)
 
 
 def _gpu_local_bytes(kernel: str, BM: int, BN: int, DP: int, TR: int, TC: int, item: int,
@@ -587,8 +621,11 @@ class _Problem:
         splits' parts sized for `layers` layers one after the other (rope_cache_decode_phase)."""
         dk = tiles["DK"]
         tiles_of_keys = max(1, -(-self.SK // dk))
-        want = decode_splits_wanted(self.device, self.B * self.HKV)
-        nsplit = 1 if self.dtype == dtypes.float64 else min(want, tiles_of_keys)
+        if "DECODE_PRELOAD" in tiles:   # as few splits as hold the cache at DECODE_PRELOAD keys each
+            nsplit = max(1, -(-self.SK // tiles["DECODE_PRELOAD"]))
+        else:
+            want = decode_splits_wanted(self.device, self.B * self.HKV)
+            nsplit = 1 if self.dtype == dtypes.float64 else min(want, tiles_of_keys)
         chunk = -(-tiles_of_keys // nsplit) * dk
         nsplit = max(1, -(-self.SK // chunk))
         program = {"HEAD_DIM": self.D, "MASK": self.mask_kind, "PASS": "PASS_DECODE", **tiles,

@@ -78,13 +78,14 @@ def test_attention_forward_backward(queue, monkeypatch, variant, D):
         close(got, ref, 1e-4, 1e-4)
 
 
-@pytest.mark.parametrize("D", [12, 32])
-def test_attention_decode_split_keys(queue, monkeypatch, D):
+@pytest.mark.parametrize("D,preload", [(12, 0), (32, 0), (12, 16), (32, 32)])
+def test_attention_decode_split_keys(queue, monkeypatch, D, preload):
     """attention_gpu.cl's decode kernel (GQA rows of one kv head, keys split over work-groups) and its
-    merge."""
+    merge; `preload`: each split's keys held in local memory first (DECODE_PRELOAD_KEYS)."""
     monkeypatch.setattr(attn, "variant_override", "gpu")
     monkeypatch.setattr(attn, "DECODE_GROUPS_PER_CU", 1000)
     monkeypatch.setattr(attn, "DECODE_TILE_KEYS", (16,))
+    monkeypatch.setattr(attn, "DECODE_PRELOAD_KEYS", preload)
     rng = np.random.default_rng(4)
     B, HQ, HKV, SQ, SK, p = 2, 4, 2, 2, 37, 0.25
     q = rng.standard_normal((B, HQ, SQ, D)).astype(np.float32)
@@ -103,8 +104,8 @@ def test_attention_decode_split_keys(queue, monkeypatch, D):
     close(lse, want[1], 1e-4, 1e-4)
 
 
-@pytest.mark.parametrize("D,pairing", [(12, "interleaved"), (32, "half")])
-def test_attention_decode_rotates_and_writes_the_caches(queue, monkeypatch, D, pairing):
+@pytest.mark.parametrize("D,pairing,preload", [(12, "interleaved", 0), (32, "half", 0), (32, "half", 16)])
+def test_attention_decode_rotates_and_writes_the_caches(queue, monkeypatch, D, pairing, preload):
     """attention_gpu.cl's decode kernel with ROPE_CACHE (ops.rope_cache_decode_attention): q rotated while
     staged, the split holding the new rows writes them into the caches and reads them back after its barrier
     (positions 15 and 16 straddle two 16-key splits, 35 and 36 sit in the last one); the same bits as
@@ -112,6 +113,7 @@ def test_attention_decode_rotates_and_writes_the_caches(queue, monkeypatch, D, p
     monkeypatch.setattr(attn, "variant_override", "gpu")
     monkeypatch.setattr(attn, "DECODE_GROUPS_PER_CU", 1000)
     monkeypatch.setattr(attn, "DECODE_TILE_KEYS", (16,))
+    monkeypatch.setattr(attn, "DECODE_PRELOAD_KEYS", preload)
     rng = np.random.default_rng(5)
     B, HQ, HKV, S, cap = 2, 4, 2, 2, 37
     y = rng.standard_normal((B, S, HQ + 2 * HKV, D)).astype(np.float32)

@@ -417,11 +417,16 @@ def test_gpu_fused_backward_atomic_path_when_not_deterministic(queue, rng, monke
 
 
 # -- decoding: the GPU variant's split-key kernel (few query rows per kv head) --------------------------
-@pytest.fixture
-def decode_splits(monkeypatch):
-    """The GPU kernels, with enough work-groups wanted that the keys split into one tile per work-group."""
+@pytest.fixture(params=["preload", "tiles"])
+def decode_splits(request, monkeypatch):
+    """The GPU kernels, the keys split either way: "preload", each split holding up to DECODE_PRELOAD_KEYS
+    (the default) cached keys in local memory; "tiles", enough work-groups wanted that the keys split into one
+    tile per work-group, nothing preloaded (DECODE_PRELOAD_KEYS 0)."""
     monkeypatch.setattr(attn, "variant_override", "gpu")
     monkeypatch.setattr(attn, "DECODE_GROUPS_PER_CU", 1000)
+    if request.param == "tiles":
+        monkeypatch.setattr(attn, "DECODE_PRELOAD_KEYS", 0)
+    return request.param
 
 
 def test_decode_key_tiles_follow_the_cache(queue, monkeypatch):
@@ -429,6 +434,7 @@ def test_decode_key_tiles_follow_the_cache(queue, monkeypatch):
     else the smallest (a short cache is latency-bound: more, smaller splits)."""
     monkeypatch.setattr(attn, "DECODE_TILE_KEYS", (64, 32, 16))
     monkeypatch.setattr(attn, "DECODE_ITEMS", 1)
+    monkeypatch.setattr(attn, "DECODE_PRELOAD_KEYS", 0)
     heads = 4
     monkeypatch.setattr(attn, "DECODE_GROUPS_PER_CU", 4 * heads)
     want = attn.decode_splits_wanted(queue.device, heads)
@@ -448,9 +454,11 @@ def test_decode_key_tiles_follow_the_cache(queue, monkeypatch):
     assert attn.decode_tiles(queue.device, 8, 64, np.float64, want * 16, heads)["DK"] == largest
 
 
-def test_decode_v_tile_where_it_fits():
+def test_decode_v_tile_where_it_fits(monkeypatch):
     """The v tile of its own (DECODE_VS) where the local memory holds it beside the k tile, else the k tile's
     room takes both in turn; the tile of keys is chosen without it."""
+    monkeypatch.setattr(attn, "DECODE_PRELOAD_KEYS", 0)
+
     def device(local_mem):
         return SimpleNamespace(capabilities=SimpleNamespace(compute_units=4, local_mem=local_mem,
                                                             max_work_group_size=1024))
@@ -462,6 +470,30 @@ def test_decode_v_tile_where_it_fits():
     assert roomy == {"DR": 8, "DK": 64, "DNT": attn.DECODE_ITEMS, "DECODE_VS": None}
     tight = attn.decode_tiles(device(two + 1023), 8, 64, np.float32, 64 * 1000)
     assert tight == {"DR": 8, "DK": 64, "DNT": attn.DECODE_ITEMS}
+
+
+@pytest.mark.gpu_shaped
+def test_decode_local_bytes_hold_the_kernels_local_memory(queue):
+    """_decode_local_bytes, which sizes a chain's local memory for the decode tiles it holds (gemm/chain.py),
+    is at least the kernel's own decode_local (and not more than its alignment beyond it): with and without a
+    v tile, a preload, the item groups' partial outputs in the preload's room or not."""
+    from netcl import kernels
+
+    probe = "\n__kernel void decode_local_size(__global int *o) { o[0] = (int)sizeof(decode_local); }\n"
+    text = kernels.source("attention_gpu.cl") + probe
+    cases = [({"DR": 8, "DK": 16}, 64, BF16), ({"DR": 8, "DK": 16, "DECODE_PRELOAD": 128}, 64, BF16),
+             ({"DR": 8, "DK": 16, "DECODE_PRELOAD": 16}, 64, np.float16),   # partial outputs not in pk
+             ({"DR": 4, "DK": 32, "DECODE_PRELOAD": 64, "DECODE_VS": None}, 20, np.float32),
+             ({"DR": 16, "DK": 64, "DECODE_VS": None}, 128, np.float32),
+             ({"DR": 3, "DK": 16}, 32, np.float64)]
+    out = Tensor.empty(queue, (1,), np.int32)
+    for tiles, d, dtype in cases:
+        tiles = {**tiles, "DNT": attn.DECODE_ITEMS}
+        prg = kernels.build(queue.device, text, "decode_local_size", HEAD_DIM=d, PASS="PASS_DECODE",
+                            **kernels.dtype_defines(dtype), **tiles)
+        prg.decode_local_size(queue, (1,), (1,), o=out.buffer)
+        size = int(out.to_host()[0])
+        assert size <= attn._decode_local_bytes(tiles, d, dtype) <= size + 32, (tiles, d, dtype, size)
 
 
 @pytest.mark.gpu_shaped
@@ -575,16 +607,22 @@ def test_rope_cache_decode_attention_is_bit_identical(queue, rng, decode_splits,
 
 
 @pytest.mark.gpu_shaped
-@pytest.mark.parametrize("v_tile", [True, False])
-def test_rope_cache_decode_attention_new_rows_past_a_splits_first_tile(queue, rng, monkeypatch, v_tile):
-    """One split of several key tiles (the first tile's cached rows are read before the rest of the work; the
-    new rows come from the q/k/v heads in whichever tile holds them): the bits of the two launches."""
+@pytest.mark.parametrize("v_tile,preload", [(True, 0), (False, 0), (True, 128), (False, 128)])
+def test_rope_cache_decode_attention_new_rows_past_a_splits_first_tile(queue, rng, monkeypatch, v_tile,
+                                                                        preload):
+    """Splits of several key tiles (without a preload the first tile's cached rows are read before the rest of
+    the work, with one every cached row of the split; the new rows come from the q/k/v heads in whichever
+    tile holds them, here across two tiles): the bits of the two launches."""
     B, HQ, HKV, S, cap, D = 2, 4, 1, 2, 200, 32
     monkeypatch.setattr(attn, "variant_override", "gpu")
-    monkeypatch.setattr(attn, "DECODE_GROUPS_PER_CU", 0)   # one split wanted
+    monkeypatch.setattr(attn, "DECODE_GROUPS_PER_CU", 0)   # one split wanted (without a preload)
     monkeypatch.setattr(attn, "DECODE_V_TILE", v_tile)
+    monkeypatch.setattr(attn, "DECODE_PRELOAD_KEYS", preload)
+    monkeypatch.setattr(attn, "DECODE_PRELOAD_SPARE", 0)
     tiles = attn.decode_tiles(queue.device, HQ // HKV * S, D, np.float32, cap, B * HKV)
-    assert tiles["DK"] == 64 and ("DECODE_VS" in tiles) == v_tile
+    assert tiles["DK"] == 64 and tiles.get("DECODE_PRELOAD", 0) == preload
+    if not preload or queue.device.capabilities.local_mem >= 64 * 1024:   # (not Oclgrind's 32 KB)
+        assert ("DECODE_VS" in tiles) == v_tile
     y = rng.standard_normal((B, HQ + 2 * HKV, S, D)).astype(np.float32)
     caches = [rng.standard_normal((B, HKV, cap, D)).astype(np.float32) for _ in range(2)]
     tables = ops.rope_tables(queue, cap, D)

@@ -124,15 +124,17 @@ def test_refusals_name_the_step(queue):
 
 
 # -- a decode step's attention as the chain's first tiles (gemm_gemv.cl's CHAIN_ATTN) ---------------------
-def gpu_shaped_chain(monkeypatch, keys_a_tile=None, tile=(32, 8), items=None):
-    """The GPU kernels on any device: the decode attention (split over the keys; `items` work-items, default
-    256) and the GPUs' gemv tile (GEMV_WG, GEMV_ROWS = `tile`: 32 x 8 work-items, which the attention's 256
-    fill) with the norm in its prologue."""
+def gpu_shaped_chain(monkeypatch, keys_a_tile=None, tile=(32, 8), items=None, preload=0):
+    """The GPU kernels on any device: the decode attention (split over the keys: a tile of them a split, or
+    with `preload`, DECODE_PRELOAD_KEYS, at most that many a split held in local memory; `items` work-items,
+    default 256) and the GPUs' gemv tile (GEMV_WG, GEMV_ROWS = `tile`: 32 x 8 work-items, which the
+    attention's 256 fill) with the norm in its prologue."""
     from netcl.ops import attention as attn_mod
     from netcl.ops.gemm import variants
 
     monkeypatch.setattr(attn_mod, "variant_override", "gpu")
     monkeypatch.setattr(attn_mod, "DECODE_GROUPS_PER_CU", 1000)
+    monkeypatch.setattr(attn_mod, "DECODE_PRELOAD_KEYS", preload)
     if keys_a_tile is not None:
         monkeypatch.setattr(attn_mod, "DECODE_TILE_KEYS", (keys_a_tile,))
     if items is not None:
@@ -184,17 +186,22 @@ def run_attention_layer(queue, layer, joined):
 
 
 @pytest.mark.gpu_shaped
-@pytest.mark.parametrize("dtype,position,keys,cap,splits,items", [
-    ("bfloat16", 21, 64, 64, 1, None),       # one split
-    ("float16", 250, 64, 300, 5, None),
-    ("float32", 99, 16, 128, 8, 96),       # the chain's work-items past the attention's 96 only wait
+@pytest.mark.parametrize("dtype,position,keys,cap,splits,items,preload", [
+    ("bfloat16", 21, 64, 64, 1, None, 0),       # one split
+    ("float16", 250, 64, 300, 5, None, 0),
+    ("float32", 99, 16, 128, 8, 96, 0),       # the chain's work-items past the attention's 96 only wait
+    # the splits' keys held in local memory: one split of 8 tiles; two of three splits live; one of two
+    ("bfloat16", 99, 16, 128, 1, None, 128),
+    ("float16", 250, 64, 300, 3, None, 128),
+    ("float32", 20, 16, 128, 2, 96, 64),
 ])
-def test_a_decode_attention_joins_the_chain(queue, monkeypatch, dtype, position, keys, cap, splits, items):
+def test_a_decode_attention_joins_the_chain(queue, monkeypatch, dtype, position, keys, cap, splits, items,
+                                            preload):
     """rope_cache_decode_phase's launch as the chain's first tiles: the attention (q rotated, the new k and v
     rows into the caches, the keys in one split or several merged by the last) and the three steps after it
     (the first reads the attention's rows) with the bits of the attention's own launch and then the chain,
     call after call (the chain's counts and the merge's arrival counts reset), float32 and half storage."""
-    gpu_shaped_chain(monkeypatch, keys, items=items)
+    gpu_shaped_chain(monkeypatch, keys, items=items, preload=preload)
     layer = attention_layer(queue, dtypes.normalize(dtype), position, cap=cap)
     want, made = run_attention_layer(queue, layer, joined=False)
     assert made == splits
@@ -315,19 +322,20 @@ def run_decode_layers(queue, model, layered, eps=(1e-5, 1e-6)):
 
 
 @pytest.mark.gpu_shaped
-@pytest.mark.parametrize("dtype,n,per,position,keys,cap", [
-    ("bfloat16", 3, None, 21, None, 64),     # one launch, one split of the keys
-    ("float16", 5, 2, 250, 64, 300),         # three launches (2 + 2 + 1 layers), five splits
-    ("float32", 4, 3, 99, 16, 128),          # two launches, eight splits
+@pytest.mark.parametrize("dtype,n,per,position,keys,cap,preload", [
+    ("bfloat16", 3, None, 21, None, 64, 0),     # one launch, one split of the keys
+    ("float16", 5, 2, 250, 64, 300, 0),         # three launches (2 + 2 + 1 layers), five splits
+    ("float32", 4, 3, 99, 16, 128, 0),          # two launches, eight splits
+    ("bfloat16", 3, None, 99, 16, 300, 128),    # the keys held in local memory: one of three splits live
 ])
-def test_decode_layers_in_one_launch(queue, monkeypatch, dtype, n, per, position, keys, cap):
+def test_decode_layers_in_one_launch(queue, monkeypatch, dtype, n, per, position, keys, cap, preload):
     """Whole decode layers (RMSNorm + q/k/v, the attention with its caches, o-projection + residual, RMSNorm +
     gate/up + SwiGLU, down + residual) through gemv_layers, in one launch or several (the device's argument
     space; forced smaller here): the last output and every layer's caches with the bits of each phase's own
     launch, call after call (the counts reset)."""
     from netcl.ops.gemm import chain
 
-    gpu_shaped_chain(monkeypatch, keys)
+    gpu_shaped_chain(monkeypatch, keys, preload=preload)
     if per is not None:
         monkeypatch.setattr(chain, "layers_per_launch", lambda device: per)
     model = random_decode_layers(queue, dtypes.normalize(dtype), n, position, cap=cap)
