@@ -844,6 +844,9 @@ __kernel void attention_dq_sum_gpu(__global const float *dq_acc, __global float 
 #ifndef MERGE_BATCH
 #define MERGE_BATCH 4                                     // splits' parts a merge loads at once
 #endif
+#if defined(DECODE_WIDE) && !defined(DECODE_PRELOAD)
+#error "attention_gpu.cl: DECODE_WIDE needs DECODE_PRELOAD"
+#endif
 #ifdef DECODE_PRELOAD
 #if defined(USE_FP64)
 #error "attention_gpu.cl: DECODE_PRELOAD holds 16- or 32-bit rows"
@@ -901,6 +904,69 @@ inline ACC4 pre_load4(__local const PRE_T *p)
     return vload4(0, p);
 #endif
 }
+
+// Four values already rounded to T, as T's bits (exact).
+inline void pre_store4(__local PRE_T *p, const ACC4 x)
+{
+#if defined(IS_HALF)
+    vstore_half4(x, 0, (__local half *)p);
+#elif defined(IS_BF16)
+    vstore4((ushort4)(nc_float_to_bf16(x.x), nc_float_to_bf16(x.y), nc_float_to_bf16(x.z), nc_float_to_bf16(x.w)),
+            0, p);
+#else
+    vstore4(x, 0, p);
+#endif
+}
+
+#ifdef DECODE_WIDE
+// The whole split in one pass (its keys all in local memory): every (row, key) score at once, each row's
+// maximum and sum over WIDE_G items (a butterfly: NVIDIA's warp shuffles, elsewhere through local memory in
+// the same order), then p v. WIDE_G: the largest power of two <= 32 that DNT / DR holds and DNT a multiple of.
+#define WIDE_G_(n) (DNT / DR >= (n) && DNT % (n) == 0)
+#define WIDE_G (WIDE_G_(32) ? 32 : WIDE_G_(16) ? 16 : WIDE_G_(8) ? 8 : WIDE_G_(4) ? 4 : WIDE_G_(2) ? 2 : 1)
+#if defined(NC_NVIDIA)
+inline ACC wide_max(ACC x, __local ACC *red, const int flat)
+{
+    for (int m = WIDE_G / 2; m >= 1; m >>= 1) {
+        uint y;
+        asm volatile("shfl.sync.bfly.b32 %0, %1, %2, 0x1f, 0xffffffff;" : "=r"(y) : "r"(as_uint(x)), "r"(m));
+        x = fmax(x, as_float(y));
+    }
+    return x;
+}
+inline ACC wide_sum(ACC x, __local ACC *red, const int flat)
+{
+    for (int m = WIDE_G / 2; m >= 1; m >>= 1) {
+        uint y;
+        asm volatile("shfl.sync.bfly.b32 %0, %1, %2, 0x1f, 0xffffffff;" : "=r"(y) : "r"(as_uint(x)), "r"(m));
+        x += as_float(y);
+    }
+    return x;
+}
+#else
+// (every work-item of the work-group calls these; those at flat >= DNT only reach the barriers)
+inline ACC wide_max(ACC x, __local ACC *red, const int flat)
+{
+    for (int m = WIDE_G / 2; m >= 1; m >>= 1) {
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (flat < DNT) red[flat] = x;
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (flat < DNT) x = fmax(x, red[flat ^ m]);
+    }
+    return x;
+}
+inline ACC wide_sum(ACC x, __local ACC *red, const int flat)
+{
+    for (int m = WIDE_G / 2; m >= 1; m >>= 1) {
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (flat < DNT) red[flat] = x;
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (flat < DNT) x += red[flat ^ m];
+    }
+    return x;
+}
+#endif
+#endif
 #endif
 
 #ifdef ROPE_CACHE
@@ -953,6 +1019,12 @@ inline ACC4 rope_load4(__global const T *x, const int d, __global const ACC *cos
 // The decode local memory of one work-group (a struct, so a chain kernel can hold it beside its own).
 typedef struct {
     ACC4 qs[DR * DRS4];
+#ifdef DECODE_WIDE
+    PRE_T pk[DECODE_PRELOAD * PRE_ROW], pv[DECODE_PRELOAD * PRE_ROW];   // the split's keys, values
+    ACC sw[DR * DECODE_PRELOAD];   // its scores, then p times the dropout multiplier
+    ACC red[DNT];                  // the rows' butterflies (elsewhere than on NVIDIA's shuffles)
+    ACC m_s[DR], l_s[DR];
+#else
     ACC4 kvs[DK * DRS4];        // the k tile (then the v tile, without DECODE_VS)
 #ifdef DECODE_VS
     ACC4 vs[DK * DRS4];         // the v tile
@@ -963,6 +1035,7 @@ typedef struct {
     ACC ss[DR * DK];            // scores, then p times the dropout multiplier
     ACC pl[DR * DK];            // p (the row sums' terms)
     ACC m_s[DR], mnew_s[DR], alpha_s[DR], l_s[DR];
+#endif
 #ifdef ORED_IN_PRE
     ACC4 ored[1];
 #else
@@ -1103,16 +1176,19 @@ inline void decode_tile(const int tid, const int split, const int hk, const int 
                         DECODE_KV_ARGS(k), DECODE_KV_ARGS(v), MASK_ARGS, DECODE_TAIL_ARGS)
 {
 #ifdef ORED_IN_PRE
-    __local ACC4 *qs = lm->qs, *kvs = lm->kvs, *ored = (__local ACC4 *)lm->pk;
+    __local ACC4 *qs = lm->qs, *ored = (__local ACC4 *)lm->pk;
 #else
-    __local ACC4 *qs = lm->qs, *kvs = lm->kvs, *ored = lm->ored;
+    __local ACC4 *qs = lm->qs, *ored = lm->ored;
 #endif
-    __local ACC *ss = lm->ss, *pl = lm->pl, *m_s = lm->m_s, *mnew_s = lm->mnew_s, *alpha_s = lm->alpha_s;
-    __local ACC *l_s = lm->l_s;
+    __local ACC *m_s = lm->m_s, *l_s = lm->l_s;
+#ifndef DECODE_WIDE
+    __local ACC4 *kvs = lm->kvs;
+    __local ACC *ss = lm->ss, *pl = lm->pl, *mnew_s = lm->mnew_s, *alpha_s = lm->alpha_s;
 #ifdef DECODE_VS
     __local ACC4 *vt = lm->vs;
 #else
     __local ACC4 *vt = kvs;
+#endif
 #endif
     const int L = sp.L, p0 = sp.p0, jend = sp.jend, jstart = sp.jstart, jstop = sp.jstop;
     // the splits that hold keys (at least one: split 0 writes a row with none); the others have nothing to do
@@ -1132,6 +1208,79 @@ inline void decode_tile(const int tid, const int split, const int hk, const int 
         qs[r * DRS4 + c4] = load4(q + q_off + b * q_sb + h * q_sh + i * q_ss, 4 * c4) * scale;
 #endif
     }
+#ifdef DECODE_WIDE
+    // the new rows among this split's keys (ROPE_CACHE): k rotated at its position and rounded to T, v as it
+    // is, into the caches for the steps after this one and into the split's rows here
+    const int flat = get_local_id(1) * get_local_size(0) + get_local_id(0);
+    const int nk = max(jstop - jstart, 0);
+#ifdef ROPE_CACHE
+    {
+        const __global T *ky = q + q_off + b * q_sb + (HQ + hk) * q_sh, *vy = ky + hkv * q_sh;
+        __global T *kw = k + k_off + b * k_sb + hk * k_sh, *vw = v + v_off + b * v_sb + hk * v_sh;
+        const int f0 = max(p0, jstart);
+        for (int slot = tid; slot < max(jstop - f0, 0) * DQ4; slot += DNT) {
+            const int jf = slot / DQ4, c4 = slot - jf * DQ4, j = f0 + jf;
+            const long at = (long)j * ROPE_HALF_DIM;
+            const ACC4 kr = rope_load4(ky + (j - p0) * q_ss, 4 * c4, cos_table + at, sin_table + at);
+            const ACC4 vr = load4(vy + (j - p0) * q_ss, 4 * c4);
+            store4(kw + j * k_ss, 4 * c4, kr);
+            store4(vw + j * v_ss, 4 * c4, vr);
+            pre_store4(lm->pk + (j - jstart) * PRE_ROW + 4 * c4, kr);
+            pre_store4(lm->pv + (j - jstart) * PRE_ROW + 4 * c4, vr);
+        }
+    }
+#endif
+    barrier(CLK_LOCAL_MEM_FENCE);   // q, the split's rows (decode_begin's and the new ones)
+    __local ACC *sw = lm->sw;
+    for (int slot = tid; slot < DR * nk; slot += DNT) {
+        const int r = slot / nk, jj = slot - r * nk, j = jstart + jj;
+        const int h = hk * GROUP + r / SQ, i = r % SQ;
+        ACC s = (ACC)0;
+        for (int c4 = 0; c4 < DQ4; ++c4) s += dot4(qs[r * DRS4 + c4], pre_load4(lm->pk + jj * PRE_ROW + 4 * c4));
+        sw[r * DECODE_PRELOAD + jj] = masked_score(s, i, j, L, SQ, causal, mask,
+                                                   mask_off + b * mask_sb + h * mask_sh + i * mask_si + j * mask_sj);
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    {   // row r's maximum and sum over the WIDE_G items of group r (every item takes part in the butterflies)
+        __local ACC *red = lm->red;
+        const int r = flat / WIDE_G, lane = flat - r * WIDE_G, mine = r < DR && tid < DNT;
+        __local ACC *row = sw + (mine ? r : 0) * DECODE_PRELOAD;
+        ACC mx = -INFINITY;
+        if (mine)
+            for (int jj = lane; jj < nk; jj += WIDE_G) mx = fmax(mx, row[jj]);
+        mx = wide_max(mx, red, flat);
+        ACC sum = (ACC)0;
+        if (mine) {
+            const int h = hk * GROUP + r / SQ, i = r % SQ;
+            for (int jj = lane; jj < nk; jj += WIDE_G) {
+                const ACC s = row[jj];
+                ACC p = s == -INFINITY ? (ACC)0 : exp(s - mx);
+                sum += p;
+                if (drop_threshold && p != (ACC)0)
+                    p *= dropout_one(counter0, ((long)b * HQ + h) * SQ + i, jstart + jj, seed_lo, seed_hi,
+                                     drop_threshold, drop_scale);
+                row[jj] = p;
+            }
+        }
+        sum = wide_sum(sum, red, flat);
+        if (mine && lane == 0) {
+            m_s[r] = mx;
+            l_s[r] = sum;
+        }
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    ACC4 o[NPT];
+    for (int n = 0; n < NPT; ++n) {
+        const int slot = tid + n * DNT;
+        o[n] = (ACC4)0;
+        if (slot >= DSLOTS) break;
+        const int g = slot / DPAIRS, pair = slot - g * DPAIRS, r = pair / DQ4, c4 = pair - r * DQ4;
+        ACC4 acc = (ACC4)0;
+        for (int jj = g; jj < nk; jj += KG)
+            acc += sw[r * DECODE_PRELOAD + jj] * pre_load4(lm->pv + jj * PRE_ROW + 4 * c4);
+        o[n] = acc;
+    }
+#else
 #ifdef ROPE_CACHE
     // the new rows among this split's keys: their k and v heads, which the key tiles (decode_rows) rotate,
     // hold and write into the caches
@@ -1229,6 +1378,8 @@ inline void decode_tile(const int tid, const int split, const int hk, const int 
             o[n] = acc;
         }
     }
+
+#endif
 
     // the KG groups' partial outputs, then each (row, float4) pair written once
     barrier(CLK_LOCAL_MEM_FENCE);

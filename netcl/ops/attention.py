@@ -313,6 +313,9 @@ DECODE_V_TILE = True
 # and only the first key tile read ahead.
 DECODE_PRELOAD_KEYS = 128
 DECODE_PRELOAD_SPARE = 4096
+# With a preload, the split in one pass (DECODE_WIDE): every score of its rows at once, each row's maximum and
+# sum by a butterfly over a group of items, then p v; False: key tile after key tile (the running maximum).
+DECODE_PRELOAD_WIDE = True
 # rope_cache_decode_attention where the decode kernel runs: q rotated, k rotated into its cache and v copied
 # into its cache inside that kernel (ROPE_CACHE), one launch a layer fewer than rope_qkv_cache and then the
 # kernel; False: always the two launches (the same bits either way).
@@ -377,6 +380,9 @@ def decode_tiles(device: Any, rows: int, head_dim: int, dtype: Any, keys: int = 
     preload = _decode_preload(device, tiles, head_dim, dtype, keys)
     if preload:
         tiles["DECODE_PRELOAD"] = preload
+        if DECODE_PRELOAD_WIDE:
+            tiles["DECODE_WIDE"] = None
+            return tiles
     if DECODE_V_TILE and _decode_local_bytes({**tiles, "DECODE_VS": None}, head_dim, dtype) <= budget - (
             DECODE_PRELOAD_SPARE if preload else 0):
         tiles["DECODE_VS"] = None
@@ -392,7 +398,9 @@ def _decode_preload(device: Any, tiles: dict[str, Any], head_dim: int, dtype: An
         return 0
     budget = device.capabilities.local_mem - 1024 - DECODE_PRELOAD_SPARE
     most = min(DECODE_PRELOAD_KEYS, max(-(-keys // dk), 1) * dk) // dk * dk
-    while most >= dk and _decode_local_bytes({**tiles, "DECODE_PRELOAD": most}, head_dim, dtype) > budget:
+    wide = {"DECODE_WIDE": None} if DECODE_PRELOAD_WIDE else {}
+    while most >= dk and _decode_local_bytes({**tiles, "DECODE_PRELOAD": most, **wide}, head_dim,
+                                             dtype) > budget:
         most -= dk
     return most if most >= dk else 0
 
@@ -413,9 +421,13 @@ def _decode_local_bytes(tiles: dict[str, Any], head_dim: int, dtype: Any) -> int
     pre_t = min(np.dtype(dtype).itemsize, 4)   # DECODE_PRELOAD's elements: T's bits (float32: floats)
     preload = tiles.get("DECODE_PRELOAD", 0) * 4 * q4 * pre_t   # pk's bytes, and pv's
     in_pre = groups > 1 and 16 * groups * pairs <= preload      # ORED_IN_PRE
-    fields = [(4 * acc, rows * (q4 + 1)), (4 * acc, dk * (q4 + 1) * (2 if "DECODE_VS" in tiles else 1)),
-              (pre_t, 2 * preload // pre_t), (acc, 2 * rows * dk + 4 * rows),
-              (4 * acc, groups * pairs if groups > 1 and not in_pre else 1), (4, 1)]
+    if "DECODE_WIDE" in tiles:   # q, the split's rows, its scores, the butterflies' room, m and l
+        fields = [(4 * acc, rows * (q4 + 1)), (pre_t, 2 * preload // pre_t),
+                  (acc, rows * tiles["DECODE_PRELOAD"] + tiles["DNT"] + 2 * rows)]
+    else:
+        fields = [(4 * acc, rows * (q4 + 1)), (4 * acc, dk * (q4 + 1) * (2 if "DECODE_VS" in tiles else 1)),
+                  (pre_t, 2 * preload // pre_t), (acc, 2 * rows * dk + 4 * rows)]
+    fields += [(4 * acc, groups * pairs if groups > 1 and not in_pre else 1), (4, 1)]
     size = 0
     for align, count in fields:
         size = -(-size // align) * align + align * count

@@ -417,15 +417,17 @@ def test_gpu_fused_backward_atomic_path_when_not_deterministic(queue, rng, monke
 
 
 # -- decoding: the GPU variant's split-key kernel (few query rows per kv head) --------------------------
-@pytest.fixture(params=["preload", "tiles"])
+@pytest.fixture(params=["wide", "preload", "tiles"])
 def decode_splits(request, monkeypatch):
-    """The GPU kernels, the keys split either way: "preload", each split holding up to DECODE_PRELOAD_KEYS
-    (the default) cached keys in local memory; "tiles", enough work-groups wanted that the keys split into one
-    tile per work-group, nothing preloaded (DECODE_PRELOAD_KEYS 0)."""
+    """The GPU kernels, the keys split either way: "wide", each split holding up to DECODE_PRELOAD_KEYS (the
+    default) cached keys in local memory and taking them in one pass (the default); "preload", the same keys
+    key tile after key tile; "tiles", enough work-groups wanted that the keys split into one tile per
+    work-group, nothing preloaded (DECODE_PRELOAD_KEYS 0)."""
     monkeypatch.setattr(attn, "variant_override", "gpu")
     monkeypatch.setattr(attn, "DECODE_GROUPS_PER_CU", 1000)
     if request.param == "tiles":
         monkeypatch.setattr(attn, "DECODE_PRELOAD_KEYS", 0)
+    monkeypatch.setattr(attn, "DECODE_PRELOAD_WIDE", request.param == "wide")
     return request.param
 
 
@@ -485,7 +487,9 @@ def test_decode_local_bytes_hold_the_kernels_local_memory(queue):
              ({"DR": 8, "DK": 16, "DECODE_PRELOAD": 16}, 64, np.float16),   # partial outputs not in pk
              ({"DR": 4, "DK": 32, "DECODE_PRELOAD": 64, "DECODE_VS": None}, 20, np.float32),
              ({"DR": 16, "DK": 64, "DECODE_VS": None}, 128, np.float32),
-             ({"DR": 3, "DK": 16}, 32, np.float64)]
+             ({"DR": 3, "DK": 16}, 32, np.float64),
+             ({"DR": 8, "DK": 16, "DECODE_PRELOAD": 128, "DECODE_WIDE": None}, 64, BF16),
+             ({"DR": 3, "DK": 16, "DECODE_PRELOAD": 32, "DECODE_WIDE": None}, 20, np.float32)]
     out = Tensor.empty(queue, (1,), np.int32)
     for tiles, d, dtype in cases:
         tiles = {**tiles, "DNT": attn.DECODE_ITEMS}
@@ -607,9 +611,10 @@ def test_rope_cache_decode_attention_is_bit_identical(queue, rng, decode_splits,
 
 
 @pytest.mark.gpu_shaped
-@pytest.mark.parametrize("v_tile,preload", [(True, 0), (False, 0), (True, 128), (False, 128)])
+@pytest.mark.parametrize("v_tile,preload,wide", [(True, 0, False), (False, 0, False), (True, 128, False),
+                                                 (False, 128, False), (False, 128, True)])
 def test_rope_cache_decode_attention_new_rows_past_a_splits_first_tile(queue, rng, monkeypatch, v_tile,
-                                                                        preload):
+                                                                        preload, wide):
     """Splits of several key tiles (without a preload the first tile's cached rows are read before the rest of
     the work, with one every cached row of the split; the new rows come from the q/k/v heads in whichever
     tile holds them, here across two tiles): the bits of the two launches."""
@@ -619,9 +624,11 @@ def test_rope_cache_decode_attention_new_rows_past_a_splits_first_tile(queue, rn
     monkeypatch.setattr(attn, "DECODE_V_TILE", v_tile)
     monkeypatch.setattr(attn, "DECODE_PRELOAD_KEYS", preload)
     monkeypatch.setattr(attn, "DECODE_PRELOAD_SPARE", 0)
+    monkeypatch.setattr(attn, "DECODE_PRELOAD_WIDE", wide)
     tiles = attn.decode_tiles(queue.device, HQ // HKV * S, D, np.float32, cap, B * HKV)
     assert tiles["DK"] == 64 and tiles.get("DECODE_PRELOAD", 0) == preload
-    if not preload or queue.device.capabilities.local_mem >= 64 * 1024:   # (not Oclgrind's 32 KB)
+    assert ("DECODE_WIDE" in tiles) == wide
+    if not wide and (not preload or queue.device.capabilities.local_mem >= 64 * 1024):   # (not Oclgrind's)
         assert ("DECODE_VS" in tiles) == v_tile
     y = rng.standard_normal((B, HQ + 2 * HKV, S, D)).astype(np.float32)
     caches = [rng.standard_normal((B, HKV, cap, D)).astype(np.float32) for _ in range(2)]
