@@ -861,7 +861,9 @@ __kernel void attention_dq_sum_gpu(__global const float *dq_acc, __global float 
 #define PRE_T float
 #define PRE_BYTES 4
 #endif
-#define PRE_ROW (4 * DQ4)                                 // elements a preloaded row (zeros past HEAD_DIM)
+// elements a preloaded row: 4 * DQ4 (zeros past HEAD_DIM), then 4 of padding, so that the lanes of a warp
+// reading the same column of consecutive rows (the scores) fall on different banks
+#define PRE_ROW (4 * DQ4 + 4)
 #if KG > 1 && DSLOTS * 16 <= DECODE_PRELOAD * PRE_ROW * PRE_BYTES
 #define ORED_IN_PRE                                       // the groups' partial outputs in pk's room (unread by then)
 #endif

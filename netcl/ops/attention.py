@@ -419,7 +419,7 @@ def _decode_local_bytes(tiles: dict[str, Any], head_dim: int, dtype: Any) -> int
     groups = max(tiles["DNT"] // pairs, 1)
     acc = 8 if np.dtype(dtype) == dtypes.float64 else 4
     pre_t = min(np.dtype(dtype).itemsize, 4)   # DECODE_PRELOAD's elements: T's bits (float32: floats)
-    preload = tiles.get("DECODE_PRELOAD", 0) * 4 * q4 * pre_t   # pk's bytes, and pv's
+    preload = tiles.get("DECODE_PRELOAD", 0) * (4 * q4 + 4) * pre_t   # pk's bytes, and pv's (rows padded)
     in_pre = groups > 1 and 16 * groups * pairs <= preload      # ORED_IN_PRE
     if "DECODE_WIDE" in tiles:   # q, the split's rows, its scores, the butterflies' room, m and l
         fields = [(4 * acc, rows * (q4 + 1)), (pre_t, 2 * preload // pre_t),
