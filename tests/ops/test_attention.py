@@ -419,14 +419,13 @@ def test_gpu_fused_backward_atomic_path_when_not_deterministic(queue, rng, monke
 # -- decoding: the GPU variant's split-key kernel (few query rows per kv head) --------------------------
 @pytest.fixture(params=["wide", "preload", "tiles"])
 def decode_splits(request, monkeypatch):
-    """The GPU kernels, the keys split either way: "wide", each split holding up to DECODE_PRELOAD_KEYS (the
-    default) cached keys in local memory and taking them in one pass (the default); "preload", the same keys
+    """The GPU kernels, the keys split either way: "wide", each split holding up to DECODE_PRELOAD_KEYS (128)
+    cached keys in local memory and taking them in one pass; "preload", the same keys
     key tile after key tile; "tiles", enough work-groups wanted that the keys split into one tile per
     work-group, nothing preloaded (DECODE_PRELOAD_KEYS 0)."""
     monkeypatch.setattr(attn, "variant_override", "gpu")
     monkeypatch.setattr(attn, "DECODE_GROUPS_PER_CU", 1000)
-    if request.param == "tiles":
-        monkeypatch.setattr(attn, "DECODE_PRELOAD_KEYS", 0)
+    monkeypatch.setattr(attn, "DECODE_PRELOAD_KEYS", 0 if request.param == "tiles" else 128)
     monkeypatch.setattr(attn, "DECODE_PRELOAD_WIDE", request.param == "wide")
     return request.param
 
