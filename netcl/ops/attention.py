@@ -310,8 +310,9 @@ DECODE_V_TILE = True
 # it): the splits are then as few as hold the cache at that many keys each (no merge where one holds them
 # all), in place of DECODE_GROUPS_PER_CU's. Within the device's local memory less DECODE_PRELOAD_SPARE bytes
 # (a chain's own partial sums beside it, gemm/chain.py); 0, or float64: the splits of DECODE_GROUPS_PER_CU
-# and only the first key tile read ahead.
-DECODE_PRELOAD_KEYS = 128
+# and only the first key tile read ahead. Off (0) until measured on a GPU: 128 is the value to try
+# (`python3 bench/decode.py --gpu --attention-preload 128` against `--attention-preload 0`).
+DECODE_PRELOAD_KEYS = 0
 DECODE_PRELOAD_SPARE = 4096
 # With a preload, the split in one pass (DECODE_WIDE): every score of its rows at once, each row's maximum and
 # sum by a butterfly over a group of items, then p v; False: key tile after key tile (the running maximum).
