@@ -797,7 +797,7 @@ __kernel void attention_dq_sum_gpu(__global const float *dq_acc, __global float 
 //   for the whole group of heads, and the keys of split s, [s * chunk, min(s * chunk + chunk, L')) with L'
 //   the keys the last row may attend: tiles of DK keys (k tile in local memory -> DR x DK scores -> row
 //   maxima, p, row sums -> the v tile over the k tile -> o += p v, the items as KG groups of DR * DQ4 (row,
-//   float4) pairs, a group taking every KG-th key of the tile). With nsplit == 1 it writes out and lse;
+//   float4) pairs, a group taking every KG-th key of the tile). With one split (holding keys) it writes out and lse;
 //   else the split's output (unnormalised, at its own running max), running max and sum go to part_o
 //   (rows, nsplit, 4 * DQ4) and part_ml (rows, nsplit, 2) (PART_STORE), and the last split of the (kv head,
 //   batch) to finish (nc_group_last_arrival on arrivals[b * HKV + hk]) merges the parts of its rows in the
@@ -827,7 +827,8 @@ __kernel void attention_dq_sum_gpu(__global const float *dq_acc, __global float 
 //   return at once; where one split holds them all it writes out and lse itself (the merge of one part: the
 //   same bits), and the merge counts the live splits only.
 // Build options: DR (rows of a work-group: GROUP * SQ), DK (keys per tile, default 64), DNT (items, default 128),
-//   MERGE_BATCH (the splits whose parts the merge loads at once, default 4), DECODE_PRELOAD,
+//   MERGE_BATCH (the splits whose parts the merge loads at once, default 4), DECODE_PRELOAD, DECODE_WIDE (with
+//   a preload, the split in one pass: below),
 //   ROPE_CACHE (flag) with PAIRING.
 #ifndef DK
 #define DK 64
@@ -1172,7 +1173,7 @@ inline decode_span decode_begin(const int tid, const int split, const int hk, co
 // `split` of the keys (hkv kv heads; arrivals: the (b, hk) arrival counts of the splits' merge). tid: the
 // work-item, 0 .. DNT - 1; a work-group of more items gives the others a tid past every slot count (2^28):
 // they take no slot and only reach the barriers (every work-item calls this). sp: decode_begin's, which
-// loaded the first key tile's cached rows into lm.
+// loaded the first key tile's cached rows into lm (DECODE_PRELOAD: the split's).
 inline void decode_tile(const int tid, const int split, const int hk, const int b, const int hkv,
                         __global int *arrivals, __local decode_local *lm, const decode_span sp, KV_ARGS(q),
                         DECODE_KV_ARGS(k), DECODE_KV_ARGS(v), MASK_ARGS, DECODE_TAIL_ARGS)
