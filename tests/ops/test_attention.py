@@ -419,10 +419,10 @@ def test_gpu_fused_backward_atomic_path_when_not_deterministic(queue, rng, monke
 # -- decoding: the GPU variant's split-key kernel (few query rows per kv head) --------------------------
 @pytest.fixture(params=["wide", "preload", "tiles"])
 def decode_splits(request, monkeypatch):
-    """The GPU kernels, the keys split either way: "wide", each split holding up to DECODE_PRELOAD_KEYS (128)
-    cached keys in local memory and taking them in one pass; "preload", the same keys
-    key tile after key tile; "tiles", enough work-groups wanted that the keys split into one tile per
-    work-group, nothing preloaded (DECODE_PRELOAD_KEYS 0)."""
+    """The GPU kernels, the keys split three ways: "wide", each split holding up to DECODE_PRELOAD_KEYS (128)
+    cached keys in local memory and taking them in one pass; "preload", the same keys key tile after key
+    tile; "tiles", enough work-groups wanted that the keys split into one tile per work-group, nothing
+    preloaded (DECODE_PRELOAD_KEYS 0, the default)."""
     monkeypatch.setattr(attn, "variant_override", "gpu")
     monkeypatch.setattr(attn, "DECODE_GROUPS_PER_CU", 1000)
     monkeypatch.setattr(attn, "DECODE_PRELOAD_KEYS", 0 if request.param == "tiles" else 128)
@@ -502,6 +502,7 @@ def test_decode_local_bytes_hold_the_kernels_local_memory(queue):
 @pytest.mark.gpu_shaped
 @pytest.mark.parametrize("B,HQ,HKV,SQ,SK,D,dtype", [
     (2, 4, 1, 1, 300, 32, np.float32),    # GQA: the 4 query heads of a kv head in one work-group; 19 splits
+                                          # of a tile each ("tiles"), 3 of up to 128 keys (the preloads)
     (1, 2, 2, 3, 130, 20, np.float16),    # 3 rows per head, a head dim not a multiple of 4, a partial tile
     (2, 8, 2, 2, 200, 128, np.float32),   # 8 rows x 32 float4s: several output slots per work-item
     (1, 2, 1, 1, 77, 32, np.float64),
