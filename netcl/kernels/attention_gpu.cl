@@ -927,48 +927,34 @@ inline void pre_store4(__local PRE_T *p, const ACC4 x)
 // the same order), then p v. WIDE_G: the largest power of two <= 32 that DNT / DR holds and DNT a multiple of.
 #define WIDE_G_(n) (DNT / DR >= (n) && DNT % (n) == 0)
 #define WIDE_G (WIDE_G_(32) ? 32 : WIDE_G_(16) ? 16 : WIDE_G_(8) ? 8 : WIDE_G_(4) ? 4 : WIDE_G_(2) ? 2 : 1)
+// The value of item flat ^ m (m < WIDE_G: an item of the same group): a warp shuffle on NVIDIA, elsewhere
+// through local memory (every work-item of the work-group calls it; those at flat >= DNT only reach the
+// barriers)
+inline ACC wide_xor(const ACC x, const int m, __local ACC *red, const int flat)
+{
 #if defined(NC_NVIDIA)
-inline ACC wide_max(ACC x, __local ACC *red, const int flat)
-{
-    for (int m = WIDE_G / 2; m >= 1; m >>= 1) {
-        uint y;
-        asm volatile("shfl.sync.bfly.b32 %0, %1, %2, 0x1f, 0xffffffff;" : "=r"(y) : "r"(as_uint(x)), "r"(m));
-        x = fmax(x, as_float(y));
-    }
-    return x;
-}
-inline ACC wide_sum(ACC x, __local ACC *red, const int flat)
-{
-    for (int m = WIDE_G / 2; m >= 1; m >>= 1) {
-        uint y;
-        asm volatile("shfl.sync.bfly.b32 %0, %1, %2, 0x1f, 0xffffffff;" : "=r"(y) : "r"(as_uint(x)), "r"(m));
-        x += as_float(y);
-    }
-    return x;
-}
+    uint y;
+    asm volatile("shfl.sync.bfly.b32 %0, %1, %2, 0x1f, 0xffffffff;" : "=r"(y) : "r"(as_uint(x)), "r"(m));
+    return as_float(y);
 #else
-// (every work-item of the work-group calls these; those at flat >= DNT only reach the barriers)
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (flat < DNT) red[flat] = x;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    return flat < DNT ? red[flat ^ m] : x;
+#endif
+}
+
 inline ACC wide_max(ACC x, __local ACC *red, const int flat)
 {
-    for (int m = WIDE_G / 2; m >= 1; m >>= 1) {
-        barrier(CLK_LOCAL_MEM_FENCE);
-        if (flat < DNT) red[flat] = x;
-        barrier(CLK_LOCAL_MEM_FENCE);
-        if (flat < DNT) x = fmax(x, red[flat ^ m]);
-    }
+    for (int m = WIDE_G / 2; m >= 1; m >>= 1) x = fmax(x, wide_xor(x, m, red, flat));
     return x;
 }
+
 inline ACC wide_sum(ACC x, __local ACC *red, const int flat)
 {
-    for (int m = WIDE_G / 2; m >= 1; m >>= 1) {
-        barrier(CLK_LOCAL_MEM_FENCE);
-        if (flat < DNT) red[flat] = x;
-        barrier(CLK_LOCAL_MEM_FENCE);
-        if (flat < DNT) x += red[flat ^ m];
-    }
+    for (int m = WIDE_G / 2; m >= 1; m >>= 1) x += wide_xor(x, m, red, flat);
     return x;
 }
-#endif
 #endif
 #endif
 
