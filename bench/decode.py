@@ -306,9 +306,6 @@ def main() -> int:
     ap.add_argument("--attention-wide", type=int, choices=(0, 1), default=None,
                     help="with a preload, a split's keys in one pass (1, the default) or key tile after "
                          "key tile (0; ops.attention.DECODE_PRELOAD_WIDE)")
-    ap.add_argument("--greedy-launch", action="store_true",
-                    help="the greedy pick in ops.sample's own launch after the head's, as before the head "
-                         "took it (netcl.models.generation.GREEDY_IN_HEAD = False)")
     ap.add_argument("--spin-ns", type=int, default=None, metavar="NS",
                     help="a chain tile polling its phase's count sleeps NS ns between reads "
                          "(ops.gemm.chain.SPIN_NS; NVIDIA only; default: no sleep)")
@@ -336,10 +333,6 @@ def main() -> int:
                 ap.error(f"--gemv takes GEMV_WG, GEMV_ROWS or GEMV_UNROLL = a positive integer, got {item!r}")
             knobs[name] = int(value)
         variants.DEFAULTS["gemv"]["any"].update(knobs)
-    if args.greedy_launch:
-        from netcl.models import generation
-
-        generation.GREEDY_IN_HEAD = False
     if args.spin_ns is not None:
         from netcl.ops.gemm import chain
 

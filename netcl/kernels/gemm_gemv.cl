@@ -253,97 +253,15 @@ inline void gemv_rms_prologue(float *ss, __local float *rms_part, __local uint4 
 #endif
 
 #ifndef GEMV_CHAIN
-#ifdef GEMV_ARGMAX
-#include "argmax.cl"
-#define GEMV_ITEMS (GEMV_WG * GEMV_ROWS)
-#define GEMV_ARGMAX_ARGS , __global int *arrivals, __global float *parts, __global int *tokens, const long tok_off, \
-                           const long tok_stride
-#define GEMV_ARGMAX_LOADS 8   // the parts a work-item of the last work-group loads before it compares any
-
-// GEMV_ARGMAX: after storing C, each row m's argmax over the N columns as stored (argmax.cl's order: the
-// tokens a greedy decode step picks, sampling.cl's greedy pick of the same row) into tokens[tok_off + m *
-// tok_stride]: each work-group's best (key, column) per row into parts (rows, groups, 2), and the last of the
-// groups to arrive (arrivals[0], common.cl's nc_group_last_arrival) takes the best of them (any order: the
-// comparison is a total order). One launch for the head and the pick.
-inline void gemv_argmax(__global C_T *C, const long c_rs, const int M, const int N, const int n0,
-                        __local uint *keys, __local int *idx, __local int *last, __global int *arrivals,
-                        __global float *parts, __global int *tokens, const long tok_off, const long tok_stride)
-{
-    const int lid = get_local_id(0), r = get_local_id(1), item = r * GEMV_WG + lid;
-    const int groups = get_num_groups(1), g = get_group_id(1);
-    for (int m = 0; m < M; ++m) {
-        uint bk = 0u;
-        int bi = -1;
-        if (lid == 0)   // (the item that stored the columns reads them back)
-            for (int c = 0; c < GEMV_COLS; ++c) {
-                const int n = n0 + c;
-                if (n < N) {
-                    const uint key = argmax_key(LOAD1(m * c_rs + n, C));
-                    if (argmax_beats(key, n, bk, bi)) { bk = key; bi = n; }
-                }
-            }
-        keys[item] = bk;
-        idx[item] = bi;
-        barrier(CLK_LOCAL_MEM_FENCE);
-        if (item == 0) {
-            for (int q = GEMV_WG; q < GEMV_ITEMS; q += GEMV_WG)
-                if (argmax_beats(keys[q], idx[q], bk, bi)) { bk = keys[q]; bi = idx[q]; }
-            PART_STORE(parts, 2 * (m * groups + g), as_float(bk));
-            PART_STORE(parts, 2 * (m * groups + g) + 1, as_float(bi));
-        }
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }
-    if (!nc_group_last_arrival(arrivals, groups, last)) return;
-    for (int m = 0; m < M; ++m) {
-        uint bk = 0u;
-        int bi = -1;
-        for (int q0 = item; q0 < groups; q0 += GEMV_ITEMS * GEMV_ARGMAX_LOADS) {
-            uint k[GEMV_ARGMAX_LOADS];
-            int i[GEMV_ARGMAX_LOADS];
-#pragma unroll
-            for (int u = 0; u < GEMV_ARGMAX_LOADS; ++u) {   // the batch's loads all in flight, then compared
-                const int q = min(q0 + u * GEMV_ITEMS, groups - 1);
-                k[u] = as_uint(PART_LOAD(parts, 2 * (m * groups + q)));
-                i[u] = as_int(PART_LOAD(parts, 2 * (m * groups + q) + 1));
-            }
-#pragma unroll
-            for (int u = 0; u < GEMV_ARGMAX_LOADS; ++u)
-                if (argmax_beats(k[u], i[u], bk, bi)) { bk = k[u]; bi = i[u]; }
-        }
-        keys[item] = bk;
-        idx[item] = bi;
-        barrier(CLK_LOCAL_MEM_FENCE);
-        int span = 1;   // (a tree over the next power of two: GEMV_ROWS need not be one)
-        while (span < GEMV_ITEMS) span <<= 1;
-        for (int w = span / 2; w > 0; w >>= 1) {
-            if (item < w && item + w < GEMV_ITEMS
-                && argmax_beats(keys[item + w], idx[item + w], keys[item], idx[item])) {
-                keys[item] = keys[item + w];
-                idx[item] = idx[item + w];
-            }
-            barrier(CLK_LOCAL_MEM_FENCE);
-        }
-        if (item == 0) tokens[tok_off + m * tok_stride] = idx[0];
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }
-}
-#else
-#define GEMV_ARGMAX_ARGS
-#endif
-
 __kernel __attribute__((reqd_work_group_size(GEMV_WG, GEMV_ROWS, 1)))
 void gemm_gemv(GEMM_ARGS, __global const float *scales, __local uint4 *a_stage, __global const STORE_T *rms_w,
-               const long rms_off, const float rms_eps GEMV_ARGMAX_ARGS)
+               const long rms_off, const float rms_eps)
 {
     const int lid = get_local_id(0);
     const int r = get_local_id(1);
     const int n0 = (get_group_id(1) * GEMV_ROWS + r) * GEMV_COLS;
 #if GEMV_WG > 1 && !GEMV_SHFL
     __local float part[GEMV_ROWS][GEMV_NACC][GEMV_WG];
-#endif
-#ifdef GEMV_ARGMAX
-    __local uint argmax_keys[GEMV_ITEMS];
-    __local int argmax_idx[GEMV_ITEMS], argmax_last;
 #endif
     GEMM_SELECT_BATCH(0);
     rms_w += rms_off;
@@ -474,10 +392,6 @@ void gemm_gemv(GEMM_ARGS, __global const float *scales, __local uint4 *a_stage, 
             }
         }
     }
-#ifdef GEMV_ARGMAX
-    gemv_argmax(C, c_rs, M, N, n0, argmax_keys, argmax_idx, &argmax_last, arrivals, parts, tokens, tok_off,
-                tok_stride);
-#endif
 }
 #endif  // !GEMV_CHAIN
 

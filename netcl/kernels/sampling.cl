@@ -34,7 +34,6 @@
 
 #include "common.cl"
 #include "philox.cl"
-#include "argmax.cl"
 
 #ifndef SPLIT
 #define SPLIT 1
@@ -48,6 +47,12 @@
 #if MODE != SAMPLE_GREEDY && WG > 512
 #error "sampling.cl: the random modes take at most 512 work-items a row (top_p: 15 masses an item, local)"
 #endif
+
+// an unsigned key with key(a) < key(b) exactly when a < b (for non-NaN floats)
+inline uint order_key(float f) {
+    const uint bits = as_uint(f);
+    return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
+}
 
 inline float group_sum(float v, __local float *buf) {
     const int l = get_local_id(0);
@@ -90,6 +95,12 @@ inline float group_max(float v, __local float *buf) {
     return r;
 }
 
+// the order the argmax of both modes takes its values in: a float's order_key, with -0.0 equal to 0.0 and NaN
+// above everything (the first NaN wins, as torch.argmax's)
+inline uint argmax_key(float v) {
+    return isnan(v) ? 0xFFFFFFFFu : order_key(v == 0.0f ? 0.0f : v);
+}
+
 // the work-group's argmax of (argmax_key, index) pairs: the largest key, then the smallest index; index -1
 // (nothing yet) loses
 inline int group_argmax(uint k, int i, __local uint *keys, __local int *idx) {
@@ -101,7 +112,7 @@ inline int group_argmax(uint k, int i, __local uint *keys, __local int *idx) {
         if (l < w) {
             const uint ko = keys[l + w];
             const int io = idx[l + w];
-            if (argmax_beats(ko, io, keys[l], idx[l])) {
+            if (io >= 0 && (idx[l] < 0 || ko > keys[l] || (ko == keys[l] && io < idx[l]))) {
                 keys[l] = ko;
                 idx[l] = io;
             }
@@ -387,7 +398,7 @@ void sample_tokens(__global const T *logits, const long logits_off, const long r
         for (int q = 0; q < SPLIT; ++q) {
             const uint k = as_uint(PART_LOAD(parts, 2 * (row * SPLIT + q)));
             const int i = as_int(PART_LOAD(parts, 2 * (row * SPLIT + q) + 1));
-            if (argmax_beats(k, i, bk, bi)) { bk = k; bi = i; }
+            if (i >= 0 && (bi < 0 || k > bk || (k == bk && i < bi))) { bk = k; bi = i; }
         }
         out[out_off + row * out_stride] = bi;
     }

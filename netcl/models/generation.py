@@ -34,9 +34,6 @@ from netcl.ops.random import Generator, default_generator
 from netcl.ops.sampling import check_sampling
 
 _MIN_CAPACITY = 64
-# a greedy step's pick in the language-model head's launch (GPT.logits' argmax); False: ops.sample's own
-# launch after it (the same token; bench/decode.py --greedy-launch)
-GREEDY_IN_HEAD = True
 
 
 class DecodeState:
@@ -73,13 +70,10 @@ class DecodeState:
             h = ag.embedding(ag.reshape(h, (b * s, h.shape[-1])), rows.realize())
         elif s > 1:
             h = ag.getitem(h, (slice(None), slice(s - 1, s)))
+        logits = model.logits(h).value
         temperature, top_k, top_p = sampling
-        if temperature == 0.0 and GREEDY_IN_HEAD:   # the pick in the head's launch where it can
-            model.logits(h, argmax=self.tokens.reshape(b))
-        else:
-            logits = model.logits(h).value
-            ops.sample(logits.reshape(b, logits.shape[-1]), self.tokens.reshape(b), temperature=temperature,
-                       top_k=top_k or None, top_p=top_p, generator=self.generator)
+        ops.sample(logits.reshape(b, logits.shape[-1]), self.tokens.reshape(b), temperature=temperature,
+                   top_k=top_k or None, top_p=top_p, generator=self.generator)
         self.position.copy_(kv_len)
 
     def close(self) -> None:

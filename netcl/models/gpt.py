@@ -172,24 +172,20 @@ class GPT(Module):
                 h, qkv = layer(h, mask, caches[i], position, kv_len, qkv=qkv, then=self.layers[i + 1])
         return h
 
-    def logits(self, hidden: Node, argmax: Tensor | None = None) -> Node:
+    def logits(self, hidden: Node) -> Node:
         """The final norm and the language-model head: (..., dim) -> (..., vocab). An RMSNorm outside a
-        gradient recording runs in the head's launch (netcl.ops.rms_norm_linear: one launch a decode step).
-        `argmax` (an int32 Tensor of one element a position, (prod(...),)) receives each position's argmax of
-        the logits, greedy's token (as netcl.ops.sample at temperature 0 picks it): in the head's launch where
-        rms_norm_linear takes it, else by ops.sample after it."""
+        gradient recording runs in the head's launch (netcl.ops.rms_norm_linear: one launch a decode step)."""
         if isinstance(self.norm, RMSNorm) and self.norm.fusable(hidden):
             tied = self.config.tie_embeddings
             weight = self.tok_embeddings.weight.value if tied else self.lm_head.weight.value
             bias = None if tied or self.lm_head.bias is None else self.lm_head.bias.value
             scales = None if tied else self.lm_head.weight_scale
             return as_node(ops.rms_norm_linear(as_node(hidden).value, self.norm.weight.value, self.norm.eps,
-                                               weight, bias, scales, argmax=argmax))
+                                               weight, bias, scales))
         h = self.norm(hidden)
-        out = ag.linear(h, self.tok_embeddings.weight) if self.config.tie_embeddings else self.lm_head(h)
-        if argmax is not None:
-            ops.sample(out.value.reshape(-1, out.shape[-1]), argmax, temperature=0.0)
-        return out
+        if self.config.tie_embeddings:
+            return ag.linear(h, self.tok_embeddings.weight)
+        return self.lm_head(h)
 
     def forward(self, ids: Any, attention_mask: Any = None) -> Node:
         """logits (B, S, vocab) of ids (B, S) (an int32/int64 Tensor or Node, or integers): position s

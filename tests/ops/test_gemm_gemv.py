@@ -218,10 +218,9 @@ KNOBS = [
 ]
 
 
-def launch_gemv(x, w_t, params, scales=None, glu=False, bias=None, residual=None, activation=None, rms=None,
-                argmax=None):
+def launch_gemv(x, w_t, params, scales=None, glu=False, bias=None, residual=None, activation=None, rms=None):
     """x @ w_t on the gemv kernel under tile `params` (int8 with `scales`, GLU: n = w_t's columns / 2; rms:
-    (norm weight, eps), x's rows RMS-normalized in the prologue; argmax: each row's pick into it)."""
+    (norm weight, eps), x's rows RMS-normalized in the prologue)."""
     from netcl.ops.gemm.launch import launch
     from netcl.ops.gemm.problem import _Problem
 
@@ -230,7 +229,7 @@ def launch_gemv(x, w_t, params, scales=None, glu=False, bias=None, residual=None
     out = Tensor.empty(x.queue, (m, n), x.dtype)
     p = _Problem(a=x, b=w_t, out=out, bias=bias, residual=residual, activation=activation, alpha=1.0,
                  m=m, n=n, k=k, batch=(), squeeze=())
-    launch(p, "gemv", params=params, scales=scales, glu=glu, rms=rms, argmax=argmax)
+    launch(p, "gemv", params=params, scales=scales, glu=glu, rms=rms)
     return out
 
 
@@ -418,92 +417,3 @@ def test_rms_norm_linear_falls_back_and_checks(queue, rng):
         rms_norm_linear(xs, xs.reshape(16), 1e-5, ws[:3], glu=True)
     with pytest.raises(DTypeError, match="x is float32 but the weight is float16"):
         rms_norm_linear(xs, xs.reshape(16), 1e-5, Tensor.from_host(queue, np.ones((4, 16), np.float16)))
-
-
-def torch_argmax(rows: np.ndarray) -> np.ndarray:
-    """torch.argmax's pick of each row: the first NaN where there is one, else the first largest value."""
-    nan = np.isnan(rows)
-    return np.where(nan.any(1), nan.argmax(1), np.argmax(np.where(nan, -np.inf, rows), 1))
-
-
-# the CPUs' tile; 24 items a work-group (the last arrival's tree over a non-power of two) with 2 columns an
-# item; the GPUs' default tile
-ARGMAX_TILES = [
-    {"GEMV_WG": 1, "GEMV_ROWS": 8, "GEMV_COLS": 1, "GEMV_UNROLL": 2, "GEMV_STAGE": 0},
-    {"GEMV_WG": 8, "GEMV_ROWS": 3, "GEMV_COLS": 2, "GEMV_UNROLL": 2, "GEMV_STAGE": 1},
-    {"GEMV_WG": 32, "GEMV_ROWS": 8, "GEMV_COLS": 1, "GEMV_UNROLL": 4, "GEMV_STAGE": 1},
-]
-
-
-@pytest.mark.parametrize("params", ARGMAX_TILES,
-                         ids=lambda p: "wg{GEMV_WG}r{GEMV_ROWS}c{GEMV_COLS}".format(**p))
-@pytest.mark.parametrize("dtype", [np.dtype(np.float32), *HALVES], ids=lambda d: d.name)
-def test_gemv_argmax_is_the_greedy_pick(queue, rng, params, dtype):
-    """GEMV_ARGMAX: each row's argmax of the product as stored, in the gemv's own launch, equal to
-    ops.sample's greedy pick of the same rows and to torch.argmax's rule. 5,003 columns (hundreds of
-    work-groups: the last to arrive loads their picks in several batches an item). Rows set through the
-    residual (x = 0, so out is the residual exactly): a tie far apart (the first wins), NaNs after an
-    infinity (the first NaN), all -inf (column 0), the largest in the last column, +inf twice; then a real
-    product of random rows, 3 and 8 at once."""
-    from netcl.ops import sample
-
-    n, k = 5003, 40
-    special = rng.standard_normal((6, n)).astype(np.float32)
-    special[0, [17, 4990]] = 9.0
-    special[1, 10], special[1, [2500, 4000]] = np.inf, np.nan
-    special[2] = -np.inf
-    special[3, n - 1] = 50.0
-    special[4, [100, 50]] = np.inf
-    special[5, 1234] = -np.inf
-    w = rng.standard_normal((n, k)).astype(dtype)
-    ws = Tensor.from_host(queue, w)
-    cases = [(np.zeros((6, k), dtype), special.astype(dtype))]
-    cases += [((3 * rng.standard_normal((m, k))).astype(dtype), None) for m in (3, 8)]
-    for x, res in cases:
-        m = x.shape[0]
-        picks = Tensor.from_host(queue, np.full(m, -7, np.int32))
-        rs = Tensor.from_host(queue, res) if res is not None else None
-        out = launch_gemv(Tensor.from_host(queue, x), ws.transpose(0, 1), params, residual=rs, argmax=picks)
-        stored = out.to_host().astype(np.float64)
-        if res is not None:
-            np.testing.assert_array_equal(stored, res.astype(np.float64))
-            want = [17, 2500, 0, n - 1, 50, np.argmax(special[5])]
-            np.testing.assert_array_equal(torch_argmax(stored), want)
-        np.testing.assert_array_equal(picks.to_host(), torch_argmax(stored))
-        np.testing.assert_array_equal(picks.to_host(), sample(out, temperature=0).to_host())
-
-
-def test_rms_norm_linear_argmax(queue, rng):
-    """ops.rms_norm_linear's `argmax`: the greedy pick in the head's one launch where it takes the gemv, after
-    it by ops.sample where not (a float64 x, K off the chunks), a strided target; bad targets raise before
-    anything is enqueued."""
-    from netcl.errors import ShapeError
-    from netcl.ops import rms_norm_linear
-    from netcl.ops.gemm.launch import gemv_rms_fits
-    from netcl.profiling import count_launches
-
-    for dtype, m, k in ((np.float32, 2, 64), (np.float64, 3, 64), (np.float32, 2, 30)):
-        x = rng.standard_normal((m, 1, k)).astype(dtype)
-        norm_w, w = rng.standard_normal(k).astype(dtype), rng.standard_normal((777, k)).astype(dtype)
-        xs, nws, ws = (Tensor.from_host(queue, a) for a in (x, norm_w, w))
-        target = Tensor.from_host(queue, np.full((m, 2), -1, np.int32))
-        rms_norm_linear(xs, nws, 1e-5, ws, argmax=target[:, 1])   # programs built outside the count
-        with count_launches() as launches:
-            logits = rms_norm_linear(xs, nws, 1e-5, ws, argmax=target[:, 1])
-        assert logits.shape == (m, 1, 777)
-        got = target.to_host()
-        np.testing.assert_array_equal(got[:, 0], -1)
-        np.testing.assert_array_equal(got[:, 1], torch_argmax(logits.to_host().reshape(m, 777)))
-        fused = dtype == np.float32 and k % 8 == 0 and gemv_rms_fits(queue.device, xs.dtype, m, 777, k)
-        assert (launches.count == 1) == fused
-    xs = Tensor.from_host(queue, np.ones((2, 16), np.float32))
-    nws = Tensor.from_host(queue, np.ones(16, np.float32))
-    ws = Tensor.from_host(queue, np.ones((4, 16), np.float32))
-    bads = [Tensor.from_host(queue, a) for a in (np.zeros(3, np.int32), np.zeros(2, np.int64),
-                                                  np.zeros((2, 1), np.int32))]
-    for bad in (*bads, np.zeros(2, np.int32)):
-        with count_launches() as launches, pytest.raises(ShapeError, match=r"argmax must be an int32 Tensor"):
-            rms_norm_linear(xs, nws, 1e-5, ws, argmax=bad)
-        assert launches.count == 0
-    with pytest.raises(ShapeError, match="not with glu"):
-        rms_norm_linear(xs, nws, 1e-5, ws, glu=True, argmax=Tensor.from_host(queue, np.zeros(2, np.int32)))

@@ -16,7 +16,7 @@ from netcl import kernels
 from netcl.core import dtypes
 from netcl.core.tensor import Tensor, check_same_queue
 from netcl.errors import DTypeError, ShapeError
-from netcl.ops import elementwise, norm, sampling
+from netcl.ops import elementwise, norm
 from netcl.ops.gemm.api import GEMV_MAX_ROWS, gemm, gemv_fits, gemv_max_rows
 from netcl.ops.gemm.launch import gemv_rms_fits, launch
 from netcl.ops.gemm.problem import _Problem
@@ -126,16 +126,12 @@ def _glu_fits(x: Any, weight: Tensor, int8: bool = False) -> bool:
 
 
 def rms_norm_linear(x: Tensor, norm_weight: Tensor, eps: float, weight: Tensor, bias: Tensor | None = None,
-                    scales: Tensor | None = None, glu: bool = False, argmax: Tensor | None = None) -> Tensor:
+                    scales: Tensor | None = None, glu: bool = False) -> Tensor:
     """y @ W^T (+ bias) for y = rms_norm(x, norm_weight, eps) over x's last axis (..., in): W (out, in) in x's
     dtype, or int8 with `scales` (linear_int8); `glu`: silu(y @ W[:h]^T) * (y @ W[h:]^T) of a stacked W (2h,
     in) (linear_glu, no bias). A decode step's few rows (linear_glu's rules, and A's rows fitting the kernel's
     local memory: gemv_rms_fits) take one gemv launch that normalizes each row in its prologue, rounded to
-    x's storage as rms_norm's output is; more rows take rms_norm and then the linear layer.
-    `argmax` (not with glu): an int32 Tensor (rows,) (rows: x's, any stride) that receives
-    each row's argmax, the token ops.sample picks at temperature 0 (the first of equal values; NaN the
-    largest): a decode step's greedy pick in the head's own launch where it takes the gemv, else by
-    ops.sample after it."""
+    x's storage as rms_norm's output is; more rows take rms_norm and then the linear layer."""
     if not isinstance(weight, Tensor) or weight.ndim != 2:
         raise ShapeError(f"rms_norm_linear: the weight must be a 2-D Tensor (out, in), got "
                          f"{getattr(weight, 'shape', type(weight).__name__)}")
@@ -157,27 +153,17 @@ def rms_norm_linear(x: Tensor, norm_weight: Tensor, eps: float, weight: Tensor, 
     check_same_queue(x, norm_weight, weight)
     rows = x.size // k if k else 0
     width = n // 2 if glu else n
-    if argmax is not None:
-        if glu or not isinstance(argmax, Tensor) or argmax.dtype != dtypes.int32 or argmax.shape != (rows,):
-            raise ShapeError(f"rms_norm_linear: argmax must be an int32 Tensor of shape ({rows},) (one a "
-                             f"row) and not with glu, got {getattr(argmax, 'dtype', type(argmax).__name__)} "
-                             f"{getattr(argmax, 'shape', '')}{' with glu' if glu else ''}")
-        check_same_queue(x, argmax)
     fits = _glu_fits(x, weight, scales is not None)
     if not (fits and gemv_rms_fits(x.device, x.dtype, rows, width, k, glu)):
         y = norm.rms_norm(x, (k,), norm_weight, eps)[0]
         if glu:
             return linear_glu(y, weight, scales)
         if scales is not None:
-            out = linear_int8(y, weight, scales, bias)
-        else:
-            out = gemm(y, weight.transpose(0, 1), bias)
-        if argmax is not None and rows:
-            sampling.sample(out.reshape(rows, n), argmax, temperature=0.0)
-        return out
+            return linear_int8(y, weight, scales, bias)
+        return gemm(y, weight.transpose(0, 1), bias)
     x2 = (x if x.is_contiguous() else x.contiguous()).reshape(rows, k)
     out = Tensor.empty(x.queue, (rows, width), x.dtype)
     p = _Problem(a=x2, b=weight.transpose(0, 1), out=out, bias=bias, residual=None, activation=None,
                  alpha=1.0, m=rows, n=width, k=k, batch=(), squeeze=())
-    launch(p, "gemv", scales=scales, glu=glu, rms=(norm_weight, float(eps)), argmax=argmax)
+    launch(p, "gemv", scales=scales, glu=glu, rms=(norm_weight, float(eps)))
     return out.reshape(x.shape[:-1] + (width,))

@@ -31,16 +31,14 @@ def _all_inner(m: int, n: int, k: int, tile: dict[str, int]) -> bool:
 def launch(
     p: _Problem, variant: str, params: dict[str, int] | None = None, splits: int | None = None,
     rowsum: Tensor | None = None, mask_residual: bool = False, scales: Tensor | None = None,
-    glu: bool = False, rms: tuple[Tensor, float] | None = None, argmax: Tensor | None = None,
+    glu: bool = False, rms: tuple[Tensor, float] | None = None,
 ) -> Tensor | None:
     """Enqueue `p` on `variant` (tile `params` over the tuned ones; `splits` K slices, tiled and mma only,
     None: netcl's choice). `rowsum` (cpu only) also receives the row sums of A; `mask_residual` (any variant:
     the epilogue's MASK_RESIDUAL; split-K's reduction applies it) makes the residual a mask (out =
     where(mask > 0, a @ b, 0)); `scales` (gemv only: b is int8) are the float32 per-column scales of b; `glu`
     (gemv only) makes out silu(a @ b[:, :n]) * (a @ b[:, n:]) for a b of 2n columns; `rms` (gemv only:
-    (weight (K,), eps), where gemv_rms_fits) RMS-normalizes a's rows first (out = rms_norm(a) @ b); `argmax`
-    (gemv only, not float64: an int32 (m,) Tensor, any stride) receives each row of out's argmax as stored
-    (gemm_gemv.cl GEMV_ARGMAX: sampling.cl's greedy pick, in this launch). Each
+    (weight (K,), eps), where gemv_rms_fits) RMS-normalizes a's rows first (out = rms_norm(a) @ b). Each
     launch names its slots (a, b, out, bias, res; split-K also work) for a recording (netcl.core.capture).
     Returns split-K's workspace, else None."""
     device = p.out.device
@@ -195,16 +193,6 @@ def launch(
                 "rms_w": norm_w.buffer,
                 "rms_off": np.int64(norm_w.offset if rms is not None else 0),
                 "rms_eps": np.float32(rms[1] if rms is not None else 0.0)}
-        if argmax is not None:
-            if dt == dtypes.float64 or glu or argmax.dtype != dtypes.int32 or argmax.shape != (p.m,):
-                raise ShapeError(f"gemm: the gemv's argmax takes an int32 ({p.m},) Tensor and an output "
-                                 f"that is not float64 or a GLU's, got {argmax.dtype} {argmax.shape} for "
-                                 f"{dt.name}")
-            defines["GEMV_ARGMAX"] = None
-            groups = gsize[1] // rows
-            more.update(arrivals=queue.arrival_counts(1),
-                        parts=Tensor.empty(queue, (p.m, groups, 2), np.float32).buffer, tokens=argmax.buffer,
-                        tok_off=np.int64(argmax.offset), tok_stride=np.int64(argmax.strides[0]))
     elif variant == "dot":
         gsize, lsize = (p.n * tile["DOT_WG"], p.m, nbatch), (tile["DOT_WG"], 1, 1)
     elif variant == "direct":
