@@ -303,9 +303,9 @@ def main() -> int:
     ap.add_argument("--attention-preload", type=int, default=None, metavar="KEYS",
                     help="the most keys a split of the decode attention holds in local memory "
                          "(ops.attention.DECODE_PRELOAD_KEYS; 0: none, the splits by --attention-groups)")
-    ap.add_argument("--attention-wide", type=int, choices=(0, 1), default=None,
-                    help="with a preload, a split's keys in one pass (1, the default) or key tile after "
-                         "key tile (0; ops.attention.DECODE_PRELOAD_WIDE)")
+    ap.add_argument("--attention-preload-min", type=int, default=None, metavar="KEYS",
+                    help="the shortest cache (its capacity in keys) whose decode attention takes the preload "
+                         "(ops.attention.DECODE_PRELOAD_MIN_KEYS; 0: every cache)")
     ap.add_argument("--spin-ns", type=int, default=None, metavar="NS",
                     help="a chain tile polling its phase's count sleeps NS ns between reads "
                          "(ops.gemm.chain.SPIN_NS; NVIDIA only; default: no sleep)")
@@ -355,10 +355,12 @@ def main() -> int:
         transformer.DECODE_LAYER_CHAIN = not args.no_layer_chain
     if (args.attention_keys is not None and args.attention_keys < 1) \
             or (args.attention_groups is not None and args.attention_groups < 0) \
-            or (args.attention_preload is not None and args.attention_preload < 0):
-        ap.error("--attention-keys >= 1, --attention-groups >= 0, --attention-preload >= 0")
+            or (args.attention_preload is not None and args.attention_preload < 0) \
+            or (args.attention_preload_min is not None and args.attention_preload_min < 0):
+        ap.error("--attention-keys >= 1, --attention-groups >= 0, --attention-preload >= 0, "
+                 "--attention-preload-min >= 0")
     if args.attention_keys is not None or args.attention_groups is not None \
-            or args.attention_preload is not None or args.attention_wide is not None:
+            or args.attention_preload is not None or args.attention_preload_min is not None:
         from netcl.ops import attention
 
         if args.attention_keys is not None:
@@ -367,8 +369,8 @@ def main() -> int:
             attention.DECODE_GROUPS_PER_CU = args.attention_groups
         if args.attention_preload is not None:
             attention.DECODE_PRELOAD_KEYS = args.attention_preload
-        if args.attention_wide is not None:
-            attention.DECODE_PRELOAD_WIDE = bool(args.attention_wide)
+        if args.attention_preload_min is not None:
+            attention.DECODE_PRELOAD_MIN_KEYS = args.attention_preload_min
     try:
         batches = [int(b) for b in args.batches.split(",")]
     except ValueError:

@@ -821,14 +821,14 @@ __kernel void attention_dq_sum_gpu(__global const float *dq_acc, __global float 
 //   PoCL 3.1's float64 build.)
 //   cos_table, sin_table: (>= SK, D / 2) of ACC. PAIRING: ROPE_HALF or ROPE_INTERLEAVED (rope_common.cl).
 //   With DECODE_PRELOAD (P keys, a multiple of DK; not float64): a split's cached keys and values (at most P:
-//   the host's chunk) are read into local memory at once by decode_begin, as T's bits, and each key tile takes
-//   its rows from there (the same values load4 gives): one round trip for the split's keys, before a chain's
-//   wait, instead of one a tile after it. Splits past the last that holds keys (live, from the valid keys)
+//   the host's chunk) are read into local memory at once by decode_begin, as T's bits (the same values load4
+//   gives): one round trip for the split's keys, before a chain's wait, instead of one a key tile after it;
+//   the split is then done in one pass (below: every score at once, no running maximum). Splits past the
+//   last that holds keys (live, from the valid keys)
 //   return at once; where one split holds them all it writes out and lse itself (the merge of one part: the
 //   same bits), and the merge counts the live splits only.
 // Build options: DR (rows of a work-group: GROUP * SQ), DK (keys per tile, default 64), DNT (items, default 128),
-//   MERGE_BATCH (the splits whose parts the merge loads at once, default 4), DECODE_PRELOAD, DECODE_WIDE (with
-//   a preload, the split in one pass: below),
+//   MERGE_BATCH (the splits whose parts the merge loads at once, default 4), DECODE_PRELOAD,
 //   ROPE_CACHE (flag) with PAIRING.
 #ifndef DK
 #define DK 64
@@ -844,9 +844,6 @@ __kernel void attention_dq_sum_gpu(__global const float *dq_acc, __global float 
 #define NPT ((DSLOTS + DNT - 1) / DNT)                    // output slots per item
 #ifndef MERGE_BATCH
 #define MERGE_BATCH 4                                     // splits' parts a merge loads at once
-#endif
-#if defined(DECODE_WIDE) && !defined(DECODE_PRELOAD)
-#error "attention_gpu.cl: DECODE_WIDE needs DECODE_PRELOAD"
 #endif
 #ifdef DECODE_PRELOAD
 #if defined(USE_FP64)
@@ -921,7 +918,6 @@ inline void pre_store4(__local PRE_T *p, const ACC4 x)
 #endif
 }
 
-#ifdef DECODE_WIDE
 // The whole split in one pass (its keys all in local memory): every (row, key) score at once, each row's
 // maximum and sum over WIDE_G items (a butterfly: NVIDIA's warp shuffles, elsewhere through local memory in
 // the same order), then p v. WIDE_G: the largest power of two <= 32 that DNT / DR holds and DNT a multiple of.
@@ -955,7 +951,6 @@ inline ACC wide_sum(ACC x, __local ACC *red, const int flat)
     for (int m = WIDE_G / 2; m >= 1; m >>= 1) x += wide_xor(x, m, red, flat);
     return x;
 }
-#endif
 #endif
 
 #ifdef ROPE_CACHE
@@ -1008,7 +1003,7 @@ inline ACC4 rope_load4(__global const T *x, const int d, __global const ACC *cos
 // The decode local memory of one work-group (a struct, so a chain kernel can hold it beside its own).
 typedef struct {
     ACC4 qs[DR * DRS4];
-#ifdef DECODE_WIDE
+#ifdef DECODE_PRELOAD
     PRE_T pk[DECODE_PRELOAD * PRE_ROW], pv[DECODE_PRELOAD * PRE_ROW];   // the split's keys, values
     ACC sw[DR * DECODE_PRELOAD];   // its scores, then p times the dropout multiplier
     ACC red[DNT];                  // the rows' butterflies (elsewhere than on NVIDIA's shuffles)
@@ -1017,9 +1012,6 @@ typedef struct {
     ACC4 kvs[DK * DRS4];        // the k tile (then the v tile, without DECODE_VS)
 #ifdef DECODE_VS
     ACC4 vs[DK * DRS4];         // the v tile
-#endif
-#ifdef DECODE_PRELOAD
-    PRE_T pk[DECODE_PRELOAD * PRE_ROW], pv[DECODE_PRELOAD * PRE_ROW];   // the split's cached keys, values
 #endif
     ACC ss[DR * DK];            // scores, then p times the dropout multiplier
     ACC pl[DR * DK];            // p (the row sums' terms)
@@ -1044,28 +1036,15 @@ typedef struct {
 // new rows [p0, jstop) from the q/k/v heads (row p0 + i at src + i * src_ss: ROPE_CACHE), k rotated at its
 // position and rounded to T, and written into the cache for the steps after this one (its bits: the values
 // rounded to T already), so the tile holds what the cache's row gives back, without that round trip.
-// (DECODE_PRELOAD: the cached rows from the split's rows in local memory, pre, whose first is key jbase.)
-#ifdef DECODE_PRELOAD
-#define DECODE_PRE_PARAMS , __local const PRE_T *pre, const int jbase
-#define DECODE_PRE(rows, jbase) , rows, jbase
-#else
-#define DECODE_PRE_PARAMS
-#define DECODE_PRE(rows, jbase)
-#endif
 inline void decode_rows(__local ACC4 *dst, const __global T *cache, const long cache_ss, const int j0,
                         const int jstop, const int p0, const int cached, const int fresh,
                         const __global T *src, const long src_ss, const int is_v,
-                        __global const ACC *cosines, __global const ACC *sines, __global T *write, const int tid
-                        DECODE_PRE_PARAMS)
+                        __global const ACC *cosines, __global const ACC *sines, __global T *write, const int tid)
 {
     for (int slot = tid; slot < DK * DQ4; slot += DNT) {
         const int jj = slot / DQ4, c4 = slot - jj * DQ4, j = j0 + jj;
         if (j >= jstop || j < p0) {
-#ifdef DECODE_PRELOAD
-            if (cached) dst[jj * DRS4 + c4] = j < jstop ? pre_load4(pre + (j - jbase) * PRE_ROW + 4 * c4) : (ACC4)0;
-#else
             if (cached) dst[jj * DRS4 + c4] = j < jstop ? load4(cache + j * cache_ss, 4 * c4) : (ACC4)0;
-#endif
         }
 #ifdef ROPE_CACHE
         else if (fresh) {
@@ -1170,7 +1149,7 @@ inline void decode_tile(const int tid, const int split, const int hk, const int 
     __local ACC4 *qs = lm->qs, *ored = lm->ored;
 #endif
     __local ACC *m_s = lm->m_s, *l_s = lm->l_s;
-#ifndef DECODE_WIDE
+#ifndef DECODE_PRELOAD
     __local ACC4 *kvs = lm->kvs;
     __local ACC *ss = lm->ss, *pl = lm->pl, *mnew_s = lm->mnew_s, *alpha_s = lm->alpha_s;
 #ifdef DECODE_VS
@@ -1197,7 +1176,7 @@ inline void decode_tile(const int tid, const int split, const int hk, const int 
         qs[r * DRS4 + c4] = load4(q + q_off + b * q_sb + h * q_sh + i * q_ss, 4 * c4) * scale;
 #endif
     }
-#ifdef DECODE_WIDE
+#ifdef DECODE_PRELOAD
     // the new rows among this split's keys (ROPE_CACHE): k rotated at its position and rounded to T, v as it
     // is, into the caches for the steps after this one and into the split's rows here
     const int flat = get_local_id(1) * get_local_size(0) + get_local_id(0);
@@ -1280,11 +1259,9 @@ inline void decode_tile(const int tid, const int split, const int hk, const int 
     // the first key tile's new rows (its cached ones are decode_begin's) are read with q, before the first
     // barrier: the items that take them are mostly not those staging q, so both loads fly at once (one round
     // trip after a chain's wait, not two)
-    decode_rows(kvs, kb, k_ss, jstart, jstop, p0, 0, 1, ky, q_ss, 0, cosines, sines, kw, tid
-                DECODE_PRE(lm->pk, jstart));
+    decode_rows(kvs, kb, k_ss, jstart, jstop, p0, 0, 1, ky, q_ss, 0, cosines, sines, kw, tid);
 #ifdef DECODE_VS
-    decode_rows(vt, vb, v_ss, jstart, jstop, p0, 0, 1, vy, q_ss, 1, cosines, sines, vw, tid
-                DECODE_PRE(lm->pv, jstart));
+    decode_rows(vt, vb, v_ss, jstart, jstop, p0, 0, 1, vy, q_ss, 1, cosines, sines, vw, tid);
 #endif
 #else
     const __global T *ky = kb, *vy = vb;   // (no new rows: p0 = L, the first tile's rows are in place)
@@ -1301,22 +1278,12 @@ inline void decode_tile(const int tid, const int split, const int hk, const int 
 
     for (int j0 = jstart; j0 < jstop; j0 += DK) {
         barrier(CLK_LOCAL_MEM_FENCE);  // the previous tile's p v is done with kvs, vs, ss and alpha_s
-#ifdef DECODE_PRELOAD
-        // the cached rows from local memory (the first tile's new rows are in place: fresh only past it)
-        decode_rows(kvs, kb, k_ss, j0, jstop, p0, 1, j0 != jstart, ky, q_ss, 0, cosines, sines, kw, tid
-                    DECODE_PRE(lm->pk, jstart));
-#ifdef DECODE_VS
-        decode_rows(vt, vb, v_ss, j0, jstop, p0, 1, j0 != jstart, vy, q_ss, 1, cosines, sines, vw, tid
-                    DECODE_PRE(lm->pv, jstart));
-#endif
-#else
         if (j0 != jstart) {   // (the first tile's rows are in place)
             decode_rows(kvs, kb, k_ss, j0, jstop, p0, 1, 1, ky, q_ss, 0, cosines, sines, kw, tid);
 #ifdef DECODE_VS
             decode_rows(vt, vb, v_ss, j0, jstop, p0, 1, 1, vy, q_ss, 1, cosines, sines, vw, tid);
 #endif
         }
-#endif
         barrier(CLK_LOCAL_MEM_FENCE);
         for (int slot = tid; slot < DR * DK; slot += DNT) {
             const int r = slot / DK, jj = slot - r * DK, j = j0 + jj;
@@ -1348,8 +1315,7 @@ inline void decode_tile(const int tid, const int split, const int hk, const int 
             ss[slot] = p;
         }
 #ifndef DECODE_VS  // every item is past its reads of the k tile: the v tile takes its place
-        decode_rows(kvs, vb, v_ss, j0, jstop, p0, 1, 1, vy, q_ss, 1, cosines, sines, vw, tid
-                    DECODE_PRE(lm->pv, jstart));
+        decode_rows(kvs, vb, v_ss, j0, jstop, p0, 1, 1, vy, q_ss, 1, cosines, sines, vw, tid);
 #endif
         barrier(CLK_LOCAL_MEM_FENCE);
         for (int r = tid; r < DR; r += DNT) {

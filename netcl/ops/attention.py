@@ -307,16 +307,20 @@ DECODE_TILE_KEYS = (64, 32, 16)
 DECODE_V_TILE = True
 # The most keys a split of the decode kernel holds in local memory (DECODE_PRELOAD: its cached keys and values
 # read at once, before a chained tile waits for the q/k/v product, instead of a round trip a key tile after
-# it): the splits are then as few as hold the cache at that many keys each (no merge where one holds them
-# all), in place of DECODE_GROUPS_PER_CU's. Within the device's local memory less DECODE_PRELOAD_SPARE bytes
-# (a chain's own partial sums beside it, gemm/chain.py); 0, or float64: the splits of DECODE_GROUPS_PER_CU
-# and only the first key tile read ahead. Off (0) until measured on a GPU: 128 is the value to try
-# (`python3 bench/decode.py --gpu --attention-preload 128` against `--attention-preload 0`).
-DECODE_PRELOAD_KEYS = 0
+# it, and the split then done in one pass: every score of its rows at once, each row's maximum and sum by a
+# butterfly over a group of items, then p v): the splits are then as few as hold the cache at that many keys
+# each (no merge where one holds them all), in place of DECODE_GROUPS_PER_CU's. Within the device's local
+# memory less DECODE_PRELOAD_SPARE bytes (a chain's own partial sums beside it, gemm/chain.py); only for
+# caches of at least DECODE_PRELOAD_MIN_KEYS keys (capacity: a recorded step is made for it); 0, or float64:
+# the splits of DECODE_GROUPS_PER_CU, key tile after key tile, the first read ahead. H100, TinyLlama-shaped
+# bfloat16 decode at batch 1, ms a token without / with 64 (128) keys a split: a cache of 128 keys (prompt 32)
+# 1.072-1.074 / 1.086-1.087 (1.140); of 256 (prompt 200) 1.126 / 1.113 (1.154); 512 (450) 1.223 / 1.136
+# (1.162); 1,024 (1,000) 1.305-1.306 / 1.190-1.191 (1.214); 2,048 (2,000) 1.394 / 1.283. The short cache
+# loses because every phase of the whole-layer launch slows a little with the preload's code beside it
+# (gate/up 17.9 -> 19.0 us a layer; bench/NOTES.md, forty-second session).
+DECODE_PRELOAD_KEYS = 64
+DECODE_PRELOAD_MIN_KEYS = 256
 DECODE_PRELOAD_SPARE = 4096
-# With a preload, the split in one pass (DECODE_WIDE): every score of its rows at once, each row's maximum and
-# sum by a butterfly over a group of items, then p v; False: key tile after key tile (the running maximum).
-DECODE_PRELOAD_WIDE = True
 # rope_cache_decode_attention where the decode kernel runs: q rotated, k rotated into its cache and v copied
 # into its cache inside that kernel (ROPE_CACHE), one launch a layer fewer than rope_qkv_cache and then the
 # kernel; False: always the two launches (the same bits either way).
@@ -364,8 +368,8 @@ class DecodePhase:
 def decode_tiles(device: Any, rows: int, head_dim: int, dtype: Any, keys: int = 0,
                  heads: int = 1) -> dict[str, int | None] | None:
     """attention_decode_gpu's defines (DR, DK, DNT; DECODE_PRELOAD, its keys, where a split holds its cached
-    keys in local memory (_decode_preload), with DECODE_WIDE, a flag, where DECODE_PRELOAD_WIDE; else
-    DECODE_VS, a flag: DECODE_V_TILE where it fits) for `rows` rows per kv head, or None when no key tile fits
+    keys in local memory (_decode_preload); else DECODE_VS, a flag: DECODE_V_TILE where it fits) for `rows`
+    rows per kv head, or None when no key tile fits
     the device's local memory (the regular forward then runs). DK: of the DECODE_TILE_KEYS that fit, the
     largest that cuts `keys` (the cache's) into at least the splits wanted for `heads` (batch rows x kv
     heads; decode_splits_wanted; float64 takes one split), else the smallest."""
@@ -382,27 +386,21 @@ def decode_tiles(device: Any, rows: int, head_dim: int, dtype: Any, keys: int = 
     preload = _decode_preload(device, tiles, head_dim, dtype, keys)
     if preload:
         tiles["DECODE_PRELOAD"] = preload
-        if DECODE_PRELOAD_WIDE:
-            tiles["DECODE_WIDE"] = None
-            return tiles
-    if DECODE_V_TILE and _decode_local_bytes({**tiles, "DECODE_VS": None}, head_dim, dtype) <= budget - (
-            DECODE_PRELOAD_SPARE if preload else 0):
+    elif DECODE_V_TILE and _decode_local_bytes({**tiles, "DECODE_VS": None}, head_dim, dtype) <= budget:
         tiles["DECODE_VS"] = None
     return tiles
 
 
 def _decode_preload(device: Any, tiles: dict[str, Any], head_dim: int, dtype: Any, keys: int) -> int:
     """DECODE_PRELOAD's keys for these tiles (a multiple of DK: at most DECODE_PRELOAD_KEYS, the cache's keys
-    rounded up to a tile, and what the local memory less DECODE_PRELOAD_SPARE holds), or 0 (float64, or not
-    one tile)."""
+    rounded up to a tile, and what the local memory less DECODE_PRELOAD_SPARE holds), or 0 (float64, a cache
+    of fewer than DECODE_PRELOAD_MIN_KEYS keys, or not one tile)."""
     dk = tiles["DK"]
-    if np.dtype(dtype) == dtypes.float64:
+    if np.dtype(dtype) == dtypes.float64 or keys < DECODE_PRELOAD_MIN_KEYS:
         return 0
     budget = device.capabilities.local_mem - 1024 - DECODE_PRELOAD_SPARE
     most = min(DECODE_PRELOAD_KEYS, max(-(-keys // dk), 1) * dk) // dk * dk
-    wide = {"DECODE_WIDE": None} if DECODE_PRELOAD_WIDE else {}
-    while most >= dk and _decode_local_bytes({**tiles, "DECODE_PRELOAD": most, **wide}, head_dim,
-                                             dtype) > budget:
+    while most >= dk and _decode_local_bytes({**tiles, "DECODE_PRELOAD": most}, head_dim, dtype) > budget:
         most -= dk
     return most if most >= dk else 0
 
@@ -423,12 +421,12 @@ def _decode_local_bytes(tiles: dict[str, Any], head_dim: int, dtype: Any) -> int
     pre_t = min(np.dtype(dtype).itemsize, 4)   # DECODE_PRELOAD's elements: T's bits (float32: floats)
     preload = tiles.get("DECODE_PRELOAD", 0) * (4 * q4 + 4) * pre_t   # pk's bytes, and pv's (rows padded)
     in_pre = groups > 1 and 16 * groups * pairs <= preload      # ORED_IN_PRE
-    if "DECODE_WIDE" in tiles:   # q, the split's rows, its scores, the butterflies' room, m and l
+    if "DECODE_PRELOAD" in tiles:   # q, the split's rows, its scores, the butterflies' room, m and l
         fields = [(4 * acc, rows * (q4 + 1)), (pre_t, 2 * preload // pre_t),
                   (acc, rows * tiles["DECODE_PRELOAD"] + tiles["DNT"] + 2 * rows)]
     else:
         fields = [(4 * acc, rows * (q4 + 1)), (4 * acc, dk * (q4 + 1) * (2 if "DECODE_VS" in tiles else 1)),
-                  (pre_t, 2 * preload // pre_t), (acc, 2 * rows * dk + 4 * rows)]
+                  (acc, 2 * rows * dk + 4 * rows)]
     fields += [(4 * acc, groups * pairs if groups > 1 and not in_pre else 1), (4, 1)]
     size = 0
     for align, count in fields:

@@ -417,16 +417,16 @@ def test_gpu_fused_backward_atomic_path_when_not_deterministic(queue, rng, monke
 
 
 # -- decoding: the GPU variant's split-key kernel (few query rows per kv head) --------------------------
-@pytest.fixture(params=["wide", "preload", "tiles"])
+@pytest.fixture(params=["preload", "tiles"])
 def decode_splits(request, monkeypatch):
-    """The GPU kernels, the keys split three ways: "wide", each split holding up to DECODE_PRELOAD_KEYS (128)
-    cached keys in local memory and taking them in one pass; "preload", the same keys key tile after key
-    tile; "tiles", enough work-groups wanted that the keys split into one tile per work-group, nothing
-    preloaded (DECODE_PRELOAD_KEYS 0, the default)."""
+    """The GPU kernels, the keys split two ways: "preload", each split holding up to DECODE_PRELOAD_KEYS (64,
+    the default) cached keys in local memory and taking them in one pass, whatever the cache's length (the
+    default takes it from 256 keys on); "tiles", enough work-groups wanted that the keys split into one tile
+    per work-group, nothing preloaded (DECODE_PRELOAD_KEYS 0)."""
     monkeypatch.setattr(attn, "variant_override", "gpu")
     monkeypatch.setattr(attn, "DECODE_GROUPS_PER_CU", 1000)
-    monkeypatch.setattr(attn, "DECODE_PRELOAD_KEYS", 0 if request.param == "tiles" else 128)
-    monkeypatch.setattr(attn, "DECODE_PRELOAD_WIDE", request.param == "wide")
+    monkeypatch.setattr(attn, "DECODE_PRELOAD_KEYS", 0 if request.param == "tiles" else 64)
+    monkeypatch.setattr(attn, "DECODE_PRELOAD_MIN_KEYS", 0)
     return request.param
 
 
@@ -473,6 +473,31 @@ def test_decode_v_tile_where_it_fits(monkeypatch):
     assert tight == {"DR": 8, "DK": 64, "DNT": attn.DECODE_ITEMS}
 
 
+def test_decode_preload_from_the_shortest_cache_it_pays_for():
+    """The preload (DECODE_PRELOAD_KEYS a split, 64) for caches of DECODE_PRELOAD_MIN_KEYS (256) keys and
+    more, key tiles below (on the H100 a cache of 128 keys decoded 1.4% slower with it, one of 256 1.2%
+    faster); within the local memory (a multiple of the key tile), and never for float64."""
+    def device(local_mem):
+        return SimpleNamespace(capabilities=SimpleNamespace(compute_units=132, local_mem=local_mem,
+                                                            max_work_group_size=1024))
+    h100 = device(48 * 1024)
+    assert (attn.DECODE_PRELOAD_KEYS, attn.DECODE_PRELOAD_MIN_KEYS) == (64, 256)
+    for keys, want in ((128, None), (255, None), (256, 64), (2048, 64)):
+        tiles = attn.decode_tiles(h100, 8, 64, BF16, keys, 4)
+        assert tiles.get("DECODE_PRELOAD") == want, keys
+        assert ("DECODE_VS" in tiles) == (want is None), keys
+    assert "DECODE_PRELOAD" not in attn.decode_tiles(h100, 8, 64, np.float64, 2048, 4)
+    # a local memory that holds 32 keys a split but not 64: the most key tiles that fit
+    room = attn._decode_local_bytes({"DR": 8, "DK": 32, "DNT": attn.DECODE_ITEMS, "DECODE_PRELOAD": 32}, 64,
+                                    BF16) + 1024 + attn.DECODE_PRELOAD_SPARE
+    small = attn.decode_tiles(device(room), 8, 64, BF16, 2048, 4)
+    keys, dk = small["DECODE_PRELOAD"], small["DK"]
+    assert 32 <= keys < 64 and keys % dk == 0
+    for held, fits in ((keys, True), (keys + dk, False)):
+        size = attn._decode_local_bytes({**small, "DECODE_PRELOAD": held}, 64, BF16)
+        assert (size <= room - 1024 - attn.DECODE_PRELOAD_SPARE) == fits
+
+
 @pytest.mark.gpu_shaped
 def test_decode_local_bytes_hold_the_kernels_local_memory(queue):
     """_decode_local_bytes, which sizes a chain's local memory for the decode tiles it holds (gemm/chain.py),
@@ -484,11 +509,10 @@ def test_decode_local_bytes_hold_the_kernels_local_memory(queue):
     text = kernels.source("attention_gpu.cl") + probe
     cases = [({"DR": 8, "DK": 16}, 64, BF16), ({"DR": 8, "DK": 16, "DECODE_PRELOAD": 128}, 64, BF16),
              ({"DR": 8, "DK": 16, "DECODE_PRELOAD": 16}, 64, np.float16),   # partial outputs not in pk
-             ({"DR": 4, "DK": 32, "DECODE_PRELOAD": 64, "DECODE_VS": None}, 20, np.float32),
+             ({"DR": 4, "DK": 32, "DECODE_PRELOAD": 64}, 20, np.float32),
              ({"DR": 16, "DK": 64, "DECODE_VS": None}, 128, np.float32),
              ({"DR": 3, "DK": 16}, 32, np.float64),
-             ({"DR": 8, "DK": 16, "DECODE_PRELOAD": 128, "DECODE_WIDE": None}, 64, BF16),
-             ({"DR": 3, "DK": 16, "DECODE_PRELOAD": 32, "DECODE_WIDE": None}, 20, np.float32)]
+             ({"DR": 3, "DK": 16, "DECODE_PRELOAD": 32}, 20, np.float32)]
     out = Tensor.empty(queue, (1,), np.int32)
     for tiles, d, dtype in cases:
         tiles = {**tiles, "DNT": attn.DECODE_ITEMS}
@@ -611,24 +635,22 @@ def test_rope_cache_decode_attention_is_bit_identical(queue, rng, decode_splits,
 
 
 @pytest.mark.gpu_shaped
-@pytest.mark.parametrize("v_tile,preload,wide", [(True, 0, False), (False, 0, False), (True, 128, False),
-                                                 (False, 128, False), (False, 128, True)])
+@pytest.mark.parametrize("v_tile,preload", [(True, 0), (False, 0), (False, 128)])
 def test_rope_cache_decode_attention_new_rows_past_a_splits_first_tile(queue, rng, monkeypatch, v_tile,
-                                                                        preload, wide):
+                                                                        preload):
     """Splits of several key tiles (without a preload the first tile's cached rows are read before the rest of
-    the work, with one every cached row of the split; the new rows come from the q/k/v heads in whichever
-    tile holds them, here across two tiles): the bits of the two launches."""
+    the work, the new rows come from the q/k/v heads in whichever tile holds them, here across two tiles; with
+    one every cached row of the split, the new ones among them): the bits of the two launches."""
     B, HQ, HKV, S, cap, D = 2, 4, 1, 2, 200, 32
     monkeypatch.setattr(attn, "variant_override", "gpu")
     monkeypatch.setattr(attn, "DECODE_GROUPS_PER_CU", 0)   # one split wanted (without a preload)
     monkeypatch.setattr(attn, "DECODE_V_TILE", v_tile)
     monkeypatch.setattr(attn, "DECODE_PRELOAD_KEYS", preload)
+    monkeypatch.setattr(attn, "DECODE_PRELOAD_MIN_KEYS", 0)
     monkeypatch.setattr(attn, "DECODE_PRELOAD_SPARE", 0)
-    monkeypatch.setattr(attn, "DECODE_PRELOAD_WIDE", wide)
     tiles = attn.decode_tiles(queue.device, HQ // HKV * S, D, np.float32, cap, B * HKV)
     assert tiles["DK"] == 64 and tiles.get("DECODE_PRELOAD", 0) == preload
-    assert ("DECODE_WIDE" in tiles) == wide
-    if not wide and (not preload or queue.device.capabilities.local_mem >= 64 * 1024):   # (not Oclgrind's)
+    if not preload:
         assert ("DECODE_VS" in tiles) == v_tile
     y = rng.standard_normal((B, HQ + 2 * HKV, S, D)).astype(np.float32)
     caches = [rng.standard_normal((B, HKV, cap, D)).astype(np.float32) for _ in range(2)]
