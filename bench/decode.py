@@ -306,6 +306,10 @@ def main() -> int:
     ap.add_argument("--attention-preload-min", type=int, default=None, metavar="KEYS",
                     help="the shortest cache (its capacity in keys) whose decode attention takes the preload "
                          "(ops.attention.DECODE_PRELOAD_MIN_KEYS; 0: every cache)")
+    ap.add_argument("--nv-verbose", action="store_true",
+                    help="NVIDIA: build the GEMV programs (the whole-layer launch's among them) with "
+                         "-cl-nv-verbose and print each one's registers and spills (with "
+                         "CUDA_CACHE_DISABLE=1: the driver's own cache skips ptxas)")
     ap.add_argument("--spin-ns", type=int, default=None, metavar="NS",
                     help="a chain tile polling its phase's count sleeps NS ns between reads "
                          "(ops.gemm.chain.SPIN_NS; NVIDIA only; default: no sleep)")
@@ -333,6 +337,10 @@ def main() -> int:
                 ap.error(f"--gemv takes GEMV_WG, GEMV_ROWS or GEMV_UNROLL = a positive integer, got {item!r}")
             knobs[name] = int(value)
         variants.DEFAULTS["gemv"]["any"].update(knobs)
+    if args.nv_verbose:
+        from netcl.ops.gemm import variants
+
+        variants.NV_VERBOSE = True
     if args.spin_ns is not None:
         from netcl.ops.gemm import chain
 
