@@ -824,9 +824,9 @@ __kernel void attention_dq_sum_gpu(__global const float *dq_acc, __global float 
 //   the host's chunk) are read into local memory at once by decode_begin, as T's bits (the same values load4
 //   gives): one round trip for the split's keys, before a chain's wait, instead of one a key tile after it;
 //   the split is then done in one pass (below: every score at once, no running maximum). Splits past the
-//   last that holds keys (live, from the valid keys)
-//   return at once; where one split holds them all it writes out and lse itself (the merge of one part: the
-//   same bits), and the merge counts the live splits only.
+//   last that holds keys (live, from the valid keys) return at once; where one split holds them all it
+//   writes out and lse itself (the merge of one part: the same bits), and the merge counts the live splits
+//   only.
 // Build options: DR (rows of a work-group: GROUP * SQ), DK (keys per tile, default 64), DNT (items, default 128),
 //   MERGE_BATCH (the splits whose parts the merge loads at once, default 4), DECODE_PRELOAD,
 //   ROPE_CACHE (flag) with PAIRING.

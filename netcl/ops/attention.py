@@ -369,10 +369,10 @@ def decode_tiles(device: Any, rows: int, head_dim: int, dtype: Any, keys: int = 
                  heads: int = 1) -> dict[str, int | None] | None:
     """attention_decode_gpu's defines (DR, DK, DNT; DECODE_PRELOAD, its keys, where a split holds its cached
     keys in local memory (_decode_preload); else DECODE_VS, a flag: DECODE_V_TILE where it fits) for `rows`
-    rows per kv head, or None when no key tile fits
-    the device's local memory (the regular forward then runs). DK: of the DECODE_TILE_KEYS that fit, the
-    largest that cuts `keys` (the cache's) into at least the splits wanted for `heads` (batch rows x kv
-    heads; decode_splits_wanted; float64 takes one split), else the smallest."""
+    rows per kv head, or None when no key tile fits the device's local memory (the regular forward then
+    runs). DK: of the DECODE_TILE_KEYS that fit, the largest that cuts `keys` (the cache's) into at least the
+    splits wanted for `heads` (batch rows x kv heads; decode_splits_wanted; float64 takes one split), else
+    the smallest."""
     budget = device.capabilities.local_mem - 1024
     if DECODE_ITEMS > device.capabilities.max_work_group_size:
         return None
