@@ -797,8 +797,8 @@ __kernel void attention_dq_sum_gpu(__global const float *dq_acc, __global float 
 //   for the whole group of heads, and the keys of split s, [s * chunk, min(s * chunk + chunk, L')) with L'
 //   the keys the last row may attend: tiles of DK keys (k tile in local memory -> DR x DK scores -> row
 //   maxima, p, row sums -> the v tile over the k tile -> o += p v, the items as KG groups of DR * DQ4 (row,
-//   float4) pairs, a group taking every KG-th key of the tile). With one split (holding keys) it writes out and lse;
-//   else the split's output (unnormalised, at its own running max), running max and sum go to part_o
+//   float4) pairs, a group taking every KG-th key of the tile). With one split holding keys it writes out and
+//   lse; else the split's output (unnormalised, at its own running max), running max and sum go to part_o
 //   (rows, nsplit, 4 * DQ4) and part_ml (rows, nsplit, 2) (PART_STORE), and the last split of the (kv head,
 //   batch) to finish (nc_group_last_arrival on arrivals[b * HKV + hk]) merges the parts of its rows in the
 //   order s = 0..nsplit-1 (the splits that held keys), whichever finished last:
