@@ -303,13 +303,14 @@ def main() -> int:
     ap.add_argument("--attention-preload", type=int, default=None, metavar="KEYS",
                     help="the most keys a split of the decode attention holds in local memory "
                          "(ops.attention.DECODE_PRELOAD_KEYS; 0: none, the splits by --attention-groups)")
-    ap.add_argument("--attention-preload-min", type=int, default=None, metavar="KEYS",
-                    help="the shortest cache (its capacity in keys) whose decode attention takes the preload "
-                         "(ops.attention.DECODE_PRELOAD_MIN_KEYS; 0: every cache)")
     ap.add_argument("--nv-verbose", action="store_true",
                     help="NVIDIA: build the GEMV programs (the whole-layer launch's among them) with "
                          "-cl-nv-verbose and print each one's registers and spills (with "
                          "CUDA_CACHE_DISABLE=1: the driver's own cache skips ptxas)")
+    ap.add_argument("--no-register-cap", action="store_true",
+                    help="NVIDIA: the whole-layer launch as ptxas assembles it unasked, not within three "
+                         "work-groups' registers where it holds the attention's preload "
+                         "(ops.gemm.chain.CAP_REGISTERS)")
     ap.add_argument("--spin-ns", type=int, default=None, metavar="NS",
                     help="a chain tile polling its phase's count sleeps NS ns between reads "
                          "(ops.gemm.chain.SPIN_NS; NVIDIA only; default: no sleep)")
@@ -341,6 +342,10 @@ def main() -> int:
         from netcl.ops.gemm import variants
 
         variants.NV_VERBOSE = True
+    if args.no_register_cap:
+        from netcl.ops.gemm import chain
+
+        chain.CAP_REGISTERS = False
     if args.spin_ns is not None:
         from netcl.ops.gemm import chain
 
@@ -363,12 +368,10 @@ def main() -> int:
         transformer.DECODE_LAYER_CHAIN = not args.no_layer_chain
     if (args.attention_keys is not None and args.attention_keys < 1) \
             or (args.attention_groups is not None and args.attention_groups < 0) \
-            or (args.attention_preload is not None and args.attention_preload < 0) \
-            or (args.attention_preload_min is not None and args.attention_preload_min < 0):
-        ap.error("--attention-keys >= 1, --attention-groups >= 0, --attention-preload >= 0, "
-                 "--attention-preload-min >= 0")
+            or (args.attention_preload is not None and args.attention_preload < 0):
+        ap.error("--attention-keys >= 1, --attention-groups >= 0, --attention-preload >= 0")
     if args.attention_keys is not None or args.attention_groups is not None \
-            or args.attention_preload is not None or args.attention_preload_min is not None:
+            or args.attention_preload is not None:
         from netcl.ops import attention
 
         if args.attention_keys is not None:
@@ -377,8 +380,6 @@ def main() -> int:
             attention.DECODE_GROUPS_PER_CU = args.attention_groups
         if args.attention_preload is not None:
             attention.DECODE_PRELOAD_KEYS = args.attention_preload
-        if args.attention_preload_min is not None:
-            attention.DECODE_PRELOAD_MIN_KEYS = args.attention_preload_min
     try:
         batches = [int(b) for b in args.batches.split(",")]
     except ValueError:

@@ -404,21 +404,42 @@ def _retargeted(device: Any, prg: cl.Program, options: tuple[str, ...], target: 
     return out
 
 
+def _capped(device: Any, prg: cl.Program, options: tuple[str, ...], caps: dict[str, int], name: str
+            ) -> cl.Program:
+    """`prg` assembled again from its own PTX with `.maxnreg N` for each kernel of `caps`
+    (netcl.core.ptx.cap_registers); `prg` as it was, with a warning, where the driver refuses that."""
+    try:
+        binary = bytes(prg.get_info(cl.program_info.BINARIES)[0]).decode()
+        out = cl.Program(device.context, [device.cl_device], [ptx.cap_registers(binary, caps).encode()])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", cl.CompilerWarning)
+            out.build(options=list(options), devices=[device.cl_device])
+        return out
+    except (cl.Error, UnicodeDecodeError, ValueError) as exc:
+        warnings.warn(f"OpenCL program {name}: its kernels' register caps {caps} were refused ({exc}); built "
+                      "without them", stacklevel=3)
+        return prg
+
+
 def build_program(
     device: Any, source: str, options: Sequence[str] = (CL_STD,), name: str = "<generated>",
-    ptx_target: str | None = None,
+    ptx_target: str | None = None, max_registers: Sequence[tuple[str, int]] = (),
 ) -> Program:
     """Build `source` for `device` (or load its binary from the disk cache). Not cached in memory:
     netcl.kernels is the one place that keeps built programs (and the way everyone gets one).
     `ptx_target` (NVIDIA only, e.g. "sm_90a"): rebuild the program from its PTX for that target
-    (netcl.core.ptx); the disk cache keeps the rebuilt binary."""
+    (netcl.core.ptx); the disk cache keeps the rebuilt binary. `max_registers` (NVIDIA only; elsewhere not
+    read): (kernel, N) pairs, each kernel assembled again from the PTX within N registers (`_capped`)."""
     options = tuple(options)
     if ARG_INFO not in options:
         options = options + (ARG_INFO,)
     nv = nvidia_define(device)
     if nv is not None and not any(o.startswith(NVIDIA_DEFINE) for o in options):
         options = options + (nv,)
+    caps = dict(max_registers) if nv is not None else {}
     key_source = source if ptx_target is None else f"{source}\0ptx_target={ptx_target}"
+    if caps:
+        key_source = f"{key_source}\0max_registers={sorted(caps.items())}"
     path = _disk_path(device, key_source, options) if disk_cache_enabled(device) else None
     lock_key = (
         id(device),
@@ -449,6 +470,8 @@ def build_program(
             arg_names = _read_arg_names(prg)
             if ptx_target is not None:
                 prg = _retargeted(device, prg, options, ptx_target, name)
+            if caps:
+                prg = _capped(device, prg, options, caps, name)
             if path is not None:
                 try:
                     binaries = prg.get_info(cl.program_info.BINARIES)

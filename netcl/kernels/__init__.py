@@ -186,16 +186,20 @@ def _cached(key: tuple, make: Callable[[], Program]) -> Program:
 
 
 def program(device: Any, filename: str, *, dtype: Any = None, act: str | None = None,
-            options: tuple[str, ...] = (), ptx_target: str | None = None, **defines: Any) -> Program:
+            options: tuple[str, ...] = (), ptx_target: str | None = None,
+            max_registers: tuple[tuple[str, int], ...] = (), **defines: Any) -> Program:
     """The built kernel file `filename` for `device`: specialised by `dtype` (dtype_defines), an epilogue
     activation name `act` (ACTIVATIONS) and any other -D `defines` (None: a flag without a value);
-    `ptx_target` rebuilds it from its PTX for an arch-specific target (NVIDIA: netcl.core.ptx).
+    `ptx_target` rebuilds it from its PTX for an arch-specific target (NVIDIA: netcl.core.ptx), and
+    `max_registers`' (kernel, N) pairs are assembled again within N registers (NVIDIA: netcl.core.backend's
+    build_program).
 
     Ops call this on every launch: a repeat is one dict lookup on the arguments as given (no option
     formatting; ~0.2 ms a call once went to re-reading and hashing sources here)."""
     if EXTRA_OPTIONS:
         options = options + EXTRA_OPTIONS
-    fast = ("args", id(device), filename, dtype, act, options, ptx_target, tuple(sorted(defines.items())))
+    fast = ("args", id(device), filename, dtype, act, options, ptx_target, max_registers,
+            tuple(sorted(defines.items())))
     prg = _programs.get(fast)
     if prg is not None:
         return prg
@@ -209,8 +213,9 @@ def program(device: Any, filename: str, *, dtype: Any = None, act: str | None = 
     if act is not None:
         defines["ACT"] = activation(act)
     opts = format_options(defines, options)
-    prg = _cached(("file", id(device), filename, opts, ptx_target),
-                  lambda: build_program(device, source(filename), opts, name=filename, ptx_target=ptx_target))
+    prg = _cached(("file", id(device), filename, opts, ptx_target, max_registers),
+                  lambda: build_program(device, source(filename), opts, name=filename, ptx_target=ptx_target,
+                                        max_registers=max_registers))
     _programs[fast] = prg
     return prg
 

@@ -310,16 +310,15 @@ DECODE_V_TILE = True
 # it, and the split then done in one pass: every score of its rows at once, each row's maximum and sum by a
 # butterfly over a group of items, then p v): the splits are then as few as hold the cache at that many keys
 # each (no merge where one holds them all), in place of DECODE_GROUPS_PER_CU's. Within the device's local
-# memory less DECODE_PRELOAD_SPARE bytes (a chain's own partial sums beside it, gemm/chain.py); only for
-# caches of at least DECODE_PRELOAD_MIN_KEYS keys (capacity: a recorded step is made for it); 0, or float64:
+# memory less DECODE_PRELOAD_SPARE bytes (a chain's own partial sums beside it, gemm/chain.py); 0, or float64:
 # the splits of DECODE_GROUPS_PER_CU, key tile after key tile, the first read ahead. H100, TinyLlama-shaped
-# bfloat16 decode at batch 1, ms a token without / with 64 (128) keys a split: a cache of 128 keys (prompt 32)
-# 1.072-1.074 / 1.086-1.087 (1.140); of 256 (prompt 200) 1.126 / 1.113 (1.154); 512 (450) 1.223 / 1.136
-# (1.162); 1,024 (1,000) 1.305-1.306 / 1.190-1.191 (1.214); 2,048 (2,000) 1.394 / 1.283. The short cache
-# loses because every phase of the whole-layer launch slows a little with the preload's code beside it
-# (gate/up 17.9 -> 19.0 us a layer; bench/NOTES.md, forty-second session).
+# bfloat16 decode at batch 1, ms a token without / with 64 (128) keys a split, the whole-layer launch
+# assembled within its register count (gemm/chain.py's CAP_REGISTERS): a cache of 128 keys (prompt 32)
+# 1.074-1.078 / 1.061-1.063 (1.053-1.055); 512 (450) 1.219-1.221 / 1.103-1.107 (1.116-1.121); 2,048 (2,000)
+# 1.380-1.394 / 1.254-1.256 (1.277-1.285). Without that cap the preload's spill slowed every phase of the
+# launch (gate/up 17.9 -> 19.0 us a layer) and short caches lost: 1.087 at 128 keys (bench/NOTES.md,
+# forty-second and forty-third sessions).
 DECODE_PRELOAD_KEYS = 64
-DECODE_PRELOAD_MIN_KEYS = 256
 DECODE_PRELOAD_SPARE = 4096
 # rope_cache_decode_attention where the decode kernel runs: q rotated, k rotated into its cache and v copied
 # into its cache inside that kernel (ROPE_CACHE), one launch a layer fewer than rope_qkv_cache and then the
@@ -393,10 +392,10 @@ def decode_tiles(device: Any, rows: int, head_dim: int, dtype: Any, keys: int = 
 
 def _decode_preload(device: Any, tiles: dict[str, Any], head_dim: int, dtype: Any, keys: int) -> int:
     """DECODE_PRELOAD's keys for these tiles (a multiple of DK: at most DECODE_PRELOAD_KEYS, the cache's keys
-    rounded up to a tile, and what the local memory less DECODE_PRELOAD_SPARE holds), or 0 (float64, a cache
-    of fewer than DECODE_PRELOAD_MIN_KEYS keys, or not one tile)."""
+    rounded up to a tile, and what the local memory less DECODE_PRELOAD_SPARE holds), or 0 (float64, or not
+    one tile)."""
     dk = tiles["DK"]
-    if np.dtype(dtype) == dtypes.float64 or keys < DECODE_PRELOAD_MIN_KEYS:
+    if np.dtype(dtype) == dtypes.float64:
         return 0
     budget = device.capabilities.local_mem - 1024 - DECODE_PRELOAD_SPARE
     most = min(DECODE_PRELOAD_KEYS, max(-(-keys // dk), 1) * dk) // dk * dk

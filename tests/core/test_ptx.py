@@ -3,6 +3,7 @@ version, shared alignment), and the clear error where a device's binaries are no
 
 from __future__ import annotations
 
+import pyopencl as cl
 import pytest
 
 from netcl.core import ptx
@@ -67,3 +68,102 @@ def test_nvidia_programs_get_their_compute_capability_as_a_define():
     assert nvidia_define(dev("cl_nv_compiler_options", (7, 5))) == "-DNC_NVIDIA=75"
     assert nvidia_define(dev("cl_nv_compiler_options", None)) == "-DNC_NVIDIA=1"
     assert nvidia_define(dev("cl_khr_fp64", None)) is None
+
+
+ENTRIES = """.version 9.0
+.target sm_90, texmode_independent
+.address_size 64
+
+.entry first(
+    .param .u64 .ptr .global .align 4 first_param_0
+)
+.reqntid 32, 8, 1
+{
+    ret;
+}
+
+.entry second(
+    .param .u32 second_param_0
+)
+{
+    ret;
+}
+"""
+
+def test_cap_registers_puts_maxnreg_after_the_entry_head_and_replaces_an_old_one():
+    out = ptx.cap_registers(ENTRIES, {"first": 80})
+    assert ".reqntid 32, 8, 1\n.maxnreg 80\n{" in out
+    assert out.count(".maxnreg") == 1 and "second_param_0\n)\n{" in out   # the other entry untouched
+    again = ptx.cap_registers(out, {"first": 72, "second": 96})
+    assert again.count(".maxnreg") == 2
+    assert ".reqntid 32, 8, 1\n.maxnreg 72\n{" in again and "second_param_0\n)\n.maxnreg 96\n{" in again
+    same_line = ENTRIES.replace("second_param_0\n)\n{", "second_param_0\n) {")
+    one_line = ptx.cap_registers(same_line, {"second": 64})
+    assert "second_param_0\n)\n.maxnreg 64\n{" in one_line
+
+
+def test_cap_registers_refuses_an_unknown_entry_and_a_bad_count():
+    with pytest.raises(ValueError, match="no entry 'third'"):
+        ptx.cap_registers(ENTRIES, {"third": 80})
+    for bad in (0, 256, 8.0, True):
+        with pytest.raises(ValueError, match="1 to 255 registers"):
+            ptx.cap_registers(ENTRIES, {"first": bad})
+
+
+class _FakeProgram:
+    """A cl.Program stand-in holding a PTX binary; `refuse` makes a build from a binary fail."""
+    refuse = False
+    made: list = []
+
+    def __init__(self, *args):
+        self.binary = args[2][0] if len(args) == 3 else ENTRIES.encode()
+        type(self).made.append(self)
+
+    def build(self, options, devices):
+        if type(self).refuse:
+            raise cl.Error("CL_BUILD_PROGRAM_FAILURE")
+
+    def get_info(self, what):
+        return [self.binary]
+
+
+def test_capped_rebuilds_the_ptx_with_each_kernels_cap_and_keeps_the_program_where_refused(monkeypatch):
+    from types import SimpleNamespace
+
+    from netcl.core import backend
+
+    monkeypatch.setattr(backend.cl, "Program", _FakeProgram)
+    monkeypatch.setattr(_FakeProgram, "made", [])
+    device = SimpleNamespace(context=None, cl_device=None)
+    original = _FakeProgram()
+    out = backend._capped(device, original, (), {"first": 80}, "file.cl")
+    assert out is _FakeProgram.made[-1] and out is not original
+    assert b".reqntid 32, 8, 1\n.maxnreg 80\n{" in out.binary
+    assert b".maxnreg" not in out.binary.split(b".entry second")[1]
+    monkeypatch.setattr(_FakeProgram, "refuse", True)
+    with pytest.warns(UserWarning, match="register caps .* were refused"):
+        assert backend._capped(device, original, (), {"first": 80}, "file.cl") is original
+    with pytest.warns(UserWarning, match="no entry 'third'"):
+        assert backend._capped(device, original, (), {"third": 80}, "file.cl") is original
+
+
+def test_max_registers_are_not_read_off_nvidia(device, monkeypatch):
+    if "cl_nv_compiler_options" in device.capabilities.extensions:
+        pytest.skip("on NVIDIA the cap is taken by the whole-layer decode launch's builds")
+    from netcl.core import backend
+
+    monkeypatch.setattr(backend, "_capped", lambda *a: pytest.fail("_capped called off NVIDIA"))
+    monkeypatch.setattr(backend, "disk_cache_enabled", lambda d: False)
+    src = "__kernel void k(__global float *x) { x[0] = 3.0f; }"
+    prg = build_program(device, src, max_registers=(("k", 64),))
+    assert prg.kernel("k") is not None
+
+
+def test_the_layers_register_cap_holds_three_work_groups_an_sm():
+    from netcl.ops.gemm import chain
+
+    assert chain._register_cap(256) == 80   # 65,536 / 768 = 85.3, in steps of 8
+    assert chain._register_cap(128) == 168 and chain._register_cap(32) == 255
+    for items in (64, 96, 256, 512, 1024):
+        cap = chain._register_cap(items)
+        assert cap % 8 == 0 and 3 * items * cap <= chain.REGISTER_FILE < 3 * items * (cap + 8) or cap == 255

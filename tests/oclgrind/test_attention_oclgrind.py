@@ -86,7 +86,6 @@ def test_attention_decode_split_keys(queue, monkeypatch, D, preload):
     monkeypatch.setattr(attn, "DECODE_GROUPS_PER_CU", 1000)
     monkeypatch.setattr(attn, "DECODE_TILE_KEYS", (16,))
     monkeypatch.setattr(attn, "DECODE_PRELOAD_KEYS", preload)
-    monkeypatch.setattr(attn, "DECODE_PRELOAD_MIN_KEYS", 0)
     rng = np.random.default_rng(4)
     B, HQ, HKV, SQ, SK, p = 2, 4, 2, 2, 37, 0.25
     q = rng.standard_normal((B, HQ, SQ, D)).astype(np.float32)
@@ -115,7 +114,6 @@ def test_attention_decode_rotates_and_writes_the_caches(queue, monkeypatch, D, p
     monkeypatch.setattr(attn, "DECODE_GROUPS_PER_CU", 1000)
     monkeypatch.setattr(attn, "DECODE_TILE_KEYS", (16,))
     monkeypatch.setattr(attn, "DECODE_PRELOAD_KEYS", preload)
-    monkeypatch.setattr(attn, "DECODE_PRELOAD_MIN_KEYS", 0)
     rng = np.random.default_rng(5)
     B, HQ, HKV, S, cap = 2, 4, 2, 2, 37
     y = rng.standard_normal((B, S, HQ + 2 * HKV, D)).astype(np.float32)

@@ -420,13 +420,11 @@ def test_gpu_fused_backward_atomic_path_when_not_deterministic(queue, rng, monke
 @pytest.fixture(params=["preload", "tiles"])
 def decode_splits(request, monkeypatch):
     """The GPU kernels, the keys split two ways: "preload", each split holding up to DECODE_PRELOAD_KEYS (64,
-    the default) cached keys in local memory and taking them in one pass, whatever the cache's length (the
-    default takes it from 256 keys on); "tiles", enough work-groups wanted that the keys split into one tile
-    per work-group, nothing preloaded (DECODE_PRELOAD_KEYS 0)."""
+    the default) cached keys in local memory and taking them in one pass; "tiles", enough work-groups wanted
+    that the keys split into one tile per work-group, nothing preloaded (DECODE_PRELOAD_KEYS 0)."""
     monkeypatch.setattr(attn, "variant_override", "gpu")
     monkeypatch.setattr(attn, "DECODE_GROUPS_PER_CU", 1000)
     monkeypatch.setattr(attn, "DECODE_PRELOAD_KEYS", 0 if request.param == "tiles" else 64)
-    monkeypatch.setattr(attn, "DECODE_PRELOAD_MIN_KEYS", 0)
     return request.param
 
 
@@ -473,19 +471,23 @@ def test_decode_v_tile_where_it_fits(monkeypatch):
     assert tight == {"DR": 8, "DK": 64, "DNT": attn.DECODE_ITEMS}
 
 
-def test_decode_preload_from_the_shortest_cache_it_pays_for():
-    """The preload (DECODE_PRELOAD_KEYS a split, 64) for caches of DECODE_PRELOAD_MIN_KEYS (256) keys and
-    more, key tiles below (on the H100 a cache of 128 keys decoded 1.4% slower with it, one of 256 1.2%
-    faster); within the local memory (a multiple of the key tile), and never for float64."""
+def test_decode_preload_for_every_cache_within_the_local_memory():
+    """The preload (DECODE_PRELOAD_KEYS a split, 64) for a cache of any length, at most its keys rounded up to
+    a key tile (on the H100 with the whole-layer launch capped at its registers, a cache of 128 keys decoded
+    1.2% faster with it, one of 512 9%); within the local memory (a multiple of the key tile), and never for
+    float64."""
     def device(local_mem):
         return SimpleNamespace(capabilities=SimpleNamespace(compute_units=132, local_mem=local_mem,
                                                             max_work_group_size=1024))
     h100 = device(48 * 1024)
-    assert (attn.DECODE_PRELOAD_KEYS, attn.DECODE_PRELOAD_MIN_KEYS) == (64, 256)
-    for keys, want in ((128, None), (255, None), (256, 64), (2048, 64)):
+    assert attn.DECODE_PRELOAD_KEYS == 64
+    for keys, want in ((128, 64), (255, 64), (256, 64), (2048, 64)):
         tiles = attn.decode_tiles(h100, 8, 64, BF16, keys, 4)
         assert tiles.get("DECODE_PRELOAD") == want, keys
         assert ("DECODE_VS" in tiles) == (want is None), keys
+    for keys in (1, 20, 40):   # a shorter cache: its keys rounded up to the key tile
+        tiles = attn.decode_tiles(h100, 8, 64, BF16, keys, 4)
+        assert tiles["DECODE_PRELOAD"] == -(-keys // tiles["DK"]) * tiles["DK"] < 64, keys
     assert "DECODE_PRELOAD" not in attn.decode_tiles(h100, 8, 64, np.float64, 2048, 4)
     # a local memory that holds 32 keys a split but not 64: the most key tiles that fit
     room = attn._decode_local_bytes({"DR": 8, "DK": 32, "DNT": attn.DECODE_ITEMS, "DECODE_PRELOAD": 32}, 64,
@@ -646,7 +648,6 @@ def test_rope_cache_decode_attention_new_rows_past_a_splits_first_tile(queue, rn
     monkeypatch.setattr(attn, "DECODE_GROUPS_PER_CU", 0)   # one split wanted (without a preload)
     monkeypatch.setattr(attn, "DECODE_V_TILE", v_tile)
     monkeypatch.setattr(attn, "DECODE_PRELOAD_KEYS", preload)
-    monkeypatch.setattr(attn, "DECODE_PRELOAD_MIN_KEYS", 0)
     monkeypatch.setattr(attn, "DECODE_PRELOAD_SPARE", 0)
     tiles = attn.decode_tiles(queue.device, HQ // HKV * S, D, np.float32, cap, B * HKV)
     assert tiles["DK"] == 64 and tiles.get("DECODE_PRELOAD", 0) == preload

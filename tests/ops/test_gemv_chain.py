@@ -135,7 +135,6 @@ def gpu_shaped_chain(monkeypatch, keys_a_tile=None, tile=(32, 8), items=None, pr
     monkeypatch.setattr(attn_mod, "variant_override", "gpu")
     monkeypatch.setattr(attn_mod, "DECODE_GROUPS_PER_CU", 1000)
     monkeypatch.setattr(attn_mod, "DECODE_PRELOAD_KEYS", preload)
-    monkeypatch.setattr(attn_mod, "DECODE_PRELOAD_MIN_KEYS", 0)
     if keys_a_tile is not None:
         monkeypatch.setattr(attn_mod, "DECODE_TILE_KEYS", (keys_a_tile,))
     if items is not None:

@@ -54,6 +54,18 @@ SPIN_NS: int | None = None
 # slower: their reads delay the latency-bound attention and the running phase; bench/NOTES.md, thirty-seventh
 # session).
 AHEAD: tuple[int, ...] | None = (64, 0b00100)
+# CAP_REGISTERS: on NVIDIA, a gemv_layers build that holds the decode attention's preload (DECODE_PRELOAD) is
+# assembled again from its PTX within the registers of three work-groups an SM (`_register_cap`: 80 for 256
+# work-items), the count ptxas picks for the launch without the preload. Unasked, with the preload, ptxas
+# kept those 80 by spilling 8 bytes and reading the work-item id again (S2R) in every step of the GEMV loop
+# (381 instructions a loop against 359); asked for the same 80 it spills nothing and the loop is the one
+# without the preload (ptxas 13.0 on the driver's PTX, the driver's own the same). H100, TinyLlama-shaped
+# bfloat16 decode at batch 1: 1.090 -> 1.062 ms a token at the 128-key cache, 1.132 -> 1.105 at 512 keys,
+# 1.275 -> 1.255 at 2,048 (alternated). The builds without the preload (80 registers, or 98 with a 32-key
+# tile) are left as ptxas makes them: the same cap spilled 68-76 bytes there and cost 6% (bench/NOTES.md,
+# forty-third session). False: every build as ptxas makes it.
+CAP_REGISTERS = True
+REGISTER_FILE = 65536   # 32-bit registers an SM (NVIDIA, every architecture since Maxwell)
 MAX_ROWS = 8
 _FLAGS = {"norm": 1, "glu": 2, "residual": 4}  # gemm_gemv.cl's CHAIN_RMS, CHAIN_GLU, CHAIN_RES
 _DTYPES = (dtypes.float32, dtypes.float16, dtypes.bfloat16)
@@ -446,7 +458,7 @@ def _launch_layers(x: Tensor, act: Tensor, act_off: int, layers: list[DecodeLaye
             dynamic[f"{name}{j}"], dynamic[f"{name}{j}_off"] = t.buffer, np.int64(t.offset)
     call = {**phase.args, **dynamic}   # the attention's arguments not gemv_layers' are not read
     key = ("gemv_layers", id(q.device), dt, m, sizes, eps, n, tuple(sorted(phase.program.items())),
-           phase.grid, SPIN_NS, AHEAD, trace is not None)
+           phase.grid, SPIN_NS, AHEAD, CAP_REGISTERS, trace is not None)
     hit = capture.plans.get(key)
     if hit is None:
         hit = capture.plans.put(key, _layers_plan(q.device, dt, m, sizes, eps, n, phase, call, key[-1]))
@@ -505,6 +517,12 @@ def read_trace() -> dict[str, Any] | None:
             "layers": _last_trace["layers"], "ns": ns}
 
 
+def _register_cap(items: int) -> int:
+    """The most registers a work-item of `items` that lets three such work-groups share an SM (in steps of 8,
+    as NVIDIA allocates them; at most 255)."""
+    return min(255, REGISTER_FILE // (3 * items) // 8 * 8)
+
+
 def _layers_plan(device: Any, dt: np.dtype, m: int, sizes: tuple[int, ...], eps: tuple[float, float], n: int,
                  phase: Any, call: dict[str, Any], trace: bool = False) -> tuple[Any, list[str]]:
     """(the Plan of a gemv_layers launch of n layers, the names of its per-call arguments in the Plan's
@@ -517,6 +535,8 @@ def _layers_plan(device: Any, dt: np.dtype, m: int, sizes: tuple[int, ...], eps:
     most_k = max(d, ko, f)
     defines = {"DTYPE": dt, "GEMV_CHAIN": None, "GEMV_LAYERS": n, "GEMV_M": m, **knobs, **phase.program,
                "CHAIN_COUNTS": 1 + 5 * n, **_spin_defines(), **_ahead_defines()}
+    if CAP_REGISTERS and "DECODE_PRELOAD" in phase.program:
+        defines["MAX_REGISTERS"] = (("gemv_layers", _register_cap(tile["GEMV_WG"] * rows)),)
     if trace:
         defines["CHAIN_TRACE"] = None
     static: dict[str, Any] = {

@@ -469,8 +469,10 @@ def gemv_rms_miscompiled(device: Any, dtype: Any) -> bool:
 def _program(device: Any, variant: str, defines: dict[str, Any]):
     """A GEMM kernel file (it includes gemm_common.cl) through netcl.kernels. Four knobs are not plain
     defines: DTYPE (the storage dtype: kernels.dtype_defines), ACT (the epilogue activation's name),
-    MAD_ENABLE=0 (builds without -cl-mad-enable: the last resort of a variant chain) and MAXRREG (NVIDIA
-    only: caps registers per work-item through -cl-nv-maxrregcount, so more work-groups fit on an SM)."""
+    MAD_ENABLE=0 (builds without -cl-mad-enable: the last resort of a variant chain), MAXRREG (NVIDIA
+    only: caps registers per work-item through -cl-nv-maxrregcount, so more work-groups fit on an SM) and
+    MAX_REGISTERS (NVIDIA only: (kernel, N) pairs, kernels.program's max_registers: each assembled again
+    from its PTX within N registers)."""
     defines = dict(defines)
     dtype = defines.pop("DTYPE")
     filename, ptx_target = _KERNEL_FILES[variant], None
@@ -499,7 +501,9 @@ def _program(device: Any, variant: str, defines: dict[str, Any]):
         # used with =128); "-cl-nv-maxrregcount 128" fails to build. Kept as a knob for other drivers.
         extra += (f"-cl-nv-maxrregcount={int(max_regs)}",)
     extra += verbose_options(device)
+    max_registers = tuple(defines.pop("MAX_REGISTERS", ()))
     prg = kernels.program(device, filename, dtype=dtype, act=act, options=extra, ptx_target=ptx_target,
+                          max_registers=max_registers,
                           **defines)
     print_build_log(device, prg, variant, defines)
     return prg
