@@ -458,3 +458,36 @@ def test_decode_layers_refusals(queue, monkeypatch):
         assert chain.gemv_layers(x, layers, eps, lambda qkv, n: asked.append(n)) is None
         assert not asked
     assert c.count == 0
+
+
+
+@pytest.mark.gpu_shaped
+def test_layers_with_the_preload_ask_for_three_work_groups_registers(queue, monkeypatch):
+    """chain.CAP_REGISTERS: a gemv_layers build holding the attention's preload asks for the registers of
+    three work-groups an SM (80 for 256 work-items; NVIDIA then assembles it again within them, elsewhere it
+    is not read), one without the preload asks for nothing, nor any with the switch off; the bits the same."""
+    from netcl.ops.gemm import chain
+
+    asked = []
+    real = chain._program
+    monkeypatch.setattr(chain, "_program", lambda device, variant, defines: asked.append(
+        dict(defines)) or real(device, variant, defines))
+    want = None
+    for preload, cap, wanted in ((64, True, (("gemv_layers", 80),)), (0, True, None), (64, False, None)):
+        gpu_shaped_chain(monkeypatch, 16, preload=preload)
+        monkeypatch.setattr(chain, "CAP_REGISTERS", cap)
+        asked.clear()
+        model = random_decode_layers(queue, dtypes.bfloat16, 2, 17)
+        got = run_decode_layers(queue, model, layered=True)
+        layers = [d for d in asked if "GEMV_LAYERS" in d]
+        assert layers and all(d.get("MAX_REGISTERS") == wanted for d in layers), (preload, cap)
+        assert all(("DECODE_PRELOAD" in d) == bool(preload) for d in layers)
+        if want is None:
+            want = got
+        for a, b in zip(got, want, strict=True):
+            np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
+    assert chain._register_cap(256) == 80   # 65,536 / 768 = 85.3, in steps of 8
+    assert chain._register_cap(128) == 168 and chain._register_cap(32) == 255
+    for items in (96, 512, 1024):
+        cap = chain._register_cap(items)
+        assert cap % 8 == 0 and 3 * items * cap <= chain.REGISTER_FILE < 3 * items * (cap + 8)

@@ -518,8 +518,8 @@ def read_trace() -> dict[str, Any] | None:
 
 
 def _register_cap(items: int) -> int:
-    """The most registers a work-item of `items` that lets three such work-groups share an SM (in steps of 8,
-    as NVIDIA allocates them; at most 255)."""
+    """The most registers a work-item may take while three work-groups of `items` work-items still share an
+    SM (in steps of 8, as NVIDIA allocates them; at most 255)."""
     return min(255, REGISTER_FILE // (3 * items) // 8 * 8)
 
 
