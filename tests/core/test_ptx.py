@@ -3,6 +3,7 @@ version, shared alignment), and the clear error where a device's binaries are no
 
 from __future__ import annotations
 
+import numpy as np
 import pyopencl as cl
 import pytest
 
@@ -102,6 +103,12 @@ def test_cap_registers_puts_maxnreg_after_the_entry_head_and_replaces_an_old_one
     assert "second_param_0\n)\n.maxnreg 64\n{" in one_line
 
 
+def test_cap_registers_star_caps_every_entry_and_a_name_overrides_it():
+    out = ptx.cap_registers(ENTRIES, {"*": 128, "second": 64})
+    assert ".reqntid 32, 8, 1\n.maxnreg 128\n{" in out and "second_param_0\n)\n.maxnreg 64\n{" in out
+    assert out.count(".maxnreg") == 2
+
+
 def test_cap_registers_refuses_an_unknown_entry_and_a_bad_count():
     with pytest.raises(ValueError, match="no entry 'third'"):
         ptx.cap_registers(ENTRIES, {"third": 80})
@@ -158,3 +165,20 @@ def test_max_registers_are_not_read_off_nvidia(device, monkeypatch):
     prg = build_program(device, src, max_registers=(("k", 64),))
     assert prg.kernel("k") is not None
 
+
+
+def test_a_gemm_variants_register_knobs_reach_the_build_as_ptx_caps(device, monkeypatch):
+    """variants._program: MAXRREG caps every kernel of the program, MAX_REGISTERS the kernels it names, both
+    as kernels.program's max_registers (NVIDIA: .maxnreg in the PTX; not -cl-nv-maxrregcount, which NVIDIA's
+    OpenCL ignored), neither as a define."""
+    from netcl.ops.gemm import variants
+
+    seen = []
+    monkeypatch.setattr(variants.kernels, "program", lambda *a, **k: seen.append(k) or object())
+    tile = {"DTYPE": np.float32, "BM": 64, "BN": 64, "BK": 16, "TX": 16, "TY": 16}
+    variants._program(device, "tiled", {**tile, "MAXRREG": 96, "MAX_REGISTERS": (("gemm_tiled", 64),)})
+    variants._program(device, "tiled", tile)
+    assert seen[0]["max_registers"] == (("gemm_tiled", 64), ("*", 96))
+    assert seen[1]["max_registers"] == ()
+    assert not any(k in ("MAXRREG", "MAX_REGISTERS") for k in seen[0])
+    assert not any("maxrregcount" in o for o in seen[0]["options"])

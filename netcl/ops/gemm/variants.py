@@ -470,9 +470,10 @@ def _program(device: Any, variant: str, defines: dict[str, Any]):
     """A GEMM kernel file (it includes gemm_common.cl) through netcl.kernels. Four knobs are not plain
     defines: DTYPE (the storage dtype: kernels.dtype_defines), ACT (the epilogue activation's name),
     MAD_ENABLE=0 (builds without -cl-mad-enable: the last resort of a variant chain), MAXRREG (NVIDIA
-    only: caps registers per work-item through -cl-nv-maxrregcount, so more work-groups fit on an SM) and
-    MAX_REGISTERS (NVIDIA only: (kernel, N) pairs, kernels.program's max_registers: each assembled again
-    from its PTX within N registers)."""
+    only: every kernel of the program within that many registers a work-item, so more work-groups fit on an
+    SM) and MAX_REGISTERS ((kernel, N) pairs: each kernel named within N). Both are kernels.program's
+    max_registers: the program assembled again from its PTX with `.maxnreg` (netcl.core.ptx.cap_registers;
+    NVIDIA's OpenCL accepts -cl-nv-maxrregcount=N but ignored it on the H200: 215-221 registers with 128)."""
     defines = dict(defines)
     dtype = defines.pop("DTYPE")
     filename, ptx_target = _KERNEL_FILES[variant], None
@@ -496,12 +497,8 @@ def _program(device: Any, variant: str, defines: dict[str, Any]):
     act = defines.pop("ACT", None)
     extra: tuple[str, ...] = ("-cl-mad-enable",) if defines.pop("MAD_ENABLE", 1) else ()
     max_regs = defines.pop("MAXRREG", 0)
-    if max_regs and "cl_nv_compiler_options" in device.capabilities.extensions:
-        # NVIDIA's OpenCL accepts this spelling but its ptxas did not cap registers on the H200 (215-221
-        # used with =128); "-cl-nv-maxrregcount 128" fails to build. Kept as a knob for other drivers.
-        extra += (f"-cl-nv-maxrregcount={int(max_regs)}",)
     extra += verbose_options(device)
-    max_registers = tuple(defines.pop("MAX_REGISTERS", ()))
+    max_registers = tuple(defines.pop("MAX_REGISTERS", ())) + ((("*", int(max_regs)),) if max_regs else ())
     prg = kernels.program(device, filename, dtype=dtype, act=act, options=extra, ptx_target=ptx_target,
                           max_registers=max_registers,
                           **defines)
