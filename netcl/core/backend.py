@@ -410,15 +410,15 @@ def _capped(device: Any, prg: cl.Program, options: tuple[str, ...], caps: dict[s
     (netcl.core.ptx.cap_registers); `prg` as it was, with a warning, where the driver refuses that."""
     try:
         binary = bytes(prg.get_info(cl.program_info.BINARIES)[0]).decode()
-        out = cl.Program(device.context, [device.cl_device], [ptx.cap_registers(binary, caps).encode()])
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", cl.CompilerWarning)
-            out.build(options=list(options), devices=[device.cl_device])
-        return out
+        out = _build_from_binary(device, ptx.cap_registers(binary, caps).encode(), options)
+        why = "the driver did not build the capped PTX"
     except (cl.Error, UnicodeDecodeError, ValueError) as exc:
-        warnings.warn(f"OpenCL program {name}: its kernels' register caps {caps} were refused ({exc}); built "
+        out, why = None, str(exc)
+    if out is None:
+        warnings.warn(f"OpenCL program {name}: its kernels' register caps {caps} were refused ({why}); built "
                       "without them", stacklevel=3)
         return prg
+    return out
 
 
 def build_program(
