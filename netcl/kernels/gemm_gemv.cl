@@ -162,13 +162,9 @@ inline uint4 gemv_pack(const float8 f)
 {
     return (uint4)(gemv_pack2(f.s0, f.s1), gemv_pack2(f.s2, f.s3), gemv_pack2(f.s4, f.s5), gemv_pack2(f.s6, f.s7));
 }
-typedef ushort8 gemv_nw_raw;   // a chunk's norm weights as loaded (gemv_norm_raw), converted by gemv_norm_cvt
-inline gemv_nw_raw gemv_norm_raw(__global const STORE_T *w, const int v)
+inline float8 gemv_norm_weight(__global const STORE_T *w, const int v)
 {
-    return vload8(v, (__global const ushort *)w);
-}
-inline float8 gemv_norm_cvt(const gemv_nw_raw h)
-{
+    const ushort8 h = vload8(v, (__global const ushort *)w);
     return (float8)(GEMV_H2F(h.s0), GEMV_H2F(h.s1), GEMV_H2F(h.s2), GEMV_H2F(h.s3), GEMV_H2F(h.s4),
                     GEMV_H2F(h.s5), GEMV_H2F(h.s6), GEMV_H2F(h.s7));
 }
@@ -182,9 +178,7 @@ inline float gemv_sumsq(const float8 x)
 typedef float4 gemv_chunk_f;
 #define gemv_unpack(u) as_float4(u)
 #define gemv_pack(f) as_uint4(f)
-typedef float4 gemv_nw_raw;
-#define gemv_norm_raw(w, v) vload4((v), (w))
-#define gemv_norm_cvt(h) (h)
+#define gemv_norm_weight(w, v) vload4((v), (w))
 inline float gemv_sumsq(const float4 x)
 {
     const float4 q = x * x;
@@ -219,15 +213,11 @@ inline float gemv_column_sum(float x)
 // order by every item: every work-group the same sums in the same order, so every column sees the same
 // normalized row), and the item rewrites its own chunks of the rows m < M as x * rsqrt(sum / K + eps) * w,
 // rounded to the storage like a separate rms_norm launch's output (nothing is rewritten when normalize is 0).
-// rms_part: [GEMV_M][GEMV_ROWS][GEMV_RMS_TREE ? GEMV_WG : 1] floats. nw0: the norm weights of the item's
-// first chunk (v = item, where item < K / GEMV_CHUNK), loaded by the caller where their latency hides (beside
-// A's loads, or before a chain's wait: read after the sums they would be one more memory round trip). Every
-// work-item calls it: its barriers, the last one included (the staged rows are then ready for every item), are
-// reached by all.
+// rms_part: [GEMV_M][GEMV_ROWS][GEMV_RMS_TREE ? GEMV_WG : 1] floats. Every work-item calls it: its barriers,
+// the last one included (the staged rows are then ready for every item), are reached by all.
 #define GEMV_RMS_PART(m, j, l) rms_part[((m) * GEMV_ROWS + (j)) * (GEMV_RMS_TREE ? GEMV_WG : 1) + (l)]
 inline void gemv_rms_prologue(float *ss, __local float *rms_part, __local uint4 *a_stage, const int M,
-                              const int K, const int normalize, __global const STORE_T *w, const gemv_nw_raw nw0,
-                              const float eps)
+                              const int K, const int normalize, __global const STORE_T *w, const float eps)
 {
     const int lid = get_local_id(0), r = get_local_id(1);
     const int per_row = K * (int)sizeof(STORE_T) / 16;
@@ -255,8 +245,7 @@ inline void gemv_rms_prologue(float *ss, __local float *rms_part, __local uint4 
             const float rstd = rsqrt(total / (float)K + eps);
             for (int v = item; v < per_row; v += GEMV_WG * GEMV_ROWS) {
                 const gemv_chunk_f x = gemv_unpack(a_stage[m * per_row + v]);
-                const gemv_chunk_f nw = gemv_norm_cvt(v == item ? nw0 : gemv_norm_raw(w, v));
-                a_stage[m * per_row + v] = gemv_pack(x * rstd * nw);
+                a_stage[m * per_row + v] = gemv_pack(x * rstd * gemv_norm_weight(w, v));
             }
         }
     barrier(CLK_LOCAL_MEM_FENCE);
@@ -316,7 +305,6 @@ void gemm_gemv(GEMM_ARGS, __global const float *scales, __local uint4 *a_stage, 
         // these loops over the rows: PoCL 3 (LLVM) then staged and scaled the wrong rows (M > 1)
         // the rows' partial sums after the staged rows (gemv_rms_prologue)
         __local float *rms_part = (__local float *)(a_stage + M * per_row);
-        const gemv_nw_raw nw0 = item < per_row ? gemv_norm_raw(rms_w, item) : (gemv_nw_raw)(0);   // with A's loads
         float ss[GEMV_M];
         for (int m = 0; m < GEMV_M; ++m) {
             ss[m] = 0.0f;
@@ -327,7 +315,7 @@ void gemm_gemv(GEMM_ARGS, __global const float *scales, __local uint4 *a_stage, 
                     ss[m] += gemv_sumsq(gemv_unpack(u));
                 }
         }
-        gemv_rms_prologue(ss, rms_part, a_stage, M, K, 1, rms_w, nw0, rms_eps);
+        gemv_rms_prologue(ss, rms_part, a_stage, M, K, 1, rms_w, rms_eps);
 #endif
     }
 #endif
@@ -482,10 +470,8 @@ inline ulong chain_unit(void)
 #endif
 
 // the rows' sums of squares (gemv_rms_prologue's rms_part), then the columns' partial sums
-// [GEMV_ROWS][2 GEMV_M][GEMV_WG] (without shuffles): one scratch array, used one after the other; after them
-// the residuals of the tile's outputs, [GEMV_ROWS][GEMV_M] (CHAIN_RES: read with A's rows, added at the end)
-#define CHAIN_RES_AT (GEMV_ROWS * 2 * GEMV_M * GEMV_WG)
-#define CHAIN_SCRATCH (CHAIN_RES_AT + GEMV_ROWS * GEMV_M)
+// [GEMV_ROWS][2 GEMV_M][GEMV_WG] (without shuffles): one scratch array, used one after the other
+#define CHAIN_SCRATCH (GEMV_ROWS * 2 * GEMV_M * GEMV_WG)
 
 inline void chain_tile(const int tile, const int phase, const int flags, const int wait_for, const int M,
                        const int N, const int K, CHAIN_SRC STORE_T *A, __global const STORE_T *W,
@@ -513,11 +499,6 @@ inline void chain_tile(const int tile, const int phase, const int flags, const i
 #pragma unroll
         for (int j = 0; j < 2; ++j)
             if (j < parts && k + u * step < K) wr[j][u] = GEMV_WLOAD(w[j] + k + u * step);
-    // and the norm weights of the item's first chunk of A's rows (constants of the launch too)
-    const int per_row = K * (int)sizeof(STORE_T) / 16;
-    const int item = r * GEMV_WG + lid;
-    gemv_nw_raw nw0 = (gemv_nw_raw)(0);
-    if ((flags & CHAIN_RMS) && item < per_row) nw0 = gemv_norm_raw(NW, item);
 
 #if GEMV_AHEAD_LINES > 0
     // ahead >= 0: once counts[ahead_at] >= ahead (an earlier phase released), the rest of the weight rows are
@@ -542,13 +523,9 @@ inline void chain_tile(const int tile, const int phase, const int flags, const i
     if (lid == 0 && r == 0) CHAIN_STAMP(rec, 1);
 #endif
 
-    // the residuals of the item's outputs (lid 0: a column's), read beside A's rows: at the end they would be
-    // one more memory round trip after the sums; kept in local memory (not registers) through the loop
-    const int keep = (flags & CHAIN_RES) && lid == 0 && n0 < N;
-    float res[GEMV_M];
-    for (int m = 0; m < GEMV_M; ++m)
-        if (keep && m < M) res[m] = LOAD1((long)m * N + n0, R);
     // A's rows into a_stage (row m at m * K), their squares summed for the RMSNorm prologue
+    const int per_row = K * (int)sizeof(STORE_T) / 16;
+    const int item = r * GEMV_WG + lid;
     float ss[GEMV_M];
     for (int m = 0; m < GEMV_M; ++m) {
         ss[m] = 0.0f;
@@ -559,10 +536,7 @@ inline void chain_tile(const int tile, const int phase, const int flags, const i
                 if (flags & CHAIN_RMS) ss[m] += gemv_sumsq(gemv_unpack(u));
             }
     }
-    __local float *res_s = scratch + CHAIN_RES_AT + r * GEMV_M;   // (written and read by the same item)
-    for (int m = 0; m < GEMV_M; ++m)
-        if (keep && m < M) res_s[m] = res[m];
-    gemv_rms_prologue(ss, scratch, a_stage, M, K, flags & CHAIN_RMS, NW, nw0, eps);
+    gemv_rms_prologue(ss, scratch, a_stage, M, K, flags & CHAIN_RMS, NW, eps);
 
     while (k < K) {
 #pragma unroll
@@ -609,7 +583,7 @@ inline void chain_tile(const int tile, const int phase, const int flags, const i
             if (m < M) {
                 float y = acc[m];
                 if (flags & CHAIN_GLU) y = y / (1.0f + exp(-y)) * acc[GEMV_M + m];
-                if (flags & CHAIN_RES) y += res_s[m];
+                if (flags & CHAIN_RES) y += LOAD1((long)m * N + n0, R);
                 STORE1(y, (long)m * N + n0, C);
             }
     mem_fence(CLK_GLOBAL_MEM_FENCE);  // this item's stores are visible to the work-group's first ...

@@ -163,9 +163,8 @@ def _stage_bytes(device: Any, tile: dict[str, int], dt: np.dtype, m: int, k: int
 def _local_bytes(device: Any, tile: dict[str, int], dt: np.dtype, m: int, k: int,
                  attention: Any = None) -> int:
     """Local memory of a chain of m rows whose longest K is k: a_stage (_stage_bytes), the columns' partial
-    sums and the tile's residuals (the kernel's scratch, CHAIN_SCRATCH)."""
-    scratch = tile["GEMV_ROWS"] * 2 * m * tile["GEMV_WG"] + tile["GEMV_ROWS"] * m
-    return _stage_bytes(device, tile, dt, m, k, attention) + 4 * scratch
+    sums (the kernel's scratch)."""
+    return _stage_bytes(device, tile, dt, m, k, attention) + 4 * tile["GEMV_ROWS"] * 2 * m * tile["GEMV_WG"]
 
 
 def _counts(steps: int) -> int:
