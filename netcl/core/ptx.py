@@ -40,13 +40,13 @@ _ENTRY = re.compile(r"^\s*\.entry\s+(\w+)\s*\(", re.MULTILINE)
 
 
 def cap_registers(ptx: str, caps: dict[str, int]) -> str:
-    """`ptx` with each entry named in `caps` ("*": every entry) given `.maxnreg N` (replacing one it had), on
-    the line after the entry's parameter list: ptxas then allocates that entry within N registers by its own
-    choice of what to
-    keep, which can differ from the allocation it picks unasked at the same count (gemv_layers with the decode
-    preload: unasked 80 registers, 8 bytes of spills and the work-item id read again in its GEMV loop; the
-    same 80 asked for, none: netcl.ops.gemm.chain.CAP_REGISTERS). ValueError for an entry the PTX does not
-    have or a count outside 1-255."""
+    """`ptx` with each entry named in `caps` ("*": every entry; a name overrides it) given `.maxnreg N`
+    (replacing one it had), on the line after the entry's parameter list: ptxas then allocates that entry
+    within N registers by its own choice of what to keep, which can differ from the allocation it picks
+    unasked at the same count (gemv_layers with the decode preload: unasked 80 registers, 8 bytes of spills
+    and the work-item id read again in its GEMV loop; the same 80 asked for, none:
+    netcl.ops.gemm.chain.CAP_REGISTERS). ValueError for an entry the PTX does not have or a count outside
+    1-255."""
     if "*" in caps:
         caps = {**{m.group(1): caps["*"] for m in _ENTRY.finditer(ptx)},
                 **{e: n for e, n in caps.items() if e != "*"}}

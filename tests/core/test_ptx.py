@@ -166,7 +166,6 @@ def test_max_registers_are_not_read_off_nvidia(device, monkeypatch):
     assert prg.kernel("k") is not None
 
 
-
 def test_a_gemm_variants_register_knobs_reach_the_build_as_ptx_caps(device, monkeypatch):
     """variants._program: MAXRREG caps every kernel of the program, MAX_REGISTERS the kernels it names, both
     as kernels.program's max_registers (NVIDIA: .maxnreg in the PTX; not -cl-nv-maxrregcount, which NVIDIA's
