@@ -31,12 +31,14 @@ from typing import Any
 import pyopencl as cl
 
 from netcl.core import capture, profile_hooks
+from netcl.core.access import before_access
 from netcl.core.tensor import Tensor
 
 ENABLED = True  # False: every call runs as it is (tests compare the two)
 _REFUSED = "no template"  # kept under a signature whose call cannot be templated: it runs as it is
 _PLAIN = (int, float, bool, str, type(None), tuple)
-_switches: dict[str, tuple[tuple, tuple]] = {}
+_switches: dict[str, Callable[[], tuple]] = {}  # package -> its switches' reader
+_names: dict[str, str] = {}  # op -> its templates' name in the signature (made once: a call hashes it)
 
 
 def switch_values(package: str) -> tuple:
@@ -47,24 +49,27 @@ def switch_values(package: str) -> tuple:
     read = _switches.get(package)
     if read is None:
         prefix = package + "."
-        getters, by_identity = [], []
+        groups = []
         for name, mod in sorted(sys.modules.items()):
             if mod is not None and (name == package or name.startswith(prefix)):
                 names = sorted(n for n in vars(mod) if n.isupper() and not n.startswith("_"))
-                if names:   # (one attrgetter a module: its values read in one call)
-                    by_identity += [(len(getters), j) for j, n in enumerate(names)
-                                    if not _hashable(vars(mod)[n])]
-                    get = operator.attrgetter(*names) if len(names) > 1 else \
-                        (lambda m, n=names[0]: (getattr(m, n),))
-                    getters.append((get, mod))
-        read = _switches[package] = (tuple(getters), tuple(by_identity))
-    getters, by_identity = read
-    values = [get(mod) for get, mod in getters]
-    for i, j in by_identity:   # (a value that became unhashable since: the key fails, the op runs as it is)
-        group = list(values[i])
-        group[j] = id(group[j])
-        values[i] = tuple(group)
-    return tuple(values)
+                if names:
+                    groups.append((mod, [(n, not _hashable(vars(mod)[n])) for n in names]))
+        read = _switches[package] = _reader(groups)
+    return read()
+
+
+def _reader(groups: list[tuple[Any, list[tuple[str, bool]]]]) -> Callable[[], tuple]:
+    """A function without arguments that returns ((module 0's values, in the order of its names), ...), a
+    value that did not hash when it was made by its id: one Python frame of attribute loads, generated once
+    per package (a replayed op reads its switches at each call). (A value that no longer hashes fails the
+    signature's hash: the op runs as it is.)"""
+    cells = ", ".join(f"m{i}" for i in range(len(groups)))
+    values = "".join("(" + "".join(f"id(m{i}.{n}), " if by_id else f"m{i}.{n}, " for n, by_id in names)
+                     + "), " for i, (_, names) in enumerate(groups))
+    env: dict[str, Any] = {}
+    exec(f"def make({cells}):\n    def read():\n        return ({values})\n    return read\n", env)
+    return env["make"](*(mod for mod, _ in groups))
 
 
 def _hashable(value: Any) -> bool:
@@ -81,7 +86,7 @@ class Template:
     the queue's arrival counts of n, its check record for -1); the blocks' byte counts; the result's form
     (`_form`). A replay reads the buffers from one list (the arguments', the blocks', the queue's)."""
 
-    __slots__ = ("steps", "blocks", "result", "_queue", "_run")
+    __slots__ = ("steps", "blocks", "result", "_queue", "_run", "_one", "_many")
 
     def __init__(self, steps: list, blocks: list[int], result: Any, arguments: int):
         self.steps, self.blocks, self.result = steps, blocks, result
@@ -91,26 +96,65 @@ class Template:
 
         def index(r: tuple[str, int]) -> int:
             return at["queue"] + queue_at[r[1]] if r[0] == "queue" else at[r[0]] + r[1]
-        self._run = [(step[0], step[1], tuple(index(r) for r in step[2])) if step[0] == "k"
-                     else ("copy", index(step[1]), index(step[2]), step[3]) if step[0] == "copy"
-                     else ("fill", index(step[1]), *step[2:]) for step in steps]
+        # per step: (True, plan, a getter of its buffers from the list) or (False, "copy" | "fill", ...)
+        self._run = [(True, step[1], _getter(tuple(index(r) for r in step[2]))) if step[0] == "k"
+                     else (False, "copy", index(step[1]), index(step[2]), step[3]) if step[0] == "copy"
+                     else (False, "fill", index(step[1]), *step[2:]) for step in steps]
+        # the results: one tensor on a block of the call (the usual op), a tuple of such tensors (a backward's
+        # gradients), or any other form
+        fast = _fast_form(result)
+        self._one, self._many = (fast, None) if fast is not None and result[0] == "tensor" else \
+            (None, fast) if fast is not None else (None, None)
 
     def replay(self, tensors: list[Tensor]) -> Any:
+        """The call once more, on these tensors (one per tensor argument of the signature, in order)."""
         q = tensors[0].queue
-        pool = q.device.pool
-        made = [pool.allocate(n, q) for n in self.blocks]
-        bufs = [t.buffer for t in tensors]
+        device = q.device
+        allocate = (device._pool or device.pool).allocate
+        made = [allocate(n, q) for n in self.blocks]
+        if before_access:   # (Tensor.buffer: a pending result that reads a storage is computed first)
+            bufs = [t.buffer for t in tensors]
+        else:
+            bufs = [t._storage.buffer for t in tensors]
         bufs += [s.buffer for s in made]
         if self._queue:
             bufs += [q.check_buffer() if n < 0 else q.arrival_counts(n) for n in self._queue]
         for step in self._run:
-            if step[0] == "k":
-                step[1](q, *[bufs[i] for i in step[2]])
-            elif step[0] == "copy":
-                cl.enqueue_copy(q.cl, bufs[step[1]], bufs[step[2]], **step[3])
+            if step[0]:
+                step[1](q, *step[2](bufs))
+            elif step[1] == "copy":
+                cl.enqueue_copy(q.cl, bufs[step[2]], bufs[step[3]], **step[4])
             else:
-                cl.enqueue_fill_buffer(q.cl, bufs[step[1]], step[2], step[3], step[4])
+                cl.enqueue_fill_buffer(q.cl, bufs[step[2]], step[3], step[4], step[5])
+        one = self._one
+        if one is not None:
+            return Tensor(made[one[0]], one[1], one[2], one[3], one[4], q)
+        many = self._many
+        if many is not None:
+            return tuple([Tensor(made[i], shape, strides, offset, dtype, q)
+                          for i, shape, strides, offset, dtype in many])
         return _build(self.result, tensors, made, q)
+
+
+def _getter(index: tuple[int, ...]) -> Callable[[list], tuple]:
+    """A function of the buffer list that gives the buffers at `index`, as a tuple (operator.itemgetter: one C
+    call)."""
+    if len(index) == 1:
+        i = index[0]
+        return lambda bufs: (bufs[i],)
+    if not index:
+        return lambda bufs: ()
+    return operator.itemgetter(*index)
+
+
+def _fast_form(form: Any) -> Any:
+    """A result form made of the call's blocks only, flattened: (block, shape, strides, offset, dtype) for one
+    tensor, a tuple of them for a tuple of tensors; None for any other form (`_build` makes it)."""
+    if form[0] == "tensor" and form[1][0] == "new":
+        return (form[1][1], *form[2:])
+    if form[0] == "tuple" and form[1] and all(f[0] == "tensor" and f[1][0] == "new" for f in form[1]):
+        return tuple((f[1][1], *f[2:]) for f in form[1])
+    return None
 
 
 def _build(form: Any, tensors: list[Tensor], made: list[Any], q: Any) -> Any:
@@ -118,7 +162,7 @@ def _build(form: Any, tensors: list[Tensor], made: list[Any], q: Any) -> Any:
     if kind == "value":
         return form[1]
     if kind == "tuple":
-        return tuple(_build(f, tensors, made, q) for f in form[1])
+        return tuple([_build(f, tensors, made, q) for f in form[1]])
     _, (where, i), shape, strides, offset, dtype = form
     if where == "in":
         t = tensors[i]
@@ -137,7 +181,10 @@ def replayed(op: str, fn: Callable[..., Any], args: dict[str, Any], switches: tu
                 v.realize()
         return fn(**args)
     tensors: list[Tensor] = []
-    key: list[Any] = [f"{op} (replayed)", switches]
+    name = _names.get(op)
+    if name is None:
+        name = _names[op] = f"{op} (replayed)"
+    key: list[Any] = [name, switches]
     storages: dict[int, int] = {}
     for name, v in args.items():
         if type(v) is Tensor:

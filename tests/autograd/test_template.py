@@ -86,6 +86,28 @@ def test_a_switch_set_anew_is_a_new_signature(queue, monkeypatch):
     assert conv_steps(queue, (2,), steps=2) == got
 
 
+def test_switch_values_read_each_module_switch(monkeypatch):
+    """switch_values: per module of the package (by name), its UPPERCASE globals in name order; a value that
+    did not hash when first read by its identity, so a new dict is a new value and one changed in place is
+    not."""
+    import sys
+    import types
+    a, b = types.ModuleType("switchpkg.a"), types.ModuleType("switchpkg.b")
+    a.ZETA, a.ALPHA, a._HIDDEN, a.lower = 2, "x", 1, 3
+    b.TABLE = {"k": 1}
+    for m in (a, b):
+        monkeypatch.setitem(sys.modules, m.__name__, m)
+    monkeypatch.delitem(template._switches, "switchpkg", raising=False)
+    first = template.switch_values("switchpkg")
+    assert first == (("x", 2), (id(b.TABLE),))
+    b.TABLE["k"] = 2
+    a.ZETA = 3
+    assert template.switch_values("switchpkg") == (("x", 3), (id(b.TABLE),))
+    old, b.TABLE = b.TABLE, {"k": 2}   # (the old one kept alive: its id is not reused)
+    assert template.switch_values("switchpkg")[1] == (id(b.TABLE),) != (id(old),)
+    hash(template.switch_values("switchpkg"))
+
+
 KEPT: dict[str, Tensor] = {}
 
 
