@@ -66,9 +66,15 @@ def shape(value: Any, what: str = "shape") -> tuple[int, ...]:
 
 def varargs(args: tuple) -> tuple:
     """The sizes of `f(2, 3)` or `f((2, 3))` (reshape, view, expand, permute, repeat)."""
-    if len(args) == 1 and not _is_integer(args[0]) and not isinstance(args[0], (str, bytes)) \
-            and hasattr(args[0], "__iter__"):
-        return tuple(args[0])
+    if len(args) != 1:
+        return tuple(args)
+    first = args[0]
+    if type(first) is tuple:   # (the common forms first, without the checks below)
+        return first
+    if type(first) is list:
+        return tuple(first)
+    if not _is_integer(first) and not isinstance(first, (str, bytes)) and hasattr(first, "__iter__"):
+        return tuple(first)
     return tuple(args)
 
 

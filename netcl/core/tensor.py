@@ -529,12 +529,12 @@ class Tensor:
 
     def permute(self, *dims: Any) -> Tensor:
         dims = shapes.varargs(dims)
-        axes = tuple(self._axis(d) for d in dims)
-        if sorted(axes) != list(range(self.ndim)):
-            raise ShapeError(f"permute needs each of the {self.ndim} axes once, got {tuple(dims)}")
-        return self._view(
-            tuple(self.shape[a] for a in axes), tuple(self.strides[a] for a in axes), self.offset
-        )
+        ndim, shape, strides = len(self.shape), self.shape, self.strides
+        # plain ints in range (a model's own permutes) without the per-axis checks; the rest through _axis
+        axes = tuple([d % ndim if type(d) is int and -ndim <= d < ndim else self._axis(d) for d in dims])
+        if sorted(axes) != list(range(ndim)):
+            raise ShapeError(f"permute needs each of the {ndim} axes once, got {tuple(dims)}")
+        return self._view(tuple([shape[a] for a in axes]), tuple([strides[a] for a in axes]), self.offset)
 
     def transpose(self, dim0: int = -2, dim1: int = -1) -> Tensor:
         """Swap two axes (the last two by default)."""

@@ -83,6 +83,12 @@ def test_transpose_permute_and_contiguous(queue, rng):
     np.testing.assert_array_equal(t.transpose(0, 2).to_host(), a.swapaxes(0, 2))
     np.testing.assert_array_equal(t.permute(2, 0, 1).to_host(), a.transpose(2, 0, 1))
     np.testing.assert_array_equal(t.T.to_host(), a.T)
+    for dims in ((-1, 0, -2), [2, 0, 1], (np.int64(2), 0, 1), ((2, 0, 1),)):   # every form of the axes
+        got = t.permute(*dims) if isinstance(dims, tuple) else t.permute(dims)
+        np.testing.assert_array_equal(got.to_host(), a.transpose(2, 0, 1))
+    for bad in ((0, 0, 1), (0, 1), (0, 1, 3), (0, 1, 2.0)):
+        with pytest.raises((ShapeError, TypeError)):
+            t.permute(*bad)
     c = t.permute(1, 2, 0).contiguous()
     assert c.is_contiguous() and c.storage is not t.storage
     np.testing.assert_array_equal(c.to_host(), a.transpose(1, 2, 0))
