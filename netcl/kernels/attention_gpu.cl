@@ -1178,7 +1178,9 @@ inline void decode_tile(const int tid, const int split, const int hk, const int 
     }
 #ifdef DECODE_PRELOAD
     // the new rows among this split's keys (ROPE_CACHE): k rotated at its position and rounded to T, v as it
-    // is, into the caches for the steps after this one and into the split's rows here
+    // is, into the caches for the steps after this one and into the split's rows here. Their slots go to the
+    // items past q's first (a rotation of the items): where DNT > DR * DQ4 those read them while the others
+    // read q (one memory round trip after a chain's wait, not two for the items that took both)
     const int flat = get_local_id(1) * get_local_size(0) + get_local_id(0);
     const int nk = max(jstop - jstart, 0);
 #ifdef ROPE_CACHE
@@ -1186,7 +1188,8 @@ inline void decode_tile(const int tid, const int split, const int hk, const int 
         const __global T *ky = q + q_off + b * q_sb + (HQ + hk) * q_sh, *vy = ky + hkv * q_sh;
         __global T *kw = k + k_off + b * k_sb + hk * k_sh, *vw = v + v_off + b * v_sb + hk * v_sh;
         const int f0 = max(p0, jstart);
-        for (int slot = tid; slot < max(jstop - f0, 0) * DQ4; slot += DNT) {
+        const int first = tid < DNT ? (tid + DNT - (DR * DQ4) % DNT) % DNT : tid;
+        for (int slot = first; slot < max(jstop - f0, 0) * DQ4; slot += DNT) {
             const int jf = slot / DQ4, c4 = slot - jf * DQ4, j = f0 + jf;
             const long at = (long)j * ROPE_HALF_DIM;
             const ACC4 kr = rope_load4(ky + (j - p0) * q_ss, 4 * c4, cos_table + at, sin_table + at);
