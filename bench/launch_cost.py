@@ -180,6 +180,13 @@ def main() -> int:
                     help="run every op's Python each call (netcl.core.template.ENABLED off)")
     ap.add_argument("--out", default=None, help="also write the figures as JSON here")
     args = ap.parse_args()
+    kinds = [k for k in args.steps.split(",") if k.strip()]
+    unknown = sorted({k for k in kinds if k not in ("mlp", "cnn", "resnet", "gpt")})
+    if unknown:
+        ap.error(f"--steps: unknown step {', '.join(map(repr, unknown))}; choose from mlp, cnn, resnet, gpt "
+                 f"(comma-separated; empty for none)")
+    if args.n < 1 or args.repeat < 1:
+        ap.error("--n and --repeat must be at least 1")
     if args.no_op_templates:
         from netcl.core import template
 
@@ -227,6 +234,9 @@ def main() -> int:
         v if isinstance(v, (cl.MemoryObject, np.ndarray)) else type(v)(v + 0) for v in vals]))
     bench("set_args(*25) + enqueue", lambda: (raw.set_args(*vals), enqueue(q.cl, raw, gs, ls)))
     slots = (3, 7, 11, 14, 17)  # a GEMM plan's dynamic arguments: its buffers (offsets fixed here)
+    # what setting a buffer costs between launches (a driver may copy the argument block it enqueued last)
+    bench("set_arg buffers x5 + enqueue", lambda: ([raw.set_arg(i, vals[i]) for i in slots],
+                                                    enqueue(q.cl, raw, gs, ls)))
     plan = kern.plan(gs, ls, vals, slots)
     bench("netcl Plan (5 buffers set, 20 fixed)", lambda: plan(q, *[vals[i] for i in slots]))
     q.finish()
@@ -234,7 +244,7 @@ def main() -> int:
     for label, t in rows:
         print(f"  {label:42s} {t * 1e6:8.2f} us")
     steps = {}
-    for kind in filter(None, args.steps.split(",")):
+    for kind in kinds:
         step, launches = eager_step(kind, q)
         host, cpu, full = gated_host_seconds(step, q, args.repeat)
         steps[kind] = {"launches": launches, "host_us_per_launch": host / launches * 1e6,
