@@ -52,7 +52,8 @@ def switch_values(package: str) -> tuple:
         groups = []
         for name, mod in sorted(sys.modules.items()):
             if mod is not None and (name == package or name.startswith(prefix)):
-                names = sorted(n for n in vars(mod) if n.isupper() and not n.startswith("_"))
+                names = sorted(n for n in vars(mod)
+                               if n.isupper() and not n.startswith("_") and n.isidentifier())
                 if names:
                     groups.append((mod, [(n, not _hashable(vars(mod)[n])) for n in names]))
         read = _switches[package] = _reader(groups)
@@ -181,10 +182,10 @@ def replayed(op: str, fn: Callable[..., Any], args: dict[str, Any], switches: tu
                 v.realize()
         return fn(**args)
     tensors: list[Tensor] = []
-    name = _names.get(op)
-    if name is None:
-        name = _names[op] = f"{op} (replayed)"
-    key: list[Any] = [name, switches]
+    label = _names.get(op)
+    if label is None:
+        label = _names[op] = f"{op} (replayed)"
+    key: list[Any] = [label, switches]
     storages: dict[int, int] = {}
     for name, v in args.items():
         if type(v) is Tensor:
