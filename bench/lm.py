@@ -15,12 +15,14 @@ names) and loaded into the PyTorch model below, which follows LlamaForCausalLM's
                                           #      TF32 off
     python bench/lm.py --preset small --batch-size 8 --steps 5 --gen-tokens 32 --out bench/results/lm_cpu.json
     NETCL_DETERMINISTIC=0 python bench/lm.py --gpu   # the float-atomic fast paths (default: deterministic)
+    python bench/lm.py --gpu --amp bfloat16 --torch-compile --skip-generation   # and PyTorch compiled
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import io
 import json
 import platform
@@ -256,10 +258,11 @@ def torch_optimizer(model: TorchLlama, weight_decay: float, lr: float) -> torch.
 
 
 def bench_training(q, net: GPT, peer: TorchLlama, tdev: str, batch: int, context: int, steps: int,
-                   warmup: int, amp: str | None = None) -> dict:
+                   warmup: int, amp: str | None = None, compiled: bool = False) -> dict:
     """Median seconds per step, interleaved (netcl graph, netcl eager, PyTorch) so load shifts hit all.
     `amp`: netcl's step as `lm-train --amp` runs it, PyTorch's under torch.autocast (float16: both scale
-    the loss)."""
+    the loss). `compiled`: also PyTorch's step on a copy of the model made by `torch.compile(model)` (the
+    usual one line; its first steps, the compilation, among the warm-up ones)."""
     sync = torch.cuda.synchronize if tdev == "cuda" else (lambda: None)
     settings = {"weight_decay": 0.1, "lr": 1e-4}
     rng = np.random.default_rng(0)
@@ -275,6 +278,12 @@ def bench_training(q, net: GPT, peer: TorchLlama, tdev: str, batch: int, context
     graphed = LMStep(net, eager.opt, 1.0, mixed=mixed)
     tbatches = [torch.from_numpy(b).long().to(tdev) for b in batches]
     times: dict[str, list[float]] = {"graph": [], "eager": [], "torch": []}
+    if compiled:
+        twin = copy.deepcopy(peer)
+        fast = torch.compile(twin)
+        fast_opt = torch_optimizer(twin, settings["weight_decay"], settings["lr"])
+        fast_scaler = torch.amp.GradScaler(tdev) if amp == "float16" else None
+        times["torch_compile"] = []
     for i in range(warmup + steps):
         b = batches[i % len(batches)]
         for name, run in (("graph", lambda b=b: graphed(b)), ("eager", lambda b=b: eager(b))):
@@ -290,6 +299,12 @@ def bench_training(q, net: GPT, peer: TorchLlama, tdev: str, batch: int, context
         sync()
         if i >= warmup:
             times["torch"].append(time.perf_counter() - t0)
+        if compiled:
+            t0 = time.perf_counter()
+            torch_train_step(fast, fast_opt, tbatches[i % len(tbatches)], amp, fast_scaler)
+            sync()
+            if i >= warmup:
+                times["torch_compile"].append(time.perf_counter() - t0)
     return {"first_loss_netcl": first_netcl, "first_loss_torch": first_torch,
             **{f"{k}_seconds": median(v) for k, v in times.items()}}
 
@@ -390,6 +405,8 @@ def main() -> int:
     ap.add_argument("--amp", choices=("bfloat16", "float16"), default=None,
                     help="the training rows in mixed precision: netcl as `lm-train --amp`, PyTorch under "
                     "torch.autocast (float16 with GradScaler on both)")
+    ap.add_argument("--torch-compile", action="store_true",
+                    help="also a training row of PyTorch's step with torch.compile(model) (the next anchor)")
     ap.add_argument("--skip-generation", action="store_true", help="the training rows only")
     ap.add_argument("--out", default=None, help="JSON path (default bench/results/lm[_gpu].json)")
     args = ap.parse_args()
@@ -449,7 +466,8 @@ def main() -> int:
     # weights differ afterwards
     gen = (None if args.skip_generation
            else bench_generation(net, peer, tdev, args.prompt_tokens, gen_tokens, args.gen_repeats))
-    train = bench_training(q, net, peer, tdev, batch, context, args.steps, args.warmup, args.amp)
+    train = bench_training(q, net, peer, tdev, batch, context, args.steps, args.warmup, args.amp,
+                           args.torch_compile)
     prof = profile_training(q, net, batch, context, args.profile, args.amp) if args.profile else None
 
     tokens = batch * context
@@ -458,7 +476,9 @@ def main() -> int:
     rows = []
     amp_name = f" ({args.amp} autocast)" if args.amp else ""
     for name, key in (("netcl, recorded step (lm-train)", "graph"), ("netcl, eager", "eager"),
-                      ("PyTorch eager", "torch")):
+                      ("PyTorch eager", "torch"), ("PyTorch torch.compile", "torch_compile")):
+        if f"{key}_seconds" not in train:
+            continue
         name += amp_name
         sec = train[f"{key}_seconds"]
         rate = f"{flops / sec / 1e12:7.2f} TFLOP/s" if args.gpu else f"{flops / sec / 1e9:7.2f} GFLOP/s"
@@ -518,6 +538,8 @@ def main() -> int:
         "ratios": {
             "train_graph_vs_torch": train["torch_seconds"] / train["graph_seconds"],
             "train_eager_vs_torch": train["torch_seconds"] / train["eager_seconds"],
+            **({} if "torch_compile_seconds" not in train else
+               {"train_graph_vs_torch_compile": train["torch_compile_seconds"] / train["graph_seconds"]}),
             **({} if gen is None else {"decode_vs_torch": gen["netcl_decode_tokens_per_second"]
                                        / gen["torch_decode_tokens_per_second"]}),
         },
