@@ -104,8 +104,9 @@ class Template:
         # the results: one tensor on a block of the call (the usual op), a tuple of such tensors (a backward's
         # gradients), or any other form
         fast = _fast_form(result)
-        self._one, self._many = (fast, None) if fast is not None and result[0] == "tensor" else \
-            (None, fast) if fast is not None else (None, None)
+        single = fast is not None and result[0] == "tensor"
+        self._one = fast if single else None
+        self._many = fast if fast is not None and not single else None
 
     def replay(self, tensors: list[Tensor]) -> Any:
         """The call once more, on these tensors (one per tensor argument of the signature, in order)."""
