@@ -5,7 +5,8 @@ and setting nothing (the enqueue alone); then the host time per
 launch of whole eager training steps (bench/train_step.py's MLP and CNN; ResNet-18 and a transformer with
 `--steps`), each step enqueued behind a
 gate (a marker waiting on a user event) so the device runs nothing until the host is done: on PoCL the
-kernels would otherwise share the CPU with the Python that enqueues them.
+kernels would otherwise share the CPU with the Python that enqueues them. A fixed pure-Python loop timed
+before and after the steps (python_reference_us) gives the process's Python speed beside them.
 
     python bench/launch_cost.py [--gpu] [--n 2000] [--steps mlp,cnn] [--repeat 20] [--python-only]
                                 [--out JSON]
@@ -165,6 +166,41 @@ def python_only_seconds(step, q, repeat: int) -> float:
     return min(times)
 
 
+class _Slot:
+    __slots__ = ("shape", "strides", "buffer")
+
+    def __init__(self, shape: tuple, strides: tuple, buffer: object):
+        self.shape, self.strides, self.buffer = shape, strides, buffer
+
+
+def python_reference_us(repeat: int = 30) -> float:
+    """Best microseconds of a fixed pure-Python loop shaped like an eager launch's host work (objects with
+    slots made and dropped, attribute loads, tuple keys hashed into a dict, list appends, small calls, id()):
+    this process's Python speed, so that step figures from hosts (or processes) of different speeds can be
+    told apart from changes in netcl (the lent GPU hosts run some processes ~1.5x slower throughout)."""
+    cache: dict = {}
+
+    def key(t: _Slot, name: str) -> tuple:
+        return (name, t.shape, t.strides, id(t.buffer))
+
+    best = float("inf")
+    for _ in range(repeat):
+        cache.clear()
+        t0 = time.perf_counter()
+        made = []
+        for i in range(1000):
+            t = _Slot((i & 7, 64), (64, 1), made)
+            k = key(t, "x")
+            hit = cache.get(k)
+            if hit is None:
+                cache[k] = hit = len(cache)
+            made.append(hit)
+            if len(made) > 64:
+                made = []
+        best = min(best, time.perf_counter() - t0)
+    return best * 1e6
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gpu", action="store_true")
@@ -243,6 +279,8 @@ def main() -> int:
     print(f"{dev.device_name}: host seconds per call, median of 5 x {args.n}")
     for label, t in rows:
         print(f"  {label:42s} {t * 1e6:8.2f} us")
+    reference = [python_reference_us()]
+    print(f"  this process's Python speed: reference loop {reference[0]:.1f} us (best of 30)")
     steps = {}
     for kind in kinds:
         step, launches = eager_step(kind, q)
@@ -262,10 +300,14 @@ def main() -> int:
             steps[kind]["python_only_us_per_launch"] = best / launches * 1e6
             print(f"    its Python alone (kernel enqueues skipped, best of {args.repeat}): "
                   f"{best * 1e3:.2f} ms = {best / launches * 1e6:.1f} us per launch")
+    if kinds:
+        reference.append(python_reference_us())
+        print(f"  the reference loop after the steps: {reference[1]:.1f} us")
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps({"device": dev.device_name, "per_call_us": {
-            label: t * 1e6 for label, t in rows}, "eager_steps": steps}, indent=1))
+            label: t * 1e6 for label, t in rows}, "eager_steps": steps, "python_reference_us": reference},
+            indent=1))
     return 0
 
 
