@@ -176,7 +176,10 @@ def run_elementwise(outputs: list[tuple[ir.Node, Tensor]]) -> None:
         st = t._storage
         for o in out_tensors:
             if st is o._storage and _overlaps(t, o):
-                same = t.offset == o.offset and broadcast_strides(t, shape) == list(o.strides)
+                # (the same mapping: each element read where it is written; a size-1 axis's stride is no
+                # part of it, which broadcast_strides gives as 0: `p += 1` on a (1,) tensor needs no copy)
+                same = t.offset == o.offset and all(
+                    a == b or n == 1 for a, b, n in zip(broadcast_strides(t, shape), o.strides, shape))
                 if not same:
                     leaves[i] = t.clone()
                     break

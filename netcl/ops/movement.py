@@ -30,9 +30,14 @@ __all__ = ["arange", "assign", "chunk", "concat", "embedding", "gather", "index_
            "repeat", "scatter_add", "setitem", "split", "stack", "take", "tril", "triu"]
 
 
-def assign(dst: Tensor, value: Any) -> Tensor:
+def assign(dst: Tensor, value: Any, *, consume: bool = False) -> Tensor:
     """dst[...] = value (a Tensor broadcast to dst's shape and cast to its dtype, or a scalar), in
-    one launch; a pending value is computed inside that launch."""
+    one launch; a pending value is computed inside that launch. A pending value that reads dst's memory is
+    also computed into memory of its own first (the caller may read it later: it must keep dst's old
+    contents), unless `consume`: the caller's own temporary, read by no one after this call (`x += y`, one
+    launch as PyTorch's). Either way the launch reads dst's old contents: where it reads them through
+    another mapping than dst's own (a shifted slice, a transpose) run_elementwise copies that operand first.
+    A consumed value is left with nothing to read."""
     if isinstance(value, Tensor):
         check_same_queue(dst, value)
         shape = broadcast_shapes("setitem", dst.shape, value.shape)
@@ -47,14 +52,18 @@ def assign(dst: Tensor, value: Any) -> Tensor:
     else:
         raise DTypeError(f"setitem: value must be a Tensor or a Python number, got {type(value).__name__}")
     if dst.size:
+        if consume and isinstance(value, Tensor) and value._pending is not None:
+            lazy.forget_pending_reader(value)   # (its expression is in `node`: computed by this launch alone)
+            value._pending = None
         dst.buffer  # noqa: B018 - computes pending readers of dst's memory before it is overwritten
         run_elementwise([(node, dst)])
     return dst
 
 
-def setitem(x: Tensor, index: Any, value: Any) -> Tensor:
+
+def setitem(x: Tensor, index: Any, value: Any, *, consume: bool = False) -> Tensor:
     """x[index] = value in place. `index`: basic indexing (ints, slices, ..., None) or a bool mask
-    Tensor of x's shape. Returns x."""
+    Tensor of x's shape; `consume` as assign's (basic indexing). Returns x."""
     x.realize()
     if isinstance(index, Tensor):
         if index.dtype != dtypes.bool_:
@@ -63,7 +72,7 @@ def setitem(x: Tensor, index: Any, value: Any) -> Tensor:
         if index.shape != x.shape:
             raise ShapeError(f"setitem: mask of shape {index.shape} does not match tensor of shape {x.shape}")
         return assign(x, where(index, value, x))
-    return assign(x[index], value)
+    return assign(x[index], value, consume=consume)
 
 
 def _axis(op: str, ndim: int, axis: int, shape: tuple[int, ...]) -> int:

@@ -68,7 +68,7 @@ def _reflected(fn: Callable[..., Any]) -> Callable[..., Any]:
 def _inplace(fn: Callable[..., Any]) -> Callable[..., Any]:
     def op(self: Tensor, other: Any) -> Tensor:
         """self[...] = op(self, other), written into this tensor's memory (one launch)."""
-        mv.setitem(self, Ellipsis, fn(self, other))
+        mv.setitem(self, Ellipsis, fn(self, other), consume=True)
         return self
 
     return launch_labels.transparent(op)

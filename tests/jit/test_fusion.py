@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
 from netcl import kernels, ops
 from netcl.core.tensor import Tensor
+from netcl.graph import Graph
 from netcl.jit import codegen, ir
 from netcl.profiling import count_launches
 from tests.reference import assert_close
@@ -81,6 +84,65 @@ def test_in_place_write_realizes_pending_readers_first(queue, rng):
     w = x * 1.0
     x += 1.0
     assert_close(w, np.where(np.arange(4)[:, None] // 1 % 3 != 0, 5, 0) * np.ones_like(a), np.float32)
+
+
+def test_augmented_assignment_is_one_launch(queue, rng):
+    """`x += y` (and -=, *=, /=) reads each element of x before it writes it, in one launch, as PyTorch's:
+    by a scalar, a tensor, x itself, a broadcast row, a pending expression, on a transposed view. Where the
+    right side reads x's memory elsewhere (a shifted slice, a transpose) that operand is copied first, and a
+    pending result that Python still holds and that reads x is computed first: the results are NumPy's
+    (which copies overlapping operands first)."""
+    a = rng.standard_normal((5, 5)).astype(np.float32)
+    b = rng.standard_normal((5, 5)).astype(np.float32)
+    x, y = Tensor.from_host(queue, a), Tensor.from_host(queue, b)
+    want = a.copy()
+    row = Tensor.from_host(queue, b[0])
+    for rhs, ref in ((1.5, lambda w: w + 1.5), (y, lambda w: w + b), (x, lambda w: w + w),
+                     (row, lambda w: w + b[0]), (y * 2.0 - 1.0, lambda w: w + (b * 2 - 1))):
+        with count_launches() as n:
+            x += rhs
+        assert n.count == 1
+        want = ref(want)
+        assert_close(x, want, np.float32)
+    for op, ref in (("-=", np.subtract), ("*=", np.multiply), ("/=", np.divide)):
+        with count_launches() as n:
+            exec(f"x {op} y", {"x": x, "y": y})
+        assert n.count == 1
+        want = ref(want, b)
+        assert_close(x, want, np.float32)
+    xt = x.T
+    with count_launches() as n:
+        xt += 1.0
+    assert n.count == 1
+    want = want + 1.0
+    assert_close(x, want, np.float32)
+    # reads of x elsewhere than the element written: that operand is copied first (a copy of its own; a
+    # device that happens to run the one launch in a safe order would hide the hazard, so the work is listed)
+    for rhs, ref, first in ((lambda: x[:-1], lambda w: w[:-1], "copy"),
+                            (lambda: x.T[1:], lambda w: w.T[1:], "strided_copy")):
+        v = x[1:]
+        g = Graph()
+        with g.capture():   # (runs the work once, as it records it)
+            v += rhs()
+        assert [op[1].name if op[0] == "k" else op[0] for op in g.ops] == [first, "ew"]
+        want[1:] += ref(want).copy()
+        assert_close(x, want, np.float32)
+    held = x * 3.0   # pending, read after the write: it keeps x's old values
+    with count_launches() as n:
+        x += 1.0
+    assert n.count == 2
+    assert_close(held, want * 3.0, np.float32)
+    assert_close(x, want + 1.0, np.float32)
+    for shape in ((6,), (1,), (1, 3), (3, 1)):   # a size-1 axis's stride is no other mapping: no copy
+        i = Tensor.from_host(queue, np.arange(math.prod(shape), dtype=np.int32).reshape(shape))
+        g = Graph()
+        with g.capture():
+            i += 2
+        assert [op[1].name if op[0] == "k" else op[0] for op in g.ops] == ["ew"] and i.dtype == np.int32
+        np.testing.assert_array_equal(i.to_host(), np.arange(math.prod(shape)).reshape(shape) + 2)
+    col = Tensor.from_host(queue, np.arange(1.0, 9.0, dtype=np.float32).reshape(4, 2))
+    col += col[1:2]   # row 1 read by every row, and written: the row copied first
+    np.testing.assert_array_equal(col.to_host(), np.arange(1.0, 9.0).reshape(4, 2) + [3.0, 4.0])
 
 
 def test_buffer_access_and_views_realize(queue, rng):
