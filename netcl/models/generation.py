@@ -63,8 +63,7 @@ class DecodeState:
         logits (row b's position last[b] where `last` (B,) int32 is given: right-padded prompts) into
         `tokens`, and advance `position` by S (all on the device)."""
         b, s = ids.shape
-        kv_len = ops.add(self.position, s).realize()
-        h = model.hidden(ids, caches=self.caches, position=self.position, kv_len=kv_len)
+        h = model.hidden(ids, caches=self.caches, position=self.position)
         if last is not None:  # rows of the flattened (B * S, dim) hidden states: b * S + last[b]
             rows = ops.add(ops.mul(ops.arange(model.queue, b, dtype=np.int32), s), last).reshape(b, 1)
             h = ag.embedding(ag.reshape(h, (b * s, h.shape[-1])), rows.realize())
@@ -74,7 +73,9 @@ class DecodeState:
         temperature, top_k, top_p = sampling
         ops.sample(logits.reshape(b, logits.shape[-1]), self.tokens.reshape(b), temperature=temperature,
                    top_k=top_k or None, top_p=top_p, generator=self.generator)
-        self.position.copy_(kv_len)
+        # in place, one launch, after every launch that reads the position (the whole-layer decode reads no
+        # kv_len: there it was an add before the step and a copy after it)
+        self.position += s
 
     def close(self) -> None:
         if self.graph is not None:

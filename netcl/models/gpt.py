@@ -152,18 +152,19 @@ class GPT(Module):
         if self.training and c.dropout > 0:
             h = ag.dropout(h, c.dropout, True, generator=self.generator or random.default_generator)
         mask = padding_mask(attention_mask, b, s, self.queue) if attention_mask is not None else None
-        if caches is not None and kv_len is None:
-            kv_len = ops.add(position, s).realize()
         if caches is None:
             for layer in self.layers:
                 h = layer(h, mask, None, position, kv_len)
             return h
-        # a decode step: one row through whole-layer launches where the blocks fit them (decode_layers);
-        # else each block's decode chain may make the next block's normalized q/k/v product
-        # (TransformerBlock.forward's `then`), one launch a layer fewer
+        # a decode step: one row through whole-layer launches where the blocks fit them (decode_layers: they
+        # read the position alone, so no kv_len is made for them); else each block's decode chain may make
+        # the next block's normalized q/k/v product (TransformerBlock.forward's `then`), one launch a layer
+        # fewer
         out = decode_layers(list(self.layers), h, caches, position, mask)
         if out is not None:
             return out
+        if kv_len is None:
+            kv_len = ops.add(position, s).realize()
         qkv, last = None, len(self.layers) - 1
         for i, layer in enumerate(self.layers):
             if i == last:

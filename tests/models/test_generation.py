@@ -239,8 +239,9 @@ def test_a_stacked_llama_decodes_with_its_norms_in_the_projections(queue, batch)
     """from_pretrained's layout (q/k/v and gate/up stacked): each RMSNorm of a decode step runs in the
     prologue of the GEMV after it (ops.rms_norm_linear), 6 launches a layer (q/k/v, rope + cache, attention,
     o_proj, gate/up, w2; 5 where the GPU decode kernel rotates and caches the new rows itself,
-    ops.rope_cache_decode_attention) and 4 a step (embedding, kv_len, lm_head with the final norm,
-    sampling), and the greedy tokens follow the float64 NumPy reference's full forward on the same weights."""
+    ops.rope_cache_decode_attention) and 5 a step (embedding, kv_len, lm_head with the final norm,
+    sampling, the position advanced in place; no copy), and the greedy tokens follow the float64 NumPy
+    reference's full forward on the same weights."""
     from tests.models import reference_gpt as ref
 
     model = make(queue, "llama").stack_projections()
@@ -251,7 +252,8 @@ def test_a_stacked_llama_decodes_with_its_norms_in_the_projections(queue, batch)
     names = [op[1].name for op in model._decoder.graph.ops if op[0] == "k"]
     gpu_decode = "attention_decode_gpu" in names   # the device's own choice (NVIDIA: yes; PoCL: no)
     assert ("rope_qkv_cache" in names) != gpu_decode
-    assert model._decoder.graph.launches == (5 if gpu_decode else 6) * c.n_layers + 4
+    assert model._decoder.graph.launches == (5 if gpu_decode else 6) * c.n_layers + 5
+    assert not [op for op in model._decoder.graph.ops if op[0] != "k"]
     seq = prompt
     for t in tokens:
         np.testing.assert_array_equal(t, ref.gpt_logits(seq, state, c)[:, -1].argmax(-1))
@@ -404,5 +406,6 @@ def test_a_decode_step_is_one_launch_for_all_layers(queue, monkeypatch, dtype, p
     fits = gemv_rms_fits(queue.device, dtypes.normalize(dtype), 1, hidden, 32, glu=True)
     launched = -(-layers // (per or layers))
     assert layer_launches == (launched if fits else 0)
-    # one launch a layer before (the first layer's q/k/v product and attention two more) -> `launched`
-    assert launches == (want_launches - (layers + 2) + launched if fits else want_launches)
+    # one launch a layer before (the first layer's q/k/v product and attention two more) -> `launched`, and
+    # the step's kv_len (position + 1), which the whole-layer launches do not read, is not made
+    assert launches == (want_launches - (layers + 2) - 1 + launched if fits else want_launches)
