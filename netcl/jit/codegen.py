@@ -405,13 +405,15 @@ def elementwise_source(key: tuple) -> str:
     ps.append(f"const {idx_t} n")
     ps += [f"const {idx_t} d{k}" for k in range(ndim)]
     body: list[str] = []
-    # broadcast scalars: read once
-    for s, (dt_str, kind) in enumerate(leaf_layouts):
-        if kind == "s":
-            body.append(f"const {ir.COMPUTE_TYPE[dtypes.from_token(dt_str)]} S{s} = "
-                        f"{load_scalar(dtypes.from_token(dt_str), f'in{s}', f'in{s}_off')};")
     body.append(f"const {idx_t} gsize = get_global_size(0);")
     body.append(f"const {idx_t} gid = get_global_id(0);")
+    # broadcast scalars: read once, by the work-items that have elements (an output may be the scalar's own
+    # memory: `p += 1` on a one-element tensor; the idle work-items of a rounded-up grid read nothing)
+    for s, (dt_str, kind) in enumerate(leaf_layouts):
+        if kind == "s":
+            ct = ir.COMPUTE_TYPE[dtypes.from_token(dt_str)]
+            body.append(f"const {ct} S{s} = gid < n ? "
+                        f"{load_scalar(dtypes.from_token(dt_str), f'in{s}', f'in{s}_off')} : ({ct})0;")
 
     def scalar_step(index_var: str) -> list[str]:
         lines = []

@@ -43,6 +43,26 @@ def test_elementwise_layouts(queue):
     close(ops.cast(ops.relu(h), np.float32), np.maximum(a.astype(np.float16), 0), 1e-3, 1e-3)
 
 
+def test_augmented_assignments(queue):
+    """`x += y` written by the one launch that reads x (a one-element tensor's is a broadcast scalar of its
+    own memory: only the work-item with the element reads it), and reads of x through other mappings
+    copied first: no race."""
+    rng = np.random.default_rng(17)
+    a, b = rng.standard_normal((5, 6)), rng.standard_normal((6,))
+    x, row = dev(queue, a.astype(np.float32)), dev(queue, b.astype(np.float32))
+    x += row
+    x *= x
+    v = x[1:]
+    v += x[:-1]
+    want = (a + b) ** 2
+    want[1:] += want[:-1].copy()
+    close(x, want, 1e-5, 1e-5)
+    for shape in ((1,), (1, 3), (3, 1)):
+        p = dev(queue, np.arange(np.prod(shape), dtype=np.int32).reshape(shape))
+        p += 1
+        np.testing.assert_array_equal(p.to_host(), np.arange(np.prod(shape)).reshape(shape) + 1)
+
+
 @pytest.mark.parametrize("kind", ["cpu", "gpu"])
 def test_reductions(queue, monkeypatch, kind):
     monkeypatch.setattr(jreduce, "FORCE_KIND", kind)
