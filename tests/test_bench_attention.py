@@ -6,20 +6,13 @@ runs."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+from tests.bench_script import run_bench
 
 
-def bench(*args: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, str(ROOT / "bench" / "attention.py"), "--b", "1", "--h", "2", "--s", "40", "--d",
-           "32", "--dtype", "bfloat16", "--no-decode", "--causal-only", "--repeat", "1", "--skip", "torch",
-           *args]
-    return subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600, check=False)
+def bench(*args: str):
+    return run_bench("attention.py", "--b", "1", "--h", "2", "--s", "40", "--d", "32", "--dtype", "bfloat16",
+                     "--no-decode", "--causal-only", "--repeat", "1", "--skip", "torch", *args)
 
 
 def test_switch_rows(tmp_path):

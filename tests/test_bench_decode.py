@@ -4,15 +4,13 @@ transformers and netcl alike, and the benchmark's rows, memory and greedy agreem
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.bench_script import ROOT, run_bench
+
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
@@ -39,13 +37,9 @@ def test_random_llama_loads_into_transformers_and_netcl(queue, tmp_path):
 
 def test_decode_bench_smoke(tmp_path):
     out = tmp_path / "decode.json"
-    # this checkout first, the rest of PYTHONPATH kept (a GPU machine's pyopencl may live there)
-    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
-    env = {**os.environ, "PYTHONPATH": path}
-    cmd = [sys.executable, str(ROOT / "bench" / "decode.py"), "--shape", "tiny", "--dtype", "float32",
-           "--batches", "1,3", "--gen-tokens", "6", "--prompt-tokens", "5", "--prefill-tokens", "24",
-           "--repeats", "1", "--cache-dir", str(tmp_path), "--out", str(out), "--trace"]
-    run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    run = run_bench("decode.py", "--shape", "tiny", "--dtype", "float32", "--batches", "1,3", "--gen-tokens",
+                    "6", "--prompt-tokens", "5", "--prefill-tokens", "24", "--repeats", "1", "--cache-dir",
+                    str(tmp_path), "--out", str(out), "--trace")
     assert run.returncode == 0, run.stderr[-2000:]
     result = json.loads(out.read_text())
     names = [(r["name"].split(",")[0].split(" ")[0], r["batch"]) for r in result["rows"]]

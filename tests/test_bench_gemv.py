@@ -4,21 +4,14 @@ dtypes and row counts, checked against NumPy inside the script, timed, and writt
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.bench_script import run_bench
 
 
 def test_gemv_sweep_smoke(tmp_path):
     out = tmp_path / "sweep.json"
     knobs = [{}, {"GEMV_WG": 8, "GEMV_ROWS": 4, "GEMV_COLS": 2, "GEMV_UNROLL": 3, "GEMV_STAGE": 1}]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    cmd = [sys.executable, str(ROOT / "bench" / "gemv.py"), "--sweep", json.dumps(knobs), "--small",
-           "--calls", "2", "--out", str(out)]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
+    proc = run_bench("gemv.py", "--sweep", json.dumps(knobs), "--small", "--calls", "2", "--out", str(out))
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["copy_bandwidth"] > 0 and result["small"]

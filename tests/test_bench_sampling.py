@@ -5,18 +5,12 @@ JSON; bad flags refused."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.bench_script import run_bench
 
 
-def _run(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run([sys.executable, str(ROOT / "bench" / "sampling.py"), *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600, check=False)
+def _run(*args: str):
+    return run_bench("sampling.py", *args)
 
 
 def test_sampling_bench_smoke(tmp_path):
