@@ -385,3 +385,42 @@ def test_dim_and_keepdim_beside_axis_and_keepdims(queue, rng):
         node.sum(dim=0, keepdims=True, keepdim=False)
     with pytest.raises(TypeError, match="softmax.. got an unexpected keyword argument 'keepdim'"):
         ops.softmax(t, keepdim=True)
+
+
+def test_a_hand_written_sgd_step_updates_the_parameters_in_place(queue, rng):
+    """`with torch.no_grad(): for p in model.parameters(): p -= lr * p.grad`: the parameters' Tensors written
+    in place (one launch each, the same Tensor objects), as in PyTorch; the same inside a Tape's no_grad
+    block and with no Tape at all. Inside a recording Tape a Parameter's in-place update is refused as
+    PyTorch refuses it, and a computed node's `h += r` records `h + r` (the gradient flows through both)."""
+    from netcl.profiling import count_launches
+
+    model = Sequential(Linear(queue, 6, 5), ReLU(), Linear(queue, 5, 3))
+    x = Tensor.from_host(queue, rng.standard_normal((4, 6)).astype(np.float32))
+    with ag.Tape() as tape:
+        loss = model(x).square().mean()
+    tape.backward(loss)
+    params = list(model.parameters())
+    before = [(p.value, p.numpy().copy(), p.grad.to_host().copy()) for p in params]
+    with count_launches() as n, ag.no_grad():
+        for p in params:
+            p -= 0.1 * p.grad
+    assert n.count == len(params)
+    for p, (value, w, g) in zip(params, before, strict=True):
+        assert p.value is value
+        np.testing.assert_allclose(p.numpy(), w - 0.1 * g, rtol=1e-6, atol=1e-7)
+    w = params[0].numpy().copy()
+    params[0] *= 0.5          # no Tape: in place too
+    params[0] /= 2.0
+    params[0] += params[1].value.reshape(5, 1)   # a Tensor or a Node on the right
+    np.testing.assert_allclose(params[0].numpy(), w / 4 + params[1].numpy()[:, None], rtol=1e-6)
+    with ag.Tape():
+        with pytest.raises(NetclError, match=r"`x -= y` on a leaf that requires grad .*ag.no_grad\(\)"):
+            params[0] -= 0.1
+    np.testing.assert_allclose(params[0].numpy(), w / 4 + params[1].numpy()[:, None], rtol=1e-6)
+    xn = ag.tensor(x, requires_grad=True)
+    with ag.Tape() as tape:
+        h = xn * 2.0
+        h += xn          # recorded: h = h + xn
+        out = h.sum()
+    tape.backward(out)
+    np.testing.assert_allclose(xn.grad.to_host(), np.full((4, 6), 3.0, np.float32))

@@ -13,8 +13,9 @@ from netcl.autograd import elementwise as ew
 from netcl.autograd import movement as mv
 from netcl.autograd import nnops
 from netcl.autograd import reduce as rd
-from netcl.autograd.engine import Node
+from netcl.autograd.engine import Node, is_recording
 from netcl.core import dtypes, launch_labels
+from netcl.errors import NetclError
 from netcl.ops.operators import ELEMENTWISE_METHODS, METHOD_ALIASES, REDUCE_METHODS
 
 
@@ -34,8 +35,34 @@ def _to(node: Node, dtype: object) -> Node:
     return node if dt == node.dtype else ew.cast(node, dt)
 
 
+def _inplace(symbol: str, dunder: str, op: object):
+    """`node <symbol>= other`: outside a recording Tape (no Tape, or ag.no_grad()) the node's Tensor is
+    written in place (Tensor's own `dunder`: one launch), so `with ag.no_grad(): p -= lr * p.grad` updates
+    the parameter as PyTorch's does; inside one, a new recorded node (`x = x <symbol> y`), except on a leaf
+    that requires grad (a Parameter), which PyTorch refuses too: its gradient would describe the value
+    before the write. (Without these, Python made `p -= ...` a new node bound to the loop's name: the
+    parameter stayed as it was, silently.)"""
+    def inplace(self: Node, other: object) -> Node:
+        if is_recording():
+            if self.requires_grad and self.grad_fn is None:
+                raise NetclError(
+                    f"`x {symbol}= y` on a leaf that requires grad ({self!r}) while a Tape records: its "
+                    "gradient would describe the value before the write. Update parameters under `with "
+                    "ag.no_grad():` (PyTorch's `with torch.no_grad(): p -= lr * p.grad`) or outside the "
+                    f"Tape; to record the op, write `x = x {symbol} y`")
+            return op(self, other)
+        getattr(self.value, dunder)(other.value if isinstance(other, Node) else other)
+        return self
+
+    inplace.__name__ = dunder
+    return inplace
+
+
 def install() -> None:
     N = Node
+    for symbol, dunder, op in (("+", "__iadd__", ew.add), ("-", "__isub__", ew.sub),
+                               ("*", "__imul__", ew.mul), ("/", "__itruediv__", ew.div)):
+        setattr(N, dunder, _inplace(symbol, dunder, op))
     N.__add__ = lambda s, o: ew.add(s, o)
     N.__radd__ = _reflected(ew.add)
     N.__sub__ = lambda s, o: ew.sub(s, o)
