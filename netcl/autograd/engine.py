@@ -51,6 +51,15 @@ _state = _State()
 SUMS = True
 
 
+# PyTorch names a Node lacks -> what netcl writes (Node.__getattr__'s errors)
+_PYTORCH_SPELLINGS = {
+    "data": "node.value (its Tensor, outside the graph)",
+    "zero_": "node.value.fill_(0)",
+    **{f"{op}_": f"`node {sym}= y` (in place outside a recording Tape: under ag.no_grad() for a Parameter)"
+       for op, sym in (("add", "+"), ("sub", "-"), ("mul", "*"), ("div", "/"))},
+}
+
+
 class Node:
     """A Tensor in the autograd graph.
 
@@ -179,7 +188,11 @@ class Node:
         return (self[i] for i in range(self.shape[0]))
 
     def __getattr__(self, name: str) -> Any:
-        """Only for names a Node lacks: one its Tensor has (argmax, to_host, tolist, ...) says where it is."""
+        """Only for names a Node lacks: one its Tensor has (argmax, to_host, tolist, ...) says where it is;
+        PyTorch's `.data` and in-place spellings say netcl's."""
+        if name in _PYTORCH_SPELLINGS:
+            raise AttributeError(f"'Node' object has no attribute {name!r}; netcl spells it "
+                                 f"{_PYTORCH_SPELLINGS[name]}")
         if not name.startswith("_") and hasattr(Tensor, name):
             raise AttributeError(
                 f"'Node' object has no attribute {name!r}; its Tensor has it: node.value.{name} (a Tensor "
