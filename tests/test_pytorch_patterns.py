@@ -424,3 +424,49 @@ def test_a_hand_written_sgd_step_updates_the_parameters_in_place(queue, rng):
         out = h.sum()
     tape.backward(out)
     np.testing.assert_allclose(xn.grad.to_host(), np.full((4, 6), 3.0, np.float32))
+
+
+def test_deepcopy_of_a_model_tensor_and_optimizer(queue, rng):
+    """`copy.deepcopy(model)` (an EMA model, the best epoch's snapshot): parameters and buffers of its own
+    with the same values on the same queue, the structure and training flag kept, the copy trained apart
+    from the original; a GPT's recorded decode step is not copied (the copy records its own, same tokens); a
+    Tensor's deepcopy is a contiguous device copy; an optimizer's says how to make one."""
+    import copy
+
+    from netcl.models import GPT
+    from netcl.models.config import GPTConfig
+
+    model = Sequential(Linear(queue, 5, 4), BatchNorm1d(queue, 4), ReLU(), Linear(queue, 4, 3))
+    x = Tensor.from_host(queue, rng.standard_normal((6, 5)).astype(np.float32))
+    model(x)   # training mode: the running statistics move
+    snap = copy.deepcopy(model)
+    assert snap.training
+    mine, theirs = model.state_dict(), snap.state_dict()
+    assert list(mine) == list(theirs)
+    for k in mine:
+        assert mine[k] is not theirs[k] and mine[k].queue is theirs[k].queue
+        np.testing.assert_array_equal(mine[k].to_host(), theirs[k].to_host())
+    assert [type(m).__name__ for m in snap.modules()] == [type(m).__name__ for m in model.modules()]
+    model.eval()
+    snap.eval()
+    np.testing.assert_array_equal(model(x).numpy(), snap(x).numpy())
+    with ag.no_grad():
+        snap[0].weight += 1.0
+    assert not np.array_equal(model[0].weight.numpy(), snap[0].weight.numpy())
+    np.testing.assert_array_equal(model[0].weight.numpy(), mine["0.weight"].to_host())
+
+    gpt = GPT(queue, GPTConfig(vocab_size=40, dim=16, n_layers=1, n_heads=2, max_seq_len=24, arch="llama"))
+    tokens = list(gpt.generate([3, 1, 4], 4, temperature=0))
+    twin = copy.deepcopy(gpt)
+    assert gpt._decoder is not None and twin._decoder is None
+    assert list(twin.generate([3, 1, 4], 4, temperature=0)) == tokens
+
+    base = Tensor.from_host(queue, rng.standard_normal((3, 4)).astype(np.float32))
+    view = base.T
+    dup = copy.deepcopy(view)
+    assert dup.is_contiguous() and dup._storage is not base._storage and dup.queue is queue
+    np.testing.assert_array_equal(dup.to_host(), base.to_host().T)
+
+    opt = optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(TypeError, match=r"load_state_dict\(opt.state_dict\(\)\)"):
+        copy.deepcopy(opt)

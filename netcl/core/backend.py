@@ -53,6 +53,11 @@ class Queue:
         self._checks: cl.Buffer | None = None
         self._arrivals: dict[int, cl.Buffer] = {}
 
+    def __deepcopy__(self, memo: dict) -> Queue:
+        """A queue is a device's wire, not data: `copy.deepcopy` of what holds one (a module, a tensor) keeps
+        it."""
+        return self
+
     def _make(self, timed: bool) -> cl.CommandQueue:
         props = cl.command_queue_properties.PROFILING_ENABLE if timed else 0
         try:

@@ -122,6 +122,10 @@ class DeviceHandle:
     Handles are made by the manager, one per device, so every caller shares a context.
     """
 
+    def __deepcopy__(self, memo: dict) -> DeviceHandle:
+        """One handle per device: `copy.deepcopy` of what holds one keeps it."""
+        return self
+
     def __init__(self, platform: cl.Platform, device: cl.Device, index: tuple[int, int]):
         self.platform = platform
         self.cl_device = device

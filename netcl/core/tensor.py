@@ -260,6 +260,13 @@ class Tensor:
             raise TypeError("len() of a 0-d tensor")
         return self.shape[0]
 
+    def __deepcopy__(self, memo: dict) -> Tensor:
+        """`copy.deepcopy`: a contiguous copy on the same queue (one device copy; the queue and its device are
+        shared, not copied, as PyTorch keeps a tensor's device). Views of one storage become copies of their
+        own."""
+        out = memo[id(self)] = self.clone()
+        return out
+
     def __iter__(self) -> Any:
         """The views along axis 0, as NumPy iterates (without this, Python's fallback through __getitem__
         made a 0-d tensor iterate as empty)."""

@@ -50,6 +50,8 @@ class GPT(Module):
     Weights start as N(0, 0.02) (the residual projections o_proj and w2/proj N(0, 0.02 / sqrt(2
     n_layers)), GPT-2's and nanoGPT's scheme), biases at 0, norms at 1."""
 
+    transient_attributes = ("_decoder",)   # the recorded decode step: a copy records its own
+
     def __init__(self, queue: Any, config: GPTConfig, generator: random.Generator | None = None):
         super().__init__()
         if not isinstance(config, GPTConfig):

@@ -7,6 +7,7 @@ key, shape and dtype before it copies anything, and lists all problems in one er
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 import numbers
@@ -75,6 +76,9 @@ class Module:
     """Base class of every layer. Subclasses set attributes in __init__ and define forward()."""
 
     foreign_state_keys: tuple[str, ...] = ()  # see load_state_dict
+    # attributes that cache device work made from the module (a recorded decode step): `copy.deepcopy` gives
+    # the copy None there, and the copy makes its own
+    transient_attributes: tuple[str, ...] = ()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """A subclass whose __init__ takes the queue first (`q` or `queue`: every layer with parameters)
@@ -89,6 +93,17 @@ class Module:
         object.__setattr__(self, "_buffers", OrderedDict())
         object.__setattr__(self, "_modules", OrderedDict())
         object.__setattr__(self, "training", True)
+
+    def __deepcopy__(self, memo: dict) -> Module:
+        """`copy.deepcopy(model)` (an EMA model, the best epoch's snapshot): the same structure with its own
+        parameters and buffers (device copies on the same queues), the training flag and plain attributes
+        copied, `transient_attributes` left None."""
+        new = type(self).__new__(type(self))
+        memo[id(self)] = new
+        skip = type(self).transient_attributes
+        for name, value in self.__dict__.items():
+            object.__setattr__(new, name, None if name in skip else copy.deepcopy(value, memo))
+        return new
 
     # -- registration ---------------------------------------------------------------------------
     def __setattr__(self, name: str, value: Any) -> None:

@@ -383,6 +383,12 @@ class Optimizer:
     def _index(self) -> list[Node]:
         return [p for g in self.param_groups for p in g["params"]]
 
+    def __deepcopy__(self, memo: dict) -> Optimizer:
+        raise TypeError(
+            f"copy.deepcopy of a {type(self).__name__}: an optimizer updates the parameters it was given, so "
+            "a copy is a new one over the copied model's parameters: opt2 = type(opt)(model2.parameters(), "
+            "...); opt2.load_state_dict(opt.state_dict()) carries the step counts and moments over")
+
     def state_dict(self) -> dict[str, Any]:
         """{'state': {index: {'step': int, name: ndarray}}, 'param_groups': [hyperparameters + indices]}.
 
