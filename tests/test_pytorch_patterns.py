@@ -470,3 +470,22 @@ def test_deepcopy_of_a_model_tensor_and_optimizer(queue, rng):
     opt = optim.SGD(model.parameters(), lr=0.1)
     with pytest.raises(TypeError, match=r"load_state_dict\(opt.state_dict\(\)\)"):
         copy.deepcopy(opt)
+
+
+def test_dtype_shortcuts_and_the_cpu_numpy_chain(queue, rng):
+    """`(pred == y).float().mean()`, `y.long()`, `mask.bool()`, `x.half()` and `out.detach().cpu().numpy()`:
+    PyTorch's loop idioms on Tensors and Nodes; `.cpu()` is a NumPy array (netcl's spelling) that also
+    answers `.numpy()`."""
+    logits = ag.tensor(Tensor.from_host(queue, rng.standard_normal((6, 4)).astype(np.float32)))
+    y = Tensor.from_host(queue, np.array([0, 1, 2, 3, 0, 1], np.int32))
+    pred = logits.value.argmax(axis=1)
+    accuracy = (pred == y).float().mean().item()
+    want = (logits.numpy().argmax(1) == y.numpy()).mean()
+    assert accuracy == pytest.approx(want)
+    assert y.long().dtype == np.int64 and (pred == y).float().dtype == np.float32
+    assert logits.half().dtype == np.float16 and logits.double().dtype == np.float64
+    assert isinstance(logits.bool(), ag.Node) and logits.bool().dtype == np.bool_
+    np.testing.assert_array_equal(logits.int().numpy(), logits.numpy().astype(np.int32))   # toward zero
+    host = logits.detach().cpu().numpy()
+    assert type(host) is np.ndarray and np.array_equal(host, logits.numpy())
+    assert isinstance(logits.cpu(), np.ndarray) and np.array_equal(y.cpu().numpy(), y.numpy())

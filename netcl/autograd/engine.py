@@ -123,8 +123,8 @@ class Node:
         return self.value.to_host()
 
     def cpu(self) -> np.ndarray:
-        """PyTorch's `x.cpu()`: the value as a NumPy array (Tensor.cpu)."""
-        return self.value.to_host()
+        """PyTorch's `x.cpu()`: the value as a NumPy array (Tensor.cpu; `.numpy()` after it works too)."""
+        return self.value.cpu()
 
     def item(self) -> Any:
         return self.value.item()

@@ -16,7 +16,13 @@ from netcl.autograd import reduce as rd
 from netcl.autograd.engine import Node, is_recording
 from netcl.core import dtypes, launch_labels
 from netcl.errors import NetclError
-from netcl.ops.operators import ELEMENTWISE_METHODS, METHOD_ALIASES, REDUCE_METHODS
+from netcl.ops.operators import (
+    DTYPE_METHODS,
+    ELEMENTWISE_METHODS,
+    METHOD_ALIASES,
+    REDUCE_METHODS,
+    dtype_method,
+)
 
 
 def _reflected(fn):
@@ -90,6 +96,8 @@ def install() -> None:
         setattr(N, name, getattr(rd, name))
     for alias, name in METHOD_ALIASES.items():
         setattr(N, alias, getattr(N, name))
+    for name in DTYPE_METHODS:
+        setattr(N, name, dtype_method(ew.cast, name))
     N.to = _to
     for name in (
         "reshape",

@@ -103,6 +103,14 @@ _orders: dict[tuple, tuple] = {}
 # by the jit on first access), the same dict under this module's name.
 
 
+class HostArray(np.ndarray):
+    """What Tensor.cpu() gives: a NumPy array that also answers PyTorch's `.numpy()` (the chain
+    `x.detach().cpu().numpy()`) with itself as a plain ndarray."""
+
+    def numpy(self) -> np.ndarray:
+        return self.view(np.ndarray)
+
+
 class Tensor:
     """An n-dimensional array in device memory (cl_mem), owned by one command queue.
 
@@ -342,9 +350,8 @@ class Tensor:
 
     def cpu(self) -> np.ndarray:
         """PyTorch's `x.cpu()`: here a NumPy array, the same as to_host() (a Tensor lives on its queue's
-        device; `x.to(queue)` moves it to another). PyTorch's `x.cpu().numpy()` is `x.cpu()` or
-        `x.numpy()`."""
-        return self.to_host()
+        device; `x.to(queue)` moves it to another). PyTorch's `x.cpu().numpy()` works too (HostArray)."""
+        return self.to_host().view(HostArray)
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         arr = self.to_host()

@@ -41,6 +41,9 @@ ELEMENTWISE_METHODS = (
 )
 REDUCE_METHODS = ("std",)  # sum, mean, max, min, var, logsumexp: declared (netcl.ops.reduce)
 METHOD_ALIASES = {"astype": "cast"}  # NumPy's name beside netcl's
+# PyTorch's dtype shortcuts (`mask.float()`, `y.long()`): the cast to that dtype, on Tensor and Node alike
+DTYPE_METHODS = {"float": "float32", "double": "float64", "half": "float16", "bfloat16": "bfloat16",
+                 "long": "int64", "int": "int32", "bool": "bool"}
 # Tensor's alone: results no gradient flows through (indices, truth values) or reductions autograd has no
 # rule for yet
 TENSOR_ONLY_METHODS = ("prod", "argmax", "argmin", "any", "all", "cumsum")
@@ -49,6 +52,18 @@ _METHODS = {
     **{name: getattr(rd, name) for name in REDUCE_METHODS + TENSOR_ONLY_METHODS},
 }
 _METHODS.update({alias: _METHODS[name] for alias, name in METHOD_ALIASES.items()})
+
+
+def dtype_method(cast: Callable[[Any, str], Any], name: str) -> Callable[[Any], Any]:
+    """PyTorch's `x.<name>()` for a name of DTYPE_METHODS: `cast(x, its dtype)` (Tensor's or Node's cast)."""
+    dt = DTYPE_METHODS[name]
+
+    def method(self: Any) -> Any:
+        return cast(self, dt)
+
+    method.__name__ = name
+    method.__doc__ = f"PyTorch's `x.{name}()`: x cast to {dt}."
+    return launch_labels.transparent(method)
 _SCALARS = (Tensor, bool, int, float, np.number, np.bool_)
 
 
@@ -115,6 +130,8 @@ def install() -> None:
         setattr(Tensor, name, _inplace(fn))
     for name, fn in _METHODS.items():
         setattr(Tensor, name, _method(fn))
+    for name in DTYPE_METHODS:
+        setattr(Tensor, name, dtype_method(ew.cast, name))
     declaration.subscribe(_install_declared, _remove_declared)
     Tensor.__eq__ = _eq  # type: ignore[method-assign]
     Tensor.__ne__ = _ne  # type: ignore[method-assign]

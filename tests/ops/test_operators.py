@@ -15,6 +15,7 @@ from netcl.autograd.engine import Node
 from netcl.core.tensor import Tensor
 from netcl.ops import elementwise, reduce
 from netcl.ops.operators import (
+    DTYPE_METHODS,
     ELEMENTWISE_METHODS,
     METHOD_ALIASES,
     REDUCE_METHODS,
@@ -24,7 +25,8 @@ from netcl.ops.operators import (
 from tests.reference import assert_close
 
 # the declared ops' methods (netcl.ops.declaration: matmul, softmax, log_softmax) are both surfaces' too
-SHARED = ELEMENTWISE_METHODS + REDUCE_METHODS + declared_methods() + tuple(METHOD_ALIASES)
+SHARED = (ELEMENTWISE_METHODS + REDUCE_METHODS + declared_methods() + tuple(METHOD_ALIASES)
+          + tuple(DTYPE_METHODS))
 # the arguments after the tensor of the methods that need some
 ARGS = {"clamp": (-0.5, 0.5), "pow": (2.0,), "cast": (np.float64,), "astype": (np.float64,),
         "leaky_relu": (0.1,), "softmax": (-1,), "log_softmax": (-1,), "reshape": (17, 3), "permute": (1, 0),
