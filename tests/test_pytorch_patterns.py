@@ -489,3 +489,21 @@ def test_dtype_shortcuts_and_the_cpu_numpy_chain(queue, rng):
     host = logits.detach().cpu().numpy()
     assert type(host) is np.ndarray and np.array_equal(host, logits.numpy())
     assert isinstance(logits.cpu(), np.ndarray) and np.array_equal(y.cpu().numpy(), y.numpy())
+
+
+def test_pytorch_names_a_tensor_lacks_say_netcls(queue):
+    """A Tensor's AttributeError for PyTorch's names says what netcl writes (x.t(), x.dim(), x.exp_(),
+    x.topk(...), x.requires_grad); other names, and netcl's own `_` probes, keep the plain error;
+    x.detach() is x (a Tensor is in no graph)."""
+    x = Tensor.from_host(queue, np.ones((2, 3), np.float32))
+    assert x.detach() is x
+    for name, hint in (("t", "x.T"), ("dim", "x.ndim"), ("add_", "x += y"), ("zero_", "x.fill_(0)"),
+                       ("exp_", "x[...] = netcl.ops.exp(x"), ("topk", "netcl.ops.topk(x"),
+                       ("requires_grad", "ag.tensor(x, requires_grad=True)")):
+        with pytest.raises(AttributeError, match=re.escape(f"no attribute '{name}'; netcl spells it {hint}")):
+            getattr(x, name)
+    for name in ("no_such_thing", "_private"):
+        with pytest.raises(AttributeError) as info:
+            getattr(x, name)
+        assert "netcl spells" not in str(info.value)
+    assert getattr(x, "_netcl_tag", None) is None and not hasattr(x, "dim")

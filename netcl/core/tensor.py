@@ -7,6 +7,7 @@ copies only when the layout needs it.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -101,6 +102,22 @@ _orders: dict[tuple, tuple] = {}
 # they must be computed from the old contents. The jit registers a callback for each storage read by a
 # pending tensor in `before_access` (netcl.core.access: id(storage) -> callback(storage), called and removed
 # by the jit on first access), the same dict under this module's name.
+
+
+# PyTorch names a Tensor lacks -> what netcl writes (Tensor.__getattr__'s errors)
+_PYTORCH_SPELLINGS = {
+    "t": "x.T (or x.transpose(1, 0))",
+    "dim": "x.ndim",
+    "data": "the Tensor itself (a Tensor is in no graph; a Node's .value is its Tensor)",
+    "requires_grad": "ag.tensor(x, requires_grad=True): gradients are a Node's (netcl.autograd)",
+    "grad": "a Node's .grad: ag.tensor(x, requires_grad=True), then its .grad after backward",
+    "zero_": "x.fill_(0)",
+    "add_": "x += y", "sub_": "x -= y", "mul_": "x *= y", "div_": "x /= y",
+    "norm": "netcl.ops.sqrt(netcl.ops.sum(netcl.ops.square(x)))",
+    "type": "x.dtype, and x.astype(dtype) to convert",
+    "is_cuda": "x.device (the netcl device handle: x.device.describe())",
+    "new_zeros": "Tensor.zeros(x.queue, shape, x.dtype)",
+}
 
 
 class HostArray(np.ndarray):
@@ -267,6 +284,27 @@ class Tensor:
         if not self.shape:
             raise TypeError("len() of a 0-d tensor")
         return self.shape[0]
+
+    def detach(self) -> Tensor:
+        """PyTorch's `x.detach()`: a Tensor is in no graph (a Node is), so itself."""
+        return self
+
+    def __getattr__(self, name: str) -> Any:
+        """Only for names a Tensor lacks: PyTorch's spellings say netcl's (the function of netcl.ops of that
+        name, or an in-place form), anything else is the usual AttributeError."""
+        if name.startswith("_"):   # (netcl's own probes, getattr(t, "_...", None): the plain error at once)
+            raise AttributeError(name)
+        hint = _PYTORCH_SPELLINGS.get(name)
+        if hint is None:
+            ops = sys.modules.get("netcl.ops")   # (loaded with netcl; core does not import the layer above)
+            base = name[:-1] if name.endswith("_") else None
+            if base and ops is not None and callable(getattr(ops, base, None)):
+                hint = f"x[...] = netcl.ops.{base}(x, ...) (written into x's memory)"
+            elif ops is not None and callable(getattr(ops, name, None)):
+                hint = f"netcl.ops.{name}(x, ...)"
+        if hint is None:
+            raise AttributeError(f"'Tensor' object has no attribute {name!r}")
+        raise AttributeError(f"'Tensor' object has no attribute {name!r}; netcl spells it {hint}")
 
     def __deepcopy__(self, memo: dict) -> Tensor:
         """`copy.deepcopy`: a contiguous copy on the same queue (one device copy; the queue and its device are
