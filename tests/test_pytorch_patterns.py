@@ -507,3 +507,19 @@ def test_pytorch_names_a_tensor_lacks_say_netcls(queue):
             getattr(x, name)
         assert "netcl spells" not in str(info.value)
     assert getattr(x, "_netcl_tag", None) is None and not hasattr(x, "dim")
+
+
+def test_item_assignment_on_a_parameter(queue):
+    """`with torch.no_grad(): emb.weight[pad] = 0`: a Node's item assignment writes its Tensor outside a
+    recording Tape (a Tensor or a Node on the right); inside one it is refused with what to write instead."""
+    emb = nn.Embedding(queue, 5, 3)
+    w = emb.weight.numpy().copy()
+    with ag.no_grad():
+        emb.weight[2] = 0.0
+    emb.weight[0, 1:] = ag.tensor(Tensor.from_host(queue, np.array([7.0, 8.0], np.float32)))   # no Tape
+    w[2] = 0.0
+    w[0, 1:] = [7.0, 8.0]
+    np.testing.assert_array_equal(emb.weight.numpy(), w)
+    with ag.Tape(), pytest.raises(NetclError, match=r"while a Tape records.*ag.no_grad\(\)"):
+        emb.weight[1] = 0.0
+    np.testing.assert_array_equal(emb.weight.numpy(), w)

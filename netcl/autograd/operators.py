@@ -64,8 +64,21 @@ def _inplace(symbol: str, dunder: str, op: object):
     return inplace
 
 
+def _setitem(self: Node, index: object, value: object) -> None:
+    """`node[index] = value` (PyTorch's `with torch.no_grad(): emb.weight[pad] = 0`): written into the node's
+    Tensor outside a recording Tape; inside one refused, as a recorded graph may have saved the old values
+    (netcl keeps no version counters to tell), with what to write instead."""
+    if is_recording():
+        raise NetclError(
+            f"`x[...] = value` on {self!r} while a Tape records: the graph may have saved its old values. "
+            "Write it under `with ag.no_grad():` or outside the Tape; to record the change, build a new node "
+            "(ag.where(mask, value, x), or x + delta)")
+    self.value[index] = value.value if isinstance(value, Node) else value
+
+
 def install() -> None:
     N = Node
+    N.__setitem__ = _setitem
     for symbol, dunder, op in (("+", "__iadd__", ew.add), ("-", "__isub__", ew.sub),
                                ("*", "__imul__", ew.mul), ("/", "__itruediv__", ew.div)):
         setattr(N, dunder, _inplace(symbol, dunder, op))
