@@ -492,9 +492,9 @@ def test_dtype_shortcuts_and_the_cpu_numpy_chain(queue, rng):
 
 
 def test_pytorch_names_a_tensor_lacks_say_netcls(queue):
-    """A Tensor's AttributeError for PyTorch's names says what netcl writes (x.t(), x.dim(), x.exp_(),
-    x.topk(...), x.requires_grad); other names, and netcl's own `_` probes, keep the plain error;
-    x.detach() is x (a Tensor is in no graph)."""
+    """A Tensor's (and a Node's) AttributeError for PyTorch's names says what netcl writes (x.t(), x.dim(),
+    x.exp_(), x.topk(...), x.requires_grad; a Node's .data and add_); other names, and netcl's own `_`
+    probes, keep the plain error; x.detach() is x (a Tensor is in no graph)."""
     x = Tensor.from_host(queue, np.ones((2, 3), np.float32))
     assert x.detach() is x
     for name, hint in (("t", "x.T"), ("dim", "x.ndim"), ("add_", "x += y"), ("zero_", "x.fill_(0)"),
@@ -507,6 +507,17 @@ def test_pytorch_names_a_tensor_lacks_say_netcls(queue):
             getattr(x, name)
         assert "netcl spells" not in str(info.value)
     assert getattr(x, "_netcl_tag", None) is None and not hasattr(x, "dim")
+    node = ag.tensor(x)   # a Node: its own spellings first, then its Tensor's
+    for name, hint in (("data", "node.value"), ("add_", "`node += y`"), ("zero_", "node.value.fill_(0)"),
+                       ("t", "on its Tensor x = node.value: x.T"),
+                       ("topk", "on its Tensor x = node.value: netcl.ops.topk(x"),
+                       ("argmax", "its Tensor has it: node.value.argmax")):
+        pattern = re.escape(f"no attribute '{name}'; ") + ".*" + re.escape(hint)
+        with pytest.raises(AttributeError, match=pattern):
+            getattr(node, name)
+    with pytest.raises(AttributeError) as info:
+        _ = node.no_such_thing
+    assert "spells" not in str(info.value)
 
 
 def test_item_assignment_on_a_parameter(queue):

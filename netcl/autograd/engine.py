@@ -27,7 +27,7 @@ import numpy as np
 from netcl import ops
 from netcl.core import dtypes, launch_labels
 from netcl.core.access import before_access
-from netcl.core.tensor import Tensor
+from netcl.core.tensor import Tensor, pytorch_spelling
 from netcl.errors import DeviceMismatchError, DTypeError, NetclError, ShapeError
 
 BackwardFn = Callable[[Tensor], Sequence[Tensor | None]]
@@ -51,8 +51,8 @@ _state = _State()
 SUMS = True
 
 
-# PyTorch names a Node lacks -> what netcl writes (Node.__getattr__'s errors)
-_PYTORCH_SPELLINGS = {
+# where a Node's spelling of a PyTorch name differs from a Tensor's (tensor.pytorch_spelling: the rest)
+_NODE_SPELLINGS = {
     "data": "node.value (its Tensor, outside the graph)",
     "zero_": "node.value.fill_(0)",
     **{f"{op}_": f"`node {sym}= y` (in place outside a recording Tape: under ag.no_grad() for a Parameter)"
@@ -189,16 +189,21 @@ class Node:
 
     def __getattr__(self, name: str) -> Any:
         """Only for names a Node lacks: one its Tensor has (argmax, to_host, tolist, ...) says where it is;
-        PyTorch's `.data` and in-place spellings say netcl's."""
-        if name in _PYTORCH_SPELLINGS:
-            raise AttributeError(f"'Node' object has no attribute {name!r}; netcl spells it "
-                                 f"{_PYTORCH_SPELLINGS[name]}")
-        if not name.startswith("_") and hasattr(Tensor, name):
+        PyTorch's names say netcl's spelling (tensor.pytorch_spelling; the Node's own: _NODE_SPELLINGS)."""
+        if name.startswith("_"):
+            raise AttributeError(f"'Node' object has no attribute {name!r}")
+        if name not in _NODE_SPELLINGS and hasattr(Tensor, name):
             raise AttributeError(
                 f"'Node' object has no attribute {name!r}; its Tensor has it: node.value.{name} (a Tensor "
                 "op, outside the graph: no gradient flows through it)"
             )
-        raise AttributeError(f"'Node' object has no attribute {name!r}")
+        hint = _NODE_SPELLINGS.get(name)
+        if hint is None:
+            hint = pytorch_spelling(name)
+            if hint is None:
+                raise AttributeError(f"'Node' object has no attribute {name!r}")
+            hint = f"on its Tensor x = node.value: {hint}"
+        raise AttributeError(f"'Node' object has no attribute {name!r}; netcl spells it {hint}")
 
     def __repr__(self) -> str:
         flag = ", requires_grad=True" if self.requires_grad else ""

@@ -120,6 +120,23 @@ _PYTORCH_SPELLINGS = {
 }
 
 
+def pytorch_spelling(name: str) -> str | None:
+    """What netcl writes for PyTorch's `x.<name>` where a Tensor (or a Node) lacks it: the table above, the
+    function of netcl.ops of that name, or an in-place form of one; None for any other name."""
+    hint = _PYTORCH_SPELLINGS.get(name)
+    if hint is not None:
+        return hint
+    ops = sys.modules.get("netcl.ops")   # (loaded with netcl; core does not import the layer above)
+    if ops is None:
+        return None
+    base = name[:-1] if name.endswith("_") else None
+    if base and callable(getattr(ops, base, None)):
+        return f"x[...] = netcl.ops.{base}(x, ...) (written into x's memory)"
+    if callable(getattr(ops, name, None)):
+        return f"netcl.ops.{name}(x, ...)"
+    return None
+
+
 class HostArray(np.ndarray):
     """What Tensor.cpu() gives: a NumPy array that also answers PyTorch's `.numpy()` (the chain
     `x.detach().cpu().numpy()`) with itself as a plain ndarray."""
@@ -294,14 +311,7 @@ class Tensor:
         name, or an in-place form), anything else is the usual AttributeError."""
         if name.startswith("_"):   # (netcl's own probes, getattr(t, "_...", None): the plain error at once)
             raise AttributeError(name)
-        hint = _PYTORCH_SPELLINGS.get(name)
-        if hint is None:
-            ops = sys.modules.get("netcl.ops")   # (loaded with netcl; core does not import the layer above)
-            base = name[:-1] if name.endswith("_") else None
-            if base and ops is not None and callable(getattr(ops, base, None)):
-                hint = f"x[...] = netcl.ops.{base}(x, ...) (written into x's memory)"
-            elif ops is not None and callable(getattr(ops, name, None)):
-                hint = f"netcl.ops.{name}(x, ...)"
+        hint = pytorch_spelling(name)
         if hint is None:
             raise AttributeError(f"'Tensor' object has no attribute {name!r}")
         raise AttributeError(f"'Tensor' object has no attribute {name!r}; netcl spells it {hint}")
