@@ -26,17 +26,21 @@
 // WG = 1 (one row per work-item, no barrier work); GPUs 256, and greedy rows up to 1,024; the random draw's
 // work-items take Philox blocks (4 tokens each) in turn. Reads logits (row stride any, elements contiguous),
 // uniforms (rows, vocab) contiguous where given; writes scratch (top_p only) and out[out_off + row *
-// out_stride] (int).
+// out_stride] (int); then, for a decode step's next input (next_input), the token's row of `table` into
+// `next` and the row's position advanced, by the work-group that knows the token.
 // Build options: T, ACC, IS_HALF, IS_BF16 (common.cl; float16, bfloat16 or float32 logits, read with
 //   LOAD_T), -DMODE=SAMPLE_GREEDY|SAMPLE_RANDOM, -DWG=<power of two, the work-group size it requires>,
 //   -DGREEDY_UNROLL=<loads (16-byte chunks where the row starts on 16 bytes) in flight a work-item, greedy>,
-//   -DSPLIT=<work-groups a row, default 1>.
+//   -DSPLIT=<work-groups a row, default 1>, -DNEXT_T=<uint, ushort or uchar: next_input's copy words>.
 
 #include "common.cl"
 #include "philox.cl"
 
 #ifndef SPLIT
 #define SPLIT 1
+#endif
+#ifndef NEXT_T
+#define NEXT_T uint   // the words next_input copies an embedding row in (uint, ushort or uchar)
 #endif
 #ifndef KEPT_MAX
 #define KEPT_MAX 1024   // top_p after top_k: the kept tokens a row's work-group lists at most
@@ -205,12 +209,30 @@ inline float draw_word(const uint4 w, const int k)
     return u24(k == 0 ? w.x : k == 1 ? w.y : k == 2 ? w.z : w.w);
 }
 
+// The next decode step's input, made by the work-group that knows the row's token (netcl.ops.sample's embed
+// and advance): row `row` of `next` (next_units words NEXT_T a row) = row `token` of `table` (its embedding,
+// a plain copy of its bits; next_units 0: none), and position[row] += advance (0: none)
+inline void next_input(const int token, const long row, __global const NEXT_T *table, const long table_off,
+                       __global NEXT_T *next, const long next_off, const int next_units,
+                       __global int *position, const long position_off, const long position_stride,
+                       const int advance)
+{
+    const int l = get_local_id(0);
+    if (token >= 0)
+        for (int i = l; i < next_units; i += WG)
+            next[next_off + row * next_units + i] = table[table_off + (long)token * next_units + i];
+    if (l == 0 && advance != 0) position[position_off + row * position_stride] += advance;
+}
+
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
 void sample_tokens(__global const T *logits, const long logits_off, const long row_stride, const int vocab,
                    __global const float *uniforms, const int given, const uint seed_lo, const uint seed_hi,
                    const ulong counter0, __global float *scratch, __global int *out, const long out_off,
                    const long out_stride, const float inv_temperature, const int top_k, const float top_p,
-                   __global int *arrivals, __global float *parts)
+                   __global int *arrivals, __global float *parts, __global const NEXT_T *table,
+                   const long table_off, __global NEXT_T *next, const long next_off, const int next_units,
+                   __global int *position, const long position_off, const long position_stride,
+                   const int advance)
 {
     __local float fbuf[WG];
     __local int ibuf[WG];
@@ -392,7 +414,8 @@ void sample_tokens(__global const T *logits, const long logits_off, const long r
         PART_STORE(mine, 0, as_float(token < 0 ? 0u : ubuf[0]));   // (ubuf[0]: group_argmax's key)
         PART_STORE(mine, 1, as_float(token));
     }
-    if (nc_group_last_arrival(arrivals + row, SPLIT, &last) && l == 0) {
+    if (nc_group_last_arrival(arrivals + row, SPLIT, &last)) {
+        // (every work-item merges the same parts: each then has the token for the next input's copy)
         uint bk = 0u;
         int bi = -1;
         for (int q = 0; q < SPLIT; ++q) {
@@ -400,9 +423,13 @@ void sample_tokens(__global const T *logits, const long logits_off, const long r
             const int i = as_int(PART_LOAD(parts, 2 * (row * SPLIT + q) + 1));
             if (i >= 0 && (bi < 0 || k > bk || (k == bk && i < bi))) { bk = k; bi = i; }
         }
-        out[out_off + row * out_stride] = bi;
+        if (l == 0) out[out_off + row * out_stride] = bi;
+        next_input(bi, row, table, table_off, next, next_off, next_units, position, position_off,
+                   position_stride, advance);
     }
 #else
     if (l == 0) out[out_off + row * out_stride] = token;
+    next_input(token, row, table, table_off, next, next_off, next_units, position, position_off,
+               position_stride, advance);
 #endif
 }

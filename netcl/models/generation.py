@@ -49,6 +49,13 @@ class DecodeState:
         ]
         self.position = Tensor.zeros(q, (batch,), np.int32)  # per row: ragged prompts differ
         self.tokens = Tensor.zeros(q, (batch, 1), np.int32)
+        # the sampled tokens' embeddings (B, dim), written by the sampling launch (ops.sample's embed=) for
+        # the next step, which then launches no lookup of its own (None: the table cannot be read so);
+        # `embedded_ready`: they are the embeddings of `tokens`
+        table = model.tok_embeddings.weight.value
+        self.embedded = Tensor.empty(q, (batch, c.dim), table.dtype) \
+            if table.is_contiguous() and table.shape[0] >= c.vocab_size else None
+        self.embedded_ready = False
         self.generator = Generator(0)
         # the host's copies of the sampled tokens: two pinned arrays, one being read while the next step's
         # copy lands in the other (a copy into pageable memory is staged by the driver: on NVIDIA's OpenCL
@@ -61,9 +68,14 @@ class DecodeState:
             last: Tensor | None = None) -> None:
         """Append ids (B, S) to the caches at `position`, sample the next tokens from the last position's
         logits (row b's position last[b] where `last` (B,) int32 is given: right-padded prompts) into
-        `tokens`, and advance `position` by S (all on the device)."""
+        `tokens`, and advance `position` by S (all on the device). The sampling launch also writes the
+        tokens' embeddings and advances the position (ops.sample's embed= and advance=: two launches a step
+        fewer); ids that are `tokens` then start from those embeddings."""
         b, s = ids.shape
-        h = model.hidden(ids, caches=self.caches, position=self.position)
+        embedded = None
+        if ids is self.tokens and self.embedded_ready:
+            embedded = self.embedded.reshape(b, 1, self.embedded.shape[1])
+        h = model.hidden(ids, caches=self.caches, position=self.position, embedded=embedded)
         if last is not None:  # rows of the flattened (B * S, dim) hidden states: b * S + last[b]
             rows = ops.add(ops.mul(ops.arange(model.queue, b, dtype=np.int32), s), last).reshape(b, 1)
             h = ag.embedding(ag.reshape(h, (b * s, h.shape[-1])), rows.realize())
@@ -71,11 +83,13 @@ class DecodeState:
             h = ag.getitem(h, (slice(None), slice(s - 1, s)))
         logits = model.logits(h).value
         temperature, top_k, top_p = sampling
+        # the position advanced after every launch that reads it (the whole-layer decode reads no kv_len:
+        # there it was an add before the step and a copy after it), in the sampling launch
+        embed = None if self.embedded is None else (model.tok_embeddings.weight.value, self.embedded)
         ops.sample(logits.reshape(b, logits.shape[-1]), self.tokens.reshape(b), temperature=temperature,
-                   top_k=top_k or None, top_p=top_p, generator=self.generator)
-        # in place, one launch, after every launch that reads the position (the whole-layer decode reads no
-        # kv_len: there it was an add before the step and a copy after it)
-        self.position += s
+                   top_k=top_k or None, top_p=top_p, generator=self.generator, embed=embed,
+                   advance=(self.position, s))
+        self.embedded_ready = embed is not None
 
     def close(self) -> None:
         if self.graph is not None:

@@ -133,9 +133,12 @@ class GPT(Module):
         return t
 
     def hidden(self, ids: Any, attention_mask: Any = None, caches: list[KVCache] | None = None,
-               position: Tensor | None = None, kv_len: Tensor | None = None) -> Node:
+               position: Tensor | None = None, kv_len: Tensor | None = None,
+               embedded: Tensor | None = None) -> Node:
         """The last block's output (B, S, dim), before the final norm. With caches and position (an int32
-        device Tensor (1,) or (B,): the tokens already cached), ids are the next positions."""
+        device Tensor (1,) or (B,): the tokens already cached), ids are the next positions. embedded: ids'
+        token embeddings (B, S, dim) already made (a decode step's, written by the sampling launch before
+        it: ops.sample's embed=), used instead of looking them up."""
         c = self.config
         ids = self._ids(ids)
         b, s = ids.shape
@@ -145,7 +148,15 @@ class GPT(Module):
             raise ShapeError(f"GPT: {len(caches)} caches for {c.n_layers} layers")
         if caches is not None and attention_mask is not None:
             raise ShapeError("GPT: attention_mask is for the uncached forward (a cache holds no padding)")
-        h = ag.embedding(self.tok_embeddings.weight, ids)
+        if embedded is None:
+            h = ag.embedding(self.tok_embeddings.weight, ids)
+        else:
+            table = self.tok_embeddings.weight.value
+            if not isinstance(embedded, Tensor) or embedded.shape != (b, s, c.dim) \
+                    or embedded.dtype != table.dtype:
+                raise ShapeError(f"GPT: embedded must be a {table.dtype} Tensor of shape {(b, s, c.dim)}, "
+                                 f"got {getattr(embedded, 'dtype', None)} {getattr(embedded, 'shape', None)}")
+            h = as_node(embedded)
         if c.arch == "gpt2":
             pos = ops.arange(self.queue, s, dtype=np.int32).reshape(1, s)
             if position is not None:

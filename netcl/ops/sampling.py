@@ -65,14 +65,14 @@ def splits(device: Any, vocab: int, filtered: bool) -> int:
     return max(1, min(-(-vocab // SPLIT_TOKENS), device.capabilities.compute_units))
 
 
-def program(device: Any, dtype: Any, greedy: bool, split: int = 1) -> tuple[Any, int]:
+def program(device: Any, dtype: Any, greedy: bool, split: int = 1, word: str = "uint") -> tuple[Any, int]:
     """(sampling.cl's program, the work-items of a work-group) for logits of `dtype` on `device`, `split`
-    work-groups a row: one work-item on CPUs, else GREEDY_WG or RANDOM_WG within the device's limit and the
-    compiled kernel's."""
+    work-groups a row, `word` the unit of the next input's copy (NEXT_T): one work-item on CPUs, else
+    GREEDY_WG or RANDOM_WG within the device's limit and the compiled kernel's."""
     gpu = (variant_override or device.capabilities.kind) != "cpu"
     wg = kernels.work_group(device, GREEDY_WG if greedy else RANDOM_WG) if gpu else 1
     options = {"MODE": "SAMPLE_GREEDY" if greedy else "SAMPLE_RANDOM", "GREEDY_UNROLL": GREEDY_UNROLL,
-               "SPLIT": split, "KEPT_MAX": KEPT_MAX}
+               "SPLIT": split, "KEPT_MAX": KEPT_MAX, "NEXT_T": word}
     prg = kernels.program(device, "sampling.cl", dtype=dtype, WG=wg, **options)
     fits = prg.sample_tokens.max_work_group_size
     if fits < wg:  # the compiled kernel takes fewer (without reqd_work_group_size NVIDIA's H100 took 256)
@@ -81,9 +81,58 @@ def program(device: Any, dtype: Any, greedy: bool, split: int = 1) -> tuple[Any,
     return prg, wg
 
 
+_WORDS = ((4, "uint"), (2, "ushort"), (1, "uchar"))
+
+
+def _next_operands(embed: Any, advance: Any, rows: int, vocab: int, queue: Any) -> tuple[dict[str, Any], str]:
+    """sample_tokens' next-input arguments (next_input) for `embed` and `advance`, and the copy's word."""
+    args: dict[str, Any] = {"next_units": np.int32(0), "advance": np.int32(0), "table_off": np.int64(0),
+                            "next_off": np.int64(0), "position_off": np.int64(0),
+                            "position_stride": np.int64(0)}
+    word = "uint"
+    if embed is not None:
+        if not isinstance(embed, tuple) or len(embed) != 2:
+            raise TypeError(f"sample: embed must be a tuple (table, rows), got {type(embed).__name__}")
+        table, nxt = embed
+        if not isinstance(table, Tensor) or table.ndim != 2 or not table.is_contiguous():
+            raise ShapeError(f"sample: embed's table must be a contiguous 2-D Tensor (vocab, dim), got "
+                             f"{getattr(table, 'shape', type(table).__name__)}")
+        if table.shape[0] < vocab:
+            raise ShapeError(f"sample: embed's table holds {table.shape[0]} rows, fewer than the logits' "
+                             f"vocabulary {vocab}")
+        if not isinstance(nxt, Tensor) or nxt.shape != (rows, table.shape[1]) or nxt.dtype != table.dtype \
+                or not nxt.is_contiguous():
+            raise ShapeError(f"sample: embed's rows must be a contiguous {table.dtype} Tensor of shape "
+                             f"{(rows, table.shape[1])}, got {getattr(nxt, 'dtype', None)} "
+                             f"{getattr(nxt, 'shape', type(nxt).__name__)}")
+        check_same_queue(table, nxt)
+        if nxt.queue is not queue:
+            raise ValueError("sample: embed's tensors must be on the logits' queue")
+        size = table.itemsize
+        row = table.shape[1] * size
+        width, word = next((w, name) for w, name in _WORDS
+                           if row % w == 0 and table.offset * size % w == 0 and nxt.offset * size % w == 0)
+        args.update(table=table.buffer, table_off=np.int64(table.offset * size // width), next=nxt.buffer,
+                    next_off=np.int64(nxt.offset * size // width), next_units=np.int32(row // width))
+    if advance is not None:
+        if not isinstance(advance, tuple) or len(advance) != 2:
+            raise TypeError(f"sample: advance must be a tuple (position, by), got {type(advance).__name__}")
+        position, by = advance
+        if not isinstance(position, Tensor) or position.shape != (rows,) or position.dtype != dtypes.int32:
+            raise ShapeError(f"sample: advance's position must be an int32 Tensor of shape ({rows},), got "
+                             f"{getattr(position, 'dtype', None)} {getattr(position, 'shape', None)}")
+        if isinstance(by, bool) or not isinstance(by, (int, np.integer)) or not 0 <= by < 2 ** 31:
+            raise ValueError(f"sample: advance's step must be an int in [0, 2**31), got {by!r}")
+        if position.queue is not queue:
+            raise ValueError("sample: advance's position must be on the logits' queue")
+        args.update(position=position.buffer, position_off=np.int64(position.offset),
+                    position_stride=np.int64(position.strides[0]), advance=np.int32(by))
+    return args, word
+
+
 def sample(logits: Tensor, out: Tensor | None = None, *, temperature: float = 1.0, top_k: int | None = None,
-           top_p: float | None = None, uniforms: Tensor | None = None,
-           generator: Generator | None = None) -> Tensor:
+           top_p: float | None = None, uniforms: Tensor | None = None, generator: Generator | None = None,
+           embed: tuple[Tensor, Tensor] | None = None, advance: tuple[Tensor, int] | None = None) -> Tensor:
     """One token id per row of logits (B, V) into out (B,) int32 (any stride; new if None).
 
     temperature 0 is greedy (argmax, the first on ties; -0.0 equals 0.0 and NaN counts as the largest, as in
@@ -91,7 +140,12 @@ def sample(logits: Tensor, out: Tensor | None = None, *, temperature: float = 1.
     Face's warpers, in that order; ties at a threshold are all kept), and one token is drawn from the softmax
     of what is left by the Gumbel-max trick with `uniforms` (B, V) float32 in [0, 1); when None, the numbers
     rand((B, V), generator=generator) would give (netcl.ops.random; the same stream, drawn inside the kernel
-    for the tokens that need them; a recorded step draws fresh ones at each replay)."""
+    for the tokens that need them; a recorded step draws fresh ones at each replay).
+
+    A decode step's next input, in the same launch (a launch of its own each on a GPU costs more than the
+    work): embed=(table (V', D), rows (B, D)) writes rows[b] = table[token[b]] (the embedding of the token,
+    its bits copied; V' >= V, both contiguous, one dtype), and advance=(position (B,) int32, s) adds s to
+    position[b]."""
     temperature, top_k, top_p = check_sampling(temperature, top_k, top_p)
     if not isinstance(logits, Tensor) or logits.ndim != 2 or logits.shape[1] == 0:
         raise ShapeError(f"sample: logits must be a Tensor (batch, vocab) with vocab >= 1, got "
@@ -127,10 +181,11 @@ def sample(logits: Tensor, out: Tensor | None = None, *, temperature: float = 1.
         gen = generator if generator is not None else default_generator
         draw_blocks = max(-(-rows * vocab // 4), 1)
         counter0 = gen.take(draw_blocks)
+    following, word = _next_operands(embed, advance, rows, vocab, queue)
     if rows == 0:
         return out
     split = splits(queue.device, vocab, not greedy and (0 < top_k < vocab or top_p < 1.0))
-    prg, wg = program(queue.device, logits.dtype, greedy, split)
+    prg, wg = program(queue.device, logits.dtype, greedy, split, word)
     scratch = Tensor.empty(queue, (rows, vocab), np.float32) if not greedy and top_p < 1.0 else None
     noise = uniforms if uniforms is not None else out  # (unread unless given)
     parts = Tensor.empty(queue, (rows, split, 2), np.float32) if split > 1 else noise   # (key, index) bits
@@ -144,7 +199,8 @@ def sample(logits: Tensor, out: Tensor | None = None, *, temperature: float = 1.
            out_off=np.int64(out.offset), out_stride=np.int64(out.strides[0]),
            inv_temperature=np.float32(0.0 if greedy else 1.0 / temperature), top_k=np.int32(top_k),
            top_p=np.float32(top_p), arrivals=queue.arrival_counts(rows) if split > 1 else out.buffer,
-           parts=parts.buffer)
+           parts=parts.buffer, **{"table": out.buffer, "next": out.buffer, "position": out.buffer,
+                                  **following})
     if gen is not None:   # a recorded step's replay draws the stream's next numbers, as rand's would
         at = kernel.arg_index
         draw_on_replay(gen, draw_blocks, (at["seed_lo"], at["seed_hi"], at["counter0"]))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import netcl.autograd as ag
 from netcl import amp, ops
 from netcl.autograd import Parameter
 from netcl.core import dtypes
@@ -239,9 +240,10 @@ def test_a_stacked_llama_decodes_with_its_norms_in_the_projections(queue, batch)
     """from_pretrained's layout (q/k/v and gate/up stacked): each RMSNorm of a decode step runs in the
     prologue of the GEMV after it (ops.rms_norm_linear), 6 launches a layer (q/k/v, rope + cache, attention,
     o_proj, gate/up, w2; 5 where the GPU decode kernel rotates and caches the new rows itself,
-    ops.rope_cache_decode_attention) and 5 a step (embedding, kv_len, lm_head with the final norm,
-    sampling, the position advanced in place; no copy), and the greedy tokens follow the float64 NumPy
-    reference's full forward on the same weights."""
+    ops.rope_cache_decode_attention) and 3 a step (kv_len, lm_head with the final norm, and the sampling
+    launch, which also writes the next step's embeddings and advances the position: no lookup of its own, no
+    add, no copy), and the greedy tokens follow the float64 NumPy reference's full forward on the same
+    weights."""
     from tests.models import reference_gpt as ref
 
     model = make(queue, "llama").stack_projections()
@@ -252,7 +254,8 @@ def test_a_stacked_llama_decodes_with_its_norms_in_the_projections(queue, batch)
     names = [op[1].name for op in model._decoder.graph.ops if op[0] == "k"]
     gpu_decode = "attention_decode_gpu" in names   # the device's own choice (NVIDIA: yes; PoCL: no)
     assert ("rope_qkv_cache" in names) != gpu_decode
-    assert model._decoder.graph.launches == (5 if gpu_decode else 6) * c.n_layers + 5
+    assert model._decoder.graph.launches == (5 if gpu_decode else 6) * c.n_layers + 3
+    assert not [n for n in names if "gather" in n or "embedding" in n], names
     assert not [op for op in model._decoder.graph.ops if op[0] != "k"]
     seq = prompt
     for t in tokens:
@@ -409,3 +412,22 @@ def test_a_decode_step_is_one_launch_for_all_layers(queue, monkeypatch, dtype, p
     # one launch a layer before (the first layer's q/k/v product and attention two more) -> `launched`, and
     # the step's kv_len (position + 1), which the whole-layer launches do not read, is not made
     assert launches == (want_launches - (layers + 2) - 1 + launched if fits else want_launches)
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+def test_hidden_from_embeddings_made_before(queue, kind):
+    """GPT.hidden(..., embedded=): the tokens' embeddings made elsewhere (a decode step's sampling launch
+    writes them) in place of the lookup: the same hidden states bit for bit (GPT-2's position embeddings
+    still added), and a clear error for the wrong shape or dtype."""
+    model = make(queue, kind)
+    ids = np.array([[3, 7, 1], [0, model.config.vocab_size - 1, 2]], np.int32)
+    dim = model.config.dim
+    emb = ops.embedding(model.tok_embeddings.weight.value, Tensor.from_host(queue, ids))
+    with ag.no_grad():
+        want = model.hidden(ids).value.to_host()
+        got = model.hidden(ids, embedded=emb).value.to_host()
+        np.testing.assert_array_equal(got, want)
+        with pytest.raises(ShapeError, match=rf"embedded must be a float32 Tensor of shape \(2, 3, {dim}\)"):
+            model.hidden(ids, embedded=emb[:, :2])
+        with pytest.raises(ShapeError, match="embedded must be"):
+            model.hidden(ids, embedded=ops.cast(emb, np.float16))

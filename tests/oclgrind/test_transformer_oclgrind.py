@@ -50,3 +50,23 @@ def test_sample(queue, temperature, top_k, top_p):
         dev(queue, logits), temperature=temperature, top_k=top_k, top_p=top_p, uniforms=dev(queue, u)
     )
     np.testing.assert_array_equal(out.to_host(), sampled(logits, u, temperature, top_k, top_p))
+
+
+@pytest.mark.parametrize("groups", [1, 3])
+def test_sample_writes_the_next_input(queue, monkeypatch, groups):
+    """The sampling launch's next input (embed=, advance=): the tokens' embedding rows copied (2-byte words:
+    a row of 3 float16) and the positions advanced by the work-group that knows each token, a row over
+    `groups` work-groups: every other work-group's stores are done before the copy reads the token."""
+    from netcl.ops import sampling
+
+    monkeypatch.setattr(sampling, "splits", lambda device, vocab, filtered: 1 if filtered else groups)
+    rng = np.random.default_rng(23)
+    logits = (rng.standard_normal((3, 37)) * 2).astype(np.float32)
+    table = rng.standard_normal((40, 3)).astype(np.float16)
+    rows, position = Tensor.zeros(queue, (3, 3), np.float16), dev(queue, np.array([2, 0, 5], np.int32))
+    out = ops.sample(dev(queue, logits), temperature=0, embed=(dev(queue, table), rows),
+                     advance=(position, 1))
+    want = logits.argmax(1)
+    np.testing.assert_array_equal(out.to_host(), want)
+    np.testing.assert_array_equal(rows.to_host(), table[want])
+    np.testing.assert_array_equal(position.to_host(), [3, 1, 6])

@@ -334,3 +334,66 @@ def test_sample_bad_input(queue):
         ops.sample(logits, Tensor.zeros(queue, (2,), np.int64))
     with pytest.raises(ShapeError, match="uniforms"):
         ops.sample(logits, uniforms=Tensor.zeros(queue, (2, 4)))
+
+
+@pytest.mark.parametrize("layout", ["cpu", "gpu"])
+@pytest.mark.parametrize("groups", [1, 3])
+@pytest.mark.parametrize("dtype,dim", [(np.float32, 5), (dtypes.bfloat16, 6), (np.float16, 3), (np.uint8, 7)])
+def test_the_next_input_in_the_sampling_launch(queue, rng, monkeypatch, layout, groups, dtype, dim):
+    """embed= and advance= (a decode step's next input): each row's token embedding (its table row's bits:
+    4-, 2- and 1-byte copy words by the row's size and offsets, a table with more rows than the vocabulary,
+    rows a view inside a larger tensor) and its position advanced, in the sampling launch, for greedy, the
+    unfiltered draw (a row over `groups` work-groups where the layout allows) and top-k: the same tokens as
+    without, and what ops.embedding and an add make of them; nothing else of `rows` or `position` touched."""
+    from netcl.ops import sampling
+
+    monkeypatch.setattr(sampling, "variant_override", layout)
+    monkeypatch.setattr(sampling, "splits", lambda device, vocab, filtered: 1 if filtered else groups)
+    vocab, b = 300, 3
+    logits = Tensor.from_host(queue, (rng.standard_normal((b, vocab)) * 3).astype(np.float32))
+    host = (rng.integers(0, 256, (vocab + 4, dim)) if dtype == np.uint8
+            else rng.standard_normal((vocab + 4, dim))).astype(dtype)
+    table = Tensor.from_host(queue, host)
+    for mode in ({"temperature": 0}, {"temperature": 0.8}, {"temperature": 0.8, "top_k": 5}):
+        kw = {**mode, "generator": Generator(7)}
+        want = ops.sample(logits, **kw).to_host()
+        kw["generator"] = Generator(7)
+        big = Tensor.from_host(queue, np.zeros(b * dim + 3, dtype))
+        rows = big[1:1 + b * dim].reshape(b, dim)   # offset 1: the copy takes smaller words
+        position = Tensor.from_host(queue, np.array([4, 0, 9], np.int32))
+        got = ops.sample(logits, **kw, embed=(table, rows), advance=(position, 2)).to_host()
+        np.testing.assert_array_equal(got, want, err_msg=str(kw))
+        expect = np.zeros(b * dim + 3, dtype)
+        expect[1:1 + b * dim] = host[want].reshape(-1)
+        np.testing.assert_array_equal(big.to_host().view(np.uint8), expect.view(np.uint8), err_msg=str(kw))
+        np.testing.assert_array_equal(rows.to_host().view(np.uint8),
+                                      ops.embedding(table, Tensor.from_host(queue, want.astype(np.int32)))
+                                      .to_host().view(np.uint8))
+        np.testing.assert_array_equal(position.to_host(), [6, 2, 11])
+
+
+def test_the_next_input_bad_operands(queue):
+    logits = Tensor.zeros(queue, (2, 5))
+    table = Tensor.zeros(queue, (5, 4))
+    rows = Tensor.zeros(queue, (2, 4))
+    position = Tensor.zeros(queue, (2,), np.int32)
+    with pytest.raises(TypeError, match="embed must be a tuple"):
+        ops.sample(logits, temperature=0, embed=table)
+    with pytest.raises(ShapeError, match="fewer than the logits' vocabulary 5"):
+        ops.sample(logits, temperature=0, embed=(Tensor.zeros(queue, (4, 4)), rows))
+    with pytest.raises(ShapeError, match="contiguous 2-D"):
+        ops.sample(logits, temperature=0, embed=(Tensor.zeros(queue, (4, 5)).T, rows))
+    with pytest.raises(ShapeError, match=r"shape \(2, 4\)"):
+        ops.sample(logits, temperature=0, embed=(table, Tensor.zeros(queue, (2, 3))))
+    with pytest.raises(ShapeError, match="float32 Tensor"):
+        ops.sample(logits, temperature=0, embed=(table, Tensor.zeros(queue, (2, 4), np.float16)))
+    with pytest.raises(TypeError, match="advance must be a tuple"):
+        ops.sample(logits, temperature=0, advance=position)
+    with pytest.raises(ShapeError, match="int32 Tensor of shape"):
+        ops.sample(logits, temperature=0, advance=(Tensor.zeros(queue, (2,), np.int64), 1))
+    with pytest.raises(ValueError, match="advance's step"):
+        ops.sample(logits, temperature=0, advance=(position, -1))
+    with pytest.raises(ValueError, match="advance's step"):
+        ops.sample(logits, temperature=0, advance=(position, 1.0))
+    np.testing.assert_array_equal(rows.to_host(), 0)   # nothing written by a refused call
+    np.testing.assert_array_equal(position.to_host(), 0)
