@@ -14,6 +14,8 @@ $(STAMP): pyproject.toml
 	@# the bytecode on every core (pip compiles it on one: 30 of its 54 s on 2 cores); a file that does not
 	@# compile (torch ships test files of newer Pythons) is left to Python, as pip leaves it
 	$(PY) -m compileall -q -j 0 $(VENV)/lib >/dev/null 2>&1 || true
+	@# a driver that builds programs: Debian's PoCL where the pocl extra's does not know this CPU (Zen 5)
+	$(PY) scripts/cpu_driver.py
 	touch $(STAMP)
 
 install: $(STAMP)

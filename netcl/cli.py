@@ -42,7 +42,8 @@ def cmd_devices(args: argparse.Namespace) -> int:
     try:
         chosen = manager.default("auto")
     except NetclError as exc:
-        print(f"netcl: NETCL_DEVICE={config.device_spec()!r} matches nothing: {exc}", file=sys.stderr)
+        where = f"NETCL_DEVICE={config.device_spec()!r} matches nothing: " if config.device_spec() else ""
+        print(f"netcl: {where}{exc}", file=sys.stderr)
         chosen = None
     platform = None
     for h in handles:
@@ -81,6 +82,9 @@ def cmd_devices(args: argparse.Namespace) -> int:
         )
         widths = ", ".join(f"{k} {v}" for k, v in c.preferred_vector_width.items())
         print(f"      vectors     {widths}")
+        if h.kind == "cpu" and h.compiler_unusable:
+            print("      compiler    builds no program: its LLVM does not know this CPU ('unknown target CPU "
+                  "generic'); passed over by auto")
         store = variants.verdicts(h)
         for key, reason in store.rejected().items():
             print(f"      rejected    {key.rsplit(' | ', 1)[0]}: {reason}")

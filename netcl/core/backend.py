@@ -331,9 +331,18 @@ def _build_from_source(device: Any, source: str, options: tuple[str, ...], name:
     lines = _offending_lines(log, source)
     msg = [f"OpenCL program {name} failed to build on {device.describe()}", f"options: {' '.join(options)}"]
     msg.append("build log:\n" + "\n".join(log.splitlines()[:40]))
+    if "unknown target cpu" in log.lower():
+        msg.append(f"The driver's compiler does not know this CPU: {CPU_DRIVER_HINT}.")
     if lines:
         msg.append("source:\n" + lines)
     raise KernelBuildError("\n".join(msg), log=log, source=source, options=options)
+
+
+# what to do where PoCL's compiler does not know the CPU (a build's "unknown target CPU"; device.py's
+# DeviceHandle.compiler_unusable)
+CPU_DRIVER_HINT = ("install a PoCL whose LLVM knows this CPU, e.g. Debian's (`sudo apt-get install "
+                   "pocl-opencl-icd`; netcl then finds it beside the pocl extra's), or name another device "
+                   "with NETCL_DEVICE")
 
 
 def _driver_cache_race(device: Any, log: str) -> bool:

@@ -11,7 +11,7 @@ import pyopencl as cl
 
 from netcl import config
 from netcl.core import variants
-from netcl.core.backend import Queue
+from netcl.core.backend import CPU_DRIVER_HINT, Queue
 from netcl.core.memory import BufferPool
 from netcl.core.profile_hooks import start_whole_program
 from netcl.errors import DeviceError, NoPlatformError
@@ -136,6 +136,7 @@ class DeviceHandle:
         self._queue = None
         self._pool = None
         self._fp16: bool | None = None
+        self._unusable: str | None = None
 
     # -- identity -------------------------------------------------------------------------
     @property
@@ -166,6 +167,25 @@ class DeviceHandle:
         (the gemv's RMSNorm prologue on half rows: variants.gemv_rms_miscompiled) or to abort on them."""
         return self.kind == "cpu" and self.capabilities.driver_version.startswith("3.0") and \
             "Portable" in str(self.platform_name)
+
+    @property
+    def compiler_unusable(self) -> str | None:
+        """Why this device's compiler builds no program at all, else None: PoCL on a CPU its LLVM does not
+        know names the CPU 'generic' (its version string's HSTR ends so), a target LLVM refuses ("unknown
+        target CPU 'generic'", pocl/pocl#1049: PyPI's PoCL 3.0 with LLVM 14 on AMD's Zen 5). Only such a
+        device is tried, with a one-line program; "auto" and the kinds pass over it."""
+        if self._unusable is None:
+            self._unusable = ""
+            if "portable" in self.platform_name.lower() \
+                    and self.capabilities.opencl_version.strip().endswith("-generic"):
+                try:
+                    cl.Program(self.context, "__kernel void k(__global int *x) { x[0] = 1; }").build()
+                except cl.Error as exc:
+                    if "unknown target cpu" in str(exc).lower():
+                        self._unusable = (f"{self.describe()} builds no program: its compiler (PoCL "
+                                          f"{self.capabilities.driver_version}) does not know this CPU "
+                                          "(LLVM's 'unknown target CPU generic')")
+        return self._unusable or None
 
     @property
     def spec(self) -> str:
@@ -326,16 +346,20 @@ class DeviceManager:
         raw = spec.strip()
         key = raw.lower()
         real = [h for h in handles if not h.is_simulator] or handles
-        if key == "auto":
-            for kind in _KIND_ORDER:
+        if key == "auto" or key in _KIND_ORDER:
+            passed = []   # devices whose compiler builds nothing (compiler_unusable)
+            for kind in _KIND_ORDER if key == "auto" else (key,):
                 for h in real:
                     if h.kind == kind:
-                        return h
-            return real[0]
-        if key in _KIND_ORDER:
-            for h in real:
-                if h.kind == key:
-                    return h
+                        if not h.compiler_unusable:
+                            return h
+                        passed.append(h.compiler_unusable)
+            if passed:
+                raise DeviceError("no usable " + ("OpenCL" if key == "auto" else key) + " device: "
+                                  + "; ".join(passed) + f". To fix: {CPU_DRIVER_HINT}. Devices here:\n"
+                                  + self.listing())
+            if key == "auto":
+                return real[0]
             raise DeviceError(f"no {key} device is present; devices here:\n{self.listing()}")
         if ":" in key:
             parts = key.split(":")

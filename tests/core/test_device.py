@@ -95,3 +95,50 @@ def test_devices_cli_without_platform(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 1
     assert "pocl" in out.stderr and "PLATFORM_NOT_FOUND" not in out.stderr
+
+
+class _Handle:
+    """A stand-in device for the selection rules: kind, simulator or not, and why its compiler fails."""
+
+    def __init__(self, index, kind, unusable=None, simulator=False):
+        self.index, self.kind, self.compiler_unusable, self.is_simulator = index, kind, unusable, simulator
+        self.spec = f"{index[0]}:{index[1]}"
+
+    def describe(self):
+        return f"[{self.spec}] fake ({self.kind})"
+
+
+def test_auto_and_kinds_pass_over_a_compiler_that_builds_nothing():
+    """A CPU driver whose compiler does not know the CPU (PyPI's PoCL 3.0 on Zen 5: 'unknown target CPU
+    generic') is passed over by auto and by kind for another one; where it is the only one, the error says
+    why and what to install; named by index it is still given (its builds then say the same)."""
+    broken = _Handle((1, 0), "cpu", unusable="[1:0] fake builds no program: unknown target CPU")
+    fresh = DeviceManager()
+    fresh._handles = [_Handle((0, 0), "gpu", simulator=True), broken, _Handle((2, 0), "cpu")]
+    assert fresh.get("auto").index == (2, 0)
+    assert fresh.get("cpu").index == (2, 0)
+    assert fresh.get("1:0") is broken
+    fresh._handles = fresh._handles[:2]
+    for spec in ("auto", "cpu"):
+        with pytest.raises(DeviceError, match=r"no usable .* unknown target CPU.*apt-get install pocl-"):
+            fresh.get(spec)
+
+
+def test_compiler_unusable_only_where_pocl_says_generic():
+    """Every device here: one that builds is never flagged, and a flagged one is a PoCL naming the CPU
+    'generic' whose builds fail (on AMD's Zen 5 with PyPI's PoCL 3.0 next to Debian's, both cases)."""
+    import pyopencl as cl
+
+    for h in manager.devices():
+        if h.is_simulator:
+            continue
+        reason = h.compiler_unusable
+        try:
+            cl.Program(h.context, "__kernel void k(__global int *x) { x[0] = 2; }").build()
+            builds = True
+        except cl.Error:
+            builds = False
+        assert (reason is None) == builds, (h.describe(), reason)
+        if reason is not None:
+            assert h.capabilities.opencl_version.strip().endswith("-generic")
+            assert "unknown target CPU" in reason
