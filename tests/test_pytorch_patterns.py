@@ -368,7 +368,28 @@ def test_dim_and_keepdim_beside_axis_and_keepdims(queue, rng):
     assert np.array_equal(values.to_host(), a.max(1)) and indices.to_host().tolist() == a.argmax(1).tolist()
     low = t.min(dim=0, keepdim=True)
     assert low.values.shape == (1, 5) and low.indices.to_host().tolist() == [a.argmin(0).tolist()]
-    assert isinstance(t.max(axis=1), Tensor) and isinstance(t.max(1), Tensor)
+    assert isinstance(t.max(axis=1), Tensor)
+    # a positional axis, where NumPy's answer and PyTorch's differ: both spellings said, no answer given
+    for call, words in ((lambda: t.max(1), r"max: name the axis: axis=1 gives the values alone .* dim=1 "
+                         r"\(values, indices\)"),
+                        (lambda: node.min(0), r"min: name the axis: axis=0"),
+                        (lambda: t.std(1), r"std: name the axis: axis=1 divides by n - ddof .* dim=1 by n - "
+                         "correction"),
+                        (lambda: node.var(0), "var: name the axis")):
+        with pytest.raises(TypeError, match=words):
+            call()
+    # var and std spelled as in PyTorch divide by n - 1 (correction=, unbiased= too); NumPy's by n - ddof
+    np.testing.assert_allclose(t.std(dim=1).to_host(), a.std(1, ddof=1), rtol=1e-5)
+    np.testing.assert_allclose(node.std(dim=1).numpy(), a.std(1, ddof=1), rtol=1e-5)
+    np.testing.assert_allclose(t.var(dim=0, unbiased=False).to_host(), a.var(0), rtol=1e-5)
+    np.testing.assert_allclose(t.var(dim=0, correction=2).to_host(), a.var(0, ddof=2), rtol=1e-5)
+    np.testing.assert_allclose(node.std(axis=1, correction=1).numpy(), a.std(1, ddof=1), rtol=1e-5)
+    np.testing.assert_allclose(t.var(1, ddof=1).to_host(), a.var(1, ddof=1), rtol=1e-5)   # told: no error
+    np.testing.assert_allclose(t.var(axis=1).to_host(), a.var(1), rtol=1e-5)
+    with pytest.raises(TypeError, match="ddof, correction and unbiased are one argument"):
+        t.var(dim=1, ddof=0, correction=1)
+    with pytest.raises(TypeError, match="unbiased must be True or False"):
+        t.std(dim=1, unbiased=1)
     with ag.Tape() as tape:
         x = ag.tensor(t, requires_grad=True)
         best, where = x.max(dim=1)

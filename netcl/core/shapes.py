@@ -159,6 +159,7 @@ def element_count(shape: tuple[int, ...]) -> ElementCount:
 
 # -- PyTorch's names for the axis arguments -------------------------------------------------------------
 _TORCH_NAMES = (("dim", "axis"), ("keepdim", "keepdims"))
+_DIVISORS = ("ddof", "correction", "unbiased")   # var's and std's n - ddof: NumPy's name and PyTorch's two
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -173,17 +174,42 @@ def torch_names(fn: F | None = None, *, indices: str | None = None) -> Any:
     """Let a reduction that takes `axis` (and `keepdims`) take PyTorch's `dim` (and `keepdim`) too. Giving
     both names of one argument is a TypeError naming them. `indices`, the name of a function (x, axis,
     keepdims) -> indices in the reduction's module (argmax for max), makes the `dim=` spelling return
-    PyTorch's ValuesIndices: `v, i = x.max(dim=1)` means there what it means in PyTorch."""
+    PyTorch's ValuesIndices: `v, i = x.max(dim=1)` means there what it means in PyTorch. A reduction with
+    `ddof` (var, std) takes PyTorch's `correction=` and `unbiased=` for it, and spelled with `dim=` divides
+    by n - 1 unless told otherwise, as PyTorch's does (NumPy's `axis=` by n). Where the two libraries'
+    answers differ (max and min: a pair or the values; var and std: n - 1 or n) the axis must be named:
+    `x.max(1)` is a TypeError that says both spellings, never the other library's answer in silence."""
 
     def decorate(fn: F) -> F:
         signature = inspect.signature(fn)
         where = {name: i for i, name in enumerate(signature.parameters)}
+        differs = indices is not None or "ddof" in where   # NumPy's and PyTorch's answers differ
 
         @functools.wraps(fn)
         def reduction(*args: Any, **kwargs: Any) -> Any:
+            told = len(args) > where.get("ddof", len(args)) or any(k in kwargs for k in _DIVISORS)
+            if differs and len(args) > where["axis"] and not (indices is None and told):
+                a = args[where["axis"]]
+                what = ("gives the values alone (NumPy's), dim={a!r} (values, indices) (PyTorch's)"
+                        if indices is not None else "divides by n - ddof (ddof 0 unless given: NumPy's), "
+                        "dim={a!r} by n - correction (correction 1 unless given: PyTorch's)")
+                raise TypeError(f"{fn.__name__}: name the axis: axis={a!r} " + what.format(a=a))
+            if "ddof" in where and ("correction" in kwargs or "unbiased" in kwargs):
+                if sum(k in kwargs for k in _DIVISORS) > 1 or len(args) > where["ddof"]:
+                    raise TypeError(f"{fn.__name__}: ddof, correction and unbiased are one argument; "
+                                    "give one")
+                if "unbiased" in kwargs:
+                    unbiased = kwargs.pop("unbiased")
+                    if not isinstance(unbiased, bool):
+                        raise TypeError(f"{fn.__name__}: unbiased must be True or False, got {unbiased!r}")
+                    kwargs["ddof"] = int(unbiased)
+                else:
+                    kwargs["ddof"] = kwargs.pop("correction")
             if "dim" not in kwargs and "keepdim" not in kwargs:
                 return fn(*args, **kwargs)
             pytorch = "dim" in kwargs
+            if pytorch and "ddof" in where and "ddof" not in kwargs:
+                kwargs["ddof"] = 1   # PyTorch's default correction
             for torch_name, name in _TORCH_NAMES:
                 if torch_name not in kwargs:
                     continue

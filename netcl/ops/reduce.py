@@ -191,7 +191,7 @@ def var(x: Tensor, axis: Any = None, keepdims: bool = False, ddof: int = 0) -> T
 @torch_names
 def std(x: Tensor, axis: Any = None, keepdims: bool = False, ddof: int = 0) -> Tensor:
     """Standard deviation: sqrt(var)."""
-    return sqrt(var(x, axis, keepdims, ddof))
+    return sqrt(var(x, axis=axis, keepdims=keepdims, ddof=ddof))
 
 
 def _rowwise(op: str, mode: str, x: Tensor, axis: int) -> Tensor:

@@ -92,7 +92,7 @@ def test_any_all_var_std_lse(queue, rng, layout):
     np.testing.assert_array_equal(ops.any(x > 1, 1).to_host(), (a > 1).any(1))
     np.testing.assert_array_equal(ops.all(x > -1, 0).to_host(), (a > -1).all(0))
     d = a.astype(np.float64)
-    assert_close(ops.var(x, 0), d.var(0), np.float32, rtol=1e-5)
+    assert_close(ops.var(x, axis=0), d.var(0), np.float32, rtol=1e-5)
     assert_close(ops.std(x, 1, ddof=1), d.std(1, ddof=1), np.float32, rtol=1e-5)
     assert_close(ops.logsumexp(x * 30, 1), np.log(np.exp(d * 30).sum(1)), np.float32, rtol=1e-5)
     ninf = Tensor.from_host(queue, np.full((2, 3), -np.inf, np.float32))
@@ -269,7 +269,7 @@ def test_empty_and_errors(queue):
     np.testing.assert_array_equal(ops.sum(z, 0).to_host(), np.zeros(4))
     np.testing.assert_array_equal(ops.prod(z, 0).to_host(), np.ones(4))
     with pytest.raises(ShapeError, match="zero-size"):
-        ops.max(z, 0)
+        ops.max(z, axis=0)
     x = Tensor.from_host(queue, np.zeros((3, 4), np.float32))
     with pytest.raises(ShapeError, match=r"axis 2 is out of range.*\(3, 4\)"):
         ops.sum(x, 2)
