@@ -520,7 +520,10 @@ def test_pytorch_names_a_tensor_lacks_say_netcls(queue):
     assert x.detach() is x
     for name, hint in (("t", "x.T"), ("dim", "x.ndim"), ("add_", "x += y"), ("zero_", "x.fill_(0)"),
                        ("exp_", "x[...] = netcl.ops.exp(x"), ("topk", "netcl.ops.topk(x"),
-                       ("requires_grad", "ag.tensor(x, requires_grad=True)")):
+                       ("requires_grad", "ag.tensor(x, requires_grad=True)"), ("flatten", "x.reshape(-1)"),
+                       ("amax", "x.max(axis=...)"), ("mT", "x.transpose(-1, -2)"),
+                       ("sort", "netcl.ops.topk(x"), ("type_as", "x.astype(other.dtype)"),
+                       ("zeros_like", "Tensor.zeros(x.queue")):
         with pytest.raises(AttributeError, match=re.escape(f"no attribute '{name}'; netcl spells it {hint}")):
             getattr(x, name)
     for name in ("no_such_thing", "_private"):
@@ -555,3 +558,33 @@ def test_item_assignment_on_a_parameter(queue):
     with ag.Tape(), pytest.raises(NetclError, match=r"while a Tape records.*ag.no_grad\(\)"):
         emb.weight[1] = 0.0
     np.testing.assert_array_equal(emb.weight.numpy(), w)
+
+
+def test_flatten_merges_every_axis_unless_told(queue):
+    """node.flatten() and ag.flatten(node) as torch.flatten: every axis (it kept the batch axis, as nn.Flatten
+    does, which keeps its start_dim=1)."""
+    node = ag.tensor(Tensor.from_host(queue, np.arange(24, dtype=np.float32).reshape(2, 3, 4)))
+    assert node.flatten().shape == (24,) and ag.flatten(node).shape == (24,)
+    assert node.flatten(1).shape == (2, 12) and ag.flatten(node, 0, 1).shape == (6, 4)
+    assert nn.Flatten()(node).shape == (2, 12)
+    np.testing.assert_array_equal(node.flatten().numpy(), np.arange(24))
+
+
+def test_dim_on_the_joins_splits_and_squeezes(queue):
+    """cat, stack, split, chunk, squeeze and unsqueeze take PyTorch's `dim=` beside `axis=`, on Tensors
+    (netcl.ops and the methods) and Nodes, with the same results; both names at once are refused."""
+    a = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    x = Tensor.from_host(queue, a)
+    n = ag.tensor(x)
+    np.testing.assert_array_equal(ag.cat([n, n], dim=1).numpy(), np.concatenate([a, a], 1))
+    np.testing.assert_array_equal(ag.stack([n, n], dim=1).numpy(), np.stack([a, a], 1))
+    np.testing.assert_array_equal(ops.concat([x, x], dim=2).to_host(), np.concatenate([a, a], 2))
+    np.testing.assert_array_equal(ops.stack([x, x], dim=-1).to_host(), np.stack([a, a], -1))
+    for parts in (ops.split(x, 3, dim=-1), ops.chunk(x, 2, dim=-1), n.split(3, dim=-1), n.chunk(2, dim=-1)):
+        got = [p.to_host() if isinstance(p, Tensor) else p.numpy() for p in parts]
+        np.testing.assert_array_equal(np.concatenate(got, -1), a)
+    assert x.unsqueeze(dim=0).shape == (1, 2, 3, 4) and n.unsqueeze(dim=-1).shape == (2, 3, 4, 1)
+    assert x.reshape(1, 24).squeeze(dim=0).shape == (24,)
+    assert ag.tensor(x.reshape(1, 24)).squeeze(dim=0).shape == (24,)
+    with pytest.raises(TypeError, match="one argument"):
+        ops.concat([x, x], axis=0, dim=1)

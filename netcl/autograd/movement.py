@@ -7,6 +7,7 @@ from __future__ import annotations
 from netcl import ops
 from netcl.autograd.declared import OPS
 from netcl.autograd.engine import Node, as_node, record
+from netcl.core.shapes import torch_names
 from netcl.core.tensor import Tensor
 
 # the view ops generated from their declarations in netcl.ops.movement (netcl.autograd.declared)
@@ -25,7 +26,9 @@ def contiguous(x: Node) -> Node:
     return record(x.value.contiguous(), (x,), lambda g: (g,), "contiguous")
 
 
-def flatten(x: Node, start_dim: int = 1, end_dim: int = -1) -> Node:
+def flatten(x: Node, start_dim: int = 0, end_dim: int = -1) -> Node:
+    """Axes start_dim..end_dim merged into one (torch.flatten: all of them unless told; nn.Flatten keeps
+    the batch axis with its start_dim=1)."""
     shape = x.shape
     nd = len(shape)
     s, e = start_dim % nd, end_dim % nd
@@ -35,6 +38,7 @@ def flatten(x: Node, start_dim: int = 1, end_dim: int = -1) -> Node:
     return reshape(x, shape[:s] + (merged,) + shape[e + 1 :])
 
 
+@torch_names
 def concat(xs: list[Node], axis: int = 0) -> Node:
     """Join along `axis`; each input's gradient is its slice of g (a view)."""
     nodes = [as_node(x) for x in xs]
@@ -65,11 +69,13 @@ def concat(xs: list[Node], axis: int = 0) -> Node:
 cat = concat
 
 
+@torch_names
 def stack(xs: list[Node], axis: int = 0) -> Node:
     nodes = [unsqueeze(as_node(x), axis) for x in xs]
     return concat(nodes, axis=axis)
 
 
+@torch_names
 def split(x: Node, sizes: int | list[int], axis: int = 0) -> list[Node]:
     """Pieces of x along axis (views through getitem)."""
     x = as_node(x)
@@ -84,6 +90,7 @@ def split(x: Node, sizes: int | list[int], axis: int = 0) -> list[Node]:
     return pieces
 
 
+@torch_names
 def chunk(x: Node, chunks: int, axis: int = 0) -> list[Node]:
     size = -(-x.shape[axis % x.ndim] // chunks)
     return split(x, size, axis)

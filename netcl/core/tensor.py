@@ -117,6 +117,13 @@ _PYTORCH_SPELLINGS = {
     "type": "x.dtype, and x.astype(dtype) to convert",
     "is_cuda": "x.device (the netcl device handle: x.device.describe())",
     "new_zeros": "Tensor.zeros(x.queue, shape, x.dtype)",
+    "zeros_like": "Tensor.zeros(x.queue, x.shape, x.dtype)",
+    "flatten": "x.reshape(-1) (or x.reshape(x.shape[0], -1) for PyTorch's flatten(1))",
+    "amax": "x.max(axis=...) (NumPy's: the values alone)",
+    "amin": "x.min(axis=...) (NumPy's: the values alone)",
+    "mT": "x.transpose(-1, -2)",
+    "type_as": "x.astype(other.dtype)",
+    "sort": "netcl.ops.topk(x, k=x.shape[-1]) (values and indices, largest first)",
 }
 
 
@@ -623,6 +630,7 @@ class Tensor:
         """All axes reversed (NumPy's .T)."""
         return self.permute(tuple(reversed(range(self.ndim))))
 
+    @shapes.torch_names
     def squeeze(self, axis: int | None = None) -> Tensor:
         if axis is None:
             keep = [i for i, s in enumerate(self.shape) if s != 1]
@@ -635,6 +643,7 @@ class Tensor:
             tuple(self.shape[i] for i in keep), tuple(self.strides[i] for i in keep), self.offset
         )
 
+    @shapes.torch_names
     def unsqueeze(self, axis: int) -> Tensor:
         axis = shapes.axis(axis, self.ndim + 1, "unsqueeze axis", shape_of=self.shape)
         shape = list(self.shape)

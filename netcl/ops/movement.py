@@ -16,6 +16,7 @@ import numpy as np
 from netcl import kernels
 from netcl.core import dtypes, shapes
 from netcl.core.backend import as_queue, device_check
+from netcl.core.shapes import torch_names
 from netcl.core.tensor import MAX_DIMS, Tensor, check_same_queue
 from netcl.errors import DTypeError, ShapeError
 from netcl.jit import ir, lazy
@@ -79,6 +80,7 @@ def _axis(op: str, ndim: int, axis: int, shape: tuple[int, ...]) -> int:
     return shapes.axis(axis, ndim, f"{op}: axis", shape_of=shape)
 
 
+@torch_names
 def concat(tensors: Any, axis: int = 0) -> Tensor:
     """Join tensors along an existing axis (dtypes promoted; one launch per piece, pieces that are
     pending elementwise results are computed inside their copy)."""
@@ -110,6 +112,7 @@ def concat(tensors: Any, axis: int = 0) -> Tensor:
     return out
 
 
+@torch_names
 def stack(tensors: Any, axis: int = 0) -> Tensor:
     """Join equal-shaped tensors along a new axis."""
     ts = list(tensors)
@@ -123,6 +126,7 @@ def stack(tensors: Any, axis: int = 0) -> Tensor:
     return concat([t.unsqueeze(ax) for t in ts], ax)
 
 
+@torch_names
 def split(x: Tensor, split_size_or_sections: Any, axis: int = 0) -> list[Tensor]:
     """Views of x along `axis`: pieces of `split_size` (the last may be smaller), or of the given
     list of sizes (PyTorch's torch.split)."""
@@ -144,6 +148,7 @@ def split(x: Tensor, split_size_or_sections: Any, axis: int = 0) -> list[Tensor]
     return out
 
 
+@torch_names
 def chunk(x: Tensor, chunks: int, axis: int = 0) -> list[Tensor]:
     """Split into `chunks` views of ceil(n / chunks) elements along `axis` (torch.chunk)."""
     chunks = shapes.size(chunks, "chunk: chunks", minimum=1)
