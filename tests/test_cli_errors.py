@@ -159,6 +159,17 @@ def test_profile_keeps_a_scripts_exit_message(tmp_path, capsys):
     assert "bad input: need --n" in capsys.readouterr().err  # was swallowed
 
 
+def test_tune_refuses_a_size_the_device_cannot_hold(capsys, monkeypatch, tmp_path):
+    """A --size whose A, B and C exceed the device (a host array of 37 GiB was a raw numpy MemoryError):
+    one line naming the bytes, the device and what to do, nothing measured or stored."""
+    monkeypatch.setenv("NETCL_CACHE_DIR", str(tmp_path))
+    for size in ("100000", "1x1x100000000000"):
+        assert main(["tune", "--size", size, "--limit", "1"]) == 1
+        err = capsys.readouterr().err
+        assert "GEMM's A, B and C take" in err and "pick a smaller --size" in err and err.count("\n") == 1
+    assert not list(tmp_path.iterdir())
+
+
 def test_tune_names_its_device_flag(capsys):
     assert main(["tune", "--show", "--device", "9:9"]) == 1
     assert "netcl: --device 9:9: no device at index 9:9; devices here:" in capsys.readouterr().err

@@ -8,6 +8,7 @@ import json
 import numpy as np
 
 from netcl.core.device import manager
+from netcl.core.memory import format_bytes
 from netcl.errors import NetclError
 from netcl.kernels.tuning import database_for
 from netcl.ops.gemm import flops
@@ -37,6 +38,22 @@ def _positive_int(text: str) -> int:
 
 
 # Flags that only a measurement reads: with --show or --reset they would be silently ignored.
+def _check_fits(device: object, size: tuple[int, int, int], dtype_names: list[str]) -> None:
+    """A clear error where the GEMM's A, B and C of `size` do not fit the device (each one allocation) or
+    this host (A and B are made here first)."""
+    m, n, k = size
+    caps = device.capabilities  # type: ignore[attr-defined]
+    for name in dtype_names:
+        item = np.dtype(name).itemsize
+        largest, total = max(m * k, k * n, m * n) * item, (m * k + k * n + m * n) * item
+        if largest > caps.max_alloc or total > caps.global_mem:
+            raise NetclError(
+                f"--size {m}x{n}x{k}: the {name} GEMM's A, B and C take {format_bytes(total)} (the largest "
+                f"{format_bytes(largest)}), more than {device.describe()} holds (global "  # type: ignore[attr-defined]
+                f"{format_bytes(caps.global_mem)}, largest allocation {format_bytes(caps.max_alloc)}); "
+                "pick a smaller --size")
+
+
 _MEASURE_FLAGS = {"quick": "--quick", "size": "--size", "limit": "--limit", "dry_run": "--dry-run",
                   "verbose": "--verbose"}
 
@@ -76,6 +93,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         return 0
     variant = "cpu" if device.capabilities.kind == "cpu" else "tiled"
     size = args.size or default_size(device, args.quick)
+    _check_fits(device, size, args.dtype)
     print(f"tuning GEMM ({variant} kernel) on {device.describe()}, size {size[0]}x{size[1]}x{size[2]}")
     for dtype_name in args.dtype:
         dt = np.dtype(dtype_name)
