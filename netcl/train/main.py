@@ -6,6 +6,7 @@ TensorBoard scalars with --tensorboard DIR. The run itself (directory, resume, c
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from pathlib import Path
@@ -249,6 +250,9 @@ def run(args: argparse.Namespace) -> int:
         bar.close()
         left_out = balancer is not None and not balancer.working  # its weights are behind: no evaluation
         acc = run.agree(None if left_out else evaluate(model, x_test, data.y_test, q))
+        if losses and not math.isfinite(losses[-1]):   # the weights are no longer finite: nothing to keep
+            raise NetclError(f"the training loss became {losses[-1]} in epoch {epoch + 1}; training diverged "
+                             f"(this epoch not saved): try a lower --lr (it was {s['lr']:g})")
         history["loss"].extend(losses)
         history["test_accuracy"].append(acc)
         history["epoch_seconds"].append(seconds)

@@ -183,3 +183,14 @@ def test_patience_stops_netcl_train_and_best_keeps_the_best_epoch(tmp_path, caps
     assert main(["train", "--resume", str(out), "--no-progress"]) == 0
     assert read_checkpoint(out / "checkpoint.safetensors")[1]["epoch"] == 6
     assert read_checkpoint(out / "best.safetensors")[1]["epoch"] == 6
+
+
+def test_a_diverging_run_stops_with_what_to_change(tmp_path, capsys):
+    """A loss that became NaN (lr 1e30) ends the run with one line (the epoch, the lr, what to try) and saves
+    nothing of that epoch (it printed 'mean loss nan', saved the NaN weights as the best and exited 0)."""
+    out = tmp_path / "run"
+    assert main(_digits(out, "--epochs", "2", "--lr", "1e30")) == 1
+    err = capsys.readouterr().err
+    assert "the training loss became nan in epoch 1; training diverged (this epoch not saved): try a lower " \
+           "--lr (it was 1e+30)" in err and "Traceback" not in err
+    assert not (out / "checkpoint.safetensors").exists() and not (out / "best.safetensors").exists()
