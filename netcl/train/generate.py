@@ -213,8 +213,9 @@ def run_generate(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     out: TextIO = sys.stdout
-    out.write(args.prompt)
-    out.flush()
+    # the prompt goes out with the first piece: the first token builds the kernels, whose notice (stderr)
+    # would otherwise land inside the echoed line
+    head = [args.prompt]
     try:
         for piece in stream_tokens(
             model,
@@ -227,12 +228,13 @@ def run_generate(args: argparse.Namespace) -> int:
             seed=args.seed,
             stop=stop_ids(args.checkpoint, tokenizer),
         ):
-            out.write(piece)
+            out.write("".join(head) + piece)
+            head.clear()
             out.flush()
     except KeyboardInterrupt:  # Ctrl-C ends the text where it is
-        out.write("\n")
+        out.write("".join(head) + "\n")
         return 130
-    out.write("\n")
+    out.write("".join(head) + "\n")
     return 0
 
 
@@ -325,7 +327,7 @@ def _chat_loop(
         if dropped:
             print(f"(dropped the {dropped} oldest message(s) to fit the context window of {context} tokens)",
                   file=sys.stderr)
-        print("assistant> ", end="", flush=True)
+        head = ["assistant> "]   # out with the first piece (the first turn's kernels' notice before it)
         reply: list[str] = []
         # a SentencePiece reply's first token carries the space its tokenizer puts before a text; the reply
         # is its own text (Hugging Face's decode drops that space too)
@@ -340,7 +342,8 @@ def _chat_loop(
                     if not piece:
                         continue
             reply.append(piece)
-            print(piece, end="", flush=True)
-        print()
+            print("".join(head) + piece, end="", flush=True)
+            head.clear()
+        print("".join(head))
         messages.append({"role": "assistant", "content": "".join(reply)})
         turn += 1
