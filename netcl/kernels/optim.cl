@@ -17,12 +17,14 @@
  *   N_TENSORS  tensors per launch, 1..8
  *   ITEMS      consecutive elements per work-item (default 1)
  *   OPT        the rule, by name (netcl.ops.update passes the name, never its value):
- *              OPT_SGD (sa momentum buffer), OPT_ADAM (Adam/AdamW: sa exp_avg, sb exp_avg_sq),
+ *              OPT_SGD (sa momentum buffer), OPT_ADAM (Adam/AdamW: sa exp_avg, sb exp_avg_sq, sc
+ *              max_exp_avg_sq with amsgrad),
  *              OPT_RMSPROP (sa square_avg, sb grad_avg, sc momentum buffer)
  * Scalars (HYPER_ARGS, all ACC unless noted; the host passes them by these names):
  *   OPT_SGD     lr, momentum, dampening, weight_decay, nesterov (int), first_step (int: buf = g)
  *   OPT_ADAM    lr, beta1, beta2, eps, weight_decay, decoupled (int: AdamW), bias_correction1,
- *               bias_correction2_sqrt
+ *               bias_correction2_sqrt, amsgrad (int: sc max_exp_avg_sq, the largest exp_avg_sq so far,
+ *               in the denominator)
  *   OPT_RMSPROP lr, alpha, eps, weight_decay, momentum, centered (int)
  */
 #include "common.cl"
@@ -74,7 +76,7 @@ inline void update(STATE_ARGS, long i, long j, HYPER_ARGS) {
 
 #elif OPT == OPT_ADAM
 #define HYPER_ARGS ACC lr, ACC beta1, ACC beta2, ACC eps, ACC weight_decay, int decoupled, ACC bias_correction1, \
-    ACC bias_correction2_sqrt
+    ACC bias_correction2_sqrt, int amsgrad
 inline void update(STATE_ARGS, long i, long j, HYPER_ARGS) {
     ACC grad = LOAD_T(g, j);
     ACC param = PARAM_READ(i);
@@ -86,10 +88,14 @@ inline void update(STATE_ARGS, long i, long j, HYPER_ARGS) {
     ACC v = beta2 * sb[i] + ((ACC)1 - beta2) * grad * grad;
     sa[i] = m;
     sb[i] = v;
+    if (amsgrad) {   /* the largest exp_avg_sq so far (sc: max_exp_avg_sq) in the denominator */
+        v = fmax(sc[i], v);
+        sc[i] = v;
+    }
     ACC denom = sqrt(v) / bias_correction2_sqrt + eps;
     PARAM_WRITE(i, param - (lr / bias_correction1) * (m / denom));
 }
-#define HYPER_PASS lr, beta1, beta2, eps, weight_decay, decoupled, bias_correction1, bias_correction2_sqrt
+#define HYPER_PASS lr, beta1, beta2, eps, weight_decay, decoupled, bias_correction1, bias_correction2_sqrt, amsgrad
 
 /* The same update over elements [j0, j1) of one tensor, LANES at a time (ITEMS > 1: CPUs, where
  * the per-element form runs as scalar code: sqrt and the division dominate). Same expressions per
@@ -123,6 +129,10 @@ inline void update_range(STATE_ARGS, long j0, long j1, HYPER_ARGS) {
         VT v = beta2 * VLOAD(0, sb + j) + ((T)1 - beta2) * grad * grad;
         VSTORE(m, 0, sa + j);
         VSTORE(v, 0, sb + j);
+        if (amsgrad) {
+            v = fmax(VLOAD(0, sc + j), v);
+            VSTORE(v, 0, sc + j);
+        }
         VT denom = sqrt(v) / bias_correction2_sqrt + eps;
         VSTORE(param - (lr / bias_correction1) * (m / denom), 0, p + j);
     }

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from netcl.optim.arguments import Pair, Real
+from netcl.optim.arguments import Flag, Pair, Real
 from netcl.optim.optimizer import Optimizer, _bias_corrections
 
 
@@ -13,7 +13,8 @@ class Adam(Optimizer):
     """m = lerp(m, g, 1 - b1); v = b2 v + (1 - b2) g^2;
     p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps).
 
-    lr, eps, weight_decay are finite and >= 0; betas a pair in [0, 1)."""
+    amsgrad=True: v in the denominator is the largest v so far (its own state, max_exp_avg_sq, as
+    PyTorch's). lr, eps, weight_decay are finite and >= 0; betas a pair in [0, 1)."""
 
     rule = "adam"
     hyper = {
@@ -21,8 +22,9 @@ class Adam(Optimizer):
         "betas": Pair(Real(0, 1, high_open=True)),
         "eps": Real(0),
         "weight_decay": Real(0),
+        "amsgrad": Flag(),
     }
-    slot_names = ("exp_avg", "exp_avg_sq")
+    slot_names = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
     decoupled = False
 
     def __init__(
@@ -32,8 +34,13 @@ class Adam(Optimizer):
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
         weight_decay: float = 0.0,
+        amsgrad: bool = False,
     ):
-        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                                      amsgrad=amsgrad))
+
+    def _state_names(self, group: dict[str, Any]) -> tuple[str, ...]:
+        return self.slot_names if group["amsgrad"] else self.slot_names[:2]
 
     def _hyper(self, group: dict[str, Any], step: int, items: list) -> dict[str, Any]:
         beta1, beta2 = group["betas"]
@@ -47,6 +54,7 @@ class Adam(Optimizer):
             decoupled=bool(self.decoupled),
             bias_correction1=bc1,
             bias_correction2_sqrt=bc2_sqrt,
+            amsgrad=bool(group["amsgrad"]),
         )
 
 
@@ -62,5 +70,6 @@ class AdamW(Adam):
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
         weight_decay: float = 1e-2,
+        amsgrad: bool = False,
     ):
-        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad)

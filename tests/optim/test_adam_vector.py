@@ -14,8 +14,8 @@ from netcl.core.tensor import Tensor
 from tests.reference import assert_close
 
 
-@pytest.mark.parametrize("decoupled", [True, False])
-def test_adam_large_and_offset_parameters(queue, rng, decoupled):
+@pytest.mark.parametrize("decoupled,amsgrad", [(True, False), (False, False), (True, True)])
+def test_adam_large_and_offset_parameters(queue, rng, decoupled, amsgrad):
     storage = Tensor.from_host(queue, rng.standard_normal((40, 13)).astype(np.float32))
     p_offset = ag.Parameter(storage[3:30])  # contiguous rows at an element offset of 39: 351 elements
     p_big = ag.Parameter(Tensor.from_host(queue, rng.standard_normal(1003).astype(np.float32)))
@@ -23,10 +23,11 @@ def test_adam_large_and_offset_parameters(queue, rng, decoupled):
     hosts = [p.value.to_host().astype(np.float64) for p in params]
     before = storage.to_host()
     cls = optim.AdamW if decoupled else optim.Adam
-    lr, wd, b1, b2, eps = 0.01, 0.05, 0.9, 0.999, 1e-8
-    opt = cls(params, lr=lr, weight_decay=wd)
+    lr, wd, b1, b2, eps = 0.01, 0.05, 0.9, 0.6 if amsgrad else 0.999, 1e-8
+    opt = cls(params, lr=lr, betas=(b1, b2), weight_decay=wd, amsgrad=amsgrad)
     m = [np.zeros_like(h) for h in hosts]
     v = [np.zeros_like(h) for h in hosts]
+    vmax = [np.zeros_like(h) for h in hosts]
     for step in range(1, 4):
         for i, p in enumerate(params):
             g = rng.standard_normal(p.shape).astype(np.float32)
@@ -39,7 +40,9 @@ def test_adam_large_and_offset_parameters(queue, rng, decoupled):
             m[i] = b1 * m[i] + (1 - b1) * g
             v[i] = b2 * v[i] + (1 - b2) * g * g
             bc1, bc2 = 1 - b1**step, 1 - b2**step
-            hosts[i] = hosts[i] - lr / bc1 * m[i] / (np.sqrt(v[i]) / math.sqrt(bc2) + eps)
+            vmax[i] = np.maximum(vmax[i], v[i])
+            denominator = vmax[i] if amsgrad else v[i]
+            hosts[i] = hosts[i] - lr / bc1 * m[i] / (np.sqrt(denominator) / math.sqrt(bc2) + eps)
         opt.step()
     for p, h in zip(params, hosts):
         assert_close(p.value, h, np.float32, rtol=1e-5, atol=1e-6)

@@ -24,7 +24,7 @@ def _sgd(p, g, st, step, lr, momentum=0.0, dampening=0.0, weight_decay=0.0, nest
     return p - lr * g
 
 
-def _adam(p, g, st, step, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, decoupled=False):
+def _adam(p, g, st, step, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, decoupled=False, amsgrad=False):
     b1, b2 = betas
     if weight_decay:
         if decoupled:
@@ -34,7 +34,10 @@ def _adam(p, g, st, step, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, de
     st["m"] = st.get("m", 0) * b1 + (1 - b1) * g
     st["v"] = st.get("v", 0) * b2 + (1 - b2) * g * g
     bc1, bc2 = 1 - b1**step, 1 - b2**step
-    return p - lr / bc1 * st["m"] / (np.sqrt(st["v"]) / math.sqrt(bc2) + eps)
+    v = st["v"]
+    if amsgrad:   # PyTorch's max_exp_avg_sq: the largest v so far
+        v = st["vmax"] = np.maximum(st.get("vmax", 0), st["v"])
+    return p - lr / bc1 * st["m"] / (np.sqrt(v) / math.sqrt(bc2) + eps)
 
 
 def _rmsprop(p, g, st, step, lr, alpha=0.99, eps=1e-8, weight_decay=0.0, momentum=0.0, centered=False):
@@ -61,6 +64,12 @@ CASES = [
         optim.AdamW,
         lambda *a, **k: _adam(*a, decoupled=True, **k),
         dict(lr=0.01, betas=(0.8, 0.99), weight_decay=0.1),
+    ),
+    (optim.Adam, _adam, dict(lr=0.01, betas=(0.5, 0.6), amsgrad=True)),
+    (
+        optim.AdamW,
+        lambda *a, **k: _adam(*a, decoupled=True, **k),
+        dict(lr=0.01, betas=(0.8, 0.7), weight_decay=0.1, amsgrad=True),
     ),
     (optim.RMSProp, _rmsprop, dict(lr=0.01)),
     (optim.RMSProp, _rmsprop, dict(lr=0.01, momentum=0.9, centered=True, weight_decay=0.01)),
