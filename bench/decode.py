@@ -303,6 +303,9 @@ def main() -> int:
     ap.add_argument("--attention-preload", type=int, default=None, metavar="KEYS",
                     help="the most keys a split of the decode attention holds in local memory "
                          "(ops.attention.DECODE_PRELOAD_KEYS; 0: none, the splits by --attention-groups)")
+    ap.add_argument("--attention-head-split", type=int, default=None, metavar="Q",
+                    help="a kv head's q heads over Q work-groups of the decode attention (with its preload; "
+                         "ops.attention.DECODE_HEAD_SPLIT, default 1)")
     ap.add_argument("--nv-verbose", action="store_true",
                     help="NVIDIA: build the GEMV programs (the whole-layer launch's among them) with "
                          "-cl-nv-verbose and print each one's registers and spills (with "
@@ -368,10 +371,12 @@ def main() -> int:
         transformer.DECODE_LAYER_CHAIN = not args.no_layer_chain
     if (args.attention_keys is not None and args.attention_keys < 1) \
             or (args.attention_groups is not None and args.attention_groups < 0) \
-            or (args.attention_preload is not None and args.attention_preload < 0):
-        ap.error("--attention-keys >= 1, --attention-groups >= 0, --attention-preload >= 0")
+            or (args.attention_preload is not None and args.attention_preload < 0) \
+            or (args.attention_head_split is not None and args.attention_head_split < 1):
+        ap.error("--attention-keys >= 1, --attention-groups >= 0, --attention-preload >= 0, "
+                 "--attention-head-split >= 1")
     if args.attention_keys is not None or args.attention_groups is not None \
-            or args.attention_preload is not None:
+            or args.attention_preload is not None or args.attention_head_split is not None:
         from netcl.ops import attention
 
         if args.attention_keys is not None:
@@ -380,6 +385,8 @@ def main() -> int:
             attention.DECODE_GROUPS_PER_CU = args.attention_groups
         if args.attention_preload is not None:
             attention.DECODE_PRELOAD_KEYS = args.attention_preload
+        if args.attention_head_split is not None:
+            attention.DECODE_HEAD_SPLIT = args.attention_head_split
     try:
         batches = [int(b) for b in args.batches.split(",")]
     except ValueError:

@@ -827,6 +827,12 @@ __kernel void attention_dq_sum_gpu(__global const float *dq_acc, __global float 
 //   last that holds keys (live, from the valid keys) return at once; where one split holds them all it
 //   writes out and lse itself (the merge of one part: the same bits), and the merge counts the live splits
 //   only.
+//   With HEAD_SPLIT (Q > 1, with DECODE_PRELOAD only): the GROUP q heads of a kv head over Q work-groups, each
+//   a "virtual kv head" hk of HKV * Q (the host's grid and GROUP are the virtual ones: GROUP / Q heads, DR
+//   rows): its keys and values are those of kv head hk / Q, each of the Q preloads them, and the new rows go
+//   into the caches from the first of the Q only (hk % Q == 0; the others hold the same rounded values in
+//   local memory). The caches get the bits of one work-group a kv head; out and lse its values to rounding
+//   (fewer rows a work-group: a row's butterflies and p v's key groups span more items).
 // Build options: DR (rows of a work-group: GROUP * SQ), DK (keys per tile, default 64), DNT (items, default 128),
 //   MERGE_BATCH (the splits whose parts the merge loads at once, default 4), DECODE_PRELOAD,
 //   ROPE_CACHE (flag) with PAIRING.
@@ -1000,6 +1006,13 @@ inline ACC4 rope_load4(__global const T *x, const int d, __global const ACC *cos
 #define DECODE_ROPE_ARGS
 #endif
 
+#ifndef HEAD_SPLIT
+#define HEAD_SPLIT 1
+#endif
+#if HEAD_SPLIT > 1 && !defined(DECODE_PRELOAD)
+#error "attention_gpu.cl: HEAD_SPLIT takes the preloaded split (DECODE_PRELOAD)"
+#endif
+
 // The decode local memory of one work-group (a struct, so a chain kernel can hold it beside its own).
 typedef struct {
     ACC4 qs[DR * DRS4];
@@ -1084,7 +1097,8 @@ inline decode_span decode_begin(const int tid, const int split, const int hk, co
     sp.jstop = min(sp.jstart + chunk, sp.jend);
 #ifdef DECODE_PRELOAD
     // every cached row of the split (those below p0), k and v, PRE_BATCH loads an item in flight at once
-    const __global T *kr = k + k_off + b * k_sb + hk * k_sh, *vr = v + v_off + b * v_sb + hk * v_sh;
+    const int hkr = hk / HEAD_SPLIT;   // the kv head of the caches (HEAD_SPLIT: hk is a virtual one)
+    const __global T *kr = k + k_off + b * k_sb + hkr * k_sh, *vr = v + v_off + b * v_sb + hkr * v_sh;
     const int slots = max(min(sp.jstop, sp.p0) - sp.jstart, 0) * DQ4;
     for (int s0 = 0; s0 < slots; s0 += PRE_BATCH * DNT) {
         PRE_T4 kx[PRE_BATCH], vx[PRE_BATCH];
@@ -1162,8 +1176,9 @@ inline void decode_tile(const int tid, const int split, const int hk, const int 
     // the splits that hold keys (at least one: split 0 writes a row with none); the others have nothing to do
     const int live = max(1, min(nsplit, (jend + chunk - 1) / chunk));
     if (split >= live) return;
-    const __global T *kb = k + k_off + b * k_sb + hk * k_sh;
-    const __global T *vb = v + v_off + b * v_sb + hk * v_sh;
+    const int hkr = hk / HEAD_SPLIT;   // the kv head of the caches and of the new rows (HEAD_SPLIT: virtual hk)
+    const __global T *kb = k + k_off + b * k_sb + hkr * k_sh;
+    const __global T *vb = v + v_off + b * v_sb + hkr * v_sh;
 
     for (int slot = tid; slot < DR * DQ4; slot += DNT) {
         const int r = slot / DQ4, c4 = slot - r * DQ4;
@@ -1185,8 +1200,9 @@ inline void decode_tile(const int tid, const int split, const int hk, const int 
     const int nk = max(jstop - jstart, 0);
 #ifdef ROPE_CACHE
     {
-        const __global T *ky = q + q_off + b * q_sb + (HQ + hk) * q_sh, *vy = ky + hkv * q_sh;
-        __global T *kw = k + k_off + b * k_sb + hk * k_sh, *vw = v + v_off + b * v_sb + hk * v_sh;
+        const __global T *ky = q + q_off + b * q_sb + (HQ + hkr) * q_sh, *vy = ky + (hkv / HEAD_SPLIT) * q_sh;
+        __global T *kw = k + k_off + b * k_sb + hkr * k_sh, *vw = v + v_off + b * v_sb + hkr * v_sh;
+        const int writes = hk % HEAD_SPLIT == 0;   // (one of a kv head's HEAD_SPLIT work-groups)
         const int f0 = max(p0, jstart);
         const int first = tid < DNT ? (tid + DNT - (DR * DQ4) % DNT) % DNT : tid;
         for (int slot = first; slot < max(jstop - f0, 0) * DQ4; slot += DNT) {
@@ -1194,8 +1210,10 @@ inline void decode_tile(const int tid, const int split, const int hk, const int 
             const long at = (long)j * ROPE_HALF_DIM;
             const ACC4 kr = rope_load4(ky + (j - p0) * q_ss, 4 * c4, cos_table + at, sin_table + at);
             const ACC4 vr = load4(vy + (j - p0) * q_ss, 4 * c4);
-            store4(kw + j * k_ss, 4 * c4, kr);
-            store4(vw + j * v_ss, 4 * c4, vr);
+            if (writes) {
+                store4(kw + j * k_ss, 4 * c4, kr);
+                store4(vw + j * v_ss, 4 * c4, vr);
+            }
             pre_store4(lm->pk + (j - jstart) * PRE_ROW + 4 * c4, kr);
             pre_store4(lm->pv + (j - jstart) * PRE_ROW + 4 * c4, vr);
         }

@@ -320,6 +320,13 @@ DECODE_V_TILE = True
 # forty-second and forty-third sessions).
 DECODE_PRELOAD_KEYS = 64
 DECODE_PRELOAD_SPARE = 4096
+# The q heads of a kv head over this many work-groups of the decode kernel (HEAD_SPLIT, with the preload
+# only; where it divides the heads of a kv head): each holds the kv head's preloaded keys and takes GROUP /
+# DECODE_HEAD_SPLIT heads, so a work-group's scores, softmax and p v are that much shorter (the attention
+# phase of a decode layer is latency: ~5 us of a tile's work at 128 keys for TinyLlama's 8 heads a kv head).
+# The caches get the same bits; out and lse the same values to rounding (a row's maximum, sum and p v group
+# over more items). 1: one work-group a kv head (the default measured so far).
+DECODE_HEAD_SPLIT = 1
 # rope_cache_decode_attention where the decode kernel runs: q rotated, k rotated into its cache and v copied
 # into its cache inside that kernel (ROPE_CACHE), one launch a layer fewer than rope_qkv_cache and then the
 # kernel; False: always the two launches (the same bits either way).
@@ -619,10 +626,19 @@ class _Problem:
             ("cpu" if self.device.capabilities.kind == "cpu" else "gpu")
 
     def decode_plan(self) -> dict[str, int | None] | None:
-        """The decode kernel's defines when this forward should run it (GPU variant, few rows per kv head)."""
+        """The decode kernel's defines when this forward should run it (GPU variant, few rows per kv head);
+        HEAD_SPLIT where DECODE_HEAD_SPLIT divides a kv head's q heads and the split preloads its keys."""
         rows = self.group * self.SQ
         if self.variant() != "gpu" or rows > DECODE_MAX_ROWS:
             return None
+        split = DECODE_HEAD_SPLIT
+        if not isinstance(split, int) or isinstance(split, bool) or split < 1:
+            raise ValueError(f"DECODE_HEAD_SPLIT must be an int >= 1, got {split!r}")
+        if split > 1 and self.group % split == 0:
+            tiles = decode_tiles(self.device, rows // split, self.D, self.dtype, self.SK,
+                                 self.B * self.HKV * split)
+            if tiles is not None and "DECODE_PRELOAD" in tiles:
+                return {**tiles, "HEAD_SPLIT": split}
         return decode_tiles(self.device, rows, self.D, self.dtype, self.SK, self.B * self.HKV)
 
     def decode_phase(self, tiles: dict[str, Any], out: Tensor, lse: Tensor, args: dict[str, Any],
@@ -651,8 +667,11 @@ class _Problem:
             bufs = {"part_o": lse.buffer, "part_ml": lse.buffer}  # unread: one split
         launch = {"out": out.buffer, "lse": lse.buffer, "nsplit": np.int32(nsplit), "chunk": np.int32(chunk),
                   **bufs, **args}
-        return DecodePhase(self.queue, self.dtype, program, launch, (nsplit, self.HKV, self.B), tiles["DNT"],
-                           out, lse)
+        heads = tiles.get("HEAD_SPLIT", 1)   # virtual kv heads: GROUP / HEAD_SPLIT q heads each
+        if heads > 1:
+            launch["GROUP"] = np.int32(self.group // heads)
+        return DecodePhase(self.queue, self.dtype, program, launch, (nsplit, self.HKV * heads, self.B),
+                           tiles["DNT"], out, lse)
 
     def launch_decode(self, tiles: dict[str, Any], out: Tensor, lse: Tensor, args: dict[str, Any],
                       defines: dict[str, Any] | None = None) -> Any:

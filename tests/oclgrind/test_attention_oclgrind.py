@@ -104,12 +104,15 @@ def test_attention_decode_split_keys(queue, monkeypatch, D, preload):
     close(lse, want[1], 1e-4, 1e-4)
 
 
-@pytest.mark.parametrize("D,pairing,preload", [(12, "interleaved", 0), (32, "half", 0), (32, "half", 16)])
-def test_attention_decode_rotates_and_writes_the_caches(queue, monkeypatch, D, pairing, preload):
+@pytest.mark.parametrize("D,pairing,preload,split", [(12, "interleaved", 0, 1), (32, "half", 0, 1),
+                                                     (32, "half", 16, 1), (32, "half", 16, 2)])
+def test_attention_decode_rotates_and_writes_the_caches(queue, monkeypatch, D, pairing, preload, split):
     """attention_gpu.cl's decode kernel with ROPE_CACHE (ops.rope_cache_decode_attention): q rotated while
     staged, the split holding the new rows writes them into the caches and reads them back after its barrier
     (positions 15 and 16 straddle two 16-key splits, 35 and 36 sit in the last one); the same bits as
-    rope_qkv_cache and then the kernel."""
+    rope_qkv_cache and then the kernel. split 2: a kv head's two q heads over two work-groups
+    (DECODE_HEAD_SPLIT), one of which writes the caches."""
+    monkeypatch.setattr(attn, "DECODE_HEAD_SPLIT", split)
     monkeypatch.setattr(attn, "variant_override", "gpu")
     monkeypatch.setattr(attn, "DECODE_GROUPS_PER_CU", 1000)
     monkeypatch.setattr(attn, "DECODE_TILE_KEYS", (16,))

@@ -637,6 +637,51 @@ def test_rope_cache_decode_attention_is_bit_identical(queue, rng, decode_splits,
 
 
 @pytest.mark.gpu_shaped
+@pytest.mark.parametrize("B,HQ,HKV,S,cap,D,dtype,pairing,positions", [c for c in ROPE_DECODE_CASES
+                                                                       if c[1] // c[2] % 2 == 0])
+def test_the_heads_of_a_kv_head_over_work_groups(queue, rng, monkeypatch, B, HQ, HKV, S, cap, D, dtype,
+                                                  pairing, positions):
+    """DECODE_HEAD_SPLIT: a kv head's q heads over 2 or 4 work-groups, each preloading the kv head's keys, one
+    of them writing the new rows into the caches: both caches the bits of one work-group a kv head, out and
+    lse the float64 reference's to rounding (a row's sums group over more items), in a grid of HKV x Q
+    work-groups a split; a split that does not divide the heads, or without a preload (float64), is not
+    taken."""
+    monkeypatch.setattr(attn, "variant_override", "gpu")
+    monkeypatch.setattr(attn, "DECODE_PRELOAD_KEYS", 64)
+    heads = HQ + 2 * HKV
+    y = rng.standard_normal((B, heads, S, D)).astype(dtype)
+    caches = [rng.standard_normal((B, HKV, cap, D)).astype(dtype) for _ in range(2)]
+    tables = ops.rope_tables(queue, cap + 3, D, dtype=dtype)
+    position = positions if B > 1 else positions[:1]
+    grids, runs = [], []
+    real = attn.DecodePhase.__init__
+
+    def seen(self, *args, **kwargs):
+        real(self, *args, **kwargs)
+        grids.append(self.grid)
+
+    monkeypatch.setattr(attn.DecodePhase, "__init__", seen)
+    for split in (1, 2, 4, 3):
+        monkeypatch.setattr(attn, "DECODE_HEAD_SPLIT", split)
+        runs.append(_rope_decode(queue, y, HQ, tables, caches, position, pairing, True, monkeypatch,
+                                 causal=True))
+    group = HQ // HKV
+    taken = [q if group % q == 0 and dtype != np.float64 else 1 for q in (1, 2, 4, 3)]   # float64: no preload
+    assert [g[1] for g in grids] == [HKV * q for q in taken]
+    qr = ops.rope(dev(queue, y[:, :HQ]), *tables, dev(queue, np.asarray(position, np.int32)), pairing)
+    want = reference(qr.to_host(), runs[0][2], runs[0][3], causal=True, kv_len=np.asarray(position) + S)
+    tol = {BF16: 3e-2, np.float16: 4e-3, np.float32: 2e-5, np.float64: 1e-12}[dtype]
+    for run in runs[1:]:
+        for name, got, ref in zip(("k cache", "v cache"), run[2:4], runs[0][2:4], strict=True):
+            np.testing.assert_array_equal(got.view(np.uint8), ref.view(np.uint8), err_msg=name)
+        np.testing.assert_allclose(run[0].astype(np.float64), want[0], rtol=tol, atol=tol)
+        np.testing.assert_allclose(run[1].astype(np.float64), want[1], rtol=tol, atol=tol)
+    with pytest.raises(ValueError, match="DECODE_HEAD_SPLIT must be an int >= 1"):
+        monkeypatch.setattr(attn, "DECODE_HEAD_SPLIT", 0)
+        _rope_decode(queue, y, HQ, tables, caches, position, pairing, True, monkeypatch, causal=True)
+
+
+@pytest.mark.gpu_shaped
 @pytest.mark.parametrize("v_tile,preload", [(True, 0), (False, 0), (False, 128)])
 def test_rope_cache_decode_attention_new_rows_past_a_splits_first_tile(queue, rng, monkeypatch, v_tile,
                                                                         preload):
