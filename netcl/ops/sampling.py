@@ -162,6 +162,7 @@ def sample(logits: Tensor, out: Tensor | None = None, *, temperature: float = 1.
         raise ShapeError(f"sample: out must be an int32 Tensor of shape ({rows},), got "
                          f"{getattr(out, 'dtype', None)} {getattr(out, 'shape', None)}")
     check_same_queue(logits, out)
+    following, word = _next_operands(embed, advance, rows, vocab, queue)   # (checked before a draw is taken)
     greedy = temperature == 0.0
     if not greedy and uniforms is not None:
         if (
@@ -181,7 +182,6 @@ def sample(logits: Tensor, out: Tensor | None = None, *, temperature: float = 1.
         gen = generator if generator is not None else default_generator
         draw_blocks = max(-(-rows * vocab // 4), 1)
         counter0 = gen.take(draw_blocks)
-    following, word = _next_operands(embed, advance, rows, vocab, queue)
     if rows == 0:
         return out
     split = splits(queue.device, vocab, not greedy and (0 < top_k < vocab or top_p < 1.0))

@@ -397,3 +397,7 @@ def test_the_next_input_bad_operands(queue):
         ops.sample(logits, temperature=0, advance=(position, 1.0))
     np.testing.assert_array_equal(rows.to_host(), 0)   # nothing written by a refused call
     np.testing.assert_array_equal(position.to_host(), 0)
+    g = Generator(5)   # and nothing drawn from the generator: the stream is where it was
+    with pytest.raises(ValueError, match="advance's step"):
+        ops.sample(logits, temperature=0.7, generator=g, advance=(position, -1))
+    assert g.take(1) == Generator(5).take(1)
