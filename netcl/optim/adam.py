@@ -25,6 +25,7 @@ class Adam(Optimizer):
         "amsgrad": Flag(),
     }
     slot_names = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
+    added_hyper = {"amsgrad": False}   # (a state dict saved before amsgrad existed)
     decoupled = False
 
     def __init__(

@@ -67,6 +67,9 @@ class Optimizer:
     rule = ""
     hyper: dict[str, Callable[[Any, str], Any]] = {}
     slot_names: tuple[str, ...] = ()
+    # hyperparameters added after state dicts were saved without them, and the value that reproduces what
+    # those groups did (load_state_dict gives it to a saved group that lacks the key)
+    added_hyper: dict[str, Any] = {}
     # state a saved entry may lack: it is made afresh at the next step (SGD's momentum buffer, as in
     # PyTorch); any other missing state of a parameter that has taken steps is a malformed state_dict
     lazy_state: tuple[str, ...] = ()
@@ -487,7 +490,7 @@ class Optimizer:
                     f"{at} has unknown key(s) {', '.join(map(repr, unknown))}; {name} keeps "
                     f"{', '.join(self.defaults)}"
                 )
-            values = self._check_group({k: saved[k] for k in keys}, at)
+            values = self._check_group({**self.added_hyper, **{k: saved[k] for k in keys}}, at)
             new_groups.append(values)
             merged = {**group, **values}
             for j, p in zip(indices, group["params"]):

@@ -301,3 +301,27 @@ def test_step_memo_gives_the_slow_steps_bits(queue, monkeypatch, kind):
     opt.param_groups[0]["lr"] = -1.0
     with pytest.raises(ValueError, match="lr"):
         opt.step()
+
+
+def test_a_state_dict_saved_before_amsgrad_loads(queue, rng):
+    """Adam's amsgrad came after checkpoints were saved without it: such a group loads as amsgrad=False
+    (what it did), and its steps continue as before; one saved with amsgrad=True restores its max_exp_avg_sq."""
+    for cls in (optim.Adam, optim.AdamW):
+        p = ag.Parameter(Tensor.from_host(queue, rng.standard_normal(6).astype(np.float32)))
+        opt = cls([p], lr=0.1, amsgrad=True)
+        for _ in range(2):
+            p.grad = Tensor.from_host(queue, rng.standard_normal(6).astype(np.float32))
+            opt.step()
+        saved = opt.state_dict()
+        assert "max_exp_avg_sq" in saved["state"][0]
+        old = {**saved, "param_groups": [{k: v for k, v in g.items() if k != "amsgrad"}
+                                         for g in saved["param_groups"]],
+               "state": {0: {k: v for k, v in saved["state"][0].items() if k != "max_exp_avg_sq"}}}
+        fresh = cls([p], lr=0.1, amsgrad=True)
+        fresh.load_state_dict(old)
+        assert fresh.param_groups[0]["amsgrad"] is False
+        again = cls([p], lr=0.1)
+        again.load_state_dict(saved)
+        assert again.param_groups[0]["amsgrad"] is True
+        np.testing.assert_array_equal(again.state[id(p)]["max_exp_avg_sq"].to_host(),
+                                      opt.state[id(p)]["max_exp_avg_sq"].to_host())
