@@ -369,7 +369,7 @@ class DeviceManager:
                     if h.index == want:
                         return h
                 raise DeviceError(f"no device at index {raw}; devices here:\n{self.listing()}")
-        for h in sorted(handles, key=lambda h: h.is_simulator):
+        for h in sorted(handles, key=lambda h: (h.is_simulator, bool(h.compiler_unusable))):  # usable first
             hay = f"{h.platform_name} {h.device_name} {h.cl_device.vendor}".lower()
             if key and key in hay:
                 return h

@@ -99,11 +99,12 @@ def two_devices() -> tuple[list[str], list[str]]:
     """Two devices of different platforms and of the default device's kind when this machine has them (PoCL's
     wheel beside Debian's), with the --balance flags that go with them (none: auto balances different
     devices); else one device twice, balanced on purpose (--balance on). Not a GPU beside a CPU: the tests'
-    timed slowdowns and float tolerances assume devices of one kind."""
+    timed slowdowns and float tolerances assume devices of one kind; nor a device whose compiler builds
+    nothing (PyPI's PoCL on a CPU its LLVM does not know)."""
     kind = manager.default().kind
     first: dict[int, str] = {}
     for h in manager.devices():
-        if not h.is_simulator and h.kind == kind:
+        if not h.is_simulator and h.kind == kind and not h.compiler_unusable:
             first.setdefault(h.index[0], h.spec)
     specs = list(first.values())[:2]
     return (specs, []) if len(specs) == 2 else (specs * 2, ["--balance", "on"])

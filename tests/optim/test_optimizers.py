@@ -305,7 +305,7 @@ def test_step_memo_gives_the_slow_steps_bits(queue, monkeypatch, kind):
 
 def test_a_state_dict_saved_before_amsgrad_loads(queue, rng):
     """Adam's amsgrad came after checkpoints were saved without it: such a group loads as amsgrad=False
-    (what it did), and its steps continue as before; one saved with amsgrad=True restores its max_exp_avg_sq."""
+    (what it did); one saved with amsgrad=True restores its max_exp_avg_sq."""
     for cls in (optim.Adam, optim.AdamW):
         p = ag.Parameter(Tensor.from_host(queue, rng.standard_normal(6).astype(np.float32)))
         opt = cls([p], lr=0.1, amsgrad=True)
