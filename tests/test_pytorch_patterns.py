@@ -386,6 +386,10 @@ def test_dim_and_keepdim_beside_axis_and_keepdims(queue, rng):
     np.testing.assert_allclose(node.std(axis=1, correction=1).numpy(), a.std(1, ddof=1), rtol=1e-5)
     np.testing.assert_allclose(t.var(1, ddof=1).to_host(), a.var(1, ddof=1), rtol=1e-5)   # told: no error
     np.testing.assert_allclose(t.var(axis=1).to_host(), a.var(1), rtol=1e-5)
+    # an empty dim reduces every axis, as PyTorch's does (NumPy's axis=() reduces none)
+    assert t.sum(dim=()).to_host() == pytest.approx(a.sum(), rel=1e-5)
+    assert node.mean(dim=[]).numpy() == pytest.approx(a.mean(), rel=1e-5)
+    assert t.sum(axis=()).shape == a.shape
     with pytest.raises(TypeError, match="ddof, correction and unbiased are one argument"):
         t.var(dim=1, ddof=0, correction=1)
     with pytest.raises(TypeError, match="unbiased must be True or False"):

@@ -208,6 +208,9 @@ def torch_names(fn: F | None = None, *, indices: str | None = None) -> Any:
             if "dim" not in kwargs and "keepdim" not in kwargs:
                 return fn(*args, **kwargs)
             pytorch = "dim" in kwargs
+            empty = isinstance(kwargs.get("dim"), (tuple, list)) and len(kwargs["dim"]) == 0
+            if empty and "keepdims" in where:
+                kwargs["dim"] = None   # PyTorch's empty dim reduces every axis (NumPy's axis=() none)
             if pytorch and "ddof" in where and "ddof" not in kwargs:
                 kwargs["ddof"] = 1   # PyTorch's default correction
             for torch_name, name in _TORCH_NAMES:
