@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -354,6 +355,13 @@ class DeviceManager:
                         if not h.compiler_unusable:
                             return h
                         passed.append(h.compiler_unusable)
+            simulators = [h for h in handles if h.is_simulator]
+            if passed and key == "auto" and simulators:   # correct, if slow, where nothing else compiles
+                warnings.warn_explicit(
+                    f"no device here compiles ({'; '.join(passed)}), so netcl runs on "
+                    f"{simulators[0].describe()}: correct but very slow. To fix: {CPU_DRIVER_HINT}",
+                    RuntimeWarning, filename="netcl", lineno=0, module="netcl.core.device")
+                return simulators[0]
             if passed:
                 raise DeviceError("no usable " + ("OpenCL" if key == "auto" else key) + " device: "
                                   + "; ".join(passed) + f". To fix: {CPU_DRIVER_HINT}. Devices here:\n"
@@ -381,8 +389,8 @@ class DeviceManager:
     def default(self, kind: str = "auto") -> DeviceHandle:
         """The device programs use: NETCL_DEVICE when set, otherwise `kind`.
 
-        "auto" prefers a GPU, then an accelerator, then the CPU; simulators (Oclgrind) only when named.
-        """
+        "auto" prefers a GPU, then an accelerator, then the CPU; simulators (Oclgrind) only when named, or
+        (with a warning) where no other device's compiler builds a program (compiler_unusable)."""
         spec = config.device_spec() or kind
         with self._lock:
             if spec not in self._defaults:

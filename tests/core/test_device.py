@@ -110,18 +110,24 @@ class _Handle:
 
 def test_auto_and_kinds_pass_over_a_compiler_that_builds_nothing():
     """A CPU driver whose compiler does not know the CPU (PyPI's PoCL 3.0 on Zen 5: 'unknown target CPU
-    generic') is passed over by auto and by kind for another one; where it is the only one, the error says
-    why and what to install; named by index it is still given (its builds then say the same)."""
+    generic') is passed over by auto and by kind for another one; where it is the only one, auto takes the
+    Oclgrind simulator with a warning saying why and what to install (the kind, or no simulator, is an
+    error saying so); named by index it is still given (its builds then say the same)."""
     broken = _Handle((1, 0), "cpu", unusable="[1:0] fake builds no program: unknown target CPU")
     fresh = DeviceManager()
     fresh._handles = [_Handle((0, 0), "gpu", simulator=True), broken, _Handle((2, 0), "cpu")]
     assert fresh.get("auto").index == (2, 0)
     assert fresh.get("cpu").index == (2, 0)
     assert fresh.get("1:0") is broken
-    fresh._handles = fresh._handles[:2]
-    for spec in ("auto", "cpu"):
-        with pytest.raises(DeviceError, match=r"no usable .* unknown target CPU.*apt-get install pocl-"):
-            fresh.get(spec)
+    fresh._handles = fresh._handles[:2]   # the simulator and the broken CPU driver: auto takes the simulator
+    words = r"no device here compiles .* unknown target CPU.*correct but very slow.*apt-get install pocl-"
+    with pytest.warns(RuntimeWarning, match=words):
+        assert fresh.get("auto").index == (0, 0)
+    with pytest.raises(DeviceError, match=r"no usable cpu device: .* unknown target CPU.*apt-get install"):
+        fresh.get("cpu")
+    fresh._handles = fresh._handles[1:]   # no simulator either: an error
+    with pytest.raises(DeviceError, match=r"no usable OpenCL device: .* unknown target CPU"):
+        fresh.get("auto")
 
 
 def test_compiler_unusable_only_where_pocl_says_generic():
