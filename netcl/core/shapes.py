@@ -170,6 +170,29 @@ class ValuesIndices(NamedTuple):
     indices: Any
 
 
+def _where_libraries_differ(name: str, where: dict[str, int], pair: bool, args: tuple, kwargs: dict) -> None:
+    """torch_names' rules where NumPy's and PyTorch's answers differ (max and min: `pair`; var and std): a
+    positional axis is a TypeError naming both spellings (for var and std unless the divisor is given), and
+    PyTorch's `correction=` / `unbiased=` become `ddof` in kwargs."""
+    told = len(args) > where.get("ddof", len(args)) or any(k in kwargs for k in _DIVISORS)
+    if len(args) > where["axis"] and (pair or not told):
+        a = args[where["axis"]]
+        what = (f"gives the values alone (NumPy's), dim={a!r} (values, indices) (PyTorch's)" if pair else
+                f"divides by n - ddof (ddof 0 unless given: NumPy's), dim={a!r} by n - correction "
+                "(correction 1 unless given: PyTorch's)")
+        raise TypeError(f"{name}: name the axis: axis={a!r} {what}")
+    if "ddof" in where and ("correction" in kwargs or "unbiased" in kwargs):
+        if sum(k in kwargs for k in _DIVISORS) > 1 or len(args) > where["ddof"]:
+            raise TypeError(f"{name}: ddof, correction and unbiased are one argument; give one")
+        if "unbiased" in kwargs:
+            unbiased = kwargs.pop("unbiased")
+            if not isinstance(unbiased, bool):
+                raise TypeError(f"{name}: unbiased must be True or False, got {unbiased!r}")
+            kwargs["ddof"] = int(unbiased)
+        else:
+            kwargs["ddof"] = kwargs.pop("correction")
+
+
 def torch_names(fn: F | None = None, *, indices: str | None = None) -> Any:
     """Let a reduction that takes `axis` (and `keepdims`) take PyTorch's `dim` (and `keepdim`) too. Giving
     both names of one argument is a TypeError naming them. `indices`, the name of a function (x, axis,
@@ -187,24 +210,8 @@ def torch_names(fn: F | None = None, *, indices: str | None = None) -> Any:
 
         @functools.wraps(fn)
         def reduction(*args: Any, **kwargs: Any) -> Any:
-            told = len(args) > where.get("ddof", len(args)) or any(k in kwargs for k in _DIVISORS)
-            if differs and len(args) > where["axis"] and not (indices is None and told):
-                a = args[where["axis"]]
-                what = ("gives the values alone (NumPy's), dim={a!r} (values, indices) (PyTorch's)"
-                        if indices is not None else "divides by n - ddof (ddof 0 unless given: NumPy's), "
-                        "dim={a!r} by n - correction (correction 1 unless given: PyTorch's)")
-                raise TypeError(f"{fn.__name__}: name the axis: axis={a!r} " + what.format(a=a))
-            if "ddof" in where and ("correction" in kwargs or "unbiased" in kwargs):
-                if sum(k in kwargs for k in _DIVISORS) > 1 or len(args) > where["ddof"]:
-                    raise TypeError(f"{fn.__name__}: ddof, correction and unbiased are one argument; "
-                                    "give one")
-                if "unbiased" in kwargs:
-                    unbiased = kwargs.pop("unbiased")
-                    if not isinstance(unbiased, bool):
-                        raise TypeError(f"{fn.__name__}: unbiased must be True or False, got {unbiased!r}")
-                    kwargs["ddof"] = int(unbiased)
-                else:
-                    kwargs["ddof"] = kwargs.pop("correction")
+            if differs:   # (max, min, var, std only: sum's and mean's calls take the two checks below)
+                _where_libraries_differ(fn.__name__, where, indices is not None, args, kwargs)
             if "dim" not in kwargs and "keepdim" not in kwargs:
                 return fn(*args, **kwargs)
             pytorch = "dim" in kwargs

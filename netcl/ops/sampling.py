@@ -84,9 +84,13 @@ def program(device: Any, dtype: Any, greedy: bool, split: int = 1, word: str = "
 _WORDS = ((4, "uint"), (2, "ushort"), (1, "uchar"))
 
 
-def _next_operands(embed: Any, advance: Any, rows: int, vocab: int, queue: Any) -> tuple[dict[str, Any], str]:
-    """sample_tokens' next-input arguments (next_input) for `embed` and `advance`, and the copy's word."""
-    args: dict[str, Any] = {"next_units": np.int32(0), "advance": np.int32(0), "table_off": np.int64(0),
+def _next_operands(embed: Any, advance: Any, rows: int, vocab: int,
+                   out: Tensor) -> tuple[dict[str, Any], str]:
+    """sample_tokens' next-input arguments (next_input) for `embed` and `advance` (out's buffer where one is
+    not asked for: unread), and the copy's word."""
+    queue = out.queue
+    args: dict[str, Any] = {"table": out.buffer, "next": out.buffer, "position": out.buffer,
+                            "next_units": np.int32(0), "advance": np.int32(0), "table_off": np.int64(0),
                             "next_off": np.int64(0), "position_off": np.int64(0),
                             "position_stride": np.int64(0)}
     word = "uint"
@@ -162,7 +166,7 @@ def sample(logits: Tensor, out: Tensor | None = None, *, temperature: float = 1.
         raise ShapeError(f"sample: out must be an int32 Tensor of shape ({rows},), got "
                          f"{getattr(out, 'dtype', None)} {getattr(out, 'shape', None)}")
     check_same_queue(logits, out)
-    following, word = _next_operands(embed, advance, rows, vocab, queue)   # (checked before a draw is taken)
+    following, word = _next_operands(embed, advance, rows, vocab, out)   # (checked before a draw is taken)
     greedy = temperature == 0.0
     if not greedy and uniforms is not None:
         if (
@@ -199,8 +203,7 @@ def sample(logits: Tensor, out: Tensor | None = None, *, temperature: float = 1.
            out_off=np.int64(out.offset), out_stride=np.int64(out.strides[0]),
            inv_temperature=np.float32(0.0 if greedy else 1.0 / temperature), top_k=np.int32(top_k),
            top_p=np.float32(top_p), arrivals=queue.arrival_counts(rows) if split > 1 else out.buffer,
-           parts=parts.buffer, **{"table": out.buffer, "next": out.buffer, "position": out.buffer,
-                                  **following})
+           parts=parts.buffer, **following)
     if gen is not None:   # a recorded step's replay draws the stream's next numbers, as rand's would
         at = kernel.arg_index
         draw_on_replay(gen, draw_blocks, (at["seed_lo"], at["seed_hi"], at["counter0"]))
