@@ -61,7 +61,6 @@ def assign(dst: Tensor, value: Any, *, consume: bool = False) -> Tensor:
     return dst
 
 
-
 def setitem(x: Tensor, index: Any, value: Any, *, consume: bool = False) -> Tensor:
     """x[index] = value in place. `index`: basic indexing (ints, slices, ..., None) or a bool mask
     Tensor of x's shape; `consume` as assign's (basic indexing). Returns x."""
