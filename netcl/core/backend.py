@@ -729,9 +729,7 @@ class Kernel:
                     except BaseException:
                         self._last_args = None
                         raise
-                    return cl.enqueue_nd_range_kernel(
-                        queue.cl, self.cl, global_size, local, wait_for=wait_for
-                    )
+                    return _enqueue_kernel(queue.cl, self.cl, global_size, local, wait_for=wait_for)
             except cl.Error as exc:
                 if is_oom(exc) and attempt == 0:
                     queue.device.pool.empty_cache()
