@@ -9,7 +9,8 @@ device: the next step is enqueued before the host waits for this step's tokens (
 and the step takes its input tokens from the device), so the device computes token n + 1 while the host
 reads token n, yields it and enqueues step n + 2. Stopping early wastes at most that one step. The caches,
 the recorded step and the sampling generator are kept on the model between calls of the same batch size
-and cache capacity.
+and cache capacity; a stream started while another of the same model is still going gets its own (freed
+when it ends), so streams read side by side do not share caches.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from netcl.errors import ShapeError
 from netcl.graph import Graph
 from netcl.nn.module import structure_version
 from netcl.nn.transformer import KVCache
-from netcl.ops.random import Generator, default_generator
+from netcl.ops.random import Generator, check_seed, default_generator
 from netcl.ops.sampling import check_sampling
 
 _MIN_CAPACITY = 64
@@ -63,6 +64,7 @@ class DecodeState:
         self.landing = [pinned_empty(q, (batch,), np.int32) for _ in range(2)]
         self.graph: Graph | None = None
         self.graph_key: tuple | None = None
+        self.busy = False  # a generation stream is using it (another one then gets a state of its own)
 
     def run(self, model: Any, ids: Tensor, sampling: tuple[float, int, float],
             last: Tensor | None = None) -> None:
@@ -157,6 +159,28 @@ def _prompt(model: Any, ids: Any) -> tuple[np.ndarray, bool, np.ndarray | None]:
     return arr.astype(np.int32), single, lengths
 
 
+# Hugging Face's generate() arguments a user is likely to pass, and what netcl calls them
+_OTHER_NAMES = {
+    "max_length": "max_new_tokens= counts the new tokens only (transformers' max_length counts the prompt "
+                  "too: max_length - len(prompt))",
+    "do_sample": "temperature=0 is greedy decoding (do_sample=False); a temperature above 0 samples",
+    "eos_token_id": "stop_tokens= takes the ids that end generation (yielded, then the row stops)",
+    "input_ids": "pass the prompt's ids as the first argument",
+    "attention_mask": "prompts of different lengths go as a list of lists (no padding, no mask needed)",
+    "pad_token_id": "no padding is needed: prompts of different lengths go as a list of lists",
+    "num_beams": "netcl decodes greedily (temperature=0) or by sampling; there is no beam search",
+    "generator": "seed= makes sampling reproducible",
+}
+
+
+def refuse_other_arguments(other: dict[str, Any]) -> None:
+    """TypeError for keyword arguments generate() does not take, naming netcl's spelling of Hugging Face's."""
+    hints = [f"{name}: {_OTHER_NAMES[name]}" for name in other if name in _OTHER_NAMES]
+    raise TypeError(
+        f"generate() got unexpected keyword arguments {sorted(other)}; it takes ids, max_new_tokens, "
+        f"temperature, top_k, top_p, seed, stop_tokens, use_graph" + "".join("; " + h for h in hints))
+
+
 def generate(model: Any, ids: Any, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
              top_p: float | None = None, seed: int | None = None, stop_tokens: Any = (),
              use_graph: bool = True) -> Iterator[Any]:
@@ -169,9 +193,11 @@ def generate(model: Any, ids: Any, max_new_tokens: int, temperature: float = 1.0
     ):
         raise ValueError(f"generate: max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
     sampling = check_sampling(temperature, top_k, top_p)
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))):
-        raise TypeError(f"generate: seed must be an int or None, got {seed!r}")
-    stops = list(stop_tokens) if not isinstance(stop_tokens, (int, np.integer)) else [stop_tokens]
+    if seed is not None:
+        seed = check_seed(seed, "generate")
+    stops = [] if stop_tokens is None else [stop_tokens] if isinstance(stop_tokens, (int, np.integer)) \
+        else list(stop_tokens) if isinstance(stop_tokens, (list, tuple, set, frozenset, range, np.ndarray)) \
+        else [stop_tokens]
     if any(isinstance(t, bool) or not isinstance(t, (int, np.integer)) for t in stops):
         raise TypeError(f"generate: stop_tokens must be token ids (ints), got {stop_tokens!r}")
     batch, length = prompt.shape
@@ -203,6 +229,8 @@ def _state(model: Any, batch: int, needed: int) -> DecodeState:
     # else the model's
     dtype = np.dtype(amp.autocast_dtype() or dtypes.normalize(model.config.dtype))
     state = getattr(model, "_decoder", None)
+    if state is not None and state.busy:  # another stream of this model is still going: one of its own
+        return DecodeState(model, batch, capacity, dtype)
     if state is None or state.batch != batch or state.capacity != capacity or state.dtype != dtype:
         if state is not None:
             state.close()
@@ -217,6 +245,20 @@ def _tokens(model: Any, prompt: np.ndarray, lengths: np.ndarray | None, single: 
         return
     batch, length = prompt.shape
     state = _state(model, batch, length + max_new_tokens)
+    state.busy = True
+    try:
+        yield from _stream(model, state, prompt, lengths, single, max_new_tokens, sampling, seed, stops,
+                           use_graph)
+    finally:
+        state.busy = False
+        if state is not model._decoder:  # a second stream's own state: not kept
+            state.close()
+
+
+def _stream(model: Any, state: DecodeState, prompt: np.ndarray, lengths: np.ndarray | None, single: bool,
+            max_new_tokens: int, sampling: tuple, seed: int, stops: set[int],
+            use_graph: bool) -> Iterator[Any]:
+    batch = prompt.shape[0]
     state.generator.manual_seed(seed)
     done = np.zeros(batch, bool)
     with _inference(model):

@@ -15,6 +15,7 @@ netcl.models.huggingface's table.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from collections.abc import Iterator
@@ -29,7 +30,7 @@ from netcl.autograd.engine import Node, as_node
 from netcl.core import dtypes
 from netcl.core.backend import as_queue
 from netcl.core.tensor import Tensor
-from netcl.errors import DTypeError, ShapeError
+from netcl.errors import DTypeError, NetclError, ShapeError
 from netcl.models import generation, huggingface
 from netcl.models.config import GPTConfig
 from netcl.nn import init
@@ -117,6 +118,17 @@ class GPT(Module):
                     else INIT_STD
                 )
                 p.value = init.normal(self.queue, p.shape, std=std, dtype=c.dtype, generator=generator)
+
+    def _moved(self, queue: Any, dtype: Any) -> None:
+        """After Module.to: the model's queue or its config's dtype (the storage generation's caches take)
+        follow the parameters, and the recorded decode step, which read the old buffers, is dropped."""
+        if queue is not None:
+            self.queue = queue
+        if dtype is not None:
+            self.config = dataclasses.replace(self.config, dtype=np.dtype(dtype).name)
+        if self._decoder is not None:
+            self._decoder.close()
+            self._decoder = None
 
     # -- the forward pass ----------------------------------------------------------------------------------
     def _ids(self, ids: Any) -> Tensor:
@@ -229,7 +241,7 @@ class GPT(Module):
     # -- generation ----------------------------------------------------------------------------------------
     def generate(self, ids: Any, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
                  top_p: float | None = None, seed: int | None = None, stop_tokens: Any = (),
-                 use_graph: bool = True) -> Iterator[Any]:
+                 use_graph: bool = True, **other: Any) -> Iterator[Any]:
         """Yield new tokens as they come: an int per step for a 1-D prompt (a list of ids), an int32 array
         (B,) per step for a batch: a (B, S) array, or a list of B prompts of any lengths (rows that already
         stopped show -1).
@@ -240,7 +252,10 @@ class GPT(Module):
         the chosen ids, never a logits row). temperature 0 is greedy; top_k / top_p filter as Hugging
         Face's warpers; seed makes sampling reproducible (None: drawn from netcl's default generator).
         Generation ends after max_new_tokens, or once every row produced one of stop_tokens (which is
-        yielded). The prompt plus max_new_tokens must fit max_seq_len."""
+        yielded). The prompt plus max_new_tokens must fit max_seq_len. Hugging Face's names (max_length,
+        do_sample, eos_token_id, ...) are a TypeError that says netcl's."""
+        if other:
+            generation.refuse_other_arguments(other)
         return generation.generate(self, ids, max_new_tokens, temperature, top_k, top_p, seed, stop_tokens,
                                    use_graph)
 
@@ -284,7 +299,14 @@ class GPT(Module):
         """Write config.json and model.safetensors (sharded with an index above max_shard_bytes) in Hugging
         Face's naming (GPT2LMHeadModel, Qwen2ForCausalLM for a Qwen2's biases, else LlamaForCausalLM), so
         transformers' AutoModelForCausalLM.from_pretrained(path) loads this model. Returns the paths
-        written."""
+        written. A model after quantize_int8() is refused: its int8 weights and scales have no Hugging Face
+        layout (save before quantizing, and quantize again after loading)."""
+        if any(isinstance(m, Linear) and m.weight_scale is not None for m in self.modules()):
+            raise NetclError(
+                "save_pretrained: this model's linear weights are int8 (quantize_int8()), which a Hugging "
+                "Face checkpoint cannot hold (transformers would read the int8 values as weights, and the "
+                "scales would be lost). Save the model before quantizing it, and quantize after loading "
+                "(GPT.from_pretrained(...).quantize_int8(), `netcl generate --int8`)")
         return huggingface.save(path, self.config, {k: v.to_host() for k, v in self.state_dict().items()},
                          max_shard_bytes)
 

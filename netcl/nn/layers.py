@@ -88,6 +88,10 @@ class Linear(Module):
         self.weight.value = Tensor.from_host(w.queue, q)
         self.weight.requires_grad = False
 
+    def _moved(self, queue: Any, dtype: Any) -> None:
+        if queue is not None and self.weight_scale is not None:  # (the scales stay float32 under a dtype)
+            self.weight_scale = self.weight_scale.to(queue)
+
     def extra_repr(self) -> str:
         int8 = ", int8" if self.weight_scale is not None else ""
         return (

@@ -290,6 +290,8 @@ class Module:
             for name, b in list(m._buffers.items()):
                 if b is not None:
                     m._buffers[name] = b.to(q)
+        for m in reversed(list(self.modules())):  # children first: a parent's hook sees them moved
+            m._moved(q, None)
         return self
 
     def _to_dtype(self, dt: np.dtype) -> Module:
@@ -303,7 +305,15 @@ class Module:
             for name, b in list(m._buffers.items()):
                 if b is not None and dtypes.is_floating(b.dtype) and b.dtype != dt:
                     m._buffers[name] = b.astype(dt)
+        for m in reversed(list(self.modules())):
+            m._moved(None, dt)
         return self
+
+    def _moved(self, queue: Any, dtype: np.dtype | None) -> None:
+        """Called on every module by Module.to once all parameters and buffers moved to `queue` (or were
+        converted to `dtype`; the other argument None): a module that keeps device state which is neither
+        (RoPE's tables, a stacked projection's matrix, an int8 layer's scales, a model's queue, dtype and
+        recorded decode step) brings it along here. Nothing by default."""
 
     def zero_grad(self) -> None:
         for p in self.parameters():

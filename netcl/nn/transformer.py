@@ -59,8 +59,14 @@ class RoPE(Module):
         self.max_len = shapes.size(max_len, "RoPE: max_len", minimum=1)
         self.base, self.pairing = float(base), pairing
         self.scaling = ops.rope_scaling(scaling)
+        self.dtype = dtype
         self.cos, self.sin = ops.rope_tables(as_queue(q), self.max_len, self.head_dim, self.base, dtype,
                                              self.scaling)
+
+    def _moved(self, queue: Any, dtype: Any) -> None:
+        self.dtype = self.dtype if dtype is None else dtype
+        self.cos, self.sin = ops.rope_tables(queue or self.cos.queue, self.max_len, self.head_dim, self.base,
+                                             self.dtype, self.scaling)
 
     def forward(self, x: Node, offset: Tensor | None = None) -> Node:
         """x (B, H, S, D) rotated at positions s + offset (offset: None or an int32 device Tensor (1,) or
@@ -94,6 +100,10 @@ class SwiGLU(Module):
     def stack_projections(self) -> None:
         """w1 and w3 as one matrix (LinearStack): an inference forward makes them one GEMM."""
         self._gate_up = LinearStack([self.w1, self.w3])
+
+    def _moved(self, queue: Any, dtype: Any) -> None:
+        if self._gate_up is not None:  # the layers' new tensors stacked again (the old matrix is freed)
+            self.stack_projections()
 
     def forward(self, x: Node, residual: Node | None = None, norm: Module | None = None) -> Node:
         """x (..., dim) -> (..., dim) (+ residual); of norm(x) where a norm is given (an RMSNorm inside the
@@ -236,6 +246,10 @@ class MultiHeadAttention(Module):
     def stack_projections(self) -> None:
         """q, k and v as one matrix (LinearStack): an inference forward makes them one GEMM."""
         self._qkv = LinearStack([self.q_proj, self.k_proj, self.v_proj])
+
+    def _moved(self, queue: Any, dtype: Any) -> None:
+        if self._qkv is not None:  # the layers' new tensors stacked again (the old matrix is freed)
+            self.stack_projections()
 
     def _heads(self, t: Node, b: int, s: int, heads: int) -> Node:
         return ag.permute(ag.reshape(t, (b, s, heads, self.head_dim)), (0, 2, 1, 3))

@@ -23,6 +23,17 @@ from netcl.errors import DTypeError, ShapeError
 _KIND = {"uniform": 0, "normal": 1, "integer": 2}
 
 
+def check_seed(seed: Any, where: str = "manual_seed") -> int:
+    """`seed` as an int, checked: an integer (not a bool) in [-2**63, 2**64) (ValueError or TypeError naming
+    `where` otherwise)."""
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise TypeError(f"{where}: seed must be an int, got {seed!r}")
+    seed = int(seed)
+    if not -(1 << 63) <= seed < 1 << 64:
+        raise ValueError(f"{where}: seed must lie in [-2**63, 2**64) (a 64-bit seed), got {seed}")
+    return seed
+
+
 class Generator:
     """A Philox stream: 64-bit seed (the key) and a 64-bit counter of 128-bit blocks used."""
 
@@ -31,7 +42,10 @@ class Generator:
         self.manual_seed(seed)
 
     def manual_seed(self, seed: int) -> Generator:
-        self.seed = int(seed) & 0xFFFFFFFFFFFFFFFF
+        """Restart the stream from `seed`: an integer in [-2**63, 2**64), a negative one taken as its 64-bit
+        two's complement (torch.manual_seed's range and rule; a larger seed is an error, not wrapped onto a
+        smaller one's stream)."""
+        self.seed = check_seed(seed) & 0xFFFFFFFFFFFFFFFF
         self.counter = 0
         return self
 

@@ -68,6 +68,14 @@ def count(text: str) -> int:
     return value
 
 
+def seed(text: str) -> int:
+    """A seed: an integer in [0, 2**64) (a larger one would wrap onto a smaller one's stream)."""
+    value = count(text)
+    if value >= 1 << 64:
+        raise argparse.ArgumentTypeError(f"must be below 2**64 (a 64-bit seed), got {value}")
+    return value
+
+
 def float_at_least(low: float, strict: bool) -> Callable[[str], float]:
     """A finite number >= low (> low when strict), in `netcl train`'s wording."""
 

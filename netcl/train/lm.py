@@ -154,7 +154,7 @@ def register(subparsers: Any) -> None:
                    help="AdamW weight decay of the matrices (default 0.1; norms and biases get none)")
     t.add_argument("--clip", type=flags.number(0.0), default=None,
                    help="gradient-norm clip (default 1; 0 = off)")
-    t.add_argument("--seed", type=_count, default=None, help="initialisation and data seed (default 0)")
+    t.add_argument("--seed", type=flags.seed, default=None, help="initialisation and data seed (default 0)")
     t.add_argument("--eval-every", type=_positive, default=None,
                    help="steps between validation losses and checkpoints")
     t.add_argument("--eval-windows", type=_positive, default=None,

@@ -84,7 +84,7 @@ def register(subparsers: Any) -> None:
         help="train on the first N training images (default 20000 for Fashion-MNIST/MNIST, which keeps the "
         "default run to a few minutes on a 2-core CPU; 0 = all)",
     )
-    p.add_argument("--seed", type=flags.count, default=None, help="random seed (default 0)")
+    p.add_argument("--seed", type=flags.seed, default=None, help="random seed (default 0)")
     p.add_argument("--data-dir", default=None, type=flags.path_arg,
                    help="directory with the IDX files (gz or raw); only this directory is searched")
     flags.add_run_arguments(

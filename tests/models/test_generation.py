@@ -207,6 +207,75 @@ def test_a_generator_left_early_leaves_the_next_call_right(queue):
     assert list(model.generate([3, 1, 4], 9, temperature=0, use_graph=False)) == full
 
 
+def test_two_streams_of_one_model_read_side_by_side(queue):
+    """A stream started while another of the same model is going gets caches of its own (they shared the
+    model's: the second prompt's prefill overwrote the first's cache and position: both came out wrong)."""
+    model = make(queue, "llama")
+    a = list(model.generate([3, 1, 4], 9, temperature=0))
+    b = list(model.generate([[5, 9, 2, 6], [7]], 9, temperature=0.8, seed=3))
+    pairs = list(zip(model.generate([3, 1, 4], 9, temperature=0),
+                     model.generate([[5, 9, 2, 6], [7]], 9, temperature=0.8, seed=3)))
+    assert [x for x, _ in pairs] == a
+    np.testing.assert_array_equal([y for _, y in pairs], b)
+    kept = model._decoder
+    assert kept is not None and not kept.busy  # the first stream's state stays the model's, the other's freed
+    assert list(model.generate([3, 1, 4], 9, temperature=0)) == a and model._decoder is kept
+
+
+def test_seeds_outside_64_bits_are_refused(queue):
+    """2**64 wrapped onto seed 0's stream; torch.manual_seed's range: [-2**63, 2**64), a negative seed as its
+    two's complement."""
+    model = make(queue, "gpt2")
+    for seed in (1 << 64, 2 ** 70, -(1 << 63) - 1):
+        with pytest.raises(ValueError, match=r"seed must lie in \[-2\*\*63, 2\*\*64\)"):
+            model.generate([1, 2], 4, seed=seed)
+        with pytest.raises(ValueError, match="seed must lie"):
+            manual_seed(seed)
+    with pytest.raises(TypeError, match="seed must be an int"):
+        model.generate([1, 2], 4, seed=True)
+    assert list(model.generate([1, 2], 6, seed=-1)) == list(model.generate([1, 2], 6, seed=(1 << 64) - 1))
+    assert Generator(-5).seed == (1 << 64) - 5
+
+
+@pytest.mark.parametrize("dtype", ["float64", "bfloat16", "float16"])
+def test_a_model_converted_by_to_generates_in_its_new_dtype(queue, dtype):
+    """Module.to(dtype) on a GPT: the config's dtype (the caches') and RoPE's tables follow, the stacked
+    projections are stacked again (generate failed: 'rope: out must be bfloat16', float64's forward too)."""
+    model = make(queue, "llama").stack_projections()
+    assert model.to(dtype) is model and model.config.dtype == dtype
+    assert all(p.dtype == np.dtype(dtypes.normalize(dtype)) for p in model.parameters())
+    ref = make(queue, "llama", dtype=dtype)
+    ref.load_state_dict(model.state_dict())  # the same (converted) weights in a model built in the dtype
+    ref.stack_projections()
+    ids = np.array([[3, 1, 4, 1, 5]], np.int32)
+    np.testing.assert_array_equal(model(ids).value.to_host(), ref(ids).value.to_host())
+    greedy = list(ref.generate([3, 1, 4], 8, temperature=0))
+    assert list(model.generate([3, 1, 4], 8, temperature=0)) == greedy
+    assert model.layers[0].attn._qkv.intact() and model.layers[0].mlp._gate_up.intact()
+
+
+@pytest.mark.parametrize("int8", [False, True])
+def test_a_model_moved_to_another_queue_generates_there(queue, device, int8):
+    """Module.to(queue) on a GPT: its queue, RoPE's tables, an int8 layer's scales and the stacked
+    projections follow (it kept the old queue, and forward met tensors of two queues)."""
+    model = make(queue, "llama").stack_projections()
+    if int8:
+        model.quantize_int8()
+    ids = np.array([[3, 1, 4, 1, 5]], np.int32)
+    want, tokens = model(ids).value.to_host(), list(model.generate([3, 1, 4], 8, temperature=0))
+    q2 = device.new_queue()
+    model.to(q2)
+    assert model.queue is q2 and model.layers[0].attn.rope.cos.queue is q2
+    stack = model.layers[0].attn._qkv
+    assert stack.intact() and stack.weight.queue is q2
+    if int8:
+        assert stack.scale.queue is q2 and model.lm_head.weight_scale.queue is q2
+    got = model(ids).value
+    assert got.queue is q2
+    np.testing.assert_array_equal(got.to_host(), want)
+    assert list(model.generate([3, 1, 4], 8, temperature=0)) == tokens
+
+
 def test_training_mode_is_restored_and_dropout_off_while_generating(queue):
     model = GPT(queue, GPTConfig(**LLAMA, dropout=0.5, attn_dropout=0.5))
     model.train()
@@ -231,6 +300,15 @@ def test_generate_errors(queue):
         model.generate([1], 3, top_p=0.0)
     with pytest.raises(TypeError, match="stop_tokens"):
         model.generate([1], 3, stop_tokens=["eos"])
+    for bad in ("eos", 1.5, {"eos": 2}):
+        with pytest.raises(TypeError, match="stop_tokens must be token ids"):
+            model.generate([1], 3, stop_tokens=bad)
+    assert list(model.generate([1], 3, stop_tokens=None, seed=0)) == list(model.generate([1], 3, seed=0))
+    with pytest.raises(TypeError, match=r"max_length: max_new_tokens= counts the new tokens only.*"
+                                        r"do_sample: temperature=0 is greedy"):
+        model.generate([1, 2], max_new_tokens=3, max_length=8, do_sample=False)
+    with pytest.raises(TypeError, match=r"unexpected keyword arguments \['bogus'\]; it takes ids"):
+        model.generate([1, 2], 3, bogus=1)
     with pytest.raises(TypeError, match="seed"):
         model.generate([1], 3, seed=1.5)
 

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from netcl.core import dtypes
+from netcl.errors import NetclError
 from netcl.models import GPT, GPTConfig
 from netcl.nn.layers import Linear
 from netcl.ops.random import Generator
@@ -73,3 +74,12 @@ def test_int8_weights_take_a_quarter_of_float32s_bytes(queue):
     after = sum(m.weight.value.nbytes + m.weight_scale.nbytes for m in linear)
     assert after == before // 4 + sum(4 * m.out_features for m in linear)
     assert not any(m.weight.requires_grad for m in linear)
+
+
+def test_an_int8_model_is_not_saved_as_a_hugging_face_checkpoint(queue, tmp_path):
+    """save_pretrained wrote the int8 values under the float weights' names and no scales: transformers read
+    them as weights, and netcl's reload decoded garbage. Refused, with what to do, and nothing written."""
+    model, _, _ = pair(queue, "llama", "float32")
+    with pytest.raises(NetclError, match=r"linear weights are int8.*Save the model before quantizing"):
+        model.save_pretrained(tmp_path / "out")
+    assert not (tmp_path / "out").exists()
