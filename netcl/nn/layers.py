@@ -40,6 +40,8 @@ class Linear(Module):
 
     Init as PyTorch: W ~ kaiming_uniform(a=sqrt(5)) = U(+-1/sqrt(in)), b ~ U(+-1/sqrt(in))."""
 
+    kept_dtype_buffers = ("weight_scale",)
+
     def __init__(
         self,
         q: Any,
@@ -61,7 +63,9 @@ class Linear(Module):
             Parameter(init.uniform(q, (self.out_features,), bound, dtype, generator)) if bias else None
         )
 
-        self.weight_scale: Tensor | None = None  # per output channel, once quantize_int8() ran
+        # per output channel, once quantize_int8() ran: a buffer, so the int8 weights' state_dict (a
+        # checkpoint of the quantized model) holds their scales; float32 whatever the model's dtype
+        self.register_buffer("weight_scale", None)
 
     def forward(self, x: Node, activation: str | None = None, residual: Node | None = None) -> Node:
         """activation(x W^T + b), plus `residual` (added in the GEMM's epilogue, after the activation)."""
@@ -79,7 +83,8 @@ class Linear(Module):
     def quantize_int8(self) -> None:
         """Store W as int8 with one float32 scale per output channel (netcl.ops.quantize_int8): a quarter of
         float32's bytes, half of bfloat16's; forward then dequantizes on the fly. For inference: W is no
-        longer trainable, and the model's state_dict holds the quantized values."""
+        longer trainable, and the model's state_dict holds the quantized values and their scales (a model
+        loads them after its own quantize_int8())."""
         if self.weight_scale is not None:
             return
         w = self.weight.value
@@ -87,10 +92,6 @@ class Linear(Module):
         self.weight_scale = Tensor.from_host(w.queue, scales)
         self.weight.value = Tensor.from_host(w.queue, q)
         self.weight.requires_grad = False
-
-    def _moved(self, queue: Any, dtype: Any) -> None:
-        if queue is not None and self.weight_scale is not None:  # (the scales stay float32 under a dtype)
-            self.weight_scale = self.weight_scale.to(queue)
 
     def extra_repr(self) -> str:
         int8 = ", int8" if self.weight_scale is not None else ""

@@ -79,6 +79,8 @@ class Module:
     # attributes that cache device work made from the module (a recorded decode step): `copy.deepcopy` gives
     # the copy None there, and the copy makes its own
     transient_attributes: tuple[str, ...] = ()
+    # buffers whose dtype Module.to(dtype) keeps (an int8 layer's float32 scales)
+    kept_dtype_buffers: tuple[str, ...] = ()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """A subclass whose __init__ takes the queue first (`q` or `queue`: every layer with parameters)
@@ -303,7 +305,8 @@ class Module:
                     p.value = p.value.astype(dt)
                     p.grad = None
             for name, b in list(m._buffers.items()):
-                if b is not None and dtypes.is_floating(b.dtype) and b.dtype != dt:
+                if b is not None and dtypes.is_floating(b.dtype) and b.dtype != dt \
+                        and name not in type(m).kept_dtype_buffers:
                     m._buffers[name] = b.astype(dt)
         for m in reversed(list(self.modules())):
             m._moved(None, dt)
@@ -312,8 +315,8 @@ class Module:
     def _moved(self, queue: Any, dtype: np.dtype | None) -> None:
         """Called on every module by Module.to once all parameters and buffers moved to `queue` (or were
         converted to `dtype`; the other argument None): a module that keeps device state which is neither
-        (RoPE's tables, a stacked projection's matrix, an int8 layer's scales, a model's queue, dtype and
-        recorded decode step) brings it along here. Nothing by default."""
+        (RoPE's tables, a stacked projection's matrix, a model's queue, dtype and recorded decode step)
+        brings it along here. Nothing by default."""
 
     def zero_grad(self) -> None:
         for p in self.parameters():

@@ -83,3 +83,20 @@ def test_an_int8_model_is_not_saved_as_a_hugging_face_checkpoint(queue, tmp_path
     with pytest.raises(NetclError, match=r"linear weights are int8.*Save the model before quantizing"):
         model.save_pretrained(tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_an_int8_models_state_dict_holds_its_scales(queue):
+    """The scales were no state: a quantized model's state_dict loaded into another quantized model kept that
+    model's own scales (of its own weights) beside the loaded int8 values, and decoded garbage silently."""
+    model, twin, _ = pair(queue, "llama", "float32")
+    state = model.state_dict()
+    assert "layers.0.attn.q_proj.weight_scale" in state and "lm_head.weight_scale" in state
+    other = GPT(queue, model.config, generator=Generator(11)).quantize_int8()
+    other.load_state_dict(state)
+    ids = np.array([[5, 3, 9, 1, 7, 2]], np.int32)
+    np.testing.assert_array_equal(other(ids).value.to_host(), model(ids).value.to_host())
+    greedy = list(model.generate([5, 3, 9], 6, temperature=0))
+    assert list(other.generate([5, 3, 9], 6, temperature=0)) == greedy
+    with pytest.raises(Exception, match="weight_scale"):  # a float model has no scales to load them into
+        GPT(queue, model.config).load_state_dict(state)
+    assert model.to("bfloat16").lm_head.weight_scale.dtype == np.float32  # scales stay float32
