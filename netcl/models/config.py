@@ -32,6 +32,9 @@ class GPTConfig:
     None,
     {"rope_type": "linear", "factor": f} or Llama 3.1's {"rope_type": "llama3", "factor",
     "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"} (netcl.ops.rope_scaling).
+    bos_token_id (the token a text starts from) and eos_token_ids (the tokens that end one) are not the
+    network's shape: they travel with it, from a Hugging Face directory's config.json and
+    generation_config.json to the ones save_pretrained writes; eos_token_ids takes an id or ids.
     """
 
     vocab_size: int
@@ -55,6 +58,8 @@ class GPTConfig:
     dropout: float = 0.0
     attn_dropout: float = 0.0
     dtype: str = "float32"
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.arch not in ARCHS:
@@ -107,6 +112,12 @@ class GPTConfig:
             setattr(self, name, _number(name, getattr(self, name), low=0.0, high=1.0))
         if self.dtype not in DTYPES:
             raise ValueError(f"GPTConfig: dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.bos_token_id is not None:
+            self.bos_token_id = shapes.size(self.bos_token_id, "GPTConfig: bos_token_id", minimum=0)
+        eos = () if self.eos_token_ids is None else self.eos_token_ids
+        self.eos_token_ids = shapes.sizes(
+            [eos] if isinstance(eos, numbers.Integral) else eos, "GPTConfig: eos_token_ids", minimum=0
+        )
 
     @property
     def uses_rope(self) -> bool:

@@ -10,17 +10,23 @@ pairing); a model with rope_pairing "interleaved" (Meta's original layout) gets 
 
 from __future__ import annotations
 
+import json
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from netcl.core.files import atomic_write
+from netcl.core.memory import format_bytes
 from netcl.io import huggingface as hf_io
 from netcl.io.huggingface import PretrainedError
 from netcl.models.config import GPTConfig
 from netcl.ops.rope import ROPE_SCALINGS
+
+GENERATION_CONFIG = "generation_config.json"
 
 Arrays = list[np.ndarray]
 Rule = tuple[
@@ -157,97 +163,146 @@ def _family(config: dict[str, Any]) -> str:
     )
 
 
-def config_from_hf(config: dict[str, Any], overrides: dict[str, Any] | None = None) -> GPTConfig:
-    """The GPTConfig of a Hugging Face config.json (settings netcl does not implement are refused)."""
-    family = _family(config)
-    get = config.get
+# netcl field -> the config.json key it is read from, per table (errors about config.json's values name the
+# keys)
+_KEYS = {
+    "llama": {"vocab_size": "vocab_size", "dim": "hidden_size", "n_layers": "num_hidden_layers",
+              "n_heads": "num_attention_heads", "n_kv_heads": "num_key_value_heads", "head_dim": "head_dim",
+              "hidden_dim": "intermediate_size", "max_seq_len": "max_position_embeddings",
+              "norm_eps": "rms_norm_eps", "rope_base": "rope_theta"},
+    "gpt2": {"vocab_size": "vocab_size", "dim": "n_embd", "n_layers": "n_layer", "n_heads": "n_head",
+             "hidden_dim": "n_inner", "max_seq_len": "n_positions", "norm_eps": "layer_norm_epsilon"},
+}
+# the sizes config.json must give: transformers would take its classes' defaults (a 4096-wide Llama of 32000
+# tokens), which the weights then contradict
+_REQUIRED = {"llama": ("vocab_size", "dim", "n_layers", "n_heads", "hidden_dim"),
+             "gpt2": ("vocab_size", "dim", "n_layers", "n_heads")}
+
+
+def _special_ids(config: dict[str, Any], generation: dict[str, Any]) -> dict[str, Any]:
+    """bos_token_id and eos_token_ids as transformers' generate takes them: generation_config.json's where
+    it names one, else config.json's."""
+    out: dict[str, Any] = {}
+    for key, field in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_ids")):
+        files = (("generation_config.json", generation), ("config.json", config))
+        source, value = next(((n, doc[key]) for n, doc in files if doc.get(key) is not None), (None, None))
+        if value is None:
+            continue
+        many = field == "eos_token_ids" and isinstance(value, list)
+        ids = value if many else [value]
+        if any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in ids):
+            kind = "a token id (an integer >= 0)" + (" or a list of them" if field == "eos_token_ids" else "")
+            raise PretrainedError(f"{source}'s {key} must be {kind}, got {value!r}")
+        out[field] = tuple(ids) if field == "eos_token_ids" else value
+    return out
+
+
+def _check_overrides(overrides: dict[str, Any]) -> None:
+    """Each override's value by GPTConfig's rule for its field, apart from config.json's values (a bad one is
+    the caller's argument, named as such)."""
     try:
-        if family in ("llama", "mistral", "qwen2"):
-            rope = get("rope_parameters") or get("rope_scaling") or {}
-            rope_type = (
-                rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
-            )
-            scaling = None
-            if rope_type in ROPE_SCALINGS:
-                scaling = {
-                    "rope_type": rope_type,
-                    **{k: rope[k] for k in ROPE_SCALINGS[rope_type] if k in rope},
-                }
-                if rope_type == "llama3" and rope.get("original_max_position_embeddings") is None:
-                    scaling["original_max_position_embeddings"] = get(
-                        "max_position_embeddings"
-                    )  # transformers' too
-            elif rope_type not in (None, "default"):
-                raise PretrainedError(
-                    f"rope scaling {rope_type!r} is not implemented by netcl (plain RoPE and the "
-                    f"static scalings {sorted(ROPE_SCALINGS)})"
-                )
-            if get("hidden_act", "silu") not in ("silu", "swish"):
-                raise PretrainedError(f"Llama hidden_act {get('hidden_act')!r}: netcl's SwiGLU uses silu")
-            theta = (
-                rope["rope_theta"]
-                if isinstance(rope, dict) and "rope_theta" in rope
-                else get("rope_theta", 1e4)
-            )
-            fields = dict(
-                arch="llama",
-                vocab_size=get("vocab_size"),
-                dim=get("hidden_size"),
-                n_layers=get("num_hidden_layers"),
-                n_heads=get("num_attention_heads"),
-                n_kv_heads=get("num_key_value_heads"),
-                head_dim=get("head_dim"),
-                hidden_dim=get("intermediate_size"),
-                max_seq_len=get("max_position_embeddings", 2048),
-                norm_eps=get("rms_norm_eps", 1e-6),
-                rope_base=theta,
-                rope_scaling=scaling,
-                tie_embeddings=bool(get("tie_word_embeddings", False)),
-                attn_bias=family == "qwen2" or bool(get("attention_bias", False)),
-                attn_out_bias=family != "qwen2" and bool(get("attention_bias", False)),
-                mlp_bias=bool(get("mlp_bias", False)),
-            )
-            window = _sliding_window(family, config)
-            if window is not None:
-                wanted = (overrides or {}).get("max_seq_len", fields["max_seq_len"])
-                if wanted is not None and wanted > window:
-                    if "max_seq_len" in (overrides or {}):
-                        raise PretrainedError(
-                            f"max_seq_len={wanted} exceeds the {family} model's sliding attention "
-                            f"window of {window}, which netcl does not implement"
-                        )
-                    fields["max_seq_len"] = window
-        else:
-            act = get("activation_function", "gelu_new")
-            if act not in _ACTIVATIONS:
-                raise PretrainedError(f"GPT-2 activation_function {act!r} is not one netcl implements "
-                                      f"({sorted(_ACTIVATIONS)})")
-            if not get("scale_attn_weights", True) or get("scale_attn_by_inverse_layer_idx", False):
-                raise PretrainedError(
-                    "GPT-2 attention without 1/sqrt(head_dim) scaling, or scaled by the inverse "
-                    "layer index, is not implemented by netcl"
-                )
-            fields = dict(
-                arch="gpt2",
-                vocab_size=get("vocab_size"),
-                dim=get("n_embd"),
-                n_layers=get("n_layer"),
-                n_heads=get("n_head"),
-                hidden_dim=get("n_inner") or 4 * get("n_embd"),
-                max_seq_len=get("n_positions"),
-                norm_eps=get("layer_norm_epsilon", 1e-5),
-                activation=_ACTIVATIONS[act],
-                tie_embeddings=bool(get("tie_word_embeddings", True)),
-                attn_bias=True,
-                mlp_bias=True,
-            )
-        fields = {k: v for k, v in fields.items() if v is not None}
-        fields.update(overrides or {})
-        return GPTConfig(**fields)
-    except PretrainedError:
-        raise
+        GPTConfig(vocab_size=1, dim=2, n_layers=1, n_heads=1, **overrides)
     except (TypeError, ValueError) as exc:
-        raise PretrainedError(f"config.json does not describe a model netcl can build: {exc}") from None
+        raise type(exc)(f"from_pretrained: {str(exc).removeprefix('GPTConfig: ')}") from None
+
+
+def config_from_hf(config: dict[str, Any], overrides: dict[str, Any] | None = None,
+                   generation: dict[str, Any] | None = None) -> GPTConfig:
+    """The GPTConfig of a Hugging Face config.json (settings netcl does not implement are refused), with
+    `overrides` of its fields and the special-token ids of `generation` (generation_config.json) where it
+    has them. A bad override is a ValueError or TypeError naming the argument; a bad config.json value a
+    PretrainedError naming its key."""
+    overrides = dict(overrides or {})
+    _check_overrides(overrides)
+    family = _family(config)
+    arch = "gpt2" if family == "gpt2" else "llama"
+    get = config.get
+    read = {field: get(key) for field, key in _KEYS[arch].items() if field != "rope_base"}
+    absent = [_KEYS[arch][f] for f in _REQUIRED[arch] if read[f] is None]
+    if absent:
+        raise PretrainedError(f"config.json does not describe a model netcl can build: it has no "
+                              f"{', '.join(absent)} (netcl takes no default for a model's sizes)")
+    if arch == "llama":
+        rope = get("rope_parameters") or get("rope_scaling") or {}
+        rope_type = (
+            rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
+        )
+        scaling = None
+        if rope_type in ROPE_SCALINGS:
+            scaling = {"rope_type": rope_type, **{k: rope[k] for k in ROPE_SCALINGS[rope_type] if k in rope}}
+            if rope_type == "llama3" and rope.get("original_max_position_embeddings") is None:
+                # transformers' too
+                scaling["original_max_position_embeddings"] = get("max_position_embeddings")
+        elif rope_type not in (None, "default"):
+            raise PretrainedError(
+                f"rope scaling {rope_type!r} is not implemented by netcl (plain RoPE and the "
+                f"static scalings {sorted(ROPE_SCALINGS)})"
+            )
+        if get("hidden_act", "silu") not in ("silu", "swish"):
+            raise PretrainedError(f"Llama hidden_act {get('hidden_act')!r}: netcl's SwiGLU uses silu")
+        theta = (
+            rope["rope_theta"] if isinstance(rope, dict) and "rope_theta" in rope else get("rope_theta", 1e4)
+        )
+        fields = dict(
+            read,
+            arch="llama",
+            max_seq_len=get("max_position_embeddings", 2048),
+            norm_eps=get("rms_norm_eps", 1e-6),
+            rope_base=theta,
+            rope_scaling=scaling,
+            tie_embeddings=bool(get("tie_word_embeddings", False)),
+            attn_bias=family == "qwen2" or bool(get("attention_bias", False)),
+            attn_out_bias=family != "qwen2" and bool(get("attention_bias", False)),
+            mlp_bias=bool(get("mlp_bias", False)),
+        )
+        window = _sliding_window(family, config)
+        if window is not None:
+            wanted = overrides.get("max_seq_len", fields["max_seq_len"])
+            if wanted is not None and wanted > window:
+                if "max_seq_len" in overrides:
+                    raise PretrainedError(
+                        f"max_seq_len={wanted} exceeds the {family} model's sliding attention "
+                        f"window of {window}, which netcl does not implement"
+                    )
+                fields["max_seq_len"] = window
+    else:
+        act = get("activation_function", "gelu_new")
+        if act not in _ACTIVATIONS:
+            raise PretrainedError(f"GPT-2 activation_function {act!r} is not one netcl implements "
+                                  f"({sorted(_ACTIVATIONS)})")
+        if not get("scale_attn_weights", True) or get("scale_attn_by_inverse_layer_idx", False):
+            raise PretrainedError(
+                "GPT-2 attention without 1/sqrt(head_dim) scaling, or scaled by the inverse "
+                "layer index, is not implemented by netcl"
+            )
+        fields = dict(
+            read,
+            arch="gpt2",
+            max_seq_len=get("n_positions", 1024),  # transformers' default
+            norm_eps=get("layer_norm_epsilon", 1e-5),
+            activation=_ACTIVATIONS[act],
+            tie_embeddings=bool(get("tie_word_embeddings", True)),
+            attn_bias=True,
+            mlp_bias=True,
+        )
+    fields = {k: v for k, v in fields.items() if v is not None}
+    fields.update(_special_ids(config, generation or {}))
+    fields.update(overrides)
+    try:
+        return GPTConfig(**fields)
+    except (TypeError, ValueError) as exc:
+        # the fields config.json gave, under its own names (an override was checked on its own)
+        names = {f: k for f, k in _KEYS[arch].items() if f not in overrides}
+        text = re.sub(r"\b(" + "|".join(names) + r")\b", lambda m: names[m[1]],
+                      str(exc).removeprefix("GPTConfig: "))
+        raise PretrainedError(f"config.json does not describe a model netcl can build: {text}") from None
+
+
+def _special_ids_to_hf(c: GPTConfig) -> dict[str, Any]:
+    """config.json's (and generation_config.json's) bos_token_id and eos_token_id: one id as an int, several
+    as a list, none as null."""
+    eos = c.eos_token_ids
+    return {"bos_token_id": c.bos_token_id, "eos_token_id": eos[0] if len(eos) == 1 else list(eos) or None}
 
 
 def config_to_hf(c: GPTConfig) -> dict[str, Any]:
@@ -287,8 +342,7 @@ def config_to_hf(c: GPTConfig) -> dict[str, Any]:
             "attention_dropout": c.attn_dropout,
             "torch_dtype": c.dtype,
             "dtype": c.dtype,
-            "bos_token_id": None,
-            "eos_token_id": None,
+            **_special_ids_to_hf(c),
             "pad_token_id": None,
         }
     biases = c.attn_bias and c.attn_out_bias and c.mlp_bias
@@ -319,8 +373,7 @@ def config_to_hf(c: GPTConfig) -> dict[str, Any]:
         "reorder_and_upcast_attn": False,
         "torch_dtype": c.dtype,
         "dtype": c.dtype,
-        "bos_token_id": None,
-        "eos_token_id": None,
+        **_special_ids_to_hf(c),
         "pad_token_id": None,
     }
 
@@ -373,6 +426,49 @@ def _shapes(c: GPTConfig) -> dict[str, tuple[int, ...]]:
     return out
 
 
+def _read_generation_config(path: str | os.PathLike) -> dict[str, Any]:
+    """generation_config.json of a model directory as a dict ({} where there is none)."""
+    file = Path(path) / GENERATION_CONFIG
+    try:
+        doc = json.loads(file.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        raise PretrainedError(f"cannot read {file}: {exc}") from None
+    if not isinstance(doc, dict):
+        raise PretrainedError(f"{file} holds a JSON {type(doc).__name__}, not an object")
+    return doc
+
+
+def _host_memory() -> int | None:
+    """This host's physical memory in bytes (None where the OS does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def _check_rotary_tables(c: GPTConfig, overridden: bool) -> None:
+    """A clear error where the rotary cos/sin tables of c.max_seq_len positions cannot be made on this host:
+    netcl.ops.rope_tables computes them in float64 before the (max_seq_len, head_dim / 2) tables, so making
+    them takes 24 bytes an entry (28 for float64 heads)."""
+    if not c.uses_rope:
+        return
+    entries = c.max_seq_len * (c.head_dim // 2)
+    itemsize = 8 if c.dtype == "float64" else 4
+    staging = entries * (2 * itemsize + 16)
+    memory = _host_memory()
+    if memory is None or staging <= memory:
+        return
+    given = "max_seq_len" if overridden else "config.json's max_position_embeddings"
+    raise PretrainedError(
+        f"{given}={c.max_seq_len}: the rotary tables for that many positions take "
+        f"{format_bytes(2 * entries * itemsize)} and {format_bytes(staging)} of host memory to make, more "
+        f"than this host's {format_bytes(memory)}; load the model for fewer positions: "
+        "from_pretrained(..., max_seq_len=N), or netcl generate/chat --max-seq-len N"
+    )
+
+
 def load(
     path: str | os.PathLike, overrides: dict[str, Any] | None = None
 ) -> tuple[GPTConfig, dict[str, np.ndarray]]:
@@ -387,9 +483,10 @@ def load(
             f"overridable: {sorted(allowed)}"
         )
     raw_config = hf_io.read_config(path)
-    config = config_from_hf(raw_config, overrides)
+    config = config_from_hf(raw_config, overrides, _read_generation_config(path))
     if config.arch == "gpt2" and "max_seq_len" in (overrides or {}):
         raise ValueError("from_pretrained: a GPT-2's max_seq_len is its learned position table (n_positions)")
+    _check_rotary_tables(config, "max_seq_len" in (overrides or {}))
     shapes = _shapes(config)
     rules = _RULES[config.arch](config)
     known = {name for rule in rules for name in rule[0]}
@@ -425,13 +522,21 @@ def load(
 
 def save(path: str | os.PathLike, config: GPTConfig, state: dict[str, np.ndarray],
          max_shard_bytes: int | None = None) -> list[Path]:
-    """Write a model's state (netcl names) as a Hugging Face directory of config's family; returns the paths
-    written."""
+    """Write a model's state (netcl names) as a Hugging Face directory of config's family, with
+    generation_config.json holding its special-token ids where it has any; returns the paths written."""
     tensors: dict[str, np.ndarray] = {}
     for hf_names, nc_names, _to_netcl, to_hf in _RULES[config.arch](config):
         for name, arr in zip(hf_names, to_hf([state[n] for n in nc_names], config)):
             tensors[name] = arr
-    return hf_io.write(path, config_to_hf(config), tensors, max_shard_bytes)
+    written = hf_io.write(path, config_to_hf(config), tensors, max_shard_bytes)
+    # transformers' generate takes the special-token ids from here before config.json; a model without them
+    # removes the file an earlier model in the directory left, which would speak for this one
+    generation = Path(path) / GENERATION_CONFIG
+    if config.bos_token_id is None and not config.eos_token_ids:
+        generation.unlink(missing_ok=True)
+        return written
+    atomic_write(generation, (json.dumps(_special_ids_to_hf(config), indent=2) + "\n").encode())
+    return [*written, generation]
 
 
 __all__ = ["PretrainedError", "config_from_hf", "config_to_hf", "load", "save"]

@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from netcl.models import GPT, PretrainedError
+from netcl.models import GPT, GPTConfig, PretrainedError
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -316,3 +316,89 @@ def test_bad_directories(queue, tmp_path):
         GPT.from_pretrained(sharded, queue)
     with pytest.raises(ValueError, match="cannot be overridden"):
         GPT.from_pretrained(path, queue, n_layers=1)
+
+
+def test_special_token_ids_follow_transformers_and_survive_save_pretrained(queue, tmp_path):
+    """generation_config.json's eos_token_id before config.json's (transformers' generate stops only at it);
+    the ids load into GPTConfig and save_pretrained writes them back where transformers reads them."""
+    torch.manual_seed(0)
+    hf_llama(bos_token_id=3, eos_token_id=5).save_pretrained(tmp_path / "ids")
+    path = tmp_path / "ids"
+    assert json.loads((path / "generation_config.json").read_text())["eos_token_id"] == 5
+    (path / "generation_config.json").write_text(json.dumps({"bos_token_id": 3, "eos_token_id": [7, 9]}))
+    want = transformers.AutoModelForCausalLM.from_pretrained(path).generation_config
+    config = GPT.from_pretrained(path, queue).config
+    got = (config.bos_token_id, list(config.eos_token_ids))
+    assert got == (want.bos_token_id, want.eos_token_id) == (3, [7, 9])
+    (path / "generation_config.json").unlink()  # none: config.json's, as transformers
+    want = transformers.AutoModelForCausalLM.from_pretrained(path).generation_config
+    config = GPT.from_pretrained(path, queue).config
+    got = (config.bos_token_id, config.eos_token_ids)
+    assert got == (want.bos_token_id, (want.eos_token_id,)) == (3, (5,))
+
+    (path / "generation_config.json").write_text(json.dumps({"eos_token_id": [7, 9]}))
+    model = GPT.from_pretrained(path, queue)
+    out = tmp_path / "resaved"
+    model.save_pretrained(out)
+    back = transformers.AutoModelForCausalLM.from_pretrained(out)
+    assert (back.generation_config.bos_token_id, back.generation_config.eos_token_id) == (3, [7, 9])
+    assert (back.config.bos_token_id, back.config.eos_token_id) == (3, [7, 9])
+    assert GPT.from_pretrained(out, queue).config == model.config
+    # a model without ids removes the file an earlier save left
+    GPT(queue, GPTConfig(vocab_size=VOCAB, dim=8, n_layers=1, n_heads=2)).save_pretrained(out)
+    assert not (out / "generation_config.json").exists()
+    assert GPT.from_pretrained(out, queue).config.eos_token_ids == ()
+
+
+def test_unreadable_generation_config_is_an_error(queue, tmp_path):
+    _, path = saved(tmp_path, "llama")
+    (path / "generation_config.json").write_text("{{")
+    with pytest.raises(PretrainedError, match=r"cannot read .*generation_config.json: Expecting property"):
+        GPT.from_pretrained(path, queue)
+    (path / "generation_config.json").write_text(json.dumps({"eos_token_id": "</s>"}))
+    with pytest.raises(PretrainedError, match="generation_config.json's eos_token_id must be a token id"):
+        GPT.from_pretrained(path, queue)
+
+
+def test_errors_name_the_argument_or_the_config_json_key(queue, tmp_path):
+    _, path = saved(tmp_path, "llama")
+    for dtype in ("auto", torch.bfloat16):
+        with pytest.raises(ValueError, match=r"^from_pretrained: dtype must be one of \(") as info:
+            GPT.from_pretrained(path, queue, dtype=dtype)
+        assert "config.json" not in str(info.value)
+    with pytest.raises(ValueError, match="^from_pretrained: max_seq_len must be at least 1, got 0"):
+        GPT.from_pretrained(path, queue, max_seq_len=0)
+    cfg = json.loads((path / "config.json").read_text())
+    for change, words in [
+        ({"vocab_size": None}, "it has no vocab_size (netcl takes no default for a model's sizes)"),
+        ({"num_attention_heads": 3}, "num_key_value_heads=2 must divide num_attention_heads=3"),
+        ({"hidden_size": "32"}, "hidden_size must be an integer, got '32' (str)"),
+        ({"max_position_embeddings": 0}, "max_position_embeddings must be at least 1, got 0"),
+    ]:
+        (path / "config.json").write_text(json.dumps({**cfg, **change}))
+        with pytest.raises(PretrainedError) as info:
+            GPT.from_pretrained(path, queue)
+        assert str(info.value) == f"config.json does not describe a model netcl can build: {words}"
+    gpt2 = hf_gpt2().config.to_dict()
+    (path / "config.json").write_text(json.dumps({**gpt2, "n_head": 5}))
+    with pytest.raises(PretrainedError, match="n_embd=24 is not divisible by n_head=5"):
+        GPT.from_pretrained(path, queue)
+
+
+def test_a_context_too_long_for_this_host_is_a_clear_error(queue, tmp_path):
+    """max_position_embeddings of 10**12: making the rotary tables was numpy's _ArrayMemoryError."""
+    hf, path = saved(tmp_path, "llama")
+    cfg = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**cfg, "max_position_embeddings": 10**12}))
+    with pytest.raises(PretrainedError) as info:
+        GPT.from_pretrained(path, queue)
+    text = str(info.value)
+    assert text.startswith("config.json's max_position_embeddings=1000000000000: the rotary tables for that "
+                           "many positions take 29.1 TiB and 87.3 TiB of host memory to make, more than this "
+                           "host's")
+    assert "from_pretrained(..., max_seq_len=N)" in text
+    with pytest.raises(PretrainedError, match="^max_seq_len=1000000000000: the rotary tables"):
+        GPT.from_pretrained(path, queue, max_seq_len=10**12)
+    model = GPT.from_pretrained(path, queue, max_seq_len=40)  # the override it names
+    ids = np.random.default_rng(6).integers(0, VOCAB, (1, 7))
+    assert_logits_close(model(ids).value.to_host(), hf_logits(hf, ids))
