@@ -7,6 +7,8 @@ recognizes the Hugging Face chat templates these layouts come from.
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -21,6 +23,7 @@ class ChatTemplate:
 
     A turn is ``header`` pieces, the content, ``end_of_turn`` (a special token) then ``after_turn`` text.
     A piece written ``<special:NAME>`` is the special token NAME; anything else is plain text.
+    ``default_system``: the system message a dialog without one starts with (Qwen2's templates write one).
     """
 
     name: str
@@ -29,6 +32,7 @@ class ChatTemplate:
     after_turn: str = ""
     begin: str | None = None
     strip_content: bool = False
+    default_system: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str):
@@ -52,6 +56,10 @@ class ChatTemplate:
                 )
         if not isinstance(self.after_turn, str):
             raise TypeError(f"ChatTemplate {self.name!r}: after_turn must be str, got {self.after_turn!r}")
+        if self.default_system is not None and not isinstance(self.default_system, str):
+            raise TypeError(
+                f"ChatTemplate {self.name!r}: default_system must be str or None, got {self.default_system!r}"
+            )
         if not isinstance(self.strip_content, bool):
             raise TypeError(
                 f"ChatTemplate {self.name!r}: strip_content must be True or False, got {self.strip_content!r}"
@@ -98,15 +106,29 @@ _JINJA_MARKERS: tuple[tuple[ChatTemplate, tuple[str, ...]], ...] = (
 )
 
 
+#: A ChatML template's default system turn as one Jinja string literal (Qwen2's and Qwen2.5's
+#: ``'<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n'``), its newlines escaped or not.
+_CHATML_DEFAULT_SYSTEM = re.compile(
+    r"""(['"])<\|im_start\|>system(?:\\n|\n)((?:\\.|(?!\1)[^\\])*?)<\|im_end\|>(?:\\n|\n)\1"""
+)
+_JINJA_ESCAPES = {"n": "\n", "t": "\t", "r": "\r"}
+
+
 def template_from_jinja(source: str) -> ChatTemplate | None:
     """The built-in template a Hugging Face ``chat_template`` (Jinja source, from tokenizer_config.json)
     lays dialogs out as, recognized by the marker strings it writes; None when it is none of them (netcl
-    does not run Jinja, so such a template is not supported: pick a built-in one)."""
+    does not run Jinja, so such a template is not supported: pick a built-in one). A ChatML template that
+    writes a whole system turn as one literal (Qwen2's "You are a helpful assistant.") has that message as
+    its default_system, which its Jinja puts first where a dialog has no system message."""
     if not isinstance(source, str):
         raise TypeError(f"chat_template must be a str of Jinja source, got {type(source).__name__}")
     for template, markers in _JINJA_MARKERS:
         if all(marker in source for marker in markers):
-            return template
+            found = _CHATML_DEFAULT_SYSTEM.search(source) if template is CHATML else None
+            if found is None:
+                return template
+            text = re.sub(r"\\(.)", lambda m: _JINJA_ESCAPES.get(m[1], m[1]), found[2], flags=re.DOTALL)
+            return dataclasses.replace(template, default_system=text)
     return None
 
 
@@ -137,6 +159,16 @@ class ChatFormat:
         self.tokenizer = tokenizer
         self.template = template
         self._ids = {t: specials[t] for t in template.specials()}
+
+    def _dialog(
+        self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool
+    ) -> Sequence[Mapping[str, str]]:
+        """`messages`, checked, after the template's default system message where they have none."""
+        _validate(messages, add_generation_prompt)
+        default = self.template.default_system
+        if default is not None and messages[0]["role"] != "system":
+            return [{"role": "system", "content": default}, *messages]
+        return messages
 
     def _piece_ids(self, piece: str, role: str) -> list[int]:
         if piece.startswith("<special:"):
@@ -217,10 +249,11 @@ class ChatFormat:
         """Return ``(ids, loss_mask)``, two lists of equal length; mask values are 0 or 1.
 
         ``messages``: ``[{"role": "system"|"user"|"assistant", "content": str}, ...]``; a system message
-        may only come first. ``add_generation_prompt`` appends the assistant header so a model continues
-        with the reply (not allowed when the last message is already the assistant's).
+        may only come first (without one, the template's default_system, if it has one, is).
+        ``add_generation_prompt`` appends the assistant header so a model continues with the reply (not
+        allowed when the last message is already the assistant's).
         """
-        _validate(messages, add_generation_prompt)
+        messages = self._dialog(messages, add_generation_prompt)
         if self.tokenizer.metaspace is not None:
             return self._encode_runs(self._pieces(messages, add_generation_prompt))
         template = self.template
@@ -253,7 +286,7 @@ class ChatFormat:
 
     def render(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = False) -> str:
         """The dialog as text (special tokens written out); for display, not for encoding."""
-        _validate(messages, add_generation_prompt)
+        messages = self._dialog(messages, add_generation_prompt)
         template = self.template
 
         def header(role: str) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from netcl.text import BPETokenizer, ChatFormat, ChatTemplate
+from netcl.text import CHATML, BPETokenizer, ChatFormat, ChatTemplate, template_from_jinja
 
 from .conftest import DATA
 
@@ -194,3 +194,84 @@ def test_template_fields_are_checked(kwargs, error, words):
     with pytest.raises(error, match=words):
         ChatTemplate(**(fields | kwargs))
     assert ChatTemplate(**fields).specials() == ["<|im_start|>", "<|im_end|>"]
+
+
+# Qwen2.5-Instruct's tokenizer_config.json chat_template (public): a default system message where the dialog
+# has none
+QWEN25_TEMPLATE = (
+    "{%- if tools %}\n    {{- '<|im_start|>system\\n' }}\n    {%- if messages[0]['role'] == 'system' %}\n"
+    "        {{- messages[0]['content'] }}\n    {%- else %}\n"
+    "        {{- 'You are Qwen, created by Alibaba Cloud. You are a helpful assistant.' }}\n"
+    "    {%- endif %}\n"
+    "    {{- \"\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\nYou "
+    "are provided with function signatures within <tools></tools> XML tags:\\n<tools>\" }}\n"
+    "    {%- for tool in tools %}\n        {{- \"\\n\" }}\n        {{- tool | tojson }}\n    {%- endfor %}\n"
+    "    {{- \"\\n</tools>\\n\\nFor each function call, return a json object with function name and "
+    "arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\\"name\\\": <function-name>, "
+    "\\\"arguments\\\": <args-json-object>}\\n</tool_call><|im_end|>\\n\" }}\n{%- else %}\n"
+    "    {%- if messages[0]['role'] == 'system' %}\n"
+    "        {{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}\n    {%- else %}\n"
+    "        {{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful "
+    "assistant.<|im_end|>\\n' }}\n    {%- endif %}\n{%- endif %}\n{%- for message in messages %}\n"
+    "    {%- if (message.role == \"user\") or (message.role == \"system\" and not loop.first) or "
+    "(message.role == \"assistant\" and not message.tool_calls) %}\n"
+    "        {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}\n"
+    "    {%- elif message.role == \"assistant\" %}\n        {{- '<|im_start|>' + message.role }}\n"
+    "        {%- if message.content %}\n            {{- '\\n' + message.content }}\n        {%- endif %}\n"
+    "        {%- for tool_call in message.tool_calls %}\n"
+    "            {%- if tool_call.function is defined %}\n"
+    "                {%- set tool_call = tool_call.function %}\n            {%- endif %}\n"
+    "            {{- '\\n<tool_call>\\n{\"name\": \"' }}\n            {{- tool_call.name }}\n"
+    "            {{- '\", \"arguments\": ' }}\n            {{- tool_call.arguments | tojson }}\n"
+    "            {{- '}\\n</tool_call>' }}\n        {%- endfor %}\n        {{- '<|im_end|>\\n' }}\n"
+    "    {%- elif message.role == \"tool\" %}\n"
+    "        {%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != \"tool\") %}\n"
+    "            {{- '<|im_start|>user' }}\n        {%- endif %}\n        {{- '\\n<tool_response>\\n' }}\n"
+    "        {{- message.content }}\n        {{- '\\n</tool_response>' }}\n"
+    "        {%- if loop.last or (messages[loop.index0 + 1].role != \"tool\") %}\n"
+    "            {{- '<|im_end|>\\n' }}\n        {%- endif %}\n    {%- endif %}\n{%- endfor %}\n"
+    "{%- if add_generation_prompt %}\n    {{- '<|im_start|>assistant\\n' }}\n{%- endif %}\n"
+)
+# Qwen2-Instruct's: the default system turn inside the loop
+QWEN2_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}{% endif %}"
+    "{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+PLAIN_CHATML_TEMPLATE = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+    "'<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
+    "{% endif %}"
+)
+
+
+@pytest.mark.parametrize(
+    "source, default",
+    [
+        (QWEN25_TEMPLATE, "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."),
+        (QWEN2_TEMPLATE, "You are a helpful assistant."),
+        (PLAIN_CHATML_TEMPLATE, None),
+    ],
+)
+def test_chatml_default_system_message_as_transformers_renders_it(tok, tmp_path, source, default):
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("jinja2")
+    template = template_from_jinja(source)
+    assert (template.name, template.default_system) == ("chatml", default)
+    assert template is CHATML if default is None else template.header == CHATML.header
+    tok.save_hf(tmp_path / "tokenizer.json")
+    hf = transformers.PreTrainedTokenizerFast(tokenizer_file=str(tmp_path / "tokenizer.json"))
+    hf.chat_template = source
+    chat = ChatFormat(tok, template)
+    for messages, prompt in [(DIALOG[1:4], True), (DIALOG[1:3], False), (DIALOG, False), (DIALOG[:2], True)]:
+        text = hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=prompt)
+        assert chat.render(messages, add_generation_prompt=prompt) == text
+        ids, mask = chat.encode_dialog(messages, add_generation_prompt=prompt)
+        assert ids == tok.encode(text, allowed_special="all")
+        assert _masked_text(tok, ids, mask) == "".join(
+            m["content"] + "<|im_end|>" for m in messages if m["role"] == "assistant"
+        )
+    if default is not None:
+        start = f"<|im_start|>system\n{default}<|im_end|>\n<|im_start|>user"
+        assert chat.render(DIALOG[1:2]).startswith(start)
