@@ -16,8 +16,8 @@ from netcl.io import load_checkpoint
 from netcl.io.checkpoint import read_checkpoint
 from netcl.io.huggingface import WEIGHTS
 from netcl.models import GPT
-from netcl.models.config import DTYPES
-from netcl.text import BPETokenizer, ChatFormat, ChatTemplate, template_from_jinja
+from netcl.models.config import DTYPES, GPTConfig
+from netcl.text import BPETokenizer, ChatFormat, ChatTemplate, UnknownTokenError, template_from_jinja
 from netcl.text.chat import TEMPLATES
 from netcl.train import flags
 from netcl.train.corpus import END_OF_TEXT
@@ -28,8 +28,18 @@ TOKENIZER_CONFIG = "tokenizer_config.json"
 SENTENCEPIECE_MODEL = "tokenizer.model"
 
 
+def _max_new_tokens(text: str) -> int:
+    """--max-new-tokens: an integer >= 1. GPT.generate(ids, 0) is an empty stream; here 0 would only echo
+    the prompt (or, in chat, answer nothing), so it is refused with that reason."""
+    try:
+        return flags.int_at_least(1)(text)
+    except argparse.ArgumentTypeError as exc:
+        zero = text.strip().lstrip("+-") == "0"
+        raise argparse.ArgumentTypeError(f"{exc}{' (0 would generate nothing)' if zero else ''}") from None
+
+
 def _add_sampling(p: argparse.ArgumentParser, max_new: int) -> None:
-    p.add_argument("--max-new-tokens", type=flags.int_at_least(1), default=max_new,
+    p.add_argument("--max-new-tokens", type=_max_new_tokens, default=max_new,
                    help=f"tokens to generate at most (default {max_new}; never past the context window)")
     p.add_argument("--temperature", type=flags.number(0.0), default=0.8,
                    help="sampling temperature (default 0.8; 0 = greedy)")
@@ -37,19 +47,23 @@ def _add_sampling(p: argparse.ArgumentParser, max_new: int) -> None:
                    help="sample among the k most likely tokens")
     p.add_argument("--top-p", type=flags.number(0.0, 1.0, low_open=True), default=None,
                    help="sample among the most likely tokens whose probabilities sum to p (0 < p <= 1)")
-    p.add_argument("--seed", type=flags.int_at_least(0), default=0, help="sampling seed (default 0)")
+    p.add_argument("--seed", type=flags.int_at_least(0, (1 << 64) - 1), default=0,
+                   help="sampling seed, in [0, 2**64) (default 0)")
     p.add_argument("--dtype", choices=DTYPES, default="float32",
                    help="the weights' storage on the device (default float32; bfloat16 and float16 hold a "
                         "Hugging Face checkpoint at half the bytes, computed in float32)")
     p.add_argument("--int8", action="store_true",
                    help="weight-only int8 linear layers (a scale per output channel), dequantized on the fly")
+    p.add_argument("--max-seq-len", type=flags.int_at_least(1), default=None, metavar="N",
+                   help="the context window in tokens (default: the model's, config.json's "
+                        "max_position_embeddings); fewer positions take smaller rotary tables")
 
 
 def register(subparsers: Any) -> None:
     gen = subparsers.add_parser(
         "generate", help="stream text from a trained GPT (netcl lm-train's run directory)"
     )
-    gen.add_argument("--checkpoint", required=True, metavar="PATH",
+    gen.add_argument("--checkpoint", required=True, metavar="PATH", type=flags.path_arg,
                      help="a run or model directory, or its checkpoint.safetensors")
     gen.add_argument("--prompt", default="", help="text to continue (default: the start of a new file); "
                      "special-token text in it, such as <|endoftext|>, is that control token")
@@ -58,7 +72,7 @@ def register(subparsers: Any) -> None:
     gen.set_defaults(func=run_generate)
 
     chat = subparsers.add_parser("chat", help="multi-turn terminal chat with a GPT through a chat template")
-    chat.add_argument("--checkpoint", required=True, metavar="PATH",
+    chat.add_argument("--checkpoint", required=True, metavar="PATH", type=flags.path_arg,
                       help="a run or model directory, or its checkpoint.safetensors")
     chat.add_argument("--system", default=None, help="a system message that starts the dialog")
     chat.add_argument("--template", choices=tuple(TEMPLATES), default=None,
@@ -73,7 +87,9 @@ def stream_tokens(model: GPT, tokenizer: BPETokenizer, ids: list[int], max_new_t
                   temperature: float, top_k: int | None, top_p: float | None, seed: int,
                   stop: Iterable[int] = ()) -> Iterable[str]:
     """Text pieces as the model generates tokens after `ids`, decoded incrementally (a character split
-    across tokens comes out whole, with the token that completes it); stop tokens end it unprinted."""
+    across tokens comes out whole, with the token that completes it); stop tokens end it unprinted. A token
+    the tokenizer lacks (a model's vocabulary padded past its tokenizer's, as Qwen2's is) is a real output
+    that reads as nothing, as Hugging Face's decode reads it."""
     stop = set(stop)
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     for token in model.generate(list(ids), max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
@@ -81,7 +97,11 @@ def stream_tokens(model: GPT, tokenizer: BPETokenizer, ids: list[int], max_new_t
         token = int(token)
         if token in stop:
             break
-        piece = decoder.decode(tokenizer.decode_bytes([token]))
+        try:
+            data = tokenizer.decode_bytes([token])
+        except UnknownTokenError:
+            data = b""
+        piece = decoder.decode(data)
         if piece:
             yield piece
     tail = decoder.decode(b"", final=True)
@@ -90,11 +110,12 @@ def stream_tokens(model: GPT, tokenizer: BPETokenizer, ids: list[int], max_new_t
 
 
 def load_model_dir(directory: str, device: str, flag: str = "--checkpoint", dtype: str = "float32",
-                   int8: bool = False) -> tuple[GPT, BPETokenizer]:
+                   int8: bool = False, max_seq_len: int | None = None) -> tuple[GPT, BPETokenizer]:
     """The GPT and tokenizer of a run or model directory (config.json, model.safetensors, tokenizer.json), or
     of a .safetensors file in one: its weights (model.safetensors, a shard) or lm-train's
     checkpoint.safetensors, whose own weights are then loaded; weights stored in `dtype` (the linear layers'
-    as int8 with `int8`). Errors name the command-line `flag`."""
+    as int8 with `int8`), a context of `max_seq_len` positions (None: the model's). The tokenizer must
+    make no token the model lacks (check_vocabulary). Errors name the command-line `flag`."""
     path = Path(directory)
     checkpoint = None
     if path.is_file():
@@ -125,7 +146,19 @@ def load_model_dir(directory: str, device: str, flag: str = "--checkpoint", dtyp
         tokenizer = BPETokenizer.from_sentencepiece(tokenizer_file)
     else:
         tokenizer = BPETokenizer.from_hf(tokenizer_file)
-    model = GPT.from_pretrained(path, open_device(device).queue, dtype=dtype)
+    overrides: dict[str, Any] = {"dtype": dtype}
+    if max_seq_len is not None:
+        overrides["max_seq_len"] = max_seq_len
+    try:
+        model = GPT.from_pretrained(path, open_device(device).queue, **overrides)
+    except ValueError as exc:
+        if isinstance(exc, NetclError) or max_seq_len is None:
+            raise
+        # the override's own error (a GPT-2 takes no max_seq_len): the flag that set it
+        reason = str(exc).removeprefix("from_pretrained: ")
+        raise NetclError(f"--max-seq-len {max_seq_len}: {reason}") from None
+    used = [t for t in (tokenizer.bos_token, END_OF_TEXT) if t in tokenizer.special_tokens]
+    check_vocabulary(model, tokenizer, f"{path / tokenizer_file.name}", used)
     if checkpoint is not None:
         load_checkpoint(checkpoint, model, restore_rng=False)
     if int8:
@@ -144,24 +177,54 @@ def _model_dir(checkpoint: str) -> Path:
 
 
 def _read_json(path: Path) -> dict[str, Any]:
+    """A JSON object file of a model directory ({} where there is none; one that cannot be read is an
+    error: what it says would be silently lost)."""
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except FileNotFoundError:
         return {}
-    return doc if isinstance(doc, dict) else {}
+    except (OSError, ValueError) as exc:
+        raise NetclError(f"cannot read {path}: {exc}") from None
+    if not isinstance(doc, dict):
+        raise NetclError(f"{path} holds a JSON {type(doc).__name__}, not an object")
+    return doc
 
 
-def stop_ids(checkpoint: str, tokenizer: BPETokenizer) -> set[int]:
-    """Tokens that end generation: <|endoftext|> where the tokenizer has it, and the end-of-sequence ids of
-    a Hugging Face directory (``eos_token_id`` in generation_config.json or config.json, an id or a list)."""
+def check_vocabulary(model: GPT, tokenizer: BPETokenizer, source: str, used: Iterable[str]) -> None:
+    """The tokenizer (read from `source`) makes only ids the model has: every ordinary token (any text may
+    encode to it), and the special tokens in `used` (a BOS, <|endoftext|>, a chat template's). Special tokens
+    above the model's vocabulary that nothing uses are let be (a tokenizer's spare added tokens); a prompt
+    that writes one out is refused where it is encoded."""
+    vocab = model.config.vocab_size
+    specials = {tid: token for token, tid in tokenizer.special_tokens.items()}
+    for tid in range(tokenizer.n_vocab - 1, vocab - 1, -1):
+        if tid in specials:
+            continue
+        try:
+            tokenizer.token_bytes(tid)
+        except UnknownTokenError:  # an id the tokenizer leaves unassigned
+            continue
+        raise NetclError(
+            f"{source} has ordinary tokens up to id {tid} ({tokenizer.n_vocab} ids in all), but the model's "
+            f"vocab_size is {vocab} (config.json): it has no embedding for ids {vocab}..{tid}, so this is "
+            "not its tokenizer (only special tokens that nothing uses may lie past the model's vocabulary)"
+        )
+    outside = [f"{t} (id {tokenizer.special_id(t)})" for t in used if tokenizer.special_id(t) >= vocab]
+    if outside:
+        tokens = "token " if len(outside) == 1 else "tokens "
+        raise NetclError(
+            f"{source}: generation uses the special {tokens}{', '.join(outside)}, past the model's "
+            f"vocab_size of {vocab} (config.json): this is not the model's tokenizer (only special tokens "
+            "that nothing uses may lie past the model's vocabulary)"
+        )
+
+
+def stop_ids(config: GPTConfig, tokenizer: BPETokenizer) -> set[int]:
+    """Tokens that end generation: <|endoftext|> where the tokenizer has it, and the model's end-of-sequence
+    ids (GPTConfig.eos_token_ids: a Hugging Face directory's, generation_config.json's before config.json's,
+    as transformers' generate takes them)."""
     stop = {tokenizer.special_id(END_OF_TEXT)} if END_OF_TEXT in tokenizer.special_tokens else set()
-    directory = _model_dir(checkpoint)
-    for name in ("generation_config.json", "config.json"):
-        eos = _read_json(directory / name).get("eos_token_id")
-        for tid in eos if isinstance(eos, list) else [eos]:
-            if isinstance(tid, int) and not isinstance(tid, bool) and 0 <= tid < tokenizer.n_vocab:
-                stop.add(tid)
-    return stop
+    return stop | set(config.eos_token_ids)
 
 
 def chat_template(checkpoint: str, name: str | None) -> str | ChatTemplate:
@@ -184,8 +247,8 @@ def chat_template(checkpoint: str, name: str | None) -> str | ChatTemplate:
 
 
 def run_generate(args: argparse.Namespace) -> int:
-    model, tokenizer = load_model_dir(args.checkpoint, args.device, dtype=args.dtype, int8=args.int8)
-    eot = tokenizer.special_tokens.get(END_OF_TEXT)
+    model, tokenizer = load_model_dir(args.checkpoint, args.device, dtype=args.dtype, int8=args.int8,
+                                      max_seq_len=args.max_seq_len)
     bos = tokenizer.bos_token
     # the prompt is the model's raw input: special-token text in it (<|endoftext|>, a hand-written
     # <|im_start|>) is the control token, as the model saw it in training, not an error; the BOS a
@@ -193,12 +256,23 @@ def run_generate(args: argparse.Namespace) -> int:
     if args.prompt:
         ids = tokenizer.encode(args.prompt, allowed_special="all", add_bos=bos is not None)
     else:
-        ids = [tokenizer.special_id(bos)] if bos is not None else ([eot] if eot is not None else [])
+        # transformers' generate starts an empty input from the model's bos_token_id; else the tokenizer's
+        # BOS, else <|endoftext|> (netcl lm-train's models)
+        starts = [model.config.bos_token_id, *(tokenizer.special_tokens.get(t) for t in (bos, END_OF_TEXT))]
+        ids = [t for t in starts if t is not None][:1]
     if not ids:
         raise NetclError(
-            "--prompt is empty and the tokenizer has no <|endoftext|> or BOS token to start from; give a "
-            "prompt"
+            "--prompt is empty, and neither the model (config.json's bos_token_id) nor the tokenizer (a BOS, "
+            "<|endoftext|>) names a token to start from; give a prompt"
         )
+    vocab = model.config.vocab_size
+    outside = [t for t in ids if t >= vocab]
+    if outside:  # only a special token can be (check_vocabulary): a spare one the prompt writes out
+        names = {tid: token for token, tid in tokenizer.special_tokens.items()}
+        what = f"--prompt writes the special token {names.get(outside[0])}" if args.prompt else \
+            "the model's bos_token_id (its config.json or generation_config.json)"
+        raise NetclError(f"{what} (id {outside[0]}) lies past the model's vocab_size of {vocab}: the model "
+                         "has no embedding for it")
     context = _context(model)
     if len(ids) >= context:
         raise NetclError(
@@ -226,7 +300,7 @@ def run_generate(args: argparse.Namespace) -> int:
             top_k=args.top_k,
             top_p=args.top_p,
             seed=args.seed,
-            stop=stop_ids(args.checkpoint, tokenizer),
+            stop=stop_ids(model.config, tokenizer),
         ):
             out.write("".join(head) + piece)
             head.clear()
@@ -263,13 +337,16 @@ def chat_name(template: str | ChatTemplate) -> str:
 
 
 def run_chat(args: argparse.Namespace) -> int:
-    model, tokenizer = load_model_dir(args.checkpoint, args.device, dtype=args.dtype, int8=args.int8)
+    model, tokenizer = load_model_dir(args.checkpoint, args.device, dtype=args.dtype, int8=args.int8,
+                                      max_seq_len=args.max_seq_len)
     template = chat_template(args.checkpoint, args.template)
     try:
         chat = ChatFormat(tokenizer, template)
     except ValueError as exc:
         raise NetclError(f"--template {chat_name(template)}: {exc}") from None
-    stop = {tokenizer.special_id(chat.template.end_of_turn)} | stop_ids(args.checkpoint, tokenizer)
+    check_vocabulary(model, tokenizer, f"the tokenizer of {_model_dir(args.checkpoint)}",
+                     chat.template.specials())
+    stop = {tokenizer.special_id(chat.template.end_of_turn)} | stop_ids(model.config, tokenizer)
     context = _context(model)
     system = [{"role": "system", "content": args.system}] if args.system else []
     if system:  # the dialog keeps the system message: one that fills the window would be cut silently
@@ -303,6 +380,7 @@ def _chat_loop(
     reply_room = min(args.max_new_tokens, context // 2)
     messages = list(system)
     turn = 0
+    capped = args.max_new_tokens  # the reply length the last notice named
     while True:
         if interactive:
             print("you> ", end="", flush=True)
@@ -327,14 +405,25 @@ def _chat_loop(
         if dropped:
             print(f"(dropped the {dropped} oldest message(s) to fit the context window of {context} tokens)",
                   file=sys.stderr)
+        whole = len(chat.encode_dialog(messages, add_generation_prompt=True)[0])
+        if whole > len(ids):
+            print(f"netcl: your message makes a prompt of {whole} tokens; the context window of {context} "
+                  f"tokens leaves {len(ids)} for the prompt (the rest is the reply's), so its first "
+                  f"{whole - len(ids)} tokens were cut: shorten the message", file=sys.stderr)
+        budget = min(args.max_new_tokens, context - len(ids))
+        if budget < args.max_new_tokens and budget != capped:
+            print(f"netcl: generating {budget} tokens, not {args.max_new_tokens}: the prompt ({len(ids)} "
+                  f"tokens) and the reply share the context window of {context}", file=sys.stderr)
+        capped = budget
         head = ["assistant> "]   # out with the first piece (the first turn's kernels' notice before it)
         reply: list[str] = []
         # a SentencePiece reply's first token carries the space its tokenizer puts before a text; the reply
         # is its own text (Hugging Face's decode drops that space too)
         drop_space = tokenizer.metaspace not in (None, "never")
-        for piece in stream_tokens(model, tokenizer, ids, min(args.max_new_tokens, context - len(ids)),
-                                   temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                                   seed=args.seed + turn, stop=stop):
+        # each turn its own stream: the seed's successors, wrapping at 2**64 as a seed does
+        for piece in stream_tokens(model, tokenizer, ids, budget, temperature=args.temperature,
+                                   top_k=args.top_k, top_p=args.top_p, seed=(args.seed + turn) % (1 << 64),
+                                   stop=stop):
             if drop_space:  # one space, from the first piece only
                 drop_space = False
                 if piece.startswith(" "):
