@@ -13,6 +13,7 @@ from netcl.cli import main
 from netcl.models import GPT, GPTConfig
 from netcl.text import ZEPHYR, BPETokenizer, ChatFormat
 from netcl.train.generate import chat_template, load_model_dir, stop_ids
+from tests.text.test_chat import QWEN25_TEMPLATE
 from tests.text.test_metaspace import _sentencepiece_model
 
 BYTE_TOKENS = [f"<0x{b:02X}>" for b in range(256)]
@@ -74,13 +75,14 @@ def _tokenizer_json() -> dict:
     }
 
 
-def _write_model_dir(path, queue, tokenizer: dict, vocab_size: int | None = None, **config) -> None:
-    """A tiny Llama of `vocab_size` (the tokenizer's n_vocab unless given) beside `tokenizer` (the
-    document of tokenizer.json), config.json's fields changed by `config`."""
+def _write_model_dir(path, queue, tokenizer: dict, vocab_size: int | None = None, context: int = 48,
+                     **config) -> None:
+    """A tiny Llama of `vocab_size` (the tokenizer's n_vocab unless given) and `context` positions beside
+    `tokenizer` (the document of tokenizer.json), config.json's fields changed by `config`."""
     path.mkdir(exist_ok=True)
     (path / "tokenizer.json").write_text(json.dumps(tokenizer, ensure_ascii=False), encoding="utf-8")
     vocab = vocab_size or BPETokenizer.from_hf(path / "tokenizer.json").n_vocab
-    model = GPT(queue, GPTConfig(vocab_size=vocab, dim=16, n_layers=1, n_heads=2, max_seq_len=48))
+    model = GPT(queue, GPTConfig(vocab_size=vocab, dim=16, n_layers=1, n_heads=2, max_seq_len=context))
     model.save_pretrained(path)
     saved = json.loads((path / "config.json").read_text())
     (path / "config.json").write_text(json.dumps({**saved, **config}))
@@ -372,3 +374,25 @@ def test_max_seq_len_of_a_gpt2_is_its_position_table(tmp_path, queue, capsys):
     err = capsys.readouterr().err
     assert err.startswith("netcl: --max-seq-len 32: a GPT-2's max_seq_len is its learned position table")
     assert err.count("\n") == 1
+
+
+def test_chat_starts_with_the_templates_default_system_message(tmp_path, queue, capsys, monkeypatch):
+    """A Qwen2.5 chat_template: a dialog without --system starts with its default system message, as
+    transformers' apply_chat_template lays it out; --system replaces it."""
+    doc = _tokenizer_json()
+    first = max(doc["model"]["vocab"].values()) + 1
+    doc["added_tokens"] += [{**doc["added_tokens"][0], "id": first + i, "content": t}
+                            for i, t in enumerate(["<|im_start|>", "<|im_end|>"])]
+    _write_model_dir(tmp_path, queue, doc, context=256)
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": QWEN25_TEMPLATE}))
+    seen: list = []
+    _replying(monkeypatch, [first + 1], seen)
+    for flags in ([], ["--system", "Be brief."]):
+        monkeypatch.setattr(sys, "stdin", io.StringIO("hi\n"))
+        assert main(["chat", "--checkpoint", str(tmp_path), "--max-new-tokens", "1", *flags]) == 0
+    assert not capsys.readouterr().err  # nothing cut
+    _, tok = load_model_dir(str(tmp_path), "auto")
+    system = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+    for (ids, _, _), content in zip(seen, [system, "Be brief."], strict=True):
+        dialog = [{"role": "system", "content": content}, {"role": "user", "content": "hi"}]
+        assert ids == ChatFormat(tok, "chatml").encode_dialog(dialog, add_generation_prompt=True)[0]
