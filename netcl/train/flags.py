@@ -37,6 +37,10 @@ def int_at_least(low: int, high: int | None = None) -> Callable[[str], int]:
     return parse
 
 
+# a seed: 64 bits (a larger one wrapped onto a smaller one's stream)
+seed = int_at_least(0, (1 << 64) - 1)
+
+
 def number(low: float, high: float = math.inf, low_open: bool = False,
            high_open: bool = False) -> Callable[[str], float]:
     """A finite number in an interval ("must be a finite number in [0, 1), got ...")."""
@@ -65,14 +69,6 @@ def count(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
-
-
-def seed(text: str) -> int:
-    """A seed: an integer in [0, 2**64) (a larger one would wrap onto a smaller one's stream)."""
-    value = count(text)
-    if value >= 1 << 64:
-        raise argparse.ArgumentTypeError(f"must be below 2**64 (a 64-bit seed), got {value}")
     return value
 
 

@@ -47,7 +47,7 @@ def _add_sampling(p: argparse.ArgumentParser, max_new: int) -> None:
                    help="sample among the k most likely tokens")
     p.add_argument("--top-p", type=flags.number(0.0, 1.0, low_open=True), default=None,
                    help="sample among the most likely tokens whose probabilities sum to p (0 < p <= 1)")
-    p.add_argument("--seed", type=flags.int_at_least(0, (1 << 64) - 1), default=0,
+    p.add_argument("--seed", type=flags.seed, default=0,
                    help="sampling seed, in [0, 2**64) (default 0)")
     p.add_argument("--dtype", choices=DTYPES, default="float32",
                    help="the weights' storage on the device (default float32; bfloat16 and float16 hold a "

@@ -93,7 +93,7 @@ def test_outputs_are_claimed_only_when_written(tmp_path, capsys):
     ("--lr", "-0.1", "must be a finite number > 0"),
     ("--weight-decay", "-1", "must be a finite number >= 0"),
     ("--train-limit", "-3", "must be >= 0, got -3"),
-    ("--seed", "-1", "must be >= 0, got -1"),
+    ("--seed", "-1", "must be an integer >= 0, got -1"),
 ])
 def test_bad_arguments_are_one_line_errors(tmp_path, capsys, flag, value, words):
     with pytest.raises(SystemExit) as exc:
