@@ -24,7 +24,7 @@ from netcl.core.memory import format_bytes
 from netcl.io import huggingface as hf_io
 from netcl.io.huggingface import PretrainedError
 from netcl.models.config import GPTConfig
-from netcl.ops.rope import ROPE_SCALINGS
+from netcl.ops.rope import ROPE_SCALINGS, rope_tables_host_bytes
 
 GENERATION_CONFIG = "generation_config.json"
 
@@ -449,23 +449,20 @@ def _host_memory() -> int | None:
 
 
 def _check_rotary_tables(c: GPTConfig, overridden: bool) -> None:
-    """A clear error where the rotary cos/sin tables of c.max_seq_len positions cannot be made on this host:
-    netcl.ops.rope_tables computes them in float64 before the (max_seq_len, head_dim / 2) tables, so making
-    them takes 24 bytes an entry (28 for float64 heads)."""
+    """A clear error where the rotary cos/sin tables of c.max_seq_len positions cannot be made on this host
+    (netcl.ops.rope_tables_host_bytes), before any weight is read."""
     if not c.uses_rope:
         return
-    entries = c.max_seq_len * (c.head_dim // 2)
-    itemsize = 8 if c.dtype == "float64" else 4
-    staging = entries * (2 * itemsize + 16)
+    staging = rope_tables_host_bytes(c.max_seq_len, c.head_dim, c.dtype)
     memory = _host_memory()
     if memory is None or staging <= memory:
         return
     given = "max_seq_len" if overridden else "config.json's max_position_embeddings"
     raise PretrainedError(
         f"{given}={c.max_seq_len}: the rotary tables for that many positions take "
-        f"{format_bytes(2 * entries * itemsize)} and {format_bytes(staging)} of host memory to make, more "
-        f"than this host's {format_bytes(memory)}; load the model for fewer positions: "
-        "from_pretrained(..., max_seq_len=N), or netcl generate/chat --max-seq-len N"
+        f"{format_bytes(staging)} of host memory to make, more than this host's {format_bytes(memory)}; "
+        "load the model for fewer positions: from_pretrained(..., max_seq_len=N), or netcl generate/chat "
+        "--max-seq-len N"
     )
 
 

@@ -17,11 +17,12 @@ import pyopencl.cltypes as cltypes
 from netcl import kernels
 from netcl.core import capture, dtypes, shapes
 from netcl.core.backend import as_queue, device_check
+from netcl.core.memory import format_bytes
 from netcl.core.tensor import Tensor, check_same_queue, empty_in_order
-from netcl.errors import DTypeError, ShapeError
+from netcl.errors import DTypeError, OutOfMemoryError, ShapeError
 from netcl.ops.declaration import Layout, OpDecl, declare
 
-__all__ = ["rope", "rope_inv_freq", "rope_qkv_cache", "rope_scaling", "rope_tables"]
+__all__ = ["rope", "rope_inv_freq", "rope_qkv_cache", "rope_scaling", "rope_tables", "rope_tables_host_bytes"]
 
 ROPE_PAIRINGS = {"half": "ROPE_HALF", "interleaved": "ROPE_INTERLEAVED"}
 # frequency scalings (Hugging Face's rope_type names) and the keys each needs: static rescalings of the
@@ -114,6 +115,13 @@ def rope_inv_freq(
     return np.where(medium, smoothed, scaled).astype(dt)
 
 
+def rope_tables_host_bytes(max_len: int, dim: int, dtype: Any = np.float32) -> int:
+    """Host bytes rope_tables takes at its peak to make the tables of heads of `dtype`: the angles, their
+    float64 copy and cos/sin in float64, then the two tables in the kernel's type."""
+    entries = max_len * (dim // 2)
+    return entries * (2 * _table_dtype(dtypes.normalize(dtype)).itemsize + 16)
+
+
 def rope_tables(q: Any, max_len: int, dim: int, base: float = 10000.0,
                 dtype: Any = np.float32, scaling: dict[str, Any] | None = None) -> tuple[Tensor, Tensor]:
     """(cos, sin), each (max_len, dim // 2): angle[p, i] = p * inv_freq[i] (base^(-2i / dim), rescaled by
@@ -135,9 +143,16 @@ def rope_tables(q: Any, max_len: int, dim: int, base: float = 10000.0,
     if hit is not None and hit[0].queue is q:
         return hit
     inv_freq = rope_inv_freq(dim, base, scaling, table_dt)
-    angles = np.arange(max_len, dtype=table_dt)[:, None] * inv_freq[None, :]
-    cos = Tensor.from_host(q, np.cos(angles.astype(np.float64)).astype(table_dt))
-    sin = Tensor.from_host(q, np.sin(angles.astype(np.float64)).astype(table_dt))
+    try:
+        angles = np.arange(max_len, dtype=table_dt)[:, None] * inv_freq[None, :]
+        cos = np.cos(angles.astype(np.float64)).astype(table_dt)
+        sin = np.sin(angles.astype(np.float64)).astype(table_dt)
+    except MemoryError:  # (numpy's _ArrayMemoryError): a context far past what the host holds
+        raise OutOfMemoryError(
+            f"rope_tables: the rotary tables of {max_len:,} positions x {dim // 2} pairs take "
+            f"{format_bytes(rope_tables_host_bytes(max_len, dim, dtype))} of host memory to make, more than "
+            f"it has; a model's max_seq_len sets the positions: give a smaller one") from None
+    cos, sin = Tensor.from_host(q, cos), Tensor.from_host(q, sin)
     if len(_tables) >= 64:
         _tables.clear()
     _tables[key] = (cos, sin)

@@ -10,7 +10,7 @@ import netcl.autograd as ag
 from netcl import ops
 from netcl.core import dtypes
 from netcl.core.tensor import Tensor
-from netcl.errors import DTypeError, ShapeError
+from netcl.errors import DTypeError, OutOfMemoryError, ShapeError
 from tests.autograd.gradcheck import check_grads
 from tests.models import reference_gpt as ref
 
@@ -179,3 +179,11 @@ def test_rope_qkv_cache_equals_the_three_ops(queue, rng, pairing, dtype):
         ops.rope_qkv_cache(heads, 3, cos, sin, k1, v1, offset, pairing)
     with pytest.raises(ShapeError, match=r"k_cache must be"):
         ops.rope_qkv_cache(heads, hq, cos, sin, Tensor.zeros(queue, (b, 1, cap, d), dt), v1, offset, pairing)
+
+
+def test_tables_past_the_hosts_memory_are_one_clear_error(queue):
+    """GPT(q, GPTConfig(max_seq_len=10**12)) built the tables in numpy and died in its _ArrayMemoryError."""
+    with pytest.raises(OutOfMemoryError, match=r"rotary tables of 1,000,000,000,000 positions x 4 pairs take "
+                                               r"87\.3 TiB of host memory.*max_seq_len"):
+        ops.rope_tables(queue, 10**12, 8)
+    assert ops.rope_tables_host_bytes(10**12, 8) == 4 * 10**12 * 24
