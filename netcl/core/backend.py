@@ -232,7 +232,10 @@ source_build_listeners: list[Callable[[Any, str, float], None]] = []
 class Program:
     """A built program on one device, handing out thread-safe Kernel wrappers by name. `arg_names`
     maps each kernel to its argument names (from the compiler, kept with the binary on disk), so
-    kernels can be launched with named arguments."""
+    kernels can be launched with named arguments. `exact_grid` (a program of the user's own source,
+    netcl.kernels.build): a launch without a local size runs exactly its global size, the driver choosing
+    the work-group (OpenCL's meaning of a NULL local size), instead of netcl's work-group with the grid
+    rounded up to it, which netcl's own kernels bound-check for."""
 
     def __init__(self, device: Any, program: cl.Program, name: str, source: str,
                  arg_names: dict[str, tuple[str, ...]] | None = None):
@@ -241,6 +244,7 @@ class Program:
         self.name = name
         self.source = source
         self.arg_names = arg_names or {}
+        self.exact_grid = False
         self._kernels: dict[str, Kernel] = {}
         self._lock = threading.Lock()
 
@@ -586,7 +590,8 @@ class Kernel:
         wait_for: Sequence[cl.Event] | None = None,
         **named: Any,
     ) -> cl.Event:
-        """Enqueue on `queue`; global sizes are rounded up to multiples of the local size, so a
+        """Enqueue on `queue`; global sizes are rounded up to multiples of the local size (netcl's pick
+        where `local_size` is None, except in a program of the user's own source: Program.exact_grid), so a
         kernel must bound-check its own work-items."""
         if named:
             args = self.positional(args, named)
@@ -615,7 +620,8 @@ class Kernel:
         sizes = self._sizes.get(key)
         if sizes is None:  # the same launch geometry recurs every step: checked once
             gs = tuple(int(max(1, g)) for g in global_size)
-            local = self.legal_local_size(gs, local_size)
+            local = None if local_size is None and self.program.exact_grid else \
+                self.legal_local_size(gs, local_size)
             if local is not None:
                 gs = tuple(round_up(g, size) for g, size in zip(gs, local))
             sizes = (gs, local)
@@ -726,8 +732,10 @@ class Kernel:
                 with self._lock:
                     try:
                         self._set_args(args)
-                    except BaseException:
+                    except BaseException as exc:
                         self._last_args = None
+                        if isinstance(exc, (cl.Error, TypeError, ValueError)):
+                            raise self._refused_argument(args, exc) from None
                         raise
                     return _enqueue_kernel(queue.cl, self.cl, global_size, local, wait_for=wait_for)
             except cl.Error as exc:
@@ -736,6 +744,37 @@ class Kernel:
                     continue
                 raise self.launch_error(exc, queue, global_size, local) from None
         raise AssertionError("unreachable")
+
+    def _refused_argument(self, args: Sequence[Any], exc: Exception) -> Exception:
+        """The KernelLaunchError for arguments the driver refused (`exc`): each is set again alone to find
+        the first one refused, named with its position, its name and the kernel's type for it where the
+        program says them, and what was given."""
+        if len(args) != self.cl.num_args:
+            return KernelLaunchError(f"kernel {self.name} takes {self.cl.num_args} arguments, got "
+                                     f"{len(args)}")
+        for i, a in enumerate(args):
+            try:
+                if isinstance(a, np.generic):
+                    self.cl.set_arg(i, np.frombuffer(a.tobytes(), np.uint8))
+                else:
+                    self.cl.set_arg(i, a)
+            except (cl.Error, TypeError, ValueError) as refused:
+                exc = refused
+                break
+        else:
+            return KernelLaunchError(f"kernel {self.name}: its arguments were refused: {exc}")
+        name = f" ({self.arg_names[i]})" if i < len(self.arg_names) else ""
+        try:
+            wanted = f", which the kernel declares {self.cl.get_arg_info(i, cl.kernel_arg_info.TYPE_NAME)}"
+        except (cl.Error, AttributeError):  # (programs built without argument information)
+            wanted = ""
+        given = type(a).__name__ + (f" {a!r}" if isinstance(a, (int, float, np.generic)) else "")
+        return KernelLaunchError(
+            f"kernel {self.name}: argument {i}{name} = {given}{wanted}, was refused ({exc}). A pointer "
+            "argument takes a buffer (a Tensor's .buffer, its .offset passed on its own where the kernel "
+            "takes one), a by-value one a NumPy scalar of its C type (np.int32 for int, np.int64 for long, "
+            "np.uint32 for uint, np.float32 for float), or a pyopencl vector (pyopencl.cltypes) for int4 etc."
+        )
 
     def launch_error(self, exc: cl.Error, queue: Queue, global_size: Any, local: Any) -> Exception:
         """The netcl exception for a failed enqueue of this kernel."""

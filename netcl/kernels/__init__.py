@@ -231,12 +231,23 @@ def generated(device: Any, key: Any, make_source: Callable[[], str], name: str,
 
 
 def build(
-    device: Any, text: str, name: str = "<source>", options: tuple[str, ...] = (), **defines: Any
+    device: Any, text: str, name: str = "<source>", options: tuple[str, ...] = (), *, dtype: Any = None,
+    **defines: Any
 ) -> Program:
-    """A program of any OpenCL C `text` (cached by its hash)."""
+    """A program of any OpenCL C `text` (cached by its hash), with -D `defines` and, as program() takes it,
+    `dtype`'s (dtype_defines: T, ACC, ...). Its launches without a local size run exactly their global size
+    (Program.exact_grid: the driver picks the work-group, as OpenCL's NULL local size means); with a local
+    size the grid is rounded up to it."""
+    if dtype is not None:
+        defines = {**dtype_defines(dtype), **defines}
     opts = format_options(defines, options + EXTRA_OPTIONS)
     digest = hashlib.sha256(text.encode()).hexdigest()
-    return _cached(("src", id(device), digest, opts), lambda: build_program(device, text, opts, name=name))
+    def make() -> Program:
+        prg = build_program(device, text, opts, name=name)
+        prg.exact_grid = True
+        return prg
+
+    return _cached(("src", id(device), digest, opts), make)
 
 
 def clear() -> None:

@@ -181,6 +181,40 @@ def test_global_size_rounds_up_to_local(device, queue):
     np.testing.assert_array_equal(x.to_host(), np.ones(13, np.float32))
 
 
+def test_a_users_kernel_without_a_local_size_runs_exactly_its_grid(device, queue):
+    """kernels.build's programs (Program.exact_grid): no work-item past the global size, as OpenCL's NULL
+    local size means. With netcl's work-group and the grid rounded up, a user's kernel without a bound check
+    wrote past a 4-element buffer, and PoCL's heap broke (a segfault in the next copy)."""
+    prg = kernels.build(device, "__kernel void twice(__global float *x) { x[get_global_id(0)] *= 2.0f; }")
+    assert prg.exact_grid
+    assert prg.kernel("twice").geometry((13,), None) == ((13,), None)
+    assert prg.kernel("twice").geometry((13,), (8,)) == ((16,), (8,))  # a local size given: rounded up to it
+    x = Tensor.from_host(queue, np.arange(20, dtype=np.float32))
+    prg.twice(queue, (13,), None, x[:13].buffer)  # the view starts at offset 0: the first 13 elements
+    np.testing.assert_array_equal(x.to_host(), np.r_[2 * np.arange(13), np.arange(13, 20)].astype(np.float32))
+
+
+def test_a_refused_argument_is_named_with_what_the_kernel_wants(device, queue):
+    """pyopencl's INVALID_VALUE / INVALID_ARG_SIZE named neither the argument nor the type it needs."""
+    prg = kernels.build(device, SCALE, OFFSET="0.0f")
+    x = Tensor.zeros(queue, (8,))
+    cases = [({"n": 8}, r"argument 2 \(n\) = int 8, which the kernel declares int, was refused"),
+             ({"n": np.int64(8)}, r"argument 2 \(n\) = int64 .*declares int"),
+             ({"a": 2.0}, r"argument 1 \(a\) = float 2\.0, which the kernel declares float"),
+             ({"x": x}, r"argument 0 \(x\) = Tensor, which the kernel declares float\*")]
+    for bad, words in cases:
+        args = {"x": x.buffer, "a": np.float32(2), "n": np.int32(8), **bad}
+        with pytest.raises(KernelLaunchError, match=words + r".*a Tensor's \.buffer.*np\.int32 for int"):
+            prg.scale(queue, (8,), None, **args)
+    prg.scale(queue, (8,), None, x=x.buffer, a=np.float32(2), n=np.int32(8))  # right after, it launches
+    np.testing.assert_array_equal(x.to_host(), np.zeros(8, np.float32))
+    typed = kernels.build(device, "__kernel void fill(__global T *x) { x[get_global_id(0)] = (T)3; }",
+                          dtype=np.float32)  # program()'s dtype= (it was a build option 'numpy.float32')
+    y = Tensor.zeros(queue, (4,))
+    typed.fill(queue, (4,), None, y.buffer)
+    np.testing.assert_array_equal(y.to_host(), np.full(4, 3.0, np.float32))
+
+
 LOCAL_SIZES = """
 __kernel void local_sizes(__global int *out, const int w, const int h) {
     const int x = get_global_id(0), y = get_global_id(1);
@@ -196,7 +230,9 @@ def test_small_2d_grids_get_netcls_work_group_and_large_cpu_ones_the_drivers(dev
     grid, so netcl chooses the work-group of a small 2-D grid on a CPU as on a GPU (powers of two, up to 64
     along the first axis, 256 in all; the grid rounded up, the kernel bound-checks) and leaves a CPU's large
     grid (more than backend.CPU_PICKED_GRID work-items: its shape recurs step after step) to the driver."""
-    k = kernels.build(device, LOCAL_SIZES).kernel("local_sizes")
+    prg = kernels.build(device, LOCAL_SIZES)
+    prg.exact_grid = False  # netcl's own pick, as its ops' kernels get it (a user's program runs its grid)
+    k = prg.kernel("local_sizes")
     w, h = shape
     netcls = (min(64, 1 << (w - 1).bit_length()),)
     netcls += (min(256 // netcls[0], 1 << (h - 1).bit_length()),)
