@@ -35,7 +35,8 @@ Rule = Callable[[Sequence[Node], Node, Node], list[Node | None]]
 RULES: dict[str, Rule] = {}
 NO_GRADIENT = frozenset({"eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor",
                          "logical_not", "isnan", "isinf", "isfinite", "floor", "ceil", "round", "trunc",
-                         "sign", "floor_divide"})
+                         "sign", "floor_divide", "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not",
+                         "left_shift", "right_shift"})
 
 
 def rules(op: str, args: Sequence[Node], out: Node, g: Node) -> list[Node | None]:

@@ -241,6 +241,15 @@ def _op_expr(op: str, a: list[str], dt: np.dtype, in_dt: list[np.dtype]) -> str:
             f"(({a[1]} == 0 || {a[1]} == ({ct})-1) ? {zero} : ((({a[0]} % {a[1]}) != 0 && "
             f"(({a[0]} % {a[1]}) < 0) != ({a[1]} < 0)) ? ({a[0]} % {a[1]}) + {a[1]} : ({a[0]} % {a[1]})))"
         )
+    if op in ("left_shift", "right_shift"):
+        # NumPy's results past the width (OpenCL would take the count modulo the width): 0, and -1 for a
+        # negative value shifted right; shifted in the unsigned type, so a negative value shifts left as
+        # two's complement
+        ut, bits = _unsigned(ct), 8 * ir.COMPUTE_SIZE[dt]
+        if op == "left_shift":
+            return f"((({ut}){a[1]} < {bits}) ? ({ct})(({ut}){a[0]} << {a[1]}) : {zero})"
+        past = f"({a[0]} < 0 ? ({ct})-1 : {zero})" if ct != "uchar" else zero
+        return f"((({ut}){a[1]} < {bits}) ? ({ct})({a[0]} >> {a[1]}) : {past})"
     if op in ("isnan", "isinf", "isfinite"):
         return (
             f"{op}({x})"

@@ -112,9 +112,13 @@ LOGICAL: dict[str, str | None] = {  # bool
     "logical_and": "({0} && {1})", "logical_or": "({0} || {1})", "logical_xor": "(!{0} != !{1})",
 }
 UNARY_BOOL: dict[str, str | None] = {"logical_not": "(!{0})", "isnan": None, "isinf": None, "isfinite": None}
+BITWISE: dict[str, str | None] = {  # integer or bool operands, the promoted dtype (bitwise_not: the input's)
+    "bitwise_and": "({0} & {1})", "bitwise_or": "({0} | {1})", "bitwise_xor": "({0} ^ {1})",
+    "bitwise_not": "(~{0})", "left_shift": None, "right_shift": None,
+}
 # the C expression of every op that has one whatever the dtype (where, cast: see codegen)
 C_EXPRESSIONS: dict[str, str] = {
-    op: c for table in (UNARY_FLOAT, UNARY_SAME, BINARY_ARITH, COMPARE, LOGICAL, UNARY_BOOL)
+    op: c for table in (UNARY_FLOAT, UNARY_SAME, BINARY_ARITH, COMPARE, LOGICAL, UNARY_BOOL, BITWISE)
     for op, c in table.items() if c is not None
 }
 C_EXPRESSIONS["where"] = "({0} ? {1} : {2})"
@@ -122,6 +126,7 @@ C_EXPRESSIONS["where"] = "({0} ? {1} : {2})"
 
 _UNARY_FLOAT, _UNARY_SAME, _UNARY_BOOL = frozenset(UNARY_FLOAT), frozenset(UNARY_SAME), frozenset(UNARY_BOOL)
 _COMPARE, _LOGICAL, _BINARY_ARITH = frozenset(COMPARE), frozenset(LOGICAL), frozenset(BINARY_ARITH)
+_BITWISE = frozenset(BITWISE)
 
 
 _FLOATS = dtypes.FLOATING
@@ -209,7 +214,18 @@ def cast(x: Node, dtype: Any) -> Node:
     return Node("cast", (x,), dt)
 
 
+def _check_bitwise(op: str, dt: np.dtype) -> None:
+    if is_float(dt):
+        raise DTypeError(f"{op} is not defined for {dt} (as in PyTorch and NumPy): bitwise ops take integer "
+                         "or bool tensors; for truth values compare first (x != 0) or use logical_and/or/not")
+    if dt == BOOL and op in ("left_shift", "right_shift"):
+        raise DTypeError(f"{op} is not defined for two bool operands (as in PyTorch); cast one of them first")
+
+
 def unary(op: str, x: Node) -> Node:
+    if op == "bitwise_not":
+        _check_bitwise(op, x.dtype)
+        return Node("logical_not" if x.dtype == BOOL else op, (x,), x.dtype)
     if op in _UNARY_FLOAT:
         dt = x.dtype if is_float(x.dtype) else F32
         return Node(op, (cast(x, dt),), dt)
@@ -233,6 +249,9 @@ def binary(op: str, a: Node, b: Node, dtype: np.dtype | None = None) -> Node:
         return Node(op, (a if a.dtype is dt else cast(a, dt), b if b.dtype is dt else cast(b, dt)), BOOL)
     if op in _LOGICAL:
         return Node(op, (cast(a, BOOL), cast(b, BOOL)), BOOL)
+    if op in _BITWISE:
+        _check_bitwise(op, dt)
+        return Node(op, (a if a.dtype is dt else cast(a, dt), b if b.dtype is dt else cast(b, dt)), dt)
     if op in ("div", "atan2") and not is_float(dt):
         dt = F32
     if dt == BOOL and op in ("sub", "pow", "floor_divide", "remainder"):

@@ -16,6 +16,10 @@ Type promotion:
 - true division of integers or bools gives float32 (PyTorch's choice; NumPy gives float64).
 - float math (exp, log, sqrt, sigmoid, gelu...) on integer/bool input gives float32.
 - comparisons and logical ops give bool; `where(cond, a, b)` promotes a and b.
+- bitwise ops (bitwise_and/or/xor/not, left_shift, right_shift; Tensor's &, |, ^, ~, <<, >>) take
+  integer or bool operands and promote as arithmetic does; on bool they are the logical ops, as in
+  NumPy and PyTorch (floats: DTypeError). A shift past the width gives 0 (-1 for a negative value
+  shifted right), NumPy's result.
 - float16 (stored as half) and bfloat16 (stored as the high 16 bits of a float32) are computed in
   float32; each float16 or bfloat16 result is rounded to its dtype (to nearest even), also
   inside fused kernels, so fused and unfused results are identical. float64 needs a device with fp64.
@@ -40,6 +44,10 @@ __all__ = [
     "abs",
     "add",
     "atan2",
+    "bitwise_and",
+    "bitwise_not",
+    "bitwise_or",
+    "bitwise_xor",
     "broadcast_shapes",
     "cast",
     "ceil",
@@ -60,6 +68,7 @@ __all__ = [
     "isnan",
     "le",
     "leaky_relu",
+    "left_shift",
     "log",
     "log1p",
     "logical_and",
@@ -77,6 +86,7 @@ __all__ = [
     "reciprocal",
     "relu",
     "remainder",
+    "right_shift",
     "round",
     "rsqrt",
     "sigmoid",
@@ -238,6 +248,11 @@ ge = _binary("ge")
 logical_and = _binary("logical_and")
 logical_or = _binary("logical_or")
 logical_xor = _binary("logical_xor")
+bitwise_and = _binary("bitwise_and")
+bitwise_or = _binary("bitwise_or")
+bitwise_xor = _binary("bitwise_xor")
+left_shift = _binary("left_shift")
+right_shift = _binary("right_shift")
 
 neg = _unary("neg")
 abs = _unary("abs")
@@ -264,6 +279,7 @@ ceil = _unary("ceil")
 round = _unary("round")
 trunc = _unary("trunc")
 logical_not = _unary("logical_not")
+bitwise_not = _unary("bitwise_not")
 isnan = _unary("isnan")
 isinf = _unary("isinf")
 isfinite = _unary("isfinite")

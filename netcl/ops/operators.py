@@ -1,4 +1,4 @@
-"""Tensor's Python operators (+, -, *, /, //, %, **, @, comparisons, &, |, ^, ~, in-place forms, item
+"""Tensor's Python operators (+, -, *, /, //, %, **, @, comparisons, &, |, ^, ~, <<, >>, in-place forms, item
 assignment) and its math methods (sum, mean, exp, softmax, ...): netcl.ops functions, installed on Tensor
 here, the way netcl.autograd.operators installs Node's. Core's Tensor knows nothing of ops.
 """
@@ -21,12 +21,14 @@ from netcl.ops.gemm import matmul
 # dunder -> op, for `x <op> y` and (reflected) `y <op> x`
 _BINARY = {"__add__": ew.add, "__sub__": ew.sub, "__mul__": ew.mul, "__truediv__": ew.div,
            "__floordiv__": ew.floor_divide, "__mod__": ew.remainder, "__pow__": ew.pow, "__matmul__": matmul,
-           "__and__": ew.logical_and, "__or__": ew.logical_or, "__xor__": ew.logical_xor,
+           "__and__": ew.bitwise_and, "__or__": ew.bitwise_or, "__xor__": ew.bitwise_xor,
+           "__lshift__": ew.left_shift, "__rshift__": ew.right_shift,
            "__lt__": ew.lt, "__le__": ew.le, "__gt__": ew.gt, "__ge__": ew.ge}
 _REFLECTED = {"__radd__": ew.add, "__rsub__": ew.sub, "__rmul__": ew.mul, "__rtruediv__": ew.div,
               "__rfloordiv__": ew.floor_divide, "__rmod__": ew.remainder, "__rpow__": ew.pow,
-              "__rmatmul__": matmul}
-_UNARY = {"__neg__": ew.neg, "__abs__": ew.abs, "__invert__": ew.logical_not}
+              "__rmatmul__": matmul, "__rand__": ew.bitwise_and, "__ror__": ew.bitwise_or,
+              "__rxor__": ew.bitwise_xor, "__rlshift__": ew.left_shift, "__rrshift__": ew.right_shift}
+_UNARY = {"__neg__": ew.neg, "__abs__": ew.abs, "__invert__": ew.bitwise_not}
 _INPLACE = {"__iadd__": ew.add, "__isub__": ew.sub, "__imul__": ew.mul, "__itruediv__": ew.div}
 # The methods of declared ops (netcl.ops.declaration: softmax, log_softmax, matmul, ...) are both Tensor's
 # (the forward) and Node's (the differentiable op), installed as each is declared (declared_methods()).

@@ -152,6 +152,40 @@ def test_comparisons_and_logic(queue, rng):
     np.testing.assert_array_equal((x == 2.0).to_host(), a == 2)
 
 
+@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.uint8])
+def test_bitwise_ops_on_integers_match_numpy(queue, rng, dtype):
+    """&, |, ^, ~, <<, >> are bitwise on integers (NumPy and PyTorch; they were logical: IA & 2 gave bools),
+    broadcasting, with scalars on either side, on a non-contiguous view; shifts past the width as NumPy."""
+    info = np.iinfo(dtype)
+    a = rng.integers(info.min, info.max, size=(5, 17), endpoint=True, dtype=dtype)
+    b = rng.integers(info.min, info.max, size=(17,), endpoint=True, dtype=dtype)
+    shifts = rng.integers(0, 8 * a.itemsize + 3, size=(17,)).astype(dtype)
+    x, y, s = (Tensor.from_host(queue, v) for v in (a, b, shifts))
+    for got, want in [(x & y, a & b), (x | y, a | b), (x ^ y, a ^ b), (~x, ~a), (x & 6, a & 6),
+                      (6 | x, 6 | a), (x[::2, ::-3] ^ 5, a[::2, ::-3] ^ 5), (ops.bitwise_not(x), ~a),
+                      (x << s, a << shifts), (x >> s, a >> shifts), (x << 3, a << dtype(3)),
+                      (1 << s, dtype(1) << shifts), (ops.right_shift(x, 2), a >> dtype(2))]:
+        assert got.dtype == dtype
+        np.testing.assert_array_equal(got.to_host(), want)
+
+
+def test_bitwise_ops_on_bool_are_logical_and_floats_are_refused(queue, rng):
+    a, b = rng.random((3, 7)) > 0.5, rng.random((7,)) > 0.5
+    x, y = Tensor.from_host(queue, a), Tensor.from_host(queue, b)
+    for got, want in [(x & y, a & b), (x | y, a | b), (x ^ y, a ^ b), (~x, ~a), (x ^ True, a ^ True)]:
+        assert got.dtype == np.bool_
+        np.testing.assert_array_equal(got.to_host(), want)
+    i = Tensor.from_host(queue, np.array([1, 2, 3], np.int32))
+    np.testing.assert_array_equal((i & Tensor.from_host(queue, np.array([True, False, True]))).to_host(),
+                                  np.array([1, 2, 3], np.int32) & np.array([True, False, True]))
+    f = Tensor.from_host(queue, np.ones(3, np.float32))
+    for op in (lambda: f & 1, lambda: i | f, lambda: ~f, lambda: f ^ f, lambda: i << 1.5):
+        with pytest.raises(DTypeError, match="integer or bool"):
+            op()
+    with pytest.raises(DTypeError, match="bool"):
+        x << y
+
+
 def test_where_masked_fill(queue, rng):
     a = rng.standard_normal((4, 9)).astype(np.float32)
     b = rng.standard_normal((9,)).astype(np.float32)
