@@ -67,6 +67,8 @@ def dtype_method(cast: Callable[[Any, str], Any], name: str) -> Callable[[Any], 
     method.__doc__ = f"PyTorch's `x.{name}()`: x cast to {dt}."
     return launch_labels.transparent(method)
 _SCALARS = (Tensor, bool, int, float, np.number, np.bool_)
+# host data: `A == a` is ops.eq's error, as `A + a` is (not Python's identity fallback, one bool)
+_HOST_DATA = (np.ndarray, list, tuple)
 
 
 def _method(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -92,11 +94,11 @@ def _inplace(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _eq(self: Tensor, other: Any) -> Any:
-    return ew.eq(self, other) if isinstance(other, _SCALARS) else NotImplemented
+    return ew.eq(self, other) if isinstance(other, _SCALARS + _HOST_DATA) else NotImplemented
 
 
 def _ne(self: Tensor, other: Any) -> Any:
-    return ew.ne(self, other) if isinstance(other, _SCALARS) else NotImplemented
+    return ew.ne(self, other) if isinstance(other, _SCALARS + _HOST_DATA) else NotImplemented
 
 
 def declared_methods() -> tuple[str, ...]:

@@ -4,6 +4,7 @@ the two surfaces cannot disagree, and each method of both computes the same valu
 from __future__ import annotations
 
 import math
+import operator
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ from netcl.autograd import elementwise as ag_elementwise
 from netcl.autograd import reduce as ag_reduce
 from netcl.autograd.engine import Node
 from netcl.core.tensor import Tensor
+from netcl.errors import DTypeError
 from netcl.ops import elementwise, reduce
 from netcl.ops.operators import (
     DTYPE_METHODS,
@@ -70,3 +72,21 @@ def test_each_shared_method_gives_tensor_and_node_the_same_values(queue, rng, na
         want = reference[name]
         assert_close(on_tensor.reshape(want.shape) if name == "sum" else on_tensor, want, np.float32,
                      atol=2e-5 if name == "sum" else None)
+
+
+def test_comparing_with_host_data_is_the_error_arithmetic_gives(queue, rng):
+    """`A == a` with a NumPy array, a list or a 0-d array was Python's identity fallback (one bool, False):
+    it is the error `A + a` gives, telling to move the data to the device first."""
+    a = rng.standard_normal((3, 5)).astype(np.float32)
+    x = Tensor.from_host(queue, a)
+    for host in (a, a[0], np.array(0.5, np.float32), [0.5, 1.0, 2.0, 3.0, 4.0], (1.0,)):
+        for compare in (operator.eq, operator.ne):
+            with pytest.raises(DTypeError) as got:
+                compare(x, host)
+            with pytest.raises(DTypeError):
+                compare(host, x)
+            with pytest.raises(DTypeError) as added:
+                x + host
+            assert str(got.value).split(":", 1)[1] == str(added.value).split(":", 1)[1]
+    assert ((x == Tensor.from_host(queue, a)).to_host() == np.ones_like(a, bool)).all()
+    assert (x == None) is False and (x != "x") is True  # noqa: E711  (Python's fallback for other objects)
