@@ -80,7 +80,8 @@ def install() -> None:
     N = Node
     N.__setitem__ = _setitem
     for symbol, dunder, op in (("+", "__iadd__", ew.add), ("-", "__isub__", ew.sub),
-                               ("*", "__imul__", ew.mul), ("/", "__itruediv__", ew.div)):
+                               ("*", "__imul__", ew.mul), ("/", "__itruediv__", ew.div),
+                               ("**", "__ipow__", ew.pow)):
         setattr(N, dunder, _inplace(symbol, dunder, op))
     N.__add__ = lambda s, o: ew.add(s, o)
     N.__radd__ = _reflected(ew.add)

@@ -29,7 +29,10 @@ _REFLECTED = {"__radd__": ew.add, "__rsub__": ew.sub, "__rmul__": ew.mul, "__rtr
               "__rmatmul__": matmul, "__rand__": ew.bitwise_and, "__ror__": ew.bitwise_or,
               "__rxor__": ew.bitwise_xor, "__rlshift__": ew.left_shift, "__rrshift__": ew.right_shift}
 _UNARY = {"__neg__": ew.neg, "__abs__": ew.abs, "__invert__": ew.bitwise_not}
-_INPLACE = {"__iadd__": ew.add, "__isub__": ew.sub, "__imul__": ew.mul, "__itruediv__": ew.div}
+_INPLACE = {"__iadd__": ew.add, "__isub__": ew.sub, "__imul__": ew.mul, "__itruediv__": ew.div,
+            "__ifloordiv__": ew.floor_divide, "__imod__": ew.remainder, "__ipow__": ew.pow,
+            "__iand__": ew.bitwise_and, "__ior__": ew.bitwise_or, "__ixor__": ew.bitwise_xor,
+            "__ilshift__": ew.left_shift, "__irshift__": ew.right_shift}  # (`@=`: none, as in PyTorch)
 # The methods of declared ops (netcl.ops.declaration: softmax, log_softmax, matmul, ...) are both Tensor's
 # (the forward) and Node's (the differentiable op), installed as each is declared (declared_methods()).
 # The math methods of both Tensor and Node, declared once: each name is a function of netcl.ops.elementwise

@@ -90,3 +90,37 @@ def test_comparing_with_host_data_is_the_error_arithmetic_gives(queue, rng):
             assert str(got.value).split(":", 1)[1] == str(added.value).split(":", 1)[1]
     assert ((x == Tensor.from_host(queue, a)).to_host() == np.ones_like(a, bool)).all()
     assert (x == None) is False and (x != "x") is True  # noqa: E711  (Python's fallback for other objects)
+
+
+INPLACE = {"+=": operator.iadd, "-=": operator.isub, "*=": operator.imul, "/=": operator.itruediv,
+           "//=": operator.ifloordiv, "%=": operator.imod, "**=": operator.ipow, "&=": operator.iand,
+           "|=": operator.ior, "^=": operator.ixor, "<<=": operator.ilshift, ">>=": operator.irshift}
+
+
+@pytest.mark.parametrize("symbol", sorted(INPLACE))
+def test_in_place_operators_write_into_the_tensors_memory(queue, rng, symbol):
+    """Every in-place operator writes into the tensor's memory as PyTorch's: a view of it sees the change and
+    the result is the tensor itself (//=, **=, %=, &=, |=, ^= made a new tensor, the view kept old values)."""
+    integer = symbol in ("&=", "|=", "^=", "<<=", ">>=")
+    dtype = np.int32 if integer else np.float32
+    a = (rng.integers(1, 9, size=(3, 17)) if integer else rng.uniform(0.5, 3, (3, 17))).astype(dtype)
+    b = rng.integers(1, 5, size=(17,)).astype(dtype)
+    x = Tensor.from_host(queue, a)
+    view = x[1:]
+    out = INPLACE[symbol](x, Tensor.from_host(queue, b))
+    want = INPLACE[symbol](a.copy(), b)
+    assert out is x
+    if integer:
+        np.testing.assert_array_equal(x.to_host(), want)
+    else:
+        assert_close(x, want, dtype)
+    np.testing.assert_array_equal(view.to_host(), x.to_host()[1:])
+
+
+def test_node_power_in_place_writes_its_tensor_outside_a_tape(queue):
+    p = ag.tensor(Tensor.from_host(queue, np.array([1.5, -2.0, 3.0], np.float32)))
+    value = p.value
+    with ag.no_grad():
+        p **= 2
+    assert p.value is value
+    np.testing.assert_array_equal(value.to_host(), np.array([2.25, 4.0, 9.0], np.float32))
