@@ -10,8 +10,9 @@ from typing import Any
 
 import numpy as np
 
-from netcl.core import launch_labels
+from netcl.core import dtypes, launch_labels
 from netcl.core.tensor import Tensor
+from netcl.errors import DTypeError
 from netcl.ops import declaration
 from netcl.ops import elementwise as ew
 from netcl.ops import movement as mv
@@ -87,10 +88,22 @@ def _reflected(fn: Callable[..., Any]) -> Callable[..., Any]:
     return launch_labels.transparent(lambda self, other: fn(other, self))
 
 
+def _kind(dt: np.dtype) -> int:
+    return 0 if dt == dtypes.bool_ else (2 if dt in dtypes.FLOATING else 1)
+
+
 def _inplace(fn: Callable[..., Any]) -> Callable[..., Any]:
     def op(self: Tensor, other: Any) -> Tensor:
-        """self[...] = op(self, other), written into this tensor's memory (one launch)."""
-        mv.setitem(self, Ellipsis, fn(self, other), consume=True)
+        """self[...] = op(self, other), written into this tensor's memory (one launch). A result of a higher
+        kind than the tensor's dtype (float into an integer or bool tensor, integer into bool) is refused, as
+        PyTorch refuses it, instead of truncated; float32 into float16 or bfloat16 is kept (same kind)."""
+        result = fn(self, other)
+        if _kind(result.dtype) > _kind(self.dtype):
+            raise DTypeError(
+                f"in-place {fn.__name__}: result type {result.dtype} can't be cast to the tensor's dtype "
+                f"{self.dtype} (PyTorch refuses it too: \"result type Float can't be cast to the desired "
+                f"output type Int\"); write x = x <op> y for a new {result.dtype} tensor, or cast first")
+        mv.setitem(self, Ellipsis, result, consume=True)
         return self
 
     return launch_labels.transparent(op)

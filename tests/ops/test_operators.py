@@ -124,3 +124,35 @@ def test_node_power_in_place_writes_its_tensor_outside_a_tape(queue):
         p **= 2
     assert p.value is value
     np.testing.assert_array_equal(value.to_host(), np.array([2.25, 4.0, 9.0], np.float32))
+
+
+@pytest.mark.parametrize(("dtype", "symbol", "value"), [
+    (np.int32, "+=", 1.5), (np.int32, "/=", 2), (np.int64, "*=", 0.5), (np.uint8, "**=", 0.5),
+    (np.int32, "-=", np.float32(1.0)), (np.bool_, "+=", 1), (np.bool_, "|=", 3),
+    (np.int32, "+=", "f32 tensor"),
+])
+def test_in_place_refuses_a_result_of_a_higher_kind(queue, dtype, symbol, value):
+    """`X += 1.5` on an int32 tensor truncated silently; PyTorch raises "result type Float can't be cast to
+    the desired output type Int". The tensor keeps its values."""
+    a = np.array([1, 0, 3], dtype)
+    x = Tensor.from_host(queue, a)
+    if isinstance(value, str):
+        value = Tensor.from_host(queue, np.ones(3, np.float32))
+    with pytest.raises(DTypeError, match=f"can't be cast to the tensor's dtype {np.dtype(dtype)}"):
+        INPLACE[symbol](x, value)
+    np.testing.assert_array_equal(x.to_host(), a)
+
+
+def test_in_place_keeps_results_of_the_same_kind(queue):
+    """Narrower targets of the same kind stay allowed, as in PyTorch: float16 += float32, int32 += int64."""
+    h = Tensor.from_host(queue, np.array([1.5, 2.0], np.float16))
+    h += Tensor.from_host(queue, np.array([0.25, 1.0], np.float32))
+    np.testing.assert_array_equal(h.to_host(), np.array([1.75, 3.0], np.float16))
+    i = Tensor.from_host(queue, np.array([1, 2], np.int32))
+    i += Tensor.from_host(queue, np.array([5, 7], np.int64))
+    i //= 2
+    assert i.dtype == np.int32
+    np.testing.assert_array_equal(i.to_host(), [3, 4])
+    b = Tensor.from_host(queue, np.array([True, False]))
+    b |= Tensor.from_host(queue, np.array([False, False]))
+    np.testing.assert_array_equal(b.to_host(), [True, False])
