@@ -605,25 +605,45 @@ class Tensor:
             raise ShapeError(f"permute needs each of the {ndim} axes once, got {tuple(dims)}")
         return self._view(tuple([shape[a] for a in axes]), tuple([strides[a] for a in axes]), self.offset)
 
-    def transpose(self, dim0: int = -2, dim1: int = -1) -> Tensor:
-        """Swap two axes (the last two by default)."""
+    def transpose(self, *dims: Any, dim0: int | None = None, dim1: int | None = None) -> Tensor:
+        """PyTorch's transpose, two axes swapped: x.transpose(dim0, dim1); with no axes, a matrix's two (a
+        tensor of fewer axes is returned as it is). NumPy's permutation of all the axes,
+        x.transpose(1, 0, 2) or x.transpose((2, 0, 1)), is x.permute(...) (PyTorch refuses those). With no
+        axes on more than two axes the libraries differ (NumPy reverses them all, PyTorch needs its two),
+        so that is a TypeError naming both."""
+        if dim0 is not None or dim1 is not None:
+            if dims or dim0 is None or dim1 is None:
+                raise TypeError(f"transpose takes two axes, dim0 and dim1, got {dims} and dim0={dim0}, "
+                                f"dim1={dim1}")
+            dims = (dim0, dim1)
         ndim = len(self.shape)
-        if ndim < 2:
-            return self
-        if ndim == 2 and type(dim0) is int and type(dim1) is int and dim0 in (0, -2) and dim1 in (1, -1):
-            # the two axes of a matrix (a weight's transpose in every linear layer): no axis checks to make
-            (rows, cols), (row_stride, col_stride) = self.shape, self.strides
-            return self._view((cols, rows), (col_stride, row_stride), self.offset)
-        if type(dim0) is int and type(dim1) is int and -ndim <= dim0 < ndim and -ndim <= dim1 < ndim:
-            a, b = dim0 % ndim, dim1 % ndim  # axes in range: the swap itself, without permute's checks
-            shape, strides = list(self.shape), list(self.strides)
-            shape[a], shape[b] = shape[b], shape[a]
-            strides[a], strides[b] = strides[b], strides[a]
-            return self._view(tuple(shape), tuple(strides), self.offset)
-        a, b = self._axis(dim0), self._axis(dim1)
-        order = list(range(self.ndim))
-        order[a], order[b] = order[b], order[a]
-        return self.permute(order)
+        if len(dims) == 2 and type(dims[0]) is int and type(dims[1]) is int or not dims and ndim <= 2:
+            a, b = dims or (-2, -1)
+            if ndim < 2:
+                return self
+            if ndim == 2 and a in (0, -2) and b in (1, -1):
+                # a matrix's two axes (a weight's transpose in every linear layer): no axis checks to make
+                (rows, cols), (row_stride, col_stride) = self.shape, self.strides
+                return self._view((cols, rows), (col_stride, row_stride), self.offset)
+            if -ndim <= a < ndim and -ndim <= b < ndim:
+                a, b = a % ndim, b % ndim  # axes in range: the swap itself, without permute's checks
+                shape, strides = list(self.shape), list(self.strides)
+                shape[a], shape[b] = shape[b], shape[a]
+                strides[a], strides[b] = strides[b], strides[a]
+                return self._view(tuple(shape), tuple(strides), self.offset)
+        if len(dims) == 2 and not isinstance(dims[0], (tuple, list)):
+            a, b = self._axis(dims[0]), self._axis(dims[1])
+            order = list(range(self.ndim))
+            order[a], order[b] = order[b], order[a]
+            return self.permute(order)
+        axes = shapes.varargs(dims)
+        if len(axes) != ndim:
+            raise TypeError(
+                f"transpose of a tensor of {ndim} axes (shape {self.shape}) got {len(axes)} axes "
+                f"{tuple(axes)}: PyTorch's x.transpose(dim0, dim1) swaps two axes (x.transpose(-2, -1) the "
+                "last two), NumPy's x.transpose() reverses all of them (x.T; x.permute(...) with all "
+                f"{ndim} axes for another order)")
+        return self.permute(axes)
 
     @property
     def T(self) -> Tensor:

@@ -595,8 +595,11 @@ def _permute_backward(grad_out: Tensor, dims: tuple[Any, ...]) -> Tensor:
     return grad_out.permute(inverse)
 
 
-def _transpose_backward(grad_out: Tensor, dim0: int, dim1: int) -> Tensor:
-    return grad_out.transpose(dim0, dim1)
+def _transpose_backward(grad_out: Tensor, dims: tuple[Any, ...], dim0: int | None,
+                        dim1: int | None) -> Tensor:
+    if dim0 is not None or len(dims) == 2 or not dims:  # a swap: its own inverse
+        return grad_out.transpose(*dims, dim0=dim0, dim1=dim1)
+    return _permute_backward(grad_out, dims)  # NumPy's permutation
 
 
 def _expand_backward(grad_out: Tensor, x_shape: tuple[int, ...]) -> Tensor:

@@ -64,7 +64,8 @@ def _rope_tables(queue):
 CASES = {
     "reshape": (lambda x: ag.reshape(x, 6, -1) * x.reshape((4, 6)).transpose(0, 1), [rnd(2, 3, 4)]),
     "permute": (lambda x: ag.permute(x, (2, 0, 1)) * x.permute(2, 0, 1), [rnd(2, 3, 4)]),
-    "transpose": (lambda x: ag.transpose(x) * x.transpose(0, -1).transpose(0, 2).transpose(1, 2),
+    "transpose": (lambda x: ag.transpose(x, (0, 2, 1)) * x.transpose(2, 0, 1).transpose(1, 0, 2)
+                  * x.transpose(0, -1).transpose(0, 2).transpose(dim0=1, dim1=2),
                   [rnd(2, 3, 4)]),
     "squeeze": (lambda x: ag.squeeze(x, 1), [rnd(3, 1, 4)]),
     "unsqueeze": (lambda x: x.unsqueeze(0) * 2.0, [rnd(3, 4)]),

@@ -95,6 +95,28 @@ def test_transpose_permute_and_contiguous(queue, rng):
     assert t.contiguous() is t
 
 
+def test_transpose_swaps_two_axes_takes_numpys_permutation_and_refuses_the_ambiguous_default(queue, rng):
+    """PyTorch's swap of two axes; NumPy's permutation of all of them (PyTorch refuses that form); no axes:
+    a matrix's transpose, but on more axes a TypeError naming both meanings (it swapped the last two
+    silently where NumPy reverses them all)."""
+    a = rng.standard_normal((3, 4, 5)).astype(np.float32)
+    t = Tensor.from_host(queue, a)
+    for got, want in [(t.transpose(0, 2), a.swapaxes(0, 2)), (t.transpose(-2, -1), a.swapaxes(1, 2)),
+                      (t.transpose(dim0=1, dim1=0), a.swapaxes(0, 1)),
+                      (t.transpose(1, 0, 2), a.transpose(1, 0, 2)),
+                      (t.transpose((2, 0, 1)), a.transpose(2, 0, 1)),
+                      (t.transpose([0, 2, 1]), a.transpose(0, 2, 1)), (t[0].transpose(), a[0].T),
+                      (t[0, 0].transpose(), a[0, 0]), (t[0, :, ::2].transpose(), a[0, :, ::2].T)]:
+        np.testing.assert_array_equal(got.to_host(), want)
+    for args in ((), (1,), (0, 1, 2, 3), ((0, 1),)):
+        with pytest.raises(TypeError, match=r"x.transpose\(-2, -1\).*NumPy's x.transpose\(\) reverses"):
+            t.transpose(*args)
+    with pytest.raises(ShapeError):
+        t.transpose(1, 1, 2)
+    with pytest.raises(ShapeError):
+        t.transpose(0, 3)
+
+
 @pytest.mark.parametrize(
     "index",
     [
