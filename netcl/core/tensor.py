@@ -37,6 +37,17 @@ def _normalize_shape(shape: Any) -> tuple[int, ...]:
 _layouts: dict[tuple, tuple] = {}
 
 
+def describe_index(item: Any) -> str:
+    """One line naming an index item for an error: its type, and its shape and dtype where it has them
+    (never the repr of an array, which runs over many lines)."""
+    if hasattr(item, "shape") and hasattr(item, "dtype"):
+        return f"{type(item).__name__} of shape {tuple(item.shape)} and dtype {item.dtype}"
+    if isinstance(item, (list, tuple)):
+        return f"{type(item).__name__} of length {len(item)}"
+    text = repr(item)
+    return f"{text} ({type(item).__name__})" if len(text) <= 40 and "\n" not in text else type(item).__name__
+
+
 def _is_new_axis(item: Any) -> bool:
     """None, True and False in an index add an axis (of 1, 1 and 0 elements) instead of taking one."""
     return item is None or isinstance(item, (bool, np.bool_))
@@ -706,8 +717,9 @@ class Tensor:
         for item in index:
             if not (item is None or item is Ellipsis or isinstance(item, (slice, int, np.integer, np.bool_))):
                 raise IndexingError(
-                    f"index {item!r} ({type(item).__name__}) is not basic indexing; use ints, slices, "
-                    "..., None and bools (gather/index_select/masked ops live in netcl.ops)"
+                    f"index {describe_index(item)} is not basic indexing (ints, slices, ..., None, bools); a "
+                    "Tensor takes an integer array or a bool mask too (a copy, not differentiable), "
+                    "or use netcl.ops' gather/index_select/take"
                 )
         n_ellipsis = sum(1 for i in index if i is Ellipsis)
         if n_ellipsis > 1:

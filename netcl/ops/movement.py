@@ -17,8 +17,8 @@ from netcl import kernels
 from netcl.core import dtypes, shapes
 from netcl.core.backend import as_queue, device_check
 from netcl.core.shapes import torch_names
-from netcl.core.tensor import MAX_DIMS, Tensor, check_same_queue
-from netcl.errors import DTypeError, ShapeError
+from netcl.core.tensor import MAX_DIMS, Tensor, check_same_queue, describe_index
+from netcl.errors import DTypeError, IndexingError, ShapeError
 from netcl.jit import ir, lazy
 from netcl.jit.runner import run_elementwise
 from netcl.ops import reduce as _reduce
@@ -27,8 +27,8 @@ from netcl.ops.declaration import OpDecl, declare
 from netcl.ops.determinism import get_deterministic
 from netcl.ops.elementwise import _is_scalar, broadcast_shapes, from_ir, where
 
-__all__ = ["arange", "assign", "chunk", "concat", "embedding", "gather", "index_select", "one_hot", "pad",
-           "repeat", "scatter_add", "setitem", "split", "stack", "take", "tril", "triu"]
+__all__ = ["arange", "assign", "chunk", "concat", "embedding", "gather", "getitem", "index_select", "one_hot",
+           "pad", "repeat", "scatter_add", "setitem", "split", "stack", "take", "tril", "triu"]
 
 
 def assign(dst: Tensor, value: Any, *, consume: bool = False) -> Tensor:
@@ -72,7 +72,80 @@ def setitem(x: Tensor, index: Any, value: Any, *, consume: bool = False) -> Tens
         if index.shape != x.shape:
             raise ShapeError(f"setitem: mask of shape {index.shape} does not match tensor of shape {x.shape}")
         return assign(x, where(index, value, x))
-    return assign(x[index], value, consume=consume)
+    if is_advanced_index(index):
+        items = index if type(index) is tuple else (index,)
+        raise IndexingError(
+            f"setitem: index ({', '.join(describe_index(item) for item in items)}) is advanced indexing; "
+            "netcl writes through basic indexing or a bool mask Tensor of x's shape (or where, scatter_add)")
+    return assign(_basic_getitem(x, index), value, consume=consume)
+
+
+_ARRAY_INDEX = (Tensor, np.ndarray, list)  # what makes an index advanced (NumPy's and PyTorch's)
+_basic_getitem = Tensor.__getitem__
+
+
+def is_advanced_index(index: Any) -> bool:
+    """Whether x[index] is advanced indexing (an integer array or bool mask among the items)."""
+    if isinstance(index, _ARRAY_INDEX):
+        return True
+    return type(index) is tuple and any(isinstance(item, _ARRAY_INDEX) for item in index)
+
+
+def getitem(x: Tensor, index: Any) -> Tensor:
+    """x[index]. Basic indexing (ints, slices, ..., None, bools) is a view (Tensor.__getitem__); besides it,
+    PyTorch's advanced indexing where it is one array among slices and ... (a copy, as in NumPy/PyTorch):
+
+    - an integer list, array or Tensor picks positions along its axis: x[[0, 2]], x[:, idx] (negative
+      positions count from the end; the result has the index's shape in place of that axis);
+    - a bool mask (Tensor or array) of the shape of the axes it covers (all of x's, or its leading ones
+      after the slices) keeps the true elements, flattened into one axis. The count of true elements
+      fixes the result's shape, so a device mask is read back to the host first (a sync, as PyTorch's).
+
+    Other forms (several arrays, an array beside ints or None) raise an IndexingError."""
+    if not is_advanced_index(index):
+        return _basic_getitem(x, index)
+    items = index if type(index) is tuple else (index,)
+    arrays = [i for i, item in enumerate(items) if isinstance(item, _ARRAY_INDEX)]
+    others = [item for item in items if not isinstance(item, _ARRAY_INDEX)]
+    if len(arrays) != 1 or any(not isinstance(item, slice) and item is not Ellipsis for item in others):
+        raise IndexingError(
+            f"index ({', '.join(describe_index(item) for item in items)}) of a tensor of shape {x.shape}: "
+            "netcl takes one integer array or bool mask among slices and ..., not several arrays nor an "
+            "array beside ints or None; index in steps or use gather/index_select/take")
+    at = arrays[0]
+    array = items[at]
+    if isinstance(array, Tensor):
+        check_same_queue(x, array)
+    else:
+        host = np.asarray(array)
+        if host.size == 0 and host.dtype.kind == "f":  # x[[]]: no positions
+            host = host.astype(np.int64)
+        if host.dtype.kind not in "iub":
+            raise IndexingError(f"an index array must hold integers or bools, got {describe_index(host)}")
+        array = Tensor.from_host(x.queue, host.astype(np.int64) if host.dtype.kind == "u" else host)
+    k = array.ndim if array.dtype == dtypes.bool_ else 1  # the axes the array covers
+    n_real = sum(1 for item in others if item is not Ellipsis)
+    if n_real + k > x.ndim:
+        raise IndexingError(f"too many indices for a tensor of shape {x.shape}: "
+                            f"{n_real} slices and {describe_index(array)}")
+    before = items[:at]
+    if Ellipsis in before:
+        axis = x.ndim - k - sum(1 for item in items[at + 1:] if item is not Ellipsis)
+    else:
+        axis = len(before)
+    view = _basic_getitem(x, (*before, *(slice(None),) * k, *items[at + 1:]))
+    if array.dtype != dtypes.bool_:
+        if array.dtype not in (dtypes.int32, dtypes.int64):
+            array = array.astype(dtypes.int64)
+        picked = index_select(view, axis, array.reshape(array.size))
+        return picked.reshape(view.shape[:axis] + array.shape + view.shape[axis + 1:])
+    covered = view.shape[axis:axis + k]
+    if array.shape != covered or k == 0:
+        raise IndexingError(f"a bool mask of shape {array.shape} does not match the shape {covered} of the "
+                            f"axes {axis}..{axis + k - 1} it covers in a tensor of shape {x.shape}")
+    positions = np.flatnonzero(array.to_host())  # the host read that fixes the result's shape
+    flat = view.reshape(view.shape[:axis] + (math.prod(covered),) + view.shape[axis + k:])
+    return index_select(flat, axis, Tensor.from_host(x.queue, positions.astype(np.int64)))
 
 
 def _axis(op: str, ndim: int, axis: int, shape: tuple[int, ...]) -> int:

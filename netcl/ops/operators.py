@@ -157,3 +157,4 @@ def install() -> None:
     Tensor.__ne__ = _ne  # type: ignore[method-assign]
     Tensor.__pos__ = lambda self: self
     Tensor.__setitem__ = launch_labels.transparent(lambda self, index, value: mv.setitem(self, index, value))
+    Tensor.__getitem__ = launch_labels.transparent(mv.getitem)

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import netcl
+import netcl.autograd as ag
 from netcl import ops
 from netcl.core.tensor import Tensor
 from netcl.errors import DTypeError, ShapeError
@@ -262,3 +263,52 @@ def test_out_of_range_indices_raise(queue, bad):
         ops.one_hot(idx, 5)
     with pytest.raises(ShapeError, match=r"\[0, 5\)"):
         ops.one_hot(Tensor.from_host(queue, np.array([-1, 0], dtype=np.int64)), 5)
+
+
+@pytest.mark.parametrize("case", ["mask", "host mask", "leading mask", "mask after a slice", "list", "array",
+                                  "tensor", "2-D tensor", "0-d", "negative", "after ...", "empty list"])
+def test_advanced_getitem_matches_numpy(queue, rng, case):
+    """One integer array or bool mask among slices and ... selects as NumPy and PyTorch do (a copy): it
+    raised an IndexingError holding the whole repr of the index."""
+    a = rng.standard_normal((6, 5, 3)).astype(np.float32)
+    x = Tensor.from_host(queue, a)
+    ids = rng.integers(-6, 6, size=(4,))
+    index = {"mask": a > 0, "host mask": a > 0, "leading mask": a[:, :, 0] > 0,
+             "mask after a slice": (slice(None, None, -2), a[0, :, 0] > 0), "list": [0, 2, 2],
+             "array": np.array([5, 0]), "tensor": ids, "2-D tensor": (slice(1, 4), ids.reshape(2, 2) % 5),
+             "0-d": (slice(None), np.array(3)), "negative": (Ellipsis, [-1, 0]),
+             "after ...": (Ellipsis, ids[:2] % 3, slice(None)), "empty list": []}[case]
+    on_device = index
+    if case in ("mask", "leading mask", "tensor"):
+        on_device = Tensor.from_host(queue, index)
+    elif case == "2-D tensor":
+        on_device = (index[0], Tensor.from_host(queue, index[1].astype(np.int32)))
+    got = x[on_device]
+    want = a[index]
+    assert got.shape == want.shape
+    np.testing.assert_array_equal(got.to_host(), want)
+
+
+def test_advanced_indexing_errors_are_one_line(queue, rng):
+    a = rng.standard_normal((7, 13)).astype(np.float32)
+    x = Tensor.from_host(queue, a)
+    for index, words in [(([0], [1]), r"index \(list of length 1, list of length 1\) of a tensor of shape"),
+                         ((0, [1, 2]), "not several arrays nor an array beside ints or None"),
+                         ((None, np.arange(3)), r"ndarray of shape \(3,\) and dtype int64"),
+                         ([0.5], "must hold integers or bools"),
+                         (Tensor.from_host(queue, a[0] > 0), r"mask of shape \(13,\) does not match"),
+                         ([0, 7], r"indices must lie in \[-7, 7\)")]:
+        with pytest.raises(ShapeError, match=words) as error:
+            x[index]
+        assert "\n" not in str(error.value)
+    with pytest.raises(ShapeError, match=r"setitem: index \(list of length 2\) is advanced indexing"):
+        x[[0, 1]] = 1.0
+
+
+def test_node_getitem_with_an_array_is_a_one_line_error(queue, rng):
+    """Advanced indexing is a copy netcl does not differentiate: on a Node the error says so in one line."""
+    node = ag.tensor(Tensor.from_host(queue, rng.standard_normal((4, 5)).astype(np.float32)),
+                     requires_grad=True)
+    with ag.Tape(), pytest.raises(ShapeError, match="not basic indexing.*not differentiable") as error:
+        node[np.arange(3)]
+    assert "\n" not in str(error.value)
