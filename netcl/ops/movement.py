@@ -31,6 +31,16 @@ __all__ = ["arange", "assign", "chunk", "concat", "embedding", "gather", "getite
            "pad", "repeat", "scatter_add", "setitem", "split", "stack", "take", "tril", "triu"]
 
 
+def _host_data_to(dst: Tensor, value: Any) -> Any:
+    """Host data (a NumPy array, a list, a tuple) as a Tensor of dst's dtype on its queue; else value."""
+    if not isinstance(value, (np.ndarray, list, tuple)):
+        return value
+    host = np.asarray(value)
+    if host.dtype.kind not in "biuf":
+        raise DTypeError(f"setitem: host data of dtype {host.dtype} is not numbers")
+    return Tensor.from_host(dst.queue, host, dtype=dst.dtype)
+
+
 def assign(dst: Tensor, value: Any, *, consume: bool = False) -> Tensor:
     """dst[...] = value (a Tensor broadcast to dst's shape and cast to its dtype, or a scalar), in
     one launch; a pending value is computed inside that launch. A pending value that reads dst's memory is
@@ -38,7 +48,9 @@ def assign(dst: Tensor, value: Any, *, consume: bool = False) -> Tensor:
     contents), unless `consume`: the caller's own temporary, read by no one after this call (`x += y`, one
     launch as PyTorch's). Either way the launch reads dst's old contents: where it reads them through
     another mapping than dst's own (a shifted slice, a transpose) run_elementwise copies that operand first.
-    A consumed value is left with nothing to read."""
+    A consumed value is left with nothing to read. Host data (a NumPy array, a list, a tuple: PyTorch's
+    `x[:] = [1, 2, 3]`) is copied to the device in dst's dtype first."""
+    value = _host_data_to(dst, value)
     if isinstance(value, Tensor):
         check_same_queue(dst, value)
         shape = broadcast_shapes("setitem", dst.shape, value.shape)
@@ -51,7 +63,8 @@ def assign(dst: Tensor, value: Any, *, consume: bool = False) -> Tensor:
     elif _is_scalar(value):
         node = ir.param(value, dst.dtype)
     else:
-        raise DTypeError(f"setitem: value must be a Tensor or a Python number, got {type(value).__name__}")
+        raise DTypeError(f"setitem: value must be a Tensor, a Python number or host data (a NumPy array, a "
+                         f"list), got {type(value).__name__}")
     if dst.size:
         if consume and isinstance(value, Tensor) and value._pending is not None:
             lazy.forget_pending_reader(value)   # (its expression is in `node`: computed by this launch alone)
@@ -71,7 +84,7 @@ def setitem(x: Tensor, index: Any, value: Any, *, consume: bool = False) -> Tens
                              "(use scatter_add / index ops for integer indices)")
         if index.shape != x.shape:
             raise ShapeError(f"setitem: mask of shape {index.shape} does not match tensor of shape {x.shape}")
-        return assign(x, where(index, value, x))
+        return assign(x, where(index, _host_data_to(x, value), x))
     if is_advanced_index(index):
         items = index if type(index) is tuple else (index,)
         raise IndexingError(

@@ -312,3 +312,27 @@ def test_node_getitem_with_an_array_is_a_one_line_error(queue, rng):
     with ag.Tape(), pytest.raises(ShapeError, match="not basic indexing.*not differentiable") as error:
         node[np.arange(3)]
     assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int32, np.float16, np.bool_])
+def test_setitem_takes_host_data_broadcast_as_numpy(queue, rng, dtype):
+    """X[0] = np.arange(13), X[:] = [1, 2, 3] (PyTorch accepts them; they raised "value must be a Tensor or a
+    Python number"): copied in the target's dtype, broadcast as NumPy, into views and through a mask."""
+    a = (rng.standard_normal((4, 13)) * 5).astype(dtype)
+    want = a.copy()
+    x = Tensor.from_host(queue, a)
+    for index, value in [(0, np.arange(13)), (slice(None), rng.standard_normal(13) * 3),
+                         ((slice(1, 3), slice(None, None, -4)), [[1.5], [-2.0]]),
+                         ((2, slice(0, 3)), (7, 8, 9)),
+                         ((Ellipsis, 5), np.array(4.0)), ((3, slice(None)), np.arange(13, dtype=np.uint8))]:
+        x[index] = value
+        want[index] = value
+        np.testing.assert_array_equal(x.to_host(), want)
+    mask = want > 2
+    x[Tensor.from_host(queue, mask)] = np.full(13, 6)
+    want[mask] = 6
+    np.testing.assert_array_equal(x.to_host(), want)
+    with pytest.raises(ShapeError, match=r"shapes \(13,\) and \(3,\) cannot be broadcast"):
+        x[0] = [1, 2, 3]
+    with pytest.raises(DTypeError, match="not numbers"):
+        x[0] = ["a"]
