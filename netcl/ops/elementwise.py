@@ -276,7 +276,30 @@ reciprocal = _unary("reciprocal")
 sign = _unary("sign")
 floor = _unary("floor")
 ceil = _unary("ceil")
-round = _unary("round")
+_round = _unary("round")
+
+
+def round(x: Tensor, decimals: int = 0) -> Tensor:  # noqa: A001
+    """Elementwise round half to even; with `decimals` as torch.round(x, decimals=d): rint(x * 10**d) / 10**d
+    (d < 0: rint(x / 10**-d) * 10**-d), computed in x's dtype, so a result may differ from the decimal
+    number by x's rounding, as in PyTorch. Integers are returned as they are (decimals >= 0)."""
+    if decimals == 0:
+        return _round(x)
+    if not isinstance(decimals, (int, np.integer)) or isinstance(decimals, (bool, np.bool_)):
+        raise TypeError(f"round: decimals must be an int, got {type(decimals).__name__}")
+    if isinstance(x, Tensor) and not ir.is_float(x.dtype):
+        if decimals > 0:
+            return _round(x)
+        raise DTypeError(f"round: decimals={decimals} on {x.dtype} is not supported; cast to a float first")
+    scale = 10.0 ** (int(decimals) if decimals > 0 else -int(decimals))  # (this module's abs is the op)
+    first, then = ("mul", "div") if decimals > 0 else ("div", "mul")
+
+    def build(n: ir.Node, s: ir.Node, dt: np.dtype) -> ir.Node:
+        return ir.binary(then, ir.unary("round", ir.binary(first, n, s, dt)), s, dt)
+
+    return from_ir("round", build, x, scale)
+    return from_ir("round", lambda n, s, dt: ir.binary("mul", ir.unary("round", ir.binary("div", n, s, dt)),
+                                                      s, dt), x, scale)
 trunc = _unary("trunc")
 logical_not = _unary("logical_not")
 bitwise_not = _unary("bitwise_not")

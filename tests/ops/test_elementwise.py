@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 
+import netcl.autograd as ag
 from netcl import ops
 from netcl.core.tensor import Tensor
 from netcl.errors import DeviceMismatchError, DTypeError, ShapeError
@@ -317,3 +318,26 @@ def test_integer_powers_follow_numpy(queue):
     np.testing.assert_allclose((f ** Tensor.from_host(queue, np.array([-1, -2], np.int32))).to_host(),
                                [0.5, 0.0625])
     np.testing.assert_allclose((x ** -1.0).to_host(), [0.5, 1, -1, -0.5])  # a float exponent: a float result
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_round_with_decimals_matches_torch(queue, rng, dtype):
+    """torch.round(x, decimals=d): rint(x * 10**d) / 10**d in x's dtype (d < 0: rint(x / 10**-d) * 10**-d),
+    bit for bit; it raised a TypeError naming an internal function. On a Node too (no gradient flows)."""
+    torch = pytest.importorskip("torch")
+    a = (rng.standard_normal(1000) * 100).astype(dtype)
+    a[:4] = [0.25, -0.35, 2.5, 15.0]  # halves: to even
+    x = Tensor.from_host(queue, a)
+    for d in (1, 2, 3, -1, -2, 0):
+        want = torch.round(torch.from_numpy(a), decimals=d).numpy()
+        np.testing.assert_array_equal(x.round(decimals=d).to_host(), want, err_msg=f"decimals={d}")
+        np.testing.assert_array_equal(ops.round(x, d).to_host(), want, err_msg=f"decimals={d}")
+    node = ag.tensor(x, requires_grad=True)
+    np.testing.assert_array_equal(node.round(decimals=2).value.to_host(),
+                                  torch.round(torch.from_numpy(a), decimals=2).numpy())
+    i = Tensor.from_host(queue, np.array([15, -25], np.int32))
+    np.testing.assert_array_equal(i.round(decimals=1).to_host(), [15, -25])
+    with pytest.raises(DTypeError, match="decimals=-1 on int32"):
+        i.round(decimals=-1)
+    with pytest.raises(TypeError, match="decimals must be an int"):
+        x.round(1.5)
