@@ -27,6 +27,7 @@ API (for users and for netcl.autograd)::
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -106,10 +107,19 @@ class FusedFunction:
 
     def _signature(self, args: tuple) -> tuple:
         key = []
-        for a in args:
+        for i, a in enumerate(args):
             if isinstance(a, Tensor):
                 key.append(("T", a.shape, dtypes.token(a.dtype), id(a.queue)))
-            else:
+            elif isinstance(a, (np.ndarray, list, tuple)):
+                raise TypeError(f"{self.__name__}: argument {i} is a host {type(a).__name__} of shape "
+                                f"{np.shape(a)}; a fused function takes Tensors (move it to the device "
+                                "first: Tensor.from_host(queue, array)) and numbers")
+            else:  # a number, or a static setting the function reads while traced (a string, a flag)
+                try:
+                    hash(a)
+                except TypeError:
+                    raise TypeError(f"{self.__name__}: argument {i} ({type(a).__name__}) is neither a Tensor "
+                                    "nor a hashable setting the trace can be kept under") from None
                 key.append(("S", type(a).__name__, a))
         return tuple(key)
 
@@ -147,7 +157,17 @@ class FusedFunction:
         inlined: list = []
         return {i: lazy.operand(t, inlined) for i, t in enumerate(tensors)}
 
-    def __call__(self, *args: Any) -> Any:
+    def __call__(self, *args: Any, **named: Any) -> Any:
+        if named:  # traced by position: keywords are placed by the function's own signature
+            try:
+                bound = inspect.signature(self.fn).bind(*args, **named)
+            except TypeError as exc:
+                raise TypeError(f"{self.__name__}{inspect.signature(self.fn)}: {exc}") from None
+            bound.apply_defaults()
+            if bound.kwargs:
+                raise TypeError(f"{self.__name__}: a fused function's keyword-only parameters "
+                                f"({', '.join(bound.kwargs)}) are not traced; make them positional")
+            args = tuple(bound.args)
         tr = self.trace(args)
         tensors = [a for a in args if isinstance(a, Tensor)]
         queue = check_same_queue(*tensors)

@@ -137,3 +137,24 @@ def test_trace_error_on_non_elementwise(queue):
 
     with pytest.raises(TraceError, match="elementwise"):
         f(Tensor.ones(queue, (3,)))
+
+
+def test_host_data_and_keywords_are_answered_in_one_line(queue):
+    """A host array was "unhashable type: 'numpy.ndarray'"; a keyword a bare "unexpected keyword argument"."""
+
+    @fuse
+    def scaled(x, y, scale=2.0):
+        return x * y * scale
+
+    x = Tensor.from_host(queue, np.arange(5, dtype=np.float32))
+    want = np.arange(5, dtype=np.float32) ** 2
+    assert_close(scaled(x, y=x).to_host(), 2 * want)
+    assert_close(scaled(x, x, scale=3.0).to_host(), 3 * want)
+    with pytest.raises(TypeError, match=r"argument 0 is a host ndarray of shape \(5,\).*Tensor\.from_host"):
+        scaled(np.arange(5, dtype=np.float32), x)
+    with pytest.raises(TypeError, match=r"argument 1 is a host list"):
+        scaled(x, [1.0, 2.0])
+    with pytest.raises(TypeError, match=r"scaled\(x, y, scale=2\.0\): .*'v'"):
+        scaled(x, x, v=x)
+    with pytest.raises(TypeError, match=r"argument 1 \(dict\) is neither a Tensor nor a hashable setting"):
+        scaled(x, {"a": 1})
