@@ -769,7 +769,8 @@ class Tensor:
         where = self.device.device_name
         if self.size <= _REPR_LIMIT:
             body = np.array2string(self.to_host(), separator=", ", prefix="Tensor(")
-            return f"Tensor({body}, dtype={self.dtype}, device='{where}')"
+            shape = f", shape={self.shape}" if self.size == 0 and self.ndim != 1 else ""  # (as NumPy's)
+            return f"Tensor({body}{shape}, dtype={self.dtype}, device='{where}')"
         return f"Tensor(shape={self.shape}, dtype={self.dtype}, device='{where}')"
 
     def __bool__(self) -> bool:

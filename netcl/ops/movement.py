@@ -223,9 +223,12 @@ def split(x: Tensor, split_size_or_sections: Any, axis: int = 0) -> list[Tensor]
     else:
         sizes = list(shapes.sizes(split_size_or_sections, "split: section size"))
         if sum(sizes) != n:
+            cut = all(0 <= a <= b <= n for a, b in zip([0, *sizes], [*sizes, n]))  # as np.split's cut points
             raise ShapeError(
-                f"split: sizes {sizes} do not add up to axis {axis} of size {n} (shape {x.shape})"
-            )
+                f"split: sizes {sizes} do not add up to axis {axis} of size {n} (shape {x.shape}); split "
+                "takes the pieces' sizes, as torch.split does" + (
+                    f" (np.split's cut points {sizes} are the sizes {np.diff([0, *sizes, n]).tolist()})"
+                    if cut else ""))
     out, at = [], 0
     for s in sizes:
         out.append(x[(slice(None),) * ax + (slice(at, at + s),)])

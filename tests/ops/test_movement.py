@@ -336,3 +336,17 @@ def test_setitem_takes_host_data_broadcast_as_numpy(queue, rng, dtype):
         x[0] = [1, 2, 3]
     with pytest.raises(DTypeError, match="not numbers"):
         x[0] = ["a"]
+
+
+def test_split_sizes_that_do_not_add_up_name_np_splits_reading(queue):
+    """split takes sizes (torch.split); np.split's cut points [2, 5] read as sizes were one bare error."""
+    x = Tensor.zeros(queue, (7, 13))
+    with pytest.raises(ShapeError, match=r"split takes the pieces' sizes, as torch.split does \(np.split's "
+                                         r"cut points \[2, 5\] are the sizes \[2, 3, 8\]\)"):
+        ops.split(x, [2, 5], axis=1)
+    assert [p.shape for p in ops.split(x, [2, 3, 8], axis=1)] == [(7, 2), (7, 3), (7, 8)]
+
+
+def test_an_empty_tensor_prints_its_shape(queue):
+    assert "shape=(0, 3)" in repr(Tensor.zeros(queue, (0, 3)))
+    assert "shape" not in repr(Tensor.zeros(queue, (0,)))  # [] says it, as NumPy's repr
