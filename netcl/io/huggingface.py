@@ -36,16 +36,24 @@ class PretrainedError(NetclError):
 def read_config(path: str | os.PathLike) -> dict[str, Any]:
     """The config.json of a model directory as a dict."""
     directory = _directory(path)
-    cfg = directory / CONFIG
-    try:
-        config = json.loads(cfg.read_text())
-    except FileNotFoundError:
-        raise PretrainedError(f"{directory} has no {CONFIG}: not a Hugging Face model directory") from None
-    except (OSError, ValueError) as exc:
-        raise PretrainedError(f"cannot read {cfg}: {exc}") from None
-    if not isinstance(config, dict):
-        raise PretrainedError(f"{cfg} holds a JSON {type(config).__name__}, not an object")
+    config = read_json(directory / CONFIG)
+    if config is None:
+        raise PretrainedError(f"{directory} has no {CONFIG}: not a Hugging Face model directory")
     return config
+
+
+def read_json(file: Path) -> dict[str, Any] | None:
+    """A JSON object file of a model directory (config.json, generation_config.json, tokenizer_config.json);
+    None where there is none. One that cannot be read is a PretrainedError: what it says would be lost."""
+    try:
+        doc = json.loads(file.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise PretrainedError(f"cannot read {file}: {exc}") from None
+    if not isinstance(doc, dict):
+        raise PretrainedError(f"{file} holds a JSON {type(doc).__name__}, not an object")
+    return doc
 
 
 def read_tensors(path: str | os.PathLike) -> dict[str, np.ndarray]:

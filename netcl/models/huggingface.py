@@ -428,16 +428,7 @@ def _shapes(c: GPTConfig) -> dict[str, tuple[int, ...]]:
 
 def _read_generation_config(path: str | os.PathLike) -> dict[str, Any]:
     """generation_config.json of a model directory as a dict ({} where there is none)."""
-    file = Path(path) / GENERATION_CONFIG
-    try:
-        doc = json.loads(file.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError) as exc:
-        raise PretrainedError(f"cannot read {file}: {exc}") from None
-    if not isinstance(doc, dict):
-        raise PretrainedError(f"{file} holds a JSON {type(doc).__name__}, not an object")
-    return doc
+    return hf_io.read_json(Path(path) / GENERATION_CONFIG) or {}
 
 
 def _host_memory() -> int | None:

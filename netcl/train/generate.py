@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import codecs
-import json
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -14,7 +13,7 @@ from typing import Any, TextIO
 from netcl.errors import NetclError
 from netcl.io import load_checkpoint
 from netcl.io.checkpoint import read_checkpoint
-from netcl.io.huggingface import WEIGHTS
+from netcl.io.huggingface import WEIGHTS, read_json
 from netcl.models import GPT
 from netcl.models.config import DTYPES, GPTConfig
 from netcl.text import BPETokenizer, ChatFormat, ChatTemplate, UnknownTokenError, template_from_jinja
@@ -176,20 +175,6 @@ def _model_dir(checkpoint: str) -> Path:
     return path.parent if path.is_file() else path
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    """A JSON object file of a model directory ({} where there is none; one that cannot be read is an
-    error: what it says would be silently lost)."""
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError) as exc:
-        raise NetclError(f"cannot read {path}: {exc}") from None
-    if not isinstance(doc, dict):
-        raise NetclError(f"{path} holds a JSON {type(doc).__name__}, not an object")
-    return doc
-
-
 def check_vocabulary(model: GPT, tokenizer: BPETokenizer, source: str, used: Iterable[str]) -> None:
     """The tokenizer (read from `source`) makes only ids the model has: every ordinary token (any text may
     encode to it), and the special tokens in `used` (a BOS, <|endoftext|>, a chat template's). Special tokens
@@ -233,7 +218,7 @@ def chat_template(checkpoint: str, name: str | None) -> str | ChatTemplate:
     if name is not None:
         return name
     config = _model_dir(checkpoint) / TOKENIZER_CONFIG
-    source = _read_json(config).get("chat_template")
+    source = (read_json(config) or {}).get("chat_template")
     if isinstance(source, list):  # [{"name": "default", "template": ...}, ...]
         named = {t.get("name"): t.get("template") for t in source if isinstance(t, dict)}
         source = named.get("default")
