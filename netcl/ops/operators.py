@@ -72,7 +72,7 @@ def dtype_method(cast: Callable[[Any, str], Any], name: str) -> Callable[[Any], 
     return launch_labels.transparent(method)
 _SCALARS = (Tensor, bool, int, float, np.number, np.bool_)
 # host data: `A == a` is ops.eq's error, as `A + a` is (not Python's identity fallback, one bool)
-_HOST_DATA = (np.ndarray, list, tuple)
+_COMPARED = _SCALARS + (np.ndarray, list, tuple)
 
 
 def _method(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -110,11 +110,11 @@ def _inplace(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _eq(self: Tensor, other: Any) -> Any:
-    return ew.eq(self, other) if isinstance(other, _SCALARS + _HOST_DATA) else NotImplemented
+    return ew.eq(self, other) if isinstance(other, _COMPARED) else NotImplemented
 
 
 def _ne(self: Tensor, other: Any) -> Any:
-    return ew.ne(self, other) if isinstance(other, _SCALARS + _HOST_DATA) else NotImplemented
+    return ew.ne(self, other) if isinstance(other, _COMPARED) else NotImplemented
 
 
 def declared_methods() -> tuple[str, ...]:
