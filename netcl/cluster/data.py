@@ -318,9 +318,8 @@ def as_data(X: Any, queue: Queue, chunk_rows: int | None = None, what: str = "X"
     streamed when it is large (or chunk_rows asks for it). `dtype` converts (a fitted model's)."""
     if isinstance(X, Tensor):
         x = check_tensor(X, what, n_features)
-        if dtype is not None and x.dtype != dtype:
-            raise DTypeError(f"{what} is {x.dtype} but the estimator was fitted on {np.dtype(dtype)} data; "
-                             "cast it first")
+        if dtype is not None and x.dtype != dtype:  # converted to the fitted model's, as a host array is
+            x = x.astype(dtype)
         return DeviceData(x, is_tensor=True)
     arr = host_array(X, queue.device, what, n_features, check_finite=False)
     if dtype is not None and arr.dtype != dtype:

@@ -97,8 +97,9 @@ def random_rows(plan: KMeansPlan, data: Data, shift_host: np.ndarray, weights_ho
 
 
 def given_centers(init: Any, k: int, d: int, dtype: np.dtype, device: Any) -> np.ndarray:
-    """Checked initial centers (k x d, finite) as a host array of `dtype` (the data's compute dtype)."""
-    arr = host_array(init, device, "init")
+    """Checked initial centers (k x d, finite) as a host array of `dtype` (the data's compute dtype); a
+    Tensor is read back (k rows: the centers go through the host once, as a host array's do)."""
+    arr = host_array(init.to_host() if isinstance(init, Tensor) else init, device, "init")
     if arr.shape != (k, d):
         raise ShapeError(
             f"init of shape {arr.shape} does not match n_clusters={k} and the data's {d} features; "

@@ -119,6 +119,19 @@ def test_streamed_and_tensor_input_give_the_in_memory_bits(queue, digits):
     np.testing.assert_array_equal(tensor.cluster_centers_, held.cluster_centers_)
 
 
+def test_a_tensor_of_another_dtype_and_a_tensor_init_are_taken_as_arrays_are(queue, digits):
+    """A float64 Tensor given to a float32 model was a DTypeError ("cast it first") where a float64 array is
+    converted; init= a Tensor was "expected a host array"."""
+    X = digits.astype(np.float32)
+    init = X[:6]
+    model = KMeans(6, init=Tensor.from_host(queue, init), n_init=1).fit(X)
+    from_array = KMeans(6, init=init, n_init=1).fit(X)
+    np.testing.assert_array_equal(model.cluster_centers_, from_array.cluster_centers_)
+    new = digits[::7]
+    got = model.predict(Tensor.from_host(queue, new))
+    np.testing.assert_array_equal(got.to_host() if isinstance(got, Tensor) else got, model.predict(new))
+
+
 def test_predict_transform_score_match_sklearn(queue, digits):
     X = digits[:1200]
     new = digits[1200:] + np.random.RandomState(3).standard_normal((597, 64))
