@@ -90,6 +90,16 @@ class BaseKMeans:
             setattr(self, key, value)
         return self
 
+    def __sklearn_tags__(self) -> Any:
+        """scikit-learn's tags (1.6 and later read them in Pipeline, clone, cross-validation): a clusterer
+        that transforms float32/float64 two-dimensional data."""
+        # called by scikit-learn only: it is loaded by then, and netcl does not import it otherwise
+        from sklearn.utils import InputTags, Tags, TargetTags, TransformerTags  # noqa: PLC0415
+
+        return Tags(estimator_type="clusterer", target_tags=TargetTags(required=False),
+                    transformer_tags=TransformerTags(preserves_dtype=["float64", "float32"]),
+                    input_tags=InputTags(two_d_array=True))
+
     def __repr__(self) -> str:
         defaults = {p.name: p.default for p in inspect.signature(type(self).__init__).parameters.values()}
         changed = [

@@ -336,3 +336,16 @@ def test_mma_assignment_fits_half_rows(monkeypatch, rng, dt):
     assert (d2[np.arange(n), fit.labels_] - d2.min(1) <= 2 * moved).all()
     assert fit.inertia_ == pytest.approx(d2[np.arange(n), fit.labels_].sum(), rel=1e-5)
     np.testing.assert_array_equal(fit.predict(X), fit.labels_)
+
+
+def test_scikit_learns_pipeline_and_clone_take_it(digits):
+    """scikit-learn 1.6+ reads __sklearn_tags__ in Pipeline and clone: AttributeError before."""
+    from sklearn.base import clone
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    ours = make_pipeline(StandardScaler(), KMeans(10, random_state=0, n_init=1)).fit(digits)
+    theirs = make_pipeline(StandardScaler(), SKKMeans(10, random_state=0, n_init=1)).fit(digits)
+    assert ours[-1].inertia_ == pytest.approx(theirs[-1].inertia_, rel=1e-12)
+    np.testing.assert_array_equal(ours.predict(digits[:50]), ours[-1].labels_[:50])
+    assert clone(KMeans(4, n_init=2)).get_params() == KMeans(4, n_init=2).get_params()
