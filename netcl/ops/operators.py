@@ -46,7 +46,7 @@ ELEMENTWISE_METHODS = (
     "round", "trunc", "clamp", "pow", "cast",
 )
 REDUCE_METHODS = ("std",)  # sum, mean, max, min, var, logsumexp: declared (netcl.ops.reduce)
-METHOD_ALIASES = {"astype": "cast"}  # NumPy's name beside netcl's
+METHOD_ALIASES = {"astype": "cast", "clip": "clamp"}  # NumPy's (and PyTorch's) names beside netcl's
 # PyTorch's dtype shortcuts (`mask.float()`, `y.long()`): the cast to that dtype, on Tensor and Node alike
 DTYPE_METHODS = {"float": "float32", "double": "float64", "half": "float16", "bfloat16": "bfloat16",
                  "long": "int64", "int": "int32", "bool": "bool"}
