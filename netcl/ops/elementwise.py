@@ -298,8 +298,8 @@ def round(x: Tensor, decimals: int = 0) -> Tensor:  # noqa: A001
         return ir.binary(then, ir.unary("round", ir.binary(first, n, s, dt)), s, dt)
 
     return from_ir("round", build, x, scale)
-    return from_ir("round", lambda n, s, dt: ir.binary("mul", ir.unary("round", ir.binary("div", n, s, dt)),
-                                                      s, dt), x, scale)
+
+
 trunc = _unary("trunc")
 logical_not = _unary("logical_not")
 bitwise_not = _unary("bitwise_not")
