@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on a GPU machine: #33's decode step of this tree against an older one, alternated (each run a
 # process of its own: bench/decode.py's figures differ by a few percent between processes), the attention's
-# head split Q = 4 and 2 against 1 at a 128- and a 512-key cache, #27's launch_cost, and a trace of Q = 4.
+# head split Q = 4 and 2 (8 last) against 1 at a 128- and a 512-key cache, #27's launch_cost, and a trace of Q = 4.
 # Logs go into $OUT/logs.tgz after each run (a call brings back 8 files at most, and a run cut by the
 # device's time limit still leaves the runs before it).
 #   prepare (here, with git):  mkdir -p .gpu/base .gpu/cur
@@ -35,4 +35,5 @@ t=$(left); [ "$t" -gt 70 ] && { echo "== launch_cost"; (cd "$ROOT" && PYTHONPATH
   python3 bench/launch_cost.py --gpu --steps mlp,cnn,resnet,gpt --python-only > "$LOGS/launch_cost.txt" 2>&1; echo "rc=$?")
   tail -16 "$LOGS/launch_cost.txt"; tar czf "$OUT/logs.tgz" -C /tmp logs; }
 dec "$ROOT" Q4t $G --attention-head-split 4 --trace
+dec "$ROOT" Q8 $G --attention-head-split 8
 echo "done in $((SECONDS - T0)) s"
