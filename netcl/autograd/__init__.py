@@ -23,6 +23,7 @@ from netcl.autograd import (
     nnops,
     operators,
     reduce,
+    sorting,
     transformer,
 )
 from netcl.autograd.attention import *  # noqa: F403
@@ -32,13 +33,15 @@ from netcl.autograd.loss import *  # noqa: F403
 from netcl.autograd.movement import *  # noqa: F403
 from netcl.autograd.nnops import *  # noqa: F403
 from netcl.autograd.reduce import *  # noqa: F403
+from netcl.autograd.sorting import *  # noqa: F403
 from netcl.autograd.transformer import *  # noqa: F403
 from netcl.core import launch_labels
 from netcl.ops import declaration
 
 operators.install()
 
-__all__ = [name for module in (engine, attention, elementwise, loss, movement, nnops, reduce, transformer)
+__all__ = [name for module in (engine, attention, elementwise, loss, movement, nnops, reduce, sorting,
+                                        transformer)
            for name in module.__all__]
 
 

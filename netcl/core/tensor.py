@@ -134,7 +134,6 @@ _PYTORCH_SPELLINGS = {
     "amin": "x.min(axis=...) (NumPy's: the values alone)",
     "mT": "x.transpose(-1, -2)",
     "type_as": "x.astype(other.dtype)",
-    "sort": "netcl.ops.topk(x, k=x.shape[-1]) (values and indices, largest first)",
 }
 
 

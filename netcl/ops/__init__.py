@@ -31,6 +31,7 @@ from netcl.ops.random import rand, randint, randn
 from netcl.ops.reduce import *  # noqa: F403
 from netcl.ops.rope import *  # noqa: F403
 from netcl.ops.sampling import *  # noqa: F403
+from netcl.ops.sorting import *  # noqa: F403
 
 copy.install()
 operators.install()

@@ -17,6 +17,7 @@ from netcl.ops import declaration
 from netcl.ops import elementwise as ew
 from netcl.ops import movement as mv
 from netcl.ops import reduce as rd
+from netcl.ops import sorting as srt
 from netcl.ops.gemm import matmul
 
 # dunder -> op, for `x <op> y` and (reflected) `y <op> x`
@@ -52,10 +53,11 @@ DTYPE_METHODS = {"float": "float32", "double": "float64", "half": "float16", "bf
                  "long": "int64", "int": "int32", "bool": "bool"}
 # Tensor's alone: results no gradient flows through (indices, truth values) or reductions autograd has no
 # rule for yet
-TENSOR_ONLY_METHODS = ("prod", "argmax", "argmin", "any", "all", "cumsum")
+TENSOR_ONLY_METHODS = ("prod", "argmax", "argmin", "any", "all", "cumsum", "argsort")
 _METHODS = {
     **{name: getattr(ew, name) for name in ELEMENTWISE_METHODS},
-    **{name: getattr(rd, name) for name in REDUCE_METHODS + TENSOR_ONLY_METHODS},
+    **{name: getattr(srt if name == "argsort" else rd, name)
+       for name in REDUCE_METHODS + TENSOR_ONLY_METHODS},
 }
 _METHODS.update({alias: _METHODS[name] for alias, name in METHOD_ALIASES.items()})
 

@@ -70,6 +70,8 @@ CASES = {
     "squeeze": (lambda x: ag.squeeze(x, 1), [rnd(3, 1, 4)]),
     "unsqueeze": (lambda x: x.unsqueeze(0) * 2.0, [rnd(3, 4)]),
     "expand": (lambda x: ag.expand(x, 2, 3, 4), [rnd(3, 1)]),
+    "sort": (lambda x: x.sort(dim=0, descending=True).values * ag.sort(x, axis=-1),
+             [R.permutation(12).reshape(3, 4) / 4.0]),
     "getitem": (lambda x: x[1:, ::2] * x[0, ::2], [rnd(3, 5)]),
     "rope": (lambda x, cos, sin: ag.rope(ag.permute(x, (0, 2, 1, 3)), cos, sin, pairing="interleaved"),
              [rnd(1, 5, 2, 4)], _rope_tables),

@@ -32,7 +32,8 @@ SHARED = (ELEMENTWISE_METHODS + REDUCE_METHODS + declared_methods() + tuple(METH
 # the arguments after the tensor of the methods that need some
 ARGS = {"clamp": (-0.5, 0.5), "clip": (-0.5, 0.5), "pow": (2.0,), "cast": (np.float64,),
         "astype": (np.float64,), "leaky_relu": (0.1,), "softmax": (-1,), "log_softmax": (-1,),
-        "reshape": (17, 3), "permute": (1, 0), "transpose": (0, 1), "unsqueeze": (1,), "expand": (2, 3, 17)}
+        "reshape": (17, 3), "permute": (1, 0), "transpose": (0, 1), "unsqueeze": (1,), "expand": (2, 3, 17),
+        "sort": (0,)}
 
 
 def test_tensor_and_node_have_the_same_math_methods():
@@ -63,6 +64,9 @@ def test_each_shared_method_gives_tensor_and_node_the_same_values(queue, rng, na
     on_tensor = getattr(Tensor.from_host(queue, a), name)(*args)
     with ag.Tape():
         on_node = getattr(ag.tensor(Tensor.from_host(queue, a)), name)(*args)
+    if name == "sort":   # (values, indices): the values a Node, the indices a Tensor on both
+        np.testing.assert_array_equal(on_tensor.indices.to_host(), on_node.indices.to_host())
+        on_tensor, on_node = on_tensor.values, on_node.values
     assert isinstance(on_node, Node)
     np.testing.assert_array_equal(on_tensor.to_host(), on_node.value.to_host())
     a64 = a.astype(np.float64)
