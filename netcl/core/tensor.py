@@ -660,6 +660,53 @@ class Tensor:
         """All axes reversed (NumPy's .T)."""
         return self.permute(tuple(reversed(range(self.ndim))))
 
+    def swapaxes(self, axis1: int, axis2: int) -> Tensor:
+        """Two axes swapped (a view): NumPy's and PyTorch's swapaxes, PyTorch's transpose(dim0, dim1)."""
+        for a in (axis1, axis2):
+            if isinstance(a, (tuple, list)):
+                raise TypeError(f"swapaxes takes two axes, got {axis1!r} and {axis2!r}; x.permute(...) takes "
+                                "an order of all of them")
+        a, b = self._axis(axis1), self._axis(axis2)
+        return self.transpose(a, b) if self.ndim >= 2 else self
+
+    def moveaxis(self, source: Any, destination: Any) -> Tensor:
+        """Axes `source` moved to the positions `destination` (ints, or sequences of one length), the others
+        kept in their order (a view): np.moveaxis, PyTorch's moveaxis and movedim."""
+        src = tuple(source) if isinstance(source, (tuple, list)) else (source,)
+        dst = tuple(destination) if isinstance(destination, (tuple, list)) else (destination,)
+        if len(src) != len(dst):
+            raise ShapeError(f"moveaxis: source {source!r} and destination {destination!r} must name as many "
+                             "axes")
+        src = tuple(shapes.axis(a, self.ndim, "moveaxis: source", shape_of=self.shape) for a in src)
+        dst = tuple(shapes.axis(a, self.ndim, "moveaxis: destination", shape_of=self.shape) for a in dst)
+        if len(set(src)) != len(src) or len(set(dst)) != len(dst):
+            raise ShapeError(f"moveaxis: source {source!r} and destination {destination!r} must not repeat "
+                             "an axis")
+        order = [d for d in range(self.ndim) if d not in src]
+        for to, d in sorted(zip(dst, src)):
+            order.insert(to, d)
+        return self.permute(order)
+
+    movedim = moveaxis
+
+    def ravel(self) -> Tensor:
+        """The elements in one axis, in row-major order: a view where the layout allows it, else a contiguous
+        copy (NumPy's and PyTorch's ravel; reshape(-1))."""
+        return self.reshape(self.size)
+
+    def expand_dims(self, axis: Any) -> Tensor:
+        """New axes of size 1 at `axis` (an int or a sequence), positions in the result as np.expand_dims
+        counts them (a view; PyTorch's unsqueeze for one axis)."""
+        items = tuple(axis) if isinstance(axis, (tuple, list)) else (axis,)
+        ndim = self.ndim + len(items)
+        at = sorted(shapes.axis(a, ndim, "expand_dims: axis", shape_of=self.shape) for a in items)
+        if len(set(at)) != len(at):
+            raise ShapeError(f"expand_dims: axis {axis!r} repeats an axis (shape {self.shape})")
+        out = self
+        for a in at:
+            out = out.unsqueeze(a)
+        return out
+
     @shapes.torch_names
     def squeeze(self, axis: int | None = None) -> Tensor:
         if axis is None:

@@ -174,6 +174,40 @@ def test_expand_squeeze_unsqueeze(queue, rng):
         t.expand(4, 4)
 
 
+def test_swapaxes_moveaxis_ravel_expand_dims_match_numpy(queue, rng):
+    """NumPy's (and PyTorch's) view spellings: views of the same memory, except ravel where the layout needs
+    a copy (as NumPy's)."""
+    a = rng.standard_normal((2, 3, 5)).astype(np.float32)
+    t = Tensor.from_host(queue, a)
+    views = [(t.swapaxes(0, 2), a.swapaxes(0, 2)), (t.swapaxes(-1, 1), a.swapaxes(-1, 1)),
+             (t.swapaxes(1, 1), a), (t.moveaxis(0, -1), np.moveaxis(a, 0, -1)),
+             (t.moveaxis((0, 1), (2, 0)), np.moveaxis(a, (0, 1), (2, 0))),
+             (t.movedim([-1, 0], [0, 1]), np.moveaxis(a, [-1, 0], [0, 1])),
+             (t.ravel(), a.ravel()), (t[1].ravel(), a[1].ravel()),
+             (t.expand_dims(0), np.expand_dims(a, 0)), (t.expand_dims((0, -1)), np.expand_dims(a, (0, -1))),
+             (t.expand_dims([3, 1]), np.expand_dims(a, [3, 1]))]
+    for got, want in views:
+        assert got.storage is t.storage and got.shape == want.shape
+        np.testing.assert_array_equal(got.to_host(), want)
+    copied = t.swapaxes(0, 1).ravel()   # not expressible as a view: a contiguous copy, as NumPy's ravel
+    assert copied.storage is not t.storage
+    np.testing.assert_array_equal(copied.to_host(), a.swapaxes(0, 1).ravel())
+    vector = Tensor.from_host(queue, np.arange(3, dtype=np.int32))
+    assert vector.swapaxes(0, -1).shape == (3,) and vector.expand_dims(1).shape == (3, 1)
+    with pytest.raises(ShapeError, match="out of range for a tensor of shape"):
+        t.swapaxes(0, 3)
+    with pytest.raises(TypeError, match="x.permute"):
+        t.swapaxes((0, 1), 2)
+    with pytest.raises(ShapeError, match="must name as many axes"):
+        t.moveaxis((0, 1), 2)
+    with pytest.raises(ShapeError, match="must not repeat an axis"):
+        t.moveaxis((0, 1), (2, -1))
+    with pytest.raises(ShapeError, match="repeats an axis"):
+        t.expand_dims((0, -5))
+    with pytest.raises(ShapeError, match="out of range"):
+        t.expand_dims(5)
+
+
 def test_copy_into_strided_view_and_overlap(queue, rng):
     a = rng.standard_normal((5, 8)).astype(np.float32)
     t = Tensor.from_host(queue, a.copy())

@@ -246,6 +246,20 @@ def test_arange_one_hot_repeat(queue, rng):
     np.testing.assert_array_equal(ops.repeat(T(queue, a), (3, 2)).to_host(), np.tile(a, (3, 2)))
 
 
+def test_numpys_function_spellings_of_the_view_methods(queue, rng):
+    a = rng.standard_normal((2, 3, 4)).astype(np.float32)
+    x = T(queue, a)
+    for got, want in ((ops.swapaxes(x, 0, 2), np.swapaxes(a, 0, 2)),
+                      (ops.moveaxis(x, 0, -1), np.moveaxis(a, 0, -1)), (ops.ravel(x.T), np.ravel(a.T)),
+                      (ops.expand_dims(x, (1, 4)), np.expand_dims(a, (1, 4)))):
+        np.testing.assert_array_equal(got.to_host(), want)
+    node = ag.tensor(x, requires_grad=True)   # a Node takes them too: recorded
+    with ag.Tape() as tape:
+        loss = (ops.moveaxis(node, 2, 0) * T(queue, np.moveaxis(a, 2, 0))).sum()
+    tape.backward(loss)
+    np.testing.assert_allclose(node.grad.to_host(), a)
+
+
 @pytest.mark.parametrize("bad", [-6, 5])
 def test_out_of_range_indices_raise(queue, bad):
     x = Tensor.from_host(queue, np.arange(15, dtype=np.float32).reshape(5, 3))

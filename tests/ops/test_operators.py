@@ -33,7 +33,7 @@ SHARED = (ELEMENTWISE_METHODS + REDUCE_METHODS + declared_methods() + tuple(METH
 ARGS = {"clamp": (-0.5, 0.5), "clip": (-0.5, 0.5), "pow": (2.0,), "cast": (np.float64,),
         "astype": (np.float64,), "leaky_relu": (0.1,), "softmax": (-1,), "log_softmax": (-1,),
         "reshape": (17, 3), "permute": (1, 0), "transpose": (0, 1), "unsqueeze": (1,), "expand": (2, 3, 17),
-        "sort": (0,)}
+        "swapaxes": (0, 1), "moveaxis": (0, 1), "movedim": (1, 0), "expand_dims": ((0, 2),), "sort": (0,)}
 
 
 def test_tensor_and_node_have_the_same_math_methods():
