@@ -128,7 +128,6 @@ _PYTORCH_SPELLINGS = {
     "type": "x.dtype, and x.astype(dtype) to convert",
     "is_cuda": "x.device (the netcl device handle: x.device.describe())",
     "new_zeros": "Tensor.zeros(x.queue, shape, x.dtype)",
-    "zeros_like": "Tensor.zeros(x.queue, x.shape, x.dtype)",
     "flatten": "x.reshape(-1) (or x.reshape(x.shape[0], -1) for PyTorch's flatten(1))",
     "amax": "x.max(axis=...) (NumPy's: the values alone)",
     "amin": "x.min(axis=...) (NumPy's: the values alone)",

@@ -246,6 +246,64 @@ def test_arange_one_hot_repeat(queue, rng):
     np.testing.assert_array_equal(ops.repeat(T(queue, a), (3, 2)).to_host(), np.tile(a, (3, 2)))
 
 
+@pytest.mark.parametrize("start, stop, num, endpoint", [
+    (0, 1, 5, True), (-3.5, 7, 11, False), (2, 2, 3, True), (1e3, -1e-3, 1, True), (0, 1, 0, True),
+    (-1, 1, 1001, True), (0.1, 0.7, 1, False)])
+def test_linspace_matches_numpy(queue, start, stop, num, endpoint):
+    got = ops.linspace(queue, start, stop, num, endpoint=endpoint)
+    want = np.linspace(start, stop, num, endpoint=endpoint)
+    assert got.dtype == np.float32 and got.shape == (num,)
+    np.testing.assert_allclose(got.to_host(), want, rtol=1e-6, atol=1e-7)
+    if num > 1 and endpoint:
+        assert got.to_host()[[0, -1]].tolist() == [np.float32(start), np.float32(stop)]
+
+
+def test_linspace_dtypes_and_pytorchs_steps(queue, device):
+    if device.capabilities.fp64:
+        wide = ops.linspace(queue, -1.5, 2.0, 7, dtype=np.float64)
+        np.testing.assert_allclose(wide.to_host(), np.linspace(-1.5, 2.0, 7), rtol=1e-15, atol=1e-15)
+    for args, dt in (((-3, 7, 6), np.int32), ((-7.5, 2.5, 4), np.int64), ((0, 1, 9), np.float16)):
+        got = ops.linspace(queue, *args, dtype=dt)   # integers: the floor, as NumPy 2's (-8, -5, -1, 2)
+        assert got.dtype == dt
+        np.testing.assert_array_equal(got.to_host(), np.linspace(*args, dtype=dt))
+    np.testing.assert_allclose(ops.linspace(queue, 0, 1, steps=3).to_host(), [0, 0.5, 1])
+    with count_launches() as launches:   # pending: it fuses into its elementwise consumer, as arange does
+        doubled = (ops.linspace(queue, 0, 1, 11) * 2 - ops.eye(queue, 1, 11, k=10)).to_host()
+    assert launches.count == 1
+    np.testing.assert_allclose(doubled, np.linspace(0, 2, 11) - np.eye(1, 11, 10), rtol=1e-6)
+    with pytest.raises(ShapeError, match="num must be at least 0"):
+        ops.linspace(queue, 0, 1, -1)
+    with pytest.raises(TypeError, match="stop must be a number"):
+        ops.linspace(queue, 0, "1")
+
+
+@pytest.mark.parametrize("n, m, k, dtype", [(3, None, 0, np.float32), (4, 6, 2, np.int64),
+                                            (5, 2, -1, np.float16), (1, 1, 3, np.bool_),
+                                            (0, 3, 0, np.float32), (7, 5, -6, np.int32)])
+def test_eye_matches_numpy(queue, n, m, k, dtype):
+    got = ops.eye(queue, n, m, k, dtype)
+    assert got.dtype == dtype
+    np.testing.assert_array_equal(got.to_host(), np.eye(n, m, k, dtype))
+
+
+def test_like_makers_take_shape_queue_and_dtype(queue, rng):
+    x = T(queue, rng.standard_normal((3, 5)).astype(np.float16)).T   # a view: the results are contiguous
+    i = T(queue, np.arange(6, dtype=np.int32))
+    for got, want in ((ops.zeros_like(x), np.zeros((5, 3), np.float16)),
+                      (ops.ones_like(x, dtype=np.int32), np.ones((5, 3), np.int32)),
+                      (ops.full_like(x, -2.5), np.full((5, 3), -2.5, np.float16)),
+                      (ops.full_like(i, 2.7), np.full_like(np.arange(6, dtype=np.int32), 2.7)),
+                      (ops.full_like(i, 1.5, dtype="float32"), np.full(6, 1.5, np.float32))):
+        assert got.dtype == want.dtype and got.queue is queue and got.is_contiguous()
+        np.testing.assert_array_equal(got.to_host(), want)
+    e = ops.empty_like(x, dtype=np.int64)
+    assert e.shape == (5, 3) and e.dtype == np.int64 and e.queue is queue
+    with pytest.raises(TypeError, match="expected a Tensor, got ndarray"):
+        ops.zeros_like(np.zeros(3))
+    with pytest.raises(TypeError, match=r"a Node's Tensor is node.value"):
+        ops.ones_like(ag.tensor(x))
+
+
 def test_numpys_function_spellings_of_the_view_methods(queue, rng):
     a = rng.standard_normal((2, 3, 4)).astype(np.float32)
     x = T(queue, a)
