@@ -213,6 +213,8 @@ class DistributedDataParallel(Module):
         """Copy a gradient into its place in the bucket, on the device, in order after the kernels that made
         it (its own queue: no cross-queue wait); returns the copy's event, flushed for the collective worker
         to wait on."""
+        if not slot.size:  # an empty parameter: OpenCL refuses a copy of 0 bytes
+            return handoff(grad.queue)
         src = grad if grad.is_contiguous() else grad.contiguous()
         event = enqueue_copy(src.queue, slot.buffer, src.buffer, byte_count=slot.nbytes,
                              src_offset=src.offset * src.itemsize, dst_offset=slot.offset * slot.itemsize)
@@ -273,9 +275,10 @@ class DistributedDataParallel(Module):
                     if p.grad is None or not p.grad.is_contiguous():
                         p.grad = Tensor.empty(p.value.queue, p.shape, p.dtype)
                     slot, grad = bucket.slot(i), p.grad
-                    enqueue_copy(grad.queue, grad.buffer, slot.buffer, byte_count=slot.nbytes,
-                                 src_offset=slot.offset * slot.itemsize,
-                                 dst_offset=grad.offset * grad.itemsize)
+                    if slot.size:
+                            enqueue_copy(grad.queue, grad.buffer, slot.buffer, byte_count=slot.nbytes,
+                                     src_offset=slot.offset * slot.itemsize,
+                                     dst_offset=grad.offset * grad.itemsize)
         finally:
             self._reset_pass()
 

@@ -116,8 +116,9 @@ class ShmGroup(ProcessGroup):
 
     def stage(self, nbytes: int) -> np.ndarray:
         """This rank's half for the coming collective, as `nbytes` bytes (uint8), growing every rank's segment
-        first when it is too small (a collective step: every rank asks for the same size)."""
-        if nbytes > self.half_bytes:
+        first when it is too small (a collective step: every rank asks for the same size). The first
+        collective maps the segments even when it moves nothing (an empty tensor: no half to slice before)."""
+        if nbytes > self.half_bytes or not self.half_bytes:
             self._grow(nbytes)
         return self.half(self.rank)[:nbytes]
 

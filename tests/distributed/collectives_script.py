@@ -48,6 +48,11 @@ def main() -> None:
     dist.init()
     r, w = dist.rank(), dist.world_size()
     q = manager.default("auto").queue
+    # empty tensors first: the job's first collective moves nothing (shm had no segment to slice yet)
+    empty = Tensor.from_host(q, np.zeros((0, 3), np.float32))
+    dist.all_reduce(empty)
+    dist.broadcast(empty, src=w - 1)
+    assert [p.shape for p in dist.all_gather(empty)] == [(0, 3)] * w and empty.shape == (0, 3)
     salt = 0
     # host arrays, every op, integer exactness
     for dtype in (np.int32, np.int64, np.float32, np.float64):

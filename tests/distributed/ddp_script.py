@@ -121,8 +121,23 @@ def check_no_sync_and_unused(q) -> None:
     for p, mine in zip(weighted.parameters(), local):
         want = np.tensordot(shares, dist.all_gather(mine), axes=1)
         np.testing.assert_allclose(p.grad.to_host(), want, rtol=1e-5, atol=1e-7)
+    check_empty_parameter(q)
     sys.stdout.write(f"rank {dist.rank()} no_sync and unused parameters ok\n")
     sys.stdout.flush()
+
+
+def check_empty_parameter(q) -> None:
+    """A parameter with no elements (a Linear of 0 inputs) travels in its bucket as nothing: the copies of 0
+    bytes OpenCL refuses are not made, and the bias beside it is averaged."""
+    model = nn.Linear(q, 0, CLASSES)
+    ddp = dist.DistributedDataParallel(model)
+    rows = dist.rank() + 1
+    with ag.Tape() as tape:
+        loss = ddp(ag.tensor(Tensor.empty(q, (rows, 0)))).sum()
+    tape.backward(loss)
+    w = dist.world_size()
+    assert model.weight.grad.shape == (CLASSES, 0)
+    np.testing.assert_allclose(model.bias.grad.to_host(), np.full(CLASSES, (w + 1) / 2))
 
 
 if __name__ == "__main__":
