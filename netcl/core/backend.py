@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import operator
 import re
 import sys
 import threading
@@ -533,6 +534,7 @@ class Kernel:
         self.name = kernel.function_name
         self.arg_names: tuple[str, ...] = tuple(arg_names or ())
         self.arg_index = {n: i for i, n in enumerate(self.arg_names)}
+        self.num_args = int(kernel.num_args)
         self._lock = threading.Lock()
         self._max_wg: int | None = None
         self._last_args: list[Any] | None = None
@@ -592,15 +594,32 @@ class Kernel:
     ) -> cl.Event:
         """Enqueue on `queue`; global sizes are rounded up to multiples of the local size (netcl's pick
         where `local_size` is None, except in a program of the user's own source: Program.exact_grid), so a
-        kernel must bound-check its own work-items."""
+        kernel must bound-check its own work-items. A grid with a zero size in a user's program runs nothing
+        (OpenCL 2.1's rule: a loop of no iterations)."""
+        try:
+            device = queue.device
+        except AttributeError:
+            device = None
+        if device is not self.program.device:
+            if not hasattr(device, "describe"):  # not a netcl Queue; a DeviceHandle means its queue
+                queue = as_queue(queue)
+                device = queue.device
+            if device is not self.program.device:
+                raise DeviceError(
+                    f"kernel {self.name} was built for {self.program.device.describe()} but launched on "
+                    f"{device.describe()}"
+                )
         if named:
             args = self.positional(args, named)
-        if queue.device is not self.program.device:
-            raise DeviceError(
-                f"kernel {self.name} was built for {self.program.device.describe()} but launched on "
-                f"{queue.device.describe()}"
+        elif len(args) != self.num_args:  # fewer would launch with the previous launch's values for the rest
+            raise KernelLaunchError(
+                f"kernel {self.name}({', '.join(self.arg_names)}) takes {self.num_args} arguments, got "
+                f"{len(args)}"
             )
+        global_size_asked = global_size
         global_size, local = self.geometry(global_size, local_size)
+        if self.program.exact_grid and not all(global_size_asked):
+            return cl.enqueue_marker(queue.cl)  # no work-items (geometry's grid has at least one)
         timed = profiling.active
         t0 = profiling.before(queue) if timed else None
         event = self._enqueue(queue, global_size, local, args, wait_for)
@@ -616,9 +635,13 @@ class Kernel:
 
     def geometry(self, global_size: Sequence[int], local_size: Sequence[int] | None) -> tuple[tuple, Any]:
         """(global size rounded up to the local size, local size checked or chosen) of a launch."""
-        key = (tuple(global_size), None if local_size is None else tuple(local_size))
+        try:
+            key = (tuple(global_size), None if local_size is None else tuple(local_size))
+        except TypeError:  # not sequences: _check_sizes names them
+            key = None
         sizes = self._sizes.get(key)
         if sizes is None:  # the same launch geometry recurs every step: checked once
+            self._check_sizes(global_size, local_size)
             gs = tuple(int(max(1, g)) for g in global_size)
             local = None if local_size is None and self.program.exact_grid else \
                 self.legal_local_size(gs, local_size)
@@ -628,6 +651,23 @@ class Kernel:
             if len(self._sizes) < 4096:
                 self._sizes[key] = sizes
         return sizes
+
+    def _check_sizes(self, global_size: Any, local_size: Any) -> None:
+        """KernelLaunchError for a grid that is not 1 to 3 sizes >= 0, or a work-group not as many >= 1."""
+        for what, sizes, least in (("global size", global_size, 0), ("local size", local_size, 1)):
+            if sizes is None and what == "local size":
+                continue
+            try:
+                values = [operator.index(n) for n in sizes]
+            except TypeError:
+                values = []
+            if not 1 <= len(values) <= 3 or min(values) < least:
+                raise KernelLaunchError(
+                    f"kernel {self.name}: the {what} is a tuple of 1 to 3 integers >= {least}, one per grid "
+                    f"dimension ((n,) for n work-items), got {sizes!r}")
+        if local_size is not None and len(local_size) != len(global_size):
+            raise KernelLaunchError(f"kernel {self.name}: global size {tuple(global_size)} and local size "
+                                    f"{tuple(local_size)} differ in their number of dimensions")
 
     def plan(self, global_size: Sequence[int], local_size: Sequence[int] | None, args: Sequence[Any],
              dynamic: Sequence[int]) -> Plan:

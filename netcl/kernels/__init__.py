@@ -238,6 +238,13 @@ def build(
     `dtype`'s (dtype_defines: T, ACC, ...). Its launches without a local size run exactly their global size
     (Program.exact_grid: the driver picks the work-group, as OpenCL's NULL local size means); with a local
     size the grid is rounded up to it."""
+    if not isinstance(text, str):
+        raise TypeError(f"kernels.build: the program is OpenCL C source text (a str), got "
+                        f"{type(text).__name__}")
+    if getattr(device, "cl_device", None) is None:
+        hint = " (a queue: its .device)" if hasattr(getattr(device, "device", None), "cl_device") else ""
+        raise TypeError(f"kernels.build: the first argument is the device to build for, manager.default() or "
+                        f"q.device; got {type(device).__name__}{hint}")
     if dtype is not None:
         defines = {**dtype_defines(dtype), **defines}
     opts = format_options(defines, options + EXTRA_OPTIONS)

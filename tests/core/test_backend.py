@@ -194,6 +194,45 @@ def test_a_users_kernel_without_a_local_size_runs_exactly_its_grid(device, queue
     np.testing.assert_array_equal(x.to_host(), np.r_[2 * np.arange(13), np.arange(13, 20)].astype(np.float32))
 
 
+def test_a_users_zero_grid_runs_nothing(device, queue):
+    """A grid with a zero size is a loop of no iterations (OpenCL 2.1's rule). Rounded up to one work-item, a
+    user's kernel without a bound check wrote the element an empty view starts at (x[5:5] doubled x[5])."""
+    prg = kernels.build(device, "__kernel void twice(__global float *x) { x[get_global_id(0)] *= 2.0f; }")
+    x = Tensor.from_host(queue, np.arange(10, dtype=np.float32))
+    empty = x[5:5]
+    for local in (None, (4,)):
+        prg.twice(queue, (0,), local, empty.buffer)
+        prg.twice(queue, (0, 3), None if local is None else (1, 1), empty.buffer)
+    np.testing.assert_array_equal(x.to_host(), np.arange(10, dtype=np.float32))
+
+
+def test_launch_geometry_and_arguments_are_checked_before_the_driver(device, queue):
+    """Sizes the driver would turn into a raw error, a ZeroDivisionError or (negative ones, rounded up to 1) a
+    launch of one work-item; and a positional launch with arguments missing, which ran with the previous
+    launch's values for them."""
+    prg = kernels.build(device, SCALE, OFFSET="0.0f")
+    x = Tensor.ones(queue, (8,))
+    args = (x.buffer, np.float32(2), np.int32(8))
+    for global_size, local_size in [((-5,), None), (8, None), ((8, 1, 1, 1), None), ((8.0,), None),
+                                    ((8,), (0,)), ((8,), 4)]:
+        with pytest.raises(KernelLaunchError, match=r"is a tuple of 1 to 3 integers >= [01].*\(n,\) for n"):
+            prg.scale(queue, global_size, local_size, *args)
+    with pytest.raises(KernelLaunchError, match=r"global size \(8,\) and local size \(4, 1\) differ"):
+        prg.scale(queue, (8,), (4, 1), *args)
+    prg.scale(queue, (8,), None, *args)
+    with pytest.raises(KernelLaunchError, match=r"scale\(x, a, n\) takes 3 arguments, got 1"):
+        prg.scale(queue, (8,), None, x.buffer)
+    prg.scale(device, (np.int64(8),), None, *args)  # a device means its queue, as as_queue reads it
+    for not_a_queue in (None, queue.cl):
+        with pytest.raises(DeviceError, match="expected a netcl Queue"):
+            prg.scale(not_a_queue, (8,), None, *args)
+    np.testing.assert_array_equal(x.to_host(), np.full(8, 4, np.float32))
+    with pytest.raises(TypeError, match=r"first argument is the device.*got Queue \(a queue: its \.device\)"):
+        kernels.build(queue, SCALE)
+    with pytest.raises(TypeError, match="OpenCL C source text"):
+        kernels.build(device, None)
+
+
 def test_a_refused_argument_is_named_with_what_the_kernel_wants(device, queue):
     """pyopencl's INVALID_VALUE / INVALID_ARG_SIZE named neither the argument nor the type it needs."""
     prg = kernels.build(device, SCALE, OFFSET="0.0f")
