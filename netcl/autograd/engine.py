@@ -324,23 +324,48 @@ def record(value: Tensor, parents: Sequence[Node], backward: BackwardFn, op: str
     """The node for `value` made from `parents`; `backward(grad)` returns one gradient per parent
     (None where none flows). Outside a tape, or when no parent requires grad, a plain node. `sums`: the rule
     may take a parent's gradient summed so far into its own (partial_gradient)."""
+    if not isinstance(value, Tensor) or isinstance(parents, (Node, Tensor)) or not callable(backward):
+        _refuse_record(value, parents, backward, op)
     state = _state
     if not (state.grad_enabled and state.tapes):
         return Node(value)
-    for p in parents:
-        if p.requires_grad:
-            break
-    else:
-        return Node(value)
+    try:
+        for p in parents:
+            if p.requires_grad:
+                break
+        else:
+            return Node(value)
+        # a parent no gradient can reach (a constant, an index) is not kept: None in its place
+        vertices = []
+        for p in parents:
+            vertices.append((p.grad_fn or p) if p.requires_grad else None)
+    except AttributeError:  # a parent that is not a Node
+        _refuse_record(value, parents, backward, op)
+        raise
     node = Node(value, requires_grad=True)
-    # a parent no gradient can reach (a constant, an index) is not kept: None in its place
-    vertices = []
-    for p in parents:
-        vertices.append((p.grad_fn or p) if p.requires_grad else None)
     node.grad_fn = GradFn(tuple(vertices), backward, value.shape, op, sums)
     node._op = op
     state.tapes[-1]._count += 1
     return node
+
+
+def _refuse_record(value: Any, parents: Any, backward: Any, op: str) -> None:
+    """The TypeError for record()'s arguments that are not (a Tensor, Nodes, a function)."""
+    where = f"record({op!r})"
+    if not isinstance(value, Tensor):
+        hint = " (a Node: pass its .value, the Tensor)" if isinstance(value, Node) else ""
+        raise TypeError(f"{where}: value is the op's result as a netcl Tensor, got "
+                        f"{type(value).__name__}{hint}")
+    if isinstance(parents, (Node, Tensor)):
+        raise TypeError(f"{where}: parents is a sequence of the op's input Nodes, got one "
+                        f"{type(parents).__name__}; write (x,) for one")
+    if not callable(backward):
+        raise TypeError(f"{where}: backward is a function of the output's gradient, got "
+                        f"{type(backward).__name__}")
+    for i, p in enumerate(parents):
+        if not isinstance(p, Node):
+            hint = (": pass the Node the op read (ag.tensor(t) makes one)" if isinstance(p, Tensor) else "")
+            raise TypeError(f"{where}: parent {i} is a {type(p).__name__}, not a Node{hint}")
 
 
 def needs_grad(*nodes: Node) -> bool:
@@ -541,6 +566,11 @@ def _run_rules(order: list[Node | GradFn], grads: dict[int, Tensor], claimed: se
             vertex.backward = None  # frees the tensors the rule saved
             vertex.parents = ()
             vertex.freed = True
+        if parent_grads is None or isinstance(parent_grads, (Tensor, Node, np.ndarray)):
+            raise NetclError(
+                f"backward rule of {vertex.op} returned {_kind(parent_grads)}, not one gradient per input: "
+                f"return a tuple of {len(parents)} (a Tensor or None each), (grad,) for one input"
+            )
         if len(parent_grads) != len(parents):
             raise NetclError(
                 f"backward rule of {vertex.op} returned {len(parent_grads)} gradients "
@@ -549,6 +579,12 @@ def _run_rules(order: list[Node | GradFn], grads: dict[int, Tensor], claimed: se
         for k, (parent, pg) in enumerate(zip(parents, parent_grads)):
             if pg is None or parent is None:
                 continue
+            if not isinstance(pg, Tensor):
+                raise TypeError(
+                    f"backward rule of {vertex.op} returned {_kind(pg)} as the gradient of input {k}; a "
+                    "gradient is a netcl Tensor (or None)"
+                    + (" (a Node: its .value)" if isinstance(pg, Node) else "")
+                )
             if type(parent) is GradFn:
                 shape = parent.shape
             elif parent.requires_grad:
@@ -563,6 +599,14 @@ def _run_rules(order: list[Node | GradFn], grads: dict[int, Tensor], claimed: se
             key = id(parent)
             prev = grads.get(key)
             grads[key] = pg if prev is None or (taken and k in taken) else _accumulate(prev, pg)
+
+
+def _kind(x: Any) -> str:
+    """What a rule returned, for its error: a type, with a shape where it has one."""
+    if x is None:
+        return "None"
+    shape = getattr(x, "shape", None)
+    return f"a {type(x).__name__}" + (f" of shape {tuple(shape)}" if shape is not None else "")
 
 
 def partial_gradient(index: int, shape: tuple[int, ...], dtype: Any, queue: Any) -> Tensor | None:

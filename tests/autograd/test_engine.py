@@ -98,6 +98,46 @@ def test_backward_errors(queue):
         ag.tensor(np.ones(3))
 
 
+def test_a_custom_ops_mistakes_are_named(queue):
+    """What a user's ag.record op gets wrong: a rule's bare Tensor was read as len(tensor) gradients
+    ("returned 3 gradients for 1 inputs", or a wrong shape from iterating its rows), one Node for parents as
+    its rows, a NumPy or Node gradient failed with AttributeError '_pending', a rule returning None with
+    'no len()'."""
+    def run(value, parents, backward, x):
+        with ag.Tape() as tape:
+            loss = ag.record(value(x), parents(x), backward, "square").sum()
+        tape.backward(loss)
+        return x.grad
+
+    def square(x):
+        return x.value * x.value
+
+    def one(x):
+        return (x,)
+
+    for shape in ((3,), (1, 2)):
+        row = _leaf(queue, np.ones(shape))
+        with pytest.raises(NetclError, match=r"square returned a Tensor of shape \(\d.*\(grad,\) for one"):
+            run(square, one, lambda g, row=row: g * 2 * row.value, row)
+    x = _leaf(queue, [1.0, 2.0, 3.0])
+    cases = [
+        (square, one, lambda g: None, NetclError, "square returned None, not one gradient per input"),
+        (square, one, lambda g: ((g * 2 * x.value).to_host(),), TypeError,
+         r"returned a ndarray of shape \(3,\) as the gradient of input 0; a gradient is a netcl Tensor"),
+        (square, one, lambda g: (ag.tensor(g),), TypeError, r"a Node of shape .*its \.value"),
+        (square, lambda x: x, lambda g: (g,), TypeError, r"parents is a sequence .*one Node; write \(x,\)"),
+        (square, lambda x: (x.value,), lambda g: (g,), TypeError, "parent 0 is a Tensor, not a Node"),
+        (lambda x: x * x, one, lambda g: (g,), TypeError, r"value is .* Tensor, got Node .*\.value"),
+        (square, one, None, TypeError, "backward is a function of the output's gradient"),
+    ]
+    for value, parents, backward, error, words in cases:
+        with pytest.raises(error, match=words):
+            run(value, parents, backward, x)
+    x.zero_grad()
+    np.testing.assert_array_equal(run(square, one, lambda g: [g * 2 * x.value], x).to_host(),
+                                  [2.0, 4.0, 6.0])  # a list is one gradient per parent too
+
+
 def test_seeded_backward_and_retain_grad(queue):
     x = _leaf(queue, [1.0, 2.0, 3.0])
     with ag.Tape() as tape:
