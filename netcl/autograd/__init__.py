@@ -21,6 +21,7 @@ from netcl.autograd import (
     loss,
     movement,
     nnops,
+    numerical,
     operators,
     reduce,
     sorting,
@@ -32,6 +33,7 @@ from netcl.autograd.engine import *  # noqa: F403
 from netcl.autograd.loss import *  # noqa: F403
 from netcl.autograd.movement import *  # noqa: F403
 from netcl.autograd.nnops import *  # noqa: F403
+from netcl.autograd.numerical import *  # noqa: F403  (gradcheck)
 from netcl.autograd.reduce import *  # noqa: F403
 from netcl.autograd.sorting import *  # noqa: F403
 from netcl.autograd.transformer import *  # noqa: F403
@@ -40,8 +42,8 @@ from netcl.ops import declaration
 
 operators.install()
 
-__all__ = [name for module in (engine, attention, elementwise, loss, movement, nnops, reduce, sorting,
-                                        transformer)
+__all__ = [name for module in (engine, attention, elementwise, loss, movement, nnops, numerical, reduce,
+                                        sorting, transformer)
            for name in module.__all__]
 
 
