@@ -185,9 +185,13 @@ class FusedFunction:
         tr = self.trace(args)
         tensors = [a for a in args if isinstance(a, Tensor)]
         queue = check_same_queue(*tensors)
-        gouts = (
-            [grad_outputs] if isinstance(grad_outputs, Tensor) or grad_outputs is None else list(grad_outputs)
-        )
+        single = isinstance(grad_outputs, (Tensor, np.ndarray)) or not isinstance(grad_outputs, (tuple, list))
+        gouts = [grad_outputs] if single else list(grad_outputs)
+        for j, g in enumerate(gouts):
+            if g is not None and not isinstance(g, Tensor):
+                raise TypeError(f"{self.__name__}.backward: the gradient of output {j} is a "
+                                f"{type(g).__name__}; gradients are Tensors on the inputs' queue (None: "
+                                "zero), one per output")
         if len(gouts) != len(tr.exprs):
             raise ShapeError(f"backward: {len(tr.exprs)} outputs but {len(gouts)} output gradients")
         mapping = self._mapping(tensors)

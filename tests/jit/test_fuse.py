@@ -72,6 +72,16 @@ def test_backward_broadcast_input_is_summed(queue, rng):
     assert_close(gb, (g * mask * a).sum(0).astype(np.float64), np.float32, rtol=1e-5)
 
 
+def test_backward_gradients_must_be_tensors(queue, rng):
+    """A NumPy gradient was read as one gradient per row ("1 outputs but 6 output gradients")."""
+    x = Tensor.from_host(queue, rng.standard_normal((6, 4)).astype(np.float32))
+    g = np.ones((6, 4), np.float32)
+    for given in (g, [g], 1.0):
+        with pytest.raises(TypeError, match=r"gelu_gate\.backward: the gradient of output 0 is a \w+; "
+                           "gradients are Tensors"):
+            gelu_gate.backward((x, x, x), given)
+
+
 @pytest.mark.parametrize("name", ["exp", "log", "sqrt", "sin", "cos", "tanh", "sigmoid", "silu", "softplus",
                                   "relu", "gelu", "abs", "rsqrt", "log1p", "expm1", "erf", "square",
                                   "reciprocal"])
