@@ -67,9 +67,16 @@ def normalize_axes(op: str, shape: tuple[int, ...], axis: Any) -> tuple[int, ...
     return tuple(sorted(out)) if nd else ()
 
 
-def _prologue(x: Tensor) -> ir.Node:
+def _tensor(op: str, x: Any) -> None:
+    """DTypeError naming the op for an input that is not a Tensor (checked before its dtype is read)."""
     if not isinstance(x, Tensor):
-        raise DTypeError(f"expected a Tensor, got {type(x).__name__}")
+        hint = ("; move it to the device first: Tensor.from_host(queue, array)"
+                if isinstance(x, (np.ndarray, list, tuple)) else "")
+        raise DTypeError(f"{op}: expected a Tensor, got {type(x).__name__}{hint}")
+
+
+def _prologue(x: Tensor, op: str) -> ir.Node:
+    _tensor(op, x)
     if x._pending is not None and x._pending.expr.op != "input":
         if builtins.any(n.op == "index" for n in ir.walk([x._pending.expr])):
             x.realize()
@@ -84,7 +91,7 @@ def _out_shape(shape: tuple[int, ...], axes: tuple[int, ...], keepdims: bool) ->
 
 def _reduce(op: str, reducer: str, x: Tensor, axis: Any, keepdims: bool, out_dtype: np.dtype,
             value_dtype: np.dtype | None = None, mean: bool = False) -> Tensor:
-    expr = _prologue(x)
+    expr = _prologue(x, op)
     if value_dtype is not None:
         expr = ir.cast(expr, value_dtype)
     axes = normalize_axes(op, x.shape, axis)
@@ -107,6 +114,7 @@ def _sum_dtype(dt: np.dtype) -> np.dtype:
 @torch_names
 def sum(x: Tensor, axis: Any = None, keepdims: bool = False, dtype: Any = None) -> Tensor:
     """Sum over `axis`."""
+    _tensor("sum", x)
     out_dt = dtypes.normalize(dtype) if dtype is not None else _sum_dtype(x.dtype)
     vdt = out_dt if (dtype is not None and ir.is_float(out_dt)) else None
     return _reduce("sum", "sum", x, axis, keepdims, out_dt, vdt)
@@ -115,6 +123,7 @@ def sum(x: Tensor, axis: Any = None, keepdims: bool = False, dtype: Any = None) 
 @torch_names
 def mean(x: Tensor, axis: Any = None, keepdims: bool = False) -> Tensor:
     """Arithmetic mean over `axis` (NaN for an empty axis)."""
+    _tensor("mean", x)
     dt = _int_to_float(x.dtype)
     return _reduce("mean", "sum", x, axis, keepdims, dt, dt, mean=True)
 
@@ -122,6 +131,7 @@ def mean(x: Tensor, axis: Any = None, keepdims: bool = False) -> Tensor:
 @torch_names
 def prod(x: Tensor, axis: Any = None, keepdims: bool = False) -> Tensor:
     """Product over `axis`."""
+    _tensor("prod", x)
     return _reduce("prod", "prod", x, axis, keepdims, _sum_dtype(x.dtype))
 
 
@@ -129,6 +139,7 @@ def prod(x: Tensor, axis: Any = None, keepdims: bool = False) -> Tensor:
 def max(x: Tensor, axis: Any = None, keepdims: bool = False) -> Tensor:
     """Maximum over `axis` (NaN if any element is NaN). Spelled as in PyTorch, `max(x, dim=d)` returns
     PyTorch's pair (values, indices) (shapes.ValuesIndices)."""
+    _tensor("max", x)
     return _reduce("max", "max", x, axis, keepdims, x.dtype)
 
 
@@ -136,6 +147,7 @@ def max(x: Tensor, axis: Any = None, keepdims: bool = False) -> Tensor:
 def min(x: Tensor, axis: Any = None, keepdims: bool = False) -> Tensor:
     """Minimum over `axis` (NaN if any element is NaN). `min(x, dim=d)` returns (values, indices), as
     PyTorch's does."""
+    _tensor("min", x)
     return _reduce("min", "min", x, axis, keepdims, x.dtype)
 
 
@@ -172,6 +184,7 @@ def all(x: Tensor, axis: Any = None, keepdims: bool = False) -> Tensor:
 @torch_names
 def logsumexp(x: Tensor, axis: Any = None, keepdims: bool = False) -> Tensor:
     """log(sum(exp(x))) over `axis`, computed in one pass with a running maximum."""
+    _tensor("logsumexp", x)
     dt = _int_to_float(x.dtype)
     return _reduce("logsumexp", "lse", x, axis, keepdims, dt, dt)
 
@@ -179,6 +192,7 @@ def logsumexp(x: Tensor, axis: Any = None, keepdims: bool = False) -> Tensor:
 @torch_names
 def var(x: Tensor, axis: Any = None, keepdims: bool = False, ddof: int = 0) -> Tensor:
     """Variance over `axis`: mean of squared deviations from the mean (two passes), / (n - ddof)."""
+    _tensor("var", x)
     axes = normalize_axes("var", x.shape, axis)
     n = math.prod(x.shape[d] for d in axes)
     xf = x if ir.is_float(x.dtype) else x.astype(ir.F32)
@@ -191,12 +205,13 @@ def var(x: Tensor, axis: Any = None, keepdims: bool = False, ddof: int = 0) -> T
 @torch_names
 def std(x: Tensor, axis: Any = None, keepdims: bool = False, ddof: int = 0) -> Tensor:
     """Standard deviation: sqrt(var)."""
+    _tensor("std", x)
     return sqrt(var(x, axis=axis, keepdims=keepdims, ddof=ddof))
 
 
 def _rowwise(op: str, mode: str, x: Tensor, axis: int) -> Tensor:
     shapes.size(axis, f"{op}: axis", minimum=None)
-    expr = _prologue(x)
+    expr = _prologue(x, op)
     if x.ndim == 0:
         raise ShapeError(f"{op}: needs at least one axis (got a 0-d tensor)")
     ax = normalize_axes(op, x.shape, axis)
@@ -256,7 +271,7 @@ def cumsum(x: Tensor, axis: int) -> Tensor:
     """Inclusive prefix sum along `axis` (int64 for integer/bool input, like NumPy)."""
     if not isinstance(axis, (int, np.integer)):
         raise ShapeError(f"cumsum: axis must be one int, got {axis!r}")
-    expr = _prologue(x)
+    expr = _prologue(x, "cumsum")
     if x.ndim == 0:
         x = x.reshape(1)
         expr = lazy.operand(x, [])
@@ -274,7 +289,7 @@ TOPK_MAX = 64
 def topk(x: Tensor, k: int, axis: int = -1) -> tuple[Tensor, Tensor]:
     """The k largest values along `axis`, sorted descending, and their int64 indices (ties: lower
     index first). Meant for small k (at most 64): each row is scanned once with a sorted buffer."""
-    expr = _prologue(x)
+    expr = _prologue(x, "topk")
     if x.ndim == 0:
         raise ShapeError("topk: needs at least one axis (got a 0-d tensor)")
     (ax,) = normalize_axes("topk", x.shape, axis)

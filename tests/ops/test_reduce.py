@@ -10,7 +10,7 @@ import pytest
 from netcl import ops
 from netcl.core import capture, dtypes
 from netcl.core.tensor import Tensor
-from netcl.errors import ShapeError
+from netcl.errors import DTypeError, ShapeError
 from netcl.jit import reduce as jreduce
 from netcl.profiling import count_launches
 from tests.reference import assert_close
@@ -277,6 +277,17 @@ def test_empty_and_errors(queue):
         ops.sum(x, (1, -1))
     with pytest.raises(ShapeError, match="k=5"):
         ops.topk(x, 5)
+
+
+@pytest.mark.parametrize("name", ["sum", "mean", "prod", "max", "min", "argmax", "logsumexp", "var", "std",
+                                  "softmax", "cumsum"])
+def test_a_reduction_of_what_is_not_a_tensor_names_itself(name):
+    """sum, mean, prod, max, min, logsumexp, var and std read x.dtype or x.shape first: AttributeError for
+    None or a list; the others said 'expected a Tensor' without the op."""
+    op = getattr(ops, name)
+    for bad, hint in ((None, ""), (np.ones(3), "; move it to the device first"), ([1.0, 2.0], "; move it")):
+        with pytest.raises(DTypeError, match=rf"^{name}: expected a Tensor, got {type(bad).__name__}{hint}"):
+            op(bad, 0) if name == "cumsum" else op(bad)
 
 
 @pytest.mark.parametrize("softmax_reg", [8, 0])
