@@ -219,8 +219,13 @@ class Profile:
         """Device time of everything recorded (sum of event durations)."""
         return sum(r.total for r in self.rows("kind"))
 
-    def report(self, by: tuple[str, ...] | str = ("kernel", "op"), file: Any = None, top: int = 30) -> str:
-        """Print the table(s) (to `file`, stdout by default) and return the text."""
+    def report(self, by: tuple[str, ...] | str = ("kernel", "op"), file: Any = None,
+               top: int | None = 30) -> str:
+        """Print the table(s) (to `file`, stdout by default) and return the text: the `top` largest rows of
+        each (None: all), the rest summed in a last row."""
+        if top is not None and (not isinstance(top, int) or isinstance(top, bool) or top < 0):
+            raise ValueError(f"report: top is how many rows to show, an int >= 0 (None: every row), got "
+                             f"{top!r}")
         self.reported = True
         parts = []
         for group in (by,) if isinstance(by, str) else by:

@@ -312,6 +312,9 @@ def test_trace_schema_check_catches_partial_overlap():
 def test_rows_by_unknown_group_is_an_error():
     with pytest.raises(ValueError, match="choose one of"):
         profiling.profile().rows("device")
+    for top in ("3", -1, 2.5):  # a str raised TypeError from the slice; -1 hid the last row
+        with pytest.raises(ValueError, match=r"top is how many rows to show, an int >= 0"):
+            profiling.profile().report(top=top)
 
 
 SCRIPT = """
