@@ -122,11 +122,19 @@ class Profile:
         self.stop()
 
     def stop(self) -> None:
-        """Stop recording (waits for the recorded events) and give queues back their own timing setting."""
-        t_end = _now()
+        """Stop recording, give queues back their own timing setting, and wait for the recorded work: the wall
+        time ends when the block's last command has (launches return at once, so a block that reads nothing
+        back ended before its device work did: "device time 2.6 ms in 2.5 ms of wall time")."""
         if not profile_hooks.detach(self):
             return
-        self.t_end = t_end
+        with self._lock:
+            for rec in self._pending:
+                if rec[EVENT] is not None:
+                    try:
+                        rec[EVENT].wait()
+                    except Exception:  # (a failed command: _drain counts it without device time)
+                        pass
+        self.t_end = _now()
         self._drain()
 
     def _add(self, rec: list) -> None:

@@ -4,6 +4,7 @@ NETCL_PROFILE and `netcl profile`; netcl.memory_summary against BufferPool stats
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -307,6 +308,20 @@ def test_trace_schema_check_catches_partial_overlap():
            "displayTimeUnit": "ms"}
     with pytest.raises(AssertionError, match="overlaps"):
         check_trace_schema(bad)
+
+
+def test_the_wall_time_spans_the_blocks_device_work(queue):
+    """A block that only enqueues ends before its device work: the footer said "device time 2.6 ms in 2.5 ms
+    of wall time"."""
+    a = Tensor.randn(queue, (256, 256), seed=0)
+    (a @ a).realize()
+    queue.finish()
+    with profiling.profile() as prof:
+        for _ in range(8):
+            (a @ a).realize()  # enqueued; nothing reads it back
+    wall = (prof.t_end - prof.t_start) * 1e-9
+    assert 0 < prof.device_seconds <= wall * 1.01 + 1e-4
+    assert f"in {wall * 1e3:.1f} ms of wall time" in prof.report(file=io.StringIO())
 
 
 def test_rows_by_unknown_group_is_an_error():
