@@ -177,6 +177,9 @@ class Balancer:
         self.ddp = ddp
         self.group = ddp.group
         self.rank, self.world = self.group.rank, self.group.world_size
+        if not isinstance(global_batch, (int, np.integer)) or isinstance(global_batch, bool):
+            raise TypeError(f"Balancer: global_batch is the samples of one step on all ranks together, an "
+                            f"integer; got {global_batch!r}")
         self.global_batch = int(global_batch)
         if self.global_batch < self.world:
             raise ValueError(f"Balancer: a global batch of {global_batch} cannot give each of {self.world} "

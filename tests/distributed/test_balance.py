@@ -116,6 +116,9 @@ def _check_one_process_balancer(queue):
         dist.Balancer(ddp, 8, mode="on", optimizer=opt, probe=-1)
     with pytest.raises(ValueError, match="margin is a fraction of a step"):
         dist.Balancer(ddp, 8, mode="on", optimizer=opt, margin=1.0)
+    for batch in (None, 2.5, "8"):  # None raised int()'s TypeError, 2.5 was taken for 2 and "8" for 8
+        with pytest.raises(TypeError, match="global_batch is the samples of one step on all ranks"):
+            dist.Balancer(ddp, batch, mode="on", optimizer=opt)
     balancer = dist.Balancer(ddp, 8, mode="on", optimizer=opt)
     assert balancer.shares == [8] and balancer.working and balancer.left_out == []
     balancer.synchronize()  # nobody is behind: nothing to copy
