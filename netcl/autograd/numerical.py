@@ -49,18 +49,13 @@ def gradcheck(fn: Callable[..., Node], inputs: Sequence[Any], *, eps: float = 1e
         raise TypeError(f"gradcheck: fn must return one Node, got {type(out).__name__}")
     w = np.random.default_rng(seed).standard_normal(out.shape)
     hosts = {i: inputs[i].value.to_host().astype(np.float64) for i in checked}
-    saved = {i: inputs[i].grad for i in checked}
-    for i in checked:
-        inputs[i].grad = None
-    try:
-        if out.requires_grad:
-            tape.backward(out, Tensor.from_host(out.queue, w.astype(out.dtype)))
-        analytic = {i: (inputs[i].grad.to_host().astype(np.float64) if inputs[i].grad is not None
-                        else np.zeros_like(hosts[i])) for i in checked}
-        reached = {i: inputs[i].grad is not None for i in checked}
-    finally:
-        for i in checked:
-            inputs[i].grad = saved[i]
+    grads = [None] * len(checked)
+    if out.requires_grad:  # (returned, not accumulated into any .grad)
+        seed_grad = Tensor.from_host(out.queue, w.astype(out.dtype))
+        grads = tape.gradient(out, [inputs[i] for i in checked], seed_grad, allow_unused=True)
+    analytic = {i: np.zeros_like(hosts[i]) if g is None else g.to_host().astype(np.float64)
+                for i, g in zip(checked, grads)}
+    reached = {i: g is not None for i, g in zip(checked, grads)}
 
     def loss(i: int, values: np.ndarray) -> float:
         args = [Node(Tensor.from_host(a.queue, values)) if k == i else a for k, a in enumerate(inputs)]

@@ -36,6 +36,9 @@ def test_several_inputs_and_constants(queue):
     b = ag.tensor(Tensor.from_host(queue, rng.standard_normal((4, 5))), requires_grad=True)
     const = ag.tensor(Tensor.from_host(queue, rng.standard_normal(5)))
     assert ag.gradcheck(lambda a, b, c, s: ag.tanh(ag.matmul(a, b) + c) * s, [a, b, const, 0.5])
+    with ag.Tape():
+        inner = ag.tanh(a)  # an intermediate node is checked as the input it is to fn
+    assert ag.gradcheck(lambda h, b: ag.matmul(h * h, b), [inner, b]) and a.grad is None
 
     def off_by_one_hundredth(a, b):  # the rule of b only is wrong
         return ag.record(a.value @ b.value, (a, b), lambda g: (g @ b.value.T, a.value.T @ g + 0.01), "mm")
