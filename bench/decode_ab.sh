@@ -28,9 +28,10 @@ dec() { local tree=$1 label=$2; shift 2; local t=$(left); [ "$t" -gt 50 ] || { e
   grep -E "netcl generate|copy bandwidth|Error|error" "$LOGS/$label.txt" | head -4
   case $label in *t) tail -32 "$LOGS/$label.txt";; esac; tar czf "$OUT/logs.tgz" -C /tmp logs; }
 G="--gen-tokens 48"; L="--prompt-tokens 450 --gen-tokens 32"
-dec "$ROOT" C1 $G; dec "$BASE" B1 $G; dec "$ROOT" Q4 $G --attention-head-split 4; dec "$ROOT" Q2 $G --attention-head-split 2
-dec "$ROOT" C2 $G; dec "$BASE" B2 $G; dec "$ROOT" Q4b $G --attention-head-split 4
-dec "$ROOT" L1 $L; dec "$ROOT" LQ4 $L --attention-head-split 4
+dec "$ROOT" C1 $G; dec "$ROOT" Q4 $G --attention-head-split 4; dec "$BASE" B1 $G
+dec "$ROOT" C2 $G; dec "$ROOT" Q4b $G --attention-head-split 4
+dec "$ROOT" L1 $L; dec "$ROOT" LQ4 $L --attention-head-split 4; dec "$ROOT" Q2 $G --attention-head-split 2
+dec "$BASE" B2 $G
 t=$(left); [ "$t" -gt 70 ] && { echo "== launch_cost"; (cd "$ROOT" && PYTHONPATH=$ROOT${SITE:+:$SITE} timeout $((t - 15)) \
   python3 bench/launch_cost.py --gpu --steps mlp,cnn,resnet,gpt --python-only > "$LOGS/launch_cost.txt" 2>&1; echo "rc=$?")
   tail -16 "$LOGS/launch_cost.txt"; tar czf "$OUT/logs.tgz" -C /tmp logs; }
