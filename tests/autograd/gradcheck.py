@@ -1,4 +1,5 @@
-"""Finite-difference gradient check in float64 on the test device.
+"""Finite-difference gradient check in float64 on the test device: the tests' spelling of netcl's
+`ag.gradcheck` (one implementation of central differences, netcl/autograd/numerical.py).
 
 `check_grads(queue, f, inputs)`: f maps Nodes to a Node; the scalar checked is sum(w * f(x)) for
 a fixed random w, so every output element matters. Analytic gradients come from the tape
@@ -26,38 +27,9 @@ def check_grads(
     seed: int = 0,
     extra: Sequence[Tensor] = (),
 ) -> None:
-    rng = np.random.default_rng(seed)
+    """Raise (ag.GradcheckError, an AssertionError) where the tape's gradient of an input in `wrt` (default:
+    all) differs from central differences: |tape - numeric| > atol + rtol * |numeric|."""
     arrays = [np.asarray(a, dtype=np.float64) for a in inputs]
-    wrt = list(range(len(arrays))) if wrt is None else list(wrt)
-
-    def forward(arrs: Sequence[np.ndarray]) -> np.ndarray:
-        nodes = [ag.tensor(Tensor.from_host(queue, a)) for a in arrs]
-        return f(*nodes, *extra).value.to_host().astype(np.float64)
-
-    out0 = forward(arrays)
-    w = rng.standard_normal(out0.shape)
-    with ag.Tape() as tape:
-        nodes = [
-            ag.tensor(Tensor.from_host(queue, a), requires_grad=(i in wrt)) for i, a in enumerate(arrays)
-        ]
-        out = f(*nodes, *extra)
-    tape.backward(out, Tensor.from_host(queue, w.astype(out.dtype)))
-    for i in wrt:
-        analytic = nodes[i].grad.to_host() if nodes[i].grad is not None else np.zeros_like(arrays[i])
-        numeric = np.zeros_like(arrays[i])
-        flat = arrays[i].reshape(-1)
-        for j in range(flat.size):
-            keep = flat[j]
-            flat[j] = keep + eps
-            up = float(np.sum(w * forward(arrays)))
-            flat[j] = keep - eps
-            down = float(np.sum(w * forward(arrays)))
-            flat[j] = keep
-            numeric.reshape(-1)[j] = (up - down) / (2 * eps)
-        np.testing.assert_allclose(
-            analytic,
-            numeric,
-            rtol=rtol,
-            atol=atol,
-            err_msg=f"gradient of input {i} (shape {arrays[i].shape})",
-        )
+    wrt = set(range(len(arrays))) if wrt is None else set(wrt)
+    nodes = [ag.tensor(Tensor.from_host(queue, a), requires_grad=(i in wrt)) for i, a in enumerate(arrays)]
+    ag.gradcheck(f, [*nodes, *extra], eps=eps, atol=atol, rtol=rtol, seed=seed)
