@@ -7,6 +7,7 @@ from __future__ import annotations
 from netcl import ops
 from netcl.autograd.declared import OPS
 from netcl.autograd.engine import Node, as_node, record
+from netcl.core import shapes
 from netcl.core.shapes import torch_names
 from netcl.core.tensor import Tensor
 
@@ -29,13 +30,8 @@ def contiguous(x: Node) -> Node:
 def flatten(x: Node, start_dim: int = 0, end_dim: int = -1) -> Node:
     """Axes start_dim..end_dim merged into one (torch.flatten: all of them unless told; nn.Flatten keeps
     the batch axis with its start_dim=1)."""
-    shape = x.shape
-    nd = len(shape)
-    s, e = start_dim % nd, end_dim % nd
-    merged = 1
-    for d in shape[s : e + 1]:
-        merged *= d
-    return reshape(x, shape[:s] + (merged,) + shape[e + 1 :])
+    x = as_node(x)
+    return reshape(x, shapes.flattened(x.shape, start_dim, end_dim))
 
 
 @torch_names

@@ -120,6 +120,21 @@ def axis(value: Any, ndim: int, what: str = "axis", shape_of: Sequence[int] | No
     return a % ndim
 
 
+def flattened(shape: Sequence[int], start_dim: Any = 0, end_dim: Any = -1) -> tuple[int, ...]:
+    """The shape with axes start_dim..end_dim merged into one (torch.flatten's; a 0-d shape gives (1,))."""
+    shape = tuple(shape)
+    if not shape:
+        return (1,)
+    s = axis(start_dim, len(shape), "flatten: start_dim", shape_of=shape)
+    e = axis(end_dim, len(shape), "flatten: end_dim", shape_of=shape)
+    if s > e:
+        raise ShapeError(f"flatten: start_dim {start_dim} comes after end_dim {end_dim} (shape {shape})")
+    merged = 1
+    for d in shape[s : e + 1]:
+        merged *= d
+    return shape[:s] + (merged,) + shape[e + 1 :]
+
+
 class ElementCount(int):
     """What `Tensor.size` is: NumPy's number of elements, an int (`t.size == 0`, `range(t.size)`), and,
     called, PyTorch's size(): `t.size()` the shape, `t.size(dim)` one dimension (a negative dim counts from

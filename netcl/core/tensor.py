@@ -128,7 +128,6 @@ _PYTORCH_SPELLINGS = {
     "type": "x.dtype, and x.astype(dtype) to convert",
     "is_cuda": "x.device (the netcl device handle: x.device.describe())",
     "new_zeros": "Tensor.zeros(x.queue, shape, x.dtype)",
-    "flatten": "x.reshape(-1) (or x.reshape(x.shape[0], -1) for PyTorch's flatten(1))",
     "amax": "x.max(axis=...) (NumPy's: the values alone)",
     "amin": "x.min(axis=...) (NumPy's: the values alone)",
     "mT": "x.transpose(-1, -2)",
@@ -692,6 +691,12 @@ class Tensor:
         """The elements in one axis, in row-major order: a view where the layout allows it, else a contiguous
         copy (NumPy's and PyTorch's ravel; reshape(-1))."""
         return self.reshape(self.size)
+
+    def flatten(self, start_dim: int = 0, end_dim: int = -1) -> Tensor:
+        """Axes start_dim..end_dim merged into one (torch.flatten: every axis unless told, so a 0-d tensor
+        gives one element; `x.flatten(1)` keeps the batch axis): a view where the layout allows it, else a
+        contiguous copy."""
+        return self.reshape(shapes.flattened(self.shape, start_dim, end_dim))
 
     def expand_dims(self, axis: Any) -> Tensor:
         """New axes of size 1 at `axis` (an int or a sequence), positions in the result as np.expand_dims

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import netcl.autograd as ag
 from netcl.core.tensor import Tensor, check_same_queue
 from netcl.errors import DeviceMismatchError, DTypeError, ScalarOverflowError, ShapeError
 
@@ -206,6 +207,25 @@ def test_swapaxes_moveaxis_ravel_expand_dims_match_numpy(queue, rng):
         t.expand_dims((0, -5))
     with pytest.raises(ShapeError, match="out of range"):
         t.expand_dims(5)
+
+
+def test_flatten_matches_torch_flatten(queue, rng):
+    """x.flatten(start_dim, end_dim) as torch.flatten (and the Node's the same shapes): every axis by default,
+    a 0-d tensor one element, a view where the layout allows; bad axes named."""
+    a = rng.standard_normal((2, 3, 4, 5)).astype(np.float32)
+    t = Tensor.from_host(queue, a)
+    for args, shape in (((), (120,)), ((1,), (2, 60)), ((1, 2), (2, 12, 5)), ((-2,), (2, 3, 20)),
+                        ((0, 0), (2, 3, 4, 5)), ((2, -1), (2, 3, 20))):
+        got = t.flatten(*args)
+        assert got.shape == shape and got.storage is t.storage, args
+        np.testing.assert_array_equal(got.to_host(), a.reshape(shape))
+        assert ag.flatten(ag.tensor(t), *args).shape == shape
+    assert Tensor.from_host(queue, np.float32(3.0)).flatten().shape == (1,)
+    np.testing.assert_array_equal(t.swapaxes(0, 3).flatten(1).to_host(), a.swapaxes(0, 3).reshape(5, -1))
+    with pytest.raises(ShapeError, match="start_dim 2 comes after end_dim 1"):
+        t.flatten(2, 1)
+    with pytest.raises(ShapeError, match="flatten: end_dim 4 is out of range"):
+        t.flatten(0, 4)
 
 
 def test_copy_into_strided_view_and_overlap(queue, rng):
