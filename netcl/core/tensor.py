@@ -68,11 +68,15 @@ def check_same_queue(*tensors: Tensor) -> Queue:
     first = tensors[0]
     for t in tensors[1:]:
         if t.queue is not first.queue:
-            same_device = t.queue.device is first.queue.device
+            if t.queue.device is first.queue.device:  # the two reprs would read the same
+                raise DeviceMismatchError(
+                    f"tensors of two different queues of one device, {first.queue.device.describe()}, met in "
+                    f"one operation (nothing orders one queue's work after the other's). Move one with "
+                    "`.to(queue)` first, or make both on one queue"
+                )
             raise DeviceMismatchError(
-                f"tensors of two different {'queues' if same_device else 'devices'} met in one "
-                f"operation: {first.queue!r} and {t.queue!r}. Move one with "
-                "`.to(queue)` first"
+                f"tensors of two different devices met in one operation: {first.queue!r} and {t.queue!r}. "
+                "Move one with `.to(queue)` first"
             )
     return first.queue
 
