@@ -634,7 +634,7 @@ def arange(q: Any, start: Any, stop: Any = None, step: Any = 1, dtype: Any = Non
             dt = dtypes.float32
     else:
         dt = dtypes.normalize(dtype)
-    cdt = dt if dt.kind == "f" else dtypes.int64
+    cdt = dt if dtypes.is_floating(dt) else dtypes.int64  # (bfloat16 is kind "V" to NumPy)
     expr = ir.binary("add", ir.param(start, cdt),
                      ir.binary("mul", ir.cast(ir.index(1), cdt), ir.param(step, cdt), cdt), cdt)
     queue = as_queue(q)

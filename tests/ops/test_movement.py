@@ -8,6 +8,7 @@ import pytest
 import netcl
 import netcl.autograd as ag
 from netcl import ops
+from netcl.core import dtypes
 from netcl.core.tensor import Tensor
 from netcl.errors import DTypeError, ShapeError
 from netcl.graph import Graph
@@ -237,6 +238,10 @@ def test_arange_one_hot_repeat(queue, rng):
     np.testing.assert_array_equal(ops.arange(queue, 7).to_host(), np.arange(7))
     np.testing.assert_allclose(ops.arange(queue, 1.0, 2.0, 0.25).to_host(), np.arange(1.0, 2.0, 0.25))
     np.testing.assert_array_equal(ops.arange(queue, 10, 0, -3).to_host(), np.arange(10, 0, -3))
+    for half in (dtypes.float16, dtypes.bfloat16):  # half steps kept (bfloat16's were taken as integers: 0s)
+        got = ops.arange(queue, -1, 1, 0.25, dtype=half)
+        assert got.dtype == half
+        np.testing.assert_array_equal(got.to_host().astype(np.float32), np.arange(-1, 1, 0.25))
     ids = np.array([[0, 3], [2, 1]], np.int32)
     oh = ops.one_hot(T(queue, ids), 4)
     assert oh.dtype == np.int64
