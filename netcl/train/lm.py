@@ -411,6 +411,8 @@ def run_train(args: argparse.Namespace) -> int:
                file=sys.stderr, dynamic_ncols=True)
     pending: list[Tensor] = []
     t0, last_t, last_step = time.perf_counter(), time.perf_counter(), start
+    # the step the checkpoint file holds (a Ctrl-C inside checkpoint() leaves the one before it)
+    saved_step = start if resume_from is not None else None
     report_every = 10
     try:
         for step in range(start, s["steps"]):
@@ -460,18 +462,18 @@ def run_train(args: argparse.Namespace) -> int:
                 if balancer is not None:
                     balancer.synchronize(needed_by=[0])  # rank 0 writes the checkpoint
                 checkpoint(n)
+                saved_step = n
                 if run.evaluated([(f"step {m}", v) for m, v in history["val_loss"]]):
                     break
     except KeyboardInterrupt:  # Ctrl-C: the last checkpoint stays; say how to go on
         bar.close()
         run.tb.close()
-        last = history["val_loss"][-1][0] if history["val_loss"] else None
         log(
             "interrupted; "
             + (
-                f"{out / CHECKPOINT_FILE} holds step {last}: `netcl lm-train --resume {out}` "
+                f"{out / CHECKPOINT_FILE} holds step {saved_step}: `netcl lm-train --resume {out}` "
                 "continues from there"
-                if last is not None
+                if saved_step is not None
                 else "no checkpoint was written yet"
             )
         )

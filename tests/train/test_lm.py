@@ -20,7 +20,7 @@ from netcl.core.tensor import Tensor
 from netcl.io.checkpoint import read_checkpoint
 from netcl.models import GPT, GPTConfig
 from netcl.text import BPETokenizer, ChatFormat
-from netcl.train import generate, lm
+from netcl.train import generate, lm, runs
 from netcl.train.lm import fit_dialog, load_model_dir
 from tests.distributed.launching import ROOT, environment, two_devices
 
@@ -163,6 +163,28 @@ def test_resume_after_an_interruption_gives_the_same_run(corpus_dir, trained, tm
     hb = read_checkpoint(out / "checkpoint.safetensors")[1]["extra"]["history"]
     np.testing.assert_allclose(hb["loss"], ha["loss"], rtol=1e-5)
     np.testing.assert_allclose(hb["val_loss"], ha["val_loss"], rtol=1e-5)
+
+
+def test_ctrl_c_while_a_checkpoint_is_written_names_the_step_the_file_still_holds(
+    corpus_dir, tmp_path, monkeypatch, capsys
+):
+    """A Ctrl-C inside the step-4 checkpoint leaves the step-2 one: the message said 'holds step 4' (the last
+    evaluation), and `--resume` then went on from step 2."""
+    out = tmp_path / "lm"
+    real, calls = runs.Run.save, []
+
+    def interrupt_second(self, *a, **k):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(runs.Run, "save", interrupt_second)
+    assert main(_args(corpus_dir, out, "--steps", "4", "--eval-every", "2", "--warmup", "1",
+                      "--samples", "0")) == 130
+    assert f"{out / 'checkpoint.safetensors'} holds step 2: `netcl lm-train --resume {out}`" in \
+        capsys.readouterr().out
+    assert read_checkpoint(out / "checkpoint.safetensors")[1]["step"] == 2
 
 
 def test_resume_with_more_steps_stretches_the_schedule(corpus_dir, tmp_path, capsys):
