@@ -232,6 +232,9 @@ class MultiHeadAttention(Module):
                 f"MultiHeadAttention: rope must be a RoPE of head_dim {self.head_dim}, got {rope!r}"
             )
         self.dropout = _probability(dropout, "MultiHeadAttention: dropout")
+        if self.dropout == 1.0:  # (refused here, not at the first training forward by flash_attention)
+            raise ValueError("MultiHeadAttention: dropout must be in [0, 1), got 1.0: attention's "
+                             "probabilities are rescaled by 1 / (1 - dropout)")
         self.causal = bool(causal)
         self.generator = generator
         self.rope = rope

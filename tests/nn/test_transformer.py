@@ -273,6 +273,11 @@ def test_attention_errors(queue):
         MultiHeadAttention(queue, 10, 4)
     with pytest.raises(ShapeError, match="RoPE of head_dim 4"):
         MultiHeadAttention(queue, 8, 2, rope=RoPE(queue, 8, 4))
+    # a dropout of 1 was taken, then the first training forward raised flash_attention's 'dropout_p' error
+    for make in (lambda: MultiHeadAttention(queue, 8, 2, dropout=1.0),
+                 lambda: TransformerBlock(queue, 8, 2, 16, attn_dropout=1)):
+        with pytest.raises(ValueError, match=r"MultiHeadAttention: dropout must be in \[0, 1\), got 1.0"):
+            make()
     attn = MultiHeadAttention(queue, 8, 2)
     with pytest.raises(ShapeError, match=r"\(batch, positions, 8\)"):
         attn(ag.tensor(Tensor.zeros(queue, (2, 3, 6))))
