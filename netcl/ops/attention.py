@@ -1033,8 +1033,9 @@ def _dq_rows(dq: Tensor) -> dict[str, Any]:
 
 
 def _rows_contiguous(t: Tensor) -> Tensor:
-    """t itself when its last axis is contiguous (read in place), else a contiguous copy."""
-    if t.shape[-1] == 1 or t.strides[-1] == 1:
+    """t itself when its last axis is contiguous (read in place), else a contiguous copy; anything but a 4-D
+    Tensor as it is, for _Problem's checks to name."""
+    if not isinstance(t, Tensor) or t.ndim != 4 or t.shape[-1] == 1 or t.strides[-1] == 1:
         return t
     return t.contiguous()
 

@@ -953,6 +953,13 @@ def test_bad_input(queue, rng):
     nq, nk, nv = dev(queue, q), dev(queue, k), dev(queue, v)
     with pytest.raises(ShapeError, match="4-D"):
         ops.flash_attention(nq[0], nk, nv)
+    # a NumPy array or a 0-d Tensor raised AttributeError ('contiguous') or IndexError before the checks
+    with pytest.raises(TypeError, match="k must be a Tensor, got ndarray"):
+        ops.flash_attention(nq, k, nv)
+    with pytest.raises(TypeError, match="q must be a Tensor, got ndarray"):
+        ops.flash_attention_backward(q, nk, nv, nq, nq, nq)
+    with pytest.raises(ShapeError, match="v must be 4-D"):
+        ops.flash_attention(nq, nk, dev(queue, np.float32(1)))
     with pytest.raises(ShapeError, match="kv heads"):
         ops.flash_attention(nq, dev(queue, rng.standard_normal((1, 3, 6, 32)).astype(np.float32)),
                             dev(queue, rng.standard_normal((1, 3, 6, 32)).astype(np.float32)))
