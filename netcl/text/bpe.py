@@ -19,7 +19,7 @@ import regex
 from . import formats
 from .errors import SpecialTokenError, TokenIdTypeError, UnknownTokenError
 from .merge import byte_pair_split
-from .patterns import pre_splitter, tokenizer_pattern
+from .patterns import named_or_regex, pre_splitter, tokenizer_pattern
 from .training import learn_merges
 
 AllowedSpecial = Literal["none_raise", "none", "all"] | Iterable[str]
@@ -464,7 +464,7 @@ class BPETokenizer:
             )
         if not isinstance(name, str):
             raise TypeError(f"name must be str, got {type(name).__name__}")
-        pattern = tokenizer_pattern(pattern)
+        pattern = named_or_regex(pattern)
         split = pre_splitter(pattern)
         cutter = _special_regex(specials) if specials else None
         counts: Counter[str] = Counter()
@@ -519,6 +519,7 @@ class BPETokenizer:
     ) -> BPETokenizer:
         """Load a ``.tiktoken`` rank file; the pattern and special tokens must be given (the file lacks
         them)."""
+        pattern = named_or_regex(pattern)
         return cls(formats.read_tiktoken(path), pattern, special_tokens, name=name or Path(path).stem)
 
     def save_hf(self, path: str | os.PathLike) -> None:

@@ -70,6 +70,22 @@ def tokenizer_pattern(pattern: str | None) -> str | None:
     return pattern
 
 
+_BARE_WORD = regex.compile(r"[A-Za-z][A-Za-z0-9_-]*")
+
+
+def named_or_regex(pattern: str | None) -> str | None:
+    """tokenizer_pattern of a pattern a user typed: a bare word that names no pattern ("cl100k_base",
+    "GPT2") is refused as the misspelt name it is (as a regex it would cut only that literal word out of the
+    text, and the text between would go unsplit). Patterns read from tokenizer files are not judged so."""
+    if isinstance(pattern, str) and pattern not in NAMED_PATTERNS and _BARE_WORD.fullmatch(pattern):
+        raise ValueError(
+            f"pre-split pattern {pattern!r} is not one of the named patterns {sorted(NAMED_PATTERNS)}; as a "
+            "regular expression it would only cut that literal word out of the text: give a name, a "
+            "pattern (e.g. r'\\w+|\\s+|[^\\w\\s]+'), or None for no pre-splitting"
+        )
+    return tokenizer_pattern(pattern)
+
+
 @lru_cache(maxsize=32)
 def compile_pattern(pattern: str) -> regex.Pattern:
     """Compile a pre-split pattern, naming it in the error if it is not a valid `regex` expression."""

@@ -387,6 +387,21 @@ def test_train_arguments_are_checked(args, kwargs, error, words):
         BPETokenizer.train(*args, **kwargs)
 
 
+@pytest.mark.parametrize("name", ["cl100k_base", "GPT2", "o200k-base", "nope"])
+def test_a_misspelt_pattern_name_is_refused(name, tmp_path):
+    """A bare word that names no pattern was taken as a regex: it cut only that literal word out of the text
+    and left the rest unsplit, so merges crossed words (a 300-id tokenizer came out, silently)."""
+    words = re.escape(f"pre-split pattern {name!r} is not one of the named patterns ")
+    with pytest.raises(ValueError, match=words):
+        BPETokenizer.train("ab cd ab cd " * 20, 260, pattern=name)
+    path = tmp_path / "r.tiktoken"
+    BPETokenizer.train("ab cd " * 20, 260).save_tiktoken(path)
+    with pytest.raises(ValueError, match=words):
+        BPETokenizer.from_tiktoken(path, pattern=name)
+    for kept in ("gpt2", r"[a-z]+", r"\w+|\s+"):
+        assert len(BPETokenizer.train("ab cd ab cd " * 20, 260, pattern=kept).encode("ab")) == 1
+
+
 @pytest.mark.parametrize("pattern", ["", r"\b", r"(?=\w)", "^"])
 def test_a_pattern_that_matches_only_empty_strings_is_refused(pattern, tmp_path):
     """Such a pattern marks no piece: "" cut text into single characters (no merge ever applied), silently.
