@@ -429,9 +429,10 @@ class BPETokenizer:
     ) -> BPETokenizer:
         """Learn a byte-level BPE vocabulary of ``vocab_size`` ids (256 bytes + merges + specials).
 
-        ``text_or_files``: a str is the training text itself; a path (``os.PathLike``) or an iterable of
-        paths names UTF-8 files. The text is pre-split with ``pattern``; identical chunks are counted once
-        with their frequency. Special-token strings are cut out of the text so they are never learned.
+        ``text_or_files``: a str is the training text itself (one that names an existing file is refused:
+        pass a path); a path (``os.PathLike``) or an iterable of paths names UTF-8 files. The text is
+        pre-split with ``pattern``; identical chunks are counted once with their frequency. Special-token
+        strings are cut out of the text so they are never learned.
         Ids: 0..255 are the bytes, then merges in order, then the special tokens in the order given
         (right after the last learned token if training ran out of pairs early). Tie rule: see
         `learn_merges` (highest count, then smallest (left id, right id)).
@@ -672,6 +673,12 @@ def _check_merges(
 
 def _iter_texts(source: str | os.PathLike | Iterable[str | os.PathLike]) -> Iterable[str]:
     if isinstance(source, str):
+        if len(source) < 4096 and "\n" not in source and os.path.isfile(source):
+            raise ValueError(
+                f"text_or_files is the str {source!r}, which names a file: a str is the training text "
+                f"itself (this one would train on the file's name); pass Path({source!r}) or [{source!r}] "
+                "to train on the file's contents"
+            )
         yield source
         return
     if isinstance(source, (bytes, bytearray)):

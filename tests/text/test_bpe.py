@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import re
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -385,6 +386,19 @@ def test_constructor_arguments_are_checked(kwargs, error, words):
 def test_train_arguments_are_checked(args, kwargs, error, words):
     with pytest.raises(error, match=words):
         BPETokenizer.train(*args, **kwargs)
+
+
+def test_a_str_that_names_a_file_is_not_taken_for_the_text(tmp_path, monkeypatch):
+    """train("corpus.txt", ...) trained on the 10 characters of the name (a 267-id tokenizer, silently), where
+    ["corpus.txt"] and Path("corpus.txt") read the file."""
+    monkeypatch.chdir(tmp_path)
+    Path("corpus.txt").write_text("the cat sat on the mat. " * 20, encoding="utf-8")
+    with pytest.raises(ValueError, match=r"str 'corpus.txt', which names a file: .* Path\('corpus.txt'\)"):
+        BPETokenizer.train("corpus.txt", 270)
+    from_file = BPETokenizer.train(Path("corpus.txt"), 270)
+    assert BPETokenizer.train(["corpus.txt"], 270).ranks == from_file.ranks
+    assert from_file.ranks == BPETokenizer.train("the cat sat on the mat. " * 20, 270).ranks
+    assert BPETokenizer.train("corpus", 257).n_vocab == 257  # a str naming no file is text, as before
 
 
 @pytest.mark.parametrize("name", ["cl100k_base", "GPT2", "o200k-base", "nope"])
