@@ -109,7 +109,7 @@ def register(subparsers: Any) -> None:
     g = p.add_argument_group("model (a preset's values unless given)")
     g.add_argument("--preset", choices=sorted(PRESETS), default=None,
                    help="small (default): 4 layers, dim 128, context 128, for a CPU; 25m: 8 layers, dim 512, "
-                   "context 512 (~27M parameters), for a GPU")
+                   "context 512 (~29.5M parameters at the default vocabulary), for a GPU")
     g.add_argument("--arch", choices=("llama", "gpt2"), default=None,
                    help="llama (default): RMSNorm, RoPE, SwiGLU; gpt2: LayerNorm, learned positions, GELU")
     g.add_argument("--layers", type=_positive, default=None, help="transformer blocks")

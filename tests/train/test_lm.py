@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import re
 import shutil
 import stat
 import subprocess
@@ -19,6 +20,7 @@ from netcl.cli import main
 from netcl.core.tensor import Tensor
 from netcl.io.checkpoint import read_checkpoint
 from netcl.models import GPT, GPTConfig
+from netcl.nn import init
 from netcl.text import BPETokenizer, ChatFormat
 from netcl.train import generate, lm, runs
 from netcl.train.lm import fit_dialog, load_model_dir
@@ -163,6 +165,17 @@ def test_resume_after_an_interruption_gives_the_same_run(corpus_dir, trained, tm
     hb = read_checkpoint(out / "checkpoint.safetensors")[1]["extra"]["history"]
     np.testing.assert_allclose(hb["loss"], ha["loss"], rtol=1e-5)
     np.testing.assert_allclose(hb["val_loss"], ha["val_loss"], rtol=1e-5)
+
+
+def test_the_preset_help_gives_the_25m_models_size(queue, capsys):
+    """--help said ~27M parameters; the 25m preset's model at the default vocabulary has 29.5M."""
+    with pytest.raises(SystemExit):
+        main(["lm-train", "--help"])
+    stated = float(re.search(r"~([\d.]+)M\s+parameters", capsys.readouterr().out)[1])
+    s = {**lm.DEFAULTS, **lm.PRESETS["25m"], "kv_heads": lm.PRESETS["25m"]["heads"], "arch": "llama"}
+    with init.skipped():
+        model = GPT(queue, lm._model_config(s, lm.DEFAULTS["vocab_size"]))
+    assert stated == round(model.num_parameters() / 1e6, 1)
 
 
 def test_ctrl_c_while_a_checkpoint_is_written_names_the_step_the_file_still_holds(
