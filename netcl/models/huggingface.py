@@ -10,6 +10,7 @@ pairing); a model with rope_pairing "interleaved" (Meta's original layout) gets 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -464,6 +465,14 @@ def load(
     the config's model, every parameter must be there, every shape must fit; otherwise one
     PretrainedError lists the unknown, missing and mis-shaped tensors (all of them)."""
     allowed = {"max_seq_len", "dropout", "attn_dropout", "rope_pairing", "dtype"}
+    unknown = sorted(set(overrides or {}) - {f.name for f in dataclasses.fields(GPTConfig)})
+    if unknown:  # transformers' from_pretrained arguments, typos: not "would change what the weights mean"
+        hints = {"torch_dtype": "dtype=", "max_position_embeddings": "max_seq_len="}
+        said = "".join(f"; for {k} pass {hints[k]}" for k in unknown if k in hints)
+        raise TypeError(
+            f"from_pretrained() got unexpected keyword arguments {unknown}; it takes the path, the queue and "
+            f"overrides of {sorted(allowed)}{said}"
+        )
     bad = sorted(set(overrides or {}) - allowed)
     if bad:
         raise ValueError(

@@ -316,6 +316,12 @@ def test_bad_directories(queue, tmp_path):
         GPT.from_pretrained(sharded, queue)
     with pytest.raises(ValueError, match="cannot be overridden"):
         GPT.from_pretrained(path, queue, n_layers=1)
+    # transformers' argument names and typos are not config fields: their error said 'cannot be overridden
+    # (they would change what the weights mean)'
+    with pytest.raises(TypeError, match=r"arguments \['torch_dtype'\].*for torch_dtype pass dtype="):
+        GPT.from_pretrained(path, queue, torch_dtype="float16")
+    with pytest.raises(TypeError, match=r"unexpected keyword arguments \['max_seq'\]; it takes the path"):
+        GPT.from_pretrained(path, queue, max_seq=8)
 
 
 def test_special_token_ids_follow_transformers_and_survive_save_pretrained(queue, tmp_path):
