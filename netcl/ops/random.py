@@ -75,6 +75,9 @@ def manual_seed(seed: int) -> Generator:
 def _pick_generator(seed: int | None, generator: Generator | None) -> Generator:
     if seed is not None and generator is not None:
         raise ValueError("pass either seed= or generator=, not both")
+    if generator is not None and not isinstance(generator, Generator):  # (an int: AttributeError 'take')
+        raise TypeError(f"generator must be a netcl.ops.random.Generator (Generator(seed)), got "
+                        f"{type(generator).__name__} {generator!r}; for a fixed seed pass seed=")
     if seed is not None:
         return Generator(seed)
     return generator if generator is not None else default_generator

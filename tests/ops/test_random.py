@@ -119,3 +119,6 @@ def test_random_errors(queue):
         random.randint(queue, 3, 3, (3,))
     with pytest.raises(ValueError, match="not both"):
         random.rand(queue, (3,), seed=1, generator=random.Generator(1))
+    # a seed where a Generator goes (a layer's, a model's generator=) raised AttributeError 'take'
+    with pytest.raises(TypeError, match="generator must be a netcl.ops.random.Generator .* got int 3"):
+        random.randn(queue, (3,), generator=3)
