@@ -57,6 +57,10 @@ class GPT(Module):
         super().__init__()
         if not isinstance(config, GPTConfig):
             raise TypeError(f"GPT takes a GPTConfig, got {type(config).__name__}")
+        if generator is not None and not isinstance(generator, random.Generator):
+            raise TypeError(f"GPT: generator must be a netcl.ops.random.Generator, got "
+                            f"{type(generator).__name__} {generator!r}: Generator({generator!r}), or "
+                            "netcl.ops.random.manual_seed for the default one")
         q = as_queue(queue)
         c = config
         self.config = c

@@ -274,6 +274,8 @@ def test_forward_errors(queue):
         model.loss(np.zeros((1, 3), np.int32), np.zeros((1, 2), np.int32))
     with pytest.raises(TypeError, match="GPTConfig"):
         GPT(queue, {"vocab_size": 10})
+    with pytest.raises(TypeError, match=r"GPT: generator must be a netcl.ops.random.Generator, got int 3"):
+        GPT(queue, model.config, generator=3)
 
 
 @pytest.mark.parametrize("name", ["llama", "llama-tied-interleaved", "gpt2"])
