@@ -135,6 +135,16 @@ class Recording:
         self._check_queue(queue, "a fill")
         self.ops.append(["fill", buffer, pattern.copy(), offset, nbytes])
 
+    def _record_host_step(self, what: str) -> None:
+        """Host state a recorded step would change every call (a scheduler's step): a replay runs no Python,
+        so in a graph it would change once, at the capture, and never again."""
+        if self.is_graph:
+            raise GraphCaptureError(
+                f"{what} inside a graph capture: a replay runs no Python, so it would happen once, at the "
+                "capture, and never again (a schedule would stop). Do it outside the recorded step: after "
+                "each replay()"
+            )
+
     def _last_launch(self, what: str) -> list[Any]:
         if not self.ops or self.ops[-1][0] != "k":
             raise GraphCaptureError(f"{what} belongs right after a kernel launch inside a capture")
@@ -332,6 +342,14 @@ def record_template(run: Callable[[], Any], inputs: tuple = ()) -> tuple[Any, Re
         return result, None
     rec.unbind()
     return result, rec
+
+
+def host_step(what: str) -> None:
+    """Tell this thread's recordings that host state changes now, once per call of the step (`what`: a
+    scheduler's "StepLR.step()"): a graph capture refuses it (GraphCaptureError), netcl.graph.compile's
+    eager first call sees it and keeps the step eager."""
+    for rec in active():
+        rec._record_host_step(what)
 
 
 def name_slots(**slots: Any) -> None:
