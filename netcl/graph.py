@@ -166,8 +166,17 @@ class _HostTransfers(capture.Recording):
 
     def _record_copy(self, queue: Any, dst: Any, src: Any, kwargs: dict) -> None:
         if self.seen is None and not (isinstance(dst, cl.MemoryObject) and isinstance(src, cl.MemoryObject)):
-            self.seen = "a read of device data on the host" if isinstance(src, cl.MemoryObject) else (
+            what = "a read of device data on the host" if isinstance(src, cl.MemoryObject) else (
                 "a copy of host data to the device")
+            self.seen = (f"it does {what} (to_host, item(), from_host, print of a tensor...) that a replay "
+                         "could not redo; it runs eagerly. Return device tensors and read them after the "
+                         "call to have it replayed")
+
+    def _record_host_step(self, what: str) -> None:
+        if self.seen is None:
+            self.seen = (f"it calls {what}, host state a replay (which runs no Python) would leave as the "
+                         "capture left it; it runs eagerly. Call it after the compiled step to have the step "
+                         "replayed")
 
     def _name_slots(self, slots: dict[str, Any]) -> None:
         pass
@@ -240,10 +249,7 @@ class CompiledStep:
                 out = self.fn(*args, **kwargs)
             if watch.seen is not None:
                 entry.state = "eager"
-                self._warn(f"host:{key}", (
-                    f"{self.__name__} cannot be recorded: it does {watch.seen} (to_host, item(), "
-                    "from_host, print of a tensor...) that a replay could not redo; it runs eagerly. "
-                    "Return device tensors and read them after the call to have it replayed"))
+                self._warn(f"host:{key}", f"{self.__name__} cannot be recorded: {watch.seen}")
             else:
                 entry.state = "checked"
             return out

@@ -191,6 +191,39 @@ def test_compiled_step_with_a_host_read_runs_eagerly_and_says_why(queue):
     assert "1 eager" in repr(reads)
 
 
+def test_a_scheduler_stepped_inside_a_recorded_step_is_not_frozen(queue):
+    """A scheduler stepped inside the step (PyTorch's habit: scheduler.step() in train_step) runs on the host,
+    which a replay skips: the schedule stopped after the recording's call, silently. A graph capture refuses
+    it; a compiled step says so and stays eager, so the schedule moves on every call."""
+    from netcl.graph import compile as ncompile
+
+    random.manual_seed(0)
+    model = nn.Linear(queue, 4, 3)
+    opt = optim.SGD(model.parameters(), lr=0.1)
+    sched = optim.StepLR(opt, step_size=1, gamma=0.5)
+    x = Tensor.from_host(queue, np.ones((2, 4), np.float32))
+    y = Tensor.from_host(queue, np.zeros(2, np.int32))
+
+    @ncompile
+    def step(x, y):
+        loss = _step(model, opt, x, y)
+        sched.step()
+        return loss
+
+    with pytest.warns(RuntimeWarning, match=r"recorded: it calls StepLR.step\(\).*after the compiled step"):
+        step(x, y)
+    for _ in range(3):
+        step(x, y)
+    assert sched.get_last_lr() == [0.1 * 0.5**4] and "1 eager" in repr(step)
+    plateau = optim.ReduceLROnPlateau(opt)
+    for stepped in (lambda: sched.step(), lambda: plateau.step(1.0)):
+        with pytest.raises(GraphCaptureError, match=r"\.step\(\) inside a graph capture.*after each replay"):
+            with Graph().capture():
+                _step(model, opt, x, y)
+                stepped()
+    assert sched.last_epoch == 4 and plateau.last_epoch == 0  # refused before anything changed
+
+
 def test_compiled_step_bad_arguments(queue):
     from netcl.graph import compile as ncompile
 

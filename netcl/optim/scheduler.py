@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from netcl.core import capture
 from netcl.optim.arguments import Choice, Count, Flag, Real, Reals
 from netcl.optim.optimizer import Optimizer
 
@@ -92,6 +93,7 @@ class LRScheduler(_StateChecks):
         return list(self._last_lr)
 
     def step(self) -> None:
+        capture.host_step(f"{type(self).__name__}.step()")  # (a recorded step would run it only once)
         self.last_epoch += 1
         self.refresh()
 
@@ -379,6 +381,7 @@ class ReduceLROnPlateau(_StateChecks):
             value = float(metric)
         except (TypeError, ValueError):
             raise TypeError(what) from None
+        capture.host_step("ReduceLROnPlateau.step()")
         self.last_epoch += 1
         if self._is_better(value):
             self.best = value
