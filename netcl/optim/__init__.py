@@ -4,7 +4,7 @@
 from netcl.core import launch_labels
 from netcl.optim import lr_scheduler
 from netcl.optim.adam import Adam, AdamW
-from netcl.optim.clip import clip_grad_norm_
+from netcl.optim.clip import clip_grad_norm_, clip_grad_value_
 from netcl.optim.optimizer import Optimizer
 from netcl.optim.rmsprop import RMSProp, RMSprop
 from netcl.optim.scheduler import (
@@ -36,6 +36,7 @@ __all__ = [
     "StepLR",
     "WarmupCosine",
     "clip_grad_norm_",
+    "clip_grad_value_",
     "lr_scheduler",
 ]
 

@@ -537,8 +537,8 @@ def _with_grads(queue, grads):
         (dict(max_norm=True), TypeError, "max_norm.*bool"),
         (dict(max_norm=1.0, norm_type="abc"), TypeError, "norm_type.*str 'abc'"),
         (dict(max_norm=1.0, norm_type=NAN), ValueError, "norm_type.*got nan"),
-        (dict(max_norm=1.0, norm_type=1), NotImplementedError, "L2 norm"),
-        (dict(max_norm=1.0, norm_type=INF), NotImplementedError, "L2 norm"),
+        (dict(max_norm=1.0, norm_type=0), ValueError, "norm_type must be a number \\(not NaN\\) > 0, got 0"),
+        (dict(max_norm=1.0, norm_type=-INF), ValueError, "norm_type.*> 0, got -inf"),
         (dict(max_norm=1.0, error_if_nonfinite="yes"), TypeError, "error_if_nonfinite must be True or False"),
     ],
 )

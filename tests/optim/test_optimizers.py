@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import netcl.autograd as ag
-from netcl import optim
+from netcl import nn, optim
 from netcl.core.tensor import Tensor
 from netcl.profiling import count_launches
 
@@ -210,6 +210,42 @@ def test_clip_grad_norm(queue, rng):
     np.testing.assert_allclose(norm2.to_host(), [1.5], rtol=1e-6)
     for p, g in zip(params, grads):
         np.testing.assert_allclose(p.grad.to_host(), g * coef, rtol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_clip_grad_norm_of_any_order_and_clip_grad_value(queue, rng, dtype):
+    """PyTorch's other norms (norm_type 1, 3.5, inf: the largest |g|) and torch.nn.utils.clip_grad_value_,
+    against float64 NumPy; both were missing (NotImplementedError, AttributeError). A parameter without a
+    gradient is passed over; an empty gradient adds nothing."""
+    shapes = [(4, 3), (0,), (17,), (1,)]
+    grads = [(rng.standard_normal(s) * 3).astype(dtype) for s in shapes]
+    tol = dict(rtol=1e-5, atol=1e-7) if dtype == np.float32 else dict(rtol=1e-12)
+
+    def params():
+        ps = [ag.Parameter(Tensor.zeros(queue, s, dtype)) for s in shapes + [(2,)]]
+        for p, g in zip(ps, grads):
+            p.grad = Tensor.from_host(queue, g)
+        return ps
+
+    flat = np.abs(np.concatenate([g.ravel() for g in grads]).astype(np.float64))
+    for order, total in ((1, flat.sum()), (3.5, (flat**3.5).sum() ** (1 / 3.5)), (math.inf, flat.max())):
+        for max_norm in (0.7, 1e4):
+            ps = params()
+            norm = optim.clip_grad_norm_(ps, max_norm, norm_type=order)
+            assert norm.shape == (1,) and norm.dtype == dtype
+            np.testing.assert_allclose(norm.to_host(), [total], **tol)
+            coef = min(1.0, max_norm / (total + 1e-6))
+            for p, g in zip(ps, grads):
+                np.testing.assert_allclose(p.grad.to_host(), g * coef, **tol)
+            assert ps[-1].grad is None
+    ps = params()
+    nn.utils.clip_grad_value_(ps, 0.5)
+    for p, g in zip(ps, grads):
+        np.testing.assert_array_equal(p.grad.to_host(), np.clip(g, -0.5, 0.5))
+    with pytest.raises(ValueError, match="clip_value must be a number \\(not NaN\\) >= 0, got -1"):
+        optim.clip_grad_value_(ps, -1)
+    with pytest.raises(TypeError, match=r"parameters\[0\] is a Tensor, not a Parameter"):
+        optim.clip_grad_value_([ps[0].grad], 1.0)
 
 
 def test_step_computes_pending_readers_of_its_tensors_first(queue, rng):
