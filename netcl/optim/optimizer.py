@@ -157,17 +157,26 @@ class Optimizer:
                 else:
                     p.grad.fill_(0)
 
-    def step(self, *, found_inf: Tensor | None = None) -> None:
+    def step(self, closure: Callable[[], Any] | None = None, *, found_inf: Tensor | None = None) -> Any:
         """Update every parameter that has a gradient (one fused launch per chunk of parameters).
+
+        closure (PyTorch's): a function that computes the loss and its gradients (its own Tape and
+        backward), called first; step returns what it returned (None without one).
 
         found_inf (an int32 Tensor of shape (1,) on the device, as netcl.amp.GradScaler keeps): every launch
         reads it and changes nothing when it is nonzero, so a step whose gradients overflowed is skipped
         without a host sync. The host's step count still advances (Adam's bias corrections then run one
         step ahead of PyTorch's after each skipped step; GradScaler(sync=True) skips on the host instead)."""
+        loss = None
+        if closure is not None:
+            if not callable(closure):
+                raise TypeError(f"{type(self).__name__}.step: closure must be a function that computes the "
+                                f"loss and its gradients, got {type(closure).__name__}")
+            loss = closure()
         memo = self._memo
         if memo is not None and found_inf is None and STEP_MEMO and not capture.open_recordings \
                 and self._memo_step(memo):
-            return
+            return loss
         self._memo = None
         name = type(self).__name__
         for i, group in enumerate(self.param_groups):
@@ -204,6 +213,7 @@ class Optimizer:
             launched.append((group, names, launches))
         if found_inf is None and not capture.open_recordings:
             self._memo = self._make_memo(launched)
+        return loss
 
     # -- the step memo: a step like the last one, without its per-parameter Python ----------------------
     def _make_memo(self, launched: list[tuple[dict[str, Any], tuple[str, ...], list]]) -> list[tuple] | None:

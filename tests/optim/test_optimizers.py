@@ -124,6 +124,32 @@ def test_parameters_without_grad_are_skipped(queue):
     np.testing.assert_array_equal(b.value.to_host(), [1, 1])
 
 
+def test_step_takes_a_closure_and_returns_its_loss(queue, rng):
+    """PyTorch's opt.step(closure): the closure computes the loss and gradients, step calls it first and
+    returns what it returned (a TypeError before: step took no positional argument)."""
+    theta0 = rng.standard_normal(5)
+    p = ag.Parameter(Tensor.from_host(queue, theta0))
+    opt = optim.SGD([p], lr=0.1, momentum=0.5)
+
+    def closure():
+        opt.zero_grad()
+        with ag.Tape() as tape:
+            loss = (p * p).sum()
+        tape.backward(loss)
+        return loss
+
+    theta, buf, losses = theta0.copy(), np.zeros(5), []
+    for i in range(3):
+        losses.append(float(opt.step(closure).item()))
+        assert losses[-1] == pytest.approx(float((theta**2).sum()), rel=1e-12)
+        buf = 2 * theta if i == 0 else 0.5 * buf + 2 * theta
+        theta = theta - 0.1 * buf
+        np.testing.assert_allclose(p.value.to_host(), theta, rtol=1e-12)
+    assert opt.step() is None
+    with pytest.raises(TypeError, match="closure must be a function that computes the loss.*got float"):
+        opt.step(0.1)
+
+
 def test_param_groups_and_state_dict_round_trip(queue, rng):
     hosts = [rng.standard_normal((4, 3)), rng.standard_normal(5)]
 
