@@ -1,4 +1,6 @@
-"""Learning-rate schedulers: StepLR, CosineAnnealing, WarmupCosine, OneCycle, ReduceLROnPlateau.
+"""Learning-rate schedulers: StepLR, CosineAnnealing, WarmupCosine, OneCycle, ReduceLROnPlateau, and
+PyTorch's MultiStepLR, ExponentialLR, LinearLR, ConstantLR, PolynomialLR, CosineAnnealingWarmRestarts,
+LambdaLR, SequentialLR.
 
 Each sets `group['lr']` of its optimizer; call `step()` once per epoch (or per batch for the
 per-step schedules). Every scheduler has state_dict()/load_state_dict() of plain numbers.
@@ -8,6 +10,7 @@ truncated: TypeError for 2.5 or '10'; ValueError for values out of range), befor
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -305,6 +308,235 @@ class OneCycle(LRScheduler):
 
 
 OneCycleLR = OneCycle
+
+
+# -- PyTorch's other closed-form schedules -----------------------------------------------------------------
+class _Milestones:
+    """A list of step numbers (integers >= 0), kept sorted; `increasing`: each larger than the last."""
+
+    def __init__(self, increasing: bool = False):
+        self.increasing = increasing
+
+    def __call__(self, value: Any, what: str) -> list[int]:
+        if not isinstance(value, (list, tuple)):
+            raise TypeError(f"{what} must be a list of integers >= 0, got {type(value).__name__} {value!r}")
+        steps = [Count(0)(v, f"{what}[{i}]") for i, v in enumerate(value)]
+        if self.increasing and any(b <= a for a, b in zip(steps, steps[1:])):
+            raise ValueError(f"{what} must increase, got {steps}")
+        return sorted(steps)
+
+
+class MultiStepLR(LRScheduler):
+    """lr = base * gamma ** (the number of milestones <= step); a milestone listed twice counts twice, as in
+    PyTorch. milestones integers >= 0, gamma a number >= 0."""
+
+    def __init__(self, optimizer: Optimizer, milestones: list[int], gamma: float = 0.1, last_epoch: int = -1):
+        _check_optimizer("MultiStepLR", optimizer)
+        self.milestones = _Milestones()(milestones, "MultiStepLR: milestones")
+        self.gamma = float(Real(0)(gamma, "MultiStepLR: gamma"))
+        super().__init__(optimizer, last_epoch)
+
+    def lr_at(self, base_lr: float, step: int, group: dict[str, Any]) -> float:
+        return base_lr * self.gamma ** bisect.bisect_right(self.milestones, step)
+
+    def _rules(self) -> dict[str, Check]:
+        return {"milestones": _Milestones(), "gamma": Real(0), **super()._rules()}
+
+
+class ExponentialLR(LRScheduler):
+    """lr = base * gamma ** step; gamma a number >= 0."""
+
+    def __init__(self, optimizer: Optimizer, gamma: float, last_epoch: int = -1):
+        _check_optimizer("ExponentialLR", optimizer)
+        self.gamma = float(Real(0)(gamma, "ExponentialLR: gamma"))
+        super().__init__(optimizer, last_epoch)
+
+    def lr_at(self, base_lr: float, step: int, group: dict[str, Any]) -> float:
+        return base_lr * self.gamma**step
+
+    def _rules(self) -> dict[str, Check]:
+        return {"gamma": Real(0), **super()._rules()}
+
+
+class LinearLR(LRScheduler):
+    """lr = base * (start_factor + (end_factor - start_factor) min(step, total_iters) / total_iters): a linear
+    warm-up (or decay) over total_iters steps, then constant. start_factor in (0, 1], end_factor in [0, 1],
+    total_iters an integer >= 1."""
+
+    def __init__(self, optimizer: Optimizer, start_factor: float = 1.0 / 3, end_factor: float = 1.0,
+                 total_iters: int = 5, last_epoch: int = -1):
+        _check_optimizer("LinearLR", optimizer)
+        self.start_factor = float(Real(0, 1, low_open=True)(start_factor, "LinearLR: start_factor"))
+        self.end_factor = float(Real(0, 1)(end_factor, "LinearLR: end_factor"))
+        self.total_iters = Count(1)(total_iters, "LinearLR: total_iters")
+        super().__init__(optimizer, last_epoch)
+
+    def lr_at(self, base_lr: float, step: int, group: dict[str, Any]) -> float:
+        done = min(step, self.total_iters) / self.total_iters
+        return base_lr * (self.start_factor + (self.end_factor - self.start_factor) * done)
+
+    def _rules(self) -> dict[str, Check]:
+        return {"start_factor": Real(0, 1, low_open=True), "end_factor": Real(0, 1), "total_iters": Count(1),
+                **super()._rules()}
+
+
+class ConstantLR(LRScheduler):
+    """lr = base * factor for the first total_iters steps, then base. factor in [0, 1], total_iters an
+    integer >= 0."""
+
+    def __init__(self, optimizer: Optimizer, factor: float = 1.0 / 3, total_iters: int = 5,
+                 last_epoch: int = -1):
+        _check_optimizer("ConstantLR", optimizer)
+        self.factor = float(Real(0, 1)(factor, "ConstantLR: factor"))
+        self.total_iters = Count(0)(total_iters, "ConstantLR: total_iters")
+        super().__init__(optimizer, last_epoch)
+
+    def lr_at(self, base_lr: float, step: int, group: dict[str, Any]) -> float:
+        return base_lr * self.factor if step < self.total_iters else base_lr
+
+    def _rules(self) -> dict[str, Check]:
+        return {"factor": Real(0, 1), "total_iters": Count(0), **super()._rules()}
+
+
+class PolynomialLR(LRScheduler):
+    """lr = base * (1 - min(step, total_iters) / total_iters) ** power: 0 from total_iters on. total_iters an
+    integer >= 1, power a number >= 0."""
+
+    def __init__(self, optimizer: Optimizer, total_iters: int = 5, power: float = 1.0, last_epoch: int = -1):
+        _check_optimizer("PolynomialLR", optimizer)
+        self.total_iters = Count(1)(total_iters, "PolynomialLR: total_iters")
+        self.power = float(Real(0)(power, "PolynomialLR: power"))
+        super().__init__(optimizer, last_epoch)
+
+    def lr_at(self, base_lr: float, step: int, group: dict[str, Any]) -> float:
+        return base_lr * (1.0 - min(step, self.total_iters) / self.total_iters) ** self.power
+
+    def _rules(self) -> dict[str, Check]:
+        return {"total_iters": Count(1), "power": Real(0), **super()._rules()}
+
+
+class CosineAnnealingWarmRestarts(LRScheduler):
+    """SGDR: a cosine from base down to eta_min over T_0 steps, then again from base over T_0 T_mult steps,
+    T_0 T_mult^2, ... (lr = eta_min + (base - eta_min) (1 + cos(pi t / T_i)) / 2, t the steps since the last
+    restart). T_0 and T_mult integers >= 1, eta_min a number >= 0."""
+
+    def __init__(self, optimizer: Optimizer, T_0: int, T_mult: int = 1, eta_min: float = 0.0,
+                 last_epoch: int = -1):
+        _check_optimizer("CosineAnnealingWarmRestarts", optimizer)
+        self.T_0 = Count(1)(T_0, "CosineAnnealingWarmRestarts: T_0")
+        self.T_mult = Count(1)(T_mult, "CosineAnnealingWarmRestarts: T_mult")
+        self.eta_min = float(Real(0)(eta_min, "CosineAnnealingWarmRestarts: eta_min"))
+        super().__init__(optimizer, last_epoch)
+
+    def lr_at(self, base_lr: float, step: int, group: dict[str, Any]) -> float:
+        t, period = max(step, 0), self.T_0
+        if self.T_mult == 1:
+            t %= period
+        while t >= period:
+            t -= period
+            period *= self.T_mult
+        return self.eta_min + (base_lr - self.eta_min) * (1 + math.cos(math.pi * t / period)) / 2
+
+    def _rules(self) -> dict[str, Check]:
+        return {"T_0": Count(1), "T_mult": Count(1), "eta_min": Real(0), **super()._rules()}
+
+
+class LambdaLR(LRScheduler):
+    """lr = base * lr_lambda(step): one function for every parameter group, or a list of one per group. The
+    functions are code, not state: state_dict() leaves them out, as PyTorch's leaves out plain functions."""
+
+    def __init__(self, optimizer: Optimizer, lr_lambda: Callable[[int], float] | list[Callable[[int], float]],
+                 last_epoch: int = -1):
+        _check_optimizer("LambdaLR", optimizer)
+        n = len(optimizer.param_groups)
+        fns = list(lr_lambda) if isinstance(lr_lambda, (list, tuple)) else [lr_lambda] * n
+        if len(fns) != n:
+            raise ValueError(f"LambdaLR: lr_lambda is a list of {len(fns)} functions for {n} parameter "
+                             "groups")
+        for i, fn in enumerate(fns):
+            if not callable(fn):
+                raise TypeError(f"LambdaLR: lr_lambda{f'[{i}]' if n > 1 else ''} must be a function of the "
+                                f"step, got {type(fn).__name__}")
+        self.lr_lambdas = fns
+        super().__init__(optimizer, last_epoch)
+
+    def lr_at(self, base_lr: float, step: int, group: dict[str, Any]) -> float:
+        i = next(i for i, g in enumerate(self.optimizer.param_groups) if g is group)
+        factor = Real(0)(self.lr_lambdas[i](step), f"LambdaLR: lr_lambda({step}) (a factor of the lr)")
+        return base_lr * float(factor)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in super().state_dict().items() if k != "lr_lambdas"}
+
+
+class SequentialLR(LRScheduler):
+    """PyTorch's SequentialLR: `schedulers[0]` until milestones[0], then `schedulers[1]` counting its steps
+    from 0 at that milestone, and so on (a warm-up, then a decay:
+    SequentialLR(opt, [LinearLR(opt, 0.1, total_iters=5), CosineAnnealingLR(opt, 95)], milestones=[5])).
+    The schedulers are closed-form ones of the same optimizer (not OneCycleLR, whose step moves momentum);
+    milestones one fewer than them, increasing."""
+
+    def __init__(self, optimizer: Optimizer, schedulers: list[LRScheduler], milestones: list[int],
+                 last_epoch: int = -1):
+        _check_optimizer("SequentialLR", optimizer)
+        if not isinstance(schedulers, (list, tuple)) or not schedulers:
+            raise TypeError(f"SequentialLR: schedulers must be a non-empty list of schedulers, got "
+                            f"{type(schedulers).__name__}")
+        for i, s in enumerate(schedulers):
+            if not isinstance(s, LRScheduler) or type(s).step is not LRScheduler.step:
+                raise TypeError(f"SequentialLR: schedulers[{i}] is a {type(s).__name__}; SequentialLR takes "
+                                "closed-form schedulers (StepLR, LinearLR, CosineAnnealingLR, ...)")
+            if s.optimizer is not optimizer:
+                raise ValueError(f"SequentialLR: schedulers[{i}] schedules another optimizer than the one "
+                                 "given")
+        self._milestones = _Milestones(increasing=True)(milestones, "SequentialLR: milestones")
+        if len(self._milestones) != len(schedulers) - 1:
+            raise ValueError(f"SequentialLR: {len(schedulers)} schedulers need {len(schedulers) - 1} "
+                             f"milestones, got {len(self._milestones)}")
+        self._schedulers = list(schedulers)
+        for group in optimizer.param_groups:   # (each scheduler's constructor stepped it: back to the start)
+            group["lr"] = group["initial_lr"]
+        super().__init__(optimizer, last_epoch)
+
+    def _current(self, step: int) -> tuple[LRScheduler, int]:
+        """The scheduler in charge at `step`, and its own step count there."""
+        i = bisect.bisect_right(self._milestones, step)
+        return self._schedulers[i], step - (self._milestones[i - 1] if i else 0)
+
+    def lr_at(self, base_lr: float, step: int, group: dict[str, Any]) -> float:
+        scheduler, local = self._current(step)
+        return scheduler.lr_at(base_lr, local, group)
+
+    def refresh(self) -> None:
+        super().refresh()
+        scheduler, local = self._current(self.last_epoch)
+        scheduler.last_epoch, scheduler._last_lr = local, list(self._last_lr)
+
+    def state_dict(self) -> dict[str, Any]:
+        state = {k: v for k, v in super().state_dict().items() if k != "_schedulers"}
+        state["_schedulers"] = [s.state_dict() for s in self._schedulers]
+        return state
+
+    def _rules(self) -> dict[str, Check]:
+        def schedulers(value: Any, what: str) -> list[dict[str, Any]]:
+            if not isinstance(value, (list, tuple)) or len(value) != len(self._schedulers):
+                raise ValueError(f"{what} must be a list of {len(self._schedulers)} schedulers' states")
+            for i, (s, v) in enumerate(zip(self._schedulers, value)):
+                try:
+                    s._check_state_dict(v)
+                except (TypeError, ValueError) as exc:
+                    raise type(exc)(f"{what}[{i}]: {exc}") from None
+            return list(value)
+
+        return {"_milestones": _Milestones(increasing=True), "_schedulers": schedulers, **super()._rules()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        values = self._check_state_dict(state)
+        for s, sub in zip(self._schedulers, values.pop("_schedulers")):
+            s.load_state_dict(sub)
+        self.__dict__.update(values)
+        for group, lr in zip(self.optimizer.param_groups, self._last_lr):
+            group["lr"] = lr
 
 
 class ReduceLROnPlateau(_StateChecks):

@@ -94,3 +94,83 @@ def test_plateau_state_dict(opt, queue):
     s2 = optim.ReduceLROnPlateau(o2, patience=0)
     s2.load_state_dict(s1.state_dict())
     assert o2.param_groups[0]["lr"] == pytest.approx(0.1) and s2.best == 1.0
+
+
+# PyTorch's other schedules (MultiStepLR ... SequentialLR were missing): each against torch's own over 30
+# steps of two parameter groups, and its state_dict through JSON (a checkpoint's header) into a fresh one
+def _torch_schedules(ts):
+    return {
+        "MultiStepLR": (lambda o: optim.MultiStepLR(o, [3, 7, 7, 12], 0.5),
+                        lambda o: ts.MultiStepLR(o, [3, 7, 7, 12], 0.5)),
+        "ExponentialLR": (lambda o: optim.ExponentialLR(o, 0.9), lambda o: ts.ExponentialLR(o, 0.9)),
+        "LinearLR": (lambda o: optim.LinearLR(o, 0.1, 1.0, 6), lambda o: ts.LinearLR(o, 0.1, 1.0, 6)),
+        "LinearLR decay": (lambda o: optim.LinearLR(o, 1.0, 0.0, 10), lambda o: ts.LinearLR(o, 1.0, 0.0, 10)),
+        "ConstantLR": (lambda o: optim.ConstantLR(o, 0.25, 4), lambda o: ts.ConstantLR(o, 0.25, 4)),
+        "PolynomialLR": (lambda o: optim.PolynomialLR(o, 10, 2.0), lambda o: ts.PolynomialLR(o, 10, 2.0)),
+        "CosineAnnealingWarmRestarts": (lambda o: optim.CosineAnnealingWarmRestarts(o, 3, 2, 0.001),
+                                        lambda o: ts.CosineAnnealingWarmRestarts(o, 3, 2, 0.001)),
+        "LambdaLR": (lambda o: optim.LambdaLR(o, [lambda s: 1 / (s + 1), lambda s: min(1.0, (s + 1) / 5)]),
+                     lambda o: ts.LambdaLR(o, [lambda s: 1 / (s + 1), lambda s: min(1.0, (s + 1) / 5)])),
+        "SequentialLR": (
+            lambda o: optim.SequentialLR(o, [optim.ConstantLR(o, 0.5, 3), optim.ExponentialLR(o, 0.8),
+                                             optim.CosineAnnealingLR(o, 8, eta_min=1e-3)], [4, 10]),
+            lambda o: ts.SequentialLR(o, [ts.ConstantLR(o, 0.5, 3), ts.ExponentialLR(o, 0.8),
+                                          ts.CosineAnnealingLR(o, 8, eta_min=1e-3)], [4, 10])),
+    }
+
+
+@pytest.mark.parametrize("name", list(_torch_schedules(None)))
+def test_pytorch_schedules_match_torch(queue, name):
+    import json
+    import warnings
+
+    torch = pytest.importorskip("torch")
+    make, make_torch = _torch_schedules(torch.optim.lr_scheduler)[name]
+
+    def optimizers():
+        ps, ts = [ag.Parameter(Tensor.ones(queue, (2,))) for _ in range(2)], [torch.ones(2) for _ in range(2)]
+        return (optim.SGD([{"params": ps[:1], "lr": 0.1}, {"params": ps[1:]}], lr=0.03, momentum=0.9),
+                torch.optim.SGD([{"params": ts[:1], "lr": 0.1}, {"params": ts[1:]}], lr=0.03, momentum=0.9))
+
+    o, ot = optimizers()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch's "lr_scheduler.step() before optimizer.step()"
+        sched, torch_sched = make(o), make_torch(ot)
+        for step in range(30):
+            np.testing.assert_allclose(sched.get_last_lr(), torch_sched.get_last_lr(), rtol=1e-12, atol=1e-15)
+            assert [g["lr"] for g in o.param_groups] == sched.get_last_lr()
+            if step == 13:
+                o2, _ = optimizers()
+                resumed = make(o2)
+                resumed.load_state_dict(json.loads(json.dumps(sched.state_dict())))
+                assert resumed.get_last_lr() == sched.get_last_lr() == [g["lr"] for g in o2.param_groups]
+                resumed.step()
+            sched.step()
+            torch_sched.step()
+            if step == 13:
+                assert resumed.get_last_lr() == sched.get_last_lr()
+
+
+def test_pytorch_schedules_bad_input(opt):
+    with pytest.raises(TypeError, match=r"MultiStepLR: milestones\[1\] must be an integer >= 0, got float"):
+        optim.MultiStepLR(opt, [1, 2.5])
+    with pytest.raises(ValueError, match=r"start_factor must be a finite number in \(0, 1\], got 0"):
+        optim.LinearLR(opt, start_factor=0)
+    with pytest.raises(ValueError, match="LambdaLR: lr_lambda is a list of 2 functions for 1 parameter"):
+        optim.LambdaLR(opt, [abs, abs])
+    with pytest.raises(TypeError, match="LambdaLR: lr_lambda must be a function of the step, got float"):
+        optim.LambdaLR(opt, 0.5)
+    with pytest.raises(ValueError, match=r"LambdaLR: lr_lambda\(0\) \(a factor of the lr\) must be .* >= 0"):
+        optim.LambdaLR(opt, lambda s: -1.0)
+    warm = optim.LinearLR(opt, 0.1, total_iters=3)
+    with pytest.raises(ValueError, match="2 schedulers need 1 milestones, got 2"):
+        optim.SequentialLR(opt, [warm, optim.ExponentialLR(opt, 0.9)], [3, 5])
+    with pytest.raises(ValueError, match=r"milestones must increase, got \[5, 3\]"):
+        optim.SequentialLR(opt, [warm, warm, warm], [5, 3])
+    with pytest.raises(TypeError, match=r"schedulers\[1\] is a OneCycle; SequentialLR takes closed-form"):
+        optim.SequentialLR(opt, [warm, optim.OneCycleLR(opt, 1.0, 10)], [3])
+    seq = optim.SequentialLR(opt, [warm, optim.ExponentialLR(opt, 0.9)], [3])
+    state = seq.state_dict()
+    state["_schedulers"][1]["gamma"] = -1.0
+    with pytest.raises(ValueError, match=r"_schedulers\[1\]: .*gamma must be a finite number >= 0, got -1.0"):
+        seq.load_state_dict(state)
