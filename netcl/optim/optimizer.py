@@ -52,6 +52,22 @@ def _immutable(value: Any) -> bool:
     return type(value) is tuple and all(isinstance(v, _IMMUTABLE) for v in value)
 
 
+class ParamState(dict):
+    """An optimizer's state: id(parameter) -> {'step': int, name: Tensor}, as netcl keys it; PyTorch's
+    `opt.state[p]`, `p in opt.state` and `opt.state.get(p)` (the parameter itself) find the same entry."""
+
+    def __missing__(self, key: Any) -> dict[str, Any]:
+        if isinstance(key, Node) and dict.__contains__(self, id(key)):
+            return dict.__getitem__(self, id(key))
+        raise KeyError(key)
+
+    def __contains__(self, key: object) -> bool:
+        return dict.__contains__(self, id(key) if isinstance(key, Node) else key)
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        return dict.get(self, id(key) if isinstance(key, Node) else key, default)
+
+
 @dataclass
 class _Loaded:
     """A state_dict that passed every check, ready to be put in place."""
@@ -83,7 +99,7 @@ class Optimizer:
         for i, g in enumerate(groups):
             self.param_groups.append(self._make_group(g, i, seen))
         # per parameter: {"step": int, name: Tensor}
-        self.state: dict[int, dict[str, Any]] = {}
+        self.state: dict[int, dict[str, Any]] = ParamState()
         self._fresh: set[int] = set()  # parameters whose state tensors were just made (zeros)
         # id(group) -> (group, its hyperparameters as last checked by step()): see _check_group_for_step
         self._checked: dict[int, tuple[dict[str, Any], tuple]] = {}
@@ -251,6 +267,7 @@ class Optimizer:
         groups = self.param_groups
         if len(groups) != len(memo):
             return False
+        state_of = dict.get  # (the state is keyed by id(p): the plain dict's lookup, once per parameter)
         state = self.state
         for i, (group, (group0, names, rows, _)) in enumerate(zip(groups, memo)):
             params = group["params"]
@@ -269,7 +286,7 @@ class Optimizer:
                     continue
                 if type(g) is not Tensor or g.queue is not layout[3] or g.shape != layout[0] \
                         or g.strides != layout[1] or g.dtype != layout[2] or g.offset != layout[4] \
-                        or state.get(id(p)) is not st0:
+                        or state_of(state, id(p)) is not st0:
                     return False
                 for n, t in slots:
                     if st0.get(n) is not t:
@@ -332,7 +349,7 @@ class Optimizer:
         """The parameter's state, with every tensor its group needs now (made as zeros when missing:
         at the first step, or when a hyperparameter such as momentum was switched on later); `names`: the
         group's _state_names when the caller has them."""
-        st = self.state.get(id(p))
+        st = dict.get(self.state, id(p))
         if st is None:
             st = {"step": 0}
             self.state[id(p)] = st
@@ -438,7 +455,7 @@ class Optimizer:
             }
         for values, group in zip(loaded.groups, self.param_groups):
             group.update(values)
-        self.state = new_state
+        self.state = ParamState(new_state)
         self._memo = None   # (it holds the old state's tensors)
         self._fresh.clear()
 

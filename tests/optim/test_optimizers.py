@@ -150,6 +150,25 @@ def test_step_takes_a_closure_and_returns_its_loss(queue, rng):
         opt.step(0.1)
 
 
+def test_state_is_found_by_the_parameter_as_in_pytorch(queue, rng):
+    """PyTorch's `opt.state[p]['exp_avg']`: the state is keyed by id(p), and the parameter itself finds the
+    same entry (it was a KeyError); a parameter that never had a gradient has none, also after a load."""
+    used = ag.Parameter(Tensor.from_host(queue, rng.standard_normal(3)))
+    unused = ag.Parameter(Tensor.ones(queue, (2,)))
+    opt = optim.Adam([used, unused], lr=0.1)
+    used.grad = Tensor.from_host(queue, rng.standard_normal(3))
+    opt.step()
+    loaded = optim.Adam([used, unused], lr=0.1)
+    loaded.load_state_dict(opt.state_dict())
+    for o in (opt, loaded):
+        assert o.state[used] is o.state[id(used)] and o.state.get(used) is o.state[id(used)]
+        assert used in o.state and unused not in o.state and o.state.get(unused) is None
+        assert o.state[used]["step"] == 1
+        np.testing.assert_allclose(o.state[used]["exp_avg"].to_host(), 0.1 * used.grad.to_host(), rtol=1e-12)
+        with pytest.raises(KeyError):
+            o.state[unused]
+
+
 def test_param_groups_and_state_dict_round_trip(queue, rng):
     hosts = [rng.standard_normal((4, 3)), rng.standard_normal(5)]
 
