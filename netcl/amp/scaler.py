@@ -71,6 +71,10 @@ class GradScaler:
 
     def __init__(self, init_scale: float = 2.0**16, growth_factor: float = 2.0, backoff_factor: float = 0.5,
                  growth_interval: int = 2000, enabled: bool = True, sync: bool = False):
+        if isinstance(init_scale, str):
+            raise TypeError(f"GradScaler: init_scale must be a number, got str {init_scale!r} (PyTorch's "
+                            "GradScaler takes a device type first; netcl's scale lives on the loss's own "
+                            "device: GradScaler() or GradScaler(init_scale=...))")
         self._init_scale = _number(init_scale, "GradScaler: init_scale", 0)
         self._growth_factor = _number(growth_factor, "GradScaler: growth_factor", 1)
         self._backoff_factor = _number(backoff_factor, "GradScaler: backoff_factor", 0, 1)

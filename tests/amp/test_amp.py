@@ -185,6 +185,29 @@ def test_autocast_refuses_other_dtypes():
         amp.policy.allow("conv2d", "float32")
 
 
+def test_pytorch_spellings_of_autocast_and_grad_scaler(queue, rng):
+    """torch.autocast("cuda", ...) and GradScaler("cuda") pass a device type first: netcl's error says its
+    first argument is the dtype (the scale), the device being the tensors' own. autocast as a decorator
+    (PyTorch's @autocast() on a forward) runs each call under it (it was "object is not callable")."""
+    with pytest.raises(DTypeError, match=r"got 'cuda' \(PyTorch's autocast takes a device type first.*"
+                                         r"autocast\('float16'\)"):
+        amp.autocast("cuda")
+    with pytest.raises(TypeError, match=r"init_scale must be a number, got str 'cuda' \(PyTorch's"):
+        amp.GradScaler("cuda")
+    layer = Linear(queue, 4, 3)
+    x = ag.tensor(Tensor.from_host(queue, rng.standard_normal((2, 4)).astype(np.float32)))
+
+    @amp.autocast("bfloat16")
+    def forward(x):
+        """forward's docstring"""
+        return layer(x)
+
+    assert forward(x).value.dtype == ml_dtypes.bfloat16 and forward.__doc__ == "forward's docstring"
+    assert layer(x).value.dtype == np.float32 and amp.autocast_dtype() is None  # (only inside the call)
+    with pytest.raises(TypeError, match="autocast used as a decorator takes a function, got int"):
+        amp.autocast()(3)
+
+
 def _sgd_pair(queue):
     w = np.array([1.0, -2.0, 0.5], np.float32)
     p = ag.Parameter(Tensor.from_host(queue, w))
